@@ -1,0 +1,1 @@
+//! Shared helpers for the rrpc benchmark suites (reports, machine header).

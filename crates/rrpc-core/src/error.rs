@@ -1,0 +1,192 @@
+//! The one error type of `rrpc-core`.
+//!
+//! Variants are grouped by whose fault it was (rustls style): the local caller
+//! misused the API, the peer misbehaved or is incompatible, the peer went away,
+//! or the device / operating system failed. [`Error::fault`] returns the group.
+
+use std::io;
+
+/// Convenience alias used throughout `rrpc-core`.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Whose fault an [`Error`] was.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Fault {
+    /// The local caller used the API wrongly (bad bounds, full queue, bad config).
+    Local,
+    /// The peer sent or wrote something invalid, or speaks another protocol version.
+    Peer,
+    /// The peer disappeared (process died, side channel closed).
+    PeerGone,
+    /// The operating system or the RDMA device failed.
+    Device,
+}
+
+/// Errors returned by the fabric, the handshake and the connection pool.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    // ---- local misuse -------------------------------------------------------
+    /// A local slice does not lie inside its local region.
+    #[error("local range {offset}+{len} is outside the local region of {region_len} bytes")]
+    LocalOutOfBounds {
+        /// Offset of the slice inside the region.
+        offset: u64,
+        /// Length of the slice.
+        len: u64,
+        /// Length of the region.
+        region_len: u64,
+    },
+    /// A remote range does not lie inside any region the peer granted.
+    #[error("remote range {addr:#x}+{len} is outside the granted remote region")]
+    RemoteOutOfBounds {
+        /// Remote virtual address of the first byte.
+        addr: u64,
+        /// Length of the access.
+        len: u64,
+    },
+    /// No region granted by the peer carries this remote key.
+    #[error("remote key {rkey:#x} was not granted by the peer")]
+    BadRemoteKey {
+        /// The key the caller used.
+        rkey: u32,
+    },
+    /// The send queue already holds `depth` outstanding work requests.
+    ///
+    /// Poll the send completion queue (and signal at least one work request
+    /// every `depth` posts) before posting again.
+    #[error("send queue full: {depth} work requests outstanding")]
+    QueueFull {
+        /// The configured send queue depth.
+        depth: u32,
+    },
+    /// The peer has no receive posted for a `WRITE_WITH_IMM` (the shm analogue
+    /// of an RNR NAK) or its receive completion queue is full.
+    #[error("peer is not ready to receive an immediate (no receive posted or completion queue full)")]
+    ReceiverNotReady,
+    /// The queue pair is not connected yet, or was closed locally.
+    #[error("queue pair is not connected")]
+    NotConnected,
+    /// A configuration value is out of its documented range.
+    #[error("invalid configuration: {0}")]
+    InvalidConfig(String),
+    /// The operation would block; try again later.
+    #[error("operation would block")]
+    WouldBlock,
+    /// The URI could not be parsed or names an unknown scheme.
+    #[error("invalid endpoint URI {uri:?}: {reason}")]
+    InvalidUri {
+        /// The URI as given.
+        uri: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// The requested provider was not compiled in.
+    #[error("provider {0:?} is not available in this build (enable the cargo feature)")]
+    ProviderUnavailable(&'static str),
+
+    // ---- peer fault ---------------------------------------------------------
+    /// The peer sent a malformed handshake message.
+    #[error("malformed handshake from peer: {0}")]
+    MalformedHandshake(String),
+    /// The peer speaks a protocol version we do not.
+    #[error("peer speaks protocol version {theirs}, we speak {ours}")]
+    VersionMismatch {
+        /// Our protocol version.
+        ours: u16,
+        /// The peer's protocol version.
+        theirs: u16,
+    },
+    /// The peer presented the wrong shared-secret token (or none).
+    #[error("authentication failed: peer presented a wrong or missing token")]
+    AuthFailed,
+    /// The peer refused the connection.
+    #[error("peer rejected the connection: {0}")]
+    Rejected(String),
+    /// The peer wrote an invalid value into memory we read (a pointer, a length, a completion).
+    #[error("peer wrote invalid data into shared memory: {0}")]
+    PeerMisbehaved(String),
+
+    // ---- peer gone ----------------------------------------------------------
+    /// The peer closed its side channel or died; the connection is failed.
+    #[error("peer is gone (side channel closed)")]
+    PeerGone,
+    /// The handshake did not complete within the configured timeout.
+    #[error("handshake timed out")]
+    Timeout,
+
+    // ---- device / OS ---------------------------------------------------------
+    /// A system call failed.
+    #[error("{op}: {source}")]
+    Io {
+        /// What we were doing.
+        op: &'static str,
+        /// The underlying error.
+        #[source]
+        source: io::Error,
+    },
+    /// A completion reported an error status.
+    #[error("work request {wr_id} completed with status {status:?}")]
+    CompletionError {
+        /// The `wr_id` of the failed request.
+        wr_id: u64,
+        /// The status the device reported.
+        status: crate::cq::Status,
+    },
+}
+
+impl Error {
+    /// Whose fault this error was.
+    pub fn fault(&self) -> Fault {
+        use Error::*;
+        match self {
+            LocalOutOfBounds { .. }
+            | RemoteOutOfBounds { .. }
+            | BadRemoteKey { .. }
+            | QueueFull { .. }
+            | ReceiverNotReady
+            | NotConnected
+            | InvalidConfig(_)
+            | WouldBlock
+            | InvalidUri { .. }
+            | ProviderUnavailable(_) => Fault::Local,
+            MalformedHandshake(_)
+            | VersionMismatch { .. }
+            | AuthFailed
+            | Rejected(_)
+            | PeerMisbehaved(_) => Fault::Peer,
+            PeerGone | Timeout => Fault::PeerGone,
+            Io { .. } | CompletionError { .. } => Fault::Device,
+        }
+    }
+
+    /// Wraps an [`io::Error`] with the name of the operation that failed.
+    pub fn io(op: &'static str, source: io::Error) -> Self {
+        Error::Io { op, source }
+    }
+
+    pub(crate) fn nix(op: &'static str, e: nix::Error) -> Self {
+        Error::Io {
+            op,
+            source: io::Error::from_raw_os_error(e as i32),
+        }
+    }
+}
+
+impl From<Error> for io::Error {
+    fn from(e: Error) -> io::Error {
+        let kind = match &e {
+            Error::WouldBlock => io::ErrorKind::WouldBlock,
+            Error::PeerGone => io::ErrorKind::BrokenPipe,
+            Error::Timeout => io::ErrorKind::TimedOut,
+            Error::Io { source, .. } => source.kind(),
+            Error::MalformedHandshake(_) | Error::PeerMisbehaved(_) => io::ErrorKind::InvalidData,
+            Error::InvalidConfig(_) | Error::InvalidUri { .. } => io::ErrorKind::InvalidInput,
+            Error::AuthFailed => io::ErrorKind::PermissionDenied,
+            Error::Rejected(_) => io::ErrorKind::ConnectionRefused,
+            _ => io::ErrorKind::Other,
+        };
+        io::Error::new(kind, e)
+    }
+}

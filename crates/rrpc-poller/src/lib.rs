@@ -1,0 +1,1 @@
+//! BP, BPTS, EVENT and BPEV connection management feeding tokio (to be built: issue 4).

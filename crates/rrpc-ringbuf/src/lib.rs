@@ -1,0 +1,1 @@
+//! RB² distributed ring buffer over the rrpc fabric (to be built: issue 3).

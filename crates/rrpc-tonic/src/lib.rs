@@ -1,0 +1,1 @@
+//! tonic over rrpc: transports and builders (to be built: issue 5).
