@@ -1,0 +1,289 @@
+//! Ring configuration: geometry and the RB² batching thresholds.
+//!
+//! Defaults are the paper's evaluation settings (RB² §V-A "Configurations":
+//! `alpha = 32`, `beta = 16`, `gamma = 32`) with a 4 MiB receive ring of
+//! 64-byte slots (§IV-C, "cache-friendly structure": slot length is a
+//! multiple of the 64-byte cache line).
+
+use std::sync::Arc;
+
+use crate::error::Error;
+use crate::proto::HEADER_LEN;
+
+/// Cache-line length every slot is a multiple of (RB² §IV-C).
+pub const CACHE_LINE: usize = 64;
+
+/// Smallest accepted ring: 2 slots.
+pub const MIN_SLOT_COUNT: u64 = 2;
+/// Largest accepted ring in bytes (1 GiB); lengths travel in 32-bit header fields.
+pub const MAX_RING_SIZE: usize = 1 << 30;
+/// Largest accepted slot in bytes (64 KiB).
+pub const MAX_SLOT_SIZE: usize = 64 << 10;
+/// Largest accepted `alpha`, `beta` or `gamma`.
+pub const MAX_THRESHOLD: u32 = 1 << 16;
+/// Send-queue depth the ring assumes the queue pair has (rrpc-core's default).
+pub const DEFAULT_SQ_DEPTH: u32 = 1024;
+
+/// Validated configuration of one ring direction, shared as `Arc<RingConfig>`.
+///
+/// Build it with [`RingConfig::builder`]; [`RingConfig::default`] gives the
+/// paper's settings.
+///
+/// # Examples
+/// ```
+/// use rrpc_ringbuf::RingConfig;
+/// let cfg = RingConfig::builder()
+///     .ring_size(1 << 20)
+///     .slot_size(128)
+///     .alpha(8)
+///     .beta(4)
+///     .gamma(8)
+///     .build()?;
+/// assert_eq!(cfg.slot_count(), 8192);
+/// # Ok::<(), rrpc_ringbuf::Error>(())
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RingConfig {
+    ring_size: usize,
+    slot_size: usize,
+    alpha: u32,
+    beta: u32,
+    gamma: u32,
+    elastic: bool,
+    cache_align: bool,
+    huge_pages: bool,
+    tail_with_imm: bool,
+    sq_depth: u32,
+}
+
+impl Default for RingConfig {
+    fn default() -> Self {
+        RingConfig {
+            ring_size: 4 << 20,
+            slot_size: CACHE_LINE,
+            alpha: 32,
+            beta: 16,
+            gamma: 32,
+            elastic: true,
+            cache_align: true,
+            huge_pages: true,
+            tail_with_imm: false,
+            sq_depth: DEFAULT_SQ_DEPTH,
+        }
+    }
+}
+
+impl RingConfig {
+    /// A builder starting from the defaults.
+    pub fn builder() -> RingConfigBuilder {
+        RingConfigBuilder {
+            cfg: RingConfig::default(),
+        }
+    }
+
+    /// Bytes in the ring array (`slot_size * slot_count`). Default 4 MiB.
+    pub fn ring_size(&self) -> usize {
+        self.ring_size
+    }
+    /// Bytes per slot. Default 64.
+    pub fn slot_size(&self) -> usize {
+        self.slot_size
+    }
+    /// Number of slots `N`.
+    pub fn slot_count(&self) -> u64 {
+        (self.ring_size / self.slot_size) as u64
+    }
+    /// Pointer-advancement threshold `alpha` (messages per tail WRITE).
+    pub fn alpha(&self) -> u32 {
+        self.alpha
+    }
+    /// Slot-transmission threshold `beta` (messages per slot WRITE).
+    pub fn beta(&self) -> u32 {
+        self.beta
+    }
+    /// Lazy-push threshold `gamma` (consumed messages per head WRITE).
+    pub fn gamma(&self) -> u32 {
+        self.gamma
+    }
+    /// Whether the elastic threshold is on (at most one tail WRITE in flight).
+    pub fn elastic(&self) -> bool {
+        self.elastic
+    }
+    /// Whether the ring array starts on a cache line (ablation switch).
+    pub fn cache_align(&self) -> bool {
+        self.cache_align
+    }
+    /// Whether regions should use huge pages when the system has them.
+    pub fn huge_pages(&self) -> bool {
+        self.huge_pages
+    }
+    /// Whether the tail is written with `WRITE_WITH_IMM` (for EVENT mode).
+    pub fn tail_with_imm(&self) -> bool {
+        self.tail_with_imm
+    }
+    /// Send-queue depth of the queue pair the ring posts to.
+    pub fn sq_depth(&self) -> u32 {
+        self.sq_depth
+    }
+    /// Largest payload one message can carry: the whole ring minus the header.
+    pub fn max_message(&self) -> usize {
+        self.ring_size - HEADER_LEN
+    }
+    /// Wraps the config in an `Arc` for sharing.
+    pub fn shared(self) -> Arc<RingConfig> {
+        Arc::new(self)
+    }
+}
+
+/// Builder for [`RingConfig`]; every setter documents its range, and
+/// [`build`](RingConfigBuilder::build) rejects anything outside it.
+#[derive(Debug, Clone)]
+pub struct RingConfigBuilder {
+    cfg: RingConfig,
+}
+
+impl RingConfigBuilder {
+    /// Ring bytes: a power of two, at least two slots, at most 1 GiB. Default 4 MiB.
+    pub fn ring_size(mut self, bytes: usize) -> Self {
+        self.cfg.ring_size = bytes;
+        self
+    }
+    /// Slot bytes: a power of two, a multiple of 64 (of 8 when
+    /// [`cache_align`](Self::cache_align) is off), at least 16, at most 64 KiB.
+    /// Default 64.
+    pub fn slot_size(mut self, bytes: usize) -> Self {
+        self.cfg.slot_size = bytes;
+        self
+    }
+    /// Pointer-advancement threshold `alpha` in messages, `1..=65536`,
+    /// `alpha >= beta`. Default 32 (RB² §V-A). `1` writes the tail after every message.
+    pub fn alpha(mut self, n: u32) -> Self {
+        self.cfg.alpha = n;
+        self
+    }
+    /// Slot-transmission threshold `beta` in messages, `1..=alpha`. Default 16.
+    /// `beta == alpha` switches synchronization-ahead transmission off.
+    pub fn beta(mut self, n: u32) -> Self {
+        self.cfg.beta = n;
+        self
+    }
+    /// Lazy-push threshold `gamma` in messages, `1..=65536`. Default 32.
+    /// `1` pushes the head after every consumed message (active push).
+    pub fn gamma(mut self, n: u32) -> Self {
+        self.cfg.gamma = n;
+        self
+    }
+    /// Turns batching off: `alpha = beta = gamma = 1`.
+    pub fn no_batching(self) -> Self {
+        self.alpha(1).beta(1).gamma(1)
+    }
+    /// Elastic threshold (RB² §IV-B), default on: while the previous tail
+    /// WRITE is in flight, pointer advancement is deferred. Off means a fixed
+    /// threshold: a tail WRITE every `alpha` messages regardless (up to 8 in flight).
+    pub fn elastic(mut self, on: bool) -> Self {
+        self.cfg.elastic = on;
+        self
+    }
+    /// Cache-line alignment of the ring and of every message (RB² §IV-C),
+    /// default on. Off (ablation only) places the array 8 bytes past a cache
+    /// line and accepts slot sizes that are multiples of 8.
+    pub fn cache_align(mut self, on: bool) -> Self {
+        self.cfg.cache_align = on;
+        self
+    }
+    /// Ask for huge pages (default on; the fabric falls back to normal pages).
+    pub fn huge_pages(mut self, on: bool) -> Self {
+        self.cfg.huge_pages = on;
+        self
+    }
+    /// Write the tail with `WRITE_WITH_IMM` so the receiver's completion
+    /// channel fires (EVENT mode). Default off. See [`crate::RingRx::post_receives`].
+    pub fn tail_with_imm(mut self, on: bool) -> Self {
+        self.cfg.tail_with_imm = on;
+        self
+    }
+    /// Send-queue depth of the queue pair, `16..=65536`. Default 1024.
+    /// The sender keeps at most half of it outstanding, the receiver a quarter.
+    pub fn sq_depth(mut self, depth: u32) -> Self {
+        self.cfg.sq_depth = depth;
+        self
+    }
+
+    /// Validates and returns the config.
+    ///
+    /// # Errors
+    /// [`Error::InvalidConfig`] naming the offending value and its range.
+    pub fn build(self) -> Result<RingConfig, Error> {
+        let c = self.cfg;
+        let bad = |m: String| Err(Error::InvalidConfig(m));
+        let granule = if c.cache_align { CACHE_LINE } else { 8 };
+        if !c.slot_size.is_power_of_two()
+            || c.slot_size % granule != 0
+            || c.slot_size < 16
+            || c.slot_size > MAX_SLOT_SIZE
+        {
+            return bad(format!(
+                "slot_size {} must be a power of two, a multiple of {granule}, in 16..={MAX_SLOT_SIZE}",
+                c.slot_size
+            ));
+        }
+        if !c.ring_size.is_power_of_two() || c.ring_size > MAX_RING_SIZE {
+            return bad(format!(
+                "ring_size {} must be a power of two of at most {MAX_RING_SIZE} bytes",
+                c.ring_size
+            ));
+        }
+        if (c.ring_size / c.slot_size) < MIN_SLOT_COUNT as usize {
+            return bad(format!(
+                "ring_size {} holds fewer than {MIN_SLOT_COUNT} slots of {} bytes",
+                c.ring_size, c.slot_size
+            ));
+        }
+        for (name, v) in [("alpha", c.alpha), ("beta", c.beta), ("gamma", c.gamma)] {
+            if v == 0 || v > MAX_THRESHOLD {
+                return bad(format!("{name} = {v} must be in 1..={MAX_THRESHOLD}"));
+            }
+        }
+        if c.beta > c.alpha {
+            return bad(format!(
+                "beta = {} must not exceed alpha = {} (slot transmission happens at least at every pointer advancement)",
+                c.beta, c.alpha
+            ));
+        }
+        if !(16..=65536).contains(&c.sq_depth) {
+            return bad(format!("sq_depth {} must be in 16..=65536", c.sq_depth));
+        }
+        Ok(c)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_paper_values() {
+        let c = RingConfig::default();
+        assert_eq!((c.alpha(), c.beta(), c.gamma()), (32, 16, 32));
+        assert_eq!(c.ring_size(), 4 << 20);
+        assert_eq!(c.slot_count(), 65536);
+        assert_eq!(RingConfig::builder().build().unwrap(), c);
+    }
+
+    #[test]
+    fn rejects_invalid() {
+        let b = RingConfig::builder;
+        assert!(b().slot_size(96).build().is_err());
+        assert!(b().slot_size(32).build().is_err());
+        assert!(b().slot_size(32).cache_align(false).build().is_ok());
+        assert!(b().ring_size(3 << 20).build().is_err());
+        assert!(b().ring_size(64).build().is_err());
+        assert!(b().alpha(0).build().is_err());
+        assert!(b().alpha(4).beta(8).build().is_err());
+        assert!(b().gamma(1 << 20).build().is_err());
+        assert!(b().sq_depth(4).build().is_err());
+        let e = b().alpha(4).beta(8).build().unwrap_err().to_string();
+        assert!(e.contains("beta = 8") && e.contains("alpha = 4"), "{e}");
+        assert!(b().no_batching().build().is_ok());
+    }
+}

@@ -1,0 +1,291 @@
+//! The receiver half: `READMSG` of RB² Algorithm 1 plus lazy push.
+
+use super::{FLAG_GAP, Geometry, HEADER_LEN, Header, WR_KIND_RX, WR_SEQ_MASK, tag_for};
+use crate::config::RingConfig;
+use crate::error::Error;
+
+/// A validated message at the head of `RB_R`: payload bytes
+/// `offset..offset+len` of the array.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[must_use = "a message must be released to free its slots"]
+pub struct Message {
+    pos: u64,
+    offset: usize,
+    len: usize,
+    slots: u64,
+}
+
+impl Message {
+    /// Byte offset of the payload in the array.
+    pub fn offset(&self) -> usize {
+        self.offset
+    }
+    /// Payload length.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+    /// True for an empty payload.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+    /// Absolute slot pointer of the message.
+    pub fn pos(&self) -> u64 {
+        self.pos
+    }
+    /// Slots the message occupies.
+    pub fn slots(&self) -> u64 {
+        self.slots
+    }
+}
+
+/// A head push (lazy push, RB² §IV-A): WRITE `value` into the sender's
+/// `local_head` word.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HeadPush {
+    /// The head to publish.
+    pub value: u64,
+    /// Work-request id to post with.
+    pub wr_id: u64,
+    /// Whether to request a completion.
+    pub signaled: bool,
+}
+
+/// Receiver state: `head`, `synced_head`, `local_tail` (RB² Fig. 2).
+///
+/// Invariant: `synced_head <= head <= local_tail <= head + N`.
+#[derive(Debug)]
+pub struct Receiver {
+    geo: Geometry,
+    gamma: u32,
+    head: u64,
+    synced_head: u64,
+    local_tail: u64,
+    unpushed: u32,
+    push_pending: bool,
+    next_seq: u64,
+    done_seq: u64,
+    last_signaled: u64,
+    max_outstanding: u64,
+    signal_every: u64,
+    closed: Option<String>,
+    pushes: u64,
+}
+
+impl Receiver {
+    /// A receiver for a ring configured by `cfg`.
+    pub fn new(cfg: &RingConfig) -> Self {
+        let max_outstanding = u64::from(cfg.sq_depth() / 4).max(2);
+        Receiver {
+            geo: Geometry::from_config(cfg),
+            gamma: cfg.gamma(),
+            head: 0,
+            synced_head: 0,
+            local_tail: 0,
+            unpushed: 0,
+            push_pending: false,
+            next_seq: 0,
+            done_seq: 0,
+            last_signaled: 0,
+            max_outstanding,
+            signal_every: (max_outstanding / 2).max(1),
+            closed: None,
+            pushes: 0,
+        }
+    }
+
+    /// The ring geometry.
+    pub fn geometry(&self) -> Geometry {
+        self.geo
+    }
+    /// `head`: next slot to read.
+    pub fn head(&self) -> u64 {
+        self.head
+    }
+    /// `synced_head`: the head value last pushed to the sender.
+    pub fn synced_head(&self) -> u64 {
+        self.synced_head
+    }
+    /// `local_tail`: the sender's tail as last written to us.
+    pub fn local_tail(&self) -> u64 {
+        self.local_tail
+    }
+    /// Head pushes issued.
+    pub fn pushes(&self) -> u64 {
+        self.pushes
+    }
+    /// The error that closed the receiver, if any.
+    pub fn closed(&self) -> Option<&str> {
+        self.closed.as_deref()
+    }
+    /// True if a head push is owed but the send-queue budget needs completions.
+    pub fn wants_completions(&self) -> bool {
+        self.push_pending && self.next_seq >= self.done_seq + self.max_outstanding
+    }
+
+    fn check_open(&self) -> Result<(), Error> {
+        match &self.closed {
+            Some(m) => Err(Error::Corrupt(m.clone())),
+            None => Ok(()),
+        }
+    }
+
+    fn close(&mut self, msg: String) -> Error {
+        self.closed.get_or_insert(msg.clone());
+        Error::Corrupt(msg)
+    }
+
+    /// The sender wrote `value` into our `local_tail` word.
+    ///
+    /// # Errors
+    /// [`Error::Corrupt`] (and the receiver closes) if the tail moves
+    /// backwards or more than `N` slots past our head.
+    pub fn handle_local_tail(&mut self, value: u64) -> Result<(), Error> {
+        self.check_open()?;
+        if value == self.local_tail {
+            return Ok(());
+        }
+        if value < self.local_tail || value - self.head > self.geo.slot_count() {
+            return Err(self.close(format!(
+                "tail pointer {value} outside [{}, {}]",
+                self.local_tail,
+                self.head + self.geo.slot_count()
+            )));
+        }
+        self.local_tail = value;
+        Ok(())
+    }
+
+    /// Returns the message at the head, if any, after validating its header
+    /// (`read_word(offset)` returns the little-endian `u64` at byte `offset`
+    /// of `RB_R`; it is called at most twice, at slot starts). Gaps are
+    /// skipped. When the ring is found empty and the sender has not been told
+    /// the latest head, a head push is scheduled (so a sender waiting for
+    /// space is never left waiting on the `gamma` threshold).
+    ///
+    /// # Errors
+    /// [`Error::Corrupt`] (and the receiver closes) for a bad header: wrong
+    /// tag, unknown flags, a length beyond the ring or the published tail, a
+    /// gap that does not end at the array end.
+    pub fn poll_recv(
+        &mut self,
+        mut read_word: impl FnMut(usize) -> u64,
+    ) -> Result<Option<Message>, Error> {
+        self.check_open()?;
+        // At most one gap precedes a message: after a gap the head is at index 0.
+        for _ in 0..2 {
+            if self.head == self.local_tail {
+                if self.head != self.synced_head {
+                    self.push_pending = true;
+                }
+                return Ok(None);
+            }
+            let idx = self.geo.index(self.head);
+            let avail = self.local_tail - self.head;
+            let h = Header::decode(read_word(self.geo.offset(self.head)));
+            if h.tag != tag_for(self.head) {
+                return Err(self.close(format!(
+                    "bad header tag {:#06x} at slot {}",
+                    h.tag, self.head
+                )));
+            }
+            if h.flags & !FLAG_GAP != 0 {
+                return Err(self.close(format!("unknown header flags {:#x}", h.flags)));
+            }
+            if h.flags & FLAG_GAP != 0 {
+                let gap = self.geo.slot_count() - idx;
+                if idx == 0 || h.len != 0 || gap > avail {
+                    return Err(self.close(format!(
+                        "bad gap marker at slot {} (len {}, {} slots available)",
+                        self.head, h.len, avail
+                    )));
+                }
+                self.head += gap;
+                continue;
+            }
+            let len = h.len as usize;
+            let slots = (HEADER_LEN + len).div_ceil(self.geo.slot_size()) as u64;
+            if len > self.geo.max_payload() || slots > avail || idx + slots > self.geo.slot_count()
+            {
+                return Err(self.close(format!(
+                    "message length {len} at slot {} exceeds the {avail} published slots or the array end",
+                    self.head
+                )));
+            }
+            return Ok(Some(Message {
+                pos: self.head,
+                offset: self.geo.offset(self.head) + HEADER_LEN,
+                len,
+                slots,
+            }));
+        }
+        Err(self.close(format!("two gap markers in a row at slot {}", self.head)))
+    }
+
+    /// Releases the message returned by [`poll_recv`](Self::poll_recv):
+    /// advances `head` and schedules a lazy push every `gamma` messages
+    /// (Algorithm 1 lines 21-24).
+    ///
+    /// # Panics
+    /// If `msg` is not the message at the head.
+    pub fn release(&mut self, msg: Message) {
+        assert_eq!(
+            msg.pos, self.head,
+            "released a message that is not at the head"
+        );
+        self.head += msg.slots;
+        self.unpushed += 1;
+        if self.unpushed >= self.gamma {
+            self.push_pending = true;
+        }
+    }
+
+    /// Requests a head push now if the sender has not seen the latest head.
+    pub fn flush(&mut self) {
+        if self.head != self.synced_head {
+            self.push_pending = true;
+        }
+    }
+
+    /// The next head push to post, if one is owed and the send-queue budget allows.
+    #[must_use]
+    pub fn poll_transmit(&mut self) -> Option<HeadPush> {
+        if !self.push_pending || self.closed.is_some() {
+            return None;
+        }
+        if self.head == self.synced_head {
+            self.push_pending = false;
+            return None;
+        }
+        if self.next_seq >= self.done_seq + self.max_outstanding {
+            return None;
+        }
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        let signaled = seq - self.last_signaled >= self.signal_every;
+        if signaled {
+            self.last_signaled = seq;
+        }
+        self.push_pending = false;
+        self.unpushed = 0;
+        self.synced_head = self.head;
+        self.pushes += 1;
+        Some(HeadPush {
+            value: self.head,
+            wr_id: WR_KIND_RX | seq,
+            signaled,
+        })
+    }
+
+    /// A signaled head push completed (it and all earlier ones are done).
+    pub fn handle_completion(&mut self, wr_id: u64) {
+        let seq = wr_id & WR_SEQ_MASK;
+        if wr_id & !WR_SEQ_MASK != WR_KIND_RX || seq >= self.next_seq {
+            debug_assert!(
+                false,
+                "completion {wr_id:#x} was never posted by this receiver"
+            );
+            return;
+        }
+        self.done_seq = self.done_seq.max(seq + 1);
+    }
+}

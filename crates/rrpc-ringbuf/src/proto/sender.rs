@@ -1,0 +1,410 @@
+//! The sender half: `WRITEMSG` of RB² Algorithm 1.
+
+use std::collections::VecDeque;
+
+use super::{FLAG_GAP, Geometry, HEADER_LEN, Header, MAX_TAIL_INFLIGHT, WR_KIND_TX, WR_SEQ_MASK};
+use crate::config::RingConfig;
+use crate::error::Error;
+
+/// A work request the driver must post, in the order returned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Transmit {
+    /// Slot transmission (1st WRITE): copy `RB_S[offset..offset+len]` to the
+    /// same bytes of the peer's `RB_R`.
+    Slots {
+        /// Byte offset in the array (same on both sides).
+        offset: usize,
+        /// Bytes to write.
+        len: usize,
+        /// Work-request id to post with.
+        wr_id: u64,
+        /// Whether to request a completion.
+        signaled: bool,
+    },
+    /// Pointer advancement (2nd WRITE): store `value` in local source word
+    /// `src` and WRITE that word to the peer's `local_tail`. Always signaled;
+    /// the word must stay unchanged until the completion (it does: a source
+    /// word is reused only after [`MAX_TAIL_INFLIGHT`] later tail WRITEs).
+    Tail {
+        /// The new tail (absolute slot pointer).
+        value: u64,
+        /// Index of the local source word to use (`< MAX_TAIL_INFLIGHT`).
+        src: usize,
+        /// Work-request id to post with.
+        wr_id: u64,
+    },
+}
+
+/// Space reserved by [`Sender::reserve`]: payload bytes
+/// `offset..offset+capacity` of `RB_S`, to be filled and then committed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[must_use = "a reservation does nothing until committed"]
+pub struct Reservation {
+    pos: u64,
+    offset: usize,
+    capacity: usize,
+}
+
+impl Reservation {
+    /// Byte offset of the payload in the array.
+    pub fn offset(&self) -> usize {
+        self.offset
+    }
+    /// Payload bytes reserved.
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+}
+
+/// Counters for benchmarks and tests.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SenderStats {
+    /// Messages committed.
+    pub messages: u64,
+    /// Slot-transmission WRITEs issued.
+    pub slot_writes: u64,
+    /// Tail WRITEs issued.
+    pub tail_writes: u64,
+    /// Pointer advancements deferred by the elastic threshold.
+    pub deferrals: u64,
+    /// Times the ring was found full.
+    pub full: u64,
+}
+
+/// Sender state: `tail`, `synced_tail`, `esc_tail`, `local_head` (RB² Fig. 2).
+///
+/// Invariant: `local_head <= synced_tail <= esc_tail <= tail <= local_head + N`.
+#[derive(Debug)]
+pub struct Sender {
+    geo: Geometry,
+    alpha: u32,
+    beta: u32,
+    elastic: bool,
+    max_outstanding: u64,
+    signal_every: u64,
+    /// Next slot to write in `RB_S`.
+    tail: u64,
+    /// Slots before this were handed to slot transmission.
+    esc_tail: u64,
+    /// Last tail value handed to pointer advancement.
+    synced_tail: u64,
+    /// Cache of the receiver's head, pushed by the receiver.
+    local_head: u64,
+    unsent: u32,
+    unsynced: u32,
+    tail_deferred: bool,
+    tails_inflight: VecDeque<u64>,
+    tail_count: u64,
+    next_seq: u64,
+    done_seq: u64,
+    last_signaled: u64,
+    queue: VecDeque<Transmit>,
+    closed: Option<String>,
+    stats: SenderStats,
+}
+
+impl Sender {
+    /// A sender for a ring configured by `cfg`.
+    pub fn new(cfg: &RingConfig) -> Self {
+        let max_outstanding = u64::from(cfg.sq_depth() / 2).max(2);
+        Sender {
+            geo: Geometry::from_config(cfg),
+            alpha: cfg.alpha(),
+            beta: cfg.beta(),
+            elastic: cfg.elastic(),
+            max_outstanding,
+            signal_every: (max_outstanding / 2).max(1),
+            tail: 0,
+            esc_tail: 0,
+            synced_tail: 0,
+            local_head: 0,
+            unsent: 0,
+            unsynced: 0,
+            tail_deferred: false,
+            tails_inflight: VecDeque::with_capacity(MAX_TAIL_INFLIGHT),
+            tail_count: 0,
+            next_seq: 0,
+            done_seq: 0,
+            last_signaled: 0,
+            queue: VecDeque::new(),
+            closed: None,
+            stats: SenderStats::default(),
+        }
+    }
+
+    /// The ring geometry.
+    pub fn geometry(&self) -> Geometry {
+        self.geo
+    }
+    /// `tail`: next slot to be written.
+    pub fn tail(&self) -> u64 {
+        self.tail
+    }
+    /// `esc_tail`: slots before it have been handed to slot transmission.
+    pub fn esc_tail(&self) -> u64 {
+        self.esc_tail
+    }
+    /// `synced_tail`: the last tail value handed to pointer advancement.
+    pub fn synced_tail(&self) -> u64 {
+        self.synced_tail
+    }
+    /// `local_head`: the receiver's head as last pushed.
+    pub fn local_head(&self) -> u64 {
+        self.local_head
+    }
+    /// Free slots as far as the sender knows.
+    pub fn free_slots(&self) -> u64 {
+        self.geo.slot_count() - (self.tail - self.local_head)
+    }
+    /// A pointer advancement is owed but held back by the elastic threshold
+    /// until a tail WRITE completes.
+    pub fn tail_deferred(&self) -> bool {
+        self.tail_deferred
+    }
+    /// Tail WRITEs queued or posted whose completion has not been handled.
+    pub fn tails_in_flight(&self) -> usize {
+        self.tails_inflight.len()
+    }
+    /// True if work requests are queued but held back until completions are
+    /// polled (the send-queue budget is used up or a tail WRITE is deferred).
+    pub fn wants_completions(&self) -> bool {
+        self.tail_deferred
+            || self
+                .queue
+                .front()
+                .is_some_and(|t| seq_of(t) >= self.done_seq + self.max_outstanding)
+    }
+    /// True if everything committed has been handed out as work requests,
+    /// including the tail that covers it.
+    pub fn is_flushed(&self) -> bool {
+        self.queue.is_empty() && self.synced_tail == self.tail && !self.tail_deferred
+    }
+    /// Counters.
+    pub fn stats(&self) -> SenderStats {
+        self.stats
+    }
+    /// The error that closed the sender, if any.
+    pub fn closed(&self) -> Option<&str> {
+        self.closed.as_deref()
+    }
+
+    fn check_open(&self) -> Result<(), Error> {
+        match &self.closed {
+            Some(m) => Err(Error::Corrupt(m.clone())),
+            None => Ok(()),
+        }
+    }
+
+    fn close(&mut self, msg: String) -> Error {
+        self.closed.get_or_insert(msg.clone());
+        Error::Corrupt(msg)
+    }
+
+    /// Reserves room for a payload of `len` bytes in `ring` (`RB_S`), writing
+    /// a gap header first when the message would cross the end of the array.
+    ///
+    /// # Errors
+    /// [`Error::TooLarge`] if `len` exceeds the ring; [`Error::WouldBlock`] if
+    /// there is not enough free space (the batch is flushed so the receiver
+    /// can drain and push its head); [`Error::Corrupt`] after a bad head.
+    pub fn reserve(&mut self, len: usize, ring: &mut [u8]) -> Result<Reservation, Error> {
+        self.check_open()?;
+        if len > self.geo.max_payload() {
+            return Err(Error::TooLarge {
+                len,
+                max: self.geo.max_payload(),
+            });
+        }
+        debug_assert_eq!(ring.len(), self.geo.ring_bytes());
+        let n = self.geo.slots_for(len);
+        let idx = self.geo.index(self.tail);
+        let count = self.geo.slot_count();
+        if idx + n > count {
+            let gap = count - idx;
+            if self.free_slots() < gap {
+                return Err(self.on_full());
+            }
+            let off = self.geo.offset(self.tail);
+            ring[off..off + HEADER_LEN]
+                .copy_from_slice(&Header::new(0, FLAG_GAP, self.tail).encode());
+            self.tail += gap;
+        }
+        if self.free_slots() < n {
+            return Err(self.on_full());
+        }
+        Ok(Reservation {
+            pos: self.tail,
+            offset: self.geo.offset(self.tail) + HEADER_LEN,
+            capacity: len,
+        })
+    }
+
+    fn on_full(&mut self) -> Error {
+        self.stats.full += 1;
+        self.flush();
+        Error::WouldBlock
+    }
+
+    /// Commits `len <= res.capacity()` payload bytes of a reservation: writes
+    /// the header, advances `tail` and applies the thresholds (Algorithm 1
+    /// lines 5-15).
+    ///
+    /// # Panics
+    /// If `res` is not the latest reservation or `len` exceeds its capacity.
+    pub fn commit(&mut self, res: Reservation, len: usize, ring: &mut [u8]) {
+        assert_eq!(res.pos, self.tail, "stale reservation");
+        assert!(len <= res.capacity, "commit beyond reservation");
+        let off = self.geo.offset(self.tail);
+        ring[off..off + HEADER_LEN]
+            .copy_from_slice(&Header::new(len as u32, 0, self.tail).encode());
+        self.tail += self.geo.slots_for(len);
+        self.stats.messages += 1;
+        self.unsent += 1;
+        self.unsynced += 1;
+        if self.unsynced >= self.alpha {
+            // Pointer advancement: flush the slots, then (elastic threshold
+            // permitting) write the tail. Like Algorithm 1 line 9 the batch
+            // counter restarts even when the tail WRITE is deferred.
+            self.transmit_slots();
+            self.unsynced = 0;
+            self.advance();
+        } else if self.unsent >= self.beta {
+            // Synchronization-ahead slot transmission.
+            self.transmit_slots();
+        }
+    }
+
+    /// Pushes whatever is batched: transmits untransmitted slots and
+    /// advances the tail (or marks it deferred while a tail WRITE is in
+    /// flight under the elastic threshold; it then goes out from
+    /// [`handle_completion`](Self::handle_completion)).
+    pub fn flush(&mut self) {
+        if self.closed.is_some() {
+            return;
+        }
+        self.transmit_slots();
+        if self.esc_tail != self.synced_tail {
+            self.unsynced = 0;
+            self.advance();
+        }
+    }
+
+    fn transmit_slots(&mut self) {
+        if self.esc_tail == self.tail {
+            return;
+        }
+        let count = self.geo.slot_count();
+        let mut pos = self.esc_tail;
+        while pos < self.tail {
+            let idx = self.geo.index(pos);
+            let n = (self.tail - pos).min(count - idx);
+            let seq = self.next_seq;
+            self.next_seq += 1;
+            let signaled = seq - self.last_signaled >= self.signal_every;
+            if signaled {
+                self.last_signaled = seq;
+            }
+            self.queue.push_back(Transmit::Slots {
+                offset: self.geo.offset(pos),
+                len: n as usize * self.geo.slot_size(),
+                wr_id: WR_KIND_TX | seq,
+                signaled,
+            });
+            self.stats.slot_writes += 1;
+            pos += n;
+        }
+        self.esc_tail = self.tail;
+        self.unsent = 0;
+    }
+
+    fn advance(&mut self) {
+        if self.esc_tail == self.synced_tail {
+            self.tail_deferred = false;
+            return;
+        }
+        let cap = if self.elastic { 1 } else { MAX_TAIL_INFLIGHT };
+        if self.tails_inflight.len() >= cap {
+            if !self.tail_deferred {
+                self.stats.deferrals += 1;
+            }
+            self.tail_deferred = true;
+            return;
+        }
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        self.last_signaled = seq;
+        self.tails_inflight.push_back(seq);
+        let src = (self.tail_count % MAX_TAIL_INFLIGHT as u64) as usize;
+        self.tail_count += 1;
+        self.queue.push_back(Transmit::Tail {
+            value: self.esc_tail,
+            src,
+            wr_id: WR_KIND_TX | seq,
+        });
+        self.stats.tail_writes += 1;
+        self.synced_tail = self.esc_tail;
+        self.tail_deferred = false;
+    }
+
+    /// The next work request to post, or `None` if there is none or the
+    /// send-queue budget needs completions first.
+    #[must_use]
+    pub fn poll_transmit(&mut self) -> Option<Transmit> {
+        let front = self.queue.front()?;
+        if seq_of(front) >= self.done_seq + self.max_outstanding {
+            return None;
+        }
+        self.queue.pop_front()
+    }
+
+    /// A signaled work request `wr_id` completed successfully: it and every
+    /// earlier one are done (RC order). Completions may be handled late or
+    /// out of order; stale ones are ignored.
+    pub fn handle_completion(&mut self, wr_id: u64) {
+        let seq = wr_id & WR_SEQ_MASK;
+        if wr_id & !WR_SEQ_MASK != WR_KIND_TX || seq >= self.next_seq {
+            debug_assert!(
+                false,
+                "completion {wr_id:#x} was never posted by this sender"
+            );
+            return;
+        }
+        self.done_seq = self.done_seq.max(seq + 1);
+        while self
+            .tails_inflight
+            .front()
+            .is_some_and(|&s| s < self.done_seq)
+        {
+            self.tails_inflight.pop_front();
+        }
+        if self.tail_deferred {
+            self.advance();
+        }
+    }
+
+    /// The receiver pushed `value` into our `local_head` word.
+    ///
+    /// # Errors
+    /// [`Error::Corrupt`] (and the sender closes) if the value moves backwards
+    /// or past the tail we published.
+    pub fn handle_local_head(&mut self, value: u64) -> Result<(), Error> {
+        self.check_open()?;
+        if value == self.local_head {
+            return Ok(());
+        }
+        if value < self.local_head || value > self.synced_tail {
+            return Err(self.close(format!(
+                "head pointer {value} outside [{}, {}]",
+                self.local_head, self.synced_tail
+            )));
+        }
+        self.local_head = value;
+        Ok(())
+    }
+}
+
+fn seq_of(t: &Transmit) -> u64 {
+    match *t {
+        Transmit::Slots { wr_id, .. } | Transmit::Tail { wr_id, .. } => wr_id & WR_SEQ_MASK,
+    }
+}

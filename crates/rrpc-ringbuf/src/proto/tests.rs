@@ -1,0 +1,580 @@
+//! Deterministic pair harness (quinn-style) and property tests for the
+//! sans-IO core: an in-memory "fabric" applies WRITEs in RC order when told,
+//! and hands completions back late and out of order.
+
+use std::collections::VecDeque;
+
+use proptest::prelude::*;
+
+use super::*;
+use crate::config::RingConfig;
+use crate::error::Error;
+
+#[derive(Debug, Clone, Copy)]
+enum Op {
+    Slots {
+        offset: usize,
+        len: usize,
+        wr_id: u64,
+        signaled: bool,
+    },
+    Tail {
+        src: usize,
+        wr_id: u64,
+    },
+    Head {
+        value: u64,
+        wr_id: u64,
+        signaled: bool,
+    },
+}
+
+/// Two endpoints joined by an in-memory fabric.
+struct Pair {
+    geo: Geometry,
+    tx: Sender,
+    rx: Receiver,
+    rb_s: Vec<u8>,
+    rb_r: Vec<u8>,
+    tail_src: [u64; MAX_TAIL_INFLIGHT],
+    local_tail_word: u64,
+    local_head_word: u64,
+    s2r: VecDeque<Op>,
+    r2s: VecDeque<Op>,
+    tx_cq: Vec<u64>,
+    rx_cq: Vec<u64>,
+    /// Lengths of committed messages, by message number.
+    committed: Vec<usize>,
+    received: usize,
+}
+
+fn payload_byte(msg: usize, i: usize) -> u8 {
+    (msg.wrapping_mul(131) ^ i.wrapping_mul(7)) as u8
+}
+
+impl Pair {
+    fn new(cfg: &RingConfig) -> Self {
+        let geo = Geometry::from_config(cfg);
+        Pair {
+            geo,
+            tx: Sender::new(cfg),
+            rx: Receiver::new(cfg),
+            rb_s: vec![0; geo.ring_bytes()],
+            rb_r: vec![0; geo.ring_bytes()],
+            tail_src: [0; MAX_TAIL_INFLIGHT],
+            local_tail_word: 0,
+            local_head_word: 0,
+            s2r: VecDeque::new(),
+            r2s: VecDeque::new(),
+            tx_cq: Vec::new(),
+            rx_cq: Vec::new(),
+            committed: Vec::new(),
+            received: 0,
+        }
+    }
+
+    /// Posts everything both state machines hand out.
+    fn post(&mut self) {
+        while let Some(t) = self.tx.poll_transmit() {
+            match t {
+                Transmit::Slots {
+                    offset,
+                    len,
+                    wr_id,
+                    signaled,
+                } => self.s2r.push_back(Op::Slots {
+                    offset,
+                    len,
+                    wr_id,
+                    signaled,
+                }),
+                Transmit::Tail { value, src, wr_id } => {
+                    self.tail_src[src] = value;
+                    self.s2r.push_back(Op::Tail { src, wr_id });
+                }
+            }
+        }
+        while let Some(p) = self.rx.poll_transmit() {
+            self.r2s.push_back(Op::Head {
+                value: p.value,
+                wr_id: p.wr_id,
+                signaled: p.signaled,
+            });
+        }
+    }
+
+    /// Writes one message of `len` bytes; `commit = false` abandons it.
+    fn write(&mut self, len: usize, commit: bool) -> Result<(), Error> {
+        // The driver reloads the head word before reserving.
+        self.tx.handle_local_head(self.local_head_word)?;
+        let r = self.tx.reserve(len, &mut self.rb_s);
+        let res = match r {
+            Ok(res) => res,
+            Err(Error::TooLarge { len: l, max }) => {
+                assert_eq!(l, len);
+                assert_eq!(max, self.geo.max_payload());
+                assert!(len > max);
+                return Ok(());
+            }
+            Err(e) => {
+                self.post();
+                return Err(e);
+            }
+        };
+        assert!(len <= self.geo.max_payload());
+        assert_eq!(res.capacity(), len);
+        if commit {
+            let n = self.committed.len();
+            for i in 0..len {
+                self.rb_s[res.offset() + i] = payload_byte(n, i);
+            }
+            self.tx.commit(res, len, &mut self.rb_s);
+            self.committed.push(len);
+        }
+        self.post();
+        Ok(())
+    }
+
+    /// Reads (and verifies) one message; `Ok(false)` if empty.
+    fn read(&mut self) -> Result<bool, Error> {
+        self.rx.handle_local_tail(self.local_tail_word)?;
+        let rb_r = &self.rb_r;
+        let got = self
+            .rx
+            .poll_recv(|off| u64::from_le_bytes(rb_r[off..off + 8].try_into().unwrap()))?;
+        let Some(msg) = got else {
+            self.post();
+            return Ok(false);
+        };
+        let n = self.received;
+        assert!(
+            n < self.committed.len(),
+            "received a message never committed"
+        );
+        assert_eq!(
+            msg.len(),
+            self.committed[n],
+            "message {n} has the wrong length"
+        );
+        let data = &self.rb_r[msg.offset()..msg.offset() + msg.len()];
+        for (i, b) in data.iter().enumerate() {
+            assert_eq!(*b, payload_byte(n, i), "message {n} byte {i} corrupted");
+        }
+        self.rx.release(msg);
+        self.received += 1;
+        self.post();
+        Ok(true)
+    }
+
+    fn apply_s2r(&mut self) {
+        let Some(op) = self.s2r.pop_front() else {
+            return;
+        };
+        match op {
+            Op::Slots {
+                offset,
+                len,
+                wr_id,
+                signaled,
+            } => {
+                // No unread slot may be overwritten.
+                let n = self.geo.slot_count();
+                let (first, last) = (
+                    offset / self.geo.slot_size(),
+                    (offset + len) / self.geo.slot_size(),
+                );
+                let mut p = self.rx.head();
+                while p < self.local_tail_word {
+                    let idx = self.geo.index(p) as usize;
+                    assert!(
+                        !(first..last).contains(&idx),
+                        "slot write {first}..{last} overwrites unread slot {p} (N={n})"
+                    );
+                    p += 1;
+                }
+                self.rb_r[offset..offset + len].copy_from_slice(&self.rb_s[offset..offset + len]);
+                if signaled {
+                    self.tx_cq.push(wr_id);
+                }
+            }
+            Op::Tail { src, wr_id } => {
+                let v = self.tail_src[src];
+                assert!(v >= self.local_tail_word, "tail went backwards");
+                self.local_tail_word = v;
+                self.tx_cq.push(wr_id);
+            }
+            Op::Head { .. } => unreachable!(),
+        }
+    }
+
+    fn apply_r2s(&mut self) {
+        if let Some(Op::Head {
+            value,
+            wr_id,
+            signaled,
+        }) = self.r2s.pop_front()
+        {
+            self.local_head_word = value;
+            if signaled {
+                self.rx_cq.push(wr_id);
+            }
+        }
+    }
+
+    fn complete_tx(&mut self, pick: usize) {
+        if !self.tx_cq.is_empty() {
+            let wr = self.tx_cq.swap_remove(pick % self.tx_cq.len());
+            self.tx.handle_completion(wr);
+            self.post();
+        }
+    }
+
+    fn complete_rx(&mut self, pick: usize) {
+        if !self.rx_cq.is_empty() {
+            let wr = self.rx_cq.swap_remove(pick % self.rx_cq.len());
+            self.rx.handle_completion(wr);
+            self.post();
+        }
+    }
+
+    fn check_invariants(&self) {
+        let n = self.geo.slot_count();
+        let t = &self.tx;
+        assert!(
+            t.local_head() <= t.synced_tail(),
+            "local_head > synced_tail"
+        );
+        assert!(t.synced_tail() <= t.esc_tail(), "synced_tail > esc_tail");
+        assert!(t.esc_tail() <= t.tail(), "esc_tail > tail");
+        assert!(t.tail() - t.local_head() <= n, "sender overran the ring");
+        let r = &self.rx;
+        assert!(r.synced_head() <= r.head() && r.head() <= r.local_tail());
+        assert!(r.local_tail() - r.head() <= n);
+        assert!(r.local_tail() <= t.synced_tail());
+        assert!(t.local_head() <= r.head());
+        assert!(t.tails_in_flight() <= MAX_TAIL_INFLIGHT);
+    }
+
+    /// Flushes and runs the fabric until idle; every committed message must
+    /// then have been received. Bounded to catch livelock.
+    fn drain(&mut self) {
+        for _ in 0..10_000 {
+            self.tx.flush();
+            self.post();
+            while !self.s2r.is_empty() {
+                self.apply_s2r();
+            }
+            while !self.tx_cq.is_empty() {
+                self.complete_tx(0);
+            }
+            while self.read().expect("read during drain") {}
+            while !self.r2s.is_empty() {
+                self.apply_r2s();
+            }
+            while !self.rx_cq.is_empty() {
+                self.complete_rx(0);
+            }
+            self.tx.handle_local_head(self.local_head_word).unwrap();
+            self.check_invariants();
+            if self.received == self.committed.len()
+                && self.tx.is_flushed()
+                && self.s2r.is_empty()
+                && self.r2s.is_empty()
+                && self.tx.local_head() == self.tx.tail()
+            {
+                return;
+            }
+        }
+        panic!(
+            "no progress: {} of {} received, sender {:?}",
+            self.received,
+            self.committed.len(),
+            self.tx
+        );
+    }
+}
+
+fn cfg(slot: usize, slots: usize, alpha: u32, beta: u32, gamma: u32, elastic: bool) -> RingConfig {
+    RingConfig::builder()
+        .slot_size(slot)
+        .ring_size(slot * slots)
+        .alpha(alpha)
+        .beta(beta)
+        .gamma(gamma)
+        .elastic(elastic)
+        .sq_depth(16)
+        .build()
+        .unwrap()
+}
+
+#[derive(Debug, Clone)]
+enum Action {
+    Write(usize),
+    Abandon(usize),
+    Read,
+    Flush,
+    ApplyS2r,
+    ApplyR2s,
+    CompleteTx(usize),
+    CompleteRx(usize),
+}
+
+fn action(max: usize) -> impl Strategy<Value = Action> {
+    prop_oneof![
+        6 => (0..=max + 8).prop_map(Action::Write),
+        1 => (0..=max).prop_map(Action::Abandon),
+        4 => Just(Action::Read),
+        1 => Just(Action::Flush),
+        4 => Just(Action::ApplyS2r),
+        2 => Just(Action::ApplyR2s),
+        2 => any::<usize>().prop_map(Action::CompleteTx),
+        1 => any::<usize>().prop_map(Action::CompleteRx),
+    ]
+}
+
+fn config_strategy() -> impl Strategy<Value = RingConfig> {
+    (
+        prop_oneof![Just(64usize), Just(128)],
+        prop_oneof![Just(2usize), Just(4), Just(8), Just(16), Just(64)],
+        1u32..40,
+        1u32..40,
+        1u32..40,
+        any::<bool>(),
+    )
+        .prop_map(|(slot, slots, a, b, g, elastic)| {
+            let (a, b) = (a.max(b), a.min(b));
+            cfg(slot, slots, a, b, g, elastic)
+        })
+}
+
+fn run(cfg: &RingConfig, actions: &[Action]) {
+    let mut p = Pair::new(cfg);
+    for a in actions {
+        match *a {
+            Action::Write(len) => match p.write(len, true) {
+                Ok(()) | Err(Error::WouldBlock) => {}
+                Err(e) => panic!("write: {e}"),
+            },
+            Action::Abandon(len) => match p.write(len, false) {
+                Ok(()) | Err(Error::WouldBlock) => {}
+                Err(e) => panic!("abandon: {e}"),
+            },
+            Action::Read => {
+                p.read().expect("read");
+            }
+            Action::Flush => {
+                p.tx.flush();
+                p.post();
+            }
+            Action::ApplyS2r => p.apply_s2r(),
+            Action::ApplyR2s => p.apply_r2s(),
+            Action::CompleteTx(i) => p.complete_tx(i),
+            Action::CompleteRx(i) => p.complete_rx(i),
+        }
+        p.check_invariants();
+    }
+    p.drain();
+    assert_eq!(p.received, p.committed.len());
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+    /// FIFO, nothing lost or duplicated, no unread slot overwritten, pointer
+    /// invariants, and no deadlock after a flush, under arbitrary
+    /// interleavings and late, reordered completions.
+    #[test]
+    fn random_interleavings((cfg, actions) in config_strategy().prop_flat_map(|c| {
+        let max = c.max_message().min(600);
+        (Just(c), prop::collection::vec(action(max), 0..300))
+    })) {
+        run(&cfg, &actions);
+    }
+}
+
+#[test]
+fn paper_example_thresholds() {
+    // RB² Fig. 4 setting: N = 8, alpha = 4, beta = 2, gamma = 2.
+    let c = cfg(64, 8, 4, 2, 2, true);
+    let mut p = Pair::new(&c);
+    p.write(10, true).unwrap();
+    assert!(p.s2r.is_empty(), "one message is batched");
+    p.write(10, true).unwrap();
+    assert!(
+        matches!(
+            p.s2r.as_slices().0,
+            [Op::Slots {
+                offset: 0,
+                len: 128,
+                ..
+            }]
+        ),
+        "beta = 2: slot transmission ahead of the tail"
+    );
+    p.write(10, true).unwrap();
+    p.write(10, true).unwrap();
+    assert_eq!(p.s2r.len(), 3, "alpha = 4: slots then tail");
+    assert!(matches!(p.s2r[2], Op::Tail { .. }));
+    while !p.s2r.is_empty() {
+        p.apply_s2r();
+    }
+    assert_eq!(p.local_tail_word, 4);
+    assert!(p.read().unwrap());
+    assert!(p.r2s.is_empty());
+    assert!(p.read().unwrap());
+    assert_eq!(p.r2s.len(), 1, "gamma = 2: lazy push after two reads");
+    assert!(p.read().unwrap());
+    assert!(p.read().unwrap());
+    assert!(!p.read().unwrap());
+    assert_eq!(p.r2s.len(), 2);
+}
+
+#[test]
+fn elastic_threshold_defers_then_sends_on_completion() {
+    let c = cfg(64, 64, 2, 1, 1, true);
+    let mut p = Pair::new(&c);
+    for _ in 0..2 {
+        p.write(1, true).unwrap();
+    }
+    assert_eq!(p.tx.tails_in_flight(), 1);
+    for _ in 0..4 {
+        p.write(1, true).unwrap();
+    }
+    assert!(
+        p.tx.tail_deferred(),
+        "second advancement deferred while the first is in flight"
+    );
+    assert_eq!(p.tx.stats().tail_writes, 1);
+    while !p.s2r.is_empty() {
+        p.apply_s2r();
+    }
+    assert!(p.tx.wants_completions());
+    p.complete_tx(0);
+    assert!(!p.tx.tail_deferred());
+    assert_eq!(p.tx.stats().tail_writes, 2);
+    p.drain();
+
+    // Without the elastic threshold every alpha messages write the tail.
+    let c = cfg(64, 64, 2, 1, 1, false);
+    let mut p = Pair::new(&c);
+    for _ in 0..6 {
+        p.write(1, true).unwrap();
+    }
+    assert_eq!(p.tx.stats().tail_writes, 3);
+    assert_eq!(p.tx.stats().deferrals, 0);
+    p.drain();
+}
+
+#[test]
+fn wrap_places_gap_and_never_splits() {
+    let c = cfg(64, 8, 1, 1, 1, true);
+    let mut p = Pair::new(&c);
+    // 3 slots each: 0..3, 3..6, then gap 6..8 and message at 0..3.
+    for _ in 0..2 {
+        p.write(150, true).unwrap();
+    }
+    p.drain();
+    p.write(150, true).unwrap();
+    assert_eq!(p.tx.tail(), 8 + 3);
+    p.drain();
+    assert_eq!(p.received, 3);
+}
+
+#[test]
+fn full_ring_blocks_then_drain_push_unblocks() {
+    let c = cfg(64, 8, 32, 16, 32, true);
+    let mut p = Pair::new(&c);
+    let mut n = 0;
+    while p.write(50, true).is_ok() {
+        n += 1;
+    }
+    assert_eq!(n, 8);
+    // WouldBlock flushed the batch; the receiver drains and pushes on empty
+    // even though gamma = 32 was not reached.
+    while !p.s2r.is_empty() {
+        p.apply_s2r();
+    }
+    while p.read().unwrap() {}
+    assert_eq!(p.r2s.len(), 1, "drained receiver pushes its head");
+    p.apply_r2s();
+    p.write(50, true).unwrap();
+}
+
+#[test]
+fn too_large_names_both_sizes() {
+    let c = cfg(64, 8, 1, 1, 1, true);
+    let mut s = Sender::new(&c);
+    let mut ring = vec![0; 512];
+    match s.reserve(600, &mut ring) {
+        Err(e @ Error::TooLarge { len: 600, max: 504 }) => {
+            assert!(e.to_string().contains("600") && e.to_string().contains("504"))
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(s.reserve(504, &mut ring).is_ok());
+}
+
+fn corrupt_rx(tail: u64, words: &[(usize, u64)]) -> Result<Option<Message>, Error> {
+    let c = cfg(64, 8, 1, 1, 1, true);
+    let mut rx = Receiver::new(&c);
+    rx.handle_local_tail(tail)?;
+    let mut ring = vec![0u8; 512];
+    for &(off, w) in words {
+        ring[off..off + 8].copy_from_slice(&w.to_le_bytes());
+    }
+    rx.poll_recv(|o| u64::from_le_bytes(ring[o..o + 8].try_into().unwrap()))
+}
+
+fn hdr(len: u32, flags: u16, pos: u64) -> u64 {
+    u64::from_le_bytes(Header::new(len, flags, pos).encode())
+}
+
+#[test]
+fn corrupt_peer_data_is_an_error() {
+    // Good header for contrast.
+    assert!(corrupt_rx(1, &[(0, hdr(10, 0, 0))]).unwrap().is_some());
+    let bad = [
+        corrupt_rx(1, &[(0, 0)]),                   // garbage tag
+        corrupt_rx(1, &[(0, hdr(10, 0, 1))]),       // stale tag
+        corrupt_rx(1, &[(0, hdr(100, 0, 0))]),      // beyond published tail
+        corrupt_rx(8, &[(0, hdr(1 << 20, 0, 0))]),  // beyond ring
+        corrupt_rx(1, &[(0, hdr(0, FLAG_GAP, 0))]), // gap at index 0
+        corrupt_rx(1, &[(0, hdr(0, 4, 0))]),        // unknown flag
+        corrupt_rx(9, &[]),                         // tail beyond N
+    ];
+    for r in bad {
+        assert!(matches!(r, Err(Error::Corrupt(_))), "{r:?}");
+    }
+    let c = cfg(64, 8, 1, 1, 1, true);
+    let mut rx = Receiver::new(&c);
+    rx.handle_local_tail(4).unwrap();
+    assert!(rx.handle_local_tail(3).is_err(), "tail moving backwards");
+    assert!(rx.handle_local_tail(5).is_err(), "closed stays closed");
+    let mut tx = Sender::new(&c);
+    assert!(
+        matches!(tx.handle_local_head(1), Err(Error::Corrupt(_))),
+        "head beyond tail"
+    );
+    let mut ring = vec![0; 512];
+    assert!(matches!(tx.reserve(1, &mut ring), Err(Error::Corrupt(_))));
+}
+
+#[test]
+fn fixed_threshold_bounds_tail_writes_in_flight() {
+    // Elastic threshold off, a tail WRITE per message, nothing applied yet:
+    // at most MAX_TAIL_INFLIGHT tail WRITEs may be outstanding, since each
+    // needs its own stable source word.
+    let c = cfg(64, 64, 1, 1, 1, false);
+    let mut p = Pair::new(&c);
+    for _ in 0..20 {
+        p.write(1, true).unwrap();
+    }
+    assert_eq!(p.tx.tails_in_flight(), MAX_TAIL_INFLIGHT);
+    assert!(p.tx.tail_deferred());
+    while !p.s2r.is_empty() {
+        p.apply_s2r();
+        while p.read().unwrap() {}
+    }
+    p.drain();
+    assert_eq!(p.received, 20);
+}
