@@ -578,3 +578,54 @@ fn fixed_threshold_bounds_tail_writes_in_flight() {
     p.drain();
     assert_eq!(p.received, 20);
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
+
+    /// The fuzz target's check in miniature: arbitrary `RB_R` bytes and
+    /// pointer words only ever produce errors, never a panic, an
+    /// out-of-bounds index or a message outside the published range.
+    #[test]
+    fn garbage_never_panics(
+        slots in prop_oneof![Just(2usize), Just(8), Just(64)],
+        ops in prop::collection::vec((0u8..5, any::<u8>(), any::<u64>()), 0..200),
+    ) {
+        let c = cfg(64, slots, 2, 1, 2, true);
+        let mut ring = vec![0u8; 64 * slots];
+        let mut rx = Receiver::new(&c);
+        let mut tx = Sender::new(&c);
+        let mut tx_ring = vec![0u8; 64 * slots];
+        for (kind, b, word) in ops {
+            match kind {
+                0 => { let _ = rx.handle_local_tail(word % (4 * slots as u64)); }
+                1 => {
+                    let off = (usize::from(b) * 8) % ring.len();
+                    ring[off..off + 8].copy_from_slice(&word.to_le_bytes());
+                }
+                2 => {
+                    let off = (usize::from(b) * 64) % ring.len();
+                    let tag = u64::from(tag_for(rx.head()));
+                    let w = (word & 0x0000_0001_0000_0fff) | (tag << 48);
+                    ring[off..off + 8].copy_from_slice(&w.to_le_bytes());
+                }
+                3 => {
+                    if let Ok(Some(m)) = rx.poll_recv(|o| u64::from_le_bytes(ring[o..o + 8].try_into().unwrap())) {
+                        prop_assert!(m.pos() + m.slots() <= rx.local_tail());
+                        prop_assert!(m.offset() + m.len() <= ring.len());
+                        rx.release(m);
+                        let _ = rx.poll_transmit();
+                    }
+                }
+                _ => {
+                    let _ = tx.handle_local_head(word % (4 * slots as u64));
+                    if let Ok(r) = tx.reserve(usize::from(b), &mut tx_ring) {
+                        tx.commit(r, usize::from(b), &mut tx_ring);
+                    }
+                    while tx.poll_transmit().is_some() {}
+                }
+            }
+            prop_assert!(rx.head() <= rx.local_tail());
+            prop_assert!(rx.local_tail() - rx.head() <= slots as u64);
+        }
+    }
+}
