@@ -63,7 +63,9 @@ pub enum Error {
     },
     /// The peer has no receive posted for a `WRITE_WITH_IMM` (the shm analogue
     /// of an RNR NAK) or its receive completion queue is full.
-    #[error("peer is not ready to receive an immediate (no receive posted or completion queue full)")]
+    #[error(
+        "peer is not ready to receive an immediate (no receive posted or completion queue full)"
+    )]
     ReceiverNotReady,
     /// The queue pair is not connected yet, or was closed locally.
     #[error("queue pair is not connected")]

@@ -1,0 +1,138 @@
+//! Completion queues and completion channels.
+//!
+//! A [`CompletionQueue`] is polled without blocking (`ibv_poll_cq`). For event
+//! mode it can be armed with [`CompletionQueue::req_notify`]
+//! (`ibv_req_notify_cq`): the next completion then makes
+//! [`CompletionQueue::channel_fd`] readable (the `ibv_comp_channel` fd), which
+//! a reactor such as tokio's `AsyncFd` can wait on. After waking, call
+//! [`CompletionQueue::ack_events`] (`ibv_get_cq_event` + `ibv_ack_cq_events`),
+//! then poll, then arm again and poll once more before sleeping (arm-then-recheck).
+
+use std::os::fd::RawFd;
+
+use crate::error::Result;
+use crate::provider::shm;
+
+/// How a work request ended (verbs: `ibv_wc_status`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Status {
+    /// Completed successfully (`IBV_WC_SUCCESS`).
+    Success,
+    /// Local protection or length error (`IBV_WC_LOC_PROT_ERR`, `IBV_WC_LOC_LEN_ERR`).
+    LocalError,
+    /// The remote side refused the access (`IBV_WC_REM_ACCESS_ERR`).
+    RemoteAccessError,
+    /// The work request was flushed because the queue pair failed (`IBV_WC_WR_FLUSH_ERR`).
+    Flushed,
+    /// Injected failure (tests only) or any other device error.
+    Fatal,
+}
+
+/// What kind of work a completion reports (verbs: `ibv_wc_opcode`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Opcode {
+    /// An RDMA WRITE we posted (`IBV_WC_RDMA_WRITE`).
+    Write,
+    /// An RDMA WRITE_WITH_IMM we posted (reported as `IBV_WC_RDMA_WRITE` too).
+    WriteImm,
+    /// An RDMA READ we posted (`IBV_WC_RDMA_READ`).
+    Read,
+    /// A peer's WRITE_WITH_IMM consumed one of our receives (`IBV_WC_RECV_RDMA_WITH_IMM`).
+    RecvImm,
+}
+
+/// One entry of a completion queue (verbs: `ibv_wc`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Completion {
+    /// The caller's identifier of the work request (or of the receive, for `RecvImm`).
+    pub wr_id: u64,
+    /// Outcome.
+    pub status: Status,
+    /// Kind.
+    pub opcode: Opcode,
+    /// Bytes transferred.
+    pub byte_len: u32,
+    /// The 32-bit immediate of a `RecvImm`.
+    pub imm: Option<u32>,
+}
+
+impl Completion {
+    /// An all-zero placeholder, for pre-sizing poll buffers.
+    pub const EMPTY: Completion = Completion {
+        wr_id: 0,
+        status: Status::Success,
+        opcode: Opcode::Write,
+        byte_len: 0,
+        imm: None,
+    };
+}
+
+impl Default for Completion {
+    fn default() -> Self {
+        Completion::EMPTY
+    }
+}
+
+#[derive(Debug)]
+pub(crate) enum CqInner {
+    ShmSend(shm::SendCq),
+    ShmRecv(shm::RecvCq),
+}
+
+/// A completion queue (verbs: `ibv_cq`). Obtained from a [`crate::QueuePair`].
+#[derive(Debug)]
+pub struct CompletionQueue {
+    pub(crate) inner: CqInner,
+}
+
+impl CompletionQueue {
+    /// Moves up to `out.len()` completions into `out`; returns how many.
+    /// Never blocks (`ibv_poll_cq`).
+    ///
+    /// # Errors
+    /// [`crate::Error::PeerMisbehaved`] if the peer corrupted the shared queue
+    /// (shm); the queue pair is failed then.
+    pub fn poll(&self, out: &mut [Completion]) -> Result<usize> {
+        match &self.inner {
+            CqInner::ShmSend(cq) => Ok(cq.poll(out)),
+            CqInner::ShmRecv(cq) => cq.poll(out),
+        }
+    }
+
+    /// Arms the queue: the next completion added makes [`Self::channel_fd`]
+    /// readable (`ibv_req_notify_cq(cq, 0)`). Completions already queued do not;
+    /// poll again after arming.
+    ///
+    /// # Errors
+    /// None on shm today; verbs returns the device's error.
+    pub fn req_notify(&self) -> Result<()> {
+        match &self.inner {
+            CqInner::ShmSend(cq) => cq.req_notify(),
+            CqInner::ShmRecv(cq) => cq.req_notify(),
+        }
+        Ok(())
+    }
+
+    /// The completion channel's file descriptor (`ibv_comp_channel::fd`):
+    /// readable after an armed queue received a completion.
+    pub fn channel_fd(&self) -> RawFd {
+        match &self.inner {
+            CqInner::ShmSend(cq) => cq.channel_fd(),
+            CqInner::ShmRecv(cq) => cq.channel_fd(),
+        }
+    }
+
+    /// Consumes pending channel events (`ibv_get_cq_event` + `ibv_ack_cq_events`);
+    /// returns how many there were. Non-blocking.
+    ///
+    /// # Errors
+    /// Only if reading the channel fd fails.
+    pub fn ack_events(&self) -> Result<u64> {
+        match &self.inner {
+            CqInner::ShmSend(cq) => cq.ack_events(),
+            CqInner::ShmRecv(cq) => cq.ack_events(),
+        }
+    }
+}

@@ -1,0 +1,83 @@
+//! # rrpc-core — the fabric
+//!
+//! The words of ibverbs with Rust ownership and typed errors. Everything above
+//! this crate (rings, pollers, tonic transport) is written against this API only.
+//!
+//! | item | verbs equivalent | |
+//! |---|---|---|
+//! | [`Fabric`] | `ibv_context` + `ibv_pd` | picks the provider (shm or verbs) |
+//! | [`Region`], [`RemoteRegion`] | `ibv_mr`, `(addr, len, rkey)` | registered memory, and a peer's grant |
+//! | [`QueuePair`] | `ibv_qp` (RC) | [`QueuePair::post_write`], [`QueuePair::post_write_imm`], [`QueuePair::post_read`], [`QueuePair::post_recv`] |
+//! | [`CompletionQueue`], [`Completion`] | `ibv_cq`, `ibv_wc`, `ibv_comp_channel` | non-blocking `poll`, `req_notify` + a channel fd |
+//! | [`conn`] | rdma_cm / out-of-band exchange | side channel, versioned handshake ([`handshake`]), liveness |
+//! | [`pool`] | KRCore's pre-initialised pool | connect in one round trip |
+//! | [`FaultConfig`] | — | delayed / failed completions, torn writes for tests |
+//!
+//! ## Providers
+//! * **shm** (always built, the default): same-host processes. Regions are
+//!   memfd mappings passed with `SCM_RIGHTS`; a WRITE is a copy into the peer's
+//!   mapping, published with release ordering. A real transport for co-located
+//!   services and the vehicle for every test on machines without RDMA NICs.
+//! * **verbs** (cargo feature `verbs`): not implemented in this release; see the
+//!   README's status table. `rdma://` endpoints return
+//!   [`Error::ProviderUnavailable`].
+//!
+//! ## Example: two queue pairs over a shm side channel
+//! ```
+//! use rrpc_core::{conn, Endpoint, Fabric, Local, QpConfig, Completion};
+//! # fn main() -> Result<(), rrpc_core::Error> {
+//! let dir = std::env::temp_dir().join(format!("rrpc-doc-{}", std::process::id()));
+//! std::fs::create_dir_all(&dir).unwrap();
+//! let ep = Endpoint::parse(&format!("shm://{}/core.sock", dir.display()))?;
+//! let fabric = Fabric::shm();
+//! let listener = conn::Listener::bind(&ep, conn::HandshakeConfig::default())?;
+//!
+//! // Server: grant one 4 KiB region.
+//! let f2 = fabric.clone();
+//! let server = std::thread::spawn(move || -> Result<_, rrpc_core::Error> {
+//!     let inbox = f2.alloc_region(4096)?;
+//!     let incoming = listener.accept()?;
+//!     let conn = incoming.accept(f2.create_qp(&QpConfig::default())?,
+//!                                conn::Offer::new().grant(1, inbox.clone()))?;
+//!     Ok((conn, inbox))
+//! });
+//!
+//! // Client: WRITE into the server's region.
+//! let src = fabric.alloc_region(4096)?;
+//! src.write_at(0, b"hello")?;
+//! let c = conn::connect(&ep, fabric.create_qp(&QpConfig::default())?,
+//!                       conn::Offer::new(), &conn::HandshakeConfig::default())?;
+//! let remote = c.peer().region(1).expect("granted");
+//! c.qp().post_write(7, Local::new(&src, 0, 5), remote.at(0), true)?;
+//! let mut wc = [Completion::EMPTY; 4];
+//! assert_eq!(c.qp().send_cq().poll(&mut wc)?, 1);
+//! assert_eq!(wc[0].wr_id, 7);
+//!
+//! let (_server_conn, inbox) = server.join().unwrap()?;
+//! let mut got = [0u8; 5];
+//! inbox.read_at(0, &mut got)?;
+//! assert_eq!(&got, b"hello");
+//! # Ok(()) }
+//! ```
+
+pub mod conn;
+pub mod cq;
+pub mod endpoint;
+pub mod error;
+pub mod fabric;
+pub mod fault;
+pub mod handshake;
+pub mod pool;
+mod provider;
+pub mod qp;
+pub mod region;
+mod sys;
+
+pub use cq::{Completion, CompletionQueue, Opcode, Status};
+pub use endpoint::Endpoint;
+pub use error::{Error, Fault, Result};
+pub use fabric::{Fabric, ProviderKind};
+pub use fault::FaultConfig;
+pub use handshake::{RegionDesc, RingGeometry};
+pub use qp::{QpConfig, QueuePair, SharedQp};
+pub use region::{CACHE_LINE, Local, Region, Remote, RemoteRegion};

@@ -1,0 +1,680 @@
+//! The `shm` provider: one-sided semantics between processes on one host.
+//!
+//! * A region is a `memfd` mapped `MAP_SHARED`; granting it passes the fd to
+//!   the peer (`SCM_RIGHTS`), which maps exactly what it was granted.
+//! * A WRITE is a copy into the peer's mapping followed by a `Release` fence; an
+//!   aligned 8-byte WRITE is a single atomic `Release` store, so pointer words
+//!   are never torn and RC ordering holds (earlier writes are visible first).
+//! * A READ is a copy out of the peer's mapping.
+//! * A WRITE_WITH_IMM additionally appends `(imm, len)` to the peer's receive
+//!   completion queue — a ring in shared memory the peer owns — and, if the
+//!   peer armed it, writes the peer's eventfd.
+//!
+//! Completions of our own WRITE/READ are produced at post time (the copy is
+//! synchronous) and appear at the next poll of the send queue, unless
+//! [`crate::FaultConfig`] delays or fails them.
+//!
+//! Peer-written memory (the receive queue's producer index, and anything in
+//! granted regions) is read once and validated before use.
+
+use std::collections::VecDeque;
+use std::os::fd::{OwnedFd, RawFd};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering, fence};
+
+use crate::cq::{Completion, Opcode, Status};
+use crate::error::{Error, Result};
+use crate::fault::FaultConfig;
+use crate::qp::QpConfig;
+use crate::region::{Local, Remote, RemoteRegion};
+use crate::sys::{EventFd, Mapping};
+
+// ---------------------------------------------------------------------------
+// Send completion queue (process-local)
+// ---------------------------------------------------------------------------
+
+/// Completions of our own work requests, plus send-queue depth accounting.
+#[derive(Debug)]
+pub(crate) struct SendCq {
+    queue: Mutex<SendQueue>,
+    /// Work requests posted (each gets sequence number `posted` after increment).
+    posted: AtomicU64,
+    /// Work requests retired by a polled signaled completion.
+    retired: AtomicU64,
+    armed: AtomicBool,
+    channel: EventFd,
+}
+
+#[derive(Debug, Default)]
+struct SendQueue {
+    /// (sequence number, completion, polls left before it becomes visible)
+    entries: VecDeque<(u64, Completion, u32)>,
+}
+
+impl SendCq {
+    fn new() -> Result<Self> {
+        Ok(SendCq {
+            queue: Mutex::new(SendQueue::default()),
+            posted: AtomicU64::new(0),
+            retired: AtomicU64::new(0),
+            armed: AtomicBool::new(false),
+            channel: EventFd::new()?,
+        })
+    }
+
+    /// Reserves one send-queue slot; returns its sequence number.
+    fn reserve(&self, depth: u32) -> Result<u64> {
+        let mut p = self.posted.load(Ordering::Relaxed);
+        loop {
+            let r = self.retired.load(Ordering::Acquire);
+            if p - r >= depth as u64 {
+                return Err(Error::QueueFull { depth });
+            }
+            match self
+                .posted
+                .compare_exchange_weak(p, p + 1, Ordering::AcqRel, Ordering::Relaxed)
+            {
+                Ok(_) => return Ok(p + 1),
+                Err(now) => p = now,
+            }
+        }
+    }
+
+    fn push(&self, seq: u64, c: Completion, delay: u32) {
+        self.queue
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entries
+            .push_back((seq, c, delay));
+        if self.armed.swap(false, Ordering::SeqCst) {
+            let _ = self.channel.notify();
+        }
+    }
+
+    pub(crate) fn poll(&self, out: &mut [Completion]) -> usize {
+        if out.is_empty() {
+            return 0;
+        }
+        let mut q = self.queue.lock().unwrap_or_else(|p| p.into_inner());
+        let mut n = 0;
+        while n < out.len() {
+            let Some(front) = q.entries.front_mut() else {
+                break;
+            };
+            if front.2 > 0 {
+                // Delayed by fault injection: becomes visible after `delay` polls.
+                front.2 -= 1;
+                break;
+            }
+            let (seq, c, _) = q.entries.pop_front().expect("front exists");
+            self.retired.fetch_max(seq, Ordering::AcqRel);
+            out[n] = c;
+            n += 1;
+        }
+        n
+    }
+
+    pub(crate) fn req_notify(&self) {
+        self.armed.store(true, Ordering::SeqCst);
+    }
+    pub(crate) fn channel_fd(&self) -> RawFd {
+        self.channel.as_raw_fd()
+    }
+    pub(crate) fn ack_events(&self) -> Result<u64> {
+        self.channel.drain()
+    }
+
+    /// Work requests posted but not yet retired.
+    fn outstanding(&self) -> u64 {
+        self.posted.load(Ordering::Acquire) - self.retired.load(Ordering::Acquire)
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Receive completion queue (shared memory; the peer produces, we consume)
+// ---------------------------------------------------------------------------
+
+/// Byte offsets of the words in a receive queue's shared header.
+mod layout {
+    /// Entries produced (written by the peer).
+    pub(super) const PROD: usize = 0;
+    /// Entries consumed (written by the owner).
+    pub(super) const CONS: usize = 64;
+    /// Receives posted (written by the owner).
+    pub(super) const POSTED: usize = 72;
+    /// Armed flag (owner sets 1; the producer swaps it to 0 and signals).
+    pub(super) const ARMED: usize = 128;
+    /// First entry; each entry is `imm: u32, byte_len: u32`.
+    pub(super) const ENTRIES: usize = 192;
+    pub(super) const ENTRY: usize = 8;
+}
+
+fn word(map: &Mapping, off: usize) -> &AtomicU64 {
+    debug_assert!(off + 8 <= map.len() && off.is_multiple_of(8));
+    // SAFETY: `off` is one of the fixed, 8-aligned header offsets inside the mapping
+    // (the mapping is at least `layout::ENTRIES` bytes, checked at creation/attach).
+    unsafe { &*(map.ptr().add(off) as *const AtomicU64) }
+}
+
+/// Our receive completion queue: entries written by the peer's WRITE_WITH_IMM.
+#[derive(Debug)]
+pub(crate) struct RecvCq {
+    map: Mapping,
+    cap: u64,
+    state: Mutex<RecvState>,
+    channel: EventFd,
+}
+
+#[derive(Debug, Default)]
+struct RecvState {
+    cons: u64,
+    posted: VecDeque<u64>,
+    posted_total: u64,
+    failed: Option<String>,
+}
+
+impl RecvCq {
+    fn new(depth: u32) -> Result<Self> {
+        let cap = depth.next_power_of_two() as u64;
+        let map = Mapping::create(layout::ENTRIES + cap as usize * layout::ENTRY, false)?;
+        Ok(RecvCq {
+            map,
+            cap,
+            state: Mutex::new(RecvState::default()),
+            channel: EventFd::new()?,
+        })
+    }
+
+    fn post_recv(&self, wr_id: u64) -> Result<()> {
+        let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        if st.posted.len() as u64 >= self.cap {
+            return Err(Error::QueueFull {
+                depth: self.cap as u32,
+            });
+        }
+        st.posted.push_back(wr_id);
+        st.posted_total += 1;
+        word(&self.map, layout::POSTED).store(st.posted_total, Ordering::Release);
+        Ok(())
+    }
+
+    pub(crate) fn poll(&self, out: &mut [Completion]) -> Result<usize> {
+        let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(why) = &st.failed {
+            return Err(Error::PeerMisbehaved(why.clone()));
+        }
+        // Read the peer-written producer index once, then validate it.
+        let prod = word(&self.map, layout::PROD).load(Ordering::Acquire);
+        if prod < st.cons || prod - st.cons > self.cap || prod > st.posted_total {
+            let why = format!(
+                "receive queue producer index {prod} outside [{}, {}] (posted {})",
+                st.cons,
+                st.cons + self.cap,
+                st.posted_total
+            );
+            st.failed = Some(why.clone());
+            return Err(Error::PeerMisbehaved(why));
+        }
+        let mut n = 0;
+        while n < out.len() && st.cons < prod {
+            let slot = (st.cons % self.cap) as usize;
+            let e = word(&self.map, layout::ENTRIES + slot * layout::ENTRY).load(Ordering::Acquire);
+            let wr_id = st.posted.pop_front().expect("prod <= posted_total checked");
+            out[n] = Completion {
+                wr_id,
+                status: Status::Success,
+                opcode: Opcode::RecvImm,
+                byte_len: (e >> 32) as u32,
+                imm: Some(e as u32),
+            };
+            st.cons += 1;
+            n += 1;
+        }
+        if n > 0 {
+            word(&self.map, layout::CONS).store(st.cons, Ordering::Release);
+        }
+        Ok(n)
+    }
+
+    pub(crate) fn req_notify(&self) {
+        word(&self.map, layout::ARMED).store(1, Ordering::SeqCst);
+    }
+    pub(crate) fn channel_fd(&self) -> RawFd {
+        self.channel.as_raw_fd()
+    }
+    pub(crate) fn ack_events(&self) -> Result<u64> {
+        self.channel.drain()
+    }
+}
+
+/// The producer side of a peer's receive queue, as mapped in our process.
+#[derive(Debug)]
+struct PeerCq {
+    map: Mapping,
+    cap: u64,
+    /// Our own count of entries produced; never re-read from shared memory.
+    prod: Mutex<u64>,
+    eventfd: EventFd,
+}
+
+impl PeerCq {
+    /// Checks there is room for one entry; returns the producer index to use.
+    fn check_room(&self, prod: u64) -> Result<()> {
+        // Both words are written by the peer: validate before trusting.
+        let cons = word(&self.map, layout::CONS).load(Ordering::Acquire);
+        let posted = word(&self.map, layout::POSTED).load(Ordering::Acquire);
+        if cons > prod {
+            return Err(Error::PeerMisbehaved(format!(
+                "peer receive queue consumer index {cons} ahead of producer {prod}"
+            )));
+        }
+        if prod - cons >= self.cap || posted <= prod {
+            return Err(Error::ReceiverNotReady);
+        }
+        Ok(())
+    }
+
+    fn push(&self, prod: u64, imm: u32, len: u32) -> Result<()> {
+        let slot = (prod % self.cap) as usize;
+        word(&self.map, layout::ENTRIES + slot * layout::ENTRY)
+            .store(((len as u64) << 32) | imm as u64, Ordering::Relaxed);
+        word(&self.map, layout::PROD).store(prod + 1, Ordering::SeqCst);
+        if word(&self.map, layout::ARMED).swap(0, Ordering::SeqCst) != 0 {
+            self.eventfd.notify()?;
+        }
+        Ok(())
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Queue pair
+// ---------------------------------------------------------------------------
+
+/// A peer region mapped into our address space.
+#[derive(Debug)]
+struct MappedRemote {
+    desc: RemoteRegion,
+    map: Mapping,
+}
+
+#[derive(Debug)]
+struct Peer {
+    regions: Vec<MappedRemote>,
+    cq: PeerCq,
+}
+
+/// What the peer must receive to become our remote: our receive queue and its eventfd.
+#[derive(Debug)]
+pub(crate) struct ShmEndpoint<'a> {
+    pub(crate) cq_fd: std::os::fd::BorrowedFd<'a>,
+    pub(crate) cq_len: u64,
+    pub(crate) cq_cap: u64,
+    pub(crate) event_fd: std::os::fd::BorrowedFd<'a>,
+}
+
+/// What we received from the peer to attach to it.
+#[derive(Debug)]
+pub(crate) struct PeerResources {
+    pub(crate) regions: Vec<(RemoteRegion, OwnedFd)>,
+    pub(crate) cq_fd: OwnedFd,
+    pub(crate) cq_len: u64,
+    pub(crate) cq_cap: u64,
+    pub(crate) event_fd: OwnedFd,
+}
+
+/// An shm queue pair.
+#[derive(Debug)]
+pub(crate) struct ShmQp {
+    cfg: QpConfig,
+    pub(crate) send_cq: crate::cq::CompletionQueue,
+    pub(crate) recv_cq: crate::cq::CompletionQueue,
+    peer: std::sync::OnceLock<Peer>,
+    failed: Mutex<Option<FailReason>>,
+    failed_flag: AtomicBool,
+    fault: FaultConfig,
+    posts: AtomicU64,
+}
+
+#[derive(Debug, Clone)]
+enum FailReason {
+    PeerGone,
+    Misbehaved(String),
+    Closed,
+    Injected,
+}
+
+impl FailReason {
+    fn to_error(&self) -> Error {
+        match self {
+            FailReason::PeerGone => Error::PeerGone,
+            FailReason::Misbehaved(s) => Error::PeerMisbehaved(s.clone()),
+            FailReason::Closed => Error::NotConnected,
+            FailReason::Injected => Error::CompletionError {
+                wr_id: 0,
+                status: Status::Fatal,
+            },
+        }
+    }
+}
+
+impl ShmQp {
+    pub(crate) fn new(cfg: &QpConfig) -> Result<Self> {
+        Ok(ShmQp {
+            cfg: cfg.clone(),
+            send_cq: crate::cq::CompletionQueue {
+                inner: crate::cq::CqInner::ShmSend(SendCq::new()?),
+            },
+            recv_cq: crate::cq::CompletionQueue {
+                inner: crate::cq::CqInner::ShmRecv(RecvCq::new(cfg.recv_depth())?),
+            },
+            peer: std::sync::OnceLock::new(),
+            failed: Mutex::new(None),
+            failed_flag: AtomicBool::new(false),
+            fault: cfg.fault().clone(),
+            posts: AtomicU64::new(0),
+        })
+    }
+
+    fn scq(&self) -> &SendCq {
+        match &self.send_cq.inner {
+            crate::cq::CqInner::ShmSend(c) => c,
+            _ => unreachable!("shm qp has an shm send cq"),
+        }
+    }
+
+    fn rcq(&self) -> &RecvCq {
+        match &self.recv_cq.inner {
+            crate::cq::CqInner::ShmRecv(c) => c,
+            _ => unreachable!("shm qp has an shm recv cq"),
+        }
+    }
+
+    /// Our endpoint description, for the handshake.
+    pub(crate) fn endpoint(&self) -> ShmEndpoint<'_> {
+        let r = self.rcq();
+        ShmEndpoint {
+            cq_fd: r.map.fd(),
+            cq_len: r.map.len() as u64,
+            cq_cap: r.cap,
+            event_fd: r.channel.as_fd(),
+        }
+    }
+
+    /// Attaches to the peer: maps its granted regions and its receive queue.
+    pub(crate) fn connect(&self, res: PeerResources) -> Result<()> {
+        if !res.cq_cap.is_power_of_two()
+            || res.cq_cap > (1 << 20)
+            || res.cq_len < (layout::ENTRIES as u64 + res.cq_cap * layout::ENTRY as u64)
+            || res.cq_len > (1 << 30)
+        {
+            return Err(Error::MalformedHandshake(format!(
+                "peer receive queue geometry invalid: capacity {} length {}",
+                res.cq_cap, res.cq_len
+            )));
+        }
+        let cq_map = Mapping::map_peer(res.cq_fd, res.cq_len as usize)?;
+        let mut regions = Vec::with_capacity(res.regions.len());
+        for (desc, fd) in res.regions {
+            let len = usize::try_from(desc.len)
+                .map_err(|_| Error::MalformedHandshake("region length overflows".into()))?;
+            regions.push(MappedRemote {
+                desc,
+                map: Mapping::map_peer(fd, len)?,
+            });
+        }
+        let peer = Peer {
+            regions,
+            cq: PeerCq {
+                map: cq_map,
+                cap: res.cq_cap,
+                prod: Mutex::new(0),
+                eventfd: EventFd::from_owned(res.event_fd),
+            },
+        };
+        self.peer
+            .set(peer)
+            .map_err(|_| Error::InvalidConfig("queue pair already connected".into()))?;
+        tracing::debug!("shm queue pair connected");
+        Ok(())
+    }
+
+    pub(crate) fn fail(&self, e: &Error) {
+        let reason = match e {
+            Error::PeerGone | Error::Timeout => FailReason::PeerGone,
+            Error::PeerMisbehaved(s) => FailReason::Misbehaved(s.clone()),
+            Error::NotConnected => FailReason::Closed,
+            _ => FailReason::Misbehaved(e.to_string()),
+        };
+        let mut f = self.failed.lock().unwrap_or_else(|p| p.into_inner());
+        if f.is_none() {
+            tracing::debug!(error = %e, "queue pair failed");
+            *f = Some(reason);
+            self.failed_flag.store(true, Ordering::Release);
+        }
+    }
+
+    pub(crate) fn failure(&self) -> Option<Error> {
+        if !self.failed_flag.load(Ordering::Acquire) {
+            return None;
+        }
+        self.failed
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+            .map(FailReason::to_error)
+    }
+
+    #[inline]
+    fn ready(&self) -> Result<&Peer> {
+        if let Some(e) = self.failure() {
+            return Err(e);
+        }
+        self.peer.get().ok_or(Error::NotConnected)
+    }
+
+    /// Finds the mapped peer region and returns a pointer to `remote.addr`.
+    #[inline]
+    fn translate(peer: &Peer, remote: Remote, len: usize) -> Result<*mut u8> {
+        let m = peer
+            .regions
+            .iter()
+            .find(|m| m.desc.rkey == remote.rkey)
+            .ok_or(Error::BadRemoteKey { rkey: remote.rkey })?;
+        if !m.desc.contains(remote.addr, len as u64) {
+            return Err(Error::RemoteOutOfBounds {
+                addr: remote.addr,
+                len: len as u64,
+            });
+        }
+        let off = (remote.addr - m.desc.addr) as usize;
+        // SAFETY: `off + len <= desc.len == map.len()` (checked by `contains` and at map time).
+        Ok(unsafe { m.map.ptr().add(off) })
+    }
+
+    /// Applies fault injection for the next post; returns (completion delay, status, torn).
+    fn faults(&self) -> (u32, Status, bool) {
+        let n = self.posts.fetch_add(1, Ordering::Relaxed) + 1;
+        let f = &self.fault;
+        if f.is_inert() {
+            return (0, Status::Success, false);
+        }
+        let status = match f.fail_after_posts() {
+            Some(k) if n > k => Status::Fatal,
+            _ => Status::Success,
+        };
+        let torn = f.torn_write_every().is_some_and(|k| n.is_multiple_of(k));
+        (f.completion_delay_polls(), status, torn)
+    }
+
+    #[inline]
+    fn complete(
+        &self,
+        seq: u64,
+        wr_id: u64,
+        opcode: Opcode,
+        len: usize,
+        signaled: bool,
+        delay: u32,
+    ) {
+        if signaled {
+            self.scq().push(
+                seq,
+                Completion {
+                    wr_id,
+                    status: Status::Success,
+                    opcode,
+                    byte_len: len as u32,
+                    imm: None,
+                },
+                delay,
+            );
+        }
+    }
+
+    #[inline]
+    pub(crate) fn post_write(
+        &self,
+        wr_id: u64,
+        local: Local<'_>,
+        remote: Remote,
+        signaled: bool,
+    ) -> Result<()> {
+        let peer = self.ready()?;
+        local.region.check(local.offset, local.len)?;
+        let dst = Self::translate(peer, remote, local.len)?;
+        let seq = self.scq().reserve(self.cfg.send_depth())?;
+        let (delay, status, torn) = self.faults();
+        if status != Status::Success {
+            self.fail_injected(seq, wr_id, Opcode::Write, delay);
+            return Ok(());
+        }
+        // SAFETY: src is inside our region (checked), dst inside the peer's mapping
+        // (checked by `translate`); the two mappings are distinct objects.
+        unsafe {
+            copy_out(
+                local.region.as_ptr().add(local.offset),
+                dst,
+                local.len,
+                torn,
+            )
+        };
+        self.complete(seq, wr_id, Opcode::Write, local.len, signaled, delay);
+        Ok(())
+    }
+
+    pub(crate) fn post_write_imm(
+        &self,
+        wr_id: u64,
+        local: Local<'_>,
+        remote: Remote,
+        imm: u32,
+        signaled: bool,
+    ) -> Result<()> {
+        let peer = self.ready()?;
+        local.region.check(local.offset, local.len)?;
+        let dst = Self::translate(peer, remote, local.len)?;
+        let mut prod = peer.cq.prod.lock().unwrap_or_else(|p| p.into_inner());
+        if let Err(e) = peer.cq.check_room(*prod) {
+            if matches!(e, Error::PeerMisbehaved(_)) {
+                self.fail(&e);
+            }
+            return Err(e);
+        }
+        let seq = self.scq().reserve(self.cfg.send_depth())?;
+        let (delay, status, torn) = self.faults();
+        if status != Status::Success {
+            drop(prod);
+            self.fail_injected(seq, wr_id, Opcode::WriteImm, delay);
+            return Ok(());
+        }
+        // SAFETY: as in `post_write`.
+        unsafe {
+            copy_out(
+                local.region.as_ptr().add(local.offset),
+                dst,
+                local.len,
+                torn,
+            )
+        };
+        peer.cq.push(*prod, imm, local.len as u32)?;
+        *prod += 1;
+        drop(prod);
+        self.complete(seq, wr_id, Opcode::WriteImm, local.len, signaled, delay);
+        Ok(())
+    }
+
+    pub(crate) fn post_read(
+        &self,
+        wr_id: u64,
+        local: Local<'_>,
+        remote: Remote,
+        signaled: bool,
+    ) -> Result<()> {
+        let peer = self.ready()?;
+        local.region.check(local.offset, local.len)?;
+        let src = Self::translate(peer, remote, local.len)?;
+        let seq = self.scq().reserve(self.cfg.send_depth())?;
+        let (delay, status, _) = self.faults();
+        if status != Status::Success {
+            self.fail_injected(seq, wr_id, Opcode::Read, delay);
+            return Ok(());
+        }
+        fence(Ordering::Acquire);
+        // SAFETY: src inside the peer's mapping (checked), dst inside our region
+        // (checked); `copy` tolerates overlap should both name the same memory.
+        unsafe { std::ptr::copy(src, local.region.as_ptr().add(local.offset), local.len) };
+        self.complete(seq, wr_id, Opcode::Read, local.len, signaled, delay);
+        Ok(())
+    }
+
+    pub(crate) fn post_recv(&self, wr_id: u64) -> Result<()> {
+        if let Some(e) = self.failure() {
+            return Err(e);
+        }
+        self.rcq().post_recv(wr_id)
+    }
+
+    fn fail_injected(&self, seq: u64, wr_id: u64, opcode: Opcode, delay: u32) {
+        self.scq().push(
+            seq,
+            Completion {
+                wr_id,
+                status: Status::Fatal,
+                opcode,
+                byte_len: 0,
+                imm: None,
+            },
+            delay,
+        );
+        let mut f = self.failed.lock().unwrap_or_else(|p| p.into_inner());
+        if f.is_none() {
+            *f = Some(FailReason::Injected);
+            self.failed_flag.store(true, Ordering::Release);
+        }
+    }
+
+    pub(crate) fn outstanding(&self) -> u64 {
+        self.scq().outstanding()
+    }
+}
+
+/// Copies `len` bytes to peer memory and publishes them with release ordering.
+///
+/// # Safety
+/// `src..src+len` and `dst..dst+len` must be valid for reads / writes.
+#[inline]
+unsafe fn copy_out(src: *const u8, dst: *mut u8, len: usize, torn: bool) {
+    if len == 8 && (src as usize).is_multiple_of(8) && (dst as usize).is_multiple_of(8) && !torn {
+        // SAFETY: both 8-aligned and valid (caller); a single atomic store makes
+        // pointer words untearable, as an aligned 8-byte RDMA WRITE is on a NIC.
+        unsafe {
+            let v = (*(src as *const AtomicU64)).load(Ordering::Relaxed);
+            (*(dst as *const AtomicU64)).store(v, Ordering::Release);
+        }
+        return;
+    }
+    let n = if torn { len / 2 } else { len };
+    // SAFETY: upheld by the caller; the regions are distinct mappings.
+    unsafe { std::ptr::copy(src, dst, n) };
+    fence(Ordering::Release);
+}

@@ -1,0 +1,220 @@
+//! Reliable-connection queue pairs: WRITE, WRITE_WITH_IMM and READ.
+//!
+//! Every post is checked before anything is written: the local slice must lie in
+//! its region, the remote range inside a region the peer granted with the same
+//! key, and the send queue must have room. A violation returns an error and
+//! nothing is transferred. Work requests on one queue pair execute in order (RC
+//! ordering): a WRITE posted after another is visible after it.
+//!
+//! Send-queue accounting follows verbs: a work request occupies a slot until a
+//! *signaled* completion posted at or after it has been polled. Post at most
+//! `send_depth` work requests between signaled completions you poll.
+
+use std::sync::Arc;
+
+use crate::cq::CompletionQueue;
+use crate::error::{Error, Result};
+use crate::fault::FaultConfig;
+use crate::provider::shm::ShmQp;
+use crate::region::{Local, Remote};
+
+/// Queue pair configuration. Defaults follow common verbs settings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct QpConfig {
+    send_depth: u32,
+    recv_depth: u32,
+    fault: FaultConfig,
+}
+
+impl Default for QpConfig {
+    fn default() -> Self {
+        QpConfig {
+            send_depth: 1024,
+            recv_depth: 1024,
+            fault: FaultConfig::none(),
+        }
+    }
+}
+
+impl QpConfig {
+    /// Maximum work requests outstanding on the send queue (`max_send_wr`). Default 1024.
+    pub fn send_depth(&self) -> u32 {
+        self.send_depth
+    }
+
+    /// Sets [`Self::send_depth`].
+    ///
+    /// # Errors
+    /// [`Error::InvalidConfig`] unless `1 <= depth <= 65536`.
+    pub fn with_send_depth(mut self, depth: u32) -> Result<Self> {
+        if !(1..=65536).contains(&depth) {
+            return Err(Error::InvalidConfig(format!(
+                "send_depth must be in 1..=65536, got {depth}"
+            )));
+        }
+        self.send_depth = depth;
+        Ok(self)
+    }
+
+    /// Maximum receives posted for incoming WRITE_WITH_IMM (`max_recv_wr`),
+    /// rounded up to a power of two. Default 1024.
+    pub fn recv_depth(&self) -> u32 {
+        self.recv_depth
+    }
+
+    /// Sets [`Self::recv_depth`].
+    ///
+    /// # Errors
+    /// [`Error::InvalidConfig`] unless `1 <= depth <= 65536`.
+    pub fn with_recv_depth(mut self, depth: u32) -> Result<Self> {
+        if !(1..=65536).contains(&depth) {
+            return Err(Error::InvalidConfig(format!(
+                "recv_depth must be in 1..=65536, got {depth}"
+            )));
+        }
+        self.recv_depth = depth;
+        Ok(self)
+    }
+
+    /// Faults to inject (tests).
+    pub fn fault(&self) -> &FaultConfig {
+        &self.fault
+    }
+
+    /// Sets [`Self::fault`].
+    pub fn with_fault(mut self, fault: FaultConfig) -> Self {
+        self.fault = fault;
+        self
+    }
+}
+
+#[derive(Debug)]
+pub(crate) enum QpInner {
+    Shm(ShmQp),
+}
+
+/// A reliable-connection queue pair (verbs: `ibv_qp` of type `IBV_QPT_RC`).
+///
+/// Posts take `&self` and are internally synchronised (as libibverbs is), so a
+/// queue pair can be shared through an `Arc` between the task that writes a
+/// ring and the task that pushes the head of the opposite ring.
+#[derive(Debug)]
+pub struct QueuePair {
+    pub(crate) inner: QpInner,
+}
+
+impl QueuePair {
+    /// RDMA WRITE of `local` to `remote` (`ibv_post_send` with `IBV_WR_RDMA_WRITE`;
+    /// `signaled` sets `IBV_SEND_SIGNALED`).
+    ///
+    /// # Errors
+    /// [`Error::LocalOutOfBounds`], [`Error::BadRemoteKey`], [`Error::RemoteOutOfBounds`],
+    /// [`Error::QueueFull`], [`Error::NotConnected`]; or the error that failed the
+    /// queue pair ([`Error::PeerGone`], ...). Nothing is written on error.
+    #[inline]
+    pub fn post_write(
+        &self,
+        wr_id: u64,
+        local: Local<'_>,
+        remote: Remote,
+        signaled: bool,
+    ) -> Result<()> {
+        match &self.inner {
+            QpInner::Shm(q) => q.post_write(wr_id, local, remote, signaled),
+        }
+    }
+
+    /// RDMA WRITE_WITH_IMM (`IBV_WR_RDMA_WRITE_WITH_IMM`): the write, then a
+    /// completion carrying `imm` on the peer's receive queue, consuming one of
+    /// its posted receives.
+    ///
+    /// # Errors
+    /// As [`Self::post_write`], plus [`Error::ReceiverNotReady`] when the peer has
+    /// no receive posted.
+    #[inline]
+    pub fn post_write_imm(
+        &self,
+        wr_id: u64,
+        local: Local<'_>,
+        remote: Remote,
+        imm: u32,
+        signaled: bool,
+    ) -> Result<()> {
+        match &self.inner {
+            QpInner::Shm(q) => q.post_write_imm(wr_id, local, remote, imm, signaled),
+        }
+    }
+
+    /// RDMA READ of `remote` into `local` (`IBV_WR_RDMA_READ`).
+    ///
+    /// # Errors
+    /// As [`Self::post_write`].
+    #[inline]
+    pub fn post_read(
+        &self,
+        wr_id: u64,
+        local: Local<'_>,
+        remote: Remote,
+        signaled: bool,
+    ) -> Result<()> {
+        match &self.inner {
+            QpInner::Shm(q) => q.post_read(wr_id, local, remote, signaled),
+        }
+    }
+
+    /// Posts a receive for one incoming WRITE_WITH_IMM (`ibv_post_recv` with no
+    /// scatter entries).
+    ///
+    /// # Errors
+    /// [`Error::QueueFull`] when `recv_depth` receives are already posted.
+    pub fn post_recv(&self, wr_id: u64) -> Result<()> {
+        match &self.inner {
+            QpInner::Shm(q) => q.post_recv(wr_id),
+        }
+    }
+
+    /// Completions of our WRITE / READ work requests.
+    pub fn send_cq(&self) -> &CompletionQueue {
+        match &self.inner {
+            QpInner::Shm(q) => &q.send_cq,
+        }
+    }
+
+    /// Completions of incoming WRITE_WITH_IMM.
+    pub fn recv_cq(&self) -> &CompletionQueue {
+        match &self.inner {
+            QpInner::Shm(q) => &q.recv_cq,
+        }
+    }
+
+    /// Moves the queue pair to the error state (verbs: `IBV_QPS_ERR`). Every later
+    /// post returns `reason` (mapped to [`Error::PeerGone`], [`Error::PeerMisbehaved`]
+    /// or [`Error::NotConnected`]). Idempotent: the first reason wins.
+    pub fn fail(&self, reason: &Error) {
+        match &self.inner {
+            QpInner::Shm(q) => q.fail(reason),
+        }
+    }
+
+    /// The error the queue pair failed with, if it did.
+    pub fn failure(&self) -> Option<Error> {
+        match &self.inner {
+            QpInner::Shm(q) => q.failure(),
+        }
+    }
+
+    /// Whether the queue pair is in the error state.
+    pub fn is_failed(&self) -> bool {
+        self.failure().is_some()
+    }
+
+    /// Work requests posted and not yet retired by a polled signaled completion.
+    pub fn outstanding(&self) -> u64 {
+        match &self.inner {
+            QpInner::Shm(q) => q.outstanding(),
+        }
+    }
+}
+
+/// A queue pair shared between tasks.
+pub type SharedQp = Arc<QueuePair>;

@@ -1,0 +1,221 @@
+//! Registered memory: [`Region`] (ours), [`RemoteRegion`] (a peer's grant),
+//! [`Local`] and [`Remote`] (the two ends of one work request).
+
+use std::os::fd::BorrowedFd;
+use std::sync::atomic::AtomicU64;
+
+use crate::error::{Error, Result};
+use crate::sys::Mapping;
+
+/// Cache-line size every slice handed to a peer is aligned to.
+pub const CACHE_LINE: usize = 64;
+
+/// Memory registered with the fabric and owned by this process
+/// (verbs: `ibv_reg_mr` over a huge-page mapping; shm: a `memfd` mapping).
+///
+/// The mapping is page aligned (2 MiB aligned when huge pages were available)
+/// and zero-filled on creation. Regions are shared with `Arc`: a queue pair, a
+/// ring and the peer's grant may all refer to the same one.
+///
+/// A region is *peer-writable* once granted: a peer may change its bytes at any
+/// moment. Read such memory once, validate, then use it (DESIGN.md principle 3).
+#[derive(Debug)]
+pub struct Region {
+    map: Mapping,
+    rkey: u32,
+}
+
+impl Region {
+    /// Allocates a region of at least `len` bytes. Prefer [`crate::Fabric::alloc_region`].
+    pub(crate) fn alloc(len: usize, try_huge: bool) -> Result<Region> {
+        let map = Mapping::create(len, try_huge)?;
+        let mut rkey = crate::sys::random_u32();
+        if rkey == 0 {
+            rkey = 1;
+        }
+        tracing::debug!(len, huge = map.is_huge(), rkey, "region allocated");
+        Ok(Region { map, rkey })
+    }
+
+    /// Length in bytes (as requested; the mapping may be larger).
+    pub fn len(&self) -> usize {
+        self.map.len()
+    }
+
+    /// Always `false`: regions have at least one byte.
+    pub fn is_empty(&self) -> bool {
+        false
+    }
+
+    /// Whether the region is backed by huge pages.
+    pub fn is_huge(&self) -> bool {
+        self.map.is_huge()
+    }
+
+    /// Start of the mapping. Page aligned.
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.map.ptr()
+    }
+
+    /// The descriptor a peer needs to WRITE into or READ from this region.
+    pub fn remote(&self) -> RemoteRegion {
+        RemoteRegion {
+            addr: self.map.ptr() as u64,
+            len: self.len() as u64,
+            rkey: self.rkey,
+        }
+    }
+
+    /// The memory object backing the region (shm: passed to the peer in the handshake).
+    pub(crate) fn fd(&self) -> BorrowedFd<'_> {
+        self.map.fd()
+    }
+
+    /// Checks that `offset..offset+len` lies inside the region.
+    ///
+    /// # Errors
+    /// [`Error::LocalOutOfBounds`] otherwise.
+    pub fn check(&self, offset: usize, len: usize) -> Result<()> {
+        match offset.checked_add(len) {
+            Some(end) if end <= self.len() => Ok(()),
+            _ => Err(Error::LocalOutOfBounds {
+                offset: offset as u64,
+                len: len as u64,
+                region_len: self.len() as u64,
+            }),
+        }
+    }
+
+    /// An atomic 64-bit word inside the region, for pointer words a peer writes
+    /// (read them with `Acquire`) or that we publish (`Release`).
+    ///
+    /// # Errors
+    /// [`Error::LocalOutOfBounds`] if `offset` is not 8-byte aligned or out of bounds.
+    pub fn atomic_u64(&self, offset: usize) -> Result<&AtomicU64> {
+        self.check(offset, 8)?;
+        if !offset.is_multiple_of(8) {
+            return Err(Error::LocalOutOfBounds {
+                offset: offset as u64,
+                len: 8,
+                region_len: self.len() as u64,
+            });
+        }
+        // SAFETY: in bounds and 8-byte aligned (the mapping is page aligned). AtomicU64
+        // has the layout of u64, the memory lives as long as `&self`, and every access
+        // to it — ours and the peer's shm copies — is atomic or a plain byte copy on a
+        // shared mapping, which the kernel treats as ordinary memory.
+        Ok(unsafe { &*(self.map.ptr().add(offset) as *const AtomicU64) })
+    }
+
+    /// Copies `src` into the region at `offset` (a local store, not a fabric operation).
+    ///
+    /// # Errors
+    /// [`Error::LocalOutOfBounds`] if the range does not fit.
+    pub fn write_at(&self, offset: usize, src: &[u8]) -> Result<()> {
+        self.check(offset, src.len())?;
+        // SAFETY: the destination range is inside the mapping (checked above) and
+        // cannot overlap `src`, which is a Rust borrow of other memory or of a disjoint
+        // slice the caller owns.
+        unsafe { std::ptr::copy(src.as_ptr(), self.map.ptr().add(offset), src.len()) };
+        Ok(())
+    }
+
+    /// Copies bytes out of the region at `offset` into `dst`.
+    ///
+    /// # Errors
+    /// [`Error::LocalOutOfBounds`] if the range does not fit.
+    pub fn read_at(&self, offset: usize, dst: &mut [u8]) -> Result<()> {
+        self.check(offset, dst.len())?;
+        // SAFETY: the source range is inside the mapping (checked above); `dst` is an
+        // exclusive borrow, so it does not alias the mapping mutably.
+        unsafe { std::ptr::copy(self.map.ptr().add(offset), dst.as_mut_ptr(), dst.len()) };
+        Ok(())
+    }
+
+    /// Borrows `len` bytes at `offset`.
+    ///
+    /// # Safety
+    /// The range must be in bounds, and for as long as the slice lives nobody —
+    /// neither this process nor a peer following the protocol — may write to it.
+    /// A misbehaving peer can still change the bytes; callers must treat the
+    /// content as untrusted and never derive memory addresses from it unchecked.
+    pub unsafe fn slice(&self, offset: usize, len: usize) -> &[u8] {
+        debug_assert!(self.check(offset, len).is_ok());
+        // SAFETY: upheld by the caller (see above).
+        unsafe { std::slice::from_raw_parts(self.map.ptr().add(offset), len) }
+    }
+
+    /// Mutably borrows `len` bytes at `offset`.
+    ///
+    /// # Safety
+    /// The range must be in bounds and not borrowed elsewhere while the slice
+    /// lives; the peer must not be allowed to read it (by the protocol) until the
+    /// slice is dropped.
+    #[allow(clippy::mut_from_ref)]
+    pub unsafe fn slice_mut(&self, offset: usize, len: usize) -> &mut [u8] {
+        debug_assert!(self.check(offset, len).is_ok());
+        // SAFETY: upheld by the caller (see above).
+        unsafe { std::slice::from_raw_parts_mut(self.map.ptr().add(offset), len) }
+    }
+}
+
+/// A region a peer granted to us: the triple a verbs work request needs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct RemoteRegion {
+    /// The peer's virtual address of the first byte.
+    pub addr: u64,
+    /// Length in bytes.
+    pub len: u64,
+    /// Remote key that authorises access.
+    pub rkey: u32,
+}
+
+impl RemoteRegion {
+    /// The remote address `offset` bytes into the region, with its key.
+    /// Bounds are checked when a work request using it is posted.
+    pub fn at(&self, offset: u64) -> Remote {
+        Remote {
+            addr: self.addr.wrapping_add(offset),
+            rkey: self.rkey,
+        }
+    }
+
+    /// Whether `addr..addr+len` lies inside this region.
+    pub fn contains(&self, addr: u64, len: u64) -> bool {
+        match (addr.checked_sub(self.addr), addr.checked_add(len)) {
+            (Some(off), Some(_)) => off <= self.len && len <= self.len - off,
+            _ => false,
+        }
+    }
+}
+
+/// The remote end of a work request (verbs: `wr.rdma.remote_addr` and `wr.rdma.rkey`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Remote {
+    /// Peer virtual address.
+    pub addr: u64,
+    /// Remote key of the granted region containing `addr`.
+    pub rkey: u32,
+}
+
+/// The local end of a work request (verbs: one `ibv_sge` with the region's `lkey`).
+#[derive(Debug, Clone, Copy)]
+pub struct Local<'a> {
+    /// The registered region.
+    pub region: &'a Region,
+    /// Offset of the first byte inside the region.
+    pub offset: usize,
+    /// Number of bytes.
+    pub len: usize,
+}
+
+impl<'a> Local<'a> {
+    /// Names `len` bytes at `offset` of `region`. Checked when posted.
+    pub fn new(region: &'a Region, offset: usize, len: usize) -> Self {
+        Local {
+            region,
+            offset,
+            len,
+        }
+    }
+}

@@ -1,0 +1,234 @@
+//! The small operating-system layer: memfd mappings, eventfds and fd passing.
+//!
+//! Everything that talks to the kernel directly lives here (mio's `sys` pattern),
+//! so the rest of the crate works with owned, typed handles.
+
+use std::ffi::CStr;
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::ptr::NonNull;
+use std::sync::Once;
+
+use nix::sys::mman::{MapFlags, ProtFlags, mmap, munmap};
+
+use crate::error::{Error, Result};
+
+/// Size of a huge page on x86-64 Linux.
+pub(crate) const HUGE_PAGE: usize = 2 << 20;
+/// Size of a base page.
+pub(crate) const PAGE: usize = 4096;
+
+/// Rounds `n` up to a multiple of `to` (a power of two).
+pub(crate) fn round_up(n: usize, to: usize) -> usize {
+    debug_assert!(to.is_power_of_two());
+    (n + to - 1) & !(to - 1)
+}
+
+/// A `MAP_SHARED` mapping of a memfd. Unmapped on drop.
+#[derive(Debug)]
+pub(crate) struct Mapping {
+    ptr: NonNull<u8>,
+    len: usize,
+    fd: OwnedFd,
+    huge: bool,
+}
+
+// SAFETY: the mapping is plain shared memory; all access goes through raw pointers
+// whose users synchronise with atomics. Moving the owner between threads is fine.
+unsafe impl Send for Mapping {}
+// SAFETY: `&Mapping` only hands out raw pointers and the fd; see above.
+unsafe impl Sync for Mapping {}
+
+impl Mapping {
+    /// Creates a new anonymous memfd of at least `len` bytes and maps it.
+    /// Tries huge pages first when `try_huge` and silently falls back.
+    pub(crate) fn create(len: usize, try_huge: bool) -> Result<Mapping> {
+        if len == 0 {
+            return Err(Error::InvalidConfig("region length must be > 0".into()));
+        }
+        if try_huge && len >= HUGE_PAGE {
+            match Self::create_with(len, true) {
+                Ok(m) => return Ok(m),
+                Err(e) => {
+                    static ONCE: Once = Once::new();
+                    ONCE.call_once(
+                        || tracing::debug!(error = %e, "huge pages unavailable; using 4 KiB pages"),
+                    );
+                }
+            }
+        }
+        Self::create_with(len, false)
+    }
+
+    fn create_with(len: usize, huge: bool) -> Result<Mapping> {
+        let name: &CStr = c"rrpc-region";
+        let mut flags = libc::MFD_CLOEXEC;
+        let size = if huge {
+            flags |= libc::MFD_HUGETLB | libc::MAP_HUGE_2MB as libc::c_uint;
+            round_up(len, HUGE_PAGE)
+        } else {
+            round_up(len, PAGE)
+        };
+        // SAFETY: `name` is a valid NUL-terminated string; memfd_create has no other preconditions.
+        let raw = unsafe { libc::memfd_create(name.as_ptr(), flags) };
+        if raw < 0 {
+            return Err(Error::io("memfd_create", io::Error::last_os_error()));
+        }
+        // SAFETY: `raw` is a freshly created fd that we own exclusively.
+        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+        // SAFETY: `fd` is a valid memfd; ftruncate on it has no memory-safety preconditions.
+        if unsafe { libc::ftruncate(fd.as_raw_fd(), size as libc::off_t) } < 0 {
+            return Err(Error::io("ftruncate", io::Error::last_os_error()));
+        }
+        let mut m = Self::map(fd, size)?;
+        m.huge = huge;
+        if huge {
+            // Touch every huge page now: a hugetlb mapping whose pool is empty would
+            // otherwise SIGBUS at first touch instead of failing here.
+            // SAFETY: the pages are inside our fresh mapping, which nobody else uses yet.
+            let ok =
+                unsafe { libc::madvise(m.ptr.as_ptr().cast(), size, libc::MADV_POPULATE_WRITE) };
+            if ok != 0 {
+                return Err(Error::io(
+                    "madvise(POPULATE_WRITE)",
+                    io::Error::last_os_error(),
+                ));
+            }
+        }
+        Ok(m)
+    }
+
+    /// Maps an fd received from a peer. `len` is the length the peer claims;
+    /// it is checked against the file's real size, so a lying peer cannot make us
+    /// map past the end of the file (which would SIGBUS on access).
+    pub(crate) fn map_peer(fd: OwnedFd, len: usize) -> Result<Mapping> {
+        let st = nix::sys::stat::fstat(&fd).map_err(|e| Error::nix("fstat", e))?;
+        if len == 0 || (st.st_size as u64) < len as u64 {
+            return Err(Error::MalformedHandshake(format!(
+                "peer region claims {len} bytes but its memory object has {}",
+                st.st_size
+            )));
+        }
+        Self::map(fd, len)
+    }
+
+    fn map(fd: OwnedFd, len: usize) -> Result<Mapping> {
+        let nz = std::num::NonZeroUsize::new(len)
+            .ok_or_else(|| Error::InvalidConfig("zero-length mapping".into()))?;
+        // SAFETY: we map a shared file mapping of `len` bytes of a valid fd at an address
+        // the kernel chooses; no existing Rust object is aliased.
+        let ptr = unsafe {
+            mmap(
+                None,
+                nz,
+                ProtFlags::PROT_READ | ProtFlags::PROT_WRITE,
+                MapFlags::MAP_SHARED,
+                &fd,
+                0,
+            )
+        }
+        .map_err(|e| Error::nix("mmap", e))?;
+        Ok(Mapping {
+            ptr: ptr.cast(),
+            len,
+            fd,
+            huge: false,
+        })
+    }
+
+    pub(crate) fn ptr(&self) -> *mut u8 {
+        self.ptr.as_ptr()
+    }
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+    pub(crate) fn is_huge(&self) -> bool {
+        self.huge
+    }
+    pub(crate) fn fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        // SAFETY: `ptr`/`len` describe exactly the mapping created in `map`, and no
+        // reference derived from it outlives `self` (borrows are tied to `&self`).
+        let _ = unsafe { munmap(self.ptr.cast(), self.len) };
+    }
+}
+
+/// A non-blocking, close-on-exec eventfd (mio's waker pattern).
+#[derive(Debug)]
+pub(crate) struct EventFd {
+    fd: OwnedFd,
+}
+
+impl EventFd {
+    pub(crate) fn new() -> Result<EventFd> {
+        // SAFETY: eventfd has no memory-safety preconditions.
+        let raw = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+        if raw < 0 {
+            return Err(Error::io("eventfd", io::Error::last_os_error()));
+        }
+        // SAFETY: freshly created fd, owned by us.
+        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+        Ok(EventFd { fd })
+    }
+
+    pub(crate) fn from_owned(fd: OwnedFd) -> EventFd {
+        EventFd { fd }
+    }
+
+    /// Adds 1 to the counter. A full counter (`EAGAIN`) already means "readable".
+    pub(crate) fn notify(&self) -> Result<()> {
+        let one: u64 = 1;
+        // SAFETY: writes 8 bytes from a valid local u64 to a valid fd.
+        let n = unsafe { libc::write(self.fd.as_raw_fd(), (&one as *const u64).cast(), 8) };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() != io::ErrorKind::WouldBlock {
+                return Err(Error::io("eventfd write", e));
+            }
+        }
+        Ok(())
+    }
+
+    /// Reads and resets the counter; returns the number of events (0 if none).
+    pub(crate) fn drain(&self) -> Result<u64> {
+        let mut v: u64 = 0;
+        // SAFETY: reads 8 bytes into a valid local u64 from a valid fd.
+        let n = unsafe { libc::read(self.fd.as_raw_fd(), (&mut v as *mut u64).cast(), 8) };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::WouldBlock {
+                return Ok(0);
+            }
+            return Err(Error::io("eventfd read", e));
+        }
+        Ok(v)
+    }
+
+    pub(crate) fn as_raw_fd(&self) -> RawFd {
+        self.fd.as_raw_fd()
+    }
+    pub(crate) fn as_fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+}
+
+/// Returns a random 32-bit value (for remote keys and tokens) from the kernel.
+pub(crate) fn random_u32() -> u32 {
+    let mut b = [0u8; 4];
+    // SAFETY: writes at most 4 bytes into `b`.
+    let n = unsafe { libc::getrandom(b.as_mut_ptr().cast(), 4, 0) };
+    if n != 4 {
+        // getrandom never fails for 4 bytes after boot; fall back to a time-based value.
+        let t = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.subsec_nanos())
+            .unwrap_or(0x5eed);
+        return t ^ std::process::id();
+    }
+    u32::from_ne_bytes(b)
+}
