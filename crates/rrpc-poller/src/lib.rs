@@ -1,1 +1,95 @@
-//! BP, BPTS, EVENT and BPEV connection management feeding tokio (to be built: issue 4).
+//! Connection management for rrpc: the component that notices "this connection has new
+//! messages" and wakes the tokio task that reads them (RR-Compound §IV-B..E, Algorithms 1–2).
+//!
+//! # Contents
+//! - [`Mode`]: the four methods `Bp`, `Bpts`, `Event`, `Bpev` (default), and how each maps onto
+//!   the paper (below).
+//! - [`PollerConfig`] → [`Poller`]: owns the polling threads; [`Poller::register`] takes any
+//!   [`Readiness`] source and returns a [`Registration`] whose async
+//!   [`wait_ready`](Registration::wait_ready) is the only thing a reader task calls.
+//! - [`Doorbell`]: the writer-side wake-up used by `Event` mode on shm.
+//! - [`Notifier`]: a source's own completion channel (verbs-style) for `Event` mode.
+//! - [`SpinTuner`]: sans-IO tuning of `bp_timeout` from a moving RTT estimate.
+//! - [`Stats`]: counters (polls, empty polls, eventfd writes, wake-ups, spin hits, parks).
+//!
+//! # The modes and the paper
+//!
+//! | mode | paper | who detects data | how the task is woken | CPU when idle |
+//! |---|---|---|---|---|
+//! | [`Mode::Bp`] | Fig. 7 (b) left; Figs. 4–6 "busy-polling" | one dedicated thread per connection | `Waker::wake` | one spinning thread per connection (parks with `idle_park_after`) |
+//! | [`Mode::Bpts`] | Algorithm 1, Fig. 7 (b) right | `polling_threads` threads, round-robin over their connections | `Waker::wake` | `polling_threads` spinning threads (parks with `idle_park_after`) |
+//! | [`Mode::Event`] | Fig. 7 (c), "RDMA-Event" | the writer ([`Doorbell`], or `WRITE_WITH_IMM` + completion channel via [`Notifier`]) | eventfd / channel fd in the tokio reactor (epoll) | none |
+//! | [`Mode::Bpev`] | Algorithm 2, Fig. 7 (d) | `polling_threads` threads scan every *armed* connection | the connection's eventfd in the tokio reactor, after the task spun `bp_timeout` | parked threads: a rescan every `idle_poll_interval` |
+//!
+//! ## What differs on tokio
+//! - The paper's "working threads" that call `epoll_wait` are tokio worker threads; the epoll
+//!   set is tokio's reactor and each connection's eventfd is registered with it through
+//!   [`tokio::io::unix::AsyncFd`] (edge-triggered: drain first, then wait; readiness cleared
+//!   through `try_io`). Algorithm 2's `WaitEvents` busy-poll (lines 16–26) becomes the spin at
+//!   the start of [`Registration::wait_ready`], per connection rather than over all connections
+//!   of a working thread, and it yields to the tokio scheduler every few microseconds so that
+//!   other tasks on the same worker still run.
+//! - BP and BPTS in the paper make the working thread itself poll; here polling threads wake
+//!   the task's `Waker` directly, which is the closest tokio equivalent (a tokio task cannot
+//!   own a core).
+//! - Polling threads only look at *armed* connections (a task that found nothing and is about
+//!   to sleep). A task that is processing or spinning costs the polling threads nothing, and
+//!   no eventfd is ever written for a task that is not armed.
+//! - Arm-then-recheck (see [`poller`](crate::Poller) internals): the task sets `armed`, fences,
+//!   and checks once more before sleeping; the waker side checks data, then wins `armed` with a
+//!   swap before writing the eventfd. No wake-up is lost and none is doubled.
+//!
+//! ## Beyond the paper (its §V-D future work)
+//! - **Idle parking.** A polling thread that found nothing for `idle_park_after` parks; a task
+//!   that arms resumes it at once, and while parked it still rescans its armed connections
+//!   every `idle_poll_interval`, which bounds the extra latency of the first message after an
+//!   idle period. The paper's two polling threads use 200 % CPU at idle (Fig. 16);
+//!   [`PollerConfig::paper`] turns parking off to reproduce that.
+//! - **Auto-tuned `bp_timeout`.** With `auto_tune`, each registration spins
+//!   `1.25 × RTT + 1 µs` (moving average, gain 1/8) capped by `bp_timeout`, following §V-B's
+//!   guideline "marginally longer than the typical RTT" ([`SpinTuner`]).
+//! - **Counters and tracing.** [`Poller::stats`]; `tracing` debug events when a polling thread
+//!   parks, resumes, starts or stops, and when a registration is closed.
+//!
+//! # Example
+//! ```
+//! use std::sync::Arc;
+//! use std::sync::atomic::{AtomicU64, Ordering};
+//! use rrpc_poller::{Mode, PollerConfig, Readiness};
+//!
+//! struct Counter { written: AtomicU64, read: AtomicU64 }
+//! impl Readiness for Counter {
+//!     fn ready(&self) -> bool {
+//!         self.written.load(Ordering::Acquire) > self.read.load(Ordering::Relaxed)
+//!     }
+//! }
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), rrpc_poller::Error> {
+//! let poller = PollerConfig::new().mode(Mode::Bpev).polling_threads(1)?.build()?;
+//! let src = Arc::new(Counter { written: AtomicU64::new(0), read: AtomicU64::new(0) });
+//! let mut reg = poller.register(src.clone())?;
+//! let writer = src.clone();
+//! std::thread::spawn(move || writer.written.store(1, Ordering::Release));
+//! reg.wait_ready().await?;           // spins, then sleeps on the eventfd until the poller fires
+//! src.read.store(1, Ordering::Relaxed);
+//! drop(reg);
+//! poller.shutdown();                 // joins the polling thread
+//! # Ok(()) }
+//! ```
+#![deny(unsafe_code)]
+
+mod config;
+mod error;
+mod poller;
+mod source;
+mod stats;
+mod sys;
+mod tune;
+
+pub use config::{ConfigView, Mode, PollerConfig};
+pub use error::{Error, Result};
+pub use poller::{Doorbell, Poller, Registration};
+pub use source::{Notifier, Readiness};
+pub use stats::Stats;
+pub use tune::SpinTuner;

@@ -1,0 +1,229 @@
+//! [`Mode`] and the [`PollerConfig`] builder.
+
+use std::time::Duration;
+
+use crate::error::{Error, Result};
+use crate::poller::Poller;
+
+/// Connection management method (RR-Compound §IV-B..E, Fig. 7).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Mode {
+    /// Busy polling: one dedicated polling thread per connection (Fig. 7 (b), left; Figs. 4–6).
+    /// The thread wakes the task's `Waker` directly.
+    Bp,
+    /// Busy-polling time-sharing: `polling_threads` threads each scan many connections
+    /// round-robin (Algorithm 1, Fig. 7 (b), right) and wake tasks' `Waker`s directly.
+    Bpts,
+    /// Event-based: no polling thread. The writer rings the reader's eventfd through a
+    /// [`Doorbell`](crate::Doorbell), or the source's completion channel fires
+    /// ([`Notifier`](crate::Notifier)); the task sleeps in the tokio reactor (Fig. 7 (c)).
+    Event,
+    /// Busy-polling driven with events (Algorithm 2, Fig. 7 (d)): `polling_threads` threads
+    /// scan every armed connection and write its eventfd; the task spins up to `bp_timeout`
+    /// before it arms and sleeps on the eventfd under `AsyncFd`.
+    #[default]
+    Bpev,
+}
+
+impl Mode {
+    /// All four modes, in the paper's order.
+    pub const ALL: [Mode; 4] = [Mode::Bp, Mode::Bpts, Mode::Event, Mode::Bpev];
+
+    /// Short upper-case name as in the paper ("BP", "BPTS", "EVENT", "BPEV").
+    pub fn name(self) -> &'static str {
+        match self {
+            Mode::Bp => "BP",
+            Mode::Bpts => "BPTS",
+            Mode::Event => "EVENT",
+            Mode::Bpev => "BPEV",
+        }
+    }
+
+    /// Parses a name as printed by [`Mode::name`], case-insensitively.
+    pub fn parse(s: &str) -> Option<Mode> {
+        Mode::ALL
+            .into_iter()
+            .find(|m| m.name().eq_ignore_ascii_case(s))
+    }
+
+    /// Whether waiting tasks are woken through an eventfd in the tokio reactor (as opposed to
+    /// a `Waker` called from a polling thread).
+    pub(crate) fn uses_eventfd(self) -> bool {
+        matches!(self, Mode::Event | Mode::Bpev)
+    }
+}
+
+impl std::fmt::Display for Mode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Builder for a [`Poller`]. Defaults follow the paper where it gives one.
+///
+/// | knob | default | source |
+/// |---|---|---|
+/// | `mode` | [`Mode::Bpev`] | §IV-D |
+/// | `polling_threads` | 2 | §V-A ("two polling threads"), §V-B / Fig. 11: 2–3 suffice |
+/// | `bp_timeout` | 20 µs | §V-B / Fig. 13: "marginally longer than the typical RTT"; one shm round trip through tokio measures 5–15 µs here |
+/// | `auto_tune` | on | beyond the paper: moving RTT estimate, `bp_timeout` as cap |
+/// | `idle_park_after` | 2 ms | beyond the paper (§V-D future work) |
+/// | `idle_poll_interval` | 1 ms | beyond the paper: rescan period of a parked thread |
+///
+/// # Examples
+/// ```
+/// use std::time::Duration;
+/// use rrpc_poller::{Mode, PollerConfig};
+/// let poller = PollerConfig::new()
+///     .mode(Mode::Bpev)
+///     .polling_threads(1)?
+///     .bp_timeout(Duration::from_micros(10))
+///     .build()?;
+/// assert_eq!(poller.config().mode(), Mode::Bpev);
+/// # Ok::<(), rrpc_poller::Error>(())
+/// ```
+#[derive(Debug, Clone)]
+pub struct PollerConfig {
+    mode: Mode,
+    polling_threads: usize,
+    bp_timeout: Duration,
+    auto_tune: bool,
+    idle_park_after: Option<Duration>,
+    idle_poll_interval: Duration,
+    thread_name: String,
+}
+
+impl Default for PollerConfig {
+    fn default() -> Self {
+        Self {
+            mode: Mode::Bpev,
+            polling_threads: 2,
+            bp_timeout: Duration::from_micros(20),
+            auto_tune: true,
+            idle_park_after: Some(Duration::from_millis(2)),
+            idle_poll_interval: Duration::from_millis(1),
+            thread_name: "rrpc-poll".to_owned(),
+        }
+    }
+}
+
+impl PollerConfig {
+    /// The defaults (see the table above).
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The paper's configuration of a mode: no idle parking, no auto-tuning (what the
+    /// benchmarks compare against).
+    pub fn paper(mode: Mode) -> Self {
+        Self::default()
+            .mode(mode)
+            .auto_tune(false)
+            .idle_park_after(None)
+    }
+
+    /// Sets the connection management method.
+    pub fn mode(mut self, mode: Mode) -> Self {
+        self.mode = mode;
+        self
+    }
+
+    /// Number of shared polling threads for [`Mode::Bpts`] and [`Mode::Bpev`] (ignored by
+    /// `Bp`, which uses one per connection, and `Event`, which uses none).
+    ///
+    /// # Errors
+    /// [`Error::InvalidConfig`] for 0 or more than 256.
+    pub fn polling_threads(mut self, n: usize) -> Result<Self> {
+        if n == 0 || n > 256 {
+            return Err(Error::InvalidConfig("polling_threads must be in 1..=256"));
+        }
+        self.polling_threads = n;
+        Ok(self)
+    }
+
+    /// How long a task busy-polls its own connection before it arms and sleeps ([`Mode::Bpev`];
+    /// Algorithm 2, lines 16–26). Zero makes BPEV purely event-driven (§V-B). With
+    /// [`auto_tune`](Self::auto_tune) this is the cap of the tuned value.
+    pub fn bp_timeout(mut self, t: Duration) -> Self {
+        self.bp_timeout = t;
+        self
+    }
+
+    /// Tune the spin time of each connection from a moving estimate of its round-trip time
+    /// (`1.25 × RTT`, at most `bp_timeout`).
+    pub fn auto_tune(mut self, on: bool) -> Self {
+        self.auto_tune = on;
+        self
+    }
+
+    /// Park a polling thread when none of its connections had anything for this long
+    /// (`None`: never park, the paper's behaviour). A parked thread resumes at the next arm
+    /// and otherwise rescans every [`idle_poll_interval`](Self::idle_poll_interval).
+    pub fn idle_park_after(mut self, t: Option<Duration>) -> Self {
+        self.idle_park_after = t;
+        self
+    }
+
+    /// Rescan period of a parked polling thread that still has armed connections. Bounds the
+    /// extra latency of the first message after an idle period.
+    ///
+    /// # Errors
+    /// [`Error::InvalidConfig`] for zero or more than one second.
+    pub fn idle_poll_interval(mut self, t: Duration) -> Result<Self> {
+        if t.is_zero() || t > Duration::from_secs(1) {
+            return Err(Error::InvalidConfig(
+                "idle_poll_interval must be in (0, 1 s]",
+            ));
+        }
+        self.idle_poll_interval = t;
+        Ok(self)
+    }
+
+    /// Name prefix of the polling threads (default `rrpc-poll`).
+    pub fn thread_name(mut self, name: impl Into<String>) -> Self {
+        self.thread_name = name.into();
+        self
+    }
+
+    /// Starts the polling threads.
+    ///
+    /// # Errors
+    /// [`Error::Io`] when a thread cannot be spawned.
+    pub fn build(self) -> Result<Poller> {
+        Poller::start(self)
+    }
+}
+
+/// The configuration a running [`Poller`] uses (read-only view).
+#[derive(Debug, Clone)]
+pub struct ConfigView(pub(crate) PollerConfig);
+
+impl ConfigView {
+    /// The connection management method.
+    pub fn mode(&self) -> Mode {
+        self.0.mode
+    }
+    /// Shared polling threads (`Bpts`, `Bpev`).
+    pub fn polling_threads(&self) -> usize {
+        self.0.polling_threads
+    }
+    /// Spin time (cap of the tuned value with auto-tuning).
+    pub fn bp_timeout(&self) -> Duration {
+        self.0.bp_timeout
+    }
+    /// Whether the spin time is tuned from the RTT.
+    pub fn auto_tune(&self) -> bool {
+        self.0.auto_tune
+    }
+    /// Idle time after which a polling thread parks.
+    pub fn idle_park_after(&self) -> Option<Duration> {
+        self.0.idle_park_after
+    }
+    /// Rescan period of a parked thread.
+    pub fn idle_poll_interval(&self) -> Duration {
+        self.0.idle_poll_interval
+    }
+    pub(crate) fn thread_name(&self) -> &str {
+        &self.0.thread_name
+    }
+}

@@ -1,0 +1,44 @@
+//! The crate's error type.
+
+use std::io;
+
+/// Errors of the poller and of the async connections built on it.
+///
+/// Split by whose fault it is: configuration misuse ([`Error::InvalidConfig`]), the peer
+/// ([`Error::PeerGone`]), our own shutdown ([`Error::Shutdown`]) and the operating system
+/// ([`Error::Io`]).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// A configuration value is out of range (local misuse); the message names the field.
+    #[error("invalid poller configuration: {0}")]
+    InvalidConfig(&'static str),
+    /// The peer closed the connection or died; the waiting task was woken with this error.
+    #[error("peer gone")]
+    PeerGone,
+    /// The poller was shut down while the task was registered or waiting.
+    #[error("poller shut down")]
+    Shutdown,
+    /// A registration that needs the tokio reactor (an eventfd or liveness fd under `AsyncFd`)
+    /// was made outside a tokio runtime (local misuse).
+    #[error("registration needs a tokio runtime with IO enabled")]
+    NoRuntime,
+    /// A system call failed (eventfd creation, registration with the tokio reactor, ...).
+    #[error("{op} failed: {source}")]
+    Io {
+        /// The operation that failed.
+        op: &'static str,
+        /// The underlying OS error.
+        #[source]
+        source: io::Error,
+    },
+}
+
+impl Error {
+    pub(crate) fn io(op: &'static str) -> impl FnOnce(io::Error) -> Error {
+        move |source| Error::Io { op, source }
+    }
+}
+
+/// `Result` with this crate's [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;

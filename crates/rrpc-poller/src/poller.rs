@@ -1,0 +1,854 @@
+//! The [`Poller`]: polling threads, registrations and the arm-then-recheck protocol.
+//!
+//! # The protocol (no lost wake-up)
+//!
+//! Every registration has an `armed` flag. A task that found nothing sets `armed` (SeqCst),
+//! issues a SeqCst fence, and checks the source once more before it sleeps. Whoever wakes it
+//! (a polling thread, or a writer's [`Doorbell`]) first observes data, then clears `armed` with
+//! a `swap`, and only the one that changed it from `true` to `false` writes the eventfd or calls
+//! the waker. So: a task never sleeps with data it has not seen unless `armed` is visible to the
+//! waker side (Dekker's pattern, both sides fenced), and no eventfd is written for a task that
+//! is not armed. Polling threads only look at armed registrations.
+
+use std::fmt;
+use std::future::poll_fn;
+use std::os::fd::{AsRawFd, RawFd};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering, fence};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::task::Poll;
+use std::thread::{self, JoinHandle, Thread};
+use std::time::{Duration, Instant};
+
+use crossbeam_utils::CachePadded;
+use futures_util::task::AtomicWaker;
+use tokio::io::unix::AsyncFd;
+
+use crate::config::{ConfigView, Mode, PollerConfig};
+use crate::error::{Error, Result};
+use crate::source::Readiness;
+use crate::stats::{Counters, Stats};
+use crate::sys::{DupFd, EventFd, register_readable};
+use crate::tune::SpinTuner;
+
+/// Empty scans between two `sched_yield`s of a polling thread, so that oversubscribed polling
+/// threads (BP with more connections than cores) still let each other run.
+const YIELD_AFTER_EMPTY_SCANS: u32 = 256;
+/// How often a spinning task yields to the tokio scheduler (other tasks on the same worker).
+const SPIN_YIELD_EVERY: Duration = Duration::from_micros(5);
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // A poisoned list is still a valid list: the panicking thread did not leave it half-updated
+    // (every critical section is a single Vec operation).
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// How a task is woken.
+enum Wake {
+    /// BPEV, EVENT: the connection's own eventfd, watched by the tokio reactor.
+    EventFd(Arc<EventFd>),
+    /// BP, BPTS: the task's waker, called by the polling thread.
+    Waker(AtomicWaker),
+    /// EVENT with a source-supplied notifier: the source's channel fires by itself.
+    Notifier,
+}
+
+/// Shared state of one registration, seen by the task, the polling thread and doorbells.
+struct Entry {
+    source: Arc<dyn Readiness>,
+    armed: CachePadded<AtomicBool>,
+    /// Set by a polling thread that saw `source.is_closed()`.
+    closed: AtomicBool,
+    wake: Wake,
+    /// The shard polling this entry (None in EVENT mode).
+    shard: Option<Arc<Shard>>,
+    counters: Arc<Counters>,
+}
+
+impl Entry {
+    /// Wakes the task. Call only after winning `armed.swap(false)`.
+    fn fire(&self) {
+        match &self.wake {
+            Wake::EventFd(efd) => {
+                efd.signal();
+                Counters::add(&self.counters.eventfd_writes, 1);
+            }
+            Wake::Waker(w) => {
+                w.wake();
+                Counters::add(&self.counters.waker_wakes, 1);
+            }
+            Wake::Notifier => {}
+        }
+    }
+
+    /// Wakes the task unconditionally (shutdown).
+    fn force_wake(&self) {
+        self.armed.store(false, Ordering::SeqCst);
+        match &self.wake {
+            Wake::EventFd(efd) => efd.signal(),
+            Wake::Waker(w) => w.wake(),
+            Wake::Notifier => {}
+        }
+    }
+}
+
+/// A set of entries scanned by one polling thread (or, for EVENT, by nobody).
+struct Shard {
+    id: usize,
+    entries: Mutex<Vec<Arc<Entry>>>,
+    generation: AtomicU64,
+    len: AtomicUsize,
+    parked: CachePadded<AtomicBool>,
+    stop: AtomicBool,
+    thread: OnceLock<Thread>,
+}
+
+impl Shard {
+    fn new(id: usize) -> Arc<Self> {
+        Arc::new(Self {
+            id,
+            entries: Mutex::new(Vec::new()),
+            generation: AtomicU64::new(0),
+            len: AtomicUsize::new(0),
+            parked: CachePadded::new(AtomicBool::new(false)),
+            stop: AtomicBool::new(false),
+            thread: OnceLock::new(),
+        })
+    }
+
+    fn add(&self, e: Arc<Entry>) {
+        let mut v = lock(&self.entries);
+        v.push(e);
+        self.len.store(v.len(), Ordering::Relaxed);
+        self.generation.fetch_add(1, Ordering::Release);
+    }
+
+    fn remove(&self, e: &Arc<Entry>) {
+        let mut v = lock(&self.entries);
+        v.retain(|x| !Arc::ptr_eq(x, e));
+        self.len.store(v.len(), Ordering::Relaxed);
+        self.generation.fetch_add(1, Ordering::Release);
+    }
+
+    /// Resumes a parked polling thread (one syscall for the first kicker only).
+    fn kick(&self) {
+        if self.parked.load(Ordering::SeqCst)
+            && self.parked.swap(false, Ordering::SeqCst)
+            && let Some(t) = self.thread.get()
+        {
+            t.unpark();
+        }
+    }
+
+    fn stop(&self) {
+        self.stop.store(true, Ordering::SeqCst);
+        self.parked.store(false, Ordering::SeqCst);
+        if let Some(t) = self.thread.get() {
+            t.unpark();
+        }
+    }
+}
+
+/// Per-thread settings of the polling loop.
+#[derive(Clone, Copy)]
+struct LoopCfg {
+    park_after: Option<Duration>,
+    idle_interval: Duration,
+}
+
+/// The body of every polling thread (Algorithm 2, procedure RDMApoll; Algorithm 1's scan for
+/// BPTS; a single-entry shard for BP), with idle parking.
+fn polling_loop(shard: Arc<Shard>, counters: Arc<Counters>, cfg: LoopCfg) {
+    let mut local: Vec<Arc<Entry>> = Vec::new();
+    let mut seen_gen = u64::MAX;
+    let mut last_activity = Instant::now();
+    let mut empty_scans: u32 = 0;
+    let mut dozing = false;
+    tracing::debug!(shard = shard.id, "polling thread started");
+    loop {
+        if shard.stop.load(Ordering::Acquire) {
+            break;
+        }
+        let g = shard.generation.load(Ordering::Acquire);
+        if g != seen_gen {
+            local.clone_from(&lock(&shard.entries));
+            seen_gen = g;
+        }
+        let (mut polls, mut empty, mut fired, mut armed_n) = (0u64, 0u64, 0u64, 0usize);
+        for e in &local {
+            if !e.armed.load(Ordering::Acquire) {
+                continue;
+            }
+            armed_n += 1;
+            polls += 1;
+            let closed = e.source.is_closed();
+            if closed || e.source.ready() {
+                if closed {
+                    e.closed.store(true, Ordering::Release);
+                }
+                if e.armed.swap(false, Ordering::AcqRel) {
+                    e.fire();
+                    fired += 1;
+                }
+            } else {
+                empty += 1;
+            }
+        }
+        Counters::add(&counters.polls, polls);
+        Counters::add(&counters.empty_polls, empty);
+        if fired > 0 {
+            last_activity = Instant::now();
+            empty_scans = 0;
+            dozing = false;
+            continue;
+        }
+        empty_scans += 1;
+        let Some(park_after) = cfg.park_after else {
+            if empty_scans.is_multiple_of(YIELD_AFTER_EMPTY_SCANS) {
+                thread::yield_now();
+            } else {
+                std::hint::spin_loop();
+            }
+            continue;
+        };
+        if !dozing {
+            if !empty_scans.is_multiple_of(YIELD_AFTER_EMPTY_SCANS) {
+                std::hint::spin_loop();
+                continue;
+            }
+            if last_activity.elapsed() < park_after {
+                thread::yield_now();
+                continue;
+            }
+            dozing = true;
+            Counters::add(&counters.parks, 1);
+            tracing::debug!(
+                shard = shard.id,
+                armed = armed_n,
+                "polling thread parked (idle)"
+            );
+        }
+        // Park. Announce it first, then look at the armed flags once more: a task that armed
+        // before it could see `parked` is caught by this recheck (Dekker with `Registration::arm`).
+        shard.parked.store(true, Ordering::SeqCst);
+        fence(Ordering::SeqCst);
+        let any_armed = local.iter().any(|e| e.armed.load(Ordering::SeqCst));
+        if shard.stop.load(Ordering::SeqCst) {
+            break;
+        }
+        if any_armed {
+            // Armed tasks exist but nothing arrives: rescan at a low rate.
+            thread::park_timeout(cfg.idle_interval);
+        } else {
+            thread::park();
+        }
+        // `kick` clears `parked` before unparking; still set means the timeout expired (or a
+        // spurious wake-up), so stay dozing.
+        if !shard.parked.swap(false, Ordering::SeqCst) {
+            dozing = false;
+            last_activity = Instant::now();
+            empty_scans = 0;
+            Counters::add(&counters.resumes, 1);
+            tracing::debug!(shard = shard.id, "polling thread resumed");
+        }
+    }
+    tracing::debug!(shard = shard.id, "polling thread stopped");
+}
+
+/// Owner of the polling threads and of every registration's shared state.
+struct Inner {
+    cfg: ConfigView,
+    counters: Arc<Counters>,
+    shared: Vec<Arc<Shard>>,
+    shared_threads: Mutex<Vec<JoinHandle<()>>>,
+    /// EVENT registrations (never polled; kept for shutdown).
+    event_shard: Arc<Shard>,
+    /// BP: one shard and thread per registration.
+    bp: Mutex<Vec<(Arc<Shard>, JoinHandle<()>)>>,
+    bp_next_id: AtomicUsize,
+    shutdown: AtomicBool,
+    threads_alive: Arc<AtomicUsize>,
+}
+
+impl Inner {
+    fn loop_cfg(&self) -> LoopCfg {
+        LoopCfg {
+            park_after: self.cfg.idle_park_after(),
+            idle_interval: self.cfg.idle_poll_interval(),
+        }
+    }
+
+    fn spawn(&self, shard: &Arc<Shard>) -> Result<JoinHandle<()>> {
+        let (s, c, cfg, alive) = (
+            shard.clone(),
+            self.counters.clone(),
+            self.loop_cfg(),
+            self.threads_alive.clone(),
+        );
+        alive.fetch_add(1, Ordering::SeqCst);
+        let h = thread::Builder::new()
+            .name(format!("{}-{}", self.cfg.thread_name(), shard.id))
+            .spawn(move || {
+                polling_loop(s, c, cfg);
+                alive.fetch_sub(1, Ordering::SeqCst);
+            })
+            .map_err(|e| {
+                self.threads_alive.fetch_sub(1, Ordering::SeqCst);
+                Error::Io {
+                    op: "spawn polling thread",
+                    source: e,
+                }
+            })?;
+        let _ = shard.thread.set(h.thread().clone());
+        Ok(h)
+    }
+
+    fn all_shards(&self) -> Vec<Arc<Shard>> {
+        let mut v: Vec<Arc<Shard>> = self.shared.clone();
+        v.push(self.event_shard.clone());
+        v.extend(lock(&self.bp).iter().map(|(s, _)| s.clone()));
+        v
+    }
+
+    fn shutdown(&self) {
+        if self.shutdown.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        let shards = self.all_shards();
+        for s in &shards {
+            s.stop();
+        }
+        for h in lock(&self.shared_threads).drain(..) {
+            let _ = h.join();
+        }
+        for (_, h) in lock(&self.bp).drain(..) {
+            let _ = h.join();
+        }
+        // Wake every waiting task; it sees the shutdown flag and returns `Error::Shutdown`.
+        for s in &shards {
+            for e in lock(&s.entries).iter() {
+                e.force_wake();
+            }
+        }
+        tracing::debug!("poller shut down");
+    }
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+/// Connection manager: owns the polling threads and hands out [`Registration`]s.
+///
+/// Cheap to clone (an `Arc`). The threads stop when [`Poller::shutdown`] is called or when the
+/// last `Poller` clone and the last [`Registration`] are dropped; either way they are joined.
+#[derive(Clone)]
+pub struct Poller {
+    inner: Arc<Inner>,
+}
+
+impl fmt::Debug for Poller {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Poller")
+            .field("config", &self.inner.cfg)
+            .field("threads", &self.threads())
+            .finish()
+    }
+}
+
+impl Poller {
+    /// A poller with the default configuration ([`Mode::Bpev`], two polling threads).
+    ///
+    /// # Errors
+    /// [`Error::Io`] when a thread cannot be spawned.
+    pub fn new() -> Result<Self> {
+        PollerConfig::new().build()
+    }
+
+    pub(crate) fn start(cfg: PollerConfig) -> Result<Self> {
+        let cfg = ConfigView(cfg);
+        let n = match cfg.mode() {
+            Mode::Bpts | Mode::Bpev => cfg.polling_threads(),
+            Mode::Bp | Mode::Event => 0,
+        };
+        let inner = Arc::new(Inner {
+            shared: (0..n).map(Shard::new).collect(),
+            cfg,
+            counters: Arc::new(Counters::default()),
+            shared_threads: Mutex::new(Vec::new()),
+            event_shard: Shard::new(usize::MAX),
+            bp: Mutex::new(Vec::new()),
+            bp_next_id: AtomicUsize::new(0),
+            shutdown: AtomicBool::new(false),
+            threads_alive: Arc::new(AtomicUsize::new(0)),
+        });
+        for s in &inner.shared {
+            let h = inner.spawn(s)?;
+            lock(&inner.shared_threads).push(h);
+        }
+        Ok(Self { inner })
+    }
+
+    /// The configuration in force.
+    pub fn config(&self) -> &ConfigView {
+        &self.inner.cfg
+    }
+
+    /// Polling threads currently running (shared ones plus BP's per-connection ones).
+    pub fn threads(&self) -> usize {
+        self.inner.threads_alive.load(Ordering::SeqCst)
+    }
+
+    /// A snapshot of the counters.
+    pub fn stats(&self) -> Stats {
+        self.inner.counters.snapshot(self.threads())
+    }
+
+    /// Stops and joins every polling thread and wakes every waiting task, which then gets
+    /// [`Error::Shutdown`]. Idempotent.
+    pub fn shutdown(&self) {
+        self.inner.shutdown();
+    }
+
+    /// Registers a connection's readiness source.
+    ///
+    /// In [`Mode::Event`] and [`Mode::Bpev`], and when the source has a liveness fd, this
+    /// creates an eventfd / registers fds with the tokio reactor, so it must run inside a
+    /// tokio runtime with IO enabled. In [`Mode::Bp`] it spawns the connection's polling
+    /// thread.
+    ///
+    /// # Errors
+    /// [`Error::Shutdown`] after [`shutdown`](Self::shutdown); [`Error::NoRuntime`] outside a
+    /// runtime when one is needed; [`Error::Io`] when an eventfd, a reactor registration or a
+    /// thread cannot be created.
+    pub fn register(&self, source: Arc<dyn Readiness>) -> Result<Registration> {
+        let inner = &self.inner;
+        if inner.shutdown.load(Ordering::SeqCst) {
+            return Err(Error::Shutdown);
+        }
+        let mode = inner.cfg.mode();
+        let needs_reactor = mode.uses_eventfd() || source.liveness_fd().is_some();
+        if needs_reactor && tokio::runtime::Handle::try_current().is_err() {
+            return Err(Error::NoRuntime);
+        }
+        let live = match source.liveness_fd() {
+            Some(fd) => {
+                let dup = DupFd::new(fd).map_err(Error::io("dup liveness fd"))?;
+                Some(register_readable(dup).map_err(Error::io("register liveness fd"))?)
+            }
+            None => None,
+        };
+        let mut doorbell_fd = None;
+        let (wake, sleeper) = match mode {
+            Mode::Bp | Mode::Bpts => (Wake::Waker(AtomicWaker::new()), Sleeper::Waker),
+            Mode::Event if source.notifier().is_some() => {
+                let n = source.notifier().expect("checked");
+                let dup = DupFd::new(n.fd()).map_err(Error::io("dup notifier fd"))?;
+                let afd = register_readable(dup).map_err(Error::io("register notifier fd"))?;
+                (Wake::Notifier, Sleeper::Notifier(afd))
+            }
+            Mode::Event | Mode::Bpev => {
+                let efd = Arc::new(EventFd::new().map_err(Error::io("eventfd"))?);
+                doorbell_fd = Some(efd.as_raw_fd());
+                let afd = register_readable(efd.clone()).map_err(Error::io("register eventfd"))?;
+                (Wake::EventFd(efd), Sleeper::EventFd(afd))
+            }
+        };
+        let (shard, bp_thread) = match mode {
+            Mode::Event => (inner.event_shard.clone(), false),
+            Mode::Bpts | Mode::Bpev => {
+                let s = inner
+                    .shared
+                    .iter()
+                    .min_by_key(|s| s.len.load(Ordering::Relaxed))
+                    .expect("at least one polling thread")
+                    .clone();
+                (s, false)
+            }
+            Mode::Bp => (
+                Shard::new(inner.bp_next_id.fetch_add(1, Ordering::Relaxed)),
+                true,
+            ),
+        };
+        let entry = Arc::new(Entry {
+            source,
+            armed: CachePadded::new(AtomicBool::new(false)),
+            closed: AtomicBool::new(false),
+            wake,
+            shard: (mode != Mode::Event).then(|| shard.clone()),
+            counters: inner.counters.clone(),
+        });
+        shard.add(entry.clone());
+        if bp_thread {
+            let h = inner.spawn(&shard)?;
+            let mut bp = lock(&inner.bp);
+            if inner.shutdown.load(Ordering::SeqCst) {
+                // Lost a race with shutdown: do not leave the thread behind.
+                drop(bp);
+                shard.stop();
+                let _ = h.join();
+                return Err(Error::Shutdown);
+            }
+            bp.push((shard.clone(), h));
+        }
+        Ok(Registration {
+            tuner: SpinTuner::new(inner.cfg.bp_timeout(), inner.cfg.auto_tune()),
+            entry,
+            shard,
+            inner: inner.clone(),
+            mode,
+            sleeper,
+            live,
+            doorbell_fd,
+            removed: false,
+        })
+    }
+}
+
+/// What a task sleeps on.
+enum Sleeper {
+    Waker,
+    EventFd(AsyncFd<Arc<EventFd>>),
+    Notifier(AsyncFd<DupFd>),
+}
+
+/// One connection (one direction: "data to read" or "space to write") registered with a
+/// [`Poller`]. Deregisters on drop (BP: stops and joins the connection's thread).
+pub struct Registration {
+    entry: Arc<Entry>,
+    shard: Arc<Shard>,
+    inner: Arc<Inner>,
+    mode: Mode,
+    sleeper: Sleeper,
+    live: Option<AsyncFd<DupFd>>,
+    tuner: SpinTuner,
+    doorbell_fd: Option<RawFd>,
+    removed: bool,
+}
+
+impl fmt::Debug for Registration {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Registration")
+            .field("mode", &self.mode)
+            .field("armed", &self.entry.armed.load(Ordering::Relaxed))
+            .field("eventfd", &self.doorbell_fd)
+            .field("spin_budget", &self.tuner.budget())
+            .finish()
+    }
+}
+
+/// Why a readiness check returned.
+enum Check {
+    Ready,
+    NotReady,
+}
+
+impl Registration {
+    /// The mode of the poller this registration belongs to.
+    pub fn mode(&self) -> Mode {
+        self.mode
+    }
+
+    /// The current spin time (tuned, at most `bp_timeout`); only BPEV spins.
+    pub fn spin_budget(&self) -> Duration {
+        self.tuner.budget()
+    }
+
+    /// The moving RTT estimate behind [`spin_budget`](Self::spin_budget).
+    pub fn rtt_estimate(&self) -> Duration {
+        self.tuner.rtt_estimate()
+    }
+
+    /// A handle the writer side uses to wake this registration's task in [`Mode::Event`]
+    /// (the shm analogue of a `WRITE_WITH_IMM` that fires the completion channel). It writes
+    /// the eventfd only when the task is armed. It also works in the other modes (it just
+    /// wakes the task sooner than the polling thread would), and does nothing for sources with
+    /// their own [`Notifier`](crate::Notifier).
+    pub fn doorbell(&self) -> Doorbell {
+        Doorbell {
+            entry: self.entry.clone(),
+        }
+    }
+
+    /// Whether the peer was found gone.
+    pub fn is_closed(&self) -> bool {
+        self.entry.closed.load(Ordering::Acquire)
+    }
+
+    fn check(&mut self) -> Result<Check> {
+        if self.entry.source.ready() {
+            return Ok(Check::Ready);
+        }
+        self.check_alive()?;
+        Ok(Check::NotReady)
+    }
+
+    fn check_alive(&mut self) -> Result<()> {
+        if self.inner.shutdown.load(Ordering::Acquire) {
+            return Err(Error::Shutdown);
+        }
+        if self.entry.closed.load(Ordering::Acquire) || self.entry.source.is_closed() {
+            self.mark_closed();
+            return Err(Error::PeerGone);
+        }
+        Ok(())
+    }
+
+    fn mark_closed(&mut self) {
+        self.entry.closed.store(true, Ordering::Release);
+        if !self.removed {
+            self.removed = true;
+            self.shard.remove(&self.entry);
+            Counters::add(&self.inner.counters.closed, 1);
+            tracing::debug!(mode = %self.mode, "registration closed: peer gone");
+        }
+    }
+
+    /// Arms the registration: from now on a polling thread or doorbell may wake the task.
+    fn arm(&self) -> Result<()> {
+        if let Sleeper::Notifier(_) = self.sleeper {
+            let n = self.entry.source.notifier().ok_or(Error::InvalidConfig(
+                "source stopped offering a notifier after registration",
+            ))?;
+            n.arm().map_err(Error::io("arm notifier"))?;
+            return Ok(());
+        }
+        self.entry.armed.store(true, Ordering::SeqCst);
+        fence(Ordering::SeqCst);
+        if let Some(s) = &self.entry.shard {
+            s.kick();
+        }
+        Ok(())
+    }
+
+    /// Cancels our own arm after the recheck found data.
+    fn disarm(&self) {
+        self.entry.armed.store(false, Ordering::Relaxed);
+    }
+
+    /// Waits until the source is ready (or the peer is gone).
+    ///
+    /// BPEV: checks, spins up to the spin budget, then arms, rechecks, and sleeps on the
+    /// connection's eventfd in the tokio reactor. BP/BPTS: checks, registers the waker, arms,
+    /// rechecks, sleeps until the polling thread wakes it. EVENT: like BPEV without the spin,
+    /// woken by a [`Doorbell`] or the source's [`Notifier`](crate::Notifier).
+    ///
+    /// Readiness is level-triggered from the caller's point of view: `wait_ready` returns
+    /// immediately as long as the source is ready, so the caller consumes what is there and
+    /// calls it again.
+    ///
+    /// # Errors
+    /// [`Error::PeerGone`] once the source reports closed or its liveness fd fires (data
+    /// already there is reported first); [`Error::Shutdown`] after
+    /// [`Poller::shutdown`]; [`Error::Io`] if the reactor or the notifier fails.
+    ///
+    /// # Cancel safety
+    /// Cancel-safe: dropping the future loses nothing. A wake-up that was aimed at the dropped
+    /// future leaves at most a stale eventfd count, which makes the next wait recheck once.
+    pub async fn wait_ready(&mut self) -> Result<()> {
+        let start = Instant::now();
+        if let Check::Ready = self.check()? {
+            Counters::add(&self.inner.counters.first_check_hits, 1);
+            return Ok(());
+        }
+        if self.mode == Mode::Bpev {
+            let budget = self.tuner.budget();
+            if !budget.is_zero() {
+                let mut next_yield = start + SPIN_YIELD_EVERY;
+                loop {
+                    for _ in 0..32 {
+                        if self.entry.source.ready() {
+                            Counters::add(&self.inner.counters.spin_hits, 1);
+                            self.tuner.observe(start.elapsed());
+                            return Ok(());
+                        }
+                        std::hint::spin_loop();
+                    }
+                    self.check_alive()?;
+                    let now = Instant::now();
+                    if now.duration_since(start) >= budget {
+                        break;
+                    }
+                    if now >= next_yield {
+                        tokio::task::yield_now().await;
+                        next_yield = Instant::now() + SPIN_YIELD_EVERY;
+                    }
+                }
+            }
+        }
+        loop {
+            if let Sleeper::Waker = self.sleeper {
+                self.sleep_waker().await?;
+            } else {
+                self.arm()?;
+                if let Check::Ready = self.check()? {
+                    self.disarm();
+                    self.tuner.observe(start.elapsed());
+                    return Ok(());
+                }
+                Counters::add(&self.inner.counters.sleeps, 1);
+                self.sleep_fd().await?;
+            }
+            if let Check::Ready = self.check()? {
+                Counters::add(&self.inner.counters.wakeups, 1);
+                self.tuner.observe(start.elapsed());
+                return Ok(());
+            }
+        }
+    }
+
+    /// BP / BPTS: register waker, arm, recheck; Pending until the polling thread fires.
+    async fn sleep_waker(&mut self) -> Result<()> {
+        let mut slept = false;
+        let r = poll_fn(|cx| {
+            if let Some(live) = &self.live
+                && live.poll_read_ready(cx).is_ready()
+            {
+                return Poll::Ready(Err(Error::PeerGone));
+            }
+            if let Wake::Waker(w) = &self.entry.wake {
+                w.register(cx.waker());
+            }
+            if slept && !self.entry.armed.load(Ordering::Acquire) {
+                // Fired (or shut down): let the caller check.
+                return Poll::Ready(Ok(()));
+            }
+            if self.entry.source.ready() {
+                self.entry.armed.store(false, Ordering::Relaxed);
+                return Poll::Ready(Ok(()));
+            }
+            self.entry.armed.store(true, Ordering::SeqCst);
+            fence(Ordering::SeqCst);
+            if let Some(s) = &self.entry.shard {
+                s.kick();
+            }
+            if self.entry.source.ready() || self.inner.shutdown.load(Ordering::SeqCst) {
+                self.entry.armed.store(false, Ordering::Relaxed);
+                return Poll::Ready(Ok(()));
+            }
+            if !slept {
+                slept = true;
+                Counters::add(&self.inner.counters.sleeps, 1);
+            }
+            Poll::Pending
+        })
+        .await;
+        if let Err(Error::PeerGone) = r {
+            self.mark_closed();
+        }
+        r
+    }
+
+    /// BPEV / EVENT: sleep until the eventfd (or notifier fd) is readable, then drain it.
+    async fn sleep_fd(&mut self) -> Result<()> {
+        let r = poll_fn(|cx| {
+            if let Some(live) = &self.live
+                && live.poll_read_ready(cx).is_ready()
+            {
+                return Poll::Ready(Err(Error::PeerGone));
+            }
+            loop {
+                let res = match &self.sleeper {
+                    Sleeper::EventFd(afd) => match afd.poll_read_ready(cx) {
+                        Poll::Pending => return Poll::Pending,
+                        Poll::Ready(Err(e)) => {
+                            return Poll::Ready(Err(Error::Io {
+                                op: "eventfd readiness",
+                                source: e,
+                            }));
+                        }
+                        Poll::Ready(Ok(mut g)) => g.try_io(|h| h.get_ref().drain()).map(|_| ()),
+                    },
+                    Sleeper::Notifier(afd) => match afd.poll_read_ready(cx) {
+                        Poll::Pending => return Poll::Pending,
+                        Poll::Ready(Err(e)) => {
+                            return Poll::Ready(Err(Error::Io {
+                                op: "notifier readiness",
+                                source: e,
+                            }));
+                        }
+                        Poll::Ready(Ok(mut g)) => {
+                            let src = &self.entry.source;
+                            g.try_io(|_| match src.notifier() {
+                                Some(n) => n.ack(),
+                                None => Ok(()),
+                            })
+                            .map(|_| ())
+                        }
+                    },
+                    Sleeper::Waker => return Poll::Ready(Ok(())),
+                };
+                match res {
+                    // Drained (or the ack failed for a reason other than WouldBlock, which
+                    // the recheck will surface): the caller checks the source.
+                    Ok(()) => return Poll::Ready(Ok(())),
+                    // Spurious readiness: cleared by try_io; poll again to re-register.
+                    Err(_would_block) => continue,
+                }
+            }
+        })
+        .await;
+        if let Err(Error::PeerGone) = r {
+            self.mark_closed();
+        }
+        r
+    }
+}
+
+impl Drop for Registration {
+    fn drop(&mut self) {
+        if !self.removed {
+            self.removed = true;
+            self.shard.remove(&self.entry);
+        }
+        if self.mode == Mode::Bp {
+            self.shard.stop();
+            let handle = {
+                let mut bp = lock(&self.inner.bp);
+                bp.iter()
+                    .position(|(s, _)| Arc::ptr_eq(s, &self.shard))
+                    .map(|i| bp.swap_remove(i).1)
+            };
+            if let Some(h) = handle {
+                let _ = h.join();
+            }
+        }
+    }
+}
+
+/// Writer-side wake-up for one [`Registration`] (see [`Registration::doorbell`]).
+///
+/// `Clone + Send + Sync`; ringing costs one fence and one atomic load when the reader is not
+/// armed, plus one eventfd write (or waker call) when it is.
+#[derive(Clone)]
+pub struct Doorbell {
+    entry: Arc<Entry>,
+}
+
+impl fmt::Debug for Doorbell {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Doorbell")
+            .field("armed", &self.entry.armed.load(Ordering::Relaxed))
+            .finish()
+    }
+}
+
+impl Doorbell {
+    /// Wakes the reader if it is armed. Call after publishing the data (the data store must
+    /// happen before this call, which fences).
+    pub fn ring(&self) {
+        fence(Ordering::SeqCst);
+        if self.entry.armed.load(Ordering::Relaxed)
+            && self.entry.armed.swap(false, Ordering::AcqRel)
+        {
+            self.entry.fire();
+        }
+    }
+
+    /// Marks the reader's connection closed (peer gone) and wakes it.
+    pub fn close(&self) {
+        self.entry.closed.store(true, Ordering::Release);
+        self.ring();
+    }
+}

@@ -1,0 +1,73 @@
+//! What a polling thread checks: the [`Readiness`] trait.
+
+use std::io;
+use std::os::fd::BorrowedFd;
+
+/// Anything a polling thread (or a spinning task) can check for "there is something to do".
+///
+/// For a ring buffer's receive side this is "the slot at the head holds a new message"
+/// (`RxWatch::has_data`); for its send side "there is free space again"
+/// (`TxWatch::has_space`). The check must be cheap (a few atomic loads: the paper's "quick
+/// check of the ring buffer's head", §IV-D), side-effect free and callable from any thread:
+/// polling threads call it in a loop for every armed connection.
+///
+/// Everything beyond [`ready`](Readiness::ready) has a default, so a plain closure-like
+/// source only implements one method.
+pub trait Readiness: Send + Sync + 'static {
+    /// `true` when the waiting task has something to do (new data, free space).
+    fn ready(&self) -> bool;
+
+    /// `true` once the peer is known to be gone. Checked together with `ready` for armed
+    /// connections, so it must be as cheap (an atomic flag, never a system call). A closed
+    /// source wakes its task, which then gets [`Error::PeerGone`](crate::Error::PeerGone),
+    /// and is removed from the polling threads.
+    fn is_closed(&self) -> bool {
+        false
+    }
+
+    /// A descriptor that becomes readable when the peer dies (the side channel of an rrpc-core
+    /// connection, `Connection::liveness_fd`). A sleeping task watches it through the tokio
+    /// reactor in addition to its doorbell, so a dead peer is noticed without any polling.
+    fn liveness_fd(&self) -> Option<BorrowedFd<'_>> {
+        None
+    }
+
+    /// The source's own notification mechanism for [`Mode::Event`](crate::Mode::Event), if it
+    /// has one (a completion channel: `ibv_req_notify_cq` + the channel fd). Without one, Event
+    /// mode uses a per-registration eventfd that the writer rings through a [`Doorbell`](crate::Doorbell).
+    fn notifier(&self) -> Option<&dyn Notifier> {
+        None
+    }
+}
+
+/// A source-supplied notification channel for [`Mode::Event`](crate::Mode::Event), shaped like
+/// a verbs completion channel (rrpc-core's `recv_cq().req_notify()` / `channel_fd()` /
+/// `ack_events()`).
+///
+/// Protocol, as the waiting task runs it: check [`Readiness::ready`]; [`arm`](Notifier::arm);
+/// check again (arm-then-recheck, so a message that landed between the first check and the arm
+/// is not missed); wait until [`fd`](Notifier::fd) is readable; [`ack`](Notifier::ack).
+pub trait Notifier: Send + Sync {
+    /// The descriptor that becomes readable after an armed event (an eventfd-like fd).
+    fn fd(&self) -> BorrowedFd<'_>;
+    /// Requests one notification for the next event (`ibv_req_notify_cq`).
+    ///
+    /// # Errors
+    /// Whatever the underlying call reports.
+    fn arm(&self) -> io::Result<()>;
+    /// Consumes the pending notification(s), making `fd` non-readable again. Returns
+    /// `Err(WouldBlock)` when there was nothing to consume (a spurious readiness).
+    ///
+    /// # Errors
+    /// `WouldBlock` when nothing was pending, or what the underlying call reports.
+    fn ack(&self) -> io::Result<()>;
+}
+
+impl<F> Readiness for F
+where
+    F: Fn() -> bool + Send + Sync + 'static,
+{
+    fn ready(&self) -> bool {
+        self()
+    }
+}

@@ -1,0 +1,75 @@
+//! Shared test helpers: a fake connection whose "ring" is a pair of counters.
+#![allow(dead_code, unreachable_pub)]
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+
+use rrpc_poller::{Mode, Poller, PollerConfig, Readiness};
+
+/// A fake receive ring: the writer bumps `written`, the reader sets `read`.
+#[derive(Debug, Default)]
+pub struct Fake {
+    pub written: AtomicU64,
+    pub read: AtomicU64,
+    pub closed: AtomicBool,
+}
+
+impl Readiness for Fake {
+    fn ready(&self) -> bool {
+        self.written.load(Ordering::Acquire) > self.read.load(Ordering::Relaxed)
+    }
+    fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::Acquire)
+    }
+}
+
+impl Fake {
+    pub fn new() -> Arc<Self> {
+        Arc::new(Self::default())
+    }
+    /// Consumes everything written so far; returns how many.
+    pub fn consume(&self) -> u64 {
+        let w = self.written.load(Ordering::Acquire);
+        let r = self.read.swap(w, Ordering::Relaxed);
+        w - r
+    }
+}
+
+/// A small-footprint config for tests on a 2-core machine: one polling thread, short spin,
+/// aggressive idle parking.
+pub fn test_config(mode: Mode) -> PollerConfig {
+    PollerConfig::new()
+        .mode(mode)
+        .polling_threads(1)
+        .unwrap()
+        .bp_timeout(Duration::from_micros(5))
+        .idle_park_after(Some(Duration::from_micros(300)))
+        .idle_poll_interval(Duration::from_micros(500))
+        .unwrap()
+}
+
+pub fn poller(mode: Mode) -> Poller {
+    test_config(mode).build().unwrap()
+}
+
+/// Generous bound for "every message is read": a lost wake-up hangs forever.
+pub const BOUND: Duration = Duration::from_secs(60);
+
+/// Tiny deterministic PRNG (xorshift64*).
+#[derive(Debug, Clone)]
+pub struct Rng(pub u64);
+
+impl Rng {
+    pub fn next(&mut self) -> u64 {
+        let mut x = self.0.max(1);
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        self.0 = x;
+        x.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
