@@ -28,6 +28,19 @@ pub enum Error {
     /// The peer process or its queue pair is gone; the channel is closed.
     #[error("peer is gone")]
     PeerGone,
+    /// The fabric reported an error.
+    #[error("fabric error: {0}")]
+    Core(#[source] rrpc_core::Error),
+}
+
+impl From<rrpc_core::Error> for Error {
+    fn from(e: rrpc_core::Error) -> Self {
+        match e {
+            rrpc_core::Error::PeerGone => Error::PeerGone,
+            rrpc_core::Error::WouldBlock => Error::WouldBlock,
+            e => Error::Core(e),
+        }
+    }
 }
 
 impl Error {

@@ -1,0 +1,615 @@
+//! The driver: executes the sans-IO [`Sender`]/[`Receiver`] actions on an
+//! `rrpc-core` queue pair and reads the peer-written words of our regions.
+//!
+//! # Memory layout
+//! Each side allocates two regions in [`LocalRing::new`]:
+//! * the **receive region**, granted to the peer under [`ROLE_RING`]:
+//!   `local_tail` word at byte 0 (written by the peer's sender), `local_head`
+//!   word at byte 64 (written by the peer's receiver, for our sender), each on
+//!   its own cache line, and `RB_R` at byte [`RING_OFFSET`] (plus 8 bytes when
+//!   cache-line alignment is switched off for the ablation);
+//! * the **staging region**, never granted: `RB_S` at the same offset, then
+//!   the source words of tail WRITEs and head pushes, one cache line each.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use rrpc_core::conn::{Connection, Offer};
+use rrpc_core::{Completion, Fabric, Local, QueuePair, Region, RemoteRegion, RingGeometry, Status};
+
+use crate::config::RingConfig;
+use crate::error::Error;
+use crate::mem;
+use crate::proto::{
+    Geometry, MAX_TAIL_INFLIGHT, Message, Receiver, Reservation, Sender, Transmit, WR_KIND_RX,
+    WR_KIND_TX, WR_SEQ_MASK,
+};
+
+/// Role under which the receive region (`RB_R` + pointer words) is granted.
+pub const ROLE_RING: u16 = 0x5242;
+/// Byte offset of the `local_tail` word in the receive region.
+pub const LOCAL_TAIL_OFFSET: usize = 0;
+/// Byte offset of the `local_head` word in the receive region.
+pub const LOCAL_HEAD_OFFSET: usize = 64;
+/// Byte offset of the ring array in the receive and staging regions.
+pub const RING_OFFSET: usize = 4096;
+const UNALIGNED_PAD: usize = 8;
+const HEAD_SRC: usize = MAX_TAIL_INFLIGHT;
+
+/// This side's half of a connection before the handshake: its receive ring
+/// (granted to the peer) and its send staging ring.
+#[derive(Debug)]
+pub struct LocalRing {
+    cfg: Arc<RingConfig>,
+    rx_region: Arc<Region>,
+    tx_region: Arc<Region>,
+    ring_off: usize,
+    ctrl_off: usize,
+}
+
+impl LocalRing {
+    /// Allocates the receive region (`RB_R` + control words) and the staging
+    /// region (`RB_S` + source words). Huge pages are used when the fabric
+    /// has them and `cfg.huge_pages()` is on.
+    ///
+    /// # Errors
+    /// [`Error::Core`] if allocation fails.
+    pub fn new(fabric: &Fabric, cfg: &RingConfig) -> Result<LocalRing, Error> {
+        let fabric = if cfg.huge_pages() {
+            fabric.clone()
+        } else {
+            fabric.clone().without_huge_pages()
+        };
+        let pad = if cfg.cache_align() { 0 } else { UNALIGNED_PAD };
+        let ring_off = RING_OFFSET + pad;
+        let ctrl_off = (ring_off + cfg.ring_size()).next_multiple_of(4096);
+        let rx_region = fabric.alloc_region(ring_off + cfg.ring_size())?;
+        let tx_region = fabric.alloc_region(ctrl_off + (HEAD_SRC + 1) * 64)?;
+        Ok(LocalRing {
+            cfg: Arc::new(cfg.clone()),
+            rx_region,
+            tx_region,
+            ring_off,
+            ctrl_off,
+        })
+    }
+
+    /// The geometry to put in the handshake offer (`mode` is left 0 for the
+    /// poller to set).
+    pub fn geometry(&self) -> RingGeometry {
+        RingGeometry {
+            slot_size: self.cfg.slot_size() as u32,
+            slot_count: self.cfg.slot_count() as u32,
+            alpha: self.cfg.alpha(),
+            beta: self.cfg.beta(),
+            gamma: self.cfg.gamma(),
+            mode: 0,
+        }
+    }
+
+    /// Whether the regions got huge pages.
+    pub fn is_huge(&self) -> bool {
+        self.rx_region.is_huge()
+    }
+
+    /// Adds our geometry and the grant of the receive region to `offer`.
+    /// Callers that set `mode` should do so after this call by reading
+    /// [`geometry`](Self::geometry).
+    pub fn add_to_offer(&self, offer: Offer) -> Offer {
+        offer
+            .geometry(self.geometry())
+            .grant(ROLE_RING, self.rx_region.clone())
+    }
+
+    /// Validates the peer's geometry and grant and splits into the two
+    /// directions. Both sides must use the same slot size and count (and the
+    /// same `cache_align` / `tail_with_imm` switches, which are not negotiated).
+    ///
+    /// # Errors
+    /// [`Error::Incompatible`] if the peer's geometry differs or it granted
+    /// no (or a too small) ring region.
+    pub fn connect(self, conn: &Connection) -> Result<(RingTx, RingRx), Error> {
+        let peer = conn.peer();
+        let ours = self.geometry();
+        let g = peer.geometry;
+        if g.slot_size != ours.slot_size || g.slot_count != ours.slot_count {
+            return Err(Error::Incompatible(format!(
+                "peer ring has {} slots of {} bytes, ours {} slots of {} bytes",
+                g.slot_count, g.slot_size, ours.slot_count, ours.slot_size
+            )));
+        }
+        let remote = peer.region(ROLE_RING).ok_or_else(|| {
+            Error::Incompatible(format!("peer granted no region with role {ROLE_RING:#x}"))
+        })?;
+        let need = (self.ring_off + self.cfg.ring_size()) as u64;
+        if remote.len < need {
+            return Err(Error::Incompatible(format!(
+                "peer ring region has {} bytes, need {need}",
+                remote.len
+            )));
+        }
+        let qp = conn.qp().clone();
+        let shared = Arc::new(Shared {
+            qp,
+            tx_done: AtomicU64::new(0),
+            rx_done: AtomicU64::new(0),
+        });
+        let geo = Geometry::from_config(&self.cfg);
+        let tx = RingTx {
+            sender: Sender::new(&self.cfg),
+            cfg: self.cfg.clone(),
+            shared: shared.clone(),
+            tx_region: self.tx_region.clone(),
+            rx_region: self.rx_region.clone(),
+            remote,
+            ring_off: self.ring_off,
+            ctrl_off: self.ctrl_off,
+            ring_len: geo.ring_bytes(),
+            tx_seen: 0,
+            full_at: Arc::new(AtomicU64::new(NOT_FULL)),
+        };
+        let rx = RingRx {
+            receiver: Receiver::new(&self.cfg),
+            shared,
+            tx_region: self.tx_region,
+            rx_region: self.rx_region,
+            remote,
+            ring_off: self.ring_off,
+            ctrl_off: self.ctrl_off,
+            rx_seen: 0,
+            head_mirror: Arc::new(AtomicU64::new(0)),
+            deferred: None,
+        };
+        Ok((tx, rx))
+    }
+}
+
+const NOT_FULL: u64 = u64::MAX;
+
+/// What both halves share: the queue pair and the completion routing.
+#[derive(Debug)]
+struct Shared {
+    qp: Arc<QueuePair>,
+    /// One past the highest completed sender sequence number.
+    tx_done: AtomicU64,
+    /// One past the highest completed receiver sequence number.
+    rx_done: AtomicU64,
+}
+
+impl Shared {
+    fn check(&self) -> Result<(), Error> {
+        match self.qp.failure() {
+            Some(e) => Err(e.into()),
+            None => Ok(()),
+        }
+    }
+
+    /// Polls the send completion queue and routes completions to the half
+    /// that posted them (they share the queue pair).
+    fn poll_cq(&self) -> Result<(), Error> {
+        let mut wc = [Completion::EMPTY; 32];
+        loop {
+            let n = self.qp.send_cq().poll(&mut wc)?;
+            for c in &wc[..n] {
+                if c.status != Status::Success {
+                    let e = self
+                        .qp
+                        .failure()
+                        .unwrap_or(rrpc_core::Error::CompletionError {
+                            wr_id: c.wr_id,
+                            status: c.status,
+                        });
+                    return Err(e.into());
+                }
+                let seq = (c.wr_id & WR_SEQ_MASK) + 1;
+                match c.wr_id & !WR_SEQ_MASK {
+                    WR_KIND_TX => self.tx_done.fetch_max(seq, Ordering::AcqRel),
+                    WR_KIND_RX => self.rx_done.fetch_max(seq, Ordering::AcqRel),
+                    _ => 0, // someone else's work request on a shared queue pair
+                };
+            }
+            if n < wc.len() {
+                return Ok(());
+            }
+        }
+    }
+}
+
+/// The sending direction: writes into the peer's `RB_R` (RB² `WRITEMSG`).
+#[derive(Debug)]
+pub struct RingTx {
+    sender: Sender,
+    cfg: Arc<RingConfig>,
+    shared: Arc<Shared>,
+    tx_region: Arc<Region>,
+    rx_region: Arc<Region>,
+    remote: RemoteRegion,
+    ring_off: usize,
+    ctrl_off: usize,
+    ring_len: usize,
+    tx_seen: u64,
+    full_at: Arc<AtomicU64>,
+}
+
+impl RingTx {
+    /// Reserves `len` payload bytes in `RB_S` for zero-copy encoding.
+    ///
+    /// # Errors
+    /// [`Error::WouldBlock`] when the ring is full (the batch is flushed so
+    /// the receiver can drain; wait on [`TxWatch::has_space`]),
+    /// [`Error::TooLarge`] when `len` exceeds the ring, [`Error::PeerGone`]
+    /// when the connection failed, [`Error::Corrupt`] after a bad head word.
+    pub fn try_reserve(&mut self, len: usize) -> Result<WriteGuard<'_>, Error> {
+        self.shared.check()?;
+        if self.sender.wants_completions() {
+            self.poll_completions()?;
+        }
+        let head = self.rx_region.atomic_u64(LOCAL_HEAD_OFFSET)?.load(Ordering::Acquire);
+        self.sender.handle_local_head(head)?;
+        let ring = mem::staging_mut(&self.tx_region, self.ring_off, self.ring_len);
+        match self.sender.reserve(len, ring) {
+            Ok(res) => {
+                if self.full_at.load(Ordering::Relaxed) != NOT_FULL {
+                    self.full_at.store(NOT_FULL, Ordering::Relaxed);
+                }
+                Ok(WriteGuard {
+                    tx: self,
+                    res,
+                    len,
+                })
+            }
+            Err(Error::WouldBlock) => {
+                self.full_at.store(head, Ordering::Release);
+                self.post()?;
+                self.shared.check()?;
+                Err(Error::WouldBlock)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Copies `msg` into the ring as one message.
+    ///
+    /// # Errors
+    /// As [`try_reserve`](Self::try_reserve).
+    pub fn try_send(&mut self, msg: &[u8]) -> Result<(), Error> {
+        let mut g = self.try_reserve(msg.len())?;
+        g.copy_from_slice(msg);
+        g.commit()
+    }
+
+    /// Pushes whatever is batched: untransmitted slots, then the tail.
+    ///
+    /// # Errors
+    /// [`Error::PeerGone`] or a fabric error.
+    pub fn flush(&mut self) -> Result<(), Error> {
+        self.sender.flush();
+        self.post()?;
+        if self.sender.tail_deferred() {
+            // Elastic threshold: the tail goes out once the previous tail
+            // WRITE has completed; on shm that is already the case.
+            self.poll_completions()?;
+        }
+        Ok(())
+    }
+
+    /// Polls the send completion queue and posts whatever became unblocked
+    /// (a deferred tail WRITE, work held back by the queue budget).
+    ///
+    /// # Errors
+    /// [`Error::PeerGone`] or a fabric error.
+    pub fn poll_completions(&mut self) -> Result<(), Error> {
+        self.shared.poll_cq()?;
+        let done = self.shared.tx_done.load(Ordering::Acquire);
+        if done > self.tx_seen {
+            self.tx_seen = done;
+            self.sender.handle_completion(WR_KIND_TX | (done - 1));
+        }
+        self.post()
+    }
+
+    /// A cheap, thread-safe handle to wait for space after [`Error::WouldBlock`].
+    pub fn watch(&self) -> TxWatch {
+        TxWatch {
+            region: self.rx_region.clone(),
+            full_at: self.full_at.clone(),
+        }
+    }
+
+    /// The sans-IO state (pointers and counters), for tests and benchmarks.
+    pub fn state(&self) -> &Sender {
+        &self.sender
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &RingConfig {
+        &self.cfg
+    }
+
+    fn post(&mut self) -> Result<(), Error> {
+        loop {
+            let Some(t) = self.sender.poll_transmit() else {
+                if self.sender.wants_completions() && !self.sender.tail_deferred() {
+                    // Send-queue budget exhausted: retire completions and go on.
+                    self.shared.poll_cq()?;
+                    let done = self.shared.tx_done.load(Ordering::Acquire);
+                    if done > self.tx_seen {
+                        self.tx_seen = done;
+                        self.sender.handle_completion(WR_KIND_TX | (done - 1));
+                        continue;
+                    }
+                }
+                return Ok(());
+            };
+            let r = match t {
+                Transmit::Slots {
+                    offset,
+                    len,
+                    wr_id,
+                    signaled,
+                } => self.shared.qp.post_write(
+                    wr_id,
+                    Local::new(&self.tx_region, self.ring_off + offset, len),
+                    self.remote.at((self.ring_off + offset) as u64),
+                    signaled,
+                ),
+                Transmit::Tail { value, src, wr_id } => {
+                    let off = self.ctrl_off + src * 64;
+                    self.tx_region.atomic_u64(off)?.store(value, Ordering::Release);
+                    let local = Local::new(&self.tx_region, off, 8);
+                    let remote = self.remote.at(LOCAL_TAIL_OFFSET as u64);
+                    if self.cfg.tail_with_imm() {
+                        self.shared
+                            .qp
+                            .post_write_imm(wr_id, local, remote, value as u32, true)
+                    } else {
+                        self.shared.qp.post_write(wr_id, local, remote, true)
+                    }
+                }
+            };
+            r?;
+        }
+    }
+}
+
+/// Space reserved in `RB_S`; write the payload through `DerefMut`, then
+/// [`commit`](Self::commit). Dropping it without committing abandons it.
+#[derive(Debug)]
+pub struct WriteGuard<'a> {
+    tx: &'a mut RingTx,
+    res: Reservation,
+    len: usize,
+}
+
+impl WriteGuard<'_> {
+    /// Commits the whole reservation.
+    ///
+    /// # Errors
+    /// [`Error::PeerGone`] or a fabric error while posting a threshold's WRITEs.
+    pub fn commit(self) -> Result<(), Error> {
+        let len = self.len;
+        self.commit_len(len)
+    }
+
+    /// Commits only the first `len` bytes (the rest of the slots stay unused).
+    ///
+    /// # Errors
+    /// As [`commit`](Self::commit).
+    ///
+    /// # Panics
+    /// If `len` exceeds the reserved length.
+    pub fn commit_len(self, len: usize) -> Result<(), Error> {
+        let tx = self.tx;
+        let ring = mem::staging_mut(&tx.tx_region, tx.ring_off, tx.ring_len);
+        tx.sender.commit(self.res, len, ring);
+        tx.post()?;
+        if tx.sender.tail_deferred() {
+            // Algorithm 1 line 10: try to poll the last tail WRITE's CQE.
+            tx.poll_completions()?;
+        }
+        Ok(())
+    }
+}
+
+impl std::ops::Deref for WriteGuard<'_> {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        let off = self.tx.ring_off + self.res.offset();
+        mem::staging(&self.tx.tx_region, off, self.len)
+    }
+}
+
+impl std::ops::DerefMut for WriteGuard<'_> {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        let off = self.tx.ring_off + self.res.offset();
+        mem::staging_mut(&self.tx.tx_region, off, self.len)
+    }
+}
+
+/// Thread-safe handle telling a waiting sender that the receiver pushed its head.
+#[derive(Debug, Clone)]
+pub struct TxWatch {
+    region: Arc<Region>,
+    full_at: Arc<AtomicU64>,
+}
+
+impl TxWatch {
+    /// True unless the last send found the ring full and the peer has not
+    /// pushed a new head since. One `Acquire` load (two when full).
+    pub fn has_space(&self) -> bool {
+        let full_at = self.full_at.load(Ordering::Acquire);
+        full_at == NOT_FULL
+            || self
+                .region
+                .atomic_u64(LOCAL_HEAD_OFFSET)
+                .is_ok_and(|w| w.load(Ordering::Acquire) != full_at)
+    }
+}
+
+/// The receiving direction: reads `RB_R` (RB² `READMSG`).
+#[derive(Debug)]
+pub struct RingRx {
+    receiver: Receiver,
+    shared: Arc<Shared>,
+    tx_region: Arc<Region>,
+    rx_region: Arc<Region>,
+    remote: RemoteRegion,
+    ring_off: usize,
+    ctrl_off: usize,
+    rx_seen: u64,
+    head_mirror: Arc<AtomicU64>,
+    deferred: Option<Error>,
+}
+
+impl RingRx {
+    /// The next message, borrowed from `RB_R` until the guard drops.
+    ///
+    /// # Errors
+    /// [`Error::WouldBlock`] when empty, [`Error::Corrupt`] for bad peer
+    /// data (the channel is closed), [`Error::PeerGone`] once the connection
+    /// failed and no more messages are published.
+    pub fn try_recv(&mut self) -> Result<ReadGuard<'_>, Error> {
+        if let Some(e) = self.deferred.take() {
+            return Err(e);
+        }
+        let tail = self.rx_region.atomic_u64(LOCAL_TAIL_OFFSET)?.load(Ordering::Acquire);
+        self.receiver.handle_local_tail(tail)?;
+        let (region, off) = (&self.rx_region, self.ring_off);
+        let got = self.receiver.poll_recv(|o| {
+            region
+                .atomic_u64(off + o)
+                .map(|w| w.load(Ordering::Relaxed))
+                .unwrap_or(0)
+        });
+        self.head_mirror.store(self.receiver.head(), Ordering::Release);
+        match got? {
+            Some(msg) => Ok(ReadGuard { rx: self, msg }),
+            None => {
+                self.shared.check()?;
+                self.post()?;
+                Err(Error::WouldBlock)
+            }
+        }
+    }
+
+    /// Pushes the head now if the sender has not seen the latest one.
+    ///
+    /// # Errors
+    /// [`Error::PeerGone`] or a fabric error.
+    pub fn flush(&mut self) -> Result<(), Error> {
+        self.receiver.flush();
+        self.post()
+    }
+
+    /// Polls the send completion queue (head pushes share it with the sender).
+    ///
+    /// # Errors
+    /// [`Error::PeerGone`] or a fabric error.
+    pub fn poll_completions(&mut self) -> Result<(), Error> {
+        self.shared.poll_cq()?;
+        self.take_completions();
+        self.post()
+    }
+
+    /// EVENT mode (`tail_with_imm`): posts `n` receives, one per tail WRITE
+    /// to come. The consumer of the receive completion queue (the poller)
+    /// must repost one receive per completion it polls, before arming the
+    /// queue again, or the sender's next tail WRITE fails with
+    /// `ReceiverNotReady`.
+    ///
+    /// # Errors
+    /// [`Error::Core`] (`QueueFull`) beyond the receive depth.
+    pub fn post_receives(&self, n: u32) -> Result<(), Error> {
+        for _ in 0..n {
+            self.shared.qp.post_recv(0)?;
+        }
+        Ok(())
+    }
+
+    /// A cheap, thread-safe handle for polling threads.
+    pub fn watch(&self) -> RxWatch {
+        RxWatch {
+            region: self.rx_region.clone(),
+            head: self.head_mirror.clone(),
+        }
+    }
+
+    /// The sans-IO state, for tests and benchmarks.
+    pub fn state(&self) -> &Receiver {
+        &self.receiver
+    }
+
+    fn take_completions(&mut self) {
+        let done = self.shared.rx_done.load(Ordering::Acquire);
+        if done > self.rx_seen {
+            self.rx_seen = done;
+            self.receiver.handle_completion(WR_KIND_RX | (done - 1));
+        }
+    }
+
+    fn post(&mut self) -> Result<(), Error> {
+        if self.receiver.wants_completions() {
+            self.shared.poll_cq()?;
+            self.take_completions();
+        }
+        while let Some(p) = self.receiver.poll_transmit() {
+            let off = self.ctrl_off + HEAD_SRC * 64;
+            self.tx_region.atomic_u64(off)?.store(p.value, Ordering::Release);
+            self.shared.qp.post_write(
+                p.wr_id,
+                Local::new(&self.tx_region, off, 8),
+                self.remote.at(LOCAL_HEAD_OFFSET as u64),
+                p.signaled,
+            )?;
+        }
+        Ok(())
+    }
+}
+
+/// A received message borrowed from `RB_R`; dropping it releases its slots
+/// (and may push the head, RB² lazy push).
+#[derive(Debug)]
+pub struct ReadGuard<'a> {
+    rx: &'a mut RingRx,
+    msg: Message,
+}
+
+impl std::ops::Deref for ReadGuard<'_> {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        mem::received(
+            &self.rx.rx_region,
+            self.rx.ring_off + self.msg.offset(),
+            self.msg.len(),
+        )
+    }
+}
+
+impl Drop for ReadGuard<'_> {
+    fn drop(&mut self) {
+        self.rx.receiver.release(self.msg);
+        self.rx
+            .head_mirror
+            .store(self.rx.receiver.head(), Ordering::Release);
+        if let Err(e) = self.rx.post() {
+            self.rx.deferred.get_or_insert(e);
+        }
+    }
+}
+
+/// Thread-safe handle telling a polling thread that messages are published.
+#[derive(Debug, Clone)]
+pub struct RxWatch {
+    region: Arc<Region>,
+    head: Arc<AtomicU64>,
+}
+
+impl RxWatch {
+    /// True if the sender published a tail beyond what we consumed: one
+    /// `Acquire` load of the `local_tail` word.
+    pub fn has_data(&self) -> bool {
+        self.region
+            .atomic_u64(LOCAL_TAIL_OFFSET)
+            .is_ok_and(|w| w.load(Ordering::Acquire) != self.head.load(Ordering::Acquire))
+    }
+}
