@@ -1,8 +1,20 @@
 //! Developer tasks for the rrpc workspace. Run `cargo xtask --help`.
+//!
+//! - `cargo xtask ci`: everything CI checks, each step timed.
+//! - `cargo xtask bench <suite> [--quick] [--out DIR] [--json] [--compare-paper]
+//!   [--hosts hosts.toml --launcher ssh|local]`: builds the suite binaries of `rrpc-bench` once,
+//!   runs them, and writes CSV + Markdown + JSON per experiment, `summary.md` and SVG/PNG plots.
 
-use std::process::Command;
+mod bench;
+mod ci;
+mod cluster;
+mod paper;
+mod plot;
+mod signals;
 
-use anyhow::{Context, Result, bail};
+use std::path::PathBuf;
+
+use anyhow::Result;
 use clap::{Parser, Subcommand};
 
 #[derive(Parser, Debug)]
@@ -14,33 +26,45 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Cmd {
-    /// Everything CI checks: fmt, clippy -D warnings, the test suite.
-    Ci,
+    /// Everything CI checks: fmt, clippy -D warnings, tests, verbs build (if possible),
+    /// `bench all --quick`, fuzz builds (if cargo-fuzz is installed).
+    Ci(ci::CiArgs),
+    /// Run a benchmark suite and write tables and plots.
+    Bench(BenchArgs),
 }
 
-fn run(program: &str, args: &[&str]) -> Result<()> {
-    eprintln!("==> {program} {}", args.join(" "));
-    let status = Command::new(program)
-        .args(args)
-        .status()
-        .with_context(|| format!("spawning {program}"))?;
-    if !status.success() {
-        bail!("`{program} {}` failed with {status}", args.join(" "));
-    }
-    Ok(())
+/// `cargo xtask bench` options.
+#[derive(clap::Args, Debug, Clone)]
+struct BenchArgs {
+    /// Suite: fabric, ringbuf, poller, rpc or all.
+    suite: String,
+    /// Short smoke run (seconds per suite): proves the suite runs, says nothing about speed.
+    #[arg(long)]
+    quick: bool,
+    /// Output directory (default `target/bench-results/<timestamp>-<suite>/`).
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// Print one machine-readable JSON document on stdout instead of the tables.
+    #[arg(long)]
+    json: bool,
+    /// Add a table of the paper's headline figures beside ours (different hardware!).
+    #[arg(long)]
+    compare_paper: bool,
+    /// Cluster mode: start servers and clients on the hosts listed in this file.
+    #[arg(long)]
+    hosts: Option<PathBuf>,
+    /// How cluster mode starts processes: over ssh, or as local processes (same plan).
+    #[arg(long, value_enum, default_value_t = cluster::LauncherKind::Ssh)]
+    launcher: cluster::LauncherKind,
+    /// Cargo profile for the suite binaries (`bench` = release + thin LTO, or `release`).
+    #[arg(long, default_value = "bench")]
+    profile: String,
 }
 
 fn main() -> Result<()> {
     let cli = Cli::parse();
     match cli.cmd {
-        Cmd::Ci => {
-            run("cargo", &["fmt", "--all", "--", "--check"])?;
-            run(
-                "cargo",
-                &["clippy", "--workspace", "--all-targets", "--", "-D", "warnings"],
-            )?;
-            run("cargo", &["test", "--workspace"])?;
-        }
+        Cmd::Ci(args) => ci::run_entry(&args),
+        Cmd::Bench(args) => bench::run(&args),
     }
-    Ok(())
 }

@@ -1,0 +1,440 @@
+//! `cargo xtask bench`: build the suite binaries once, run them, collect, summarize, plot.
+
+use std::fmt::Write as _;
+use std::fs;
+use std::os::unix::process::CommandExt as _;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use serde::Serialize;
+
+use crate::BenchArgs;
+use crate::ci::workspace_root;
+use crate::plot::{self, TableFile};
+use crate::{cluster, paper, signals};
+
+/// Every suite `all` runs, in order (later issues add `connect` and `kv`).
+pub(crate) const SUITES: &[&str] = &["fabric", "ringbuf", "poller", "rpc"];
+
+/// Where cargo puts the binaries of a profile.
+pub(crate) fn profile_dir(profile: &str) -> &str {
+    match profile {
+        "dev" | "test" => "debug",
+        "release" | "bench" => "release",
+        other => other,
+    }
+}
+
+/// The target directory and the bin targets of `rrpc-bench`, from `cargo metadata`.
+pub(crate) fn bench_metadata(root: &Path) -> Result<(PathBuf, Vec<String>)> {
+    let out = Command::new("cargo")
+        .args(["metadata", "--format-version", "1", "--no-deps"])
+        .current_dir(root)
+        .stderr(Stdio::inherit())
+        .output()
+        .context("running cargo metadata")?;
+    if !out.status.success() {
+        bail!("cargo metadata failed");
+    }
+    let meta: serde_json::Value = serde_json::from_slice(&out.stdout)?;
+    let target = meta["target_directory"]
+        .as_str()
+        .context("no target_directory")?;
+    let bins = meta["packages"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|p| p["name"] == "rrpc-bench")
+        .flat_map(|p| p["targets"].as_array().cloned().unwrap_or_default())
+        .filter(|t| {
+            t["kind"]
+                .as_array()
+                .is_some_and(|k| k.iter().any(|k| k == "bin"))
+        })
+        .filter_map(|t| t["name"].as_str().map(str::to_owned))
+        .collect();
+    Ok((PathBuf::from(target), bins))
+}
+
+/// Builds the suite binaries (one cargo invocation, one profile).
+pub(crate) fn build(root: &Path, profile: &str, bins: &[&str]) -> Result<()> {
+    let mut args = vec!["build", "--profile", profile, "-p", "rrpc-bench"];
+    for b in bins {
+        args.extend(["--bin", b]);
+    }
+    let t = Instant::now();
+    crate::ci::run("cargo", &args, Some(root))?;
+    eprintln!(
+        "built {} suite binaries in {:.1}s",
+        bins.len(),
+        t.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
+
+/// Kills a process group: SIGTERM, then SIGKILL after `grace`.
+pub(crate) fn kill_group(child: &mut Child, grace: Duration) {
+    let Ok(pgid) = i32::try_from(child.id()) else {
+        return;
+    };
+    // SAFETY: plain syscall; a negative pid addresses the child's own process group, which we
+    // created with `process_group(0)`.
+    unsafe { libc::kill(-pgid, libc::SIGTERM) };
+    let deadline = Instant::now() + grace;
+    while Instant::now() < deadline {
+        if matches!(child.try_wait(), Ok(Some(_))) {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    // SAFETY: as above; stragglers in the group get SIGKILL.
+    unsafe { libc::kill(-pgid, libc::SIGKILL) };
+    let _ = child.wait();
+}
+
+/// Waits for a child, killing its process group on Ctrl-C.
+fn wait_interruptible(child: &mut Child) -> Result<std::process::ExitStatus> {
+    loop {
+        if let Some(status) = child.try_wait()? {
+            return Ok(status);
+        }
+        if signals::interrupted() {
+            kill_group(child, Duration::from_secs(2));
+            bail!("interrupted: stopped the running suite");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[derive(Debug, Serialize)]
+struct SuiteRun {
+    suite: String,
+    status: String,
+    elapsed_s: f64,
+    dir: PathBuf,
+    #[serde(skip)]
+    tables: Vec<TableFile>,
+    plots: Vec<PathBuf>,
+}
+
+/// Reads every `<experiment>.json` of a suite directory.
+pub(crate) fn read_tables(dir: &Path) -> Result<Vec<TableFile>> {
+    let mut paths: Vec<PathBuf> = fs::read_dir(dir)
+        .with_context(|| format!("reading {}", dir.display()))?
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|e| e == "json"))
+        .collect();
+    paths.sort();
+    let mut out = Vec::new();
+    for p in paths {
+        let text = fs::read_to_string(&p)?;
+        match serde_json::from_str::<TableFile>(&text) {
+            Ok(t) => out.push(t),
+            Err(e) => eprintln!("warning: {} is not a suite table: {e}", p.display()),
+        }
+    }
+    Ok(out)
+}
+
+/// Entry point of `cargo xtask bench`.
+pub(crate) fn run(args: &BenchArgs) -> Result<()> {
+    signals::install();
+    let root = workspace_root();
+    let suites: Vec<&str> = if args.suite == "all" {
+        SUITES.to_vec()
+    } else if SUITES.contains(&args.suite.as_str()) {
+        vec![args.suite.as_str()]
+    } else {
+        bail!(
+            "unknown suite `{}` (expected one of {} or all)",
+            args.suite,
+            SUITES.join(", ")
+        );
+    };
+    let out = args.out.clone().unwrap_or_else(|| {
+        root.join("target").join("bench-results").join(format!(
+            "{}-{}",
+            utc_timestamp(),
+            args.suite
+        ))
+    });
+    fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
+    let (target, bins) = bench_metadata(&root)?;
+    let bin_dir = target.join(profile_dir(&args.profile));
+
+    if let Some(hosts) = &args.hosts {
+        return cluster::run(args, hosts, &root, &bin_dir, &out);
+    }
+
+    let present: Vec<&str> = suites
+        .iter()
+        .copied()
+        .filter(|s| bins.iter().any(|b| b == s))
+        .collect();
+    if present.is_empty() {
+        bail!(
+            "no suite binary found for {} in rrpc-bench",
+            suites.join(", ")
+        );
+    }
+    build(&root, &args.profile, &present)?;
+
+    let mut runs: Vec<SuiteRun> = Vec::new();
+    let mut failed = Vec::new();
+    for (i, suite) in suites.iter().enumerate() {
+        let dir = if suites.len() > 1 {
+            out.join(suite)
+        } else {
+            out.clone()
+        };
+        if !present.contains(suite) {
+            eprintln!(
+                "=== [{}/{}] {suite}: SKIPPED (benches/src/bin/{suite}.rs does not exist yet)",
+                i + 1,
+                suites.len()
+            );
+            runs.push(SuiteRun {
+                suite: (*suite).to_owned(),
+                status: "skipped: no binary".into(),
+                elapsed_s: 0.0,
+                dir,
+                tables: Vec::new(),
+                plots: Vec::new(),
+            });
+            continue;
+        }
+        fs::create_dir_all(&dir)?;
+        eprintln!(
+            "=== [{}/{}] {suite} -> {}",
+            i + 1,
+            suites.len(),
+            dir.display()
+        );
+        let mut cmd = Command::new(bin_dir.join(suite));
+        cmd.arg("--out")
+            .arg(&dir)
+            .current_dir(&root)
+            .process_group(0);
+        if args.quick {
+            cmd.arg("--quick");
+        }
+        if args.json {
+            cmd.arg("--json").stdout(Stdio::null());
+        }
+        let t = Instant::now();
+        let mut child = cmd
+            .spawn()
+            .with_context(|| format!("starting suite {suite}"))?;
+        let status = wait_interruptible(&mut child)?;
+        let elapsed_s = t.elapsed().as_secs_f64();
+        let status = if status.success() {
+            "ok".to_owned()
+        } else {
+            failed.push((*suite).to_owned());
+            format!("FAILED ({status})")
+        };
+        eprintln!("=== {suite}: {status} in {elapsed_s:.1}s");
+        let tables = read_tables(&dir)?;
+        let mut plots = Vec::new();
+        for t in &tables {
+            let stem = dir.join(&t.experiment);
+            match plot::draw(t, &stem) {
+                Ok(true) => plots.push(stem.with_extension("svg")),
+                Ok(false) => {}
+                Err(e) => eprintln!("warning: plot {}: {e:#}", t.experiment),
+            }
+        }
+        runs.push(SuiteRun {
+            suite: (*suite).to_owned(),
+            status,
+            elapsed_s,
+            dir,
+            tables,
+            plots,
+        });
+    }
+
+    let all_tables: Vec<&TableFile> = runs.iter().flat_map(|r| r.tables.iter()).collect();
+    let compare = args.compare_paper.then(|| paper::compare(&all_tables));
+    let summary = summary_markdown(&out, &runs, compare.as_deref(), args);
+    fs::write(out.join("summary.md"), &summary)?;
+    if args.json {
+        let doc = serde_json::json!({
+            "out_dir": out,
+            "quick": args.quick,
+            "suites": runs,
+            "tables": all_tables,
+            "compare_paper": compare,
+        });
+        println!("{}", serde_json::to_string_pretty(&doc)?);
+    } else {
+        if let Some(c) = &compare {
+            println!("{c}");
+        }
+        eprintln!("summary: {}", out.join("summary.md").display());
+    }
+    if !failed.is_empty() {
+        bail!("suite(s) failed: {}", failed.join(", "));
+    }
+    Ok(())
+}
+
+fn summary_markdown(
+    out: &Path,
+    runs: &[SuiteRun],
+    compare: Option<&str>,
+    args: &BenchArgs,
+) -> String {
+    let mut s = String::from("# rrpc benchmark results\n\n");
+    let cmd = std::env::args().skip(1).collect::<Vec<_>>().join(" ");
+    let _ = writeln!(
+        s,
+        "Command: `cargo xtask {cmd}` (profile `{}`)\n",
+        args.profile
+    );
+    if args.quick {
+        s.push_str("**--quick smoke run: these numbers say nothing about speed.**\n\n");
+    }
+    if let Some(m) = runs
+        .iter()
+        .flat_map(|r| r.tables.first())
+        .map(|t| &t.machine)
+        .next()
+    {
+        let g = |k: &str| {
+            m[k].as_str()
+                .map(str::to_owned)
+                .unwrap_or_else(|| m[k].to_string())
+        };
+        let _ = writeln!(
+            s,
+            "Machine: {} ({} cores usable), {} MiB RAM, {}, host `{}`, git `{}`\n",
+            g("cpu_model"),
+            g("cores"),
+            g("mem_mib"),
+            g("kernel"),
+            g("host"),
+            g("git_rev")
+        );
+    }
+    s.push_str("| suite | status | time (s) |\n| --- | --- | ---: |\n");
+    for r in runs {
+        let _ = writeln!(s, "| {} | {} | {:.1} |", r.suite, r.status, r.elapsed_s);
+    }
+    s.push('\n');
+    for r in runs {
+        if r.tables.is_empty() {
+            continue;
+        }
+        let _ = writeln!(s, "## {}\n", r.suite);
+        let pinning = r.tables[0].machine["pinning"]
+            .as_str()
+            .unwrap_or("-")
+            .to_owned();
+        let provider = r.tables[0].machine["provider"]
+            .as_str()
+            .unwrap_or("-")
+            .to_owned();
+        let _ = writeln!(s, "Provider `{provider}`; threads and pinning: {pinning}\n");
+        for t in &r.tables {
+            let md_path = r.dir.join(format!("{}.md", t.experiment));
+            match fs::read_to_string(&md_path) {
+                Ok(md) => s.push_str(&md),
+                Err(_) => {
+                    let _ = writeln!(s, "### {}\n\n(no markdown written)", t.title);
+                }
+            }
+            s.push('\n');
+            if t.plot.is_some() {
+                let rel = r
+                    .dir
+                    .strip_prefix(out)
+                    .unwrap_or(&r.dir)
+                    .join(format!("{}.svg", t.experiment));
+                let _ = writeln!(s, "![{}]({})\n", t.title, rel.display());
+            }
+        }
+    }
+    if let Some(c) = compare {
+        s.push_str(c);
+    }
+    s
+}
+
+/// The current UTC time as `YYYYmmdd-HHMMSS`.
+pub(crate) fn utc_timestamp() -> String {
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    let (days, rem) = ((secs / 86_400) as i64, secs % 86_400);
+    // Civil-from-days (Howard Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!(
+        "{y:04}{m:02}{d:02}-{:02}{:02}{:02}",
+        rem / 3600,
+        (rem / 60) % 60,
+        rem % 60
+    )
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+
+    #[test]
+    fn profile_dirs() {
+        assert_eq!(profile_dir("bench"), "release");
+        assert_eq!(profile_dir("dev"), "debug");
+        assert_eq!(profile_dir("custom"), "custom");
+    }
+
+    #[test]
+    fn kill_group_stops_grandchildren() {
+        let mut child = Command::new("sh")
+            .args(["-c", "sleep 30 & sleep 30; wait"])
+            .process_group(0)
+            .spawn()
+            .unwrap();
+        let pgid = child.id() as i32;
+        std::thread::sleep(Duration::from_millis(50));
+        assert!(
+            live_members(pgid) >= 2,
+            "the shell and its sleeps are running"
+        );
+        kill_group(&mut child, Duration::from_secs(1));
+        // The backgrounded sleep may linger as a zombie until init reaps it: count live ones.
+        assert_eq!(
+            live_members(pgid),
+            0,
+            "process group {pgid} still has live members"
+        );
+    }
+
+    /// Processes of group `pgid` that are not zombies.
+    pub(crate) fn live_members(pgid: i32) -> usize {
+        fs::read_dir("/proc")
+            .unwrap()
+            .flatten()
+            .filter_map(|e| fs::read_to_string(e.path().join("stat")).ok())
+            .filter(|stat| {
+                let Some(rest) = stat.rfind(')').map(|i| &stat[i + 1..]) else {
+                    return false;
+                };
+                let f: Vec<&str> = rest.split_whitespace().collect();
+                f.len() > 2 && f[2] == pgid.to_string() && f[0] != "Z" && f[0] != "X"
+            })
+            .count()
+    }
+}

@@ -1,0 +1,222 @@
+//! `cargo xtask ci`: every CI step, timed, with skipped steps saying why.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+
+/// `cargo xtask ci` options.
+#[derive(clap::Args, Debug, Clone)]
+pub(crate) struct CiArgs {
+    /// Also run every fuzz target for 20 s (`-max_total_time=20`) after building it.
+    #[arg(long)]
+    fuzz_run: bool,
+    /// Skip `cargo xtask bench all --quick`.
+    #[arg(long)]
+    no_bench: bool,
+}
+
+enum Outcome {
+    Ran,
+    Skipped(String),
+}
+
+/// Runs a command, failing on a non-zero exit.
+pub(crate) fn run(program: &str, args: &[&str], dir: Option<&Path>) -> Result<()> {
+    eprintln!("==> {program} {}", args.join(" "));
+    let mut cmd = Command::new(program);
+    cmd.args(args);
+    if let Some(d) = dir {
+        cmd.current_dir(d);
+    }
+    let status = cmd
+        .status()
+        .with_context(|| format!("spawning {program}"))?;
+    if !status.success() {
+        bail!("`{program} {}` failed with {status}", args.join(" "));
+    }
+    Ok(())
+}
+
+/// Whether a command runs and exits 0 (for probes such as `pkg-config --exists`).
+fn probe(program: &str, args: &[&str]) -> bool {
+    Command::new(program)
+        .args(args)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+/// The workspace root (xtask lives in `<root>/xtask`).
+pub(crate) fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("xtask is inside the workspace")
+        .to_path_buf()
+}
+
+/// Whether `crates/rrpc-core/Cargo.toml` declares a `verbs` feature.
+fn core_has_verbs_feature(root: &Path) -> bool {
+    let Ok(text) = std::fs::read_to_string(root.join("crates/rrpc-core/Cargo.toml")) else {
+        return false;
+    };
+    toml::from_str::<toml::Table>(&text)
+        .ok()
+        .and_then(|t| t.get("features")?.as_table()?.get("verbs").cloned())
+        .is_some()
+}
+
+/// `crates/*/fuzz` directories.
+fn fuzz_dirs(root: &Path) -> Vec<PathBuf> {
+    let mut dirs: Vec<PathBuf> = std::fs::read_dir(root.join("crates"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.path().join("fuzz"))
+        .filter(|p| p.join("Cargo.toml").is_file())
+        .collect();
+    dirs.sort();
+    dirs
+}
+
+fn fuzz_targets(dir: &Path) -> Vec<String> {
+    let mut t: Vec<String> = std::fs::read_dir(dir.join("fuzz_targets"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| {
+            let p = e.path();
+            if p.extension()? != "rs" {
+                return None;
+            }
+            Some(p.file_stem()?.to_string_lossy().into_owned())
+        })
+        .collect();
+    t.sort();
+    t
+}
+
+/// Runs the CI steps in order, printing each step's elapsed time and the total.
+pub(crate) fn run_ci(args: &CiArgs) -> Result<()> {
+    let root = workspace_root();
+    let total = Instant::now();
+    let mut times: Vec<(String, Duration, String)> = Vec::new();
+    let mut step = |name: &str, f: &mut dyn FnMut() -> Result<Outcome>| -> Result<()> {
+        eprintln!("\n=== step: {name}");
+        let t = Instant::now();
+        let outcome = f();
+        let el = t.elapsed();
+        let status = match &outcome {
+            Ok(Outcome::Ran) => "ok".to_owned(),
+            Ok(Outcome::Skipped(why)) => format!("skipped: {why}"),
+            Err(e) => format!("FAILED: {e:#}"),
+        };
+        eprintln!("=== step {name}: {status} in {:.1}s", el.as_secs_f64());
+        times.push((name.to_owned(), el, status));
+        outcome.map(|_| ())
+    };
+    let root_ref = root.as_path();
+    let result = (|| -> Result<()> {
+        step("fmt", &mut || {
+            run("cargo", &["fmt", "--all", "--", "--check"], Some(root_ref)).map(|()| Outcome::Ran)
+        })?;
+        step("clippy", &mut || {
+            run(
+                "cargo",
+                &[
+                    "clippy",
+                    "--workspace",
+                    "--all-targets",
+                    "--",
+                    "-D",
+                    "warnings",
+                ],
+                Some(root_ref),
+            )
+            .map(|()| Outcome::Ran)
+        })?;
+        step("test", &mut || {
+            run("cargo", &["test", "--workspace"], Some(root_ref)).map(|()| Outcome::Ran)
+        })?;
+        step("verbs build", &mut || {
+            if !core_has_verbs_feature(root_ref) {
+                return Ok(Outcome::Skipped("rrpc-core has no `verbs` feature".into()));
+            }
+            if !probe("pkg-config", &["--exists", "libibverbs"]) {
+                return Ok(Outcome::Skipped(
+                    "`pkg-config --exists libibverbs` failed (libibverbs-dev not installed)".into(),
+                ));
+            }
+            run(
+                "cargo",
+                &["build", "-p", "rrpc-core", "--features", "verbs"],
+                Some(root_ref),
+            )
+            .map(|()| Outcome::Ran)
+        })?;
+        step("bench all --quick", &mut || {
+            if args.no_bench {
+                return Ok(Outcome::Skipped("--no-bench".into()));
+            }
+            let exe = std::env::current_exe().context("locating xtask")?;
+            let exe = exe.to_string_lossy().into_owned();
+            run(&exe, &["bench", "all", "--quick"], Some(root_ref)).map(|()| Outcome::Ran)
+        })?;
+        let dirs = fuzz_dirs(root_ref);
+        step("fuzz build", &mut || {
+            if dirs.is_empty() {
+                return Ok(Outcome::Skipped("no crates/*/fuzz directories".into()));
+            }
+            if !probe("cargo", &["fuzz", "--version"]) {
+                return Ok(Outcome::Skipped("cargo-fuzz is not installed".into()));
+            }
+            for d in &dirs {
+                let krate = d.parent().expect("fuzz dir has a parent");
+                run("cargo", &["fuzz", "build"], Some(krate))?;
+                if args.fuzz_run {
+                    for t in fuzz_targets(d) {
+                        run(
+                            "cargo",
+                            &["fuzz", "run", &t, "--", "-max_total_time=20"],
+                            Some(krate),
+                        )?;
+                    }
+                }
+            }
+            Ok(Outcome::Ran)
+        })?;
+        Ok(())
+    })();
+    eprintln!("\n=== ci summary");
+    for (name, el, status) in &times {
+        eprintln!("  {name:<20} {:>8.1}s  {status}", el.as_secs_f64());
+    }
+    eprintln!("  {:<20} {:>8.1}s", "total", total.elapsed().as_secs_f64());
+    result
+}
+
+/// Entry point of `cargo xtask ci`.
+pub(crate) fn run_entry(args: &CiArgs) -> Result<()> {
+    run_ci(args)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn finds_the_verbs_feature_of_this_workspace() {
+        let root = workspace_root();
+        let text = std::fs::read_to_string(root.join("crates/rrpc-core/Cargo.toml")).unwrap();
+        assert_eq!(core_has_verbs_feature(&root), text.contains("\nverbs"));
+    }
+
+    #[test]
+    fn probe_distinguishes_success_and_failure() {
+        assert!(probe("true", &[]));
+        assert!(!probe("false", &[]));
+        assert!(!probe("/nonexistent/program", &[]));
+    }
+}
