@@ -1,1 +1,98 @@
-//! tonic over rrpc: transports and builders (to be built: issue 5).
+//! tonic over rrpc: one builder option moves a tonic service onto RDMA-style
+//! rings (RR-Compound, Fig. 3: the gRPC stack on top, rings underneath).
+//!
+//! # Server
+//!
+//! ```no_run
+//! # async fn run<S>(greeter: S) -> Result<(), rrpc_tonic::Error>
+//! # where S: tower::Service<http::Request<tonic::body::Body>, Response = http::Response<tonic::body::Body>, Error = std::convert::Infallible>
+//! #   + tonic::server::NamedService + Clone + Send + Sync + 'static, S::Future: Send + 'static {
+//! use rrpc_tonic::{RrpcConfig, Server};
+//! Server::builder()                      // was: tonic::transport::Server::builder()
+//!     .add_service(greeter)              // e.g. GreeterServer::new(MyGreeter)
+//!     .serve_rrpc("shm:///run/greeter.sock", RrpcConfig::default())
+//!     .await
+//! # }
+//! ```
+//!
+//! `serve_rrpc` takes `http://ip:port` (plain tonic over TCP), `unix:///path`
+//! (plain tonic over a Unix socket), `shm:///path`, `rdma://ip:port` and
+//! `inproc://name`. [`Router::serve_dual`] serves TCP and rrpc from the same
+//! services at once.
+//!
+//! # Client
+//!
+//! ```no_run
+//! # async fn run() -> Result<(), rrpc_tonic::Error> {
+//! use rrpc_tonic::{RrpcChannel, RrpcConfig};
+//! let channel = RrpcChannel::connect("shm:///run/greeter.sock", RrpcConfig::default()).await?;
+//! // let mut client = GreeterClient::new(channel);   // the generated client, unchanged
+//! # let _ = channel; Ok(()) }
+//! ```
+//!
+//! # Two paths, negotiated per connection
+//!
+//! After the transport connects, the client offers a path and the server
+//! picks one ([`transport`](crate) module docs: `RRP1` hello).
+//!
+//! * **Fast path** (default between two rrpc endpoints): calls travel as our
+//!   own [frames](frame) — call id, method path, metadata, message chunks,
+//!   end of stream, trailers (`grpc-status`, `grpc-message`, trailing
+//!   metadata), cancellation, GOAWAY — with no HTTP/2 or HPACK. All four RPC
+//!   kinds, many concurrent calls per connection, `grpc-timeout` honoured
+//!   (same `Status` as tonic's own transport gives), cancellation on drop of
+//!   the call, messages larger than a ring message split into chunks.
+//! * **HTTP/2 path** ([`PathPreference::Http2`]): a byte stream over the
+//!   rings under hyper/h2, so everything tonic does works unchanged.
+//!
+//! Features that need the HTTP/2 path (choose `PathPreference::Http2`):
+//! per-stream flow control (the fast path has connection-level back-pressure
+//! only: a call whose receiver stops reading stalls the connection once its
+//! queue of [`RrpcConfig::call_buffer`] chunks is full), tonic `Server`
+//! options that configure hyper (keep-alive pings, `max_concurrent_streams`,
+//! window sizes, `concurrency_limit_per_connection`, `timeout`), HTTP/1
+//! and gRPC-Web, and tonic's `ConnectInfo` extensions. Interceptors,
+//! compression, metadata, deadlines, tower layers passed to
+//! [`Server::layer`] and client-side tower layers work on both paths.
+//!
+//! # Copies per direction (RR-Compound §IV-F)
+//!
+//! Counting memcpys of message bytes after tonic encoded the message and
+//! before tonic's decoder sees it; "ring" is the sender's registered send
+//! buffer, from which the fabric WRITE (a DMA on RDMA, a memcpy on `shm`)
+//! moves the bytes into the peer's ring:
+//!
+//! | path | sender | receiver | total |
+//! |---|---|---|---|
+//! | fast, zero-copy on (default) | 1 (encode buffer → ring slot, frame written in place) | 1 (ring slot → body chunk) | 2 |
+//! | fast, zero-copy off | 2 (encode buffer → frame buffer → ring slot) | 1 | 3 |
+//! | HTTP/2 | 2 (hyper write buffer → chunk → ring slot) | 2 (ring slot → chunk → hyper read buffer) | 4 |
+//!
+//! The fabric WRITE adds one more on `shm` (none on RDMA hardware); tonic's
+//! decoder adds its own copy into its buffer on every path. [`RrpcConfig::zero_copy`]
+//! switches the fast path between the first two rows, to reproduce Fig. 14.
+//!
+//! # Modules
+//!
+//! * [`frame`]: the fast-path wire format (sans-IO).
+//! * [`RrpcConfig`], [`PathPreference`]: knobs and their defaults.
+//! * [`Server`], [`Router`]: serving.
+//! * [`RrpcChannel`], [`ChannelPath`]: connecting.
+//! * [`Error`]: one error type, mapped to [`tonic::Status`].
+#![forbid(unsafe_code)]
+
+mod channel;
+mod config;
+mod error;
+mod fast;
+pub mod frame;
+mod h2stream;
+mod pipe;
+mod server;
+mod transport;
+
+pub use channel::{ChannelPath, ResponseFuture, RrpcChannel};
+pub use config::{PathPreference, RrpcConfig};
+pub use error::Error;
+pub use h2stream::{RrpcConnectInfo, RrpcStream};
+pub use server::{Router, Server};

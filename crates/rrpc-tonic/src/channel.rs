@@ -1,0 +1,136 @@
+//! The client side: [`RrpcChannel`], a `Channel` for any rrpc URI.
+
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+
+use hyper_util::rt::TokioIo;
+use tonic::body::Body;
+use tonic::transport::{Channel, Endpoint};
+use tower::Service;
+
+use crate::fast::client::FastChannel;
+use crate::h2stream::{RrpcConnectInfo, RrpcStream};
+use crate::pipe::Pipe;
+use crate::transport::{Negotiated, Target, dial, negotiate_client};
+use crate::{Error, PathPreference, RrpcConfig};
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// The future returned by [`RrpcChannel`]'s `call`.
+pub type ResponseFuture = std::pin::Pin<Box<dyn std::future::Future<Output = Result<http::Response<Body>, BoxError>> + Send>>;
+
+/// Which data path a channel ended up on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ChannelPath {
+    /// tonic over TCP (`http://`).
+    Tcp,
+    /// tonic over a Unix socket (`unix://`).
+    Unix,
+    /// HTTP/2 over rrpc rings.
+    Http2,
+    /// The h2-free fast path over rrpc rings.
+    Fast,
+}
+
+/// A client channel for any URI that the unchanged generated client takes:
+/// `GreeterClient::new(RrpcChannel::connect("shm:///run/g.sock", cfg).await?)`.
+///
+/// Cheap to clone; clones share the connection and multiplex their calls.
+#[derive(Debug, Clone)]
+pub struct RrpcChannel {
+    inner: Inner,
+}
+
+#[derive(Debug, Clone)]
+enum Inner {
+    Tonic(Channel, ChannelPath),
+    Fast(FastChannel),
+}
+
+impl RrpcChannel {
+    /// Connects to `uri` (`http://`, `unix://`, `shm://`, `rdma://`, `inproc://`).
+    ///
+    /// # Errors
+    /// [`Error::InvalidUri`], [`Error::UnsupportedTransport`] (`rdma://`
+    /// without the verbs provider), [`Error::NotListening`],
+    /// [`Error::Handshake`], [`Error::Transport`].
+    pub async fn connect(uri: &str, config: RrpcConfig) -> Result<Self, Error> {
+        let target = Target::parse(uri)?;
+        let inner = match target {
+            Target::Tcp(addr) => Inner::Tonic(Endpoint::from_shared(format!("http://{addr}"))?.connect().await?, ChannelPath::Tcp),
+            Target::Unix(path) => {
+                let ch = Endpoint::from_static("http://localhost")
+                    .connect_with_connector(tower::service_fn(move |_: http::Uri| {
+                        let path = path.clone();
+                        async move { Ok::<_, std::io::Error>(TokioIo::new(tokio::net::UnixStream::connect(path).await?)) }
+                    }))
+                    .await?;
+                Inner::Tonic(ch, ChannelPath::Unix)
+            }
+            t => {
+                let mut pipe = dial(&t, &config).await?;
+                match negotiate_client(&mut pipe, &config).await? {
+                    Negotiated::Fast => Inner::Fast(FastChannel::start(pipe, &config)),
+                    Negotiated::Http2 => Inner::Tonic(h2_channel(t, pipe, config, uri.to_string()).await?, ChannelPath::Http2),
+                }
+            }
+        };
+        Ok(RrpcChannel { inner })
+    }
+
+    /// The path this channel uses.
+    pub fn path(&self) -> ChannelPath {
+        match &self.inner {
+            Inner::Tonic(_, p) => *p,
+            Inner::Fast(_) => ChannelPath::Fast,
+        }
+    }
+}
+
+async fn h2_channel(target: Target, first: Pipe, config: RrpcConfig, uri: String) -> Result<Channel, Error> {
+    let first = Arc::new(Mutex::new(Some(first)));
+    let config = config.path(PathPreference::Http2);
+    let ch = Endpoint::from_static("http://rrpc.invalid")
+        .connect_with_connector(tower::service_fn(move |_: http::Uri| {
+            let (first, target, config, uri) = (first.clone(), target.clone(), config.clone(), uri.clone());
+            async move {
+                let taken = first.lock().expect("pipe lock").take();
+                let pipe = match taken {
+                    Some(p) => p,
+                    None => {
+                        // Reconnect: a fresh connection, HTTP/2 again.
+                        let mut p = dial(&target, &config).await?;
+                        negotiate_client(&mut p, &config).await?;
+                        p
+                    }
+                };
+                Ok::<_, Error>(TokioIo::new(RrpcStream::new(pipe, RrpcConnectInfo { local: uri })))
+            }
+        }))
+        .await?;
+    Ok(ch)
+}
+
+impl Service<http::Request<Body>> for RrpcChannel {
+    type Response = http::Response<Body>;
+    type Error = BoxError;
+    type Future = ResponseFuture;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+        match &mut self.inner {
+            Inner::Tonic(c, _) => c.poll_ready(cx).map_err(Into::into),
+            Inner::Fast(f) => f.poll_ready(cx),
+        }
+    }
+
+    fn call(&mut self, req: http::Request<Body>) -> ResponseFuture {
+        match &mut self.inner {
+            Inner::Tonic(c, _) => {
+                let fut = c.call(req);
+                Box::pin(async move { fut.await.map_err(Into::into) })
+            }
+            Inner::Fast(f) => f.call(req),
+        }
+    }
+}

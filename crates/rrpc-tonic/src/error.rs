@@ -1,0 +1,93 @@
+//! The crate's error type and its mapping to [`tonic::Status`].
+
+use crate::frame::FrameError;
+
+/// Everything that can go wrong in rrpc-tonic.
+///
+/// Split by fault as house style asks: API misuse (`InvalidUri`,
+/// `UnsupportedTransport`, `InvalidConfig`), peer fault (`Protocol`,
+/// `Handshake`), peer gone (`PeerGone`), local resources (`Io`, `Transport`).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The URI could not be parsed or names no known scheme.
+    #[error("invalid rrpc uri {uri:?}: {reason}")]
+    InvalidUri {
+        /// The URI as given.
+        uri: String,
+        /// What is wrong with it.
+        reason: &'static str,
+    },
+    /// The scheme is known but this build or this machine cannot serve it.
+    #[error("transport {scheme}:// unavailable: {reason}")]
+    UnsupportedTransport {
+        /// The scheme.
+        scheme: &'static str,
+        /// Why (e.g. "verbs provider not compiled in").
+        reason: &'static str,
+    },
+    /// A configuration value is out of range.
+    #[error("invalid config: {0}")]
+    InvalidConfig(&'static str),
+    /// A message is larger than the ring can carry.
+    #[error("message of {len} bytes exceeds the limit of {max} bytes")]
+    MessageTooLarge {
+        /// Size of the message.
+        len: usize,
+        /// The limit.
+        max: usize,
+    },
+    /// The peer closed the connection or died.
+    #[error("peer gone")]
+    PeerGone,
+    /// The peer sent a malformed frame; the connection was closed.
+    #[error("protocol violation by peer: {0}")]
+    Protocol(#[from] FrameError),
+    /// The connection handshake failed.
+    #[error("handshake failed: {0}")]
+    Handshake(String),
+    /// No server is listening at the address.
+    #[error("nothing listening at {0}")]
+    NotListening(String),
+    /// An I/O error from the side channel or a socket.
+    #[error("i/o error: {0}")]
+    Io(#[from] std::io::Error),
+    /// An error from tonic's own transport (TCP and Unix-socket paths).
+    #[error("tonic transport: {0}")]
+    Transport(#[from] tonic::transport::Error),
+}
+
+impl From<Error> for tonic::Status {
+    fn from(e: Error) -> Self {
+        use tonic::Status;
+        let msg = e.to_string();
+        match e {
+            Error::InvalidUri { .. } | Error::InvalidConfig(_) => Status::invalid_argument(msg),
+            Error::UnsupportedTransport { .. } => Status::unimplemented(msg),
+            Error::MessageTooLarge { .. } => Status::resource_exhausted(msg),
+            Error::Protocol(_) => Status::internal(msg),
+            Error::PeerGone
+            | Error::Handshake(_)
+            | Error::NotListening(_)
+            | Error::Io(_)
+            | Error::Transport(_) => Status::unavailable(msg),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tonic::Code;
+
+    #[test]
+    fn maps_to_status_codes() {
+        assert_eq!(tonic::Status::from(Error::PeerGone).code(), Code::Unavailable);
+        assert_eq!(tonic::Status::from(Error::MessageTooLarge { len: 2, max: 1 }).code(), Code::ResourceExhausted);
+        assert_eq!(tonic::Status::from(Error::Protocol(FrameError::Reserved)).code(), Code::Internal);
+        assert_eq!(
+            tonic::Status::from(Error::UnsupportedTransport { scheme: "rdma", reason: "x" }).code(),
+            Code::Unimplemented
+        );
+    }
+}

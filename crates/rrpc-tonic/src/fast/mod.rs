@@ -1,0 +1,146 @@
+//! The h2-free fast path: tonic calls as compact [frames](crate::frame) on the rings.
+//!
+//! The generated client only needs a `GrpcService<Body>` and the generated
+//! server is a `tower::Service<http::Request<Body>>`, so the HTTP/2 framing
+//! and HPACK in between can be replaced by our own frames: the client side
+//! ([`client`]) multiplexes calls by call id over one connection, the server
+//! side ([`server`]) dispatches each call to the router in its own task.
+//! The gRPC body bytes (5-byte length prefix + message, compressed or not)
+//! travel unchanged, so tonic's codec, compression and size limits behave
+//! exactly as over HTTP/2.
+
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::HeaderMap;
+use http_body::Frame;
+use tokio::sync::mpsc;
+use tonic::Status;
+
+pub(crate) mod client;
+pub(crate) mod server;
+pub(crate) mod writer;
+
+/// What the connection's reader task delivers to one call.
+#[derive(Debug)]
+pub(crate) enum Event {
+    /// Response headers (client side only).
+    Headers(HeaderMap),
+    /// A chunk of the body.
+    Data(Bytes),
+    /// Trailers: the call is over (client side only).
+    Trailers(HeaderMap),
+    /// The call was aborted (peer cancel, connection lost, protocol error).
+    Reset(Status),
+}
+
+/// A body fed by the connection's reader task.
+///
+/// On the server (`eos_ok`), the channel closing means end of the request
+/// stream. On the client, the call must end with trailers; a channel that
+/// closes without them is a lost connection (`Unavailable`).
+pub(crate) struct RecvBody {
+    rx: mpsc::Receiver<Event>,
+    done: bool,
+    eos_ok: bool,
+    /// Dropped with the body; the client's call guard sends CANCEL if the
+    /// call had not finished.
+    pub(crate) guard: Option<client::CallGuard>,
+}
+
+impl std::fmt::Debug for RecvBody {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RecvBody").field("done", &self.done).finish()
+    }
+}
+
+impl RecvBody {
+    pub(crate) fn new(rx: mpsc::Receiver<Event>, eos_ok: bool) -> Self {
+        RecvBody { rx, done: false, eos_ok, guard: None }
+    }
+    fn finish(&mut self) {
+        self.done = true;
+        if let Some(g) = self.guard.as_mut() {
+            g.finished();
+        }
+    }
+}
+
+impl http_body::Body for RecvBody {
+    type Data = Bytes;
+    type Error = Status;
+
+    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, Status>>> {
+        if self.done {
+            return Poll::Ready(None);
+        }
+        match self.rx.poll_recv(cx) {
+            Poll::Pending => Poll::Pending,
+            Poll::Ready(Some(Event::Data(b))) => Poll::Ready(Some(Ok(Frame::data(b)))),
+            Poll::Ready(Some(Event::Trailers(t))) => {
+                self.finish();
+                Poll::Ready(Some(Ok(Frame::trailers(t))))
+            }
+            Poll::Ready(Some(Event::Headers(_))) => {
+                self.finish();
+                Poll::Ready(Some(Err(Status::internal("rrpc: duplicate response headers"))))
+            }
+            Poll::Ready(Some(Event::Reset(s))) => {
+                self.done = true;
+                Poll::Ready(Some(Err(s)))
+            }
+            Poll::Ready(None) => {
+                self.done = true;
+                if self.eos_ok {
+                    Poll::Ready(None)
+                } else {
+                    Poll::Ready(Some(Err(Status::unavailable("rrpc: connection lost before trailers"))))
+                }
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.done
+    }
+}
+
+/// Parses `grpc-timeout` as tonic does (at most 8 digits and a unit).
+pub(crate) fn parse_grpc_timeout(headers: &HeaderMap) -> Option<Duration> {
+    let s = headers.get("grpc-timeout")?.to_str().ok()?;
+    if s.len() < 2 || s.len() > 9 {
+        return None;
+    }
+    let (v, unit) = s.split_at(s.len() - 1);
+    let v: u64 = v.parse().ok()?;
+    Some(match unit {
+        "H" => Duration::from_secs(v * 3600),
+        "M" => Duration::from_secs(v * 60),
+        "S" => Duration::from_secs(v),
+        "m" => Duration::from_millis(v),
+        "u" => Duration::from_micros(v),
+        "n" => Duration::from_nanos(v),
+        _ => return None,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn grpc_timeout_parsing() {
+        let mut h = HeaderMap::new();
+        assert_eq!(parse_grpc_timeout(&h), None);
+        h.insert("grpc-timeout", "150m".parse().unwrap());
+        assert_eq!(parse_grpc_timeout(&h), Some(Duration::from_millis(150)));
+        h.insert("grpc-timeout", "3S".parse().unwrap());
+        assert_eq!(parse_grpc_timeout(&h), Some(Duration::from_secs(3)));
+        h.insert("grpc-timeout", "123456789m".parse().unwrap());
+        assert_eq!(parse_grpc_timeout(&h), None);
+        h.insert("grpc-timeout", "5x".parse().unwrap());
+        assert_eq!(parse_grpc_timeout(&h), None);
+    }
+}

@@ -1,0 +1,242 @@
+//! Fast-path server: dispatches frames to the router's `tower::Service`.
+
+use std::collections::HashMap;
+
+use bytes::Bytes;
+use futures_util::FutureExt;
+use http_body_util::BodyExt;
+use tokio::sync::mpsc;
+use tokio::task::AbortHandle;
+use tokio_util::sync::CancellationToken;
+use tonic::Status;
+use tonic::body::Body;
+use tower::ServiceExt;
+
+use super::writer::{FrameWriter, Out};
+use super::{Event, RecvBody, parse_grpc_timeout};
+use crate::frame::{self, END_STREAM, FrameError, Kind};
+use crate::pipe::Pipe;
+use crate::{Error, RrpcConfig};
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// What the reader decoded from one ring message, owned.
+enum In {
+    Open { id: u32, path: http::uri::PathAndQuery, headers: http::HeaderMap, end: bool },
+    Data { id: u32, data: Bytes, end: bool },
+    Cancel { id: u32 },
+}
+
+struct Call {
+    body: Option<mpsc::Sender<Event>>,
+    task: AbortHandle,
+}
+
+/// Serves one fast-path connection until the peer leaves, a protocol error,
+/// or `shutdown` fires and every in-flight call has finished (graceful drain:
+/// GOAWAY first, new calls answered `Unavailable`).
+pub(crate) async fn serve_conn<S, ResBody>(
+    pipe: Pipe,
+    svc: S,
+    cfg: RrpcConfig,
+    shutdown: CancellationToken,
+) -> Result<(), Error>
+where
+    S: tower::Service<http::Request<Body>, Response = http::Response<ResBody>> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Into<BoxError> + Send,
+    ResBody: http_body::Body<Data = Bytes> + Send + 'static,
+    ResBody::Error: Into<BoxError>,
+{
+    let (tx, mut rx) = pipe;
+    let writer = FrameWriter::new(tx, cfg.get_zero_copy(), cfg.get_max_chunk());
+    let mut calls: HashMap<u32, Call> = HashMap::new();
+    let (done_tx, mut done_rx) = mpsc::unbounded_channel::<u32>();
+    let mut draining = false;
+    let mut inbox: Vec<In> = Vec::new();
+    let result = loop {
+        if draining && calls.is_empty() {
+            break Ok(());
+        }
+        let mut bad: Option<FrameError> = None;
+        let mut sink = |msg: &[u8]| decode(msg, &mut inbox, &mut bad);
+        let r = tokio::select! {
+            biased;
+            Some(id) = done_rx.recv() => {
+                calls.remove(&id);
+                continue;
+            }
+            _ = shutdown.cancelled(), if !draining => {
+                draining = true;
+                let _ = writer.send(vec![Out::new(Kind::GoAway, 0, 0, Bytes::new())]).await;
+                continue;
+            }
+            r = rx.recv_with(&mut sink) => r,
+        };
+        for input in inbox.drain(..) {
+            match input {
+                In::Open { id, path, headers, end } => {
+                    if calls.contains_key(&id) {
+                        bad = Some(FrameError::Invalid("call id reused while open"));
+                        break;
+                    }
+                    if draining {
+                        let st = Status::unavailable("rrpc: server is shutting down");
+                        let _ = writer.send(vec![trailers_only(id, st)]).await;
+                        continue;
+                    }
+                    let (btx, brx) = mpsc::channel(cfg.get_call_buffer());
+                    let req = build_request(path, headers, RecvBody::new(brx, true));
+                    let task = tokio::spawn(run_call(svc.clone(), req, id, writer.clone(), done_tx.clone()));
+                    calls.insert(id, Call { body: (!end).then_some(btx), task: task.abort_handle() });
+                }
+                In::Data { id, data, end } => {
+                    let Some(call) = calls.get_mut(&id) else { continue };
+                    if let Some(b) = call.body.clone() {
+                        if !data.is_empty() {
+                            // Back-pressure from the handler's reading pace (documented).
+                            let _ = b.send(Event::Data(data)).await;
+                        }
+                    }
+                    if end {
+                        call.body = None;
+                    }
+                }
+                In::Cancel { id } => {
+                    if let Some(call) = calls.remove(&id) {
+                        // Dropping the handler's future is how tonic sees cancellation.
+                        call.task.abort();
+                    }
+                }
+            }
+        }
+        if let Some(e) = bad {
+            break Err(Error::Protocol(e));
+        }
+        match r {
+            Ok(true) => {}
+            Ok(false) => break Ok(()),
+            Err(Error::PeerGone) => break Ok(()),
+            Err(e) => break Err(e),
+        }
+    };
+    for (_, c) in calls.drain() {
+        if let Some(b) = c.body {
+            let _ = b.try_send(Event::Reset(Status::cancelled("rrpc: connection lost")));
+        }
+        c.task.abort();
+    }
+    result
+}
+
+fn decode(msg: &[u8], inbox: &mut Vec<In>, bad: &mut Option<FrameError>) {
+    for f in frame::frames(msg) {
+        let f = match f {
+            Ok(f) => f,
+            Err(e) => {
+                *bad = Some(e);
+                return;
+            }
+        };
+        let id = f.call_id;
+        let end = f.end_stream();
+        match f.kind {
+            Kind::RequestHeaders => match frame::parse_request_headers(f.payload) {
+                Ok((path, headers)) => inbox.push(In::Open { id, path, headers, end }),
+                Err(e) => {
+                    *bad = Some(e);
+                    return;
+                }
+            },
+            // The one receive-side copy: ring slot -> body chunk.
+            Kind::Data => inbox.push(In::Data { id, data: Bytes::copy_from_slice(f.payload), end }),
+            Kind::Cancel => inbox.push(In::Cancel { id }),
+            Kind::ResponseHeaders | Kind::Trailers | Kind::GoAway => {
+                *bad = Some(FrameError::Invalid("server-only frame sent by a client"));
+                return;
+            }
+        }
+    }
+}
+
+fn build_request(path: http::uri::PathAndQuery, headers: http::HeaderMap, body: RecvBody) -> http::Request<Body> {
+    let mut req = http::Request::new(Body::new(body));
+    *req.method_mut() = http::Method::POST;
+    *req.version_mut() = http::Version::HTTP_2;
+    *req.uri_mut() = http::Uri::from(path);
+    *req.headers_mut() = headers;
+    req
+}
+
+fn trailers_only(id: u32, status: Status) -> Out {
+    let (parts, ()) = status.into_http::<()>().into_parts();
+    let map = parts.headers;
+    Out::new(Kind::Trailers, END_STREAM, id, frame::metadata_payload(&map))
+}
+
+async fn run_call<S, ResBody>(svc: S, req: http::Request<Body>, id: u32, writer: FrameWriter, done: mpsc::UnboundedSender<u32>)
+where
+    S: tower::Service<http::Request<Body>, Response = http::Response<ResBody>> + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Into<BoxError> + Send,
+    ResBody: http_body::Body<Data = Bytes> + Send + 'static,
+    ResBody::Error: Into<BoxError>,
+{
+    let timeout = parse_grpc_timeout(req.headers());
+    let fut = svc.oneshot(req);
+    let res: Result<http::Response<ResBody>, BoxError> = match timeout {
+        Some(d) => match tokio::time::timeout(d, fut).await {
+            Ok(r) => r.map_err(Into::into),
+            // tonic's server answers an expired deadline this way too (its GrpcTimeout).
+            Err(_) => Err(Box::new(tonic::TimeoutExpired(()))),
+        },
+        None => fut.await.map_err(Into::into),
+    };
+    let _ = send_response(res, id, &writer).await;
+    let _ = done.send(id);
+}
+
+async fn send_response<ResBody>(res: Result<http::Response<ResBody>, BoxError>, id: u32, writer: &FrameWriter) -> Result<(), Error>
+where
+    ResBody: http_body::Body<Data = Bytes> + Send + 'static,
+    ResBody::Error: Into<BoxError>,
+{
+    let resp = match res {
+        Ok(r) => r,
+        Err(e) => return writer.send(vec![trailers_only(id, Status::from_error(e))]).await,
+    };
+    let (parts, body) = resp.into_parts();
+    let mut body = std::pin::pin!(body.map_err(Into::<BoxError>::into));
+    if http_body::Body::is_end_stream(&*body) {
+        // Trailers-only response (what tonic returns for a handler error).
+        return writer.send(vec![Out::new(Kind::Trailers, END_STREAM, id, frame::metadata_payload(&parts.headers))]).await;
+    }
+    let mut batch = vec![Out::new(Kind::ResponseHeaders, 0, id, frame::metadata_payload(&parts.headers))];
+    loop {
+        let next = if batch.is_empty() { Some(body.frame().await) } else { body.frame().now_or_never() };
+        match next {
+            None => writer.send(std::mem::take(&mut batch)).await?,
+            Some(Some(Ok(f))) => match f.into_data() {
+                Ok(d) => {
+                    if !d.is_empty() {
+                        batch.push(Out::new(Kind::Data, 0, id, d));
+                    }
+                }
+                Err(f) => {
+                    let t = f.into_trailers().unwrap_or_default();
+                    batch.push(Out::new(Kind::Trailers, END_STREAM, id, frame::metadata_payload(&t)));
+                    return writer.send(batch).await;
+                }
+            },
+            Some(None) => {
+                // Body ended without trailers: send empty trailers; the client reports the missing status.
+                batch.push(Out::new(Kind::Trailers, END_STREAM, id, frame::metadata_payload(&http::HeaderMap::new())));
+                return writer.send(batch).await;
+            }
+            Some(Some(Err(e))) => {
+                batch.push(trailers_only(id, Status::from_error(e)));
+                return writer.send(batch).await;
+            }
+        }
+    }
+}

@@ -1,0 +1,348 @@
+//! The fast-path wire format: compact frames that replace HTTP/2 and HPACK.
+//!
+//! This module is sans-IO: it turns frames into bytes and bytes into frames,
+//! nothing else. One ring message carries one or more frames back to back, so
+//! a unary call (headers + one message + end of stream) costs one ring WRITE.
+//!
+//! ```text
+//! frame  = kind:u8 flags:u8 reserved:u16(=0) call_id:u32 len:u32 payload[len]    (little endian)
+//! REQUEST_HEADERS  payload = path_len:u16 path  metadata
+//! RESPONSE_HEADERS payload = metadata
+//! DATA             payload = raw bytes of the gRPC body (length-prefixed messages, any split)
+//! TRAILERS         payload = metadata (carries grpc-status, grpc-message, trailing metadata)
+//! CANCEL           payload = empty (either side abandons the call)
+//! GOAWAY           payload = empty (server drains: no new calls on this connection)
+//! metadata = count:u16 { name_len:u16 name value_len:u32 value }*
+//! ```
+//!
+//! Flag [`END_STREAM`] on REQUEST_HEADERS or DATA closes the sender's half of
+//! the call. Every length is checked against the bytes actually present; names
+//! and values are validated as HTTP header names and values; a violation is a
+//! [`FrameError`] and the connection is closed (peer memory is untrusted input,
+//! DESIGN.md principle 3).
+
+use http::{HeaderMap, HeaderName, HeaderValue};
+
+/// Size of the fixed frame header in bytes.
+pub const HEADER_LEN: usize = 12;
+/// Flag: the sender will send nothing more on this call.
+pub const END_STREAM: u8 = 0x1;
+
+/// Frame kinds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Kind {
+    /// Client opens a call: method path and request metadata.
+    RequestHeaders = 1,
+    /// Server's response metadata (sent before the first response message).
+    ResponseHeaders = 2,
+    /// A chunk of the gRPC body.
+    Data = 3,
+    /// Server ends the call: `grpc-status`, `grpc-message`, trailing metadata.
+    Trailers = 4,
+    /// Either side abandons the call (client cancellation, server abort).
+    Cancel = 5,
+    /// The server stops accepting new calls on this connection.
+    GoAway = 6,
+}
+
+impl Kind {
+    fn from_u8(v: u8) -> Option<Kind> {
+        Some(match v {
+            1 => Kind::RequestHeaders,
+            2 => Kind::ResponseHeaders,
+            3 => Kind::Data,
+            4 => Kind::Trailers,
+            5 => Kind::Cancel,
+            6 => Kind::GoAway,
+            _ => return None,
+        })
+    }
+}
+
+/// A malformed frame from the peer.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum FrameError {
+    /// Fewer bytes than a header or a declared length needs.
+    #[error("truncated frame: need {need} bytes, have {have}")]
+    Truncated {
+        /// Bytes needed.
+        need: usize,
+        /// Bytes present.
+        have: usize,
+    },
+    /// Unknown frame kind.
+    #[error("unknown frame kind {0}")]
+    UnknownKind(u8),
+    /// Reserved bits set or unknown flags.
+    #[error("reserved bits or unknown flags set")]
+    Reserved,
+    /// A metadata name or value, or the method path, is not valid HTTP.
+    #[error("invalid {0}")]
+    Invalid(&'static str),
+    /// A frame body had bytes left over after its fields.
+    #[error("trailing bytes inside a frame")]
+    Trailing,
+}
+
+/// One decoded frame, borrowing its payload from the received message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FrameRef<'a> {
+    /// Frame kind.
+    pub kind: Kind,
+    /// Flags ([`END_STREAM`]).
+    pub flags: u8,
+    /// The call this frame belongs to (0 for connection frames).
+    pub call_id: u32,
+    /// The raw payload.
+    pub payload: &'a [u8],
+}
+
+impl FrameRef<'_> {
+    /// Whether [`END_STREAM`] is set.
+    pub fn end_stream(&self) -> bool {
+        self.flags & END_STREAM != 0
+    }
+}
+
+/// Writes a frame header into `out[..HEADER_LEN]`.
+///
+/// # Panics
+/// If `out` is shorter than [`HEADER_LEN`] (a caller bug, not peer input).
+pub fn put_header(out: &mut [u8], kind: Kind, flags: u8, call_id: u32, len: u32) {
+    out[0] = kind as u8;
+    out[1] = flags;
+    out[2..4].copy_from_slice(&0u16.to_le_bytes());
+    out[4..8].copy_from_slice(&call_id.to_le_bytes());
+    out[8..12].copy_from_slice(&len.to_le_bytes());
+}
+
+/// Iterates over the frames of one received message.
+///
+/// Yields `Err` at the first malformed frame and then stops.
+pub fn frames(msg: &[u8]) -> Frames<'_> {
+    Frames { rest: msg, failed: false }
+}
+
+/// Iterator returned by [`frames`].
+#[derive(Debug)]
+pub struct Frames<'a> {
+    rest: &'a [u8],
+    failed: bool,
+}
+
+impl<'a> Iterator for Frames<'a> {
+    type Item = Result<FrameRef<'a>, FrameError>;
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.failed || self.rest.is_empty() {
+            return None;
+        }
+        let r = decode_one(self.rest);
+        match r {
+            Ok((f, used)) => {
+                self.rest = &self.rest[used..];
+                Some(Ok(f))
+            }
+            Err(e) => {
+                self.failed = true;
+                Some(Err(e))
+            }
+        }
+    }
+}
+
+fn decode_one(buf: &[u8]) -> Result<(FrameRef<'_>, usize), FrameError> {
+    if buf.len() < HEADER_LEN {
+        return Err(FrameError::Truncated { need: HEADER_LEN, have: buf.len() });
+    }
+    let kind = Kind::from_u8(buf[0]).ok_or(FrameError::UnknownKind(buf[0]))?;
+    let flags = buf[1];
+    if flags & !END_STREAM != 0 || buf[2] != 0 || buf[3] != 0 {
+        return Err(FrameError::Reserved);
+    }
+    let call_id = u32::from_le_bytes(buf[4..8].try_into().expect("4 bytes"));
+    let len = u32::from_le_bytes(buf[8..12].try_into().expect("4 bytes")) as usize;
+    let need = HEADER_LEN.checked_add(len).ok_or(FrameError::Invalid("length"))?;
+    if buf.len() < need {
+        return Err(FrameError::Truncated { need, have: buf.len() });
+    }
+    Ok((FrameRef { kind, flags, call_id, payload: &buf[HEADER_LEN..need] }, need))
+}
+
+/// Encoded length of a metadata block.
+pub fn metadata_len(map: &HeaderMap) -> usize {
+    2 + map.iter().map(|(k, v)| 2 + k.as_str().len() + 4 + v.len()).sum::<usize>()
+}
+
+/// Appends a metadata block. Entries beyond `u16::MAX` are dropped (far above
+/// any header-list limit a gRPC peer accepts).
+pub fn put_metadata(out: &mut Vec<u8>, map: &HeaderMap) {
+    let n = map.len().min(u16::MAX as usize);
+    out.extend_from_slice(&(n as u16).to_le_bytes());
+    for (k, v) in map.iter().take(n) {
+        let name = k.as_str().as_bytes();
+        out.extend_from_slice(&(name.len() as u16).to_le_bytes());
+        out.extend_from_slice(name);
+        out.extend_from_slice(&(v.len() as u32).to_le_bytes());
+        out.extend_from_slice(v.as_bytes());
+    }
+}
+
+struct Reader<'a>(&'a [u8]);
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, n: usize) -> Result<&'a [u8], FrameError> {
+        if self.0.len() < n {
+            return Err(FrameError::Truncated { need: n, have: self.0.len() });
+        }
+        let (a, b) = self.0.split_at(n);
+        self.0 = b;
+        Ok(a)
+    }
+    fn u16(&mut self) -> Result<u16, FrameError> {
+        Ok(u16::from_le_bytes(self.take(2)?.try_into().expect("2 bytes")))
+    }
+    fn u32(&mut self) -> Result<u32, FrameError> {
+        Ok(u32::from_le_bytes(self.take(4)?.try_into().expect("4 bytes")))
+    }
+}
+
+fn read_metadata(r: &mut Reader<'_>) -> Result<HeaderMap, FrameError> {
+    let n = r.u16()? as usize;
+    // Each entry needs at least 6 bytes: bound the allocation by the input.
+    let mut map = HeaderMap::with_capacity(n.min(r.0.len() / 6));
+    for _ in 0..n {
+        let nl = r.u16()? as usize;
+        let name = HeaderName::from_bytes(r.take(nl)?).map_err(|_| FrameError::Invalid("metadata name"))?;
+        let vl = r.u32()? as usize;
+        let value = HeaderValue::from_bytes(r.take(vl)?).map_err(|_| FrameError::Invalid("metadata value"))?;
+        map.append(name, value);
+    }
+    Ok(map)
+}
+
+/// Encodes the payload of a REQUEST_HEADERS frame.
+pub fn request_headers_payload(path: &str, map: &HeaderMap) -> Vec<u8> {
+    let mut out = Vec::with_capacity(2 + path.len() + metadata_len(map));
+    let p = &path.as_bytes()[..path.len().min(u16::MAX as usize)];
+    out.extend_from_slice(&(p.len() as u16).to_le_bytes());
+    out.extend_from_slice(p);
+    put_metadata(&mut out, map);
+    out
+}
+
+/// Decodes the payload of a REQUEST_HEADERS frame into (path, metadata).
+pub fn parse_request_headers(payload: &[u8]) -> Result<(http::uri::PathAndQuery, HeaderMap), FrameError> {
+    let mut r = Reader(payload);
+    let pl = r.u16()? as usize;
+    let path = http::uri::PathAndQuery::try_from(r.take(pl)?).map_err(|_| FrameError::Invalid("method path"))?;
+    if !path.as_str().starts_with('/') {
+        return Err(FrameError::Invalid("method path"));
+    }
+    let map = read_metadata(&mut r)?;
+    if !r.0.is_empty() {
+        return Err(FrameError::Trailing);
+    }
+    Ok((path, map))
+}
+
+/// Encodes a metadata-only payload (RESPONSE_HEADERS, TRAILERS).
+pub fn metadata_payload(map: &HeaderMap) -> Vec<u8> {
+    let mut out = Vec::with_capacity(metadata_len(map));
+    put_metadata(&mut out, map);
+    out
+}
+
+/// Decodes a metadata-only payload.
+pub fn parse_metadata(payload: &[u8]) -> Result<HeaderMap, FrameError> {
+    let mut r = Reader(payload);
+    let map = read_metadata(&mut r)?;
+    if !r.0.is_empty() {
+        return Err(FrameError::Trailing);
+    }
+    Ok(map)
+}
+
+/// Appends a whole frame (header + payload) to `out`.
+pub fn push_frame(out: &mut Vec<u8>, kind: Kind, flags: u8, call_id: u32, payload: &[u8]) {
+    let start = out.len();
+    out.resize(start + HEADER_LEN, 0);
+    put_header(&mut out[start..], kind, flags, call_id, payload.len() as u32);
+    out.extend_from_slice(payload);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn arb_map() -> impl Strategy<Value = HeaderMap> {
+        proptest::collection::vec(("[a-z][a-z0-9-]{0,12}", "[ -~]{0,40}"), 0..8).prop_map(|kv| {
+            let mut m = HeaderMap::new();
+            for (k, v) in kv {
+                m.append(HeaderName::from_bytes(k.as_bytes()).unwrap(), HeaderValue::from_str(&v).unwrap());
+            }
+            m
+        })
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(128))]
+        #[test]
+        fn request_headers_round_trip(path in "/[a-zA-Z0-9._]{1,30}/[A-Za-z]{1,20}", map in arb_map(), id: u32, end: bool) {
+            let mut msg = Vec::new();
+            let payload = request_headers_payload(&path, &map);
+            push_frame(&mut msg, Kind::RequestHeaders, if end { END_STREAM } else { 0 }, id, &payload);
+            push_frame(&mut msg, Kind::Data, END_STREAM, id, b"xyz");
+            let fs: Vec<_> = frames(&msg).collect::<Result<_, _>>().unwrap();
+            prop_assert_eq!(fs.len(), 2);
+            prop_assert_eq!(fs[0].call_id, id);
+            prop_assert_eq!(fs[0].end_stream(), end);
+            let (p, m) = parse_request_headers(fs[0].payload).unwrap();
+            prop_assert_eq!(p.as_str(), path.as_str());
+            prop_assert_eq!(m, map);
+            prop_assert_eq!(fs[1].payload, b"xyz");
+        }
+
+        #[test]
+        fn metadata_round_trip(map in arb_map()) {
+            prop_assert_eq!(parse_metadata(&metadata_payload(&map)).unwrap(), map);
+        }
+
+        /// Arbitrary bytes never panic the decoder and never yield a frame
+        /// whose payload reaches outside the message.
+        #[test]
+        fn garbage_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..256)) {
+            for f in frames(&bytes) {
+                match f {
+                    Ok(f) => {
+                        let _ = parse_request_headers(f.payload);
+                        let _ = parse_metadata(f.payload);
+                    }
+                    Err(_) => {}
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn truncation_and_reserved_bits_are_errors() {
+        let mut msg = Vec::new();
+        push_frame(&mut msg, Kind::Data, 0, 7, b"hello");
+        for cut in 0..msg.len() {
+            if cut == 0 {
+                assert!(frames(&msg[..0]).next().is_none());
+                continue;
+            }
+            assert!(matches!(frames(&msg[..cut]).next(), Some(Err(FrameError::Truncated { .. }))));
+        }
+        let mut bad = msg.clone();
+        bad[1] = 0x80;
+        assert_eq!(frames(&bad).next(), Some(Err(FrameError::Reserved)));
+        bad = msg.clone();
+        bad[0] = 99;
+        assert_eq!(frames(&bad).next(), Some(Err(FrameError::UnknownKind(99))));
+        assert_eq!(parse_request_headers(&[3, 0, b'a', b'b', b'c', 0, 0]), Err(FrameError::Invalid("method path")));
+    }
+}
