@@ -1,0 +1,222 @@
+//! Two processes over shm: the test binary re-executes itself as the peer
+//! (`RRPC_RB_CHILD` selects the role), so each test is one real connection
+//! between two address spaces.
+
+use std::process::{Child, Command};
+use std::time::{Duration, Instant};
+
+use rrpc_core::conn::{self, HandshakeConfig, Offer};
+use rrpc_core::{Endpoint, Fabric, QpConfig};
+use rrpc_ringbuf::{Error, LocalRing, RingConfig, RingRx, RingTx};
+
+const CHILD: &str = "RRPC_RB_CHILD";
+const SOCK: &str = "RRPC_RB_SOCK";
+
+fn spawn_child(test: &str, role: &str, sock: &str) -> Child {
+    Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", test, "--nocapture", "--test-threads=1"])
+        .env(CHILD, role)
+        .env(SOCK, sock)
+        .spawn()
+        .expect("spawn child")
+}
+
+fn sock_path(tag: &str) -> String {
+    let dir = std::env::temp_dir().join(format!("rrpc-rb-{}-{tag}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    format!("shm://{}/s.sock", dir.display())
+}
+
+/// Server side (parent): listen, accept one connection, split the ring.
+fn serve(ep: &str, cfg: &RingConfig) -> (conn::Connection, RingTx, RingRx) {
+    let fabric = Fabric::shm();
+    let ep = Endpoint::parse(ep).unwrap();
+    let listener = conn::Listener::bind(&ep, HandshakeConfig::default()).unwrap();
+    let local = LocalRing::new(&fabric, cfg).unwrap();
+    let offer = local.add_to_offer(Offer::new());
+    let incoming = listener.accept().unwrap();
+    let c = incoming
+        .accept(fabric.create_qp(&QpConfig::default()).unwrap(), offer)
+        .unwrap();
+    let (tx, rx) = local.connect(&c).unwrap();
+    (c, tx, rx)
+}
+
+/// Client side (child): connect, retrying until the parent listens.
+fn dial(ep: &str, cfg: &RingConfig) -> (conn::Connection, RingTx, RingRx) {
+    let fabric = Fabric::shm();
+    let ep = Endpoint::parse(ep).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let local = LocalRing::new(&fabric, cfg).unwrap();
+        let offer = local.add_to_offer(Offer::new());
+        let qp = fabric.create_qp(&QpConfig::default()).unwrap();
+        match conn::connect(&ep, qp, offer, &HandshakeConfig::default()) {
+            Ok(c) => {
+                let (tx, rx) = local.connect(&c).unwrap();
+                return (c, tx, rx);
+            }
+            Err(e) if Instant::now() < deadline => {
+                let _ = e;
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            Err(e) => panic!("connect: {e}"),
+        }
+    }
+}
+
+/// Deterministic message sizes 1 B ..= 1 MiB.
+fn size_of_msg(i: u64) -> usize {
+    const SIZES: [usize; 12] = [1, 7, 55, 56, 57, 64, 200, 1000, 4096, 65_536, 300_000, 1 << 20];
+    let base = SIZES[(i % SIZES.len() as u64) as usize];
+    // Perturb deterministically so lengths are not all slot-aligned.
+    (base - (i as usize * 13) % base.min(61)).max(1)
+}
+
+fn fill(i: u64, buf: &mut [u8]) {
+    let mut x = i.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    for b in buf.iter_mut() {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        *b = x as u8;
+    }
+}
+
+fn checksum(buf: &[u8]) -> u64 {
+    buf.iter()
+        .fold(0xcbf2_9ce4_8422_2325u64, |h, &b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3))
+}
+
+fn send_all(tx: &mut RingTx, c: &conn::Connection, n: u64) {
+    let mut blocked = 0u64;
+    for i in 0..n {
+        let len = size_of_msg(i);
+        loop {
+            match tx.try_reserve(len) {
+                Ok(mut g) => {
+                    fill(i, &mut g);
+                    g.commit().unwrap();
+                    break;
+                }
+                Err(Error::WouldBlock) => {
+                    blocked += 1;
+                    c.check_alive().expect("receiver alive");
+                    std::hint::spin_loop();
+                }
+                Err(e) => panic!("send {i}: {e}"),
+            }
+        }
+        if i % 7 == 0 {
+            tx.flush().unwrap();
+        }
+    }
+    tx.flush().unwrap();
+    eprintln!("sender: {n} messages, {blocked} WouldBlock retries, {:?}", tx.state().stats());
+}
+
+fn recv_all(rx: &mut RingRx, c: &conn::Connection, n: u64, slow: bool) {
+    for i in 0..n {
+        let want_len = size_of_msg(i);
+        let mut want = vec![0u8; want_len];
+        fill(i, &mut want);
+        loop {
+            match rx.try_recv() {
+                Ok(m) => {
+                    assert_eq!(m.len(), want_len, "message {i} length");
+                    assert_eq!(checksum(&m), checksum(&want), "message {i} checksum");
+                    break;
+                }
+                Err(Error::WouldBlock) => {
+                    c.check_alive().expect("sender alive");
+                    std::hint::spin_loop();
+                }
+                Err(e) => panic!("recv {i}: {e}"),
+            }
+        }
+        if slow && i % 16 == 0 {
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    }
+}
+
+fn run_pair(test: &str, cfg: RingConfig, n: u64, slow: bool) {
+    if let Ok(sock) = std::env::var(SOCK) {
+        if std::env::var(CHILD).as_deref() == Ok("sender") {
+            let (c, mut tx, _rx) = dial(&sock, &cfg);
+            send_all(&mut tx, &c, n);
+            // Stay until the receiver has everything (it closes first).
+            while c.check_alive().is_ok() {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
+        return;
+    }
+    let sock = sock_path(test);
+    let mut child = spawn_child(test, "sender", &sock);
+    let (c, _tx, mut rx) = serve(&sock, &cfg);
+    recv_all(&mut rx, &c, n, slow);
+    assert!(matches!(rx.try_recv(), Err(Error::WouldBlock)), "nothing extra");
+    c.close();
+    assert!(child.wait().unwrap().success());
+}
+
+#[test]
+fn checksummed_1b_to_1mib_with_wraparound() {
+    // 2 MiB ring, ~20 MiB of traffic: the array wraps about ten times and
+    // 1 MiB messages force gap markers.
+    let cfg = RingConfig::builder().ring_size(2 << 20).build().unwrap();
+    run_pair("checksummed_1b_to_1mib_with_wraparound", cfg, 240, false);
+}
+
+#[test]
+fn slow_receiver_small_ring_no_batching() {
+    let cfg = RingConfig::builder()
+        .ring_size(2 << 20)
+        .slot_size(128)
+        .no_batching()
+        .build()
+        .unwrap();
+    run_pair("slow_receiver_small_ring_no_batching", cfg, 120, true);
+}
+
+#[test]
+fn receiver_dies_sender_sees_backpressure_then_peer_gone() {
+    const TEST: &str = "receiver_dies_sender_sees_backpressure_then_peer_gone";
+    let cfg = RingConfig::builder().ring_size(64 << 10).build().unwrap();
+    if let Ok(sock) = std::env::var(SOCK) {
+        // Child: receive ten messages, then die without a goodbye.
+        let (_c, _tx, mut rx) = dial(&sock, &cfg);
+        let mut got = 0;
+        while got < 10 {
+            if rx.try_recv().is_ok() {
+                got += 1;
+            }
+        }
+        std::process::abort();
+    }
+    let sock = sock_path("dies");
+    let mut child = spawn_child(TEST, "receiver", &sock);
+    let (c, mut tx, _rx) = serve(&sock, &cfg);
+    let msg = [7u8; 1000];
+    let mut sent = 0u64;
+    let mut blocked = false;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let err = loop {
+        assert!(Instant::now() < deadline, "sender never saw PeerGone");
+        match tx.try_send(&msg) {
+            Ok(()) => sent += 1,
+            Err(Error::WouldBlock) => {
+                blocked = true;
+                // The liveness check fails the queue pair once the child is gone.
+                let _ = c.check_alive();
+            }
+            Err(e) => break e,
+        }
+    };
+    let _ = child.wait();
+    assert!(blocked, "a full ring must push back before the peer is detected gone");
+    assert!(matches!(err, Error::PeerGone), "got {err:?}");
+    assert!(sent >= 10 && sent <= 64 * 1024 / 1024 + 10, "sent {sent}");
+    assert!(matches!(tx.try_send(&msg), Err(Error::PeerGone)));
+}
