@@ -218,7 +218,7 @@ impl RingConfigBuilder {
         let bad = |m: String| Err(Error::InvalidConfig(m));
         let granule = if c.cache_align { CACHE_LINE } else { 8 };
         if !c.slot_size.is_power_of_two()
-            || c.slot_size % granule != 0
+            || !c.slot_size.is_multiple_of(granule)
             || c.slot_size < 16
             || c.slot_size > MAX_SLOT_SIZE
         {

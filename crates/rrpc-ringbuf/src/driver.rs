@@ -244,7 +244,10 @@ impl RingTx {
         if self.sender.wants_completions() {
             self.poll_completions()?;
         }
-        let head = self.rx_region.atomic_u64(LOCAL_HEAD_OFFSET)?.load(Ordering::Acquire);
+        let head = self
+            .rx_region
+            .atomic_u64(LOCAL_HEAD_OFFSET)?
+            .load(Ordering::Acquire);
         self.sender.handle_local_head(head)?;
         let ring = mem::staging_mut(&self.tx_region, self.ring_off, self.ring_len);
         match self.sender.reserve(len, ring) {
@@ -252,11 +255,7 @@ impl RingTx {
                 if self.full_at.load(Ordering::Relaxed) != NOT_FULL {
                     self.full_at.store(NOT_FULL, Ordering::Relaxed);
                 }
-                Ok(WriteGuard {
-                    tx: self,
-                    res,
-                    len,
-                })
+                Ok(WriteGuard { tx: self, res, len })
             }
             Err(Error::WouldBlock) => {
                 self.full_at.store(head, Ordering::Release);
@@ -355,7 +354,9 @@ impl RingTx {
                 ),
                 Transmit::Tail { value, src, wr_id } => {
                     let off = self.ctrl_off + src * 64;
-                    self.tx_region.atomic_u64(off)?.store(value, Ordering::Release);
+                    self.tx_region
+                        .atomic_u64(off)?
+                        .store(value, Ordering::Release);
                     let local = Local::new(&self.tx_region, off, 8);
                     let remote = self.remote.at(LOCAL_TAIL_OFFSET as u64);
                     if self.cfg.tail_with_imm() {
@@ -472,7 +473,10 @@ impl RingRx {
         if let Some(e) = self.deferred.take() {
             return Err(e);
         }
-        let tail = self.rx_region.atomic_u64(LOCAL_TAIL_OFFSET)?.load(Ordering::Acquire);
+        let tail = self
+            .rx_region
+            .atomic_u64(LOCAL_TAIL_OFFSET)?
+            .load(Ordering::Acquire);
         self.receiver.handle_local_tail(tail)?;
         let (region, off) = (&self.rx_region, self.ring_off);
         let got = self.receiver.poll_recv(|o| {
@@ -481,7 +485,8 @@ impl RingRx {
                 .map(|w| w.load(Ordering::Relaxed))
                 .unwrap_or(0)
         });
-        self.head_mirror.store(self.receiver.head(), Ordering::Release);
+        self.head_mirror
+            .store(self.receiver.head(), Ordering::Release);
         match got? {
             Some(msg) => Ok(ReadGuard { rx: self, msg }),
             None => {
@@ -554,7 +559,9 @@ impl RingRx {
         }
         while let Some(p) = self.receiver.poll_transmit() {
             let off = self.ctrl_off + HEAD_SRC * 64;
-            self.tx_region.atomic_u64(off)?.store(p.value, Ordering::Release);
+            self.tx_region
+                .atomic_u64(off)?
+                .store(p.value, Ordering::Release);
             self.shared.qp.post_write(
                 p.wr_id,
                 Local::new(&self.tx_region, off, 8),

@@ -17,7 +17,11 @@ use rrpc_core::Region;
 /// returned slice.
 #[allow(clippy::mut_from_ref)] // exclusive by construction, see above
 pub(crate) fn staging_mut(region: &Region, offset: usize, len: usize) -> &mut [u8] {
-    assert!(offset.checked_add(len).is_some_and(|end| end <= region.len()));
+    assert!(
+        offset
+            .checked_add(len)
+            .is_some_and(|end| end <= region.len())
+    );
     // SAFETY: the range is inside the mapping (asserted above); the staging
     // region is never granted to a peer and only the owning RingTx calls this
     // (through `&mut self`), so no other reference to these bytes is alive.
@@ -26,7 +30,11 @@ pub(crate) fn staging_mut(region: &Region, offset: usize, len: usize) -> &mut [u
 
 /// Shared byte view of a validated message in `RB_R`.
 pub(crate) fn received(region: &Region, offset: usize, len: usize) -> &[u8] {
-    assert!(offset.checked_add(len).is_some_and(|end| end <= region.len()));
+    assert!(
+        offset
+            .checked_add(len)
+            .is_some_and(|end| end <= region.len())
+    );
     // SAFETY: the range is inside the mapping (asserted above) and below the
     // validated local_tail: the honest peer does not write it until we push
     // a head past it, which happens only after this view is dropped. A
@@ -36,7 +44,11 @@ pub(crate) fn received(region: &Region, offset: usize, len: usize) -> &[u8] {
 
 /// Shared byte view of part of `RB_S` (for `WriteGuard`'s `Deref`).
 pub(crate) fn staging(region: &Region, offset: usize, len: usize) -> &[u8] {
-    assert!(offset.checked_add(len).is_some_and(|end| end <= region.len()));
+    assert!(
+        offset
+            .checked_add(len)
+            .is_some_and(|end| end <= region.len())
+    );
     // SAFETY: in bounds (asserted); the staging region is written only by the
     // owning RingTx, which is borrowed by the guard calling this.
     unsafe { region.slice(offset, len) }

@@ -67,7 +67,20 @@ fn dial(ep: &str, cfg: &RingConfig) -> (conn::Connection, RingTx, RingRx) {
 
 /// Deterministic message sizes 1 B ..= 1 MiB.
 fn size_of_msg(i: u64) -> usize {
-    const SIZES: [usize; 12] = [1, 7, 55, 56, 57, 64, 200, 1000, 4096, 65_536, 300_000, 1 << 20];
+    const SIZES: [usize; 12] = [
+        1,
+        7,
+        55,
+        56,
+        57,
+        64,
+        200,
+        1000,
+        4096,
+        65_536,
+        300_000,
+        1 << 20,
+    ];
     let base = SIZES[(i % SIZES.len() as u64) as usize];
     // Perturb deterministically so lengths are not all slot-aligned.
     (base - (i as usize * 13) % base.min(61)).max(1)
@@ -84,8 +97,9 @@ fn fill(i: u64, buf: &mut [u8]) {
 }
 
 fn checksum(buf: &[u8]) -> u64 {
-    buf.iter()
-        .fold(0xcbf2_9ce4_8422_2325u64, |h, &b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3))
+    buf.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| {
+        (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
+    })
 }
 
 fn send_all(tx: &mut RingTx, c: &conn::Connection, n: u64) {
@@ -112,7 +126,10 @@ fn send_all(tx: &mut RingTx, c: &conn::Connection, n: u64) {
         }
     }
     tx.flush().unwrap();
-    eprintln!("sender: {n} messages, {blocked} WouldBlock retries, {:?}", tx.state().stats());
+    eprintln!(
+        "sender: {n} messages, {blocked} WouldBlock retries, {:?}",
+        tx.state().stats()
+    );
 }
 
 fn recv_all(rx: &mut RingRx, c: &conn::Connection, n: u64, slow: bool) {
@@ -156,7 +173,10 @@ fn run_pair(test: &str, cfg: RingConfig, n: u64, slow: bool) {
     let mut child = spawn_child(test, "sender", &sock);
     let (c, _tx, mut rx) = serve(&sock, &cfg);
     recv_all(&mut rx, &c, n, slow);
-    assert!(matches!(rx.try_recv(), Err(Error::WouldBlock)), "nothing extra");
+    assert!(
+        matches!(rx.try_recv(), Err(Error::WouldBlock)),
+        "nothing extra"
+    );
     c.close();
     assert!(child.wait().unwrap().success());
 }
@@ -215,8 +235,11 @@ fn receiver_dies_sender_sees_backpressure_then_peer_gone() {
         }
     };
     let _ = child.wait();
-    assert!(blocked, "a full ring must push back before the peer is detected gone");
+    assert!(
+        blocked,
+        "a full ring must push back before the peer is detected gone"
+    );
     assert!(matches!(err, Error::PeerGone), "got {err:?}");
-    assert!(sent >= 10 && sent <= 64 * 1024 / 1024 + 10, "sent {sent}");
+    assert!((10..=64 + 10).contains(&sent), "sent {sent}");
     assert!(matches!(tx.try_send(&msg), Err(Error::PeerGone)));
 }
