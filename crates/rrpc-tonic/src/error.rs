@@ -52,9 +52,37 @@ pub enum Error {
     /// An I/O error from the side channel or a socket.
     #[error("i/o error: {0}")]
     Io(#[from] std::io::Error),
+    /// An error from the rings, the poller or the fabric below.
+    #[error("rings: {0}")]
+    Rings(#[source] Box<dyn std::error::Error + Send + Sync>),
     /// An error from tonic's own transport (TCP and Unix-socket paths).
     #[error("tonic transport: {0}")]
     Transport(#[from] tonic::transport::Error),
+}
+
+impl From<rrpc_poller::Error> for Error {
+    fn from(e: rrpc_poller::Error) -> Self {
+        match e {
+            rrpc_poller::Error::PeerGone | rrpc_poller::Error::Ring(rrpc_ringbuf::Error::PeerGone) => Error::PeerGone,
+            rrpc_poller::Error::Ring(rrpc_ringbuf::Error::TooLarge { len, max }) => Error::MessageTooLarge { len, max },
+            e => Error::Rings(Box::new(e)),
+        }
+    }
+}
+
+impl From<rrpc_ringbuf::Error> for Error {
+    fn from(e: rrpc_ringbuf::Error) -> Self {
+        rrpc_poller::Error::Ring(e).into()
+    }
+}
+
+impl From<rrpc_core::Error> for Error {
+    fn from(e: rrpc_core::Error) -> Self {
+        match e {
+            rrpc_core::Error::PeerGone => Error::PeerGone,
+            e => Error::Rings(Box::new(e)),
+        }
+    }
 }
 
 impl From<Error> for tonic::Status {
@@ -70,6 +98,7 @@ impl From<Error> for tonic::Status {
             | Error::Handshake(_)
             | Error::NotListening(_)
             | Error::Io(_)
+            | Error::Rings(_)
             | Error::Transport(_) => Status::unavailable(msg),
         }
     }

@@ -89,6 +89,7 @@ pub mod frame;
 mod h2stream;
 mod pipe;
 mod server;
+mod shm;
 mod transport;
 
 pub use channel::{ChannelPath, ResponseFuture, RrpcChannel};

@@ -155,7 +155,7 @@ where
                 Ok(r?)
             }
             t => {
-                let listener = RrpcListener::bind(&t)?;
+                let listener = RrpcListener::bind(&t, &config)?;
                 serve_rings(listener, uri.to_string(), layer, routes, config, signal).await
             }
         }

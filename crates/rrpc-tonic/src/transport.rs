@@ -124,6 +124,7 @@ pub(crate) async fn negotiate_server(pipe: &mut Pipe, cfg: &RrpcConfig) -> Resul
 #[derive(Debug)]
 pub(crate) enum RrpcListener {
     Inproc { name: String, rx: mpsc::Receiver<Pipe> },
+    Shm(crate::shm::ShmListener),
 }
 
 type Registry = Mutex<HashMap<String, mpsc::Sender<Pipe>>>;
@@ -135,7 +136,7 @@ fn registry() -> &'static Registry {
 }
 
 impl RrpcListener {
-    pub(crate) fn bind(target: &Target) -> Result<RrpcListener, Error> {
+    pub(crate) fn bind(target: &Target, cfg: &RrpcConfig) -> Result<RrpcListener, Error> {
         match target {
             Target::Inproc(name) => {
                 let (tx, rx) = mpsc::channel(64);
@@ -146,10 +147,7 @@ impl RrpcListener {
                 r.insert(name.clone(), tx);
                 Ok(RrpcListener::Inproc { name: name.clone(), rx })
             }
-            Target::Shm(_) => Err(Error::UnsupportedTransport {
-                scheme: "shm",
-                reason: "the shm ring connection (rrpc-poller AsyncConn) is not wired in yet",
-            }),
+            Target::Shm(path) => Ok(RrpcListener::Shm(crate::shm::ShmListener::bind(path.clone(), cfg)?)),
             Target::Rdma(_) => Err(rdma_unavailable()),
             Target::Tcp(_) | Target::Unix(_) => Err(Error::InvalidUri { uri: format!("{target:?}"), reason: "not an rrpc transport" }),
         }
@@ -158,6 +156,7 @@ impl RrpcListener {
     pub(crate) async fn accept(&mut self) -> Option<Pipe> {
         match self {
             RrpcListener::Inproc { rx, .. } => rx.recv().await,
+            RrpcListener::Shm(l) => l.accept().await,
         }
     }
 }
@@ -171,6 +170,7 @@ impl Drop for RrpcListener {
                     r.remove(name);
                 }
             }
+            RrpcListener::Shm(_) => {}
         }
     }
 }
@@ -189,10 +189,7 @@ pub(crate) async fn dial(target: &Target, cfg: &RrpcConfig) -> Result<Pipe, Erro
             tx.send(server).await.map_err(|_| Error::NotListening(format!("inproc://{name}")))?;
             Ok(client)
         }
-        Target::Shm(_) => Err(Error::UnsupportedTransport {
-            scheme: "shm",
-            reason: "the shm ring connection (rrpc-poller AsyncConn) is not wired in yet",
-        }),
+        Target::Shm(path) => crate::shm::dial(path.clone(), cfg).await,
         Target::Rdma(_) => Err(rdma_unavailable()),
         Target::Tcp(_) | Target::Unix(_) => Err(Error::InvalidUri { uri: format!("{target:?}"), reason: "not an rrpc transport" }),
     }
