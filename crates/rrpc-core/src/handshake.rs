@@ -616,3 +616,50 @@ mod tests {
         assert!(!token_eq(b"abc", b"ab"));
     }
 }
+
+#[cfg(test)]
+mod corpus {
+    /// Regenerates the fuzz seed corpus: `RRPC_WRITE_CORPUS=1 cargo test -p rrpc-core corpus`.
+    #[test]
+    fn write_seed_corpus() {
+        if std::env::var("RRPC_WRITE_CORPUS").is_err() {
+            return;
+        }
+        use super::*;
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/fuzz/corpus/handshake_decode");
+        let hello = Hello {
+            token: Some(b"tok".to_vec()),
+            provider: 1,
+            endpoint: vec![0; 16],
+            geometry: RingGeometry {
+                slot_size: 64,
+                slot_count: 65536,
+                alpha: 32,
+                beta: 16,
+                gamma: 32,
+                mode: 3,
+            },
+            regions: vec![RegionDesc {
+                role: 1,
+                remote: RemoteRegion {
+                    addr: 0x7f00_0000_0000,
+                    len: 4 << 20,
+                    rkey: 0xdead,
+                },
+            }],
+            app: b"fast".to_vec(),
+        };
+        let msgs = [
+            Message::Hello(hello.clone()),
+            Message::Accept(hello),
+            Message::Reject(Reject {
+                code: RejectCode::Auth,
+                reason: "no".into(),
+            }),
+            Message::Goodbye,
+        ];
+        for (i, m) in msgs.iter().enumerate() {
+            std::fs::write(format!("{dir}/seed{i}"), m.encode().unwrap()).unwrap();
+        }
+    }
+}

@@ -678,3 +678,54 @@ unsafe fn copy_out(src: *const u8, dst: *mut u8, len: usize, torn: bool) {
     unsafe { std::ptr::copy(src, dst, n) };
     fence(Ordering::Release);
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lying_producer_index_is_refused() {
+        let cq = RecvCq::new(4).unwrap();
+        cq.post_recv(7).unwrap();
+        let mut out = [Completion::EMPTY; 8];
+        // A peer claims more entries than receives were posted.
+        word(&cq.map, layout::PROD).store(2, Ordering::Release);
+        assert!(matches!(cq.poll(&mut out), Err(Error::PeerMisbehaved(_))));
+        // And the queue stays failed.
+        word(&cq.map, layout::PROD).store(0, Ordering::Release);
+        assert!(matches!(cq.poll(&mut out), Err(Error::PeerMisbehaved(_))));
+    }
+
+    #[test]
+    fn producer_index_behind_consumer_is_refused() {
+        let cq = RecvCq::new(4).unwrap();
+        for i in 0..2 {
+            cq.post_recv(i).unwrap();
+        }
+        word(&cq.map, layout::ENTRIES).store(5, Ordering::Relaxed);
+        word(&cq.map, layout::PROD).store(1, Ordering::Release);
+        let mut out = [Completion::EMPTY; 8];
+        assert_eq!(cq.poll(&mut out).unwrap(), 1);
+        assert_eq!(out[0].imm, Some(5));
+        word(&cq.map, layout::PROD).store(u64::MAX, Ordering::Release);
+        assert!(matches!(cq.poll(&mut out), Err(Error::PeerMisbehaved(_))));
+    }
+
+    #[test]
+    fn producer_checks_consumer_words() {
+        let cq = RecvCq::new(4).unwrap();
+        let fd = cq.map.fd().try_clone_to_owned().unwrap();
+        let peer = PeerCq {
+            map: Mapping::map_peer(fd, cq.map.len()).unwrap(),
+            cap: cq.cap,
+            prod: Mutex::new(0),
+            eventfd: EventFd::new().unwrap(),
+        };
+        assert!(matches!(peer.check_room(0), Err(Error::ReceiverNotReady)));
+        cq.post_recv(1).unwrap();
+        peer.check_room(0).unwrap();
+        // A consumer index ahead of what we produced is a lie.
+        word(&cq.map, layout::CONS).store(9, Ordering::Release);
+        assert!(matches!(peer.check_room(0), Err(Error::PeerMisbehaved(_))));
+    }
+}

@@ -1,0 +1,401 @@
+//! Provider conformance suite: the fabric semantics every provider must offer.
+//!
+//! Each check is a function over a connected pair (`common::Side`), written
+//! once; `#[test]`s below run it on the shm provider. (The verbs provider
+//! cannot run here: no RDMA NIC on this machine.)
+
+mod common;
+
+use common::{Side, pair, pair_with};
+use rrpc_core::{Completion, Error, Local, Opcode, QpConfig, Remote, Status};
+
+fn drain(side: &Side) -> Vec<Completion> {
+    let mut out = Vec::new();
+    let mut buf = [Completion::EMPTY; 16];
+    loop {
+        let n = side.conn.qp().send_cq().poll(&mut buf).unwrap();
+        if n == 0 {
+            return out;
+        }
+        out.extend_from_slice(&buf[..n]);
+    }
+}
+
+fn write_then_read_back(a: &Side, b: &Side) {
+    let remote = a.conn.peer().region(1).unwrap();
+    let msg: Vec<u8> = (0..1000u32).map(|i| (i * 7) as u8).collect();
+    a.scratch.write_at(0, &msg).unwrap();
+    a.conn
+        .qp()
+        .post_write(1, Local::new(&a.scratch, 0, msg.len()), remote.at(64), true)
+        .unwrap();
+    let mut got = vec![0u8; msg.len()];
+    b.granted.read_at(64, &mut got).unwrap();
+    assert_eq!(got, msg, "the peer sees the written bytes");
+
+    // READ them back into another place of our scratch region.
+    a.conn
+        .qp()
+        .post_read(
+            2,
+            Local::new(&a.scratch, 4096, msg.len()),
+            remote.at(64),
+            true,
+        )
+        .unwrap();
+    let mut back = vec![0u8; msg.len()];
+    a.scratch.read_at(4096, &mut back).unwrap();
+    assert_eq!(back, msg, "READ returns what WRITE stored");
+    let wc = drain(a);
+    assert_eq!(wc.len(), 2);
+    assert_eq!(
+        (wc[0].wr_id, wc[0].opcode, wc[0].status),
+        (1, Opcode::Write, Status::Success)
+    );
+    assert_eq!(
+        (wc[1].wr_id, wc[1].opcode, wc[1].byte_len),
+        (2, Opcode::Read, 1000)
+    );
+}
+
+fn write_imm_delivers_immediates_in_order(a: &Side, b: &Side) {
+    let remote = a.conn.peer().region(1).unwrap();
+    for i in 0..10 {
+        b.conn.qp().post_recv(100 + i).unwrap();
+    }
+    for i in 0..10u32 {
+        a.scratch.write_at(0, &i.to_le_bytes()).unwrap();
+        a.conn
+            .qp()
+            .post_write_imm(
+                i as u64,
+                Local::new(&a.scratch, 0, 4),
+                remote.at(i as u64 * 4),
+                0xAB00 + i,
+                false,
+            )
+            .unwrap();
+    }
+    let mut wc = [Completion::EMPTY; 32];
+    let n = b.conn.qp().recv_cq().poll(&mut wc).unwrap();
+    assert_eq!(n, 10);
+    for (i, c) in wc[..n].iter().enumerate() {
+        assert_eq!(c.opcode, Opcode::RecvImm);
+        assert_eq!(
+            c.imm,
+            Some(0xAB00 + i as u32),
+            "immediates in posting order"
+        );
+        assert_eq!(c.wr_id, 100 + i as u64, "receives consumed in order");
+        assert_eq!(c.byte_len, 4);
+        let mut v = [0u8; 4];
+        b.granted.read_at(i * 4, &mut v).unwrap();
+        assert_eq!(
+            u32::from_le_bytes(v),
+            i as u32,
+            "data visible with its immediate"
+        );
+    }
+    // No receive posted: the next WRITE_WITH_IMM is refused, nothing written.
+    b.granted.write_at(4000, &[0u8; 4]).unwrap();
+    a.scratch.write_at(0, &[9u8; 4]).unwrap();
+    let e = a
+        .conn
+        .qp()
+        .post_write_imm(99, Local::new(&a.scratch, 0, 4), remote.at(4000), 1, true)
+        .unwrap_err();
+    assert!(matches!(e, Error::ReceiverNotReady), "{e}");
+    let mut v = [1u8; 4];
+    b.granted.read_at(4000, &mut v).unwrap();
+    assert_eq!(v, [0u8; 4], "refused write wrote nothing");
+}
+
+fn consecutive_writes_are_ordered(a: &Side, b: &Side) {
+    // A writer thread stores data then a sequence word; the reader must never
+    // see a sequence word whose data is not there yet (RC ordering).
+    let remote = a.conn.peer().region(1).unwrap();
+    let seq_word = b.granted.atomic_u64(0).unwrap();
+    const N: u64 = 20_000;
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            for i in 1..=N {
+                a.scratch.write_at(64, &[i as u8; 256]).unwrap();
+                a.conn
+                    .qp()
+                    .post_write(0, Local::new(&a.scratch, 64, 256), remote.at(64), false)
+                    .unwrap();
+                a.scratch
+                    .atomic_u64(0)
+                    .unwrap()
+                    .store(i, std::sync::atomic::Ordering::Relaxed);
+                a.conn
+                    .qp()
+                    .post_write(i, Local::new(&a.scratch, 0, 8), remote.at(0), true)
+                    .unwrap();
+                drain(a);
+            }
+        });
+        let mut last = 0;
+        while last < N {
+            let seen = seq_word.load(std::sync::atomic::Ordering::Acquire);
+            assert!(seen >= last, "sequence word went backwards");
+            if seen > last {
+                let mut d = [0u8; 1];
+                b.granted.read_at(64, &mut d).unwrap();
+                // Data for `seen` (or a later write) must already be visible.
+                let lag = (seen as u8).wrapping_sub(d[0]);
+                assert!(
+                    lag == 0 || lag > 128,
+                    "data of write {seen} not visible before its pointer (saw {})",
+                    d[0]
+                );
+                last = seen;
+            } else {
+                std::hint::spin_loop();
+            }
+        }
+    });
+}
+
+fn signaled_accounting(depth: u32) {
+    let (a, _b) = pair_with(
+        1 << 16,
+        QpConfig::default().with_send_depth(depth).unwrap(),
+        QpConfig::default(),
+    );
+    let remote = a.conn.peer().region(1).unwrap();
+    let qp = a.conn.qp();
+    let l = Local::new(&a.scratch, 0, 8);
+    for i in 0..depth - 1 {
+        qp.post_write(i as u64, l, remote.at(0), false).unwrap();
+    }
+    assert_eq!(
+        drain(&a).len(),
+        0,
+        "unsignaled work requests produce no completion"
+    );
+    qp.post_write(999, l, remote.at(0), true).unwrap();
+    assert_eq!(qp.outstanding(), depth as u64);
+    let e = qp.post_write(1000, l, remote.at(0), true).unwrap_err();
+    assert!(
+        matches!(e, Error::QueueFull { depth: d } if d == depth),
+        "{e}"
+    );
+    let wc = drain(&a);
+    assert_eq!(wc.len(), 1);
+    assert_eq!(wc[0].wr_id, 999);
+    assert_eq!(
+        qp.outstanding(),
+        0,
+        "a polled signaled completion retires everything before it"
+    );
+    qp.post_write(1001, l, remote.at(0), true).unwrap();
+}
+
+fn violations_are_refused_and_write_nothing(a: &Side, b: &Side) {
+    let remote = a.conn.peer().region(1).unwrap();
+    let qp = a.conn.qp();
+    let len = b.granted.len() as u64;
+    a.scratch.write_at(0, &[0xEE; 128]).unwrap();
+    let before = {
+        let mut v = vec![0u8; b.granted.len()];
+        b.granted.read_at(0, &mut v).unwrap();
+        v
+    };
+    let local = Local::new(&a.scratch, 0, 64);
+    let cases: Vec<(&str, Result<(), Error>)> = vec![
+        (
+            "remote past end",
+            qp.post_write(1, local, remote.at(len - 32), true),
+        ),
+        (
+            "remote before start",
+            qp.post_write(
+                2,
+                local,
+                Remote {
+                    addr: remote.addr - 8,
+                    rkey: remote.rkey,
+                },
+                true,
+            ),
+        ),
+        (
+            "remote addr wraps",
+            qp.post_write(
+                3,
+                local,
+                Remote {
+                    addr: u64::MAX - 8,
+                    rkey: remote.rkey,
+                },
+                true,
+            ),
+        ),
+        (
+            "wrong rkey",
+            qp.post_write(
+                4,
+                local,
+                Remote {
+                    addr: remote.addr,
+                    rkey: remote.rkey ^ 1,
+                },
+                true,
+            ),
+        ),
+        (
+            "local past end",
+            qp.post_write(
+                5,
+                Local::new(&a.scratch, a.scratch.len() - 8, 64),
+                remote.at(0),
+                true,
+            ),
+        ),
+        (
+            "local offset overflow",
+            qp.post_write(6, Local::new(&a.scratch, usize::MAX, 2), remote.at(0), true),
+        ),
+        (
+            "read remote past end",
+            qp.post_read(7, local, remote.at(len), true),
+        ),
+        (
+            "imm wrong rkey",
+            qp.post_write_imm(
+                8,
+                local,
+                Remote {
+                    addr: remote.addr,
+                    rkey: 0,
+                },
+                1,
+                true,
+            ),
+        ),
+    ];
+    for (what, r) in cases {
+        let e = r.expect_err(what);
+        assert!(
+            matches!(
+                e,
+                Error::RemoteOutOfBounds { .. }
+                    | Error::BadRemoteKey { .. }
+                    | Error::LocalOutOfBounds { .. }
+            ),
+            "{what}: {e}"
+        );
+        assert_eq!(e.fault(), rrpc_core::Fault::Local, "{what}");
+    }
+    let mut after = vec![0u8; b.granted.len()];
+    b.granted.read_at(0, &mut after).unwrap();
+    assert!(after == before, "refused work requests wrote nothing");
+    assert_eq!(
+        drain(a).len(),
+        0,
+        "refused work requests produce no completion"
+    );
+    assert_eq!(
+        qp.outstanding(),
+        0,
+        "refused work requests occupy no queue slot"
+    );
+}
+
+#[test]
+fn shm_write_then_read_back() {
+    let (a, b) = pair(1 << 16);
+    write_then_read_back(&a, &b);
+    write_then_read_back(&b, &a);
+}
+
+#[test]
+fn shm_write_imm_in_order() {
+    let (a, b) = pair(1 << 16);
+    write_imm_delivers_immediates_in_order(&a, &b);
+}
+
+#[test]
+fn shm_consecutive_writes_ordered() {
+    let (a, b) = pair(1 << 16);
+    consecutive_writes_are_ordered(&a, &b);
+}
+
+#[test]
+fn shm_signaled_accounting() {
+    signaled_accounting(1);
+    signaled_accounting(16);
+}
+
+#[test]
+fn shm_violations_refused() {
+    let (a, b) = pair(1 << 16);
+    violations_are_refused_and_write_nothing(&a, &b);
+}
+
+#[test]
+fn shm_depth_is_checked_on_every_operation() {
+    let (a, b) = pair_with(
+        1 << 16,
+        QpConfig::default().with_send_depth(2).unwrap(),
+        QpConfig::default(),
+    );
+    b.conn.qp().post_recv(0).unwrap();
+    let remote = a.conn.peer().region(1).unwrap();
+    let l = Local::new(&a.scratch, 0, 8);
+    a.conn
+        .qp()
+        .post_write_imm(1, l, remote.at(0), 5, false)
+        .unwrap();
+    a.conn.qp().post_read(2, l, remote.at(0), false).unwrap();
+    assert!(matches!(
+        a.conn.qp().post_read(3, l, remote.at(0), true),
+        Err(Error::QueueFull { .. })
+    ));
+    assert!(matches!(
+        a.conn.qp().post_write(3, l, remote.at(0), true),
+        Err(Error::QueueFull { .. })
+    ));
+}
+
+#[test]
+fn shm_event_channel_fires_only_when_armed() {
+    let (a, b) = pair(1 << 16);
+    let remote = a.conn.peer().region(1).unwrap();
+    let l = Local::new(&a.scratch, 0, 8);
+    let cq = b.conn.qp().recv_cq();
+    for i in 0..3 {
+        b.conn.qp().post_recv(i).unwrap();
+    }
+    // Not armed: no event.
+    a.conn
+        .qp()
+        .post_write_imm(1, l, remote.at(0), 1, false)
+        .unwrap();
+    assert_eq!(cq.ack_events().unwrap(), 0);
+    // Armed: exactly one event, then disarmed again.
+    cq.req_notify().unwrap();
+    a.conn
+        .qp()
+        .post_write_imm(2, l, remote.at(0), 2, false)
+        .unwrap();
+    a.conn
+        .qp()
+        .post_write_imm(3, l, remote.at(0), 3, false)
+        .unwrap();
+    let mut pfd = [nix::poll::PollFd::new(
+        unsafe_free_borrow(cq.channel_fd()),
+        nix::poll::PollFlags::POLLIN,
+    )];
+    let n = nix::poll::poll(&mut pfd, nix::poll::PollTimeout::from(1000u16)).unwrap();
+    assert_eq!(n, 1, "channel fd readable after an armed completion");
+    assert_eq!(cq.ack_events().unwrap(), 1);
+    let mut wc = [Completion::EMPTY; 8];
+    assert_eq!(cq.poll(&mut wc).unwrap(), 3);
+}
+
+fn unsafe_free_borrow(fd: std::os::fd::RawFd) -> std::os::fd::BorrowedFd<'static> {
+    // SAFETY: the fd belongs to a queue pair that outlives the poll call in the test.
+    unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) }
+}

@@ -1,0 +1,98 @@
+//! Fault injection: delayed completions, failing devices and torn writes.
+
+mod common;
+
+use rrpc_core::{Completion, Error, FaultConfig, Local, QpConfig, Status};
+
+#[test]
+fn delayed_completions_arrive_late_but_in_order() {
+    let cfg = QpConfig::default().with_fault(FaultConfig::none().with_completion_delay_polls(3));
+    let (a, _b) = common::pair_with(4096, cfg, QpConfig::default());
+    let r = a.conn.peer().region(1).unwrap();
+    for i in 0..4 {
+        a.conn
+            .qp()
+            .post_write(i, Local::new(&a.scratch, 0, 8), r.at(0), true)
+            .unwrap();
+    }
+    let mut wc = [Completion::EMPTY; 8];
+    let mut seen = Vec::new();
+    let mut polls = 0;
+    while seen.len() < 4 {
+        polls += 1;
+        assert!(polls < 100, "completions never arrived");
+        let n = a.conn.qp().send_cq().poll(&mut wc).unwrap();
+        seen.extend(wc[..n].iter().map(|c| c.wr_id));
+    }
+    assert!(polls > 3, "the first completion was held back");
+    assert_eq!(seen, vec![0, 1, 2, 3]);
+}
+
+#[test]
+fn failing_device_reports_error_completions_and_fails_the_qp() {
+    let cfg = QpConfig::default().with_fault(FaultConfig::none().with_fail_after_posts(2));
+    let (a, _b) = common::pair_with(4096, cfg, QpConfig::default());
+    let r = a.conn.peer().region(1).unwrap();
+    let l = Local::new(&a.scratch, 0, 8);
+    a.conn.qp().post_write(1, l, r.at(0), true).unwrap();
+    a.conn.qp().post_write(2, l, r.at(0), true).unwrap();
+    a.conn.qp().post_write(3, l, r.at(0), false).unwrap();
+    let mut wc = [Completion::EMPTY; 8];
+    let n = a.conn.qp().send_cq().poll(&mut wc).unwrap();
+    let statuses: Vec<_> = wc[..n].iter().map(|c| (c.wr_id, c.status)).collect();
+    assert_eq!(
+        statuses,
+        vec![
+            (1, Status::Success),
+            (2, Status::Success),
+            (3, Status::Fatal)
+        ]
+    );
+    let e = a.conn.qp().post_write(4, l, r.at(0), true).unwrap_err();
+    assert!(matches!(e, Error::CompletionError { .. }), "{e}");
+}
+
+#[test]
+fn torn_write_copies_only_a_prefix() {
+    let cfg = QpConfig::default().with_fault(FaultConfig::none().with_torn_write_every(2));
+    let (a, b) = common::pair_with(4096, cfg, QpConfig::default());
+    let r = a.conn.peer().region(1).unwrap();
+    a.scratch.write_at(0, &[7u8; 64]).unwrap();
+    a.conn
+        .qp()
+        .post_write(1, Local::new(&a.scratch, 0, 64), r.at(0), false)
+        .unwrap();
+    a.scratch.write_at(0, &[9u8; 64]).unwrap();
+    a.conn
+        .qp()
+        .post_write(2, Local::new(&a.scratch, 0, 64), r.at(0), false)
+        .unwrap();
+    let mut got = [0u8; 64];
+    b.granted.read_at(0, &mut got).unwrap();
+    assert_eq!(&got[..32], &[9u8; 32]);
+    assert_eq!(
+        &got[32..],
+        &[7u8; 32],
+        "second half of the torn write never arrived"
+    );
+}
+
+#[test]
+fn write_imm_beyond_posted_receives_is_refused() {
+    let (a, b) = common::pair(4096);
+    b.conn.qp().post_recv(1).unwrap();
+    let r = a.conn.peer().region(1).unwrap();
+    a.conn
+        .qp()
+        .post_write_imm(1, Local::new(&a.scratch, 0, 8), r.at(0), 42, false)
+        .unwrap();
+    let mut wc = [Completion::EMPTY; 4];
+    assert_eq!(b.conn.qp().recv_cq().poll(&mut wc).unwrap(), 1);
+    assert_eq!(wc[0].imm, Some(42));
+    assert!(matches!(
+        a.conn
+            .qp()
+            .post_write_imm(2, Local::new(&a.scratch, 0, 8), r.at(0), 43, false),
+        Err(Error::ReceiverNotReady)
+    ));
+}

@@ -1,0 +1,276 @@
+//! Bad handshakes get a clear error and a closed socket; the listener survives.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::os::unix::net::UnixStream;
+use std::time::Duration;
+
+use rrpc_core::conn::{self, HandshakeConfig, Offer};
+use rrpc_core::handshake::{HEADER_LEN, MAGIC, MAX_BODY, Message, VERSION};
+use rrpc_core::{Endpoint, Error, Fabric, Fault, QpConfig};
+
+fn listener(cfg: HandshakeConfig) -> (conn::Listener, Endpoint, std::path::PathBuf) {
+    let path = common::sock_path("hs");
+    let ep = Endpoint::Shm(path.clone());
+    (conn::Listener::bind(&ep, cfg).unwrap(), ep, path)
+}
+
+/// Sends raw bytes, returns the server's error and what the client read back.
+fn raw_client(bytes: Vec<u8>, cfg: HandshakeConfig) -> (Error, Vec<u8>) {
+    let (l, _ep, path) = listener(cfg);
+    let client = std::thread::spawn(move || {
+        let mut s = UnixStream::connect(&path).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let _ = s.write_all(&bytes);
+        let _ = s.shutdown(std::net::Shutdown::Write);
+        let mut back = Vec::new();
+        let _ = s.read_to_end(&mut back); // returns when the server closes
+        back
+    });
+    let err = l.accept().expect_err("bad handshake must be refused");
+    (err, client.join().unwrap())
+}
+
+fn header(version: u16, kind: u8, len: u32) -> Vec<u8> {
+    let mut h = Vec::new();
+    h.extend_from_slice(&MAGIC);
+    h.extend_from_slice(&version.to_le_bytes());
+    h.push(kind);
+    h.push(0);
+    h.extend_from_slice(&len.to_le_bytes());
+    h
+}
+
+fn decoded_reject(back: &[u8]) -> String {
+    match Message::decode(back) {
+        Ok(Some((Message::Reject(r), _))) => r.reason,
+        other => panic!("expected a Reject, got {other:?}"),
+    }
+}
+
+#[test]
+fn garbage_is_refused_with_a_reject() {
+    let (e, back) = raw_client(
+        b"GET / HTTP/1.1\r\n\r\n".to_vec(),
+        HandshakeConfig::default(),
+    );
+    assert!(matches!(e, Error::MalformedHandshake(_)), "{e}");
+    assert_eq!(e.fault(), Fault::Peer);
+    assert!(decoded_reject(&back).contains("magic"));
+}
+
+#[test]
+fn other_version_is_refused() {
+    let (e, back) = raw_client(header(VERSION + 1, 1, 0), HandshakeConfig::default());
+    assert!(
+        matches!(e, Error::VersionMismatch { theirs, .. } if theirs == VERSION + 1),
+        "{e}"
+    );
+    assert!(decoded_reject(&back).contains("version"));
+}
+
+#[test]
+fn oversized_body_is_refused_before_reading_it() {
+    let (e, back) = raw_client(header(VERSION, 1, u32::MAX), HandshakeConfig::default());
+    assert!(
+        matches!(e, Error::MalformedHandshake(ref m) if m.contains("exceeds")),
+        "{e}"
+    );
+    assert!(!back.is_empty());
+    let (e, _) = raw_client(
+        header(VERSION, 1, MAX_BODY as u32 + 1),
+        HandshakeConfig::default(),
+    );
+    assert!(matches!(e, Error::MalformedHandshake(_)), "{e}");
+}
+
+#[test]
+fn truncated_body_then_close_is_refused() {
+    let mut b = header(VERSION, 1, 100);
+    b.extend_from_slice(&[0u8; 10]);
+    let (e, _) = raw_client(b, HandshakeConfig::default());
+    assert!(
+        matches!(e, Error::MalformedHandshake(ref m) if m.contains("closed")),
+        "{e}"
+    );
+}
+
+#[test]
+fn silent_client_times_out() {
+    let cfg = HandshakeConfig::default()
+        .with_timeout(Duration::from_millis(200))
+        .unwrap();
+    let (l, _ep, path) = listener(cfg);
+    let _s = UnixStream::connect(&path).unwrap();
+    let e = l.accept().unwrap_err();
+    assert!(matches!(e, Error::Timeout), "{e}");
+}
+
+#[test]
+fn hello_without_descriptors_is_refused() {
+    // A well-formed hello that claims a region but passes no fds.
+    let hello = rrpc_core::handshake::Hello {
+        provider: 1,
+        endpoint: vec![0; 16],
+        regions: vec![rrpc_core::RegionDesc {
+            role: 1,
+            remote: rrpc_core::RemoteRegion {
+                addr: 4096,
+                len: 4096,
+                rkey: 1,
+            },
+        }],
+        ..Default::default()
+    };
+    let bytes = Message::Hello(hello).encode().unwrap();
+    let (l, _ep, path) = listener(HandshakeConfig::default());
+    let client = std::thread::spawn(move || {
+        let mut s = UnixStream::connect(&path).unwrap();
+        s.write_all(&bytes).unwrap();
+        let mut back = Vec::new();
+        let _ = s.read_to_end(&mut back);
+        back
+    });
+    let inc = l.accept().unwrap();
+    let f = Fabric::shm();
+    let e = inc
+        .accept(f.create_qp(&QpConfig::default()).unwrap(), Offer::new())
+        .unwrap_err();
+    assert!(
+        matches!(e, Error::MalformedHandshake(ref m) if m.contains("descriptors")),
+        "{e}"
+    );
+    assert!(decoded_reject(&client.join().unwrap()).contains("descriptors"));
+}
+
+#[test]
+fn wrong_token_is_refused_and_listener_keeps_serving() {
+    let cfg = HandshakeConfig::default()
+        .with_token(b"s3cret".to_vec())
+        .unwrap();
+    let (l, ep, _) = listener(cfg);
+    let f = Fabric::shm();
+    let ep2 = ep.clone();
+    let f2 = f.clone();
+    let bad = std::thread::spawn(move || {
+        conn::connect(
+            &ep2,
+            f2.create_qp(&QpConfig::default()).unwrap(),
+            Offer::new().token(Some(b"nope".to_vec())),
+            &HandshakeConfig::default(),
+        )
+    });
+    assert!(matches!(l.accept(), Err(Error::AuthFailed)));
+    assert!(matches!(bad.join().unwrap(), Err(Error::AuthFailed)));
+
+    let ep3 = ep.clone();
+    let f3 = f.clone();
+    let none = std::thread::spawn(move || {
+        conn::connect(
+            &ep3,
+            f3.create_qp(&QpConfig::default()).unwrap(),
+            Offer::new(),
+            &HandshakeConfig::default(),
+        )
+    });
+    assert!(matches!(l.accept(), Err(Error::AuthFailed)));
+    assert!(matches!(none.join().unwrap(), Err(Error::AuthFailed)));
+
+    let good = std::thread::spawn(move || {
+        conn::connect(
+            &ep,
+            f.create_qp(&QpConfig::default()).unwrap(),
+            Offer::new().token(Some(b"s3cret".to_vec())),
+            &HandshakeConfig::default(),
+        )
+    });
+    let inc = l.accept().unwrap();
+    let server = inc
+        .accept(
+            Fabric::shm().create_qp(&QpConfig::default()).unwrap(),
+            Offer::new(),
+        )
+        .unwrap();
+    let client = good.join().unwrap().unwrap();
+    server.check_alive().unwrap();
+    client.check_alive().unwrap();
+}
+
+#[test]
+fn explicit_reject_reaches_the_client() {
+    let (l, ep, _) = listener(HandshakeConfig::default());
+    let c = std::thread::spawn(move || {
+        conn::connect(
+            &ep,
+            Fabric::shm().create_qp(&QpConfig::default()).unwrap(),
+            Offer::new(),
+            &HandshakeConfig::default(),
+        )
+    });
+    l.accept().unwrap().reject("server is draining").unwrap();
+    let e = c.join().unwrap().unwrap_err();
+    assert!(
+        matches!(e, Error::Rejected(ref r) if r == "server is draining"),
+        "{e}"
+    );
+}
+
+#[test]
+fn server_that_never_answers_times_out_the_client() {
+    let (l, ep, _) = listener(HandshakeConfig::default());
+    let cfg = HandshakeConfig::default()
+        .with_timeout(Duration::from_millis(200))
+        .unwrap();
+    // Hold the accepted socket without answering.
+    let holder = std::thread::spawn(move || {
+        let inc = l.accept();
+        std::thread::sleep(Duration::from_millis(500));
+        drop(inc);
+    });
+    let e = conn::connect(
+        &ep,
+        Fabric::shm().create_qp(&QpConfig::default()).unwrap(),
+        Offer::new(),
+        &cfg,
+    )
+    .unwrap_err();
+    assert!(matches!(e, Error::Timeout), "{e}");
+    holder.join().unwrap();
+}
+
+#[test]
+fn closing_connection_fails_the_peer() {
+    let (a, b) = common::pair(4096);
+    a.conn.close();
+    // The peer sees the goodbye/EOF; poll for it without sleeping blindly.
+    // SAFETY: `b.conn` outlives this borrow.
+    let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(b.conn.liveness_fd()) };
+    let mut pfd = [nix::poll::PollFd::new(fd, nix::poll::PollFlags::POLLIN)];
+    assert_eq!(
+        nix::poll::poll(&mut pfd, nix::poll::PollTimeout::from(1000u16)).unwrap(),
+        1
+    );
+    assert!(matches!(b.conn.check_alive(), Err(Error::PeerGone)));
+    assert!(b.conn.qp().is_failed());
+    let l = rrpc_core::Local::new(&b.scratch, 0, 8);
+    let r = b.conn.peer().region(1).unwrap();
+    assert!(matches!(
+        b.conn.qp().post_write(1, l, r.at(0), true),
+        Err(Error::PeerGone)
+    ));
+    assert!(matches!(
+        a.conn.qp().post_write(
+            1,
+            rrpc_core::Local::new(&a.scratch, 0, 8),
+            a.conn.peer().region(1).unwrap().at(0),
+            true
+        ),
+        Err(Error::NotConnected)
+    ));
+}
+
+#[test]
+fn header_len_constant_matches() {
+    assert_eq!(header(VERSION, 4, 0).len(), HEADER_LEN);
+}
