@@ -1,1 +1,333 @@
-//! Shared harness for the integration tests (see `tests/`).
+//! Shared harness for the integration tests: one test service, a server
+//! started on any transport in its own runtime (so a test can kill it), and a
+//! macro that runs a test body on every transport (tcp, shm HTTP/2, shm fast
+//! path) with the same assertions.
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use futures_util::Stream;
+use rrpc_tonic::{PathPreference, RrpcChannel, RrpcConfig, Server};
+use tokio::sync::{Notify, mpsc, oneshot};
+use tonic::{Request, Response, Status, Streaming};
+
+/// Generated code for `proto/test.proto`.
+#[allow(missing_docs, unreachable_pub, missing_debug_implementations)]
+pub mod pb {
+    tonic::include_proto!("test");
+}
+
+use pb::test_server::{Test, TestServer};
+use pb::{Input, Output};
+
+/// The transports every test runs on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Transport {
+    /// tonic over TCP (the reference behaviour).
+    Tcp,
+    /// HTTP/2 over shm rings.
+    ShmH2,
+    /// The fast path over shm rings.
+    ShmFast,
+}
+
+/// What the server saw, for assertions about server-side effects.
+#[derive(Debug, Default)]
+pub struct Observed {
+    /// Tags of streaming handlers whose stream was dropped before finishing.
+    pub cancelled: std::sync::Mutex<Vec<String>>,
+    /// Signalled when a handler starts (for shutdown/kill tests).
+    pub started: Notify,
+    /// Signalled when a handler's stream is dropped early.
+    pub cancel_seen: Notify,
+}
+
+#[derive(Debug, Clone)]
+struct Svc {
+    obs: Arc<Observed>,
+}
+
+type BoxStream = Pin<Box<dyn Stream<Item = Result<Output, Status>> + Send>>;
+
+fn echo_metadata<T>(req: &Request<T>, resp: &mut tonic::metadata::MetadataMap) {
+    for kv in req.metadata().iter() {
+        if let tonic::metadata::KeyAndValueRef::Ascii(k, v) = kv {
+            if k.as_str().starts_with("x-echo") {
+                resp.insert(k.clone(), v.clone());
+            }
+        }
+    }
+}
+
+fn fail(code: i32) -> Status {
+    let mut st = Status::new(tonic::Code::from(code), format!("failed with {code}"));
+    st.metadata_mut().insert("x-err-meta", "trailing".parse().expect("ascii"));
+    st
+}
+
+/// Records the stream tag as cancelled when dropped unfinished.
+struct DropWatch {
+    tag: String,
+    done: bool,
+    obs: Arc<Observed>,
+}
+
+impl Drop for DropWatch {
+    fn drop(&mut self) {
+        if !self.done {
+            self.obs.cancelled.lock().expect("lock").push(self.tag.clone());
+            self.obs.cancel_seen.notify_one();
+        }
+    }
+}
+
+#[tonic::async_trait]
+impl Test for Svc {
+    async fn unary(&self, req: Request<Input>) -> Result<Response<Output>, Status> {
+        self.obs.started.notify_one();
+        let input = req.get_ref().clone();
+        if input.delay_ms > 0 {
+            tokio::time::sleep(Duration::from_millis(input.delay_ms as u64)).await;
+        }
+        if input.fail_code != 0 {
+            return Err(fail(input.fail_code));
+        }
+        let total = input.payload.len() as u64;
+        let mut resp = Response::new(Output { payload: input.payload, total });
+        echo_metadata(&req, resp.metadata_mut());
+        Ok(resp)
+    }
+
+    type ServerStreamStream = BoxStream;
+
+    async fn server_stream(&self, req: Request<Input>) -> Result<Response<BoxStream>, Status> {
+        self.obs.started.notify_one();
+        let input = req.get_ref().clone();
+        let obs = self.obs.clone();
+        let s = async_stream::stream! {
+            let mut watch = DropWatch { tag: input.tag.clone(), done: false, obs };
+            for i in 0..input.count {
+                if input.delay_ms > 0 {
+                    tokio::time::sleep(Duration::from_millis(input.delay_ms as u64)).await;
+                }
+                yield Ok(Output { payload: input.payload.clone(), total: i as u64 });
+            }
+            watch.done = true;
+            if input.fail_code != 0 {
+                yield Err(fail(input.fail_code));
+            }
+        };
+        let mut resp = Response::new(Box::pin(s) as BoxStream);
+        echo_metadata(&req, resp.metadata_mut());
+        Ok(resp)
+    }
+
+    async fn client_stream(&self, req: Request<Streaming<Input>>) -> Result<Response<Output>, Status> {
+        let mut s = req.into_inner();
+        let (mut total, mut n) = (0u64, 0u64);
+        while let Some(m) = s.message().await? {
+            total += m.payload.len() as u64;
+            n += 1;
+        }
+        Ok(Response::new(Output { payload: n.to_le_bytes().to_vec(), total }))
+    }
+
+    type BidiStream = BoxStream;
+
+    async fn bidi(&self, req: Request<Streaming<Input>>) -> Result<Response<BoxStream>, Status> {
+        let mut s = req.into_inner();
+        let out = async_stream::stream! {
+            let mut i = 0u64;
+            loop {
+                match s.message().await {
+                    Ok(Some(m)) => {
+                        yield Ok(Output { payload: m.payload, total: i });
+                        i += 1;
+                    }
+                    Ok(None) => break,
+                    Err(e) => {
+                        yield Err(e);
+                        break;
+                    }
+                }
+            }
+        };
+        Ok(Response::new(Box::pin(out) as BoxStream))
+    }
+}
+
+/// Server-side interceptor: `x-deny` metadata is rejected with `PermissionDenied`.
+fn server_interceptor(req: Request<()>) -> Result<Request<()>, Status> {
+    if req.metadata().contains_key("x-deny") {
+        return Err(Status::permission_denied("denied by interceptor"));
+    }
+    Ok(req)
+}
+
+/// Server-side tower layer: marks every response with `x-layer: server`.
+fn mark_response(mut res: http::Response<tonic::body::Body>) -> http::Response<tonic::body::Body> {
+    res.headers_mut().insert("x-layer", http::HeaderValue::from_static("server"));
+    res
+}
+
+static NEXT: AtomicU64 = AtomicU64::new(0);
+
+/// A running test server, in its own thread and runtime.
+#[derive(Debug)]
+pub struct TestServer_ {
+    /// The URI clients connect to.
+    pub uri: String,
+    /// The transport.
+    pub transport: Transport,
+    /// What handlers observed.
+    pub obs: Arc<Observed>,
+    shutdown: Option<oneshot::Sender<()>>,
+    done: Option<mpsc::Receiver<Result<(), String>>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+    kill: Option<oneshot::Sender<()>>,
+}
+
+/// Alias with a friendlier name.
+pub type Harness = TestServer_;
+
+fn config(t: Transport) -> RrpcConfig {
+    let c = RrpcConfig::default().ring_size(1 << 20).expect("valid ring size");
+    match t {
+        Transport::ShmH2 => c.path(PathPreference::Http2),
+        _ => c,
+    }
+}
+
+impl TestServer_ {
+    /// Starts the test service on `transport`.
+    pub async fn start(transport: Transport) -> Self {
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let uri = match transport {
+            Transport::Tcp => {
+                let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+                let port = l.local_addr().expect("addr").port();
+                drop(l);
+                format!("http://127.0.0.1:{port}")
+            }
+            _ => format!("shm://{}/rrpc-it-{}-{n}.sock", std::env::temp_dir().display(), std::process::id()),
+        };
+        let obs = Arc::new(Observed::default());
+        let (sd_tx, sd_rx) = oneshot::channel::<()>();
+        let (kill_tx, kill_rx) = oneshot::channel::<()>();
+        let (done_tx, done_rx) = mpsc::channel(1);
+        let (u, o) = (uri.clone(), obs.clone());
+        let thread = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
+            rt.block_on(async move {
+                let inner = TestServer::new(Svc { obs: o })
+                    .accept_compressed(tonic::codec::CompressionEncoding::Gzip)
+                    .send_compressed(tonic::codec::CompressionEncoding::Gzip)
+                    .max_decoding_message_size(4 << 20);
+                let svc = tonic::service::interceptor::InterceptedService::new(
+                    inner,
+                    server_interceptor as fn(Request<()>) -> Result<Request<()>, Status>,
+                );
+                let serve = Server::builder()
+                    .layer(tower::util::MapResponseLayer::new(mark_response as fn(http::Response<tonic::body::Body>) -> http::Response<tonic::body::Body>))
+                    .add_service(svc)
+                    .serve_rrpc_with_shutdown(&u, config(transport), async move {
+                        let _ = sd_rx.await;
+                    });
+                tokio::select! {
+                    r = serve => { let _ = done_tx.send(r.map_err(|e| e.to_string())).await; }
+                    _ = kill_rx => {}
+                }
+            });
+            // Dropping the runtime here ends every task at once, like a killed process.
+            rt.shutdown_background();
+        });
+        TestServer_ {
+            uri,
+            transport,
+            obs,
+            shutdown: Some(sd_tx),
+            done: Some(done_rx),
+            thread: Some(thread),
+            kill: Some(kill_tx),
+        }
+    }
+
+    /// Connects a channel, retrying while the server comes up.
+    pub async fn channel(&self) -> RrpcChannel {
+        let mut last = None;
+        for _ in 0..200 {
+            match RrpcChannel::connect(&self.uri, config(self.transport)).await {
+                Ok(c) => {
+                    let want = match self.transport {
+                        Transport::Tcp => rrpc_tonic::ChannelPath::Tcp,
+                        Transport::ShmH2 => rrpc_tonic::ChannelPath::Http2,
+                        Transport::ShmFast => rrpc_tonic::ChannelPath::Fast,
+                    };
+                    assert_eq!(c.path(), want, "negotiated path");
+                    return c;
+                }
+                Err(e) => last = Some(e),
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        panic!("could not connect to {}: {last:?}", self.uri);
+    }
+
+    /// A generated client on a fresh channel.
+    pub async fn client(&self) -> pb::test_client::TestClient<RrpcChannel> {
+        pb::test_client::TestClient::new(self.channel().await)
+    }
+
+    /// Graceful shutdown: returns when the server has drained.
+    pub async fn shutdown(&mut self) -> Result<(), String> {
+        if let Some(s) = self.shutdown.take() {
+            let _ = s.send(());
+        }
+        let r = match self.done.as_mut() {
+            Some(d) => d.recv().await.unwrap_or(Ok(())),
+            None => Ok(()),
+        };
+        r
+    }
+
+    /// Kills the server abruptly (its runtime is dropped mid-flight).
+    pub fn kill(&mut self) {
+        if let Some(k) = self.kill.take() {
+            let _ = k.send(());
+        }
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for TestServer_ {
+    fn drop(&mut self) {
+        if let Some(k) = self.kill.take() {
+            let _ = k.send(());
+        }
+    }
+}
+
+/// A request payload of `n` bytes with a recognisable pattern.
+pub fn payload(n: usize) -> Vec<u8> {
+    (0..n).map(|i| (i % 251) as u8).collect()
+}
+
+/// Runs `async fn $name(t: Transport)` once per transport as separate tests.
+#[macro_export]
+macro_rules! on_all_transports {
+    ($($name:ident),* $(,)?) => {
+        mod tcp {
+            $( #[tokio::test(flavor = "multi_thread", worker_threads = 2)] async fn $name() { super::$name($crate::Transport::Tcp).await } )*
+        }
+        mod shm_h2 {
+            $( #[tokio::test(flavor = "multi_thread", worker_threads = 2)] async fn $name() { super::$name($crate::Transport::ShmH2).await } )*
+        }
+        mod shm_fast {
+            $( #[tokio::test(flavor = "multi_thread", worker_threads = 2)] async fn $name() { super::$name($crate::Transport::ShmFast).await } )*
+        }
+    };
+}
