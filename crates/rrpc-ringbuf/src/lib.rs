@@ -1,4 +1,78 @@
-//! RB² distributed ring buffer over the rrpc fabric (issue 3).
+//! # rrpc-ringbuf — the RB² distributed ring buffer
+//!
+//! A one-directional channel (RB² §III-B): the sender keeps `RB_S`, a local
+//! registered copy of the ring, and WRITEs slots into the receiver's `RB_R`.
+//! Both are big circular arrays of `N` equal slots, a multiple of 64 bytes
+//! (slot-to-slot layout, §III-A C5); a message spans contiguous slots and is
+//! never split across the array end (a gap marker fills the rest).
+//!
+//! ## Pointers (§III-B, Fig. 2)
+//! * sender: `tail` (next slot to write), `esc_tail` (slots before it have
+//!   been transmitted), `synced_tail` (last tail sent to the receiver),
+//!   `local_head` (the receiver's head as last pushed);
+//! * receiver: `head` (next slot to read), `synced_head` (last head pushed),
+//!   `local_tail` (the sender's tail as last written to us).
+//!
+//! ## Synchronization and thresholds (§IV-A, §IV-B, Algorithm 1)
+//! * **write twice**: slots first, then the tail into `local_tail`; RC
+//!   ordering makes the data visible before the pointer.
+//! * **slot transmission** every `beta` messages (synchronization-ahead),
+//!   **pointer advancement** every `alpha` messages, and the **elastic
+//!   threshold**: while the previous tail WRITE has not completed, pointer
+//!   advancement is deferred and slot transmission goes on.
+//! * **lazy push**: the receiver WRITEs its head into `local_head` every
+//!   `gamma` messages, and whenever it finds the ring empty with an unpushed
+//!   head, so a sender never waits on a held-back push.
+//! * [`RingTx::flush`] pushes whatever is batched; a full ring flushes too.
+//!
+//! The pointer logic is the sans-IO [`proto`] module; [`LocalRing`],
+//! [`RingTx`] and [`RingRx`] drive it on an `rrpc-core` queue pair. Every
+//! peer-written value (headers, gap markers, pointer words) is validated; a
+//! bad one closes the channel with [`Error::Corrupt`].
+//!
+//! Memory (§IV-C): zero-copy reserve/commit on the sender and borrowed
+//! [`ReadGuard`]s on the receiver; huge pages through rrpc-core's regions;
+//! cache-line aligned slots. NUMA placement is not applicable on the
+//! single-node machines this runs on and is not implemented.
+//!
+//! ## Example
+//! ```
+//! use rrpc_core::conn::{self, HandshakeConfig, Offer};
+//! use rrpc_core::{Endpoint, Fabric, QpConfig};
+//! use rrpc_ringbuf::{Error, LocalRing, RingConfig};
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let dir = std::env::temp_dir().join(format!("rrpc-rb-doc-{}", std::process::id()));
+//! std::fs::create_dir_all(&dir)?;
+//! let ep = Endpoint::parse(&format!("shm://{}/s.sock", dir.display()))?;
+//! let cfg = RingConfig::builder().ring_size(1 << 20).build()?;
+//! let fabric = Fabric::shm();
+//! let listener = conn::Listener::bind(&ep, HandshakeConfig::default())?;
+//! let (f2, c2) = (fabric.clone(), cfg.clone());
+//! let server = std::thread::spawn(move || {
+//!     let local = LocalRing::new(&f2, &c2).unwrap();
+//!     let inc = listener.accept().unwrap();
+//!     let c = inc.accept(f2.create_qp(&QpConfig::default()).unwrap(),
+//!                        local.add_to_offer(Offer::new())).unwrap();
+//!     let (_tx, mut rx) = local.connect(&c).unwrap();
+//!     loop {
+//!         match rx.try_recv() {
+//!             Ok(m) => return m.to_vec(),
+//!             Err(Error::WouldBlock) => std::hint::spin_loop(),
+//!             Err(e) => panic!("{e}"),
+//!         }
+//!     }
+//! });
+//! let local = LocalRing::new(&fabric, &cfg)?;
+//! let c = conn::connect(&ep, fabric.create_qp(&QpConfig::default())?,
+//!                       local.add_to_offer(Offer::new()), &HandshakeConfig::default())?;
+//! let (mut tx, _rx) = local.connect(&c)?;
+//! let mut g = tx.try_reserve(5)?;   // zero-copy: encode straight into RB_S
+//! g.copy_from_slice(b"hello");
+//! g.commit()?;
+//! tx.flush()?;                      // end of burst: make it visible now
+//! assert_eq!(server.join().unwrap(), b"hello");
+//! # Ok(()) }
+//! ```
 
 mod config;
 mod driver;
