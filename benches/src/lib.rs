@@ -49,16 +49,18 @@
 
 pub mod args;
 pub mod cpu;
+pub mod fabric;
 pub mod machine;
 pub mod pin;
 pub mod ratio;
 pub mod report;
+pub mod rpc;
 pub mod stats;
 
 pub use args::SuiteArgs;
 pub use cpu::{CpuTimes, rss_bytes};
 pub use machine::Machine;
-pub use pin::{ThreadPlan, pin_current_thread};
+pub use pin::{ThreadPlan, pin_current_thread, process_cpus};
 pub use ratio::Ratio;
 pub use report::{PlotSpec, Report, Table, Value};
 pub use stats::{Latency, Summary};

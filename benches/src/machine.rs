@@ -55,7 +55,7 @@ impl Machine {
         );
         Machine {
             cpu_model,
-            cores: crate::pin::allowed_cpus().len(),
+            cores: crate::pin::process_cpus().len(),
             mem_mib: mem_kib / 1024,
             kernel,
             host: read("/proc/sys/kernel/hostname"),

@@ -3,7 +3,14 @@
 use std::fmt::Write as _;
 use std::io;
 
-/// CPUs the calling thread may run on (`sched_getaffinity`); `[0]` if the call fails.
+/// CPUs the process could use when first asked (cached, so it does not shrink once the calling
+/// thread pins itself). Plans and the machine header use this.
+pub fn process_cpus() -> Vec<usize> {
+    static CPUS: std::sync::OnceLock<Vec<usize>> = std::sync::OnceLock::new();
+    CPUS.get_or_init(allowed_cpus).clone()
+}
+
+/// CPUs the calling thread may run on now (`sched_getaffinity`); `[0]` if the call fails.
 pub fn allowed_cpus() -> Vec<usize> {
     // SAFETY: `cpu_set_t` is plain old data; all-zero is the empty set.
     let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
@@ -80,13 +87,13 @@ impl ThreadPlan {
 
     /// Whether the plan runs more busy threads than this process may use CPUs.
     pub fn oversubscribed(&self) -> bool {
-        self.threads() > allowed_cpus().len()
+        self.threads() > process_cpus().len()
     }
 
     /// For CPU `i` of the plan, the `i`-th allowed CPU modulo the allowed count (so a plan
     /// written for "cpu 0 and cpu 1" works inside any affinity mask).
     pub fn cpu(i: usize) -> usize {
-        let cpus = allowed_cpus();
+        let cpus = process_cpus();
         cpus[i % cpus.len()]
     }
 
@@ -110,7 +117,7 @@ impl ThreadPlan {
                 None => out.push_str("unpinned; "),
             }
         }
-        let cpus = allowed_cpus().len();
+        let cpus = process_cpus().len();
         let _ = write!(out, "{} busy threads on {} cpus", self.threads(), cpus);
         if self.oversubscribed() {
             out.push_str(" (OVERSUBSCRIBED: threads time-share cores)");
@@ -139,7 +146,7 @@ mod tests {
 
     #[test]
     fn plan_describes_and_flags_oversubscription() {
-        let n = allowed_cpus().len();
+        let n = process_cpus().len();
         let ok = ThreadPlan::new().side("server", 1, Some(vec![0]));
         assert_eq!(
             ok.describe(),

@@ -301,8 +301,9 @@ pub struct Report {
 }
 
 impl Report {
-    /// Creates the output directory (`args.out` or `target/bench-results/<time>-<suite>/`),
-    /// collects the machine header and prints it (unless `--json`).
+    /// Creates the output directory (`args.out` or `target/bench-results/<time>-<suite>/`) and
+    /// collects the machine header (printed with the first table, after the suite set
+    /// `provider` and `pinning`).
     ///
     /// # Errors
     /// If the directory cannot be created.
@@ -370,6 +371,14 @@ impl Report {
         if self.json {
             println!("{}", serde_json::to_string(&file)?);
         } else {
+            if self.written.is_empty() {
+                let quick = if self.quick {
+                    " (--quick smoke run)"
+                } else {
+                    ""
+                };
+                println!("## {}{quick}\n\n{}\n", self.suite, self.machine.markdown());
+            }
             println!("{md}");
         }
         self.written.push(file.table.experiment);

@@ -23,7 +23,10 @@ struct Args {
 }
 
 fn args() -> Args {
-    let mut a = Args { quick: false, out: None };
+    let mut a = Args {
+        quick: false,
+        out: None,
+    };
     let mut it = std::env::args().skip(1);
     while let Some(s) = it.next() {
         match s.as_str() {
@@ -46,25 +49,43 @@ fn pair(cfg: &RingConfig, tag: &str) -> Result<(Side, Side)> {
     let dir = std::env::temp_dir().join(format!("rrpc-bench-rb-{}-{tag}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
     let ep = Endpoint::parse(&format!("shm://{}/s.sock", dir.display()))?;
-    let fabric = if cfg.huge_pages() { Fabric::shm() } else { Fabric::shm().without_huge_pages() };
+    let fabric = if cfg.huge_pages() {
+        Fabric::shm()
+    } else {
+        Fabric::shm().without_huge_pages()
+    };
     let listener = conn::Listener::bind(&ep, HandshakeConfig::default())?;
     let (f2, c2) = (fabric.clone(), cfg.clone());
     let server = std::thread::spawn(move || -> Result<Side> {
         let local = LocalRing::new(&f2, &c2)?;
         let inc = listener.accept()?;
-        let c = inc.accept(f2.create_qp(&QpConfig::default())?, local.add_to_offer(Offer::new()))?;
+        let c = inc.accept(
+            f2.create_qp(&QpConfig::default())?,
+            local.add_to_offer(Offer::new()),
+        )?;
         let (tx, rx) = local.connect(&c)?;
         Ok((c, tx, rx))
     });
     let local = LocalRing::new(&fabric, cfg)?;
-    let c = conn::connect(&ep, fabric.create_qp(&QpConfig::default())?, local.add_to_offer(Offer::new()), &HandshakeConfig::default())?;
+    let c = conn::connect(
+        &ep,
+        fabric.create_qp(&QpConfig::default())?,
+        local.add_to_offer(Offer::new()),
+        &HandshakeConfig::default(),
+    )?;
     let (tx, rx) = local.connect(&c)?;
     let s = server.join().unwrap()?;
     Ok(((c, tx, rx), s))
 }
 
 /// Exp#1: one-way throughput; returns (messages/s, GB/s).
-fn throughput(cfg: &RingConfig, size: usize, total_bytes: usize, zero_copy: bool, tag: &str) -> Result<(f64, f64)> {
+fn throughput(
+    cfg: &RingConfig,
+    size: usize,
+    total_bytes: usize,
+    zero_copy: bool,
+    tag: &str,
+) -> Result<(f64, f64)> {
     let n = (total_bytes / size).max(64) as u64;
     let ((_c1, mut tx, _r1), (_c2, _t2, mut rx)) = pair(cfg, tag)?;
     let start = Arc::new(Barrier::new(2));
@@ -187,11 +208,19 @@ fn raw_write(size: usize, total: usize) -> Result<f64> {
     let f2 = fabric.clone();
     let server = std::thread::spawn(move || -> Result<_> {
         let inbox = f2.alloc_region(size.max(4096))?;
-        let c = listener.accept()?.accept(f2.create_qp(&QpConfig::default())?, Offer::new().grant(1, inbox.clone()))?;
+        let c = listener.accept()?.accept(
+            f2.create_qp(&QpConfig::default())?,
+            Offer::new().grant(1, inbox.clone()),
+        )?;
         Ok((c, inbox))
     });
     let src = fabric.alloc_region(size.max(4096))?;
-    let c = conn::connect(&ep, fabric.create_qp(&QpConfig::default())?, Offer::new(), &HandshakeConfig::default())?;
+    let c = conn::connect(
+        &ep,
+        fabric.create_qp(&QpConfig::default())?,
+        Offer::new(),
+        &HandshakeConfig::default(),
+    )?;
     let _keep = server.join().unwrap()?;
     let remote = c.peer().region(1).context("grant")?;
     let n = (total / size).max(64) as u64;
@@ -200,7 +229,8 @@ fn raw_write(size: usize, total: usize) -> Result<f64> {
     let t0 = Instant::now();
     for i in 0..n {
         let sig = i % 64 == 63;
-        c.qp().post_write(i, Local::new(&src, 0, size), remote.at(0), sig)?;
+        c.qp()
+            .post_write(i, Local::new(&src, 0, size), remote.at(0), sig)?;
         if sig {
             while c.qp().send_cq().poll(&mut wc)? == 0 {}
         }
@@ -244,7 +274,10 @@ fn memcpy_gbs(size: usize, total: usize) -> f64 {
 fn emit(out: &Option<PathBuf>, name: &str, header: &[&str], rows: &[Vec<String>]) -> Result<()> {
     println!("\n### {name}\n");
     println!("| {} |", header.join(" | "));
-    println!("|{}|", header.iter().map(|_| "---").collect::<Vec<_>>().join("|"));
+    println!(
+        "|{}|",
+        header.iter().map(|_| "---").collect::<Vec<_>>().join("|")
+    );
     for r in rows {
         println!("| {} |", r.join(" | "));
     }
@@ -263,7 +296,10 @@ fn main() -> Result<()> {
     let a = args();
     let total = if a.quick { 64 << 20 } else { 1 << 30 };
     let rounds = if a.quick { 20_000 } else { 300_000 };
-    println!("# RB² ring buffer (shm)\n\nthreads pinned: sender/client on CPU 0, receiver/server on CPU 1 (two cores, one each; both ends in one process over a real shm connection). quick = {}", a.quick);
+    println!(
+        "# RB² ring buffer (shm)\n\nthreads pinned: sender/client on CPU 0, receiver/server on CPU 1 (two cores, one each; both ends in one process over a real shm connection). quick = {}",
+        a.quick
+    );
     let full = RingConfig::default();
 
     let sizes = [64usize, 512, 4096, 65536, 1 << 20];
@@ -272,19 +308,56 @@ fn main() -> Result<()> {
         let (mps, gbs) = throughput(&full, s, total, true, &format!("t{s}"))?;
         let raw = raw_write(s, total)?;
         let mc = memcpy_gbs(s, total);
-        rows.push(vec![s.to_string(), format!("{:.0}", mps), format!("{gbs:.2}"), format!("{raw:.2}"), format!("{mc:.2}"), format!("{:.2}", gbs / mc)]);
+        rows.push(vec![
+            s.to_string(),
+            format!("{:.0}", mps),
+            format!("{gbs:.2}"),
+            format!("{raw:.2}"),
+            format!("{mc:.2}"),
+            format!("{:.2}", gbs / mc),
+        ]);
     }
-    emit(&a.out, "exp1_throughput", &["size_B", "msgs_per_s", "rb2_GB_s", "raw_write_GB_s", "memcpy_GB_s", "rb2_over_memcpy"], &rows)?;
+    emit(
+        &a.out,
+        "exp1_throughput",
+        &[
+            "size_B",
+            "msgs_per_s",
+            "rb2_GB_s",
+            "raw_write_GB_s",
+            "memcpy_GB_s",
+            "rb2_over_memcpy",
+        ],
+        &rows,
+    )?;
     let rt = rtrb_rate(if a.quick { 5_000_000 } else { 50_000_000 });
     let rb64 = rows[0][1].parse::<f64>().unwrap_or(0.0);
-    emit(&a.out, "reference_rtrb_64B", &["rtrb_msgs_per_s", "rb2_64B_msgs_per_s", "ratio"], &[vec![format!("{rt:.0}"), format!("{rb64:.0}"), format!("{:.2}", rb64 / rt)]])?;
+    emit(
+        &a.out,
+        "reference_rtrb_64B",
+        &["rtrb_msgs_per_s", "rb2_64B_msgs_per_s", "ratio"],
+        &[vec![
+            format!("{rt:.0}"),
+            format!("{rb64:.0}"),
+            format!("{:.2}", rb64 / rt),
+        ]],
+    )?;
 
     let mut rows = Vec::new();
     for &s in &sizes {
         let (avg, p999) = pingpong(&full, s, rounds, &format!("p{s}"))?;
-        rows.push(vec![s.to_string(), format!("{avg:.2}"), format!("{p999:.2}")]);
+        rows.push(vec![
+            s.to_string(),
+            format!("{avg:.2}"),
+            format!("{p999:.2}"),
+        ]);
     }
-    emit(&a.out, "exp2_pingpong", &["size_B", "avg_us", "p99_9_us"], &rows)?;
+    emit(
+        &a.out,
+        "exp2_pingpong",
+        &["size_B", "avg_us", "p99_9_us"],
+        &rows,
+    )?;
 
     let b = RingConfig::builder;
     let variants: Vec<(&str, RingConfig, bool)> = vec![
@@ -294,7 +367,11 @@ fn main() -> Result<()> {
         ("M4 - elastic threshold", b().elastic(false).build()?, true),
         ("M5 - lazy push (gamma=1)", b().gamma(1).build()?, true),
         ("M6 - zero-copy", full.clone(), false),
-        ("M7 - cache-line alignment", b().cache_align(false).build()?, true),
+        (
+            "M7 - cache-line alignment",
+            b().cache_align(false).build()?,
+            true,
+        ),
         ("M8 - huge pages", b().huge_pages(false).build()?, true),
     ];
     let mut rows = Vec::new();
@@ -302,8 +379,23 @@ fn main() -> Result<()> {
         let (_, small) = throughput(cfg, 512, total, *zc, &format!("a{i}s"))?;
         let (_, large) = throughput(cfg, 1 << 20, total, *zc, &format!("a{i}l"))?;
         let (lat, _) = pingpong(cfg, 512, rounds / 4, &format!("a{i}p"))?;
-        rows.push(vec![name.to_string(), format!("{:.2}", small * 8.0), format!("{:.2}", large * 8.0), format!("{lat:.2}")]);
+        rows.push(vec![
+            name.to_string(),
+            format!("{:.2}", small * 8.0),
+            format!("{:.2}", large * 8.0),
+            format!("{lat:.2}"),
+        ]);
     }
-    emit(&a.out, "table2_ablation", &["variant", "small_512B_Gbps", "large_1MiB_Gbps", "pingpong_512B_avg_us"], &rows)?;
+    emit(
+        &a.out,
+        "table2_ablation",
+        &[
+            "variant",
+            "small_512B_Gbps",
+            "large_1MiB_Gbps",
+            "pingpong_512B_avg_us",
+        ],
+        &rows,
+    )?;
     Ok(())
 }

@@ -1,0 +1,5 @@
+//! Compiles the rpc suite's proto (`proto/bench.proto`) with tonic-prost-build.
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    tonic_prost_build::compile_protos("proto/bench.proto")?;
+    Ok(())
+}

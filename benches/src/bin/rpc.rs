@@ -1,0 +1,50 @@
+//! The rpc suite (`cargo xtask bench rpc`): tonic-TCP, tonic-UDS, rrpc shm HTTP/2 and rrpc shm
+//! fast path, in one run. With `--role server|client` it is one process of cluster mode
+//! (`cargo xtask bench rpc --hosts hosts.toml`).
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use clap::Parser;
+use rrpc_bench::{Report, SuiteArgs, rpc};
+
+#[derive(Parser, Debug)]
+struct Cli {
+    #[command(flatten)]
+    suite: SuiteArgs,
+    /// Cluster mode role: `server` or `client` (default: the single-host suite).
+    #[arg(long)]
+    role: Option<String>,
+    /// Server role: address to listen on.
+    #[arg(long)]
+    listen: Option<SocketAddr>,
+    /// Client role: server address.
+    #[arg(long)]
+    connect: Option<SocketAddr>,
+    /// Client role: concurrent client connections.
+    #[arg(long, default_value_t = 16)]
+    clients: usize,
+    /// Client role: measured milliseconds.
+    #[arg(long, default_value_t = 10_000)]
+    duration_ms: u64,
+}
+
+fn main() -> Result<()> {
+    let cli = Cli::parse();
+    match cli.role.as_deref() {
+        None => {
+            let mut report = Report::new("rpc", &cli.suite)?;
+            let r = rpc::run_suite(&cli.suite, &mut report);
+            report.finish()?;
+            r
+        }
+        Some("server") => rpc::cluster_server(cli.listen.context("--listen is required")?),
+        Some("client") => rpc::cluster_client(
+            cli.connect.context("--connect is required")?,
+            cli.clients,
+            Duration::from_millis(cli.duration_ms),
+        ),
+        Some(other) => bail!("unknown role {other}"),
+    }
+}

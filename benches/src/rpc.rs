@@ -1,0 +1,587 @@
+//! The rpc suite (RR-Compound §V-A..C): tonic over TCP and over a Unix socket as baselines,
+//! rrpc over shm on the HTTP/2 path and on the fast path, all in the same run.
+//!
+//! Server and clients run in one process on two single-thread tokio runtimes, each pinned to
+//! its own CPU (rrpc's polling threads come on top, see the notes in every table).
+
+use std::collections::VecDeque;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, anyhow};
+use futures_util::Stream;
+use tokio::runtime::Runtime;
+use tokio::sync::{mpsc, oneshot};
+use tonic::{Request, Response, Status, Streaming};
+
+use crate::cpu::{CpuTimes, rss_bytes};
+use crate::{Latency, PlotSpec, Ratio, Report, SuiteArgs, Table, ThreadPlan};
+
+/// Generated code for `proto/bench.proto`.
+#[allow(
+    missing_docs,
+    unreachable_pub,
+    missing_debug_implementations,
+    clippy::all
+)]
+pub mod pb {
+    tonic::include_proto!("rrpcbench");
+}
+
+use pb::bench_client::BenchClient;
+use pb::bench_server::{Bench, BenchServer};
+use pb::{Req, Resp};
+
+/// The benchmark service: answers every request with `resp_len` zero bytes.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Svc;
+
+type RespStream = Pin<Box<dyn Stream<Item = Result<Resp, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl Bench for Svc {
+    async fn unary(&self, r: Request<Req>) -> Result<Response<Resp>, Status> {
+        let n = r.get_ref().resp_len as usize;
+        Ok(Response::new(Resp {
+            payload: vec![0; n],
+        }))
+    }
+
+    type StreamStream = RespStream;
+
+    async fn stream(&self, r: Request<Streaming<Req>>) -> Result<Response<RespStream>, Status> {
+        let mut inbound = r.into_inner();
+        let s = async_stream::try_stream! {
+            while let Some(m) = inbound.message().await? {
+                yield Resp { payload: vec![0; m.resp_len as usize] };
+            }
+        };
+        Ok(Response::new(Box::pin(s)))
+    }
+}
+
+/// A transport under test.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Transport {
+    /// tonic over TCP loopback (the baseline every ratio is taken against).
+    TonicTcp,
+    /// tonic over a Unix socket.
+    TonicUds,
+    /// rrpc over shm, HTTP/2 path.
+    RrpcH2,
+    /// rrpc over shm, fast path.
+    RrpcFast,
+}
+
+impl Transport {
+    /// All, baseline first.
+    pub const ALL: [Transport; 4] = [Self::TonicTcp, Self::TonicUds, Self::RrpcH2, Self::RrpcFast];
+
+    /// Row label.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::TonicTcp => "tonic-tcp",
+            Self::TonicUds => "tonic-uds",
+            Self::RrpcH2 => "rrpc-shm-h2",
+            Self::RrpcFast => "rrpc-shm-fast",
+        }
+    }
+}
+
+/// A client of any transport.
+#[derive(Debug, Clone)]
+pub enum AnyClient {
+    /// tonic's own channel (TCP or UDS).
+    Tonic(BenchClient<tonic::transport::Channel>),
+    /// rrpc's channel.
+    Rrpc(BenchClient<rrpc_tonic::RrpcChannel>),
+}
+
+impl AnyClient {
+    /// One unary call.
+    ///
+    /// # Errors
+    /// The call's status.
+    pub async fn unary(&mut self, req: Req) -> Result<Resp, Status> {
+        match self {
+            AnyClient::Tonic(c) => c.unary(req).await.map(Response::into_inner),
+            AnyClient::Rrpc(c) => c.unary(req).await.map(Response::into_inner),
+        }
+    }
+
+    /// Opens a bidirectional stream fed by `rx`.
+    ///
+    /// # Errors
+    /// The call's status.
+    pub async fn stream(&mut self, rx: mpsc::Receiver<Req>) -> Result<Streaming<Resp>, Status> {
+        let s = tokio_stream::wrappers::ReceiverStream::new(rx);
+        match self {
+            AnyClient::Tonic(c) => c.stream(s).await.map(Response::into_inner),
+            AnyClient::Rrpc(c) => c.stream(s).await.map(Response::into_inner),
+        }
+    }
+}
+
+/// A running server of one transport; stopped on drop.
+#[derive(Debug)]
+pub struct ServerHandle {
+    transport: Transport,
+    target: String,
+    stop: Option<oneshot::Sender<()>>,
+    dir: PathBuf,
+}
+
+impl Drop for ServerHandle {
+    fn drop(&mut self) {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn rrpc_config(t: Transport) -> rrpc_tonic::RrpcConfig {
+    let path = if t == Transport::RrpcH2 {
+        rrpc_tonic::PathPreference::Http2
+    } else {
+        rrpc_tonic::PathPreference::Fast
+    };
+    rrpc_tonic::RrpcConfig::default().path(path)
+}
+
+/// Starts a server for `t` on the server runtime.
+///
+/// # Errors
+/// Bind errors.
+pub fn start_server(rt: &Runtime, t: Transport) -> Result<ServerHandle> {
+    static N: AtomicU64 = AtomicU64::new(0);
+    let dir = std::env::temp_dir().join(format!(
+        "rrpc-bench-rpc-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    ));
+    std::fs::create_dir_all(&dir)?;
+    let (stop, stopped) = oneshot::channel::<()>();
+    let shutdown = async move {
+        let _ = stopped.await;
+    };
+    let svc = BenchServer::new(Svc);
+    let target = match t {
+        Transport::TonicTcp => {
+            let l = rt.block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))?;
+            let addr = l.local_addr()?;
+            let incoming = tonic::transport::server::TcpIncoming::from(l).with_nodelay(Some(true));
+            rt.spawn(
+                tonic::transport::Server::builder()
+                    .add_service(svc)
+                    .serve_with_incoming_shutdown(incoming, shutdown),
+            );
+            format!("http://{addr}")
+        }
+        Transport::TonicUds => {
+            let path = dir.join("tonic.sock");
+            let l = rt.block_on(async { tokio::net::UnixListener::bind(&path) })?;
+            let incoming = tokio_stream::wrappers::UnixListenerStream::new(l);
+            rt.spawn(
+                tonic::transport::Server::builder()
+                    .add_service(svc)
+                    .serve_with_incoming_shutdown(incoming, shutdown),
+            );
+            path.display().to_string()
+        }
+        Transport::RrpcH2 | Transport::RrpcFast => {
+            let uri = format!("shm://{}/rrpc.sock", dir.display());
+            let u = uri.clone();
+            let cfg = rrpc_config(t);
+            rt.spawn(async move {
+                if let Err(e) = rrpc_tonic::Server::builder()
+                    .add_service(svc)
+                    .serve_rrpc_with_shutdown(&u, cfg, shutdown)
+                    .await
+                {
+                    eprintln!("rrpc server on {u}: {e}");
+                }
+            });
+            uri
+        }
+    };
+    Ok(ServerHandle {
+        transport: t,
+        target,
+        stop: Some(stop),
+        dir,
+    })
+}
+
+/// Connects a client to `server` (retrying for up to 5 s while the server binds).
+///
+/// # Errors
+/// The last connect error.
+pub async fn connect(server: &ServerHandle) -> Result<AnyClient> {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let r = connect_once(server.transport, &server.target).await;
+        match r {
+            Ok(c) => return Ok(c),
+            Err(e) if Instant::now() > deadline => return Err(e),
+            Err(_) => tokio::time::sleep(Duration::from_millis(10)).await,
+        }
+    }
+}
+
+async fn connect_once(t: Transport, target: &str) -> Result<AnyClient> {
+    let big = 64 << 20;
+    Ok(match t {
+        Transport::TonicTcp => {
+            let ch = tonic::transport::Endpoint::from_shared(target.to_owned())?
+                .tcp_nodelay(true)
+                .connect()
+                .await?;
+            AnyClient::Tonic(BenchClient::new(ch).max_decoding_message_size(big))
+        }
+        Transport::TonicUds => {
+            let path = PathBuf::from(target);
+            let ch = tonic::transport::Endpoint::try_from("http://[::]:50051")?
+                .connect_with_connector(tower::service_fn(move |_: tonic::transport::Uri| {
+                    let p = path.clone();
+                    async move {
+                        Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(
+                            tokio::net::UnixStream::connect(p).await?,
+                        ))
+                    }
+                }))
+                .await?;
+            AnyClient::Tonic(BenchClient::new(ch).max_decoding_message_size(big))
+        }
+        Transport::RrpcH2 | Transport::RrpcFast => {
+            let ch = rrpc_tonic::RrpcChannel::connect(target, rrpc_config(t)).await?;
+            AnyClient::Rrpc(BenchClient::new(ch).max_decoding_message_size(big))
+        }
+    })
+}
+
+/// Ping-pong: `n` sequential unary calls of `req_len` bytes answered with `resp_len` bytes.
+///
+/// # Errors
+/// A failed call.
+pub async fn pingpong(
+    c: &mut AnyClient,
+    req_len: usize,
+    resp_len: u32,
+    warmup: u64,
+    n: u64,
+) -> Result<Latency> {
+    let mut lat = Latency::new();
+    for i in 0..warmup + n {
+        let req = Req {
+            payload: vec![1; req_len],
+            resp_len,
+        };
+        let t = Instant::now();
+        c.unary(req).await?;
+        if i >= warmup {
+            lat.record(t.elapsed());
+        }
+    }
+    Ok(lat)
+}
+
+/// Result of a throughput run.
+#[derive(Debug, Clone, Default)]
+pub struct Throughput {
+    /// Completed RPCs in the window.
+    pub ops: u64,
+    /// Window length.
+    pub elapsed: Duration,
+    /// Per-RPC latency (send to response, with `window` in flight).
+    pub latency: Latency,
+}
+
+/// Streaming throughput: `clients` connections, each one stream with `window` requests in
+/// flight, for `dur`.
+///
+/// # Errors
+/// A failed connect or stream.
+pub async fn stream_throughput(
+    clients: Vec<AnyClient>,
+    req_len: usize,
+    resp_len: u32,
+    window: usize,
+    dur: Duration,
+) -> Result<Throughput> {
+    let stop = Arc::new(AtomicBool::new(false));
+    let counting = Arc::new(AtomicBool::new(false));
+    let mut tasks = Vec::new();
+    for mut c in clients {
+        let (stop, counting) = (stop.clone(), counting.clone());
+        tasks.push(tokio::spawn(async move {
+            let (tx, rx) = mpsc::channel(window * 2);
+            let mut sent: VecDeque<Instant> = VecDeque::with_capacity(window);
+            let req = Req {
+                payload: vec![1; req_len],
+                resp_len,
+            };
+            for _ in 0..window {
+                tx.send(req.clone())
+                    .await
+                    .map_err(|_| anyhow!("stream closed"))?;
+                sent.push_back(Instant::now());
+            }
+            let mut inbound = c.stream(rx).await?;
+            let (mut ops, mut lat) = (0u64, Latency::new());
+            while let Some(_r) = inbound.message().await? {
+                let t0 = sent.pop_front().unwrap_or_else(Instant::now);
+                if counting.load(Ordering::Relaxed) {
+                    ops += 1;
+                    lat.record(t0.elapsed());
+                }
+                if stop.load(Ordering::Relaxed) {
+                    break;
+                }
+                tx.send(req.clone())
+                    .await
+                    .map_err(|_| anyhow!("stream closed"))?;
+                sent.push_back(Instant::now());
+            }
+            drop(tx);
+            Ok::<_, anyhow::Error>((ops, lat))
+        }));
+    }
+    // Warm up briefly, then count for `dur`.
+    tokio::time::sleep(dur / 5).await;
+    counting.store(true, Ordering::Relaxed);
+    let start = Instant::now();
+    tokio::time::sleep(dur).await;
+    counting.store(false, Ordering::Relaxed);
+    let elapsed = start.elapsed();
+    stop.store(true, Ordering::Relaxed);
+    let mut out = Throughput {
+        elapsed,
+        ..Default::default()
+    };
+    for t in tasks {
+        let (ops, lat) = t.await??;
+        out.ops += ops;
+        out.latency.merge(&lat);
+    }
+    Ok(out)
+}
+
+fn runtime(name: &str, cpu: usize) -> Result<Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .thread_name(name)
+        .on_thread_start(move || {
+            let _ = crate::pin_current_thread(cpu);
+        })
+        .enable_all()
+        .build()
+        .context("building a tokio runtime")
+}
+
+/// Runs the rpc suite into `report`.
+///
+/// # Errors
+/// Setup errors of the baselines; rrpc failures are recorded in the tables' notes.
+pub fn run_suite(args: &SuiteArgs, report: &mut Report) -> Result<()> {
+    let (scpu, ccpu) = (ThreadPlan::cpu(0), ThreadPlan::cpu(1));
+    let server_rt = runtime("bench-server", scpu)?;
+    let client_rt = runtime("bench-client", ccpu)?;
+    let plan = ThreadPlan::new()
+        .side("server (tokio, 1 worker)", 1, Some(vec![scpu]))
+        .side("clients (tokio, 1 worker)", 1, Some(vec![ccpu]));
+    let plan_note = format!(
+        "{}; rrpc rows add rrpc-poller's polling thread(s) (default configuration), unpinned",
+        plan.describe()
+    );
+    report.machine_mut().provider =
+        "shm (rrpc rows); kernel TCP / Unix sockets (tonic rows)".into();
+    report.machine_mut().pinning = plan.describe();
+
+    let clients_list: Vec<usize> = args.pick(vec![1, 4], vec![1, 2, 4, 8, 16, 32, 64, 128]);
+    let dur = args.duration(Duration::from_millis(400), Duration::from_secs(3));
+    let (warm, n) = args.pick((200, 2_000), (2_000, 50_000));
+    let bar = args.progress(
+        (Transport::ALL.len() * (1 + clients_list.len())) as u64,
+        "rpc",
+    );
+
+    let mut ping = Table::new(
+        "pingpong_latency",
+        "Ping-pong latency, 64 B request / 8 B response (Table III)",
+        &[
+            "transport",
+            "p50_us",
+            "p99_us",
+            "mean_us",
+            "p50_x_vs_tcp",
+            "p99_x_vs_tcp",
+            "samples",
+        ],
+    );
+    let mut thr = Table::new(
+        "small_rpc_throughput",
+        "Small-RPC throughput: 32 B requests, 8 B responses, streaming, 32 in flight per client (Fig. 10)",
+        &[
+            "transport",
+            "clients",
+            "krps",
+            "x_vs_tcp",
+            "p50_us",
+            "p99_us",
+            "cpu_pct",
+            "rss_mib",
+            "rss_kib_per_client",
+        ],
+    );
+    let mut failures = Vec::new();
+    let mut tcp_ping: Option<(f64, f64)> = None;
+    let mut tcp_krps: Vec<(usize, f64)> = Vec::new();
+    for t in Transport::ALL {
+        bar.set_message(format!("{} ping-pong", t.name()));
+        let server = start_server(&server_rt, t)?;
+        let res: Result<()> = (|| {
+            let mut c = client_rt.block_on(connect(&server))?;
+            let l = client_rt
+                .block_on(pingpong(&mut c, 64, 8, warm, n))?
+                .summary();
+            let (p50, p99) = (l.p50_us(), l.p99_us());
+            if t == Transport::TonicTcp {
+                tcp_ping = Some((p50, p99));
+            }
+            let (b50, b99) = tcp_ping.unwrap_or((f64::NAN, f64::NAN));
+            ping.push(vec![
+                t.name().into(),
+                p50.into(),
+                p99.into(),
+                (l.mean_ns / 1e3).into(),
+                Ratio::of(p50, b50).into(),
+                Ratio::of(p99, b99).into(),
+                l.count.into(),
+            ]);
+            bar.inc(1);
+            for &k in &clients_list {
+                bar.set_message(format!("{} {k} clients", t.name()));
+                let cs = client_rt.block_on(async {
+                    let mut v = Vec::new();
+                    for _ in 0..k {
+                        v.push(connect(&server).await?);
+                    }
+                    Ok::<_, anyhow::Error>(v)
+                })?;
+                let cpu0 = CpuTimes::process()?;
+                let w0 = Instant::now();
+                let r = client_rt.block_on(stream_throughput(cs, 32, 8, 32, dur))?;
+                let cpu_pct = CpuTimes::process()?.percent_since(&cpu0, w0.elapsed());
+                let rss = rss_bytes(None)?;
+                let krps = r.ops as f64 / r.elapsed.as_secs_f64() / 1e3;
+                if t == Transport::TonicTcp {
+                    tcp_krps.push((k, krps));
+                }
+                let base = tcp_krps
+                    .iter()
+                    .find(|(c, _)| *c == k)
+                    .map_or(f64::NAN, |(_, v)| *v);
+                let s = r.latency.summary();
+                thr.push(vec![
+                    t.name().into(),
+                    k.into(),
+                    krps.into(),
+                    Ratio::of(krps, base).into(),
+                    s.p50_us().into(),
+                    s.p99_us().into(),
+                    cpu_pct.into(),
+                    (rss as f64 / (1 << 20) as f64).into(),
+                    (rss as f64 / 1024.0 / k as f64).into(),
+                ]);
+                bar.inc(1);
+            }
+            Ok(())
+        })();
+        if let Err(e) = res {
+            eprintln!("rpc: {} failed: {e:#}", t.name());
+            failures.push(format!("{}: FAILED: {e:#}", t.name()));
+        }
+        drop(server);
+    }
+    bar.finish_and_clear();
+    for tbl in [&mut ping, &mut thr] {
+        tbl.note(plan_note.clone());
+        for f in &failures {
+            tbl.note(f.clone());
+        }
+    }
+    ping.note(format!(
+        "{n} sequential unary calls after {warm} warm-up calls, one connection"
+    ));
+    thr.note(format!(
+        "{} measured per point after a 20 % warm-up; one connection and one bidi stream per client; \
+         cpu_pct and rss are of the whole process (server + clients + pollers: Figs. 15-16 per-side split needs separate processes)",
+        if dur.as_secs() >= 1 { format!("{} s", dur.as_secs()) } else { format!("{} ms", dur.as_millis()) }
+    ));
+    thr.plot(
+        PlotSpec::lines("clients", &["krps"])
+            .series("transport")
+            .log_x()
+            .x_label("clients")
+            .y_label("K RPC/s"),
+    );
+    report.add(ping)?;
+    report.add(thr)?;
+    drop(server_rt);
+    drop(client_rt);
+    if failures.is_empty() {
+        Ok(())
+    } else {
+        Err(anyhow!("rpc suite: {}", failures.join("; ")))
+    }
+}
+
+/// Cluster server role: tonic over TCP on `listen`, prints `READY`, serves until killed.
+///
+/// # Errors
+/// Bind errors.
+pub fn cluster_server(listen: SocketAddr) -> Result<()> {
+    let rt = tokio::runtime::Runtime::new()?;
+    rt.block_on(async {
+        let l = tokio::net::TcpListener::bind(listen).await?;
+        let incoming = tonic::transport::server::TcpIncoming::from(l).with_nodelay(Some(true));
+        println!("READY {listen}");
+        use std::io::Write as _;
+        std::io::stdout().flush()?;
+        tonic::transport::Server::builder()
+            .add_service(BenchServer::new(Svc))
+            .serve_with_incoming(incoming)
+            .await?;
+        Ok(())
+    })
+}
+
+/// Cluster client role: `clients` TCP connections to `connect` for `dur`; prints
+/// `RESULT {"clients","ops","secs","p50_us","p99_us"}`.
+///
+/// # Errors
+/// Connect or call errors.
+pub fn cluster_client(connect_to: SocketAddr, clients: usize, dur: Duration) -> Result<()> {
+    let rt = tokio::runtime::Runtime::new()?;
+    let r = rt.block_on(async {
+        let mut cs = Vec::new();
+        for _ in 0..clients {
+            cs.push(connect_once(Transport::TonicTcp, &format!("http://{connect_to}")).await?);
+        }
+        stream_throughput(cs, 32, 8, 32, dur).await
+    })?;
+    let s = r.latency.summary();
+    println!(
+        "RESULT {}",
+        serde_json::json!({
+            "clients": clients, "ops": r.ops, "secs": r.elapsed.as_secs_f64(),
+            "p50_us": s.p50_us(), "p99_us": s.p99_us(),
+        })
+    );
+    Ok(())
+}
