@@ -79,6 +79,8 @@ impl Default for Completion {
 pub(crate) enum CqInner {
     ShmSend(shm::SendCq),
     ShmRecv(shm::RecvCq),
+    #[cfg(feature = "verbs")]
+    Verbs(crate::provider::verbs::VerbsCq),
 }
 
 /// A completion queue (verbs: `ibv_cq`). Obtained from a [`crate::QueuePair`].
@@ -93,11 +95,15 @@ impl CompletionQueue {
     ///
     /// # Errors
     /// [`crate::Error::PeerMisbehaved`] if the peer corrupted the shared queue
-    /// (shm); the queue pair is failed then.
+    /// (shm); the queue pair is failed then. Verbs: [`crate::Error::Io`] if
+    /// `ibv_poll_cq` fails, [`crate::Error::CompletionError`] for a completion
+    /// of a work request that is not outstanding.
     pub fn poll(&self, out: &mut [Completion]) -> Result<usize> {
         match &self.inner {
             CqInner::ShmSend(cq) => Ok(cq.poll(out)),
             CqInner::ShmRecv(cq) => cq.poll(out),
+            #[cfg(feature = "verbs")]
+            CqInner::Verbs(cq) => cq.poll(out),
         }
     }
 
@@ -111,6 +117,8 @@ impl CompletionQueue {
         match &self.inner {
             CqInner::ShmSend(cq) => cq.req_notify(),
             CqInner::ShmRecv(cq) => cq.req_notify(),
+            #[cfg(feature = "verbs")]
+            CqInner::Verbs(cq) => return cq.req_notify(),
         }
         Ok(())
     }
@@ -121,6 +129,8 @@ impl CompletionQueue {
         match &self.inner {
             CqInner::ShmSend(cq) => cq.channel_fd(),
             CqInner::ShmRecv(cq) => cq.channel_fd(),
+            #[cfg(feature = "verbs")]
+            CqInner::Verbs(cq) => cq.channel_fd(),
         }
     }
 
@@ -133,6 +143,8 @@ impl CompletionQueue {
         match &self.inner {
             CqInner::ShmSend(cq) => cq.ack_events(),
             CqInner::ShmRecv(cq) => cq.ack_events(),
+            #[cfg(feature = "verbs")]
+            CqInner::Verbs(cq) => cq.ack_events(),
         }
     }
 }

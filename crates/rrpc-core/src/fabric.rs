@@ -46,6 +46,9 @@ impl ProviderKind {
 pub struct Fabric {
     kind: ProviderKind,
     huge_pages: bool,
+    /// The opened device and protection domain of a verbs fabric.
+    #[cfg(feature = "verbs")]
+    device: Option<Arc<crate::provider::verbs::Device>>,
 }
 
 impl Fabric {
@@ -54,17 +57,47 @@ impl Fabric {
         Fabric {
             kind: ProviderKind::Shm,
             huge_pages: true,
+            #[cfg(feature = "verbs")]
+            device: None,
         }
+    }
+
+    /// The libibverbs provider on the device named `device` (e.g. `mlx5_0`), or
+    /// on the first device listed: `ibv_get_device_list` + `ibv_open_device` +
+    /// `ibv_alloc_pd` (and `ibv_query_port` / `ibv_query_gid` on port 1 for the
+    /// handshake's LID and GID). Builds; not run on an RDMA NIC here.
+    ///
+    /// # Errors
+    /// [`Error::Io`] of kind `NotFound` saying "no RDMA device found" when
+    /// libibverbs lists no device (no NIC or no kernel RDMA support) or none
+    /// named `device`; [`Error::Io`] when opening or querying it fails.
+    #[cfg(feature = "verbs")]
+    pub fn verbs(device: Option<&str>) -> Result<Fabric> {
+        let dev = crate::provider::verbs::Device::open(device)?;
+        Ok(Fabric {
+            kind: ProviderKind::Verbs,
+            huge_pages: true,
+            device: Some(dev),
+        })
+    }
+
+    /// The name of the verbs device (`None` for shm).
+    #[cfg(feature = "verbs")]
+    pub fn device_name(&self) -> Option<&str> {
+        self.device.as_deref().map(|d| d.name())
     }
 
     /// The provider serving `endpoint`'s scheme.
     ///
     /// # Errors
-    /// [`Error::ProviderUnavailable`] for `rdma://` when the `verbs` feature is off
-    /// (or, in this release, always: see the README's status table).
+    /// [`Error::ProviderUnavailable`] for `rdma://` when the `verbs` feature is
+    /// off; with it, the errors of [`Fabric::verbs`] (first device).
     pub fn for_endpoint(endpoint: &Endpoint) -> Result<Fabric> {
         match endpoint {
             Endpoint::Shm(_) => Ok(Fabric::shm()),
+            #[cfg(feature = "verbs")]
+            Endpoint::Rdma(_) => Fabric::verbs(None),
+            #[cfg(not(feature = "verbs"))]
             Endpoint::Rdma(_) => Err(Error::ProviderUnavailable("verbs")),
         }
     }
@@ -89,6 +122,10 @@ impl Fabric {
     /// [`Error::InvalidConfig`] for `len == 0`; [`Error::Io`] if the system is out
     /// of memory or memfds.
     pub fn alloc_region(&self, len: usize) -> Result<Arc<Region>> {
+        #[cfg(feature = "verbs")]
+        if let Some(dev) = &self.device {
+            return Ok(Arc::new(Region::alloc_verbs(len, self.huge_pages, dev)?));
+        }
         Ok(Arc::new(Region::alloc(len, self.huge_pages)?))
     }
 
@@ -104,6 +141,17 @@ impl Fabric {
             ProviderKind::Shm => Ok(QueuePair {
                 inner: QpInner::Shm(ShmQp::new(cfg)?),
             }),
+            #[cfg(feature = "verbs")]
+            ProviderKind::Verbs => {
+                let dev = self
+                    .device
+                    .as_ref()
+                    .ok_or(Error::ProviderUnavailable("verbs"))?;
+                Ok(QueuePair {
+                    inner: QpInner::Verbs(crate::provider::verbs::VerbsQp::new(dev, cfg)?),
+                })
+            }
+            #[cfg(not(feature = "verbs"))]
             ProviderKind::Verbs => Err(Error::ProviderUnavailable("verbs")),
         }
     }

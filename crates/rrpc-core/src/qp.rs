@@ -16,6 +16,8 @@ use crate::cq::CompletionQueue;
 use crate::error::{Error, Result};
 use crate::fault::FaultConfig;
 use crate::provider::shm::ShmQp;
+#[cfg(feature = "verbs")]
+use crate::provider::verbs::VerbsQp;
 use crate::region::{Local, Remote};
 
 /// Queue pair configuration. Defaults follow common verbs settings.
@@ -91,6 +93,8 @@ impl QpConfig {
 #[derive(Debug)]
 pub(crate) enum QpInner {
     Shm(ShmQp),
+    #[cfg(feature = "verbs")]
+    Verbs(VerbsQp),
 }
 
 /// A reliable-connection queue pair (verbs: `ibv_qp` of type `IBV_QPT_RC`).
@@ -121,6 +125,8 @@ impl QueuePair {
     ) -> Result<()> {
         match &self.inner {
             QpInner::Shm(q) => q.post_write(wr_id, local, remote, signaled),
+            #[cfg(feature = "verbs")]
+            QpInner::Verbs(q) => q.post_write(wr_id, local, remote, signaled),
         }
     }
 
@@ -142,6 +148,8 @@ impl QueuePair {
     ) -> Result<()> {
         match &self.inner {
             QpInner::Shm(q) => q.post_write_imm(wr_id, local, remote, imm, signaled),
+            #[cfg(feature = "verbs")]
+            QpInner::Verbs(q) => q.post_write_imm(wr_id, local, remote, imm, signaled),
         }
     }
 
@@ -159,6 +167,8 @@ impl QueuePair {
     ) -> Result<()> {
         match &self.inner {
             QpInner::Shm(q) => q.post_read(wr_id, local, remote, signaled),
+            #[cfg(feature = "verbs")]
+            QpInner::Verbs(q) => q.post_read(wr_id, local, remote, signaled),
         }
     }
 
@@ -170,6 +180,8 @@ impl QueuePair {
     pub fn post_recv(&self, wr_id: u64) -> Result<()> {
         match &self.inner {
             QpInner::Shm(q) => q.post_recv(wr_id),
+            #[cfg(feature = "verbs")]
+            QpInner::Verbs(q) => q.post_recv(wr_id),
         }
     }
 
@@ -177,6 +189,8 @@ impl QueuePair {
     pub fn send_cq(&self) -> &CompletionQueue {
         match &self.inner {
             QpInner::Shm(q) => &q.send_cq,
+            #[cfg(feature = "verbs")]
+            QpInner::Verbs(q) => &q.send_cq,
         }
     }
 
@@ -184,6 +198,8 @@ impl QueuePair {
     pub fn recv_cq(&self) -> &CompletionQueue {
         match &self.inner {
             QpInner::Shm(q) => &q.recv_cq,
+            #[cfg(feature = "verbs")]
+            QpInner::Verbs(q) => &q.recv_cq,
         }
     }
 
@@ -193,6 +209,8 @@ impl QueuePair {
     pub fn fail(&self, reason: &Error) {
         match &self.inner {
             QpInner::Shm(q) => q.fail(reason),
+            #[cfg(feature = "verbs")]
+            QpInner::Verbs(q) => q.fail(reason),
         }
     }
 
@@ -200,6 +218,8 @@ impl QueuePair {
     pub fn failure(&self) -> Option<Error> {
         match &self.inner {
             QpInner::Shm(q) => q.failure(),
+            #[cfg(feature = "verbs")]
+            QpInner::Verbs(q) => q.failure(),
         }
     }
 
@@ -212,6 +232,8 @@ impl QueuePair {
     pub fn outstanding(&self) -> u64 {
         match &self.inner {
             QpInner::Shm(q) => q.outstanding(),
+            #[cfg(feature = "verbs")]
+            QpInner::Verbs(q) => q.outstanding(),
         }
     }
 }

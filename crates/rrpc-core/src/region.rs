@@ -21,6 +21,10 @@ pub const CACHE_LINE: usize = 64;
 /// moment. Read such memory once, validate, then use it (DESIGN.md principle 3).
 #[derive(Debug)]
 pub struct Region {
+    /// The verbs memory registration; declared before `map` so it is
+    /// deregistered before the memory is unmapped.
+    #[cfg(feature = "verbs")]
+    mr: Option<crate::provider::verbs::Mr>,
     map: Mapping,
     rkey: u32,
 }
@@ -34,7 +38,47 @@ impl Region {
             rkey = 1;
         }
         tracing::debug!(len, huge = map.is_huge(), rkey, "region allocated");
-        Ok(Region { map, rkey })
+        Ok(Region {
+            #[cfg(feature = "verbs")]
+            mr: None,
+            map,
+            rkey,
+        })
+    }
+
+    /// Allocates a region and registers it with a verbs device: `mmap` (a
+    /// memfd mapping, huge pages when possible) + `ibv_reg_mr` with local
+    /// write, remote write and remote read access. The remote key is the
+    /// registration's `rkey`.
+    #[cfg(feature = "verbs")]
+    pub(crate) fn alloc_verbs(
+        len: usize,
+        try_huge: bool,
+        dev: &std::sync::Arc<crate::provider::verbs::Device>,
+    ) -> Result<Region> {
+        let map = Mapping::create(len, try_huge)?;
+        // SAFETY: the mapping is owned by the region built below, whose `mr`
+        // field is dropped (deregistered) before `map` (unmapped).
+        let mr = unsafe { crate::provider::verbs::Mr::register(dev, map.ptr(), map.len())? };
+        let rkey = mr.rkey();
+        tracing::debug!(
+            len,
+            huge = map.is_huge(),
+            rkey,
+            device = dev.name(),
+            "region registered"
+        );
+        Ok(Region {
+            mr: Some(mr),
+            map,
+            rkey,
+        })
+    }
+
+    /// The verbs memory registration, if the region has one.
+    #[cfg(feature = "verbs")]
+    pub(crate) fn verbs_mr(&self) -> Option<&crate::provider::verbs::Mr> {
+        self.mr.as_ref()
     }
 
     /// Length in bytes (as requested; the mapping may be larger).

@@ -2,3 +2,5 @@
 //! types ([`crate::Region`], [`crate::QueuePair`], [`crate::CompletionQueue`]).
 
 pub(crate) mod shm;
+#[cfg(feature = "verbs")]
+pub(crate) mod verbs;

@@ -1,0 +1,543 @@
+//! Owned handles on libibverbs objects — the FFI edge of the verbs provider.
+//!
+//! Each type owns one C object and releases it on drop, holding an `Arc` of
+//! whatever must outlive it (a memory region or queue pair keeps its device,
+//! a queue pair its completion queues), so destruction always runs in the
+//! order libibverbs requires: QP, then CQs, then channels; MRs, then PD, then
+//! the device context.
+//!
+//! Builds; not run on an RDMA NIC here.
+
+use std::ffi::CStr;
+use std::io;
+use std::ptr::NonNull;
+use std::sync::Arc;
+
+use rdma_sys::{
+    ___ibv_query_port, ibv_ack_cq_events, ibv_alloc_pd, ibv_close_device, ibv_comp_channel,
+    ibv_context, ibv_cq, ibv_create_comp_channel, ibv_create_cq, ibv_create_qp, ibv_dealloc_pd,
+    ibv_dereg_mr, ibv_destroy_comp_channel, ibv_destroy_cq, ibv_destroy_qp, ibv_free_device_list,
+    ibv_get_cq_event, ibv_get_device_list, ibv_get_device_name, ibv_gid, ibv_modify_qp, ibv_mr,
+    ibv_open_device, ibv_pd, ibv_poll_cq, ibv_port_attr, ibv_post_recv, ibv_post_send, ibv_qp,
+    ibv_qp_cap, ibv_qp_init_attr, ibv_qp_type, ibv_query_gid, ibv_req_notify_cq, ibv_wc,
+};
+
+use super::wr::{ACCESS, GID_INDEX, PORT, Transition, build_recv_wr};
+use crate::error::{Error, Result};
+
+fn last_os(op: &'static str) -> Error {
+    Error::io(op, io::Error::last_os_error())
+}
+
+fn errno(op: &'static str, rc: i32) -> Error {
+    // Verbs calls return a positive errno, some a negative one, some -1 with errno set.
+    if rc == -1 {
+        last_os(op)
+    } else {
+        Error::io(op, io::Error::from_raw_os_error(rc.abs()))
+    }
+}
+
+/// What the local port looks like (`ibv_query_port` + `ibv_query_gid`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct PortInfo {
+    /// Local identifier (0 on RoCE).
+    pub(crate) lid: u16,
+    /// GID at [`GID_INDEX`].
+    pub(crate) gid: [u8; 16],
+    /// Active MTU (`ibv_mtu` code).
+    pub(crate) active_mtu: u32,
+}
+
+/// An opened RDMA device and one protection domain on it
+/// (`ibv_get_device_list` + `ibv_open_device` + `ibv_alloc_pd`).
+pub(crate) struct Device {
+    ctx: NonNull<ibv_context>,
+    pd: NonNull<ibv_pd>,
+    name: String,
+    port: PortInfo,
+}
+
+// SAFETY: libibverbs contexts and protection domains are thread-safe objects;
+// we only pass their pointers to libibverbs calls, never dereference them for writing.
+unsafe impl Send for Device {}
+// SAFETY: as above.
+unsafe impl Sync for Device {}
+
+impl std::fmt::Debug for Device {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Device")
+            .field("name", &self.name)
+            .field("port", &self.port)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Device {
+    /// Opens the device called `name`, or the first one listed
+    /// (`ibv_get_device_list`, `ibv_open_device`, `ibv_alloc_pd`,
+    /// `ibv_query_port`, `ibv_query_gid`).
+    ///
+    /// # Errors
+    /// [`Error::Io`] with kind `NotFound` and the message "no RDMA device found"
+    /// when libibverbs lists no device (no NIC, no kernel support) or none of
+    /// that name; [`Error::Io`] if opening or querying the device fails.
+    pub(crate) fn open(name: Option<&str>) -> Result<Arc<Device>> {
+        let mut n: i32 = 0;
+        // SAFETY: `n` is a valid out-pointer; the returned list is freed below.
+        let list = unsafe { ibv_get_device_list(&mut n) };
+        if list.is_null() || n <= 0 {
+            if !list.is_null() {
+                // SAFETY: `list` came from ibv_get_device_list and is freed once.
+                unsafe { ibv_free_device_list(list) };
+            }
+            return Err(Error::io(
+                "ibv_get_device_list",
+                io::Error::new(io::ErrorKind::NotFound, "no RDMA device found"),
+            ));
+        }
+        let mut names = Vec::with_capacity(n as usize);
+        let mut chosen = None;
+        for i in 0..n as usize {
+            // SAFETY: the list holds `n` valid device pointers (NULL-terminated after them).
+            let dev = unsafe { *list.add(i) };
+            // SAFETY: `dev` is a listed device; its name is a NUL-terminated string
+            // owned by libibverbs that lives as long as the list.
+            let dname = unsafe { CStr::from_ptr(ibv_get_device_name(dev)) }
+                .to_string_lossy()
+                .into_owned();
+            if chosen.is_none() && name.is_none_or(|w| w == dname) {
+                chosen = Some((dev, dname.clone()));
+            }
+            names.push(dname);
+        }
+        let result = match chosen {
+            None => Err(Error::io(
+                "ibv_get_device_list",
+                io::Error::new(
+                    io::ErrorKind::NotFound,
+                    format!(
+                        "no RDMA device found named {:?} (devices: {})",
+                        name.unwrap_or_default(),
+                        names.join(", ")
+                    ),
+                ),
+            )),
+            Some((dev, dname)) => Self::open_listed(dev, dname),
+        };
+        // SAFETY: opening a device keeps its own reference; the list may be freed now.
+        unsafe { ibv_free_device_list(list) };
+        result.map(Arc::new)
+    }
+
+    fn open_listed(dev: *mut rdma_sys::ibv_device, name: String) -> Result<Device> {
+        // SAFETY: `dev` is a live entry of the device list.
+        let ctx = NonNull::new(unsafe { ibv_open_device(dev) })
+            .ok_or_else(|| last_os("ibv_open_device"))?;
+        // SAFETY: `ctx` was just opened.
+        let pd = match NonNull::new(unsafe { ibv_alloc_pd(ctx.as_ptr()) }) {
+            Some(pd) => pd,
+            None => {
+                let e = last_os("ibv_alloc_pd");
+                // SAFETY: `ctx` is ours and has no children.
+                unsafe { ibv_close_device(ctx.as_ptr()) };
+                return Err(e);
+            }
+        };
+        let mut d = Device {
+            ctx,
+            pd,
+            name,
+            port: PortInfo {
+                lid: 0,
+                gid: [0; 16],
+                active_mtu: 0,
+            },
+        };
+        d.port = d.query_port()?; // on error, `d` drops and releases pd and ctx
+        tracing::info!(device = %d.name, lid = d.port.lid, "verbs device opened");
+        Ok(d)
+    }
+
+    fn query_port(&self) -> Result<PortInfo> {
+        // SAFETY: `ibv_port_attr` is plain integers; zero is valid.
+        let mut attr: ibv_port_attr = unsafe { std::mem::zeroed() };
+        // SAFETY: valid context and out-pointer.
+        let rc = unsafe { ___ibv_query_port(self.ctx.as_ptr(), PORT, &mut attr) };
+        if rc != 0 {
+            return Err(errno("ibv_query_port", rc));
+        }
+        let mut gid = ibv_gid { raw: [0; 16] };
+        // SAFETY: valid context and out-pointer.
+        let rc = unsafe { ibv_query_gid(self.ctx.as_ptr(), PORT, GID_INDEX.into(), &mut gid) };
+        if rc != 0 {
+            return Err(errno("ibv_query_gid", rc));
+        }
+        Ok(PortInfo {
+            lid: attr.lid,
+            // SAFETY: `raw` covers the whole union; any bytes are valid.
+            gid: unsafe { gid.raw },
+            active_mtu: attr.active_mtu,
+        })
+    }
+
+    /// The device's name (e.g. `mlx5_0`).
+    pub(crate) fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The port the queue pairs use.
+    pub(crate) fn port(&self) -> PortInfo {
+        self.port
+    }
+
+    fn pd(&self) -> *mut ibv_pd {
+        self.pd.as_ptr()
+    }
+}
+
+impl Drop for Device {
+    fn drop(&mut self) {
+        // SAFETY: every MR, CQ and QP holds an `Arc<Device>`, so none is left on
+        // this PD / context when the last reference drops.
+        unsafe {
+            ibv_dealloc_pd(self.pd.as_ptr());
+            ibv_close_device(self.ctx.as_ptr());
+        }
+    }
+}
+
+/// A memory registration (`ibv_reg_mr` with local write, remote write and
+/// remote read access); `ibv_dereg_mr` on drop.
+pub(crate) struct Mr {
+    mr: NonNull<ibv_mr>,
+    dev: Arc<Device>,
+}
+
+// SAFETY: an `ibv_mr` is immutable after registration; we read its keys only.
+unsafe impl Send for Mr {}
+// SAFETY: as above.
+unsafe impl Sync for Mr {}
+
+impl std::fmt::Debug for Mr {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Mr")
+            .field("device", &self.dev.name)
+            .field("lkey", &self.lkey())
+            .field("rkey", &self.rkey())
+            .finish()
+    }
+}
+
+impl Mr {
+    /// Registers `len` bytes at `addr` with `dev`'s protection domain.
+    ///
+    /// # Safety
+    /// `addr..addr+len` must be a mapping that outlives the returned `Mr`
+    /// (the owner must drop the `Mr` before unmapping).
+    pub(crate) unsafe fn register(dev: &Arc<Device>, addr: *mut u8, len: usize) -> Result<Mr> {
+        // SAFETY: valid PD; the caller guarantees the memory outlives the registration.
+        let mr = unsafe { rdma_sys::ibv_reg_mr(dev.pd(), addr.cast(), len, ACCESS as i32) };
+        let mr = NonNull::new(mr).ok_or_else(|| last_os("ibv_reg_mr"))?;
+        Ok(Mr {
+            mr,
+            dev: dev.clone(),
+        })
+    }
+
+    /// The local key, for `ibv_sge::lkey`.
+    pub(crate) fn lkey(&self) -> u32 {
+        // SAFETY: the MR is live while `self` is.
+        unsafe { (*self.mr.as_ptr()).lkey }
+    }
+
+    /// The remote key the peer puts in `wr.rdma.rkey`.
+    pub(crate) fn rkey(&self) -> u32 {
+        // SAFETY: the MR is live while `self` is.
+        unsafe { (*self.mr.as_ptr()).rkey }
+    }
+
+    /// Whether this registration belongs to `dev`'s protection domain.
+    pub(crate) fn is_on(&self, dev: &Device) -> bool {
+        std::ptr::eq(self.dev.pd(), dev.pd())
+    }
+}
+
+impl Drop for Mr {
+    fn drop(&mut self) {
+        // SAFETY: registered by us, deregistered once; the memory is still mapped
+        // (the owning `Region` drops its `Mr` before its mapping).
+        unsafe { ibv_dereg_mr(self.mr.as_ptr()) };
+    }
+}
+
+/// A completion queue and its own completion channel
+/// (`ibv_create_comp_channel` + `ibv_create_cq`). The channel's fd is made
+/// non-blocking so [`RawCq::ack_events`] never blocks.
+pub(crate) struct RawCq {
+    cq: NonNull<ibv_cq>,
+    channel: NonNull<ibv_comp_channel>,
+    dev: Arc<Device>,
+}
+
+// SAFETY: libibverbs CQ calls are thread-safe; our callers serialise polling anyway.
+unsafe impl Send for RawCq {}
+// SAFETY: as above.
+unsafe impl Sync for RawCq {}
+
+impl std::fmt::Debug for RawCq {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RawCq")
+            .field("device", &self.dev.name)
+            .field("fd", &self.fd())
+            .finish()
+    }
+}
+
+impl RawCq {
+    /// Creates a channel and a CQ of at least `entries` entries on it.
+    pub(crate) fn new(dev: &Arc<Device>, entries: u32) -> Result<RawCq> {
+        // SAFETY: valid context.
+        let channel = NonNull::new(unsafe { ibv_create_comp_channel(dev.ctx.as_ptr()) })
+            .ok_or_else(|| last_os("ibv_create_comp_channel"))?;
+        let destroy_channel = |e: Error| {
+            // SAFETY: the channel is ours and has no CQ.
+            unsafe { ibv_destroy_comp_channel(channel.as_ptr()) };
+            e
+        };
+        // SAFETY: `fd` is the channel's open descriptor.
+        let fd = unsafe { (*channel.as_ptr()).fd };
+        // SAFETY: fcntl on an fd we own; no memory is passed.
+        let fl = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+        // SAFETY: as above.
+        if fl < 0 || unsafe { libc::fcntl(fd, libc::F_SETFL, fl | libc::O_NONBLOCK) } < 0 {
+            return Err(destroy_channel(last_os(
+                "fcntl(O_NONBLOCK) on completion channel",
+            )));
+        }
+        let cqe = i32::try_from(entries).unwrap_or(i32::MAX);
+        // SAFETY: valid context and channel; no cq_context.
+        let cq = unsafe {
+            ibv_create_cq(
+                dev.ctx.as_ptr(),
+                cqe,
+                std::ptr::null_mut(),
+                channel.as_ptr(),
+                0,
+            )
+        };
+        let cq = NonNull::new(cq).ok_or_else(|| destroy_channel(last_os("ibv_create_cq")))?;
+        Ok(RawCq {
+            cq,
+            channel,
+            dev: dev.clone(),
+        })
+    }
+
+    /// `ibv_poll_cq` into `out`; returns how many entries were written.
+    pub(crate) fn poll(&self, out: &mut [std::mem::MaybeUninit<ibv_wc>]) -> Result<usize> {
+        let n = i32::try_from(out.len()).unwrap_or(i32::MAX);
+        // SAFETY: `out` has room for `n` entries; the CQ is live. `ibv_poll_cq`
+        // (an inline call through the context's ops table) writes at most `n`.
+        let rc = unsafe { ibv_poll_cq(self.cq.as_ptr(), n, out.as_mut_ptr().cast()) };
+        if rc < 0 {
+            return Err(errno("ibv_poll_cq", rc));
+        }
+        Ok(rc as usize)
+    }
+
+    /// `ibv_req_notify_cq(cq, 0)`: the next completion makes the channel readable.
+    pub(crate) fn req_notify(&self) -> Result<()> {
+        // SAFETY: live CQ.
+        let rc = unsafe { ibv_req_notify_cq(self.cq.as_ptr(), 0) };
+        if rc != 0 {
+            return Err(errno("ibv_req_notify_cq", rc));
+        }
+        Ok(())
+    }
+
+    /// The completion channel's file descriptor.
+    pub(crate) fn fd(&self) -> i32 {
+        // SAFETY: the channel lives as long as `self`.
+        unsafe { (*self.channel.as_ptr()).fd }
+    }
+
+    /// Drains the (non-blocking) channel with `ibv_get_cq_event` and
+    /// acknowledges what it got with `ibv_ack_cq_events`.
+    pub(crate) fn ack_events(&self) -> Result<u64> {
+        let mut n: u32 = 0;
+        loop {
+            let mut cq: *mut ibv_cq = std::ptr::null_mut();
+            let mut ctx: *mut std::ffi::c_void = std::ptr::null_mut();
+            // SAFETY: live channel and valid out-pointers; the fd is non-blocking,
+            // so the call returns -1 / EAGAIN instead of sleeping.
+            let rc = unsafe { ibv_get_cq_event(self.channel.as_ptr(), &mut cq, &mut ctx) };
+            if rc != 0 {
+                let e = io::Error::last_os_error();
+                if e.kind() == io::ErrorKind::WouldBlock || n > 0 {
+                    break;
+                }
+                return Err(Error::io("ibv_get_cq_event", e));
+            }
+            debug_assert_eq!(cq, self.cq.as_ptr(), "one CQ per channel");
+            n += 1;
+        }
+        if n > 0 {
+            // SAFETY: acknowledges exactly the events we just took from this CQ's channel.
+            unsafe { ibv_ack_cq_events(self.cq.as_ptr(), n) };
+        }
+        Ok(n.into())
+    }
+}
+
+impl Drop for RawCq {
+    fn drop(&mut self) {
+        // SAFETY: the QP using this CQ was destroyed first (it holds an Arc of us);
+        // every event was acknowledged in `ack_events`.
+        unsafe {
+            ibv_destroy_cq(self.cq.as_ptr());
+            ibv_destroy_comp_channel(self.channel.as_ptr());
+        }
+    }
+}
+
+/// An RC queue pair (`ibv_create_qp` with `IBV_QPT_RC`); `ibv_destroy_qp` on drop.
+pub(crate) struct RawQp {
+    qp: NonNull<ibv_qp>,
+    max_inline: u32,
+    _send_cq: Arc<RawCq>,
+    _recv_cq: Arc<RawCq>,
+    dev: Arc<Device>,
+}
+
+// SAFETY: `ibv_post_send` / `ibv_post_recv` / `ibv_modify_qp` are thread-safe in libibverbs.
+unsafe impl Send for RawQp {}
+// SAFETY: as above.
+unsafe impl Sync for RawQp {}
+
+impl std::fmt::Debug for RawQp {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RawQp")
+            .field("device", &self.dev.name)
+            .field("qpn", &self.qpn())
+            .field("max_inline", &self.max_inline)
+            .finish()
+    }
+}
+
+/// Inline data we ask for: one cache line (ring pointer words, small messages).
+const WANT_INLINE: u32 = 64;
+
+impl RawQp {
+    /// Creates an RC queue pair on `send` / `recv`, asking for `WANT_INLINE`
+    /// bytes of inline data and retrying without if the device refuses.
+    pub(crate) fn new(
+        dev: &Arc<Device>,
+        send: &Arc<RawCq>,
+        recv: &Arc<RawCq>,
+        send_depth: u32,
+        recv_depth: u32,
+    ) -> Result<RawQp> {
+        let mut last = None;
+        for inline in [WANT_INLINE, 0] {
+            let mut init = ibv_qp_init_attr {
+                qp_context: std::ptr::null_mut(),
+                send_cq: send.cq.as_ptr(),
+                recv_cq: recv.cq.as_ptr(),
+                srq: std::ptr::null_mut(),
+                cap: ibv_qp_cap {
+                    max_send_wr: send_depth,
+                    max_recv_wr: recv_depth,
+                    max_send_sge: 1,
+                    max_recv_sge: 1,
+                    max_inline_data: inline,
+                },
+                qp_type: ibv_qp_type::IBV_QPT_RC,
+                sq_sig_all: 0,
+            };
+            // SAFETY: valid PD, CQs of the same context, and an init struct that
+            // the call reads and updates (`cap` gets the granted values).
+            let qp = unsafe { ibv_create_qp(dev.pd(), &mut init) };
+            match NonNull::new(qp) {
+                Some(qp) => {
+                    return Ok(RawQp {
+                        qp,
+                        max_inline: init.cap.max_inline_data,
+                        _send_cq: send.clone(),
+                        _recv_cq: recv.clone(),
+                        dev: dev.clone(),
+                    });
+                }
+                None => last = Some(last_os("ibv_create_qp")),
+            }
+        }
+        Err(last.expect("tried at least once"))
+    }
+
+    /// Our queue pair number.
+    pub(crate) fn qpn(&self) -> u32 {
+        // SAFETY: live QP; `qp_num` is set at creation and never changes.
+        unsafe { (*self.qp.as_ptr()).qp_num }
+    }
+
+    /// Inline bytes the device granted.
+    pub(crate) fn max_inline(&self) -> u32 {
+        self.max_inline
+    }
+
+    /// The device.
+    pub(crate) fn device(&self) -> &Arc<Device> {
+        &self.dev
+    }
+
+    /// `ibv_modify_qp` with one transition of [`super::wr`].
+    pub(crate) fn modify(&self, mut t: Transition, op: &'static str) -> Result<()> {
+        // SAFETY: live QP and a fully initialised attribute struct.
+        let rc = unsafe { ibv_modify_qp(self.qp.as_ptr(), &mut t.attr, t.mask as i32) };
+        if rc != 0 {
+            return Err(errno(op, rc));
+        }
+        Ok(())
+    }
+
+    /// `ibv_post_send` of one work request built by [`super::wr::build_send_wr`].
+    pub(crate) fn post_send(
+        &self,
+        mut wr: rdma_sys::ibv_send_wr,
+        mut sge: rdma_sys::ibv_sge,
+    ) -> Result<()> {
+        if wr.num_sge > 0 {
+            wr.sg_list = &mut sge;
+        }
+        wr.next = std::ptr::null_mut();
+        let mut bad = std::ptr::null_mut();
+        // SAFETY: `wr` and `sge` live on our stack for the duration of the call
+        // (libibverbs copies them into the send queue); `next` is null, so the
+        // list has exactly one element; the local range was bounds-checked
+        // against a region registered with this PD.
+        let rc = unsafe { ibv_post_send(self.qp.as_ptr(), &mut wr, &mut bad) };
+        if rc != 0 {
+            return Err(errno("ibv_post_send", rc));
+        }
+        Ok(())
+    }
+
+    /// `ibv_post_recv` with no scatter entries.
+    pub(crate) fn post_recv(&self, wr_id: u64) -> Result<()> {
+        let mut wr = build_recv_wr(wr_id);
+        let mut bad = std::ptr::null_mut();
+        // SAFETY: a single receive WR with no SGEs, live for the call.
+        let rc = unsafe { ibv_post_recv(self.qp.as_ptr(), &mut wr, &mut bad) };
+        if rc != 0 {
+            return Err(errno("ibv_post_recv", rc));
+        }
+        Ok(())
+    }
+}
+
+impl Drop for RawQp {
+    fn drop(&mut self) {
+        // SAFETY: created by us and destroyed once, before the CQs it holds.
+        unsafe { ibv_destroy_qp(self.qp.as_ptr()) };
+    }
+}

@@ -1,0 +1,393 @@
+//! The TCP side channel of `rdma://` endpoints: the same handshake messages
+//! as shm ([`crate::handshake::Message`]) over a TCP stream, without fd
+//! passing — a verbs peer needs only the `Hello` bytes: its queue-pair
+//! endpoint (LID, QPN, PSN, GID; see [`super::endpoint`]) and its region
+//! descriptors (address, length, rkey).
+//!
+//! Function-level API for `conn.rs`:
+//!
+//! * [`connect_tcp`] / [`bind_tcp`] / [`accept_tcp`]: the stream, with the
+//!   handshake timeout applied;
+//! * [`fill_hello`]: puts the verbs provider code and our endpoint into a `Hello`;
+//! * [`exchange`]: client side — send `Hello`, read `Accept` or `Reject`;
+//! * [`read_hello`]: server side — read the client's `Hello`, check token and
+//!   provider, answer `Reject` on error;
+//! * [`attach`]: connect our queue pair to the peer's `Hello`
+//!   (INIT → RTR → RTS, remember its grants for the pre-checks);
+//! * [`client`] and [`server_accept`]: the above composed, one call per side;
+//! * [`send_msg`] / [`recv_msg`]: one framed message.
+//!
+//! Builds; not run on an RDMA NIC here (the transport and codec are tested
+//! over loopback TCP).
+
+use std::io::{self, Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::time::Duration;
+
+use super::endpoint::VerbsEndpoint;
+use crate::error::{Error, Result};
+use crate::fabric::ProviderKind;
+use crate::handshake::{HEADER_LEN, Header, Hello, Message, Reject, RejectCode, token_eq};
+use crate::qp::{QpInner, QueuePair};
+
+fn map_io(op: &'static str, e: io::Error) -> Error {
+    match e.kind() {
+        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => Error::Timeout,
+        io::ErrorKind::UnexpectedEof
+        | io::ErrorKind::BrokenPipe
+        | io::ErrorKind::ConnectionReset
+        | io::ErrorKind::ConnectionAborted => Error::PeerGone,
+        _ => Error::io(op, e),
+    }
+}
+
+fn verbs_qp(qp: &QueuePair) -> Result<&super::VerbsQp> {
+    match &qp.inner {
+        QpInner::Verbs(v) => Ok(v),
+        #[allow(unreachable_patterns)]
+        _ => Err(Error::InvalidConfig(
+            "an rdma:// connection needs a queue pair of a verbs fabric".into(),
+        )),
+    }
+}
+
+/// Connects the side channel to `addr` within `timeout`; read and write
+/// timeouts are set to `timeout` too (the lead clears them once connected).
+///
+/// # Errors
+/// [`Error::Io`] if the server cannot be reached; [`Error::Timeout`].
+pub(crate) fn connect_tcp(addr: SocketAddr, timeout: Duration) -> Result<TcpStream> {
+    let s = TcpStream::connect_timeout(&addr, timeout)
+        .map_err(|e| map_io("connect side channel", e))?;
+    prepare(&s, timeout)?;
+    Ok(s)
+}
+
+/// Binds the server's side channel.
+///
+/// # Errors
+/// [`Error::Io`] (`AddrInUse`, permission).
+pub(crate) fn bind_tcp(addr: SocketAddr) -> Result<TcpListener> {
+    TcpListener::bind(addr).map_err(|e| Error::io("bind side channel", e))
+}
+
+/// Accepts one client connection, blocking, with `timeout` on its reads and writes.
+///
+/// # Errors
+/// [`Error::WouldBlock`] on a non-blocking listener without a client; [`Error::Io`].
+pub(crate) fn accept_tcp(l: &TcpListener, timeout: Duration) -> Result<TcpStream> {
+    let (s, _) = match l.accept() {
+        Ok(x) => x,
+        Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Err(Error::WouldBlock),
+        Err(e) => return Err(Error::io("accept", e)),
+    };
+    s.set_nonblocking(false)
+        .map_err(|e| Error::io("set_nonblocking", e))?;
+    prepare(&s, timeout)?;
+    Ok(s)
+}
+
+fn prepare(s: &TcpStream, timeout: Duration) -> Result<()> {
+    s.set_nodelay(true)
+        .and_then(|_| s.set_read_timeout(Some(timeout)))
+        .and_then(|_| s.set_write_timeout(Some(timeout)))
+        .map_err(|e| Error::io("configure side channel", e))
+}
+
+/// Writes one message.
+///
+/// # Errors
+/// [`Error::PeerGone`], [`Error::Timeout`], [`Error::Io`]; [`Error::InvalidConfig`]
+/// if the message exceeds the codec's limits.
+pub(crate) fn send_msg(mut s: &TcpStream, m: &Message) -> Result<()> {
+    let bytes = m.encode()?;
+    s.write_all(&bytes)
+        .map_err(|e| map_io("handshake write", e))
+}
+
+/// Reads one message: the 12-byte header first (a bad magic, version or
+/// length is refused before the body is read), then exactly the body.
+///
+/// # Errors
+/// [`Error::MalformedHandshake`], [`Error::VersionMismatch`],
+/// [`Error::PeerGone`] (closed before a header), [`Error::Timeout`].
+pub(crate) fn recv_msg(mut s: &TcpStream) -> Result<Message> {
+    let mut head = [0u8; HEADER_LEN];
+    s.read_exact(&mut head)
+        .map_err(|e| map_io("handshake read", e))?;
+    let header = Header::decode(&head)?;
+    let mut body = vec![0u8; header.body_len];
+    s.read_exact(&mut body)
+        .map_err(|e| match map_io("handshake read", e) {
+            Error::PeerGone => Error::MalformedHandshake(format!(
+                "peer closed inside a {}-byte body",
+                header.body_len
+            )),
+            other => other,
+        })?;
+    Message::decode_body(header.kind, &body)
+}
+
+/// Sets `hello.provider` to verbs and `hello.endpoint` to our queue pair's
+/// LID, QPN, PSN and GID.
+///
+/// # Errors
+/// [`Error::InvalidConfig`] if `qp` is not a verbs queue pair.
+pub(crate) fn fill_hello(qp: &QueuePair, hello: &mut Hello) -> Result<()> {
+    let v = verbs_qp(qp)?;
+    hello.provider = ProviderKind::Verbs.code();
+    hello.endpoint = v.endpoint().encode();
+    Ok(())
+}
+
+/// Client side: sends `hello` and returns the server's `Accept`.
+///
+/// # Errors
+/// [`Error::AuthFailed`] / [`Error::Rejected`] when the server refused,
+/// [`Error::MalformedHandshake`] for any other answer, transport errors.
+pub(crate) fn exchange(s: &TcpStream, hello: Hello) -> Result<Hello> {
+    send_msg(s, &Message::Hello(hello))?;
+    match recv_msg(s)? {
+        Message::Accept(h) => {
+            check_provider(&h)?;
+            Ok(h)
+        }
+        Message::Reject(r) => Err(match r.code {
+            RejectCode::Auth => Error::AuthFailed,
+            _ => Error::Rejected(r.reason),
+        }),
+        other => Err(Error::MalformedHandshake(format!(
+            "expected Accept, got {:?}",
+            other.kind()
+        ))),
+    }
+}
+
+fn check_provider(h: &Hello) -> Result<()> {
+    if h.provider != ProviderKind::Verbs.code() {
+        return Err(Error::MalformedHandshake(format!(
+            "peer offers provider code {} on an rdma:// side channel",
+            h.provider
+        )));
+    }
+    VerbsEndpoint::decode(&h.endpoint)?;
+    Ok(())
+}
+
+/// Server side: reads the client's `Hello`, checks the token (when `token` is
+/// set) and that it offers a valid verbs endpoint. A bad client is answered
+/// with a `Reject` and the error is returned.
+///
+/// # Errors
+/// [`Error::MalformedHandshake`], [`Error::VersionMismatch`],
+/// [`Error::AuthFailed`], transport errors.
+pub(crate) fn read_hello(s: &TcpStream, token: Option<&[u8]>) -> Result<Hello> {
+    let refuse = |code: RejectCode, e: Error| -> Error {
+        let _ = send_msg(
+            s,
+            &Message::Reject(Reject {
+                code,
+                reason: e.to_string(),
+            }),
+        );
+        tracing::warn!(error = %e, "rdma handshake refused");
+        e
+    };
+    let hello = match recv_msg(s) {
+        Ok(Message::Hello(h)) => h,
+        Ok(other) => {
+            let e = Error::MalformedHandshake(format!("expected Hello, got {:?}", other.kind()));
+            return Err(refuse(RejectCode::Malformed, e));
+        }
+        Err(e @ Error::VersionMismatch { .. }) => return Err(refuse(RejectCode::Version, e)),
+        Err(e @ Error::MalformedHandshake(_)) => return Err(refuse(RejectCode::Malformed, e)),
+        Err(e) => return Err(e),
+    };
+    if let Some(want) = token
+        && !hello.token.as_deref().is_some_and(|t| token_eq(t, want))
+    {
+        return Err(refuse(RejectCode::Auth, Error::AuthFailed));
+    }
+    if let Err(e) = check_provider(&hello) {
+        return Err(refuse(RejectCode::Incompatible, e));
+    }
+    Ok(hello)
+}
+
+/// Connects `qp` to the peer described by `peer`: INIT → RTR → RTS towards its
+/// endpoint, and its region descriptors become the grants every post is
+/// checked against.
+///
+/// # Errors
+/// [`Error::MalformedHandshake`] for a bad endpoint; [`Error::Io`] if the
+/// device refuses a transition; [`Error::InvalidConfig`] for a non-verbs or
+/// already-connected queue pair.
+pub(crate) fn attach(qp: &QueuePair, peer: &Hello) -> Result<()> {
+    let v = verbs_qp(qp)?;
+    let ep = VerbsEndpoint::decode(&peer.endpoint)?;
+    v.connect(&ep, peer.regions.iter().map(|d| d.remote).collect())
+}
+
+/// The whole client side: connect to `addr`, send `hello` (its provider and
+/// endpoint filled in from `qp`), read the server's `Accept`, and connect `qp`
+/// to the server's queue pair. Returns the side channel (timeouts still set)
+/// and the server's `Accept` body.
+///
+/// # Errors
+/// As [`connect_tcp`], [`exchange`] and [`attach`].
+pub(crate) fn client(
+    addr: SocketAddr,
+    qp: &QueuePair,
+    mut hello: Hello,
+    timeout: Duration,
+) -> Result<(TcpStream, Hello)> {
+    fill_hello(qp, &mut hello)?;
+    let s = connect_tcp(addr, timeout)?;
+    let accept = exchange(&s, hello)?;
+    attach(qp, &accept)?;
+    Ok((s, accept))
+}
+
+/// The server side after [`read_hello`]: connect `qp` to the client's queue
+/// pair, then answer `Accept` with `hello` (provider and endpoint filled in).
+/// If the client's endpoint cannot be reached a `Reject` is sent instead.
+///
+/// # Errors
+/// As [`attach`]; transport errors while answering.
+pub(crate) fn server_accept(
+    s: &TcpStream,
+    qp: &QueuePair,
+    client: &Hello,
+    mut hello: Hello,
+) -> Result<()> {
+    if let Err(e) = fill_hello(qp, &mut hello).and_then(|_| attach(qp, client)) {
+        let _ = send_msg(
+            s,
+            &Message::Reject(Reject {
+                code: RejectCode::Malformed,
+                reason: e.to_string(),
+            }),
+        );
+        return Err(e);
+    }
+    send_msg(s, &Message::Accept(hello))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::handshake::{RegionDesc, RingGeometry};
+    use crate::region::RemoteRegion;
+
+    fn pair() -> (TcpStream, TcpStream) {
+        let l = bind_tcp("127.0.0.1:0".parse().unwrap()).unwrap();
+        let addr = l.local_addr().unwrap();
+        let c = connect_tcp(addr, Duration::from_secs(5)).unwrap();
+        let s = accept_tcp(&l, Duration::from_secs(5)).unwrap();
+        (c, s)
+    }
+
+    fn verbs_hello(token: Option<&[u8]>) -> Hello {
+        Hello {
+            token: token.map(<[u8]>::to_vec),
+            provider: ProviderKind::Verbs.code(),
+            endpoint: VerbsEndpoint {
+                lid: 3,
+                qpn: 0x77,
+                psn: 0x1234,
+                gid: [0; 16],
+            }
+            .encode(),
+            geometry: RingGeometry {
+                slot_size: 64,
+                slot_count: 8,
+                ..RingGeometry::default()
+            },
+            regions: vec![RegionDesc {
+                role: 1,
+                remote: RemoteRegion {
+                    addr: 0x10_0000,
+                    len: 4096,
+                    rkey: 0xabc,
+                },
+            }],
+            app: b"app".to_vec(),
+        }
+    }
+
+    #[test]
+    fn accept_round_trip_over_tcp() {
+        let (c, s) = pair();
+        let server = std::thread::spawn(move || {
+            let h = read_hello(&s, Some(b"secret")).unwrap();
+            let mut answer = verbs_hello(None);
+            answer.app = h.app.iter().rev().copied().collect();
+            send_msg(&s, &Message::Accept(answer)).unwrap();
+            h
+        });
+        let sent = verbs_hello(Some(b"secret"));
+        let got = exchange(&c, sent.clone()).unwrap();
+        assert_eq!(got.app, b"ppa");
+        assert_eq!(server.join().unwrap(), sent);
+    }
+
+    #[test]
+    fn wrong_token_is_rejected_on_both_sides() {
+        let (c, s) = pair();
+        let server = std::thread::spawn(move || read_hello(&s, Some(b"secret")));
+        assert!(matches!(
+            exchange(&c, verbs_hello(Some(b"guess"))),
+            Err(Error::AuthFailed)
+        ));
+        assert!(matches!(server.join().unwrap(), Err(Error::AuthFailed)));
+    }
+
+    #[test]
+    fn shm_hello_on_rdma_channel_is_incompatible() {
+        let (c, s) = pair();
+        let server = std::thread::spawn(move || read_hello(&s, None));
+        let mut h = verbs_hello(None);
+        h.provider = ProviderKind::Shm.code();
+        assert!(matches!(exchange(&c, h), Err(Error::Rejected(_))));
+        assert!(matches!(
+            server.join().unwrap(),
+            Err(Error::MalformedHandshake(_))
+        ));
+        // A verbs hello with a truncated endpoint is refused the same way.
+        let (c, s) = pair();
+        let server = std::thread::spawn(move || read_hello(&s, None));
+        let mut h = verbs_hello(None);
+        h.endpoint.truncate(10);
+        assert!(matches!(exchange(&c, h), Err(Error::Rejected(_))));
+        assert!(server.join().unwrap().is_err());
+    }
+
+    #[test]
+    fn garbage_and_early_close_are_typed_errors() {
+        let (mut c, s) = pair();
+        c.write_all(b"HTTP/1.1 200 OK\r\n").unwrap();
+        assert!(matches!(
+            read_hello(&s, None),
+            Err(Error::MalformedHandshake(_))
+        ));
+        let (c, s) = pair();
+        drop(c);
+        assert!(matches!(recv_msg(&s), Err(Error::PeerGone)));
+        // A header promising a body that never comes.
+        let (mut c, s) = pair();
+        let mut bytes = Message::Hello(verbs_hello(None)).encode().unwrap();
+        bytes.truncate(HEADER_LEN + 3);
+        c.write_all(&bytes).unwrap();
+        drop(c);
+        assert!(matches!(recv_msg(&s), Err(Error::MalformedHandshake(_))));
+    }
+
+    #[test]
+    fn reads_time_out_instead_of_hanging() {
+        let l = bind_tcp("127.0.0.1:0".parse().unwrap()).unwrap();
+        let addr = l.local_addr().unwrap();
+        let c = connect_tcp(addr, Duration::from_millis(50)).unwrap();
+        let _s = accept_tcp(&l, Duration::from_secs(5)).unwrap();
+        assert!(matches!(recv_msg(&c), Err(Error::Timeout)));
+    }
+}
