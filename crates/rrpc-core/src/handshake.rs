@@ -526,7 +526,7 @@ mod tests {
     }
 
     proptest! {
-        #![proptest_config(ProptestConfig::with_cases(256))]
+        #![proptest_config(ProptestConfig::with_cases(if cfg!(miri) { 4 } else { 256 }))]
 
         #[test]
         fn hello_round_trips(h in arb_hello(), accept in any::<bool>()) {
