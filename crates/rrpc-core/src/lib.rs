@@ -18,9 +18,12 @@
 //!   memfd mappings passed with `SCM_RIGHTS`; a WRITE is a copy into the peer's
 //!   mapping, published with release ordering. A real transport for co-located
 //!   services and the vehicle for every test on machines without RDMA NICs.
-//! * **verbs** (cargo feature `verbs`): not implemented in this release; see the
-//!   README's status table. `rdma://` endpoints return
-//!   [`Error::ProviderUnavailable`].
+//! * **verbs** (cargo feature `verbs`): libibverbs through `rdma-sys`, each call
+//!   mapped one to one (`Fabric::verbs`, `ibv_reg_mr`, RC queue pairs,
+//!   `ibv_post_send`, `ibv_poll_cq`, completion channels). **Builds; not run on
+//!   an RDMA NIC here**: its tests stop at the work requests, completions and
+//!   queue-pair attributes it builds. Without the feature, `rdma://` endpoints
+//!   return [`Error::ProviderUnavailable`].
 //!
 //! ## Example: two queue pairs over a shm side channel
 //! ```
