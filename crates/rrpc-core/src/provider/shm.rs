@@ -86,7 +86,9 @@ impl SendCq {
             .unwrap_or_else(|p| p.into_inner())
             .entries
             .push_back((seq, c, delay));
-        if self.armed.swap(false, Ordering::SeqCst) {
+        // Arm-then-recheck pairs with `req_notify` + poll; the plain load keeps
+        // the common unarmed case free of a read-modify-write.
+        if self.armed.load(Ordering::SeqCst) && self.armed.swap(false, Ordering::SeqCst) {
             let _ = self.channel.notify();
         }
     }
@@ -279,7 +281,8 @@ impl PeerCq {
         word(&self.map, layout::ENTRIES + slot * layout::ENTRY)
             .store(((len as u64) << 32) | imm as u64, Ordering::Relaxed);
         word(&self.map, layout::PROD).store(prod + 1, Ordering::SeqCst);
-        if word(&self.map, layout::ARMED).swap(0, Ordering::SeqCst) != 0 {
+        let armed = word(&self.map, layout::ARMED);
+        if armed.load(Ordering::SeqCst) != 0 && armed.swap(0, Ordering::SeqCst) != 0 {
             self.eventfd.notify()?;
         }
         Ok(())
@@ -493,11 +496,11 @@ impl ShmQp {
 
     /// Applies fault injection for the next post; returns (completion delay, status, torn).
     fn faults(&self) -> (u32, Status, bool) {
-        let n = self.posts.fetch_add(1, Ordering::Relaxed) + 1;
         let f = &self.fault;
         if f.is_inert() {
             return (0, Status::Success, false);
         }
+        let n = self.posts.fetch_add(1, Ordering::Relaxed) + 1;
         let status = match f.fail_after_posts() {
             Some(k) if n > k => Status::Fatal,
             _ => Status::Success,
