@@ -34,6 +34,16 @@ pub const LOCAL_HEAD_OFFSET: usize = 64;
 /// Byte offset of the ring array in the receive and staging regions.
 pub const RING_OFFSET: usize = 4096;
 const UNALIGNED_PAD: usize = 8;
+
+/// Flag in the top byte of the handshake's `RingGeometry::slot_size`: the
+/// ring array is *not* cache-line aligned ([`RingConfig::cache_align`] off).
+/// The slot size proper is the low 24 bits (at most [`crate::MAX_SLOT_SIZE`]).
+pub const GEOMETRY_FLAG_UNALIGNED: u32 = 1 << 24;
+/// Flag in the top byte of `RingGeometry::slot_size`: this side's sender
+/// writes its tail with `WRITE_WITH_IMM` ([`RingConfig::tail_with_imm`]).
+pub const GEOMETRY_FLAG_TAIL_IMM: u32 = 1 << 25;
+const GEOMETRY_SIZE_MASK: u32 = (1 << 24) - 1;
+const GEOMETRY_KNOWN_FLAGS: u32 = GEOMETRY_FLAG_UNALIGNED | GEOMETRY_FLAG_TAIL_IMM;
 const HEAD_SRC: usize = MAX_TAIL_INFLIGHT;
 
 /// This side's half of a connection before the handshake: its receive ring
@@ -76,9 +86,23 @@ impl LocalRing {
 
     /// The geometry to put in the handshake offer (`mode` is left 0 for the
     /// poller to set).
+    ///
+    /// `slot_size` carries the slot size in its low 24 bits and the ring's
+    /// switches that both sides must share in its top byte
+    /// ([`GEOMETRY_FLAG_UNALIGNED`], [`GEOMETRY_FLAG_TAIL_IMM`]; zero means
+    /// the defaults), so [`connect`](Self::connect) can refuse a peer whose
+    /// ring would otherwise be misread. `alpha`, `beta` and `gamma` are
+    /// informational: each side's thresholds only pace its own WRITEs.
     pub fn geometry(&self) -> RingGeometry {
+        let mut flags = 0;
+        if !self.cfg.cache_align() {
+            flags |= GEOMETRY_FLAG_UNALIGNED;
+        }
+        if self.cfg.tail_with_imm() {
+            flags |= GEOMETRY_FLAG_TAIL_IMM;
+        }
         RingGeometry {
-            slot_size: self.cfg.slot_size() as u32,
+            slot_size: self.cfg.slot_size() as u32 | flags,
             slot_count: self.cfg.slot_count() as u32,
             alpha: self.cfg.alpha(),
             beta: self.cfg.beta(),
@@ -102,22 +126,17 @@ impl LocalRing {
     }
 
     /// Validates the peer's geometry and grant and splits into the two
-    /// directions. Both sides must use the same slot size and count (and the
-    /// same `cache_align` / `tail_with_imm` switches, which are not negotiated).
+    /// directions. Both sides must use the same slot size and count and the
+    /// same [`RingConfig::cache_align`] and [`RingConfig::tail_with_imm`]
+    /// switches (carried in the handshake, see [`geometry`](Self::geometry)).
     ///
     /// # Errors
-    /// [`Error::Incompatible`] if the peer's geometry differs or it granted
-    /// no (or a too small) ring region.
+    /// [`Error::Incompatible`], naming the peer's and our value, if the
+    /// peer's geometry or switches differ, it sets unknown flags, or it
+    /// granted no (or a too small) ring region.
     pub fn connect(self, conn: &Connection) -> Result<(RingTx, RingRx), Error> {
         let peer = conn.peer();
-        let ours = self.geometry();
-        let g = peer.geometry;
-        if g.slot_size != ours.slot_size || g.slot_count != ours.slot_count {
-            return Err(Error::Incompatible(format!(
-                "peer ring has {} slots of {} bytes, ours {} slots of {} bytes",
-                g.slot_count, g.slot_size, ours.slot_count, ours.slot_size
-            )));
-        }
+        check_peer_geometry(&self.geometry(), &peer.geometry)?;
         let remote = peer.region(ROLE_RING).ok_or_else(|| {
             Error::Incompatible(format!("peer granted no region with role {ROLE_RING:#x}"))
         })?;
@@ -165,6 +184,46 @@ impl LocalRing {
 }
 
 const NOT_FULL: u64 = u64::MAX;
+
+/// Compares the peer's offered geometry with ours (see [`LocalRing::geometry`]).
+fn check_peer_geometry(ours: &RingGeometry, peer: &RingGeometry) -> Result<(), Error> {
+    let unknown = peer.slot_size & !GEOMETRY_SIZE_MASK & !GEOMETRY_KNOWN_FLAGS;
+    if unknown != 0 {
+        return Err(Error::Incompatible(format!(
+            "peer ring sets unknown geometry flags {unknown:#x}"
+        )));
+    }
+    let (ps, os) = (
+        peer.slot_size & GEOMETRY_SIZE_MASK,
+        ours.slot_size & GEOMETRY_SIZE_MASK,
+    );
+    if ps != os || peer.slot_count != ours.slot_count {
+        return Err(Error::Incompatible(format!(
+            "peer ring has {} slots of {ps} bytes, ours {} slots of {os} bytes",
+            peer.slot_count, ours.slot_count
+        )));
+    }
+    let flag = |g: &RingGeometry, f: u32| g.slot_size & f != 0;
+    let (pa, oa) = (
+        !flag(peer, GEOMETRY_FLAG_UNALIGNED),
+        !flag(ours, GEOMETRY_FLAG_UNALIGNED),
+    );
+    if pa != oa {
+        return Err(Error::Incompatible(format!(
+            "peer ring has cache_align = {pa}, ours cache_align = {oa}"
+        )));
+    }
+    let (pi, oi) = (
+        flag(peer, GEOMETRY_FLAG_TAIL_IMM),
+        flag(ours, GEOMETRY_FLAG_TAIL_IMM),
+    );
+    if pi != oi {
+        return Err(Error::Incompatible(format!(
+            "peer ring has tail_with_imm = {pi}, ours tail_with_imm = {oi}"
+        )));
+    }
+    Ok(())
+}
 
 /// What both halves share: the queue pair and the completion routing.
 #[derive(Debug)]

@@ -85,7 +85,7 @@ pub use config::{
     RingConfig, RingConfigBuilder,
 };
 pub use driver::{
-    LOCAL_HEAD_OFFSET, LOCAL_TAIL_OFFSET, LocalRing, RING_OFFSET, ROLE_RING, ReadGuard, RingRx,
-    RingTx, RxWatch, TxWatch, WriteGuard,
+    GEOMETRY_FLAG_TAIL_IMM, GEOMETRY_FLAG_UNALIGNED, LOCAL_HEAD_OFFSET, LOCAL_TAIL_OFFSET,
+    LocalRing, RING_OFFSET, ROLE_RING, ReadGuard, RingRx, RingTx, RxWatch, TxWatch, WriteGuard,
 };
 pub use error::Error;

@@ -1,0 +1,102 @@
+//! The ring switches both sides must share travel in the handshake; a
+//! mismatch is refused at connect time with `Error::Incompatible` naming
+//! both values, instead of surfacing later as `Error::Corrupt`.
+
+mod common;
+
+use common::pair_with;
+use rrpc_core::QpConfig;
+use rrpc_ringbuf::{Error, RingConfig};
+
+fn incompatible(a: &RingConfig, b: &RingConfig) -> (String, String) {
+    let (c, s) = pair_with(a, b, &QpConfig::default());
+    let msg = |r: Result<common::Side, Error>| match r {
+        Err(Error::Incompatible(m)) => m,
+        Err(e) => panic!("expected Incompatible, got {e}"),
+        Ok(_) => panic!("mismatched rings connected"),
+    };
+    (msg(c), msg(s))
+}
+
+#[test]
+fn cache_align_mismatch_is_refused_on_both_sides() {
+    let on = RingConfig::builder().ring_size(64 << 10).build().unwrap();
+    let off = RingConfig::builder()
+        .ring_size(64 << 10)
+        .cache_align(false)
+        .build()
+        .unwrap();
+    let (c, s) = incompatible(&on, &off);
+    assert!(
+        c.contains("peer ring has cache_align = false") && c.contains("ours cache_align = true"),
+        "{c}"
+    );
+    assert!(
+        s.contains("peer ring has cache_align = true") && s.contains("ours cache_align = false"),
+        "{s}"
+    );
+}
+
+#[test]
+fn tail_with_imm_mismatch_is_refused_on_both_sides() {
+    let plain = RingConfig::builder().ring_size(64 << 10).build().unwrap();
+    let imm = RingConfig::builder()
+        .ring_size(64 << 10)
+        .tail_with_imm(true)
+        .build()
+        .unwrap();
+    let (c, s) = incompatible(&imm, &plain);
+    assert!(
+        c.contains("tail_with_imm = false") && c.contains("ours tail_with_imm = true"),
+        "{c}"
+    );
+    assert!(s.contains("peer ring has tail_with_imm = true"), "{s}");
+}
+
+#[test]
+fn slot_geometry_mismatch_is_refused() {
+    let a = RingConfig::builder().ring_size(64 << 10).build().unwrap();
+    let b = RingConfig::builder()
+        .ring_size(64 << 10)
+        .slot_size(128)
+        .build()
+        .unwrap();
+    let (c, _) = incompatible(&a, &b);
+    assert!(
+        c.contains("512 slots of 128 bytes") && c.contains("1024 slots of 64 bytes"),
+        "{c}"
+    );
+    let b = RingConfig::builder().ring_size(128 << 10).build().unwrap();
+    let (c, _) = incompatible(&a, &b);
+    assert!(
+        c.contains("2048 slots") && c.contains("ours 1024 slots"),
+        "{c}"
+    );
+}
+
+#[test]
+fn matching_non_default_switches_connect_and_carry_data() {
+    // Thresholds may differ (they only pace each side's own WRITEs); the
+    // switches match: unaligned array, tail with immediate.
+    let base = || {
+        RingConfig::builder()
+            .ring_size(64 << 10)
+            .slot_size(32)
+            .cache_align(false)
+            .tail_with_imm(true)
+    };
+    let a = base().alpha(4).beta(2).build().unwrap();
+    let b = base().gamma(3).build().unwrap();
+    let (c, s) = pair_with(&a, &b, &QpConfig::default());
+    let ((_c1, mut tx, _r1), (_c2, _t2, mut rx)) = (c.unwrap(), s.unwrap());
+    rx.post_receives(64).unwrap();
+    for i in 0..40u8 {
+        tx.try_send(&[i; 13]).unwrap();
+    }
+    tx.flush().unwrap();
+    for i in 0..40u8 {
+        let m = rx.try_recv().unwrap();
+        assert_eq!(&*m, &[i; 13]);
+    }
+    assert!(matches!(rx.try_recv(), Err(Error::WouldBlock)));
+}
