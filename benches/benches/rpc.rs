@@ -16,7 +16,10 @@ fn unary(c: &mut Criterion) {
         let mut client = rt.block_on(connect(&server)).expect("connect");
         g.bench_function(t.name(), |b| {
             b.iter(|| {
-                let req = Req { payload: vec![1; 64], resp_len: 8 };
+                let req = Req {
+                    payload: vec![1; 64],
+                    resp_len: 8,
+                };
                 rt.block_on(client.unary(req)).expect("call")
             })
         });
