@@ -166,6 +166,7 @@ impl LocalRing {
             ring_len: geo.ring_bytes(),
             tx_seen: 0,
             full_at: Arc::new(AtomicU64::new(NOT_FULL)),
+            imm_fallbacks: 0,
         };
         let rx = RingRx {
             receiver: Receiver::new(&self.cfg),
@@ -178,6 +179,7 @@ impl LocalRing {
             rx_seen: 0,
             head_mirror: Arc::new(AtomicU64::new(0)),
             deferred: None,
+            imm: self.cfg.tail_with_imm(),
         };
         Ok((tx, rx))
     }
@@ -288,6 +290,7 @@ pub struct RingTx {
     ring_len: usize,
     tx_seen: u64,
     full_at: Arc<AtomicU64>,
+    imm_fallbacks: u64,
 }
 
 impl RingTx {
@@ -384,6 +387,13 @@ impl RingTx {
         &self.cfg
     }
 
+    /// EVENT mode: tail WRITEs that found no receive posted at the peer and
+    /// went out as plain WRITEs (see the crate docs, "EVENT mode"). Stays 0
+    /// while the receiver follows the repost rule and keeps up.
+    pub fn imm_fallbacks(&self) -> u64 {
+        self.imm_fallbacks
+    }
+
     fn post(&mut self) -> Result<(), Error> {
         loop {
             let Some(t) = self.sender.poll_transmit() else {
@@ -419,9 +429,25 @@ impl RingTx {
                     let local = Local::new(&self.tx_region, off, 8);
                     let remote = self.remote.at(LOCAL_TAIL_OFFSET as u64);
                     if self.cfg.tail_with_imm() {
-                        self.shared
-                            .qp
-                            .post_write_imm(wr_id, local, remote, value as u32, true)
+                        match self.shared.qp.post_write_imm(
+                            wr_id,
+                            local,
+                            remote,
+                            value as u32,
+                            true,
+                        ) {
+                            // No receive posted: the receiver has receive
+                            // completions it has not polled yet, so it is
+                            // awake or about to wake and will recheck the
+                            // tail (arm-then-recheck). A plain WRITE keeps
+                            // the data flowing instead of failing the ring.
+                            Err(rrpc_core::Error::ReceiverNotReady) => {
+                                self.imm_fallbacks += 1;
+                                let local = Local::new(&self.tx_region, off, 8);
+                                self.shared.qp.post_write(wr_id, local, remote, true)
+                            }
+                            r => r,
+                        }
                     } else {
                         self.shared.qp.post_write(wr_id, local, remote, true)
                     }
@@ -519,6 +545,7 @@ pub struct RingRx {
     rx_seen: u64,
     head_mirror: Arc<AtomicU64>,
     deferred: Option<Error>,
+    imm: bool,
 }
 
 impl RingRx {
@@ -536,6 +563,10 @@ impl RingRx {
             .rx_region
             .atomic_u64(LOCAL_TAIL_OFFSET)?
             .load(Ordering::Acquire);
+        if self.imm && tail != self.receiver.local_tail() {
+            // Each tail WRITE_WITH_IMM consumed one receive: repost them.
+            self.replenish()?;
+        }
         self.receiver.handle_local_tail(tail)?;
         let (region, off) = (&self.rx_region, self.ring_off);
         let got = self.receiver.poll_recv(|o| {
@@ -575,19 +606,46 @@ impl RingRx {
         self.post()
     }
 
-    /// EVENT mode (`tail_with_imm`): posts `n` receives, one per tail WRITE
-    /// to come. The consumer of the receive completion queue (the poller)
-    /// must repost one receive per completion it polls, before arming the
-    /// queue again, or the sender's next tail WRITE fails with
-    /// `ReceiverNotReady`.
+    /// EVENT mode (`tail_with_imm`): posts `n` receives, the pool the
+    /// peer's tail `WRITE_WITH_IMM`s consume. Call it once after
+    /// [`LocalRing::connect`]; see the crate docs ("EVENT mode") for the
+    /// repost rule that keeps the pool full.
     ///
     /// # Errors
-    /// [`Error::Core`] (`QueueFull`) beyond the receive depth.
+    /// [`Error::Core`] (`QueueFull`) beyond the queue pair's receive depth.
     pub fn post_receives(&self, n: u32) -> Result<(), Error> {
         for _ in 0..n {
             self.shared.qp.post_recv(0)?;
         }
         Ok(())
+    }
+
+    /// EVENT mode: retires the receive completions queued so far and posts
+    /// one receive for each (the repost rule). [`try_recv`](Self::try_recv)
+    /// calls this whenever it sees a new tail; call it from a poller that
+    /// has no other use for the completions. Returns how many were reposted.
+    ///
+    /// # Errors
+    /// [`Error::Core`] if polling or posting fails (a corrupt shared queue,
+    /// a failed queue pair).
+    pub fn replenish(&self) -> Result<usize, Error> {
+        let qp = &self.shared.qp;
+        let mut wc = [Completion::EMPTY; 32];
+        let mut total = 0;
+        loop {
+            let n = qp.recv_cq().poll(&mut wc)?;
+            for c in &wc[..n] {
+                match qp.post_recv(c.wr_id) {
+                    // Someone else reposted already: the pool is full.
+                    Ok(()) | Err(rrpc_core::Error::QueueFull { .. }) => {}
+                    Err(e) => return Err(e.into()),
+                }
+            }
+            total += n;
+            if n < wc.len() {
+                return Ok(total);
+            }
+        }
     }
 
     /// A cheap, thread-safe handle for polling threads.

@@ -30,6 +30,35 @@
 //! peer-written value (headers, gap markers, pointer words) is validated; a
 //! bad one closes the channel with [`Error::Corrupt`].
 //!
+//! ## Handshake
+//! [`LocalRing::add_to_offer`] puts the slot size and count and the
+//! switches both sides must share ([`RingConfig::cache_align`],
+//! [`RingConfig::tail_with_imm`], as flags in the top byte of the offered
+//! `slot_size`) into the rrpc-core handshake; [`LocalRing::connect`] refuses
+//! a peer that differs with [`Error::Incompatible`] naming both values.
+//!
+//! ## EVENT mode and the receive-repost rule
+//! With [`RingConfig::tail_with_imm`] every tail WRITE is a
+//! `WRITE_WITH_IMM`: it consumes one receive posted on the receiver's queue
+//! pair and adds a completion to its receive CQ, which makes the CQ's
+//! channel fd readable if it was armed with `req_notify()`. The receiver
+//! posts the pool once ([`RingRx::post_receives`], at most the queue pair's
+//! `recv_depth`) and then follows one rule: **every receive completion that
+//! is polled is answered by exactly one new receive**, whoever polls it.
+//! [`RingRx::try_recv`] does this itself ([`RingRx::replenish`]) whenever it
+//! sees a new tail, so a receiver that keeps reading never runs dry however
+//! long the stream; a poller that polls the receive CQ itself (to clear it
+//! before re-arming) must repost one receive per completion too. Arm, then
+//! recheck the ring before sleeping.
+//!
+//! If a burst still outruns the pool (the receiver was not scheduled), the
+//! shm fabric refuses the `WRITE_WITH_IMM` with `ReceiverNotReady`; the
+//! sender then writes that tail with a plain WRITE ([`RingTx::imm_fallbacks`]
+//! counts them) instead of failing: the receiver has unpolled receive
+//! completions, so it is awake or about to wake and will see the tail. On
+//! verbs the NIC's RNR retry plays that role; the repost rule is what keeps
+//! it from being needed.
+//!
 //! Memory (§IV-C): zero-copy reserve/commit on the sender and borrowed
 //! [`ReadGuard`]s on the receiver; huge pages through rrpc-core's regions;
 //! cache-line aligned slots. NUMA placement is not applicable on the
