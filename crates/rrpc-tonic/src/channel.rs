@@ -17,7 +17,9 @@ use crate::{Error, PathPreference, RrpcConfig};
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// The future returned by [`RrpcChannel`]'s `call`.
-pub type ResponseFuture = std::pin::Pin<Box<dyn std::future::Future<Output = Result<http::Response<Body>, BoxError>> + Send>>;
+pub type ResponseFuture = std::pin::Pin<
+    Box<dyn std::future::Future<Output = Result<http::Response<Body>, BoxError>> + Send>,
+>;
 
 /// Which data path a channel ended up on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -58,12 +60,21 @@ impl RrpcChannel {
     pub async fn connect(uri: &str, config: RrpcConfig) -> Result<Self, Error> {
         let target = Target::parse(uri)?;
         let inner = match target {
-            Target::Tcp(addr) => Inner::Tonic(Endpoint::from_shared(format!("http://{addr}"))?.connect().await?, ChannelPath::Tcp),
+            Target::Tcp(addr) => Inner::Tonic(
+                Endpoint::from_shared(format!("http://{addr}"))?
+                    .connect()
+                    .await?,
+                ChannelPath::Tcp,
+            ),
             Target::Unix(path) => {
                 let ch = Endpoint::from_static("http://localhost")
                     .connect_with_connector(tower::service_fn(move |_: http::Uri| {
                         let path = path.clone();
-                        async move { Ok::<_, std::io::Error>(TokioIo::new(tokio::net::UnixStream::connect(path).await?)) }
+                        async move {
+                            Ok::<_, std::io::Error>(TokioIo::new(
+                                tokio::net::UnixStream::connect(path).await?,
+                            ))
+                        }
                     }))
                     .await?;
                 Inner::Tonic(ch, ChannelPath::Unix)
@@ -72,7 +83,10 @@ impl RrpcChannel {
                 let mut pipe = dial(&t, &config).await?;
                 match negotiate_client(&mut pipe, &config).await? {
                     Negotiated::Fast => Inner::Fast(FastChannel::start(pipe, &config)),
-                    Negotiated::Http2 => Inner::Tonic(h2_channel(t, pipe, config, uri.to_string()).await?, ChannelPath::Http2),
+                    Negotiated::Http2 => Inner::Tonic(
+                        h2_channel(t, pipe, config, uri.to_string()).await?,
+                        ChannelPath::Http2,
+                    ),
                 }
             }
         };
@@ -88,12 +102,18 @@ impl RrpcChannel {
     }
 }
 
-async fn h2_channel(target: Target, first: Pipe, config: RrpcConfig, uri: String) -> Result<Channel, Error> {
+async fn h2_channel(
+    target: Target,
+    first: Pipe,
+    config: RrpcConfig,
+    uri: String,
+) -> Result<Channel, Error> {
     let first = Arc::new(Mutex::new(Some(first)));
     let config = config.path(PathPreference::Http2);
     let ch = Endpoint::from_static("http://rrpc.invalid")
         .connect_with_connector(tower::service_fn(move |_: http::Uri| {
-            let (first, target, config, uri) = (first.clone(), target.clone(), config.clone(), uri.clone());
+            let (first, target, config, uri) =
+                (first.clone(), target.clone(), config.clone(), uri.clone());
             async move {
                 let taken = first.lock().expect("pipe lock").take();
                 let pipe = match taken {
@@ -105,7 +125,10 @@ async fn h2_channel(target: Target, first: Pipe, config: RrpcConfig, uri: String
                         p
                     }
                 };
-                Ok::<_, Error>(TokioIo::new(RrpcStream::new(pipe, RrpcConnectInfo { local: uri })))
+                Ok::<_, Error>(TokioIo::new(RrpcStream::new(
+                    pipe,
+                    RrpcConnectInfo { local: uri },
+                )))
             }
         }))
         .await?;
@@ -128,9 +151,41 @@ impl Service<http::Request<Body>> for RrpcChannel {
         match &mut self.inner {
             Inner::Tonic(c, _) => {
                 let fut = c.call(req);
-                Box::pin(async move { fut.await.map_err(Into::into) })
+                Box::pin(async move {
+                    let resp = fut
+                        .await
+                        .map_err(|e| -> BoxError { Box::new(dispatch_error(e.into())) })?;
+                    Ok(resp
+                        .map(|b| Body::new(http_body_util::BodyExt::map_err(b, lost_connection))))
+                })
             }
             Inner::Fast(f) => f.call(req),
         }
+    }
+}
+
+/// hyper reports a connection that died under a streaming response as an
+/// `Unknown` "h2 protocol error"; gRPC (and the fast path) say `Unavailable`.
+/// Body errors never carry a server's status (that comes in trailers), so an
+/// `Unknown` here is always the transport's.
+fn lost_connection(s: tonic::Status) -> tonic::Status {
+    if s.code() == tonic::Code::Unknown {
+        tonic::Status::unavailable(format!("connection lost: {}", s.message()))
+    } else {
+        s
+    }
+}
+
+/// A call dispatched on a connection that is closing: hyper says "canceled",
+/// gRPC (and the fast path) say the peer is unavailable. An expired deadline
+/// keeps tonic's own status (`Cancelled: Timeout expired`).
+fn dispatch_error(e: BoxError) -> tonic::Status {
+    let st = tonic::Status::from_error(e);
+    let timeout = st.code() == tonic::Code::Cancelled && st.message().contains("Timeout expired");
+    match st.code() {
+        tonic::Code::Unknown | tonic::Code::Cancelled if !timeout => {
+            tonic::Status::unavailable(format!("connection lost: {}", st.message()))
+        }
+        _ => st,
     }
 }

@@ -63,8 +63,11 @@ pub enum Error {
 impl From<rrpc_poller::Error> for Error {
     fn from(e: rrpc_poller::Error) -> Self {
         match e {
-            rrpc_poller::Error::PeerGone | rrpc_poller::Error::Ring(rrpc_ringbuf::Error::PeerGone) => Error::PeerGone,
-            rrpc_poller::Error::Ring(rrpc_ringbuf::Error::TooLarge { len, max }) => Error::MessageTooLarge { len, max },
+            rrpc_poller::Error::PeerGone
+            | rrpc_poller::Error::Ring(rrpc_ringbuf::Error::PeerGone) => Error::PeerGone,
+            rrpc_poller::Error::Ring(rrpc_ringbuf::Error::TooLarge { len, max }) => {
+                Error::MessageTooLarge { len, max }
+            }
             e => Error::Rings(Box::new(e)),
         }
     }
@@ -111,11 +114,24 @@ mod tests {
 
     #[test]
     fn maps_to_status_codes() {
-        assert_eq!(tonic::Status::from(Error::PeerGone).code(), Code::Unavailable);
-        assert_eq!(tonic::Status::from(Error::MessageTooLarge { len: 2, max: 1 }).code(), Code::ResourceExhausted);
-        assert_eq!(tonic::Status::from(Error::Protocol(FrameError::Reserved)).code(), Code::Internal);
         assert_eq!(
-            tonic::Status::from(Error::UnsupportedTransport { scheme: "rdma", reason: "x" }).code(),
+            tonic::Status::from(Error::PeerGone).code(),
+            Code::Unavailable
+        );
+        assert_eq!(
+            tonic::Status::from(Error::MessageTooLarge { len: 2, max: 1 }).code(),
+            Code::ResourceExhausted
+        );
+        assert_eq!(
+            tonic::Status::from(Error::Protocol(FrameError::Reserved)).code(),
+            Code::Internal
+        );
+        assert_eq!(
+            tonic::Status::from(Error::UnsupportedTransport {
+                scheme: "rdma",
+                reason: "x"
+            })
+            .code(),
             Code::Unimplemented
         );
     }

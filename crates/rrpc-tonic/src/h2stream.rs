@@ -51,7 +51,9 @@ impl RrpcStream {
         tokio::spawn(async move {
             loop {
                 let mut got = Bytes::new();
-                let r = prx.recv_with(&mut |m: &[u8]| got = Bytes::copy_from_slice(m)).await;
+                let r = prx
+                    .recv_with(&mut |m: &[u8]| got = Bytes::copy_from_slice(m))
+                    .await;
                 match r {
                     Ok(true) => {
                         if !got.is_empty() && rtx.send(got).await.is_err() {
@@ -62,12 +64,22 @@ impl RrpcStream {
                 }
             }
         });
-        RrpcStream { tx: PollSender::new(wtx), rx: rrx, cur: Bytes::new(), max, info }
+        RrpcStream {
+            tx: PollSender::new(wtx),
+            rx: rrx,
+            cur: Bytes::new(),
+            max,
+            info,
+        }
     }
 }
 
 impl AsyncRead for RrpcStream {
-    fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
         if self.cur.is_empty() {
             match ready!(self.rx.poll_recv(cx)) {
                 Some(b) => self.cur = b,
@@ -82,7 +94,11 @@ impl AsyncRead for RrpcStream {
 }
 
 impl AsyncWrite for RrpcStream {
-    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
         ready!(self.tx.poll_reserve(cx)).map_err(|_| io::Error::from(io::ErrorKind::BrokenPipe))?;
         let n = buf.len().min(self.max);
         self.tx

@@ -76,13 +76,23 @@ pub(crate) struct MemRx {
 pub(crate) fn mem_pair(ring: usize) -> (Pipe, Pipe) {
     let (a_tx, a_rx) = one_way(ring);
     let (b_tx, b_rx) = one_way(ring);
-    ((Box::new(a_tx), Box::new(b_rx)), (Box::new(b_tx), Box::new(a_rx)))
+    (
+        (Box::new(a_tx), Box::new(b_rx)),
+        (Box::new(b_tx), Box::new(a_rx)),
+    )
 }
 
 fn one_way(ring: usize) -> (MemTx, MemRx) {
     let (tx, rx) = mpsc::unbounded_channel();
     let credit = Arc::new(Semaphore::new(ring));
-    (MemTx { tx, credit: credit.clone(), ring }, MemRx { rx, credit })
+    (
+        MemTx {
+            tx,
+            credit: credit.clone(),
+            ring,
+        },
+        MemRx { rx, credit },
+    )
 }
 
 impl MsgTx for MemTx {
@@ -96,10 +106,20 @@ impl MsgTx for MemTx {
     ) -> BoxFut<'a, Result<(), Error>> {
         Box::pin(async move {
             if len > self.ring {
-                return Err(Error::MessageTooLarge { len, max: self.ring });
+                return Err(Error::MessageTooLarge {
+                    len,
+                    max: self.ring,
+                });
             }
-            let permits = u32::try_from(len.max(1)).map_err(|_| Error::MessageTooLarge { len, max: self.ring })?;
-            let p = self.credit.acquire_many(permits).await.map_err(|_| Error::PeerGone)?;
+            let permits = u32::try_from(len.max(1)).map_err(|_| Error::MessageTooLarge {
+                len,
+                max: self.ring,
+            })?;
+            let p = self
+                .credit
+                .acquire_many(permits)
+                .await
+                .map_err(|_| Error::PeerGone)?;
             p.forget();
             let mut slot = BytesMut::zeroed(len);
             fill(&mut slot);

@@ -41,7 +41,9 @@ pub struct Server<L = Identity> {
 impl Server<Identity> {
     /// A builder with no layers.
     pub fn builder() -> Self {
-        Server { layer: Identity::new() }
+        Server {
+            layer: Identity::new(),
+        }
     }
 }
 
@@ -54,22 +56,35 @@ impl Default for Server<Identity> {
 impl<L> Server<L> {
     /// Wraps every service in a tower layer (applied on every transport and path).
     pub fn layer<N>(self, layer: N) -> Server<Stack<N, L>> {
-        Server { layer: Stack::new(layer, self.layer) }
+        Server {
+            layer: Stack::new(layer, self.layer),
+        }
     }
 
     /// Adds a generated service (same bounds as tonic's).
     pub fn add_service<S>(self, svc: S) -> Router<L>
     where
-        S: Service<http::Request<Body>, Error = Infallible> + NamedService + Clone + Send + Sync + 'static,
+        S: Service<http::Request<Body>, Error = Infallible>
+            + NamedService
+            + Clone
+            + Send
+            + Sync
+            + 'static,
         S::Response: axum::response::IntoResponse,
         S::Future: Send + 'static,
     {
-        Router { layer: self.layer, routes: Routes::default().add_service(svc) }
+        Router {
+            layer: self.layer,
+            routes: Routes::default().add_service(svc),
+        }
     }
 
     /// Starts from ready-made tonic [`Routes`].
     pub fn add_routes(self, routes: Routes) -> Router<L> {
-        Router { layer: self.layer, routes }
+        Router {
+            layer: self.layer,
+            routes,
+        }
     }
 }
 
@@ -84,7 +99,12 @@ impl<L> Router<L> {
     /// Adds another generated service.
     pub fn add_service<S>(mut self, svc: S) -> Self
     where
-        S: Service<http::Request<Body>, Error = Infallible> + NamedService + Clone + Send + Sync + 'static,
+        S: Service<http::Request<Body>, Error = Infallible>
+            + NamedService
+            + Clone
+            + Send
+            + Sync
+            + 'static,
         S::Response: axum::response::IntoResponse,
         S::Future: Send + 'static,
     {
@@ -95,7 +115,12 @@ impl<L> Router<L> {
     /// Adds a service if `Some` (as tonic's `add_optional_service`).
     pub fn add_optional_service<S>(self, svc: Option<S>) -> Self
     where
-        S: Service<http::Request<Body>, Error = Infallible> + NamedService + Clone + Send + Sync + 'static,
+        S: Service<http::Request<Body>, Error = Infallible>
+            + NamedService
+            + Clone
+            + Send
+            + Sync
+            + 'static,
         S::Response: axum::response::IntoResponse,
         S::Future: Send + 'static,
     {
@@ -109,7 +134,8 @@ impl<L> Router<L> {
 impl<L, ResBody> Router<L>
 where
     L: Layer<Routes> + Clone + Send + Sync + 'static,
-    L::Service: Service<http::Request<Body>, Response = http::Response<ResBody>> + Clone + Send + 'static,
+    L::Service:
+        Service<http::Request<Body>, Response = http::Response<ResBody>> + Clone + Send + 'static,
     <L::Service as Service<http::Request<Body>>>::Future: Send + 'static,
     <L::Service as Service<http::Request<Body>>>::Error: Into<BoxError> + Send + 'static,
     ResBody: http_body::Body<Data = Bytes> + Send + 'static,
@@ -120,7 +146,8 @@ where
     /// # Errors
     /// As [`Router::serve_rrpc_with_shutdown`].
     pub async fn serve_rrpc(self, uri: &str, config: RrpcConfig) -> Result<(), Error> {
-        self.serve_rrpc_with_shutdown(uri, config, std::future::pending()).await
+        self.serve_rrpc_with_shutdown(uri, config, std::future::pending())
+            .await
     }
 
     /// Serves on `uri` until `signal` completes, then drains gracefully:
@@ -135,13 +162,20 @@ where
     /// [`Error::InvalidUri`], [`Error::UnsupportedTransport`] (e.g. `rdma://`
     /// without the verbs provider), [`Error::Io`] if the address is taken,
     /// [`Error::Transport`] from tonic.
-    pub async fn serve_rrpc_with_shutdown<F>(self, uri: &str, config: RrpcConfig, signal: F) -> Result<(), Error>
+    pub async fn serve_rrpc_with_shutdown<F>(
+        self,
+        uri: &str,
+        config: RrpcConfig,
+        signal: F,
+    ) -> Result<(), Error>
     where
         F: Future<Output = ()> + Send,
     {
         let target = Target::parse(uri)?;
         let Router { layer, routes } = self;
-        let tonic_router = tonic::transport::Server::builder().layer(layer.clone()).add_routes(routes.clone());
+        let tonic_router = tonic::transport::Server::builder()
+            .layer(layer.clone())
+            .add_routes(routes.clone());
         match target {
             Target::Tcp(addr) => {
                 let addr = Target::tcp_addr(&addr)?;
@@ -150,7 +184,9 @@ where
             Target::Unix(path) => {
                 let listener = tokio::net::UnixListener::bind(&path)?;
                 let incoming = tokio_stream::wrappers::UnixListenerStream::new(listener);
-                let r = tonic_router.serve_with_incoming_shutdown(incoming, signal).await;
+                let r = tonic_router
+                    .serve_with_incoming_shutdown(incoming, signal)
+                    .await;
                 let _ = std::fs::remove_file(&path);
                 Ok(r?)
             }
@@ -166,14 +202,26 @@ where
     ///
     /// # Errors
     /// The first error of either listener.
-    pub async fn serve_dual<F>(self, tcp: SocketAddr, uri: &str, config: RrpcConfig, signal: F) -> Result<(), Error>
+    pub async fn serve_dual<F>(
+        self,
+        tcp: SocketAddr,
+        uri: &str,
+        config: RrpcConfig,
+        signal: F,
+    ) -> Result<(), Error>
     where
         F: Future<Output = ()> + Send,
     {
         let token = CancellationToken::new();
         let (t1, t2) = (token.clone(), token.clone());
         let tcp_uri = format!("http://{tcp}");
-        let a = self.clone().serve_rrpc_with_shutdown(&tcp_uri, config.clone(), async move { t1.cancelled().await });
+        let a = self
+            .clone()
+            .serve_rrpc_with_shutdown(
+                &tcp_uri,
+                config.clone(),
+                async move { t1.cancelled().await },
+            );
         let b = self.serve_rrpc_with_shutdown(uri, config, async move { t2.cancelled().await });
         let sig = async move {
             signal.await;
@@ -194,7 +242,8 @@ async fn serve_rings<L, ResBody, F>(
 ) -> Result<(), Error>
 where
     L: Layer<Routes> + Clone + Send + Sync + 'static,
-    L::Service: Service<http::Request<Body>, Response = http::Response<ResBody>> + Clone + Send + 'static,
+    L::Service:
+        Service<http::Request<Body>, Response = http::Response<ResBody>> + Clone + Send + 'static,
     <L::Service as Service<http::Request<Body>>>::Future: Send + 'static,
     <L::Service as Service<http::Request<Body>>>::Error: Into<BoxError> + Send + 'static,
     ResBody: http_body::Body<Data = Bytes> + Send + 'static,
@@ -205,10 +254,14 @@ where
     // HTTP/2 connections go to tonic's own server, fed through this queue.
     let (h2_tx, h2_rx) = mpsc::channel::<Result<RrpcStream, std::io::Error>>(16);
     let h2_token = token.clone();
-    let tonic_router = tonic::transport::Server::builder().layer(layer.clone()).add_routes(routes.clone());
+    let tonic_router = tonic::transport::Server::builder()
+        .layer(layer.clone())
+        .add_routes(routes.clone());
     let h2_task = tokio::spawn(async move {
         tonic_router
-            .serve_with_incoming_shutdown(ReceiverStream::new(h2_rx), async move { h2_token.cancelled().await })
+            .serve_with_incoming_shutdown(ReceiverStream::new(h2_rx), async move {
+                h2_token.cancelled().await
+            })
             .await
     });
     let svc = layer.layer(routes.prepare());

@@ -27,7 +27,9 @@ fn poller() -> Result<Poller, Error> {
 }
 
 fn ring_config(cfg: &RrpcConfig) -> Result<RingConfig, Error> {
-    Ok(RingConfig::builder().ring_size(cfg.get_ring_size()).build()?)
+    Ok(RingConfig::builder()
+        .ring_size(cfg.get_ring_size())
+        .build()?)
 }
 
 struct ShmTx {
@@ -64,19 +66,34 @@ impl MsgTx for ShmTx {
     }
 }
 
+impl Drop for ShmRx {
+    fn drop(&mut self) {
+        // Nobody reads any more: say goodbye so the peer fails its calls now
+        // (the poller may hold the connection a while longer).
+        self._conn.close();
+    }
+}
+
 impl MsgRx for ShmRx {
     fn recv_with<'a>(
         &'a mut self,
         f: &'a mut (dyn FnMut(&[u8]) + Send),
     ) -> BoxFut<'a, Result<bool, Error>> {
         Box::pin(async move {
-            let got = match self.rx.recv().await {
-                Ok(msg) => {
-                    f(&msg);
-                    true
+            let got = loop {
+                match self.rx.recv().await {
+                    Ok(msg) => {
+                        f(&msg);
+                        break true;
+                    }
+                    Err(rrpc_poller::Error::PeerGone) => break false,
+                    // Documented as "the tail moved without a message; retrying is safe"
+                    // (seen under load with multi-chunk messages).
+                    Err(rrpc_poller::Error::Ring(rrpc_ringbuf::Error::WouldBlock)) => {
+                        tokio::task::yield_now().await
+                    }
+                    Err(e) => return Err(e.into()),
                 }
-                Err(rrpc_poller::Error::PeerGone) => false,
-                Err(e) => return Err(e.into()),
             };
             if got {
                 // Push our head now: the sender may be waiting for space.
@@ -92,7 +109,10 @@ fn into_pipe(conn: Connection, tx: RingTx, rx: RingRx) -> Result<Pipe, Error> {
     let ac = AsyncConn::new(&poller()?, conn, tx, rx)?;
     let conn = ac.connection().clone();
     let (tx, rx) = ac.split()?;
-    Ok((Box::new(ShmTx { tx, max }), Box::new(ShmRx { rx, _conn: conn })))
+    Ok((
+        Box::new(ShmTx { tx, max }),
+        Box::new(ShmRx { rx, _conn: conn }),
+    ))
 }
 
 /// Dials `shm:///path`.
@@ -128,7 +148,9 @@ pub(crate) struct ShmListener {
 
 impl std::fmt::Debug for ShmListener {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ShmListener").field("path", &self.fd.get_ref().0.path()).finish()
+        f.debug_struct("ShmListener")
+            .field("path", &self.fd.get_ref().0.path())
+            .finish()
     }
 }
 
@@ -142,7 +164,10 @@ impl ShmListener {
         // life), so it is deregistered before it can close.
         #[allow(deprecated)]
         let fd = AsyncFd::new(Fd(Arc::new(l)))?;
-        Ok(ShmListener { fd, ring: ring_config(cfg)? })
+        Ok(ShmListener {
+            fd,
+            ring: ring_config(cfg)?,
+        })
     }
 
     /// Accepts the next client; handshake failures of single clients are
@@ -154,10 +179,13 @@ impl ShmListener {
             let r = tokio::task::spawn_blocking(move || -> Result<_, rrpc_core::Error> {
                 let incoming = l.accept()?;
                 let fabric = Fabric::shm();
-                let local = LocalRing::new(&fabric, &ring).map_err(|e| rrpc_core::Error::PeerMisbehaved(e.to_string()))?;
+                let local = LocalRing::new(&fabric, &ring)
+                    .map_err(|e| rrpc_core::Error::PeerMisbehaved(e.to_string()))?;
                 let offer = local.add_to_offer(Offer::new());
                 let c = incoming.accept(fabric.create_qp(&QpConfig::default())?, offer)?;
-                let (tx, rx) = local.connect(&c).map_err(|e| rrpc_core::Error::PeerMisbehaved(e.to_string()))?;
+                let (tx, rx) = local
+                    .connect(&c)
+                    .map_err(|e| rrpc_core::Error::PeerMisbehaved(e.to_string()))?;
                 Ok((c, tx, rx))
             })
             .await

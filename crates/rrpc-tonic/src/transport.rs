@@ -35,8 +35,13 @@ pub(crate) enum Target {
 
 impl Target {
     pub(crate) fn parse(uri: &str) -> Result<Target, Error> {
-        let bad = |reason| Error::InvalidUri { uri: uri.to_string(), reason };
-        let (scheme, rest) = uri.split_once("://").ok_or_else(|| bad("missing scheme://"))?;
+        let bad = |reason| Error::InvalidUri {
+            uri: uri.to_string(),
+            reason,
+        };
+        let (scheme, rest) = uri
+            .split_once("://")
+            .ok_or_else(|| bad("missing scheme://"))?;
         if rest.is_empty() {
             return Err(bad("empty address"));
         }
@@ -46,7 +51,9 @@ impl Target {
             "inproc" => Ok(Target::Inproc(rest.to_string())),
             "shm" => {
                 if !rest.starts_with('/') {
-                    return Err(bad("shm:// needs an absolute socket path (shm:///run/x.sock)"));
+                    return Err(bad(
+                        "shm:// needs an absolute socket path (shm:///run/x.sock)",
+                    ));
                 }
                 Ok(Target::Shm(PathBuf::from(rest)))
             }
@@ -56,7 +63,10 @@ impl Target {
     }
 
     pub(crate) fn tcp_addr(s: &str) -> Result<SocketAddr, Error> {
-        s.parse().map_err(|_| Error::InvalidUri { uri: s.to_string(), reason: "expected ip:port" })
+        s.parse().map_err(|_| Error::InvalidUri {
+            uri: s.to_string(),
+            reason: "expected ip:port",
+        })
     }
 }
 
@@ -77,14 +87,25 @@ fn pref_byte(p: PathPreference) -> u8 {
 }
 
 /// Client side of the path negotiation.
-pub(crate) async fn negotiate_client(pipe: &mut Pipe, cfg: &RrpcConfig) -> Result<Negotiated, Error> {
+pub(crate) async fn negotiate_client(
+    pipe: &mut Pipe,
+    cfg: &RrpcConfig,
+) -> Result<Negotiated, Error> {
     let mut hello = [0u8; 5];
     hello[..4].copy_from_slice(MAGIC);
     hello[4] = pref_byte(cfg.get_path());
-    pipe.0.send_with(5, &mut |s: &mut [u8]| s.copy_from_slice(&hello)).await?;
+    pipe.0
+        .send_with(5, &mut |s: &mut [u8]| s.copy_from_slice(&hello))
+        .await?;
     let mut reply: Option<Vec<u8>> = None;
-    if !pipe.1.recv_with(&mut |m: &[u8]| reply = Some(m.to_vec())).await? {
-        return Err(Error::Handshake("server closed during path negotiation".into()));
+    if !pipe
+        .1
+        .recv_with(&mut |m: &[u8]| reply = Some(m.to_vec()))
+        .await?
+    {
+        return Err(Error::Handshake(
+            "server closed during path negotiation".into(),
+        ));
     }
     match reply.as_deref() {
         Some([a, b, c, d, p]) if [*a, *b, *c, *d] == *MAGIC => match p {
@@ -92,38 +113,61 @@ pub(crate) async fn negotiate_client(pipe: &mut Pipe, cfg: &RrpcConfig) -> Resul
             1 => Ok(Negotiated::Http2),
             _ => Err(Error::Handshake(format!("unknown path {p}"))),
         },
-        Some(m) if m.starts_with(b"RRPX") => Err(Error::Handshake(String::from_utf8_lossy(&m[4..]).into_owned())),
+        Some(m) if m.starts_with(b"RRPX") => Err(Error::Handshake(
+            String::from_utf8_lossy(&m[4..]).into_owned(),
+        )),
         _ => Err(Error::Handshake("malformed path reply".into())),
     }
 }
 
 /// Server side of the path negotiation.
-pub(crate) async fn negotiate_server(pipe: &mut Pipe, cfg: &RrpcConfig) -> Result<Negotiated, Error> {
+pub(crate) async fn negotiate_server(
+    pipe: &mut Pipe,
+    cfg: &RrpcConfig,
+) -> Result<Negotiated, Error> {
     let mut hello: Option<Vec<u8>> = None;
-    if !pipe.1.recv_with(&mut |m: &[u8]| hello = Some(m.to_vec())).await? {
-        return Err(Error::Handshake("client closed during path negotiation".into()));
+    if !pipe
+        .1
+        .recv_with(&mut |m: &[u8]| hello = Some(m.to_vec()))
+        .await?
+    {
+        return Err(Error::Handshake(
+            "client closed during path negotiation".into(),
+        ));
     }
     let chosen = match hello.as_deref() {
         Some([a, b, c, d, p]) if [*a, *b, *c, *d] == *MAGIC && *p <= 1 => {
-            if *p == 0 && cfg.get_path() == PathPreference::Fast { Negotiated::Fast } else { Negotiated::Http2 }
+            if *p == 0 && cfg.get_path() == PathPreference::Fast {
+                Negotiated::Fast
+            } else {
+                Negotiated::Http2
+            }
         }
         _ => {
             let msg = b"RRPXunsupported rrpc version";
-            let _ = pipe.0.send_with(msg.len(), &mut |s: &mut [u8]| s.copy_from_slice(msg)).await;
+            let _ = pipe
+                .0
+                .send_with(msg.len(), &mut |s: &mut [u8]| s.copy_from_slice(msg))
+                .await;
             return Err(Error::Handshake("malformed or unsupported hello".into()));
         }
     };
     let mut reply = [0u8; 5];
     reply[..4].copy_from_slice(MAGIC);
     reply[4] = if chosen == Negotiated::Fast { 0 } else { 1 };
-    pipe.0.send_with(5, &mut |s: &mut [u8]| s.copy_from_slice(&reply)).await?;
+    pipe.0
+        .send_with(5, &mut |s: &mut [u8]| s.copy_from_slice(&reply))
+        .await?;
     Ok(chosen)
 }
 
 /// A source of raw (not yet negotiated) rrpc connections.
 #[derive(Debug)]
 pub(crate) enum RrpcListener {
-    Inproc { name: String, rx: mpsc::Receiver<Pipe> },
+    Inproc {
+        name: String,
+        rx: mpsc::Receiver<Pipe>,
+    },
     Shm(crate::shm::ShmListener),
 }
 
@@ -142,14 +186,26 @@ impl RrpcListener {
                 let (tx, rx) = mpsc::channel(64);
                 let mut r = registry().lock().expect("registry lock");
                 if r.get(name).is_some_and(|s| !s.is_closed()) {
-                    return Err(Error::Io(std::io::Error::new(std::io::ErrorKind::AddrInUse, format!("inproc://{name}"))));
+                    return Err(Error::Io(std::io::Error::new(
+                        std::io::ErrorKind::AddrInUse,
+                        format!("inproc://{name}"),
+                    )));
                 }
                 r.insert(name.clone(), tx);
-                Ok(RrpcListener::Inproc { name: name.clone(), rx })
+                Ok(RrpcListener::Inproc {
+                    name: name.clone(),
+                    rx,
+                })
             }
-            Target::Shm(path) => Ok(RrpcListener::Shm(crate::shm::ShmListener::bind(path.clone(), cfg)?)),
+            Target::Shm(path) => Ok(RrpcListener::Shm(crate::shm::ShmListener::bind(
+                path.clone(),
+                cfg,
+            )?)),
             Target::Rdma(_) => Err(rdma_unavailable()),
-            Target::Tcp(_) | Target::Unix(_) => Err(Error::InvalidUri { uri: format!("{target:?}"), reason: "not an rrpc transport" }),
+            Target::Tcp(_) | Target::Unix(_) => Err(Error::InvalidUri {
+                uri: format!("{target:?}"),
+                reason: "not an rrpc transport",
+            }),
         }
     }
 
@@ -176,7 +232,10 @@ impl Drop for RrpcListener {
 }
 
 pub(crate) fn rdma_unavailable() -> Error {
-    Error::UnsupportedTransport { scheme: "rdma", reason: "verbs provider not compiled in" }
+    Error::UnsupportedTransport {
+        scheme: "rdma",
+        reason: "verbs provider not compiled in",
+    }
 }
 
 /// Dials an rrpc transport (before negotiation).
@@ -186,12 +245,17 @@ pub(crate) async fn dial(target: &Target, cfg: &RrpcConfig) -> Result<Pipe, Erro
             let tx = registry().lock().expect("registry lock").get(name).cloned();
             let tx = tx.ok_or_else(|| Error::NotListening(format!("inproc://{name}")))?;
             let (client, server) = pipe::mem_pair(cfg.get_ring_size());
-            tx.send(server).await.map_err(|_| Error::NotListening(format!("inproc://{name}")))?;
+            tx.send(server)
+                .await
+                .map_err(|_| Error::NotListening(format!("inproc://{name}")))?;
             Ok(client)
         }
         Target::Shm(path) => crate::shm::dial(path.clone(), cfg).await,
         Target::Rdma(_) => Err(rdma_unavailable()),
-        Target::Tcp(_) | Target::Unix(_) => Err(Error::InvalidUri { uri: format!("{target:?}"), reason: "not an rrpc transport" }),
+        Target::Tcp(_) | Target::Unix(_) => Err(Error::InvalidUri {
+            uri: format!("{target:?}"),
+            reason: "not an rrpc transport",
+        }),
     }
 }
 
@@ -201,10 +265,22 @@ mod tests {
 
     #[test]
     fn parses_uris() {
-        assert_eq!(Target::parse("http://127.0.0.1:5").unwrap(), Target::Tcp("127.0.0.1:5".into()));
-        assert_eq!(Target::parse("shm:///run/g.sock").unwrap(), Target::Shm("/run/g.sock".into()));
-        assert_eq!(Target::parse("rdma://0.0.0.0:50051").unwrap(), Target::Rdma("0.0.0.0:50051".into()));
-        assert_eq!(Target::parse("inproc://x").unwrap(), Target::Inproc("x".into()));
+        assert_eq!(
+            Target::parse("http://127.0.0.1:5").unwrap(),
+            Target::Tcp("127.0.0.1:5".into())
+        );
+        assert_eq!(
+            Target::parse("shm:///run/g.sock").unwrap(),
+            Target::Shm("/run/g.sock".into())
+        );
+        assert_eq!(
+            Target::parse("rdma://0.0.0.0:50051").unwrap(),
+            Target::Rdma("0.0.0.0:50051".into())
+        );
+        assert_eq!(
+            Target::parse("inproc://x").unwrap(),
+            Target::Inproc("x".into())
+        );
         assert!(Target::parse("shm://relative").is_err());
         assert!(Target::parse("ftp://x").is_err());
         assert!(Target::parse("nothing").is_err());
@@ -214,8 +290,16 @@ mod tests {
     async fn negotiation_picks_fast_only_if_both_allow() {
         for (c, s, want) in [
             (PathPreference::Fast, PathPreference::Fast, Negotiated::Fast),
-            (PathPreference::Http2, PathPreference::Fast, Negotiated::Http2),
-            (PathPreference::Fast, PathPreference::Http2, Negotiated::Http2),
+            (
+                PathPreference::Http2,
+                PathPreference::Fast,
+                Negotiated::Http2,
+            ),
+            (
+                PathPreference::Fast,
+                PathPreference::Http2,
+                Negotiated::Http2,
+            ),
         ] {
             let (mut a, mut b) = pipe::mem_pair(4096);
             let (cc, sc) = (RrpcConfig::new().path(c), RrpcConfig::new().path(s));

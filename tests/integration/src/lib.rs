@@ -63,7 +63,8 @@ fn echo_metadata<T>(req: &Request<T>, resp: &mut tonic::metadata::MetadataMap) {
 
 fn fail(code: i32) -> Status {
     let mut st = Status::new(tonic::Code::from(code), format!("failed with {code}"));
-    st.metadata_mut().insert("x-err-meta", "trailing".parse().expect("ascii"));
+    st.metadata_mut()
+        .insert("x-err-meta", "trailing".parse().expect("ascii"));
     st
 }
 
@@ -77,7 +78,11 @@ struct DropWatch {
 impl Drop for DropWatch {
     fn drop(&mut self) {
         if !self.done {
-            self.obs.cancelled.lock().expect("lock").push(self.tag.clone());
+            self.obs
+                .cancelled
+                .lock()
+                .expect("lock")
+                .push(self.tag.clone());
             self.obs.cancel_seen.notify_one();
         }
     }
@@ -95,7 +100,10 @@ impl Test for Svc {
             return Err(fail(input.fail_code));
         }
         let total = input.payload.len() as u64;
-        let mut resp = Response::new(Output { payload: input.payload, total });
+        let mut resp = Response::new(Output {
+            payload: input.payload,
+            total,
+        });
         echo_metadata(&req, resp.metadata_mut());
         Ok(resp)
     }
@@ -124,14 +132,20 @@ impl Test for Svc {
         Ok(resp)
     }
 
-    async fn client_stream(&self, req: Request<Streaming<Input>>) -> Result<Response<Output>, Status> {
+    async fn client_stream(
+        &self,
+        req: Request<Streaming<Input>>,
+    ) -> Result<Response<Output>, Status> {
         let mut s = req.into_inner();
         let (mut total, mut n) = (0u64, 0u64);
         while let Some(m) = s.message().await? {
             total += m.payload.len() as u64;
             n += 1;
         }
-        Ok(Response::new(Output { payload: n.to_le_bytes().to_vec(), total }))
+        Ok(Response::new(Output {
+            payload: n.to_le_bytes().to_vec(),
+            total,
+        }))
     }
 
     type BidiStream = BoxStream;
@@ -168,7 +182,8 @@ fn server_interceptor(req: Request<()>) -> Result<Request<()>, Status> {
 
 /// Server-side tower layer: marks every response with `x-layer: server`.
 fn mark_response(mut res: http::Response<tonic::body::Body>) -> http::Response<tonic::body::Body> {
-    res.headers_mut().insert("x-layer", http::HeaderValue::from_static("server"));
+    res.headers_mut()
+        .insert("x-layer", http::HeaderValue::from_static("server"));
     res
 }
 
@@ -193,7 +208,9 @@ pub struct TestServer_ {
 pub type Harness = TestServer_;
 
 fn config(t: Transport) -> RrpcConfig {
-    let c = RrpcConfig::default().ring_size(1 << 20).expect("valid ring size");
+    let c = RrpcConfig::default()
+        .ring_size(1 << 20)
+        .expect("valid ring size");
     match t {
         Transport::ShmH2 => c.path(PathPreference::Http2),
         _ => c,
@@ -211,7 +228,11 @@ impl TestServer_ {
                 drop(l);
                 format!("http://127.0.0.1:{port}")
             }
-            _ => format!("shm://{}/rrpc-it-{}-{n}.sock", std::env::temp_dir().display(), std::process::id()),
+            _ => format!(
+                "shm://{}/rrpc-it-{}-{n}.sock",
+                std::env::temp_dir().display(),
+                std::process::id()
+            ),
         };
         let obs = Arc::new(Observed::default());
         let (sd_tx, sd_rx) = oneshot::channel::<()>();
@@ -219,7 +240,11 @@ impl TestServer_ {
         let (done_tx, done_rx) = mpsc::channel(1);
         let (u, o) = (uri.clone(), obs.clone());
         let thread = std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
+            let rt = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build()
+                .expect("runtime");
             rt.block_on(async move {
                 let inner = TestServer::new(Svc { obs: o })
                     .accept_compressed(tonic::codec::CompressionEncoding::Gzip)
@@ -230,7 +255,12 @@ impl TestServer_ {
                     server_interceptor as fn(Request<()>) -> Result<Request<()>, Status>,
                 );
                 let serve = Server::builder()
-                    .layer(tower::util::MapResponseLayer::new(mark_response as fn(http::Response<tonic::body::Body>) -> http::Response<tonic::body::Body>))
+                    .layer(tower::util::MapResponseLayer::new(
+                        mark_response
+                            as fn(
+                                http::Response<tonic::body::Body>,
+                            ) -> http::Response<tonic::body::Body>,
+                    ))
                     .add_service(svc)
                     .serve_rrpc_with_shutdown(&u, config(transport), async move {
                         let _ = sd_rx.await;

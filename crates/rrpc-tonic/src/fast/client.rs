@@ -39,7 +39,12 @@ impl Shared {
         self.table.lock().expect("table lock").calls.remove(&id)
     }
     fn get(&self, id: u32) -> Option<mpsc::Sender<Event>> {
-        self.table.lock().expect("table lock").calls.get(&id).cloned()
+        self.table
+            .lock()
+            .expect("table lock")
+            .calls
+            .get(&id)
+            .cloned()
     }
 }
 
@@ -67,10 +72,20 @@ impl FastChannel {
     /// Starts the connection's reader task on a negotiated pipe.
     pub(crate) fn start(pipe: Pipe, cfg: &RrpcConfig) -> FastChannel {
         let (tx, rx) = pipe;
-        let shared = Arc::new(Shared { table: Mutex::new(Table::default()), next_id: AtomicU32::new(1) });
+        let shared = Arc::new(Shared {
+            table: Mutex::new(Table::default()),
+            next_id: AtomicU32::new(1),
+        });
         let writer = FrameWriter::new(tx, cfg.get_zero_copy(), cfg.get_max_chunk());
         let reader = tokio::spawn(read_loop(rx, shared.clone())).abort_handle();
-        FastChannel { inner: Arc::new(Inner { shared, writer, reader, call_buffer: cfg.get_call_buffer() }) }
+        FastChannel {
+            inner: Arc::new(Inner {
+                shared,
+                writer,
+                reader,
+                call_buffer: cfg.get_call_buffer(),
+            }),
+        }
     }
 }
 
@@ -106,13 +121,17 @@ async fn read_loop(mut rx: Box<dyn MsgRx>, shared: Arc<Shared>) {
                                 return;
                             }
                         },
-                        Kind::Cancel => Event::Reset(Status::cancelled("rrpc: call reset by the server")),
+                        Kind::Cancel => {
+                            Event::Reset(Status::cancelled("rrpc: call reset by the server"))
+                        }
                         Kind::GoAway => {
                             goaway = true;
                             continue;
                         }
                         Kind::RequestHeaders => {
-                            bad = Some(frame::FrameError::Invalid("request headers sent to a client"));
+                            bad = Some(frame::FrameError::Invalid(
+                                "request headers sent to a client",
+                            ));
                             return;
                         }
                     };
@@ -123,22 +142,37 @@ async fn read_loop(mut rx: Box<dyn MsgRx>, shared: Arc<Shared>) {
         if goaway {
             goaway = false;
             let mut t = shared.table.lock().expect("table lock");
-            t.closed.get_or_insert((tonic::Code::Unavailable, "rrpc: server is shutting down".into()));
+            t.closed.get_or_insert((
+                tonic::Code::Unavailable,
+                "rrpc: server is shutting down".into(),
+            ));
         }
         for (id, ev) in events.drain(..) {
             let last = matches!(ev, Event::Trailers(_) | Event::Reset(_));
-            let tx = if last { shared.take(id) } else { shared.get(id) };
+            let tx = if last {
+                shared.take(id)
+            } else {
+                shared.get(id)
+            };
             if let Some(tx) = tx {
                 // Back-pressure: a full call queue holds the connection (documented).
                 let _ = tx.send(ev).await;
             }
         }
         if let Some(e) = bad {
-            break (tonic::Code::Internal, format!("rrpc: protocol violation by server: {e}"));
+            break (
+                tonic::Code::Internal,
+                format!("rrpc: protocol violation by server: {e}"),
+            );
         }
         match r {
             Ok(true) => {}
-            Ok(false) => break (tonic::Code::Unavailable, "rrpc: connection closed by the server".to_string()),
+            Ok(false) => {
+                break (
+                    tonic::Code::Unavailable,
+                    "rrpc: connection closed by the server".to_string(),
+                );
+            }
             Err(e) => break (tonic::Code::Unavailable, format!("rrpc: {e}")),
         }
     };
@@ -170,23 +204,23 @@ impl CallGuard {
 
 impl Drop for CallGuard {
     fn drop(&mut self) {
-        if let Some(s) = self.sender.take() {
-            if !self.done {
-                s.abort();
-            }
+        if let Some(s) = self.sender.take()
+            && !self.done
+        {
+            s.abort();
         }
         if self.done {
             return;
         }
         let was_open = self.inner.shared.take(self.id).is_some();
-        if was_open {
-            if let Ok(rt) = tokio::runtime::Handle::try_current() {
-                let w = self.inner.writer.clone();
-                let id = self.id;
-                rt.spawn(async move {
-                    let _ = w.send(vec![Out::new(Kind::Cancel, 0, id, Bytes::new())]).await;
-                });
-            }
+        if was_open && let Ok(rt) = tokio::runtime::Handle::try_current() {
+            let w = self.inner.writer.clone();
+            let id = self.id;
+            rt.spawn(async move {
+                let _ = w
+                    .send(vec![Out::new(Kind::Cancel, 0, id, Bytes::new())])
+                    .await;
+            });
         }
     }
 }
@@ -207,7 +241,10 @@ impl tower::Service<http::Request<Body>> for FastChannel {
     }
 }
 
-async fn call(inner: Arc<Inner>, req: http::Request<Body>) -> Result<http::Response<Body>, BoxError> {
+async fn call(
+    inner: Arc<Inner>,
+    req: http::Request<Body>,
+) -> Result<http::Response<Body>, BoxError> {
     let timeout = parse_grpc_timeout(req.headers());
     let (tx, rx) = mpsc::channel(inner.call_buffer);
     let id = {
@@ -223,12 +260,21 @@ async fn call(inner: Arc<Inner>, req: http::Request<Body>) -> Result<http::Respo
         id
     };
     let (parts, body) = req.into_parts();
-    let path = parts.uri.path_and_query().map(|p| p.as_str()).unwrap_or("/");
+    let path = parts
+        .uri
+        .path_and_query()
+        .map(|p| p.as_str())
+        .unwrap_or("/");
     let headers = frame::request_headers_payload(path, &parts.headers);
     let writer = inner.writer.clone();
     let shared = inner.shared.clone();
     let sender = tokio::spawn(send_request(writer, shared, id, headers, body)).abort_handle();
-    let mut guard = CallGuard { id, inner, sender: Some(sender), done: false };
+    let mut guard = CallGuard {
+        id,
+        inner,
+        sender: Some(sender),
+        done: false,
+    };
 
     let mut rx = rx;
     let first = match timeout {
@@ -239,7 +285,9 @@ async fn call(inner: Arc<Inner>, req: http::Request<Body>) -> Result<http::Respo
         },
         None => rx.recv().await,
     };
-    let mut builder = http::Response::builder().status(200).version(http::Version::HTTP_2);
+    let mut builder = http::Response::builder()
+        .status(200)
+        .version(http::Version::HTTP_2);
     match first {
         Some(Event::Headers(h)) => {
             if let Some(hm) = builder.headers_mut() {
@@ -261,7 +309,9 @@ async fn call(inner: Arc<Inner>, req: http::Request<Body>) -> Result<http::Respo
             guard.finished();
             Err(Box::new(s))
         }
-        Some(Event::Data(_)) => Err(Box::new(Status::internal("rrpc: data before response headers"))),
+        Some(Event::Data(_)) => Err(Box::new(Status::internal(
+            "rrpc: data before response headers",
+        ))),
         None => {
             guard.finished();
             Err(Box::new(Status::unavailable("rrpc: connection lost")))
@@ -269,7 +319,13 @@ async fn call(inner: Arc<Inner>, req: http::Request<Body>) -> Result<http::Respo
     }
 }
 
-async fn send_request(writer: FrameWriter, shared: Arc<Shared>, id: u32, headers: Vec<u8>, mut body: Body) {
+async fn send_request(
+    writer: FrameWriter,
+    shared: Arc<Shared>,
+    id: u32,
+    headers: Vec<u8>,
+    mut body: Body,
+) {
     let mut batch = vec![Out::new(Kind::RequestHeaders, 0, id, headers)];
     let mut ended = false;
     // Greedily batch what the body has ready now: a unary request becomes one ring message.
@@ -287,10 +343,10 @@ async fn send_request(writer: FrameWriter, shared: Arc<Shared>, id: u32, headers
                 }
             }
             Some(Some(Ok(f))) => {
-                if let Ok(data) = f.into_data() {
-                    if !data.is_empty() {
-                        batch.push(Out::new(Kind::Data, 0, id, data));
-                    }
+                if let Ok(data) = f.into_data()
+                    && !data.is_empty()
+                {
+                    batch.push(Out::new(Kind::Data, 0, id, data));
                 }
             }
             Some(None) => {

@@ -52,13 +52,20 @@ pub(crate) struct RecvBody {
 
 impl std::fmt::Debug for RecvBody {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RecvBody").field("done", &self.done).finish()
+        f.debug_struct("RecvBody")
+            .field("done", &self.done)
+            .finish()
     }
 }
 
 impl RecvBody {
     pub(crate) fn new(rx: mpsc::Receiver<Event>, eos_ok: bool) -> Self {
-        RecvBody { rx, done: false, eos_ok, guard: None }
+        RecvBody {
+            rx,
+            done: false,
+            eos_ok,
+            guard: None,
+        }
     }
     fn finish(&mut self) {
         self.done = true;
@@ -72,7 +79,10 @@ impl http_body::Body for RecvBody {
     type Data = Bytes;
     type Error = Status;
 
-    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, Status>>> {
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Status>>> {
         if self.done {
             return Poll::Ready(None);
         }
@@ -85,7 +95,9 @@ impl http_body::Body for RecvBody {
             }
             Poll::Ready(Some(Event::Headers(_))) => {
                 self.finish();
-                Poll::Ready(Some(Err(Status::internal("rrpc: duplicate response headers"))))
+                Poll::Ready(Some(Err(Status::internal(
+                    "rrpc: duplicate response headers",
+                ))))
             }
             Poll::Ready(Some(Event::Reset(s))) => {
                 self.done = true;
@@ -96,7 +108,9 @@ impl http_body::Body for RecvBody {
                 if self.eos_ok {
                     Poll::Ready(None)
                 } else {
-                    Poll::Ready(Some(Err(Status::unavailable("rrpc: connection lost before trailers"))))
+                    Poll::Ready(Some(Err(Status::unavailable(
+                        "rrpc: connection lost before trailers",
+                    ))))
                 }
             }
         }

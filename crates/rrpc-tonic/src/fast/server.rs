@@ -22,9 +22,20 @@ type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// What the reader decoded from one ring message, owned.
 enum In {
-    Open { id: u32, path: http::uri::PathAndQuery, headers: http::HeaderMap, end: bool },
-    Data { id: u32, data: Bytes, end: bool },
-    Cancel { id: u32 },
+    Open {
+        id: u32,
+        path: http::uri::PathAndQuery,
+        headers: http::HeaderMap,
+        end: bool,
+    },
+    Data {
+        id: u32,
+        data: Bytes,
+        end: bool,
+    },
+    Cancel {
+        id: u32,
+    },
 }
 
 struct Call {
@@ -42,7 +53,10 @@ pub(crate) async fn serve_conn<S, ResBody>(
     shutdown: CancellationToken,
 ) -> Result<(), Error>
 where
-    S: tower::Service<http::Request<Body>, Response = http::Response<ResBody>> + Clone + Send + 'static,
+    S: tower::Service<http::Request<Body>, Response = http::Response<ResBody>>
+        + Clone
+        + Send
+        + 'static,
     S::Future: Send + 'static,
     S::Error: Into<BoxError> + Send,
     ResBody: http_body::Body<Data = Bytes> + Send + 'static,
@@ -75,7 +89,12 @@ where
         };
         for input in inbox.drain(..) {
             match input {
-                In::Open { id, path, headers, end } => {
+                In::Open {
+                    id,
+                    path,
+                    headers,
+                    end,
+                } => {
                     if calls.contains_key(&id) {
                         bad = Some(FrameError::Invalid("call id reused while open"));
                         break;
@@ -87,16 +106,30 @@ where
                     }
                     let (btx, brx) = mpsc::channel(cfg.get_call_buffer());
                     let req = build_request(path, headers, RecvBody::new(brx, true));
-                    let task = tokio::spawn(run_call(svc.clone(), req, id, writer.clone(), done_tx.clone()));
-                    calls.insert(id, Call { body: (!end).then_some(btx), task: task.abort_handle() });
+                    let task = tokio::spawn(run_call(
+                        svc.clone(),
+                        req,
+                        id,
+                        writer.clone(),
+                        done_tx.clone(),
+                    ));
+                    calls.insert(
+                        id,
+                        Call {
+                            body: (!end).then_some(btx),
+                            task: task.abort_handle(),
+                        },
+                    );
                 }
                 In::Data { id, data, end } => {
-                    let Some(call) = calls.get_mut(&id) else { continue };
-                    if let Some(b) = call.body.clone() {
-                        if !data.is_empty() {
-                            // Back-pressure from the handler's reading pace (documented).
-                            let _ = b.send(Event::Data(data)).await;
-                        }
+                    let Some(call) = calls.get_mut(&id) else {
+                        continue;
+                    };
+                    if let Some(b) = call.body.clone()
+                        && !data.is_empty()
+                    {
+                        // Back-pressure from the handler's reading pace (documented).
+                        let _ = b.send(Event::Data(data)).await;
                     }
                     if end {
                         call.body = None;
@@ -142,14 +175,23 @@ fn decode(msg: &[u8], inbox: &mut Vec<In>, bad: &mut Option<FrameError>) {
         let end = f.end_stream();
         match f.kind {
             Kind::RequestHeaders => match frame::parse_request_headers(f.payload) {
-                Ok((path, headers)) => inbox.push(In::Open { id, path, headers, end }),
+                Ok((path, headers)) => inbox.push(In::Open {
+                    id,
+                    path,
+                    headers,
+                    end,
+                }),
                 Err(e) => {
                     *bad = Some(e);
                     return;
                 }
             },
             // The one receive-side copy: ring slot -> body chunk.
-            Kind::Data => inbox.push(In::Data { id, data: Bytes::copy_from_slice(f.payload), end }),
+            Kind::Data => inbox.push(In::Data {
+                id,
+                data: Bytes::copy_from_slice(f.payload),
+                end,
+            }),
             Kind::Cancel => inbox.push(In::Cancel { id }),
             Kind::ResponseHeaders | Kind::Trailers | Kind::GoAway => {
                 *bad = Some(FrameError::Invalid("server-only frame sent by a client"));
@@ -159,7 +201,11 @@ fn decode(msg: &[u8], inbox: &mut Vec<In>, bad: &mut Option<FrameError>) {
     }
 }
 
-fn build_request(path: http::uri::PathAndQuery, headers: http::HeaderMap, body: RecvBody) -> http::Request<Body> {
+fn build_request(
+    path: http::uri::PathAndQuery,
+    headers: http::HeaderMap,
+    body: RecvBody,
+) -> http::Request<Body> {
     let mut req = http::Request::new(Body::new(body));
     *req.method_mut() = http::Method::POST;
     *req.version_mut() = http::Version::HTTP_2;
@@ -171,11 +217,21 @@ fn build_request(path: http::uri::PathAndQuery, headers: http::HeaderMap, body: 
 fn trailers_only(id: u32, status: Status) -> Out {
     let (parts, ()) = status.into_http::<()>().into_parts();
     let map = parts.headers;
-    Out::new(Kind::Trailers, END_STREAM, id, frame::metadata_payload(&map))
+    Out::new(
+        Kind::Trailers,
+        END_STREAM,
+        id,
+        frame::metadata_payload(&map),
+    )
 }
 
-async fn run_call<S, ResBody>(svc: S, req: http::Request<Body>, id: u32, writer: FrameWriter, done: mpsc::UnboundedSender<u32>)
-where
+async fn run_call<S, ResBody>(
+    svc: S,
+    req: http::Request<Body>,
+    id: u32,
+    writer: FrameWriter,
+    done: mpsc::UnboundedSender<u32>,
+) where
     S: tower::Service<http::Request<Body>, Response = http::Response<ResBody>> + Send + 'static,
     S::Future: Send + 'static,
     S::Error: Into<BoxError> + Send,
@@ -196,24 +252,48 @@ where
     let _ = done.send(id);
 }
 
-async fn send_response<ResBody>(res: Result<http::Response<ResBody>, BoxError>, id: u32, writer: &FrameWriter) -> Result<(), Error>
+async fn send_response<ResBody>(
+    res: Result<http::Response<ResBody>, BoxError>,
+    id: u32,
+    writer: &FrameWriter,
+) -> Result<(), Error>
 where
     ResBody: http_body::Body<Data = Bytes> + Send + 'static,
     ResBody::Error: Into<BoxError>,
 {
     let resp = match res {
         Ok(r) => r,
-        Err(e) => return writer.send(vec![trailers_only(id, Status::from_error(e))]).await,
+        Err(e) => {
+            return writer
+                .send(vec![trailers_only(id, Status::from_error(e))])
+                .await;
+        }
     };
     let (parts, body) = resp.into_parts();
     let mut body = std::pin::pin!(body.map_err(Into::<BoxError>::into));
     if http_body::Body::is_end_stream(&*body) {
         // Trailers-only response (what tonic returns for a handler error).
-        return writer.send(vec![Out::new(Kind::Trailers, END_STREAM, id, frame::metadata_payload(&parts.headers))]).await;
+        return writer
+            .send(vec![Out::new(
+                Kind::Trailers,
+                END_STREAM,
+                id,
+                frame::metadata_payload(&parts.headers),
+            )])
+            .await;
     }
-    let mut batch = vec![Out::new(Kind::ResponseHeaders, 0, id, frame::metadata_payload(&parts.headers))];
+    let mut batch = vec![Out::new(
+        Kind::ResponseHeaders,
+        0,
+        id,
+        frame::metadata_payload(&parts.headers),
+    )];
     loop {
-        let next = if batch.is_empty() { Some(body.frame().await) } else { body.frame().now_or_never() };
+        let next = if batch.is_empty() {
+            Some(body.frame().await)
+        } else {
+            body.frame().now_or_never()
+        };
         match next {
             None => writer.send(std::mem::take(&mut batch)).await?,
             Some(Some(Ok(f))) => match f.into_data() {
@@ -224,13 +304,23 @@ where
                 }
                 Err(f) => {
                     let t = f.into_trailers().unwrap_or_default();
-                    batch.push(Out::new(Kind::Trailers, END_STREAM, id, frame::metadata_payload(&t)));
+                    batch.push(Out::new(
+                        Kind::Trailers,
+                        END_STREAM,
+                        id,
+                        frame::metadata_payload(&t),
+                    ));
                     return writer.send(batch).await;
                 }
             },
             Some(None) => {
                 // Body ended without trailers: send empty trailers; the client reports the missing status.
-                batch.push(Out::new(Kind::Trailers, END_STREAM, id, frame::metadata_payload(&http::HeaderMap::new())));
+                batch.push(Out::new(
+                    Kind::Trailers,
+                    END_STREAM,
+                    id,
+                    frame::metadata_payload(&http::HeaderMap::new()),
+                ));
                 return writer.send(batch).await;
             }
             Some(Some(Err(e))) => {

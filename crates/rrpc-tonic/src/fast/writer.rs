@@ -20,7 +20,12 @@ pub(crate) struct Out {
 
 impl Out {
     pub(crate) fn new(kind: Kind, flags: u8, call_id: u32, payload: impl Into<Bytes>) -> Self {
-        Out { kind, flags, call_id, payload: payload.into() }
+        Out {
+            kind,
+            flags,
+            call_id,
+            payload: payload.into(),
+        }
     }
     fn wire_len(&self) -> usize {
         HEADER_LEN + self.payload.len()
@@ -44,14 +49,23 @@ pub(crate) struct FrameWriter {
 
 impl std::fmt::Debug for FrameWriter {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("FrameWriter").field("zero_copy", &self.zero_copy).field("chunk", &self.chunk).finish()
+        f.debug_struct("FrameWriter")
+            .field("zero_copy", &self.zero_copy)
+            .field("chunk", &self.chunk)
+            .finish()
     }
 }
 
 impl FrameWriter {
     pub(crate) fn new(tx: Box<dyn MsgTx>, zero_copy: bool, max_chunk: usize) -> Self {
-        let chunk = max_chunk.min(tx.max_message().saturating_sub(HEADER_LEN)).max(1);
-        FrameWriter { tx: Arc::new(Mutex::new(tx)), zero_copy, chunk }
+        let chunk = max_chunk
+            .min(tx.max_message().saturating_sub(HEADER_LEN))
+            .max(1);
+        FrameWriter {
+            tx: Arc::new(Mutex::new(tx)),
+            zero_copy,
+            chunk,
+        }
     }
 
     /// Sends a batch of frames as one ring message when it fits, splitting
@@ -67,10 +81,12 @@ impl FrameWriter {
                 if out.kind == Kind::Data && out.payload.len() > self.chunk {
                     let head = out.payload.split_to(self.chunk);
                     let piece = Out::new(Kind::Data, 0, out.call_id, head);
-                    self.push(&mut pending, &mut pending_len, piece, max_msg).await?;
+                    self.push(&mut pending, &mut pending_len, piece, max_msg)
+                        .await?;
                     continue;
                 }
-                self.push(&mut pending, &mut pending_len, out, max_msg).await?;
+                self.push(&mut pending, &mut pending_len, out, max_msg)
+                    .await?;
                 break;
             }
         }
@@ -80,10 +96,19 @@ impl FrameWriter {
         Ok(())
     }
 
-    async fn push(&self, pending: &mut Vec<Out>, len: &mut usize, out: Out, max_msg: usize) -> Result<(), Error> {
+    async fn push(
+        &self,
+        pending: &mut Vec<Out>,
+        len: &mut usize,
+        out: Out,
+        max_msg: usize,
+    ) -> Result<(), Error> {
         let l = out.wire_len();
         if l > max_msg {
-            return Err(Error::MessageTooLarge { len: l, max: max_msg });
+            return Err(Error::MessageTooLarge {
+                len: l,
+                max: max_msg,
+            });
         }
         if *len + l > max_msg {
             self.write_message(pending, *len).await?;
@@ -100,7 +125,13 @@ impl FrameWriter {
             let mut fill = |slot: &mut [u8]| {
                 let mut at = 0;
                 for f in frames {
-                    frame::put_header(&mut slot[at..], f.kind, f.flags, f.call_id, f.payload.len() as u32);
+                    frame::put_header(
+                        &mut slot[at..],
+                        f.kind,
+                        f.flags,
+                        f.call_id,
+                        f.payload.len() as u32,
+                    );
                     at += HEADER_LEN;
                     slot[at..at + f.payload.len()].copy_from_slice(&f.payload);
                     at += f.payload.len();

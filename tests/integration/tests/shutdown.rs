@@ -1,0 +1,59 @@
+//! Graceful shutdown with a call in flight, and a peer killed mid-stream.
+
+use std::time::Duration;
+
+use rrpc_integration_tests::pb::Input;
+use rrpc_integration_tests::{Harness, Transport, on_all_transports};
+use tonic::Code;
+
+async fn graceful_drain_then_unavailable(t: Transport) {
+    let mut s = Harness::start(t).await;
+    let mut c = s.client().await;
+    let mut c2 = c.clone();
+    let inflight = tokio::spawn(async move {
+        c2.unary(Input {
+            delay_ms: 300,
+            ..Default::default()
+        })
+        .await
+    });
+    s.obs.started.notified().await;
+    s.shutdown().await.expect("server drained cleanly");
+    // The call in flight completed during the drain.
+    inflight.await.unwrap().expect("in-flight call completes");
+    // Afterwards, calls fail with Unavailable.
+    let err = c.unary(Input::default()).await.unwrap_err();
+    assert_eq!(err.code(), Code::Unavailable, "{err:?}");
+}
+
+async fn peer_killed_mid_stream(t: Transport) {
+    let mut s = Harness::start(t).await;
+    let mut c = s.client().await;
+    let mut st = c
+        .server_stream(Input {
+            count: 1_000_000,
+            delay_ms: 2,
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(st.message().await.unwrap().is_some());
+    s.kill();
+    let err = tokio::time::timeout(Duration::from_secs(5), async {
+        loop {
+            match st.message().await {
+                Ok(Some(_)) => continue,
+                Ok(None) => panic!("stream ended cleanly after the server died"),
+                Err(e) => return e,
+            }
+        }
+    })
+    .await
+    .expect("caller notified promptly");
+    assert_eq!(err.code(), Code::Unavailable, "{err:?}");
+    let err = c.unary(Input::default()).await.unwrap_err();
+    assert_eq!(err.code(), Code::Unavailable, "{err:?}");
+}
+
+on_all_transports!(graceful_drain_then_unavailable, peer_killed_mid_stream);
