@@ -15,6 +15,8 @@
 //! returns that error instead of writing into memory nobody reads.
 
 use std::io::{self, IoSlice, IoSliceMut, Read, Write};
+#[cfg(feature = "verbs")]
+use std::net::{TcpListener, TcpStream};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
@@ -32,6 +34,8 @@ use crate::handshake::{
     RingGeometry, token_eq,
 };
 use crate::provider::shm::PeerResources;
+#[cfg(feature = "verbs")]
+use crate::provider::verbs::side;
 use crate::qp::{QpInner, QueuePair};
 use crate::region::{Region, RemoteRegion};
 
@@ -248,19 +252,12 @@ fn recv_with_fds(s: &UnixStream, buf: &mut [u8], fds: &mut Vec<OwnedFd>) -> Resu
 // Hello construction and attachment (provider specific)
 // ---------------------------------------------------------------------------
 
-fn make_hello<'a>(qp: &'a QueuePair, offer: &'a Offer) -> Result<(Hello, Vec<BorrowedFd<'a>>)> {
-    let QpInner::Shm(shm) = &qp.inner;
-    let ep = shm.endpoint();
-    let mut endpoint = Vec::with_capacity(16);
-    endpoint.extend_from_slice(&ep.cq_len.to_le_bytes());
-    endpoint.extend_from_slice(&ep.cq_cap.to_le_bytes());
-    let mut fds: Vec<BorrowedFd<'a>> = offer.grants.iter().map(|(_, r)| r.fd()).collect();
-    fds.push(ep.cq_fd);
-    fds.push(ep.event_fd);
-    let hello = Hello {
+/// The provider-neutral part of our hello: token, geometry, grants, app blob.
+fn base_hello(offer: &Offer) -> Hello {
+    Hello {
         token: offer.token.clone(),
-        provider: ProviderKind::Shm.code(),
-        endpoint,
+        provider: 0,
+        endpoint: Vec::new(),
         geometry: offer.geometry,
         regions: offer
             .grants
@@ -271,17 +268,43 @@ fn make_hello<'a>(qp: &'a QueuePair, offer: &'a Offer) -> Result<(Hello, Vec<Bor
             })
             .collect(),
         app: offer.app.clone(),
+    }
+}
+
+fn shm_qp(qp: &QueuePair) -> Result<&crate::provider::shm::ShmQp> {
+    match &qp.inner {
+        QpInner::Shm(shm) => Ok(shm),
+        #[cfg(feature = "verbs")]
+        QpInner::Verbs(_) => Err(Error::InvalidConfig(
+            "a verbs queue pair needs an rdma:// endpoint".into(),
+        )),
+    }
+}
+
+fn make_hello<'a>(qp: &'a QueuePair, offer: &'a Offer) -> Result<(Hello, Vec<BorrowedFd<'a>>)> {
+    let shm = shm_qp(qp)?;
+    let ep = shm.endpoint();
+    let mut endpoint = Vec::with_capacity(16);
+    endpoint.extend_from_slice(&ep.cq_len.to_le_bytes());
+    endpoint.extend_from_slice(&ep.cq_cap.to_le_bytes());
+    let mut fds: Vec<BorrowedFd<'a>> = offer.grants.iter().map(|(_, r)| r.fd()).collect();
+    fds.push(ep.cq_fd);
+    fds.push(ep.event_fd);
+    let hello = Hello {
+        provider: ProviderKind::Shm.code(),
+        endpoint,
+        ..base_hello(offer)
     };
     Ok((hello, fds))
 }
 
-fn peer_info(h: &Hello) -> Result<PeerInfo> {
+fn peer_info(h: &Hello, expected: ProviderKind) -> Result<PeerInfo> {
     let provider = ProviderKind::from_code(h.provider).ok_or_else(|| {
         Error::MalformedHandshake(format!("unknown provider code {}", h.provider))
     })?;
-    if provider != ProviderKind::Shm {
+    if provider != expected {
         return Err(Error::MalformedHandshake(format!(
-            "peer offers provider {provider:?} on a shm side channel"
+            "peer offers provider {provider:?} where {expected:?} was expected"
         )));
     }
     Ok(PeerInfo {
@@ -317,7 +340,7 @@ fn attach(qp: &QueuePair, h: &Hello, fds: Vec<OwnedFd>) -> Result<()> {
         .collect();
     let cq_fd = it.next().expect("counted");
     let event_fd = it.next().expect("counted");
-    let QpInner::Shm(shm) = &qp.inner;
+    let shm = shm_qp(qp)?;
     shm.connect(PeerResources {
         regions,
         cq_fd,
@@ -345,12 +368,21 @@ pub fn connect(
     offer: Offer,
     cfg: &HandshakeConfig,
 ) -> Result<Connection> {
-    let path = match endpoint {
-        Endpoint::Shm(p) => p,
-        Endpoint::Rdma(_) => return Err(Error::ProviderUnavailable("verbs")),
-    };
     let span = tracing::debug_span!("rrpc_connect", %endpoint);
     let _g = span.enter();
+    let path = match endpoint {
+        Endpoint::Shm(p) => p,
+        #[cfg(feature = "verbs")]
+        Endpoint::Rdma(addr) => {
+            let (s, accept) = side::client(*addr, &qp, base_hello(&offer), cfg.timeout)?;
+            let peer = peer_info(&accept, ProviderKind::Verbs)?;
+            let conn = Connection::new(Side::Tcp(s), qp, peer, offer.grants)?;
+            tracing::debug!("connected");
+            return Ok(conn);
+        }
+        #[cfg(not(feature = "verbs"))]
+        Endpoint::Rdma(_) => return Err(Error::ProviderUnavailable("verbs")),
+    };
     let s = UnixStream::connect(path).map_err(|e| Error::io("connect side channel", e))?;
     set_timeouts(&s, Some(cfg.timeout))?;
     let (hello, fds) = make_hello(&qp, &offer)?;
@@ -366,9 +398,9 @@ pub fn connect(
             )));
         }
     };
-    let peer = peer_info(&h)?;
+    let peer = peer_info(&h, ProviderKind::Shm)?;
     attach(&qp, &h, fds)?;
-    let conn = Connection::new(s, qp, peer, offer.grants)?;
+    let conn = Connection::new(Side::Unix(s), qp, peer, offer.grants)?;
     tracing::debug!("connected");
     Ok(conn)
 }
@@ -390,12 +422,19 @@ fn set_timeouts(s: &UnixStream, t: Option<Duration>) -> Result<()> {
 // Server
 // ---------------------------------------------------------------------------
 
-/// A side-channel listener. Dropping it removes the socket file.
+/// A side-channel listener (a Unix socket for `shm://`, TCP for `rdma://`).
+/// Dropping it removes the socket file.
 #[derive(Debug)]
 pub struct Listener {
-    inner: UnixListener,
-    path: PathBuf,
+    inner: ListenerInner,
     cfg: HandshakeConfig,
+}
+
+#[derive(Debug)]
+enum ListenerInner {
+    Unix(UnixListener, PathBuf),
+    #[cfg(feature = "verbs")]
+    Tcp(TcpListener),
 }
 
 impl Listener {
@@ -406,24 +445,37 @@ impl Listener {
     /// [`Error::Io`] (`AddrInUse` if another server is listening there);
     /// [`Error::ProviderUnavailable`] for `rdma://` without the verbs feature.
     pub fn bind(endpoint: &Endpoint, cfg: HandshakeConfig) -> Result<Listener> {
-        let path = match endpoint {
-            Endpoint::Shm(p) => p.clone(),
+        let inner = match endpoint {
+            Endpoint::Shm(p) => {
+                remove_stale(p)?;
+                let l = UnixListener::bind(p).map_err(|e| Error::io("bind side channel", e))?;
+                ListenerInner::Unix(l, p.clone())
+            }
+            #[cfg(feature = "verbs")]
+            Endpoint::Rdma(addr) => ListenerInner::Tcp(side::bind_tcp(*addr)?),
+            #[cfg(not(feature = "verbs"))]
             Endpoint::Rdma(_) => return Err(Error::ProviderUnavailable("verbs")),
         };
-        remove_stale(&path)?;
-        let inner = UnixListener::bind(&path).map_err(|e| Error::io("bind side channel", e))?;
         tracing::info!(%endpoint, "rrpc listener bound");
-        Ok(Listener { inner, path, cfg })
+        Ok(Listener { inner, cfg })
     }
 
-    /// The socket path.
-    pub fn path(&self) -> &Path {
-        &self.path
+    /// The socket path (`None` for a TCP side channel).
+    pub fn path(&self) -> Option<&Path> {
+        match &self.inner {
+            ListenerInner::Unix(_, p) => Some(p),
+            #[cfg(feature = "verbs")]
+            ListenerInner::Tcp(_) => None,
+        }
     }
 
     /// The listening socket, for readiness-based accept loops (tokio `AsyncFd`).
     pub fn as_fd(&self) -> BorrowedFd<'_> {
-        self.inner.as_fd()
+        match &self.inner {
+            ListenerInner::Unix(l, _) => l.as_fd(),
+            #[cfg(feature = "verbs")]
+            ListenerInner::Tcp(l) => l.as_fd(),
+        }
     }
 
     /// Sets the listening socket non-blocking (then [`Self::accept`] may return
@@ -432,9 +484,12 @@ impl Listener {
     /// # Errors
     /// [`Error::Io`] if `fcntl` fails.
     pub fn set_nonblocking(&self, nb: bool) -> Result<()> {
-        self.inner
-            .set_nonblocking(nb)
-            .map_err(|e| Error::io("set_nonblocking", e))
+        match &self.inner {
+            ListenerInner::Unix(l, _) => l.set_nonblocking(nb),
+            #[cfg(feature = "verbs")]
+            ListenerInner::Tcp(l) => l.set_nonblocking(nb),
+        }
+        .map_err(|e| Error::io("set_nonblocking", e))
     }
 
     /// Accepts one client and reads its hello. A bad client (malformed hello,
@@ -446,7 +501,27 @@ impl Listener {
     /// [`Error::VersionMismatch`], [`Error::Timeout`]), or [`Error::WouldBlock`]
     /// on a non-blocking listener with no pending client.
     pub fn accept(&self) -> Result<Incoming> {
-        let (s, _) = match self.inner.accept() {
+        let l = match &self.inner {
+            ListenerInner::Unix(l, _) => l,
+            #[cfg(feature = "verbs")]
+            ListenerInner::Tcp(l) => {
+                let s = match side::accept_tcp(l, self.cfg.timeout) {
+                    Err(Error::Io { source, .. }) if source.kind() == io::ErrorKind::WouldBlock => {
+                        return Err(Error::WouldBlock);
+                    }
+                    r => r?,
+                };
+                let hello = side::read_hello(&s, self.cfg.token())?;
+                let peer = peer_info(&hello, ProviderKind::Verbs)?;
+                return Ok(Incoming {
+                    stream: Side::Tcp(s),
+                    hello,
+                    peer,
+                    fds: Vec::new(),
+                });
+            }
+        };
+        let (s, _) = match l.accept() {
             Ok(x) => x,
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Err(Error::WouldBlock),
             Err(e) => return Err(Error::io("accept", e)),
@@ -490,12 +565,12 @@ impl Listener {
                 return Err(refuse(&s, RejectCode::Auth, Error::AuthFailed));
             }
         }
-        let peer = match peer_info(&hello) {
+        let peer = match peer_info(&hello, ProviderKind::Shm) {
             Ok(p) => p,
             Err(e) => return Err(refuse(&s, RejectCode::Incompatible, e)),
         };
         Ok(Incoming {
-            stream: s,
+            stream: Side::Unix(s),
             hello,
             peer,
             fds,
@@ -531,8 +606,11 @@ fn remove_stale(path: &Path) -> Result<()> {
 
 impl Drop for Listener {
     fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.path);
-        tracing::debug!(path = %self.path.display(), "rrpc listener closed");
+        #[allow(irrefutable_let_patterns)] // refutable with the `verbs` feature
+        if let ListenerInner::Unix(_, path) = &self.inner {
+            let _ = std::fs::remove_file(path);
+        }
+        tracing::debug!("rrpc listener closed");
     }
 }
 
@@ -540,7 +618,7 @@ impl Drop for Listener {
 /// or [`Incoming::reject`].
 #[derive(Debug)]
 pub struct Incoming {
-    stream: UnixStream,
+    stream: Side,
     hello: Hello,
     peer: PeerInfo,
     fds: Vec<OwnedFd>,
@@ -558,9 +636,19 @@ impl Incoming {
     /// [`Error::MalformedHandshake`] if the client's grants cannot be mapped (a
     /// `Reject` is sent then), [`Error::PeerGone`] / [`Error::Timeout`] if it left.
     pub fn accept(self, qp: QueuePair, offer: Offer) -> Result<Connection> {
+        #[allow(clippy::infallible_destructuring_match)] // fallible with `verbs`
+        let stream = match self.stream {
+            Side::Unix(s) => s,
+            #[cfg(feature = "verbs")]
+            Side::Tcp(s) => {
+                side::server_accept(&s, &qp, &self.hello, base_hello(&offer))?;
+                tracing::debug!("accepted");
+                return Connection::new(Side::Tcp(s), qp, self.peer, offer.grants);
+            }
+        };
         if let Err(e) = attach(&qp, &self.hello, self.fds) {
             let _ = send_msg(
-                &self.stream,
+                &stream,
                 &Message::Reject(Reject {
                     code: RejectCode::Malformed,
                     reason: e.to_string(),
@@ -570,9 +658,9 @@ impl Incoming {
             return Err(e);
         }
         let (hello, fds) = make_hello(&qp, &offer)?;
-        send_msg(&self.stream, &Message::Accept(hello), &fds)?;
+        send_msg(&stream, &Message::Accept(hello), &fds)?;
         tracing::debug!("accepted");
-        Connection::new(self.stream, qp, self.peer, offer.grants)
+        Connection::new(Side::Unix(stream), qp, self.peer, offer.grants)
     }
 
     /// Refuses with a reason the client will see in [`Error::Rejected`].
@@ -580,14 +668,11 @@ impl Incoming {
     /// # Errors
     /// Only if the reject could not be sent (the client is gone anyway).
     pub fn reject(self, reason: &str) -> Result<()> {
-        send_msg(
-            &self.stream,
-            &Message::Reject(Reject {
-                code: RejectCode::Other(0),
-                reason: reason.to_string(),
-            }),
-            &[],
-        )
+        let m = Message::Reject(Reject {
+            code: RejectCode::Other(0),
+            reason: reason.to_string(),
+        });
+        self.stream.send(&m)
     }
 }
 
@@ -595,25 +680,81 @@ impl Incoming {
 // Connection
 // ---------------------------------------------------------------------------
 
+/// The side channel of one connection.
+#[derive(Debug)]
+enum Side {
+    Unix(UnixStream),
+    #[cfg(feature = "verbs")]
+    Tcp(TcpStream),
+}
+
+impl Side {
+    fn send(&self, m: &Message) -> Result<()> {
+        match self {
+            Side::Unix(s) => send_msg(s, m, &[]),
+            #[cfg(feature = "verbs")]
+            Side::Tcp(s) => side::send_msg(s, m),
+        }
+    }
+    fn raw_fd(&self) -> RawFd {
+        match self {
+            Side::Unix(s) => s.as_raw_fd(),
+            #[cfg(feature = "verbs")]
+            Side::Tcp(s) => s.as_raw_fd(),
+        }
+    }
+    fn set_timeouts(&self, t: Option<Duration>) -> Result<()> {
+        match self {
+            Side::Unix(s) => set_timeouts(s, t),
+            #[cfg(feature = "verbs")]
+            Side::Tcp(s) => s
+                .set_read_timeout(t)
+                .and_then(|_| s.set_write_timeout(t))
+                .map_err(|e| Error::io("set socket timeout", e)),
+        }
+    }
+    fn set_nonblocking(&self, nb: bool) -> io::Result<()> {
+        match self {
+            Side::Unix(s) => s.set_nonblocking(nb),
+            #[cfg(feature = "verbs")]
+            Side::Tcp(s) => s.set_nonblocking(nb),
+        }
+    }
+    fn read(&self, b: &mut [u8]) -> io::Result<usize> {
+        match self {
+            Side::Unix(s) => (&*s).read(b),
+            #[cfg(feature = "verbs")]
+            Side::Tcp(s) => (&*s).read(b),
+        }
+    }
+    fn shutdown(&self) {
+        let _ = match self {
+            Side::Unix(s) => s.shutdown(std::net::Shutdown::Both),
+            #[cfg(feature = "verbs")]
+            Side::Tcp(s) => s.shutdown(std::net::Shutdown::Both),
+        };
+    }
+}
+
 /// An established connection: a connected queue pair, what the peer granted,
 /// and the side channel that tells whether the peer is still there.
 #[derive(Debug)]
 pub struct Connection {
     qp: Arc<QueuePair>,
     peer: PeerInfo,
-    side: UnixStream,
+    side: Side,
     _grants: Vec<(u16, Arc<Region>)>,
     gone: AtomicBool,
 }
 
 impl Connection {
     fn new(
-        side: UnixStream,
+        side: Side,
         qp: QueuePair,
         peer: PeerInfo,
         grants: Vec<(u16, Arc<Region>)>,
     ) -> Result<Self> {
-        set_timeouts(&side, None)?;
+        side.set_timeouts(None)?;
         side.set_nonblocking(true)
             .map_err(|e| Error::io("set_nonblocking", e))?;
         Ok(Connection {
@@ -639,7 +780,7 @@ impl Connection {
     /// goodbye. Watch it (tokio `AsyncFd`, `poll(2)`) and call
     /// [`Self::check_alive`] when it fires.
     pub fn liveness_fd(&self) -> RawFd {
-        self.side.as_raw_fd()
+        self.side.raw_fd()
     }
 
     /// Non-blocking liveness check.
@@ -652,7 +793,7 @@ impl Connection {
             return Err(Error::PeerGone);
         }
         let mut b = [0u8; 1];
-        match (&self.side).read(&mut b) {
+        match self.side.read(&mut b) {
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(()),
             Err(e) if e.kind() == io::ErrorKind::Interrupted => Ok(()),
             // EOF, goodbye bytes, or a socket error: the peer is gone.
@@ -679,8 +820,8 @@ impl Connection {
     /// [`Error::NotConnected`].
     pub fn close(&self) {
         let _ = self.side.set_nonblocking(false);
-        let _ = send_msg(&self.side, &Message::Goodbye, &[]);
-        let _ = self.side.shutdown(std::net::Shutdown::Both);
+        let _ = self.side.send(&Message::Goodbye);
+        self.side.shutdown();
         self.qp.fail(&Error::NotConnected);
         self.gone.store(true, Ordering::Release);
         tracing::debug!("connection closed");
@@ -689,7 +830,7 @@ impl Connection {
 
 impl Drop for Connection {
     fn drop(&mut self) {
-        let _ = self.side.shutdown(std::net::Shutdown::Both);
+        self.side.shutdown();
         self.qp.fail(&Error::NotConnected);
     }
 }

@@ -31,8 +31,6 @@
 mod device;
 pub(crate) mod endpoint;
 mod qp;
-// Called from `conn.rs` once it routes `rdma://` endpoints here (see side.rs).
-#[allow(dead_code)]
 pub(crate) mod side;
 pub(crate) mod wr;
 
