@@ -23,6 +23,13 @@ pub enum Error {
     /// was made outside a tokio runtime (local misuse).
     #[error("registration needs a tokio runtime with IO enabled")]
     NoRuntime,
+    /// The ring buffer reported an error (corrupt peer data, a fabric failure, a message
+    /// larger than the ring).
+    #[error("ring buffer: {0}")]
+    Ring(#[source] rrpc_ringbuf::Error),
+    /// The fabric reported an error (posting receives, arming a completion queue).
+    #[error("fabric: {0}")]
+    Core(#[source] rrpc_core::Error),
     /// A system call failed (eventfd creation, registration with the tokio reactor, ...).
     #[error("{op} failed: {source}")]
     Io {
@@ -42,3 +49,21 @@ impl Error {
 
 /// `Result` with this crate's [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+impl From<rrpc_ringbuf::Error> for Error {
+    fn from(e: rrpc_ringbuf::Error) -> Self {
+        match e {
+            rrpc_ringbuf::Error::PeerGone => Error::PeerGone,
+            e => Error::Ring(e),
+        }
+    }
+}
+
+impl From<rrpc_core::Error> for Error {
+    fn from(e: rrpc_core::Error) -> Self {
+        match e {
+            rrpc_core::Error::PeerGone => Error::PeerGone,
+            e => Error::Core(e),
+        }
+    }
+}

@@ -10,6 +10,8 @@
 //! - [`Doorbell`]: the writer-side wake-up used by `Event` mode on shm.
 //! - [`Notifier`]: a source's own completion channel (verbs-style) for `Event` mode.
 //! - [`SpinTuner`]: sans-IO tuning of `bp_timeout` from a moving RTT estimate.
+//! - [`conn`]: [`conn::AsyncConn`] over an rrpc-ringbuf ring pair and an rrpc-core connection,
+//!   split into [`conn::AsyncSender`] / [`conn::AsyncReceiver`] (what the tonic layer uses).
 //! - [`Stats`]: counters (polls, empty polls, eventfd writes, wake-ups, spin hits, parks).
 //!
 //! # The modes and the paper
@@ -80,6 +82,7 @@
 #![deny(unsafe_code)]
 
 mod config;
+pub mod conn;
 mod error;
 mod poller;
 mod source;

@@ -77,3 +77,14 @@ pub(crate) fn register_readable<T: StableFd>(inner: T) -> io::Result<tokio::io::
     };
     r.map_err(|e| e.into_parts().1)
 }
+
+/// Borrows a raw fd owned by `_owner` for as long as `_owner` is borrowed.
+pub(crate) fn borrow_fd<T: ?Sized>(_owner: &T, fd: RawFd) -> BorrowedFd<'_> {
+    #[allow(unsafe_code)]
+    // SAFETY: callers pass an fd that `_owner` owns and keeps open for its whole life
+    // (rrpc-core's `Connection::liveness_fd`, `CompletionQueue::channel_fd`); the returned
+    // borrow cannot outlive `_owner`.
+    unsafe {
+        BorrowedFd::borrow_raw(fd)
+    }
+}

@@ -1,5 +1,5 @@
 //! Shared test helpers: a fake connection whose "ring" is a pair of counters.
-#![allow(dead_code, unreachable_pub)]
+#![allow(dead_code, unreachable_pub, missing_docs)]
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -61,7 +61,7 @@ pub const BOUND: Duration = Duration::from_secs(60);
 pub struct Rng(pub u64);
 
 impl Rng {
-    pub fn next(&mut self) -> u64 {
+    pub fn next_u64(&mut self) -> u64 {
         let mut x = self.0.max(1);
         x ^= x >> 12;
         x ^= x << 25;
@@ -70,6 +70,6 @@ impl Rng {
         x.wrapping_mul(0x2545_f491_4f6c_dd1d)
     }
     pub fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
+        self.next_u64() % n
     }
 }

@@ -1,0 +1,381 @@
+//! Async connections: an rrpc-ringbuf ring pair plus an rrpc-core [`Connection`], driven by
+//! a [`Poller`] (what the tonic layer uses).
+//!
+//! [`AsyncConn::split`] gives an [`AsyncSender`] (waits for ring space when the peer's ring is
+//! full) and an [`AsyncReceiver`] (waits for messages), each with its own [`Registration`]
+//! (sources: `TxWatch::has_space`, `RxWatch::has_data`). The side channel's liveness fd is
+//! watched by both, so a dead peer fails waiting tasks with [`Error::PeerGone`].
+//!
+//! In [`Mode::Event`] the receive side sleeps on the queue pair's receive completion channel
+//! (the peer's ring must send its tail with `WRITE_WITH_IMM`: `RingConfig::tail_with_imm`,
+//! set on both sides). Head pushes carry no immediate, so in Event mode a sender waiting for
+//! space rechecks with a timer backoff (20 µs doubling to 1 ms) instead; this is the only
+//! place where Event mode polls.
+
+use std::io;
+use std::os::fd::BorrowedFd;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use rrpc_core::conn::{Connection, HandshakeConfig, Listener, Offer, connect};
+use rrpc_core::{Completion, Endpoint, Fabric, QpConfig, QueuePair};
+use rrpc_ringbuf::{
+    LocalRing, ReadGuard, RingConfig, RingRx, RingTx, RxWatch, TxWatch, WriteGuard,
+};
+
+use crate::config::Mode;
+use crate::error::{Error, Result};
+use crate::poller::{Poller, Registration};
+use crate::source::{Notifier, Readiness};
+use crate::sys::borrow_fd;
+
+/// Receives posted up front in Event mode (one per tail `WRITE_WITH_IMM` in flight).
+const EVENT_RECVS: u32 = 256;
+
+/// Receive-CQ notifier for Event mode (`ibv_req_notify_cq` + completion channel).
+struct RecvNotifier {
+    qp: Arc<QueuePair>,
+}
+
+impl RecvNotifier {
+    /// Retires receive completions and reposts one receive for each, so the peer's next
+    /// tail `WRITE_WITH_IMM` always finds one.
+    fn replenish(&self) -> Result<()> {
+        let mut wc = [Completion::EMPTY; 32];
+        loop {
+            let n = self.qp.recv_cq().poll(&mut wc)?;
+            for _ in 0..n {
+                self.qp.post_recv(0)?;
+            }
+            if n < wc.len() {
+                return Ok(());
+            }
+        }
+    }
+}
+
+impl Notifier for RecvNotifier {
+    fn fd(&self) -> BorrowedFd<'_> {
+        borrow_fd(&*self.qp, self.qp.recv_cq().channel_fd())
+    }
+    fn arm(&self) -> io::Result<()> {
+        self.replenish().map_err(io::Error::other)?;
+        self.qp.recv_cq().req_notify().map_err(io::Error::other)
+    }
+    fn ack(&self) -> io::Result<()> {
+        let n = self.qp.recv_cq().ack_events().map_err(io::Error::other)?;
+        self.replenish().map_err(io::Error::other)?;
+        if n == 0 {
+            Err(io::ErrorKind::WouldBlock.into())
+        } else {
+            Ok(())
+        }
+    }
+}
+
+struct RxSource {
+    watch: RxWatch,
+    conn: Arc<Connection>,
+    notifier: Option<RecvNotifier>,
+}
+
+impl Readiness for RxSource {
+    fn ready(&self) -> bool {
+        self.watch.has_data()
+    }
+    fn is_closed(&self) -> bool {
+        self.conn.is_gone()
+    }
+    fn liveness_fd(&self) -> Option<BorrowedFd<'_>> {
+        Some(borrow_fd(&*self.conn, self.conn.liveness_fd()))
+    }
+    fn notifier(&self) -> Option<&dyn Notifier> {
+        self.notifier.as_ref().map(|n| n as &dyn Notifier)
+    }
+}
+
+struct TxSource {
+    watch: TxWatch,
+    conn: Arc<Connection>,
+}
+
+impl Readiness for TxSource {
+    fn ready(&self) -> bool {
+        self.watch.has_space()
+    }
+    fn is_closed(&self) -> bool {
+        self.conn.is_gone()
+    }
+    fn liveness_fd(&self) -> Option<BorrowedFd<'_>> {
+        Some(borrow_fd(&*self.conn, self.conn.liveness_fd()))
+    }
+}
+
+/// A connected ring pair managed by a [`Poller`].
+#[derive(Debug)]
+pub struct AsyncConn {
+    poller: Poller,
+    conn: Arc<Connection>,
+    tx: RingTx,
+    rx: RingRx,
+}
+
+impl AsyncConn {
+    /// Wraps a connection and its two ring directions (from `LocalRing::connect`).
+    ///
+    /// # Errors
+    /// [`Error::InvalidConfig`] in [`Mode::Event`] when the ring does not send tails with
+    /// immediate data; [`Error::Ring`] when the initial receives cannot be posted.
+    pub fn new(poller: &Poller, conn: Connection, tx: RingTx, rx: RingRx) -> Result<Self> {
+        if poller.config().mode() == Mode::Event {
+            if !tx.config().tail_with_imm() {
+                return Err(Error::InvalidConfig(
+                    "Event mode needs RingConfig::tail_with_imm(true) on both sides",
+                ));
+            }
+            rx.post_receives(EVENT_RECVS)?;
+        }
+        Ok(Self {
+            poller: poller.clone(),
+            conn: Arc::new(conn),
+            tx,
+            rx,
+        })
+    }
+
+    /// The underlying connection (peer info, liveness).
+    pub fn connection(&self) -> &Arc<Connection> {
+        &self.conn
+    }
+
+    /// Registers both directions with the poller and splits them.
+    ///
+    /// # Errors
+    /// As [`Poller::register`] (needs a tokio runtime).
+    pub fn split(self) -> Result<(AsyncSender, AsyncReceiver)> {
+        let mode = self.poller.config().mode();
+        let notifier = (mode == Mode::Event).then(|| RecvNotifier {
+            qp: self.conn.qp().clone(),
+        });
+        let rx_src = Arc::new(RxSource {
+            watch: self.rx.watch(),
+            conn: self.conn.clone(),
+            notifier,
+        });
+        let tx_src = Arc::new(TxSource {
+            watch: self.tx.watch(),
+            conn: self.conn.clone(),
+        });
+        let rx_reg = self.poller.register(rx_src.clone())?;
+        let tx_reg = self.poller.register(tx_src.clone())?;
+        Ok((
+            AsyncSender {
+                tx: self.tx,
+                reg: tx_reg,
+                src: tx_src,
+                mode,
+            },
+            AsyncReceiver {
+                rx: self.rx,
+                reg: rx_reg,
+                src: rx_src,
+            },
+        ))
+    }
+
+    /// Connects two in-process endpoints over a fresh shm side channel (tests, benchmarks,
+    /// examples). Both use `ring` and `poller`.
+    ///
+    /// # Errors
+    /// [`Error::Core`] / [`Error::Ring`] when the handshake or allocation fails.
+    pub fn loopback_pair(poller: &Poller, ring: &RingConfig) -> Result<(AsyncConn, AsyncConn)> {
+        static NEXT: AtomicU64 = AtomicU64::new(0);
+        let path = std::env::temp_dir().join(format!(
+            "rrpc-poller-{}-{}.sock",
+            std::process::id(),
+            NEXT.fetch_add(1, Ordering::Relaxed)
+        ));
+        let _ = std::fs::remove_file(&path);
+        let ep = Endpoint::Shm(path.clone());
+        let fabric = Fabric::shm();
+        let listener = Listener::bind(&ep, HandshakeConfig::default())?;
+        let (f2, r2) = (fabric.clone(), ring.clone());
+        let server = std::thread::spawn(move || -> Result<(Connection, RingTx, RingRx)> {
+            let local = LocalRing::new(&f2, &r2)?;
+            let offer = local.add_to_offer(Offer::new());
+            let c = listener
+                .accept()?
+                .accept(f2.create_qp(&QpConfig::default())?, offer)?;
+            let (tx, rx) = local.connect(&c)?;
+            Ok((c, tx, rx))
+        });
+        let client = (|| -> Result<(Connection, RingTx, RingRx)> {
+            let local = LocalRing::new(&fabric, ring)?;
+            let offer = local.add_to_offer(Offer::new());
+            let qp = fabric.create_qp(&QpConfig::default())?;
+            let c = connect(&ep, qp, offer, &HandshakeConfig::default())?;
+            let (tx, rx) = local.connect(&c)?;
+            Ok((c, tx, rx))
+        })();
+        let server = server
+            .join()
+            .map_err(|_| Error::InvalidConfig("accept thread panicked"))?;
+        let _ = std::fs::remove_file(&path);
+        let (c1, t1, r1) = client?;
+        let (c2, t2, r2) = server?;
+        Ok((
+            AsyncConn::new(poller, c1, t1, r1)?,
+            AsyncConn::new(poller, c2, t2, r2)?,
+        ))
+    }
+}
+
+/// Sending half: copies or reserves into the peer's ring, waiting for space when full.
+#[derive(Debug)]
+pub struct AsyncSender {
+    tx: RingTx,
+    reg: Registration,
+    src: Arc<TxSource>,
+    mode: Mode,
+}
+
+impl std::fmt::Debug for TxSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TxSource").finish_non_exhaustive()
+    }
+}
+
+impl std::fmt::Debug for RxSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RxSource")
+            .field("event", &self.notifier.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+impl AsyncSender {
+    async fn wait_space(&mut self) -> Result<()> {
+        if self.mode != Mode::Event {
+            return self.reg.wait_ready().await;
+        }
+        let mut backoff = Duration::from_micros(20);
+        while !self.src.ready() {
+            self.src.conn.check_alive()?;
+            tokio::time::sleep(backoff).await;
+            backoff = (backoff * 2).min(Duration::from_millis(1));
+        }
+        Ok(())
+    }
+
+    /// Sends one message (copied into the ring; batched per the ring's thresholds; call
+    /// [`flush`](Self::flush) to push a partial batch).
+    ///
+    /// # Errors
+    /// [`Error::PeerGone`]; [`Error::Ring`] for a message larger than the ring or a fabric
+    /// failure.
+    ///
+    /// # Cancel safety
+    /// Cancel-safe: the message is either fully in the ring or not at all.
+    pub async fn send(&mut self, msg: &[u8]) -> Result<()> {
+        loop {
+            match self.tx.try_send(msg) {
+                Ok(()) => return Ok(()),
+                Err(rrpc_ringbuf::Error::WouldBlock) => self.wait_space().await?,
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+
+    /// Reserves `len` bytes in the ring for zero-copy encoding; write through the guard and
+    /// `commit()` it.
+    ///
+    /// # Errors
+    /// As [`send`](Self::send).
+    ///
+    /// # Cancel safety
+    /// Cancel-safe: nothing is reserved until the future completes.
+    pub async fn reserve(&mut self, len: usize) -> Result<WriteGuard<'_>> {
+        loop {
+            match self.tx.try_reserve(len) {
+                // Probe only: an uncommitted guard is abandoned on drop, and as the single
+                // producer we get the same space back below (borrowck cannot return the
+                // guard from inside the loop).
+                Ok(_probe) => break,
+                Err(rrpc_ringbuf::Error::WouldBlock) => self.wait_space().await?,
+                Err(e) => return Err(e.into()),
+            }
+        }
+        self.tx.try_reserve(len).map_err(Into::into)
+    }
+
+    /// Pushes the batched messages and the tail to the peer now.
+    ///
+    /// # Errors
+    /// [`Error::PeerGone`] or a fabric error.
+    pub fn flush(&mut self) -> Result<()> {
+        self.tx.flush().map_err(Into::into)
+    }
+
+    /// The ring's sending half (state, config).
+    pub fn ring(&self) -> &RingTx {
+        &self.tx
+    }
+}
+
+/// Receiving half: yields messages borrowed from the ring.
+#[derive(Debug)]
+pub struct AsyncReceiver {
+    rx: RingRx,
+    reg: Registration,
+    src: Arc<RxSource>,
+}
+
+impl AsyncReceiver {
+    /// Waits for the next message and borrows it from the ring until the guard drops
+    /// (dropping releases its slots to the peer).
+    ///
+    /// # Errors
+    /// [`Error::PeerGone`] once the peer is gone and every message it published was read;
+    /// [`Error::Ring`] for corrupt peer data; [`Error::Shutdown`] after the poller stopped.
+    /// `Error::Ring(WouldBlock)` only if the peer's tail moved without a message (a ring
+    /// invariant violation); retrying is safe.
+    ///
+    /// # Cancel safety
+    /// Cancel-safe: no message is consumed until the future completes.
+    pub async fn recv(&mut self) -> Result<ReadGuard<'_>> {
+        if !self.src.ready() {
+            // Going idle: push the head the peer has not seen (RB²'s lazy head push would
+            // otherwise leave a sender that found the ring full waiting forever).
+            self.rx.flush()?;
+        }
+        while !self.src.ready() {
+            match self.reg.wait_ready().await {
+                Ok(()) => {}
+                Err(Error::PeerGone) if self.src.ready() => break,
+                Err(Error::PeerGone) => {
+                    let _ = self.src.conn.check_alive();
+                    return Err(Error::PeerGone);
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        if let Some(n) = &self.src.notifier {
+            n.replenish()?;
+        }
+        self.rx.try_recv().map_err(Into::into)
+    }
+
+    /// Pushes the head to the peer now (frees its view of our ring).
+    ///
+    /// # Errors
+    /// [`Error::PeerGone`] or a fabric error.
+    pub fn flush(&mut self) -> Result<()> {
+        self.rx.flush().map_err(Into::into)
+    }
+
+    /// The registration (spin budget, RTT estimate).
+    pub fn registration(&self) -> &Registration {
+        &self.reg
+    }
+}
