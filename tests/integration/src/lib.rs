@@ -53,10 +53,10 @@ type BoxStream = Pin<Box<dyn Stream<Item = Result<Output, Status>> + Send>>;
 
 fn echo_metadata<T>(req: &Request<T>, resp: &mut tonic::metadata::MetadataMap) {
     for kv in req.metadata().iter() {
-        if let tonic::metadata::KeyAndValueRef::Ascii(k, v) = kv {
-            if k.as_str().starts_with("x-echo") {
-                resp.insert(k.clone(), v.clone());
-            }
+        if let tonic::metadata::KeyAndValueRef::Ascii(k, v) = kv
+            && k.as_str().starts_with("x-echo")
+        {
+            resp.insert(k.clone(), v.clone());
         }
     }
 }
@@ -191,7 +191,7 @@ static NEXT: AtomicU64 = AtomicU64::new(0);
 
 /// A running test server, in its own thread and runtime.
 #[derive(Debug)]
-pub struct TestServer_ {
+pub struct Harness {
     /// The URI clients connect to.
     pub uri: String,
     /// The transport.
@@ -204,9 +204,6 @@ pub struct TestServer_ {
     kill: Option<oneshot::Sender<()>>,
 }
 
-/// Alias with a friendlier name.
-pub type Harness = TestServer_;
-
 fn config(t: Transport) -> RrpcConfig {
     let c = RrpcConfig::default()
         .ring_size(1 << 20)
@@ -217,7 +214,7 @@ fn config(t: Transport) -> RrpcConfig {
     }
 }
 
-impl TestServer_ {
+impl Harness {
     /// Starts the test service on `transport`.
     pub async fn start(transport: Transport) -> Self {
         let n = NEXT.fetch_add(1, Ordering::Relaxed);
@@ -273,7 +270,7 @@ impl TestServer_ {
             // Dropping the runtime here ends every task at once, like a killed process.
             rt.shutdown_background();
         });
-        TestServer_ {
+        Harness {
             uri,
             transport,
             obs,
@@ -315,11 +312,10 @@ impl TestServer_ {
         if let Some(s) = self.shutdown.take() {
             let _ = s.send(());
         }
-        let r = match self.done.as_mut() {
+        match self.done.as_mut() {
             Some(d) => d.recv().await.unwrap_or(Ok(())),
             None => Ok(()),
-        };
-        r
+        }
     }
 
     /// Kills the server abruptly (its runtime is dropped mid-flight).
@@ -333,7 +329,7 @@ impl TestServer_ {
     }
 }
 
-impl Drop for TestServer_ {
+impl Drop for Harness {
     fn drop(&mut self) {
         if let Some(k) = self.kill.take() {
             let _ = k.send(());
