@@ -115,10 +115,16 @@ fn consecutive_writes_are_ordered(a: &Side, b: &Side) {
     // see a sequence word whose data is not there yet (RC ordering).
     let remote = a.conn.peer().region(1).unwrap();
     let seq_word = b.granted.atomic_u64(0).unwrap();
+    // The writer stays at most 100 writes ahead of what the reader has checked,
+    // so a one-byte data tag (i mod 256) identifies the write unambiguously.
+    let reader_at = std::sync::atomic::AtomicU64::new(0);
     const N: u64 = 20_000;
     std::thread::scope(|s| {
         s.spawn(|| {
             for i in 1..=N {
+                while i > reader_at.load(std::sync::atomic::Ordering::Acquire) + 100 {
+                    std::thread::yield_now();
+                }
                 a.scratch.write_at(64, &[i as u8; 256]).unwrap();
                 a.conn
                     .qp()
@@ -150,6 +156,7 @@ fn consecutive_writes_are_ordered(a: &Side, b: &Side) {
                     d[0]
                 );
                 last = seen;
+                reader_at.store(seen, std::sync::atomic::Ordering::Release);
             } else {
                 std::hint::spin_loop();
             }
