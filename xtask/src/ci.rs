@@ -9,9 +9,12 @@ use anyhow::{Context, Result, bail};
 /// `cargo xtask ci` options.
 #[derive(clap::Args, Debug, Clone)]
 pub(crate) struct CiArgs {
-    /// Also run every fuzz target for 20 s (`-max_total_time=20`) after building it.
+    /// Seconds to run each fuzz target after building it (0: build only).
+    #[arg(long, default_value_t = 15)]
+    fuzz_seconds: u32,
+    /// Skip the miri step.
     #[arg(long)]
-    fuzz_run: bool,
+    no_miri: bool,
     /// Skip `cargo xtask bench all --quick`.
     #[arg(long)]
     no_bench: bool,
@@ -24,9 +27,14 @@ enum Outcome {
 
 /// Runs a command, failing on a non-zero exit.
 pub(crate) fn run(program: &str, args: &[&str], dir: Option<&Path>) -> Result<()> {
+    run_env(program, args, dir, &[])
+}
+
+/// Runs a command with extra environment variables, failing on a non-zero exit.
+fn run_env(program: &str, args: &[&str], dir: Option<&Path>, env: &[(&str, &str)]) -> Result<()> {
     eprintln!("==> {program} {}", args.join(" "));
     let mut cmd = Command::new(program);
-    cmd.args(args);
+    cmd.args(args).envs(env.iter().copied());
     if let Some(d) = dir {
         cmd.current_dir(d);
     }
@@ -149,12 +157,49 @@ pub(crate) fn run_ci(args: &CiArgs) -> Result<()> {
                     "`pkg-config --exists libibverbs` failed (libibverbs-dev not installed)".into(),
                 ));
             }
+            // Builds the provider and tests it down to the work requests it
+            // builds (no RDMA device here: nothing reaches hardware).
             run(
                 "cargo",
-                &["build", "-p", "rrpc-core", "--features", "verbs"],
+                &[
+                    "clippy",
+                    "-p",
+                    "rrpc-core",
+                    "--features",
+                    "verbs",
+                    "--all-targets",
+                    "--",
+                    "-D",
+                    "warnings",
+                ],
+                Some(root_ref),
+            )?;
+            run(
+                "cargo",
+                &["test", "-p", "rrpc-core", "--features", "verbs", "--lib"],
                 Some(root_ref),
             )
             .map(|()| Outcome::Ran)
+        })?;
+        step("miri", &mut || {
+            if args.no_miri {
+                return Ok(Outcome::Skipped("--no-miri".into()));
+            }
+            if !probe("cargo", &["+nightly", "miri", "--version"]) {
+                return Ok(Outcome::Skipped(
+                    "no nightly toolchain with the miri component".into(),
+                ));
+            }
+            // The sans-IO cores: the handshake codec and the RB² pointer logic.
+            for (krate, filter) in [("rrpc-core", "handshake"), ("rrpc-ringbuf", "proto")] {
+                run_env(
+                    "cargo",
+                    &["+nightly", "miri", "test", "-p", krate, "--lib", filter],
+                    Some(root_ref),
+                    &[("MIRIFLAGS", "-Zmiri-disable-isolation")],
+                )?;
+            }
+            Ok(Outcome::Ran)
         })?;
         step("bench all --quick", &mut || {
             if args.no_bench {
@@ -162,7 +207,14 @@ pub(crate) fn run_ci(args: &CiArgs) -> Result<()> {
             }
             let exe = std::env::current_exe().context("locating xtask")?;
             let exe = exe.to_string_lossy().into_owned();
-            run(&exe, &["bench", "all", "--quick"], Some(root_ref)).map(|()| Outcome::Ran)
+            // One optimised profile for the smoke run (thin-LTO `bench` builds are
+            // for real measurements).
+            run(
+                &exe,
+                &["bench", "all", "--quick", "--profile", "release"],
+                Some(root_ref),
+            )
+            .map(|()| Outcome::Ran)
         })?;
         let dirs = fuzz_dirs(root_ref);
         step("fuzz build", &mut || {
@@ -175,13 +227,10 @@ pub(crate) fn run_ci(args: &CiArgs) -> Result<()> {
             for d in &dirs {
                 let krate = d.parent().expect("fuzz dir has a parent");
                 run("cargo", &["fuzz", "build"], Some(krate))?;
-                if args.fuzz_run {
+                if args.fuzz_seconds > 0 {
+                    let budget = format!("-max_total_time={}", args.fuzz_seconds);
                     for t in fuzz_targets(d) {
-                        run(
-                            "cargo",
-                            &["fuzz", "run", &t, "--", "-max_total_time=20"],
-                            Some(krate),
-                        )?;
+                        run("cargo", &["fuzz", "run", &t, "--", &budget], Some(krate))?;
                     }
                 }
             }

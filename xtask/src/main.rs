@@ -26,7 +26,8 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Cmd {
-    /// Everything CI checks: fmt, clippy -D warnings, tests, verbs build (if possible),
+    /// Everything CI checks: fmt, clippy -D warnings, tests, verbs build + work-request tests (if
+    /// possible), miri on the sans-IO cores (if installed),
     /// `bench all --quick`, fuzz builds (if cargo-fuzz is installed).
     Ci(ci::CiArgs),
     /// Run a benchmark suite and write tables and plots.
