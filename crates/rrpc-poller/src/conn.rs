@@ -149,6 +149,12 @@ impl AsyncConn {
         &self.conn
     }
 
+    /// Takes the connection apart again (for a peer that drives its rings without a poller,
+    /// like a benchmark's load generator).
+    pub fn into_parts(self) -> (Arc<Connection>, RingTx, RingRx) {
+        (self.conn, self.tx, self.rx)
+    }
+
     /// Registers both directions with the poller and splits them.
     ///
     /// # Errors

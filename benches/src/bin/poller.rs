@@ -1,0 +1,482 @@
+//! `cargo xtask bench poller`: connection management modes (RR-Compound Figs. 4–6, 8, 11, 13,
+//! 16) over real shm rings.
+//!
+//! Server: a tokio runtime with one worker thread and the poller under test (each connection
+//! has a task: `recv` → echo 8 bytes → `flush`). Clients: one load-generator thread that drives
+//! every connection's raw rings by busy polling (the paper's clients run on other nodes; here
+//! they share the 2 cores, which the thread plan printed with every table says).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::Result;
+use clap::Parser;
+use rrpc_bench::{CpuTimes, Latency, PlotSpec, Report, SuiteArgs, Table, ThreadPlan, Value};
+use rrpc_core::Completion;
+use rrpc_poller::conn::AsyncConn;
+use rrpc_poller::{Mode, Poller, PollerConfig};
+use rrpc_ringbuf::{RingConfig, RingRx, RingTx};
+
+/// A configuration under test: a paper mode, or adaptive BPEV (this crate's defaults).
+#[derive(Clone, Copy)]
+struct Variant {
+    mode: Mode,
+    adaptive: bool,
+}
+
+impl Variant {
+    fn name(&self) -> String {
+        if self.adaptive {
+            format!("{}-adaptive", self.mode)
+        } else {
+            self.mode.to_string()
+        }
+    }
+    fn config(&self, polling_threads: usize) -> PollerConfig {
+        let base = if self.adaptive {
+            PollerConfig::new().mode(self.mode)
+        } else {
+            PollerConfig::paper(self.mode)
+        };
+        base.polling_threads(polling_threads).expect("valid")
+    }
+}
+
+const VARIANTS: [Variant; 5] = [
+    Variant {
+        mode: Mode::Bp,
+        adaptive: false,
+    },
+    Variant {
+        mode: Mode::Bpts,
+        adaptive: false,
+    },
+    Variant {
+        mode: Mode::Event,
+        adaptive: false,
+    },
+    Variant {
+        mode: Mode::Bpev,
+        adaptive: false,
+    },
+    Variant {
+        mode: Mode::Bpev,
+        adaptive: true,
+    },
+];
+
+struct Client {
+    conn: Arc<rrpc_core::conn::Connection>,
+    tx: RingTx,
+    rx: RingRx,
+    sent_at: Option<Instant>,
+    next_send: Instant,
+}
+
+struct Setup {
+    rt: tokio::runtime::Runtime,
+    poller: Poller,
+    clients: Vec<Client>,
+    stop: Arc<AtomicBool>,
+}
+
+fn ring(mode: Mode) -> RingConfig {
+    RingConfig::builder()
+        .ring_size(64 * 1024)
+        .tail_with_imm(mode == Mode::Event)
+        .huge_pages(false)
+        .build()
+        .expect("ring config")
+}
+
+/// Builds `conns` connections; the server halves get echo tasks on a 1-worker runtime.
+fn setup(cfg: PollerConfig, mode: Mode, conns: usize) -> Result<Setup> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()?;
+    let poller = rt.block_on(async { cfg.build() })?;
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut clients = Vec::new();
+    for _ in 0..conns {
+        let (client, server) = AsyncConn::loopback_pair(&poller, &ring(mode))?;
+        let (conn, tx, rx) = client.into_parts();
+        clients.push(Client {
+            conn,
+            tx,
+            rx,
+            sent_at: None,
+            next_send: Instant::now(),
+        });
+        let _g = rt.enter();
+        let (mut stx, mut srx) = server.split()?;
+        rt.spawn(async move {
+            loop {
+                let mut buf = [0u8; 8];
+                match srx.recv().await {
+                    Ok(m) => buf.copy_from_slice(&m[..8]),
+                    Err(_) => return,
+                }
+                if stx.send(&buf).await.is_err() || stx.flush().is_err() {
+                    return;
+                }
+            }
+        });
+    }
+    Ok(Setup {
+        rt,
+        poller,
+        clients,
+        stop,
+    })
+}
+
+/// Reposts receives for tails that arrived with immediate data (Event mode clients).
+fn replenish(c: &Client) {
+    let qp = c.conn.qp();
+    let mut wc = [Completion::EMPTY; 32];
+    while let Ok(n) = qp.recv_cq().poll(&mut wc) {
+        for _ in 0..n {
+            let _ = qp.post_recv(0);
+        }
+        if n < wc.len() {
+            break;
+        }
+    }
+}
+
+struct LoadResult {
+    lat: Latency,
+    msgs: u64,
+    wall: Duration,
+    cpu: CpuTimes,
+}
+
+/// Runs the client loop for `dur`: each connection has at most one request outstanding and
+/// sends the next one `interval` after the previous reply (0 = continuous).
+fn load(s: &mut Setup, interval: Duration, dur: Duration) -> LoadResult {
+    let mut lat = Latency::new();
+    let mut msgs = 0u64;
+    // Warm-up: one round trip per connection before measuring.
+    let warm_until = Instant::now() + Duration::from_millis(20);
+    let cpu0 = CpuTimes::process().unwrap_or_default();
+    let mut start = Instant::now();
+    let mut warm = true;
+    let mut end = Instant::now() + dur + Duration::from_millis(20);
+    let mut i = 0usize;
+    loop {
+        let now = Instant::now();
+        if warm && now >= warm_until {
+            warm = false;
+            lat = Latency::new();
+            msgs = 0;
+            start = now;
+            end = now + dur;
+        }
+        if !warm && now >= end {
+            break;
+        }
+        let nclients = s.clients.len();
+        let c = &mut s.clients[i];
+        i = (i + 1) % nclients;
+        match c.sent_at {
+            None if now >= c.next_send => {
+                if c.tx
+                    .try_send(&now.elapsed().as_nanos().to_le_bytes()[..8])
+                    .is_ok()
+                    && c.tx.flush().is_ok()
+                {
+                    c.sent_at = Some(now);
+                }
+            }
+            None => {}
+            Some(t0) => {
+                let got = c.rx.try_recv().is_ok();
+                if got {
+                    let t = Instant::now();
+                    lat.record(t - t0);
+                    msgs += 1;
+                    c.sent_at = None;
+                    c.next_send = t + interval;
+                    let _ = c.rx.flush();
+                    replenish(c);
+                }
+            }
+        }
+    }
+    let wall = start.elapsed();
+    let cpu1 = CpuTimes::process().unwrap_or_default();
+    // Drain outstanding replies so the next run starts clean.
+    let deadline = Instant::now() + Duration::from_millis(200);
+    for c in &mut s.clients {
+        while c.sent_at.is_some() && Instant::now() < deadline {
+            let got = c.rx.try_recv().is_ok();
+            if got {
+                c.sent_at = None;
+                let _ = c.rx.flush();
+                replenish(c);
+            }
+        }
+    }
+    let _ = &s.stop;
+    LoadResult {
+        lat,
+        msgs,
+        wall,
+        cpu: CpuTimes {
+            user: cpu1.user.saturating_sub(cpu0.user),
+            system: cpu1.system.saturating_sub(cpu0.system),
+        },
+    }
+}
+
+fn teardown(s: Setup) {
+    s.stop.store(true, Ordering::Relaxed);
+    drop(s.clients);
+    s.poller.shutdown();
+    s.rt.shutdown_timeout(Duration::from_secs(2));
+}
+
+fn cores() -> f64 {
+    std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1) as f64
+}
+
+fn pct(d: Duration, wall: Duration) -> f64 {
+    100.0 * d.as_secs_f64() / (wall.as_secs_f64() * cores())
+}
+
+fn plan(v: &Variant, conns: usize, pt: usize) -> String {
+    let polling = match v.mode {
+        Mode::Bp => conns,
+        Mode::Bpts | Mode::Bpev => pt,
+        Mode::Event => 0,
+    };
+    ThreadPlan::new()
+        .side("client load generator", 1, None)
+        .side("server tokio worker", 1, None)
+        .side(&format!("{} polling", v.name()), polling, None)
+        .describe()
+}
+
+fn main() -> Result<()> {
+    let args = SuiteArgs::parse();
+    let mut report = Report::new("poller", &args)?;
+    let point = args.duration(Duration::from_millis(150), Duration::from_secs(2));
+    let conn_list: Vec<usize> = args.pick(vec![1, 16, 256], vec![1, 2, 4, 8, 16, 32, 64, 128, 256]);
+    let intervals: Vec<u64> = args.pick(vec![0, 100], vec![0, 100, 300]);
+    let pt = 1usize;
+    println!(
+        "# Poller modes (shm)\n\nmachine cores: {}; pinning: none (OS scheduler); server: 1 tokio worker + polling threads ({pt} for BPTS/BPEV, one per connection for BP, none for EVENT); client: 1 busy-polling load-generator thread. quick = {}",
+        cores(),
+        args.quick
+    );
+
+    // Experiment 1: latency vs connections and sending interval (Figs. 4-6, 8), CPU split.
+    let mut t = Table::new(
+        "latency_vs_connections",
+        "Latency per message vs connections (Figs. 4-6, 8)",
+        &[
+            "mode",
+            "interval_us",
+            "connections",
+            "p50_us",
+            "mean_us",
+            "p99_us",
+            "msgs_per_s",
+            "user_pct",
+            "sys_pct",
+            "idle_pct",
+            "threads",
+        ],
+    );
+    // best[(interval, conns)] = (best p50, bpev-adaptive p50)
+    let mut cmp: Vec<(u64, usize, String, f64)> = Vec::new();
+    for &iv in &intervals {
+        for &n in &conn_list {
+            for v in VARIANTS {
+                let mut s = setup(v.config(pt), v.mode, n)?;
+                let r = load(&mut s, Duration::from_micros(iv), point);
+                let threads = s.poller.threads();
+                teardown(s);
+                let sm = r.lat.summary();
+                let user = pct(r.cpu.user, r.wall);
+                let sys = pct(r.cpu.system, r.wall);
+                let p50 = sm.p50_us();
+                cmp.push((iv, n, v.name(), p50));
+                t.push(vec![
+                    Value::from(v.name()),
+                    Value::from(iv),
+                    Value::from(n as u64),
+                    Value::from(p50),
+                    Value::from(sm.mean_ns / 1000.0),
+                    Value::from(sm.p99_us()),
+                    Value::from(r.msgs as f64 / r.wall.as_secs_f64()),
+                    Value::from(user),
+                    Value::from(sys),
+                    Value::from((100.0 - user - sys).max(0.0)),
+                    Value::from(threads as u64),
+                ]);
+            }
+        }
+    }
+    t.note(format!(
+        "thread plan at 256 connections, BPEV: {}",
+        plan(&VARIANTS[3], 256, pt)
+    ));
+    t.note(format!(
+        "thread plan at 256 connections, BP: {}",
+        plan(&VARIANTS[0], 256, pt)
+    ));
+    t.note("CPU percentages are of all cores of the machine over the measurement window (client + server in one process).");
+    t.plot(
+        PlotSpec::lines("connections", &["p50_us"])
+            .series("mode")
+            .log_x()
+            .y_label("p50 latency (us)"),
+    );
+    report.add(t)?;
+
+    // BPEV vs best mode at every load point.
+    let mut t = Table::new(
+        "bpev_vs_best",
+        "BPEV (adaptive and paper) p50 latency relative to the best mode at each load point (target <= 1.20)",
+        &[
+            "interval_us",
+            "connections",
+            "best_mode",
+            "best_p50_us",
+            "bpev_ratio",
+            "bpev_adaptive_ratio",
+        ],
+    );
+    for &iv in &intervals {
+        for &n in &conn_list {
+            let pts: Vec<&(u64, usize, String, f64)> = cmp
+                .iter()
+                .filter(|c| c.0 == iv && c.1 == n && c.3 > 0.0)
+                .collect();
+            let Some(best) = pts.iter().min_by(|a, b| a.3.total_cmp(&b.3)) else {
+                continue;
+            };
+            let get = |name: &str| pts.iter().find(|c| c.2 == name).map(|c| c.3 / best.3);
+            t.push(vec![
+                Value::from(iv),
+                Value::from(n as u64),
+                Value::from(best.2.clone()),
+                Value::from(best.3),
+                get("BPEV").map(Value::from).unwrap_or(Value::Empty),
+                get("BPEV-adaptive")
+                    .map(Value::from)
+                    .unwrap_or(Value::Empty),
+            ]);
+        }
+    }
+    report.add(t)?;
+
+    // Experiment 2: throughput vs polling threads (Fig. 11 b), BPEV paper config.
+    let mut t = Table::new(
+        "throughput_vs_polling_threads",
+        "BPEV throughput vs polling threads, continuous load (Fig. 11)",
+        &[
+            "polling_threads",
+            "connections",
+            "msgs_per_s",
+            "p50_us",
+            "threads",
+        ],
+    );
+    let n = args.pick(16, 64);
+    for pth in [1usize, 2, 3] {
+        let v = Variant {
+            mode: Mode::Bpev,
+            adaptive: false,
+        };
+        let mut s = setup(v.config(pth), v.mode, n)?;
+        let r = load(&mut s, Duration::ZERO, point);
+        let threads = s.poller.threads();
+        teardown(s);
+        t.push(vec![
+            Value::from(pth as u64),
+            Value::from(n as u64),
+            Value::from(r.msgs as f64 / r.wall.as_secs_f64()),
+            Value::from(r.lat.summary().p50_us()),
+            Value::from(threads as u64),
+        ]);
+    }
+    t.plot(PlotSpec::lines("polling_threads", &["msgs_per_s"]));
+    report.add(t)?;
+
+    // Experiment 3: throughput vs bp_timeout (Fig. 13), one connection.
+    let mut t = Table::new(
+        "throughput_vs_bp_timeout",
+        "BPEV throughput vs bp_timeout, one connection (Fig. 13); auto_tune off",
+        &[
+            "bp_timeout_us",
+            "msgs_per_s",
+            "p50_us",
+            "spin_hits",
+            "wakeups",
+        ],
+    );
+    for us in [0u64, 2, 5, 10, 20, 50] {
+        let cfg = PollerConfig::paper(Mode::Bpev)
+            .polling_threads(1)?
+            .bp_timeout(Duration::from_micros(us));
+        let mut s = setup(cfg, Mode::Bpev, 1)?;
+        let st0 = s.poller.stats();
+        let r = load(&mut s, Duration::ZERO, point);
+        let st = s.poller.stats().since(&st0);
+        teardown(s);
+        t.push(vec![
+            Value::from(us),
+            Value::from(r.msgs as f64 / r.wall.as_secs_f64()),
+            Value::from(r.lat.summary().p50_us()),
+            Value::from(st.spin_hits),
+            Value::from(st.wakeups),
+        ]);
+    }
+    t.plot(PlotSpec::lines("bp_timeout_us", &["msgs_per_s"]));
+    report.add(t)?;
+
+    // Experiment 4: idle server CPU with 256 connections (Fig. 16, §V-D).
+    let mut t = Table::new(
+        "idle_cpu",
+        "CPU of an idle server with 256 connections (target: BPEV-adaptive < 2 % of one core)",
+        &[
+            "mode",
+            "connections",
+            "cpu_pct_of_one_core",
+            "polling_threads",
+            "parks",
+        ],
+    );
+    let idle = args.duration(Duration::from_millis(500), Duration::from_secs(3));
+    for v in VARIANTS {
+        let s = setup(v.config(2), v.mode, 256)?;
+        // Let every server task reach its sleep (and adaptive pollers park).
+        std::thread::sleep(Duration::from_millis(50));
+        let st0 = s.poller.stats();
+        let c0 = CpuTimes::process().unwrap_or_default();
+        let w0 = Instant::now();
+        std::thread::sleep(idle);
+        let c1 = CpuTimes::process().unwrap_or_default();
+        let cpu = c1.percent_since(&c0, w0.elapsed());
+        let st = s.poller.stats().since(&st0);
+        let threads = s.poller.threads();
+        teardown(s);
+        t.push(vec![
+            Value::from(v.name()),
+            Value::from(256u64),
+            Value::from(cpu),
+            Value::from(threads as u64),
+            Value::from(st.parks),
+        ]);
+    }
+    t.note("2 polling threads for BPTS/BPEV as in the paper's Fig. 16; BP has one per connection.");
+    report.add(t)?;
+    report.finish()?;
+    Ok(())
+}
