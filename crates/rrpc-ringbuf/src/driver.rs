@@ -166,6 +166,7 @@ impl LocalRing {
             ring_len: geo.ring_bytes(),
             tx_seen: 0,
             full_at: Arc::new(AtomicU64::new(NOT_FULL)),
+            full: false,
             imm_fallbacks: 0,
         };
         let rx = RingRx {
@@ -290,6 +291,8 @@ pub struct RingTx {
     ring_len: usize,
     tx_seen: u64,
     full_at: Arc<AtomicU64>,
+    /// Local copy of `full_at != NOT_FULL` (no shared load on the fast path).
+    full: bool,
     imm_fallbacks: u64,
 }
 
@@ -302,26 +305,36 @@ impl RingTx {
     /// [`Error::TooLarge`] when `len` exceeds the ring, [`Error::PeerGone`]
     /// when the connection failed, [`Error::Corrupt`] after a bad head word.
     pub fn try_reserve(&mut self, len: usize) -> Result<WriteGuard<'_>, Error> {
-        self.shared.check()?;
         if self.sender.wants_completions() {
             self.poll_completions()?;
         }
-        let head = self
-            .rx_region
-            .atomic_u64(LOCAL_HEAD_OFFSET)?
-            .load(Ordering::Acquire);
-        self.sender.handle_local_head(head)?;
+        // rtrb's cached-index pattern: the peer-written head word (and the
+        // queue pair's state) is read only when the ring looks full.
+        let mut head = self.sender.local_head();
+        if !self.sender.fits(len) {
+            self.shared.check()?;
+            head = self
+                .rx_region
+                .atomic_u64(LOCAL_HEAD_OFFSET)?
+                .load(Ordering::Acquire);
+            self.sender.handle_local_head(head)?;
+        }
         let ring = mem::staging_mut(&self.tx_region, self.ring_off, self.ring_len);
         match self.sender.reserve(len, ring) {
             Ok(res) => {
-                if self.full_at.load(Ordering::Relaxed) != NOT_FULL {
+                if self.full {
+                    self.full = false;
                     self.full_at.store(NOT_FULL, Ordering::Relaxed);
                 }
                 Ok(WriteGuard { tx: self, res, len })
             }
             Err(Error::WouldBlock) => {
+                self.full = true;
                 self.full_at.store(head, Ordering::Release);
                 self.post()?;
+                if self.sender.tail_deferred() {
+                    self.poll_completions()?;
+                }
                 self.shared.check()?;
                 Err(Error::WouldBlock)
             }
@@ -556,18 +569,22 @@ impl RingRx {
     /// data (the channel is closed), [`Error::PeerGone`] once the connection
     /// failed and no more messages are published.
     pub fn try_recv(&mut self) -> Result<ReadGuard<'_>, Error> {
-        if let Some(e) = self.deferred.take() {
-            return Err(e);
+        if self.deferred.is_some() {
+            return Err(self.deferred.take().expect("checked"));
         }
-        let tail = self
-            .rx_region
-            .atomic_u64(LOCAL_TAIL_OFFSET)?
-            .load(Ordering::Acquire);
-        if self.imm && tail != self.receiver.local_tail() {
-            // Each tail WRITE_WITH_IMM consumed one receive: repost them.
-            self.replenish()?;
+        // Cached-index pattern: reload the peer-written tail word only when
+        // everything published so far has been consumed.
+        if self.receiver.head() == self.receiver.local_tail() {
+            let tail = self
+                .rx_region
+                .atomic_u64(LOCAL_TAIL_OFFSET)?
+                .load(Ordering::Acquire);
+            if self.imm && tail != self.receiver.local_tail() {
+                // Each tail WRITE_WITH_IMM consumed one receive: repost them.
+                self.replenish()?;
+            }
+            self.receiver.handle_local_tail(tail)?;
         }
-        self.receiver.handle_local_tail(tail)?;
         let (region, off) = (&self.rx_region, self.ring_off);
         let got = self.receiver.poll_recv(|o| {
             region
@@ -575,11 +592,12 @@ impl RingRx {
                 .map(|w| w.load(Ordering::Relaxed))
                 .unwrap_or(0)
         });
-        self.head_mirror
-            .store(self.receiver.head(), Ordering::Release);
         match got? {
             Some(msg) => Ok(ReadGuard { rx: self, msg }),
             None => {
+                // Gaps may have moved the head: keep the watch exact.
+                self.head_mirror
+                    .store(self.receiver.head(), Ordering::Release);
                 self.shared.check()?;
                 self.post()?;
                 Err(Error::WouldBlock)
@@ -715,7 +733,9 @@ impl Drop for ReadGuard<'_> {
         self.rx
             .head_mirror
             .store(self.rx.receiver.head(), Ordering::Release);
-        if let Err(e) = self.rx.post() {
+        if self.rx.receiver.push_pending()
+            && let Err(e) = self.rx.post()
+        {
             self.rx.deferred.get_or_insert(e);
         }
     }

@@ -47,6 +47,20 @@ pub const WR_KIND_RX: u64 = 2 << 56;
 /// (one source word each, see [`Transmit::Tail`]).
 pub const MAX_TAIL_INFLIGHT: usize = 8;
 
+/// Volume threshold in slots, on top of RB²'s message-counted `alpha` and
+/// `gamma`: the sender advances its tail and the receiver pushes its head
+/// once `max(N / 8, 8)` slots (capped at `N`) are pending, however few
+/// messages that is. The paper's thresholds count messages, which is right
+/// for small ones; a 4 MiB ring holds only three 1 MiB messages, so without
+/// this the tail would move only when the ring is full and the head only
+/// when it is empty, and sender and receiver would take turns instead of
+/// overlapping (Exp#1's large messages reach line rate only pipelined).
+/// Small messages never reach it before `alpha` / `gamma` (at 64 B and the
+/// defaults, `N / 8` is 8192 slots, 4096 messages).
+pub fn flush_slots(slot_count: u64) -> u64 {
+    (slot_count / 8).max(8).min(slot_count)
+}
+
 /// Ring geometry: slot size and count, both powers of two.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Geometry {

@@ -67,6 +67,7 @@ pub struct Receiver {
     last_signaled: u64,
     max_outstanding: u64,
     signal_every: u64,
+    flush_slots: u64,
     closed: Option<String>,
     pushes: u64,
 }
@@ -88,6 +89,7 @@ impl Receiver {
             last_signaled: 0,
             max_outstanding,
             signal_every: (max_outstanding / 2).max(1),
+            flush_slots: super::flush_slots(cfg.slot_count()),
             closed: None,
             pushes: 0,
         }
@@ -116,6 +118,11 @@ impl Receiver {
     /// The error that closed the receiver, if any.
     pub fn closed(&self) -> Option<&str> {
         self.closed.as_deref()
+    }
+    /// True if a head push is owed (it goes out from [`poll_transmit`](Self::poll_transmit)).
+    #[inline]
+    pub fn push_pending(&self) -> bool {
+        self.push_pending
     }
     /// True if a head push is owed but the send-queue budget needs completions.
     pub fn wants_completions(&self) -> bool {
@@ -223,7 +230,8 @@ impl Receiver {
 
     /// Releases the message returned by [`poll_recv`](Self::poll_recv):
     /// advances `head` and schedules a lazy push every `gamma` messages
-    /// (Algorithm 1 lines 21-24).
+    /// (Algorithm 1 lines 21-24), or once [`super::flush_slots`] slots were
+    /// consumed since the last push (large messages).
     ///
     /// # Panics
     /// If `msg` is not the message at the head.
@@ -234,7 +242,7 @@ impl Receiver {
         );
         self.head += msg.slots;
         self.unpushed += 1;
-        if self.unpushed >= self.gamma {
+        if self.unpushed >= self.gamma || self.head - self.synced_head >= self.flush_slots {
             self.push_pending = true;
         }
     }

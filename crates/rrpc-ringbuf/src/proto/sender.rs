@@ -82,6 +82,7 @@ pub struct Sender {
     elastic: bool,
     max_outstanding: u64,
     signal_every: u64,
+    flush_slots: u64,
     /// Next slot to write in `RB_S`.
     tail: u64,
     /// Slots before this were handed to slot transmission.
@@ -114,6 +115,7 @@ impl Sender {
             elastic: cfg.elastic(),
             max_outstanding,
             signal_every: (max_outstanding / 2).max(1),
+            flush_slots: super::flush_slots(cfg.slot_count()),
             tail: 0,
             esc_tail: 0,
             synced_tail: 0,
@@ -155,6 +157,23 @@ impl Sender {
     /// Free slots as far as the sender knows.
     pub fn free_slots(&self) -> u64 {
         self.geo.slot_count() - (self.tail - self.local_head)
+    }
+    /// Whether [`reserve`](Self::reserve) of `len` bytes would find room
+    /// with the cached `local_head` (gap included). A driver reloads the
+    /// peer-written head word only when this says no (rtrb's cached-index
+    /// pattern: the shared word is touched only when the ring looks full).
+    #[inline]
+    pub fn fits(&self, len: usize) -> bool {
+        let n = self.geo.slots_for(len);
+        let count = self.geo.slot_count();
+        let idx = self.geo.index(self.tail);
+        let need = if idx + n > count { count - idx + n } else { n };
+        need <= self.free_slots()
+    }
+    /// Pointer advancement (and slot transmission) also happens once this
+    /// many slots are unsynced, whatever `alpha` says (see [`super::flush_slots`]).
+    pub fn flush_slots(&self) -> u64 {
+        self.flush_slots
     }
     /// A pointer advancement is owed but held back by the elastic threshold
     /// until a tail WRITE completes.
@@ -261,10 +280,12 @@ impl Sender {
         self.stats.messages += 1;
         self.unsent += 1;
         self.unsynced += 1;
-        if self.unsynced >= self.alpha {
+        if self.unsynced >= self.alpha || self.tail - self.synced_tail >= self.flush_slots {
             // Pointer advancement: flush the slots, then (elastic threshold
             // permitting) write the tail. Like Algorithm 1 line 9 the batch
-            // counter restarts even when the tail WRITE is deferred.
+            // counter restarts even when the tail WRITE is deferred. Large
+            // messages get here by volume (`flush_slots`): a ring holding
+            // only a few of them must not wait for `alpha` of them.
             self.transmit_slots();
             self.unsynced = 0;
             self.advance();
