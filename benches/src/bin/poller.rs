@@ -265,7 +265,7 @@ fn main() -> Result<()> {
     let args = SuiteArgs::parse();
     let mut report = Report::new("poller", &args)?;
     let point = args.duration(Duration::from_millis(150), Duration::from_secs(2));
-    let conn_list: Vec<usize> = args.pick(vec![1, 16, 256], vec![1, 2, 4, 8, 16, 32, 64, 128, 256]);
+    let conn_list: Vec<usize> = args.pick(vec![1, 16, 64], vec![1, 2, 4, 8, 16, 32, 64, 128, 256]);
     let intervals: Vec<u64> = args.pick(vec![0, 100], vec![0, 100, 300]);
     let pt = 1usize;
     println!(
@@ -453,7 +453,7 @@ fn main() -> Result<()> {
             "parks",
         ],
     );
-    let idle = args.duration(Duration::from_millis(500), Duration::from_secs(3));
+    let idle = args.duration(Duration::from_millis(400), Duration::from_secs(3));
     for v in VARIANTS {
         let s = setup(v.config(2), v.mode, 256)?;
         // Let every server task reach its sleep (and adaptive pollers park).

@@ -68,7 +68,7 @@ impl std::fmt::Display for Mode {
 /// | `bp_timeout` | 20 µs | §V-B / Fig. 13: "marginally longer than the typical RTT"; one shm round trip through tokio measures 5–15 µs here |
 /// | `auto_tune` | on | beyond the paper: moving RTT estimate, `bp_timeout` as cap |
 /// | `idle_park_after` | 2 ms | beyond the paper (§V-D future work) |
-/// | `idle_poll_interval` | 1 ms | beyond the paper: rescan period of a parked thread |
+/// | `idle_poll_interval` | 2 ms | beyond the paper: rescan period of a parked thread |
 ///
 /// # Examples
 /// ```
@@ -101,7 +101,7 @@ impl Default for PollerConfig {
             bp_timeout: Duration::from_micros(20),
             auto_tune: true,
             idle_park_after: Some(Duration::from_millis(2)),
-            idle_poll_interval: Duration::from_millis(1),
+            idle_poll_interval: Duration::from_millis(2),
             thread_name: "rrpc-poll".to_owned(),
         }
     }
