@@ -181,14 +181,11 @@ fn load(s: &mut Setup, interval: Duration, dur: Duration) -> LoadResult {
         let c = &mut s.clients[i];
         i = (i + 1) % nclients;
         match c.sent_at {
-            None if now >= c.next_send => {
-                if c.tx
-                    .try_send(&now.elapsed().as_nanos().to_le_bytes()[..8])
-                    .is_ok()
-                    && c.tx.flush().is_ok()
-                {
-                    c.sent_at = Some(now);
-                }
+            None if now >= c.next_send
+                && c.tx.try_send(&[0u8; 8]).is_ok()
+                && c.tx.flush().is_ok() =>
+            {
+                c.sent_at = Some(now);
             }
             None => {}
             Some(t0) => {
