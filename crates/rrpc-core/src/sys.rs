@@ -62,7 +62,7 @@ impl Mapping {
 
     fn create_with(len: usize, huge: bool) -> Result<Mapping> {
         let name: &CStr = c"rrpc-region";
-        let mut flags = libc::MFD_CLOEXEC;
+        let mut flags = libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING;
         let size = if huge {
             flags |= libc::MFD_HUGETLB | libc::MAP_HUGE_2MB as libc::c_uint;
             round_up(len, HUGE_PAGE)
@@ -79,6 +79,19 @@ impl Mapping {
         // SAFETY: `fd` is a valid memfd; ftruncate on it has no memory-safety preconditions.
         if unsafe { libc::ftruncate(fd.as_raw_fd(), size as libc::off_t) } < 0 {
             return Err(Error::io("ftruncate", io::Error::last_os_error()));
+        }
+        // Seal the size: a peer we grant this fd to must not be able to shrink
+        // it under our mapping (a SIGBUS on our next access), nor we under its.
+        // SAFETY: fcntl on a valid memfd with integer arguments.
+        let sealed = unsafe {
+            libc::fcntl(
+                fd.as_raw_fd(),
+                libc::F_ADD_SEALS,
+                libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL,
+            )
+        };
+        if sealed < 0 {
+            return Err(Error::io("memfd seal", io::Error::last_os_error()));
         }
         let mut m = Self::map(fd, size)?;
         m.huge = huge;
@@ -102,6 +115,15 @@ impl Mapping {
     /// it is checked against the file's real size, so a lying peer cannot make us
     /// map past the end of the file (which would SIGBUS on access).
     pub(crate) fn map_peer(fd: OwnedFd, len: usize) -> Result<Mapping> {
+        // Only a memfd sealed against shrinking is safe to map: otherwise the
+        // peer could truncate it later and crash us with SIGBUS.
+        // SAFETY: fcntl with integer arguments on an fd we own.
+        let seals = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GET_SEALS) };
+        if seals < 0 || seals & libc::F_SEAL_SHRINK == 0 {
+            return Err(Error::MalformedHandshake(
+                "peer region is not a memfd sealed against shrinking".into(),
+            ));
+        }
         let st = nix::sys::stat::fstat(&fd).map_err(|e| Error::nix("fstat", e))?;
         if len == 0 || (st.st_size as u64) < len as u64 {
             return Err(Error::MalformedHandshake(format!(
@@ -231,4 +253,45 @@ pub(crate) fn random_u32() -> u32 {
         return t ^ std::process::id();
     }
     u32::from_ne_bytes(b)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn own_regions_are_sealed_and_mappable_by_a_peer() {
+        let m = Mapping::create(8192, false).unwrap();
+        let fd = m.fd().try_clone_to_owned().unwrap();
+        let peer = Mapping::map_peer(fd, 8192).unwrap();
+        // SAFETY: both mappings are 8192 bytes of the same memfd.
+        unsafe {
+            *m.ptr() = 42;
+            assert_eq!(*peer.ptr(), 42);
+        }
+        // SAFETY: ftruncate on a valid fd; must fail because of the seals.
+        let r = unsafe { libc::ftruncate(m.fd().as_raw_fd(), 0) };
+        assert!(r < 0, "a sealed region cannot shrink");
+    }
+
+    #[test]
+    fn unsealed_or_short_peer_memory_is_refused() {
+        // SAFETY: plain memfd_create with a valid name.
+        let raw = unsafe { libc::memfd_create(c"x".as_ptr(), libc::MFD_CLOEXEC) };
+        assert!(raw >= 0);
+        // SAFETY: fresh fd we own.
+        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+        // SAFETY: valid fd.
+        assert_eq!(unsafe { libc::ftruncate(fd.as_raw_fd(), 4096) }, 0);
+        assert!(matches!(
+            Mapping::map_peer(fd, 4096),
+            Err(Error::MalformedHandshake(_))
+        ));
+        let m = Mapping::create(4096, false).unwrap();
+        let fd = m.fd().try_clone_to_owned().unwrap();
+        assert!(matches!(
+            Mapping::map_peer(fd, 1 << 20),
+            Err(Error::MalformedHandshake(_))
+        ));
+    }
 }
