@@ -378,7 +378,7 @@ fn run(cfg: &RingConfig, actions: &[Action]) {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig::with_cases(if cfg!(miri) { 4 } else { 256 }))]
 
     /// FIFO, nothing lost or duplicated, no unread slot overwritten, pointer
     /// invariants, and no deadlock after a flush, under arbitrary
@@ -580,7 +580,7 @@ fn fixed_threshold_bounds_tail_writes_in_flight() {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig::with_cases(if cfg!(miri) { 4 } else { 512 }))]
 
     /// The fuzz target's check in miniature: arbitrary `RB_R` bytes and
     /// pointer words only ever produce errors, never a panic, an
