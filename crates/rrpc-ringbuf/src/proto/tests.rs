@@ -347,6 +347,9 @@ fn config_strategy() -> impl Strategy<Value = RingConfig> {
         })
 }
 
+/// Actions per case; far fewer under miri, which runs ~1000x slower.
+const MAX_ACTIONS: usize = if cfg!(miri) { 40 } else { 300 };
+
 fn run(cfg: &RingConfig, actions: &[Action]) {
     let mut p = Pair::new(cfg);
     for a in actions {
@@ -386,7 +389,7 @@ proptest! {
     #[test]
     fn random_interleavings((cfg, actions) in config_strategy().prop_flat_map(|c| {
         let max = c.max_message().min(600);
-        (Just(c), prop::collection::vec(action(max), 0..300))
+        (Just(c), prop::collection::vec(action(max), 0..MAX_ACTIONS))
     })) {
         run(&cfg, &actions);
     }
@@ -588,7 +591,7 @@ proptest! {
     #[test]
     fn garbage_never_panics(
         slots in prop_oneof![Just(2usize), Just(8), Just(64)],
-        ops in prop::collection::vec((0u8..5, any::<u8>(), any::<u64>()), 0..200),
+        ops in prop::collection::vec((0u8..5, any::<u8>(), any::<u64>()), 0..MAX_ACTIONS),
     ) {
         let c = cfg(64, slots, 2, 1, 2, true);
         let mut ring = vec![0u8; 64 * slots];
