@@ -41,6 +41,17 @@ pub(crate) trait MsgTx: Send + 'static {
         len: usize,
         fill: &'a mut (dyn FnMut(&mut [u8]) + Send),
     ) -> BoxFut<'a, Result<(), Error>>;
+
+    /// Like [`MsgTx::send_with`] but never waits: `Ok(false)` (and `fill`
+    /// not called, nothing reserved) when the peer's ring has no room now.
+    ///
+    /// This is the uncontended fast path of every writer: no future, no
+    /// allocation, no wake-up.
+    fn try_send_with(
+        &mut self,
+        len: usize,
+        fill: &mut (dyn FnMut(&mut [u8]) + Send),
+    ) -> Result<bool, Error>;
 }
 
 /// The receiving half of a message pipe.
@@ -105,16 +116,7 @@ impl MsgTx for MemTx {
         fill: &'a mut (dyn FnMut(&mut [u8]) + Send),
     ) -> BoxFut<'a, Result<(), Error>> {
         Box::pin(async move {
-            if len > self.ring {
-                return Err(Error::MessageTooLarge {
-                    len,
-                    max: self.ring,
-                });
-            }
-            let permits = u32::try_from(len.max(1)).map_err(|_| Error::MessageTooLarge {
-                len,
-                max: self.ring,
-            })?;
+            let permits = self.permits(len)?;
             let p = self
                 .credit
                 .acquire_many(permits)
@@ -124,6 +126,37 @@ impl MsgTx for MemTx {
             let mut slot = BytesMut::zeroed(len);
             fill(&mut slot);
             self.tx.send(slot.freeze()).map_err(|_| Error::PeerGone)
+        })
+    }
+    fn try_send_with(
+        &mut self,
+        len: usize,
+        fill: &mut (dyn FnMut(&mut [u8]) + Send),
+    ) -> Result<bool, Error> {
+        let permits = self.permits(len)?;
+        match self.credit.try_acquire_many(permits) {
+            Ok(p) => p.forget(),
+            Err(tokio::sync::TryAcquireError::Closed) => return Err(Error::PeerGone),
+            Err(tokio::sync::TryAcquireError::NoPermits) => return Ok(false),
+        }
+        let mut slot = BytesMut::zeroed(len);
+        fill(&mut slot);
+        self.tx.send(slot.freeze()).map_err(|_| Error::PeerGone)?;
+        Ok(true)
+    }
+}
+
+impl MemTx {
+    fn permits(&self, len: usize) -> Result<u32, Error> {
+        if len > self.ring {
+            return Err(Error::MessageTooLarge {
+                len,
+                max: self.ring,
+            });
+        }
+        u32::try_from(len.max(1)).map_err(|_| Error::MessageTooLarge {
+            len,
+            max: self.ring,
         })
     }
 }

@@ -6,11 +6,12 @@ use std::os::fd::{AsRawFd, RawFd};
 use std::path::PathBuf;
 use std::sync::{Arc, OnceLock};
 
+use futures_util::FutureExt;
 use rrpc_core::conn::{Connection, HandshakeConfig, Listener, Offer, connect};
 use rrpc_core::{Endpoint, Fabric, QpConfig};
 use rrpc_poller::Poller;
 use rrpc_poller::conn::{AsyncConn, AsyncReceiver, AsyncSender};
-use rrpc_ringbuf::{LocalRing, RingConfig, RingRx, RingTx};
+use rrpc_ringbuf::{LocalRing, RingConfig, RingRx, RingTx, TxWatch};
 use tokio::io::unix::AsyncFd;
 
 use crate::pipe::{BoxFut, MsgRx, MsgTx, Pipe};
@@ -34,6 +35,7 @@ fn ring_config(cfg: &RrpcConfig) -> Result<RingConfig, Error> {
 
 struct ShmTx {
     tx: AsyncSender,
+    watch: TxWatch,
     max: usize,
 }
 
@@ -63,6 +65,29 @@ impl MsgTx for ShmTx {
             self.tx.flush()?;
             Ok(())
         })
+    }
+    fn try_send_with(
+        &mut self,
+        len: usize,
+        fill: &mut (dyn FnMut(&mut [u8]) + Send),
+    ) -> Result<bool, Error> {
+        if len > self.max {
+            return Err(Error::MessageTooLarge { len, max: self.max });
+        }
+        // One Acquire load: false only while the ring is known to be full.
+        if !self.watch.has_space() {
+            return Ok(false);
+        }
+        // With space, `reserve` completes at its first poll (its first step is the ring's
+        // own `try_reserve`); `None` means it would wait, and dropping it reserves nothing.
+        let Some(slot) = self.tx.reserve(len).now_or_never() else {
+            return Ok(false);
+        };
+        let mut slot = slot?;
+        fill(&mut slot[..len]);
+        slot.commit()?;
+        self.tx.flush()?;
+        Ok(true)
     }
 }
 
@@ -109,8 +134,9 @@ fn into_pipe(conn: Connection, tx: RingTx, rx: RingRx) -> Result<Pipe, Error> {
     let ac = AsyncConn::new(&poller()?, conn, tx, rx)?;
     let conn = ac.connection().clone();
     let (tx, rx) = ac.split()?;
+    let watch = tx.ring().watch();
     Ok((
-        Box::new(ShmTx { tx, max }),
+        Box::new(ShmTx { tx, watch, max }),
         Box::new(ShmRx { rx, _conn: conn }),
     ))
 }

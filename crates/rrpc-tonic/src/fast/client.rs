@@ -1,50 +1,352 @@
 //! Fast-path client: a `GrpcService<Body>` multiplexing calls over one pipe.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
+use std::future::poll_fn;
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::{Context, Poll, Waker};
 
 use bytes::Bytes;
 use futures_util::FutureExt;
 use http_body_util::BodyExt;
-use tokio::sync::mpsc;
 use tokio::task::AbortHandle;
 use tonic::Status;
 use tonic::body::Body;
 
 use super::writer::{FrameWriter, Out};
 use super::{Event, RecvBody, parse_grpc_timeout};
-use crate::RrpcConfig;
-use crate::frame::{self, END_STREAM, Kind};
-use crate::pipe::{MsgRx, Pipe};
+use crate::frame::{self, END_STREAM, FrameError, Kind};
+use crate::pipe::{BoxFut, MsgRx, Pipe};
+use crate::{Error, RrpcConfig};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
-#[derive(Debug, Default)]
-struct Table {
-    calls: HashMap<u32, mpsc::Sender<Event>>,
-    /// Set once the connection is gone or draining: new calls fail with it.
-    closed: Option<(tonic::Code, String)>,
+/// The pseudo call id of the connection's fallback reader task.
+const FALLBACK: u32 = 0;
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // Every critical section leaves the state consistent (single map/queue
+    // operations), so a poisoned lock still guards valid data.
+    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-#[derive(Debug)]
+/// One call's receive queue.
+#[derive(Debug, Default)]
+struct Slot {
+    events: VecDeque<Event>,
+    /// The waiting task, if any.
+    waker: Option<Waker>,
+}
+
+#[derive(Debug, Default)]
+struct Table {
+    calls: HashMap<u32, Slot>,
+    /// Set once the connection is gone or draining: new calls fail with it.
+    closed: Option<(tonic::Code, String)>,
+    /// The call whose waker the pending receive future holds.
+    driver: Option<u32>,
+    /// Slots holding `call_buffer` events or more: receiving pauses
+    /// (connection-level back-pressure) until they drain.
+    full: usize,
+    /// Waker of the fallback reader task.
+    fallback: Option<Waker>,
+}
+
+impl Table {
+    /// Call `id` stops waiting. If it was the one whose waker the pending
+    /// receive holds (or nobody's is), make sure somebody keeps receiving
+    /// while other calls wait: the fallback reader takes over.
+    fn handoff(&mut self, id: u32) {
+        if self.driver.is_some() && self.driver != Some(id) {
+            return;
+        }
+        self.driver = None;
+        let waiting = self
+            .calls
+            .iter()
+            .any(|(k, s)| *k != id && s.waker.is_some());
+        if waiting
+            && id != FALLBACK
+            && let Some(w) = self.fallback.take()
+        {
+            w.wake();
+        }
+    }
+}
+
+/// What one receive produced: the receiver back, its result, the decoded
+/// events, a GOAWAY seen, a protocol violation.
+type RecvOut = (
+    Box<dyn MsgRx>,
+    Result<bool, Error>,
+    Vec<(u32, Event)>,
+    bool,
+    Option<FrameError>,
+);
+
+#[derive(Default)]
+struct RxState {
+    /// The receiver while no receive is in flight (`None` once the connection ended).
+    rx: Option<Box<dyn MsgRx>>,
+    /// The receive in flight, polled by whichever call drives.
+    fut: Option<BoxFut<'static, RecvOut>>,
+}
+
 struct Shared {
     table: Mutex<Table>,
+    rx: Mutex<RxState>,
     next_id: AtomicU32,
+    call_buffer: usize,
+}
+
+impl std::fmt::Debug for Shared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Shared")
+            .field("table", &self.table)
+            .finish_non_exhaustive()
+    }
+}
+
+fn receive(mut rx: Box<dyn MsgRx>) -> BoxFut<'static, RecvOut> {
+    Box::pin(async move {
+        let mut events = Vec::new();
+        let mut goaway = false;
+        let mut bad = None;
+        let r = rx
+            .recv_with(&mut |msg: &[u8]| decode(msg, &mut events, &mut goaway, &mut bad))
+            .await;
+        (rx, r, events, goaway, bad)
+    })
+}
+
+fn decode(
+    msg: &[u8],
+    events: &mut Vec<(u32, Event)>,
+    goaway: &mut bool,
+    bad: &mut Option<FrameError>,
+) {
+    for f in frame::frames(msg) {
+        let f = match f {
+            Ok(f) => f,
+            Err(e) => {
+                *bad = Some(e);
+                return;
+            }
+        };
+        let ev = match f.kind {
+            Kind::ResponseHeaders => match frame::parse_metadata(f.payload) {
+                Ok(m) => Event::Headers(m),
+                Err(e) => {
+                    *bad = Some(e);
+                    return;
+                }
+            },
+            // The one receive-side copy: ring slot -> body chunk.
+            Kind::Data => Event::Data(Bytes::copy_from_slice(f.payload)),
+            Kind::Trailers => match frame::parse_metadata(f.payload) {
+                Ok(m) => Event::Trailers(m),
+                Err(e) => {
+                    *bad = Some(e);
+                    return;
+                }
+            },
+            Kind::Cancel => Event::Reset(Status::cancelled("rrpc: call reset by the server")),
+            Kind::GoAway => {
+                *goaway = true;
+                continue;
+            }
+            Kind::RequestHeaders => {
+                *bad = Some(FrameError::Invalid("request headers sent to a client"));
+                return;
+            }
+        };
+        events.push((f.call_id, ev));
+    }
 }
 
 impl Shared {
-    fn take(&self, id: u32) -> Option<mpsc::Sender<Event>> {
-        self.table.lock().expect("table lock").calls.remove(&id)
+    /// Removes call `id` (finished or abandoned).
+    fn take(&self, id: u32) -> bool {
+        let mut t = lock(&self.table);
+        let slot = t.calls.remove(&id);
+        if let Some(s) = &slot
+            && s.events.len() >= self.call_buffer
+        {
+            t.full -= 1;
+        }
+        t.handoff(id);
+        slot.is_some()
     }
-    fn get(&self, id: u32) -> Option<mpsc::Sender<Event>> {
-        self.table
-            .lock()
-            .expect("table lock")
-            .calls
-            .get(&id)
-            .cloned()
+
+    /// Delivers one event to a call (a missing call: it was abandoned).
+    fn deliver(&self, t: &mut Table, id: u32, ev: Event) {
+        if let Some(s) = t.calls.get_mut(&id) {
+            s.events.push_back(ev);
+            if s.events.len() == self.call_buffer {
+                t.full += 1;
+            }
+            if let Some(w) = s.waker.take() {
+                w.wake();
+            }
+        }
+    }
+
+    /// The connection ended: every call gets `reason`, new calls too.
+    fn close(&self, t: &mut Table, reason: (tonic::Code, String)) {
+        for s in t.calls.values_mut() {
+            s.events
+                .push_back(Event::Reset(Status::new(reason.0, reason.1.clone())));
+            if let Some(w) = s.waker.take() {
+                w.wake();
+            }
+        }
+        t.closed = Some(reason);
+        if let Some(w) = t.fallback.take() {
+            w.wake();
+        }
+    }
+
+    /// Next event of call `id` (`None`: the call is gone).
+    ///
+    /// Leader/follower: there is no reader task in the common case. A call
+    /// waiting for its event first looks at its slot; if it is empty and no
+    /// other call is receiving right now, it polls the connection's receive
+    /// future itself (spinning/sleeping per the poller's mode), dispatches
+    /// whatever arrives to the calls' slots, waking their tasks, and returns
+    /// as soon as its own event is there. So a unary call's response goes
+    /// from the ring to the waiting caller with no task hop. When the call
+    /// whose waker the receive holds stops waiting while others still
+    /// wait, the fallback reader task takes over ([`Table::handoff`]).
+    fn poll_event(&self, id: u32, cx: &mut Context<'_>) -> Poll<Option<Event>> {
+        loop {
+            {
+                let mut t = lock(&self.table);
+                if id == FALLBACK {
+                    if t.closed.is_some() && self.rx_gone() {
+                        return Poll::Ready(None);
+                    }
+                    let waiting = t.calls.values().any(|s| s.waker.is_some());
+                    if !waiting && t.driver != Some(FALLBACK) {
+                        // Nobody waits: sleep until a handoff.
+                        t.fallback = Some(cx.waker().clone());
+                        return Poll::Pending;
+                    }
+                    t.fallback = Some(cx.waker().clone());
+                } else {
+                    let limit = self.call_buffer;
+                    let Some(slot) = t.calls.get_mut(&id) else {
+                        t.handoff(id);
+                        return Poll::Ready(None);
+                    };
+                    if let Some(ev) = slot.events.pop_front() {
+                        let left = slot.events.len();
+                        if left + 1 == limit {
+                            t.full -= 1;
+                        }
+                        t.handoff(id);
+                        if t.full == 0
+                            && left + 1 == limit
+                            && let Some(w) = t.fallback.take()
+                        {
+                            // Receiving was paused by this slot: resume it.
+                            w.wake();
+                        }
+                        return Poll::Ready(Some(ev));
+                    }
+                    match &mut slot.waker {
+                        Some(w) if w.will_wake(cx.waker()) => {}
+                        w => *w = Some(cx.waker().clone()),
+                    }
+                }
+                if t.full > 0 {
+                    // Back-pressure: a slow consumer's queue is full.
+                    return Poll::Pending;
+                }
+            }
+            let Ok(mut rxs) = self.rx.try_lock() else {
+                // Another call is receiving; it dispatches to us and wakes us.
+                return Poll::Pending;
+            };
+            let fut = match rxs.fut.take() {
+                Some(f) => Some(f),
+                None => rxs.rx.take().map(receive),
+            };
+            let Some(mut fut) = fut else {
+                // The connection ended; `close` queued a Reset for every call.
+                drop(rxs);
+                let mut t = lock(&self.table);
+                if id != FALLBACK
+                    && let Some(s) = t.calls.get_mut(&id)
+                    && !s.events.is_empty()
+                {
+                    continue;
+                }
+                t.handoff(id);
+                return Poll::Ready(None);
+            };
+            match fut.as_mut().poll(cx) {
+                Poll::Pending => {
+                    rxs.fut = Some(fut);
+                    lock(&self.table).driver = Some(id);
+                    return Poll::Pending;
+                }
+                Poll::Ready((rx, r, events, goaway, bad)) => {
+                    let mut t = lock(&self.table);
+                    t.driver = None;
+                    if goaway {
+                        t.closed.get_or_insert((
+                            tonic::Code::Unavailable,
+                            "rrpc: server is shutting down".into(),
+                        ));
+                    }
+                    for (cid, ev) in events {
+                        self.deliver(&mut t, cid, ev);
+                    }
+                    let end = if let Some(e) = bad {
+                        Some((
+                            tonic::Code::Internal,
+                            format!("rrpc: protocol violation by server: {e}"),
+                        ))
+                    } else {
+                        match r {
+                            Ok(true) => None,
+                            Ok(false) => Some((
+                                tonic::Code::Unavailable,
+                                "rrpc: connection closed by the server".to_string(),
+                            )),
+                            Err(e) => Some((tonic::Code::Unavailable, format!("rrpc: {e}"))),
+                        }
+                    };
+                    match end {
+                        None => rxs.rx = Some(rx),
+                        // Dropping the receiver closes the connection.
+                        Some(reason) => self.close(&mut t, reason),
+                    }
+                    drop(t);
+                    drop(rxs);
+                }
+            }
+        }
+    }
+
+    fn rx_gone(&self) -> bool {
+        self.rx
+            .try_lock()
+            .map(|r| r.rx.is_none() && r.fut.is_none())
+            .unwrap_or(false)
+    }
+}
+
+/// A call's handle on its receive slot (the response body's source).
+#[derive(Debug)]
+pub(crate) struct SlotRef {
+    id: u32,
+    shared: Arc<Shared>,
+}
+
+impl SlotRef {
+    pub(crate) fn poll_event(&mut self, cx: &mut Context<'_>) -> Poll<Option<Event>> {
+        self.shared.poll_event(self.id, cx)
     }
 }
 
@@ -52,13 +354,12 @@ impl Shared {
 struct Inner {
     shared: Arc<Shared>,
     writer: FrameWriter,
-    reader: AbortHandle,
-    call_buffer: usize,
+    fallback: AbortHandle,
 }
 
 impl Drop for Inner {
     fn drop(&mut self) {
-        self.reader.abort();
+        self.fallback.abort();
     }
 }
 
@@ -69,120 +370,32 @@ pub(crate) struct FastChannel {
 }
 
 impl FastChannel {
-    /// Starts the connection's reader task on a negotiated pipe.
+    /// Starts a client connection on a negotiated pipe.
     pub(crate) fn start(pipe: Pipe, cfg: &RrpcConfig) -> FastChannel {
         let (tx, rx) = pipe;
         let shared = Arc::new(Shared {
             table: Mutex::new(Table::default()),
+            rx: Mutex::new(RxState {
+                rx: Some(rx),
+                fut: None,
+            }),
             next_id: AtomicU32::new(1),
+            call_buffer: cfg.get_call_buffer(),
         });
         let writer = FrameWriter::new(tx, cfg.get_zero_copy(), cfg.get_max_chunk());
-        let reader = tokio::spawn(read_loop(rx, shared.clone())).abort_handle();
+        // The driver of last resort; asleep unless a handoff wakes it.
+        let s = shared.clone();
+        let fallback = tokio::spawn(async move {
+            while poll_fn(|cx| s.poll_event(FALLBACK, cx)).await.is_some() {}
+        })
+        .abort_handle();
         FastChannel {
             inner: Arc::new(Inner {
                 shared,
                 writer,
-                reader,
-                call_buffer: cfg.get_call_buffer(),
+                fallback,
             }),
         }
-    }
-}
-
-async fn read_loop(mut rx: Box<dyn MsgRx>, shared: Arc<Shared>) {
-    let mut events: Vec<(u32, Event)> = Vec::new();
-    let mut goaway = false;
-    let reason = loop {
-        let mut bad = None;
-        let r = rx
-            .recv_with(&mut |msg: &[u8]| {
-                for f in frame::frames(msg) {
-                    let f = match f {
-                        Ok(f) => f,
-                        Err(e) => {
-                            bad = Some(e);
-                            return;
-                        }
-                    };
-                    let ev = match f.kind {
-                        Kind::ResponseHeaders => match frame::parse_metadata(f.payload) {
-                            Ok(m) => Event::Headers(m),
-                            Err(e) => {
-                                bad = Some(e);
-                                return;
-                            }
-                        },
-                        // The one receive-side copy: ring slot -> body chunk.
-                        Kind::Data => Event::Data(Bytes::copy_from_slice(f.payload)),
-                        Kind::Trailers => match frame::parse_metadata(f.payload) {
-                            Ok(m) => Event::Trailers(m),
-                            Err(e) => {
-                                bad = Some(e);
-                                return;
-                            }
-                        },
-                        Kind::Cancel => {
-                            Event::Reset(Status::cancelled("rrpc: call reset by the server"))
-                        }
-                        Kind::GoAway => {
-                            goaway = true;
-                            continue;
-                        }
-                        Kind::RequestHeaders => {
-                            bad = Some(frame::FrameError::Invalid(
-                                "request headers sent to a client",
-                            ));
-                            return;
-                        }
-                    };
-                    events.push((f.call_id, ev));
-                }
-            })
-            .await;
-        if goaway {
-            goaway = false;
-            let mut t = shared.table.lock().expect("table lock");
-            t.closed.get_or_insert((
-                tonic::Code::Unavailable,
-                "rrpc: server is shutting down".into(),
-            ));
-        }
-        for (id, ev) in events.drain(..) {
-            let last = matches!(ev, Event::Trailers(_) | Event::Reset(_));
-            let tx = if last {
-                shared.take(id)
-            } else {
-                shared.get(id)
-            };
-            if let Some(tx) = tx {
-                // Back-pressure: a full call queue holds the connection (documented).
-                let _ = tx.send(ev).await;
-            }
-        }
-        if let Some(e) = bad {
-            break (
-                tonic::Code::Internal,
-                format!("rrpc: protocol violation by server: {e}"),
-            );
-        }
-        match r {
-            Ok(true) => {}
-            Ok(false) => {
-                break (
-                    tonic::Code::Unavailable,
-                    "rrpc: connection closed by the server".to_string(),
-                );
-            }
-            Err(e) => break (tonic::Code::Unavailable, format!("rrpc: {e}")),
-        }
-    };
-    let calls = {
-        let mut t = shared.table.lock().expect("table lock");
-        t.closed = Some(reason.clone());
-        std::mem::take(&mut t.calls)
-    };
-    for (_, tx) in calls {
-        let _ = tx.try_send(Event::Reset(Status::new(reason.0, reason.1.clone())));
     }
 }
 
@@ -212,15 +425,18 @@ impl Drop for CallGuard {
         if self.done {
             return;
         }
-        let was_open = self.inner.shared.take(self.id).is_some();
-        if was_open && let Ok(rt) = tokio::runtime::Handle::try_current() {
-            let w = self.inner.writer.clone();
-            let id = self.id;
-            rt.spawn(async move {
-                let _ = w
-                    .send(vec![Out::new(Kind::Cancel, 0, id, Bytes::new())])
-                    .await;
-            });
+        let was_open = self.inner.shared.take(self.id);
+        if was_open {
+            let cancel = vec![Out::new(Kind::Cancel, 0, self.id, Bytes::new())];
+            if matches!(self.inner.writer.try_send(&cancel), Ok(true)) {
+                return;
+            }
+            if let Ok(rt) = tokio::runtime::Handle::try_current() {
+                let w = self.inner.writer.clone();
+                rt.spawn(async move {
+                    let _ = w.send(cancel).await;
+                });
+            }
         }
     }
 }
@@ -241,49 +457,101 @@ impl tower::Service<http::Request<Body>> for FastChannel {
     }
 }
 
+/// What the request body had ready at once.
+enum Drained {
+    /// The whole request stream (unary and server-streaming calls).
+    Complete,
+    /// More will come later (client and bidi streaming).
+    More,
+    /// The body failed.
+    Failed(Status),
+}
+
+/// Moves every frame `body` has ready now into `batch`.
+fn drain_ready(body: &mut Body, id: u32, batch: &mut Vec<Out>) -> Drained {
+    loop {
+        match body.frame().now_or_never() {
+            None => return Drained::More,
+            Some(Some(Ok(f))) => {
+                if let Ok(data) = f.into_data()
+                    && !data.is_empty()
+                {
+                    batch.push(Out::new(Kind::Data, 0, id, data));
+                }
+            }
+            Some(None) => {
+                match batch.last_mut() {
+                    Some(last) => last.flags |= END_STREAM,
+                    None => batch.push(Out::new(Kind::Data, END_STREAM, id, Bytes::new())),
+                }
+                return Drained::Complete;
+            }
+            Some(Some(Err(e))) => return Drained::Failed(e),
+        }
+    }
+}
+
 async fn call(
     inner: Arc<Inner>,
     req: http::Request<Body>,
 ) -> Result<http::Response<Body>, BoxError> {
     let timeout = parse_grpc_timeout(req.headers());
-    let (tx, rx) = mpsc::channel(inner.call_buffer);
+    let shared = inner.shared.clone();
     let id = {
-        let mut t = inner.shared.table.lock().expect("table lock");
+        let mut t = lock(&shared.table);
         if let Some((code, msg)) = &t.closed {
             return Err(Box::new(Status::new(*code, msg.clone())));
         }
-        let mut id = inner.shared.next_id.fetch_add(1, Ordering::Relaxed);
-        while id == 0 || t.calls.contains_key(&id) {
-            id = inner.shared.next_id.fetch_add(1, Ordering::Relaxed);
+        let mut id = shared.next_id.fetch_add(1, Ordering::Relaxed);
+        while id == FALLBACK || t.calls.contains_key(&id) {
+            id = shared.next_id.fetch_add(1, Ordering::Relaxed);
         }
-        t.calls.insert(id, tx);
+        t.calls.insert(id, Slot::default());
         id
     };
-    let (parts, body) = req.into_parts();
+    let (parts, mut body) = req.into_parts();
     let path = parts
         .uri
         .path_and_query()
         .map(|p| p.as_str())
         .unwrap_or("/");
     let headers = frame::request_headers_payload(path, &parts.headers);
-    let writer = inner.writer.clone();
-    let shared = inner.shared.clone();
-    let sender = tokio::spawn(send_request(writer, shared, id, headers, body)).abort_handle();
     let mut guard = CallGuard {
         id,
         inner,
-        sender: Some(sender),
+        sender: None,
         done: false,
     };
+    let mut batch = vec![Out::new(Kind::RequestHeaders, 0, id, headers)];
+    // The caller writes the request itself when the body is ready at once
+    // (unary, server streaming): one ring message, no task hop.
+    match drain_ready(&mut body, id, &mut batch) {
+        Drained::Complete => {
+            if let Err(e) = guard.inner.writer.send(batch).await {
+                guard.finished();
+                return Err(Box::new(Status::unavailable(format!("rrpc: {e}"))));
+            }
+        }
+        Drained::More => {
+            let writer = guard.inner.writer.clone();
+            let sender = tokio::spawn(send_request(writer, shared.clone(), id, batch, body));
+            guard.sender = Some(sender.abort_handle());
+        }
+        Drained::Failed(status) => {
+            // Nothing of the call reached the server.
+            guard.finished();
+            return Err(Box::new(status));
+        }
+    }
 
-    let mut rx = rx;
+    let mut slot = SlotRef { id, shared };
     let first = match timeout {
-        Some(d) => match tokio::time::timeout(d, rx.recv()).await {
+        Some(d) => match tokio::time::timeout(d, poll_fn(|cx| slot.poll_event(cx))).await {
             Ok(ev) => ev,
             // Same error as tonic's own channel: the caller sees the same Status on every transport.
             Err(_) => return Err(Box::new(tonic::TimeoutExpired(()))),
         },
-        None => rx.recv().await,
+        None => poll_fn(|cx| slot.poll_event(cx)).await,
     };
     let mut builder = http::Response::builder()
         .status(200)
@@ -293,9 +561,7 @@ async fn call(
             if let Some(hm) = builder.headers_mut() {
                 *hm = h;
             }
-            let mut body = RecvBody::new(rx, false);
-            body.guard = Some(guard);
-            Ok(builder.body(Body::new(body))?)
+            Ok(builder.body(Body::new(RecvBody::slot(slot, guard)))?)
         }
         Some(Event::Trailers(t)) => {
             // Trailers-only response, as HTTP/2 would deliver it.
@@ -319,54 +585,49 @@ async fn call(
     }
 }
 
+/// Streams the rest of a request body (client and bidi streaming).
 async fn send_request(
     writer: FrameWriter,
     shared: Arc<Shared>,
     id: u32,
-    headers: Vec<u8>,
+    mut batch: Vec<Out>,
     mut body: Body,
 ) {
-    let mut batch = vec![Out::new(Kind::RequestHeaders, 0, id, headers)];
-    let mut ended = false;
-    // Greedily batch what the body has ready now: a unary request becomes one ring message.
     loop {
-        let next = if batch.is_empty() {
-            Some(body.frame().await)
-        } else {
-            body.frame().now_or_never()
-        };
-        match next {
-            None => {
-                // Body not ready: flush what we have and wait.
-                if writer.send(std::mem::take(&mut batch)).await.is_err() {
-                    return;
-                }
-            }
-            Some(Some(Ok(f))) => {
+        if !batch.is_empty() && writer.send(std::mem::take(&mut batch)).await.is_err() {
+            return;
+        }
+        match body.frame().await {
+            Some(Ok(f)) => {
                 if let Ok(data) = f.into_data()
                     && !data.is_empty()
                 {
                     batch.push(Out::new(Kind::Data, 0, id, data));
                 }
             }
-            Some(None) => {
-                ended = true;
+            None => {
+                batch.push(Out::new(Kind::Data, END_STREAM, id, Bytes::new()));
                 break;
             }
-            Some(Some(Err(e))) => {
-                let status = e;
-                if let Some(tx) = shared.take(id) {
-                    let _ = tx.try_send(Event::Reset(status));
-                }
+            Some(Err(status)) => {
+                let mut t = lock(&shared.table);
+                shared.deliver(&mut t, id, Event::Reset(status));
+                drop(t);
                 batch.push(Out::new(Kind::Cancel, 0, id, Bytes::new()));
                 break;
             }
         }
-    }
-    if ended {
-        match batch.last_mut() {
-            Some(last) => last.flags |= END_STREAM,
-            None => batch.push(Out::new(Kind::Data, END_STREAM, id, Bytes::new())),
+        // Greedily batch what the body has ready now.
+        match drain_ready(&mut body, id, &mut batch) {
+            Drained::More => {}
+            Drained::Complete => break,
+            Drained::Failed(status) => {
+                let mut t = lock(&shared.table);
+                shared.deliver(&mut t, id, Event::Reset(status));
+                drop(t);
+                batch.push(Out::new(Kind::Cancel, 0, id, Bytes::new()));
+                break;
+            }
         }
     }
     let _ = writer.send(batch).await;

@@ -9,6 +9,7 @@
 //! travel unchanged, so tonic's codec, compression and size limits behave
 //! exactly as over HTTP/2.
 
+use std::collections::VecDeque;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -36,13 +37,25 @@ pub(crate) enum Event {
     Reset(Status),
 }
 
-/// A body fed by the connection's reader task.
+/// Where a [`RecvBody`] gets its events from after its queued ones.
+pub(crate) enum Source {
+    /// Nothing more: the stream ended (server: request complete on arrival).
+    Ended,
+    /// A channel fed by the server connection's reader task.
+    Chan(mpsc::Receiver<Event>),
+    /// The client's per-call slot, filled by whichever call drives the
+    /// connection's receive side ([`client`] docs).
+    Slot(client::SlotRef),
+}
+
+/// A body fed by the connection's receive side.
 ///
-/// On the server (`eos_ok`), the channel closing means end of the request
-/// stream. On the client, the call must end with trailers; a channel that
-/// closes without them is a lost connection (`Unavailable`).
+/// On the server (`eos_ok`), the source ending means end of the request
+/// stream. On the client, the call must end with trailers; a source that
+/// ends without them is a lost connection (`Unavailable`).
 pub(crate) struct RecvBody {
-    rx: mpsc::Receiver<Event>,
+    queued: VecDeque<Event>,
+    src: Source,
     done: bool,
     eos_ok: bool,
     /// Dropped with the body; the client's call guard sends CANCEL if the
@@ -59,18 +72,50 @@ impl std::fmt::Debug for RecvBody {
 }
 
 impl RecvBody {
-    pub(crate) fn new(rx: mpsc::Receiver<Event>, eos_ok: bool) -> Self {
+    /// Server: `queued` chunks, then more from `rx` until it closes.
+    pub(crate) fn new(queued: VecDeque<Event>, rx: mpsc::Receiver<Event>, eos_ok: bool) -> Self {
         RecvBody {
-            rx,
+            queued,
+            src: Source::Chan(rx),
             done: false,
             eos_ok,
             guard: None,
+        }
+    }
+    /// Server: a request stream that was complete on arrival.
+    pub(crate) fn ready(queued: VecDeque<Event>) -> Self {
+        RecvBody {
+            queued,
+            src: Source::Ended,
+            done: false,
+            eos_ok: true,
+            guard: None,
+        }
+    }
+    /// Client: the response stream of one call.
+    pub(crate) fn slot(slot: client::SlotRef, guard: client::CallGuard) -> Self {
+        RecvBody {
+            queued: VecDeque::new(),
+            src: Source::Slot(slot),
+            done: false,
+            eos_ok: false,
+            guard: Some(guard),
         }
     }
     fn finish(&mut self) {
         self.done = true;
         if let Some(g) = self.guard.as_mut() {
             g.finished();
+        }
+    }
+    fn poll_event(&mut self, cx: &mut Context<'_>) -> Poll<Option<Event>> {
+        if let Some(ev) = self.queued.pop_front() {
+            return Poll::Ready(Some(ev));
+        }
+        match &mut self.src {
+            Source::Ended => Poll::Ready(None),
+            Source::Chan(rx) => rx.poll_recv(cx),
+            Source::Slot(s) => s.poll_event(cx),
         }
     }
 }
@@ -86,7 +131,7 @@ impl http_body::Body for RecvBody {
         if self.done {
             return Poll::Ready(None);
         }
-        match self.rx.poll_recv(cx) {
+        match self.poll_event(cx) {
             Poll::Pending => Poll::Pending,
             Poll::Ready(Some(Event::Data(b))) => Poll::Ready(Some(Ok(Frame::data(b)))),
             Poll::Ready(Some(Event::Trailers(t))) => {

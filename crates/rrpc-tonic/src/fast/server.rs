@@ -1,6 +1,8 @@
 //! Fast-path server: dispatches frames to the router's `tower::Service`.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
+use std::future::Future;
+use std::task::Poll;
 
 use bytes::Bytes;
 use futures_util::FutureExt;
@@ -41,6 +43,17 @@ enum In {
 struct Call {
     body: Option<mpsc::Sender<Event>>,
     task: AbortHandle,
+}
+
+/// A call whose REQUEST_HEADERS arrived in the message being processed.
+struct Opening {
+    id: u32,
+    path: http::uri::PathAndQuery,
+    headers: http::HeaderMap,
+    /// Request data that arrived in the same message.
+    chunks: VecDeque<Event>,
+    /// The request stream ended in the same message.
+    end: bool,
 }
 
 /// Serves one fast-path connection until the peer leaves, a protocol error,
@@ -87,6 +100,9 @@ where
             }
             r = rx.recv_with(&mut sink) => r,
         };
+        // Calls opened by this message: their request data of the same
+        // message is staged, then each handler is polled once inline.
+        let mut opening: Vec<Opening> = Vec::new();
         for input in inbox.drain(..) {
             match input {
                 In::Open {
@@ -95,7 +111,7 @@ where
                     headers,
                     end,
                 } => {
-                    if calls.contains_key(&id) {
+                    if calls.contains_key(&id) || opening.iter().any(|o| o.id == id) {
                         bad = Some(FrameError::Invalid("call id reused while open"));
                         break;
                     }
@@ -104,24 +120,22 @@ where
                         let _ = writer.send(vec![trailers_only(id, st)]).await;
                         continue;
                     }
-                    let (btx, brx) = mpsc::channel(cfg.get_call_buffer());
-                    let req = build_request(path, headers, RecvBody::new(brx, true));
-                    let task = tokio::spawn(run_call(
-                        svc.clone(),
-                        req,
+                    opening.push(Opening {
                         id,
-                        writer.clone(),
-                        done_tx.clone(),
-                    ));
-                    calls.insert(
-                        id,
-                        Call {
-                            body: (!end).then_some(btx),
-                            task: task.abort_handle(),
-                        },
-                    );
+                        path,
+                        headers,
+                        chunks: VecDeque::new(),
+                        end,
+                    });
                 }
                 In::Data { id, data, end } => {
+                    if let Some(o) = opening.iter_mut().find(|o| o.id == id) {
+                        if !o.end && !data.is_empty() {
+                            o.chunks.push_back(Event::Data(data));
+                        }
+                        o.end |= end;
+                        continue;
+                    }
                     let Some(call) = calls.get_mut(&id) else {
                         continue;
                     };
@@ -136,12 +150,54 @@ where
                     }
                 }
                 In::Cancel { id } => {
-                    if let Some(call) = calls.remove(&id) {
+                    if let Some(i) = opening.iter().position(|o| o.id == id) {
+                        opening.swap_remove(i);
+                    } else if let Some(call) = calls.remove(&id) {
                         // Dropping the handler's future is how tonic sees cancellation.
                         call.task.abort();
                     }
                 }
             }
+        }
+        if bad.is_some() {
+            opening.clear();
+        }
+        for o in opening {
+            let Opening {
+                id,
+                path,
+                headers,
+                chunks,
+                end,
+            } = o;
+            let (body, btx) = if end {
+                (RecvBody::ready(chunks), None)
+            } else {
+                let (btx, brx) = mpsc::channel(cfg.get_call_buffer());
+                (RecvBody::new(chunks, brx, true), Some(btx))
+            };
+            let req = build_request(path, headers, body);
+            let mut fut = Box::pin(run_call(svc.clone(), req, id, writer.clone()));
+            // Unary handlers usually finish at their first poll: run it here,
+            // in the reader task, and write the response without a task hop.
+            // The reader's own waker is lent for this one poll (a wake-up
+            // aimed at it only makes the reader look at its ring again).
+            let first = std::future::poll_fn(|cx| Poll::Ready(fut.as_mut().poll(cx))).await;
+            if first.is_ready() {
+                continue;
+            }
+            let done = done_tx.clone();
+            let task = tokio::spawn(async move {
+                fut.await;
+                let _ = done.send(id);
+            });
+            calls.insert(
+                id,
+                Call {
+                    body: btx,
+                    task: task.abort_handle(),
+                },
+            );
         }
         if let Some(e) = bad {
             break Err(Error::Protocol(e));
@@ -225,13 +281,8 @@ fn trailers_only(id: u32, status: Status) -> Out {
     )
 }
 
-async fn run_call<S, ResBody>(
-    svc: S,
-    req: http::Request<Body>,
-    id: u32,
-    writer: FrameWriter,
-    done: mpsc::UnboundedSender<u32>,
-) where
+async fn run_call<S, ResBody>(svc: S, req: http::Request<Body>, id: u32, writer: FrameWriter)
+where
     S: tower::Service<http::Request<Body>, Response = http::Response<ResBody>> + Send + 'static,
     S::Future: Send + 'static,
     S::Error: Into<BoxError> + Send,
@@ -249,7 +300,6 @@ async fn run_call<S, ResBody>(
         None => fut.await.map_err(Into::into),
     };
     let _ = send_response(res, id, &writer).await;
-    let _ = done.send(id);
 }
 
 async fn send_response<ResBody>(

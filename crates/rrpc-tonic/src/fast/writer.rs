@@ -34,15 +34,22 @@ impl Out {
 
 /// Writes frames into the send ring.
 ///
-/// Zero-copy on: `send_with` reserves the exact length and the frame headers
-/// and payloads are written straight into the ring slot (one copy of the
-/// payload: tonic's encode buffer → ring). Zero-copy off: the batch is first
-/// assembled in a heap buffer, then that buffer is copied into the slot (two
-/// copies), the baseline of RR-Compound Fig. 14.
+/// Zero-copy on: the frame headers and payloads are written straight into
+/// the reserved ring slot (one copy of the payload: tonic's encode buffer →
+/// ring). Zero-copy off: the batch is first assembled in a heap buffer, then
+/// that buffer is copied into the slot (two copies), the baseline of
+/// RR-Compound Fig. 14.
+///
+/// Two paths: [`FrameWriter::try_send`] is synchronous (an uncontended
+/// `try_lock`, the ring's own reserve/commit, no future, no task hop) and is
+/// what almost every frame takes; [`FrameWriter::send`] tries it first and
+/// only queues on the async lock and waits for ring space when the ring is
+/// full, another task is mid-write, or the batch needs several messages.
 #[derive(Clone)]
 pub(crate) struct FrameWriter {
     tx: Arc<Mutex<Box<dyn MsgTx>>>,
     zero_copy: bool,
+    max_msg: usize,
     /// Largest DATA payload per frame.
     pub(crate) chunk: usize,
 }
@@ -56,23 +63,80 @@ impl std::fmt::Debug for FrameWriter {
     }
 }
 
+/// Encodes `frames` (whose wire length is `total`) into a ring slot.
+fn fill_slot(frames: &[Out], zero_copy: bool, slot: &mut [u8]) {
+    if zero_copy {
+        let mut at = 0;
+        for f in frames {
+            frame::put_header(
+                &mut slot[at..],
+                f.kind,
+                f.flags,
+                f.call_id,
+                f.payload.len() as u32,
+            );
+            at += HEADER_LEN;
+            slot[at..at + f.payload.len()].copy_from_slice(&f.payload);
+            at += f.payload.len();
+        }
+    } else {
+        // The Fig. 14 baseline: an intermediate buffer, then a second copy.
+        let mut buf = Vec::with_capacity(slot.len());
+        for f in frames {
+            frame::push_frame(&mut buf, f.kind, f.flags, f.call_id, &f.payload);
+        }
+        slot.copy_from_slice(&buf);
+    }
+}
+
 impl FrameWriter {
     pub(crate) fn new(tx: Box<dyn MsgTx>, zero_copy: bool, max_chunk: usize) -> Self {
-        let chunk = max_chunk
-            .min(tx.max_message().saturating_sub(HEADER_LEN))
-            .max(1);
+        let max_msg = tx.max_message();
+        let chunk = max_chunk.min(max_msg.saturating_sub(HEADER_LEN)).max(1);
         FrameWriter {
             tx: Arc::new(Mutex::new(tx)),
             zero_copy,
+            max_msg,
             chunk,
         }
+    }
+
+    /// Wire length of `batch` if it goes out as one ring message unsplit.
+    fn one_message(&self, batch: &[Out]) -> Option<usize> {
+        let mut total = 0usize;
+        for f in batch {
+            if f.kind == Kind::Data && f.payload.len() > self.chunk {
+                return None;
+            }
+            total += f.wire_len();
+        }
+        (total <= self.max_msg && !batch.is_empty()).then_some(total)
+    }
+
+    /// Writes `batch` as one ring message now, without waiting.
+    ///
+    /// `Ok(false)` (nothing written) when it would have to wait: another
+    /// task holds the writer, the ring is full, or the batch needs several
+    /// messages. Then use [`FrameWriter::send`].
+    pub(crate) fn try_send(&self, batch: &[Out]) -> Result<bool, Error> {
+        let Some(total) = self.one_message(batch) else {
+            return Ok(false);
+        };
+        let Ok(mut tx) = self.tx.try_lock() else {
+            return Ok(false);
+        };
+        let zc = self.zero_copy;
+        tx.try_send_with(total, &mut |slot: &mut [u8]| fill_slot(batch, zc, slot))
     }
 
     /// Sends a batch of frames as one ring message when it fits, splitting
     /// DATA payloads larger than the chunk size into several frames (and
     /// messages), so that one large message never starves other calls.
     pub(crate) async fn send(&self, batch: Vec<Out>) -> Result<(), Error> {
-        let max_msg = self.tx.lock().await.max_message();
+        if batch.is_empty() || self.try_send(&batch)? {
+            return Ok(());
+        }
+        let max_msg = self.max_msg;
         let mut pending: Vec<Out> = Vec::new();
         let mut pending_len = 0usize;
         for out in batch {
@@ -121,30 +185,8 @@ impl FrameWriter {
     }
 
     async fn write_message(&self, frames: &[Out], total: usize) -> Result<(), Error> {
-        if self.zero_copy {
-            let mut fill = |slot: &mut [u8]| {
-                let mut at = 0;
-                for f in frames {
-                    frame::put_header(
-                        &mut slot[at..],
-                        f.kind,
-                        f.flags,
-                        f.call_id,
-                        f.payload.len() as u32,
-                    );
-                    at += HEADER_LEN;
-                    slot[at..at + f.payload.len()].copy_from_slice(&f.payload);
-                    at += f.payload.len();
-                }
-            };
-            self.tx.lock().await.send_with(total, &mut fill).await
-        } else {
-            let mut buf = Vec::with_capacity(total);
-            for f in frames {
-                frame::push_frame(&mut buf, f.kind, f.flags, f.call_id, &f.payload);
-            }
-            let mut fill = |slot: &mut [u8]| slot.copy_from_slice(&buf);
-            self.tx.lock().await.send_with(total, &mut fill).await
-        }
+        let zc = self.zero_copy;
+        let mut fill = |slot: &mut [u8]| fill_slot(frames, zc, slot);
+        self.tx.lock().await.send_with(total, &mut fill).await
     }
 }

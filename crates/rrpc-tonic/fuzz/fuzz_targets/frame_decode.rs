@@ -1,0 +1,29 @@
+//! Arbitrary bytes from a peer never panic the fast-path frame decoder, every
+//! decoded frame lies inside the message, and whatever metadata decodes
+//! re-encodes to the same metadata.
+#![no_main]
+
+use libfuzzer_sys::fuzz_target;
+use rrpc_tonic::frame::{self, HEADER_LEN};
+
+fuzz_target!(|data: &[u8]| {
+    let mut covered = 0usize;
+    for f in frame::frames(data) {
+        let Ok(f) = f else { break };
+        covered += HEADER_LEN + f.payload.len();
+        assert!(covered <= data.len());
+        if let Ok((path, map)) = frame::parse_request_headers(f.payload) {
+            let again = frame::request_headers_payload(path.as_str(), &map);
+            let (p2, m2) = frame::parse_request_headers(&again).expect("re-encoded headers decode");
+            assert_eq!(p2, path);
+            assert_eq!(m2, map);
+        }
+        if let Ok(map) = frame::parse_metadata(f.payload) {
+            let again = frame::metadata_payload(&map);
+            assert_eq!(frame::parse_metadata(&again).expect("re-encoded metadata decodes"), map);
+        }
+    }
+    // Payloads on their own (a frame's payload is any byte string).
+    let _ = frame::parse_request_headers(data);
+    let _ = frame::parse_metadata(data);
+});
