@@ -34,7 +34,13 @@ fn pingpong(cfg: &RingConfig, size: usize, rounds: usize) {
 #[test]
 fn pingpong_default_ring_all_sizes() {
     let cfg = RingConfig::builder().ring_size(256 << 10).build().unwrap();
-    for (size, rounds) in [(1, 20_000), (64, 20_000), (512, 5_000), (4096, 1_000), (65_536, 100)] {
+    for (size, rounds) in [
+        (1, 20_000),
+        (64, 20_000),
+        (512, 5_000),
+        (4096, 1_000),
+        (65_536, 100),
+    ] {
         pingpong(&cfg, size, rounds);
     }
 }
@@ -42,9 +48,21 @@ fn pingpong_default_ring_all_sizes() {
 #[test]
 fn pingpong_without_batching_or_elastic() {
     for cfg in [
-        RingConfig::builder().ring_size(64 << 10).no_batching().build().unwrap(),
-        RingConfig::builder().ring_size(64 << 10).elastic(false).build().unwrap(),
-        RingConfig::builder().ring_size(64 << 10).gamma(1).build().unwrap(),
+        RingConfig::builder()
+            .ring_size(64 << 10)
+            .no_batching()
+            .build()
+            .unwrap(),
+        RingConfig::builder()
+            .ring_size(64 << 10)
+            .elastic(false)
+            .build()
+            .unwrap(),
+        RingConfig::builder()
+            .ring_size(64 << 10)
+            .gamma(1)
+            .build()
+            .unwrap(),
     ] {
         pingpong(&cfg, 200, 5_000);
     }
