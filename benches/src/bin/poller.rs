@@ -12,7 +12,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::Result;
 use clap::Parser;
-use rrpc_bench::{CpuTimes, Latency, PlotSpec, Report, SuiteArgs, Table, ThreadPlan, Value};
+use rrpc_bench::{
+    CpuTimes, Latency, PlotSpec, Report, SuiteArgs, Table, ThreadPlan, Value, pin_current_thread,
+};
 use rrpc_core::Completion;
 use rrpc_poller::conn::AsyncConn;
 use rrpc_poller::{Mode, Poller, PollerConfig};
@@ -90,8 +92,22 @@ fn ring(mode: Mode) -> RingConfig {
         .expect("ring config")
 }
 
+/// CPU of the server side (tokio worker and polling threads) and of the client load generator.
+fn server_cpu() -> usize {
+    ThreadPlan::cpu(0)
+}
+fn client_cpu() -> usize {
+    ThreadPlan::cpu(1)
+}
+
 /// Builds `conns` connections; the server halves get echo tasks on a 1-worker runtime.
+///
+/// Pinning: the calling thread pins itself to the server CPU first, so every thread created
+/// here (the tokio worker, the polling threads, BP's per-connection threads) inherits that
+/// affinity; it then moves itself to the client CPU to run the load generator. The server
+/// thus has one core, the client the other, as when the paper's clients run on other nodes.
 fn setup(cfg: PollerConfig, mode: Mode, conns: usize) -> Result<Setup> {
+    pin_current_thread(server_cpu())?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
         .enable_all()
@@ -124,6 +140,7 @@ fn setup(cfg: PollerConfig, mode: Mode, conns: usize) -> Result<Setup> {
             }
         });
     }
+    pin_current_thread(client_cpu())?;
     Ok(Setup {
         rt,
         poller,
@@ -252,9 +269,13 @@ fn plan(v: &Variant, conns: usize, pt: usize) -> String {
         Mode::Event => 0,
     };
     ThreadPlan::new()
-        .side("client load generator", 1, None)
-        .side("server tokio worker", 1, None)
-        .side(&format!("{} polling", v.name()), polling, None)
+        .side("client load generator", 1, Some(vec![client_cpu()]))
+        .side("server tokio worker", 1, Some(vec![server_cpu()]))
+        .side(
+            &format!("{} polling", v.name()),
+            polling,
+            Some(vec![server_cpu()]),
+        )
         .describe()
 }
 
@@ -266,8 +287,10 @@ fn main() -> Result<()> {
     let intervals: Vec<u64> = args.pick(vec![0, 100], vec![0, 100, 300]);
     let pt = 1usize;
     println!(
-        "# Poller modes (shm)\n\nmachine cores: {}; pinning: none (OS scheduler); server: 1 tokio worker + polling threads ({pt} for BPTS/BPEV, one per connection for BP, none for EVENT); client: 1 busy-polling load-generator thread. quick = {}",
+        "# Poller modes (shm)\n\nmachine cores: {}; pinning: server (1 tokio worker + polling threads: {pt} for BPTS/BPEV, one per connection for BP, none for EVENT) on cpu {}, client (1 busy-polling load-generator thread) on cpu {}. quick = {}",
         cores(),
+        server_cpu(),
+        client_cpu(),
         args.quick
     );
 

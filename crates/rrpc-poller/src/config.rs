@@ -18,9 +18,10 @@ pub enum Mode {
     /// [`Doorbell`](crate::Doorbell), or the source's completion channel fires
     /// ([`Notifier`](crate::Notifier)); the task sleeps in the tokio reactor (Fig. 7 (c)).
     Event,
-    /// Busy-polling driven with events (Algorithm 2, Fig. 7 (d)): `polling_threads` threads
-    /// scan every armed connection and write its eventfd; the task spins up to `bp_timeout`
-    /// before it arms and sleeps on the eventfd under `AsyncFd`.
+    /// Busy-polling driven with events (Algorithm 2, Fig. 7 (d)): the task spins up to
+    /// `bp_timeout` (checking its connection, and at each yield point the armed connections
+    /// of its shard) before it arms and sleeps; `polling_threads` threads scan every armed
+    /// connection and wake its task's `Waker` (see the crate docs for why not an eventfd).
     #[default]
     Bpev,
 }
@@ -46,10 +47,10 @@ impl Mode {
             .find(|m| m.name().eq_ignore_ascii_case(s))
     }
 
-    /// Whether waiting tasks are woken through an eventfd in the tokio reactor (as opposed to
-    /// a `Waker` called from a polling thread).
+    /// Whether waiting tasks are woken through a per-connection eventfd in the tokio reactor
+    /// (as opposed to a `Waker` called from a polling thread or a spinning neighbour).
     pub(crate) fn uses_eventfd(self) -> bool {
-        matches!(self, Mode::Event | Mode::Bpev)
+        matches!(self, Mode::Event)
     }
 }
 

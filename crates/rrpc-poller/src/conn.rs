@@ -174,7 +174,8 @@ impl AsyncConn {
             conn: self.conn.clone(),
         });
         let rx_reg = self.poller.register(rx_src.clone())?;
-        let tx_reg = self.poller.register(tx_src.clone())?;
+        // Same polling thread for both directions (BP: one thread per connection).
+        let tx_reg = rx_reg.register_sibling(tx_src.clone())?;
         Ok((
             AsyncSender {
                 tx: self.tx,

@@ -21,25 +21,36 @@
 //! | [`Mode::Bp`] | Fig. 7 (b) left; Figs. 4–6 "busy-polling" | one dedicated thread per connection | `Waker::wake` | one spinning thread per connection (parks with `idle_park_after`) |
 //! | [`Mode::Bpts`] | Algorithm 1, Fig. 7 (b) right | `polling_threads` threads, round-robin over their connections | `Waker::wake` | `polling_threads` spinning threads (parks with `idle_park_after`) |
 //! | [`Mode::Event`] | Fig. 7 (c), "RDMA-Event" | the writer ([`Doorbell`], or `WRITE_WITH_IMM` + completion channel via [`Notifier`]) | eventfd / channel fd in the tokio reactor (epoll) | none |
-//! | [`Mode::Bpev`] | Algorithm 2, Fig. 7 (d) | `polling_threads` threads scan every *armed* connection | the connection's eventfd in the tokio reactor, after the task spun `bp_timeout` | parked threads: a rescan every `idle_poll_interval` |
+//! | [`Mode::Bpev`] | Algorithm 2, Fig. 7 (d) | `polling_threads` threads scan every *armed* connection; a spinning task also scans its neighbours | `Waker::wake`, after the task spun up to `bp_timeout` | parked threads: a rescan every `idle_poll_interval` while connections are armed, nothing otherwise |
 //!
 //! ## What differs on tokio
-//! - The paper's "working threads" that call `epoll_wait` are tokio worker threads; the epoll
-//!   set is tokio's reactor and each connection's eventfd is registered with it through
-//!   [`tokio::io::unix::AsyncFd`] (edge-triggered: drain first, then wait; readiness cleared
-//!   through `try_io`). Algorithm 2's `WaitEvents` busy-poll (lines 16–26) becomes the spin at
-//!   the start of [`Registration::wait_ready`], per connection rather than over all connections
-//!   of a working thread, and it yields to the tokio scheduler every few microseconds so that
-//!   other tasks on the same worker still run.
+//! - The paper's "working threads" that call `epoll_wait` are tokio worker threads. Algorithm
+//!   2's `WaitEvents` busy-poll (lines 16–26) becomes the spin at the start of
+//!   [`Registration::wait_ready`]: the task checks its own connection, and at every yield
+//!   point (after 1 µs, then every 5 µs) it also scans the armed connections of its polling
+//!   shard and wakes those with data, as the paper's working thread polls all of its
+//!   connections. It stops spinning as soon as a yield shows that other tasks on its worker
+//!   had work (the working thread has events to handle) and then arms.
+//! - How a polling thread wakes a task (measured, see `benches/src/bin/poller.rs`): BPEV
+//!   calls the task's `Waker`, not a per-connection eventfd. The paper's eventfd + `epoll`
+//!   path exists in tokio only as the reactor's own wake-up: a `Waker` called while the worker
+//!   sleeps in `epoll_wait` writes tokio's eventfd, which is the same kernel path the paper
+//!   takes; a `Waker` called while the worker is busy is a queue push with no system call,
+//!   where a connection eventfd would still cost a write, an `epoll_wait` and a read. The
+//!   per-connection eventfd remains in [`Mode::Event`], where the writer rings it
+//!   ([`Doorbell`]).
 //! - BP and BPTS in the paper make the working thread itself poll; here polling threads wake
 //!   the task's `Waker` directly, which is the closest tokio equivalent (a tokio task cannot
-//!   own a core).
+//!   own a core). BP has one thread per connection: [`conn::AsyncConn::split`] registers the
+//!   send direction as a [`sibling`](Registration::register_sibling) of the receive one.
 //! - Polling threads only look at *armed* connections (a task that found nothing and is about
-//!   to sleep). A task that is processing or spinning costs the polling threads nothing, and
-//!   no eventfd is ever written for a task that is not armed.
+//!   to sleep). A task that is processing or spinning costs the polling threads nothing.
+//!   After a scan that woke a task a polling thread yields its core once, so a worker queued
+//!   on the same core runs at once.
 //! - Arm-then-recheck (see [`poller`](crate::Poller) internals): the task sets `armed`, fences,
 //!   and checks once more before sleeping; the waker side checks data, then wins `armed` with a
-//!   swap before writing the eventfd. No wake-up is lost and none is doubled.
+//!   swap before it calls the waker or writes the eventfd. No wake-up is lost and none is
+//!   doubled.
 //!
 //! ## Beyond the paper (its §V-D future work)
 //! - **Idle parking.** A polling thread that found nothing for `idle_park_after` parks; a task
@@ -73,7 +84,7 @@
 //! let mut reg = poller.register(src.clone())?;
 //! let writer = src.clone();
 //! std::thread::spawn(move || writer.written.store(1, Ordering::Release));
-//! reg.wait_ready().await?;           // spins, then sleeps on the eventfd until the poller fires
+//! reg.wait_ready().await?;           // spins, then sleeps until the polling thread wakes it
 //! src.read.store(1, Ordering::Relaxed);
 //! drop(reg);
 //! poller.shutdown();                 // joins the polling thread

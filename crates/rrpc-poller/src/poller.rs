@@ -35,6 +35,14 @@ use crate::tune::SpinTuner;
 const YIELD_AFTER_EMPTY_SCANS: u32 = 256;
 /// How often a spinning task yields to the tokio scheduler (other tasks on the same worker).
 const SPIN_YIELD_EVERY: Duration = Duration::from_micros(5);
+/// When a spinning task yields (and helps) for the first time.
+const SPIN_FIRST_YIELD: Duration = Duration::from_micros(1);
+
+thread_local! {
+    /// Completed waits on this (worker) thread. A spinning task that sees it move across a
+    /// `yield_now` knows other tasks on its worker have work, and stops spinning.
+    static PROGRESS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     // A poisoned list is still a valid list: the panicking thread did not leave it half-updated
@@ -44,9 +52,9 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 
 /// How a task is woken.
 enum Wake {
-    /// BPEV, EVENT: the connection's own eventfd, watched by the tokio reactor.
+    /// EVENT: the connection's own eventfd, watched by the tokio reactor.
     EventFd(Arc<EventFd>),
-    /// BP, BPTS: the task's waker, called by the polling thread.
+    /// BP, BPTS, BPEV: the task's waker, called by a polling thread (or a spinning neighbour).
     Waker(AtomicWaker),
     /// EVENT with a source-supplied notifier: the source's channel fires by itself.
     Notifier,
@@ -100,6 +108,8 @@ struct Shard {
     parked: CachePadded<AtomicBool>,
     stop: AtomicBool,
     thread: OnceLock<Thread>,
+    /// BP: registrations sharing this shard's thread (the thread stops when it drops to 0).
+    users: AtomicUsize,
 }
 
 impl Shard {
@@ -112,6 +122,7 @@ impl Shard {
             parked: CachePadded::new(AtomicBool::new(false)),
             stop: AtomicBool::new(false),
             thread: OnceLock::new(),
+            users: AtomicUsize::new(0),
         })
     }
 
@@ -156,7 +167,16 @@ struct LoopCfg {
 }
 
 /// The body of every polling thread (Algorithm 2, procedure RDMApoll; Algorithm 1's scan for
-/// BPTS; a single-entry shard for BP), with idle parking.
+/// BPTS; a per-connection shard for BP), with idle parking.
+///
+/// Scheduling rules (they matter most when the polling threads share cores with the tokio
+/// workers, as on a 2-core machine):
+/// - After a scan that woke a task the thread calls `sched_yield` once: the woken worker may
+///   be queued on this very core, and it should run now rather than after our time slice.
+/// - With idle parking on, a thread with no armed connection parks at once (untimed): there
+///   is nothing it could find. The next arm resumes it (`Shard::kick`, one futex wake).
+/// - Armed connections with no data for `park_after`: the thread dozes, rescanning every
+///   `idle_interval` until data arrives or a task arms.
 fn polling_loop(shard: Arc<Shard>, counters: Arc<Counters>, cfg: LoopCfg) {
     let mut local: Vec<Arc<Entry>> = Vec::new();
     let mut seen_gen = u64::MAX;
@@ -173,35 +193,17 @@ fn polling_loop(shard: Arc<Shard>, counters: Arc<Counters>, cfg: LoopCfg) {
             local.clone_from(&lock(&shard.entries));
             seen_gen = g;
         }
-        let (mut polls, mut empty, mut fired, mut armed_n) = (0u64, 0u64, 0u64, 0usize);
-        for e in &local {
-            if !e.armed.load(Ordering::Acquire) {
-                continue;
-            }
-            armed_n += 1;
-            polls += 1;
-            let closed = e.source.is_closed();
-            if closed || e.source.ready() {
-                if closed {
-                    e.closed.store(true, Ordering::Release);
-                }
-                if e.armed.swap(false, Ordering::AcqRel) {
-                    e.fire();
-                    fired += 1;
-                }
-            } else {
-                empty += 1;
-            }
-        }
+        let (polls, fired, waiting) = scan(&local);
         Counters::add(&counters.polls, polls);
-        Counters::add(&counters.empty_polls, empty);
+        Counters::add(&counters.empty_polls, waiting as u64);
         if fired > 0 {
             last_activity = Instant::now();
             empty_scans = 0;
             dozing = false;
+            thread::yield_now();
             continue;
         }
-        empty_scans += 1;
+        empty_scans = empty_scans.wrapping_add(1);
         let Some(park_after) = cfg.park_after else {
             if empty_scans.is_multiple_of(YIELD_AFTER_EMPTY_SCANS) {
                 thread::yield_now();
@@ -210,33 +212,44 @@ fn polling_loop(shard: Arc<Shard>, counters: Arc<Counters>, cfg: LoopCfg) {
             }
             continue;
         };
-        if !dozing {
-            if !empty_scans.is_multiple_of(YIELD_AFTER_EMPTY_SCANS) {
-                std::hint::spin_loop();
-                continue;
+        let timed = if waiting == 0 {
+            false
+        } else {
+            if !dozing {
+                if !empty_scans.is_multiple_of(YIELD_AFTER_EMPTY_SCANS) {
+                    std::hint::spin_loop();
+                    continue;
+                }
+                if last_activity.elapsed() < park_after {
+                    thread::yield_now();
+                    continue;
+                }
+                dozing = true;
+                Counters::add(&counters.parks, 1);
+                tracing::debug!(
+                    shard = shard.id,
+                    armed = waiting,
+                    "polling thread dozing (armed connections idle)"
+                );
             }
-            if last_activity.elapsed() < park_after {
-                thread::yield_now();
-                continue;
-            }
-            dozing = true;
-            Counters::add(&counters.parks, 1);
-            tracing::debug!(
-                shard = shard.id,
-                armed = armed_n,
-                "polling thread parked (idle)"
-            );
-        }
-        // Park. Announce it first, then look at the armed flags once more: a task that armed
-        // before it could see `parked` is caught by this recheck (Dekker with `Registration::arm`).
+            true
+        };
+        // Park. Announce it first, then look at the armed flags (and the entry list) once more:
+        // a task that armed before it could see `parked` is caught by this recheck (Dekker
+        // with `Registration::arm`).
         shard.parked.store(true, Ordering::SeqCst);
         fence(Ordering::SeqCst);
+        let changed = shard.generation.load(Ordering::SeqCst) != seen_gen;
         let any_armed = local.iter().any(|e| e.armed.load(Ordering::SeqCst));
         if shard.stop.load(Ordering::SeqCst) {
             break;
         }
+        if changed || (any_armed && !timed) {
+            // Something to scan right away.
+            shard.parked.store(false, Ordering::SeqCst);
+            continue;
+        }
         if any_armed {
-            // Armed tasks exist but nothing arrives: rescan at a low rate.
             thread::park_timeout(cfg.idle_interval);
         } else {
             thread::park();
@@ -248,10 +261,34 @@ fn polling_loop(shard: Arc<Shard>, counters: Arc<Counters>, cfg: LoopCfg) {
             last_activity = Instant::now();
             empty_scans = 0;
             Counters::add(&counters.resumes, 1);
-            tracing::debug!(shard = shard.id, "polling thread resumed");
         }
     }
     tracing::debug!(shard = shard.id, "polling thread stopped");
+}
+
+/// One pass over a shard's entries: checks every armed one, wakes the ready (or closed) ones.
+/// Returns (checks, wakes, armed entries left waiting).
+fn scan(local: &[Arc<Entry>]) -> (u64, u64, usize) {
+    let (mut polls, mut fired, mut waiting) = (0u64, 0u64, 0usize);
+    for e in local {
+        if !e.armed.load(Ordering::Acquire) {
+            continue;
+        }
+        polls += 1;
+        let closed = e.source.is_closed();
+        if closed || e.source.ready() {
+            if closed {
+                e.closed.store(true, Ordering::Release);
+            }
+            if e.armed.swap(false, Ordering::AcqRel) {
+                e.fire();
+                fired += 1;
+            }
+        } else {
+            waiting += 1;
+        }
+    }
+    (polls, fired, waiting)
 }
 
 /// Owner of the polling threads and of every registration's shared state.
@@ -413,7 +450,7 @@ impl Poller {
 
     /// Registers a connection's readiness source.
     ///
-    /// In [`Mode::Event`] and [`Mode::Bpev`], and when the source has a liveness fd, this
+    /// In [`Mode::Event`], and when the source has a liveness fd, this
     /// creates an eventfd / registers fds with the tokio reactor, so it must run inside a
     /// tokio runtime with IO enabled. In [`Mode::Bp`] it spawns the connection's polling
     /// thread.
@@ -423,6 +460,14 @@ impl Poller {
     /// runtime when one is needed; [`Error::Io`] when an eventfd, a reactor registration or a
     /// thread cannot be created.
     pub fn register(&self, source: Arc<dyn Readiness>) -> Result<Registration> {
+        self.register_in(source, None)
+    }
+
+    fn register_in(
+        &self,
+        source: Arc<dyn Readiness>,
+        sibling: Option<&Arc<Shard>>,
+    ) -> Result<Registration> {
         let inner = &self.inner;
         if inner.shutdown.load(Ordering::SeqCst) {
             return Err(Error::Shutdown);
@@ -441,23 +486,24 @@ impl Poller {
         };
         let mut doorbell_fd = None;
         let (wake, sleeper) = match mode {
-            Mode::Bp | Mode::Bpts => (Wake::Waker(AtomicWaker::new()), Sleeper::Waker),
+            Mode::Bp | Mode::Bpts | Mode::Bpev => (Wake::Waker(AtomicWaker::new()), Sleeper::Waker),
             Mode::Event if source.notifier().is_some() => {
                 let n = source.notifier().expect("checked");
                 let dup = DupFd::new(n.fd()).map_err(Error::io("dup notifier fd"))?;
                 let afd = register_readable(dup).map_err(Error::io("register notifier fd"))?;
                 (Wake::Notifier, Sleeper::Notifier(afd))
             }
-            Mode::Event | Mode::Bpev => {
+            Mode::Event => {
                 let efd = Arc::new(EventFd::new().map_err(Error::io("eventfd"))?);
                 doorbell_fd = Some(efd.as_raw_fd());
                 let afd = register_readable(efd.clone()).map_err(Error::io("register eventfd"))?;
                 (Wake::EventFd(efd), Sleeper::EventFd(afd))
             }
         };
-        let (shard, bp_thread) = match mode {
-            Mode::Event => (inner.event_shard.clone(), false),
-            Mode::Bpts | Mode::Bpev => {
+        let (shard, bp_thread) = match (mode, sibling) {
+            (Mode::Event, _) => (inner.event_shard.clone(), false),
+            (_, Some(s)) => (s.clone(), false),
+            (Mode::Bpts | Mode::Bpev, None) => {
                 let s = inner
                     .shared
                     .iter()
@@ -466,11 +512,14 @@ impl Poller {
                     .clone();
                 (s, false)
             }
-            Mode::Bp => (
+            (Mode::Bp, None) => (
                 Shard::new(inner.bp_next_id.fetch_add(1, Ordering::Relaxed)),
                 true,
             ),
         };
+        if mode == Mode::Bp {
+            shard.users.fetch_add(1, Ordering::SeqCst);
+        }
         let entry = Arc::new(Entry {
             source,
             armed: CachePadded::new(AtomicBool::new(false)),
@@ -514,7 +563,8 @@ enum Sleeper {
 }
 
 /// One connection (one direction: "data to read" or "space to write") registered with a
-/// [`Poller`]. Deregisters on drop (BP: stops and joins the connection's thread).
+/// [`Poller`]. Deregisters on drop (BP: the last registration of a connection stops and joins
+/// the connection's thread).
 pub struct Registration {
     entry: Arc<Entry>,
     shard: Arc<Shard>,
@@ -558,6 +608,22 @@ impl Registration {
     /// The moving RTT estimate behind [`spin_budget`](Self::spin_budget).
     pub fn rtt_estimate(&self) -> Duration {
         self.tuner.rtt_estimate()
+    }
+
+    /// Registers another source of the same connection (typically its other direction) on the
+    /// same polling thread as this registration. In [`Mode::Bp`] this is how a connection
+    /// gets exactly one polling thread (the paper's BP: one thread per connection, whatever
+    /// it waits for); the thread stops when the last registration sharing it is dropped. In
+    /// the other modes it is [`Poller::register`] with the shard chosen by this registration.
+    ///
+    /// # Errors
+    /// As [`Poller::register`].
+    pub fn register_sibling(&self, source: Arc<dyn Readiness>) -> Result<Registration> {
+        let p = Poller {
+            inner: self.inner.clone(),
+        };
+        let sibling = (self.mode != Mode::Event).then_some(&self.shard);
+        p.register_in(source, sibling)
     }
 
     /// A handle the writer side uses to wake this registration's task in [`Mode::Event`]
@@ -622,6 +688,18 @@ impl Registration {
         Ok(())
     }
 
+    /// One scan of this registration's shard by the spinning task (see the spin loop).
+    fn help(&self) {
+        let Ok(v) = self.shard.entries.try_lock() else {
+            return;
+        };
+        let (polls, fired, waiting) = scan(&v);
+        drop(v);
+        Counters::add(&self.inner.counters.polls, polls);
+        Counters::add(&self.inner.counters.empty_polls, waiting as u64);
+        let _ = fired;
+    }
+
     /// Cancels our own arm after the recheck found data.
     fn disarm(&self) {
         self.entry.armed.store(false, Ordering::Relaxed);
@@ -629,10 +707,12 @@ impl Registration {
 
     /// Waits until the source is ready (or the peer is gone).
     ///
-    /// BPEV: checks, spins up to the spin budget, then arms, rechecks, and sleeps on the
-    /// connection's eventfd in the tokio reactor. BP/BPTS: checks, registers the waker, arms,
-    /// rechecks, sleeps until the polling thread wakes it. EVENT: like BPEV without the spin,
-    /// woken by a [`Doorbell`] or the source's [`Notifier`](crate::Notifier).
+    /// BP/BPTS: checks, registers the waker, arms, rechecks, sleeps until the polling thread
+    /// wakes it. BPEV: the same after a spin of up to the spin budget, during which the task
+    /// also wakes its shard's armed neighbours that have data and which ends early when other
+    /// tasks on its worker have work. EVENT: checks, arms, rechecks and sleeps on the
+    /// connection's eventfd in the tokio reactor, rung by a [`Doorbell`], or on the source's
+    /// [`Notifier`](crate::Notifier).
     ///
     /// Readiness is level-triggered from the caller's point of view: `wait_ready` returns
     /// immediately as long as the source is ready, so the caller consumes what is there and
@@ -645,8 +725,17 @@ impl Registration {
     ///
     /// # Cancel safety
     /// Cancel-safe: dropping the future loses nothing. A wake-up that was aimed at the dropped
-    /// future leaves at most a stale eventfd count, which makes the next wait recheck once.
+    /// future leaves at most a stale eventfd count or a stale waker call, which makes the next
+    /// wait recheck once.
     pub async fn wait_ready(&mut self) -> Result<()> {
+        let r = self.wait_ready_inner().await;
+        if r.is_ok() {
+            PROGRESS.set(PROGRESS.get().wrapping_add(1));
+        }
+        r
+    }
+
+    async fn wait_ready_inner(&mut self) -> Result<()> {
         let start = Instant::now();
         if let Check::Ready = self.check()? {
             Counters::add(&self.inner.counters.first_check_hits, 1);
@@ -655,7 +744,10 @@ impl Registration {
         if self.mode == Mode::Bpev {
             let budget = self.tuner.budget();
             if !budget.is_zero() {
-                let mut next_yield = start + SPIN_YIELD_EVERY;
+                // The first yield comes early: under load other tasks of this worker are
+                // usually runnable, and a spin must not delay them (it stops at the first
+                // yield that saw them progress).
+                let mut next_yield = start + SPIN_FIRST_YIELD;
                 loop {
                     for _ in 0..32 {
                         if self.entry.source.ready() {
@@ -671,7 +763,20 @@ impl Registration {
                         break;
                     }
                     if now >= next_yield {
+                        // Algorithm 2's working thread busy-polls all of its connections,
+                        // not one: wake the armed neighbours that have data (from the worker
+                        // thread a wake is a local enqueue, no syscall), so that a polling
+                        // thread sharing our core is not needed to notice them.
+                        self.help();
+                        let before = PROGRESS.get();
                         tokio::task::yield_now().await;
+                        if PROGRESS.get() != before {
+                            // Other tasks on this worker had work while we spun: the worker
+                            // is busy, so stop spinning, arm, and let the polling threads
+                            // watch this connection (Algorithm 2 spins only while the
+                            // working thread has no event to handle).
+                            break;
+                        }
                         next_yield = Instant::now() + SPIN_YIELD_EVERY;
                     }
                 }
@@ -698,7 +803,7 @@ impl Registration {
         }
     }
 
-    /// BP / BPTS: register waker, arm, recheck; Pending until the polling thread fires.
+    /// BP / BPTS / BPEV: register waker, arm, recheck; Pending until the polling thread fires.
     async fn sleep_waker(&mut self) -> Result<()> {
         let mut slept = false;
         let r = poll_fn(|cx| {
@@ -740,7 +845,7 @@ impl Registration {
         r
     }
 
-    /// BPEV / EVENT: sleep until the eventfd (or notifier fd) is readable, then drain it.
+    /// EVENT: sleep until the eventfd (or notifier fd) is readable, then drain it.
     async fn sleep_fd(&mut self) -> Result<()> {
         let r = poll_fn(|cx| {
             if let Some(live) = &self.live
@@ -802,7 +907,7 @@ impl Drop for Registration {
             self.removed = true;
             self.shard.remove(&self.entry);
         }
-        if self.mode == Mode::Bp {
+        if self.mode == Mode::Bp && self.shard.users.fetch_sub(1, Ordering::SeqCst) == 1 {
             self.shard.stop();
             let handle = {
                 let mut bp = lock(&self.inner.bp);

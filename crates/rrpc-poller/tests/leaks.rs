@@ -38,7 +38,7 @@ fn no_thread_or_fd_leak_in_any_mode() {
                 regs.push((p.register(f.clone()).unwrap(), f));
             }
             assert!(fds() >= fd0, "{mode}");
-            if mode.name() == "BPEV" || mode.name() == "EVENT" {
+            if mode == Mode::Event {
                 assert!(
                     fds() >= fd0 + 32,
                     "{mode}: one eventfd per connection expected"

@@ -83,8 +83,10 @@ fn sleeping_task_is_woken_in_every_mode() {
             let s = p.stats();
             assert_eq!(s.wakeups, 1, "{mode}: {s:?}");
             match mode {
-                Mode::Bp | Mode::Bpts => assert_eq!(s.waker_wakes, 1, "{mode}"),
-                Mode::Event | Mode::Bpev => assert_eq!(s.eventfd_writes, 1, "{mode}"),
+                Mode::Bp | Mode::Bpts | Mode::Bpev => {
+                    assert_eq!((s.waker_wakes, s.eventfd_writes), (1, 0), "{mode}")
+                }
+                Mode::Event => assert_eq!((s.eventfd_writes, s.waker_wakes), (1, 0), "{mode}"),
             }
         });
     }
@@ -213,12 +215,64 @@ fn bp_spawns_and_joins_one_thread_per_connection() {
 }
 
 #[test]
+fn bp_siblings_share_their_connection_thread() {
+    rt().block_on(async {
+        let p = poller(Mode::Bp);
+        let rx: Vec<_> = (0..3).map(|_| p.register(Fake::new()).unwrap()).collect();
+        let tx: Vec<_> = rx
+            .iter()
+            .map(|r| r.register_sibling(Fake::new()).unwrap())
+            .collect();
+        assert_eq!(
+            p.threads(),
+            3,
+            "one thread per connection, not per direction"
+        );
+        let mut rx = rx.into_iter();
+        let mut tx = tx.into_iter();
+        drop(rx.next());
+        assert_eq!(p.threads(), 3, "the sibling still needs the thread");
+        drop(tx.next());
+        assert_eq!(p.threads(), 2);
+        // The sibling alone is still served: a write wakes it through the shared thread.
+        let f = Fake::new();
+        let r = rx.next().unwrap();
+        let mut s = r.register_sibling(f.clone()).unwrap();
+        drop(r);
+        let sleeps = p.stats().sleeps;
+        {
+            let mut fut = Box::pin(s.wait_ready());
+            while p.stats().sleeps == sleeps {
+                assert!(poll!(fut.as_mut()).is_pending());
+            }
+            f.written.store(1, Ordering::Release);
+            // The connection's thread (not our own recheck) must notice it.
+            let t0 = std::time::Instant::now();
+            while p.stats().waker_wakes == 0 {
+                assert!(t0.elapsed() < BOUND, "data never detected");
+                std::thread::yield_now();
+            }
+            tokio::time::timeout(BOUND, fut)
+                .await
+                .expect("sibling not woken")
+                .unwrap();
+        }
+        drop(s);
+        drop(rx);
+        drop(tx);
+        assert_eq!(p.threads(), 0);
+    });
+}
+
+#[test]
 fn registration_outside_runtime_is_an_error() {
-    let p = poller(Mode::Bpev);
+    let p = poller(Mode::Event);
     assert!(matches!(p.register(Fake::new()), Err(Error::NoRuntime)));
-    // Waker modes need no reactor.
-    let p = poller(Mode::Bpts);
-    assert!(p.register(Fake::new()).is_ok());
+    // Waker modes (BP, BPTS, BPEV) need no reactor for a source without a liveness fd.
+    for mode in [Mode::Bp, Mode::Bpts, Mode::Bpev] {
+        let p = poller(mode);
+        assert!(p.register(Fake::new()).is_ok(), "{mode}");
+    }
 }
 
 #[test]
