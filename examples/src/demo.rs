@@ -1,12 +1,26 @@
 //! The demo: one Greeter served on TCP, a Unix socket and shm at once; a few
-//! thousand calls on each path; one line per path:
+//! thousand sequential calls on each path; one line per path:
 //! `<path> p50 <x>us p99 <y>us`, then the ratios to `tcp`.
+//!
+//! Fair by construction: the server and the client each run on their own OS
+//! thread with their own single-threaded tokio runtime, built the same way
+//! for every path (tonic's TCP and Unix-socket baselines included). The
+//! thread plan is printed first: with `--pin` the server thread is pinned to
+//! CPU 0 and the client thread to CPU 1; rrpc's polling threads (rrpc-poller)
+//! come on top and are never pinned.
+//!
+//! `--modes` measures the shm paths under several connection-management
+//! configurations (`MODE[:polling_threads][@bp_timeout_us][!]`, e.g. `bpev:1@20`, `!` turns
+//! auto-tuning of the spin off,
+//! `event`, `bp`, `bpts:1`; `default` is rrpc-tonic's default; `all` is a
+//! preset list) and prints the poller's counters per call for each.
 
+use std::sync::mpsc as std_mpsc;
 use std::time::{Duration, Instant};
 
 use clap::Parser;
 use hdrhistogram::Histogram;
-use rrpc_tonic::{PathPreference, RrpcChannel, RrpcConfig, Server};
+use rrpc_tonic::{PathPreference, PollerConfig, PollerMode, RrpcChannel, RrpcConfig, Server};
 use tonic::{Request, Response, Status};
 
 #[allow(missing_docs, unreachable_pub, missing_debug_implementations)]
@@ -23,6 +37,15 @@ struct Args {
     /// Calls per path (after a warm-up of 10%).
     #[arg(long, default_value_t = 3000)]
     calls: u64,
+    /// Poller configurations for the shm paths (comma-separated, or `all`).
+    #[arg(long, default_value = "default")]
+    modes: String,
+    /// Pin the server thread to CPU 0 and the client thread to CPU 1.
+    #[arg(long)]
+    pin: bool,
+    /// Skip the tcp and uds baselines (only meaningful with several modes).
+    #[arg(long)]
+    no_baselines: bool,
 }
 
 #[derive(Debug, Default)]
@@ -35,6 +58,95 @@ impl Greeter for MyGreeter {
             message: format!("Hello {}!", req.into_inner().name),
         }))
     }
+}
+
+/// One poller variant: its label and the rrpc config (shared by server and
+/// client, so they share one poller).
+#[derive(Debug, Clone)]
+struct Variant {
+    label: String,
+    cfg: RrpcConfig,
+}
+
+fn parse_variant(s: &str) -> anyhow::Result<Variant> {
+    if s == "default" {
+        return Ok(Variant {
+            label: "default".into(),
+            cfg: RrpcConfig::default(),
+        });
+    }
+    let (s_, fixed) = match s.strip_suffix('!') {
+        Some(r) => (r, true),
+        None => (s, false),
+    };
+    let (rest, timeout) = match s_.split_once('@') {
+        Some((a, t)) => (a, Some(Duration::from_micros(t.parse()?))),
+        None => (s, None),
+    };
+    let (mode, threads) = match rest.split_once(':') {
+        Some((m, n)) => (m, Some(n.parse::<usize>()?)),
+        None => (rest, None),
+    };
+    let mode = PollerMode::parse(mode).ok_or_else(|| anyhow::anyhow!("unknown mode {mode}"))?;
+    let mut pc = PollerConfig::new().mode(mode);
+    if let Some(n) = threads {
+        pc = pc.polling_threads(n)?;
+    }
+    if let Some(t) = timeout {
+        pc = pc.bp_timeout(t);
+    }
+    if fixed {
+        pc = pc.auto_tune(false);
+    }
+    Ok(Variant {
+        label: s.to_string(),
+        cfg: RrpcConfig::default().poller(pc),
+    })
+}
+
+fn variants(spec: &str) -> anyhow::Result<Vec<Variant>> {
+    let spec = if spec == "all" {
+        "default,bpev:2@20,bpev:1@20,bpev:1@0,bpev:1@50,bpts:1,bp,event"
+    } else {
+        spec
+    };
+    spec.split(',').map(parse_variant).collect()
+}
+
+fn pin_current_thread(cpu: usize) -> std::io::Result<()> {
+    // SAFETY: all-zero is the empty cpu set.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: cpu (0 or 1) < CPU_SETSIZE.
+    unsafe { libc::CPU_SET(cpu, &mut set) };
+    // SAFETY: `set` is a valid cpu_set_t of the size passed; pid 0 = calling thread.
+    let rc = unsafe { libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &set) };
+    if rc != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// A single-threaded runtime on a new OS thread (the same for both sides and every path).
+fn side_thread<F, T>(name: &str, cpu: Option<usize>, f: F) -> std::thread::JoinHandle<T>
+where
+    F: FnOnce(&tokio::runtime::Runtime) -> T + Send + 'static,
+    T: Send + 'static,
+{
+    std::thread::Builder::new()
+        .name(name.into())
+        .spawn(move || {
+            if let Some(c) = cpu
+                && let Err(e) = pin_current_thread(c)
+            {
+                eprintln!("pinning to cpu {c} failed: {e}");
+            }
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("tokio runtime");
+            f(&rt)
+        })
+        .expect("spawn thread")
 }
 
 async fn measure(uri: &str, cfg: RrpcConfig, calls: u64) -> anyhow::Result<(f64, f64)> {
@@ -70,9 +182,9 @@ async fn measure(uri: &str, cfg: RrpcConfig, calls: u64) -> anyhow::Result<(f64,
     ))
 }
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
+fn main() -> anyhow::Result<()> {
     let args = Args::parse();
+    let variants = variants(&args.modes)?;
     let dir = std::env::temp_dir();
     let pid = std::process::id();
     let port = std::net::TcpListener::bind("127.0.0.1:0")?
@@ -80,44 +192,123 @@ async fn main() -> anyhow::Result<()> {
         .port();
     let tcp = format!("http://127.0.0.1:{port}");
     let uds = format!("unix://{}/rrpc-demo-{pid}.uds", dir.display());
-    let shm = format!("shm://{}/rrpc-demo-{pid}.sock", dir.display());
+    let shm = |i: usize| format!("shm://{}/rrpc-demo-{pid}-{i}.sock", dir.display());
 
-    let router = Server::builder().add_service(GreeterServer::new(MyGreeter));
+    let (scpu, ccpu) = if args.pin {
+        (Some(0), Some(1))
+    } else {
+        (None, None)
+    };
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let pin_note =
+        |c: Option<usize>| c.map_or("unpinned".to_string(), |c| format!("pinned to cpu {c}"));
+    println!(
+        "thread plan ({cores} cores): server 1 OS thread (tokio current_thread, {}); \
+         client 1 OS thread (tokio current_thread, {}); shm rows add the poller's threads \
+         (shared by both sides, unpinned, parked when idle), printed per mode",
+        pin_note(scpu),
+        pin_note(ccpu)
+    );
+
+    // Server: every listener on one thread and runtime.
+    let mut uris = Vec::new();
+    if !args.no_baselines {
+        uris.push((tcp.clone(), RrpcConfig::default()));
+        uris.push((uds.clone(), RrpcConfig::default()));
+    }
+    for (i, v) in variants.iter().enumerate() {
+        uris.push((shm(i), v.cfg.clone()));
+    }
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let mut servers = Vec::new();
-    for uri in [tcp.clone(), uds.clone(), shm.clone()] {
-        let (r, mut stop) = (router.clone(), stop_rx.clone());
-        servers.push(tokio::spawn(async move {
-            r.serve_rrpc_with_shutdown(&uri, RrpcConfig::default(), async move {
-                let _ = stop.wait_for(|s| *s).await;
-            })
-            .await
-        }));
-    }
+    let server = side_thread("demo-server", scpu, move |rt| {
+        rt.block_on(async move {
+            let router = Server::builder().add_service(GreeterServer::new(MyGreeter));
+            let mut servers = tokio::task::JoinSet::new();
+            for (uri, cfg) in uris {
+                let (r, mut stop) = (router.clone(), stop_rx.clone());
+                servers.spawn(async move {
+                    r.serve_rrpc_with_shutdown(&uri, cfg, async move {
+                        let _ = stop.wait_for(|s| *s).await;
+                    })
+                    .await
+                });
+            }
+            while let Some(r) = servers.join_next().await {
+                r??;
+            }
+            Ok::<(), anyhow::Error>(())
+        })
+    });
 
-    let paths = [
-        ("tcp", tcp.as_str(), RrpcConfig::default()),
-        ("uds", uds.as_str(), RrpcConfig::default()),
-        (
-            "shm-h2",
-            shm.as_str(),
-            RrpcConfig::default().path(PathPreference::Http2),
-        ),
-        ("shm-fast", shm.as_str(), RrpcConfig::default()),
-    ];
-    let mut results = Vec::new();
-    for (name, uri, cfg) in paths {
-        let (p50, p99) = measure(uri, cfg, args.calls).await?;
-        println!("{name} p50 {p50:.1}us p99 {p99:.1}us");
-        results.push((name, p50, p99));
+    // Client: every path from one thread and runtime.
+    let mut paths: Vec<(String, String, RrpcConfig, Option<usize>)> = Vec::new();
+    if !args.no_baselines {
+        paths.push(("tcp".into(), tcp, RrpcConfig::default(), None));
+        paths.push(("uds".into(), uds, RrpcConfig::default(), None));
     }
-    let (_, t50, t99) = results[0];
-    for (name, p50, p99) in &results[1..] {
-        println!("{name}/tcp p50 {:.2}x p99 {:.2}x", p50 / t50, p99 / t99);
+    for (i, v) in variants.iter().enumerate() {
+        let suffix = if variants.len() > 1 || v.label != "default" {
+            format!(" [{}]", v.label)
+        } else {
+            String::new()
+        };
+        paths.push((
+            format!("shm-h2{suffix}"),
+            shm(i),
+            v.cfg.clone().path(PathPreference::Http2),
+            Some(i),
+        ));
+        paths.push((format!("shm-fast{suffix}"), shm(i), v.cfg.clone(), Some(i)));
+    }
+    let calls = args.calls;
+    let (line_tx, line_rx) = std_mpsc::channel::<String>();
+    let client = side_thread("demo-client", ccpu, move |rt| {
+        rt.block_on(async move {
+            let mut results = Vec::new();
+            for (name, uri, cfg, variant) in paths {
+                let poller = match variant {
+                    Some(_) => Some(cfg.poller_handle()?),
+                    None => None,
+                };
+                let before = poller.as_ref().map(|p| p.stats());
+                let (p50, p99) = measure(&uri, cfg, calls).await?;
+                let mut line = format!("{name} p50 {p50:.1}us p99 {p99:.1}us");
+                if let (Some(p), Some(b)) = (&poller, before) {
+                    let d = p.stats().since(&b);
+                    let n = (calls + calls / 10) as f64;
+                    line += &format!(
+                        "  | {} polling thread(s) {}; per call: spin hits {:.2}, first-check hits {:.2}, sleeps {:.2}, eventfd writes {:.2}",
+                        p.config().mode(),
+                        p.threads(),
+                        d.spin_hits as f64 / n,
+                        d.first_check_hits as f64 / n,
+                        d.sleeps as f64 / n,
+                        (d.eventfd_writes + d.waker_wakes) as f64 / n,
+                    );
+                }
+                let _ = line_tx.send(line);
+                results.push((name, p50, p99));
+            }
+            Ok::<_, anyhow::Error>(results)
+        })
+    });
+    for line in line_rx {
+        println!("{line}");
+    }
+    let results = client.join().expect("client thread")?;
+    if !args.no_baselines
+        && let Some((_, t50, t99)) = results.first().cloned()
+    {
+        for (name, p50, p99) in &results[1..] {
+            println!(
+                "{name}/tcp p50 {:.2}x ({:.1}x lower) p99 {:.2}x",
+                p50 / t50,
+                t50 / p50,
+                p99 / t99
+            );
+        }
     }
     let _ = stop_tx.send(true);
-    for s in servers {
-        s.await??;
-    }
+    server.join().expect("server thread")?;
     Ok(())
 }

@@ -1,6 +1,8 @@
 //! [`RrpcConfig`]: the knobs of an rrpc connection.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
+
+use rrpc_poller::{Poller, PollerConfig};
 
 /// Which data path a connection uses (negotiated in the handshake).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -26,6 +28,7 @@ pub enum PathPreference {
 /// | `zero_copy` | on | RR-Compound §IV-F; off reproduces Fig. 14's baseline |
 /// | `max_chunk` | 256 KiB | fast-path DATA frames larger than this are split so calls interleave |
 /// | `call_buffer` | 64 chunks | per-call receive queue before the connection applies back-pressure |
+/// | `poller` | process-wide [`default_poller_config`] | see [`RrpcConfig::poller`] |
 #[derive(Debug, Clone)]
 pub struct RrpcConfig(Arc<Inner>);
 
@@ -37,6 +40,9 @@ struct Inner {
     zero_copy: bool,
     max_chunk: usize,
     call_buffer: usize,
+    poller: Option<PollerConfig>,
+    /// The poller built from `poller`, shared by every clone of this config.
+    poller_cell: Arc<OnceLock<Poller>>,
 }
 
 impl Default for RrpcConfig {
@@ -48,6 +54,8 @@ impl Default for RrpcConfig {
             zero_copy: true,
             max_chunk: 256 << 10,
             call_buffer: 64,
+            poller: None,
+            poller_cell: Arc::new(OnceLock::new()),
         }))
     }
 }
@@ -113,6 +121,50 @@ impl RrpcConfig {
         Ok(self.with(|i| i.call_buffer = chunks))
     }
 
+    /// Connection management for the `shm://`/`rdma://` connections made
+    /// with this config (and its clones): an [`rrpc_poller`] configuration.
+    ///
+    /// Without this call every connection of the process shares one poller
+    /// built from [`default_poller_config`]. With it, this config gets its
+    /// own poller, started at the first connection and shared by every
+    /// clone of the config (clone one config for the server and the client
+    /// of one process to share it). [`rrpc_poller::Mode::Event`] turns on
+    /// `tail_with_imm` in the ring geometry, so both ends must choose Event
+    /// (the handshake refuses a mismatch).
+    pub fn poller(self, poller: PollerConfig) -> Self {
+        self.with(|i| {
+            i.poller = Some(poller);
+            i.poller_cell = Arc::new(OnceLock::new());
+        })
+    }
+
+    /// See [`RrpcConfig::poller`] (`None`: the process-wide default).
+    pub fn get_poller(&self) -> Option<&PollerConfig> {
+        self.0.poller.as_ref()
+    }
+
+    /// The poller this config's connections use, started on first use:
+    /// its counters ([`Poller::stats`]) show polls, wake-ups, spin hits and
+    /// sleeps.
+    ///
+    /// # Errors
+    /// [`crate::Error::Io`] when its polling threads cannot be started.
+    pub fn poller_handle(&self) -> Result<Poller, crate::Error> {
+        let Some(pc) = &self.0.poller else {
+            static DEFAULT: OnceLock<Poller> = OnceLock::new();
+            if let Some(p) = DEFAULT.get() {
+                return Ok(p.clone());
+            }
+            let p = default_poller_config().build()?;
+            return Ok(DEFAULT.get_or_init(|| p).clone());
+        };
+        if let Some(p) = self.0.poller_cell.get() {
+            return Ok(p.clone());
+        }
+        let p = pc.clone().build()?;
+        Ok(self.0.poller_cell.get_or_init(|| p).clone())
+    }
+
     /// See [`RrpcConfig::max_message_size`].
     pub fn get_max_message_size(&self) -> usize {
         self.0.max_message_size
@@ -137,4 +189,37 @@ impl RrpcConfig {
     pub fn get_call_buffer(&self) -> usize {
         self.0.call_buffer
     }
+}
+
+/// The poller configuration rrpc-tonic uses unless [`RrpcConfig::poller`]
+/// says otherwise: BPEV (RR-Compound §IV-D, Algorithm 2) with **one**
+/// polling thread, `bp_timeout` **50 µs, fixed** (auto-tuning off), idle
+/// parking on (rrpc-poller's default is two threads, 20 µs auto-tuned).
+///
+/// Why, measured with `examples/src/demo.rs --modes all` on a 2-core host:
+///
+/// * A reader task waits for two different things. The client waits for a
+///   reply (one RTT, ~5 µs on the fast path), but the server waits for the
+///   *next request*, i.e. the client's whole turnaround. If either side's
+///   spin is shorter than what it waits for, it sleeps; the peer's next wait
+///   then includes a wake-up through the polling thread, eventfd and epoll
+///   (20–40 µs here), so it sleeps too: with 20 µs (auto-tuned or not) both
+///   sides slept on ~1.5 of 2 waits per call and the fast path's p50 was
+///   ~45 µs; with 50–200 µs fixed, 0 sleeps per call and p50 ~5.3 µs.
+///   Auto-tuning from the moving wait time flips between the two regimes
+///   (p99 ~50 µs instead of ~20 µs), hence fixed.
+/// * Polling threads only serve connections that went to sleep; with spins
+///   that catch the reply they stay parked, so a second one buys nothing on
+///   2 cores and competes with the tokio workers when it does run.
+/// * The price: a connection that goes idle spins 100 µs of one core per
+///   direction before it sleeps; idle connections cost nothing.
+/// * Mode numbers (fast path p50): BPEV 1 thread 100 µs 5.2 µs; BP 11 µs
+///   (a wake-up per wait, one thread per registration); BPEV 20 µs 45 µs;
+///   BPTS 1 thread 64 µs; EVENT 84 µs.
+pub fn default_poller_config() -> PollerConfig {
+    PollerConfig::new()
+        .polling_threads(1)
+        .expect("1 is a valid thread count")
+        .bp_timeout(std::time::Duration::from_micros(50))
+        .auto_tune(false)
 }

@@ -93,7 +93,8 @@ mod shm;
 mod transport;
 
 pub use channel::{ChannelPath, ResponseFuture, RrpcChannel};
-pub use config::{PathPreference, RrpcConfig};
+pub use config::{PathPreference, RrpcConfig, default_poller_config};
 pub use error::Error;
 pub use h2stream::{RrpcConnectInfo, RrpcStream};
+pub use rrpc_poller::{Mode as PollerMode, Poller, PollerConfig};
 pub use server::{Router, Server};

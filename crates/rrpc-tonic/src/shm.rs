@@ -4,12 +4,12 @@
 
 use std::os::fd::{AsRawFd, RawFd};
 use std::path::PathBuf;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
 use futures_util::FutureExt;
 use rrpc_core::conn::{Connection, HandshakeConfig, Listener, Offer, connect};
 use rrpc_core::{Endpoint, Fabric, QpConfig};
-use rrpc_poller::Poller;
+use rrpc_poller::Mode;
 use rrpc_poller::conn::{AsyncConn, AsyncReceiver, AsyncSender};
 use rrpc_ringbuf::{LocalRing, RingConfig, RingRx, RingTx, TxWatch};
 use tokio::io::unix::AsyncFd;
@@ -17,19 +17,14 @@ use tokio::io::unix::AsyncFd;
 use crate::pipe::{BoxFut, MsgRx, MsgTx, Pipe};
 use crate::{Error, RrpcConfig};
 
-/// The process-wide poller shared by every rrpc connection (BPEV by default).
-fn poller() -> Result<Poller, Error> {
-    static P: OnceLock<Poller> = OnceLock::new();
-    if let Some(p) = P.get() {
-        return Ok(p.clone());
-    }
-    let p = Poller::new()?;
-    Ok(P.get_or_init(|| p).clone())
-}
-
 fn ring_config(cfg: &RrpcConfig) -> Result<RingConfig, Error> {
+    // Event mode sleeps on the receive completion channel, which only a tail
+    // sent with immediate data fires (rrpc-poller `conn` docs).
+    // (`PollerConfig` has no getters, so ask the running poller.)
+    let event = cfg.get_poller().is_some() && cfg.poller_handle()?.config().mode() == Mode::Event;
     Ok(RingConfig::builder()
         .ring_size(cfg.get_ring_size())
+        .tail_with_imm(event)
         .build()?)
 }
 
@@ -129,9 +124,9 @@ impl MsgRx for ShmRx {
     }
 }
 
-fn into_pipe(conn: Connection, tx: RingTx, rx: RingRx) -> Result<Pipe, Error> {
+fn into_pipe(conn: Connection, tx: RingTx, rx: RingRx, cfg: &RrpcConfig) -> Result<Pipe, Error> {
     let max = tx.config().max_message();
-    let ac = AsyncConn::new(&poller()?, conn, tx, rx)?;
+    let ac = AsyncConn::new(&cfg.poller_handle()?, conn, tx, rx)?;
     let conn = ac.connection().clone();
     let (tx, rx) = ac.split()?;
     let watch = tx.ring().watch();
@@ -155,7 +150,7 @@ pub(crate) async fn dial(path: PathBuf, cfg: &RrpcConfig) -> Result<Pipe, Error>
     })
     .await
     .map_err(|e| Error::Io(std::io::Error::other(e)))??;
-    into_pipe(conn, tx, rx)
+    into_pipe(conn, tx, rx, cfg)
 }
 
 struct Fd(Arc<Listener>);
@@ -170,6 +165,7 @@ impl AsRawFd for Fd {
 pub(crate) struct ShmListener {
     fd: AsyncFd<Fd>,
     ring: RingConfig,
+    cfg: RrpcConfig,
 }
 
 impl std::fmt::Debug for ShmListener {
@@ -193,6 +189,7 @@ impl ShmListener {
         Ok(ShmListener {
             fd,
             ring: ring_config(cfg)?,
+            cfg: cfg.clone(),
         })
     }
 
@@ -217,7 +214,7 @@ impl ShmListener {
             .await
             .ok()?;
             match r {
-                Ok((c, tx, rx)) => match into_pipe(c, tx, rx) {
+                Ok((c, tx, rx)) => match into_pipe(c, tx, rx, &self.cfg) {
                     Ok(p) => return Some(p),
                     Err(e) => tracing::warn!("rrpc shm accept: {e}"),
                 },
