@@ -110,6 +110,8 @@ struct Shard {
     thread: OnceLock<Thread>,
     /// BP: registrations sharing this shard's thread (the thread stops when it drops to 0).
     users: AtomicUsize,
+    /// The thread dozes: armed connections, idle; its rescans may be done by [`IdleWatch`].
+    dozing: AtomicBool,
 }
 
 impl Shard {
@@ -123,6 +125,7 @@ impl Shard {
             stop: AtomicBool::new(false),
             thread: OnceLock::new(),
             users: AtomicUsize::new(0),
+            dozing: AtomicBool::new(false),
         })
     }
 
@@ -160,10 +163,57 @@ impl Shard {
 }
 
 /// Per-thread settings of the polling loop.
-#[derive(Clone, Copy)]
+#[derive(Clone)]
 struct LoopCfg {
     park_after: Option<Duration>,
     idle_interval: Duration,
+    /// Shared shards (BPTS, BPEV): the idle rescans of all dozing shards are done by one
+    /// thread. `None` for BP's per-connection threads.
+    watch: Option<Arc<IdleWatch>>,
+}
+
+const NO_HOLDER: usize = usize::MAX;
+
+/// Coalesces the idle rescans of the shared polling threads: the first thread that dozes
+/// becomes the *holder* and from then on rescans every dozing shard every `idle_interval`
+/// (also while it is busy itself); the other dozing threads sleep until a task of theirs arms.
+/// With N polling threads an idle poller wakes N times less often.
+struct IdleWatch {
+    holder: AtomicUsize,
+    /// Indexed by shard id.
+    shards: Vec<Arc<Shard>>,
+}
+
+impl IdleWatch {
+    fn shards(&self) -> &[Arc<Shard>] {
+        &self.shards
+    }
+
+    fn others_dozing(&self, me: usize) -> bool {
+        self.shards()
+            .iter()
+            .any(|s| s.id != me && s.dozing.load(Ordering::SeqCst))
+    }
+
+    /// Rescans the armed connections of every other dozing shard.
+    fn rescan_others(&self, me: usize, counters: &Counters) {
+        for s in self.shards() {
+            if s.id == me || !s.dozing.load(Ordering::Acquire) {
+                continue;
+            }
+            let (polls, _fired, waiting) = scan(&lock(&s.entries));
+            Counters::add(&counters.polls, polls);
+            Counters::add(&counters.empty_polls, waiting as u64);
+        }
+    }
+
+    /// Tells the holder that one more shard dozes (it may be parked without a timeout).
+    fn kick_holder(&self) {
+        let h = self.holder.load(Ordering::SeqCst);
+        if let Some(s) = self.shards().get(h) {
+            s.kick();
+        }
+    }
 }
 
 /// The body of every polling thread (Algorithm 2, procedure RDMApoll; Algorithm 1's scan for
@@ -175,14 +225,18 @@ struct LoopCfg {
 ///   be queued on this very core, and it should run now rather than after our time slice.
 /// - With idle parking on, a thread with no armed connection parks at once (untimed): there
 ///   is nothing it could find. The next arm resumes it (`Shard::kick`, one futex wake).
-/// - Armed connections with no data for `park_after`: the thread dozes, rescanning every
-///   `idle_interval` until data arrives or a task arms.
+/// - Armed connections with no data for `park_after`: the thread dozes. The rescans every
+///   `idle_interval` of all dozing shared shards are done by one thread ([`IdleWatch`]).
 fn polling_loop(shard: Arc<Shard>, counters: Arc<Counters>, cfg: LoopCfg) {
     let mut local: Vec<Arc<Entry>> = Vec::new();
     let mut seen_gen = u64::MAX;
     let mut last_activity = Instant::now();
     let mut empty_scans: u32 = 0;
     let mut dozing = false;
+    let watch = cfg.watch.as_deref();
+    let mut holder = false;
+    let mut next_watch = Instant::now();
+    let mut check_watch = false;
     tracing::debug!(shard = shard.id, "polling thread started");
     loop {
         if shard.stop.load(Ordering::Acquire) {
@@ -196,10 +250,22 @@ fn polling_loop(shard: Arc<Shard>, counters: Arc<Counters>, cfg: LoopCfg) {
         let (polls, fired, waiting) = scan(&local);
         Counters::add(&counters.polls, polls);
         Counters::add(&counters.empty_polls, waiting as u64);
+        if let Some(w) = watch
+            && holder
+            && (check_watch || empty_scans.is_multiple_of(YIELD_AFTER_EMPTY_SCANS))
+        {
+            let now = Instant::now();
+            if now >= next_watch {
+                w.rescan_others(shard.id, &counters);
+                next_watch = now + cfg.idle_interval;
+            }
+        }
+        check_watch = false;
         if fired > 0 {
             last_activity = Instant::now();
             empty_scans = 0;
             dozing = false;
+            shard.dozing.store(false, Ordering::SeqCst);
             thread::yield_now();
             continue;
         }
@@ -225,10 +291,26 @@ fn polling_loop(shard: Arc<Shard>, counters: Arc<Counters>, cfg: LoopCfg) {
                     continue;
                 }
                 dozing = true;
+                shard.dozing.store(true, Ordering::SeqCst);
+                if let Some(w) = watch {
+                    holder = holder
+                        || w.holder
+                            .compare_exchange(
+                                NO_HOLDER,
+                                shard.id,
+                                Ordering::SeqCst,
+                                Ordering::SeqCst,
+                            )
+                            .is_ok();
+                    if !holder {
+                        w.kick_holder();
+                    }
+                }
                 Counters::add(&counters.parks, 1);
                 tracing::debug!(
                     shard = shard.id,
                     armed = waiting,
+                    holder,
                     "polling thread dozing (armed connections idle)"
                 );
             }
@@ -236,7 +318,7 @@ fn polling_loop(shard: Arc<Shard>, counters: Arc<Counters>, cfg: LoopCfg) {
         };
         // Park. Announce it first, then look at the armed flags (and the entry list) once more:
         // a task that armed before it could see `parked` is caught by this recheck (Dekker
-        // with `Registration::arm`).
+        // with `Registration::arm`; and with `IdleWatch::kick_holder` for `others_dozing`).
         shard.parked.store(true, Ordering::SeqCst);
         fence(Ordering::SeqCst);
         let changed = shard.generation.load(Ordering::SeqCst) != seen_gen;
@@ -249,8 +331,15 @@ fn polling_loop(shard: Arc<Shard>, counters: Arc<Counters>, cfg: LoopCfg) {
             shard.parked.store(false, Ordering::SeqCst);
             continue;
         }
-        if any_armed {
-            thread::park_timeout(cfg.idle_interval);
+        let watching = holder && watch.is_some_and(|w| w.others_dozing(shard.id));
+        let own_rescan = any_armed && (watch.is_none() || holder);
+        if watching || own_rescan {
+            let wait = next_watch
+                .saturating_duration_since(Instant::now())
+                .max(Duration::from_micros(50))
+                .min(cfg.idle_interval);
+            thread::park_timeout(if holder { wait } else { cfg.idle_interval });
+            check_watch = true;
         } else {
             thread::park();
         }
@@ -258,10 +347,17 @@ fn polling_loop(shard: Arc<Shard>, counters: Arc<Counters>, cfg: LoopCfg) {
         // spurious wake-up), so stay dozing.
         if !shard.parked.swap(false, Ordering::SeqCst) {
             dozing = false;
+            shard.dozing.store(false, Ordering::SeqCst);
             last_activity = Instant::now();
             empty_scans = 0;
             Counters::add(&counters.resumes, 1);
         }
+    }
+    shard.dozing.store(false, Ordering::SeqCst);
+    if let Some(w) = watch
+        && holder
+    {
+        w.holder.store(NO_HOLDER, Ordering::SeqCst);
     }
     tracing::debug!(shard = shard.id, "polling thread stopped");
 }
@@ -296,6 +392,8 @@ struct Inner {
     cfg: ConfigView,
     counters: Arc<Counters>,
     shared: Vec<Arc<Shard>>,
+    /// Idle rescans of the shared shards.
+    watch: Arc<IdleWatch>,
     shared_threads: Mutex<Vec<JoinHandle<()>>>,
     /// EVENT registrations (never polled; kept for shutdown).
     event_shard: Arc<Shard>,
@@ -307,18 +405,19 @@ struct Inner {
 }
 
 impl Inner {
-    fn loop_cfg(&self) -> LoopCfg {
+    fn loop_cfg(&self, shared: bool) -> LoopCfg {
         LoopCfg {
             park_after: self.cfg.idle_park_after(),
             idle_interval: self.cfg.idle_poll_interval(),
+            watch: shared.then(|| self.watch.clone()),
         }
     }
 
-    fn spawn(&self, shard: &Arc<Shard>) -> Result<JoinHandle<()>> {
+    fn spawn(&self, shard: &Arc<Shard>, shared: bool) -> Result<JoinHandle<()>> {
         let (s, c, cfg, alive) = (
             shard.clone(),
             self.counters.clone(),
-            self.loop_cfg(),
+            self.loop_cfg(shared),
             self.threads_alive.clone(),
         );
         alive.fetch_add(1, Ordering::SeqCst);
@@ -409,8 +508,13 @@ impl Poller {
             Mode::Bpts | Mode::Bpev => cfg.polling_threads(),
             Mode::Bp | Mode::Event => 0,
         };
+        let shared: Vec<Arc<Shard>> = (0..n).map(Shard::new).collect();
         let inner = Arc::new(Inner {
-            shared: (0..n).map(Shard::new).collect(),
+            watch: Arc::new(IdleWatch {
+                holder: AtomicUsize::new(NO_HOLDER),
+                shards: shared.clone(),
+            }),
+            shared,
             cfg,
             counters: Arc::new(Counters::default()),
             shared_threads: Mutex::new(Vec::new()),
@@ -421,7 +525,7 @@ impl Poller {
             threads_alive: Arc::new(AtomicUsize::new(0)),
         });
         for s in &inner.shared {
-            let h = inner.spawn(s)?;
+            let h = inner.spawn(s, true)?;
             lock(&inner.shared_threads).push(h);
         }
         Ok(Self { inner })
@@ -530,7 +634,7 @@ impl Poller {
         });
         shard.add(entry.clone());
         if bp_thread {
-            let h = inner.spawn(&shard)?;
+            let h = inner.spawn(&shard, false)?;
             let mut bp = lock(&inner.bp);
             if inner.shutdown.load(Ordering::SeqCst) {
                 // Lost a race with shutdown: do not leave the thread behind.

@@ -332,3 +332,42 @@ fn connections_added_and_removed_while_polling() {
         });
     }
 }
+
+/// Two shared polling threads, both dozing with armed idle connections: only one of them
+/// rescans (for both shards), and data on either shard still wakes its task.
+#[test]
+fn dozing_shards_are_rescanned_by_one_thread() {
+    for mode in [Mode::Bpts, Mode::Bpev] {
+        rt().block_on(async {
+            let p = test_config(mode)
+                .polling_threads(2)
+                .unwrap()
+                .build()
+                .unwrap();
+            let fakes: Vec<_> = (0..4).map(|_| Fake::new()).collect();
+            let mut regs: Vec<_> = fakes
+                .iter()
+                .map(|f| p.register(f.clone()).unwrap())
+                .collect();
+            let mut futs: Vec<_> = regs.iter_mut().map(|r| Box::pin(r.wait_ready())).collect();
+            while p.stats().sleeps < 4 {
+                for f in &mut futs {
+                    let _ = poll!(f.as_mut());
+                }
+            }
+            // Both threads doze (each shard has armed, idle connections).
+            let t0 = std::time::Instant::now();
+            while p.stats().parks < 2 {
+                assert!(t0.elapsed() < BOUND, "{mode}: threads never dozed");
+                std::thread::yield_now();
+            }
+            for (f, fut) in fakes.iter().zip(futs) {
+                f.written.store(1, Ordering::Release);
+                tokio::time::timeout(BOUND, fut)
+                    .await
+                    .expect("dozing shard never rescanned")
+                    .unwrap();
+            }
+        });
+    }
+}
