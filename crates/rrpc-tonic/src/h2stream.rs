@@ -1,8 +1,8 @@
 //! The HTTP/2 path: a byte stream (`AsyncRead + AsyncWrite + Connected`) over a pipe.
 //!
-//! hyper/h2 run unchanged on top, so every tonic feature works. Two small
-//! pump tasks move bytes: writes are cut into messages of at most the ring's
-//! message size, received messages are queued as chunks for reads.
+//! hyper/h2 run unchanged on top, so every tonic feature works. Writes are
+//! cut into messages of at most the ring's message size and copied straight
+//! into the send ring; a reader task queues received messages as chunks.
 
 use std::io;
 use std::pin::Pin;
@@ -10,10 +10,10 @@ use std::task::{Context, Poll, ready};
 
 use bytes::{Buf, Bytes};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::sync::mpsc;
-use tokio_util::sync::PollSender;
 
-use crate::pipe::Pipe;
+use crate::Error;
+use crate::pipe::{BoxFut, MsgTx, Pipe};
+use tokio::sync::mpsc;
 
 /// Information about an rrpc connection, available to tonic handlers through
 /// `request.extensions().get::<RrpcConnectInfo>()` on the HTTP/2 path.
@@ -23,34 +23,46 @@ pub struct RrpcConnectInfo {
     pub local: String,
 }
 
+type SendFut = BoxFut<'static, (Box<dyn MsgTx>, Result<(), Error>)>;
+
 /// An rrpc connection as a byte stream, for hyper.
-#[derive(Debug)]
+///
+/// `poll_write` copies the bytes straight into the send ring when it has
+/// room (the common case; otherwise the write is accepted and finished by the
+/// next `poll_write`/`poll_flush`): no writer task. Reads come from a small
+/// reader task (see [`RrpcStream::new`]).
 pub struct RrpcStream {
-    tx: PollSender<Bytes>,
+    /// The send half while no slow (ring-full) send is in flight.
+    tx: Option<Box<dyn MsgTx>>,
+    sending: Option<SendFut>,
+    /// Chunks from the reader pump task.
     rx: mpsc::Receiver<Bytes>,
     cur: Bytes,
+    eof: bool,
     max: usize,
     info: RrpcConnectInfo,
 }
 
+impl std::fmt::Debug for RrpcStream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RrpcStream")
+            .field("info", &self.info)
+            .field("eof", &self.eof)
+            .finish_non_exhaustive()
+    }
+}
+
 impl RrpcStream {
-    /// Starts the pump tasks over a negotiated pipe.
+    /// Wraps a negotiated pipe.
     pub(crate) fn new(pipe: Pipe, info: RrpcConnectInfo) -> Self {
-        let (mut ptx, mut prx) = pipe;
-        let max = ptx.max_message();
-        let (wtx, mut wrx) = mpsc::channel::<Bytes>(16);
-        tokio::spawn(async move {
-            while let Some(b) = wrx.recv().await {
-                let mut fill = |slot: &mut [u8]| slot.copy_from_slice(&b);
-                if ptx.send_with(b.len(), &mut fill).await.is_err() {
-                    break;
-                }
-            }
-        });
-        let (rtx, rrx) = mpsc::channel::<Bytes>(16);
+        let (tx, mut prx) = pipe;
+        // The reader stays a task of its own: its ring wait spins (BPEV), and
+        // spinning inside hyper's connection task would stall its writes.
+        let (rtx, rx) = mpsc::channel::<Bytes>(16);
         tokio::spawn(async move {
             loop {
                 let mut got = Bytes::new();
+                // The one receive-side copy: ring slot -> read chunk.
                 let r = prx
                     .recv_with(&mut |m: &[u8]| got = Bytes::copy_from_slice(m))
                     .await;
@@ -60,57 +72,107 @@ impl RrpcStream {
                             break;
                         }
                     }
+                    // The peer left (or the ring failed): EOF, as a closed socket reads.
                     _ => break,
                 }
             }
         });
         RrpcStream {
-            tx: PollSender::new(wtx),
-            rx: rrx,
+            max: tx.max_message(),
+            tx: Some(tx),
+            sending: None,
+            rx,
             cur: Bytes::new(),
-            max,
+            eof: false,
             info,
         }
+    }
+
+    /// Finishes a send that had to wait for ring space.
+    fn poll_sent(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        if let Some(f) = self.sending.as_mut() {
+            let (tx, r) = ready!(f.as_mut().poll(cx));
+            self.sending = None;
+            self.tx = Some(tx);
+            r.map_err(|_| io::Error::from(io::ErrorKind::BrokenPipe))?;
+        }
+        Poll::Ready(Ok(()))
     }
 }
 
 impl AsyncRead for RrpcStream {
     fn poll_read(
-        mut self: Pin<&mut Self>,
+        self: Pin<&mut Self>,
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
-        if self.cur.is_empty() {
-            match ready!(self.rx.poll_recv(cx)) {
-                Some(b) => self.cur = b,
-                None => return Poll::Ready(Ok(())), // EOF
+        let this = self.get_mut();
+        if this.cur.is_empty() {
+            if this.eof {
+                return Poll::Ready(Ok(()));
+            }
+            match ready!(this.rx.poll_recv(cx)) {
+                Some(b) => this.cur = b,
+                None => {
+                    this.eof = true;
+                    return Poll::Ready(Ok(()));
+                }
             }
         }
-        let n = self.cur.len().min(buf.remaining());
-        buf.put_slice(&self.cur[..n]);
-        self.cur.advance(n);
+        let n = this.cur.len().min(buf.remaining());
+        buf.put_slice(&this.cur[..n]);
+        this.cur.advance(n);
         Poll::Ready(Ok(()))
     }
 }
 
 impl AsyncWrite for RrpcStream {
     fn poll_write(
-        mut self: Pin<&mut Self>,
+        self: Pin<&mut Self>,
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        ready!(self.tx.poll_reserve(cx)).map_err(|_| io::Error::from(io::ErrorKind::BrokenPipe))?;
-        let n = buf.len().min(self.max);
-        self.tx
-            .send_item(Bytes::copy_from_slice(&buf[..n]))
-            .map_err(|_| io::Error::from(io::ErrorKind::BrokenPipe))?;
-        Poll::Ready(Ok(n))
+        let this = self.get_mut();
+        ready!(this.poll_sent(cx))?;
+        if buf.is_empty() {
+            return Poll::Ready(Ok(0));
+        }
+        let Some(tx) = this.tx.as_mut() else {
+            return Poll::Ready(Err(io::ErrorKind::BrokenPipe.into()));
+        };
+        let n = buf.len().min(this.max);
+        let data = &buf[..n];
+        match tx.try_send_with(n, &mut |slot: &mut [u8]| slot.copy_from_slice(data)) {
+            Ok(true) => Poll::Ready(Ok(n)),
+            Ok(false) => {
+                // Ring full: accept the bytes, finish the send in the background
+                // of this stream (the next write or flush waits for it).
+                let data = Bytes::copy_from_slice(data);
+                let mut tx = this.tx.take().expect("checked above");
+                this.sending = Some(Box::pin(async move {
+                    let r = tx
+                        .send_with(data.len(), &mut |slot: &mut [u8]| {
+                            slot.copy_from_slice(&data)
+                        })
+                        .await;
+                    (tx, r)
+                }));
+                // Register for its completion now (it may finish at once).
+                if let Poll::Ready(Err(e)) = this.poll_sent(cx) {
+                    return Poll::Ready(Err(e));
+                }
+                Poll::Ready(Ok(n))
+            }
+            Err(_) => Poll::Ready(Err(io::ErrorKind::BrokenPipe.into())),
+        }
     }
-    fn poll_flush(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Poll::Ready(Ok(()))
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        self.get_mut().poll_sent(cx)
     }
-    fn poll_shutdown(mut self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        self.tx.close();
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        ready!(this.poll_sent(cx))?;
+        this.tx = None;
         Poll::Ready(Ok(()))
     }
 }
