@@ -45,6 +45,38 @@
 //! * **HTTP/2 path** ([`PathPreference::Http2`]): a byte stream over the
 //!   rings under hyper/h2, so everything tonic does works unchanged.
 //!
+//! ## What a unary call costs on the fast path
+//!
+//! No task hop in the common case (RR-Compound §IV-B: wake-ups, not bytes,
+//! dominate small RPCs):
+//!
+//! 1. The caller's task encodes the request (tonic), and because a unary
+//!    body is ready at once it writes REQUEST_HEADERS + DATA(END_STREAM) as
+//!    one ring message itself: an uncontended `try_lock` and the ring's own
+//!    reserve/commit, no writer task, no boxed future.
+//! 2. The caller then waits on its call's slot and, as no other call is
+//!    receiving, drives the connection's receive itself (leader/follower: it
+//!    dispatches frames for other calls to their slots and wakes them; a
+//!    fallback reader task takes over only when the receiving call leaves
+//!    while others still wait).
+//! 3. The server's connection task decodes the message and polls the
+//!    router's future inline; a handler that completes at its first poll
+//!    (unary handlers usually do) has its response written into the ring
+//!    right there, so RESPONSE_HEADERS + DATA + TRAILERS is one message.
+//!    Handlers that do not complete at once are spawned as tasks.
+//! 4. The caller's receive sees the reply (spinning, per the poller's mode)
+//!    and returns it to tonic.
+//!
+//! So a call costs two ring messages and, when both sides' spins cover the
+//! wait, no sleep, eventfd or thread wake-up at all (`examples/src/demo.rs`
+//! prints the poller's spin hits and sleeps per call).
+//!
+//! ## Choosing a path
+//!
+//! Use the fast path (the default) unless you need one of the features
+//! below; the HTTP/2 path costs hyper/h2's framing, HPACK and several task
+//! hops per call (about 4× the fast path's latency here).
+//!
 //! Features that need the HTTP/2 path (choose `PathPreference::Http2`):
 //! per-stream flow control (the fast path has connection-level back-pressure
 //! only: a call whose receiver stops reading stalls the connection once its
@@ -66,16 +98,33 @@
 //! |---|---|---|---|
 //! | fast, zero-copy on (default) | 1 (encode buffer → ring slot, frame written in place) | 1 (ring slot → body chunk) | 2 |
 //! | fast, zero-copy off | 2 (encode buffer → frame buffer → ring slot) | 1 | 3 |
-//! | HTTP/2 | 2 (hyper write buffer → chunk → ring slot) | 2 (ring slot → chunk → hyper read buffer) | 4 |
+//! | HTTP/2 | 1 (hyper write buffer → ring slot) | 2 (ring slot → chunk → hyper read buffer) | 3 |
 //!
 //! The fabric WRITE adds one more on `shm` (none on RDMA hardware); tonic's
 //! decoder adds its own copy into its buffer on every path. [`RrpcConfig::zero_copy`]
 //! switches the fast path between the first two rows, to reproduce Fig. 14.
 //!
+//! # Connection management (which poller, and why)
+//!
+//! Every `shm://`/`rdma://` connection registers both directions with an
+//! [`rrpc_poller::Poller`]. By default the process shares one built from
+//! [`default_poller_config`]: BPEV with one polling thread and a fixed
+//! 50 µs spin, chosen by measuring every mode on a 2-core host (the
+//! reasoning and numbers are in its docs). [`RrpcConfig::poller`] gives a
+//! config its own poller (any [`PollerMode`], thread count, `bp_timeout`);
+//! [`RrpcConfig::poller_handle`] exposes its counters.
+//!
+//! Thread budget: each side's tokio worker(s), plus one polling thread per
+//! poller (parked while every task's spin catches its data). On a 2-core
+//! machine run the server and the client of one process on separate
+//! single-threaded runtimes (as the demo does) so the two spinning readers
+//! get a core each.
+//!
 //! # Modules
 //!
 //! * [`frame`]: the fast-path wire format (sans-IO).
-//! * [`RrpcConfig`], [`PathPreference`]: knobs and their defaults.
+//! * [`RrpcConfig`], [`PathPreference`]: knobs and their defaults;
+//!   [`PollerConfig`], [`PollerMode`], [`Poller`] re-exported from rrpc-poller.
 //! * [`Server`], [`Router`]: serving.
 //! * [`RrpcChannel`], [`ChannelPath`]: connecting.
 //! * [`Error`]: one error type, mapped to [`tonic::Status`].

@@ -632,3 +632,108 @@ async fn send_request(
     }
     let _ = writer.send(batch).await;
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use tokio_util::sync::CancellationToken;
+
+    use super::*;
+    use crate::pipe::mem_pair;
+
+    fn req(path: &str) -> http::Request<Body> {
+        http::Request::builder()
+            .uri(path)
+            .body(Body::empty())
+            .expect("request")
+    }
+
+    struct Count(std::sync::atomic::AtomicUsize);
+    impl std::task::Wake for Count {
+        fn wake(self: Arc<Self>) {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+    fn counting() -> (Arc<Count>, Waker) {
+        let c = Arc::new(Count(std::sync::atomic::AtomicUsize::new(0)));
+        (c.clone(), Waker::from(c))
+    }
+
+    /// The call whose waker the in-flight receive holds leaves while another
+    /// call still waits: the fallback reader is woken to take over. Anyone
+    /// else leaving wakes nobody.
+    #[test]
+    fn handoff_wakes_the_fallback_only_when_the_receiver_leaves() {
+        let mut t = Table::default();
+        let (fb, fb_waker) = counting();
+        let (_, w2) = counting();
+        t.fallback = Some(fb_waker);
+        t.calls.insert(1, Slot::default());
+        t.calls.insert(
+            2,
+            Slot {
+                events: VecDeque::new(),
+                waker: Some(w2),
+            },
+        );
+        t.driver = Some(2);
+        t.handoff(1);
+        assert_eq!(fb.0.load(Ordering::SeqCst), 0, "1 was not receiving");
+        assert_eq!(t.driver, Some(2));
+        t.driver = Some(1);
+        t.handoff(1);
+        assert_eq!(fb.0.load(Ordering::SeqCst), 1, "2 waits: fallback woken");
+        assert_eq!(t.driver, None);
+        // With nobody waiting, a leaving receiver wakes nobody.
+        t.calls.get_mut(&2).expect("slot").waker = None;
+        let (fb, fb_waker) = counting();
+        t.fallback = Some(fb_waker);
+        t.driver = Some(1);
+        t.handoff(1);
+        assert_eq!(fb.0.load(Ordering::SeqCst), 0);
+    }
+
+    /// Calls finishing out of order on one connection all get their replies
+    /// (the first one waits while the second receives and leaves).
+    #[tokio::test(flavor = "current_thread")]
+    async fn calls_finishing_out_of_order_all_complete() {
+        let (cpipe, spipe) = mem_pair(1 << 16);
+        let gate = Arc::new(tokio::sync::Notify::new());
+        let g = gate.clone();
+        let svc = tower::service_fn(move |r: http::Request<Body>| {
+            let g = g.clone();
+            async move {
+                if r.uri().path() == "/slow" {
+                    g.notified().await;
+                }
+                Ok::<_, std::convert::Infallible>(http::Response::new(Body::empty()))
+            }
+        });
+        let cfg = RrpcConfig::default();
+        tokio::spawn(crate::fast::server::serve_conn(
+            spipe,
+            svc,
+            cfg.clone(),
+            CancellationToken::new(),
+        ));
+        let ch = FastChannel::start(cpipe, &cfg);
+        let mut c1 = ch.clone();
+        let slow = tokio::spawn(async move { tower::Service::call(&mut c1, req("/slow")).await });
+        // The slow call writes its request and starts receiving.
+        for _ in 0..4 {
+            tokio::task::yield_now().await;
+        }
+        // The fast call takes over the receive (its waker) and leaves with its reply.
+        let mut c2 = ch.clone();
+        tower::Service::call(&mut c2, req("/fast"))
+            .await
+            .expect("fast call");
+        gate.notify_one();
+        let r = tokio::time::timeout(Duration::from_secs(10), slow)
+            .await
+            .expect("the slow call gets its reply after the receiving call left")
+            .expect("task");
+        assert!(r.is_ok(), "{:?}", r.err());
+    }
+}
