@@ -177,7 +177,7 @@ fn load(s: &mut Setup, interval: Duration, dur: Duration) -> LoadResult {
     let mut msgs = 0u64;
     // Warm-up: one round trip per connection before measuring.
     let warm_until = Instant::now() + Duration::from_millis(20);
-    let cpu0 = CpuTimes::process().unwrap_or_default();
+    let mut cpu0 = CpuTimes::process().unwrap_or_default();
     let mut start = Instant::now();
     let mut warm = true;
     let mut end = Instant::now() + dur + Duration::from_millis(20);
@@ -188,6 +188,7 @@ fn load(s: &mut Setup, interval: Duration, dur: Duration) -> LoadResult {
             warm = false;
             lat = Latency::new();
             msgs = 0;
+            cpu0 = CpuTimes::process().unwrap_or_default();
             start = now;
             end = now + dur;
         }
@@ -258,6 +259,11 @@ fn cores() -> f64 {
         .unwrap_or(1) as f64
 }
 
+/// Counter per message (server side: both directions of every connection).
+fn per(n: u64, msgs: u64) -> f64 {
+    n as f64 / msgs.max(1) as f64
+}
+
 fn pct(d: Duration, wall: Duration) -> f64 {
     100.0 * d.as_secs_f64() / (wall.as_secs_f64() * cores())
 }
@@ -310,6 +316,10 @@ fn main() -> Result<()> {
             "sys_pct",
             "idle_pct",
             "threads",
+            "sleeps_per_msg",
+            "spin_hits_per_msg",
+            "poller_wakes_per_msg",
+            "polls_per_msg",
         ],
     );
     // best[(interval, conns)] = (best p50, bpev-adaptive p50)
@@ -318,7 +328,9 @@ fn main() -> Result<()> {
         for &n in &conn_list {
             for v in VARIANTS {
                 let mut s = setup(v.config(pt), v.mode, n)?;
+                let st0 = s.poller.stats();
                 let r = load(&mut s, Duration::from_micros(iv), point);
+                let st = s.poller.stats().since(&st0);
                 let threads = s.poller.threads();
                 teardown(s);
                 let sm = r.lat.summary();
@@ -338,6 +350,10 @@ fn main() -> Result<()> {
                     Value::from(sys),
                     Value::from((100.0 - user - sys).max(0.0)),
                     Value::from(threads as u64),
+                    Value::from(per(st.sleeps, r.msgs)),
+                    Value::from(per(st.spin_hits, r.msgs)),
+                    Value::from(per(st.waker_wakes + st.eventfd_writes, r.msgs)),
+                    Value::from(per(st.polls, r.msgs)),
                 ]);
             }
         }

@@ -30,9 +30,11 @@ use crate::stats::{Counters, Stats};
 use crate::sys::{DupFd, EventFd, register_readable};
 use crate::tune::SpinTuner;
 
-/// Empty scans between two `sched_yield`s of a polling thread, so that oversubscribed polling
-/// threads (BP with more connections than cores) still let each other run.
-const YIELD_AFTER_EMPTY_SCANS: u32 = 256;
+/// Readiness checks (a scan of nothing armed counts as one) between two `sched_yield`s of a
+/// polling thread (~5–20 µs), so that a polling thread sharing a core with a tokio worker or
+/// with other polling threads (BP with more connections than cores) lets them run. Counted in
+/// checks, not scans: a scan of 128 armed connections is 128 times longer than a scan of one.
+const YIELD_AFTER_CHECKS: u64 = 1024;
 /// How often a spinning task yields to the tokio scheduler (other tasks on the same worker).
 const SPIN_YIELD_EVERY: Duration = Duration::from_micros(5);
 /// When a spinning task yields (and helps) for the first time.
@@ -231,7 +233,7 @@ fn polling_loop(shard: Arc<Shard>, counters: Arc<Counters>, cfg: LoopCfg) {
     let mut local: Vec<Arc<Entry>> = Vec::new();
     let mut seen_gen = u64::MAX;
     let mut last_activity = Instant::now();
-    let mut empty_scans: u32 = 0;
+    let mut checks: u64 = 0;
     let mut dozing = false;
     let watch = cfg.watch.as_deref();
     let mut holder = false;
@@ -252,7 +254,7 @@ fn polling_loop(shard: Arc<Shard>, counters: Arc<Counters>, cfg: LoopCfg) {
         Counters::add(&counters.empty_polls, waiting as u64);
         if let Some(w) = watch
             && holder
-            && (check_watch || empty_scans.is_multiple_of(YIELD_AFTER_EMPTY_SCANS))
+            && (check_watch || checks == 0)
         {
             let now = Instant::now();
             if now >= next_watch {
@@ -263,15 +265,19 @@ fn polling_loop(shard: Arc<Shard>, counters: Arc<Counters>, cfg: LoopCfg) {
         check_watch = false;
         if fired > 0 {
             last_activity = Instant::now();
-            empty_scans = 0;
+            checks = 0;
             dozing = false;
             shard.dozing.store(false, Ordering::SeqCst);
             thread::yield_now();
             continue;
         }
-        empty_scans = empty_scans.wrapping_add(1);
+        checks += polls.max(1);
+        let due = checks >= YIELD_AFTER_CHECKS;
+        if due {
+            checks = 0;
+        }
         let Some(park_after) = cfg.park_after else {
-            if empty_scans.is_multiple_of(YIELD_AFTER_EMPTY_SCANS) {
+            if due {
                 thread::yield_now();
             } else {
                 std::hint::spin_loop();
@@ -282,7 +288,7 @@ fn polling_loop(shard: Arc<Shard>, counters: Arc<Counters>, cfg: LoopCfg) {
             false
         } else {
             if !dozing {
-                if !empty_scans.is_multiple_of(YIELD_AFTER_EMPTY_SCANS) {
+                if !due {
                     std::hint::spin_loop();
                     continue;
                 }
@@ -349,7 +355,7 @@ fn polling_loop(shard: Arc<Shard>, counters: Arc<Counters>, cfg: LoopCfg) {
             dozing = false;
             shard.dozing.store(false, Ordering::SeqCst);
             last_activity = Instant::now();
-            empty_scans = 0;
+            checks = 0;
             Counters::add(&counters.resumes, 1);
         }
     }
@@ -840,11 +846,12 @@ impl Registration {
     }
 
     async fn wait_ready_inner(&mut self) -> Result<()> {
-        let start = Instant::now();
         if let Check::Ready = self.check()? {
             Counters::add(&self.inner.counters.first_check_hits, 1);
             return Ok(());
         }
+        // Read the clock only once we have to wait (the hit path stays clock-free).
+        let start = Instant::now();
         if self.mode == Mode::Bpev {
             let budget = self.tuner.budget();
             if !budget.is_zero() {
