@@ -5,14 +5,23 @@
 //! Fair by construction: the server and the client each run on their own OS
 //! thread with their own single-threaded tokio runtime, built the same way
 //! for every path (tonic's TCP and Unix-socket baselines included). The
-//! thread plan is printed first: with `--pin` the server thread is pinned to
-//! CPU 0 and the client thread to CPU 1; rrpc's polling threads (rrpc-poller)
-//! come on top and are never pinned.
+//! thread plan is printed first: the server thread is pinned to CPU 0 and the
+//! client thread to CPU 1 (unless `--no-pin`); rrpc's polling threads
+//! (rrpc-poller) come on top and are never pinned.
+//!
+//! Why pin: rrpc's readers spin while a connection is busy. Unpinned, the
+//! kernel's wake-affine placement may put the server and client threads on
+//! the same core; then a thread that slept waits for the other's whole spin
+//! before it runs, both sides keep missing their spin, and every call costs
+//! about two spin budgets (measured: ~110 µs with a 50 µs spin, ~410 µs with
+//! 200 µs, in some runs and not others). Pinned, 12 of 12 runs stayed at
+//! ~5.5 µs.
 //!
 //! `--modes` measures the shm paths under several connection-management
 //! configurations (`MODE[:polling_threads][@bp_timeout_us][!]`, e.g. `bpev:1@20`, `!` turns
 //! auto-tuning of the spin off,
-//! `event`, `bp`, `bpts:1`; `default` is rrpc-tonic's default; `all` is a
+//! `event`, `event@50` (Event plus a 50 µs receive spin), `bp`, `bpts:1`;
+//! `default` is rrpc-tonic's default; `all` is a
 //! preset list) and prints the poller's counters per call for each.
 
 use std::sync::mpsc as std_mpsc;
@@ -40,9 +49,9 @@ struct Args {
     /// Poller configurations for the shm paths (comma-separated, or `all`).
     #[arg(long, default_value = "default")]
     modes: String,
-    /// Pin the server thread to CPU 0 and the client thread to CPU 1.
+    /// Do not pin the server thread to CPU 0 and the client thread to CPU 1.
     #[arg(long)]
-    pin: bool,
+    no_pin: bool,
     /// Skip the tcp and uds baselines (only meaningful with several modes).
     #[arg(long)]
     no_baselines: bool,
@@ -98,15 +107,22 @@ fn parse_variant(s: &str) -> anyhow::Result<Variant> {
     if fixed {
         pc = pc.auto_tune(false);
     }
+    let mut cfg = RrpcConfig::default().poller(pc);
+    if mode == PollerMode::Event
+        && let Some(t) = timeout
+    {
+        // Event never spins: `event@N` is Event plus rrpc-tonic's receive spin.
+        cfg = cfg.receive_spin(t);
+    }
     Ok(Variant {
         label: s.to_string(),
-        cfg: RrpcConfig::default().poller(pc),
+        cfg,
     })
 }
 
 fn variants(spec: &str) -> anyhow::Result<Vec<Variant>> {
     let spec = if spec == "all" {
-        "default,bpev:2@20,bpev:1@20,bpev:1@0,bpev:1@50,bpts:1,bp,event"
+        "default,bpev:2@20,bpev:1@20,bpev:1@0,bpev:1@50!,bpev:1@200!,bpts:1,bp,event,event@50"
     } else {
         spec
     };
@@ -194,12 +210,12 @@ fn main() -> anyhow::Result<()> {
     let uds = format!("unix://{}/rrpc-demo-{pid}.uds", dir.display());
     let shm = |i: usize| format!("shm://{}/rrpc-demo-{pid}-{i}.sock", dir.display());
 
-    let (scpu, ccpu) = if args.pin {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let (scpu, ccpu) = if !args.no_pin && cores >= 2 {
         (Some(0), Some(1))
     } else {
         (None, None)
     };
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let pin_note =
         |c: Option<usize>| c.map_or("unpinned".to_string(), |c| format!("pinned to cpu {c}"));
     println!(

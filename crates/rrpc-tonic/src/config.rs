@@ -41,6 +41,7 @@ struct Inner {
     max_chunk: usize,
     call_buffer: usize,
     poller: Option<PollerConfig>,
+    receive_spin: std::time::Duration,
     /// The poller built from `poller`, shared by every clone of this config.
     poller_cell: Arc<OnceLock<Poller>>,
 }
@@ -55,6 +56,7 @@ impl Default for RrpcConfig {
             max_chunk: 256 << 10,
             call_buffer: 64,
             poller: None,
+            receive_spin: std::time::Duration::ZERO,
             poller_cell: Arc::new(OnceLock::new()),
         }))
     }
@@ -136,6 +138,22 @@ impl RrpcConfig {
             i.poller = Some(poller);
             i.poller_cell = Arc::new(OnceLock::new());
         })
+    }
+
+    /// How long a connection's receiver spins on its ring before it waits
+    /// through the poller (default 0: only the poller's own spin, if any).
+    ///
+    /// Meant for [`rrpc_poller::Mode::Event`], which never spins: Event plus
+    /// a receive spin catches replies while a connection is busy and, once
+    /// it sleeps, is woken by the writer's `WRITE_WITH_IMM` directly, with no
+    /// polling thread on the wake-up path.
+    pub fn receive_spin(self, spin: std::time::Duration) -> Self {
+        self.with(|i| i.receive_spin = spin)
+    }
+
+    /// See [`RrpcConfig::receive_spin`].
+    pub fn get_receive_spin(&self) -> std::time::Duration {
+        self.0.receive_spin
     }
 
     /// See [`RrpcConfig::poller`] (`None`: the process-wide default).

@@ -116,9 +116,15 @@
 //!
 //! Thread budget: each side's tokio worker(s), plus one polling thread per
 //! poller (parked while every task's spin catches its data). On a 2-core
-//! machine run the server and the client of one process on separate
-//! single-threaded runtimes (as the demo does) so the two spinning readers
-//! get a core each.
+//! machine run the server and the client on separate single-threaded
+//! runtimes pinned to different cores (as the demo and the rpc bench do):
+//! unpinned, the kernel may stack both spinning threads on one core, and a
+//! woken thread then waits for its peer's whole spin (the demo's docs have
+//! the numbers).
+//!
+//! [`RrpcConfig::receive_spin`] adds rrpc-tonic's own spin before the
+//! poller's wait, for [`PollerMode::Event`] (spin, then sleep on the
+//! writer's `WRITE_WITH_IMM`, with no polling thread at all).
 //!
 //! # Modules
 //!

@@ -5,13 +5,14 @@
 use std::os::fd::{AsRawFd, RawFd};
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use futures_util::FutureExt;
 use rrpc_core::conn::{Connection, HandshakeConfig, Listener, Offer, connect};
 use rrpc_core::{Endpoint, Fabric, QpConfig};
 use rrpc_poller::Mode;
 use rrpc_poller::conn::{AsyncConn, AsyncReceiver, AsyncSender};
-use rrpc_ringbuf::{LocalRing, RingConfig, RingRx, RingTx, TxWatch};
+use rrpc_ringbuf::{LocalRing, RingConfig, RingRx, RingTx, RxWatch, TxWatch};
 use tokio::io::unix::AsyncFd;
 
 use crate::pipe::{BoxFut, MsgRx, MsgTx, Pipe};
@@ -36,6 +37,10 @@ struct ShmTx {
 
 struct ShmRx {
     rx: AsyncReceiver,
+    /// Data-present check of the receive ring, for our own spin.
+    watch: RxWatch,
+    /// [`RrpcConfig::receive_spin`].
+    spin: Duration,
     // Keeps the connection (side channel, regions) alive as long as the pipe.
     _conn: Arc<Connection>,
 }
@@ -100,6 +105,9 @@ impl MsgRx for ShmRx {
         f: &'a mut (dyn FnMut(&[u8]) + Send),
     ) -> BoxFut<'a, Result<bool, Error>> {
         Box::pin(async move {
+            if !self.spin.is_zero() && !self.watch.has_data() {
+                spin_for_data(&self.watch, self.spin).await;
+            }
             let got = loop {
                 match self.rx.recv().await {
                     Ok(msg) => {
@@ -124,15 +132,52 @@ impl MsgRx for ShmRx {
     }
 }
 
+/// How often our own spin yields to the tokio scheduler.
+const SPIN_YIELD_EVERY: Duration = Duration::from_micros(5);
+
+/// Spins up to `budget` until the ring has data, yielding to the other tasks
+/// of this worker every few microseconds (the poller's wait follows).
+async fn spin_for_data(watch: &RxWatch, budget: Duration) {
+    let start = Instant::now();
+    let mut next_yield = start + SPIN_YIELD_EVERY;
+    loop {
+        for _ in 0..32 {
+            if watch.has_data() {
+                return;
+            }
+            std::hint::spin_loop();
+        }
+        let now = Instant::now();
+        if now.duration_since(start) >= budget {
+            return;
+        }
+        if now >= next_yield {
+            // Let the OS run a thread it stacked on this core (the scheduler's
+            // wake-affine placement puts a thread woken by us here; without
+            // this it waits for our whole budget), then the other tasks of
+            // this worker.
+            std::thread::yield_now();
+            tokio::task::yield_now().await;
+            next_yield = Instant::now() + SPIN_YIELD_EVERY;
+        }
+    }
+}
+
 fn into_pipe(conn: Connection, tx: RingTx, rx: RingRx, cfg: &RrpcConfig) -> Result<Pipe, Error> {
     let max = tx.config().max_message();
+    let rx_watch = rx.watch();
     let ac = AsyncConn::new(&cfg.poller_handle()?, conn, tx, rx)?;
     let conn = ac.connection().clone();
     let (tx, rx) = ac.split()?;
     let watch = tx.ring().watch();
     Ok((
         Box::new(ShmTx { tx, watch, max }),
-        Box::new(ShmRx { rx, _conn: conn }),
+        Box::new(ShmRx {
+            rx,
+            watch: rx_watch,
+            spin: cfg.get_receive_spin(),
+            _conn: conn,
+        }),
     ))
 }
 
@@ -222,5 +267,62 @@ impl ShmListener {
                 Err(e) => tracing::debug!("rrpc shm handshake failed: {e}"),
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use rrpc_poller::{Mode, PollerConfig};
+    use tokio_util::sync::CancellationToken;
+    use tonic::body::Body;
+
+    use crate::RrpcConfig;
+    use crate::fast::client::FastChannel;
+    use crate::transport::{RrpcListener, Target, dial, negotiate_client, negotiate_server};
+
+    /// A fast-path call over real shm rings in Event mode with a receive
+    /// spin: the ring geometry gets `tail_with_imm` on both ends (else the
+    /// handshake or `AsyncConn::new` refuses), and replies arrive.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn event_mode_with_receive_spin_serves_calls() {
+        let path = std::env::temp_dir().join(format!("rrpc-tonic-ev-{}.sock", std::process::id()));
+        let _ = std::fs::remove_file(&path);
+        let cfg = RrpcConfig::default()
+            .poller(PollerConfig::new().mode(Mode::Event))
+            .receive_spin(Duration::from_micros(20));
+        let target = Target::Shm(path.clone());
+        let mut listener = RrpcListener::bind(&target, &cfg).expect("bind");
+        let scfg = cfg.clone();
+        let server = tokio::spawn(async move {
+            let mut pipe = listener.accept().await.expect("accept");
+            negotiate_server(&mut pipe, &scfg).await.expect("negotiate");
+            let svc = tower::service_fn(|_r: http::Request<Body>| async {
+                let mut res = http::Response::new(Body::empty());
+                res.headers_mut()
+                    .insert("grpc-status", "0".parse().expect("value"));
+                Ok::<_, std::convert::Infallible>(res)
+            });
+            crate::fast::server::serve_conn(pipe, svc, scfg, CancellationToken::new()).await
+        });
+        let mut pipe = dial(&target, &cfg).await.expect("dial");
+        negotiate_client(&mut pipe, &cfg).await.expect("negotiate");
+        let mut ch = FastChannel::start(pipe, &cfg);
+        for _ in 0..20 {
+            let req = http::Request::builder()
+                .uri("/x.Y/Z")
+                .body(Body::empty())
+                .expect("request");
+            let res = tower::Service::call(&mut ch, req).await.expect("call");
+            assert_eq!(res.headers()["grpc-status"], "0");
+        }
+        assert_eq!(
+            cfg.poller_handle().expect("poller").config().mode(),
+            Mode::Event
+        );
+        drop(ch);
+        let _ = tokio::time::timeout(Duration::from_secs(5), server).await;
+        let _ = std::fs::remove_file(&path);
     }
 }
