@@ -4,11 +4,16 @@
 //!
 //! Every registration has an `armed` flag. A task that found nothing sets `armed` (SeqCst),
 //! issues a SeqCst fence, and checks the source once more before it sleeps. Whoever wakes it
-//! (a polling thread, or a writer's [`Doorbell`]) first observes data, then clears `armed` with
-//! a `swap`, and only the one that changed it from `true` to `false` writes the eventfd or calls
-//! the waker. So: a task never sleeps with data it has not seen unless `armed` is visible to the
-//! waker side (Dekker's pattern, both sides fenced), and no eventfd is written for a task that
-//! is not armed. Polling threads only look at armed registrations.
+//! (a polling thread, a spinning task helping its shard, or a writer's [`Doorbell`]) first
+//! observes data, then clears `armed` with a `swap`, and only the one that changed it from
+//! `true` to `false` writes the eventfd or calls the waker. So: a task never sleeps with data
+//! it has not seen unless `armed` is visible to the waker side (Dekker's pattern, both sides
+//! fenced), and no eventfd is written (no waker called) for a task that is not armed. Polling
+//! threads only look at armed registrations.
+//!
+//! Parking uses the same pattern: a polling thread announces `parked`, fences, and rechecks
+//! the armed flags and the entry list before it sleeps; an arming task fences and kicks a
+//! thread it sees parked.
 
 use std::fmt;
 use std::future::poll_fn;
