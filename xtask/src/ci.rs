@@ -221,16 +221,24 @@ pub(crate) fn run_ci(args: &CiArgs) -> Result<()> {
             if dirs.is_empty() {
                 return Ok(Outcome::Skipped("no crates/*/fuzz directories".into()));
             }
-            if !probe("cargo", &["fuzz", "--version"]) {
-                return Ok(Outcome::Skipped("cargo-fuzz is not installed".into()));
+            // cargo-fuzz needs nightly (`-Zsanitizer`); `+nightly` overrides the
+            // toolchain that ran xtask.
+            if !probe("cargo", &["+nightly", "fuzz", "--version"]) {
+                return Ok(Outcome::Skipped(
+                    "cargo-fuzz or a nightly toolchain is not installed".into(),
+                ));
             }
             for d in &dirs {
                 let krate = d.parent().expect("fuzz dir has a parent");
-                run("cargo", &["fuzz", "build"], Some(krate))?;
+                run("cargo", &["+nightly", "fuzz", "build"], Some(krate))?;
                 if args.fuzz_seconds > 0 {
                     let budget = format!("-max_total_time={}", args.fuzz_seconds);
                     for t in fuzz_targets(d) {
-                        run("cargo", &["fuzz", "run", &t, "--", &budget], Some(krate))?;
+                        run(
+                            "cargo",
+                            &["+nightly", "fuzz", "run", &t, "--", &budget],
+                            Some(krate),
+                        )?;
                     }
                 }
             }
