@@ -234,11 +234,23 @@ pub(crate) fn run_ci(args: &CiArgs) -> Result<()> {
                 if args.fuzz_seconds > 0 {
                     let budget = format!("-max_total_time={}", args.fuzz_seconds);
                     for t in fuzz_targets(d) {
-                        run(
-                            "cargo",
-                            &["+nightly", "fuzz", "run", &t, "--", &budget],
-                            Some(krate),
-                        )?;
+                        // New inputs go to a scratch corpus under target/, so a CI run
+                        // never dirties the checked-in seed corpus.
+                        let name = krate.file_name().map(|n| n.to_string_lossy().into_owned());
+                        let scratch = root_ref
+                            .join("target/fuzz-corpus")
+                            .join(format!("{}-{t}", name.unwrap_or_default()));
+                        std::fs::create_dir_all(&scratch)?;
+                        let scratch = scratch.to_string_lossy().into_owned();
+                        let seeds = d.join("corpus").join(&t);
+                        let seeds = seeds.to_string_lossy().into_owned();
+                        let mut args =
+                            vec!["+nightly", "fuzz", "run", t.as_str(), scratch.as_str()];
+                        if std::path::Path::new(&seeds).is_dir() {
+                            args.push(seeds.as_str());
+                        }
+                        args.extend(["--", budget.as_str()]);
+                        run("cargo", &args, Some(krate))?;
                     }
                 }
             }
