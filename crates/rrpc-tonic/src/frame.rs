@@ -269,11 +269,14 @@ pub fn parse_request_headers(
 ) -> Result<(http::uri::PathAndQuery, HeaderMap), FrameError> {
     let mut r = Reader(payload);
     let pl = r.u16()? as usize;
-    let path = http::uri::PathAndQuery::try_from(r.take(pl)?)
-        .map_err(|_| FrameError::Invalid("method path"))?;
-    if !path.as_str().starts_with('/') {
+    let raw = r.take(pl)?;
+    // Check the bytes the peer sent, not the parsed form: `http` turns an
+    // empty path into "/", which would not round-trip (found by the fuzzer).
+    if raw.first() != Some(&b'/') {
         return Err(FrameError::Invalid("method path"));
     }
+    let path =
+        http::uri::PathAndQuery::try_from(raw).map_err(|_| FrameError::Invalid("method path"))?;
     let map = read_metadata(&mut r)?;
     if !r.0.is_empty() {
         return Err(FrameError::Trailing);
@@ -391,5 +394,17 @@ mod tests {
             parse_request_headers(&[3, 0, b'a', b'b', b'c', 0, 0]),
             Err(FrameError::Invalid("method path"))
         );
+    }
+
+    #[test]
+    fn empty_method_path_is_refused() {
+        // Regression (fuzzer): an empty path parsed as "/" and did not round-trip.
+        let mut p = Vec::new();
+        p.extend_from_slice(&0u16.to_le_bytes());
+        p.extend_from_slice(&metadata_payload(&HeaderMap::new()));
+        assert!(matches!(
+            parse_request_headers(&p),
+            Err(FrameError::Invalid("method path"))
+        ));
     }
 }
