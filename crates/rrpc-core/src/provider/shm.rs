@@ -534,6 +534,30 @@ impl ShmQp {
         }
     }
 
+    /// The checks every post makes before anything is written: the queue pair
+    /// is connected and not failed, the local slice lies in its region, the
+    /// remote range in a granted region. Returns the peer and the remote pointer.
+    #[inline]
+    fn check_post(&self, local: &Local<'_>, remote: Remote) -> Result<(&Peer, *mut u8)> {
+        let peer = self.ready()?;
+        local.region.check(local.offset, local.len)?;
+        let ptr = Self::translate(peer, remote, local.len)?;
+        Ok((peer, ptr))
+    }
+
+    /// Takes a send-queue slot and draws this post's faults. `None` when an
+    /// injected failure already completed the work request (nothing to copy).
+    #[inline]
+    fn admit(&self, wr_id: u64, opcode: Opcode) -> Result<Option<(u64, u32, bool)>> {
+        let seq = self.scq().reserve(self.cfg.send_depth())?;
+        let (delay, status, torn) = self.faults();
+        if status != Status::Success {
+            self.fail_injected(seq, wr_id, opcode, delay);
+            return Ok(None);
+        }
+        Ok(Some((seq, delay, torn)))
+    }
+
     #[inline]
     pub(crate) fn post_write(
         &self,
@@ -542,15 +566,10 @@ impl ShmQp {
         remote: Remote,
         signaled: bool,
     ) -> Result<()> {
-        let peer = self.ready()?;
-        local.region.check(local.offset, local.len)?;
-        let dst = Self::translate(peer, remote, local.len)?;
-        let seq = self.scq().reserve(self.cfg.send_depth())?;
-        let (delay, status, torn) = self.faults();
-        if status != Status::Success {
-            self.fail_injected(seq, wr_id, Opcode::Write, delay);
+        let (_, dst) = self.check_post(&local, remote)?;
+        let Some((seq, delay, torn)) = self.admit(wr_id, Opcode::Write)? else {
             return Ok(());
-        }
+        };
         // SAFETY: src is inside our region (checked), dst inside the peer's mapping
         // (checked by `translate`); the two mappings are distinct objects.
         unsafe {
@@ -573,9 +592,7 @@ impl ShmQp {
         imm: u32,
         signaled: bool,
     ) -> Result<()> {
-        let peer = self.ready()?;
-        local.region.check(local.offset, local.len)?;
-        let dst = Self::translate(peer, remote, local.len)?;
+        let (peer, dst) = self.check_post(&local, remote)?;
         let mut prod = peer.cq.prod.lock().unwrap_or_else(|p| p.into_inner());
         if let Err(e) = peer.cq.check_room(*prod) {
             if matches!(e, Error::PeerMisbehaved(_)) {
@@ -583,13 +600,9 @@ impl ShmQp {
             }
             return Err(e);
         }
-        let seq = self.scq().reserve(self.cfg.send_depth())?;
-        let (delay, status, torn) = self.faults();
-        if status != Status::Success {
-            drop(prod);
-            self.fail_injected(seq, wr_id, Opcode::WriteImm, delay);
+        let Some((seq, delay, torn)) = self.admit(wr_id, Opcode::WriteImm)? else {
             return Ok(());
-        }
+        };
         // SAFETY: as in `post_write`.
         unsafe {
             copy_out(
@@ -613,15 +626,10 @@ impl ShmQp {
         remote: Remote,
         signaled: bool,
     ) -> Result<()> {
-        let peer = self.ready()?;
-        local.region.check(local.offset, local.len)?;
-        let src = Self::translate(peer, remote, local.len)?;
-        let seq = self.scq().reserve(self.cfg.send_depth())?;
-        let (delay, status, _) = self.faults();
-        if status != Status::Success {
-            self.fail_injected(seq, wr_id, Opcode::Read, delay);
+        let (_, src) = self.check_post(&local, remote)?;
+        let Some((seq, delay, _)) = self.admit(wr_id, Opcode::Read)? else {
             return Ok(());
-        }
+        };
         fence(Ordering::Acquire);
         // SAFETY: src inside the peer's mapping (checked), dst inside our region
         // (checked); `copy` tolerates overlap should both name the same memory.
