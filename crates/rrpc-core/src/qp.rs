@@ -10,7 +10,8 @@
 //! *signaled* completion posted at or after it has been polled. Post at most
 //! `send_depth` work requests between signaled completions you poll.
 
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 
 use crate::cq::CompletionQueue;
 use crate::error::{Error, Result};
@@ -240,3 +241,81 @@ impl QueuePair {
 
 /// A queue pair shared between tasks.
 pub type SharedQp = Arc<QueuePair>;
+
+// ---------------------------------------------------------------------------
+// Failure state shared by every provider's queue pair
+// ---------------------------------------------------------------------------
+
+/// Why a queue pair entered the error state.
+#[derive(Debug, Clone)]
+pub(crate) enum FailReason {
+    PeerGone,
+    Misbehaved(String),
+    Closed,
+    Completion {
+        wr_id: u64,
+        status: crate::cq::Status,
+    },
+}
+
+impl FailReason {
+    /// The reason a caller-supplied error stands for.
+    pub(crate) fn from_error(e: &Error) -> Self {
+        match e {
+            Error::PeerGone | Error::Timeout => FailReason::PeerGone,
+            Error::PeerMisbehaved(s) => FailReason::Misbehaved(s.clone()),
+            Error::NotConnected => FailReason::Closed,
+            Error::CompletionError { wr_id, status } => FailReason::Completion {
+                wr_id: *wr_id,
+                status: *status,
+            },
+            _ => FailReason::Misbehaved(e.to_string()),
+        }
+    }
+
+    fn to_error(&self) -> Error {
+        match self {
+            FailReason::PeerGone => Error::PeerGone,
+            FailReason::Misbehaved(s) => Error::PeerMisbehaved(s.clone()),
+            FailReason::Closed => Error::NotConnected,
+            FailReason::Completion { wr_id, status } => Error::CompletionError {
+                wr_id: *wr_id,
+                status: *status,
+            },
+        }
+    }
+}
+
+/// The error state of a queue pair: the first reason wins; reading it when
+/// nothing failed is one `Acquire` load.
+#[derive(Debug, Default)]
+pub(crate) struct FailState {
+    reason: Mutex<Option<FailReason>>,
+    flag: AtomicBool,
+}
+
+impl FailState {
+    /// Records `r` unless a reason is already there; returns whether it was first.
+    pub(crate) fn set(&self, r: FailReason) -> bool {
+        let mut g = self.reason.lock().unwrap_or_else(|p| p.into_inner());
+        if g.is_some() {
+            return false;
+        }
+        *g = Some(r);
+        self.flag.store(true, Ordering::Release);
+        true
+    }
+
+    /// The error every post returns once failed.
+    #[inline]
+    pub(crate) fn get(&self) -> Option<Error> {
+        if !self.flag.load(Ordering::Acquire) {
+            return None;
+        }
+        self.reason
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+            .map(FailReason::to_error)
+    }
+}

@@ -25,7 +25,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering, fence};
 use crate::cq::{Completion, Opcode, Status};
 use crate::error::{Error, Result};
 use crate::fault::FaultConfig;
-use crate::qp::QpConfig;
+use crate::qp::{FailReason, FailState, QpConfig};
 use crate::region::{Local, Remote, RemoteRegion};
 use crate::sys::{EventFd, Mapping};
 
@@ -332,32 +332,9 @@ pub(crate) struct ShmQp {
     pub(crate) send_cq: crate::cq::CompletionQueue,
     pub(crate) recv_cq: crate::cq::CompletionQueue,
     peer: std::sync::OnceLock<Peer>,
-    failed: Mutex<Option<FailReason>>,
-    failed_flag: AtomicBool,
+    failed: FailState,
     fault: FaultConfig,
     posts: AtomicU64,
-}
-
-#[derive(Debug, Clone)]
-enum FailReason {
-    PeerGone,
-    Misbehaved(String),
-    Closed,
-    Injected,
-}
-
-impl FailReason {
-    fn to_error(&self) -> Error {
-        match self {
-            FailReason::PeerGone => Error::PeerGone,
-            FailReason::Misbehaved(s) => Error::PeerMisbehaved(s.clone()),
-            FailReason::Closed => Error::NotConnected,
-            FailReason::Injected => Error::CompletionError {
-                wr_id: 0,
-                status: Status::Fatal,
-            },
-        }
-    }
 }
 
 impl ShmQp {
@@ -371,8 +348,7 @@ impl ShmQp {
                 inner: crate::cq::CqInner::ShmRecv(RecvCq::new(cfg.recv_depth())?),
             },
             peer: std::sync::OnceLock::new(),
-            failed: Mutex::new(None),
-            failed_flag: AtomicBool::new(false),
+            failed: FailState::default(),
             fault: cfg.fault().clone(),
             posts: AtomicU64::new(0),
         })
@@ -442,29 +418,14 @@ impl ShmQp {
     }
 
     pub(crate) fn fail(&self, e: &Error) {
-        let reason = match e {
-            Error::PeerGone | Error::Timeout => FailReason::PeerGone,
-            Error::PeerMisbehaved(s) => FailReason::Misbehaved(s.clone()),
-            Error::NotConnected => FailReason::Closed,
-            _ => FailReason::Misbehaved(e.to_string()),
-        };
-        let mut f = self.failed.lock().unwrap_or_else(|p| p.into_inner());
-        if f.is_none() {
+        if self.failed.set(FailReason::from_error(e)) {
             tracing::debug!(error = %e, "queue pair failed");
-            *f = Some(reason);
-            self.failed_flag.store(true, Ordering::Release);
         }
     }
 
+    #[inline]
     pub(crate) fn failure(&self) -> Option<Error> {
-        if !self.failed_flag.load(Ordering::Acquire) {
-            return None;
-        }
-        self.failed
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .as_ref()
-            .map(FailReason::to_error)
+        self.failed.get()
     }
 
     #[inline]
@@ -657,11 +618,10 @@ impl ShmQp {
             },
             delay,
         );
-        let mut f = self.failed.lock().unwrap_or_else(|p| p.into_inner());
-        if f.is_none() {
-            *f = Some(FailReason::Injected);
-            self.failed_flag.store(true, Ordering::Release);
-        }
+        self.failed.set(FailReason::Completion {
+            wr_id: 0,
+            status: Status::Fatal,
+        });
     }
 
     pub(crate) fn outstanding(&self) -> u64 {

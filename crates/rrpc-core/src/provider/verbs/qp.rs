@@ -4,7 +4,7 @@
 //! Builds; not run on an RDMA NIC here.
 
 use std::mem::MaybeUninit;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use rdma_sys::ibv_wc;
@@ -18,6 +18,7 @@ use super::wr::{
 use crate::cq::{Completion, CompletionQueue, CqInner, Status};
 use crate::error::{Error, Result};
 use crate::qp::QpConfig;
+use crate::qp::{FailReason, FailState};
 use crate::region::{Local, Remote, RemoteRegion};
 
 // ---------------------------------------------------------------------------
@@ -86,58 +87,6 @@ impl SendSlots {
 // ---------------------------------------------------------------------------
 // Failure state shared by the queue pair and its completion queues
 // ---------------------------------------------------------------------------
-
-#[derive(Debug, Clone)]
-enum FailReason {
-    PeerGone,
-    Misbehaved(String),
-    Closed,
-    Completion { wr_id: u64, status: Status },
-}
-
-impl FailReason {
-    fn to_error(&self) -> Error {
-        match self {
-            FailReason::PeerGone => Error::PeerGone,
-            FailReason::Misbehaved(s) => Error::PeerMisbehaved(s.clone()),
-            FailReason::Closed => Error::NotConnected,
-            FailReason::Completion { wr_id, status } => Error::CompletionError {
-                wr_id: *wr_id,
-                status: *status,
-            },
-        }
-    }
-}
-
-#[derive(Debug, Default)]
-struct FailState {
-    reason: Mutex<Option<FailReason>>,
-    flag: AtomicBool,
-}
-
-impl FailState {
-    /// Records `r` unless a reason is already there; returns whether it was first.
-    fn set(&self, r: FailReason) -> bool {
-        let mut g = self.reason.lock().unwrap_or_else(|p| p.into_inner());
-        if g.is_some() {
-            return false;
-        }
-        *g = Some(r);
-        self.flag.store(true, Ordering::Release);
-        true
-    }
-
-    fn get(&self) -> Option<Error> {
-        if !self.flag.load(Ordering::Acquire) {
-            return None;
-        }
-        self.reason
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .as_ref()
-            .map(FailReason::to_error)
-    }
-}
 
 // ---------------------------------------------------------------------------
 // Completion queues
@@ -337,13 +286,7 @@ impl VerbsQp {
     /// Fails the queue pair: records the reason and moves it to `IBV_QPS_ERR`
     /// so the device flushes outstanding work requests.
     pub(crate) fn fail(&self, e: &Error) {
-        let reason = match e {
-            Error::PeerGone | Error::Timeout => FailReason::PeerGone,
-            Error::PeerMisbehaved(s) => FailReason::Misbehaved(s.clone()),
-            Error::NotConnected => FailReason::Closed,
-            _ => FailReason::Misbehaved(e.to_string()),
-        };
-        if self.fail.set(reason) {
+        if self.fail.set(FailReason::from_error(e)) {
             tracing::debug!(error = %e, "verbs queue pair failed");
             if let Err(err) = self.raw.modify(err_transition(), "ibv_modify_qp(ERR)") {
                 tracing::warn!(error = %err, "could not move the queue pair to the error state");
