@@ -139,6 +139,36 @@ pub(crate) fn read_tables(dir: &Path) -> Result<Vec<TableFile>> {
     Ok(out)
 }
 
+/// Entry point of `cargo xtask plot`: redraws every table with a plot spec in `dirs` and in their
+/// immediate subdirectories (the per-suite directories of a `bench all` run).
+pub(crate) fn replot(dirs: &[PathBuf]) -> Result<()> {
+    let mut drawn = 0;
+    for dir in dirs {
+        let mut suite_dirs = vec![dir.clone()];
+        let mut subs: Vec<PathBuf> = fs::read_dir(dir)
+            .with_context(|| format!("reading {}", dir.display()))?
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| p.is_dir())
+            .collect();
+        subs.sort();
+        suite_dirs.extend(subs);
+        for d in suite_dirs {
+            for t in read_tables(&d)? {
+                let stem = d.join(&t.experiment);
+                if plot::draw(&t, &stem)? {
+                    eprintln!("drew {}", stem.with_extension("png").display());
+                    drawn += 1;
+                }
+            }
+        }
+    }
+    if drawn == 0 {
+        bail!("no table with a plot spec found");
+    }
+    Ok(())
+}
+
 /// Entry point of `cargo xtask bench`.
 pub(crate) fn run(args: &BenchArgs) -> Result<()> {
     signals::install();

@@ -4,6 +4,8 @@
 //! - `cargo xtask bench <suite> [--quick] [--out DIR] [--json] [--compare-paper]
 //!   [--hosts hosts.toml --launcher ssh|local]`: builds the suite binaries of `rrpc-bench` once,
 //!   runs them, and writes CSV + Markdown + JSON per experiment, `summary.md` and SVG/PNG plots.
+//! - `cargo xtask plot <DIR>...`: redraws the SVG/PNG plots of results already written by
+//!   `bench` (each `<experiment>.json` in DIR and its suite subdirectories), in place.
 
 mod bench;
 mod ci;
@@ -32,6 +34,12 @@ enum Cmd {
     Ci(ci::CiArgs),
     /// Run a benchmark suite and write tables and plots.
     Bench(BenchArgs),
+    /// Redraw the plots of existing results (`target/bench-results/<run>/`), in place.
+    Plot {
+        /// Result directories written by `cargo xtask bench` (suite subdirectories included).
+        #[arg(required = true)]
+        dirs: Vec<PathBuf>,
+    },
 }
 
 /// `cargo xtask bench` options.
@@ -67,5 +75,6 @@ fn main() -> Result<()> {
     match cli.cmd {
         Cmd::Ci(args) => ci::run_entry(&args),
         Cmd::Bench(args) => bench::run(&args),
+        Cmd::Plot { dirs } => bench::replot(&dirs),
     }
 }
