@@ -87,6 +87,15 @@ fn parse_proc_stat(stat: &str, ticks: u64) -> Option<CpuTimes> {
 
 /// Resident set size of a process (`VmRSS` in `/proc/<pid>/status`; `None` = this process).
 pub fn rss_bytes(pid: Option<u32>) -> io::Result<u64> {
+    status_field(pid, "VmRSS:").map(|kib| kib * 1024)
+}
+
+/// Number of threads of a process (`Threads` in `/proc/<pid>/status`; `None` = this process).
+pub fn thread_count(pid: Option<u32>) -> io::Result<u64> {
+    status_field(pid, "Threads:")
+}
+
+fn status_field(pid: Option<u32>, key: &str) -> io::Result<u64> {
     let path = match pid {
         Some(p) => format!("/proc/{p}/status"),
         None => "/proc/self/status".to_owned(),
@@ -94,10 +103,9 @@ pub fn rss_bytes(pid: Option<u32>) -> io::Result<u64> {
     let status = fs::read_to_string(path)?;
     status
         .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .find_map(|l| l.strip_prefix(key))
         .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
-        .map(|kib| kib * 1024)
-        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "no VmRSS"))
+        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, format!("no {key}")))
 }
 
 #[cfg(test)]
@@ -126,6 +134,14 @@ mod tests {
         let me = CpuTimes::of_pid(std::process::id()).unwrap();
         assert!(me.total() <= CpuTimes::process().unwrap().total() + Duration::from_millis(20));
         assert!(rss_bytes(None).unwrap() > 0);
+        // The test thread and the one spawned here are alive (other tests' threads come and
+        // go, so only a lower bound holds).
+        let (tx, rx) = std::sync::mpsc::channel::<()>();
+        let h = std::thread::spawn(move || rx.recv());
+        assert!(thread_count(None).unwrap() >= 2);
+        assert!(thread_count(Some(u32::MAX)).is_err());
+        drop(tx);
+        let _ = h.join();
     }
 
     #[test]

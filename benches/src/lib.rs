@@ -19,7 +19,7 @@
 //! - [`machine`]: the [`Machine`] header (CPU model, cores, memory, kernel, git revision, ...).
 //! - [`stats`]: [`Latency`], an hdrhistogram in nanoseconds, and its [`Summary`] (p50/p99/...).
 //! - [`cpu`]: CPU time and memory readers ([`CpuTimes`] from getrusage and `/proc/<pid>/stat`,
-//!   [`rss_bytes`] from `/proc/<pid>/status`).
+//!   [`rss_bytes`] and [`thread_count`] from `/proc/<pid>/status`).
 //! - [`pin`]: thread pinning with `sched_setaffinity` and a [`ThreadPlan`] that says, in every
 //!   output, how many threads each side uses and whether they oversubscribe the machine.
 //! - [`ratio`]: [`Ratio`], the "ours / baseline" column every table carries.
@@ -58,7 +58,7 @@ pub mod rpc;
 pub mod stats;
 
 pub use args::SuiteArgs;
-pub use cpu::{CpuTimes, rss_bytes};
+pub use cpu::{CpuTimes, rss_bytes, thread_count};
 pub use machine::Machine;
 pub use pin::{ThreadPlan, pin_current_thread, process_cpus};
 pub use ratio::Ratio;

@@ -22,6 +22,8 @@ use tonic::{Request, Response, Status, Streaming};
 use crate::cpu::{CpuTimes, rss_bytes};
 use crate::{Latency, PlotSpec, Ratio, Report, SuiteArgs, Table, ThreadPlan};
 
+mod figs;
+
 /// Generated code for `proto/bench.proto`.
 #[allow(
     missing_docs,
@@ -82,6 +84,11 @@ impl Transport {
     /// All, baseline first.
     pub const ALL: [Transport; 4] = [Self::TonicTcp, Self::TonicUds, Self::RrpcH2, Self::RrpcFast];
 
+    /// Parses a row label back ([`Transport::name`]).
+    pub fn parse(s: &str) -> Option<Transport> {
+        Self::ALL.into_iter().find(|t| t.name() == s)
+    }
+
     /// Row label.
     pub fn name(self) -> &'static str {
         match self {
@@ -132,6 +139,9 @@ impl AnyClient {
 pub struct ServerHandle {
     transport: Transport,
     target: String,
+    /// The rrpc configuration of the server; clients made by [`connect`] use a clone (and so
+    /// share its poller, as one process's server and clients would).
+    cfg: rrpc_tonic::RrpcConfig,
     stop: Option<oneshot::Sender<()>>,
     dir: PathBuf,
 }
@@ -145,20 +155,41 @@ impl Drop for ServerHandle {
     }
 }
 
-fn rrpc_config(t: Transport) -> rrpc_tonic::RrpcConfig {
+/// rrpc-tonic's default configuration with the data path of `t` (HTTP/2 for
+/// [`Transport::RrpcH2`], else the fast path).
+pub fn rrpc_config(t: Transport) -> rrpc_tonic::RrpcConfig {
+    with_path(rrpc_tonic::RrpcConfig::default(), t)
+}
+
+/// `cfg` with the data path of `t`.
+pub fn with_path(cfg: rrpc_tonic::RrpcConfig, t: Transport) -> rrpc_tonic::RrpcConfig {
     let path = if t == Transport::RrpcH2 {
         rrpc_tonic::PathPreference::Http2
     } else {
         rrpc_tonic::PathPreference::Fast
     };
-    rrpc_tonic::RrpcConfig::default().path(path)
+    cfg.path(path)
 }
 
-/// Starts a server for `t` on the server runtime.
+/// Starts a server for `t` on the server runtime, rrpc transports with their default
+/// configuration.
 ///
 /// # Errors
 /// Bind errors.
 pub fn start_server(rt: &Runtime, t: Transport) -> Result<ServerHandle> {
+    start_server_with(rt, t, rrpc_config(t))
+}
+
+/// Starts a server for `t` on the server runtime; rrpc transports use `cfg` (ignored by the
+/// tonic baselines).
+///
+/// # Errors
+/// Bind errors.
+pub fn start_server_with(
+    rt: &Runtime,
+    t: Transport,
+    cfg: rrpc_tonic::RrpcConfig,
+) -> Result<ServerHandle> {
     static N: AtomicU64 = AtomicU64::new(0);
     let dir = std::env::temp_dir().join(format!(
         "rrpc-bench-rpc-{}-{}",
@@ -197,7 +228,7 @@ pub fn start_server(rt: &Runtime, t: Transport) -> Result<ServerHandle> {
         Transport::RrpcH2 | Transport::RrpcFast => {
             let uri = format!("shm://{}/rrpc.sock", dir.display());
             let u = uri.clone();
-            let cfg = rrpc_config(t);
+            let cfg = cfg.clone();
             rt.spawn(async move {
                 if let Err(e) = rrpc_tonic::Server::builder()
                     .add_service(svc)
@@ -213,6 +244,7 @@ pub fn start_server(rt: &Runtime, t: Transport) -> Result<ServerHandle> {
     Ok(ServerHandle {
         transport: t,
         target,
+        cfg,
         stop: Some(stop),
         dir,
     })
@@ -223,9 +255,22 @@ pub fn start_server(rt: &Runtime, t: Transport) -> Result<ServerHandle> {
 /// # Errors
 /// The last connect error.
 pub async fn connect(server: &ServerHandle) -> Result<AnyClient> {
+    connect_to(server.transport, &server.target, &server.cfg).await
+}
+
+/// Connects a client of transport `t` to `target` (a URL, a socket path or an rrpc URI) with
+/// `cfg` for rrpc transports, retrying for up to 5 s while the server binds.
+///
+/// # Errors
+/// The last connect error.
+pub async fn connect_to(
+    t: Transport,
+    target: &str,
+    cfg: &rrpc_tonic::RrpcConfig,
+) -> Result<AnyClient> {
     let deadline = Instant::now() + Duration::from_secs(5);
     loop {
-        let r = connect_once(server.transport, &server.target).await;
+        let r = connect_once(t, target, cfg).await;
         match r {
             Ok(c) => return Ok(c),
             Err(e) if Instant::now() > deadline => return Err(e),
@@ -234,7 +279,11 @@ pub async fn connect(server: &ServerHandle) -> Result<AnyClient> {
     }
 }
 
-async fn connect_once(t: Transport, target: &str) -> Result<AnyClient> {
+async fn connect_once(
+    t: Transport,
+    target: &str,
+    cfg: &rrpc_tonic::RrpcConfig,
+) -> Result<AnyClient> {
     let big = 64 << 20;
     Ok(match t {
         Transport::TonicTcp => {
@@ -259,7 +308,7 @@ async fn connect_once(t: Transport, target: &str) -> Result<AnyClient> {
             AnyClient::Tonic(BenchClient::new(ch).max_decoding_message_size(big))
         }
         Transport::RrpcH2 | Transport::RrpcFast => {
-            let ch = rrpc_tonic::RrpcChannel::connect(target, rrpc_config(t)).await?;
+            let ch = rrpc_tonic::RrpcChannel::connect(target, cfg.clone()).await?;
             AnyClient::Rrpc(BenchClient::new(ch).max_decoding_message_size(big))
         }
     })
@@ -372,7 +421,89 @@ pub async fn stream_throughput(
     Ok(out)
 }
 
-fn runtime(name: &str, cpu: usize) -> Result<Runtime> {
+/// Closed-loop unary load: every client has one call in flight; with `interval`, a client
+/// starts a call at most once per `interval` (a rate limiter; it does not catch up when a call
+/// took longer). Runs `dur` after a 20 % warm-up.
+///
+/// tokio's timer has a 1 ms resolution, so intervals below 1 ms behave as 1 ms.
+///
+/// # Errors
+/// A failed call.
+pub async fn unary_load(
+    clients: Vec<AnyClient>,
+    req_len: usize,
+    resp_len: u32,
+    interval: Option<Duration>,
+    dur: Duration,
+) -> Result<Throughput> {
+    let stop = Arc::new(AtomicBool::new(false));
+    let counting = Arc::new(AtomicBool::new(false));
+    let mut tasks = Vec::new();
+    for mut c in clients {
+        let (stop, counting) = (stop.clone(), counting.clone());
+        tasks.push(tokio::spawn(async move {
+            let req = Req {
+                payload: vec![1; req_len],
+                resp_len,
+            };
+            let (mut ops, mut lat) = (0u64, Latency::new());
+            let mut next = tokio::time::Instant::now();
+            while !stop.load(Ordering::Relaxed) {
+                let t0 = Instant::now();
+                c.unary(req.clone()).await?;
+                if counting.load(Ordering::Relaxed) {
+                    ops += 1;
+                    lat.record(t0.elapsed());
+                }
+                if let Some(iv) = interval {
+                    next += iv;
+                    let now = tokio::time::Instant::now();
+                    if next < now {
+                        next = now;
+                    } else {
+                        tokio::time::sleep_until(next).await;
+                    }
+                }
+            }
+            Ok::<_, anyhow::Error>((ops, lat))
+        }));
+    }
+    tokio::time::sleep(dur / 5).await;
+    counting.store(true, Ordering::Relaxed);
+    let start = Instant::now();
+    tokio::time::sleep(dur).await;
+    counting.store(false, Ordering::Relaxed);
+    let elapsed = start.elapsed();
+    stop.store(true, Ordering::Relaxed);
+    let mut out = Throughput {
+        elapsed,
+        ..Default::default()
+    };
+    for t in tasks {
+        let (ops, lat) = t.await??;
+        out.ops += ops;
+        out.latency.merge(&lat);
+    }
+    Ok(out)
+}
+
+/// Connects `k` clients to `server`.
+///
+/// # Errors
+/// The first failed connect.
+pub async fn connect_many(server: &ServerHandle, k: usize) -> Result<Vec<AnyClient>> {
+    let mut v = Vec::with_capacity(k);
+    for _ in 0..k {
+        v.push(connect(server).await?);
+    }
+    Ok(v)
+}
+
+/// A one-worker tokio runtime whose worker is pinned to `cpu`.
+///
+/// # Errors
+/// Runtime build errors.
+pub fn runtime(name: &str, cpu: usize) -> Result<Runtime> {
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
         .thread_name(name)
@@ -395,10 +526,16 @@ pub fn run_suite(args: &SuiteArgs, report: &mut Report) -> Result<()> {
     let plan = ThreadPlan::new()
         .side("server (tokio, 1 worker)", 1, Some(vec![scpu]))
         .side("clients (tokio, 1 worker)", 1, Some(vec![ccpu]));
+    let rrpc_plan = plan.clone().side(
+        "rrpc polling thread (BPEV, shared by server and clients; spins only while a \
+         connection sleeps, parks after 2 ms idle)",
+        1,
+        None,
+    );
     let plan_note = format!(
-        "{}; rrpc rows add the poller's thread (rrpc-tonic default: BPEV, 1 polling thread, \
-         50 us fixed spin, shared by server and clients), unpinned",
-        plan.describe()
+        "tonic rows: {}. rrpc rows: {}",
+        plan.describe(),
+        rrpc_plan.describe()
     );
     report.machine_mut().provider =
         "shm (rrpc rows); kernel TCP / Unix sockets (tonic rows)".into();
@@ -522,7 +659,7 @@ pub fn run_suite(args: &SuiteArgs, report: &mut Report) -> Result<()> {
     ));
     thr.note(format!(
         "{} measured per point after a 20 % warm-up; one connection and one bidi stream per client; \
-         cpu_pct and rss are of the whole process (server + clients + pollers: Figs. 15-16 per-side split needs separate processes)",
+         cpu_pct and rss are of the whole process (server + clients + pollers; the per-side split is in resources_heavy / resources_low)",
         if dur.as_secs() >= 1 { format!("{} s", dur.as_secs()) } else { format!("{} ms", dur.as_millis()) }
     ));
     thr.plot(
@@ -534,12 +671,172 @@ pub fn run_suite(args: &SuiteArgs, report: &mut Report) -> Result<()> {
     );
     report.add(ping)?;
     report.add(thr)?;
+
+    let mut ctx = figs::Ctx {
+        args,
+        server_rt: &server_rt,
+        client_rt: &client_rt,
+        server_cpu: scpu,
+        failures: Vec::new(),
+    };
+    let fig8_note = format!(
+        "{}; rrpc rows add the polling threads of their mode (below), unpinned",
+        plan.describe()
+    );
+    for t in figs::fig8(&mut ctx, &fig8_note) {
+        report.add(t)?;
+    }
+    let bw_note = plan_note.clone();
+    let t12 = figs::fig12(&mut ctx, &bw_note);
+    report.add(t12)?;
+    let t14 = figs::fig14(&mut ctx, &bw_note);
+    report.add(t14)?;
+    let side_plan = ThreadPlan::new()
+        .side("server process (tokio, 1 worker)", 1, Some(vec![scpu]))
+        .side("client process (tokio, 1 worker)", 1, Some(vec![ccpu]));
+    let side_rrpc = side_plan
+        .clone()
+        .side("server process's BPEV polling thread", 1, None)
+        .side("client process's BPEV polling thread", 1, None);
+    let side_note = format!(
+        "tonic rows: {}. rrpc rows: {}",
+        side_plan.describe(),
+        side_rrpc.describe()
+    );
+    for t in figs::fig15_16(&mut ctx, &side_note) {
+        report.add(t)?;
+    }
+    failures.extend(ctx.failures);
+
     drop(server_rt);
     drop(client_rt);
     if failures.is_empty() {
         Ok(())
     } else {
         Err(anyhow!("rpc suite: {}", failures.join("; ")))
+    }
+}
+
+/// Separate-process server role (`rpc --role serve --transport NAME [--cpu N]`, used by the
+/// per-side CPU/memory experiments, Figs. 15–16): starts a server for `t` with the default
+/// configuration on a one-worker runtime (pinned to `cpu` if given), prints `READY <target>`
+/// and serves until its standard input closes, so it never outlives the process that
+/// started it.
+///
+/// # Errors
+/// Runtime or bind errors.
+pub fn serve_child(t: Transport, cpu: Option<usize>) -> Result<()> {
+    use std::io::{Read as _, Write as _};
+    let rt = match cpu {
+        Some(c) => runtime("bench-server", c)?,
+        None => tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()?,
+    };
+    let server = start_server(&rt, t)?;
+    // Wait until the server answers before saying READY.
+    let probe = rt.block_on(async {
+        let mut c = connect(&server).await?;
+        c.unary(Req {
+            payload: Vec::new(),
+            resp_len: 0,
+        })
+        .await?;
+        Ok::<_, anyhow::Error>(())
+    });
+    probe.context("probing the child server")?;
+    println!("READY {}", server.target);
+    std::io::stdout().flush()?;
+    let mut buf = [0u8; 64];
+    let mut stdin = std::io::stdin();
+    while let Ok(n) = stdin.read(&mut buf) {
+        if n == 0 {
+            break;
+        }
+    }
+    drop(server);
+    drop(rt);
+    Ok(())
+}
+
+/// A server running in a child process ([`serve_child`]); stopped (stdin closed, then killed
+/// after 2 s) on drop.
+#[derive(Debug)]
+pub struct ChildServer {
+    child: std::process::Child,
+    /// Transport it serves.
+    pub transport: Transport,
+    /// Where to connect ([`connect_to`]).
+    pub target: String,
+}
+
+impl ChildServer {
+    /// Starts this executable with `--role serve` and waits (up to 20 s) for its `READY` line.
+    ///
+    /// # Errors
+    /// Spawn errors, a child that exits or stays silent.
+    pub fn spawn(t: Transport, cpu: Option<usize>) -> Result<Self> {
+        use std::io::BufRead as _;
+        use std::process::{Command, Stdio};
+        let exe = std::env::current_exe()?;
+        let mut cmd = Command::new(exe);
+        cmd.args(["--role", "serve", "--transport", t.name()]);
+        if let Some(c) = cpu {
+            cmd.args(["--cpu", &c.to_string()]);
+        }
+        let mut child = cmd
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .context("spawning the server process")?;
+        let stdout = child.stdout.take().context("child stdout")?;
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in std::io::BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                if let Some(target) = line.strip_prefix("READY ") {
+                    let _ = tx.send(target.to_owned());
+                    break;
+                }
+            }
+        });
+        let mut me = ChildServer {
+            child,
+            transport: t,
+            target: String::new(),
+        };
+        match rx.recv_timeout(Duration::from_secs(20)) {
+            Ok(target) => {
+                me.target = target;
+                Ok(me)
+            }
+            Err(_) => Err(anyhow!(
+                "server process for {} did not say READY within 20 s",
+                t.name()
+            )),
+        }
+    }
+
+    /// The child's process id (for `/proc/<pid>`).
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+}
+
+impl Drop for ChildServer {
+    fn drop(&mut self) {
+        drop(self.child.stdin.take());
+        let deadline = Instant::now() + Duration::from_secs(2);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 }
 
@@ -573,7 +870,14 @@ pub fn cluster_client(connect_to: SocketAddr, clients: usize, dur: Duration) -> 
     let r = rt.block_on(async {
         let mut cs = Vec::new();
         for _ in 0..clients {
-            cs.push(connect_once(Transport::TonicTcp, &format!("http://{connect_to}")).await?);
+            cs.push(
+                connect_once(
+                    Transport::TonicTcp,
+                    &format!("http://{connect_to}"),
+                    &rrpc_config(Transport::TonicTcp),
+                )
+                .await?,
+            );
         }
         stream_throughput(cs, 32, 8, 32, dur).await
     })?;

@@ -1,6 +1,7 @@
 //! The rpc suite (`cargo xtask bench rpc`): tonic-TCP, tonic-UDS, rrpc shm HTTP/2 and rrpc shm
 //! fast path, in one run. With `--role server|client` it is one process of cluster mode
-//! (`cargo xtask bench rpc --hosts hosts.toml`).
+//! (`cargo xtask bench rpc --hosts hosts.toml`); with `--role serve --transport NAME` it is the
+//! separate server process of the per-side CPU/memory experiments (started by the suite).
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -25,6 +26,12 @@ struct Cli {
     /// Client role: concurrent client connections.
     #[arg(long, default_value_t = 16)]
     clients: usize,
+    /// Serve role: transport (`tonic-tcp`, `tonic-uds`, `rrpc-shm-h2`, `rrpc-shm-fast`).
+    #[arg(long)]
+    transport: Option<String>,
+    /// Serve role: CPU to pin the server's worker to.
+    #[arg(long)]
+    cpu: Option<usize>,
     /// Client role: measured milliseconds.
     #[arg(long, default_value_t = 10_000)]
     duration_ms: u64,
@@ -45,6 +52,12 @@ fn main() -> Result<()> {
             cli.clients,
             Duration::from_millis(cli.duration_ms),
         ),
+        Some("serve") => {
+            let name = cli.transport.context("--transport is required")?;
+            let t = rpc::Transport::parse(&name)
+                .with_context(|| format!("unknown transport {name}"))?;
+            rpc::serve_child(t, cli.cpu)
+        }
         Some(other) => bail!("unknown role {other}"),
     }
 }
