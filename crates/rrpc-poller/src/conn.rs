@@ -345,12 +345,29 @@ impl AsyncReceiver {
     /// # Errors
     /// [`Error::PeerGone`] once the peer is gone and every message it published was read;
     /// [`Error::Ring`] for corrupt peer data; [`Error::Shutdown`] after the poller stopped.
-    /// `Error::Ring(WouldBlock)` only if the peer's tail moved without a message (a ring
-    /// invariant violation); retrying is safe.
+    ///
+    /// A tail that moved over a wrap-around gap only (no message behind it) is consumed
+    /// here and the wait goes on; it is never reported as an error.
     ///
     /// # Cancel safety
-    /// Cancel-safe: no message is consumed until the future completes.
+    /// Cancel-safe: no message is consumed until the future completes (a skipped gap is
+    /// not a message).
     pub async fn recv(&mut self) -> Result<ReadGuard<'_>> {
+        loop {
+            self.wait_data().await?;
+            if let Some(n) = &self.src.notifier {
+                n.replenish()?;
+            }
+            // A tail that moved over a gap only is no message: wait again.
+            if self.rx.has_message()? {
+                break;
+            }
+        }
+        self.rx.try_recv().map_err(Into::into)
+    }
+
+    /// Waits until the ring's tail moved past what we consumed.
+    async fn wait_data(&mut self) -> Result<()> {
         if !self.src.ready() {
             // Going idle: push the head the peer has not seen (RB²'s lazy head push would
             // otherwise leave a sender that found the ring full waiting forever).
@@ -367,10 +384,7 @@ impl AsyncReceiver {
                 Err(e) => return Err(e),
             }
         }
-        if let Some(n) = &self.src.notifier {
-            n.replenish()?;
-        }
-        self.rx.try_recv().map_err(Into::into)
+        Ok(())
     }
 
     /// Pushes the head to the peer now (frees its view of our ring).

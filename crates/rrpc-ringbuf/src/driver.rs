@@ -605,6 +605,27 @@ impl RingRx {
         }
     }
 
+    /// Whether a message is ready, without reading it: skips wrap-around gap
+    /// markers (a tail that moved over a gap only is "no message") and leaves
+    /// the next message where it is, so the next [`try_recv`](Self::try_recv)
+    /// returns it.
+    ///
+    /// # Errors
+    /// As [`try_recv`](Self::try_recv), except that "empty" is `Ok(false)`.
+    pub fn has_message(&mut self) -> Result<bool, Error> {
+        match self.try_recv() {
+            Ok(guard) => {
+                // The guard's drop is what consumes the message; not running it
+                // leaves the message unread (the guard owns nothing but a
+                // borrow and a copy of the message's position).
+                std::mem::forget(guard);
+                Ok(true)
+            }
+            Err(Error::WouldBlock) => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
     /// Pushes the head now if the sender has not seen the latest one.
     ///
     /// # Errors

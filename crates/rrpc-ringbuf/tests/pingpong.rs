@@ -116,3 +116,26 @@ fn pingpong_two_threads() {
     echo.join().unwrap();
     drop(c1);
 }
+
+#[test]
+fn has_message_peeks_without_consuming_across_wrap_gaps() {
+    // 3000 B messages do not divide a 64 KiB ring: most wraps leave a gap
+    // marker in front of the next message, which `has_message` must skip
+    // while leaving the message itself unread.
+    let cfg = RingConfig::builder().ring_size(64 << 10).build().unwrap();
+    let ((_c1, mut tx, _rx1), (_c2, _tx2, mut rx)) = common::pair(&cfg);
+    let mut msg = vec![0u8; 3000];
+    assert!(!rx.has_message().unwrap());
+    for i in 0..1_000usize {
+        msg[0] = i as u8;
+        msg[2999] = !(i as u8);
+        tx.try_send(&msg).unwrap();
+        tx.flush().unwrap();
+        assert!(rx.has_message().unwrap(), "round {i}");
+        assert!(rx.has_message().unwrap(), "round {i}: peeking twice");
+        let m = rx.try_recv().unwrap_or_else(|e| panic!("round {i}: {e}"));
+        assert_eq!(&*m, &msg[..], "round {i}");
+        drop(m);
+        assert!(!rx.has_message().unwrap(), "round {i}: consumed");
+    }
+}

@@ -108,20 +108,13 @@ impl MsgRx for ShmRx {
             if !self.spin.is_zero() && !self.watch.has_data() {
                 spin_for_data(&self.watch, self.spin).await;
             }
-            let got = loop {
-                match self.rx.recv().await {
-                    Ok(msg) => {
-                        f(&msg);
-                        break true;
-                    }
-                    Err(rrpc_poller::Error::PeerGone) => break false,
-                    // Documented as "the tail moved without a message; retrying is safe"
-                    // (seen under load with multi-chunk messages).
-                    Err(rrpc_poller::Error::Ring(rrpc_ringbuf::Error::WouldBlock)) => {
-                        tokio::task::yield_now().await
-                    }
-                    Err(e) => return Err(e.into()),
+            let got = match self.rx.recv().await {
+                Ok(msg) => {
+                    f(&msg);
+                    true
                 }
+                Err(rrpc_poller::Error::PeerGone) => false,
+                Err(e) => return Err(e.into()),
             };
             if got {
                 // Push our head now: the sender may be waiting for space.
