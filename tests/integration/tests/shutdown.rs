@@ -51,7 +51,18 @@ async fn peer_killed_mid_stream(t: Transport) {
     })
     .await
     .expect("caller notified promptly");
-    assert_eq!(err.code(), Code::Unavailable, "{err:?}");
+    if t == Transport::Tcp {
+        // tonic's own HTTP/2 server, torn down inside this process, sometimes resets the
+        // stream (RST_STREAM CANCEL) before its socket closes; tonic reports that as
+        // Cancelled (seen under load in about 1 run in 10). A killed process cannot send a
+        // reset. The rrpc transports must say Unavailable.
+        assert!(
+            matches!(err.code(), Code::Unavailable | Code::Cancelled),
+            "{err:?}"
+        );
+    } else {
+        assert_eq!(err.code(), Code::Unavailable, "{err:?}");
+    }
     let err = c.unary(Input::default()).await.unwrap_err();
     assert_eq!(err.code(), Code::Unavailable, "{err:?}");
 }
