@@ -6,15 +6,23 @@
 //! each client's `RESULT {json}` line, and stops everything it started: after the run, on Ctrl-C,
 //! and as soon as any host fails (non-zero exit, early exit, or no `READY` in time).
 //!
-//! The `ssh` launcher runs each process as `ssh [-i key] [-p port] user@address -- <remote>`,
+//! The `ssh` launcher runs each process as
+//! `ssh [-o option]... -o BatchMode=yes ... [-i key] [-p port] user@address -- <remote>`,
 //! where the remote command records its process-group id in a pid file so a second ssh can kill
 //! the whole remote group. The `local` launcher runs the same plan as local processes (each in its
 //! own process group): it is how the mode is tested on one machine.
+//! `xtask/loopback-ssh.sh` runs the `ssh` launcher for real against a throwaway `sshd` on
+//! 127.0.0.1 (see the script's header).
 //!
 //! ```toml
-//! [defaults]              # optional; every field can also be set per host
+//! [defaults]              # optional; every field but `port` can also be set per host
 //! user = "bench"
-//! ssh_key = "/home/bench/.ssh/id_ed25519"
+//! ssh_key = "/home/bench/.ssh/id_ed25519"   # ssh -i
+//! ssh_port = 22                             # ssh -p
+//! # Extra `ssh -o` options, given before xtask's own (BatchMode=yes, ConnectTimeout=10,
+//! # StrictHostKeyChecking=accept-new), so they win: ssh keeps the first value of an option.
+//! # A host's list replaces the default list.
+//! ssh_options = ["UserKnownHostsFile=/home/bench/.ssh/known_hosts_bench", "IdentitiesOnly=yes"]
 //! bin_dir = "/opt/rrpc/target/release"
 //! port = 50051            # server port
 //!
@@ -73,6 +81,7 @@ pub(crate) struct Defaults {
     user: Option<String>,
     ssh_key: Option<PathBuf>,
     ssh_port: Option<u16>,
+    ssh_options: Option<Vec<String>>,
     bin_dir: Option<PathBuf>,
     port: Option<u16>,
     clients: Option<u32>,
@@ -88,6 +97,8 @@ pub(crate) struct Host {
     pub(crate) user: Option<String>,
     pub(crate) ssh_key: Option<PathBuf>,
     pub(crate) ssh_port: Option<u16>,
+    /// Extra `ssh -o` options (`Key=Value`), before xtask's own.
+    pub(crate) ssh_options: Option<Vec<String>>,
     pub(crate) rdma_device: Option<String>,
     pub(crate) numa_node: Option<u32>,
     pub(crate) bin_dir: Option<PathBuf>,
@@ -123,6 +134,19 @@ impl HostsFile {
             h.user = h.user.take().or_else(|| f.defaults.user.clone());
             h.ssh_key = h.ssh_key.take().or_else(|| f.defaults.ssh_key.clone());
             h.ssh_port = h.ssh_port.or(f.defaults.ssh_port);
+            h.ssh_options = h
+                .ssh_options
+                .take()
+                .or_else(|| f.defaults.ssh_options.clone());
+            for o in h.ssh_options.iter().flatten() {
+                if o.trim().is_empty() || o.starts_with('-') {
+                    bail!(
+                        "host {}: ssh option `{o}` must be an `ssh -o` option such as \
+                         `UserKnownHostsFile=/path`",
+                        h.name
+                    );
+                }
+            }
             h.bin_dir = h.bin_dir.take().or_else(|| f.defaults.bin_dir.clone());
             h.clients = h.clients.or(f.defaults.clients);
         }
@@ -240,6 +264,9 @@ fn pid_file(run_id: &str, p: &Proc) -> String {
 
 fn ssh_base(h: &Host) -> Command {
     let mut c = Command::new("ssh");
+    for o in h.ssh_options.iter().flatten() {
+        c.arg("-o").arg(o);
+    }
     c.args([
         "-o",
         "BatchMode=yes",
@@ -308,6 +335,11 @@ pub(crate) fn start_command(kind: LauncherKind, p: &Proc, run_id: &str) -> Comma
 }
 
 /// The command that stops `p`'s remote process group (ssh only; local groups are killed directly).
+///
+/// Plain POSIX `sh` (no `kill --`: dash, Debian's `sh`, rejects it). It waits up to a second for
+/// the pid file (a process whose ssh was started just before the stop
+/// may not have written it yet: without the wait it would be left running), sends SIGTERM, waits
+/// up to a second for the group to go, then SIGKILLs what is left.
 pub(crate) fn stop_command(kind: LauncherKind, p: &Proc, run_id: &str) -> Option<Command> {
     match kind {
         LauncherKind::Local => None,
@@ -315,8 +347,10 @@ pub(crate) fn stop_command(kind: LauncherKind, p: &Proc, run_id: &str) -> Option
             let pf = pid_file(run_id, p);
             let mut c = ssh_base(&p.host);
             c.arg(format!(
-                "if [ -f {pf} ]; then g=$(cat {pf}); kill -TERM -- -$g 2>/dev/null; sleep 1; \
-                 kill -KILL -- -$g 2>/dev/null; rm -f {pf}; fi"
+                "i=0; while [ ! -f {pf} ] && [ $i -lt 10 ]; do sleep 0.1; i=$((i+1)); done; \
+                 if [ -f {pf} ]; then g=$(cat {pf}); kill -TERM -$g 2>/dev/null; \
+                 i=0; while kill -0 -$g 2>/dev/null && [ $i -lt 10 ]; do sleep 0.1; \
+                 i=$((i+1)); done; kill -KILL -$g 2>/dev/null; rm -f {pf}; fi"
             ));
             Some(c)
         }
@@ -646,6 +680,7 @@ mod tests {
 [defaults]
 user = "bench"
 ssh_key = "/k/id"
+ssh_options = ["IdentitiesOnly=yes"]
 bin_dir = "/opt/rrpc"
 port = 6000
 
@@ -668,6 +703,7 @@ address = "127.0.0.1"
 role = "client"
 user = "other"
 ssh_port = 2222
+ssh_options = ["UserKnownHostsFile=/k/known", "StrictHostKeyChecking=yes"]
 "#;
 
     fn argv(c: &Command) -> Vec<String> {
@@ -684,6 +720,15 @@ ssh_port = 2222
         assert_eq!(f.hosts[1].user.as_deref(), Some("bench"));
         assert_eq!(f.hosts[2].user.as_deref(), Some("other"));
         assert_eq!(f.hosts[2].bin_dir.as_deref(), Some(Path::new("/opt/rrpc")));
+        assert_eq!(
+            f.hosts[1].ssh_options.as_deref(),
+            Some(&["IdentitiesOnly=yes".to_owned()][..])
+        );
+        assert_eq!(
+            f.hosts[2].ssh_options.as_ref().map(Vec::len),
+            Some(2),
+            "a host's list replaces the default one"
+        );
     }
 
     #[test]
@@ -697,6 +742,13 @@ ssh_port = 2222
                 .contains("exactly one server")
         );
         let dup = HOSTS.replace("name = \"c2\"", "name = \"c1\"");
+        let flag = HOSTS.replace("\"StrictHostKeyChecking=yes\"", "\"-F/dev/null\"");
+        assert!(
+            HostsFile::parse(&flag)
+                .unwrap_err()
+                .to_string()
+                .contains("must be an `ssh -o` option")
+        );
         assert!(HostsFile::parse(&dup).is_err());
         assert!(HostsFile::parse(&HOSTS.replace("clients = 4", "bogus = 1")).is_err());
     }
@@ -742,6 +794,8 @@ ssh_port = 2222
             [
                 "ssh",
                 "-o",
+                "IdentitiesOnly=yes",
+                "-o",
                 "BatchMode=yes",
                 "-o",
                 "ConnectTimeout=10",
@@ -757,14 +811,62 @@ ssh_port = 2222
             ]
         );
         let c2 = argv(&start_command(LauncherKind::Ssh, &p[2], "R1"));
-        assert_eq!(&c2[7..11], ["-i", "/k/id", "-p", "2222"]);
-        assert_eq!(c2[11], "other@127.0.0.1");
-        assert!(c2[13].contains("--duration-ms 10000"));
+        assert_eq!(
+            &c2[1..5],
+            [
+                "-o",
+                "UserKnownHostsFile=/k/known",
+                "-o",
+                "StrictHostKeyChecking=yes"
+            ],
+            "the hosts file's options come first, so they override xtask's"
+        );
+        assert_eq!(&c2[11..15], ["-i", "/k/id", "-p", "2222"]);
+        assert_eq!(c2[15], "other@127.0.0.1");
+        assert!(c2[17].contains("--duration-ms 10000"));
         let stop = argv(&stop_command(LauncherKind::Ssh, &p[0], "R1").unwrap());
-        assert_eq!(stop[10], "--");
-        assert!(stop[11].contains("kill -TERM -- -$g"), "{}", stop[11]);
-        assert!(stop[11].contains("/tmp/rrpc-bench-R1-srv.pid"));
+        assert_eq!(stop[12], "--");
+        assert!(stop[13].contains("kill -TERM -$g"), "{}", stop[13]);
+        assert!(stop[13].contains("/tmp/rrpc-bench-R1-srv.pid"));
         assert!(stop_command(LauncherKind::Local, &p[0], "R1").is_none());
+    }
+
+    /// Runs the remote half of the ssh stop command with a local `sh`: it must wait for a pid
+    /// file written late and then stop that process group.
+    #[test]
+    fn stop_script_waits_for_a_late_pid_file_and_kills_the_group() {
+        let f = HostsFile::parse(HOSTS).unwrap();
+        let p = plan(&f, "rpc", Path::new("/local"), true).unwrap();
+        let run_id = format!("stoptest-{}", std::process::id());
+        let stop = argv(&stop_command(LauncherKind::Ssh, &p[1], &run_id).unwrap());
+        let script = stop.last().unwrap().clone();
+        let pf = PathBuf::from(pid_file(&run_id, &p[1]));
+        let mut target = Command::new("sh")
+            .args(["-c", "sleep 30 & sleep 30; wait"])
+            .process_group(0)
+            .spawn()
+            .unwrap();
+        let pgid = target.id() as i32;
+        let writer = {
+            let pf = pf.clone();
+            std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(300));
+                std::fs::write(&pf, format!("{pgid}\n")).unwrap();
+            })
+        };
+        // `sh` is dash on Debian: stricter than the bash login shells ssh usually runs.
+        let status = Command::new("sh").args(["-c", &script]).status().unwrap();
+        writer.join().unwrap();
+        assert!(status.success());
+        assert!(!pf.exists(), "the stop removes the pid file");
+        // Checked before reaping `target` (a zombie does not count): the stop killed the group.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while crate::bench::tests::live_members(pgid) > 0 && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let live = crate::bench::tests::live_members(pgid);
+        kill_group(&mut target, Duration::from_millis(100)); // cleanup if the stop failed
+        assert_eq!(live, 0, "process group {pgid} still has live members");
     }
 
     #[test]
@@ -784,6 +886,7 @@ ssh_port = 2222
                 user: None,
                 ssh_key: None,
                 ssh_port: None,
+                ssh_options: None,
                 rdma_device: None,
                 numa_node: None,
                 bin_dir: None,

@@ -4,6 +4,9 @@
 //! - `cargo xtask bench <suite> [--quick] [--out DIR] [--json] [--compare-paper]
 //!   [--hosts hosts.toml --launcher ssh|local]`: builds the suite binaries of `rrpc-bench` once,
 //!   runs them, and writes CSV + Markdown + JSON per experiment, `summary.md` and SVG/PNG plots.
+//!   Cluster mode is tested on one machine with `--hosts xtask/hosts.loopback.toml --launcher
+//!   local`, and over real ssh with `xtask/loopback-ssh.sh` (a throwaway sshd on 127.0.0.1 only;
+//!   needs `/usr/sbin/sshd`; starts a daemon, so it is not part of `ci`).
 //! - `cargo xtask plot <DIR>...`: redraws the SVG/PNG plots of results already written by
 //!   `bench` (each `<experiment>.json` in DIR and its suite subdirectories), in place.
 
