@@ -6,7 +6,11 @@
 //! client) re-executes this binary with `--role tput-sender|echo` for the
 //! peer, connected through a real shm connection (memfd regions,
 //! Unix-socket handshake). Each side runs one busy thread pinned to its own
-//! core. `--role target` is the idle peer of the raw-WRITE reference
+//! core; the suite names the peer's core (`--cpu`), since a child inherits
+//! the suite's own one-core affinity and would otherwise pick that same core.
+//! `--quick` keeps every experiment and variant but bounds ping-pong warm-up
+//! by time too, so a smoke run takes seconds even where round trips are slow.
+//! `--role target` is the idle peer of the raw-WRITE reference
 //! (`rrpc_bench::fabric`).
 
 use std::process::{Child, Command, Stdio};
@@ -43,6 +47,10 @@ struct Cli {
     /// Internal: ring variant (index into `variants()`).
     #[arg(long, hide = true, default_value_t = 0)]
     variant: usize,
+    /// Internal: the CPU the peer pins its thread to (chosen by the parent: a child inherits
+    /// the parent's single-CPU affinity, so it cannot work out "cpu 0 of the plan" itself).
+    #[arg(long, hide = true)]
+    cpu: Option<usize>,
 }
 
 /// Exp#1 sizes.
@@ -86,10 +94,18 @@ fn fabric_for(cfg: &RingConfig) -> Fabric {
     }
 }
 
+/// Pins the calling thread to CPU `i` of the plan (the parent's view of the CPUs).
 fn pin(i: usize) -> usize {
     let cpu = ThreadPlan::cpu(i);
-    let _ = rrpc_bench::pin_current_thread(cpu);
+    pin_exactly(cpu);
     cpu
+}
+
+/// Pins the calling thread to `cpu`, warning (not failing) if the system refuses.
+fn pin_exactly(cpu: usize) {
+    if let Err(e) = rrpc_bench::pin_current_thread(cpu) {
+        eprintln!("ringbuf: warning: cannot pin to cpu {cpu}: {e}");
+    }
 }
 
 /// The parent's half: listens, starts the peer process, accepts it.
@@ -118,6 +134,7 @@ impl Peer {
             .args(["--role", role, "--endpoint", &uri])
             .args(["--size", &size.to_string(), "--count", &count.to_string()])
             .args(["--variant", &variant.to_string()])
+            .args(["--cpu", &ThreadPlan::cpu(0).to_string()])
             .stdin(Stdio::null())
             .spawn()
             .context("starting the peer process")?;
@@ -139,11 +156,19 @@ impl Peer {
     fn finish(mut self) -> Result<()> {
         self.conn.close();
         let st = self.child.wait()?;
-        let _ = std::fs::remove_dir_all(&self.dir);
         if !st.success() {
             bail!("peer process failed: {st}");
         }
         Ok(())
+    }
+}
+
+impl Drop for Peer {
+    /// Also on error paths: no peer process or socket directory outlives the measurement.
+    fn drop(&mut self) {
+        let _ = self.child.kill(); // a no-op once `finish` has reaped it
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
 
@@ -196,8 +221,8 @@ macro_rules! spin {
 
 /// Child: sends messages of `size` bytes as fast as the ring takes them for
 /// `millis`, then an empty end marker.
-fn tput_sender(endpoint: &str, variant: usize, size: usize, millis: u64) -> Result<()> {
-    pin(0);
+fn tput_sender(endpoint: &str, variant: usize, size: usize, millis: u64, cpu: usize) -> Result<()> {
+    pin_exactly(cpu);
     let v = &variants()?[variant];
     let (c, mut tx, _rx) = dial(endpoint, &v.cfg)?;
     let payload = vec![0x5au8; size];
@@ -237,8 +262,8 @@ fn stamp(buf: &mut [u8], i: u64) {
 }
 
 /// Child: echoes messages back until the empty end marker.
-fn echo(endpoint: &str, variant: usize) -> Result<()> {
-    pin(0);
+fn echo(endpoint: &str, variant: usize, cpu: usize) -> Result<()> {
+    pin_exactly(cpu);
     let v = &variants()?[variant];
     let (c, mut tx, mut rx) = dial(endpoint, &v.cfg)?;
     loop {
@@ -296,14 +321,34 @@ fn throughput(variant: usize, size: usize, dur: Duration) -> Result<(f64, f64, b
 }
 
 /// Parent: ping-pong client; returns the round-trip latency distribution.
-fn pingpong(variant: usize, size: usize, rounds: u64, dur: Duration) -> Result<Latency> {
-    let warm = rounds / 4;
+///
+/// Runs `rounds / 4` warm-up rounds, then up to `rounds` measured ones, stopping once `dur` has
+/// passed. With `quick`, the warm-up also ends after `dur / 4` and the clock is read more often,
+/// so a host where round trips take a scheduler tick (both processes on one core) still finishes
+/// a smoke run in about `dur`.
+fn pingpong(
+    variant: usize,
+    size: usize,
+    rounds: u64,
+    dur: Duration,
+    quick: bool,
+) -> Result<Latency> {
+    let mut warm = rounds / 4;
     let mut p = Peer::start("echo", variant, size, 0)?;
     let msg = vec![1u8; size];
     let mut lat = Latency::new();
-    let end = Instant::now() + dur;
+    let start = Instant::now();
+    let end = start + dur;
+    let (warm_end, mask) = if quick {
+        (start + dur / 4, 15)
+    } else {
+        (end, 255)
+    };
     for i in 0..rounds + warm {
-        if i > warm && i & 255 == 0 && Instant::now() > end {
+        if quick && i < warm && i & mask == 0 && Instant::now() > warm_end {
+            warm = i;
+        }
+        if i > warm && i & mask == 0 && Instant::now() > end {
             break;
         }
         let t = Instant::now();
@@ -351,9 +396,12 @@ fn rtrb_rate(n: u64) -> f64 {
 fn main() -> Result<()> {
     let cli = Cli::parse();
     let ep = cli.endpoint.as_deref().unwrap_or_default();
+    let peer_cpu = cli.cpu.unwrap_or_else(|| ThreadPlan::cpu(0));
     match cli.role.as_deref() {
-        Some("tput-sender") => return tput_sender(ep, cli.variant, cli.size, cli.count),
-        Some("echo") => return echo(ep, cli.variant),
+        Some("tput-sender") => {
+            return tput_sender(ep, cli.variant, cli.size, cli.count, peer_cpu);
+        }
+        Some("echo") => return echo(ep, cli.variant, peer_cpu),
         Some("target") => return fabric::run_target(ep),
         Some(other) => bail!("unknown role {other}"),
         None => {}
@@ -466,7 +514,7 @@ fn main() -> Result<()> {
         );
         for &s in &SIZES {
             let r = if s >= 65536 { rounds / 20 } else { rounds };
-            let l = pingpong(0, s, r, dur * 2)?.summary();
+            let l = pingpong(0, s, r, dur * 2, args.quick)?.summary();
             e2.push(vec![
                 Value::from(s),
                 Value::from(l.mean_ns / 1e3),
@@ -505,7 +553,10 @@ fn main() -> Result<()> {
             if i == 0 {
                 huge = h;
             }
-            let lat = pingpong(i, 512, rounds / 2, dur)?.summary().mean_ns / 1e3;
+            let lat = pingpong(i, 512, rounds / 2, dur, args.quick)?
+                .summary()
+                .mean_ns
+                / 1e3;
             let (small, large) = (small * 8.0 * 1.073_741_824, large * 8.0 * 1.073_741_824);
             if i == 0 {
                 base = (small, large, lat);
