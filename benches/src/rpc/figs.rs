@@ -193,7 +193,8 @@ pub(super) fn fig8(ctx: &mut Ctx<'_>, plan_note: &str) -> Vec<Table> {
         t.note(format!(
             "{} measured per point after a 20 % warm-up; user_pct/sys_pct: CPU time of the whole \
              process (server + clients + polling threads) over the point's wall time, 100 = one \
-             core; threads: the process's thread count during the point",
+             core; threads: the process's largest thread count during the point (50 ms \
+             samples)",
             secs(dur)
         ));
         if iv.is_some() {
@@ -235,13 +236,14 @@ fn fig8_point(
     };
     let server = start_server_with(ctx.server_rt, transport, cfg)?;
     let cs = ctx.client_rt.block_on(connect_many(&server, k))?;
+    let sampler = ProcSampler::start(None);
     let c0 = CpuTimes::process()?;
     let w0 = Instant::now();
     let r = ctx
         .client_rt
         .block_on(unary_load(cs, 4096, 4096, interval, dur))?;
-    let threads = thread_count(None)?;
     let c1 = CpuTimes::process()?;
+    let threads = sampler.finish().threads.into_iter().max().unwrap_or(0);
     let wall = w0.elapsed().as_secs_f64();
     let pct = |a: Duration, b: Duration| 100.0 * b.saturating_sub(a).as_secs_f64() / wall;
     let out = (r, pct(c0.user, c1.user), pct(c0.system, c1.system), threads);
@@ -441,40 +443,56 @@ pub(super) fn fig14(ctx: &mut Ctx<'_>, plan_note: &str) -> Table {
 // Figs. 15–16: CPU and memory per side.
 // ---------------------------------------------------------------------------------------------
 
-/// RSS samples of this process and the child server every 50 ms, until stopped.
-struct RssSampler {
+/// Samples, every 50 ms until stopped: this process's RSS and thread count, and the RSS of
+/// another process (the child server), if any.
+struct ProcSampler {
     stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
-    handle: std::thread::JoinHandle<(Vec<u64>, Vec<u64>)>,
+    handle: std::thread::JoinHandle<Samples>,
 }
 
-impl RssSampler {
-    fn start(child: u32) -> Self {
+#[derive(Debug, Default)]
+struct Samples {
+    rss: Vec<u64>,
+    other_rss: Vec<u64>,
+    threads: Vec<u64>,
+}
+
+fn median(v: &mut [u64]) -> u64 {
+    v.sort_unstable();
+    v.get(v.len() / 2).copied().unwrap_or(0)
+}
+
+impl ProcSampler {
+    fn start(other: Option<u32>) -> Self {
         use std::sync::atomic::{AtomicBool, Ordering};
         let stop = std::sync::Arc::new(AtomicBool::new(false));
         let s = stop.clone();
         let handle = std::thread::spawn(move || {
-            let (mut me, mut srv) = (Vec::new(), Vec::new());
-            while !s.load(Ordering::Relaxed) {
-                if let (Ok(a), Ok(b)) = (rss_bytes(None), rss_bytes(Some(child))) {
-                    me.push(a);
-                    srv.push(b);
+            let mut out = Samples::default();
+            loop {
+                if let Ok(r) = rss_bytes(None) {
+                    out.rss.push(r);
+                }
+                if let Some(Ok(r)) = other.map(|p| rss_bytes(Some(p))) {
+                    out.other_rss.push(r);
+                }
+                if let Ok(t) = thread_count(None) {
+                    // Not counting the sampler itself.
+                    out.threads.push(t.saturating_sub(1));
+                }
+                if s.load(Ordering::Relaxed) {
+                    break;
                 }
                 std::thread::sleep(Duration::from_millis(50));
             }
-            (me, srv)
+            out
         });
-        RssSampler { stop, handle }
+        ProcSampler { stop, handle }
     }
 
-    /// Median RSS of (this process, the child).
-    fn finish(self) -> (u64, u64) {
+    fn finish(self) -> Samples {
         self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
-        let (mut me, mut srv) = self.handle.join().unwrap_or_default();
-        let med = |v: &mut Vec<u64>| {
-            v.sort_unstable();
-            v.get(v.len() / 2).copied().unwrap_or(0)
-        };
-        (med(&mut me), med(&mut srv))
+        self.handle.join().unwrap_or_default()
     }
 }
 
@@ -506,7 +524,7 @@ fn side_point(
         }
         Ok::<_, anyhow::Error>(v)
     })?;
-    let sampler = RssSampler::start(pid);
+    let sampler = ProcSampler::start(Some(pid));
     let (cc0, sc0) = (CpuTimes::process()?, CpuTimes::of_pid(pid)?);
     let w0 = Instant::now();
     let r = if heavy {
@@ -518,7 +536,8 @@ fn side_point(
     };
     let wall = w0.elapsed();
     let (cc1, sc1) = (CpuTimes::process()?, CpuTimes::of_pid(pid)?);
-    let (client_rss, server_rss) = sampler.finish();
+    let mut samples = sampler.finish();
+    let (client_rss, server_rss) = (median(&mut samples.rss), median(&mut samples.other_rss));
     Ok(SidePoint {
         krps: krps(&r),
         server_cpu: sc1.percent_since(&sc0, wall),
