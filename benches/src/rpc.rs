@@ -351,6 +351,35 @@ pub struct Throughput {
     pub latency: Latency,
 }
 
+/// The load tasks' result: completed calls and their latencies while `counting` was set.
+type LoadTask = tokio::task::JoinHandle<Result<(u64, Latency)>>;
+
+/// Lets the load tasks warm up for `dur / 5`, counts for `dur`, stops them and sums up.
+async fn measure_window(
+    tasks: Vec<LoadTask>,
+    counting: &AtomicBool,
+    stop: &AtomicBool,
+    dur: Duration,
+) -> Result<Throughput> {
+    tokio::time::sleep(dur / 5).await;
+    counting.store(true, Ordering::Relaxed);
+    let start = Instant::now();
+    tokio::time::sleep(dur).await;
+    counting.store(false, Ordering::Relaxed);
+    let elapsed = start.elapsed();
+    stop.store(true, Ordering::Relaxed);
+    let mut out = Throughput {
+        elapsed,
+        ..Default::default()
+    };
+    for t in tasks {
+        let (ops, lat) = t.await??;
+        out.ops += ops;
+        out.latency.merge(&lat);
+    }
+    Ok(out)
+}
+
 /// Streaming throughput: `clients` connections, each one stream with `window` requests in
 /// flight, for `dur`.
 ///
@@ -365,7 +394,7 @@ pub async fn stream_throughput(
 ) -> Result<Throughput> {
     let stop = Arc::new(AtomicBool::new(false));
     let counting = Arc::new(AtomicBool::new(false));
-    let mut tasks = Vec::new();
+    let mut tasks: Vec<LoadTask> = Vec::new();
     for mut c in clients {
         let (stop, counting) = (stop.clone(), counting.clone());
         tasks.push(tokio::spawn(async move {
@@ -401,24 +430,7 @@ pub async fn stream_throughput(
             Ok::<_, anyhow::Error>((ops, lat))
         }));
     }
-    // Warm up briefly, then count for `dur`.
-    tokio::time::sleep(dur / 5).await;
-    counting.store(true, Ordering::Relaxed);
-    let start = Instant::now();
-    tokio::time::sleep(dur).await;
-    counting.store(false, Ordering::Relaxed);
-    let elapsed = start.elapsed();
-    stop.store(true, Ordering::Relaxed);
-    let mut out = Throughput {
-        elapsed,
-        ..Default::default()
-    };
-    for t in tasks {
-        let (ops, lat) = t.await??;
-        out.ops += ops;
-        out.latency.merge(&lat);
-    }
-    Ok(out)
+    measure_window(tasks, &counting, &stop, dur).await
 }
 
 /// Closed-loop unary load: every client has one call in flight; with `interval`, a client
@@ -438,7 +450,7 @@ pub async fn unary_load(
 ) -> Result<Throughput> {
     let stop = Arc::new(AtomicBool::new(false));
     let counting = Arc::new(AtomicBool::new(false));
-    let mut tasks = Vec::new();
+    let mut tasks: Vec<LoadTask> = Vec::new();
     for mut c in clients {
         let (stop, counting) = (stop.clone(), counting.clone());
         tasks.push(tokio::spawn(async move {
@@ -468,23 +480,7 @@ pub async fn unary_load(
             Ok::<_, anyhow::Error>((ops, lat))
         }));
     }
-    tokio::time::sleep(dur / 5).await;
-    counting.store(true, Ordering::Relaxed);
-    let start = Instant::now();
-    tokio::time::sleep(dur).await;
-    counting.store(false, Ordering::Relaxed);
-    let elapsed = start.elapsed();
-    stop.store(true, Ordering::Relaxed);
-    let mut out = Throughput {
-        elapsed,
-        ..Default::default()
-    };
-    for t in tasks {
-        let (ops, lat) = t.await??;
-        out.ops += ops;
-        out.latency.merge(&lat);
-    }
-    Ok(out)
+    measure_window(tasks, &counting, &stop, dur).await
 }
 
 /// Connects `k` clients to `server`.

@@ -372,8 +372,10 @@ where
         .iter()
         .flat_map(|s| s.points.iter().map(|p| raw(p.1, spec.log_y)))
         .collect();
+    // Long titles (the suites name the paper's figure in them) shrink to fit the width.
+    let title_px = (20.0 * 80.0 / title.chars().count().max(1) as f64).clamp(11.0, 20.0);
     let mut chart = ChartBuilder::on(&area)
-        .caption(title, ("sans-serif", 20))
+        .caption(title, ("sans-serif", title_px))
         .margin(12)
         .x_label_area_size(40)
         .y_label_area_size(70)

@@ -274,6 +274,24 @@ fn bw_point(
     Ok(gbps(&r, req_len))
 }
 
+/// The tonic-over-TCP baseline of a bandwidth experiment (NaN, and a recorded failure, if it
+/// fails).
+fn tcp_gbps(ctx: &mut Ctx<'_>, experiment: &str, req_len: usize, dur: Duration) -> f64 {
+    match bw_point(
+        ctx,
+        Transport::TonicTcp,
+        rrpc_config(Transport::TonicTcp),
+        req_len,
+        dur,
+    ) {
+        Ok(g) => g,
+        Err(e) => {
+            ctx.fail(format!("{experiment} {} KiB tonic-tcp", req_len >> 10), &e);
+            f64::NAN
+        }
+    }
+}
+
 /// Fig. 12: one client streaming 8 KiB and 128 KiB requests (8 B responses) through rrpc's fast
 /// path with ring sizes from 32 KiB to 4 MiB, against tonic over TCP with the same RPCs.
 pub(super) fn fig12(ctx: &mut Ctx<'_>, plan_note: &str) -> Table {
@@ -294,19 +312,7 @@ pub(super) fn fig12(ctx: &mut Ctx<'_>, plan_note: &str) -> Table {
     for &size in &sizes_kib {
         let req = size << 10;
         bar.set_message(format!("{size} KiB tonic-tcp"));
-        let tcp = match bw_point(
-            ctx,
-            Transport::TonicTcp,
-            rrpc_config(Transport::TonicTcp),
-            req,
-            dur,
-        ) {
-            Ok(g) => g,
-            Err(e) => {
-                ctx.fail(format!("ring_size_bandwidth {size} KiB tonic-tcp"), &e);
-                f64::NAN
-            }
-        };
+        let tcp = tcp_gbps(ctx, "ring_size_bandwidth", req, dur);
         bar.inc(1);
         for &ring in &rings_kib {
             bar.set_message(format!("{size} KiB ring {ring} KiB"));
@@ -382,19 +388,7 @@ pub(super) fn fig14(ctx: &mut Ctx<'_>, plan_note: &str) -> Table {
     for &size in &sizes_kib {
         let req = size << 10;
         bar.set_message(format!("{size} KiB tonic-tcp"));
-        let tcp = match bw_point(
-            ctx,
-            Transport::TonicTcp,
-            rrpc_config(Transport::TonicTcp),
-            req,
-            dur,
-        ) {
-            Ok(g) => g,
-            Err(e) => {
-                ctx.fail(format!("zero_copy_bandwidth {size} KiB tonic-tcp"), &e);
-                f64::NAN
-            }
-        };
+        let tcp = tcp_gbps(ctx, "zero_copy_bandwidth", req, dur);
         bar.inc(1);
         let mut off = f64::NAN;
         for zc in [false, true] {

@@ -126,6 +126,21 @@
 //! poller's wait, for [`PollerMode::Event`] (spin, then sleep on the
 //! writer's `WRITE_WITH_IMM`, with no polling thread at all).
 //!
+//! **Low, steady load costs a core.** The polling thread parks only after
+//! 2 ms with no data on any sleeping connection. A server whose calls
+//! arrive every millisecond or so (farther apart than the 50 µs spin,
+//! closer than 2 ms) keeps its connections asleep *and* its polling thread
+//! busy: measured with the rpc bench's `resources_low` experiment (one
+//! 32 B call per client per ms, server in its own process, 2-core host),
+//! rrpc's two processes together used about one core (100–104 % at 1–8
+//! clients) where tonic-TCP used 14–29 %, the RR-Compound paper's Fig. 16
+//! finding
+//! (200 % with two polling threads). On a host with spare cores that is the
+//! price of microsecond wake-ups; where cores are scarce and the call rate
+//! is low, use [`PollerMode::Event`] with a short [`RrpcConfig::receive_spin`]
+//! on both ends (the handshake refuses a mismatch): no polling thread, and
+//! a wake-up then costs a kernel round trip.
+//!
 //! # Modules
 //!
 //! * [`frame`]: the fast-path wire format (sans-IO).
