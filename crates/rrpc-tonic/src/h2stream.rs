@@ -30,7 +30,7 @@ type SendFut = BoxFut<'static, (Box<dyn MsgTx>, Result<(), Error>)>;
 /// `poll_write` copies the bytes straight into the send ring when it has
 /// room (the common case; otherwise the write is accepted and finished by the
 /// next `poll_write`/`poll_flush`): no writer task. Reads come from a small
-/// reader task (see [`RrpcStream::new`]).
+/// reader task (see `RrpcStream::new`).
 pub struct RrpcStream {
     /// The send half while no slow (ring-full) send is in flight.
     tx: Option<Box<dyn MsgTx>>,
