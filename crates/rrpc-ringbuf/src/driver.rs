@@ -181,6 +181,7 @@ impl LocalRing {
             head_mirror: Arc::new(AtomicU64::new(0)),
             deferred: None,
             imm: self.cfg.tail_with_imm(),
+            peeked: None,
         };
         Ok((tx, rx))
     }
@@ -559,6 +560,9 @@ pub struct RingRx {
     head_mirror: Arc<AtomicU64>,
     deferred: Option<Error>,
     imm: bool,
+    /// The message [`RingRx::has_message`] found, returned by the next
+    /// [`RingRx::try_recv`] without decoding its header again.
+    peeked: Option<Message>,
 }
 
 impl RingRx {
@@ -571,6 +575,9 @@ impl RingRx {
     pub fn try_recv(&mut self) -> Result<ReadGuard<'_>, Error> {
         if self.deferred.is_some() {
             return Err(self.deferred.take().expect("checked"));
+        }
+        if let Some(msg) = self.peeked.take() {
+            return Ok(ReadGuard { rx: self, msg });
         }
         // Cached-index pattern: reload the peer-written tail word only when
         // everything published so far has been consumed.
@@ -613,17 +620,23 @@ impl RingRx {
     /// # Errors
     /// As [`try_recv`](Self::try_recv), except that "empty" is `Ok(false)`.
     pub fn has_message(&mut self) -> Result<bool, Error> {
-        match self.try_recv() {
+        if self.peeked.is_some() {
+            return Ok(true);
+        }
+        let found = match self.try_recv() {
             Ok(guard) => {
                 // The guard's drop is what consumes the message; not running it
                 // leaves the message unread (the guard owns nothing but a
                 // borrow and a copy of the message's position).
+                let msg = guard.msg;
                 std::mem::forget(guard);
-                Ok(true)
+                Some(msg)
             }
-            Err(Error::WouldBlock) => Ok(false),
-            Err(e) => Err(e),
-        }
+            Err(Error::WouldBlock) => None,
+            Err(e) => return Err(e),
+        };
+        self.peeked = found;
+        Ok(found.is_some())
     }
 
     /// Pushes the head now if the sender has not seen the latest one.
