@@ -135,6 +135,9 @@ pub struct PlotSpec {
     pub log_x: bool,
     /// Logarithmic y axis.
     pub log_y: bool,
+    /// Caption of this plot (defaults to the table's title); for a table's extra plots.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub caption: Option<String>,
 }
 
 impl PlotSpec {
@@ -148,6 +151,7 @@ impl PlotSpec {
             y_label: None,
             log_x: false,
             log_y: false,
+            caption: None,
         }
     }
     /// Splits rows into one line per distinct value of `column`.
@@ -168,6 +172,11 @@ impl PlotSpec {
     /// Logarithmic x axis.
     pub fn log_x(mut self) -> Self {
         self.log_x = true;
+        self
+    }
+    /// Sets the caption (the table's title otherwise).
+    pub fn caption(mut self, caption: &str) -> Self {
+        self.caption = Some(caption.to_owned());
         self
     }
     /// Logarithmic y axis.
@@ -192,6 +201,10 @@ pub struct Table {
     pub notes: Vec<String>,
     /// How to plot it, if at all.
     pub plot: Option<PlotSpec>,
+    /// Further plots of the same rows (e.g. memory beside CPU, as the paper's (a)/(b)
+    /// panels), drawn to `<experiment>-2`, `<experiment>-3`, ...
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub more_plots: Vec<PlotSpec>,
 }
 
 impl Table {
@@ -204,6 +217,7 @@ impl Table {
             rows: Vec::new(),
             notes: Vec::new(),
             plot: None,
+            more_plots: Vec::new(),
         }
     }
 
@@ -229,6 +243,11 @@ impl Table {
     /// Attaches a plot description.
     pub fn plot(&mut self, spec: PlotSpec) {
         self.plot = Some(spec);
+    }
+
+    /// Adds a further plot of the same rows (drawn after [`Table::plot`]'s).
+    pub fn also_plot(&mut self, spec: PlotSpec) {
+        self.more_plots.push(spec);
     }
 
     /// Index of a column by name.

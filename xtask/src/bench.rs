@@ -155,9 +155,8 @@ pub(crate) fn replot(dirs: &[PathBuf]) -> Result<()> {
         suite_dirs.extend(subs);
         for d in suite_dirs {
             for t in read_tables(&d)? {
-                let stem = d.join(&t.experiment);
-                if plot::draw(&t, &stem)? {
-                    eprintln!("drew {}", stem.with_extension("png").display());
+                for svg in plot::draw(&t, &d)? {
+                    eprintln!("drew {}", svg.with_extension("png").display());
                     drawn += 1;
                 }
             }
@@ -270,10 +269,8 @@ pub(crate) fn run(args: &BenchArgs) -> Result<()> {
         let tables = read_tables(&dir)?;
         let mut plots = Vec::new();
         for t in &tables {
-            let stem = dir.join(&t.experiment);
-            match plot::draw(t, &stem) {
-                Ok(true) => plots.push(stem.with_extension("svg")),
-                Ok(false) => {}
+            match plot::draw(t, &dir) {
+                Ok(svgs) => plots.extend(svgs),
                 Err(e) => eprintln!("warning: plot {}: {e:#}", t.experiment),
             }
         }
@@ -378,13 +375,14 @@ fn summary_markdown(
                 }
             }
             s.push('\n');
-            if t.plot.is_some() {
+            for (stem, spec) in t.plots() {
                 let rel = r
                     .dir
                     .strip_prefix(out)
                     .unwrap_or(&r.dir)
-                    .join(format!("{}.svg", t.experiment));
-                let _ = writeln!(s, "![{}]({})\n", t.title, rel.display());
+                    .join(format!("{stem}.svg"));
+                let caption = spec.caption.as_ref().unwrap_or(&t.title);
+                let _ = writeln!(s, "![{caption}]({})\n", rel.display());
             }
         }
     }

@@ -642,6 +642,7 @@ fn cluster_table(results: &[(String, ClientResult)], quick: bool, f: &HostsFile)
             results.len()
         )],
         plot: None,
+        more_plots: Vec::new(),
     }
 }
 

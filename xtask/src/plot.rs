@@ -34,6 +34,9 @@ pub(crate) struct PlotSpec {
     pub(crate) log_x: bool,
     #[serde(default)]
     pub(crate) log_y: bool,
+    /// Caption (the table's title otherwise).
+    #[serde(default)]
+    pub(crate) caption: Option<String>,
 }
 
 /// Mirror of `rrpc_bench::report::TableFile`.
@@ -50,11 +53,26 @@ pub(crate) struct TableFile {
     #[serde(default)]
     pub(crate) notes: Vec<String>,
     pub(crate) plot: Option<PlotSpec>,
+    /// Further plots of the same rows, drawn to `<experiment>-2`, `-3`, ...
+    #[serde(default)]
+    pub(crate) more_plots: Vec<PlotSpec>,
 }
 
 impl TableFile {
     pub(crate) fn column(&self, name: &str) -> Option<usize> {
         self.columns.iter().position(|c| c == name)
+    }
+
+    /// Every plot of the table with its file stem: `<experiment>` for the main plot,
+    /// `<experiment>-2`, `-3`, ... for the others.
+    pub(crate) fn plots(&self) -> Vec<(String, &PlotSpec)> {
+        let main = self.plot.iter().map(|p| (self.experiment.clone(), p));
+        let more = self
+            .more_plots
+            .iter()
+            .enumerate()
+            .map(|(i, p)| (format!("{}-{}", self.experiment, i + 2), p));
+        main.chain(more).collect()
     }
 }
 
@@ -358,10 +376,11 @@ where
     if spec.log_y {
         y0 -= pad;
     }
+    let base = spec.caption.as_ref().unwrap_or(&t.title);
     let title = if t.quick {
-        format!("{} (--quick)", t.title)
+        format!("{base} (--quick)")
     } else {
-        t.title.clone()
+        base.clone()
     };
     let raw = |v: f64, log: bool| if log { 10f64.powf(v) } else { v };
     let xs: Vec<f64> = series
@@ -429,33 +448,35 @@ where
     Ok(())
 }
 
-/// Draws `t` (if it has a plot spec) to `<stem>.svg` and `<stem>.png`; returns whether it drew.
-pub(crate) fn draw(t: &TableFile, stem: &Path) -> Result<bool> {
-    let Some(spec) = &t.plot else {
-        return Ok(false);
-    };
+/// Draws every plot of `t` ([`TableFile::plots`]) into `dir` as `<stem>.svg` and
+/// `<stem>.png`; returns the SVG paths drawn.
+pub(crate) fn draw(t: &TableFile, dir: &Path) -> Result<Vec<std::path::PathBuf>> {
     REGISTER.call_once(|| {
         if plotters::style::register_font("sans-serif", FontStyle::Normal, FONT).is_err() {
             eprintln!("warning: bundled font rejected; plots will have no text");
         }
     });
-    let series = series_of(t, spec)?;
-    let size = (900, 560);
-    let svg = stem.with_extension("svg");
-    draw_on(
-        SVGBackend::new(&svg, size).into_drawing_area(),
-        t,
-        spec,
-        &series,
-    )?;
-    let png = stem.with_extension("png");
-    draw_on(
-        BitMapBackend::new(&png, size).into_drawing_area(),
-        t,
-        spec,
-        &series,
-    )?;
-    Ok(true)
+    let mut drawn = Vec::new();
+    for (stem, spec) in t.plots() {
+        let series = series_of(t, spec)?;
+        let size = (900, 560);
+        let svg = dir.join(format!("{stem}.svg"));
+        draw_on(
+            SVGBackend::new(&svg, size).into_drawing_area(),
+            t,
+            spec,
+            &series,
+        )?;
+        let png = dir.join(format!("{stem}.png"));
+        draw_on(
+            BitMapBackend::new(&png, size).into_drawing_area(),
+            t,
+            spec,
+            &series,
+        )?;
+        drawn.push(svg);
+    }
+    Ok(drawn)
 }
 
 #[cfg(test)]
@@ -500,7 +521,10 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("xtask-plot-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let stem = dir.join("t");
-        assert!(draw(&table(), &stem).unwrap());
+        assert_eq!(
+            draw(&table(), &dir).unwrap(),
+            vec![stem.with_extension("svg")]
+        );
         let svg = std::fs::read_to_string(stem.with_extension("svg")).unwrap();
         assert!(
             svg.contains("Throughput vs clients"),
@@ -508,6 +532,22 @@ mod tests {
         );
         let png = std::fs::read(stem.with_extension("png")).unwrap();
         assert_eq!(&png[1..4], b"PNG");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn extra_plots_get_their_own_files_and_captions() {
+        let dir = std::env::temp_dir().join(format!("xtask-plot2-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut t = table();
+        let mut extra = t.plot.clone().unwrap();
+        extra.caption = Some("Second panel".into());
+        t.more_plots.push(extra);
+        let drawn = draw(&t, &dir).unwrap();
+        assert_eq!(drawn, vec![dir.join("t.svg"), dir.join("t-2.svg")]);
+        let svg = std::fs::read_to_string(dir.join("t-2.svg")).unwrap();
+        assert!(svg.contains("Second panel"), "extra plot uses its caption");
+        assert!(dir.join("t-2.png").exists());
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

@@ -217,6 +217,17 @@ pub(super) fn fig8(ctx: &mut Ctx<'_>, plan_note: &str) -> Vec<Table> {
                 .x_label("clients")
                 .y_label("K RPC/s"),
         );
+        let panel = if iv.is_none() { "(b)" } else { "(d)" };
+        t.also_plot(
+            PlotSpec::lines("clients", &["user_pct", "sys_pct"])
+                .series("mode")
+                .log_x()
+                .x_label("clients")
+                .y_label("CPU, whole process (% of one core)")
+                .caption(&format!(
+                    "4 KiB RPCs ({load}): user and system CPU per mode (Fig. 8 {panel})"
+                )),
+        );
         tables.push(t);
     }
     bar.finish_and_clear();
@@ -667,6 +678,18 @@ pub(super) fn fig15_16(ctx: &mut Ctx<'_>, pinning: &str) -> Vec<Table> {
                 .log_x()
                 .x_label("clients")
                 .y_label("CPU, both sides (% of one core)"),
+        );
+        let fig = if heavy { "Fig. 15 (b)" } else { "Fig. 16 (b)" };
+        tbl.also_plot(
+            PlotSpec::lines("clients", &["server_rss_mib", "client_rss_mib"])
+                .series("transport")
+                .log_x()
+                .x_label("clients")
+                .y_label("RSS (MiB, median)")
+                .caption(&format!(
+                    "Memory per side, {} load ({fig})",
+                    if heavy { "heavy" } else { "low" }
+                )),
         );
     }
     vec![heavy_t, low_t]
