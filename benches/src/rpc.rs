@@ -511,11 +511,59 @@ pub fn runtime(name: &str, cpu: usize) -> Result<Runtime> {
         .context("building a tokio runtime")
 }
 
-/// Runs the rpc suite into `report`.
+/// Appends one transport's ping-pong row (the tonic-TCP row, first, is the baseline).
+fn ping_row(ping: &mut Table, t: Transport, l: &crate::Summary, tcp: &mut Option<(f64, f64)>) {
+    let (p50, p99) = (l.p50_us(), l.p99_us());
+    if t == Transport::TonicTcp {
+        *tcp = Some((p50, p99));
+    }
+    let (b50, b99) = tcp.unwrap_or((f64::NAN, f64::NAN));
+    ping.push(vec![
+        t.name().into(),
+        p50.into(),
+        p99.into(),
+        (l.mean_ns / 1e3).into(),
+        Ratio::of(p50, b50).into(),
+        Ratio::of(p99, b99).into(),
+        l.count.into(),
+    ]);
+}
+
+/// The rpc suite's experiments, for `--only` (a table is run if its name starts with one of
+/// the names given).
+pub const EXPERIMENTS: &[&str] = &[
+    "pingpong_latency",
+    "small_rpc_throughput",
+    "connmgmt_4k_continuous",
+    "connmgmt_4k_interval",
+    "ring_size_bandwidth",
+    "zero_copy_bandwidth",
+    "resources_heavy",
+    "resources_low",
+];
+
+/// Whether experiment `exp` is selected by `only` (empty: everything).
+fn selected(only: &[String], exp: &str) -> bool {
+    only.is_empty() || only.iter().any(|o| exp.starts_with(o.as_str()))
+}
+
+/// Runs the rpc suite into `report`: every experiment, or those whose names start with one of
+/// `only` (see [`EXPERIMENTS`]).
 ///
 /// # Errors
-/// Setup errors of the baselines; rrpc failures are recorded in the tables' notes.
-pub fn run_suite(args: &SuiteArgs, report: &mut Report) -> Result<()> {
+/// An `only` entry that names no experiment; setup errors of the baselines; rrpc failures are
+/// recorded in the tables' notes and make the suite fail at the end.
+pub fn run_suite(args: &SuiteArgs, report: &mut Report, only: &[String]) -> Result<()> {
+    if let Some(bad) = only
+        .iter()
+        .find(|o| !EXPERIMENTS.iter().any(|e| e.starts_with(o.as_str())))
+    {
+        return Err(anyhow!(
+            "--only {bad}: no such experiment (one of {})",
+            EXPERIMENTS.join(", ")
+        ));
+    }
+    let want = |exp: &str| selected(only, exp);
     let (scpu, ccpu) = (ThreadPlan::cpu(0), ThreadPlan::cpu(1));
     let server_rt = runtime("bench-server", scpu)?;
     let client_rt = runtime("bench-client", ccpu)?;
@@ -576,38 +624,30 @@ pub fn run_suite(args: &SuiteArgs, report: &mut Report) -> Result<()> {
     let mut failures = Vec::new();
     let mut tcp_ping: Option<(f64, f64)> = None;
     let mut tcp_krps: Vec<(usize, f64)> = Vec::new();
-    for t in Transport::ALL {
+    let first_two = want("pingpong_latency") || want("small_rpc_throughput");
+    for t in Transport::ALL.into_iter().filter(|_| first_two) {
         bar.set_message(format!("{} ping-pong", t.name()));
         let server = start_server(&server_rt, t)?;
         let res: Result<()> = (|| {
-            let mut c = client_rt.block_on(connect(&server))?;
-            let l = client_rt
-                .block_on(pingpong(&mut c, 64, 8, warm, n))?
-                .summary();
-            let (p50, p99) = (l.p50_us(), l.p99_us());
-            if t == Transport::TonicTcp {
-                tcp_ping = Some((p50, p99));
+            if want("pingpong_latency") {
+                let mut c = client_rt.block_on(connect(&server))?;
+                // Spawned, so the calls run on the pinned client worker (`block_on` runs its
+                // own future on the calling thread).
+                let l = client_rt
+                    .block_on(async move {
+                        tokio::spawn(async move { pingpong(&mut c, 64, 8, warm, n).await }).await?
+                    })?
+                    .summary();
+                ping_row(&mut ping, t, &l, &mut tcp_ping);
             }
-            let (b50, b99) = tcp_ping.unwrap_or((f64::NAN, f64::NAN));
-            ping.push(vec![
-                t.name().into(),
-                p50.into(),
-                p99.into(),
-                (l.mean_ns / 1e3).into(),
-                Ratio::of(p50, b50).into(),
-                Ratio::of(p99, b99).into(),
-                l.count.into(),
-            ]);
             bar.inc(1);
+            if !want("small_rpc_throughput") {
+                bar.inc(clients_list.len() as u64);
+                return Ok(());
+            }
             for &k in &clients_list {
                 bar.set_message(format!("{} {k} clients", t.name()));
-                let cs = client_rt.block_on(async {
-                    let mut v = Vec::new();
-                    for _ in 0..k {
-                        v.push(connect(&server).await?);
-                    }
-                    Ok::<_, anyhow::Error>(v)
-                })?;
+                let cs = client_rt.block_on(connect_many(&server, k))?;
                 let cpu0 = CpuTimes::process()?;
                 let w0 = Instant::now();
                 let r = client_rt.block_on(stream_throughput(cs, 32, 8, 32, dur))?;
@@ -665,14 +705,19 @@ pub fn run_suite(args: &SuiteArgs, report: &mut Report) -> Result<()> {
             .x_label("clients")
             .y_label("K RPC/s"),
     );
-    report.add(ping)?;
-    report.add(thr)?;
+    if want("pingpong_latency") {
+        report.add(ping)?;
+    }
+    if want("small_rpc_throughput") {
+        report.add(thr)?;
+    }
 
     let mut ctx = figs::Ctx {
         args,
         server_rt: &server_rt,
         client_rt: &client_rt,
         server_cpu: scpu,
+        only,
         failures: Vec::new(),
     };
     let fig8_note = format!(
@@ -682,11 +727,14 @@ pub fn run_suite(args: &SuiteArgs, report: &mut Report) -> Result<()> {
     for t in figs::fig8(&mut ctx, &fig8_note) {
         report.add(t)?;
     }
-    let bw_note = plan_note.clone();
-    let t12 = figs::fig12(&mut ctx, &bw_note);
-    report.add(t12)?;
-    let t14 = figs::fig14(&mut ctx, &bw_note);
-    report.add(t14)?;
+    if want("ring_size_bandwidth") {
+        let t12 = figs::fig12(&mut ctx, &plan_note);
+        report.add(t12)?;
+    }
+    if want("zero_copy_bandwidth") {
+        let t14 = figs::fig14(&mut ctx, &plan_note);
+        report.add(t14)?;
+    }
     let side_plan = ThreadPlan::new()
         .side("server process (tokio, 1 worker)", 1, Some(vec![scpu]))
         .side("client process (tokio, 1 worker)", 1, Some(vec![ccpu]));
@@ -699,8 +747,12 @@ pub fn run_suite(args: &SuiteArgs, report: &mut Report) -> Result<()> {
         side_plan.describe(),
         side_rrpc.describe()
     );
-    for t in figs::fig15_16(&mut ctx, &side_note) {
-        report.add(t)?;
+    if want("resources_heavy") || want("resources_low") {
+        for t in figs::fig15_16(&mut ctx, &side_note) {
+            if want(&t.experiment) {
+                report.add(t)?;
+            }
+        }
     }
     failures.extend(ctx.failures);
 

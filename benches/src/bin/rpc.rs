@@ -14,6 +14,12 @@ use rrpc_bench::{Report, SuiteArgs, rpc};
 struct Cli {
     #[command(flatten)]
     suite: SuiteArgs,
+    /// Run only these experiments (comma-separated; a prefix selects every experiment it
+    /// starts, e.g. `resources`): pingpong_latency, small_rpc_throughput,
+    /// connmgmt_4k_continuous, connmgmt_4k_interval, ring_size_bandwidth,
+    /// zero_copy_bandwidth, resources_heavy, resources_low.
+    #[arg(long, value_delimiter = ',')]
+    only: Vec<String>,
     /// Cluster mode role: `server` or `client` (default: the single-host suite).
     #[arg(long)]
     role: Option<String>,
@@ -42,7 +48,7 @@ fn main() -> Result<()> {
     match cli.role.as_deref() {
         None => {
             let mut report = Report::new("rpc", &cli.suite)?;
-            let r = rpc::run_suite(&cli.suite, &mut report);
+            let r = rpc::run_suite(&cli.suite, &mut report, &cli.only);
             report.finish()?;
             r
         }

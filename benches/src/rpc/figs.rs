@@ -26,11 +26,17 @@ pub(super) struct Ctx<'a> {
     pub(super) client_rt: &'a Runtime,
     /// CPU the server side is pinned to (the child server of Figs. 15–16 too).
     pub(super) server_cpu: usize,
+    /// `--only` (empty: every experiment).
+    pub(super) only: &'a [String],
     /// Failures so far (`"experiment: what"`); the suite fails at the end if any.
     pub(super) failures: Vec<String>,
 }
 
 impl Ctx<'_> {
+    fn want(&self, exp: &str) -> bool {
+        super::selected(self.only, exp)
+    }
+
     fn fail(&mut self, what: String, e: &anyhow::Error) {
         eprintln!("rpc: {what} failed: {e:#}");
         self.failures.push(format!("{what}: FAILED: {e:#}"));
@@ -126,6 +132,15 @@ pub(super) fn fig8(ctx: &mut Ctx<'_>, plan_note: &str) -> Vec<Table> {
     ];
     let mut tables = Vec::new();
     for (load, iv) in [("continuous", None), ("interval_1ms", Some(interval))] {
+        let exp = if iv.is_none() {
+            "connmgmt_4k_continuous"
+        } else {
+            "connmgmt_4k_interval"
+        };
+        if !ctx.want(exp) {
+            bar.inc((variants.len() * clients.len()) as u64);
+            continue;
+        }
         let (exp, title) = match iv {
             None => (
                 "connmgmt_4k_continuous",
@@ -601,6 +616,14 @@ pub(super) fn fig15_16(ctx: &mut Ctx<'_>, pinning: &str) -> Vec<Table> {
             }
         };
         for heavy in [true, false] {
+            if !ctx.want(if heavy {
+                "resources_heavy"
+            } else {
+                "resources_low"
+            }) {
+                bar.inc(clients.len() as u64);
+                continue;
+            }
             for &k in &clients {
                 bar.set_message(format!(
                     "{} {} {k} clients",
