@@ -253,6 +253,7 @@ pub(crate) fn run(args: &BenchArgs) -> Result<()> {
         if args.json {
             cmd.arg("--json").stdout(Stdio::null());
         }
+        cmd.args(&args.suite_args);
         let t = Instant::now();
         let mut child = cmd
             .spawn()

@@ -71,6 +71,10 @@ struct BenchArgs {
     /// Cargo profile for the suite binaries (`bench` = release + thin LTO, or `release`).
     #[arg(long, default_value = "bench")]
     profile: String,
+    /// Passed to the suite binary after `--`, e.g. `cargo xtask bench rpc -- --only resources`
+    /// (see `<suite> --help`).
+    #[arg(last = true)]
+    suite_args: Vec<String>,
 }
 
 fn main() -> Result<()> {
