@@ -85,14 +85,16 @@ impl RrpcConfig {
     }
     /// Size of each direction's ring in bytes.
     ///
-    /// Each connection maps both rings in both processes on `shm` (RSS grows by
-    /// up to 2 × `ring_size` per connection on each side as pages get touched;
-    /// the physical memory is shared). The 4 MiB default follows the paper.
-    /// Measured on `shm` (rpc bench `ring_size_bandwidth`, 2-core host with
-    /// 2 MiB of L2 per core): 128 KiB messages streamed at ~31–32 Gb/s through
-    /// 512 KiB–1 MiB rings but ~16 Gb/s through 4 MiB rings, which no longer
-    /// fit in cache; 8 KiB messages did not care above 64 KiB. Smaller rings
-    /// are worth trying for bandwidth-bound services on one host.
+    /// Each connection maps both rings in both processes on `shm`; under load
+    /// the rpc bench measured 12 MiB of RSS per connection on each side with
+    /// 4 MiB rings (both rings once touched, plus buffers; the ring pages are
+    /// shared, not copied). The 4 MiB default follows the paper. Measured on
+    /// `shm` (rpc bench `ring_size_bandwidth`, 2-core host with 2 MiB of L2
+    /// per core): 128 KiB messages streamed at ~31–32 Gb/s through 512 KiB–
+    /// 1 MiB rings but ~16 Gb/s through 4 MiB rings, which no longer fit in
+    /// cache; 8 KiB messages moved at 11–19 Gb/s with no clear trend from
+    /// 32 KiB up. Smaller rings are worth trying for bandwidth-bound services
+    /// on one host.
     ///
     /// # Errors
     /// [`crate::Error::InvalidConfig`] below 4 KiB.
