@@ -492,25 +492,85 @@ impl Listener {
         .map_err(|e| Error::io("set_nonblocking", e))
     }
 
-    /// Accepts one client and reads its hello. A bad client (malformed hello,
+    /// Accepts one client and reads its hello: [`Self::accept_pending`]
+    /// followed by [`Pending::handshake`]. A bad client (malformed hello,
     /// wrong version or token) is answered with a `Reject`, disconnected, and
     /// reported as an error; keep accepting afterwards.
     ///
+    /// This blocks for as long as the client takes to send its hello (up to
+    /// the handshake timeout); servers that must not let one slow client
+    /// delay the others call [`Self::accept_pending`] in their accept loop
+    /// and run each [`Pending::handshake`] on its own thread or task.
+    ///
     /// # Errors
-    /// The client's fault ([`Error::MalformedHandshake`], [`Error::AuthFailed`],
-    /// [`Error::VersionMismatch`], [`Error::Timeout`]), or [`Error::WouldBlock`]
-    /// on a non-blocking listener with no pending client.
+    /// As [`Self::accept_pending`] and [`Pending::handshake`].
     pub fn accept(&self) -> Result<Incoming> {
-        let l = match &self.inner {
-            ListenerInner::Unix(l, _) => l,
-            #[cfg(feature = "verbs")]
-            ListenerInner::Tcp(l) => {
-                let s = match side::accept_tcp(l, self.cfg.timeout) {
-                    Err(Error::Io { source, .. }) if source.kind() == io::ErrorKind::WouldBlock => {
+        self.accept_pending()?.handshake()
+    }
+
+    /// Takes one connected client off the listening socket without reading
+    /// from it: cheap, and never waits for the client. The handshake
+    /// (reading and checking its hello) is [`Pending::handshake`].
+    ///
+    /// # Errors
+    /// [`Error::WouldBlock`] on a non-blocking listener with no pending
+    /// client; [`Error::Io`] if `accept(2)` fails.
+    pub fn accept_pending(&self) -> Result<Pending> {
+        let stream = match &self.inner {
+            ListenerInner::Unix(l, _) => {
+                let (s, _) = match l.accept() {
+                    Ok(x) => x,
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                         return Err(Error::WouldBlock);
                     }
-                    r => r?,
+                    Err(e) => return Err(Error::io("accept", e)),
                 };
+                Side::Unix(s)
+            }
+            #[cfg(feature = "verbs")]
+            ListenerInner::Tcp(l) => match side::accept_tcp(l, self.cfg.timeout) {
+                Err(Error::Io { source, .. }) if source.kind() == io::ErrorKind::WouldBlock => {
+                    return Err(Error::WouldBlock);
+                }
+                r => Side::Tcp(r?),
+            },
+        };
+        Ok(Pending {
+            stream,
+            cfg: self.cfg.clone(),
+        })
+    }
+}
+
+/// A client taken off the listening socket whose hello has not been read
+/// yet ([`Listener::accept_pending`]).
+#[derive(Debug)]
+pub struct Pending {
+    stream: Side,
+    cfg: HandshakeConfig,
+}
+
+impl Pending {
+    /// The client's address, for logs: `ip:port` on TCP; on a Unix socket
+    /// the peer's process and user ids (`pid=.. uid=..`) when the kernel
+    /// reports them.
+    pub fn peer_addr(&self) -> String {
+        self.stream.peer_addr()
+    }
+
+    /// Reads and checks the client's hello. Blocking, bounded by the
+    /// handshake timeout. A bad client (malformed hello, wrong version or
+    /// token) is answered with a `Reject` and disconnected.
+    ///
+    /// # Errors
+    /// The client's fault ([`Error::MalformedHandshake`], [`Error::AuthFailed`],
+    /// [`Error::VersionMismatch`], [`Error::Timeout`], [`Error::PeerGone`]).
+    pub fn handshake(self) -> Result<Incoming> {
+        #[allow(clippy::infallible_destructuring_match)] // fallible with `verbs`
+        let s = match self.stream {
+            Side::Unix(s) => s,
+            #[cfg(feature = "verbs")]
+            Side::Tcp(s) => {
                 let hello = side::read_hello(&s, self.cfg.token())?;
                 let peer = peer_info(&hello, ProviderKind::Verbs)?;
                 return Ok(Incoming {
@@ -520,11 +580,6 @@ impl Listener {
                     fds: Vec::new(),
                 });
             }
-        };
-        let (s, _) = match l.accept() {
-            Ok(x) => x,
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Err(Error::WouldBlock),
-            Err(e) => return Err(Error::io("accept", e)),
         };
         s.set_nonblocking(false)
             .map_err(|e| Error::io("set_nonblocking", e))?;
@@ -694,6 +749,20 @@ impl Side {
             Side::Unix(s) => send_msg(s, m, &[]),
             #[cfg(feature = "verbs")]
             Side::Tcp(s) => side::send_msg(s, m),
+        }
+    }
+    fn peer_addr(&self) -> String {
+        match self {
+            Side::Unix(s) => {
+                match nix::sys::socket::getsockopt(s, nix::sys::socket::sockopt::PeerCredentials) {
+                    Ok(c) => format!("pid={} uid={}", c.pid(), c.uid()),
+                    Err(_) => "unix peer".to_string(),
+                }
+            }
+            #[cfg(feature = "verbs")]
+            Side::Tcp(s) => s
+                .peer_addr()
+                .map_or_else(|_| "tcp peer".to_string(), |a| a.to_string()),
         }
     }
     fn raw_fd(&self) -> RawFd {
