@@ -550,6 +550,18 @@ pub struct Pending {
     cfg: HandshakeConfig,
 }
 
+impl AsFd for Pending {
+    /// The accepted side-channel socket, e.g. to wait (tokio `AsyncFd`) until
+    /// the client's hello has arrived before calling [`Pending::handshake`].
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        match &self.stream {
+            Side::Unix(s) => s.as_fd(),
+            #[cfg(feature = "verbs")]
+            Side::Tcp(s) => s.as_fd(),
+        }
+    }
+}
+
 impl Pending {
     /// The client's address, for logs: `ip:port` on TCP; on a Unix socket
     /// the peer's process and user ids (`pid=.. uid=..`) when the kernel

@@ -144,10 +144,17 @@ impl Shard {
     }
 
     fn remove(&self, e: &Arc<Entry>) {
-        let mut v = lock(&self.entries);
-        v.retain(|x| !Arc::ptr_eq(x, e));
-        self.len.store(v.len(), Ordering::Relaxed);
-        self.generation.fetch_add(1, Ordering::Release);
+        {
+            let mut v = lock(&self.entries);
+            v.retain(|x| !Arc::ptr_eq(x, e));
+            self.len.store(v.len(), Ordering::Relaxed);
+            self.generation.fetch_add(1, Ordering::Release);
+        }
+        // A parked thread still holds the entry in its snapshot of the list,
+        // and with it the connection's rings, eventfds and side channel:
+        // wake it so that it takes the new list and lets go now, not at its
+        // next wake-up (which, idle, may be far away).
+        self.kick();
     }
 
     /// Resumes a parked polling thread (one syscall for the first kicker only).

@@ -29,6 +29,8 @@ pub enum PathPreference {
 /// | `max_chunk` | 256 KiB | fast-path DATA frames larger than this are split so calls interleave |
 /// | `call_buffer` | 64 chunks | per-call receive queue before the connection applies back-pressure |
 /// | `poller` | process-wide [`default_poller_config`] | see [`RrpcConfig::poller`] |
+/// | `handshake_timeout` | 5 s | bounds a connection's whole setup (rrpc-core handshake + path negotiation) |
+/// | `max_pending_handshakes` | 1024 | connections still in setup per listener; more are closed at once |
 #[derive(Debug, Clone)]
 pub struct RrpcConfig(Arc<Inner>);
 
@@ -42,6 +44,8 @@ struct Inner {
     call_buffer: usize,
     poller: Option<PollerConfig>,
     receive_spin: std::time::Duration,
+    handshake_timeout: std::time::Duration,
+    max_pending_handshakes: usize,
     /// The poller built from `poller`, shared by every clone of this config.
     poller_cell: Arc<OnceLock<Poller>>,
 }
@@ -57,6 +61,8 @@ impl Default for RrpcConfig {
             call_buffer: 64,
             poller: None,
             receive_spin: std::time::Duration::ZERO,
+            handshake_timeout: std::time::Duration::from_secs(5),
+            max_pending_handshakes: 1024,
             poller_cell: Arc::new(OnceLock::new()),
         }))
     }
@@ -165,6 +171,50 @@ impl RrpcConfig {
     /// See [`RrpcConfig::receive_spin`].
     pub fn get_receive_spin(&self) -> std::time::Duration {
         self.0.receive_spin
+    }
+
+    /// How long a new connection's whole setup may take: rrpc-core's
+    /// handshake (hello, grants, accept) plus the path negotiation that
+    /// follows. Default 5 s. A server drops a client that has not finished
+    /// within it (each client's setup runs on its own, so a slow or silent
+    /// client never delays another); a client gives up with
+    /// [`crate::Error::Handshake`] or a timeout error.
+    ///
+    /// # Errors
+    /// [`crate::Error::InvalidConfig`] for a zero duration.
+    pub fn handshake_timeout(self, t: std::time::Duration) -> Result<Self, crate::Error> {
+        if t.is_zero() {
+            return Err(crate::Error::InvalidConfig("handshake_timeout must be > 0"));
+        }
+        Ok(self.with(|i| i.handshake_timeout = t))
+    }
+
+    /// See [`RrpcConfig::handshake_timeout`].
+    pub fn get_handshake_timeout(&self) -> std::time::Duration {
+        self.0.handshake_timeout
+    }
+
+    /// How many connections a server lets be in setup at once (accepted,
+    /// handshake or path negotiation not finished). Default 1024. A client
+    /// arriving while the limit is reached is closed at once and the
+    /// refusal logged, so silent clients cost the server at most this many
+    /// sockets and small tasks (never a thread each) for at most
+    /// [`RrpcConfig::handshake_timeout`].
+    ///
+    /// # Errors
+    /// [`crate::Error::InvalidConfig`] if `n` is 0.
+    pub fn max_pending_handshakes(self, n: usize) -> Result<Self, crate::Error> {
+        if n == 0 {
+            return Err(crate::Error::InvalidConfig(
+                "max_pending_handshakes must be > 0",
+            ));
+        }
+        Ok(self.with(|i| i.max_pending_handshakes = n))
+    }
+
+    /// See [`RrpcConfig::max_pending_handshakes`].
+    pub fn get_max_pending_handshakes(&self) -> usize {
+        self.0.max_pending_handshakes
     }
 
     /// See [`RrpcConfig::poller`] (`None`: the process-wide default).

@@ -63,9 +63,15 @@ impl RrpcStream {
             loop {
                 let mut got = Bytes::new();
                 // The one receive-side copy: ring slot -> read chunk.
-                let r = prx
-                    .recv_with(&mut |m: &[u8]| got = Bytes::copy_from_slice(m))
-                    .await;
+                // When the stream is dropped (hyper closed the connection:
+                // an error, garbage instead of the preface, or the channel
+                // dropped), stop at once: dropping the pipe closes the
+                // connection (`recv_with` is cancel safe).
+                let mut sink = |m: &[u8]| got = Bytes::copy_from_slice(m);
+                let r = tokio::select! {
+                    _ = rtx.closed() => break,
+                    r = prx.recv_with(&mut sink) => r,
+                };
                 match r {
                     Ok(true) => {
                         if !got.is_empty() && rtx.send(got).await.is_err() {

@@ -5,7 +5,9 @@ use std::future::Future;
 use std::net::SocketAddr;
 
 use bytes::Bytes;
-use tokio::sync::mpsc;
+use std::sync::Arc;
+
+use tokio::sync::{Semaphore, mpsc};
 use tokio::task::JoinSet;
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
@@ -267,28 +269,58 @@ where
     let svc = layer.layer(routes.prepare());
     let mut conns = JoinSet::new();
     let mut signal = std::pin::pin!(signal);
+    let setups = Arc::new(Semaphore::new(config.get_max_pending_handshakes()));
+    // Every branch is cancel safe: `accept` only takes a client off the
+    // socket (its handshake runs in the connection's own task, bounded by
+    // `handshake_timeout`), so a connection ending, or a shutdown, never
+    // cuts a handshake short.
     loop {
         tokio::select! {
+            biased;
             _ = &mut signal => break,
-            p = listener.accept() => {
-                let Some(mut pipe) = p else { break };
+            Some(_) = conns.join_next(), if !conns.is_empty() => {}
+            a = listener.accept() => {
+                let Some(accepted) = a else { break };
+                let Ok(permit) = setups.clone().try_acquire_owned() else {
+                    tracing::warn!(
+                        peer = %accepted.peer(),
+                        limit = config.get_max_pending_handshakes(),
+                        "rrpc: too many connections in setup; closing the new one",
+                    );
+                    continue;
+                };
                 let (svc, config, token, h2_tx) = (svc.clone(), config.clone(), token.child_token(), h2_tx.clone());
                 let info = RrpcConnectInfo { local: local.clone() };
                 conns.spawn(async move {
-                    match negotiate_server(&mut pipe, &config).await {
-                        Ok(Negotiated::Fast) => {
+                    let peer = accepted.peer();
+                    let limit = config.get_handshake_timeout();
+                    let setup = async {
+                        let mut pipe = accepted.establish().await?;
+                        let path = negotiate_server(&mut pipe, &config).await?;
+                        Ok::<_, Error>((pipe, path))
+                    };
+                    let r = match tokio::time::timeout(limit, setup).await {
+                        Ok(r) => r,
+                        Err(_) => Err(Error::Handshake(format!(
+                            "connection setup took longer than {limit:?}"
+                        ))),
+                    };
+                    drop(permit);
+                    match r {
+                        Ok((pipe, Negotiated::Fast)) => {
+                            tracing::debug!(%peer, "rrpc connection on the fast path");
                             if let Err(e) = serve_conn(pipe, svc, config, token).await {
-                                tracing::debug!("rrpc connection closed: {e}");
+                                tracing::warn!(%peer, error = %e, "rrpc connection failed");
                             }
                         }
-                        Ok(Negotiated::Http2) => {
+                        Ok((pipe, Negotiated::Http2)) => {
+                            tracing::debug!(%peer, "rrpc connection on the HTTP/2 path");
                             let _ = h2_tx.send(Ok(RrpcStream::new(pipe, info))).await;
                         }
-                        Err(e) => tracing::debug!("rrpc negotiation failed: {e}"),
+                        Err(e) => tracing::warn!(%peer, error = %e, "rrpc connection setup failed"),
                     }
                 });
             }
-            Some(_) = conns.join_next(), if !conns.is_empty() => {}
         }
     }
     drop(listener);

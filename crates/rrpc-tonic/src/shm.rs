@@ -2,13 +2,13 @@
 //! pair + rrpc-poller async wake-ups (one `AsyncConn` per connection,
 //! RR-Compound §IV-F: a pre-allocated ring buffer per connection).
 
-use std::os::fd::{AsRawFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, RawFd};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures_util::FutureExt;
-use rrpc_core::conn::{Connection, HandshakeConfig, Listener, Offer, connect};
+use rrpc_core::conn::{Connection, HandshakeConfig, Listener, Offer, Pending, connect};
 use rrpc_core::{Endpoint, Fabric, QpConfig};
 use rrpc_poller::Mode;
 use rrpc_poller::conn::{AsyncConn, AsyncReceiver, AsyncSender};
@@ -177,12 +177,14 @@ fn into_pipe(conn: Connection, tx: RingTx, rx: RingRx, cfg: &RrpcConfig) -> Resu
 /// Dials `shm:///path`.
 pub(crate) async fn dial(path: PathBuf, cfg: &RrpcConfig) -> Result<Pipe, Error> {
     let ring = ring_config(cfg)?;
+    let timeout = cfg.get_handshake_timeout();
     let (conn, tx, rx) = tokio::task::spawn_blocking(move || -> Result<_, Error> {
         let fabric = Fabric::shm();
         let local = LocalRing::new(&fabric, &ring)?;
         let offer = local.add_to_offer(Offer::new());
         let qp = fabric.create_qp(&QpConfig::default())?;
-        let c = connect(&Endpoint::Shm(path), qp, offer, &HandshakeConfig::default())?;
+        let hs = HandshakeConfig::default().with_timeout(timeout)?;
+        let c = connect(&Endpoint::Shm(path), qp, offer, &hs)?;
         let (tx, rx) = local.connect(&c)?;
         Ok((c, tx, rx))
     })
@@ -191,7 +193,7 @@ pub(crate) async fn dial(path: PathBuf, cfg: &RrpcConfig) -> Result<Pipe, Error>
     into_pipe(conn, tx, rx, cfg)
 }
 
-struct Fd(Arc<Listener>);
+struct Fd(Listener);
 
 impl AsRawFd for Fd {
     fn as_raw_fd(&self) -> RawFd {
@@ -214,16 +216,21 @@ impl std::fmt::Debug for ShmListener {
     }
 }
 
+/// How long the accept loop pauses when `accept(2)` fails for a local
+/// reason (`EMFILE`, `ENFILE`, `ENOMEM`): the socket stays readable, so
+/// retrying at once would spin (hyper and tokio's listeners pause too).
+const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(50);
+
 impl ShmListener {
     pub(crate) fn bind(path: PathBuf, cfg: &RrpcConfig) -> Result<Self, Error> {
-        let l = Listener::bind(&Endpoint::Shm(path), HandshakeConfig::default())?;
+        let hs = HandshakeConfig::default().with_timeout(cfg.get_handshake_timeout())?;
+        let l = Listener::bind(&Endpoint::Shm(path), hs)?;
         l.set_nonblocking(true)?;
         // `AsyncFd::new` is deprecated for types whose fd could be closed
         // while registered; ours is owned by the `Listener` inside the
-        // `AsyncFd` itself (clones handed to `spawn_blocking` only extend its
-        // life), so it is deregistered before it can close.
+        // `AsyncFd` itself, so it is deregistered before it can close.
         #[allow(deprecated)]
-        let fd = AsyncFd::new(Fd(Arc::new(l)))?;
+        let fd = AsyncFd::new(Fd(l))?;
         Ok(ShmListener {
             fd,
             ring: ring_config(cfg)?,
@@ -231,35 +238,126 @@ impl ShmListener {
         })
     }
 
-    /// Accepts the next client; handshake failures of single clients are
-    /// logged and skipped.
-    pub(crate) async fn accept(&mut self) -> Option<Pipe> {
+    /// Takes the next client off the listening socket, without reading
+    /// from it; [`ShmPending::establish`] does the handshake.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: the only await is the socket's readiness; a client is
+    /// taken off the socket and returned in the same poll.
+    pub(crate) async fn accept(&mut self) -> Option<ShmPending> {
         loop {
             let mut guard = self.fd.readable().await.ok()?;
-            let (l, ring) = (self.fd.get_ref().0.clone(), self.ring.clone());
-            let r = tokio::task::spawn_blocking(move || -> Result<_, rrpc_core::Error> {
-                let incoming = l.accept()?;
-                let fabric = Fabric::shm();
-                let local = LocalRing::new(&fabric, &ring)
-                    .map_err(|e| rrpc_core::Error::PeerMisbehaved(e.to_string()))?;
-                let offer = local.add_to_offer(Offer::new());
-                let c = incoming.accept(fabric.create_qp(&QpConfig::default())?, offer)?;
-                let (tx, rx) = local
-                    .connect(&c)
-                    .map_err(|e| rrpc_core::Error::PeerMisbehaved(e.to_string()))?;
-                Ok((c, tx, rx))
-            })
-            .await
-            .ok()?;
-            match r {
-                Ok((c, tx, rx)) => match into_pipe(c, tx, rx, &self.cfg) {
-                    Ok(p) => return Some(p),
-                    Err(e) => tracing::warn!("rrpc shm accept: {e}"),
-                },
+            match self.fd.get_ref().0.accept_pending() {
+                Ok(pending) => {
+                    return Some(ShmPending {
+                        pending,
+                        ring: self.ring.clone(),
+                        cfg: self.cfg.clone(),
+                    });
+                }
                 Err(rrpc_core::Error::WouldBlock) => guard.clear_ready(),
-                Err(e) => tracing::debug!("rrpc shm handshake failed: {e}"),
+                Err(e) => {
+                    tracing::warn!(error = %e, "rrpc shm accept failed; pausing");
+                    drop(guard);
+                    tokio::time::sleep(ACCEPT_ERROR_PAUSE).await;
+                }
             }
         }
+    }
+}
+
+/// A client accepted on an `shm://` listener whose handshake has not run.
+pub(crate) struct ShmPending {
+    pending: Pending,
+    ring: RingConfig,
+    cfg: RrpcConfig,
+}
+
+impl ShmPending {
+    /// The client's identity for logs (pid and uid).
+    pub(crate) fn peer_addr(&self) -> String {
+        self.pending.peer_addr()
+    }
+
+    /// Runs the handshake: waits (asynchronously, holding no thread) until
+    /// the client's whole hello has arrived, then reads and checks it, maps
+    /// the client's rings and answers, on a blocking thread (it does not
+    /// wait for the client there). Bounded by the handshake timeout.
+    ///
+    /// # Cancel safety
+    /// Dropping the future before it completes drops the client (its side
+    /// channel closes, so the client sees the server leave).
+    pub(crate) async fn establish(self) -> Result<Pipe, Error> {
+        let timeout = self.cfg.get_handshake_timeout();
+        let ShmPending { pending, ring, cfg } = self;
+        match tokio::time::timeout(timeout, hello_arrived(&pending)).await {
+            Ok(r) => r?,
+            Err(_) => {
+                return Err(Error::Handshake(format!(
+                    "client sent no complete hello within {timeout:?}"
+                )));
+            }
+        }
+        let (c, tx, rx) = tokio::task::spawn_blocking(move || -> Result<_, Error> {
+            let incoming = pending.handshake()?;
+            let fabric = Fabric::shm();
+            let local = LocalRing::new(&fabric, &ring)?;
+            let offer = local.add_to_offer(Offer::new());
+            let c = incoming.accept(fabric.create_qp(&QpConfig::default())?, offer)?;
+            let (tx, rx) = local.connect(&c)?;
+            Ok((c, tx, rx))
+        })
+        .await
+        .map_err(|e| Error::Io(std::io::Error::other(e)))??;
+        into_pipe(c, tx, rx, &cfg)
+    }
+}
+
+/// A borrowed fd registered with tokio for as long as this lives.
+struct Borrowed(RawFd);
+
+impl AsRawFd for Borrowed {
+    fn as_raw_fd(&self) -> RawFd {
+        self.0
+    }
+}
+
+/// Waits until the client's first handshake message is in the socket's
+/// receive queue (header and whole body), peeking without consuming. A
+/// header that does not decode ends the wait at once: the handshake then
+/// refuses it. A client that trickles its hello byte by byte holds only
+/// this task, never a thread.
+async fn hello_arrived(pending: &Pending) -> Result<(), Error> {
+    use nix::sys::socket::{MsgFlags, recv};
+    use rrpc_core::handshake::{HEADER_LEN, Header, MAX_BODY};
+    let raw = pending.as_fd().as_raw_fd();
+    // Deregistered when `afd` drops at the end of this function, while
+    // `pending` (which owns the fd) is still borrowed.
+    #[allow(deprecated)]
+    let afd = AsyncFd::with_interest(Borrowed(raw), tokio::io::Interest::READABLE)?;
+    let mut buf = vec![0u8; HEADER_LEN + MAX_BODY];
+    loop {
+        let mut guard = afd.readable().await?;
+        let n = match recv(raw, &mut buf, MsgFlags::MSG_PEEK | MsgFlags::MSG_DONTWAIT) {
+            Ok(n) => n,
+            Err(nix::errno::Errno::EAGAIN) => {
+                guard.clear_ready();
+                continue;
+            }
+            Err(e) => return Err(Error::Io(std::io::Error::from(e))),
+        };
+        if n == 0 {
+            return Err(Error::Handshake("client closed before its hello".into()));
+        }
+        if n >= HEADER_LEN {
+            let head: &[u8; HEADER_LEN] = buf[..HEADER_LEN].try_into().expect("12 bytes");
+            match Header::decode(head) {
+                Ok(h) if n < HEADER_LEN + h.body_len => {}
+                // Complete, or malformed (the handshake refuses it).
+                _ => return Ok(()),
+            }
+        }
+        guard.clear_ready();
     }
 }
 
@@ -289,7 +387,13 @@ mod tests {
         let mut listener = RrpcListener::bind(&target, &cfg).expect("bind");
         let scfg = cfg.clone();
         let server = tokio::spawn(async move {
-            let mut pipe = listener.accept().await.expect("accept");
+            let mut pipe = listener
+                .accept()
+                .await
+                .expect("accept")
+                .establish()
+                .await
+                .expect("establish");
             negotiate_server(&mut pipe, &scfg).await.expect("negotiate");
             let svc = tower::service_fn(|_r: http::Request<Body>| async {
                 let mut res = http::Response::new(Body::empty());

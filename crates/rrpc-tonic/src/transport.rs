@@ -209,10 +209,42 @@ impl RrpcListener {
         }
     }
 
-    pub(crate) async fn accept(&mut self) -> Option<Pipe> {
+    /// Takes the next client off the listener; its setup is
+    /// [`Accepted::establish`], run apart from the accept loop so that a
+    /// slow client never delays the next one.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: a client is returned in the poll that takes it.
+    pub(crate) async fn accept(&mut self) -> Option<Accepted> {
         match self {
-            RrpcListener::Inproc { rx, .. } => rx.recv().await,
-            RrpcListener::Shm(l) => l.accept().await,
+            RrpcListener::Inproc { rx, .. } => rx.recv().await.map(Accepted::Ready),
+            RrpcListener::Shm(l) => l.accept().await.map(Accepted::Shm),
+        }
+    }
+}
+
+/// A client taken off a listener, its transport handshake not yet run.
+pub(crate) enum Accepted {
+    /// In-process: already a pipe.
+    Ready(Pipe),
+    /// `shm://`: the rrpc-core handshake is still to come.
+    Shm(crate::shm::ShmPending),
+}
+
+impl Accepted {
+    /// Who the client is, for logs.
+    pub(crate) fn peer(&self) -> String {
+        match self {
+            Accepted::Ready(_) => "inproc".to_string(),
+            Accepted::Shm(p) => p.peer_addr(),
+        }
+    }
+
+    /// Runs the transport's handshake (not the path negotiation).
+    pub(crate) async fn establish(self) -> Result<Pipe, Error> {
+        match self {
+            Accepted::Ready(p) => Ok(p),
+            Accepted::Shm(p) => p.establish().await,
         }
     }
 }

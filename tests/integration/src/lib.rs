@@ -202,9 +202,11 @@ pub struct Harness {
     done: Option<mpsc::Receiver<Result<(), String>>>,
     thread: Option<std::thread::JoinHandle<()>>,
     kill: Option<oneshot::Sender<()>>,
+    config: RrpcConfig,
 }
 
-fn config(t: Transport) -> RrpcConfig {
+/// The config the harness uses on `t` (server and clients) unless told otherwise.
+pub fn config(t: Transport) -> RrpcConfig {
     let c = RrpcConfig::default()
         .ring_size(1 << 20)
         .expect("valid ring size");
@@ -217,6 +219,12 @@ fn config(t: Transport) -> RrpcConfig {
 impl Harness {
     /// Starts the test service on `transport`.
     pub async fn start(transport: Transport) -> Self {
+        Self::start_with(transport, config(transport)).await
+    }
+
+    /// Starts the test service on `transport` with `cfg` for the server and
+    /// for the channels of [`Harness::channel`].
+    pub async fn start_with(transport: Transport, cfg: RrpcConfig) -> Self {
         let n = NEXT.fetch_add(1, Ordering::Relaxed);
         let uri = match transport {
             Transport::Tcp => {
@@ -235,7 +243,7 @@ impl Harness {
         let (sd_tx, sd_rx) = oneshot::channel::<()>();
         let (kill_tx, kill_rx) = oneshot::channel::<()>();
         let (done_tx, done_rx) = mpsc::channel(1);
-        let (u, o) = (uri.clone(), obs.clone());
+        let (u, o, c) = (uri.clone(), obs.clone(), cfg.clone());
         let thread = std::thread::spawn(move || {
             let rt = tokio::runtime::Builder::new_multi_thread()
                 .worker_threads(2)
@@ -259,7 +267,7 @@ impl Harness {
                             ) -> http::Response<tonic::body::Body>,
                     ))
                     .add_service(svc)
-                    .serve_rrpc_with_shutdown(&u, config(transport), async move {
+                    .serve_rrpc_with_shutdown(&u, c, async move {
                         let _ = sd_rx.await;
                     });
                 tokio::select! {
@@ -278,6 +286,7 @@ impl Harness {
             done: Some(done_rx),
             thread: Some(thread),
             kill: Some(kill_tx),
+            config: cfg,
         }
     }
 
@@ -285,7 +294,7 @@ impl Harness {
     pub async fn channel(&self) -> RrpcChannel {
         let mut last = None;
         for _ in 0..200 {
-            match RrpcChannel::connect(&self.uri, config(self.transport)).await {
+            match RrpcChannel::connect(&self.uri, self.config.clone()).await {
                 Ok(c) => {
                     let want = match self.transport {
                         Transport::Tcp => rrpc_tonic::ChannelPath::Tcp,

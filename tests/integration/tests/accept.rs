@@ -1,0 +1,249 @@
+//! Connection setup under hostile and churning clients (issue 14, defects
+//! 1, 7 and 8): every client's setup runs on its own, bounded by
+//! `handshake_timeout`, so a silent, slow or half-finished client never
+//! delays an honest one, and a connection ending never cuts another's
+//! handshake short.
+
+use std::io::{Read, Write};
+use std::os::unix::net::UnixStream;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use rrpc_core::conn::{Connection, HandshakeConfig, Offer};
+use rrpc_core::handshake::{Hello, Message};
+use rrpc_core::{Endpoint, Fabric, QpConfig};
+use rrpc_integration_tests::pb::Input;
+use rrpc_integration_tests::{Harness, Transport, config};
+use rrpc_ringbuf::{LocalRing, RingConfig, RingRx, RingTx};
+use rrpc_tonic::{RrpcChannel, RrpcConfig};
+
+fn sock_path(h: &Harness) -> PathBuf {
+    PathBuf::from(h.uri.strip_prefix("shm://").expect("shm uri"))
+}
+
+fn server_cfg(t: Transport, handshake: Duration) -> RrpcConfig {
+    config(t).handshake_timeout(handshake).expect("timeout")
+}
+
+/// Waits until `closed()` says so, for at most `limit`.
+fn closes_within(limit: Duration, mut closed: impl FnMut() -> bool) -> bool {
+    let start = Instant::now();
+    while start.elapsed() < limit {
+        if closed() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    false
+}
+
+/// A client that does rrpc-core's handshake with the server's ring geometry
+/// and then stops: what a hostile client built from the public API can do.
+fn core_handshake_only(path: PathBuf) -> (Connection, RingTx, RingRx) {
+    let fabric = Fabric::shm();
+    let ring = RingConfig::builder()
+        .ring_size(1 << 20)
+        .build()
+        .expect("ring config");
+    let local = LocalRing::new(&fabric, &ring).expect("ring");
+    let offer = local.add_to_offer(Offer::new());
+    let qp = fabric.create_qp(&QpConfig::default()).expect("qp");
+    let c = rrpc_core::conn::connect(&Endpoint::Shm(path), qp, offer, &HandshakeConfig::default())
+        .expect("core handshake");
+    let (tx, rx) = local.connect(&c).expect("rings");
+    (c, tx, rx)
+}
+
+fn is_gone(c: &Connection) -> bool {
+    c.check_alive().is_err()
+}
+
+/// Under churn (connections opened, used once and dropped by two tasks as
+/// fast as they can), every connect succeeds. Before: a connection task
+/// ending cancelled the accept loop's in-flight handshake, and about a
+/// third of connects failed with "server closed during path negotiation".
+async fn churn(t: Transport) {
+    let h = Harness::start(t).await;
+    drop(h.channel().await);
+    let mut tasks = Vec::new();
+    for _ in 0..2 {
+        let (uri, cfg) = (h.uri.clone(), config(t));
+        tasks.push(tokio::spawn(async move {
+            let mut failed = Vec::new();
+            for i in 0..60 {
+                match RrpcChannel::connect(&uri, cfg.clone()).await {
+                    Ok(ch) => {
+                        // Every other connection makes a call before it goes.
+                        if i % 2 == 0 {
+                            let mut c =
+                                rrpc_integration_tests::pb::test_client::TestClient::new(ch);
+                            if let Err(s) = c.unary(Input::default()).await {
+                                failed.push(format!("call: {s}"));
+                            }
+                        }
+                    }
+                    Err(e) => failed.push(format!("connect: {e}")),
+                }
+            }
+            failed
+        }));
+    }
+    let mut failed = Vec::new();
+    for task in tasks {
+        failed.extend(task.await.expect("task"));
+    }
+    assert!(
+        failed.is_empty(),
+        "{} of 120 failed: {failed:?}",
+        failed.len()
+    );
+}
+
+/// Fifty clients that connect and stay silent, and one that sends half a
+/// hello, do not delay an honest client: it connects and calls while they
+/// sit in their (30 s) handshake window. Before: accept was serial, and the
+/// honest client waited behind each silent one.
+async fn silent_clients_do_not_delay_honest_ones(t: Transport) {
+    let h = Harness::start_with(t, server_cfg(t, Duration::from_secs(30))).await;
+    drop(h.channel().await);
+    let path = sock_path(&h);
+    let mut silent: Vec<UnixStream> = (0..50)
+        .map(|_| UnixStream::connect(&path).expect("connect"))
+        .collect();
+    let hello = Message::Hello(Hello::default()).encode().expect("encode");
+    silent[0]
+        .write_all(&hello[..hello.len() / 2])
+        .expect("half a hello");
+    let honest = async {
+        let ch = RrpcChannel::connect(&h.uri, config(t))
+            .await
+            .expect("connect");
+        let mut c = rrpc_integration_tests::pb::test_client::TestClient::new(ch);
+        c.unary(Input::default()).await.expect("call");
+    };
+    tokio::time::timeout(Duration::from_secs(10), honest)
+        .await
+        .expect("an honest client is not held behind silent ones");
+    drop(silent);
+}
+
+/// A client that trickles its hello one byte every 100 ms is cut off once
+/// the handshake timeout (here 500 ms) has passed in total. Before: the
+/// timeout applied to each read, so it held its handshake for as long as it
+/// kept trickling.
+async fn trickling_client_is_cut_at_the_handshake_timeout(t: Transport) {
+    let h = Harness::start_with(t, server_cfg(t, Duration::from_millis(500))).await;
+    drop(h.channel().await);
+    let path = sock_path(&h);
+    let cut = tokio::task::spawn_blocking(move || {
+        let mut s = UnixStream::connect(&path).expect("connect");
+        s.set_read_timeout(Some(Duration::from_millis(100)))
+            .expect("timeout");
+        // A hello with a 4 KiB app blob: trickled, it would take minutes.
+        let hello = Message::Hello(Hello {
+            app: vec![7; 4000],
+            ..Hello::default()
+        })
+        .encode()
+        .expect("encode");
+        let start = Instant::now();
+        for b in hello.iter().cycle() {
+            if start.elapsed() > Duration::from_secs(8) {
+                return false;
+            }
+            if s.write_all(&[*b]).is_err() {
+                return true;
+            }
+            let mut buf = [0u8; 64];
+            match s.read(&mut buf) {
+                // EOF: the server let go (a Reject, if any, came first).
+                Ok(0) => return true,
+                Ok(_) => {}
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                    ) => {}
+                Err(_) => return true,
+            }
+        }
+        false
+    });
+    assert!(
+        cut.await.expect("task"),
+        "the server still held the trickling client after 8 s"
+    );
+    // The server still serves.
+    let mut c = h.client().await;
+    c.unary(Input::default()).await.expect("call");
+}
+
+/// A client that completes rrpc-core's handshake but never negotiates a
+/// path is dropped after the handshake timeout. Before: held forever, with
+/// its sockets, eventfds and rings (11 fds each).
+async fn client_that_never_negotiates_is_dropped(t: Transport) {
+    let h = Harness::start_with(t, server_cfg(t, Duration::from_millis(500))).await;
+    drop(h.channel().await);
+    let path = sock_path(&h);
+    let (conn, _tx, _rx) = tokio::task::spawn_blocking(move || core_handshake_only(path))
+        .await
+        .expect("task");
+    let gone = tokio::task::spawn_blocking(move || {
+        closes_within(Duration::from_secs(8), || is_gone(&conn))
+    });
+    assert!(
+        gone.await.expect("task"),
+        "server still holds the idle connection"
+    );
+}
+
+/// Garbage instead of the HTTP/2 connection preface closes the connection.
+/// Before: the connection stayed open (the ring reader task outlived the
+/// failed hyper connection).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn garbage_instead_of_the_http2_preface_closes_the_connection() {
+    let t = Transport::ShmH2;
+    let h = Harness::start(t).await;
+    drop(h.channel().await);
+    let path = sock_path(&h);
+    let closed = tokio::task::spawn_blocking(move || {
+        let (conn, mut tx, mut rx) = core_handshake_only(path);
+        tx.try_send(b"RRP1\x01").expect("hello");
+        tx.flush().expect("flush");
+        // The server's path reply.
+        let got = closes_within(Duration::from_secs(5), || match rx.try_recv() {
+            Ok(m) => {
+                assert_eq!(&m[..], b"RRP1\x01", "server chose HTTP/2");
+                true
+            }
+            Err(_) => false,
+        });
+        assert!(got, "no path reply");
+        let garbage = vec![0x5au8; 256];
+        tx.try_send(&garbage).expect("garbage");
+        tx.flush().expect("flush");
+        closes_within(Duration::from_secs(8), || is_gone(&conn))
+    });
+    assert!(
+        closed.await.expect("task"),
+        "the connection stayed open after a bad preface"
+    );
+}
+
+macro_rules! on_rings {
+    ($($name:ident),* $(,)?) => {
+        mod shm_h2 {
+            $( #[tokio::test(flavor = "multi_thread", worker_threads = 2)] async fn $name() { super::$name(rrpc_integration_tests::Transport::ShmH2).await } )*
+        }
+        mod shm_fast {
+            $( #[tokio::test(flavor = "multi_thread", worker_threads = 2)] async fn $name() { super::$name(rrpc_integration_tests::Transport::ShmFast).await } )*
+        }
+    };
+}
+
+on_rings!(
+    churn,
+    silent_clients_do_not_delay_honest_ones,
+    trickling_client_is_cut_at_the_handshake_timeout,
+    client_that_never_negotiates_is_dropped,
+);
