@@ -255,25 +255,8 @@ impl PeerEventFd {
     /// [`Error::MalformedHandshake`] for a wrong kind; [`Error::Io`].
     pub(crate) fn new(fd: OwnedFd) -> Result<PeerEventFd> {
         check_peer_eventfd(fd.as_fd())?;
-        let e = PeerEventFd { fd };
-        e.ensure_nonblocking()?;
-        Ok(e)
-    }
-
-    fn ensure_nonblocking(&self) -> Result<()> {
-        let raw = self.fd.as_raw_fd();
-        // SAFETY: fcntl with integer arguments on a valid fd we own.
-        let flags = unsafe { libc::fcntl(raw, libc::F_GETFL) };
-        if flags < 0 {
-            return Err(Error::io("fcntl(F_GETFL)", io::Error::last_os_error()));
-        }
-        if flags & libc::O_NONBLOCK == 0 {
-            // SAFETY: as above.
-            if unsafe { libc::fcntl(raw, libc::F_SETFL, flags | libc::O_NONBLOCK) } < 0 {
-                return Err(Error::io("fcntl(F_SETFL)", io::Error::last_os_error()));
-            }
-        }
-        Ok(())
+        ensure_nonblocking(fd.as_fd())?;
+        Ok(PeerEventFd { fd })
     }
 
     /// Adds 1 to the peer's counter, without blocking.
@@ -290,23 +273,10 @@ impl PeerEventFd {
     /// this write wait until it reads its eventfd.
     pub(crate) fn notify(&self) -> Result<()> {
         let raw = self.fd.as_raw_fd();
-        let mut pfd = libc::pollfd {
-            fd: raw,
-            events: libc::POLLOUT,
-            revents: 0,
-        };
-        // SAFETY: one valid pollfd, zero timeout.
-        let n = unsafe { libc::poll(&mut pfd, 1, 0) };
-        if n == 0 {
+        if !ready_now(self.fd.as_fd(), libc::POLLOUT)? {
             return Ok(()); // counter full: the peer is readable already
         }
-        if n < 0 {
-            let e = io::Error::last_os_error();
-            if e.kind() != io::ErrorKind::Interrupted {
-                return Err(Error::io("poll(peer eventfd)", e));
-            }
-        }
-        self.ensure_nonblocking()?;
+        ensure_nonblocking(self.fd.as_fd())?;
         let one: u64 = 1;
         // SAFETY: writes 8 bytes from a valid local u64 to a valid fd.
         let n = unsafe { libc::write(raw, (&one as *const u64).cast(), 8) };
@@ -318,6 +288,44 @@ impl PeerEventFd {
         }
         Ok(())
     }
+}
+
+/// Sets `O_NONBLOCK` on `fd` unless it is set already.
+fn ensure_nonblocking(fd: BorrowedFd<'_>) -> Result<()> {
+    let raw = fd.as_raw_fd();
+    // SAFETY: fcntl with integer arguments on a valid fd we borrow.
+    let flags = unsafe { libc::fcntl(raw, libc::F_GETFL) };
+    if flags < 0 {
+        return Err(Error::io("fcntl(F_GETFL)", io::Error::last_os_error()));
+    }
+    if flags & libc::O_NONBLOCK == 0 {
+        // SAFETY: as above.
+        if unsafe { libc::fcntl(raw, libc::F_SETFL, flags | libc::O_NONBLOCK) } < 0 {
+            return Err(Error::io("fcntl(F_SETFL)", io::Error::last_os_error()));
+        }
+    }
+    Ok(())
+}
+
+/// Whether `fd` is ready for `events` right now (`poll` with a zero
+/// timeout; an interrupted poll counts as ready, the caller's non-blocking
+/// call then decides).
+fn ready_now(fd: BorrowedFd<'_>, events: libc::c_short) -> Result<bool> {
+    let mut pfd = libc::pollfd {
+        fd: fd.as_raw_fd(),
+        events,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd, zero timeout.
+    let n = unsafe { libc::poll(&mut pfd, 1, 0) };
+    if n < 0 {
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(Error::io("poll", e));
+        }
+        return Ok(true);
+    }
+    Ok(n > 0)
 }
 
 /// A non-blocking, close-on-exec eventfd (mio's waker pattern).
@@ -350,6 +358,19 @@ impl EventFd {
             }
         }
         Ok(())
+    }
+
+    /// [`Self::drain`] for an eventfd whose description a peer shares (our
+    /// receive queue's, which the peer writes to wake us): the peer may have
+    /// cleared `O_NONBLOCK` and may drain the counter itself, so skip the
+    /// read when nothing is pending and restore `O_NONBLOCK` before reading.
+    /// Same residual window as [`PeerEventFd::notify`].
+    pub(crate) fn drain_shared(&self) -> Result<u64> {
+        if !ready_now(self.fd.as_fd(), libc::POLLIN)? {
+            return Ok(0);
+        }
+        ensure_nonblocking(self.fd.as_fd())?;
+        self.drain()
     }
 
     /// Reads and resets the counter; returns the number of events (0 if none).

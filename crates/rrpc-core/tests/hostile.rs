@@ -553,3 +553,67 @@ fn trickling_server_is_cut_off_at_the_deadline() {
     assert!(matches!(r, Err(Error::Timeout)), "{r:?}");
     assert!(took < Duration::from_secs(4), "connect held for {took:?}");
 }
+
+/// Our receive queue's eventfd is shared with the peer (it writes it to wake
+/// us). A peer that clears `O_NONBLOCK` on it and drains it must not make
+/// our `ack_events` block.
+#[test]
+fn peer_clearing_nonblock_on_our_eventfd_never_blocks_ack_events() {
+    let _g = serial();
+    let path = sock_path("ourev");
+    let ls = UnixListener::bind(&path).unwrap();
+    let (got_fd, fd_rx) = std::sync::mpsc::channel::<OwnedFd>();
+    let server = std::thread::spawn(move || {
+        let (s, _) = ls.accept().unwrap();
+        let mut buf = vec![0u8; 16384];
+        let mut space = nix::cmsg_space!([RawFd; 18]);
+        let mut iov = [std::io::IoSliceMut::new(&mut buf)];
+        let msg = nix::sys::socket::recvmsg::<()>(
+            s.as_raw_fd(),
+            &mut iov,
+            Some(&mut space),
+            MsgFlags::MSG_CMSG_CLOEXEC,
+        )
+        .unwrap();
+        let mut fds: Vec<OwnedFd> = Vec::new();
+        for c in msg.cmsgs().unwrap() {
+            if let nix::sys::socket::ControlMessageOwned::ScmRights(raw) = c {
+                for fd in raw {
+                    // SAFETY: installed for us by the kernel just now.
+                    fds.push(unsafe { std::os::fd::FromRawFd::from_raw_fd(fd) });
+                }
+            }
+        }
+        // The client's hello carries its receive queue and its eventfd last.
+        got_fd.send(fds.pop().expect("client eventfd")).unwrap();
+        let region = sealed(4096);
+        let cq = sealed(CQ_LEN);
+        let ev = nix::sys::eventfd::EventFd::new().unwrap();
+        let bytes = Message::Accept(shm_hello(&[4096])).encode().unwrap();
+        send_with_fds(&s, &bytes, &[region.as_fd(), cq.as_fd(), ev.as_fd()]);
+        let _ = (&s).read(&mut buf[..1]); // until the client hangs up
+    });
+    let fabric = Fabric::shm();
+    let c = conn::connect(
+        &Endpoint::Shm(path),
+        fabric.create_qp(&QpConfig::default()).unwrap(),
+        Offer::new(),
+        &HandshakeConfig::default(),
+    )
+    .expect("the hostile server's accept is well formed");
+    let theirs = fd_rx.recv().unwrap();
+    // The peer makes our eventfd blocking; its counter is 0.
+    fcntl(&theirs, FcntlArg::F_SETFL(OFlag::empty())).unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let acker = std::thread::spawn(move || {
+        let r = c.qp().recv_cq().ack_events();
+        tx.send(r.map_err(|e| e.to_string())).unwrap();
+        c
+    });
+    let r = rx
+        .recv_timeout(Duration::from_secs(10))
+        .expect("ack_events blocked on an eventfd the peer made blocking");
+    assert_eq!(r, Ok(0));
+    drop(acker.join().unwrap());
+    server.join().unwrap();
+}

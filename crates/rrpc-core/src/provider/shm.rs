@@ -245,7 +245,8 @@ impl RecvCq {
         self.channel.as_raw_fd()
     }
     pub(crate) fn ack_events(&self) -> Result<u64> {
-        self.channel.drain()
+        // The peer holds this eventfd too.
+        self.channel.drain_shared()
     }
 }
 
