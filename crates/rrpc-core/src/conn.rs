@@ -965,6 +965,7 @@ impl Pending {
     /// [`Error::LimitExceeded`] when its grants pass a limit.
     pub fn handshake(self) -> Result<Incoming> {
         let deadline = Deadline::after(self.cfg.timeout);
+        let peer_addr = self.stream.peer_addr();
         #[allow(clippy::infallible_destructuring_match)] // fallible with `verbs`
         let s = match self.stream {
             Side::Unix(s) => s,
@@ -994,7 +995,7 @@ impl Pending {
                 &[],
                 deadline,
             );
-            tracing::warn!(error = %e, "handshake refused");
+            tracing::warn!(error = %e, peer = %peer_addr, "handshake refused");
             e
         };
         let (m, fds) = match recv_msg(&s, deadline) {
@@ -1030,7 +1031,7 @@ impl Pending {
                     &[],
                     deadline,
                 );
-                tracing::warn!(error = %e, "handshake refused");
+                tracing::warn!(error = %e, peer = %peer_addr, "handshake refused");
                 return Err(e);
             }
         };
