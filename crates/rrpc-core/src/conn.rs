@@ -9,22 +9,47 @@
 //! pairs to each other. One round trip; resources can come pre-made from a
 //! [`crate::pool::ResourcePool`] (KRCore §3.1).
 //!
+//! ## A peer is not trusted
+//!
+//! Both sides check what the other sends; a bad peer gets a `Reject` naming
+//! the problem (where the protocol allows one), a typed error, a closed
+//! socket, and nothing of ours:
+//!
+//! * **Time.** [`HandshakeConfig::timeout`] (5 s) is a deadline for the whole
+//!   handshake, not for each read: a peer that trickles bytes is cut off
+//!   when it passes ([`Error::Timeout`]). Servers run
+//!   [`Listener::accept_pending`] in their accept loop and each
+//!   [`Pending::handshake`] on its own thread, so one slow client delays
+//!   nobody else.
+//! * **Descriptors.** Every descriptor received with `SCM_RIGHTS` is owned
+//!   (and closed on every path) from the moment it arrives, truncated control
+//!   data included; a hello carries at most `MAX_REGIONS + 2` (18).
+//! * **Kinds.** Regions and the receive queue must be memfds sealed against
+//!   shrinking and growing, at least as long as claimed; the eventfd must be
+//!   an eventfd, and is written without blocking.
+//! * **Memory.** At most [`crate::handshake::MAX_REGIONS`] (16) regions per
+//!   hello; at most [`HandshakeConfig::max_grant_bytes`] (default 1 GiB +
+//!   64 MiB) granted in one handshake, on both sides; at most
+//!   [`HandshakeConfig::max_total_grant_bytes`] (default 64 GiB) mapped for
+//!   the peers of one [`Listener`] at once, returned when a connection's
+//!   queue pair is dropped. Refusals are [`Error::LimitExceeded`].
+//!
 //! The side channel then stays open as the liveness signal: when it closes —
 //! the peer exited, crashed or called [`Connection::close`] — the connection is
 //! failed with [`Error::PeerGone`] and so is its queue pair, so every later post
 //! returns that error instead of writing into memory nobody reads.
 
-use std::io::{self, IoSlice, IoSliceMut, Read, Write};
+use std::io::{self, IoSlice, Read, Write};
 #[cfg(feature = "verbs")]
 use std::net::{TcpListener, TcpStream};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
-use nix::sys::socket::{ControlMessage, ControlMessageOwned, MsgFlags, recvmsg, sendmsg};
+use nix::sys::socket::{ControlMessage, MsgFlags, sendmsg};
 
 use crate::endpoint::Endpoint;
 use crate::error::{Error, Result};
@@ -39,11 +64,24 @@ use crate::provider::verbs::side;
 use crate::qp::{QpInner, QueuePair};
 use crate::region::{Region, RemoteRegion};
 
+/// Default of [`HandshakeConfig::max_grant_bytes`]: 1 GiB + 64 MiB, room for
+/// the largest receive ring `rrpc-ringbuf` accepts (`MAX_RING_SIZE`, 1 GiB,
+/// plus its header rounded up to a 2 MiB huge page), the largest shm
+/// completion queue (65536 entries, 512 KiB) and a few small extra regions.
+pub const DEFAULT_MAX_GRANT_BYTES: u64 = (1 << 30) + (64 << 20);
+
+/// Default of [`HandshakeConfig::max_total_grant_bytes`]: 64 GiB of address
+/// space — 60 connections with the largest rings, or thousands with the
+/// default 4 MiB ring.
+pub const DEFAULT_MAX_TOTAL_GRANT_BYTES: u64 = 64 << 30;
+
 /// Side-channel and handshake settings.
 #[derive(Debug, Clone)]
 pub struct HandshakeConfig {
     timeout: Duration,
     token: Option<Vec<u8>>,
+    max_grant_bytes: u64,
+    max_total_grant_bytes: u64,
 }
 
 impl Default for HandshakeConfig {
@@ -51,12 +89,21 @@ impl Default for HandshakeConfig {
         HandshakeConfig {
             timeout: Duration::from_secs(5),
             token: None,
+            max_grant_bytes: DEFAULT_MAX_GRANT_BYTES,
+            max_total_grant_bytes: DEFAULT_MAX_TOTAL_GRANT_BYTES,
         }
     }
 }
 
 impl HandshakeConfig {
-    /// How long one handshake may take before [`Error::Timeout`]. Default 5 s.
+    /// How long one handshake may take, in total, before [`Error::Timeout`]:
+    /// a deadline for all its reads and writes together, not a timeout per
+    /// read (a peer sending one byte at a time is cut off at the deadline).
+    /// Default 5 s.
+    ///
+    /// The client's deadline runs from [`connect`]; the server's from
+    /// [`Pending::handshake`] (reading the hello) and again from
+    /// [`Incoming::accept`] (answering it).
     pub fn timeout(&self) -> Duration {
         self.timeout
     }
@@ -89,6 +136,135 @@ impl HandshakeConfig {
         }
         self.token = Some(t);
         Ok(self)
+    }
+
+    /// The most bytes one peer may grant us in one handshake (shm: the sum
+    /// of its regions and its receive queue, all of which we map). A larger
+    /// grant is refused with [`Error::LimitExceeded`] — on the server with a
+    /// `Reject`, on the client for the server's `Accept`. Default
+    /// [`DEFAULT_MAX_GRANT_BYTES`] (1 GiB + 64 MiB).
+    ///
+    /// The number of regions is limited separately, by the codec
+    /// ([`crate::handshake::MAX_REGIONS`]).
+    pub fn max_grant_bytes(&self) -> u64 {
+        self.max_grant_bytes
+    }
+
+    /// Sets [`Self::max_grant_bytes`].
+    ///
+    /// # Errors
+    /// [`Error::InvalidConfig`] for 0.
+    pub fn with_max_grant_bytes(mut self, bytes: u64) -> Result<Self> {
+        if bytes == 0 {
+            return Err(Error::InvalidConfig("max_grant_bytes must be > 0".into()));
+        }
+        self.max_grant_bytes = bytes;
+        Ok(self)
+    }
+
+    /// The most bytes of peer memory the connections of one [`Listener`]
+    /// may have mapped at once (shm). A handshake that would pass it is
+    /// refused with [`Error::LimitExceeded`] and a `Reject`; the bytes come
+    /// back when a connection's queue pair (which holds the mappings) is
+    /// dropped. Default [`DEFAULT_MAX_TOTAL_GRANT_BYTES`] (64 GiB). Not used
+    /// by [`connect`].
+    pub fn max_total_grant_bytes(&self) -> u64 {
+        self.max_total_grant_bytes
+    }
+
+    /// Sets [`Self::max_total_grant_bytes`].
+    ///
+    /// # Errors
+    /// [`Error::InvalidConfig`] for 0.
+    pub fn with_max_total_grant_bytes(mut self, bytes: u64) -> Result<Self> {
+        if bytes == 0 {
+            return Err(Error::InvalidConfig(
+                "max_total_grant_bytes must be > 0".into(),
+            ));
+        }
+        self.max_total_grant_bytes = bytes;
+        Ok(self)
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Deadline and budget
+// ---------------------------------------------------------------------------
+
+/// The instant a whole handshake must be done by. Every read and write sets
+/// the socket timeout to the time left, so the total never exceeds it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Deadline(Instant);
+
+impl Deadline {
+    pub(crate) fn after(d: Duration) -> Deadline {
+        let now = Instant::now();
+        // A timeout too large to add is as good as a year.
+        Deadline(
+            now.checked_add(d)
+                .unwrap_or_else(|| now + Duration::from_secs(365 * 86_400)),
+        )
+    }
+
+    /// The time left.
+    ///
+    /// # Errors
+    /// [`Error::Timeout`] once the deadline has passed.
+    pub(crate) fn remaining(&self) -> Result<Duration> {
+        let left = self.0.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(Error::Timeout);
+        }
+        Ok(left)
+    }
+}
+
+/// Bytes of peer memory mapped for one listener's connections.
+#[derive(Debug)]
+struct Budget {
+    limit: u64,
+    used: AtomicU64,
+}
+
+impl Budget {
+    fn reserve(self: &Arc<Self>, bytes: u64) -> Result<BudgetGuard> {
+        let mut used = self.used.load(Ordering::Relaxed);
+        loop {
+            let want = used.saturating_add(bytes);
+            if want > self.limit {
+                return Err(Error::LimitExceeded {
+                    what: "bytes of peer memory mapped by this listener",
+                    requested: want,
+                    limit: self.limit,
+                });
+            }
+            match self
+                .used
+                .compare_exchange_weak(used, want, Ordering::AcqRel, Ordering::Relaxed)
+            {
+                Ok(_) => {
+                    return Ok(BudgetGuard {
+                        budget: self.clone(),
+                        bytes,
+                    });
+                }
+                Err(now) => used = now,
+            }
+        }
+    }
+}
+
+/// A reservation against a listener's [`Budget`], returned on drop. Held
+/// next to the peer mappings it pays for.
+#[derive(Debug)]
+pub(crate) struct BudgetGuard {
+    budget: Arc<Budget>,
+    bytes: u64,
+}
+
+impl Drop for BudgetGuard {
+    fn drop(&mut self) {
+        self.budget.used.fetch_sub(self.bytes, Ordering::AcqRel);
     }
 }
 
@@ -161,22 +337,49 @@ impl PeerInfo {
 
 const MAX_FDS: usize = MAX_REGIONS + 2;
 
-fn send_msg(s: &UnixStream, m: &Message, fds: &[BorrowedFd<'_>]) -> Result<()> {
+/// The most descriptors one `sendmsg` can carry (the kernel's `SCM_MAX_FD`).
+/// Our control buffer holds that many, so the kernel never has to truncate
+/// one message's descriptors.
+const SCM_MAX_FD: usize = 253;
+
+/// Control buffer for [`SCM_MAX_FD`] descriptors, in `u64`s (for alignment).
+// SAFETY: CMSG_SPACE only computes a size.
+const CMSG_WORDS: usize =
+    (unsafe { libc::CMSG_SPACE((SCM_MAX_FD * std::mem::size_of::<RawFd>()) as libc::c_uint) }
+        as usize)
+        .div_ceil(8);
+
+fn send_msg(s: &UnixStream, m: &Message, fds: &[BorrowedFd<'_>], deadline: Deadline) -> Result<()> {
     let bytes = m.encode()?;
     let raw: Vec<RawFd> = fds.iter().map(|f| f.as_raw_fd()).collect();
     let cmsg = [ControlMessage::ScmRights(&raw)];
     let cmsgs: &[ControlMessage<'_>] = if raw.is_empty() { &[] } else { &cmsg };
-    let n = sendmsg::<()>(
-        s.as_raw_fd(),
-        &[IoSlice::new(&bytes)],
-        cmsgs,
-        MsgFlags::MSG_NOSIGNAL,
-        None,
-    )
-    .map_err(|e| map_io("sendmsg", io::Error::from_raw_os_error(e as i32)))?;
-    (&*s)
-        .write_all(&bytes[n..])
-        .map_err(|e| map_io("handshake write", e))
+    let mut n = loop {
+        s.set_write_timeout(Some(deadline.remaining()?))
+            .map_err(|e| Error::io("set socket timeout", e))?;
+        match sendmsg::<()>(
+            s.as_raw_fd(),
+            &[IoSlice::new(&bytes)],
+            cmsgs,
+            MsgFlags::MSG_NOSIGNAL,
+            None,
+        ) {
+            Ok(n) => break n,
+            Err(nix::errno::Errno::EINTR) => continue,
+            Err(e) => return Err(map_io("sendmsg", io::Error::from_raw_os_error(e as i32))),
+        }
+    };
+    while n < bytes.len() {
+        s.set_write_timeout(Some(deadline.remaining()?))
+            .map_err(|e| Error::io("set socket timeout", e))?;
+        match (&*s).write(&bytes[n..]) {
+            Ok(0) => return Err(Error::PeerGone),
+            Ok(k) => n += k,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(map_io("handshake write", e)),
+        }
+    }
+    Ok(())
 }
 
 fn map_io(op: &'static str, e: io::Error) -> Error {
@@ -190,16 +393,17 @@ fn map_io(op: &'static str, e: io::Error) -> Error {
     }
 }
 
-/// Receives one message and the fds that came with it. Never allocates more
-/// than `HEADER_LEN + MAX_BODY` bytes; extra or unexpected fds are closed.
-fn recv_msg(s: &UnixStream) -> Result<(Message, Vec<OwnedFd>)> {
+/// Receives one message and the fds that came with it, by `deadline`. Never
+/// allocates more than `HEADER_LEN + MAX_BODY` bytes; extra or unexpected
+/// fds are closed.
+fn recv_msg(s: &UnixStream, deadline: Deadline) -> Result<(Message, Vec<OwnedFd>)> {
     let mut buf = vec![0u8; HEADER_LEN + MAX_BODY];
     let mut fds = Vec::new();
     // First read: take at most the header so that a malicious length is refused
     // before we read on; fds arrive with the first byte.
     let mut have = 0usize;
     while have < HEADER_LEN {
-        let n = recv_with_fds(s, &mut buf[have..HEADER_LEN], &mut fds)?;
+        let n = recv_with_fds(s, &mut buf[have..HEADER_LEN], &mut fds, deadline)?;
         if n == 0 {
             return Err(Error::PeerGone);
         }
@@ -208,7 +412,7 @@ fn recv_msg(s: &UnixStream) -> Result<(Message, Vec<OwnedFd>)> {
     let header = Header::decode(buf[..HEADER_LEN].try_into().expect("12 bytes"))?;
     let total = HEADER_LEN + header.body_len;
     while have < total {
-        let n = recv_with_fds(s, &mut buf[have..total], &mut fds)?;
+        let n = recv_with_fds(s, &mut buf[have..total], &mut fds, deadline)?;
         if n == 0 {
             return Err(Error::MalformedHandshake(format!(
                 "peer closed after {have} of {total} bytes"
@@ -220,32 +424,104 @@ fn recv_msg(s: &UnixStream) -> Result<(Message, Vec<OwnedFd>)> {
     Ok((m, fds))
 }
 
-fn recv_with_fds(s: &UnixStream, buf: &mut [u8], fds: &mut Vec<OwnedFd>) -> Result<usize> {
-    let mut space = nix::cmsg_space!([RawFd; MAX_FDS]);
-    let mut iov = [IoSliceMut::new(buf)];
-    let msg = recvmsg::<()>(
-        s.as_raw_fd(),
-        &mut iov,
-        Some(&mut space),
-        MsgFlags::MSG_CMSG_CLOEXEC,
-    )
-    .map_err(|e| map_io("recvmsg", io::Error::from_raw_os_error(e as i32)))?;
-    let truncated = msg.flags.contains(MsgFlags::MSG_CTRUNC);
-    let n = msg.bytes;
-    for c in msg.cmsgs().map_err(|e| Error::nix("cmsgs", e))? {
-        if let ControlMessageOwned::ScmRights(raw) = c {
-            for fd in raw {
-                // SAFETY: the kernel just installed `fd` in our table for us; we own it.
-                fds.push(unsafe { OwnedFd::from_raw_fd(fd) });
+/// One `recvmsg` into `buf`, with the socket timeout set to what is left
+/// of `deadline`. Every descriptor the kernel passed is pushed onto `fds`
+/// as an [`OwnedFd`] before anything is checked, so none can leak: on any
+/// error the caller drops `fds` and they are closed.
+///
+/// # Errors
+/// [`Error::MalformedHandshake`] if the control data was truncated or the
+/// peer sent more than [`MAX_FDS`] descriptors in all; transport errors.
+fn recv_with_fds(
+    s: &UnixStream,
+    buf: &mut [u8],
+    fds: &mut Vec<OwnedFd>,
+    deadline: Deadline,
+) -> Result<usize> {
+    let mut control = [0u64; CMSG_WORDS];
+    let mut iov = libc::iovec {
+        iov_base: buf.as_mut_ptr().cast(),
+        iov_len: buf.len(),
+    };
+    let n = loop {
+        s.set_read_timeout(Some(deadline.remaining()?))
+            .map_err(|e| Error::io("set socket timeout", e))?;
+        // SAFETY: an all-zero msghdr is a valid (empty) value.
+        let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+        msg.msg_iov = &mut iov;
+        msg.msg_iovlen = 1;
+        msg.msg_control = control.as_mut_ptr().cast();
+        msg.msg_controllen = std::mem::size_of_val(&control) as _;
+        // SAFETY: `msg` points at `iov` (which describes `buf`) and at
+        // `control`, all live and exclusively borrowed for the call.
+        let n = unsafe { libc::recvmsg(s.as_raw_fd(), &mut msg, libc::MSG_CMSG_CLOEXEC) };
+        if n >= 0 {
+            // Own whatever arrived before looking at anything else, a
+            // truncated receive included.
+            take_fds(&msg, fds);
+            if msg.msg_flags & libc::MSG_CTRUNC != 0 {
+                return Err(Error::MalformedHandshake(format!(
+                    "peer's file descriptors were truncated (it sent more than the \
+                     {SCM_MAX_FD} one message carries, or we ran out of descriptors); \
+                     a hello carries at most {MAX_FDS}"
+                )));
             }
+            break n as usize;
         }
-    }
-    if truncated || fds.len() > MAX_FDS {
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(map_io("recvmsg", e));
+        }
+    };
+    if fds.len() > MAX_FDS {
         return Err(Error::MalformedHandshake(format!(
-            "peer sent more than {MAX_FDS} file descriptors"
+            "peer sent {} file descriptors, more than the {MAX_FDS} a hello carries",
+            fds.len()
         )));
     }
     Ok(n)
+}
+
+/// Wraps every descriptor of every `SCM_RIGHTS` message in `msg`'s control
+/// data (as far as the kernel filled it) in an [`OwnedFd`].
+#[allow(clippy::unnecessary_cast)] // `msg_controllen` / `cmsg_len` are not `usize` on every libc
+fn take_fds(msg: &libc::msghdr, fds: &mut Vec<OwnedFd>) {
+    if msg.msg_control.is_null() || msg.msg_controllen == 0 {
+        return;
+    }
+    let start = msg.msg_control as usize;
+    let end = start + msg.msg_controllen as usize;
+    // SAFETY: `msg` describes a control buffer the kernel filled;
+    // CMSG_FIRSTHDR returns null or a header inside it.
+    let mut c = unsafe { libc::CMSG_FIRSTHDR(msg) };
+    while !c.is_null() {
+        // SAFETY: `c` is a header inside the control buffer (CMSG_FIRSTHDR /
+        // CMSG_NXTHDR check that a whole `cmsghdr` fits), aligned because the
+        // buffer is 8-byte aligned and headers are CMSG_ALIGNed.
+        let h = unsafe { &*c };
+        if h.cmsg_level == libc::SOL_SOCKET && h.cmsg_type == libc::SCM_RIGHTS {
+            // SAFETY: CMSG_DATA only offsets `c` by the header size.
+            let data = unsafe { libc::CMSG_DATA(c) } as usize;
+            // SAFETY: CMSG_LEN only computes a size.
+            let header = unsafe { libc::CMSG_LEN(0) } as usize;
+            // The payload the header claims, clamped to the buffer's end.
+            let claimed = (h.cmsg_len as usize).saturating_sub(header);
+            let avail = end.saturating_sub(data);
+            let count = claimed.min(avail) / std::mem::size_of::<RawFd>();
+            for i in 0..count {
+                // SAFETY: `data + 4 * i .. + 4` lies inside the control buffer
+                // (`count` is clamped to it); the kernel may not align it.
+                let fd = unsafe { std::ptr::read_unaligned((data as *const RawFd).add(i)) };
+                if fd >= 0 {
+                    // SAFETY: the kernel just installed `fd` in our table for us;
+                    // nothing else refers to it, so we own it.
+                    fds.push(unsafe { OwnedFd::from_raw_fd(fd) });
+                }
+            }
+        }
+        // SAFETY: `c` is a valid header of `msg`'s control buffer.
+        c = unsafe { libc::CMSG_NXTHDR(msg, c) };
+    }
 }
 
 // ---------------------------------------------------------------------------
@@ -315,7 +591,16 @@ fn peer_info(h: &Hello, expected: ProviderKind) -> Result<PeerInfo> {
     })
 }
 
-fn attach(qp: &QueuePair, h: &Hello, fds: Vec<OwnedFd>) -> Result<()> {
+/// Checks a peer's shm grants before anything is mapped: the endpoint's
+/// shape, one descriptor per region plus the receive queue and the eventfd,
+/// the total bytes against `max_bytes`, and every descriptor's kind (sealed
+/// memfds at least as long as claimed, a real eventfd). Returns the bytes
+/// that attaching will map.
+///
+/// # Errors
+/// [`Error::LimitExceeded`] for too many bytes; [`Error::MalformedHandshake`]
+/// naming the first wrong descriptor.
+fn check_shm_grants(h: &Hello, fds: &[OwnedFd], max_bytes: u64) -> Result<u64> {
     if h.endpoint.len() != 16 {
         return Err(Error::MalformedHandshake(format!(
             "shm endpoint must be 16 bytes, got {}",
@@ -330,6 +615,51 @@ fn attach(qp: &QueuePair, h: &Hello, fds: Vec<OwnedFd>) -> Result<()> {
             h.regions.len() + 2
         )));
     }
+    let bytes = granted_bytes(h, max_bytes)?;
+    let cq_len = u64::from_le_bytes(h.endpoint[0..8].try_into().expect("8"));
+    for (i, (d, fd)) in h.regions.iter().zip(fds).enumerate() {
+        crate::sys::check_peer_memfd(fd.as_fd(), d.remote.len, &format!("region {i}"))?;
+    }
+    let n = h.regions.len();
+    crate::sys::check_peer_memfd(fds[n].as_fd(), cq_len, "receive queue")?;
+    crate::sys::check_peer_eventfd(fds[n + 1].as_fd())?;
+    Ok(bytes)
+}
+
+/// The bytes a peer's shm hello asks us to map: its regions and its receive
+/// queue (0 for a malformed endpoint, which [`check_shm_grants`] refuses).
+///
+/// # Errors
+/// [`Error::LimitExceeded`] above `max_bytes`.
+fn granted_bytes(h: &Hello, max_bytes: u64) -> Result<u64> {
+    let cq_len = match h.endpoint.get(0..8) {
+        Some(b) => u64::from_le_bytes(b.try_into().expect("8")),
+        None => 0,
+    };
+    let bytes = h
+        .regions
+        .iter()
+        .fold(cq_len, |sum, d| sum.saturating_add(d.remote.len));
+    if bytes > max_bytes {
+        return Err(Error::LimitExceeded {
+            what: "bytes granted in one handshake (regions and receive queue)",
+            requested: bytes,
+            limit: max_bytes,
+        });
+    }
+    Ok(bytes)
+}
+
+/// Attaches `qp` to the peer's shm grants (checked by [`check_shm_grants`]
+/// first); `budget` is held with the mappings.
+fn attach(
+    qp: &QueuePair,
+    h: &Hello,
+    fds: Vec<OwnedFd>,
+    max_bytes: u64,
+    budget: Option<BudgetGuard>,
+) -> Result<()> {
+    check_shm_grants(h, &fds, max_bytes)?;
     let cq_len = u64::from_le_bytes(h.endpoint[0..8].try_into().expect("8"));
     let cq_cap = u64::from_le_bytes(h.endpoint[8..16].try_into().expect("8"));
     let mut it = fds.into_iter();
@@ -347,7 +677,48 @@ fn attach(qp: &QueuePair, h: &Hello, fds: Vec<OwnedFd>) -> Result<()> {
         cq_len,
         cq_cap,
         event_fd,
+        budget,
     })
+}
+
+/// The reject code for an error found while checking a peer's hello.
+fn reject_code(e: &Error) -> RejectCode {
+    match e {
+        Error::LimitExceeded { .. } => RejectCode::Busy,
+        Error::VersionMismatch { .. } => RejectCode::Version,
+        Error::AuthFailed => RejectCode::Auth,
+        _ => RejectCode::Malformed,
+    }
+}
+
+/// Connects a Unix stream socket to `path`, waiting for room in a full
+/// listen backlog no longer than `deadline` (`SO_SNDTIMEO` bounds a Unix
+/// `connect`).
+fn connect_unix(path: &Path, deadline: Deadline) -> Result<UnixStream> {
+    use nix::sys::socket::{AddressFamily, SockFlag, SockType, UnixAddr, socket};
+    let fd = socket(
+        AddressFamily::Unix,
+        SockType::Stream,
+        SockFlag::SOCK_CLOEXEC,
+        None,
+    )
+    .map_err(|e| Error::nix("socket", e))?;
+    let s = UnixStream::from(fd);
+    s.set_write_timeout(Some(deadline.remaining()?))
+        .map_err(|e| Error::io("set socket timeout", e))?;
+    let addr = UnixAddr::new(path).map_err(|e| Error::nix("connect side channel", e))?;
+    loop {
+        match nix::sys::socket::connect(s.as_raw_fd(), &addr) {
+            Ok(()) => return Ok(s),
+            Err(nix::errno::Errno::EINTR) => deadline.remaining().map(drop)?,
+            Err(e) => {
+                return Err(map_io(
+                    "connect side channel",
+                    io::Error::from_raw_os_error(e as i32),
+                ));
+            }
+        }
+    }
 }
 
 // ---------------------------------------------------------------------------
@@ -355,11 +726,14 @@ fn attach(qp: &QueuePair, h: &Hello, fds: Vec<OwnedFd>) -> Result<()> {
 // ---------------------------------------------------------------------------
 
 /// Connects to a listening server, performs the handshake and attaches `qp` to
-/// the server's. Blocking; bounded by `cfg.timeout()`.
+/// the server's. Blocking; the whole handshake (connect included) is bounded
+/// by `cfg.timeout()`. The server's grants are checked like a server checks
+/// a client's (descriptor kinds, [`HandshakeConfig::max_grant_bytes`]).
 ///
 /// # Errors
 /// [`Error::Rejected`], [`Error::AuthFailed`] or [`Error::VersionMismatch`] when
 /// the server refused; [`Error::MalformedHandshake`] when its answer was bad;
+/// [`Error::LimitExceeded`] when it granted more than `cfg.max_grant_bytes()`;
 /// [`Error::Timeout`]; [`Error::Io`] when the socket could not be reached;
 /// [`Error::ProviderUnavailable`] for `rdma://` in a build without verbs.
 pub fn connect(
@@ -370,11 +744,12 @@ pub fn connect(
 ) -> Result<Connection> {
     let span = tracing::debug_span!("rrpc_connect", %endpoint);
     let _g = span.enter();
+    let deadline = Deadline::after(cfg.timeout);
     let path = match endpoint {
         Endpoint::Shm(p) => p,
         #[cfg(feature = "verbs")]
         Endpoint::Rdma(addr) => {
-            let (s, accept) = side::client(*addr, &qp, base_hello(&offer), cfg.timeout)?;
+            let (s, accept) = side::client(*addr, &qp, base_hello(&offer), deadline)?;
             let peer = peer_info(&accept, ProviderKind::Verbs)?;
             let conn = Connection::new(Side::Tcp(s), qp, peer, offer.grants)?;
             tracing::debug!("connected");
@@ -383,11 +758,10 @@ pub fn connect(
         #[cfg(not(feature = "verbs"))]
         Endpoint::Rdma(_) => return Err(Error::ProviderUnavailable("verbs")),
     };
-    let s = UnixStream::connect(path).map_err(|e| Error::io("connect side channel", e))?;
-    set_timeouts(&s, Some(cfg.timeout))?;
+    let s = connect_unix(path, deadline)?;
     let (hello, fds) = make_hello(&qp, &offer)?;
-    send_msg(&s, &Message::Hello(hello), &fds)?;
-    let (answer, fds) = recv_msg(&s)?;
+    send_msg(&s, &Message::Hello(hello), &fds, deadline)?;
+    let (answer, fds) = recv_msg(&s, deadline)?;
     let h = match answer {
         Message::Accept(h) => h,
         Message::Reject(r) => return Err(reject_error(r)),
@@ -399,7 +773,7 @@ pub fn connect(
         }
     };
     let peer = peer_info(&h, ProviderKind::Shm)?;
-    attach(&qp, &h, fds)?;
+    attach(&qp, &h, fds, cfg.max_grant_bytes, None)?;
     let conn = Connection::new(Side::Unix(s), qp, peer, offer.grants)?;
     tracing::debug!("connected");
     Ok(conn)
@@ -428,6 +802,7 @@ fn set_timeouts(s: &UnixStream, t: Option<Duration>) -> Result<()> {
 pub struct Listener {
     inner: ListenerInner,
     cfg: HandshakeConfig,
+    budget: Arc<Budget>,
 }
 
 #[derive(Debug)]
@@ -457,7 +832,18 @@ impl Listener {
             Endpoint::Rdma(_) => return Err(Error::ProviderUnavailable("verbs")),
         };
         tracing::info!(%endpoint, "rrpc listener bound");
-        Ok(Listener { inner, cfg })
+        let budget = Arc::new(Budget {
+            limit: cfg.max_total_grant_bytes,
+            used: AtomicU64::new(0),
+        });
+        Ok(Listener { inner, cfg, budget })
+    }
+
+    /// Bytes of peer memory the connections of this listener have mapped
+    /// now (or reserved in a handshake under way), counted against
+    /// [`HandshakeConfig::max_total_grant_bytes`].
+    pub fn peer_bytes_mapped(&self) -> u64 {
+        self.budget.used.load(Ordering::Acquire)
     }
 
     /// The socket path (`None` for a TCP side channel).
@@ -538,6 +924,7 @@ impl Listener {
         Ok(Pending {
             stream,
             cfg: self.cfg.clone(),
+            budget: self.budget.clone(),
         })
     }
 }
@@ -548,6 +935,7 @@ impl Listener {
 pub struct Pending {
     stream: Side,
     cfg: HandshakeConfig,
+    budget: Arc<Budget>,
 }
 
 impl AsFd for Pending {
@@ -570,51 +958,62 @@ impl Pending {
         self.stream.peer_addr()
     }
 
-    /// Reads and checks the client's hello. Blocking, bounded by the
-    /// handshake timeout. A bad client (malformed hello, wrong version or
-    /// token) is answered with a `Reject` and disconnected.
+    /// Reads and checks the client's hello. Blocking; the whole of it is
+    /// bounded by the handshake timeout (a deadline, however slowly the
+    /// client sends). A bad client is answered with a `Reject` naming the
+    /// problem and disconnected; every descriptor it passed is closed.
+    ///
+    /// Checked here, before the hello is handed on: version, token,
+    /// provider, and on shm the bytes granted against
+    /// [`HandshakeConfig::max_grant_bytes`] and the listener's total against
+    /// [`HandshakeConfig::max_total_grant_bytes`] (those bytes are reserved
+    /// until the [`Incoming`], or the queue pair it is accepted with, is
+    /// dropped). The descriptors themselves are checked by
+    /// [`Incoming::accept`].
     ///
     /// # Errors
     /// The client's fault ([`Error::MalformedHandshake`], [`Error::AuthFailed`],
-    /// [`Error::VersionMismatch`], [`Error::Timeout`], [`Error::PeerGone`]).
+    /// [`Error::VersionMismatch`], [`Error::Timeout`], [`Error::PeerGone`]);
+    /// [`Error::LimitExceeded`] when its grants pass a limit.
     pub fn handshake(self) -> Result<Incoming> {
+        let deadline = Deadline::after(self.cfg.timeout);
+        let peer_addr = self.stream.peer_addr();
         #[allow(clippy::infallible_destructuring_match)] // fallible with `verbs`
         let s = match self.stream {
             Side::Unix(s) => s,
             #[cfg(feature = "verbs")]
             Side::Tcp(s) => {
-                let hello = side::read_hello(&s, self.cfg.token())?;
+                let hello = side::read_hello(&s, self.cfg.token(), deadline)?;
                 let peer = peer_info(&hello, ProviderKind::Verbs)?;
                 return Ok(Incoming {
                     stream: Side::Tcp(s),
                     hello,
                     peer,
                     fds: Vec::new(),
+                    cfg: self.cfg,
+                    budget: None,
                 });
             }
         };
         s.set_nonblocking(false)
             .map_err(|e| Error::io("set_nonblocking", e))?;
-        set_timeouts(&s, Some(self.cfg.timeout))?;
-        let refuse = |s: &UnixStream, code: RejectCode, e: Error| -> Error {
+        let refuse = |s: &UnixStream, e: Error| -> Error {
             let _ = send_msg(
                 s,
                 &Message::Reject(Reject {
-                    code,
+                    code: reject_code(&e),
                     reason: e.to_string(),
                 }),
                 &[],
+                deadline,
             );
-            tracing::warn!(error = %e, "handshake refused");
+            tracing::warn!(error = %e, peer = %peer_addr, "handshake refused");
             e
         };
-        let (m, fds) = match recv_msg(&s) {
+        let (m, fds) = match recv_msg(&s, deadline) {
             Ok(x) => x,
-            Err(e @ Error::VersionMismatch { .. }) => {
-                return Err(refuse(&s, RejectCode::Version, e));
-            }
-            Err(e @ Error::MalformedHandshake(_)) => {
-                return Err(refuse(&s, RejectCode::Malformed, e));
+            Err(e @ (Error::VersionMismatch { .. } | Error::MalformedHandshake(_))) => {
+                return Err(refuse(&s, e));
             }
             Err(e) => return Err(e),
         };
@@ -623,24 +1022,46 @@ impl Pending {
             other => {
                 let e =
                     Error::MalformedHandshake(format!("expected Hello, got {:?}", other.kind()));
-                return Err(refuse(&s, RejectCode::Malformed, e));
+                return Err(refuse(&s, e));
             }
         };
         if let Some(want) = self.cfg.token() {
             let ok = hello.token.as_deref().is_some_and(|t| token_eq(t, want));
             if !ok {
-                return Err(refuse(&s, RejectCode::Auth, Error::AuthFailed));
+                return Err(refuse(&s, Error::AuthFailed));
             }
         }
         let peer = match peer_info(&hello, ProviderKind::Shm) {
             Ok(p) => p,
-            Err(e) => return Err(refuse(&s, RejectCode::Incompatible, e)),
+            Err(e) => {
+                let _ = send_msg(
+                    &s,
+                    &Message::Reject(Reject {
+                        code: RejectCode::Incompatible,
+                        reason: e.to_string(),
+                    }),
+                    &[],
+                    deadline,
+                );
+                tracing::warn!(error = %e, peer = %peer_addr, "handshake refused");
+                return Err(e);
+            }
+        };
+        let bytes = match granted_bytes(&hello, self.cfg.max_grant_bytes) {
+            Ok(b) => b,
+            Err(e) => return Err(refuse(&s, e)),
+        };
+        let budget = match self.budget.reserve(bytes) {
+            Ok(g) => g,
+            Err(e) => return Err(refuse(&s, e)),
         };
         Ok(Incoming {
             stream: Side::Unix(s),
             hello,
             peer,
             fds,
+            cfg: self.cfg,
+            budget: Some(budget),
         })
     }
 }
@@ -689,6 +1110,9 @@ pub struct Incoming {
     hello: Hello,
     peer: PeerInfo,
     fds: Vec<OwnedFd>,
+    cfg: HandshakeConfig,
+    /// The client's grants, reserved against the listener's budget.
+    budget: Option<BudgetGuard>,
 }
 
 impl Incoming {
@@ -697,35 +1121,53 @@ impl Incoming {
         &self.peer
     }
 
-    /// Accepts: sends our grants and attaches `qp` to the client's.
+    /// Accepts: sends our grants and attaches `qp` to the client's. Blocking,
+    /// bounded by the handshake timeout (counted from this call).
+    ///
+    /// On shm the client's descriptors are checked before anything is
+    /// mapped: one per region plus its receive queue and its eventfd;
+    /// regions and receive queue must be memfds sealed against shrinking
+    /// and growing (not against writes) and at least as long as claimed; the
+    /// eventfd must be an eventfd, and is made non-blocking (we never block
+    /// writing to it).
     ///
     /// # Errors
-    /// [`Error::MalformedHandshake`] if the client's grants cannot be mapped (a
-    /// `Reject` is sent then), [`Error::PeerGone`] / [`Error::Timeout`] if it left.
+    /// [`Error::MalformedHandshake`] naming the descriptor if the client's
+    /// grants cannot be mapped (a `Reject` is sent then), [`Error::PeerGone`] /
+    /// [`Error::Timeout`] if it left.
     pub fn accept(self, qp: QueuePair, offer: Offer) -> Result<Connection> {
+        let deadline = Deadline::after(self.cfg.timeout);
         #[allow(clippy::infallible_destructuring_match)] // fallible with `verbs`
         let stream = match self.stream {
             Side::Unix(s) => s,
             #[cfg(feature = "verbs")]
             Side::Tcp(s) => {
-                side::server_accept(&s, &qp, &self.hello, base_hello(&offer))?;
+                side::server_accept(&s, &qp, &self.hello, base_hello(&offer), deadline)?;
                 tracing::debug!("accepted");
                 return Connection::new(Side::Tcp(s), qp, self.peer, offer.grants);
             }
         };
-        if let Err(e) = attach(&qp, &self.hello, self.fds) {
+        if let Err(e) = attach(
+            &qp,
+            &self.hello,
+            self.fds,
+            self.cfg.max_grant_bytes,
+            self.budget,
+        ) {
             let _ = send_msg(
                 &stream,
                 &Message::Reject(Reject {
-                    code: RejectCode::Malformed,
+                    code: reject_code(&e),
                     reason: e.to_string(),
                 }),
                 &[],
+                deadline,
             );
+            tracing::warn!(error = %e, "handshake refused");
             return Err(e);
         }
         let (hello, fds) = make_hello(&qp, &offer)?;
-        send_msg(&stream, &Message::Accept(hello), &fds)?;
+        send_msg(&stream, &Message::Accept(hello), &fds, deadline)?;
         tracing::debug!("accepted");
         Connection::new(Side::Unix(stream), qp, self.peer, offer.grants)
     }
@@ -739,7 +1181,7 @@ impl Incoming {
             code: RejectCode::Other(0),
             reason: reason.to_string(),
         });
-        self.stream.send(&m)
+        self.stream.send(&m, Deadline::after(self.cfg.timeout))
     }
 }
 
@@ -756,11 +1198,11 @@ enum Side {
 }
 
 impl Side {
-    fn send(&self, m: &Message) -> Result<()> {
+    fn send(&self, m: &Message, deadline: Deadline) -> Result<()> {
         match self {
-            Side::Unix(s) => send_msg(s, m, &[]),
+            Side::Unix(s) => send_msg(s, m, &[], deadline),
             #[cfg(feature = "verbs")]
-            Side::Tcp(s) => side::send_msg(s, m),
+            Side::Tcp(s) => side::send_msg(s, m, deadline),
         }
     }
     fn peer_addr(&self) -> String {
@@ -901,7 +1343,10 @@ impl Connection {
     /// [`Error::NotConnected`].
     pub fn close(&self) {
         let _ = self.side.set_nonblocking(false);
-        let _ = self.side.send(&Message::Goodbye);
+        // Best effort, never long: 12 bytes into a socket nothing else writes.
+        let _ = self
+            .side
+            .send(&Message::Goodbye, Deadline::after(Duration::from_secs(1)));
         self.side.shutdown();
         self.qp.fail(&Error::NotConnected);
         self.gone.store(true, Ordering::Release);

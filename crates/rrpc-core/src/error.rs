@@ -13,7 +13,9 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Fault {
-    /// The local caller used the API wrongly (bad bounds, full queue, bad config).
+    /// The local caller used the API wrongly (bad bounds, full queue, bad
+    /// config), or a local resource limit was reached
+    /// ([`Error::LimitExceeded`]).
     Local,
     /// The peer sent or wrote something invalid, or speaks another protocol version.
     Peer,
@@ -87,6 +89,19 @@ pub enum Error {
     /// The requested provider was not compiled in.
     #[error("provider {0:?} is not available in this build (enable the cargo feature)")]
     ProviderUnavailable(&'static str),
+    /// A configured resource limit would be exceeded (for example the bytes
+    /// a peer may grant us, see [`crate::conn::HandshakeConfig`]). The peer
+    /// asked for more than we allow; nothing was allocated or mapped.
+    #[error("{what}: {requested} exceeds the limit of {limit}")]
+    LimitExceeded {
+        /// What is limited.
+        what: &'static str,
+        /// The value that was asked for (for a shared budget: what is in use
+        /// plus what was asked for).
+        requested: u64,
+        /// The configured limit.
+        limit: u64,
+    },
 
     // ---- peer fault ---------------------------------------------------------
     /// The peer sent a malformed handshake message.
@@ -152,7 +167,8 @@ impl Error {
             | InvalidConfig(_)
             | WouldBlock
             | InvalidUri { .. }
-            | ProviderUnavailable(_) => Fault::Local,
+            | ProviderUnavailable(_)
+            | LimitExceeded { .. } => Fault::Local,
             MalformedHandshake(_)
             | VersionMismatch { .. }
             | AuthFailed
@@ -187,6 +203,7 @@ impl From<Error> for io::Error {
             Error::InvalidConfig(_) | Error::InvalidUri { .. } => io::ErrorKind::InvalidInput,
             Error::AuthFailed => io::ErrorKind::PermissionDenied,
             Error::Rejected(_) => io::ErrorKind::ConnectionRefused,
+            Error::LimitExceeded { .. } => io::ErrorKind::QuotaExceeded,
             _ => io::ErrorKind::Other,
         };
         io::Error::new(kind, e)

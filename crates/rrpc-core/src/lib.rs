@@ -9,7 +9,7 @@
 //! | [`Region`], [`RemoteRegion`] | `ibv_mr`, `(addr, len, rkey)` | registered memory, and a peer's grant |
 //! | [`QueuePair`] | `ibv_qp` (RC) | [`QueuePair::post_write`], [`QueuePair::post_write_imm`], [`QueuePair::post_read`], [`QueuePair::post_recv`] |
 //! | [`CompletionQueue`], [`Completion`] | `ibv_cq`, `ibv_wc`, `ibv_comp_channel` | non-blocking `poll`, `req_notify` + a channel fd |
-//! | [`conn`] | rdma_cm / out-of-band exchange | side channel, versioned handshake ([`handshake`]), liveness |
+//! | [`conn`] | rdma_cm / out-of-band exchange | side channel, versioned handshake ([`handshake`]), liveness; hostile-peer checks and limits |
 //! | [`pool`] | KRCore's pre-initialised pool | connect in one round trip |
 //! | [`FaultConfig`] | — | delayed / failed completions, torn writes for tests |
 //!

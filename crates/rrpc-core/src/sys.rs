@@ -113,24 +113,13 @@ impl Mapping {
 
     /// Maps an fd received from a peer. `len` is the length the peer claims;
     /// it is checked against the file's real size, so a lying peer cannot make us
-    /// map past the end of the file (which would SIGBUS on access).
-    pub(crate) fn map_peer(fd: OwnedFd, len: usize) -> Result<Mapping> {
-        // Only a memfd sealed against shrinking is safe to map: otherwise the
-        // peer could truncate it later and crash us with SIGBUS.
-        // SAFETY: fcntl with integer arguments on an fd we own.
-        let seals = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GET_SEALS) };
-        if seals < 0 || seals & libc::F_SEAL_SHRINK == 0 {
-            return Err(Error::MalformedHandshake(
-                "peer region is not a memfd sealed against shrinking".into(),
-            ));
-        }
-        let st = nix::sys::stat::fstat(&fd).map_err(|e| Error::nix("fstat", e))?;
-        if len == 0 || (st.st_size as u64) < len as u64 {
-            return Err(Error::MalformedHandshake(format!(
-                "peer region claims {len} bytes but its memory object has {}",
-                st.st_size
-            )));
-        }
+    /// map past the end of the file (which would SIGBUS on access). `what`
+    /// names the object in errors ("region 2", "receive queue").
+    ///
+    /// # Errors
+    /// [`Error::MalformedHandshake`] as [`check_peer_memfd`].
+    pub(crate) fn map_peer(fd: OwnedFd, len: usize, what: &str) -> Result<Mapping> {
+        check_peer_memfd(fd.as_fd(), len as u64, what)?;
         Self::map(fd, len)
     }
 
@@ -180,6 +169,165 @@ impl Drop for Mapping {
     }
 }
 
+/// Checks that a peer's fd is safe to map `len` bytes of, shared and
+/// writable: a memfd (a regular shmem file) sealed against shrinking and
+/// growing — otherwise the peer could truncate it under our mapping and
+/// crash us with SIGBUS — not sealed against writes, and at least `len`
+/// bytes long.
+///
+/// # Errors
+/// [`Error::MalformedHandshake`] naming `what` and the problem.
+pub(crate) fn check_peer_memfd(fd: BorrowedFd<'_>, len: u64, what: &str) -> Result<()> {
+    let bad = |why: String| Err(Error::MalformedHandshake(format!("peer {what} {why}")));
+    let st = match nix::sys::stat::fstat(fd) {
+        Ok(st) => st,
+        Err(e) => return bad(format!("cannot be inspected: {e}")),
+    };
+    if st.st_mode & libc::S_IFMT != libc::S_IFREG {
+        return bad("is not a memfd (not a regular file)".into());
+    }
+    // SAFETY: fcntl with integer arguments on a valid fd we borrow.
+    let seals = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GET_SEALS) };
+    if seals < 0 {
+        return bad("is not a memfd (it cannot carry seals)".into());
+    }
+    let need = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW;
+    if seals & need != need {
+        return bad("is not a memfd sealed against shrinking and growing".into());
+    }
+    if seals & (libc::F_SEAL_WRITE | libc::F_SEAL_FUTURE_WRITE) != 0 {
+        return bad("is sealed against writes".into());
+    }
+    if len == 0 || (st.st_size as u64) < len {
+        return bad(format!(
+            "claims {len} bytes but its memory object has {}",
+            st.st_size
+        ));
+    }
+    Ok(())
+}
+
+/// Checks that a peer's fd is an eventfd (and not, say, a pipe, whose
+/// writes could block or whose reader could be anything).
+///
+/// `/proc/self/fd/N` names an eventfd `anon_inode:[eventfd]`. Without
+/// `/proc`, the fd must at least be an anonymous inode (the inode every
+/// eventfd shares): that excludes pipes, sockets and files, and writing
+/// 8 bytes to the other anonymous-inode kinds fails instead of blocking.
+///
+/// # Errors
+/// [`Error::MalformedHandshake`] naming the fd's kind.
+pub(crate) fn check_peer_eventfd(fd: BorrowedFd<'_>) -> Result<()> {
+    let link = format!("/proc/self/fd/{}", fd.as_raw_fd());
+    let kind = match std::fs::read_link(&link) {
+        Ok(target) => target.to_string_lossy().into_owned(),
+        Err(_) => {
+            let theirs = nix::sys::stat::fstat(fd).map_err(|e| Error::nix("fstat", e))?;
+            let ours = EventFd::new()?;
+            let ours = nix::sys::stat::fstat(ours.as_fd()).map_err(|e| Error::nix("fstat", e))?;
+            if (theirs.st_dev, theirs.st_ino) == (ours.st_dev, ours.st_ino) {
+                return Ok(());
+            }
+            format!("file of mode {:#o}", theirs.st_mode)
+        }
+    };
+    if kind == "anon_inode:[eventfd]" {
+        return Ok(());
+    }
+    Err(Error::MalformedHandshake(format!(
+        "peer eventfd is not an eventfd but {kind}"
+    )))
+}
+
+/// A peer's eventfd, written to wake the peer. The peer shares this file
+/// description and can change its flags and counter at any time, so no write
+/// may rely on them: see [`Self::notify`].
+#[derive(Debug)]
+pub(crate) struct PeerEventFd {
+    fd: OwnedFd,
+}
+
+impl PeerEventFd {
+    /// Checks the kind ([`check_peer_eventfd`]) and makes the fd
+    /// non-blocking.
+    ///
+    /// # Errors
+    /// [`Error::MalformedHandshake`] for a wrong kind; [`Error::Io`].
+    pub(crate) fn new(fd: OwnedFd) -> Result<PeerEventFd> {
+        check_peer_eventfd(fd.as_fd())?;
+        ensure_nonblocking(fd.as_fd())?;
+        Ok(PeerEventFd { fd })
+    }
+
+    /// Adds 1 to the peer's counter, without blocking.
+    ///
+    /// A write to an eventfd blocks only when the counter is at its maximum
+    /// and the description is blocking. We skip the write when `poll` says
+    /// the counter is full (the peer is then readable, i.e. already
+    /// notified), restore `O_NONBLOCK` if the peer cleared it, and take
+    /// `EAGAIN` as "already notified".
+    ///
+    /// Residual window: the kernel has no per-call non-blocking eventfd
+    /// write, so a peer that clears `O_NONBLOCK` *and* fills its counter in
+    /// the few instructions between our `fcntl` and `write` can still make
+    /// this write wait until it reads its eventfd.
+    pub(crate) fn notify(&self) -> Result<()> {
+        let raw = self.fd.as_raw_fd();
+        if !ready_now(self.fd.as_fd(), libc::POLLOUT)? {
+            return Ok(()); // counter full: the peer is readable already
+        }
+        ensure_nonblocking(self.fd.as_fd())?;
+        let one: u64 = 1;
+        // SAFETY: writes 8 bytes from a valid local u64 to a valid fd.
+        let n = unsafe { libc::write(raw, (&one as *const u64).cast(), 8) };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() != io::ErrorKind::WouldBlock {
+                return Err(Error::io("peer eventfd write", e));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Sets `O_NONBLOCK` on `fd` unless it is set already.
+fn ensure_nonblocking(fd: BorrowedFd<'_>) -> Result<()> {
+    let raw = fd.as_raw_fd();
+    // SAFETY: fcntl with integer arguments on a valid fd we borrow.
+    let flags = unsafe { libc::fcntl(raw, libc::F_GETFL) };
+    if flags < 0 {
+        return Err(Error::io("fcntl(F_GETFL)", io::Error::last_os_error()));
+    }
+    if flags & libc::O_NONBLOCK == 0 {
+        // SAFETY: as above.
+        if unsafe { libc::fcntl(raw, libc::F_SETFL, flags | libc::O_NONBLOCK) } < 0 {
+            return Err(Error::io("fcntl(F_SETFL)", io::Error::last_os_error()));
+        }
+    }
+    Ok(())
+}
+
+/// Whether `fd` is ready for `events` right now (`poll` with a zero
+/// timeout; an interrupted poll counts as ready, the caller's non-blocking
+/// call then decides).
+fn ready_now(fd: BorrowedFd<'_>, events: libc::c_short) -> Result<bool> {
+    let mut pfd = libc::pollfd {
+        fd: fd.as_raw_fd(),
+        events,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd, zero timeout.
+    let n = unsafe { libc::poll(&mut pfd, 1, 0) };
+    if n < 0 {
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(Error::io("poll", e));
+        }
+        return Ok(true);
+    }
+    Ok(n > 0)
+}
+
 /// A non-blocking, close-on-exec eventfd (mio's waker pattern).
 #[derive(Debug)]
 pub(crate) struct EventFd {
@@ -198,10 +346,6 @@ impl EventFd {
         Ok(EventFd { fd })
     }
 
-    pub(crate) fn from_owned(fd: OwnedFd) -> EventFd {
-        EventFd { fd }
-    }
-
     /// Adds 1 to the counter. A full counter (`EAGAIN`) already means "readable".
     pub(crate) fn notify(&self) -> Result<()> {
         let one: u64 = 1;
@@ -214,6 +358,19 @@ impl EventFd {
             }
         }
         Ok(())
+    }
+
+    /// [`Self::drain`] for an eventfd whose description a peer shares (our
+    /// receive queue's, which the peer writes to wake us): the peer may have
+    /// cleared `O_NONBLOCK` and may drain the counter itself, so skip the
+    /// read when nothing is pending and restore `O_NONBLOCK` before reading.
+    /// Same residual window as [`PeerEventFd::notify`].
+    pub(crate) fn drain_shared(&self) -> Result<u64> {
+        if !ready_now(self.fd.as_fd(), libc::POLLIN)? {
+            return Ok(0);
+        }
+        ensure_nonblocking(self.fd.as_fd())?;
+        self.drain()
     }
 
     /// Reads and resets the counter; returns the number of events (0 if none).
@@ -233,6 +390,10 @@ impl EventFd {
 
     pub(crate) fn as_raw_fd(&self) -> RawFd {
         self.fd.as_raw_fd()
+    }
+    #[cfg(test)]
+    pub(crate) fn into_owned(self) -> OwnedFd {
+        self.fd
     }
     pub(crate) fn as_fd(&self) -> BorrowedFd<'_> {
         self.fd.as_fd()
@@ -263,7 +424,7 @@ mod tests {
     fn own_regions_are_sealed_and_mappable_by_a_peer() {
         let m = Mapping::create(8192, false).unwrap();
         let fd = m.fd().try_clone_to_owned().unwrap();
-        let peer = Mapping::map_peer(fd, 8192).unwrap();
+        let peer = Mapping::map_peer(fd, 8192, "region").unwrap();
         // SAFETY: both mappings are 8192 bytes of the same memfd.
         unsafe {
             *m.ptr() = 42;
@@ -284,13 +445,13 @@ mod tests {
         // SAFETY: valid fd.
         assert_eq!(unsafe { libc::ftruncate(fd.as_raw_fd(), 4096) }, 0);
         assert!(matches!(
-            Mapping::map_peer(fd, 4096),
+            Mapping::map_peer(fd, 4096, "region"),
             Err(Error::MalformedHandshake(_))
         ));
         let m = Mapping::create(4096, false).unwrap();
         let fd = m.fd().try_clone_to_owned().unwrap();
         assert!(matches!(
-            Mapping::map_peer(fd, 1 << 20),
+            Mapping::map_peer(fd, 1 << 20, "region"),
             Err(Error::MalformedHandshake(_))
         ));
     }

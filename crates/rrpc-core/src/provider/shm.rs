@@ -27,7 +27,7 @@ use crate::error::{Error, Result};
 use crate::fault::FaultConfig;
 use crate::qp::{FailReason, FailState, QpConfig};
 use crate::region::{Local, Remote, RemoteRegion};
-use crate::sys::{EventFd, Mapping};
+use crate::sys::{EventFd, Mapping, PeerEventFd};
 
 // ---------------------------------------------------------------------------
 // Send completion queue (process-local)
@@ -245,7 +245,8 @@ impl RecvCq {
         self.channel.as_raw_fd()
     }
     pub(crate) fn ack_events(&self) -> Result<u64> {
-        self.channel.drain()
+        // The peer holds this eventfd too.
+        self.channel.drain_shared()
     }
 }
 
@@ -256,7 +257,7 @@ struct PeerCq {
     cap: u64,
     /// Our own count of entries produced; never re-read from shared memory.
     prod: Mutex<u64>,
-    eventfd: EventFd,
+    eventfd: PeerEventFd,
 }
 
 impl PeerCq {
@@ -304,6 +305,9 @@ struct MappedRemote {
 struct Peer {
     regions: Vec<MappedRemote>,
     cq: PeerCq,
+    /// The bytes mapped above, counted against the listener's budget until
+    /// the mappings are dropped.
+    _budget: Option<crate::conn::BudgetGuard>,
 }
 
 /// What the peer must receive to become our remote: our receive queue and its eventfd.
@@ -323,6 +327,8 @@ pub(crate) struct PeerResources {
     pub(crate) cq_len: u64,
     pub(crate) cq_cap: u64,
     pub(crate) event_fd: OwnedFd,
+    /// The budget reservation for the bytes mapped, released with the mappings.
+    pub(crate) budget: Option<crate::conn::BudgetGuard>,
 }
 
 /// An shm queue pair.
@@ -391,14 +397,15 @@ impl ShmQp {
                 res.cq_cap, res.cq_len
             )));
         }
-        let cq_map = Mapping::map_peer(res.cq_fd, res.cq_len as usize)?;
+        let eventfd = PeerEventFd::new(res.event_fd)?;
+        let cq_map = Mapping::map_peer(res.cq_fd, res.cq_len as usize, "receive queue")?;
         let mut regions = Vec::with_capacity(res.regions.len());
-        for (desc, fd) in res.regions {
+        for (i, (desc, fd)) in res.regions.into_iter().enumerate() {
             let len = usize::try_from(desc.len)
                 .map_err(|_| Error::MalformedHandshake("region length overflows".into()))?;
             regions.push(MappedRemote {
                 desc,
-                map: Mapping::map_peer(fd, len)?,
+                map: Mapping::map_peer(fd, len, &format!("region {i}"))?,
             });
         }
         let peer = Peer {
@@ -407,8 +414,9 @@ impl ShmQp {
                 map: cq_map,
                 cap: res.cq_cap,
                 prod: Mutex::new(0),
-                eventfd: EventFd::from_owned(res.event_fd),
+                eventfd,
             },
+            _budget: res.budget,
         };
         self.peer
             .set(peer)
@@ -573,9 +581,15 @@ impl ShmQp {
                 torn,
             )
         };
-        peer.cq.push(*prod, imm, local.len as u32)?;
+        // The entry is published whether or not waking the peer works, so
+        // count it before looking at the wake-up's result.
+        let woke = peer.cq.push(*prod, imm, local.len as u32);
         *prod += 1;
         drop(prod);
+        if let Err(e) = woke {
+            self.fail(&e);
+            return Err(e);
+        }
         self.complete(seq, wr_id, Opcode::WriteImm, local.len, signaled, delay);
         Ok(())
     }
@@ -687,10 +701,10 @@ mod tests {
         let cq = RecvCq::new(4).unwrap();
         let fd = cq.map.fd().try_clone_to_owned().unwrap();
         let peer = PeerCq {
-            map: Mapping::map_peer(fd, cq.map.len()).unwrap(),
+            map: Mapping::map_peer(fd, cq.map.len(), "receive queue").unwrap(),
             cap: cq.cap,
             prod: Mutex::new(0),
-            eventfd: EventFd::new().unwrap(),
+            eventfd: PeerEventFd::new(EventFd::new().unwrap().into_owned()).unwrap(),
         };
         assert!(matches!(peer.check_room(0), Err(Error::ReceiverNotReady)));
         cq.post_recv(1).unwrap();

@@ -6,8 +6,7 @@
 //!
 //! Function-level API for `conn.rs`:
 //!
-//! * [`connect_tcp`] / [`bind_tcp`] / [`accept_tcp`]: the stream, with the
-//!   handshake timeout applied;
+//! * [`connect_tcp`] / [`bind_tcp`] / [`accept_tcp`]: the stream;
 //! * [`fill_hello`]: puts the verbs provider code and our endpoint into a `Hello`;
 //! * [`exchange`]: client side — send `Hello`, read `Accept` or `Reject`;
 //! * [`read_hello`]: server side — read the client's `Hello`, check token and
@@ -17,12 +16,18 @@
 //! * [`client`] and [`server_accept`]: the above composed, one call per side;
 //! * [`send_msg`] / [`recv_msg`]: one framed message.
 //!
+//! Every read and write is bounded by one [`Deadline`] for the whole
+//! handshake: the socket timeout is set to the time left before each call,
+//! so a peer that trickles bytes is cut off when the deadline passes.
+//!
 //! Builds; not run on an RDMA NIC here (the transport and codec are tested
 //! over loopback TCP).
 
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::time::Duration;
+
+use crate::conn::Deadline;
 
 use super::endpoint::VerbsEndpoint;
 use crate::error::{Error, Result};
@@ -51,15 +56,14 @@ fn verbs_qp(qp: &QueuePair) -> Result<&super::VerbsQp> {
     }
 }
 
-/// Connects the side channel to `addr` within `timeout`; read and write
-/// timeouts are set to `timeout` too (the lead clears them once connected).
+/// Connects the side channel to `addr` by `deadline`.
 ///
 /// # Errors
 /// [`Error::Io`] if the server cannot be reached; [`Error::Timeout`].
-pub(crate) fn connect_tcp(addr: SocketAddr, timeout: Duration) -> Result<TcpStream> {
-    let s = TcpStream::connect_timeout(&addr, timeout)
+pub(crate) fn connect_tcp(addr: SocketAddr, deadline: Deadline) -> Result<TcpStream> {
+    let s = TcpStream::connect_timeout(&addr, deadline.remaining()?)
         .map_err(|e| map_io("connect side channel", e))?;
-    prepare(&s, timeout)?;
+    prepare(&s, deadline.remaining()?)?;
     Ok(s)
 }
 
@@ -94,37 +98,70 @@ fn prepare(s: &TcpStream, timeout: Duration) -> Result<()> {
         .map_err(|e| Error::io("configure side channel", e))
 }
 
-/// Writes one message.
+/// Writes one message by `deadline`.
 ///
 /// # Errors
 /// [`Error::PeerGone`], [`Error::Timeout`], [`Error::Io`]; [`Error::InvalidConfig`]
 /// if the message exceeds the codec's limits.
-pub(crate) fn send_msg(mut s: &TcpStream, m: &Message) -> Result<()> {
+pub(crate) fn send_msg(mut s: &TcpStream, m: &Message, deadline: Deadline) -> Result<()> {
     let bytes = m.encode()?;
-    s.write_all(&bytes)
-        .map_err(|e| map_io("handshake write", e))
+    let mut n = 0;
+    while n < bytes.len() {
+        s.set_write_timeout(Some(deadline.remaining()?))
+            .map_err(|e| Error::io("set socket timeout", e))?;
+        match s.write(&bytes[n..]) {
+            Ok(0) => return Err(Error::PeerGone),
+            Ok(k) => n += k,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(map_io("handshake write", e)),
+        }
+    }
+    Ok(())
 }
 
-/// Reads one message: the 12-byte header first (a bad magic, version or
-/// length is refused before the body is read), then exactly the body.
+/// Fills `buf` by `deadline`. `Ok(false)` if the peer closed before the
+/// first byte, an error if it closed after it.
+fn read_exact_by(mut s: &TcpStream, buf: &mut [u8], deadline: Deadline) -> Result<bool> {
+    let mut have = 0;
+    while have < buf.len() {
+        s.set_read_timeout(Some(deadline.remaining()?))
+            .map_err(|e| Error::io("set socket timeout", e))?;
+        match s.read(&mut buf[have..]) {
+            Ok(0) if have == 0 => return Ok(false),
+            Ok(0) => {
+                return Err(Error::MalformedHandshake(format!(
+                    "peer closed after {have} of {} bytes",
+                    buf.len()
+                )));
+            }
+            Ok(k) => have += k,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(map_io("handshake read", e)),
+        }
+    }
+    Ok(true)
+}
+
+/// Reads one message by `deadline`: the 12-byte header first (a bad magic,
+/// version or length is refused before the body is read), then exactly the
+/// body.
 ///
 /// # Errors
 /// [`Error::MalformedHandshake`], [`Error::VersionMismatch`],
 /// [`Error::PeerGone`] (closed before a header), [`Error::Timeout`].
-pub(crate) fn recv_msg(mut s: &TcpStream) -> Result<Message> {
+pub(crate) fn recv_msg(s: &TcpStream, deadline: Deadline) -> Result<Message> {
     let mut head = [0u8; HEADER_LEN];
-    s.read_exact(&mut head)
-        .map_err(|e| map_io("handshake read", e))?;
+    if !read_exact_by(s, &mut head, deadline)? {
+        return Err(Error::PeerGone);
+    }
     let header = Header::decode(&head)?;
     let mut body = vec![0u8; header.body_len];
-    s.read_exact(&mut body)
-        .map_err(|e| match map_io("handshake read", e) {
-            Error::PeerGone => Error::MalformedHandshake(format!(
-                "peer closed inside a {}-byte body",
-                header.body_len
-            )),
-            other => other,
-        })?;
+    if !read_exact_by(s, &mut body, deadline)? {
+        return Err(Error::MalformedHandshake(format!(
+            "peer closed inside a {}-byte body",
+            header.body_len
+        )));
+    }
     Message::decode_body(header.kind, &body)
 }
 
@@ -145,9 +182,9 @@ pub(crate) fn fill_hello(qp: &QueuePair, hello: &mut Hello) -> Result<()> {
 /// # Errors
 /// [`Error::AuthFailed`] / [`Error::Rejected`] when the server refused,
 /// [`Error::MalformedHandshake`] for any other answer, transport errors.
-pub(crate) fn exchange(s: &TcpStream, hello: Hello) -> Result<Hello> {
-    send_msg(s, &Message::Hello(hello))?;
-    match recv_msg(s)? {
+pub(crate) fn exchange(s: &TcpStream, hello: Hello, deadline: Deadline) -> Result<Hello> {
+    send_msg(s, &Message::Hello(hello), deadline)?;
+    match recv_msg(s, deadline)? {
         Message::Accept(h) => {
             check_provider(&h)?;
             Ok(h)
@@ -181,7 +218,7 @@ fn check_provider(h: &Hello) -> Result<()> {
 /// # Errors
 /// [`Error::MalformedHandshake`], [`Error::VersionMismatch`],
 /// [`Error::AuthFailed`], transport errors.
-pub(crate) fn read_hello(s: &TcpStream, token: Option<&[u8]>) -> Result<Hello> {
+pub(crate) fn read_hello(s: &TcpStream, token: Option<&[u8]>, deadline: Deadline) -> Result<Hello> {
     let refuse = |code: RejectCode, e: Error| -> Error {
         let _ = send_msg(
             s,
@@ -189,11 +226,12 @@ pub(crate) fn read_hello(s: &TcpStream, token: Option<&[u8]>) -> Result<Hello> {
                 code,
                 reason: e.to_string(),
             }),
+            deadline,
         );
         tracing::warn!(error = %e, "rdma handshake refused");
         e
     };
-    let hello = match recv_msg(s) {
+    let hello = match recv_msg(s, deadline) {
         Ok(Message::Hello(h)) => h,
         Ok(other) => {
             let e = Error::MalformedHandshake(format!("expected Hello, got {:?}", other.kind()));
@@ -230,8 +268,8 @@ pub(crate) fn attach(qp: &QueuePair, peer: &Hello) -> Result<()> {
 
 /// The whole client side: connect to `addr`, send `hello` (its provider and
 /// endpoint filled in from `qp`), read the server's `Accept`, and connect `qp`
-/// to the server's queue pair. Returns the side channel (timeouts still set)
-/// and the server's `Accept` body.
+/// to the server's queue pair, all by `deadline`. Returns the side channel
+/// (timeouts still set) and the server's `Accept` body.
 ///
 /// # Errors
 /// As [`connect_tcp`], [`exchange`] and [`attach`].
@@ -239,11 +277,11 @@ pub(crate) fn client(
     addr: SocketAddr,
     qp: &QueuePair,
     mut hello: Hello,
-    timeout: Duration,
+    deadline: Deadline,
 ) -> Result<(TcpStream, Hello)> {
     fill_hello(qp, &mut hello)?;
-    let s = connect_tcp(addr, timeout)?;
-    let accept = exchange(&s, hello)?;
+    let s = connect_tcp(addr, deadline)?;
+    let accept = exchange(&s, hello, deadline)?;
     attach(qp, &accept)?;
     Ok((s, accept))
 }
@@ -259,6 +297,7 @@ pub(crate) fn server_accept(
     qp: &QueuePair,
     client: &Hello,
     mut hello: Hello,
+    deadline: Deadline,
 ) -> Result<()> {
     if let Err(e) = fill_hello(qp, &mut hello).and_then(|_| attach(qp, client)) {
         let _ = send_msg(
@@ -267,10 +306,11 @@ pub(crate) fn server_accept(
                 code: RejectCode::Malformed,
                 reason: e.to_string(),
             }),
+            deadline,
         );
         return Err(e);
     }
-    send_msg(s, &Message::Accept(hello))
+    send_msg(s, &Message::Accept(hello), deadline)
 }
 
 #[cfg(test)]
@@ -279,10 +319,14 @@ mod tests {
     use crate::handshake::{RegionDesc, RingGeometry};
     use crate::region::RemoteRegion;
 
+    fn dl() -> Deadline {
+        Deadline::after(Duration::from_secs(5))
+    }
+
     fn pair() -> (TcpStream, TcpStream) {
         let l = bind_tcp("127.0.0.1:0".parse().unwrap()).unwrap();
         let addr = l.local_addr().unwrap();
-        let c = connect_tcp(addr, Duration::from_secs(5)).unwrap();
+        let c = connect_tcp(addr, dl()).unwrap();
         let s = accept_tcp(&l, Duration::from_secs(5)).unwrap();
         (c, s)
     }
@@ -319,14 +363,14 @@ mod tests {
     fn accept_round_trip_over_tcp() {
         let (c, s) = pair();
         let server = std::thread::spawn(move || {
-            let h = read_hello(&s, Some(b"secret")).unwrap();
+            let h = read_hello(&s, Some(b"secret"), dl()).unwrap();
             let mut answer = verbs_hello(None);
             answer.app = h.app.iter().rev().copied().collect();
-            send_msg(&s, &Message::Accept(answer)).unwrap();
+            send_msg(&s, &Message::Accept(answer), dl()).unwrap();
             h
         });
         let sent = verbs_hello(Some(b"secret"));
-        let got = exchange(&c, sent.clone()).unwrap();
+        let got = exchange(&c, sent.clone(), dl()).unwrap();
         assert_eq!(got.app, b"ppa");
         assert_eq!(server.join().unwrap(), sent);
     }
@@ -334,9 +378,9 @@ mod tests {
     #[test]
     fn wrong_token_is_rejected_on_both_sides() {
         let (c, s) = pair();
-        let server = std::thread::spawn(move || read_hello(&s, Some(b"secret")));
+        let server = std::thread::spawn(move || read_hello(&s, Some(b"secret"), dl()));
         assert!(matches!(
-            exchange(&c, verbs_hello(Some(b"guess"))),
+            exchange(&c, verbs_hello(Some(b"guess")), dl()),
             Err(Error::AuthFailed)
         ));
         assert!(matches!(server.join().unwrap(), Err(Error::AuthFailed)));
@@ -345,20 +389,20 @@ mod tests {
     #[test]
     fn shm_hello_on_rdma_channel_is_incompatible() {
         let (c, s) = pair();
-        let server = std::thread::spawn(move || read_hello(&s, None));
+        let server = std::thread::spawn(move || read_hello(&s, None, dl()));
         let mut h = verbs_hello(None);
         h.provider = ProviderKind::Shm.code();
-        assert!(matches!(exchange(&c, h), Err(Error::Rejected(_))));
+        assert!(matches!(exchange(&c, h, dl()), Err(Error::Rejected(_))));
         assert!(matches!(
             server.join().unwrap(),
             Err(Error::MalformedHandshake(_))
         ));
         // A verbs hello with a truncated endpoint is refused the same way.
         let (c, s) = pair();
-        let server = std::thread::spawn(move || read_hello(&s, None));
+        let server = std::thread::spawn(move || read_hello(&s, None, dl()));
         let mut h = verbs_hello(None);
         h.endpoint.truncate(10);
-        assert!(matches!(exchange(&c, h), Err(Error::Rejected(_))));
+        assert!(matches!(exchange(&c, h, dl()), Err(Error::Rejected(_))));
         assert!(server.join().unwrap().is_err());
     }
 
@@ -367,27 +411,64 @@ mod tests {
         let (mut c, s) = pair();
         c.write_all(b"HTTP/1.1 200 OK\r\n").unwrap();
         assert!(matches!(
-            read_hello(&s, None),
+            read_hello(&s, None, dl()),
             Err(Error::MalformedHandshake(_))
         ));
         let (c, s) = pair();
         drop(c);
-        assert!(matches!(recv_msg(&s), Err(Error::PeerGone)));
+        assert!(matches!(recv_msg(&s, dl()), Err(Error::PeerGone)));
         // A header promising a body that never comes.
         let (mut c, s) = pair();
         let mut bytes = Message::Hello(verbs_hello(None)).encode().unwrap();
         bytes.truncate(HEADER_LEN + 3);
         c.write_all(&bytes).unwrap();
         drop(c);
-        assert!(matches!(recv_msg(&s), Err(Error::MalformedHandshake(_))));
+        assert!(matches!(
+            recv_msg(&s, dl()),
+            Err(Error::MalformedHandshake(_))
+        ));
     }
 
     #[test]
     fn reads_time_out_instead_of_hanging() {
         let l = bind_tcp("127.0.0.1:0".parse().unwrap()).unwrap();
         let addr = l.local_addr().unwrap();
-        let c = connect_tcp(addr, Duration::from_millis(50)).unwrap();
+        let c = connect_tcp(addr, dl()).unwrap();
         let _s = accept_tcp(&l, Duration::from_secs(5)).unwrap();
-        assert!(matches!(recv_msg(&c), Err(Error::Timeout)));
+        let deadline = Deadline::after(Duration::from_millis(50));
+        assert!(matches!(recv_msg(&c, deadline), Err(Error::Timeout)));
+    }
+
+    /// One byte every 100 ms never times out a single read, but the
+    /// deadline for the whole handshake still cuts the peer off.
+    #[test]
+    fn trickling_peer_is_cut_off_at_the_deadline() {
+        let (c, s) = pair();
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let trickler = {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                let bytes = Message::Hello(verbs_hello(None)).encode().unwrap();
+                let mut c = c;
+                for b in bytes.iter().take(60) {
+                    if stop.load(std::sync::atomic::Ordering::Acquire) {
+                        break;
+                    }
+                    let _ = c.write_all(std::slice::from_ref(b));
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+                while !stop.load(std::sync::atomic::Ordering::Acquire) {
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+            })
+        };
+        let t = std::time::Instant::now();
+        let r = read_hello(&s, None, Deadline::after(Duration::from_millis(300)));
+        let took = t.elapsed();
+        stop.store(true, std::sync::atomic::Ordering::Release);
+        trickler.join().unwrap();
+        assert!(matches!(r, Err(Error::Timeout)), "{r:?}");
+        // Generous: a timeout per read would let it run for the whole 6 s.
+        assert!(took < Duration::from_secs(3), "held for {took:?}");
     }
 }

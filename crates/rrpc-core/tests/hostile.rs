@@ -1,0 +1,619 @@
+//! A hostile peer against the public handshake API (issue 14, defects 1–4):
+//! raw clients and servers built here with `sendmsg` and hand-made file
+//! descriptors. Each test checks that the attack is refused with a typed
+//! error and a `Reject`, that nothing leaks, and that an honest client still
+//! connects afterwards.
+//!
+//! The tests take one lock so that counting `/proc/self/fd` sees only its
+//! own test's descriptors.
+
+use std::io::{IoSlice, Read, Write};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use nix::fcntl::{FcntlArg, OFlag, SealFlag, fcntl};
+use nix::sys::memfd::{MFdFlags, memfd_create};
+use nix::sys::socket::{ControlMessage, MsgFlags, sendmsg};
+use rrpc_core::conn::{self, HandshakeConfig, Listener, Offer};
+use rrpc_core::handshake::{Hello, Message, RejectCode};
+use rrpc_core::{
+    Completion, Endpoint, Error, Fabric, Fault, Local, ProviderKind, QpConfig, RegionDesc,
+    RemoteRegion,
+};
+
+// ---------------------------------------------------------------------------
+// Harness
+// ---------------------------------------------------------------------------
+
+fn serial() -> MutexGuard<'static, ()> {
+    static LOCK: Mutex<()> = Mutex::new(());
+    LOCK.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn sock_path(tag: &str) -> PathBuf {
+    static N: AtomicU32 = AtomicU32::new(0);
+    let dir = std::env::temp_dir().join(format!(
+        "rrpc-hostile-{}-{}-{}",
+        std::process::id(),
+        tag,
+        N.fetch_add(1, Ordering::Relaxed)
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir.join("s.sock")
+}
+
+fn bind(tag: &str, cfg: HandshakeConfig) -> (Listener, Endpoint, PathBuf) {
+    let path = sock_path(tag);
+    let ep = Endpoint::Shm(path.clone());
+    (Listener::bind(&ep, cfg).unwrap(), ep, path)
+}
+
+fn open_fds() -> usize {
+    std::fs::read_dir("/proc/self/fd").unwrap().count()
+}
+
+/// A memfd of `len` bytes (sparse) with `seals` added.
+fn memfd(len: u64, seals: SealFlag) -> OwnedFd {
+    let fd = memfd_create(
+        c"hostile",
+        MFdFlags::MFD_CLOEXEC | MFdFlags::MFD_ALLOW_SEALING,
+    )
+    .unwrap();
+    nix::unistd::ftruncate(&fd, len as i64).unwrap();
+    if !seals.is_empty() {
+        fcntl(&fd, FcntlArg::F_ADD_SEALS(seals)).unwrap();
+    }
+    fd
+}
+
+fn sealed(len: u64) -> OwnedFd {
+    memfd(len, SealFlag::F_SEAL_SHRINK | SealFlag::F_SEAL_GROW)
+}
+
+/// Receive-queue geometry a hostile peer claims: capacity 4, the smallest
+/// length that holds it.
+const CQ_CAP: u64 = 4;
+const CQ_LEN: u64 = 192 + CQ_CAP * 8;
+
+/// A well-formed shm hello (or accept) granting `regions` (role 1, fake
+/// addresses) with a receive queue of `CQ_LEN` bytes.
+fn shm_hello(regions: &[u64]) -> Hello {
+    let mut endpoint = CQ_LEN.to_le_bytes().to_vec();
+    endpoint.extend_from_slice(&CQ_CAP.to_le_bytes());
+    Hello {
+        provider: ProviderKind::Shm.code(),
+        endpoint,
+        regions: regions
+            .iter()
+            .enumerate()
+            .map(|(i, &len)| RegionDesc {
+                role: 1,
+                remote: RemoteRegion {
+                    addr: 0x1000_0000_0000 * (i as u64 + 1),
+                    len,
+                    rkey: 100 + i as u32,
+                },
+            })
+            .collect(),
+        ..Hello::default()
+    }
+}
+
+fn send_with_fds(s: &UnixStream, bytes: &[u8], fds: &[BorrowedFd<'_>]) {
+    let raw: Vec<RawFd> = fds.iter().map(AsRawFd::as_raw_fd).collect();
+    let cmsg = [ControlMessage::ScmRights(&raw)];
+    let cmsgs: &[ControlMessage<'_>] = if raw.is_empty() { &[] } else { &cmsg };
+    let n = sendmsg::<()>(
+        s.as_raw_fd(),
+        &[IoSlice::new(bytes)],
+        cmsgs,
+        MsgFlags::MSG_NOSIGNAL,
+        None,
+    )
+    .unwrap();
+    (&*s).write_all(&bytes[n..]).unwrap();
+}
+
+/// Everything the server sent until it closed, decoded as one message.
+fn read_answer(s: &UnixStream) -> Option<Message> {
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut back = Vec::new();
+    let _ = (&*s).read_to_end(&mut back);
+    Message::decode(&back).ok().flatten().map(|(m, _)| m)
+}
+
+fn reject_reason(m: Option<Message>) -> String {
+    match m {
+        Some(Message::Reject(r)) => r.reason,
+        other => panic!("expected a Reject, got {other:?}"),
+    }
+}
+
+/// Server side of an honest connect: accept and attach a fresh queue pair.
+fn serve_one(l: &Listener, fabric: &Fabric) -> rrpc_core::Result<conn::Connection> {
+    let region = fabric.alloc_region(4096)?;
+    l.accept()?.accept(
+        fabric.create_qp(&QpConfig::default())?,
+        Offer::new().grant(1, region),
+    )
+}
+
+/// An honest client connects to `l` (served on a thread) and both sides work.
+fn honest_connect(l: &Listener, ep: &Endpoint) {
+    let fabric = Fabric::shm();
+    std::thread::scope(|sc| {
+        let server = sc.spawn(|| serve_one(l, &fabric));
+        let region = fabric.alloc_region(4096).unwrap();
+        let c = conn::connect(
+            ep,
+            fabric.create_qp(&QpConfig::default()).unwrap(),
+            Offer::new().grant(1, region.clone()),
+            &HandshakeConfig::default(),
+        )
+        .expect("an honest client still connects");
+        let s = server.join().unwrap().expect("and the server accepts it");
+        // A WRITE into the server's grant completes.
+        region.write_at(0, b"ok").unwrap();
+        let remote = c.peer().region(1).unwrap();
+        c.qp()
+            .post_write(1, Local::new(&region, 0, 2), remote.at(0), true)
+            .unwrap();
+        let mut wc = [Completion::EMPTY; 2];
+        assert_eq!(c.qp().send_cq().poll(&mut wc).unwrap(), 1);
+        drop(s);
+    });
+}
+
+// ---------------------------------------------------------------------------
+// Defect 2: descriptors received with SCM_RIGHTS never leak
+// ---------------------------------------------------------------------------
+
+#[test]
+fn too_many_fds_never_leak_and_get_a_reject() {
+    let _g = serial();
+    let (l, ep, path) = bind("fds", HandshakeConfig::default());
+    let bytes = Message::Hello(shm_hello(&[])).encode().unwrap();
+    let spare = sealed(4096);
+    let attack = |rounds: usize| {
+        let (errors, answers) = std::thread::scope(|sc| {
+            let server = sc.spawn(|| (0..rounds).map(|_| l.accept()).collect::<Vec<_>>());
+            let answers: Vec<String> = (0..rounds)
+                .map(|_| {
+                    let s = UnixStream::connect(&path).unwrap();
+                    let forty: Vec<BorrowedFd<'_>> = (0..40).map(|_| spare.as_fd()).collect();
+                    send_with_fds(&s, &bytes, &forty);
+                    match read_answer(&s) {
+                        Some(Message::Reject(r)) => r.reason,
+                        other => format!("no Reject but {other:?}"),
+                    }
+                })
+                .collect();
+            (server.join().unwrap(), answers)
+        });
+        (errors, answers)
+    };
+    attack(1); // warm up lazily opened descriptors
+    let before = open_fds();
+    let (errors, answers) = attack(200);
+    let after = open_fds();
+    assert!(
+        after <= before + 2,
+        "server leaked descriptors: {before} open before 200 attacks, {after} after"
+    );
+    for why in answers {
+        assert!(why.contains("descriptors"), "{why}");
+    }
+    for r in errors {
+        assert!(matches!(r, Err(Error::MalformedHandshake(_))), "{r:?}");
+    }
+    honest_connect(&l, &ep);
+}
+
+// ---------------------------------------------------------------------------
+// Defect 3: wrong kinds of descriptor
+// ---------------------------------------------------------------------------
+
+/// Sends a hello granting one 4 KiB region with the given fds and returns
+/// the server's error and the client's answer.
+fn hello_with(
+    l: &Listener,
+    path: &PathBuf,
+    regions: &[u64],
+    fds: &[BorrowedFd<'_>],
+) -> (Error, Option<Message>) {
+    let bytes = Message::Hello(shm_hello(regions)).encode().unwrap();
+    let fabric = Fabric::shm();
+    std::thread::scope(|sc| {
+        let server = sc.spawn(|| {
+            l.accept()
+                .and_then(|inc| inc.accept(fabric.create_qp(&QpConfig::default())?, Offer::new()))
+        });
+        let s = UnixStream::connect(path).unwrap();
+        send_with_fds(&s, &bytes, fds);
+        let answer = read_answer(&s);
+        let e = server
+            .join()
+            .unwrap()
+            .expect_err("the hello must be refused");
+        (e, answer)
+    })
+}
+
+#[test]
+fn pipe_as_eventfd_is_refused() {
+    let _g = serial();
+    let (l, ep, path) = bind("kind", HandshakeConfig::default());
+    let region = sealed(4096);
+    let cq = sealed(CQ_LEN);
+    let (_r, w) = nix::unistd::pipe().unwrap();
+    let (e, answer) = hello_with(&l, &path, &[4096], &[region.as_fd(), cq.as_fd(), w.as_fd()]);
+    assert!(
+        matches!(e, Error::MalformedHandshake(ref m) if m.contains("eventfd")),
+        "{e}"
+    );
+    assert!(reject_reason(answer).contains("eventfd"));
+    honest_connect(&l, &ep);
+}
+
+#[test]
+fn wrong_memory_objects_are_refused() {
+    let _g = serial();
+    let (l, ep, path) = bind("mem", HandshakeConfig::default());
+    let ev = nix::sys::eventfd::EventFd::new().unwrap();
+    let good = sealed(4096);
+    let cq = sealed(CQ_LEN);
+    let (pr, _pw) = nix::unistd::pipe().unwrap();
+    let file = std::fs::File::open("/proc/self/exe").unwrap();
+    let cases: Vec<(&str, OwnedFd, &[u64])> = vec![
+        ("unsealed memfd", memfd(4096, SealFlag::empty()), &[4096]),
+        (
+            "memfd that may still grow",
+            memfd(4096, SealFlag::F_SEAL_SHRINK),
+            &[4096],
+        ),
+        ("memfd shorter than claimed", sealed(4096), &[8192]),
+        ("pipe", pr.try_clone().unwrap(), &[4096]),
+        ("regular file", file.try_clone().unwrap().into(), &[4096]),
+    ];
+    for (what, fd, regions) in cases {
+        let (e, answer) = hello_with(&l, &path, regions, &[fd.as_fd(), cq.as_fd(), ev.as_fd()]);
+        assert!(matches!(e, Error::MalformedHandshake(_)), "{what}: {e}");
+        let why = reject_reason(answer);
+        assert!(why.contains("region"), "{what}: {why}");
+    }
+    // The receive queue is checked the same way.
+    let (e, answer) = hello_with(&l, &path, &[4096], &[good.as_fd(), pr.as_fd(), ev.as_fd()]);
+    assert!(matches!(e, Error::MalformedHandshake(_)), "{e}");
+    assert!(reject_reason(answer).contains("receive queue"));
+    honest_connect(&l, &ep);
+}
+
+/// A peer that clears `O_NONBLOCK` on its eventfd and fills its counter
+/// must not block our `WRITE_WITH_IMM`.
+#[test]
+fn peer_eventfd_that_would_block_never_blocks_a_post() {
+    let _g = serial();
+    let (l, _ep, path) = bind("evblock", HandshakeConfig::default());
+    let region = sealed(4096);
+    let cq = sealed(CQ_LEN);
+    // A blocking eventfd (no EFD_NONBLOCK).
+    let ev = nix::sys::eventfd::EventFd::from_value_and_flags(
+        0,
+        nix::sys::eventfd::EfdFlags::EFD_CLOEXEC,
+    )
+    .unwrap();
+    let fabric = Fabric::shm();
+    let bytes = Message::Hello(shm_hello(&[4096])).encode().unwrap();
+    let server = {
+        let fabric = fabric.clone();
+        std::thread::spawn(move || {
+            let c = l
+                .accept()?
+                .accept(fabric.create_qp(&QpConfig::default())?, Offer::new())?;
+            Ok::<_, Error>((c, l))
+        })
+    };
+    let s = UnixStream::connect(&path).unwrap();
+    send_with_fds(&s, &bytes, &[region.as_fd(), cq.as_fd(), ev.as_fd()]);
+    let (c, _l) = server.join().unwrap().expect("a valid hello is accepted");
+    // The peer posts receives, arms its queue, then makes its eventfd
+    // blocking again and fills its counter to the maximum.
+    nix::sys::uio::pwrite(&cq, &8u64.to_ne_bytes(), 72).unwrap(); // POSTED
+    nix::sys::uio::pwrite(&cq, &1u64.to_ne_bytes(), 128).unwrap(); // ARMED
+    fcntl(&ev, FcntlArg::F_SETFL(OFlag::empty())).unwrap();
+    ev.write(u64::MAX - 1).unwrap();
+    let local = fabric.alloc_region(4096).unwrap();
+    let remote = c.peer().region(1).unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let poster = std::thread::spawn(move || {
+        let r = c
+            .qp()
+            .post_write_imm(1, Local::new(&local, 0, 8), remote.at(0), 7, true);
+        tx.send(r.map_err(|e| e.to_string())).unwrap();
+        c
+    });
+    let r = rx
+        .recv_timeout(Duration::from_secs(10))
+        .expect("post_write_imm blocked on the peer's eventfd");
+    assert!(r.is_ok(), "{r:?}");
+    poster.join().unwrap();
+    // The entry reached the peer's queue (PROD word = 1) and the peer is
+    // still readable.
+    let mut word = [0u8; 8];
+    nix::sys::uio::pread(&cq, &mut word, 0).unwrap();
+    assert_eq!(u64::from_ne_bytes(word), 1);
+    drop(s);
+}
+
+// ---------------------------------------------------------------------------
+// Defect 4: address-space exhaustion
+// ---------------------------------------------------------------------------
+
+const TIB: u64 = 1 << 40;
+
+#[test]
+fn terabyte_grant_is_refused() {
+    let _g = serial();
+    let (l, ep, path) = bind("tib", HandshakeConfig::default());
+    let huge = sealed(TIB);
+    let cq = sealed(CQ_LEN);
+    let ev = nix::sys::eventfd::EventFd::new().unwrap();
+    let (e, answer) = hello_with(&l, &path, &[TIB], &[huge.as_fd(), cq.as_fd(), ev.as_fd()]);
+    assert!(
+        matches!(e, Error::LimitExceeded { requested, limit, .. }
+            if requested == TIB + CQ_LEN && limit == conn::DEFAULT_MAX_GRANT_BYTES),
+        "{e}"
+    );
+    assert_eq!(e.fault(), Fault::Local);
+    let why = reject_reason(answer);
+    assert!(
+        why.contains(&(TIB + CQ_LEN).to_string())
+            && why.contains(&conn::DEFAULT_MAX_GRANT_BYTES.to_string()),
+        "{why}"
+    );
+    assert_eq!(l.peer_bytes_mapped(), 0);
+    honest_connect(&l, &ep);
+}
+
+/// The listener's total is refused once spent and comes back when the
+/// connection holding it is dropped.
+#[test]
+fn total_budget_is_enforced_and_released() {
+    let _g = serial();
+    const MIB: u64 = 1 << 20;
+    let cfg = HandshakeConfig::default()
+        .with_max_total_grant_bytes(3 * MIB)
+        .unwrap();
+    let (l, ep, path) = bind("budget", cfg);
+    let fabric = Fabric::shm();
+    let ev = nix::sys::eventfd::EventFd::new().unwrap();
+    let cq = sealed(CQ_LEN);
+    // A first peer takes 2 MiB (+ its queue) and is accepted.
+    let two = sealed(2 * MIB);
+    let bytes = Message::Hello(shm_hello(&[2 * MIB])).encode().unwrap();
+    let s1 = UnixStream::connect(&path).unwrap();
+    send_with_fds(&s1, &bytes, &[two.as_fd(), cq.as_fd(), ev.as_fd()]);
+    let first = l
+        .accept()
+        .unwrap()
+        .accept(
+            fabric.create_qp(&QpConfig::default()).unwrap(),
+            Offer::new(),
+        )
+        .unwrap();
+    assert_eq!(l.peer_bytes_mapped(), 2 * MIB + CQ_LEN);
+    // A second one asking for 1 MiB more is refused: it would pass 3 MiB.
+    let one = sealed(MIB);
+    let (e, answer) = hello_with(&l, &path, &[MIB], &[one.as_fd(), cq.as_fd(), ev.as_fd()]);
+    assert!(
+        matches!(e, Error::LimitExceeded { requested, limit, .. }
+            if requested == 3 * MIB + 2 * CQ_LEN && limit == 3 * MIB),
+        "{e}"
+    );
+    let why = reject_reason(answer);
+    assert!(why.contains(&(3 * MIB).to_string()), "{why}");
+    assert_eq!(l.peer_bytes_mapped(), 2 * MIB + CQ_LEN);
+    // The first connection goes; its bytes come back and the second fits.
+    drop(first);
+    drop(s1);
+    assert_eq!(l.peer_bytes_mapped(), 0);
+    let s2 = UnixStream::connect(&path).unwrap();
+    let bytes = Message::Hello(shm_hello(&[MIB])).encode().unwrap();
+    send_with_fds(&s2, &bytes, &[one.as_fd(), cq.as_fd(), ev.as_fd()]);
+    let second = l
+        .accept()
+        .unwrap()
+        .accept(
+            fabric.create_qp(&QpConfig::default()).unwrap(),
+            Offer::new(),
+        )
+        .unwrap();
+    assert_eq!(l.peer_bytes_mapped(), MIB + CQ_LEN);
+    drop(second);
+    honest_connect(&l, &ep);
+    assert_eq!(l.peer_bytes_mapped(), 0);
+}
+
+/// A hostile server granting a TiB in its Accept is refused by the client.
+#[test]
+fn client_refuses_terabyte_accept() {
+    let _g = serial();
+    let path = sock_path("tibsrv");
+    let ls = UnixListener::bind(&path).unwrap();
+    let server = std::thread::spawn(move || {
+        let (s, _) = ls.accept().unwrap();
+        let mut buf = [0u8; 4096];
+        let _ = (&s).read(&mut buf);
+        let huge = sealed(TIB);
+        let cq = sealed(CQ_LEN);
+        let ev = nix::sys::eventfd::EventFd::new().unwrap();
+        let bytes = Message::Accept(shm_hello(&[TIB])).encode().unwrap();
+        send_with_fds(&s, &bytes, &[huge.as_fd(), cq.as_fd(), ev.as_fd()]);
+        let _ = (&s).read(&mut buf); // until the client hangs up
+    });
+    let fabric = Fabric::shm();
+    let r = conn::connect(
+        &Endpoint::Shm(path),
+        fabric.create_qp(&QpConfig::default()).unwrap(),
+        Offer::new(),
+        &HandshakeConfig::default(),
+    );
+    let e = r.expect_err("a 1 TiB grant must be refused");
+    assert!(
+        matches!(e, Error::LimitExceeded { requested, .. } if requested == TIB + CQ_LEN),
+        "{e}"
+    );
+    server.join().unwrap();
+}
+
+// ---------------------------------------------------------------------------
+// Defect 1: the timeout bounds the whole handshake
+// ---------------------------------------------------------------------------
+
+const SHORT: Duration = Duration::from_millis(400);
+
+/// Writes `bytes` one at a time, every 150 ms, for at most 6 s, then stays
+/// silent (connected) until `stop`.
+fn trickle(mut s: &UnixStream, bytes: &[u8], stop: &AtomicBool) {
+    let end = Instant::now() + Duration::from_secs(6);
+    for b in bytes {
+        if stop.load(Ordering::Acquire)
+            || Instant::now() > end
+            || s.write_all(std::slice::from_ref(b)).is_err()
+        {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(150));
+    }
+    while !stop.load(Ordering::Acquire) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn trickling_client_is_cut_off_at_the_deadline() {
+    let _g = serial();
+    let cfg = HandshakeConfig::default().with_timeout(SHORT).unwrap();
+    let (l, ep, path) = bind("trickle", cfg);
+    // A hello whose bytes would take minutes at this pace.
+    let mut h = shm_hello(&[]);
+    h.app = vec![7; 1000];
+    let bytes = Message::Hello(h).encode().unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let client = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let s = UnixStream::connect(&path).unwrap();
+            trickle(&s, &bytes, &stop);
+        })
+    };
+    let t = Instant::now();
+    let e = l.accept().expect_err("a trickling client must time out");
+    let took = t.elapsed();
+    stop.store(true, Ordering::Release);
+    client.join().unwrap();
+    assert!(matches!(e, Error::Timeout), "{e}");
+    // Generous bound: with a per-read timeout this takes minutes.
+    assert!(took < Duration::from_secs(4), "handshake held for {took:?}");
+    honest_connect(&l, &ep);
+}
+
+#[test]
+fn trickling_server_is_cut_off_at_the_deadline() {
+    let _g = serial();
+    let path = sock_path("tricklesrv");
+    let ls = UnixListener::bind(&path).unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let server = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let (s, _) = ls.accept().unwrap();
+            let m = Message::Reject(rrpc_core::handshake::Reject {
+                code: RejectCode::Busy,
+                reason: "x".repeat(400),
+            });
+            trickle(&s, &m.encode().unwrap(), &stop);
+        })
+    };
+    let fabric = Fabric::shm();
+    let t = Instant::now();
+    let r = conn::connect(
+        &Endpoint::Shm(path),
+        fabric.create_qp(&QpConfig::default()).unwrap(),
+        Offer::new(),
+        &HandshakeConfig::default().with_timeout(SHORT).unwrap(),
+    );
+    let took = t.elapsed();
+    stop.store(true, Ordering::Release);
+    server.join().unwrap();
+    assert!(matches!(r, Err(Error::Timeout)), "{r:?}");
+    assert!(took < Duration::from_secs(4), "connect held for {took:?}");
+}
+
+/// Our receive queue's eventfd is shared with the peer (it writes it to wake
+/// us). A peer that clears `O_NONBLOCK` on it and drains it must not make
+/// our `ack_events` block.
+#[test]
+fn peer_clearing_nonblock_on_our_eventfd_never_blocks_ack_events() {
+    let _g = serial();
+    let path = sock_path("ourev");
+    let ls = UnixListener::bind(&path).unwrap();
+    let (got_fd, fd_rx) = std::sync::mpsc::channel::<OwnedFd>();
+    let server = std::thread::spawn(move || {
+        let (s, _) = ls.accept().unwrap();
+        let mut buf = vec![0u8; 16384];
+        let mut space = nix::cmsg_space!([RawFd; 18]);
+        let mut iov = [std::io::IoSliceMut::new(&mut buf)];
+        let msg = nix::sys::socket::recvmsg::<()>(
+            s.as_raw_fd(),
+            &mut iov,
+            Some(&mut space),
+            MsgFlags::MSG_CMSG_CLOEXEC,
+        )
+        .unwrap();
+        let mut fds: Vec<OwnedFd> = Vec::new();
+        for c in msg.cmsgs().unwrap() {
+            if let nix::sys::socket::ControlMessageOwned::ScmRights(raw) = c {
+                for fd in raw {
+                    // SAFETY: installed for us by the kernel just now.
+                    fds.push(unsafe { std::os::fd::FromRawFd::from_raw_fd(fd) });
+                }
+            }
+        }
+        // The client's hello carries its receive queue and its eventfd last.
+        got_fd.send(fds.pop().expect("client eventfd")).unwrap();
+        let region = sealed(4096);
+        let cq = sealed(CQ_LEN);
+        let ev = nix::sys::eventfd::EventFd::new().unwrap();
+        let bytes = Message::Accept(shm_hello(&[4096])).encode().unwrap();
+        send_with_fds(&s, &bytes, &[region.as_fd(), cq.as_fd(), ev.as_fd()]);
+        let _ = (&s).read(&mut buf[..1]); // until the client hangs up
+    });
+    let fabric = Fabric::shm();
+    let c = conn::connect(
+        &Endpoint::Shm(path),
+        fabric.create_qp(&QpConfig::default()).unwrap(),
+        Offer::new(),
+        &HandshakeConfig::default(),
+    )
+    .expect("the hostile server's accept is well formed");
+    let theirs = fd_rx.recv().unwrap();
+    // The peer makes our eventfd blocking; its counter is 0.
+    fcntl(&theirs, FcntlArg::F_SETFL(OFlag::empty())).unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let acker = std::thread::spawn(move || {
+        let r = c.qp().recv_cq().ack_events();
+        tx.send(r.map_err(|e| e.to_string())).unwrap();
+        c
+    });
+    let r = rx
+        .recv_timeout(Duration::from_secs(10))
+        .expect("ack_events blocked on an eventfd the peer made blocking");
+    assert_eq!(r, Ok(0));
+    drop(acker.join().unwrap());
+    server.join().unwrap();
+}
