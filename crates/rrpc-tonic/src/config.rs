@@ -31,6 +31,8 @@ pub enum PathPreference {
 /// | `poller` | process-wide [`default_poller_config`] | see [`RrpcConfig::poller`] |
 /// | `handshake_timeout` | 5 s | bounds a connection's whole setup (rrpc-core handshake + path negotiation) |
 /// | `max_pending_handshakes` | 1024 | connections still in setup per listener; more are closed at once |
+/// | `token` | none | shared secret checked in the handshake (constant time) |
+/// | `rdma_device` | first device listed | the verbs device for `rdma://` (feature `verbs`) |
 #[derive(Debug, Clone)]
 pub struct RrpcConfig(Arc<Inner>);
 
@@ -48,6 +50,11 @@ struct Inner {
     max_pending_handshakes: usize,
     /// The poller built from `poller`, shared by every clone of this config.
     poller_cell: Arc<OnceLock<Poller>>,
+    token: Option<Arc<[u8]>>,
+    rdma_device: Option<String>,
+    /// The verbs device and protection domain, opened once per config (and
+    /// its clones), at the first `rdma://` connection.
+    fabric_cell: Arc<std::sync::Mutex<Option<rrpc_core::Fabric>>>,
 }
 
 impl Default for RrpcConfig {
@@ -64,6 +71,9 @@ impl Default for RrpcConfig {
             handshake_timeout: std::time::Duration::from_secs(5),
             max_pending_handshakes: 1024,
             poller_cell: Arc::new(OnceLock::new()),
+            token: None,
+            rdma_device: None,
+            fabric_cell: Arc::new(std::sync::Mutex::new(None)),
         }))
     }
 }
@@ -267,6 +277,58 @@ impl RrpcConfig {
     /// See [`RrpcConfig::call_buffer`].
     pub fn get_call_buffer(&self) -> usize {
         self.0.call_buffer
+    }
+
+    /// A shared secret the server requires from every client, and that a
+    /// client presents (default: none). Checked in rrpc-core's handshake
+    /// in constant time; a client without the right token is refused with
+    /// `Unauthenticated` before it is granted any region or queue pair. At
+    /// most 256 bytes. A server bound to a non-loopback `rdma://` address
+    /// without a token logs a warning: anyone who can reach the port may
+    /// connect.
+    ///
+    /// # Errors
+    /// [`crate::Error::InvalidConfig`] if empty or longer than 256 bytes.
+    pub fn token(self, token: impl Into<Vec<u8>>) -> Result<Self, crate::Error> {
+        let t: Vec<u8> = token.into();
+        if t.is_empty() || t.len() > rrpc_core::handshake::MAX_TOKEN {
+            return Err(crate::Error::InvalidConfig("token must be 1..=256 bytes"));
+        }
+        Ok(self.with(|i| i.token = Some(t.into())))
+    }
+
+    /// See [`RrpcConfig::token`].
+    pub fn get_token(&self) -> Option<&[u8]> {
+        self.0.token.as_deref()
+    }
+
+    /// The verbs device `rdma://` uses, by name (e.g. `mlx5_0`, `rxe0`);
+    /// default: the first device libibverbs lists. The device and its
+    /// protection domain are opened once per config (shared by its clones),
+    /// at the first `rdma://` connection.
+    pub fn rdma_device(self, name: impl Into<String>) -> Self {
+        self.with(|i| {
+            i.rdma_device = Some(name.into());
+            i.fabric_cell = Arc::new(std::sync::Mutex::new(None));
+        })
+    }
+
+    /// See [`RrpcConfig::rdma_device`].
+    pub fn get_rdma_device(&self) -> Option<&str> {
+        self.0.rdma_device.as_deref()
+    }
+
+    /// The fabric for `rdma://`: opened at the first call, then shared.
+    #[cfg(feature = "verbs")]
+    pub(crate) fn verbs_fabric(&self) -> Result<rrpc_core::Fabric, crate::Error> {
+        let mut cell = self.0.fabric_cell.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(f) = cell.as_ref() {
+            return Ok(f.clone());
+        }
+        let f = rrpc_core::Fabric::verbs(self.0.rdma_device.as_deref())?;
+        tracing::info!(device = ?f.device_name(), "rrpc: verbs device opened");
+        *cell = Some(f.clone());
+        Ok(f)
     }
 }
 

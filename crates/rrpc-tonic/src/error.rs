@@ -97,14 +97,47 @@ impl From<Error> for tonic::Status {
             Error::UnsupportedTransport { .. } => Status::unimplemented(msg),
             Error::MessageTooLarge { .. } => Status::resource_exhausted(msg),
             Error::Protocol(_) => Status::internal(msg),
+            Error::Rings(ref inner) => Status::new(rings_code(inner.as_ref()), msg),
             Error::PeerGone
             | Error::Handshake(_)
             | Error::NotListening(_)
             | Error::Io(_)
-            | Error::Rings(_)
             | Error::Transport(_) => Status::unavailable(msg),
         }
     }
+}
+
+/// Whose fault an error from the layers below was, as a gRPC code: a
+/// refused token is `Unauthenticated`, a peer that broke the protocol
+/// `Internal` (corrupt ring data: `DataLoss`), a local limit
+/// `ResourceExhausted`, a gone peer or a failing device `Unavailable`.
+fn rings_code(e: &(dyn std::error::Error + 'static)) -> tonic::Code {
+    use tonic::Code;
+    let core = |c: &rrpc_core::Error| match c {
+        rrpc_core::Error::AuthFailed => Code::Unauthenticated,
+        rrpc_core::Error::LimitExceeded { .. } => Code::ResourceExhausted,
+        c => match c.fault() {
+            rrpc_core::Fault::Peer => Code::Internal,
+            rrpc_core::Fault::Local => Code::Internal,
+            _ => Code::Unavailable,
+        },
+    };
+    let ring = |r: &rrpc_ringbuf::Error| match r {
+        rrpc_ringbuf::Error::Corrupt(_) => Code::DataLoss,
+        rrpc_ringbuf::Error::Incompatible(_) => Code::Internal,
+        rrpc_ringbuf::Error::Core(c) => core(c),
+        _ => Code::Unavailable,
+    };
+    if let Some(c) = e.downcast_ref::<rrpc_core::Error>() {
+        return core(c);
+    }
+    if let Some(r) = e.downcast_ref::<rrpc_ringbuf::Error>() {
+        return ring(r);
+    }
+    if let Some(rrpc_poller::Error::Ring(r)) = e.downcast_ref::<rrpc_poller::Error>() {
+        return ring(r);
+    }
+    Code::Unavailable
 }
 
 #[cfg(test)]
@@ -125,6 +158,23 @@ mod tests {
         assert_eq!(
             tonic::Status::from(Error::Protocol(FrameError::Reserved)).code(),
             Code::Internal
+        );
+        assert_eq!(
+            tonic::Status::from(Error::from(rrpc_core::Error::AuthFailed)).code(),
+            Code::Unauthenticated
+        );
+        assert_eq!(
+            tonic::Status::from(Error::from(rrpc_core::Error::LimitExceeded {
+                what: "bytes",
+                requested: 2,
+                limit: 1
+            }))
+            .code(),
+            Code::ResourceExhausted
+        );
+        assert_eq!(
+            tonic::Status::from(Error::from(rrpc_ringbuf::Error::Corrupt("x".into()))).code(),
+            Code::DataLoss
         );
         assert_eq!(
             tonic::Status::from(Error::UnsupportedTransport {

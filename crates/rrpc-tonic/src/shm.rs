@@ -1,9 +1,12 @@
 //! The message pipe over real rings: rrpc-core connection + rrpc-ringbuf ring
 //! pair + rrpc-poller async wake-ups (one `AsyncConn` per connection,
 //! RR-Compound §IV-F: a pre-allocated ring buffer per connection).
+//!
+//! One code path for both fabrics: `shm://` (side channel: a Unix socket,
+//! regions passed as memfds) and `rdma://` (side channel: TCP, regions
+//! registered with the verbs device; feature `verbs`).
 
 use std::os::fd::{AsFd, AsRawFd, RawFd};
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -174,17 +177,41 @@ fn into_pipe(conn: Connection, tx: RingTx, rx: RingRx, cfg: &RrpcConfig) -> Resu
     ))
 }
 
-/// Dials `shm:///path`.
-pub(crate) async fn dial(path: PathBuf, cfg: &RrpcConfig) -> Result<Pipe, Error> {
+/// The fabric serving `ep`: shm, or the config's verbs device (opened once).
+pub(crate) fn fabric_for(ep: &Endpoint, cfg: &RrpcConfig) -> Result<Fabric, Error> {
+    match ep {
+        Endpoint::Shm(_) => Ok(Fabric::shm()),
+        #[cfg(feature = "verbs")]
+        Endpoint::Rdma(_) => cfg.verbs_fabric(),
+        #[cfg(not(feature = "verbs"))]
+        Endpoint::Rdma(_) => {
+            let _ = cfg;
+            Err(crate::transport::rdma_unavailable())
+        }
+        _ => Err(Error::InvalidConfig("unsupported rrpc-core endpoint")),
+    }
+}
+
+fn handshake_config(cfg: &RrpcConfig) -> Result<HandshakeConfig, Error> {
+    let mut hs = HandshakeConfig::default().with_timeout(cfg.get_handshake_timeout())?;
+    if let Some(t) = cfg.get_token() {
+        hs = hs.with_token(t.to_vec())?;
+    }
+    Ok(hs)
+}
+
+/// Dials `shm:///path` or `rdma://host:port`.
+pub(crate) async fn dial(ep: Endpoint, cfg: &RrpcConfig) -> Result<Pipe, Error> {
     let ring = ring_config(cfg)?;
-    let timeout = cfg.get_handshake_timeout();
+    let hs = handshake_config(cfg)?;
+    let token = cfg.get_token().map(<[u8]>::to_vec);
+    let cfg2 = cfg.clone();
     let (conn, tx, rx) = tokio::task::spawn_blocking(move || -> Result<_, Error> {
-        let fabric = Fabric::shm();
+        let fabric = fabric_for(&ep, &cfg2)?;
         let local = LocalRing::new(&fabric, &ring)?;
-        let offer = local.add_to_offer(Offer::new());
+        let offer = local.add_to_offer(Offer::new().token(token));
         let qp = fabric.create_qp(&QpConfig::default())?;
-        let hs = HandshakeConfig::default().with_timeout(timeout)?;
-        let c = connect(&Endpoint::Shm(path), qp, offer, &hs)?;
+        let c = connect(&ep, qp, offer, &hs)?;
         let (tx, rx) = local.connect(&c)?;
         Ok((c, tx, rx))
     })
@@ -201,11 +228,12 @@ impl AsRawFd for Fd {
     }
 }
 
-/// A listening `shm://` side channel.
+/// A listening `shm://` or `rdma://` side channel.
 pub(crate) struct ShmListener {
     fd: AsyncFd<Fd>,
     ring: RingConfig,
     cfg: RrpcConfig,
+    fabric: Fabric,
 }
 
 impl std::fmt::Debug for ShmListener {
@@ -222,9 +250,20 @@ impl std::fmt::Debug for ShmListener {
 const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(50);
 
 impl ShmListener {
-    pub(crate) fn bind(path: PathBuf, cfg: &RrpcConfig) -> Result<Self, Error> {
-        let hs = HandshakeConfig::default().with_timeout(cfg.get_handshake_timeout())?;
-        let l = Listener::bind(&Endpoint::Shm(path), hs)?;
+    pub(crate) fn bind(ep: Endpoint, cfg: &RrpcConfig) -> Result<Self, Error> {
+        // Open the device before accepting anyone (and fail here if there is none).
+        let fabric = fabric_for(&ep, cfg)?;
+        if let Endpoint::Rdma(addr) = &ep
+            && !addr.ip().is_loopback()
+            && cfg.get_token().is_none()
+        {
+            tracing::warn!(
+                %addr,
+                "rrpc: rdma:// server on a non-loopback address without a token: \
+                 anyone who can reach this port can connect (set RrpcConfig::token)"
+            );
+        }
+        let l = Listener::bind(&ep, handshake_config(cfg)?)?;
         l.set_nonblocking(true)?;
         // `AsyncFd::new` is deprecated for types whose fd could be closed
         // while registered; ours is owned by the `Listener` inside the
@@ -235,6 +274,7 @@ impl ShmListener {
             fd,
             ring: ring_config(cfg)?,
             cfg: cfg.clone(),
+            fabric,
         })
     }
 
@@ -253,6 +293,7 @@ impl ShmListener {
                         pending,
                         ring: self.ring.clone(),
                         cfg: self.cfg.clone(),
+                        fabric: self.fabric.clone(),
                     });
                 }
                 Err(rrpc_core::Error::WouldBlock) => guard.clear_ready(),
@@ -271,6 +312,7 @@ pub(crate) struct ShmPending {
     pending: Pending,
     ring: RingConfig,
     cfg: RrpcConfig,
+    fabric: Fabric,
 }
 
 impl ShmPending {
@@ -289,7 +331,12 @@ impl ShmPending {
     /// channel closes, so the client sees the server leave).
     pub(crate) async fn establish(self) -> Result<Pipe, Error> {
         let timeout = self.cfg.get_handshake_timeout();
-        let ShmPending { pending, ring, cfg } = self;
+        let ShmPending {
+            pending,
+            ring,
+            cfg,
+            fabric,
+        } = self;
         match tokio::time::timeout(timeout, hello_arrived(&pending)).await {
             Ok(r) => r?,
             Err(_) => {
@@ -300,7 +347,6 @@ impl ShmPending {
         }
         let (c, tx, rx) = tokio::task::spawn_blocking(move || -> Result<_, Error> {
             let incoming = pending.handshake()?;
-            let fabric = Fabric::shm();
             let local = LocalRing::new(&fabric, &ring)?;
             let offer = local.add_to_offer(Offer::new());
             let c = incoming.accept(fabric.create_qp(&QpConfig::default())?, offer)?;

@@ -198,10 +198,13 @@ impl RrpcListener {
                 })
             }
             Target::Shm(path) => Ok(RrpcListener::Shm(crate::shm::ShmListener::bind(
-                path.clone(),
+                rrpc_core::Endpoint::Shm(path.clone()),
                 cfg,
             )?)),
-            Target::Rdma(_) => Err(rdma_unavailable()),
+            Target::Rdma(addr) => Ok(RrpcListener::Shm(crate::shm::ShmListener::bind(
+                rdma_endpoint(addr)?,
+                cfg,
+            )?)),
             Target::Tcp(_) | Target::Unix(_) => Err(Error::InvalidUri {
                 uri: format!("{target:?}"),
                 reason: "not an rrpc transport",
@@ -263,11 +266,24 @@ impl Drop for RrpcListener {
     }
 }
 
+/// What `rdma://` says in a build without the verbs provider.
 pub(crate) fn rdma_unavailable() -> Error {
     Error::UnsupportedTransport {
         scheme: "rdma",
-        reason: "verbs provider not compiled in",
+        reason: "the verbs provider is not compiled in: enable rrpc-tonic's `verbs` feature \
+                 (cargo add rrpc-tonic -F verbs; needs libibverbs)",
     }
+}
+
+/// `host:port` of an `rdma://` URI, resolved.
+fn rdma_endpoint(addr: &str) -> Result<rrpc_core::Endpoint, Error> {
+    if cfg!(not(feature = "verbs")) {
+        return Err(rdma_unavailable());
+    }
+    rrpc_core::Endpoint::parse(&format!("rdma://{addr}")).map_err(|_| Error::InvalidUri {
+        uri: format!("rdma://{addr}"),
+        reason: "expected rdma://host:port with a resolvable host",
+    })
 }
 
 /// Dials an rrpc transport (before negotiation).
@@ -282,8 +298,8 @@ pub(crate) async fn dial(target: &Target, cfg: &RrpcConfig) -> Result<Pipe, Erro
                 .map_err(|_| Error::NotListening(format!("inproc://{name}")))?;
             Ok(client)
         }
-        Target::Shm(path) => crate::shm::dial(path.clone(), cfg).await,
-        Target::Rdma(_) => Err(rdma_unavailable()),
+        Target::Shm(path) => crate::shm::dial(rrpc_core::Endpoint::Shm(path.clone()), cfg).await,
+        Target::Rdma(addr) => crate::shm::dial(rdma_endpoint(addr)?, cfg).await,
         Target::Tcp(_) | Target::Unix(_) => Err(Error::InvalidUri {
             uri: format!("{target:?}"),
             reason: "not an rrpc transport",

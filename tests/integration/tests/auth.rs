@@ -1,0 +1,61 @@
+//! Shared-secret tokens (issue 14 "Who may connect"): a client without the
+//! server's token, or with a wrong one, is refused in the handshake with a
+//! typed error that reads `Unauthenticated`, and the server goes on serving
+//! clients that have it.
+
+use rrpc_integration_tests::pb::Input;
+use rrpc_integration_tests::pb::test_client::TestClient;
+use rrpc_integration_tests::{Harness, Transport, config};
+use rrpc_tonic::RrpcChannel;
+
+async fn token_is_checked(t: Transport) {
+    let secret = config(t).token(b"s3cret".to_vec()).expect("token");
+    let h = Harness::start_with(t, secret.clone()).await;
+    // The harness's own channels carry the token.
+    let mut c = h.client().await;
+    c.unary(Input::default())
+        .await
+        .expect("call with the token");
+    for cfg in [
+        config(t),
+        config(t).token(b"wrong".to_vec()).expect("token"),
+    ] {
+        let err = RrpcChannel::connect(&h.uri, cfg)
+            .await
+            .expect_err("refused without the right token");
+        let st = tonic::Status::from(err);
+        assert_eq!(st.code(), tonic::Code::Unauthenticated, "{st:?}");
+    }
+    let mut c = TestClient::new(RrpcChannel::connect(&h.uri, secret).await.expect("connect"));
+    c.unary(Input::default()).await.expect("still serving");
+}
+
+mod shm_fast {
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn token_is_checked() {
+        super::token_is_checked(rrpc_integration_tests::Transport::ShmFast).await
+    }
+}
+mod shm_h2 {
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn token_is_checked() {
+        super::token_is_checked(rrpc_integration_tests::Transport::ShmH2).await
+    }
+}
+
+/// Without the `verbs` feature, `rdma://` fails with an error that says how
+/// to enable it, on both ends.
+#[cfg(not(feature = "verbs"))]
+#[tokio::test]
+async fn rdma_without_the_feature_says_how_to_enable_it() {
+    let err = RrpcChannel::connect("rdma://127.0.0.1:1", rrpc_tonic::RrpcConfig::default())
+        .await
+        .expect_err("no verbs");
+    assert!(err.to_string().contains("`verbs` feature"), "{err}");
+    let err = rrpc_tonic::Server::builder()
+        .add_routes(tonic::service::Routes::default())
+        .serve_rrpc("rdma://127.0.0.1:0", rrpc_tonic::RrpcConfig::default())
+        .await
+        .expect_err("no verbs");
+    assert!(err.to_string().contains("`verbs` feature"), "{err}");
+}
