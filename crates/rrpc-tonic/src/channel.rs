@@ -42,6 +42,27 @@ pub enum ChannelPath {
 #[derive(Debug, Clone)]
 pub struct RrpcChannel {
     inner: Inner,
+    carrier: Carrier,
+}
+
+/// What carries a channel's bytes ([`RrpcChannel::carrier`]): tests and
+/// operators can check that `rdma://` really runs on the RDMA device.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Carrier {
+    /// TCP (`http://`).
+    Tcp,
+    /// A Unix socket (`unix://`).
+    Unix,
+    /// An in-process pipe (`inproc://`).
+    Inproc,
+    /// Shared-memory rings (`shm://`, rrpc-core's shm provider).
+    Shm,
+    /// RDMA rings through libibverbs (`rdma://`), on this device.
+    Verbs {
+        /// The device's name (e.g. `mlx5_0`, `rxe0`).
+        device: String,
+    },
 }
 
 #[derive(Debug, Clone)]
@@ -59,6 +80,7 @@ impl RrpcChannel {
     /// [`Error::Handshake`], [`Error::Transport`].
     pub async fn connect(uri: &str, config: RrpcConfig) -> Result<Self, Error> {
         let target = Target::parse(uri)?;
+        let carrier = carrier_of(&target, &config)?;
         let inner = match target {
             Target::Tcp(addr) => Inner::Tonic(
                 Endpoint::from_shared(format!("http://{addr}"))?
@@ -90,7 +112,14 @@ impl RrpcChannel {
                 }
             }
         };
-        Ok(RrpcChannel { inner })
+        Ok(RrpcChannel { inner, carrier })
+    }
+
+    /// What carries this channel's bytes: for `rdma://`, the verbs device
+    /// (the connection was made on it; there is no fallback to another
+    /// provider).
+    pub fn carrier(&self) -> &Carrier {
+        &self.carrier
     }
 
     /// The path this channel uses.
@@ -100,6 +129,28 @@ impl RrpcChannel {
             Inner::Fast(_) => ChannelPath::Fast,
         }
     }
+}
+
+fn carrier_of(target: &Target, config: &RrpcConfig) -> Result<Carrier, Error> {
+    Ok(match target {
+        Target::Tcp(_) => Carrier::Tcp,
+        Target::Unix(_) => Carrier::Unix,
+        Target::Inproc(_) => Carrier::Inproc,
+        Target::Shm(_) => Carrier::Shm,
+        #[cfg(feature = "verbs")]
+        Target::Rdma(_) => Carrier::Verbs {
+            device: config
+                .verbs_fabric()?
+                .device_name()
+                .unwrap_or_default()
+                .to_string(),
+        },
+        #[cfg(not(feature = "verbs"))]
+        Target::Rdma(_) => {
+            let _ = config;
+            return Err(crate::transport::rdma_unavailable());
+        }
+    })
 }
 
 async fn h2_channel(

@@ -162,7 +162,7 @@ mod server;
 mod shm;
 mod transport;
 
-pub use channel::{ChannelPath, ResponseFuture, RrpcChannel};
+pub use channel::{Carrier, ChannelPath, ResponseFuture, RrpcChannel};
 pub use config::{PathPreference, RrpcConfig, default_poller_config};
 pub use error::Error;
 pub use h2stream::{RrpcConnectInfo, RrpcStream};

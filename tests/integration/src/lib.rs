@@ -31,6 +31,26 @@ pub enum Transport {
     ShmH2,
     /// The fast path over shm rings.
     ShmFast,
+    /// HTTP/2 over RDMA rings (`rdma://`, feature `verbs`, device from
+    /// `RRPC_TEST_DEVICE`).
+    RdmaH2,
+    /// The fast path over RDMA rings.
+    RdmaFast,
+}
+
+impl Transport {
+    /// The RDMA device the `rdma` transports run on (`RRPC_TEST_DEVICE`,
+    /// e.g. `rxe0` inside `cargo xtask rxe`); `None`: they are skipped.
+    pub fn rdma_device() -> Option<String> {
+        std::env::var("RRPC_TEST_DEVICE")
+            .ok()
+            .filter(|d| !d.is_empty())
+    }
+
+    /// Whether this transport runs on RDMA.
+    pub fn is_rdma(self) -> bool {
+        matches!(self, Transport::RdmaH2 | Transport::RdmaFast)
+    }
 }
 
 /// What the server saw, for assertions about server-side effects.
@@ -210,8 +230,12 @@ pub fn config(t: Transport) -> RrpcConfig {
     let c = RrpcConfig::default()
         .ring_size(1 << 20)
         .expect("valid ring size");
-    match t {
-        Transport::ShmH2 => c.path(PathPreference::Http2),
+    let c = match t {
+        Transport::ShmH2 | Transport::RdmaH2 => c.path(PathPreference::Http2),
+        _ => c,
+    };
+    match Transport::rdma_device() {
+        Some(d) if t.is_rdma() => c.rdma_device(d),
         _ => c,
     }
 }
@@ -227,11 +251,12 @@ impl Harness {
     pub async fn start_with(transport: Transport, cfg: RrpcConfig) -> Self {
         let n = NEXT.fetch_add(1, Ordering::Relaxed);
         let uri = match transport {
-            Transport::Tcp => {
+            Transport::Tcp | Transport::RdmaH2 | Transport::RdmaFast => {
                 let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
                 let port = l.local_addr().expect("addr").port();
                 drop(l);
-                format!("http://127.0.0.1:{port}")
+                let scheme = if transport.is_rdma() { "rdma" } else { "http" };
+                format!("{scheme}://127.0.0.1:{port}")
             }
             _ => format!(
                 "shm://{}/rrpc-it-{}-{n}.sock",
@@ -298,10 +323,19 @@ impl Harness {
                 Ok(c) => {
                     let want = match self.transport {
                         Transport::Tcp => rrpc_tonic::ChannelPath::Tcp,
-                        Transport::ShmH2 => rrpc_tonic::ChannelPath::Http2,
-                        Transport::ShmFast => rrpc_tonic::ChannelPath::Fast,
+                        Transport::ShmH2 | Transport::RdmaH2 => rrpc_tonic::ChannelPath::Http2,
+                        Transport::ShmFast | Transport::RdmaFast => rrpc_tonic::ChannelPath::Fast,
                     };
                     assert_eq!(c.path(), want, "negotiated path");
+                    if self.transport.is_rdma() {
+                        // Verbs carried it, on the device asked for: no fallback.
+                        let device = Transport::rdma_device().expect("RRPC_TEST_DEVICE");
+                        assert_eq!(
+                            c.carrier(),
+                            &rrpc_tonic::Carrier::Verbs { device },
+                            "rdma:// runs on the verbs device"
+                        );
+                    }
                     return c;
                 }
                 Err(e) => last = Some(e),
@@ -364,5 +398,37 @@ macro_rules! on_all_transports {
         mod shm_fast {
             $( #[tokio::test(flavor = "multi_thread", worker_threads = 2)] async fn $name() { super::$name($crate::Transport::ShmFast).await } )*
         }
+        $crate::on_rdma!($($name),*);
     };
+}
+
+/// The `rdma` variants of [`on_all_transports!`]: with the `verbs` feature,
+/// modules `rdma_h2` and `rdma_fast`, each test skipped (it says so) unless
+/// `RRPC_TEST_DEVICE` names a device.
+#[cfg(feature = "verbs")]
+#[macro_export]
+macro_rules! on_rdma {
+    ($($name:ident),* $(,)?) => {
+        mod rdma_h2 {
+            $( #[tokio::test(flavor = "multi_thread", worker_threads = 2)] async fn $name() {
+                if $crate::Transport::rdma_device().is_none() { eprintln!("skipped: RRPC_TEST_DEVICE not set"); return; }
+                eprintln!("rrpc-test-on-verbs");
+                super::$name($crate::Transport::RdmaH2).await
+            } )*
+        }
+        mod rdma_fast {
+            $( #[tokio::test(flavor = "multi_thread", worker_threads = 2)] async fn $name() {
+                if $crate::Transport::rdma_device().is_none() { eprintln!("skipped: RRPC_TEST_DEVICE not set"); return; }
+                eprintln!("rrpc-test-on-verbs");
+                super::$name($crate::Transport::RdmaFast).await
+            } )*
+        }
+    };
+}
+
+/// Without the `verbs` feature the `rdma` variants do not exist.
+#[cfg(not(feature = "verbs"))]
+#[macro_export]
+macro_rules! on_rdma {
+    ($($name:ident),* $(,)?) => {};
 }
