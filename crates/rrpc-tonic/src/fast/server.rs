@@ -2,6 +2,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::future::Future;
+use std::panic::AssertUnwindSafe;
 use std::task::Poll;
 
 use bytes::Bytes;
@@ -281,6 +282,12 @@ fn trailers_only(id: u32, status: Status) -> Out {
     )
 }
 
+/// Runs one call: the router's future, then its response, with a panic in
+/// either caught here so that it fails only this call.
+///
+/// A panicking handler ends its call with `Cancelled`, the status tonic's
+/// own transport gives (hyper drops the panicked stream, h2 resets it with
+/// CANCEL, tonic maps that to `Cancelled`); the panic is logged.
 async fn run_call<S, ResBody>(svc: S, req: http::Request<Body>, id: u32, writer: FrameWriter)
 where
     S: tower::Service<http::Request<Body>, Response = http::Response<ResBody>> + Send + 'static,
@@ -289,17 +296,51 @@ where
     ResBody: http_body::Body<Data = Bytes> + Send + 'static,
     ResBody::Error: Into<BoxError>,
 {
+    let path = req.uri().path().to_owned();
     let timeout = parse_grpc_timeout(req.headers());
-    let fut = svc.oneshot(req);
-    let res: Result<http::Response<ResBody>, BoxError> = match timeout {
-        Some(d) => match tokio::time::timeout(d, fut).await {
-            Ok(r) => r.map_err(Into::into),
-            // tonic's server answers an expired deadline this way too (its GrpcTimeout).
-            Err(_) => Err(Box::new(tonic::TimeoutExpired(()))),
-        },
-        None => fut.await.map_err(Into::into),
+    let w = writer.clone();
+    let work = async move {
+        let fut = svc.oneshot(req);
+        let res: Result<http::Response<ResBody>, BoxError> = match timeout {
+            Some(d) => match tokio::time::timeout(d, fut).await {
+                Ok(r) => r.map_err(Into::into),
+                // tonic's server answers an expired deadline this way too (its GrpcTimeout).
+                Err(_) => Err(Box::new(tonic::TimeoutExpired(()))),
+            },
+            None => fut.await.map_err(Into::into),
+        };
+        send_response(res, id, &w).await
     };
-    let _ = send_response(res, id, &writer).await;
+    // The handler's state is dropped right after a panic and never observed
+    // again, so unwind safety is not a concern.
+    let _ = match AssertUnwindSafe(work).catch_unwind().await {
+        Ok(r) => r,
+        Err(panic) => {
+            tracing::error!(
+                call_id = id,
+                path = %path,
+                "rrpc: handler panicked: {}",
+                panic_message(&*panic)
+            );
+            writer
+                .send(vec![trailers_only(
+                    id,
+                    Status::cancelled("rrpc: the handler panicked"),
+                )])
+                .await
+        }
+    };
+}
+
+/// The message of a caught panic, when it has one.
+fn panic_message(panic: &(dyn std::any::Any + Send)) -> &str {
+    if let Some(s) = panic.downcast_ref::<&str>() {
+        s
+    } else if let Some(s) = panic.downcast_ref::<String>() {
+        s
+    } else {
+        "(no message)"
+    }
 }
 
 async fn send_response<ResBody>(
