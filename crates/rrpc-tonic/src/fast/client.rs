@@ -329,6 +329,22 @@ impl Shared {
         }
     }
 
+    /// A send failed ([`FrameWriter`] docs): close the connection now.
+    /// Every call gets `Unavailable` with the reason, new calls too, and the
+    /// receiver is dropped (which closes the connection).
+    fn fail(&self, e: &Error) {
+        {
+            let mut t = lock(&self.table);
+            if t.closed.is_none() {
+                self.close(&mut t, (tonic::Code::Unavailable, format!("rrpc: {e}")));
+            }
+        }
+        // Not nested in the table lock (`poll_event` takes rx, then table).
+        let mut rxs = lock(&self.rx);
+        rxs.fut = None;
+        rxs.rx = None;
+    }
+
     fn rx_gone(&self) -> bool {
         self.rx
             .try_lock()
@@ -383,10 +399,18 @@ impl FastChannel {
             call_buffer: cfg.get_call_buffer(),
         });
         let writer = FrameWriter::new(tx, cfg.get_zero_copy(), cfg.get_max_chunk());
-        // The driver of last resort; asleep unless a handoff wakes it.
+        // The driver of last resort; asleep unless a handoff wakes it. It
+        // also closes the connection when a send fails.
         let s = shared.clone();
+        let w = writer.clone();
         let fallback = tokio::spawn(async move {
-            while poll_fn(|cx| s.poll_event(FALLBACK, cx)).await.is_some() {}
+            tokio::select! {
+                () = async { while poll_fn(|cx| s.poll_event(FALLBACK, cx)).await.is_some() {} } => {}
+                () = w.failed() => {
+                    let e = w.failure().unwrap_or(Error::PeerGone);
+                    s.fail(&e);
+                }
+            }
         })
         .abort_handle();
         FastChannel {
@@ -434,7 +458,10 @@ impl Drop for CallGuard {
             if let Ok(rt) = tokio::runtime::Handle::try_current() {
                 let w = self.inner.writer.clone();
                 rt.spawn(async move {
-                    let _ = w.send(cancel).await;
+                    if let Err(e) = w.send(cancel).await {
+                        // The writer failed the connection (fallback task).
+                        tracing::debug!("rrpc: cancel not sent: {e}");
+                    }
                 });
             }
         }
@@ -593,9 +620,17 @@ async fn send_request(
     mut batch: Vec<Out>,
     mut body: Body,
 ) {
+    let failed = |e: Error| {
+        // The writer also fails the whole connection unless the frame was
+        // too large (then only this call).
+        let mut t = lock(&shared.table);
+        shared.deliver(&mut t, id, Event::Reset(Status::from(e)));
+    };
     loop {
-        if !batch.is_empty() && writer.send(std::mem::take(&mut batch)).await.is_err() {
-            return;
+        if !batch.is_empty()
+            && let Err(e) = writer.send(std::mem::take(&mut batch)).await
+        {
+            return failed(e);
         }
         match body.frame().await {
             Some(Ok(f)) => {
@@ -630,7 +665,9 @@ async fn send_request(
             }
         }
     }
-    let _ = writer.send(batch).await;
+    if let Err(e) = writer.send(batch).await {
+        failed(e);
+    }
 }
 
 #[cfg(test)]

@@ -203,3 +203,50 @@ mod tests {
         assert_eq!(parse_grpc_timeout(&h), None);
     }
 }
+
+/// Test pipes that misbehave.
+#[cfg(test)]
+pub(crate) mod testing {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    use crate::Error;
+    use crate::pipe::{BoxFut, MsgTx};
+
+    /// A sender that works until `broken` is set, then fails every send as
+    /// a ring the peer corrupted does (the connection itself stays up).
+    pub(crate) struct BreakableTx {
+        pub(crate) inner: Box<dyn MsgTx>,
+        pub(crate) broken: Arc<AtomicBool>,
+    }
+
+    fn corrupted() -> Error {
+        Error::Rings("ring corrupted: peer's head word is past our tail".into())
+    }
+
+    impl MsgTx for BreakableTx {
+        fn max_message(&self) -> usize {
+            self.inner.max_message()
+        }
+        fn send_with<'a>(
+            &'a mut self,
+            len: usize,
+            fill: &'a mut (dyn FnMut(&mut [u8]) + Send),
+        ) -> BoxFut<'a, Result<(), Error>> {
+            if self.broken.load(Ordering::SeqCst) {
+                return Box::pin(async { Err(corrupted()) });
+            }
+            self.inner.send_with(len, fill)
+        }
+        fn try_send_with(
+            &mut self,
+            len: usize,
+            fill: &mut (dyn FnMut(&mut [u8]) + Send),
+        ) -> Result<bool, Error> {
+            if self.broken.load(Ordering::SeqCst) {
+                return Err(corrupted());
+            }
+            self.inner.try_send_with(len, fill)
+        }
+    }
+}

@@ -94,13 +94,20 @@ where
                 calls.remove(&id);
                 continue;
             }
+            _ = writer.failed() => match send_failed(&writer) {
+                Error::PeerGone => break Ok(()),
+                e => break Err(e),
+            },
             _ = shutdown.cancelled(), if !draining => {
                 draining = true;
-                let _ = writer.send(vec![Out::new(Kind::GoAway, 0, 0, Bytes::new())]).await;
+                if let Err(e) = writer.send(vec![Out::new(Kind::GoAway, 0, 0, Bytes::new())]).await {
+                    break Err(e);
+                }
                 continue;
             }
             r = rx.recv_with(&mut sink) => r,
         };
+        let mut fatal: Option<Error> = None;
         // Calls opened by this message: their request data of the same
         // message is staged, then each handler is polled once inline.
         let mut opening: Vec<Opening> = Vec::new();
@@ -118,7 +125,10 @@ where
                     }
                     if draining {
                         let st = Status::unavailable("rrpc: server is shutting down");
-                        let _ = writer.send(vec![trailers_only(id, st)]).await;
+                        if let Err(e) = writer.send(vec![trailers_only(id, st)]).await {
+                            fatal = Some(e);
+                            break;
+                        }
                         continue;
                     }
                     opening.push(Opening {
@@ -160,7 +170,7 @@ where
                 }
             }
         }
-        if bad.is_some() {
+        if bad.is_some() || fatal.is_some() {
             opening.clear();
         }
         for o in opening {
@@ -203,6 +213,12 @@ where
         if let Some(e) = bad {
             break Err(Error::Protocol(e));
         }
+        match fatal.or_else(|| writer.failure()) {
+            // A send above (or by a handler polled inline) failed.
+            Some(Error::PeerGone) => break Ok(()),
+            Some(e) => break Err(e),
+            None => {}
+        }
         match r {
             Ok(true) => {}
             Ok(false) => break Ok(()),
@@ -210,6 +226,9 @@ where
             Err(e) => break Err(e),
         }
     };
+    if let Err(e) = &result {
+        tracing::warn!("rrpc: closing fast-path connection: {e}");
+    }
     for (_, c) in calls.drain() {
         if let Some(b) = c.body {
             let _ = b.try_send(Event::Reset(Status::cancelled("rrpc: connection lost")));
@@ -217,6 +236,13 @@ where
         c.task.abort();
     }
     result
+}
+
+/// The connection's error after a failed send ([`FrameWriter`] docs).
+fn send_failed(writer: &FrameWriter) -> Error {
+    writer
+        .failure()
+        .unwrap_or_else(|| Error::Rings("send failed".into()))
 }
 
 fn decode(msg: &[u8], inbox: &mut Vec<In>, bad: &mut Option<FrameError>) {
@@ -313,7 +339,7 @@ where
     };
     // The handler's state is dropped right after a panic and never observed
     // again, so unwind safety is not a concern.
-    let _ = match AssertUnwindSafe(work).catch_unwind().await {
+    let r = match AssertUnwindSafe(work).catch_unwind().await {
         Ok(r) => r,
         Err(panic) => {
             tracing::error!(
@@ -330,6 +356,22 @@ where
                 .await
         }
     };
+    match r {
+        Ok(()) => {}
+        // One frame too large for a ring message (huge metadata): this
+        // call's error, not the connection's.
+        Err(Error::MessageTooLarge { len, max }) => {
+            let st = Status::internal(format!(
+                "rrpc: response frame of {len} bytes exceeds the ring's {max}"
+            ));
+            if let Err(e) = writer.send(vec![trailers_only(id, st)]).await {
+                tracing::debug!(call_id = id, "rrpc: connection failed: {e}");
+            }
+        }
+        // Any other send error failed the whole connection: the writer
+        // logged it and `serve_conn` closes the connection and its calls.
+        Err(e) => tracing::debug!(call_id = id, "rrpc: connection failed: {e}"),
+    }
 }
 
 /// The message of a caught panic, when it has one.
@@ -419,5 +461,112 @@ where
                 return writer.send(batch).await;
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::sync::atomic::AtomicBool;
+    use std::time::Duration;
+
+    use super::*;
+    use crate::fast::client::FastChannel;
+    use crate::fast::testing::BreakableTx;
+    use crate::pipe::mem_pair;
+
+    fn req(path: &str) -> http::Request<Body> {
+        http::Request::builder()
+            .uri(path)
+            .body(Body::empty())
+            .expect("request")
+    }
+
+    /// Issue 14 defect 5: a response the server cannot send (its send ring
+    /// corrupted by the peer) fails and closes the connection: `serve_conn`
+    /// returns the error and the caller gets an error instead of hanging.
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_failed_response_send_closes_the_connection() {
+        let (cpipe, (stx, srx)) = mem_pair(1 << 16);
+        let broken = Arc::new(AtomicBool::new(true));
+        let spipe: crate::pipe::Pipe = (
+            Box::new(BreakableTx {
+                inner: stx,
+                broken: broken.clone(),
+            }),
+            srx,
+        );
+        let svc = tower::service_fn(|_r: http::Request<Body>| async {
+            Ok::<_, std::convert::Infallible>(http::Response::new(Body::empty()))
+        });
+        let cfg = RrpcConfig::default();
+        let server = tokio::spawn(serve_conn(
+            spipe,
+            svc,
+            cfg.clone(),
+            CancellationToken::new(),
+        ));
+        let mut ch = FastChannel::start(cpipe, &cfg);
+        let r = tokio::time::timeout(
+            Duration::from_secs(5),
+            tower::Service::call(&mut ch, req("/x.Y/Z")),
+        )
+        .await
+        .expect("the call fails promptly instead of hanging");
+        assert!(r.is_err(), "no response could be sent");
+        let end = tokio::time::timeout(Duration::from_secs(5), server)
+            .await
+            .expect("serve_conn returns")
+            .expect("task");
+        let e = end.expect_err("serve_conn reports the send error");
+        assert!(e.to_string().contains("corrupted"), "{e}");
+    }
+
+    /// A send that fails on the client fails every call of the connection
+    /// (also one already waiting for its reply), and new calls.
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_failed_request_send_fails_every_call() {
+        let ((ctx, crx), spipe) = mem_pair(1 << 16);
+        let broken = Arc::new(AtomicBool::new(false));
+        let cpipe: crate::pipe::Pipe = (
+            Box::new(BreakableTx {
+                inner: ctx,
+                broken: broken.clone(),
+            }),
+            crx,
+        );
+        // `/never` never answers.
+        let svc = tower::service_fn(|r: http::Request<Body>| async move {
+            if r.uri().path() == "/never" {
+                std::future::pending::<()>().await;
+            }
+            Ok::<_, std::convert::Infallible>(http::Response::new(Body::empty()))
+        });
+        let cfg = RrpcConfig::default();
+        tokio::spawn(serve_conn(
+            spipe,
+            svc,
+            cfg.clone(),
+            CancellationToken::new(),
+        ));
+        let ch = FastChannel::start(cpipe, &cfg);
+        let mut c1 = ch.clone();
+        let waiting =
+            tokio::spawn(async move { tower::Service::call(&mut c1, req("/never")).await });
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+        }
+        broken.store(true, std::sync::atomic::Ordering::SeqCst);
+        let mut c2 = ch.clone();
+        assert!(tower::Service::call(&mut c2, req("/x")).await.is_err());
+        let r = tokio::time::timeout(Duration::from_secs(5), waiting)
+            .await
+            .expect("the waiting call fails promptly")
+            .expect("task");
+        let st = tonic::Status::from_error(r.expect_err("connection failed"));
+        assert_eq!(st.code(), tonic::Code::Unavailable, "{st:?}");
+        assert!(st.message().contains("corrupted"), "{st:?}");
+        let mut c3 = ch.clone();
+        assert!(tower::Service::call(&mut c3, req("/x")).await.is_err());
     }
 }
