@@ -8,6 +8,16 @@
 //! The gRPC body bytes (5-byte length prefix + message, compressed or not)
 //! travel unchanged, so tonic's codec, compression and size limits behave
 //! exactly as over HTTP/2.
+//!
+//! Failure containment on one connection:
+//! * a handler (or its response body) that panics fails only its own call,
+//!   with `Cancelled` as tonic over TCP reports it; the panic is logged;
+//! * a send that fails on the ring (peer corrupted it, or left) fails the
+//!   whole connection: logged at warn, every call on it gets an error, the
+//!   server's connection task returns the error ([`writer::FrameWriter`]);
+//! * at most [`RrpcConfig::max_concurrent_calls`](crate::RrpcConfig::max_concurrent_calls)
+//!   calls are open at once: a server refuses the excess with `Unavailable`,
+//!   a client queues its own excess until a call finishes.
 
 use std::collections::VecDeque;
 use std::pin::Pin;
