@@ -28,6 +28,7 @@ pub enum PathPreference {
 /// | `zero_copy` | on | RR-Compound §IV-F; off reproduces Fig. 14's baseline |
 /// | `max_chunk` | 256 KiB | fast-path DATA frames larger than this are split so calls interleave |
 /// | `call_buffer` | 64 chunks | per-call receive queue before the connection applies back-pressure |
+/// | `max_concurrent_calls` | 200 | fast path, per connection: hyper's own HTTP/2 server default for `max_concurrent_streams` (tonic's `Server` leaves it unlimited, issue 14 defect 6) |
 /// | `poller` | process-wide [`default_poller_config`] | see [`RrpcConfig::poller`] |
 /// | `handshake_timeout` | 5 s | bounds a connection's whole setup (rrpc-core handshake + path negotiation) |
 /// | `max_pending_handshakes` | 1024 | connections still in setup per listener; more are closed at once |
@@ -44,6 +45,7 @@ struct Inner {
     zero_copy: bool,
     max_chunk: usize,
     call_buffer: usize,
+    max_concurrent_calls: usize,
     poller: Option<PollerConfig>,
     receive_spin: std::time::Duration,
     handshake_timeout: std::time::Duration,
@@ -66,6 +68,7 @@ impl Default for RrpcConfig {
             zero_copy: true,
             max_chunk: 256 << 10,
             call_buffer: 64,
+            max_concurrent_calls: 200,
             poller: None,
             receive_spin: std::time::Duration::ZERO,
             handshake_timeout: std::time::Duration::from_secs(5),
@@ -148,6 +151,39 @@ impl RrpcConfig {
             return Err(crate::Error::InvalidConfig("call_buffer must be > 0"));
         }
         Ok(self.with(|i| i.call_buffer = chunks))
+    }
+
+    /// Most calls open at once on one fast-path connection (default 200),
+    /// the fast path's `max_concurrent_streams`.
+    ///
+    /// A server refuses a call beyond it at once with `Unavailable`, as
+    /// tonic reports an HTTP/2 `REFUSED_STREAM` (the call was not
+    /// processed, so it is safe to retry); the call's handler never runs.
+    /// A client queues its own calls beyond it until one finishes (an
+    /// HTTP/2 client does the same with the server's setting), within the
+    /// call's deadline; so with equal limits on both ends, as by default,
+    /// an honest client is never refused. A call counts from its request
+    /// headers until its trailers (server: written; client: read) or its
+    /// cancellation.
+    ///
+    /// Together with the per-call buffers this bounds what one peer can make
+    /// a connection hold (issue 14 defect 6). 200 is hyper's default for
+    /// its HTTP/2 server (tonic's `Server` overrides it to unlimited).
+    ///
+    /// # Errors
+    /// [`crate::Error::InvalidConfig`] if `calls` is 0.
+    pub fn max_concurrent_calls(self, calls: usize) -> Result<Self, crate::Error> {
+        if calls == 0 {
+            return Err(crate::Error::InvalidConfig(
+                "max_concurrent_calls must be > 0",
+            ));
+        }
+        Ok(self.with(|i| i.max_concurrent_calls = calls))
+    }
+
+    /// See [`RrpcConfig::max_concurrent_calls`].
+    pub fn get_max_concurrent_calls(&self) -> usize {
+        self.0.max_concurrent_calls
     }
 
     /// Connection management for the `shm://`/`rdma://` connections made

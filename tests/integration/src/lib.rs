@@ -22,6 +22,11 @@ pub mod pb {
 use pb::test_server::{Test, TestServer};
 use pb::{Input, Output};
 
+/// `Input::tag` that makes the unary handler panic before its first `.await`.
+pub const PANIC_AT_FIRST_POLL: &str = "panic-at-first-poll";
+/// `Input::tag` that makes the unary handler panic after an `.await`.
+pub const PANIC_AFTER_AWAIT: &str = "panic-after-await";
+
 /// The transports every test runs on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Transport {
@@ -113,6 +118,15 @@ impl Test for Svc {
     async fn unary(&self, req: Request<Input>) -> Result<Response<Output>, Status> {
         self.obs.started.notify_one();
         let input = req.get_ref().clone();
+        match input.tag.as_str() {
+            PANIC_AT_FIRST_POLL => panic!("test handler panics at its first poll"),
+            PANIC_AFTER_AWAIT => {
+                tokio::task::yield_now().await;
+                tokio::time::sleep(Duration::from_millis(1)).await;
+                panic!("test handler panics after an await");
+            }
+            _ => {}
+        }
         if input.delay_ms > 0 {
             tokio::time::sleep(Duration::from_millis(input.delay_ms as u64)).await;
         }

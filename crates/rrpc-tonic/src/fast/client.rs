@@ -97,6 +97,9 @@ struct Shared {
     rx: Mutex<RxState>,
     next_id: AtomicU32,
     call_buffer: usize,
+    /// [`RrpcConfig::max_concurrent_calls`]: calls beyond it wait here;
+    /// closed with the connection.
+    open_calls: Arc<tokio::sync::Semaphore>,
 }
 
 impl std::fmt::Debug for Shared {
@@ -201,6 +204,8 @@ impl Shared {
             }
         }
         t.closed = Some(reason);
+        // Calls queued for a place fail now.
+        self.open_calls.close();
         if let Some(w) = t.fallback.take() {
             w.wake();
         }
@@ -329,6 +334,22 @@ impl Shared {
         }
     }
 
+    /// A send failed ([`FrameWriter`] docs): close the connection now.
+    /// Every call gets `Unavailable` with the reason, new calls too, and the
+    /// receiver is dropped (which closes the connection).
+    fn fail(&self, e: &Error) {
+        {
+            let mut t = lock(&self.table);
+            if t.closed.is_none() {
+                self.close(&mut t, (tonic::Code::Unavailable, format!("rrpc: {e}")));
+            }
+        }
+        // Not nested in the table lock (`poll_event` takes rx, then table).
+        let mut rxs = lock(&self.rx);
+        rxs.fut = None;
+        rxs.rx = None;
+    }
+
     fn rx_gone(&self) -> bool {
         self.rx
             .try_lock()
@@ -381,12 +402,24 @@ impl FastChannel {
             }),
             next_id: AtomicU32::new(1),
             call_buffer: cfg.get_call_buffer(),
+            open_calls: Arc::new(tokio::sync::Semaphore::new(
+                cfg.get_max_concurrent_calls()
+                    .min(tokio::sync::Semaphore::MAX_PERMITS),
+            )),
         });
         let writer = FrameWriter::new(tx, cfg.get_zero_copy(), cfg.get_max_chunk());
-        // The driver of last resort; asleep unless a handoff wakes it.
+        // The driver of last resort; asleep unless a handoff wakes it. It
+        // also closes the connection when a send fails.
         let s = shared.clone();
+        let w = writer.clone();
         let fallback = tokio::spawn(async move {
-            while poll_fn(|cx| s.poll_event(FALLBACK, cx)).await.is_some() {}
+            tokio::select! {
+                () = async { while poll_fn(|cx| s.poll_event(FALLBACK, cx)).await.is_some() {} } => {}
+                () = w.failed() => {
+                    let e = w.failure().unwrap_or(Error::PeerGone);
+                    s.fail(&e);
+                }
+            }
         })
         .abort_handle();
         FastChannel {
@@ -406,12 +439,17 @@ pub(crate) struct CallGuard {
     inner: Arc<Inner>,
     sender: Option<AbortHandle>,
     done: bool,
+    /// The call's place in [`RrpcConfig::max_concurrent_calls`]; given back
+    /// when the call finished or its CANCEL was written (so the server,
+    /// which reads frames in order, has released it too).
+    permit: Option<tokio::sync::OwnedSemaphorePermit>,
 }
 
 impl CallGuard {
     pub(crate) fn finished(&mut self) {
         self.done = true;
         self.inner.shared.take(self.id);
+        self.permit = None;
     }
 }
 
@@ -433,8 +471,13 @@ impl Drop for CallGuard {
             }
             if let Ok(rt) = tokio::runtime::Handle::try_current() {
                 let w = self.inner.writer.clone();
+                let permit = self.permit.take();
                 rt.spawn(async move {
-                    let _ = w.send(cancel).await;
+                    let _permit = permit;
+                    if let Err(e) = w.send(cancel).await {
+                        // The writer failed the connection (fallback task).
+                        tracing::debug!("rrpc: cancel not sent: {e}");
+                    }
                 });
             }
         }
@@ -496,7 +539,26 @@ async fn call(
     req: http::Request<Body>,
 ) -> Result<http::Response<Body>, BoxError> {
     let timeout = parse_grpc_timeout(req.headers());
+    let deadline = timeout.map(|d| tokio::time::Instant::now() + d);
     let shared = inner.shared.clone();
+    // A place among the connection's open calls (queued while all are taken).
+    let acquire = shared.open_calls.clone().acquire_owned();
+    let permit = match deadline {
+        Some(d) => match tokio::time::timeout_at(d, acquire).await {
+            Ok(p) => p,
+            Err(_) => return Err(Box::new(tonic::TimeoutExpired(()))),
+        },
+        None => acquire.await,
+    };
+    let Ok(permit) = permit else {
+        // Closed with the connection.
+        let t = lock(&shared.table);
+        let (code, msg) = t.closed.clone().unwrap_or((
+            tonic::Code::Unavailable,
+            "rrpc: connection closed".to_string(),
+        ));
+        return Err(Box::new(Status::new(code, msg)));
+    };
     let id = {
         let mut t = lock(&shared.table);
         if let Some((code, msg)) = &t.closed {
@@ -521,6 +583,7 @@ async fn call(
         inner,
         sender: None,
         done: false,
+        permit: Some(permit),
     };
     let mut batch = vec![Out::new(Kind::RequestHeaders, 0, id, headers)];
     // The caller writes the request itself when the body is ready at once
@@ -545,8 +608,8 @@ async fn call(
     }
 
     let mut slot = SlotRef { id, shared };
-    let first = match timeout {
-        Some(d) => match tokio::time::timeout(d, poll_fn(|cx| slot.poll_event(cx))).await {
+    let first = match deadline {
+        Some(d) => match tokio::time::timeout_at(d, poll_fn(|cx| slot.poll_event(cx))).await {
             Ok(ev) => ev,
             // Same error as tonic's own channel: the caller sees the same Status on every transport.
             Err(_) => return Err(Box::new(tonic::TimeoutExpired(()))),
@@ -593,9 +656,17 @@ async fn send_request(
     mut batch: Vec<Out>,
     mut body: Body,
 ) {
+    let failed = |e: Error| {
+        // The writer also fails the whole connection unless the frame was
+        // too large (then only this call).
+        let mut t = lock(&shared.table);
+        shared.deliver(&mut t, id, Event::Reset(Status::from(e)));
+    };
     loop {
-        if !batch.is_empty() && writer.send(std::mem::take(&mut batch)).await.is_err() {
-            return;
+        if !batch.is_empty()
+            && let Err(e) = writer.send(std::mem::take(&mut batch)).await
+        {
+            return failed(e);
         }
         match body.frame().await {
             Some(Ok(f)) => {
@@ -630,7 +701,9 @@ async fn send_request(
             }
         }
     }
-    let _ = writer.send(batch).await;
+    if let Err(e) = writer.send(batch).await {
+        failed(e);
+    }
 }
 
 #[cfg(test)]
@@ -735,5 +808,52 @@ mod tests {
             .expect("the slow call gets its reply after the receiving call left")
             .expect("task");
         assert!(r.is_ok(), "{:?}", r.err());
+    }
+
+    /// A client queues its calls beyond `max_concurrent_calls` instead of
+    /// having the server refuse them, and runs them as places free up.
+    #[tokio::test(flavor = "current_thread")]
+    async fn calls_beyond_the_client_limit_wait_for_a_place() {
+        let (cpipe, spipe) = mem_pair(1 << 16);
+        let gate = Arc::new(tokio::sync::Semaphore::new(0));
+        let started = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let (g, st) = (gate.clone(), started.clone());
+        let svc = tower::service_fn(move |_r: http::Request<Body>| {
+            let (g, st) = (g.clone(), st.clone());
+            async move {
+                st.fetch_add(1, Ordering::SeqCst);
+                g.acquire().await.expect("gate").forget();
+                Ok::<_, std::convert::Infallible>(http::Response::new(Body::empty()))
+            }
+        });
+        // The server would refuse a third call; the client never sends it early.
+        let scfg = RrpcConfig::default()
+            .max_concurrent_calls(2)
+            .expect("limit");
+        tokio::spawn(crate::fast::server::serve_conn(
+            spipe,
+            svc,
+            scfg.clone(),
+            CancellationToken::new(),
+        ));
+        let ch = FastChannel::start(cpipe, &scfg);
+        let mut calls = tokio::task::JoinSet::new();
+        for _ in 0..5 {
+            let mut c = ch.clone();
+            calls.spawn(async move { tower::Service::call(&mut c, req("/x")).await });
+        }
+        for _ in 0..20 {
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(started.load(Ordering::SeqCst), 2, "two calls in flight");
+        gate.add_permits(5);
+        while let Some(r) = tokio::time::timeout(Duration::from_secs(5), calls.join_next())
+            .await
+            .expect("every call completes")
+        {
+            let res = r.expect("task").expect("call succeeds, not refused");
+            assert!(res.headers().get("grpc-status").is_none_or(|s| s == "0"));
+        }
+        assert_eq!(started.load(Ordering::SeqCst), 5);
     }
 }

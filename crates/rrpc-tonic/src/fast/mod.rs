@@ -8,6 +8,16 @@
 //! The gRPC body bytes (5-byte length prefix + message, compressed or not)
 //! travel unchanged, so tonic's codec, compression and size limits behave
 //! exactly as over HTTP/2.
+//!
+//! Failure containment on one connection:
+//! * a handler (or its response body) that panics fails only its own call,
+//!   with `Cancelled` as tonic over TCP reports it; the panic is logged;
+//! * a send that fails on the ring (peer corrupted it, or left) fails the
+//!   whole connection: logged at warn, every call on it gets an error, the
+//!   server's connection task returns the error ([`writer::FrameWriter`]);
+//! * at most [`RrpcConfig::max_concurrent_calls`](crate::RrpcConfig::max_concurrent_calls)
+//!   calls are open at once: a server refuses the excess with `Unavailable`,
+//!   a client queues its own excess until a call finishes.
 
 use std::collections::VecDeque;
 use std::pin::Pin;
@@ -201,5 +211,52 @@ mod tests {
         assert_eq!(parse_grpc_timeout(&h), None);
         h.insert("grpc-timeout", "5x".parse().unwrap());
         assert_eq!(parse_grpc_timeout(&h), None);
+    }
+}
+
+/// Test pipes that misbehave.
+#[cfg(test)]
+pub(crate) mod testing {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    use crate::Error;
+    use crate::pipe::{BoxFut, MsgTx};
+
+    /// A sender that works until `broken` is set, then fails every send as
+    /// a ring the peer corrupted does (the connection itself stays up).
+    pub(crate) struct BreakableTx {
+        pub(crate) inner: Box<dyn MsgTx>,
+        pub(crate) broken: Arc<AtomicBool>,
+    }
+
+    fn corrupted() -> Error {
+        Error::Rings("ring corrupted: peer's head word is past our tail".into())
+    }
+
+    impl MsgTx for BreakableTx {
+        fn max_message(&self) -> usize {
+            self.inner.max_message()
+        }
+        fn send_with<'a>(
+            &'a mut self,
+            len: usize,
+            fill: &'a mut (dyn FnMut(&mut [u8]) + Send),
+        ) -> BoxFut<'a, Result<(), Error>> {
+            if self.broken.load(Ordering::SeqCst) {
+                return Box::pin(async { Err(corrupted()) });
+            }
+            self.inner.send_with(len, fill)
+        }
+        fn try_send_with(
+            &mut self,
+            len: usize,
+            fill: &mut (dyn FnMut(&mut [u8]) + Send),
+        ) -> Result<bool, Error> {
+            if self.broken.load(Ordering::SeqCst) {
+                return Err(corrupted());
+            }
+            self.inner.try_send_with(len, fill)
+        }
     }
 }

@@ -2,6 +2,9 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::future::Future;
+use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::task::Poll;
 
 use bytes::Bytes;
@@ -43,6 +46,44 @@ enum In {
 struct Call {
     body: Option<mpsc::Sender<Event>>,
     task: AbortHandle,
+    permit: Arc<CallPermit>,
+}
+
+/// One call's place in [`RrpcConfig::max_concurrent_calls`].
+///
+/// Released just before the call's last frame is written (so that a client
+/// that saw the trailers and opens its next call is never refused), when
+/// the client cancels the call, or when the call's task ends.
+#[derive(Debug)]
+struct CallPermit {
+    active: Arc<AtomicUsize>,
+    released: AtomicBool,
+}
+
+impl CallPermit {
+    /// Takes a place unless `limit` calls are open.
+    fn try_new(active: &Arc<AtomicUsize>, limit: usize) -> Option<Arc<CallPermit>> {
+        active
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < limit).then_some(n + 1)
+            })
+            .ok()?;
+        Some(Arc::new(CallPermit {
+            active: active.clone(),
+            released: AtomicBool::new(false),
+        }))
+    }
+    fn release(&self) {
+        if !self.released.swap(true, Ordering::AcqRel) {
+            self.active.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+}
+
+impl Drop for CallPermit {
+    fn drop(&mut self) {
+        self.release();
+    }
 }
 
 /// A call whose REQUEST_HEADERS arrived in the message being processed.
@@ -54,11 +95,16 @@ struct Opening {
     chunks: VecDeque<Event>,
     /// The request stream ended in the same message.
     end: bool,
+    permit: Arc<CallPermit>,
 }
 
 /// Serves one fast-path connection until the peer leaves, a protocol error,
 /// or `shutdown` fires and every in-flight call has finished (graceful drain:
 /// GOAWAY first, new calls answered `Unavailable`).
+///
+/// At most [`RrpcConfig::max_concurrent_calls`] calls are open at once;
+/// the excess is refused at once with `Unavailable` (the status tonic gives
+/// for HTTP/2's `REFUSED_STREAM`), before any handler runs.
 pub(crate) async fn serve_conn<S, ResBody>(
     pipe: Pipe,
     svc: S,
@@ -81,6 +127,8 @@ where
     let (done_tx, mut done_rx) = mpsc::unbounded_channel::<u32>();
     let mut draining = false;
     let mut inbox: Vec<In> = Vec::new();
+    let limit = cfg.get_max_concurrent_calls();
+    let active = Arc::new(AtomicUsize::new(0));
     let result = loop {
         if draining && calls.is_empty() {
             break Ok(());
@@ -93,13 +141,20 @@ where
                 calls.remove(&id);
                 continue;
             }
+            _ = writer.failed() => match send_failed(&writer) {
+                Error::PeerGone => break Ok(()),
+                e => break Err(e),
+            },
             _ = shutdown.cancelled(), if !draining => {
                 draining = true;
-                let _ = writer.send(vec![Out::new(Kind::GoAway, 0, 0, Bytes::new())]).await;
+                if let Err(e) = writer.send(vec![Out::new(Kind::GoAway, 0, 0, Bytes::new())]).await {
+                    break Err(e);
+                }
                 continue;
             }
             r = rx.recv_with(&mut sink) => r,
         };
+        let mut fatal: Option<Error> = None;
         // Calls opened by this message: their request data of the same
         // message is staged, then each handler is polled once inline.
         let mut opening: Vec<Opening> = Vec::new();
@@ -117,15 +172,30 @@ where
                     }
                     if draining {
                         let st = Status::unavailable("rrpc: server is shutting down");
-                        let _ = writer.send(vec![trailers_only(id, st)]).await;
+                        if let Err(e) = writer.send(vec![trailers_only(id, st)]).await {
+                            fatal = Some(e);
+                            break;
+                        }
                         continue;
                     }
+                    let Some(permit) = CallPermit::try_new(&active, limit) else {
+                        tracing::debug!(call_id = id, limit, "rrpc: call refused: too many calls");
+                        let st = Status::unavailable(format!(
+                            "rrpc: too many concurrent calls on this connection (limit {limit})"
+                        ));
+                        if let Err(e) = writer.send(vec![trailers_only(id, st)]).await {
+                            fatal = Some(e);
+                            break;
+                        }
+                        continue;
+                    };
                     opening.push(Opening {
                         id,
                         path,
                         headers,
                         chunks: VecDeque::new(),
                         end,
+                        permit,
                     });
                 }
                 In::Data { id, data, end } => {
@@ -155,11 +225,12 @@ where
                     } else if let Some(call) = calls.remove(&id) {
                         // Dropping the handler's future is how tonic sees cancellation.
                         call.task.abort();
+                        call.permit.release();
                     }
                 }
             }
         }
-        if bad.is_some() {
+        if bad.is_some() || fatal.is_some() {
             opening.clear();
         }
         for o in opening {
@@ -169,6 +240,7 @@ where
                 headers,
                 chunks,
                 end,
+                permit,
             } = o;
             let (body, btx) = if end {
                 (RecvBody::ready(chunks), None)
@@ -177,7 +249,13 @@ where
                 (RecvBody::new(chunks, brx, true), Some(btx))
             };
             let req = build_request(path, headers, body);
-            let mut fut = Box::pin(run_call(svc.clone(), req, id, writer.clone()));
+            let mut fut = Box::pin(run_call(
+                svc.clone(),
+                req,
+                id,
+                writer.clone(),
+                permit.clone(),
+            ));
             // Unary handlers usually finish at their first poll: run it here,
             // in the reader task, and write the response without a task hop.
             // The reader's own waker is lent for this one poll (a wake-up
@@ -196,11 +274,18 @@ where
                 Call {
                     body: btx,
                     task: task.abort_handle(),
+                    permit,
                 },
             );
         }
         if let Some(e) = bad {
             break Err(Error::Protocol(e));
+        }
+        match fatal.or_else(|| writer.failure()) {
+            // A send above (or by a handler polled inline) failed.
+            Some(Error::PeerGone) => break Ok(()),
+            Some(e) => break Err(e),
+            None => {}
         }
         match r {
             Ok(true) => {}
@@ -209,6 +294,9 @@ where
             Err(e) => break Err(e),
         }
     };
+    if let Err(e) = &result {
+        tracing::warn!("rrpc: closing fast-path connection: {e}");
+    }
     for (_, c) in calls.drain() {
         if let Some(b) = c.body {
             let _ = b.try_send(Event::Reset(Status::cancelled("rrpc: connection lost")));
@@ -216,6 +304,13 @@ where
         c.task.abort();
     }
     result
+}
+
+/// The connection's error after a failed send ([`FrameWriter`] docs).
+fn send_failed(writer: &FrameWriter) -> Error {
+    writer
+        .failure()
+        .unwrap_or_else(|| Error::Rings("send failed".into()))
 }
 
 fn decode(msg: &[u8], inbox: &mut Vec<In>, bad: &mut Option<FrameError>) {
@@ -281,31 +376,95 @@ fn trailers_only(id: u32, status: Status) -> Out {
     )
 }
 
-async fn run_call<S, ResBody>(svc: S, req: http::Request<Body>, id: u32, writer: FrameWriter)
-where
+/// Runs one call: the router's future, then its response, with a panic in
+/// either caught here so that it fails only this call.
+///
+/// A panicking handler ends its call with `Cancelled`, the status tonic's
+/// own transport gives (hyper drops the panicked stream, h2 resets it with
+/// CANCEL, tonic maps that to `Cancelled`); the panic is logged.
+async fn run_call<S, ResBody>(
+    svc: S,
+    req: http::Request<Body>,
+    id: u32,
+    writer: FrameWriter,
+    permit: Arc<CallPermit>,
+) where
     S: tower::Service<http::Request<Body>, Response = http::Response<ResBody>> + Send + 'static,
     S::Future: Send + 'static,
     S::Error: Into<BoxError> + Send,
     ResBody: http_body::Body<Data = Bytes> + Send + 'static,
     ResBody::Error: Into<BoxError>,
 {
+    let path = req.uri().path().to_owned();
     let timeout = parse_grpc_timeout(req.headers());
-    let fut = svc.oneshot(req);
-    let res: Result<http::Response<ResBody>, BoxError> = match timeout {
-        Some(d) => match tokio::time::timeout(d, fut).await {
-            Ok(r) => r.map_err(Into::into),
-            // tonic's server answers an expired deadline this way too (its GrpcTimeout).
-            Err(_) => Err(Box::new(tonic::TimeoutExpired(()))),
-        },
-        None => fut.await.map_err(Into::into),
+    let (w, p) = (writer.clone(), permit.clone());
+    let work = async move {
+        let fut = svc.oneshot(req);
+        let res: Result<http::Response<ResBody>, BoxError> = match timeout {
+            Some(d) => match tokio::time::timeout(d, fut).await {
+                Ok(r) => r.map_err(Into::into),
+                // tonic's server answers an expired deadline this way too (its GrpcTimeout).
+                Err(_) => Err(Box::new(tonic::TimeoutExpired(()))),
+            },
+            None => fut.await.map_err(Into::into),
+        };
+        send_response(res, id, &w, &p).await
     };
-    let _ = send_response(res, id, &writer).await;
+    // The handler's state is dropped right after a panic and never observed
+    // again, so unwind safety is not a concern.
+    let r = match AssertUnwindSafe(work).catch_unwind().await {
+        Ok(r) => r,
+        Err(panic) => {
+            tracing::error!(
+                call_id = id,
+                path = %path,
+                "rrpc: handler panicked: {}",
+                panic_message(&*panic)
+            );
+            permit.release();
+            writer
+                .send(vec![trailers_only(
+                    id,
+                    Status::cancelled("rrpc: the handler panicked"),
+                )])
+                .await
+        }
+    };
+    match r {
+        Ok(()) => {}
+        // One frame too large for a ring message (huge metadata): this
+        // call's error, not the connection's.
+        Err(Error::MessageTooLarge { len, max }) => {
+            let st = Status::internal(format!(
+                "rrpc: response frame of {len} bytes exceeds the ring's {max}"
+            ));
+            permit.release();
+            if let Err(e) = writer.send(vec![trailers_only(id, st)]).await {
+                tracing::debug!(call_id = id, "rrpc: connection failed: {e}");
+            }
+        }
+        // Any other send error failed the whole connection: the writer
+        // logged it and `serve_conn` closes the connection and its calls.
+        Err(e) => tracing::debug!(call_id = id, "rrpc: connection failed: {e}"),
+    }
+}
+
+/// The message of a caught panic, when it has one.
+fn panic_message(panic: &(dyn std::any::Any + Send)) -> &str {
+    if let Some(s) = panic.downcast_ref::<&str>() {
+        s
+    } else if let Some(s) = panic.downcast_ref::<String>() {
+        s
+    } else {
+        "(no message)"
+    }
 }
 
 async fn send_response<ResBody>(
     res: Result<http::Response<ResBody>, BoxError>,
     id: u32,
     writer: &FrameWriter,
+    permit: &CallPermit,
 ) -> Result<(), Error>
 where
     ResBody: http_body::Body<Data = Bytes> + Send + 'static,
@@ -314,6 +473,7 @@ where
     let resp = match res {
         Ok(r) => r,
         Err(e) => {
+            permit.release();
             return writer
                 .send(vec![trailers_only(id, Status::from_error(e))])
                 .await;
@@ -323,6 +483,7 @@ where
     let mut body = std::pin::pin!(body.map_err(Into::<BoxError>::into));
     if http_body::Body::is_end_stream(&*body) {
         // Trailers-only response (what tonic returns for a handler error).
+        permit.release();
         return writer
             .send(vec![Out::new(
                 Kind::Trailers,
@@ -360,6 +521,7 @@ where
                         id,
                         frame::metadata_payload(&t),
                     ));
+                    permit.release();
                     return writer.send(batch).await;
                 }
             },
@@ -371,12 +533,217 @@ where
                     id,
                     frame::metadata_payload(&http::HeaderMap::new()),
                 ));
+                permit.release();
                 return writer.send(batch).await;
             }
             Some(Some(Err(e))) => {
                 batch.push(trailers_only(id, Status::from_error(e)));
+                permit.release();
                 return writer.send(batch).await;
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    use std::time::Duration;
+
+    use super::*;
+    use crate::fast::client::FastChannel;
+    use crate::fast::testing::BreakableTx;
+    use crate::pipe::mem_pair;
+
+    fn req(path: &str) -> http::Request<Body> {
+        http::Request::builder()
+            .uri(path)
+            .body(Body::empty())
+            .expect("request")
+    }
+
+    /// Issue 14 defect 5: a response the server cannot send (its send ring
+    /// corrupted by the peer) fails and closes the connection: `serve_conn`
+    /// returns the error and the caller gets an error instead of hanging.
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_failed_response_send_closes_the_connection() {
+        let (cpipe, (stx, srx)) = mem_pair(1 << 16);
+        let broken = Arc::new(AtomicBool::new(true));
+        let spipe: crate::pipe::Pipe = (
+            Box::new(BreakableTx {
+                inner: stx,
+                broken: broken.clone(),
+            }),
+            srx,
+        );
+        let svc = tower::service_fn(|_r: http::Request<Body>| async {
+            Ok::<_, std::convert::Infallible>(http::Response::new(Body::empty()))
+        });
+        let cfg = RrpcConfig::default();
+        let server = tokio::spawn(serve_conn(
+            spipe,
+            svc,
+            cfg.clone(),
+            CancellationToken::new(),
+        ));
+        let mut ch = FastChannel::start(cpipe, &cfg);
+        let r = tokio::time::timeout(
+            Duration::from_secs(5),
+            tower::Service::call(&mut ch, req("/x.Y/Z")),
+        )
+        .await
+        .expect("the call fails promptly instead of hanging");
+        assert!(r.is_err(), "no response could be sent");
+        let end = tokio::time::timeout(Duration::from_secs(5), server)
+            .await
+            .expect("serve_conn returns")
+            .expect("task");
+        let e = end.expect_err("serve_conn reports the send error");
+        assert!(e.to_string().contains("corrupted"), "{e}");
+    }
+
+    /// A send that fails on the client fails every call of the connection
+    /// (also one already waiting for its reply), and new calls.
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_failed_request_send_fails_every_call() {
+        let ((ctx, crx), spipe) = mem_pair(1 << 16);
+        let broken = Arc::new(AtomicBool::new(false));
+        let cpipe: crate::pipe::Pipe = (
+            Box::new(BreakableTx {
+                inner: ctx,
+                broken: broken.clone(),
+            }),
+            crx,
+        );
+        // `/never` never answers.
+        let svc = tower::service_fn(|r: http::Request<Body>| async move {
+            if r.uri().path() == "/never" {
+                std::future::pending::<()>().await;
+            }
+            Ok::<_, std::convert::Infallible>(http::Response::new(Body::empty()))
+        });
+        let cfg = RrpcConfig::default();
+        tokio::spawn(serve_conn(
+            spipe,
+            svc,
+            cfg.clone(),
+            CancellationToken::new(),
+        ));
+        let ch = FastChannel::start(cpipe, &cfg);
+        let mut c1 = ch.clone();
+        let waiting =
+            tokio::spawn(async move { tower::Service::call(&mut c1, req("/never")).await });
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+        }
+        broken.store(true, std::sync::atomic::Ordering::SeqCst);
+        let mut c2 = ch.clone();
+        assert!(tower::Service::call(&mut c2, req("/x")).await.is_err());
+        let r = tokio::time::timeout(Duration::from_secs(5), waiting)
+            .await
+            .expect("the waiting call fails promptly")
+            .expect("task");
+        let st = tonic::Status::from_error(r.expect_err("connection failed"));
+        assert_eq!(st.code(), tonic::Code::Unavailable, "{st:?}");
+        assert!(st.message().contains("corrupted"), "{st:?}");
+        let mut c3 = ch.clone();
+        assert!(tower::Service::call(&mut c3, req("/x")).await.is_err());
+    }
+
+    /// Sends `frames` as one message on a raw pipe half.
+    async fn raw_send(tx: &mut Box<dyn crate::pipe::MsgTx>, frames: &[(Kind, u8, u32, Vec<u8>)]) {
+        let mut msg = Vec::new();
+        for (k, f, id, p) in frames {
+            frame::push_frame(&mut msg, *k, *f, *id, p);
+        }
+        let mut fill = |slot: &mut [u8]| slot.copy_from_slice(&msg);
+        tx.send_with(msg.len(), &mut fill).await.expect("raw send");
+    }
+
+    /// Reads TRAILERS frames until `want` arrived: (call id, status).
+    async fn refusals(
+        crx: &mut Box<dyn crate::pipe::MsgRx>,
+        want: usize,
+    ) -> Vec<(u32, tonic::Code)> {
+        let mut got: Vec<(u32, tonic::Code)> = Vec::new();
+        while got.len() < want {
+            let mut sink = |m: &[u8]| {
+                for f in frame::frames(m) {
+                    let f = f.expect("valid frame");
+                    assert_eq!(f.kind, Kind::Trailers);
+                    let t = frame::parse_metadata(f.payload).expect("trailers");
+                    let code: i32 = t["grpc-status"]
+                        .to_str()
+                        .expect("ascii")
+                        .parse()
+                        .expect("a number");
+                    got.push((f.call_id, tonic::Code::from(code)));
+                }
+            };
+            assert!(crx.recv_with(&mut sink).await.expect("recv"));
+        }
+        got
+    }
+
+    /// Issue 14 defect 6: a peer opening calls without ever ending them gets
+    /// at most `max_concurrent_calls` handlers running; the excess is
+    /// refused at once with `Unavailable`, and a cancelled call frees its
+    /// place.
+    #[tokio::test(flavor = "current_thread")]
+    async fn calls_beyond_the_limit_are_refused() {
+        const LIMIT: usize = 8;
+        const OPENED: u32 = 50;
+        let ((mut ctx, mut crx), spipe) = mem_pair(1 << 20);
+        let started = Arc::new(AtomicUsize::new(0));
+        let st = started.clone();
+        let svc = tower::service_fn(move |_r: http::Request<Body>| {
+            st.fetch_add(1, Ordering::SeqCst);
+            async {
+                std::future::pending::<()>().await;
+                Ok::<_, std::convert::Infallible>(http::Response::new(Body::empty()))
+            }
+        });
+        let cfg = RrpcConfig::default()
+            .max_concurrent_calls(LIMIT)
+            .expect("limit");
+        tokio::spawn(serve_conn(spipe, svc, cfg, CancellationToken::new()));
+        let open = |id: u32| {
+            (
+                Kind::RequestHeaders,
+                0,
+                id,
+                frame::request_headers_payload("/x.Y/Z", &http::HeaderMap::new()),
+            )
+        };
+        // Half in one message, half one call per message.
+        let batch: Vec<_> = (1..=OPENED / 2).map(open).collect();
+        raw_send(&mut ctx, &batch).await;
+        for id in OPENED / 2 + 1..=OPENED {
+            raw_send(&mut ctx, &[open(id)]).await;
+        }
+        let got = tokio::time::timeout(
+            Duration::from_secs(5),
+            refusals(&mut crx, (OPENED as usize) - LIMIT),
+        )
+        .await
+        .expect("the excess calls are refused at once");
+        assert!(
+            got.iter().all(|(_, c)| *c == tonic::Code::Unavailable),
+            "{got:?}"
+        );
+        assert_eq!(started.load(Ordering::SeqCst), LIMIT, "handlers running");
+        // Cancel an accepted call: its place goes to the next call.
+        let accepted = (1..=OPENED)
+            .find(|id| got.iter().all(|(r, _)| r != id))
+            .expect("an accepted call");
+        raw_send(&mut ctx, &[(Kind::Cancel, 0, accepted, Vec::new())]).await;
+        raw_send(&mut ctx, &[open(OPENED + 1)]).await;
+        raw_send(&mut ctx, &[open(OPENED + 2)]).await;
+        let got = tokio::time::timeout(Duration::from_secs(5), refusals(&mut crx, 1))
+            .await
+            .expect("the call over the limit is refused");
+        assert_eq!(got, vec![(OPENED + 2, tonic::Code::Unavailable)]);
+        assert_eq!(started.load(Ordering::SeqCst), LIMIT + 1);
     }
 }

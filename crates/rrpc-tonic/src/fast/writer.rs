@@ -1,9 +1,10 @@
 //! Shared frame writer: many call tasks, one send ring.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use bytes::Bytes;
 use tokio::sync::Mutex;
+use tokio_util::sync::{CancellationToken, WaitForCancellationFuture};
 
 use crate::Error;
 use crate::frame::{self, HEADER_LEN, Kind};
@@ -45,13 +46,30 @@ impl Out {
 /// what almost every frame takes; [`FrameWriter::send`] tries it first and
 /// only queues on the async lock and waits for ring space when the ring is
 /// full, another task is mid-write, or the batch needs several messages.
+///
+/// A send that fails on the ring (the peer corrupted it, e.g. a head word
+/// past our tail, or the peer is gone) fails the whole connection: the
+/// error is logged at warn once, every later send fails at once, and
+/// [`FrameWriter::failed`] completes so that the connection's owner closes
+/// it and fails its calls. Only a frame too large for any message is a
+/// per-call error.
 #[derive(Clone)]
 pub(crate) struct FrameWriter {
     tx: Arc<Mutex<Box<dyn MsgTx>>>,
+    fail: Arc<Fail>,
     zero_copy: bool,
     max_msg: usize,
     /// Largest DATA payload per frame.
     pub(crate) chunk: usize,
+}
+
+/// Set once a send failed: the connection is unusable.
+#[derive(Debug, Default)]
+struct Fail {
+    token: CancellationToken,
+    reason: OnceLock<String>,
+    /// The failure was the peer leaving, not a fault.
+    gone: std::sync::atomic::AtomicBool,
 }
 
 impl std::fmt::Debug for FrameWriter {
@@ -95,9 +113,64 @@ impl FrameWriter {
         let chunk = max_chunk.min(max_msg.saturating_sub(HEADER_LEN)).max(1);
         FrameWriter {
             tx: Arc::new(Mutex::new(tx)),
+            fail: Arc::new(Fail::default()),
             zero_copy,
             max_msg,
             chunk,
+        }
+    }
+
+    /// Completes once a send failed and the connection must be closed.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: dropping the future loses nothing.
+    pub(crate) fn failed(&self) -> WaitForCancellationFuture<'_> {
+        self.fail.token.cancelled()
+    }
+
+    /// Why the connection failed, once it did ([`Error::PeerGone`] when
+    /// the peer left).
+    pub(crate) fn failure(&self) -> Option<Error> {
+        let r = self.fail.reason.get()?;
+        if self.fail.gone.load(std::sync::atomic::Ordering::Acquire) {
+            return Some(Error::PeerGone);
+        }
+        Some(Error::Rings(r.clone().into()))
+    }
+
+    /// Records a ring error: the connection is unusable from now on.
+    fn check(&self, r: Result<bool, Error>) -> Result<bool, Error> {
+        match r {
+            Err(Error::MessageTooLarge { len, max }) => Err(Error::MessageTooLarge { len, max }),
+            Err(e) => {
+                let gone = matches!(e, Error::PeerGone);
+                let reason = e.to_string();
+                if gone {
+                    self.fail
+                        .gone
+                        .store(true, std::sync::atomic::Ordering::Release);
+                }
+                if self.fail.reason.set(reason.clone()).is_ok() {
+                    if gone {
+                        tracing::debug!("rrpc: send failed, peer gone: closing the connection");
+                    } else {
+                        tracing::warn!("rrpc: send failed, closing the connection: {reason}");
+                    }
+                }
+                self.fail.token.cancel();
+                Err(e)
+            }
+            ok => ok,
+        }
+    }
+
+    /// The error of every send after a failure.
+    fn refuse(&self) -> Result<(), Error> {
+        match self.fail.reason.get() {
+            Some(r) => Err(Error::Rings(
+                format!("connection failed earlier: {r}").into(),
+            )),
+            None => Ok(()),
         }
     }
 
@@ -119,6 +192,7 @@ impl FrameWriter {
     /// task holds the writer, the ring is full, or the batch needs several
     /// messages. Then use [`FrameWriter::send`].
     pub(crate) fn try_send(&self, batch: &[Out]) -> Result<bool, Error> {
+        self.refuse()?;
         let Some(total) = self.one_message(batch) else {
             return Ok(false);
         };
@@ -126,7 +200,8 @@ impl FrameWriter {
             return Ok(false);
         };
         let zc = self.zero_copy;
-        tx.try_send_with(total, &mut |slot: &mut [u8]| fill_slot(batch, zc, slot))
+        let r = tx.try_send_with(total, &mut |slot: &mut [u8]| fill_slot(batch, zc, slot));
+        self.check(r)
     }
 
     /// Sends a batch of frames as one ring message when it fits, splitting
@@ -187,6 +262,9 @@ impl FrameWriter {
     async fn write_message(&self, frames: &[Out], total: usize) -> Result<(), Error> {
         let zc = self.zero_copy;
         let mut fill = |slot: &mut [u8]| fill_slot(frames, zc, slot);
-        self.tx.lock().await.send_with(total, &mut fill).await
+        let mut tx = self.tx.lock().await;
+        self.refuse()?;
+        let r = tx.send_with(total, &mut fill).await.map(|()| true);
+        self.check(r).map(drop)
     }
 }
