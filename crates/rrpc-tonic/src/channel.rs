@@ -200,6 +200,12 @@ impl Service<http::Request<Body>> for RrpcChannel {
 
     fn call(&mut self, req: http::Request<Body>) -> ResponseFuture {
         match &mut self.inner {
+            // Plain tonic (TCP, Unix socket): exactly what tonic's own
+            // `Channel` reports, statuses untouched.
+            Inner::Tonic(c, ChannelPath::Tcp | ChannelPath::Unix) => {
+                let fut = c.call(req);
+                Box::pin(async move { fut.await.map_err(Into::into) })
+            }
             Inner::Tonic(c, _) => {
                 let fut = c.call(req);
                 Box::pin(async move {
@@ -227,8 +233,10 @@ fn lost_connection(s: tonic::Status) -> tonic::Status {
     }
 }
 
-/// A call dispatched on a connection that is closing: hyper says "canceled",
-/// gRPC (and the fast path) say the peer is unavailable. An expired deadline
+/// HTTP/2 over rings only: a call dispatched on a connection that is
+/// closing: hyper says "canceled", the fast path says the peer is
+/// unavailable. (A handler panic therefore also reads `Unavailable` on this
+/// path, where tonic over TCP and the fast path say `Cancelled`.) An expired deadline
 /// keeps tonic's own status (`Cancelled: Timeout expired`).
 fn dispatch_error(e: BoxError) -> tonic::Status {
     let st = tonic::Status::from_error(e);

@@ -16,14 +16,16 @@ use tonic::Code;
 /// ([`tonic_channel_reports_cancelled`] pins it). The fast path says the same.
 const PANIC_CODE: Code = Code::Cancelled;
 
-/// What an `RrpcChannel` reports on `t`. On the hyper paths (tcp, shm
-/// HTTP/2) `RrpcChannel` still remaps tonic's `Cancelled` to `Unavailable`
-/// (channel.rs `dispatch_error`, issue 15 "Differences"); once that is
-/// fixed, this is [`PANIC_CODE`] on every transport.
+/// What an `RrpcChannel` reports on `t`: [`PANIC_CODE`], except on rrpc's
+/// HTTP/2 path over rings, which remaps tonic's `Cancelled` to
+/// `Unavailable` (channel.rs `dispatch_error`; pinned here, documented
+/// there). Over TCP `RrpcChannel` is exactly tonic's `Channel`.
 fn expected(t: Transport) -> Code {
     match t {
-        Transport::ShmFast => PANIC_CODE,
-        Transport::Tcp | Transport::ShmH2 => Code::Unavailable,
+        Transport::ShmFast | Transport::RdmaFast | Transport::Tcp => PANIC_CODE,
+        // rrpc's HTTP/2 path reports a stream hyper cancelled as Unavailable
+        // (channel.rs `dispatch_error`): a pinned difference.
+        Transport::ShmH2 | Transport::RdmaH2 => Code::Unavailable,
     }
 }
 
