@@ -104,7 +104,9 @@ impl RrpcChannel {
             t => {
                 let mut pipe = dial(&t, &config).await?;
                 match negotiate_client(&mut pipe, &config).await? {
-                    Negotiated::Fast => Inner::Fast(FastChannel::start(pipe, &config)),
+                    Negotiated::Fast { peer_window } => {
+                        Inner::Fast(FastChannel::start(pipe, &config, peer_window))
+                    }
                     Negotiated::Http2 => Inner::Tonic(
                         h2_channel(t, pipe, config, uri.to_string()).await?,
                         ChannelPath::Http2,

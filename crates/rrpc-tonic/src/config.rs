@@ -15,6 +15,9 @@ pub enum PathPreference {
     Http2,
 }
 
+/// Smallest [`RrpcConfig::call_window`] either end accepts.
+pub(crate) const MIN_CALL_WINDOW: u32 = 1024;
+
 /// Configuration shared by rrpc clients and servers.
 ///
 /// Private fields, documented defaults, chained setters; validated setters
@@ -27,7 +30,7 @@ pub enum PathPreference {
 /// | `path` | [`PathPreference::Fast`] | issue 5: fast path by default between two rrpc endpoints |
 /// | `zero_copy` | on | RR-Compound §IV-F; off reproduces Fig. 14's baseline |
 /// | `max_chunk` | 256 KiB | fast-path DATA frames larger than this are split so calls interleave |
-/// | `call_buffer` | 64 chunks | per-call receive queue before the connection applies back-pressure |
+/// | `call_window` | 256 KiB | fast path: per-call flow-control window in each direction (an HTTP/2 stream window) |
 /// | `max_concurrent_calls` | 200 | fast path, per connection: hyper's own HTTP/2 server default for `max_concurrent_streams` (tonic's `Server` leaves it unlimited, issue 14 defect 6) |
 /// | `poller` | process-wide [`default_poller_config`] | see [`RrpcConfig::poller`] |
 /// | `handshake_timeout` | 5 s | bounds a connection's whole setup (rrpc-core handshake + path negotiation) |
@@ -44,7 +47,7 @@ struct Inner {
     path: PathPreference,
     zero_copy: bool,
     max_chunk: usize,
-    call_buffer: usize,
+    call_window: u32,
     max_concurrent_calls: usize,
     poller: Option<PollerConfig>,
     receive_spin: std::time::Duration,
@@ -67,7 +70,7 @@ impl Default for RrpcConfig {
             path: PathPreference::Fast,
             zero_copy: true,
             max_chunk: 256 << 10,
-            call_buffer: 64,
+            call_window: 256 << 10,
             max_concurrent_calls: 200,
             poller: None,
             receive_spin: std::time::Duration::ZERO,
@@ -142,15 +145,35 @@ impl RrpcConfig {
         }
         Ok(self.with(|i| i.max_chunk = bytes))
     }
-    /// Per-call receive queue length, in chunks.
+    /// The fast path's per-call flow-control window, in bytes (default
+    /// 256 KiB; at least 1 KiB, at most 2^31 - 1).
+    ///
+    /// The role of an HTTP/2 stream window: a peer may send at most this
+    /// many bytes of one call's DATA (each non-empty frame counts its
+    /// 12-byte header too, [`crate::frame::data_charge`]) before this end's
+    /// application has read them; reading hands them back with a
+    /// WINDOW_UPDATE frame once half the window is consumed. So a call
+    /// whose receiver stops reading stalls only itself: the connection's
+    /// reader never waits for it, and other calls on the connection go on
+    /// (issue 15). Each end announces its own window in the path
+    /// negotiation; it bounds what the connection holds for one call, and
+    /// with [`RrpcConfig::max_concurrent_calls`] what one peer can make a
+    /// connection buffer: at most `max_concurrent_calls × call_window`
+    /// (50 MiB with the defaults).
+    ///
+    /// Larger windows let one call stream faster over a long round trip
+    /// (bandwidth ≤ window / round-trip time); on shm and RDMA round trips
+    /// are microseconds, so 256 KiB does not limit a single stream.
     ///
     /// # Errors
-    /// [`crate::Error::InvalidConfig`] if `chunks` is 0.
-    pub fn call_buffer(self, chunks: usize) -> Result<Self, crate::Error> {
-        if chunks == 0 {
-            return Err(crate::Error::InvalidConfig("call_buffer must be > 0"));
+    /// [`crate::Error::InvalidConfig`] outside 1 KiB ..= 2^31 - 1.
+    pub fn call_window(self, bytes: u32) -> Result<Self, crate::Error> {
+        if !(MIN_CALL_WINDOW..=crate::frame::MAX_WINDOW).contains(&bytes) {
+            return Err(crate::Error::InvalidConfig(
+                "call_window must be between 1 KiB and 2^31 - 1 bytes",
+            ));
         }
-        Ok(self.with(|i| i.call_buffer = chunks))
+        Ok(self.with(|i| i.call_window = bytes))
     }
 
     /// Most calls open at once on one fast-path connection (default 200),
@@ -166,7 +189,7 @@ impl RrpcConfig {
     /// headers until its trailers (server: written; client: read) or its
     /// cancellation.
     ///
-    /// Together with the per-call buffers this bounds what one peer can make
+    /// Together with [`RrpcConfig::call_window`] this bounds what one peer can make
     /// a connection hold (issue 14 defect 6). 200 is hyper's default for
     /// its HTTP/2 server (tonic's `Server` overrides it to unlimited).
     ///
@@ -310,9 +333,9 @@ impl RrpcConfig {
     pub fn get_max_chunk(&self) -> usize {
         self.0.max_chunk
     }
-    /// See [`RrpcConfig::call_buffer`].
-    pub fn get_call_buffer(&self) -> usize {
-        self.0.call_buffer
+    /// See [`RrpcConfig::call_window`].
+    pub fn get_call_window(&self) -> u32 {
+        self.0.call_window
     }
 
     /// A shared secret the server requires from every client, and that a

@@ -12,8 +12,21 @@
 //! TRAILERS         payload = metadata (carries grpc-status, grpc-message, trailing metadata)
 //! CANCEL           payload = empty (either side abandons the call)
 //! GOAWAY           payload = empty (server drains: no new calls on this connection)
+//! WINDOW_UPDATE    payload = increment:u32 (1 ..= 2^31-1), call_id != 0
 //! metadata = count:u16 { name_len:u16 name value_len:u32 value }*
 //! ```
+//!
+//! # Per-call flow control
+//!
+//! Every call has a window in each direction, as an HTTP/2 stream does. The
+//! receiver's initial window is announced once per connection in the path
+//! negotiation (`RrpcConfig::call_window`); a sender may have at most that
+//! many DATA bytes of a call unacknowledged, where a DATA frame with a
+//! payload of `n > 0` bytes counts [`data_charge`]`(n) = HEADER_LEN + n`
+//! (so that a peer cannot queue unbounded per-frame overhead with 1-byte
+//! frames) and an empty one counts nothing. The receiver hands bytes back
+//! with WINDOW_UPDATE once the application has consumed them. A peer that
+//! sends beyond its window breaks the protocol and loses the connection.
 //!
 //! Flag [`END_STREAM`] on REQUEST_HEADERS or DATA closes the sender's half of
 //! the call. Every length is checked against the bytes actually present; names
@@ -44,6 +57,8 @@ pub enum Kind {
     Cancel = 5,
     /// The server stops accepting new calls on this connection.
     GoAway = 6,
+    /// The receiver of a call's DATA grants the sender more window.
+    WindowUpdate = 7,
 }
 
 impl Kind {
@@ -55,6 +70,7 @@ impl Kind {
             4 => Kind::Trailers,
             5 => Kind::Cancel,
             6 => Kind::GoAway,
+            7 => Kind::WindowUpdate,
             _ => return None,
         })
     }
@@ -301,6 +317,38 @@ pub fn parse_metadata(payload: &[u8]) -> Result<HeaderMap, FrameError> {
     Ok(map)
 }
 
+/// Largest window and window increment (HTTP/2's limit, 2^31 - 1).
+pub const MAX_WINDOW: u32 = (1 << 31) - 1;
+
+/// What a DATA frame with `payload_len` bytes counts against a call's
+/// window: its wire size, or nothing for an empty frame.
+pub fn data_charge(payload_len: usize) -> usize {
+    if payload_len == 0 {
+        0
+    } else {
+        HEADER_LEN + payload_len
+    }
+}
+
+/// Encodes the payload of a WINDOW_UPDATE frame.
+pub fn window_update_payload(increment: u32) -> [u8; 4] {
+    increment.to_le_bytes()
+}
+
+/// Decodes the payload of a WINDOW_UPDATE frame: an increment of
+/// 1 ..= [`MAX_WINDOW`].
+pub fn parse_window_update(payload: &[u8]) -> Result<u32, FrameError> {
+    let mut r = Reader(payload);
+    let inc = r.u32()?;
+    if !r.0.is_empty() {
+        return Err(FrameError::Trailing);
+    }
+    if inc == 0 || inc > MAX_WINDOW {
+        return Err(FrameError::Invalid("window increment"));
+    }
+    Ok(inc)
+}
+
 /// Appends a whole frame (header + payload) to `out`.
 pub fn push_frame(out: &mut Vec<u8>, kind: Kind, flags: u8, call_id: u32, payload: &[u8]) {
     let start = out.len();
@@ -394,6 +442,31 @@ mod tests {
             parse_request_headers(&[3, 0, b'a', b'b', b'c', 0, 0]),
             Err(FrameError::Invalid("method path"))
         );
+    }
+
+    #[test]
+    fn window_updates_round_trip_and_bad_ones_are_refused() {
+        for inc in [1, 4096, MAX_WINDOW] {
+            assert_eq!(parse_window_update(&window_update_payload(inc)), Ok(inc));
+        }
+        assert_eq!(
+            parse_window_update(&0u32.to_le_bytes()),
+            Err(FrameError::Invalid("window increment"))
+        );
+        assert_eq!(
+            parse_window_update(&(MAX_WINDOW + 1).to_le_bytes()),
+            Err(FrameError::Invalid("window increment"))
+        );
+        assert!(matches!(
+            parse_window_update(&[1, 0]),
+            Err(FrameError::Truncated { .. })
+        ));
+        assert_eq!(
+            parse_window_update(&[1, 0, 0, 0, 0]),
+            Err(FrameError::Trailing)
+        );
+        assert_eq!(data_charge(0), 0);
+        assert_eq!(data_charge(1), HEADER_LEN + 1);
     }
 
     #[test]

@@ -77,10 +77,16 @@
 //! below; the HTTP/2 path costs hyper/h2's framing, HPACK and several task
 //! hops per call (about 4× the fast path's latency here).
 //!
+//! Both paths have per-call flow control: on the fast path each call has
+//! its own window in each direction ([`RrpcConfig::call_window`], 256 KiB
+//! by default, WINDOW_UPDATE frames as in HTTP/2), so a call whose receiver
+//! stops reading stalls only itself. Unlike HTTP/2 there is no
+//! connection-wide window for a few unread calls to use up (with hyper's
+//! default 1 MiB connection window, a stalled stream can block every call
+//! on an HTTP/2 connection; `tests/integration/tests/flow_control.rs`).
+//!
 //! Features that need the HTTP/2 path (choose `PathPreference::Http2`):
-//! per-stream flow control (the fast path has connection-level back-pressure
-//! only: a call whose receiver stops reading stalls the connection once its
-//! queue of [`RrpcConfig::call_buffer`] chunks is full), tonic `Server`
+//! tonic `Server`
 //! options that configure hyper (keep-alive pings, `max_concurrent_streams`,
 //! window sizes, `concurrency_limit_per_connection`, `timeout`), HTTP/1
 //! and gRPC-Web, and tonic's `ConnectInfo` extensions. Interceptors,

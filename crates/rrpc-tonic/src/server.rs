@@ -307,9 +307,9 @@ where
                     };
                     drop(permit);
                     match r {
-                        Ok((pipe, Negotiated::Fast)) => {
+                        Ok((pipe, Negotiated::Fast { peer_window })) => {
                             tracing::debug!(%peer, "rrpc connection on the fast path");
-                            if let Err(e) = serve_conn(pipe, svc, config, token).await {
+                            if let Err(e) = serve_conn(pipe, svc, config, token, peer_window).await {
                                 tracing::warn!(%peer, error = %e, "rrpc connection failed");
                             }
                         }

@@ -440,18 +440,25 @@ mod tests {
                 .establish()
                 .await
                 .expect("establish");
-            negotiate_server(&mut pipe, &scfg).await.expect("negotiate");
+            let negotiated = negotiate_server(&mut pipe, &scfg).await.expect("negotiate");
+            let crate::transport::Negotiated::Fast { peer_window } = negotiated else {
+                panic!("fast path expected");
+            };
             let svc = tower::service_fn(|_r: http::Request<Body>| async {
                 let mut res = http::Response::new(Body::empty());
                 res.headers_mut()
                     .insert("grpc-status", "0".parse().expect("value"));
                 Ok::<_, std::convert::Infallible>(res)
             });
-            crate::fast::server::serve_conn(pipe, svc, scfg, CancellationToken::new()).await
+            crate::fast::server::serve_conn(pipe, svc, scfg, CancellationToken::new(), peer_window)
+                .await
         });
         let mut pipe = dial(&target, &cfg).await.expect("dial");
-        negotiate_client(&mut pipe, &cfg).await.expect("negotiate");
-        let mut ch = FastChannel::start(pipe, &cfg);
+        let negotiated = negotiate_client(&mut pipe, &cfg).await.expect("negotiate");
+        let crate::transport::Negotiated::Fast { peer_window } = negotiated else {
+            panic!("fast path expected");
+        };
+        let mut ch = FastChannel::start(pipe, &cfg, peer_window);
         for _ in 0..20 {
             let req = http::Request::builder()
                 .uri("/x.Y/Z")

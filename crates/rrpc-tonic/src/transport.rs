@@ -12,6 +12,15 @@
 //! and the server's first message answers with the one chosen (fast path
 //! only if both ends allow it). On `shm`/`rdma` this rides in the same pipe
 //! right after rrpc-core's handshake.
+//!
+//! ```text
+//! hello (client) = "RRP2" path:u8 call_window:u32     (path: 0 fast, 1 HTTP/2)
+//! reply (server) = "RRP2" path:u8 call_window:u32     (the path chosen)
+//!                | "RRPX" reason                      (refused)
+//! ```
+//!
+//! Each end's `call_window` is its fast-path receive window per call
+//! ([`RrpcConfig::call_window`]): the other end's initial send credit.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -73,11 +82,48 @@ impl Target {
 /// The path a connection ended up on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Negotiated {
-    Fast,
+    /// The fast path; the peer's per-call receive window is our initial
+    /// send credit per call.
+    Fast {
+        peer_window: u32,
+    },
     Http2,
 }
 
-const MAGIC: &[u8; 4] = b"RRP1";
+const MAGIC: &[u8; 4] = b"RRP2";
+const HELLO_LEN: usize = 9;
+
+fn hello_bytes(path: u8, window: u32) -> [u8; HELLO_LEN] {
+    let mut m = [0u8; HELLO_LEN];
+    m[..4].copy_from_slice(MAGIC);
+    m[4] = path;
+    m[5..].copy_from_slice(&window.to_le_bytes());
+    m
+}
+
+/// Parses a hello or reply: (path byte, the peer's call window).
+fn parse_hello(m: &[u8]) -> Result<(u8, u32), String> {
+    if m.len() != HELLO_LEN || &m[..4] != MAGIC {
+        let seen = String::from_utf8_lossy(&m[..m.len().min(4)]).into_owned();
+        return Err(format!(
+            "malformed or unsupported path hello ({} bytes starting {seen:?}; this build speaks RRP2)",
+            m.len()
+        ));
+    }
+    let path = m[4];
+    if path > 1 {
+        return Err(format!("unknown path {path}"));
+    }
+    let window = u32::from_le_bytes(m[5..].try_into().expect("4 bytes"));
+    if !(crate::config::MIN_CALL_WINDOW..=crate::frame::MAX_WINDOW).contains(&window) {
+        return Err(format!(
+            "peer's call window {window} is outside {} ..= {}",
+            crate::config::MIN_CALL_WINDOW,
+            crate::frame::MAX_WINDOW
+        ));
+    }
+    Ok((path, window))
+}
 
 fn pref_byte(p: PathPreference) -> u8 {
     match p {
@@ -91,11 +137,9 @@ pub(crate) async fn negotiate_client(
     pipe: &mut Pipe,
     cfg: &RrpcConfig,
 ) -> Result<Negotiated, Error> {
-    let mut hello = [0u8; 5];
-    hello[..4].copy_from_slice(MAGIC);
-    hello[4] = pref_byte(cfg.get_path());
+    let hello = hello_bytes(pref_byte(cfg.get_path()), cfg.get_call_window());
     pipe.0
-        .send_with(5, &mut |s: &mut [u8]| s.copy_from_slice(&hello))
+        .send_with(HELLO_LEN, &mut |s: &mut [u8]| s.copy_from_slice(&hello))
         .await?;
     let mut reply: Option<Vec<u8>> = None;
     if !pipe
@@ -108,15 +152,15 @@ pub(crate) async fn negotiate_client(
         ));
     }
     match reply.as_deref() {
-        Some([a, b, c, d, p]) if [*a, *b, *c, *d] == *MAGIC => match p {
-            0 => Ok(Negotiated::Fast),
-            1 => Ok(Negotiated::Http2),
-            _ => Err(Error::Handshake(format!("unknown path {p}"))),
-        },
         Some(m) if m.starts_with(b"RRPX") => Err(Error::Handshake(
             String::from_utf8_lossy(&m[4..]).into_owned(),
         )),
-        _ => Err(Error::Handshake("malformed path reply".into())),
+        Some(m) => match parse_hello(m) {
+            Ok((0, peer_window)) => Ok(Negotiated::Fast { peer_window }),
+            Ok(_) => Ok(Negotiated::Http2),
+            Err(e) => Err(Error::Handshake(format!("server's path reply: {e}"))),
+        },
+        None => Err(Error::Handshake("empty path reply".into())),
     }
 }
 
@@ -135,28 +179,30 @@ pub(crate) async fn negotiate_server(
             "client closed during path negotiation".into(),
         ));
     }
-    let chosen = match hello.as_deref() {
-        Some([a, b, c, d, p]) if [*a, *b, *c, *d] == *MAGIC && *p <= 1 => {
-            if *p == 0 && cfg.get_path() == PathPreference::Fast {
-                Negotiated::Fast
-            } else {
-                Negotiated::Http2
-            }
+    let chosen = match parse_hello(hello.as_deref().unwrap_or_default()) {
+        Ok((0, peer_window)) if cfg.get_path() == PathPreference::Fast => {
+            Negotiated::Fast { peer_window }
         }
-        _ => {
-            let msg = b"RRPXunsupported rrpc version";
+        Ok(_) => Negotiated::Http2,
+        Err(e) => {
+            let msg = format!("RRPX{e}");
             let _ = pipe
                 .0
-                .send_with(msg.len(), &mut |s: &mut [u8]| s.copy_from_slice(msg))
+                .send_with(msg.len(), &mut |s: &mut [u8]| {
+                    s.copy_from_slice(msg.as_bytes())
+                })
                 .await;
-            return Err(Error::Handshake("malformed or unsupported hello".into()));
+            return Err(Error::Handshake(format!("client's path hello: {e}")));
         }
     };
-    let mut reply = [0u8; 5];
-    reply[..4].copy_from_slice(MAGIC);
-    reply[4] = if chosen == Negotiated::Fast { 0 } else { 1 };
+    let path = if matches!(chosen, Negotiated::Fast { .. }) {
+        0
+    } else {
+        1
+    };
+    let reply = hello_bytes(path, cfg.get_call_window());
     pipe.0
-        .send_with(5, &mut |s: &mut [u8]| s.copy_from_slice(&reply))
+        .send_with(HELLO_LEN, &mut |s: &mut [u8]| s.copy_from_slice(&reply))
         .await?;
     Ok(chosen)
 }
@@ -336,8 +382,11 @@ mod tests {
 
     #[tokio::test]
     async fn negotiation_picks_fast_only_if_both_allow() {
+        let fast = Negotiated::Fast {
+            peer_window: RrpcConfig::new().get_call_window(),
+        };
         for (c, s, want) in [
-            (PathPreference::Fast, PathPreference::Fast, Negotiated::Fast),
+            (PathPreference::Fast, PathPreference::Fast, fast),
             (
                 PathPreference::Http2,
                 PathPreference::Fast,
@@ -354,6 +403,46 @@ mod tests {
             let (x, y) = tokio::join!(negotiate_client(&mut a, &cc), negotiate_server(&mut b, &sc));
             assert_eq!(x.unwrap(), want);
             assert_eq!(y.unwrap(), want);
+        }
+    }
+
+    /// Each end learns the other's call window; an old (RRP1) or malformed
+    /// hello is refused with a reason the client sees.
+    #[tokio::test]
+    async fn negotiation_exchanges_call_windows_and_refuses_bad_hellos() {
+        let (mut a, mut b) = pipe::mem_pair(4096);
+        let cc = RrpcConfig::new().call_window(4096).unwrap();
+        let sc = RrpcConfig::new().call_window(1 << 20).unwrap();
+        let (x, y) = tokio::join!(negotiate_client(&mut a, &cc), negotiate_server(&mut b, &sc));
+        assert_eq!(
+            x.unwrap(),
+            Negotiated::Fast {
+                peer_window: 1 << 20
+            }
+        );
+        assert_eq!(y.unwrap(), Negotiated::Fast { peer_window: 4096 });
+        for bad in [
+            b"RRP1\0".to_vec(),
+            hello_bytes(0, 10).to_vec(),
+            hello_bytes(7, 4096).to_vec(),
+            Vec::new(),
+        ] {
+            let (mut a, mut b) = pipe::mem_pair(4096);
+            let send = async {
+                a.0.send_with(bad.len().max(1), &mut |s: &mut [u8]| {
+                    s[..bad.len()].copy_from_slice(&bad)
+                })
+                .await
+                .unwrap();
+                let mut reply = Vec::new();
+                a.1.recv_with(&mut |m: &[u8]| reply = m.to_vec())
+                    .await
+                    .unwrap();
+                reply
+            };
+            let (reply, r) = tokio::join!(send, negotiate_server(&mut b, &sc));
+            assert!(r.is_err(), "{bad:?} accepted");
+            assert!(reply.starts_with(b"RRPX"), "{bad:?}: {reply:?}");
         }
     }
 }

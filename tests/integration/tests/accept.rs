@@ -208,12 +208,15 @@ async fn garbage_instead_of_the_http2_preface_closes_the_connection() {
     let path = sock_path(&h);
     let closed = tokio::task::spawn_blocking(move || {
         let (conn, mut tx, mut rx) = core_handshake_only(path);
-        tx.try_send(b"RRP1\x01").expect("hello");
+        // The path hello (rrpc-tonic's transport docs): HTTP/2, 64 KiB window.
+        let mut hello = b"RRP2\x01".to_vec();
+        hello.extend_from_slice(&(64u32 << 10).to_le_bytes());
+        tx.try_send(&hello).expect("hello");
         tx.flush().expect("flush");
         // The server's path reply.
         let got = closes_within(Duration::from_secs(5), || match rx.try_recv() {
             Ok(m) => {
-                assert_eq!(&m[..], b"RRP1\x01", "server chose HTTP/2");
+                assert_eq!(&m[..5], b"RRP2\x01", "server chose HTTP/2");
                 true
             }
             Err(_) => false,

@@ -18,6 +18,10 @@ fuzz_target!(|data: &[u8]| {
             assert_eq!(p2, path);
             assert_eq!(m2, map);
         }
+        if let Ok(inc) = frame::parse_window_update(f.payload) {
+            assert!(inc >= 1 && inc <= frame::MAX_WINDOW);
+            assert_eq!(frame::window_update_payload(inc), f.payload);
+        }
         if let Ok(map) = frame::parse_metadata(f.payload) {
             let again = frame::metadata_payload(&map);
             assert_eq!(frame::parse_metadata(&again).expect("re-encoded metadata decodes"), map);
@@ -26,4 +30,5 @@ fuzz_target!(|data: &[u8]| {
     // Payloads on their own (a frame's payload is any byte string).
     let _ = frame::parse_request_headers(data);
     let _ = frame::parse_metadata(data);
+    let _ = frame::parse_window_update(data);
 });

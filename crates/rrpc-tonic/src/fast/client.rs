@@ -13,6 +13,7 @@ use tokio::task::AbortHandle;
 use tonic::Status;
 use tonic::body::Body;
 
+use super::flow::{self, CallFlow, Credit};
 use super::writer::{FrameWriter, Out};
 use super::{Event, RecvBody, parse_grpc_timeout};
 use crate::frame::{self, END_STREAM, FrameError, Kind};
@@ -30,12 +31,24 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// One call's receive queue.
-#[derive(Debug, Default)]
+/// One call's receive queue (bounded in bytes by the call's window).
+#[derive(Debug)]
 struct Slot {
     events: VecDeque<Event>,
     /// The waiting task, if any.
     waker: Option<Waker>,
+    /// The call's flow-control windows.
+    flow: Arc<CallFlow>,
+}
+
+impl Slot {
+    fn new(flow: Arc<CallFlow>) -> Slot {
+        Slot {
+            events: VecDeque::new(),
+            waker: None,
+            flow,
+        }
+    }
 }
 
 #[derive(Debug, Default)]
@@ -45,9 +58,9 @@ struct Table {
     closed: Option<(tonic::Code, String)>,
     /// The call whose waker the pending receive future holds.
     driver: Option<u32>,
-    /// Slots holding `call_buffer` events or more: receiving pauses
-    /// (connection-level back-pressure) until they drain.
-    full: usize,
+    /// Request senders waiting for window: the WINDOW_UPDATE they need
+    /// must be received even when no call waits for its response.
+    credit_waiters: usize,
     /// Waker of the fallback reader task.
     fallback: Option<Waker>,
 }
@@ -61,10 +74,11 @@ impl Table {
             return;
         }
         self.driver = None;
-        let waiting = self
-            .calls
-            .iter()
-            .any(|(k, s)| *k != id && s.waker.is_some());
+        let waiting = self.credit_waiters > 0
+            || self
+                .calls
+                .iter()
+                .any(|(k, s)| *k != id && s.waker.is_some());
         if waiting
             && id != FALLBACK
             && let Some(w) = self.fallback.take()
@@ -96,7 +110,10 @@ struct Shared {
     table: Mutex<Table>,
     rx: Mutex<RxState>,
     next_id: AtomicU32,
-    call_buffer: usize,
+    /// The server's receive window per call: our initial send credit.
+    peer_window: u32,
+    /// Our receive window per call.
+    our_window: u32,
     /// [`RrpcConfig::max_concurrent_calls`]: calls beyond it wait here;
     /// closed with the connection.
     open_calls: Arc<tokio::sync::Semaphore>,
@@ -154,6 +171,13 @@ fn decode(
                 }
             },
             Kind::Cancel => Event::Reset(Status::cancelled("rrpc: call reset by the server")),
+            Kind::WindowUpdate => match frame::parse_window_update(f.payload) {
+                Ok(inc) => Event::Window(inc),
+                Err(e) => {
+                    *bad = Some(e);
+                    return;
+                }
+            },
             Kind::GoAway => {
                 *goaway = true;
                 continue;
@@ -172,31 +196,52 @@ impl Shared {
     fn take(&self, id: u32) -> bool {
         let mut t = lock(&self.table);
         let slot = t.calls.remove(&id);
-        if let Some(s) = &slot
-            && s.events.len() >= self.call_buffer
-        {
-            t.full -= 1;
+        if let Some(s) = &slot {
+            // A request sender still waiting for window gives up.
+            s.flow.close();
         }
         t.handoff(id);
         slot.is_some()
     }
 
     /// Delivers one event to a call (a missing call: it was abandoned).
-    fn deliver(&self, t: &mut Table, id: u32, ev: Event) {
-        if let Some(s) = t.calls.get_mut(&id) {
-            s.events.push_back(ev);
-            if s.events.len() == self.call_buffer {
-                t.full += 1;
-            }
-            if let Some(w) = s.waker.take() {
-                w.wake();
-            }
+    ///
+    /// # Errors
+    /// The server broke the call's flow control (sent beyond its window,
+    /// or overflowed ours).
+    fn deliver(&self, t: &mut Table, id: u32, ev: Event) -> Result<(), FrameError> {
+        let Some(s) = t.calls.get_mut(&id) else {
+            return Ok(());
+        };
+        match ev {
+            Event::Window(inc) => return s.flow.granted(inc),
+            Event::Data(ref b) => s.flow.received(b.len())?,
+            _ => {}
         }
+        s.events.push_back(ev);
+        if let Some(w) = s.waker.take() {
+            w.wake();
+        }
+        Ok(())
+    }
+
+    /// A request sender starts waiting for window: make sure somebody
+    /// receives (the fallback reader, unless a call is receiving already).
+    fn credit_wait(self: &Arc<Self>) -> CreditWait {
+        let mut t = lock(&self.table);
+        t.credit_waiters += 1;
+        if t.driver.is_none()
+            && let Some(w) = t.fallback.take()
+        {
+            w.wake();
+        }
+        CreditWait(self.clone())
     }
 
     /// The connection ended: every call gets `reason`, new calls too.
     fn close(&self, t: &mut Table, reason: (tonic::Code, String)) {
         for s in t.calls.values_mut() {
+            s.flow.close();
             s.events
                 .push_back(Event::Reset(Status::new(reason.0, reason.1.clone())));
             if let Some(w) = s.waker.take() {
@@ -230,7 +275,8 @@ impl Shared {
                     if t.closed.is_some() && self.rx_gone() {
                         return Poll::Ready(None);
                     }
-                    let waiting = t.calls.values().any(|s| s.waker.is_some());
+                    let waiting =
+                        t.credit_waiters > 0 || t.calls.values().any(|s| s.waker.is_some());
                     if !waiting && t.driver != Some(FALLBACK) {
                         // Nobody waits: sleep until a handoff.
                         t.fallback = Some(cx.waker().clone());
@@ -238,34 +284,18 @@ impl Shared {
                     }
                     t.fallback = Some(cx.waker().clone());
                 } else {
-                    let limit = self.call_buffer;
                     let Some(slot) = t.calls.get_mut(&id) else {
                         t.handoff(id);
                         return Poll::Ready(None);
                     };
                     if let Some(ev) = slot.events.pop_front() {
-                        let left = slot.events.len();
-                        if left + 1 == limit {
-                            t.full -= 1;
-                        }
                         t.handoff(id);
-                        if t.full == 0
-                            && left + 1 == limit
-                            && let Some(w) = t.fallback.take()
-                        {
-                            // Receiving was paused by this slot: resume it.
-                            w.wake();
-                        }
                         return Poll::Ready(Some(ev));
                     }
                     match &mut slot.waker {
                         Some(w) if w.will_wake(cx.waker()) => {}
                         w => *w = Some(cx.waker().clone()),
                     }
-                }
-                if t.full > 0 {
-                    // Back-pressure: a slow consumer's queue is full.
-                    return Poll::Pending;
                 }
             }
             let Ok(mut rxs) = self.rx.try_lock() else {
@@ -304,8 +334,11 @@ impl Shared {
                             "rrpc: server is shutting down".into(),
                         ));
                     }
+                    let mut bad = bad;
                     for (cid, ev) in events {
-                        self.deliver(&mut t, cid, ev);
+                        if let Err(e) = self.deliver(&mut t, cid, ev) {
+                            bad.get_or_insert(e);
+                        }
                     }
                     let end = if let Some(e) = bad {
                         Some((
@@ -358,6 +391,15 @@ impl Shared {
     }
 }
 
+/// Registered while a request sender waits for window ([`Shared::credit_wait`]).
+struct CreditWait(Arc<Shared>);
+
+impl Drop for CreditWait {
+    fn drop(&mut self) {
+        lock(&self.0.table).credit_waiters -= 1;
+    }
+}
+
 /// A call's handle on its receive slot (the response body's source).
 #[derive(Debug)]
 pub(crate) struct SlotRef {
@@ -391,8 +433,9 @@ pub(crate) struct FastChannel {
 }
 
 impl FastChannel {
-    /// Starts a client connection on a negotiated pipe.
-    pub(crate) fn start(pipe: Pipe, cfg: &RrpcConfig) -> FastChannel {
+    /// Starts a client connection on a negotiated pipe; `peer_window` is
+    /// the server's announced receive window per call.
+    pub(crate) fn start(pipe: Pipe, cfg: &RrpcConfig, peer_window: u32) -> FastChannel {
         let (tx, rx) = pipe;
         let shared = Arc::new(Shared {
             table: Mutex::new(Table::default()),
@@ -401,7 +444,8 @@ impl FastChannel {
                 fut: None,
             }),
             next_id: AtomicU32::new(1),
-            call_buffer: cfg.get_call_buffer(),
+            peer_window,
+            our_window: cfg.get_call_window(),
             open_calls: Arc::new(tokio::sync::Semaphore::new(
                 cfg.get_max_concurrent_calls()
                     .min(tokio::sync::Semaphore::MAX_PERMITS),
@@ -559,6 +603,7 @@ async fn call(
         ));
         return Err(Box::new(Status::new(code, msg)));
     };
+    let flow = CallFlow::new(shared.peer_window, shared.our_window);
     let id = {
         let mut t = lock(&shared.table);
         if let Some((code, msg)) = &t.closed {
@@ -568,7 +613,7 @@ async fn call(
         while id == FALLBACK || t.calls.contains_key(&id) {
             id = shared.next_id.fetch_add(1, Ordering::Relaxed);
         }
-        t.calls.insert(id, Slot::default());
+        t.calls.insert(id, Slot::new(flow.clone()));
         id
     };
     let (parts, mut body) = req.into_parts();
@@ -587,17 +632,38 @@ async fn call(
     };
     let mut batch = vec![Out::new(Kind::RequestHeaders, 0, id, headers)];
     // The caller writes the request itself when the body is ready at once
-    // (unary, server streaming): one ring message, no task hop.
+    // (unary, server streaming) and the call's window covers it: one ring
+    // message, no task hop. Otherwise a sender task streams it while the
+    // caller waits for the response (and so receives the WINDOW_UPDATEs).
     match drain_ready(&mut body, id, &mut batch) {
-        Drained::Complete => {
+        Drained::Complete if flow::try_take_batch(&guard.inner.writer, &flow, &batch) => {
             if let Err(e) = guard.inner.writer.send(batch).await {
                 guard.finished();
                 return Err(Box::new(Status::unavailable(format!("rrpc: {e}"))));
             }
         }
+        Drained::Complete => {
+            let writer = guard.inner.writer.clone();
+            let sender = tokio::spawn(send_request(
+                writer,
+                shared.clone(),
+                flow.clone(),
+                id,
+                batch,
+                None,
+            ));
+            guard.sender = Some(sender.abort_handle());
+        }
         Drained::More => {
             let writer = guard.inner.writer.clone();
-            let sender = tokio::spawn(send_request(writer, shared.clone(), id, batch, body));
+            let sender = tokio::spawn(send_request(
+                writer,
+                shared.clone(),
+                flow.clone(),
+                id,
+                batch,
+                Some(body),
+            ));
             guard.sender = Some(sender.abort_handle());
         }
         Drained::Failed(status) => {
@@ -624,7 +690,12 @@ async fn call(
             if let Some(hm) = builder.headers_mut() {
                 *hm = h;
             }
-            Ok(builder.body(Body::new(RecvBody::slot(slot, guard)))?)
+            let credit = Credit {
+                flow,
+                writer: guard.inner.writer.clone(),
+                id,
+            };
+            Ok(builder.body(Body::new(RecvBody::slot(slot, guard, credit)))?)
         }
         Some(Event::Trailers(t)) => {
             // Trailers-only response, as HTTP/2 would deliver it.
@@ -638,7 +709,7 @@ async fn call(
             guard.finished();
             Err(Box::new(s))
         }
-        Some(Event::Data(_)) => Err(Box::new(Status::internal(
+        Some(Event::Data(_) | Event::Window(_)) => Err(Box::new(Status::internal(
             "rrpc: data before response headers",
         ))),
         None => {
@@ -648,23 +719,33 @@ async fn call(
     }
 }
 
-/// Streams the rest of a request body (client and bidi streaming).
+/// Streams a request within the call's window: `batch`, then the rest of
+/// `body` if there is one (client and bidi streaming).
 async fn send_request(
     writer: FrameWriter,
     shared: Arc<Shared>,
+    flow: Arc<CallFlow>,
     id: u32,
     mut batch: Vec<Out>,
-    mut body: Body,
+    body: Option<Body>,
 ) {
     let failed = |e: Error| {
         // The writer also fails the whole connection unless the frame was
         // too large (then only this call).
         let mut t = lock(&shared.table);
-        shared.deliver(&mut t, id, Event::Reset(Status::from(e)));
+        let _ = shared.deliver(&mut t, id, Event::Reset(Status::from(e)));
+    };
+    let send =
+        |batch: Vec<Out>| flow::send_within_window(&writer, &flow, batch, || shared.credit_wait());
+    let Some(mut body) = body else {
+        if let Err(e) = send(batch).await {
+            failed(e);
+        }
+        return;
     };
     loop {
         if !batch.is_empty()
-            && let Err(e) = writer.send(std::mem::take(&mut batch)).await
+            && let Err(e) = send(std::mem::take(&mut batch)).await
         {
             return failed(e);
         }
@@ -682,7 +763,7 @@ async fn send_request(
             }
             Some(Err(status)) => {
                 let mut t = lock(&shared.table);
-                shared.deliver(&mut t, id, Event::Reset(status));
+                let _ = shared.deliver(&mut t, id, Event::Reset(status));
                 drop(t);
                 batch.push(Out::new(Kind::Cancel, 0, id, Bytes::new()));
                 break;
@@ -694,14 +775,14 @@ async fn send_request(
             Drained::Complete => break,
             Drained::Failed(status) => {
                 let mut t = lock(&shared.table);
-                shared.deliver(&mut t, id, Event::Reset(status));
+                let _ = shared.deliver(&mut t, id, Event::Reset(status));
                 drop(t);
                 batch.push(Out::new(Kind::Cancel, 0, id, Bytes::new()));
                 break;
             }
         }
     }
-    if let Err(e) = writer.send(batch).await {
+    if let Err(e) = send(batch).await {
         failed(e);
     }
 }
@@ -742,14 +823,10 @@ mod tests {
         let (fb, fb_waker) = counting();
         let (_, w2) = counting();
         t.fallback = Some(fb_waker);
-        t.calls.insert(1, Slot::default());
-        t.calls.insert(
-            2,
-            Slot {
-                events: VecDeque::new(),
-                waker: Some(w2),
-            },
-        );
+        t.calls.insert(1, Slot::new(CallFlow::new(4096, 4096)));
+        let mut s2 = Slot::new(CallFlow::new(4096, 4096));
+        s2.waker = Some(w2);
+        t.calls.insert(2, s2);
         t.driver = Some(2);
         t.handoff(1);
         assert_eq!(fb.0.load(Ordering::SeqCst), 0, "1 was not receiving");
@@ -789,8 +866,9 @@ mod tests {
             svc,
             cfg.clone(),
             CancellationToken::new(),
+            cfg.get_call_window(),
         ));
-        let ch = FastChannel::start(cpipe, &cfg);
+        let ch = FastChannel::start(cpipe, &cfg, cfg.get_call_window());
         let mut c1 = ch.clone();
         let slow = tokio::spawn(async move { tower::Service::call(&mut c1, req("/slow")).await });
         // The slow call writes its request and starts receiving.
@@ -835,8 +913,9 @@ mod tests {
             svc,
             scfg.clone(),
             CancellationToken::new(),
+            scfg.get_call_window(),
         ));
-        let ch = FastChannel::start(cpipe, &scfg);
+        let ch = FastChannel::start(cpipe, &scfg, scfg.get_call_window());
         let mut calls = tokio::task::JoinSet::new();
         for _ in 0..5 {
             let mut c = ch.clone();

@@ -17,7 +17,12 @@
 //!   server's connection task returns the error ([`writer::FrameWriter`]);
 //! * at most [`RrpcConfig::max_concurrent_calls`](crate::RrpcConfig::max_concurrent_calls)
 //!   calls are open at once: a server refuses the excess with `Unavailable`,
-//!   a client queues its own excess until a call finishes.
+//!   a client queues its own excess until a call finishes;
+//! * every call has its own flow-control window in each direction
+//!   ([`flow`], [`RrpcConfig::call_window`](crate::RrpcConfig::call_window)):
+//!   a call whose consumer stops reading stalls only itself, never the
+//!   connection's reader or other calls; a peer that sends beyond a window
+//!   loses the connection (`Internal`, protocol violation).
 
 use std::collections::VecDeque;
 use std::pin::Pin;
@@ -31,6 +36,7 @@ use tokio::sync::mpsc;
 use tonic::Status;
 
 pub(crate) mod client;
+pub(crate) mod flow;
 pub(crate) mod server;
 pub(crate) mod writer;
 
@@ -45,14 +51,18 @@ pub(crate) enum Event {
     Trailers(HeaderMap),
     /// The call was aborted (peer cancel, connection lost, protocol error).
     Reset(Status),
+    /// The peer granted this call more send window (client side; applied
+    /// by the reader, never queued).
+    Window(u32),
 }
 
 /// Where a [`RecvBody`] gets its events from after its queued ones.
 pub(crate) enum Source {
     /// Nothing more: the stream ended (server: request complete on arrival).
     Ended,
-    /// A channel fed by the server connection's reader task.
-    Chan(mpsc::Receiver<Event>),
+    /// A channel fed by the server connection's reader task (bounded in
+    /// bytes by the call's flow-control window, not in events).
+    Chan(mpsc::UnboundedReceiver<Event>),
     /// The client's per-call slot, filled by whichever call drives the
     /// connection's receive side ([`client`] docs).
     Slot(client::SlotRef),
@@ -71,6 +81,8 @@ pub(crate) struct RecvBody {
     /// Dropped with the body; the client's call guard sends CANCEL if the
     /// call had not finished.
     pub(crate) guard: Option<client::CallGuard>,
+    /// Hands the bytes the application read back to the peer.
+    credit: Option<flow::Credit>,
 }
 
 impl std::fmt::Debug for RecvBody {
@@ -83,13 +95,18 @@ impl std::fmt::Debug for RecvBody {
 
 impl RecvBody {
     /// Server: `queued` chunks, then more from `rx` until it closes.
-    pub(crate) fn new(queued: VecDeque<Event>, rx: mpsc::Receiver<Event>, eos_ok: bool) -> Self {
+    pub(crate) fn new(
+        queued: VecDeque<Event>,
+        rx: mpsc::UnboundedReceiver<Event>,
+        credit: flow::Credit,
+    ) -> Self {
         RecvBody {
             queued,
             src: Source::Chan(rx),
             done: false,
-            eos_ok,
+            eos_ok: true,
             guard: None,
+            credit: Some(credit),
         }
     }
     /// Server: a request stream that was complete on arrival.
@@ -100,16 +117,22 @@ impl RecvBody {
             done: false,
             eos_ok: true,
             guard: None,
+            credit: None,
         }
     }
     /// Client: the response stream of one call.
-    pub(crate) fn slot(slot: client::SlotRef, guard: client::CallGuard) -> Self {
+    pub(crate) fn slot(
+        slot: client::SlotRef,
+        guard: client::CallGuard,
+        credit: flow::Credit,
+    ) -> Self {
         RecvBody {
             queued: VecDeque::new(),
             src: Source::Slot(slot),
             done: false,
             eos_ok: false,
             guard: Some(guard),
+            credit: Some(credit),
         }
     }
     fn finish(&mut self) {
@@ -143,7 +166,17 @@ impl http_body::Body for RecvBody {
         }
         match self.poll_event(cx) {
             Poll::Pending => Poll::Pending,
-            Poll::Ready(Some(Event::Data(b))) => Poll::Ready(Some(Ok(Frame::data(b)))),
+            Poll::Ready(Some(Event::Data(b))) => {
+                if let Some(c) = &self.credit {
+                    c.consumed(b.len());
+                }
+                Poll::Ready(Some(Ok(Frame::data(b))))
+            }
+            // Never queued (the reader applies it); ignore if it were.
+            Poll::Ready(Some(Event::Window(_))) => {
+                cx.waker().wake_by_ref();
+                Poll::Pending
+            }
             Poll::Ready(Some(Event::Trailers(t))) => {
                 self.finish();
                 Poll::Ready(Some(Ok(Frame::trailers(t))))

@@ -17,6 +17,7 @@ use tonic::Status;
 use tonic::body::Body;
 use tower::ServiceExt;
 
+use super::flow::{self, CallFlow, Credit};
 use super::writer::{FrameWriter, Out};
 use super::{Event, RecvBody, parse_grpc_timeout};
 use crate::frame::{self, END_STREAM, FrameError, Kind};
@@ -41,12 +42,17 @@ enum In {
     Cancel {
         id: u32,
     },
+    Window {
+        id: u32,
+        inc: u32,
+    },
 }
 
 struct Call {
-    body: Option<mpsc::Sender<Event>>,
+    body: Option<mpsc::UnboundedSender<Event>>,
     task: AbortHandle,
     permit: Arc<CallPermit>,
+    flow: Arc<CallFlow>,
 }
 
 /// One call's place in [`RrpcConfig::max_concurrent_calls`].
@@ -96,6 +102,7 @@ struct Opening {
     /// The request stream ended in the same message.
     end: bool,
     permit: Arc<CallPermit>,
+    flow: Arc<CallFlow>,
 }
 
 /// Serves one fast-path connection until the peer leaves, a protocol error,
@@ -105,11 +112,17 @@ struct Opening {
 /// At most [`RrpcConfig::max_concurrent_calls`] calls are open at once;
 /// the excess is refused at once with `Unavailable` (the status tonic gives
 /// for HTTP/2's `REFUSED_STREAM`), before any handler runs.
+///
+/// Each call's request data is queued for its handler without ever
+/// making this reader wait, bounded by [`RrpcConfig::call_window`]; each
+/// response is sent within `peer_window`, the client's announced window
+/// ([`flow`]).
 pub(crate) async fn serve_conn<S, ResBody>(
     pipe: Pipe,
     svc: S,
     cfg: RrpcConfig,
     shutdown: CancellationToken,
+    peer_window: u32,
 ) -> Result<(), Error>
 where
     S: tower::Service<http::Request<Body>, Response = http::Response<ResBody>>
@@ -128,6 +141,7 @@ where
     let mut draining = false;
     let mut inbox: Vec<In> = Vec::new();
     let limit = cfg.get_max_concurrent_calls();
+    let our_window = cfg.get_call_window();
     let active = Arc::new(AtomicUsize::new(0));
     let result = loop {
         if draining && calls.is_empty() {
@@ -196,10 +210,15 @@ where
                         chunks: VecDeque::new(),
                         end,
                         permit,
+                        flow: CallFlow::new(peer_window, our_window),
                     });
                 }
                 In::Data { id, data, end } => {
                     if let Some(o) = opening.iter_mut().find(|o| o.id == id) {
+                        if let Err(e) = o.flow.received(data.len()) {
+                            bad = Some(e);
+                            break;
+                        }
                         if !o.end && !data.is_empty() {
                             o.chunks.push_back(Event::Data(data));
                         }
@@ -209,14 +228,31 @@ where
                     let Some(call) = calls.get_mut(&id) else {
                         continue;
                     };
-                    if let Some(b) = call.body.clone()
+                    if let Err(e) = call.flow.received(data.len()) {
+                        bad = Some(e);
+                        break;
+                    }
+                    if let Some(b) = &call.body
                         && !data.is_empty()
                     {
-                        // Back-pressure from the handler's reading pace (documented).
-                        let _ = b.send(Event::Data(data)).await;
+                        // Never waits: the call's window bounds its queue.
+                        let _ = b.send(Event::Data(data));
                     }
                     if end {
                         call.body = None;
+                    }
+                }
+                In::Window { id, inc } => {
+                    let flow = match opening.iter().find(|o| o.id == id) {
+                        Some(o) => Some(&o.flow),
+                        None => calls.get(&id).map(|c| &c.flow),
+                    };
+                    // A window for a call that already ended is ignored.
+                    if let Some(f) = flow
+                        && let Err(e) = f.granted(inc)
+                    {
+                        bad = Some(e);
+                        break;
                     }
                 }
                 In::Cancel { id } => {
@@ -225,6 +261,7 @@ where
                     } else if let Some(call) = calls.remove(&id) {
                         // Dropping the handler's future is how tonic sees cancellation.
                         call.task.abort();
+                        call.flow.close();
                         call.permit.release();
                     }
                 }
@@ -241,12 +278,18 @@ where
                 chunks,
                 end,
                 permit,
+                flow,
             } = o;
             let (body, btx) = if end {
                 (RecvBody::ready(chunks), None)
             } else {
-                let (btx, brx) = mpsc::channel(cfg.get_call_buffer());
-                (RecvBody::new(chunks, brx, true), Some(btx))
+                let (btx, brx) = mpsc::unbounded_channel();
+                let credit = Credit {
+                    flow: flow.clone(),
+                    writer: writer.clone(),
+                    id,
+                };
+                (RecvBody::new(chunks, brx, credit), Some(btx))
             };
             let req = build_request(path, headers, body);
             let mut fut = Box::pin(run_call(
@@ -255,6 +298,7 @@ where
                 id,
                 writer.clone(),
                 permit.clone(),
+                flow.clone(),
             ));
             // Unary handlers usually finish at their first poll: run it here,
             // in the reader task, and write the response without a task hop.
@@ -275,6 +319,7 @@ where
                     body: btx,
                     task: task.abort_handle(),
                     permit,
+                    flow,
                 },
             );
         }
@@ -299,8 +344,9 @@ where
     }
     for (_, c) in calls.drain() {
         if let Some(b) = c.body {
-            let _ = b.try_send(Event::Reset(Status::cancelled("rrpc: connection lost")));
+            let _ = b.send(Event::Reset(Status::cancelled("rrpc: connection lost")));
         }
+        c.flow.close();
         c.task.abort();
     }
     result
@@ -344,6 +390,13 @@ fn decode(msg: &[u8], inbox: &mut Vec<In>, bad: &mut Option<FrameError>) {
                 end,
             }),
             Kind::Cancel => inbox.push(In::Cancel { id }),
+            Kind::WindowUpdate => match frame::parse_window_update(f.payload) {
+                Ok(inc) => inbox.push(In::Window { id, inc }),
+                Err(e) => {
+                    *bad = Some(e);
+                    return;
+                }
+            },
             Kind::ResponseHeaders | Kind::Trailers | Kind::GoAway => {
                 *bad = Some(FrameError::Invalid("server-only frame sent by a client"));
                 return;
@@ -388,6 +441,7 @@ async fn run_call<S, ResBody>(
     id: u32,
     writer: FrameWriter,
     permit: Arc<CallPermit>,
+    flow: Arc<CallFlow>,
 ) where
     S: tower::Service<http::Request<Body>, Response = http::Response<ResBody>> + Send + 'static,
     S::Future: Send + 'static,
@@ -408,7 +462,7 @@ async fn run_call<S, ResBody>(
             },
             None => fut.await.map_err(Into::into),
         };
-        send_response(res, id, &w, &p).await
+        send_response(res, id, &w, &p, &flow).await
     };
     // The handler's state is dropped right after a panic and never observed
     // again, so unwind safety is not a concern.
@@ -449,6 +503,12 @@ async fn run_call<S, ResBody>(
     }
 }
 
+/// Sends a response batch within the call's window (the server's reader
+/// always runs, so nothing else must be told while it waits).
+async fn send(writer: &FrameWriter, flow: &CallFlow, batch: Vec<Out>) -> Result<(), Error> {
+    flow::send_within_window(writer, flow, batch, || ()).await
+}
+
 /// The message of a caught panic, when it has one.
 fn panic_message(panic: &(dyn std::any::Any + Send)) -> &str {
     if let Some(s) = panic.downcast_ref::<&str>() {
@@ -465,6 +525,7 @@ async fn send_response<ResBody>(
     id: u32,
     writer: &FrameWriter,
     permit: &CallPermit,
+    flow: &CallFlow,
 ) -> Result<(), Error>
 where
     ResBody: http_body::Body<Data = Bytes> + Send + 'static,
@@ -506,7 +567,7 @@ where
             body.frame().now_or_never()
         };
         match next {
-            None => writer.send(std::mem::take(&mut batch)).await?,
+            None => send(writer, flow, std::mem::take(&mut batch)).await?,
             Some(Some(Ok(f))) => match f.into_data() {
                 Ok(d) => {
                     if !d.is_empty() {
@@ -522,7 +583,7 @@ where
                         frame::metadata_payload(&t),
                     ));
                     permit.release();
-                    return writer.send(batch).await;
+                    return send(writer, flow, batch).await;
                 }
             },
             Some(None) => {
@@ -534,12 +595,12 @@ where
                     frame::metadata_payload(&http::HeaderMap::new()),
                 ));
                 permit.release();
-                return writer.send(batch).await;
+                return send(writer, flow, batch).await;
             }
             Some(Some(Err(e))) => {
                 batch.push(trailers_only(id, Status::from_error(e)));
                 permit.release();
-                return writer.send(batch).await;
+                return send(writer, flow, batch).await;
             }
         }
     }
@@ -586,8 +647,9 @@ mod tests {
             svc,
             cfg.clone(),
             CancellationToken::new(),
+            cfg.get_call_window(),
         ));
-        let mut ch = FastChannel::start(cpipe, &cfg);
+        let mut ch = FastChannel::start(cpipe, &cfg, cfg.get_call_window());
         let r = tokio::time::timeout(
             Duration::from_secs(5),
             tower::Service::call(&mut ch, req("/x.Y/Z")),
@@ -629,8 +691,9 @@ mod tests {
             svc,
             cfg.clone(),
             CancellationToken::new(),
+            cfg.get_call_window(),
         ));
-        let ch = FastChannel::start(cpipe, &cfg);
+        let ch = FastChannel::start(cpipe, &cfg, cfg.get_call_window());
         let mut c1 = ch.clone();
         let waiting =
             tokio::spawn(async move { tower::Service::call(&mut c1, req("/never")).await });
@@ -686,6 +749,41 @@ mod tests {
         got
     }
 
+    /// A client that sends a call more DATA than the window the server
+    /// announced breaks the protocol: the connection is closed with a
+    /// protocol error, not buffered without bound.
+    #[tokio::test(flavor = "current_thread")]
+    async fn data_beyond_the_call_window_closes_the_connection() {
+        let ((mut ctx, _crx), spipe) = mem_pair(1 << 20);
+        // A handler that never reads its request.
+        let svc = tower::service_fn(|_r: http::Request<Body>| async {
+            std::future::pending::<()>().await;
+            Ok::<_, std::convert::Infallible>(http::Response::new(Body::empty()))
+        });
+        let cfg = RrpcConfig::default().call_window(4096).expect("window");
+        let server = tokio::spawn(serve_conn(spipe, svc, cfg, CancellationToken::new(), 4096));
+        let open = (
+            Kind::RequestHeaders,
+            0,
+            1,
+            frame::request_headers_payload("/x.Y/Z", &http::HeaderMap::new()),
+        );
+        raw_send(&mut ctx, &[open]).await;
+        // 4096 bytes of window: 3 frames of 1100 + 12 fit, a fourth does not.
+        for _ in 0..3 {
+            raw_send(&mut ctx, &[(Kind::Data, 0, 1, vec![7u8; 1100])]).await;
+        }
+        tokio::task::yield_now().await;
+        assert!(!server.is_finished(), "within the window");
+        raw_send(&mut ctx, &[(Kind::Data, 0, 1, vec![7u8; 1100])]).await;
+        let r = tokio::time::timeout(Duration::from_secs(5), server)
+            .await
+            .expect("the connection is closed at once")
+            .expect("task");
+        let e = r.expect_err("a protocol error");
+        assert!(e.to_string().contains("flow-control window"), "{e}");
+    }
+
     /// Issue 14 defect 6: a peer opening calls without ever ending them gets
     /// at most `max_concurrent_calls` handlers running; the excess is
     /// refused at once with `Unavailable`, and a cancelled call frees its
@@ -707,7 +805,8 @@ mod tests {
         let cfg = RrpcConfig::default()
             .max_concurrent_calls(LIMIT)
             .expect("limit");
-        tokio::spawn(serve_conn(spipe, svc, cfg, CancellationToken::new()));
+        let w = cfg.get_call_window();
+        tokio::spawn(serve_conn(spipe, svc, cfg, CancellationToken::new(), w));
         let open = |id: u32| {
             (
                 Kind::RequestHeaders,
