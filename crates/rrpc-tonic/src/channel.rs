@@ -237,10 +237,14 @@ fn lost_connection(s: tonic::Status) -> tonic::Status {
 
 /// HTTP/2 over rings only: a call dispatched on a connection that is
 /// closing: hyper says "canceled", the fast path says the peer is
-/// unavailable. (A handler panic therefore also reads `Unavailable` on this
-/// path, where tonic over TCP and the fast path say `Cancelled`.) An expired deadline
-/// keeps tonic's own status (`Cancelled: Timeout expired`).
+/// unavailable, so this path does too. A stream the server reset itself
+/// (RST_STREAM, e.g. CANCEL after its handler panicked) keeps tonic's
+/// status (`Cancelled`), exactly as over TCP. An expired deadline keeps
+/// tonic's own status (`Cancelled: Timeout expired`).
 fn dispatch_error(e: BoxError) -> tonic::Status {
+    if reset_by_server(&*e) {
+        return tonic::Status::from_error(e);
+    }
     let st = tonic::Status::from_error(e);
     let timeout = st.code() == tonic::Code::Cancelled && st.message().contains("Timeout expired");
     match st.code() {
@@ -249,4 +253,16 @@ fn dispatch_error(e: BoxError) -> tonic::Status {
         }
         _ => st,
     }
+}
+
+/// Whether `e` is, or wraps, an HTTP/2 stream reset sent by the server.
+fn reset_by_server(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut cur = Some(e);
+    while let Some(err) = cur {
+        if let Some(h2) = err.downcast_ref::<h2::Error>() {
+            return h2.is_reset() && h2.is_remote();
+        }
+        cur = err.source();
+    }
+    false
 }

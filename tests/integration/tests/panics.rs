@@ -16,17 +16,11 @@ use tonic::Code;
 /// ([`tonic_channel_reports_cancelled`] pins it). The fast path says the same.
 const PANIC_CODE: Code = Code::Cancelled;
 
-/// What an `RrpcChannel` reports on `t`: [`PANIC_CODE`], except on rrpc's
-/// HTTP/2 path over rings, which remaps tonic's `Cancelled` to
-/// `Unavailable` (channel.rs `dispatch_error`; pinned here, documented
-/// there). Over TCP `RrpcChannel` is exactly tonic's `Channel`.
-fn expected(t: Transport) -> Code {
-    match t {
-        Transport::ShmFast | Transport::RdmaFast | Transport::Tcp => PANIC_CODE,
-        // rrpc's HTTP/2 path reports a stream hyper cancelled as Unavailable
-        // (channel.rs `dispatch_error`): a pinned difference.
-        Transport::ShmH2 | Transport::RdmaH2 => Code::Unavailable,
-    }
+/// What an `RrpcChannel` reports on `t`: [`PANIC_CODE`] on every
+/// transport (rrpc's HTTP/2 path keeps a stream reset by the server as
+/// tonic reports it; before, it said `Unavailable`).
+fn expected(_t: Transport) -> Code {
+    PANIC_CODE
 }
 
 async fn handler_panics_at_first_poll(t: Transport) {
