@@ -39,6 +39,12 @@ pub enum ChannelPath {
 /// `GreeterClient::new(RrpcChannel::connect("shm:///run/g.sock", cfg).await?)`.
 ///
 /// Cheap to clone; clones share the connection and multiplex their calls.
+///
+/// Dropping the last clone (and the calls and response streams made on
+/// it) closes the connection: its sockets, eventfds and ring regions are
+/// released within milliseconds on both paths, whether the process is busy
+/// or idle (`tests/integration/tests/release.rs` allows 5 s and counts the
+/// process's descriptors).
 #[derive(Debug, Clone)]
 pub struct RrpcChannel {
     inner: Inner,
