@@ -67,6 +67,9 @@ pub struct Observed {
     pub started: Notify,
     /// Signalled when a handler's stream is dropped early.
     pub cancel_seen: Notify,
+    /// Messages the server-streaming handler has produced (taken by the
+    /// transport), all calls together.
+    pub produced: AtomicU64,
 }
 
 #[derive(Debug, Clone)]
@@ -154,6 +157,7 @@ impl Test for Svc {
                 if input.delay_ms > 0 {
                     tokio::time::sleep(Duration::from_millis(input.delay_ms as u64)).await;
                 }
+                watch.obs.produced.fetch_add(1, Ordering::Relaxed);
                 yield Ok(Output { payload: input.payload.clone(), total: i as u64 });
             }
             watch.done = true;

@@ -99,7 +99,43 @@ async fn unread_bidi_stalls_only_itself(t: Transport) {
     assert_eq!(n, BIDI_COUNT);
 }
 
+/// What a server produces for a stream nobody reads is bounded by the
+/// call's window, not by the stream's length (issue 14 defect 6: 10,000
+/// unread 64 KiB replies cost the server +393 MiB). The fast path holds at
+/// most a window plus one batch (a chunk) per call: asserted ≤ 4 × 256 KiB.
+/// (Before: a body that was always ready was drained whole into one batch,
+/// all 10,000 messages.) The HTTP/2 path is bounded by tonic's client
+/// stream window (2 MiB) plus the ring: asserted ≤ 4 MiB. Over TCP,
+/// tonic's own buffers apply: not asserted.
+async fn unread_stream_production_is_bounded(t: Transport) {
+    let s = Harness::start(t).await;
+    let mut c = s.client().await;
+    let _st = c
+        .server_stream(Input {
+            payload: payload(MSG),
+            count: 10_000,
+            ..Default::default()
+        })
+        .await
+        .expect("stream opens")
+        .into_inner();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let produced = s.obs.produced.load(std::sync::atomic::Ordering::Relaxed);
+    assert!(produced > 0);
+    let bound = match t {
+        Transport::Tcp => usize::MAX,
+        Transport::ShmH2 | Transport::RdmaH2 => 4 << 20,
+        Transport::ShmFast | Transport::RdmaFast => 4 * (256 << 10),
+    };
+    assert!(
+        produced as usize * MSG <= bound,
+        "{t:?}: {produced} messages of {MSG} B produced for a stream nobody reads"
+    );
+    unary_works(&mut c, "bounded").await;
+}
+
 on_all_transports!(
     unread_server_stream_stalls_only_itself,
-    unread_bidi_stalls_only_itself
+    unread_bidi_stalls_only_itself,
+    unread_stream_production_is_bounded
 );

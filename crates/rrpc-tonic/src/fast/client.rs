@@ -554,15 +554,21 @@ enum Drained {
     Failed(Status),
 }
 
-/// Moves every frame `body` has ready now into `batch`.
-fn drain_ready(body: &mut Body, id: u32, batch: &mut Vec<Out>) -> Drained {
+/// Moves the frames `body` has ready now into `batch`, up to about `limit`
+/// bytes of data (a body that is always ready is not drained into memory).
+fn drain_ready(body: &mut Body, id: u32, batch: &mut Vec<Out>, limit: usize) -> Drained {
+    let mut taken = 0usize;
     loop {
+        if taken >= limit {
+            return Drained::More;
+        }
         match body.frame().now_or_never() {
             None => return Drained::More,
             Some(Some(Ok(f))) => {
                 if let Ok(data) = f.into_data()
                     && !data.is_empty()
                 {
+                    taken += data.len();
                     batch.push(Out::new(Kind::Data, 0, id, data));
                 }
             }
@@ -635,7 +641,7 @@ async fn call(
     // (unary, server streaming) and the call's window covers it: one ring
     // message, no task hop. Otherwise a sender task streams it while the
     // caller waits for the response (and so receives the WINDOW_UPDATEs).
-    match drain_ready(&mut body, id, &mut batch) {
+    match drain_ready(&mut body, id, &mut batch, guard.inner.writer.chunk) {
         Drained::Complete if flow::try_take_batch(&guard.inner.writer, &flow, &batch) => {
             if let Err(e) = guard.inner.writer.send(batch).await {
                 guard.finished();
@@ -770,7 +776,7 @@ async fn send_request(
             }
         }
         // Greedily batch what the body has ready now.
-        match drain_ready(&mut body, id, &mut batch) {
+        match drain_ready(&mut body, id, &mut batch, writer.chunk) {
             Drained::More => {}
             Drained::Complete => break,
             Drained::Failed(status) => {

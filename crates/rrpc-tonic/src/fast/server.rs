@@ -560,9 +560,15 @@ where
         id,
         frame::metadata_payload(&parts.headers),
     )];
+    // Frames the body has ready go out together, up to about one chunk of
+    // data (a body that is always ready must not be drained into memory).
+    let mut batched = 0usize;
     loop {
         let next = if batch.is_empty() {
+            batched = 0;
             Some(body.frame().await)
+        } else if batched >= writer.chunk {
+            None
         } else {
             body.frame().now_or_never()
         };
@@ -571,6 +577,7 @@ where
             Some(Some(Ok(f))) => match f.into_data() {
                 Ok(d) => {
                     if !d.is_empty() {
+                        batched += d.len();
                         batch.push(Out::new(Kind::Data, 0, id, d));
                     }
                 }
