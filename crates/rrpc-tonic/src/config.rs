@@ -31,6 +31,7 @@ pub(crate) const MIN_CALL_WINDOW: u32 = 1024;
 /// | `zero_copy` | on | RR-Compound §IV-F; off reproduces Fig. 14's baseline |
 /// | `max_chunk` | 256 KiB | fast-path DATA frames larger than this are split so calls interleave |
 /// | `call_window` | 256 KiB | fast path: per-call flow-control window in each direction (an HTTP/2 stream window) |
+/// | `max_header_list_size` | 16 KiB | fast-path server: larger request headers get HTTP 431, as hyper's HTTP/2 server answers |
 /// | `max_concurrent_calls` | 200 | fast path, per connection: hyper's own HTTP/2 server default for `max_concurrent_streams` (tonic's `Server` leaves it unlimited, issue 14 defect 6) |
 /// | `poller` | process-wide [`default_poller_config`] | see [`RrpcConfig::poller`] |
 /// | `handshake_timeout` | 5 s | bounds a connection's whole setup (rrpc-core handshake + path negotiation) |
@@ -48,6 +49,7 @@ struct Inner {
     zero_copy: bool,
     max_chunk: usize,
     call_window: u32,
+    max_header_list_size: usize,
     max_concurrent_calls: usize,
     poller: Option<PollerConfig>,
     receive_spin: std::time::Duration,
@@ -71,6 +73,7 @@ impl Default for RrpcConfig {
             zero_copy: true,
             max_chunk: 256 << 10,
             call_window: 256 << 10,
+            max_header_list_size: 16 << 10,
             max_concurrent_calls: 200,
             poller: None,
             receive_spin: std::time::Duration::ZERO,
@@ -174,6 +177,31 @@ impl RrpcConfig {
             ));
         }
         Ok(self.with(|i| i.call_window = bytes))
+    }
+
+    /// Largest request header list a fast-path server accepts, in bytes
+    /// (default 16 KiB, hyper's HTTP/2 server default; HTTP/2's
+    /// `SETTINGS_MAX_HEADER_LIST_SIZE`).
+    ///
+    /// Counted as HTTP/2 counts it: each header's name and value plus 32,
+    /// the `:path`, `:method`, `:scheme` and `:authority` pseudo-headers
+    /// included. A larger request is answered with HTTP 431 and no handler
+    /// runs; tonic reports it as `Unknown`, as over TCP.
+    ///
+    /// # Errors
+    /// [`crate::Error::InvalidConfig`] if `bytes` is 0.
+    pub fn max_header_list_size(self, bytes: usize) -> Result<Self, crate::Error> {
+        if bytes == 0 {
+            return Err(crate::Error::InvalidConfig(
+                "max_header_list_size must be > 0",
+            ));
+        }
+        Ok(self.with(|i| i.max_header_list_size = bytes))
+    }
+
+    /// See [`RrpcConfig::max_header_list_size`].
+    pub fn get_max_header_list_size(&self) -> usize {
+        self.0.max_header_list_size
     }
 
     /// Most calls open at once on one fast-path connection (default 200),

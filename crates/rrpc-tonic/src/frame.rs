@@ -7,7 +7,7 @@
 //! ```text
 //! frame  = kind:u8 flags:u8 reserved:u16(=0) call_id:u32 len:u32 payload[len]    (little endian)
 //! REQUEST_HEADERS  payload = path_len:u16 path  metadata
-//! RESPONSE_HEADERS payload = metadata
+//! RESPONSE_HEADERS payload = http_status:u16 metadata   (END_STREAM: a trailers-only response)
 //! DATA             payload = raw bytes of the gRPC body (length-prefixed messages, any split)
 //! TRAILERS         payload = metadata (carries grpc-status, grpc-message, trailing metadata)
 //! CANCEL           payload = empty (either side abandons the call)
@@ -300,7 +300,28 @@ pub fn parse_request_headers(
     Ok((path, map))
 }
 
-/// Encodes a metadata-only payload (RESPONSE_HEADERS, TRAILERS).
+/// Encodes the payload of a RESPONSE_HEADERS frame: the response's HTTP
+/// status (as hyper would send `:status`) and its headers.
+pub fn response_headers_payload(status: http::StatusCode, map: &HeaderMap) -> Vec<u8> {
+    let mut out = Vec::with_capacity(2 + metadata_len(map));
+    out.extend_from_slice(&status.as_u16().to_le_bytes());
+    put_metadata(&mut out, map);
+    out
+}
+
+/// Decodes the payload of a RESPONSE_HEADERS frame into (status, metadata).
+pub fn parse_response_headers(payload: &[u8]) -> Result<(http::StatusCode, HeaderMap), FrameError> {
+    let mut r = Reader(payload);
+    let status =
+        http::StatusCode::from_u16(r.u16()?).map_err(|_| FrameError::Invalid("HTTP status"))?;
+    let map = read_metadata(&mut r)?;
+    if !r.0.is_empty() {
+        return Err(FrameError::Trailing);
+    }
+    Ok((status, map))
+}
+
+/// Encodes a metadata-only payload (TRAILERS).
 pub fn metadata_payload(map: &HeaderMap) -> Vec<u8> {
     let mut out = Vec::with_capacity(metadata_len(map));
     put_metadata(&mut out, map);
@@ -400,6 +421,12 @@ mod tests {
         }
 
         #[test]
+        fn response_headers_round_trip(code in 100u16..1000, map in arb_map()) {
+            let status = http::StatusCode::from_u16(code).unwrap();
+            prop_assert_eq!(parse_response_headers(&response_headers_payload(status, &map)).unwrap(), (status, map));
+        }
+
+        #[test]
         fn metadata_round_trip(map in arb_map()) {
             prop_assert_eq!(parse_metadata(&metadata_payload(&map)).unwrap(), map);
         }
@@ -412,6 +439,7 @@ mod tests {
             for f in frames(&bytes).flatten() {
                 covered += HEADER_LEN + f.payload.len();
                 let _ = parse_request_headers(f.payload);
+                let _ = parse_response_headers(f.payload);
                 let _ = parse_metadata(f.payload);
             }
             prop_assert!(covered <= bytes.len());

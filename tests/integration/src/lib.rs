@@ -225,6 +225,60 @@ fn mark_response(mut res: http::Response<tonic::body::Body>) -> http::Response<t
     res
 }
 
+/// Server-side tower layer that answers a request carrying
+/// `x-http-status: N` itself, with HTTP status N, no body and no
+/// `grpc-status` (a proxy-style failure; the caller's code comes from the
+/// HTTP status, as the gRPC spec maps it).
+#[derive(Debug, Clone)]
+pub struct HttpStatusLayer;
+
+impl<S> tower::Layer<S> for HttpStatusLayer {
+    type Service = HttpStatus<S>;
+    fn layer(&self, inner: S) -> HttpStatus<S> {
+        HttpStatus(inner)
+    }
+}
+
+/// The service of [`HttpStatusLayer`].
+#[derive(Debug, Clone)]
+pub struct HttpStatus<S>(S);
+
+impl<S, B> tower::Service<http::Request<B>> for HttpStatus<S>
+where
+    S: tower::Service<http::Request<B>, Response = http::Response<tonic::body::Body>>,
+    S::Future: Send + 'static,
+{
+    type Response = http::Response<tonic::body::Body>;
+    type Error = S::Error;
+    type Future =
+        Pin<Box<dyn std::future::Future<Output = Result<Self::Response, Self::Error>> + Send>>;
+
+    fn poll_ready(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), S::Error>> {
+        self.0.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: http::Request<B>) -> Self::Future {
+        let code = req
+            .headers()
+            .get("x-http-status")
+            .and_then(|v| v.to_str().ok()?.parse::<u16>().ok())
+            .and_then(|c| http::StatusCode::from_u16(c).ok());
+        match code {
+            Some(status) => Box::pin(async move {
+                let mut res = http::Response::new(tonic::body::Body::empty());
+                *res.status_mut() = status;
+                res.headers_mut()
+                    .insert("content-type", http::HeaderValue::from_static("text/plain"));
+                Ok(res)
+            }),
+            None => Box::pin(self.0.call(req)),
+        }
+    }
+}
+
 static NEXT: AtomicU64 = AtomicU64::new(0);
 
 /// A running test server, in its own thread and runtime.
@@ -303,6 +357,7 @@ impl Harness {
                     server_interceptor as fn(Request<()>) -> Result<Request<()>, Status>,
                 );
                 let serve = Server::builder()
+                    .layer(HttpStatusLayer)
                     .layer(tower::util::MapResponseLayer::new(
                         mark_response
                             as fn(

@@ -38,4 +38,33 @@ async fn layers_and_interceptors(t: Transport) {
     assert_eq!(err.message(), "denied by interceptor");
 }
 
-on_all_transports!(layers_and_interceptors);
+/// A server layer that answers with a bare HTTP error (no `grpc-status`,
+/// as a proxy would): the caller gets the code the gRPC spec maps the HTTP
+/// status to, the same on every transport. Before, the fast path never
+/// sent the HTTP status and every such call read `Unknown` ("missing
+/// grpc-status").
+async fn bare_http_errors_map_to_grpc_codes(t: Transport) {
+    let s = Harness::start(t).await;
+    let mut c = TestClient::new(s.channel().await);
+    for (http, code) in [
+        (502, Code::Unavailable),
+        (503, Code::Unavailable),
+        (404, Code::Unimplemented),
+        (401, Code::Unauthenticated),
+        (403, Code::PermissionDenied),
+        (400, Code::Internal),
+        (418, Code::Unknown),
+    ] {
+        let mut req = Request::new(Input::default());
+        req.metadata_mut()
+            .insert("x-http-status", http.to_string().parse().unwrap());
+        let err = c.unary(req).await.expect_err("the layer fails the call");
+        assert_eq!(err.code(), code, "HTTP {http} on {t:?}: {err:?}");
+    }
+    // The channel still works.
+    c.unary(Input::default())
+        .await
+        .expect("call after the errors");
+}
+
+on_all_transports!(layers_and_interceptors, bare_http_errors_map_to_grpc_codes);

@@ -52,4 +52,42 @@ async fn one_byte_over_the_limit(t: Transport) {
     assert_eq!(r.total, 7);
 }
 
-on_all_transports!(sizes_round_trip, one_byte_over_the_limit);
+/// A request over the client's own send limit (`max_encoding_message_size`)
+/// never leaves the client. tonic's encoder fails the request body with
+/// `OutOfRange`; over HTTP/2 (TCP and rrpc's HTTP/2 path) hyper turns a
+/// failed request body into a stream reset, which tonic reports as
+/// `Internal`. The fast path hands tonic's own `OutOfRange` to the caller:
+/// a deliberate, pinned difference (the more precise status; rrpc cannot
+/// change what tonic's `Channel` reports over TCP). The channel keeps
+/// working on every transport.
+async fn over_the_client_send_limit(t: Transport) {
+    let s = Harness::start(t).await;
+    let mut c = s.client().await.max_encoding_message_size(1024);
+    let err = c
+        .unary(Input {
+            payload: payload(2048),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    let want = match t {
+        Transport::ShmFast | Transport::RdmaFast => Code::OutOfRange,
+        Transport::Tcp | Transport::ShmH2 | Transport::RdmaH2 => Code::Internal,
+    };
+    assert_eq!(err.code(), want, "{t:?}: {err:?}");
+    let r = c
+        .unary(Input {
+            payload: payload(7),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(r.total, 7);
+}
+
+on_all_transports!(
+    sizes_round_trip,
+    one_byte_over_the_limit,
+    over_the_client_send_limit
+);

@@ -59,7 +59,27 @@ async fn every_code_reaches_the_caller(t: Transport) {
     }
 }
 
+/// Request metadata beyond 16 KiB (hyper's HTTP/2 server limit) is
+/// refused with HTTP 431, which tonic reports as `Unknown`, on every
+/// transport; the channel keeps working. Before, the fast path had no
+/// limit and 20 KiB passed.
+async fn oversized_request_headers_are_refused(t: Transport) {
+    let s = Harness::start(t).await;
+    let mut c = s.client().await;
+    let mut req = tonic::Request::new(Input::default());
+    req.metadata_mut()
+        .insert("x-big", "a".repeat(20 << 10).parse().unwrap());
+    let err = c.unary(req).await.expect_err("20 KiB of metadata");
+    assert_eq!(err.code(), Code::Unknown, "{t:?}: {err:?}");
+    // Below the limit passes.
+    let mut req = tonic::Request::new(Input::default());
+    req.metadata_mut()
+        .insert("x-big", "a".repeat(8 << 10).parse().unwrap());
+    c.unary(req).await.expect("8 KiB of metadata");
+}
+
 on_all_transports!(
+    oversized_request_headers_are_refused,
     metadata_both_ways,
     trailers_carry_status_and_metadata,
     every_code_reaches_the_caller

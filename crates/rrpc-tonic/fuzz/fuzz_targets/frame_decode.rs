@@ -18,6 +18,10 @@ fuzz_target!(|data: &[u8]| {
             assert_eq!(p2, path);
             assert_eq!(m2, map);
         }
+        if let Ok((status, map)) = frame::parse_response_headers(f.payload) {
+            let again = frame::response_headers_payload(status, &map);
+            assert_eq!(frame::parse_response_headers(&again).expect("re-encoded decodes"), (status, map));
+        }
         if let Ok(inc) = frame::parse_window_update(f.payload) {
             assert!(inc >= 1 && inc <= frame::MAX_WINDOW);
             assert_eq!(frame::window_update_payload(inc), f.payload);
@@ -31,4 +35,5 @@ fuzz_target!(|data: &[u8]| {
     let _ = frame::parse_request_headers(data);
     let _ = frame::parse_metadata(data);
     let _ = frame::parse_window_update(data);
+    let _ = frame::parse_response_headers(data);
 });

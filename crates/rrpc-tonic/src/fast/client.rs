@@ -154,8 +154,12 @@ fn decode(
             }
         };
         let ev = match f.kind {
-            Kind::ResponseHeaders => match frame::parse_metadata(f.payload) {
-                Ok(m) => Event::Headers(m),
+            Kind::ResponseHeaders => match frame::parse_response_headers(f.payload) {
+                Ok((status, headers)) => Event::Headers {
+                    status,
+                    headers,
+                    end: f.end_stream(),
+                },
                 Err(e) => {
                     *bad = Some(e);
                     return;
@@ -688,13 +692,31 @@ async fn call(
         },
         None => poll_fn(|cx| slot.poll_event(cx)).await,
     };
-    let mut builder = http::Response::builder()
-        .status(200)
-        .version(http::Version::HTTP_2);
+    let mut builder = http::Response::builder().version(http::Version::HTTP_2);
     match first {
-        Some(Event::Headers(h)) => {
+        // The server's HTTP status and headers, as hyper would hand them to
+        // tonic (which maps a non-200 status without grpc-status, e.g. a
+        // layer's 502, to the gRPC code the spec gives it).
+        Some(Event::Headers {
+            status,
+            headers,
+            end: true,
+        }) => {
+            guard.finished();
+            builder = builder.status(status);
             if let Some(hm) = builder.headers_mut() {
-                *hm = h;
+                *hm = headers;
+            }
+            Ok(builder.body(Body::empty())?)
+        }
+        Some(Event::Headers {
+            status,
+            headers,
+            end: false,
+        }) => {
+            builder = builder.status(status);
+            if let Some(hm) = builder.headers_mut() {
+                *hm = headers;
             }
             let credit = Credit {
                 flow,
@@ -704,8 +726,9 @@ async fn call(
             Ok(builder.body(Body::new(RecvBody::slot(slot, guard, credit)))?)
         }
         Some(Event::Trailers(t)) => {
-            // Trailers-only response, as HTTP/2 would deliver it.
+            // Trailers-only response made by rrpc itself (a refusal).
             guard.finished();
+            builder = builder.status(200);
             if let Some(hm) = builder.headers_mut() {
                 *hm = t;
             }

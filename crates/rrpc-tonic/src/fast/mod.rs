@@ -43,8 +43,13 @@ pub(crate) mod writer;
 /// What the connection's reader task delivers to one call.
 #[derive(Debug)]
 pub(crate) enum Event {
-    /// Response headers (client side only).
-    Headers(HeaderMap),
+    /// Response headers with the HTTP status; `end`: a trailers-only
+    /// response, nothing follows (client side only).
+    Headers {
+        status: http::StatusCode,
+        headers: HeaderMap,
+        end: bool,
+    },
     /// A chunk of the body.
     Data(Bytes),
     /// Trailers: the call is over (client side only).
@@ -181,7 +186,7 @@ impl http_body::Body for RecvBody {
                 self.finish();
                 Poll::Ready(Some(Ok(Frame::trailers(t))))
             }
-            Poll::Ready(Some(Event::Headers(_))) => {
+            Poll::Ready(Some(Event::Headers { .. })) => {
                 self.finish();
                 Poll::Ready(Some(Err(Status::internal(
                     "rrpc: duplicate response headers",

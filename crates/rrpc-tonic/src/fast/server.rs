@@ -142,6 +142,7 @@ where
     let mut inbox: Vec<In> = Vec::new();
     let limit = cfg.get_max_concurrent_calls();
     let our_window = cfg.get_call_window();
+    let max_headers = cfg.get_max_header_list_size();
     let active = Arc::new(AtomicUsize::new(0));
     let result = loop {
         if draining && calls.is_empty() {
@@ -187,6 +188,29 @@ where
                     if draining {
                         let st = Status::unavailable("rrpc: server is shutting down");
                         if let Err(e) = writer.send(vec![trailers_only(id, st)]).await {
+                            fatal = Some(e);
+                            break;
+                        }
+                        continue;
+                    }
+                    let size = header_list_size(&path, &headers);
+                    if size > max_headers {
+                        tracing::debug!(
+                            call_id = id,
+                            size,
+                            max_headers,
+                            "rrpc: request headers too large"
+                        );
+                        let out = Out::new(
+                            Kind::ResponseHeaders,
+                            END_STREAM,
+                            id,
+                            frame::response_headers_payload(
+                                http::StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+                                &http::HeaderMap::new(),
+                            ),
+                        );
+                        if let Err(e) = writer.send(vec![out]).await {
                             fatal = Some(e);
                             break;
                         }
@@ -350,6 +374,21 @@ where
         c.task.abort();
     }
     result
+}
+
+/// A request's header list size as HTTP/2 counts it (RFC 9113 §6.5.2:
+/// name + value + 32 per field), pseudo-headers included as hyper's
+/// client would send them (`:authority` not known here: counted empty).
+fn header_list_size(path: &http::uri::PathAndQuery, headers: &http::HeaderMap) -> usize {
+    let pseudo = (":method".len() + "POST".len() + 32)
+        + (":scheme".len() + "http".len() + 32)
+        + (":path".len() + path.as_str().len() + 32)
+        + (":authority".len() + 32);
+    pseudo
+        + headers
+            .iter()
+            .map(|(k, v)| k.as_str().len() + v.len() + 32)
+            .sum::<usize>()
 }
 
 /// The connection's error after a failed send ([`FrameWriter`] docs).
@@ -543,14 +582,15 @@ where
     let (parts, body) = resp.into_parts();
     let mut body = std::pin::pin!(body.map_err(Into::<BoxError>::into));
     if http_body::Body::is_end_stream(&*body) {
-        // Trailers-only response (what tonic returns for a handler error).
+        // Trailers-only response (what tonic returns for a handler error,
+        // or a layer's bare HTTP error): headers with the status, ended.
         permit.release();
         return writer
             .send(vec![Out::new(
-                Kind::Trailers,
+                Kind::ResponseHeaders,
                 END_STREAM,
                 id,
-                frame::metadata_payload(&parts.headers),
+                frame::response_headers_payload(parts.status, &parts.headers),
             )])
             .await;
     }
@@ -558,7 +598,7 @@ where
         Kind::ResponseHeaders,
         0,
         id,
-        frame::metadata_payload(&parts.headers),
+        frame::response_headers_payload(parts.status, &parts.headers),
     )];
     // Frames the body has ready go out together, up to about one chunk of
     // data (a body that is always ready must not be drained into memory).
