@@ -7,6 +7,9 @@
 //!   Cluster mode is tested on one machine with `--hosts xtask/hosts.loopback.toml --launcher
 //!   local`, and over real ssh with `xtask/loopback-ssh.sh` (a throwaway sshd on 127.0.0.1 only;
 //!   needs `/usr/sbin/sshd`; starts a daemon, so it is not part of `ci`).
+//! - `cargo xtask rxe [--timeout SECS] [-- CMD...]`: runs CMD (default: the verbs suite, built
+//!   on the host first) as root in a throwaway qemu VM with a soft-RoCE device `rxe0`; see
+//!   `rxe.rs`.
 //! - `cargo xtask plot <DIR>...`: redraws the SVG/PNG plots of results already written by
 //!   `bench` (each `<experiment>.json` in DIR and its suite subdirectories), in place.
 
@@ -15,6 +18,7 @@ mod ci;
 mod cluster;
 mod paper;
 mod plot;
+mod rxe;
 mod signals;
 
 use std::path::PathBuf;
@@ -37,6 +41,10 @@ enum Cmd {
     Ci(ci::CiArgs),
     /// Run a benchmark suite and write tables and plots.
     Bench(BenchArgs),
+    /// Run a command (default: the verbs suite) as root in a throwaway qemu VM with a
+    /// soft-RoCE device `rxe0` (`RRPC_TEST_DEVICE=rxe0`); exits with the command's code
+    /// (124 on timeout). Tested on soft-RoCE (rdma_rxe) in a VM; not run on an RDMA NIC.
+    Rxe(rxe::RxeArgs),
     /// Redraw the plots of existing results (`target/bench-results/<run>/`), in place.
     Plot {
         /// Result directories written by `cargo xtask bench` (suite subdirectories included).
@@ -83,5 +91,9 @@ fn main() -> Result<()> {
         Cmd::Ci(args) => ci::run_entry(&args),
         Cmd::Bench(args) => bench::run(&args),
         Cmd::Plot { dirs } => bench::replot(&dirs),
+        Cmd::Rxe(args) => {
+            let code = rxe::run(&args)?;
+            std::process::exit(code)
+        }
     }
 }
