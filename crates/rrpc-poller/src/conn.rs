@@ -234,7 +234,6 @@ impl AsyncConn {
             }
         };
         let fabric = fabric.clone();
-        let listener = Listener::bind(&ep, HandshakeConfig::default())?;
         let (f2, r2) = (fabric.clone(), ring.clone());
         let server = std::thread::spawn(move || -> Result<(Connection, RingTx, RingRx)> {
             let local = LocalRing::new(&f2, &r2)?;
