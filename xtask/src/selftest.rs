@@ -143,14 +143,16 @@ fn report(devs: &[(String, Vec<Port>)]) {
 
 /// A short `ibv_rc_pingpong` between two processes on `device`.
 fn pingpong(device: &str, gid: Option<u32>) -> Result<bool> {
-    if !Command::new("ibv_rc_pingpong")
+    if Command::new("ibv_rc_pingpong")
         .arg("-h")
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .status()
-        .is_ok()
+        .is_err()
     {
-        eprintln!("ibv_rc_pingpong not installed (apt-get install ibverbs-utils): ping-pong skipped");
+        eprintln!(
+            "ibv_rc_pingpong not installed (apt-get install ibverbs-utils): ping-pong skipped"
+        );
         return Ok(false);
     }
     let mut args = vec![
@@ -219,7 +221,10 @@ pub(crate) fn run(args: &SelftestArgs) -> Result<i32> {
     let root = crate::ci::workspace_root();
     let t0 = Instant::now();
     let built = suite::build(&root)?;
-    eprintln!("verbs-selftest: suite built in {:.1}s; running it on {chosen}", t0.elapsed().as_secs_f64());
+    eprintln!(
+        "verbs-selftest: suite built in {:.1}s; running it on {chosen}",
+        t0.elapsed().as_secs_f64()
+    );
     let script = suite::script(&built, Some(&chosen), args.timeout);
     let out = Command::new("bash")
         .arg("-c")
@@ -240,10 +245,20 @@ pub(crate) fn run(args: &SelftestArgs) -> Result<i32> {
     let ping = pingpong(&chosen, gid)?;
     eprintln!(
         "verbs-selftest on {chosen}: suite {}, ibv_rc_pingpong {}",
-        if out.status.success() && failed == 0 && skipped == 0 { "passed" } else { "FAILED" },
+        if out.status.success() && failed == 0 && skipped == 0 {
+            "passed"
+        } else {
+            "FAILED"
+        },
         if ping { "passed" } else { "failed or skipped" }
     );
-    Ok(if out.status.success() && failed == 0 && skipped == 0 && ping { 0 } else { 1 })
+    Ok(
+        if out.status.success() && failed == 0 && skipped == 0 && ping {
+            0
+        } else {
+            1
+        },
+    )
 }
 
 #[cfg(test)]

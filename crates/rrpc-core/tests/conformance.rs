@@ -161,7 +161,11 @@ fn write_imm_in_order(p: &Provider) {
                 0,
                 "no receive completion without a posted receive"
             );
-            assert_eq!(drain(a).len(), 0, "the write waits for a receive (RNR retry)");
+            assert_eq!(
+                drain(a).len(),
+                0,
+                "the write waits for a receive (RNR retry)"
+            );
             b.conn.qp().post_recv(200).unwrap();
             let wc = b.wait_recv(1);
             assert_eq!((wc[0].wr_id, wc[0].imm), (200, Some(1)));
@@ -270,7 +274,11 @@ fn signaled_accounting_at(p: &Provider, depth: u32) {
     );
     let wc = a.wait_send(1);
     assert_eq!(wc[0].wr_id, 999);
-    assert_eq!(drain(&a).len(), 0, "one completion for the one signaled request");
+    assert_eq!(
+        drain(&a).len(),
+        0,
+        "one completion for the one signaled request"
+    );
     assert_eq!(
         qp.outstanding(),
         0,

@@ -188,7 +188,9 @@ fn one_message_then_idle_every_mode(prov: &Provider) {
                 // The writer is idle from here until the message was seen.
                 let m = tokio::time::timeout(BOUND, brx.recv())
                     .await
-                    .unwrap_or_else(|_| panic!("{mode}: message {round} of an idle writer never seen"))
+                    .unwrap_or_else(|_| {
+                        panic!("{mode}: message {round} of an idle writer never seen")
+                    })
                     .unwrap();
                 assert_eq!(&m[..], &[round; 40], "{mode}");
             }
@@ -217,7 +219,9 @@ fn burst_then_idle_every_mode(prov: &Provider) {
                     let m = tokio::time::timeout(BOUND, brx.recv())
                         .await
                         .unwrap_or_else(|_| {
-                            panic!("{mode} (flush each: {flush_each}): message {i} of {n} never seen")
+                            panic!(
+                                "{mode} (flush each: {flush_each}): message {i} of {n} never seen"
+                            )
                         })
                         .unwrap();
                     assert_eq!(u32::from_le_bytes(m[..4].try_into().unwrap()), i, "{mode}");

@@ -87,7 +87,11 @@ impl Target {
 
     /// Scales a message count down for soft-RoCE under an emulated CPU.
     fn scaled(&self, n: u64) -> u64 {
-        if self.device.is_some() { (n / 4).max(1) } else { n }
+        if self.device.is_some() {
+            (n / 4).max(1)
+        } else {
+            n
+        }
     }
 
     /// Binds the side channel (a Unix socket, or TCP on 127.0.0.1 with a
@@ -125,7 +129,11 @@ impl Target {
 }
 
 /// Server side (parent): accept one connection, split the ring.
-fn serve(t: &Target, listener: conn::Listener, cfg: &RingConfig) -> (conn::Connection, RingTx, RingRx) {
+fn serve(
+    t: &Target,
+    listener: conn::Listener,
+    cfg: &RingConfig,
+) -> (conn::Connection, RingTx, RingRx) {
     let fabric = t.fabric();
     let local = LocalRing::new(&fabric, cfg).unwrap();
     let offer = local.add_to_offer(Offer::new());

@@ -59,7 +59,11 @@ impl Provider {
             Provider::Verbs(dev) => {
                 let f = Fabric::verbs(Some(dev)).expect("open the verbs device");
                 assert_eq!(f.kind(), ProviderKind::Verbs);
-                assert_eq!(f.device_name(), Some(dev.as_str()), "verbs on the named device");
+                assert_eq!(
+                    f.device_name(),
+                    Some(dev.as_str()),
+                    "verbs on the named device"
+                );
                 f
             }
             #[cfg(not(feature = "verbs"))]
@@ -176,7 +180,11 @@ pub fn pair_on(provider: &Provider, len: usize, a_cfg: QpConfig, b_cfg: QpConfig
     )
     .unwrap();
     let b = server.join().unwrap();
-    assert_eq!(conn.peer().provider, provider.kind(), "the peer runs on the same provider");
+    assert_eq!(
+        conn.peer().provider,
+        provider.kind(),
+        "the peer runs on the same provider"
+    );
     assert_eq!(b.conn.peer().provider, provider.kind());
     (
         Side {

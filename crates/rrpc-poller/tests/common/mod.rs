@@ -130,6 +130,7 @@ impl Provider {
 
 /// Runs each named `fn(&Provider)` on shm (module `shm`) and, with feature
 /// `verbs`, on `RRPC_TEST_DEVICE` (module `verbs`).
+#[allow(unused_macros)]
 macro_rules! on_every_provider {
     ($($name:ident),* $(,)?) => {
         mod shm {
