@@ -18,6 +18,12 @@ pub(crate) struct CiArgs {
     /// Skip `cargo xtask bench all --quick`.
     #[arg(long)]
     no_bench: bool,
+    /// Skip the verbs suite in the soft-RoCE VM (`cargo xtask rxe`).
+    #[arg(long)]
+    no_rxe: bool,
+    /// Seconds the `rxe` step's VM may run (the host build is not counted).
+    #[arg(long, default_value_t = 600)]
+    rxe_timeout: u64,
 }
 
 enum Outcome {
@@ -165,8 +171,12 @@ pub(crate) fn run_ci(args: &CiArgs) -> Result<()> {
                     "clippy",
                     "-p",
                     "rrpc-core",
+                    "-p",
+                    "rrpc-ringbuf",
+                    "-p",
+                    "rrpc-poller",
                     "--features",
-                    "verbs",
+                    "rrpc-core/verbs,rrpc-ringbuf/verbs,rrpc-poller/verbs",
                     "--all-targets",
                     "--",
                     "-D",
@@ -180,6 +190,30 @@ pub(crate) fn run_ci(args: &CiArgs) -> Result<()> {
                 Some(root_ref),
             )
             .map(|()| Outcome::Ran)
+        })?;
+        step("rxe (verbs suite on soft-RoCE)", &mut || {
+            if args.no_rxe {
+                return Ok(Outcome::Skipped("--no-rxe".into()));
+            }
+            if !core_has_verbs_feature(root_ref) {
+                return Ok(Outcome::Skipped("rrpc-core has no `verbs` feature".into()));
+            }
+            if let Err(why) = crate::rxe::supported() {
+                return Ok(Outcome::Skipped(format!(
+                    "cannot boot the soft-RoCE VM here: {why}"
+                )));
+            }
+            let target = crate::rxe::target_dir(root_ref)?;
+            let code = crate::rxe::suite::run(
+                root_ref,
+                &target,
+                Duration::from_secs(args.rxe_timeout),
+                false,
+            )?;
+            if code != 0 {
+                bail!("the verbs suite in the soft-RoCE VM exited with {code}");
+            }
+            Ok(Outcome::Ran)
         })?;
         step("miri", &mut || {
             if args.no_miri {

@@ -7,6 +7,11 @@
 //!   Cluster mode is tested on one machine with `--hosts xtask/hosts.loopback.toml --launcher
 //!   local`, and over real ssh with `xtask/loopback-ssh.sh` (a throwaway sshd on 127.0.0.1 only;
 //!   needs `/usr/sbin/sshd`; starts a daemon, so it is not part of `ci`).
+//! - `cargo xtask rxe [--timeout SECS] [-- CMD...]`: runs CMD (default: the verbs suite, built
+//!   on the host first) as root in a throwaway qemu VM with a soft-RoCE device `rxe0`; see
+//!   `rxe.rs`.
+//! - `cargo xtask verbs-selftest [--device NAME]`: the verbs suite natively on a real RDMA device
+//!   plus a short ping-pong; without a device, a report of what was found.
 //! - `cargo xtask plot <DIR>...`: redraws the SVG/PNG plots of results already written by
 //!   `bench` (each `<experiment>.json` in DIR and its suite subdirectories), in place.
 
@@ -15,6 +20,8 @@ mod ci;
 mod cluster;
 mod paper;
 mod plot;
+mod rxe;
+mod selftest;
 mod signals;
 
 use std::path::PathBuf;
@@ -32,11 +39,18 @@ struct Cli {
 #[derive(Subcommand, Debug)]
 enum Cmd {
     /// Everything CI checks: fmt, clippy -D warnings, tests, verbs build + work-request tests (if
-    /// possible), miri on the sans-IO cores (if installed),
+    /// possible), the verbs suite in a soft-RoCE VM (`cargo xtask rxe`; `--no-rxe`), miri on the sans-IO cores (if installed),
     /// `bench all --quick`, fuzz builds (if cargo-fuzz is installed).
     Ci(ci::CiArgs),
     /// Run a benchmark suite and write tables and plots.
     Bench(BenchArgs),
+    /// Run a command (default: the verbs suite) as root in a throwaway qemu VM with a
+    /// soft-RoCE device `rxe0` (`RRPC_TEST_DEVICE=rxe0`); exits with the command's code
+    /// (124 on timeout). Tested on soft-RoCE (rdma_rxe) in a VM; not run on an RDMA NIC.
+    Rxe(rxe::RxeArgs),
+    /// On a machine with an RDMA device: the verbs suite natively plus a short
+    /// `ibv_rc_pingpong`; without one, says so and lists what it found.
+    VerbsSelftest(selftest::SelftestArgs),
     /// Redraw the plots of existing results (`target/bench-results/<run>/`), in place.
     Plot {
         /// Result directories written by `cargo xtask bench` (suite subdirectories included).
@@ -83,5 +97,13 @@ fn main() -> Result<()> {
         Cmd::Ci(args) => ci::run_entry(&args),
         Cmd::Bench(args) => bench::run(&args),
         Cmd::Plot { dirs } => bench::replot(&dirs),
+        Cmd::Rxe(args) => {
+            let code = rxe::run(&args)?;
+            std::process::exit(code)
+        }
+        Cmd::VerbsSelftest(args) => {
+            let code = selftest::run(&args)?;
+            std::process::exit(code)
+        }
     }
 }

@@ -855,6 +855,16 @@ impl Listener {
         }
     }
 
+    /// The bound TCP address of an `rdma://` listener (`None` for shm): the
+    /// port to connect to after binding port 0.
+    pub fn local_addr(&self) -> Option<std::net::SocketAddr> {
+        match &self.inner {
+            ListenerInner::Unix(..) => None,
+            #[cfg(feature = "verbs")]
+            ListenerInner::Tcp(l) => l.local_addr().ok(),
+        }
+    }
+
     /// The listening socket, for readiness-based accept loops (tokio `AsyncFd`).
     pub fn as_fd(&self) -> BorrowedFd<'_> {
         match &self.inner {

@@ -19,7 +19,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use rrpc_core::conn::{Connection, HandshakeConfig, Listener, Offer, connect};
-use rrpc_core::{Completion, Endpoint, Fabric, QpConfig, QueuePair};
+use rrpc_core::{Completion, Endpoint, Fabric, ProviderKind, QpConfig, QueuePair};
 use rrpc_ringbuf::{
     LocalRing, ReadGuard, RingConfig, RingRx, RingTx, RxWatch, TxWatch, WriteGuard,
 };
@@ -197,6 +197,21 @@ impl AsyncConn {
     /// # Errors
     /// [`Error::Core`] / [`Error::Ring`] when the handshake or allocation fails.
     pub fn loopback_pair(poller: &Poller, ring: &RingConfig) -> Result<(AsyncConn, AsyncConn)> {
+        Self::loopback_pair_on(poller, ring, &Fabric::shm())
+    }
+
+    /// As [`loopback_pair`](Self::loopback_pair), on `fabric`: shm over a
+    /// Unix socket, or verbs over a TCP side channel on 127.0.0.1 (port
+    /// chosen by the kernel) — two queue pairs of the same device, as in the
+    /// soft-RoCE VM of `cargo xtask rxe`.
+    ///
+    /// # Errors
+    /// As [`loopback_pair`](Self::loopback_pair).
+    pub fn loopback_pair_on(
+        poller: &Poller,
+        ring: &RingConfig,
+        fabric: &Fabric,
+    ) -> Result<(AsyncConn, AsyncConn)> {
         static NEXT: AtomicU64 = AtomicU64::new(0);
         let path = std::env::temp_dir().join(format!(
             "rrpc-poller-{}-{}.sock",
@@ -204,9 +219,21 @@ impl AsyncConn {
             NEXT.fetch_add(1, Ordering::Relaxed)
         ));
         let _ = std::fs::remove_file(&path);
-        let ep = Endpoint::Shm(path.clone());
-        let fabric = Fabric::shm();
-        let listener = Listener::bind(&ep, HandshakeConfig::default())?;
+        let (listener, ep) = match fabric.kind() {
+            ProviderKind::Verbs => {
+                let any: std::net::SocketAddr = ([127, 0, 0, 1], 0).into();
+                let l = Listener::bind(&Endpoint::Rdma(any), HandshakeConfig::default())?;
+                let addr = l
+                    .local_addr()
+                    .ok_or(Error::InvalidConfig("rdma listener without a TCP address"))?;
+                (l, Endpoint::Rdma(addr))
+            }
+            _ => {
+                let ep = Endpoint::Shm(path.clone());
+                (Listener::bind(&ep, HandshakeConfig::default())?, ep)
+            }
+        };
+        let fabric = fabric.clone();
         let (f2, r2) = (fabric.clone(), ring.clone());
         let server = std::thread::spawn(move || -> Result<(Connection, RingTx, RingRx)> {
             let local = LocalRing::new(&f2, &r2)?;

@@ -1,10 +1,13 @@
-//! End to end over real shm rings (rrpc-core shm provider + rrpc-ringbuf), in every mode.
+//! End to end over real rings (rrpc-core + rrpc-ringbuf), in every mode: on shm
+//! (module `shm`), and with feature `verbs` on `RRPC_TEST_DEVICE` (module
+//! `verbs`; EVENT mode then sleeps on the verbs completion channel).
 
+#[macro_use]
 mod common;
 
 use std::time::Duration;
 
-use common::{BOUND, poller};
+use common::{BOUND, Provider, poller};
 use rrpc_poller::conn::AsyncConn;
 use rrpc_poller::{Error, Mode};
 use rrpc_ringbuf::RingConfig;
@@ -18,6 +21,23 @@ fn ring(mode: Mode, size: usize) -> RingConfig {
         .unwrap()
 }
 
+on_every_provider!(
+    ping_pong_every_mode,
+    full_ring_back_pressure_every_mode,
+    zero_copy_reserve,
+    dead_peer_fails_waiting_receiver_every_mode,
+    one_message_then_idle_every_mode,
+    burst_then_idle_every_mode,
+);
+
+/// A connected pair on `p`, both ends checked to run on `p`'s provider.
+fn pair(p: &Provider, poller: &rrpc_poller::Poller, ring: &RingConfig) -> (AsyncConn, AsyncConn) {
+    let (a, b) = AsyncConn::loopback_pair_on(poller, ring, &p.fabric()).unwrap();
+    assert_eq!(a.connection().peer().provider, p.kind());
+    assert_eq!(b.connection().peer().provider, p.kind());
+    (a, b)
+}
+
 fn rt() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -26,15 +46,14 @@ fn rt() -> tokio::runtime::Runtime {
         .unwrap()
 }
 
-#[test]
-fn ping_pong_every_mode() {
+fn ping_pong_every_mode(prov: &Provider) {
     for mode in Mode::ALL {
         rt().block_on(async {
             let p = poller(mode);
-            let (a, b) = AsyncConn::loopback_pair(&p, &ring(mode, 64 * 1024)).unwrap();
+            let (a, b) = pair(prov, &p, &ring(mode, 64 * 1024));
             let (mut atx, mut arx) = a.split().unwrap();
             let (mut btx, mut brx) = b.split().unwrap();
-            let n = 500u32;
+            let n = prov.scaled(500);
             let server = tokio::spawn(async move {
                 for _ in 0..n {
                     let v = {
@@ -69,15 +88,14 @@ fn ping_pong_every_mode() {
     }
 }
 
-#[test]
-fn full_ring_back_pressure_every_mode() {
+fn full_ring_back_pressure_every_mode(prov: &Provider) {
     for mode in Mode::ALL {
         rt().block_on(async {
             let p = poller(mode);
-            let (a, b) = AsyncConn::loopback_pair(&p, &ring(mode, 4096)).unwrap();
+            let (a, b) = pair(prov, &p, &ring(mode, 4096));
             let (mut atx, _arx) = a.split().unwrap();
             let (_btx, mut brx) = b.split().unwrap();
-            let count = 2000u32;
+            let count = prov.scaled(2000);
             let writer = tokio::spawn(async move {
                 for i in 0..count {
                     let payload = [i.to_le_bytes().as_slice(), &[7u8; 100]].concat();
@@ -106,22 +124,21 @@ fn full_ring_back_pressure_every_mode() {
     }
 }
 
-#[test]
-fn zero_copy_reserve() {
+fn zero_copy_reserve(prov: &Provider) {
     rt().block_on(async {
         let p = poller(Mode::Bpev);
-        let (a, b) = AsyncConn::loopback_pair(&p, &ring(Mode::Bpev, 8192)).unwrap();
+        let (a, b) = pair(prov, &p, &ring(Mode::Bpev, 8192));
         let (mut atx, _arx) = a.split().unwrap();
         let (_btx, mut brx) = b.split().unwrap();
         for i in 0..200u8 {
-            let mut g = tokio::time::timeout(Duration::from_secs(5), atx.reserve(300))
+            let mut g = tokio::time::timeout(BOUND, atx.reserve(300))
                 .await
                 .unwrap_or_else(|_| panic!("reserve stuck at {i}"))
                 .unwrap();
             g.fill(i);
             g.commit().unwrap();
             atx.flush().unwrap();
-            let m = tokio::time::timeout(Duration::from_secs(5), brx.recv())
+            let m = tokio::time::timeout(BOUND, brx.recv())
                 .await
                 .unwrap_or_else(|_| panic!("recv stuck at {i}"))
                 .unwrap();
@@ -133,12 +150,11 @@ fn zero_copy_reserve() {
     });
 }
 
-#[test]
-fn dead_peer_fails_waiting_receiver_every_mode() {
+fn dead_peer_fails_waiting_receiver_every_mode(prov: &Provider) {
     for mode in Mode::ALL {
         rt().block_on(async {
             let p = poller(mode);
-            let (a, b) = AsyncConn::loopback_pair(&p, &ring(mode, 8192)).unwrap();
+            let (a, b) = pair(prov, &p, &ring(mode, 8192));
             let (_atx, mut arx) = a.split().unwrap();
             let waiter = tokio::spawn(async move {
                 let r = arx.recv().await.map(|m| m.len());
@@ -152,5 +168,65 @@ fn dead_peer_fails_waiting_receiver_every_mode() {
                 .unwrap();
             assert!(gone, "{mode}");
         });
+    }
+}
+
+/// Issue 10, "Progress": a writer sends one message, flushes, then goes idle
+/// (stays connected, never calls the ring again). On a NIC the completion of
+/// an earlier WRITE arrives after the post, so a tail deferred behind it must
+/// still go out; the receiver must see the message.
+fn one_message_then_idle_every_mode(prov: &Provider) {
+    for mode in Mode::ALL {
+        rt().block_on(async {
+            let p = poller(mode);
+            let (a, b) = pair(prov, &p, &ring(mode, 8192));
+            let (mut atx, _arx) = a.split().unwrap();
+            let (_btx, mut brx) = b.split().unwrap();
+            for round in 0..3u8 {
+                atx.send(&[round; 40]).await.unwrap();
+                atx.flush().unwrap();
+                // The writer is idle from here until the message was seen.
+                let m = tokio::time::timeout(BOUND, brx.recv())
+                    .await
+                    .unwrap_or_else(|_| {
+                        panic!("{mode}: message {round} of an idle writer never seen")
+                    })
+                    .unwrap();
+                assert_eq!(&m[..], &[round; 40], "{mode}");
+            }
+        });
+    }
+}
+
+/// The last message of a burst (each message flushed, or only the last)
+/// reaches the receiver while the writer is idle afterwards.
+fn burst_then_idle_every_mode(prov: &Provider) {
+    for mode in Mode::ALL {
+        for flush_each in [true, false] {
+            rt().block_on(async {
+                let p = poller(mode);
+                let (a, b) = pair(prov, &p, &ring(mode, 64 * 1024));
+                let (mut atx, _arx) = a.split().unwrap();
+                let (_btx, mut brx) = b.split().unwrap();
+                let n = 50u32;
+                for i in 0..n {
+                    atx.send(&i.to_le_bytes()).await.unwrap();
+                    if flush_each || i == n - 1 {
+                        atx.flush().unwrap();
+                    }
+                }
+                for i in 0..n {
+                    let m = tokio::time::timeout(BOUND, brx.recv())
+                        .await
+                        .unwrap_or_else(|_| {
+                            panic!(
+                                "{mode} (flush each: {flush_each}): message {i} of {n} never seen"
+                            )
+                        })
+                        .unwrap();
+                    assert_eq!(u32::from_le_bytes(m[..4].try_into().unwrap()), i, "{mode}");
+                }
+            });
+        }
     }
 }

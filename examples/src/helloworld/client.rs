@@ -40,7 +40,11 @@ async fn main() -> anyhow::Result<()> {
         },
     };
     let channel = RrpcChannel::connect(&uri, RrpcConfig::default()).await?;
-    println!("connected to {uri} over {:?}", channel.path());
+    println!(
+        "connected to {uri} over {:?}, carried by {:?}",
+        channel.path(),
+        channel.carrier()
+    );
     let mut client = GreeterClient::new(channel);
     let reply = client.say_hello(HelloRequest { name: args.name }).await?;
     println!("RESPONSE={:?}", reply.into_inner().message);

@@ -6,7 +6,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use rrpc_core::conn::{self, Connection, HandshakeConfig, Offer};
-use rrpc_core::{Endpoint, Fabric, QpConfig, Region};
+use std::time::{Duration, Instant};
+
+use rrpc_core::{Completion, CompletionQueue, Endpoint, Fabric, ProviderKind, QpConfig, Region};
 
 /// A unique socket path in a fresh temp dir.
 pub fn sock_path(tag: &str) -> PathBuf {
@@ -25,20 +27,132 @@ pub fn endpoint(tag: &str) -> Endpoint {
     Endpoint::Shm(sock_path(tag))
 }
 
+/// The provider a test runs on: shm always; verbs when the crate is built
+/// with feature `verbs` and `RRPC_TEST_DEVICE` names a device (e.g. `rxe0`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Provider {
+    Shm,
+    /// The verbs provider on this device.
+    Verbs(String),
+}
+
+impl Provider {
+    /// The verbs provider on `RRPC_TEST_DEVICE`, or `None` (the test then
+    /// says it is skipped) when the variable is unset. (Without feature
+    /// `verbs` the tests that would call this are not compiled.)
+    pub fn verbs_from_env() -> Option<Provider> {
+        let dev = std::env::var("RRPC_TEST_DEVICE")
+            .ok()
+            .filter(|d| !d.is_empty());
+        if dev.is_none() {
+            eprintln!("skipped: RRPC_TEST_DEVICE not set");
+        }
+        dev.map(Provider::Verbs)
+    }
+
+    /// Opens the fabric and checks it is the provider asked for (a verbs
+    /// test that silently ran on shm would prove nothing).
+    pub fn fabric(&self) -> Fabric {
+        match self {
+            Provider::Shm => Fabric::shm(),
+            #[cfg(feature = "verbs")]
+            Provider::Verbs(dev) => {
+                let f = Fabric::verbs(Some(dev)).expect("open the verbs device");
+                assert_eq!(f.kind(), ProviderKind::Verbs);
+                assert_eq!(
+                    f.device_name(),
+                    Some(dev.as_str()),
+                    "verbs on the named device"
+                );
+                f
+            }
+            #[cfg(not(feature = "verbs"))]
+            Provider::Verbs(_) => unreachable!("verbs_from_env returns None without the feature"),
+        }
+    }
+
+    pub fn kind(&self) -> ProviderKind {
+        match self {
+            Provider::Shm => ProviderKind::Shm,
+            Provider::Verbs(_) => ProviderKind::Verbs,
+        }
+    }
+
+    /// A listener on a fresh side channel (a Unix socket for shm, TCP on
+    /// 127.0.0.1, port chosen by the kernel, for verbs) and the endpoint a
+    /// client connects to.
+    pub fn listen(&self, tag: &str, cfg: HandshakeConfig) -> (conn::Listener, Endpoint) {
+        match self {
+            Provider::Shm => {
+                let ep = endpoint(tag);
+                (conn::Listener::bind(&ep, cfg).unwrap(), ep)
+            }
+            Provider::Verbs(_) => {
+                let any = Endpoint::parse("rdma://127.0.0.1:0").unwrap();
+                let l = conn::Listener::bind(&any, cfg).unwrap();
+                let addr = l.local_addr().expect("a TCP side channel");
+                (l, Endpoint::Rdma(addr))
+            }
+        }
+    }
+
+    /// How long a test waits for one completion (TCG-emulated soft-RoCE is slow).
+    pub fn patience(&self) -> Duration {
+        match self {
+            Provider::Shm => Duration::from_secs(5),
+            Provider::Verbs(_) => Duration::from_secs(60),
+        }
+    }
+}
+
 /// One side of a connected pair: the connection, the region it granted to the
-/// peer (role 1) and a local scratch region.
+/// peer (role 1), a local scratch region and the provider it runs on.
 pub struct Side {
     pub conn: Connection,
     pub granted: Arc<Region>,
     pub scratch: Arc<Region>,
+    pub provider: Provider,
 }
 
-/// Connects two queue pairs in this process over the shm side channel.
-pub fn pair_with(len: usize, a_cfg: QpConfig, b_cfg: QpConfig) -> (Side, Side) {
-    let ep = endpoint("pair");
-    let fabric = Fabric::shm();
-    let listener = conn::Listener::bind(&ep, HandshakeConfig::default()).unwrap();
+impl Side {
+    /// Polls the send completion queue until `n` completions arrived (panics
+    /// after the provider's patience).
+    pub fn wait_send(&self, n: usize) -> Vec<Completion> {
+        wait_cq(self.conn.qp().send_cq(), n, self.provider.patience())
+    }
+
+    /// Polls the receive completion queue until `n` completions arrived.
+    pub fn wait_recv(&self, n: usize) -> Vec<Completion> {
+        wait_cq(self.conn.qp().recv_cq(), n, self.provider.patience())
+    }
+}
+
+/// Polls `cq` until `n` completions arrived; panics after `patience`.
+pub fn wait_cq(cq: &CompletionQueue, n: usize, patience: Duration) -> Vec<Completion> {
+    let deadline = Instant::now() + patience;
+    let mut out = Vec::new();
+    let mut buf = [Completion::EMPTY; 16];
+    while out.len() < n {
+        let k = cq.poll(&mut buf[..(n - out.len()).min(16)]).unwrap();
+        out.extend_from_slice(&buf[..k]);
+        if k == 0 {
+            assert!(
+                Instant::now() < deadline,
+                "{} of {n} completions after {patience:?}: {out:?}",
+                out.len()
+            );
+            std::thread::yield_now();
+        }
+    }
+    out
+}
+
+/// Connects two queue pairs in this process over `provider`'s side channel.
+pub fn pair_on(provider: &Provider, len: usize, a_cfg: QpConfig, b_cfg: QpConfig) -> (Side, Side) {
+    let (listener, ep) = provider.listen("pair", HandshakeConfig::default());
+    let fabric = provider.fabric();
     let f2 = fabric.clone();
+    let p2 = provider.clone();
     let server = std::thread::spawn(move || {
         let granted = f2.alloc_region(len).unwrap();
         let scratch = f2.alloc_region(len).unwrap();
@@ -53,6 +167,7 @@ pub fn pair_with(len: usize, a_cfg: QpConfig, b_cfg: QpConfig) -> (Side, Side) {
             conn,
             granted,
             scratch,
+            provider: p2,
         }
     });
     let granted = fabric.alloc_region(len).unwrap();
@@ -65,14 +180,26 @@ pub fn pair_with(len: usize, a_cfg: QpConfig, b_cfg: QpConfig) -> (Side, Side) {
     )
     .unwrap();
     let b = server.join().unwrap();
+    assert_eq!(
+        conn.peer().provider,
+        provider.kind(),
+        "the peer runs on the same provider"
+    );
+    assert_eq!(b.conn.peer().provider, provider.kind());
     (
         Side {
             conn,
             granted,
             scratch,
+            provider: provider.clone(),
         },
         b,
     )
+}
+
+/// Connects two shm queue pairs in this process.
+pub fn pair_with(len: usize, a_cfg: QpConfig, b_cfg: QpConfig) -> (Side, Side) {
+    pair_on(&Provider::Shm, len, a_cfg, b_cfg)
 }
 
 pub fn pair(len: usize) -> (Side, Side) {

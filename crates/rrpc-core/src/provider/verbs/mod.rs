@@ -1,13 +1,16 @@
 //! The `verbs` provider (cargo feature `verbs`): rrpc-core's calls mapped one
 //! to one onto libibverbs through the `rdma-sys` bindings.
 //!
-//! **Builds; not run on an RDMA NIC here.** The development and CI machines
-//! have no RDMA hardware and no kernel RDMA support (not even soft-RoCE), so
-//! what is tested is everything short of the device: the work requests,
-//! completions and queue-pair attribute sets built by [`wr`], the endpoint
-//! codec, the send-queue accounting and pre-checks, the TCP side channel, the
-//! ABI of the hand-written `rdma-sys` structures against the C headers, and
-//! that opening a fabric without a device is an error, not a panic.
+//! **Tested on soft-RoCE (rdma_rxe) in a VM; not run on an RDMA NIC.** The
+//! development machines have no RDMA hardware and no kernel RDMA support, so
+//! `cargo xtask rxe` boots a throwaway qemu VM with soft-RoCE (`rxe0`) and
+//! runs the conformance suite, the two-process tests and the ring, poller and
+//! tonic tests on it. On the host, what is tested is everything short of the
+//! device: the work requests, completions and queue-pair attribute sets built
+//! by [`wr`], the endpoint codec, the send-queue accounting and pre-checks,
+//! the TCP side channel, the ABI of the hand-written `rdma-sys` structures
+//! against the C headers, and that opening a fabric without a device is an
+//! error, not a panic.
 //!
 //! | rrpc-core | libibverbs |
 //! |---|---|

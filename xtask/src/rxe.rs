@@ -1,0 +1,1131 @@
+//! `cargo xtask rxe [--timeout SECS] [-- CMD...]`: runs CMD (by default the
+//! verbs suite) as root inside a throwaway qemu VM whose kernel has soft-RoCE
+//! (`rdma_rxe`), so the libibverbs path can be exercised without an RDMA NIC
+//! and without kernel RDMA support on the host.
+//!
+//! What it does, in order:
+//! 1. installs what it needs with apt (`sudo` when not root): qemu, rdma-core
+//!    user space, busybox, cpio, kmod, iproute2 (and, for the suite, the
+//!    headers the `verbs` feature builds against);
+//! 2. downloads a Debian kernel (`apt-get download linux-image-*-amd64`),
+//!    unpacks it with `dpkg -x` and caches it under `~/.cache/rrpc-rxe` (or
+//!    `$RRPC_RXE_CACHE`), with an initramfs built from busybox and the
+//!    virtio/9p modules;
+//! 3. boots qemu under TCG (software emulation: nested KVM does not boot on
+//!    the machines this was written on), `-nic none`, with the host's `/`
+//!    shared read-only over 9p (binaries built here run there unchanged), the
+//!    workspace and the job directory (`<target>/rxe/job-*`) read-write;
+//! 4. inside, as root: loads `rdma_rxe`, creates `rxe0` on a veth whose end
+//!    has 10.99.0.1/24 (GID index 1 = `::ffff:10.99.0.1`, RoCE v2), exports
+//!    `RRPC_TEST_DEVICE=rxe0`, runs CMD in the workspace directory;
+//! 5. streams CMD's output, returns CMD's exit code, prints the VM console's
+//!    tail when the job did not finish, and kills the VM after `--timeout`
+//!    seconds (exit 124).
+//!
+//! With no CMD it runs **the verbs suite** ([`suite`]): the test binaries are
+//! built on the host first (never cargo inside the VM: TCG is 20-50x slower),
+//! then run inside.
+//!
+//! Functional checks only: timings taken inside this VM mean nothing. Tested
+//! on soft-RoCE (rdma_rxe) in a VM; not run on an RDMA NIC.
+
+use std::collections::{BTreeMap, HashSet};
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+
+use crate::signals;
+
+/// `cargo xtask rxe` options.
+#[derive(clap::Args, Debug, Clone)]
+pub(crate) struct RxeArgs {
+    /// Kill the VM after this many seconds (exit code 124). Host build time is not counted.
+    #[arg(long, default_value_t = 900)]
+    pub(crate) timeout: u64,
+    /// Keep the job directory (`<target>/rxe/job-*`) even when the job succeeded.
+    #[arg(long)]
+    pub(crate) keep: bool,
+    /// The command to run inside the VM, as root, in the workspace directory
+    /// (default: the verbs suite).
+    #[arg(last = true)]
+    pub(crate) cmd: Vec<String>,
+}
+
+/// Packages the VM needs on the host.
+const VM_PACKAGES: &[&str] = &[
+    "qemu-system-x86",
+    "rdma-core",
+    "ibverbs-providers",
+    "ibverbs-utils",
+    "busybox-static",
+    "cpio",
+    "kmod",
+    "iproute2",
+];
+
+/// Packages the host build of the `verbs` feature needs (`rdma-sys`:
+/// pkg-config finds libibverbs and librdmacm, bindgen needs libclang).
+pub(crate) const BUILD_PACKAGES: &[&str] = &[
+    "libibverbs-dev",
+    "librdmacm-dev",
+    "libclang-dev",
+    "pkg-config",
+];
+
+/// Kernel modules the initramfs loads (with their dependencies) to mount the 9p shares.
+const INITRD_MODULES: &[&str] = &["virtio_pci", "9pnet_virtio", "9p"];
+
+/// The initramfs `/init`: mounts the host root read-only, tmpfs over the
+/// writable places, the job directory, the kernel's modules and the
+/// workspace, then runs the job script chrooted into the host root.
+const INIT_SCRIPT: &str = r#"#!/bin/busybox sh
+/bin/busybox --install -s /bin
+mount -t proc proc /proc; mount -t sysfs sys /sys; mount -t devtmpfs dev /dev
+die() { echo "rrpc-rxe init: $*"; poweroff -f; }
+for m in $(cat /mods/order); do insmod /mods/$m.ko || echo "rrpc-rxe init: insmod $m failed"; done
+o=trans=virtio,version=9p2000.L,msize=512000
+mount -t 9p -o $o,ro hostroot /newroot || die "cannot mount the host root"
+for t in tmp run var/tmp; do mount -t tmpfs tmpfs /newroot/$t 2>/dev/null; done
+mount -t proc proc /newroot/proc; mount -t sysfs sys /newroot/sys; mount -t devtmpfs dev /newroot/dev
+mkdir -p /newroot/dev/pts /newroot/dev/shm; mount -t devpts devpts /newroot/dev/pts; mount -t tmpfs tmpfs /newroot/dev/shm
+mkdir -p /newroot/tmp/rxe-job; mount -t 9p -o $o job /newroot/tmp/rxe-job || die "cannot mount the job directory"
+kver=$(cat /newroot/tmp/rxe-job/kver); ws=$(cat /newroot/tmp/rxe-job/workspace)
+mkdir -p /newroot/tmp/modroot/lib/modules/$kver
+mount -t 9p -o $o,ro modules /newroot/tmp/modroot/lib/modules/$kver || die "cannot mount the modules"
+mount -t 9p -o $o workspace "/newroot$ws" || die "cannot mount the workspace at $ws"
+echo "rrpc-rxe init: running the job"
+chroot /newroot /bin/bash /tmp/rxe-job/job.sh
+sync
+poweroff -f
+"#;
+
+/// The job script (run as root, chrooted into the host's root): sets up
+/// `rxe0`, then runs `cmd.sh` in the workspace with `RRPC_TEST_DEVICE=rxe0`.
+const JOB_SCRIPT: &str = r#"#!/bin/bash
+J=/tmp/rxe-job
+export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
+# modprobe from the 9p-mounted modules of the VM's kernel; the kernel's own
+# module requests (crc32 for rxe's ICRC) go through it too.
+printf '#!/bin/sh\nexec /sbin/modprobe -d /tmp/modroot "$@"\n' > /tmp/modprobe; chmod +x /tmp/modprobe
+echo /tmp/modprobe > /proc/sys/kernel/modprobe
+setup() {
+  set -e
+  for m in crc32_generic ib_uverbs rdma_rxe veth; do /tmp/modprobe "$m" || [ "$m" = crc32_generic ]; done
+  ip link set lo up
+  ip link add veth0 type veth peer name veth1
+  ip addr add 10.99.0.1/24 dev veth0
+  ip link set veth0 up; ip link set veth1 up
+  rdma link add rxe0 type rxe netdev veth0
+  # Wait for the IPv4-mapped GID (index 1) and an active port.
+  for _ in $(seq 100); do
+    g=$(cat /sys/class/infiniband/rxe0/ports/1/gids/1 2>/dev/null || true)
+    case "$g" in *0a63:0001) break ;; esac
+    sleep 0.1
+  done
+  echo "rrpc-rxe: rxe0 on veth0, port $(cat /sys/class/infiniband/rxe0/ports/1/state), GID[1] $(cat /sys/class/infiniband/rxe0/ports/1/gids/1)"
+}
+if ! ( setup ) > "$J/setup.log" 2>&1; then
+  echo "rrpc-rxe: setting up rxe0 failed:" > "$J/out"; cat "$J/setup.log" >> "$J/out"
+  echo 125 > "$J/rc"; sync; exit 0
+fi
+cat "$J/setup.log" > "$J/out"
+ulimit -l unlimited
+. "$J/env.sh"
+export HOME=/tmp RRPC_TEST_DEVICE=rxe0 RRPC_RXE_VM=1
+cd "$(cat "$J/workspace")"
+bash "$J/cmd.sh" >> "$J/out" 2>&1 < /dev/null
+echo $? > "$J/rc.tmp"; mv "$J/rc.tmp" "$J/rc"
+sync
+"#;
+
+/// Host environment variables passed into the VM when set.
+const PASSED_ENV: &[&str] = &[
+    "RUST_LOG",
+    "RUST_BACKTRACE",
+    "RUST_TEST_THREADS",
+    "RRPC_TEST_VERBOSE",
+];
+
+/// Whether this host can run the harness at all (`Err` says why not).
+pub(crate) fn supported() -> std::result::Result<(), String> {
+    if !cfg!(all(target_os = "linux", target_arch = "x86_64")) {
+        return Err(format!(
+            "needs Linux on x86_64 (this is {} on {})",
+            std::env::consts::OS,
+            std::env::consts::ARCH
+        ));
+    }
+    let have_dpkg = Path::new("/usr/bin/dpkg").exists();
+    let have_apt = Path::new("/usr/bin/apt-get").exists();
+    if !have_dpkg || !have_apt {
+        return Err(
+            "needs a Debian-like host with dpkg and apt-get (to install qemu and fetch a kernel)"
+                .into(),
+        );
+    }
+    Ok(())
+}
+
+fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    unsafe { libc::geteuid() == 0 }
+}
+
+/// `Command` for a privileged program: itself when root, else through sudo.
+fn privileged(program: &str) -> Command {
+    if is_root() {
+        Command::new(program)
+    } else {
+        let mut c = Command::new("sudo");
+        c.arg(program);
+        c
+    }
+}
+
+fn status_ok(cmd: &mut Command, what: &str) -> Result<()> {
+    let st = cmd.status().with_context(|| format!("spawning {what}"))?;
+    if !st.success() {
+        bail!("{what} failed with {st}");
+    }
+    Ok(())
+}
+
+/// Installs the packages of `pkgs` that `dpkg -s` does not find.
+pub(crate) fn ensure_packages(pkgs: &[&str]) -> Result<()> {
+    let missing: Vec<&str> = pkgs
+        .iter()
+        .copied()
+        .filter(|p| {
+            !Command::new("dpkg")
+                .args(["-s", p])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success())
+        })
+        .collect();
+    if missing.is_empty() {
+        return Ok(());
+    }
+    eprintln!("rxe: installing {}", missing.join(" "));
+    status_ok(
+        privileged("apt-get").args(["update", "-qq"]),
+        "apt-get update",
+    )?;
+    status_ok(
+        privileged("apt-get")
+            .env("DEBIAN_FRONTEND", "noninteractive")
+            .args(["install", "-y", "-qq", "--no-install-recommends"])
+            .args(&missing),
+        "apt-get install",
+    )
+}
+
+/// The cache directory (`$RRPC_RXE_CACHE`, else `~/.cache/rrpc-rxe`).
+fn cache_dir() -> Result<PathBuf> {
+    if let Some(d) = std::env::var_os("RRPC_RXE_CACHE") {
+        return Ok(PathBuf::from(d));
+    }
+    let home = std::env::var_os("HOME").context("HOME is not set (or set RRPC_RXE_CACHE)")?;
+    Ok(PathBuf::from(home).join(".cache/rrpc-rxe"))
+}
+
+/// An unpacked Debian kernel.
+#[derive(Debug)]
+struct Kernel {
+    version: String,
+    vmlinuz: PathBuf,
+    modules: PathBuf,
+}
+
+/// The name of the versioned kernel package `linux-image-amd64` depends on.
+fn kernel_package() -> Result<String> {
+    let out = Command::new("apt-cache")
+        .args(["depends", "linux-image-amd64"])
+        .output()
+        .context("running apt-cache")?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    Ok(parse_kernel_package(&text).unwrap_or_default())
+}
+
+/// `Depends: linux-image-6.1.0-44-amd64` in `apt-cache depends` output.
+fn parse_kernel_package(text: &str) -> Option<String> {
+    text.lines().find_map(|l| {
+        let dep = l.trim().strip_prefix("Depends:")?.trim();
+        let rest = dep.strip_prefix("linux-image-")?;
+        (rest.starts_with(|c: char| c.is_ascii_digit()) && rest.ends_with("-amd64"))
+            .then(|| dep.to_owned())
+    })
+}
+
+/// Downloads and unpacks a Debian kernel into the cache (once).
+fn ensure_kernel(cache: &Path) -> Result<Kernel> {
+    let kver_file = cache.join("kver");
+    if !kver_file.is_file() {
+        let mut pkg = kernel_package()?;
+        if pkg.is_empty() {
+            status_ok(
+                privileged("apt-get").args(["update", "-qq"]),
+                "apt-get update",
+            )?;
+            pkg = kernel_package()?;
+        }
+        if pkg.is_empty() {
+            bail!(
+                "cannot find a linux-image-*-amd64 package (apt-cache depends linux-image-amd64)"
+            );
+        }
+        eprintln!("rxe: downloading {pkg} into {}", cache.display());
+        let dl = cache.join("download");
+        let kern = cache.join("kern");
+        let _ = std::fs::remove_dir_all(&dl);
+        let _ = std::fs::remove_dir_all(&kern);
+        std::fs::create_dir_all(&dl)?;
+        status_ok(
+            Command::new("apt-get")
+                .args(["download", "-qq", &pkg])
+                .current_dir(&dl),
+            "apt-get download",
+        )?;
+        let deb = std::fs::read_dir(&dl)?
+            .flatten()
+            .map(|e| e.path())
+            .find(|p| p.extension().is_some_and(|e| e == "deb"))
+            .context("apt-get download produced no .deb")?;
+        status_ok(
+            Command::new("dpkg").arg("-x").arg(&deb).arg(&kern),
+            "dpkg -x",
+        )?;
+        std::fs::remove_dir_all(&dl)?;
+        let version = std::fs::read_dir(kern.join("lib/modules"))?
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .next()
+            .context("the kernel package has no lib/modules/<version>")?;
+        let depmod = ["/sbin/depmod", "/usr/sbin/depmod"]
+            .into_iter()
+            .find(|p| Path::new(p).exists())
+            .unwrap_or("depmod");
+        status_ok(
+            Command::new(depmod).arg("-b").arg(&kern).arg(&version),
+            "depmod",
+        )?;
+        std::fs::write(&kver_file, &version)?;
+    }
+    let version = std::fs::read_to_string(&kver_file)?.trim().to_owned();
+    let kern = cache.join("kern");
+    let k = Kernel {
+        vmlinuz: kern.join(format!("boot/vmlinuz-{version}")),
+        modules: kern.join(format!("lib/modules/{version}")),
+        version,
+    };
+    if !k.vmlinuz.is_file() || !k.modules.join("modules.dep").is_file() {
+        bail!(
+            "the kernel cache in {} is incomplete; remove it and retry",
+            cache.display()
+        );
+    }
+    Ok(k)
+}
+
+/// Module name as the kernel spells it, from a `modules.dep` path.
+fn module_name(path: &str) -> String {
+    let file = path.rsplit('/').next().unwrap_or(path);
+    let stem = file.split(".ko").next().unwrap_or(file);
+    stem.replace('-', "_")
+}
+
+/// `modules.dep`: module name -> (path, dependencies' paths).
+fn parse_modules_dep(text: &str) -> BTreeMap<String, (String, Vec<String>)> {
+    text.lines()
+        .filter_map(|l| {
+            let (m, deps) = l.split_once(':')?;
+            let deps = deps.split_whitespace().map(str::to_owned).collect();
+            Some((module_name(m), (m.to_owned(), deps)))
+        })
+        .collect()
+}
+
+/// `wanted` and their dependencies, dependencies first (modules built into
+/// the kernel are absent from `modules.dep` and skipped).
+fn module_load_order(
+    dep: &BTreeMap<String, (String, Vec<String>)>,
+    wanted: &[&str],
+) -> Vec<(String, String)> {
+    fn visit(
+        name: &str,
+        dep: &BTreeMap<String, (String, Vec<String>)>,
+        seen: &mut HashSet<String>,
+        out: &mut Vec<(String, String)>,
+    ) {
+        if !seen.insert(name.to_owned()) {
+            return;
+        }
+        let Some((path, deps)) = dep.get(name) else {
+            return;
+        };
+        for d in deps {
+            visit(&module_name(d), dep, seen, out);
+        }
+        out.push((name.to_owned(), path.clone()));
+    }
+    let mut seen = HashSet::new();
+    let mut out = Vec::new();
+    for w in wanted {
+        visit(w, dep, &mut seen, &mut out);
+    }
+    out
+}
+
+/// A short content hash (FNV-1a), to key cached artefacts on their inputs.
+fn fnv(parts: &[&[u8]]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for p in parts {
+        for b in *p {
+            h ^= u64::from(*b);
+            h = h.wrapping_mul(0x0100_0000_01b3);
+        }
+        h ^= 0xff;
+    }
+    h
+}
+
+/// Builds the initramfs (once per kernel and init script).
+fn ensure_initrd(cache: &Path, k: &Kernel) -> Result<PathBuf> {
+    let key = fnv(&[INIT_SCRIPT.as_bytes(), k.version.as_bytes()]);
+    let out = cache.join(format!("initrd-{key:016x}.gz"));
+    if out.is_file() {
+        return Ok(out);
+    }
+    eprintln!("rxe: building the initramfs");
+    let d = cache.join("initrd-build");
+    let _ = std::fs::remove_dir_all(&d);
+    for sub in ["bin", "dev", "proc", "sys", "newroot", "mods"] {
+        std::fs::create_dir_all(d.join(sub))?;
+    }
+    std::fs::copy("/bin/busybox", d.join("bin/busybox")).context("copying /bin/busybox")?;
+    let dep = parse_modules_dep(&std::fs::read_to_string(k.modules.join("modules.dep"))?);
+    let order = module_load_order(&dep, INITRD_MODULES);
+    let mut names = Vec::new();
+    for (name, path) in &order {
+        let src = k.modules.join(path);
+        let dst = d.join(format!("mods/{name}.ko"));
+        let decompress = if path.ends_with(".ko.xz") {
+            Some("xz")
+        } else if path.ends_with(".ko.zst") {
+            Some("zstd")
+        } else if path.ends_with(".ko.gz") {
+            Some("gzip")
+        } else {
+            None
+        };
+        match decompress {
+            None => {
+                std::fs::copy(&src, &dst).with_context(|| format!("copying {}", src.display()))?;
+            }
+            Some(tool) => {
+                let out = Command::new(tool)
+                    .arg("-dc")
+                    .arg(&src)
+                    .output()
+                    .with_context(|| format!("running {tool} -dc"))?;
+                if !out.status.success() {
+                    bail!("{tool} -dc {} failed", src.display());
+                }
+                std::fs::write(&dst, out.stdout)?;
+            }
+        }
+        names.push(name.clone());
+    }
+    std::fs::write(d.join("mods/order"), names.join("\n") + "\n")?;
+    write_executable(&d.join("init"), INIT_SCRIPT)?;
+    let tmp = cache.join("initrd.tmp");
+    status_ok(
+        Command::new("sh")
+            .arg("-c")
+            .arg("find . | cpio -o -H newc --quiet | gzip -1 > \"$0\"")
+            .arg(&tmp)
+            .current_dir(&d),
+        "cpio | gzip",
+    )?;
+    std::fs::rename(&tmp, &out)?;
+    std::fs::remove_dir_all(&d)?;
+    Ok(out)
+}
+
+fn write_executable(path: &Path, text: &str) -> Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755))?;
+    Ok(())
+}
+
+/// Quotes `s` for a POSIX shell.
+pub(crate) fn sh_quote(s: &str) -> String {
+    if !s.is_empty()
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-_./=:,+@%".contains(&b))
+    {
+        return s.to_owned();
+    }
+    format!("'{}'", s.replace('\'', r"'\''"))
+}
+
+/// The cargo target directory (`cargo metadata`).
+pub(crate) fn target_dir(root: &Path) -> Result<PathBuf> {
+    let out = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+        .args(["metadata", "--format-version", "1", "--no-deps"])
+        .current_dir(root)
+        .stderr(Stdio::inherit())
+        .output()
+        .context("running cargo metadata")?;
+    if !out.status.success() {
+        bail!("cargo metadata failed");
+    }
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout)?;
+    Ok(PathBuf::from(
+        v["target_directory"]
+            .as_str()
+            .context("cargo metadata has no target_directory")?,
+    ))
+}
+
+/// What one VM run produced.
+#[derive(Debug)]
+pub(crate) struct VmRun {
+    /// CMD's exit code; 124 when the VM was killed at the timeout; 125 when
+    /// the VM did not get as far as running CMD.
+    pub(crate) code: i32,
+    /// Everything CMD printed (also streamed while it ran).
+    pub(crate) output: String,
+    /// Wall time of the VM (boot included).
+    pub(crate) elapsed: Duration,
+}
+
+/// Boots the VM and runs `script` (a bash script) inside; see the module docs.
+pub(crate) fn run_in_vm(
+    root: &Path,
+    target: &Path,
+    script: &str,
+    timeout: Duration,
+    keep: bool,
+) -> Result<VmRun> {
+    supported().map_err(|why| anyhow::anyhow!("cargo xtask rxe: {why}"))?;
+    ensure_packages(VM_PACKAGES)?;
+    let cache = cache_dir()?;
+    std::fs::create_dir_all(&cache)?;
+    let kernel = ensure_kernel(&cache)?;
+    let initrd = ensure_initrd(&cache, &kernel)?;
+
+    let stamp = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or_default();
+    let job = target
+        .join("rxe")
+        .join(format!("job-{stamp}-{}", std::process::id()));
+    std::fs::create_dir_all(&job)?;
+    for p in [root, job.as_path(), kernel.modules.as_path()] {
+        if p.to_string_lossy().contains([',', ' ', '\n', '"']) {
+            bail!(
+                "cargo xtask rxe: path {} has a comma, space or quote (qemu's -virtfs cannot share it)",
+                p.display()
+            );
+        }
+    }
+    std::fs::write(job.join("kver"), &kernel.version)?;
+    std::fs::write(job.join("workspace"), root.to_string_lossy().as_bytes())?;
+    let mut env = String::new();
+    for k in PASSED_ENV {
+        if let Ok(v) = std::env::var(k) {
+            env.push_str(&format!("export {k}={}\n", sh_quote(&v)));
+        }
+    }
+    std::fs::write(job.join("env.sh"), env)?;
+    write_executable(&job.join("job.sh"), JOB_SCRIPT)?;
+    write_executable(&job.join("cmd.sh"), script)?;
+
+    let mem = std::env::var("RRPC_RXE_MEM").unwrap_or_else(|_| "2048".into());
+    let cpus = std::env::var("RRPC_RXE_CPUS").unwrap_or_else(|_| "2".into());
+    let virtfs = |path: &Path, tag: &str, ro: bool| {
+        format!(
+            "local,path={},mount_tag={tag},security_model=none{}",
+            path.display(),
+            if ro {
+                ",readonly=on,multidevs=remap"
+            } else {
+                ""
+            }
+        )
+    };
+    let mut qemu = Command::new("qemu-system-x86_64");
+    qemu.args([
+        "-accel",
+        "tcg,thread=multi",
+        "-cpu",
+        "max",
+        "-m",
+        &mem,
+        "-smp",
+        &cpus,
+    ])
+    .args([
+        "-display",
+        "none",
+        "-monitor",
+        "none",
+        "-no-reboot",
+        "-nic",
+        "none",
+    ])
+    .arg("-serial")
+    .arg(format!("file:{}", job.join("console").display()))
+    .arg("-kernel")
+    .arg(&kernel.vmlinuz)
+    .arg("-initrd")
+    .arg(&initrd)
+    .args(["-append", "console=ttyS0 quiet panic=-1"])
+    .arg("-virtfs")
+    .arg(virtfs(Path::new("/"), "hostroot", true))
+    .arg("-virtfs")
+    .arg(virtfs(&kernel.modules, "modules", true))
+    .arg("-virtfs")
+    .arg(virtfs(root, "workspace", false))
+    .arg("-virtfs")
+    .arg(virtfs(&job, "job", false))
+    .stdin(Stdio::null())
+    .stdout(std::fs::File::create(job.join("qemu.log"))?)
+    .stderr(std::fs::File::create(job.join("qemu.log"))?);
+    signals::install();
+    let start = Instant::now();
+    eprintln!(
+        "rxe: booting the VM (TCG, kernel {}, {mem} MiB, {cpus} vCPUs, timeout {}s); job files in {}",
+        kernel.version,
+        timeout.as_secs(),
+        job.display()
+    );
+    let mut child = qemu.spawn().context("starting qemu-system-x86_64")?;
+    let out_path = job.join("out");
+    let mut output = Vec::new();
+    let stream = |output: &mut Vec<u8>| {
+        if let Ok(mut f) = std::fs::File::open(&out_path) {
+            let mut buf = Vec::new();
+            if f.seek(SeekFrom::Start(output.len() as u64)).is_ok()
+                && f.read_to_end(&mut buf).is_ok()
+            {
+                let _ = std::io::stdout().write_all(&buf);
+                let _ = std::io::stdout().flush();
+                output.extend_from_slice(&buf);
+            }
+        }
+    };
+    let mut why_killed = None;
+    loop {
+        if let Some(st) = child.try_wait()? {
+            if !st.success() {
+                eprintln!("rxe: qemu exited with {st}");
+            }
+            break;
+        }
+        stream(&mut output);
+        if start.elapsed() > timeout {
+            why_killed = Some(format!("timeout after {}s", timeout.as_secs()));
+        } else if signals::interrupted() {
+            why_killed = Some("interrupted".into());
+        }
+        if why_killed.is_some() {
+            let _ = child.kill();
+            let _ = child.wait();
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    stream(&mut output);
+    let elapsed = start.elapsed();
+    let rc = std::fs::read_to_string(job.join("rc"))
+        .ok()
+        .and_then(|s| s.trim().parse::<i32>().ok());
+    let code = match (rc, &why_killed) {
+        (Some(rc), _) => rc,
+        (None, Some(why)) => {
+            eprintln!("rxe: the job did not finish ({why}); VM console tail:");
+            print_tail(&job.join("console"), 40);
+            124
+        }
+        (None, None) => {
+            eprintln!("rxe: the VM stopped before the job finished; VM console tail:");
+            print_tail(&job.join("console"), 40);
+            print_tail(&job.join("qemu.log"), 20);
+            125
+        }
+    };
+    if code != 0 && rc.is_some() {
+        eprintln!("rxe: the job exited with {code}; VM console tail:");
+        print_tail(&job.join("console"), 15);
+    }
+    eprintln!(
+        "rxe: VM ran {:.1}s (boot included), job exit code {code}",
+        elapsed.as_secs_f64()
+    );
+    if code == 0 && !keep {
+        let _ = std::fs::remove_dir_all(&job);
+    } else {
+        eprintln!("rxe: job files kept in {}", job.display());
+    }
+    Ok(VmRun {
+        code,
+        output: String::from_utf8_lossy(&output).into_owned(),
+        elapsed,
+    })
+}
+
+fn print_tail(path: &Path, lines: usize) {
+    let text = std::fs::read(path).unwrap_or_default();
+    let text = String::from_utf8_lossy(&text);
+    let all: Vec<&str> = text.lines().collect();
+    for l in &all[all.len().saturating_sub(lines)..] {
+        eprintln!("  | {l}");
+    }
+}
+
+/// Entry point of `cargo xtask rxe`: returns the exit code to leave with.
+pub(crate) fn run(args: &RxeArgs) -> Result<i32> {
+    let root = crate::ci::workspace_root();
+    let target = target_dir(&root)?;
+    let timeout = Duration::from_secs(args.timeout);
+    if args.cmd.is_empty() {
+        return suite::run(&root, &target, timeout, args.keep);
+    }
+    let line: Vec<String> = args.cmd.iter().map(|a| sh_quote(a)).collect();
+    let script = format!("#!/bin/bash\n{}\n", line.join(" "));
+    Ok(run_in_vm(&root, &target, &script, timeout, args.keep)?.code)
+}
+
+pub(crate) mod suite {
+    //! The verbs suite: the `verbs`-feature test binaries, built on the host,
+    //! each run on `rxe0` (or a named device) with a filter that selects the
+    //! tests that use verbs; plus the helloworld example over `rdma://`.
+    //!
+    //! | package | binaries | filter |
+    //! |---|---|---|
+    //! | rrpc-core | lib unit tests, `tests/*` | `provider::verbs` (lib), `verbs` |
+    //! | rrpc-ringbuf | `tests/*` | `verbs` |
+    //! | rrpc-poller | `tests/*` | `verbs` |
+    //! | rrpc-integration-tests | `tests/*` | `rdma_` (the `rdma_h2` / `rdma_fast` modules) |
+    //! | examples | `helloworld-server`, `helloworld-client` | `--transport rdma` |
+    //!
+    //! Every test in it asserts that verbs carried the traffic (fabric kind
+    //! `Verbs`, device name, or `Carrier::Verbs { device }`).
+
+    use super::*;
+
+    /// One test binary and the filter that selects its verbs tests.
+    #[derive(Debug, Clone)]
+    pub(crate) struct TestBin {
+        /// `package/target`, for the report.
+        pub(crate) name: String,
+        /// The executable.
+        pub(crate) exe: PathBuf,
+        /// libtest filter.
+        pub(crate) filter: &'static str,
+        /// How many tests the filter selects (from `--list` on the host).
+        pub(crate) selected: usize,
+    }
+
+    /// The built suite.
+    #[derive(Debug)]
+    pub(crate) struct Suite {
+        /// Test binaries with at least one selected test.
+        pub(crate) bins: Vec<TestBin>,
+        /// `helloworld-server` and `helloworld-client`.
+        pub(crate) hello: Option<(PathBuf, PathBuf)>,
+    }
+
+    /// Binaries that must contribute verbs tests.
+    const REQUIRED: &[&str] = &[
+        "rrpc-core/rrpc_core",
+        "rrpc-core/conformance",
+        "rrpc-core/two_process",
+        "rrpc-ringbuf/two_process",
+        "rrpc-poller/e2e",
+        "integration/rpc_kinds",
+    ];
+
+    /// Which tests of a package's binary are verbs tests.
+    fn filter_for(package_dir: &str, kind: &str) -> Option<&'static str> {
+        match (package_dir, kind) {
+            ("rrpc-core", "lib") => Some("provider::verbs"),
+            ("rrpc-core" | "rrpc-ringbuf" | "rrpc-poller", "test") => Some("verbs"),
+            ("integration", "test") => Some("rdma_"),
+            _ => None,
+        }
+    }
+
+    fn cargo() -> Command {
+        Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+    }
+
+    /// Runs a cargo build with `--message-format=json-render-diagnostics`
+    /// and returns `(package dir name, target kind, target name, executable)`
+    /// of every executable artefact.
+    fn cargo_executables(
+        root: &Path,
+        args: &[&str],
+    ) -> Result<Vec<(String, String, String, PathBuf)>> {
+        eprintln!("==> cargo {}", args.join(" "));
+        let out = cargo()
+            .args(args)
+            .arg("--message-format=json-render-diagnostics")
+            .current_dir(root)
+            .stderr(Stdio::inherit())
+            .output()
+            .context("running cargo")?;
+        if !out.status.success() {
+            bail!("`cargo {}` failed", args.join(" "));
+        }
+        let mut found = Vec::new();
+        for line in out.stdout.split(|b| *b == b'\n') {
+            let Ok(v) = serde_json::from_slice::<serde_json::Value>(line) else {
+                continue;
+            };
+            if v["reason"] != "compiler-artifact" {
+                continue;
+            }
+            let Some(exe) = v["executable"].as_str() else {
+                continue;
+            };
+            let pkg = Path::new(v["manifest_path"].as_str().unwrap_or_default())
+                .parent()
+                .and_then(|p| p.file_name())
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            let kind = v["target"]["kind"][0]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned();
+            let name = v["target"]["name"].as_str().unwrap_or_default().to_owned();
+            found.push((pkg, kind, name, PathBuf::from(exe)));
+        }
+        Ok(found)
+    }
+
+    /// Tests of `exe` that `filter` selects (`--list`, run on the host).
+    fn count_selected(exe: &Path, filter: &str) -> Result<usize> {
+        let out = Command::new(exe)
+            .args([filter, "--list", "--format", "terse"])
+            .stderr(Stdio::null())
+            .output()
+            .with_context(|| format!("listing the tests of {}", exe.display()))?;
+        Ok(String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter(|l| l.ends_with(": test"))
+            .count())
+    }
+
+    /// Builds the suite on the host (the `verbs` feature of each package).
+    pub(crate) fn build(root: &Path) -> Result<Suite> {
+        ensure_packages(BUILD_PACKAGES)?;
+        let tests = cargo_executables(
+            root,
+            &[
+                "test",
+                "--no-run",
+                "-p",
+                "rrpc-core",
+                "-p",
+                "rrpc-ringbuf",
+                "-p",
+                "rrpc-poller",
+                "-p",
+                "rrpc-integration-tests",
+                "--features",
+                "rrpc-core/verbs,rrpc-ringbuf/verbs,rrpc-poller/verbs,rrpc-integration-tests/verbs",
+            ],
+        )?;
+        let mut bins = Vec::new();
+        for (pkg, kind, name, exe) in tests {
+            let Some(filter) = filter_for(&pkg, &kind) else {
+                continue;
+            };
+            let selected = count_selected(&exe, filter)?;
+            if selected > 0 {
+                bins.push(TestBin {
+                    name: format!("{pkg}/{name}"),
+                    exe,
+                    filter,
+                    selected,
+                });
+            }
+        }
+        bins.sort_by(|a, b| a.name.cmp(&b.name));
+        // A binary whose verbs tests vanished (renamed, or compiled out by a
+        // missing feature) must fail the suite, not shrink it silently.
+        let missing: Vec<&str> = REQUIRED
+            .iter()
+            .copied()
+            .filter(|r| !bins.iter().any(|b| b.name == *r))
+            .collect();
+        if !missing.is_empty() {
+            bail!(
+                "the verbs suite lost its tests in: {} (no test matches the filter)",
+                missing.join(", ")
+            );
+        }
+        let ex = cargo_executables(
+            root,
+            &[
+                "build",
+                "-p",
+                "examples",
+                "--features",
+                "verbs",
+                "--bin",
+                "helloworld-server",
+                "--bin",
+                "helloworld-client",
+            ],
+        )?;
+        let find = |n: &str| ex.iter().find(|e| e.2 == n).map(|e| e.3.clone());
+        let hello = find("helloworld-server").zip(find("helloworld-client"));
+        Ok(Suite { bins, hello })
+    }
+
+    /// Marker lines the suite script prints, parsed back by [`summarize`].
+    const BEGIN: &str = "=== rrpc-verbs-suite begin:";
+    const END: &str = "=== rrpc-verbs-suite end:";
+
+    /// The bash script that runs the suite (in the VM, or natively for
+    /// `verbs-selftest`); `device` is exported as `RRPC_TEST_DEVICE` when set.
+    pub(crate) fn script(s: &Suite, device: Option<&str>, per_bin_timeout: u64) -> String {
+        let mut sh = String::from("#!/bin/bash\nfailed=0\n");
+        if let Some(d) = device {
+            sh.push_str(&format!("export RRPC_TEST_DEVICE={}\n", sh_quote(d)));
+        }
+        sh.push_str("echo \"verbs suite on device ${RRPC_TEST_DEVICE:?RRPC_TEST_DEVICE must name a device}\"\n");
+        for b in &s.bins {
+            sh.push_str(&format!(
+                "echo '{BEGIN} {name} (filter {filter}, {n} tests)'\n\
+                 timeout -k 10 {per_bin_timeout} {exe} {filter} --test-threads=2\n\
+                 rc=$?; echo \"{END} {name} rc=$rc\"; [ $rc = 0 ] || failed=1\n",
+                name = b.name,
+                filter = sh_quote(b.filter),
+                n = b.selected,
+                exe = sh_quote(&b.exe.to_string_lossy()),
+            ));
+        }
+        if let Some((server, client)) = &s.hello {
+            sh.push_str(&format!(
+                r#"echo '{BEGIN} examples/helloworld (--transport rdma)'
+{server} --transport rdma > /tmp/hello-server.log 2>&1 &
+spid=$!
+ok=0
+for _ in $(seq 120); do
+  if timeout 60 {client} --transport rdma > /tmp/hello-client.log 2>&1; then ok=1; break; fi
+  kill -0 $spid 2>/dev/null || break
+  sleep 0.5
+done
+kill $spid 2>/dev/null; wait $spid 2>/dev/null
+cat /tmp/hello-client.log
+rc=1
+if [ $ok = 1 ] && grep -q "carried by Verbs {{ device: \"$RRPC_TEST_DEVICE\" }}" /tmp/hello-client.log && grep -q 'RESPONSE=' /tmp/hello-client.log; then
+  rc=0; echo "test result: ok. 1 passed; 0 failed; 0 ignored; 0 measured; 0 filtered out"
+else
+  echo "helloworld over rdma failed; server log:"; cat /tmp/hello-server.log
+  echo "test result: FAILED. 0 passed; 1 failed; 0 ignored; 0 measured; 0 filtered out"
+fi
+echo "{END} examples/helloworld rc=$rc"; [ $rc = 0 ] || failed=1
+"#,
+                server = sh_quote(&server.to_string_lossy()),
+                client = sh_quote(&client.to_string_lossy()),
+            ));
+        }
+        sh.push_str("exit $failed\n");
+        sh
+    }
+
+    /// Per binary: (name, passed, failed, ignored, skipped-for-no-device, exit code).
+    pub(crate) type Row = (String, u64, u64, u64, u64, Option<i32>);
+
+    /// Parses the suite's output into one row per binary.
+    pub(crate) fn summarize(output: &str) -> Vec<Row> {
+        let mut rows: Vec<Row> = Vec::new();
+        for line in output.lines() {
+            if let Some(rest) = line.strip_prefix(BEGIN) {
+                let name = rest
+                    .trim()
+                    .split(" (")
+                    .next()
+                    .unwrap_or_default()
+                    .to_owned();
+                rows.push((name, 0, 0, 0, 0, None));
+            } else if let Some(row) = rows.last_mut() {
+                if let Some(rest) = line.strip_prefix(END) {
+                    row.5 = rest
+                        .rsplit("rc=")
+                        .next()
+                        .and_then(|s| s.trim().parse().ok());
+                } else if let Some(rest) = line.strip_prefix("test result: ") {
+                    let num = |word: &str| -> u64 {
+                        rest.split(';')
+                            .find_map(|p| {
+                                let p = p
+                                    .trim()
+                                    .trim_start_matches("ok. ")
+                                    .trim_start_matches("FAILED. ");
+                                p.strip_suffix(word)?.trim().parse().ok()
+                            })
+                            .unwrap_or(0)
+                    };
+                    // The last result of a block is the binary's own (a
+                    // two-process test's child prints one before it).
+                    row.1 = num("passed");
+                    row.2 = num("failed");
+                    row.3 = num("ignored");
+                } else if line.contains("skipped: RRPC_TEST_DEVICE not set") {
+                    row.4 += 1;
+                }
+            }
+        }
+        rows
+    }
+
+    /// Prints the table and returns the totals (passed, failed, ignored, skipped).
+    pub(crate) fn print_summary(rows: &[Row]) -> (u64, u64, u64, u64) {
+        eprintln!(
+            "\n=== verbs suite summary (tested on soft-RoCE (rdma_rxe) in a VM unless run by verbs-selftest; not run on an RDMA NIC)"
+        );
+        let mut t = (0, 0, 0, 0);
+        for (name, p, f, i, s, rc) in rows {
+            let rc = rc.map_or("did not finish".to_owned(), |c| format!("exit {c}"));
+            eprintln!(
+                "  {name:<45} passed {p:>3}  failed {f:>3}  ignored {i:>3}  no-device skips {s:>3}  {rc}"
+            );
+            t.0 += p;
+            t.1 += f;
+            t.2 += i;
+            t.3 += s;
+        }
+        eprintln!(
+            "  {:<45} passed {:>3}  failed {:>3}  ignored {:>3}  no-device skips {:>3}",
+            "total", t.0, t.1, t.2, t.3
+        );
+        t
+    }
+
+    /// `cargo xtask rxe` without a command: build, then run the suite in the VM.
+    pub(crate) fn run(root: &Path, target: &Path, timeout: Duration, keep: bool) -> Result<i32> {
+        let t0 = Instant::now();
+        let suite = build(root)?;
+        let build_time = t0.elapsed();
+        eprintln!(
+            "rxe: verbs suite built in {:.1}s: {} test binaries ({} tests selected), helloworld {}",
+            build_time.as_secs_f64(),
+            suite.bins.len(),
+            suite.bins.iter().map(|b| b.selected).sum::<usize>(),
+            if suite.hello.is_some() {
+                "yes"
+            } else {
+                "NOT BUILT"
+            }
+        );
+        let script = script(&suite, None, timeout.as_secs().saturating_sub(60).max(60));
+        let vm = run_in_vm(root, target, &script, timeout, keep)?;
+        let rows = summarize(&vm.output);
+        let (_, failed, _, skipped) = print_summary(&rows);
+        let expected = suite.bins.len() + usize::from(suite.hello.is_some());
+        eprintln!(
+            "rxe: host build {:.1}s, VM {:.1}s, total {:.1}s",
+            build_time.as_secs_f64(),
+            vm.elapsed.as_secs_f64(),
+            t0.elapsed().as_secs_f64()
+        );
+        if vm.code == 0 && (failed > 0 || skipped > 0 || rows.len() != expected) {
+            eprintln!(
+                "rxe: the suite exited 0 but reported {failed} failures, {skipped} skips for want of a device, {} of {expected} binaries: treating as a failure",
+                rows.len()
+            );
+            return Ok(1);
+        }
+        Ok(vm.code)
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+
+        #[test]
+        fn summarize_reads_libtest_results() {
+            let out = format!(
+                "{BEGIN} rrpc-core/conformance (filter verbs, 3 tests)\n\
+                 running 3 tests\n\
+                 test result: ok. 3 passed; 0 failed; 1 ignored; 0 measured; 9 filtered out; finished in 1.0s\n\
+                 {END} rrpc-core/conformance rc=0\n\
+                 {BEGIN} integration/rpc_kinds (filter rdma_, 2 tests)\n\
+                 skipped: RRPC_TEST_DEVICE not set\n\
+                 test result: ok. 1 passed; 0 failed; 0 ignored; 0 measured; 19 filtered out\n\
+                 test result: FAILED. 1 passed; 1 failed; 0 ignored; 0 measured; 0 filtered out\n\
+                 {END} integration/rpc_kinds rc=101\n\
+                 {BEGIN} examples/helloworld (--transport rdma)\n"
+            );
+            let rows = summarize(&out);
+            assert_eq!(rows.len(), 3);
+            assert_eq!(
+                rows[0],
+                ("rrpc-core/conformance".into(), 3, 0, 1, 0, Some(0))
+            );
+            assert_eq!(
+                rows[1],
+                ("integration/rpc_kinds".into(), 1, 1, 0, 1, Some(101))
+            );
+            assert_eq!(rows[2], ("examples/helloworld".into(), 0, 0, 0, 0, None));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn finds_the_versioned_kernel_package() {
+        let text = "linux-image-amd64\n  Depends: linux-image-6.1.0-44-amd64\n  Depends: foo\n";
+        assert_eq!(
+            parse_kernel_package(text).as_deref(),
+            Some("linux-image-6.1.0-44-amd64")
+        );
+        assert_eq!(
+            parse_kernel_package("  Depends: linux-image-amd64-signed\n"),
+            None
+        );
+    }
+
+    #[test]
+    fn loads_dependencies_first() {
+        let dep = parse_modules_dep(
+            "kernel/fs/9p/9p.ko.xz: kernel/net/9p/9pnet.ko.xz kernel/fs/netfs/netfs.ko.xz\n\
+             kernel/net/9p/9pnet.ko.xz:\n\
+             kernel/fs/netfs/netfs.ko.xz:\n\
+             kernel/net/9p/9pnet_virtio.ko.xz: kernel/net/9p/9pnet.ko.xz kernel/drivers/virtio/virtio_ring.ko\n\
+             kernel/drivers/virtio/virtio_ring.ko:\n",
+        );
+        let order: Vec<String> = module_load_order(&dep, &["9pnet_virtio", "9p", "virtio_pci"])
+            .into_iter()
+            .map(|(n, _)| n)
+            .collect();
+        assert_eq!(
+            order,
+            ["9pnet", "virtio_ring", "9pnet_virtio", "netfs", "9p"]
+        );
+    }
+
+    #[test]
+    fn quotes_for_the_shell() {
+        assert_eq!(sh_quote("abc-1.2/x"), "abc-1.2/x");
+        assert_eq!(sh_quote("a b"), "'a b'");
+        assert_eq!(sh_quote("it's"), r"'it'\''s'");
+        assert_eq!(sh_quote(""), "''");
+    }
+}
