@@ -351,6 +351,26 @@ impl AsyncSender {
         self.tx.flush().map_err(Into::into)
     }
 
+    /// Whether work is held back until send completions are polled: a tail
+    /// WRITE deferred by the elastic threshold, or work beyond the
+    /// send-queue budget. On shm never after [`flush`](Self::flush) (a
+    /// WRITE completes inside its post); on a NIC it is, until the
+    /// completions arrive, and somebody must then call
+    /// [`poll_completions`](Self::poll_completions), or the last message
+    /// of a burst is never seen by the peer (issue 10, "Progress").
+    pub fn wants_completions(&self) -> bool {
+        self.tx.state().wants_completions()
+    }
+
+    /// Polls the send completion queue and posts whatever it unblocked
+    /// (the deferred tail, held-back work). Never waits.
+    ///
+    /// # Errors
+    /// [`Error::PeerGone`] or a fabric error.
+    pub fn poll_completions(&mut self) -> Result<()> {
+        self.tx.poll_completions().map_err(Into::into)
+    }
+
     /// The ring's sending half (state, config).
     pub fn ring(&self) -> &RingTx {
         &self.tx

@@ -33,9 +33,73 @@ fn ring_config(cfg: &RrpcConfig) -> Result<RingConfig, Error> {
 }
 
 struct ShmTx {
-    tx: AsyncSender,
+    /// Shared with the progress task ([`ShmTx::ensure_progress`]).
+    tx: Arc<tokio::sync::Mutex<AsyncSender>>,
     watch: TxWatch,
     max: usize,
+    /// A progress task is running.
+    progressing: Arc<std::sync::atomic::AtomicBool>,
+}
+
+/// How long the progress task keeps polling for completions that do not
+/// come before it gives up (the connection is then broken anyway).
+const PROGRESS_LIMIT: Duration = Duration::from_secs(30);
+
+impl ShmTx {
+    fn new(tx: AsyncSender, watch: TxWatch, max: usize) -> ShmTx {
+        ShmTx {
+            tx: Arc::new(tokio::sync::Mutex::new(tx)),
+            watch,
+            max,
+            progressing: Arc::new(std::sync::atomic::AtomicBool::new(false)),
+        }
+    }
+
+    /// Called with the sender locked, after a send: if the ring holds work
+    /// back until send completions arrive (a NIC completes WRITEs after the
+    /// post; shm inside it), a task polls them until everything is out, so
+    /// the last message of a burst always reaches the peer even when the
+    /// writer goes idle (issue 10, "Progress"; RR-Compound's polling threads
+    /// watch pending writes the same way, Algorithm 2).
+    ///
+    /// The flag is set and cleared with the sender locked, so a send never
+    /// misses a task that is about to stop.
+    fn ensure_progress(&self, tx: &AsyncSender) {
+        use std::sync::atomic::Ordering;
+        if !tx.wants_completions() || self.progressing.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            self.progressing.store(false, Ordering::Release);
+            return;
+        };
+        let (shared, flag) = (self.tx.clone(), self.progressing.clone());
+        rt.spawn(async move {
+            let start = Instant::now();
+            let mut polls = 0u32;
+            loop {
+                {
+                    let mut tx = shared.lock().await;
+                    let r = tx.poll_completions();
+                    if r.is_err() || !tx.wants_completions() || start.elapsed() > PROGRESS_LIMIT {
+                        if let Err(e) = r {
+                            tracing::debug!("rrpc: send progress stopped: {e}");
+                        }
+                        flag.store(false, Ordering::Release);
+                        return;
+                    }
+                }
+                // A NIC completes a WRITE in microseconds: yield first, then
+                // back off to the timer (soft-RoCE under emulation is slower).
+                polls += 1;
+                if polls < 64 {
+                    tokio::task::yield_now().await;
+                } else {
+                    tokio::time::sleep(Duration::from_micros(200)).await;
+                }
+            }
+        });
+    }
 }
 
 struct ShmRx {
@@ -61,11 +125,13 @@ impl MsgTx for ShmTx {
             if len > self.max {
                 return Err(Error::MessageTooLarge { len, max: self.max });
             }
+            let mut tx = self.tx.lock().await;
             // Zero-copy: the frame is encoded straight into the reserved ring slot.
-            let mut slot = self.tx.reserve(len).await?;
+            let mut slot = tx.reserve(len).await?;
             fill(&mut slot[..len]);
             slot.commit()?;
-            self.tx.flush()?;
+            tx.flush()?;
+            self.ensure_progress(&tx);
             Ok(())
         })
     }
@@ -81,15 +147,20 @@ impl MsgTx for ShmTx {
         if !self.watch.has_space() {
             return Ok(false);
         }
+        // Held only by the progress task, briefly: then take the slow path.
+        let Ok(mut tx) = self.tx.try_lock() else {
+            return Ok(false);
+        };
         // With space, `reserve` completes at its first poll (its first step is the ring's
         // own `try_reserve`); `None` means it would wait, and dropping it reserves nothing.
-        let Some(slot) = self.tx.reserve(len).now_or_never() else {
+        let Some(slot) = tx.reserve(len).now_or_never() else {
             return Ok(false);
         };
         let mut slot = slot?;
         fill(&mut slot[..len]);
         slot.commit()?;
-        self.tx.flush()?;
+        tx.flush()?;
+        self.ensure_progress(&tx);
         Ok(true)
     }
 }
@@ -167,7 +238,7 @@ fn into_pipe(conn: Connection, tx: RingTx, rx: RingRx, cfg: &RrpcConfig) -> Resu
     let (tx, rx) = ac.split()?;
     let watch = tx.ring().watch();
     Ok((
-        Box::new(ShmTx { tx, watch, max }),
+        Box::new(ShmTx::new(tx, watch, max)),
         Box::new(ShmRx {
             rx,
             watch: rx_watch,
