@@ -85,11 +85,37 @@
 //! default 1 MiB connection window, a stalled stream can block every call
 //! on an HTTP/2 connection; `tests/integration/tests/flow_control.rs`).
 //!
+//! ## tonic options on rrpc
+//!
+//! | tonic option | fast path | HTTP/2 path (and TCP) |
+//! |---|---|---|
+//! | `Server::timeout` | [`Server::timeout`]: same semantics (shorter of it and `grpc-timeout`; `Cancelled` "Timeout expired") | passed to tonic |
+//! | `concurrency_limit_per_connection` | [`Server::concurrency_limit_per_connection`]: tower's limit per connection, as tonic | passed to tonic |
+//! | `load_shed` | [`Server::load_shed`]: `ResourceExhausted`, as tonic | passed to tonic |
+//! | `max_concurrent_streams` | [`Server::max_concurrent_streams`] caps [`RrpcConfig::max_concurrent_calls`] (default 200): excess refused with `Unavailable` | passed to tonic |
+//! | `http2_keepalive_interval` / `_timeout` | not needed: a dead peer is seen on the side channel | passed to tonic |
+//! | `initial_stream_window_size` | [`RrpcConfig::call_window`] | passed to tonic |
+//! | `initial_connection_window_size` | none (the ring bounds a connection) | passed to tonic |
+//! | `tcp_nodelay`, `tcp_keepalive` | n/a (no TCP data path) | TCP leg of `serve_dual` / `http://` |
+//! | `max_connection_age` | **not applied** (`RrpcChannel` does not reconnect yet) | passed to tonic |
+//! | max header list size (hyper: 16 KiB) | [`RrpcConfig::max_header_list_size`]: HTTP 431 → `Unknown`, as over TCP | hyper's default |
+//! | `max_{de,en}coding_message_size` | tonic's codec, unchanged | tonic's codec, unchanged |
+//!
+//! Client side (`tonic::transport::Endpoint`): **not yet mirrored** —
+//! no `RrpcEndpoint` with `connect_lazy`, reconnect, `timeout`,
+//! `connect_timeout`, `user_agent`, `concurrency_limit`, `rate_limit` or
+//! `balance_list` (issue 15, open). Client-side tower layers
+//! (`tower::ServiceBuilder` around an [`RrpcChannel`]) work on every path,
+//! which covers timeouts, concurrency and rate limits today.
+//!
+//! Known differences on the fast path: no `user-agent` on requests and no
+//! `date` on responses (open); a request over the client's own
+//! `max_encoding_message_size` fails with tonic's `OutOfRange`, where over
+//! HTTP/2 hyper turns the failed body into a reset that tonic reports as
+//! `Internal` (deliberate, pinned in `tests/integration/tests/message_sizes.rs`).
+//!
 //! Features that need the HTTP/2 path (choose `PathPreference::Http2`):
-//! tonic `Server`
-//! options that configure hyper (keep-alive pings, `max_concurrent_streams`,
-//! window sizes, `concurrency_limit_per_connection`, `timeout`), HTTP/1
-//! and gRPC-Web, and tonic's `ConnectInfo` extensions. Interceptors,
+//! HTTP/1 and gRPC-Web, and tonic's `ConnectInfo` extensions. Interceptors,
 //! compression, metadata, deadlines, tower layers passed to
 //! [`Server::layer`] and client-side tower layers work on both paths.
 //!

@@ -3,6 +3,7 @@
 use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
+use std::time::Duration;
 
 use bytes::Bytes;
 use std::sync::Arc;
@@ -38,6 +39,75 @@ type BoxError = Box<dyn std::error::Error + Send + Sync>;
 #[derive(Debug, Clone)]
 pub struct Server<L = Identity> {
     layer: L,
+    opts: Options,
+}
+
+/// tonic `Server`'s options, applied to tonic's own server (TCP, Unix
+/// sockets, rrpc's HTTP/2 path) and, where they mean something on rings,
+/// to the fast path (crate docs: "tonic options on rrpc").
+#[derive(Debug, Clone, Default)]
+struct Options {
+    timeout: Option<Duration>,
+    concurrency_limit: Option<usize>,
+    load_shed: bool,
+    max_concurrent_streams: Option<u32>,
+    http2_keepalive_interval: Option<Duration>,
+    http2_keepalive_timeout: Option<Duration>,
+    initial_stream_window_size: Option<u32>,
+    initial_connection_window_size: Option<u32>,
+    tcp_nodelay: Option<bool>,
+    tcp_keepalive: Option<Duration>,
+    max_connection_age: Option<Duration>,
+}
+
+impl Options {
+    /// tonic's server builder with these options.
+    fn tonic(&self) -> tonic::transport::Server {
+        let mut b = tonic::transport::Server::builder()
+            .load_shed(self.load_shed)
+            .max_concurrent_streams(self.max_concurrent_streams)
+            .http2_keepalive_interval(self.http2_keepalive_interval)
+            .http2_keepalive_timeout(self.http2_keepalive_timeout)
+            .initial_stream_window_size(self.initial_stream_window_size)
+            .initial_connection_window_size(self.initial_connection_window_size)
+            .tcp_keepalive(self.tcp_keepalive);
+        if let Some(t) = self.timeout {
+            b = b.timeout(t);
+        }
+        if let Some(n) = self.concurrency_limit {
+            b = b.concurrency_limit_per_connection(n);
+        }
+        if let Some(on) = self.tcp_nodelay {
+            b = b.tcp_nodelay(on);
+        }
+        if let Some(age) = self.max_connection_age {
+            b = b.max_connection_age(age);
+        }
+        b
+    }
+
+    /// What the fast path takes of them.
+    fn fast(&self) -> FastOptions {
+        FastOptions {
+            timeout: self.timeout,
+            concurrency_limit: self.concurrency_limit,
+            load_shed: self.load_shed,
+            max_concurrent_streams: self.max_concurrent_streams,
+        }
+    }
+}
+
+/// The server options that apply to fast-path connections.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct FastOptions {
+    /// Upper bound on every call's deadline (tonic's `Server::timeout`).
+    pub(crate) timeout: Option<Duration>,
+    /// Handlers running at once per connection; more wait (or are shed).
+    pub(crate) concurrency_limit: Option<usize>,
+    /// Refuse calls beyond `concurrency_limit` at once (`ResourceExhausted`).
+    pub(crate) load_shed: bool,
+    /// Caps `RrpcConfig::max_concurrent_calls` on the server.
+    pub(crate) max_concurrent_streams: Option<u32>,
 }
 
 impl Server<Identity> {
@@ -45,6 +115,7 @@ impl Server<Identity> {
     pub fn builder() -> Self {
         Server {
             layer: Identity::new(),
+            opts: Options::default(),
         }
     }
 }
@@ -60,7 +131,103 @@ impl<L> Server<L> {
     pub fn layer<N>(self, layer: N) -> Server<Stack<N, L>> {
         Server {
             layer: Stack::new(layer, self.layer),
+            opts: self.opts,
         }
+    }
+
+    /// A deadline for every call, as tonic's `Server::timeout`: a call's
+    /// `grpc-timeout` shortens it, never lengthens it; an expired call ends
+    /// with `Cancelled` ("Timeout expired"). Both paths.
+    #[must_use]
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.opts.timeout = Some(timeout);
+        self
+    }
+
+    /// At most `limit` handlers run at once per connection; further calls
+    /// wait for a place (tonic's `concurrency_limit_per_connection`). Both
+    /// paths.
+    #[must_use]
+    pub fn concurrency_limit_per_connection(mut self, limit: usize) -> Self {
+        self.opts.concurrency_limit = Some(limit);
+        self
+    }
+
+    /// With a concurrency limit: refuse calls beyond it at once with
+    /// `ResourceExhausted` instead of queueing them (tonic's `load_shed`).
+    /// Both paths.
+    #[must_use]
+    pub fn load_shed(mut self, on: bool) -> Self {
+        self.opts.load_shed = on;
+        self
+    }
+
+    /// HTTP/2 `SETTINGS_MAX_CONCURRENT_STREAMS` on the HTTP/2 path and TCP;
+    /// on the fast path it caps [`RrpcConfig::max_concurrent_calls`] for
+    /// this server (calls beyond it are refused with `Unavailable`; an
+    /// rrpc client queues within its own `max_concurrent_calls`).
+    #[must_use]
+    pub fn max_concurrent_streams(mut self, max: impl Into<Option<u32>>) -> Self {
+        self.opts.max_concurrent_streams = max.into();
+        self
+    }
+
+    /// HTTP/2 keep-alive pings (HTTP/2 path and TCP). The fast path needs
+    /// none: a dead peer is seen on the connection's side channel
+    /// (rrpc-core liveness).
+    #[must_use]
+    pub fn http2_keepalive_interval(mut self, interval: Option<Duration>) -> Self {
+        self.opts.http2_keepalive_interval = interval;
+        self
+    }
+
+    /// How long an HTTP/2 keep-alive ping may go unanswered (HTTP/2 path
+    /// and TCP).
+    #[must_use]
+    pub fn http2_keepalive_timeout(mut self, timeout: Option<Duration>) -> Self {
+        self.opts.http2_keepalive_timeout = timeout;
+        self
+    }
+
+    /// HTTP/2 stream window (HTTP/2 path and TCP). The fast path's per-call
+    /// window is [`RrpcConfig::call_window`].
+    #[must_use]
+    pub fn initial_stream_window_size(mut self, size: impl Into<Option<u32>>) -> Self {
+        self.opts.initial_stream_window_size = size.into();
+        self
+    }
+
+    /// HTTP/2 connection window (HTTP/2 path and TCP). The fast path has no
+    /// connection window: the ring itself bounds a connection.
+    #[must_use]
+    pub fn initial_connection_window_size(mut self, size: impl Into<Option<u32>>) -> Self {
+        self.opts.initial_connection_window_size = size.into();
+        self
+    }
+
+    /// `TCP_NODELAY` on accepted TCP connections (the TCP leg of
+    /// [`Router::serve_dual`] and `http://`; tonic's default: on).
+    #[must_use]
+    pub fn tcp_nodelay(mut self, on: bool) -> Self {
+        self.opts.tcp_nodelay = Some(on);
+        self
+    }
+
+    /// TCP keep-alive on accepted TCP connections (TCP leg only).
+    #[must_use]
+    pub fn tcp_keepalive(mut self, keepalive: Option<Duration>) -> Self {
+        self.opts.tcp_keepalive = keepalive;
+        self
+    }
+
+    /// Closes connections gracefully after this age (TCP and the HTTP/2
+    /// path, whose clients reconnect). Not applied to the fast path:
+    /// `RrpcChannel` does not reconnect yet, so aging out its connection
+    /// would fail its later calls.
+    #[must_use]
+    pub fn max_connection_age(mut self, age: Duration) -> Self {
+        self.opts.max_connection_age = Some(age);
+        self
     }
 
     /// Adds a generated service (same bounds as tonic's).
@@ -78,6 +245,7 @@ impl<L> Server<L> {
         Router {
             layer: self.layer,
             routes: Routes::default().add_service(svc),
+            opts: self.opts,
         }
     }
 
@@ -86,6 +254,7 @@ impl<L> Server<L> {
         Router {
             layer: self.layer,
             routes,
+            opts: self.opts,
         }
     }
 }
@@ -95,6 +264,7 @@ impl<L> Server<L> {
 pub struct Router<L = Identity> {
     layer: L,
     routes: Routes,
+    opts: Options,
 }
 
 impl<L> Router<L> {
@@ -174,10 +344,12 @@ where
         F: Future<Output = ()> + Send,
     {
         let target = Target::parse(uri)?;
-        let Router { layer, routes } = self;
-        let tonic_router = tonic::transport::Server::builder()
-            .layer(layer.clone())
-            .add_routes(routes.clone());
+        let Router {
+            layer,
+            routes,
+            opts,
+        } = self;
+        let tonic_router = opts.tonic().layer(layer.clone()).add_routes(routes.clone());
         match target {
             Target::Tcp(addr) => {
                 let addr = Target::tcp_addr(&addr)?;
@@ -194,7 +366,16 @@ where
             }
             t => {
                 let listener = RrpcListener::bind(&t, &config)?;
-                serve_rings(listener, uri.to_string(), layer, routes, config, signal).await
+                serve_rings(
+                    listener,
+                    uri.to_string(),
+                    layer,
+                    routes,
+                    opts,
+                    config,
+                    signal,
+                )
+                .await
             }
         }
     }
@@ -239,6 +420,7 @@ async fn serve_rings<L, ResBody, F>(
     local: String,
     layer: L,
     routes: Routes,
+    opts: Options,
     config: RrpcConfig,
     signal: F,
 ) -> Result<(), Error>
@@ -256,9 +438,8 @@ where
     // HTTP/2 connections go to tonic's own server, fed through this queue.
     let (h2_tx, h2_rx) = mpsc::channel::<Result<RrpcStream, std::io::Error>>(16);
     let h2_token = token.clone();
-    let tonic_router = tonic::transport::Server::builder()
-        .layer(layer.clone())
-        .add_routes(routes.clone());
+    let tonic_router = opts.tonic().layer(layer.clone()).add_routes(routes.clone());
+    let fast_opts = opts.fast();
     let h2_task = tokio::spawn(async move {
         tonic_router
             .serve_with_incoming_shutdown(ReceiverStream::new(h2_rx), async move {
@@ -309,7 +490,9 @@ where
                     match r {
                         Ok((pipe, Negotiated::Fast { peer_window })) => {
                             tracing::debug!(%peer, "rrpc connection on the fast path");
-                            if let Err(e) = serve_conn(pipe, svc, config, token, peer_window).await {
+                            if let Err(e) =
+                                serve_conn(pipe, svc, config, token, peer_window, fast_opts).await
+                            {
                                 tracing::warn!(%peer, error = %e, "rrpc connection failed");
                             }
                         }

@@ -521,8 +521,15 @@ mod tests {
                     .insert("grpc-status", "0".parse().expect("value"));
                 Ok::<_, std::convert::Infallible>(res)
             });
-            crate::fast::server::serve_conn(pipe, svc, scfg, CancellationToken::new(), peer_window)
-                .await
+            crate::fast::server::serve_conn(
+                pipe,
+                svc,
+                scfg,
+                CancellationToken::new(),
+                peer_window,
+                Default::default(),
+            )
+            .await
         });
         let mut pipe = dial(&target, &cfg).await.expect("dial");
         let negotiated = negotiate_client(&mut pipe, &cfg).await.expect("negotiate");

@@ -321,6 +321,16 @@ impl Harness {
     /// Starts the test service on `transport` with `cfg` for the server and
     /// for the channels of [`Harness::channel`].
     pub async fn start_with(transport: Transport, cfg: RrpcConfig) -> Self {
+        Self::start_with_options(transport, cfg, |s| s).await
+    }
+
+    /// Like [`Harness::start_with`], with tonic `Server` options set on
+    /// the server builder (`|s| s.timeout(..)`).
+    pub async fn start_with_options(
+        transport: Transport,
+        cfg: RrpcConfig,
+        options: fn(Server) -> Server,
+    ) -> Self {
         let n = NEXT.fetch_add(1, Ordering::Relaxed);
         let uri = match transport {
             Transport::Tcp | Transport::RdmaH2 | Transport::RdmaFast => {
@@ -356,7 +366,7 @@ impl Harness {
                     inner,
                     server_interceptor as fn(Request<()>) -> Result<Request<()>, Status>,
                 );
-                let serve = Server::builder()
+                let serve = options(Server::builder())
                     .layer(HttpStatusLayer)
                     .layer(tower::util::MapResponseLayer::new(
                         mark_response

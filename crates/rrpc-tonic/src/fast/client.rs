@@ -896,6 +896,7 @@ mod tests {
             cfg.clone(),
             CancellationToken::new(),
             cfg.get_call_window(),
+            Default::default(),
         ));
         let ch = FastChannel::start(cpipe, &cfg, cfg.get_call_window());
         let mut c1 = ch.clone();
@@ -943,6 +944,7 @@ mod tests {
             scfg.clone(),
             CancellationToken::new(),
             scfg.get_call_window(),
+            Default::default(),
         ));
         let ch = FastChannel::start(cpipe, &scfg, scfg.get_call_window());
         let mut calls = tokio::task::JoinSet::new();

@@ -123,6 +123,7 @@ pub(crate) async fn serve_conn<S, ResBody>(
     cfg: RrpcConfig,
     shutdown: CancellationToken,
     peer_window: u32,
+    opts: crate::server::FastOptions,
 ) -> Result<(), Error>
 where
     S: tower::Service<http::Request<Body>, Response = http::Response<ResBody>>
@@ -135,12 +136,26 @@ where
     ResBody::Error: Into<BoxError>,
 {
     let (tx, mut rx) = pipe;
+    // tonic's `Server` options: load shedding over a per-connection
+    // concurrency limit, as tonic stacks them.
+    let svc = tower::ServiceBuilder::new()
+        .option_layer(opts.load_shed.then(tower::load_shed::LoadShedLayer::new))
+        .option_layer(
+            opts.concurrency_limit
+                .map(tower::limit::ConcurrencyLimitLayer::new),
+        )
+        .map_err(boxed::<S::Error>)
+        .service(svc);
+    let server_timeout = opts.timeout;
     let writer = FrameWriter::new(tx, cfg.get_zero_copy(), cfg.get_max_chunk());
     let mut calls: HashMap<u32, Call> = HashMap::new();
     let (done_tx, mut done_rx) = mpsc::unbounded_channel::<u32>();
     let mut draining = false;
     let mut inbox: Vec<In> = Vec::new();
-    let limit = cfg.get_max_concurrent_calls();
+    let limit = match opts.max_concurrent_streams {
+        Some(m) => cfg.get_max_concurrent_calls().min(m as usize),
+        None => cfg.get_max_concurrent_calls(),
+    };
     let our_window = cfg.get_call_window();
     let max_headers = cfg.get_max_header_list_size();
     let active = Arc::new(AtomicUsize::new(0));
@@ -323,6 +338,7 @@ where
                 writer.clone(),
                 permit.clone(),
                 flow.clone(),
+                server_timeout,
             ));
             // Unary handlers usually finish at their first poll: run it here,
             // in the reader task, and write the response without a task hop.
@@ -389,6 +405,11 @@ fn header_list_size(path: &http::uri::PathAndQuery, headers: &http::HeaderMap) -
             .iter()
             .map(|(k, v)| k.as_str().len() + v.len() + 32)
             .sum::<usize>()
+}
+
+/// A service error as tonic's `BoxError` (so tower's optional layers agree).
+fn boxed<E: Into<BoxError>>(e: E) -> BoxError {
+    e.into()
 }
 
 /// The connection's error after a failed send ([`FrameWriter`] docs).
@@ -481,6 +502,7 @@ async fn run_call<S, ResBody>(
     writer: FrameWriter,
     permit: Arc<CallPermit>,
     flow: Arc<CallFlow>,
+    server_timeout: Option<std::time::Duration>,
 ) where
     S: tower::Service<http::Request<Body>, Response = http::Response<ResBody>> + Send + 'static,
     S::Future: Send + 'static,
@@ -489,7 +511,11 @@ async fn run_call<S, ResBody>(
     ResBody::Error: Into<BoxError>,
 {
     let path = req.uri().path().to_owned();
-    let timeout = parse_grpc_timeout(req.headers());
+    // As tonic's server: the shorter of the caller's deadline and `Server::timeout`.
+    let timeout = match (parse_grpc_timeout(req.headers()), server_timeout) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    };
     let (w, p) = (writer.clone(), permit.clone());
     let work = async move {
         let fut = svc.oneshot(req);
@@ -695,6 +721,7 @@ mod tests {
             cfg.clone(),
             CancellationToken::new(),
             cfg.get_call_window(),
+            Default::default(),
         ));
         let mut ch = FastChannel::start(cpipe, &cfg, cfg.get_call_window());
         let r = tokio::time::timeout(
@@ -739,6 +766,7 @@ mod tests {
             cfg.clone(),
             CancellationToken::new(),
             cfg.get_call_window(),
+            Default::default(),
         ));
         let ch = FastChannel::start(cpipe, &cfg, cfg.get_call_window());
         let mut c1 = ch.clone();
@@ -808,7 +836,14 @@ mod tests {
             Ok::<_, std::convert::Infallible>(http::Response::new(Body::empty()))
         });
         let cfg = RrpcConfig::default().call_window(4096).expect("window");
-        let server = tokio::spawn(serve_conn(spipe, svc, cfg, CancellationToken::new(), 4096));
+        let server = tokio::spawn(serve_conn(
+            spipe,
+            svc,
+            cfg,
+            CancellationToken::new(),
+            4096,
+            Default::default(),
+        ));
         let open = (
             Kind::RequestHeaders,
             0,
@@ -853,7 +888,14 @@ mod tests {
             .max_concurrent_calls(LIMIT)
             .expect("limit");
         let w = cfg.get_call_window();
-        tokio::spawn(serve_conn(spipe, svc, cfg, CancellationToken::new(), w));
+        tokio::spawn(serve_conn(
+            spipe,
+            svc,
+            cfg,
+            CancellationToken::new(),
+            w,
+            Default::default(),
+        ));
         let open = |id: u32| {
             (
                 Kind::RequestHeaders,

@@ -1,0 +1,82 @@
+//! tonic `Server` options on rrpc's `Server`, with the same observable
+//! result on every transport (issue 15).
+
+use std::time::Duration;
+
+use rrpc_integration_tests::pb::Input;
+use rrpc_integration_tests::{Harness, Transport, config, on_all_transports};
+use tonic::Code;
+
+/// `Server::timeout` bounds every call: a slow handler ends with
+/// `Cancelled` ("Timeout expired"), as tonic's own server answers; a fast
+/// one is unaffected.
+async fn server_timeout_bounds_every_call(t: Transport) {
+    let s =
+        Harness::start_with_options(t, config(t), |s| s.timeout(Duration::from_millis(200))).await;
+    let mut c = s.client().await;
+    let err = c
+        .unary(Input {
+            delay_ms: 2000,
+            ..Default::default()
+        })
+        .await
+        .expect_err("the server's timeout fires");
+    assert_eq!(err.code(), Code::Cancelled, "{t:?}: {err:?}");
+    assert!(err.message().contains("Timeout expired"), "{t:?}: {err:?}");
+    c.unary(Input::default()).await.expect("a quick call");
+}
+
+/// `concurrency_limit_per_connection(1)` with `load_shed(true)`: a second
+/// call while one runs is refused at once with `ResourceExhausted`.
+async fn load_shed_refuses_beyond_the_concurrency_limit(t: Transport) {
+    let s = Harness::start_with_options(t, config(t), |s| {
+        s.concurrency_limit_per_connection(1).load_shed(true)
+    })
+    .await;
+    let mut c = s.client().await;
+    let mut c2 = c.clone();
+    let slow = tokio::spawn(async move {
+        c2.unary(Input {
+            delay_ms: 1000,
+            ..Default::default()
+        })
+        .await
+    });
+    s.obs.started.notified().await;
+    let err = c
+        .unary(Input::default())
+        .await
+        .expect_err("shed while the slow call runs");
+    assert_eq!(err.code(), Code::ResourceExhausted, "{t:?}: {err:?}");
+    slow.await.expect("task").expect("the slow call completes");
+    c.unary(Input::default())
+        .await
+        .expect("a place is free again");
+}
+
+/// `concurrency_limit_per_connection(1)` without load shedding: the second
+/// call is not refused; it waits for a place and then runs.
+async fn concurrency_limit_queues_calls(t: Transport) {
+    let s =
+        Harness::start_with_options(t, config(t), |s| s.concurrency_limit_per_connection(1)).await;
+    let mut c = s.client().await;
+    let mut c2 = c.clone();
+    let slow = tokio::spawn(async move {
+        c2.unary(Input {
+            delay_ms: 300,
+            ..Default::default()
+        })
+        .await
+    });
+    s.obs.started.notified().await;
+    c.unary(Input::default())
+        .await
+        .expect("queued, then served");
+    slow.await.expect("task").expect("slow call");
+}
+
+on_all_transports!(
+    server_timeout_bounds_every_call,
+    load_shed_refuses_beyond_the_concurrency_limit,
+    concurrency_limit_queues_calls
+);
