@@ -652,7 +652,9 @@ async fn call(
                 return Err(Box::new(Status::unavailable(format!("rrpc: {e}"))));
             }
         }
-        Drained::Complete => {
+        d @ (Drained::Complete | Drained::More) => {
+            // The rest of the body, if more will come.
+            let rest = matches!(d, Drained::More).then_some(body);
             let writer = guard.inner.writer.clone();
             let sender = tokio::spawn(send_request(
                 writer,
@@ -660,19 +662,7 @@ async fn call(
                 flow.clone(),
                 id,
                 batch,
-                None,
-            ));
-            guard.sender = Some(sender.abort_handle());
-        }
-        Drained::More => {
-            let writer = guard.inner.writer.clone();
-            let sender = tokio::spawn(send_request(
-                writer,
-                shared.clone(),
-                flow.clone(),
-                id,
-                batch,
-                Some(body),
+                rest,
             ));
             guard.sender = Some(sender.abort_handle());
         }
