@@ -95,6 +95,9 @@ mkdir -p /newroot/tmp/rxe-job; mount -t 9p -o $o job /newroot/tmp/rxe-job || die
 kver=$(cat /newroot/tmp/rxe-job/kver); ws=$(cat /newroot/tmp/rxe-job/workspace)
 mkdir -p /newroot/tmp/modroot/lib/modules/$kver
 mount -t 9p -o $o,ro modules /newroot/tmp/modroot/lib/modules/$kver || die "cannot mount the modules"
+# The workspace may live under a place the tmpfs mounts above hide (/tmp):
+# make its mount point there first (a no-op on the read-only host root).
+mkdir -p "/newroot$ws" 2>/dev/null
 mount -t 9p -o $o workspace "/newroot$ws" || die "cannot mount the workspace at $ws"
 echo "rrpc-rxe init: running the job"
 chroot /newroot /bin/bash /tmp/rxe-job/job.sh
