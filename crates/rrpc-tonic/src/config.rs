@@ -165,8 +165,10 @@ impl RrpcConfig {
     /// (50 MiB with the defaults).
     ///
     /// Larger windows let one call stream faster over a long round trip
-    /// (bandwidth ≤ window / round-trip time); on shm and RDMA round trips
-    /// are microseconds, so 256 KiB does not limit a single stream.
+    /// (bandwidth ≤ window / round-trip time). Round trips on shm and RDMA
+    /// are microseconds, so 256 KiB should not limit a single stream; that
+    /// is not yet measured (the rpc bench's ring-size and zero-copy runs
+    /// predate flow control).
     ///
     /// # Errors
     /// [`crate::Error::InvalidConfig`] outside 1 KiB ..= 2^31 - 1.
