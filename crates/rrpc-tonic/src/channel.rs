@@ -5,14 +5,16 @@ use std::task::{Context, Poll};
 
 use hyper_util::rt::TokioIo;
 use tonic::body::Body;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 use tower::Service;
 
-use crate::fast::client::FastChannel;
+use tower::buffer::Buffer;
+
+use crate::endpoint::{Dialer, Managed};
 use crate::h2stream::{RrpcConnectInfo, RrpcStream};
 use crate::pipe::Pipe;
-use crate::transport::{Negotiated, Target, dial, negotiate_client};
-use crate::{Error, PathPreference, RrpcConfig};
+use crate::transport::{Target, dial, negotiate_client};
+use crate::{Error, PathPreference, RrpcConfig, RrpcEndpoint};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -70,58 +72,106 @@ pub enum Carrier {
         /// The device's name (e.g. `mlx5_0`, `rxe0`).
         device: String,
     },
+    /// A balance over several endpoints ([`RrpcChannel::balance_list`]),
+    /// in the order given.
+    Balanced(Vec<Carrier>),
 }
 
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 enum Inner {
+    /// tonic's own channel (`http://`, `unix://`).
     Tonic(Channel, ChannelPath),
-    Fast(FastChannel),
+    /// A ring connection that reconnects ([`crate::RrpcEndpoint`]).
+    Rings(Managed),
+    /// Behind a buffer: limits ([`crate::RrpcEndpoint::concurrency_limit`],
+    /// `rate_limit`) or a balance; the dialer (if one) tells the path.
+    Buffered(
+        Buffer<http::Request<Body>, ResponseFuture>,
+        Option<Arc<Dialer>>,
+    ),
+}
+
+impl std::fmt::Debug for Inner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Inner::Tonic(c, p) => f.debug_tuple("Tonic").field(c).field(p).finish(),
+            Inner::Rings(m) => f.debug_tuple("Rings").field(m).finish(),
+            Inner::Buffered(..) => f.write_str("Buffered"),
+        }
+    }
 }
 
 impl RrpcChannel {
-    /// Connects to `uri` (`http://`, `unix://`, `shm://`, `rdma://`, `inproc://`).
+    /// Connects to `uri` (`http://`, `unix://`, `shm://`, `rdma://`,
+    /// `inproc://`): [`RrpcEndpoint::connect`] with tonic's defaults. The
+    /// channel reconnects when its connection fails (the next call dials).
     ///
     /// # Errors
     /// [`Error::InvalidUri`], [`Error::UnsupportedTransport`] (`rdma://`
     /// without the verbs provider), [`Error::NotListening`],
     /// [`Error::Handshake`], [`Error::Transport`].
     pub async fn connect(uri: &str, config: RrpcConfig) -> Result<Self, Error> {
-        let target = Target::parse(uri)?;
-        let carrier = carrier_of(&target, &config)?;
-        let inner = match target {
-            Target::Tcp(addr) => Inner::Tonic(
-                Endpoint::from_shared(format!("http://{addr}"))?
-                    .connect()
-                    .await?,
-                ChannelPath::Tcp,
-            ),
-            Target::Unix(path) => {
-                let ch = Endpoint::from_static("http://localhost")
-                    .connect_with_connector(tower::service_fn(move |_: http::Uri| {
-                        let path = path.clone();
-                        async move {
-                            Ok::<_, std::io::Error>(TokioIo::new(
-                                tokio::net::UnixStream::connect(path).await?,
-                            ))
-                        }
-                    }))
-                    .await?;
-                Inner::Tonic(ch, ChannelPath::Unix)
-            }
-            t => {
-                let mut pipe = dial(&t, &config).await?;
-                match negotiate_client(&mut pipe, &config).await? {
-                    Negotiated::Fast { peer_window } => {
-                        Inner::Fast(FastChannel::start(pipe, &config, peer_window))
-                    }
-                    Negotiated::Http2 => Inner::Tonic(
-                        h2_channel(t, pipe, config, uri.to_string()).await?,
-                        ChannelPath::Http2,
-                    ),
-                }
-            }
-        };
-        Ok(RrpcChannel { inner, carrier })
+        RrpcEndpoint::new(uri)?.config(config).connect().await
+    }
+
+    /// One channel over several endpoints: each call goes to the less
+    /// loaded of two endpoints picked at random (tower's power-of-two-choices
+    /// balance over pending requests, as tonic's `Channel::balance_list`).
+    /// Every endpoint connects lazily and reconnects on its own; an endpoint
+    /// that is down fails the calls sent to it with `Unavailable` until it
+    /// is back (as with tonic).
+    ///
+    /// # Errors
+    /// No endpoints, or an endpoint's configuration error
+    /// ([`RrpcEndpoint::connect_lazy`]).
+    pub fn balance_list(endpoints: impl IntoIterator<Item = RrpcEndpoint>) -> Result<Self, Error> {
+        let mut carriers = Vec::new();
+        let mut services = Vec::new();
+        for ep in endpoints {
+            let ch = ep.connect_lazy()?;
+            carriers.push(ch.carrier.clone());
+            services.push(tower::load::PendingRequests::new(
+                ch,
+                tower::load::CompleteOnResponse::default(),
+            ));
+        }
+        if services.is_empty() {
+            return Err(Error::InvalidConfig(
+                "balance_list needs at least one endpoint",
+            ));
+        }
+        let balance =
+            tower::balance::p2c::Balance::new(tower::discover::ServiceList::new(services));
+        let svc = tower::util::BoxService::new(tower::util::MapErr::new(balance, |e: BoxError| e));
+        Ok(RrpcChannel {
+            inner: Inner::Buffered(Buffer::new(svc, 1024), None),
+            carrier: Carrier::Balanced(carriers),
+        })
+    }
+
+    pub(crate) fn tonic(ch: Channel, path: ChannelPath, carrier: Carrier) -> Self {
+        RrpcChannel {
+            inner: Inner::Tonic(ch, path),
+            carrier,
+        }
+    }
+
+    pub(crate) fn managed(m: Managed, carrier: Carrier) -> Self {
+        RrpcChannel {
+            inner: Inner::Rings(m),
+            carrier,
+        }
+    }
+
+    pub(crate) fn buffered(
+        b: Buffer<http::Request<Body>, ResponseFuture>,
+        dialer: Arc<Dialer>,
+        carrier: Carrier,
+    ) -> Self {
+        RrpcChannel {
+            inner: Inner::Buffered(b, Some(dialer)),
+            carrier,
+        }
     }
 
     /// What carries this channel's bytes: for `rdma://`, the verbs device
@@ -131,16 +181,21 @@ impl RrpcChannel {
         &self.carrier
     }
 
-    /// The path this channel uses.
+    /// The path this channel uses: on rings, the path of its current
+    /// connection ([`ChannelPath::Fast`] for a lazy channel that has not
+    /// connected yet, unless its config asks for HTTP/2; a balanced
+    /// channel says [`ChannelPath::Fast`] too).
     pub fn path(&self) -> ChannelPath {
         match &self.inner {
             Inner::Tonic(_, p) => *p,
-            Inner::Fast(_) => ChannelPath::Fast,
+            Inner::Rings(m) => m.path().unwrap_or_else(|| m.dialer.preferred_path()),
+            Inner::Buffered(_, Some(d)) => d.current_path().unwrap_or_else(|| d.preferred_path()),
+            Inner::Buffered(_, None) => ChannelPath::Fast,
         }
     }
 }
 
-fn carrier_of(target: &Target, config: &RrpcConfig) -> Result<Carrier, Error> {
+pub(crate) fn carrier_of(target: &Target, config: &RrpcConfig) -> Result<Carrier, Error> {
     Ok(match target {
         Target::Tcp(_) => Carrier::Tcp,
         Target::Unix(_) => Carrier::Unix,
@@ -162,15 +217,18 @@ fn carrier_of(target: &Target, config: &RrpcConfig) -> Result<Carrier, Error> {
     })
 }
 
-async fn h2_channel(
+/// tonic's channel over ring connections on the HTTP/2 path: `first` is
+/// the connection already negotiated; tonic reconnects through a fresh one.
+pub(crate) async fn h2_channel(
     target: Target,
     first: Pipe,
     config: RrpcConfig,
     uri: String,
+    endpoint: tonic::transport::Endpoint,
 ) -> Result<Channel, Error> {
     let first = Arc::new(Mutex::new(Some(first)));
     let config = config.path(PathPreference::Http2);
-    let ch = Endpoint::from_static("http://rrpc.invalid")
+    let ch = endpoint
         .connect_with_connector(tower::service_fn(move |_: http::Uri| {
             let (first, target, config, uri) =
                 (first.clone(), target.clone(), config.clone(), uri.clone());
@@ -195,6 +253,18 @@ async fn h2_channel(
     Ok(ch)
 }
 
+/// A call on tonic's channel over rings, with rrpc's statuses for a lost
+/// connection ([`dispatch_error`], [`lost_connection`]).
+pub(crate) fn h2_call(c: &mut Channel, req: http::Request<Body>) -> ResponseFuture {
+    let fut = c.call(req);
+    Box::pin(async move {
+        let resp = fut
+            .await
+            .map_err(|e| -> BoxError { Box::new(dispatch_error(e.into())) })?;
+        Ok(resp.map(|b| Body::new(http_body_util::BodyExt::map_err(b, lost_connection))))
+    })
+}
+
 impl Service<http::Request<Body>> for RrpcChannel {
     type Response = http::Response<Body>;
     type Error = BoxError;
@@ -203,7 +273,8 @@ impl Service<http::Request<Body>> for RrpcChannel {
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
         match &mut self.inner {
             Inner::Tonic(c, _) => c.poll_ready(cx).map_err(Into::into),
-            Inner::Fast(f) => f.poll_ready(cx),
+            Inner::Rings(m) => m.poll_ready(cx),
+            Inner::Buffered(b, _) => b.poll_ready(cx),
         }
     }
 
@@ -211,21 +282,12 @@ impl Service<http::Request<Body>> for RrpcChannel {
         match &mut self.inner {
             // Plain tonic (TCP, Unix socket): exactly what tonic's own
             // `Channel` reports, statuses untouched.
-            Inner::Tonic(c, ChannelPath::Tcp | ChannelPath::Unix) => {
+            Inner::Tonic(c, _) => {
                 let fut = c.call(req);
                 Box::pin(async move { fut.await.map_err(Into::into) })
             }
-            Inner::Tonic(c, _) => {
-                let fut = c.call(req);
-                Box::pin(async move {
-                    let resp = fut
-                        .await
-                        .map_err(|e| -> BoxError { Box::new(dispatch_error(e.into())) })?;
-                    Ok(resp
-                        .map(|b| Body::new(http_body_util::BodyExt::map_err(b, lost_connection))))
-                })
-            }
-            Inner::Fast(f) => f.call(req),
+            Inner::Rings(m) => m.call(req),
+            Inner::Buffered(b, _) => Box::pin(b.call(req)),
         }
     }
 }

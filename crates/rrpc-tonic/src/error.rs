@@ -46,6 +46,10 @@ pub enum Error {
     /// The connection handshake failed.
     #[error("handshake failed: {0}")]
     Handshake(String),
+    /// A connection attempt took longer than the endpoint's
+    /// `connect_timeout`.
+    #[error("connect timed out after {0:?}")]
+    ConnectTimeout(std::time::Duration),
     /// No server is listening at the address.
     #[error("nothing listening at {0}")]
     NotListening(String),
@@ -101,6 +105,7 @@ impl From<Error> for tonic::Status {
             Error::PeerGone
             | Error::Handshake(_)
             | Error::NotListening(_)
+            | Error::ConnectTimeout(_)
             | Error::Io(_)
             | Error::Transport(_) => Status::unavailable(msg),
         }

@@ -6,7 +6,8 @@
 //!
 //! ```text
 //! frame  = kind:u8 flags:u8 reserved:u16(=0) call_id:u32 len:u32 payload[len]    (little endian)
-//! REQUEST_HEADERS  payload = path_len:u16 path  metadata
+//! REQUEST_HEADERS  payload = path_len:u16 path  authority_len:u16 authority  metadata
+//!                  (authority_len 0: none; as `:authority`, e.g. from tonic's `origin`)
 //! RESPONSE_HEADERS payload = http_status:u16 metadata   (END_STREAM: a trailers-only response)
 //! DATA             payload = raw bytes of the gRPC body (length-prefixed messages, any split)
 //! TRAILERS         payload = metadata (carries grpc-status, grpc-message, trailing metadata)
@@ -269,20 +270,31 @@ fn read_metadata(r: &mut Reader<'_>) -> Result<HeaderMap, FrameError> {
     Ok(map)
 }
 
-/// Encodes the payload of a REQUEST_HEADERS frame.
-pub fn request_headers_payload(path: &str, map: &HeaderMap) -> Vec<u8> {
-    let mut out = Vec::with_capacity(2 + path.len() + metadata_len(map));
-    let p = &path.as_bytes()[..path.len().min(u16::MAX as usize)];
-    out.extend_from_slice(&(p.len() as u16).to_le_bytes());
-    out.extend_from_slice(p);
+/// A decoded REQUEST_HEADERS payload.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RequestHead {
+    /// The method path (`/package.Service/Method`).
+    pub path: http::uri::PathAndQuery,
+    /// The request's `:authority`, if the client sent one.
+    pub authority: Option<http::uri::Authority>,
+    /// Request metadata.
+    pub headers: HeaderMap,
+}
+
+/// Encodes the payload of a REQUEST_HEADERS frame (`authority` empty: none).
+pub fn request_headers_payload(path: &str, authority: &str, map: &HeaderMap) -> Vec<u8> {
+    let mut out = Vec::with_capacity(4 + path.len() + authority.len() + metadata_len(map));
+    for field in [path, authority] {
+        let f = &field.as_bytes()[..field.len().min(u16::MAX as usize)];
+        out.extend_from_slice(&(f.len() as u16).to_le_bytes());
+        out.extend_from_slice(f);
+    }
     put_metadata(&mut out, map);
     out
 }
 
-/// Decodes the payload of a REQUEST_HEADERS frame into (path, metadata).
-pub fn parse_request_headers(
-    payload: &[u8],
-) -> Result<(http::uri::PathAndQuery, HeaderMap), FrameError> {
+/// Decodes the payload of a REQUEST_HEADERS frame.
+pub fn parse_request_headers(payload: &[u8]) -> Result<RequestHead, FrameError> {
     let mut r = Reader(payload);
     let pl = r.u16()? as usize;
     let raw = r.take(pl)?;
@@ -293,11 +305,29 @@ pub fn parse_request_headers(
     }
     let path =
         http::uri::PathAndQuery::try_from(raw).map_err(|_| FrameError::Invalid("method path"))?;
-    let map = read_metadata(&mut r)?;
+    let al = r.u16()? as usize;
+    let authority = match r.take(al)? {
+        [] => None,
+        raw => {
+            let a = http::uri::Authority::try_from(raw)
+                .map_err(|_| FrameError::Invalid("authority"))?;
+            // Only what re-encodes to the same bytes (`http` accepts forms
+            // it then prints differently).
+            if a.as_str().as_bytes() != raw {
+                return Err(FrameError::Invalid("authority"));
+            }
+            Some(a)
+        }
+    };
+    let headers = read_metadata(&mut r)?;
     if !r.0.is_empty() {
         return Err(FrameError::Trailing);
     }
-    Ok((path, map))
+    Ok(RequestHead {
+        path,
+        authority,
+        headers,
+    })
 }
 
 /// Encodes the payload of a RESPONSE_HEADERS frame: the response's HTTP
@@ -405,18 +435,19 @@ mod tests {
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(128))]
         #[test]
-        fn request_headers_round_trip(path in "/[a-zA-Z0-9._]{1,30}/[A-Za-z]{1,20}", map in arb_map(), id: u32, end: bool) {
+        fn request_headers_round_trip(path in "/[a-zA-Z0-9._]{1,30}/[A-Za-z]{1,20}", authority in "([a-z0-9.]{1,20}(:[0-9]{1,5})?)?", map in arb_map(), id: u32, end: bool) {
             let mut msg = Vec::new();
-            let payload = request_headers_payload(&path, &map);
+            let payload = request_headers_payload(&path, &authority, &map);
             push_frame(&mut msg, Kind::RequestHeaders, if end { END_STREAM } else { 0 }, id, &payload);
             push_frame(&mut msg, Kind::Data, END_STREAM, id, b"xyz");
             let fs: Vec<_> = frames(&msg).collect::<Result<_, _>>().unwrap();
             prop_assert_eq!(fs.len(), 2);
             prop_assert_eq!(fs[0].call_id, id);
             prop_assert_eq!(fs[0].end_stream(), end);
-            let (p, m) = parse_request_headers(fs[0].payload).unwrap();
-            prop_assert_eq!(p.as_str(), path.as_str());
-            prop_assert_eq!(m, map);
+            let head = parse_request_headers(fs[0].payload).unwrap();
+            prop_assert_eq!(head.path.as_str(), path.as_str());
+            prop_assert_eq!(head.authority.as_ref().map_or("", |a| a.as_str()), authority.as_str());
+            prop_assert_eq!(head.headers, map);
             prop_assert_eq!(fs[1].payload, b"xyz");
         }
 
@@ -502,10 +533,32 @@ mod tests {
         // Regression (fuzzer): an empty path parsed as "/" and did not round-trip.
         let mut p = Vec::new();
         p.extend_from_slice(&0u16.to_le_bytes());
+        p.extend_from_slice(&0u16.to_le_bytes());
         p.extend_from_slice(&metadata_payload(&HeaderMap::new()));
         assert!(matches!(
             parse_request_headers(&p),
             Err(FrameError::Invalid("method path"))
         ));
+    }
+
+    #[test]
+    fn bad_authorities_are_refused() {
+        for bad in ["a b", "x/y", "@@", "h:p:q"] {
+            let p = request_headers_payload("/a/B", bad, &HeaderMap::new());
+            assert_eq!(
+                parse_request_headers(&p),
+                Err(FrameError::Invalid("authority")),
+                "{bad:?}"
+            );
+        }
+        let p = request_headers_payload("/a/B", "example.test:8080", &HeaderMap::new());
+        assert_eq!(
+            parse_request_headers(&p)
+                .unwrap()
+                .authority
+                .unwrap()
+                .as_str(),
+            "example.test:8080"
+        );
     }
 }

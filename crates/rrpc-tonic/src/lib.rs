@@ -97,19 +97,21 @@
 //! | `initial_stream_window_size` | [`RrpcConfig::call_window`] | passed to tonic |
 //! | `initial_connection_window_size` | none (the ring bounds a connection) | passed to tonic |
 //! | `tcp_nodelay`, `tcp_keepalive` | n/a (no TCP data path) | TCP leg of `serve_dual` / `http://` |
-//! | `max_connection_age` | **not applied** (`RrpcChannel` does not reconnect yet) | passed to tonic |
+//! | `max_connection_age` | **not applied** (open: a client would reconnect, but the server does not yet send GOAWAY at the age) | passed to tonic |
 //! | max header list size (hyper: 16 KiB) | [`RrpcConfig::max_header_list_size`]: HTTP 431 → `Unknown`, as over TCP | hyper's default |
 //! | `max_{de,en}coding_message_size` | tonic's codec, unchanged | tonic's codec, unchanged |
 //!
-//! Client side (`tonic::transport::Endpoint`): **not yet mirrored** —
-//! no `RrpcEndpoint` with `connect_lazy`, reconnect, `timeout`,
-//! `connect_timeout`, `user_agent`, `concurrency_limit`, `rate_limit` or
-//! `balance_list` (issue 15, open). Client-side tower layers
-//! (`tower::ServiceBuilder` around an [`RrpcChannel`]) work on every path,
-//! which covers timeouts, concurrency and rate limits today.
+//! Client side: [`RrpcEndpoint`] mirrors `tonic::transport::Endpoint`
+//! (its docs have the table): `connect_lazy`, reconnect after a failure or
+//! a server restart, `timeout`, `connect_timeout`, `user_agent`, `origin`,
+//! `concurrency_limit`, `rate_limit`, and [`RrpcChannel::balance_list`].
+//! HTTP/2 keep-alive and window options go to hyper on the HTTP/2 path and
+//! are not needed on the fast path (the side channel reports a peer that
+//! leaves; [`RrpcConfig::call_window`] is the per-call window).
+//! `tests/integration/tests/endpoint.rs` runs each on every transport.
 //!
-//! Known differences on the fast path: no `user-agent` on requests and no
-//! `date` on responses (open); a request over the client's own
+//! On the fast path requests carry tonic's `user-agent` and responses a
+//! `date`, as over HTTP/2. Known difference: a request over the client's own
 //! `max_encoding_message_size` fails with tonic's `OutOfRange`, where over
 //! HTTP/2 hyper turns the failed body into a reset that tonic reports as
 //! `Internal` (deliberate, pinned in `tests/integration/tests/message_sizes.rs`).
@@ -179,12 +181,13 @@
 //! * [`RrpcConfig`], [`PathPreference`]: knobs and their defaults;
 //!   [`PollerConfig`], [`PollerMode`], [`Poller`] re-exported from rrpc-poller.
 //! * [`Server`], [`Router`]: serving.
-//! * [`RrpcChannel`], [`ChannelPath`]: connecting.
+//! * [`RrpcEndpoint`], [`RrpcChannel`], [`ChannelPath`], [`Carrier`]: connecting.
 //! * [`Error`]: one error type, mapped to [`tonic::Status`].
 #![forbid(unsafe_code)]
 
 mod channel;
 mod config;
+mod endpoint;
 mod error;
 mod fast;
 pub mod frame;
@@ -196,6 +199,7 @@ mod transport;
 
 pub use channel::{Carrier, ChannelPath, ResponseFuture, RrpcChannel};
 pub use config::{PathPreference, RrpcConfig, default_poller_config};
+pub use endpoint::RrpcEndpoint;
 pub use error::Error;
 pub use h2stream::{RrpcConnectInfo, RrpcStream};
 pub use rrpc_poller::{Mode as PollerMode, Poller, PollerConfig};

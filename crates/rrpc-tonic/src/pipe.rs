@@ -63,6 +63,16 @@ pub(crate) trait MsgRx: Send + 'static {
         &'a mut self,
         f: &'a mut (dyn FnMut(&[u8]) + Send),
     ) -> BoxFut<'a, Result<bool, Error>>;
+
+    /// A future that completes when the transport sees the peer leave,
+    /// without receiving (rings: the side channel closed). Messages the
+    /// peer sent before leaving may still be waiting for [`recv_with`].
+    /// `None`: the transport cannot tell (the end shows in `recv_with`).
+    ///
+    /// [`recv_with`]: MsgRx::recv_with
+    fn peer_gone(&self) -> Option<BoxFut<'static, ()>> {
+        None
+    }
 }
 
 /// A connected pipe: both halves.

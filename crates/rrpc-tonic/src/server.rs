@@ -221,9 +221,9 @@ impl<L> Server<L> {
     }
 
     /// Closes connections gracefully after this age (TCP and the HTTP/2
-    /// path, whose clients reconnect). Not applied to the fast path:
-    /// `RrpcChannel` does not reconnect yet, so aging out its connection
-    /// would fail its later calls.
+    /// path). Not yet applied to the fast path (open; its clients would
+    /// reconnect since [`crate::RrpcEndpoint`], but the server does not send
+    /// GOAWAY at the age yet).
     #[must_use]
     pub fn max_connection_age(mut self, age: Duration) -> Self {
         self.opts.max_connection_age = Some(age);

@@ -174,6 +174,32 @@ impl Drop for ShmRx {
 }
 
 impl MsgRx for ShmRx {
+    fn peer_gone(&self) -> Option<BoxFut<'static, ()>> {
+        let conn = self._conn.clone();
+        Some(Box::pin(async move {
+            let raw = conn.liveness_fd();
+            // Deregistered when `afd` drops, before `conn` (which owns the
+            // fd): locals drop in reverse order.
+            #[allow(deprecated)]
+            let afd = match AsyncFd::with_interest(Borrowed(raw), tokio::io::Interest::READABLE) {
+                Ok(a) => a,
+                Err(e) => {
+                    tracing::debug!("rrpc: cannot watch the side channel: {e}");
+                    return std::future::pending().await;
+                }
+            };
+            loop {
+                let Ok(mut guard) = afd.readable().await else {
+                    return std::future::pending().await;
+                };
+                if conn.check_alive().is_err() {
+                    return;
+                }
+                guard.clear_ready();
+            }
+        }))
+    }
+
     fn recv_with<'a>(
         &'a mut self,
         f: &'a mut (dyn FnMut(&[u8]) + Send),
@@ -536,7 +562,7 @@ mod tests {
         let crate::transport::Negotiated::Fast { peer_window } = negotiated else {
             panic!("fast path expected");
         };
-        let mut ch = FastChannel::start(pipe, &cfg, peer_window);
+        let mut ch = FastChannel::start(pipe, &cfg, peer_window, Default::default());
         for _ in 0..20 {
             let req = http::Request::builder()
                 .uri("/x.Y/Z")

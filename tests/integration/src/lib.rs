@@ -70,6 +70,8 @@ pub struct Observed {
     /// Messages the server-streaming handler has produced (taken by the
     /// transport), all calls together.
     pub produced: AtomicU64,
+    /// Unary calls that reached the handler.
+    pub unary_calls: AtomicU64,
 }
 
 #[derive(Debug, Clone)]
@@ -119,6 +121,7 @@ impl Drop for DropWatch {
 #[tonic::async_trait]
 impl Test for Svc {
     async fn unary(&self, req: Request<Input>) -> Result<Response<Output>, Status> {
+        self.obs.unary_calls.fetch_add(1, Ordering::Relaxed);
         self.obs.started.notify_one();
         let input = req.get_ref().clone();
         match input.tag.as_str() {
@@ -229,6 +232,10 @@ fn mark_response(mut res: http::Response<tonic::body::Body>) -> http::Response<t
 /// `x-http-status: N` itself, with HTTP status N, no body and no
 /// `grpc-status` (a proxy-style failure; the caller's code comes from the
 /// HTTP status, as the gRPC spec maps it).
+///
+/// It also notes what only the HTTP request shows, for the handler to echo
+/// back: `x-echo-authority` (the request URI's authority, or `none`) and
+/// `x-echo-user-agent` (the `user-agent` header, or `none`).
 #[derive(Debug, Clone)]
 pub struct HttpStatusLayer;
 
@@ -260,7 +267,20 @@ where
         self.0.poll_ready(cx)
     }
 
-    fn call(&mut self, req: http::Request<B>) -> Self::Future {
+    fn call(&mut self, mut req: http::Request<B>) -> Self::Future {
+        let authority = req
+            .uri()
+            .authority()
+            .map_or_else(|| "none".to_string(), |a| a.to_string());
+        let ua = req
+            .headers()
+            .get(http::header::USER_AGENT)
+            .cloned()
+            .unwrap_or(http::HeaderValue::from_static("none"));
+        if let Ok(a) = http::HeaderValue::from_str(&authority) {
+            req.headers_mut().insert("x-echo-authority", a);
+        }
+        req.headers_mut().insert("x-echo-user-agent", ua);
         let code = req
             .headers()
             .get("x-http-status")
@@ -331,8 +351,13 @@ impl Harness {
         cfg: RrpcConfig,
         options: fn(Server) -> Server,
     ) -> Self {
+        Self::start_at(transport, &Self::fresh_uri(transport), cfg, options).await
+    }
+
+    /// A URI no server of this process uses yet, on `transport`.
+    pub fn fresh_uri(transport: Transport) -> String {
         let n = NEXT.fetch_add(1, Ordering::Relaxed);
-        let uri = match transport {
+        match transport {
             Transport::Tcp | Transport::RdmaH2 | Transport::RdmaFast => {
                 let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
                 let port = l.local_addr().expect("addr").port();
@@ -345,7 +370,18 @@ impl Harness {
                 std::env::temp_dir().display(),
                 std::process::id()
             ),
-        };
+        }
+    }
+
+    /// Starts the test service at `uri` (a server restarted at the same
+    /// address, for reconnect tests).
+    pub async fn start_at(
+        transport: Transport,
+        uri: &str,
+        cfg: RrpcConfig,
+        options: fn(Server) -> Server,
+    ) -> Self {
+        let uri = uri.to_string();
         let obs = Arc::new(Observed::default());
         let (sd_tx, sd_rx) = oneshot::channel::<()>();
         let (kill_tx, kill_rx) = oneshot::channel::<()>();

@@ -2,9 +2,10 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::future::poll_fn;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll, Waker};
+use std::time::Duration;
 
 use bytes::Bytes;
 use futures_util::FutureExt;
@@ -117,6 +118,10 @@ struct Shared {
     /// [`RrpcConfig::max_concurrent_calls`]: calls beyond it wait here;
     /// closed with the connection.
     open_calls: Arc<tokio::sync::Semaphore>,
+    /// No new calls should start here: the connection closed, the server
+    /// said GOAWAY, or the side channel saw the peer leave. Calls in
+    /// flight go on (their data may still be in the ring).
+    retired: AtomicBool,
 }
 
 impl std::fmt::Debug for Shared {
@@ -253,6 +258,7 @@ impl Shared {
             }
         }
         t.closed = Some(reason);
+        self.retired.store(true, Ordering::Release);
         // Calls queued for a place fail now.
         self.open_calls.close();
         if let Some(w) = t.fallback.take() {
@@ -333,6 +339,7 @@ impl Shared {
                     let mut t = lock(&self.table);
                     t.driver = None;
                     if goaway {
+                        self.retired.store(true, Ordering::Release);
                         t.closed.get_or_insert((
                             tonic::Code::Unavailable,
                             "rrpc: server is shutting down".into(),
@@ -417,11 +424,35 @@ impl SlotRef {
     }
 }
 
+/// What a client endpoint adds to every call ([`crate::RrpcEndpoint`]),
+/// as tonic's `Channel` does with its `UserAgent`, `AddOrigin` and
+/// `GrpcTimeout` layers.
+#[derive(Debug, Clone)]
+pub(crate) struct CallOptions {
+    /// The `user-agent` value (tonic's, or the endpoint's followed by tonic's).
+    pub(crate) user_agent: http::HeaderValue,
+    /// The `:authority` sent when the request's URI has none.
+    pub(crate) authority: Option<http::uri::Authority>,
+    /// A limit on every call, besides its `grpc-timeout`.
+    pub(crate) timeout: Option<Duration>,
+}
+
+impl Default for CallOptions {
+    fn default() -> Self {
+        CallOptions {
+            user_agent: http::HeaderValue::from_static(crate::endpoint::TONIC_USER_AGENT),
+            authority: None,
+            timeout: None,
+        }
+    }
+}
+
 #[derive(Debug)]
 struct Inner {
     shared: Arc<Shared>,
     writer: FrameWriter,
     fallback: AbortHandle,
+    opts: CallOptions,
 }
 
 impl Drop for Inner {
@@ -439,8 +470,14 @@ pub(crate) struct FastChannel {
 impl FastChannel {
     /// Starts a client connection on a negotiated pipe; `peer_window` is
     /// the server's announced receive window per call.
-    pub(crate) fn start(pipe: Pipe, cfg: &RrpcConfig, peer_window: u32) -> FastChannel {
+    pub(crate) fn start(
+        pipe: Pipe,
+        cfg: &RrpcConfig,
+        peer_window: u32,
+        opts: CallOptions,
+    ) -> FastChannel {
         let (tx, rx) = pipe;
+        let peer_gone = rx.peer_gone();
         let shared = Arc::new(Shared {
             table: Mutex::new(Table::default()),
             rx: Mutex::new(RxState {
@@ -454,19 +491,31 @@ impl FastChannel {
                 cfg.get_max_concurrent_calls()
                     .min(tokio::sync::Semaphore::MAX_PERMITS),
             )),
+            retired: AtomicBool::new(false),
         });
         let writer = FrameWriter::new(tx, cfg.get_zero_copy(), cfg.get_max_chunk());
         // The driver of last resort; asleep unless a handoff wakes it. It
-        // also closes the connection when a send fails.
+        // also closes the connection when a send fails, and retires it when
+        // the side channel sees the peer leave while no call is receiving
+        // (so that the next call reconnects instead of failing).
         let s = shared.clone();
         let w = writer.clone();
         let fallback = tokio::spawn(async move {
+            let retire = async {
+                if let Some(gone) = peer_gone {
+                    gone.await;
+                    tracing::debug!("rrpc: fast-path connection retired: peer gone");
+                    s.retired.store(true, Ordering::Release);
+                }
+                std::future::pending::<()>().await
+            };
             tokio::select! {
                 () = async { while poll_fn(|cx| s.poll_event(FALLBACK, cx)).await.is_some() {} } => {}
                 () = w.failed() => {
                     let e = w.failure().unwrap_or(Error::PeerGone);
                     s.fail(&e);
                 }
+                () = retire => {}
             }
         })
         .abort_handle();
@@ -475,8 +524,15 @@ impl FastChannel {
                 shared,
                 writer,
                 fallback,
+                opts,
             }),
         }
+    }
+
+    /// Whether new calls should go to a new connection: this one closed,
+    /// its server is draining (GOAWAY), or its peer left.
+    pub(crate) fn is_retired(&self) -> bool {
+        self.inner.shared.retired.load(Ordering::Acquire)
     }
 }
 
@@ -548,6 +604,24 @@ impl tower::Service<http::Request<Body>> for FastChannel {
     }
 }
 
+/// tonic's `UserAgent` layer: ours, or the request's followed by ours.
+fn add_user_agent(headers: &mut http::HeaderMap, ours: &http::HeaderValue) {
+    use http::header::USER_AGENT;
+    match headers.get(USER_AGENT) {
+        None => {
+            headers.insert(USER_AGENT, ours.clone());
+        }
+        Some(theirs) => {
+            let mut v = theirs.as_bytes().to_vec();
+            v.push(b' ');
+            v.extend_from_slice(ours.as_bytes());
+            if let Ok(v) = http::HeaderValue::from_bytes(&v) {
+                headers.insert(USER_AGENT, v);
+            }
+        }
+    }
+}
+
 /// What the request body had ready at once.
 enum Drained {
     /// The whole request stream (unary and server-streaming calls).
@@ -592,7 +666,12 @@ async fn call(
     inner: Arc<Inner>,
     req: http::Request<Body>,
 ) -> Result<http::Response<Body>, BoxError> {
-    let timeout = parse_grpc_timeout(req.headers());
+    // The shorter of the call's `grpc-timeout` and the endpoint's timeout
+    // (tonic's `GrpcTimeout`); only the former is sent to the server.
+    let timeout = match (parse_grpc_timeout(req.headers()), inner.opts.timeout) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    };
     let deadline = timeout.map(|d| tokio::time::Instant::now() + d);
     let shared = inner.shared.clone();
     // A place among the connection's open calls (queued while all are taken).
@@ -626,13 +705,19 @@ async fn call(
         t.calls.insert(id, Slot::new(flow.clone()));
         id
     };
-    let (parts, mut body) = req.into_parts();
+    let (mut parts, mut body) = req.into_parts();
     let path = parts
         .uri
         .path_and_query()
         .map(|p| p.as_str())
         .unwrap_or("/");
-    let headers = frame::request_headers_payload(path, &parts.headers);
+    let authority = parts
+        .uri
+        .authority()
+        .or(inner.opts.authority.as_ref())
+        .map_or("", |a| a.as_str());
+    add_user_agent(&mut parts.headers, &inner.opts.user_agent);
+    let headers = frame::request_headers_payload(path, authority, &parts.headers);
     let mut guard = CallGuard {
         id,
         inner,
@@ -888,7 +973,7 @@ mod tests {
             cfg.get_call_window(),
             Default::default(),
         ));
-        let ch = FastChannel::start(cpipe, &cfg, cfg.get_call_window());
+        let ch = FastChannel::start(cpipe, &cfg, cfg.get_call_window(), Default::default());
         let mut c1 = ch.clone();
         let slow = tokio::spawn(async move { tower::Service::call(&mut c1, req("/slow")).await });
         // The slow call writes its request and starts receiving.
@@ -936,7 +1021,7 @@ mod tests {
             scfg.get_call_window(),
             Default::default(),
         ));
-        let ch = FastChannel::start(cpipe, &scfg, scfg.get_call_window());
+        let ch = FastChannel::start(cpipe, &scfg, scfg.get_call_window(), Default::default());
         let mut calls = tokio::task::JoinSet::new();
         for _ in 0..5 {
             let mut c = ch.clone();

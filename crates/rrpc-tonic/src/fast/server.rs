@@ -30,8 +30,7 @@ type BoxError = Box<dyn std::error::Error + Send + Sync>;
 enum In {
     Open {
         id: u32,
-        path: http::uri::PathAndQuery,
-        headers: http::HeaderMap,
+        head: frame::RequestHead,
         end: bool,
     },
     Data {
@@ -95,8 +94,7 @@ impl Drop for CallPermit {
 /// A call whose REQUEST_HEADERS arrived in the message being processed.
 struct Opening {
     id: u32,
-    path: http::uri::PathAndQuery,
-    headers: http::HeaderMap,
+    head: frame::RequestHead,
     /// Request data that arrived in the same message.
     chunks: VecDeque<Event>,
     /// The request stream ended in the same message.
@@ -190,12 +188,7 @@ where
         let mut opening: Vec<Opening> = Vec::new();
         for input in inbox.drain(..) {
             match input {
-                In::Open {
-                    id,
-                    path,
-                    headers,
-                    end,
-                } => {
+                In::Open { id, head, end } => {
                     if calls.contains_key(&id) || opening.iter().any(|o| o.id == id) {
                         bad = Some(FrameError::Invalid("call id reused while open"));
                         break;
@@ -208,7 +201,7 @@ where
                         }
                         continue;
                     }
-                    let size = header_list_size(&path, &headers);
+                    let size = header_list_size(&head);
                     if size > max_headers {
                         tracing::debug!(
                             call_id = id,
@@ -244,8 +237,7 @@ where
                     };
                     opening.push(Opening {
                         id,
-                        path,
-                        headers,
+                        head,
                         chunks: VecDeque::new(),
                         end,
                         permit,
@@ -312,8 +304,7 @@ where
         for o in opening {
             let Opening {
                 id,
-                path,
-                headers,
+                head,
                 chunks,
                 end,
                 permit,
@@ -330,7 +321,7 @@ where
                 };
                 (RecvBody::new(chunks, brx, credit), Some(btx))
             };
-            let req = build_request(path, headers, body);
+            let req = build_request(head, body);
             let mut fut = Box::pin(run_call(
                 svc.clone(),
                 req,
@@ -394,14 +385,16 @@ where
 
 /// A request's header list size as HTTP/2 counts it (RFC 9113 §6.5.2:
 /// name + value + 32 per field), pseudo-headers included as hyper's
-/// client would send them (`:authority` not known here: counted empty).
-fn header_list_size(path: &http::uri::PathAndQuery, headers: &http::HeaderMap) -> usize {
+/// client would send them.
+fn header_list_size(head: &frame::RequestHead) -> usize {
+    let authority = head.authority.as_ref().map_or(0, |a| a.as_str().len());
     let pseudo = (":method".len() + "POST".len() + 32)
         + (":scheme".len() + "http".len() + 32)
-        + (":path".len() + path.as_str().len() + 32)
-        + (":authority".len() + 32);
+        + (":path".len() + head.path.as_str().len() + 32)
+        + (":authority".len() + authority + 32);
     pseudo
-        + headers
+        + head
+            .headers
             .iter()
             .map(|(k, v)| k.as_str().len() + v.len() + 32)
             .sum::<usize>()
@@ -432,12 +425,7 @@ fn decode(msg: &[u8], inbox: &mut Vec<In>, bad: &mut Option<FrameError>) {
         let end = f.end_stream();
         match f.kind {
             Kind::RequestHeaders => match frame::parse_request_headers(f.payload) {
-                Ok((path, headers)) => inbox.push(In::Open {
-                    id,
-                    path,
-                    headers,
-                    end,
-                }),
+                Ok(head) => inbox.push(In::Open { id, head, end }),
                 Err(e) => {
                     *bad = Some(e);
                     return;
@@ -465,17 +453,52 @@ fn decode(msg: &[u8], inbox: &mut Vec<In>, bad: &mut Option<FrameError>) {
     }
 }
 
-fn build_request(
-    path: http::uri::PathAndQuery,
-    headers: http::HeaderMap,
-    body: RecvBody,
-) -> http::Request<Body> {
+/// The request as hyper's HTTP/2 server would hand it to the service: with
+/// `http` scheme and the client's authority when it sent one.
+fn build_request(head: frame::RequestHead, body: RecvBody) -> http::Request<Body> {
     let mut req = http::Request::new(Body::new(body));
     *req.method_mut() = http::Method::POST;
     *req.version_mut() = http::Version::HTTP_2;
-    *req.uri_mut() = http::Uri::from(path);
-    *req.headers_mut() = headers;
+    *req.uri_mut() = match head.authority {
+        Some(authority) => {
+            let mut parts = http::uri::Parts::default();
+            parts.scheme = Some(http::uri::Scheme::HTTP);
+            parts.authority = Some(authority);
+            parts.path_and_query = Some(head.path.clone());
+            http::Uri::from_parts(parts).unwrap_or_else(|_| http::Uri::from(head.path))
+        }
+        None => http::Uri::from(head.path),
+    };
+    *req.headers_mut() = head.headers;
     req
+}
+
+/// hyper's `date` response header (RFC 9110 §6.6.1), unless the service
+/// set one: formatted once a second per thread.
+fn add_date(headers: &mut http::HeaderMap) {
+    use std::cell::RefCell;
+    use std::time::{SystemTime, UNIX_EPOCH};
+    thread_local! {
+        static CACHED: RefCell<(u64, Option<http::HeaderValue>)> = const { RefCell::new((0, None)) };
+    }
+    if headers.contains_key(http::header::DATE) {
+        return;
+    }
+    let now = SystemTime::now();
+    let sec = now.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    let value = CACHED.with(|c| {
+        let mut c = c.borrow_mut();
+        if c.0 != sec || c.1.is_none() {
+            *c = (
+                sec,
+                http::HeaderValue::from_str(&httpdate::fmt_http_date(now)).ok(),
+            );
+        }
+        c.1.clone()
+    });
+    if let Some(v) = value {
+        headers.insert(http::header::DATE, v);
+    }
 }
 
 fn trailers_only(id: u32, status: Status) -> Out {
@@ -605,7 +628,8 @@ where
                 .await;
         }
     };
-    let (parts, body) = resp.into_parts();
+    let (mut parts, body) = resp.into_parts();
+    add_date(&mut parts.headers);
     let mut body = std::pin::pin!(body.map_err(Into::<BoxError>::into));
     if http_body::Body::is_end_stream(&*body) {
         // Trailers-only response (what tonic returns for a handler error,
@@ -723,7 +747,7 @@ mod tests {
             cfg.get_call_window(),
             Default::default(),
         ));
-        let mut ch = FastChannel::start(cpipe, &cfg, cfg.get_call_window());
+        let mut ch = FastChannel::start(cpipe, &cfg, cfg.get_call_window(), Default::default());
         let r = tokio::time::timeout(
             Duration::from_secs(5),
             tower::Service::call(&mut ch, req("/x.Y/Z")),
@@ -768,7 +792,7 @@ mod tests {
             cfg.get_call_window(),
             Default::default(),
         ));
-        let ch = FastChannel::start(cpipe, &cfg, cfg.get_call_window());
+        let ch = FastChannel::start(cpipe, &cfg, cfg.get_call_window(), Default::default());
         let mut c1 = ch.clone();
         let waiting =
             tokio::spawn(async move { tower::Service::call(&mut c1, req("/never")).await });
@@ -848,7 +872,7 @@ mod tests {
             Kind::RequestHeaders,
             0,
             1,
-            frame::request_headers_payload("/x.Y/Z", &http::HeaderMap::new()),
+            frame::request_headers_payload("/x.Y/Z", "", &http::HeaderMap::new()),
         );
         raw_send(&mut ctx, &[open]).await;
         // 4096 bytes of window: 3 frames of 1100 + 12 fit, a fourth does not.
@@ -901,7 +925,7 @@ mod tests {
                 Kind::RequestHeaders,
                 0,
                 id,
-                frame::request_headers_payload("/x.Y/Z", &http::HeaderMap::new()),
+                frame::request_headers_payload("/x.Y/Z", "", &http::HeaderMap::new()),
             )
         };
         // Half in one message, half one call per message.

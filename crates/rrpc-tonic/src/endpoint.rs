@@ -1,0 +1,641 @@
+//! The client builder: [`RrpcEndpoint`], tonic's `Endpoint` for every rrpc
+//! URI, and the reconnecting ring connection behind an [`RrpcChannel`].
+//!
+//! On `http://` and `unix://` every option goes to tonic's own `Endpoint`,
+//! so those channels are exactly tonic's. On the rings (`shm://`,
+//! `rdma://`, `inproc://`) a channel owns one connection at a time and
+//! replaces it when it can no longer take calls: the side channel saw the
+//! server leave, the server said GOAWAY, or a send failed. The call that
+//! finds it so dials again (under `connect_timeout`), as tonic's
+//! `Reconnect` does; calls already in flight on the old connection finish
+//! or fail there, with `Unavailable`.
+
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::{Context, Poll, ready};
+use std::time::Duration;
+
+use http::HeaderValue;
+use tonic::Status;
+use tonic::body::Body;
+use tonic::transport::Channel;
+use tower::Service;
+
+use crate::channel::{Carrier, ChannelPath, ResponseFuture, RrpcChannel, h2_call, h2_channel};
+use crate::fast::client::{CallOptions, FastChannel};
+use crate::pipe::BoxFut;
+use crate::transport::{Negotiated, Target, dial, negotiate_client};
+use crate::{Error, RrpcConfig};
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// tonic's own `user-agent` (its `UserAgent` layer is private): the fast
+/// path sends the same, so handlers read the same value on every path.
+/// `tests/integration/tests/parity.rs` compares it with what tonic sends
+/// over TCP, so a tonic upgrade that changes it fails there.
+pub(crate) const TONIC_USER_AGENT: &str = "tonic/0.14.9";
+
+/// A client endpoint: the URI, the [`RrpcConfig`] and the options of
+/// `tonic::transport::Endpoint`, for every path.
+///
+/// ```no_run
+/// # async fn run() -> Result<(), rrpc_tonic::Error> {
+/// use std::time::Duration;
+/// use rrpc_tonic::{RrpcConfig, RrpcEndpoint};
+/// let channel = RrpcEndpoint::new("shm:///run/greeter.sock")?
+///     .config(RrpcConfig::default())
+///     .timeout(Duration::from_secs(1))
+///     .connect_timeout(Duration::from_millis(500))
+///     .user_agent("my-app/1.0")?
+///     .connect_lazy()?;             // connects at the first call, reconnects after a failure
+/// // let mut client = GreeterClient::new(channel);
+/// # let _ = channel; Ok(()) }
+/// ```
+///
+/// | option | fast path | HTTP/2 path over rings | `http://`, `unix://` |
+/// |---|---|---|---|
+/// | [`connect_lazy`](Self::connect_lazy) | connects at the first call | same | tonic's |
+/// | reconnect after a failure | the next call dials again | tonic's, over a new ring connection | tonic's |
+/// | [`timeout`](Self::timeout) | shorter of it and `grpc-timeout`, `Cancelled` "Timeout expired" | tonic's | tonic's |
+/// | [`connect_timeout`](Self::connect_timeout) | bounds the side-channel connect, handshake and path negotiation | same | tonic's |
+/// | [`user_agent`](Self::user_agent) | `"<yours> tonic/<version>"`, as tonic | tonic's | tonic's |
+/// | [`origin`](Self::origin) | sent as the request's authority | tonic's | tonic's |
+/// | [`concurrency_limit`](Self::concurrency_limit), [`rate_limit`](Self::rate_limit) | tower's layers behind a buffer, as tonic stacks them | same | tonic's |
+/// | keep-alive, windows, `tcp_*` | not needed: the side channel reports a dead peer; [`RrpcConfig::call_window`] | passed to hyper | tonic's |
+///
+/// Calls made while the connection is down fail with `Unavailable` (the
+/// connect error), and the next call tries again, as with tonic.
+#[derive(Debug, Clone)]
+pub struct RrpcEndpoint {
+    uri: String,
+    target: Target,
+    config: RrpcConfig,
+    timeout: Option<Duration>,
+    connect_timeout: Option<Duration>,
+    user_agent: Option<HeaderValue>,
+    origin: Option<http::Uri>,
+    concurrency_limit: Option<usize>,
+    rate_limit: Option<(u64, Duration)>,
+    buffer_size: Option<usize>,
+    tcp_nodelay: bool,
+    tcp_keepalive: Option<Duration>,
+    http2_keep_alive_interval: Option<Duration>,
+    keep_alive_timeout: Option<Duration>,
+    keep_alive_while_idle: Option<bool>,
+    initial_stream_window_size: Option<u32>,
+    initial_connection_window_size: Option<u32>,
+}
+
+/// Requests a buffered channel holds when its own size is not set (tonic's).
+const DEFAULT_BUFFER_SIZE: usize = 1024;
+
+impl RrpcEndpoint {
+    /// An endpoint for `uri` (`http://`, `unix://`, `shm://`, `rdma://`,
+    /// `inproc://`) with [`RrpcConfig::default`] and tonic's defaults.
+    ///
+    /// # Errors
+    /// [`Error::InvalidUri`]; [`Error::UnsupportedTransport`] for `rdma://`
+    /// in a build without the `verbs` feature.
+    pub fn new(uri: impl Into<String>) -> Result<Self, Error> {
+        let uri = uri.into();
+        let target = Target::parse(&uri)?;
+        #[cfg(not(feature = "verbs"))]
+        if matches!(target, Target::Rdma(_)) {
+            return Err(crate::transport::rdma_unavailable());
+        }
+        Ok(RrpcEndpoint {
+            uri,
+            target,
+            config: RrpcConfig::default(),
+            timeout: None,
+            connect_timeout: None,
+            user_agent: None,
+            origin: None,
+            concurrency_limit: None,
+            rate_limit: None,
+            buffer_size: None,
+            tcp_nodelay: true,
+            tcp_keepalive: None,
+            http2_keep_alive_interval: None,
+            keep_alive_timeout: None,
+            keep_alive_while_idle: None,
+            initial_stream_window_size: None,
+            initial_connection_window_size: None,
+        })
+    }
+
+    /// The URI as given.
+    pub fn uri(&self) -> &str {
+        &self.uri
+    }
+
+    /// The rings' configuration (ignored by `http://` and `unix://`).
+    pub fn config(self, config: RrpcConfig) -> Self {
+        RrpcEndpoint { config, ..self }
+    }
+
+    /// A timeout on every call, as tonic's `Endpoint::timeout`: the shorter
+    /// of it and the call's own deadline applies, and it is not sent to
+    /// the server. An expired call fails with `Cancelled` "Timeout expired".
+    pub fn timeout(self, dur: Duration) -> Self {
+        RrpcEndpoint {
+            timeout: Some(dur),
+            ..self
+        }
+    }
+
+    /// A bound on each connection attempt: on rings the side-channel
+    /// connect, the fabric handshake and the path negotiation together.
+    /// A connect that takes longer fails with [`Error::ConnectTimeout`].
+    pub fn connect_timeout(self, dur: Duration) -> Self {
+        RrpcEndpoint {
+            connect_timeout: Some(dur),
+            ..self
+        }
+    }
+
+    /// Sets the `user-agent` sent with every call; tonic's own
+    /// (`tonic/<version>`) follows it, as with tonic.
+    ///
+    /// # Errors
+    /// [`Error::InvalidConfig`] if it is not a valid header value.
+    pub fn user_agent<T>(self, user_agent: T) -> Result<Self, Error>
+    where
+        T: TryInto<HeaderValue>,
+    {
+        let ua = user_agent
+            .try_into()
+            .map_err(|_| Error::InvalidConfig("user agent is not a valid header value"))?;
+        Ok(RrpcEndpoint {
+            user_agent: Some(ua),
+            ..self
+        })
+    }
+
+    /// The origin (scheme and authority) set on every request, as tonic's
+    /// `Endpoint::origin`; the server's `req.uri()` carries its authority
+    /// on every path.
+    pub fn origin(self, origin: http::Uri) -> Self {
+        RrpcEndpoint {
+            origin: Some(origin),
+            ..self
+        }
+    }
+
+    /// At most `limit` calls in flight on this channel; more wait (tower's
+    /// `ConcurrencyLimit`, as tonic).
+    pub fn concurrency_limit(self, limit: usize) -> Self {
+        RrpcEndpoint {
+            concurrency_limit: Some(limit),
+            ..self
+        }
+    }
+
+    /// At most `limit` calls per `duration`; more wait (tower's
+    /// `RateLimit`, as tonic).
+    pub fn rate_limit(self, limit: u64, duration: Duration) -> Self {
+        RrpcEndpoint {
+            rate_limit: Some((limit, duration)),
+            ..self
+        }
+    }
+
+    /// Requests a limited channel buffers (tonic's `buffer_size`; 1024).
+    pub fn buffer_size(self, size: impl Into<Option<usize>>) -> Self {
+        RrpcEndpoint {
+            buffer_size: size.into(),
+            ..self
+        }
+    }
+
+    /// TCP_NODELAY on `http://` (tonic's default: on). No effect on rings.
+    pub fn tcp_nodelay(self, enabled: bool) -> Self {
+        RrpcEndpoint {
+            tcp_nodelay: enabled,
+            ..self
+        }
+    }
+
+    /// TCP keep-alive on `http://`. No effect on rings (their side channel
+    /// reports a peer that leaves).
+    pub fn tcp_keepalive(self, keepalive: Option<Duration>) -> Self {
+        RrpcEndpoint {
+            tcp_keepalive: keepalive,
+            ..self
+        }
+    }
+
+    /// HTTP/2 PING interval (`http://`, `unix://`, HTTP/2 over rings).
+    pub fn http2_keep_alive_interval(self, interval: Duration) -> Self {
+        RrpcEndpoint {
+            http2_keep_alive_interval: Some(interval),
+            ..self
+        }
+    }
+
+    /// How long to wait for an HTTP/2 PING's answer.
+    pub fn keep_alive_timeout(self, duration: Duration) -> Self {
+        RrpcEndpoint {
+            keep_alive_timeout: Some(duration),
+            ..self
+        }
+    }
+
+    /// Whether HTTP/2 PINGs go out while no call is open.
+    pub fn keep_alive_while_idle(self, enabled: bool) -> Self {
+        RrpcEndpoint {
+            keep_alive_while_idle: Some(enabled),
+            ..self
+        }
+    }
+
+    /// HTTP/2's initial stream window; the fast path's is
+    /// [`RrpcConfig::call_window`].
+    pub fn initial_stream_window_size(self, size: impl Into<Option<u32>>) -> Self {
+        RrpcEndpoint {
+            initial_stream_window_size: size.into(),
+            ..self
+        }
+    }
+
+    /// HTTP/2's initial connection window (the fast path has none: the
+    /// ring bounds a connection).
+    pub fn initial_connection_window_size(self, size: impl Into<Option<u32>>) -> Self {
+        RrpcEndpoint {
+            initial_connection_window_size: size.into(),
+            ..self
+        }
+    }
+
+    /// Connects now, and reconnects later when the connection fails.
+    ///
+    /// # Errors
+    /// [`Error::NotListening`], [`Error::Handshake`], [`Error::ConnectTimeout`],
+    /// [`Error::Transport`], and configuration errors.
+    pub async fn connect(&self) -> Result<RrpcChannel, Error> {
+        let carrier = crate::channel::carrier_of(&self.target, &self.config)?;
+        match &self.target {
+            Target::Tcp(addr) => {
+                let ep = self.tonic_endpoint(format!("http://{addr}"), true)?;
+                Ok(RrpcChannel::tonic(
+                    ep.connect().await?,
+                    ChannelPath::Tcp,
+                    carrier,
+                ))
+            }
+            Target::Unix(path) => {
+                let ep = self.tonic_endpoint("http://localhost".into(), true)?;
+                let ch = ep.connect_with_connector(unix_connector(path)).await?;
+                Ok(RrpcChannel::tonic(ch, ChannelPath::Unix, carrier))
+            }
+            _ => {
+                let dialer = self.dialer()?;
+                let conn = dialer.clone().connection().await?;
+                Ok(self.rings(dialer, Some(conn), carrier))
+            }
+        }
+    }
+
+    /// A channel that connects at its first call, and reconnects later when
+    /// the connection fails (tonic's `connect_lazy`). Needs a tokio runtime.
+    ///
+    /// # Errors
+    /// Only configuration errors (an `rdma://` device that cannot be
+    /// opened); it never connects here.
+    pub fn connect_lazy(&self) -> Result<RrpcChannel, Error> {
+        let carrier = crate::channel::carrier_of(&self.target, &self.config)?;
+        match &self.target {
+            Target::Tcp(addr) => {
+                let ep = self.tonic_endpoint(format!("http://{addr}"), true)?;
+                Ok(RrpcChannel::tonic(
+                    ep.connect_lazy(),
+                    ChannelPath::Tcp,
+                    carrier,
+                ))
+            }
+            Target::Unix(path) => {
+                let ep = self.tonic_endpoint("http://localhost".into(), true)?;
+                let ch = ep.connect_with_connector_lazy(unix_connector(path));
+                Ok(RrpcChannel::tonic(ch, ChannelPath::Unix, carrier))
+            }
+            _ => Ok(self.rings(self.dialer()?, None, carrier)),
+        }
+    }
+
+    fn dialer(&self) -> Result<Arc<Dialer>, Error> {
+        Ok(Arc::new(Dialer {
+            target: self.target.clone(),
+            config: self.config.clone(),
+            uri: self.uri.clone(),
+            connect_timeout: self.connect_timeout,
+            opts: self.call_options(),
+            h2: self.tonic_endpoint("http://rrpc.invalid".into(), false)?,
+            current: Mutex::new(None),
+            dialing: tokio::sync::Mutex::new(()),
+        }))
+    }
+
+    /// A ring channel: reconnecting, behind tower's limits when set.
+    fn rings(&self, dialer: Arc<Dialer>, conn: Option<Conn>, carrier: Carrier) -> RrpcChannel {
+        if let Some(c) = &conn {
+            *lock(&dialer.current) = Some(c.clone());
+        }
+        let managed = Managed {
+            dialer: dialer.clone(),
+            conn,
+            connecting: None,
+            failed: None,
+        };
+        if self.concurrency_limit.is_none() && self.rate_limit.is_none() {
+            return RrpcChannel::managed(managed, carrier);
+        }
+        // As tonic stacks them: the limits behind a buffer, so that every
+        // clone of the channel shares them.
+        let svc = tower::ServiceBuilder::new()
+            .option_layer(
+                self.concurrency_limit
+                    .map(tower::limit::ConcurrencyLimitLayer::new),
+            )
+            .option_layer(
+                self.rate_limit
+                    .map(|(n, per)| tower::limit::RateLimitLayer::new(n, per)),
+            )
+            .service(managed);
+        let svc = tower::util::BoxService::new(svc);
+        let size = self.buffer_size.unwrap_or(DEFAULT_BUFFER_SIZE);
+        RrpcChannel::buffered(tower::buffer::Buffer::new(svc, size), dialer, carrier)
+    }
+
+    /// What the fast path adds to each call.
+    fn call_options(&self) -> CallOptions {
+        let mut opts = CallOptions {
+            timeout: self.timeout,
+            authority: self.origin.as_ref().and_then(|o| o.authority().cloned()),
+            ..CallOptions::default()
+        };
+        if let Some(ua) = &self.user_agent {
+            let mut v = ua.as_bytes().to_vec();
+            v.push(b' ');
+            v.extend_from_slice(TONIC_USER_AGENT.as_bytes());
+            opts.user_agent = HeaderValue::from_bytes(&v).expect("a header value and a space");
+        }
+        opts
+    }
+
+    /// tonic's `Endpoint` with this endpoint's options; `all` adds the ones
+    /// rrpc applies itself on rings (connect timeout and limits).
+    fn tonic_endpoint(&self, uri: String, all: bool) -> Result<tonic::transport::Endpoint, Error> {
+        let mut ep = tonic::transport::Endpoint::from_shared(uri)?
+            .tcp_nodelay(self.tcp_nodelay)
+            .tcp_keepalive(self.tcp_keepalive)
+            .initial_stream_window_size(self.initial_stream_window_size)
+            .initial_connection_window_size(self.initial_connection_window_size)
+            .buffer_size(self.buffer_size);
+        if let Some(t) = self.timeout {
+            ep = ep.timeout(t);
+        }
+        if let Some(ua) = &self.user_agent {
+            ep = ep.user_agent(ua.clone())?;
+        }
+        if let Some(o) = &self.origin {
+            ep = ep.origin(o.clone());
+        }
+        if let Some(i) = self.http2_keep_alive_interval {
+            ep = ep.http2_keep_alive_interval(i);
+        }
+        if let Some(t) = self.keep_alive_timeout {
+            ep = ep.keep_alive_timeout(t);
+        }
+        if let Some(w) = self.keep_alive_while_idle {
+            ep = ep.keep_alive_while_idle(w);
+        }
+        if all {
+            if let Some(t) = self.connect_timeout {
+                ep = ep.connect_timeout(t);
+            }
+            if let Some(n) = self.concurrency_limit {
+                ep = ep.concurrency_limit(n);
+            }
+            if let Some((n, per)) = self.rate_limit {
+                ep = ep.rate_limit(n, per);
+            }
+        }
+        Ok(ep)
+    }
+}
+
+fn unix_connector(
+    path: &std::path::Path,
+) -> impl Service<
+    http::Uri,
+    Response = hyper_util::rt::TokioIo<tokio::net::UnixStream>,
+    Error = std::io::Error,
+    Future = impl Send + 'static,
+> + Send
++ 'static {
+    let path = path.to_path_buf();
+    tower::service_fn(move |_: http::Uri| {
+        let path = path.clone();
+        async move {
+            Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(
+                tokio::net::UnixStream::connect(path).await?,
+            ))
+        }
+    })
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// One connection over rings, on whichever path the server chose.
+#[derive(Debug, Clone)]
+pub(crate) enum Conn {
+    Fast(FastChannel),
+    /// tonic's channel over ring connections (it reconnects by itself).
+    H2(Channel),
+}
+
+impl Conn {
+    fn usable(&self) -> bool {
+        match self {
+            Conn::Fast(f) => !f.is_retired(),
+            Conn::H2(_) => true,
+        }
+    }
+
+    pub(crate) fn path(&self) -> ChannelPath {
+        match self {
+            Conn::Fast(_) => ChannelPath::Fast,
+            Conn::H2(_) => ChannelPath::Http2,
+        }
+    }
+}
+
+/// Everything needed to connect again, shared by a channel's clones.
+#[derive(Debug)]
+pub(crate) struct Dialer {
+    target: Target,
+    config: RrpcConfig,
+    uri: String,
+    connect_timeout: Option<Duration>,
+    opts: CallOptions,
+    /// tonic's endpoint for the HTTP/2 path (the options it applies there).
+    h2: tonic::transport::Endpoint,
+    /// The connection new calls use.
+    current: Mutex<Option<Conn>>,
+    /// One dial at a time; the others wait for its result.
+    dialing: tokio::sync::Mutex<()>,
+}
+
+impl Dialer {
+    /// The path a connection will take if the server agrees.
+    pub(crate) fn preferred_path(&self) -> ChannelPath {
+        match self.config.get_path() {
+            crate::PathPreference::Fast => ChannelPath::Fast,
+            crate::PathPreference::Http2 => ChannelPath::Http2,
+        }
+    }
+
+    /// The path of the current connection, if there is one.
+    pub(crate) fn current_path(&self) -> Option<ChannelPath> {
+        lock(&self.current).as_ref().map(Conn::path)
+    }
+
+    /// The current connection if it takes calls, else a new one.
+    ///
+    /// Cancel safety: dropping the future abandons this attempt (a
+    /// handshake already running on a blocking thread finishes there and
+    /// its connection is closed); nothing is left half-installed.
+    async fn connection(self: Arc<Self>) -> Result<Conn, Error> {
+        let _one = self.dialing.lock().await;
+        if let Some(c) = lock(&self.current).as_ref().filter(|c| c.usable()) {
+            return Ok(c.clone());
+        }
+        // The old connection is released once its calls are done.
+        *lock(&self.current) = None;
+        let conn = match self.connect_timeout {
+            Some(t) => tokio::time::timeout(t, self.dial())
+                .await
+                .map_err(|_| Error::ConnectTimeout(t))??,
+            None => self.dial().await?,
+        };
+        tracing::debug!(uri = %self.uri, path = ?conn.path(), "rrpc: connected");
+        *lock(&self.current) = Some(conn.clone());
+        Ok(conn)
+    }
+
+    async fn dial(&self) -> Result<Conn, Error> {
+        let mut pipe = dial(&self.target, &self.config).await?;
+        Ok(match negotiate_client(&mut pipe, &self.config).await? {
+            Negotiated::Fast { peer_window } => Conn::Fast(FastChannel::start(
+                pipe,
+                &self.config,
+                peer_window,
+                self.opts.clone(),
+            )),
+            Negotiated::Http2 => Conn::H2(
+                h2_channel(
+                    self.target.clone(),
+                    pipe,
+                    self.config.clone(),
+                    self.uri.clone(),
+                    self.h2.clone(),
+                )
+                .await?,
+            ),
+        })
+    }
+}
+
+/// A channel over rings that reconnects: `poll_ready` makes sure there is a
+/// connection that takes calls (dialing if not), `call` uses it.
+pub(crate) struct Managed {
+    pub(crate) dialer: Arc<Dialer>,
+    conn: Option<Conn>,
+    connecting: Option<BoxFut<'static, Result<Conn, Error>>>,
+    /// The last connect error, for the call that follows (tonic's
+    /// `Reconnect` does the same: the call fails, the next one retries).
+    failed: Option<Status>,
+}
+
+impl Clone for Managed {
+    fn clone(&self) -> Self {
+        Managed {
+            dialer: self.dialer.clone(),
+            conn: self.conn.clone(),
+            connecting: None,
+            failed: None,
+        }
+    }
+}
+
+impl std::fmt::Debug for Managed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Managed")
+            .field("uri", &self.dialer.uri)
+            .field("conn", &self.conn)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Managed {
+    /// The path of the connection in use (or about to be).
+    pub(crate) fn path(&self) -> Option<ChannelPath> {
+        self.conn
+            .as_ref()
+            .map(Conn::path)
+            .or_else(|| self.dialer.current_path())
+    }
+}
+
+impl Service<http::Request<Body>> for Managed {
+    type Response = http::Response<Body>;
+    type Error = BoxError;
+    type Future = ResponseFuture;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+        loop {
+            if let Some(c) = &mut self.conn {
+                if c.usable() {
+                    return match c {
+                        Conn::Fast(f) => f.poll_ready(cx),
+                        Conn::H2(h) => h.poll_ready(cx).map_err(Into::into),
+                    };
+                }
+                self.conn = None;
+            }
+            if self.connecting.is_none() {
+                // Another clone may have connected already.
+                if let Some(c) = lock(&self.dialer.current).as_ref().filter(|c| c.usable()) {
+                    self.conn = Some(c.clone());
+                    continue;
+                }
+                self.connecting = Some(Box::pin(self.dialer.clone().connection()));
+            }
+            let fut = self.connecting.as_mut().expect("set above");
+            let r = ready!(fut.as_mut().poll(cx));
+            self.connecting = None;
+            match r {
+                Ok(c) => self.conn = Some(c),
+                Err(e) => {
+                    tracing::debug!(uri = %self.dialer.uri, "rrpc: connect failed: {e}");
+                    self.failed = Some(Status::from(e));
+                    return Poll::Ready(Ok(()));
+                }
+            }
+        }
+    }
+
+    fn call(&mut self, req: http::Request<Body>) -> ResponseFuture {
+        if let Some(st) = self.failed.take() {
+            return Box::pin(async move { Err(Box::new(st) as BoxError) });
+        }
+        match &mut self.conn {
+            Some(Conn::Fast(f)) => f.call(req),
+            Some(Conn::H2(h)) => h2_call(h, req),
+            None => Box::pin(async {
+                Err(Box::new(Status::internal("rrpc: call without poll_ready")) as BoxError)
+            }),
+        }
+    }
+}

@@ -1,0 +1,260 @@
+//! `RrpcEndpoint`: tonic's `Endpoint` options on every transport, with the
+//! same observable result (issue 15): the user agent and `date`, the
+//! origin, lazy connect and reconnect after a server restart, the call
+//! timeout, the connect timeout, client-side concurrency and rate limits,
+//! and a balance over several servers.
+
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use rrpc_integration_tests::pb::Input;
+use rrpc_integration_tests::pb::test_client::TestClient;
+use rrpc_integration_tests::{Harness, Transport, config, on_all_transports};
+use rrpc_tonic::{RrpcChannel, RrpcEndpoint};
+use tonic::Code;
+
+/// tonic's own user agent (tonic 0.14.9). The `tcp` variant checks it
+/// against what tonic really sends; the others that rrpc sends the same.
+const TONIC_UA: &str = "tonic/0.14.9";
+
+fn endpoint(s: &Harness) -> RrpcEndpoint {
+    RrpcEndpoint::new(&s.uri)
+        .expect("uri")
+        .config(config(s.transport))
+}
+
+async fn echoed(
+    c: &mut TestClient<RrpcChannel>,
+) -> tonic::Response<rrpc_integration_tests::pb::Output> {
+    c.unary(Input::default()).await.expect("call")
+}
+
+fn header<'a>(r: &'a tonic::Response<rrpc_integration_tests::pb::Output>, k: &str) -> &'a str {
+    r.metadata()
+        .get(k)
+        .unwrap_or_else(|| panic!("no {k} in {:?}", r.metadata()))
+        .to_str()
+        .expect("ascii")
+}
+
+/// Handlers see tonic's `user-agent`, or the endpoint's followed by
+/// tonic's; responses carry a `date` header (hyper's), on every path.
+async fn user_agent_and_date_as_tonic(t: Transport) {
+    let s = Harness::start(t).await;
+    s.channel().await; // up
+    let mut c = TestClient::new(endpoint(&s).connect().await.expect("connect"));
+    let r = echoed(&mut c).await;
+    assert_eq!(header(&r, "x-echo-user-agent"), TONIC_UA, "{t:?}");
+    let date = header(&r, "date");
+    httpdate::parse_http_date(date).unwrap_or_else(|e| panic!("{t:?}: date {date:?}: {e}"));
+
+    let ch = endpoint(&s)
+        .user_agent("my-app/1.0")
+        .expect("valid")
+        .connect()
+        .await
+        .expect("connect");
+    let r = echoed(&mut TestClient::new(ch)).await;
+    assert_eq!(
+        header(&r, "x-echo-user-agent"),
+        format!("my-app/1.0 {TONIC_UA}"),
+        "{t:?}"
+    );
+}
+
+/// `origin` sets the authority the server's HTTP request carries.
+async fn origin_sets_the_authority(t: Transport) {
+    let s = Harness::start(t).await;
+    s.channel().await;
+    let ch = endpoint(&s)
+        .origin("http://example.test:8080".parse().expect("uri"))
+        .connect()
+        .await
+        .expect("connect");
+    let r = echoed(&mut TestClient::new(ch)).await;
+    assert_eq!(header(&r, "x-echo-authority"), "example.test:8080", "{t:?}");
+}
+
+/// Calls until one succeeds (the server coming up), at most `limit`.
+async fn until_served(c: &mut TestClient<RrpcChannel>, limit: Duration) -> usize {
+    let start = Instant::now();
+    let mut failures = 0;
+    loop {
+        match c.unary(Input::default()).await {
+            Ok(_) => return failures,
+            Err(e) => {
+                assert_eq!(e.code(), Code::Unavailable, "while down: {e:?}");
+                failures += 1;
+                assert!(
+                    start.elapsed() < limit,
+                    "not served within {limit:?}: {e:?}"
+                );
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    }
+}
+
+/// A lazy channel made before its server exists fails its calls with
+/// `Unavailable`, then works once the server is up; after the server is
+/// killed and restarted at the same address, the same channel carries
+/// calls again without being rebuilt, and the first call after the
+/// restart (made once the new server answers others) succeeds.
+async fn lazy_connect_and_reconnect_after_restart(t: Transport) {
+    let uri = Harness::fresh_uri(t);
+    let ep = RrpcEndpoint::new(&uri).expect("uri").config(config(t));
+    let mut c = TestClient::new(ep.connect_lazy().expect("lazy"));
+    let err = c
+        .unary(Input::default())
+        .await
+        .expect_err("nothing listening yet");
+    assert_eq!(err.code(), Code::Unavailable, "{t:?}: {err:?}");
+
+    let mut s = Harness::start_at(t, &uri, config(t), |s| s).await;
+    until_served(&mut c, Duration::from_secs(10)).await;
+    assert_eq!(s.obs.unary_calls.load(Ordering::Relaxed), 1);
+
+    s.kill();
+    let s2 = Harness::start_at(t, &uri, config(t), |s| s).await;
+    s2.channel().await; // the new server answers
+    // The old connection's end is seen on its own (side channel, or
+    // hyper's connection task): the next call goes to the new server.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    c.unary(Input::default())
+        .await
+        .unwrap_or_else(|e| panic!("{t:?}: first call after the restart: {e:?}"));
+    assert_eq!(s2.obs.unary_calls.load(Ordering::Relaxed), 1);
+}
+
+/// `timeout` bounds every call (`Cancelled` "Timeout expired", as tonic's
+/// channel says), and the channel stays usable.
+async fn endpoint_timeout_bounds_calls(t: Transport) {
+    let s = Harness::start(t).await;
+    s.channel().await;
+    let ch = endpoint(&s)
+        .timeout(Duration::from_millis(200))
+        .connect()
+        .await
+        .expect("connect");
+    let mut c = TestClient::new(ch);
+    let err = c
+        .unary(Input {
+            delay_ms: 3000,
+            ..Default::default()
+        })
+        .await
+        .expect_err("the endpoint's timeout fires");
+    assert_eq!(err.code(), Code::Cancelled, "{t:?}: {err:?}");
+    assert!(err.message().contains("Timeout expired"), "{t:?}: {err:?}");
+    c.unary(Input::default()).await.expect("a quick call");
+}
+
+/// `concurrency_limit(1)`: a second call waits until the first is done.
+async fn channel_concurrency_limit_queues_calls(t: Transport) {
+    let s = Harness::start(t).await;
+    s.channel().await;
+    let ch = endpoint(&s)
+        .concurrency_limit(1)
+        .connect()
+        .await
+        .expect("connect");
+    let mut c = TestClient::new(ch);
+    let mut c2 = c.clone();
+    let slow = tokio::spawn(async move {
+        c2.unary(Input {
+            delay_ms: 300,
+            ..Default::default()
+        })
+        .await
+        .expect("slow call");
+        Instant::now()
+    });
+    s.obs.started.notified().await;
+    c.unary(Input::default()).await.expect("queued call");
+    let quick_done = Instant::now();
+    let slow_done = slow.await.expect("task");
+    assert!(
+        quick_done >= slow_done,
+        "{t:?}: the second call ran beside the first"
+    );
+}
+
+/// `rate_limit(2, 300 ms)`: six calls take at least two more periods.
+async fn channel_rate_limit_spaces_calls(t: Transport) {
+    let s = Harness::start(t).await;
+    s.channel().await;
+    let ch = endpoint(&s)
+        .rate_limit(2, Duration::from_millis(300))
+        .connect()
+        .await
+        .expect("connect");
+    let mut c = TestClient::new(ch);
+    let start = Instant::now();
+    for _ in 0..6 {
+        c.unary(Input::default()).await.expect("call");
+    }
+    assert!(
+        start.elapsed() >= Duration::from_millis(550),
+        "{t:?}: 6 calls in {:?}",
+        start.elapsed()
+    );
+}
+
+/// `balance_list` over two servers sends calls to both.
+async fn balance_list_spreads_calls(t: Transport) {
+    let a = Harness::start(t).await;
+    let b = Harness::start(t).await;
+    a.channel().await;
+    b.channel().await;
+    let ch = RrpcChannel::balance_list([endpoint(&a), endpoint(&b)]).expect("balance");
+    let mut c = TestClient::new(ch);
+    for _ in 0..40 {
+        c.unary(Input::default()).await.expect("call");
+    }
+    let (na, nb) = (
+        a.obs.unary_calls.load(Ordering::Relaxed),
+        b.obs.unary_calls.load(Ordering::Relaxed),
+    );
+    assert_eq!(na + nb, 40, "{t:?}");
+    assert!(na > 0 && nb > 0, "{t:?}: {na} / {nb}");
+}
+
+on_all_transports!(
+    user_agent_and_date_as_tonic,
+    origin_sets_the_authority,
+    lazy_connect_and_reconnect_after_restart,
+    endpoint_timeout_bounds_calls,
+    channel_concurrency_limit_queues_calls,
+    channel_rate_limit_spaces_calls,
+    balance_list_spreads_calls,
+);
+
+/// `connect_timeout` on rings bounds the whole connect: a server that
+/// accepts the side channel but never answers the handshake.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connect_timeout_bounds_a_silent_server() {
+    let path = std::env::temp_dir().join(format!("rrpc-it-silent-{}.sock", std::process::id()));
+    let _ = std::fs::remove_file(&path);
+    let _silent = std::os::unix::net::UnixListener::bind(&path).expect("bind");
+    let ep = RrpcEndpoint::new(format!("shm://{}", path.display()))
+        .expect("uri")
+        .connect_timeout(Duration::from_millis(300));
+    let start = Instant::now();
+    let err = ep.connect().await.expect_err("nobody answers");
+    assert!(
+        matches!(err, rrpc_tonic::Error::ConnectTimeout(_)),
+        "{err:?}"
+    );
+    assert!(
+        start.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        start.elapsed()
+    );
+    assert_eq!(tonic::Status::from(err).code(), Code::Unavailable);
+    // A lazy channel's call fails the same way, and does not hang.
+    let mut c = TestClient::new(ep.connect_lazy().expect("lazy"));
+    let err = c.unary(Input::default()).await.expect_err("nobody answers");
+    assert_eq!(err.code(), Code::Unavailable, "{err:?}");
+    assert!(err.message().contains("connect timed out"), "{err:?}");
+    let _ = std::fs::remove_file(&path);
+}
