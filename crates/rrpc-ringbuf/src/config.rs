@@ -6,9 +6,10 @@
 //! multiple of the 64-byte cache line).
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use crate::error::Error;
-use crate::proto::HEADER_LEN;
+use crate::proto::OVERHEAD;
 
 /// Cache-line length every slot is a multiple of (RB² §IV-C).
 pub const CACHE_LINE: usize = 64;
@@ -21,6 +22,9 @@ pub const MAX_RING_SIZE: usize = 1 << 30;
 pub const MAX_SLOT_SIZE: usize = 64 << 10;
 /// Largest accepted `alpha`, `beta` or `gamma`.
 pub const MAX_THRESHOLD: u32 = 1 << 16;
+/// How long a message the tail covers may stay unplaced before the receiver
+/// gives up ([`RingConfig::placement_timeout`]).
+pub const DEFAULT_PLACEMENT_TIMEOUT: Duration = Duration::from_secs(1);
 /// Send-queue depth the ring assumes the queue pair has (rrpc-core's default).
 pub const DEFAULT_SQ_DEPTH: u32 = 1024;
 
@@ -54,6 +58,7 @@ pub struct RingConfig {
     huge_pages: bool,
     tail_with_imm: bool,
     sq_depth: u32,
+    placement_timeout: Duration,
 }
 
 impl Default for RingConfig {
@@ -69,6 +74,7 @@ impl Default for RingConfig {
             huge_pages: true,
             tail_with_imm: false,
             sq_depth: DEFAULT_SQ_DEPTH,
+            placement_timeout: DEFAULT_PLACEMENT_TIMEOUT,
         }
     }
 }
@@ -125,9 +131,17 @@ impl RingConfig {
     pub fn sq_depth(&self) -> u32 {
         self.sq_depth
     }
-    /// Largest payload one message can carry: the whole ring minus the header.
+    /// How long a message the sender's tail covers may stay unplaced (its
+    /// header or end stamp not yet visible; `proto` module docs, "Placement
+    /// order") before the receiver closes the ring with `Corrupt`: the
+    /// bound on a peer that publishes a tail over garbage. Default 1 s.
+    pub fn placement_timeout(&self) -> Duration {
+        self.placement_timeout
+    }
+    /// Largest payload one message can carry: the whole ring minus the
+    /// header and the end stamp.
     pub fn max_message(&self) -> usize {
-        self.ring_size - HEADER_LEN
+        self.ring_size - OVERHEAD
     }
     /// Wraps the config in an `Arc` for sharing.
     pub fn shared(self) -> Arc<RingConfig> {
@@ -200,6 +214,12 @@ impl RingConfigBuilder {
     /// channel fires (EVENT mode). Default off. See [`crate::RingRx::post_receives`].
     pub fn tail_with_imm(mut self, on: bool) -> Self {
         self.cfg.tail_with_imm = on;
+        self
+    }
+    /// How long a message the tail covers may stay unplaced before the
+    /// receiver closes the ring ([`RingConfig::placement_timeout`]). Default 1 s.
+    pub fn placement_timeout(mut self, timeout: Duration) -> Self {
+        self.cfg.placement_timeout = timeout;
         self
     }
     /// Send-queue depth of the queue pair, `16..=65536`. Default 1024.

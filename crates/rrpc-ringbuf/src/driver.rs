@@ -182,6 +182,8 @@ impl LocalRing {
             deferred: None,
             imm: self.cfg.tail_with_imm(),
             peeked: None,
+            placement_timeout: self.cfg.placement_timeout(),
+            unplaced_since: None,
         };
         Ok((tx, rx))
     }
@@ -563,6 +565,11 @@ pub struct RingRx {
     /// The message [`RingRx::has_message`] found, returned by the next
     /// [`RingRx::try_recv`] without decoding its header again.
     peeked: Option<Message>,
+    /// [`RingConfig::placement_timeout`].
+    placement_timeout: std::time::Duration,
+    /// Since when the message at this slot pointer has been covered by the
+    /// tail but not placed (`proto` docs, "Placement order").
+    unplaced_since: Option<(u64, std::time::Instant)>,
 }
 
 impl RingRx {
@@ -600,8 +607,25 @@ impl RingRx {
                 .unwrap_or(0)
         });
         match got? {
-            Some(msg) => Ok(ReadGuard { rx: self, msg }),
+            Some(msg) => {
+                // The payload is read after the end stamp that vouched for it.
+                std::sync::atomic::fence(Ordering::Acquire);
+                self.unplaced_since = None;
+                Ok(ReadGuard { rx: self, msg })
+            }
             None => {
+                if let Some(pos) = self.receiver.unplaced() {
+                    // Covered by the tail, not placed yet: wait, within a bound.
+                    let now = std::time::Instant::now();
+                    match self.unplaced_since {
+                        Some((p, since)) if p == pos => {
+                            if now.duration_since(since) > self.placement_timeout {
+                                return Err(self.receiver.placement_timed_out());
+                            }
+                        }
+                        _ => self.unplaced_since = Some((pos, now)),
+                    }
+                }
                 // Gaps may have moved the head: keep the watch exact.
                 self.head_mirror
                     .store(self.receiver.head(), Ordering::Release);

@@ -14,8 +14,9 @@
 //!   `local_tail` (the sender's tail as last written to us).
 //!
 //! ## Synchronization and thresholds (§IV-A, §IV-B, Algorithm 1)
-//! * **write twice**: slots first, then the tail into `local_tail`; RC
-//!   ordering makes the data visible before the pointer.
+//! * **write twice**: slots first, then the tail into `local_tail`. What
+//!   that relies on, and the end stamp that makes a late placement a wait
+//!   instead of a wrong message: [`proto`] docs, "Placement order".
 //! * **slot transmission** every `beta` messages (synchronization-ahead),
 //!   **pointer advancement** every `alpha` messages, and the **elastic
 //!   threshold**: while the previous tail WRITE has not completed, pointer
@@ -27,8 +28,10 @@
 //!
 //! The pointer logic is the sans-IO [`proto`] module; [`LocalRing`],
 //! [`RingTx`] and [`RingRx`] drive it on an `rrpc-core` queue pair. Every
-//! peer-written value (headers, gap markers, pointer words) is validated; a
-//! bad one closes the channel with [`Error::Corrupt`].
+//! peer-written value (headers, end stamps, gap markers, pointer words) is
+//! validated: a bad pointer closes the channel with [`Error::Corrupt`] at
+//! once, a message that stays inconsistent for
+//! [`RingConfig::placement_timeout`] (1 s) closes it then.
 //!
 //! ## Handshake
 //! [`LocalRing::add_to_offer`] puts the slot size and count and the
@@ -110,8 +113,8 @@ mod mem;
 pub mod proto;
 
 pub use config::{
-    CACHE_LINE, DEFAULT_SQ_DEPTH, MAX_RING_SIZE, MAX_SLOT_SIZE, MAX_THRESHOLD, MIN_SLOT_COUNT,
-    RingConfig, RingConfigBuilder,
+    CACHE_LINE, DEFAULT_PLACEMENT_TIMEOUT, DEFAULT_SQ_DEPTH, MAX_RING_SIZE, MAX_SLOT_SIZE,
+    MAX_THRESHOLD, MIN_SLOT_COUNT, RingConfig, RingConfigBuilder,
 };
 pub use driver::{
     GEOMETRY_FLAG_TAIL_IMM, GEOMETRY_FLAG_UNALIGNED, LOCAL_HEAD_OFFSET, LOCAL_TAIL_OFFSET,

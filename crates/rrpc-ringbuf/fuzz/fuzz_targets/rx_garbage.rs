@@ -6,7 +6,7 @@
 
 use libfuzzer_sys::fuzz_target;
 use rrpc_ringbuf::RingConfig;
-use rrpc_ringbuf::proto::{Receiver, Sender};
+use rrpc_ringbuf::proto::{Receiver, Sender, stamp_for, tag_for};
 
 fuzz_target!(|data: &[u8]| {
     if data.len() < 2 {
@@ -31,7 +31,7 @@ fuzz_target!(|data: &[u8]| {
     let mut ops = data[2..].chunks_exact(10);
     for op in &mut ops {
         let word = u64::from_le_bytes(op[2..10].try_into().unwrap());
-        match op[0] % 5 {
+        match op[0] % 7 {
             0 => {
                 let _ = rx.handle_local_tail(word);
             }
@@ -45,7 +45,7 @@ fuzz_target!(|data: &[u8]| {
                 let off = (usize::from(op[1]) * slot) % ring.len();
                 let mut w = word;
                 if op[1] & 1 == 0 {
-                    let tag = (rx.head() as u16) ^ 0xB2B2;
+                    let tag = tag_for(rx.head());
                     w = (w & 0x0000_ffff_ffff_ffff) | (u64::from(tag) << 48);
                 }
                 ring[off..off + 8].copy_from_slice(&w.to_le_bytes());
@@ -58,6 +58,17 @@ fuzz_target!(|data: &[u8]| {
                 }
                 Ok(None) | Err(_) => {}
             },
+            5 => {
+                // A right end stamp for the head, somewhere.
+                let off = (usize::from(op[1]) * 8) % ring.len();
+                ring[off..off + 8].copy_from_slice(&stamp_for(rx.head()).to_le_bytes());
+            }
+            6 => {
+                // The driver's placement timeout.
+                if rx.unplaced().is_some() {
+                    let _ = rx.placement_timed_out();
+                }
+            }
             _ => {
                 let _ = tx.handle_local_head(word);
                 if let Ok(r) = tx.reserve(usize::from(op[1]), &mut tx_ring) {

@@ -9,19 +9,59 @@
 //! every peer-written pointer checkable against the ones we hold.
 //!
 //! # Message format (slot-to-slot layout, RB² §III-A C5)
-//! A message occupies `ceil((8 + len) / slot_size)` contiguous slots and
-//! starts with an 8-byte little-endian header:
-//! `len: u32 | flags: u16 | tag: u16`, where `tag = (pos as u16) ^ 0xB2B2`
-//! and `pos` is the absolute slot pointer of the message. A message that would
-//! cross the end of the array is placed at index 0; the slots up to the end
-//! get a *gap* header (flag bit 0, `len = 0`). The tag lets the receiver
-//! detect a stale, torn or garbage header.
+//! A message occupies `ceil((8 + len + 8) / slot_size)` contiguous slots. It
+//! starts with an 8-byte little-endian header
+//! `len: u32 | flags: u16 | tag: u16`, where `tag` is [`tag_for`]`(pos)` and
+//! `pos` the absolute slot pointer of the message, and it ends with an
+//! 8-byte *end stamp*, [`stamp_for`]`(pos)`, in the last 8 bytes of its last
+//! slot. A message that would cross the end of the array is placed at index
+//! 0; the slots up to the end get a *gap* header (flag bit 0, `len = 0`).
+//!
+//! # Placement order: what the ring relies on
+//! The sender publishes a message with two WRITEs on one RC queue pair: the
+//! slots, then the tail word that covers them (§IV-A "write twice"). The
+//! receiver polls the tail word in its own memory and then reads the slots.
+//! That is correct only if the slots' bytes are visible to the receiver's
+//! CPU no later than the tail's. What guarantees what:
+//!
+//! * **RC** executes the two WRITEs in order and completes them in order.
+//!   The InfiniBand specification says nothing of the order in which a
+//!   responder's memory writes become visible to a CPU polling that memory,
+//!   across WRITEs or within one; only a completion (a CQE for a
+//!   `WRITE_WITH_IMM` or a SEND) orders placement before it.
+//! * **In practice** responders place each WRITE's data in address order and
+//!   a WRITE before the next one (PCIe posted writes are ordered unless the
+//!   relaxed-ordering attribute is set, and rrpc never registers memory with
+//!   `IBV_ACCESS_RELAXED_ORDERING`); soft-RoCE applies packets in order in
+//!   the kernel. RB², FaRM and HERD rely on the same.
+//! * **shm** copies the slots, then stores the tail with `Release`; the
+//!   receiver loads it with `Acquire`: ordered by the memory model.
+//!
+//! So that a responder that does reorder across WRITEs (the tail visible
+//! before the slots it covers) costs a wait, never a wrong message or a
+//! closed connection, the receiver checks both ends of every message: a
+//! header whose tag is not the one for `pos` (a stale header of an earlier
+//! lap, or none yet) or an end stamp that is not `stamp_for(pos)` means
+//! "covered by the tail but not placed yet". [`Receiver::poll_recv`] then
+//! returns `None` and reports it through [`Receiver::unplaced`]; the driver
+//! polls again and, if the message is still not placed after its
+//! placement timeout (a peer that wrote garbage), closes the ring with
+//! [`Error::Corrupt`](crate::Error::Corrupt). The end stamp is 64 bits of
+//! the absolute pointer, so no stale stamp of an earlier lap ever matches.
+//! What stays assumed: that a responder places the bytes of one WRITE in
+//! address order (the end stamp last). A device that does not (none known)
+//! would need the tail carried by `WRITE_WITH_IMM` and its completion polled
+//! before reading; that is not implemented.
+//!
+//! The check costs 8 bytes per message (a message that filled its last
+//! slot to within 8 bytes takes one more slot) and one more load, from
+//! the same cache line for messages of one slot.
 //!
 //! # Poll order
 //! After any call that can create work (`commit`, `flush`, `reserve` on a full
 //! ring, `handle_completion`), the driver drains `poll_transmit` and posts the
-//! work requests in the order returned (RC ordering then makes slot data
-//! visible before the tail that covers it).
+//! work requests in the order returned (slots before the tail that covers
+//! them).
 #![forbid(unsafe_code)]
 
 mod receiver;
@@ -32,6 +72,10 @@ pub use sender::{Reservation, Sender, Transmit};
 
 /// Bytes of the per-message header.
 pub const HEADER_LEN: usize = 8;
+/// Bytes of the per-message end stamp.
+pub const TRAILER_LEN: usize = 8;
+/// Bytes a message needs besides its payload.
+pub const OVERHEAD: usize = HEADER_LEN + TRAILER_LEN;
 /// Header flag: the slots from here to the end of the array are a gap.
 pub const FLAG_GAP: u16 = 1;
 const TAG_MAGIC: u16 = 0xB2B2;
@@ -100,11 +144,16 @@ impl Geometry {
     }
     /// Largest payload of one message.
     pub fn max_payload(&self) -> usize {
-        self.ring_bytes() - HEADER_LEN
+        self.ring_bytes() - OVERHEAD
     }
-    /// Slots a payload of `len` bytes occupies (header included).
+    /// Slots a payload of `len` bytes occupies (header and end stamp included).
     pub fn slots_for(&self, len: usize) -> u64 {
-        (HEADER_LEN + len).div_ceil(self.slot_size) as u64
+        (OVERHEAD + len).div_ceil(self.slot_size) as u64
+    }
+    /// Byte offset in the array of the end stamp of a message of `slots`
+    /// slots at absolute pointer `pos`.
+    pub fn stamp_offset(&self, pos: u64, slots: u64) -> usize {
+        self.offset(pos) + slots as usize * self.slot_size - TRAILER_LEN
     }
     /// Slot index of an absolute pointer.
     pub fn index(&self, pos: u64) -> u64 {
@@ -155,8 +204,21 @@ impl Header {
     }
 }
 
-fn tag_for(pos: u64) -> u16 {
-    (pos as u16) ^ TAG_MAGIC
+/// Multiplier of the pointer hashes (2^64 / golden ratio, odd: a bijection).
+const HASH_MUL: u64 = 0x9E37_79B9_7F4A_7C15;
+const STAMP_MAGIC: u64 = 0xB2B2_5EA1_ED0F_F1CE;
+
+/// The header tag of a message at absolute slot `pos`: 16 bits of a hash
+/// of the whole pointer, so a header left by an earlier lap of the same
+/// slot (pointer `pos - k * N`) almost never carries the right tag.
+pub fn tag_for(pos: u64) -> u16 {
+    ((pos.wrapping_mul(HASH_MUL) >> 48) as u16) ^ TAG_MAGIC
+}
+
+/// The end stamp of a message at absolute slot `pos` (an injective
+/// function of `pos`: an earlier lap's stamp never matches).
+pub fn stamp_for(pos: u64) -> u64 {
+    pos.wrapping_mul(HASH_MUL) ^ STAMP_MAGIC
 }
 
 #[cfg(test)]

@@ -1,6 +1,8 @@
 //! The receiver half: `READMSG` of RB² Algorithm 1 plus lazy push.
 
-use super::{FLAG_GAP, Geometry, HEADER_LEN, Header, WR_KIND_RX, WR_SEQ_MASK, tag_for};
+use super::{
+    FLAG_GAP, Geometry, HEADER_LEN, Header, OVERHEAD, WR_KIND_RX, WR_SEQ_MASK, stamp_for, tag_for,
+};
 use crate::config::RingConfig;
 use crate::error::Error;
 
@@ -70,6 +72,9 @@ pub struct Receiver {
     flush_slots: u64,
     closed: Option<String>,
     pushes: u64,
+    /// The message at `head` is covered by the tail but not placed yet:
+    /// what was seen instead (module docs, "Placement order").
+    unplaced: Option<(u64, String)>,
 }
 
 impl Receiver {
@@ -92,6 +97,7 @@ impl Receiver {
             flush_slots: super::flush_slots(cfg.slot_count()),
             closed: None,
             pushes: 0,
+            unplaced: None,
         }
     }
 
@@ -119,6 +125,29 @@ impl Receiver {
     pub fn closed(&self) -> Option<&str> {
         self.closed.as_deref()
     }
+    /// The slot pointer of a message the tail covers but that is not placed
+    /// yet (its header tag or end stamp is not there), as the last
+    /// [`poll_recv`](Self::poll_recv) found it. The driver bounds how long
+    /// this may last ([`placement_timed_out`](Self::placement_timed_out)).
+    pub fn unplaced(&self) -> Option<u64> {
+        self.unplaced.as_ref().map(|u| u.0)
+    }
+
+    /// The message at [`unplaced`](Self::unplaced) was not placed within the
+    /// driver's bound: the peer wrote something else. Closes the receiver.
+    pub fn placement_timed_out(&mut self) -> Error {
+        let what = match self.unplaced.take() {
+            Some((pos, seen)) => format!("message at slot {pos} never completed: {seen}"),
+            None => "placement timed out".to_string(),
+        };
+        self.close(what)
+    }
+
+    fn not_placed(&mut self, seen: String) -> Result<Option<Message>, Error> {
+        self.unplaced = Some((self.head, seen));
+        Ok(None)
+    }
+
     /// True if a head push is owed (it goes out from [`poll_transmit`](Self::poll_transmit)).
     #[inline]
     pub fn push_pending(&self) -> bool {
@@ -163,16 +192,27 @@ impl Receiver {
     }
 
     /// Returns the message at the head, if any, after validating its header
-    /// (`read_word(offset)` returns the little-endian `u64` at byte `offset`
-    /// of `RB_R`; it is called at most twice, at slot starts). Gaps are
-    /// skipped. When the ring is found empty and the sender has not been told
-    /// the latest head, a head push is scheduled (so a sender waiting for
-    /// space is never left waiting on the `gamma` threshold).
+    /// and its end stamp (`read_word(offset)` returns the little-endian
+    /// `u64` at byte `offset` of `RB_R`, 8-byte aligned; it is called at
+    /// most four times). Gaps are skipped. When the ring is found empty and
+    /// the sender has not been told the latest head, a head push is
+    /// scheduled (so a sender waiting for space is never left waiting on the
+    /// `gamma` threshold).
+    ///
+    /// A message the tail covers whose header tag or end stamp is not the
+    /// one for its slot is not placed yet: `Ok(None)`, and
+    /// [`unplaced`](Self::unplaced) says so (module docs, "Placement order").
+    /// The driver must read the end stamp before the payload with acquire
+    /// ordering (a fence after this returns the message).
+    ///
+    /// A header that is inconsistent in any way (wrong tag, unknown flags, a
+    /// length beyond the ring or the published tail, a gap that does not
+    /// end at the array end) or a wrong end stamp is treated the same way:
+    /// a peer that wrote garbage is closed by the driver's placement
+    /// timeout, with what was seen in the error.
     ///
     /// # Errors
-    /// [`Error::Corrupt`] (and the receiver closes) for a bad header: wrong
-    /// tag, unknown flags, a length beyond the ring or the published tail, a
-    /// gap that does not end at the array end.
+    /// [`Error::Corrupt`] once the receiver was closed.
     pub fn poll_recv(
         &mut self,
         mut read_word: impl FnMut(usize) -> u64,
@@ -181,6 +221,7 @@ impl Receiver {
         // At most one gap precedes a message: after a gap the head is at index 0.
         for _ in 0..2 {
             if self.head == self.local_tail {
+                self.unplaced = None;
                 if self.head != self.synced_head {
                     self.push_pending = true;
                 }
@@ -189,35 +230,53 @@ impl Receiver {
             let idx = self.geo.index(self.head);
             let avail = self.local_tail - self.head;
             let h = Header::decode(read_word(self.geo.offset(self.head)));
+            // Anything but a consistent header and end stamp is "not placed
+            // yet" (a stale header, or a rare stale tag that matches):
+            // garbage is told apart from a late placement by time only, in
+            // the driver (`placement_timed_out`).
             if h.tag != tag_for(self.head) {
-                return Err(self.close(format!(
-                    "bad header tag {:#06x} at slot {}",
-                    h.tag, self.head
-                )));
+                return self.not_placed(format!(
+                    "header tag {:#06x} at slot {}, expected {:#06x}",
+                    h.tag,
+                    self.head,
+                    tag_for(self.head)
+                ));
             }
             if h.flags & !FLAG_GAP != 0 {
-                return Err(self.close(format!("unknown header flags {:#x}", h.flags)));
+                return self.not_placed(format!(
+                    "unknown header flags {:#x} at slot {}",
+                    h.flags, self.head
+                ));
             }
             if h.flags & FLAG_GAP != 0 {
                 let gap = self.geo.slot_count() - idx;
                 if idx == 0 || h.len != 0 || gap > avail {
-                    return Err(self.close(format!(
+                    return self.not_placed(format!(
                         "bad gap marker at slot {} (len {}, {} slots available)",
                         self.head, h.len, avail
-                    )));
+                    ));
                 }
                 self.head += gap;
                 continue;
             }
             let len = h.len as usize;
-            let slots = (HEADER_LEN + len).div_ceil(self.geo.slot_size()) as u64;
+            let slots = (OVERHEAD + len).div_ceil(self.geo.slot_size()) as u64;
             if len > self.geo.max_payload() || slots > avail || idx + slots > self.geo.slot_count()
             {
-                return Err(self.close(format!(
+                return self.not_placed(format!(
                     "message length {len} at slot {} exceeds the {avail} published slots or the array end",
                     self.head
-                )));
+                ));
             }
+            let stamp = read_word(self.geo.stamp_offset(self.head, slots));
+            if stamp != stamp_for(self.head) {
+                return self.not_placed(format!(
+                    "end stamp {stamp:#018x} of the {len}-byte message at slot {}, expected {:#018x}",
+                    self.head,
+                    stamp_for(self.head)
+                ));
+            }
+            self.unplaced = None;
             return Ok(Some(Message {
                 pos: self.head,
                 offset: self.geo.offset(self.head) + HEADER_LEN,
@@ -225,7 +284,7 @@ impl Receiver {
                 slots,
             }));
         }
-        Err(self.close(format!("two gap markers in a row at slot {}", self.head)))
+        self.not_placed(format!("two gap markers in a row at slot {}", self.head))
     }
 
     /// Releases the message returned by [`poll_recv`](Self::poll_recv):

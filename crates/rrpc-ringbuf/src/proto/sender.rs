@@ -2,7 +2,10 @@
 
 use std::collections::VecDeque;
 
-use super::{FLAG_GAP, Geometry, HEADER_LEN, Header, MAX_TAIL_INFLIGHT, WR_KIND_TX, WR_SEQ_MASK};
+use super::{
+    FLAG_GAP, Geometry, HEADER_LEN, Header, MAX_TAIL_INFLIGHT, TRAILER_LEN, WR_KIND_TX,
+    WR_SEQ_MASK, stamp_for,
+};
 use crate::config::RingConfig;
 use crate::error::Error;
 
@@ -265,8 +268,8 @@ impl Sender {
     }
 
     /// Commits `len <= res.capacity()` payload bytes of a reservation: writes
-    /// the header, advances `tail` and applies the thresholds (Algorithm 1
-    /// lines 5-15).
+    /// the header and the end stamp, advances `tail` and applies the
+    /// thresholds (Algorithm 1 lines 5-15).
     ///
     /// # Panics
     /// If `res` is not the latest reservation or `len` exceeds its capacity.
@@ -276,7 +279,10 @@ impl Sender {
         let off = self.geo.offset(self.tail);
         ring[off..off + HEADER_LEN]
             .copy_from_slice(&Header::new(len as u32, 0, self.tail).encode());
-        self.tail += self.geo.slots_for(len);
+        let slots = self.geo.slots_for(len);
+        let end = self.geo.stamp_offset(self.tail, slots);
+        ring[end..end + TRAILER_LEN].copy_from_slice(&stamp_for(self.tail).to_le_bytes());
+        self.tail += slots;
         self.stats.messages += 1;
         self.unsent += 1;
         self.unsynced += 1;

@@ -38,6 +38,9 @@ struct Pair {
     rb_r: Vec<u8>,
     tail_src: [u64; MAX_TAIL_INFLIGHT],
     local_tail_word: u64,
+    /// The tail as applied in RC order (`local_tail_word` may run ahead of
+    /// it when a test places a tail before the slots it covers).
+    ordered_tail: u64,
     local_head_word: u64,
     s2r: VecDeque<Op>,
     r2s: VecDeque<Op>,
@@ -63,6 +66,7 @@ impl Pair {
             rb_r: vec![0; geo.ring_bytes()],
             tail_src: [0; MAX_TAIL_INFLIGHT],
             local_tail_word: 0,
+            ordered_tail: 0,
             local_head_word: 0,
             s2r: VecDeque::new(),
             r2s: VecDeque::new(),
@@ -184,7 +188,7 @@ impl Pair {
                     (offset + len) / self.geo.slot_size(),
                 );
                 let mut p = self.rx.head();
-                while p < self.local_tail_word {
+                while p < self.ordered_tail {
                     let idx = self.geo.index(p) as usize;
                     assert!(
                         !(first..last).contains(&idx),
@@ -199,11 +203,31 @@ impl Pair {
             }
             Op::Tail { src, wr_id } => {
                 let v = self.tail_src[src];
-                assert!(v >= self.local_tail_word, "tail went backwards");
-                self.local_tail_word = v;
+                assert!(v >= self.ordered_tail, "tail went backwards");
+                self.ordered_tail = v;
+                self.local_tail_word = self.local_tail_word.max(v);
                 self.tx_cq.push(wr_id);
             }
             Op::Head { .. } => unreachable!(),
+        }
+    }
+
+    /// A responder that reorders placement: the next tail WRITE becomes
+    /// visible before the slot WRITEs queued ahead of it, of which the first
+    /// has placed only its first `prefix` bytes (in address order). They
+    /// stay queued and are placed later, in order; the tail WRITE is then
+    /// applied again as a no-op and completes.
+    fn tail_first(&mut self, prefix: usize) {
+        let Some(v) = self.s2r.iter().find_map(|op| match *op {
+            Op::Tail { src, .. } => Some(self.tail_src[src]),
+            _ => None,
+        }) else {
+            return;
+        };
+        self.local_tail_word = self.local_tail_word.max(v);
+        if let Some(&Op::Slots { offset, len, .. }) = self.s2r.front() {
+            let n = prefix % (len + 1);
+            self.rb_r[offset..offset + n].copy_from_slice(&self.rb_s[offset..offset + n]);
         }
     }
 
@@ -268,6 +292,11 @@ impl Pair {
                 self.complete_tx(0);
             }
             while self.read().expect("read during drain") {}
+            assert!(
+                !self.s2r.is_empty() || self.rx.unplaced().is_none(),
+                "a placed message is not read: {:?}",
+                self.rx.unplaced()
+            );
             while !self.r2s.is_empty() {
                 self.apply_r2s();
             }
@@ -317,6 +346,9 @@ enum Action {
     ApplyR2s,
     CompleteTx(usize),
     CompleteRx(usize),
+    /// The responder shows the next tail before the slots it covers (the
+    /// first slot WRITE placed up to this many bytes).
+    TailFirst(usize),
 }
 
 fn action(max: usize) -> impl Strategy<Value = Action> {
@@ -329,6 +361,7 @@ fn action(max: usize) -> impl Strategy<Value = Action> {
         2 => Just(Action::ApplyR2s),
         2 => any::<usize>().prop_map(Action::CompleteTx),
         1 => any::<usize>().prop_map(Action::CompleteRx),
+        2 => any::<usize>().prop_map(Action::TailFirst),
     ]
 }
 
@@ -373,6 +406,7 @@ fn run(cfg: &RingConfig, actions: &[Action]) {
             Action::ApplyR2s => p.apply_r2s(),
             Action::CompleteTx(i) => p.complete_tx(i),
             Action::CompleteRx(i) => p.complete_rx(i),
+            Action::TailFirst(n) => p.tail_first(n),
         }
         p.check_invariants();
     }
@@ -385,7 +419,8 @@ proptest! {
 
     /// FIFO, nothing lost or duplicated, no unread slot overwritten, pointer
     /// invariants, and no deadlock after a flush, under arbitrary
-    /// interleavings and late, reordered completions.
+    /// interleavings, late and reordered completions, and tails placed
+    /// before the slots they cover (never a wrong message, never an error).
     #[test]
     fn random_interleavings((cfg, actions) in config_strategy().prop_flat_map(|c| {
         let max = c.max_message().min(600);
@@ -488,7 +523,8 @@ fn full_ring_blocks_then_drain_push_unblocks() {
     let c = cfg(64, 8, 32, 16, 32, true);
     let mut p = Pair::new(&c);
     let mut n = 0;
-    while p.write(50, true).is_ok() {
+    // 40 bytes + header + end stamp: one 64-byte slot each.
+    while p.write(40, true).is_ok() {
         n += 1;
     }
     assert_eq!(n, 8);
@@ -500,7 +536,7 @@ fn full_ring_blocks_then_drain_push_unblocks() {
     while p.read().unwrap() {}
     assert_eq!(p.r2s.len(), 1, "drained receiver pushes its head");
     p.apply_r2s();
-    p.write(50, true).unwrap();
+    p.write(40, true).unwrap();
 }
 
 #[test]
@@ -509,12 +545,12 @@ fn too_large_names_both_sizes() {
     let mut s = Sender::new(&c);
     let mut ring = vec![0; 512];
     match s.reserve(600, &mut ring) {
-        Err(e @ Error::TooLarge { len: 600, max: 504 }) => {
-            assert!(e.to_string().contains("600") && e.to_string().contains("504"))
+        Err(e @ Error::TooLarge { len: 600, max: 496 }) => {
+            assert!(e.to_string().contains("600") && e.to_string().contains("496"))
         }
         other => panic!("{other:?}"),
     }
-    assert!(s.reserve(504, &mut ring).is_ok());
+    assert!(s.reserve(496, &mut ring).is_ok());
 }
 
 fn corrupt_rx(tail: u64, words: &[(usize, u64)]) -> Result<Option<Message>, Error> {
@@ -525,7 +561,16 @@ fn corrupt_rx(tail: u64, words: &[(usize, u64)]) -> Result<Option<Message>, Erro
     for &(off, w) in words {
         ring[off..off + 8].copy_from_slice(&w.to_le_bytes());
     }
-    rx.poll_recv(|o| u64::from_le_bytes(ring[o..o + 8].try_into().unwrap()))
+    match rx.poll_recv(|o| u64::from_le_bytes(ring[o..o + 8].try_into().unwrap()))? {
+        Some(m) => Ok(Some(m)),
+        // Not placed: the driver waits its placement timeout, then closes.
+        None if rx.unplaced().is_some() => {
+            let e = rx.placement_timed_out();
+            assert!(rx.poll_recv(|_| 0).is_err(), "closed stays closed");
+            Err(e)
+        }
+        None => Ok(None),
+    }
 }
 
 fn hdr(len: u32, flags: u16, pos: u64) -> u64 {
@@ -534,16 +579,19 @@ fn hdr(len: u32, flags: u16, pos: u64) -> u64 {
 
 #[test]
 fn corrupt_peer_data_is_an_error() {
-    // Good header for contrast.
-    assert!(corrupt_rx(1, &[(0, hdr(10, 0, 0))]).unwrap().is_some());
+    // Good header and end stamp for contrast.
+    let good = [(0, hdr(10, 0, 0)), (56, stamp_for(0))];
+    assert!(corrupt_rx(1, &good).unwrap().is_some());
     let bad = [
-        corrupt_rx(1, &[(0, 0)]),                   // garbage tag
-        corrupt_rx(1, &[(0, hdr(10, 0, 1))]),       // stale tag
-        corrupt_rx(1, &[(0, hdr(100, 0, 0))]),      // beyond published tail
-        corrupt_rx(8, &[(0, hdr(1 << 20, 0, 0))]),  // beyond ring
-        corrupt_rx(1, &[(0, hdr(0, FLAG_GAP, 0))]), // gap at index 0
-        corrupt_rx(1, &[(0, hdr(0, 4, 0))]),        // unknown flag
-        corrupt_rx(9, &[]),                         // tail beyond N
+        corrupt_rx(1, &[(0, 0)]),                                 // garbage tag
+        corrupt_rx(1, &[(0, hdr(10, 0, 1))]),                     // stale tag
+        corrupt_rx(1, &[(0, hdr(10, 0, 0))]),                     // no end stamp
+        corrupt_rx(1, &[(0, hdr(10, 0, 0)), (56, stamp_for(8))]), // an earlier lap's stamp
+        corrupt_rx(1, &[(0, hdr(100, 0, 0))]),                    // beyond published tail
+        corrupt_rx(8, &[(0, hdr(1 << 20, 0, 0))]),                // beyond ring
+        corrupt_rx(1, &[(0, hdr(0, FLAG_GAP, 0))]),               // gap at index 0
+        corrupt_rx(1, &[(0, hdr(0, 4, 0))]),                      // unknown flag
+        corrupt_rx(9, &[]),                                       // tail beyond N
     ];
     for r in bad {
         assert!(matches!(r, Err(Error::Corrupt(_))), "{r:?}");
@@ -560,6 +608,45 @@ fn corrupt_peer_data_is_an_error() {
     );
     let mut ring = vec![0; 512];
     assert!(matches!(tx.reserve(1, &mut ring), Err(Error::Corrupt(_))));
+}
+
+/// The error of a message that never became consistent says what was seen.
+#[test]
+fn placement_timeout_names_what_was_seen() {
+    let e = corrupt_rx(1, &[(0, hdr(10, 0, 0)), (56, 7)]).unwrap_err();
+    let msg = e.to_string();
+    assert!(
+        msg.contains("slot 0") && msg.contains("end stamp 0x0000000000000007"),
+        "{msg}"
+    );
+}
+
+/// A tail placed before its slots (a responder that reorders across
+/// WRITEs): the receiver waits, then reads the right message once the
+/// slots land; each message of a burst is checked on its own.
+#[test]
+fn tail_before_slots_is_a_wait_not_an_error() {
+    let c = cfg(64, 16, 4, 4, 1, true);
+    let mut p = Pair::new(&c);
+    for len in [10, 100, 30, 48] {
+        p.write(len, true).unwrap();
+    }
+    assert!(matches!(p.s2r.back(), Some(Op::Tail { .. })));
+    // The tail, and the slots up to the middle of the second message: the
+    // first is whole, the second's header is there but not its end stamp.
+    p.tail_first(64 + 8 + 50);
+    assert!(p.read().unwrap(), "the first message is placed whole");
+    assert!(!p.read().unwrap(), "the second is not");
+    assert_eq!(p.rx.unplaced(), Some(1));
+    // A stale copy of the same bytes from an earlier lap would not do
+    // either: only the exact stamp for each slot pointer matches.
+    p.apply_s2r(); // the slots
+    assert!(p.read().unwrap() && p.read().unwrap() && p.read().unwrap());
+    assert!(!p.read().unwrap());
+    assert_eq!(p.rx.unplaced(), None);
+    p.apply_s2r(); // the tail WRITE itself, a no-op now
+    p.drain();
+    assert_eq!(p.received, 4);
 }
 
 #[test]
@@ -607,16 +694,29 @@ proptest! {
                 }
                 2 => {
                     let off = (usize::from(b) * 64) % ring.len();
+                    if b & 1 == 1 {
+                        // A correct end stamp somewhere, so whole messages pass too.
+                        let end = off + 56;
+                        ring[end..end + 8].copy_from_slice(&stamp_for(rx.head()).to_le_bytes());
+                        continue;
+                    }
                     let tag = u64::from(tag_for(rx.head()));
                     let w = (word & 0x0000_0001_0000_0fff) | (tag << 48);
                     ring[off..off + 8].copy_from_slice(&w.to_le_bytes());
                 }
                 3 => {
-                    if let Ok(Some(m)) = rx.poll_recv(|o| u64::from_le_bytes(ring[o..o + 8].try_into().unwrap())) {
-                        prop_assert!(m.pos() + m.slots() <= rx.local_tail());
-                        prop_assert!(m.offset() + m.len() <= ring.len());
-                        rx.release(m);
-                        let _ = rx.poll_transmit();
+                    match rx.poll_recv(|o| u64::from_le_bytes(ring[o..o + 8].try_into().unwrap())) {
+                        Ok(Some(m)) => {
+                            prop_assert!(m.pos() + m.slots() <= rx.local_tail());
+                            prop_assert!(m.offset() + m.len() <= ring.len());
+                            rx.release(m);
+                            let _ = rx.poll_transmit();
+                        }
+                        Ok(None) if b % 4 == 0 && rx.unplaced().is_some() => {
+                            // The driver's placement timeout.
+                            prop_assert!(matches!(rx.placement_timed_out(), Error::Corrupt(_)));
+                        }
+                        _ => {}
                     }
                 }
                 _ => {

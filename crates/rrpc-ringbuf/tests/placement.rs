@@ -1,0 +1,110 @@
+//! Placement order (`proto` docs): a tail that lands before the message it
+//! covers is a wait, and a tail published over garbage closes the ring
+//! after the placement timeout, naming what was seen. The peer here writes
+//! into our ring with raw rrpc-core WRITEs, as a misbehaving (or
+//! reordering) peer would.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use rrpc_core::{Fabric, Local};
+use rrpc_ringbuf::proto::{Header, stamp_for};
+use rrpc_ringbuf::{Error, LOCAL_TAIL_OFFSET, RING_OFFSET, ROLE_RING, RingConfig, RingRx};
+
+fn cfg() -> RingConfig {
+    RingConfig::builder()
+        .ring_size(1 << 16)
+        .placement_timeout(Duration::from_millis(200))
+        .build()
+        .expect("config")
+}
+
+/// Raw WRITEs from `conn` into the peer's ring region.
+struct Raw {
+    conn: rrpc_core::conn::Connection,
+    src: std::sync::Arc<rrpc_core::Region>,
+    next: u64,
+}
+
+impl Raw {
+    fn write(&mut self, at: usize, bytes: &[u8]) {
+        let remote = self.conn.peer().region(ROLE_RING).expect("ring region");
+        self.src.write_at(0, bytes).expect("source");
+        self.next += 1;
+        // On shm a WRITE is placed when `post_write` returns (these tests
+        // run on shm: `common::pair`).
+        self.conn
+            .qp()
+            .post_write(
+                self.next,
+                Local::new(&self.src, 0, bytes.len()),
+                remote.at(at as u64),
+                false,
+            )
+            .expect("post");
+    }
+}
+
+fn setup() -> (Raw, RingRx, impl Sized) {
+    let ((c, ctx, crx), (s, stx, srx)) = common::pair(&cfg());
+    let src = Fabric::shm().alloc_region(4096).expect("region");
+    (
+        Raw {
+            conn: c,
+            src,
+            next: 0,
+        },
+        srx,
+        (ctx, crx, s, stx),
+    )
+}
+
+#[test]
+fn a_tail_ahead_of_its_message_is_a_wait() {
+    let (mut peer, mut rx, _keep) = setup();
+    // The tail first: slot 0 is covered but nothing is there yet.
+    peer.write(LOCAL_TAIL_OFFSET, &1u64.to_le_bytes());
+    assert!(matches!(rx.try_recv(), Err(Error::WouldBlock)));
+    // Then the message: header, payload, end stamp in the slot's last word.
+    let mut slot = [0u8; 64];
+    slot[..8].copy_from_slice(&Header::new(5, 0, 0).encode());
+    slot[8..13].copy_from_slice(b"hello");
+    slot[56..].copy_from_slice(&stamp_for(0).to_le_bytes());
+    peer.write(RING_OFFSET + 8, &slot[8..]); // all but the header: still a wait
+    assert!(matches!(rx.try_recv(), Err(Error::WouldBlock)));
+    peer.write(RING_OFFSET, &slot[..8]);
+    let m = rx.try_recv().expect("placed now");
+    assert_eq!(&*m, b"hello");
+}
+
+#[test]
+fn garbage_under_a_published_tail_closes_after_the_placement_timeout() {
+    let (mut peer, mut rx, _keep) = setup();
+    let mut slot = [0xABu8; 64];
+    // A right header, so only the end stamp is wrong.
+    slot[..8].copy_from_slice(&Header::new(5, 0, 0).encode());
+    peer.write(RING_OFFSET, &slot);
+    peer.write(LOCAL_TAIL_OFFSET, &1u64.to_le_bytes());
+    let start = Instant::now();
+    let err = loop {
+        match rx.try_recv() {
+            Err(Error::WouldBlock) => {
+                assert!(start.elapsed() < Duration::from_secs(5), "never closed");
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            Err(e) => break e,
+            Ok(m) => panic!("garbage delivered: {:?}", &*m),
+        }
+    };
+    assert!(start.elapsed() >= Duration::from_millis(150));
+    let msg = err.to_string();
+    assert!(
+        matches!(err, Error::Corrupt(_)) && msg.contains("slot 0") && msg.contains("end stamp"),
+        "{msg}"
+    );
+    assert!(
+        matches!(rx.try_recv(), Err(Error::Corrupt(_))),
+        "stays closed"
+    );
+}
