@@ -419,6 +419,14 @@ impl AsyncReceiver {
             // Going idle: push the head the peer has not seen (RB²'s lazy head push would
             // otherwise leave a sender that found the ring full waiting forever).
             self.rx.flush()?;
+            // On a NIC the push may be held back until earlier pushes complete (the
+            // send-queue budget), which happens after their post: drive completions until
+            // it is out. Bounded by the NIC's completion latency; on shm never taken
+            // (WRITEs complete when posted).
+            while self.rx.wants_completions() && !self.src.ready() {
+                tokio::task::yield_now().await;
+                self.rx.poll_completions()?;
+            }
         }
         while !self.src.ready() {
             match self.reg.wait_ready().await {

@@ -28,6 +28,7 @@ on_every_provider!(
     dead_peer_fails_waiting_receiver_every_mode,
     one_message_then_idle_every_mode,
     burst_then_idle_every_mode,
+    held_back_head_pushes_reach_the_writer,
 );
 
 /// A connected pair on `p`, both ends checked to run on `p`'s provider.
@@ -228,5 +229,48 @@ fn burst_then_idle_every_mode(prov: &Provider) {
                 }
             });
         }
+    }
+}
+
+/// Head pushes after every message (`gamma = 1`) with a send-queue budget
+/// of four outstanding pushes, through a ring of 64 slots that a
+/// 2000-message stream fills many times over: on a NIC, pushes are held
+/// back until earlier ones complete, and a receiver that then goes idle
+/// must still get them out, or the writer (waiting for that head) and the
+/// reader (waiting for data) wait for each other forever.
+fn held_back_head_pushes_reach_the_writer(prov: &Provider) {
+    for mode in Mode::ALL {
+        rt().block_on(async {
+            let p = poller(mode);
+            let cfg = RingConfig::builder()
+                .ring_size(4096)
+                .gamma(1)
+                .sq_depth(16)
+                .tail_with_imm(mode == Mode::Event)
+                .huge_pages(false)
+                .build()
+                .unwrap();
+            let (a, b) = pair(prov, &p, &cfg);
+            let (mut atx, _arx) = a.split().unwrap();
+            let (_btx, mut brx) = b.split().unwrap();
+            let count = prov.scaled(2000);
+            let writer = tokio::spawn(async move {
+                for i in 0..count {
+                    atx.send(&[i.to_le_bytes().as_slice(), &[3u8; 100]].concat())
+                        .await
+                        .unwrap();
+                    atx.flush().unwrap();
+                }
+                atx
+            });
+            for i in 0..count {
+                let m = tokio::time::timeout(BOUND, brx.recv())
+                    .await
+                    .unwrap_or_else(|_| panic!("{mode}: stalled at message {i} of {count}"))
+                    .unwrap();
+                assert_eq!(u32::from_le_bytes(m[..4].try_into().unwrap()), i, "{mode}");
+            }
+            let _ = writer.await.unwrap();
+        });
     }
 }

@@ -682,6 +682,15 @@ impl RingRx {
         self.post()
     }
 
+    /// True if a head push is owed but held back until completions of
+    /// earlier ones are polled (the send-queue budget). On a NIC those
+    /// complete after the post; a receiver that goes idle must keep calling
+    /// [`poll_completions`](Self::poll_completions) until this is false, or
+    /// a sender waiting for that head waits forever.
+    pub fn wants_completions(&self) -> bool {
+        self.receiver.wants_completions()
+    }
+
     /// EVENT mode (`tail_with_imm`): posts `n` receives, the pool the
     /// peer's tail `WRITE_WITH_IMM`s consume. Call it once after
     /// [`LocalRing::connect`]; see the crate docs ("EVENT mode") for the
