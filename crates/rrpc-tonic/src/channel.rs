@@ -174,6 +174,15 @@ impl RrpcChannel {
         }
     }
 
+    /// The reconnecting ring connection, if this is one (tests).
+    #[cfg(test)]
+    pub(crate) fn rings(&self) -> Option<&Managed> {
+        match &self.inner {
+            Inner::Rings(m) => Some(m),
+            _ => None,
+        }
+    }
+
     /// What carries this channel's bytes: for `rdma://`, the verbs device
     /// (the connection was made on it; there is no fallback to another
     /// provider).

@@ -639,3 +639,96 @@ impl Service<http::Request<Body>> for Managed {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::convert::Infallible;
+    use std::time::Duration;
+
+    use tonic::body::Body;
+    use tonic::server::NamedService;
+    use tower::ServiceExt;
+
+    use super::*;
+
+    /// A service that answers every call with `grpc-status: 0`.
+    #[derive(Debug, Clone)]
+    struct Ok0;
+
+    impl NamedService for Ok0 {
+        const NAME: &'static str = "x.Y";
+    }
+
+    impl Service<http::Request<Body>> for Ok0 {
+        type Response = http::Response<Body>;
+        type Error = Infallible;
+        type Future = std::future::Ready<Result<http::Response<Body>, Infallible>>;
+        fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+            Poll::Ready(Ok(()))
+        }
+        fn call(&mut self, _: http::Request<Body>) -> Self::Future {
+            let mut res = http::Response::new(Body::empty());
+            res.headers_mut()
+                .insert("grpc-status", HeaderValue::from_static("0"));
+            std::future::ready(Ok(res))
+        }
+    }
+
+    fn current_fast(ch: &RrpcChannel) -> FastChannel {
+        match ch.rings().and_then(|m| lock(&m.dialer.current).clone()) {
+            Some(Conn::Fast(f)) => f,
+            other => panic!("no fast-path connection: {other:?}"),
+        }
+    }
+
+    async fn call(ch: &RrpcChannel) {
+        let req = http::Request::builder()
+            .uri("/x.Y/Z")
+            .body(Body::empty())
+            .expect("request");
+        let res = ch.clone().oneshot(req).await.expect("call");
+        assert_eq!(res.headers()["grpc-status"], "0");
+    }
+
+    /// `Server::max_connection_age` on the fast path: the server drains the
+    /// connection at its age, the channel sees it (GOAWAY or the side
+    /// channel closing) and its next call goes over a new connection.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_aged_fast_path_connection_is_replaced() {
+        let path = std::env::temp_dir().join(format!("rrpc-age-{}.sock", std::process::id()));
+        let _ = std::fs::remove_file(&path);
+        let uri = format!("shm://{}", path.display());
+        let u = uri.clone();
+        let server = tokio::spawn(async move {
+            crate::Server::builder()
+                .max_connection_age(Duration::from_millis(200))
+                .add_service(Ok0)
+                .serve_rrpc(&u, RrpcConfig::default())
+                .await
+        });
+        let ep = RrpcEndpoint::new(&uri).expect("uri");
+        let mut ch = None;
+        for _ in 0..200 {
+            if let Ok(c) = ep.connect().await {
+                ch = Some(c);
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let ch = ch.expect("server up");
+        call(&ch).await;
+        let first = current_fast(&ch);
+        assert!(!first.is_retired());
+        let start = std::time::Instant::now();
+        while !first.is_retired() {
+            assert!(start.elapsed() < Duration::from_secs(5), "never aged out");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert!(start.elapsed() >= Duration::from_millis(100));
+        call(&ch).await;
+        let second = current_fast(&ch);
+        assert!(!second.same_connection(&first), "a new connection");
+        server.abort();
+        let _ = std::fs::remove_file(&path);
+    }
+}

@@ -97,7 +97,7 @@
 //! | `initial_stream_window_size` | [`RrpcConfig::call_window`] | passed to tonic |
 //! | `initial_connection_window_size` | none (the ring bounds a connection) | passed to tonic |
 //! | `tcp_nodelay`, `tcp_keepalive` | n/a (no TCP data path) | TCP leg of `serve_dual` / `http://` |
-//! | `max_connection_age` | **not applied** (open: a client would reconnect, but the server does not yet send GOAWAY at the age) | passed to tonic |
+//! | `max_connection_age` | [`Server::max_connection_age`]: GOAWAY at the age, calls in flight finish; `RrpcChannel` reconnects | passed to tonic |
 //! | max header list size (hyper: 16 KiB) | [`RrpcConfig::max_header_list_size`]: HTTP 431 → `Unknown`, as over TCP | hyper's default |
 //! | `max_{de,en}coding_message_size` | tonic's codec, unchanged | tonic's codec, unchanged |
 //!

@@ -93,6 +93,7 @@ impl Options {
             concurrency_limit: self.concurrency_limit,
             load_shed: self.load_shed,
             max_concurrent_streams: self.max_concurrent_streams,
+            max_connection_age: self.max_connection_age,
         }
     }
 }
@@ -108,6 +109,8 @@ pub(crate) struct FastOptions {
     pub(crate) load_shed: bool,
     /// Caps `RrpcConfig::max_concurrent_calls` on the server.
     pub(crate) max_concurrent_streams: Option<u32>,
+    /// Drains a connection (GOAWAY, in-flight calls finish) at this age.
+    pub(crate) max_connection_age: Option<Duration>,
 }
 
 impl Server<Identity> {
@@ -220,10 +223,10 @@ impl<L> Server<L> {
         self
     }
 
-    /// Closes connections gracefully after this age (TCP and the HTTP/2
-    /// path). Not yet applied to the fast path (open; its clients would
-    /// reconnect since [`crate::RrpcEndpoint`], but the server does not send
-    /// GOAWAY at the age yet).
+    /// Closes connections gracefully after this age, on every path: TCP
+    /// and the HTTP/2 path by tonic, the fast path by rrpc (GOAWAY, calls
+    /// in flight finish, then the connection closes). An [`crate::RrpcChannel`]
+    /// then makes its next call on a new connection, as tonic's `Channel`.
     #[must_use]
     pub fn max_connection_age(mut self, age: Duration) -> Self {
         self.opts.max_connection_age = Some(age);
@@ -490,8 +493,21 @@ where
                     match r {
                         Ok((pipe, Negotiated::Fast { peer_window })) => {
                             tracing::debug!(%peer, "rrpc connection on the fast path");
-                            if let Err(e) =
-                                serve_conn(pipe, svc, config, token, peer_window, fast_opts).await
+                            // At its age the connection drains as on shutdown.
+                            let (aging, aged) = (token.clone(), peer.clone());
+                            let age = async move {
+                                if let Some(age) = fast_opts.max_connection_age {
+                                    tokio::time::sleep(age).await;
+                                    tracing::debug!(peer = %aged, ?age, "rrpc: connection reached its max age; draining");
+                                    aging.cancel();
+                                }
+                                std::future::pending::<()>().await
+                            };
+                            let served = tokio::select! {
+                                r = serve_conn(pipe, svc, config, token, peer_window, fast_opts) => r,
+                                () = age => unreachable!("pending"),
+                            };
+                            if let Err(e) = served
                             {
                                 tracing::warn!(%peer, error = %e, "rrpc connection failed");
                             }

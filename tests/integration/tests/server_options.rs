@@ -78,5 +78,33 @@ async fn concurrency_limit_queues_calls(t: Transport) {
 on_all_transports!(
     server_timeout_bounds_every_call,
     load_shed_refuses_beyond_the_concurrency_limit,
-    concurrency_limit_queues_calls
+    concurrency_limit_queues_calls,
+    max_connection_age_keeps_the_channel_working,
 );
+
+/// `max_connection_age(150 ms)`: the server drains each connection at its
+/// age; one channel making a call every 30 ms for a second (six ages) keeps
+/// working, reconnecting as tonic's `Channel` does. A call that races the
+/// server's GOAWAY can fail with `Unavailable`, over TCP as on rings (tonic
+/// does not retry it either): at most one such call is allowed.
+async fn max_connection_age_keeps_the_channel_working(t: Transport) {
+    let s = Harness::start_with_options(t, config(t), |s| {
+        s.max_connection_age(Duration::from_millis(150))
+    })
+    .await;
+    let mut c = s.client().await;
+    let (mut ok, mut failed) = (0, Vec::new());
+    let start = std::time::Instant::now();
+    while start.elapsed() < Duration::from_secs(1) {
+        match c.unary(Input::default()).await {
+            Ok(_) => ok += 1,
+            Err(e) => {
+                assert_eq!(e.code(), Code::Unavailable, "{t:?}: {e:?}");
+                failed.push(e);
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(30)).await;
+    }
+    assert!(failed.len() <= 1, "{t:?}: {} ok, failed: {failed:?}", ok);
+    c.unary(Input::default()).await.expect("and after");
+}

@@ -529,6 +529,12 @@ impl FastChannel {
         }
     }
 
+    /// Whether `other` is a clone of this channel (the same connection).
+    #[cfg(test)]
+    pub(crate) fn same_connection(&self, other: &FastChannel) -> bool {
+        Arc::ptr_eq(&self.inner, &other.inner)
+    }
+
     /// Whether new calls should go to a new connection: this one closed,
     /// its server is draining (GOAWAY), or its peer left.
     pub(crate) fn is_retired(&self) -> bool {
