@@ -81,13 +81,25 @@ struct Svc {
 
 type BoxStream = Pin<Box<dyn Stream<Item = Result<Output, Status>> + Send>>;
 
+/// A request extension that the server-side [`HttpStatusLayer`] inserts;
+/// handlers answer `x-echo-ext: seen` when they find it.
+#[derive(Debug, Clone)]
+pub struct LayerMark;
+
 fn echo_metadata<T>(req: &Request<T>, resp: &mut tonic::metadata::MetadataMap) {
     for kv in req.metadata().iter() {
-        if let tonic::metadata::KeyAndValueRef::Ascii(k, v) = kv
-            && k.as_str().starts_with("x-echo")
-        {
-            resp.insert(k.clone(), v.clone());
+        match kv {
+            tonic::metadata::KeyAndValueRef::Ascii(k, v) if k.as_str().starts_with("x-echo") => {
+                resp.insert(k.clone(), v.clone());
+            }
+            tonic::metadata::KeyAndValueRef::Binary(k, v) if k.as_str().starts_with("x-echo") => {
+                resp.insert_bin(k.clone(), v.clone());
+            }
+            _ => {}
         }
+    }
+    if req.extensions().get::<LayerMark>().is_some() {
+        resp.insert("x-echo-ext", "seen".parse().expect("ascii"));
     }
 }
 
@@ -281,6 +293,7 @@ where
             req.headers_mut().insert("x-echo-authority", a);
         }
         req.headers_mut().insert("x-echo-user-agent", ua);
+        req.extensions_mut().insert(LayerMark);
         let code = req
             .headers()
             .get("x-http-status")
