@@ -154,6 +154,24 @@ pub(crate) fn run_ci(args: &CiArgs) -> Result<()> {
         step("test", &mut || {
             run("cargo", &["test", "--workspace"], Some(root_ref)).map(|()| Outcome::Ran)
         })?;
+        step(
+            "soak (short: 10 s on the shm fast path, 5 s on shm HTTP/2)",
+            &mut || {
+                for (transport, duration) in [("shm", "10s"), ("shm-h2", "5s")] {
+                    crate::soak::run_soak(
+                        root_ref,
+                        &crate::soak::SoakArgs {
+                            duration: duration.into(),
+                            clients: 16,
+                            transport: transport.into(),
+                            profile: "test".into(),
+                            extra: Vec::new(),
+                        },
+                    )?;
+                }
+                Ok(Outcome::Ran)
+            },
+        )?;
         step("verbs build", &mut || {
             if !core_has_verbs_feature(root_ref) {
                 return Ok(Outcome::Skipped("rrpc-core has no `verbs` feature".into()));

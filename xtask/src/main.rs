@@ -23,6 +23,7 @@ mod plot;
 mod rxe;
 mod selftest;
 mod signals;
+mod soak;
 
 use std::path::PathBuf;
 
@@ -51,6 +52,8 @@ enum Cmd {
     /// On a machine with an RDMA device: the verbs suite natively plus a short
     /// `ibv_rc_pingpong`; without one, says so and lists what it found.
     VerbsSelftest(selftest::SelftestArgs),
+    /// Many clients, random traffic, every byte checked (issue 14's soak).
+    Soak(soak::SoakArgs),
     /// Redraw the plots of existing results (`target/bench-results/<run>/`), in place.
     Plot {
         /// Result directories written by `cargo xtask bench` (suite subdirectories included).
@@ -105,5 +108,6 @@ fn main() -> Result<()> {
             let code = selftest::run(&args)?;
             std::process::exit(code)
         }
+        Cmd::Soak(args) => soak::run_soak(&ci::workspace_root(), &args),
     }
 }

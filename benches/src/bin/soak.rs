@@ -1,0 +1,588 @@
+//! The soak (issue 14): many clients against one rrpc server for a fixed
+//! time, with random message sizes (1 B to 4 MiB), all four RPC kinds in
+//! random patterns and random cancellations; every byte that comes back is
+//! verified. Run it with `cargo xtask soak --duration 60s`.
+//!
+//! It reports calls made, failed (an error that was not our own
+//! cancellation) and lost (a reply whose bytes or length were wrong, or a
+//! stream that ended early without an error), descriptor and memory counts
+//! at the start and the end, and the p99 of unary calls per time window.
+//! The last line reads `calls: <n> failed: <f> lost: <l>`; the exit code is
+//! non-zero if a call failed or was lost, or descriptors or memory grew
+//! beyond a small bound once the clients were gone.
+//!
+//! Threads: the server runs on its own 2-worker runtime and the clients on
+//! another (plus rrpc's polling thread), on whatever cores there are. A
+//! soak checks correctness under load; its latencies are not a benchmark.
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use clap::Parser;
+use futures_util::Stream;
+use rrpc_tonic::{PathPreference, RrpcChannel, RrpcConfig, Server};
+use tonic::{Request, Response, Status, Streaming};
+
+#[allow(missing_docs, unreachable_pub, missing_debug_implementations)]
+mod pb {
+    tonic::include_proto!("rrpcsoak");
+}
+
+use pb::soak_client::SoakClient;
+use pb::soak_server::{Soak, SoakServer};
+use pb::{Ask, Blob, Sum};
+
+/// Largest message: 4 MiB, gRPC's default limit (tonic's limits are raised
+/// above it for the protobuf framing).
+const MAX_SIZE: usize = 4 << 20;
+const CODEC_LIMIT: usize = 8 << 20;
+
+#[derive(Parser, Debug)]
+#[command(about = "rrpc soak: random traffic, every byte checked")]
+struct Args {
+    /// How long clients run (`60s`, `2m`, `500ms`).
+    #[arg(long, default_value = "60s", value_parser = parse_duration)]
+    duration: Duration,
+    /// Concurrent clients, each on its own channel.
+    #[arg(long, default_value_t = 16)]
+    clients: usize,
+    /// `shm` (fast path), `shm-h2`, `tcp` or `inproc`.
+    #[arg(long, default_value = "shm")]
+    transport: String,
+    /// Percent of calls cancelled after a random short delay.
+    #[arg(long, default_value_t = 5)]
+    cancel_percent: u64,
+    /// Seed of the traffic pattern (the same seed makes the same calls).
+    #[arg(long, default_value_t = 0x5eed)]
+    seed: u64,
+    /// Allowed RSS growth from start to end, MiB.
+    #[arg(long, default_value_t = 128)]
+    max_rss_growth_mib: u64,
+}
+
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    let (num, unit) = s
+        .find(|c: char| !c.is_ascii_digit())
+        .map_or((s, "s"), |i| s.split_at(i));
+    let n: u64 = num.parse().map_err(|_| format!("bad duration {s:?}"))?;
+    match unit {
+        "ms" => Ok(Duration::from_millis(n)),
+        "s" => Ok(Duration::from_secs(n)),
+        "m" => Ok(Duration::from_secs(n * 60)),
+        _ => Err(format!("bad duration unit in {s:?} (ms, s, m)")),
+    }
+}
+
+/// xorshift64*: the pattern generator and the traffic's dice.
+#[derive(Debug, Clone)]
+struct Rng(u64);
+
+impl Rng {
+    fn new(seed: u64) -> Self {
+        Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
+    }
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+    /// A size from 1 to `max`, log-uniform (as many small as large ones).
+    fn size(&mut self, max: usize) -> usize {
+        let bits = usize::BITS - max.leading_zeros();
+        let b = self.below(u64::from(bits)) as u32;
+        let hi = (1usize << b).min(max);
+        (hi / 2 + self.below((hi - hi / 2 + 1) as u64) as usize).clamp(1, max)
+    }
+}
+
+/// The bytes of chunk `i` of pattern `seed`.
+fn pattern(seed: u64, i: u64, len: usize) -> Vec<u8> {
+    let mut r = Rng::new(seed ^ i.wrapping_mul(0xD6E8_FEB8_6659_FD93));
+    let mut v = Vec::with_capacity(len + 8);
+    while v.len() < len {
+        v.extend_from_slice(&r.next().to_le_bytes());
+    }
+    v.truncate(len);
+    v
+}
+
+#[derive(Debug, Clone, Default)]
+struct SoakSvc;
+
+type BlobStream = Pin<Box<dyn Stream<Item = Result<Blob, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl Soak for SoakSvc {
+    async fn echo(&self, req: Request<Blob>) -> Result<Response<Blob>, Status> {
+        Ok(Response::new(req.into_inner()))
+    }
+
+    type DownloadStream = BlobStream;
+
+    async fn download(&self, req: Request<Ask>) -> Result<Response<BlobStream>, Status> {
+        let ask = req.into_inner();
+        if ask.size as usize > MAX_SIZE || ask.chunks > 1024 {
+            return Err(Status::invalid_argument("too much"));
+        }
+        let s = async_stream::stream! {
+            for i in 0..ask.chunks {
+                yield Ok(Blob { data: pattern(ask.seed, u64::from(i), ask.size as usize) });
+            }
+        };
+        Ok(Response::new(Box::pin(s)))
+    }
+
+    async fn upload(&self, req: Request<Streaming<Blob>>) -> Result<Response<Sum>, Status> {
+        let mut s = req.into_inner();
+        let mut crc = crc32fast::Hasher::new();
+        let mut bytes = 0u64;
+        while let Some(b) = s.message().await? {
+            bytes += b.data.len() as u64;
+            crc.update(&b.data);
+        }
+        Ok(Response::new(Sum {
+            bytes,
+            crc: crc.finalize(),
+        }))
+    }
+
+    type ChatStream = BlobStream;
+
+    async fn chat(&self, req: Request<Streaming<Blob>>) -> Result<Response<BlobStream>, Status> {
+        let mut s = req.into_inner();
+        let out = async_stream::stream! {
+            loop {
+                match s.message().await {
+                    Ok(Some(b)) => yield Ok(b),
+                    Ok(None) => break,
+                    Err(e) => { yield Err(e); break; }
+                }
+            }
+        };
+        Ok(Response::new(Box::pin(out)))
+    }
+}
+
+/// What one call came to.
+enum Outcome {
+    Ok,
+    /// The reply was wrong: what was wrong.
+    Lost(String),
+    Failed(Status),
+}
+
+#[derive(Debug, Default)]
+struct Counts {
+    calls: AtomicU64,
+    ok: AtomicU64,
+    failed: AtomicU64,
+    lost: AtomicU64,
+    cancelled: AtomicU64,
+    bytes: AtomicU64,
+}
+
+type Client = SoakClient<RrpcChannel>;
+
+async fn echo(c: &mut Client, rng: &mut Rng, counts: &Counts) -> Outcome {
+    let data = pattern(rng.next(), 0, rng.size(MAX_SIZE));
+    counts
+        .bytes
+        .fetch_add(data.len() as u64 * 2, Ordering::Relaxed);
+    match c.echo(Blob { data: data.clone() }).await {
+        Ok(r) if r.get_ref().data == data => Outcome::Ok,
+        Ok(r) => Outcome::Lost(format!(
+            "echo of {} bytes came back as {} different bytes",
+            data.len(),
+            r.get_ref().data.len()
+        )),
+        Err(s) => Outcome::Failed(s),
+    }
+}
+
+async fn download(c: &mut Client, rng: &mut Rng, counts: &Counts) -> Outcome {
+    let ask = Ask {
+        seed: rng.next(),
+        chunks: 1 + rng.below(16) as u32,
+        size: rng.size(256 << 10) as u32,
+    };
+    let mut s = match c.download(ask).await {
+        Ok(r) => r.into_inner(),
+        Err(st) => return Outcome::Failed(st),
+    };
+    for i in 0..ask.chunks {
+        match s.message().await {
+            Ok(Some(b)) => {
+                counts
+                    .bytes
+                    .fetch_add(b.data.len() as u64, Ordering::Relaxed);
+                if b.data != pattern(ask.seed, u64::from(i), ask.size as usize) {
+                    return Outcome::Lost(format!("download chunk {i} of {ask:?} differs"));
+                }
+            }
+            Ok(None) => {
+                return Outcome::Lost(format!("download ended after {i} of {} chunks", ask.chunks));
+            }
+            Err(st) => return Outcome::Failed(st),
+        }
+    }
+    match s.message().await {
+        Ok(None) => Outcome::Ok,
+        Ok(Some(_)) => Outcome::Lost("download sent an extra chunk".into()),
+        Err(st) => Outcome::Failed(st),
+    }
+}
+
+async fn upload(c: &mut Client, rng: &mut Rng, counts: &Counts) -> Outcome {
+    let n = 1 + rng.below(16);
+    let seed = rng.next();
+    let sizes: Vec<usize> = (0..n).map(|_| rng.size(256 << 10)).collect();
+    let mut crc = crc32fast::Hasher::new();
+    let mut total = 0u64;
+    let blobs: Vec<Blob> = sizes
+        .iter()
+        .enumerate()
+        .map(|(i, &len)| {
+            let data = pattern(seed, i as u64, len);
+            crc.update(&data);
+            total += len as u64;
+            Blob { data }
+        })
+        .collect();
+    counts.bytes.fetch_add(total, Ordering::Relaxed);
+    let want = Sum {
+        bytes: total,
+        crc: crc.finalize(),
+    };
+    match c.upload(tokio_stream::iter(blobs)).await {
+        Ok(r) if *r.get_ref() == want => Outcome::Ok,
+        Ok(r) => Outcome::Lost(format!(
+            "upload: sent {want:?}, server saw {:?}",
+            r.get_ref()
+        )),
+        Err(st) => Outcome::Failed(st),
+    }
+}
+
+async fn chat(c: &mut Client, rng: &mut Rng, counts: &Counts) -> Outcome {
+    let n = 1 + rng.below(16) as usize;
+    let seed = rng.next();
+    let sizes: Vec<usize> = (0..n).map(|_| rng.size(64 << 10)).collect();
+    let (tx, rx) = tokio::sync::mpsc::channel::<Blob>(1);
+    let mut replies = match c
+        .chat(tokio_stream::wrappers::ReceiverStream::new(rx))
+        .await
+    {
+        Ok(r) => r.into_inner(),
+        Err(st) => return Outcome::Failed(st),
+    };
+    // Ping-pong: each message is answered before the next goes out.
+    for (i, &len) in sizes.iter().enumerate() {
+        let data = pattern(seed, i as u64, len);
+        counts.bytes.fetch_add(len as u64 * 2, Ordering::Relaxed);
+        if tx.send(Blob { data: data.clone() }).await.is_err() {
+            return match replies.message().await {
+                Err(st) => Outcome::Failed(st),
+                _ => Outcome::Lost(format!("chat: the server stopped reading at {i}")),
+            };
+        }
+        match replies.message().await {
+            Ok(Some(b)) if b.data == data => {}
+            Ok(Some(_)) => return Outcome::Lost(format!("chat reply {i} differs")),
+            Ok(None) => return Outcome::Lost(format!("chat ended at {i} of {n}")),
+            Err(st) => return Outcome::Failed(st),
+        }
+    }
+    drop(tx);
+    match replies.message().await {
+        Ok(None) => Outcome::Ok,
+        Ok(Some(_)) => Outcome::Lost("chat sent an extra reply".into()),
+        Err(st) => Outcome::Failed(st),
+    }
+}
+
+/// Runs one client until `end`; unary latencies go to `lat` (µs) with the
+/// window they fell in.
+/// When and how the clients run.
+#[derive(Debug, Clone, Copy)]
+struct Plan {
+    start: Instant,
+    end: Instant,
+    /// Width of a latency window.
+    window: Duration,
+    cancel_percent: u64,
+}
+
+type Windows = Arc<std::sync::Mutex<Vec<hdrhistogram::Histogram<u64>>>>;
+
+async fn client(mut c: Client, mut rng: Rng, plan: Plan, counts: Arc<Counts>, lat: Windows) {
+    let Plan {
+        start,
+        end,
+        window,
+        cancel_percent,
+    } = plan;
+    while Instant::now() < end {
+        let kind = rng.below(10);
+        let cancel_after =
+            (rng.below(100) < cancel_percent).then(|| Duration::from_micros(rng.below(2000)));
+        counts.calls.fetch_add(1, Ordering::Relaxed);
+        let t0 = Instant::now();
+        let fut = async {
+            match kind {
+                0..=3 => echo(&mut c, &mut rng, &counts).await,
+                4..=5 => download(&mut c, &mut rng, &counts).await,
+                6..=7 => upload(&mut c, &mut rng, &counts).await,
+                _ => chat(&mut c, &mut rng, &counts).await,
+            }
+        };
+        let outcome = match cancel_after {
+            // Dropping the call is the cancellation (RST_STREAM / CANCEL).
+            Some(d) => match tokio::time::timeout(d, fut).await {
+                Ok(o) => o,
+                Err(_) => {
+                    counts.cancelled.fetch_add(1, Ordering::Relaxed);
+                    continue;
+                }
+            },
+            None => fut.await,
+        };
+        match outcome {
+            Outcome::Ok => {
+                counts.ok.fetch_add(1, Ordering::Relaxed);
+                if kind <= 3 {
+                    let w =
+                        (t0.duration_since(start).as_nanos() / window.as_nanos().max(1)) as usize;
+                    let us = t0.elapsed().as_micros() as u64;
+                    let mut l = lat.lock().expect("histograms");
+                    if let Some(h) = l.get_mut(w) {
+                        let _ = h.record(us.max(1));
+                    }
+                }
+            }
+            Outcome::Lost(what) => {
+                eprintln!("LOST: {what}");
+                counts.lost.fetch_add(1, Ordering::Relaxed);
+            }
+            Outcome::Failed(st) => {
+                eprintln!("FAILED: {st:?}");
+                counts.failed.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+}
+
+fn fds() -> usize {
+    std::fs::read_dir("/proc/self/fd").map_or(0, |d| d.count())
+}
+
+fn rss_kib() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("VmRSS:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+fn main() -> Result<()> {
+    let args = Args::parse();
+    let cfg = match args.transport.as_str() {
+        "shm" | "tcp" | "inproc" => RrpcConfig::default(),
+        "shm-h2" => RrpcConfig::default().path(PathPreference::Http2),
+        t => bail!("unknown transport {t:?} (shm, shm-h2, tcp, inproc)"),
+    };
+    let uri = match args.transport.as_str() {
+        "shm" | "shm-h2" => format!(
+            "shm://{}/rrpc-soak-{}.sock",
+            std::env::temp_dir().display(),
+            std::process::id()
+        ),
+        "inproc" => format!("inproc://soak-{}", std::process::id()),
+        _ => {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").context("bind")?;
+            let port = l.local_addr()?.port();
+            drop(l);
+            format!("http://127.0.0.1:{port}")
+        }
+    };
+    println!(
+        "soak: {} clients on {uri} ({}) for {:?}, sizes 1 B..4 MiB, {}% cancelled, seed {:#x}",
+        args.clients, args.transport, args.duration, args.cancel_percent, args.seed
+    );
+    println!(
+        "threads: server runtime 2 workers, client runtime 2 workers, rrpc polling thread 1 (not pinned)"
+    );
+
+    // The server, on its own runtime.
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let (u, c) = (uri.clone(), cfg.clone());
+    let server = std::thread::spawn(move || -> Result<()> {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()?;
+        rt.block_on(async move {
+            let svc = SoakServer::new(SoakSvc)
+                .max_decoding_message_size(CODEC_LIMIT)
+                .max_encoding_message_size(CODEC_LIMIT);
+            Server::builder()
+                .add_service(svc)
+                .serve_rrpc_with_shutdown(&u, c, async move {
+                    let _ = stop_rx.await;
+                })
+                .await
+        })?;
+        Ok(())
+    });
+
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    let windows = 6u32;
+    let window = (args.duration / windows).max(Duration::from_millis(100));
+    let counts = Arc::new(Counts::default());
+    let lat = Arc::new(std::sync::Mutex::new(
+        (0..=windows)
+            .map(|_| hdrhistogram::Histogram::<u64>::new(3).expect("histogram"))
+            .collect::<Vec<_>>(),
+    ));
+    let (fd_base, fd0, rss0, fd1, rss1, elapsed) = rt.block_on(async {
+        // Connect (the server may still be starting), then warm up.
+        let fd_base = fds();
+        let mut channels = Vec::new();
+        for _ in 0..args.clients {
+            let mut last = None;
+            let mut ch = None;
+            for _ in 0..500 {
+                match RrpcChannel::connect(&uri, cfg.clone()).await {
+                    Ok(c) => {
+                        ch = Some(c);
+                        break;
+                    }
+                    Err(e) => last = Some(e),
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            channels.push(ch.with_context(|| format!("connecting to {uri}: {last:?}"))?);
+        }
+        let clients: Vec<Client> = channels
+            .into_iter()
+            .map(|ch| {
+                SoakClient::new(ch)
+                    .max_decoding_message_size(CODEC_LIMIT)
+                    .max_encoding_message_size(CODEC_LIMIT)
+            })
+            .collect();
+        for c in &clients {
+            c.clone()
+                .echo(Blob { data: vec![1; 1000] })
+                .await
+                .context("warm-up call")?;
+        }
+        let (fd0, rss0) = (fds(), rss_kib());
+        let start = Instant::now();
+        let end = start + args.duration;
+        let mut tasks = Vec::new();
+        for (i, c) in clients.into_iter().enumerate() {
+            let plan = Plan {
+                start,
+                end,
+                window,
+                cancel_percent: args.cancel_percent,
+            };
+            tasks.push(tokio::spawn(client(
+                c,
+                Rng::new(args.seed ^ (i as u64 + 1)),
+                plan,
+                counts.clone(),
+                lat.clone(),
+            )));
+        }
+        let ticker = {
+            let counts = counts.clone();
+            tokio::spawn(async move {
+                let mut t = tokio::time::interval(window);
+                t.tick().await;
+                loop {
+                    t.tick().await;
+                    println!(
+                        "  {:>6.1}s  calls {:>8}  ok {:>8}  cancelled {:>6}  failed {}  lost {}  {:.1} GiB moved",
+                        start.elapsed().as_secs_f64(),
+                        counts.calls.load(Ordering::Relaxed),
+                        counts.ok.load(Ordering::Relaxed),
+                        counts.cancelled.load(Ordering::Relaxed),
+                        counts.failed.load(Ordering::Relaxed),
+                        counts.lost.load(Ordering::Relaxed),
+                        counts.bytes.load(Ordering::Relaxed) as f64 / f64::from(1u32 << 30),
+                    );
+                }
+            })
+        };
+        for t in tasks {
+            t.await.context("client task")?;
+        }
+        ticker.abort();
+        let elapsed = start.elapsed();
+        // The clients and their channels are gone: let connections close.
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        anyhow::Ok((fd_base, fd0, rss0, fds(), rss_kib(), elapsed))
+    })?;
+    let _ = stop_tx.send(());
+    match server.join() {
+        Ok(r) => r.context("server")?,
+        Err(_) => bail!("the server thread panicked"),
+    }
+
+    println!("unary p99 per window (µs):");
+    for (i, h) in lat.lock().expect("histograms").iter().enumerate() {
+        if !h.is_empty() {
+            println!(
+                "  {:>6.1}s..  n {:>7}  p50 {:>8}  p99 {:>8}",
+                (window * i as u32).as_secs_f64(),
+                h.len(),
+                h.value_at_quantile(0.5),
+                h.value_at_quantile(0.99)
+            );
+        }
+    }
+    let rss_growth = rss1.saturating_sub(rss0) / 1024;
+    println!(
+        "fds: {fd_base} before connecting, {fd0} with the clients connected, {fd1} at end; RSS {} MiB at start, {} MiB at end (growth {rss_growth} MiB, bound {} MiB)",
+        rss0 / 1024,
+        rss1 / 1024,
+        args.max_rss_growth_mib
+    );
+    let (n, f, l) = (
+        counts.calls.load(Ordering::Relaxed),
+        counts.failed.load(Ordering::Relaxed),
+        counts.lost.load(Ordering::Relaxed),
+    );
+    println!(
+        "ran {:.1}s: {} ok, {} cancelled by the soak, {:.2} GiB moved",
+        elapsed.as_secs_f64(),
+        counts.ok.load(Ordering::Relaxed),
+        counts.cancelled.load(Ordering::Relaxed),
+        counts.bytes.load(Ordering::Relaxed) as f64 / f64::from(1u32 << 30)
+    );
+    // The server's listener and poller may have come up after the first
+    // count: a few descriptors of slack, none per connection.
+    let fd_leak = fd1 > fd_base + 4;
+    let rss_leak = rss_growth > args.max_rss_growth_mib;
+    println!("calls: {n} failed: {f} lost: {l}");
+    if f > 0 || l > 0 || fd_leak || rss_leak || n == 0 {
+        bail!(
+            "soak failed: {f} failed, {l} lost, fds {fd_base} -> {fd1}, RSS growth {rss_growth} MiB"
+        );
+    }
+    Ok(())
+}
