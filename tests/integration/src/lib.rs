@@ -512,6 +512,26 @@ impl Drop for Harness {
     }
 }
 
+/// A unary call that sleeps `delay_ms` in the handler must end with
+/// `Cancelled` "Timeout expired" (tonic's timeout status, whoever's
+/// timeout fired), and a quick call on the same client must then work.
+pub async fn expect_timeout_then_ok(
+    c: &mut pb::test_client::TestClient<RrpcChannel>,
+    t: Transport,
+    delay_ms: u32,
+) {
+    let err = c
+        .unary(Input {
+            delay_ms,
+            ..Default::default()
+        })
+        .await
+        .expect_err("the timeout fires");
+    assert_eq!(err.code(), tonic::Code::Cancelled, "{t:?}: {err:?}");
+    assert!(err.message().contains("Timeout expired"), "{t:?}: {err:?}");
+    c.unary(Input::default()).await.expect("a quick call");
+}
+
 /// A request payload of `n` bytes with a recognisable pattern.
 pub fn payload(n: usize) -> Vec<u8> {
     (0..n).map(|i| (i % 251) as u8).collect()

@@ -4,7 +4,9 @@
 use std::time::Duration;
 
 use rrpc_integration_tests::pb::Input;
-use rrpc_integration_tests::{Harness, Transport, config, on_all_transports};
+use rrpc_integration_tests::{
+    Harness, Transport, config, expect_timeout_then_ok, on_all_transports,
+};
 use tonic::Code;
 
 /// `Server::timeout` bounds every call: a slow handler ends with
@@ -13,17 +15,7 @@ use tonic::Code;
 async fn server_timeout_bounds_every_call(t: Transport) {
     let s =
         Harness::start_with_options(t, config(t), |s| s.timeout(Duration::from_millis(200))).await;
-    let mut c = s.client().await;
-    let err = c
-        .unary(Input {
-            delay_ms: 2000,
-            ..Default::default()
-        })
-        .await
-        .expect_err("the server's timeout fires");
-    assert_eq!(err.code(), Code::Cancelled, "{t:?}: {err:?}");
-    assert!(err.message().contains("Timeout expired"), "{t:?}: {err:?}");
-    c.unary(Input::default()).await.expect("a quick call");
+    expect_timeout_then_ok(&mut s.client().await, t, 2000).await;
 }
 
 /// `concurrency_limit_per_connection(1)` with `load_shed(true)`: a second
