@@ -173,6 +173,15 @@ impl Device {
         if rc != 0 {
             return Err(errno("ibv_query_gid", rc));
         }
+        if super::endpoint::mtu_bytes(attr.active_mtu).is_none() {
+            return Err(Error::io(
+                "ibv_query_port",
+                io::Error::other(format!(
+                    "port {PORT} of {} reports active MTU code {}, not an ibv_mtu code (1..=5)",
+                    self.name, attr.active_mtu
+                )),
+            ));
+        }
         Ok(PortInfo {
             lid: attr.lid,
             // SAFETY: `raw` covers the whole union; any bytes are valid.

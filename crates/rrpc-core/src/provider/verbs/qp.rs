@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use rdma_sys::ibv_wc;
 
 use super::device::{Device, RawCq, RawQp};
-use super::endpoint::VerbsEndpoint;
+use super::endpoint::{VerbsEndpoint, mtu_bytes, path_mtu};
 use super::wr::{
     self, MAX_MESSAGE, Op, Wc, WorkRequest, build_send_wr, err_transition, init_transition,
     recv_completion, rtr_transition, rts_transition, send_completion,
@@ -245,7 +245,8 @@ impl VerbsQp {
         })
     }
 
-    /// Our endpoint for the handshake: the port's LID and GID, our QPN and PSN.
+    /// Our endpoint for the handshake: the port's LID, GID and active MTU,
+    /// our QPN and PSN.
     pub(crate) fn endpoint(&self) -> VerbsEndpoint {
         let port = self.raw.device().port();
         VerbsEndpoint {
@@ -253,21 +254,24 @@ impl VerbsQp {
             qpn: self.raw.qpn(),
             psn: self.psn,
             gid: port.gid,
+            mtu: port.active_mtu,
         }
     }
 
     /// Connects to the peer: remembers the regions it granted (for the
     /// pre-checks) and moves the queue pair INIT → RTR → RTS
-    /// (`ibv_modify_qp` twice).
+    /// (`ibv_modify_qp` twice), RTR with the path MTU
+    /// min(our port's active MTU, the peer's).
     ///
     /// # Errors
-    /// [`Error::InvalidConfig`] if already connected; [`Error::Io`] if the
+    /// [`Error::InvalidConfig`] if already connected; [`Error::MalformedHandshake`]
+    /// for a peer MTU that is not an `ibv_mtu` code; [`Error::Io`] if the
     /// device refuses a transition.
     pub(crate) fn connect(&self, peer: &VerbsEndpoint, regions: Vec<RemoteRegion>) -> Result<()> {
         if self.peer.get().is_some() {
             return Err(Error::InvalidConfig("queue pair already connected".into()));
         }
-        let mtu = self.raw.device().port().active_mtu;
+        let mtu = path_mtu(self.raw.device().port().active_mtu, peer.mtu)?;
         self.raw
             .modify(rtr_transition(peer, mtu), "ibv_modify_qp(RTR)")?;
         self.raw
@@ -278,6 +282,7 @@ impl VerbsQp {
         tracing::debug!(
             qpn = self.raw.qpn(),
             peer_qpn = peer.qpn,
+            path_mtu = mtu_bytes(mtu),
             "verbs queue pair connected"
         );
         Ok(())

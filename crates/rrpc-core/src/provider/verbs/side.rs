@@ -1,7 +1,7 @@
 //! The TCP side channel of `rdma://` endpoints: the same handshake messages
 //! as shm ([`crate::handshake::Message`]) over a TCP stream, without fd
 //! passing — a verbs peer needs only the `Hello` bytes: its queue-pair
-//! endpoint (LID, QPN, PSN, GID; see [`super::endpoint`]) and its region
+//! endpoint (LID, QPN, PSN, GID, MTU; see [`super::endpoint`]) and its region
 //! descriptors (address, length, rkey).
 //!
 //! Function-level API for `conn.rs`:
@@ -166,7 +166,7 @@ pub(crate) fn recv_msg(s: &TcpStream, deadline: Deadline) -> Result<Message> {
 }
 
 /// Sets `hello.provider` to verbs and `hello.endpoint` to our queue pair's
-/// LID, QPN, PSN and GID.
+/// LID, QPN, PSN, GID and port MTU.
 ///
 /// # Errors
 /// [`Error::InvalidConfig`] if `qp` is not a verbs queue pair.
@@ -340,6 +340,7 @@ mod tests {
                 qpn: 0x77,
                 psn: 0x1234,
                 gid: [0; 16],
+                mtu: rdma_sys::ibv_mtu::IBV_MTU_1024,
             }
             .encode(),
             geometry: RingGeometry {

@@ -278,11 +278,16 @@ pub(crate) fn init_transition() -> Transition {
 /// INIT → RTR: the path to the peer (`dlid`, and a GRH with `dgid` when the
 /// peer has a GID — always on RoCE), its QPN and starting PSN.
 ///
-/// `path_mtu` is the smaller of the two ports' active MTUs (`ibv_mtu` codes).
+/// `path_mtu` is the smaller of the two ports' active MTUs (an `ibv_mtu`
+/// code, checked by [`super::endpoint::path_mtu`]).
 pub(crate) fn rtr_transition(peer: &VerbsEndpoint, path_mtu: u32) -> Transition {
+    debug_assert!(
+        (ibv_mtu::IBV_MTU_256..=ibv_mtu::IBV_MTU_4096).contains(&path_mtu),
+        "path MTU code {path_mtu}"
+    );
     let mut attr = zeroed_attr();
     attr.qp_state = ibv_qp_state::IBV_QPS_RTR;
-    attr.path_mtu = path_mtu.clamp(ibv_mtu::IBV_MTU_256, ibv_mtu::IBV_MTU_4096);
+    attr.path_mtu = path_mtu;
     attr.dest_qp_num = peer.qpn;
     attr.rq_psn = peer.psn;
     attr.max_dest_rd_atomic = RD_ATOMIC;
@@ -564,6 +569,7 @@ mod tests {
             qpn: 0x00ab_cdef,
             psn: 0x0012_3456,
             gid: [0; 16],
+            mtu: ibv_mtu::IBV_MTU_4096,
         };
         let t = rtr_transition(&peer, ibv_mtu::IBV_MTU_4096);
         let a = t.attr;
@@ -602,19 +608,19 @@ mod tests {
             qpn: 9,
             psn: 1,
             gid,
+            mtu: ibv_mtu::IBV_MTU_1024,
         };
-        let a = rtr_transition(&peer, 99).attr;
-        assert_eq!(
-            a.path_mtu,
-            ibv_mtu::IBV_MTU_4096,
-            "out-of-range MTU is clamped"
-        );
+        let a = rtr_transition(&peer, ibv_mtu::IBV_MTU_1024).attr;
+        assert_eq!(a.path_mtu, ibv_mtu::IBV_MTU_1024);
         assert_eq!(a.ah_attr.is_global, 1);
         // SAFETY: test; `raw` is the member written.
         assert_eq!(unsafe { a.ah_attr.grh.dgid.raw }, gid);
         assert_eq!(a.ah_attr.grh.sgid_index, GID_INDEX);
         assert_eq!(a.ah_attr.grh.hop_limit, 1);
-        assert_eq!(rtr_transition(&peer, 0).attr.path_mtu, ibv_mtu::IBV_MTU_256);
+        assert_eq!(
+            rtr_transition(&peer, ibv_mtu::IBV_MTU_256).attr.path_mtu,
+            ibv_mtu::IBV_MTU_256
+        );
     }
 
     #[test]
