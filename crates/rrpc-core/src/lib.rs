@@ -79,6 +79,8 @@ mod sys;
 pub use cq::{Completion, CompletionQueue, Opcode, Status};
 pub use endpoint::Endpoint;
 pub use error::{Error, Fault, Result};
+#[cfg(feature = "verbs")]
+pub use fabric::VerbsOptions;
 pub use fabric::{Fabric, ProviderKind};
 pub use fault::FaultConfig;
 pub use handshake::{RegionDesc, RingGeometry};

@@ -31,6 +31,7 @@
 //! `static inline` in `verbs.h` (calls through `context->ops`); `rdma-sys`
 //! re-implements them in Rust the same way, which is what we call.
 
+mod caps;
 mod device;
 pub(crate) mod endpoint;
 mod qp;
@@ -40,6 +41,7 @@ pub(crate) mod wr;
 #[cfg(test)]
 mod abi;
 
+pub(crate) use caps::DEFAULT_PORT;
 pub(crate) use device::{Device, Mr};
 pub(crate) use qp::{VerbsCq, VerbsQp};
 

@@ -9,6 +9,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use rdma_sys::ibv_wc;
 
+use super::caps::{self, QpSizes};
 use super::device::{Device, RawCq, RawQp};
 use super::endpoint::{VerbsEndpoint, mtu_bytes, path_mtu};
 use super::wr::{
@@ -210,12 +211,33 @@ pub(crate) struct VerbsQp {
 impl VerbsQp {
     /// `ibv_create_comp_channel` + `ibv_create_cq` for each side, then
     /// `ibv_create_qp` (RC) and `ibv_modify_qp` RESET → INIT.
+    ///
+    /// # Errors
+    /// [`Error::InvalidConfig`] naming the configured value and the device's
+    /// limit when a depth exceeds `max_qp_wr` or `max_cqe`, or the device
+    /// refuses a required inline size ([`QpConfig::max_inline`]);
+    /// [`Error::Io`] when the device refuses a call.
     pub(crate) fn new(dev: &Arc<Device>, cfg: &QpConfig) -> Result<VerbsQp> {
         let recv_depth = cfg.recv_depth().next_power_of_two();
+        caps::check_qp_sizes(
+            dev.name(),
+            QpSizes {
+                send_depth: cfg.send_depth(),
+                recv_depth,
+            },
+            &dev.caps(),
+        )?;
         let send_raw = Arc::new(RawCq::new(dev, cfg.send_depth())?);
         let recv_raw = Arc::new(RawCq::new(dev, recv_depth)?);
-        let raw = RawQp::new(dev, &send_raw, &recv_raw, cfg.send_depth(), recv_depth)?;
-        raw.modify(init_transition(), "ibv_modify_qp(INIT)")?;
+        let raw = RawQp::new(
+            dev,
+            &send_raw,
+            &recv_raw,
+            cfg.send_depth(),
+            recv_depth,
+            cfg.max_inline(),
+        )?;
+        raw.modify(init_transition(dev.port().num), "ibv_modify_qp(INIT)")?;
         let slots = Arc::new(Mutex::new(SendSlots::new(cfg.send_depth())));
         let recv_posted = Arc::new(AtomicU64::new(0));
         let fail = Arc::new(FailState::default());
@@ -271,9 +293,12 @@ impl VerbsQp {
         if self.peer.get().is_some() {
             return Err(Error::InvalidConfig("queue pair already connected".into()));
         }
-        let mtu = path_mtu(self.raw.device().port().active_mtu, peer.mtu)?;
-        self.raw
-            .modify(rtr_transition(peer, mtu), "ibv_modify_qp(RTR)")?;
+        let port = self.raw.device().port();
+        let mtu = path_mtu(port.active_mtu, peer.mtu)?;
+        self.raw.modify(
+            rtr_transition(peer, mtu, port.num, port.gid_index),
+            "ibv_modify_qp(RTR)",
+        )?;
         self.raw
             .modify(rts_transition(self.psn), "ibv_modify_qp(RTS)")?;
         self.peer
