@@ -388,6 +388,9 @@ mod tests {
             Some(MAX_INLINE_REQUEST)
         );
         let e = c.with_max_inline(MAX_INLINE_REQUEST + 1).unwrap_err();
-        assert!(e.to_string().contains("at most 4096 bytes, got 4097"), "{e}");
+        assert!(
+            e.to_string().contains("at most 4096 bytes, got 4097"),
+            "{e}"
+        );
     }
 }
