@@ -131,7 +131,7 @@ pub struct Fabric {
     huge_pages: bool,
     /// The opened device and protection domain of a verbs fabric.
     #[cfg(feature = "verbs")]
-    device: Option<Arc<crate::provider::verbs::Device>>,
+    pub(crate) device: Option<Arc<crate::provider::verbs::Device>>,
 }
 
 impl Fabric {

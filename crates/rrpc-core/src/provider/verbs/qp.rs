@@ -329,6 +329,12 @@ impl VerbsQp {
         self.fail.get()
     }
 
+    /// Inline bytes the device granted (`max_inline_data`).
+    #[cfg(test)]
+    pub(crate) fn max_inline(&self) -> u32 {
+        self.raw.max_inline()
+    }
+
     /// Work requests posted and not yet retired.
     pub(crate) fn outstanding(&self) -> u64 {
         self.slots
