@@ -8,16 +8,17 @@
 //! tonic tests on it. On the host, what is tested is everything short of the
 //! device: the work requests, completions and queue-pair attribute sets built
 //! by [`wr`], the endpoint codec, the send-queue accounting and pre-checks,
-//! the TCP side channel, the ABI of the hand-written `rdma-sys` structures
-//! against the C headers, and that opening a fabric without a device is an
-//! error, not a panic.
+//! the choices and checks of [`caps`] (GID index, depths, inline size), the
+//! TCP side channel and its keep-alive options, the ABI of the hand-written
+//! `rdma-sys` structures against the C headers, and that opening a fabric
+//! without a device is an error, not a panic.
 //!
 //! | rrpc-core | libibverbs |
 //! |---|---|
-//! | `Fabric::verbs` | `ibv_get_device_list`, `ibv_open_device`, `ibv_alloc_pd`, `ibv_query_port`, `ibv_query_gid` |
+//! | `Fabric::verbs` / `Fabric::verbs_with` | `ibv_get_device_list`, `ibv_open_device`, `ibv_alloc_pd`, `ibv_query_device`, `ibv_query_port`, `ibv_query_gid` (+ sysfs GID types) |
 //! | `Fabric::alloc_region` | `mmap` (memfd, huge pages when possible) + `ibv_reg_mr` (LOCAL_WRITE \| REMOTE_WRITE \| REMOTE_READ) |
 //! | `Fabric::create_qp` | per side `ibv_create_comp_channel` + `ibv_create_cq`; `ibv_create_qp` (RC); `ibv_modify_qp` → INIT |
-//! | handshake attach | `ibv_modify_qp` → RTR (peer LID/QPN/PSN/GID) → RTS |
+//! | handshake attach | `ibv_modify_qp` → RTR (peer LID/QPN/PSN/GID, path MTU) → RTS |
 //! | `post_write` / `post_write_imm` / `post_read` | `ibv_post_send` (`IBV_WR_RDMA_WRITE` / `_WITH_IMM` / `IBV_WR_RDMA_READ`) |
 //! | `post_recv` | `ibv_post_recv`, no SGEs |
 //! | `poll` | `ibv_poll_cq` |
@@ -26,6 +27,56 @@
 //!
 //! Each completion queue has its own completion channel, so the send and the
 //! receive queue can be waited on separately, as with shm.
+//!
+//! ## Negotiated and checked
+//!
+//! Negotiated in the handshake (each side's `Hello.endpoint`, see
+//! [`endpoint`]):
+//!
+//! * **Path MTU.** Each endpoint carries its port's active MTU
+//!   (`ibv_query_port`); both sides move to RTR with the smaller of the two.
+//!   An endpoint of the 26-byte layout of earlier versions (no MTU) or with
+//!   an MTU code outside 1..=5 is refused as a malformed handshake naming
+//!   the length or the code.
+//!
+//! Chosen when the fabric is opened (`Fabric::verbs_with`, `VerbsOptions`),
+//! each bad value an `Error::InvalidConfig` naming what was asked for and
+//! what exists:
+//!
+//! * **Device** by name (default: the first listed; an unknown name lists
+//!   the devices there are), **port** (default 1; checked against the
+//!   device's `phys_port_cnt`), **GID index** (checked against the port's
+//!   `gid_tbl_len` and refused for an empty entry; default on RoCE: the
+//!   first IPv4-mapped GID, `::ffff:a.b.c.d`, whose sysfs type is `RoCE v2`,
+//!   else 0; on InfiniBand 0). The port's active MTU must be an `ibv_mtu`
+//!   code.
+//!
+//! Checked when a queue pair is created (`Fabric::create_qp`), naming the
+//! configured value and the device's:
+//!
+//! * **Send depth** against `max_qp_wr` and `max_cqe` (its completion queue);
+//! * **receive depth** (rounded up to a power of two) against `max_qp_wr`
+//!   and `max_cqe`;
+//! * **inline size** (`QpConfig::max_inline`): libibverbs reports no
+//!   maximum, so when `ibv_create_qp` refuses the size asked for but takes
+//!   a queue pair without inline data, the largest accepted size is found by
+//!   bisection; an explicit size is then an error naming both, the default
+//!   (64 bytes) falls back to that largest size.
+//!
+//! Not negotiated: the RDMA READ depth (`max_rd_atomic` /
+//! `max_dest_rd_atomic`, fixed at 16 on both sides), the partition key
+//! (index 0) and the service level (0).
+//!
+//! ## Dead remote hosts
+//!
+//! The TCP side channel stays open as the connection's liveness signal. A
+//! peer process that exits is seen at once (its kernel closes the socket);
+//! a peer *host* that dies or drops off the network sends nothing, so both
+//! ends set TCP keep-alive and `TCP_USER_TIMEOUT` on it
+//! (`HandshakeConfig::keepalive`): by default the socket fails within
+//! **16 s** of the peer's last segment (10 s idle, then 3 probes 2 s apart;
+//! the same bound for data left unacknowledged), and the connection reports
+//! `Error::PeerGone` and fails its queue pair.
 //!
 //! `ibv_post_send`, `ibv_post_recv`, `ibv_poll_cq` and `ibv_req_notify_cq` are
 //! `static inline` in `verbs.h` (calls through `context->ops`); `rdma-sys`
