@@ -207,7 +207,7 @@ impl Fabric {
     ///
     /// # Errors
     /// [`Error::ProviderUnavailable`] for `rdma://` when the `verbs` feature is
-    /// off; with it, the errors of [`Fabric::verbs`] (first device).
+    /// off; with it, the errors of `Fabric::verbs` (first device).
     pub fn for_endpoint(endpoint: &Endpoint) -> Result<Fabric> {
         match endpoint {
             Endpoint::Shm(_) => Ok(Fabric::shm()),
