@@ -37,7 +37,12 @@
 //! The side channel then stays open as the liveness signal: when it closes —
 //! the peer exited, crashed or called [`Connection::close`] — the connection is
 //! failed with [`Error::PeerGone`] and so is its queue pair, so every later post
-//! returns that error instead of writing into memory nobody reads.
+//! returns that error instead of writing into memory nobody reads. On
+//! `rdma://` the side channel is TCP, and a remote *host* that dies without
+//! closing it (power loss, hang, network cut) sends no FIN: TCP keep-alive
+//! and `TCP_USER_TIMEOUT` ([`HandshakeConfig::keepalive`], [`TcpKeepalive`])
+//! fail the socket within 16 s by default (10 s idle + 3 probes 2 s apart),
+//! and the connection then reports [`Error::PeerGone`] the same way.
 
 use std::io::{self, IoSlice, Read, Write};
 #[cfg(feature = "verbs")]
@@ -75,6 +80,100 @@ pub const DEFAULT_MAX_GRANT_BYTES: u64 = (1 << 30) + (64 << 20);
 /// default 4 MiB ring.
 pub const DEFAULT_MAX_TOTAL_GRANT_BYTES: u64 = 64 << 30;
 
+/// Dead-host detection on the TCP side channel of `rdma://` connections:
+/// TCP keep-alive (`SO_KEEPALIVE`, `TCP_KEEPIDLE`, `TCP_KEEPINTVL`,
+/// `TCP_KEEPCNT`) plus `TCP_USER_TIMEOUT`, set on both the connecting and
+/// the accepted socket ([`HandshakeConfig::keepalive`]).
+///
+/// A peer *process* that exits closes its socket and is seen at once (FIN or
+/// RST). A peer *host* that dies, hangs or drops off the network sends
+/// nothing; without these options Linux notices only after about 2 h 11 min
+/// (keep-alive defaults) or never (an idle side channel). With them the
+/// socket fails with `ETIMEDOUT` at most [`TcpKeepalive::bound`] after the
+/// last segment the peer sent — **16 s with the defaults** (10 s idle, then
+/// 3 probes 2 s apart) — whether the side channel was idle (keep-alive
+/// probes go unanswered) or had data in flight (`TCP_USER_TIMEOUT`, set to
+/// the same bound, ends the retransmissions). The socket then polls
+/// readable, and [`Connection::check_alive`] reports [`Error::PeerGone`]
+/// and fails the queue pair.
+///
+/// Not used by `shm://` (a Unix socket between processes of one host: a
+/// dead peer's socket is closed by its kernel).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TcpKeepalive {
+    idle: Duration,
+    interval: Duration,
+    count: u32,
+}
+
+/// Largest `TCP_KEEPIDLE` / `TCP_KEEPINTVL` Linux accepts, in seconds.
+const MAX_KEEPALIVE_SECS: u64 = 32767;
+/// Largest `TCP_KEEPCNT` Linux accepts.
+const MAX_KEEPALIVE_COUNT: u32 = 127;
+
+impl Default for TcpKeepalive {
+    /// 10 s idle, 3 probes 2 s apart: a dead host is detected within 16 s.
+    fn default() -> Self {
+        TcpKeepalive {
+            idle: Duration::from_secs(10),
+            interval: Duration::from_secs(2),
+            count: 3,
+        }
+    }
+}
+
+impl TcpKeepalive {
+    /// Probes after `idle` without traffic, then every `interval`; the
+    /// connection fails after `count` unanswered probes.
+    ///
+    /// # Errors
+    /// [`Error::InvalidConfig`] unless `idle` and `interval` are whole
+    /// seconds in `1..=32767` and `count` is in `1..=127` (the ranges Linux
+    /// accepts).
+    pub fn new(idle: Duration, interval: Duration, count: u32) -> Result<Self> {
+        for (what, d) in [("idle", idle), ("interval", interval)] {
+            if d.subsec_nanos() != 0 || !(1..=MAX_KEEPALIVE_SECS).contains(&d.as_secs()) {
+                return Err(Error::InvalidConfig(format!(
+                    "keep-alive {what} must be whole seconds in 1..={MAX_KEEPALIVE_SECS} s, got {d:?}"
+                )));
+            }
+        }
+        if !(1..=MAX_KEEPALIVE_COUNT).contains(&count) {
+            return Err(Error::InvalidConfig(format!(
+                "keep-alive count must be in 1..={MAX_KEEPALIVE_COUNT}, got {count}"
+            )));
+        }
+        Ok(TcpKeepalive {
+            idle,
+            interval,
+            count,
+        })
+    }
+
+    /// Time without traffic before the first probe (`TCP_KEEPIDLE`). Default 10 s.
+    pub fn idle(&self) -> Duration {
+        self.idle
+    }
+
+    /// Time between probes (`TCP_KEEPINTVL`). Default 2 s.
+    pub fn interval(&self) -> Duration {
+        self.interval
+    }
+
+    /// Unanswered probes before the connection fails (`TCP_KEEPCNT`). Default 3.
+    pub fn count(&self) -> u32 {
+        self.count
+    }
+
+    /// The detection bound, `idle + interval × count` (16 s by default): a
+    /// dead remote host is detected at most this long after the last
+    /// segment it sent. Also the `TCP_USER_TIMEOUT` set, so data left
+    /// unacknowledged is given up after the same time.
+    pub fn bound(&self) -> Duration {
+        self.idle + self.interval * self.count
+    }
+}
+
 /// Side-channel and handshake settings.
 #[derive(Debug, Clone)]
 pub struct HandshakeConfig {
@@ -82,6 +181,7 @@ pub struct HandshakeConfig {
     token: Option<Vec<u8>>,
     max_grant_bytes: u64,
     max_total_grant_bytes: u64,
+    keepalive: Option<TcpKeepalive>,
 }
 
 impl Default for HandshakeConfig {
@@ -91,6 +191,7 @@ impl Default for HandshakeConfig {
             token: None,
             max_grant_bytes: DEFAULT_MAX_GRANT_BYTES,
             max_total_grant_bytes: DEFAULT_MAX_TOTAL_GRANT_BYTES,
+            keepalive: Some(TcpKeepalive::default()),
         }
     }
 }
@@ -170,6 +271,24 @@ impl HandshakeConfig {
     /// by [`connect`].
     pub fn max_total_grant_bytes(&self) -> u64 {
         self.max_total_grant_bytes
+    }
+
+    /// Dead-host detection on the TCP side channel of `rdma://`
+    /// connections (see [`TcpKeepalive`]): set on the client's socket by
+    /// [`connect`] and on each accepted socket by [`Listener`]. Default
+    /// `Some(TcpKeepalive::default())`: a remote host that dies without
+    /// closing is detected within **16 s** (10 s idle + 3 probes × 2 s;
+    /// `TCP_USER_TIMEOUT` 16 s). `None` leaves the socket's keep-alive off
+    /// (the system's defaults: a dead host on an idle side channel is never
+    /// noticed). No effect on `shm://`.
+    pub fn keepalive(&self) -> Option<TcpKeepalive> {
+        self.keepalive
+    }
+
+    /// Sets [`Self::keepalive`] (`None` turns it off).
+    pub fn with_keepalive(mut self, keepalive: Option<TcpKeepalive>) -> Self {
+        self.keepalive = keepalive;
+        self
     }
 
     /// Sets [`Self::max_total_grant_bytes`].
@@ -749,7 +868,13 @@ pub fn connect(
         Endpoint::Shm(p) => p,
         #[cfg(feature = "verbs")]
         Endpoint::Rdma(addr) => {
-            let (s, accept) = side::client(*addr, &qp, base_hello(&offer), deadline)?;
+            let (s, accept) = side::client(
+                *addr,
+                &qp,
+                base_hello(&offer),
+                deadline,
+                cfg.keepalive.as_ref(),
+            )?;
             let peer = peer_info(&accept, ProviderKind::Verbs)?;
             let conn = Connection::new(Side::Tcp(s), qp, peer, offer.grants)?;
             tracing::debug!("connected");
@@ -924,12 +1049,14 @@ impl Listener {
                 Side::Unix(s)
             }
             #[cfg(feature = "verbs")]
-            ListenerInner::Tcp(l) => match side::accept_tcp(l, self.cfg.timeout) {
-                Err(Error::Io { source, .. }) if source.kind() == io::ErrorKind::WouldBlock => {
-                    return Err(Error::WouldBlock);
+            ListenerInner::Tcp(l) => {
+                match side::accept_tcp(l, self.cfg.timeout, self.cfg.keepalive.as_ref()) {
+                    Err(Error::Io { source, .. }) if source.kind() == io::ErrorKind::WouldBlock => {
+                        return Err(Error::WouldBlock);
+                    }
+                    r => Side::Tcp(r?),
                 }
-                r => Side::Tcp(r?),
-            },
+            }
         };
         Ok(Pending {
             stream,
@@ -1368,5 +1495,50 @@ impl Drop for Connection {
     fn drop(&mut self) {
         self.side.shutdown();
         self.qp.fail(&Error::NotConnected);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keepalive_timers_are_validated() {
+        let s = Duration::from_secs;
+        assert!(TcpKeepalive::new(s(1), s(1), 1).is_ok());
+        assert!(TcpKeepalive::new(s(32767), s(32767), 127).is_ok());
+        for (idle, interval, count, says) in [
+            (
+                s(0),
+                s(1),
+                1,
+                "idle must be whole seconds in 1..=32767 s, got 0ns",
+            ),
+            (s(32768), s(1), 1, "idle"),
+            (Duration::from_millis(1500), s(1), 1, "got 1.5s"),
+            (s(1), s(0), 1, "interval"),
+            (s(1), s(1), 0, "count must be in 1..=127, got 0"),
+            (s(1), s(1), 128, "got 128"),
+        ] {
+            let e = TcpKeepalive::new(idle, interval, count).unwrap_err();
+            assert!(matches!(e, Error::InvalidConfig(_)));
+            assert!(e.to_string().contains(says), "{e}");
+        }
+    }
+
+    #[test]
+    fn keepalive_is_on_by_default_with_a_16_s_bound() {
+        let k = HandshakeConfig::default()
+            .keepalive()
+            .expect("on by default");
+        assert_eq!(
+            (k.idle(), k.interval(), k.count()),
+            (Duration::from_secs(10), Duration::from_secs(2), 3)
+        );
+        assert_eq!(k.bound(), Duration::from_secs(16));
+        assert_eq!(
+            HandshakeConfig::default().with_keepalive(None).keepalive(),
+            None
+        );
     }
 }

@@ -38,6 +38,89 @@ impl ProviderKind {
     }
 }
 
+/// Which verbs device, port and GID index a fabric uses
+/// ([`Fabric::verbs_with`]). Values are checked when the device is opened,
+/// against what it has.
+///
+/// | option | default |
+/// |---|---|
+/// | [`device`](Self::device) | the first device libibverbs lists |
+/// | [`port`](Self::port) | 1 |
+/// | [`gid_index`](Self::gid_index) | RoCE: the first IPv4-mapped RoCE v2 GID, else 0; InfiniBand: 0 |
+#[cfg(feature = "verbs")]
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VerbsOptions {
+    device: Option<String>,
+    port: u8,
+    gid_index: Option<u8>,
+}
+
+#[cfg(feature = "verbs")]
+impl Default for VerbsOptions {
+    fn default() -> Self {
+        VerbsOptions {
+            device: None,
+            port: crate::provider::verbs::DEFAULT_PORT,
+            gid_index: None,
+        }
+    }
+}
+
+#[cfg(feature = "verbs")]
+impl VerbsOptions {
+    /// The defaults (see the table above).
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The device, by name (`mlx5_0`, `rxe0`). Default: the first listed.
+    pub fn device(mut self, name: impl Into<String>) -> Self {
+        self.device = Some(name.into());
+        self
+    }
+
+    /// The physical port queue pairs use (`port_num`, numbered from 1).
+    /// Default 1. Opening fails for a port the device does not have.
+    pub fn port(mut self, port: u8) -> Self {
+        self.port = port;
+        self
+    }
+
+    /// The source GID index (`sgid_index`): which of the port's GIDs the
+    /// handshake carries and the queue pairs send from.
+    ///
+    /// Default: on a RoCE port, the first entry of the GID table that is an
+    /// IPv4-mapped address (`::ffff:a.b.c.d`) of type RoCE v2 (the type as
+    /// sysfs names it in
+    /// `/sys/class/infiniband/<dev>/ports/<port>/gid_attrs/types/<index>`;
+    /// an entry whose type cannot be read is not chosen), found by reading
+    /// the table with `ibv_query_gid`; if there is none, index 0 (InfiniBand,
+    /// RoCE without an IPv4 address). On an InfiniBand port, 0.
+    ///
+    /// Both ends must be able to route to each other's GID: set the index
+    /// explicitly when the default picks an address the peer cannot reach
+    /// (several IPv4 addresses on one port, RoCE v1 networks).
+    pub fn gid_index(mut self, index: u8) -> Self {
+        self.gid_index = Some(index);
+        self
+    }
+
+    /// See [`Self::device`].
+    pub fn get_device(&self) -> Option<&str> {
+        self.device.as_deref()
+    }
+
+    /// See [`Self::port`].
+    pub fn get_port(&self) -> u8 {
+        self.port
+    }
+
+    /// See [`Self::gid_index`] (`None`: the default choice).
+    pub fn get_gid_index(&self) -> Option<u8> {
+        self.gid_index
+    }
+}
+
 /// A handle on one provider. Cheap to clone.
 ///
 /// Providers are chosen at run time (by URI scheme, see [`Fabric::for_endpoint`])
@@ -48,7 +131,7 @@ pub struct Fabric {
     huge_pages: bool,
     /// The opened device and protection domain of a verbs fabric.
     #[cfg(feature = "verbs")]
-    device: Option<Arc<crate::provider::verbs::Device>>,
+    pub(crate) device: Option<Arc<crate::provider::verbs::Device>>,
 }
 
 impl Fabric {
@@ -63,17 +146,40 @@ impl Fabric {
     }
 
     /// The libibverbs provider on the device named `device` (e.g. `mlx5_0`), or
-    /// on the first device listed: `ibv_get_device_list` + `ibv_open_device` +
-    /// `ibv_alloc_pd` (and `ibv_query_port` / `ibv_query_gid` on port 1 for the
-    /// handshake's LID and GID). Builds; not run on an RDMA NIC here.
+    /// on the first device listed, port 1 and the default GID index:
+    /// [`Fabric::verbs_with`] with [`VerbsOptions::new`] and that device.
+    /// Tested on soft-RoCE; not run on an RDMA NIC.
+    ///
+    /// # Errors
+    /// As [`Fabric::verbs_with`].
+    #[cfg(feature = "verbs")]
+    pub fn verbs(device: Option<&str>) -> Result<Fabric> {
+        let mut opts = VerbsOptions::new();
+        if let Some(d) = device {
+            opts = opts.device(d);
+        }
+        Fabric::verbs_with(&opts)
+    }
+
+    /// The libibverbs provider with the device, port and GID index of `opts`:
+    /// `ibv_get_device_list` + `ibv_open_device` + `ibv_alloc_pd`, then
+    /// `ibv_query_device` (the limits queue pairs are checked against),
+    /// `ibv_query_port` (LID, active MTU, GID table length) and
+    /// `ibv_query_gid` (the GID the handshake carries; see
+    /// [`VerbsOptions::gid_index`] for the default choice). Tested on
+    /// soft-RoCE; not run on an RDMA NIC.
     ///
     /// # Errors
     /// [`Error::Io`] of kind `NotFound` saying "no RDMA device found" when
     /// libibverbs lists no device (no NIC or no kernel RDMA support) or none
-    /// named `device`; [`Error::Io`] when opening or querying it fails.
+    /// of that name (the message lists the devices there are);
+    /// [`Error::InvalidConfig`] for a port the device does not have or a GID
+    /// index outside the port's table or naming an empty entry (the message
+    /// names what was asked for and what exists); [`Error::Io`] when opening
+    /// or querying the device fails.
     #[cfg(feature = "verbs")]
-    pub fn verbs(device: Option<&str>) -> Result<Fabric> {
-        let dev = crate::provider::verbs::Device::open(device)?;
+    pub fn verbs_with(opts: &VerbsOptions) -> Result<Fabric> {
+        let dev = crate::provider::verbs::Device::open(opts)?;
         Ok(Fabric {
             kind: ProviderKind::Verbs,
             huge_pages: true,
@@ -87,11 +193,21 @@ impl Fabric {
         self.device.as_deref().map(|d| d.name())
     }
 
+    /// The verbs port and GID index in use, `(port, gid_index)` (`None` for
+    /// shm): what [`VerbsOptions`] asked for or its defaults chose.
+    #[cfg(feature = "verbs")]
+    pub fn verbs_port(&self) -> Option<(u8, u8)> {
+        self.device.as_deref().map(|d| {
+            let p = d.port();
+            (p.num, p.gid_index)
+        })
+    }
+
     /// The provider serving `endpoint`'s scheme.
     ///
     /// # Errors
     /// [`Error::ProviderUnavailable`] for `rdma://` when the `verbs` feature is
-    /// off; with it, the errors of [`Fabric::verbs`] (first device).
+    /// off; with it, the errors of `Fabric::verbs` (first device).
     pub fn for_endpoint(endpoint: &Endpoint) -> Result<Fabric> {
         match endpoint {
             Endpoint::Shm(_) => Ok(Fabric::shm()),

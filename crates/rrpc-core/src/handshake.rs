@@ -148,7 +148,7 @@ pub struct Hello {
     pub token: Option<Vec<u8>>,
     /// Provider wire code ([`crate::ProviderKind::code`]).
     pub provider: u8,
-    /// Provider-specific queue-pair endpoint (verbs: LID, QPN, PSN, GID;
+    /// Provider-specific queue-pair endpoint (verbs: LID, QPN, PSN, GID, MTU;
     /// shm: receive-queue geometry).
     pub endpoint: Vec<u8>,
     /// Ring geometry and mode.

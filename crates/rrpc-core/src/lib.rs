@@ -19,11 +19,14 @@
 //!   mapping, published with release ordering. A real transport for co-located
 //!   services and the vehicle for every test on machines without RDMA NICs.
 //! * **verbs** (cargo feature `verbs`): libibverbs through `rdma-sys`, each call
-//!   mapped one to one (`Fabric::verbs`, `ibv_reg_mr`, RC queue pairs,
-//!   `ibv_post_send`, `ibv_poll_cq`, completion channels). **Builds; not run on
-//!   an RDMA NIC here**: its tests stop at the work requests, completions and
-//!   queue-pair attributes it builds. Without the feature, `rdma://` endpoints
-//!   return [`Error::ProviderUnavailable`].
+//!   mapped one to one (`Fabric::verbs`, `Fabric::verbs_with` with a
+//!   `VerbsOptions` naming device, port and GID index, `ibv_reg_mr`, RC queue
+//!   pairs, `ibv_post_send`, `ibv_poll_cq`, completion channels). The
+//!   handshake negotiates the path MTU; queue-pair sizes are checked against
+//!   the device; the TCP side channel detects a dead remote host within 16 s
+//!   by default ([`conn::TcpKeepalive`]). **Tested on soft-RoCE (rdma_rxe) in
+//!   a VM (`cargo xtask rxe`); not run on an RDMA NIC.** Without the
+//!   feature, `rdma://` endpoints return [`Error::ProviderUnavailable`].
 //!
 //! ## Example: two queue pairs over a shm side channel
 //! ```
@@ -79,6 +82,8 @@ mod sys;
 pub use cq::{Completion, CompletionQueue, Opcode, Status};
 pub use endpoint::Endpoint;
 pub use error::{Error, Fault, Result};
+#[cfg(feature = "verbs")]
+pub use fabric::VerbsOptions;
 pub use fabric::{Fabric, ProviderKind};
 pub use fault::FaultConfig;
 pub use handshake::{RegionDesc, RingGeometry};

@@ -26,14 +26,24 @@ use crate::region::{Local, Remote};
 pub struct QpConfig {
     send_depth: u32,
     recv_depth: u32,
+    max_inline: Option<u32>,
     fault: FaultConfig,
 }
+
+/// Largest [`QpConfig::with_max_inline`] accepted (no device we know of
+/// takes more inline data per work request).
+pub const MAX_INLINE_REQUEST: u32 = 4096;
+
+/// Inline bytes a verbs queue pair asks for when [`QpConfig::max_inline`] is
+/// `None`: one cache line (ring pointer words, small messages).
+pub const DEFAULT_INLINE: u32 = 64;
 
 impl Default for QpConfig {
     fn default() -> Self {
         QpConfig {
             send_depth: 1024,
             recv_depth: 1024,
+            max_inline: None,
             fault: FaultConfig::none(),
         }
     }
@@ -41,6 +51,11 @@ impl Default for QpConfig {
 
 impl QpConfig {
     /// Maximum work requests outstanding on the send queue (`max_send_wr`). Default 1024.
+    ///
+    /// On verbs it must not exceed the device's `max_qp_wr` nor its
+    /// `max_cqe` (the send completion queue has this many entries):
+    /// [`crate::Fabric::create_qp`] refuses a larger one with
+    /// [`Error::InvalidConfig`] naming both values.
     pub fn send_depth(&self) -> u32 {
         self.send_depth
     }
@@ -61,6 +76,10 @@ impl QpConfig {
 
     /// Maximum receives posted for incoming WRITE_WITH_IMM (`max_recv_wr`),
     /// rounded up to a power of two. Default 1024.
+    ///
+    /// On verbs the rounded value must not exceed the device's `max_qp_wr`
+    /// nor its `max_cqe`: [`crate::Fabric::create_qp`] refuses a larger one
+    /// with [`Error::InvalidConfig`] naming both values.
     pub fn recv_depth(&self) -> u32 {
         self.recv_depth
     }
@@ -76,6 +95,38 @@ impl QpConfig {
             )));
         }
         self.recv_depth = depth;
+        Ok(self)
+    }
+
+    /// Inline data the verbs send queue must take (`max_inline_data`):
+    /// WRITEs of at most this many bytes are copied into the work request
+    /// (`IBV_SEND_INLINE`) instead of being read from the region by DMA.
+    ///
+    /// * `None` (default): [`DEFAULT_INLINE`] (64) bytes, or less if the
+    ///   device refuses 64 — then the most it accepts, found by asking
+    ///   `ibv_create_qp` (libibverbs reports no such limit) and remembered
+    ///   for the fabric; logged at info level.
+    /// * `Some(n)`: checked — if the device refuses `n`,
+    ///   [`crate::Fabric::create_qp`] fails with [`Error::InvalidConfig`]
+    ///   naming `n` and the most the device accepts.
+    ///
+    /// A device may grant more than asked; every WRITE up to what it granted
+    /// goes inline. No effect on shm (every WRITE is a copy there).
+    pub fn max_inline(&self) -> Option<u32> {
+        self.max_inline
+    }
+
+    /// Sets [`Self::max_inline`] to `Some(bytes)`.
+    ///
+    /// # Errors
+    /// [`Error::InvalidConfig`] above [`MAX_INLINE_REQUEST`] (4096).
+    pub fn with_max_inline(mut self, bytes: u32) -> Result<Self> {
+        if bytes > MAX_INLINE_REQUEST {
+            return Err(Error::InvalidConfig(format!(
+                "max_inline must be at most {MAX_INLINE_REQUEST} bytes, got {bytes}"
+            )));
+        }
+        self.max_inline = Some(bytes);
         Ok(self)
     }
 
@@ -317,5 +368,29 @@ impl FailState {
             .unwrap_or_else(|p| p.into_inner())
             .as_ref()
             .map(FailReason::to_error)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn max_inline_defaults_to_none_and_is_bounded() {
+        let c = QpConfig::default();
+        assert_eq!(c.max_inline(), None);
+        assert_eq!(c.clone().with_max_inline(0).unwrap().max_inline(), Some(0));
+        assert_eq!(
+            c.clone()
+                .with_max_inline(MAX_INLINE_REQUEST)
+                .unwrap()
+                .max_inline(),
+            Some(MAX_INLINE_REQUEST)
+        );
+        let e = c.with_max_inline(MAX_INLINE_REQUEST + 1).unwrap_err();
+        assert!(
+            e.to_string().contains("at most 4096 bytes, got 4097"),
+            "{e}"
+        );
     }
 }

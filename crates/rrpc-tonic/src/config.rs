@@ -38,6 +38,8 @@ pub(crate) const MIN_CALL_WINDOW: u32 = 1024;
 /// | `max_pending_handshakes` | 1024 | connections still in setup per listener; more are closed at once |
 /// | `token` | none | shared secret checked in the handshake (constant time) |
 /// | `rdma_device` | first device listed | the verbs device for `rdma://` (feature `verbs`) |
+/// | `rdma_port` | 1 | its physical port |
+/// | `rdma_gid_index` | RoCE: first IPv4-mapped RoCE v2 GID, else 0; InfiniBand: 0 | its source GID index (see `rrpc_core::VerbsOptions::gid_index`) |
 #[derive(Debug, Clone)]
 pub struct RrpcConfig(Arc<Inner>);
 
@@ -59,6 +61,8 @@ struct Inner {
     poller_cell: Arc<OnceLock<Poller>>,
     token: Option<Arc<[u8]>>,
     rdma_device: Option<String>,
+    rdma_port: Option<u8>,
+    rdma_gid_index: Option<u8>,
     /// The verbs device and protection domain, opened once per config (and
     /// its clones), at the first `rdma://` connection.
     fabric_cell: Arc<std::sync::Mutex<Option<rrpc_core::Fabric>>>,
@@ -82,6 +86,8 @@ impl Default for RrpcConfig {
             poller_cell: Arc::new(OnceLock::new()),
             token: None,
             rdma_device: None,
+            rdma_port: None,
+            rdma_gid_index: None,
             fabric_cell: Arc::new(std::sync::Mutex::new(None)),
         }))
     }
@@ -407,6 +413,57 @@ impl RrpcConfig {
         self.0.rdma_device.as_deref()
     }
 
+    /// The physical port of [`RrpcConfig::rdma_device`] that `rdma://`
+    /// uses (numbered from 1); default 1. A port the device does not have
+    /// fails the first `rdma://` connection with an error naming the ports
+    /// there are.
+    pub fn rdma_port(self, port: u8) -> Self {
+        self.with(|i| {
+            i.rdma_port = Some(port);
+            i.fabric_cell = Arc::new(std::sync::Mutex::new(None));
+        })
+    }
+
+    /// See [`RrpcConfig::rdma_port`] (`None`: the default, 1).
+    pub fn get_rdma_port(&self) -> Option<u8> {
+        self.0.rdma_port
+    }
+
+    /// The source GID index `rdma://` uses on that port. Default: on RoCE
+    /// the first IPv4-mapped RoCE v2 GID of the port's table, else 0; on
+    /// InfiniBand 0 (`rrpc_core::VerbsOptions::gid_index` with the
+    /// `verbs` feature). An index outside the port's table, or naming an
+    /// empty entry, fails the first `rdma://` connection with an error
+    /// naming the index and the table's length.
+    pub fn rdma_gid_index(self, index: u8) -> Self {
+        self.with(|i| {
+            i.rdma_gid_index = Some(index);
+            i.fabric_cell = Arc::new(std::sync::Mutex::new(None));
+        })
+    }
+
+    /// See [`RrpcConfig::rdma_gid_index`] (`None`: the default choice).
+    pub fn get_rdma_gid_index(&self) -> Option<u8> {
+        self.0.rdma_gid_index
+    }
+
+    /// The [`rrpc_core::VerbsOptions`] of `rdma_device`, `rdma_port` and
+    /// `rdma_gid_index`.
+    #[cfg(feature = "verbs")]
+    fn verbs_options(&self) -> rrpc_core::VerbsOptions {
+        let mut o = rrpc_core::VerbsOptions::new();
+        if let Some(d) = &self.0.rdma_device {
+            o = o.device(d.clone());
+        }
+        if let Some(p) = self.0.rdma_port {
+            o = o.port(p);
+        }
+        if let Some(g) = self.0.rdma_gid_index {
+            o = o.gid_index(g);
+        }
+        o
+    }
+
     /// The fabric for `rdma://`: opened at the first call, then shared.
     #[cfg(feature = "verbs")]
     pub(crate) fn verbs_fabric(&self) -> Result<rrpc_core::Fabric, crate::Error> {
@@ -414,8 +471,12 @@ impl RrpcConfig {
         if let Some(f) = cell.as_ref() {
             return Ok(f.clone());
         }
-        let f = rrpc_core::Fabric::verbs(self.0.rdma_device.as_deref())?;
-        tracing::info!(device = ?f.device_name(), "rrpc: verbs device opened");
+        let f = rrpc_core::Fabric::verbs_with(&self.verbs_options())?;
+        tracing::info!(
+            device = ?f.device_name(),
+            port_and_gid_index = ?f.verbs_port(),
+            "rrpc: verbs device opened"
+        );
         *cell = Some(f.clone());
         Ok(f)
     }
@@ -452,4 +513,36 @@ pub fn default_poller_config() -> PollerConfig {
         .expect("1 is a valid thread count")
         .bp_timeout(std::time::Duration::from_micros(50))
         .auto_tune(false)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rdma_port_and_gid_index_are_kept() {
+        let c = RrpcConfig::new();
+        assert_eq!((c.get_rdma_port(), c.get_rdma_gid_index()), (None, None));
+        let c = c.rdma_device("rxe0").rdma_port(2).rdma_gid_index(3);
+        assert_eq!(c.get_rdma_device(), Some("rxe0"));
+        assert_eq!(
+            (c.get_rdma_port(), c.get_rdma_gid_index()),
+            (Some(2), Some(3))
+        );
+    }
+
+    #[cfg(feature = "verbs")]
+    #[test]
+    fn verbs_options_follow_the_config() {
+        let o = RrpcConfig::new().verbs_options();
+        assert_eq!(o, rrpc_core::VerbsOptions::new());
+        let o = RrpcConfig::new()
+            .rdma_device("mlx5_1")
+            .rdma_port(2)
+            .rdma_gid_index(3)
+            .verbs_options();
+        assert_eq!(o.get_device(), Some("mlx5_1"));
+        assert_eq!(o.get_port(), 2);
+        assert_eq!(o.get_gid_index(), Some(3));
+    }
 }

@@ -2,7 +2,9 @@
 //! `ibv_gid` by hand (bindgen cannot express their unions). A layout slip
 //! there would corrupt every work request silently, so this test compiles a C
 //! program against the installed `<infiniband/verbs.h>` and compares sizes and
-//! field offsets with the Rust declarations.
+//! field offsets with the Rust declarations (and the one enum value rrpc-core
+//! writes down by hand, `IBV_LINK_LAYER_ETHERNET`, which bindgen does not
+//! export from its anonymous enum).
 
 use std::mem::{offset_of, size_of};
 use std::process::Command;
@@ -33,6 +35,7 @@ int main(void) {
   S(ibv_qp_attr) O(ibv_qp_attr, dest_qp_num) O(ibv_qp_attr, ah_attr) O(ibv_qp_attr, alt_ah_attr)
   O(ibv_qp_attr, max_dest_rd_atomic) O(ibv_qp_attr, timeout) O(ibv_qp_attr, rate_limit)
   S(ibv_qp_init_attr) O(ibv_qp_init_attr, cap) O(ibv_qp_init_attr, qp_type)
+  printf("IBV_LINK_LAYER_ETHERNET %d\n", IBV_LINK_LAYER_ETHERNET);
   return 0;
 }
 "#;
@@ -157,6 +160,10 @@ fn rdma_sys_layouts_match_verbs_h() {
         (
             "ibv_qp_init_attr.qp_type",
             offset_of!(ibv_qp_init_attr, qp_type),
+        ),
+        (
+            "IBV_LINK_LAYER_ETHERNET",
+            usize::from(super::caps::LINK_LAYER_ETHERNET),
         ),
     ];
     assert_eq!(c.len(), rust.len(), "probe and table list the same items");

@@ -16,14 +16,21 @@ use std::sync::Arc;
 use rdma_sys::{
     ___ibv_query_port, ibv_ack_cq_events, ibv_alloc_pd, ibv_close_device, ibv_comp_channel,
     ibv_context, ibv_cq, ibv_create_comp_channel, ibv_create_cq, ibv_create_qp, ibv_dealloc_pd,
-    ibv_dereg_mr, ibv_destroy_comp_channel, ibv_destroy_cq, ibv_destroy_qp, ibv_free_device_list,
-    ibv_get_cq_event, ibv_get_device_list, ibv_get_device_name, ibv_gid, ibv_modify_qp, ibv_mr,
-    ibv_open_device, ibv_pd, ibv_poll_cq, ibv_port_attr, ibv_post_recv, ibv_post_send, ibv_qp,
-    ibv_qp_cap, ibv_qp_init_attr, ibv_qp_type, ibv_query_gid, ibv_req_notify_cq, ibv_wc,
+    ibv_dereg_mr, ibv_destroy_comp_channel, ibv_destroy_cq, ibv_destroy_qp, ibv_device_attr,
+    ibv_free_device_list, ibv_get_cq_event, ibv_get_device_list, ibv_get_device_name, ibv_gid,
+    ibv_modify_qp, ibv_mr, ibv_open_device, ibv_pd, ibv_poll_cq, ibv_port_attr, ibv_post_recv,
+    ibv_post_send, ibv_qp, ibv_qp_cap, ibv_qp_init_attr, ibv_qp_type, ibv_query_device,
+    ibv_query_gid, ibv_req_notify_cq, ibv_wc,
 };
 
-use super::wr::{ACCESS, GID_INDEX, PORT, Transition, build_recv_wr};
+use super::caps::{self, DeviceCaps, GidEntry};
+use super::wr::{ACCESS, Transition, build_recv_wr};
 use crate::error::{Error, Result};
+use crate::fabric::VerbsOptions;
+use crate::qp::DEFAULT_INLINE;
+
+/// Where the kernel lists RDMA devices (GID types are read from here).
+const SYSFS: &str = "/sys/class/infiniband";
 
 fn last_os(op: &'static str) -> Error {
     Error::io(op, io::Error::last_os_error())
@@ -41,11 +48,15 @@ fn errno(op: &'static str, rc: i32) -> Error {
 /// What the local port looks like (`ibv_query_port` + `ibv_query_gid`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct PortInfo {
+    /// Port number (`port_num`).
+    pub(crate) num: u8,
     /// Local identifier (0 on RoCE).
     pub(crate) lid: u16,
-    /// GID at [`GID_INDEX`].
+    /// The GID at `gid_index`.
     pub(crate) gid: [u8; 16],
-    /// Active MTU (`ibv_mtu` code).
+    /// Source GID index (`sgid_index`).
+    pub(crate) gid_index: u8,
+    /// Active MTU (`ibv_mtu` code, checked to be one).
     pub(crate) active_mtu: u32,
 }
 
@@ -56,6 +67,10 @@ pub(crate) struct Device {
     pd: NonNull<ibv_pd>,
     name: String,
     port: PortInfo,
+    caps: DeviceCaps,
+    /// The most inline bytes this device accepted when it refused
+    /// [`DEFAULT_INLINE`] (found once, by bisection, see [`RawQp::new`]).
+    inline_cap: std::sync::OnceLock<u32>,
 }
 
 // SAFETY: libibverbs contexts and protection domains are thread-safe objects;
@@ -69,20 +84,24 @@ impl std::fmt::Debug for Device {
         f.debug_struct("Device")
             .field("name", &self.name)
             .field("port", &self.port)
+            .field("caps", &self.caps)
             .finish_non_exhaustive()
     }
 }
 
 impl Device {
-    /// Opens the device called `name`, or the first one listed
-    /// (`ibv_get_device_list`, `ibv_open_device`, `ibv_alloc_pd`,
-    /// `ibv_query_port`, `ibv_query_gid`).
+    /// Opens the device `opts` names, or the first one listed
+    /// (`ibv_get_device_list`, `ibv_open_device`, `ibv_alloc_pd`), reads its
+    /// limits (`ibv_query_device`) and the chosen port and GID
+    /// (`ibv_query_port`, `ibv_query_gid`).
     ///
     /// # Errors
     /// [`Error::Io`] with kind `NotFound` and the message "no RDMA device found"
     /// when libibverbs lists no device (no NIC, no kernel support) or none of
-    /// that name; [`Error::Io`] if opening or querying the device fails.
-    pub(crate) fn open(name: Option<&str>) -> Result<Arc<Device>> {
+    /// that name; [`Error::InvalidConfig`] for a port or GID index the device
+    /// does not have; [`Error::Io`] if opening or querying the device fails.
+    pub(crate) fn open(opts: &VerbsOptions) -> Result<Arc<Device>> {
+        let name = opts.get_device();
         let mut n: i32 = 0;
         // SAFETY: `n` is a valid out-pointer; the returned list is freed below.
         let list = unsafe { ibv_get_device_list(&mut n) };
@@ -123,14 +142,18 @@ impl Device {
                     ),
                 ),
             )),
-            Some((dev, dname)) => Self::open_listed(dev, dname),
+            Some((dev, dname)) => Self::open_listed(dev, dname, opts),
         };
         // SAFETY: opening a device keeps its own reference; the list may be freed now.
         unsafe { ibv_free_device_list(list) };
         result.map(Arc::new)
     }
 
-    fn open_listed(dev: *mut rdma_sys::ibv_device, name: String) -> Result<Device> {
+    fn open_listed(
+        dev: *mut rdma_sys::ibv_device,
+        name: String,
+        opts: &VerbsOptions,
+    ) -> Result<Device> {
         // SAFETY: `dev` is a live entry of the device list.
         let ctx = NonNull::new(unsafe { ibv_open_device(dev) })
             .ok_or_else(|| last_os("ibv_open_device"))?;
@@ -149,34 +172,100 @@ impl Device {
             pd,
             name,
             port: PortInfo {
+                num: opts.get_port(),
                 lid: 0,
                 gid: [0; 16],
+                gid_index: 0,
                 active_mtu: 0,
             },
+            caps: DeviceCaps {
+                phys_port_cnt: 0,
+                max_qp_wr: 0,
+                max_cqe: 0,
+            },
+            inline_cap: std::sync::OnceLock::new(),
         };
-        d.port = d.query_port()?; // on error, `d` drops and releases pd and ctx
-        tracing::info!(device = %d.name, lid = d.port.lid, "verbs device opened");
+        // On error `d` drops and releases pd and ctx.
+        d.caps = d.query_device()?;
+        caps::check_port(&d.name, opts.get_port(), &d.caps)?;
+        d.port = d.query_port(opts.get_port(), opts.get_gid_index())?;
+        tracing::info!(
+            device = %d.name,
+            port = d.port.num,
+            lid = d.port.lid,
+            gid_index = d.port.gid_index,
+            gid = %std::net::Ipv6Addr::from(d.port.gid),
+            active_mtu = super::endpoint::mtu_bytes(d.port.active_mtu),
+            max_qp_wr = d.caps.max_qp_wr,
+            "verbs device opened"
+        );
         Ok(d)
     }
 
-    fn query_port(&self) -> Result<PortInfo> {
-        // SAFETY: `ibv_port_attr` is plain integers; zero is valid.
-        let mut attr: ibv_port_attr = unsafe { std::mem::zeroed() };
+    fn query_device(&self) -> Result<DeviceCaps> {
+        // SAFETY: `ibv_device_attr` is plain integers and a char array; zero is valid.
+        let mut attr: ibv_device_attr = unsafe { std::mem::zeroed() };
         // SAFETY: valid context and out-pointer.
-        let rc = unsafe { ___ibv_query_port(self.ctx.as_ptr(), PORT, &mut attr) };
+        let rc = unsafe { ibv_query_device(self.ctx.as_ptr(), &mut attr) };
         if rc != 0 {
-            return Err(errno("ibv_query_port", rc));
+            return Err(errno("ibv_query_device", rc));
         }
+        let non_neg = |v: i32| u32::try_from(v).unwrap_or(0);
+        Ok(DeviceCaps {
+            phys_port_cnt: attr.phys_port_cnt,
+            max_qp_wr: non_neg(attr.max_qp_wr),
+            max_cqe: non_neg(attr.max_cqe),
+        })
+    }
+
+    /// One GID table entry: `ibv_query_gid` (an empty entry reads as zero)
+    /// and, for RoCE, its type from sysfs.
+    fn gid_entry(&self, port: u8, index: u8) -> Result<GidEntry> {
         let mut gid = ibv_gid { raw: [0; 16] };
-        // SAFETY: valid context and out-pointer.
-        let rc = unsafe { ibv_query_gid(self.ctx.as_ptr(), PORT, GID_INDEX.into(), &mut gid) };
+        // SAFETY: valid context and out-pointer; `index` is below the port's
+        // `gid_tbl_len` (the caller's loop bound), and libibverbs checks it anyway.
+        let rc = unsafe { ibv_query_gid(self.ctx.as_ptr(), port, index.into(), &mut gid) };
         if rc != 0 {
             return Err(errno("ibv_query_gid", rc));
         }
+        // SAFETY: `raw` covers the whole union; any bytes are valid.
+        let gid = unsafe { gid.raw };
+        let roce_v2 = gid != [0; 16]
+            && caps::sysfs_gid_type(std::path::Path::new(SYSFS), &self.name, port, index)
+                .is_some_and(|t| t == "RoCE v2");
+        Ok(GidEntry { gid, roce_v2 })
+    }
+
+    fn query_port(&self, port: u8, gid_index: Option<u8>) -> Result<PortInfo> {
+        // SAFETY: `ibv_port_attr` is plain integers; zero is valid.
+        let mut attr: ibv_port_attr = unsafe { std::mem::zeroed() };
+        // SAFETY: valid context and out-pointer; `port` was checked against
+        // the device's port count.
+        let rc = unsafe { ___ibv_query_port(self.ctx.as_ptr(), port, &mut attr) };
+        if rc != 0 {
+            return Err(errno("ibv_query_port", rc));
+        }
+        if super::endpoint::mtu_bytes(attr.active_mtu).is_none() {
+            return Err(Error::io(
+                "ibv_query_port",
+                io::Error::other(format!(
+                    "port {port} of {} reports active MTU code {}, not an ibv_mtu code (1..=5)",
+                    self.name, attr.active_mtu
+                )),
+            ));
+        }
+        let roce = attr.link_layer == caps::LINK_LAYER_ETHERNET;
+        let table_len = u32::try_from(attr.gid_tbl_len).unwrap_or(0);
+        let location = format!("device {} port {port}", self.name);
+        let index = caps::choose_gid_index(&location, gid_index, table_len, roce, |i| {
+            self.gid_entry(port, i)
+        })?;
+        let gid = self.gid_entry(port, index)?.gid;
         Ok(PortInfo {
+            num: port,
             lid: attr.lid,
-            // SAFETY: `raw` covers the whole union; any bytes are valid.
-            gid: unsafe { gid.raw },
+            gid,
+            gid_index: index,
             active_mtu: attr.active_mtu,
         })
     }
@@ -189,6 +278,11 @@ impl Device {
     /// The port the queue pairs use.
     pub(crate) fn port(&self) -> PortInfo {
         self.port
+    }
+
+    /// The limits queue pairs are checked against.
+    pub(crate) fn caps(&self) -> DeviceCaps {
+        self.caps
     }
 
     fn pd(&self) -> *mut ibv_pd {
@@ -425,53 +519,125 @@ impl std::fmt::Debug for RawQp {
     }
 }
 
-/// Inline data we ask for: one cache line (ring pointer words, small messages).
-const WANT_INLINE: u32 = 64;
-
 impl RawQp {
-    /// Creates an RC queue pair on `send` / `recv`, asking for `WANT_INLINE`
-    /// bytes of inline data and retrying without if the device refuses.
+    /// Creates an RC queue pair on `send` / `recv` with `max_inline` bytes of
+    /// inline data ([`crate::QpConfig::max_inline`]):
+    ///
+    /// * `Some(n)`: exactly checked. If the device refuses `n` but accepts a
+    ///   queue pair without inline data, the most it accepts is found by
+    ///   bisection and the error names both.
+    /// * `None`: [`DEFAULT_INLINE`] bytes, or the most the device accepts if
+    ///   it refuses that (found once per device, then reused).
+    ///
+    /// The depths were checked against the device's limits by the caller.
+    ///
+    /// # Errors
+    /// [`Error::InvalidConfig`] for an inline size the device refuses;
+    /// [`Error::Io`] when `ibv_create_qp` fails for another reason.
     pub(crate) fn new(
         dev: &Arc<Device>,
         send: &Arc<RawCq>,
         recv: &Arc<RawCq>,
         send_depth: u32,
         recv_depth: u32,
+        max_inline: Option<u32>,
     ) -> Result<RawQp> {
-        let mut last = None;
-        for inline in [WANT_INLINE, 0] {
-            let mut init = ibv_qp_init_attr {
-                qp_context: std::ptr::null_mut(),
-                send_cq: send.cq.as_ptr(),
-                recv_cq: recv.cq.as_ptr(),
-                srq: std::ptr::null_mut(),
-                cap: ibv_qp_cap {
-                    max_send_wr: send_depth,
-                    max_recv_wr: recv_depth,
-                    max_send_sge: 1,
-                    max_recv_sge: 1,
-                    max_inline_data: inline,
-                },
-                qp_type: ibv_qp_type::IBV_QPT_RC,
-                sq_sig_all: 0,
-            };
-            // SAFETY: valid PD, CQs of the same context, and an init struct that
-            // the call reads and updates (`cap` gets the granted values).
-            let qp = unsafe { ibv_create_qp(dev.pd(), &mut init) };
-            match NonNull::new(qp) {
-                Some(qp) => {
-                    return Ok(RawQp {
-                        qp,
-                        max_inline: init.cap.max_inline_data,
-                        _send_cq: send.clone(),
-                        _recv_cq: recv.clone(),
-                        dev: dev.clone(),
-                    });
+        let create = |inline: u32| Self::create(dev, send, recv, send_depth, recv_depth, inline);
+        let want = max_inline.unwrap_or_else(|| {
+            dev.inline_cap
+                .get()
+                .map_or(DEFAULT_INLINE, |&cap| cap.min(DEFAULT_INLINE))
+        });
+        let first = match create(want) {
+            Ok(qp) => return Self::check_granted(qp, &dev.name, max_inline, want),
+            Err(e) if want == 0 => return Err(e),
+            Err(e) => e,
+        };
+        // Was it the inline size? A queue pair without inline data tells.
+        let Ok(bare) = create(0) else {
+            return Err(first);
+        };
+        let most = caps::largest_inline(want, |n| Ok(create(n).is_ok()))?;
+        match max_inline {
+            Some(n) => Err(Error::InvalidConfig(format!(
+                "max_inline {n} bytes exceeds what device {} accepts: at most {most} bytes \
+                 (send_depth {send_depth}, recv_depth {recv_depth})",
+                dev.name
+            ))),
+            None => {
+                let cap = *dev.inline_cap.get_or_init(|| most);
+                tracing::info!(
+                    device = %dev.name,
+                    asked = DEFAULT_INLINE,
+                    accepted = cap,
+                    "verbs device takes less inline data than asked for"
+                );
+                if cap == 0 {
+                    return Ok(bare);
                 }
-                None => last = Some(last_os("ibv_create_qp")),
+                drop(bare);
+                let qp = create(cap)?;
+                Self::check_granted(qp, &dev.name, None, cap)
             }
         }
-        Err(last.expect("tried at least once"))
+    }
+
+    /// The verbs contract: the device grants at least the inline size asked
+    /// for (it may grant more). Refuses a queue pair that got less when the
+    /// size was required.
+    fn check_granted(qp: RawQp, device: &str, required: Option<u32>, asked: u32) -> Result<RawQp> {
+        if qp.max_inline < asked {
+            if let Some(n) = required {
+                return Err(Error::InvalidConfig(format!(
+                    "max_inline {n} bytes: device {device} granted only {}",
+                    qp.max_inline
+                )));
+            }
+            tracing::warn!(
+                device,
+                asked,
+                granted = qp.max_inline,
+                "device granted less inline data than asked for"
+            );
+        }
+        Ok(qp)
+    }
+
+    /// One `ibv_create_qp` (RC) asking for `inline` bytes of inline data.
+    fn create(
+        dev: &Arc<Device>,
+        send: &Arc<RawCq>,
+        recv: &Arc<RawCq>,
+        send_depth: u32,
+        recv_depth: u32,
+        inline: u32,
+    ) -> Result<RawQp> {
+        let mut init = ibv_qp_init_attr {
+            qp_context: std::ptr::null_mut(),
+            send_cq: send.cq.as_ptr(),
+            recv_cq: recv.cq.as_ptr(),
+            srq: std::ptr::null_mut(),
+            cap: ibv_qp_cap {
+                max_send_wr: send_depth,
+                max_recv_wr: recv_depth,
+                max_send_sge: 1,
+                max_recv_sge: 1,
+                max_inline_data: inline,
+            },
+            qp_type: ibv_qp_type::IBV_QPT_RC,
+            sq_sig_all: 0,
+        };
+        // SAFETY: valid PD, CQs of the same context, and an init struct that
+        // the call reads and updates (`cap` gets the granted values).
+        let qp = unsafe { ibv_create_qp(dev.pd(), &mut init) };
+        let qp = NonNull::new(qp).ok_or_else(|| last_os("ibv_create_qp"))?;
+        Ok(RawQp {
+            qp,
+            max_inline: init.cap.max_inline_data,
+            _send_cq: send.clone(),
+            _recv_cq: recv.clone(),
+            dev: dev.clone(),
+        })
     }
 
     /// Our queue pair number.

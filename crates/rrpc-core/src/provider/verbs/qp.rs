@@ -9,8 +9,9 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use rdma_sys::ibv_wc;
 
+use super::caps::{self, QpSizes};
 use super::device::{Device, RawCq, RawQp};
-use super::endpoint::VerbsEndpoint;
+use super::endpoint::{VerbsEndpoint, mtu_bytes, path_mtu};
 use super::wr::{
     self, MAX_MESSAGE, Op, Wc, WorkRequest, build_send_wr, err_transition, init_transition,
     recv_completion, rtr_transition, rts_transition, send_completion,
@@ -210,12 +211,33 @@ pub(crate) struct VerbsQp {
 impl VerbsQp {
     /// `ibv_create_comp_channel` + `ibv_create_cq` for each side, then
     /// `ibv_create_qp` (RC) and `ibv_modify_qp` RESET → INIT.
+    ///
+    /// # Errors
+    /// [`Error::InvalidConfig`] naming the configured value and the device's
+    /// limit when a depth exceeds `max_qp_wr` or `max_cqe`, or the device
+    /// refuses a required inline size ([`QpConfig::max_inline`]);
+    /// [`Error::Io`] when the device refuses a call.
     pub(crate) fn new(dev: &Arc<Device>, cfg: &QpConfig) -> Result<VerbsQp> {
         let recv_depth = cfg.recv_depth().next_power_of_two();
+        caps::check_qp_sizes(
+            dev.name(),
+            QpSizes {
+                send_depth: cfg.send_depth(),
+                recv_depth,
+            },
+            &dev.caps(),
+        )?;
         let send_raw = Arc::new(RawCq::new(dev, cfg.send_depth())?);
         let recv_raw = Arc::new(RawCq::new(dev, recv_depth)?);
-        let raw = RawQp::new(dev, &send_raw, &recv_raw, cfg.send_depth(), recv_depth)?;
-        raw.modify(init_transition(), "ibv_modify_qp(INIT)")?;
+        let raw = RawQp::new(
+            dev,
+            &send_raw,
+            &recv_raw,
+            cfg.send_depth(),
+            recv_depth,
+            cfg.max_inline(),
+        )?;
+        raw.modify(init_transition(dev.port().num), "ibv_modify_qp(INIT)")?;
         let slots = Arc::new(Mutex::new(SendSlots::new(cfg.send_depth())));
         let recv_posted = Arc::new(AtomicU64::new(0));
         let fail = Arc::new(FailState::default());
@@ -245,7 +267,8 @@ impl VerbsQp {
         })
     }
 
-    /// Our endpoint for the handshake: the port's LID and GID, our QPN and PSN.
+    /// Our endpoint for the handshake: the port's LID, GID and active MTU,
+    /// our QPN and PSN.
     pub(crate) fn endpoint(&self) -> VerbsEndpoint {
         let port = self.raw.device().port();
         VerbsEndpoint {
@@ -253,23 +276,29 @@ impl VerbsQp {
             qpn: self.raw.qpn(),
             psn: self.psn,
             gid: port.gid,
+            mtu: port.active_mtu,
         }
     }
 
     /// Connects to the peer: remembers the regions it granted (for the
     /// pre-checks) and moves the queue pair INIT → RTR → RTS
-    /// (`ibv_modify_qp` twice).
+    /// (`ibv_modify_qp` twice), RTR with the path MTU
+    /// min(our port's active MTU, the peer's).
     ///
     /// # Errors
-    /// [`Error::InvalidConfig`] if already connected; [`Error::Io`] if the
+    /// [`Error::InvalidConfig`] if already connected; [`Error::MalformedHandshake`]
+    /// for a peer MTU that is not an `ibv_mtu` code; [`Error::Io`] if the
     /// device refuses a transition.
     pub(crate) fn connect(&self, peer: &VerbsEndpoint, regions: Vec<RemoteRegion>) -> Result<()> {
         if self.peer.get().is_some() {
             return Err(Error::InvalidConfig("queue pair already connected".into()));
         }
-        let mtu = self.raw.device().port().active_mtu;
-        self.raw
-            .modify(rtr_transition(peer, mtu), "ibv_modify_qp(RTR)")?;
+        let port = self.raw.device().port();
+        let mtu = path_mtu(port.active_mtu, peer.mtu)?;
+        self.raw.modify(
+            rtr_transition(peer, mtu, port.num, port.gid_index),
+            "ibv_modify_qp(RTR)",
+        )?;
         self.raw
             .modify(rts_transition(self.psn), "ibv_modify_qp(RTS)")?;
         self.peer
@@ -278,6 +307,7 @@ impl VerbsQp {
         tracing::debug!(
             qpn = self.raw.qpn(),
             peer_qpn = peer.qpn,
+            path_mtu = mtu_bytes(mtu),
             "verbs queue pair connected"
         );
         Ok(())
@@ -297,6 +327,12 @@ impl VerbsQp {
     /// The error the queue pair failed with, if it did.
     pub(crate) fn failure(&self) -> Option<Error> {
         self.fail.get()
+    }
+
+    /// Inline bytes the device granted (`max_inline_data`).
+    #[cfg(test)]
+    pub(crate) fn max_inline(&self) -> u32 {
+        self.raw.max_inline()
     }
 
     /// Work requests posted and not yet retired.

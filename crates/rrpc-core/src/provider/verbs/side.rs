@@ -1,7 +1,7 @@
 //! The TCP side channel of `rdma://` endpoints: the same handshake messages
 //! as shm ([`crate::handshake::Message`]) over a TCP stream, without fd
 //! passing — a verbs peer needs only the `Hello` bytes: its queue-pair
-//! endpoint (LID, QPN, PSN, GID; see [`super::endpoint`]) and its region
+//! endpoint (LID, QPN, PSN, GID, MTU; see [`super::endpoint`]) and its region
 //! descriptors (address, length, rkey).
 //!
 //! Function-level API for `conn.rs`:
@@ -27,7 +27,9 @@ use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::time::Duration;
 
-use crate::conn::Deadline;
+use nix::sys::socket::{setsockopt, sockopt};
+
+use crate::conn::{Deadline, TcpKeepalive};
 
 use super::endpoint::VerbsEndpoint;
 use crate::error::{Error, Result};
@@ -56,14 +58,20 @@ fn verbs_qp(qp: &QueuePair) -> Result<&super::VerbsQp> {
     }
 }
 
-/// Connects the side channel to `addr` by `deadline`.
+/// Connects the side channel to `addr` by `deadline`, with `keepalive` set
+/// (see [`set_keepalive`]).
 ///
 /// # Errors
-/// [`Error::Io`] if the server cannot be reached; [`Error::Timeout`].
-pub(crate) fn connect_tcp(addr: SocketAddr, deadline: Deadline) -> Result<TcpStream> {
+/// [`Error::Io`] if the server cannot be reached or a socket option cannot
+/// be set; [`Error::Timeout`].
+pub(crate) fn connect_tcp(
+    addr: SocketAddr,
+    deadline: Deadline,
+    keepalive: Option<&TcpKeepalive>,
+) -> Result<TcpStream> {
     let s = TcpStream::connect_timeout(&addr, deadline.remaining()?)
         .map_err(|e| map_io("connect side channel", e))?;
-    prepare(&s, deadline.remaining()?)?;
+    prepare(&s, deadline.remaining()?, keepalive)?;
     Ok(s)
 }
 
@@ -75,11 +83,16 @@ pub(crate) fn bind_tcp(addr: SocketAddr) -> Result<TcpListener> {
     TcpListener::bind(addr).map_err(|e| Error::io("bind side channel", e))
 }
 
-/// Accepts one client connection, blocking, with `timeout` on its reads and writes.
+/// Accepts one client connection, blocking, with `timeout` on its reads and
+/// writes and `keepalive` set (see [`set_keepalive`]).
 ///
 /// # Errors
 /// [`Error::WouldBlock`] on a non-blocking listener without a client; [`Error::Io`].
-pub(crate) fn accept_tcp(l: &TcpListener, timeout: Duration) -> Result<TcpStream> {
+pub(crate) fn accept_tcp(
+    l: &TcpListener,
+    timeout: Duration,
+    keepalive: Option<&TcpKeepalive>,
+) -> Result<TcpStream> {
     let (s, _) = match l.accept() {
         Ok(x) => x,
         Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Err(Error::WouldBlock),
@@ -87,15 +100,44 @@ pub(crate) fn accept_tcp(l: &TcpListener, timeout: Duration) -> Result<TcpStream
     };
     s.set_nonblocking(false)
         .map_err(|e| Error::io("set_nonblocking", e))?;
-    prepare(&s, timeout)?;
+    prepare(&s, timeout, keepalive)?;
     Ok(s)
 }
 
-fn prepare(s: &TcpStream, timeout: Duration) -> Result<()> {
+fn prepare(s: &TcpStream, timeout: Duration, keepalive: Option<&TcpKeepalive>) -> Result<()> {
     s.set_nodelay(true)
         .and_then(|_| s.set_read_timeout(Some(timeout)))
         .and_then(|_| s.set_write_timeout(Some(timeout)))
-        .map_err(|e| Error::io("configure side channel", e))
+        .map_err(|e| Error::io("configure side channel", e))?;
+    match keepalive {
+        Some(k) => set_keepalive(s, k),
+        None => Ok(()),
+    }
+}
+
+/// Whole seconds of a keep-alive timer (validated to fit by [`TcpKeepalive::new`]).
+fn secs(d: Duration) -> u32 {
+    u32::try_from(d.as_secs()).unwrap_or(u32::MAX)
+}
+
+/// Turns on TCP keep-alive with `k`'s timers and sets `TCP_USER_TIMEOUT` to
+/// [`TcpKeepalive::bound`], so a dead remote host fails the socket with
+/// `ETIMEDOUT` within that bound whether the side channel is idle or has
+/// data in flight.
+///
+/// # Errors
+/// [`Error::Io`] naming the option the kernel refused.
+pub(crate) fn set_keepalive(s: &TcpStream, k: &TcpKeepalive) -> Result<()> {
+    let user_timeout = u32::try_from(k.bound().as_millis()).unwrap_or(u32::MAX);
+    setsockopt(s, sockopt::TcpKeepIdle, &secs(k.idle()))
+        .map_err(|e| Error::nix("setsockopt(TCP_KEEPIDLE)", e))?;
+    setsockopt(s, sockopt::TcpKeepInterval, &secs(k.interval()))
+        .map_err(|e| Error::nix("setsockopt(TCP_KEEPINTVL)", e))?;
+    setsockopt(s, sockopt::TcpKeepCount, &k.count())
+        .map_err(|e| Error::nix("setsockopt(TCP_KEEPCNT)", e))?;
+    setsockopt(s, sockopt::TcpUserTimeout, &user_timeout)
+        .map_err(|e| Error::nix("setsockopt(TCP_USER_TIMEOUT)", e))?;
+    setsockopt(s, sockopt::KeepAlive, &true).map_err(|e| Error::nix("setsockopt(SO_KEEPALIVE)", e))
 }
 
 /// Writes one message by `deadline`.
@@ -166,7 +208,7 @@ pub(crate) fn recv_msg(s: &TcpStream, deadline: Deadline) -> Result<Message> {
 }
 
 /// Sets `hello.provider` to verbs and `hello.endpoint` to our queue pair's
-/// LID, QPN, PSN and GID.
+/// LID, QPN, PSN, GID and port MTU.
 ///
 /// # Errors
 /// [`Error::InvalidConfig`] if `qp` is not a verbs queue pair.
@@ -266,7 +308,7 @@ pub(crate) fn attach(qp: &QueuePair, peer: &Hello) -> Result<()> {
     v.connect(&ep, peer.regions.iter().map(|d| d.remote).collect())
 }
 
-/// The whole client side: connect to `addr`, send `hello` (its provider and
+/// The whole client side: connect to `addr` (with `keepalive`), send `hello` (its provider and
 /// endpoint filled in from `qp`), read the server's `Accept`, and connect `qp`
 /// to the server's queue pair, all by `deadline`. Returns the side channel
 /// (timeouts still set) and the server's `Accept` body.
@@ -278,9 +320,10 @@ pub(crate) fn client(
     qp: &QueuePair,
     mut hello: Hello,
     deadline: Deadline,
+    keepalive: Option<&TcpKeepalive>,
 ) -> Result<(TcpStream, Hello)> {
     fill_hello(qp, &mut hello)?;
-    let s = connect_tcp(addr, deadline)?;
+    let s = connect_tcp(addr, deadline, keepalive)?;
     let accept = exchange(&s, hello, deadline)?;
     attach(qp, &accept)?;
     Ok((s, accept))
@@ -326,8 +369,8 @@ mod tests {
     fn pair() -> (TcpStream, TcpStream) {
         let l = bind_tcp("127.0.0.1:0".parse().unwrap()).unwrap();
         let addr = l.local_addr().unwrap();
-        let c = connect_tcp(addr, dl()).unwrap();
-        let s = accept_tcp(&l, Duration::from_secs(5)).unwrap();
+        let c = connect_tcp(addr, dl(), None).unwrap();
+        let s = accept_tcp(&l, Duration::from_secs(5), None).unwrap();
         (c, s)
     }
 
@@ -340,6 +383,7 @@ mod tests {
                 qpn: 0x77,
                 psn: 0x1234,
                 gid: [0; 16],
+                mtu: rdma_sys::ibv_mtu::IBV_MTU_1024,
             }
             .encode(),
             geometry: RingGeometry {
@@ -433,8 +477,8 @@ mod tests {
     fn reads_time_out_instead_of_hanging() {
         let l = bind_tcp("127.0.0.1:0".parse().unwrap()).unwrap();
         let addr = l.local_addr().unwrap();
-        let c = connect_tcp(addr, dl()).unwrap();
-        let _s = accept_tcp(&l, Duration::from_secs(5)).unwrap();
+        let c = connect_tcp(addr, dl(), None).unwrap();
+        let _s = accept_tcp(&l, Duration::from_secs(5), None).unwrap();
         let deadline = Deadline::after(Duration::from_millis(50));
         assert!(matches!(recv_msg(&c, deadline), Err(Error::Timeout)));
     }
@@ -470,5 +514,72 @@ mod tests {
         assert!(matches!(r, Err(Error::Timeout)), "{r:?}");
         // Generous: a timeout per read would let it run for the whole 6 s.
         assert!(took < Duration::from_secs(3), "held for {took:?}");
+    }
+
+    /// What `getsockopt` reads back: (SO_KEEPALIVE, idle s, interval s, count, user timeout ms).
+    fn keepalive_of(s: &impl std::os::fd::AsFd) -> (bool, u32, u32, u32, u32) {
+        use nix::sys::socket::getsockopt;
+        (
+            getsockopt(s, sockopt::KeepAlive).unwrap(),
+            getsockopt(s, sockopt::TcpKeepIdle).unwrap(),
+            getsockopt(s, sockopt::TcpKeepInterval).unwrap(),
+            getsockopt(s, sockopt::TcpKeepCount).unwrap(),
+            getsockopt(s, sockopt::TcpUserTimeout).unwrap(),
+        )
+    }
+
+    #[test]
+    fn keepalive_is_set_on_both_ends() {
+        let k = TcpKeepalive::default();
+        assert_eq!(k.bound(), Duration::from_secs(16));
+        let l = bind_tcp("127.0.0.1:0".parse().unwrap()).unwrap();
+        let addr = l.local_addr().unwrap();
+        let c = connect_tcp(addr, dl(), Some(&k)).unwrap();
+        let s = accept_tcp(&l, Duration::from_secs(5), Some(&k)).unwrap();
+        assert_eq!(
+            keepalive_of(&c),
+            (true, 10, 2, 3, 16_000),
+            "connecting socket"
+        );
+        assert_eq!(
+            keepalive_of(&s),
+            (true, 10, 2, 3, 16_000),
+            "accepted socket"
+        );
+        // Other timers are carried through as given.
+        let k = TcpKeepalive::new(Duration::from_secs(30), Duration::from_secs(5), 4).unwrap();
+        let c = connect_tcp(addr, dl(), Some(&k)).unwrap();
+        let s = accept_tcp(&l, Duration::from_secs(5), Some(&k)).unwrap();
+        assert_eq!(keepalive_of(&c), (true, 30, 5, 4, 50_000));
+        assert_eq!(keepalive_of(&s), (true, 30, 5, 4, 50_000));
+        // None leaves keep-alive off.
+        let c = connect_tcp(addr, dl(), None).unwrap();
+        let s = accept_tcp(&l, Duration::from_secs(5), None).unwrap();
+        assert!(!keepalive_of(&c).0 && !keepalive_of(&s).0);
+    }
+
+    /// The listener of `conn` passes `HandshakeConfig::keepalive` to the
+    /// accepted socket (the client side is [`client`], tested on a device).
+    #[test]
+    fn listener_sets_the_configured_keepalive() {
+        use crate::conn::{HandshakeConfig, Listener};
+        let ep = crate::Endpoint::parse("rdma://127.0.0.1:0").unwrap();
+        for (cfg, want) in [
+            (HandshakeConfig::default(), (true, 10, 2, 3, 16_000)),
+            (
+                HandshakeConfig::default().with_keepalive(Some(
+                    TcpKeepalive::new(Duration::from_secs(7), Duration::from_secs(1), 2).unwrap(),
+                )),
+                (true, 7, 1, 2, 9_000),
+            ),
+        ] {
+            let l = Listener::bind(&ep, cfg).unwrap();
+            let _c = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+            let p = l.accept_pending().unwrap();
+            assert_eq!(keepalive_of(&p), want);
+        }
+        let l = Listener::bind(&ep, HandshakeConfig::default().with_keepalive(None)).unwrap();
+        let _c = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        assert!(!keepalive_of(&l.accept_pending().unwrap()).0);
     }
 }

@@ -20,11 +20,6 @@ use crate::cq::{Completion, Opcode, Status};
 
 use super::endpoint::VerbsEndpoint;
 
-/// The physical port every queue pair uses (`port_num`). Multi-port devices
-/// would need this configurable; single-port NICs (the common case) use 1.
-pub(crate) const PORT: u8 = 1;
-/// Source GID index used for RoCE / routed InfiniBand (`sgid_index`).
-pub(crate) const GID_INDEX: u8 = 0;
 /// Outstanding RDMA READs we accept as responder and issue as requester.
 pub(crate) const RD_ATOMIC: u8 = 16;
 /// Local ACK timeout exponent: 4.096 µs × 2^14 ≈ 67 ms per retry.
@@ -259,12 +254,12 @@ pub(crate) const ACCESS: u32 = ibv_access_flags::IBV_ACCESS_LOCAL_WRITE.0
     | ibv_access_flags::IBV_ACCESS_REMOTE_WRITE.0
     | ibv_access_flags::IBV_ACCESS_REMOTE_READ.0;
 
-/// RESET → INIT: port, partition key 0, remote WRITE and READ allowed.
-pub(crate) fn init_transition() -> Transition {
+/// RESET → INIT: `port`, partition key 0, remote WRITE and READ allowed.
+pub(crate) fn init_transition(port: u8) -> Transition {
     let mut attr = zeroed_attr();
     attr.qp_state = ibv_qp_state::IBV_QPS_INIT;
     attr.pkey_index = 0;
-    attr.port_num = PORT;
+    attr.port_num = port;
     attr.qp_access_flags = ACCESS;
     Transition {
         attr,
@@ -278,11 +273,23 @@ pub(crate) fn init_transition() -> Transition {
 /// INIT → RTR: the path to the peer (`dlid`, and a GRH with `dgid` when the
 /// peer has a GID — always on RoCE), its QPN and starting PSN.
 ///
-/// `path_mtu` is the smaller of the two ports' active MTUs (`ibv_mtu` codes).
-pub(crate) fn rtr_transition(peer: &VerbsEndpoint, path_mtu: u32) -> Transition {
+/// `path_mtu` is the smaller of the two ports' active MTUs (an `ibv_mtu`
+/// code, checked by [`super::endpoint::path_mtu`]); `port` and `sgid_index`
+/// are ours (the port the queue pair was initialised on, the GID our
+/// endpoint carries).
+pub(crate) fn rtr_transition(
+    peer: &VerbsEndpoint,
+    path_mtu: u32,
+    port: u8,
+    sgid_index: u8,
+) -> Transition {
+    debug_assert!(
+        (ibv_mtu::IBV_MTU_256..=ibv_mtu::IBV_MTU_4096).contains(&path_mtu),
+        "path MTU code {path_mtu}"
+    );
     let mut attr = zeroed_attr();
     attr.qp_state = ibv_qp_state::IBV_QPS_RTR;
-    attr.path_mtu = path_mtu.clamp(ibv_mtu::IBV_MTU_256, ibv_mtu::IBV_MTU_4096);
+    attr.path_mtu = path_mtu;
     attr.dest_qp_num = peer.qpn;
     attr.rq_psn = peer.psn;
     attr.max_dest_rd_atomic = RD_ATOMIC;
@@ -292,7 +299,7 @@ pub(crate) fn rtr_transition(peer: &VerbsEndpoint, path_mtu: u32) -> Transition 
         grh: ibv_global_route {
             dgid: ibv_gid { raw: peer.gid },
             flow_label: 0,
-            sgid_index: GID_INDEX,
+            sgid_index,
             hop_limit: if global { 1 } else { 0 },
             traffic_class: 0,
         },
@@ -301,7 +308,7 @@ pub(crate) fn rtr_transition(peer: &VerbsEndpoint, path_mtu: u32) -> Transition 
         src_path_bits: 0,
         static_rate: 0,
         is_global: u8::from(global),
-        port_num: PORT,
+        port_num: port,
     };
     Transition {
         attr,
@@ -545,9 +552,9 @@ mod tests {
 
     #[test]
     fn init_attributes() {
-        let t = init_transition();
+        let t = init_transition(2);
         assert_eq!(t.attr.qp_state, ibv_qp_state::IBV_QPS_INIT);
-        assert_eq!(t.attr.port_num, PORT);
+        assert_eq!(t.attr.port_num, 2);
         assert_eq!(t.attr.pkey_index, 0);
         assert_eq!(t.attr.qp_access_flags, 1 | 2 | 4);
         assert_eq!(
@@ -564,8 +571,9 @@ mod tests {
             qpn: 0x00ab_cdef,
             psn: 0x0012_3456,
             gid: [0; 16],
+            mtu: ibv_mtu::IBV_MTU_4096,
         };
-        let t = rtr_transition(&peer, ibv_mtu::IBV_MTU_4096);
+        let t = rtr_transition(&peer, ibv_mtu::IBV_MTU_4096, 1, 0);
         let a = t.attr;
         assert_eq!(a.qp_state, ibv_qp_state::IBV_QPS_RTR);
         assert_eq!(a.path_mtu, ibv_mtu::IBV_MTU_4096);
@@ -574,7 +582,7 @@ mod tests {
         assert_eq!(a.max_dest_rd_atomic, RD_ATOMIC);
         assert_eq!(a.min_rnr_timer, MIN_RNR_TIMER);
         assert_eq!(a.ah_attr.dlid, 0x0017);
-        assert_eq!(a.ah_attr.port_num, PORT);
+        assert_eq!(a.ah_attr.port_num, 1);
         assert_eq!(
             a.ah_attr.is_global, 0,
             "InfiniBand LID routing without a GID"
@@ -602,19 +610,22 @@ mod tests {
             qpn: 9,
             psn: 1,
             gid,
+            mtu: ibv_mtu::IBV_MTU_1024,
         };
-        let a = rtr_transition(&peer, 99).attr;
-        assert_eq!(
-            a.path_mtu,
-            ibv_mtu::IBV_MTU_4096,
-            "out-of-range MTU is clamped"
-        );
+        let a = rtr_transition(&peer, ibv_mtu::IBV_MTU_1024, 2, 3).attr;
+        assert_eq!(a.path_mtu, ibv_mtu::IBV_MTU_1024);
         assert_eq!(a.ah_attr.is_global, 1);
         // SAFETY: test; `raw` is the member written.
         assert_eq!(unsafe { a.ah_attr.grh.dgid.raw }, gid);
-        assert_eq!(a.ah_attr.grh.sgid_index, GID_INDEX);
+        assert_eq!(a.ah_attr.grh.sgid_index, 3);
+        assert_eq!(a.ah_attr.port_num, 2);
         assert_eq!(a.ah_attr.grh.hop_limit, 1);
-        assert_eq!(rtr_transition(&peer, 0).attr.path_mtu, ibv_mtu::IBV_MTU_256);
+        assert_eq!(
+            rtr_transition(&peer, ibv_mtu::IBV_MTU_256, 1, 0)
+                .attr
+                .path_mtu,
+            ibv_mtu::IBV_MTU_256
+        );
     }
 
     #[test]
