@@ -1,9 +1,8 @@
 //! The demo: one Greeter served on TCP, a Unix socket and shm (or `rdma://`)
-//! at once; a few
-//! thousand sequential calls on each path; one line per path:
-//! `<path> p50 <x>us p99 <y>us`, then the ratios to `tcp`. Before each
-//! path's line, what carried it: `<path>: connected to <uri> over <path>,
-//! carried by <carrier>`.
+//! at once; a few thousand sequential calls on each path; one line per path:
+//! `<path> p50 <x>us p99 <y>us`, then the ratios to `tcp`. Before each path's
+//! line, what carried it: `<path>: connected to <uri> over <path>, carried by
+//! <carrier>`.
 //!
 //! `--transport rdma` runs the ring paths (`rdma-h2`, `rdma-fast`) over
 //! `rdma://` on 127.0.0.1 instead of `shm://` (feature `verbs`; rrpc's
