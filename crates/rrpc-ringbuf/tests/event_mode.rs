@@ -13,7 +13,7 @@
 mod common;
 
 use std::os::fd::RawFd;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use common::{BOUND, Provider, expect_message, pair_with, send};
 use rrpc_core::QpConfig;
@@ -138,19 +138,53 @@ fn batched_stream_keeps_receives_posted(p: &Provider) {
 fn burst_beyond_posted_receives_falls_back_to_plain_writes(p: &Provider) {
     // The receiver does not run while the sender writes 3x the posted
     // receives' worth of tails. On shm the extra tails go out as plain
-    // WRITEs (never `ReceiverNotReady` to the caller); on verbs the
-    // responder answers them with RNR NAKs and the NIC retries each until
-    // the receiver reposts (RNR retry 7: for ever), so none falls back.
-    // Either way nothing is lost.
+    // WRITEs (never `ReceiverNotReady` to the caller). On verbs the
+    // responder answers a WRITE_WITH_IMM that finds no receive with an RNR
+    // NAK and the NIC retries it until the receiver reposts (RNR retry 7:
+    // for ever), so none falls back; the tails behind it wait (elastic
+    // threshold: one tail WRITE in flight). Either way nothing is lost.
     let ((_c1, mut tx, _r1), (c2, _t2, mut rx)) = event_pair(p);
     const POSTED: u32 = 4;
     rx.post_receives(POSTED).unwrap();
     let qp = c2.qp().clone();
     let cq = qp.recv_cq();
     cq.req_notify().unwrap();
-    for i in 0..3 * POSTED {
+    let mut first_unsent = 0;
+    if p.is_verbs() {
+        // One tail WRITE_WITH_IMM per message, each posted once the one
+        // before completed: the posted receives' worth, and one more.
+        for i in 0..=POSTED {
+            tx.try_send(&i.to_le_bytes()).unwrap();
+            tx.flush().unwrap();
+            let t0 = Instant::now();
+            while tx.state().tail_deferred() {
+                assert!(t0.elapsed() < BOUND, "tail {i} never posted");
+                tx.poll_completions().unwrap();
+                std::thread::yield_now();
+            }
+        }
+        assert_eq!(tx.state().stats().tail_writes, u64::from(POSTED + 1));
+        // That one found no receive: it cannot complete while the receiver
+        // does not run (however long we poll; this is no timing claim).
+        let t0 = Instant::now();
+        while t0.elapsed() < Duration::from_millis(300) {
+            tx.poll_completions().unwrap();
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert_eq!(
+            tx.state().tails_in_flight(),
+            1,
+            "a WRITE_WITH_IMM completed with no receive posted"
+        );
+        first_unsent = POSTED + 1;
+    }
+    for i in first_unsent..3 * POSTED {
         tx.try_send(&i.to_le_bytes()).unwrap();
         tx.flush().unwrap();
+    }
+    if p.is_verbs() {
+        assert!(tx.state().tail_deferred(), "the later tails wait");
+        assert_eq!(tx.state().stats().tail_writes, u64::from(POSTED + 1));
     }
     let fallbacks = if p.is_verbs() { 0 } else { 2 * POSTED };
     assert_eq!(tx.imm_fallbacks(), u64::from(fallbacks));
