@@ -716,7 +716,7 @@ pub(crate) mod suite {
     //! |---|---|---|
     //! | rrpc-core | lib unit tests, `tests/*` | `provider::verbs` (lib), `verbs` |
     //! | rrpc-ringbuf | `tests/*`: `two_process`, `pingpong`, `event_mode`, `placement` | `verbs` |
-    //! | rrpc-poller | `tests/*`: `e2e` (`modes`, `stress`, `leaks` use fake rings only: none there) | `verbs` |
+    //! | rrpc-poller | `tests/*`: `e2e` (`modes`, `stress`, `leaks`, `parked_release` drive fake sources only: no verbs tests there) | `verbs` |
     //! | rrpc-integration-tests | `tests/*` | `rdma_` (the `rdma_h2` / `rdma_fast` modules) |
     //! | examples | `helloworld-server`, `helloworld-client` | `--transport rdma` |
     //! | examples | `routeguide-server`, `routeguide-client` (all four RPC kinds) | `--transport rdma` |
