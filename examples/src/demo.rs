@@ -1,6 +1,14 @@
-//! The demo: one Greeter served on TCP, a Unix socket and shm at once; a few
-//! thousand sequential calls on each path; one line per path:
-//! `<path> p50 <x>us p99 <y>us`, then the ratios to `tcp`.
+//! The demo: one Greeter served on TCP, a Unix socket and shm (or `rdma://`)
+//! at once; a few thousand sequential calls on each path; one line per path:
+//! `<path> p50 <x>us p99 <y>us`, then the ratios to `tcp`. Before each path's
+//! line, what carried it: `<path>: connected to <uri> over <path>, carried by
+//! <carrier>`.
+//!
+//! `--transport rdma` runs the ring paths (`rdma-h2`, `rdma-fast`) over
+//! `rdma://` on 127.0.0.1 instead of `shm://` (feature `verbs`; rrpc's
+//! default device, the first listed) and fails unless verbs carried them.
+//! `--calls N` keeps a run short (e.g. under soft-RoCE, where the numbers
+//! mean nothing: functional check only).
 //!
 //! Fair by construction: the server and the client each run on their own OS
 //! thread with their own single-threaded tokio runtime, built the same way
@@ -17,7 +25,7 @@
 //! 200 µs, in some runs and not others). Pinned, 12 of 12 runs stayed at
 //! ~5.5 µs.
 //!
-//! `--modes` measures the shm paths under several connection-management
+//! `--modes` measures the ring paths under several connection-management
 //! configurations (`MODE[:polling_threads][@bp_timeout_us][!]`, e.g. `bpev:1@20`, `!` turns
 //! auto-tuning of the spin off,
 //! `event`, `event@50` (Event plus a 50 µs receive spin), `bp`, `bpts:1`;
@@ -29,7 +37,9 @@ use std::time::{Duration, Instant};
 
 use clap::Parser;
 use hdrhistogram::Histogram;
-use rrpc_tonic::{PathPreference, PollerConfig, PollerMode, RrpcChannel, RrpcConfig, Server};
+use rrpc_tonic::{
+    Carrier, ChannelPath, PathPreference, PollerConfig, PollerMode, RrpcChannel, RrpcConfig, Server,
+};
 use tonic::{Request, Response, Status};
 
 #[allow(missing_docs, unreachable_pub, missing_debug_implementations)]
@@ -46,9 +56,13 @@ struct Args {
     /// Calls per path (after a warm-up of 10%).
     #[arg(long, default_value_t = 3000)]
     calls: u64,
-    /// Poller configurations for the shm paths (comma-separated, or `all`).
+    /// Poller configurations for the ring paths (comma-separated, or `all`).
     #[arg(long, default_value = "default")]
     modes: String,
+    /// What carries the ring paths: shm, or rdma (`rdma://127.0.0.1`,
+    /// needs the `verbs` feature and an RDMA device, soft-RoCE included).
+    #[arg(long, default_value = "shm")]
+    transport: String,
     /// Do not pin the server thread to CPU 0 and the client thread to CPU 1.
     #[arg(long)]
     no_pin: bool,
@@ -165,10 +179,21 @@ where
         .expect("spawn thread")
 }
 
-async fn measure(uri: &str, cfg: RrpcConfig, calls: u64) -> anyhow::Result<(f64, f64)> {
+/// What one path measured, and what carried it.
+struct Measured {
+    p50: f64,
+    p99: f64,
+    path: ChannelPath,
+    carrier: Carrier,
+}
+
+async fn measure(uri: &str, cfg: RrpcConfig, calls: u64) -> anyhow::Result<Measured> {
     let mut last = None;
     let mut channel = None;
-    for _ in 0..200 {
+    // The server thread starts its listeners at the same time: retry for a
+    // while (long enough for a slow machine, an emulated one included).
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while Instant::now() < deadline {
         match RrpcChannel::connect(uri, cfg.clone()).await {
             Ok(c) => {
                 channel = Some(c);
@@ -179,7 +204,8 @@ async fn measure(uri: &str, cfg: RrpcConfig, calls: u64) -> anyhow::Result<(f64,
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     let channel = channel.ok_or_else(|| anyhow::anyhow!("connect {uri}: {last:?}"))?;
-    let mut client = GreeterClient::new(channel);
+    let carrier = channel.carrier().clone();
+    let mut client = GreeterClient::new(channel.clone());
     let mut hist = Histogram::<u64>::new(3)?;
     for i in 0..calls + calls / 10 {
         let t = Instant::now();
@@ -192,10 +218,20 @@ async fn measure(uri: &str, cfg: RrpcConfig, calls: u64) -> anyhow::Result<(f64,
             hist.record(t.elapsed().as_nanos() as u64)?;
         }
     }
-    Ok((
-        hist.value_at_quantile(0.5) as f64 / 1e3,
-        hist.value_at_quantile(0.99) as f64 / 1e3,
-    ))
+    Ok(Measured {
+        p50: hist.value_at_quantile(0.5) as f64 / 1e3,
+        p99: hist.value_at_quantile(0.99) as f64 / 1e3,
+        path: channel.path(),
+        carrier,
+    })
+}
+
+/// A TCP port free on 127.0.0.1 now (another process may take it before
+/// the server binds it; good enough for a demo on one machine).
+fn free_port() -> anyhow::Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
 }
 
 fn main() -> anyhow::Result<()> {
@@ -203,12 +239,26 @@ fn main() -> anyhow::Result<()> {
     let variants = variants(&args.modes)?;
     let dir = std::env::temp_dir();
     let pid = std::process::id();
-    let port = std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port();
-    let tcp = format!("http://127.0.0.1:{port}");
+    let tcp = format!("http://127.0.0.1:{}", free_port()?);
     let uds = format!("unix://{}/rrpc-demo-{pid}.uds", dir.display());
-    let shm = |i: usize| format!("shm://{}/rrpc-demo-{pid}-{i}.sock", dir.display());
+    // One ring listener per poller variant.
+    let transport = args.transport.as_str();
+    let rings: Vec<String> = match transport {
+        "shm" => (0..variants.len())
+            .map(|i| format!("shm://{}/rrpc-demo-{pid}-{i}.sock", dir.display()))
+            .collect(),
+        "rdma" => {
+            // Held together so that the ports differ.
+            let ls = (0..variants.len())
+                .map(|_| std::net::TcpListener::bind("127.0.0.1:0"))
+                .collect::<Result<Vec<_>, _>>()?;
+            ls.iter()
+                .map(|l| Ok(format!("rdma://127.0.0.1:{}", l.local_addr()?.port())))
+                .collect::<anyhow::Result<_>>()?
+        }
+        t => anyhow::bail!("unknown transport {t:?} (shm, rdma)"),
+    };
+    let want_verbs = transport == "rdma";
 
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let (scpu, ccpu) = if !args.no_pin && cores >= 2 {
@@ -220,7 +270,7 @@ fn main() -> anyhow::Result<()> {
         |c: Option<usize>| c.map_or("unpinned".to_string(), |c| format!("pinned to cpu {c}"));
     println!(
         "thread plan ({cores} cores): server 1 OS thread (tokio current_thread, {}); \
-         client 1 OS thread (tokio current_thread, {}); shm rows add the poller's threads \
+         client 1 OS thread (tokio current_thread, {}); {transport} rows add the poller's threads \
          (shared by both sides, unpinned, parked when idle), printed per mode",
         pin_note(scpu),
         pin_note(ccpu)
@@ -232,8 +282,8 @@ fn main() -> anyhow::Result<()> {
         uris.push((tcp.clone(), RrpcConfig::default()));
         uris.push((uds.clone(), RrpcConfig::default()));
     }
-    for (i, v) in variants.iter().enumerate() {
-        uris.push((shm(i), v.cfg.clone()));
+    for (uri, v) in rings.iter().zip(&variants) {
+        uris.push((uri.clone(), v.cfg.clone()));
     }
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let server = side_thread("demo-server", scpu, move |rt| {
@@ -269,12 +319,17 @@ fn main() -> anyhow::Result<()> {
             String::new()
         };
         paths.push((
-            format!("shm-h2{suffix}"),
-            shm(i),
+            format!("{transport}-h2{suffix}"),
+            rings[i].clone(),
             v.cfg.clone().path(PathPreference::Http2),
             Some(i),
         ));
-        paths.push((format!("shm-fast{suffix}"), shm(i), v.cfg.clone(), Some(i)));
+        paths.push((
+            format!("{transport}-fast{suffix}"),
+            rings[i].clone(),
+            v.cfg.clone(),
+            Some(i),
+        ));
     }
     let calls = args.calls;
     let (line_tx, line_rx) = std_mpsc::channel::<String>();
@@ -287,7 +342,15 @@ fn main() -> anyhow::Result<()> {
                     None => None,
                 };
                 let before = poller.as_ref().map(|p| p.stats());
-                let (p50, p99) = measure(&uri, cfg, calls).await?;
+                let m = measure(&uri, cfg, calls).await?;
+                let _ = line_tx.send(format!(
+                    "{name}: connected to {uri} over {:?}, carried by {:?}",
+                    m.path, m.carrier
+                ));
+                if variant.is_some() && want_verbs && !matches!(m.carrier, Carrier::Verbs { .. }) {
+                    anyhow::bail!("{name}: {uri} was not carried by verbs but by {:?}", m.carrier);
+                }
+                let (p50, p99) = (m.p50, m.p99);
                 let mut line = format!("{name} p50 {p50:.1}us p99 {p99:.1}us");
                 if let (Some(p), Some(b)) = (&poller, before) {
                     let d = p.stats().since(&b);

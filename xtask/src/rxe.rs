@@ -710,18 +710,21 @@ pub(crate) fn run(args: &RxeArgs) -> Result<i32> {
 pub(crate) mod suite {
     //! The verbs suite: the `verbs`-feature test binaries, built on the host,
     //! each run on `rxe0` (or a named device) with a filter that selects the
-    //! tests that use verbs; plus the helloworld example over `rdma://`.
+    //! tests that use verbs; plus the examples over `rdma://` ([`EXAMPLES`]).
     //!
     //! | package | binaries | filter |
     //! |---|---|---|
     //! | rrpc-core | lib unit tests, `tests/*` | `provider::verbs` (lib), `verbs` |
-    //! | rrpc-ringbuf | `tests/*` | `verbs` |
-    //! | rrpc-poller | `tests/*` | `verbs` |
+    //! | rrpc-ringbuf | `tests/*`: `two_process`, `pingpong`, `event_mode`, `placement` | `verbs` |
+    //! | rrpc-poller | `tests/*`: `e2e` (`modes`, `stress`, `leaks`, `parked_release` drive fake sources only: no verbs tests there) | `verbs` |
     //! | rrpc-integration-tests | `tests/*` | `rdma_` (the `rdma_h2` / `rdma_fast` modules) |
     //! | examples | `helloworld-server`, `helloworld-client` | `--transport rdma` |
+    //! | examples | `routeguide-server`, `routeguide-client` (all four RPC kinds) | `--transport rdma` |
+    //! | examples | `demo` (rdma-h2 and rdma-fast paths, 50 calls each) | `--transport rdma --calls 50 --no-baselines --no-pin` |
     //!
     //! Every test in it asserts that verbs carried the traffic (fabric kind
-    //! `Verbs`, device name, or `Carrier::Verbs { device }`).
+    //! `Verbs`, device name, or `Carrier::Verbs { device }`; an example's
+    //! output must say `carried by Verbs { device: "<device>" }`).
 
     use super::*;
 
@@ -743,8 +746,79 @@ pub(crate) mod suite {
     pub(crate) struct Suite {
         /// Test binaries with at least one selected test.
         pub(crate) bins: Vec<TestBin>,
-        /// `helloworld-server` and `helloworld-client`.
-        pub(crate) hello: Option<(PathBuf, PathBuf)>,
+        /// The examples over `rdma://`, in [`EXAMPLES`] order.
+        pub(crate) examples: Vec<Example>,
+    }
+
+    /// An example run over `rdma://`, counted as one test.
+    #[derive(Debug, Clone, Copy)]
+    pub(crate) struct ExampleSpec {
+        /// Name in the report (`examples/<name>`).
+        pub(crate) name: &'static str,
+        /// Server binary and its arguments, started in the background
+        /// first; the client is then retried until it gets through.
+        /// `None`: the client alone is the whole run.
+        pub(crate) server: Option<(&'static str, &'static [&'static str])>,
+        /// Client binary and its arguments.
+        pub(crate) client: (&'static str, &'static [&'static str]),
+        /// How many `carried by Verbs { device: "<device>" }` lines the
+        /// client's output must have (one per channel it opened on rdma).
+        pub(crate) verbs_lines: usize,
+        /// Fixed strings the client's output must contain (its RPCs' results).
+        pub(crate) expect: &'static [&'static str],
+    }
+
+    /// The examples the suite runs over `rdma://`.
+    pub(crate) const EXAMPLES: &[ExampleSpec] = &[
+        ExampleSpec {
+            name: "helloworld",
+            server: Some(("helloworld-server", &["--transport", "rdma"])),
+            client: ("helloworld-client", &["--transport", "rdma"]),
+            verbs_lines: 1,
+            expect: &["RESPONSE=\"Hello rrpc!\""],
+        },
+        ExampleSpec {
+            name: "routeguide",
+            server: Some(("routeguide-server", &["--transport", "rdma"])),
+            client: ("routeguide-client", &["--transport", "rdma"]),
+            verbs_lines: 1,
+            // One line per RPC kind: unary, server streaming, client
+            // streaming, bidirectional.
+            expect: &[
+                "GetFeature: Feature { name: \"Place 3,6\"",
+                "ListFeatures: 8 features",
+                "RecordRoute: RouteSummary { point_count: 10,",
+                "RouteChat: got \"note 0\"",
+            ],
+        },
+        ExampleSpec {
+            name: "demo",
+            server: None,
+            client: (
+                "demo",
+                &[
+                    "--transport",
+                    "rdma",
+                    "--calls",
+                    "50",
+                    "--no-baselines",
+                    "--no-pin",
+                ],
+            ),
+            verbs_lines: 2,
+            expect: &["rdma-h2 p50 ", "rdma-fast p50 "],
+        },
+    ];
+
+    /// An [`ExampleSpec`] with its binaries built.
+    #[derive(Debug, Clone)]
+    pub(crate) struct Example {
+        /// What to run and check.
+        pub(crate) spec: ExampleSpec,
+        /// The server's executable, if the example has one.
+        pub(crate) server: Option<PathBuf>,
+        /// The client's executable.
+        pub(crate) client: PathBuf,
     }
 
     /// Binaries that must contribute verbs tests.
@@ -753,6 +827,9 @@ pub(crate) mod suite {
         "rrpc-core/conformance",
         "rrpc-core/two_process",
         "rrpc-ringbuf/two_process",
+        "rrpc-ringbuf/pingpong",
+        "rrpc-ringbuf/event_mode",
+        "rrpc-ringbuf/placement",
         "rrpc-poller/e2e",
         "integration/rpc_kinds",
     ];
@@ -877,23 +954,31 @@ pub(crate) mod suite {
                 missing.join(", ")
             );
         }
-        let ex = cargo_executables(
-            root,
-            &[
-                "build",
-                "-p",
-                "examples",
-                "--features",
-                "verbs",
-                "--bin",
-                "helloworld-server",
-                "--bin",
-                "helloworld-client",
-            ],
-        )?;
-        let find = |n: &str| ex.iter().find(|e| e.2 == n).map(|e| e.3.clone());
-        let hello = find("helloworld-server").zip(find("helloworld-client"));
-        Ok(Suite { bins, hello })
+        let mut args = vec!["build", "-p", "examples", "--features", "verbs"];
+        for e in EXAMPLES {
+            if let Some((server, _)) = e.server {
+                args.extend(["--bin", server]);
+            }
+            args.extend(["--bin", e.client.0]);
+        }
+        let ex = cargo_executables(root, &args)?;
+        let find = |n: &str| {
+            ex.iter()
+                .find(|e| e.2 == n)
+                .map(|e| e.3.clone())
+                .with_context(|| format!("building the examples produced no `{n}`"))
+        };
+        let examples = EXAMPLES
+            .iter()
+            .map(|spec| {
+                Ok(Example {
+                    spec: *spec,
+                    server: spec.server.map(|(s, _)| find(s)).transpose()?,
+                    client: find(spec.client.0)?,
+                })
+            })
+            .collect::<Result<_>>()?;
+        Ok(Suite { bins, examples })
     }
 
     /// Tests the suite does not run, each with the open defect it shows
@@ -940,33 +1025,76 @@ pub(crate) mod suite {
                 exe = sh_quote(&b.exe.to_string_lossy()),
             ));
         }
-        if let Some((server, client)) = &s.hello {
-            sh.push_str(&format!(
-                r#"echo '{BEGIN} examples/helloworld (--transport rdma)'
-{server} --transport rdma > /tmp/hello-server.log 2>&1 &
+        for e in &s.examples {
+            sh.push_str(&example_script(e));
+        }
+        sh.push_str("exit $failed\n");
+        sh
+    }
+
+    /// The script block of one example: runs it (the server in the
+    /// background, the client retried until the server listens, for at most
+    /// three minutes), then counts it as one test, passed if the client
+    /// succeeded and its output shows the verbs carrier and every expected
+    /// result.
+    fn example_script(e: &Example) -> String {
+        let name = e.spec.name;
+        let cmd = |exe: &Path, args: &[&str]| {
+            let mut c = sh_quote(&exe.to_string_lossy());
+            for a in args {
+                c.push(' ');
+                c.push_str(&sh_quote(a));
+            }
+            c
+        };
+        let client = cmd(&e.client, e.spec.client.1);
+        let clog = format!("/tmp/example-{name}-client.log");
+        let slog = format!("/tmp/example-{name}-server.log");
+        let mut sh = format!(
+            "echo '{BEGIN} examples/{name} ({})'\n",
+            e.spec.client.1.join(" ")
+        );
+        match (&e.server, e.spec.server) {
+            (Some(server), Some((_, sargs))) => sh.push_str(&format!(
+                r#"{server} > {slog} 2>&1 &
 spid=$!
 ok=0
-for _ in $(seq 120); do
-  if timeout 60 {client} --transport rdma > /tmp/hello-client.log 2>&1; then ok=1; break; fi
+deadline=$((SECONDS + 180))
+while [ $SECONDS -lt $deadline ]; do
+  if timeout 60 {client} > {clog} 2>&1; then ok=1; break; fi
   kill -0 $spid 2>/dev/null || break
   sleep 0.5
 done
 kill $spid 2>/dev/null; wait $spid 2>/dev/null
-cat /tmp/hello-client.log
-rc=1
-if [ $ok = 1 ] && grep -q "carried by Verbs {{ device: \"$RRPC_TEST_DEVICE\" }}" /tmp/hello-client.log && grep -q 'RESPONSE=' /tmp/hello-client.log; then
-  rc=0; echo "test result: ok. 1 passed; 0 failed; 0 ignored; 0 measured; 0 filtered out"
-else
-  echo "helloworld over rdma failed; server log:"; cat /tmp/hello-server.log
-  echo "test result: FAILED. 0 passed; 1 failed; 0 ignored; 0 measured; 0 filtered out"
-fi
-echo "{END} examples/helloworld rc=$rc"; [ $rc = 0 ] || failed=1
 "#,
-                server = sh_quote(&server.to_string_lossy()),
-                client = sh_quote(&client.to_string_lossy()),
+                server = cmd(server, sargs),
+            )),
+            _ => sh.push_str(&format!(
+                ": > {slog}\nok=0\ntimeout 300 {client} > {clog} 2>&1 && ok=1\n"
+            )),
+        }
+        sh.push_str(&format!("cat {clog}\nrc=1\nchecks=ok\n"));
+        sh.push_str(&format!(
+            "[ \"$(grep -cF \"carried by Verbs {{ device: \\\"$RRPC_TEST_DEVICE\\\" }}\" {clog})\" -ge {} ] || checks=\"no verbs carrier\"\n",
+            e.spec.verbs_lines
+        ));
+        for want in e.spec.expect {
+            sh.push_str(&format!(
+                "grep -qF -- {} {clog} || checks={}\n",
+                sh_quote(want),
+                sh_quote(&format!("missing {want}"))
             ));
         }
-        sh.push_str("exit $failed\n");
+        sh.push_str(&format!(
+            r#"if [ $ok = 1 ] && [ "$checks" = ok ]; then
+  rc=0; echo "test result: ok. 1 passed; 0 failed; 0 ignored; 0 measured; 0 filtered out"
+else
+  echo "examples/{name} over rdma failed (client ok=$ok, checks: $checks); server log:"; cat {slog}
+  echo "test result: FAILED. 0 passed; 1 failed; 0 ignored; 0 measured; 0 filtered out"
+fi
+echo "{END} examples/{name} rc=$rc"; [ $rc = 0 ] || failed=1
+"#
+        ));
         sh
     }
 
@@ -1045,21 +1173,22 @@ echo "{END} examples/helloworld rc=$rc"; [ $rc = 0 ] || failed=1
         let suite = build(root)?;
         let build_time = t0.elapsed();
         eprintln!(
-            "rxe: verbs suite built in {:.1}s: {} test binaries ({} tests selected), helloworld {}",
+            "rxe: verbs suite built in {:.1}s: {} test binaries ({} tests selected), examples {}",
             build_time.as_secs_f64(),
             suite.bins.len(),
             suite.bins.iter().map(|b| b.selected).sum::<usize>(),
-            if suite.hello.is_some() {
-                "yes"
-            } else {
-                "NOT BUILT"
-            }
+            suite
+                .examples
+                .iter()
+                .map(|e| e.spec.name)
+                .collect::<Vec<_>>()
+                .join(", ")
         );
         let script = script(&suite, None, timeout.as_secs().saturating_sub(60).max(60));
         let vm = run_in_vm(root, target, &script, timeout, keep)?;
         let rows = summarize(&vm.output);
         let (_, failed, _, skipped) = print_summary(&rows);
-        let expected = suite.bins.len() + usize::from(suite.hello.is_some());
+        let expected = suite.bins.len() + suite.examples.len();
         eprintln!(
             "rxe: host build {:.1}s, VM {:.1}s, total {:.1}s",
             build_time.as_secs_f64(),
@@ -1105,6 +1234,83 @@ echo "{END} examples/helloworld rc=$rc"; [ $rc = 0 ] || failed=1
                 ("integration/rpc_kinds".into(), 1, 1, 0, 1, Some(101))
             );
             assert_eq!(rows[2], ("examples/helloworld".into(), 0, 0, 0, 0, None));
+        }
+
+        /// Runs every example's block with fake binaries (shell scripts
+        /// printing `lines`) and returns the summary rows.
+        fn run_examples_with(dir: &Path, lines: impl Fn(&ExampleSpec) -> Vec<String>) -> Vec<Row> {
+            std::fs::create_dir_all(dir).unwrap();
+            let mut sh = String::from("failed=0\nexport RRPC_TEST_DEVICE=rxe0\n");
+            for spec in EXAMPLES {
+                let client = dir.join(format!("{}-client", spec.name));
+                let mut body = String::from("#!/bin/sh\n");
+                for l in lines(spec) {
+                    body.push_str(&format!("echo {}\n", sh_quote(&l)));
+                }
+                write_executable(&client, &body).unwrap();
+                let server = spec.server.map(|_| {
+                    let p = dir.join(format!("{}-server", spec.name));
+                    write_executable(&p, "#!/bin/sh\nexec sleep 30\n").unwrap();
+                    p
+                });
+                sh.push_str(&example_script(&Example {
+                    spec: *spec,
+                    server,
+                    client,
+                }));
+            }
+            let out = Command::new("bash").arg("-c").arg(&sh).output().unwrap();
+            summarize(&String::from_utf8_lossy(&out.stdout))
+        }
+
+        #[test]
+        fn example_blocks_count_one_test_each_and_check_the_carrier() {
+            let dir = std::env::temp_dir().join(format!("rrpc-xtask-ex-{}", std::process::id()));
+            let carried = |spec: &ExampleSpec, carrier: &str| {
+                let mut l = vec![
+                    format!("connected to x over Fast, carried by {carrier}");
+                    spec.verbs_lines
+                ];
+                l.extend(spec.expect.iter().map(|e| format!("{e} and more")));
+                l
+            };
+            let ok = run_examples_with(&dir.join("ok"), |s| {
+                carried(s, r#"Verbs { device: "rxe0" }"#)
+            });
+            assert_eq!(ok.len(), EXAMPLES.len());
+            for (row, spec) in ok.iter().zip(EXAMPLES) {
+                assert_eq!(
+                    *row,
+                    (format!("examples/{}", spec.name), 1, 0, 0, 0, Some(0))
+                );
+            }
+            // Another device, shm, too few carrier lines, a missing result:
+            // each fails its example.
+            for (case, f) in [
+                (
+                    "other-device",
+                    &(|s: &ExampleSpec| carried(s, r#"Verbs { device: "mlx5_0" }"#))
+                        as &dyn Fn(&ExampleSpec) -> Vec<String>,
+                ),
+                ("shm", &|s: &ExampleSpec| carried(s, "Shm")),
+                ("few", &|s: &ExampleSpec| {
+                    let mut l = carried(s, r#"Verbs { device: "rxe0" }"#);
+                    l.remove(0);
+                    l
+                }),
+                ("missing", &|s: &ExampleSpec| {
+                    let mut l = carried(s, r#"Verbs { device: "rxe0" }"#);
+                    l.pop();
+                    l
+                }),
+            ] {
+                let rows = run_examples_with(&dir.join(case), f);
+                assert_eq!(rows.len(), EXAMPLES.len(), "{case}");
+                for row in &rows {
+                    assert_eq!((row.1, row.2, row.5), (0, 1, Some(1)), "{case}: {row:?}");
+                }
+            }
+            let _ = std::fs::remove_dir_all(&dir);
         }
     }
 }

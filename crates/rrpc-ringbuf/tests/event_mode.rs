@@ -3,14 +3,27 @@
 //! armed receive completion channel readable. The receiver reposts one
 //! receive per receive completion (the repost rule), so a stream far longer
 //! than the receive depth never runs out of receives.
+//!
+//! On shm (module `shm`) the channel is readable as soon as `flush` returns;
+//! with feature `verbs` on `RRPC_TEST_DEVICE` (module `verbs`) it becomes
+//! readable once the `WRITE_WITH_IMM` has landed, so the tests wait for it
+//! (bounded), and a readable channel then means the message is there.
 
+#[macro_use]
 mod common;
 
 use std::os::fd::RawFd;
+use std::time::{Duration, Instant};
 
-use common::pair_with;
+use common::{BOUND, Provider, expect_message, pair_with, send};
 use rrpc_core::QpConfig;
-use rrpc_ringbuf::{Error, RingConfig};
+use rrpc_ringbuf::{Error, RingConfig, RingTx};
+
+on_every_provider!(
+    channel_fires_on_flush_and_receives_are_reposted_over_a_long_stream,
+    batched_stream_keeps_receives_posted,
+    burst_beyond_posted_receives_falls_back_to_plain_writes,
+);
 
 const RECV_DEPTH: u32 = 16;
 
@@ -26,22 +39,39 @@ fn readable(fd: RawFd) -> bool {
     n == 1 && p.revents & libc::POLLIN != 0
 }
 
-fn event_pair() -> (common::Side, common::Side) {
+/// Whether the channel `fd` becomes readable: at once on shm; on verbs
+/// within [`BOUND`], driving the sender `tx` meanwhile (a tail deferred
+/// behind an in-flight one goes out on a completion).
+fn fires(p: &Provider, fd: RawFd, tx: &mut RingTx) -> bool {
+    let t0 = Instant::now();
+    loop {
+        if readable(fd) {
+            return true;
+        }
+        if !p.is_verbs() || t0.elapsed() > BOUND {
+            return false;
+        }
+        tx.poll_completions().expect("sender completions");
+        std::thread::yield_now();
+    }
+}
+
+fn event_pair(p: &Provider) -> (common::Side, common::Side) {
     let cfg = RingConfig::builder()
         .ring_size(64 << 10)
         .tail_with_imm(true)
         .build()
         .unwrap();
     let qp = QpConfig::default().with_recv_depth(RECV_DEPTH).unwrap();
-    let (c, s) = pair_with(&cfg, &cfg, &qp);
+    let (c, s) = pair_with(p, &cfg, &cfg, &qp);
     (c.unwrap(), s.unwrap())
 }
 
-#[test]
-fn channel_fires_on_flush_and_receives_are_reposted_over_a_long_stream() {
-    let ((_c1, mut tx, _r1), (c2, _t2, mut rx)) = event_pair();
+fn channel_fires_on_flush_and_receives_are_reposted_over_a_long_stream(p: &Provider) {
+    let ((_c1, mut tx, _r1), (c2, _t2, mut rx)) = event_pair(p);
     rx.post_receives(RECV_DEPTH).unwrap();
-    let cq = c2.qp().recv_cq();
+    let qp = c2.qp().clone();
+    let cq = qp.recv_cq();
     let fd = cq.channel_fd();
     // Ten times the receive depth, one tail WRITE_WITH_IMM per message.
     let rounds = 10 * RECV_DEPTH as usize;
@@ -52,10 +82,17 @@ fn channel_fires_on_flush_and_receives_are_reposted_over_a_long_stream() {
         tx.try_send(&msg).unwrap();
         assert!(!readable(fd), "round {i}: batched message must not notify");
         tx.flush().unwrap();
-        assert!(readable(fd), "round {i}: flush did not fire the channel");
+        assert!(
+            fires(p, fd, &mut tx),
+            "round {i}: flush did not fire the channel"
+        );
         assert!(cq.ack_events().unwrap() >= 1);
         assert!(!readable(fd), "round {i}: ack_events drained the channel");
-        let m = rx.try_recv().unwrap();
+        // The receive completion comes after the WRITE_WITH_IMM's data, and
+        // that after the message's WRITE: the message is there (verbs too).
+        let m = rx
+            .try_recv()
+            .unwrap_or_else(|e| panic!("round {i}: channel fired, ring says {e}"));
         assert_eq!(&*m, &msg, "round {i}");
         drop(m);
         assert!(matches!(rx.try_recv(), Err(Error::WouldBlock)));
@@ -68,53 +105,102 @@ fn channel_fires_on_flush_and_receives_are_reposted_over_a_long_stream() {
     assert!(tx.state().stats().tail_writes >= rounds as u64);
 }
 
-#[test]
-fn batched_stream_keeps_receives_posted() {
+fn batched_stream_keeps_receives_posted(p: &Provider) {
     // Bursts of 40 messages (alpha = 32: one tail WRITE inside the burst,
     // one at the flush), drained after each burst.
-    let ((_c1, mut tx, _r1), (_c2, _t2, mut rx)) = event_pair();
+    let ((_c1, mut tx, _r1), (_c2, _t2, mut rx)) = event_pair(p);
     rx.post_receives(RECV_DEPTH).unwrap();
     let mut next = 0u32;
-    for _ in 0..(5 * RECV_DEPTH) {
+    let bursts = 5 * RECV_DEPTH;
+    for b in 0..bursts {
         for k in 0..40 {
-            tx.try_send(&(next + k).to_le_bytes()).unwrap();
+            let what = format!("burst {b} message {k}");
+            send(p, &mut tx, &mut rx, &(next + k).to_le_bytes(), &what);
         }
         tx.flush().unwrap();
         for k in 0..40 {
+            expect_message(p, &mut tx, &mut rx, &format!("burst {b} message {k}"));
             let m = rx.try_recv().unwrap();
             assert_eq!(&*m, &(next + k).to_le_bytes());
         }
         next += 40;
     }
     assert_eq!(tx.imm_fallbacks(), 0);
-    assert!(tx.state().stats().tail_writes > u64::from(2 * RECV_DEPTH));
+    // At least one tail per burst, two (inside and at the flush) unless a
+    // flush's tail waited for the completion of the one inside (verbs).
+    let tails = tx.state().stats().tail_writes;
+    assert!(tails >= u64::from(bursts), "{tails} tail WRITEs");
+    if !p.is_verbs() {
+        assert!(tails > u64::from(2 * RECV_DEPTH), "{tails} tail WRITEs");
+    }
 }
 
-#[test]
-fn burst_beyond_posted_receives_falls_back_to_plain_writes() {
+fn burst_beyond_posted_receives_falls_back_to_plain_writes(p: &Provider) {
     // The receiver does not run while the sender writes 3x the posted
-    // receives' worth of tails: the extra tails go out as plain WRITEs
-    // (never `ReceiverNotReady` to the caller) and nothing is lost.
-    let ((_c1, mut tx, _r1), (c2, _t2, mut rx)) = event_pair();
+    // receives' worth of tails. On shm the extra tails go out as plain
+    // WRITEs (never `ReceiverNotReady` to the caller). On verbs the
+    // responder answers a WRITE_WITH_IMM that finds no receive with an RNR
+    // NAK and the NIC retries it until the receiver reposts (RNR retry 7:
+    // for ever), so none falls back; the tails behind it wait (elastic
+    // threshold: one tail WRITE in flight). Either way nothing is lost.
+    let ((_c1, mut tx, _r1), (c2, _t2, mut rx)) = event_pair(p);
     const POSTED: u32 = 4;
     rx.post_receives(POSTED).unwrap();
-    let cq = c2.qp().recv_cq();
+    let qp = c2.qp().clone();
+    let cq = qp.recv_cq();
     cq.req_notify().unwrap();
-    for i in 0..3 * POSTED {
+    let mut first_unsent = 0;
+    if p.is_verbs() {
+        // One tail WRITE_WITH_IMM per message, each posted once the one
+        // before completed: the posted receives' worth, and one more.
+        for i in 0..=POSTED {
+            tx.try_send(&i.to_le_bytes()).unwrap();
+            tx.flush().unwrap();
+            let t0 = Instant::now();
+            while tx.state().tail_deferred() {
+                assert!(t0.elapsed() < BOUND, "tail {i} never posted");
+                tx.poll_completions().unwrap();
+                std::thread::yield_now();
+            }
+        }
+        assert_eq!(tx.state().stats().tail_writes, u64::from(POSTED + 1));
+        // That one found no receive: it cannot complete while the receiver
+        // does not run (however long we poll; this is no timing claim).
+        let t0 = Instant::now();
+        while t0.elapsed() < Duration::from_millis(300) {
+            tx.poll_completions().unwrap();
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert_eq!(
+            tx.state().tails_in_flight(),
+            1,
+            "a WRITE_WITH_IMM completed with no receive posted"
+        );
+        first_unsent = POSTED + 1;
+    }
+    for i in first_unsent..3 * POSTED {
         tx.try_send(&i.to_le_bytes()).unwrap();
         tx.flush().unwrap();
     }
+    if p.is_verbs() {
+        assert!(tx.state().tail_deferred(), "the later tails wait");
+        assert_eq!(tx.state().stats().tail_writes, u64::from(POSTED + 1));
+    }
+    let fallbacks = if p.is_verbs() { 0 } else { 2 * POSTED };
+    assert_eq!(tx.imm_fallbacks(), u64::from(fallbacks));
     assert!(
-        readable(cq.channel_fd()),
+        fires(p, cq.channel_fd(), &mut tx),
         "the first tail fired the channel"
     );
-    assert_eq!(tx.imm_fallbacks(), u64::from(2 * POSTED));
     for i in 0..3 * POSTED {
+        expect_message(p, &mut tx, &mut rx, &format!("message {i}"));
         assert_eq!(&*rx.try_recv().unwrap(), &i.to_le_bytes());
     }
     // try_recv reposted the consumed receives: the next tail carries an
     // immediate again.
     tx.try_send(b"again").unwrap();
     tx.flush().unwrap();
-    assert_eq!(tx.imm_fallbacks(), u64::from(2 * POSTED));
+    expect_message(p, &mut tx, &mut rx, "again");
+    assert_eq!(&*rx.try_recv().unwrap(), b"again");
+    assert_eq!(tx.imm_fallbacks(), u64::from(fallbacks));
 }

@@ -4,12 +4,12 @@
 
 mod common;
 
-use common::pair_with;
+use common::{Provider, pair_with};
 use rrpc_core::QpConfig;
 use rrpc_ringbuf::{Error, RingConfig};
 
 fn incompatible(a: &RingConfig, b: &RingConfig) -> (String, String) {
-    let (c, s) = pair_with(a, b, &QpConfig::default());
+    let (c, s) = pair_with(&Provider::Shm, a, b, &QpConfig::default());
     let msg = |r: Result<common::Side, Error>| match r {
         Err(Error::Incompatible(m)) => m,
         Err(e) => panic!("expected Incompatible, got {e}"),
@@ -87,7 +87,7 @@ fn matching_non_default_switches_connect_and_carry_data() {
     };
     let a = base().alpha(4).beta(2).build().unwrap();
     let b = base().gamma(3).build().unwrap();
-    let (c, s) = pair_with(&a, &b, &QpConfig::default());
+    let (c, s) = pair_with(&Provider::Shm, &a, &b, &QpConfig::default());
     let ((_c1, mut tx, _r1), (_c2, _t2, mut rx)) = (c.unwrap(), s.unwrap());
     rx.post_receives(64).unwrap();
     for i in 0..40u8 {

@@ -2,20 +2,28 @@
 //! covers is a wait, and a tail published over garbage closes the ring
 //! after the placement timeout, naming what was seen. The peer here writes
 //! into our ring with raw rrpc-core WRITEs, as a misbehaving (or
-//! reordering) peer would.
+//! reordering) peer would: on shm (module `shm`), and with feature `verbs`
+//! on `RRPC_TEST_DEVICE` (module `verbs`).
 
+#[macro_use]
 mod common;
 
 use std::time::{Duration, Instant};
 
-use rrpc_core::{Fabric, Local};
+use common::{BOUND, Provider};
+use rrpc_core::{Completion, Local, Status};
 use rrpc_ringbuf::proto::{Header, stamp_for};
 use rrpc_ringbuf::{Error, LOCAL_TAIL_OFFSET, RING_OFFSET, ROLE_RING, RingConfig, RingRx};
 
-fn cfg() -> RingConfig {
+on_every_provider!(
+    a_tail_ahead_of_its_message_is_a_wait,
+    garbage_under_a_published_tail_closes_after_the_placement_timeout,
+);
+
+fn cfg(placement_timeout: Duration) -> RingConfig {
     RingConfig::builder()
         .ring_size(1 << 16)
-        .placement_timeout(Duration::from_millis(200))
+        .placement_timeout(placement_timeout)
         .build()
         .expect("config")
 }
@@ -28,27 +36,43 @@ struct Raw {
 }
 
 impl Raw {
+    /// One signaled WRITE of `bytes` at `at` in the peer's ring region;
+    /// returns once its completion says it was placed (on shm that is at
+    /// the post already; on verbs only the completion says so).
     fn write(&mut self, at: usize, bytes: &[u8]) {
         let remote = self.conn.peer().region(ROLE_RING).expect("ring region");
         self.src.write_at(0, bytes).expect("source");
         self.next += 1;
-        // On shm a WRITE is placed when `post_write` returns (these tests
-        // run on shm: `common::pair`).
-        self.conn
-            .qp()
-            .post_write(
-                self.next,
-                Local::new(&self.src, 0, bytes.len()),
-                remote.at(at as u64),
-                false,
-            )
-            .expect("post");
+        let qp = self.conn.qp();
+        qp.post_write(
+            self.next,
+            Local::new(&self.src, 0, bytes.len()),
+            remote.at(at as u64),
+            true,
+        )
+        .expect("post");
+        let mut wc = [Completion::EMPTY; 4];
+        let t0 = Instant::now();
+        loop {
+            let n = qp.send_cq().poll(&mut wc).expect("poll");
+            if let Some(c) = wc[..n].iter().find(|c| c.wr_id == self.next) {
+                assert_eq!(c.status, Status::Success, "WRITE {}", self.next);
+                return;
+            }
+            assert!(n == 0, "unexpected completions {:?}", &wc[..n]);
+            assert!(t0.elapsed() < BOUND, "WRITE {} never completed", self.next);
+            std::thread::yield_now();
+        }
     }
 }
 
-fn setup() -> (Raw, RingRx, impl Sized) {
-    let ((c, ctx, crx), (s, stx, srx)) = common::pair(&cfg());
-    let src = Fabric::shm().alloc_region(4096).expect("region");
+fn setup(p: &Provider, cfg: RingConfig) -> (Raw, RingRx, impl Sized) {
+    // The source region must be registered where the connection's queue
+    // pair lives (one verbs device context and protection domain).
+    let fabric = p.fabric();
+    let (c, s) = common::pair_on_fabric(&fabric, &cfg, &cfg, &rrpc_core::QpConfig::default());
+    let ((c, ctx, crx), (s, stx, srx)) = (c.unwrap(), s.unwrap());
+    let src = fabric.alloc_region(4096).expect("region");
     (
         Raw {
             conn: c,
@@ -60,9 +84,10 @@ fn setup() -> (Raw, RingRx, impl Sized) {
     )
 }
 
-#[test]
-fn a_tail_ahead_of_its_message_is_a_wait() {
-    let (mut peer, mut rx, _keep) = setup();
+fn a_tail_ahead_of_its_message_is_a_wait(p: &Provider) {
+    // The placement timeout is not what this test is about: long enough
+    // that the three WRITEs below (slow on soft-RoCE) never reach it.
+    let (mut peer, mut rx, _keep) = setup(p, cfg(Duration::from_secs(30)));
     // The tail first: slot 0 is covered but nothing is there yet.
     peer.write(LOCAL_TAIL_OFFSET, &1u64.to_le_bytes());
     assert!(matches!(rx.try_recv(), Err(Error::WouldBlock)));
@@ -78,9 +103,8 @@ fn a_tail_ahead_of_its_message_is_a_wait() {
     assert_eq!(&*m, b"hello");
 }
 
-#[test]
-fn garbage_under_a_published_tail_closes_after_the_placement_timeout() {
-    let (mut peer, mut rx, _keep) = setup();
+fn garbage_under_a_published_tail_closes_after_the_placement_timeout(p: &Provider) {
+    let (mut peer, mut rx, _keep) = setup(p, cfg(Duration::from_millis(200)));
     let mut slot = [0xABu8; 64];
     // A right header, so only the end stamp is wrong.
     slot[..8].copy_from_slice(&Header::new(5, 0, 0).encode());

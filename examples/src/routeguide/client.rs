@@ -31,7 +31,11 @@ async fn main() -> anyhow::Result<()> {
         t => anyhow::bail!("unknown transport {t:?} (tcp, shm, rdma)"),
     };
     let channel = RrpcChannel::connect(&uri, RrpcConfig::default()).await?;
-    println!("connected to {uri} over {:?}", channel.path());
+    println!(
+        "connected to {uri} over {:?}, carried by {:?}",
+        channel.path(),
+        channel.carrier()
+    );
     let mut client = RouteGuideClient::new(channel);
 
     // Unary.

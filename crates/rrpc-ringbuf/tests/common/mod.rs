@@ -1,38 +1,143 @@
-//! In-process shm pair: both ends in one process, a real shm connection
-//! (memfd regions, Unix-socket handshake) between them.
-#![allow(dead_code)] // each test file uses a subset
+//! In-process pairs: both ends in one process, a real connection between
+//! them, on the provider a test names: shm (memfd regions, Unix-socket
+//! handshake), or with feature `verbs` the device `RRPC_TEST_DEVICE` names
+//! (RC queue pairs on that device, handshake over TCP on 127.0.0.1).
+//!
+//! On shm a WRITE is placed when `post_write` returns; on verbs it is placed
+//! some time later and known placed only once its completion (or the
+//! receiver) says so. The helpers here wait for the receiver on verbs and
+//! insist on immediate visibility on shm ([`expect_message`]).
+#![allow(dead_code, unused_macros)] // each test file uses a subset
 
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
 use rrpc_core::conn::{self, Connection, HandshakeConfig, Offer};
-use rrpc_core::{Endpoint, Fabric, QpConfig};
+use rrpc_core::{Endpoint, Fabric, ProviderKind, QpConfig};
 use rrpc_ringbuf::{Error, LocalRing, RingConfig, RingRx, RingTx};
 
 /// One side of a connection: the connection and its two ring halves.
 pub(crate) type Side = (Connection, RingTx, RingRx);
 
-fn endpoint() -> (std::path::PathBuf, Endpoint) {
+/// Bound for anything a test waits for on verbs (soft-RoCE under an
+/// emulated CPU is 20-50x slower than the host; a lost message waits forever).
+pub(crate) const BOUND: Duration = Duration::from_secs(60);
+
+/// The provider a test runs on: shm always; verbs (module `verbs` of the
+/// test files, feature `verbs`) on the device `RRPC_TEST_DEVICE` names.
+#[derive(Debug, Clone)]
+pub(crate) enum Provider {
+    Shm,
+    Verbs(String),
+}
+
+impl Provider {
+    /// The verbs provider on `RRPC_TEST_DEVICE`, or `None` (and the test
+    /// says it is skipped) when it is not set.
+    pub(crate) fn verbs_from_env() -> Option<Provider> {
+        let dev = std::env::var("RRPC_TEST_DEVICE")
+            .ok()
+            .filter(|d| !d.is_empty());
+        if dev.is_none() {
+            eprintln!("skipped: RRPC_TEST_DEVICE not set");
+        }
+        dev.map(Provider::Verbs)
+    }
+
+    /// The fabric, checked to be the provider asked for (a verbs test that
+    /// silently ran on shm would prove nothing).
+    pub(crate) fn fabric(&self) -> Fabric {
+        match self {
+            Provider::Shm => Fabric::shm(),
+            #[cfg(feature = "verbs")]
+            Provider::Verbs(dev) => {
+                let f = Fabric::verbs(Some(dev)).expect("open the verbs device");
+                assert_eq!(f.kind(), ProviderKind::Verbs);
+                assert_eq!(f.device_name(), Some(dev.as_str()));
+                f
+            }
+            #[cfg(not(feature = "verbs"))]
+            Provider::Verbs(_) => unreachable!("verbs tests need feature `verbs`"),
+        }
+    }
+
+    pub(crate) fn kind(&self) -> ProviderKind {
+        match self {
+            Provider::Shm => ProviderKind::Shm,
+            Provider::Verbs(_) => ProviderKind::Verbs,
+        }
+    }
+
+    pub(crate) fn is_verbs(&self) -> bool {
+        matches!(self, Provider::Verbs(_))
+    }
+
+    /// Scales an iteration count down for soft-RoCE under an emulated CPU.
+    pub(crate) fn scaled(&self, n: usize) -> usize {
+        match self {
+            Provider::Shm => n,
+            Provider::Verbs(_) => (n / 5).max(1),
+        }
+    }
+}
+
+/// Runs each named `fn(&Provider)` on shm (module `shm`) and, with feature
+/// `verbs`, on `RRPC_TEST_DEVICE` (module `verbs`; skipped, saying so, when
+/// it is not set).
+macro_rules! on_every_provider {
+    ($($name:ident),* $(,)?) => {
+        mod shm {
+            $( #[test] fn $name() { super::$name(&super::common::Provider::Shm); } )*
+        }
+        #[cfg(feature = "verbs")]
+        mod verbs {
+            $( #[test] fn $name() {
+                if let Some(p) = super::common::Provider::verbs_from_env() { super::$name(&p); }
+            } )*
+        }
+    };
+}
+
+/// The listener and the endpoint to dial: a Unix socket in a fresh
+/// directory for shm (returned, to remove), TCP on 127.0.0.1 with a
+/// kernel-chosen port for verbs.
+fn listen(fabric: &Fabric) -> (Option<std::path::PathBuf>, conn::Listener, Endpoint) {
     static NEXT: AtomicU64 = AtomicU64::new(0);
-    let dir = std::env::temp_dir().join(format!(
-        "rrpc-rb-it-{}-{}",
-        std::process::id(),
-        NEXT.fetch_add(1, Ordering::Relaxed)
-    ));
-    std::fs::create_dir_all(&dir).unwrap();
-    let ep = Endpoint::parse(&format!("shm://{}/s.sock", dir.display())).unwrap();
-    (dir, ep)
+    match fabric.kind() {
+        ProviderKind::Shm => {
+            let dir = std::env::temp_dir().join(format!(
+                "rrpc-rb-it-{}-{}",
+                std::process::id(),
+                NEXT.fetch_add(1, Ordering::Relaxed)
+            ));
+            std::fs::create_dir_all(&dir).unwrap();
+            let ep = Endpoint::parse(&format!("shm://{}/s.sock", dir.display())).unwrap();
+            let l = conn::Listener::bind(&ep, HandshakeConfig::default()).unwrap();
+            (Some(dir), l, ep)
+        }
+        kind => {
+            assert_eq!(kind, ProviderKind::Verbs);
+            let ep = Endpoint::parse("rdma://127.0.0.1:0").unwrap();
+            let l = conn::Listener::bind(&ep, HandshakeConfig::default()).unwrap();
+            let addr = l.local_addr().expect("rdma listener has a TCP address");
+            let ep = Endpoint::parse(&format!("rdma://{addr}")).unwrap();
+            (None, l, ep)
+        }
+    }
 }
 
 /// Connects a client ring configured by `client` to a server ring
-/// configured by `server`; returns each side's `LocalRing::connect` result.
-pub(crate) fn pair_with(
+/// configured by `server`, both on `fabric`; returns each side's
+/// `LocalRing::connect` result. Each connection is checked to run on the
+/// fabric's provider.
+pub(crate) fn pair_on_fabric(
+    fabric: &Fabric,
     client: &RingConfig,
     server: &RingConfig,
     qp: &QpConfig,
 ) -> (Result<Side, Error>, Result<Side, Error>) {
-    let (dir, ep) = endpoint();
-    let fabric = Fabric::shm();
-    let listener = conn::Listener::bind(&ep, HandshakeConfig::default()).unwrap();
+    let (dir, listener, ep) = listen(fabric);
+    let kind = fabric.kind();
     let (f2, s2, q2) = (fabric.clone(), server.clone(), qp.clone());
     let srv = std::thread::spawn(move || {
         let local = LocalRing::new(&f2, &s2).unwrap();
@@ -41,9 +146,10 @@ pub(crate) fn pair_with(
             .unwrap()
             .accept(f2.create_qp(&q2).unwrap(), local.add_to_offer(Offer::new()))
             .unwrap();
+        assert_eq!(c.peer().provider, kind, "server side");
         local.connect(&c).map(|(tx, rx)| (c, tx, rx))
     });
-    let local = LocalRing::new(&fabric, client).unwrap();
+    let local = LocalRing::new(fabric, client).unwrap();
     let c = conn::connect(
         &ep,
         fabric.create_qp(qp).unwrap(),
@@ -51,14 +157,81 @@ pub(crate) fn pair_with(
         &HandshakeConfig::default(),
     )
     .unwrap();
+    assert_eq!(c.peer().provider, kind, "client side");
     let cli = local.connect(&c).map(|(tx, rx)| (c, tx, rx));
     let srv = srv.join().unwrap();
-    let _ = std::fs::remove_dir_all(dir);
+    if let Some(dir) = dir {
+        let _ = std::fs::remove_dir_all(dir);
+    }
     (cli, srv)
 }
 
-/// Both sides with the same config and the default queue pair.
-pub(crate) fn pair(cfg: &RingConfig) -> (Side, Side) {
-    let (c, s) = pair_with(cfg, cfg, &QpConfig::default());
+/// [`pair_on_fabric`] on `p`'s fabric.
+pub(crate) fn pair_with(
+    p: &Provider,
+    client: &RingConfig,
+    server: &RingConfig,
+    qp: &QpConfig,
+) -> (Result<Side, Error>, Result<Side, Error>) {
+    pair_on_fabric(&p.fabric(), client, server, qp)
+}
+
+/// Both sides on `p` with the same config and the default queue pair.
+pub(crate) fn pair(p: &Provider, cfg: &RingConfig) -> (Side, Side) {
+    let (c, s) = pair_with(p, cfg, cfg, &QpConfig::default());
     (c.unwrap(), s.unwrap())
+}
+
+/// Makes progress on the connection of `tx` -> `rx` without the ring's
+/// users: `tx` posts what waits for a completion (a tail deferred behind an
+/// in-flight tail WRITE, work held back by the send-queue budget), `rx`
+/// posts a head push held back the same way.
+pub(crate) fn drive(tx: &mut RingTx, rx: &mut RingRx) {
+    tx.poll_completions().expect("sender completions");
+    rx.poll_completions().expect("receiver completions");
+}
+
+/// Sends `msg` on `tx`. On shm the ring must have room at once (the
+/// receiver's head pushes are placed when posted); on verbs a full ring
+/// waits (bounded) for the head push of `rx`, the ring's receiver, to land.
+pub(crate) fn send(p: &Provider, tx: &mut RingTx, rx: &mut RingRx, msg: &[u8], what: &str) {
+    let t0 = Instant::now();
+    loop {
+        match tx.try_send(msg) {
+            Ok(()) => return,
+            Err(Error::WouldBlock) if p.is_verbs() => {
+                assert!(
+                    t0.elapsed() < BOUND,
+                    "{what}: ring full for {BOUND:?}; tx {:?}",
+                    tx.state()
+                );
+                drive(tx, rx);
+                std::thread::yield_now();
+            }
+            Err(e) => panic!("{what}: send: {e}"),
+        }
+    }
+}
+
+/// Returns once `rx` has a message (left unread for the next `try_recv`).
+/// On shm a flushed message must be visible at once; on verbs this waits
+/// for it (bounded), driving `tx`, the ring's sender, meanwhile.
+pub(crate) fn expect_message(p: &Provider, tx: &mut RingTx, rx: &mut RingRx, what: &str) {
+    let t0 = Instant::now();
+    loop {
+        match rx.has_message() {
+            Ok(true) => return,
+            Ok(false) if p.is_verbs() => {
+                assert!(
+                    t0.elapsed() < BOUND,
+                    "{what}: no message within {BOUND:?}; tx {:?}",
+                    tx.state()
+                );
+                drive(tx, rx);
+                std::thread::yield_now();
+            }
+            Ok(false) => panic!("{what}: flushed message not visible"),
+            Err(e) => panic!("{what}: {e}"),
+        }
+    }
 }
