@@ -168,8 +168,15 @@ impl MsgTx for ShmTx {
 impl Drop for ShmRx {
     fn drop(&mut self) {
         // Nobody reads any more: say goodbye so the peer fails its calls now
-        // (the poller may hold the connection a while longer).
-        self._conn.close();
+        // (the poller may hold the connection a while longer). The goodbye
+        // is a blocking send (bounded at 1 s): never on a tokio worker.
+        let conn = self._conn.clone();
+        match tokio::runtime::Handle::try_current() {
+            Ok(rt) => {
+                rt.spawn_blocking(move || conn.close());
+            }
+            Err(_) => conn.close(),
+        }
     }
 }
 
