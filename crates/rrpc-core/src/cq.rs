@@ -25,7 +25,21 @@ pub enum Status {
     RemoteAccessError,
     /// The work request was flushed because the queue pair failed (`IBV_WC_WR_FLUSH_ERR`).
     Flushed,
-    /// Injected failure (tests only) or any other device error.
+    /// The peer never acknowledged, after every transport retry
+    /// (`IBV_WC_RETRY_EXC_ERR`): it is gone, unreachable, or the fabric lost
+    /// packets faster than retries could recover.
+    RetryExceeded,
+    /// The peer had no receive posted for a WRITE_WITH_IMM, after every RNR
+    /// retry (`IBV_WC_RNR_RETRY_EXC_ERR`).
+    RnrRetryExceeded,
+    /// The peer rejected the request as invalid (`IBV_WC_REM_INV_REQ_ERR`:
+    /// for example longer than it accepts, or an operation its queue pair
+    /// does not allow).
+    RemoteInvalidRequest,
+    /// The peer could not carry out the request (`IBV_WC_REM_OP_ERR`).
+    RemoteOperationError,
+    /// Injected failure (tests only) or any other device error
+    /// (`IBV_WC_FATAL_ERR`, `IBV_WC_GENERAL_ERR`, ...).
     Fatal,
 }
 

@@ -38,6 +38,7 @@ on_every_provider!(
     violations_refused,
     depth_is_checked_on_every_operation,
     event_channel_fires_only_when_armed,
+    concurrent_pollers_share_one_send_queue,
 );
 
 fn drain(side: &Side) -> Vec<Completion> {
@@ -467,4 +468,92 @@ fn event_channel_fires_only_when_armed(p: &Provider) {
 fn unsafe_free_borrow(fd: std::os::fd::RawFd) -> std::os::fd::BorrowedFd<'static> {
     // SAFETY: the fd belongs to a queue pair that outlives the poll call in the test.
     unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) }
+}
+
+/// Two threads poll one send completion queue while a third posts: every
+/// completion reaches exactly one of them, successful. (Verbs once retired
+/// send slots per completion after `ibv_poll_cq` returned, so a poller holding
+/// request 100 could lose the race to one holding 101 and then report 100 as
+/// an unknown request: "completed with status Fatal" under load.)
+fn concurrent_pollers_share_one_send_queue(p: &Provider) {
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    use std::time::Instant;
+    const N: u64 = 20_000;
+    let (a, _b) = pair_on(p, 1 << 16, QpConfig::default(), QpConfig::default());
+    let remote = a.conn.peer().region(1).unwrap();
+    a.scratch.write_at(0, &[7u8; 8]).unwrap();
+    let polled = AtomicU64::new(0);
+    // Set by whichever thread fails first, so the others stop at once.
+    let abort = AtomicBool::new(false);
+    let deadline = Instant::now() + p.patience();
+    let (posting, polling): (Result<(), String>, Vec<Result<Vec<u64>, String>>) =
+        std::thread::scope(|s| {
+            let pollers: Vec<_> = (0..2)
+                .map(|_| {
+                    let (a, polled, abort) = (&a, &polled, &abort);
+                    s.spawn(move || {
+                        let mut got = Vec::new();
+                        let mut buf = [Completion::EMPTY; 8];
+                        let fail = |e: String| {
+                            abort.store(true, Ordering::Release);
+                            Err(e)
+                        };
+                        while polled.load(Ordering::Acquire) < N {
+                            if abort.load(Ordering::Acquire) {
+                                return Err("aborted".to_string());
+                            }
+                            let n = match a.conn.qp().send_cq().poll(&mut buf) {
+                                Ok(n) => n,
+                                Err(e) => return fail(format!("poll: {e}")),
+                            };
+                            for c in &buf[..n] {
+                                if c.status != Status::Success {
+                                    return fail(format!("{c:?}"));
+                                }
+                                got.push(c.wr_id);
+                            }
+                            polled.fetch_add(n as u64, Ordering::AcqRel);
+                            if n == 0 {
+                                if Instant::now() > deadline {
+                                    return fail("completions stopped".into());
+                                }
+                                std::thread::yield_now();
+                            }
+                        }
+                        Ok(got)
+                    })
+                })
+                .collect();
+            let mut posting = Ok(());
+            let mut i = 0;
+            while i < N && !abort.load(Ordering::Acquire) {
+                match a.conn.qp().post_write(
+                    i,
+                    Local::new(&a.scratch, 0, 8),
+                    remote.at((i % 512) * 8),
+                    true,
+                ) {
+                    Ok(()) => i += 1,
+                    Err(Error::QueueFull { .. }) if Instant::now() < deadline => {
+                        std::thread::yield_now()
+                    }
+                    Err(e) => {
+                        posting = Err(format!("post {i}: {e}"));
+                        abort.store(true, Ordering::Release);
+                    }
+                }
+            }
+            (
+                posting,
+                pollers.into_iter().map(|t| t.join().unwrap()).collect(),
+            )
+        });
+    let polling: Result<Vec<Vec<u64>>, String> = polling.into_iter().collect();
+    let (Ok(()), Ok(seen)) = (&posting, &polling) else {
+        panic!("posting: {posting:?}, polling: {polling:?}");
+    };
+    let mut all: Vec<u64> = seen.concat();
+    all.sort_unstable();
+    assert_eq!(all.len() as u64, N, "every completion polled once");
+    assert!(all.iter().copied().eq(0..N), "each work request once");
 }

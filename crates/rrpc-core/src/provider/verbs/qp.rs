@@ -114,7 +114,16 @@ impl VerbsCq {
     /// `ibv_poll_cq`, each `ibv_wc` mapped to a [`Completion`]. A failed
     /// completion other than a flush fails the queue pair with
     /// [`Error::CompletionError`] (the device moved it to the error state).
+    ///
+    /// The send side polls and retires under the slots lock, so two threads
+    /// polling the same queue retire in the device's order: were the lock
+    /// taken per completion, a thread holding the completion of request 100
+    /// could lose the race to one holding 101, and find 100 already retired.
     pub(crate) fn poll(&self, out: &mut [Completion]) -> Result<usize> {
+        let mut slots = match &self.side {
+            CqSide::Send(slots) => Some(slots.lock().unwrap_or_else(|p| p.into_inner())),
+            CqSide::Recv(_) => None,
+        };
         let mut done = 0;
         while done < out.len() {
             let want = (out.len() - done).min(POLL_BATCH);
@@ -123,7 +132,7 @@ impl VerbsCq {
             for w in &wcs[..got] {
                 // SAFETY: `ibv_poll_cq` initialised the first `got` entries.
                 let wc = Wc::from_ffi(unsafe { w.assume_init_ref() });
-                out[done] = self.map(&wc)?;
+                out[done] = self.map(&wc, slots.as_deref_mut())?;
                 done += 1;
             }
             if got < want {
@@ -133,14 +142,17 @@ impl VerbsCq {
         Ok(done)
     }
 
-    fn map(&self, wc: &Wc) -> Result<Completion> {
-        let c = match &self.side {
-            CqSide::Send(slots) => {
-                let rec = slots
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .complete(wc.wr_id);
+    /// Maps one completion; `slots` is the send side's table, locked by
+    /// [`VerbsCq::poll`] (`None` on the receive side).
+    fn map(&self, wc: &Wc, slots: Option<&mut SendSlots>) -> Result<Completion> {
+        let c = match slots {
+            Some(slots) => {
+                let rec = slots.complete(wc.wr_id);
                 let Some(rec) = rec else {
+                    tracing::error!(
+                        wr_id = wc.wr_id,
+                        "device reported a completion for a work request not outstanding"
+                    );
                     return Err(Error::CompletionError {
                         wr_id: wc.wr_id,
                         status: Status::Fatal,
@@ -151,9 +163,11 @@ impl VerbsCq {
                 }
                 send_completion(wc, rec)
             }
-            CqSide::Recv(posted) => {
-                let _ =
-                    posted.fetch_update(Ordering::AcqRel, Ordering::Acquire, |p| p.checked_sub(1));
+            None => {
+                if let CqSide::Recv(posted) = &self.side {
+                    let _ = posted
+                        .fetch_update(Ordering::AcqRel, Ordering::Acquire, |p| p.checked_sub(1));
+                }
                 recv_completion(wc)
             }
         };
