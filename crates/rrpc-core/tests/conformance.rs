@@ -486,68 +486,68 @@ fn concurrent_pollers_share_one_send_queue(p: &Provider) {
     // Set by whichever thread fails first, so the others stop at once.
     let abort = AtomicBool::new(false);
     let deadline = Instant::now() + p.patience();
-    let (posting, polling): (Result<(), String>, Vec<Result<Vec<u64>, String>>) =
-        std::thread::scope(|s| {
-            let pollers: Vec<_> = (0..2)
-                .map(|_| {
-                    let (a, polled, abort) = (&a, &polled, &abort);
-                    s.spawn(move || {
-                        let mut got = Vec::new();
-                        let mut buf = [Completion::EMPTY; 8];
-                        let fail = |e: String| {
-                            abort.store(true, Ordering::Release);
-                            Err(e)
-                        };
-                        while polled.load(Ordering::Acquire) < N {
-                            if abort.load(Ordering::Acquire) {
-                                return Err("aborted".to_string());
-                            }
-                            let n = match a.conn.qp().send_cq().poll(&mut buf) {
-                                Ok(n) => n,
-                                Err(e) => return fail(format!("poll: {e}")),
-                            };
-                            for c in &buf[..n] {
-                                if c.status != Status::Success {
-                                    return fail(format!("{c:?}"));
-                                }
-                                got.push(c.wr_id);
-                            }
-                            polled.fetch_add(n as u64, Ordering::AcqRel);
-                            if n == 0 {
-                                if Instant::now() > deadline {
-                                    return fail("completions stopped".into());
-                                }
-                                std::thread::yield_now();
-                            }
-                        }
-                        Ok(got)
-                    })
-                })
-                .collect();
-            let mut posting = Ok(());
-            let mut i = 0;
-            while i < N && !abort.load(Ordering::Acquire) {
-                match a.conn.qp().post_write(
-                    i,
-                    Local::new(&a.scratch, 0, 8),
-                    remote.at((i % 512) * 8),
-                    true,
-                ) {
-                    Ok(()) => i += 1,
-                    Err(Error::QueueFull { .. }) if Instant::now() < deadline => {
-                        std::thread::yield_now()
-                    }
-                    Err(e) => {
-                        posting = Err(format!("post {i}: {e}"));
+    type Polled = Result<Vec<u64>, String>;
+    let (posting, polling): (Result<(), String>, Vec<Polled>) = std::thread::scope(|s| {
+        let pollers: Vec<_> = (0..2)
+            .map(|_| {
+                let (a, polled, abort) = (&a, &polled, &abort);
+                s.spawn(move || {
+                    let mut got = Vec::new();
+                    let mut buf = [Completion::EMPTY; 8];
+                    let fail = |e: String| {
                         abort.store(true, Ordering::Release);
+                        Err(e)
+                    };
+                    while polled.load(Ordering::Acquire) < N {
+                        if abort.load(Ordering::Acquire) {
+                            return Err("aborted".to_string());
+                        }
+                        let n = match a.conn.qp().send_cq().poll(&mut buf) {
+                            Ok(n) => n,
+                            Err(e) => return fail(format!("poll: {e}")),
+                        };
+                        for c in &buf[..n] {
+                            if c.status != Status::Success {
+                                return fail(format!("{c:?}"));
+                            }
+                            got.push(c.wr_id);
+                        }
+                        polled.fetch_add(n as u64, Ordering::AcqRel);
+                        if n == 0 {
+                            if Instant::now() > deadline {
+                                return fail("completions stopped".into());
+                            }
+                            std::thread::yield_now();
+                        }
                     }
+                    Ok(got)
+                })
+            })
+            .collect();
+        let mut posting = Ok(());
+        let mut i = 0;
+        while i < N && !abort.load(Ordering::Acquire) {
+            match a.conn.qp().post_write(
+                i,
+                Local::new(&a.scratch, 0, 8),
+                remote.at((i % 512) * 8),
+                true,
+            ) {
+                Ok(()) => i += 1,
+                Err(Error::QueueFull { .. }) if Instant::now() < deadline => {
+                    std::thread::yield_now()
+                }
+                Err(e) => {
+                    posting = Err(format!("post {i}: {e}"));
+                    abort.store(true, Ordering::Release);
                 }
             }
-            (
-                posting,
-                pollers.into_iter().map(|t| t.join().unwrap()).collect(),
-            )
-        });
+        }
+        (
+            posting,
+            pollers.into_iter().map(|t| t.join().unwrap()).collect(),
+        )
+    });
     let polling: Result<Vec<Vec<u64>>, String> = polling.into_iter().collect();
     let (Ok(()), Ok(seen)) = (&posting, &polling) else {
         panic!("posting: {posting:?}, polling: {polling:?}");
