@@ -1,1 +1,31 @@
-//! A Jakiro-like key-value store over RF-RPC (not started; see the README status table).
+//! A Jakiro-like key-value store over RF-RPC (remote fetching).
+//!
+//! Specification: RF-RPC and Jakiro (`papers/001`, §3-§5.1), with YCSB from
+//! RR-Compound §V-E. The crate has three layers, each usable alone:
+//!
+//! - [`op`]: the store's operations and their binary encoding (what travels
+//!   in an RF-RPC request or result).
+//! - [`store`]: Jakiro's store. The key space is hashed into partitions, one
+//!   per server thread (EREW); buckets of eight slots with strict LRU
+//!   eviction inside a bucket; a memory bound. A persistent engine sits
+//!   behind the same operations.
+//! - [`rfrpc`]: RF-RPC, the remote-fetching RPC layer over `rrpc-core`: the
+//!   client WRITEs a request into the server's memory, the server leaves the
+//!   result in its own memory, and the client READs it back; the hybrid
+//!   switch to server-reply, batching, and the tuners of `fetch_size`,
+//!   `retry_limit` and the batch size.
+//! - [`grpc`]: the `rrpc.kv.v1.Kv` gRPC service over any [`Execute`], served
+//!   by tonic over TCP and over rrpc-tonic from the same binary.
+//! - [`ycsb`]: the YCSB core workloads A-F, for `rrpc-kv-bench`.
+//!
+//! Errors of every layer are one [`Error`].
+
+pub mod error;
+pub mod grpc;
+pub mod op;
+pub mod rfrpc;
+pub mod store;
+pub mod ycsb;
+
+pub use error::{Error, Result};
+pub use op::{Execute, Op, OpResult};

@@ -1,0 +1,1 @@
+//! The gRPC face: `rrpc.kv.v1.Kv` (in progress).

@@ -1,0 +1,1 @@
+//! RF-RPC (in progress).

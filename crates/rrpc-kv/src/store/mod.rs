@@ -1,0 +1,1 @@
+//! Jakiro's store (in progress).

@@ -1,0 +1,1 @@
+//! The YCSB driver (in progress).
