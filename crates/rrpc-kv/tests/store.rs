@@ -308,6 +308,8 @@ fn scans_after_evictions_return_exactly_the_live_keys() {
 
 #[test]
 fn store_is_shared_across_threads() {
+    fn shareable<T: Clone + Send + Sync + 'static>() {}
+    shareable::<Store>();
     let s = mem(4, 4 << 20);
     std::thread::scope(|sc| {
         for t in 0..4 {
@@ -320,6 +322,9 @@ fn store_is_shared_across_threads() {
         }
     });
     assert_eq!(PartitionStats::sum(&s.stats()).entries, 2000);
+    // Debug is a summary, not the entries.
+    let d = format!("{s:?}");
+    assert!(d.contains("partitions: 4") && !d.contains("t0-1"), "{d}");
 }
 
 proptest! {

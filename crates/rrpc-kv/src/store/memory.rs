@@ -44,7 +44,6 @@ type Bucket = Vec<Slot>;
 const BUCKET_COST: usize =
     std::mem::size_of::<Bucket>() + SLOTS_PER_BUCKET * std::mem::size_of::<Slot>();
 
-#[derive(Debug)]
 pub(super) struct MemoryPartition {
     buckets: Vec<Bucket>,
     /// Every live key, in order (shares the slots' key allocations).
@@ -58,6 +57,17 @@ pub(super) struct MemoryPartition {
     evictions: u64,
     bytes: usize,
     entries: usize,
+}
+
+impl std::fmt::Debug for MemoryPartition {
+    /// A summary: the entries themselves would be far too many to print.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MemoryPartition")
+            .field("buckets", &self.buckets.len())
+            .field("hand", &self.hand)
+            .field("stats", &self.stats())
+            .finish_non_exhaustive()
+    }
 }
 
 impl MemoryPartition {
