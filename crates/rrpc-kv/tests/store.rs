@@ -337,3 +337,126 @@ proptest! {
         check_against_model(&s, &ops)?;
     }
 }
+
+#[test]
+fn bound_eviction_takes_the_target_bucket_first_then_the_clock() {
+    // One partition of 8 KiB: a few buckets, an entry budget of a few KiB.
+    let s = mem(1, 8 << 10);
+    let bound = s.stats()[0].bound;
+    let a = same_bucket_keys(&s, 4);
+    let others: Vec<Bytes> = (0..)
+        .map(|i| b(format!("other{i}")))
+        .filter(|k| s.with_partition(0, |p| p.bucket_of(k) != p.bucket_of(&a[0])))
+        .take(6)
+        .collect();
+    for k in &a[..3] {
+        assert_eq!(put(&s, k, [1u8; 10]), OpResult::Ok);
+    }
+    for k in &others {
+        assert_eq!(put(&s, k, [2u8; 10]), OpResult::Ok);
+    }
+    let small = s.stats()[0].bytes / 9;
+    // Make a[0] the most recent of its bucket: the order is a0 a2 a1.
+    assert_eq!(get(&s, &a[0]), OpResult::Value(b([1u8; 10])));
+    // A fourth key of the bucket that needs two small entries' room.
+    let free = bound - s.stats()[0].bytes;
+    let size_a1 = a[1].len() + 10 + rrpc_kv::store::ENTRY_OVERHEAD;
+    let need = free + size_a1 + 1;
+    let v = vec![3u8; need - a[3].len() - rrpc_kv::store::ENTRY_OVERHEAD];
+    assert_eq!(put(&s, &a[3], &v), OpResult::Ok);
+    assert_eq!(get(&s, &a[1]), OpResult::NotFound);
+    assert_eq!(get(&s, &a[2]), OpResult::NotFound);
+    assert_eq!(get(&s, &a[0]), OpResult::Value(b([1u8; 10])));
+    for k in &others {
+        assert_eq!(get(&s, k), OpResult::Value(b([2u8; 10])), "{k:?}");
+    }
+    assert_eq!(s.stats()[0].evictions, 2);
+    // An entry needing more than its bucket holds: the bucket empties, then
+    // the clock takes the least recent slots of other buckets.
+    let v = vec![4u8; bound - 3 * small - a[1].len() - rrpc_kv::store::ENTRY_OVERHEAD];
+    assert_eq!(put(&s, &a[1], &v), OpResult::Ok);
+    assert_eq!(get(&s, &a[0]), OpResult::NotFound);
+    assert_eq!(get(&s, &a[3]), OpResult::NotFound);
+    let st = s.stats()[0];
+    assert!(st.bytes <= st.bound);
+    let kept = others
+        .iter()
+        .filter(|k| get(&s, k) != OpResult::NotFound)
+        .count();
+    assert!((1..6).contains(&kept), "{kept} of the other keys kept");
+}
+
+#[derive(Debug, Clone)]
+enum EvictOp {
+    Get(u8),
+    Put(u8, usize),
+    Delete(u8),
+    Scan(u8, u32),
+}
+
+fn evict_op() -> impl Strategy<Value = EvictOp> {
+    prop_oneof![
+        any::<u8>().prop_map(EvictOp::Get),
+        (any::<u8>(), 0usize..3000).prop_map(|(k, n)| EvictOp::Put(k, n)),
+        any::<u8>().prop_map(EvictOp::Delete),
+        (any::<u8>(), 0u32..40).prop_map(|(k, n)| EvictOp::Scan(k, n)),
+    ]
+}
+
+proptest! {
+    /// With evictions: a key reads back as its last value or, once evicted,
+    /// as missing for good (until written again); scans agree; the bound holds.
+    #[test]
+    fn evicting_store_never_returns_stale_or_resurrected_values(
+        partitions in 1usize..4,
+        ops in proptest::collection::vec(evict_op(), 1..400),
+    ) {
+        let s = mem(partitions, partitions * (12 << 10));
+        let key = |k: u8| b(format!("k{k:03}"));
+        let mut model: std::collections::BTreeMap<Bytes, Bytes> = Default::default();
+        for (i, op) in ops.into_iter().enumerate() {
+            match op {
+                EvictOp::Get(k) => match get(&s, key(k)) {
+                    OpResult::NotFound => {
+                        model.remove(&key(k));
+                    }
+                    OpResult::Value(v) => prop_assert_eq!(Some(&v), model.get(&key(k))),
+                    r => prop_assert!(false, "{:?}", r),
+                },
+                EvictOp::Put(k, n) => {
+                    let v = Bytes::from(vec![(i % 256) as u8; n]);
+                    prop_assert_eq!(put(&s, key(k), &v), OpResult::Ok);
+                    model.insert(key(k), v.clone());
+                    // Just written, so present.
+                    prop_assert_eq!(get(&s, key(k)), OpResult::Value(v));
+                }
+                EvictOp::Delete(k) => {
+                    let r = s.execute(Op::Delete { key: key(k) });
+                    if model.remove(&key(k)).is_none() {
+                        prop_assert_eq!(r, OpResult::NotFound);
+                    }
+                }
+                EvictOp::Scan(k, count) => {
+                    let e = scan(&s, key(k), count);
+                    prop_assert!(e.len() <= count as usize);
+                    prop_assert!(e.windows(2).all(|w| w[0].0 < w[1].0));
+                    for (sk, sv) in &e {
+                        prop_assert!(sk >= &key(k));
+                        prop_assert_eq!(Some(sv), model.get(sk));
+                    }
+                }
+            }
+            let st = s.stats();
+            for p in &st {
+                prop_assert!(p.bytes <= p.bound, "{:?}", p);
+            }
+            // Everything the store holds is in the model (evicted keys are
+            // only dropped from the model once observed missing).
+            let all = scan(&s, "", 1000);
+            prop_assert_eq!(all.len(), PartitionStats::sum(&st).entries);
+            for (k, v) in &all {
+                prop_assert_eq!(Some(v), model.get(k));
+            }
+        }
+    }
+}
