@@ -11,10 +11,12 @@ use super::{PartitionStats, SLOTS_PER_BUCKET, key_hash, scale};
 use crate::error::{Error, Result};
 
 /// Bytes counted per entry on top of its key and value: the key's place in
-/// the ordered index (B-tree node share), the two allocations' headers and
-/// the shared key handle. An estimate; the slot itself is paid for in the
-/// bucket table.
-pub const ENTRY_OVERHEAD: usize = 128;
+/// the ordered index (a 32-byte handle plus its share of B-tree nodes, about
+/// 48), the key's and the value's allocations with their headers and the
+/// shared-ownership blocks `Bytes` adds once a handle is cloned (about 56
+/// each). An estimate (the allocator's real cost is not observable without
+/// a custom allocator); the slot itself is paid for in the bucket table.
+pub const ENTRY_OVERHEAD: usize = 160;
 
 /// The paper's pair (§5.1 "Workloads": 16-byte keys, 32-byte values), used
 /// to size the bucket table.
