@@ -23,8 +23,9 @@
 //!   `i` the mutex is never contended (an uncontended lock is one atomic
 //!   operation). [`Store::execute`] (the [`Execute`] face, used by gRPC and
 //!   tests) locks the one partition the key hashes to.
-//! - **Buckets and strict LRU.** A key lives in bucket `hash % nbuckets` of
-//!   its partition. A bucket keeps its (at most eight) slots in recency
+//! - **Buckets and strict LRU.** A key lives in one bucket of its partition,
+//!   `(low32(hash) * nbuckets) >> 32` (a multiply-shift standing in for
+//!   `hash % nbuckets`). A bucket keeps its (at most eight) slots in recency
 //!   order; a GET hit or a PUT makes the slot the most recent; a PUT of a new
 //!   key into a full bucket evicts that bucket's least recent slot. A SCAN
 //!   does not change recency (it would flush the hot set, and the paper's
@@ -53,7 +54,9 @@
 //!   [`Partition::scan`] answers from its index alone (the keys of that
 //!   partition); [`Store::execute`] asks every partition for up to `count`
 //!   entries at or after `start` and k-way merges them, so a SCAN returns
-//!   keys in order, all `>= start`, at most `count`. Partitions are locked
+//!   keys in order, all `>= start`, at most `count` (the merge holds at most
+//!   `partitions × count` entries, `count <=` [`crate::op::MAX_SCAN`]).
+//!   Partitions are locked
 //!   one after another, not all at once: a SCAN concurrent with writes sees
 //!   each partition at some moment, not the whole store at one moment.
 //! - **Persistent engine** ([`Engine::Persistent`]): the path is a directory
@@ -68,7 +71,10 @@
 //!   redb's page cache size. The number of partitions is fixed when the
 //!   directory is created: reopening with a different *explicit*
 //!   [`StoreConfig::partitions`] is [`Error::InvalidConfig`]; left at its
-//!   default, the directory's number is used.
+//!   default, the directory's number is used. A DELETE of a missing key
+//!   aborts its transaction (no `fsync`). A [`Partition`] is one type over
+//!   both engines (a private enum inside); bucket introspection
+//!   ([`Partition::bucket_of`]) answers `None` on disk.
 //!
 //! # Example
 //!
