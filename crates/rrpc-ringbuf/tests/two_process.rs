@@ -99,8 +99,12 @@ impl Target {
     fn listen(&self, tag: &str) -> (conn::Listener, String) {
         let ep = match &self.device {
             None => {
-                let dir =
-                    std::env::temp_dir().join(format!("rrpc-rb-{}-{tag}", std::process::id()));
+                // One directory per test: libtest runs the tests of this
+                // binary in parallel threads of one process, so the pid alone
+                // would give two tests one socket path (AddrInUse).
+                let test = self.test.replace("::", "-");
+                let dir = std::env::temp_dir()
+                    .join(format!("rrpc-rb-{}-{test}-{tag}", std::process::id()));
                 std::fs::create_dir_all(&dir).unwrap();
                 format!("shm://{}/s.sock", dir.display())
             }
