@@ -89,6 +89,9 @@ struct Args {
     /// No progress bar.
     #[arg(long)]
     no_progress: bool,
+    /// The verbs device for grpc+rdma:// (default: the first one listed).
+    #[arg(long)]
+    rdma_device: Option<String>,
     /// Seconds to wait for each connection.
     #[arg(long, default_value_t = 10)]
     connect_timeout: u64,
@@ -161,11 +164,16 @@ impl std::fmt::Debug for Backend {
 
 impl Backend {
     /// A new connection to `target`; `scans`: the workload scans.
-    async fn connect(target: &Target, scans: bool, timeout: Duration) -> anyhow::Result<Backend> {
+    async fn connect(
+        target: &Target,
+        scans: bool,
+        timeout: Duration,
+        rrpc: &RrpcConfig,
+    ) -> anyhow::Result<Backend> {
         let connect = async {
             Ok(match target {
                 Target::Grpc(uri) => Backend::Grpc(
-                    GrpcKv::connect(uri, RrpcConfig::default())
+                    GrpcKv::connect(uri, rrpc.clone())
                         .await
                         .with_context(|| format!("cannot connect to {uri}"))?,
                 ),
@@ -378,9 +386,13 @@ async fn run(args: Args) -> anyhow::Result<()> {
     let scans = args.workload.mix().scan > 0.0;
     let timeout = Duration::from_secs(args.connect_timeout);
 
+    let mut rrpc = RrpcConfig::default();
+    if let Some(d) = &args.rdma_device {
+        rrpc = rrpc.rdma_device(d.clone());
+    }
     let mut clients = Vec::with_capacity(args.clients as usize);
     for _ in 0..args.clients {
-        clients.push(Backend::connect(&target, scans, timeout).await?);
+        clients.push(Backend::connect(&target, scans, timeout, &rrpc).await?);
     }
     println!(
         "workload {} ({:?} keys), {} records, {} operations, {} B values, {} clients, target {}",
@@ -415,8 +427,16 @@ async fn run(args: Args) -> anyhow::Result<()> {
         check_errors(&shared, args.records)?;
     }
 
-    let txns: Vec<Txn> = workload.run().collect();
-    let next: Arc<Mutex<dyn Iterator<Item = Txn> + Send>> = Arc::new(Mutex::new(txns.into_iter()));
+    // Drawn lazily, one transaction at a time under the lock (a run of many
+    // operations is never held in memory).
+    let mut left = args.ops;
+    let txns = std::iter::from_fn(move || {
+        (left > 0).then(|| {
+            left -= 1;
+            workload.next_txn()
+        })
+    });
+    let next: Arc<Mutex<dyn Iterator<Item = Txn> + Send>> = Arc::new(Mutex::new(txns));
     let pb = progress(args.ops, "run", show);
     let (stats, elapsed) = run_phase(&mut clients, next, &pb, &shared).await?;
     println!("\nrun phase: {:.3} s", elapsed.as_secs_f64());
