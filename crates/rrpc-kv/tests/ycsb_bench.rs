@@ -133,7 +133,15 @@ fn free_port() -> u16 {
 async fn grpc_over_tcp_every_workload() {
     let port = free_port();
     let server = serve(&format!("http://127.0.0.1:{port}"));
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    for _ in 0..500 {
+        if tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .is_ok()
+        {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     let dir = tempfile::tempdir().unwrap();
     every_workload(
         &format!("grpc+tcp://127.0.0.1:{port}"),

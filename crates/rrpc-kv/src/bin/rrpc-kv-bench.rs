@@ -524,3 +524,46 @@ fn main() -> std::process::ExitCode {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn targets() {
+        assert_eq!(
+            Target::parse("grpc+tcp://10.0.0.1:5000").unwrap(),
+            Target::Grpc("http://10.0.0.1:5000".into())
+        );
+        assert_eq!(
+            Target::parse("grpc+shm:///tmp/kv.sock").unwrap(),
+            Target::Grpc("shm:///tmp/kv.sock".into())
+        );
+        assert_eq!(
+            Target::parse("grpc+rdma://10.0.0.1:5000").unwrap(),
+            Target::Grpc("rdma://10.0.0.1:5000".into())
+        );
+        assert_eq!(
+            Target::parse("redis://127.0.0.1:6379").unwrap(),
+            Target::Redis("redis://127.0.0.1:6379".into())
+        );
+        for bad in ["", "tcp", "grpc+tcp://", "grpc+udp://x:1", "http://x:1"] {
+            assert!(Target::parse(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn flags() {
+        let a = Args::try_parse_from(["b", "--target", "redis://x", "--workload", "E"]).unwrap();
+        assert_eq!(a.workload, Core::E);
+        assert_eq!(
+            (a.records, a.ops, a.value_size, a.clients),
+            (20_000, 20_000, 1000, 1)
+        );
+        assert!(
+            Args::try_parse_from(["b", "--workload", "a"]).is_err(),
+            "--target is required"
+        );
+        assert!(Args::try_parse_from(["b", "--target", "redis://x", "--records", "-1"]).is_err());
+    }
+}

@@ -28,6 +28,24 @@
 //! same 1000 bytes by default), so an update writes the whole value; an
 //! insert counts as acknowledged as soon as it is generated (YCSB waits for
 //! its completion before reads may choose it).
+//!
+//! # Examples
+//!
+//! ```
+//! use rrpc_kv::ycsb::{Core, OpKind, Stats, Workload, WorkloadConfig};
+//! use std::time::Duration;
+//!
+//! let mut w = Workload::new(WorkloadConfig::new(Core::B).records(100).operations(1000).seed(7))?;
+//! let load: Vec<_> = w.load().collect(); // 100 PUTs
+//! assert_eq!(load.len(), 100);
+//! let mut stats = Stats::new();
+//! for txn in w.run() {
+//!     // ... execute txn.op (then txn.then, for a read-modify-write) and time it ...
+//!     stats.record(txn.kind, Duration::from_micros(10));
+//! }
+//! assert_eq!(stats.count(OpKind::Read) + stats.count(OpKind::Update), 1000);
+//! # Ok::<(), rrpc_kv::Error>(())
+//! ```
 
 mod generator;
 mod stats;
