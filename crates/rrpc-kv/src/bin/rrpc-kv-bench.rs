@@ -1,0 +1,569 @@
+//! `rrpc-kv-bench`: the YCSB core workloads (RR-Compound §V-E, Table IV)
+//! against a key-value server, over gRPC (TCP, `shm://`, `rdma://`) or Redis.
+//!
+//! ```text
+//! rrpc-kv-bench --workload a --records 20000 --ops 20000 --clients 8 \
+//!     --target grpc+shm:///tmp/rrpc-kv.sock --csv out.csv
+//! ```
+//!
+//! The load phase inserts `--records` records (spread over the clients),
+//! then the run phase issues `--ops` transactions of the workload's mix from
+//! `--clients` tokio tasks, each with its own connection and one operation
+//! in flight (closed loop, as YCSB's client threads). Latencies go into an
+//! hdrhistogram per operation type; the table (and `--csv`) gives count,
+//! errors, throughput, mean, p50, p99, p99.9 and max per type.
+//!
+//! Targets (`--target`):
+//!
+//! | target | backend |
+//! |---|---|
+//! | `grpc+tcp://HOST:PORT` | `rrpc.kv.v1.Kv` over tonic's TCP (through rrpc-tonic's channel) |
+//! | `grpc+shm:///PATH` | the same over rrpc-tonic's shared-memory rings |
+//! | `grpc+rdma://IP:PORT` | the same over RDMA rings (build with `--features verbs`) |
+//! | `redis://HOST:PORT` | Redis, one connection per client, unpipelined `GET`/`SET`/`DEL` |
+//!
+//! On Redis, workload E's scans are emulated as YCSB's Redis binding does:
+//! every `SET` also adds the key to a sorted set (`ZADD rrpc-kv:index 0 key`),
+//! and a scan is `ZRANGE rrpc-kv:index [start + BYLEX LIMIT 0 n` then `MGET`.
+//! The index is kept only when the workload scans (E), so A-D and F cost one
+//! command per operation.
+//!
+//! Another backend plugs in as a [`Backend`] variant: a connector in
+//! [`Backend::connect`] and an arm in [`Backend::execute`]. Anything that is
+//! an [`Execute`] (an in-process store, an RF-RPC client) can use
+//! [`Backend::Execute`] as it is.
+
+use std::io::Write as _;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use bytes::Bytes;
+use clap::Parser;
+use indicatif::{ProgressBar, ProgressStyle};
+use rrpc_kv::grpc::GrpcKv;
+use rrpc_kv::ycsb::{Core, Distribution, OpKind, Stats, Summary, Txn, Workload, WorkloadConfig};
+use rrpc_kv::{Execute, Op, OpResult};
+use rrpc_tonic::{RrpcChannel, RrpcConfig};
+
+/// Command line.
+#[derive(Parser, Debug)]
+#[command(
+    name = "rrpc-kv-bench",
+    about = "YCSB core workloads against an rrpc-kv (or Redis) server"
+)]
+struct Args {
+    /// The YCSB core workload: a, b, c, d, e or f.
+    #[arg(long, default_value = "a", value_parser = parse_core)]
+    workload: Core,
+    /// Records inserted by the load phase (the paper: 20 000).
+    #[arg(long, default_value_t = 20_000)]
+    records: u64,
+    /// Transactions of the run phase (the paper: 20 000).
+    #[arg(long, default_value_t = 20_000)]
+    ops: u64,
+    /// Bytes per value (YCSB: 10 fields of 100 bytes).
+    #[arg(long, default_value_t = 1000)]
+    value_size: usize,
+    /// Key choice: zipfian, uniform or latest (default: the workload's own,
+    /// latest for d, zipfian for the others).
+    #[arg(long, value_parser = parse_distribution)]
+    distribution: Option<Distribution>,
+    /// Concurrent clients (tokio tasks, one connection each).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=4096))]
+    clients: u32,
+    /// grpc+tcp://HOST:PORT, grpc+shm:///PATH, grpc+rdma://IP:PORT or
+    /// redis://HOST:PORT.
+    #[arg(long)]
+    target: String,
+    /// Append the results to this CSV file (a header is written to a new file).
+    #[arg(long)]
+    csv: Option<std::path::PathBuf>,
+    /// Seed of the workload's PRNG.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Skip the load phase (the server already holds the records).
+    #[arg(long)]
+    skip_load: bool,
+    /// No progress bar.
+    #[arg(long)]
+    no_progress: bool,
+    /// The verbs device for grpc+rdma:// (default: the first one listed).
+    #[arg(long)]
+    rdma_device: Option<String>,
+    /// Seconds to wait for each connection.
+    #[arg(long, default_value_t = 10)]
+    connect_timeout: u64,
+}
+
+fn parse_core(s: &str) -> Result<Core, String> {
+    s.parse().map_err(|e: rrpc_kv::Error| e.to_string())
+}
+
+fn parse_distribution(s: &str) -> Result<Distribution, String> {
+    s.parse().map_err(|e: rrpc_kv::Error| e.to_string())
+}
+
+/// Where the operations go.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Target {
+    /// The gRPC face at this rrpc-tonic URI (`http://`, `shm://`, `rdma://`).
+    Grpc(String),
+    /// Redis at this URL.
+    Redis(String),
+}
+
+impl Target {
+    fn parse(s: &str) -> anyhow::Result<Target> {
+        let forms =
+            "grpc+tcp://HOST:PORT, grpc+shm:///PATH, grpc+rdma://IP:PORT or redis://HOST:PORT";
+        let Some((scheme, rest)) = s.split_once("://") else {
+            bail!("target {s:?} has no scheme; expected {forms}");
+        };
+        if rest.is_empty() {
+            bail!("target {s:?} has no address; expected {forms}");
+        }
+        Ok(match scheme {
+            "grpc+tcp" => Target::Grpc(format!("http://{rest}")),
+            "grpc+shm" => Target::Grpc(format!("shm://{rest}")),
+            "grpc+rdma" => Target::Grpc(format!("rdma://{rest}")),
+            "redis" => Target::Redis(s.to_string()),
+            _ => bail!("unknown target scheme {scheme:?} in {s:?}; expected {forms}"),
+        })
+    }
+}
+
+/// The sorted set that indexes keys for scans on Redis.
+const REDIS_INDEX: &str = "rrpc-kv:index";
+
+/// One client's connection to the system under test.
+enum Backend {
+    /// The gRPC face, one RPC per operation.
+    Grpc(GrpcKv<RrpcChannel>),
+    /// Redis; `index` keeps the sorted set that scans need.
+    Redis {
+        conn: redis::aio::MultiplexedConnection,
+        index: bool,
+    },
+    /// Any [`Execute`], called on tokio's blocking pool (for an in-process
+    /// store or a blocking client such as RF-RPC's).
+    #[allow(dead_code)]
+    Execute(Arc<dyn Execute>),
+}
+
+impl std::fmt::Debug for Backend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Backend::Grpc(_) => "Grpc",
+            Backend::Redis { .. } => "Redis",
+            Backend::Execute(_) => "Execute",
+        })
+    }
+}
+
+impl Backend {
+    /// A new connection to `target`; `scans`: the workload scans.
+    async fn connect(
+        target: &Target,
+        scans: bool,
+        timeout: Duration,
+        rrpc: &RrpcConfig,
+    ) -> anyhow::Result<Backend> {
+        let connect = async {
+            Ok(match target {
+                Target::Grpc(uri) => Backend::Grpc(
+                    GrpcKv::connect(uri, rrpc.clone())
+                        .await
+                        .with_context(|| format!("cannot connect to {uri}"))?,
+                ),
+                Target::Redis(url) => {
+                    let client = redis::Client::open(url.as_str())
+                        .with_context(|| format!("bad Redis URL {url}"))?;
+                    let conn = client
+                        .get_multiplexed_async_connection()
+                        .await
+                        .with_context(|| format!("cannot connect to Redis at {url}"))?;
+                    Backend::Redis { conn, index: scans }
+                }
+            })
+        };
+        tokio::time::timeout(timeout, connect)
+            .await
+            .map_err(|_| anyhow::anyhow!("no connection to {target:?} within {timeout:?}"))?
+    }
+
+    /// Carries out `op`. An `Err` is a transport failure; the store's own
+    /// failure is `Ok(OpResult::Failed)`.
+    async fn execute(&mut self, op: Op) -> anyhow::Result<OpResult> {
+        match self {
+            Backend::Grpc(kv) => Ok(kv.execute(op).await?),
+            Backend::Redis { conn, index } => redis_execute(conn, *index, op).await,
+            Backend::Execute(e) => {
+                let e = e.clone();
+                Ok(tokio::task::spawn_blocking(move || e.execute(op)).await?)
+            }
+        }
+    }
+}
+
+async fn redis_execute(
+    conn: &mut redis::aio::MultiplexedConnection,
+    index: bool,
+    op: Op,
+) -> anyhow::Result<OpResult> {
+    Ok(match op {
+        Op::Get { key } => {
+            let v: Option<Vec<u8>> = redis::cmd("GET").arg(&key[..]).query_async(conn).await?;
+            v.map_or(OpResult::NotFound, |v| OpResult::Value(v.into()))
+        }
+        Op::Put { key, value } => {
+            let () = redis::cmd("SET")
+                .arg(&key[..])
+                .arg(&value[..])
+                .query_async(conn)
+                .await?;
+            if index {
+                let _: i64 = redis::cmd("ZADD")
+                    .arg(REDIS_INDEX)
+                    .arg(0)
+                    .arg(&key[..])
+                    .query_async(conn)
+                    .await?;
+            }
+            OpResult::Ok
+        }
+        Op::Delete { key } => {
+            let n: i64 = redis::cmd("DEL").arg(&key[..]).query_async(conn).await?;
+            if index {
+                let _: i64 = redis::cmd("ZREM")
+                    .arg(REDIS_INDEX)
+                    .arg(&key[..])
+                    .query_async(conn)
+                    .await?;
+            }
+            if n > 0 {
+                OpResult::Ok
+            } else {
+                OpResult::NotFound
+            }
+        }
+        Op::Scan { start, count } => {
+            if !index {
+                bail!("scan on Redis needs the key index, kept only for workloads that scan");
+            }
+            if count == 0 {
+                return Ok(OpResult::Entries(vec![]));
+            }
+            let mut min = b"[".to_vec();
+            min.extend_from_slice(&start);
+            let keys: Vec<Vec<u8>> = redis::cmd("ZRANGE")
+                .arg(REDIS_INDEX)
+                .arg(min)
+                .arg("+")
+                .arg("BYLEX")
+                .arg("LIMIT")
+                .arg(0)
+                .arg(count)
+                .query_async(conn)
+                .await?;
+            if keys.is_empty() {
+                return Ok(OpResult::Entries(vec![]));
+            }
+            let values: Vec<Option<Vec<u8>>> =
+                redis::cmd("MGET").arg(&keys).query_async(conn).await?;
+            OpResult::Entries(
+                keys.into_iter()
+                    .zip(values)
+                    .filter_map(|(k, v)| Some((Bytes::from(k), Bytes::from(v?))))
+                    .collect(),
+            )
+        }
+    })
+}
+
+/// What the clients share: the operations still to issue, and the first
+/// error seen (to print once).
+struct Shared {
+    first_error: Mutex<Option<String>>,
+    errors: AtomicU64,
+}
+
+impl Shared {
+    fn error(&self, kind: OpKind, e: impl std::fmt::Display) {
+        self.errors.fetch_add(1, Ordering::Relaxed);
+        let mut f = self.first_error.lock().expect("lock");
+        if f.is_none() {
+            *f = Some(format!("{}: {e}", kind.name()));
+        }
+    }
+}
+
+/// Runs one transaction, recording it in `stats`.
+async fn run_txn(backend: &mut Backend, txn: Txn, stats: &mut Stats, shared: &Shared) {
+    let t0 = Instant::now();
+    let kind = txn.kind;
+    let mut outcome = backend.execute(txn.op).await;
+    if let (Ok(r), Some(then)) = (&outcome, txn.then)
+        && !matches!(r, OpResult::Failed(_))
+    {
+        outcome = backend.execute(then).await;
+    }
+    match outcome {
+        Ok(OpResult::Failed(m)) => {
+            stats.record_error(kind);
+            shared.error(kind, format!("store failed: {m}"));
+        }
+        Ok(_) => stats.record(kind, t0.elapsed()),
+        Err(e) => {
+            stats.record_error(kind);
+            shared.error(kind, format!("{e:#}"));
+        }
+    }
+}
+
+fn progress(len: u64, msg: &'static str, show: bool) -> ProgressBar {
+    if !show || len < 10_000 {
+        return ProgressBar::hidden();
+    }
+    let pb = ProgressBar::new(len);
+    pb.set_style(
+        ProgressStyle::with_template(
+            "{msg:5} [{elapsed_precise}] {wide_bar} {pos}/{len} ({per_sec})",
+        )
+        .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
+    pb.set_message(msg);
+    pb
+}
+
+fn write_csv(
+    path: &std::path::Path,
+    args: &Args,
+    phase: &str,
+    rows: &[Summary],
+) -> anyhow::Result<()> {
+    let new = !path.exists();
+    let mut f = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .with_context(|| format!("cannot open {}", path.display()))?;
+    if new {
+        writeln!(
+            f,
+            "workload,target,clients,records,ops,value_size,phase,{}",
+            Summary::CSV_HEADER
+        )?;
+    }
+    for r in rows {
+        writeln!(
+            f,
+            "{},{},{},{},{},{},{phase},{}",
+            args.workload,
+            args.target,
+            args.clients,
+            args.records,
+            args.ops,
+            args.value_size,
+            r.csv_row()
+        )?;
+    }
+    Ok(())
+}
+
+async fn run(args: Args) -> anyhow::Result<()> {
+    let target = Target::parse(&args.target)?;
+    let mut cfg = WorkloadConfig::new(args.workload)
+        .records(args.records)
+        .operations(args.ops)
+        .value_size(args.value_size)
+        .seed(args.seed);
+    if let Some(d) = args.distribution {
+        cfg = cfg.distribution(d);
+    }
+    let mut workload = Workload::new(cfg).context("bad workload")?;
+    let scans = args.workload.mix().scan > 0.0;
+    let timeout = Duration::from_secs(args.connect_timeout);
+
+    let mut rrpc = RrpcConfig::default();
+    if let Some(d) = &args.rdma_device {
+        rrpc = rrpc.rdma_device(d.clone());
+    }
+    let mut clients = Vec::with_capacity(args.clients as usize);
+    for _ in 0..args.clients {
+        clients.push(Backend::connect(&target, scans, timeout, &rrpc).await?);
+    }
+    println!(
+        "workload {} ({:?} keys), {} records, {} operations, {} B values, {} clients, target {}",
+        args.workload,
+        workload.config().key_distribution(),
+        args.records,
+        args.ops,
+        args.value_size,
+        args.clients,
+        args.target
+    );
+    let shared = Arc::new(Shared {
+        first_error: Mutex::new(None),
+        errors: AtomicU64::new(0),
+    });
+    let show = !args.no_progress;
+
+    if !args.skip_load {
+        let load = workload.load().map(|op| Txn {
+            kind: OpKind::Insert,
+            op,
+            then: None,
+        });
+        let next: Arc<Mutex<dyn Iterator<Item = Txn> + Send>> = Arc::new(Mutex::new(load));
+        let pb = progress(args.records, "load", show);
+        let (stats, elapsed) = run_phase(&mut clients, next, &pb, &shared).await?;
+        println!("\nload phase: {:.3} s", elapsed.as_secs_f64());
+        print!("{}", stats.table(elapsed));
+        if let Some(p) = &args.csv {
+            write_csv(p, &args, "load", &stats.summary(elapsed))?;
+        }
+        check_errors(&shared, args.records)?;
+    }
+
+    // Drawn lazily, one transaction at a time under the lock (a run of many
+    // operations is never held in memory).
+    let mut left = args.ops;
+    let txns = std::iter::from_fn(move || {
+        (left > 0).then(|| {
+            left -= 1;
+            workload.next_txn()
+        })
+    });
+    let next: Arc<Mutex<dyn Iterator<Item = Txn> + Send>> = Arc::new(Mutex::new(txns));
+    let pb = progress(args.ops, "run", show);
+    let (stats, elapsed) = run_phase(&mut clients, next, &pb, &shared).await?;
+    println!("\nrun phase: {:.3} s", elapsed.as_secs_f64());
+    print!("{}", stats.table(elapsed));
+    if let Some(p) = &args.csv {
+        write_csv(p, &args, "run", &stats.summary(elapsed))?;
+        println!("results appended to {}", p.display());
+    }
+    check_errors(&shared, args.ops)
+}
+
+/// Prints the first error; fails the run when every operation failed.
+fn check_errors(shared: &Shared, attempted: u64) -> anyhow::Result<()> {
+    let n = shared.errors.load(Ordering::Relaxed);
+    if n == 0 {
+        return Ok(());
+    }
+    let first = shared
+        .first_error
+        .lock()
+        .expect("lock")
+        .clone()
+        .unwrap_or_default();
+    eprintln!("{n} operations failed; first: {first}");
+    if n >= attempted {
+        bail!("every operation failed (first: {first})");
+    }
+    Ok(())
+}
+
+/// Runs `next` to exhaustion on every client (each records into its own
+/// `Stats`, merged at the end); the clients are handed back for the next
+/// phase. Returns the stats and the elapsed time.
+async fn run_phase(
+    clients: &mut Vec<Backend>,
+    next: Arc<Mutex<dyn Iterator<Item = Txn> + Send>>,
+    pb: &ProgressBar,
+    shared: &Arc<Shared>,
+) -> anyhow::Result<(Stats, Duration)> {
+    let start = Instant::now();
+    let mut tasks = tokio::task::JoinSet::new();
+    for mut backend in clients.drain(..) {
+        let next = next.clone();
+        let pb = pb.clone();
+        let shared = shared.clone();
+        tasks.spawn(async move {
+            let mut stats = Stats::new();
+            loop {
+                let txn = next.lock().expect("lock").next();
+                let Some(txn) = txn else { break };
+                run_txn(&mut backend, txn, &mut stats, &shared).await;
+                pb.inc(1);
+            }
+            (backend, stats)
+        });
+    }
+    let mut total = Stats::new();
+    while let Some(r) = tasks.join_next().await {
+        let (backend, stats) = r.context("a client task failed")?;
+        total.merge(&stats);
+        clients.push(backend);
+    }
+    let elapsed = start.elapsed();
+    pb.finish_and_clear();
+    Ok((total, elapsed))
+}
+
+fn main() -> std::process::ExitCode {
+    let args = Args::parse();
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("rrpc-kv-bench: cannot start the runtime: {e}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    match rt.block_on(run(args)) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("rrpc-kv-bench: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn targets() {
+        assert_eq!(
+            Target::parse("grpc+tcp://10.0.0.1:5000").unwrap(),
+            Target::Grpc("http://10.0.0.1:5000".into())
+        );
+        assert_eq!(
+            Target::parse("grpc+shm:///tmp/kv.sock").unwrap(),
+            Target::Grpc("shm:///tmp/kv.sock".into())
+        );
+        assert_eq!(
+            Target::parse("grpc+rdma://10.0.0.1:5000").unwrap(),
+            Target::Grpc("rdma://10.0.0.1:5000".into())
+        );
+        assert_eq!(
+            Target::parse("redis://127.0.0.1:6379").unwrap(),
+            Target::Redis("redis://127.0.0.1:6379".into())
+        );
+        for bad in ["", "tcp", "grpc+tcp://", "grpc+udp://x:1", "http://x:1"] {
+            assert!(Target::parse(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn flags() {
+        let a = Args::try_parse_from(["b", "--target", "redis://x", "--workload", "E"]).unwrap();
+        assert_eq!(a.workload, Core::E);
+        assert_eq!(
+            (a.records, a.ops, a.value_size, a.clients),
+            (20_000, 20_000, 1000, 1)
+        );
+        assert!(
+            Args::try_parse_from(["b", "--workload", "a"]).is_err(),
+            "--target is required"
+        );
+        assert!(Args::try_parse_from(["b", "--target", "redis://x", "--records", "-1"]).is_err());
+    }
+}
