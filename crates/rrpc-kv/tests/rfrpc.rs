@@ -421,3 +421,32 @@ fn kv_client_executes_ops() {
     assert_eq!(kv.execute(Op::Delete { key: b("k00") }), OpResult::Ok);
     assert_eq!(kv.execute(Op::Delete { key: b("k00") }), OpResult::NotFound);
 }
+
+#[test]
+fn tuned_fetch_size_avoids_second_reads() {
+    use rrpc_kv::rfrpc::tune::{RateTable, choose_fetch_and_retry};
+    use rrpc_kv::rfrpc::wire::response_frame_len;
+    let ep = endpoint("tune");
+    let f = Fabric::shm();
+    let _server = RfServer::builder().serve(&ep, &f, sized).unwrap();
+    let cfg = RfClientConfig::new().mode(Some(ModePolicy::Fixed(Mode::RemoteFetch)));
+    let mut c = RfClient::connect(&ep, &f, cfg).unwrap();
+    let mut samples = Vec::new();
+    for _ in 0..20 {
+        let r = c.call(&ask(500, 0)).unwrap();
+        samples.push(response_frame_len(r.len()));
+    }
+    assert!(c.stats().second_reads >= 20);
+    // A synthetic rate table whose IOPS barely drop with F: Eq. 2 covers
+    // the sampled results with one READ.
+    let table = RateTable::from_fn(5, 256, 1024, 64, |r, f| 10e6 - f as f64 * 100.0 - r as f64);
+    let choice = choose_fetch_and_retry(&table, &samples).unwrap();
+    assert_eq!(choice.fetch_size, 576);
+    c.set_fetch_params(choice.fetch_size, choice.retry_limit)
+        .unwrap();
+    let before = c.stats().second_reads;
+    for _ in 0..20 {
+        assert_eq!(c.call(&ask(500, 0)).unwrap().len(), 500);
+    }
+    assert_eq!(c.stats().second_reads, before);
+}

@@ -243,6 +243,26 @@ impl RfClient {
         }
     }
 
+    /// F, as clamped to the server's response buffer.
+    pub fn fetch_size(&self) -> usize {
+        self.fetch_size
+    }
+
+    /// Applies a tuner's choice ([`crate::rfrpc::tune::choose_fetch_and_retry`])
+    /// from the next call on: F (clamped to the server's response buffer)
+    /// and R.
+    ///
+    /// # Errors
+    /// [`Error::InvalidConfig`] for an F below an empty response frame.
+    pub fn set_fetch_params(&mut self, fetch_size: usize, retry_limit: u32) -> Result<()> {
+        if fetch_size < wire::response_frame_len(0) {
+            return Err(Error::InvalidConfig(format!("fetch_size {fetch_size}")));
+        }
+        self.fetch_size = fetch_size.min(self.info.response_cap);
+        self.switch.set_retry_limit(retry_limit);
+        Ok(())
+    }
+
     /// The largest request payload the server accepts.
     pub fn max_request(&self) -> usize {
         wire::max_request_payload(self.info.request_cap)
