@@ -49,7 +49,14 @@ fn verbs_round_trips_second_reads_and_server_reply() {
     let server = RfServer::builder().serve(&any, &f, sized).unwrap();
     let ep = server.endpoint().clone();
     assert!(matches!(ep, Endpoint::Rdma(a) if a.port() != 0));
-    let mut c = RfClient::connect(&ep, &f, cfg()).unwrap();
+    // Remote fetch only, so every result larger than F takes a second READ
+    // (the hybrid switch may move a slow VM to server-reply).
+    let mut c = RfClient::connect(
+        &ep,
+        &f,
+        cfg().mode(Some(ModePolicy::Fixed(Mode::RemoteFetch))),
+    )
+    .unwrap();
     assert_eq!(c.connection().peer().provider, ProviderKind::Verbs);
     let sizes = [0usize, 1, 7, 100, 232, 233, 1000, 4096, 30_000, 65_000];
     for (i, &n) in sizes.iter().enumerate() {
@@ -73,4 +80,87 @@ fn verbs_round_trips_second_reads_and_server_reply() {
     drop(server);
     let r = c.call(&ask(1, 0));
     assert!(r.is_err(), "{r:?}");
+}
+
+#[test]
+fn verbs_hybrid_switch_under_a_slow_handler() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    let Some(dev) = device() else { return };
+    let f = fabric(&dev);
+    let any = Endpoint::parse("rdma://127.0.0.1:0").unwrap();
+    let slow = Arc::new(AtomicU64::new(0));
+    let s2 = slow.clone();
+    let server = RfServer::builder()
+        .serve(&any, &f, move |req: &[u8]| {
+            let ms = s2.load(Ordering::Relaxed);
+            if ms > 0 {
+                std::thread::sleep(Duration::from_millis(ms));
+            }
+            req.to_vec()
+        })
+        .unwrap();
+    let mut c = RfClient::connect(server.endpoint(), &f, cfg()).unwrap();
+    for i in 0..10u32 {
+        assert_eq!(c.call(&i.to_le_bytes()).unwrap(), i.to_le_bytes());
+    }
+    slow.store(50, Ordering::Relaxed);
+    c.call(b"a").unwrap();
+    c.call(b"b").unwrap();
+    assert_eq!(c.mode(), Mode::ServerReply, "{:?}", c.mode_switch());
+    c.call(b"c").unwrap();
+    assert!(server.served_server_reply() >= 1);
+    slow.store(0, Ordering::Relaxed);
+    let mut n = 0;
+    while c.mode() == Mode::ServerReply {
+        c.call(b"d").unwrap();
+        n += 1;
+        assert!(n < 5000, "never switched back: {:?}", c.mode_switch());
+    }
+    eprintln!("verbs hybrid: {:?} {:?}", c.stats(), c.mode_switch());
+}
+
+#[test]
+fn verbs_garbage_request_closes_that_connection() {
+    use rrpc_core::conn::{self, HandshakeConfig, Offer};
+    use rrpc_core::{Completion, Local, QpConfig};
+    let Some(dev) = device() else { return };
+    let f = fabric(&dev);
+    let any = Endpoint::parse("rdma://127.0.0.1:0").unwrap();
+    let server = RfServer::builder()
+        .serve(&any, &f, |r: &[u8]| r.to_vec())
+        .unwrap();
+    let reply = f.alloc_region(4096).unwrap();
+    let raw = conn::connect(
+        server.endpoint(),
+        f.create_qp(&QpConfig::default()).unwrap(),
+        Offer::new().grant(2, reply),
+        &HandshakeConfig::default(),
+    )
+    .unwrap();
+    let src = f.alloc_region(4096).unwrap();
+    let w: u64 = (1 << 63) | (((1u64 << 30) - 1) << 32) | 5;
+    src.write_at(0, &w.to_le_bytes()).unwrap();
+    raw.qp()
+        .post_write(
+            1,
+            Local::new(&src, 0, 8),
+            raw.peer().region(1).unwrap().at(0),
+            true,
+        )
+        .unwrap();
+    let mut wc = [Completion::EMPTY; 1];
+    let t0 = std::time::Instant::now();
+    while raw.qp().send_cq().poll(&mut wc).unwrap() == 0 {
+        assert!(t0.elapsed() < Duration::from_secs(60));
+    }
+    while raw.check_alive().is_ok() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "server did not close"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let mut good = RfClient::connect(server.endpoint(), &f, cfg()).unwrap();
+    assert_eq!(good.call(b"still here").unwrap(), b"still here");
 }
