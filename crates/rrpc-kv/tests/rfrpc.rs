@@ -450,3 +450,58 @@ fn tuned_fetch_size_avoids_second_reads() {
     }
     assert_eq!(c.stats().second_reads, before);
 }
+
+#[test]
+fn batched_calls_in_both_modes() {
+    let ep = endpoint("batch");
+    let f = Fabric::shm();
+    let server = RfServer::builder().serve(&ep, &f, sized).unwrap();
+    for policy in [Mode::RemoteFetch, Mode::ServerReply] {
+        let cfg = RfClientConfig::new().mode(Some(ModePolicy::Fixed(policy)));
+        let mut c = RfClient::connect(&ep, &f, cfg).unwrap();
+        let reqs: Vec<Vec<u8>> = (0..50).map(|i| ask(i * 13, i % 5)).collect();
+        let refs: Vec<&[u8]> = reqs.iter().map(|r| &r[..]).collect();
+        let got = c.call_batch(&refs).unwrap();
+        assert_eq!(got.len(), 50);
+        for (r, g) in reqs.iter().zip(&got) {
+            assert_eq!(g, &sized(r));
+        }
+        assert_eq!(c.call_batch(&[]).unwrap(), Vec::<Vec<u8>>::new());
+        // A result batch over the response buffer: TooLarge.
+        let big: Vec<Vec<u8>> = (0..3).map(|_| ask(30_000, 0)).collect();
+        let refs: Vec<&[u8]> = big.iter().map(|r| &r[..]).collect();
+        assert!(matches!(c.call_batch(&refs), Err(Error::TooLarge { .. })));
+        // Single calls still work on the same connection.
+        assert_eq!(c.call(&ask(3, 0)).unwrap().len(), 3);
+    }
+    assert_eq!(server.dropped(), 0);
+}
+
+#[test]
+fn a_request_batch_that_does_not_parse_closes_the_connection() {
+    use rrpc_kv::rfrpc::wire::encode_request_as;
+    let ep = endpoint("badbatch");
+    let f = Fabric::shm();
+    let server = RfServer::builder()
+        .serve(&ep, &f, |r: &[u8]| r.to_vec())
+        .unwrap();
+    let (c, src) = raw_peer(&ep, &f);
+    // A complete frame with the batch bit whose payload is no batch: the
+    // body first, then the status word, as a client does.
+    let mut frame = Vec::new();
+    encode_request_as(1, Mode::RemoteFetch, true, &[0xff; 20], &mut frame).unwrap();
+    let mut body = vec![0u8; 8];
+    body.extend_from_slice(&frame[8..]);
+    raw_write(&c, &src, &body);
+    raw_write(&c, &src, &frame[..8]);
+    let t0 = Instant::now();
+    while c.check_alive().is_ok() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(5),
+            "server did not close"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert_eq!(server.dropped(), 1);
+    assert_eq!(server.served(), 0);
+}

@@ -19,9 +19,10 @@
 //! (§4.1 "the server will clear its local buffer").
 //!
 //! The auxiliary field is the batch size the client asks the server to use
-//! in a request batch (§4.2, written by [`crate::rfrpc::tune::BatchSizeTuner`]),
-//! and the server processing time in microseconds (saturating) in a result
-//! batch (§3.1).
+//! in a request batch (§4.2, written by [`crate::rfrpc::tune::BatchSizeTuner`];
+//! [`crate::rfrpc::RfClient::call_batch`] puts the entry count there), and
+//! the number of results in a result batch (the paper puts the processing
+//! time there; ours already travels in the response frame's info word).
 //!
 //! [`parse`] takes peer-written bytes: it never panics, checks every entry
 //! size against the buffer, and bounds the number of entries.

@@ -8,10 +8,11 @@ use rrpc_core::{Completion, Endpoint, Fabric, Local, QpConfig, Region, RemoteReg
 
 use crate::error::{Error, Result};
 use crate::op::{Execute, Op, OpResult};
+use crate::rfrpc::batch;
 use crate::rfrpc::mode::{CallReport, Mode, ModePolicy, ModeSwitch};
 use crate::rfrpc::server::ServerInfo;
 use crate::rfrpc::wire::{
-    self, FLAG_TOO_LARGE, Fetched, RESPONSE_HEADER, TAIL, encode_request, next_seq,
+    self, FLAG_TOO_LARGE, Fetched, RESPONSE_HEADER, TAIL, encode_request_as, next_seq,
 };
 
 /// Paper default of F (§5.1: "select ... F (fetching size) as 256 bytes").
@@ -62,9 +63,9 @@ impl RfClientConfig {
     /// second READ. Clamped to the server's response buffer at connect.
     ///
     /// # Errors
-    /// [`Error::InvalidConfig`] below 24 bytes (an empty response) or over 1 GiB.
+    /// [`Error::InvalidConfig`] below 24 bytes (an empty response) or over 512 MiB.
     pub fn fetch_size(mut self, f: usize) -> Result<Self> {
-        if !(wire::response_frame_len(0)..=1 << 30).contains(&f) {
+        if !(wire::response_frame_len(0)..=1 << 29).contains(&f) {
             return Err(Error::InvalidConfig(format!("fetch_size {f}")));
         }
         self.fetch_size = f;
@@ -102,9 +103,9 @@ impl RfClientConfig {
     /// [`Error::TooLarge`].
     ///
     /// # Errors
-    /// [`Error::InvalidConfig`] below 64 bytes or over 1 GiB.
+    /// [`Error::InvalidConfig`] below 64 bytes or over 512 MiB.
     pub fn reply_buffer(mut self, n: usize) -> Result<Self> {
-        if !(64..=1 << 30).contains(&n) {
+        if !(64..=1 << 29).contains(&n) {
             return Err(Error::InvalidConfig(format!("reply_buffer {n}")));
         }
         self.reply_buffer = n;
@@ -286,6 +287,42 @@ impl RfClient {
     /// [`Error::Malformed`] for a response that cannot be valid;
     /// [`Error::Fabric`] for a failed work request.
     pub fn call(&mut self, req: &[u8]) -> Result<Vec<u8>> {
+        self.call_as(req, false)
+    }
+
+    /// One call carrying a request batch (§4.1 format): the server runs the
+    /// handler on each entry in order and answers with one result batch, in
+    /// the same remote-fetch or server-reply mode as a single call. Returns
+    /// the results in request order.
+    ///
+    /// This batches within one call (one WRITE, one or two READs for all
+    /// entries); the paper's client-side buffering by size, count and
+    /// timeout is [`crate::rfrpc::batch::BatchBuilder`] and
+    /// [`crate::rfrpc::batch::FlushPolicy`], pipelining is not implemented.
+    ///
+    /// # Errors
+    /// As [`Self::call`]; [`Error::TooLarge`] when the batch exceeds the
+    /// request buffer or the result batch the response buffer;
+    /// [`Error::Malformed`] when the result batch does not parse or holds a
+    /// different number of results; [`Error::InvalidConfig`] for more than
+    /// 65 535 entries.
+    pub fn call_batch(&mut self, reqs: &[&[u8]]) -> Result<Vec<Vec<u8>>> {
+        let n = u16::try_from(reqs.len())
+            .map_err(|_| Error::InvalidConfig(format!("batch of {} entries", reqs.len())))?;
+        let payload = batch::encode(next_seq(self.seq) as u16, n, reqs.iter().copied())?;
+        let out = self.call_as(&payload, true)?;
+        match batch::parse(&out, reqs.len())? {
+            batch::BatchState::Complete(b) if b.entries.len() == reqs.len() => {
+                Ok(b.entries.iter().map(|r| out[r.clone()].to_vec()).collect())
+            }
+            st => Err(Error::Malformed {
+                what: "result batch",
+                detail: format!("{} requests, got {st:?}", reqs.len()),
+            }),
+        }
+    }
+
+    fn call_as(&mut self, req: &[u8], is_batch: bool) -> Result<Vec<u8>> {
         if req.len() > self.max_request() {
             return Err(Error::TooLarge {
                 what: "request",
@@ -298,7 +335,7 @@ impl RfClient {
         let seq = next_seq(self.seq);
         self.seq = seq;
         let mode = self.switch.mode();
-        encode_request(seq, mode, req, &mut self.frame)?;
+        encode_request_as(seq, mode, is_batch, req, &mut self.frame)?;
         self.local.write_at(0, &self.frame).map_err(fab)?;
         let n = self.frame.len();
         // Body and tail first, then the status word: the server polls the
@@ -462,7 +499,7 @@ impl RfClient {
                 .map_err(fab)?
                 .load(std::sync::atomic::Ordering::Acquire);
             if w >> 63 == 1 && w as u32 == seq {
-                let len = ((w >> 32) & ((1 << 30) - 1)) as usize;
+                let len = ((w >> 32) as usize) & wire::MAX_LEN;
                 let total = wire::response_frame_len(len).min(cap);
                 self.window.resize(total.max(RESPONSE_HEADER + TAIL), 0);
                 self.reply.read_at(0, &mut self.window).map_err(fab)?;

@@ -89,8 +89,12 @@
 //!   inlining is the provider's choice (rrpc-core inlines up to the queue
 //!   pair's `max_inline`, 64 bytes by default).
 //!
-//! Batching ([`batch`]) and the tuners ([`tune`]) are sans-IO; the drivers
-//! here send one call at a time (no pipelining yet).
+//! Batching: [`RfClient::call_batch`] sends a §4.1 request batch in one
+//! call (batch bit 61 of the status word) and fetches one result batch;
+//! the client-side buffering policy ([`batch::BatchBuilder`],
+//! [`batch::FlushPolicy`]) and the batch-size tuner ([`tune`]) are sans-IO
+//! pieces for a caller to drive. Pipelining several outstanding batches
+//! (§4.1 "Pipeline") is not implemented: one call at a time per client.
 //!
 //! [`Error::Timeout`]: crate::Error::Timeout
 //! [`Error::TooLarge`]: crate::Error::TooLarge

@@ -11,6 +11,7 @@ use rrpc_core::{Completion, Endpoint, Fabric, Local, QpConfig, Region, RemoteReg
 
 use crate::error::{Error, Result};
 use crate::op::{Execute, Op, OpResult};
+use crate::rfrpc::batch;
 use crate::rfrpc::client::REPLY_ROLE;
 use crate::rfrpc::mode::{Mode, ModePolicy};
 use crate::rfrpc::wire::{self, FLAG_TOO_LARGE, RequestHeader, ResponseHeader};
@@ -23,6 +24,9 @@ pub const DEFAULT_REQUEST_BUFFER: usize = 64 << 10;
 pub const DEFAULT_RESPONSE_BUFFER: usize = 64 << 10;
 
 const APP_MAGIC: &[u8; 4] = b"RFR1";
+/// Most entries a request batch may carry (the 16-bit count of the
+/// batch's auxiliary field).
+const MAX_BATCH_ENTRIES: usize = u16::MAX as usize;
 
 /// A request handler: request bytes in, result bytes out. Runs on a server
 /// thread; it may block (the client then switches to server-reply).
@@ -120,9 +124,9 @@ impl RfServerBuilder {
     /// to a multiple of 8).
     ///
     /// # Errors
-    /// [`Error::InvalidConfig`] below 64 bytes or over 1 GiB.
+    /// [`Error::InvalidConfig`] below 64 bytes or over 512 MiB.
     pub fn request_buffer(mut self, n: usize) -> Result<Self> {
-        if !(64..=1 << 30).contains(&n) {
+        if !(64..=1 << 29).contains(&n) {
             return Err(Error::InvalidConfig(format!("request_buffer {n}")));
         }
         self.request_buffer = wire::pad8(n);
@@ -134,9 +138,9 @@ impl RfServerBuilder {
     /// "too large" response.
     ///
     /// # Errors
-    /// [`Error::InvalidConfig`] below 64 bytes or over 1 GiB.
+    /// [`Error::InvalidConfig`] below 64 bytes or over 512 MiB.
     pub fn response_buffer(mut self, n: usize) -> Result<Self> {
-        if !(64..=1 << 30).contains(&n) {
+        if !(64..=1 << 29).contains(&n) {
             return Err(Error::InvalidConfig(format!("response_buffer {n}")));
         }
         self.response_buffer = wire::pad8(n);
@@ -492,7 +496,28 @@ impl ServerConn {
             .map_err(Error::Fabric)?;
         self.last_seq = h.seq;
         let t0 = Instant::now();
-        let out = handler(&self.req);
+        let out = if h.batch {
+            // A request batch: each entry through the handler, in order; the
+            // results as one batch (aux: the number of results). A batch
+            // that does not parse breaks the protocol: close.
+            let b = match batch::parse(&self.req, MAX_BATCH_ENTRIES)? {
+                batch::BatchState::Complete(b) => b,
+                st => {
+                    return Err(Error::Malformed {
+                        what: "request batch",
+                        detail: format!("{st:?}"),
+                    });
+                }
+            };
+            let results: Vec<Vec<u8>> = b
+                .entries
+                .iter()
+                .map(|r| handler(&self.req[r.clone()]))
+                .collect();
+            batch::encode(b.seq, results.len() as u16, results.iter().map(|v| &v[..]))?
+        } else {
+            handler(&self.req)
+        };
         let proc_ns = t0.elapsed().as_nanos().min(u32::MAX as u128) as u32;
         self.respond(h, &out, proc_ns)?;
         counters.served.fetch_add(1, Ordering::Relaxed);

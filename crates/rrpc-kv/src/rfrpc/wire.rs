@@ -8,13 +8,14 @@
 //!
 //! ```text
 //! request  (client WRITEs it into the server's request buffer)
-//!   0        status word: valid bit 63 | mode bit 62 | len bits 32..62 | seq bits 0..32
+//!   0        status word: valid bit 63 | mode bit 62 | batch bit 61
+//!                       | len bits 32..61 | seq bits 0..32
 //!   8        payload (len bytes), zero padding to a multiple of 8
 //!   8+pad    tail word: equal to the status word
 //!
 //! response (server stores it in its response buffer, or WRITEs it into
 //!           the client's reply buffer in server-reply mode)
-//!   0        status word: valid bit 63 | len bits 32..62 | seq bits 0..32
+//!   0        status word: valid bit 63 | len bits 32..61 | seq bits 0..32
 //!   8        info word: server processing time in ns (u32, saturating) bits 0..32
 //!                       | flags bits 32..40 (bit 32: result too large, payload empty)
 //!   16       payload (len bytes), zero padding to a multiple of 8
@@ -39,12 +40,13 @@ pub const REQUEST_HEADER: usize = 8;
 pub const RESPONSE_HEADER: usize = 16;
 /// Bytes of the tail word.
 pub const TAIL: usize = 8;
-/// Largest payload length a status word can carry (30 bits).
-pub const MAX_LEN: usize = (1 << 30) - 1;
+/// Largest payload length a status word can carry (29 bits).
+pub const MAX_LEN: usize = (1 << 29) - 1;
 
 const VALID: u64 = 1 << 63;
 const MODE_BIT: u64 = 1 << 62;
-const LEN_MASK: u64 = (1 << 30) - 1;
+const BATCH_BIT: u64 = 1 << 61;
+const LEN_MASK: u64 = (1 << 29) - 1;
 /// Response flag: the handler's result was larger than the response buffer.
 pub const FLAG_TOO_LARGE: u8 = 1;
 
@@ -91,6 +93,9 @@ pub struct RequestHeader {
     /// The mode the client chose for this call (§3.2 "Discussion": only the
     /// client changes it).
     pub mode: Mode,
+    /// The payload is a request batch ([`crate::rfrpc::batch`]) whose
+    /// entries the server handles one by one, answering with a result batch.
+    pub batch: bool,
 }
 
 impl RequestHeader {
@@ -100,7 +105,8 @@ impl RequestHeader {
             Mode::RemoteFetch => 0,
             Mode::ServerReply => MODE_BIT,
         };
-        VALID | mode | ((self.len as u64 & LEN_MASK) << 32) | self.seq as u64
+        let batch = if self.batch { BATCH_BIT } else { 0 };
+        VALID | mode | batch | ((self.len as u64 & LEN_MASK) << 32) | self.seq as u64
     }
 
     /// Decodes a status word; `None` when the valid bit is clear or the
@@ -117,6 +123,7 @@ impl RequestHeader {
             } else {
                 Mode::RemoteFetch
             },
+            batch: w & BATCH_BIT != 0,
         })
     }
 }
@@ -152,6 +159,20 @@ impl ResponseHeader {
 /// # Errors
 /// [`Error::TooLarge`] for a payload over [`MAX_LEN`].
 pub fn encode_request(seq: u32, mode: Mode, payload: &[u8], out: &mut Vec<u8>) -> Result<()> {
+    encode_request_as(seq, mode, false, payload, out)
+}
+
+/// Encodes a request frame with the batch bit as given into `out`.
+///
+/// # Errors
+/// [`Error::TooLarge`] for a payload over [`MAX_LEN`].
+pub fn encode_request_as(
+    seq: u32,
+    mode: Mode,
+    batch: bool,
+    payload: &[u8],
+    out: &mut Vec<u8>,
+) -> Result<()> {
     if payload.len() > MAX_LEN {
         return Err(Error::TooLarge {
             what: "request",
@@ -163,6 +184,7 @@ pub fn encode_request(seq: u32, mode: Mode, payload: &[u8], out: &mut Vec<u8>) -
         seq,
         len: payload.len() as u32,
         mode,
+        batch,
     };
     out.clear();
     out.extend_from_slice(&h.to_word().to_le_bytes());
@@ -323,7 +345,7 @@ mod tests {
             encode_request(seq, m, &p, &mut f).unwrap();
             prop_assert_eq!(f.len(), request_frame_len(p.len()));
             f.resize(f.len() + extra, 0xee);
-            let h = RequestHeader { seq, len: p.len() as u32, mode: m };
+            let h = RequestHeader { seq, len: p.len() as u32, mode: m, batch: false };
             prop_assert_eq!(parse_request(&f, seq.wrapping_sub(1)).unwrap(), RequestState::Complete(h));
             prop_assert_eq!(&f[REQUEST_HEADER..][..p.len()], &p[..]);
             // The request served last is idle.
@@ -403,6 +425,7 @@ mod tests {
             seq: 7,
             len: 1000,
             mode: Mode::RemoteFetch,
+            batch: true,
         };
         let mut buf = vec![0u8; 64];
         buf[..8].copy_from_slice(&h.to_word().to_le_bytes());
