@@ -77,6 +77,15 @@ fn verbs_round_trips_second_reads_and_server_reply() {
     }
     assert_eq!(server.served_server_reply(), 8);
     assert_eq!(server.served(), sizes.len() as u64 + 8);
+    // One batched call per mode.
+    let reqs: Vec<Vec<u8>> = (0..20).map(|i| ask(i * 50, i)).collect();
+    let refs: Vec<&[u8]> = reqs.iter().map(|r| &r[..]).collect();
+    for client in [&mut c, &mut sr] {
+        let got = client.call_batch(&refs).unwrap();
+        for (r, g) in reqs.iter().zip(&got) {
+            assert_eq!(g, &sized(r));
+        }
+    }
     drop(server);
     let r = c.call(&ask(1, 0));
     assert!(r.is_err(), "{r:?}");
