@@ -61,7 +61,11 @@
 //! * **Sequence numbers** (32 bits, never 0) instead of clearing buffers:
 //!   a stale response, or a late one after a [`Error::Timeout`], is never
 //!   taken for the current call; the server serves any new sequence number,
-//!   so a client may go on after a timeout.
+//!   so a client may go on after a timeout. Caveat: if the server is still
+//!   copying the timed-out request when the next one overwrites it, the
+//!   copy is discarded when the status or tail word changed meanwhile, but
+//!   a body overwrite that touches neither goes unnoticed; a caller that
+//!   needs at-most-once effects should reconnect after a timeout.
 //! * **Switching mid-call.** The paper's client flips the server's flag
 //!   with an extra WRITE while a call is pending; ours changes the mode
 //!   only between calls (the mode bit of the next request), so no result

@@ -494,6 +494,24 @@ impl ServerConn {
         self.region
             .read_at(wire::REQUEST_HEADER, &mut self.req)
             .map_err(Error::Fabric)?;
+        // Seqlock-style re-check: a client that timed out may already be
+        // overwriting the buffer with its next request; a copy taken while
+        // the status word changed is discarded (the new request is served
+        // on a later poll).
+        std::sync::atomic::fence(Ordering::Acquire);
+        let again = self
+            .region
+            .atomic_u64(0)
+            .map_err(Error::Fabric)?
+            .load(Ordering::Acquire);
+        let tail_again = self
+            .region
+            .atomic_u64(frame - wire::TAIL)
+            .map_err(Error::Fabric)?
+            .load(Ordering::Acquire);
+        if again != w || tail_again != w {
+            return Ok(false);
+        }
         self.last_seq = h.seq;
         let t0 = Instant::now();
         let out = if h.batch {
