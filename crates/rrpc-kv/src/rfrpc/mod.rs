@@ -1,1 +1,116 @@
-//! RF-RPC (in progress).
+//! RF-RPC, the remote-fetching RPC of Jakiro (paper 001 §3-§4), over
+//! rrpc-core.
+//!
+//! # The protocol
+//!
+//! A client connects to one server thread (one RC queue pair). The server
+//! grants one region per connection, `[request buffer | response buffer]`;
+//! the client grants a *reply buffer*. One call (paper Table 2,
+//! `client_send` / `server_recv` / `server_send` / `client_recv`):
+//!
+//! 1. The client WRITEs the request frame ([`wire`]) into the server's
+//!    request buffer: first the payload and tail word (unsignaled), then the
+//!    8-byte status word (signaled), which carries the valid bit, the
+//!    *mode*, the length and the call's sequence number.
+//! 2. A server thread polls the status words of its connections' request
+//!    buffers. A new sequence number whose tail word matches is a complete
+//!    request: the thread copies it out and runs the handler.
+//! 3. *Remote fetch* (the default): the server stores the response frame
+//!    (status word, info word with its processing time, payload, tail) in
+//!    its **own** response buffer, status and tail last. The client READs
+//!    `fetch_size` (F) bytes of it until the status word carries its
+//!    sequence number and the tail matches; a result larger than F takes a
+//!    second READ of the rest (§3.2).
+//! 4. *Server reply*: the server WRITEs the same frame into the client's
+//!    reply buffer (body first, status word last) and the client polls its
+//!    local memory.
+//!
+//! The hybrid switch ([`mode`]) runs in the client: after two consecutive
+//! calls whose READs exhausted `retry_limit` (R) retries, the next requests
+//! carry the server-reply mode; when the server's recorded processing time
+//! is short again (at most R × the measured READ round trip, for two calls,
+//! more when the client has been flapping) the client returns to remote
+//! fetching. The server only obeys the mode bit of each request.
+//!
+//! F and R come from [`RfClientConfig`] (paper defaults 256 bytes and 5) or
+//! from the Eq. 2 tuner ([`tune::choose_fetch_and_retry`], applied with
+//! [`RfClient::set_fetch_params`]).
+//!
+//! # Buffer layout
+//!
+//! ```text
+//! server region (granted, role 1):  [ request buffer: request_cap | response buffer: response_cap ]
+//! client reply buffer (role 2):     [ response frame (server-reply mode) ]
+//! client local region (not granted): [ request staging: request_cap | fetch landing: response_cap ]
+//! ```
+//!
+//! The buffer sizes travel in the handshake's application blob
+//! (`"RFR1" | request_cap u32 | response_cap u32 | mode policy u8`).
+//!
+//! # Choices the paper leaves open
+//!
+//! * **Completion detection.** The paper polls a status bit and relies on
+//!   RDMA writing "in a sequential order" (§4.1). We write the status word
+//!   in a separate, later WRITE on the same queue pair and repeat it in a
+//!   tail word after the payload; a frame is accepted only when both carry
+//!   the expected sequence number. On shm this is exact (each WRITE is a
+//!   copy published with release ordering, an aligned 8-byte WRITE is one
+//!   atomic store); on verbs it relies on WRITEs of one RC queue pair being
+//!   placed in order, as the paper and FaRM-style systems do. The cost is a
+//!   second (inlinable, 8-byte) WRITE per request.
+//! * **Sequence numbers** (32 bits, never 0) instead of clearing buffers:
+//!   a stale response, or a late one after a [`Error::Timeout`], is never
+//!   taken for the current call; the server serves any new sequence number,
+//!   so a client may go on after a timeout. Caveat: if the server is still
+//!   copying the timed-out request when the next one overwrites it, the
+//!   copy is discarded when the status or tail word changed meanwhile, but
+//!   a body overwrite that touches neither goes unnoticed; a caller that
+//!   needs at-most-once effects should reconnect after a timeout.
+//! * **Switching mid-call.** The paper's client flips the server's flag
+//!   with an extra WRITE while a call is pending; ours changes the mode
+//!   only between calls (the mode bit of the next request), so no result
+//!   can be delivered twice or lost in a race. A call that exhausted its
+//!   retries keeps fetching with a yielding back-off until it completes or
+//!   times out.
+//! * **"Short" processing time** for switching back: `P <= R × rtt`, and
+//!   flap damping when the server's pick-up delay, which `P` does not
+//!   show, keeps exhausting the retries (documented in [`mode`]).
+//! * **Time field**: 32 bits of nanoseconds (saturating) instead of the
+//!   paper's two bytes, in the response's info word.
+//! * **Results over the buffer**: the response carries a "too large" flag
+//!   and the real length; the client returns [`Error::TooLarge`].
+//! * **Garbage in a request buffer.** A status word whose length does not
+//!   fit the buffer closes the connection (the client broke the protocol);
+//!   a status word without a matching tail is ignored (it may be a WRITE in
+//!   flight). The server never panics on peer-written bytes.
+//! * **Liveness.** Pollers check the side channel about every millisecond,
+//!   so a vanished peer gives [`Error::PeerGone`], never a hang.
+//! * **Handler**: any `Fn(&[u8]) -> Vec<u8>` ([`server::Handler`]), or any
+//!   [`crate::Execute`] through [`RfServerBuilder::serve_execute`]; the
+//!   client side of the latter is [`KvClient`].
+//! * **Inline / unsignaled** (§3.2 "Optimization"): the request body WRITE
+//!   is unsignaled and retired by the signaled status-word WRITE after it;
+//!   inlining is the provider's choice (rrpc-core inlines up to the queue
+//!   pair's `max_inline`, 64 bytes by default).
+//!
+//! Batching: [`RfClient::call_batch`] sends a §4.1 request batch in one
+//! call (batch bit 61 of the status word) and fetches one result batch;
+//! the client-side buffering policy ([`batch::BatchBuilder`],
+//! [`batch::FlushPolicy`]) and the batch-size tuner ([`tune`]) are sans-IO
+//! pieces for a caller to drive. Pipelining several outstanding batches
+//! (§4.1 "Pipeline") is not implemented: one call at a time per client.
+//!
+//! [`Error::Timeout`]: crate::Error::Timeout
+//! [`Error::TooLarge`]: crate::Error::TooLarge
+//! [`Error::PeerGone`]: crate::Error::PeerGone
+
+pub mod batch;
+pub mod client;
+pub mod mode;
+pub mod server;
+pub mod tune;
+pub mod wire;
+
+pub use client::{ClientStats, KvClient, RfClient, RfClientConfig};
+pub use mode::{Mode, ModePolicy, ModeSwitch};
+pub use server::{RfServer, RfServerBuilder};

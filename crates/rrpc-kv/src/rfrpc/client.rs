@@ -1,0 +1,578 @@
+//! The RF-RPC client driver over rrpc-core: [`RfClient`] and [`KvClient`].
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use rrpc_core::conn::{self, Connection, HandshakeConfig, Offer};
+use rrpc_core::{Completion, Endpoint, Fabric, Local, QpConfig, Region, RemoteRegion, Status};
+
+use crate::error::{Error, Result};
+use crate::op::{Execute, Op, OpResult};
+use crate::rfrpc::batch;
+use crate::rfrpc::mode::{CallReport, Mode, ModePolicy, ModeSwitch};
+use crate::rfrpc::server::ServerInfo;
+use crate::rfrpc::wire::{
+    self, FLAG_TOO_LARGE, Fetched, RESPONSE_HEADER, TAIL, encode_request_as, next_seq,
+};
+
+/// Paper default of F (§5.1: "select ... F (fetching size) as 256 bytes").
+pub const DEFAULT_FETCH_SIZE: usize = 256;
+/// Paper default of R (§3.2 and §5.1: 5).
+pub const DEFAULT_RETRY_LIMIT: u32 = 5;
+/// Default bound of one call.
+pub const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_secs(5);
+/// Default size of the client's reply buffer (the server WRITEs results
+/// there in server-reply mode): 64 KiB.
+pub const DEFAULT_REPLY_BUFFER: usize = 64 << 10;
+/// Role under which the client grants its reply buffer.
+pub(crate) const REPLY_ROLE: u16 = 2;
+
+/// Configuration of an [`RfClient`]: paper defaults, chained setters,
+/// validated setters return `Result`.
+#[derive(Debug, Clone)]
+pub struct RfClientConfig {
+    fetch_size: usize,
+    retry_limit: u32,
+    call_timeout: Duration,
+    mode: Option<ModePolicy>,
+    reply_buffer: usize,
+    handshake: HandshakeConfig,
+}
+
+impl Default for RfClientConfig {
+    fn default() -> Self {
+        RfClientConfig {
+            fetch_size: DEFAULT_FETCH_SIZE,
+            retry_limit: DEFAULT_RETRY_LIMIT,
+            call_timeout: DEFAULT_CALL_TIMEOUT,
+            mode: None,
+            reply_buffer: DEFAULT_REPLY_BUFFER,
+            handshake: HandshakeConfig::default(),
+        }
+    }
+}
+
+impl RfClientConfig {
+    /// The defaults.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// F: bytes of the response buffer the first READ fetches, header
+    /// included (default [`DEFAULT_FETCH_SIZE`]); larger results take a
+    /// second READ. Clamped to the server's response buffer at connect.
+    ///
+    /// # Errors
+    /// [`Error::InvalidConfig`] below 24 bytes (an empty response) or over 512 MiB.
+    pub fn fetch_size(mut self, f: usize) -> Result<Self> {
+        if !(wire::response_frame_len(0)..=1 << 29).contains(&f) {
+            return Err(Error::InvalidConfig(format!("fetch_size {f}")));
+        }
+        self.fetch_size = f;
+        Ok(self)
+    }
+
+    /// R: READ retries per call before the call counts as exhausted for the
+    /// hybrid switch (default [`DEFAULT_RETRY_LIMIT`]).
+    pub fn retry_limit(mut self, r: u32) -> Self {
+        self.retry_limit = r;
+        self
+    }
+
+    /// Bound of one call (default 5 s); past it [`RfClient::call`] returns
+    /// [`Error::Timeout`].
+    ///
+    /// # Errors
+    /// [`Error::InvalidConfig`] for zero.
+    pub fn call_timeout(mut self, t: Duration) -> Result<Self> {
+        if t.is_zero() {
+            return Err(Error::InvalidConfig("call_timeout 0".into()));
+        }
+        self.call_timeout = t;
+        Ok(self)
+    }
+
+    /// The mode policy; `None` (the default) takes the server's.
+    pub fn mode(mut self, policy: Option<ModePolicy>) -> Self {
+        self.mode = policy;
+        self
+    }
+
+    /// Size of the reply buffer granted to the server (default 64 KiB); a
+    /// server-reply result larger than it is refused with
+    /// [`Error::TooLarge`].
+    ///
+    /// # Errors
+    /// [`Error::InvalidConfig`] below 64 bytes or over 512 MiB.
+    pub fn reply_buffer(mut self, n: usize) -> Result<Self> {
+        if !(64..=1 << 29).contains(&n) {
+            return Err(Error::InvalidConfig(format!("reply_buffer {n}")));
+        }
+        self.reply_buffer = n;
+        Ok(self)
+    }
+
+    /// The side-channel handshake settings (timeout, token).
+    pub fn handshake(mut self, h: HandshakeConfig) -> Self {
+        self.handshake = h;
+        self
+    }
+
+    /// F.
+    pub fn get_fetch_size(&self) -> usize {
+        self.fetch_size
+    }
+
+    /// R.
+    pub fn get_retry_limit(&self) -> u32 {
+        self.retry_limit
+    }
+
+    /// The call bound.
+    pub fn get_call_timeout(&self) -> Duration {
+        self.call_timeout
+    }
+}
+
+/// Counters of one client.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ClientStats {
+    /// Calls completed.
+    pub calls: u64,
+    /// Calls sent in server-reply mode.
+    pub server_reply_calls: u64,
+    /// Fetch READs that found no result.
+    pub failed_reads: u64,
+    /// Second READs (results larger than F).
+    pub second_reads: u64,
+    /// Mode switches.
+    pub switches: u64,
+}
+
+/// A client of one RF-RPC server thread (one connection, one call at a
+/// time; paper §3.1). `call` blocks the calling thread, busy-polling.
+#[derive(Debug)]
+pub struct RfClient {
+    conn: Connection,
+    local: Arc<Region>,
+    reply: Arc<Region>,
+    remote: RemoteRegion,
+    info: ServerInfo,
+    fetch_size: usize,
+    timeout: Duration,
+    switch: ModeSwitch,
+    seq: u32,
+    wr: u64,
+    frame: Vec<u8>,
+    window: Vec<u8>,
+    stats: ClientStats,
+}
+
+fn fab(e: rrpc_core::Error) -> Error {
+    match e {
+        rrpc_core::Error::PeerGone => Error::PeerGone,
+        e => Error::Fabric(e),
+    }
+}
+
+impl RfClient {
+    /// Connects to the server at `endpoint` over `fabric`.
+    ///
+    /// # Errors
+    /// [`Error::Fabric`] if the connection or a region fails;
+    /// [`Error::Malformed`] if the server's offer is not an RF-RPC server's.
+    pub fn connect(endpoint: &Endpoint, fabric: &Fabric, cfg: RfClientConfig) -> Result<Self> {
+        let reply = fabric.alloc_region(cfg.reply_buffer).map_err(fab)?;
+        let conn = conn::connect(
+            endpoint,
+            fabric.create_qp(&QpConfig::default()).map_err(fab)?,
+            Offer::new().grant(REPLY_ROLE, reply.clone()),
+            &cfg.handshake,
+        )
+        .map_err(fab)?;
+        let info = ServerInfo::decode(&conn.peer().app)?;
+        let remote = conn
+            .peer()
+            .region(crate::rfrpc::server::SERVER_ROLE)
+            .ok_or_else(|| Error::Malformed {
+                what: "server offer",
+                detail: "no request/response region".into(),
+            })?;
+        if remote.len < (info.request_cap + info.response_cap) as u64 {
+            return Err(Error::Malformed {
+                what: "server offer",
+                detail: format!("region of {} bytes, buffers {info:?}", remote.len),
+            });
+        }
+        let local = fabric
+            .alloc_region(info.request_cap + info.response_cap)
+            .map_err(fab)?;
+        let policy = cfg.mode.unwrap_or(info.policy);
+        let fetch_size = cfg.fetch_size.min(info.response_cap);
+        Ok(RfClient {
+            conn,
+            local,
+            reply,
+            remote,
+            info,
+            fetch_size,
+            timeout: cfg.call_timeout,
+            switch: ModeSwitch::new(policy, cfg.retry_limit),
+            seq: 0,
+            wr: 0,
+            frame: Vec::new(),
+            window: Vec::new(),
+            stats: ClientStats::default(),
+        })
+    }
+
+    /// The mode the next call is sent in.
+    pub fn mode(&self) -> Mode {
+        self.switch.mode()
+    }
+
+    /// The hybrid switch's state (READ round-trip estimate, R).
+    pub fn mode_switch(&self) -> &ModeSwitch {
+        &self.switch
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> ClientStats {
+        ClientStats {
+            switches: self.switch.switches(),
+            ..self.stats
+        }
+    }
+
+    /// F, as clamped to the server's response buffer.
+    pub fn fetch_size(&self) -> usize {
+        self.fetch_size
+    }
+
+    /// Applies a tuner's choice ([`crate::rfrpc::tune::choose_fetch_and_retry`])
+    /// from the next call on: F (clamped to the server's response buffer)
+    /// and R.
+    ///
+    /// # Errors
+    /// [`Error::InvalidConfig`] for an F below an empty response frame.
+    pub fn set_fetch_params(&mut self, fetch_size: usize, retry_limit: u32) -> Result<()> {
+        if fetch_size < wire::response_frame_len(0) {
+            return Err(Error::InvalidConfig(format!("fetch_size {fetch_size}")));
+        }
+        self.fetch_size = fetch_size.min(self.info.response_cap);
+        self.switch.set_retry_limit(retry_limit);
+        Ok(())
+    }
+
+    /// The largest request payload the server accepts.
+    pub fn max_request(&self) -> usize {
+        wire::max_request_payload(self.info.request_cap)
+    }
+
+    /// The connection (fabric kind, liveness).
+    pub fn connection(&self) -> &Connection {
+        &self.conn
+    }
+
+    /// One call: WRITEs `req` into the server's request buffer, then READs
+    /// `fetch_size` bytes of its response buffer until the result is there
+    /// (a second READ for a larger result), or, in server-reply mode, waits
+    /// for the server's WRITE. Updates the hybrid switch.
+    ///
+    /// # Errors
+    /// [`Error::TooLarge`] for a request over [`Self::max_request`] or a
+    /// result over the response buffer; [`Error::Timeout`] past the call
+    /// timeout (the connection stays usable: a late result is told apart by
+    /// its sequence number); [`Error::PeerGone`] when the server left;
+    /// [`Error::Malformed`] for a response that cannot be valid;
+    /// [`Error::Fabric`] for a failed work request.
+    pub fn call(&mut self, req: &[u8]) -> Result<Vec<u8>> {
+        self.call_as(req, false)
+    }
+
+    /// One call carrying a request batch (§4.1 format): the server runs the
+    /// handler on each entry in order and answers with one result batch, in
+    /// the same remote-fetch or server-reply mode as a single call. Returns
+    /// the results in request order.
+    ///
+    /// This batches within one call (one WRITE, one or two READs for all
+    /// entries); the paper's client-side buffering by size, count and
+    /// timeout is [`crate::rfrpc::batch::BatchBuilder`] and
+    /// [`crate::rfrpc::batch::FlushPolicy`], pipelining is not implemented.
+    ///
+    /// # Errors
+    /// As [`Self::call`]; [`Error::TooLarge`] when the batch exceeds the
+    /// request buffer or the result batch the response buffer;
+    /// [`Error::Malformed`] when the result batch does not parse or holds a
+    /// different number of results; [`Error::InvalidConfig`] for more than
+    /// 65 535 entries.
+    pub fn call_batch(&mut self, reqs: &[&[u8]]) -> Result<Vec<Vec<u8>>> {
+        let n = u16::try_from(reqs.len())
+            .map_err(|_| Error::InvalidConfig(format!("batch of {} entries", reqs.len())))?;
+        let payload = batch::encode(next_seq(self.seq) as u16, n, reqs.iter().copied())?;
+        let out = self.call_as(&payload, true)?;
+        match batch::parse(&out, reqs.len())? {
+            batch::BatchState::Complete(b) if b.entries.len() == reqs.len() => {
+                Ok(b.entries.iter().map(|r| out[r.clone()].to_vec()).collect())
+            }
+            st => Err(Error::Malformed {
+                what: "result batch",
+                detail: format!("{} requests, got {st:?}", reqs.len()),
+            }),
+        }
+    }
+
+    fn call_as(&mut self, req: &[u8], is_batch: bool) -> Result<Vec<u8>> {
+        if req.len() > self.max_request() {
+            return Err(Error::TooLarge {
+                what: "request",
+                len: req.len(),
+                limit: self.max_request(),
+            });
+        }
+        let start = Instant::now();
+        let deadline = start + self.timeout;
+        let seq = next_seq(self.seq);
+        self.seq = seq;
+        let mode = self.switch.mode();
+        encode_request_as(seq, mode, is_batch, req, &mut self.frame)?;
+        self.local.write_at(0, &self.frame).map_err(fab)?;
+        let n = self.frame.len();
+        // Body and tail first, then the status word: the server polls the
+        // status word, and WRITEs on one queue pair land in order.
+        let qp = self.conn.qp().clone();
+        let wr = self.next_wr();
+        qp.post_write(
+            wr,
+            Local::new(&self.local, 8, n - 8),
+            self.remote.at(8),
+            false,
+        )
+        .map_err(fab)?;
+        let wr = self.next_wr();
+        qp.post_write(wr, Local::new(&self.local, 0, 8), self.remote.at(0), true)
+            .map_err(fab)?;
+        self.wait_send(deadline)?;
+        let (header, payload_at, failed) = match mode {
+            Mode::RemoteFetch => self.fetch(seq, deadline)?,
+            Mode::ServerReply => (self.await_reply(seq, deadline)?, RESPONSE_HEADER, 0),
+        };
+        let len = header.len as usize;
+        let out = self.window[payload_at..payload_at + len].to_vec();
+        self.stats.calls += 1;
+        self.stats.failed_reads += failed as u64;
+        if mode == Mode::ServerReply {
+            self.stats.server_reply_calls += 1;
+        }
+        self.switch.handle_call(CallReport {
+            mode,
+            failed_reads: failed,
+            server_time: Duration::from_nanos(header.proc_ns as u64),
+            latency: start.elapsed(),
+        });
+        if header.flags & FLAG_TOO_LARGE != 0 {
+            let real = out
+                .get(..8)
+                .and_then(|b| b.try_into().ok())
+                .map(u64::from_le_bytes)
+                .unwrap_or(0);
+            return Err(Error::TooLarge {
+                what: "result",
+                len: real as usize,
+                limit: wire::max_response_payload(match mode {
+                    Mode::RemoteFetch => self.info.response_cap,
+                    Mode::ServerReply => self.reply.len().min(self.info.response_cap),
+                }),
+            });
+        }
+        Ok(out)
+    }
+
+    fn next_wr(&mut self) -> u64 {
+        self.wr += 1;
+        self.wr
+    }
+
+    /// Polls the send completion queue for one completion.
+    fn wait_send(&self, deadline: Instant) -> Result<()> {
+        let mut wc = [Completion::EMPTY; 1];
+        let mut spins = 0u32;
+        loop {
+            let k = self.conn.qp().send_cq().poll(&mut wc).map_err(fab)?;
+            if k == 1 {
+                if wc[0].status != Status::Success {
+                    if let Some(e) = self.conn.qp().failure() {
+                        return Err(fab(e));
+                    }
+                    return Err(Error::Fabric(rrpc_core::Error::CompletionError {
+                        wr_id: wc[0].wr_id,
+                        status: wc[0].status,
+                    }));
+                }
+                return Ok(());
+            }
+            spins += 1;
+            if spins.is_multiple_of(256) {
+                self.conn.check_alive().map_err(fab)?;
+                if Instant::now() > deadline {
+                    return Err(Error::Timeout(self.timeout));
+                }
+                std::thread::yield_now();
+            }
+        }
+    }
+
+    fn read_remote(
+        &mut self,
+        local_off: usize,
+        remote_off: usize,
+        len: usize,
+        deadline: Instant,
+    ) -> Result<()> {
+        let wr = self.next_wr();
+        self.conn
+            .qp()
+            .post_read(
+                wr,
+                Local::new(&self.local, local_off, len),
+                self.remote.at(remote_off as u64),
+                true,
+            )
+            .map_err(fab)?;
+        self.wait_send(deadline)
+    }
+
+    /// Remote fetching (§3.2): READ F bytes until the result is there.
+    fn fetch(&mut self, seq: u32, deadline: Instant) -> Result<(wire::ResponseHeader, usize, u32)> {
+        let land = self.info.request_cap;
+        let resp_off = self.info.request_cap;
+        let cap = self.info.response_cap;
+        let f = self.fetch_size;
+        let mut failed = 0u32;
+        let mut last_check = Instant::now();
+        loop {
+            let t0 = Instant::now();
+            self.read_remote(land, resp_off, f, deadline)?;
+            self.switch.handle_fetch_rtt(t0.elapsed());
+            self.window.resize(f, 0);
+            self.local.read_at(land, &mut self.window).map_err(fab)?;
+            let mut st = wire::parse_response(&self.window, seq, cap)?;
+            if let Fetched::NeedMore { total } = st {
+                self.stats.second_reads += 1;
+                self.read_remote(land + f, resp_off + f, total - f, deadline)?;
+                self.window.resize(total, 0);
+                self.local.read_at(land, &mut self.window).map_err(fab)?;
+                st = wire::parse_response(&self.window, seq, cap)?;
+            }
+            if let Fetched::Complete(h) = st {
+                return Ok((h, RESPONSE_HEADER, failed));
+            }
+            failed += 1;
+            let now = Instant::now();
+            if now > deadline {
+                return Err(Error::Timeout(self.timeout));
+            }
+            if now.duration_since(last_check) > Duration::from_millis(1) {
+                last_check = now;
+                self.conn.check_alive().map_err(fab)?;
+            }
+            // Past the retry budget the call keeps fetching, more gently:
+            // the switch to server-reply applies from the next call on.
+            if failed > self.switch.retry_limit() {
+                if failed > self.switch.retry_limit() + 1000 {
+                    std::thread::sleep(Duration::from_micros(50));
+                } else {
+                    std::thread::yield_now();
+                }
+            }
+        }
+    }
+
+    /// Server-reply: wait for the server's WRITE into our reply buffer.
+    fn await_reply(&mut self, seq: u32, deadline: Instant) -> Result<wire::ResponseHeader> {
+        let cap = self.reply.len();
+        let mut spins = 0u64;
+        loop {
+            let w = self
+                .reply
+                .atomic_u64(0)
+                .map_err(fab)?
+                .load(std::sync::atomic::Ordering::Acquire);
+            if w >> 63 == 1 && w as u32 == seq {
+                let len = ((w >> 32) as usize) & wire::MAX_LEN;
+                let total = wire::response_frame_len(len).min(cap);
+                self.window.resize(total.max(RESPONSE_HEADER + TAIL), 0);
+                self.reply.read_at(0, &mut self.window).map_err(fab)?;
+                if let Fetched::Complete(h) = wire::parse_response(&self.window, seq, cap)? {
+                    return Ok(h);
+                }
+            }
+            spins += 1;
+            if spins.is_multiple_of(1024) {
+                if Instant::now() > deadline {
+                    return Err(Error::Timeout(self.timeout));
+                }
+                self.conn.check_alive().map_err(fab)?;
+                if spins > 100_000 {
+                    std::thread::sleep(Duration::from_micros(50));
+                } else {
+                    std::thread::yield_now();
+                }
+            }
+        }
+    }
+}
+
+/// A key-value client over RF-RPC: encodes each [`Op`], calls, decodes the
+/// [`OpResult`]. [`Execute::execute`] takes `&self`, so the [`RfClient`]
+/// sits behind a `Mutex`: calls from several threads are serialised on the
+/// one connection (RF-RPC has one outstanding call per connection); use one
+/// `KvClient` per thread for parallelism.
+#[derive(Debug)]
+pub struct KvClient {
+    inner: Mutex<RfClient>,
+}
+
+impl KvClient {
+    /// Connects (see [`RfClient::connect`]).
+    ///
+    /// # Errors
+    /// As [`RfClient::connect`].
+    pub fn connect(endpoint: &Endpoint, fabric: &Fabric, cfg: RfClientConfig) -> Result<Self> {
+        Ok(KvClient {
+            inner: Mutex::new(RfClient::connect(endpoint, fabric, cfg)?),
+        })
+    }
+
+    /// Wraps a connected client.
+    pub fn new(client: RfClient) -> Self {
+        KvClient {
+            inner: Mutex::new(client),
+        }
+    }
+
+    /// Carries out `op` on the server.
+    ///
+    /// # Errors
+    /// As [`RfClient::call`], [`Op::encode`] and [`OpResult::decode`].
+    pub fn call(&self, op: &Op) -> Result<OpResult> {
+        let req = op.to_bytes()?;
+        let mut c = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        let res = c.call(&req)?;
+        OpResult::decode(&res)
+    }
+
+    /// Runs `f` on the inner client (statistics, mode).
+    pub fn with_client<T>(&self, f: impl FnOnce(&mut RfClient) -> T) -> T {
+        let mut c = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        f(&mut c)
+    }
+}
+
+impl Execute for KvClient {
+    /// Transport errors become [`OpResult::Failed`] with the error's text.
+    fn execute(&self, op: Op) -> OpResult {
+        self.call(&op)
+            .unwrap_or_else(|e| OpResult::Failed(format!("rf-rpc: {e}")))
+    }
+}

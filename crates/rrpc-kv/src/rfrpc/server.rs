@@ -1,0 +1,634 @@
+//! The RF-RPC server driver over rrpc-core: [`RfServer`].
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use rrpc_core::conn::{self, Connection, HandshakeConfig, Offer};
+use rrpc_core::{Completion, Endpoint, Fabric, Local, QpConfig, Region, RemoteRegion, Status};
+
+use crate::error::{Error, Result};
+use crate::op::{Execute, Op, OpResult};
+use crate::rfrpc::batch;
+use crate::rfrpc::client::REPLY_ROLE;
+use crate::rfrpc::mode::{Mode, ModePolicy};
+use crate::rfrpc::wire::{self, FLAG_TOO_LARGE, RequestHeader, ResponseHeader};
+
+/// Role under which the server grants its request + response region.
+pub(crate) const SERVER_ROLE: u16 = 1;
+/// Default request buffer per connection: 64 KiB.
+pub const DEFAULT_REQUEST_BUFFER: usize = 64 << 10;
+/// Default response buffer per connection: 64 KiB.
+pub const DEFAULT_RESPONSE_BUFFER: usize = 64 << 10;
+
+const APP_MAGIC: &[u8; 4] = b"RFR1";
+/// Most entries a request batch may carry (the 16-bit count of the
+/// batch's auxiliary field).
+const MAX_BATCH_ENTRIES: usize = u16::MAX as usize;
+
+/// A request handler: request bytes in, result bytes out. Runs on a server
+/// thread; it may block (the client then switches to server-reply).
+pub type Handler = Arc<dyn Fn(&[u8]) -> Vec<u8> + Send + Sync>;
+
+/// What the server tells each client in the handshake's application blob:
+/// `"RFR1" | request_cap u32 LE | response_cap u32 LE | policy u8`
+/// (0 hybrid, 1 remote fetch, 2 server reply).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct ServerInfo {
+    pub(crate) request_cap: usize,
+    pub(crate) response_cap: usize,
+    pub(crate) policy: ModePolicy,
+}
+
+impl ServerInfo {
+    fn encode(&self) -> Vec<u8> {
+        let mut v = APP_MAGIC.to_vec();
+        v.extend_from_slice(&(self.request_cap as u32).to_le_bytes());
+        v.extend_from_slice(&(self.response_cap as u32).to_le_bytes());
+        v.push(match self.policy {
+            ModePolicy::Hybrid => 0,
+            ModePolicy::Fixed(Mode::RemoteFetch) => 1,
+            ModePolicy::Fixed(Mode::ServerReply) => 2,
+        });
+        v
+    }
+
+    pub(crate) fn decode(b: &[u8]) -> Result<ServerInfo> {
+        let bad = || Error::Malformed {
+            what: "server offer",
+            detail: format!("application blob {b:02x?}"),
+        };
+        if b.len() != 13 || &b[..4] != APP_MAGIC {
+            return Err(bad());
+        }
+        let u = |i: usize| u32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]) as usize;
+        let policy = match b[12] {
+            0 => ModePolicy::Hybrid,
+            1 => ModePolicy::Fixed(Mode::RemoteFetch),
+            2 => ModePolicy::Fixed(Mode::ServerReply),
+            _ => return Err(bad()),
+        };
+        let (request_cap, response_cap) = (u(4), u(8));
+        if request_cap < 64 || response_cap < 64 || request_cap % 8 != 0 || response_cap % 8 != 0 {
+            return Err(bad());
+        }
+        Ok(ServerInfo {
+            request_cap,
+            response_cap,
+            policy,
+        })
+    }
+}
+
+/// Builder of an [`RfServer`]: paper-shaped defaults, chained setters,
+/// validated setters return `Result`.
+#[derive(Debug, Clone)]
+pub struct RfServerBuilder {
+    threads: usize,
+    request_buffer: usize,
+    response_buffer: usize,
+    policy: ModePolicy,
+    handshake: HandshakeConfig,
+}
+
+impl Default for RfServerBuilder {
+    fn default() -> Self {
+        RfServerBuilder {
+            threads: 1,
+            request_buffer: DEFAULT_REQUEST_BUFFER,
+            response_buffer: DEFAULT_RESPONSE_BUFFER,
+            policy: ModePolicy::Hybrid,
+            handshake: HandshakeConfig::default(),
+        }
+    }
+}
+
+impl RfServerBuilder {
+    /// Server threads (default 1). Connections are assigned round robin;
+    /// each thread polls its connections' request buffers in turn (§5.5:
+    /// one thread per core, several queue pairs per thread).
+    ///
+    /// # Errors
+    /// [`Error::InvalidConfig`] for 0 or more than 1024.
+    pub fn threads(mut self, n: usize) -> Result<Self> {
+        if !(1..=1024).contains(&n) {
+            return Err(Error::InvalidConfig(format!("threads {n}")));
+        }
+        self.threads = n;
+        Ok(self)
+    }
+
+    /// Bytes of each connection's request buffer (default 64 KiB; rounded up
+    /// to a multiple of 8).
+    ///
+    /// # Errors
+    /// [`Error::InvalidConfig`] below 64 bytes or over 512 MiB.
+    pub fn request_buffer(mut self, n: usize) -> Result<Self> {
+        if !(64..=1 << 29).contains(&n) {
+            return Err(Error::InvalidConfig(format!("request_buffer {n}")));
+        }
+        self.request_buffer = wire::pad8(n);
+        Ok(self)
+    }
+
+    /// Bytes of each connection's response buffer (default 64 KiB; rounded
+    /// up to a multiple of 8). A larger result is answered with a
+    /// "too large" response.
+    ///
+    /// # Errors
+    /// [`Error::InvalidConfig`] below 64 bytes or over 512 MiB.
+    pub fn response_buffer(mut self, n: usize) -> Result<Self> {
+        if !(64..=1 << 29).contains(&n) {
+            return Err(Error::InvalidConfig(format!("response_buffer {n}")));
+        }
+        self.response_buffer = wire::pad8(n);
+        Ok(self)
+    }
+
+    /// The mode policy offered to clients (default hybrid); a client may
+    /// override it. The server itself never changes a mode: it answers each
+    /// request in the mode its status word names (§3.2).
+    pub fn mode(mut self, policy: ModePolicy) -> Self {
+        self.policy = policy;
+        self
+    }
+
+    /// The side-channel handshake settings.
+    pub fn handshake(mut self, h: HandshakeConfig) -> Self {
+        self.handshake = h;
+        self
+    }
+
+    /// Binds `endpoint` and serves `handler` on the builder's threads.
+    ///
+    /// # Errors
+    /// [`Error::Fabric`] if the listener cannot bind; [`Error::Io`] if a
+    /// thread cannot be spawned.
+    pub fn serve(
+        self,
+        endpoint: &Endpoint,
+        fabric: &Fabric,
+        handler: impl Fn(&[u8]) -> Vec<u8> + Send + Sync + 'static,
+    ) -> Result<RfServer> {
+        RfServer::start(self, endpoint, fabric, Arc::new(handler))
+    }
+
+    /// Serves a key-value [`Execute`]: each request is one encoded [`Op`],
+    /// each result one encoded [`OpResult`]; a request that does not decode
+    /// is answered with [`OpResult::Failed`].
+    ///
+    /// # Errors
+    /// As [`Self::serve`].
+    pub fn serve_execute<E: Execute>(
+        self,
+        endpoint: &Endpoint,
+        fabric: &Fabric,
+        exec: Arc<E>,
+    ) -> Result<RfServer> {
+        self.serve(endpoint, fabric, move |req: &[u8]| match Op::decode(req) {
+            Ok(op) => exec.execute(op).to_bytes(),
+            Err(e) => OpResult::Failed(e.to_string()).to_bytes(),
+        })
+    }
+}
+
+/// Counters of a server.
+#[derive(Debug, Default)]
+struct Counters {
+    served: AtomicU64,
+    server_reply: AtomicU64,
+    dropped: AtomicU64,
+}
+
+/// A running RF-RPC server: an accept thread and `threads` server threads.
+/// Dropping it (or [`RfServer::shutdown`]) stops the threads and closes
+/// every connection; clients then see [`Error::PeerGone`].
+#[derive(Debug)]
+pub struct RfServer {
+    endpoint: Endpoint,
+    stop: Arc<AtomicBool>,
+    threads: Vec<JoinHandle<()>>,
+    counters: Arc<Counters>,
+}
+
+impl RfServer {
+    /// A builder with the defaults.
+    pub fn builder() -> RfServerBuilder {
+        RfServerBuilder::default()
+    }
+
+    fn start(
+        b: RfServerBuilder,
+        endpoint: &Endpoint,
+        fabric: &Fabric,
+        handler: Handler,
+    ) -> Result<RfServer> {
+        let listener =
+            conn::Listener::bind(endpoint, b.handshake.clone()).map_err(Error::Fabric)?;
+        listener.set_nonblocking(true).map_err(Error::Fabric)?;
+        let endpoint = match (endpoint, listener.local_addr()) {
+            (Endpoint::Rdma(_), Some(a)) => Endpoint::Rdma(a),
+            _ => endpoint.clone(),
+        };
+        let stop = Arc::new(AtomicBool::new(false));
+        let counters = Arc::new(Counters::default());
+        let info = ServerInfo {
+            request_cap: b.request_buffer,
+            response_cap: b.response_buffer,
+            policy: b.policy,
+        };
+        let spawn = |name: String, f: Box<dyn FnOnce() + Send>| {
+            std::thread::Builder::new()
+                .name(name)
+                .spawn(f)
+                .map_err(|source| Error::Io {
+                    op: "spawn server thread",
+                    source,
+                })
+        };
+        let mut threads = Vec::new();
+        let mut senders = Vec::new();
+        for i in 0..b.threads {
+            let (tx, rx) = mpsc::channel::<ServerConn>();
+            senders.push(tx);
+            let (stop, handler, counters) = (stop.clone(), handler.clone(), counters.clone());
+            threads.push(spawn(
+                format!("rfrpc-server-{i}"),
+                Box::new(move || worker(rx, &stop, &*handler, &counters)),
+            )?);
+        }
+        let (stop2, fabric) = (stop.clone(), fabric.clone());
+        threads.push(spawn(
+            "rfrpc-accept".into(),
+            Box::new(move || acceptor(&listener, &fabric, info, senders, &stop2)),
+        )?);
+        Ok(RfServer {
+            endpoint,
+            stop,
+            threads,
+            counters,
+        })
+    }
+
+    /// The endpoint clients connect to (with the kernel-chosen port for
+    /// `rdma://host:0`).
+    pub fn endpoint(&self) -> &Endpoint {
+        &self.endpoint
+    }
+
+    /// Requests served so far.
+    pub fn served(&self) -> u64 {
+        self.counters.served.load(Ordering::Relaxed)
+    }
+
+    /// Requests answered in server-reply mode so far.
+    pub fn served_server_reply(&self) -> u64 {
+        self.counters.server_reply.load(Ordering::Relaxed)
+    }
+
+    /// Connections closed because the client broke the protocol or left.
+    pub fn dropped(&self) -> u64 {
+        self.counters.dropped.load(Ordering::Relaxed)
+    }
+
+    /// Stops the threads and closes every connection.
+    pub fn shutdown(mut self) {
+        self.stop_threads();
+    }
+
+    fn stop_threads(&mut self) {
+        self.stop.store(true, Ordering::Release);
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for RfServer {
+    fn drop(&mut self) {
+        self.stop_threads();
+    }
+}
+
+fn acceptor(
+    listener: &conn::Listener,
+    fabric: &Fabric,
+    info: ServerInfo,
+    senders: Vec<mpsc::Sender<ServerConn>>,
+    stop: &AtomicBool,
+) {
+    let mut next = 0usize;
+    while !stop.load(Ordering::Acquire) {
+        let pending = match listener.accept_pending() {
+            Ok(p) => p,
+            Err(rrpc_core::Error::WouldBlock) => {
+                std::thread::sleep(Duration::from_millis(1));
+                continue;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "rf-rpc accept failed");
+                std::thread::sleep(Duration::from_millis(1));
+                continue;
+            }
+        };
+        match accept_one(pending, fabric, info) {
+            Ok(c) => {
+                let _ = senders[next % senders.len()].send(c);
+                next += 1;
+            }
+            Err(e) => tracing::warn!(error = %e, "rf-rpc handshake failed"),
+        }
+    }
+}
+
+fn accept_one(pending: conn::Pending, fabric: &Fabric, info: ServerInfo) -> Result<ServerConn> {
+    let incoming = pending.handshake().map_err(Error::Fabric)?;
+    let Some(reply) = incoming.peer().region(REPLY_ROLE) else {
+        let _ = incoming.reject("rf-rpc: no reply buffer granted");
+        return Err(Error::Malformed {
+            what: "client offer",
+            detail: "no reply buffer".into(),
+        });
+    };
+    let region = fabric
+        .alloc_region(info.request_cap + info.response_cap)
+        .map_err(Error::Fabric)?;
+    let qp = fabric
+        .create_qp(&QpConfig::default())
+        .map_err(Error::Fabric)?;
+    let conn = incoming
+        .accept(
+            qp,
+            Offer::new()
+                .grant(SERVER_ROLE, region.clone())
+                .app(info.encode()),
+        )
+        .map_err(Error::Fabric)?;
+    Ok(ServerConn {
+        conn,
+        region,
+        info,
+        reply,
+        last_seq: 0,
+        req: Vec::new(),
+        frame: Vec::new(),
+        wr: 0,
+    })
+}
+
+/// One client's connection on a server thread.
+#[derive(Debug)]
+struct ServerConn {
+    conn: Connection,
+    /// `[request buffer | response buffer]`, granted to the client.
+    region: Arc<Region>,
+    info: ServerInfo,
+    /// The client's reply buffer (server-reply mode).
+    reply: RemoteRegion,
+    last_seq: u32,
+    req: Vec<u8>,
+    frame: Vec<u8>,
+    wr: u64,
+}
+
+fn worker(
+    rx: mpsc::Receiver<ServerConn>,
+    stop: &AtomicBool,
+    handler: &(dyn Fn(&[u8]) -> Vec<u8> + Send + Sync),
+    counters: &Counters,
+) {
+    let mut conns: Vec<ServerConn> = Vec::new();
+    let mut idle = 0u32;
+    let mut last_check = Instant::now();
+    while !stop.load(Ordering::Acquire) {
+        while let Ok(c) = rx.try_recv() {
+            conns.push(c);
+        }
+        let mut busy = false;
+        let mut i = 0;
+        while i < conns.len() {
+            match conns[i].poll(handler, counters) {
+                Ok(served) => {
+                    busy |= served;
+                    i += 1;
+                }
+                Err(e) => {
+                    tracing::debug!(error = %e, "rf-rpc connection closed");
+                    counters.dropped.fetch_add(1, Ordering::Relaxed);
+                    conns.swap_remove(i).conn.close();
+                }
+            }
+        }
+        let now = Instant::now();
+        if now.duration_since(last_check) > Duration::from_millis(5) {
+            last_check = now;
+            conns.retain(|c| {
+                let alive = c.conn.check_alive().is_ok();
+                if !alive {
+                    counters.dropped.fetch_add(1, Ordering::Relaxed);
+                }
+                alive
+            });
+        }
+        if busy {
+            idle = 0;
+        } else {
+            // Busy-poll (§3.2: "the server will repeatedly check its request
+            // buffer"), yielding the core; after a while idle, nap briefly so
+            // an idle server does not burn a shared machine.
+            idle = idle.saturating_add(1);
+            if idle > 20_000 {
+                std::thread::sleep(Duration::from_micros(50));
+            } else {
+                std::thread::yield_now();
+            }
+        }
+    }
+    for c in conns {
+        c.conn.close();
+    }
+}
+
+impl ServerConn {
+    /// Serves the request in the request buffer, if a new complete one is
+    /// there. `Ok(true)` when one was served; an error closes the connection.
+    fn poll(
+        &mut self,
+        handler: &(dyn Fn(&[u8]) -> Vec<u8> + Send + Sync),
+        counters: &Counters,
+    ) -> Result<bool> {
+        let w = self
+            .region
+            .atomic_u64(0)
+            .map_err(Error::Fabric)?
+            .load(Ordering::Acquire);
+        let Some(h) = RequestHeader::from_word(w) else {
+            return Ok(false);
+        };
+        if h.seq == self.last_seq {
+            return Ok(false);
+        }
+        let frame = wire::request_frame_len(h.len as usize);
+        if frame > self.info.request_cap {
+            return Err(Error::Malformed {
+                what: "request",
+                detail: format!(
+                    "{} payload bytes in a {}-byte request buffer",
+                    h.len, self.info.request_cap
+                ),
+            });
+        }
+        let tail = self
+            .region
+            .atomic_u64(frame - wire::TAIL)
+            .map_err(Error::Fabric)?
+            .load(Ordering::Acquire);
+        if tail != w {
+            // The body WRITE has not landed (or the peer wrote garbage):
+            // not a request yet.
+            return Ok(false);
+        }
+        self.req.resize(h.len as usize, 0);
+        self.region
+            .read_at(wire::REQUEST_HEADER, &mut self.req)
+            .map_err(Error::Fabric)?;
+        // Seqlock-style re-check: a client that timed out may already be
+        // overwriting the buffer with its next request; a copy taken while
+        // the status word changed is discarded (the new request is served
+        // on a later poll).
+        std::sync::atomic::fence(Ordering::Acquire);
+        let again = self
+            .region
+            .atomic_u64(0)
+            .map_err(Error::Fabric)?
+            .load(Ordering::Acquire);
+        let tail_again = self
+            .region
+            .atomic_u64(frame - wire::TAIL)
+            .map_err(Error::Fabric)?
+            .load(Ordering::Acquire);
+        if again != w || tail_again != w {
+            return Ok(false);
+        }
+        self.last_seq = h.seq;
+        let t0 = Instant::now();
+        let out = if h.batch {
+            // A request batch: each entry through the handler, in order; the
+            // results as one batch (aux: the number of results). A batch
+            // that does not parse breaks the protocol: close.
+            let b = match batch::parse(&self.req, MAX_BATCH_ENTRIES)? {
+                batch::BatchState::Complete(b) => b,
+                st => {
+                    return Err(Error::Malformed {
+                        what: "request batch",
+                        detail: format!("{st:?}"),
+                    });
+                }
+            };
+            let results: Vec<Vec<u8>> = b
+                .entries
+                .iter()
+                .map(|r| handler(&self.req[r.clone()]))
+                .collect();
+            batch::encode(b.seq, results.len() as u16, results.iter().map(|v| &v[..]))?
+        } else {
+            handler(&self.req)
+        };
+        let proc_ns = t0.elapsed().as_nanos().min(u32::MAX as u128) as u32;
+        self.respond(h, &out, proc_ns)?;
+        counters.served.fetch_add(1, Ordering::Relaxed);
+        if h.mode == Mode::ServerReply {
+            counters.server_reply.fetch_add(1, Ordering::Relaxed);
+        }
+        Ok(true)
+    }
+
+    fn respond(&mut self, h: RequestHeader, out: &[u8], proc_ns: u32) -> Result<()> {
+        let cap = match h.mode {
+            Mode::RemoteFetch => self.info.response_cap,
+            Mode::ServerReply => (self.reply.len as usize).min(self.info.response_cap),
+        };
+        let too_large = (out.len() as u64).to_le_bytes();
+        let (payload, flags) = if out.len() > wire::max_response_payload(cap) {
+            (&too_large[..], FLAG_TOO_LARGE)
+        } else {
+            (out, 0)
+        };
+        let rh = ResponseHeader {
+            seq: h.seq,
+            len: payload.len() as u32,
+            proc_ns,
+            flags,
+        };
+        wire::encode_response(&rh, payload, &mut self.frame)?;
+        let at = self.info.request_cap;
+        let n = self.frame.len();
+        let status = rh.to_word();
+        // Info word and payload, then the status word, then the tail (each
+        // an ordered store): a client READ that sees the tail of this
+        // response also sees the rest (paper §4.1: status last).
+        self.region
+            .write_at(at + 8, &self.frame[8..n - wire::TAIL])
+            .map_err(Error::Fabric)?;
+        self.region
+            .atomic_u64(at)
+            .map_err(Error::Fabric)?
+            .store(status, Ordering::Release);
+        self.region
+            .atomic_u64(at + n - wire::TAIL)
+            .map_err(Error::Fabric)?
+            .store(status, Ordering::Release);
+        if h.mode == Mode::ServerReply {
+            // WRITE body and tail, then the status word the client polls.
+            let qp = self.conn.qp().clone();
+            self.wr += 1;
+            qp.post_write(
+                self.wr,
+                Local::new(&self.region, at + 8, n - 8),
+                self.reply.at(8),
+                false,
+            )
+            .map_err(Error::Fabric)?;
+            self.wr += 1;
+            qp.post_write(
+                self.wr,
+                Local::new(&self.region, at, 8),
+                self.reply.at(0),
+                true,
+            )
+            .map_err(Error::Fabric)?;
+            self.wait_send()?;
+        }
+        Ok(())
+    }
+
+    fn wait_send(&self) -> Result<()> {
+        let mut wc = [Completion::EMPTY; 1];
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if self
+                .conn
+                .qp()
+                .send_cq()
+                .poll(&mut wc)
+                .map_err(Error::Fabric)?
+                == 1
+            {
+                if wc[0].status != Status::Success {
+                    return Err(Error::Fabric(rrpc_core::Error::CompletionError {
+                        wr_id: wc[0].wr_id,
+                        status: wc[0].status,
+                    }));
+                }
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                return Err(Error::Timeout(Duration::from_secs(30)));
+            }
+            self.conn.check_alive().map_err(|_| Error::PeerGone)?;
+            std::thread::yield_now();
+        }
+    }
+}

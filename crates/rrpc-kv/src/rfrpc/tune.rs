@@ -1,0 +1,332 @@
+//! Tuners (sans-IO): `fetch_size` F and `retry_limit` R by the enumeration
+//! of paper §3.2 (Eq. 2), and the batch size by the step rule of §4.2
+//! (Eq. 3). Both take measurements as arguments; neither reads a clock.
+//! Users who know their numbers set F and R in
+//! [`crate::rfrpc::RfClientConfig`] instead.
+
+use std::time::Duration;
+
+use crate::error::{Error, Result};
+
+/// Paper's upper bound N of R (§3.2: "we choose N to be 5").
+pub const DEFAULT_MAX_RETRY: u32 = 5;
+/// Paper's L (§3.2: "L is 256 bytes").
+pub const DEFAULT_MIN_FETCH: usize = 256;
+/// Paper's H (§3.2: "H is 1024 bytes").
+pub const DEFAULT_MAX_FETCH: usize = 1024;
+
+/// The measured operation rate I_{R,F} of the fabric for each candidate
+/// (R, F): "tested by running benchmarks only once" (§3.2).
+#[derive(Debug, Clone, Default)]
+pub struct RateTable {
+    rows: Vec<(u32, usize, f64)>,
+}
+
+impl RateTable {
+    /// An empty table.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Records I_{R,F} = `ops_per_sec` (later records of the same pair win).
+    pub fn insert(&mut self, retry_limit: u32, fetch_size: usize, ops_per_sec: f64) -> &mut Self {
+        self.rows
+            .retain(|&(r, f, _)| (r, f) != (retry_limit, fetch_size));
+        self.rows.push((retry_limit, fetch_size, ops_per_sec));
+        self
+    }
+
+    /// A table from a function over R in `1..=max_retry` and F in
+    /// `min_fetch..=max_fetch` stepping by `step` (for synthetic models and
+    /// benchmarks that sweep a grid).
+    pub fn from_fn(
+        max_retry: u32,
+        min_fetch: usize,
+        max_fetch: usize,
+        step: usize,
+        mut rate: impl FnMut(u32, usize) -> f64,
+    ) -> Self {
+        let mut t = RateTable::new();
+        for r in 1..=max_retry {
+            let mut f = min_fetch;
+            while f <= max_fetch {
+                t.rows.push((r, f, rate(r, f)));
+                f += step.max(1);
+            }
+        }
+        t
+    }
+
+    /// Number of candidates.
+    pub fn len(&self) -> usize {
+        self.rows.len()
+    }
+
+    /// Whether there is no candidate.
+    pub fn is_empty(&self) -> bool {
+        self.rows.is_empty()
+    }
+}
+
+/// The choice of [`choose_fetch_and_retry`].
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct FetchChoice {
+    /// R.
+    pub retry_limit: u32,
+    /// F, in bytes of the response frame (header included).
+    pub fetch_size: usize,
+    /// The score T of Eq. 2 for this pair.
+    pub score: f64,
+}
+
+/// Eq. 2: T = Σ_i T_i with T_i = I_{R,F} when F ≥ S_i and I_{R,F}/2 when
+/// F < S_i (two READs). Enumerates every row of `table` (the paper's
+/// (H−L)·N candidates) over the sampled sizes `samples` (S_i, in bytes of
+/// the response frame: use [`crate::rfrpc::wire::response_frame_len`] on
+/// result lengths). Ties go to the smaller F, then the smaller R (less
+/// bandwidth and client CPU for the same throughput). Cost
+/// O((H−L)·N·M).
+///
+/// # Errors
+/// [`Error::InvalidConfig`] for an empty table or no samples.
+pub fn choose_fetch_and_retry(table: &RateTable, samples: &[usize]) -> Result<FetchChoice> {
+    if table.is_empty() || samples.is_empty() {
+        return Err(Error::InvalidConfig(
+            "tuning needs a rate table and at least one sampled result size".into(),
+        ));
+    }
+    let mut best: Option<FetchChoice> = None;
+    for &(r, f, i) in &table.rows {
+        let score: f64 = samples
+            .iter()
+            .map(|&s| if f >= s { i } else { i / 2.0 })
+            .sum();
+        let better = match best {
+            None => true,
+            Some(b) => {
+                score > b.score
+                    || (score == b.score
+                        && (f < b.fetch_size || (f == b.fetch_size && r < b.retry_limit)))
+            }
+        };
+        if better {
+            best = Some(FetchChoice {
+                retry_limit: r,
+                fetch_size: f,
+                score,
+            });
+        }
+    }
+    best.ok_or_else(|| Error::InvalidConfig("no candidate".into()))
+}
+
+/// The batch-size tuner of §4.2 (Eq. 3). The client records each request's
+/// latency; at the end of every window of `window` latencies, k = the share
+/// above `l_limit`, and
+///
+/// ```text
+/// s_next = s_now − 1   if k > α
+///          s_now + 1   if k < 0.1·α
+///          s_now       otherwise
+/// ```
+///
+/// clamped to `min..=max` (paper: the best size lies in 1..128). The new
+/// size travels to the server in the request batch's auxiliary field.
+#[derive(Debug, Clone)]
+pub struct BatchSizeTuner {
+    l_limit: Duration,
+    alpha: f64,
+    size: u16,
+    min: u16,
+    max: u16,
+    window: u32,
+    seen: u32,
+    over: u32,
+}
+
+impl BatchSizeTuner {
+    /// A tuner for the latency bound `l_limit` and tolerance `alpha` (a
+    /// fraction: the paper's evaluation uses 5 %, i.e. 0.05), starting at
+    /// size 1, bounds 1..=128, windows of 1000 latencies.
+    ///
+    /// # Errors
+    /// [`Error::InvalidConfig`] unless `0 < alpha < 1` and `l_limit > 0`.
+    pub fn new(l_limit: Duration, alpha: f64) -> Result<Self> {
+        if !(alpha > 0.0 && alpha < 1.0) || l_limit.is_zero() {
+            return Err(Error::InvalidConfig(format!(
+                "batch tuner bound {l_limit:?}, tolerance {alpha}"
+            )));
+        }
+        Ok(BatchSizeTuner {
+            l_limit,
+            alpha,
+            size: 1,
+            min: 1,
+            max: 128,
+            window: 1000,
+            seen: 0,
+            over: 0,
+        })
+    }
+
+    /// Sets the bounds of the batch size.
+    ///
+    /// # Errors
+    /// [`Error::InvalidConfig`] unless `1 <= min <= max`.
+    pub fn with_bounds(mut self, min: u16, max: u16) -> Result<Self> {
+        if min == 0 || min > max {
+            return Err(Error::InvalidConfig(format!(
+                "batch size bounds {min}..={max}"
+            )));
+        }
+        self.min = min;
+        self.max = max;
+        self.size = self.size.clamp(min, max);
+        Ok(self)
+    }
+
+    /// Sets the window (latencies per decision).
+    ///
+    /// # Errors
+    /// [`Error::InvalidConfig`] for 0.
+    pub fn with_window(mut self, window: u32) -> Result<Self> {
+        if window == 0 {
+            return Err(Error::InvalidConfig("batch tuner window 0".into()));
+        }
+        self.window = window;
+        Ok(self)
+    }
+
+    /// Sets the starting size (clamped to the bounds).
+    pub fn with_size(mut self, size: u16) -> Self {
+        self.size = size.clamp(self.min, self.max);
+        self
+    }
+
+    /// The current batch size s_now.
+    #[must_use]
+    pub fn size(&self) -> u16 {
+        self.size
+    }
+
+    /// One request completed with `latency`; returns the size to use next
+    /// (changed only at the end of a window).
+    pub fn handle_latency(&mut self, latency: Duration) -> u16 {
+        self.seen += 1;
+        if latency > self.l_limit {
+            self.over += 1;
+        }
+        if self.seen >= self.window {
+            let k = self.over as f64 / self.seen as f64;
+            if k > self.alpha {
+                self.size = self.size.saturating_sub(1).max(self.min);
+            } else if k < 0.1 * self.alpha {
+                self.size = self.size.saturating_add(1).min(self.max);
+            }
+            self.seen = 0;
+            self.over = 0;
+        }
+        self.size
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn eq2_picks_the_fetch_size_covering_most_results() {
+        // IOPS falls with F above 256 B and with R (a synthetic RNIC).
+        let t = RateTable::from_fn(5, 256, 1024, 64, |r, f| {
+            let base = if f <= 256 {
+                10e6
+            } else {
+                10e6 * 256.0 / f as f64
+            };
+            base * (1.0 - 0.01 * r as f64)
+        });
+        assert_eq!(t.len(), 5 * 13);
+        // All results small: smallest F, R = 1.
+        let c = choose_fetch_and_retry(&t, &[40; 100]).unwrap();
+        assert_eq!((c.fetch_size, c.retry_limit), (256, 1));
+        // Mostly 500-byte results: one READ beats two at 2× IOPS? At F=512
+        // the rate is 5e6·0.99 for all; at F=256 it is 10e6/2 for the 500s.
+        let mut s = vec![500; 90];
+        s.extend([40; 10]);
+        let c = choose_fetch_and_retry(&t, &s).unwrap();
+        // 256: 90·5e6·.99 + 10·10e6·.99; 512: 100·5e6·.99 -> 256 wins.
+        assert_eq!(c.fetch_size, 256);
+        // With a flatter curve (IOPS barely drop with size) F covers them.
+        let flat = RateTable::from_fn(5, 256, 1024, 64, |r, f| 10e6 - f as f64 * 100.0 - r as f64);
+        let c = choose_fetch_and_retry(&flat, &s).unwrap();
+        assert_eq!(c.fetch_size, 512);
+        assert_eq!(c.retry_limit, 1);
+    }
+
+    #[test]
+    fn eq2_rejects_empty_inputs() {
+        assert!(choose_fetch_and_retry(&RateTable::new(), &[1]).is_err());
+        let mut t = RateTable::new();
+        t.insert(1, 256, 1.0);
+        assert!(choose_fetch_and_retry(&t, &[]).is_err());
+    }
+
+    /// A synthetic system: latency grows linearly with the batch size (§5.6
+    /// Fig. 14); 10 % of requests take 1.5× the mean and 1 % take 4.5×. The
+    /// tuner must climb from 1 and settle where Eq. 3 predicts.
+    #[test]
+    fn eq3_converges_to_the_bound() {
+        let l_limit = Duration::from_micros(20);
+        let mut t = BatchSizeTuner::new(l_limit, 0.05)
+            .unwrap()
+            .with_window(200)
+            .unwrap();
+        let lat = |s: u16, i: u32| {
+            let mean = 2.0 + 0.5 * s as f64; // µs
+            let m = if i.is_multiple_of(100) { 3.0 } else { 1.0 }
+                * if i.is_multiple_of(10) { 1.5 } else { 1.0 };
+            Duration::from_nanos((mean * m * 1000.0) as u64)
+        };
+        let mut i = 0u32;
+        let mut sizes = Vec::new();
+        for _ in 0..400 {
+            for _ in 0..200 {
+                t.handle_latency(lat(t.size(), i));
+                i += 1;
+            }
+            sizes.push(t.size());
+        }
+        // Growth needs k < 0.1·α = 0.5 %, so it stops at the first size
+        // where the 1 % at 4.5× the mean exceed 20 µs: 4.5·(2 + 0.5 s) > 20
+        // gives s = 5. Shrinking needs k > 5 %, i.e. the 10 % at 1.5× the
+        // mean over the bound: s > 22. So the tuner settles at 5, and stays.
+        let last = &sizes[sizes.len() - 50..];
+        assert!(last.iter().all(|&s| s == 5), "{last:?}");
+        assert!(
+            sizes[..3].iter().all(|&s| s < 5),
+            "it starts small: {:?}",
+            &sizes[..3]
+        );
+    }
+
+    #[test]
+    fn eq3_shrinks_when_over_and_respects_bounds() {
+        let mut t = BatchSizeTuner::new(Duration::from_micros(1), 0.05)
+            .unwrap()
+            .with_bounds(2, 10)
+            .unwrap()
+            .with_window(10)
+            .unwrap()
+            .with_size(10);
+        for _ in 0..1000 {
+            t.handle_latency(Duration::from_micros(5));
+        }
+        assert_eq!(t.size(), 2);
+        for _ in 0..1000 {
+            t.handle_latency(Duration::ZERO);
+        }
+        assert_eq!(t.size(), 10);
+        assert!(BatchSizeTuner::new(Duration::ZERO, 0.05).is_err());
+        assert!(BatchSizeTuner::new(Duration::from_micros(1), 1.5).is_err());
+    }
+}

@@ -1,0 +1,507 @@
+//! RF-RPC over rrpc-core's shm provider: round trips, the second READ,
+//! server-reply, the hybrid switch, a vanished server, a hostile peer.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use rrpc_core::conn::{self, HandshakeConfig, Offer};
+use rrpc_core::{Completion, Endpoint, Fabric, Local, QpConfig};
+use rrpc_kv::rfrpc::{KvClient, Mode, ModePolicy, RfClient, RfClientConfig, RfServer};
+use rrpc_kv::{Error, Execute, Op, OpResult};
+
+fn endpoint(tag: &str) -> Endpoint {
+    static N: AtomicU32 = AtomicU32::new(0);
+    let dir: PathBuf = std::env::temp_dir().join(format!(
+        "rrpc-kv-rfrpc-{}-{}-{}",
+        std::process::id(),
+        tag,
+        N.fetch_add(1, Ordering::Relaxed)
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    Endpoint::Shm(dir.join("s.sock"))
+}
+
+/// A handler that returns `n` patterned bytes where the request asks for
+/// `n` (first 4 bytes LE), echoing the request after that.
+fn sized(req: &[u8]) -> Vec<u8> {
+    let n = req
+        .get(..4)
+        .map(|b| u32::from_le_bytes(b.try_into().unwrap()) as usize)
+        .unwrap_or(0);
+    (0..n).map(|i| (i * 31 + req.len()) as u8).collect()
+}
+
+fn ask(n: usize, pad: usize) -> Vec<u8> {
+    let mut v = (n as u32).to_le_bytes().to_vec();
+    v.resize(4 + pad, 7);
+    v
+}
+
+#[test]
+fn round_trips_of_many_sizes_and_second_reads() {
+    let ep = endpoint("sizes");
+    let f = Fabric::shm();
+    let server = RfServer::builder().serve(&ep, &f, sized).unwrap();
+    // Remote fetch only: the hybrid switch would move a client on a loaded
+    // machine to server-reply, which never READs.
+    let cfg = RfClientConfig::new()
+        .fetch_size(256)
+        .unwrap()
+        .mode(Some(ModePolicy::Fixed(Mode::RemoteFetch)));
+    let mut c = RfClient::connect(&ep, &f, cfg).unwrap();
+    assert_eq!(c.connection().peer().provider, rrpc_core::ProviderKind::Shm);
+    let mut sizes: Vec<usize> = (0..300).collect();
+    sizes.extend([1000, 4096, 10_000, 60_000, 65_000]);
+    for (i, &n) in sizes.iter().enumerate() {
+        let req = ask(n, i % 200);
+        let got = c.call(&req).unwrap();
+        assert_eq!(got, sized(&req), "size {n}");
+    }
+    let s = c.stats();
+    assert_eq!(s.calls, sizes.len() as u64);
+    // Frames over F = 256 bytes (payload over 232) took a second READ.
+    let over = sizes.iter().filter(|&&n| n > 232).count() as u64;
+    assert!(s.second_reads >= over, "{s:?}");
+    assert_eq!(c.mode(), Mode::RemoteFetch);
+    assert_eq!(server.served(), sizes.len() as u64);
+    // Requests at the limit pass; over it, TooLarge without a call.
+    let max = c.max_request();
+    assert_eq!(c.call(&ask(3, max - 4)).unwrap().len(), 3);
+    assert!(matches!(
+        c.call(&vec![0; max + 1]),
+        Err(Error::TooLarge { .. })
+    ));
+    // A result over the response buffer: TooLarge with its length.
+    match c.call(&ask(70_000, 0)) {
+        Err(Error::TooLarge {
+            what: "result",
+            len: 70_000,
+            ..
+        }) => {}
+        r => panic!("{r:?}"),
+    }
+    // And the connection still works.
+    assert_eq!(c.call(&ask(5, 0)).unwrap().len(), 5);
+}
+
+#[test]
+fn forced_server_reply_mode() {
+    let ep = endpoint("sr");
+    let f = Fabric::shm();
+    let server = RfServer::builder()
+        .mode(ModePolicy::Fixed(Mode::ServerReply))
+        .serve(&ep, &f, sized)
+        .unwrap();
+    let mut c = RfClient::connect(&ep, &f, RfClientConfig::new()).unwrap();
+    assert_eq!(c.mode(), Mode::ServerReply);
+    for n in [0usize, 1, 7, 8, 100, 1000, 30_000] {
+        let req = ask(n, n % 13);
+        assert_eq!(c.call(&req).unwrap(), sized(&req));
+    }
+    assert_eq!(server.served_server_reply(), 7);
+    assert_eq!(c.stats().server_reply_calls, 7);
+    // A client may force it against a hybrid server too.
+    let ep2 = endpoint("sr2");
+    let s2 = RfServer::builder().serve(&ep2, &f, sized).unwrap();
+    let mut c2 = RfClient::connect(
+        &ep2,
+        &f,
+        RfClientConfig::new().mode(Some(ModePolicy::Fixed(Mode::ServerReply))),
+    )
+    .unwrap();
+    assert_eq!(c2.call(&ask(3, 0)).unwrap().len(), 3);
+    assert_eq!(s2.served_server_reply(), 1);
+}
+
+#[test]
+fn hybrid_switch_under_a_slow_handler() {
+    let ep = endpoint("hybrid");
+    let f = Fabric::shm();
+    let slow = Arc::new(AtomicU64::new(0));
+    let s2 = slow.clone();
+    let server = RfServer::builder()
+        .serve(&ep, &f, move |req: &[u8]| {
+            let ms = s2.load(Ordering::Relaxed);
+            if ms > 0 {
+                std::thread::sleep(Duration::from_millis(ms));
+            }
+            req.to_vec()
+        })
+        .unwrap();
+    let mut c = RfClient::connect(&ep, &f, RfClientConfig::new().retry_limit(50)).unwrap();
+    // A fast echo on shm settles in remote fetch (a loaded machine may
+    // switch once; it switches back).
+    let mut n = 0u32;
+    while n < 20 || c.mode() != Mode::RemoteFetch {
+        assert_eq!(c.call(&n.to_le_bytes()).unwrap(), n.to_le_bytes());
+        n += 1;
+        assert!(n < 10_000);
+    }
+    let before = c.stats().switches;
+    slow.store(20, Ordering::Relaxed);
+    c.call(b"a").unwrap();
+    c.call(b"b").unwrap();
+    assert_eq!(c.mode(), Mode::ServerReply, "two slow calls switch");
+    for _ in 0..3 {
+        c.call(b"c").unwrap();
+        assert_eq!(c.mode(), Mode::ServerReply);
+    }
+    assert!(server.served_server_reply() >= 3);
+    // Fast again: back to remote fetch after two short calls.
+    slow.store(0, Ordering::Relaxed);
+    let mut n = 0;
+    while c.mode() == Mode::ServerReply {
+        c.call(b"d").unwrap();
+        n += 1;
+        assert!(n < 5000, "never switched back: {:?}", c.mode_switch());
+    }
+    assert!(c.stats().switches >= before + 2);
+}
+
+#[test]
+fn server_going_away_is_an_error_not_a_hang() {
+    let ep = endpoint("gone");
+    let f = Fabric::shm();
+    let server = RfServer::builder()
+        .serve(&ep, &f, |req: &[u8]| {
+            if req == b"hang" {
+                std::thread::sleep(Duration::from_millis(300));
+            }
+            req.to_vec()
+        })
+        .unwrap();
+    let mut c = RfClient::connect(
+        &ep,
+        &f,
+        RfClientConfig::new()
+            .call_timeout(Duration::from_secs(20))
+            .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(c.call(b"x").unwrap(), b"x");
+    let t = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(50));
+        drop(server);
+    });
+    let t0 = Instant::now();
+    let r = c.call(b"hang");
+    t.join().unwrap();
+    // The handler finished its sleep, the server then closed: either the
+    // result made it out first or the client saw the server leave.
+    match r {
+        Ok(v) => assert_eq!(v, b"hang"),
+        Err(e) => assert!(matches!(e, Error::PeerGone | Error::Fabric(_)), "{e:?}"),
+    }
+    let r = c.call(b"y");
+    assert!(
+        matches!(r, Err(Error::PeerGone | Error::Fabric(_))),
+        "{r:?}"
+    );
+    assert!(t0.elapsed() < Duration::from_secs(10));
+}
+
+#[test]
+fn call_timeout() {
+    let ep = endpoint("timeout");
+    let f = Fabric::shm();
+    let _server = RfServer::builder()
+        .serve(&ep, &f, |req: &[u8]| {
+            if req == b"slow" {
+                std::thread::sleep(Duration::from_millis(400));
+            }
+            req.to_vec()
+        })
+        .unwrap();
+    let mut c = RfClient::connect(
+        &ep,
+        &f,
+        RfClientConfig::new()
+            .call_timeout(Duration::from_millis(100))
+            .unwrap(),
+    )
+    .unwrap();
+    assert!(matches!(c.call(b"slow"), Err(Error::Timeout(_))));
+    // The late result of the timed-out call is not taken for the next one.
+    let t0 = Instant::now();
+    loop {
+        match c.call(b"next") {
+            Ok(v) => {
+                assert_eq!(v, b"next");
+                break;
+            }
+            Err(Error::Timeout(_)) => assert!(t0.elapsed() < Duration::from_secs(5)),
+            Err(e) => panic!("{e:?}"),
+        }
+    }
+}
+
+/// A raw rrpc-core peer that grants a reply buffer (so the handshake
+/// passes) and then writes garbage into the request buffer.
+fn raw_peer(ep: &Endpoint, f: &Fabric) -> (conn::Connection, Arc<rrpc_core::Region>) {
+    let reply = f.alloc_region(4096).unwrap();
+    let c = conn::connect(
+        ep,
+        f.create_qp(&QpConfig::default()).unwrap(),
+        Offer::new().grant(2, reply),
+        &HandshakeConfig::default(),
+    )
+    .unwrap();
+    let src = f.alloc_region(1 << 16).unwrap();
+    (c, src)
+}
+
+fn raw_write(c: &conn::Connection, src: &rrpc_core::Region, bytes: &[u8]) {
+    src.write_at(0, bytes).unwrap();
+    let remote = c.peer().region(1).unwrap();
+    c.qp()
+        .post_write(1, Local::new(src, 0, bytes.len()), remote.at(0), true)
+        .unwrap();
+    let mut wc = [Completion::EMPTY; 1];
+    while c.qp().send_cq().poll(&mut wc).unwrap() == 0 {}
+}
+
+#[test]
+fn garbage_in_the_request_buffer_closes_that_connection_only() {
+    let ep = endpoint("garbage");
+    let f = Fabric::shm();
+    let server = RfServer::builder()
+        .request_buffer(4096)
+        .unwrap()
+        .serve(&ep, &f, |req: &[u8]| req.to_vec())
+        .unwrap();
+    // Garbage without the valid bit: ignored.
+    let (c, src) = raw_peer(&ep, &f);
+    raw_write(&c, &src, &[0x11; 64]);
+    let mut x = 0x9e3779b97f4a7c15u64;
+    for _ in 0..50 {
+        let mut g = Vec::new();
+        for _ in 0..16 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            g.extend_from_slice(&x.to_le_bytes());
+        }
+        g[7] &= 0x7f;
+        raw_write(&c, &src, &g);
+    }
+    // A valid status word whose tail never matches: ignored (it could be
+    // a WRITE in flight).
+    let mut g = vec![0xabu8; 64];
+    let w: u64 = (1 << 63) | (16 << 32) | 9;
+    g[..8].copy_from_slice(&w.to_le_bytes());
+    raw_write(&c, &src, &g);
+    std::thread::sleep(Duration::from_millis(20));
+    assert!(c.check_alive().is_ok());
+    assert_eq!(server.served(), 0);
+    // A valid-looking status word claiming 1 GiB: the server closes us.
+    let w: u64 = (1 << 63) | (((1u64 << 30) - 1) << 32) | 5;
+    raw_write(&c, &src, &w.to_le_bytes());
+    let t0 = Instant::now();
+    while c.check_alive().is_ok() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(5),
+            "server did not close"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert!(server.dropped() >= 1);
+    // Other clients are served.
+    let mut good = RfClient::connect(&ep, &f, RfClientConfig::new()).unwrap();
+    assert_eq!(good.call(b"still here").unwrap(), b"still here");
+}
+
+#[test]
+fn handshake_without_a_reply_buffer_is_refused() {
+    let ep = endpoint("noreply");
+    let f = Fabric::shm();
+    let server = RfServer::builder()
+        .serve(&ep, &f, |r: &[u8]| r.to_vec())
+        .unwrap();
+    let r = conn::connect(
+        &ep,
+        f.create_qp(&QpConfig::default()).unwrap(),
+        Offer::new(),
+        &HandshakeConfig::default(),
+    );
+    assert!(r.is_err());
+    let mut good = RfClient::connect(&ep, &f, RfClientConfig::new()).unwrap();
+    assert_eq!(good.call(b"ok").unwrap(), b"ok");
+    drop(server);
+}
+
+/// A toy store behind the Execute trait.
+#[derive(Debug, Default)]
+struct MapStore(std::sync::Mutex<std::collections::BTreeMap<Bytes, Bytes>>);
+
+impl Execute for MapStore {
+    fn execute(&self, op: Op) -> OpResult {
+        let mut m = self.0.lock().unwrap();
+        match op {
+            Op::Get { key } => m
+                .get(&key)
+                .map_or(OpResult::NotFound, |v| OpResult::Value(v.clone())),
+            Op::Put { key, value } => {
+                m.insert(key, value);
+                OpResult::Ok
+            }
+            Op::Delete { key } => m.remove(&key).map_or(OpResult::NotFound, |_| OpResult::Ok),
+            Op::Scan { start, count } => OpResult::Entries(
+                m.range(start..)
+                    .take(count as usize)
+                    .map(|(k, v)| (k.clone(), v.clone()))
+                    .collect(),
+            ),
+        }
+    }
+}
+
+#[test]
+fn kv_client_executes_ops() {
+    let ep = endpoint("kv");
+    let f = Fabric::shm();
+    let _server = RfServer::builder()
+        .threads(2)
+        .unwrap()
+        .serve_execute(&ep, &f, Arc::new(MapStore::default()))
+        .unwrap();
+    let kv = Arc::new(KvClient::connect(&ep, &f, RfClientConfig::new()).unwrap());
+    let b = |s: &str| Bytes::copy_from_slice(s.as_bytes());
+    assert_eq!(kv.execute(Op::Get { key: b("k") }), OpResult::NotFound);
+    for i in 0..50 {
+        let r = kv.execute(Op::Put {
+            key: b(&format!("k{i:02}")),
+            value: Bytes::from(vec![i as u8; i * 20]),
+        });
+        assert_eq!(r, OpResult::Ok);
+    }
+    assert_eq!(
+        kv.execute(Op::Get { key: b("k49") }),
+        OpResult::Value(Bytes::from(vec![49u8; 980]))
+    );
+    match kv.execute(Op::Scan {
+        start: b("k10"),
+        count: 5,
+    }) {
+        OpResult::Entries(e) => {
+            assert_eq!(e.len(), 5);
+            assert_eq!(e[0].0, b("k10"));
+        }
+        r => panic!("{r:?}"),
+    }
+    // Several threads share the client (serialised by its mutex), and a
+    // second client lands on the second server thread.
+    let kv2 = Arc::new(KvClient::connect(&ep, &f, RfClientConfig::new()).unwrap());
+    let hs: Vec<_> = (0..4)
+        .map(|t| {
+            let kv = if t % 2 == 0 { kv.clone() } else { kv2.clone() };
+            std::thread::spawn(move || {
+                for i in 0..50 {
+                    let key = Bytes::from(format!("t{t}-{i}"));
+                    assert_eq!(
+                        kv.execute(Op::Put {
+                            key: key.clone(),
+                            value: key.clone()
+                        }),
+                        OpResult::Ok
+                    );
+                    assert_eq!(
+                        kv.execute(Op::Get { key: key.clone() }),
+                        OpResult::Value(key)
+                    );
+                }
+            })
+        })
+        .collect();
+    for h in hs {
+        h.join().unwrap();
+    }
+    assert_eq!(kv.execute(Op::Delete { key: b("k00") }), OpResult::Ok);
+    assert_eq!(kv.execute(Op::Delete { key: b("k00") }), OpResult::NotFound);
+}
+
+#[test]
+fn tuned_fetch_size_avoids_second_reads() {
+    use rrpc_kv::rfrpc::tune::{RateTable, choose_fetch_and_retry};
+    use rrpc_kv::rfrpc::wire::response_frame_len;
+    let ep = endpoint("tune");
+    let f = Fabric::shm();
+    let _server = RfServer::builder().serve(&ep, &f, sized).unwrap();
+    let cfg = RfClientConfig::new().mode(Some(ModePolicy::Fixed(Mode::RemoteFetch)));
+    let mut c = RfClient::connect(&ep, &f, cfg).unwrap();
+    let mut samples = Vec::new();
+    for _ in 0..20 {
+        let r = c.call(&ask(500, 0)).unwrap();
+        samples.push(response_frame_len(r.len()));
+    }
+    assert!(c.stats().second_reads >= 20);
+    // A synthetic rate table whose IOPS barely drop with F: Eq. 2 covers
+    // the sampled results with one READ.
+    let table = RateTable::from_fn(5, 256, 1024, 64, |r, f| 10e6 - f as f64 * 100.0 - r as f64);
+    let choice = choose_fetch_and_retry(&table, &samples).unwrap();
+    assert_eq!(choice.fetch_size, 576);
+    c.set_fetch_params(choice.fetch_size, choice.retry_limit)
+        .unwrap();
+    let before = c.stats().second_reads;
+    for _ in 0..20 {
+        assert_eq!(c.call(&ask(500, 0)).unwrap().len(), 500);
+    }
+    assert_eq!(c.stats().second_reads, before);
+}
+
+#[test]
+fn batched_calls_in_both_modes() {
+    let ep = endpoint("batch");
+    let f = Fabric::shm();
+    let server = RfServer::builder().serve(&ep, &f, sized).unwrap();
+    for policy in [Mode::RemoteFetch, Mode::ServerReply] {
+        let cfg = RfClientConfig::new().mode(Some(ModePolicy::Fixed(policy)));
+        let mut c = RfClient::connect(&ep, &f, cfg).unwrap();
+        let reqs: Vec<Vec<u8>> = (0..50).map(|i| ask(i * 13, i % 5)).collect();
+        let refs: Vec<&[u8]> = reqs.iter().map(|r| &r[..]).collect();
+        let got = c.call_batch(&refs).unwrap();
+        assert_eq!(got.len(), 50);
+        for (r, g) in reqs.iter().zip(&got) {
+            assert_eq!(g, &sized(r));
+        }
+        assert_eq!(c.call_batch(&[]).unwrap(), Vec::<Vec<u8>>::new());
+        // A result batch over the response buffer: TooLarge.
+        let big: Vec<Vec<u8>> = (0..3).map(|_| ask(30_000, 0)).collect();
+        let refs: Vec<&[u8]> = big.iter().map(|r| &r[..]).collect();
+        assert!(matches!(c.call_batch(&refs), Err(Error::TooLarge { .. })));
+        // Single calls still work on the same connection.
+        assert_eq!(c.call(&ask(3, 0)).unwrap().len(), 3);
+    }
+    assert_eq!(server.dropped(), 0);
+}
+
+#[test]
+fn a_request_batch_that_does_not_parse_closes_the_connection() {
+    use rrpc_kv::rfrpc::wire::encode_request_as;
+    let ep = endpoint("badbatch");
+    let f = Fabric::shm();
+    let server = RfServer::builder()
+        .serve(&ep, &f, |r: &[u8]| r.to_vec())
+        .unwrap();
+    let (c, src) = raw_peer(&ep, &f);
+    // A complete frame with the batch bit whose payload is no batch: the
+    // body first, then the status word, as a client does.
+    let mut frame = Vec::new();
+    encode_request_as(1, Mode::RemoteFetch, true, &[0xff; 20], &mut frame).unwrap();
+    let mut body = vec![0u8; 8];
+    body.extend_from_slice(&frame[8..]);
+    raw_write(&c, &src, &body);
+    raw_write(&c, &src, &frame[..8]);
+    let t0 = Instant::now();
+    while c.check_alive().is_ok() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(5),
+            "server did not close"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert_eq!(server.dropped(), 1);
+    assert_eq!(server.served(), 0);
+}
