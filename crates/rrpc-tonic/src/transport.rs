@@ -214,7 +214,9 @@ pub(crate) enum RrpcListener {
         name: String,
         rx: mpsc::Receiver<Pipe>,
     },
-    Shm(crate::shm::ShmListener),
+    /// Boxed: with the verbs provider the listener holds the device
+    /// context and is far larger than the in-process variant.
+    Shm(Box<crate::shm::ShmListener>),
 }
 
 type Registry = Mutex<HashMap<String, mpsc::Sender<Pipe>>>;
@@ -243,14 +245,14 @@ impl RrpcListener {
                     rx,
                 })
             }
-            Target::Shm(path) => Ok(RrpcListener::Shm(crate::shm::ShmListener::bind(
+            Target::Shm(path) => Ok(RrpcListener::Shm(Box::new(crate::shm::ShmListener::bind(
                 rrpc_core::Endpoint::Shm(path.clone()),
                 cfg,
-            )?)),
-            Target::Rdma(addr) => Ok(RrpcListener::Shm(crate::shm::ShmListener::bind(
+            )?))),
+            Target::Rdma(addr) => Ok(RrpcListener::Shm(Box::new(crate::shm::ShmListener::bind(
                 rdma_endpoint(addr)?,
                 cfg,
-            )?)),
+            )?))),
             Target::Tcp(_) | Target::Unix(_) => Err(Error::InvalidUri {
                 uri: format!("{target:?}"),
                 reason: "not an rrpc transport",
