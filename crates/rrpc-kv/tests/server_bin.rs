@@ -1,5 +1,5 @@
 //! `rrpc-kv-server` as a separate process: the YCSB driver against it over
-//! TCP and `shm://` at once (one store behind both), acknowledged writes of
+//! gRPC on TCP and `shm://` and over RF-RPC at once (one store behind all), acknowledged writes of
 //! the persistent engine surviving a kill -9 of the server, and bad flags
 //! refused with a clear message.
 
@@ -87,7 +87,7 @@ fn bench(target: &str, workload: &str) -> String {
 }
 
 #[test]
-fn ycsb_over_tcp_and_shm_against_one_server_process() {
+fn ycsb_over_grpc_and_rfrpc_against_one_server_process() {
     let d = dir("ycsb");
     let port = free_port();
     let tcp = format!("http://127.0.0.1:{port}");
@@ -202,6 +202,10 @@ fn bad_flags_get_a_clear_error() {
             "partition",
         ),
         (vec!["--listen", "bogus://x"], "bogus"),
+        (
+            vec!["--listen", "shm:///tmp/x.sock", "--rfrpc", "tcp://x"],
+            "bad --rfrpc endpoint",
+        ),
     ] {
         let out = Command::new(SERVER)
             .args(&args)

@@ -42,7 +42,9 @@ use anyhow::{Context, bail};
 use bytes::Bytes;
 use clap::Parser;
 use indicatif::{ProgressBar, ProgressStyle};
+use rrpc_core::Endpoint;
 use rrpc_kv::grpc::GrpcKv;
+use rrpc_kv::rfrpc::{self, KvClient, RfClientConfig};
 use rrpc_kv::ycsb::{Core, Distribution, OpKind, Stats, Summary, Txn, Workload, WorkloadConfig};
 use rrpc_kv::{Execute, Op, OpResult};
 use rrpc_tonic::{RrpcChannel, RrpcConfig};
@@ -112,12 +114,15 @@ enum Target {
     Grpc(String),
     /// Redis at this URL.
     Redis(String),
+    /// RF-RPC (remote fetching) at this rrpc-core endpoint (`shm://`,
+    /// `rdma://`), straight to the store without gRPC.
+    Rfrpc(String),
 }
 
 impl Target {
     fn parse(s: &str) -> anyhow::Result<Target> {
-        let forms =
-            "grpc+tcp://HOST:PORT, grpc+shm:///PATH, grpc+rdma://IP:PORT or redis://HOST:PORT";
+        let forms = "grpc+tcp://HOST:PORT, grpc+shm:///PATH, grpc+rdma://IP:PORT, \
+                     rfrpc+shm:///PATH, rfrpc+rdma://IP:PORT or redis://HOST:PORT";
         let Some((scheme, rest)) = s.split_once("://") else {
             bail!("target {s:?} has no scheme; expected {forms}");
         };
@@ -129,6 +134,8 @@ impl Target {
             "grpc+shm" => Target::Grpc(format!("shm://{rest}")),
             "grpc+rdma" => Target::Grpc(format!("rdma://{rest}")),
             "redis" => Target::Redis(s.to_string()),
+            "rfrpc+shm" => Target::Rfrpc(format!("shm://{rest}")),
+            "rfrpc+rdma" => Target::Rfrpc(format!("rdma://{rest}")),
             _ => bail!("unknown target scheme {scheme:?} in {s:?}; expected {forms}"),
         })
     }
@@ -146,8 +153,12 @@ enum Backend {
         conn: redis::aio::MultiplexedConnection,
         index: bool,
     },
+    /// RF-RPC's blocking client, called on tokio's blocking pool (one
+    /// blocking call per operation: a thread hop the gRPC backends do not
+    /// pay; the `kv` benchmark suite drives RF-RPC from plain threads).
+    Rfrpc(Arc<KvClient>),
     /// Any [`Execute`], called on tokio's blocking pool (for an in-process
-    /// store or a blocking client such as RF-RPC's).
+    /// store).
     #[allow(dead_code)]
     Execute(Arc<dyn Execute>),
 }
@@ -157,6 +168,7 @@ impl std::fmt::Debug for Backend {
         f.write_str(match self {
             Backend::Grpc(_) => "Grpc",
             Backend::Redis { .. } => "Redis",
+            Backend::Rfrpc(_) => "Rfrpc",
             Backend::Execute(_) => "Execute",
         })
     }
@@ -169,6 +181,7 @@ impl Backend {
         scans: bool,
         timeout: Duration,
         rrpc: &RrpcConfig,
+        rdma_device: Option<&str>,
     ) -> anyhow::Result<Backend> {
         let connect = async {
             Ok(match target {
@@ -186,6 +199,17 @@ impl Backend {
                         .with_context(|| format!("cannot connect to Redis at {url}"))?;
                     Backend::Redis { conn, index: scans }
                 }
+                Target::Rfrpc(uri) => {
+                    let ep = Endpoint::parse(uri)
+                        .with_context(|| format!("bad RF-RPC endpoint {uri}"))?;
+                    let fabric = rfrpc::fabric_for(&ep, rdma_device)?;
+                    let cfg = RfClientConfig::new().call_timeout(timeout)?;
+                    let client =
+                        tokio::task::spawn_blocking(move || KvClient::connect(&ep, &fabric, cfg))
+                            .await?
+                            .with_context(|| format!("cannot connect to RF-RPC at {uri}"))?;
+                    Backend::Rfrpc(Arc::new(client))
+                }
             })
         };
         tokio::time::timeout(timeout, connect)
@@ -199,6 +223,10 @@ impl Backend {
         match self {
             Backend::Grpc(kv) => Ok(kv.execute(op).await?),
             Backend::Redis { conn, index } => redis_execute(conn, *index, op).await,
+            Backend::Rfrpc(c) => {
+                let c = c.clone();
+                Ok(tokio::task::spawn_blocking(move || c.call(&op)).await??)
+            }
             Backend::Execute(e) => {
                 let e = e.clone();
                 Ok(tokio::task::spawn_blocking(move || e.execute(op)).await?)
@@ -392,7 +420,9 @@ async fn run(args: Args) -> anyhow::Result<()> {
     }
     let mut clients = Vec::with_capacity(args.clients as usize);
     for _ in 0..args.clients {
-        clients.push(Backend::connect(&target, scans, timeout, &rrpc).await?);
+        clients.push(
+            Backend::connect(&target, scans, timeout, &rrpc, args.rdma_device.as_deref()).await?,
+        );
     }
     println!(
         "workload {} ({:?} keys), {} records, {} operations, {} B values, {} clients, target {}",

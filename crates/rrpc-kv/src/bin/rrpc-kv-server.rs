@@ -16,6 +16,12 @@
 //! its error, and runs until SIGINT or SIGTERM, then drains (calls in flight
 //! finish).
 //!
+//! `--rfrpc shm:///PATH` (or `rdma://IP:PORT`) also serves the store over
+//! RF-RPC, the remote-fetching RPC of Jakiro: `--rfrpc-threads` server
+//! threads, each busy-polling its connections' request buffers (they take a
+//! core each while clients are connected), in `--rfrpc-mode` (`hybrid`, the
+//! default, `remote-fetch` or `server-reply`).
+//!
 //! With `--engine persistent`, an acknowledged PUT or DELETE is on disk
 //! (one redb file per partition under `--data-dir`, committed with immediate
 //! durability), so it survives a kill -9 of this process; operations then
@@ -25,7 +31,11 @@ use std::path::PathBuf;
 
 use anyhow::{Context, bail};
 use clap::{Parser, ValueEnum};
+use std::sync::Arc;
+
+use rrpc_core::Endpoint;
 use rrpc_kv::grpc::KvService;
+use rrpc_kv::rfrpc::{self, Mode, ModePolicy, RfServer};
 use rrpc_kv::store::{Engine, Store, StoreConfig};
 use rrpc_tonic::{RrpcConfig, Server};
 use tokio::signal::unix::{SignalKind, signal};
@@ -54,9 +64,51 @@ struct Args {
     /// The directory of the persistent engine.
     #[arg(long)]
     data_dir: Option<PathBuf>,
+    /// Also serve the store over RF-RPC at this rrpc-core endpoint
+    /// (shm:///PATH or rdma://IP:PORT).
+    #[arg(long)]
+    rfrpc: Option<String>,
+    /// RF-RPC server threads.
+    #[arg(long, default_value_t = 1)]
+    rfrpc_threads: usize,
+    /// RF-RPC mode policy: hybrid, remote-fetch or server-reply.
+    #[arg(long, value_enum, default_value_t = ModeArg::Hybrid)]
+    rfrpc_mode: ModeArg,
     /// The verbs device for `rdma://` URIs (default: the first).
     #[arg(long)]
     rdma_device: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum ModeArg {
+    Hybrid,
+    RemoteFetch,
+    ServerReply,
+}
+
+impl ModeArg {
+    fn policy(self) -> ModePolicy {
+        match self {
+            ModeArg::Hybrid => ModePolicy::Hybrid,
+            ModeArg::RemoteFetch => ModePolicy::Fixed(Mode::RemoteFetch),
+            ModeArg::ServerReply => ModePolicy::Fixed(Mode::ServerReply),
+        }
+    }
+}
+
+/// Starts the RF-RPC server of `--rfrpc`, if any.
+fn start_rfrpc(args: &Args, store: &Store) -> anyhow::Result<Option<RfServer>> {
+    let Some(uri) = &args.rfrpc else {
+        return Ok(None);
+    };
+    let ep = Endpoint::parse(uri).with_context(|| format!("bad --rfrpc endpoint {uri}"))?;
+    let fabric = rfrpc::fabric_for(&ep, args.rdma_device.as_deref())?;
+    let server = RfServer::builder()
+        .threads(args.rfrpc_threads)?
+        .mode(args.rfrpc_mode.policy())
+        .serve_execute(&ep, &fabric, Arc::new(store.clone()))
+        .with_context(|| format!("serving RF-RPC at {uri}"))?;
+    Ok(Some(server))
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -98,6 +150,8 @@ async fn main() -> anyhow::Result<()> {
         rrpc = rrpc.rdma_device(d.clone());
     }
 
+    let rf = start_rfrpc(&args, &store)?;
+
     let stop = CancellationToken::new();
     let mut servers = tokio::task::JoinSet::new();
     for uri in &args.listen {
@@ -131,6 +185,9 @@ async fn main() -> anyhow::Result<()> {
                 for uri in &args.listen {
                     println!("listening on {uri}");
                 }
+                if let Some(rf) = &rf {
+                    println!("listening on rfrpc {}", rf.endpoint());
+                }
             }
             _ = sigint.recv() => break,
             _ = sigterm.recv() => break,
@@ -150,6 +207,9 @@ async fn main() -> anyhow::Result<()> {
     }
     stop.cancel();
     while servers.join_next().await.is_some() {}
+    if let Some(rf) = rf {
+        tokio::task::spawn_blocking(move || rf.shutdown()).await?;
+    }
     match failed {
         Some(e) => Err(e),
         None => Ok(()),

@@ -114,3 +114,31 @@ pub mod wire;
 pub use client::{ClientStats, KvClient, RfClient, RfClientConfig};
 pub use mode::{Mode, ModePolicy, ModeSwitch};
 pub use server::{RfServer, RfServerBuilder};
+
+/// The fabric an endpoint needs: shared memory for `shm://`, the verbs
+/// provider for `rdma://` (on `rdma_device`, or the first device).
+///
+/// # Errors
+/// [`crate::Error::Fabric`] if the verbs device cannot be opened;
+/// [`crate::Error::InvalidConfig`] for `rdma://` when this crate was built
+/// without its `verbs` feature.
+pub fn fabric_for(
+    endpoint: &rrpc_core::Endpoint,
+    rdma_device: Option<&str>,
+) -> crate::Result<rrpc_core::Fabric> {
+    match endpoint {
+        rrpc_core::Endpoint::Shm(_) => Ok(rrpc_core::Fabric::shm()),
+        #[cfg(feature = "verbs")]
+        rrpc_core::Endpoint::Rdma(_) => Ok(rrpc_core::Fabric::verbs(rdma_device)?),
+        #[cfg(not(feature = "verbs"))]
+        rrpc_core::Endpoint::Rdma(_) => {
+            let _ = rdma_device;
+            Err(crate::Error::InvalidConfig(
+                "rdma:// needs the verbs provider: build rrpc-kv with feature `verbs`".into(),
+            ))
+        }
+        other => Err(crate::Error::InvalidConfig(format!(
+            "no RF-RPC fabric for endpoint {other:?}"
+        ))),
+    }
+}
