@@ -378,6 +378,10 @@ async fn client(mut c: Client, mut rng: Rng, plan: Plan, counts: Arc<Counts>, la
     }
 }
 
+/// Descriptors the server's listener and poller may open after the first
+/// count: a few of slack, none per connection.
+const FD_SLACK: usize = 4;
+
 fn fds() -> usize {
     std::fs::read_dir("/proc/self/fd").map_or(0, |d| d.count())
 }
@@ -534,7 +538,15 @@ fn main() -> Result<()> {
         ticker.abort();
         let elapsed = start.elapsed();
         // The clients and their channels are gone: let connections close.
-        tokio::time::sleep(Duration::from_secs(1)).await;
+        // Teardown is asynchronous (a ring's goodbye runs on the blocking
+        // pool, bounded at 1 s; the server notices the departure through its
+        // liveness fd), so wait until the descriptors are back, up to 10 s:
+        // a leak is what has not come back by then.
+        let settle = Instant::now() + Duration::from_secs(10);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        while fds() > fd_base + FD_SLACK && Instant::now() < settle {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
         anyhow::Ok((fd_base, fd0, rss0, fds(), rss_kib(), elapsed))
     })?;
     let _ = stop_tx.send(());
@@ -576,7 +588,7 @@ fn main() -> Result<()> {
     );
     // The server's listener and poller may have come up after the first
     // count: a few descriptors of slack, none per connection.
-    let fd_leak = fd1 > fd_base + 4;
+    let fd_leak = fd1 > fd_base + FD_SLACK;
     let rss_leak = rss_growth > args.max_rss_growth_mib;
     println!("calls: {n} failed: {f} lost: {l}");
     if f > 0 || l > 0 || fd_leak || rss_leak || n == 0 {
