@@ -832,13 +832,14 @@ pub(crate) mod suite {
         "rrpc-ringbuf/placement",
         "rrpc-poller/e2e",
         "integration/rpc_kinds",
+        "rrpc-kv/rfrpc_verbs",
     ];
 
     /// Which tests of a package's binary are verbs tests.
     fn filter_for(package_dir: &str, kind: &str) -> Option<&'static str> {
         match (package_dir, kind) {
             ("rrpc-core", "lib") => Some("provider::verbs"),
-            ("rrpc-core" | "rrpc-ringbuf" | "rrpc-poller", "test") => Some("verbs"),
+            ("rrpc-core" | "rrpc-ringbuf" | "rrpc-poller" | "rrpc-kv", "test") => Some("verbs"),
             ("integration", "test") => Some("rdma_"),
             _ => None,
         }
@@ -921,8 +922,10 @@ pub(crate) mod suite {
                 "rrpc-poller",
                 "-p",
                 "rrpc-integration-tests",
+                "-p",
+                "rrpc-kv",
                 "--features",
-                "rrpc-core/verbs,rrpc-ringbuf/verbs,rrpc-poller/verbs,rrpc-integration-tests/verbs",
+                "rrpc-core/verbs,rrpc-ringbuf/verbs,rrpc-poller/verbs,rrpc-integration-tests/verbs,rrpc-kv/verbs",
             ],
         )?;
         let mut bins = Vec::new();
