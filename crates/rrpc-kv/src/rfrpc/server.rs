@@ -280,12 +280,12 @@ impl RfServer {
 
     /// Requests served so far.
     pub fn served(&self) -> u64 {
-        self.counters.served.load(Ordering::Relaxed)
+        self.counters.served.load(Ordering::Acquire)
     }
 
     /// Requests answered in server-reply mode so far.
     pub fn served_server_reply(&self) -> u64 {
-        self.counters.server_reply.load(Ordering::Relaxed)
+        self.counters.server_reply.load(Ordering::Acquire)
     }
 
     /// Connections closed because the client broke the protocol or left.
@@ -537,11 +537,14 @@ impl ServerConn {
             handler(&self.req)
         };
         let proc_ns = t0.elapsed().as_nanos().min(u32::MAX as u128) as u32;
-        self.respond(h, &out, proc_ns)?;
-        counters.served.fetch_add(1, Ordering::Relaxed);
+        // Counted before the response is visible: a client that has its
+        // result then always finds its call counted (the counters are what
+        // tests and operators read to tell the modes apart).
+        counters.served.fetch_add(1, Ordering::Release);
         if h.mode == Mode::ServerReply {
-            counters.server_reply.fetch_add(1, Ordering::Relaxed);
+            counters.server_reply.fetch_add(1, Ordering::Release);
         }
+        self.respond(h, &out, proc_ns)?;
         Ok(true)
     }
 
