@@ -280,6 +280,16 @@ impl QueuePair {
         self.failure().is_some()
     }
 
+    /// The send queue's depth: at most this many work requests outstanding
+    /// (posted and not retired by a polled signaled completion).
+    pub fn send_depth(&self) -> u32 {
+        match &self.inner {
+            QpInner::Shm(q) => q.send_depth(),
+            #[cfg(feature = "verbs")]
+            QpInner::Verbs(q) => q.send_depth(),
+        }
+    }
+
     /// Work requests posted and not yet retired by a polled signaled completion.
     pub fn outstanding(&self) -> u64 {
         match &self.inner {

@@ -131,6 +131,22 @@ impl RingConfig {
     pub fn sq_depth(&self) -> u32 {
         self.sq_depth
     }
+    /// Work requests the sender keeps outstanding at most: half of
+    /// [`RingConfig::sq_depth`] (at least 2).
+    pub fn sender_outstanding(&self) -> u32 {
+        (self.sq_depth / 2).max(2)
+    }
+    /// Work requests the receiver (its head pushes) keeps outstanding at
+    /// most: a quarter of [`RingConfig::sq_depth`] (at least 2).
+    pub fn receiver_outstanding(&self) -> u32 {
+        (self.sq_depth / 4).max(2)
+    }
+    /// Send-queue slots the ring needs on its queue pair: what the sender
+    /// and the receiver may have outstanding together. `LocalRing::connect`
+    /// refuses a queue pair whose send depth is smaller.
+    pub fn send_queue_need(&self) -> u32 {
+        self.sender_outstanding() + self.receiver_outstanding()
+    }
     /// How long a message the sender's tail covers may stay unplaced (its
     /// header or end stamp not yet visible; `proto` module docs, "Placement
     /// order") before the receiver closes the ring with `Corrupt`: the

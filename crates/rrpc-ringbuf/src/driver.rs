@@ -133,8 +133,18 @@ impl LocalRing {
     /// # Errors
     /// [`Error::Incompatible`], naming the peer's and our value, if the
     /// peer's geometry or switches differ, it sets unknown flags, or it
-    /// granted no (or a too small) ring region.
+    /// granted no (or a too small) ring region; [`Error::InvalidConfig`],
+    /// naming both values, if the connection's queue pair has a send queue
+    /// shallower than the ring needs ([`RingConfig::send_queue_need`]).
     pub fn connect(self, conn: &Connection) -> Result<(RingTx, RingRx), Error> {
+        let (need, depth) = (self.cfg.send_queue_need(), conn.qp().send_depth());
+        if depth < need {
+            return Err(Error::InvalidConfig(format!(
+                "the ring needs {need} send-queue slots (sq_depth {}: half for the sender, \
+                 a quarter for the receiver) but the queue pair's send depth is {depth}",
+                self.cfg.sq_depth()
+            )));
+        }
         let peer = conn.peer();
         check_peer_geometry(&self.geometry(), &peer.geometry)?;
         let remote = peer.region(ROLE_RING).ok_or_else(|| {

@@ -638,6 +638,10 @@ impl ShmQp {
         });
     }
 
+    pub(crate) fn send_depth(&self) -> u32 {
+        self.cfg.send_depth()
+    }
+
     pub(crate) fn outstanding(&self) -> u64 {
         self.scq().outstanding()
     }

@@ -80,7 +80,7 @@ pub struct Receiver {
 impl Receiver {
     /// A receiver for a ring configured by `cfg`.
     pub fn new(cfg: &RingConfig) -> Self {
-        let max_outstanding = u64::from(cfg.sq_depth() / 4).max(2);
+        let max_outstanding = u64::from(cfg.receiver_outstanding());
         Receiver {
             geo: Geometry::from_config(cfg),
             gamma: cfg.gamma(),

@@ -110,7 +110,7 @@ pub struct Sender {
 impl Sender {
     /// A sender for a ring configured by `cfg`.
     pub fn new(cfg: &RingConfig) -> Self {
-        let max_outstanding = u64::from(cfg.sq_depth() / 2).max(2);
+        let max_outstanding = u64::from(cfg.sender_outstanding());
         Sender {
             geo: Geometry::from_config(cfg),
             alpha: cfg.alpha(),

@@ -349,6 +349,11 @@ impl VerbsQp {
         self.raw.max_inline()
     }
 
+    /// The send queue's depth.
+    pub(crate) fn send_depth(&self) -> u32 {
+        self.slots.lock().unwrap_or_else(|p| p.into_inner()).depth
+    }
+
     /// Work requests posted and not yet retired.
     pub(crate) fn outstanding(&self) -> u64 {
         self.slots
