@@ -188,6 +188,7 @@ pub fn run_server(a: &ServerArgs) -> Result<()> {
         let (u, cfg) = (uri.clone(), grpc_config());
         let task = rt.spawn(async move {
             rrpc_tonic::Server::builder()
+                .tcp_nodelay(true)
                 .add_service(service)
                 .serve_rrpc_with_shutdown(&u, cfg, async move {
                     let _ = rx.await;
@@ -890,6 +891,7 @@ const REDIS_INDEX: &str = "rrpc-kv:index";
 /// One YCSB client's connection.
 enum Driver {
     Grpc(tokio::runtime::Runtime, GrpcKv<RrpcChannel>),
+    Tonic(tokio::runtime::Runtime, GrpcKv<tonic::transport::Channel>),
     Rf(KvClient),
     Redis(redis::Connection),
 }
@@ -898,6 +900,7 @@ impl std::fmt::Debug for Driver {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(match self {
             Driver::Grpc(..) => "Grpc",
+            Driver::Tonic(..) => "Tonic",
             Driver::Rf(_) => "Rf",
             Driver::Redis(_) => "Redis",
         })
@@ -908,6 +911,7 @@ impl Driver {
     fn exec(&mut self, op: Op, index: bool) -> Result<OpResult> {
         match self {
             Driver::Grpc(rt, kv) => Ok(rt.block_on(kv.execute(op))?),
+            Driver::Tonic(rt, kv) => Ok(rt.block_on(kv.execute(op))?),
             Driver::Rf(c) => Ok(c.call(&op)?),
             Driver::Redis(conn) => redis_exec(conn, index, op),
         }
@@ -1150,10 +1154,23 @@ fn ycsb_table(args: &SuiteArgs, report: &mut Report) -> Result<()> {
                     let srv = ServerProc::spawn(&what, scpu)?;
                     let uri = srv.grpc.clone().context("no gRPC URI")?;
                     let rt = client_runtime()?;
-                    let kv = rt
-                        .block_on(GrpcKv::connect(&uri, grpc_config()))
-                        .with_context(|| format!("connecting to {uri}"))?;
-                    (Driver::Grpc(rt, kv), Some(srv), None)
+                    let driver = if backend == "grpc-tcp" {
+                        // Plain tonic over TCP (no rrpc in the path), as the rpc suite's baseline.
+                        let ch = rt
+                            .block_on(
+                                tonic::transport::Endpoint::from_shared(uri.clone())?
+                                    .tcp_nodelay(true)
+                                    .connect(),
+                            )
+                            .with_context(|| format!("connecting to {uri}"))?;
+                        Driver::Tonic(rt, GrpcKv::new(ch))
+                    } else {
+                        let kv = rt
+                            .block_on(GrpcKv::connect(&uri, grpc_config()))
+                            .with_context(|| format!("connecting to {uri}"))?;
+                        Driver::Grpc(rt, kv)
+                    };
+                    (driver, Some(srv), None)
                 }
                 "redis" => match RedisProc::spawn(scpu)? {
                     Some(r) => (Driver::Redis(r.connect()?), None, Some(r)),
@@ -1224,10 +1241,10 @@ fn ycsb_table(args: &SuiteArgs, report: &mut Report) -> Result<()> {
             1,
             Some(vec![scpu]),
         )
-        .side("client (1 closed-loop client, one op in flight)", 1, Some(vec![ccpus[0]]));
+        .side("client (1 closed-loop client, one op in flight; over rrpc-tonic plus its poller thread on the same cpu)", 1, Some(vec![ccpus[0]]));
     t.note(plan.describe());
     t.note(format!(
-        "{records} records of 1000 B loaded per workload, {ops} operations per run, one client, one server process (one store) per backend, shared by the six workloads in order A-F (each loads its records again; D's and E's inserts stay); latency per transaction (F's read-modify-write is two calls); RF-RPC: hybrid mode, 1 MiB buffers; Redis: unpipelined GET/SET, E's scans through a sorted-set index (ZADD on insert, ZRANGE BYLEX + MGET), keyspace flushed per workload"
+        "{records} records of 1000 B loaded per workload, {ops} operations per run, one client, one server process (one store) per backend, shared by the six workloads in order A-F (each loads its records again; D's and E's inserts stay); latency per transaction (F's read-modify-write is two calls); grpc-tcp: a plain tonic client over TCP (TCP_NODELAY both sides) to the same gRPC server binary; grpc-rrpc-shm: rrpc-tonic's fast path over shm://; RF-RPC: hybrid mode (R = 5), 1 MiB buffers; Redis: unpipelined GET/SET, E's scans through a sorted-set index (ZADD on insert, ZRANGE BYLEX + MGET), keyspace flushed per workload"
     ));
     let mut ratios = Vec::new();
     let mut all_met = true;
