@@ -50,6 +50,7 @@
 pub mod args;
 pub mod cpu;
 pub mod fabric;
+pub mod kv;
 pub mod machine;
 pub mod pin;
 pub mod ratio;
