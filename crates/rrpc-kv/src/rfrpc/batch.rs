@@ -99,6 +99,29 @@ impl BatchBuilder {
         self.buf.len() - HEAD
     }
 
+    /// The size limit L.
+    pub fn limit(&self) -> usize {
+        self.limit
+    }
+
+    /// The entry limit N.
+    pub fn max_entries(&self) -> usize {
+        self.max_entries
+    }
+
+    /// Changes the entry limit N (a tuner's choice); applies to the batch
+    /// being built, which may then be full at once.
+    ///
+    /// # Errors
+    /// [`Error::InvalidConfig`] for 0.
+    pub fn set_max_entries(&mut self, n: usize) -> Result<()> {
+        if n == 0 {
+            return Err(Error::InvalidConfig("batch of 0 entries".into()));
+        }
+        self.max_entries = n;
+        Ok(())
+    }
+
     /// Whether the batch must be sent: N entries buffered (§4.1 condition 1).
     pub fn is_full(&self) -> bool {
         self.entries >= self.max_entries

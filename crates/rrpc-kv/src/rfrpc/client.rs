@@ -297,8 +297,16 @@ impl RfClient {
     ///
     /// This batches within one call (one WRITE, one or two READs for all
     /// entries); the paper's client-side buffering by size, count and
-    /// timeout is [`crate::rfrpc::batch::BatchBuilder`] and
-    /// [`crate::rfrpc::batch::FlushPolicy`], pipelining is not implemented.
+    /// timeout is [`crate::rfrpc::batcher::Batcher`], pipelining is not
+    /// implemented.
+    ///
+    /// Results are bound by the response buffer, not by any batch size
+    /// limit: a result batch over F takes a second READ. A result batch
+    /// over the response buffer (or the reply buffer in server-reply mode)
+    /// fails as a whole with [`Error::TooLarge`] (`what: "result"`) after
+    /// the server ran the handler on every entry; there is no automatic
+    /// per-entry server-reply fallback here ([`crate::rfrpc::batcher`]
+    /// resends such a batch one entry per call).
     ///
     /// # Errors
     /// As [`Self::call`]; [`Error::TooLarge`] when the batch exceeds the

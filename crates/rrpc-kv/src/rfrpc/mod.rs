@@ -94,23 +94,36 @@
 //!   pair's `max_inline`, 64 bytes by default).
 //!
 //! Batching: [`RfClient::call_batch`] sends a §4.1 request batch in one
-//! call (batch bit 61 of the status word) and fetches one result batch;
-//! the client-side buffering policy ([`batch::BatchBuilder`],
-//! [`batch::FlushPolicy`]) and the batch-size tuner ([`tune`]) are sans-IO
-//! pieces for a caller to drive. Pipelining several outstanding batches
-//! (§4.1 "Pipeline") is not implemented: one call at a time per client.
+//! call (batch bit 61 of the status word) and fetches one result batch.
+//! [`batcher::Batcher`] (and [`batcher::KvBatcher`] for [`crate::Op`]s)
+//! drives it: requests are queued and sent when N are queued, when the
+//! next one would take the batch over L bytes, or T after the first one,
+//! on an injectable [`batcher::Clock`]; N is fixed or chosen by the Eq. 3
+//! tuner ([`tune::BatchSizeTuner`]) from each batch's measured latency.
+//! Results come back in push order. The decisions are the sans-IO
+//! [`batcher::BatchControl`] over [`batch::BatchBuilder`] and
+//! [`batch::FlushPolicy`]. A request over L goes as a single call; a
+//! result batch over the response buffer is resent one entry per call
+//! (at-least-once, see [`batcher`]). Pipelining several outstanding
+//! batches (§4.1 "Pipeline") is **not** implemented: one call at a time
+//! per client, a flush blocks until its results are back.
 //!
 //! [`Error::Timeout`]: crate::Error::Timeout
 //! [`Error::TooLarge`]: crate::Error::TooLarge
 //! [`Error::PeerGone`]: crate::Error::PeerGone
 
 pub mod batch;
+pub mod batcher;
 pub mod client;
 pub mod mode;
 pub mod server;
 pub mod tune;
 pub mod wire;
 
+pub use batcher::{
+    BatchControl, BatchResult, Batcher, BatcherConfig, BatcherStats, Clock, FlushReason, KvBatcher,
+    MonotonicClock, Sizing, Ticket, VirtualClock,
+};
 pub use client::{ClientStats, KvClient, RfClient, RfClientConfig};
 pub use mode::{Mode, ModePolicy, ModeSwitch};
 pub use server::{RfServer, RfServerBuilder};

@@ -203,6 +203,12 @@ impl BatchSizeTuner {
         self
     }
 
+    /// The latency bound.
+    #[must_use]
+    pub fn l_limit(&self) -> Duration {
+        self.l_limit
+    }
+
     /// The current batch size s_now.
     #[must_use]
     pub fn size(&self) -> u16 {
