@@ -456,9 +456,13 @@ fn batched_calls_in_both_modes() {
     let ep = endpoint("batch");
     let f = Fabric::shm();
     let server = RfServer::builder().serve(&ep, &f, sized).unwrap();
+    // Every client stays connected to the end: a client that leaves is
+    // counted in `dropped` as soon as the server notices.
+    let mut clients = Vec::new();
     for policy in [Mode::RemoteFetch, Mode::ServerReply] {
         let cfg = RfClientConfig::new().mode(Some(ModePolicy::Fixed(policy)));
-        let mut c = RfClient::connect(&ep, &f, cfg).unwrap();
+        clients.push(RfClient::connect(&ep, &f, cfg).unwrap());
+        let c = clients.last_mut().unwrap();
         let reqs: Vec<Vec<u8>> = (0..50).map(|i| ask(i * 13, i % 5)).collect();
         let refs: Vec<&[u8]> = reqs.iter().map(|r| &r[..]).collect();
         let got = c.call_batch(&refs).unwrap();
@@ -475,6 +479,7 @@ fn batched_calls_in_both_modes() {
         assert_eq!(c.call(&ask(3, 0)).unwrap().len(), 3);
     }
     assert_eq!(server.dropped(), 0);
+    drop(clients);
 }
 
 #[test]

@@ -226,7 +226,15 @@ fn large_entries_and_large_results_come_back() {
 
 /// A server that spins ~20 µs per entry; bound 1 ms. The tuner must settle
 /// near bound / cost (≈ 50, less the call's own overhead).
+///
+/// Ignored in `cargo test`: it rests on real elapsed time, and on a loaded
+/// 2-core machine scheduling stalls over 1 ms held N at 6-7 for thousands of
+/// batches before it climbed (0.3-11 s to settle in ten runs). The same
+/// convergence is tested deterministically on a virtual clock in
+/// `rfrpc::batcher`'s unit tests; run this one on a quiet host with
+/// `cargo test -p rrpc-kv --test rfrpc_batch -- --ignored`.
 #[test]
+#[ignore = "real-time tuner convergence; the virtual-clock unit tests cover it in cargo test"]
 fn tuner_converges_to_the_latency_bound() {
     let ep = endpoint("tune");
     let f = Fabric::shm();
