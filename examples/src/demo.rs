@@ -38,7 +38,8 @@ use std::time::{Duration, Instant};
 use clap::Parser;
 use hdrhistogram::Histogram;
 use rrpc_tonic::{
-    Carrier, ChannelPath, PathPreference, PollerConfig, PollerMode, RrpcChannel, RrpcConfig, Server,
+    Carrier, ChannelPath, PathPreference, PollerConfig, PollerMode, RrpcChannel, RrpcConfig,
+    RrpcIncoming, Server,
 };
 use tonic::{Request, Response, Status};
 
@@ -226,20 +227,14 @@ async fn measure(uri: &str, cfg: RrpcConfig, calls: u64) -> anyhow::Result<Measu
     })
 }
 
-/// A TCP port free on 127.0.0.1 now (another process may take it before
-/// the server binds it; good enough for a demo on one machine).
-fn free_port() -> anyhow::Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port())
-}
-
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     let variants = variants(&args.modes)?;
     let dir = std::env::temp_dir();
     let pid = std::process::id();
-    let tcp = format!("http://127.0.0.1:{}", free_port()?);
+    // TCP and rdma:// listeners bind port 0; the server thread reports
+    // the ports it got before the client starts.
+    let tcp = "http://127.0.0.1:0".to_string();
     let uds = format!("unix://{}/rrpc-demo-{pid}.uds", dir.display());
     // One ring listener per poller variant.
     let transport = args.transport.as_str();
@@ -247,15 +242,9 @@ fn main() -> anyhow::Result<()> {
         "shm" => (0..variants.len())
             .map(|i| format!("shm://{}/rrpc-demo-{pid}-{i}.sock", dir.display()))
             .collect(),
-        "rdma" => {
-            // Held together so that the ports differ.
-            let ls = (0..variants.len())
-                .map(|_| std::net::TcpListener::bind("127.0.0.1:0"))
-                .collect::<Result<Vec<_>, _>>()?;
-            ls.iter()
-                .map(|l| Ok(format!("rdma://127.0.0.1:{}", l.local_addr()?.port())))
-                .collect::<anyhow::Result<_>>()?
-        }
+        "rdma" => (0..variants.len())
+            .map(|_| "rdma://127.0.0.1:0".to_string())
+            .collect(),
         t => anyhow::bail!("unknown transport {t:?} (shm, rdma)"),
     };
     let want_verbs = transport == "rdma";
@@ -286,14 +275,29 @@ fn main() -> anyhow::Result<()> {
         uris.push((uri.clone(), v.cfg.clone()));
     }
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let (bound_tx, bound_rx) = std_mpsc::channel::<anyhow::Result<Vec<String>>>();
     let server = side_thread("demo-server", scpu, move |rt| {
         rt.block_on(async move {
             let router = Server::builder().add_service(GreeterServer::new(MyGreeter));
+            let bound = uris
+                .into_iter()
+                .map(|(uri, cfg)| RrpcIncoming::bind(&uri, cfg))
+                .collect::<Result<Vec<_>, _>>();
+            let incomings = match bound {
+                Ok(b) => {
+                    let _ = bound_tx.send(Ok(b.iter().map(|i| i.uri().to_string()).collect()));
+                    b
+                }
+                Err(e) => {
+                    let _ = bound_tx.send(Err(anyhow::anyhow!("binding: {e}")));
+                    return Err(e.into());
+                }
+            };
             let mut servers = tokio::task::JoinSet::new();
-            for (uri, cfg) in uris {
+            for incoming in incomings {
                 let (r, mut stop) = (router.clone(), stop_rx.clone());
                 servers.spawn(async move {
-                    r.serve_rrpc_with_shutdown(&uri, cfg, async move {
+                    r.serve_rrpc_incoming(incoming, async move {
                         let _ = stop.wait_for(|s| *s).await;
                     })
                     .await
@@ -305,6 +309,16 @@ fn main() -> anyhow::Result<()> {
             Ok::<(), anyhow::Error>(())
         })
     });
+
+    // The URIs as bound (ports chosen by the OS), in the order of `uris`.
+    let bound = bound_rx
+        .recv()
+        .map_err(|_| anyhow::anyhow!("the server thread ended before binding"))??;
+    let (tcp, uds, rings) = if args.no_baselines {
+        (tcp, uds, bound)
+    } else {
+        (bound[0].clone(), bound[1].clone(), bound[2..].to_vec())
+    };
 
     // Client: every path from one thread and runtime.
     let mut paths: Vec<(String, String, RrpcConfig, Option<usize>)> = Vec::new();

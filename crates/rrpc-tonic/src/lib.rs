@@ -180,7 +180,7 @@
 //! * [`frame`]: the fast-path wire format (sans-IO).
 //! * [`RrpcConfig`], [`PathPreference`]: knobs and their defaults;
 //!   [`PollerConfig`], [`PollerMode`], [`Poller`] re-exported from rrpc-poller.
-//! * [`Server`], [`Router`]: serving.
+//! * [`Server`], [`Router`], [`RrpcIncoming`]: serving.
 //! * [`RrpcEndpoint`], [`RrpcChannel`], [`ChannelPath`], [`Carrier`]: connecting.
 //! * [`Error`]: one error type, mapped to [`tonic::Status`].
 #![forbid(unsafe_code)]
@@ -203,4 +203,4 @@ pub use endpoint::RrpcEndpoint;
 pub use error::Error;
 pub use h2stream::{RrpcConnectInfo, RrpcStream};
 pub use rrpc_poller::{Mode as PollerMode, Poller, PollerConfig};
-pub use server::{Router, Server};
+pub use server::{Router, RrpcIncoming, Server};

@@ -346,20 +346,43 @@ where
     where
         F: Future<Output = ()> + Send,
     {
-        let target = Target::parse(uri)?;
+        let incoming = RrpcIncoming::bind(uri, config)?;
+        self.serve_rrpc_incoming(incoming, signal).await
+    }
+
+    /// Serves on a listener bound beforehand with [`RrpcIncoming::bind`]
+    /// (for example at port 0, to learn the port the OS chose from
+    /// [`RrpcIncoming::local_addr`] before serving), until `signal`
+    /// completes, then drains as [`Router::serve_rrpc_with_shutdown`].
+    ///
+    /// # Errors
+    /// [`Error::Transport`] from tonic, [`Error::Io`] from the listener.
+    pub async fn serve_rrpc_incoming<F>(
+        self,
+        incoming: RrpcIncoming,
+        signal: F,
+    ) -> Result<(), Error>
+    where
+        F: Future<Output = ()> + Send,
+    {
         let Router {
             layer,
             routes,
             opts,
         } = self;
+        let RrpcIncoming { inner, uri, config } = incoming;
         let tonic_router = opts.tonic().layer(layer.clone()).add_routes(routes.clone());
-        match target {
-            Target::Tcp(addr) => {
-                let addr = Target::tcp_addr(&addr)?;
-                Ok(tonic_router.serve_with_shutdown(addr, signal).await?)
+        match inner {
+            IncomingInner::Tcp(listener) => {
+                // The options tonic applies when it binds the address itself.
+                let incoming = tonic::transport::server::TcpIncoming::from(listener)
+                    .with_nodelay(Some(opts.tcp_nodelay.unwrap_or(true)))
+                    .with_keepalive(opts.tcp_keepalive);
+                Ok(tonic_router
+                    .serve_with_incoming_shutdown(incoming, signal)
+                    .await?)
             }
-            Target::Unix(path) => {
-                let listener = tokio::net::UnixListener::bind(&path)?;
+            IncomingInner::Unix(listener, path) => {
                 let incoming = tokio_stream::wrappers::UnixListenerStream::new(listener);
                 let r = tonic_router
                     .serve_with_incoming_shutdown(incoming, signal)
@@ -367,18 +390,8 @@ where
                 let _ = std::fs::remove_file(&path);
                 Ok(r?)
             }
-            t => {
-                let listener = RrpcListener::bind(&t, &config)?;
-                serve_rings(
-                    listener,
-                    uri.to_string(),
-                    layer,
-                    routes,
-                    opts,
-                    config,
-                    signal,
-                )
-                .await
+            IncomingInner::Rings(listener) => {
+                serve_rings(listener, uri, layer, routes, opts, config, signal).await
             }
         }
     }
@@ -415,6 +428,74 @@ where
             Ok::<(), Error>(())
         };
         tokio::try_join!(a, b, sig).map(|_| ())
+    }
+}
+
+/// A listener bound to an rrpc URI, not yet serving: tonic's
+/// `TcpIncoming`, for every transport. Bind at port 0 (`rdma://host:0`,
+/// `http://host:0`), read the chosen address, hand the URI to clients,
+/// then serve with [`Router::serve_rrpc_incoming`]; no other process can
+/// take the port in between.
+#[derive(Debug)]
+pub struct RrpcIncoming {
+    inner: IncomingInner,
+    uri: String,
+    config: RrpcConfig,
+}
+
+#[derive(Debug)]
+enum IncomingInner {
+    Tcp(tokio::net::TcpListener),
+    Unix(tokio::net::UnixListener, std::path::PathBuf),
+    Rings(RrpcListener),
+}
+
+impl RrpcIncoming {
+    /// Binds `uri` (any scheme [`Router::serve_rrpc`] takes) with `config`
+    /// for the connections it will accept. Must be called inside a tokio
+    /// runtime. For `rdma://` this opens the device, so a missing device
+    /// fails here.
+    ///
+    /// # Errors
+    /// [`Error::InvalidUri`], [`Error::UnsupportedTransport`], [`Error::Io`]
+    /// if the address is taken, or the provider's error.
+    pub fn bind(uri: &str, config: RrpcConfig) -> Result<Self, Error> {
+        let target = Target::parse(uri)?;
+        let inner = match &target {
+            Target::Tcp(addr) => {
+                let l = std::net::TcpListener::bind(Target::tcp_addr(addr)?)?;
+                l.set_nonblocking(true)?;
+                IncomingInner::Tcp(tokio::net::TcpListener::from_std(l)?)
+            }
+            Target::Unix(path) => {
+                IncomingInner::Unix(tokio::net::UnixListener::bind(path)?, path.clone())
+            }
+            t => IncomingInner::Rings(RrpcListener::bind(t, &config)?),
+        };
+        let mut incoming = RrpcIncoming {
+            inner,
+            uri: uri.to_string(),
+            config,
+        };
+        if let (Some(addr), Some(scheme)) = (incoming.local_addr(), uri.split("://").next()) {
+            incoming.uri = format!("{scheme}://{addr}");
+        }
+        Ok(incoming)
+    }
+
+    /// The bound socket address, for `http://` and `rdma://` (whose side
+    /// channel is TCP); `None` for `unix://`, `shm://` and `inproc://`.
+    pub fn local_addr(&self) -> Option<SocketAddr> {
+        match &self.inner {
+            IncomingInner::Tcp(l) => l.local_addr().ok(),
+            IncomingInner::Unix(..) => None,
+            IncomingInner::Rings(l) => l.local_addr(),
+        }
+    }
+
+    /// The URI clients dial: the one bound, with the port the OS chose.
+    pub fn uri(&self) -> &str {
+        &self.uri
     }
 }
 

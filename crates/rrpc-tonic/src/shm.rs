@@ -382,6 +382,11 @@ impl ShmListener {
         })
     }
 
+    /// The side channel's TCP address (`rdma://`); `None` on `shm://`.
+    pub(crate) fn local_addr(&self) -> Option<std::net::SocketAddr> {
+        self.fd.get_ref().0.local_addr()
+    }
+
     /// Takes the next client off the listening socket, without reading
     /// from it; [`ShmPending::establish`] does the handshake.
     ///

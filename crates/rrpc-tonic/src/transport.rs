@@ -260,6 +260,14 @@ impl RrpcListener {
         }
     }
 
+    /// The side channel's socket address (`rdma://`), if it has one.
+    pub(crate) fn local_addr(&self) -> Option<std::net::SocketAddr> {
+        match self {
+            RrpcListener::Inproc { .. } => None,
+            RrpcListener::Shm(l) => l.local_addr(),
+        }
+    }
+
     /// Takes the next client off the listener; its setup is
     /// [`Accepted::establish`], run apart from the accept loop so that a
     /// slow client never delays the next one.

@@ -364,18 +364,30 @@ impl Harness {
         cfg: RrpcConfig,
         options: fn(Server) -> Server,
     ) -> Self {
-        Self::start_at(transport, &Self::fresh_uri(transport), cfg, options).await
+        let uri = match transport {
+            // Port 0: the server binds first and the harness reads the
+            // port back, so no other socket can take it in between.
+            Transport::Tcp => "http://127.0.0.1:0".to_string(),
+            Transport::RdmaH2 | Transport::RdmaFast => "rdma://127.0.0.1:0".to_string(),
+            _ => Self::fresh_uri(transport),
+        };
+        Self::start_at(transport, &uri, cfg, options).await
     }
 
-    /// A URI no server of this process uses yet, on `transport`.
+    /// A URI no server of this process uses yet, on `transport`, known
+    /// before any server binds it (for tests that dial first). TCP ports
+    /// come from below the kernel's ephemeral range, so that no outgoing
+    /// connection of this process can hold the port when the server binds.
     pub fn fresh_uri(transport: Transport) -> String {
         let n = NEXT.fetch_add(1, Ordering::Relaxed);
         match transport {
             Transport::Tcp | Transport::RdmaH2 | Transport::RdmaFast => {
-                let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-                let port = l.local_addr().expect("addr").port();
-                drop(l);
                 let scheme = if transport.is_rdma() { "rdma" } else { "http" };
+                let base = 20_000 + (std::process::id() as usize * 97 + n as usize * 13) % 12_000;
+                let port = (0..12_000)
+                    .map(|i| 20_000 + (base - 20_000 + i) % 12_000)
+                    .find(|p| std::net::TcpListener::bind(("127.0.0.1", *p as u16)).is_ok())
+                    .expect("a free port in 20000..32000");
                 format!("{scheme}://127.0.0.1:{port}")
             }
             _ => format!(
@@ -394,12 +406,12 @@ impl Harness {
         cfg: RrpcConfig,
         options: fn(Server) -> Server,
     ) -> Self {
-        let uri = uri.to_string();
         let obs = Arc::new(Observed::default());
         let (sd_tx, sd_rx) = oneshot::channel::<()>();
         let (kill_tx, kill_rx) = oneshot::channel::<()>();
         let (done_tx, done_rx) = mpsc::channel(1);
-        let (u, o, c) = (uri.clone(), obs.clone(), cfg.clone());
+        let (bound_tx, bound_rx) = oneshot::channel::<String>();
+        let (u, o, c) = (uri.to_string(), obs.clone(), cfg.clone());
         let thread = std::thread::spawn(move || {
             let rt = tokio::runtime::Builder::new_multi_thread()
                 .worker_threads(2)
@@ -423,10 +435,13 @@ impl Harness {
                                 http::Response<tonic::body::Body>,
                             ) -> http::Response<tonic::body::Body>,
                     ))
-                    .add_service(svc)
-                    .serve_rrpc_with_shutdown(&u, c, async move {
-                        let _ = sd_rx.await;
-                    });
+                    .add_service(svc);
+                let incoming = rrpc_tonic::RrpcIncoming::bind(&u, c)
+                    .unwrap_or_else(|e| panic!("bind {u}: {e}"));
+                let _ = bound_tx.send(incoming.uri().to_string());
+                let serve = serve.serve_rrpc_incoming(incoming, async move {
+                    let _ = sd_rx.await;
+                });
                 tokio::select! {
                     r = serve => { let _ = done_tx.send(r.map_err(|e| e.to_string())).await; }
                     _ = kill_rx => {}
@@ -435,6 +450,7 @@ impl Harness {
             // Dropping the runtime here ends every task at once, like a killed process.
             rt.shutdown_background();
         });
+        let uri = bound_rx.await.expect("the server thread bound its URI");
         Harness {
             uri,
             transport,
