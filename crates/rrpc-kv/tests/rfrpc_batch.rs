@@ -396,3 +396,127 @@ fn kv_ops_batch_through_the_store() {
     }
     assert_eq!(n, 100);
 }
+
+/// The pipeline (§4.1): with three clients, three batches are in flight
+/// at once, results still come back in push order, and `flush` collects
+/// them all.
+#[test]
+fn pipeline_keeps_batches_in_flight_and_results_in_order() {
+    let ep = endpoint("pipe");
+    let f = Fabric::shm();
+    let _server = RfServer::builder()
+        .threads(2)
+        .unwrap()
+        .serve(&ep, &f, |req: &[u8]| req.to_vec())
+        .unwrap();
+    let clients = (0..3).map(|_| client(&ep, &f)).collect();
+    let cfg = BatcherConfig::new().max_entries(8).unwrap();
+    let mut b = Batcher::with_clients(clients, cfg).unwrap();
+    let mut got = Vec::new();
+    for i in 0..1_000u64 {
+        b.push(&i.to_le_bytes());
+        assert!(b.in_flight() <= 3);
+        got.extend(b.drain());
+    }
+    assert_eq!(b.stats().max_in_flight, 3, "{:?}", b.stats());
+    b.flush();
+    assert_eq!(b.in_flight(), 0);
+    got.extend(b.drain());
+    assert_eq!(got.len(), 1_000);
+    for (i, (t, r)) in got.into_iter().enumerate() {
+        assert_eq!(t.0, i as u64);
+        assert_eq!(r.unwrap(), (i as u64).to_le_bytes());
+    }
+    let calls: u64 = b.clients().iter().map(|c| c.stats().calls).sum();
+    assert_eq!(calls, b.stats().batches);
+    assert!(b.clients().iter().all(|c| c.stats().calls > 0));
+}
+
+/// The threshold of outstanding requests bounds the pipeline below the
+/// number of clients: 16 requests at 8 per batch is two batches.
+#[test]
+fn pipeline_threshold_bounds_outstanding_requests() {
+    let ep = endpoint("pipe-max");
+    let f = Fabric::shm();
+    let _server = RfServer::builder().serve(&ep, &f, sized).unwrap();
+    let clients = (0..4).map(|_| client(&ep, &f)).collect();
+    let cfg = BatcherConfig::new()
+        .max_entries(8)
+        .unwrap()
+        .max_outstanding(16)
+        .unwrap();
+    let mut b = Batcher::with_clients(clients, cfg).unwrap();
+    for _ in 0..400 {
+        b.push(&ask(2, 0));
+    }
+    b.flush();
+    assert_eq!(b.stats().max_in_flight, 2, "{:?}", b.stats());
+    assert_eq!(b.drain().filter(|(_, r)| r.is_ok()).count(), 400);
+    assert!(BatcherConfig::new().max_outstanding(0).is_err());
+}
+
+/// A large entry and a too-large result batch in the middle of a pipeline
+/// keep push order: every batch in flight is collected first.
+#[test]
+fn pipeline_keeps_order_around_large_entries_and_results() {
+    let ep = endpoint("pipe-large");
+    let f = Fabric::shm();
+    let _server = RfServer::builder().serve(&ep, &f, sized).unwrap();
+    let clients = (0..2).map(|_| client(&ep, &f)).collect();
+    let cfg = BatcherConfig::new()
+        .max_entries(4)
+        .unwrap()
+        .limit(512)
+        .unwrap();
+    let mut b = Batcher::with_clients(clients, cfg).unwrap();
+    let mut want = Vec::new();
+    for i in 0..60usize {
+        let (n, pad) = match i % 20 {
+            // Over L: a single call.
+            7 => (3, 600),
+            // Two results that overflow their batch's 64 KiB response buffer.
+            13 | 14 => (40_000, 0),
+            _ => (i % 5, 0),
+        };
+        b.push(&ask(n, pad));
+        want.push(n);
+    }
+    b.flush();
+    let got: Vec<_> = b.drain().collect();
+    assert_eq!(got.len(), want.len());
+    for (i, ((t, r), n)) in got.into_iter().zip(want).enumerate() {
+        assert_eq!(t.0, i as u64);
+        assert_eq!(r.unwrap().len(), n, "request {i}");
+    }
+    assert!(b.stats().large_entries >= 3 && b.stats().oversized_resends >= 1);
+}
+
+/// A server that goes away with batches in flight: every request of every
+/// batch fails, none hangs.
+#[test]
+fn pipeline_to_a_vanished_server_fails_every_request() {
+    let ep = endpoint("pipe-gone");
+    let f = Fabric::shm();
+    let server = RfServer::builder().serve(&ep, &f, sized).unwrap();
+    let clients = (0..3).map(|_| client(&ep, &f)).collect();
+    let cfg = BatcherConfig::new().max_entries(4).unwrap();
+    let mut b = Batcher::with_clients(clients, cfg).unwrap();
+    b.push(&ask(1, 0));
+    b.flush();
+    assert_eq!(b.pop().unwrap().1.unwrap().len(), 1);
+    drop(server);
+    let t0 = Instant::now();
+    for _ in 0..40 {
+        b.push(&ask(1, 0));
+    }
+    b.flush();
+    let got: Vec<_> = b.drain().collect();
+    assert_eq!(got.len(), 40);
+    for (_, r) in got {
+        assert!(
+            matches!(err(&r), Some(Error::PeerGone | Error::Fabric(_))),
+            "{r:?}"
+        );
+    }
+    assert!(t0.elapsed() < Duration::from_secs(10));
+}

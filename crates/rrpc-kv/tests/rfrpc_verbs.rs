@@ -114,9 +114,16 @@ fn verbs_hybrid_switch_under_a_slow_handler() {
         assert_eq!(c.call(&i.to_le_bytes()).unwrap(), i.to_le_bytes());
     }
     slow.store(50, Ordering::Relaxed);
-    c.call(b"a").unwrap();
-    c.call(b"b").unwrap();
-    assert_eq!(c.mode(), Mode::ServerReply, "{:?}", c.mode_switch());
+    let mut slow_calls = 0;
+    while c.mode() != Mode::ServerReply {
+        c.call(b"a").unwrap();
+        slow_calls += 1;
+        assert!(
+            slow_calls <= 8,
+            "slow calls did not switch: {:?}",
+            c.mode_switch()
+        );
+    }
     c.call(b"c").unwrap();
     assert!(server.served_server_reply() >= 1);
     slow.store(0, Ordering::Relaxed);

@@ -52,12 +52,29 @@
 //!   (the paper's fallback); a single result over the buffer fails with
 //!   `TooLarge` in either mode.
 //!
-//! # Not built
+//! # Pipeline
 //!
-//! Pipelining (§4.1 "Pipeline": several batches in flight on one
-//! connection) is **not** built: a flush is one synchronous `call_batch`,
-//! and a request pushed meanwhile waits for the next batch. The server
-//! runs a batch's entries one after the other on one thread.
+//! §4.1 "Pipeline": the client keeps sending request batches while the
+//! results of earlier ones are outstanding, up to a threshold of requests
+//! whose results have not returned; "the server should allocate multiple
+//! buffers ... for reserving the requests and buffering the results". Here
+//! each buffer pair is one [`RfClient`] connection (the server allocates
+//! one pair per connection), so [`Batcher::with_clients`] given D clients
+//! keeps up to D batches in flight, and [`BatcherConfig::max_outstanding`]
+//! is the paper's threshold. A flush submits the batch
+//! ([`RfClient::submit_batch`]) and returns; results are collected, oldest
+//! batch first, when a buffer pair is needed again, when the threshold is
+//! passed, and on [`Batcher::flush`] (which waits for every batch in
+//! flight). With one client ([`Batcher::new`]) each batch is collected as
+//! soon as it is sent, as before.
+//!
+//! Results still come back in push order. **Effects are ordered only
+//! within a batch**: two batches in flight on different connections may
+//! be served by different server threads, in either order. A request that
+//! must see an earlier one's effect must wait for its result (or use one
+//! client). The tuner's latency is measured from a batch's submission to
+//! the collection of its result, which with a pipeline includes time the
+//! result waited to be collected.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -245,6 +262,7 @@ pub struct BatcherConfig {
     timeout: Duration,
     sizing: Sizing,
     resend_oversized: bool,
+    max_outstanding: usize,
 }
 
 impl Default for BatcherConfig {
@@ -254,6 +272,7 @@ impl Default for BatcherConfig {
             timeout: batch::DEFAULT_TIMEOUT,
             sizing: Sizing::Fixed(DEFAULT_MAX_ENTRIES),
             resend_oversized: true,
+            max_outstanding: usize::MAX,
         }
     }
 }
@@ -309,6 +328,31 @@ impl BatcherConfig {
         self.resend_oversized = on;
         self
     }
+
+    /// The pipeline's threshold (§4.1): requests sent whose results have
+    /// not been collected. Past it, the oldest batch is collected before
+    /// the next is sent. Default: no threshold beyond the number of
+    /// clients (one batch in flight per client).
+    ///
+    /// # Errors
+    /// [`Error::InvalidConfig`] for 0.
+    pub fn max_outstanding(mut self, n: usize) -> Result<Self> {
+        if n == 0 {
+            return Err(Error::InvalidConfig("max_outstanding of 0".into()));
+        }
+        self.max_outstanding = n;
+        Ok(self)
+    }
+}
+
+/// A batch submitted on one of the clients, its result not yet collected.
+#[derive(Debug)]
+struct Flight {
+    client: usize,
+    tickets: Vec<Ticket>,
+    entries: Vec<Vec<u8>>,
+    reason: FlushReason,
+    sent: Instant,
 }
 
 /// Identifies a pushed request; tickets increase in push order.
@@ -340,12 +384,20 @@ pub struct BatcherStats {
     pub oversized_resends: u64,
     /// Batches that failed (transport errors).
     pub failed_batches: u64,
+    /// Most batches in flight at once (the pipeline's reach).
+    pub max_in_flight: u64,
 }
 
-/// A client-side batching driver over one [`RfClient`]; see the module docs.
+/// A client-side batching driver over one [`RfClient`], or a pipeline
+/// over several; see the module docs.
 #[derive(Debug)]
 pub struct Batcher<C: Clock = MonotonicClock> {
-    client: RfClient,
+    clients: Vec<RfClient>,
+    /// Clients with no batch in flight.
+    free: VecDeque<usize>,
+    flights: VecDeque<Flight>,
+    outstanding: usize,
+    max_outstanding: usize,
     clock: C,
     builder: BatchBuilder,
     control: BatchControl,
@@ -366,6 +418,16 @@ impl Batcher<MonotonicClock> {
     pub fn new(client: RfClient, cfg: BatcherConfig) -> Result<Self> {
         Self::with_clock(client, cfg, MonotonicClock::new())
     }
+
+    /// A pipeline on real time: one batch in flight per client (connect
+    /// them to the same server; see the module docs on ordering).
+    ///
+    /// # Errors
+    /// As [`Batcher::new`], checked against every client;
+    /// [`Error::InvalidConfig`] for no clients.
+    pub fn with_clients(clients: Vec<RfClient>, cfg: BatcherConfig) -> Result<Self> {
+        Self::with_clients_and_clock(clients, cfg, MonotonicClock::new())
+    }
 }
 
 impl<C: Clock> Batcher<C> {
@@ -374,18 +436,39 @@ impl<C: Clock> Batcher<C> {
     /// # Errors
     /// As [`Batcher::new`].
     pub fn with_clock(client: RfClient, cfg: BatcherConfig, clock: C) -> Result<Self> {
+        Self::with_clients_and_clock(vec![client], cfg, clock)
+    }
+
+    /// [`Batcher::with_clients`] on `clock`.
+    ///
+    /// # Errors
+    /// As [`Batcher::with_clients`].
+    pub fn with_clients_and_clock(
+        clients: Vec<RfClient>,
+        cfg: BatcherConfig,
+        clock: C,
+    ) -> Result<Self> {
+        if clients.is_empty() {
+            return Err(Error::InvalidConfig("a batcher needs a client".into()));
+        }
         let need = batch::HEAD + pad8(cfg.limit) + batch::TAIL;
-        if need > client.max_request() {
-            return Err(Error::InvalidConfig(format!(
-                "batch limit {} needs {need} bytes of request, the server takes {}",
-                cfg.limit,
-                client.max_request()
-            )));
+        for c in &clients {
+            if need > c.max_request() {
+                return Err(Error::InvalidConfig(format!(
+                    "batch limit {} needs {need} bytes of request, the server takes {}",
+                    cfg.limit,
+                    c.max_request()
+                )));
+            }
         }
         let control = BatchControl::new(cfg.timeout, cfg.sizing)?;
         let builder = BatchBuilder::new(cfg.limit, control.max_entries())?;
         Ok(Batcher {
-            client,
+            free: (0..clients.len()).collect(),
+            clients,
+            flights: VecDeque::new(),
+            outstanding: 0,
+            max_outstanding: cfg.max_outstanding,
             clock,
             builder,
             control,
@@ -421,8 +504,10 @@ impl<C: Clock> Batcher<C> {
             }
             Err(_) => {
                 self.send(FlushReason::Explicit);
+                // In push order: after every batch in flight.
+                self.collect_all();
                 self.stats.large_entries += 1;
-                let r = self.client.call(req).map_err(Arc::new);
+                let r = self.clients[0].call(req).map_err(Arc::new);
                 self.done.push_back((t, r));
                 return t;
             }
@@ -445,9 +530,17 @@ impl<C: Clock> Batcher<C> {
         }
     }
 
-    /// Sends the queued requests now, if any.
+    /// Sends the queued requests now, if any, and collects the results of
+    /// every batch in flight: afterwards every pushed request's result is
+    /// in [`Self::pop`].
     pub fn flush(&mut self) {
         self.send(FlushReason::Explicit);
+        self.collect_all();
+    }
+
+    /// Batches sent whose results are not collected yet.
+    pub fn in_flight(&self) -> usize {
+        self.flights.len()
     }
 
     /// When the queued requests fall due by timeout (on this batcher's clock).
@@ -485,9 +578,14 @@ impl<C: Clock> Batcher<C> {
         self.stats
     }
 
-    /// The client (statistics, mode).
+    /// The first client (statistics, mode).
     pub fn client(&self) -> &RfClient {
-        &self.client
+        &self.clients[0]
+    }
+
+    /// Every client of the pipeline.
+    pub fn clients(&self) -> &[RfClient] {
+        &self.clients
     }
 
     /// The clock.
@@ -495,11 +593,18 @@ impl<C: Clock> Batcher<C> {
         &self.clock
     }
 
-    /// Flushes and gives the client back with the results not yet taken.
-    pub fn into_inner(mut self) -> (RfClient, Vec<(Ticket, BatchResult)>) {
+    /// Flushes and gives the first client back with the results not yet
+    /// taken (the other clients of a pipeline are dropped).
+    pub fn into_inner(self) -> (RfClient, Vec<(Ticket, BatchResult)>) {
+        let (mut clients, done) = self.into_clients();
+        (clients.swap_remove(0), done)
+    }
+
+    /// Flushes and gives every client back with the results not yet taken.
+    pub fn into_clients(mut self) -> (Vec<RfClient>, Vec<(Ticket, BatchResult)>) {
         self.flush();
         let done = self.done.drain(..).collect();
-        (self.client, done)
+        (self.clients, done)
     }
 
     fn send(&mut self, reason: FlushReason) {
@@ -522,6 +627,7 @@ impl<C: Clock> Batcher<C> {
                 what: "queued batch",
                 detail: format!("{} tickets, {} entries", tickets.len(), entries.len()),
             });
+            self.collect_all();
             self.done
                 .extend(tickets.into_iter().map(|t| (t, Err(e.clone()))));
             return;
@@ -534,32 +640,88 @@ impl<C: Clock> Batcher<C> {
         }
         self.stats.batches += 1;
         self.stats.batched += tickets.len() as u64;
-        let t0 = Instant::now();
-        let r = self.client.call_batch(&entries);
-        let latency = t0.elapsed();
+        let entries: Vec<Vec<u8>> = entries.into_iter().map(<[u8]>::to_vec).collect();
+        // A buffer pair, and room under the threshold.
+        while self.free.is_empty()
+            || (!self.flights.is_empty()
+                && self.outstanding.saturating_add(tickets.len()) > self.max_outstanding)
+        {
+            self.collect_oldest();
+        }
+        let client = self
+            .free
+            .pop_front()
+            .expect("a free client after collecting");
+        let refs: Vec<&[u8]> = entries.iter().map(Vec::as_slice).collect();
+        let sent = Instant::now();
+        let submitted = self.clients[client].submit_batch(&refs);
+        self.outstanding += tickets.len();
+        self.flights.push_back(Flight {
+            client,
+            tickets,
+            entries,
+            reason,
+            sent,
+        });
+        self.stats.max_in_flight = self.stats.max_in_flight.max(self.flights.len() as u64);
+        if let Err(e) = submitted {
+            // Nothing in flight on that client: fail the batch in its turn.
+            let f = self.flights.pop_back().expect("just pushed");
+            self.collect_all();
+            self.free.push_back(f.client);
+            self.outstanding -= f.tickets.len();
+            self.fail(f.tickets, e);
+            return;
+        }
+        // One client: collect at once. A pipeline keeps the batch in
+        // flight until its buffer pair is needed.
+        if self.clients.len() == 1 {
+            self.collect_all();
+        }
+    }
+
+    /// Collects every batch in flight, oldest first.
+    fn collect_all(&mut self) {
+        while !self.flights.is_empty() {
+            self.collect_oldest();
+        }
+    }
+
+    /// Waits for the oldest batch in flight and queues its results.
+    fn collect_oldest(&mut self) {
+        let Some(f) = self.flights.pop_front() else {
+            return;
+        };
+        let r = self.clients[f.client].complete_batch();
+        self.free.push_back(f.client);
+        self.outstanding -= f.tickets.len();
+        let latency = f.sent.elapsed();
         self.last_latency = Some(latency);
         match r {
             Ok(results) => {
-                let n = self.control.handle_batch_done(reason, latency);
+                let n = self.control.handle_batch_done(f.reason, latency);
                 // set_max_entries only fails for 0; the tuner's min is >= 1.
                 let _ = self.builder.set_max_entries(n);
                 self.done
-                    .extend(tickets.into_iter().zip(results.into_iter().map(Ok)));
+                    .extend(f.tickets.into_iter().zip(results.into_iter().map(Ok)));
             }
             Err(Error::TooLarge { what: "result", .. }) if self.resend_oversized => {
                 self.stats.oversized_resends += 1;
-                for (t, e) in tickets.into_iter().zip(entries) {
-                    let r = self.client.call(e).map_err(Arc::new);
+                let c = &mut self.clients[f.client];
+                for (t, e) in f.tickets.into_iter().zip(&f.entries) {
+                    let r = c.call(e).map_err(Arc::new);
                     self.done.push_back((t, r));
                 }
             }
-            Err(e) => {
-                self.stats.failed_batches += 1;
-                let e = Arc::new(e);
-                self.done
-                    .extend(tickets.into_iter().map(|t| (t, Err(e.clone()))));
-            }
+            Err(e) => self.fail(f.tickets, e),
         }
+    }
+
+    fn fail(&mut self, tickets: Vec<Ticket>, e: Error) {
+        self.stats.failed_batches += 1;
+        let e = Arc::new(e);
+        self.done
+            .extend(tickets.into_iter().map(|t| (t, Err(e.clone()))));
     }
 }
 

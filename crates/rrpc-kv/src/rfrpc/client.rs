@@ -166,6 +166,18 @@ pub struct RfClient {
     frame: Vec<u8>,
     window: Vec<u8>,
     stats: ClientStats,
+    pending: Option<InFlight>,
+}
+
+/// The call submitted and not yet completed.
+#[derive(Debug, Clone, Copy)]
+struct InFlight {
+    seq: u32,
+    mode: Mode,
+    start: Instant,
+    deadline: Instant,
+    /// Entries of a request batch (`None` for a single call).
+    batch: Option<usize>,
 }
 
 fn fab(e: rrpc_core::Error) -> Error {
@@ -223,6 +235,7 @@ impl RfClient {
             frame: Vec::new(),
             window: Vec::new(),
             stats: ClientStats::default(),
+            pending: None,
         })
     }
 
@@ -287,7 +300,8 @@ impl RfClient {
     /// [`Error::Malformed`] for a response that cannot be valid;
     /// [`Error::Fabric`] for a failed work request.
     pub fn call(&mut self, req: &[u8]) -> Result<Vec<u8>> {
-        self.call_as(req, false)
+        self.submit(req)?;
+        self.complete()
     }
 
     /// One call carrying a request batch (§4.1 format): the server runs the
@@ -297,8 +311,7 @@ impl RfClient {
     ///
     /// This batches within one call (one WRITE, one or two READs for all
     /// entries); the paper's client-side buffering by size, count and
-    /// timeout is [`crate::rfrpc::batcher::Batcher`], pipelining is not
-    /// implemented.
+    /// timeout, and its pipeline, are [`crate::rfrpc::batcher::Batcher`].
     ///
     /// Results are bound by the response buffer, not by any batch size
     /// limit: a result batch over F takes a second READ. A result batch
@@ -315,22 +328,81 @@ impl RfClient {
     /// different number of results; [`Error::InvalidConfig`] for more than
     /// 65 535 entries.
     pub fn call_batch(&mut self, reqs: &[&[u8]]) -> Result<Vec<Vec<u8>>> {
+        self.submit_batch(reqs)?;
+        self.complete_batch()
+    }
+
+    /// The first half of [`Self::call`]: WRITEs `req` into the server's
+    /// request buffer and returns without waiting for the result; finish
+    /// with [`Self::complete`]. One call may be in flight per client (the
+    /// server holds one buffer pair per connection): the paper's pipeline
+    /// (§4.1) is several clients, each with a call in flight
+    /// ([`crate::rfrpc::batcher::Batcher::with_clients`]).
+    ///
+    /// # Errors
+    /// As [`Self::call`]'s request side; [`Error::InvalidConfig`] when a
+    /// call is already in flight.
+    pub fn submit(&mut self, req: &[u8]) -> Result<()> {
+        self.submit_as(req, None)
+    }
+
+    /// The first half of [`Self::call_batch`]; finish with
+    /// [`Self::complete_batch`].
+    ///
+    /// # Errors
+    /// As [`Self::submit`] and [`Self::call_batch`].
+    pub fn submit_batch(&mut self, reqs: &[&[u8]]) -> Result<()> {
         let n = u16::try_from(reqs.len())
             .map_err(|_| Error::InvalidConfig(format!("batch of {} entries", reqs.len())))?;
         let payload = batch::encode(next_seq(self.seq) as u16, n, reqs.iter().copied())?;
-        let out = self.call_as(&payload, true)?;
-        match batch::parse(&out, reqs.len())? {
-            batch::BatchState::Complete(b) if b.entries.len() == reqs.len() => {
+        self.submit_as(&payload, Some(reqs.len()))
+    }
+
+    /// Whether a submitted call awaits [`Self::complete`].
+    pub fn in_flight(&self) -> bool {
+        self.pending.is_some()
+    }
+
+    /// Waits for the result of the call [`Self::submit`] sent.
+    ///
+    /// # Errors
+    /// As [`Self::call`]; [`Error::InvalidConfig`] when no single call is
+    /// in flight.
+    pub fn complete(&mut self) -> Result<Vec<u8>> {
+        match self.pending {
+            Some(InFlight { batch: None, .. }) => self.finish(),
+            _ => Err(Error::InvalidConfig("no single call in flight".into())),
+        }
+    }
+
+    /// Waits for the result batch of the call [`Self::submit_batch`] sent.
+    ///
+    /// # Errors
+    /// As [`Self::call_batch`]; [`Error::InvalidConfig`] when no batch is
+    /// in flight.
+    pub fn complete_batch(&mut self) -> Result<Vec<Vec<u8>>> {
+        let Some(InFlight { batch: Some(n), .. }) = self.pending else {
+            return Err(Error::InvalidConfig("no batch in flight".into()));
+        };
+        let out = self.finish()?;
+        match batch::parse(&out, n)? {
+            batch::BatchState::Complete(b) if b.entries.len() == n => {
                 Ok(b.entries.iter().map(|r| out[r.clone()].to_vec()).collect())
             }
             st => Err(Error::Malformed {
                 what: "result batch",
-                detail: format!("{} requests, got {st:?}", reqs.len()),
+                detail: format!("{n} requests, got {st:?}"),
             }),
         }
     }
 
-    fn call_as(&mut self, req: &[u8], is_batch: bool) -> Result<Vec<u8>> {
+    fn submit_as(&mut self, req: &[u8], batch: Option<usize>) -> Result<()> {
+        if self.pending.is_some() {
+            return Err(Error::InvalidConfig(
+                "a call is already in flight on this client".into(),
+            ));
+        }
+        let is_batch = batch.is_some();
         if req.len() > self.max_request() {
             return Err(Error::TooLarge {
                 what: "request",
@@ -361,6 +433,29 @@ impl RfClient {
         qp.post_write(wr, Local::new(&self.local, 0, 8), self.remote.at(0), true)
             .map_err(fab)?;
         self.wait_send(deadline)?;
+        self.pending = Some(InFlight {
+            seq,
+            mode,
+            start,
+            deadline,
+            batch,
+        });
+        Ok(())
+    }
+
+    /// Waits for the in-flight call's result (the pending call is over,
+    /// whatever the outcome).
+    fn finish(&mut self) -> Result<Vec<u8>> {
+        let InFlight {
+            seq,
+            mode,
+            start,
+            deadline,
+            ..
+        } = self
+            .pending
+            .take()
+            .ok_or_else(|| Error::InvalidConfig("no call in flight".into()))?;
         let (header, payload_at, failed) = match mode {
             Mode::RemoteFetch => self.fetch(seq, deadline)?,
             Mode::ServerReply => (self.await_reply(seq, deadline)?, RESPONSE_HEADER, 0),

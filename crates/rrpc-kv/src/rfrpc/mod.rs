@@ -28,9 +28,11 @@
 //! The hybrid switch ([`mode`]) runs in the client: after two consecutive
 //! calls whose READs exhausted `retry_limit` (R) retries, the next requests
 //! carry the server-reply mode; when the server's recorded processing time
-//! is short again (at most R × the measured READ round trip, for two calls,
-//! more when the client has been flapping) the client returns to remote
-//! fetching. The server only obeys the mode bit of each request.
+//! is short again (at most R × the measured READ round trip, for two calls)
+//! the client returns to remote fetching. Each rule's switch is vetoed when
+//! the target mode was measured no faster, and a short probe of the other
+//! mode every 512 calls keeps that measurement fresh (ours; see [`mode`]).
+//! The server only obeys the mode bit of each request.
 //!
 //! F and R come from [`RfClientConfig`] (paper defaults 256 bytes and 5) or
 //! from the Eq. 2 tuner ([`tune::choose_fetch_and_retry`], applied with
@@ -72,9 +74,10 @@
 //!   can be delivered twice or lost in a race. A call that exhausted its
 //!   retries keeps fetching with a yielding back-off until it completes or
 //!   times out.
-//! * **"Short" processing time** for switching back: `P <= R × rtt`, and
-//!   flap damping when the server's pick-up delay, which `P` does not
-//!   show, keeps exhausting the retries (documented in [`mode`]).
+//! * **"Short" processing time** for switching back: `P <= R × rtt`; and a
+//!   measured veto with periodic probes of the other mode, because the
+//!   server's pick-up delay, which `P` does not show, can exhaust the
+//!   retries whichever mode is faster (documented in [`mode`]).
 //! * **Time field**: 32 bits of nanoseconds (saturating) instead of the
 //!   paper's two bytes, in the response's info word.
 //! * **Results over the buffer**: the response carries a "too large" flag
