@@ -28,7 +28,10 @@ use bytes::Bytes;
 use rrpc_core::{Endpoint, Fabric};
 use rrpc_kv::grpc::{GrpcKv, KvService};
 use rrpc_kv::rfrpc::tune::BatchSizeTuner;
-use rrpc_kv::rfrpc::{ClientStats, KvClient, Mode, ModePolicy, RfClient, RfClientConfig, RfServer};
+use rrpc_kv::rfrpc::{
+    Batcher, BatcherConfig, ClientStats, KvClient, Mode, ModePolicy, RfClient, RfClientConfig,
+    RfServer,
+};
 use rrpc_kv::store::{Store, StoreConfig};
 use rrpc_kv::ycsb::{Core, Workload, WorkloadConfig};
 use rrpc_kv::{Execute, Op, OpResult};
@@ -877,9 +880,67 @@ fn batch_table(args: &SuiteArgs, report: &mut Report) -> Result<()> {
             .x_label("batch size")
             .y_label("latency per batch (us)"),
     );
+    report.add(t)?;
+
+    // The pipeline (§4.1): the Batcher at N = 16 with D buffer pairs (one
+    // RfClient each) in flight.
+    let mut p = Table::new(
+        "batch_pipeline",
+        "RF-RPC Batcher pipeline: batches in flight vs throughput (Jakiro §4.1 Pipeline)",
+        &["depth", "kops", "max_in_flight", "ratio_vs_depth1"],
+    );
+    let mut base = None;
+    for depth in [1usize, 2, 4] {
+        let clients = (0..depth)
+            .map(|_| rf_connect(&ep, 64 << 10, 5))
+            .collect::<Result<Vec<_>>>()?;
+        let cfg = BatcherConfig::new()
+            .max_entries(16)?
+            .timeout(Duration::from_secs(3600));
+        let mut b = Batcher::with_clients(clients, cfg)?;
+        let pipe_run = |b: &mut Batcher, d: Duration| -> Result<(u64, Duration)> {
+            let (mut ops, mut j) = (0u64, 0usize);
+            let start = Instant::now();
+            while start.elapsed() < d {
+                b.push(&reqs[j % reqs.len()]);
+                j += 1;
+                for (_, r) in b.drain() {
+                    r.map_err(|e| anyhow!("pipelined request: {e}"))?;
+                    ops += 1;
+                }
+            }
+            b.flush();
+            for (_, r) in b.drain() {
+                r.map_err(|e| anyhow!("pipelined request: {e}"))?;
+                ops += 1;
+            }
+            Ok((ops, start.elapsed()))
+        };
+        pipe_run(&mut b, dur / 5)?; // warm-up
+        let (ops, el) = pipe_run(&mut b, dur)?;
+        let kops = rate(ops, el) / 1e3;
+        let base_kops = *base.get_or_insert(kops);
+        p.push(vec![
+            Value::from(depth),
+            Value::from(kops),
+            Value::from(b.stats().max_in_flight),
+            Value::from(Ratio::of(kops, base_kops)),
+        ]);
+    }
+    p.note(
+        "same server and mix as batch_sweep; N = 16 entries per batch; depth D = RfClient connections, \
+         one batch in flight on each (the server keeps one buffer pair per connection); \
+         one client thread pushes and collects"
+            .to_string(),
+    );
+    p.plot(
+        PlotSpec::lines("depth", &["kops"])
+            .x_label("batches in flight")
+            .y_label("throughput (kops/s)"),
+    );
     drop(c);
     drop(srv);
-    report.add(t)
+    report.add(p)
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -252,3 +252,76 @@ async fn bad_input_is_a_clear_error() {
     assert_eq!(o.status.code(), Some(1), "{}", text(&o));
     assert!(text(&o).contains("cannot connect"), "{}", text(&o));
 }
+
+/// RF-RPC straight to the store: every workload with batching and a
+/// pipeline of two buffer pairs per client in server-reply mode, and
+/// unbatched in remote-fetch mode (the counters show each mode was used).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rfrpc_batched_pipelined_and_plain_every_workload() {
+    let dir = tempfile::tempdir().unwrap();
+    let ep = rrpc_core::Endpoint::Shm(dir.path().join("rf.sock"));
+    let server = rrpc_kv::rfrpc::RfServer::builder()
+        .serve_execute(
+            &ep,
+            &rrpc_core::Fabric::shm(),
+            std::sync::Arc::new(MapStore::default()),
+        )
+        .unwrap();
+    let target = format!("rfrpc+shm://{}", dir.path().join("rf.sock").display());
+    for (extra, csv) in [
+        (
+            &[
+                "--batch",
+                "8",
+                "--pipeline",
+                "2",
+                "--rf-mode",
+                "server-reply",
+            ][..],
+            "b.csv",
+        ),
+        (&["--rf-mode", "remote-fetch"][..], "p.csv"),
+    ] {
+        let before = (server.served(), server.served_server_reply());
+        for w in ["a", "e", "f"] {
+            let mut args = vec![
+                "--workload",
+                w,
+                "--records",
+                "300",
+                "--ops",
+                "600",
+                "--value-size",
+                "64",
+                "--clients",
+                "2",
+                "--target",
+                &target,
+            ];
+            let csv = dir.path().join(csv);
+            let csv = csv.to_str().unwrap().to_string();
+            args.extend_from_slice(extra);
+            args.extend_from_slice(&["--csv", &csv]);
+            let o = bench(&args).await;
+            let t = text(&o);
+            assert!(o.status.success(), "{extra:?} workload {w}: {t}");
+            assert!(
+                !t.contains("operations failed"),
+                "{extra:?} workload {w}: {t}"
+            );
+        }
+        let calls = server.served() - before.0;
+        let sr = server.served_server_reply() - before.1;
+        if extra.contains(&"--batch") {
+            // 2 x (300 loads + 600 ops) x 3 workloads in batches of up to 8.
+            assert!(calls < 1_500, "{calls} calls: not batched");
+            assert_eq!(sr, calls, "server-reply mode");
+        } else {
+            assert!(calls >= 3 * 900, "{calls} calls");
+            assert_eq!(sr, 0, "remote-fetch mode");
+        }
+    }
+    let o = bench(&["--target", "grpc+tcp://127.0.0.1:1", "--batch", "4"]).await;
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(text(&o).contains("rfrpc+ targets only"), "{}", text(&o));
+}

@@ -21,6 +21,13 @@
 //! | `grpc+shm:///PATH` | the same over rrpc-tonic's shared-memory rings |
 //! | `grpc+rdma://IP:PORT` | the same over RDMA rings (build with `--features verbs`) |
 //! | `redis://HOST:PORT` | Redis, one connection per client, unpipelined `GET`/`SET`/`DEL` |
+//! | `rfrpc+shm:///PATH`, `rfrpc+rdma://IP:PORT` | RF-RPC (remote fetching) straight to the store |
+//!
+//! RF-RPC targets take `--rf-mode` (`hybrid`, `remote-fetch`,
+//! `server-reply`), `--batch N` (each client sends its operations in
+//! request batches of up to N, §4.1; every operation of a batch records the
+//! batch's latency) and `--pipeline D` (D batches in flight per client, one
+//! connection each).
 //!
 //! On Redis, workload E's scans are emulated as YCSB's Redis binding does:
 //! every `SET` also adds the key to a sorted set (`ZADD rrpc-kv:index 0 key`),
@@ -44,7 +51,9 @@ use clap::Parser;
 use indicatif::{ProgressBar, ProgressStyle};
 use rrpc_core::Endpoint;
 use rrpc_kv::grpc::GrpcKv;
-use rrpc_kv::rfrpc::{self, KvClient, RfClientConfig};
+use rrpc_kv::rfrpc::{
+    self, Batcher, BatcherConfig, KvBatcher, KvClient, Mode, ModePolicy, RfClient, RfClientConfig,
+};
 use rrpc_kv::ycsb::{Core, Distribution, OpKind, Stats, Summary, Txn, Workload, WorkloadConfig};
 use rrpc_kv::{Execute, Op, OpResult};
 use rrpc_tonic::{RrpcChannel, RrpcConfig};
@@ -97,6 +106,30 @@ struct Args {
     /// Seconds to wait for each connection.
     #[arg(long, default_value_t = 10)]
     connect_timeout: u64,
+    /// RF-RPC targets: who delivers the results: `hybrid` (the switch),
+    /// `remote-fetch` or `server-reply` (default: the server's policy).
+    #[arg(long, value_parser = parse_rf_mode)]
+    rf_mode: Option<ModePolicy>,
+    /// RF-RPC targets: each client sends its operations in request batches
+    /// of up to N (§4.1; 1 = no batching). A batch's operations all record
+    /// the batch's latency.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=1024))]
+    batch: u32,
+    /// RF-RPC targets with `--batch`: batches in flight per client (the
+    /// §4.1 pipeline; one connection per batch in flight).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=64))]
+    pipeline: u32,
+}
+
+fn parse_rf_mode(s: &str) -> Result<ModePolicy, String> {
+    match s {
+        "hybrid" => Ok(ModePolicy::Hybrid),
+        "remote-fetch" | "rf-rpc" => Ok(ModePolicy::Fixed(Mode::RemoteFetch)),
+        "server-reply" => Ok(ModePolicy::Fixed(Mode::ServerReply)),
+        _ => Err(format!(
+            "unknown RF-RPC mode {s:?} (hybrid, remote-fetch, server-reply)"
+        )),
+    }
 }
 
 fn parse_core(s: &str) -> Result<Core, String> {
@@ -157,6 +190,10 @@ enum Backend {
     /// blocking call per operation: a thread hop the gRPC backends do not
     /// pay; the `kv` benchmark suite drives RF-RPC from plain threads).
     Rfrpc(Arc<KvClient>),
+    /// RF-RPC with client-side batching (and a pipeline of several
+    /// connections), driven on tokio's blocking pool one chunk of
+    /// operations at a time.
+    RfBatch(Arc<Mutex<KvBatcher>>),
     /// Any [`Execute`], called on tokio's blocking pool (for an in-process
     /// store).
     #[allow(dead_code)]
@@ -169,6 +206,7 @@ impl std::fmt::Debug for Backend {
             Backend::Grpc(_) => "Grpc",
             Backend::Redis { .. } => "Redis",
             Backend::Rfrpc(_) => "Rfrpc",
+            Backend::RfBatch(_) => "RfBatch",
             Backend::Execute(_) => "Execute",
         })
     }
@@ -181,8 +219,9 @@ impl Backend {
         scans: bool,
         timeout: Duration,
         rrpc: &RrpcConfig,
-        rdma_device: Option<&str>,
+        args: &Args,
     ) -> anyhow::Result<Backend> {
+        let rdma_device = args.rdma_device.as_deref();
         let connect = async {
             Ok(match target {
                 Target::Grpc(uri) => Backend::Grpc(
@@ -203,12 +242,31 @@ impl Backend {
                     let ep = Endpoint::parse(uri)
                         .with_context(|| format!("bad RF-RPC endpoint {uri}"))?;
                     let fabric = rfrpc::fabric_for(&ep, rdma_device)?;
-                    let cfg = RfClientConfig::new().call_timeout(timeout)?;
-                    let client =
-                        tokio::task::spawn_blocking(move || KvClient::connect(&ep, &fabric, cfg))
-                            .await?
-                            .with_context(|| format!("cannot connect to RF-RPC at {uri}"))?;
-                    Backend::Rfrpc(Arc::new(client))
+                    let cfg = RfClientConfig::new()
+                        .call_timeout(timeout)?
+                        .mode(args.rf_mode);
+                    if args.batch > 1 {
+                        let (n, depth) = (args.batch as usize, args.pipeline as usize);
+                        let b = tokio::task::spawn_blocking(move || {
+                            let clients = (0..depth)
+                                .map(|_| RfClient::connect(&ep, &fabric, cfg.clone()))
+                                .collect::<rrpc_kv::Result<Vec<_>>>()?;
+                            let bc = BatcherConfig::new()
+                                .max_entries(n)?
+                                .timeout(Duration::from_secs(3600));
+                            Batcher::with_clients(clients, bc)
+                        })
+                        .await?
+                        .with_context(|| format!("cannot connect to RF-RPC at {uri}"))?;
+                        Backend::RfBatch(Arc::new(Mutex::new(KvBatcher::new(b))))
+                    } else {
+                        let client = tokio::task::spawn_blocking(move || {
+                            KvClient::connect(&ep, &fabric, cfg)
+                        })
+                        .await?
+                        .with_context(|| format!("cannot connect to RF-RPC at {uri}"))?;
+                        Backend::Rfrpc(Arc::new(client))
+                    }
                 }
             })
         };
@@ -227,12 +285,60 @@ impl Backend {
                 let c = c.clone();
                 Ok(tokio::task::spawn_blocking(move || c.call(&op)).await??)
             }
+            Backend::RfBatch(b) => {
+                let b = b.clone();
+                let mut out =
+                    tokio::task::spawn_blocking(move || rf_batch_blocking(&b, vec![op])).await??;
+                out.pop().context("no result")?
+            }
             Backend::Execute(e) => {
                 let e = e.clone();
                 Ok(tokio::task::spawn_blocking(move || e.execute(op)).await?)
             }
         }
     }
+}
+
+impl Backend {
+    /// Carries out `ops` in order as request batches (for
+    /// [`Backend::RfBatch`]; one at a time elsewhere). The outer `Err` is a
+    /// failure of the driver itself; each op has its own result.
+    async fn execute_batch(
+        &mut self,
+        ops: Vec<Op>,
+    ) -> anyhow::Result<Vec<anyhow::Result<OpResult>>> {
+        match self {
+            Backend::RfBatch(b) => {
+                let b = b.clone();
+                tokio::task::spawn_blocking(move || rf_batch_blocking(&b, ops)).await?
+            }
+            _ => {
+                let mut out = Vec::with_capacity(ops.len());
+                for op in ops {
+                    out.push(self.execute(op).await);
+                }
+                Ok(out)
+            }
+        }
+    }
+}
+
+/// Pushes `ops` into the batcher, flushes, and takes their results in order.
+fn rf_batch_blocking(
+    b: &Mutex<KvBatcher>,
+    ops: Vec<Op>,
+) -> anyhow::Result<Vec<anyhow::Result<OpResult>>> {
+    let mut b = b.lock().expect("batcher lock");
+    for op in &ops {
+        // An op over the limits fails the chunk (as a driver error).
+        b.push(op)?;
+    }
+    b.batcher().flush();
+    let mut out = Vec::with_capacity(ops.len());
+    while let Some((_, r)) = b.pop() {
+        out.push(r.map_err(|e| anyhow::anyhow!("{e}")));
+    }
+    Ok(out)
 }
 
 async fn redis_execute(
@@ -350,6 +456,55 @@ async fn run_txn(backend: &mut Backend, txn: Txn, stats: &mut Stats, shared: &Sh
     }
 }
 
+/// Runs a chunk of transactions as request batches, recording each with
+/// the chunk's latency (the time its batch took).
+async fn run_chunk(backend: &mut Backend, txns: Vec<Txn>, stats: &mut Stats, shared: &Shared) {
+    let t0 = Instant::now();
+    // A read-modify-write is its read and its write, in order, in the batch.
+    let mut ops = Vec::with_capacity(txns.len() * 2);
+    let mut owners = Vec::with_capacity(txns.len() * 2);
+    for (i, t) in txns.iter().enumerate() {
+        ops.push(t.op.clone());
+        owners.push(i);
+        if let Some(then) = &t.then {
+            ops.push(then.clone());
+            owners.push(i);
+        }
+    }
+    let results = backend.execute_batch(ops).await;
+    let elapsed = t0.elapsed();
+    let mut failed: Vec<Option<String>> = vec![None; txns.len()];
+    match results {
+        Ok(rs) if rs.len() == owners.len() => {
+            for (r, &i) in rs.into_iter().zip(&owners) {
+                let m = match r {
+                    Ok(OpResult::Failed(m)) => Some(format!("store failed: {m}")),
+                    Ok(_) => None,
+                    Err(e) => Some(format!("{e:#}")),
+                };
+                if failed[i].is_none() {
+                    failed[i] = m;
+                }
+            }
+        }
+        Ok(rs) => failed.fill(Some(format!(
+            "{} results for {} operations",
+            rs.len(),
+            owners.len()
+        ))),
+        Err(e) => failed.fill(Some(format!("{e:#}"))),
+    }
+    for (t, f) in txns.iter().zip(failed) {
+        match f {
+            None => stats.record(t.kind, elapsed),
+            Some(m) => {
+                stats.record_error(t.kind);
+                shared.error(t.kind, m);
+            }
+        }
+    }
+}
+
 fn progress(len: u64, msg: &'static str, show: bool) -> ProgressBar {
     if !show || len < 10_000 {
         return ProgressBar::hidden();
@@ -402,6 +557,14 @@ fn write_csv(
 
 async fn run(args: Args) -> anyhow::Result<()> {
     let target = Target::parse(&args.target)?;
+    if !matches!(target, Target::Rfrpc(_))
+        && (args.batch > 1 || args.pipeline > 1 || args.rf_mode.is_some())
+    {
+        bail!("--batch, --pipeline and --rf-mode apply to rfrpc+ targets only");
+    }
+    if args.pipeline > 1 && args.batch == 1 {
+        bail!("--pipeline needs --batch N with N > 1");
+    }
     let mut cfg = WorkloadConfig::new(args.workload)
         .records(args.records)
         .operations(args.ops)
@@ -420,9 +583,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
     }
     let mut clients = Vec::with_capacity(args.clients as usize);
     for _ in 0..args.clients {
-        clients.push(
-            Backend::connect(&target, scans, timeout, &rrpc, args.rdma_device.as_deref()).await?,
-        );
+        clients.push(Backend::connect(&target, scans, timeout, &rrpc, &args).await?);
     }
     println!(
         "workload {} ({:?} keys), {} records, {} operations, {} B values, {} clients, target {}",
@@ -448,7 +609,8 @@ async fn run(args: Args) -> anyhow::Result<()> {
         });
         let next: Arc<Mutex<dyn Iterator<Item = Txn> + Send>> = Arc::new(Mutex::new(load));
         let pb = progress(args.records, "load", show);
-        let (stats, elapsed) = run_phase(&mut clients, next, &pb, &shared).await?;
+        let (stats, elapsed) =
+            run_phase(&mut clients, next, &pb, &shared, args.batch as usize).await?;
         println!("\nload phase: {:.3} s", elapsed.as_secs_f64());
         print!("{}", stats.table(elapsed));
         if let Some(p) = &args.csv {
@@ -468,7 +630,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
     });
     let next: Arc<Mutex<dyn Iterator<Item = Txn> + Send>> = Arc::new(Mutex::new(txns));
     let pb = progress(args.ops, "run", show);
-    let (stats, elapsed) = run_phase(&mut clients, next, &pb, &shared).await?;
+    let (stats, elapsed) = run_phase(&mut clients, next, &pb, &shared, args.batch as usize).await?;
     println!("\nrun phase: {:.3} s", elapsed.as_secs_f64());
     print!("{}", stats.table(elapsed));
     if let Some(p) = &args.csv {
@@ -505,6 +667,7 @@ async fn run_phase(
     next: Arc<Mutex<dyn Iterator<Item = Txn> + Send>>,
     pb: &ProgressBar,
     shared: &Arc<Shared>,
+    chunk: usize,
 ) -> anyhow::Result<(Stats, Duration)> {
     let start = Instant::now();
     let mut tasks = tokio::task::JoinSet::new();
@@ -515,6 +678,19 @@ async fn run_phase(
         tasks.spawn(async move {
             let mut stats = Stats::new();
             loop {
+                if matches!(backend, Backend::RfBatch(_)) {
+                    let txns: Vec<Txn> = {
+                        let mut it = next.lock().expect("lock");
+                        (&mut *it).take(chunk).collect()
+                    };
+                    if txns.is_empty() {
+                        break;
+                    }
+                    let n = txns.len() as u64;
+                    run_chunk(&mut backend, txns, &mut stats, &shared).await;
+                    pb.inc(n);
+                    continue;
+                }
                 let txn = next.lock().expect("lock").next();
                 let Some(txn) = txn else { break };
                 run_txn(&mut backend, txn, &mut stats, &shared).await;
@@ -595,5 +771,21 @@ mod tests {
             "--target is required"
         );
         assert!(Args::try_parse_from(["b", "--target", "redis://x", "--records", "-1"]).is_err());
+        let a = Args::try_parse_from([
+            "b",
+            "--target",
+            "rfrpc+shm:///x",
+            "--batch",
+            "16",
+            "--pipeline",
+            "2",
+            "--rf-mode",
+            "server-reply",
+        ])
+        .unwrap();
+        assert_eq!((a.batch, a.pipeline), (16, 2));
+        assert_eq!(a.rf_mode, Some(ModePolicy::Fixed(Mode::ServerReply)));
+        assert!(Args::try_parse_from(["b", "--target", "x", "--rf-mode", "fast"]).is_err());
+        assert!(Args::try_parse_from(["b", "--target", "x", "--batch", "0"]).is_err());
     }
 }

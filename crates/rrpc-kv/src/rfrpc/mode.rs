@@ -34,8 +34,12 @@
 //!     known and not at least 1/16 below the current mode's;
 //!   - every [`ModeSwitch::with_probe`] `every` calls (default 512) the
 //!     next `len` calls (default 5) are sent in the other mode, to refresh
-//!     its estimate (the first is discarded as a warm-up); if the other
-//!     mode then measures at least 1/16 faster, the switch moves to it.
+//!     its estimate (the first is discarded as a warm-up, the median of
+//!     the rest is taken); if the other mode then measures at least 1/16
+//!     faster, the switch moves to it.
+//!
+//!   Each sample is clamped to 4 × the estimate before it is folded in, so
+//!   one call stalled by the scheduler cannot make a mode look slow.
 //!
 //!   Probing costs `len / every` of the calls at the slower mode's price
 //!   (about 1 % per 1× of difference), and it makes the hybrid follow
@@ -100,8 +104,8 @@ pub struct ModeSwitch {
     since_probe: u32,
     /// Probe calls still to send in the other mode.
     probe_left: u32,
-    /// Sum and count of the probe's measured calls (warm-up excluded).
-    probe_sum: Duration,
+    /// The probe's measured calls (warm-up excluded).
+    probe_samples: [Duration; MAX_PROBE],
     probe_n: u32,
     probe_every: u32,
     probe_len: u32,
@@ -127,16 +131,23 @@ fn clearly_below(a: Duration, b: Duration) -> bool {
     a < b.saturating_sub(b / 16)
 }
 
-/// `sample` folded into `est` with weight 1/8.
+/// `sample` folded into `est` with weight 1/8, clamped to 4 × `est` first:
+/// one call stalled by the scheduler (a millisecond against microseconds)
+/// moves the estimate by at most 3/8, while a lasting change still gets
+/// through within a few calls.
 fn ewma(est: Option<Duration>, sample: Duration) -> Duration {
     match est {
         None => sample,
         Some(e) => {
-            let (e, s) = (e.as_nanos() as i128, sample.as_nanos() as i128);
+            let s = sample.min(e.saturating_mul(4).max(Duration::from_nanos(1)));
+            let (e, s) = (e.as_nanos() as i128, s.as_nanos() as i128);
             Duration::from_nanos((e + (s - e) / 8).max(0) as u64)
         }
     }
 }
+
+/// Most probe calls measured.
+const MAX_PROBE: usize = 16;
 
 impl ModeSwitch {
     /// A switch in remote-fetch mode (or the fixed mode) with
@@ -157,7 +168,7 @@ impl ModeSwitch {
             latency: [None; 2],
             since_probe: 0,
             probe_left: 0,
-            probe_sum: Duration::ZERO,
+            probe_samples: [Duration::ZERO; MAX_PROBE],
             probe_n: 0,
             probe_every: 512,
             probe_len: 5,
@@ -166,11 +177,12 @@ impl ModeSwitch {
     }
 
     /// Every `every` calls, send `len` calls in the other mode to measure
-    /// it (defaults 512 and 5; `every = 0` turns probing off). `len` is at
-    /// least 2: the first probe call is a warm-up.
+    /// it (defaults 512 and 5; `every = 0` turns probing off). `len` is
+    /// 2..=17: the first probe call is a warm-up, the median of the others
+    /// is the other mode's new estimate.
     pub fn with_probe(mut self, every: u32, len: u32) -> Self {
         self.probe_every = every;
-        self.probe_len = len.max(2);
+        self.probe_len = len.clamp(2, MAX_PROBE as u32 + 1);
         self
     }
 
@@ -296,7 +308,6 @@ impl ModeSwitch {
         if self.probe_every > 0 && self.since_probe >= self.probe_every {
             self.since_probe = 0;
             self.probe_left = self.probe_len;
-            self.probe_sum = Duration::ZERO;
             self.probe_n = 0;
         }
         self.mode()
@@ -306,8 +317,8 @@ impl ModeSwitch {
     fn handle_probe(&mut self, r: CallReport) {
         let first = self.probe_left == self.probe_len;
         self.probe_left -= 1;
-        if !first {
-            self.probe_sum += r.latency;
+        if !first && (self.probe_n as usize) < MAX_PROBE {
+            self.probe_samples[self.probe_n as usize] = r.latency;
             self.probe_n += 1;
         }
         if self.probe_left > 0 {
@@ -317,7 +328,15 @@ impl ModeSwitch {
         if self.probe_n == 0 {
             return;
         }
-        let measured = self.probe_sum / self.probe_n;
+        // The median: a probe call stalled by the scheduler does not count.
+        let got = &mut self.probe_samples[..self.probe_n as usize];
+        got.sort_unstable();
+        let n = got.len();
+        let measured = if n % 2 == 1 {
+            got[n / 2]
+        } else {
+            (got[n / 2 - 1] + got[n / 2]) / 2
+        };
         let o = other(self.mode);
         self.latency[idx(o)] = Some(measured);
         if let Some(cur) = self.latency[idx(self.mode)]
@@ -467,6 +486,28 @@ mod tests {
         assert_eq!(sw.current(), Mode::ServerReply);
         assert!(sw.switches() <= 3, "{} switches", sw.switches());
         assert!(rf < 1_100, "{rf} remote-fetch calls");
+    }
+
+    #[test]
+    fn one_stalled_call_does_not_move_the_switch() {
+        let mut sw = ModeSwitch::new(ModePolicy::Hybrid, 5);
+        for _ in 0..100 {
+            let r = late_pickup(&mut sw, 4, 6);
+            sw.handle_call(r);
+        }
+        assert_eq!(sw.current(), Mode::RemoteFetch);
+        let switches = sw.switches();
+        // A 2 ms scheduler stall on one remote-fetch call.
+        let mut r = late_pickup(&mut sw, 4, 6);
+        r.latency = Duration::from_millis(2);
+        sw.handle_call(r);
+        for _ in 0..3 {
+            let r = late_pickup(&mut sw, 4, 6);
+            sw.handle_call(r);
+        }
+        assert_eq!(sw.current(), Mode::RemoteFetch, "{sw:?}");
+        assert_eq!(sw.switches(), switches);
+        assert!(sw.latency(Mode::RemoteFetch).unwrap() < Duration::from_micros(6));
     }
 
     #[test]
