@@ -227,6 +227,29 @@ async fn measure(uri: &str, cfg: RrpcConfig, calls: u64) -> anyhow::Result<Measu
     })
 }
 
+/// The floor: the generated client calling the generated server's service
+/// directly, with no transport at all (`tonic-inproc`). Anything that keeps
+/// tonic's stubs pays at least this.
+async fn measure_inproc(calls: u64) -> anyhow::Result<(f64, f64)> {
+    let mut client = GreeterClient::new(GreeterServer::new(MyGreeter));
+    let mut hist = Histogram::<u64>::new(3)?;
+    for i in 0..calls + calls / 10 {
+        let t = Instant::now();
+        client
+            .say_hello(HelloRequest {
+                name: "demo".into(),
+            })
+            .await?;
+        if i >= calls / 10 {
+            hist.record(t.elapsed().as_nanos() as u64)?;
+        }
+    }
+    Ok((
+        hist.value_at_quantile(0.5) as f64 / 1e3,
+        hist.value_at_quantile(0.99) as f64 / 1e3,
+    ))
+}
+
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     let variants = variants(&args.modes)?;
@@ -382,13 +405,17 @@ fn main() -> anyhow::Result<()> {
                 let _ = line_tx.send(line);
                 results.push((name, p50, p99));
             }
-            Ok::<_, anyhow::Error>(results)
+            let (f50, f99) = measure_inproc(calls).await?;
+            let _ = line_tx.send(format!(
+                "tonic-inproc p50 {f50:.1}us p99 {f99:.1}us  | no transport: the generated client calls the generated server's service directly"
+            ));
+            Ok::<_, anyhow::Error>((results, (f50, f99)))
         })
     });
     for line in line_rx {
         println!("{line}");
     }
-    let results = client.join().expect("client thread")?;
+    let (results, (f50, _)) = client.join().expect("client thread")?;
     if !args.no_baselines
         && let Some((_, t50, t99)) = results.first().cloned()
     {
@@ -400,6 +427,12 @@ fn main() -> anyhow::Result<()> {
                 p99 / t99
             );
         }
+    }
+    for (name, p50, _) in &results {
+        println!(
+            "{name}/tonic-inproc p50 {:.2}x (the floor for anything that keeps tonic's stubs)",
+            p50 / f50
+        );
     }
     let _ = stop_tx.send(true);
     server.join().expect("server thread")?;
