@@ -953,7 +953,7 @@ const REDIS_INDEX: &str = "rrpc-kv:index";
 enum Driver {
     Grpc(tokio::runtime::Runtime, GrpcKv<RrpcChannel>),
     Tonic(tokio::runtime::Runtime, GrpcKv<tonic::transport::Channel>),
-    Rf(KvClient),
+    Rf(Box<KvClient>),
     Redis(redis::Connection),
 }
 
@@ -1248,7 +1248,7 @@ fn ycsb_table(args: &SuiteArgs, report: &mut Report) -> Result<()> {
                     )?;
                     let ep = srv.rf.clone().context("no RF endpoint")?;
                     let c = KvClient::new(rf_connect(&ep, YCSB_BUFFER, 5)?);
-                    (Driver::Rf(c), Some(srv), None)
+                    (Driver::Rf(Box::new(c)), Some(srv), None)
                 }
             };
         for core in Core::ALL {
