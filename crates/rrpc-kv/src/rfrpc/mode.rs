@@ -28,18 +28,22 @@
 //!   READ is a memcpy of a few hundred ns, so a busy or descheduled server
 //!   thread alone exhausts R, and the rules flap between the modes, at
 //!   0.3–0.6× the better fixed mode in `cargo xtask bench kv`. So the switch
-//!   also keeps each mode's response time (an exponentially weighted mean,
-//!   weight 1/8, of the calls sent in it), and:
+//!   also keeps each mode's response time (the median of the last 16 calls
+//!   sent in it), and:
 //!   - a rule's switch is *vetoed* when the target mode's measured time is
-//!     known and not at least 1/16 below the current mode's;
+//!     known and not at least 1/16 below the current mode's time: its
+//!     median, or the fastest of the calls that triggered the rule when
+//!     that is over 1.5 × the median (so a real slowdown still switches
+//!     after two calls, as the paper's rule does, while jitter and one
+//!     stalled call do not);
 //!   - every [`ModeSwitch::with_probe`] `every` calls (default 512) the
 //!     next `len` calls (default 5) are sent in the other mode, to refresh
-//!     its estimate (the first is discarded as a warm-up, the median of
-//!     the rest is taken); if the other mode then measures at least 1/16
-//!     faster, the switch moves to it.
+//!     its estimate (the first is discarded as a warm-up; the rest replace
+//!     the other mode's window); if the other mode then measures at least
+//!     1/16 faster, the switch moves to it.
 //!
-//!   Each sample is clamped to 4 × the estimate before it is folded in, so
-//!   one call stalled by the scheduler cannot make a mode look slow.
+//!   Medians on both sides compare like with like, and one call stalled by
+//!   the scheduler cannot make a mode look slow.
 //!
 //!   Probing costs `len / every` of the calls at the slower mode's price
 //!   (about 1 % per 1× of difference), and it makes the hybrid follow
@@ -98,15 +102,15 @@ pub struct ModeSwitch {
     short_run: u32,
     rtt: Duration,
     switches: u64,
-    /// Response-time estimate per mode (`[RemoteFetch, ServerReply]`).
-    latency: [Option<Duration>; 2],
+    /// The last response times per mode (`[RemoteFetch, ServerReply]`).
+    recent: [Recent; 2],
+    /// The fastest response time of the calls in the current exhausted or
+    /// short run (the calls a rule switches on).
+    run_latency: Duration,
     /// Calls since the last probe.
     since_probe: u32,
     /// Probe calls still to send in the other mode.
     probe_left: u32,
-    /// The probe's measured calls (warm-up excluded).
-    probe_samples: [Duration; MAX_PROBE],
-    probe_n: u32,
     probe_every: u32,
     probe_len: u32,
     probes: u64,
@@ -131,23 +135,47 @@ fn clearly_below(a: Duration, b: Duration) -> bool {
     a < b.saturating_sub(b / 16)
 }
 
-/// `sample` folded into `est` with weight 1/8, clamped to 4 × `est` first:
-/// one call stalled by the scheduler (a millisecond against microseconds)
-/// moves the estimate by at most 3/8, while a lasting change still gets
-/// through within a few calls.
-fn ewma(est: Option<Duration>, sample: Duration) -> Duration {
-    match est {
-        None => sample,
-        Some(e) => {
-            let s = sample.min(e.saturating_mul(4).max(Duration::from_nanos(1)));
-            let (e, s) = (e.as_nanos() as i128, s.as_nanos() as i128);
-            Duration::from_nanos((e + (s - e) / 8).max(0) as u64)
-        }
-    }
+/// Response times kept per mode.
+const WINDOW: usize = 16;
+
+/// The last [`WINDOW`] response times of one mode; its estimate is their
+/// median, so a call stalled by the scheduler (a millisecond against
+/// microseconds) does not move it, and a lasting change shows after half
+/// a window.
+#[derive(Debug, Clone, Copy, Default)]
+struct Recent {
+    samples: [Duration; WINDOW],
+    len: usize,
+    next: usize,
 }
 
-/// Most probe calls measured.
-const MAX_PROBE: usize = 16;
+impl Recent {
+    fn push(&mut self, d: Duration) {
+        self.samples[self.next] = d;
+        self.next = (self.next + 1) % WINDOW;
+        self.len = (self.len + 1).min(WINDOW);
+    }
+
+    fn clear(&mut self) {
+        self.len = 0;
+        self.next = 0;
+    }
+
+    fn median(&self) -> Option<Duration> {
+        if self.len == 0 {
+            return None;
+        }
+        let mut v = self.samples;
+        let got = &mut v[..self.len];
+        got.sort_unstable();
+        let n = got.len();
+        Some(if n % 2 == 1 {
+            got[n / 2]
+        } else {
+            (got[n / 2 - 1] + got[n / 2]) / 2
+        })
+    }
+}
 
 impl ModeSwitch {
     /// A switch in remote-fetch mode (or the fixed mode) with
@@ -165,11 +193,10 @@ impl ModeSwitch {
             short_run: 0,
             rtt: Duration::from_micros(2),
             switches: 0,
-            latency: [None; 2],
+            recent: [Recent::default(); 2],
+            run_latency: Duration::MAX,
             since_probe: 0,
             probe_left: 0,
-            probe_samples: [Duration::ZERO; MAX_PROBE],
-            probe_n: 0,
             probe_every: 512,
             probe_len: 5,
             probes: 0,
@@ -182,7 +209,7 @@ impl ModeSwitch {
     /// is the other mode's new estimate.
     pub fn with_probe(mut self, every: u32, len: u32) -> Self {
         self.probe_every = every;
-        self.probe_len = len.clamp(2, MAX_PROBE as u32 + 1);
+        self.probe_len = len.clamp(2, WINDOW as u32 + 1);
         self
     }
 
@@ -214,9 +241,10 @@ impl ModeSwitch {
         self.mode
     }
 
-    /// The response-time estimate of calls sent in `mode`, once one was.
+    /// The response-time estimate of calls sent in `mode` (the median of
+    /// the last 16), once one was.
     pub fn latency(&self, mode: Mode) -> Option<Duration> {
-        self.latency[idx(mode)]
+        self.recent[idx(mode)].median()
     }
 
     /// How many probes of the other mode ran.
@@ -276,31 +304,38 @@ impl ModeSwitch {
             // A report of a call sent before the last switch: ignore it.
             return self.mode();
         }
-        let i = idx(r.mode);
-        self.latency[i] = Some(ewma(self.latency[i], r.latency));
+        self.recent[idx(r.mode)].push(r.latency);
         match self.mode {
             Mode::RemoteFetch => {
                 self.short_run = 0;
                 if r.failed_reads > self.retry_limit {
                     self.exhausted_run += 1;
+                    self.run_latency = self.run_latency.min(r.latency);
                     if self.exhausted_run >= self.switch_after {
+                        let run = self.run_latency;
                         self.exhausted_run = 0;
-                        self.switch_unless_vetoed(Mode::ServerReply);
+                        self.run_latency = Duration::MAX;
+                        self.switch_unless_vetoed(Mode::ServerReply, run);
                     }
                 } else {
                     self.exhausted_run = 0;
+                    self.run_latency = Duration::MAX;
                 }
             }
             Mode::ServerReply => {
                 self.exhausted_run = 0;
                 if self.is_short(r.server_time) {
                     self.short_run += 1;
+                    self.run_latency = self.run_latency.min(r.latency);
                     if self.short_run >= self.switch_after {
+                        let run = self.run_latency;
                         self.short_run = 0;
-                        self.switch_unless_vetoed(Mode::RemoteFetch);
+                        self.run_latency = Duration::MAX;
+                        self.switch_unless_vetoed(Mode::RemoteFetch, run);
                     }
                 } else {
                     self.short_run = 0;
+                    self.run_latency = Duration::MAX;
                 }
             }
         }
@@ -308,7 +343,8 @@ impl ModeSwitch {
         if self.probe_every > 0 && self.since_probe >= self.probe_every {
             self.since_probe = 0;
             self.probe_left = self.probe_len;
-            self.probe_n = 0;
+            // The probe's calls replace what was known of the other mode.
+            self.recent[idx(other(self.mode))].clear();
         }
         self.mode()
     }
@@ -317,39 +353,34 @@ impl ModeSwitch {
     fn handle_probe(&mut self, r: CallReport) {
         let first = self.probe_left == self.probe_len;
         self.probe_left -= 1;
-        if !first && (self.probe_n as usize) < MAX_PROBE {
-            self.probe_samples[self.probe_n as usize] = r.latency;
-            self.probe_n += 1;
+        if !first {
+            self.recent[idx(r.mode)].push(r.latency);
         }
         if self.probe_left > 0 {
             return;
         }
         self.probes += 1;
-        if self.probe_n == 0 {
-            return;
-        }
-        // The median: a probe call stalled by the scheduler does not count.
-        let got = &mut self.probe_samples[..self.probe_n as usize];
-        got.sort_unstable();
-        let n = got.len();
-        let measured = if n % 2 == 1 {
-            got[n / 2]
-        } else {
-            (got[n / 2 - 1] + got[n / 2]) / 2
-        };
-        let o = other(self.mode);
-        self.latency[idx(o)] = Some(measured);
-        if let Some(cur) = self.latency[idx(self.mode)]
+        if let (Some(measured), Some(cur)) =
+            (self.latency(other(self.mode)), self.latency(self.mode))
             && clearly_below(measured, cur)
         {
-            self.set(o);
+            self.set(other(self.mode));
         }
     }
 
-    /// A rule asks for `to`: switch unless `to` was measured no faster.
-    fn switch_unless_vetoed(&mut self, to: Mode) {
-        let vetoed = match (self.latency[idx(to)], self.latency[idx(self.mode)]) {
-            (Some(target), Some(cur)) => !clearly_below(target, cur),
+    /// A rule asks for `to` after calls that each took at least `run`:
+    /// switch unless `to` was measured no faster than both those calls and
+    /// the current mode's median (a real slowdown shows in `run` at once;
+    /// a pick-up delay that exhausts R without slowing the calls, or one
+    /// stalled call, does not).
+    fn switch_unless_vetoed(&mut self, to: Mode, run: Duration) {
+        let vetoed = match (self.latency(to), self.latency(self.mode)) {
+            // The triggering calls count only when clearly slower than
+            // usual (1.5 x the median): ordinary jitter does not switch.
+            (Some(target), Some(cur)) => {
+                let now = if run > cur + cur / 2 { run } else { cur };
+                !clearly_below(target, now)
+            }
             _ => false,
         };
         if !vetoed {
@@ -361,6 +392,7 @@ impl ModeSwitch {
         self.mode = m;
         self.exhausted_run = 0;
         self.short_run = 0;
+        self.run_latency = Duration::MAX;
         self.since_probe = 0;
         self.probe_left = 0;
         self.switches += 1;
