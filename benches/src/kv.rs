@@ -559,17 +559,36 @@ fn best_fixed(rows: &[(usize, &str, RfRun)], x: usize) -> f64 {
         .fold(0.0, f64::max)
 }
 
-/// "met (worst 0.93 at 2 clients)" / "NOT met (...)" for the hybrid series `name` (>= 0.9 x
-/// the better fixed mode at every point).
+/// The better of a hybrid series' own two modes at `x`: remote fetch with
+/// the same R (`hybrid` -> `remote-fetch`, `hybrid-r32` ->
+/// `remote-fetch-r32`) and server-reply.
+fn best_own(rows: &[(usize, &str, RfRun)], hybrid: &str, x: usize) -> f64 {
+    let rf = hybrid.replacen("hybrid", "remote-fetch", 1);
+    rows.iter()
+        .filter(|(k, m, _)| *k == x && (*m == rf || *m == "server-reply"))
+        .map(|(_, _, r)| r.kops())
+        .fold(0.0, f64::max)
+}
+
+/// "met (worst 0.93 at 2 clients)" / "NOT met (...)" for the hybrid series
+/// `name`: >= 0.9 x the better of its own two modes at every point (the
+/// issue's target), with the worst ratio to every fixed series (any R)
+/// beside it.
 fn hybrid_verdict(rows: &[(usize, &str, RfRun)], name: &str, unit: &str) -> String {
-    let worst = rows
-        .iter()
-        .filter(|(_, m, _)| *m == name)
-        .filter_map(|(x, _, r)| Some((Ratio::of(r.kops(), best_fixed(rows, *x)).get()?, *x)))
-        .min_by(|a, b| a.0.total_cmp(&b.0));
-    match worst {
-        Some((w, x)) if w >= 0.9 => format!("{name}: met (worst {w:.2} at {x} {unit})"),
-        Some((w, x)) => format!("{name}: NOT met (worst {w:.2} at {x} {unit})"),
+    let worst = |best: &dyn Fn(usize) -> f64| {
+        rows.iter()
+            .filter(|(_, m, _)| *m == name)
+            .filter_map(|(x, _, r)| Some((Ratio::of(r.kops(), best(*x)).get()?, *x)))
+            .min_by(|a, b| a.0.total_cmp(&b.0))
+    };
+    let own = worst(&|x| best_own(rows, name, x));
+    let any = worst(&|x| best_fixed(rows, x));
+    let any = any.map_or(String::new(), |(w, x)| {
+        format!("; against every fixed series, any R: worst {w:.2} at {x} {unit}")
+    });
+    match own {
+        Some((w, x)) if w >= 0.9 => format!("{name}: met (worst {w:.2} at {x} {unit}{any})"),
+        Some((w, x)) => format!("{name}: NOT met (worst {w:.2} at {x} {unit}{any})"),
         None => format!("{name}: not measured"),
     }
 }
@@ -646,7 +665,7 @@ fn rfrpc_tables(args: &SuiteArgs, report: &mut Report) -> Result<()> {
         ccpus
     ));
     t.note(format!(
-        "{} ms per point after a {} ms warm-up; ratio_vs_best_fixed = kops / max(remote-fetch, server-reply, remote-fetch-r32) at the same clients; target: hybrid >= 0.9 everywhere: {}; {} (paper defaults F = 256 B, R = 5; -r32: R = 32; failed_reads_per_call: remote-fetch READs that found no result, above R the hybrid leaves remote fetch)",
+        "{} ms per point after a {} ms warm-up; ratio_vs_best_fixed = kops / max(remote-fetch, server-reply, remote-fetch-r32) at the same clients; target: each hybrid >= 0.9 x the better of its own two modes (remote fetch with its R, server-reply) everywhere: {}; {} (paper defaults F = 256 B, R = 5; -r32: R = 32; failed_reads_per_call: remote-fetch READs that found no result, above R the hybrid leaves remote fetch)",
         dur.as_millis(),
         (dur / 5).as_millis(),
         hybrid_verdict(&rows, "hybrid", "clients"),
@@ -719,7 +738,7 @@ fn rfrpc_tables(args: &SuiteArgs, report: &mut Report) -> Result<()> {
         dur.as_millis()
     ));
     t.note(format!(
-        "target: hybrid >= 0.9 x the better fixed mode at every processing time: {}; {} (ratio vs max(remote-fetch, server-reply, remote-fetch-r32); R = 5 unless -r32)",
+        "target: each hybrid >= 0.9 x the better of its own two modes (remote fetch with its R, server-reply) at every processing time: {}; {} (the table's ratio column is vs max(remote-fetch, server-reply, remote-fetch-r32); R = 5 unless -r32)",
         hybrid_verdict(&rows, "hybrid", "us"),
         hybrid_verdict(&rows, "hybrid-r32", "us"),
     ));
@@ -946,15 +965,14 @@ fn batch_table(args: &SuiteArgs, report: &mut Report) -> Result<()> {
 // ---------------------------------------------------------------------------------------------
 // YCSB (RR-Compound Table V)
 
-/// The sorted set that indexes keys for scans on Redis (as `rrpc-kv-bench`).
-const REDIS_INDEX: &str = "rrpc-kv:index";
-
 /// One YCSB client's connection.
 enum Driver {
     Grpc(tokio::runtime::Runtime, GrpcKv<RrpcChannel>),
     Tonic(tokio::runtime::Runtime, GrpcKv<tonic::transport::Channel>),
     Rf(Box<KvClient>),
-    Redis(redis::Connection),
+    /// Redis through rrpc-kv's shared backend (the async client on a
+    /// current-thread runtime, as the gRPC drivers).
+    Redis(tokio::runtime::Runtime, redis::aio::MultiplexedConnection),
 }
 
 impl std::fmt::Debug for Driver {
@@ -963,7 +981,7 @@ impl std::fmt::Debug for Driver {
             Driver::Grpc(..) => "Grpc",
             Driver::Tonic(..) => "Tonic",
             Driver::Rf(_) => "Rf",
-            Driver::Redis(_) => "Redis",
+            Driver::Redis(..) => "Redis",
         })
     }
 }
@@ -974,68 +992,11 @@ impl Driver {
             Driver::Grpc(rt, kv) => Ok(rt.block_on(kv.execute(op))?),
             Driver::Tonic(rt, kv) => Ok(rt.block_on(kv.execute(op))?),
             Driver::Rf(c) => Ok(c.call(&op)?),
-            Driver::Redis(conn) => redis_exec(conn, index, op),
+            Driver::Redis(rt, conn) => {
+                Ok(rt.block_on(rrpc_kv::ycsb::redis::execute(conn, index, op))?)
+            }
         }
     }
-}
-
-/// Unpipelined Redis commands; scans through a sorted-set index (as YCSB's Redis binding and
-/// `rrpc-kv-bench` do).
-fn redis_exec(conn: &mut redis::Connection, index: bool, op: Op) -> Result<OpResult> {
-    Ok(match op {
-        Op::Get { key } => {
-            let v: Option<Vec<u8>> = redis::cmd("GET").arg(&key[..]).query(conn)?;
-            v.map_or(OpResult::NotFound, |v| OpResult::Value(v.into()))
-        }
-        Op::Put { key, value } => {
-            let () = redis::cmd("SET")
-                .arg(&key[..])
-                .arg(&value[..])
-                .query(conn)?;
-            if index {
-                let _: i64 = redis::cmd("ZADD")
-                    .arg(REDIS_INDEX)
-                    .arg(0)
-                    .arg(&key[..])
-                    .query(conn)?;
-            }
-            OpResult::Ok
-        }
-        Op::Delete { key } => {
-            let n: i64 = redis::cmd("DEL").arg(&key[..]).query(conn)?;
-            if n > 0 {
-                OpResult::Ok
-            } else {
-                OpResult::NotFound
-            }
-        }
-        Op::Scan { start, count } => {
-            if !index || count == 0 {
-                bail!("scan on Redis needs the key index");
-            }
-            let mut min = b"[".to_vec();
-            min.extend_from_slice(&start);
-            let keys: Vec<Vec<u8>> = redis::cmd("ZRANGE")
-                .arg(REDIS_INDEX)
-                .arg(min)
-                .arg("+")
-                .arg("BYLEX")
-                .arg("LIMIT")
-                .arg(0)
-                .arg(count)
-                .query(conn)?;
-            if keys.is_empty() {
-                return Ok(OpResult::Entries(vec![]));
-            }
-            let values: Vec<Option<Vec<u8>>> = redis::cmd("MGET").arg(&keys).query(conn)?;
-            OpResult::Entries(
-                keys.into_iter()
-                    .zip(values)
-                    .filter_map(|(k, v)| Some((Bytes::from(k), Bytes::from(v?))))
-                    .collect(),
-            )
-        }
-    })
 }
 
 /// A `redis-server` child on a loopback port, no persistence; killed on drop.
@@ -1074,7 +1035,9 @@ impl RedisProc {
         let mut me = RedisProc { child, port };
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
-            if let Ok(mut c) = me.connect()
+            // A blocking PING: is it up yet?
+            if let Ok(client) = redis::Client::open(format!("redis://127.0.0.1:{}/", me.port))
+                && let Ok(mut c) = client.get_connection()
                 && redis::cmd("PING").query::<String>(&mut c).is_ok()
             {
                 return Ok(Some(me));
@@ -1092,10 +1055,11 @@ impl RedisProc {
         }
     }
 
-    fn connect(&self) -> Result<redis::Connection> {
+    async fn connect(&self) -> Result<redis::aio::MultiplexedConnection> {
         let client = redis::Client::open(format!("redis://127.0.0.1:{}/", self.port))?;
         client
-            .get_connection()
+            .get_multiplexed_async_connection()
+            .await
             .with_context(|| format!("connecting to redis on port {}", self.port))
     }
 }
@@ -1127,8 +1091,8 @@ fn ycsb_run(
     redis_flush: bool,
 ) -> Result<YcsbRun> {
     let index = core.mix().scan > 0.0;
-    if redis_flush && let Driver::Redis(c) = d {
-        let () = redis::cmd("FLUSHALL").query(c)?;
+    if redis_flush && let Driver::Redis(rt, c) = d {
+        let () = rt.block_on(redis::cmd("FLUSHALL").query_async(c))?;
     }
     let mut w = Workload::new(
         WorkloadConfig::new(core)
@@ -1234,7 +1198,11 @@ fn ycsb_table(args: &SuiteArgs, report: &mut Report) -> Result<()> {
                     (driver, Some(srv), None)
                 }
                 "redis" => match RedisProc::spawn(scpu)? {
-                    Some(r) => (Driver::Redis(r.connect()?), None, Some(r)),
+                    Some(r) => {
+                        let rt = client_runtime()?;
+                        let c = rt.block_on(r.connect())?;
+                        (Driver::Redis(rt, c), None, Some(r))
+                    }
                     None => {
                         redis_missing = true;
                         bar.inc(Core::ALL.len() as u64);

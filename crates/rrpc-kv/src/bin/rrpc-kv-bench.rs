@@ -29,11 +29,8 @@
 //! batch's latency) and `--pipeline D` (D batches in flight per client, one
 //! connection each).
 //!
-//! On Redis, workload E's scans are emulated as YCSB's Redis binding does:
-//! every `SET` also adds the key to a sorted set (`ZADD rrpc-kv:index 0 key`),
-//! and a scan is `ZRANGE rrpc-kv:index [start + BYLEX LIMIT 0 n` then `MGET`.
-//! The index is kept only when the workload scans (E), so A-D and F cost one
-//! command per operation.
+//! On Redis, workload E's scans are emulated as YCSB's Redis binding does
+//! (see [`rrpc_kv::ycsb::redis`], shared with the `kv` benchmark suite).
 //!
 //! Another backend plugs in as a [`Backend`] variant: a connector in
 //! [`Backend::connect`] and an arm in [`Backend::execute`]. Anything that is
@@ -46,7 +43,6 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
-use bytes::Bytes;
 use clap::Parser;
 use indicatif::{ProgressBar, ProgressStyle};
 use rrpc_core::Endpoint;
@@ -174,9 +170,6 @@ impl Target {
     }
 }
 
-/// The sorted set that indexes keys for scans on Redis.
-const REDIS_INDEX: &str = "rrpc-kv:index";
-
 /// One client's connection to the system under test.
 enum Backend {
     /// The gRPC face, one RPC per operation.
@@ -280,7 +273,9 @@ impl Backend {
     async fn execute(&mut self, op: Op) -> anyhow::Result<OpResult> {
         match self {
             Backend::Grpc(kv) => Ok(kv.execute(op).await?),
-            Backend::Redis { conn, index } => redis_execute(conn, *index, op).await,
+            Backend::Redis { conn, index } => {
+                Ok(rrpc_kv::ycsb::redis::execute(conn, *index, op).await?)
+            }
             Backend::Rfrpc(c) => {
                 let c = c.clone();
                 Ok(tokio::task::spawn_blocking(move || c.call(&op)).await??)
@@ -339,81 +334,6 @@ fn rf_batch_blocking(
         out.push(r.map_err(|e| anyhow::anyhow!("{e}")));
     }
     Ok(out)
-}
-
-async fn redis_execute(
-    conn: &mut redis::aio::MultiplexedConnection,
-    index: bool,
-    op: Op,
-) -> anyhow::Result<OpResult> {
-    Ok(match op {
-        Op::Get { key } => {
-            let v: Option<Vec<u8>> = redis::cmd("GET").arg(&key[..]).query_async(conn).await?;
-            v.map_or(OpResult::NotFound, |v| OpResult::Value(v.into()))
-        }
-        Op::Put { key, value } => {
-            let () = redis::cmd("SET")
-                .arg(&key[..])
-                .arg(&value[..])
-                .query_async(conn)
-                .await?;
-            if index {
-                let _: i64 = redis::cmd("ZADD")
-                    .arg(REDIS_INDEX)
-                    .arg(0)
-                    .arg(&key[..])
-                    .query_async(conn)
-                    .await?;
-            }
-            OpResult::Ok
-        }
-        Op::Delete { key } => {
-            let n: i64 = redis::cmd("DEL").arg(&key[..]).query_async(conn).await?;
-            if index {
-                let _: i64 = redis::cmd("ZREM")
-                    .arg(REDIS_INDEX)
-                    .arg(&key[..])
-                    .query_async(conn)
-                    .await?;
-            }
-            if n > 0 {
-                OpResult::Ok
-            } else {
-                OpResult::NotFound
-            }
-        }
-        Op::Scan { start, count } => {
-            if !index {
-                bail!("scan on Redis needs the key index, kept only for workloads that scan");
-            }
-            if count == 0 {
-                return Ok(OpResult::Entries(vec![]));
-            }
-            let mut min = b"[".to_vec();
-            min.extend_from_slice(&start);
-            let keys: Vec<Vec<u8>> = redis::cmd("ZRANGE")
-                .arg(REDIS_INDEX)
-                .arg(min)
-                .arg("+")
-                .arg("BYLEX")
-                .arg("LIMIT")
-                .arg(0)
-                .arg(count)
-                .query_async(conn)
-                .await?;
-            if keys.is_empty() {
-                return Ok(OpResult::Entries(vec![]));
-            }
-            let values: Vec<Option<Vec<u8>>> =
-                redis::cmd("MGET").arg(&keys).query_async(conn).await?;
-            OpResult::Entries(
-                keys.into_iter()
-                    .zip(values)
-                    .filter_map(|(k, v)| Some((Bytes::from(k), Bytes::from(v?))))
-                    .collect(),
-            )
-        }
-    })
 }
 
 /// What the clients share: the operations still to issue, and the first

@@ -48,6 +48,7 @@
 //! ```
 
 mod generator;
+pub mod redis;
 mod stats;
 
 use std::fmt;
