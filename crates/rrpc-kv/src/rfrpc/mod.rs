@@ -107,9 +107,12 @@
 //! [`batcher::BatchControl`] over [`batch::BatchBuilder`] and
 //! [`batch::FlushPolicy`]. A request over L goes as a single call; a
 //! result batch over the response buffer is resent one entry per call
-//! (at-least-once, see [`batcher`]). Pipelining several outstanding
-//! batches (§4.1 "Pipeline") is **not** implemented: one call at a time
-//! per client, a flush blocks until its results are back.
+//! (at-least-once, see [`batcher`]). The §4.1 pipeline keeps several
+//! batches outstanding: [`batcher::Batcher::with_clients`] holds one buffer
+//! pair (one [`RfClient`] connection) per batch in flight, under a
+//! threshold of outstanding requests ([`batcher::BatcherConfig::max_outstanding`]);
+//! [`RfClient::submit_batch`] / [`RfClient::complete_batch`] are the split
+//! call it is built on.
 //!
 //! [`Error::Timeout`]: crate::Error::Timeout
 //! [`Error::TooLarge`]: crate::Error::TooLarge
