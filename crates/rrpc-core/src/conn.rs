@@ -1135,16 +1135,18 @@ impl Pending {
         s.set_nonblocking(false)
             .map_err(|e| Error::io("set_nonblocking", e))?;
         let refuse = |s: &UnixStream, e: Error| -> Error {
+            let code = reject_code(&e);
             let _ = send_msg(
                 s,
                 &Message::Reject(Reject {
-                    code: reject_code(&e),
+                    code,
                     reason: e.to_string(),
                 }),
                 &[],
                 deadline,
             );
-            tracing::warn!(error = %e, peer = %peer_addr, "handshake refused");
+            crate::handshake::count_refusal(code);
+            tracing::warn!(error = %e, peer = %peer_addr, reason = code.name(), "handshake refused");
             e
         };
         let (m, fds) = match recv_msg(&s, deadline) {
@@ -1180,7 +1182,8 @@ impl Pending {
                     &[],
                     deadline,
                 );
-                tracing::warn!(error = %e, peer = %peer_addr, "handshake refused");
+                crate::handshake::count_refusal(RejectCode::Incompatible);
+                tracing::warn!(error = %e, peer = %peer_addr, reason = "incompatible", "handshake refused");
                 return Err(e);
             }
         };
@@ -1291,16 +1294,18 @@ impl Incoming {
             self.cfg.max_grant_bytes,
             self.budget,
         ) {
+            let code = reject_code(&e);
             let _ = send_msg(
                 &stream,
                 &Message::Reject(Reject {
-                    code: reject_code(&e),
+                    code,
                     reason: e.to_string(),
                 }),
                 &[],
                 deadline,
             );
-            tracing::warn!(error = %e, "handshake refused");
+            crate::handshake::count_refusal(code);
+            tracing::warn!(error = %e, reason = code.name(), "handshake refused");
             return Err(e);
         }
         let (hello, fds) = make_hello(&qp, &offer)?;
@@ -1314,6 +1319,7 @@ impl Incoming {
     /// # Errors
     /// Only if the reject could not be sent (the client is gone anyway).
     pub fn reject(self, reason: &str) -> Result<()> {
+        crate::handshake::count_refusal(RejectCode::Other(0));
         let m = Message::Reject(Reject {
             code: RejectCode::Other(0),
             reason: reason.to_string(),

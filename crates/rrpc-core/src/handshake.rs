@@ -186,7 +186,29 @@ pub enum RejectCode {
     Other(u16),
 }
 
+/// The `metrics` counter of handshakes a server refused, labelled
+/// `reason` (`malformed`, `version`, `auth`, `incompatible`, `busy`,
+/// `other`): what an operator watches for misconfigured or hostile peers.
+pub const REFUSED_METRIC: &str = "rrpc_handshake_refused_total";
+
+/// Counts one refused handshake in the `metrics` facade ([`REFUSED_METRIC`]).
+pub(crate) fn count_refusal(code: RejectCode) {
+    metrics::counter!(REFUSED_METRIC, "reason" => code.name()).increment(1);
+}
+
 impl RejectCode {
+    /// The code's label in logs and metrics.
+    pub fn name(self) -> &'static str {
+        match self {
+            RejectCode::Malformed => "malformed",
+            RejectCode::Version => "version",
+            RejectCode::Auth => "auth",
+            RejectCode::Incompatible => "incompatible",
+            RejectCode::Busy => "busy",
+            RejectCode::Other(_) => "other",
+        }
+    }
+
     fn to_u16(self) -> u16 {
         match self {
             RejectCode::Malformed => 1,

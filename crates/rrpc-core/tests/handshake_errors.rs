@@ -274,3 +274,52 @@ fn closing_connection_fails_the_peer() {
 fn header_len_constant_matches() {
     assert_eq!(header(VERSION, 4, 0).len(), HEADER_LEN);
 }
+
+/// Every refusal is counted in the `metrics` facade by reason
+/// (`rrpc_handshake_refused_total{reason}`), on the thread that refused.
+#[test]
+fn refusals_are_counted_by_reason() {
+    use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    metrics::with_local_recorder(&recorder, || {
+        let cfg = HandshakeConfig::default()
+            .with_token(b"s3cret".to_vec())
+            .unwrap();
+        let (l, ep, _) = listener(cfg);
+        for _ in 0..2 {
+            let (ep2, f2) = (ep.clone(), Fabric::shm());
+            let bad = std::thread::spawn(move || {
+                conn::connect(
+                    &ep2,
+                    f2.create_qp(&QpConfig::default()).unwrap(),
+                    Offer::new().token(Some(b"nope".to_vec())),
+                    &HandshakeConfig::default(),
+                )
+            });
+            assert!(matches!(l.accept(), Err(Error::AuthFailed)));
+            assert!(matches!(bad.join().unwrap(), Err(Error::AuthFailed)));
+        }
+    });
+    let counted: Vec<_> = snapshotter
+        .snapshot()
+        .into_vec()
+        .into_iter()
+        .filter(|(k, ..)| k.key().name() == rrpc_core::handshake::REFUSED_METRIC)
+        .map(|(k, _, _, v)| {
+            let labels: Vec<_> = k
+                .key()
+                .labels()
+                .map(|l| (l.key().to_string(), l.value().to_string()))
+                .collect();
+            (labels, v)
+        })
+        .collect();
+    assert_eq!(
+        counted,
+        vec![(
+            vec![("reason".to_string(), "auth".to_string())],
+            DebugValue::Counter(2)
+        )],
+    );
+}

@@ -270,7 +270,13 @@ pub(crate) fn read_hello(s: &TcpStream, token: Option<&[u8]>, deadline: Deadline
             }),
             deadline,
         );
-        tracing::warn!(error = %e, "rdma handshake refused");
+        crate::handshake::count_refusal(code);
+        tracing::warn!(
+            error = %e,
+            peer = ?s.peer_addr().ok(),
+            reason = code.name(),
+            "rdma handshake refused"
+        );
         e
     };
     let hello = match recv_msg(s, deadline) {
@@ -351,6 +357,8 @@ pub(crate) fn server_accept(
             }),
             deadline,
         );
+        crate::handshake::count_refusal(RejectCode::Malformed);
+        tracing::warn!(error = %e, peer = ?s.peer_addr().ok(), "rdma handshake refused");
         return Err(e);
     }
     send_msg(s, &Message::Accept(hello), deadline)
