@@ -66,6 +66,10 @@ struct Inner {
     /// The verbs device and protection domain, opened once per config (and
     /// its clones), at the first `rdma://` connection.
     fabric_cell: Arc<std::sync::Mutex<Option<rrpc_core::Fabric>>>,
+    /// Connections' resources made ahead of time (0: off).
+    pool: usize,
+    /// The pools, one per provider, shared by every clone of this config.
+    pool_cell: Arc<std::sync::Mutex<Vec<(rrpc_core::ProviderKind, Arc<crate::shm::BundlePool>)>>>,
 }
 
 impl Default for RrpcConfig {
@@ -89,6 +93,8 @@ impl Default for RrpcConfig {
             rdma_port: None,
             rdma_gid_index: None,
             fabric_cell: Arc::new(std::sync::Mutex::new(None)),
+            pool: 0,
+            pool_cell: Arc::new(std::sync::Mutex::new(Vec::new())),
         }))
     }
 }
@@ -462,6 +468,59 @@ impl RrpcConfig {
             o = o.gid_index(g);
         }
         o
+    }
+
+    /// Keeps the resources of `n` connections (a queue pair and both ring
+    /// regions, KRCore's pre-initialised bundle, §3.1) made ahead of time
+    /// by a background thread, for the `shm://` and `rdma://` connections
+    /// made or accepted with this config and its clones; connect and
+    /// accept take a bundle instead of creating one, and the thread refills
+    /// the pool. An empty pool builds inline, never fails for that
+    /// ([`RrpcConfig::pool_stats`] counts hits and misses). Default 0 (off):
+    /// each pooled bundle holds two rings (`2 × ring_size`) of memory, and
+    /// on verbs their registrations, while it waits.
+    pub fn connection_pool(self, n: usize) -> Self {
+        self.with(|i| {
+            i.pool = n;
+            i.pool_cell = Arc::new(std::sync::Mutex::new(Vec::new()));
+        })
+    }
+
+    /// See [`RrpcConfig::connection_pool`].
+    pub fn get_connection_pool(&self) -> usize {
+        self.0.pool
+    }
+
+    /// The pool's counters per provider (empty until a pooled connection
+    /// was made).
+    pub fn pool_stats(&self) -> Vec<(rrpc_core::ProviderKind, rrpc_core::pool::PoolStats)> {
+        self.0
+            .pool_cell
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .map(|(k, p)| (*k, p.stats()))
+            .collect()
+    }
+
+    /// The pool of bundles for `fabric` (created at the first call), or
+    /// `None` when pooling is off.
+    pub(crate) fn bundle_pool(
+        &self,
+        fabric: &rrpc_core::Fabric,
+        make: impl FnOnce() -> crate::shm::BundlePool,
+    ) -> Option<Arc<crate::shm::BundlePool>> {
+        if self.0.pool == 0 {
+            return None;
+        }
+        let kind = fabric.kind();
+        let mut cell = self.0.pool_cell.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((_, p)) = cell.iter().find(|(k, _)| *k == kind) {
+            return Some(p.clone());
+        }
+        let p = Arc::new(make());
+        cell.push((kind, p.clone()));
+        Some(p)
     }
 
     /// The fabric for `rdma://`: opened at the first call, then shared.

@@ -281,6 +281,47 @@ fn into_pipe(conn: Connection, tx: RingTx, rx: RingRx, cfg: &RrpcConfig) -> Resu
     ))
 }
 
+/// What one connection needs before its handshake: both rings' regions
+/// and a queue pair (KRCore's pre-initialised bundle).
+pub(crate) type Bundle = (LocalRing, rrpc_core::QueuePair);
+
+/// A pool of [`Bundle`]s ([`RrpcConfig::connection_pool`]).
+pub(crate) type BundlePool = rrpc_core::pool::ResourcePool<Bundle>;
+
+/// Makes one [`Bundle`] on `fabric`.
+fn make_bundle(fabric: &Fabric, ring: &RingConfig) -> Result<Bundle, rrpc_core::Error> {
+    let local = LocalRing::new(fabric, ring).map_err(|e| match e {
+        rrpc_ringbuf::Error::Core(c) => c,
+        other => rrpc_core::Error::InvalidConfig(other.to_string()),
+    })?;
+    let qp = fabric.create_qp(&QpConfig::default())?;
+    Ok((local, qp))
+}
+
+/// The config's pool of bundles on `fabric` (started at the first call),
+/// or `None` when pooling is off.
+fn bundle_pool(
+    fabric: &Fabric,
+    ring: &RingConfig,
+    cfg: &RrpcConfig,
+) -> Option<std::sync::Arc<BundlePool>> {
+    cfg.bundle_pool(fabric, || {
+        let (f, r) = (fabric.clone(), ring.clone());
+        let n = cfg.get_connection_pool();
+        tracing::debug!(size = n, provider = ?f.kind(), "rrpc: connection pool started");
+        BundlePool::new(n, move || make_bundle(&f, &r))
+    })
+}
+
+/// A bundle for one connection on `fabric`: from the config's pool when it
+/// has one (building inline on a miss), else made now. Blocking.
+fn take_bundle(fabric: &Fabric, ring: &RingConfig, cfg: &RrpcConfig) -> Result<Bundle, Error> {
+    match bundle_pool(fabric, ring, cfg) {
+        Some(p) => Ok(p.take()?),
+        None => Ok(make_bundle(fabric, ring)?),
+    }
+}
+
 /// The fabric serving `ep`: shm, or the config's verbs device (opened once).
 pub(crate) fn fabric_for(ep: &Endpoint, cfg: &RrpcConfig) -> Result<Fabric, Error> {
     match ep {
@@ -312,9 +353,8 @@ pub(crate) async fn dial(ep: Endpoint, cfg: &RrpcConfig) -> Result<Pipe, Error> 
     let cfg2 = cfg.clone();
     let (conn, tx, rx) = tokio::task::spawn_blocking(move || -> Result<_, Error> {
         let fabric = fabric_for(&ep, &cfg2)?;
-        let local = LocalRing::new(&fabric, &ring)?;
+        let (local, qp) = take_bundle(&fabric, &ring, &cfg2)?;
         let offer = local.add_to_offer(Offer::new().token(token));
-        let qp = fabric.create_qp(&QpConfig::default())?;
         let c = connect(&ep, qp, offer, &hs)?;
         let (tx, rx) = local.connect(&c)?;
         Ok((c, tx, rx))
@@ -369,6 +409,8 @@ impl ShmListener {
         }
         let l = Listener::bind(&ep, handshake_config(cfg)?)?;
         l.set_nonblocking(true)?;
+        // A pooled server starts filling its pool before the first client.
+        let _ = bundle_pool(&fabric, &ring_config(cfg)?, cfg);
         // `AsyncFd::new` is deprecated for types whose fd could be closed
         // while registered; ours is owned by the `Listener` inside the
         // `AsyncFd` itself, so it is deregistered before it can close.
@@ -454,11 +496,12 @@ impl ShmPending {
                 )));
             }
         }
+        let cfg2 = cfg.clone();
         let (c, tx, rx) = tokio::task::spawn_blocking(move || -> Result<_, Error> {
             let incoming = pending.handshake()?;
-            let local = LocalRing::new(&fabric, &ring)?;
+            let (local, qp) = take_bundle(&fabric, &ring, &cfg2)?;
             let offer = local.add_to_offer(Offer::new());
-            let c = incoming.accept(fabric.create_qp(&QpConfig::default())?, offer)?;
+            let c = incoming.accept(qp, offer)?;
             let (tx, rx) = local.connect(&c)?;
             Ok((c, tx, rx))
         })

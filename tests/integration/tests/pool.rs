@@ -1,0 +1,66 @@
+//! `RrpcConfig::connection_pool`: connections take a queue pair and ring
+//! regions made ahead of time (KRCore's pre-initialised bundles), and calls
+//! work on them exactly as on fresh ones.
+
+use std::time::{Duration, Instant};
+
+use rrpc_integration_tests::pb::Input;
+use rrpc_integration_tests::pb::test_client::TestClient;
+use rrpc_integration_tests::{Harness, Transport, config, on_all_transports};
+
+/// Waits (bounded) until every pool of `cfg` holds `n` ready bundles.
+async fn until_ready(cfg: &rrpc_tonic::RrpcConfig, n: usize) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !cfg.pool_stats().iter().all(|(_, s)| s.ready >= n) {
+        assert!(
+            Instant::now() < deadline,
+            "pool never refilled: {:?}",
+            cfg.pool_stats()
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+async fn connections_take_pooled_resources(t: Transport) {
+    if t == Transport::Tcp {
+        return; // tonic's TCP has nothing to pool
+    }
+    // Server and client share this config (one process), hence one pool.
+    let cfg = config(t).connection_pool(2);
+    let s = Harness::start_with(t, cfg.clone()).await;
+    assert_eq!(
+        cfg.pool_stats().len(),
+        1,
+        "the server's bind started the pool"
+    );
+    until_ready(&cfg, 2).await;
+    for i in 0..5u32 {
+        let mut c = TestClient::new(s.channel().await);
+        let out = c
+            .unary(Input {
+                payload: vec![i as u8; 100],
+                ..Default::default()
+            })
+            .await
+            .unwrap_or_else(|e| panic!("{t:?}: call {i}: {e:?}"));
+        assert_eq!(out.into_inner().payload, vec![i as u8; 100]);
+        drop(c);
+        until_ready(&cfg, 2).await;
+    }
+    let (_, st) = cfg.pool_stats()[0];
+    // Each connection takes two bundles (client and server); all from the pool.
+    assert!(st.hits >= 10, "{t:?}: {st:?}");
+    assert_eq!(st.misses, 0, "{t:?}: {st:?}");
+}
+
+/// Off by default: nothing is pooled.
+async fn no_pool_by_default(t: Transport) {
+    let cfg = config(t);
+    let s = Harness::start_with(t, cfg.clone()).await;
+    let mut c = s.client().await;
+    c.unary(Input::default()).await.unwrap();
+    assert!(cfg.pool_stats().is_empty());
+    assert_eq!(cfg.get_connection_pool(), 0);
+}
+
+on_all_transports!(connections_take_pooled_resources, no_pool_by_default);
