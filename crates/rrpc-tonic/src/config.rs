@@ -43,6 +43,9 @@ pub(crate) const MIN_CALL_WINDOW: u32 = 1024;
 #[derive(Debug, Clone)]
 pub struct RrpcConfig(Arc<Inner>);
 
+/// The connection pools of a config, one per provider.
+type Pools = Vec<(rrpc_core::ProviderKind, Arc<crate::shm::BundlePool>)>;
+
 #[derive(Debug, Clone)]
 struct Inner {
     max_message_size: usize,
@@ -69,7 +72,7 @@ struct Inner {
     /// Connections' resources made ahead of time (0: off).
     pool: usize,
     /// The pools, one per provider, shared by every clone of this config.
-    pool_cell: Arc<std::sync::Mutex<Vec<(rrpc_core::ProviderKind, Arc<crate::shm::BundlePool>)>>>,
+    pool_cell: Arc<std::sync::Mutex<Pools>>,
 }
 
 impl Default for RrpcConfig {
