@@ -37,6 +37,7 @@ pub(crate) const MIN_CALL_WINDOW: u32 = 1024;
 /// | `handshake_timeout` | 5 s | bounds a connection's whole setup (rrpc-core handshake + path negotiation) |
 /// | `max_pending_handshakes` | 1024 | connections still in setup per listener; more are closed at once |
 /// | `token` | none | shared secret checked in the handshake (constant time) |
+/// | `connection_pool` | 0 (off) | KRCore §3.1: queue pairs and ring regions made ahead of time by a background thread; on shm it measured no faster (rpc suite `connect_latency`), meant for verbs, where registration costs milliseconds on a NIC |
 /// | `rdma_device` | first device listed | the verbs device for `rdma://` (feature `verbs`) |
 /// | `rdma_port` | 1 | its physical port |
 /// | `rdma_gid_index` | RoCE: first IPv4-mapped RoCE v2 GID, else 0; InfiniBand: 0 | its source GID index (see `rrpc_core::VerbsOptions::gid_index`) |
