@@ -520,3 +520,76 @@ fn a_request_batch_that_does_not_parse_closes_the_connection() {
     assert_eq!(server.dropped(), 1);
     assert_eq!(server.served(), 0);
 }
+
+/// Eq. 2 end to end (§3.2): I_{R,F} measured once against the server, then
+/// re-run periodically over the client's own result sizes. Small results
+/// pick a small F; when the results grow past it, F grows so that one READ
+/// fetches each (no second READs afterwards).
+#[test]
+fn eq2_measured_once_then_retuned_from_sampled_results() {
+    use rrpc_kv::rfrpc::tune::FetchTuner;
+    let ep = endpoint("eq2");
+    let f = Fabric::shm();
+    // The request's first 4 bytes ask for that many result bytes.
+    let _server = RfServer::builder()
+        .serve(&ep, &f, |req: &[u8]| {
+            let n = u32::from_le_bytes(req[..4].try_into().unwrap()) as usize;
+            vec![7u8; n]
+        })
+        .unwrap();
+    let mut c = RfClient::connect(
+        &ep,
+        &f,
+        RfClientConfig::new().mode(Some(ModePolicy::Fixed(Mode::RemoteFetch))),
+    )
+    .unwrap();
+    let table = c
+        .measure_rates(
+            &8u32.to_le_bytes(),
+            &[1, 5],
+            &[64, 256, 1024, 4096],
+            Duration::from_millis(20),
+        )
+        .unwrap();
+    assert_eq!(table.len(), 8);
+    c.auto_fetch(
+        FetchTuner::new(table.clone())
+            .unwrap()
+            .with_period(64, 64)
+            .unwrap(),
+    );
+    for _ in 0..100 {
+        assert_eq!(c.call(&8u32.to_le_bytes()).unwrap().len(), 8);
+    }
+    let (_, small_f) = c.fetch_tuner().unwrap().current().expect("a choice");
+    assert_eq!(c.fetch_size(), small_f);
+    // Results of 3000 bytes: after a window of them, F covers them.
+    for _ in 0..200 {
+        assert_eq!(c.call(&3000u32.to_le_bytes()).unwrap().len(), 3000);
+    }
+    let second_before = c.stats().second_reads;
+    for _ in 0..50 {
+        c.call(&3000u32.to_le_bytes()).unwrap();
+    }
+    // The choice is Eq. 2 over the measured table and the sampled sizes
+    // (the window now holds only 3000-byte results).
+    let frame = rrpc_kv::rfrpc::wire::response_frame_len(3000);
+    let want = rrpc_kv::rfrpc::tune::choose_fetch_and_retry(&table, &[frame; 64]).unwrap();
+    let (r, big_f) = c.fetch_tuner().unwrap().current().unwrap();
+    assert_eq!(
+        (r, big_f),
+        (want.retry_limit, want.fetch_size),
+        "was F {small_f}"
+    );
+    assert_eq!(c.fetch_size(), big_f);
+    if big_f >= frame {
+        assert_eq!(
+            c.stats().second_reads,
+            second_before,
+            "one READ per result now"
+        );
+    } else {
+        // The measured table said two small READs beat one big one.
+        assert!(c.stats().second_reads > second_before);
+    }
+}

@@ -167,6 +167,7 @@ pub struct RfClient {
     window: Vec<u8>,
     stats: ClientStats,
     pending: Option<InFlight>,
+    fetch_tuner: Option<crate::rfrpc::tune::FetchTuner>,
 }
 
 /// The call submitted and not yet completed.
@@ -236,6 +237,7 @@ impl RfClient {
             window: Vec::new(),
             stats: ClientStats::default(),
             pending: None,
+            fetch_tuner: None,
         })
     }
 
@@ -275,6 +277,54 @@ impl RfClient {
         self.fetch_size = fetch_size.min(self.info.response_cap);
         self.switch.set_retry_limit(retry_limit);
         Ok(())
+    }
+
+    /// Re-runs Eq. 2 periodically over this client's own result sizes and
+    /// applies each new (F, R) (§3.2); replaces any earlier tuner.
+    pub fn auto_fetch(&mut self, tuner: crate::rfrpc::tune::FetchTuner) {
+        self.fetch_tuner = Some(tuner);
+    }
+
+    /// The periodic Eq. 2 tuner, if [`Self::auto_fetch`] set one.
+    pub fn fetch_tuner(&self) -> Option<&crate::rfrpc::tune::FetchTuner> {
+        self.fetch_tuner.as_ref()
+    }
+
+    /// Measures I_{R,F} (the paper's one-off benchmark, §3.2): for every R
+    /// in `retry_limits` and F in `fetch_sizes`, calls `req` in remote-fetch
+    /// mode for `per_point` and records calls per second. F and R are
+    /// restored afterwards. Blocking: `retry_limits.len() ×
+    /// fetch_sizes.len() × per_point`.
+    ///
+    /// # Errors
+    /// A failed call, or an F below an empty response frame.
+    pub fn measure_rates(
+        &mut self,
+        req: &[u8],
+        retry_limits: &[u32],
+        fetch_sizes: &[usize],
+        per_point: Duration,
+    ) -> Result<crate::rfrpc::tune::RateTable> {
+        let (f0, r0) = (self.fetch_size, self.switch.retry_limit());
+        let mut table = crate::rfrpc::tune::RateTable::new();
+        let run = (|| {
+            for &r in retry_limits {
+                for &f in fetch_sizes {
+                    self.set_fetch_params(f, r)?;
+                    let start = Instant::now();
+                    let mut n = 0u64;
+                    while start.elapsed() < per_point {
+                        self.call(req)?;
+                        n += 1;
+                    }
+                    table.insert(r, f, n as f64 / start.elapsed().as_secs_f64());
+                }
+            }
+            Ok::<_, Error>(())
+        })();
+        self.fetch_size = f0;
+        self.switch.set_retry_limit(r0);
+        run.map(|()| table)
     }
 
     /// The largest request payload the server accepts.
@@ -473,6 +523,12 @@ impl RfClient {
             server_time: Duration::from_nanos(header.proc_ns as u64),
             latency: start.elapsed(),
         });
+        if let Some(t) = self.fetch_tuner.as_mut()
+            && let Some(c) = t.handle_result(wire::response_frame_len(len))
+        {
+            // The tuner's F comes from its table, at least an empty frame.
+            let _ = self.set_fetch_params(c.fetch_size, c.retry_limit);
+        }
         if header.flags & FLAG_TOO_LARGE != 0 {
             let real = out
                 .get(..8)

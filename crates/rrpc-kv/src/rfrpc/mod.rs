@@ -35,8 +35,11 @@
 //! The server only obeys the mode bit of each request.
 //!
 //! F and R come from [`RfClientConfig`] (paper defaults 256 bytes and 5) or
-//! from the Eq. 2 tuner ([`tune::choose_fetch_and_retry`], applied with
-//! [`RfClient::set_fetch_params`]).
+//! from Eq. 2 ([`tune::choose_fetch_and_retry`]): measure I_{R,F} once with
+//! [`RfClient::measure_rates`], then [`RfClient::auto_fetch`] re-runs Eq. 2
+//! every 1024 results over the client's last 256 result sizes
+//! ([`tune::FetchTuner`]) and applies each new choice; or apply one by hand
+//! with [`RfClient::set_fetch_params`].
 //!
 //! # Buffer layout
 //!

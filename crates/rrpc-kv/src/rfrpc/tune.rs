@@ -120,6 +120,106 @@ pub fn choose_fetch_and_retry(table: &RateTable, samples: &[usize]) -> Result<Fe
     best.ok_or_else(|| Error::InvalidConfig("no candidate".into()))
 }
 
+/// Eq. 2 re-run periodically over sampled result sizes (§3.2: "sampling
+/// periodically during its run"), as a sans-IO state machine. The client
+/// reports each result's response-frame size; every `every` results (once
+/// at least [`FetchTuner::MIN_SAMPLES`] are kept) the tuner re-runs
+/// [`choose_fetch_and_retry`] over the last `window` sizes and returns the
+/// choice when it differs from the last one. Drive it with
+/// [`crate::rfrpc::RfClient::auto_fetch`]; measure the table once with
+/// [`crate::rfrpc::RfClient::measure_rates`] (the paper: "I_{R,F} is
+/// tested by running benchmarks only once").
+#[derive(Debug, Clone)]
+pub struct FetchTuner {
+    table: RateTable,
+    samples: Vec<usize>,
+    next: usize,
+    window: usize,
+    every: u32,
+    since: u32,
+    current: Option<(u32, usize)>,
+    retunes: u64,
+}
+
+impl FetchTuner {
+    /// Results sampled before the first choice.
+    pub const MIN_SAMPLES: usize = 16;
+
+    /// A tuner over `table`, re-running Eq. 2 every 1024 results over the
+    /// last 256 sizes.
+    ///
+    /// # Errors
+    /// [`Error::InvalidConfig`] for an empty table.
+    pub fn new(table: RateTable) -> Result<Self> {
+        if table.is_empty() {
+            return Err(Error::InvalidConfig("an empty rate table".into()));
+        }
+        Ok(FetchTuner {
+            table,
+            samples: Vec::new(),
+            next: 0,
+            window: 256,
+            every: 1024,
+            since: 0,
+            current: None,
+            retunes: 0,
+        })
+    }
+
+    /// Re-run every `every` results over the last `window` sizes.
+    ///
+    /// # Errors
+    /// [`Error::InvalidConfig`] for 0 or a window below
+    /// [`Self::MIN_SAMPLES`].
+    pub fn with_period(mut self, every: u32, window: usize) -> Result<Self> {
+        if every == 0 || window < Self::MIN_SAMPLES {
+            return Err(Error::InvalidConfig(format!(
+                "fetch tuner period {every} / window {window}"
+            )));
+        }
+        self.every = every;
+        self.window = window;
+        self.samples.truncate(window);
+        self.next %= window;
+        Ok(self)
+    }
+
+    /// A result of `frame_len` bytes (response frame, header included) came
+    /// back; returns a new (R, F) choice when one is due and differs from
+    /// the current one.
+    pub fn handle_result(&mut self, frame_len: usize) -> Option<FetchChoice> {
+        if self.samples.len() < self.window {
+            self.samples.push(frame_len);
+        } else {
+            self.samples[self.next] = frame_len;
+        }
+        self.next = (self.next + 1) % self.window;
+        self.since = self.since.saturating_add(1);
+        let first = self.current.is_none() && self.samples.len() >= Self::MIN_SAMPLES;
+        if !first && self.since < self.every {
+            return None;
+        }
+        self.since = 0;
+        let c = choose_fetch_and_retry(&self.table, &self.samples).ok()?;
+        if self.current == Some((c.retry_limit, c.fetch_size)) {
+            return None;
+        }
+        self.current = Some((c.retry_limit, c.fetch_size));
+        self.retunes += 1;
+        Some(c)
+    }
+
+    /// Choices made so far.
+    pub fn retunes(&self) -> u64 {
+        self.retunes
+    }
+
+    /// The current (R, F), once chosen.
+    pub fn current(&self) -> Option<(u32, usize)> {
+        self.current
+    }
+}
+
 /// The batch-size tuner of §4.2 (Eq. 3). The client records each request's
 /// latency; at the end of every window of `window` latencies, k = the share
 /// above `l_limit`, and
@@ -275,6 +375,42 @@ mod tests {
         let mut t = RateTable::new();
         t.insert(1, 256, 1.0);
         assert!(choose_fetch_and_retry(&t, &[]).is_err());
+    }
+
+    #[test]
+    fn fetch_tuner_follows_the_result_sizes() {
+        // I_{R,F} falls with F (bigger READs are slower), flat in R.
+        let t = RateTable::from_fn(3, 64, 1024, 64, |_, f| 1e6 / (1.0 + f as f64 / 8192.0));
+        let mut ft = FetchTuner::new(t).unwrap().with_period(100, 64).unwrap();
+        // Small results: the first choice comes after MIN_SAMPLES.
+        let mut got = None;
+        for i in 0..FetchTuner::MIN_SAMPLES {
+            got = ft.handle_result(40);
+            assert_eq!(got.is_some(), i + 1 == FetchTuner::MIN_SAMPLES);
+        }
+        let c = got.unwrap();
+        assert_eq!((c.fetch_size, c.retry_limit), (64, 1));
+        // Unchanged sizes: no new choice.
+        for _ in 0..300 {
+            assert!(ft.handle_result(40).is_none());
+        }
+        // Results of 900 bytes: once they fill the window, F moves to 960
+        // (one READ each beats two small ones).
+        let mut changed = None;
+        for _ in 0..200 {
+            if let Some(c) = ft.handle_result(900) {
+                changed = Some(c);
+            }
+        }
+        assert_eq!(changed.map(|c| c.fetch_size), Some(960));
+        assert_eq!(ft.retunes(), 2);
+        assert!(FetchTuner::new(RateTable::new()).is_err());
+        assert!(
+            FetchTuner::new(RateTable::from_fn(1, 64, 64, 1, |_, _| 1.0))
+                .unwrap()
+                .with_period(0, 64)
+                .is_err()
+        );
     }
 
     /// A synthetic system: latency grows linearly with the batch size (§5.6
