@@ -175,6 +175,8 @@ fn large_entries_and_large_results_come_back() {
     b.push(&ask(2, 0));
     assert_eq!(b.stats().large_entries, 1);
     assert_eq!(b.stats().explicit, 1);
+    // §4.1 "Large Entry": the entry over L went by server-reply.
+    assert_eq!(server.served_server_reply(), 1);
     // Results far over L (and over F: second READs) in one result batch.
     b.push(&ask(10_000, 0));
     b.push(&ask(20_000, 0));
@@ -195,8 +197,10 @@ fn large_entries_and_large_results_come_back() {
     assert_eq!(lens, [30_000, 30_000, 30_000, 5]);
     assert_eq!(got[0].1, sized(&ask(30_000, 0)));
     assert_eq!(b.stats().oversized_resends, 1);
-    // One batch call, then four single calls (the handler ran twice).
+    // One batch call, then four single calls (the handler ran twice), the
+    // four by server-reply.
     assert_eq!(server.served() - served, 5);
+    assert_eq!(server.served_server_reply(), 1 + 4);
     // A single result over the buffer fails alone, the others succeed.
     b.push(&ask(70_000, 0));
     b.push(&ask(3, 0));

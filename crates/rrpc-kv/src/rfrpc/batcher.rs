@@ -34,8 +34,10 @@
 //! # Large entries and large results
 //!
 //! * A request larger than L alone (the builder refuses it) is sent as a
-//!   single [`RfClient::call`] after the queued batch is flushed, so the
-//!   order of effects and results is kept (§4.1 "Large Entry").
+//!   single call in server-reply mode ([`RfClient::call_server_reply`], §4.1
+//!   "Large Entry": "we simply fall back to server-reply") after the
+//!   queued batches are collected, so the order of effects and results is
+//!   kept.
 //! * Results are not bound by L: a result batch may be as large as the
 //!   server's response buffer (minus the frame header); remote fetching
 //!   takes a second READ of whatever does not fit in F. When the *result
@@ -47,10 +49,10 @@
 //!   [`BatcherConfig::resend_oversized`] is off, in which case every entry
 //!   of that batch fails with the `TooLarge`. **The fallback runs the
 //!   handler a second time for those entries** (at-least-once): fine for
-//!   idempotent requests (KV gets and puts), wrong for others. This server
-//!   does not switch a single oversized result to server-reply on its own
-//!   (the paper's fallback); a single result over the buffer fails with
-//!   `TooLarge` in either mode.
+//!   idempotent requests (KV gets and puts), wrong for others. The resent
+//!   calls use server-reply (§4.1 "Large Entry"); a single result over the
+//!   client's reply buffer (or the server's response buffer, where the
+//!   server stages it) fails with `TooLarge`.
 //!
 //! # Pipeline
 //!
@@ -507,7 +509,8 @@ impl<C: Clock> Batcher<C> {
                 // In push order: after every batch in flight.
                 self.collect_all();
                 self.stats.large_entries += 1;
-                let r = self.clients[0].call(req).map_err(Arc::new);
+                // §4.1 "Large Entry": server-reply for an entry over L.
+                let r = self.clients[0].call_server_reply(req).map_err(Arc::new);
                 self.done.push_back((t, r));
                 return t;
             }
@@ -709,7 +712,8 @@ impl<C: Clock> Batcher<C> {
                 self.stats.oversized_resends += 1;
                 let c = &mut self.clients[f.client];
                 for (t, e) in f.tickets.into_iter().zip(&f.entries) {
-                    let r = c.call(e).map_err(Arc::new);
+                    // Each large result alone, in server-reply (§4.1).
+                    let r = c.call_server_reply(e).map_err(Arc::new);
                     self.done.push_back((t, r));
                 }
             }

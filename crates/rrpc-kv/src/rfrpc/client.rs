@@ -179,6 +179,9 @@ struct InFlight {
     deadline: Instant,
     /// Entries of a request batch (`None` for a single call).
     batch: Option<usize>,
+    /// Sent in a mode chosen by the caller, not by the switch (not
+    /// reported to it).
+    forced: bool,
 }
 
 fn fab(e: rrpc_core::Error) -> Error {
@@ -393,7 +396,18 @@ impl RfClient {
     /// As [`Self::call`]'s request side; [`Error::InvalidConfig`] when a
     /// call is already in flight.
     pub fn submit(&mut self, req: &[u8]) -> Result<()> {
-        self.submit_as(req, None)
+        self.submit_as(req, None, None)
+    }
+
+    /// One call in server-reply mode whatever the hybrid switch says (the
+    /// paper's "Large Entry" fallback, §4.1: [`crate::rfrpc::Batcher`] sends
+    /// requests over its batch limit this way); not reported to the switch.
+    ///
+    /// # Errors
+    /// As [`Self::call`].
+    pub fn call_server_reply(&mut self, req: &[u8]) -> Result<Vec<u8>> {
+        self.submit_as(req, None, Some(Mode::ServerReply))?;
+        self.complete()
     }
 
     /// The first half of [`Self::call_batch`]; finish with
@@ -405,7 +419,7 @@ impl RfClient {
         let n = u16::try_from(reqs.len())
             .map_err(|_| Error::InvalidConfig(format!("batch of {} entries", reqs.len())))?;
         let payload = batch::encode(next_seq(self.seq) as u16, n, reqs.iter().copied())?;
-        self.submit_as(&payload, Some(reqs.len()))
+        self.submit_as(&payload, Some(reqs.len()), None)
     }
 
     /// Whether a submitted call awaits [`Self::complete`].
@@ -446,7 +460,7 @@ impl RfClient {
         }
     }
 
-    fn submit_as(&mut self, req: &[u8], batch: Option<usize>) -> Result<()> {
+    fn submit_as(&mut self, req: &[u8], batch: Option<usize>, force: Option<Mode>) -> Result<()> {
         if self.pending.is_some() {
             return Err(Error::InvalidConfig(
                 "a call is already in flight on this client".into(),
@@ -464,7 +478,7 @@ impl RfClient {
         let deadline = start + self.timeout;
         let seq = next_seq(self.seq);
         self.seq = seq;
-        let mode = self.switch.mode();
+        let mode = force.unwrap_or_else(|| self.switch.mode());
         encode_request_as(seq, mode, is_batch, req, &mut self.frame)?;
         self.local.write_at(0, &self.frame).map_err(fab)?;
         let n = self.frame.len();
@@ -489,6 +503,7 @@ impl RfClient {
             start,
             deadline,
             batch,
+            forced: force.is_some(),
         });
         Ok(())
     }
@@ -501,6 +516,7 @@ impl RfClient {
             mode,
             start,
             deadline,
+            forced,
             ..
         } = self
             .pending
@@ -517,12 +533,14 @@ impl RfClient {
         if mode == Mode::ServerReply {
             self.stats.server_reply_calls += 1;
         }
-        self.switch.handle_call(CallReport {
-            mode,
-            failed_reads: failed,
-            server_time: Duration::from_nanos(header.proc_ns as u64),
-            latency: start.elapsed(),
-        });
+        if !forced {
+            self.switch.handle_call(CallReport {
+                mode,
+                failed_reads: failed,
+                server_time: Duration::from_nanos(header.proc_ns as u64),
+                latency: start.elapsed(),
+            });
+        }
         if let Some(t) = self.fetch_tuner.as_mut()
             && let Some(c) = t.handle_result(wire::response_frame_len(len))
         {
