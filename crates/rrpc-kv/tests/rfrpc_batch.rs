@@ -168,7 +168,19 @@ fn large_entries_and_large_results_come_back() {
         .limit(256)
         .unwrap()
         .timeout(Duration::from_secs(3600));
-    let mut b = Batcher::new(client(&ep, &f), cfg).unwrap();
+    // Remote fetch only, so every server-reply call is a Large Entry fallback.
+    let rf_only = RfClient::connect(
+        &ep,
+        &f,
+        RfClientConfig::new()
+            .call_timeout(Duration::from_secs(20))
+            .unwrap()
+            .mode(Some(rrpc_kv::rfrpc::ModePolicy::Fixed(
+                rrpc_kv::rfrpc::Mode::RemoteFetch,
+            ))),
+    )
+    .unwrap();
+    let mut b = Batcher::new(rf_only, cfg).unwrap();
     // A request over L goes alone, after the queued ones: order kept.
     b.push(&ask(1, 0));
     b.push(&ask(1000, 1000));
