@@ -107,6 +107,10 @@ pub enum AnyClient {
     Tonic(BenchClient<tonic::transport::Channel>),
     /// rrpc's channel.
     Rrpc(BenchClient<rrpc_tonic::RrpcChannel>),
+    /// No transport: the generated client calling the generated server's
+    /// service directly (`tonic-inproc`, the floor for anything that keeps
+    /// tonic's stubs).
+    Inproc(BenchClient<BenchServer<Svc>>),
 }
 
 impl AnyClient {
@@ -118,6 +122,7 @@ impl AnyClient {
         match self {
             AnyClient::Tonic(c) => c.unary(req).await.map(Response::into_inner),
             AnyClient::Rrpc(c) => c.unary(req).await.map(Response::into_inner),
+            AnyClient::Inproc(c) => c.unary(req).await.map(Response::into_inner),
         }
     }
 
@@ -130,6 +135,7 @@ impl AnyClient {
         match self {
             AnyClient::Tonic(c) => c.stream(s).await.map(Response::into_inner),
             AnyClient::Rrpc(c) => c.stream(s).await.map(Response::into_inner),
+            AnyClient::Inproc(c) => c.stream(s).await.map(Response::into_inner),
         }
     }
 }
@@ -512,19 +518,26 @@ pub fn runtime(name: &str, cpu: usize) -> Result<Runtime> {
 }
 
 /// Appends one transport's ping-pong row (the tonic-TCP row, first, is the baseline).
-fn ping_row(ping: &mut Table, t: Transport, l: &crate::Summary, tcp: &mut Option<(f64, f64)>) {
+fn ping_row(
+    ping: &mut Table,
+    name: &str,
+    l: &crate::Summary,
+    tcp: &mut Option<(f64, f64)>,
+    floor: Option<f64>,
+) {
     let (p50, p99) = (l.p50_us(), l.p99_us());
-    if t == Transport::TonicTcp {
+    if name == Transport::TonicTcp.name() {
         *tcp = Some((p50, p99));
     }
     let (b50, b99) = tcp.unwrap_or((f64::NAN, f64::NAN));
     ping.push(vec![
-        t.name().into(),
+        name.into(),
         p50.into(),
         p99.into(),
         (l.mean_ns / 1e3).into(),
         Ratio::of(p50, b50).into(),
         Ratio::of(p99, b99).into(),
+        Ratio::of(p50, floor.unwrap_or(f64::NAN)).into(),
         l.count.into(),
     ]);
 }
@@ -604,6 +617,7 @@ pub fn run_suite(args: &SuiteArgs, report: &mut Report, only: &[String]) -> Resu
             "mean_us",
             "p50_x_vs_tcp",
             "p99_x_vs_tcp",
+            "p50_x_vs_inproc",
             "samples",
         ],
     );
@@ -625,6 +639,20 @@ pub fn run_suite(args: &SuiteArgs, report: &mut Report, only: &[String]) -> Resu
     let mut failures = Vec::new();
     let mut tcp_ping: Option<(f64, f64)> = None;
     let mut tcp_krps: Vec<(usize, f64)> = Vec::new();
+    // The floor first, so that every row can be given its ratio to it.
+    let floor = if want("pingpong_latency") {
+        let mut c = AnyClient::Inproc(BenchClient::new(BenchServer::new(Svc)));
+        let l = client_rt
+            .block_on(async move {
+                tokio::spawn(async move { pingpong(&mut c, 64, 8, warm, n).await }).await?
+            })?
+            .summary();
+        let f = l.p50_us();
+        ping_row(&mut ping, "tonic-inproc", &l, &mut None, Some(f));
+        Some(f)
+    } else {
+        None
+    };
     let first_two = want("pingpong_latency") || want("small_rpc_throughput");
     for t in Transport::ALL.into_iter().filter(|_| first_two) {
         bar.set_message(format!("{} ping-pong", t.name()));
@@ -639,7 +667,7 @@ pub fn run_suite(args: &SuiteArgs, report: &mut Report, only: &[String]) -> Resu
                         tokio::spawn(async move { pingpong(&mut c, 64, 8, warm, n).await }).await?
                     })?
                     .summary();
-                ping_row(&mut ping, t, &l, &mut tcp_ping);
+                ping_row(&mut ping, t.name(), &l, &mut tcp_ping, floor);
             }
             bar.inc(1);
             if !want("small_rpc_throughput") {
@@ -692,7 +720,10 @@ pub fn run_suite(args: &SuiteArgs, report: &mut Report, only: &[String]) -> Resu
         }
     }
     ping.note(format!(
-        "{n} sequential unary calls after {warm} warm-up calls, one connection"
+        "{n} sequential unary calls after {warm} warm-up calls, one connection; tonic-inproc: \
+         no transport, the generated client calling the generated server's service on the \
+         client runtime (the floor for anything that keeps tonic's stubs; its ratio moves far \
+         less with this VM's wake-up costs than the TCP ratio)"
     ));
     thr.note(format!(
         "{} measured per point after a 20 % warm-up; one connection and one bidi stream per client; \

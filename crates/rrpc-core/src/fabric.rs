@@ -7,7 +7,7 @@ use crate::endpoint::Endpoint;
 use crate::error::{Error, Result};
 use crate::provider::shm::ShmQp;
 use crate::qp::{QpConfig, QpInner, QueuePair};
-use crate::region::Region;
+use crate::region::{Access, Region};
 
 /// Which provider implements the fabric.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -238,11 +238,27 @@ impl Fabric {
     /// [`Error::InvalidConfig`] for `len == 0`; [`Error::Io`] if the system is out
     /// of memory or memfds.
     pub fn alloc_region(&self, len: usize) -> Result<Arc<Region>> {
+        self.alloc_region_with(len, Access::ALL)
+    }
+
+    /// [`Self::alloc_region`] with the narrowest remote access that works
+    /// ([`Access`]): a receive ring needs [`Access::REMOTE_WRITE`], a
+    /// staging area or a READ destination [`Access::LOCAL`]. Enforced by
+    /// the NIC on verbs, recorded on shm.
+    ///
+    /// # Errors
+    /// As [`Self::alloc_region`].
+    pub fn alloc_region_with(&self, len: usize, access: Access) -> Result<Arc<Region>> {
         #[cfg(feature = "verbs")]
         if let Some(dev) = &self.device {
-            return Ok(Arc::new(Region::alloc_verbs(len, self.huge_pages, dev)?));
+            return Ok(Arc::new(Region::alloc_verbs(
+                len,
+                self.huge_pages,
+                dev,
+                access,
+            )?));
         }
-        Ok(Arc::new(Region::alloc(len, self.huge_pages)?))
+        Ok(Arc::new(Region::alloc(len, self.huge_pages, access)?))
     }
 
     /// Creates a reliable-connection queue pair with its own send and receive

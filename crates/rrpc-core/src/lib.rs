@@ -88,4 +88,4 @@ pub use fabric::{Fabric, ProviderKind};
 pub use fault::FaultConfig;
 pub use handshake::{RegionDesc, RingGeometry};
 pub use qp::{QpConfig, QueuePair, SharedQp};
-pub use region::{CACHE_LINE, Local, Region, Remote, RemoteRegion};
+pub use region::{Access, CACHE_LINE, Local, Region, Remote, RemoteRegion};

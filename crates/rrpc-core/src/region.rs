@@ -27,51 +27,92 @@ pub struct Region {
     mr: Option<crate::provider::verbs::Mr>,
     map: Mapping,
     rkey: u32,
+    access: Access,
+}
+
+/// What a connected peer may do to a region (its memory registration's
+/// remote access flags on verbs; local access is always allowed).
+///
+/// On verbs the NIC enforces it: a READ of a region without
+/// [`Access::remote_read`] (or a WRITE without `remote_write`) completes
+/// with [`crate::cq::Status::RemoteAccessError`] on the peer and breaks its
+/// queue pair. On shm it is recorded, not enforced: a peer maps the granted
+/// memfd read-write (it can read what it may write; see the README's
+/// security model).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Access {
+    /// The peer may READ it.
+    pub remote_read: bool,
+    /// The peer may WRITE (and WRITE_WITH_IMM) into it.
+    pub remote_write: bool,
+}
+
+impl Access {
+    /// Remote read and write (what [`crate::Fabric::alloc_region`] grants).
+    pub const ALL: Access = Access {
+        remote_read: true,
+        remote_write: true,
+    };
+    /// Remote WRITEs only: a receive ring, a reply buffer.
+    pub const REMOTE_WRITE: Access = Access {
+        remote_read: false,
+        remote_write: true,
+    };
+    /// No remote access: staging areas, READ destinations.
+    pub const LOCAL: Access = Access {
+        remote_read: false,
+        remote_write: false,
+    };
 }
 
 impl Region {
     /// Allocates a region of at least `len` bytes. Prefer [`crate::Fabric::alloc_region`].
-    pub(crate) fn alloc(len: usize, try_huge: bool) -> Result<Region> {
+    pub(crate) fn alloc(len: usize, try_huge: bool, access: Access) -> Result<Region> {
         let map = Mapping::create(len, try_huge)?;
         let mut rkey = crate::sys::random_u32();
         if rkey == 0 {
             rkey = 1;
         }
-        tracing::debug!(len, huge = map.is_huge(), rkey, "region allocated");
+        tracing::debug!(len, huge = map.is_huge(), rkey, ?access, "region allocated");
         Ok(Region {
             #[cfg(feature = "verbs")]
             mr: None,
             map,
             rkey,
+            access,
         })
     }
 
     /// Allocates a region and registers it with a verbs device: `mmap` (a
     /// memfd mapping, huge pages when possible) + `ibv_reg_mr` with local
-    /// write, remote write and remote read access. The remote key is the
+    /// write and the remote access of `access`. The remote key is the
     /// registration's `rkey`.
     #[cfg(feature = "verbs")]
     pub(crate) fn alloc_verbs(
         len: usize,
         try_huge: bool,
         dev: &std::sync::Arc<crate::provider::verbs::Device>,
+        access: Access,
     ) -> Result<Region> {
         let map = Mapping::create(len, try_huge)?;
         // SAFETY: the mapping is owned by the region built below, whose `mr`
         // field is dropped (deregistered) before `map` (unmapped).
-        let mr = unsafe { crate::provider::verbs::Mr::register(dev, map.ptr(), map.len())? };
+        let mr =
+            unsafe { crate::provider::verbs::Mr::register(dev, map.ptr(), map.len(), access)? };
         let rkey = mr.rkey();
         tracing::debug!(
             len,
             huge = map.is_huge(),
             rkey,
             device = dev.name(),
+            ?access,
             "region registered"
         );
         Ok(Region {
             mr: Some(mr),
             map,
             rkey,
+            access,
         })
     }
 
@@ -79,6 +120,11 @@ impl Region {
     #[cfg(feature = "verbs")]
     pub(crate) fn verbs_mr(&self) -> Option<&crate::provider::verbs::Mr> {
         self.mr.as_ref()
+    }
+
+    /// What a connected peer may do to it ([`Access`]).
+    pub fn access(&self) -> Access {
+        self.access
     }
 
     /// Length in bytes (as requested; the mapping may be larger).

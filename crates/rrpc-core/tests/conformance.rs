@@ -12,7 +12,7 @@
 
 mod common;
 
-use common::{Provider, Side, pair_on};
+use common::{Provider, Side, pair_on, pair_on_with_access};
 use rrpc_core::{Completion, Error, Local, Opcode, QpConfig, Remote, Status};
 
 /// Runs each named check on shm (module `shm`) and on verbs (module `verbs`).
@@ -39,6 +39,7 @@ on_every_provider!(
     depth_is_checked_on_every_operation,
     event_channel_fires_only_when_armed,
     concurrent_pollers_share_one_send_queue,
+    narrow_access_is_enforced_by_the_nic,
 );
 
 fn drain(side: &Side) -> Vec<Completion> {
@@ -556,4 +557,63 @@ fn concurrent_pollers_share_one_send_queue(p: &Provider) {
     all.sort_unstable();
     assert_eq!(all.len() as u64, N, "every completion polled once");
     assert!(all.iter().copied().eq(0..N), "each work request once");
+}
+
+/// A region granted with [`Access::REMOTE_WRITE`] (a receive ring) takes the
+/// peer's WRITEs; on verbs the NIC refuses the peer's READ of it
+/// (`RemoteAccessError`), as issue 14's "scoped memory" asks. On shm the
+/// access is recorded, not enforced (the peer maps the memfd read-write).
+fn narrow_access_is_enforced_by_the_nic(p: &Provider) {
+    use rrpc_core::Access;
+    let (a, b) = pair_on_with_access(
+        p,
+        1 << 16,
+        QpConfig::default(),
+        QpConfig::default(),
+        Access::REMOTE_WRITE,
+    );
+    assert_eq!(b.granted.access(), Access::REMOTE_WRITE);
+    let remote = a.conn.peer().region(1).unwrap();
+    a.scratch.write_at(0, b"allowed").unwrap();
+    a.conn
+        .qp()
+        .post_write(1, Local::new(&a.scratch, 0, 7), remote.at(0), true)
+        .unwrap();
+    assert_eq!(
+        a.wait_send(1)[0].status,
+        Status::Success,
+        "WRITE is allowed"
+    );
+    let mut got = [0u8; 7];
+    b.granted.read_at(0, &mut got).unwrap();
+    assert_eq!(&got, b"allowed");
+    let posted = a
+        .conn
+        .qp()
+        .post_read(2, Local::new(&a.scratch, 64, 7), remote.at(0), true);
+    match p {
+        Provider::Shm => {
+            posted.unwrap();
+            assert_eq!(
+                a.wait_send(1)[0].status,
+                Status::Success,
+                "shm: not enforced"
+            );
+        }
+        Provider::Verbs(_) => {
+            // The READ is refused by the peer's NIC (or, once the queue pair
+            // is in error, at the post).
+            if posted.is_ok() {
+                let wc = a.wait_send(1);
+                assert_eq!(
+                    (wc[0].wr_id, wc[0].status),
+                    (2, Status::RemoteAccessError),
+                    "READ of a write-only region"
+                );
+            }
+            let mut untouched = [0u8; 7];
+            a.scratch.read_at(64, &mut untouched).unwrap();
+            assert_eq!(untouched, [0u8; 7], "nothing was read");
+        }
+    }
 }

@@ -149,12 +149,23 @@ pub fn wait_cq(cq: &CompletionQueue, n: usize, patience: Duration) -> Vec<Comple
 
 /// Connects two queue pairs in this process over `provider`'s side channel.
 pub fn pair_on(provider: &Provider, len: usize, a_cfg: QpConfig, b_cfg: QpConfig) -> (Side, Side) {
+    pair_on_with_access(provider, len, a_cfg, b_cfg, rrpc_core::Access::ALL)
+}
+
+/// [`pair_on`], each side granting a region registered with `access`.
+pub fn pair_on_with_access(
+    provider: &Provider,
+    len: usize,
+    a_cfg: QpConfig,
+    b_cfg: QpConfig,
+    access: rrpc_core::Access,
+) -> (Side, Side) {
     let (listener, ep) = provider.listen("pair", HandshakeConfig::default());
     let fabric = provider.fabric();
     let f2 = fabric.clone();
     let p2 = provider.clone();
     let server = std::thread::spawn(move || {
-        let granted = f2.alloc_region(len).unwrap();
+        let granted = f2.alloc_region_with(len, access).unwrap();
         let scratch = f2.alloc_region(len).unwrap();
         let inc = listener.accept().unwrap();
         let conn = inc
@@ -170,7 +181,7 @@ pub fn pair_on(provider: &Provider, len: usize, a_cfg: QpConfig, b_cfg: QpConfig
             provider: p2,
         }
     });
-    let granted = fabric.alloc_region(len).unwrap();
+    let granted = fabric.alloc_region_with(len, access).unwrap();
     let scratch = fabric.alloc_region(len).unwrap();
     let conn = conn::connect(
         &ep,

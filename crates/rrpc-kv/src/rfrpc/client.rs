@@ -198,7 +198,10 @@ impl RfClient {
     /// [`Error::Fabric`] if the connection or a region fails;
     /// [`Error::Malformed`] if the server's offer is not an RF-RPC server's.
     pub fn connect(endpoint: &Endpoint, fabric: &Fabric, cfg: RfClientConfig) -> Result<Self> {
-        let reply = fabric.alloc_region(cfg.reply_buffer).map_err(fab)?;
+        // Narrowest access: the server only WRITEs into the reply buffer.
+        let reply = fabric
+            .alloc_region_with(cfg.reply_buffer, rrpc_core::Access::REMOTE_WRITE)
+            .map_err(fab)?;
         let conn = conn::connect(
             endpoint,
             fabric.create_qp(&QpConfig::default()).map_err(fab)?,
@@ -221,7 +224,11 @@ impl RfClient {
             });
         }
         let local = fabric
-            .alloc_region(info.request_cap + info.response_cap)
+            // Local only: the request's source and the READs' destination.
+            .alloc_region_with(
+                info.request_cap + info.response_cap,
+                rrpc_core::Access::LOCAL,
+            )
             .map_err(fab)?;
         let policy = cfg.mode.unwrap_or(info.policy);
         let fetch_size = cfg.fetch_size.min(info.response_cap);

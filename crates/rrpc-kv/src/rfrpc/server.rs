@@ -353,7 +353,8 @@ fn accept_one(pending: conn::Pending, fabric: &Fabric, info: ServerInfo) -> Resu
         });
     };
     let region = fabric
-        .alloc_region(info.request_cap + info.response_cap)
+        // The client WRITEs requests and READs responses (remote fetching).
+        .alloc_region_with(info.request_cap + info.response_cap, rrpc_core::Access::ALL)
         .map_err(Error::Fabric)?;
     let qp = fabric
         .create_qp(&QpConfig::default())

@@ -24,7 +24,7 @@ use rdma_sys::{
 };
 
 use super::caps::{self, DeviceCaps, GidEntry};
-use super::wr::{ACCESS, Transition, build_recv_wr};
+use super::wr::{Transition, build_recv_wr, mr_access};
 use crate::error::{Error, Result};
 use crate::fabric::VerbsOptions;
 use crate::qp::DEFAULT_INLINE;
@@ -301,8 +301,8 @@ impl Drop for Device {
     }
 }
 
-/// A memory registration (`ibv_reg_mr` with local write, remote write and
-/// remote read access); `ibv_dereg_mr` on drop.
+/// A memory registration (`ibv_reg_mr` with local write and the region's
+/// remote access, see [`mr_access`]); `ibv_dereg_mr` on drop.
 pub(crate) struct Mr {
     mr: NonNull<ibv_mr>,
     dev: Arc<Device>,
@@ -329,9 +329,15 @@ impl Mr {
     /// # Safety
     /// `addr..addr+len` must be a mapping that outlives the returned `Mr`
     /// (the owner must drop the `Mr` before unmapping).
-    pub(crate) unsafe fn register(dev: &Arc<Device>, addr: *mut u8, len: usize) -> Result<Mr> {
+    pub(crate) unsafe fn register(
+        dev: &Arc<Device>,
+        addr: *mut u8,
+        len: usize,
+        access: crate::region::Access,
+    ) -> Result<Mr> {
+        let flags = mr_access(access);
         // SAFETY: valid PD; the caller guarantees the memory outlives the registration.
-        let mr = unsafe { rdma_sys::ibv_reg_mr(dev.pd(), addr.cast(), len, ACCESS as i32) };
+        let mr = unsafe { rdma_sys::ibv_reg_mr(dev.pd(), addr.cast(), len, flags as i32) };
         let mr = NonNull::new(mr).ok_or_else(|| last_os("ibv_reg_mr"))?;
         Ok(Mr {
             mr,

@@ -258,6 +258,19 @@ pub(crate) const ACCESS: u32 = ibv_access_flags::IBV_ACCESS_LOCAL_WRITE.0
     | ibv_access_flags::IBV_ACCESS_REMOTE_WRITE.0
     | ibv_access_flags::IBV_ACCESS_REMOTE_READ.0;
 
+/// The `ibv_reg_mr` flags of a region: local write always (READ
+/// destinations, receive buffers), remote write and read as `access` says.
+pub(crate) fn mr_access(access: crate::region::Access) -> u32 {
+    let mut f = ibv_access_flags::IBV_ACCESS_LOCAL_WRITE.0;
+    if access.remote_write {
+        f |= ibv_access_flags::IBV_ACCESS_REMOTE_WRITE.0;
+    }
+    if access.remote_read {
+        f |= ibv_access_flags::IBV_ACCESS_REMOTE_READ.0;
+    }
+    f
+}
+
 /// RESET → INIT: `port`, partition key 0, remote WRITE and READ allowed.
 pub(crate) fn init_transition(port: u8) -> Transition {
     let mut attr = zeroed_attr();
@@ -562,6 +575,10 @@ mod tests {
         assert_eq!(t.attr.port_num, 2);
         assert_eq!(t.attr.pkey_index, 0);
         assert_eq!(t.attr.qp_access_flags, 1 | 2 | 4);
+        use crate::region::Access;
+        assert_eq!(mr_access(Access::ALL), 1 | 2 | 4);
+        assert_eq!(mr_access(Access::REMOTE_WRITE), 1 | 2);
+        assert_eq!(mr_access(Access::LOCAL), 1);
         assert_eq!(
             t.mask,
             1 | 8 | 16 | 32,
