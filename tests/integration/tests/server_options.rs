@@ -77,7 +77,8 @@ on_all_transports!(
 /// `max_connection_age(150 ms)`: the server drains each connection at its
 /// age; one channel making a call every 30 ms for a second (six ages) keeps
 /// working, reconnecting as tonic's `Channel` does. A call that races the
-/// server's GOAWAY can fail with `Unavailable`, over TCP as on rings (tonic
+/// server's GOAWAY can fail with `Unavailable` (or `Internal` naming the
+/// GOAWAY, tonic's mapping of hyper's error), over TCP as on rings (tonic
 /// does not retry it either): such a call is allowed once per connection
 /// age, never twice in a row (the call after it reaches a new connection).
 /// On the loaded test machine and in the soft-RoCE VM (20-50x slower) two
@@ -98,7 +99,12 @@ async fn max_connection_age_keeps_the_channel_working(t: Transport) {
                 last_failed = false;
             }
             Err(e) => {
-                assert_eq!(e.code(), Code::Unavailable, "{t:?}: {e:?}");
+                // tonic's own mapping of the race: `Unavailable`, or, when
+                // hyper saw the GOAWAY first, `Internal` "h2 protocol
+                // error" (tonic maps h2's NO_ERROR GOAWAY to Internal).
+                let raced_goaway = e.code() == Code::Unavailable
+                    || (e.code() == Code::Internal && format!("{e:?}").contains("GoAway"));
+                assert!(raced_goaway, "{t:?}: {e:?}");
                 assert!(
                     !last_failed,
                     "{t:?}: two calls in a row failed: {failed:?} {e:?}"
