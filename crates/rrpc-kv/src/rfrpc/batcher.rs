@@ -352,7 +352,10 @@ impl BatcherConfig {
 struct Flight {
     client: usize,
     tickets: Vec<Ticket>,
-    entries: Vec<Vec<u8>>,
+    /// The builder's encoding and each entry's range in it (kept for the
+    /// per-entry resend of an oversized result batch).
+    enc: Vec<u8>,
+    entries: Vec<std::ops::Range<usize>>,
     reason: FlushReason,
     sent: Instant,
 }
@@ -619,10 +622,8 @@ impl<C: Clock> Batcher<C> {
         // from the entries, so take them back out of it.
         let enc = self.builder.finish(0, 0);
         self.control.handle_flush();
-        let entries: Vec<&[u8]> = match batch::parse(&enc, tickets.len()) {
-            Ok(batch::BatchState::Complete(b)) => {
-                b.entries.iter().map(|r| &enc[r.clone()]).collect()
-            }
+        let entries: Vec<std::ops::Range<usize>> = match batch::parse(&enc, tickets.len()) {
+            Ok(batch::BatchState::Complete(b)) => b.entries,
             _ => Vec::new(),
         };
         if entries.len() != tickets.len() {
@@ -643,7 +644,6 @@ impl<C: Clock> Batcher<C> {
         }
         self.stats.batches += 1;
         self.stats.batched += tickets.len() as u64;
-        let entries: Vec<Vec<u8>> = entries.into_iter().map(<[u8]>::to_vec).collect();
         // A buffer pair, and room under the threshold.
         while self.free.is_empty()
             || (!self.flights.is_empty()
@@ -655,13 +655,15 @@ impl<C: Clock> Batcher<C> {
             .free
             .pop_front()
             .expect("a free client after collecting");
-        let refs: Vec<&[u8]> = entries.iter().map(Vec::as_slice).collect();
+        let refs: Vec<&[u8]> = entries.iter().map(|r| &enc[r.clone()]).collect();
         let sent = Instant::now();
         let submitted = self.clients[client].submit_batch(&refs);
+        drop(refs);
         self.outstanding += tickets.len();
         self.flights.push_back(Flight {
             client,
             tickets,
+            enc,
             entries,
             reason,
             sent,
@@ -711,7 +713,8 @@ impl<C: Clock> Batcher<C> {
             Err(Error::TooLarge { what: "result", .. }) if self.resend_oversized => {
                 self.stats.oversized_resends += 1;
                 let c = &mut self.clients[f.client];
-                for (t, e) in f.tickets.into_iter().zip(&f.entries) {
+                for (t, r) in f.tickets.into_iter().zip(&f.entries) {
+                    let e = &f.enc[r.clone()];
                     // Each large result alone, in server-reply (§4.1).
                     let r = c.call_server_reply(e).map_err(Arc::new);
                     self.done.push_back((t, r));
