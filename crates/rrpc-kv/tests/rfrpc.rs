@@ -116,14 +116,13 @@ fn forced_server_reply_mode() {
     assert_eq!(s2.served_server_reply(), 1);
 }
 
-#[test]
-fn hybrid_switch_under_a_slow_handler() {
-    let ep = endpoint("hybrid");
-    let f = Fabric::shm();
+/// An echo server whose handler sleeps `slow` ms per call while it is
+/// non-zero.
+fn slow_echo(ep: &Endpoint, f: &Fabric) -> (RfServer, Arc<AtomicU64>) {
     let slow = Arc::new(AtomicU64::new(0));
     let s2 = slow.clone();
     let server = RfServer::builder()
-        .serve(&ep, &f, move |req: &[u8]| {
+        .serve(ep, f, move |req: &[u8]| {
             let ms = s2.load(Ordering::Relaxed);
             if ms > 0 {
                 std::thread::sleep(Duration::from_millis(ms));
@@ -131,23 +130,73 @@ fn hybrid_switch_under_a_slow_handler() {
             req.to_vec()
         })
         .unwrap();
-    let mut c = RfClient::connect(&ep, &f, RfClientConfig::new().retry_limit(50)).unwrap();
-    // A fast echo on shm settles in remote fetch (a loaded machine may
-    // switch once; it switches back).
+    (server, slow)
+}
+
+/// The paper's rules alone (§3.2) decide from READ counts and the server's
+/// processing time, so what they do with a slow handler does not depend
+/// on how loaded this machine is: two exhausting calls switch to
+/// server-reply, slow calls are never short, and two fast ones switch back.
+#[test]
+fn hybrid_switch_under_a_slow_handler_paper_rules() {
+    let ep = endpoint("hybrid-paper");
+    let f = Fabric::shm();
+    let (server, slow) = slow_echo(&ep, &f);
+    let mut c = RfClient::connect(
+        &ep,
+        &f,
+        RfClientConfig::new().retry_limit(50).measured_switch(false),
+    )
+    .unwrap();
+    // A fast echo: a pick-up delay on a loaded machine may exhaust R and
+    // switch, but a fast server-reply call is short and switches back.
     let mut n = 0u32;
     while n < 20 || c.mode_switch().current() != Mode::RemoteFetch {
         assert_eq!(c.call(&n.to_le_bytes()).unwrap(), n.to_le_bytes());
         n += 1;
-        assert!(n < 10_000);
+        assert!(n < 10_000, "{:?}", c.mode_switch());
     }
+    assert_eq!(c.mode_switch().probes(), 0);
     let before = c.stats().switches;
     slow.store(20, Ordering::Relaxed);
-    // Two slow calls switch (the unit tests check the exact count); a
-    // server-reply time measured during an earlier stall of this loaded
-    // machine can veto the switch for a few more calls.
+    // 20 ms is far past 51 READs: the first two calls exhaust R.
+    for _ in 0..2 {
+        assert_eq!(c.mode_switch().current(), Mode::RemoteFetch);
+        c.call(b"a").unwrap();
+    }
+    assert_eq!(c.mode_switch().current(), Mode::ServerReply);
+    let sr = server.served_server_reply();
+    for _ in 0..3 {
+        c.call(b"c").unwrap();
+        assert_eq!(c.mode_switch().current(), Mode::ServerReply);
+    }
+    assert_eq!(server.served_server_reply(), sr + 3);
+    // Fast again: two short server-reply calls switch back (a handler
+    // preempted mid-call is not short, so allow a few more).
+    slow.store(0, Ordering::Relaxed);
+    let mut fast = 0;
+    while c.mode_switch().current() == Mode::ServerReply {
+        c.call(b"d").unwrap();
+        fast += 1;
+        assert!(fast <= 50, "never switched back: {:?}", c.mode_switch());
+    }
+    assert_eq!(c.stats().switches, before + 2);
+}
+
+/// The default (measured) switch also leaves remote fetch for a slow
+/// handler: the slow calls are far over 1.5 x the usual time, so no
+/// veto holds. (Which mode it settles in once the handler is fast again
+/// is a measurement of this machine, tested on a virtual clock in
+/// `mode.rs`; here it only has to keep answering.)
+#[test]
+fn hybrid_switch_under_a_slow_handler() {
+    let ep = endpoint("hybrid");
+    let f = Fabric::shm();
+    let (server, slow) = slow_echo(&ep, &f);
+    let mut c = RfClient::connect(&ep, &f, RfClientConfig::new().retry_limit(50)).unwrap();
+    assert_eq!(c.mode_switch().current(), Mode::RemoteFetch);
+    slow.store(20, Ordering::Relaxed);
     let mut slow_calls = 0;
-    // `current()`: the settled mode (a probe of the other mode
-    // changes `mode()` for five calls).
     while c.mode_switch().current() != Mode::ServerReply {
         c.call(b"a").unwrap();
         slow_calls += 1;
@@ -157,20 +206,17 @@ fn hybrid_switch_under_a_slow_handler() {
             c.mode_switch()
         );
     }
+    // Slow server-reply calls are not short: it stays.
     for _ in 0..3 {
         c.call(b"c").unwrap();
         assert_eq!(c.mode_switch().current(), Mode::ServerReply);
     }
     assert!(server.served_server_reply() >= 3);
-    // Fast again: back to remote fetch after two short calls.
     slow.store(0, Ordering::Relaxed);
-    let mut n = 0;
-    while c.mode_switch().current() == Mode::ServerReply {
-        c.call(b"d").unwrap();
-        n += 1;
-        assert!(n < 5000, "never switched back: {:?}", c.mode_switch());
+    for n in 0..2_000u32 {
+        assert_eq!(c.call(&n.to_le_bytes()).unwrap(), n.to_le_bytes());
     }
-    assert!(c.stats().switches >= before + 2);
+    assert!(c.mode_switch().latency(Mode::ServerReply).is_some());
 }
 
 #[test]

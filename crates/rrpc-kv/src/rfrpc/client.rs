@@ -35,6 +35,7 @@ pub struct RfClientConfig {
     retry_limit: u32,
     call_timeout: Duration,
     mode: Option<ModePolicy>,
+    measured_switch: bool,
     reply_buffer: usize,
     handshake: HandshakeConfig,
 }
@@ -46,6 +47,7 @@ impl Default for RfClientConfig {
             retry_limit: DEFAULT_RETRY_LIMIT,
             call_timeout: DEFAULT_CALL_TIMEOUT,
             mode: None,
+            measured_switch: true,
             reply_buffer: DEFAULT_REPLY_BUFFER,
             handshake: HandshakeConfig::default(),
         }
@@ -95,6 +97,15 @@ impl RfClientConfig {
     /// The mode policy; `None` (the default) takes the server's.
     pub fn mode(mut self, policy: Option<ModePolicy>) -> Self {
         self.mode = policy;
+        self
+    }
+
+    /// Whether the hybrid switch measures both modes (default `true`: the
+    /// measured veto and probes of [`ModeSwitch`]); `false` keeps the
+    /// paper's two rules alone (§3.2), which decide from READ counts and
+    /// processing times only. See [`ModeSwitch::with_measured`].
+    pub fn measured_switch(mut self, on: bool) -> Self {
+        self.measured_switch = on;
         self
     }
 
@@ -240,7 +251,7 @@ impl RfClient {
             info,
             fetch_size,
             timeout: cfg.call_timeout,
-            switch: ModeSwitch::new(policy, cfg.retry_limit),
+            switch: ModeSwitch::new(policy, cfg.retry_limit).with_measured(cfg.measured_switch),
             seq: 0,
             wr: 0,
             frame: Vec::new(),

@@ -114,6 +114,8 @@ pub struct ModeSwitch {
     probe_every: u32,
     probe_len: u32,
     probes: u64,
+    /// Whether the measured veto applies (see the module docs).
+    measured: bool,
 }
 
 fn idx(m: Mode) -> usize {
@@ -200,7 +202,21 @@ impl ModeSwitch {
             probe_every: 512,
             probe_len: 5,
             probes: 0,
+            measured: true,
         }
+    }
+
+    /// `false`: the paper's two rules alone (§3.2), without the measured
+    /// veto and with probing off; `true` (the default): both (see the
+    /// module docs). The paper's rules alone flap on a host where the
+    /// server's pick-up delay, not its processing, exhausts R (shm on a
+    /// loaded machine), and are deterministic in what they decide.
+    pub fn with_measured(mut self, on: bool) -> Self {
+        self.measured = on;
+        if !on {
+            self.probe_every = 0;
+        }
+        self
     }
 
     /// Every `every` calls, send `len` calls in the other mode to measure
@@ -374,6 +390,10 @@ impl ModeSwitch {
     /// a pick-up delay that exhausts R without slowing the calls, or one
     /// stalled call, does not).
     fn switch_unless_vetoed(&mut self, to: Mode, run: Duration) {
+        if !self.measured {
+            self.set(to);
+            return;
+        }
         let vetoed = match (self.latency(to), self.latency(self.mode)) {
             // The triggering calls count only when clearly slower than
             // usual (1.5 x the median): ordinary jitter does not switch.
@@ -518,6 +538,26 @@ mod tests {
         assert_eq!(sw.current(), Mode::ServerReply);
         assert!(sw.switches() <= 3, "{} switches", sw.switches());
         assert!(rf < 1_100, "{rf} remote-fetch calls");
+    }
+
+    #[test]
+    fn the_paper_rules_alone_flap_where_the_measured_switch_does_not() {
+        // The trace of the test above (remote fetch faster, every call
+        // exhausting R): the paper's rules alone switch on every second
+        // call; the measured switch settles.
+        let run = |measured: bool| {
+            let mut sw = ModeSwitch::new(ModePolicy::Hybrid, 5).with_measured(measured);
+            for _ in 0..1_000 {
+                let r = late_pickup(&mut sw, 4, 6);
+                sw.handle_call(r);
+            }
+            (sw.switches(), sw.probes())
+        };
+        let (paper, paper_probes) = run(false);
+        let (measured, _) = run(true);
+        assert!(paper >= 400, "{paper} switches");
+        assert_eq!(paper_probes, 0);
+        assert!(measured <= 2, "{measured} switches");
     }
 
     #[test]
