@@ -109,7 +109,9 @@ fn verbs_hybrid_switch_under_a_slow_handler() {
             req.to_vec()
         })
         .unwrap();
-    let mut c = RfClient::connect(server.endpoint(), &f, cfg()).unwrap();
+    // The paper's rules alone: what they decide does not depend on how
+    // fast the emulated NIC measures either mode.
+    let mut c = RfClient::connect(server.endpoint(), &f, cfg().measured_switch(false)).unwrap();
     for i in 0..10u32 {
         assert_eq!(c.call(&i.to_le_bytes()).unwrap(), i.to_le_bytes());
     }
@@ -133,7 +135,7 @@ fn verbs_hybrid_switch_under_a_slow_handler() {
     while c.mode_switch().current() == Mode::ServerReply {
         c.call(b"d").unwrap();
         n += 1;
-        assert!(n < 5000, "never switched back: {:?}", c.mode_switch());
+        assert!(n < 50, "never switched back: {:?}", c.mode_switch());
     }
     eprintln!("verbs hybrid: {:?} {:?}", c.stats(), c.mode_switch());
 }
