@@ -4,12 +4,13 @@
 //! # Memory layout
 //! Each side allocates two regions in [`LocalRing::new`]:
 //! * the **receive region**, granted to the peer under [`ROLE_RING`]:
-//!   `local_tail` word at byte 0 (written by the peer's sender), `local_head`
-//!   word at byte 64 (written by the peer's receiver, for our sender), each on
-//!   its own cache line, and `RB_R` at byte [`RING_OFFSET`] (plus 8 bytes when
+//!   `local_tail` record at byte 0 (written by the peer's sender),
+//!   `local_head` record at byte 64 (written by the peer's receiver, for our
+//!   sender), each a 16-byte pointer record (value and check word, `proto`
+//!   docs, "Pointer records") on its own cache line, and `RB_R` at byte [`RING_OFFSET`] (plus 8 bytes when
 //!   cache-line alignment is switched off for the ablation);
 //! * the **staging region**, never granted: `RB_S` at the same offset, then
-//!   the source words of tail WRITEs and head pushes, one cache line each.
+//!   the source records of tail WRITEs and head pushes, one cache line each.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -21,15 +22,15 @@ use crate::config::RingConfig;
 use crate::error::Error;
 use crate::mem;
 use crate::proto::{
-    Geometry, MAX_TAIL_INFLIGHT, Message, Receiver, Reservation, Sender, Transmit, WR_KIND_RX,
-    WR_KIND_TX, WR_SEQ_MASK,
+    Geometry, MAX_TAIL_INFLIGHT, Message, POINTER_RECORD_LEN, Receiver, Reservation, Sender,
+    Transmit, WR_KIND_RX, WR_KIND_TX, WR_SEQ_MASK, encode_pointer,
 };
 
 /// Role under which the receive region (`RB_R` + pointer words) is granted.
 pub const ROLE_RING: u16 = 0x5242;
-/// Byte offset of the `local_tail` word in the receive region.
+/// Byte offset of the `local_tail` pointer record in the receive region.
 pub const LOCAL_TAIL_OFFSET: usize = 0;
-/// Byte offset of the `local_head` word in the receive region.
+/// Byte offset of the `local_head` pointer record in the receive region.
 pub const LOCAL_HEAD_OFFSET: usize = 64;
 /// Byte offset of the ring array in the receive and staging regions.
 pub const RING_OFFSET: usize = 4096;
@@ -42,8 +43,14 @@ pub const GEOMETRY_FLAG_UNALIGNED: u32 = 1 << 24;
 /// Flag in the top byte of `RingGeometry::slot_size`: this side's sender
 /// writes its tail with `WRITE_WITH_IMM` ([`RingConfig::tail_with_imm`]).
 pub const GEOMETRY_FLAG_TAIL_IMM: u32 = 1 << 25;
+/// Flag in the top byte of `RingGeometry::slot_size`: this side's tail and
+/// head are 16-byte pointer records (`proto` docs, "Pointer records").
+/// Always set; a peer without it writes bare 8-byte words (an rrpc before
+/// records) and is refused with [`Error::Incompatible`].
+pub const GEOMETRY_FLAG_POINTER_RECORDS: u32 = 1 << 26;
 const GEOMETRY_SIZE_MASK: u32 = (1 << 24) - 1;
-const GEOMETRY_KNOWN_FLAGS: u32 = GEOMETRY_FLAG_UNALIGNED | GEOMETRY_FLAG_TAIL_IMM;
+const GEOMETRY_KNOWN_FLAGS: u32 =
+    GEOMETRY_FLAG_UNALIGNED | GEOMETRY_FLAG_TAIL_IMM | GEOMETRY_FLAG_POINTER_RECORDS;
 const HEAD_SRC: usize = MAX_TAIL_INFLIGHT;
 
 /// This side's half of a connection before the handshake: its receive ring
@@ -80,6 +87,10 @@ impl LocalRing {
             .alloc_region_with(ring_off + cfg.ring_size(), rrpc_core::Access::REMOTE_WRITE)?;
         let tx_region =
             fabric.alloc_region_with(ctrl_off + (HEAD_SRC + 1) * 64, rrpc_core::Access::LOCAL)?;
+        // Zeroed memory is no valid record: start both at pointer 0.
+        for off in [LOCAL_TAIL_OFFSET, LOCAL_HEAD_OFFSET] {
+            store_record(&rx_region, off, 0)?;
+        }
         Ok(LocalRing {
             cfg: Arc::new(cfg.clone()),
             rx_region,
@@ -99,7 +110,7 @@ impl LocalRing {
     /// ring would otherwise be misread. `alpha`, `beta` and `gamma` are
     /// informational: each side's thresholds only pace its own WRITEs.
     pub fn geometry(&self) -> RingGeometry {
-        let mut flags = 0;
+        let mut flags = GEOMETRY_FLAG_POINTER_RECORDS;
         if !self.cfg.cache_align() {
             flags |= GEOMETRY_FLAG_UNALIGNED;
         }
@@ -183,6 +194,8 @@ impl LocalRing {
             full_at: Arc::new(AtomicU64::new(NOT_FULL)),
             full: false,
             imm_fallbacks: 0,
+            placement_timeout: self.cfg.placement_timeout(),
+            torn_since: None,
         };
         let rx = RingRx {
             receiver: Receiver::new(&self.cfg),
@@ -199,6 +212,7 @@ impl LocalRing {
             peeked: None,
             placement_timeout: self.cfg.placement_timeout(),
             unplaced_since: None,
+            torn_since: None,
         };
         Ok((tx, rx))
     }
@@ -225,6 +239,13 @@ fn check_peer_geometry(ours: &RingGeometry, peer: &RingGeometry) -> Result<(), E
         )));
     }
     let flag = |g: &RingGeometry, f: u32| g.slot_size & f != 0;
+    if !flag(peer, GEOMETRY_FLAG_POINTER_RECORDS) {
+        return Err(Error::Incompatible(
+            "peer ring writes 8-byte pointer words, ours 16-byte pointer records \
+             (the peer runs an older rrpc-ringbuf)"
+                .into(),
+        ));
+    }
     let (pa, oa) = (
         !flag(peer, GEOMETRY_FLAG_UNALIGNED),
         !flag(ours, GEOMETRY_FLAG_UNALIGNED),
@@ -312,6 +333,11 @@ pub struct RingTx {
     /// Local copy of `full_at != NOT_FULL` (no shared load on the fast path).
     full: bool,
     imm_fallbacks: u64,
+    /// [`RingConfig::placement_timeout`], which also bounds how long the
+    /// head record may stay inconsistent.
+    placement_timeout: std::time::Duration,
+    /// Since when the head record has read inconsistent.
+    torn_since: Option<std::time::Instant>,
 }
 
 impl RingTx {
@@ -328,15 +354,16 @@ impl RingTx {
         }
         // rtrb's cached-index pattern: the peer-written head word (and the
         // queue pair's state) is read only when the ring looks full.
-        let mut head = self.sender.local_head();
         if !self.sender.fits(len) {
             self.shared.check()?;
-            head = self
-                .rx_region
-                .atomic_u64(LOCAL_HEAD_OFFSET)?
-                .load(Ordering::Acquire);
-            self.sender.handle_local_head(head)?;
+            let (value, check) = load_record(&self.rx_region, LOCAL_HEAD_OFFSET)?;
+            if self.sender.handle_head_record(value, check)? {
+                self.torn_since = None;
+            } else if torn_for_too_long(&mut self.torn_since, self.placement_timeout) {
+                return Err(self.sender.record_timed_out(value, check));
+            }
         }
+        let head = self.sender.local_head();
         let ring = mem::staging_mut(&self.tx_region, self.ring_off, self.ring_len);
         match self.sender.reserve(len, ring) {
             Ok(res) => {
@@ -454,10 +481,8 @@ impl RingTx {
                 ),
                 Transmit::Tail { value, src, wr_id } => {
                     let off = self.ctrl_off + src * 64;
-                    self.tx_region
-                        .atomic_u64(off)?
-                        .store(value, Ordering::Release);
-                    let local = Local::new(&self.tx_region, off, 8);
+                    store_record(&self.tx_region, off, value)?;
+                    let local = Local::new(&self.tx_region, off, POINTER_RECORD_LEN);
                     let remote = self.remote.at(LOCAL_TAIL_OFFSET as u64);
                     if self.cfg.tail_with_imm() {
                         match self.shared.qp.post_write_imm(
@@ -474,7 +499,7 @@ impl RingTx {
                             // the data flowing instead of failing the ring.
                             Err(rrpc_core::Error::ReceiverNotReady) => {
                                 self.imm_fallbacks += 1;
-                                let local = Local::new(&self.tx_region, off, 8);
+                                let local = Local::new(&self.tx_region, off, POINTER_RECORD_LEN);
                                 self.shared.qp.post_write(wr_id, local, remote, true)
                             }
                             r => r,
@@ -585,6 +610,8 @@ pub struct RingRx {
     /// Since when the message at this slot pointer has been covered by the
     /// tail but not placed (`proto` docs, "Placement order").
     unplaced_since: Option<(u64, std::time::Instant)>,
+    /// Since when the tail record has read inconsistent.
+    torn_since: Option<std::time::Instant>,
 }
 
 impl RingRx {
@@ -604,15 +631,17 @@ impl RingRx {
         // Cached-index pattern: reload the peer-written tail word only when
         // everything published so far has been consumed.
         if self.receiver.head() == self.receiver.local_tail() {
-            let tail = self
-                .rx_region
-                .atomic_u64(LOCAL_TAIL_OFFSET)?
-                .load(Ordering::Acquire);
-            if self.imm && tail != self.receiver.local_tail() {
-                // Each tail WRITE_WITH_IMM consumed one receive: repost them.
-                self.replenish()?;
+            let (value, check) = load_record(&self.rx_region, LOCAL_TAIL_OFFSET)?;
+            let before = self.receiver.local_tail();
+            if self.receiver.handle_tail_record(value, check)? {
+                self.torn_since = None;
+                if self.imm && self.receiver.local_tail() != before {
+                    // Each tail WRITE_WITH_IMM consumed one receive: repost them.
+                    self.replenish()?;
+                }
+            } else if torn_for_too_long(&mut self.torn_since, self.placement_timeout) {
+                return Err(self.receiver.record_timed_out(value, check));
             }
-            self.receiver.handle_local_tail(tail)?;
         }
         let (region, off) = (&self.rx_region, self.ring_off);
         let got = self.receiver.poll_recv(|o| {
@@ -776,12 +805,10 @@ impl RingRx {
         }
         while let Some(p) = self.receiver.poll_transmit() {
             let off = self.ctrl_off + HEAD_SRC * 64;
-            self.tx_region
-                .atomic_u64(off)?
-                .store(p.value, Ordering::Release);
+            store_record(&self.tx_region, off, p.value)?;
             self.shared.qp.post_write(
                 p.wr_id,
-                Local::new(&self.tx_region, off, 8),
+                Local::new(&self.tx_region, off, POINTER_RECORD_LEN),
                 self.remote.at(LOCAL_HEAD_OFFSET as u64),
                 p.signaled,
             )?;
@@ -837,5 +864,63 @@ impl RxWatch {
         self.region
             .atomic_u64(LOCAL_TAIL_OFFSET)
             .is_ok_and(|w| w.load(Ordering::Acquire) != self.head.load(Ordering::Acquire))
+    }
+}
+
+/// Stores the pointer record of `value` at `off` of our own `region`
+/// (`Release`: a peer or NIC that reads it sees what came before).
+fn store_record(region: &Region, off: usize, value: u64) -> Result<(), Error> {
+    let b = encode_pointer(value);
+    let [lo, hi] = [&b[..8], &b[8..]].map(|w| u64::from_le_bytes(w.try_into().expect("8 bytes")));
+    region.atomic_u64(off)?.store(lo, Ordering::Release);
+    region.atomic_u64(off + 8)?.store(hi, Ordering::Release);
+    Ok(())
+}
+
+/// Loads the two words of the pointer record at `off` of a peer-written
+/// region (`Acquire`: what the peer wrote before it is visible after).
+fn load_record(region: &Region, off: usize) -> Result<(u64, u64), Error> {
+    let value = region.atomic_u64(off)?.load(Ordering::Acquire);
+    let check = region.atomic_u64(off + 8)?.load(Ordering::Acquire);
+    Ok((value, check))
+}
+
+/// A pointer record read inconsistent: starts the clock, and says whether
+/// it has stayed so for longer than `bound`.
+fn torn_for_too_long(since: &mut Option<std::time::Instant>, bound: std::time::Duration) -> bool {
+    let now = std::time::Instant::now();
+    match *since {
+        Some(t) => now.duration_since(t) > bound,
+        None => {
+            *since = Some(now);
+            false
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn geometry(flags: u32) -> RingGeometry {
+        RingGeometry {
+            slot_size: 64 | flags,
+            slot_count: 1024,
+            alpha: 1,
+            beta: 1,
+            gamma: 1,
+            mode: 0,
+        }
+    }
+
+    #[test]
+    fn a_peer_without_pointer_records_is_refused() {
+        let ours = geometry(GEOMETRY_FLAG_POINTER_RECORDS);
+        assert!(check_peer_geometry(&ours, &ours).is_ok());
+        let e = check_peer_geometry(&ours, &geometry(0)).unwrap_err();
+        assert!(
+            matches!(&e, Error::Incompatible(m) if m.contains("8-byte pointer words")),
+            "{e}"
+        );
     }
 }

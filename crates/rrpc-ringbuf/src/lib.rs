@@ -117,7 +117,8 @@ pub use config::{
     MAX_THRESHOLD, MIN_SLOT_COUNT, RingConfig, RingConfigBuilder,
 };
 pub use driver::{
-    GEOMETRY_FLAG_TAIL_IMM, GEOMETRY_FLAG_UNALIGNED, LOCAL_HEAD_OFFSET, LOCAL_TAIL_OFFSET,
-    LocalRing, RING_OFFSET, ROLE_RING, ReadGuard, RingRx, RingTx, RxWatch, TxWatch, WriteGuard,
+    GEOMETRY_FLAG_POINTER_RECORDS, GEOMETRY_FLAG_TAIL_IMM, GEOMETRY_FLAG_UNALIGNED,
+    LOCAL_HEAD_OFFSET, LOCAL_TAIL_OFFSET, LocalRing, RING_OFFSET, ROLE_RING, ReadGuard, RingRx,
+    RingTx, RxWatch, TxWatch, WriteGuard,
 };
 pub use error::Error;

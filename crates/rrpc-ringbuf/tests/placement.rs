@@ -3,7 +3,9 @@
 //! after the placement timeout, naming what was seen. The peer here writes
 //! into our ring with raw rrpc-core WRITEs, as a misbehaving (or
 //! reordering) peer would: on shm (module `shm`), and with feature `verbs`
-//! on `RRPC_TEST_DEVICE` (module `verbs`).
+//! on `RRPC_TEST_DEVICE` (module `verbs`). A tail record read half-written
+//! (`proto` docs, "Pointer records") is a wait too, and one that stays
+//! inconsistent closes the ring the same way.
 
 #[macro_use]
 mod common;
@@ -12,12 +14,14 @@ use std::time::{Duration, Instant};
 
 use common::{BOUND, Provider};
 use rrpc_core::{Completion, Local, Status};
-use rrpc_ringbuf::proto::{Header, stamp_for};
+use rrpc_ringbuf::proto::{Header, encode_pointer, stamp_for};
 use rrpc_ringbuf::{Error, LOCAL_TAIL_OFFSET, RING_OFFSET, ROLE_RING, RingConfig, RingRx};
 
 on_every_provider!(
     a_tail_ahead_of_its_message_is_a_wait,
     garbage_under_a_published_tail_closes_after_the_placement_timeout,
+    a_half_written_tail_record_is_a_wait,
+    a_tail_record_that_stays_inconsistent_closes_the_ring,
 );
 
 fn cfg(placement_timeout: Duration) -> RingConfig {
@@ -89,7 +93,7 @@ fn a_tail_ahead_of_its_message_is_a_wait(p: &Provider) {
     // that the three WRITEs below (slow on soft-RoCE) never reach it.
     let (mut peer, mut rx, _keep) = setup(p, cfg(Duration::from_secs(30)));
     // The tail first: slot 0 is covered but nothing is there yet.
-    peer.write(LOCAL_TAIL_OFFSET, &1u64.to_le_bytes());
+    peer.write(LOCAL_TAIL_OFFSET, &encode_pointer(1));
     assert!(matches!(rx.try_recv(), Err(Error::WouldBlock)));
     // Then the message: header, payload, end stamp in the slot's last word.
     let mut slot = [0u8; 64];
@@ -109,7 +113,7 @@ fn garbage_under_a_published_tail_closes_after_the_placement_timeout(p: &Provide
     // A right header, so only the end stamp is wrong.
     slot[..8].copy_from_slice(&Header::new(5, 0, 0).encode());
     peer.write(RING_OFFSET, &slot);
-    peer.write(LOCAL_TAIL_OFFSET, &1u64.to_le_bytes());
+    peer.write(LOCAL_TAIL_OFFSET, &encode_pointer(1));
     let start = Instant::now();
     let err = loop {
         match rx.try_recv() {
@@ -131,4 +135,58 @@ fn garbage_under_a_published_tail_closes_after_the_placement_timeout(p: &Provide
         matches!(rx.try_recv(), Err(Error::Corrupt(_))),
         "stays closed"
     );
+}
+
+/// One message of `payload` at slot 0, placed.
+fn place_hello(peer: &mut Raw) {
+    let mut slot = [0u8; 64];
+    slot[..8].copy_from_slice(&Header::new(5, 0, 0).encode());
+    slot[8..13].copy_from_slice(b"hello");
+    slot[56..].copy_from_slice(&stamp_for(0).to_le_bytes());
+    peer.write(RING_OFFSET, &slot);
+}
+
+fn a_half_written_tail_record_is_a_wait(p: &Provider) {
+    // What soft-RoCE's byte-wise copy showed a receiver: the low byte of a
+    // new tail with the rest of the old record. Here: the value word of
+    // tail 1 without its check word, then the check.
+    let (mut peer, mut rx, _keep) = setup(p, cfg(Duration::from_secs(30)));
+    place_hello(&mut peer);
+    let rec = encode_pointer(1);
+    peer.write(LOCAL_TAIL_OFFSET, &rec[..8]);
+    for _ in 0..3 {
+        assert!(matches!(rx.try_recv(), Err(Error::WouldBlock)));
+    }
+    assert_eq!(rx.state().torn_tails(), 3);
+    assert_eq!(rx.state().local_tail(), 0, "a torn value is never used");
+    peer.write(LOCAL_TAIL_OFFSET + 8, &rec[8..]);
+    let m = rx.try_recv().expect("consistent now");
+    assert_eq!(&*m, b"hello");
+}
+
+fn a_tail_record_that_stays_inconsistent_closes_the_ring(p: &Provider) {
+    let (mut peer, mut rx, _keep) = setup(p, cfg(Duration::from_millis(200)));
+    place_hello(&mut peer);
+    // A plausible tail value with a wrong check word: never used.
+    let mut rec = encode_pointer(1);
+    rec[8] ^= 1;
+    peer.write(LOCAL_TAIL_OFFSET, &rec);
+    let start = Instant::now();
+    let err = loop {
+        match rx.try_recv() {
+            Err(Error::WouldBlock) => {
+                assert!(start.elapsed() < Duration::from_secs(5), "never closed");
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            Err(e) => break e,
+            Ok(m) => panic!("message delivered under a bad tail record: {:?}", &*m),
+        }
+    };
+    assert!(start.elapsed() >= Duration::from_millis(150));
+    let msg = err.to_string();
+    assert!(
+        matches!(err, Error::Corrupt(_)) && msg.contains("tail record"),
+        "{msg}"
+    );
+    assert!(matches!(rx.try_recv(), Err(Error::Corrupt(_))));
 }

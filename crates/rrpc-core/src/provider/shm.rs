@@ -3,8 +3,9 @@
 //! * A region is a `memfd` mapped `MAP_SHARED`; granting it passes the fd to
 //!   the peer (`SCM_RIGHTS`), which maps exactly what it was granted.
 //! * A WRITE is a copy into the peer's mapping followed by a `Release` fence; an
-//!   aligned 8-byte WRITE is a single atomic `Release` store, so pointer words
-//!   are never torn and RC ordering holds (earlier writes are visible first).
+//!   aligned WRITE of up to 64 bytes in whole words is a `Release` store per
+//!   word, so pointer words are never torn and RC ordering holds (earlier
+//!   writes are visible first).
 //! * A READ is a copy out of the peer's mapping.
 //! * A WRITE_WITH_IMM additionally appends `(imm, len)` to the peer's receive
 //!   completion queue — a ring in shared memory the peer owns — and, if the
@@ -647,18 +648,32 @@ impl ShmQp {
     }
 }
 
+/// WRITEs up to this many bytes (a multiple of 8, aligned) are stored as
+/// atomic words: pointer words and records (rrpc-ringbuf's 16-byte tail and
+/// head) are read by a polling peer while they are written.
+const SMALL_WRITE: usize = 64;
+
 /// Copies `len` bytes to peer memory and publishes them with release ordering.
 ///
 /// # Safety
 /// `src..src+len` and `dst..dst+len` must be valid for reads / writes.
 #[inline]
 unsafe fn copy_out(src: *const u8, dst: *mut u8, len: usize, torn: bool) {
-    if len == 8 && (src as usize).is_multiple_of(8) && (dst as usize).is_multiple_of(8) && !torn {
-        // SAFETY: both 8-aligned and valid (caller); a single atomic store makes
-        // pointer words untearable, as an aligned 8-byte RDMA WRITE is on a NIC.
-        unsafe {
-            let v = (*(src as *const AtomicU64)).load(Ordering::Relaxed);
-            (*(dst as *const AtomicU64)).store(v, Ordering::Release);
+    if len.is_multiple_of(8)
+        && len <= SMALL_WRITE
+        && (src as usize).is_multiple_of(8)
+        && (dst as usize).is_multiple_of(8)
+        && !torn
+    {
+        for i in (0..len).step_by(8) {
+            // SAFETY: both 8-aligned and valid for `len` bytes (caller); one
+            // atomic store per word makes each word untearable, as an aligned
+            // 8-byte RDMA WRITE is on a NIC, and orders the words in address
+            // order (a pointer record's value before its check word).
+            unsafe {
+                let v = (*(src.add(i) as *const AtomicU64)).load(Ordering::Relaxed);
+                (*(dst.add(i) as *const AtomicU64)).store(v, Ordering::Release);
+            }
         }
         return;
     }

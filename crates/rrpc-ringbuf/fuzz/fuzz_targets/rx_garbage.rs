@@ -6,7 +6,7 @@
 
 use libfuzzer_sys::fuzz_target;
 use rrpc_ringbuf::RingConfig;
-use rrpc_ringbuf::proto::{Receiver, Sender, stamp_for, tag_for};
+use rrpc_ringbuf::proto::{Receiver, Sender, pointer_check, stamp_for, tag_for};
 
 fuzz_target!(|data: &[u8]| {
     if data.len() < 2 {
@@ -33,7 +33,13 @@ fuzz_target!(|data: &[u8]| {
         let word = u64::from_le_bytes(op[2..10].try_into().unwrap());
         match op[0] % 7 {
             0 => {
-                let _ = rx.handle_local_tail(word);
+                // A bare pointer, or a record whose check is right when
+                // op[1] >> 1 is zero.
+                if op[1] & 1 == 0 {
+                    let _ = rx.handle_local_tail(word);
+                } else {
+                    let _ = rx.handle_tail_record(word, pointer_check(word) ^ u64::from(op[1] >> 1));
+                }
             }
             1 => {
                 let off = (usize::from(op[1]) * 8) % ring.len();
@@ -70,7 +76,11 @@ fuzz_target!(|data: &[u8]| {
                 }
             }
             _ => {
-                let _ = tx.handle_local_head(word);
+                if op[1] & 1 == 0 {
+                    let _ = tx.handle_local_head(word);
+                } else {
+                    let _ = tx.handle_head_record(word, pointer_check(word) ^ u64::from(op[1] >> 1));
+                }
                 if let Ok(r) = tx.reserve(usize::from(op[1]), &mut tx_ring) {
                     tx.commit(r, usize::from(op[1]), &mut tx_ring);
                 }

@@ -53,6 +53,24 @@
 //! would need the tail carried by `WRITE_WITH_IMM` and its completion polled
 //! before reading; that is not implemented.
 //!
+//! # Pointer records: the tail and the head are 16 bytes
+//! The tail (sender → receiver) and the head (receiver → sender) travel as
+//! a 16-byte *pointer record*: the value, then [`pointer_check`]`(value)`,
+//! written by one WRITE ([`encode_pointer`]); the reader loads both words
+//! and takes the value only when the check matches ([`decode_pointer`]).
+//! An aligned 8-byte WRITE is seen whole on a NIC, but nothing requires a
+//! responder to store it in one piece: soft-RoCE copies the payload with
+//! the kernel's `memcpy`, which may store byte by byte (seen in the CI's
+//! VM: a receiver read tail `0x2A00` while the tail went from `0x2AFE` to
+//! `0x2B00`, and closed the ring as corrupt). A torn value can be too low
+//! (refused as a pointer moving backwards) or too high (covering slots
+//! never written), so it must not be used at all. The check is a full
+//! 64-bit mix of the value, so a record mixed from two writes passes with
+//! probability about 2^-64; a mismatch is "being written, read again"
+//! ([`Receiver::handle_tail_record`], [`Sender::handle_head_record`]),
+//! and the driver closes the ring if the record stays inconsistent past
+//! its placement timeout (a peer that wrote garbage there).
+//!
 //! The check costs 8 bytes per message (a message that filled its last
 //! slot to within 8 bytes takes one more slot) and one more load, from
 //! the same cache line for messages of one slot.
@@ -213,6 +231,34 @@ const STAMP_MAGIC: u64 = 0xB2B2_5EA1_ED0F_F1CE;
 /// slot (pointer `pos - k * N`) almost never carries the right tag.
 pub fn tag_for(pos: u64) -> u16 {
     ((pos.wrapping_mul(HASH_MUL) >> 48) as u16) ^ TAG_MAGIC
+}
+
+/// Bytes of a pointer record: the value and its check word.
+pub const POINTER_RECORD_LEN: usize = 16;
+const CHECK_MAGIC: u64 = 0x52_42_32_50_54_52_43_4B;
+
+/// The check word of a pointer record carrying `value` (module docs,
+/// "Pointer records"): the SplitMix64 finalizer of `value ^ magic`, so
+/// every bit of the check depends on every bit of the value.
+pub fn pointer_check(value: u64) -> u64 {
+    let mut z = value ^ CHECK_MAGIC;
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// The 16 bytes of a pointer record (value, check; little-endian).
+pub fn encode_pointer(value: u64) -> [u8; POINTER_RECORD_LEN] {
+    let mut b = [0u8; POINTER_RECORD_LEN];
+    b[..8].copy_from_slice(&value.to_le_bytes());
+    b[8..].copy_from_slice(&pointer_check(value).to_le_bytes());
+    b
+}
+
+/// The value of a pointer record read as its two words, or `None` if the
+/// check does not match (being written, or garbage).
+pub fn decode_pointer(value: u64, check: u64) -> Option<u64> {
+    (pointer_check(value) == check).then_some(value)
 }
 
 /// The end stamp of a message at absolute slot `pos` (an injective

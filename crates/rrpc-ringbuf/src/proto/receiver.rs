@@ -72,6 +72,7 @@ pub struct Receiver {
     flush_slots: u64,
     closed: Option<String>,
     pushes: u64,
+    torn_tails: u64,
     /// The message at `head` is covered by the tail but not placed yet:
     /// what was seen instead (module docs, "Placement order").
     unplaced: Option<(u64, String)>,
@@ -97,6 +98,7 @@ impl Receiver {
             flush_slots: super::flush_slots(cfg.slot_count()),
             closed: None,
             pushes: 0,
+            torn_tails: 0,
             unplaced: None,
         }
     }
@@ -120,6 +122,11 @@ impl Receiver {
     /// Head pushes issued.
     pub fn pushes(&self) -> u64 {
         self.pushes
+    }
+    /// Tail records read with a check word that did not match (being
+    /// written; `proto` docs, "Pointer records").
+    pub fn torn_tails(&self) -> u64 {
+        self.torn_tails
     }
     /// The error that closed the receiver, if any.
     pub fn closed(&self) -> Option<&str> {
@@ -168,6 +175,33 @@ impl Receiver {
     fn close(&mut self, msg: String) -> Error {
         self.closed.get_or_insert(msg.clone());
         Error::Corrupt(msg)
+    }
+
+    /// The sender wrote a tail record into our `local_tail` words, read as
+    /// `value` and `check` (`proto` docs, "Pointer records"). Returns
+    /// whether it was consistent (and then applied); an inconsistent one
+    /// is being written, or garbage: the driver reads it again and bounds
+    /// how long that may last ([`record_timed_out`](Self::record_timed_out)).
+    ///
+    /// # Errors
+    /// As [`handle_local_tail`](Self::handle_local_tail).
+    pub fn handle_tail_record(&mut self, value: u64, check: u64) -> Result<bool, Error> {
+        match super::decode_pointer(value, check) {
+            Some(v) => self.handle_local_tail(v).map(|()| true),
+            None => {
+                self.check_open()?;
+                self.torn_tails += 1;
+                Ok(false)
+            }
+        }
+    }
+
+    /// The tail record stayed inconsistent (`value`, `check`) past the
+    /// driver's bound: the peer wrote garbage there. Closes the receiver.
+    pub fn record_timed_out(&mut self, value: u64, check: u64) -> Error {
+        self.close(format!(
+            "tail record {value:#x} with check {check:#x} never became consistent"
+        ))
     }
 
     /// The sender wrote `value` into our `local_tail` word.

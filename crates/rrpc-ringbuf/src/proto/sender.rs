@@ -72,6 +72,9 @@ pub struct SenderStats {
     pub deferrals: u64,
     /// Times the ring was found full.
     pub full: u64,
+    /// Head records read with a check word that did not match (being
+    /// written; `proto` docs, "Pointer records").
+    pub torn_heads: u64,
 }
 
 /// Sender state: `tail`, `synced_tail`, `esc_tail`, `local_head` (RB² Fig. 2).
@@ -407,6 +410,33 @@ impl Sender {
         if self.tail_deferred {
             self.advance();
         }
+    }
+
+    /// The receiver pushed a head record into our `local_head` words, read
+    /// as `value` and `check` (`proto` docs, "Pointer records"). Returns
+    /// whether it was consistent (and then applied); an inconsistent one
+    /// is being written, or garbage: the driver reads it again and bounds
+    /// how long that may last ([`record_timed_out`](Self::record_timed_out)).
+    ///
+    /// # Errors
+    /// As [`handle_local_head`](Self::handle_local_head).
+    pub fn handle_head_record(&mut self, value: u64, check: u64) -> Result<bool, Error> {
+        match super::decode_pointer(value, check) {
+            Some(v) => self.handle_local_head(v).map(|()| true),
+            None => {
+                self.check_open()?;
+                self.stats.torn_heads += 1;
+                Ok(false)
+            }
+        }
+    }
+
+    /// The head record stayed inconsistent (`value`, `check`) past the
+    /// driver's bound: the peer wrote garbage there. Closes the sender.
+    pub fn record_timed_out(&mut self, value: u64, check: u64) -> Error {
+        self.close(format!(
+            "head record {value:#x} with check {check:#x} never became consistent"
+        ))
     }
 
     /// The receiver pushed `value` into our `local_head` word.

@@ -610,6 +610,45 @@ fn corrupt_peer_data_is_an_error() {
     assert!(matches!(tx.reserve(1, &mut ring), Err(Error::Corrupt(_))));
 }
 
+#[test]
+fn inconsistent_pointer_records_are_waits_until_the_driver_gives_up() {
+    let c = cfg(64, 8, 1, 1, 1, true);
+    let mut rx = Receiver::new(&c);
+    let check = pointer_check(4);
+    assert!(matches!(rx.handle_tail_record(4, check ^ 1), Ok(false)));
+    assert!(matches!(rx.handle_tail_record(4, 0), Ok(false)));
+    assert_eq!((rx.local_tail(), rx.torn_tails()), (0, 2));
+    assert!(matches!(rx.handle_tail_record(4, check), Ok(true)));
+    assert_eq!(rx.local_tail(), 4);
+    // A consistent record is checked like a bare pointer.
+    assert!(rx.handle_tail_record(3, pointer_check(3)).is_err());
+    let mut rx = Receiver::new(&c);
+    let e = rx.record_timed_out(4, 0);
+    assert!(e.to_string().contains("tail record 0x4"), "{e}");
+    assert!(
+        rx.handle_tail_record(0, pointer_check(0)).is_err(),
+        "stays closed"
+    );
+
+    let mut tx = Sender::new(&c);
+    assert!(matches!(
+        tx.handle_head_record(0, pointer_check(0)),
+        Ok(true)
+    ));
+    assert!(matches!(tx.handle_head_record(1, 7), Ok(false)));
+    assert_eq!(tx.stats().torn_heads, 1);
+    assert!(
+        matches!(
+            tx.handle_head_record(1, pointer_check(1)),
+            Err(Error::Corrupt(_))
+        ),
+        "head beyond tail"
+    );
+    let mut tx = Sender::new(&c);
+    let e = tx.record_timed_out(1, 7);
+    assert!(e.to_string().contains("head record 0x1"), "{e}");
+}
+
 /// The error of a message that never became consistent says what was seen.
 #[test]
 fn placement_timeout_names_what_was_seen() {
@@ -672,6 +711,30 @@ fn fixed_threshold_bounds_tail_writes_in_flight() {
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(if cfg!(miri) { 4 } else { 512 }))]
 
+    /// A pointer record read while it is overwritten, any byte from either
+    /// write (soft-RoCE copies byte by byte; a reader's two loads may
+    /// straddle the copy), decodes to the old value, the new one, or
+    /// nothing: never to a third value.
+    #[test]
+    fn a_torn_pointer_record_never_decodes_to_a_third_value(
+        old in any::<u64>(),
+        delta in prop_oneof![1u64..4, 1u64..1 << 16, any::<u64>()],
+        mask in any::<u16>(),
+    ) {
+        let new = old.wrapping_add(delta);
+        let (a, b) = (encode_pointer(old), encode_pointer(new));
+        let mut seen = [0u8; POINTER_RECORD_LEN];
+        for i in 0..POINTER_RECORD_LEN {
+            seen[i] = if mask & (1 << i) != 0 { b[i] } else { a[i] };
+        }
+        let word = |i: usize| u64::from_le_bytes(seen[i..i + 8].try_into().unwrap());
+        match decode_pointer(word(0), word(8)) {
+            None => {}
+            Some(v) => prop_assert!(v == old || v == new, "{v:#x} from {old:#x} / {new:#x}"),
+        }
+        prop_assert_eq!(decode_pointer(old, pointer_check(old)), Some(old));
+    }
+
     /// The fuzz target's check in miniature: arbitrary `RB_R` bytes and
     /// pointer words only ever produce errors, never a panic, an
     /// out-of-bounds index or a message outside the published range.
@@ -687,7 +750,15 @@ proptest! {
         let mut tx_ring = vec![0u8; 64 * slots];
         for (kind, b, word) in ops {
             match kind {
-                0 => { let _ = rx.handle_local_tail(word % (4 * slots as u64)); }
+                0 => {
+                    let v = word % (4 * slots as u64);
+                    // Half of the time as a record, its check right or not.
+                    if b & 1 == 0 {
+                        let _ = rx.handle_local_tail(v);
+                    } else {
+                        let _ = rx.handle_tail_record(v, pointer_check(v) ^ u64::from(b >> 5));
+                    }
+                }
                 1 => {
                     let off = (usize::from(b) * 8) % ring.len();
                     ring[off..off + 8].copy_from_slice(&word.to_le_bytes());
@@ -720,7 +791,12 @@ proptest! {
                     }
                 }
                 _ => {
-                    let _ = tx.handle_local_head(word % (4 * slots as u64));
+                    let v = word % (4 * slots as u64);
+                    if b & 1 == 0 {
+                        let _ = tx.handle_local_head(v);
+                    } else {
+                        let _ = tx.handle_head_record(v, pointer_check(v) ^ u64::from(b >> 5));
+                    }
                     if let Ok(r) = tx.reserve(usize::from(b), &mut tx_ring) {
                         tx.commit(r, usize::from(b), &mut tx_ring);
                     }
