@@ -46,7 +46,7 @@
 
 use std::io::{self, IoSlice, Read, Write};
 #[cfg(feature = "verbs")]
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpListener;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
@@ -182,6 +182,19 @@ pub struct HandshakeConfig {
     max_grant_bytes: u64,
     max_total_grant_bytes: u64,
     keepalive: Option<TcpKeepalive>,
+    #[cfg(feature = "verbs")]
+    tls_server: Option<Arc<rustls::ServerConfig>>,
+    #[cfg(feature = "verbs")]
+    tls_client: Option<TlsClient>,
+}
+
+/// The client half of TLS on the `rdma://` side channel
+/// ([`HandshakeConfig::with_tls_client`]).
+#[cfg(feature = "verbs")]
+#[derive(Debug, Clone)]
+pub struct TlsClient {
+    pub(crate) config: Arc<rustls::ClientConfig>,
+    pub(crate) server_name: rustls::pki_types::ServerName<'static>,
 }
 
 impl Default for HandshakeConfig {
@@ -192,6 +205,10 @@ impl Default for HandshakeConfig {
             max_grant_bytes: DEFAULT_MAX_GRANT_BYTES,
             max_total_grant_bytes: DEFAULT_MAX_TOTAL_GRANT_BYTES,
             keepalive: Some(TcpKeepalive::default()),
+            #[cfg(feature = "verbs")]
+            tls_server: None,
+            #[cfg(feature = "verbs")]
+            tls_client: None,
         }
     }
 }
@@ -289,6 +306,52 @@ impl HandshakeConfig {
     pub fn with_keepalive(mut self, keepalive: Option<TcpKeepalive>) -> Self {
         self.keepalive = keepalive;
         self
+    }
+
+    /// TLS on the server's `rdma://` side channel (rustls; `verbs`
+    /// feature): every client must complete a TLS handshake with `config`
+    /// before its hello is read, so the token, queue-pair endpoints and
+    /// region keys travel encrypted, and a client certificate verifier in
+    /// `config` ([`rustls::server::WebPkiClientVerifier`]) admits only
+    /// clients holding a certificate it trusts. A client that does not
+    /// speak TLS, or fails it, is refused with [`Error::Tls`] (counted as an
+    /// `auth` refusal) and never gets a region, a key or a queue pair.
+    ///
+    /// Only the handshake is protected: after `Accept` the side channel
+    /// carries nothing but its liveness (see [`crate::provider`]'s side
+    /// channel docs), and the data path is the NIC's. `shm://` ignores this
+    /// (its Unix socket never leaves the host; the kernel reports the
+    /// peer's uid).
+    #[cfg(feature = "verbs")]
+    pub fn with_tls_server(mut self, config: Arc<rustls::ServerConfig>) -> Self {
+        self.tls_server = Some(config);
+        self
+    }
+
+    /// TLS on the client's `rdma://` side channel (rustls; `verbs`
+    /// feature): [`connect`] runs a TLS handshake with `config`, checking the
+    /// server's certificate for `server_name`, before it sends its hello.
+    /// A server whose certificate `config` does not trust, or that does not
+    /// speak TLS, fails the connect with [`Error::Tls`].
+    #[cfg(feature = "verbs")]
+    pub fn with_tls_client(
+        mut self,
+        config: Arc<rustls::ClientConfig>,
+        server_name: rustls::pki_types::ServerName<'static>,
+    ) -> Self {
+        self.tls_client = Some(TlsClient {
+            config,
+            server_name,
+        });
+        self
+    }
+
+    /// Whether TLS is configured for the server / the client side.
+    pub fn has_tls(&self) -> (bool, bool) {
+        #[cfg(feature = "verbs")]
+        return (self.tls_server.is_some(), self.tls_client.is_some());
+        #[cfg(not(feature = "verbs"))]
+        (false, false)
     }
 
     /// Sets [`Self::max_total_grant_bytes`].
@@ -874,9 +937,10 @@ pub fn connect(
                 base_hello(&offer),
                 deadline,
                 cfg.keepalive.as_ref(),
+                cfg.tls_client.as_ref(),
             )?;
             let peer = peer_info(&accept, ProviderKind::Verbs)?;
-            let conn = Connection::new(Side::Tcp(s), qp, peer, offer.grants)?;
+            let conn = Connection::new(Side::Tcp(side::Stream::plain(s)), qp, peer, offer.grants)?;
             tracing::debug!("connected");
             return Ok(conn);
         }
@@ -1054,7 +1118,7 @@ impl Listener {
                     Err(Error::Io { source, .. }) if source.kind() == io::ErrorKind::WouldBlock => {
                         return Err(Error::WouldBlock);
                     }
-                    r => Side::Tcp(r?),
+                    r => Side::Tcp(side::Stream::plain(r?)),
                 }
             }
         };
@@ -1082,7 +1146,7 @@ impl AsFd for Pending {
         match &self.stream {
             Side::Unix(s) => s.as_fd(),
             #[cfg(feature = "verbs")]
-            Side::Tcp(s) => s.as_fd(),
+            Side::Tcp(s) => s.tcp().as_fd(),
         }
     }
 }
@@ -1120,7 +1184,9 @@ impl Pending {
             Side::Unix(s) => s,
             #[cfg(feature = "verbs")]
             Side::Tcp(s) => {
-                let hello = side::read_hello(&s, self.cfg.token(), deadline)?;
+                let mut s =
+                    side::server_stream(s.into_tcp(), self.cfg.tls_server.as_ref(), deadline)?;
+                let hello = side::read_hello(&mut s, self.cfg.token(), deadline)?;
                 let peer = peer_info(&hello, ProviderKind::Verbs)?;
                 return Ok(Incoming {
                     stream: Side::Tcp(s),
@@ -1281,8 +1347,8 @@ impl Incoming {
         let stream = match self.stream {
             Side::Unix(s) => s,
             #[cfg(feature = "verbs")]
-            Side::Tcp(s) => {
-                side::server_accept(&s, &qp, &self.hello, base_hello(&offer), deadline)?;
+            Side::Tcp(mut s) => {
+                side::server_accept(&mut s, &qp, &self.hello, base_hello(&offer), deadline)?;
                 tracing::debug!("accepted");
                 return Connection::new(Side::Tcp(s), qp, self.peer, offer.grants);
             }
@@ -1324,7 +1390,13 @@ impl Incoming {
             code: RejectCode::Other(0),
             reason: reason.to_string(),
         });
-        self.stream.send(&m, Deadline::after(self.cfg.timeout))
+        let deadline = Deadline::after(self.cfg.timeout);
+        match self.stream {
+            // Inside the TLS session, if there is one.
+            #[cfg(feature = "verbs")]
+            Side::Tcp(mut s) => side::send_msg(&mut s, &m, deadline),
+            other => other.send(&m, deadline),
+        }
     }
 }
 
@@ -1336,8 +1408,10 @@ impl Incoming {
 #[derive(Debug)]
 enum Side {
     Unix(UnixStream),
+    /// During the handshake with its TLS session, if any; a connection's
+    /// has none (`side` docs, "TLS").
     #[cfg(feature = "verbs")]
-    Tcp(TcpStream),
+    Tcp(side::Stream),
 }
 
 impl Side {
@@ -1345,7 +1419,7 @@ impl Side {
         match self {
             Side::Unix(s) => send_msg(s, m, &[], deadline),
             #[cfg(feature = "verbs")]
-            Side::Tcp(s) => side::send_msg(s, m, deadline),
+            Side::Tcp(s) => side::send_plain(s.tcp(), m, deadline),
         }
     }
     fn peer_addr(&self) -> String {
@@ -1358,6 +1432,7 @@ impl Side {
             }
             #[cfg(feature = "verbs")]
             Side::Tcp(s) => s
+                .tcp()
                 .peer_addr()
                 .map_or_else(|_| "tcp peer".to_string(), |a| a.to_string()),
         }
@@ -1366,7 +1441,7 @@ impl Side {
         match self {
             Side::Unix(s) => s.as_raw_fd(),
             #[cfg(feature = "verbs")]
-            Side::Tcp(s) => s.as_raw_fd(),
+            Side::Tcp(s) => s.tcp().as_raw_fd(),
         }
     }
     fn set_timeouts(&self, t: Option<Duration>) -> Result<()> {
@@ -1374,8 +1449,9 @@ impl Side {
             Side::Unix(s) => set_timeouts(s, t),
             #[cfg(feature = "verbs")]
             Side::Tcp(s) => s
+                .tcp()
                 .set_read_timeout(t)
-                .and_then(|_| s.set_write_timeout(t))
+                .and_then(|_| s.tcp().set_write_timeout(t))
                 .map_err(|e| Error::io("set socket timeout", e)),
         }
     }
@@ -1383,21 +1459,24 @@ impl Side {
         match self {
             Side::Unix(s) => s.set_nonblocking(nb),
             #[cfg(feature = "verbs")]
-            Side::Tcp(s) => s.set_nonblocking(nb),
+            Side::Tcp(s) => s.tcp().set_nonblocking(nb),
         }
     }
     fn read(&self, b: &mut [u8]) -> io::Result<usize> {
         match self {
             Side::Unix(s) => (&*s).read(b),
             #[cfg(feature = "verbs")]
-            Side::Tcp(s) => (&*s).read(b),
+            Side::Tcp(s) => {
+                let mut t = s.tcp();
+                t.read(b)
+            }
         }
     }
     fn shutdown(&self) {
         let _ = match self {
             Side::Unix(s) => s.shutdown(std::net::Shutdown::Both),
             #[cfg(feature = "verbs")]
-            Side::Tcp(s) => s.shutdown(std::net::Shutdown::Both),
+            Side::Tcp(s) => s.tcp().shutdown(std::net::Shutdown::Both),
         };
     }
 }
@@ -1420,6 +1499,12 @@ impl Connection {
         peer: PeerInfo,
         grants: Vec<(u16, Arc<Region>)>,
     ) -> Result<Self> {
+        // The TLS session ends with the handshake (`side` docs, "TLS").
+        #[cfg(feature = "verbs")]
+        let side = match side {
+            Side::Tcp(s) if s.is_tls() => Side::Tcp(side::Stream::plain(s.into_tcp())),
+            other => other,
+        };
         side.set_timeouts(None)?;
         side.set_nonblocking(true)
             .map_err(|e| Error::io("set_nonblocking", e))?;

@@ -118,6 +118,12 @@ pub enum Error {
     /// The peer presented the wrong shared-secret token (or none).
     #[error("authentication failed: peer presented a wrong or missing token")]
     AuthFailed,
+    /// TLS on the side channel failed: a certificate the other side does
+    /// not trust, or a peer that does not speak TLS (`rdma://` with
+    /// [`crate::conn::HandshakeConfig::with_tls_server`] /
+    /// [`with_tls_client`](crate::conn::HandshakeConfig::with_tls_client)).
+    #[error("side-channel TLS failed: {0}")]
+    Tls(String),
     /// The peer refused the connection.
     #[error("peer rejected the connection: {0}")]
     Rejected(String),
@@ -172,6 +178,7 @@ impl Error {
             MalformedHandshake(_)
             | VersionMismatch { .. }
             | AuthFailed
+            | Tls(_)
             | Rejected(_)
             | PeerMisbehaved(_) => Fault::Peer,
             PeerGone | Timeout => Fault::PeerGone,

@@ -89,3 +89,7 @@ pub use fault::FaultConfig;
 pub use handshake::{RegionDesc, RingGeometry};
 pub use qp::{QpConfig, QueuePair, SharedQp};
 pub use region::{Access, CACHE_LINE, Local, Region, Remote, RemoteRegion};
+/// The rustls this crate's side-channel TLS takes configs of
+/// ([`conn::HandshakeConfig::with_tls_server`]).
+#[cfg(feature = "verbs")]
+pub use rustls;

@@ -119,7 +119,7 @@ impl From<Error> for tonic::Status {
 fn rings_code(e: &(dyn std::error::Error + 'static)) -> tonic::Code {
     use tonic::Code;
     let core = |c: &rrpc_core::Error| match c {
-        rrpc_core::Error::AuthFailed => Code::Unauthenticated,
+        rrpc_core::Error::AuthFailed | rrpc_core::Error::Tls(_) => Code::Unauthenticated,
         rrpc_core::Error::LimitExceeded { .. } => Code::ResourceExhausted,
         c => match c.fault() {
             rrpc_core::Fault::Peer => Code::Internal,

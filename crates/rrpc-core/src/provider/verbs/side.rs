@@ -20,6 +20,19 @@
 //! handshake: the socket timeout is set to the time left before each call,
 //! so a peer that trickles bytes is cut off when the deadline passes.
 //!
+//! ## TLS
+//! With [`crate::conn::HandshakeConfig::with_tls_server`] /
+//! [`with_tls_client`](crate::conn::HandshakeConfig::with_tls_client) the
+//! handshake messages travel inside a TLS session (rustls) over the TCP
+//! stream: [`Stream::tls`] runs the TLS handshake first, by the same
+//! deadline, and `Hello`, `Accept` and `Reject` are then application data.
+//! That protects the token, the queue-pair endpoint and the region keys
+//! from anyone on the path, and authenticates the server (and, with a
+//! client-certificate verifier in the server's config, the client). After
+//! `Accept` the session is dropped: the side channel carries no data from
+//! then on, only its liveness (any byte or EOF means the peer is gone, and a
+//! goodbye is plain bytes), so nothing after the handshake needs it.
+//!
 //! Builds; not run on an RDMA NIC here (the transport and codec are tested
 //! over loopback TCP).
 
@@ -55,6 +68,169 @@ fn verbs_qp(qp: &QueuePair) -> Result<&super::VerbsQp> {
         _ => Err(Error::InvalidConfig(
             "an rdma:// connection needs a queue pair of a verbs fabric".into(),
         )),
+    }
+}
+
+/// The side channel while the handshake runs: the TCP stream, and the TLS
+/// session over it when one is configured.
+pub(crate) struct Stream {
+    tcp: TcpStream,
+    tls: Option<Box<rustls::Connection>>,
+}
+
+impl std::fmt::Debug for Stream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Stream")
+            .field("tcp", &self.tcp)
+            .field("tls", &self.tls.is_some())
+            .finish()
+    }
+}
+
+fn tls_error(during: &str, e: &rustls::Error) -> Error {
+    Error::Tls(format!("{during}: {e}"))
+}
+
+impl Stream {
+    /// A plain (no TLS) side channel.
+    pub(crate) fn plain(tcp: TcpStream) -> Self {
+        Stream { tcp, tls: None }
+    }
+
+    /// Runs the TLS handshake of `conn` (a client or server session) over
+    /// `tcp` by `deadline` and returns the protected side channel.
+    ///
+    /// # Errors
+    /// [`Error::Tls`] naming what failed (a certificate the peer's config
+    /// does not trust, a peer that does not speak TLS); [`Error::Timeout`];
+    /// [`Error::PeerGone`] when the peer closed during the TLS handshake.
+    pub(crate) fn tls(
+        tcp: TcpStream,
+        conn: rustls::Connection,
+        deadline: Deadline,
+    ) -> Result<Self> {
+        let mut s = Stream {
+            tcp,
+            tls: Some(Box::new(conn)),
+        };
+        while s.session().is_handshaking() {
+            s.flush_tls(deadline)?;
+            if !s.session().is_handshaking() {
+                break;
+            }
+            if s.session().wants_read() && s.fill_tls(deadline)? == 0 {
+                return Err(Error::PeerGone);
+            }
+        }
+        // What the handshake's last flight left to send (a client's Finished).
+        s.flush_tls(deadline)?;
+        Ok(s)
+    }
+
+    fn session(&mut self) -> &mut rustls::Connection {
+        self.tls.as_mut().expect("a TLS stream")
+    }
+
+    /// Whether a TLS session protects this channel.
+    pub(crate) fn is_tls(&self) -> bool {
+        self.tls.is_some()
+    }
+
+    /// The TCP stream.
+    pub(crate) fn tcp(&self) -> &TcpStream {
+        &self.tcp
+    }
+
+    /// Drops the TLS session (after `Accept`; module docs, "TLS").
+    pub(crate) fn into_tcp(self) -> TcpStream {
+        self.tcp
+    }
+
+    /// Writes what the TLS session has queued, by `deadline`.
+    fn flush_tls(&mut self, deadline: Deadline) -> Result<()> {
+        let Stream { tcp, tls } = self;
+        let Some(conn) = tls else { return Ok(()) };
+        while conn.wants_write() {
+            tcp.set_write_timeout(Some(deadline.remaining()?))
+                .map_err(|e| Error::io("set socket timeout", e))?;
+            match conn.write_tls(tcp) {
+                Ok(0) => return Err(Error::PeerGone),
+                Ok(_) => {}
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(map_io("handshake write", e)),
+            }
+        }
+        Ok(())
+    }
+
+    /// Reads TLS records from the socket once (by `deadline`) and processes
+    /// them; returns the bytes read (0: the peer closed).
+    fn fill_tls(&mut self, deadline: Deadline) -> Result<usize> {
+        let Stream { tcp, tls } = self;
+        let conn = tls.as_mut().expect("a TLS stream");
+        loop {
+            tcp.set_read_timeout(Some(deadline.remaining()?))
+                .map_err(|e| Error::io("set socket timeout", e))?;
+            match conn.read_tls(tcp) {
+                Ok(n) => {
+                    if let Err(e) = conn.process_new_packets() {
+                        // Tell the peer why (an alert), best effort.
+                        let _ = conn.write_tls(tcp);
+                        let during = if conn.is_handshaking() {
+                            "TLS handshake on the side channel"
+                        } else {
+                            "TLS record on the side channel"
+                        };
+                        return Err(tls_error(during, &e));
+                    }
+                    return Ok(n);
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(map_io("handshake read", e)),
+            }
+        }
+    }
+
+    /// Writes all of `bytes` by `deadline`.
+    fn write_all_by(&mut self, bytes: &[u8], deadline: Deadline) -> Result<()> {
+        if let Some(conn) = self.tls.as_mut() {
+            conn.writer()
+                .write_all(bytes)
+                .map_err(|e| Error::io("TLS write", e))?;
+            return self.flush_tls(deadline);
+        }
+        write_plain(&self.tcp, bytes, deadline)
+    }
+
+    /// Reads some bytes into `buf` by `deadline` (0: the peer closed).
+    fn read_some_by(&mut self, buf: &mut [u8], deadline: Deadline) -> Result<usize> {
+        if self.tls.is_none() {
+            let mut s = &self.tcp;
+            loop {
+                s.set_read_timeout(Some(deadline.remaining()?))
+                    .map_err(|e| Error::io("set socket timeout", e))?;
+                match s.read(buf) {
+                    Ok(k) => return Ok(k),
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                    Err(e) => return Err(map_io("handshake read", e)),
+                }
+            }
+        }
+        loop {
+            match self.session().reader().read(buf) {
+                Ok(k) => return Ok(k),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    if self.fill_tls(deadline)? == 0 {
+                        return Ok(0);
+                    }
+                    // A key update or a session ticket may want an answer.
+                    self.flush_tls(deadline)?;
+                }
+                // Closed without close_notify: the peer is gone.
+                Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(0),
+                Err(e) => return Err(map_io("TLS read", e)),
+            }
+        }
     }
 }
 
@@ -145,8 +321,20 @@ pub(crate) fn set_keepalive(s: &TcpStream, k: &TcpKeepalive) -> Result<()> {
 /// # Errors
 /// [`Error::PeerGone`], [`Error::Timeout`], [`Error::Io`]; [`Error::InvalidConfig`]
 /// if the message exceeds the codec's limits.
-pub(crate) fn send_msg(mut s: &TcpStream, m: &Message, deadline: Deadline) -> Result<()> {
-    let bytes = m.encode()?;
+pub(crate) fn send_msg(s: &mut Stream, m: &Message, deadline: Deadline) -> Result<()> {
+    s.write_all_by(&m.encode()?, deadline)
+}
+
+/// Writes one message on the bare TCP stream: a goodbye after the
+/// handshake, when no TLS session is left (module docs, "TLS").
+///
+/// # Errors
+/// As [`send_msg`].
+pub(crate) fn send_plain(s: &TcpStream, m: &Message, deadline: Deadline) -> Result<()> {
+    write_plain(s, &m.encode()?, deadline)
+}
+
+fn write_plain(mut s: &TcpStream, bytes: &[u8], deadline: Deadline) -> Result<()> {
     let mut n = 0;
     while n < bytes.len() {
         s.set_write_timeout(Some(deadline.remaining()?))
@@ -161,24 +349,44 @@ pub(crate) fn send_msg(mut s: &TcpStream, m: &Message, deadline: Deadline) -> Re
     Ok(())
 }
 
+/// The server's side channel for one accepted client: TLS first when
+/// `tls` is set (by `deadline`), else the bare stream.
+///
+/// # Errors
+/// As [`Stream::tls`].
+pub(crate) fn server_stream(
+    tcp: TcpStream,
+    tls: Option<&std::sync::Arc<rustls::ServerConfig>>,
+    deadline: Deadline,
+) -> Result<Stream> {
+    match tls {
+        Some(cfg) => {
+            let peer = tcp.peer_addr().ok();
+            let conn = rustls::ServerConnection::new(cfg.clone())
+                .map_err(|e| tls_error("TLS server session", &e))?;
+            Stream::tls(tcp, conn.into(), deadline).inspect_err(|e| {
+                crate::handshake::count_refusal(RejectCode::Auth);
+                tracing::warn!(error = %e, ?peer, "rdma handshake refused: TLS");
+            })
+        }
+        None => Ok(Stream::plain(tcp)),
+    }
+}
+
 /// Fills `buf` by `deadline`. `Ok(false)` if the peer closed before the
 /// first byte, an error if it closed after it.
-fn read_exact_by(mut s: &TcpStream, buf: &mut [u8], deadline: Deadline) -> Result<bool> {
+fn read_exact_by(s: &mut Stream, buf: &mut [u8], deadline: Deadline) -> Result<bool> {
     let mut have = 0;
     while have < buf.len() {
-        s.set_read_timeout(Some(deadline.remaining()?))
-            .map_err(|e| Error::io("set socket timeout", e))?;
-        match s.read(&mut buf[have..]) {
-            Ok(0) if have == 0 => return Ok(false),
-            Ok(0) => {
+        match s.read_some_by(&mut buf[have..], deadline)? {
+            0 if have == 0 => return Ok(false),
+            0 => {
                 return Err(Error::MalformedHandshake(format!(
                     "peer closed after {have} of {} bytes",
                     buf.len()
                 )));
             }
-            Ok(k) => have += k,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(map_io("handshake read", e)),
+            k => have += k,
         }
     }
     Ok(true)
@@ -191,7 +399,7 @@ fn read_exact_by(mut s: &TcpStream, buf: &mut [u8], deadline: Deadline) -> Resul
 /// # Errors
 /// [`Error::MalformedHandshake`], [`Error::VersionMismatch`],
 /// [`Error::PeerGone`] (closed before a header), [`Error::Timeout`].
-pub(crate) fn recv_msg(s: &TcpStream, deadline: Deadline) -> Result<Message> {
+pub(crate) fn recv_msg(s: &mut Stream, deadline: Deadline) -> Result<Message> {
     let mut head = [0u8; HEADER_LEN];
     if !read_exact_by(s, &mut head, deadline)? {
         return Err(Error::PeerGone);
@@ -224,7 +432,7 @@ pub(crate) fn fill_hello(qp: &QueuePair, hello: &mut Hello) -> Result<()> {
 /// # Errors
 /// [`Error::AuthFailed`] / [`Error::Rejected`] when the server refused,
 /// [`Error::MalformedHandshake`] for any other answer, transport errors.
-pub(crate) fn exchange(s: &TcpStream, hello: Hello, deadline: Deadline) -> Result<Hello> {
+pub(crate) fn exchange(s: &mut Stream, hello: Hello, deadline: Deadline) -> Result<Hello> {
     send_msg(s, &Message::Hello(hello), deadline)?;
     match recv_msg(s, deadline)? {
         Message::Accept(h) => {
@@ -260,8 +468,12 @@ fn check_provider(h: &Hello) -> Result<()> {
 /// # Errors
 /// [`Error::MalformedHandshake`], [`Error::VersionMismatch`],
 /// [`Error::AuthFailed`], transport errors.
-pub(crate) fn read_hello(s: &TcpStream, token: Option<&[u8]>, deadline: Deadline) -> Result<Hello> {
-    let refuse = |code: RejectCode, e: Error| -> Error {
+pub(crate) fn read_hello(
+    s: &mut Stream,
+    token: Option<&[u8]>,
+    deadline: Deadline,
+) -> Result<Hello> {
+    let refuse = |s: &mut Stream, code: RejectCode, e: Error| -> Error {
         let _ = send_msg(
             s,
             &Message::Reject(Reject {
@@ -273,7 +485,7 @@ pub(crate) fn read_hello(s: &TcpStream, token: Option<&[u8]>, deadline: Deadline
         crate::handshake::count_refusal(code);
         tracing::warn!(
             error = %e,
-            peer = ?s.peer_addr().ok(),
+            peer = ?s.tcp().peer_addr().ok(),
             reason = code.name(),
             "rdma handshake refused"
         );
@@ -283,19 +495,19 @@ pub(crate) fn read_hello(s: &TcpStream, token: Option<&[u8]>, deadline: Deadline
         Ok(Message::Hello(h)) => h,
         Ok(other) => {
             let e = Error::MalformedHandshake(format!("expected Hello, got {:?}", other.kind()));
-            return Err(refuse(RejectCode::Malformed, e));
+            return Err(refuse(s, RejectCode::Malformed, e));
         }
-        Err(e @ Error::VersionMismatch { .. }) => return Err(refuse(RejectCode::Version, e)),
-        Err(e @ Error::MalformedHandshake(_)) => return Err(refuse(RejectCode::Malformed, e)),
+        Err(e @ Error::VersionMismatch { .. }) => return Err(refuse(s, RejectCode::Version, e)),
+        Err(e @ Error::MalformedHandshake(_)) => return Err(refuse(s, RejectCode::Malformed, e)),
         Err(e) => return Err(e),
     };
     if let Some(want) = token
         && !hello.token.as_deref().is_some_and(|t| token_eq(t, want))
     {
-        return Err(refuse(RejectCode::Auth, Error::AuthFailed));
+        return Err(refuse(s, RejectCode::Auth, Error::AuthFailed));
     }
     if let Err(e) = check_provider(&hello) {
-        return Err(refuse(RejectCode::Incompatible, e));
+        return Err(refuse(s, RejectCode::Incompatible, e));
     }
     Ok(hello)
 }
@@ -327,12 +539,21 @@ pub(crate) fn client(
     mut hello: Hello,
     deadline: Deadline,
     keepalive: Option<&TcpKeepalive>,
+    tls: Option<&crate::conn::TlsClient>,
 ) -> Result<(TcpStream, Hello)> {
     fill_hello(qp, &mut hello)?;
-    let s = connect_tcp(addr, deadline, keepalive)?;
-    let accept = exchange(&s, hello, deadline)?;
+    let tcp = connect_tcp(addr, deadline, keepalive)?;
+    let mut s = match tls {
+        Some(t) => {
+            let conn = rustls::ClientConnection::new(t.config.clone(), t.server_name.clone())
+                .map_err(|e| tls_error("TLS client session", &e))?;
+            Stream::tls(tcp, conn.into(), deadline)?
+        }
+        None => Stream::plain(tcp),
+    };
+    let accept = exchange(&mut s, hello, deadline)?;
     attach(qp, &accept)?;
-    Ok((s, accept))
+    Ok((s.into_tcp(), accept))
 }
 
 /// The server side after [`read_hello`]: connect `qp` to the client's queue
@@ -342,7 +563,7 @@ pub(crate) fn client(
 /// # Errors
 /// As [`attach`]; transport errors while answering.
 pub(crate) fn server_accept(
-    s: &TcpStream,
+    s: &mut Stream,
     qp: &QueuePair,
     client: &Hello,
     mut hello: Hello,
@@ -358,7 +579,7 @@ pub(crate) fn server_accept(
             deadline,
         );
         crate::handshake::count_refusal(RejectCode::Malformed);
-        tracing::warn!(error = %e, peer = ?s.peer_addr().ok(), "rdma handshake refused");
+        tracing::warn!(error = %e, peer = ?s.tcp().peer_addr().ok(), "rdma handshake refused");
         return Err(e);
     }
     send_msg(s, &Message::Accept(hello), deadline)
@@ -374,12 +595,17 @@ mod tests {
         Deadline::after(Duration::from_secs(5))
     }
 
-    fn pair() -> (TcpStream, TcpStream) {
+    fn tcp_pair() -> (TcpStream, TcpStream) {
         let l = bind_tcp("127.0.0.1:0".parse().unwrap()).unwrap();
         let addr = l.local_addr().unwrap();
         let c = connect_tcp(addr, dl(), None).unwrap();
         let s = accept_tcp(&l, Duration::from_secs(5), None).unwrap();
         (c, s)
+    }
+
+    fn pair() -> (Stream, Stream) {
+        let (c, s) = tcp_pair();
+        (Stream::plain(c), Stream::plain(s))
     }
 
     fn verbs_hello(token: Option<&[u8]>) -> Hello {
@@ -413,26 +639,26 @@ mod tests {
 
     #[test]
     fn accept_round_trip_over_tcp() {
-        let (c, s) = pair();
+        let (mut c, mut s) = pair();
         let server = std::thread::spawn(move || {
-            let h = read_hello(&s, Some(b"secret"), dl()).unwrap();
+            let h = read_hello(&mut s, Some(b"secret"), dl()).unwrap();
             let mut answer = verbs_hello(None);
             answer.app = h.app.iter().rev().copied().collect();
-            send_msg(&s, &Message::Accept(answer), dl()).unwrap();
+            send_msg(&mut s, &Message::Accept(answer), dl()).unwrap();
             h
         });
         let sent = verbs_hello(Some(b"secret"));
-        let got = exchange(&c, sent.clone(), dl()).unwrap();
+        let got = exchange(&mut c, sent.clone(), dl()).unwrap();
         assert_eq!(got.app, b"ppa");
         assert_eq!(server.join().unwrap(), sent);
     }
 
     #[test]
     fn wrong_token_is_rejected_on_both_sides() {
-        let (c, s) = pair();
-        let server = std::thread::spawn(move || read_hello(&s, Some(b"secret"), dl()));
+        let (mut c, mut s) = pair();
+        let server = std::thread::spawn(move || read_hello(&mut s, Some(b"secret"), dl()));
         assert!(matches!(
-            exchange(&c, verbs_hello(Some(b"guess")), dl()),
+            exchange(&mut c, verbs_hello(Some(b"guess")), dl()),
             Err(Error::AuthFailed)
         ));
         assert!(matches!(server.join().unwrap(), Err(Error::AuthFailed)));
@@ -440,43 +666,43 @@ mod tests {
 
     #[test]
     fn shm_hello_on_rdma_channel_is_incompatible() {
-        let (c, s) = pair();
-        let server = std::thread::spawn(move || read_hello(&s, None, dl()));
+        let (mut c, mut s) = pair();
+        let server = std::thread::spawn(move || read_hello(&mut s, None, dl()));
         let mut h = verbs_hello(None);
         h.provider = ProviderKind::Shm.code();
-        assert!(matches!(exchange(&c, h, dl()), Err(Error::Rejected(_))));
+        assert!(matches!(exchange(&mut c, h, dl()), Err(Error::Rejected(_))));
         assert!(matches!(
             server.join().unwrap(),
             Err(Error::MalformedHandshake(_))
         ));
         // A verbs hello with a truncated endpoint is refused the same way.
-        let (c, s) = pair();
-        let server = std::thread::spawn(move || read_hello(&s, None, dl()));
+        let (mut c, mut s) = pair();
+        let server = std::thread::spawn(move || read_hello(&mut s, None, dl()));
         let mut h = verbs_hello(None);
         h.endpoint.truncate(10);
-        assert!(matches!(exchange(&c, h, dl()), Err(Error::Rejected(_))));
+        assert!(matches!(exchange(&mut c, h, dl()), Err(Error::Rejected(_))));
         assert!(server.join().unwrap().is_err());
     }
 
     #[test]
     fn garbage_and_early_close_are_typed_errors() {
-        let (mut c, s) = pair();
+        let (mut c, s) = tcp_pair();
         c.write_all(b"HTTP/1.1 200 OK\r\n").unwrap();
         assert!(matches!(
-            read_hello(&s, None, dl()),
+            read_hello(&mut Stream::plain(s), None, dl()),
             Err(Error::MalformedHandshake(_))
         ));
-        let (c, s) = pair();
+        let (c, mut s) = pair();
         drop(c);
-        assert!(matches!(recv_msg(&s, dl()), Err(Error::PeerGone)));
+        assert!(matches!(recv_msg(&mut s, dl()), Err(Error::PeerGone)));
         // A header promising a body that never comes.
-        let (mut c, s) = pair();
+        let (mut c, s) = tcp_pair();
         let mut bytes = Message::Hello(verbs_hello(None)).encode().unwrap();
         bytes.truncate(HEADER_LEN + 3);
         c.write_all(&bytes).unwrap();
         drop(c);
         assert!(matches!(
-            recv_msg(&s, dl()),
+            recv_msg(&mut Stream::plain(s), dl()),
             Err(Error::MalformedHandshake(_))
         ));
     }
@@ -488,14 +714,17 @@ mod tests {
         let c = connect_tcp(addr, dl(), None).unwrap();
         let _s = accept_tcp(&l, Duration::from_secs(5), None).unwrap();
         let deadline = Deadline::after(Duration::from_millis(50));
-        assert!(matches!(recv_msg(&c, deadline), Err(Error::Timeout)));
+        assert!(matches!(
+            recv_msg(&mut Stream::plain(c), deadline),
+            Err(Error::Timeout)
+        ));
     }
 
     /// One byte every 100 ms never times out a single read, but the
     /// deadline for the whole handshake still cuts the peer off.
     #[test]
     fn trickling_peer_is_cut_off_at_the_deadline() {
-        let (c, s) = pair();
+        let (c, s) = tcp_pair();
         let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
         let trickler = {
             let stop = stop.clone();
@@ -515,7 +744,11 @@ mod tests {
             })
         };
         let t = std::time::Instant::now();
-        let r = read_hello(&s, None, Deadline::after(Duration::from_millis(300)));
+        let r = read_hello(
+            &mut Stream::plain(s),
+            None,
+            Deadline::after(Duration::from_millis(300)),
+        );
         let took = t.elapsed();
         stop.store(true, std::sync::atomic::Ordering::Release);
         trickler.join().unwrap();
@@ -589,5 +822,160 @@ mod tests {
         let l = Listener::bind(&ep, HandshakeConfig::default().with_keepalive(None)).unwrap();
         let _c = TcpStream::connect(l.local_addr().unwrap()).unwrap();
         assert!(!keepalive_of(&l.accept_pending().unwrap()).0);
+    }
+
+    // ---- TLS ----------------------------------------------------------------
+
+    use std::sync::{Arc, Mutex};
+
+    /// A server config with a fresh self-signed certificate for `rrpc.test`,
+    /// and a client config that trusts it.
+    fn tls_configs() -> (Arc<rustls::ServerConfig>, Arc<rustls::ClientConfig>) {
+        let ck = rcgen::generate_simple_self_signed(vec!["rrpc.test".to_string()]).unwrap();
+        let cert = ck.cert.der().clone();
+        let key = rustls::pki_types::PrivateKeyDer::Pkcs8(ck.signing_key.serialize_der().into());
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let server = rustls::ServerConfig::builder_with_provider(provider.clone())
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_no_client_auth()
+            .with_single_cert(vec![cert.clone()], key)
+            .unwrap();
+        let mut roots = rustls::RootCertStore::empty();
+        roots.add(cert).unwrap();
+        let client = rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        (Arc::new(server), Arc::new(client))
+    }
+
+    fn tls_client(c: TcpStream, cfg: &Arc<rustls::ClientConfig>) -> Result<Stream> {
+        let name = rustls::pki_types::ServerName::try_from("rrpc.test").unwrap();
+        let conn = rustls::ClientConnection::new(cfg.clone(), name).unwrap();
+        Stream::tls(c, conn.into(), dl())
+    }
+
+    /// A TCP relay between a client and `to` that records every byte it
+    /// carries (what someone on the path sees).
+    fn sniffing_relay(to: SocketAddr) -> (SocketAddr, Arc<Mutex<Vec<u8>>>) {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let seen2 = seen.clone();
+        std::thread::spawn(move || {
+            let (a, _) = l.accept().unwrap();
+            let b = TcpStream::connect(to).unwrap();
+            let pipe = |mut from: TcpStream, mut into: TcpStream, seen: Arc<Mutex<Vec<u8>>>| {
+                std::thread::spawn(move || {
+                    let mut buf = [0u8; 4096];
+                    while let Ok(n @ 1..) = from.read(&mut buf) {
+                        seen.lock().unwrap().extend_from_slice(&buf[..n]);
+                        if into.write_all(&buf[..n]).is_err() {
+                            break;
+                        }
+                    }
+                    let _ = into.shutdown(std::net::Shutdown::Write);
+                })
+            };
+            let up = pipe(
+                a.try_clone().unwrap(),
+                b.try_clone().unwrap(),
+                seen2.clone(),
+            );
+            let down = pipe(b, a, seen2);
+            let _ = (up.join(), down.join());
+        });
+        (addr, seen)
+    }
+
+    #[test]
+    fn tls_carries_the_handshake_encrypted() {
+        let (server_cfg, client_cfg) = tls_configs();
+        let l = bind_tcp("127.0.0.1:0".parse().unwrap()).unwrap();
+        let (relay, seen) = sniffing_relay(l.local_addr().unwrap());
+        let server = std::thread::spawn(move || {
+            let tcp = accept_tcp(&l, Duration::from_secs(5), None).unwrap();
+            let mut s = server_stream(tcp, Some(&server_cfg), dl()).unwrap();
+            assert!(s.is_tls());
+            let h = read_hello(&mut s, Some(b"token-in-the-clear?"), dl()).unwrap();
+            send_msg(&mut s, &Message::Accept(verbs_hello(None)), dl()).unwrap();
+            h
+        });
+        let c = connect_tcp(relay, dl(), None).unwrap();
+        let mut c = tls_client(c, &client_cfg).unwrap();
+        let sent = verbs_hello(Some(b"token-in-the-clear?"));
+        let got = exchange(&mut c, sent.clone(), dl()).unwrap();
+        assert_eq!(got, verbs_hello(None));
+        assert_eq!(server.join().unwrap(), sent);
+        // After Accept the session is dropped: the bare stream remains.
+        let _tcp: TcpStream = c.into_tcp();
+        let seen = seen.lock().unwrap().clone();
+        assert!(seen.len() > 200, "{} bytes relayed", seen.len());
+        let has = |needle: &[u8]| seen.windows(needle.len()).any(|w| w == needle);
+        assert!(
+            !has(b"token-in-the-clear?"),
+            "the token crossed in plaintext"
+        );
+        assert!(
+            !has(&crate::handshake::MAGIC),
+            "a handshake header crossed in plaintext"
+        );
+    }
+
+    #[test]
+    fn an_untrusted_server_certificate_fails_both_sides() {
+        let (server_cfg, _) = tls_configs();
+        let (_, other_client_cfg) = tls_configs(); // trusts another certificate
+        let (c, s) = tcp_pair();
+        let server = std::thread::spawn(move || server_stream(s, Some(&server_cfg), dl()));
+        let e = tls_client(c, &other_client_cfg).unwrap_err();
+        assert!(
+            matches!(&e, Error::Tls(m) if m.contains("certificate")),
+            "client: {e}"
+        );
+        let e = server.join().unwrap().unwrap_err();
+        assert!(matches!(e, Error::Tls(_)), "server: {e}");
+    }
+
+    #[test]
+    fn a_plaintext_client_is_refused_by_a_tls_server() {
+        let (server_cfg, _) = tls_configs();
+        let (c, s) = tcp_pair();
+        let server = std::thread::spawn(move || server_stream(s, Some(&server_cfg), dl()));
+        let r = exchange(&mut Stream::plain(c), verbs_hello(Some(b"secret")), dl());
+        assert!(r.is_err(), "{r:?}");
+        let e = server.join().unwrap().unwrap_err();
+        assert!(matches!(e, Error::Tls(_)), "server: {e}");
+    }
+
+    #[test]
+    fn a_tls_client_of_a_plaintext_server_fails_clearly() {
+        let (_, client_cfg) = tls_configs();
+        let (c, s) = tcp_pair();
+        let server = std::thread::spawn(move || read_hello(&mut Stream::plain(s), None, dl()));
+        let e = tls_client(c, &client_cfg).unwrap_err();
+        assert!(matches!(e, Error::Tls(_) | Error::PeerGone), "client: {e}");
+        assert!(matches!(
+            server.join().unwrap(),
+            Err(Error::MalformedHandshake(_))
+        ));
+    }
+
+    /// A client that connects and never starts TLS holds the server's
+    /// handshake thread only until the deadline.
+    #[test]
+    fn a_silent_client_is_cut_off_during_tls_at_the_deadline() {
+        let (server_cfg, _) = tls_configs();
+        let (_c, s) = tcp_pair();
+        let t = std::time::Instant::now();
+        let r = server_stream(
+            s,
+            Some(&server_cfg),
+            Deadline::after(Duration::from_millis(200)),
+        );
+        assert!(matches!(r, Err(Error::Timeout)), "{r:?}");
+        assert!(t.elapsed() < Duration::from_secs(3), "{:?}", t.elapsed());
     }
 }
