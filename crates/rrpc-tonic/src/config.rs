@@ -44,6 +44,13 @@ pub(crate) const MIN_CALL_WINDOW: u32 = 1024;
 #[derive(Debug, Clone)]
 pub struct RrpcConfig(Arc<Inner>);
 
+/// What a client checks the server's side-channel certificate with.
+#[cfg(feature = "verbs")]
+type TlsClient = (
+    Arc<rrpc_core::rustls::ClientConfig>,
+    rrpc_core::rustls::pki_types::ServerName<'static>,
+);
+
 /// The connection pools of a config, one per provider.
 type Pools = Vec<(rrpc_core::ProviderKind, Arc<crate::shm::BundlePool>)>;
 
@@ -64,6 +71,10 @@ struct Inner {
     /// The poller built from `poller`, shared by every clone of this config.
     poller_cell: Arc<OnceLock<Poller>>,
     token: Option<Arc<[u8]>>,
+    #[cfg(feature = "verbs")]
+    tls_server: Option<Arc<rrpc_core::rustls::ServerConfig>>,
+    #[cfg(feature = "verbs")]
+    tls_client: Option<TlsClient>,
     rdma_device: Option<String>,
     rdma_port: Option<u8>,
     rdma_gid_index: Option<u8>,
@@ -93,6 +104,10 @@ impl Default for RrpcConfig {
             max_pending_handshakes: 1024,
             poller_cell: Arc::new(OnceLock::new()),
             token: None,
+            #[cfg(feature = "verbs")]
+            tls_server: None,
+            #[cfg(feature = "verbs")]
+            tls_client: None,
             rdma_device: None,
             rdma_port: None,
             rdma_gid_index: None,
@@ -405,6 +420,44 @@ impl RrpcConfig {
     /// See [`RrpcConfig::token`].
     pub fn get_token(&self) -> Option<&[u8]> {
         self.0.token.as_deref()
+    }
+
+    /// TLS (rustls) on a server's `rdma://` side channel (`verbs`
+    /// feature): a client must complete a TLS handshake with `config` before
+    /// its hello is read, so the token, the queue-pair endpoints and the
+    /// region keys cross encrypted; a client certificate verifier in
+    /// `config` admits only clients with a certificate it trusts. A client
+    /// that fails TLS is refused (`Unauthenticated` on its side) before it
+    /// gets a region, a key or a queue pair. Only the connection handshake
+    /// is protected: RPC payloads travel by RDMA WRITE, which TLS does not
+    /// cover (README, "Security model"). `shm://` ignores it.
+    #[cfg(feature = "verbs")]
+    pub fn tls_server(self, config: Arc<rrpc_core::rustls::ServerConfig>) -> Self {
+        self.with(|i| i.tls_server = Some(config))
+    }
+
+    /// TLS (rustls) on a client's `rdma://` side channel (`verbs` feature):
+    /// the server's certificate must be trusted by `config` for
+    /// `server_name`, or the connect fails with `Unauthenticated`. See
+    /// [`RrpcConfig::tls_server`].
+    #[cfg(feature = "verbs")]
+    pub fn tls_client(
+        self,
+        config: Arc<rrpc_core::rustls::ClientConfig>,
+        server_name: rrpc_core::rustls::pki_types::ServerName<'static>,
+    ) -> Self {
+        self.with(|i| i.tls_client = Some((config, server_name)))
+    }
+
+    /// The side-channel TLS settings: server config, client config and name.
+    #[cfg(feature = "verbs")]
+    pub(crate) fn tls(
+        &self,
+    ) -> (
+        Option<&Arc<rrpc_core::rustls::ServerConfig>>,
+        Option<&TlsClient>,
+    ) {
+        (self.0.tls_server.as_ref(), self.0.tls_client.as_ref())
     }
 
     /// The verbs device `rdma://` uses, by name (e.g. `mlx5_0`, `rxe0`);

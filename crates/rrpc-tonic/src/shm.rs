@@ -342,6 +342,16 @@ fn handshake_config(cfg: &RrpcConfig) -> Result<HandshakeConfig, Error> {
     if let Some(t) = cfg.get_token() {
         hs = hs.with_token(t.to_vec())?;
     }
+    #[cfg(feature = "verbs")]
+    {
+        let (server, client) = cfg.tls();
+        if let Some(s) = server {
+            hs = hs.with_tls_server(s.clone());
+        }
+        if let Some((c, name)) = client {
+            hs = hs.with_tls_client(c.clone(), name.clone());
+        }
+    }
     Ok(hs)
 }
 

@@ -160,7 +160,22 @@ pub fn pair_on_with_access(
     b_cfg: QpConfig,
     access: rrpc_core::Access,
 ) -> (Side, Side) {
-    let (listener, ep) = provider.listen("pair", HandshakeConfig::default());
+    let hs = HandshakeConfig::default();
+    pair_on_with(provider, len, a_cfg, b_cfg, access, hs.clone(), hs)
+}
+
+/// [`pair_on_with_access`] with the server's (`b`) and the client's (`a`)
+/// handshake settings.
+pub fn pair_on_with(
+    provider: &Provider,
+    len: usize,
+    a_cfg: QpConfig,
+    b_cfg: QpConfig,
+    access: rrpc_core::Access,
+    server_hs: HandshakeConfig,
+    client_hs: HandshakeConfig,
+) -> (Side, Side) {
+    let (listener, ep) = provider.listen("pair", server_hs);
     let fabric = provider.fabric();
     let f2 = fabric.clone();
     let p2 = provider.clone();
@@ -187,7 +202,7 @@ pub fn pair_on_with_access(
         &ep,
         fabric.create_qp(&a_cfg).unwrap(),
         Offer::new().grant(1, granted.clone()),
-        &HandshakeConfig::default(),
+        &client_hs,
     )
     .unwrap();
     let b = server.join().unwrap();

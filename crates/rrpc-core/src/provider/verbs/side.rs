@@ -401,8 +401,23 @@ fn read_exact_by(s: &mut Stream, buf: &mut [u8], deadline: Deadline) -> Result<b
 /// [`Error::PeerGone`] (closed before a header), [`Error::Timeout`].
 pub(crate) fn recv_msg(s: &mut Stream, deadline: Deadline) -> Result<Message> {
     let mut head = [0u8; HEADER_LEN];
-    if !read_exact_by(s, &mut head, deadline)? {
+    // The first two bytes alone first: a TLS record (handshake 0x16 or
+    // alert 0x15, version 3.x; an alert is 7 bytes in all) where our header
+    // belongs means the two ends disagree about TLS. Say so.
+    if !read_exact_by(s, &mut head[..2], deadline)? {
         return Err(Error::PeerGone);
+    }
+    if !s.is_tls() && matches!(head, [0x15 | 0x16, 0x03, ..]) {
+        return Err(Error::Tls(
+            "the peer speaks TLS on the side channel and this end is not configured for it \
+             (HandshakeConfig::with_tls_client / with_tls_server)"
+                .into(),
+        ));
+    }
+    if !read_exact_by(s, &mut head[2..], deadline)? {
+        return Err(Error::MalformedHandshake(
+            "peer closed after 2 header bytes".into(),
+        ));
     }
     let header = Header::decode(&head)?;
     let mut body = vec![0u8; header.body_len];
@@ -498,7 +513,9 @@ pub(crate) fn read_hello(
             return Err(refuse(s, RejectCode::Malformed, e));
         }
         Err(e @ Error::VersionMismatch { .. }) => return Err(refuse(s, RejectCode::Version, e)),
-        Err(e @ Error::MalformedHandshake(_)) => return Err(refuse(s, RejectCode::Malformed, e)),
+        Err(e @ (Error::MalformedHandshake(_) | Error::Tls(_))) => {
+            return Err(refuse(s, RejectCode::Malformed, e));
+        }
         Err(e) => return Err(e),
     };
     if let Some(want) = token
@@ -945,7 +962,11 @@ mod tests {
         let (c, s) = tcp_pair();
         let server = std::thread::spawn(move || server_stream(s, Some(&server_cfg), dl()));
         let r = exchange(&mut Stream::plain(c), verbs_hello(Some(b"secret")), dl());
-        assert!(r.is_err(), "{r:?}");
+        // The server's alert, read where an Accept belongs.
+        assert!(
+            matches!(&r, Err(Error::Tls(m)) if m.contains("peer speaks TLS")),
+            "{r:?}"
+        );
         let e = server.join().unwrap().unwrap_err();
         assert!(matches!(e, Error::Tls(_)), "server: {e}");
     }
@@ -957,10 +978,11 @@ mod tests {
         let server = std::thread::spawn(move || read_hello(&mut Stream::plain(s), None, dl()));
         let e = tls_client(c, &client_cfg).unwrap_err();
         assert!(matches!(e, Error::Tls(_) | Error::PeerGone), "client: {e}");
-        assert!(matches!(
-            server.join().unwrap(),
-            Err(Error::MalformedHandshake(_))
-        ));
+        let e = server.join().unwrap().unwrap_err();
+        assert!(
+            matches!(&e, Error::Tls(m) if m.contains("peer speaks TLS")),
+            "server: {e}"
+        );
     }
 
     /// A client that connects and never starts TLS holds the server's
