@@ -59,3 +59,84 @@ async fn rdma_without_the_feature_says_how_to_enable_it() {
         .expect_err("no verbs");
     assert!(err.to_string().contains("`verbs` feature"), "{err}");
 }
+
+/// TLS on the `rdma://` side channel (`RrpcConfig::tls_server` /
+/// `tls_client`): calls work over a connection whose handshake ran inside
+/// TLS; a client that trusts another certificate is `Unauthenticated`; a
+/// client without TLS is refused with an error that names TLS; the server
+/// goes on serving.
+#[cfg(feature = "verbs")]
+async fn tls_is_checked(t: Transport) {
+    use std::sync::Arc;
+
+    use rrpc_core::rustls;
+
+    fn configs() -> (Arc<rustls::ServerConfig>, Arc<rustls::ClientConfig>) {
+        let ck = rcgen::generate_simple_self_signed(vec!["rrpc.test".to_string()]).unwrap();
+        let cert = ck.cert.der().clone();
+        let key = rustls::pki_types::PrivateKeyDer::Pkcs8(ck.signing_key.serialize_der().into());
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let server = rustls::ServerConfig::builder_with_provider(provider.clone())
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_no_client_auth()
+            .with_single_cert(vec![cert.clone()], key)
+            .unwrap();
+        let mut roots = rustls::RootCertStore::empty();
+        roots.add(cert).unwrap();
+        let client = rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        (Arc::new(server), Arc::new(client))
+    }
+    let name = || rustls::pki_types::ServerName::try_from("rrpc.test").unwrap();
+    let (server_tls, client_tls) = configs();
+    let (_, stranger_tls) = configs();
+    let cfg = config(t)
+        .tls_server(server_tls)
+        .tls_client(client_tls, name());
+    let h = Harness::start_with(t, cfg.clone()).await;
+    let mut c = h.client().await;
+    c.unary(Input::default()).await.expect("a call over TLS");
+    let err = RrpcChannel::connect(&h.uri, config(t).tls_client(stranger_tls, name()))
+        .await
+        .expect_err("a server certificate the client does not trust");
+    let st = tonic::Status::from(err);
+    assert_eq!(st.code(), tonic::Code::Unauthenticated, "{st:?}");
+    let err = RrpcChannel::connect(&h.uri, config(t))
+        .await
+        .expect_err("a client without TLS");
+    let st = tonic::Status::from(err);
+    assert!(
+        st.code() == tonic::Code::Unauthenticated && st.message().contains("TLS"),
+        "{st:?}"
+    );
+    let mut c = TestClient::new(RrpcChannel::connect(&h.uri, cfg).await.expect("connect"));
+    c.unary(Input::default()).await.expect("still serving");
+}
+
+#[cfg(feature = "verbs")]
+mod rdma_h2 {
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn tls_is_checked() {
+        if rrpc_integration_tests::Transport::rdma_device().is_none() {
+            eprintln!("skipped: RRPC_TEST_DEVICE not set");
+            return;
+        }
+        super::tls_is_checked(rrpc_integration_tests::Transport::RdmaH2).await
+    }
+}
+
+#[cfg(feature = "verbs")]
+mod rdma_fast {
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn tls_is_checked() {
+        if rrpc_integration_tests::Transport::rdma_device().is_none() {
+            eprintln!("skipped: RRPC_TEST_DEVICE not set");
+            return;
+        }
+        super::tls_is_checked(rrpc_integration_tests::Transport::RdmaFast).await
+    }
+}
