@@ -182,10 +182,18 @@ pub struct HandshakeConfig {
     max_grant_bytes: u64,
     max_total_grant_bytes: u64,
     keepalive: Option<TcpKeepalive>,
+    /// Behind one pointer: a config is moved around with every pending
+    /// handshake.
     #[cfg(feature = "verbs")]
-    tls_server: Option<Arc<rustls::ServerConfig>>,
-    #[cfg(feature = "verbs")]
-    tls_client: Option<TlsClient>,
+    tls: Option<Arc<SideTls>>,
+}
+
+/// Side-channel TLS settings (`verbs` feature).
+#[cfg(feature = "verbs")]
+#[derive(Debug, Clone, Default)]
+struct SideTls {
+    server: Option<Arc<rustls::ServerConfig>>,
+    client: Option<TlsClient>,
 }
 
 /// The client half of TLS on the `rdma://` side channel
@@ -206,9 +214,7 @@ impl Default for HandshakeConfig {
             max_total_grant_bytes: DEFAULT_MAX_TOTAL_GRANT_BYTES,
             keepalive: Some(TcpKeepalive::default()),
             #[cfg(feature = "verbs")]
-            tls_server: None,
-            #[cfg(feature = "verbs")]
-            tls_client: None,
+            tls: None,
         }
     }
 }
@@ -318,13 +324,13 @@ impl HandshakeConfig {
     /// `auth` refusal) and never gets a region, a key or a queue pair.
     ///
     /// Only the handshake is protected: after `Accept` the side channel
-    /// carries nothing but its liveness (see [`crate::provider`]'s side
+    /// carries nothing but its liveness (the verbs provider's side
     /// channel docs), and the data path is the NIC's. `shm://` ignores this
     /// (its Unix socket never leaves the host; the kernel reports the
     /// peer's uid).
     #[cfg(feature = "verbs")]
     pub fn with_tls_server(mut self, config: Arc<rustls::ServerConfig>) -> Self {
-        self.tls_server = Some(config);
+        Arc::make_mut(self.tls.get_or_insert_with(Default::default)).server = Some(config);
         self
     }
 
@@ -339,17 +345,27 @@ impl HandshakeConfig {
         config: Arc<rustls::ClientConfig>,
         server_name: rustls::pki_types::ServerName<'static>,
     ) -> Self {
-        self.tls_client = Some(TlsClient {
+        Arc::make_mut(self.tls.get_or_insert_with(Default::default)).client = Some(TlsClient {
             config,
             server_name,
         });
         self
     }
 
+    #[cfg(feature = "verbs")]
+    pub(crate) fn tls_server(&self) -> Option<&Arc<rustls::ServerConfig>> {
+        self.tls.as_ref()?.server.as_ref()
+    }
+
+    #[cfg(feature = "verbs")]
+    pub(crate) fn tls_client(&self) -> Option<&TlsClient> {
+        self.tls.as_ref()?.client.as_ref()
+    }
+
     /// Whether TLS is configured for the server / the client side.
     pub fn has_tls(&self) -> (bool, bool) {
         #[cfg(feature = "verbs")]
-        return (self.tls_server.is_some(), self.tls_client.is_some());
+        return (self.tls_server().is_some(), self.tls_client().is_some());
         #[cfg(not(feature = "verbs"))]
         (false, false)
     }
@@ -937,7 +953,7 @@ pub fn connect(
                 base_hello(&offer),
                 deadline,
                 cfg.keepalive.as_ref(),
-                cfg.tls_client.as_ref(),
+                cfg.tls_client(),
             )?;
             let peer = peer_info(&accept, ProviderKind::Verbs)?;
             let conn = Connection::new(Side::Tcp(side::Stream::plain(s)), qp, peer, offer.grants)?;
@@ -1184,8 +1200,7 @@ impl Pending {
             Side::Unix(s) => s,
             #[cfg(feature = "verbs")]
             Side::Tcp(s) => {
-                let mut s =
-                    side::server_stream(s.into_tcp(), self.cfg.tls_server.as_ref(), deadline)?;
+                let mut s = side::server_stream(s.into_tcp(), self.cfg.tls_server(), deadline)?;
                 let hello = side::read_hello(&mut s, self.cfg.token(), deadline)?;
                 let peer = peer_info(&hello, ProviderKind::Verbs)?;
                 return Ok(Incoming {
