@@ -56,6 +56,30 @@ impl Transport {
     pub fn is_rdma(self) -> bool {
         matches!(self, Transport::RdmaH2 | Transport::RdmaFast)
     }
+
+    /// The name the test modules use (`shm_fast`, ...).
+    pub fn name(self) -> &'static str {
+        match self {
+            Transport::Tcp => "tcp",
+            Transport::ShmH2 => "shm_h2",
+            Transport::ShmFast => "shm_fast",
+            Transport::RdmaH2 => "rdma_h2",
+            Transport::RdmaFast => "rdma_fast",
+        }
+    }
+
+    /// The transport of [`Transport::name`].
+    pub fn from_name(name: &str) -> Option<Self> {
+        [
+            Transport::Tcp,
+            Transport::ShmH2,
+            Transport::ShmFast,
+            Transport::RdmaH2,
+            Transport::RdmaFast,
+        ]
+        .into_iter()
+        .find(|t| t.name() == name)
+    }
 }
 
 /// What the server saw, for assertions about server-side effects.

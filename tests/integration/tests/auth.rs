@@ -117,26 +117,4 @@ async fn tls_is_checked(t: Transport) {
     c.unary(Input::default()).await.expect("still serving");
 }
 
-#[cfg(feature = "verbs")]
-mod rdma_h2 {
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn tls_is_checked() {
-        if rrpc_integration_tests::Transport::rdma_device().is_none() {
-            eprintln!("skipped: RRPC_TEST_DEVICE not set");
-            return;
-        }
-        super::tls_is_checked(rrpc_integration_tests::Transport::RdmaH2).await
-    }
-}
-
-#[cfg(feature = "verbs")]
-mod rdma_fast {
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn tls_is_checked() {
-        if rrpc_integration_tests::Transport::rdma_device().is_none() {
-            eprintln!("skipped: RRPC_TEST_DEVICE not set");
-            return;
-        }
-        super::tls_is_checked(rrpc_integration_tests::Transport::RdmaFast).await
-    }
-}
+rrpc_integration_tests::on_rdma!(tls_is_checked);

@@ -1,0 +1,182 @@
+//! A server process killed with SIGKILL while unary calls and server
+//! streams are in flight (issue 14, "Faults"): every call ends with an
+//! error within a bound, none hangs, a later call on the same channel fails
+//! fast too, and the client process's descriptors and threads return to
+//! their baseline, counted from `/proc/self`. The kill point is drawn per
+//! round (a fixed seed, printed). On every transport; `rdma_*` on verbs
+//! inside `cargo xtask rxe`.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use rrpc_integration_tests::pb::Input;
+use rrpc_integration_tests::pb::test_client::TestClient;
+use rrpc_integration_tests::{Harness, Transport, config, on_all_transports, payload};
+use rrpc_tonic::RrpcChannel;
+use tonic::Code;
+
+const SERVER: &str = env!("CARGO_BIN_EXE_rrpc-test-server");
+
+/// A server process; killed on drop if still running.
+struct Running(Child);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn spawn(t: Transport) -> (Running, String) {
+    let uri = match t {
+        Transport::Tcp => "http://127.0.0.1:0".to_string(),
+        Transport::RdmaH2 | Transport::RdmaFast => "rdma://127.0.0.1:0".to_string(),
+        _ => Harness::fresh_uri(t),
+    };
+    let mut child = Command::new(SERVER)
+        .args([t.name(), &uri])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("start rrpc-test-server");
+    let out = child.stdout.take().expect("stdout");
+    let mut line = String::new();
+    BufReader::new(out).read_line(&mut line).expect("read");
+    let uri = line
+        .strip_prefix("listening ")
+        .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
+        .trim()
+        .to_string();
+    (Running(child), uri)
+}
+
+fn count(dir: &str) -> usize {
+    std::fs::read_dir(dir).map(Iterator::count).unwrap_or(0)
+}
+
+/// A small deterministic generator (xorshift), so a failing round can be
+/// replayed from the printed seed.
+fn next(seed: &mut u64) -> u64 {
+    *seed ^= *seed << 13;
+    *seed ^= *seed >> 7;
+    *seed ^= *seed << 17;
+    *seed
+}
+
+/// How long a call may take to fail once its server is dead (the side
+/// channel's close is seen at once; soft-RoCE is slow).
+fn bound(t: Transport) -> Duration {
+    if t.is_rdma() {
+        Duration::from_secs(60)
+    } else {
+        Duration::from_secs(10)
+    }
+}
+
+/// One server, one channel, calls in flight, SIGKILL after `kill_ms`.
+async fn round(t: Transport, kill_ms: u64) -> Vec<Code> {
+    let (mut server, uri) = spawn(t);
+    let ch = RrpcChannel::connect(&uri, config(t))
+        .await
+        .expect("connect");
+    let mut c = TestClient::new(ch.clone());
+    c.unary(Input::default()).await.expect("a first call");
+    let mut calls = tokio::task::JoinSet::new();
+    for _ in 0..4 {
+        let mut c = c.clone();
+        calls.spawn(async move {
+            c.unary(Input {
+                payload: payload(1000),
+                delay_ms: 60_000,
+                ..Default::default()
+            })
+            .await
+            .map(|_| ())
+        });
+    }
+    for _ in 0..2 {
+        let mut c = c.clone();
+        calls.spawn(async move {
+            let mut s = c
+                .server_stream(Input {
+                    payload: payload(512),
+                    count: u32::MAX,
+                    ..Default::default()
+                })
+                .await?
+                .into_inner();
+            while s.message().await?.is_some() {}
+            Ok(())
+        });
+    }
+    tokio::time::sleep(Duration::from_millis(kill_ms)).await;
+    server.0.kill().expect("SIGKILL");
+    let status = server.0.wait().expect("wait");
+    assert!(!status.success());
+    let t0 = Instant::now();
+    let mut codes = Vec::new();
+    while let Some(r) = tokio::time::timeout(bound(t), calls.join_next())
+        .await
+        .unwrap_or_else(|_| panic!("{t:?}: a call hung {:?} after SIGKILL", t0.elapsed()))
+    {
+        let st = r
+            .expect("call task")
+            .expect_err("a call to a killed server cannot complete");
+        codes.push(st.code());
+    }
+    // The channel knows: the next call fails, and fast.
+    let st = tokio::time::timeout(bound(t), c.unary(Input::default()))
+        .await
+        .unwrap_or_else(|_| panic!("{t:?}: a new call hung after SIGKILL"))
+        .expect_err("a call to a killed server");
+    codes.push(st.code());
+    codes
+}
+
+/// The counts are process-wide: one transport at a time.
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+async fn server_killed_mid_call(t: Transport) {
+    let _one = ONE_AT_A_TIME.lock().await;
+    // A first round opens what the process keeps (the poller, runtime
+    // threads): the baseline is taken after it.
+    round(t, 5).await;
+    let (fds, threads) = (count("/proc/self/fd"), count("/proc/self/task"));
+    let mut seed = 0x5EED_u64 ^ (t as u64 + 1) * 0x9E37_79B9;
+    eprintln!("{t:?}: seed {seed:#x}, baseline {fds} fds, {threads} threads");
+    let mut seen = Vec::new();
+    for _ in 0..3 {
+        let kill_ms = next(&mut seed) % 40;
+        let codes = round(t, kill_ms).await;
+        eprintln!("{t:?}: killed after {kill_ms} ms: {codes:?}");
+        seen.extend(codes);
+    }
+    // A dead peer is Unavailable on rrpc; tonic over TCP (the reference)
+    // reports calls cut mid-flight as Unknown ("h2 protocol error").
+    for c in &seen {
+        let ok = match t {
+            Transport::Tcp => matches!(c, Code::Unavailable | Code::Unknown),
+            _ => *c == Code::Unavailable,
+        };
+        assert!(ok, "{t:?}: {seen:?}");
+    }
+    // Everything of those connections is released (asynchronously: wait).
+    let t0 = Instant::now();
+    loop {
+        let now = (count("/proc/self/fd"), count("/proc/self/task"));
+        if now.0 <= fds && now.1 <= threads {
+            break;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "{t:?}: fds {fds} -> {}, threads {threads} -> {}",
+            now.0,
+            now.1
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+on_all_transports!(server_killed_mid_call);
