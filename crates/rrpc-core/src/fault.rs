@@ -1,4 +1,7 @@
-//! Fault injection for tests: delayed or failed completions and torn writes.
+//! Fault injection for tests: delayed or failed completions, torn writes,
+//! and polls that miss a completion (the arm-then-poll race), with verbs
+//! semantics on the shm provider, so code above the fabric meets what a NIC
+//! does in plain `cargo test`, deterministically.
 //!
 //! Attach a [`FaultConfig`] to a queue pair with [`crate::QpConfig::fault`].
 //! The default injects nothing and costs one branch per post.
@@ -9,6 +12,8 @@ pub struct FaultConfig {
     completion_delay_polls: u32,
     fail_after_posts: Option<u64>,
     torn_write_every: Option<u64>,
+    fail_status: Option<crate::Status>,
+    poll_miss_every: Option<u64>,
 }
 
 impl FaultConfig {
@@ -29,8 +34,11 @@ impl FaultConfig {
         self
     }
 
-    /// After this many successful posts, every further work request completes
-    /// with [`crate::Status::Fatal`] and the queue pair fails (a dying device).
+    /// After this many successful posts, the next work request completes with
+    /// [`Self::fail_status`] and the queue pair fails (a dying device, a peer
+    /// that stopped acknowledging); a completion is produced for it even
+    /// when it was posted unsignaled, as a NIC reports every error, and the
+    /// posts after it are refused with the queue pair's failure.
     pub fn fail_after_posts(&self) -> Option<u64> {
         self.fail_after_posts
     }
@@ -38,6 +46,37 @@ impl FaultConfig {
     /// Sets [`Self::fail_after_posts`].
     pub fn with_fail_after_posts(mut self, n: u64) -> Self {
         self.fail_after_posts = Some(n);
+        self
+    }
+
+    /// The status the injected failure completes with (default
+    /// [`crate::Status::Fatal`]; [`crate::Status::RetryExceeded`] is what a
+    /// NIC reports for a peer that died without closing).
+    pub fn fail_status(&self) -> crate::Status {
+        self.fail_status.unwrap_or(crate::Status::Fatal)
+    }
+
+    /// Sets [`Self::fail_status`].
+    pub fn with_fail_status(mut self, status: crate::Status) -> Self {
+        self.fail_status = Some(status);
+        self
+    }
+
+    /// Every `k`-th poll of a completion queue that has completions to
+    /// return returns none; they appear at the next poll, as if they had
+    /// arrived just after it. This is the arm-then-poll race made
+    /// deterministic: a consumer that polls (nothing), arms the channel and
+    /// sleeps without polling once more never wakes, because no event fires
+    /// for a completion that arrived before the arm. Both queues of the
+    /// queue pair (send and receive) miss.
+    pub fn poll_miss_every(&self) -> Option<u64> {
+        self.poll_miss_every
+    }
+
+    /// Sets [`Self::poll_miss_every`]. `k` must be at least 2 (1 would
+    /// never return anything).
+    pub fn with_poll_miss_every(mut self, k: u64) -> Self {
+        self.poll_miss_every = Some(k.max(2));
         self
     }
 
@@ -59,5 +98,6 @@ impl FaultConfig {
         self.completion_delay_polls == 0
             && self.fail_after_posts.is_none()
             && self.torn_write_every.is_none()
+            && self.poll_miss_every.is_none()
     }
 }

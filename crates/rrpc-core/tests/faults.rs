@@ -96,3 +96,81 @@ fn write_imm_beyond_posted_receives_is_refused() {
         Err(Error::ReceiverNotReady)
     ));
 }
+
+#[test]
+fn a_peer_that_stopped_acknowledging_is_retry_exceeded_like_on_a_nic() {
+    let cfg = QpConfig::default().with_fault(
+        FaultConfig::none()
+            .with_fail_after_posts(1)
+            .with_fail_status(Status::RetryExceeded),
+    );
+    let (a, _b) = common::pair_with(4096, cfg, QpConfig::default());
+    let r = a.conn.peer().region(1).unwrap();
+    let l = Local::new(&a.scratch, 0, 8);
+    a.conn.qp().post_write(1, l, r.at(0), false).unwrap();
+    // Unsignaled, yet its error is reported: a NIC reports every error.
+    a.conn.qp().post_write(2, l, r.at(0), false).unwrap();
+    let mut wc = [Completion::EMPTY; 8];
+    let n = a.conn.qp().send_cq().poll(&mut wc).unwrap();
+    let got: Vec<_> = wc[..n].iter().map(|c| (c.wr_id, c.status)).collect();
+    assert_eq!(got, vec![(2, Status::RetryExceeded)]);
+    let e = a.conn.qp().post_write(3, l, r.at(0), true).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::CompletionError {
+                wr_id: 2,
+                status: Status::RetryExceeded
+            }
+        ),
+        "{e}"
+    );
+}
+
+/// Waits up to `ms` for the channel fd of `cq` to become readable.
+fn fires_within(cq: &rrpc_core::CompletionQueue, ms: u16) -> bool {
+    use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+    use std::os::fd::BorrowedFd;
+    // SAFETY: the fd belongs to `cq`, which outlives this call.
+    let fd = unsafe { BorrowedFd::borrow_raw(cq.channel_fd()) };
+    let mut fds = [PollFd::new(fd, PollFlags::POLLIN)];
+    poll(&mut fds, PollTimeout::from(ms)).unwrap() > 0
+}
+
+/// The arm-then-poll race, made deterministic: the poll before the arm
+/// misses a completion that is already there, so no event fires for it. A
+/// consumer that sleeps on the channel right after arming sleeps for ever;
+/// one that polls once more after arming (the rule every consumer in rrpc
+/// follows) finds it.
+#[test]
+fn a_missed_poll_is_the_arm_then_poll_race() {
+    let cfg = QpConfig::default().with_fault(FaultConfig::none().with_poll_miss_every(2));
+    let (a, b) = common::pair_with(4096, QpConfig::default(), cfg);
+    let r = a.conn.peer().region(1).unwrap();
+    let l = Local::new(&a.scratch, 0, 8);
+    let rcq = b.conn.qp().recv_cq();
+    let mut wc = [Completion::EMPTY; 4];
+    for imm in [1u32, 2] {
+        b.conn.qp().post_recv(u64::from(imm)).unwrap();
+        a.conn
+            .qp()
+            .post_write_imm(0, l, r.at(0), imm, false)
+            .unwrap();
+    }
+    // The first poll with something to find finds it; the second misses.
+    assert_eq!(rcq.poll(&mut wc).unwrap(), 2);
+    b.conn.qp().post_recv(3).unwrap();
+    a.conn.qp().post_write_imm(0, l, r.at(0), 3, false).unwrap();
+    assert_eq!(rcq.poll(&mut wc).unwrap(), 0, "the injected miss");
+    rcq.req_notify().unwrap();
+    assert!(
+        !fires_within(rcq, 100),
+        "no event for a completion that arrived before the arm"
+    );
+    assert_eq!(
+        rcq.poll(&mut wc).unwrap(),
+        1,
+        "the poll after the arm finds it"
+    );
+    assert_eq!(wc[0].imm, Some(3));
+}

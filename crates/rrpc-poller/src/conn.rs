@@ -212,6 +212,20 @@ impl AsyncConn {
         ring: &RingConfig,
         fabric: &Fabric,
     ) -> Result<(AsyncConn, AsyncConn)> {
+        Self::loopback_pair_with(poller, ring, fabric, &QpConfig::default())
+    }
+
+    /// As [`loopback_pair_on`](Self::loopback_pair_on), both queue pairs
+    /// made with `qp` (for example with a [`rrpc_core::FaultConfig`]).
+    ///
+    /// # Errors
+    /// As [`loopback_pair`](Self::loopback_pair).
+    pub fn loopback_pair_with(
+        poller: &Poller,
+        ring: &RingConfig,
+        fabric: &Fabric,
+        qp: &QpConfig,
+    ) -> Result<(AsyncConn, AsyncConn)> {
         static NEXT: AtomicU64 = AtomicU64::new(0);
         let path = std::env::temp_dir().join(format!(
             "rrpc-poller-{}-{}.sock",
@@ -234,20 +248,18 @@ impl AsyncConn {
             }
         };
         let fabric = fabric.clone();
-        let (f2, r2) = (fabric.clone(), ring.clone());
+        let (f2, r2, q2) = (fabric.clone(), ring.clone(), qp.clone());
         let server = std::thread::spawn(move || -> Result<(Connection, RingTx, RingRx)> {
             let local = LocalRing::new(&f2, &r2)?;
             let offer = local.add_to_offer(Offer::new());
-            let c = listener
-                .accept()?
-                .accept(f2.create_qp(&QpConfig::default())?, offer)?;
+            let c = listener.accept()?.accept(f2.create_qp(&q2)?, offer)?;
             let (tx, rx) = local.connect(&c)?;
             Ok((c, tx, rx))
         });
         let client = (|| -> Result<(Connection, RingTx, RingRx)> {
             let local = LocalRing::new(&fabric, ring)?;
             let offer = local.add_to_offer(Offer::new());
-            let qp = fabric.create_qp(&QpConfig::default())?;
+            let qp = fabric.create_qp(qp)?;
             let c = connect(&ep, qp, offer, &HandshakeConfig::default())?;
             let (tx, rx) = local.connect(&c)?;
             Ok((c, tx, rx))
@@ -349,6 +361,36 @@ impl AsyncSender {
     /// [`Error::PeerGone`] or a fabric error.
     pub fn flush(&mut self) -> Result<()> {
         self.tx.flush().map_err(Into::into)
+    }
+
+    /// [`flush`](Self::flush), then polls send completions until nothing
+    /// is held back any more (the tail deferred by the elastic threshold,
+    /// work beyond the send-queue budget), yielding to the runtime between
+    /// polls: when it returns, the peer can see every message sent. Use it
+    /// at the end of a burst after which the writer goes idle (a NIC
+    /// completes a WRITE after its post, and a poll may come just before
+    /// the completion); rrpc-tonic runs the same loop in a task.
+    ///
+    /// # Errors
+    /// [`Error::PeerGone`] (checked while waiting) or a fabric error.
+    ///
+    /// # Cancel safety
+    /// Cancel-safe: what was flushed stays flushed; calling it again (or
+    /// [`poll_completions`](Self::poll_completions)) resumes the wait.
+    pub async fn flush_all(&mut self) -> Result<()> {
+        self.flush()?;
+        let mut polls = 0u32;
+        while self.wants_completions() {
+            polls += 1;
+            if polls < 64 {
+                tokio::task::yield_now().await;
+            } else {
+                self.src.conn.check_alive()?;
+                tokio::time::sleep(Duration::from_micros(200)).await;
+            }
+            self.poll_completions()?;
+        }
+        Ok(())
     }
 
     /// Whether work is held back until send completions are polled: a tail

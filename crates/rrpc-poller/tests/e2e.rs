@@ -274,3 +274,47 @@ fn held_back_head_pushes_reach_the_writer(prov: &Provider) {
         });
     }
 }
+
+/// The arm-then-poll race on every completion queue (rrpc-core's
+/// `FaultConfig::with_poll_miss_every`: every third poll that has
+/// completions to return misses them): ping-pong and a stream in every mode
+/// still deliver everything, none waiting for a wake-up that never comes.
+/// The writers use `flush_all`: a plain `flush` whose one poll of the send
+/// queue misses the previous tail's completion leaves the new tail deferred
+/// with nobody to post it (what a NIC's late completion does too; this
+/// injector found it). shm only (the injector is the shm provider's).
+#[test]
+fn missed_polls_lose_no_wake_up_every_mode() {
+    use rrpc_core::{Fabric, FaultConfig, QpConfig};
+    let qp = QpConfig::default().with_fault(FaultConfig::none().with_poll_miss_every(3));
+    for mode in Mode::ALL {
+        rt().block_on(async {
+            let p = poller(mode);
+            let (a, b) =
+                AsyncConn::loopback_pair_with(&p, &ring(mode, 8192), &Fabric::shm(), &qp).unwrap();
+            let (mut atx, mut arx) = a.split().unwrap();
+            let (mut btx, mut brx) = b.split().unwrap();
+            let echo = tokio::spawn(async move {
+                for _ in 0..300u32 {
+                    let v = {
+                        let m = brx.recv().await.unwrap();
+                        u32::from_le_bytes(m[..4].try_into().unwrap())
+                    };
+                    btx.send(&(v + 1).to_le_bytes()).await.unwrap();
+                    btx.flush_all().await.unwrap();
+                }
+                (btx, brx)
+            });
+            for i in 0..300u32 {
+                atx.send(&i.to_le_bytes()).await.unwrap();
+                atx.flush_all().await.unwrap();
+                let m = tokio::time::timeout(BOUND, arx.recv())
+                    .await
+                    .unwrap_or_else(|_| panic!("{mode}: lost wake-up at {i}"))
+                    .unwrap();
+                assert_eq!(u32::from_le_bytes(m[..4].try_into().unwrap()), i + 1);
+            }
+            let _keep = echo.await.unwrap();
+        });
+    }
+}

@@ -44,6 +44,33 @@ pub(crate) struct SendCq {
     retired: AtomicU64,
     armed: AtomicBool,
     channel: EventFd,
+    misses: PollMisses,
+}
+
+/// [`FaultConfig::poll_miss_every`] of one completion queue.
+#[derive(Debug, Default)]
+struct PollMisses {
+    every: Option<u64>,
+    /// Polls that found something to return.
+    with_data: AtomicU64,
+}
+
+impl PollMisses {
+    fn new(every: Option<u64>) -> Self {
+        PollMisses {
+            every,
+            with_data: AtomicU64::new(0),
+        }
+    }
+
+    /// A poll found completions: whether it misses them this time.
+    #[inline]
+    fn miss(&self) -> bool {
+        match self.every {
+            None => false,
+            Some(k) => (self.with_data.fetch_add(1, Ordering::Relaxed) + 1).is_multiple_of(k),
+        }
+    }
 }
 
 #[derive(Debug, Default)]
@@ -53,13 +80,14 @@ struct SendQueue {
 }
 
 impl SendCq {
-    fn new() -> Result<Self> {
+    fn new(miss_every: Option<u64>) -> Result<Self> {
         Ok(SendCq {
             queue: Mutex::new(SendQueue::default()),
             posted: AtomicU64::new(0),
             retired: AtomicU64::new(0),
             armed: AtomicBool::new(false),
             channel: EventFd::new()?,
+            misses: PollMisses::new(miss_every),
         })
     }
 
@@ -99,6 +127,9 @@ impl SendCq {
             return 0;
         }
         let mut q = self.queue.lock().unwrap_or_else(|p| p.into_inner());
+        if q.entries.front().is_some_and(|e| e.2 == 0) && self.misses.miss() {
+            return 0;
+        }
         let mut n = 0;
         while n < out.len() {
             let Some(front) = q.entries.front_mut() else {
@@ -166,6 +197,7 @@ pub(crate) struct RecvCq {
     cap: u64,
     state: Mutex<RecvState>,
     channel: EventFd,
+    misses: PollMisses,
 }
 
 #[derive(Debug, Default)]
@@ -177,7 +209,7 @@ struct RecvState {
 }
 
 impl RecvCq {
-    fn new(depth: u32) -> Result<Self> {
+    fn new(depth: u32, miss_every: Option<u64>) -> Result<Self> {
         let cap = depth.next_power_of_two() as u64;
         let map = Mapping::create(layout::ENTRIES + cap as usize * layout::ENTRY, false)?;
         Ok(RecvCq {
@@ -185,6 +217,7 @@ impl RecvCq {
             cap,
             state: Mutex::new(RecvState::default()),
             channel: EventFd::new()?,
+            misses: PollMisses::new(miss_every),
         })
     }
 
@@ -217,6 +250,9 @@ impl RecvCq {
             );
             st.failed = Some(why.clone());
             return Err(Error::PeerMisbehaved(why));
+        }
+        if st.cons < prod && !out.is_empty() && self.misses.miss() {
+            return Ok(0);
         }
         let mut n = 0;
         while n < out.len() && st.cons < prod {
@@ -349,10 +385,13 @@ impl ShmQp {
         Ok(ShmQp {
             cfg: cfg.clone(),
             send_cq: crate::cq::CompletionQueue {
-                inner: crate::cq::CqInner::ShmSend(SendCq::new()?),
+                inner: crate::cq::CqInner::ShmSend(SendCq::new(cfg.fault().poll_miss_every())?),
             },
             recv_cq: crate::cq::CompletionQueue {
-                inner: crate::cq::CqInner::ShmRecv(RecvCq::new(cfg.recv_depth())?),
+                inner: crate::cq::CqInner::ShmRecv(RecvCq::new(
+                    cfg.recv_depth(),
+                    cfg.fault().poll_miss_every(),
+                )?),
             },
             peer: std::sync::OnceLock::new(),
             failed: FailState::default(),
@@ -472,7 +511,7 @@ impl ShmQp {
         }
         let n = self.posts.fetch_add(1, Ordering::Relaxed) + 1;
         let status = match f.fail_after_posts() {
-            Some(k) if n > k => Status::Fatal,
+            Some(k) if n > k => f.fail_status(),
             _ => Status::Success,
         };
         let torn = f.torn_write_every().is_some_and(|k| n.is_multiple_of(k));
@@ -622,21 +661,19 @@ impl ShmQp {
     }
 
     fn fail_injected(&self, seq: u64, wr_id: u64, opcode: Opcode, delay: u32) {
+        let status = self.fault.fail_status();
         self.scq().push(
             seq,
             Completion {
                 wr_id,
-                status: Status::Fatal,
+                status,
                 opcode,
                 byte_len: 0,
                 imm: None,
             },
             delay,
         );
-        self.failed.set(FailReason::Completion {
-            wr_id: 0,
-            status: Status::Fatal,
-        });
+        self.failed.set(FailReason::Completion { wr_id, status });
     }
 
     pub(crate) fn send_depth(&self) -> u32 {
