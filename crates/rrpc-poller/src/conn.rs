@@ -451,6 +451,11 @@ impl AsyncReceiver {
             if self.rx.has_message()? {
                 break;
             }
+            // The tail moved but its message is not readable yet (not
+            // placed, or its tail record read half-written): the data is
+            // microseconds away, or a bad peer is timed out by the ring.
+            // Either way let the worker run others meanwhile.
+            tokio::task::yield_now().await;
         }
         self.rx.try_recv().map_err(Into::into)
     }
