@@ -28,10 +28,11 @@
 //!
 //! The pointer logic is the sans-IO [`proto`] module; [`LocalRing`],
 //! [`RingTx`] and [`RingRx`] drive it on an `rrpc-core` queue pair. Every
-//! peer-written value (headers, end stamps, gap markers, pointer words) is
+//! peer-written value (headers, end stamps, gap markers, pointer records) is
 //! validated: a bad pointer closes the channel with [`Error::Corrupt`] at
-//! once, a message that stays inconsistent for
-//! [`RingConfig::placement_timeout`] (1 s) closes it then.
+//! once, a message or pointer record that stays inconsistent for
+//! [`RingConfig::placement_timeout`] (1 s) closes it then (a pointer read
+//! half-written is a wait: [`proto`] docs, "Pointer records").
 //!
 //! ## Handshake
 //! [`LocalRing::add_to_offer`] puts the slot size and count and the
