@@ -726,7 +726,7 @@ mod tests {
 
     #[test]
     fn lying_producer_index_is_refused() {
-        let cq = RecvCq::new(4).unwrap();
+        let cq = RecvCq::new(4, None).unwrap();
         cq.post_recv(7).unwrap();
         let mut out = [Completion::EMPTY; 8];
         // A peer claims more entries than receives were posted.
@@ -739,7 +739,7 @@ mod tests {
 
     #[test]
     fn producer_index_behind_consumer_is_refused() {
-        let cq = RecvCq::new(4).unwrap();
+        let cq = RecvCq::new(4, None).unwrap();
         for i in 0..2 {
             cq.post_recv(i).unwrap();
         }
@@ -754,7 +754,7 @@ mod tests {
 
     #[test]
     fn producer_checks_consumer_words() {
-        let cq = RecvCq::new(4).unwrap();
+        let cq = RecvCq::new(4, None).unwrap();
         let fd = cq.map.fd().try_clone_to_owned().unwrap();
         let peer = PeerCq {
             map: Mapping::map_peer(fd, cq.map.len(), "receive queue").unwrap(),
