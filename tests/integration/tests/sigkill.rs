@@ -142,7 +142,7 @@ async fn server_killed_mid_call(t: Transport) {
     // threads): the baseline is taken after it.
     round(t, 5).await;
     let (fds, threads) = (count("/proc/self/fd"), count("/proc/self/task"));
-    let mut seed = 0x5EED_u64 ^ (t as u64 + 1) * 0x9E37_79B9;
+    let mut seed = 0x5EED_u64 ^ ((t as u64 + 1) * 0x9E37_79B9);
     eprintln!("{t:?}: seed {seed:#x}, baseline {fds} fds, {threads} threads");
     let mut seen = Vec::new();
     for _ in 0..3 {
