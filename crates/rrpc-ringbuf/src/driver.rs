@@ -337,7 +337,7 @@ pub struct RingTx {
     /// head record may stay inconsistent.
     placement_timeout: std::time::Duration,
     /// Since when the head record has read inconsistent.
-    torn_since: Option<std::time::Instant>,
+    torn_since: Option<TornSince>,
 }
 
 impl RingTx {
@@ -359,7 +359,13 @@ impl RingTx {
             let (value, check) = load_record(&self.rx_region, LOCAL_HEAD_OFFSET)?;
             if self.sender.handle_head_record(value, check)? {
                 self.torn_since = None;
-            } else if torn_for_too_long(&mut self.torn_since, self.placement_timeout) {
+            } else if torn_for_too_long(
+                &mut self.torn_since,
+                self.placement_timeout,
+                std::time::Instant::now(),
+            ) {
+                // A peer that died between its two stores is gone, not corrupt.
+                self.shared.check()?;
                 return Err(self.sender.record_timed_out(value, check));
             }
         }
@@ -611,7 +617,7 @@ pub struct RingRx {
     /// tail but not placed (`proto` docs, "Placement order").
     unplaced_since: Option<(u64, std::time::Instant)>,
     /// Since when the tail record has read inconsistent.
-    torn_since: Option<std::time::Instant>,
+    torn_since: Option<TornSince>,
 }
 
 impl RingRx {
@@ -639,7 +645,13 @@ impl RingRx {
                     // Each tail WRITE_WITH_IMM consumed one receive: repost them.
                     self.replenish()?;
                 }
-            } else if torn_for_too_long(&mut self.torn_since, self.placement_timeout) {
+            } else if torn_for_too_long(
+                &mut self.torn_since,
+                self.placement_timeout,
+                std::time::Instant::now(),
+            ) {
+                // A peer that died between its two stores is gone, not corrupt.
+                self.shared.check()?;
                 return Err(self.receiver.record_timed_out(value, check));
             }
         }
@@ -885,14 +897,34 @@ fn load_record(region: &Region, off: usize) -> Result<(u64, u64), Error> {
     Ok((value, check))
 }
 
+/// When a pointer record was first and last read inconsistent.
+#[derive(Debug, Clone, Copy)]
+struct TornSince {
+    first: std::time::Instant,
+    last: std::time::Instant,
+}
+
 /// A pointer record read inconsistent: starts the clock, and says whether
-/// it has stayed so for longer than `bound`.
-fn torn_for_too_long(since: &mut Option<std::time::Instant>, bound: std::time::Duration) -> bool {
-    let now = std::time::Instant::now();
-    match *since {
-        Some(t) => now.duration_since(t) > bound,
-        None => {
-            *since = Some(now);
+/// it has read inconsistent at every look for longer than `bound`. A torn
+/// read after a quiet spell (no look for `bound / 2`: nobody polled, the
+/// writer may have finished long ago) starts a new clock instead of being
+/// charged the old one; an honest writer's record is consistent again
+/// microseconds after a torn read, so only garbage keeps the clock running.
+fn torn_for_too_long(
+    since: &mut Option<TornSince>,
+    bound: std::time::Duration,
+    now: std::time::Instant,
+) -> bool {
+    match since {
+        Some(t) if now.duration_since(t.last) <= bound / 2 => {
+            t.last = now;
+            now.duration_since(t.first) > bound
+        }
+        _ => {
+            *since = Some(TornSince {
+                first: now,
+                last: now,
+            });
             false
         }
     }
@@ -911,6 +943,25 @@ mod tests {
             gamma: 1,
             mode: 0,
         }
+    }
+
+    #[test]
+    fn only_a_record_torn_at_every_look_times_out() {
+        use std::time::{Duration, Instant};
+        let (bound, t0) = (Duration::from_millis(100), Instant::now());
+        let ms = |n| t0 + Duration::from_millis(n);
+        // Torn at every look, 10 ms apart: closes once past the bound.
+        let mut since = None;
+        assert!((0..=10).all(|i| !torn_for_too_long(&mut since, bound, ms(i * 10))));
+        assert!(torn_for_too_long(&mut since, bound, ms(110)));
+        // A torn read long after the last one starts a new clock: an
+        // honest record read torn twice, a second apart, is no timeout.
+        let mut since = None;
+        assert!(!torn_for_too_long(&mut since, bound, ms(0)));
+        assert!(!torn_for_too_long(&mut since, bound, ms(1000)));
+        assert!(!torn_for_too_long(&mut since, bound, ms(1040)));
+        assert!(!torn_for_too_long(&mut since, bound, ms(1090)));
+        assert!(torn_for_too_long(&mut since, bound, ms(1101)));
     }
 
     #[test]

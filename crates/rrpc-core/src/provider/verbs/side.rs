@@ -365,8 +365,15 @@ pub(crate) fn server_stream(
             let conn = rustls::ServerConnection::new(cfg.clone())
                 .map_err(|e| tls_error("TLS server session", &e))?;
             Stream::tls(tcp, conn.into(), deadline).inspect_err(|e| {
-                crate::handshake::count_refusal(RejectCode::Auth);
-                tracing::warn!(error = %e, ?peer, "rdma handshake refused: TLS");
+                // A failed TLS handshake is an authentication refusal; a
+                // client that left or timed out (a port scan, a health
+                // check) is not counted as one.
+                if matches!(e, Error::Tls(_)) {
+                    crate::handshake::count_refusal(RejectCode::Auth);
+                    tracing::warn!(error = %e, ?peer, "rdma handshake refused: TLS");
+                } else {
+                    tracing::debug!(error = %e, ?peer, "rdma handshake: client left during TLS");
+                }
             })
         }
         None => Ok(Stream::plain(tcp)),
