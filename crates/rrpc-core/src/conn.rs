@@ -1146,6 +1146,18 @@ impl Listener {
     }
 }
 
+/// What [`Pending::poll_hello`] waits for before the client's hello is here.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Want {
+    /// The side channel to become readable.
+    Read,
+    /// The side channel to become writable.
+    Write,
+    /// Nothing more: call [`Pending::handshake`] (for a plain side channel:
+    /// wait for the hello's bytes yourself, or let `handshake` read them).
+    Ready,
+}
+
 /// A client taken off the listening socket whose hello has not been read
 /// yet ([`Listener::accept_pending`]).
 #[derive(Debug)]
@@ -1175,6 +1187,49 @@ impl Pending {
         self.stream.peer_addr()
     }
 
+    /// Whether this client's side channel runs TLS
+    /// ([`HandshakeConfig::with_tls_server`]): its hello arrives encrypted,
+    /// so peeking the socket shows nothing; use [`poll_hello`](Self::poll_hello).
+    pub fn uses_tls(&self) -> bool {
+        #[cfg(feature = "verbs")]
+        return matches!(self.stream, Side::Tcp(_)) && self.cfg.tls_server().is_some();
+        #[cfg(not(feature = "verbs"))]
+        false
+    }
+
+    /// Non-blocking: runs the TLS handshake and reads TLS records until the
+    /// client's hello is whole in plaintext, and says what it waits for
+    /// next (`Read`, `Write`) or that [`handshake`](Self::handshake) can
+    /// run without waiting for the client (`Ready`). An async accept loop
+    /// calls it whenever the side channel is ready (see [`AsFd`]), so a
+    /// client that stalls in the middle of TLS holds a task, never a
+    /// thread. Without TLS it is `Ready` at once.
+    ///
+    /// # Errors
+    /// [`Error::Tls`] (the client failed TLS; counted as an `auth`
+    /// refusal), [`Error::PeerGone`], [`Error::Io`].
+    ///
+    /// # Cancel safety
+    /// Not async; stopping between calls loses nothing (the TLS state and
+    /// any plaintext read stay in the `Pending`).
+    pub fn poll_hello(&mut self) -> Result<Want> {
+        #[cfg(feature = "verbs")]
+        if let (Side::Tcp(s), Some(tls)) = (&mut self.stream, self.cfg.tls_server()) {
+            s.start_server_tls(tls)?;
+            s.tcp()
+                .set_nonblocking(true)
+                .map_err(|e| Error::io("set_nonblocking", e))?;
+            let r = s.pump();
+            let _ = s.tcp().set_nonblocking(false);
+            if let Err(e @ Error::Tls(_)) = &r {
+                crate::handshake::count_refusal(RejectCode::Auth);
+                tracing::warn!(error = %e, peer = %self.stream.peer_addr(), "rdma handshake refused: TLS");
+            }
+            return r;
+        }
+        Ok(Want::Ready)
+    }
+
     /// Reads and checks the client's hello. Blocking; the whole of it is
     /// bounded by the handshake timeout (a deadline, however slowly the
     /// client sends). A bad client is answered with a `Reject` naming the
@@ -1200,7 +1255,7 @@ impl Pending {
             Side::Unix(s) => s,
             #[cfg(feature = "verbs")]
             Side::Tcp(s) => {
-                let mut s = side::server_stream(s.into_tcp(), self.cfg.tls_server(), deadline)?;
+                let mut s = side::server_stream(s, self.cfg.tls_server(), deadline)?;
                 let hello = side::read_hello(&mut s, self.cfg.token(), deadline)?;
                 let peer = peer_info(&hello, ProviderKind::Verbs)?;
                 return Ok(Incoming {

@@ -493,12 +493,19 @@ impl ShmPending {
     pub(crate) async fn establish(self) -> Result<Pipe, Error> {
         let timeout = self.cfg.get_handshake_timeout();
         let ShmPending {
-            pending,
+            mut pending,
             ring,
             cfg,
             fabric,
         } = self;
-        match tokio::time::timeout(timeout, hello_arrived(&pending)).await {
+        let arrived = async {
+            if pending.uses_tls() {
+                tls_hello_arrived(&mut pending).await
+            } else {
+                hello_arrived(&pending).await
+            }
+        };
+        match tokio::time::timeout(timeout, arrived).await {
             Ok(r) => r?,
             Err(_) => {
                 return Err(Error::Handshake(format!(
@@ -527,6 +534,29 @@ struct Borrowed(RawFd);
 impl AsRawFd for Borrowed {
     fn as_raw_fd(&self) -> RawFd {
         self.0
+    }
+}
+
+/// With TLS on the side channel: drives the TLS handshake without blocking
+/// ([`Pending::poll_hello`]) on the socket's readiness until the client's
+/// hello is whole in plaintext. A client that stalls anywhere in TLS holds
+/// only this task, never a thread.
+async fn tls_hello_arrived(pending: &mut Pending) -> Result<(), Error> {
+    use rrpc_core::conn::Want;
+    let raw = pending.as_fd().as_raw_fd();
+    // Deregistered when `afd` drops at the end of this function, while
+    // `pending` (which owns the fd) is still alive.
+    #[allow(deprecated)]
+    let afd = AsyncFd::with_interest(
+        Borrowed(raw),
+        tokio::io::Interest::READABLE | tokio::io::Interest::WRITABLE,
+    )?;
+    loop {
+        match pending.poll_hello()? {
+            Want::Ready => return Ok(()),
+            Want::Read => afd.readable().await?.clear_ready(),
+            Want::Write => afd.writable().await?.clear_ready(),
+        }
     }
 }
 

@@ -76,7 +76,12 @@ fn verbs_qp(qp: &QueuePair) -> Result<&super::VerbsQp> {
 pub(crate) struct Stream {
     tcp: TcpStream,
     tls: Option<Box<rustls::Connection>>,
+    /// Plaintext taken out of the TLS session by [`Stream::pump`] and not
+    /// read yet (read first by every later read).
+    plain: Vec<u8>,
 }
+
+pub(crate) use crate::conn::Want;
 
 impl std::fmt::Debug for Stream {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -94,7 +99,81 @@ fn tls_error(during: &str, e: &rustls::Error) -> Error {
 impl Stream {
     /// A plain (no TLS) side channel.
     pub(crate) fn plain(tcp: TcpStream) -> Self {
-        Stream { tcp, tls: None }
+        Stream {
+            tcp,
+            tls: None,
+            plain: Vec::new(),
+        }
+    }
+
+    /// Starts a server TLS session on this (plain) stream without doing
+    /// any I/O; [`pump`](Self::pump) or a blocking read drives it.
+    ///
+    /// # Errors
+    /// [`Error::Tls`] if rustls refuses the config.
+    pub(crate) fn start_server_tls(
+        &mut self,
+        cfg: &std::sync::Arc<rustls::ServerConfig>,
+    ) -> Result<()> {
+        if self.tls.is_none() {
+            let conn = rustls::ServerConnection::new(cfg.clone())
+                .map_err(|e| tls_error("TLS server session", &e))?;
+            self.tls = Some(Box::new(conn.into()));
+        }
+        Ok(())
+    }
+
+    /// Non-blocking (the socket must be non-blocking): drives the TLS
+    /// handshake and reads TLS records until the peer's first handshake
+    /// message is whole in plaintext, and says what it waits for. An async
+    /// accept loop calls it on readiness, so a client that stalls anywhere
+    /// before its hello holds a task, never a thread. A plain stream is
+    /// `Ready` at once (peek the socket instead).
+    ///
+    /// # Errors
+    /// [`Error::Tls`], [`Error::PeerGone`], [`Error::Io`].
+    pub(crate) fn pump(&mut self) -> Result<Want> {
+        let Stream { tcp, tls, plain } = self;
+        let Some(conn) = tls.as_mut() else {
+            return Ok(Want::Ready);
+        };
+        let mut buf = [0u8; 4096];
+        loop {
+            while conn.wants_write() {
+                match conn.write_tls(tcp) {
+                    Ok(0) => return Err(Error::PeerGone),
+                    Ok(_) => {}
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(Want::Write),
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                    Err(e) => return Err(map_io("handshake write", e)),
+                }
+            }
+            if !conn.is_handshaking() {
+                loop {
+                    match conn.reader().read(&mut buf) {
+                        Ok(0) => return Ok(Want::Ready), // closed: reading says so
+                        Ok(n) => plain.extend_from_slice(&buf[..n]),
+                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                        Err(_) => return Ok(Want::Ready),
+                    }
+                }
+                if message_is_whole(plain) {
+                    return Ok(Want::Ready);
+                }
+            }
+            match conn.read_tls(tcp) {
+                Ok(0) => return Err(Error::PeerGone),
+                Ok(_) => {
+                    if let Err(e) = conn.process_new_packets() {
+                        let _ = conn.write_tls(tcp);
+                        return Err(tls_error("TLS handshake on the side channel", &e));
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(Want::Read),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(map_io("handshake read", e)),
+            }
+        }
     }
 
     /// Runs the TLS handshake of `conn` (a client or server session) over
@@ -112,7 +191,16 @@ impl Stream {
         let mut s = Stream {
             tcp,
             tls: Some(Box::new(conn)),
+            plain: Vec::new(),
         };
+        s.finish_tls(deadline)?;
+        Ok(s)
+    }
+
+    /// Completes the TLS handshake (blocking, by `deadline`), wherever a
+    /// [`pump`](Self::pump) left it.
+    fn finish_tls(&mut self, deadline: Deadline) -> Result<()> {
+        let s = self;
         while s.session().is_handshaking() {
             s.flush_tls(deadline)?;
             if !s.session().is_handshaking() {
@@ -123,8 +211,7 @@ impl Stream {
             }
         }
         // What the handshake's last flight left to send (a client's Finished).
-        s.flush_tls(deadline)?;
-        Ok(s)
+        s.flush_tls(deadline)
     }
 
     fn session(&mut self) -> &mut rustls::Connection {
@@ -148,7 +235,7 @@ impl Stream {
 
     /// Writes what the TLS session has queued, by `deadline`.
     fn flush_tls(&mut self, deadline: Deadline) -> Result<()> {
-        let Stream { tcp, tls } = self;
+        let Stream { tcp, tls, .. } = self;
         let Some(conn) = tls else { return Ok(()) };
         while conn.wants_write() {
             tcp.set_write_timeout(Some(deadline.remaining()?))
@@ -166,7 +253,7 @@ impl Stream {
     /// Reads TLS records from the socket once (by `deadline`) and processes
     /// them; returns the bytes read (0: the peer closed).
     fn fill_tls(&mut self, deadline: Deadline) -> Result<usize> {
-        let Stream { tcp, tls } = self;
+        let Stream { tcp, tls, .. } = self;
         let conn = tls.as_mut().expect("a TLS stream");
         loop {
             tcp.set_read_timeout(Some(deadline.remaining()?))
@@ -204,6 +291,12 @@ impl Stream {
 
     /// Reads some bytes into `buf` by `deadline` (0: the peer closed).
     fn read_some_by(&mut self, buf: &mut [u8], deadline: Deadline) -> Result<usize> {
+        if !self.plain.is_empty() {
+            let n = buf.len().min(self.plain.len());
+            buf[..n].copy_from_slice(&self.plain[..n]);
+            self.plain.drain(..n);
+            return Ok(n);
+        }
         if self.tls.is_none() {
             let mut s = &self.tcp;
             loop {
@@ -349,22 +442,35 @@ fn write_plain(mut s: &TcpStream, bytes: &[u8], deadline: Deadline) -> Result<()
     Ok(())
 }
 
+/// Whether `b` starts with a whole handshake message (or with a header
+/// that cannot start one: the read will refuse it).
+fn message_is_whole(b: &[u8]) -> bool {
+    if b.len() < HEADER_LEN {
+        return false;
+    }
+    let head: &[u8; HEADER_LEN] = b[..HEADER_LEN].try_into().expect("HEADER_LEN bytes");
+    match Header::decode(head) {
+        Ok(h) => b.len() >= HEADER_LEN + h.body_len,
+        Err(_) => true,
+    }
+}
+
 /// The server's side channel for one accepted client: TLS first when
-/// `tls` is set (by `deadline`), else the bare stream.
+/// `tls` is set (by `deadline`), else the bare stream. A session a
+/// [`Stream::pump`] started is completed, not started again.
 ///
 /// # Errors
 /// As [`Stream::tls`].
 pub(crate) fn server_stream(
-    tcp: TcpStream,
+    mut s: Stream,
     tls: Option<&std::sync::Arc<rustls::ServerConfig>>,
     deadline: Deadline,
 ) -> Result<Stream> {
     match tls {
         Some(cfg) => {
-            let peer = tcp.peer_addr().ok();
-            let conn = rustls::ServerConnection::new(cfg.clone())
-                .map_err(|e| tls_error("TLS server session", &e))?;
-            Stream::tls(tcp, conn.into(), deadline).inspect_err(|e| {
+            let peer = s.tcp.peer_addr().ok();
+            s.start_server_tls(cfg)?;
+            s.finish_tls(deadline).map(|()| s).inspect_err(|e| {
                 // A failed TLS handshake is an authentication refusal; a
                 // client that left or timed out (a port scan, a health
                 // check) is not counted as one.
@@ -376,7 +482,7 @@ pub(crate) fn server_stream(
                 }
             })
         }
-        None => Ok(Stream::plain(tcp)),
+        None => Ok(s),
     }
 }
 
@@ -921,7 +1027,7 @@ mod tests {
         let (relay, seen) = sniffing_relay(l.local_addr().unwrap());
         let server = std::thread::spawn(move || {
             let tcp = accept_tcp(&l, Duration::from_secs(5), None).unwrap();
-            let mut s = server_stream(tcp, Some(&server_cfg), dl()).unwrap();
+            let mut s = server_stream(Stream::plain(tcp), Some(&server_cfg), dl()).unwrap();
             assert!(s.is_tls());
             let h = read_hello(&mut s, Some(b"token-in-the-clear?"), dl()).unwrap();
             send_msg(&mut s, &Message::Accept(verbs_hello(None)), dl()).unwrap();
@@ -953,7 +1059,8 @@ mod tests {
         let (server_cfg, _) = tls_configs();
         let (_, other_client_cfg) = tls_configs(); // trusts another certificate
         let (c, s) = tcp_pair();
-        let server = std::thread::spawn(move || server_stream(s, Some(&server_cfg), dl()));
+        let server =
+            std::thread::spawn(move || server_stream(Stream::plain(s), Some(&server_cfg), dl()));
         let e = tls_client(c, &other_client_cfg).unwrap_err();
         assert!(
             matches!(&e, Error::Tls(m) if m.contains("certificate")),
@@ -967,7 +1074,8 @@ mod tests {
     fn a_plaintext_client_is_refused_by_a_tls_server() {
         let (server_cfg, _) = tls_configs();
         let (c, s) = tcp_pair();
-        let server = std::thread::spawn(move || server_stream(s, Some(&server_cfg), dl()));
+        let server =
+            std::thread::spawn(move || server_stream(Stream::plain(s), Some(&server_cfg), dl()));
         let r = exchange(&mut Stream::plain(c), verbs_hello(Some(b"secret")), dl());
         // The server's alert, read where an Accept belongs.
         assert!(
@@ -1000,11 +1108,78 @@ mod tests {
         let (_c, s) = tcp_pair();
         let t = std::time::Instant::now();
         let r = server_stream(
-            s,
+            Stream::plain(s),
             Some(&server_cfg),
             Deadline::after(Duration::from_millis(200)),
         );
         assert!(matches!(r, Err(Error::Timeout)), "{r:?}");
         assert!(t.elapsed() < Duration::from_secs(3), "{:?}", t.elapsed());
+    }
+
+    /// Waits up to 20 ms for `s` to be readable or writable as `w` asks.
+    fn wait_for(s: &TcpStream, w: Want) {
+        use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+        use std::os::fd::AsFd;
+        let flags = if w == Want::Write {
+            PollFlags::POLLOUT
+        } else {
+            PollFlags::POLLIN
+        };
+        let mut fds = [PollFd::new(s.as_fd(), flags)];
+        let _ = poll(&mut fds, PollTimeout::from(20u16));
+    }
+
+    /// The non-blocking TLS step of an async accept loop: a client that
+    /// sends its ClientHello and stalls costs the server no wait (it is
+    /// told to wait for readability), and an honest client's hello ends up
+    /// whole in plaintext, so the blocking part that follows never waits
+    /// for the client.
+    #[test]
+    fn pump_never_blocks_and_delivers_the_hello() {
+        let (server_cfg, client_cfg) = tls_configs();
+        // A client that sends its ClientHello, then nothing.
+        let (mut c, s) = tcp_pair();
+        let name = rustls::pki_types::ServerName::try_from("rrpc.test").unwrap();
+        let mut hello_only = rustls::ClientConnection::new(client_cfg.clone(), name).unwrap();
+        hello_only.write_tls(&mut c).unwrap();
+        let mut st = Stream::plain(s);
+        st.start_server_tls(&server_cfg).unwrap();
+        st.tcp().set_nonblocking(true).unwrap();
+        let t = std::time::Instant::now();
+        let mut wants = Vec::new();
+        for _ in 0..5 {
+            let w = st.pump().unwrap();
+            wants.push(w);
+            wait_for(st.tcp(), w);
+        }
+        assert!(wants.iter().all(|w| *w == Want::Read), "{wants:?}");
+        assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
+        drop((c, st));
+
+        // An honest client: TLS, then its hello, on its own thread.
+        let (c, s) = tcp_pair();
+        let client = std::thread::spawn(move || {
+            let mut c = tls_client(c, &client_cfg)?;
+            exchange(&mut c, verbs_hello(Some(b"tok")), dl())
+        });
+        let mut st = Stream::plain(s);
+        st.start_server_tls(&server_cfg).unwrap();
+        st.tcp().set_nonblocking(true).unwrap();
+        let t = std::time::Instant::now();
+        loop {
+            match st.pump().unwrap() {
+                Want::Ready => break,
+                w => wait_for(st.tcp(), w),
+            }
+            assert!(t.elapsed() < Duration::from_secs(5), "hello never whole");
+        }
+        st.tcp().set_nonblocking(false).unwrap();
+        // The session the pump started is completed, not started again,
+        // and the hello is read from what the pump took out of it.
+        let mut st = server_stream(st, Some(&server_cfg), dl()).unwrap();
+        let h = read_hello(&mut st, Some(b"tok"), dl()).unwrap();
+        assert_eq!(h, verbs_hello(Some(b"tok")));
+        send_msg(&mut st, &Message::Accept(verbs_hello(None)), dl()).unwrap();
+        assert_eq!(client.join().unwrap().unwrap(), verbs_hello(None));
     }
 }
