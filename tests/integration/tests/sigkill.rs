@@ -48,7 +48,12 @@ fn spawn(t: Transport) -> (Running, String) {
     BufReader::new(out).read_line(&mut line).expect("read");
     let uri = line
         .strip_prefix("listening ")
-        .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
+        .unwrap_or_else(|| {
+            panic!(
+                "{t:?}: rrpc-test-server printed {line:?} (see its stderr above); \
+                 a build without the `verbs` feature may have replaced {SERVER}"
+            )
+        })
         .trim()
         .to_string();
     (Running(child), uri)
