@@ -362,14 +362,6 @@ impl HandshakeConfig {
         self.tls.as_ref()?.client.as_ref()
     }
 
-    /// Whether TLS is configured for the server / the client side.
-    pub fn has_tls(&self) -> (bool, bool) {
-        #[cfg(feature = "verbs")]
-        return (self.tls_server().is_some(), self.tls_client().is_some());
-        #[cfg(not(feature = "verbs"))]
-        (false, false)
-    }
-
     /// Sets [`Self::max_total_grant_bytes`].
     ///
     /// # Errors
