@@ -23,7 +23,7 @@ use crate::error::Error;
 use crate::mem;
 use crate::proto::{
     Geometry, MAX_TAIL_INFLIGHT, Message, POINTER_RECORD_LEN, Receiver, Reservation, Sender,
-    Transmit, WR_KIND_RX, WR_KIND_TX, WR_SEQ_MASK, encode_pointer,
+    Transmit, WR_KIND_RX, WR_KIND_TX, WR_SEQ_MASK, pointer_check,
 };
 
 /// Role under which the receive region (`RB_R` + pointer words) is granted.
@@ -882,10 +882,11 @@ impl RxWatch {
 /// Stores the pointer record of `value` at `off` of our own `region`
 /// (`Release`: a peer or NIC that reads it sees what came before).
 fn store_record(region: &Region, off: usize, value: u64) -> Result<(), Error> {
-    let b = encode_pointer(value);
-    let [lo, hi] = [&b[..8], &b[8..]].map(|w| u64::from_le_bytes(w.try_into().expect("8 bytes")));
-    region.atomic_u64(off)?.store(lo, Ordering::Release);
-    region.atomic_u64(off + 8)?.store(hi, Ordering::Release);
+    // The words of `encode_pointer(value)`, value first.
+    region.atomic_u64(off)?.store(value, Ordering::Release);
+    region
+        .atomic_u64(off + 8)?
+        .store(pointer_check(value), Ordering::Release);
     Ok(())
 }
 
