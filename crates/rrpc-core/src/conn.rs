@@ -871,12 +871,14 @@ fn attach(
     })
 }
 
-/// The reject code for an error found while checking a peer's hello.
-fn reject_code(e: &Error) -> RejectCode {
+/// The reject code for an error found while checking a peer's hello or
+/// setting its connection up.
+pub(crate) fn reject_code_for(e: &Error) -> RejectCode {
     match e {
         Error::LimitExceeded { .. } => RejectCode::Busy,
         Error::VersionMismatch { .. } => RejectCode::Version,
         Error::AuthFailed => RejectCode::Auth,
+        e if e.fault() == crate::Fault::Device => RejectCode::Unavailable,
         _ => RejectCode::Malformed,
     }
 }
@@ -976,9 +978,11 @@ pub fn connect(
     Ok(conn)
 }
 
-fn reject_error(r: Reject) -> Error {
+/// The client's error for the server's `Reject`.
+pub(crate) fn reject_error(r: Reject) -> Error {
     match r.code {
         RejectCode::Auth => Error::AuthFailed,
+        RejectCode::Unavailable => Error::PeerUnavailable(r.reason),
         _ => Error::Rejected(r.reason),
     }
 }
@@ -1263,7 +1267,7 @@ impl Pending {
         s.set_nonblocking(false)
             .map_err(|e| Error::io("set_nonblocking", e))?;
         let refuse = |s: &UnixStream, e: Error| -> Error {
-            let code = reject_code(&e);
+            let code = reject_code_for(&e);
             let _ = send_msg(
                 s,
                 &Message::Reject(Reject {
@@ -1422,7 +1426,7 @@ impl Incoming {
             self.cfg.max_grant_bytes,
             self.budget,
         ) {
-            let code = reject_code(&e);
+            let code = reject_code_for(&e);
             let _ = send_msg(
                 &stream,
                 &Message::Reject(Reject {

@@ -140,6 +140,11 @@ pub enum Error {
     Timeout,
 
     // ---- device / OS ---------------------------------------------------------
+    /// The peer refused the connection because its own device or operating
+    /// system failed while setting it up (for example its link is down): no
+    /// fault of ours, and worth retrying later.
+    #[error("peer could not set up the connection (its device or system failed): {0}")]
+    PeerUnavailable(String),
     /// A system call failed.
     #[error("{op}: {source}")]
     Io {
@@ -182,7 +187,7 @@ impl Error {
             | Rejected(_)
             | PeerMisbehaved(_) => Fault::Peer,
             PeerGone | Timeout => Fault::PeerGone,
-            Io { .. } | CompletionError { .. } => Fault::Device,
+            Io { .. } | CompletionError { .. } | PeerUnavailable(_) => Fault::Device,
         }
     }
 
@@ -209,7 +214,7 @@ impl From<Error> for io::Error {
             Error::MalformedHandshake(_) | Error::PeerMisbehaved(_) => io::ErrorKind::InvalidData,
             Error::InvalidConfig(_) | Error::InvalidUri { .. } => io::ErrorKind::InvalidInput,
             Error::AuthFailed => io::ErrorKind::PermissionDenied,
-            Error::Rejected(_) => io::ErrorKind::ConnectionRefused,
+            Error::Rejected(_) | Error::PeerUnavailable(_) => io::ErrorKind::ConnectionRefused,
             Error::LimitExceeded { .. } => io::ErrorKind::QuotaExceeded,
             _ => io::ErrorKind::Other,
         };

@@ -182,13 +182,17 @@ pub enum RejectCode {
     Incompatible,
     /// The server has no resources left.
     Busy,
+    /// The server's device or operating system failed while setting the
+    /// connection up (a link down, a queue pair the device refused): not the
+    /// client's fault, worth retrying later.
+    Unavailable,
     /// Anything else.
     Other(u16),
 }
 
 /// The `metrics` counter of handshakes a server refused, labelled
 /// `reason` (`malformed`, `version`, `auth`, `incompatible`, `busy`,
-/// `other`): what an operator watches for misconfigured or hostile peers.
+/// `unavailable`, `other`): what an operator watches for misconfigured or hostile peers.
 pub const REFUSED_METRIC: &str = "rrpc_handshake_refused_total";
 
 /// Counts one refused handshake in the `metrics` facade ([`REFUSED_METRIC`]).
@@ -205,6 +209,7 @@ impl RejectCode {
             RejectCode::Auth => "auth",
             RejectCode::Incompatible => "incompatible",
             RejectCode::Busy => "busy",
+            RejectCode::Unavailable => "unavailable",
             RejectCode::Other(_) => "other",
         }
     }
@@ -216,6 +221,7 @@ impl RejectCode {
             RejectCode::Auth => 3,
             RejectCode::Incompatible => 4,
             RejectCode::Busy => 5,
+            RejectCode::Unavailable => 6,
             RejectCode::Other(c) => c,
         }
     }
@@ -226,6 +232,7 @@ impl RejectCode {
             3 => RejectCode::Auth,
             4 => RejectCode::Incompatible,
             5 => RejectCode::Busy,
+            6 => RejectCode::Unavailable,
             c => RejectCode::Other(c),
         }
     }

@@ -567,10 +567,7 @@ pub(crate) fn exchange(s: &mut Stream, hello: Hello, deadline: Deadline) -> Resu
             check_provider(&h)?;
             Ok(h)
         }
-        Message::Reject(r) => Err(match r.code {
-            RejectCode::Auth => Error::AuthFailed,
-            _ => Error::Rejected(r.reason),
-        }),
+        Message::Reject(r) => Err(crate::conn::reject_error(r)),
         other => Err(Error::MalformedHandshake(format!(
             "expected Accept, got {:?}",
             other.kind()
@@ -700,15 +697,18 @@ pub(crate) fn server_accept(
     deadline: Deadline,
 ) -> Result<()> {
     if let Err(e) = fill_hello(qp, &mut hello).and_then(|_| attach(qp, client)) {
+        // A device that cannot reach the client (link down, a transition
+        // refused) is this server's trouble, not a malformed client.
+        let code = crate::conn::reject_code_for(&e);
         let _ = send_msg(
             s,
             &Message::Reject(Reject {
-                code: RejectCode::Malformed,
+                code,
                 reason: e.to_string(),
             }),
             deadline,
         );
-        crate::handshake::count_refusal(RejectCode::Malformed);
+        crate::handshake::count_refusal(code);
         tracing::warn!(error = %e, peer = ?s.tcp().peer_addr().ok(), "rdma handshake refused");
         return Err(e);
     }
@@ -812,6 +812,36 @@ mod tests {
         h.endpoint.truncate(10);
         assert!(matches!(exchange(&mut c, h, dl()), Err(Error::Rejected(_))));
         assert!(server.join().unwrap().is_err());
+    }
+
+    /// A server whose own device failed while setting the connection up
+    /// (seen with the link down: `ibv_modify_qp(RTR)` is `ENETUNREACH`)
+    /// refuses with `Unavailable`, and the client reports the server's
+    /// device trouble, not a protocol fault of its own.
+    #[test]
+    fn a_server_device_failure_is_peer_unavailable() {
+        let (mut c, mut s) = pair();
+        let server = std::thread::spawn(move || {
+            let e = Error::io(
+                "ibv_modify_qp(RTR)",
+                io::Error::from_raw_os_error(libc::ENETUNREACH),
+            );
+            assert_eq!(e.fault(), crate::Fault::Device);
+            recv_msg(&mut s, dl()).unwrap();
+            send_msg(
+                &mut s,
+                &Message::Reject(Reject {
+                    code: crate::conn::reject_code_for(&e),
+                    reason: e.to_string(),
+                }),
+                dl(),
+            )
+            .unwrap();
+        });
+        let e = exchange(&mut c, verbs_hello(None), dl()).unwrap_err();
+        server.join().unwrap();
+        assert!(matches!(e, Error::PeerUnavailable(ref m) if m.contains("RTR")), "{e}");
+        assert_eq!(e.fault(), crate::Fault::Device);
     }
 
     #[test]
