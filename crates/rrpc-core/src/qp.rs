@@ -266,6 +266,27 @@ impl QueuePair {
         }
     }
 
+    /// Fault injection (for tests of the layers above): the device fails
+    /// this queue pair behind the connection's back, as a NIC's fatal error
+    /// does. Nothing is recorded here; every outstanding and later work
+    /// request completes with [`crate::Status::Flushed`], and whoever posts
+    /// must find out from those completions. Verbs: the queue pair is moved
+    /// to `IBV_QPS_ERR` with `ibv_modify_qp`. shm: every later post
+    /// completes flushed.
+    ///
+    /// # Errors
+    /// [`Error::Io`] if the device refuses the transition.
+    pub fn inject_device_error(&self) -> Result<()> {
+        match &self.inner {
+            QpInner::Shm(q) => {
+                q.inject_device_error();
+                Ok(())
+            }
+            #[cfg(feature = "verbs")]
+            QpInner::Verbs(q) => q.inject_device_error(),
+        }
+    }
+
     /// The error the queue pair failed with, if it did.
     pub fn failure(&self) -> Option<Error> {
         match &self.inner {

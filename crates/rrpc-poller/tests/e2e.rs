@@ -29,6 +29,7 @@ on_every_provider!(
     one_message_then_idle_every_mode,
     burst_then_idle_every_mode,
     held_back_head_pushes_reach_the_writer,
+    device_error_fails_the_writer_typed_every_mode,
 );
 
 /// A connected pair on `p`, both ends checked to run on `p`'s provider.
@@ -168,6 +169,72 @@ fn dead_peer_fails_waiting_receiver_every_mode(prov: &Provider) {
                 .expect("not woken")
                 .unwrap();
             assert!(gone, "{mode}");
+        });
+    }
+}
+
+/// The core error under a poller error, if there is one.
+fn core_error(e: &Error) -> Option<&rrpc_core::Error> {
+    let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(c) = cur {
+        if let Some(core) = c.downcast_ref::<rrpc_core::Error>() {
+            return Some(core);
+        }
+        cur = c.source();
+    }
+    None
+}
+
+/// Issue 14, "Faults": the device fails a connection's queue pair behind
+/// its back (verbs: `IBV_QPS_ERR`, what a NIC's fatal error does). The
+/// writer's next send or flush fails with a typed device error, within a
+/// bound, naming the flushed work request; once that end is dropped, the
+/// peer's waiting receiver sees `PeerGone`.
+fn device_error_fails_the_writer_typed_every_mode(prov: &Provider) {
+    for mode in Mode::ALL {
+        rt().block_on(async {
+            let p = poller(mode);
+            let (a, b) = pair(prov, &p, &ring(mode, 8192));
+            let qp = a.connection().qp().clone();
+            let (mut atx, arx) = a.split().unwrap();
+            let (btx, mut brx) = b.split().unwrap();
+            atx.send(b"before").await.unwrap();
+            atx.flush_all().await.unwrap();
+            assert_eq!(&*brx.recv().await.unwrap(), b"before");
+
+            qp.inject_device_error().unwrap();
+            let failed = tokio::time::timeout(BOUND, async {
+                for i in 0u32.. {
+                    if let Err(e) = atx.send(&i.to_le_bytes()).await {
+                        return e;
+                    }
+                    if let Err(e) = atx.flush_all().await {
+                        return e;
+                    }
+                }
+                unreachable!()
+            })
+            .await
+            .unwrap_or_else(|_| panic!("{mode}: no error after the device failed the queue pair"));
+            let core = core_error(&failed)
+                .unwrap_or_else(|| panic!("{mode}: not a core error: {failed}"));
+            assert_eq!(core.fault(), rrpc_core::Fault::Device, "{mode}: {core}");
+            assert!(
+                matches!(
+                    core,
+                    rrpc_core::Error::CompletionError {
+                        status: rrpc_core::Status::Flushed,
+                        ..
+                    }
+                ),
+                "{mode}: {core}"
+            );
+            drop((atx, arx));
+            let r = tokio::time::timeout(BOUND, brx.recv())
+                .await
+                .unwrap_or_else(|_| panic!("{mode}: the peer was never told"));
+            assert!(matches!(r, Err(Error::PeerGone)), "{mode}: {:?}", r.map(|m| m.len()));
+            drop(btx);
         });
     }
 }

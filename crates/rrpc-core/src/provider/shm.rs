@@ -378,6 +378,8 @@ pub(crate) struct ShmQp {
     failed: FailState,
     fault: FaultConfig,
     posts: AtomicU64,
+    /// Set by [`ShmQp::inject_device_error`]: every later post is flushed.
+    device_error: std::sync::atomic::AtomicBool,
 }
 
 impl ShmQp {
@@ -397,6 +399,7 @@ impl ShmQp {
             failed: FailState::default(),
             fault: cfg.fault().clone(),
             posts: AtomicU64::new(0),
+            device_error: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -474,6 +477,12 @@ impl ShmQp {
     #[inline]
     pub(crate) fn failure(&self) -> Option<Error> {
         self.failed.get()
+    }
+
+    /// What a device that failed the queue pair does: nothing is recorded
+    /// now; every later post completes [`Status::Flushed`].
+    pub(crate) fn inject_device_error(&self) {
+        self.device_error.store(true, Ordering::Release);
     }
 
     #[inline]
@@ -559,9 +568,13 @@ impl ShmQp {
     #[inline]
     fn admit(&self, wr_id: u64, opcode: Opcode) -> Result<Option<(u64, u32, bool)>> {
         let seq = self.scq().reserve(self.cfg.send_depth())?;
+        if self.device_error.load(Ordering::Acquire) {
+            self.fail_injected(seq, wr_id, opcode, Status::Flushed, 0);
+            return Ok(None);
+        }
         let (delay, status, torn) = self.faults();
         if status != Status::Success {
-            self.fail_injected(seq, wr_id, opcode, delay);
+            self.fail_injected(seq, wr_id, opcode, status, delay);
             return Ok(None);
         }
         Ok(Some((seq, delay, torn)))
@@ -660,8 +673,7 @@ impl ShmQp {
         self.rcq().post_recv(wr_id)
     }
 
-    fn fail_injected(&self, seq: u64, wr_id: u64, opcode: Opcode, delay: u32) {
-        let status = self.fault.fail_status();
+    fn fail_injected(&self, seq: u64, wr_id: u64, opcode: Opcode, status: Status, delay: u32) {
         self.scq().push(
             seq,
             Completion {

@@ -338,6 +338,13 @@ impl VerbsQp {
         }
     }
 
+    /// What a NIC's fatal error does: moves the queue pair to
+    /// `IBV_QPS_ERR` behind the connection's back (nothing recorded), so
+    /// every outstanding and later work request completes flushed.
+    pub(crate) fn inject_device_error(&self) -> Result<()> {
+        self.raw.modify(err_transition(), "ibv_modify_qp(ERR)")
+    }
+
     /// The error the queue pair failed with, if it did.
     pub(crate) fn failure(&self) -> Option<Error> {
         self.fail.get()
