@@ -148,6 +148,16 @@ impl SendCq {
         n
     }
 
+    /// A failed queue pair's outstanding work requests: every completion
+    /// not yet delivered becomes [`Status::Flushed`] (`IBV_WC_WR_FLUSH_ERR`).
+    fn flush_pending(&self) {
+        let mut q = self.queue.lock().unwrap_or_else(|p| p.into_inner());
+        for e in &mut q.entries {
+            e.1.status = Status::Flushed;
+            e.1.byte_len = 0;
+        }
+    }
+
     pub(crate) fn req_notify(&self) {
         self.armed.store(true, Ordering::SeqCst);
     }
@@ -480,9 +490,12 @@ impl ShmQp {
     }
 
     /// What a device that failed the queue pair does: nothing is recorded
-    /// now; every later post completes [`Status::Flushed`].
+    /// now; completions not yet delivered (held back by
+    /// [`FaultConfig::completion_delay_polls`]) and the next post complete
+    /// [`Status::Flushed`], and that post fails the queue pair.
     pub(crate) fn inject_device_error(&self) {
         self.device_error.store(true, Ordering::Release);
+        self.scq().flush_pending();
     }
 
     #[inline]
