@@ -67,7 +67,10 @@ fn outstanding_work_requests_are_flushed_when_the_device_fails_the_qp() {
         qp.post_write(i, l, r.at(0), true).unwrap();
     }
     qp.inject_device_error().unwrap();
-    assert!(qp.failure().is_none(), "nothing is recorded until a post finds out");
+    assert!(
+        qp.failure().is_none(),
+        "nothing is recorded until a post finds out"
+    );
     qp.post_write(4, l, r.at(0), true).unwrap();
     let mut wc = [Completion::EMPTY; 8];
     let mut seen = Vec::new();
@@ -85,7 +88,13 @@ fn outstanding_work_requests_are_flushed_when_the_device_fails_the_qp() {
     );
     let e = qp.post_write(5, l, r.at(0), true).unwrap_err();
     assert!(
-        matches!(e, Error::CompletionError { status: Status::Flushed, .. }),
+        matches!(
+            e,
+            Error::CompletionError {
+                status: Status::Flushed,
+                ..
+            }
+        ),
         "{e}"
     );
     assert_eq!(e.fault(), rrpc_core::Fault::Device);

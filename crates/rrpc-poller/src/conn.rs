@@ -404,6 +404,16 @@ impl AsyncSender {
         self.tx.state().wants_completions()
     }
 
+    /// Tail WRITEs posted whose completion has not been polled. Until it
+    /// is, a failed one is not known: a peer that stopped acknowledging
+    /// (`RETRY_EXC`), a link down. A writer that goes idle after a send
+    /// should poll completions until this is 0, or a failure of its last
+    /// tail leaves the call waiting for a reply to a request that never
+    /// became visible (rrpc-tonic's progress task does).
+    pub fn tails_in_flight(&self) -> usize {
+        self.tx.state().tails_in_flight()
+    }
+
     /// Polls the send completion queue and posts whatever it unblocked
     /// (the deferred tail, held-back work). Never waits.
     ///

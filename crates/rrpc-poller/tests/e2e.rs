@@ -216,8 +216,8 @@ fn device_error_fails_the_writer_typed_every_mode(prov: &Provider) {
             })
             .await
             .unwrap_or_else(|_| panic!("{mode}: no error after the device failed the queue pair"));
-            let core = core_error(&failed)
-                .unwrap_or_else(|| panic!("{mode}: not a core error: {failed}"));
+            let core =
+                core_error(&failed).unwrap_or_else(|| panic!("{mode}: not a core error: {failed}"));
             assert_eq!(core.fault(), rrpc_core::Fault::Device, "{mode}: {core}");
             assert!(
                 matches!(
@@ -233,7 +233,11 @@ fn device_error_fails_the_writer_typed_every_mode(prov: &Provider) {
             let r = tokio::time::timeout(BOUND, brx.recv())
                 .await
                 .unwrap_or_else(|_| panic!("{mode}: the peer was never told"));
-            assert!(matches!(r, Err(Error::PeerGone)), "{mode}: {:?}", r.map(|m| m.len()));
+            assert!(
+                matches!(r, Err(Error::PeerGone)),
+                "{mode}: {:?}",
+                r.map(|m| m.len())
+            );
             drop(btx);
         });
     }

@@ -37,6 +37,7 @@ pub(crate) const MIN_CALL_WINDOW: u32 = 1024;
 /// | `handshake_timeout` | 5 s | bounds a connection's whole setup (rrpc-core handshake + path negotiation) |
 /// | `max_pending_handshakes` | 1024 | connections still in setup per listener; more are closed at once |
 /// | `token` | none | shared secret checked in the handshake (constant time) |
+/// | `queue_pair` | [`rrpc_core::QpConfig::default`] | each connection's queue pair (depths; fault injection for tests) |
 /// | `connection_pool` | 0 (off) | KRCore §3.1: queue pairs and ring regions made ahead of time by a background thread; on shm it measured no faster (rpc suite `connect_latency`), meant for verbs, where registration costs milliseconds on a NIC |
 /// | `rdma_device` | first device listed | the verbs device for `rdma://` (feature `verbs`) |
 /// | `rdma_port` | 1 | its physical port |
@@ -81,6 +82,8 @@ struct Inner {
     /// The verbs device and protection domain, opened once per config (and
     /// its clones), at the first `rdma://` connection.
     fabric_cell: Arc<std::sync::Mutex<Option<rrpc_core::Fabric>>>,
+    /// Every connection's queue-pair settings.
+    queue_pair: rrpc_core::QpConfig,
     /// Connections' resources made ahead of time (0: off).
     pool: usize,
     /// The pools, one per provider, shared by every clone of this config.
@@ -112,6 +115,7 @@ impl Default for RrpcConfig {
             rdma_port: None,
             rdma_gid_index: None,
             fabric_cell: Arc::new(std::sync::Mutex::new(None)),
+            queue_pair: rrpc_core::QpConfig::default(),
             pool: 0,
             pool_cell: Arc::new(std::sync::Mutex::new(Vec::new())),
         }))
@@ -525,6 +529,24 @@ impl RrpcConfig {
             o = o.gid_index(g);
         }
         o
+    }
+
+    /// The queue-pair settings of every connection made or accepted with
+    /// this config (default [`rrpc_core::QpConfig::default`]). Besides the
+    /// queue depths it carries rrpc-core's fault injector
+    /// ([`rrpc_core::QpConfig::with_fault`], shm only): delayed and missed
+    /// completions, failing work requests, torn writes, so that a service's
+    /// own tests can run the whole gRPC stack under verbs-like faults.
+    pub fn queue_pair(self, qp: rrpc_core::QpConfig) -> Self {
+        self.with(|i| {
+            i.queue_pair = qp;
+            i.pool_cell = Arc::new(std::sync::Mutex::new(Vec::new()));
+        })
+    }
+
+    /// See [`RrpcConfig::queue_pair`].
+    pub fn get_queue_pair(&self) -> &rrpc_core::QpConfig {
+        &self.0.queue_pair
     }
 
     /// Keeps the resources of `n` connections (a queue pair and both ring

@@ -39,6 +39,30 @@ struct ShmTx {
     max: usize,
     /// A progress task is running.
     progressing: Arc<std::sync::atomic::AtomicBool>,
+    /// Closed when a send fails (see [`fail_connection`]).
+    conn: Arc<Connection>,
+}
+
+/// A send-path failure fails the whole connection, at once: the goodbye and
+/// the side channel's shutdown tell the peer, and the shutdown wakes our own
+/// receiver (its liveness watch sees the closed socket), so no call waits
+/// on a connection whose queue pair failed. Without it, a failed completion
+/// found by the progress task left calls waiting forever for replies to
+/// requests that never left (issue 14; the tonic layer under the fault
+/// injector). The goodbye is a blocking send, bounded at 1 s: never on a
+/// tokio worker.
+fn fail_connection(conn: &Arc<Connection>, e: &dyn std::fmt::Display) {
+    if conn.is_gone() {
+        return;
+    }
+    tracing::debug!("rrpc: send failed, closing the connection: {e}");
+    let conn = conn.clone();
+    match tokio::runtime::Handle::try_current() {
+        Ok(rt) => {
+            rt.spawn_blocking(move || conn.close());
+        }
+        Err(_) => conn.close(),
+    }
 }
 
 /// How long the progress task keeps polling for completions that do not
@@ -46,13 +70,22 @@ struct ShmTx {
 const PROGRESS_LIMIT: Duration = Duration::from_secs(30);
 
 impl ShmTx {
-    fn new(tx: AsyncSender, watch: TxWatch, max: usize) -> ShmTx {
+    fn new(tx: AsyncSender, watch: TxWatch, max: usize, conn: Arc<Connection>) -> ShmTx {
         ShmTx {
             tx: Arc::new(tokio::sync::Mutex::new(tx)),
             watch,
             max,
             progressing: Arc::new(std::sync::atomic::AtomicBool::new(false)),
+            conn,
         }
+    }
+
+    /// The result of a send: a failure fails the connection.
+    fn checked<T>(&self, r: Result<T, Error>) -> Result<T, Error> {
+        if let Err(e) = &r {
+            fail_connection(&self.conn, e);
+        }
+        r
     }
 
     /// Called with the sender locked, after a send: if the ring holds work
@@ -64,16 +97,26 @@ impl ShmTx {
     ///
     /// The flag is set and cleared with the sender locked, so a send never
     /// misses a task that is about to stop.
-    fn ensure_progress(&self, tx: &AsyncSender) {
+    fn ensure_progress(&self, tx: &mut AsyncSender) {
         use std::sync::atomic::Ordering;
-        if !tx.wants_completions() || self.progressing.swap(true, Ordering::AcqRel) {
+        // The last tail's completion is polled too, so that a failed one is
+        // found (issue 14): on shm it is there already, and one poll here
+        // saves a task; on a NIC it comes later, and the task polls for it.
+        if tx.tails_in_flight() > 0
+            && !tx.wants_completions()
+            && let Err(e) = tx.poll_completions()
+        {
+            fail_connection(&self.conn, &e);
+            return;
+        }
+        if !busy(tx) || self.progressing.swap(true, Ordering::AcqRel) {
             return;
         }
         let Ok(rt) = tokio::runtime::Handle::try_current() else {
             self.progressing.store(false, Ordering::Release);
             return;
         };
-        let (shared, flag) = (self.tx.clone(), self.progressing.clone());
+        let (shared, flag, conn) = (self.tx.clone(), self.progressing.clone(), self.conn.clone());
         rt.spawn(async move {
             let start = Instant::now();
             let mut polls = 0u32;
@@ -81,9 +124,9 @@ impl ShmTx {
                 {
                     let mut tx = shared.lock().await;
                     let r = tx.poll_completions();
-                    if r.is_err() || !tx.wants_completions() || start.elapsed() > PROGRESS_LIMIT {
+                    if r.is_err() || !busy(&tx) || start.elapsed() > PROGRESS_LIMIT {
                         if let Err(e) = r {
-                            tracing::debug!("rrpc: send progress stopped: {e}");
+                            fail_connection(&conn, &e);
                         }
                         flag.store(false, Ordering::Release);
                         return;
@@ -100,6 +143,13 @@ impl ShmTx {
             }
         });
     }
+}
+
+/// Whether a sender still needs its send completions polled: work held
+/// back until they arrive, or tails whose completion (and so whose
+/// failure, if they failed) is not known yet.
+fn busy(tx: &AsyncSender) -> bool {
+    tx.wants_completions() || tx.tails_in_flight() > 0
 }
 
 struct ShmRx {
@@ -126,12 +176,17 @@ impl MsgTx for ShmTx {
                 return Err(Error::MessageTooLarge { len, max: self.max });
             }
             let mut tx = self.tx.lock().await;
-            // Zero-copy: the frame is encoded straight into the reserved ring slot.
-            let mut slot = tx.reserve(len).await?;
-            fill(&mut slot[..len]);
-            slot.commit()?;
-            tx.flush()?;
-            self.ensure_progress(&tx);
+            let r: Result<(), Error> = async {
+                // Zero-copy: the frame is encoded straight into the reserved ring slot.
+                let mut slot = tx.reserve(len).await?;
+                fill(&mut slot[..len]);
+                slot.commit()?;
+                tx.flush()?;
+                Ok(())
+            }
+            .await;
+            self.checked(r)?;
+            self.ensure_progress(&mut tx);
             Ok(())
         })
     }
@@ -156,11 +211,21 @@ impl MsgTx for ShmTx {
         let Some(slot) = tx.reserve(len).now_or_never() else {
             return Ok(false);
         };
-        let mut slot = slot?;
-        fill(&mut slot[..len]);
-        slot.commit()?;
-        tx.flush()?;
-        self.ensure_progress(&tx);
+        let r: Result<(), Error> = match slot {
+            Err(e) => Err(e.into()),
+            Ok(mut slot) => {
+                fill(&mut slot[..len]);
+                match slot.commit() {
+                    Err(e) => Err(e.into()),
+                    Ok(()) => tx.flush().map_err(Error::from),
+                }
+            }
+        };
+        if let Err(e) = r {
+            drop(tx);
+            return self.checked(Err(e));
+        }
+        self.ensure_progress(&mut tx);
         Ok(true)
     }
 }
@@ -271,7 +336,7 @@ fn into_pipe(conn: Connection, tx: RingTx, rx: RingRx, cfg: &RrpcConfig) -> Resu
     let (tx, rx) = ac.split()?;
     let watch = tx.ring().watch();
     Ok((
-        Box::new(ShmTx::new(tx, watch, max)),
+        Box::new(ShmTx::new(tx, watch, max, conn.clone())),
         Box::new(ShmRx {
             rx,
             watch: rx_watch,
@@ -289,12 +354,16 @@ pub(crate) type Bundle = (LocalRing, rrpc_core::QueuePair);
 pub(crate) type BundlePool = rrpc_core::pool::ResourcePool<Bundle>;
 
 /// Makes one [`Bundle`] on `fabric`.
-fn make_bundle(fabric: &Fabric, ring: &RingConfig) -> Result<Bundle, rrpc_core::Error> {
+fn make_bundle(
+    fabric: &Fabric,
+    ring: &RingConfig,
+    qp: &QpConfig,
+) -> Result<Bundle, rrpc_core::Error> {
     let local = LocalRing::new(fabric, ring).map_err(|e| match e {
         rrpc_ringbuf::Error::Core(c) => c,
         other => rrpc_core::Error::InvalidConfig(other.to_string()),
     })?;
-    let qp = fabric.create_qp(&QpConfig::default())?;
+    let qp = fabric.create_qp(qp)?;
     Ok((local, qp))
 }
 
@@ -306,10 +375,10 @@ fn bundle_pool(
     cfg: &RrpcConfig,
 ) -> Option<std::sync::Arc<BundlePool>> {
     cfg.bundle_pool(fabric, || {
-        let (f, r) = (fabric.clone(), ring.clone());
+        let (f, r, q) = (fabric.clone(), ring.clone(), cfg.get_queue_pair().clone());
         let n = cfg.get_connection_pool();
         tracing::debug!(size = n, provider = ?f.kind(), "rrpc: connection pool started");
-        BundlePool::new(n, move || make_bundle(&f, &r))
+        BundlePool::new(n, move || make_bundle(&f, &r, &q))
     })
 }
 
@@ -318,7 +387,7 @@ fn bundle_pool(
 fn take_bundle(fabric: &Fabric, ring: &RingConfig, cfg: &RrpcConfig) -> Result<Bundle, Error> {
     match bundle_pool(fabric, ring, cfg) {
         Some(p) => Ok(p.take()?),
-        None => Ok(make_bundle(fabric, ring)?),
+        None => Ok(make_bundle(fabric, ring, cfg.get_queue_pair())?),
     }
 }
 

@@ -131,7 +131,10 @@ mod on_verbs {
         // the wire while the link is down.
         let quiet_ch = h.channel().await;
         let mut quiet = TestClient::new(quiet_ch.clone());
-        quiet.unary(Input::default()).await.expect("a first quiet call");
+        quiet
+            .unary(Input::default())
+            .await
+            .expect("a first quiet call");
         let (fds, threads) = (count("/proc/self/fd"), count("/proc/self/task"));
         let quiet_call = tokio::spawn(async move {
             quiet
@@ -151,9 +154,16 @@ mod on_verbs {
         let mut codes = Vec::new();
         while let Some(r) = tokio::time::timeout(BOUND, calls.join_next())
             .await
-            .unwrap_or_else(|_| panic!("{t:?}: a call hung {:?} after the link went down", t0.elapsed()))
+            .unwrap_or_else(|_| {
+                panic!(
+                    "{t:?}: a call hung {:?} after the link went down",
+                    t0.elapsed()
+                )
+            })
         {
-            let st = r.expect("call task").expect_err("a call cannot complete with the link down");
+            let st = r
+                .expect("call task")
+                .expect_err("a call cannot complete with the link down");
             eprintln!("{t:?}: call ended after {:?}: {st}", t0.elapsed());
             codes.push(st.code());
         }
@@ -179,10 +189,16 @@ mod on_verbs {
                 Ok(Err(st)) => eprintln!("{t:?}: after the link came back: {st}"),
                 Err(_) => panic!("{t:?}: a call hung after the link came back"),
             }
-            assert!(t1.elapsed() < BOUND, "{t:?}: no call succeeded after the link came back");
+            assert!(
+                t1.elapsed() < BOUND,
+                "{t:?}: no call succeeded after the link came back"
+            );
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
-        eprintln!("{t:?}: calls succeed again {:?} after the link came back", t1.elapsed());
+        eprintln!(
+            "{t:?}: calls succeed again {:?} after the link came back",
+            t1.elapsed()
+        );
         // Like TCP, a connection with nothing on the wire while the link was
         // down survives the flap: the quiet call's reply, sent after the
         // link came back, arrives.
@@ -194,7 +210,10 @@ mod on_verbs {
             .await
             .unwrap_or_else(|_| panic!("{t:?}: the quiet call hung"))
             .expect("quiet call task");
-        assert!(r.is_ok(), "{t:?}: the quiet connection did not survive the flap: {r:?}");
+        assert!(
+            r.is_ok(),
+            "{t:?}: the quiet connection did not survive the flap: {r:?}"
+        );
         drop(quiet_ch);
         drop(c);
         drop(ch);

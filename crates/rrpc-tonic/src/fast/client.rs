@@ -517,6 +517,16 @@ impl FastChannel {
                 }
                 () = retire => {}
             }
+            // However it ended, the connection is done: a failed send
+            // fails every call, and the next call dials a new connection.
+            // (When the receive side ended first, for instance because a
+            // failed send closed the connection, `w.failed()` lost the race
+            // and the channel kept choosing the dead connection: issue 14,
+            // the tonic layer under the fault injector.)
+            if let Some(e) = w.failure() {
+                s.fail(&e);
+            }
+            s.retired.store(true, Ordering::Release);
         })
         .abort_handle();
         FastChannel {
@@ -536,9 +546,10 @@ impl FastChannel {
     }
 
     /// Whether new calls should go to a new connection: this one closed,
-    /// its server is draining (GOAWAY), or its peer left.
+    /// its server is draining (GOAWAY), its peer left, or a send failed
+    /// (known at once, before the driver task has closed it).
     pub(crate) fn is_retired(&self) -> bool {
-        self.inner.shared.retired.load(Ordering::Acquire)
+        self.inner.shared.retired.load(Ordering::Acquire) || self.inner.writer.failure().is_some()
     }
 }
 

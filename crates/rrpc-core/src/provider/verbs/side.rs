@@ -840,7 +840,10 @@ mod tests {
         });
         let e = exchange(&mut c, verbs_hello(None), dl()).unwrap_err();
         server.join().unwrap();
-        assert!(matches!(e, Error::PeerUnavailable(ref m) if m.contains("RTR")), "{e}");
+        assert!(
+            matches!(e, Error::PeerUnavailable(ref m) if m.contains("RTR")),
+            "{e}"
+        );
         assert_eq!(e.fault(), crate::Fault::Device);
     }
 

@@ -1,0 +1,141 @@
+//! The whole gRPC stack under rrpc-core's fault injector (issue 14,
+//! "Faults": verbs semantics in plain `cargo test`, without a device),
+//! through [`RrpcConfig::queue_pair`], on both `shm://` paths:
+//!
+//! * completions delayed and polls that miss them (the arm-then-poll race)
+//!   on both ends lose no call and no wake-up;
+//! * a client whose queue pairs fail after a number of posts, the way a
+//!   NIC reports a peer that stopped acknowledging (`RETRY_EXC`), gets
+//!   `Unavailable` for the calls caught by it, never a hang, and the
+//!   channel reconnects; the server keeps serving its other clients.
+
+use std::time::Duration;
+
+use rrpc_core::{FaultConfig, QpConfig, Status};
+use rrpc_integration_tests::pb::Input;
+use rrpc_integration_tests::pb::test_client::TestClient;
+use rrpc_integration_tests::{Harness, Transport, config, payload};
+use rrpc_tonic::RrpcChannel;
+use tonic::Code;
+
+const BOUND: Duration = Duration::from_secs(20);
+
+fn with_faults(t: Transport, f: FaultConfig) -> rrpc_tonic::RrpcConfig {
+    config(t).queue_pair(QpConfig::default().with_fault(f))
+}
+
+async fn delayed_and_missed_completions_lose_nothing(t: Transport) {
+    let faults = FaultConfig::none()
+        .with_completion_delay_polls(2)
+        .with_poll_miss_every(3);
+    let cfg = with_faults(t, faults);
+    let h = Harness::start_with(t, cfg.clone()).await;
+    let mut c = TestClient::new(RrpcChannel::connect(&h.uri, cfg).await.expect("connect"));
+    for i in 0..200usize {
+        let p = payload(1 + (i * 37) % 5000);
+        let r = tokio::time::timeout(
+            BOUND,
+            c.unary(Input {
+                payload: p.clone(),
+                ..Default::default()
+            }),
+        )
+        .await
+        .unwrap_or_else(|_| panic!("{t:?}: call {i} lost"))
+        .expect("unary");
+        assert_eq!(r.into_inner().payload, p, "{t:?}: call {i}");
+    }
+    let mut s = c
+        .server_stream(Input {
+            payload: payload(700),
+            count: 300,
+            ..Default::default()
+        })
+        .await
+        .expect("stream")
+        .into_inner();
+    let mut n = 0;
+    while let Some(m) = tokio::time::timeout(BOUND, s.message())
+        .await
+        .unwrap_or_else(|_| panic!("{t:?}: stream message {n} lost"))
+        .expect("message")
+    {
+        assert_eq!(m.total, n, "{t:?}: in order");
+        n += 1;
+    }
+    assert_eq!(n, 300, "{t:?}");
+}
+
+async fn failing_queue_pairs_are_unavailable_then_reconnect(t: Transport) {
+    let h = Harness::start(t).await;
+    let faults = FaultConfig::none()
+        .with_fail_after_posts(150)
+        .with_fail_status(Status::RetryExceeded);
+    let mut c = TestClient::new(
+        RrpcChannel::connect(&h.uri, with_faults(t, faults))
+            .await
+            .expect("connect"),
+    );
+    let (mut ok, mut failed, mut ok_after_failure) = (0, 0, 0);
+    for i in 0..300usize {
+        let p = payload(1 + i % 3000);
+        let r = tokio::time::timeout(
+            BOUND,
+            c.unary(Input {
+                payload: p.clone(),
+                ..Default::default()
+            }),
+        )
+        .await
+        .unwrap_or_else(|_| panic!("{t:?}: call {i} hung on a failing queue pair"));
+        match r {
+            Ok(r) => {
+                assert_eq!(r.into_inner().payload, p, "{t:?}: call {i}");
+                ok += 1;
+                if failed > 0 {
+                    ok_after_failure += 1;
+                }
+            }
+            Err(st) => {
+                assert_eq!(st.code(), Code::Unavailable, "{t:?}: call {i}: {st}");
+                if failed < 3 || i == 299 {
+                    eprintln!("{t:?}: call {i}: {}", st.message());
+                }
+                failed += 1;
+            }
+        }
+    }
+    eprintln!("{t:?}: {ok} ok, {failed} Unavailable, {ok_after_failure} ok after a failure");
+    assert!(failed > 0, "{t:?}: the injected failure was never seen");
+    // A failed connection costs the calls in flight on it, not the calls
+    // after it: those go to a new connection (before the fix, the fast
+    // path kept choosing the dead one: 50 to 250 of 300 calls failed).
+    assert!(failed * 10 <= 300, "{t:?}: {failed} of 300 calls failed");
+    assert!(
+        ok_after_failure > 0,
+        "{t:?}: the channel never reconnected after a failed connection"
+    );
+    // The server is unharmed: a clean client is served.
+    let mut clean = h.client().await;
+    clean.unary(Input::default()).await.expect("a clean client");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shm_h2_delayed_and_missed_completions_lose_nothing() {
+    delayed_and_missed_completions_lose_nothing(Transport::ShmH2).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shm_fast_delayed_and_missed_completions_lose_nothing() {
+    delayed_and_missed_completions_lose_nothing(Transport::ShmFast).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shm_h2_failing_queue_pairs_are_unavailable_then_reconnect() {
+    failing_queue_pairs_are_unavailable_then_reconnect(Transport::ShmH2).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shm_fast_failing_queue_pairs_are_unavailable_then_reconnect() {
+    failing_queue_pairs_are_unavailable_then_reconnect(Transport::ShmFast).await;
+}
