@@ -353,12 +353,15 @@ pub(crate) type Bundle = (LocalRing, rrpc_core::QueuePair);
 /// A pool of [`Bundle`]s ([`RrpcConfig::connection_pool`]).
 pub(crate) type BundlePool = rrpc_core::pool::ResourcePool<Bundle>;
 
-/// Makes one [`Bundle`] on `fabric`.
+/// Makes one [`Bundle`] on `fabric`, in a protection domain of its own
+/// (`Fabric::isolated`): a peer that learned another connection's region
+/// key, or guessed one, is refused by the NIC.
 fn make_bundle(
     fabric: &Fabric,
     ring: &RingConfig,
     qp: &QpConfig,
 ) -> Result<Bundle, rrpc_core::Error> {
+    let fabric = &fabric.isolated()?;
     let local = LocalRing::new(fabric, ring).map_err(|e| match e {
         rrpc_ringbuf::Error::Core(c) => c,
         other => rrpc_core::Error::InvalidConfig(other.to_string()),

@@ -209,6 +209,9 @@ impl RfClient {
     /// [`Error::Fabric`] if the connection or a region fails;
     /// [`Error::Malformed`] if the server's offer is not an RF-RPC server's.
     pub fn connect(endpoint: &Endpoint, fabric: &Fabric, cfg: RfClientConfig) -> Result<Self> {
+        // This connection's regions and queue pair in a protection domain
+        // of their own (`Fabric::isolated`).
+        let fabric = &fabric.isolated().map_err(fab)?;
         // Narrowest access: the server only WRITEs into the reply buffer.
         let reply = fabric
             .alloc_region_with(cfg.reply_buffer, rrpc_core::Access::REMOTE_WRITE)

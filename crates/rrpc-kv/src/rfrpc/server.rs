@@ -352,6 +352,9 @@ fn accept_one(pending: conn::Pending, fabric: &Fabric, info: ServerInfo) -> Resu
             detail: "no reply buffer".into(),
         });
     };
+    // A protection domain per connection: another client that learned or
+    // guessed this region's key is refused by the NIC.
+    let fabric = &fabric.isolated().map_err(Error::Fabric)?;
     let region = fabric
         // The client WRITEs requests and READs responses (remote fetching).
         .alloc_region_with(info.request_cap + info.response_cap, rrpc_core::Access::ALL)

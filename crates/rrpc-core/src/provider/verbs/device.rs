@@ -71,6 +71,9 @@ pub(crate) struct Device {
     /// The most inline bytes this device accepted when it refused
     /// [`DEFAULT_INLINE`] (found once, by bisection, see [`RawQp::new`]).
     inline_cap: std::sync::OnceLock<u32>,
+    /// Set on a [`Device::isolated`] handle: the device that owns the
+    /// context (closed when the last handle drops), kept alive by this.
+    parent: Option<Arc<Device>>,
 }
 
 // SAFETY: libibverbs contexts and protection domains are thread-safe objects;
@@ -184,6 +187,7 @@ impl Device {
                 max_cqe: 0,
             },
             inline_cap: std::sync::OnceLock::new(),
+            parent: None,
         };
         // On error `d` drops and releases pd and ctx.
         d.caps = d.query_device()?;
@@ -288,15 +292,49 @@ impl Device {
     fn pd(&self) -> *mut ibv_pd {
         self.pd.as_ptr()
     }
+
+    /// A handle on the same device context with a protection domain of
+    /// its own (`ibv_alloc_pd`). A region registered through it is
+    /// reachable only by queue pairs made through it: the NIC refuses a
+    /// peer's WRITE or READ that names the region's key on any other
+    /// queue pair (`IBV_WC_REM_ACCESS_ERR`), so a peer that learned
+    /// another connection's key, or guessed one, touches nothing (issue
+    /// 14, "Scoped memory").
+    ///
+    /// # Errors
+    /// [`Error::Io`] if the device refuses another protection domain.
+    pub(crate) fn isolated(self: &Arc<Self>) -> Result<Arc<Device>> {
+        let root = self.parent.clone().unwrap_or_else(|| self.clone());
+        // SAFETY: `root.ctx` is open as long as `root` lives, and the new
+        // handle holds `root`.
+        let pd = NonNull::new(unsafe { ibv_alloc_pd(root.ctx.as_ptr()) })
+            .ok_or_else(|| last_os("ibv_alloc_pd"))?;
+        let inline_cap = std::sync::OnceLock::new();
+        if let Some(v) = root.inline_cap.get() {
+            let _ = inline_cap.set(*v);
+        }
+        Ok(Arc::new(Device {
+            ctx: root.ctx,
+            pd,
+            name: root.name.clone(),
+            port: root.port,
+            caps: root.caps,
+            inline_cap,
+            parent: Some(root),
+        }))
+    }
 }
 
 impl Drop for Device {
     fn drop(&mut self) {
         // SAFETY: every MR, CQ and QP holds an `Arc<Device>`, so none is left on
-        // this PD / context when the last reference drops.
+        // this PD / context when the last reference drops. An isolated handle
+        // closes only its PD: its parent (dropped after this) owns the context.
         unsafe {
             ibv_dealloc_pd(self.pd.as_ptr());
-            ibv_close_device(self.ctx.as_ptr());
+            if self.parent.is_none() {
+                ibv_close_device(self.ctx.as_ptr());
+            }
         }
     }
 }

@@ -342,4 +342,108 @@ mod tests {
         inbox.read_at(0, &mut got).unwrap();
         assert_eq!(&got, b"mtu");
     }
+
+    /// One loopback connection whose server side (inbox region and queue
+    /// pair) comes from `server`; returns (client connection, server
+    /// connection, the server's inbox).
+    fn connect_on(
+        client: &Fabric,
+        server: Fabric,
+    ) -> (
+        crate::conn::Connection,
+        crate::conn::Connection,
+        std::sync::Arc<crate::Region>,
+    ) {
+        use crate::conn::{self, HandshakeConfig, Offer};
+        let any = Endpoint::parse("rdma://127.0.0.1:0").unwrap();
+        let l = conn::Listener::bind(&any, HandshakeConfig::default()).unwrap();
+        let ep = Endpoint::Rdma(l.local_addr().unwrap());
+        let t = std::thread::spawn(move || {
+            let inbox = server
+                .alloc_region_with(4096, crate::Access::REMOTE_WRITE)
+                .unwrap();
+            let c = l
+                .accept()
+                .unwrap()
+                .accept(
+                    server.create_qp(&QpConfig::default()).unwrap(),
+                    Offer::new().grant(1, inbox.clone()),
+                )
+                .unwrap();
+            (c, inbox)
+        });
+        let c = conn::connect(
+            &ep,
+            client.create_qp(&QpConfig::default()).unwrap(),
+            Offer::new(),
+            &HandshakeConfig::default(),
+        )
+        .unwrap();
+        let (s, inbox) = t.join().unwrap();
+        (c, s, inbox)
+    }
+
+    fn wait_one(c: &crate::conn::Connection) -> crate::Completion {
+        let mut wc = [crate::Completion::EMPTY; 1];
+        let t = std::time::Instant::now();
+        while c.qp().send_cq().poll(&mut wc).unwrap() == 0 {
+            assert!(
+                t.elapsed() < std::time::Duration::from_secs(60),
+                "no completion"
+            );
+            std::thread::yield_now();
+        }
+        wc[0]
+    }
+
+    /// Issue 14, "Scoped memory": a peer holding two connections to one
+    /// server writes, on its second connection's queue pair, with the
+    /// address and key the server granted its first (what a peer that kept
+    /// an old key, or guessed one, does; the post skips our library's own
+    /// grant check, as a hostile peer's code would). With each
+    /// connection's resources in a protection domain of its own
+    /// (`Fabric::isolated`), the NIC refuses it (`RemoteAccessError`) and
+    /// the first connection's inbox is untouched and still works. The
+    /// control: with one protection domain for both, the same write lands,
+    /// so the test can tell the two apart.
+    #[test]
+    fn another_connections_key_touches_nothing_with_isolated_domains() {
+        let Some(dev) = test_device() else { return };
+        let f = Fabric::verbs(Some(&dev)).unwrap();
+        let src = f.alloc_region(4096).unwrap();
+        src.write_at(0, b"evil").unwrap();
+        for isolated in [true, false] {
+            let server = |f: &Fabric| {
+                if isolated {
+                    f.isolated().unwrap()
+                } else {
+                    f.clone()
+                }
+            };
+            let (c1, _s1, inbox1) = connect_on(&f, server(&f));
+            let (c2, _s2, _inbox2) = connect_on(&f, server(&f));
+            let key1 = c1.peer().region(1).unwrap();
+            let qp2 = super::side::verbs_qp(c2.qp()).unwrap();
+            qp2.post_write_ungranted(7, crate::Local::new(&src, 0, 4), key1.at(0))
+                .unwrap();
+            let wc = wait_one(&c2);
+            let mut got = [0u8; 4];
+            inbox1.read_at(0, &mut got).unwrap();
+            if isolated {
+                assert_eq!(wc.status, crate::Status::RemoteAccessError, "isolated");
+                assert_eq!(got, [0; 4], "the other connection's inbox is untouched");
+                // The first connection is unharmed.
+                c1.qp()
+                    .post_write(1, crate::Local::new(&src, 0, 4), key1.at(8), true)
+                    .unwrap();
+                assert_eq!(wait_one(&c1).status, crate::Status::Success);
+                let mut ok = [0u8; 4];
+                inbox1.read_at(8, &mut ok).unwrap();
+                assert_eq!(&ok, b"evil", "connection 1 still works");
+            } else {
+                assert_eq!(wc.status, crate::Status::Success, "one shared domain");
+                assert_eq!(&got, b"evil", "the shared domain lets the key through");
+            }
+        }
+    }
 }

@@ -393,7 +393,10 @@ impl VerbsQp {
             .filter(|mr| mr.is_on(self.raw.device()))
             .ok_or_else(|| {
                 Error::InvalidConfig(
-                    "local region is not registered with this queue pair's verbs device".into(),
+                    "local region is not registered with this queue pair's verbs device and \
+                     protection domain (allocate it through the same Fabric, or the same \
+                     Fabric::isolated handle)"
+                        .into(),
                 )
             })?;
         let addr = local.region.as_ptr() as u64 + local.offset as u64;
@@ -430,6 +433,34 @@ impl VerbsQp {
             return Err(e);
         }
         Ok(())
+    }
+
+    /// Test only: a signaled WRITE to `remote` without the check that the
+    /// peer granted it: what a hostile peer's own code can post.
+    #[cfg(test)]
+    pub(crate) fn post_write_ungranted(
+        &self,
+        wr_id: u64,
+        local: Local<'_>,
+        remote: Remote,
+    ) -> Result<()> {
+        let mr = local.region.verbs_mr().expect("a verbs region");
+        let mut slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
+        let seq = slots.reserve(wr_id, Op::Write)?;
+        let (wr, sge) = build_send_wr(
+            &WorkRequest {
+                wr_id: seq,
+                op: Op::Write,
+                local_addr: local.region.as_ptr() as u64 + local.offset as u64,
+                len: local.len as u32,
+                lkey: mr.lkey(),
+                remote_addr: remote.addr,
+                rkey: remote.rkey,
+                signaled: true,
+            },
+            self.raw.max_inline(),
+        );
+        self.raw.post_send(wr, sge)
     }
 
     /// `ibv_post_send` with `IBV_WR_RDMA_WRITE`.

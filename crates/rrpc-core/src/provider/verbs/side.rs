@@ -61,7 +61,7 @@ fn map_io(op: &'static str, e: io::Error) -> Error {
     }
 }
 
-fn verbs_qp(qp: &QueuePair) -> Result<&super::VerbsQp> {
+pub(crate) fn verbs_qp(qp: &QueuePair) -> Result<&super::VerbsQp> {
     match &qp.inner {
         QpInner::Verbs(v) => Ok(v),
         #[allow(unreachable_patterns)]
