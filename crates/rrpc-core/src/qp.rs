@@ -268,14 +268,12 @@ impl QueuePair {
 
     /// Fault injection (for tests of the layers above): the device fails
     /// this queue pair behind the connection's back, as a NIC's fatal error
-    /// does. Nothing is recorded here: outstanding work requests and the
-    /// next one posted complete with [`crate::Status::Flushed`], and whoever
-    /// posts must find out from those completions. Verbs: the queue pair is
-    /// moved to `IBV_QPS_ERR` with `ibv_modify_qp` (every later post
-    /// completes flushed too). shm: completions held back by
-    /// [`crate::FaultConfig::with_completion_delay_polls`] and the next post
-    /// complete flushed, and that post fails the queue pair, so later posts
-    /// return the failure.
+    /// does. Nothing is recorded: outstanding work requests and every later
+    /// one complete with [`crate::Status::Flushed`] (nothing is written),
+    /// and whoever posts must find out from those completions. Verbs: the
+    /// queue pair is moved to `IBV_QPS_ERR` with `ibv_modify_qp`. shm: the
+    /// same, completions held back by
+    /// [`crate::FaultConfig::with_completion_delay_polls`] included.
     ///
     /// # Errors
     /// [`Error::Io`] if the device refuses the transition.

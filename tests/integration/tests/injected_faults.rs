@@ -120,6 +120,56 @@ async fn failing_queue_pairs_are_unavailable_then_reconnect(t: Transport) {
     clean.unary(Input::default()).await.expect("a clean client");
 }
 
+/// A client that only reads (a long server stream, so all it posts are
+/// head pushes giving the server room) and whose queue pair fails: its
+/// stream ends `Unavailable`, it does not wait forever for messages the
+/// server cannot send for want of room.
+async fn a_reader_whose_queue_pair_fails_is_told(t: Transport) {
+    let h = Harness::start(t).await;
+    let faults = FaultConfig::none()
+        .with_fail_after_posts(40)
+        .with_fail_status(Status::RetryExceeded);
+    let mut c = TestClient::new(
+        RrpcChannel::connect(&h.uri, with_faults(t, faults))
+            .await
+            .expect("connect"),
+    );
+    let mut s = c
+        .server_stream(Input {
+            payload: payload(16 << 10),
+            count: 100_000,
+            ..Default::default()
+        })
+        .await
+        .expect("stream")
+        .into_inner();
+    let mut n = 0u64;
+    let end = loop {
+        match tokio::time::timeout(BOUND, s.message())
+            .await
+            .unwrap_or_else(|_| panic!("{t:?}: stream stalled after {n} messages"))
+        {
+            Ok(Some(_)) => n += 1,
+            Ok(None) => panic!("{t:?}: the stream ended cleanly after {n} messages"),
+            Err(st) => break st,
+        }
+    };
+    eprintln!("{t:?}: stream failed after {n} messages: {end}");
+    assert_eq!(end.code(), Code::Unavailable, "{t:?}: {end}");
+    let mut clean = h.client().await;
+    clean.unary(Input::default()).await.expect("a clean client");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shm_h2_a_reader_whose_queue_pair_fails_is_told() {
+    a_reader_whose_queue_pair_fails_is_told(Transport::ShmH2).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shm_fast_a_reader_whose_queue_pair_fails_is_told() {
+    a_reader_whose_queue_pair_fails_is_told(Transport::ShmFast).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shm_h2_delayed_and_missed_completions_lose_nothing() {
     delayed_and_missed_completions_lose_nothing(Transport::ShmH2).await;

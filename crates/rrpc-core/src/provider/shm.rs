@@ -20,8 +20,8 @@
 
 use std::collections::VecDeque;
 use std::os::fd::{OwnedFd, RawFd};
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering, fence};
+use std::sync::{Arc, Mutex};
 
 use crate::cq::{Completion, Opcode, Status};
 use crate::error::{Error, Result};
@@ -45,6 +45,10 @@ pub(crate) struct SendCq {
     armed: AtomicBool,
     channel: EventFd,
     misses: PollMisses,
+    /// The queue pair's error state: an error completion records its
+    /// reason when it is polled, as the verbs provider does (a device
+    /// reports a failure through the completion queue, not at the post).
+    fail: Arc<FailState>,
 }
 
 /// [`FaultConfig::poll_miss_every`] of one completion queue.
@@ -80,7 +84,7 @@ struct SendQueue {
 }
 
 impl SendCq {
-    fn new(miss_every: Option<u64>) -> Result<Self> {
+    fn new(miss_every: Option<u64>, fail: Arc<FailState>) -> Result<Self> {
         Ok(SendCq {
             queue: Mutex::new(SendQueue::default()),
             posted: AtomicU64::new(0),
@@ -88,6 +92,7 @@ impl SendCq {
             armed: AtomicBool::new(false),
             channel: EventFd::new()?,
             misses: PollMisses::new(miss_every),
+            fail,
         })
     }
 
@@ -142,6 +147,12 @@ impl SendCq {
             }
             let (seq, c, _) = q.entries.pop_front().expect("front exists");
             self.retired.fetch_max(seq, Ordering::AcqRel);
+            if !matches!(c.status, Status::Success | Status::Flushed) {
+                self.fail.set(FailReason::Completion {
+                    wr_id: c.wr_id,
+                    status: c.status,
+                });
+            }
             out[n] = c;
             n += 1;
         }
@@ -385,7 +396,7 @@ pub(crate) struct ShmQp {
     pub(crate) send_cq: crate::cq::CompletionQueue,
     pub(crate) recv_cq: crate::cq::CompletionQueue,
     peer: std::sync::OnceLock<Peer>,
-    failed: FailState,
+    failed: Arc<FailState>,
     fault: FaultConfig,
     posts: AtomicU64,
     /// Set by [`ShmQp::inject_device_error`]: every later post is flushed.
@@ -394,10 +405,14 @@ pub(crate) struct ShmQp {
 
 impl ShmQp {
     pub(crate) fn new(cfg: &QpConfig) -> Result<Self> {
+        let failed = Arc::new(FailState::default());
         Ok(ShmQp {
             cfg: cfg.clone(),
             send_cq: crate::cq::CompletionQueue {
-                inner: crate::cq::CqInner::ShmSend(SendCq::new(cfg.fault().poll_miss_every())?),
+                inner: crate::cq::CqInner::ShmSend(SendCq::new(
+                    cfg.fault().poll_miss_every(),
+                    failed.clone(),
+                )?),
             },
             recv_cq: crate::cq::CompletionQueue {
                 inner: crate::cq::CqInner::ShmRecv(RecvCq::new(
@@ -406,7 +421,7 @@ impl ShmQp {
                 )?),
             },
             peer: std::sync::OnceLock::new(),
-            failed: FailState::default(),
+            failed,
             fault: cfg.fault().clone(),
             posts: AtomicU64::new(0),
             device_error: std::sync::atomic::AtomicBool::new(false),
@@ -489,10 +504,10 @@ impl ShmQp {
         self.failed.get()
     }
 
-    /// What a device that failed the queue pair does: nothing is recorded
-    /// now; completions not yet delivered (held back by
-    /// [`FaultConfig::completion_delay_polls`]) and the next post complete
-    /// [`Status::Flushed`], and that post fails the queue pair.
+    /// What a device that failed the queue pair does: nothing is recorded;
+    /// completions not yet delivered (held back by
+    /// [`FaultConfig::completion_delay_polls`]) and every later post
+    /// complete [`Status::Flushed`], nothing written.
     pub(crate) fn inject_device_error(&self) {
         self.device_error.store(true, Ordering::Release);
         self.scq().flush_pending();
@@ -698,7 +713,10 @@ impl ShmQp {
             },
             delay,
         );
-        self.failed.set(FailReason::Completion { wr_id, status });
+        // Like a NIC: the queue pair is in the error state from here on
+        // (later posts complete flushed, nothing is written), and the
+        // failure is known once the error completion is polled.
+        self.device_error.store(true, Ordering::Release);
     }
 
     pub(crate) fn send_depth(&self) -> u32 {
