@@ -18,7 +18,34 @@ use rrpc_integration_tests::{Harness, Transport, config, payload};
 use rrpc_tonic::RrpcChannel;
 use tonic::Code;
 
-const SERVER: &str = env!("CARGO_BIN_EXE_rrpc-test-server");
+/// Set in the child: this test binary, run again with `--ignored --exact
+/// child_server`, serves `TRANSPORT URI` instead of testing. The server is
+/// this binary rather than a `[[bin]]` target: a bin's path is shared by
+/// builds with and without the `verbs` feature, and whichever built last
+/// replaced it (the verbs suite once ran a server without verbs).
+const CHILD: &str = "RRPC_SIGKILL_CHILD";
+
+/// The server half, in the child process: serves until its stdin closes
+/// (the parent died) or it is killed. Ignored, so it never runs (or counts)
+/// as a test; a no-op without [`CHILD`].
+#[test]
+#[ignore = "the server process of the other test, run by it"]
+fn child_server() {
+    use std::io::Read;
+    let Ok(spec) = std::env::var(CHILD) else {
+        return;
+    };
+    let (t, uri) = spec.split_once(' ').expect("TRANSPORT URI");
+    let t = Transport::from_name(t).expect("a transport name");
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let h = rt.block_on(Harness::start_at(t, uri, config(t), |s| s));
+    println!("listening {}", h.uri);
+    let _ = std::io::stdin().read_to_end(&mut Vec::new());
+    drop(h);
+}
 
 /// A server process; killed on drop if still running.
 struct Running(Child);
@@ -36,26 +63,27 @@ fn spawn(t: Transport) -> (Running, String) {
         Transport::RdmaH2 | Transport::RdmaFast => "rdma://127.0.0.1:0".to_string(),
         _ => Harness::fresh_uri(t),
     };
-    let mut child = Command::new(SERVER)
-        .args([t.name(), &uri])
+    let mut child = Command::new(std::env::current_exe().expect("this test binary"))
+        .args(["--ignored", "--exact", "child_server", "--nocapture"])
+        .env(CHILD, format!("{} {uri}", t.name()))
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
         .spawn()
-        .expect("start rrpc-test-server");
+        .expect("start the child server");
     let out = child.stdout.take().expect("stdout");
+    let mut out = BufReader::new(out);
+    // libtest's own lines ("running 1 test") come first.
     let mut line = String::new();
-    BufReader::new(out).read_line(&mut line).expect("read");
-    let uri = line
-        .strip_prefix("listening ")
-        .unwrap_or_else(|| {
-            panic!(
-                "{t:?}: rrpc-test-server printed {line:?} (see its stderr above); \
-                 a build without the `verbs` feature may have replaced {SERVER}"
-            )
-        })
-        .trim()
-        .to_string();
+    let uri = loop {
+        line.clear();
+        if out.read_line(&mut line).expect("read") == 0 {
+            panic!("{t:?}: the child server exited before listening (see its stderr above)");
+        }
+        if let Some(u) = line.strip_prefix("listening ") {
+            break u.trim().to_string();
+        }
+    };
     (Running(child), uri)
 }
 
