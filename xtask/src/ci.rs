@@ -286,9 +286,18 @@ pub(crate) fn run_ci(args: &CiArgs) -> Result<()> {
                     "cargo-fuzz or a nightly toolchain is not installed".into(),
                 ));
             }
+            // One target directory for every fuzz crate: what they share
+            // (rrpc-core and below, tokio, tonic) is built once, not once
+            // per crate (the step's largest cost).
+            let fuzz_target = root_ref.join("target/fuzz");
+            let fuzz_target = fuzz_target.to_string_lossy().into_owned();
             for d in &dirs {
                 let krate = d.parent().expect("fuzz dir has a parent");
-                run("cargo", &["+nightly", "fuzz", "build"], Some(krate))?;
+                run(
+                    "cargo",
+                    &["+nightly", "fuzz", "build", "--target-dir", &fuzz_target],
+                    Some(krate),
+                )?;
                 if args.fuzz_seconds > 0 {
                     let budget = format!("-max_total_time={}", args.fuzz_seconds);
                     for t in fuzz_targets(d) {
@@ -302,8 +311,15 @@ pub(crate) fn run_ci(args: &CiArgs) -> Result<()> {
                         let scratch = scratch.to_string_lossy().into_owned();
                         let seeds = d.join("corpus").join(&t);
                         let seeds = seeds.to_string_lossy().into_owned();
-                        let mut args =
-                            vec!["+nightly", "fuzz", "run", t.as_str(), scratch.as_str()];
+                        let mut args = vec![
+                            "+nightly",
+                            "fuzz",
+                            "run",
+                            "--target-dir",
+                            &fuzz_target,
+                            t.as_str(),
+                            scratch.as_str(),
+                        ];
                         if std::path::Path::new(&seeds).is_dir() {
                             args.push(seeds.as_str());
                         }
