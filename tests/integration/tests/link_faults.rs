@@ -1,9 +1,10 @@
 //! Device faults on `rdma://` (issue 14, "Faults", on verbs): the link under
-//! the RDMA device taken down while calls are in flight. Every call ends
+//! the RDMA device taken down while calls are in flight (every call ends
 //! with a typed error within a bound, a call while the link is down fails
 //! fast instead of hanging, and once the link is back the same channel
 //! reconnects and calls succeed again; the process's descriptors return to
-//! their baseline.
+//! their baseline), and the device itself removed mid-call (see
+//! `device_removed_mid_call`).
 //!
 //! It changes the machine (`ip link set <netdev> down`), so it runs only
 //! inside the throwaway VM of `cargo xtask rxe` (`RRPC_RXE_VM=1`, as root),
@@ -234,6 +235,98 @@ mod on_verbs {
         }
     }
 
+    /// Runs `rdma ARGS`, asserting success.
+    fn rdma(args: &[&str]) {
+        let st = Command::new("rdma").args(args).status().expect("run rdma");
+        assert!(st.success(), "rdma {args:?}: {st}");
+    }
+
+    /// The device removed (`rdma link delete`) while a call is in flight.
+    /// rdma_rxe cannot take a device away from a process that has it open
+    /// (no `disassociate_ucontext`, and no event reaches the process), so
+    /// the removal waits: the call in flight completes. Once the channel
+    /// and the server are dropped, rrpc holds no handle on the device (no
+    /// context, PD, region or queue pair left behind), so the removal
+    /// completes; a connect then fails `Unavailable` naming the missing
+    /// device, and after the device is added back a new server and channel
+    /// work. On a NIC whose driver disassociates, the process would see
+    /// the device fail instead; that is not tested here.
+    async fn device_removed_mid_call(t: Transport, dev: &str) {
+        let netdev = sys(dev, "gid_attrs/ndevs/0");
+        assert!(!netdev.is_empty(), "no netdev under {dev}");
+        let mut h = Harness::start(t).await;
+        let ch = h.channel().await;
+        let mut c = TestClient::new(ch.clone());
+        c.unary(Input::default()).await.expect("a first call");
+        let slow = tokio::spawn({
+            let mut c = c.clone();
+            async move {
+                c.unary(Input {
+                    payload: payload(100),
+                    delay_ms: 3000,
+                    ..Default::default()
+                })
+                .await
+            }
+        });
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let mut delete = Command::new("rdma")
+            .args(["link", "delete", dev])
+            .spawn()
+            .expect("rdma link delete");
+        let r = tokio::time::timeout(BOUND, slow)
+            .await
+            .expect("the call in flight hung")
+            .expect("call task");
+        assert!(
+            r.is_ok(),
+            "{t:?}: the call in flight while the removal waits: {r:?}"
+        );
+        assert!(
+            delete.try_wait().expect("wait").is_none(),
+            "{t:?}: soft-RoCE removed a device that rrpc still had open"
+        );
+        drop(c);
+        drop(ch);
+        h.kill();
+        drop(h);
+        // Every handle released: the removal completes.
+        let t0 = Instant::now();
+        let st = loop {
+            if let Some(st) = delete.try_wait().expect("wait") {
+                break st;
+            }
+            assert!(
+                t0.elapsed() < BOUND,
+                "{t:?}: the device removal still waits {BOUND:?} after rrpc dropped everything: a device handle leaked"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
+        assert!(st.success(), "rdma link delete: {st}");
+        eprintln!("{t:?}: device removed {:?} after rrpc let go", t0.elapsed());
+        // No device: a typed error, Unavailable for a caller.
+        let e = RrpcChannel::connect("rdma://127.0.0.1:1", rrpc_integration_tests::config(t))
+            .await
+            .expect_err("connect without the device");
+        let st = tonic::Status::from(e);
+        eprintln!("{t:?}: connect without the device: {st}");
+        assert_eq!(st.code(), Code::Unavailable, "{st}");
+        assert!(st.message().contains("no RDMA device"), "{st}");
+        // Added back, it serves again.
+        rdma(&["link", "add", dev, "type", "rxe", "netdev", &netdev]);
+        let t1 = Instant::now();
+        while !(sys(dev, "state").contains("ACTIVE") && sys(dev, "gids/1").ends_with("0a63:0001")) {
+            assert!(t1.elapsed() < BOUND, "{dev} did not come back");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let h = Harness::start(t).await;
+        h.client()
+            .await
+            .unary(Input::default())
+            .await
+            .expect("a call on the device added back");
+    }
+
     #[test]
     fn rdma_link_down_mid_call() {
         let Some(dev) = Transport::rdma_device() else {
@@ -254,5 +347,6 @@ mod on_verbs {
         for t in [Transport::RdmaFast, Transport::RdmaH2] {
             rt.block_on(link_down_mid_call(t, &dev));
         }
+        rt.block_on(device_removed_mid_call(Transport::RdmaFast, &dev));
     }
 }
