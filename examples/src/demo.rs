@@ -379,6 +379,7 @@ fn main() -> anyhow::Result<()> {
                     None => None,
                 };
                 let before = poller.as_ref().map(|p| p.stats());
+                let loads = poller.as_ref().map(|p| p.thread_loads()).unwrap_or_default();
                 let m = measure(&uri, cfg, calls).await?;
                 let _ = line_tx.send(format!(
                     "{name}: connected to {uri} over {:?}, carried by {:?}",
@@ -392,10 +393,21 @@ fn main() -> anyhow::Result<()> {
                 if let (Some(p), Some(b)) = (&poller, before) {
                     let d = p.stats().since(&b);
                     let n = (calls + calls / 10) as f64;
+                    // Each polling thread's busy share of the run (what
+                    // `rrpc_poller_thread_busy_ratio` reports to `metrics`).
+                    let busy: Vec<String> = p
+                        .thread_loads()
+                        .iter()
+                        .filter_map(|now| {
+                            let then = loads.iter().find(|l| l.thread == now.thread)?;
+                            Some(format!("{:.0}%", 100.0 * now.busy_since(then)))
+                        })
+                        .collect();
                     line += &format!(
-                        "  | {} polling thread(s) {}; per call: spin hits {:.2}, first-check hits {:.2}, sleeps {:.2}, eventfd writes {:.2}",
+                        "  | {} polling thread(s) {} (busy {}); per call: spin hits {:.2}, first-check hits {:.2}, sleeps {:.2}, eventfd writes {:.2}",
                         p.config().mode(),
                         p.threads(),
+                        if busy.is_empty() { "-".to_string() } else { busy.join(" ") },
                         d.spin_hits as f64 / n,
                         d.first_check_hits as f64 / n,
                         d.sleeps as f64 / n,

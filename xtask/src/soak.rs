@@ -31,7 +31,27 @@ pub(crate) struct SoakArgs {
 
 /// Builds and runs the soak in `root`.
 pub(crate) fn run_soak(root: &Path, args: &SoakArgs) -> Result<()> {
+    run_soak_with(root, args, None)
+}
+
+/// [`run_soak`], or with `prebuilt` (a soak binary already built, e.g. by
+/// `cargo test --workspace` in CI) run directly: `cargo run -p rrpc-bench`
+/// resolves features for that package alone and recompiles dependencies
+/// the workspace build already has.
+pub(crate) fn run_soak_with(root: &Path, args: &SoakArgs, prebuilt: Option<&Path>) -> Result<()> {
     let clients = args.clients.to_string();
+    if let Some(exe) = prebuilt {
+        let mut argv = vec![
+            "--duration",
+            &args.duration,
+            "--clients",
+            &clients,
+            "--transport",
+            &args.transport,
+        ];
+        argv.extend(args.extra.iter().map(String::as_str));
+        return run(&exe.to_string_lossy(), &argv, Some(root));
+    }
     let mut argv = vec![
         "run",
         "-p",

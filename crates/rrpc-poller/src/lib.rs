@@ -13,6 +13,8 @@
 //! - [`conn`]: [`conn::AsyncConn`] over an rrpc-ringbuf ring pair and an rrpc-core connection,
 //!   split into [`conn::AsyncSender`] / [`conn::AsyncReceiver`] (what the tonic layer uses).
 //! - [`Stats`]: counters (polls, empty polls, eventfd writes, wake-ups, spin hits, parks).
+//! - [`report`]: the same counters and each polling thread's busy fraction in the `metrics`
+//!   facade, for operators' dashboards ([`Poller::report_metrics`]).
 //!
 //! # The modes and the paper
 //!
@@ -61,8 +63,10 @@
 //! - **Auto-tuned `bp_timeout`.** With `auto_tune`, each registration spins
 //!   `1.25 × RTT + 1 µs` (moving average, gain 1/8) capped by `bp_timeout`, following §V-B's
 //!   guideline "marginally longer than the typical RTT" ([`SpinTuner`]).
-//! - **Counters and tracing.** [`Poller::stats`]; `tracing` debug events when a polling thread
-//!   parks, resumes, starts or stops, and when a registration is closed.
+//! - **Counters, metrics and tracing.** [`Poller::stats`]; the `metrics` facade ([`report`]:
+//!   polling threads report about once a second while they run, and before they park);
+//!   `tracing` debug events when a polling thread parks, resumes, starts or stops, and when a
+//!   registration is closed.
 //!
 //! # Example
 //! ```
@@ -96,6 +100,7 @@ mod config;
 pub mod conn;
 mod error;
 mod poller;
+pub mod report;
 mod source;
 mod stats;
 mod sys;
@@ -105,5 +110,5 @@ pub use config::{ConfigView, Mode, PollerConfig};
 pub use error::{Error, Result};
 pub use poller::{Doorbell, Poller, Registration};
 pub use source::{Notifier, Readiness};
-pub use stats::Stats;
+pub use stats::{Stats, ThreadLoad};
 pub use tune::SpinTuner;

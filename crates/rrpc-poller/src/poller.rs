@@ -119,6 +119,14 @@ struct Shard {
     users: AtomicUsize,
     /// The thread dozes: armed connections, idle; its rescans may be done by [`IdleWatch`].
     dozing: AtomicBool,
+    /// The busy fraction's clock ([`Shard::busy_fraction`]): nanoseconds since `born`.
+    born: Instant,
+    /// Nanoseconds spent parked (finished parks).
+    parked_ns: AtomicU64,
+    /// When the current park began (ns since `born`), `u64::MAX` while running.
+    parked_since: AtomicU64,
+    /// (ns since `born`, parked ns) at the previous report.
+    last_report: Mutex<(u64, u64)>,
 }
 
 impl Shard {
@@ -133,7 +141,60 @@ impl Shard {
             thread: OnceLock::new(),
             users: AtomicUsize::new(0),
             dozing: AtomicBool::new(false),
+            born: Instant::now(),
+            parked_ns: AtomicU64::new(0),
+            parked_since: AtomicU64::new(u64::MAX),
+            last_report: Mutex::new((0, 0)),
         })
+    }
+
+    fn clock(&self) -> u64 {
+        u64::try_from(self.born.elapsed().as_nanos()).unwrap_or(u64::MAX)
+    }
+
+    /// (ns alive, ns parked), a park in progress counted up to now.
+    fn times(&self) -> (u64, u64) {
+        let now = self.clock();
+        let mut parked = self.parked_ns.load(Ordering::Relaxed);
+        let since = self.parked_since.load(Ordering::Relaxed);
+        if since != u64::MAX {
+            parked += now.saturating_sub(since);
+        }
+        (now, parked.min(now))
+    }
+
+    fn load(&self) -> crate::stats::ThreadLoad {
+        let (alive, parked) = self.times();
+        crate::stats::ThreadLoad {
+            thread: self.id,
+            alive: Duration::from_nanos(alive),
+            parked: Duration::from_nanos(parked),
+        }
+    }
+
+    /// The share of wall time this shard's thread was not parked since the
+    /// previous report (spinning and scanning count as busy), 0 to 1.
+    fn busy_fraction(&self) -> f64 {
+        let (now, parked) = self.times();
+        let mut last = lock(&self.last_report);
+        let (dt, dp) = (now.saturating_sub(last.0), parked.saturating_sub(last.1));
+        *last = (now, parked);
+        if dt == 0 {
+            return 0.0;
+        }
+        (1.0 - dp as f64 / dt as f64).clamp(0.0, 1.0)
+    }
+
+    /// Reports this thread's load, and the poller's counters, at most once
+    /// per [`REPORT_EVERY`] (`force`: now).
+    fn report(&self, counters: &Counters, mode: crate::Mode, next: &mut Instant, force: bool) {
+        let now = Instant::now();
+        if !force && now < *next {
+            return;
+        }
+        *next = now + REPORT_EVERY;
+        crate::report::counters(&counters.snapshot(0), mode);
+        crate::report::busy(self.id, self.busy_fraction(), mode);
     }
 
     fn add(&self, e: Arc<Entry>) {
@@ -184,9 +245,13 @@ struct LoopCfg {
     /// Shared shards (BPTS, BPEV): the idle rescans of all dozing shards are done by one
     /// thread. `None` for BP's per-connection threads.
     watch: Option<Arc<IdleWatch>>,
+    mode: crate::Mode,
 }
 
 const NO_HOLDER: usize = usize::MAX;
+
+/// How often a running polling thread reports to the `metrics` facade.
+const REPORT_EVERY: Duration = Duration::from_secs(1);
 
 /// Coalesces the idle rescans of the shared polling threads: the first thread that dozes
 /// becomes the *holder* and from then on rescans every dozing shard every `idle_interval`
@@ -251,6 +316,7 @@ fn polling_loop(shard: Arc<Shard>, counters: Arc<Counters>, cfg: LoopCfg) {
     let mut holder = false;
     let mut next_watch = Instant::now();
     let mut check_watch = false;
+    let mut next_report = Instant::now() + REPORT_EVERY;
     tracing::debug!(shard = shard.id, "polling thread started");
     loop {
         if shard.stop.load(Ordering::Acquire) {
@@ -277,6 +343,7 @@ fn polling_loop(shard: Arc<Shard>, counters: Arc<Counters>, cfg: LoopCfg) {
         check_watch = false;
         if fired > 0 {
             last_activity = Instant::now();
+            shard.report(&counters, cfg.mode, &mut next_report, false);
             checks = 0;
             dozing = false;
             shard.dozing.store(false, Ordering::SeqCst);
@@ -287,6 +354,7 @@ fn polling_loop(shard: Arc<Shard>, counters: Arc<Counters>, cfg: LoopCfg) {
         let due = checks >= YIELD_AFTER_CHECKS;
         if due {
             checks = 0;
+            shard.report(&counters, cfg.mode, &mut next_report, false);
         }
         let Some(park_after) = cfg.park_after else {
             if due {
@@ -351,6 +419,13 @@ fn polling_loop(shard: Arc<Shard>, counters: Arc<Counters>, cfg: LoopCfg) {
         }
         let watching = holder && watch.is_some_and(|w| w.others_dozing(shard.id));
         let own_rescan = any_armed && (watch.is_none() || holder);
+        // Report before a park that may last: a dashboard then sees the
+        // load up to here, and a later report counts the park as idle.
+        if !timed {
+            shard.report(&counters, cfg.mode, &mut next_report, true);
+        }
+        let park_start = shard.clock();
+        shard.parked_since.store(park_start, Ordering::Relaxed);
         if watching || own_rescan {
             let wait = next_watch
                 .saturating_duration_since(Instant::now())
@@ -361,6 +436,10 @@ fn polling_loop(shard: Arc<Shard>, counters: Arc<Counters>, cfg: LoopCfg) {
         } else {
             thread::park();
         }
+        shard
+            .parked_ns
+            .fetch_add(shard.clock().saturating_sub(park_start), Ordering::Relaxed);
+        shard.parked_since.store(u64::MAX, Ordering::Relaxed);
         // `kick` clears `parked` before unparking; still set means the timeout expired (or a
         // spurious wake-up), so stay dozing.
         if !shard.parked.swap(false, Ordering::SeqCst) {
@@ -428,6 +507,7 @@ impl Inner {
             park_after: self.cfg.idle_park_after(),
             idle_interval: self.cfg.idle_poll_interval(),
             watch: shared.then(|| self.watch.clone()),
+            mode: self.cfg.mode(),
         }
     }
 
@@ -439,14 +519,18 @@ impl Inner {
             self.threads_alive.clone(),
         );
         alive.fetch_add(1, Ordering::SeqCst);
+        let mode = self.cfg.mode();
+        crate::report::threads(1.0, mode);
         let h = thread::Builder::new()
             .name(format!("{}-{}", self.cfg.thread_name(), shard.id))
             .spawn(move || {
                 polling_loop(s, c, cfg);
                 alive.fetch_sub(1, Ordering::SeqCst);
+                crate::report::threads(-1.0, mode);
             })
             .map_err(|e| {
                 self.threads_alive.fetch_sub(1, Ordering::SeqCst);
+                crate::report::threads(-1.0, mode);
                 Error::Io {
                     op: "spawn polling thread",
                     source: e,
@@ -562,6 +646,28 @@ impl Poller {
     /// A snapshot of the counters.
     pub fn stats(&self) -> Stats {
         self.inner.counters.snapshot(self.threads())
+    }
+
+    /// Every polling thread's time alive and parked, cumulative (diff two
+    /// reads with [`ThreadLoad::busy_since`](crate::ThreadLoad::busy_since)).
+    pub fn thread_loads(&self) -> Vec<crate::ThreadLoad> {
+        let mut shards = self.inner.shared.clone();
+        shards.extend(lock(&self.inner.bp).iter().map(|(s, _)| s.clone()));
+        shards.iter().map(|s| s.load()).collect()
+    }
+
+    /// Records the counters and every polling thread's busy fraction (since
+    /// its previous report) in the `metrics` facade; [`crate::report`] lists
+    /// the names. Polling threads also report on their own about once a
+    /// second while they run; call this before a scrape for exact figures.
+    pub fn report_metrics(&self) {
+        let mode = self.inner.cfg.mode();
+        crate::report::counters(&self.stats(), mode);
+        let mut shards = self.inner.shared.clone();
+        shards.extend(lock(&self.inner.bp).iter().map(|(s, _)| s.clone()));
+        for s in shards {
+            crate::report::busy(s.id, s.busy_fraction(), mode);
+        }
     }
 
     /// Stops and joins every polling thread and wakes every waiting task, which then gets

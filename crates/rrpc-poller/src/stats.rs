@@ -95,3 +95,31 @@ impl Stats {
         }
     }
 }
+
+/// One polling thread's time, cumulative since it started
+/// ([`Poller::thread_loads`](crate::Poller::thread_loads)): how long it has
+/// lived and how much of that it spent parked. Spinning and scanning count
+/// as busy: they hold the core.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ThreadLoad {
+    /// The polling thread's index (its shard).
+    pub thread: usize,
+    /// Time since the thread started.
+    pub alive: std::time::Duration,
+    /// Of that, time parked (a park in progress counts up to now).
+    pub parked: std::time::Duration,
+}
+
+impl ThreadLoad {
+    /// The busy fraction (0 to 1) between `earlier` and `self` (the same
+    /// thread, read twice); 0 when no time passed.
+    pub fn busy_since(&self, earlier: &ThreadLoad) -> f64 {
+        let dt = self.alive.saturating_sub(earlier.alive).as_secs_f64();
+        if dt <= 0.0 {
+            return 0.0;
+        }
+        let dp = self.parked.saturating_sub(earlier.parked).as_secs_f64();
+        (1.0 - dp / dt).clamp(0.0, 1.0)
+    }
+}

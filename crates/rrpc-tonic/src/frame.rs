@@ -414,6 +414,51 @@ pub fn push_frame(out: &mut Vec<u8>, kind: Kind, flags: u8, call_id: u32, payloa
     out.extend_from_slice(payload);
 }
 
+/// Length of the path negotiation's hello and reply (the first ring
+/// message each way): `RRP2`, the path byte (0 fast, 1 HTTP/2), the
+/// sender's per-call receive window (little-endian `u32`).
+pub const PATH_HELLO_LEN: usize = 9;
+
+const PATH_MAGIC: &[u8; 4] = b"RRP2";
+
+/// Encodes a path hello or reply.
+pub fn path_hello(path: u8, window: u32) -> [u8; PATH_HELLO_LEN] {
+    let mut m = [0u8; PATH_HELLO_LEN];
+    m[..4].copy_from_slice(PATH_MAGIC);
+    m[4] = path;
+    m[5..].copy_from_slice(&window.to_le_bytes());
+    m
+}
+
+/// Parses a peer's path hello or reply: (path byte, the peer's call
+/// window). Peer-written bytes: every malformed input is an error naming
+/// what was wrong (fuzz target `frame_decode`).
+///
+/// # Errors
+/// A message of another length or magic, an unknown path, or a window
+/// outside `1024 ..= MAX_WINDOW`.
+pub fn parse_path_hello(m: &[u8]) -> Result<(u8, u32), String> {
+    if m.len() != PATH_HELLO_LEN || &m[..4] != PATH_MAGIC {
+        let seen = String::from_utf8_lossy(&m[..m.len().min(4)]).into_owned();
+        return Err(format!(
+            "malformed or unsupported path hello ({} bytes starting {seen:?}; this build speaks RRP2)",
+            m.len()
+        ));
+    }
+    let path = m[4];
+    if path > 1 {
+        return Err(format!("unknown path {path}"));
+    }
+    let window = u32::from_le_bytes(m[5..].try_into().expect("4 bytes"));
+    if !(crate::config::MIN_CALL_WINDOW..=MAX_WINDOW).contains(&window) {
+        return Err(format!(
+            "peer's call window {window} is outside {} ..= {MAX_WINDOW}",
+            crate::config::MIN_CALL_WINDOW,
+        ));
+    }
+    Ok((path, window))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -90,40 +90,9 @@ pub(crate) enum Negotiated {
     Http2,
 }
 
-const MAGIC: &[u8; 4] = b"RRP2";
-const HELLO_LEN: usize = 9;
-
-fn hello_bytes(path: u8, window: u32) -> [u8; HELLO_LEN] {
-    let mut m = [0u8; HELLO_LEN];
-    m[..4].copy_from_slice(MAGIC);
-    m[4] = path;
-    m[5..].copy_from_slice(&window.to_le_bytes());
-    m
-}
-
-/// Parses a hello or reply: (path byte, the peer's call window).
-fn parse_hello(m: &[u8]) -> Result<(u8, u32), String> {
-    if m.len() != HELLO_LEN || &m[..4] != MAGIC {
-        let seen = String::from_utf8_lossy(&m[..m.len().min(4)]).into_owned();
-        return Err(format!(
-            "malformed or unsupported path hello ({} bytes starting {seen:?}; this build speaks RRP2)",
-            m.len()
-        ));
-    }
-    let path = m[4];
-    if path > 1 {
-        return Err(format!("unknown path {path}"));
-    }
-    let window = u32::from_le_bytes(m[5..].try_into().expect("4 bytes"));
-    if !(crate::config::MIN_CALL_WINDOW..=crate::frame::MAX_WINDOW).contains(&window) {
-        return Err(format!(
-            "peer's call window {window} is outside {} ..= {}",
-            crate::config::MIN_CALL_WINDOW,
-            crate::frame::MAX_WINDOW
-        ));
-    }
-    Ok((path, window))
-}
+use crate::frame::{
+    PATH_HELLO_LEN as HELLO_LEN, parse_path_hello as parse_hello, path_hello as hello_bytes,
+};
 
 fn pref_byte(p: PathPreference) -> u8 {
     match p {

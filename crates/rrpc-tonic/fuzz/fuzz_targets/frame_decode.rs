@@ -1,6 +1,6 @@
-//! Arbitrary bytes from a peer never panic the fast-path frame decoder, every
-//! decoded frame lies inside the message, and whatever metadata decodes
-//! re-encodes to the same metadata.
+//! Arbitrary bytes from a peer never panic the fast-path frame decoder or
+//! the path negotiation's hello parser, every decoded frame lies inside the
+//! message, and whatever decodes re-encodes to the same bytes.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
@@ -30,6 +30,11 @@ fuzz_target!(|data: &[u8]| {
             let again = frame::metadata_payload(&map);
             assert_eq!(frame::parse_metadata(&again).expect("re-encoded metadata decodes"), map);
         }
+    }
+    // The path negotiation's hello (the first ring message): only a
+    // well-formed one parses, and it re-encodes to the same bytes.
+    if let Ok((path, window)) = frame::parse_path_hello(data) {
+        assert_eq!(&frame::path_hello(path, window)[..], data);
     }
     // Payloads on their own (a frame's payload is any byte string).
     let _ = frame::parse_request_headers(data);

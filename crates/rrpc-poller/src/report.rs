@@ -1,0 +1,71 @@
+//! What operators watch, through the [`metrics`] facade (issue 13,
+//! "Self-tuning, reported"): install any recorder (a Prometheus exporter,
+//! statsd, ...) and these appear in the service's own dashboards. Without
+//! a recorder each report costs a few relaxed loads.
+//!
+//! Every name carries the label `mode` (`BP`, `BPTS`, `EVENT`, `BPEV`).
+//! Counters are monotonic since the poller started ([`crate::Stats`] has
+//! the same numbers); the busy fraction of a polling thread is the share of
+//! wall time it was not parked (spinning and scanning count as busy: they
+//! burn the core) since its previous report. Polling threads report on
+//! their own about once a second while they run, and once more before they
+//! park; [`crate::Poller::report_metrics`] reports everything at once (call
+//! it before a scrape for exact figures).
+//!
+//! Not reported yet: wake-up latency (the time from a message becoming
+//! readable to its task running) is not measured.
+
+use crate::{Mode, Stats};
+
+/// Readiness checks made by polling threads (counter).
+pub const POLLS: &str = "rrpc_poller_polls_total";
+/// Checks that found nothing (counter).
+pub const EMPTY_POLLS: &str = "rrpc_poller_empty_polls_total";
+/// Doorbells rung: eventfd writes by polling threads (BPEV) or by writers
+/// (EVENT) (counter).
+pub const DOORBELLS: &str = "rrpc_poller_doorbells_total";
+/// `Waker::wake` calls by polling threads, BP and BPTS (counter).
+pub const WAKER_WAKES: &str = "rrpc_poller_waker_wakes_total";
+/// Sleeping tasks woken that found their connection ready (counter).
+pub const WAKEUPS: &str = "rrpc_poller_wakeups_total";
+/// Waits satisfied while spinning, without sleeping (counter).
+pub const SPIN_HITS: &str = "rrpc_poller_spin_hits_total";
+/// Waits satisfied by the first check (counter).
+pub const FIRST_CHECK_HITS: &str = "rrpc_poller_first_check_hits_total";
+/// Times a task armed and went to sleep (counter).
+pub const SLEEPS: &str = "rrpc_poller_sleeps_total";
+/// Times a polling thread parked, idle (counter).
+pub const PARKS: &str = "rrpc_poller_parks_total";
+/// Polling threads running (gauge).
+pub const POLLING_THREADS: &str = "rrpc_poller_polling_threads";
+/// A polling thread's busy fraction, 0 to 1, label `thread` (gauge).
+pub const THREAD_BUSY: &str = "rrpc_poller_thread_busy_ratio";
+
+/// Records the counters of `s`.
+pub(crate) fn counters(s: &Stats, mode: Mode) {
+    let m = mode.name();
+    for (name, v) in [
+        (POLLS, s.polls),
+        (EMPTY_POLLS, s.empty_polls),
+        (DOORBELLS, s.eventfd_writes),
+        (WAKER_WAKES, s.waker_wakes),
+        (WAKEUPS, s.wakeups),
+        (SPIN_HITS, s.spin_hits),
+        (FIRST_CHECK_HITS, s.first_check_hits),
+        (SLEEPS, s.sleeps),
+        (PARKS, s.parks),
+    ] {
+        metrics::counter!(name, "mode" => m).absolute(v);
+    }
+}
+
+/// Records polling thread `thread`'s busy fraction.
+pub(crate) fn busy(thread: usize, fraction: f64, mode: Mode) {
+    metrics::gauge!(THREAD_BUSY, "mode" => mode.name(), "thread" => thread.to_string())
+        .set(fraction);
+}
+
+/// One more (`+1`) or one fewer (`-1`) polling thread.
+pub(crate) fn threads(delta: f64, mode: Mode) {
+    metrics::gauge!(POLLING_THREADS, "mode" => mode.name()).increment(delta);
+}
