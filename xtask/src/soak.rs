@@ -40,17 +40,17 @@ pub(crate) fn run_soak(root: &Path, args: &SoakArgs) -> Result<()> {
 /// the workspace build already has.
 pub(crate) fn run_soak_with(root: &Path, args: &SoakArgs, prebuilt: Option<&Path>) -> Result<()> {
     let clients = args.clients.to_string();
+    let mut soak_args = vec![
+        "--duration",
+        &args.duration,
+        "--clients",
+        &clients,
+        "--transport",
+        &args.transport,
+    ];
+    soak_args.extend(args.extra.iter().map(String::as_str));
     if let Some(exe) = prebuilt {
-        let mut argv = vec![
-            "--duration",
-            &args.duration,
-            "--clients",
-            &clients,
-            "--transport",
-            &args.transport,
-        ];
-        argv.extend(args.extra.iter().map(String::as_str));
-        return run(&exe.to_string_lossy(), &argv, Some(root));
+        return run(&exe.to_string_lossy(), &soak_args, Some(root));
     }
     let mut argv = vec![
         "run",
@@ -61,13 +61,7 @@ pub(crate) fn run_soak_with(root: &Path, args: &SoakArgs, prebuilt: Option<&Path
         "--profile",
         &args.profile,
         "--",
-        "--duration",
-        &args.duration,
-        "--clients",
-        &clients,
-        "--transport",
-        &args.transport,
     ];
-    argv.extend(args.extra.iter().map(String::as_str));
+    argv.extend(soak_args);
     run("cargo", &argv, Some(root))
 }

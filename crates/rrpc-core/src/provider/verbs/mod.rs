@@ -282,36 +282,12 @@ mod tests {
     /// and the negotiated path carries a WRITE.
     #[test]
     fn loopback_connection_has_keepalive_on_both_side_channels() {
-        use crate::conn::{self, HandshakeConfig, Offer};
         use nix::sys::socket::{getsockopt, sockopt};
         let Some(dev) = test_device() else { return };
         let f = Fabric::verbs(Some(&dev)).unwrap();
-        let any = Endpoint::parse("rdma://127.0.0.1:0").unwrap();
-        let l = conn::Listener::bind(&any, HandshakeConfig::default()).unwrap();
-        let ep = Endpoint::Rdma(l.local_addr().unwrap());
-        let f2 = f.clone();
-        let server = std::thread::spawn(move || {
-            let inbox = f2.alloc_region(4096).unwrap();
-            let c = l
-                .accept()
-                .unwrap()
-                .accept(
-                    f2.create_qp(&QpConfig::default()).unwrap(),
-                    Offer::new().grant(1, inbox.clone()),
-                )
-                .unwrap();
-            (c, inbox)
-        });
+        let (c, s, inbox) = connect_on(&f, f.clone());
         let src = f.alloc_region(4096).unwrap();
         src.write_at(0, b"mtu").unwrap();
-        let c = conn::connect(
-            &ep,
-            f.create_qp(&QpConfig::default()).unwrap(),
-            Offer::new(),
-            &HandshakeConfig::default(),
-        )
-        .unwrap();
-        let (s, inbox) = server.join().unwrap();
         for (who, conn) in [("client", &c), ("server", &s)] {
             // SAFETY: the connection owns the fd and outlives this borrow.
             let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(conn.liveness_fd()) };
@@ -328,16 +304,7 @@ mod tests {
         c.qp()
             .post_write(1, crate::Local::new(&src, 0, 3), remote.at(0), true)
             .unwrap();
-        let mut wc = [crate::Completion::EMPTY; 1];
-        let t = std::time::Instant::now();
-        while c.qp().send_cq().poll(&mut wc).unwrap() == 0 {
-            assert!(
-                t.elapsed() < std::time::Duration::from_secs(60),
-                "no completion"
-            );
-            std::thread::yield_now();
-        }
-        assert_eq!(wc[0].status, crate::Status::Success);
+        assert_eq!(wait_one(&c).status, crate::Status::Success);
         let mut got = [0u8; 3];
         inbox.read_at(0, &mut got).unwrap();
         assert_eq!(&got, b"mtu");
