@@ -125,8 +125,8 @@ struct Shard {
     parked_ns: AtomicU64,
     /// When the current park began (ns since `born`), `u64::MAX` while running.
     parked_since: AtomicU64,
-    /// (ns since `born`, parked ns) at the previous report.
-    last_report: Mutex<(u64, u64)>,
+    /// The load at the previous report.
+    last_report: Mutex<crate::stats::ThreadLoad>,
 }
 
 impl Shard {
@@ -144,7 +144,11 @@ impl Shard {
             born: Instant::now(),
             parked_ns: AtomicU64::new(0),
             parked_since: AtomicU64::new(u64::MAX),
-            last_report: Mutex::new((0, 0)),
+            last_report: Mutex::new(crate::stats::ThreadLoad {
+                thread: id,
+                alive: Duration::ZERO,
+                parked: Duration::ZERO,
+            }),
         })
     }
 
@@ -175,14 +179,9 @@ impl Shard {
     /// The share of wall time this shard's thread was not parked since the
     /// previous report (spinning and scanning count as busy), 0 to 1.
     fn busy_fraction(&self) -> f64 {
-        let (now, parked) = self.times();
-        let mut last = lock(&self.last_report);
-        let (dt, dp) = (now.saturating_sub(last.0), parked.saturating_sub(last.1));
-        *last = (now, parked);
-        if dt == 0 {
-            return 0.0;
-        }
-        (1.0 - dp as f64 / dt as f64).clamp(0.0, 1.0)
+        let now = self.load();
+        let earlier = std::mem::replace(&mut *lock(&self.last_report), now);
+        now.busy_since(&earlier)
     }
 
     /// Reports this thread's load, and the poller's counters, at most once
@@ -540,10 +539,16 @@ impl Inner {
         Ok(h)
     }
 
-    fn all_shards(&self) -> Vec<Arc<Shard>> {
+    /// The shards that have a polling thread: the shared ones and BP's.
+    fn threaded_shards(&self) -> Vec<Arc<Shard>> {
         let mut v: Vec<Arc<Shard>> = self.shared.clone();
-        v.push(self.event_shard.clone());
         v.extend(lock(&self.bp).iter().map(|(s, _)| s.clone()));
+        v
+    }
+
+    fn all_shards(&self) -> Vec<Arc<Shard>> {
+        let mut v = self.threaded_shards();
+        v.push(self.event_shard.clone());
         v
     }
 
@@ -651,9 +656,11 @@ impl Poller {
     /// Every polling thread's time alive and parked, cumulative (diff two
     /// reads with [`ThreadLoad::busy_since`](crate::ThreadLoad::busy_since)).
     pub fn thread_loads(&self) -> Vec<crate::ThreadLoad> {
-        let mut shards = self.inner.shared.clone();
-        shards.extend(lock(&self.inner.bp).iter().map(|(s, _)| s.clone()));
-        shards.iter().map(|s| s.load()).collect()
+        self.inner
+            .threaded_shards()
+            .iter()
+            .map(|s| s.load())
+            .collect()
     }
 
     /// Records the counters and every polling thread's busy fraction (since
@@ -663,9 +670,7 @@ impl Poller {
     pub fn report_metrics(&self) {
         let mode = self.inner.cfg.mode();
         crate::report::counters(&self.stats(), mode);
-        let mut shards = self.inner.shared.clone();
-        shards.extend(lock(&self.inner.bp).iter().map(|(s, _)| s.clone()));
-        for s in shards {
+        for s in self.inner.threaded_shards() {
             crate::report::busy(s.id, s.busy_fraction(), mode);
         }
     }
