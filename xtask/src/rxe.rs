@@ -911,21 +911,14 @@ pub(crate) mod suite {
         ensure_packages(BUILD_PACKAGES)?;
         let tests = cargo_executables(
             root,
+            // The same package selection and features as the CI test step,
+            // so that after it this builds nothing.
             &[
                 "test",
                 "--no-run",
-                "-p",
-                "rrpc-core",
-                "-p",
-                "rrpc-ringbuf",
-                "-p",
-                "rrpc-poller",
-                "-p",
-                "rrpc-integration-tests",
-                "-p",
-                "rrpc-kv",
+                "--workspace",
                 "--features",
-                "rrpc-core/verbs,rrpc-ringbuf/verbs,rrpc-poller/verbs,rrpc-integration-tests/verbs,rrpc-kv/verbs",
+                crate::ci::VERBS_FEATURES,
             ],
         )?;
         let mut bins = Vec::new();
@@ -957,7 +950,12 @@ pub(crate) mod suite {
                 missing.join(", ")
             );
         }
-        let mut args = vec!["build", "-p", "examples", "--features", "verbs"];
+        let mut args = vec![
+            "build",
+            "--workspace",
+            "--features",
+            crate::ci::VERBS_FEATURES,
+        ];
         for e in EXAMPLES {
             if let Some((server, _)) = e.server {
                 args.extend(["--bin", server]);
