@@ -163,8 +163,17 @@ impl Drop for ServerHandle {
 
 /// rrpc-tonic's default configuration with the data path of `t` (HTTP/2 for
 /// [`Transport::RrpcH2`], else the fast path).
+///
+/// A/B knob for the doorbell fallback (rrpc-poller's `doorbell_park_after`):
+/// with `RRPC_BENCH_PLAIN_BPEV=1` in the environment (inherited by the
+/// suite's server process) both sides run plain BPEV instead, the default
+/// before the fallback existed.
 pub fn rrpc_config(t: Transport) -> rrpc_tonic::RrpcConfig {
-    with_path(rrpc_tonic::RrpcConfig::default(), t)
+    let mut cfg = rrpc_tonic::RrpcConfig::default();
+    if std::env::var_os("RRPC_BENCH_PLAIN_BPEV").is_some_and(|v| v == "1") {
+        cfg = cfg.poller(rrpc_tonic::default_poller_config().doorbell_park_after(None));
+    }
+    with_path(cfg, t)
 }
 
 /// `cfg` with the data path of `t`.

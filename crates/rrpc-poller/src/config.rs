@@ -69,6 +69,7 @@ impl std::fmt::Display for Mode {
 /// | `bp_timeout` | 20 µs | §V-B / Fig. 13: "marginally longer than the typical RTT"; one shm round trip through tokio measures 5–15 µs here |
 /// | `auto_tune` | on | beyond the paper: moving RTT estimate, `bp_timeout` as cap |
 /// | `idle_park_after` | 2 ms | beyond the paper (§V-D future work) |
+/// | `doorbell_park_after` | 100 µs | beyond the paper (§V-D "sleep mode"): when every armed connection of a polling thread has a doorbell (a ring receiver: the writer rings once the reader announced its sleep, `rrpc_ringbuf::proto::doorbell`), the thread dozes after this much idle time instead of `idle_park_after`, and a task that arms while its thread dozes announces its sleep and waits for the doorbell; `None`: plain BPEV |
 /// | `idle_poll_interval` | 3 ms | beyond the paper: rescan period of dozing threads (one thread rescans for all); bounds the extra latency of the first message after an idle period. A rescan costs ~40 µs per 256 armed shm connections here (one cold cache line and TLB entry per ring), so 3 ms keeps 256 idle connections under 2 % of a core |
 ///
 /// # Examples
@@ -90,6 +91,7 @@ pub struct PollerConfig {
     bp_timeout: Duration,
     auto_tune: bool,
     idle_park_after: Option<Duration>,
+    doorbell_park_after: Option<Duration>,
     idle_poll_interval: Duration,
     thread_name: String,
 }
@@ -102,6 +104,7 @@ impl Default for PollerConfig {
             bp_timeout: Duration::from_micros(20),
             auto_tune: true,
             idle_park_after: Some(Duration::from_millis(2)),
+            doorbell_park_after: Some(Duration::from_micros(100)),
             idle_poll_interval: Duration::from_millis(3),
             thread_name: "rrpc-poll".to_owned(),
         }
@@ -114,13 +117,14 @@ impl PollerConfig {
         Self::default()
     }
 
-    /// The paper's configuration of a mode: no idle parking, no auto-tuning (what the
-    /// benchmarks compare against).
+    /// The paper's configuration of a mode: no idle parking, no doorbell, no auto-tuning
+    /// (what the benchmarks compare against).
     pub fn paper(mode: Mode) -> Self {
         Self::default()
             .mode(mode)
             .auto_tune(false)
             .idle_park_after(None)
+            .doorbell_park_after(None)
     }
 
     /// Sets the connection management method.
@@ -162,6 +166,18 @@ impl PollerConfig {
     /// and otherwise rescans every [`idle_poll_interval`](Self::idle_poll_interval).
     pub fn idle_park_after(mut self, t: Option<Duration>) -> Self {
         self.idle_park_after = t;
+        self
+    }
+
+    /// The doorbell fallback ([`Mode::Bpev`] with idle parking on): a polling thread whose
+    /// armed connections all have a doorbell ([`Readiness::doorbell`](crate::Readiness::doorbell))
+    /// dozes after this much idle time, and a task that arms while its thread dozes announces
+    /// its sleep to the writer and wakes from the doorbell, not from a rescan. Dozing threads
+    /// still rescan every [`idle_poll_interval`](Self::idle_poll_interval) as a backstop (on
+    /// verbs a tail WRITE crossing the announce on the wire can miss both the re-check and the
+    /// ring). `None` turns the fallback off: plain BPEV.
+    pub fn doorbell_park_after(mut self, t: Option<Duration>) -> Self {
+        self.doorbell_park_after = t;
         self
     }
 
@@ -219,6 +235,11 @@ impl ConfigView {
     /// Idle time after which a polling thread parks.
     pub fn idle_park_after(&self) -> Option<Duration> {
         self.0.idle_park_after
+    }
+    /// Idle time after which a polling thread whose armed connections all have doorbells
+    /// dozes (`None`: no doorbell fallback).
+    pub fn doorbell_park_after(&self) -> Option<Duration> {
+        self.0.doorbell_park_after
     }
     /// Rescan period of a parked thread.
     pub fn idle_poll_interval(&self) -> Duration {

@@ -11,6 +11,12 @@
 //! set on both sides). Head pushes carry no immediate, so in Event mode a sender waiting for
 //! space rechecks with a timer backoff (20 µs doubling to 1 ms) instead; this is the only
 //! place where Event mode polls.
+//!
+//! In [`Mode::Bpev`] with the doorbell fallback on
+//! ([`PollerConfig::doorbell_park_after`](crate::PollerConfig::doorbell_park_after)), the receive
+//! side offers the same completion channel as a doorbell: a dozing polling thread announces
+//! the reader's sleep through the ring's sleep word (`rrpc_ringbuf::RxDoorbell`), and the
+//! peer's sender rings once with a `WRITE_WITH_IMM` of its tail (`rrpc_ringbuf::proto::doorbell`).
 
 use std::io;
 use std::os::fd::BorrowedFd;
@@ -21,7 +27,7 @@ use std::time::Duration;
 use rrpc_core::conn::{Connection, HandshakeConfig, Listener, Offer, connect};
 use rrpc_core::{Completion, Endpoint, Fabric, ProviderKind, QpConfig, QueuePair};
 use rrpc_ringbuf::{
-    LocalRing, ReadGuard, RingConfig, RingRx, RingTx, RxWatch, TxWatch, WriteGuard,
+    LocalRing, ReadGuard, RingConfig, RingRx, RingTx, RxDoorbell, RxWatch, TxWatch, WriteGuard,
 };
 
 use crate::config::Mode;
@@ -32,10 +38,15 @@ use crate::sys::borrow_fd;
 
 /// Receives posted up front in Event mode (one per tail `WRITE_WITH_IMM` in flight).
 const EVENT_RECVS: u32 = 256;
+/// Receives posted up front for the doorbell fallback: a writer rings at most once per
+/// announced sleep, and every announce first reposts what was consumed, so a few suffice.
+const DOORBELL_RECVS: u32 = 16;
 
-/// Receive-CQ notifier for Event mode (`ibv_req_notify_cq` + completion channel).
+/// Receive-CQ notifier for Event mode and for the doorbell fallback (`ibv_req_notify_cq` +
+/// completion channel; `bell` announces the reader's sleeps to the writer).
 struct RecvNotifier {
     qp: Arc<QueuePair>,
+    bell: Option<RxDoorbell>,
 }
 
 impl RecvNotifier {
@@ -72,12 +83,19 @@ impl Notifier for RecvNotifier {
             Ok(())
         }
     }
+    fn announce_sleep(&self) -> io::Result<()> {
+        match &self.bell {
+            Some(b) => b.announce_sleep().map_err(io::Error::other),
+            None => Ok(()),
+        }
+    }
 }
 
 struct RxSource {
     watch: RxWatch,
     conn: Arc<Connection>,
     notifier: Option<RecvNotifier>,
+    doorbell: Option<RecvNotifier>,
 }
 
 impl Readiness for RxSource {
@@ -92,6 +110,9 @@ impl Readiness for RxSource {
     }
     fn notifier(&self) -> Option<&dyn Notifier> {
         self.notifier.as_ref().map(|n| n as &dyn Notifier)
+    }
+    fn doorbell(&self) -> Option<&dyn Notifier> {
+        self.doorbell.as_ref().map(|n| n as &dyn Notifier)
     }
 }
 
@@ -112,6 +133,17 @@ impl Readiness for TxSource {
     }
 }
 
+/// Whether the receive side uses the doorbell fallback: BPEV with it on and idle parking on,
+/// a peer whose sender rings, and tails not already sent with immediates.
+fn uses_doorbell(poller: &Poller, rx: &RingRx) -> bool {
+    let c = poller.config();
+    c.mode() == Mode::Bpev
+        && c.doorbell_park_after().is_some()
+        && c.idle_park_after().is_some()
+        && !rx.tails_with_imm()
+        && rx.doorbell().peer_rings()
+}
+
 /// A connected ring pair managed by a [`Poller`].
 #[derive(Debug)]
 pub struct AsyncConn {
@@ -128,6 +160,9 @@ impl AsyncConn {
     /// [`Error::InvalidConfig`] in [`Mode::Event`] when the ring does not send tails with
     /// immediate data; [`Error::Ring`] when the initial receives cannot be posted.
     pub fn new(poller: &Poller, conn: Connection, tx: RingTx, rx: RingRx) -> Result<Self> {
+        if uses_doorbell(poller, &rx) {
+            rx.post_receives(DOORBELL_RECVS)?;
+        }
         if poller.config().mode() == Mode::Event {
             if !tx.config().tail_with_imm() {
                 return Err(Error::InvalidConfig(
@@ -163,11 +198,17 @@ impl AsyncConn {
         let mode = self.poller.config().mode();
         let notifier = (mode == Mode::Event).then(|| RecvNotifier {
             qp: self.conn.qp().clone(),
+            bell: None,
+        });
+        let doorbell = uses_doorbell(&self.poller, &self.rx).then(|| RecvNotifier {
+            qp: self.conn.qp().clone(),
+            bell: Some(self.rx.doorbell()),
         });
         let rx_src = Arc::new(RxSource {
             watch: self.rx.watch(),
             conn: self.conn.clone(),
             notifier,
+            doorbell,
         });
         let tx_src = Arc::new(TxSource {
             watch: self.tx.watch(),

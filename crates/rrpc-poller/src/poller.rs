@@ -14,6 +14,14 @@
 //! Parking uses the same pattern: a polling thread announces `parked`, fences, and rechecks
 //! the armed flags and the entry list before it sleeps; an arming task fences and kicks a
 //! thread it sees parked.
+//!
+//! # The doorbell fallback
+//! A polling thread about to doze (BPEV, [`PollerConfig::doorbell_park_after`]) announces the
+//! sleep of each armed entry whose source has a doorbell ([`Readiness::doorbell`]): it arms
+//! the doorbell's notifier, announces (the writer can see it when this returns), then checks
+//! the source once more, and wakes the task if data came. The writer rings after every tail it
+//! publishes while an announced sleep is not rung yet. The task watches the notifier's fd
+//! beside its waker, so the ring wakes it through the reactor while the thread dozes.
 
 use std::fmt;
 use std::future::poll_fn;
@@ -77,6 +85,10 @@ struct Entry {
     /// The shard polling this entry (None in EVENT mode).
     shard: Option<Arc<Shard>>,
     counters: Arc<Counters>,
+    /// The doorbell fallback covers this entry (BPEV, on, and the source has a doorbell).
+    bell: bool,
+    /// This arm's sleep was announced to the writer (reset by the task when it wakes).
+    announced: AtomicBool,
 }
 
 impl Entry {
@@ -92,6 +104,28 @@ impl Entry {
                 Counters::add(&self.counters.waker_wakes, 1);
             }
             Wake::Notifier => {}
+        }
+    }
+
+    /// Doorbell fallback: announces this armed entry's sleep once per arm (arm the notifier,
+    /// announce, then the caller rechecks). Returns whether it announced.
+    fn announce(&self) -> bool {
+        if !self.bell || self.announced.swap(true, Ordering::SeqCst) {
+            return false;
+        }
+        let Some(n) = self.source.doorbell() else {
+            return false;
+        };
+        match n.arm().and_then(|()| n.announce_sleep()) {
+            Ok(()) => {
+                Counters::add(&self.counters.announces, 1);
+                true
+            }
+            Err(e) => {
+                // The rescans every idle_poll_interval still cover the entry.
+                tracing::debug!(error = %e, "doorbell announce failed; rescans cover it");
+                false
+            }
         }
     }
 
@@ -240,6 +274,8 @@ impl Shard {
 #[derive(Clone)]
 struct LoopCfg {
     park_after: Option<Duration>,
+    /// [`PollerConfig::doorbell_park_after`] (BPEV only).
+    bell_park_after: Option<Duration>,
     idle_interval: Duration,
     /// Shared shards (BPTS, BPEV): the idle rescans of all dozing shards are done by one
     /// thread. `None` for BP's per-connection threads.
@@ -371,6 +407,17 @@ fn polling_loop(shard: Arc<Shard>, counters: Arc<Counters>, cfg: LoopCfg) {
                     std::hint::spin_loop();
                     continue;
                 }
+                // Every armed connection has a doorbell: doze sooner, the ring wakes them.
+                let park_after = match cfg.bell_park_after {
+                    Some(b)
+                        if local
+                            .iter()
+                            .all(|e| e.bell || !e.armed.load(Ordering::Relaxed)) =>
+                    {
+                        b.min(park_after)
+                    }
+                    _ => park_after,
+                };
                 if last_activity.elapsed() < park_after {
                     thread::yield_now();
                     continue;
@@ -401,6 +448,24 @@ fn polling_loop(shard: Arc<Shard>, counters: Arc<Counters>, cfg: LoopCfg) {
             }
             true
         };
+        if timed && cfg.bell_park_after.is_some() {
+            // Doorbell fallback: tell the writers of the armed connections that their readers
+            // sleep, then recheck each (Dekker with the writer's tail, then sleep word).
+            let mut woke = 0;
+            for e in &local {
+                if e.armed.load(Ordering::SeqCst)
+                    && e.announce()
+                    && (e.source.ready() || e.source.is_closed())
+                    && e.armed.swap(false, Ordering::AcqRel)
+                {
+                    e.fire();
+                    woke += 1;
+                }
+            }
+            if woke > 0 {
+                continue;
+            }
+        }
         // Park. Announce it first, then look at the armed flags (and the entry list) once more:
         // a task that armed before it could see `parked` is caught by this recheck (Dekker
         // with `Registration::arm`; and with `IdleWatch::kick_holder` for `others_dozing`).
@@ -504,6 +569,9 @@ impl Inner {
     fn loop_cfg(&self, shared: bool) -> LoopCfg {
         LoopCfg {
             park_after: self.cfg.idle_park_after(),
+            bell_park_after: (self.cfg.mode() == Mode::Bpev)
+                .then(|| self.cfg.doorbell_park_after())
+                .flatten(),
             idle_interval: self.cfg.idle_poll_interval(),
             watch: shared.then(|| self.watch.clone()),
             mode: self.cfg.mode(),
@@ -718,6 +786,22 @@ impl Poller {
             None => None,
         };
         let mut doorbell_fd = None;
+        // Doorbell fallback: the reactor watches the source's doorbell beside the waker.
+        let source_has_bell = source.doorbell().is_some();
+        let bell_fd = match source.doorbell() {
+            Some(n)
+                if mode == Mode::Bpev
+                    && inner.cfg.doorbell_park_after().is_some()
+                    && inner.cfg.idle_park_after().is_some() =>
+            {
+                if tokio::runtime::Handle::try_current().is_err() {
+                    return Err(Error::NoRuntime);
+                }
+                let dup = DupFd::new(n.fd()).map_err(Error::io("dup doorbell fd"))?;
+                Some(register_readable(dup).map_err(Error::io("register doorbell fd"))?)
+            }
+            _ => None,
+        };
         let (wake, sleeper) = match mode {
             Mode::Bp | Mode::Bpts | Mode::Bpev => (Wake::Waker(AtomicWaker::new()), Sleeper::Waker),
             Mode::Event if source.notifier().is_some() => {
@@ -760,6 +844,11 @@ impl Poller {
             wake,
             shard: (mode != Mode::Event).then(|| shard.clone()),
             counters: inner.counters.clone(),
+            bell: mode == Mode::Bpev
+                && inner.cfg.doorbell_park_after().is_some()
+                && inner.cfg.idle_park_after().is_some()
+                && source_has_bell,
+            announced: AtomicBool::new(false),
         });
         shard.add(entry.clone());
         if bp_thread {
@@ -782,6 +871,7 @@ impl Poller {
             mode,
             sleeper,
             live,
+            bell_fd,
             doorbell_fd,
             removed: false,
         })
@@ -805,6 +895,8 @@ pub struct Registration {
     mode: Mode,
     sleeper: Sleeper,
     live: Option<AsyncFd<DupFd>>,
+    /// The source's doorbell fd (BPEV with the doorbell fallback).
+    bell_fd: Option<AsyncFd<DupFd>>,
     tuner: SpinTuner,
     doorbell_fd: Option<RawFd>,
     removed: bool,
@@ -962,6 +1054,8 @@ impl Registration {
     /// wait recheck once.
     pub async fn wait_ready(&mut self) -> Result<()> {
         let r = self.wait_ready_inner().await;
+        // The next sleep is announced afresh (a new epoch; the writer rings once per epoch).
+        self.entry.announced.store(false, Ordering::Relaxed);
         if r.is_ok() {
             PROGRESS.set(PROGRESS.get().wrapping_add(1));
         }
@@ -1048,6 +1142,44 @@ impl Registration {
             }
             if let Wake::Waker(w) = &self.entry.wake {
                 w.register(cx.waker());
+            }
+            if let Some(bell) = &self.bell_fd {
+                // The writer rang (or a stale ring of an earlier sleep): consume it and let
+                // the caller check; nothing pending clears the readiness and re-registers.
+                loop {
+                    match bell.poll_read_ready(cx) {
+                        Poll::Pending => break,
+                        Poll::Ready(Err(e)) => {
+                            return Poll::Ready(Err(Error::Io {
+                                op: "doorbell readiness",
+                                source: e,
+                            }));
+                        }
+                        Poll::Ready(Ok(mut g)) => {
+                            let src = &self.entry.source;
+                            let acked = g.try_io(|_| match src.doorbell() {
+                                Some(n) => n.ack(),
+                                None => Ok(()),
+                            });
+                            match acked {
+                                Ok(Ok(())) if slept => {
+                                    Counters::add(&self.inner.counters.bell_wakes, 1);
+                                    self.entry.armed.store(false, Ordering::Relaxed);
+                                    return Poll::Ready(Ok(()));
+                                }
+                                // Stale: consume until nothing is pending (which clears
+                                // the readiness, so the next poll registers our waker).
+                                Ok(Ok(())) | Err(_) => {}
+                                Ok(Err(e)) => {
+                                    return Poll::Ready(Err(Error::Io {
+                                        op: "doorbell ack",
+                                        source: e,
+                                    }));
+                                }
+                            }
+                        }
+                    }
+                }
             }
             if slept && !self.entry.armed.load(Ordering::Acquire) {
                 // Fired (or shut down): let the caller check.

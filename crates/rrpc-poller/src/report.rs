@@ -36,6 +36,11 @@ pub const FIRST_CHECK_HITS: &str = "rrpc_poller_first_check_hits_total";
 pub const SLEEPS: &str = "rrpc_poller_sleeps_total";
 /// Times a polling thread parked, idle (counter).
 pub const PARKS: &str = "rrpc_poller_parks_total";
+/// Doorbell fallback: sleeps announced to writers by dozing polling
+/// threads (counter).
+pub const ANNOUNCES: &str = "rrpc_poller_sleeps_announced_total";
+/// Doorbell fallback: tasks woken by a writer's doorbell (counter).
+pub const BELL_WAKES: &str = "rrpc_poller_doorbell_wakes_total";
 /// Polling threads running (gauge).
 pub const POLLING_THREADS: &str = "rrpc_poller_polling_threads";
 /// A polling thread's busy fraction, 0 to 1, label `thread` (gauge).
@@ -54,6 +59,8 @@ pub(crate) fn counters(s: &Stats, mode: Mode) {
         (FIRST_CHECK_HITS, s.first_check_hits),
         (SLEEPS, s.sleeps),
         (PARKS, s.parks),
+        (ANNOUNCES, s.announces),
+        (BELL_WAKES, s.bell_wakes),
     ] {
         metrics::counter!(name, "mode" => m).absolute(v);
     }

@@ -38,6 +38,13 @@ pub trait Readiness: Send + Sync + 'static {
     fn notifier(&self) -> Option<&dyn Notifier> {
         None
     }
+
+    /// The source's doorbell for [`Mode::Bpev`](crate::Mode::Bpev)'s fallback, if it has one:
+    /// a [`Notifier`] whose [`announce_sleep`](Notifier::announce_sleep) tells the writer to
+    /// ring (see [`PollerConfig::doorbell_park_after`](crate::PollerConfig::doorbell_park_after)).
+    fn doorbell(&self) -> Option<&dyn Notifier> {
+        None
+    }
 }
 
 /// A source-supplied notification channel for [`Mode::Event`](crate::Mode::Event), shaped like
@@ -61,6 +68,17 @@ pub trait Notifier: Send + Sync {
     /// # Errors
     /// `WouldBlock` when nothing was pending, or what the underlying call reports.
     fn ack(&self) -> io::Result<()>;
+
+    /// Tells the writer that the reader is about to sleep, so that it rings this notifier
+    /// (a ring's sleep word, `rrpc_ringbuf::RxDoorbell`). Returns once the writer can see it;
+    /// the caller then arms and checks once more. The default does nothing: an
+    /// [`Mode::Event`](crate::Mode::Event) writer rings for every message anyway.
+    ///
+    /// # Errors
+    /// Whatever the underlying call reports (the caller then relies on rescans).
+    fn announce_sleep(&self) -> io::Result<()> {
+        Ok(())
+    }
 }
 
 impl<F> Readiness for F

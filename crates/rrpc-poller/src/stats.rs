@@ -19,6 +19,8 @@ pub(crate) struct Counters {
     pub(crate) parks: CachePadded<AtomicU64>,
     pub(crate) resumes: CachePadded<AtomicU64>,
     pub(crate) closed: CachePadded<AtomicU64>,
+    pub(crate) announces: CachePadded<AtomicU64>,
+    pub(crate) bell_wakes: CachePadded<AtomicU64>,
 }
 
 impl Counters {
@@ -41,6 +43,8 @@ impl Counters {
             parks: self.parks.load(Relaxed),
             resumes: self.resumes.load(Relaxed),
             closed: self.closed.load(Relaxed),
+            announces: self.announces.load(Relaxed),
+            bell_wakes: self.bell_wakes.load(Relaxed),
             polling_threads: threads,
         }
     }
@@ -72,6 +76,10 @@ pub struct Stats {
     pub resumes: u64,
     /// Registrations found closed (peer gone) and removed.
     pub closed: u64,
+    /// Doorbell fallback: sleeps a dozing polling thread announced to the writer.
+    pub announces: u64,
+    /// Doorbell fallback: tasks woken by the writer's doorbell (through the reactor).
+    pub bell_wakes: u64,
     /// Polling threads currently running.
     pub polling_threads: usize,
 }
@@ -91,6 +99,8 @@ impl Stats {
             parks: self.parks - earlier.parks,
             resumes: self.resumes - earlier.resumes,
             closed: self.closed - earlier.closed,
+            announces: self.announces - earlier.announces,
+            bell_wakes: self.bell_wakes - earlier.bell_wakes,
             polling_threads: self.polling_threads,
         }
     }

@@ -30,6 +30,7 @@ on_every_provider!(
     burst_then_idle_every_mode,
     held_back_head_pushes_reach_the_writer,
     device_error_fails_the_writer_typed_every_mode,
+    an_idle_reader_is_woken_by_the_doorbell_not_by_rescans,
 );
 
 /// A connected pair on `p`, both ends checked to run on `p`'s provider.
@@ -387,5 +388,61 @@ fn missed_polls_lose_no_wake_up_every_mode() {
             }
             let _keep = echo.await.unwrap();
         });
+    }
+}
+
+/// The doorbell fallback (BPEV's default): a reader idle long enough for
+/// its polling thread to doze is woken by the writer's doorbell, not by the
+/// dozing thread's rescan. The rescan period is one second here, so a
+/// fallback that did not ring would leave each wake-up to a rescan; the
+/// counters say which path woke the reader, and the control run with the
+/// fallback off shows them at zero.
+fn an_idle_reader_is_woken_by_the_doorbell_not_by_rescans(prov: &Provider) {
+    let rounds = 8u32;
+    for doorbell in [true, false] {
+        let stats = rt().block_on(async {
+            let p = common::test_config(Mode::Bpev)
+                .idle_park_after(Some(Duration::from_micros(300)))
+                .doorbell_park_after(doorbell.then_some(Duration::from_micros(50)))
+                .idle_poll_interval(Duration::from_secs(1))
+                .unwrap()
+                .build()
+                .unwrap();
+            let (a, b) = pair(prov, &p, &ring(Mode::Bpev, 64 * 1024));
+            let (mut atx, _arx) = a.split().unwrap();
+            let (_btx, mut brx) = b.split().unwrap();
+            let reader = tokio::spawn(async move {
+                for i in 0..rounds {
+                    let m = tokio::time::timeout(BOUND, brx.recv())
+                        .await
+                        .unwrap_or_else(|_| panic!("message {i} never seen"))
+                        .unwrap();
+                    assert_eq!(&m[..], &i.to_le_bytes());
+                }
+            });
+            let before = p.stats();
+            for i in 0..rounds {
+                // Idle: the reader sleeps, its polling thread dozes.
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                atx.send(&i.to_le_bytes()).await.unwrap();
+                atx.flush_all().await.unwrap();
+            }
+            reader.await.unwrap();
+            p.stats().since(&before)
+        });
+        eprintln!("doorbell {doorbell}: {stats:?}");
+        if doorbell {
+            assert!(
+                stats.announces >= u64::from(rounds) / 2
+                    && stats.bell_wakes >= u64::from(rounds) / 2,
+                "most idle rounds announce a sleep and wake by the doorbell: {stats:?}"
+            );
+        } else {
+            assert_eq!(
+                (stats.announces, stats.bell_wakes),
+                (0, 0),
+                "the fallback off rings nothing: {stats:?}"
+            );
+        }
     }
 }

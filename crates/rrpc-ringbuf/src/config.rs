@@ -145,7 +145,8 @@ impl RingConfig {
     /// and the receiver may have outstanding together. `LocalRing::connect`
     /// refuses a queue pair whose send depth is smaller.
     pub fn send_queue_need(&self) -> u32 {
-        self.sender_outstanding() + self.receiver_outstanding()
+        // Plus one sleep word and one doorbell in flight (`proto::doorbell`).
+        self.sender_outstanding() + self.receiver_outstanding() + 2
     }
     /// How long a message the sender's tail covers may stay unplaced (its
     /// header or end stamp not yet visible; `proto` module docs, "Placement

@@ -6,11 +6,14 @@
 //! * the **receive region**, granted to the peer under [`ROLE_RING`]:
 //!   `local_tail` record at byte 0 (written by the peer's sender),
 //!   `local_head` record at byte 64 (written by the peer's receiver, for our
-//!   sender), each a 16-byte pointer record (value and check word, `proto`
+//!   sender), the *sleep word* at byte 128 (written by the peer's receiver:
+//!   ring its doorbell, [`crate::proto::doorbell`]), the two records each a
+//!   16-byte pointer record (value and check word, `proto`
 //!   docs, "Pointer records") on its own cache line, and `RB_R` at byte [`RING_OFFSET`] (plus 8 bytes when
 //!   cache-line alignment is switched off for the ablation);
 //! * the **staging region**, never granted: `RB_S` at the same offset, then
-//!   the source records of tail WRITEs and head pushes, one cache line each.
+//!   the source records of tail WRITEs, head pushes, the sleep word and the
+//!   doorbell, one cache line each.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -21,9 +24,10 @@ use rrpc_core::{Completion, Fabric, Local, QueuePair, Region, RemoteRegion, Ring
 use crate::config::RingConfig;
 use crate::error::Error;
 use crate::mem;
+use crate::proto::doorbell::{Ringer, Sleeper};
 use crate::proto::{
     Geometry, MAX_TAIL_INFLIGHT, Message, POINTER_RECORD_LEN, Receiver, Reservation, Sender,
-    Transmit, WR_KIND_RX, WR_KIND_TX, WR_SEQ_MASK, pointer_check,
+    Transmit, WR_KIND_BELL, WR_KIND_RX, WR_KIND_SLEEP, WR_KIND_TX, WR_SEQ_MASK, pointer_check,
 };
 
 /// Role under which the receive region (`RB_R` + pointer words) is granted.
@@ -32,6 +36,10 @@ pub const ROLE_RING: u16 = 0x5242;
 pub const LOCAL_TAIL_OFFSET: usize = 0;
 /// Byte offset of the `local_head` pointer record in the receive region.
 pub const LOCAL_HEAD_OFFSET: usize = 64;
+/// Byte offset of the sleep word in the receive region: written by the
+/// peer's receiver before it sleeps, read by our sender after each tail
+/// ([`crate::proto::doorbell`]).
+pub const LOCAL_SLEEP_OFFSET: usize = 128;
 /// Byte offset of the ring array in the receive and staging regions.
 pub const RING_OFFSET: usize = 4096;
 const UNALIGNED_PAD: usize = 8;
@@ -48,10 +56,24 @@ pub const GEOMETRY_FLAG_TAIL_IMM: u32 = 1 << 25;
 /// Always set; a peer without it writes bare 8-byte words (an rrpc before
 /// records) and is refused with [`Error::Incompatible`].
 pub const GEOMETRY_FLAG_POINTER_RECORDS: u32 = 1 << 26;
+/// Flag in the top byte of `RingGeometry::slot_size`: this side's sender
+/// reads the sleep word after each tail and rings the doorbell
+/// ([`crate::proto::doorbell`]). Always set; a receiver whose peer lacks it
+/// cannot rely on a doorbell ([`RxDoorbell::peer_rings`]).
+pub const GEOMETRY_FLAG_DOORBELL: u32 = 1 << 27;
 const GEOMETRY_SIZE_MASK: u32 = (1 << 24) - 1;
-const GEOMETRY_KNOWN_FLAGS: u32 =
-    GEOMETRY_FLAG_UNALIGNED | GEOMETRY_FLAG_TAIL_IMM | GEOMETRY_FLAG_POINTER_RECORDS;
+const GEOMETRY_KNOWN_FLAGS: u32 = GEOMETRY_FLAG_UNALIGNED
+    | GEOMETRY_FLAG_TAIL_IMM
+    | GEOMETRY_FLAG_POINTER_RECORDS
+    | GEOMETRY_FLAG_DOORBELL;
 const HEAD_SRC: usize = MAX_TAIL_INFLIGHT;
+/// Source of the sleep word's WRITE.
+const SLEEP_SRC: usize = HEAD_SRC + 1;
+/// Source of the doorbell (a copy of the last tail record).
+const BELL_SRC: usize = HEAD_SRC + 2;
+/// How long announcing a sleep may wait for its WRITE to complete (an RC
+/// WRITE completes within a round trip; this bounds a wedged queue pair).
+const ANNOUNCE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// This side's half of a connection before the handshake: its receive ring
 /// (granted to the peer) and its send staging ring.
@@ -86,7 +108,7 @@ impl LocalRing {
         let rx_region = fabric
             .alloc_region_with(ring_off + cfg.ring_size(), rrpc_core::Access::REMOTE_WRITE)?;
         let tx_region =
-            fabric.alloc_region_with(ctrl_off + (HEAD_SRC + 1) * 64, rrpc_core::Access::LOCAL)?;
+            fabric.alloc_region_with(ctrl_off + (BELL_SRC + 1) * 64, rrpc_core::Access::LOCAL)?;
         // Zeroed memory is no valid record: start both at pointer 0.
         for off in [LOCAL_TAIL_OFFSET, LOCAL_HEAD_OFFSET] {
             store_record(&rx_region, off, 0)?;
@@ -110,7 +132,7 @@ impl LocalRing {
     /// ring would otherwise be misread. `alpha`, `beta` and `gamma` are
     /// informational: each side's thresholds only pace its own WRITEs.
     pub fn geometry(&self) -> RingGeometry {
-        let mut flags = GEOMETRY_FLAG_POINTER_RECORDS;
+        let mut flags = GEOMETRY_FLAG_POINTER_RECORDS | GEOMETRY_FLAG_DOORBELL;
         if !self.cfg.cache_align() {
             flags |= GEOMETRY_FLAG_UNALIGNED;
         }
@@ -178,6 +200,8 @@ impl LocalRing {
             qp,
             tx_done: AtomicU64::new(0),
             rx_done: AtomicU64::new(0),
+            sleep_done: AtomicU64::new(0),
+            bell_done: AtomicU64::new(0),
         });
         let geo = Geometry::from_config(&self.cfg);
         let tx = RingTx {
@@ -194,6 +218,9 @@ impl LocalRing {
             full_at: Arc::new(AtomicU64::new(NOT_FULL)),
             full: false,
             imm_fallbacks: 0,
+            ringer: Ringer::new(),
+            bells_posted: 0,
+            bells_refused: 0,
             placement_timeout: self.cfg.placement_timeout(),
             torn_since: None,
         };
@@ -209,6 +236,8 @@ impl LocalRing {
             head_mirror: Arc::new(AtomicU64::new(0)),
             deferred: None,
             imm: self.cfg.tail_with_imm(),
+            peer_rings: peer.geometry.slot_size & GEOMETRY_FLAG_DOORBELL != 0,
+            sleeper: Arc::new(std::sync::Mutex::new(Sleeper::new())),
             peeked: None,
             placement_timeout: self.cfg.placement_timeout(),
             unplaced_since: None,
@@ -275,6 +304,10 @@ struct Shared {
     tx_done: AtomicU64,
     /// One past the highest completed receiver sequence number.
     rx_done: AtomicU64,
+    /// The highest sleep epoch whose word WRITE completed.
+    sleep_done: AtomicU64,
+    /// Doorbells completed.
+    bell_done: AtomicU64,
 }
 
 impl Shared {
@@ -306,6 +339,8 @@ impl Shared {
                 match c.wr_id & !WR_SEQ_MASK {
                     WR_KIND_TX => self.tx_done.fetch_max(seq, Ordering::AcqRel),
                     WR_KIND_RX => self.rx_done.fetch_max(seq, Ordering::AcqRel),
+                    WR_KIND_SLEEP => self.sleep_done.fetch_max(seq - 1, Ordering::AcqRel),
+                    WR_KIND_BELL => self.bell_done.fetch_max(seq, Ordering::AcqRel),
                     _ => 0, // someone else's work request on a shared queue pair
                 };
             }
@@ -333,6 +368,11 @@ pub struct RingTx {
     /// Local copy of `full_at != NOT_FULL` (no shared load on the fast path).
     full: bool,
     imm_fallbacks: u64,
+    /// Rings the peer's doorbell once per sleep it announced.
+    ringer: Ringer,
+    bells_posted: u64,
+    /// Doorbells the peer had no receive for (shm says so at post time).
+    bells_refused: u64,
     /// [`RingConfig::placement_timeout`], which also bounds how long the
     /// head record may stay inconsistent.
     placement_timeout: std::time::Duration,
@@ -458,6 +498,67 @@ impl RingTx {
         self.imm_fallbacks
     }
 
+    /// Doorbells rung: tails after which the peer's sleep word showed a
+    /// sleep not rung yet ([`crate::proto::doorbell`]).
+    pub fn doorbells(&self) -> u64 {
+        self.ringer.rings()
+    }
+
+    /// Doorbells the peer had posted no receive for (counted where the
+    /// provider says so at post time: shm; a NIC retries instead).
+    pub fn doorbells_refused(&self) -> u64 {
+        self.bells_refused
+    }
+
+    /// After a tail went out: reads the peer's sleep word (behind a
+    /// `SeqCst` fence, Dekker with the receiver's announce and re-check)
+    /// and rings once for a sleep not rung yet: a `WRITE_WITH_IMM` of the
+    /// same tail record, whose receive completion wakes the peer's
+    /// completion channel. At most one doorbell is in flight (its source
+    /// record is reused).
+    fn ring_if_asleep(&mut self, value: u64) -> Result<(), Error> {
+        std::sync::atomic::fence(Ordering::SeqCst);
+        let word = self
+            .rx_region
+            .atomic_u64(LOCAL_SLEEP_OFFSET)?
+            .load(Ordering::SeqCst);
+        if !self.ringer.after_tail(word) {
+            return Ok(());
+        }
+        let deadline = std::time::Instant::now() + ANNOUNCE_TIMEOUT;
+        while self.shared.bell_done.load(Ordering::Acquire) < self.bells_posted {
+            self.shared.poll_cq()?;
+            self.shared.check()?;
+            if std::time::Instant::now() > deadline {
+                return Err(Error::PeerGone);
+            }
+            std::hint::spin_loop();
+        }
+        let off = self.ctrl_off + BELL_SRC * 64;
+        store_record(&self.tx_region, off, value)?;
+        let wr_id = WR_KIND_BELL | (self.bells_posted & WR_SEQ_MASK);
+        let r = self.shared.qp.post_write_imm(
+            wr_id,
+            Local::new(&self.tx_region, off, POINTER_RECORD_LEN),
+            self.remote.at(LOCAL_TAIL_OFFSET as u64),
+            value as u32,
+            true,
+        );
+        match r {
+            Ok(()) => {
+                self.bells_posted += 1;
+                Ok(())
+            }
+            // The peer posted no receive: it announced a sleep it is not
+            // set up to be woken from (a broken peer); the tail is out.
+            Err(rrpc_core::Error::ReceiverNotReady) => {
+                self.bells_refused += 1;
+                Ok(())
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+
     fn post(&mut self) -> Result<(), Error> {
         loop {
             let Some(t) = self.sender.poll_transmit() else {
@@ -511,7 +612,9 @@ impl RingTx {
                             r => r,
                         }
                     } else {
-                        self.shared.qp.post_write(wr_id, local, remote, true)
+                        self.shared.qp.post_write(wr_id, local, remote, true)?;
+                        self.ring_if_asleep(value)?;
+                        continue;
                     }
                 }
             };
@@ -608,6 +711,9 @@ pub struct RingRx {
     head_mirror: Arc<AtomicU64>,
     deferred: Option<Error>,
     imm: bool,
+    /// The peer's sender reads our sleep word ([`GEOMETRY_FLAG_DOORBELL`]).
+    peer_rings: bool,
+    sleeper: Arc<std::sync::Mutex<Sleeper>>,
     /// The message [`RingRx::has_message`] found, returned by the next
     /// [`RingRx::try_recv`] without decoding its header again.
     peeked: Option<Message>,
@@ -789,6 +895,27 @@ impl RingRx {
         }
     }
 
+    /// A thread-safe handle that announces this receiver's sleeps to the
+    /// peer's sender, so that it rings (the doorbell fallback,
+    /// [`crate::proto::doorbell`]). Post receives first
+    /// ([`post_receives`](Self::post_receives)): each doorbell consumes one.
+    pub fn doorbell(&self) -> RxDoorbell {
+        RxDoorbell {
+            shared: self.shared.clone(),
+            tx_region: self.tx_region.clone(),
+            remote: self.remote,
+            src_off: self.ctrl_off + SLEEP_SRC * 64,
+            sleeper: self.sleeper.clone(),
+            peer_rings: self.peer_rings,
+        }
+    }
+
+    /// Whether the peer sends every tail with `WRITE_WITH_IMM`
+    /// ([`RingConfig::tail_with_imm`], EVENT mode).
+    pub fn tails_with_imm(&self) -> bool {
+        self.imm
+    }
+
     /// A cheap, thread-safe handle for polling threads.
     pub fn watch(&self) -> RxWatch {
         RxWatch {
@@ -859,6 +986,74 @@ impl Drop for ReadGuard<'_> {
         {
             self.rx.deferred.get_or_insert(e);
         }
+    }
+}
+
+/// Announces a receiver's sleeps to the peer's sender (see
+/// [`RingRx::doorbell`]). `Clone + Send + Sync`.
+#[derive(Debug, Clone)]
+pub struct RxDoorbell {
+    shared: Arc<Shared>,
+    tx_region: Arc<Region>,
+    remote: RemoteRegion,
+    src_off: usize,
+    sleeper: Arc<std::sync::Mutex<Sleeper>>,
+    peer_rings: bool,
+}
+
+impl RxDoorbell {
+    /// Whether the peer's sender rings at all (it offered
+    /// [`GEOMETRY_FLAG_DOORBELL`]). Without it, a sleeping reader is woken
+    /// only by whatever else watches the ring.
+    pub fn peer_rings(&self) -> bool {
+        self.peer_rings
+    }
+
+    /// Tells the peer's sender that this receiver is about to sleep, and
+    /// returns once it can see it: the sleep word's WRITE has completed
+    /// (inline on shm; one round trip on a NIC). Then arm the completion
+    /// channel and check the ring once more before sleeping.
+    ///
+    /// # Errors
+    /// [`Error::PeerGone`] once the queue pair failed or the WRITE did not
+    /// complete within a second; [`Error::Core`] if posting fails.
+    pub fn announce_sleep(&self) -> Result<(), Error> {
+        let mut sleeper = self.sleeper.lock().unwrap_or_else(|e| e.into_inner());
+        let word = sleeper.announce();
+        let epoch = sleeper.epochs();
+        self.tx_region
+            .atomic_u64(self.src_off)?
+            .store(word, Ordering::Release);
+        self.shared.qp.post_write(
+            WR_KIND_SLEEP | (epoch & WR_SEQ_MASK),
+            Local::new(&self.tx_region, self.src_off, 8),
+            self.remote.at(LOCAL_SLEEP_OFFSET as u64),
+            true,
+        )?;
+        let deadline = std::time::Instant::now() + ANNOUNCE_TIMEOUT;
+        loop {
+            self.shared.poll_cq()?;
+            if self.shared.sleep_done.load(Ordering::Acquire) >= epoch {
+                break;
+            }
+            self.shared.check()?;
+            if std::time::Instant::now() > deadline {
+                return Err(Error::PeerGone);
+            }
+            std::hint::spin_loop();
+        }
+        // Dekker with the sender's tail store and word load: the caller's
+        // re-check of the ring comes after this.
+        std::sync::atomic::fence(Ordering::SeqCst);
+        Ok(())
+    }
+
+    /// Sleeps announced so far.
+    pub fn announced(&self) -> u64 {
+        self.sleeper
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .epochs()
     }
 }
 

@@ -23,6 +23,7 @@ on_every_provider!(
     channel_fires_on_flush_and_receives_are_reposted_over_a_long_stream,
     batched_stream_keeps_receives_posted,
     burst_beyond_posted_receives_falls_back_to_plain_writes,
+    doorbell_rings_once_per_announced_sleep_and_never_for_an_awake_reader,
 );
 
 const RECV_DEPTH: u32 = 16;
@@ -203,4 +204,53 @@ fn burst_beyond_posted_receives_falls_back_to_plain_writes(p: &Provider) {
     expect_message(p, &mut tx, &mut rx, "again");
     assert_eq!(&*rx.try_recv().unwrap(), b"again");
     assert_eq!(tx.imm_fallbacks(), u64::from(fallbacks));
+}
+
+/// The doorbell fallback (`proto::doorbell`), with tails sent by plain
+/// WRITEs: a sender rings (a `WRITE_WITH_IMM` that fires the receiver's
+/// armed channel) only after the receiver announced a sleep, and only once
+/// per announced sleep; an awake receiver costs it nothing.
+fn doorbell_rings_once_per_announced_sleep_and_never_for_an_awake_reader(p: &Provider) {
+    let cfg = RingConfig::builder().ring_size(64 << 10).build().unwrap();
+    let qp = QpConfig::default().with_recv_depth(RECV_DEPTH).unwrap();
+    let (c, s) = pair_with(p, &cfg, &cfg, &qp);
+    let ((_c1, mut tx, _r1), (c2, _t2, mut rx)) = (c.unwrap(), s.unwrap());
+    assert!(!rx.tails_with_imm());
+    let bell = rx.doorbell();
+    assert!(bell.peer_rings(), "this rrpc-ringbuf's sender rings");
+    rx.post_receives(RECV_DEPTH).unwrap();
+    let cq = c2.qp().recv_cq();
+    let fd = cq.channel_fd();
+    cq.req_notify().unwrap();
+    // Awake: messages flow, no doorbell.
+    for i in 0..20u32 {
+        send(p, &mut tx, &mut rx, &i.to_le_bytes(), "awake");
+        tx.flush().unwrap();
+        expect_message(p, &mut tx, &mut rx, "awake");
+        drop(rx.try_recv().unwrap());
+    }
+    assert_eq!(tx.doorbells(), 0, "rang for a reader that never slept");
+    assert!(!readable(fd));
+    for round in 0..3 * RECV_DEPTH {
+        // Arm, announce, re-check (empty), "sleep".
+        rx.replenish().unwrap();
+        cq.req_notify().unwrap();
+        bell.announce_sleep().unwrap();
+        assert!(matches!(rx.try_recv(), Err(Error::WouldBlock)));
+        // Two messages while asleep: one doorbell.
+        for k in 0..2u32 {
+            tx.try_send(&(round * 2 + k).to_le_bytes()).unwrap();
+            tx.flush().unwrap();
+        }
+        assert!(fires(p, fd, &mut tx), "round {round}: no doorbell");
+        assert!(cq.ack_events().unwrap() >= 1);
+        assert_eq!(tx.doorbells(), u64::from(round) + 1, "one ring per sleep");
+        for k in 0..2u32 {
+            expect_message(p, &mut tx, &mut rx, "after the doorbell");
+            let m = rx.try_recv().unwrap();
+            assert_eq!(&*m, &(round * 2 + k).to_le_bytes());
+        }
+    }
+    assert_eq!(bell.announced(), u64::from(3 * RECV_DEPTH));
+    assert_eq!(tx.doorbells_refused(), 0, "receives were reposted");
 }

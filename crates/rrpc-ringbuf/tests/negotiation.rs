@@ -108,18 +108,18 @@ fn matching_non_default_switches_connect_and_carry_data() {
 #[test]
 fn shallow_send_queue_is_refused_naming_both_values() {
     let cfg = RingConfig::builder().ring_size(64 << 10).build().unwrap();
-    assert_eq!(cfg.send_queue_need(), 1024 / 2 + 1024 / 4);
+    assert_eq!(cfg.send_queue_need(), 1024 / 2 + 1024 / 4 + 2);
     let shallow = QpConfig::default().with_send_depth(512).unwrap();
     let (c, _) = pair_with(&Provider::Shm, &cfg, &cfg, &shallow);
     match c {
         Err(Error::InvalidConfig(m)) => assert!(
-            m.contains("needs 768 send-queue slots") && m.contains("send depth is 512"),
+            m.contains("needs 770 send-queue slots") && m.contains("send depth is 512"),
             "{m}"
         ),
         Err(e) => panic!("expected InvalidConfig, got {e}"),
         Ok(_) => panic!("a ring connected over a send queue it can overflow"),
     }
-    let enough = QpConfig::default().with_send_depth(768).unwrap();
+    let enough = QpConfig::default().with_send_depth(770).unwrap();
     let (c, s) = pair_with(&Provider::Shm, &cfg, &cfg, &enough);
     assert!(c.is_ok() && s.is_ok());
 }

@@ -82,6 +82,7 @@
 //! them).
 #![forbid(unsafe_code)]
 
+pub mod doorbell;
 mod receiver;
 mod sender;
 
@@ -104,6 +105,10 @@ pub const WR_SEQ_MASK: u64 = (1 << 56) - 1;
 pub const WR_KIND_TX: u64 = 1 << 56;
 /// `wr_id` kind tag of a receiver work request (head push).
 pub const WR_KIND_RX: u64 = 2 << 56;
+/// `wr_id` kind tag of a sleep word's WRITE (its sequence is the epoch).
+pub const WR_KIND_SLEEP: u64 = 3 << 56;
+/// `wr_id` kind tag of a doorbell `WRITE_WITH_IMM`.
+pub const WR_KIND_BELL: u64 = 4 << 56;
 
 /// Upper bound on tail WRITEs in flight when the elastic threshold is off
 /// (one source word each, see [`Transmit::Tail`]).
