@@ -888,6 +888,12 @@ pub(crate) mod suite {
                 .unwrap_or_default()
                 .to_owned();
             let name = v["target"]["name"].as_str().unwrap_or_default().to_owned();
+            // A binary's own test harness is a `bin` too: tell them apart.
+            let kind = if kind == "bin" && v["profile"]["test"].as_bool() == Some(true) {
+                "bin-test".to_owned()
+            } else {
+                kind
+            };
             found.push((pkg, kind, name, PathBuf::from(exe)));
         }
         Ok(found)
@@ -922,7 +928,7 @@ pub(crate) mod suite {
             ],
         )?;
         let mut bins = Vec::new();
-        for (pkg, kind, name, exe) in tests {
+        for (pkg, kind, name, exe) in tests.iter().cloned() {
             let Some(filter) = filter_for(&pkg, &kind) else {
                 continue;
             };
@@ -950,24 +956,15 @@ pub(crate) mod suite {
                 missing.join(", ")
             );
         }
-        let mut args = vec![
-            "build",
-            "--workspace",
-            "--features",
-            crate::ci::VERBS_FEATURES,
-        ];
-        for e in EXAMPLES {
-            if let Some((server, _)) = e.server {
-                args.extend(["--bin", server]);
-            }
-            args.extend(["--bin", e.client.0]);
-        }
-        let ex = cargo_executables(root, &args)?;
+        // The examples' binaries: `cargo test` builds them for their
+        // integration test (examples/tests/cli.rs), so they come with the
+        // test binaries, built with the same features.
         let find = |n: &str| {
-            ex.iter()
-                .find(|e| e.2 == n)
+            tests
+                .iter()
+                .find(|e| e.1 == "bin" && e.2 == n)
                 .map(|e| e.3.clone())
-                .with_context(|| format!("building the examples produced no `{n}`"))
+                .with_context(|| format!("building the tests produced no example binary `{n}`"))
         };
         let examples = EXAMPLES
             .iter()

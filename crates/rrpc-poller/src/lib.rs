@@ -23,7 +23,7 @@
 //! | [`Mode::Bp`] | Fig. 7 (b) left; Figs. 4–6 "busy-polling" | one dedicated thread per connection | `Waker::wake` | one spinning thread per connection (parks with `idle_park_after`) |
 //! | [`Mode::Bpts`] | Algorithm 1, Fig. 7 (b) right | `polling_threads` threads, round-robin over their connections | `Waker::wake` | `polling_threads` spinning threads (parks with `idle_park_after`) |
 //! | [`Mode::Event`] | Fig. 7 (c), "RDMA-Event" | the writer ([`Doorbell`], or `WRITE_WITH_IMM` + completion channel via [`Notifier`]) | eventfd / channel fd in the tokio reactor (epoll) | none |
-//! | [`Mode::Bpev`] | Algorithm 2, Fig. 7 (d) | `polling_threads` threads scan every *armed* connection; a spinning task also scans its neighbours | `Waker::wake`, after the task spun up to `bp_timeout` | parked threads: a rescan every `idle_poll_interval` while connections are armed, nothing otherwise |
+//! | [`Mode::Bpev`] | Algorithm 2, Fig. 7 (d) | `polling_threads` threads scan every *armed* connection; a spinning task also scans its neighbours; a dozing thread hands its connections to the writers' doorbells | `Waker::wake`, after the task spun up to `bp_timeout`; the doorbell's fd in the reactor while the thread dozes | parked threads: a rescan every `idle_poll_interval` while connections are armed, nothing otherwise |
 //!
 //! ## What differs on tokio
 //! - The paper's "working threads" that call `epoll_wait` are tokio worker threads. Algorithm
@@ -55,6 +55,17 @@
 //!   doubled.
 //!
 //! ## Beyond the paper (its §V-D future work)
+//! - **The doorbell fallback** (default; [`PollerConfig::doorbell_park_after`]). A polling
+//!   thread whose armed connections all have a doorbell ([`Readiness::doorbell`]; rings over
+//!   rrpc-ringbuf do, through [`conn::AsyncConn`]) dozes after 100 µs without data instead of
+//!   2 ms. Before it parks it announces each armed reader's sleep to the writer (a sleep word
+//!   the writer reads after each tail, `rrpc_ringbuf::proto::doorbell`), checks once more, and
+//!   the writer rings once per announced sleep: a `WRITE_WITH_IMM` whose receive completion
+//!   wakes the reader's completion channel, which the task watches in the tokio reactor beside
+//!   its waker. A reader that spins again costs the writer nothing. On shm no wake-up is lost
+//!   (Dekker across one memory, property-tested over interleavings); on verbs a tail crossing
+//!   the announce on the wire can miss both, and the dozing rescan bounds that. Counters:
+//!   [`Stats::announces`], [`Stats::bell_wakes`].
 //! - **Idle parking.** A polling thread that found nothing for `idle_park_after` parks; a task
 //!   that arms resumes it at once, and while parked it still rescans its armed connections
 //!   every `idle_poll_interval`, which bounds the extra latency of the first message after an

@@ -160,20 +160,32 @@
 //! poller's wait, for [`PollerMode::Event`] (spin, then sleep on the
 //! writer's `WRITE_WITH_IMM`, with no polling thread at all).
 //!
-//! **Low, steady load costs a core.** The polling thread parks only after
-//! 2 ms with no data on any sleeping connection. A server whose calls
-//! arrive every millisecond or so (farther apart than the 50 µs spin,
-//! closer than 2 ms) keeps its connections asleep *and* its polling thread
-//! busy: measured with the rpc bench's `resources_low` experiment (one
-//! 32 B call per client per ms, server in its own process, 2-core host),
-//! rrpc's two processes together used about one core (100–104 % at 1–8
-//! clients) where tonic-TCP used 14–29 %, the RR-Compound paper's Fig. 16
-//! finding
-//! (200 % with two polling threads). On a host with spare cores that is the
-//! price of microsecond wake-ups; where cores are scarce and the call rate
-//! is low, use [`PollerMode::Event`] with a short [`RrpcConfig::receive_spin`]
-//! on both ends (the handshake refuses a mismatch): no polling thread, and
-//! a wake-up then costs a kernel round trip.
+//! **Low, steady load: the doorbell fallback.** A polling thread whose
+//! sleeping connections all have a doorbell dozes after 100 µs without data
+//! (rrpc-poller's `doorbell_park_after`), and announces each sleeping
+//! reader to its writer through the ring's sleep word; the writer then rings
+//! once (a `WRITE_WITH_IMM` of its tail) and the reader wakes through its
+//! completion channel in the tokio reactor. Before this, the thread stayed
+//! busy until 2 ms without data, so calls every millisecond or so kept it
+//! spinning. Measured with the rpc bench's `resources_low` experiment (one
+//! 32 B call per client per ms, server in its own process, 2-core host,
+//! both variants in back-to-back runs of the same binary, each against
+//! tonic-TCP in its own run; `RRPC_BENCH_PLAIN_BPEV=1` selects the old
+//! behaviour): the fast path's two processes used 21 % of a core at 1
+//! client and 42 % at 8 (0.92× and 0.49× tonic-TCP's CPU), against 97 % and
+//! 110 % (5.8× and 1.3×) with plain BPEV, and delivered 0.91 and 7.1 k
+//! calls/s (tonic-TCP: 0.83 and 6.8) against 0.60 and 6.2. The HTTP/2 path:
+//! 37 % at 1 client (1.6× tonic-TCP) against 127 %. Ping-pong on a quiet
+//! host is unchanged within this machine's noise (the reader's own spin
+//! catches back-to-back calls before any sleep). On verbs the sleep word and
+//! the doorbell are one extra WRITE each; a tail WRITE crossing the announce
+//! on the wire can miss both the re-check and the ring, which the dozing
+//! thread's rescan (every `idle_poll_interval`, 3 ms) bounds.
+//!
+//! Where the doorbell does not reach, the old cost stands: a connection
+//! waiting for ring *space* (head pushes carry no doorbell) keeps its
+//! thread polling for up to 2 ms, and [`PollerConfig::paper`] modes spin as
+//! the paper does.
 //!
 //! # Modules
 //!
