@@ -71,9 +71,13 @@ const HEAD_SRC: usize = MAX_TAIL_INFLIGHT;
 const SLEEP_SRC: usize = HEAD_SRC + 1;
 /// Source of the doorbell (a copy of the last tail record).
 const BELL_SRC: usize = HEAD_SRC + 2;
-/// How long announcing a sleep may wait for its WRITE to complete (an RC
-/// WRITE completes within a round trip; this bounds a wedged queue pair).
-const ANNOUNCE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(1);
+/// How long announcing a sleep waits for its WRITE to complete, and a
+/// doorbell for the previous one: an RC WRITE completes within a round
+/// trip. Past this (a link down, a peer not acknowledging) the caller goes
+/// on without it: the poller's rescans cover the connection, and a dead
+/// peer never holds a polling thread (shared by other connections) or a
+/// writer for longer.
+const DOORBELL_WAIT: std::time::Duration = std::time::Duration::from_micros(100);
 
 /// This side's half of a connection before the handshake: its receive ring
 /// (granted to the peer) and its send staging ring.
@@ -345,8 +349,26 @@ impl Shared {
                 };
             }
             if n < wc.len() {
-                return Ok(());
+                // Another thread may have polled the completion that failed
+                // the queue pair (a polling thread announcing a sleep): the
+                // failure it recorded is everyone's.
+                return self.check();
             }
+        }
+    }
+
+    /// Polls until `done` reaches `target`, for at most [`DOORBELL_WAIT`].
+    fn wait_done(&self, done: &AtomicU64, target: u64) -> Result<bool, Error> {
+        let deadline = std::time::Instant::now() + DOORBELL_WAIT;
+        loop {
+            self.poll_cq()?;
+            if done.load(Ordering::Acquire) >= target {
+                return Ok(true);
+            }
+            if std::time::Instant::now() > deadline {
+                return Ok(false);
+            }
+            std::hint::spin_loop();
         }
     }
 }
@@ -522,18 +544,18 @@ impl RingTx {
             .rx_region
             .atomic_u64(LOCAL_SLEEP_OFFSET)?
             .load(Ordering::SeqCst);
-        if !self.ringer.after_tail(word) {
+        if !self.ringer.owes(word) {
             return Ok(());
         }
-        let deadline = std::time::Instant::now() + ANNOUNCE_TIMEOUT;
-        while self.shared.bell_done.load(Ordering::Acquire) < self.bells_posted {
-            self.shared.poll_cq()?;
-            self.shared.check()?;
-            if std::time::Instant::now() > deadline {
-                return Err(Error::PeerGone);
-            }
-            std::hint::spin_loop();
+        if !self
+            .shared
+            .wait_done(&self.shared.bell_done, self.bells_posted)?
+        {
+            // The previous doorbell is still unacknowledged: ring after a
+            // later tail (the reader's rescan covers it if none comes).
+            return Ok(());
         }
+        self.ringer.after_tail(word);
         let off = self.ctrl_off + BELL_SRC * 64;
         store_record(&self.tx_region, off, value)?;
         let wr_id = WR_KIND_BELL | (self.bells_posted & WR_SEQ_MASK);
@@ -1011,14 +1033,24 @@ impl RxDoorbell {
 
     /// Tells the peer's sender that this receiver is about to sleep, and
     /// returns once it can see it: the sleep word's WRITE has completed
-    /// (inline on shm; one round trip on a NIC). Then arm the completion
-    /// channel and check the ring once more before sleeping.
+    /// (inline on shm; one round trip on a NIC), or 100 µs passed, after
+    /// which the word lands later and the caller's rescans cover the gap.
+    /// Then arm the completion channel and check the ring once more before
+    /// sleeping.
     ///
     /// # Errors
-    /// [`Error::PeerGone`] once the queue pair failed or the WRITE did not
-    /// complete within a second; [`Error::Core`] if posting fails.
+    /// [`Error::WouldBlock`] while the previous announce's WRITE is still
+    /// unacknowledged (one is in flight at most: its send-queue slot is
+    /// reserved once); [`Error::PeerGone`] or [`Error::Core`] once the
+    /// queue pair failed or posting fails.
     pub fn announce_sleep(&self) -> Result<(), Error> {
         let mut sleeper = self.sleeper.lock().unwrap_or_else(|e| e.into_inner());
+        if !self
+            .shared
+            .wait_done(&self.shared.sleep_done, sleeper.epochs())?
+        {
+            return Err(Error::WouldBlock);
+        }
         let word = sleeper.announce();
         let epoch = sleeper.epochs();
         self.tx_region
@@ -1030,18 +1062,7 @@ impl RxDoorbell {
             self.remote.at(LOCAL_SLEEP_OFFSET as u64),
             true,
         )?;
-        let deadline = std::time::Instant::now() + ANNOUNCE_TIMEOUT;
-        loop {
-            self.shared.poll_cq()?;
-            if self.shared.sleep_done.load(Ordering::Acquire) >= epoch {
-                break;
-            }
-            self.shared.check()?;
-            if std::time::Instant::now() > deadline {
-                return Err(Error::PeerGone);
-            }
-            std::hint::spin_loop();
-        }
+        self.shared.wait_done(&self.shared.sleep_done, epoch)?;
         // Dekker with the sender's tail store and word load: the caller's
         // re-check of the ring comes after this.
         std::sync::atomic::fence(Ordering::SeqCst);

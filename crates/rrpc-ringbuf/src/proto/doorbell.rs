@@ -93,13 +93,21 @@ impl Ringer {
     /// Call after publishing a tail, with the sleep word read after it
     /// (behind a `SeqCst` fence): `true` means ring now.
     pub fn after_tail(&mut self, word: u64) -> bool {
-        if says_asleep(word) && word != self.rung {
+        if self.owes(word) {
             self.rung = word;
             self.rings += 1;
             true
         } else {
             false
         }
+    }
+
+    /// Whether `word` shows a sleep not rung yet (what
+    /// [`after_tail`](Self::after_tail) would ring for), without recording
+    /// a ring: a driver that cannot ring right now asks again after the
+    /// next tail.
+    pub fn owes(&self, word: u64) -> bool {
+        says_asleep(word) && word != self.rung
     }
 
     /// Doorbells rung so far.
