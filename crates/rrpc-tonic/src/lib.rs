@@ -182,6 +182,12 @@
 //! on the wire can miss both the re-check and the ring, which the dozing
 //! thread's rescan (every `idle_poll_interval`, 3 ms) bounds.
 //!
+//! Under CPU contention the doorbell is not measured by a suite yet: one ad
+//! hoc run with two busy loops at normal priority kept the fast path at
+//! 1.5–2.0× tonic-TCP's throughput (2.6–1.9× without the doorbell) but
+//! took the HTTP/2 path to 0.3–0.8× (0.7–2.0× without); that may be noise
+//! or a cost of kernel wake-ups when cores are taken.
+//!
 //! Where the doorbell does not reach, the old cost stands: a connection
 //! waiting for ring *space* (head pushes carry no doorbell) keeps its
 //! thread polling for up to 2 ms, and [`PollerConfig::paper`] modes spin as
