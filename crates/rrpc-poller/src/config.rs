@@ -69,7 +69,7 @@ impl std::fmt::Display for Mode {
 /// | `bp_timeout` | 20 µs | §V-B / Fig. 13: "marginally longer than the typical RTT"; one shm round trip through tokio measures 5–15 µs here |
 /// | `auto_tune` | on | beyond the paper: moving RTT estimate, `bp_timeout` as cap |
 /// | `idle_park_after` | 2 ms | beyond the paper (§V-D future work) |
-/// | `doorbell_park_after` | 100 µs | beyond the paper (§V-D "sleep mode"): when every armed connection of a polling thread has a doorbell (a ring receiver: the writer rings once the reader announced its sleep, `rrpc_ringbuf::proto::doorbell`), the thread dozes after this much idle time instead of `idle_park_after`, and a task that arms while its thread dozes announces its sleep and waits for the doorbell; `None`: plain BPEV |
+/// | `doorbell_park_after` | 100 µs | beyond the paper (§V-D "sleep mode"): when every armed connection of a polling thread has a doorbell (a ring receiver: the writer rings once the reader announced its sleep, `rrpc_ringbuf::proto::doorbell`), the thread dozes after this much idle time instead of `idle_park_after`, announcing the sleep of each armed connection before it parks, and the task wakes from the doorbell; `None`: plain BPEV |
 /// | `idle_poll_interval` | 3 ms | beyond the paper: rescan period of dozing threads (one thread rescans for all); bounds the extra latency of the first message after an idle period. A rescan costs ~40 µs per 256 armed shm connections here (one cold cache line and TLB entry per ring), so 3 ms keeps 256 idle connections under 2 % of a core |
 ///
 /// # Examples
@@ -171,8 +171,8 @@ impl PollerConfig {
 
     /// The doorbell fallback ([`Mode::Bpev`] with idle parking on): a polling thread whose
     /// armed connections all have a doorbell ([`Readiness::doorbell`](crate::Readiness::doorbell))
-    /// dozes after this much idle time, and a task that arms while its thread dozes announces
-    /// its sleep to the writer and wakes from the doorbell, not from a rescan. Dozing threads
+    /// dozes after this much idle time; before it parks it announces each armed connection's
+    /// sleep to the writer, and the task wakes from the doorbell, not from a rescan. Dozing threads
     /// still rescan every [`idle_poll_interval`](Self::idle_poll_interval) as a backstop (on
     /// verbs a tail WRITE crossing the announce on the wire can miss both the re-check and the
     /// ring). `None` turns the fallback off: plain BPEV.
@@ -240,6 +240,13 @@ impl ConfigView {
     /// dozes (`None`: no doorbell fallback).
     pub fn doorbell_park_after(&self) -> Option<Duration> {
         self.0.doorbell_park_after
+    }
+    /// Whether the doorbell fallback is on: [`Mode::Bpev`], `doorbell_park_after` set, and
+    /// idle parking on (a thread that never parks announces nothing).
+    pub fn doorbell_fallback(&self) -> bool {
+        self.0.mode == Mode::Bpev
+            && self.0.doorbell_park_after.is_some()
+            && self.0.idle_park_after.is_some()
     }
     /// Rescan period of a parked thread.
     pub fn idle_poll_interval(&self) -> Duration {

@@ -133,15 +133,10 @@ impl Readiness for TxSource {
     }
 }
 
-/// Whether the receive side uses the doorbell fallback: BPEV with it on and idle parking on,
-/// a peer whose sender rings, and tails not already sent with immediates.
+/// Whether the receive side uses the doorbell fallback: the poller has it on, the peer's
+/// sender rings, and tails are not already sent with immediates.
 fn uses_doorbell(poller: &Poller, rx: &RingRx) -> bool {
-    let c = poller.config();
-    c.mode() == Mode::Bpev
-        && c.doorbell_park_after().is_some()
-        && c.idle_park_after().is_some()
-        && !rx.tails_with_imm()
-        && rx.doorbell().peer_rings()
+    poller.config().doorbell_fallback() && !rx.tails_with_imm() && rx.doorbell().peer_rings()
 }
 
 /// A connected ring pair managed by a [`Poller`].

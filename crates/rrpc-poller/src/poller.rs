@@ -18,7 +18,8 @@
 //! # The doorbell fallback
 //! A polling thread about to doze (BPEV, [`PollerConfig::doorbell_park_after`]) announces the
 //! sleep of each armed entry whose source has a doorbell ([`Readiness::doorbell`]): it arms
-//! the doorbell's notifier, announces (the writer can see it when this returns), then checks
+//! the doorbell's notifier, announces (the writer can see it when this returns, or after a
+//! bounded wait on verbs, past which the rescans cover the gap), then checks
 //! the source once more, and wakes the task if data came. The writer rings after every tail it
 //! publishes while an announced sleep is not rung yet. The task watches the notifier's fd
 //! beside its waker, so the ring wakes it through the reactor while the thread dozes.
@@ -569,7 +570,9 @@ impl Inner {
     fn loop_cfg(&self, shared: bool) -> LoopCfg {
         LoopCfg {
             park_after: self.cfg.idle_park_after(),
-            bell_park_after: (self.cfg.mode() == Mode::Bpev)
+            bell_park_after: self
+                .cfg
+                .doorbell_fallback()
                 .then(|| self.cfg.doorbell_park_after())
                 .flatten(),
             idle_interval: self.cfg.idle_poll_interval(),
@@ -787,13 +790,8 @@ impl Poller {
         };
         let mut doorbell_fd = None;
         // Doorbell fallback: the reactor watches the source's doorbell beside the waker.
-        let source_has_bell = source.doorbell().is_some();
         let bell_fd = match source.doorbell() {
-            Some(n)
-                if mode == Mode::Bpev
-                    && inner.cfg.doorbell_park_after().is_some()
-                    && inner.cfg.idle_park_after().is_some() =>
-            {
+            Some(n) if inner.cfg.doorbell_fallback() => {
                 if tokio::runtime::Handle::try_current().is_err() {
                     return Err(Error::NoRuntime);
                 }
@@ -844,10 +842,7 @@ impl Poller {
             wake,
             shard: (mode != Mode::Event).then(|| shard.clone()),
             counters: inner.counters.clone(),
-            bell: mode == Mode::Bpev
-                && inner.cfg.doorbell_park_after().is_some()
-                && inner.cfg.idle_park_after().is_some()
-                && source_has_bell,
+            bell: bell_fd.is_some(),
             announced: AtomicBool::new(false),
         });
         shard.add(entry.clone());
@@ -875,6 +870,28 @@ impl Poller {
             doorbell_fd,
             removed: false,
         })
+    }
+}
+
+/// Polls a notification fd (an eventfd, a completion channel) and, once it is readable,
+/// consumes what is pending with `ack`: `Ready(Ok(r))` with `ack`'s result when it consumed
+/// something or failed; a spurious readiness (`ack` says `WouldBlock`) is cleared and polled
+/// again, which registers the task's waker.
+fn poll_acked<T: AsRawFd>(
+    afd: &AsyncFd<T>,
+    cx: &mut std::task::Context<'_>,
+    op: &'static str,
+    ack: impl Fn(&T) -> std::io::Result<()>,
+) -> Poll<Result<std::io::Result<()>>> {
+    loop {
+        match afd.poll_read_ready(cx) {
+            Poll::Pending => return Poll::Pending,
+            Poll::Ready(Err(e)) => return Poll::Ready(Err(Error::Io { op, source: e })),
+            Poll::Ready(Ok(mut g)) => match g.try_io(|h| ack(h.get_ref())) {
+                Ok(r) => return Poll::Ready(Ok(r)),
+                Err(_would_block) => continue,
+            },
+        }
     }
 }
 
@@ -1145,38 +1162,28 @@ impl Registration {
             }
             if let Some(bell) = &self.bell_fd {
                 // The writer rang (or a stale ring of an earlier sleep): consume it and let
-                // the caller check; nothing pending clears the readiness and re-registers.
+                // the caller check; a stale one is consumed until nothing is pending, which
+                // clears the readiness, so the next poll registers our waker.
+                let src = &self.entry.source;
+                let ack = |_: &DupFd| match src.doorbell() {
+                    Some(n) => n.ack(),
+                    None => Ok(()),
+                };
                 loop {
-                    match bell.poll_read_ready(cx) {
+                    match poll_acked(bell, cx, "doorbell readiness", ack) {
                         Poll::Pending => break,
-                        Poll::Ready(Err(e)) => {
+                        Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+                        Poll::Ready(Ok(Ok(()))) if slept => {
+                            Counters::add(&self.inner.counters.bell_wakes, 1);
+                            self.entry.armed.store(false, Ordering::Relaxed);
+                            return Poll::Ready(Ok(()));
+                        }
+                        Poll::Ready(Ok(Ok(()))) => {}
+                        Poll::Ready(Ok(Err(e))) => {
                             return Poll::Ready(Err(Error::Io {
-                                op: "doorbell readiness",
+                                op: "doorbell ack",
                                 source: e,
                             }));
-                        }
-                        Poll::Ready(Ok(mut g)) => {
-                            let src = &self.entry.source;
-                            let acked = g.try_io(|_| match src.doorbell() {
-                                Some(n) => n.ack(),
-                                None => Ok(()),
-                            });
-                            match acked {
-                                Ok(Ok(())) if slept => {
-                                    Counters::add(&self.inner.counters.bell_wakes, 1);
-                                    self.entry.armed.store(false, Ordering::Relaxed);
-                                    return Poll::Ready(Ok(()));
-                                }
-                                // Stale: consume until nothing is pending (which clears
-                                // the readiness, so the next poll registers our waker).
-                                Ok(Ok(())) | Err(_) => {}
-                                Ok(Err(e)) => {
-                                    return Poll::Ready(Err(Error::Io {
-                                        op: "doorbell ack",
-                                        source: e,
-                                    }));
-                                }
-                            }
                         }
                     }
                 }
@@ -1219,45 +1226,22 @@ impl Registration {
             {
                 return Poll::Ready(Err(Error::PeerGone));
             }
-            loop {
-                let res = match &self.sleeper {
-                    Sleeper::EventFd(afd) => match afd.poll_read_ready(cx) {
-                        Poll::Pending => return Poll::Pending,
-                        Poll::Ready(Err(e)) => {
-                            return Poll::Ready(Err(Error::Io {
-                                op: "eventfd readiness",
-                                source: e,
-                            }));
-                        }
-                        Poll::Ready(Ok(mut g)) => g.try_io(|h| h.get_ref().drain()).map(|_| ()),
-                    },
-                    Sleeper::Notifier(afd) => match afd.poll_read_ready(cx) {
-                        Poll::Pending => return Poll::Pending,
-                        Poll::Ready(Err(e)) => {
-                            return Poll::Ready(Err(Error::Io {
-                                op: "notifier readiness",
-                                source: e,
-                            }));
-                        }
-                        Poll::Ready(Ok(mut g)) => {
-                            let src = &self.entry.source;
-                            g.try_io(|_| match src.notifier() {
-                                Some(n) => n.ack(),
-                                None => Ok(()),
-                            })
-                            .map(|_| ())
-                        }
-                    },
-                    Sleeper::Waker => return Poll::Ready(Ok(())),
-                };
-                match res {
-                    // Drained (or the ack failed for a reason other than WouldBlock, which
-                    // the recheck will surface): the caller checks the source.
-                    Ok(()) => return Poll::Ready(Ok(())),
-                    // Spurious readiness: cleared by try_io; poll again to re-register.
-                    Err(_would_block) => continue,
+            // Drained (or the ack failed for a reason other than WouldBlock, which the
+            // recheck will surface): the caller checks the source.
+            let drained = match &self.sleeper {
+                Sleeper::EventFd(afd) => {
+                    poll_acked(afd, cx, "eventfd readiness", |h| h.drain().map(|_| ()))
                 }
-            }
+                Sleeper::Notifier(afd) => {
+                    let src = &self.entry.source;
+                    poll_acked(afd, cx, "notifier readiness", |_| match src.notifier() {
+                        Some(n) => n.ack(),
+                        None => Ok(()),
+                    })
+                }
+                Sleeper::Waker => return Poll::Ready(Ok(())),
+            };
+            drained.map_ok(|_| ())
         })
         .await;
         if let Err(Error::PeerGone) = r {

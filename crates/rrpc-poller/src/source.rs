@@ -70,8 +70,9 @@ pub trait Notifier: Send + Sync {
     fn ack(&self) -> io::Result<()>;
 
     /// Tells the writer that the reader is about to sleep, so that it rings this notifier
-    /// (a ring's sleep word, `rrpc_ringbuf::RxDoorbell`). Returns once the writer can see it;
-    /// the caller then arms and checks once more. The default does nothing: an
+    /// (a ring's sleep word, `rrpc_ringbuf::RxDoorbell`). Returns once the writer can see it,
+    /// or after a bounded wait (the caller's rescans cover what comes before the writer sees
+    /// it); the caller then checks once more. The default does nothing: an
     /// [`Mode::Event`](crate::Mode::Event) writer rings for every message anyway.
     ///
     /// # Errors
