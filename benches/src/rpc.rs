@@ -23,6 +23,8 @@ use crate::cpu::{CpuTimes, rss_bytes};
 use crate::{Latency, PlotSpec, Ratio, Report, SuiteArgs, Table, ThreadPlan};
 
 mod figs;
+mod load;
+pub use load::hog;
 
 /// Generated code for `proto/bench.proto`.
 #[allow(
@@ -164,16 +166,57 @@ impl Drop for ServerHandle {
 /// rrpc-tonic's default configuration with the data path of `t` (HTTP/2 for
 /// [`Transport::RrpcH2`], else the fast path).
 ///
-/// A/B knob for the doorbell fallback (rrpc-poller's `doorbell_park_after`):
-/// with `RRPC_BENCH_PLAIN_BPEV=1` in the environment (inherited by the
-/// suite's server process) both sides run plain BPEV instead, the default
-/// before the fallback existed.
+/// A/B knob for connection management: `RRPC_BENCH_POLLER=<variant>` in the
+/// environment (inherited by the suite's server process) picks one of
+/// [`POLLER_VARIANTS`] for both sides (`RRPC_BENCH_PLAIN_BPEV=1` is
+/// `bpev-plain`). An unknown name is ignored with a warning.
 pub fn rrpc_config(t: Transport) -> rrpc_tonic::RrpcConfig {
     let mut cfg = rrpc_tonic::RrpcConfig::default();
-    if std::env::var_os("RRPC_BENCH_PLAIN_BPEV").is_some_and(|v| v == "1") {
-        cfg = cfg.poller(rrpc_tonic::default_poller_config().doorbell_park_after(None));
+    let name = std::env::var("RRPC_BENCH_POLLER").ok().or_else(|| {
+        std::env::var_os("RRPC_BENCH_PLAIN_BPEV")
+            .is_some_and(|v| v == "1")
+            .then(|| "bpev-plain".to_owned())
+    });
+    if let Some(name) = name {
+        match poller_variant(&name) {
+            Some(pc) => cfg = cfg.poller(pc),
+            None => eprintln!("RRPC_BENCH_POLLER={name}: unknown; using the default"),
+        }
     }
     with_path(cfg, t)
+}
+
+/// The connection-management variants the suite compares (`RRPC_BENCH_POLLER`), each
+/// rrpc-tonic's default poller (1 polling thread, 50 us fixed spin) with one change.
+pub const POLLER_VARIANTS: &[(&str, &str)] = &[
+    (
+        "bpev",
+        "rrpc-tonic's default: BPEV with the doorbell fallback and spin back-off",
+    ),
+    (
+        "bpev-plain",
+        "the paper's BPEV plus idle parking: no doorbell, no spin back-off",
+    ),
+    ("bpts", "BPTS with idle parking"),
+    (
+        "event",
+        "EVENT: no polling thread; every message rings the reader's completion channel",
+    ),
+    ("bp", "BP: one polling thread per connection end, idle parking"),
+];
+
+/// The poller configuration of a variant of [`POLLER_VARIANTS`].
+pub fn poller_variant(name: &str) -> Option<rrpc_tonic::PollerConfig> {
+    use rrpc_tonic::PollerMode;
+    let d = rrpc_tonic::default_poller_config();
+    Some(match name {
+        "bpev" => d,
+        "bpev-plain" => d.doorbell_park_after(None).spin_backoff(false),
+        "bpts" => d.mode(PollerMode::Bpts),
+        "event" => d.mode(PollerMode::Event),
+        "bp" => d.mode(PollerMode::Bp),
+        _ => return None,
+    })
 }
 
 /// `cfg` with the data path of `t`.
@@ -563,6 +606,9 @@ pub const EXPERIMENTS: &[&str] = &[
     "resources_heavy",
     "resources_low",
     "connect_latency",
+    "low_load",
+    "contention",
+    "idle_connections",
 ];
 
 /// Whether experiment `exp` is selected by `only` (empty: everything).
@@ -799,6 +845,18 @@ pub fn run_suite(args: &SuiteArgs, report: &mut Report, only: &[String]) -> Resu
             }
         }
     }
+    if want("low_load") {
+        let t = load::low_load(&mut ctx, &side_note);
+        report.add(t)?;
+    }
+    if want("contention") {
+        let t = load::contention(&mut ctx, &plan_note);
+        report.add(t)?;
+    }
+    if want("idle_connections") {
+        let t = load::idle_connections(&mut ctx, &side_note);
+        report.add(t)?;
+    }
     failures.extend(ctx.failures);
 
     drop(server_rt);
@@ -945,11 +1003,21 @@ impl ChildServer {
     /// # Errors
     /// Spawn errors, a child that exits or stays silent.
     pub fn spawn(t: Transport, cpu: Option<usize>) -> Result<Self> {
+        Self::spawn_with(t, cpu, &[])
+    }
+
+    /// [`ChildServer::spawn`] with extra environment variables for the child (e.g.
+    /// `RRPC_BENCH_POLLER`).
+    ///
+    /// # Errors
+    /// Spawn errors, a child that exits or stays silent.
+    pub fn spawn_with(t: Transport, cpu: Option<usize>, env: &[(&str, &str)]) -> Result<Self> {
         use std::io::BufRead as _;
         use std::process::{Command, Stdio};
         let exe = std::env::current_exe()?;
         let mut cmd = Command::new(exe);
         cmd.args(["--role", "serve", "--transport", t.name()]);
+        cmd.envs(env.iter().copied());
         if let Some(c) = cpu {
             cmd.args(["--cpu", &c.to_string()]);
         }

@@ -1,7 +1,8 @@
 //! The rpc suite (`cargo xtask bench rpc`): tonic-TCP, tonic-UDS, rrpc shm HTTP/2 and rrpc shm
 //! fast path, in one run. With `--role server|client` it is one process of cluster mode
 //! (`cargo xtask bench rpc --hosts hosts.toml`); with `--role serve --transport NAME` it is the
-//! separate server process of the per-side CPU/memory experiments (started by the suite).
+//! separate server process of the per-side CPU/memory experiments, and with `--role hog` one
+//! busy loop of the contention experiment (both started by the suite).
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -17,7 +18,8 @@ struct Cli {
     /// Run only these experiments (comma-separated; a prefix selects every experiment it
     /// starts, e.g. `resources`): pingpong_latency, small_rpc_throughput,
     /// connmgmt_4k_continuous, connmgmt_4k_interval, ring_size_bandwidth,
-    /// zero_copy_bandwidth, resources_heavy, resources_low.
+    /// zero_copy_bandwidth, resources_heavy, resources_low, connect_latency, low_load,
+    /// contention, idle_connections.
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
     /// Cluster mode role: `server` or `client` (default: the single-host suite).
@@ -35,7 +37,7 @@ struct Cli {
     /// Serve role: transport (`tonic-tcp`, `tonic-uds`, `rrpc-shm-h2`, `rrpc-shm-fast`).
     #[arg(long)]
     transport: Option<String>,
-    /// Serve role: CPU to pin the server's worker to.
+    /// Serve role: CPU to pin the server's worker to (hog role: the CPU to spin on).
     #[arg(long)]
     cpu: Option<usize>,
     /// Client role: measured milliseconds.
@@ -64,6 +66,7 @@ fn main() -> Result<()> {
                 .with_context(|| format!("unknown transport {name}"))?;
             rpc::serve_child(t, cli.cpu)
         }
+        Some("hog") => rpc::hog(cli.cpu),
         Some(other) => bail!("unknown role {other}"),
     }
 }

@@ -37,13 +37,13 @@ impl Ctx<'_> {
         super::selected(self.only, exp)
     }
 
-    fn fail(&mut self, what: String, e: &anyhow::Error) {
+    pub(super) fn fail(&mut self, what: String, e: &anyhow::Error) {
         eprintln!("rpc: {what} failed: {e:#}");
         self.failures.push(format!("{what}: FAILED: {e:#}"));
     }
 }
 
-fn secs(d: Duration) -> String {
+pub(super) fn secs(d: Duration) -> String {
     if d.as_secs() >= 1 {
         format!("{} s", d.as_secs_f64())
     } else {

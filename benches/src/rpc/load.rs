@@ -1,0 +1,462 @@
+//! Connection management off the quiet, busy path: low steady load, CPU contention, and idle
+//! connections. Each compares tonic over TCP and over a Unix socket with rrpc in each poller
+//! variant ([`POLLER_VARIANTS`]) in one run.
+//!
+//! - `low_load`: 1, 8 and 64 clients each making one 32 B call per 1 ms and per 10 ms; CPU of
+//!   both processes (the server in its own), calls delivered, p50 and p99.
+//! - `contention`: ping-pong and 1- and 8-client streaming throughput while a busy loop runs on
+//!   every core (one `--role hog` process per core, normal priority, started and stopped here).
+//! - `idle_connections`: CPU of both processes with 256 connected, idle clients.
+
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+
+use super::figs::Ctx;
+use super::{
+    AnyClient, ChildServer, POLLER_VARIANTS, Transport, connect_to, pingpong, poller_variant,
+    start_server_with, stream_throughput, unary_load, with_path,
+};
+use crate::cpu::CpuTimes;
+use crate::{PlotSpec, Ratio, Table, Value};
+
+/// One row label: a transport and, for rrpc, a poller variant.
+#[derive(Debug, Clone, Copy)]
+struct Variant {
+    transport: Transport,
+    poller: Option<&'static str>,
+}
+
+impl Variant {
+    fn name(self) -> String {
+        match self.poller {
+            Some(p) => format!("{}/{p}", self.transport.name()),
+            None => self.transport.name().to_owned(),
+        }
+    }
+
+    fn config(self) -> rrpc_tonic::RrpcConfig {
+        let mut cfg = rrpc_tonic::RrpcConfig::default();
+        if let Some(pc) = self.poller.and_then(poller_variant) {
+            cfg = cfg.poller(pc);
+        }
+        with_path(cfg, self.transport)
+    }
+
+    fn env(self) -> Vec<(&'static str, &'static str)> {
+        self.poller
+            .map(|p| vec![("RRPC_BENCH_POLLER", p)])
+            .unwrap_or_default()
+    }
+}
+
+/// tonic-TCP, tonic-UDS, every poller variant on the fast path, and the default on HTTP/2.
+fn variants(with: &[&str]) -> Vec<Variant> {
+    let mut v = vec![
+        Variant {
+            transport: Transport::TonicTcp,
+            poller: None,
+        },
+        Variant {
+            transport: Transport::TonicUds,
+            poller: None,
+        },
+    ];
+    for (p, _) in POLLER_VARIANTS.iter().filter(|(p, _)| with.contains(p)) {
+        v.push(Variant {
+            transport: Transport::RrpcFast,
+            poller: Some(p),
+        });
+    }
+    v.push(Variant {
+        transport: Transport::RrpcH2,
+        poller: Some("bpev"),
+    });
+    v
+}
+
+fn variants_note(v: &[Variant]) -> String {
+    let described: Vec<String> = POLLER_VARIANTS
+        .iter()
+        .filter(|(p, _)| v.iter().any(|x| x.poller == Some(p)))
+        .map(|(p, what)| format!("{p}: {what}"))
+        .collect();
+    format!(
+        "rrpc rows are `<transport>/<poller variant>`, both processes configured alike \
+         (rrpc-tonic's defaults otherwise: 1 polling thread per process, 50 us fixed spin): {}",
+        described.join("; ")
+    )
+}
+
+/// BP starts one polling thread per connection end; beyond this many clients a 2-core host is
+/// all spinning threads (the paper's own BP collapse).
+fn bp_ok(v: Variant, clients: usize) -> bool {
+    v.poller != Some("bp") || clients <= 8 * crate::process_cpus().len()
+}
+
+/// Connects `k` clients of `v` to `server` on the client runtime.
+fn connect_k(ctx: &Ctx<'_>, v: Variant, server: &ChildServer, k: usize) -> Result<Vec<AnyClient>> {
+    let cfg = v.config();
+    ctx.client_rt.block_on(async {
+        let mut out = Vec::with_capacity(k);
+        for _ in 0..k {
+            out.push(connect_to(v.transport, &server.target, &cfg).await?);
+        }
+        Ok(out)
+    })
+}
+
+/// One `low_load` point: (calls/s, server CPU %, client CPU %, p50 us, p99 us).
+fn low_point(
+    ctx: &Ctx<'_>,
+    v: Variant,
+    server: &ChildServer,
+    k: usize,
+    period: Duration,
+    dur: Duration,
+) -> Result<(f64, f64, f64, f64, f64)> {
+    let cs = connect_k(ctx, v, server, k)?;
+    let pid = server.pid();
+    let (c0, s0) = (CpuTimes::process()?, CpuTimes::of_pid(pid)?);
+    let w0 = Instant::now();
+    let r = ctx
+        .client_rt
+        .block_on(unary_load(cs, 32, 8, Some(period), dur))?;
+    let wall = w0.elapsed();
+    let (c1, s1) = (CpuTimes::process()?, CpuTimes::of_pid(pid)?);
+    let s = r.latency.summary();
+    Ok((
+        r.ops as f64 / r.elapsed.as_secs_f64(),
+        s1.percent_since(&s0, wall),
+        c1.percent_since(&c0, wall),
+        s.p50_us(),
+        s.p99_us(),
+    ))
+}
+
+/// `low_load`.
+pub(super) fn low_load(ctx: &mut Ctx<'_>, pinning: &str) -> Table {
+    let args = ctx.args;
+    let clients: Vec<usize> = args.pick(vec![1, 8], vec![1, 8, 64]);
+    let periods: Vec<Duration> = args.pick(
+        vec![Duration::from_millis(1)],
+        vec![Duration::from_millis(1), Duration::from_millis(10)],
+    );
+    let dur = args.duration(Duration::from_millis(400), Duration::from_secs(3));
+    let vs = variants(&["bpev", "bpev-plain", "bpts", "event", "bp"]);
+    let mut t = Table::new(
+        "low_load",
+        "Low, steady load: each client makes one 32 B / 8 B unary call per period; CPU of both \
+         processes, calls delivered, latency",
+        &[
+            "transport",
+            "clients",
+            "period_ms",
+            "calls_per_s",
+            "calls_x_vs_tcp",
+            "server_cpu_pct",
+            "client_cpu_pct",
+            "total_cpu_pct",
+            "cpu_x_vs_tcp",
+            "p50_us",
+            "p99_us",
+            "p50_x_vs_uds",
+        ],
+    );
+    let bar = args.progress((vs.len() * clients.len() * periods.len()) as u64, "low_load");
+    // (clients, period) -> (tcp calls, tcp cpu, uds p50)
+    let mut base: Vec<(usize, Duration, f64, f64, f64)> = Vec::new();
+    for v in &vs {
+        bar.set_message(format!("{} server process", v.name()));
+        let server = match ChildServer::spawn_with(v.transport, Some(ctx.server_cpu), &v.env()) {
+            Ok(s) => s,
+            Err(e) => {
+                ctx.fail(format!("low_load {} server process", v.name()), &e);
+                bar.inc((clients.len() * periods.len()) as u64);
+                continue;
+            }
+        };
+        for &period in &periods {
+            for &k in &clients {
+                bar.inc(1);
+                if !bp_ok(*v, k) {
+                    continue;
+                }
+                bar.set_message(format!("{} {k} clients", v.name()));
+                match low_point(ctx, *v, &server, k, period, dur) {
+                    Ok((calls, scpu, ccpu, p50, p99)) => {
+                        let total = scpu + ccpu;
+                        let b = base.iter_mut().find(|b| b.0 == k && b.1 == period);
+                        let b = match b {
+                            Some(b) => b,
+                            None => {
+                                base.push((k, period, f64::NAN, f64::NAN, f64::NAN));
+                                base.last_mut().expect("just pushed")
+                            }
+                        };
+                        match v.transport {
+                            Transport::TonicTcp => (b.2, b.3) = (calls, total),
+                            Transport::TonicUds => b.4 = p50,
+                            _ => {}
+                        }
+                        t.push(vec![
+                            Value::from(v.name()),
+                            k.into(),
+                            (period.as_secs_f64() * 1e3).into(),
+                            calls.into(),
+                            Ratio::of(calls, b.2).into(),
+                            scpu.into(),
+                            ccpu.into(),
+                            total.into(),
+                            Ratio::of(total, b.3).into(),
+                            p50.into(),
+                            p99.into(),
+                            Ratio::of(p50, b.4).into(),
+                        ]);
+                    }
+                    Err(e) => ctx.fail(format!("low_load {} {k} clients", v.name()), &e),
+                }
+            }
+        }
+        drop(server);
+    }
+    bar.finish_and_clear();
+    t.note(pinning.to_owned());
+    t.note(variants_note(&vs));
+    t.note(format!(
+        "server in its own process, clients in the suite's; CPU from /proc/<pid>/stat over the \
+         point's wall time incl. a 20 % warm-up (100 = one core); {} measured per point; the \
+         period is a floor (tokio's 1 ms timer); bp rows stop at {} clients",
+        super::figs::secs(dur),
+        8 * crate::process_cpus().len()
+    ));
+    t.note(
+        "targets (connection-management issue): total_cpu_pct at most tonic-tcp's \
+         (cpu_x_vs_tcp <= 1), calls_x_vs_tcp >= 1, p50_x_vs_uds <= 1",
+    );
+    t.plot(
+        PlotSpec::lines("clients", &["total_cpu_pct"])
+            .series("transport")
+            .log_x()
+            .x_label("clients (1 call per period each)")
+            .y_label("CPU, both processes (% of one core)"),
+    );
+    t
+}
+
+/// The busy loops of the contention experiment: one child process per CPU this process may
+/// run on, each pinned there, at normal priority; stopped on drop.
+struct Hogs(Vec<std::process::Child>);
+
+impl Hogs {
+    fn start() -> Result<Self> {
+        let exe = std::env::current_exe()?;
+        let mut v = Vec::new();
+        for cpu in crate::process_cpus() {
+            let child = std::process::Command::new(&exe)
+                .args(["--role", "hog", "--cpu", &cpu.to_string()])
+                .stdin(std::process::Stdio::piped())
+                .spawn()
+                .context("spawning a CPU hog")?;
+            v.push(child);
+        }
+        // Let them reach their cores.
+        std::thread::sleep(Duration::from_millis(100));
+        Ok(Hogs(v))
+    }
+}
+
+impl Drop for Hogs {
+    fn drop(&mut self) {
+        for c in &mut self.0 {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// The `--role hog` process: spins on `cpu` (if given) until its standard input closes or it
+/// is killed.
+///
+/// # Errors
+/// None in practice (pinning failures are ignored).
+pub fn hog(cpu: Option<usize>) -> Result<()> {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    if let Some(c) = cpu {
+        let _ = crate::pin_current_thread(c);
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    let s = stop.clone();
+    std::thread::spawn(move || {
+        use std::io::Read as _;
+        let mut buf = [0u8; 16];
+        while matches!(std::io::stdin().read(&mut buf), Ok(n) if n > 0) {}
+        s.store(true, Ordering::Relaxed);
+    });
+    let mut x = 0u64;
+    while !stop.load(Ordering::Relaxed) {
+        for _ in 0..10_000 {
+            x = std::hint::black_box(x.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1));
+        }
+    }
+    Ok(())
+}
+
+/// `contention`.
+pub(super) fn contention(ctx: &mut Ctx<'_>, pinning: &str) -> Table {
+    let args = ctx.args;
+    let dur = args.duration(Duration::from_millis(400), Duration::from_secs(3));
+    let (warm, n) = args.pick((100u64, 1_000u64), (1_000, 20_000));
+    let vs = variants(&["bpev", "bpev-plain", "event"]);
+    let mut t = Table::new(
+        "contention",
+        "Under CPU contention (a busy loop on every core): ping-pong latency and 32 B / 8 B \
+         streaming throughput",
+        &[
+            "transport",
+            "ping_p50_us",
+            "ping_p99_us",
+            "ping_p50_x_vs_tcp",
+            "krps_1",
+            "krps_1_x_vs_tcp",
+            "krps_8",
+            "krps_8_x_vs_tcp",
+        ],
+    );
+    let bar = args.progress(vs.len() as u64, "contention");
+    let mut tcp: Option<(f64, f64, f64)> = None;
+    let hogs = match Hogs::start() {
+        Ok(h) => h,
+        Err(e) => {
+            ctx.fail("contention: starting the hogs".into(), &e);
+            return t;
+        }
+    };
+    for v in &vs {
+        bar.set_message(v.name());
+        let res = (|| -> Result<Vec<Value>> {
+            let server = start_server_with(ctx.server_rt, v.transport, v.config())?;
+            let mut c = ctx.client_rt.block_on(super::connect(&server))?;
+            let l = ctx
+                .client_rt
+                .block_on(async move {
+                    tokio::spawn(async move { pingpong(&mut c, 64, 8, warm, n).await }).await?
+                })?
+                .summary();
+            let mut krps = [0.0f64; 2];
+            for (i, k) in [1usize, 8].into_iter().enumerate() {
+                let cs = ctx.client_rt.block_on(super::connect_many(&server, k))?;
+                let r = ctx
+                    .client_rt
+                    .block_on(stream_throughput(cs, 32, 8, 32, dur))?;
+                krps[i] = r.ops as f64 / r.elapsed.as_secs_f64() / 1e3;
+            }
+            if v.transport == Transport::TonicTcp {
+                tcp = Some((l.p50_us(), krps[0], krps[1]));
+            }
+            let (bp, b1, b8) = tcp.unwrap_or((f64::NAN, f64::NAN, f64::NAN));
+            Ok(vec![
+                v.name().into(),
+                l.p50_us().into(),
+                l.p99_us().into(),
+                Ratio::of(l.p50_us(), bp).into(),
+                krps[0].into(),
+                Ratio::of(krps[0], b1).into(),
+                krps[1].into(),
+                Ratio::of(krps[1], b8).into(),
+            ])
+        })();
+        match res {
+            Ok(row) => t.push(row),
+            Err(e) => ctx.fail(format!("contention {}", v.name()), &e),
+        }
+        bar.inc(1);
+    }
+    drop(hogs);
+    bar.finish_and_clear();
+    t.note(pinning.to_owned());
+    t.note(format!(
+        "{} hog processes (one busy loop pinned to each CPU of this process, normal priority) \
+         run through every row; server and clients in this process; ping-pong: {n} calls \
+         after {warm}; throughput: one stream per client, 32 in flight, {} per point",
+        crate::process_cpus().len(),
+        super::figs::secs(dur)
+    ));
+    t.note(variants_note(&vs));
+    t.note(
+        "target (connection-management issue): rrpc keeps at least tonic-tcp's throughput and \
+         p50 (krps_x_vs_tcp >= 1, ping_p50_x_vs_tcp <= 1). The hogs make this noisy: compare \
+         rows of one run only",
+    );
+    t
+}
+
+/// `idle_connections`.
+pub(super) fn idle_connections(ctx: &mut Ctx<'_>, pinning: &str) -> Table {
+    let args = ctx.args;
+    let k = 256;
+    let dur = args.duration(Duration::from_secs(1), Duration::from_secs(5));
+    let vs = variants(&["bpev", "bpev-plain", "event"]);
+    let mut t = Table::new(
+        "idle_connections",
+        "256 connected, idle clients: CPU of both processes",
+        &[
+            "transport",
+            "connections",
+            "server_cpu_pct",
+            "client_cpu_pct",
+            "total_cpu_pct",
+        ],
+    );
+    let bar = args.progress(vs.len() as u64, "idle_connections");
+    for v in &vs {
+        bar.set_message(v.name());
+        let res = (|| -> Result<(f64, f64)> {
+            let server = ChildServer::spawn_with(v.transport, Some(ctx.server_cpu), &v.env())?;
+            let mut cs = connect_k(ctx, *v, &server, k)?;
+            // One call each, so every connection is set up end to end, then let them idle.
+            ctx.client_rt.block_on(async {
+                for c in &mut cs {
+                    c.unary(super::pb::Req {
+                        payload: vec![1; 32],
+                        resp_len: 8,
+                    })
+                    .await?;
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                Ok::<_, anyhow::Error>(())
+            })?;
+            let pid = server.pid();
+            let (c0, s0) = (CpuTimes::process()?, CpuTimes::of_pid(pid)?);
+            let w0 = Instant::now();
+            ctx.client_rt
+                .block_on(async { tokio::time::sleep(dur).await });
+            let wall = w0.elapsed();
+            let (c1, s1) = (CpuTimes::process()?, CpuTimes::of_pid(pid)?);
+            drop(cs);
+            Ok((s1.percent_since(&s0, wall), c1.percent_since(&c0, wall)))
+        })();
+        match res {
+            Ok((s, c)) => t.push(vec![
+                v.name().into(),
+                k.into(),
+                s.into(),
+                c.into(),
+                (s + c).into(),
+            ]),
+            Err(e) => ctx.fail(format!("idle_connections {}", v.name()), &e),
+        }
+        bar.inc(1);
+    }
+    bar.finish_and_clear();
+    t.note(pinning.to_owned());
+    t.note(variants_note(&vs));
+    t.note(format!(
+        "server in its own process; one call per connection, 200 ms to settle, then CPU over \
+         {} of idleness (the client process's figure includes the suite's own idle runtime); \
+         target: under 1 % of a core",
+        super::figs::secs(dur)
+    ));
+    t
+}
