@@ -70,6 +70,7 @@ impl std::fmt::Display for Mode {
 /// | `auto_tune` | on | beyond the paper: moving RTT estimate, `bp_timeout` as cap |
 /// | `idle_park_after` | 2 ms | beyond the paper (§V-D future work) |
 /// | `doorbell_park_after` | 100 µs | beyond the paper (§V-D "sleep mode"): when every armed connection of a polling thread has a doorbell (a ring receiver: the writer rings once the reader announced its sleep, `rrpc_ringbuf::proto::doorbell`), the thread dozes after this much idle time instead of `idle_park_after`, announcing the sleep of each armed connection before it parks, and the task wakes from the doorbell; `None`: plain BPEV |
+/// | `spin_backoff` | on | beyond the paper (§V-D future work, "spinning that knows when it is losing"): a task's spin grants nothing while fewer than 1 in 8 of its spins catch data (one probe spin in 16 waits; [`SpinTuner`](crate::SpinTuner)), and a polling thread that lost over 30 % of a 1 ms window to the run queue, or woke fewer than 2 readers in it, backs off for 4 ms to 128 ms: it dozes and its armed connections are left to their doorbells ([`backoff`](crate::backoff)). Backing off a polling thread needs the doorbell fallback |
 /// | `idle_poll_interval` | 3 ms | beyond the paper: rescan period of dozing threads (one thread rescans for all); bounds the extra latency of the first message after an idle period. A rescan costs ~40 µs per 256 armed shm connections here (one cold cache line and TLB entry per ring), so 3 ms keeps 256 idle connections under 2 % of a core |
 ///
 /// # Examples
@@ -92,6 +93,7 @@ pub struct PollerConfig {
     auto_tune: bool,
     idle_park_after: Option<Duration>,
     doorbell_park_after: Option<Duration>,
+    spin_backoff: bool,
     idle_poll_interval: Duration,
     thread_name: String,
 }
@@ -105,6 +107,7 @@ impl Default for PollerConfig {
             auto_tune: true,
             idle_park_after: Some(Duration::from_millis(2)),
             doorbell_park_after: Some(Duration::from_micros(100)),
+            spin_backoff: true,
             idle_poll_interval: Duration::from_millis(3),
             thread_name: "rrpc-poll".to_owned(),
         }
@@ -117,14 +120,15 @@ impl PollerConfig {
         Self::default()
     }
 
-    /// The paper's configuration of a mode: no idle parking, no doorbell, no auto-tuning
-    /// (what the benchmarks compare against).
+    /// The paper's configuration of a mode: no idle parking, no doorbell, no auto-tuning, no
+    /// spin back-off (what the benchmarks compare against).
     pub fn paper(mode: Mode) -> Self {
         Self::default()
             .mode(mode)
             .auto_tune(false)
             .idle_park_after(None)
             .doorbell_park_after(None)
+            .spin_backoff(false)
     }
 
     /// Sets the connection management method.
@@ -178,6 +182,16 @@ impl PollerConfig {
     /// ring). `None` turns the fallback off: plain BPEV.
     pub fn doorbell_park_after(mut self, t: Option<Duration>) -> Self {
         self.doorbell_park_after = t;
+        self
+    }
+
+    /// Spinning that backs off when it stops paying (BPEV): a task stops spinning while its
+    /// spins rarely catch data or lose their core, and a polling thread that is descheduled or
+    /// wakes too few readers dozes for a while and leaves its connections to their doorbells
+    /// (the latter only with the [doorbell fallback](Self::doorbell_park_after)). `false`:
+    /// spin every time, as the paper does.
+    pub fn spin_backoff(mut self, on: bool) -> Self {
+        self.spin_backoff = on;
         self
     }
 
@@ -247,6 +261,10 @@ impl ConfigView {
         self.0.mode == Mode::Bpev
             && self.0.doorbell_park_after.is_some()
             && self.0.idle_park_after.is_some()
+    }
+    /// Whether spinning backs off when it stops paying.
+    pub fn spin_backoff(&self) -> bool {
+        self.0.spin_backoff
     }
     /// Rescan period of a parked thread.
     pub fn idle_poll_interval(&self) -> Duration {

@@ -116,6 +116,7 @@ mod source;
 mod stats;
 mod sys;
 mod tune;
+pub mod backoff;
 
 pub use config::{ConfigView, Mode, PollerConfig};
 pub use error::{Error, Result};

@@ -4,6 +4,16 @@
 //! typical round-trip time". A wait is an RTT sample when the data arrived within the cap
 //! (found while spinning, or woken shortly after arming); longer waits are idle gaps, not round
 //! trips, and are ignored. The budget is `1.25 × EWMA + 1 µs`, clamped to `[0, cap]`.
+//!
+//! **Backing off** (beyond the paper). A spin is worth its CPU only while it catches data. The
+//! tuner keeps a moving hit rate of the spins it granted (gain 1/8): a spin that ran out, or
+//! that lost its core (the caller saw a gap of [`PREEMPT_GAP`] between two of its clock reads:
+//! the thread was descheduled and waited for the scheduler, not for data), is a miss. Below a
+//! 1/8 hit rate, [`next_budget`](SpinTuner::next_budget) grants no spin, except one probe in
+//! every 16 waits, which lets the rate recover when the traffic changes. A server connection
+//! whose next request comes a millisecond later stops burning 50 µs per call this way, while a
+//! client waiting for its reply keeps spinning. Both directions work in fixed mode too: only
+//! the RTT-following length needs `auto`.
 
 use std::time::Duration;
 
@@ -13,7 +23,18 @@ pub struct SpinTuner {
     cap_ns: u64,
     auto: bool,
     ewma_ns: u64,
+    /// Moving hit rate of granted spins, in 1/256ths.
+    hit_rate: u32,
+    /// Waits since the last granted spin (for the probe).
+    skipped: u32,
 }
+
+/// A gap this long between two clock reads of one spin means the spinner lost its core.
+pub(crate) const PREEMPT_GAP: Duration = Duration::from_micros(20);
+/// Below this hit rate (in 1/256ths: 1/8) a wait does not spin.
+const MIN_HIT_RATE: u32 = 32;
+/// While backed off, one wait in this many spins anyway, to measure again.
+const PROBE_EVERY: u32 = 16;
 
 /// Weight of a new sample: 1/8 (TCP's SRTT gain).
 const GAIN_SHIFT: u32 = 3;
@@ -28,7 +49,44 @@ impl SpinTuner {
             cap_ns,
             auto,
             ewma_ns: cap_ns,
+            hit_rate: 256,
+            skipped: 0,
         }
+    }
+
+    /// The spin to grant the wait that starts now: [`budget`](Self::budget), or zero while
+    /// the hit rate is below 1/8 (one probe spin every 16 waits).
+    pub fn next_budget(&mut self) -> Duration {
+        if self.hit_rate < MIN_HIT_RATE {
+            self.skipped += 1;
+            if self.skipped < PROBE_EVERY {
+                return Duration::ZERO;
+            }
+        }
+        self.skipped = 0;
+        self.budget()
+    }
+
+    /// Whether spinning is backed off (the hit rate is below 1/8).
+    pub fn backed_off(&self) -> bool {
+        self.hit_rate < MIN_HIT_RATE
+    }
+
+    /// The moving hit rate of granted spins, 0 to 1.
+    pub fn hit_rate(&self) -> f64 {
+        f64::from(self.hit_rate) / 256.0
+    }
+
+    /// Feeds the outcome of a granted spin: `true` if it caught the data, `false` if it ran
+    /// out or lost its core. (A spin cut short because the worker had other work says neither.)
+    pub fn spun(&mut self, hit: bool) {
+        let sample = if hit { 256 } else { 0 };
+        self.hit_rate = self.hit_rate - (self.hit_rate >> GAIN_SHIFT) + (sample >> GAIN_SHIFT);
+    }
+
+    /// Whether a gap between two clock reads of a spin means the spinner was descheduled.
+    pub fn lost_core(gap: Duration) -> bool {
+        gap >= PREEMPT_GAP
     }
 
     /// How long the next wait should spin.
@@ -99,7 +157,62 @@ mod tests {
         assert_eq!(t.budget(), Duration::from_micros(7));
     }
 
+    #[test]
+    fn spins_that_miss_back_off_to_a_probe_and_hits_bring_them_back() {
+        let mut t = SpinTuner::new(Duration::from_micros(50), false);
+        assert_eq!(t.next_budget(), Duration::from_micros(50));
+        let mut granted = 0;
+        for _ in 0..40 {
+            if !t.next_budget().is_zero() {
+                granted += 1;
+                t.spun(false);
+            }
+        }
+        assert!(t.backed_off(), "rate {}", t.hit_rate());
+        // Once backed off, one wait in 16 still spins.
+        let probes = (0..160).filter(|_| !t.next_budget().is_zero()).count();
+        assert_eq!(probes, 10);
+        assert!(granted < 40);
+        // Probes that hit bring spinning back.
+        while t.backed_off() {
+            if !t.next_budget().is_zero() {
+                t.spun(true);
+            }
+        }
+        assert_eq!(t.next_budget(), Duration::from_micros(50));
+    }
+
+    #[test]
+    fn a_mostly_hitting_spin_never_backs_off() {
+        let mut t = SpinTuner::new(Duration::from_micros(50), true);
+        for i in 0..1000 {
+            assert!(!t.next_budget().is_zero());
+            // Three hits in four.
+            t.spun(i % 4 != 0);
+        }
+        assert!(!t.backed_off());
+    }
+
+    #[test]
+    fn a_gap_of_preempt_gap_means_the_core_was_lost() {
+        assert!(!SpinTuner::lost_core(Duration::from_micros(2)));
+        assert!(SpinTuner::lost_core(PREEMPT_GAP));
+    }
+
     proptest! {
+        /// The hit rate stays in [0, 1] and a backed-off tuner grants exactly one spin per
+        /// 16 waits until a hit.
+        #[test]
+        fn hit_rate_is_bounded(outcomes in proptest::collection::vec(any::<bool>(), 0..200)) {
+            let mut t = SpinTuner::new(Duration::from_micros(50), false);
+            for hit in outcomes {
+                if !t.next_budget().is_zero() {
+                    t.spun(hit);
+                }
+                prop_assert!((0.0..=1.0).contains(&t.hit_rate()));
+            }
+        }
+
         #[test]
         fn budget_never_exceeds_cap(cap_us in 0u64..1000, samples in proptest::collection::vec(0u64..2_000_000, 0..50)) {
             let mut t = SpinTuner::new(Duration::from_micros(cap_us), true);

@@ -1,0 +1,358 @@
+//! Sans-IO: when a polling thread's spinning stops paying, and for how long it backs off.
+//!
+//! A polling thread spins for its armed connections so that a reader wakes within a scan of
+//! its data. That is worth a core only while two things hold, and the [`Governor`] checks
+//! both at the end of every measurement window of spinning (1 ms by default):
+//! - **It has the core.** On a busy host a spinning thread loses its core to other runnable
+//!   threads (a neighbour's compile, our own tokio workers), and then it waits for the
+//!   scheduler, not for data. The window compares the thread's run-queue delay
+//!   (`/proc/thread-self/schedstat`) or, where that is missing, its wall time against its CPU
+//!   time. A thread that lost more than `max_lost` of the window is *descheduled*.
+//! - **It finds data.** A window in which the thread woke fewer than `min_hits` readers is
+//!   *not earning*: every one of those wakes cost it hundreds of microseconds of CPU.
+//!
+//! Either verdict backs the thread off: it stops spinning for a while and leaves its readers
+//! to the writers' doorbells (the caller decides what backing off means; see the polling
+//! loop). The period starts at `backoff_min`, doubles while consecutive windows keep failing,
+//! up to `backoff_max`, and returns to `backoff_min` after a window that passes. A back-off
+//! ends by itself: the thread then spins again and measures a fresh window.
+//!
+//! Time and CPU time come in as arguments, so the decisions are tested on a virtual clock.
+
+use std::time::Duration;
+
+/// What the polling thread reads from the OS at a window's start and end.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ThreadSample {
+    /// The thread's CPU time (`CLOCK_THREAD_CPUTIME_ID`).
+    pub cpu: Duration,
+    /// The thread's accumulated run-queue delay (`schedstat`'s second field), when the kernel
+    /// reports it.
+    pub run_delay: Option<Duration>,
+}
+
+/// Why a window failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reason {
+    /// The thread lost more than `max_lost` of the window to other runnable threads.
+    Descheduled,
+    /// The thread woke fewer than `min_hits` readers in the window.
+    NotEarning,
+}
+
+impl Reason {
+    /// A metrics label.
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::Descheduled => "descheduled",
+            Self::NotEarning => "not_earning",
+        }
+    }
+}
+
+/// The outcome of a window.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    /// Keep spinning.
+    Spin,
+    /// Stop spinning until `until` (same clock as `now`).
+    BackOff {
+        /// When the back-off ends.
+        until: Duration,
+        /// Why.
+        reason: Reason,
+    },
+}
+
+/// The governor's thresholds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GovernorConfig {
+    /// Length of a measurement window of spinning.
+    pub window: Duration,
+    /// Share of a window, in thousandths, the thread may lose to the run queue.
+    pub max_lost_permille: u32,
+    /// Readers a window must wake to be worth its core.
+    pub min_hits: u64,
+    /// The first back-off.
+    pub backoff_min: Duration,
+    /// The longest back-off.
+    pub backoff_max: Duration,
+}
+
+impl Default for GovernorConfig {
+    /// 1 ms windows; descheduled beyond 30 % lost; at least 2 readers woken per window;
+    /// back-offs from 4 ms to 128 ms.
+    fn default() -> Self {
+        Self {
+            window: Duration::from_millis(1),
+            max_lost_permille: 300,
+            min_hits: 2,
+            backoff_min: Duration::from_millis(4),
+            backoff_max: Duration::from_millis(128),
+        }
+    }
+}
+
+/// Decides, window by window, whether one polling thread keeps spinning.
+#[derive(Debug, Clone)]
+pub struct Governor {
+    cfg: GovernorConfig,
+    /// The current window's start: (now, sample), `None` when no window is open.
+    start: Option<(Duration, ThreadSample)>,
+    hits: u64,
+    /// The next back-off's length.
+    next_backoff: Duration,
+    until: Option<Duration>,
+}
+
+impl Governor {
+    /// A governor with no window open.
+    pub fn new(cfg: GovernorConfig) -> Self {
+        Self {
+            cfg,
+            start: None,
+            hits: 0,
+            next_backoff: cfg.backoff_min,
+            until: None,
+        }
+    }
+
+    /// Opens a window: the thread starts (or resumes) spinning at `now`.
+    pub fn begin(&mut self, now: Duration, sample: ThreadSample) {
+        self.start = Some((now, sample));
+        self.hits = 0;
+    }
+
+    /// Whether a window is open.
+    pub fn measuring(&self) -> bool {
+        self.start.is_some()
+    }
+
+    /// Counts readers woken in the open window.
+    pub fn hit(&mut self, n: u64) {
+        self.hits = self.hits.saturating_add(n);
+    }
+
+    /// Drops the open window without a verdict (the thread parks: a window measures spinning
+    /// only).
+    pub fn interrupt(&mut self) {
+        self.start = None;
+    }
+
+    /// Whether the open window has run its length (cheap: the caller reads the OS only then).
+    pub fn window_due(&self, now: Duration) -> bool {
+        self.start
+            .is_some_and(|(t0, _)| now.saturating_sub(t0) >= self.cfg.window)
+    }
+
+    /// Whether a back-off is in force at `now`.
+    pub fn backed_off(&self, now: Duration) -> bool {
+        self.until.is_some_and(|u| now < u)
+    }
+
+    /// When the current back-off ends, if one is in force at `now`.
+    pub fn backoff_until(&self, now: Duration) -> Option<Duration> {
+        self.until.filter(|&u| now < u)
+    }
+
+    /// Closes the open window at `now` and gives its verdict; the next window opens at `now`
+    /// when the verdict is [`Verdict::Spin`] (none opens during a back-off).
+    pub fn end_window(&mut self, now: Duration, sample: ThreadSample) -> Verdict {
+        let Some((t0, s0)) = self.start.take() else {
+            return Verdict::Spin;
+        };
+        let wall = now.saturating_sub(t0);
+        let lost = match (s0.run_delay, sample.run_delay) {
+            (Some(a), Some(b)) => b.saturating_sub(a),
+            _ => wall.saturating_sub(sample.cpu.saturating_sub(s0.cpu)),
+        };
+        let descheduled = !wall.is_zero()
+            && lost.as_nanos() * 1000 > wall.as_nanos() * u128::from(self.cfg.max_lost_permille);
+        let reason = if descheduled {
+            Some(Reason::Descheduled)
+        } else if self.hits < self.cfg.min_hits {
+            Some(Reason::NotEarning)
+        } else {
+            None
+        };
+        match reason {
+            None => {
+                self.next_backoff = self.cfg.backoff_min;
+                self.until = None;
+                self.begin(now, sample);
+                Verdict::Spin
+            }
+            Some(reason) => {
+                let until = now + self.next_backoff;
+                self.next_backoff = (self.next_backoff * 2).min(self.cfg.backoff_max);
+                self.until = Some(until);
+                Verdict::BackOff { until, reason }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: Duration = Duration::from_millis(1);
+    const US: Duration = Duration::from_micros(1);
+
+    fn sample(cpu: Duration) -> ThreadSample {
+        ThreadSample {
+            cpu,
+            run_delay: None,
+        }
+    }
+
+    /// Runs one window from `t` of length `wall` with `cpu` CPU time and `hits` wakes.
+    fn window(g: &mut Governor, t: Duration, wall: Duration, cpu: Duration, hits: u64) -> Verdict {
+        g.begin(t, sample(Duration::ZERO));
+        g.hit(hits);
+        g.end_window(t + wall, sample(cpu))
+    }
+
+    #[test]
+    fn a_thread_that_has_its_core_and_finds_data_keeps_spinning() {
+        let mut g = Governor::new(GovernorConfig::default());
+        assert_eq!(window(&mut g, Duration::ZERO, MS, 990 * US, 50), Verdict::Spin);
+        assert!(!g.backed_off(MS));
+        // The next window opened where this one ended.
+        assert!(g.measuring());
+        assert!(!g.window_due(MS + 999 * US));
+        assert!(g.window_due(2 * MS));
+    }
+
+    #[test]
+    fn losing_the_core_backs_off_and_the_backoff_doubles_then_resets() {
+        let mut g = Governor::new(GovernorConfig::default());
+        let v = window(&mut g, Duration::ZERO, 4 * MS, MS, 50);
+        assert_eq!(
+            v,
+            Verdict::BackOff {
+                until: 8 * MS,
+                reason: Reason::Descheduled
+            }
+        );
+        assert!(g.backed_off(7 * MS) && !g.backed_off(8 * MS));
+        assert_eq!(g.backoff_until(5 * MS), Some(8 * MS));
+        // Still losing after the back-off: twice as long.
+        let v = window(&mut g, 8 * MS, 2 * MS, MS, 50);
+        assert_eq!(
+            v,
+            Verdict::BackOff {
+                until: 18 * MS,
+                reason: Reason::Descheduled
+            }
+        );
+        // Capped at backoff_max.
+        let mut t = 18 * MS;
+        for _ in 0..10 {
+            if let Verdict::BackOff { until, .. } = window(&mut g, t, 2 * MS, MS, 50) {
+                assert!(until - (t + 2 * MS) <= GovernorConfig::default().backoff_max);
+                t = until;
+            } else {
+                panic!("a losing window must back off");
+            }
+        }
+        // A good window resets the length.
+        assert_eq!(window(&mut g, t, MS, MS, 50), Verdict::Spin);
+        assert_eq!(
+            window(&mut g, t + 5 * MS, 3 * MS, MS, 50),
+            Verdict::BackOff {
+                until: t + 12 * MS,
+                reason: Reason::Descheduled
+            }
+        );
+    }
+
+    #[test]
+    fn run_queue_delay_is_preferred_over_wall_minus_cpu() {
+        let mut g = Governor::new(GovernorConfig::default());
+        // Wall - CPU says 50 % lost, but the run queue says the thread slept on purpose
+        // (sched_yield with nobody else runnable, a short park): not descheduled.
+        g.begin(
+            Duration::ZERO,
+            ThreadSample {
+                cpu: Duration::ZERO,
+                run_delay: Some(10 * MS),
+            },
+        );
+        g.hit(10);
+        let v = g.end_window(
+            2 * MS,
+            ThreadSample {
+                cpu: MS,
+                run_delay: Some(10 * MS + 100 * US),
+            },
+        );
+        assert_eq!(v, Verdict::Spin);
+        // And the run queue alone can say descheduled.
+        g.begin(
+            Duration::ZERO,
+            ThreadSample {
+                cpu: Duration::ZERO,
+                run_delay: Some(Duration::ZERO),
+            },
+        );
+        g.hit(10);
+        let v = g.end_window(
+            MS,
+            ThreadSample {
+                cpu: MS,
+                run_delay: Some(400 * US),
+            },
+        );
+        assert!(matches!(
+            v,
+            Verdict::BackOff {
+                reason: Reason::Descheduled,
+                ..
+            }
+        ));
+    }
+
+    #[test]
+    fn a_window_that_wakes_too_few_readers_is_not_earning() {
+        let mut g = Governor::new(GovernorConfig::default());
+        assert_eq!(
+            window(&mut g, Duration::ZERO, MS, MS, 1),
+            Verdict::BackOff {
+                until: 5 * MS,
+                reason: Reason::NotEarning
+            }
+        );
+        assert_eq!(window(&mut g, 5 * MS, MS, MS, 2), Verdict::Spin);
+    }
+
+    #[test]
+    fn an_interrupted_window_gives_no_verdict() {
+        let mut g = Governor::new(GovernorConfig::default());
+        g.begin(Duration::ZERO, sample(Duration::ZERO));
+        g.interrupt();
+        assert!(!g.measuring() && !g.window_due(10 * MS));
+        assert_eq!(g.end_window(10 * MS, sample(Duration::ZERO)), Verdict::Spin);
+        assert!(!g.backed_off(10 * MS));
+    }
+
+    proptest::proptest! {
+        /// Whatever the windows, a back-off never exceeds `backoff_max` and always ends.
+        #[test]
+        fn backoffs_are_bounded(windows in proptest::collection::vec((1u64..10_000, 0u64..10_000, 0u64..8), 1..64)) {
+            let cfg = GovernorConfig::default();
+            let mut g = Governor::new(cfg);
+            let mut t = Duration::ZERO;
+            for (wall_us, cpu_us, hits) in windows {
+                let wall = wall_us * US;
+                let v = window(&mut g, t, wall, (cpu_us * US).min(wall), hits);
+                t += wall;
+                if let Verdict::BackOff { until, .. } = v {
+                    proptest::prop_assert!(until > t && until - t <= cfg.backoff_max);
+                    proptest::prop_assert!(g.backed_off(t) && !g.backed_off(until));
+                    t = until;
+                }
+            }
+        }
+    }
+}
