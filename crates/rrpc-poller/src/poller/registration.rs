@@ -1,0 +1,460 @@
+//! Registration: a [`Registration`] is one connection direction registered with a
+//! [`Poller`], whose [`wait_ready`](Registration::wait_ready) spins, arms, rechecks and sleeps
+//! (on its waker, eventfd, notifier or doorbell fd); the [`Doorbell`] is the writer-side
+//! wake-up of one registration.
+
+use std::fmt;
+use std::future::poll_fn;
+use std::os::fd::{AsRawFd, RawFd};
+use std::sync::Arc;
+use std::sync::atomic::{Ordering, fence};
+use std::task::Poll;
+use std::time::{Duration, Instant};
+
+use tokio::io::unix::AsyncFd;
+
+use crate::config::Mode;
+use crate::error::{Error, Result};
+use crate::source::Readiness;
+use crate::stats::Counters;
+use crate::sys::{DupFd, EventFd};
+use crate::tune::SpinTuner;
+
+use super::shard::{Entry, Shard};
+use super::thread::scan;
+use super::{Inner, PROGRESS, Poller, SPIN_FIRST_YIELD, SPIN_YIELD_EVERY, Wake, lock};
+
+/// Polls a notification fd (an eventfd, a completion channel) and, once it is readable,
+/// consumes what is pending with `ack`: `Ready(Ok(r))` with `ack`'s result when it consumed
+/// something or failed; a spurious readiness (`ack` says `WouldBlock`) is cleared and polled
+/// again, which registers the task's waker.
+fn poll_acked<T: AsRawFd>(
+    afd: &AsyncFd<T>,
+    cx: &mut std::task::Context<'_>,
+    op: &'static str,
+    ack: impl Fn(&T) -> std::io::Result<()>,
+) -> Poll<Result<std::io::Result<()>>> {
+    loop {
+        match afd.poll_read_ready(cx) {
+            Poll::Pending => return Poll::Pending,
+            Poll::Ready(Err(e)) => return Poll::Ready(Err(Error::Io { op, source: e })),
+            Poll::Ready(Ok(mut g)) => match g.try_io(|h| ack(h.get_ref())) {
+                Ok(r) => return Poll::Ready(Ok(r)),
+                Err(_would_block) => continue,
+            },
+        }
+    }
+}
+
+/// What a task sleeps on.
+pub(super) enum Sleeper {
+    Waker,
+    EventFd(AsyncFd<Arc<EventFd>>),
+    Notifier(AsyncFd<DupFd>),
+}
+
+/// One connection (one direction: "data to read" or "space to write") registered with a
+/// [`Poller`]. Deregisters on drop (BP: the last registration of a connection stops and joins
+/// the connection's thread).
+pub struct Registration {
+    pub(super) entry: Arc<Entry>,
+    pub(super) shard: Arc<Shard>,
+    pub(super) inner: Arc<Inner>,
+    pub(super) mode: Mode,
+    pub(super) sleeper: Sleeper,
+    pub(super) live: Option<AsyncFd<DupFd>>,
+    /// The source's doorbell fd (BPEV with the doorbell fallback).
+    pub(super) bell_fd: Option<AsyncFd<DupFd>>,
+    pub(super) tuner: SpinTuner,
+    pub(super) doorbell_fd: Option<RawFd>,
+    pub(super) removed: bool,
+}
+
+impl fmt::Debug for Registration {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Registration")
+            .field("mode", &self.mode)
+            .field("armed", &self.entry.armed.load(Ordering::Relaxed))
+            .field("eventfd", &self.doorbell_fd)
+            .field("spin_budget", &self.tuner.budget())
+            .finish()
+    }
+}
+
+/// Why a readiness check returned.
+enum Check {
+    Ready,
+    NotReady,
+}
+
+impl Registration {
+    /// The mode of the poller this registration belongs to.
+    pub fn mode(&self) -> Mode {
+        self.mode
+    }
+
+    /// The current spin time (tuned, at most `bp_timeout`); only BPEV spins.
+    pub fn spin_budget(&self) -> Duration {
+        self.tuner.budget()
+    }
+
+    /// The moving RTT estimate behind [`spin_budget`](Self::spin_budget).
+    pub fn rtt_estimate(&self) -> Duration {
+        self.tuner.rtt_estimate()
+    }
+
+    /// Registers another source of the same connection (typically its other direction) on the
+    /// same polling thread as this registration. In [`Mode::Bp`] this is how a connection
+    /// gets exactly one polling thread (the paper's BP: one thread per connection, whatever
+    /// it waits for); the thread stops when the last registration sharing it is dropped. In
+    /// the other modes it is [`Poller::register`] with the shard chosen by this registration.
+    ///
+    /// # Errors
+    /// As [`Poller::register`].
+    pub fn register_sibling(&self, source: Arc<dyn Readiness>) -> Result<Registration> {
+        let p = Poller {
+            inner: self.inner.clone(),
+        };
+        let sibling = (self.mode != Mode::Event).then_some(&self.shard);
+        p.register_in(source, sibling)
+    }
+
+    /// A handle the writer side uses to wake this registration's task in [`Mode::Event`]
+    /// (the shm analogue of a `WRITE_WITH_IMM` that fires the completion channel). It writes
+    /// the eventfd only when the task is armed. It also works in the other modes (it just
+    /// wakes the task sooner than the polling thread would), and does nothing for sources with
+    /// their own [`Notifier`](crate::Notifier).
+    pub fn doorbell(&self) -> Doorbell {
+        Doorbell {
+            entry: self.entry.clone(),
+        }
+    }
+
+    /// Whether the peer was found gone.
+    pub fn is_closed(&self) -> bool {
+        self.entry.closed.load(Ordering::Acquire)
+    }
+
+    fn check(&mut self) -> Result<Check> {
+        if self.entry.source.ready() {
+            return Ok(Check::Ready);
+        }
+        self.check_alive()?;
+        Ok(Check::NotReady)
+    }
+
+    fn check_alive(&mut self) -> Result<()> {
+        if self.inner.shutdown.load(Ordering::Acquire) {
+            return Err(Error::Shutdown);
+        }
+        if self.entry.closed.load(Ordering::Acquire) || self.entry.source.is_closed() {
+            self.mark_closed();
+            return Err(Error::PeerGone);
+        }
+        Ok(())
+    }
+
+    fn mark_closed(&mut self) {
+        self.entry.closed.store(true, Ordering::Release);
+        if !self.removed {
+            self.removed = true;
+            self.shard.remove(&self.entry);
+            Counters::add(&self.inner.counters.closed, 1);
+            tracing::debug!(mode = %self.mode, "registration closed: peer gone");
+        }
+    }
+
+    /// Arms the registration: from now on a polling thread or doorbell may wake the task.
+    fn arm(&self) -> Result<()> {
+        if let Sleeper::Notifier(_) = self.sleeper {
+            let n = self.entry.source.notifier().ok_or(Error::InvalidConfig(
+                "source stopped offering a notifier after registration",
+            ))?;
+            n.arm().map_err(Error::io("arm notifier"))?;
+            return Ok(());
+        }
+        self.entry.armed.store(true, Ordering::SeqCst);
+        fence(Ordering::SeqCst);
+        if let Some(s) = &self.entry.shard {
+            s.kick();
+        }
+        Ok(())
+    }
+
+    /// One scan of this registration's shard by the spinning task (see the spin loop).
+    fn help(&self) {
+        let Ok(v) = self.shard.entries.try_lock() else {
+            return;
+        };
+        let (polls, fired, waiting) = scan(&v);
+        drop(v);
+        Counters::add(&self.inner.counters.polls, polls);
+        Counters::add(&self.inner.counters.empty_polls, waiting as u64);
+        let _ = fired;
+    }
+
+    /// Cancels our own arm after the recheck found data.
+    fn disarm(&self) {
+        self.entry.armed.store(false, Ordering::Relaxed);
+    }
+
+    /// Waits until the source is ready (or the peer is gone).
+    ///
+    /// BP/BPTS: checks, registers the waker, arms, rechecks, sleeps until the polling thread
+    /// wakes it. BPEV: the same after a spin of up to the spin budget, during which the task
+    /// also wakes its shard's armed neighbours that have data and which ends early when other
+    /// tasks on its worker have work. EVENT: checks, arms, rechecks and sleeps on the
+    /// connection's eventfd in the tokio reactor, rung by a [`Doorbell`], or on the source's
+    /// [`Notifier`](crate::Notifier).
+    ///
+    /// Readiness is level-triggered from the caller's point of view: `wait_ready` returns
+    /// immediately as long as the source is ready, so the caller consumes what is there and
+    /// calls it again.
+    ///
+    /// # Errors
+    /// [`Error::PeerGone`] once the source reports closed or its liveness fd fires (data
+    /// already there is reported first); [`Error::Shutdown`] after
+    /// [`Poller::shutdown`]; [`Error::Io`] if the reactor or the notifier fails.
+    ///
+    /// # Cancel safety
+    /// Cancel-safe: dropping the future loses nothing. A wake-up that was aimed at the dropped
+    /// future leaves at most a stale eventfd count or a stale waker call, which makes the next
+    /// wait recheck once.
+    pub async fn wait_ready(&mut self) -> Result<()> {
+        let r = self.wait_ready_inner().await;
+        // The next sleep is announced afresh (a new epoch; the writer rings once per epoch).
+        self.entry.announced.store(false, Ordering::Relaxed);
+        if r.is_ok() {
+            PROGRESS.set(PROGRESS.get().wrapping_add(1));
+        }
+        r
+    }
+
+    async fn wait_ready_inner(&mut self) -> Result<()> {
+        if let Check::Ready = self.check()? {
+            Counters::add(&self.inner.counters.first_check_hits, 1);
+            return Ok(());
+        }
+        // Read the clock only once we have to wait (the hit path stays clock-free).
+        let start = Instant::now();
+        if self.mode == Mode::Bpev {
+            let budget = self.tuner.budget();
+            if !budget.is_zero() {
+                // The first yield comes early: under load other tasks of this worker are
+                // usually runnable, and a spin must not delay them (it stops at the first
+                // yield that saw them progress).
+                let mut next_yield = start + SPIN_FIRST_YIELD;
+                loop {
+                    for _ in 0..32 {
+                        if self.entry.source.ready() {
+                            Counters::add(&self.inner.counters.spin_hits, 1);
+                            self.tuner.observe(start.elapsed());
+                            return Ok(());
+                        }
+                        std::hint::spin_loop();
+                    }
+                    self.check_alive()?;
+                    let now = Instant::now();
+                    if now.duration_since(start) >= budget {
+                        break;
+                    }
+                    if now >= next_yield {
+                        // Algorithm 2's working thread busy-polls all of its connections,
+                        // not one: wake the armed neighbours that have data (from the worker
+                        // thread a wake is a local enqueue, no syscall), so that a polling
+                        // thread sharing our core is not needed to notice them.
+                        self.help();
+                        let before = PROGRESS.get();
+                        tokio::task::yield_now().await;
+                        if PROGRESS.get() != before {
+                            // Other tasks on this worker had work while we spun: the worker
+                            // is busy, so stop spinning, arm, and let the polling threads
+                            // watch this connection (Algorithm 2 spins only while the
+                            // working thread has no event to handle).
+                            break;
+                        }
+                        next_yield = Instant::now() + SPIN_YIELD_EVERY;
+                    }
+                }
+            }
+        }
+        loop {
+            if let Sleeper::Waker = self.sleeper {
+                self.sleep_waker().await?;
+            } else {
+                self.arm()?;
+                if let Check::Ready = self.check()? {
+                    self.disarm();
+                    self.tuner.observe(start.elapsed());
+                    return Ok(());
+                }
+                Counters::add(&self.inner.counters.sleeps, 1);
+                self.sleep_fd().await?;
+            }
+            if let Check::Ready = self.check()? {
+                Counters::add(&self.inner.counters.wakeups, 1);
+                self.tuner.observe(start.elapsed());
+                return Ok(());
+            }
+        }
+    }
+
+    /// BP / BPTS / BPEV: register waker, arm, recheck; Pending until the polling thread fires.
+    async fn sleep_waker(&mut self) -> Result<()> {
+        let mut slept = false;
+        let r = poll_fn(|cx| {
+            if let Some(live) = &self.live
+                && live.poll_read_ready(cx).is_ready()
+            {
+                return Poll::Ready(Err(Error::PeerGone));
+            }
+            if let Wake::Waker(w) = &self.entry.wake {
+                w.register(cx.waker());
+            }
+            if let Some(bell) = &self.bell_fd {
+                // The writer rang (or a stale ring of an earlier sleep): consume it and let
+                // the caller check; a stale one is consumed until nothing is pending, which
+                // clears the readiness, so the next poll registers our waker.
+                let src = &self.entry.source;
+                let ack = |_: &DupFd| match src.doorbell() {
+                    Some(n) => n.ack(),
+                    None => Ok(()),
+                };
+                loop {
+                    match poll_acked(bell, cx, "doorbell readiness", ack) {
+                        Poll::Pending => break,
+                        Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+                        Poll::Ready(Ok(Ok(()))) if slept => {
+                            Counters::add(&self.inner.counters.bell_wakes, 1);
+                            self.entry.armed.store(false, Ordering::Relaxed);
+                            return Poll::Ready(Ok(()));
+                        }
+                        Poll::Ready(Ok(Ok(()))) => {}
+                        Poll::Ready(Ok(Err(e))) => {
+                            return Poll::Ready(Err(Error::Io {
+                                op: "doorbell ack",
+                                source: e,
+                            }));
+                        }
+                    }
+                }
+            }
+            if slept && !self.entry.armed.load(Ordering::Acquire) {
+                // Fired (or shut down): let the caller check.
+                return Poll::Ready(Ok(()));
+            }
+            if self.entry.source.ready() {
+                self.entry.armed.store(false, Ordering::Relaxed);
+                return Poll::Ready(Ok(()));
+            }
+            self.entry.armed.store(true, Ordering::SeqCst);
+            fence(Ordering::SeqCst);
+            if let Some(s) = &self.entry.shard {
+                s.kick();
+            }
+            if self.entry.source.ready() || self.inner.shutdown.load(Ordering::SeqCst) {
+                self.entry.armed.store(false, Ordering::Relaxed);
+                return Poll::Ready(Ok(()));
+            }
+            if !slept {
+                slept = true;
+                Counters::add(&self.inner.counters.sleeps, 1);
+            }
+            Poll::Pending
+        })
+        .await;
+        if let Err(Error::PeerGone) = r {
+            self.mark_closed();
+        }
+        r
+    }
+
+    /// EVENT: sleep until the eventfd (or notifier fd) is readable, then drain it.
+    async fn sleep_fd(&mut self) -> Result<()> {
+        let r = poll_fn(|cx| {
+            if let Some(live) = &self.live
+                && live.poll_read_ready(cx).is_ready()
+            {
+                return Poll::Ready(Err(Error::PeerGone));
+            }
+            // Drained (or the ack failed for a reason other than WouldBlock, which the
+            // recheck will surface): the caller checks the source.
+            let drained = match &self.sleeper {
+                Sleeper::EventFd(afd) => {
+                    poll_acked(afd, cx, "eventfd readiness", |h| h.drain().map(|_| ()))
+                }
+                Sleeper::Notifier(afd) => {
+                    let src = &self.entry.source;
+                    poll_acked(afd, cx, "notifier readiness", |_| match src.notifier() {
+                        Some(n) => n.ack(),
+                        None => Ok(()),
+                    })
+                }
+                Sleeper::Waker => return Poll::Ready(Ok(())),
+            };
+            drained.map_ok(|_| ())
+        })
+        .await;
+        if let Err(Error::PeerGone) = r {
+            self.mark_closed();
+        }
+        r
+    }
+}
+
+impl Drop for Registration {
+    fn drop(&mut self) {
+        if !self.removed {
+            self.removed = true;
+            self.shard.remove(&self.entry);
+        }
+        if self.mode == Mode::Bp && self.shard.users.fetch_sub(1, Ordering::SeqCst) == 1 {
+            self.shard.stop();
+            let handle = {
+                let mut bp = lock(&self.inner.bp);
+                bp.iter()
+                    .position(|(s, _)| Arc::ptr_eq(s, &self.shard))
+                    .map(|i| bp.swap_remove(i).1)
+            };
+            if let Some(h) = handle {
+                let _ = h.join();
+            }
+        }
+    }
+}
+
+/// Writer-side wake-up for one [`Registration`] (see [`Registration::doorbell`]).
+///
+/// `Clone + Send + Sync`; ringing costs one fence and one atomic load when the reader is not
+/// armed, plus one eventfd write (or waker call) when it is.
+#[derive(Clone)]
+pub struct Doorbell {
+    entry: Arc<Entry>,
+}
+
+impl fmt::Debug for Doorbell {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Doorbell")
+            .field("armed", &self.entry.armed.load(Ordering::Relaxed))
+            .finish()
+    }
+}
+
+impl Doorbell {
+    /// Wakes the reader if it is armed. Call after publishing the data (the data store must
+    /// happen before this call, which fences).
+    pub fn ring(&self) {
+        fence(Ordering::SeqCst);
+        if self.entry.armed.load(Ordering::Relaxed)
+            && self.entry.armed.swap(false, Ordering::AcqRel)
+        {
+            self.entry.fire();
+        }
+    }
+
+    /// Marks the reader's connection closed (peer gone) and wakes it.
+    pub fn close(&self) {
+        self.entry.closed.store(true, Ordering::Release);
+        self.ring();
+    }
+}

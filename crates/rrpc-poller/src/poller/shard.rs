@@ -1,0 +1,218 @@
+//! The shards: an [`Entry`] is one registration's shared state (its source, its `armed` flag,
+//! how its task is woken), and a [`Shard`] is the set of entries one polling thread scans,
+//! with what that thread publishes (parked, dozing, stop) and its load for the reports.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::thread::Thread;
+use std::time::{Duration, Instant};
+
+use crossbeam_utils::CachePadded;
+
+use crate::source::Readiness;
+use crate::stats::Counters;
+
+use super::thread::REPORT_EVERY;
+use super::{Wake, lock};
+
+/// Shared state of one registration, seen by the task, the polling thread and doorbells.
+pub(super) struct Entry {
+    pub(super) source: Arc<dyn Readiness>,
+    pub(super) armed: CachePadded<AtomicBool>,
+    /// Set by a polling thread that saw `source.is_closed()`.
+    pub(super) closed: AtomicBool,
+    pub(super) wake: Wake,
+    /// The shard polling this entry (None in EVENT mode).
+    pub(super) shard: Option<Arc<Shard>>,
+    pub(super) counters: Arc<Counters>,
+    /// The doorbell fallback covers this entry (BPEV, on, and the source has a doorbell).
+    pub(super) bell: bool,
+    /// This arm's sleep was announced to the writer (reset by the task when it wakes).
+    pub(super) announced: AtomicBool,
+}
+
+impl Entry {
+    /// Wakes the task. Call only after winning `armed.swap(false)`.
+    pub(super) fn fire(&self) {
+        match &self.wake {
+            Wake::EventFd(efd) => {
+                efd.signal();
+                Counters::add(&self.counters.eventfd_writes, 1);
+            }
+            Wake::Waker(w) => {
+                w.wake();
+                Counters::add(&self.counters.waker_wakes, 1);
+            }
+            Wake::Notifier => {}
+        }
+    }
+
+    /// Doorbell fallback: announces this armed entry's sleep once per arm (arm the notifier,
+    /// announce, then the caller rechecks). Returns whether it announced.
+    pub(super) fn announce(&self) -> bool {
+        if !self.bell || self.announced.swap(true, Ordering::SeqCst) {
+            return false;
+        }
+        let Some(n) = self.source.doorbell() else {
+            return false;
+        };
+        match n.arm().and_then(|()| n.announce_sleep()) {
+            Ok(()) => {
+                Counters::add(&self.counters.announces, 1);
+                true
+            }
+            Err(e) => {
+                // The rescans every idle_poll_interval still cover the entry.
+                tracing::debug!(error = %e, "doorbell announce failed; rescans cover it");
+                false
+            }
+        }
+    }
+
+    /// Wakes the task unconditionally (shutdown).
+    pub(super) fn force_wake(&self) {
+        self.armed.store(false, Ordering::SeqCst);
+        match &self.wake {
+            Wake::EventFd(efd) => efd.signal(),
+            Wake::Waker(w) => w.wake(),
+            Wake::Notifier => {}
+        }
+    }
+}
+
+/// A set of entries scanned by one polling thread (or, for EVENT, by nobody).
+pub(super) struct Shard {
+    pub(super) id: usize,
+    pub(super) entries: Mutex<Vec<Arc<Entry>>>,
+    pub(super) generation: AtomicU64,
+    pub(super) len: AtomicUsize,
+    pub(super) parked: CachePadded<AtomicBool>,
+    pub(super) stop: AtomicBool,
+    pub(super) thread: OnceLock<Thread>,
+    /// BP: registrations sharing this shard's thread (the thread stops when it drops to 0).
+    pub(super) users: AtomicUsize,
+    /// The thread dozes: armed connections, idle; its rescans may be done by
+    /// [`IdleWatch`](super::thread::IdleWatch).
+    pub(super) dozing: AtomicBool,
+    /// The busy fraction's clock ([`Shard::busy_fraction`]): nanoseconds since `born`.
+    born: Instant,
+    /// Nanoseconds spent parked (finished parks).
+    pub(super) parked_ns: AtomicU64,
+    /// When the current park began (ns since `born`), `u64::MAX` while running.
+    pub(super) parked_since: AtomicU64,
+    /// The load at the previous report.
+    last_report: Mutex<crate::stats::ThreadLoad>,
+}
+
+impl Shard {
+    pub(super) fn new(id: usize) -> Arc<Self> {
+        Arc::new(Self {
+            id,
+            entries: Mutex::new(Vec::new()),
+            generation: AtomicU64::new(0),
+            len: AtomicUsize::new(0),
+            parked: CachePadded::new(AtomicBool::new(false)),
+            stop: AtomicBool::new(false),
+            thread: OnceLock::new(),
+            users: AtomicUsize::new(0),
+            dozing: AtomicBool::new(false),
+            born: Instant::now(),
+            parked_ns: AtomicU64::new(0),
+            parked_since: AtomicU64::new(u64::MAX),
+            last_report: Mutex::new(crate::stats::ThreadLoad {
+                thread: id,
+                alive: Duration::ZERO,
+                parked: Duration::ZERO,
+            }),
+        })
+    }
+
+    pub(super) fn clock(&self) -> u64 {
+        u64::try_from(self.born.elapsed().as_nanos()).unwrap_or(u64::MAX)
+    }
+
+    /// (ns alive, ns parked), a park in progress counted up to now.
+    fn times(&self) -> (u64, u64) {
+        let now = self.clock();
+        let mut parked = self.parked_ns.load(Ordering::Relaxed);
+        let since = self.parked_since.load(Ordering::Relaxed);
+        if since != u64::MAX {
+            parked += now.saturating_sub(since);
+        }
+        (now, parked.min(now))
+    }
+
+    pub(super) fn load(&self) -> crate::stats::ThreadLoad {
+        let (alive, parked) = self.times();
+        crate::stats::ThreadLoad {
+            thread: self.id,
+            alive: Duration::from_nanos(alive),
+            parked: Duration::from_nanos(parked),
+        }
+    }
+
+    /// The share of wall time this shard's thread was not parked since the
+    /// previous report (spinning and scanning count as busy), 0 to 1.
+    pub(super) fn busy_fraction(&self) -> f64 {
+        let now = self.load();
+        let earlier = std::mem::replace(&mut *lock(&self.last_report), now);
+        now.busy_since(&earlier)
+    }
+
+    /// Reports this thread's load, and the poller's counters, at most once
+    /// per [`REPORT_EVERY`] (`force`: now).
+    pub(super) fn report(
+        &self,
+        counters: &Counters,
+        mode: crate::Mode,
+        next: &mut Instant,
+        force: bool,
+    ) {
+        let now = Instant::now();
+        if !force && now < *next {
+            return;
+        }
+        *next = now + REPORT_EVERY;
+        crate::report::counters(&counters.snapshot(0), mode);
+        crate::report::busy(self.id, self.busy_fraction(), mode);
+    }
+
+    pub(super) fn add(&self, e: Arc<Entry>) {
+        let mut v = lock(&self.entries);
+        v.push(e);
+        self.len.store(v.len(), Ordering::Relaxed);
+        self.generation.fetch_add(1, Ordering::Release);
+    }
+
+    pub(super) fn remove(&self, e: &Arc<Entry>) {
+        {
+            let mut v = lock(&self.entries);
+            v.retain(|x| !Arc::ptr_eq(x, e));
+            self.len.store(v.len(), Ordering::Relaxed);
+            self.generation.fetch_add(1, Ordering::Release);
+        }
+        // A parked thread still holds the entry in its snapshot of the list,
+        // and with it the connection's rings, eventfds and side channel:
+        // wake it so that it takes the new list and lets go now, not at its
+        // next wake-up (which, idle, may be far away).
+        self.kick();
+    }
+
+    /// Resumes a parked polling thread (one syscall for the first kicker only).
+    pub(super) fn kick(&self) {
+        if self.parked.load(Ordering::SeqCst)
+            && self.parked.swap(false, Ordering::SeqCst)
+            && let Some(t) = self.thread.get()
+        {
+            t.unpark();
+        }
+    }
+
+    pub(super) fn stop(&self) {
+        self.stop.store(true, Ordering::SeqCst);
+        self.parked.store(false, Ordering::SeqCst);
+        if let Some(t) = self.thread.get() {
+            t.unpark();
+        }
+    }
+}

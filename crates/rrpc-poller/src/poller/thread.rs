@@ -1,0 +1,292 @@
+//! The polling threads' loop: [`polling_loop`] (the body of every polling thread, with idle
+//! parking, dozing and the doorbell fallback's announces), [`scan`] (one pass over a shard's
+//! armed entries, also used by spinning tasks), their settings ([`LoopCfg`]) and the
+//! [`IdleWatch`] that coalesces the idle rescans of the shared polling threads.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering, fence};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use crate::stats::Counters;
+
+use super::shard::{Entry, Shard};
+use super::{YIELD_AFTER_CHECKS, lock};
+
+/// Per-thread settings of the polling loop.
+#[derive(Clone)]
+pub(super) struct LoopCfg {
+    pub(super) park_after: Option<Duration>,
+    /// [`PollerConfig::doorbell_park_after`](crate::PollerConfig::doorbell_park_after) (BPEV only).
+    pub(super) bell_park_after: Option<Duration>,
+    pub(super) idle_interval: Duration,
+    /// Shared shards (BPTS, BPEV): the idle rescans of all dozing shards are done by one
+    /// thread. `None` for BP's per-connection threads.
+    pub(super) watch: Option<Arc<IdleWatch>>,
+    pub(super) mode: crate::Mode,
+}
+
+pub(super) const NO_HOLDER: usize = usize::MAX;
+
+/// How often a running polling thread reports to the `metrics` facade.
+pub(super) const REPORT_EVERY: Duration = Duration::from_secs(1);
+
+/// Coalesces the idle rescans of the shared polling threads: the first thread that dozes
+/// becomes the *holder* and from then on rescans every dozing shard every `idle_interval`
+/// (also while it is busy itself); the other dozing threads sleep until a task of theirs arms.
+/// With N polling threads an idle poller wakes N times less often.
+pub(super) struct IdleWatch {
+    pub(super) holder: AtomicUsize,
+    /// Indexed by shard id.
+    pub(super) shards: Vec<Arc<Shard>>,
+}
+
+impl IdleWatch {
+    fn shards(&self) -> &[Arc<Shard>] {
+        &self.shards
+    }
+
+    fn others_dozing(&self, me: usize) -> bool {
+        self.shards()
+            .iter()
+            .any(|s| s.id != me && s.dozing.load(Ordering::SeqCst))
+    }
+
+    /// Rescans the armed connections of every other dozing shard.
+    fn rescan_others(&self, me: usize, counters: &Counters) {
+        for s in self.shards() {
+            if s.id == me || !s.dozing.load(Ordering::Acquire) {
+                continue;
+            }
+            let (polls, _fired, waiting) = scan(&lock(&s.entries));
+            Counters::add(&counters.polls, polls);
+            Counters::add(&counters.empty_polls, waiting as u64);
+        }
+    }
+
+    /// Tells the holder that one more shard dozes (it may be parked without a timeout).
+    fn kick_holder(&self) {
+        let h = self.holder.load(Ordering::SeqCst);
+        if let Some(s) = self.shards().get(h) {
+            s.kick();
+        }
+    }
+}
+
+/// The body of every polling thread (Algorithm 2, procedure RDMApoll; Algorithm 1's scan for
+/// BPTS; a per-connection shard for BP), with idle parking.
+///
+/// Scheduling rules (they matter most when the polling threads share cores with the tokio
+/// workers, as on a 2-core machine):
+/// - After a scan that woke a task the thread calls `sched_yield` once: the woken worker may
+///   be queued on this very core, and it should run now rather than after our time slice.
+/// - With idle parking on, a thread with no armed connection parks at once (untimed): there
+///   is nothing it could find. The next arm resumes it (`Shard::kick`, one futex wake).
+/// - Armed connections with no data for `park_after`: the thread dozes. The rescans every
+///   `idle_interval` of all dozing shared shards are done by one thread ([`IdleWatch`]).
+pub(super) fn polling_loop(shard: Arc<Shard>, counters: Arc<Counters>, cfg: LoopCfg) {
+    let mut local: Vec<Arc<Entry>> = Vec::new();
+    let mut seen_gen = u64::MAX;
+    let mut last_activity = Instant::now();
+    let mut checks: u64 = 0;
+    let mut dozing = false;
+    let watch = cfg.watch.as_deref();
+    let mut holder = false;
+    let mut next_watch = Instant::now();
+    let mut check_watch = false;
+    let mut next_report = Instant::now() + REPORT_EVERY;
+    tracing::debug!(shard = shard.id, "polling thread started");
+    loop {
+        if shard.stop.load(Ordering::Acquire) {
+            break;
+        }
+        let g = shard.generation.load(Ordering::Acquire);
+        if g != seen_gen {
+            local.clone_from(&lock(&shard.entries));
+            seen_gen = g;
+        }
+        let (polls, fired, waiting) = scan(&local);
+        Counters::add(&counters.polls, polls);
+        Counters::add(&counters.empty_polls, waiting as u64);
+        if let Some(w) = watch
+            && holder
+            && (check_watch || checks == 0)
+        {
+            let now = Instant::now();
+            if now >= next_watch {
+                w.rescan_others(shard.id, &counters);
+                next_watch = now + cfg.idle_interval;
+            }
+        }
+        check_watch = false;
+        if fired > 0 {
+            last_activity = Instant::now();
+            shard.report(&counters, cfg.mode, &mut next_report, false);
+            checks = 0;
+            dozing = false;
+            shard.dozing.store(false, Ordering::SeqCst);
+            thread::yield_now();
+            continue;
+        }
+        checks += polls.max(1);
+        let due = checks >= YIELD_AFTER_CHECKS;
+        if due {
+            checks = 0;
+            shard.report(&counters, cfg.mode, &mut next_report, false);
+        }
+        let Some(park_after) = cfg.park_after else {
+            if due {
+                thread::yield_now();
+            } else {
+                std::hint::spin_loop();
+            }
+            continue;
+        };
+        let timed = if waiting == 0 {
+            false
+        } else {
+            if !dozing {
+                if !due {
+                    std::hint::spin_loop();
+                    continue;
+                }
+                // Every armed connection has a doorbell: doze sooner, the ring wakes them.
+                let park_after = match cfg.bell_park_after {
+                    Some(b)
+                        if local
+                            .iter()
+                            .all(|e| e.bell || !e.armed.load(Ordering::Relaxed)) =>
+                    {
+                        b.min(park_after)
+                    }
+                    _ => park_after,
+                };
+                if last_activity.elapsed() < park_after {
+                    thread::yield_now();
+                    continue;
+                }
+                dozing = true;
+                shard.dozing.store(true, Ordering::SeqCst);
+                if let Some(w) = watch {
+                    holder = holder
+                        || w.holder
+                            .compare_exchange(
+                                NO_HOLDER,
+                                shard.id,
+                                Ordering::SeqCst,
+                                Ordering::SeqCst,
+                            )
+                            .is_ok();
+                    if !holder {
+                        w.kick_holder();
+                    }
+                }
+                Counters::add(&counters.parks, 1);
+                tracing::debug!(
+                    shard = shard.id,
+                    armed = waiting,
+                    holder,
+                    "polling thread dozing (armed connections idle)"
+                );
+            }
+            true
+        };
+        if timed && cfg.bell_park_after.is_some() {
+            // Doorbell fallback: tell the writers of the armed connections that their readers
+            // sleep, then recheck each (Dekker with the writer's tail, then sleep word).
+            let mut woke = 0;
+            for e in &local {
+                if e.armed.load(Ordering::SeqCst)
+                    && e.announce()
+                    && (e.source.ready() || e.source.is_closed())
+                    && e.armed.swap(false, Ordering::AcqRel)
+                {
+                    e.fire();
+                    woke += 1;
+                }
+            }
+            if woke > 0 {
+                continue;
+            }
+        }
+        // Park. Announce it first, then look at the armed flags (and the entry list) once more:
+        // a task that armed before it could see `parked` is caught by this recheck (Dekker
+        // with `Registration::arm`; and with `IdleWatch::kick_holder` for `others_dozing`).
+        shard.parked.store(true, Ordering::SeqCst);
+        fence(Ordering::SeqCst);
+        let changed = shard.generation.load(Ordering::SeqCst) != seen_gen;
+        let any_armed = local.iter().any(|e| e.armed.load(Ordering::SeqCst));
+        if shard.stop.load(Ordering::SeqCst) {
+            break;
+        }
+        if changed || (any_armed && !timed) {
+            // Something to scan right away.
+            shard.parked.store(false, Ordering::SeqCst);
+            continue;
+        }
+        let watching = holder && watch.is_some_and(|w| w.others_dozing(shard.id));
+        let own_rescan = any_armed && (watch.is_none() || holder);
+        // Report before a park that may last: a dashboard then sees the
+        // load up to here, and a later report counts the park as idle.
+        if !timed {
+            shard.report(&counters, cfg.mode, &mut next_report, true);
+        }
+        let park_start = shard.clock();
+        shard.parked_since.store(park_start, Ordering::Relaxed);
+        if watching || own_rescan {
+            let wait = next_watch
+                .saturating_duration_since(Instant::now())
+                .max(Duration::from_micros(50))
+                .min(cfg.idle_interval);
+            thread::park_timeout(if holder { wait } else { cfg.idle_interval });
+            check_watch = true;
+        } else {
+            thread::park();
+        }
+        shard
+            .parked_ns
+            .fetch_add(shard.clock().saturating_sub(park_start), Ordering::Relaxed);
+        shard.parked_since.store(u64::MAX, Ordering::Relaxed);
+        // `kick` clears `parked` before unparking; still set means the timeout expired (or a
+        // spurious wake-up), so stay dozing.
+        if !shard.parked.swap(false, Ordering::SeqCst) {
+            dozing = false;
+            shard.dozing.store(false, Ordering::SeqCst);
+            last_activity = Instant::now();
+            checks = 0;
+            Counters::add(&counters.resumes, 1);
+        }
+    }
+    shard.dozing.store(false, Ordering::SeqCst);
+    if let Some(w) = watch
+        && holder
+    {
+        w.holder.store(NO_HOLDER, Ordering::SeqCst);
+    }
+    tracing::debug!(shard = shard.id, "polling thread stopped");
+}
+
+/// One pass over a shard's entries: checks every armed one, wakes the ready (or closed) ones.
+/// Returns (checks, wakes, armed entries left waiting).
+pub(super) fn scan(local: &[Arc<Entry>]) -> (u64, u64, usize) {
+    let (mut polls, mut fired, mut waiting) = (0u64, 0u64, 0usize);
+    for e in local {
+        if !e.armed.load(Ordering::Acquire) {
+            continue;
+        }
+        polls += 1;
+        let closed = e.source.is_closed();
+        if closed || e.source.ready() {
+            if closed {
+                e.closed.store(true, Ordering::Release);
+            }
+            if e.armed.swap(false, Ordering::AcqRel) {
+                e.fire();
+                fired += 1;
+            }
+        } else {
+            waiting += 1;
+        }
+    }
+    (polls, fired, waiting)
+}
