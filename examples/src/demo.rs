@@ -404,7 +404,7 @@ fn main() -> anyhow::Result<()> {
                         })
                         .collect();
                     line += &format!(
-                        "  | {} polling thread(s) {} (busy {}); per call: spin hits {:.2}, first-check hits {:.2}, sleeps {:.2}, eventfd writes {:.2}",
+                        "  | {} polling thread(s) {} (busy {}); per call: spin hits {:.2}, first-check hits {:.2}, sleeps {:.2}, wakes {:.2} (mean wake-up {}), sleeps announced {:.2}, doorbell wakes {:.2}, spins skipped {:.2}; back-offs {} descheduled {} not earning",
                         p.config().mode(),
                         p.threads(),
                         if busy.is_empty() { "-".to_string() } else { busy.join(" ") },
@@ -412,6 +412,13 @@ fn main() -> anyhow::Result<()> {
                         d.first_check_hits as f64 / n,
                         d.sleeps as f64 / n,
                         (d.eventfd_writes + d.waker_wakes) as f64 / n,
+                        d.mean_wake_latency()
+                            .map_or("-".to_string(), |l| format!("{:.1}us", l.as_secs_f64() * 1e6)),
+                        (d.announces + d.self_announces) as f64 / n,
+                        d.bell_wakes as f64 / n,
+                        d.spin_skips as f64 / n,
+                        d.backoffs_descheduled,
+                        d.backoffs_not_earning,
                     );
                 }
                 let _ = line_tx.send(line);

@@ -11,6 +11,12 @@
 //! - **It finds data.** A window in which the thread woke fewer than `min_hits` readers is
 //!   *not earning*: every one of those wakes cost it hundreds of microseconds of CPU.
 //!
+//! A thread at low load rarely finishes a window: it dozes within 100 µs of its last data. So
+//! the governor also keeps a moving hit rate of *episodes* (from a resume to the next doze,
+//! gain 1/8): an episode that woke nobody is a miss, and below a 1/8 hit rate the thread is
+//! not earning either. (A reader that arms and waits a millisecond for its next request makes
+//! exactly such episodes: the spin of its polling thread is pure cost.)
+//!
 //! Either verdict backs the thread off: it stops spinning for a while and leaves its readers
 //! to the writers' doorbells (the caller decides what backing off means; see the polling
 //! loop). The period starts at `backoff_min`, doubles while consecutive windows keep failing,
@@ -100,6 +106,8 @@ pub struct Governor {
     /// The current window's start: (now, sample), `None` when no window is open.
     start: Option<(Duration, ThreadSample)>,
     hits: u64,
+    /// Moving hit rate of spin episodes, in 1/256ths.
+    episode_rate: u32,
     /// The next back-off's length.
     next_backoff: Duration,
     until: Option<Duration>,
@@ -112,6 +120,7 @@ impl Governor {
             cfg,
             start: None,
             hits: 0,
+            episode_rate: 256,
             next_backoff: cfg.backoff_min,
             until: None,
         }
@@ -155,6 +164,30 @@ impl Governor {
         self.until.filter(|&u| now < u)
     }
 
+    /// Ends a spin episode at `now` (the thread is about to doze): `woke` says whether it woke
+    /// any reader since it resumed. Backs off while fewer than 1 in 8 episodes wake one.
+    pub fn episode(&mut self, now: Duration, woke: bool) -> Verdict {
+        let sample = if woke { 256 } else { 0 };
+        self.episode_rate = self.episode_rate - (self.episode_rate >> 3) + (sample >> 3);
+        self.start = None;
+        if self.episode_rate >= 32 {
+            return Verdict::Spin;
+        }
+        self.back_off(now, Reason::NotEarning)
+    }
+
+    /// The moving hit rate of spin episodes, 0 to 1.
+    pub fn episode_hit_rate(&self) -> f64 {
+        f64::from(self.episode_rate) / 256.0
+    }
+
+    fn back_off(&mut self, now: Duration, reason: Reason) -> Verdict {
+        let until = now + self.next_backoff;
+        self.next_backoff = (self.next_backoff * 2).min(self.cfg.backoff_max);
+        self.until = Some(until);
+        Verdict::BackOff { until, reason }
+    }
+
     /// Closes the open window at `now` and gives its verdict; the next window opens at `now`
     /// when the verdict is [`Verdict::Spin`] (none opens during a back-off).
     pub fn end_window(&mut self, now: Duration, sample: ThreadSample) -> Verdict {
@@ -182,12 +215,7 @@ impl Governor {
                 self.begin(now, sample);
                 Verdict::Spin
             }
-            Some(reason) => {
-                let until = now + self.next_backoff;
-                self.next_backoff = (self.next_backoff * 2).min(self.cfg.backoff_max);
-                self.until = Some(until);
-                Verdict::BackOff { until, reason }
-            }
+            Some(reason) => self.back_off(now, reason),
         }
     }
 }
@@ -216,7 +244,10 @@ mod tests {
     #[test]
     fn a_thread_that_has_its_core_and_finds_data_keeps_spinning() {
         let mut g = Governor::new(GovernorConfig::default());
-        assert_eq!(window(&mut g, Duration::ZERO, MS, 990 * US, 50), Verdict::Spin);
+        assert_eq!(
+            window(&mut g, Duration::ZERO, MS, 990 * US, 50),
+            Verdict::Spin
+        );
         assert!(!g.backed_off(MS));
         // The next window opened where this one ended.
         assert!(g.measuring());
@@ -327,6 +358,51 @@ mod tests {
     }
 
     #[test]
+    fn fruitless_episodes_back_off_and_one_fruitful_probe_resumes_spinning() {
+        let mut g = Governor::new(GovernorConfig::default());
+        let mut t = Duration::ZERO;
+        let mut misses = 0;
+        // A reader whose next message comes 1 ms after it armed: every episode wakes nobody.
+        loop {
+            t += MS;
+            misses += 1;
+            if let Verdict::BackOff { until, reason } = g.episode(t, false) {
+                assert_eq!(reason, Reason::NotEarning);
+                assert_eq!(until, t + 4 * MS);
+                break;
+            }
+        }
+        // 256 x (7/8)^n in integer steps drops below 32 at n = 17.
+        assert_eq!(misses, 17);
+        assert!(g.backed_off(t + MS));
+        // The back-off ended; the probe episode misses again: twice as long.
+        t += 5 * MS;
+        assert!(!g.backed_off(t));
+        assert_eq!(
+            g.episode(t, false),
+            Verdict::BackOff {
+                until: t + 8 * MS,
+                reason: Reason::NotEarning
+            }
+        );
+        // A probe that woke a reader brings spinning back.
+        t += 9 * MS;
+        assert_eq!(g.episode(t, true), Verdict::Spin);
+        assert!(g.episode_hit_rate() > 0.125);
+    }
+
+    #[test]
+    fn episodes_that_mostly_wake_readers_never_back_off() {
+        let mut g = Governor::new(GovernorConfig::default());
+        for i in 0..1000u64 {
+            assert_eq!(
+                g.episode(Duration::from_millis(i), i % 3 == 0),
+                Verdict::Spin
+            );
+        }
+    }
+
+    #[test]
     fn an_interrupted_window_gives_no_verdict() {
         let mut g = Governor::new(GovernorConfig::default());
         g.begin(Duration::ZERO, sample(Duration::ZERO));
@@ -339,7 +415,7 @@ mod tests {
     proptest::proptest! {
         /// Whatever the windows, a back-off never exceeds `backoff_max` and always ends.
         #[test]
-        fn backoffs_are_bounded(windows in proptest::collection::vec((1u64..10_000, 0u64..10_000, 0u64..8), 1..64)) {
+        fn backoffs_are_bounded(windows in proptest::collection::vec((1u32..10_000, 0u32..10_000, 0u64..8), 1..64)) {
             let cfg = GovernorConfig::default();
             let mut g = Governor::new(cfg);
             let mut t = Duration::ZERO;

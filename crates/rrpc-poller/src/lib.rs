@@ -107,6 +107,7 @@
 //! ```
 #![deny(unsafe_code)]
 
+pub mod backoff;
 mod config;
 pub mod conn;
 mod error;
@@ -116,7 +117,6 @@ mod source;
 mod stats;
 mod sys;
 mod tune;
-pub mod backoff;
 
 pub use config::{ConfigView, Mode, PollerConfig};
 pub use error::{Error, Result};

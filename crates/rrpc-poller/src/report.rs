@@ -1,5 +1,4 @@
-//! What operators watch, through the [`metrics`] facade (issue 13,
-//! "Self-tuning, reported"): install any recorder (a Prometheus exporter,
+//! What operators watch, through the [`metrics`] facade: install any recorder (a Prometheus exporter,
 //! statsd, ...) and these appear in the service's own dashboards. Without
 //! a recorder each report costs a few relaxed loads.
 //!
@@ -12,8 +11,10 @@
 //! park; [`crate::Poller::report_metrics`] reports everything at once (call
 //! it before a scrape for exact figures).
 //!
-//! Not reported yet: wake-up latency (the time from a message becoming
-//! readable to its task running) is not measured.
+//! Wake-up latency ([`WAKE_LATENCY`], a histogram in seconds) is the time
+//! from a polling thread's (or a spinning neighbour's) `Waker::wake` to the
+//! woken task running, recorded by the task itself. Wakes by a writer's
+//! doorbell are not timed: the ring happens in the writer's process.
 
 use crate::{Mode, Stats};
 
@@ -41,6 +42,17 @@ pub const PARKS: &str = "rrpc_poller_parks_total";
 pub const ANNOUNCES: &str = "rrpc_poller_sleeps_announced_total";
 /// Doorbell fallback: tasks woken by a writer's doorbell (counter).
 pub const BELL_WAKES: &str = "rrpc_poller_doorbell_wakes_total";
+/// Spin back-off: polling threads backing off, label `reason`
+/// (`descheduled`, `not_earning`) (counter).
+pub const BACKOFFS: &str = "rrpc_poller_backoffs_total";
+/// Spin back-off: waits that skipped their spin (counter).
+pub const SPIN_SKIPS: &str = "rrpc_poller_spin_skips_total";
+/// Spin back-off: spins cut short because the task lost its core (counter).
+pub const LOST_CORE_SPINS: &str = "rrpc_poller_lost_core_spins_total";
+/// Spin back-off: sleeps a task announced itself (counter).
+pub const SELF_ANNOUNCES: &str = "rrpc_poller_self_announces_total";
+/// Wake-up latency of a woken task, in seconds (histogram).
+pub const WAKE_LATENCY: &str = "rrpc_poller_wakeup_latency_seconds";
 /// Polling threads running (gauge).
 pub const POLLING_THREADS: &str = "rrpc_poller_polling_threads";
 /// A polling thread's busy fraction, 0 to 1, label `thread` (gauge).
@@ -61,9 +73,23 @@ pub(crate) fn counters(s: &Stats, mode: Mode) {
         (PARKS, s.parks),
         (ANNOUNCES, s.announces),
         (BELL_WAKES, s.bell_wakes),
+        (SPIN_SKIPS, s.spin_skips),
+        (LOST_CORE_SPINS, s.lost_core_spins),
+        (SELF_ANNOUNCES, s.self_announces),
     ] {
         metrics::counter!(name, "mode" => m).absolute(v);
     }
+    for (reason, v) in [
+        ("descheduled", s.backoffs_descheduled),
+        ("not_earning", s.backoffs_not_earning),
+    ] {
+        metrics::counter!(BACKOFFS, "mode" => m, "reason" => reason).absolute(v);
+    }
+}
+
+/// Records one wake-up latency.
+pub(crate) fn wake_latency(d: std::time::Duration, mode: Mode) {
+    metrics::histogram!(WAKE_LATENCY, "mode" => mode.name()).record(d.as_secs_f64());
 }
 
 /// Records polling thread `thread`'s busy fraction.

@@ -21,6 +21,13 @@ pub(crate) struct Counters {
     pub(crate) closed: CachePadded<AtomicU64>,
     pub(crate) announces: CachePadded<AtomicU64>,
     pub(crate) bell_wakes: CachePadded<AtomicU64>,
+    pub(crate) backoffs_descheduled: CachePadded<AtomicU64>,
+    pub(crate) backoffs_not_earning: CachePadded<AtomicU64>,
+    pub(crate) spin_skips: CachePadded<AtomicU64>,
+    pub(crate) lost_core_spins: CachePadded<AtomicU64>,
+    pub(crate) self_announces: CachePadded<AtomicU64>,
+    pub(crate) timed_wakes: CachePadded<AtomicU64>,
+    pub(crate) wake_latency_ns: CachePadded<AtomicU64>,
 }
 
 impl Counters {
@@ -45,6 +52,13 @@ impl Counters {
             closed: self.closed.load(Relaxed),
             announces: self.announces.load(Relaxed),
             bell_wakes: self.bell_wakes.load(Relaxed),
+            backoffs_descheduled: self.backoffs_descheduled.load(Relaxed),
+            backoffs_not_earning: self.backoffs_not_earning.load(Relaxed),
+            spin_skips: self.spin_skips.load(Relaxed),
+            lost_core_spins: self.lost_core_spins.load(Relaxed),
+            self_announces: self.self_announces.load(Relaxed),
+            timed_wakes: self.timed_wakes.load(Relaxed),
+            wake_latency_ns: self.wake_latency_ns.load(Relaxed),
             polling_threads: threads,
         }
     }
@@ -76,15 +90,41 @@ pub struct Stats {
     pub resumes: u64,
     /// Registrations found closed (peer gone) and removed.
     pub closed: u64,
-    /// Doorbell fallback: sleeps a dozing polling thread announced to the writer.
+    /// Doorbell fallback: sleeps announced to the writer (by a dozing polling thread, or by
+    /// the task itself while its thread is backed off: [`Stats::self_announces`]).
     pub announces: u64,
     /// Doorbell fallback: tasks woken by the writer's doorbell (through the reactor).
     pub bell_wakes: u64,
+    /// Spin back-off: times a polling thread backed off because it lost its core (run-queue
+    /// delay over 30 % of a window).
+    pub backoffs_descheduled: u64,
+    /// Spin back-off: times a polling thread backed off because its spinning woke too few
+    /// readers.
+    pub backoffs_not_earning: u64,
+    /// Spin back-off: waits that skipped their spin because the connection's spins rarely
+    /// catch data.
+    pub spin_skips: u64,
+    /// Spin back-off: spins cut short because the spinning task lost its core.
+    pub lost_core_spins: u64,
+    /// Spin back-off: sleeps a task announced itself, its polling thread being backed off.
+    pub self_announces: u64,
+    /// Wakes by a polling thread or a spinning neighbour whose latency was measured (from the
+    /// `Waker::wake` call to the woken task running).
+    pub timed_wakes: u64,
+    /// The sum of those latencies, in nanoseconds ([`Stats::mean_wake_latency`]).
+    pub wake_latency_ns: u64,
     /// Polling threads currently running.
     pub polling_threads: usize,
 }
 
 impl Stats {
+    /// The mean latency of the measured wakes ([`Stats::timed_wakes`]), if any.
+    pub fn mean_wake_latency(&self) -> Option<std::time::Duration> {
+        self.wake_latency_ns
+            .checked_div(self.timed_wakes)
+            .map(std::time::Duration::from_nanos)
+    }
+
     /// Counter differences `self - earlier` (for measuring an interval).
     pub fn since(&self, earlier: &Stats) -> Stats {
         Stats {
@@ -101,6 +141,13 @@ impl Stats {
             closed: self.closed - earlier.closed,
             announces: self.announces - earlier.announces,
             bell_wakes: self.bell_wakes - earlier.bell_wakes,
+            backoffs_descheduled: self.backoffs_descheduled - earlier.backoffs_descheduled,
+            backoffs_not_earning: self.backoffs_not_earning - earlier.backoffs_not_earning,
+            spin_skips: self.spin_skips - earlier.spin_skips,
+            lost_core_spins: self.lost_core_spins - earlier.lost_core_spins,
+            self_announces: self.self_announces - earlier.self_announces,
+            timed_wakes: self.timed_wakes - earlier.timed_wakes,
+            wake_latency_ns: self.wake_latency_ns - earlier.wake_latency_ns,
             polling_threads: self.polling_threads,
         }
     }

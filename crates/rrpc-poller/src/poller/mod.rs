@@ -32,10 +32,10 @@ pub use registration::{Doorbell, Registration};
 
 use std::fmt;
 use std::os::fd::AsRawFd;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crossbeam_utils::CachePadded;
 use futures_util::task::AtomicWaker;
@@ -110,6 +110,7 @@ impl Inner {
                 .then(|| self.cfg.doorbell_park_after())
                 .flatten(),
             idle_interval: self.cfg.idle_poll_interval(),
+            backoff: self.cfg.doorbell_fallback() && self.cfg.spin_backoff(),
             watch: shared.then(|| self.watch.clone()),
             mode: self.cfg.mode(),
         }
@@ -378,6 +379,8 @@ impl Poller {
             counters: inner.counters.clone(),
             bell: bell_fd.is_some(),
             announced: AtomicBool::new(false),
+            epoch: Instant::now(),
+            fired_at: AtomicU64::new(0),
         });
         shard.add(entry.clone());
         if bp_thread {

@@ -193,6 +193,25 @@ impl Registration {
         let _ = fired;
     }
 
+    /// Spin back-off: while the shard's polling thread is backed off, an armed entry with a
+    /// doorbell announces its own sleep (once per wait) instead of kicking the thread; the
+    /// caller's recheck follows (Dekker with the writer's tail, as for the thread's announce).
+    /// Returns whether the doorbell covers this sleep. A failed announce (the previous sleep
+    /// word still in flight) is not cover: the caller kicks.
+    fn covered_by_doorbell(&self, shard: &Shard) -> bool {
+        if !self.entry.bell || !shard.backed_off() {
+            return false;
+        }
+        if self.entry.announced.load(Ordering::SeqCst) {
+            return true;
+        }
+        let ok = self.entry.announce();
+        if ok {
+            Counters::add(&self.inner.counters.self_announces, 1);
+        }
+        ok
+    }
+
     /// Cancels our own arm after the recheck found data.
     fn disarm(&self) {
         self.entry.armed.store(false, Ordering::Relaxed);
@@ -238,24 +257,43 @@ impl Registration {
         // Read the clock only once we have to wait (the hit path stays clock-free).
         let start = Instant::now();
         if self.mode == Mode::Bpev {
-            let budget = self.tuner.budget();
+            let backoff = self.inner.cfg.spin_backoff();
+            let budget = if backoff {
+                let b = self.tuner.next_budget();
+                if b.is_zero() && !self.tuner.budget().is_zero() {
+                    Counters::add(&self.inner.counters.spin_skips, 1);
+                }
+                b
+            } else {
+                self.tuner.budget()
+            };
             if !budget.is_zero() {
                 // The first yield comes early: under load other tasks of this worker are
                 // usually runnable, and a spin must not delay them (it stops at the first
                 // yield that saw them progress).
                 let mut next_yield = start + SPIN_FIRST_YIELD;
+                let mut last = start;
                 loop {
                     for _ in 0..32 {
                         if self.entry.source.ready() {
                             Counters::add(&self.inner.counters.spin_hits, 1);
                             self.tuner.observe(start.elapsed());
+                            self.tuner.spun(true);
                             return Ok(());
                         }
                         std::hint::spin_loop();
                     }
                     self.check_alive()?;
                     let now = Instant::now();
+                    if backoff && SpinTuner::lost_core(now.duration_since(last)) {
+                        // Descheduled mid-spin: the wait was for the scheduler, not for data.
+                        Counters::add(&self.inner.counters.lost_core_spins, 1);
+                        self.tuner.spun(false);
+                        break;
+                    }
+                    last = now;
                     if now.duration_since(start) >= budget {
+                        self.tuner.spun(false);
                         break;
                     }
                     if now >= next_yield {
@@ -273,7 +311,8 @@ impl Registration {
                             // working thread has no event to handle).
                             break;
                         }
-                        next_yield = Instant::now() + SPIN_YIELD_EVERY;
+                        last = Instant::now();
+                        next_yield = last + SPIN_YIELD_EVERY;
                     }
                 }
             }
@@ -341,6 +380,12 @@ impl Registration {
             }
             if slept && !self.entry.armed.load(Ordering::Acquire) {
                 // Fired (or shut down): let the caller check.
+                if let Some(d) = self.entry.take_wake_latency() {
+                    Counters::add(&self.inner.counters.timed_wakes, 1);
+                    let ns = u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
+                    Counters::add(&self.inner.counters.wake_latency_ns, ns);
+                    crate::report::wake_latency(d, self.mode);
+                }
                 return Poll::Ready(Ok(()));
             }
             if self.entry.source.ready() {
@@ -349,7 +394,9 @@ impl Registration {
             }
             self.entry.armed.store(true, Ordering::SeqCst);
             fence(Ordering::SeqCst);
-            if let Some(s) = &self.entry.shard {
+            if let Some(s) = &self.entry.shard
+                && !self.covered_by_doorbell(s)
+            {
                 s.kick();
             }
             if self.entry.source.ready() || self.inner.shutdown.load(Ordering::SeqCst) {

@@ -29,6 +29,11 @@ pub(super) struct Entry {
     pub(super) bell: bool,
     /// This arm's sleep was announced to the writer (reset by the task when it wakes).
     pub(super) announced: AtomicBool,
+    /// The clock of `fired_at`: the registration's creation.
+    pub(super) epoch: Instant,
+    /// When the last `Waker::wake` was called, in ns since `epoch` plus 1 (0: none pending);
+    /// the woken task takes it to measure its wake-up latency.
+    pub(super) fired_at: AtomicU64,
 }
 
 impl Entry {
@@ -40,11 +45,26 @@ impl Entry {
                 Counters::add(&self.counters.eventfd_writes, 1);
             }
             Wake::Waker(w) => {
+                let t = u64::try_from(self.epoch.elapsed().as_nanos()).unwrap_or(u64::MAX);
+                self.fired_at.store(t.saturating_add(1), Ordering::Relaxed);
                 w.wake();
                 Counters::add(&self.counters.waker_wakes, 1);
             }
             Wake::Notifier => {}
         }
+    }
+
+    /// The wake-up latency of the last `Waker::wake`, if one is pending (taken once).
+    pub(super) fn take_wake_latency(&self) -> Option<Duration> {
+        let t = self.fired_at.swap(0, Ordering::Relaxed);
+        if t == 0 {
+            return None;
+        }
+        Some(
+            self.epoch
+                .elapsed()
+                .saturating_sub(Duration::from_nanos(t - 1)),
+        )
     }
 
     /// Doorbell fallback: announces this armed entry's sleep once per arm (arm the notifier,
@@ -62,7 +82,9 @@ impl Entry {
                 true
             }
             Err(e) => {
-                // The rescans every idle_poll_interval still cover the entry.
+                // Not announced after all (the next doze tries again); the rescans every
+                // idle_poll_interval still cover the entry.
+                self.announced.store(false, Ordering::SeqCst);
                 tracing::debug!(error = %e, "doorbell announce failed; rescans cover it");
                 false
             }
@@ -102,6 +124,10 @@ pub(super) struct Shard {
     pub(super) parked_since: AtomicU64,
     /// The load at the previous report.
     last_report: Mutex<crate::stats::ThreadLoad>,
+    /// Spin back-off: the thread is backed off until this [`Shard::clock`] time (0: not
+    /// backed off). Meanwhile a task whose entry has a doorbell announces its own sleep
+    /// instead of kicking the thread ([`Shard::backed_off`]).
+    pub(super) backoff_until: AtomicU64,
 }
 
 impl Shard {
@@ -119,12 +145,19 @@ impl Shard {
             born: Instant::now(),
             parked_ns: AtomicU64::new(0),
             parked_since: AtomicU64::new(u64::MAX),
+            backoff_until: AtomicU64::new(0),
             last_report: Mutex::new(crate::stats::ThreadLoad {
                 thread: id,
                 alive: Duration::ZERO,
                 parked: Duration::ZERO,
             }),
         })
+    }
+
+    /// Whether the thread is backed off now (its readers with doorbells are left to them).
+    pub(super) fn backed_off(&self) -> bool {
+        let until = self.backoff_until.load(Ordering::Relaxed);
+        until != 0 && self.clock() < until
     }
 
     pub(super) fn clock(&self) -> u64 {

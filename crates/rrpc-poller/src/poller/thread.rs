@@ -8,7 +8,9 @@ use std::sync::atomic::{AtomicUsize, Ordering, fence};
 use std::thread;
 use std::time::{Duration, Instant};
 
+use crate::backoff::{Governor, GovernorConfig, Reason, Verdict};
 use crate::stats::Counters;
+use crate::sys::ThreadClock;
 
 use super::shard::{Entry, Shard};
 use super::{YIELD_AFTER_CHECKS, lock};
@@ -20,6 +22,9 @@ pub(super) struct LoopCfg {
     /// [`PollerConfig::doorbell_park_after`](crate::PollerConfig::doorbell_park_after) (BPEV only).
     pub(super) bell_park_after: Option<Duration>,
     pub(super) idle_interval: Duration,
+    /// Spin back-off ([`crate::backoff`]): needs the doorbell fallback, which is what a
+    /// backed-off thread leaves its readers to.
+    pub(super) backoff: bool,
     /// Shared shards (BPTS, BPEV): the idle rescans of all dozing shards are done by one
     /// thread. `None` for BP's per-connection threads.
     pub(super) watch: Option<Arc<IdleWatch>>,
@@ -84,6 +89,16 @@ impl IdleWatch {
 ///   is nothing it could find. The next arm resumes it (`Shard::kick`, one futex wake).
 /// - Armed connections with no data for `park_after`: the thread dozes. The rescans every
 ///   `idle_interval` of all dozing shared shards are done by one thread ([`IdleWatch`]).
+/// - Spin back-off ([`crate::backoff`]): a [`Governor`] judges each 1 ms window of spinning
+///   (did the thread keep its core, did it wake readers) and each spin episode (resume to
+///   doze). When it backs off, the thread dozes at once for the back-off's length whenever
+///   every armed connection has a doorbell, and tasks with doorbells announce their own sleeps
+///   rather than kick it ([`Shard::backed_off`]).
+/// - Announced and idle: while every armed connection's sleep is announced to its writer (and
+///   the thread is not backed off), the backstop rescans stretch, doubling from
+///   `idle_interval` up to [`MAX_RESCAN_STRETCH`] times it. The first rescan after an
+///   announce still comes after `idle_interval`, which is what covers a tail that crossed the
+///   announce on the wire (verbs); after that every tail sees the sleep word and rings.
 pub(super) fn polling_loop(shard: Arc<Shard>, counters: Arc<Counters>, cfg: LoopCfg) {
     let mut local: Vec<Arc<Entry>> = Vec::new();
     let mut seen_gen = u64::MAX;
@@ -95,6 +110,15 @@ pub(super) fn polling_loop(shard: Arc<Shard>, counters: Arc<Counters>, cfg: Loop
     let mut next_watch = Instant::now();
     let mut check_watch = false;
     let mut next_report = Instant::now() + REPORT_EVERY;
+    let mut gov = Governor::new(GovernorConfig::default());
+    let clock = cfg.backoff.then(ThreadClock::for_current_thread);
+    let gov_now = |s: &Shard| Duration::from_nanos(s.clock());
+    if let Some(c) = &clock {
+        gov.begin(gov_now(&shard), c.sample());
+    }
+    // Readers woken since the thread last resumed (one spin episode).
+    let mut episode_woke = false;
+    let mut rescan_every = cfg.idle_interval;
     tracing::debug!(shard = shard.id, "polling thread started");
     loop {
         if shard.stop.load(Ordering::Acquire) {
@@ -120,6 +144,9 @@ pub(super) fn polling_loop(shard: Arc<Shard>, counters: Arc<Counters>, cfg: Loop
         }
         check_watch = false;
         if fired > 0 {
+            gov.hit(fired);
+            episode_woke = true;
+            rescan_every = cfg.idle_interval;
             last_activity = Instant::now();
             shard.report(&counters, cfg.mode, &mut next_report, false);
             checks = 0;
@@ -133,6 +160,13 @@ pub(super) fn polling_loop(shard: Arc<Shard>, counters: Arc<Counters>, cfg: Loop
         if due {
             checks = 0;
             shard.report(&counters, cfg.mode, &mut next_report, false);
+            if let Some(c) = &clock
+                && gov.window_due(gov_now(&shard))
+                && let Verdict::BackOff { until, reason } =
+                    gov.end_window(gov_now(&shard), c.sample())
+            {
+                back_off(&shard, &counters, until, reason);
+            }
         }
         let Some(park_after) = cfg.park_after else {
             if due {
@@ -151,13 +185,18 @@ pub(super) fn polling_loop(shard: Arc<Shard>, counters: Arc<Counters>, cfg: Loop
                     continue;
                 }
                 // Every armed connection has a doorbell: doze sooner, the ring wakes them.
+                // Backed off: doze at once, the rings wake them.
                 let park_after = match cfg.bell_park_after {
                     Some(b)
                         if local
                             .iter()
                             .all(|e| e.bell || !e.armed.load(Ordering::Relaxed)) =>
                     {
-                        b.min(park_after)
+                        if shard.backed_off() {
+                            Duration::ZERO
+                        } else {
+                            b.min(park_after)
+                        }
                     }
                     _ => park_after,
                 };
@@ -167,6 +206,17 @@ pub(super) fn polling_loop(shard: Arc<Shard>, counters: Arc<Counters>, cfg: Loop
                 }
                 dozing = true;
                 shard.dozing.store(true, Ordering::SeqCst);
+                if clock.is_some() {
+                    // One spin episode ends: did it earn its keep?
+                    if !shard.backed_off()
+                        && let Verdict::BackOff { until, reason } =
+                            gov.episode(gov_now(&shard), episode_woke)
+                    {
+                        back_off(&shard, &counters, until, reason);
+                    }
+                    gov.interrupt();
+                    episode_woke = false;
+                }
                 if let Some(w) = watch {
                     holder = holder
                         || w.holder
@@ -230,6 +280,17 @@ pub(super) fn polling_loop(shard: Arc<Shard>, counters: Arc<Counters>, cfg: Loop
         // load up to here, and a later report counts the park as idle.
         if !timed {
             shard.report(&counters, cfg.mode, &mut next_report, true);
+            if clock.is_some() && !dozing {
+                // A spin episode that ends with nobody armed.
+                if !shard.backed_off()
+                    && let Verdict::BackOff { until, reason } =
+                        gov.episode(gov_now(&shard), episode_woke)
+                {
+                    back_off(&shard, &counters, until, reason);
+                }
+                gov.interrupt();
+                episode_woke = false;
+            }
         }
         let park_start = shard.clock();
         shard.parked_since.store(park_start, Ordering::Relaxed);
@@ -238,7 +299,28 @@ pub(super) fn polling_loop(shard: Arc<Shard>, counters: Arc<Counters>, cfg: Loop
                 .saturating_duration_since(Instant::now())
                 .max(Duration::from_micros(50))
                 .min(cfg.idle_interval);
-            thread::park_timeout(if holder { wait } else { cfg.idle_interval });
+            // Every armed sleep announced, not backed off: the rings cover them, and the
+            // rescans only back them up (see the stretch above).
+            let stretch = own_rescan
+                && !watching
+                && cfg.bell_park_after.is_some()
+                && !shard.backed_off()
+                && local.iter().all(|e| {
+                    !e.armed.load(Ordering::Relaxed) || e.announced.load(Ordering::Relaxed)
+                });
+            let timeout = if stretch {
+                rescan_every
+            } else if holder {
+                wait
+            } else {
+                cfg.idle_interval
+            };
+            thread::park_timeout(timeout);
+            rescan_every = if stretch {
+                (rescan_every * 2).min(cfg.idle_interval * MAX_RESCAN_STRETCH)
+            } else {
+                cfg.idle_interval
+            };
             check_watch = true;
         } else {
             thread::park();
@@ -254,7 +336,11 @@ pub(super) fn polling_loop(shard: Arc<Shard>, counters: Arc<Counters>, cfg: Loop
             shard.dozing.store(false, Ordering::SeqCst);
             last_activity = Instant::now();
             checks = 0;
+            rescan_every = cfg.idle_interval;
             Counters::add(&counters.resumes, 1);
+            if let Some(c) = &clock {
+                gov.begin(gov_now(&shard), c.sample());
+            }
         }
     }
     shard.dozing.store(false, Ordering::SeqCst);
@@ -264,6 +350,31 @@ pub(super) fn polling_loop(shard: Arc<Shard>, counters: Arc<Counters>, cfg: Loop
         w.holder.store(NO_HOLDER, Ordering::SeqCst);
     }
     tracing::debug!(shard = shard.id, "polling thread stopped");
+}
+
+/// The longest backstop rescan period of an announced, idle thread, in `idle_interval`s
+/// (3 ms × 64 ≈ 0.2 s with the defaults).
+pub(super) const MAX_RESCAN_STRETCH: u32 = 64;
+
+/// Enters a back-off until `until` ([`Shard::clock`] time).
+fn back_off(shard: &Shard, counters: &Counters, until: Duration, reason: Reason) {
+    let until_ns = u64::try_from(until.as_nanos()).unwrap_or(u64::MAX).max(1);
+    shard.backoff_until.store(until_ns, Ordering::SeqCst);
+    Counters::add(
+        match reason {
+            Reason::Descheduled => &counters.backoffs_descheduled,
+            Reason::NotEarning => &counters.backoffs_not_earning,
+        },
+        1,
+    );
+    tracing::trace!(
+        shard = shard.id,
+        reason = reason.label(),
+        for_us = until
+            .saturating_sub(Duration::from_nanos(shard.clock()))
+            .as_micros() as u64,
+        "polling thread backs off; doorbells cover its readers"
+    );
 }
 
 /// One pass over a shard's entries: checks every armed one, wakes the ready (or closed) ones.
