@@ -31,6 +31,7 @@ on_every_provider!(
     held_back_head_pushes_reach_the_writer,
     device_error_fails_the_writer_typed_every_mode,
     an_idle_reader_is_woken_by_the_doorbell_not_by_rescans,
+    a_reader_fed_once_a_millisecond_stops_spinning_and_announces_its_own_sleeps,
 );
 
 /// A connected pair on `p`, both ends checked to run on `p`'s provider.
@@ -442,6 +443,73 @@ fn an_idle_reader_is_woken_by_the_doorbell_not_by_rescans(prov: &Provider) {
                 (stats.announces, stats.bell_wakes),
                 (0, 0),
                 "the fallback off rings nothing: {stats:?}"
+            );
+        }
+    }
+}
+
+/// Spin back-off over real rings: a reader whose next message comes a
+/// millisecond after it armed (a server at low load) spins for nothing. With
+/// the back-off on, its task stops spinning (spins skipped), its polling
+/// thread's episodes stop earning and it backs off, and the task then
+/// announces its own sleeps and is woken by the doorbell; every message still
+/// arrives, in order. The control run with the back-off off shows none of it.
+fn a_reader_fed_once_a_millisecond_stops_spinning_and_announces_its_own_sleeps(prov: &Provider) {
+    let rounds = 80u32;
+    for backoff in [true, false] {
+        let stats = rt().block_on(async {
+            let p = common::test_config(Mode::Bpev)
+                .bp_timeout(Duration::from_micros(50))
+                .auto_tune(false)
+                .spin_backoff(backoff)
+                .idle_poll_interval(Duration::from_secs(1))
+                .unwrap()
+                .build()
+                .unwrap();
+            let (a, b) = pair(prov, &p, &ring(Mode::Bpev, 64 * 1024));
+            let (mut atx, _arx) = a.split().unwrap();
+            let (_btx, mut brx) = b.split().unwrap();
+            let reader = tokio::spawn(async move {
+                for i in 0..rounds {
+                    let m = tokio::time::timeout(BOUND, brx.recv())
+                        .await
+                        .unwrap_or_else(|_| panic!("message {i} never seen"))
+                        .unwrap();
+                    assert_eq!(&m[..], &i.to_le_bytes());
+                }
+            });
+            let before = p.stats();
+            for i in 0..rounds {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+                atx.send(&i.to_le_bytes()).await.unwrap();
+                atx.flush_all().await.unwrap();
+            }
+            reader.await.unwrap();
+            p.stats().since(&before)
+        });
+        eprintln!("spin back-off {backoff}: {stats:?}");
+        if backoff {
+            assert!(
+                stats.spin_skips >= u64::from(rounds) / 4,
+                "the reader's task stops spinning: {stats:?}"
+            );
+            assert!(
+                stats.backoffs_not_earning >= 1 && stats.self_announces >= 1,
+                "the polling thread backs off and the task announces its own sleep: {stats:?}"
+            );
+            assert!(
+                stats.bell_wakes >= 1,
+                "doorbells woke the reader: {stats:?}"
+            );
+        } else {
+            assert_eq!(
+                (
+                    stats.spin_skips,
+                    stats.backoffs_not_earning + stats.backoffs_descheduled,
+                    stats.self_announces
+                ),
+                (0, 0, 0),
+                "the back-off off changes nothing: {stats:?}"
             );
         }
     }
