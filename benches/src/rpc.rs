@@ -194,6 +194,10 @@ pub const POLLER_VARIANTS: &[(&str, &str)] = &[
         "rrpc-tonic's default: BPEV with the doorbell fallback and spin back-off",
     ),
     (
+        "bpev-noback",
+        "BPEV with the doorbell fallback but no spin back-off",
+    ),
+    (
         "bpev-plain",
         "the paper's BPEV plus idle parking: no doorbell, no spin back-off",
     ),
@@ -202,7 +206,10 @@ pub const POLLER_VARIANTS: &[(&str, &str)] = &[
         "event",
         "EVENT: no polling thread; every message rings the reader's completion channel",
     ),
-    ("bp", "BP: one polling thread per connection end, idle parking"),
+    (
+        "bp",
+        "BP: one polling thread per connection end, idle parking",
+    ),
 ];
 
 /// The poller configuration of a variant of [`POLLER_VARIANTS`].
@@ -211,6 +218,7 @@ pub fn poller_variant(name: &str) -> Option<rrpc_tonic::PollerConfig> {
     let d = rrpc_tonic::default_poller_config();
     Some(match name {
         "bpev" => d,
+        "bpev-noback" => d.spin_backoff(false),
         "bpev-plain" => d.doorbell_park_after(None).spin_backoff(false),
         "bpts" => d.mode(PollerMode::Bpts),
         "event" => d.mode(PollerMode::Event),

@@ -50,8 +50,8 @@ impl Variant {
     }
 }
 
-/// tonic-TCP, tonic-UDS, every poller variant on the fast path, and the default on HTTP/2.
-fn variants(with: &[&str]) -> Vec<Variant> {
+/// tonic-TCP, tonic-UDS, the poller variants `with` on the fast path, and `h2` on HTTP/2.
+fn variants(with: &[&str], h2: &[&'static str]) -> Vec<Variant> {
     let mut v = vec![
         Variant {
             transport: Transport::TonicTcp,
@@ -68,10 +68,12 @@ fn variants(with: &[&str]) -> Vec<Variant> {
             poller: Some(p),
         });
     }
-    v.push(Variant {
-        transport: Transport::RrpcH2,
-        poller: Some("bpev"),
-    });
+    for p in h2 {
+        v.push(Variant {
+            transport: Transport::RrpcH2,
+            poller: Some(p),
+        });
+    }
     v
 }
 
@@ -143,7 +145,7 @@ pub(super) fn low_load(ctx: &mut Ctx<'_>, pinning: &str) -> Table {
         vec![Duration::from_millis(1), Duration::from_millis(10)],
     );
     let dur = args.duration(Duration::from_millis(400), Duration::from_secs(3));
-    let vs = variants(&["bpev", "bpev-plain", "bpts", "event", "bp"]);
+    let vs = variants(&["bpev", "bpev-plain", "bpts", "event", "bp"], &["bpev"]);
     let mut t = Table::new(
         "low_load",
         "Low, steady load: each client makes one 32 B / 8 B unary call per period; CPU of both \
@@ -163,7 +165,10 @@ pub(super) fn low_load(ctx: &mut Ctx<'_>, pinning: &str) -> Table {
             "p50_x_vs_uds",
         ],
     );
-    let bar = args.progress((vs.len() * clients.len() * periods.len()) as u64, "low_load");
+    let bar = args.progress(
+        (vs.len() * clients.len() * periods.len()) as u64,
+        "low_load",
+    );
     // (clients, period) -> (tcp calls, tcp cpu, uds p50)
     let mut base: Vec<(usize, Duration, f64, f64, f64)> = Vec::new();
     for v in &vs {
@@ -308,7 +313,7 @@ pub(super) fn contention(ctx: &mut Ctx<'_>, pinning: &str) -> Table {
     let args = ctx.args;
     let dur = args.duration(Duration::from_millis(400), Duration::from_secs(3));
     let (warm, n) = args.pick((100u64, 1_000u64), (1_000, 20_000));
-    let vs = variants(&["bpev", "bpev-plain", "event"]);
+    let vs = variants(&["bpev", "bpev-plain", "event"], &["bpev", "bpev-plain"]);
     let mut t = Table::new(
         "contention",
         "Under CPU contention (a busy loop on every core): ping-pong latency and 32 B / 8 B \
@@ -397,7 +402,7 @@ pub(super) fn idle_connections(ctx: &mut Ctx<'_>, pinning: &str) -> Table {
     let args = ctx.args;
     let k = 256;
     let dur = args.duration(Duration::from_secs(1), Duration::from_secs(5));
-    let vs = variants(&["bpev", "bpev-plain", "event"]);
+    let vs = variants(&["bpev", "bpev-plain", "event"], &["bpev", "event"]);
     let mut t = Table::new(
         "idle_connections",
         "256 connected, idle clients: CPU of both processes",
@@ -454,7 +459,7 @@ pub(super) fn idle_connections(ctx: &mut Ctx<'_>, pinning: &str) -> Table {
     t.note(variants_note(&vs));
     t.note(format!(
         "server in its own process; one call per connection, 200 ms to settle, then CPU over \
-         {} of idleness (the client process's figure includes the suite's own idle runtime); \
+         {} of idleness (the client process's figure includes the suite's own idle runtime; /proc CPU times tick at 10 ms, so one tick is 1 % of a 1 s window); \
          target: under 1 % of a core",
         super::figs::secs(dur)
     ));

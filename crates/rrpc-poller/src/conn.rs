@@ -47,6 +47,8 @@ const DOORBELL_RECVS: u32 = 16;
 struct RecvNotifier {
     qp: Arc<QueuePair>,
     bell: Option<RxDoorbell>,
+    /// Both ends share memory (shm): an announce and the re-check miss nothing.
+    exact: bool,
 }
 
 impl RecvNotifier {
@@ -88,6 +90,9 @@ impl Notifier for RecvNotifier {
             Some(b) => b.announce_sleep().map_err(io::Error::other),
             None => Ok(()),
         }
+    }
+    fn announce_is_exact(&self) -> bool {
+        self.exact
     }
 }
 
@@ -191,13 +196,16 @@ impl AsyncConn {
     /// As [`Poller::register`] (needs a tokio runtime).
     pub fn split(self) -> Result<(AsyncSender, AsyncReceiver)> {
         let mode = self.poller.config().mode();
+        let exact = self.conn.peer().provider == ProviderKind::Shm;
         let notifier = (mode == Mode::Event).then(|| RecvNotifier {
             qp: self.conn.qp().clone(),
             bell: None,
+            exact,
         });
         let doorbell = uses_doorbell(&self.poller, &self.rx).then(|| RecvNotifier {
             qp: self.conn.qp().clone(),
             bell: Some(self.rx.doorbell()),
+            exact,
         });
         let rx_src = Arc::new(RxSource {
             watch: self.rx.watch(),

@@ -80,6 +80,16 @@ pub trait Notifier: Send + Sync {
     fn announce_sleep(&self) -> io::Result<()> {
         Ok(())
     }
+
+    /// Whether an announce followed by the caller's re-check can never miss a message: true
+    /// when the writer's tail and the sleep word live in memory both sides access directly
+    /// (shm: Dekker's pattern, no lost wake-up). False (the default) on a network, where a tail
+    /// WRITE in flight while the announce lands can miss both the re-check and the ring; the
+    /// poller then keeps rescanning such a connection every `idle_poll_interval` shortly after
+    /// each announce it did not make itself.
+    fn announce_is_exact(&self) -> bool {
+        false
+    }
 }
 
 impl<F> Readiness for F

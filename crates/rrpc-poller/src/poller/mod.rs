@@ -370,6 +370,8 @@ impl Poller {
         if mode == Mode::Bp {
             shard.users.fetch_add(1, Ordering::SeqCst);
         }
+        let exact_bell =
+            bell_fd.is_some() && source.doorbell().is_some_and(|n| n.announce_is_exact());
         let entry = Arc::new(Entry {
             source,
             armed: CachePadded::new(AtomicBool::new(false)),
@@ -378,6 +380,7 @@ impl Poller {
             shard: (mode != Mode::Event).then(|| shard.clone()),
             counters: inner.counters.clone(),
             bell: bell_fd.is_some(),
+            exact_bell,
             announced: AtomicBool::new(false),
             epoch: Instant::now(),
             fired_at: AtomicU64::new(0),

@@ -29,6 +29,8 @@ pub(super) struct Entry {
     pub(super) bell: bool,
     /// This arm's sleep was announced to the writer (reset by the task when it wakes).
     pub(super) announced: AtomicBool,
+    /// The doorbell's announce misses nothing ([`Notifier::announce_is_exact`](crate::Notifier::announce_is_exact)).
+    pub(super) exact_bell: bool,
     /// The clock of `fired_at`: the registration's creation.
     pub(super) epoch: Instant,
     /// When the last `Waker::wake` was called, in ns since `epoch` plus 1 (0: none pending);

@@ -94,11 +94,13 @@ impl IdleWatch {
 ///   doze). When it backs off, the thread dozes at once for the back-off's length whenever
 ///   every armed connection has a doorbell, and tasks with doorbells announce their own sleeps
 ///   rather than kick it ([`Shard::backed_off`]).
-/// - Announced and idle: while every armed connection's sleep is announced to its writer (and
-///   the thread is not backed off), the backstop rescans stretch, doubling from
-///   `idle_interval` up to [`MAX_RESCAN_STRETCH`] times it. The first rescan after an
-///   announce still comes after `idle_interval`, which is what covers a tail that crossed the
-///   announce on the wire (verbs); after that every tail sees the sleep word and rings.
+/// - Announced and idle: while every armed connection's sleep is announced to its writer, the
+///   backstop rescans stretch, doubling from `idle_interval` up to [`MAX_RESCAN_STRETCH`]
+///   times it. On shm an announce misses nothing ([`crate::Notifier::announce_is_exact`]).
+///   On verbs the first rescan after an announce the thread made still comes after
+///   `idle_interval`, which covers a tail that crossed the announce on the wire; after that
+///   every tail sees the sleep word and rings. Tasks' own announces (backed off) on verbs keep
+///   the rescans at `idle_interval`.
 pub(super) fn polling_loop(shard: Arc<Shard>, counters: Arc<Counters>, cfg: LoopCfg) {
     let mut local: Vec<Arc<Entry>> = Vec::new();
     let mut seen_gen = u64::MAX;
@@ -301,12 +303,14 @@ pub(super) fn polling_loop(shard: Arc<Shard>, counters: Arc<Counters>, cfg: Loop
                 .min(cfg.idle_interval);
             // Every armed sleep announced, not backed off: the rings cover them, and the
             // rescans only back them up (see the stretch above).
+            // (Backed off, tasks announce themselves: then only exact announces may stretch.)
+            let backed_off = shard.backed_off();
             let stretch = own_rescan
                 && !watching
                 && cfg.bell_park_after.is_some()
-                && !shard.backed_off()
                 && local.iter().all(|e| {
-                    !e.armed.load(Ordering::Relaxed) || e.announced.load(Ordering::Relaxed)
+                    !e.armed.load(Ordering::Relaxed)
+                        || (e.announced.load(Ordering::Relaxed) && (e.exact_bell || !backed_off))
                 });
             let timeout = if stretch {
                 rescan_every
