@@ -160,33 +160,49 @@
 //! poller's wait, for [`PollerMode::Event`] (spin, then sleep on the
 //! writer's `WRITE_WITH_IMM`, with no polling thread at all).
 //!
-//! **Low, steady load: the doorbell fallback.** A polling thread whose
-//! sleeping connections all have a doorbell dozes after 100 µs without data
-//! (rrpc-poller's `doorbell_park_after`), and announces each sleeping
-//! reader to its writer through the ring's sleep word; the writer then rings
-//! once (a `WRITE_WITH_IMM` of its tail) and the reader wakes through its
-//! completion channel in the tokio reactor. Before this, the thread stayed
-//! busy until 2 ms without data, so calls every millisecond or so kept it
-//! spinning. Measured with the rpc bench's `resources_low` experiment (one
-//! 32 B call per client per ms, server in its own process, 2-core host,
-//! both variants in back-to-back runs of the same binary, each against
-//! tonic-TCP in its own run; `RRPC_BENCH_PLAIN_BPEV=1` selects the old
-//! behaviour): the fast path's two processes used 21 % of a core at 1
-//! client and 42 % at 8 (0.92× and 0.49× tonic-TCP's CPU), against 97 % and
-//! 110 % (5.8× and 1.3×) with plain BPEV, and delivered 0.91 and 7.1 k
-//! calls/s (tonic-TCP: 0.83 and 6.8) against 0.60 and 6.2. The HTTP/2 path:
-//! 37 % at 1 client (1.6× tonic-TCP) against 127 %. Ping-pong on a quiet
-//! host is unchanged within this machine's noise (the reader's own spin
-//! catches back-to-back calls before any sleep). On verbs the sleep word and
-//! the doorbell are one extra WRITE each; a tail WRITE crossing the announce
-//! on the wire can miss both the re-check and the ring, which the dozing
-//! thread's rescan (every `idle_poll_interval`, 3 ms) bounds.
+//! **Low, steady load: the doorbell fallback and the spin back-off.** A
+//! polling thread whose sleeping connections all have a doorbell dozes after
+//! 100 µs without data (rrpc-poller's `doorbell_park_after`), and announces
+//! each sleeping reader to its writer through the ring's sleep word; the
+//! writer then rings once (a `WRITE_WITH_IMM` of its tail) and the reader
+//! wakes through its completion channel in the tokio reactor. Spinning backs
+//! off when it stops paying (rrpc-poller's `spin_backoff`): a reader whose
+//! spins rarely catch data (a server waiting a millisecond for its next
+//! request) stops spinning, and a polling thread whose spin episodes wake
+//! nobody, or that loses its core, backs off for 4–128 ms, leaving its
+//! readers to their doorbells (they announce their own sleeps meanwhile).
 //!
-//! Under CPU contention the doorbell is not measured by a suite yet: one ad
-//! hoc run with two busy loops at normal priority kept the fast path at
-//! 1.5–2.0× tonic-TCP's throughput (2.6–1.9× without the doorbell) but
-//! took the HTTP/2 path to 0.3–0.8× (0.7–2.0× without); that may be noise
-//! or a cost of kernel wake-ups when cores are taken.
+//! Measured with the rpc suite's `low_load` experiment (`cargo xtask bench
+//! rpc -- --only low_load`; server in its own process, each side one pinned
+//! tokio worker and one polling thread, 2-core host; every row against
+//! tonic-TCP in the same run): at one 32 B call per client per ms the fast
+//! path's two processes used 19 % of a core at 1 client, 51 % at 8 and 188 %
+//! at 64: **1.03×, 0.65× and 0.97× tonic-TCP's CPU**, while delivering 1.05×,
+//! 1.02× and 1.83× its calls at 0.52×, 0.55× and 0.41× tonic-UDS's p50. At
+//! one call per 10 ms: 1.29×, 0.71× and 0.57× tonic-TCP's CPU (7.3 % against
+//! 5.6 % at 1 client: the target "no more CPU than tonic-TCP" is met from 8
+//! clients on, not at 1). The paper's plain BPEV in the same run: 5.4× and
+//! 7.4× tonic-TCP's CPU at 1 client. EVENT mode is cheapest at 1 client
+//! (0.72×, 0.86×) with a higher p50. The HTTP/2 path: 1.84× tonic-TCP's CPU
+//! at 1 client per ms, 1.08× at 8, with p50 1.1–1.3× tonic-UDS's.
+//!
+//! **Idle connections.** With every sleeping reader announced, the dozing
+//! thread's backstop rescans stretch to ~0.2 s: 256 idle connections cost
+//! 0.21 % of a core on the fast path and 0.39 % on the HTTP/2 path
+//! (`idle_connections`; plain BPEV: 5.4 %). On verbs a tail WRITE crossing the
+//! announce on the wire can miss both the re-check and the ring; the first
+//! rescan after an announce (after `idle_poll_interval`, 3 ms) covers it.
+//!
+//! **CPU contention.** The rpc suite's `contention` experiment runs a busy
+//! loop pinned to every core (separate processes, normal priority) through
+//! each row. In one run, against tonic-TCP under the same hogs: the fast
+//! path's ping-pong p50 was 0.13× (12 µs against 96 µs), 1-client streaming
+//! throughput 2.2×, 8-client 0.92× (the paper's plain BPEV: 1.31× and
+//! 1.37×; this one is noisy). The HTTP/2 path does **not** keep up: ping-pong
+//! p50 1.35× tonic-TCP's, throughput 0.73× and 0.55× (plain BPEV: 42×
+//! slower ping-pong, 0.21× and 0.71×). Each call on that path crosses more
+//! tasks (hyper's connection task and the ring pipe), and each crossing is a
+//! kernel wake-up when the cores are taken.
 //!
 //! Where the doorbell does not reach, the old cost stands: a connection
 //! waiting for ring *space* (head pushes carry no doorbell) keeps its
