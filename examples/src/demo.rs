@@ -404,7 +404,7 @@ fn main() -> anyhow::Result<()> {
                         })
                         .collect();
                     line += &format!(
-                        "  | {} polling thread(s) {} (busy {}); per call: spin hits {:.2}, first-check hits {:.2}, sleeps {:.2}, wakes {:.2} (mean wake-up {}), sleeps announced {:.2}, doorbell wakes {:.2}, spins skipped {:.2}; back-offs {} descheduled {} not earning",
+                        "  | {} polling thread(s) {} (busy {}); per call: spin hits {:.2}, first-check hits {:.2}, sleeps {:.2}, wakes {:.2} (mean wake-up {}), sleeps announced {:.2}, doorbell wakes {:.2}, spins skipped {:.2} (lost their core {:.2}); back-offs {} descheduled {} not earning",
                         p.config().mode(),
                         p.threads(),
                         if busy.is_empty() { "-".to_string() } else { busy.join(" ") },
@@ -417,6 +417,7 @@ fn main() -> anyhow::Result<()> {
                         (d.announces + d.self_announces) as f64 / n,
                         d.bell_wakes as f64 / n,
                         d.spin_skips as f64 / n,
+                        d.lost_core_spins as f64 / n,
                         d.backoffs_descheduled,
                         d.backoffs_not_earning,
                     );

@@ -31,6 +31,8 @@ pub struct SpinTuner {
 
 /// A gap this long between two clock reads of one spin means the spinner lost its core.
 pub(crate) const PREEMPT_GAP: Duration = Duration::from_micros(20);
+/// A spin that ran out is a miss only if the data came at least this late (and 4 budgets).
+const FAR_MISS_MIN: Duration = Duration::from_micros(500);
 /// Below this hit rate (in 1/256ths: 1/8) a wait does not spin.
 const MIN_HIT_RATE: u32 = 32;
 /// While backed off, one wait in this many spins anyway, to measure again.
@@ -82,6 +84,18 @@ impl SpinTuner {
     pub fn spun(&mut self, hit: bool) {
         let sample = if hit { 256 } else { 0 };
         self.hit_rate = self.hit_rate - (self.hit_rate >> GAIN_SHIFT) + (sample >> GAIN_SHIFT);
+    }
+
+    /// Feeds a granted spin that ran out, once the data came after `waited` in all: a miss
+    /// only when the data came far later than the spin could have reached (at least
+    /// `max(4 × budget, 500 µs)`: a server waiting a millisecond for its next request). A
+    /// near miss says nothing: the data was a wake-up away, and counting it would keep both
+    /// ends of a ping-pong sleeping (each end's wake-up delays the other's data past its spin).
+    pub fn ran_out(&mut self, waited: Duration) {
+        let far = (self.budget() * 4).max(FAR_MISS_MIN);
+        if waited >= far {
+            self.spun(false);
+        }
     }
 
     /// Whether a gap between two clock reads of a spin means the spinner was descheduled.
@@ -180,6 +194,24 @@ mod tests {
             }
         }
         assert_eq!(t.next_budget(), Duration::from_micros(50));
+    }
+
+    #[test]
+    fn near_misses_never_back_off_far_misses_do() {
+        let mut t = SpinTuner::new(Duration::from_micros(50), false);
+        // A ping-pong whose peer answers 120 us later: a wake-up away, not idle.
+        for _ in 0..100 {
+            assert!(!t.next_budget().is_zero());
+            t.ran_out(Duration::from_micros(120));
+        }
+        assert!(!t.backed_off());
+        // A server whose next request comes 1 ms later.
+        for _ in 0..20 {
+            if !t.next_budget().is_zero() {
+                t.ran_out(Duration::from_millis(1));
+            }
+        }
+        assert!(t.backed_off());
     }
 
     #[test]

@@ -256,6 +256,8 @@ impl Registration {
         }
         // Read the clock only once we have to wait (the hit path stays clock-free).
         let start = Instant::now();
+        // The spin ran out (judged once the data comes: near or far miss).
+        let mut ran_out = false;
         if self.mode == Mode::Bpev {
             let backoff = self.inner.cfg.spin_backoff();
             let budget = if backoff {
@@ -293,7 +295,7 @@ impl Registration {
                     }
                     last = now;
                     if now.duration_since(start) >= budget {
-                        self.tuner.spun(false);
+                        ran_out = true;
                         break;
                     }
                     if now >= next_yield {
@@ -325,6 +327,9 @@ impl Registration {
                 if let Check::Ready = self.check()? {
                     self.disarm();
                     self.tuner.observe(start.elapsed());
+                    if ran_out {
+                        self.tuner.ran_out(start.elapsed());
+                    }
                     return Ok(());
                 }
                 Counters::add(&self.inner.counters.sleeps, 1);
@@ -333,6 +338,9 @@ impl Registration {
             if let Check::Ready = self.check()? {
                 Counters::add(&self.inner.counters.wakeups, 1);
                 self.tuner.observe(start.elapsed());
+                if ran_out {
+                    self.tuner.ran_out(start.elapsed());
+                }
                 return Ok(());
             }
         }
