@@ -106,6 +106,18 @@ fn counters_and_busy_fractions_are_reported() {
         "the facade carries the poller's own counters: {polls} against {:?}",
         p.stats()
     );
+    // The spin back-off's counters are reported too (one per reason).
+    let _ = counter(&after, report::SPIN_SKIPS) + counter(&after, report::SELF_ANNOUNCES);
+    let reasons: Vec<String> = after
+        .iter()
+        .filter(|(n, ..)| n == report::BACKOFFS)
+        .filter_map(|(_, l, _)| {
+            l.iter()
+                .find(|(k, _)| k == "reason")
+                .map(|(_, v)| v.clone())
+        })
+        .collect();
+    assert_eq!(reasons.len(), 2, "{reasons:?}");
     let b = busy(&after);
     assert!((0.0..=1.0).contains(&b), "{b}");
     // Idle: the thread parks (aggressive idle parking in the test config),
