@@ -81,7 +81,8 @@
 //!   in one, or fewer than 1 in 8 of its episodes woke anyone, it backs off for 4 ms, doubling
 //!   up to 128 ms ([`backoff::Governor`]). Backed off, it dozes as soon as its armed
 //!   connections all have doorbells, and their tasks announce their own sleeps instead of
-//!   kicking it (one futex wake saved per sleep). Counters: [`Stats::spin_skips`],
+//!   kicking it where an announce misses nothing (shm; one futex wake saved per sleep).
+//!   Counters: [`Stats::spin_skips`],
 //!   [`Stats::lost_core_spins`], [`Stats::backoffs_descheduled`],
 //!   [`Stats::backoffs_not_earning`], [`Stats::self_announces`].
 //! - **Idle parking.** A polling thread that found nothing for `idle_park_after` parks; a task

@@ -451,8 +451,8 @@ fn an_idle_reader_is_woken_by_the_doorbell_not_by_rescans(prov: &Provider) {
 /// Spin back-off over real rings: a reader whose next message comes a
 /// millisecond after it armed (a server at low load) spins for nothing. With
 /// the back-off on, its task stops spinning (spins skipped), its polling
-/// thread's episodes stop earning and it backs off, and the task then
-/// announces its own sleeps and is woken by the doorbell; every message still
+/// thread's episodes stop earning and it backs off, and the task (on shm)
+/// then announces its own sleeps; the doorbell wakes it; every message still
 /// arrives, in order. The control run with the back-off off shows none of it.
 fn a_reader_fed_once_a_millisecond_stops_spinning_and_announces_its_own_sleeps(prov: &Provider) {
     let rounds = 80u32;
@@ -494,9 +494,19 @@ fn a_reader_fed_once_a_millisecond_stops_spinning_and_announces_its_own_sleeps(p
                 "the reader's task stops spinning: {stats:?}"
             );
             assert!(
-                stats.backoffs_not_earning >= 1 && stats.self_announces >= 1,
-                "the polling thread backs off and the task announces its own sleep: {stats:?}"
+                stats.backoffs_not_earning >= 1,
+                "the polling thread backs off: {stats:?}"
             );
+            // Tasks announce their own sleeps only where an announce misses nothing (shm);
+            // on verbs the backed-off thread is kicked and announces for them.
+            if prov.kind() == rrpc_core::ProviderKind::Shm {
+                assert!(
+                    stats.self_announces >= 1,
+                    "the task announces its own sleep: {stats:?}"
+                );
+            } else {
+                assert_eq!(stats.self_announces, 0, "{stats:?}");
+            }
             assert!(
                 stats.bell_wakes >= 1,
                 "doorbells woke the reader: {stats:?}"

@@ -170,7 +170,8 @@
 //! spins rarely catch data (a server waiting a millisecond for its next
 //! request) stops spinning, and a polling thread whose spin episodes wake
 //! nobody, or that loses its core, backs off for 4–128 ms, leaving its
-//! readers to their doorbells (they announce their own sleeps meanwhile).
+//! readers to their doorbells (on shm they announce their own sleeps
+//! meanwhile; on verbs the thread, kicked, announces for them).
 //!
 //! Measured with the rpc suite's `low_load` experiment (`cargo xtask bench
 //! rpc -- --only low_load`; server in its own process, each side one pinned

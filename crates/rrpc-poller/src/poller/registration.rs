@@ -193,13 +193,16 @@ impl Registration {
         let _ = fired;
     }
 
-    /// Spin back-off: while the shard's polling thread is backed off, an armed entry with a
-    /// doorbell announces its own sleep (once per wait) instead of kicking the thread; the
-    /// caller's recheck follows (Dekker with the writer's tail, as for the thread's announce).
-    /// Returns whether the doorbell covers this sleep. A failed announce (the previous sleep
-    /// word still in flight) is not cover: the caller kicks.
+    /// Spin back-off: while the shard's polling thread is backed off, an armed entry with an
+    /// exact doorbell (shm: [`Notifier::announce_is_exact`](crate::Notifier::announce_is_exact))
+    /// announces its own sleep (once per wait) instead of kicking the thread; the caller's
+    /// recheck follows (Dekker with the writer's tail, as for the thread's announce). Returns
+    /// whether the doorbell covers this sleep. A failed announce (the previous sleep word still
+    /// in flight) is not cover, and neither is an inexact one (verbs: a tail crossing the
+    /// announce on the wire needs the thread's rescan, and a thread that is not kicked may be
+    /// parked without a timeout): the caller kicks.
     fn covered_by_doorbell(&self, shard: &Shard) -> bool {
-        if !self.entry.bell || !shard.backed_off() {
+        if !self.entry.exact_bell || !shard.backed_off() {
             return false;
         }
         if self.entry.announced.load(Ordering::SeqCst) {

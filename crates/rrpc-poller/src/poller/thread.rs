@@ -99,8 +99,8 @@ impl IdleWatch {
 ///   times it. On shm an announce misses nothing ([`crate::Notifier::announce_is_exact`]).
 ///   On verbs the first rescan after an announce the thread made still comes after
 ///   `idle_interval`, which covers a tail that crossed the announce on the wire; after that
-///   every tail sees the sleep word and rings. Tasks' own announces (backed off) on verbs keep
-///   the rescans at `idle_interval`.
+///   every tail sees the sleep word and rings. (Tasks announce their own sleeps, backed off,
+///   only where announces are exact.)
 pub(super) fn polling_loop(shard: Arc<Shard>, counters: Arc<Counters>, cfg: LoopCfg) {
     let mut local: Vec<Arc<Entry>> = Vec::new();
     let mut seen_gen = u64::MAX;
@@ -303,7 +303,7 @@ pub(super) fn polling_loop(shard: Arc<Shard>, counters: Arc<Counters>, cfg: Loop
                 .min(cfg.idle_interval);
             // Every armed sleep announced, not backed off: the rings cover them, and the
             // rescans only back them up (see the stretch above).
-            // (Backed off, tasks announce themselves: then only exact announces may stretch.)
+            // (Backed off, tasks may announce themselves: then only exact announces stretch.)
             let backed_off = shard.backed_off();
             let stretch = own_rescan
                 && !watching
