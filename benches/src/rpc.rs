@@ -858,8 +858,9 @@ pub fn run_suite(args: &SuiteArgs, report: &mut Report, only: &[String]) -> Resu
         report.add(t)?;
     }
     if want("contention") {
-        let t = load::contention(&mut ctx, &plan_note);
-        report.add(t)?;
+        for t in load::contention(&mut ctx, &plan_note) {
+            report.add(t)?;
+        }
     }
     if want("idle_connections") {
         let t = load::idle_connections(&mut ctx, &side_note);

@@ -4,9 +4,10 @@
 //!
 //! - `low_load`: 1, 8 and 64 clients each making one 32 B call per 1 ms and per 10 ms; CPU of
 //!   both processes (the server in its own), calls delivered, p50 and p99.
-//! - `contention`: ping-pong and 1- and 8-client streaming throughput while a busy loop runs on
-//!   every core (one `--role hog` process per core, normal priority, started and stopped here).
-//! - `idle_connections`: CPU of both processes with 256 connected, idle clients.
+//! - `contention` (and `contention_pingpong`): ping-pong and 1- to 32-client streaming
+//!   throughput while a busy loop runs on every core (one `--role hog` process per core,
+//!   normal priority, started and stopped here).
+//! - `idle_connections`: CPU of both processes with 16, 64 and 256 connected, idle clients.
 
 use std::time::{Duration, Instant};
 
@@ -308,39 +309,43 @@ pub fn hog(cpu: Option<usize>) -> Result<()> {
     Ok(())
 }
 
-/// `contention`.
-pub(super) fn contention(ctx: &mut Ctx<'_>, pinning: &str) -> Table {
+/// `contention`: (ping-pong table, throughput table).
+pub(super) fn contention(ctx: &mut Ctx<'_>, pinning: &str) -> Vec<Table> {
     let args = ctx.args;
     let dur = args.duration(Duration::from_millis(400), Duration::from_secs(3));
     let (warm, n) = args.pick((100u64, 1_000u64), (1_000, 20_000));
+    let clients: Vec<usize> = args.pick(vec![1, 8], vec![1, 2, 8, 32]);
     let vs = variants(&["bpev", "bpev-plain", "event"], &["bpev", "bpev-plain"]);
-    let mut t = Table::new(
+    let mut ping = Table::new(
+        "contention_pingpong",
+        "Under CPU contention (a busy loop on every core): ping-pong latency, 64 B / 8 B",
+        &["transport", "p50_us", "p99_us", "p50_x_vs_tcp"],
+    );
+    let mut thr = Table::new(
         "contention",
-        "Under CPU contention (a busy loop on every core): ping-pong latency and 32 B / 8 B \
-         streaming throughput",
+        "Under CPU contention (a busy loop on every core): 32 B / 8 B streaming throughput",
         &[
             "transport",
-            "ping_p50_us",
-            "ping_p99_us",
-            "ping_p50_x_vs_tcp",
-            "krps_1",
-            "krps_1_x_vs_tcp",
-            "krps_8",
-            "krps_8_x_vs_tcp",
+            "clients",
+            "krps",
+            "x_vs_tcp",
+            "p50_us",
+            "p99_us",
         ],
     );
     let bar = args.progress(vs.len() as u64, "contention");
-    let mut tcp: Option<(f64, f64, f64)> = None;
+    let mut tcp_p50 = f64::NAN;
+    let mut tcp_krps: Vec<(usize, f64)> = Vec::new();
     let hogs = match Hogs::start() {
         Ok(h) => h,
         Err(e) => {
             ctx.fail("contention: starting the hogs".into(), &e);
-            return t;
+            return vec![ping, thr];
         }
     };
     for v in &vs {
         bar.set_message(v.name());
-        let res = (|| -> Result<Vec<Value>> {
+        let res = (|| -> Result<()> {
             let server = start_server_with(ctx.server_rt, v.transport, v.config())?;
             let mut c = ctx.client_rt.block_on(super::connect(&server))?;
             let l = ctx
@@ -349,63 +354,83 @@ pub(super) fn contention(ctx: &mut Ctx<'_>, pinning: &str) -> Table {
                     tokio::spawn(async move { pingpong(&mut c, 64, 8, warm, n).await }).await?
                 })?
                 .summary();
-            let mut krps = [0.0f64; 2];
-            for (i, k) in [1usize, 8].into_iter().enumerate() {
+            if v.transport == Transport::TonicTcp {
+                tcp_p50 = l.p50_us();
+            }
+            ping.push(vec![
+                v.name().into(),
+                l.p50_us().into(),
+                l.p99_us().into(),
+                Ratio::of(l.p50_us(), tcp_p50).into(),
+            ]);
+            for &k in &clients {
                 let cs = ctx.client_rt.block_on(super::connect_many(&server, k))?;
                 let r = ctx
                     .client_rt
                     .block_on(stream_throughput(cs, 32, 8, 32, dur))?;
-                krps[i] = r.ops as f64 / r.elapsed.as_secs_f64() / 1e3;
+                let krps = r.ops as f64 / r.elapsed.as_secs_f64() / 1e3;
+                if v.transport == Transport::TonicTcp {
+                    tcp_krps.push((k, krps));
+                }
+                let base = tcp_krps
+                    .iter()
+                    .find(|(c, _)| *c == k)
+                    .map_or(f64::NAN, |(_, b)| *b);
+                let s = r.latency.summary();
+                thr.push(vec![
+                    v.name().into(),
+                    k.into(),
+                    krps.into(),
+                    Ratio::of(krps, base).into(),
+                    s.p50_us().into(),
+                    s.p99_us().into(),
+                ]);
             }
-            if v.transport == Transport::TonicTcp {
-                tcp = Some((l.p50_us(), krps[0], krps[1]));
-            }
-            let (bp, b1, b8) = tcp.unwrap_or((f64::NAN, f64::NAN, f64::NAN));
-            Ok(vec![
-                v.name().into(),
-                l.p50_us().into(),
-                l.p99_us().into(),
-                Ratio::of(l.p50_us(), bp).into(),
-                krps[0].into(),
-                Ratio::of(krps[0], b1).into(),
-                krps[1].into(),
-                Ratio::of(krps[1], b8).into(),
-            ])
+            Ok(())
         })();
-        match res {
-            Ok(row) => t.push(row),
-            Err(e) => ctx.fail(format!("contention {}", v.name()), &e),
+        if let Err(e) = res {
+            ctx.fail(format!("contention {}", v.name()), &e);
         }
         bar.inc(1);
     }
     drop(hogs);
     bar.finish_and_clear();
-    t.note(pinning.to_owned());
-    t.note(format!(
-        "{} hog processes (one busy loop pinned to each CPU of this process, normal priority) \
-         run through every row; server and clients in this process; ping-pong: {n} calls \
-         after {warm}; throughput: one stream per client, 32 in flight, {} per point",
-        crate::process_cpus().len(),
-        super::figs::secs(dur)
-    ));
-    t.note(variants_note(&vs));
-    t.note(
-        "target (connection-management issue): rrpc keeps at least tonic-tcp's throughput and \
-         p50 (krps_x_vs_tcp >= 1, ping_p50_x_vs_tcp <= 1). The hogs make this noisy: compare \
-         rows of one run only",
+    for t in [&mut ping, &mut thr] {
+        t.note(pinning.to_owned());
+        t.note(format!(
+            "{} hog processes (one busy loop pinned to each CPU of this process, normal \
+             priority) run through every row; server and clients in this process; ping-pong: \
+             {n} calls after {warm}; throughput: one stream per client, 32 in flight, {} per \
+             point",
+            crate::process_cpus().len(),
+            super::figs::secs(dur)
+        ));
+        t.note(variants_note(&vs));
+        t.note(
+            "target (connection-management issue): rrpc keeps at least tonic-tcp's throughput \
+             and p50 (x_vs_tcp >= 1 for throughput, <= 1 for p50). The hogs make this noisy: \
+             compare rows of one run only",
+        );
+    }
+    thr.plot(
+        PlotSpec::lines("clients", &["krps"])
+            .series("transport")
+            .log_x()
+            .x_label("clients (a busy loop on every core)")
+            .y_label("K RPC/s"),
     );
-    t
+    vec![ping, thr]
 }
 
 /// `idle_connections`.
 pub(super) fn idle_connections(ctx: &mut Ctx<'_>, pinning: &str) -> Table {
     let args = ctx.args;
-    let k = 256;
+    let counts: Vec<usize> = args.pick(vec![256], vec![16, 64, 256]);
     let dur = args.duration(Duration::from_secs(1), Duration::from_secs(5));
     let vs = variants(&["bpev", "bpev-plain", "event"], &["bpev", "event"]);
     let mut t = Table::new(
         "idle_connections",
-        "256 connected, idle clients: CPU of both processes",
+        "Connected, idle clients (up to 256): CPU of both processes",
         &[
             "transport",
             "connections",
@@ -414,49 +439,58 @@ pub(super) fn idle_connections(ctx: &mut Ctx<'_>, pinning: &str) -> Table {
             "total_cpu_pct",
         ],
     );
-    let bar = args.progress(vs.len() as u64, "idle_connections");
+    let bar = args.progress((vs.len() * counts.len()) as u64, "idle_connections");
     for v in &vs {
-        bar.set_message(v.name());
-        let res = (|| -> Result<(f64, f64)> {
-            let server = ChildServer::spawn_with(v.transport, Some(ctx.server_cpu), &v.env())?;
-            let mut cs = connect_k(ctx, *v, &server, k)?;
-            // One call each, so every connection is set up end to end, then let them idle.
-            ctx.client_rt.block_on(async {
-                for c in &mut cs {
-                    c.unary(super::pb::Req {
-                        payload: vec![1; 32],
-                        resp_len: 8,
-                    })
-                    .await?;
-                }
-                tokio::time::sleep(Duration::from_millis(200)).await;
-                Ok::<_, anyhow::Error>(())
-            })?;
-            let pid = server.pid();
-            let (c0, s0) = (CpuTimes::process()?, CpuTimes::of_pid(pid)?);
-            let w0 = Instant::now();
-            ctx.client_rt
-                .block_on(async { tokio::time::sleep(dur).await });
-            let wall = w0.elapsed();
-            let (c1, s1) = (CpuTimes::process()?, CpuTimes::of_pid(pid)?);
-            drop(cs);
-            Ok((s1.percent_since(&s0, wall), c1.percent_since(&c0, wall)))
-        })();
-        match res {
-            Ok((s, c)) => t.push(vec![
-                v.name().into(),
-                k.into(),
-                s.into(),
-                c.into(),
-                (s + c).into(),
-            ]),
-            Err(e) => ctx.fail(format!("idle_connections {}", v.name()), &e),
+        for &k in &counts {
+            bar.set_message(format!("{} {k}", v.name()));
+            let res = (|| -> Result<(f64, f64)> {
+                let server = ChildServer::spawn_with(v.transport, Some(ctx.server_cpu), &v.env())?;
+                let mut cs = connect_k(ctx, *v, &server, k)?;
+                // One call each, so every connection is set up end to end, then let them idle.
+                ctx.client_rt.block_on(async {
+                    for c in &mut cs {
+                        c.unary(super::pb::Req {
+                            payload: vec![1; 32],
+                            resp_len: 8,
+                        })
+                        .await?;
+                    }
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                    Ok::<_, anyhow::Error>(())
+                })?;
+                let pid = server.pid();
+                let (c0, s0) = (CpuTimes::process()?, CpuTimes::of_pid(pid)?);
+                let w0 = Instant::now();
+                ctx.client_rt
+                    .block_on(async { tokio::time::sleep(dur).await });
+                let wall = w0.elapsed();
+                let (c1, s1) = (CpuTimes::process()?, CpuTimes::of_pid(pid)?);
+                drop(cs);
+                Ok((s1.percent_since(&s0, wall), c1.percent_since(&c0, wall)))
+            })();
+            match res {
+                Ok((s, c)) => t.push(vec![
+                    v.name().into(),
+                    k.into(),
+                    s.into(),
+                    c.into(),
+                    (s + c).into(),
+                ]),
+                Err(e) => ctx.fail(format!("idle_connections {} {k}", v.name()), &e),
+            }
+            bar.inc(1);
         }
-        bar.inc(1);
     }
     bar.finish_and_clear();
     t.note(pinning.to_owned());
     t.note(variants_note(&vs));
+    t.plot(
+        PlotSpec::lines("connections", &["total_cpu_pct"])
+            .series("transport")
+            .log_x()
+            .x_label("idle connections")
+            .y_label("CPU, both processes (% of one core)"),
+    );
     t.note(format!(
         "server in its own process; one call per connection, 200 ms to settle, then CPU over \
          {} of idleness (the client process's figure includes the suite's own idle runtime; /proc CPU times tick at 10 ms, so one tick is 1 % of a 1 s window); \
