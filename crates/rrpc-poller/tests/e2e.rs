@@ -392,6 +392,40 @@ fn missed_polls_lose_no_wake_up_every_mode() {
     }
 }
 
+/// Sends `rounds` small messages over a fresh pair on `p`, `gap` apart, to a
+/// reader that checks each arrives in order within [`BOUND`]; returns the
+/// poller's counters over the exchange.
+fn feed_at_intervals(
+    prov: &Provider,
+    p: &rrpc_poller::Poller,
+    rounds: u32,
+    gap: Duration,
+) -> rrpc_poller::Stats {
+    rt().block_on(async {
+        let (a, b) = pair(prov, p, &ring(Mode::Bpev, 64 * 1024));
+        let (mut atx, _arx) = a.split().unwrap();
+        let (_btx, mut brx) = b.split().unwrap();
+        let reader = tokio::spawn(async move {
+            for i in 0..rounds {
+                let m = tokio::time::timeout(BOUND, brx.recv())
+                    .await
+                    .unwrap_or_else(|_| panic!("message {i} never seen"))
+                    .unwrap();
+                assert_eq!(&m[..], &i.to_le_bytes());
+            }
+        });
+        let before = p.stats();
+        for i in 0..rounds {
+            // Idle between messages: the reader sleeps (or spins for nothing).
+            tokio::time::sleep(gap).await;
+            atx.send(&i.to_le_bytes()).await.unwrap();
+            atx.flush_all().await.unwrap();
+        }
+        reader.await.unwrap();
+        p.stats().since(&before)
+    })
+}
+
 /// The doorbell fallback (BPEV's default): a reader idle long enough for
 /// its polling thread to doze is woken by the writer's doorbell, not by the
 /// dozing thread's rescan. The rescan period is one second here, so a
@@ -401,36 +435,14 @@ fn missed_polls_lose_no_wake_up_every_mode() {
 fn an_idle_reader_is_woken_by_the_doorbell_not_by_rescans(prov: &Provider) {
     let rounds = 8u32;
     for doorbell in [true, false] {
-        let stats = rt().block_on(async {
-            let p = common::test_config(Mode::Bpev)
-                .idle_park_after(Some(Duration::from_micros(300)))
-                .doorbell_park_after(doorbell.then_some(Duration::from_micros(50)))
-                .idle_poll_interval(Duration::from_secs(1))
-                .unwrap()
-                .build()
-                .unwrap();
-            let (a, b) = pair(prov, &p, &ring(Mode::Bpev, 64 * 1024));
-            let (mut atx, _arx) = a.split().unwrap();
-            let (_btx, mut brx) = b.split().unwrap();
-            let reader = tokio::spawn(async move {
-                for i in 0..rounds {
-                    let m = tokio::time::timeout(BOUND, brx.recv())
-                        .await
-                        .unwrap_or_else(|_| panic!("message {i} never seen"))
-                        .unwrap();
-                    assert_eq!(&m[..], &i.to_le_bytes());
-                }
-            });
-            let before = p.stats();
-            for i in 0..rounds {
-                // Idle: the reader sleeps, its polling thread dozes.
-                tokio::time::sleep(Duration::from_millis(20)).await;
-                atx.send(&i.to_le_bytes()).await.unwrap();
-                atx.flush_all().await.unwrap();
-            }
-            reader.await.unwrap();
-            p.stats().since(&before)
-        });
+        let p = common::test_config(Mode::Bpev)
+            .idle_park_after(Some(Duration::from_micros(300)))
+            .doorbell_park_after(doorbell.then_some(Duration::from_micros(50)))
+            .idle_poll_interval(Duration::from_secs(1))
+            .unwrap()
+            .build()
+            .unwrap();
+        let stats = feed_at_intervals(prov, &p, rounds, Duration::from_millis(20));
         eprintln!("doorbell {doorbell}: {stats:?}");
         if doorbell {
             assert!(
@@ -457,36 +469,15 @@ fn an_idle_reader_is_woken_by_the_doorbell_not_by_rescans(prov: &Provider) {
 fn a_reader_fed_once_a_millisecond_stops_spinning_and_announces_its_own_sleeps(prov: &Provider) {
     let rounds = 80u32;
     for backoff in [true, false] {
-        let stats = rt().block_on(async {
-            let p = common::test_config(Mode::Bpev)
-                .bp_timeout(Duration::from_micros(50))
-                .auto_tune(false)
-                .spin_backoff(backoff)
-                .idle_poll_interval(Duration::from_secs(1))
-                .unwrap()
-                .build()
-                .unwrap();
-            let (a, b) = pair(prov, &p, &ring(Mode::Bpev, 64 * 1024));
-            let (mut atx, _arx) = a.split().unwrap();
-            let (_btx, mut brx) = b.split().unwrap();
-            let reader = tokio::spawn(async move {
-                for i in 0..rounds {
-                    let m = tokio::time::timeout(BOUND, brx.recv())
-                        .await
-                        .unwrap_or_else(|_| panic!("message {i} never seen"))
-                        .unwrap();
-                    assert_eq!(&m[..], &i.to_le_bytes());
-                }
-            });
-            let before = p.stats();
-            for i in 0..rounds {
-                tokio::time::sleep(Duration::from_millis(1)).await;
-                atx.send(&i.to_le_bytes()).await.unwrap();
-                atx.flush_all().await.unwrap();
-            }
-            reader.await.unwrap();
-            p.stats().since(&before)
-        });
+        let p = common::test_config(Mode::Bpev)
+            .bp_timeout(Duration::from_micros(50))
+            .auto_tune(false)
+            .spin_backoff(backoff)
+            .idle_poll_interval(Duration::from_secs(1))
+            .unwrap()
+            .build()
+            .unwrap();
+        let stats = feed_at_intervals(prov, &p, rounds, Duration::from_millis(1));
         eprintln!("spin back-off {backoff}: {stats:?}");
         if backoff {
             assert!(

@@ -209,15 +209,7 @@ pub(super) fn polling_loop(shard: Arc<Shard>, counters: Arc<Counters>, cfg: Loop
                 dozing = true;
                 shard.dozing.store(true, Ordering::SeqCst);
                 if clock.is_some() {
-                    // One spin episode ends: did it earn its keep?
-                    if !shard.backed_off()
-                        && let Verdict::BackOff { until, reason } =
-                            gov.episode(gov_now(&shard), episode_woke)
-                    {
-                        back_off(&shard, &counters, until, reason);
-                    }
-                    gov.interrupt();
-                    episode_woke = false;
+                    end_episode(&shard, &counters, &mut gov, &mut episode_woke);
                 }
                 if let Some(w) = watch {
                     holder = holder
@@ -284,14 +276,7 @@ pub(super) fn polling_loop(shard: Arc<Shard>, counters: Arc<Counters>, cfg: Loop
             shard.report(&counters, cfg.mode, &mut next_report, true);
             if clock.is_some() && !dozing {
                 // A spin episode that ends with nobody armed.
-                if !shard.backed_off()
-                    && let Verdict::BackOff { until, reason } =
-                        gov.episode(gov_now(&shard), episode_woke)
-                {
-                    back_off(&shard, &counters, until, reason);
-                }
-                gov.interrupt();
-                episode_woke = false;
+                end_episode(&shard, &counters, &mut gov, &mut episode_woke);
             }
         }
         let park_start = shard.clock();
@@ -359,6 +344,18 @@ pub(super) fn polling_loop(shard: Arc<Shard>, counters: Arc<Counters>, cfg: Loop
 /// The longest backstop rescan period of an announced, idle thread, in `idle_interval`s
 /// (3 ms × 64 ≈ 0.2 s with the defaults).
 pub(super) const MAX_RESCAN_STRETCH: u32 = 64;
+
+/// One spin episode ends (the thread dozes, or parks with nobody armed): did it earn its keep?
+fn end_episode(shard: &Shard, counters: &Counters, gov: &mut Governor, woke: &mut bool) {
+    if !shard.backed_off()
+        && let Verdict::BackOff { until, reason } =
+            gov.episode(Duration::from_nanos(shard.clock()), *woke)
+    {
+        back_off(shard, counters, until, reason);
+    }
+    gov.interrupt();
+    *woke = false;
+}
 
 /// Enters a back-off until `until` ([`Shard::clock`] time).
 fn back_off(shard: &Shard, counters: &Counters, until: Duration, reason: Reason) {
