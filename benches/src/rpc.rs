@@ -619,6 +619,25 @@ pub const EXPERIMENTS: &[&str] = &[
     "idle_connections",
 ];
 
+/// The baseline rows' value (tonic-TCP's, measured first) per client count, for the ratio of
+/// every later row with the same count.
+#[derive(Debug, Default)]
+struct BaseByClients(Vec<(usize, f64)>);
+
+impl BaseByClients {
+    /// Records `v` as the baseline for `k` when `is_base`; returns the baseline for `k` (NaN
+    /// before one was recorded).
+    fn base(&mut self, is_base: bool, k: usize, v: f64) -> f64 {
+        if is_base {
+            self.0.push((k, v));
+        }
+        self.0
+            .iter()
+            .find(|(c, _)| *c == k)
+            .map_or(f64::NAN, |(_, b)| *b)
+    }
+}
+
 /// Whether experiment `exp` is selected by `only` (empty: everything).
 fn selected(only: &[String], exp: &str) -> bool {
     only.is_empty() || only.iter().any(|o| exp.starts_with(o.as_str()))
@@ -701,7 +720,7 @@ pub fn run_suite(args: &SuiteArgs, report: &mut Report, only: &[String]) -> Resu
     );
     let mut failures = Vec::new();
     let mut tcp_ping: Option<(f64, f64)> = None;
-    let mut tcp_krps: Vec<(usize, f64)> = Vec::new();
+    let mut tcp_krps = BaseByClients::default();
     // The floor first, so that every row can be given its ratio to it.
     let floor = if want("pingpong_latency") {
         let mut c = AnyClient::Inproc(BenchClient::new(BenchServer::new(Svc)));
@@ -745,14 +764,8 @@ pub fn run_suite(args: &SuiteArgs, report: &mut Report, only: &[String]) -> Resu
                 let r = client_rt.block_on(stream_throughput(cs, 32, 8, 32, dur))?;
                 let cpu_pct = CpuTimes::process()?.percent_since(&cpu0, w0.elapsed());
                 let rss = rss_bytes(None)?;
-                let krps = r.ops as f64 / r.elapsed.as_secs_f64() / 1e3;
-                if t == Transport::TonicTcp {
-                    tcp_krps.push((k, krps));
-                }
-                let base = tcp_krps
-                    .iter()
-                    .find(|(c, _)| *c == k)
-                    .map_or(f64::NAN, |(_, v)| *v);
+                let krps = figs::krps(&r);
+                let base = tcp_krps.base(t == Transport::TonicTcp, k, krps);
                 let s = r.latency.summary();
                 thr.push(vec![
                     t.name().into(),

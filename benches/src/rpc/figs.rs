@@ -60,7 +60,7 @@ fn gbps(t: &Throughput, bytes_per_op: usize) -> f64 {
     }
 }
 
-fn krps(t: &Throughput) -> f64 {
+pub(super) fn krps(t: &Throughput) -> f64 {
     let s = t.elapsed.as_secs_f64();
     if s > 0.0 { t.ops as f64 / s / 1e3 } else { 0.0 }
 }

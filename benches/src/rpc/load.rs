@@ -15,8 +15,8 @@ use anyhow::{Context, Result};
 
 use super::figs::Ctx;
 use super::{
-    AnyClient, ChildServer, POLLER_VARIANTS, Transport, connect_to, pingpong, poller_variant,
-    start_server_with, stream_throughput, unary_load, with_path,
+    AnyClient, BaseByClients, ChildServer, POLLER_VARIANTS, Transport, connect_to, pingpong,
+    poller_variant, start_server_with, stream_throughput, unary_load, with_path,
 };
 use crate::cpu::CpuTimes;
 use crate::{PlotSpec, Ratio, Table, Value};
@@ -335,7 +335,7 @@ pub(super) fn contention(ctx: &mut Ctx<'_>, pinning: &str) -> Vec<Table> {
     );
     let bar = args.progress(vs.len() as u64, "contention");
     let mut tcp_p50 = f64::NAN;
-    let mut tcp_krps: Vec<(usize, f64)> = Vec::new();
+    let mut tcp_krps = BaseByClients::default();
     let hogs = match Hogs::start() {
         Ok(h) => h,
         Err(e) => {
@@ -368,14 +368,8 @@ pub(super) fn contention(ctx: &mut Ctx<'_>, pinning: &str) -> Vec<Table> {
                 let r = ctx
                     .client_rt
                     .block_on(stream_throughput(cs, 32, 8, 32, dur))?;
-                let krps = r.ops as f64 / r.elapsed.as_secs_f64() / 1e3;
-                if v.transport == Transport::TonicTcp {
-                    tcp_krps.push((k, krps));
-                }
-                let base = tcp_krps
-                    .iter()
-                    .find(|(c, _)| *c == k)
-                    .map_or(f64::NAN, |(_, b)| *b);
+                let krps = super::figs::krps(&r);
+                let base = tcp_krps.base(v.transport == Transport::TonicTcp, k, krps);
                 let s = r.latency.summary();
                 thr.push(vec![
                     v.name().into(),

@@ -1,6 +1,7 @@
-//! What operators watch, through the [`metrics`] facade: install any recorder (a Prometheus exporter,
-//! statsd, ...) and these appear in the service's own dashboards. Without
-//! a recorder each report costs a few relaxed loads.
+//! What operators watch, through the [`metrics`] facade: install any
+//! recorder (a Prometheus exporter, statsd, ...) and these appear in the
+//! service's own dashboards. Without a recorder each report costs a few
+//! relaxed loads.
 //!
 //! Every name carries the label `mode` (`BP`, `BPTS`, `EVENT`, `BPEV`).
 //! Counters are monotonic since the poller started ([`crate::Stats`] has
@@ -13,8 +14,9 @@
 //!
 //! Wake-up latency ([`WAKE_LATENCY`], a histogram in seconds) is the time
 //! from a polling thread's (or a spinning neighbour's) `Waker::wake` to the
-//! woken task running, recorded by the task itself. Wakes by a writer's
-//! doorbell are not timed: the ring happens in the writer's process.
+//! woken task running, recorded by the task itself into the histogram of
+//! the recorder installed when its registration was made. Wakes by a
+//! writer's doorbell are not timed: the ring happens in the writer's process.
 
 use crate::{Mode, Stats};
 
@@ -87,9 +89,10 @@ pub(crate) fn counters(s: &Stats, mode: Mode) {
     }
 }
 
-/// Records one wake-up latency.
-pub(crate) fn wake_latency(d: std::time::Duration, mode: Mode) {
-    metrics::histogram!(WAKE_LATENCY, "mode" => mode.name()).record(d.as_secs_f64());
+/// The wake-up latency histogram of `mode` in the current recorder (a registration takes it
+/// once and records every measured wake into it).
+pub(crate) fn wake_latency(mode: Mode) -> metrics::Histogram {
+    metrics::histogram!(WAKE_LATENCY, "mode" => mode.name())
 }
 
 /// Records polling thread `thread`'s busy fraction.

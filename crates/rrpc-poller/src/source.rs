@@ -84,9 +84,9 @@ pub trait Notifier: Send + Sync {
     /// Whether an announce followed by the caller's re-check can never miss a message: true
     /// when the writer's tail and the sleep word live in memory both sides access directly
     /// (shm: Dekker's pattern, no lost wake-up). False (the default) on a network, where a tail
-    /// WRITE in flight while the announce lands can miss both the re-check and the ring; the
-    /// poller then keeps rescanning such a connection every `idle_poll_interval` shortly after
-    /// each announce it did not make itself.
+    /// WRITE in flight while the announce lands can miss both the re-check and the ring. The
+    /// poller lets a sleeping task announce for itself only when this is true; otherwise its
+    /// polling thread announces, and rescans once after `idle_poll_interval` to cover the gap.
     fn announce_is_exact(&self) -> bool {
         false
     }

@@ -400,6 +400,7 @@ impl Poller {
         }
         Ok(Registration {
             tuner: SpinTuner::new(inner.cfg.bp_timeout(), inner.cfg.auto_tune()),
+            wake_latency: crate::report::wake_latency(mode),
             entry,
             shard,
             inner: inner.clone(),

@@ -66,6 +66,9 @@ pub struct Registration {
     /// The source's doorbell fd (BPEV with the doorbell fallback).
     pub(super) bell_fd: Option<AsyncFd<DupFd>>,
     pub(super) tuner: SpinTuner,
+    /// The wake-up latency histogram, resolved once from the recorder installed when the
+    /// registration was made (not looked up again on every wake).
+    pub(super) wake_latency: metrics::Histogram,
     pub(super) doorbell_fd: Option<RawFd>,
     pub(super) removed: bool,
 }
@@ -395,7 +398,7 @@ impl Registration {
                     Counters::add(&self.inner.counters.timed_wakes, 1);
                     let ns = u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
                     Counters::add(&self.inner.counters.wake_latency_ns, ns);
-                    crate::report::wake_latency(d, self.mode);
+                    self.wake_latency.record(d.as_secs_f64());
                 }
                 return Poll::Ready(Ok(()));
             }

@@ -288,7 +288,8 @@ pub(super) fn polling_loop(shard: Arc<Shard>, counters: Arc<Counters>, cfg: Loop
                 .min(cfg.idle_interval);
             // Every armed sleep announced, not backed off: the rings cover them, and the
             // rescans only back them up (see the stretch above).
-            // (Backed off, tasks may announce themselves: then only exact announces stretch.)
+            // (Backed off, tasks may announce themselves, which only exact doorbells allow; an
+            // inexact one was announced by this thread, after a resume that reset the period.)
             let backed_off = shard.backed_off();
             let stretch = own_rescan
                 && !watching
