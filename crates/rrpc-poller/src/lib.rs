@@ -73,7 +73,9 @@
 //!   [`Stats::announces`], [`Stats::bell_wakes`].
 //! - **Spin back-off** (default; [`PollerConfig::spin_backoff`]). Spinning pays only while it
 //!   catches data and holds a core. A task skips its spin while fewer than 1 in 8 of its spins
-//!   caught data (one probe spin in 16 waits), and cuts a spin short when a gap of 20 µs
+//!   caught data (a spin that ran out counts as a miss only when the data came at least 4
+//!   budgets and 500 µs after the wait began; one probe spin in 16 waits), and cuts a spin
+//!   short when a gap of 20 µs
 //!   between two of its clock reads shows it was descheduled ([`SpinTuner`]). A polling thread
 //!   measures each 1 ms window of spinning (run-queue delay from
 //!   `/proc/thread-self/schedstat`, else wall minus CPU time; readers woken) and each spin
