@@ -24,6 +24,11 @@ pub(crate) struct CiArgs {
     /// Seconds the `rxe` step's VM may run (the host build is not counted).
     #[arg(long, default_value_t = 600)]
     rxe_timeout: u64,
+    /// Seconds the test step may run (its build included) before it is killed, with every
+    /// process it started: a hung test fails CI with its name (libtest's "has been running
+    /// for over 60 seconds" line) instead of using up the job's time.
+    #[arg(long, default_value_t = 2400)]
+    test_timeout: u64,
 }
 
 enum Outcome {
@@ -178,18 +183,28 @@ pub(crate) fn run_ci(args: &CiArgs) -> Result<()> {
             // `verbs` feature on: the shm tests run as they would without
             // it, the verbs tests skip (no RRPC_TEST_DEVICE on the host),
             // and the rxe step runs those same binaries in the VM.
+            // Under coreutils `timeout`, which signals its whole process group: cargo, the
+            // test binaries and the servers they spawned.
+            let limit = args.test_timeout.to_string();
+            let mut cmd = vec![
+                "--kill-after=30",
+                limit.as_str(),
+                "cargo",
+                "test",
+                "--workspace",
+            ];
             match verbs_buildable(root_ref) {
-                Ok(()) => run(
-                    "cargo",
-                    &["test", "--workspace", "--features", VERBS_FEATURES],
-                    Some(root_ref),
-                ),
-                Err(why) => {
-                    eprintln!("test: without the verbs features: {why}");
-                    run("cargo", &["test", "--workspace"], Some(root_ref))
-                }
+                Ok(()) => cmd.extend(["--features", VERBS_FEATURES]),
+                Err(why) => eprintln!("test: without the verbs features: {why}"),
             }
-            .map(|()| Outcome::Ran)
+            run("timeout", &cmd, Some(root_ref))
+                .with_context(|| {
+                    format!(
+                        "the test step failed or ran past its {limit} s (exit 124: timed out; \
+                         the hung test printed `has been running for over 60 seconds`)"
+                    )
+                })
+                .map(|()| Outcome::Ran)
         })?;
         step(
             "soak (short: 10 s on the shm fast path, 5 s on shm HTTP/2)",

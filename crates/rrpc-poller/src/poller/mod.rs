@@ -26,6 +26,8 @@
 
 mod registration;
 mod shard;
+#[cfg(test)]
+mod tests;
 mod thread;
 
 pub use registration::{Doorbell, Registration};

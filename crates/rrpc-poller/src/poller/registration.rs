@@ -377,12 +377,18 @@ impl Registration {
                     match poll_acked(bell, cx, "doorbell readiness", ack) {
                         Poll::Pending => break,
                         Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
-                        Poll::Ready(Ok(Ok(()))) if slept => {
-                            Counters::add(&self.inner.counters.bell_wakes, 1);
-                            self.entry.armed.store(false, Ordering::Relaxed);
-                            return Poll::Ready(Ok(()));
+                        Poll::Ready(Ok(Ok(()))) => {
+                            // A ring spends the announced sleep, even one that found no data
+                            // (a tail stored before the announce whose writer read the sleep
+                            // word after it): the writer rings once per announce, so the
+                            // next sleep must announce afresh or no ring will come.
+                            self.entry.announced.store(false, Ordering::SeqCst);
+                            if slept {
+                                Counters::add(&self.inner.counters.bell_wakes, 1);
+                                self.entry.armed.store(false, Ordering::Relaxed);
+                                return Poll::Ready(Ok(()));
+                            }
                         }
-                        Poll::Ready(Ok(Ok(()))) => {}
                         Poll::Ready(Ok(Err(e))) => {
                             return Poll::Ready(Err(Error::Io {
                                 op: "doorbell ack",

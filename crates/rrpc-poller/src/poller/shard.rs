@@ -162,6 +162,13 @@ impl Shard {
         until != 0 && self.clock() < until
     }
 
+    /// What is left of the thread's back-off, if it is backed off.
+    pub(super) fn backoff_left(&self) -> Option<Duration> {
+        let until = self.backoff_until.load(Ordering::Relaxed);
+        let now = self.clock();
+        (until != 0 && now < until).then(|| Duration::from_nanos(until - now))
+    }
+
     pub(super) fn clock(&self) -> u64 {
         u64::try_from(self.born.elapsed().as_nanos()).unwrap_or(u64::MAX)
     }

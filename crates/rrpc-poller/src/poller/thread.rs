@@ -312,6 +312,11 @@ pub(super) fn polling_loop(shard: Arc<Shard>, counters: Arc<Counters>, cfg: Loop
                 cfg.idle_interval
             };
             check_watch = true;
+        } else if let Some(left) = shard.backoff_left() {
+            // Backed off, a task with an exact doorbell arms without kicking us: look again
+            // when the back-off ends, so a sleep whose ring never comes waits no longer than
+            // that (after it, an arm kicks).
+            thread::park_timeout(left);
         } else {
             thread::park();
         }
