@@ -484,8 +484,9 @@ fn a_reader_fed_once_a_millisecond_stops_spinning_and_announces_its_own_sleeps(p
                 stats.spin_skips >= u64::from(rounds) / 4,
                 "the reader's task stops spinning: {stats:?}"
             );
+            // Not earning, or descheduled when the machine is busy (both back off).
             assert!(
-                stats.backoffs_not_earning >= 1,
+                stats.backoffs_not_earning + stats.backoffs_descheduled >= 1,
                 "the polling thread backs off: {stats:?}"
             );
             // Tasks announce their own sleeps only where an announce misses nothing (shm);
