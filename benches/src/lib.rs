@@ -48,6 +48,7 @@
 //! ```
 
 pub mod args;
+pub mod connect;
 pub mod cpu;
 pub mod fabric;
 pub mod kv;

@@ -154,6 +154,13 @@ pub struct ServerHandle {
     dir: PathBuf,
 }
 
+impl ServerHandle {
+    /// Where clients connect (a URL, a socket path or an rrpc URI).
+    pub fn target(&self) -> &str {
+        &self.target
+    }
+}
+
 impl Drop for ServerHandle {
     fn drop(&mut self) {
         if let Some(s) = self.stop.take() {
@@ -345,7 +352,11 @@ pub async fn connect_to(
     }
 }
 
-async fn connect_once(
+/// One connect attempt of a client of transport `t` to `target` (no retry).
+///
+/// # Errors
+/// The connect error.
+pub async fn connect_once(
     t: Transport,
     target: &str,
     cfg: &rrpc_tonic::RrpcConfig,

@@ -16,7 +16,7 @@ use crate::plot::{self, TableFile};
 use crate::{cluster, paper, signals};
 
 /// Every suite `all` runs, in order (later issues add `connect` and `kv`).
-pub(crate) const SUITES: &[&str] = &["fabric", "ringbuf", "poller", "rpc", "kv"];
+pub(crate) const SUITES: &[&str] = &["fabric", "ringbuf", "poller", "rpc", "kv", "connect"];
 
 /// Where cargo puts the binaries of a profile.
 pub(crate) fn profile_dir(profile: &str) -> &str {

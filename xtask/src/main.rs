@@ -65,7 +65,7 @@ enum Cmd {
 /// `cargo xtask bench` options.
 #[derive(clap::Args, Debug, Clone)]
 struct BenchArgs {
-    /// Suite: fabric, ringbuf, poller, rpc or all.
+    /// Suite: fabric, ringbuf, poller, rpc, kv, connect or all.
     suite: String,
     /// Short smoke run (seconds per suite): proves the suite runs, says nothing about speed.
     #[arg(long)]

@@ -153,6 +153,12 @@ impl LocalRing {
         }
     }
 
+    /// The memory both regions hold, in bytes (what a pool counts against
+    /// its bound while this ring waits for a connection).
+    pub fn bytes(&self) -> u64 {
+        (self.rx_region.len() + self.tx_region.len()) as u64
+    }
+
     /// Whether the regions got huge pages.
     pub fn is_huge(&self) -> bool {
         self.rx_region.is_huge()

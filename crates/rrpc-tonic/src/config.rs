@@ -39,6 +39,7 @@ pub(crate) const MIN_CALL_WINDOW: u32 = 1024;
 /// | `token` | none | shared secret checked in the handshake (constant time) |
 /// | `queue_pair` | [`rrpc_core::QpConfig::default`] | each connection's queue pair (depths; fault injection for tests) |
 /// | `connection_pool` | 0 (off) | KRCore §3.1: queue pairs and ring regions made ahead of time by a background thread; on shm it measured no faster (rpc suite `connect_latency`), meant for verbs, where registration costs milliseconds on a NIC |
+/// | `connection_pool_memory` | 64 MiB | the bound on what the ready bundles of this config's pools hold together (a bundle holds both ring regions, ≈ 2 × `ring_size`) |
 /// | `rdma_device` | first device listed | the verbs device for `rdma://` (feature `verbs`) |
 /// | `rdma_port` | 1 | its physical port |
 /// | `rdma_gid_index` | RoCE: first IPv4-mapped RoCE v2 GID, else 0; InfiniBand: 0 | its source GID index (see `rrpc_core::VerbsOptions::gid_index`) |
@@ -53,7 +54,12 @@ type TlsClient = (
 );
 
 /// The connection pools of a config, one per provider.
-type Pools = Vec<(rrpc_core::ProviderKind, Arc<crate::shm::BundlePool>)>;
+#[derive(Default, Debug)]
+struct Pools {
+    pools: Vec<(rrpc_core::ProviderKind, Arc<crate::shm::BundlePool>)>,
+    /// Their shared memory bound (made with the first pool).
+    budget: Option<Arc<rrpc_core::pool::PoolBudget>>,
+}
 
 #[derive(Debug, Clone)]
 struct Inner {
@@ -86,6 +92,8 @@ struct Inner {
     queue_pair: rrpc_core::QpConfig,
     /// Connections' resources made ahead of time (0: off).
     pool: usize,
+    /// The memory bound of the ready bundles of every pool of this config.
+    pool_memory: u64,
     /// The pools, one per provider, shared by every clone of this config.
     pool_cell: Arc<std::sync::Mutex<Pools>>,
 }
@@ -117,7 +125,8 @@ impl Default for RrpcConfig {
             fabric_cell: Arc::new(std::sync::Mutex::new(None)),
             queue_pair: rrpc_core::QpConfig::default(),
             pool: 0,
-            pool_cell: Arc::new(std::sync::Mutex::new(Vec::new())),
+            pool_memory: 64 << 20,
+            pool_cell: Arc::new(std::sync::Mutex::new(Pools::default())),
         }))
     }
 }
@@ -540,7 +549,7 @@ impl RrpcConfig {
     pub fn queue_pair(self, qp: rrpc_core::QpConfig) -> Self {
         self.with(|i| {
             i.queue_pair = qp;
-            i.pool_cell = Arc::new(std::sync::Mutex::new(Vec::new()));
+            i.pool_cell = Arc::new(std::sync::Mutex::new(Pools::default()));
         })
     }
 
@@ -561,13 +570,29 @@ impl RrpcConfig {
     pub fn connection_pool(self, n: usize) -> Self {
         self.with(|i| {
             i.pool = n;
-            i.pool_cell = Arc::new(std::sync::Mutex::new(Vec::new()));
+            i.pool_cell = Arc::new(std::sync::Mutex::new(Pools::default()));
         })
     }
 
     /// See [`RrpcConfig::connection_pool`].
     pub fn get_connection_pool(&self) -> usize {
         self.0.pool
+    }
+
+    /// Bounds the memory the ready bundles of this config's pools hold
+    /// together (every provider and ring size: KRCore's size classes share
+    /// one bound). A pool at its bound stops refilling, and connects beyond
+    /// it build inline (counted as misses, never refused). Default 64 MiB.
+    pub fn connection_pool_memory(self, max_bytes: u64) -> Self {
+        self.with(|i| {
+            i.pool_memory = max_bytes;
+            i.pool_cell = Arc::new(std::sync::Mutex::new(Pools::default()));
+        })
+    }
+
+    /// See [`RrpcConfig::connection_pool_memory`].
+    pub fn get_connection_pool_memory(&self) -> u64 {
+        self.0.pool_memory
     }
 
     /// The pool's counters per provider (empty until a pooled connection
@@ -577,6 +602,7 @@ impl RrpcConfig {
             .pool_cell
             .lock()
             .unwrap_or_else(|e| e.into_inner())
+            .pools
             .iter()
             .map(|(k, p)| (*k, p.stats()))
             .collect()
@@ -587,18 +613,22 @@ impl RrpcConfig {
     pub(crate) fn bundle_pool(
         &self,
         fabric: &rrpc_core::Fabric,
-        make: impl FnOnce() -> crate::shm::BundlePool,
+        make: impl FnOnce(Arc<rrpc_core::pool::PoolBudget>) -> crate::shm::BundlePool,
     ) -> Option<Arc<crate::shm::BundlePool>> {
         if self.0.pool == 0 {
             return None;
         }
         let kind = fabric.kind();
         let mut cell = self.0.pool_cell.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some((_, p)) = cell.iter().find(|(k, _)| *k == kind) {
+        if let Some((_, p)) = cell.pools.iter().find(|(k, _)| *k == kind) {
             return Some(p.clone());
         }
-        let p = Arc::new(make());
-        cell.push((kind, p.clone()));
+        let budget = cell
+            .budget
+            .get_or_insert_with(|| rrpc_core::pool::PoolBudget::new(self.0.pool_memory))
+            .clone();
+        let p = Arc::new(make(budget));
+        cell.pools.push((kind, p.clone()));
         Some(p)
     }
 

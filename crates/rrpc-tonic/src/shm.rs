@@ -377,11 +377,16 @@ fn bundle_pool(
     ring: &RingConfig,
     cfg: &RrpcConfig,
 ) -> Option<std::sync::Arc<BundlePool>> {
-    cfg.bundle_pool(fabric, || {
+    cfg.bundle_pool(fabric, |budget| {
         let (f, r, q) = (fabric.clone(), ring.clone(), cfg.get_queue_pair().clone());
-        let n = cfg.get_connection_pool();
-        tracing::debug!(size = n, provider = ?f.kind(), "rrpc: connection pool started");
-        BundlePool::new(n, move || make_bundle(&f, &r, &q))
+        let pool = rrpc_core::pool::PoolConfig::new(cfg.get_connection_pool())
+            .budget(budget)
+            .class(format!("{:?}/{}", f.kind(), r.ring_size()));
+        BundlePool::with_config(
+            pool,
+            move || make_bundle(&f, &r, &q),
+            |(ring, _)| ring.bytes(),
+        )
     })
 }
 

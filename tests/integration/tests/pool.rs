@@ -51,6 +51,45 @@ async fn connections_take_pooled_resources(t: Transport) {
     // Each connection takes two bundles (client and server); all from the pool.
     assert!(st.hits >= 10, "{t:?}: {st:?}");
     assert_eq!(st.misses, 0, "{t:?}: {st:?}");
+    // Two ready bundles, each both ring regions (at least 2 x ring_size), under the bound.
+    let ring = cfg.get_ring_size() as u64;
+    assert!(st.bytes_held >= 2 * 2 * ring, "{t:?}: {st:?}");
+    assert!(
+        st.bytes_held <= cfg.get_connection_pool_memory(),
+        "{t:?}: {st:?}"
+    );
+}
+
+/// A memory bound smaller than one bundle: the pool holds nothing (the made bundle is
+/// dropped and counted), and every connect builds its own, never refused.
+async fn a_pool_at_its_memory_bound_builds_inline(t: Transport) {
+    if t == Transport::Tcp {
+        return;
+    }
+    let cfg = config(t).connection_pool(4).connection_pool_memory(1 << 20);
+    let s = Harness::start_with(t, cfg.clone()).await;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while cfg.pool_stats().iter().all(|(_, s)| s.over_budget == 0) {
+        assert!(Instant::now() < deadline, "{:?}", cfg.pool_stats());
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    for i in 0..3u32 {
+        let mut c = TestClient::new(s.channel().await);
+        c.unary(Input {
+            payload: vec![i as u8; 10],
+            ..Default::default()
+        })
+        .await
+        .unwrap_or_else(|e| panic!("{t:?}: call {i}: {e:?}"));
+    }
+    let (_, st) = cfg.pool_stats()[0];
+    assert_eq!(
+        (st.ready, st.bytes_held, st.hits),
+        (0, 0, 0),
+        "{t:?}: {st:?}"
+    );
+    assert!(st.misses >= 6, "{t:?}: {st:?}");
+    assert!(st.over_budget >= 1, "{t:?}: {st:?}");
 }
 
 /// Off by default: nothing is pooled.
@@ -63,4 +102,8 @@ async fn no_pool_by_default(t: Transport) {
     assert_eq!(cfg.get_connection_pool(), 0);
 }
 
-on_all_transports!(connections_take_pooled_resources, no_pool_by_default);
+on_all_transports!(
+    connections_take_pooled_resources,
+    a_pool_at_its_memory_bound_builds_inline,
+    no_pool_by_default
+);
