@@ -7,7 +7,9 @@ use std::ffi::CStr;
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::ptr::NonNull;
-use std::sync::Once;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Once, OnceLock};
+use std::time::{Duration, Instant};
 
 use nix::sys::mman::{MapFlags, ProtFlags, mmap, munmap};
 
@@ -22,6 +24,30 @@ pub(crate) const PAGE: usize = 4096;
 pub(crate) fn round_up(n: usize, to: usize) -> usize {
     debug_assert!(to.is_power_of_two());
     (n + to - 1) & !(to - 1)
+}
+
+/// After huge pages failed, allocations skip the attempt for this long: a host
+/// without them pays the failed `mmap` (and its four other system calls) once
+/// per period, not on every region of every connection.
+const HUGE_RETRY: Duration = Duration::from_secs(10);
+
+/// When huge pages last failed, in ns since [`clock_epoch`] plus one (0: never).
+static HUGE_FAILED_AT: AtomicU64 = AtomicU64::new(0);
+
+fn clock_epoch() -> Instant {
+    static EPOCH: OnceLock<Instant> = OnceLock::new();
+    *EPOCH.get_or_init(Instant::now)
+}
+
+fn now_ns() -> u64 {
+    u64::try_from(clock_epoch().elapsed().as_nanos())
+        .unwrap_or(u64::MAX - 1)
+        .saturating_add(1)
+}
+
+fn huge_failed_recently() -> bool {
+    let at = HUGE_FAILED_AT.load(Ordering::Relaxed);
+    at != 0 && now_ns().saturating_sub(at) < HUGE_RETRY.as_nanos() as u64
 }
 
 /// A `MAP_SHARED` mapping of a memfd. Unmapped on drop.
@@ -46,10 +72,11 @@ impl Mapping {
         if len == 0 {
             return Err(Error::InvalidConfig("region length must be > 0".into()));
         }
-        if try_huge && len >= HUGE_PAGE {
+        if try_huge && len >= HUGE_PAGE && !huge_failed_recently() {
             match Self::create_with(len, true) {
                 Ok(m) => return Ok(m),
                 Err(e) => {
+                    HUGE_FAILED_AT.store(now_ns(), Ordering::Relaxed);
                     static ONCE: Once = Once::new();
                     ONCE.call_once(
                         || tracing::debug!(error = %e, "huge pages unavailable; using 4 KiB pages"),
