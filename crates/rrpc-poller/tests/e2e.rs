@@ -480,8 +480,10 @@ fn a_reader_fed_once_a_millisecond_stops_spinning_and_announces_its_own_sleeps(p
         let stats = feed_at_intervals(prov, &p, rounds, Duration::from_millis(1));
         eprintln!("spin back-off {backoff}: {stats:?}");
         if backoff {
+            // A quarter of the waits at least (a slow host, such as the soft-RoCE VM, wakes the
+            // reader late, to several messages at once: fewer waits than rounds).
             assert!(
-                stats.spin_skips >= u64::from(rounds) / 4,
+                stats.sleeps >= 8 && stats.spin_skips * 4 >= stats.sleeps,
                 "the reader's task stops spinning: {stats:?}"
             );
             // Not earning, or descheduled when the machine is busy (both back off).
