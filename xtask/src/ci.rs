@@ -207,22 +207,30 @@ pub(crate) fn run_ci(args: &CiArgs) -> Result<()> {
                 .map(|()| Outcome::Ran)
         })?;
         step(
-            "soak (short: 10 s on the shm fast path, 5 s on shm HTTP/2)",
+            "soak (short: 10 s on the shm fast path, 5 s on shm HTTP/2, 10 s low load under a busy loop per CPU)",
             &mut || {
                 // The test step built the soak binary (its smoke test needs
                 // it) in the `test` profile, with the workspace's features.
                 let target = crate::rxe::target_dir(root_ref)?;
                 let built = target.join("debug").join("soak");
                 let prebuilt = built.is_file().then_some(built.as_path());
-                for (transport, duration) in [("shm", "10s"), ("shm-h2", "5s")] {
+                let hogged: Vec<String> =
+                    ["--hog", "--think-us", "2000"].map(String::from).to_vec();
+                for (transport, duration, clients, extra) in [
+                    ("shm", "10s", 16, Vec::new()),
+                    ("shm-h2", "5s", 16, Vec::new()),
+                    // Low, uneven load with every thread preempted at random: where the
+                    // spin back-off leaves sleeping readers to their doorbells.
+                    ("shm", "10s", 4, hogged),
+                ] {
                     crate::soak::run_soak_with(
                         root_ref,
                         &crate::soak::SoakArgs {
                             duration: duration.into(),
-                            clients: 16,
+                            clients,
                             transport: transport.into(),
                             profile: "test".into(),
-                            extra: Vec::new(),
+                            extra,
                         },
                         prebuilt,
                     )?;

@@ -9,7 +9,10 @@
 //! at the start and the end, and the p99 of unary calls per time window.
 //! The last line reads `calls: <n> failed: <f> lost: <l>`; the exit code is
 //! non-zero if a call failed or was lost, or descriptors or memory grew
-//! beyond a small bound once the clients were gone.
+//! beyond a small bound once the clients were gone, or a client was still
+//! in a call `--stall-after` (30 s) after the end (a hang). `--hog` runs a
+//! busy loop pinned to each CPU meanwhile, so every thread of the soak is
+//! preempted at random points.
 //!
 //! Threads: the server runs on its own 2-worker runtime and the clients on
 //! another (plus rrpc's polling thread), on whatever cores there are. A
@@ -61,6 +64,39 @@ struct Args {
     /// Allowed RSS growth from start to end, MiB.
     #[arg(long, default_value_t = 128)]
     max_rss_growth_mib: u64,
+    /// Run a busy loop pinned to each CPU for the whole run, so that every
+    /// thread of the soak is preempted at random points (a lost wake-up that
+    /// needs a descheduled writer or a backed-off polling thread shows up
+    /// as a stall).
+    #[arg(long)]
+    hog: bool,
+    /// Each client pauses a random 0..N µs between calls (0: none): a low,
+    /// uneven load, where spinning stops paying and the poller backs off
+    /// and leaves sleeping readers to their doorbells.
+    #[arg(long, default_value_t = 0)]
+    think_us: u64,
+    /// A client still in a call this long after the run's end is a stall: the
+    /// soak fails, naming how many.
+    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    stall_after: Duration,
+}
+
+/// One busy loop pinned to each CPU of the process until `end`.
+fn start_hogs(end: Instant) -> Vec<std::thread::JoinHandle<()>> {
+    rrpc_bench::process_cpus()
+        .into_iter()
+        .map(|cpu| {
+            std::thread::spawn(move || {
+                let _ = rrpc_bench::pin_current_thread(cpu);
+                let mut x = 0u64;
+                while Instant::now() < end {
+                    for _ in 0..10_000 {
+                        x = std::hint::black_box(x.wrapping_add(1));
+                    }
+                }
+            })
+        })
+        .collect()
 }
 
 fn parse_duration(s: &str) -> Result<Duration, String> {
@@ -317,6 +353,8 @@ struct Plan {
     /// Width of a latency window.
     window: Duration,
     cancel_percent: u64,
+    /// Random pause between calls, up to this many µs.
+    think_us: u64,
 }
 
 type Windows = Arc<std::sync::Mutex<Vec<hdrhistogram::Histogram<u64>>>>;
@@ -327,8 +365,12 @@ async fn client(mut c: Client, mut rng: Rng, plan: Plan, counts: Arc<Counts>, la
         end,
         window,
         cancel_percent,
+        think_us,
     } = plan;
     while Instant::now() < end {
+        if think_us > 0 {
+            tokio::time::sleep(Duration::from_micros(rng.below(think_us))).await;
+        }
         let kind = rng.below(10);
         let cancel_after =
             (rng.below(100) < cancel_percent).then(|| Duration::from_micros(rng.below(2000)));
@@ -538,6 +580,7 @@ fn main() -> Result<()> {
                 end,
                 window,
                 cancel_percent: args.cancel_percent,
+                think_us: args.think_us,
             };
             tasks.push(tokio::spawn(client(
                 c,
@@ -567,10 +610,28 @@ fn main() -> Result<()> {
                 }
             })
         };
+        let hogs = args.hog.then(|| start_hogs(end));
+        let stall_deadline = tokio::time::Instant::from_std(end + args.stall_after);
+        let mut stalled = 0usize;
         for t in tasks {
-            t.await.context("client task")?;
+            match tokio::time::timeout_at(stall_deadline, t).await {
+                Ok(r) => r.context("client task")?,
+                Err(_) => stalled += 1,
+            }
         }
         ticker.abort();
+        if let Some(h) = hogs {
+            for t in h {
+                let _ = t.join();
+            }
+        }
+        if stalled > 0 {
+            bail!(
+                "soak failed: STALLED: {stalled} client(s) still in a call {:?} after the end \
+                 (a lost wake-up or a hang)",
+                args.stall_after
+            );
+        }
         let elapsed = start.elapsed();
         // The clients and their channels are gone: let connections close.
         // Teardown is asynchronous (a ring's goodbye runs on the blocking
