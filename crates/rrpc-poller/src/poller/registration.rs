@@ -198,7 +198,8 @@ impl Registration {
 
     /// Spin back-off: while the shard's polling thread is backed off, an armed entry with an
     /// exact doorbell (shm: [`Notifier::announce_is_exact`](crate::Notifier::announce_is_exact))
-    /// announces its own sleep (once per wait) instead of kicking the thread; the caller's
+    /// announces its own sleep (once per wait, and again after every ring it consumed: a
+    /// ring spends its announce) instead of kicking the thread; the caller's
     /// recheck follows (Dekker with the writer's tail, as for the thread's announce). Returns
     /// whether the doorbell covers this sleep. A failed announce (the previous sleep word still
     /// in flight) is not cover, and neither is an inexact one (verbs: a tail crossing the
