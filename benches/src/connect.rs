@@ -71,6 +71,7 @@ fn connect_time(
             "p50_us",
             "p99_us",
             "p50_x_vs_tcp",
+            "with_first_call_p50_us",
             "conns_per_s",
             "pool_hits",
             "pool_misses",
@@ -101,13 +102,15 @@ fn connect_time(
         let target = server_target(&server);
         // One warm-up connection (the server binds, the pool starts filling).
         drop(client_rt.block_on(connect_to(tr, &target, &cfg))?);
-        let mut lat = Latency::new();
+        let (mut lat, mut with_call) = (Latency::new(), Latency::new());
         for _ in 0..n {
             // Room for the pool's thread to refill, as between a real client's connects.
             std::thread::sleep(Duration::from_millis(2));
             let t0 = Instant::now();
-            let c = client_rt.block_on(connect_once(tr, &target, &cfg))?;
+            let mut c = client_rt.block_on(connect_once(tr, &target, &cfg))?;
             lat.record(t0.elapsed());
+            client_rt.block_on(c.unary(small()))?;
+            with_call.record(t0.elapsed());
             drop(c);
         }
         // Back to back: the pool (if any) runs dry and refills as it can.
@@ -129,6 +132,7 @@ fn connect_time(
             sm.p50_us().into(),
             sm.p99_us().into(),
             Ratio::of(sm.p50_us(), tcp_p50).into(),
+            with_call.summary().p50_us().into(),
             rate.into(),
             hits.into(),
             misses.into(),
@@ -138,7 +142,8 @@ fn connect_time(
     t.note(plan.to_string());
     t.note(format!(
         "{n} timed connects per setup, 2 ms apart (each: connect; for rrpc the side-channel \
-         handshake, both rings, the queue pair and path negotiation; then drop), then {burst} \
+         handshake, both rings, the queue pair and path negotiation; then one unary call of \
+         64 B, with_first_call_p50_us; then drop), then {burst} \
          back to back for conns_per_s. Server and client are one process sharing one config, \
          so a pooled connection takes two bundles (client and server). Targets of the issue: \
          pooled p50 <= 50 us and >= 10x faster than unpooled."

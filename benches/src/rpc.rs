@@ -624,7 +624,6 @@ pub const EXPERIMENTS: &[&str] = &[
     "zero_copy_bandwidth",
     "resources_heavy",
     "resources_low",
-    "connect_latency",
     "low_load",
     "contention",
     "idle_connections",
@@ -866,10 +865,6 @@ pub fn run_suite(args: &SuiteArgs, report: &mut Report, only: &[String]) -> Resu
         side_plan.describe(),
         side_rrpc.describe()
     );
-    if want("connect_latency") {
-        let t = connect_latency(args, &server_rt, &client_rt, &plan_note)?;
-        report.add(t)?;
-    }
     if want("resources_heavy") || want("resources_low") {
         for t in figs::fig15_16(&mut ctx, &side_note) {
             if want(&t.experiment) {
@@ -899,81 +894,6 @@ pub fn run_suite(args: &SuiteArgs, report: &mut Report, only: &[String]) -> Resu
     } else {
         Err(anyhow!("rpc suite: {}", failures.join("; ")))
     }
-}
-
-/// `connect_latency`: a new connection plus its first unary call, repeated
-/// (the connection dropped each time), for the tonic baselines and rrpc's
-/// fast path without and with [`rrpc_tonic::RrpcConfig::connection_pool`]
-/// (KRCore's pre-made queue pairs and ring regions, §3.1).
-fn connect_latency(
-    args: &SuiteArgs,
-    server_rt: &Runtime,
-    client_rt: &Runtime,
-    plan_note: &str,
-) -> Result<Table> {
-    let n = args.pick(50usize, 400);
-    let mut t = Table::new(
-        "connect_latency",
-        "Connect + first call latency, one connection at a time (KRCore §3.1 pool)",
-        &["setup", "p50_us", "p99_us", "mean_us", "x_vs_tcp"],
-    );
-    let pooled = rrpc_config(Transport::RrpcFast).connection_pool(4);
-    let setups: [(&str, Transport, rrpc_tonic::RrpcConfig); 4] = [
-        (
-            "tonic-tcp",
-            Transport::TonicTcp,
-            rrpc_config(Transport::TonicTcp),
-        ),
-        (
-            "tonic-uds",
-            Transport::TonicUds,
-            rrpc_config(Transport::TonicUds),
-        ),
-        (
-            "rrpc-shm-fast",
-            Transport::RrpcFast,
-            rrpc_config(Transport::RrpcFast),
-        ),
-        ("rrpc-shm-fast-pool4", Transport::RrpcFast, pooled.clone()),
-    ];
-    let mut tcp_p50 = f64::NAN;
-    for (name, tr, cfg) in setups {
-        let server = start_server_with(server_rt, tr, cfg.clone())?;
-        // One warm-up connection (the server binds, the pool fills).
-        drop(client_rt.block_on(connect(&server))?);
-        let mut lat = Latency::new();
-        for _ in 0..n {
-            // Let the pool's thread refill between connections, as it would
-            // between the connects of a real client.
-            std::thread::sleep(Duration::from_millis(2));
-            let t0 = Instant::now();
-            let mut c = client_rt.block_on(connect_once(tr, &server.target, &server.cfg))?;
-            client_rt.block_on(c.unary(Req {
-                payload: vec![1; 64],
-                resp_len: 8,
-            }))?;
-            lat.record(t0.elapsed());
-            drop(c);
-        }
-        let sm = lat.summary();
-        if tr == Transport::TonicTcp {
-            tcp_p50 = sm.p50_us();
-        }
-        t.push(vec![
-            name.into(),
-            sm.p50_us().into(),
-            sm.p99_us().into(),
-            (sm.mean_ns / 1e3).into(),
-            Ratio::of(sm.p50_us(), tcp_p50).into(),
-        ]);
-        drop(server);
-    }
-    let stats = pooled.pool_stats();
-    t.note(plan_note.to_string());
-    t.note(format!(
-        "{n} connections per setup, each: connect (rrpc: side-channel handshake, rings, path negotiation), one unary call of 64 B, drop; 2 ms between connections; pool counters of the pooled setup (client and server share the config): {stats:?}"
-    ));
-    Ok(t)
 }
 
 /// Separate-process server role (`rpc --role serve --transport NAME [--cpu N]`, used by the

@@ -18,7 +18,7 @@ struct Cli {
     /// Run only these experiments (comma-separated; a prefix selects every experiment it
     /// starts, e.g. `resources`): pingpong_latency, small_rpc_throughput,
     /// connmgmt_4k_continuous, connmgmt_4k_interval, ring_size_bandwidth,
-    /// zero_copy_bandwidth, resources_heavy, resources_low, connect_latency, low_load,
+    /// zero_copy_bandwidth, resources_heavy, resources_low, low_load,
     /// contention, idle_connections.
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
