@@ -99,7 +99,7 @@ fn connect_time(
     let mut tcp_p50 = f64::NAN;
     for (name, tr, cfg) in setups {
         let server = start_server_with(server_rt, tr, cfg.clone())?;
-        let target = server_target(&server);
+        let target = server.target().to_owned();
         // One warm-up connection (the server binds, the pool starts filling).
         drop(client_rt.block_on(connect_to(tr, &target, &cfg))?);
         let (mut lat, mut with_call) = (Latency::new(), Latency::new());
@@ -149,10 +149,6 @@ fn connect_time(
          pooled p50 <= 50 us and >= 10x faster than unpooled."
     ));
     Ok(t)
-}
-
-fn server_target(s: &crate::rpc::ServerHandle) -> String {
-    s.target().to_owned()
 }
 
 fn idle_memory(args: &SuiteArgs, client_rt: &Runtime) -> Result<Table> {

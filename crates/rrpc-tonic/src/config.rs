@@ -38,7 +38,7 @@ pub(crate) const MIN_CALL_WINDOW: u32 = 1024;
 /// | `max_pending_handshakes` | 1024 | connections still in setup per listener; more are closed at once |
 /// | `token` | none | shared secret checked in the handshake (constant time) |
 /// | `queue_pair` | [`rrpc_core::QpConfig::default`] | each connection's queue pair (depths; fault injection for tests) |
-/// | `connection_pool` | 0 (off) | KRCore §3.1: queue pairs and ring regions made ahead of time by a background thread; on shm it measured no faster (`cargo xtask bench connect`: p50 0.89–1.04× unpooled, both ≈ 3× tonic-TCP's connect), meant for verbs, where registration costs milliseconds on a NIC |
+/// | `connection_pool` | 0 (off) | KRCore §3.1: queue pairs and ring regions made ahead of time by a background thread; on shm it measured no faster (`cargo xtask bench connect`: p50 0.88–1.04× unpooled over three runs, both ≈ 3× tonic-TCP's connect), meant for verbs, where registration costs milliseconds on a NIC |
 /// | `connection_pool_memory` | 64 MiB | the bound on what the ready bundles of this config's pools hold together (a bundle holds both ring regions, ≈ 2 × `ring_size`) |
 /// | `rdma_device` | first device listed | the verbs device for `rdma://` (feature `verbs`) |
 /// | `rdma_port` | 1 | its physical port |
