@@ -147,6 +147,34 @@ impl Region {
         self.map.ptr()
     }
 
+    /// Gives the memory of `offset..offset + len` back to the operating
+    /// system: the whole pages inside the range read as zero afterwards and
+    /// hold no memory until written again. Returns the bytes released.
+    ///
+    /// Only an unregistered region on normal pages can do this (the shm
+    /// provider): a verbs registration pins its pages (releasing them would
+    /// leave the NIC writing into pages the mapping no longer shows), and a
+    /// huge page is released whole or not at all. Those return `Ok(0)`.
+    ///
+    /// On shm the pages are released for every process mapping the region,
+    /// so a peer must not be writing into the range (a self-sizing ring
+    /// releases only the part its peer agreed to stop using).
+    ///
+    /// # Errors
+    /// [`Error::LocalOutOfBounds`] if the range is outside the region,
+    /// [`Error::Io`] if the system call fails.
+    pub fn discard(&self, offset: usize, len: usize) -> Result<usize> {
+        self.check(offset, len)?;
+        #[cfg(feature = "verbs")]
+        if self.mr.is_some() {
+            return Ok(0);
+        }
+        if self.map.is_huge() {
+            return Ok(0);
+        }
+        self.map.discard(offset, len)
+    }
+
     /// The descriptor a peer needs to WRITE into or READ from this region.
     pub fn remote(&self) -> RemoteRegion {
         RemoteRegion {

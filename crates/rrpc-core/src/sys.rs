@@ -186,6 +186,36 @@ impl Mapping {
     pub(crate) fn fd(&self) -> BorrowedFd<'_> {
         self.fd.as_fd()
     }
+
+    /// Releases the whole pages inside `offset..offset + len` (the caller
+    /// checked the range): a hole punched in the memfd, so every mapping of
+    /// it reads zeros there and the pages are freed. Returns the bytes
+    /// released.
+    pub(crate) fn discard(&self, offset: usize, len: usize) -> Result<usize> {
+        let start = round_up(offset, PAGE);
+        let end = (offset + len) / PAGE * PAGE;
+        if end <= start {
+            return Ok(0);
+        }
+        // SAFETY: fallocate on a valid memfd; punching a hole changes file
+        // contents (to zeros), never the mapping's extent, so no reference
+        // into the mapping is invalidated (the memory stays mapped).
+        let r = unsafe {
+            libc::fallocate(
+                self.fd.as_raw_fd(),
+                libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+                start as libc::off_t,
+                (end - start) as libc::off_t,
+            )
+        };
+        if r < 0 {
+            return Err(Error::io(
+                "fallocate(PUNCH_HOLE)",
+                io::Error::last_os_error(),
+            ));
+        }
+        Ok(end - start)
+    }
 }
 
 impl Drop for Mapping {
@@ -446,6 +476,40 @@ pub(crate) fn random_u32() -> u32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn discard_frees_whole_pages_for_every_mapping_and_keeps_the_rest() {
+        let m = Mapping::create(8 * PAGE, false).unwrap();
+        let fd = m.fd().try_clone_to_owned().unwrap();
+        let peer = Mapping::map_peer(fd, 8 * PAGE, "region").unwrap();
+        // SAFETY: both are 8-page mappings of the same memfd, used by this thread only.
+        let (ours, theirs) = unsafe {
+            (
+                std::slice::from_raw_parts_mut(m.ptr(), 8 * PAGE),
+                std::slice::from_raw_parts(peer.ptr(), 8 * PAGE),
+            )
+        };
+        ours.fill(0xA5);
+        // From the middle of page 1 to the middle of page 6: pages 2..=5 go.
+        let released = m.discard(PAGE + 100, 5 * PAGE).unwrap();
+        assert_eq!(released, 4 * PAGE);
+        for (i, &b) in theirs.iter().enumerate() {
+            let want = if (2 * PAGE..6 * PAGE).contains(&i) {
+                0
+            } else {
+                0xA5
+            };
+            assert_eq!(b, want, "byte {i} as the peer sees it");
+        }
+        // The hole is writable again (the sealed size is unchanged).
+        ours[3 * PAGE] = 7;
+        assert_eq!(theirs[3 * PAGE], 7);
+        assert_eq!(
+            m.discard(PAGE + 1, PAGE).unwrap(),
+            0,
+            "no whole page inside"
+        );
+    }
 
     #[test]
     fn own_regions_are_sealed_and_mappable_by_a_peer() {

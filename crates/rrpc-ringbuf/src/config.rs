@@ -27,6 +27,12 @@ pub const MAX_THRESHOLD: u32 = 1 << 16;
 pub const DEFAULT_PLACEMENT_TIMEOUT: Duration = Duration::from_secs(1);
 /// Send-queue depth the ring assumes the queue pair has (rrpc-core's default).
 pub const DEFAULT_SQ_DEPTH: u32 = 1024;
+/// Largest ratio of [`RingConfig::ring_size`] to
+/// [`RingConfig::min_ring_size`] (the handshake carries its log2 in 3 bits).
+pub const MAX_SIZE_RATIO: usize = 128;
+/// How long a self-sizing ring's writer must be quiet before its ring
+/// shrinks to [`RingConfig::min_ring_size`] ([`RingConfig::shrink_after`]).
+pub const DEFAULT_SHRINK_AFTER: Duration = Duration::from_secs(1);
 
 /// Validated configuration of one ring direction, shared as `Arc<RingConfig>`.
 ///
@@ -59,6 +65,9 @@ pub struct RingConfig {
     tail_with_imm: bool,
     sq_depth: u32,
     placement_timeout: Duration,
+    /// `None`: a fixed size (`ring_size`).
+    min_ring_size: Option<usize>,
+    shrink_after: Duration,
 }
 
 impl Default for RingConfig {
@@ -75,6 +84,8 @@ impl Default for RingConfig {
             tail_with_imm: false,
             sq_depth: DEFAULT_SQ_DEPTH,
             placement_timeout: DEFAULT_PLACEMENT_TIMEOUT,
+            min_ring_size: None,
+            shrink_after: DEFAULT_SHRINK_AFTER,
         }
     }
 }
@@ -95,9 +106,29 @@ impl RingConfig {
     pub fn slot_size(&self) -> usize {
         self.slot_size
     }
-    /// Number of slots `N`.
+    /// Number of slots `N` of the whole array (a self-sizing ring's largest size).
     pub fn slot_count(&self) -> u64 {
         (self.ring_size / self.slot_size) as u64
+    }
+    /// Smallest size a self-sizing ring uses, and the size it starts at;
+    /// equal to [`ring_size`](Self::ring_size) for a fixed ring (the default).
+    pub fn min_ring_size(&self) -> usize {
+        self.min_ring_size.unwrap_or(self.ring_size)
+    }
+    /// Whether the ring sizes itself between
+    /// [`min_ring_size`](Self::min_ring_size) and
+    /// [`ring_size`](Self::ring_size) (`proto` docs, "Rings that size themselves").
+    pub fn self_sizing(&self) -> bool {
+        self.min_ring_size() < self.ring_size
+    }
+    /// Slots the sender starts with: `min_ring_size / slot_size`.
+    pub fn initial_slot_count(&self) -> u64 {
+        (self.min_ring_size() / self.slot_size) as u64
+    }
+    /// How long the writer of a self-sizing ring must be quiet before the
+    /// ring shrinks to its minimum. Default 1 s.
+    pub fn shrink_after(&self) -> Duration {
+        self.shrink_after
     }
     /// Pointer-advancement threshold `alpha` (messages per tail WRITE).
     pub fn alpha(&self) -> u32 {
@@ -239,6 +270,23 @@ impl RingConfigBuilder {
         self.cfg.placement_timeout = timeout;
         self
     }
+    /// Makes the ring size itself (`proto` docs, "Rings that size
+    /// themselves"): it starts at `bytes`, grows when messages need it up to
+    /// [`ring_size`](Self::ring_size), and shrinks back after
+    /// [`shrink_after`](Self::shrink_after) of quiet. A power of two of at
+    /// least two slots, at most `ring_size`, and at least
+    /// `ring_size / 128`. Default: equal to `ring_size`, a fixed ring (the
+    /// papers' setting).
+    pub fn min_ring_size(mut self, bytes: usize) -> Self {
+        self.cfg.min_ring_size = Some(bytes);
+        self
+    }
+    /// Quiet time after which a self-sizing ring shrinks to its minimum,
+    /// at least 1 ms. Default 1 s ([`DEFAULT_SHRINK_AFTER`]).
+    pub fn shrink_after(mut self, quiet: Duration) -> Self {
+        self.cfg.shrink_after = quiet;
+        self
+    }
     /// Send-queue depth of the queue pair, `16..=65536`. Default 1024.
     /// The sender keeps at most half of it outstanding, the receiver a quarter.
     pub fn sq_depth(mut self, depth: u32) -> Self {
@@ -287,6 +335,24 @@ impl RingConfigBuilder {
                 c.beta, c.alpha
             ));
         }
+        if let Some(min) = c.min_ring_size
+            && (!min.is_power_of_two()
+                || min > c.ring_size
+                || min / c.slot_size < MIN_SLOT_COUNT as usize
+                || c.ring_size / min > MAX_SIZE_RATIO)
+        {
+            return bad(format!(
+                "min_ring_size {min} must be a power of two of at least {MIN_SLOT_COUNT} slots of {} bytes, \
+                 at most ring_size {} and at least ring_size / {MAX_SIZE_RATIO}",
+                c.slot_size, c.ring_size
+            ));
+        }
+        if c.shrink_after < Duration::from_millis(1) {
+            return bad(format!(
+                "shrink_after {:?} must be at least 1 ms",
+                c.shrink_after
+            ));
+        }
         if !(16..=65536).contains(&c.sq_depth) {
             return bad(format!("sq_depth {} must be in 16..=65536", c.sq_depth));
         }
@@ -322,5 +388,16 @@ mod tests {
         let e = b().alpha(4).beta(8).build().unwrap_err().to_string();
         assert!(e.contains("beta = 8") && e.contains("alpha = 4"), "{e}");
         assert!(b().no_batching().build().is_ok());
+        assert!(b().min_ring_size(64 << 10).build().unwrap().self_sizing());
+        assert!(!b().min_ring_size(4 << 20).build().unwrap().self_sizing());
+        assert!(b().min_ring_size(8 << 20).build().is_err());
+        assert!(
+            b().min_ring_size(16 << 10).build().is_err(),
+            "ratio over 128"
+        );
+        assert!(b().min_ring_size(96 << 10).build().is_err());
+        assert!(b().shrink_after(Duration::ZERO).build().is_err());
+        let e = b().min_ring_size(1000).build().unwrap_err().to_string();
+        assert!(e.contains("min_ring_size 1000"), "{e}");
     }
 }

@@ -61,11 +61,24 @@ pub const GEOMETRY_FLAG_POINTER_RECORDS: u32 = 1 << 26;
 /// ([`crate::proto::doorbell`]). Always set; a receiver whose peer lacks it
 /// cannot rely on a doorbell ([`RxDoorbell::peer_rings`]).
 pub const GEOMETRY_FLAG_DOORBELL: u32 = 1 << 27;
+/// Flag in the top byte of `RingGeometry::slot_size`: this side's sender
+/// sizes its ring itself ([`RingConfig::min_ring_size`]) and writes resize
+/// markers the peer's receiver must follow (`proto` docs, "Rings that size
+/// themselves"). Its initial size is `slot_count >> shift`, the shift in
+/// [`GEOMETRY_SIZE_SHIFT_BITS`]. A peer that does not know the flag refuses
+/// the connection, as it could not read the markers.
+pub const GEOMETRY_FLAG_SELF_SIZING: u32 = 1 << 28;
+/// Bits of `RingGeometry::slot_size` holding log2 of `ring_size /
+/// min_ring_size` of a self-sizing sender (at most 7: [`crate::MAX_SIZE_RATIO`]).
+pub const GEOMETRY_SIZE_SHIFT_BITS: u32 = 0b111 << 29;
+const GEOMETRY_SIZE_SHIFT: u32 = 29;
 const GEOMETRY_SIZE_MASK: u32 = (1 << 24) - 1;
 const GEOMETRY_KNOWN_FLAGS: u32 = GEOMETRY_FLAG_UNALIGNED
     | GEOMETRY_FLAG_TAIL_IMM
     | GEOMETRY_FLAG_POINTER_RECORDS
-    | GEOMETRY_FLAG_DOORBELL;
+    | GEOMETRY_FLAG_DOORBELL
+    | GEOMETRY_FLAG_SELF_SIZING
+    | GEOMETRY_SIZE_SHIFT_BITS;
 const HEAD_SRC: usize = MAX_TAIL_INFLIGHT;
 /// Source of the sleep word's WRITE.
 const SLEEP_SRC: usize = HEAD_SRC + 1;
@@ -143,6 +156,10 @@ impl LocalRing {
         if self.cfg.tail_with_imm() {
             flags |= GEOMETRY_FLAG_TAIL_IMM;
         }
+        if self.cfg.self_sizing() {
+            let shift = (self.cfg.ring_size() / self.cfg.min_ring_size()).trailing_zeros();
+            flags |= GEOMETRY_FLAG_SELF_SIZING | (shift << GEOMETRY_SIZE_SHIFT);
+        }
         RingGeometry {
             slot_size: self.cfg.slot_size() as u32 | flags,
             slot_count: self.cfg.slot_count() as u32,
@@ -194,7 +211,7 @@ impl LocalRing {
             )));
         }
         let peer = conn.peer();
-        check_peer_geometry(&self.geometry(), &peer.geometry)?;
+        let peer_initial = check_peer_geometry(&self.geometry(), &peer.geometry)?;
         let remote = peer.region(ROLE_RING).ok_or_else(|| {
             Error::Incompatible(format!("peer granted no region with role {ROLE_RING:#x}"))
         })?;
@@ -233,9 +250,12 @@ impl LocalRing {
             bells_refused: 0,
             placement_timeout: self.cfg.placement_timeout(),
             torn_since: None,
+            released: 0,
         };
         let rx = RingRx {
-            receiver: Receiver::new(&self.cfg),
+            receiver: Receiver::with_initial_slots(&self.cfg, peer_initial),
+            ring_len: geo.ring_bytes(),
+            released: 0,
             shared,
             tx_region: self.tx_region,
             rx_region: self.rx_region,
@@ -259,8 +279,10 @@ impl LocalRing {
 
 const NOT_FULL: u64 = u64::MAX;
 
-/// Compares the peer's offered geometry with ours (see [`LocalRing::geometry`]).
-fn check_peer_geometry(ours: &RingGeometry, peer: &RingGeometry) -> Result<(), Error> {
+/// Compares the peer's offered geometry with ours (see
+/// [`LocalRing::geometry`]); returns the slot count the peer's sender
+/// starts with.
+fn check_peer_geometry(ours: &RingGeometry, peer: &RingGeometry) -> Result<u64, Error> {
     let unknown = peer.slot_size & !GEOMETRY_SIZE_MASK & !GEOMETRY_KNOWN_FLAGS;
     if unknown != 0 {
         return Err(Error::Incompatible(format!(
@@ -303,7 +325,21 @@ fn check_peer_geometry(ours: &RingGeometry, peer: &RingGeometry) -> Result<(), E
             "peer ring has tail_with_imm = {pi}, ours tail_with_imm = {oi}"
         )));
     }
-    Ok(())
+    let shift = (peer.slot_size & GEOMETRY_SIZE_SHIFT_BITS) >> GEOMETRY_SIZE_SHIFT;
+    if shift != 0 && !flag(peer, GEOMETRY_FLAG_SELF_SIZING) {
+        return Err(Error::Incompatible(format!(
+            "peer ring names an initial size (shift {shift}) but does not size itself"
+        )));
+    }
+    let initial = u64::from(peer.slot_count >> shift);
+    if initial < crate::MIN_SLOT_COUNT {
+        return Err(Error::Incompatible(format!(
+            "peer ring starts with {initial} slots (slot count {} >> {shift}), fewer than {}",
+            peer.slot_count,
+            crate::MIN_SLOT_COUNT
+        )));
+    }
+    Ok(initial)
 }
 
 /// What both halves share: the queue pair and the completion routing.
@@ -406,6 +442,8 @@ pub struct RingTx {
     placement_timeout: std::time::Duration,
     /// Since when the head record has read inconsistent.
     torn_since: Option<TornSince>,
+    /// Bytes of `RB_S` given back to the system after shrinks.
+    released: u64,
 }
 
 impl RingTx {
@@ -424,18 +462,7 @@ impl RingTx {
         // queue pair's state) is read only when the ring looks full.
         if !self.sender.fits(len) {
             self.shared.check()?;
-            let (value, check) = load_record(&self.rx_region, LOCAL_HEAD_OFFSET)?;
-            if self.sender.handle_head_record(value, check)? {
-                self.torn_since = None;
-            } else if torn_for_too_long(
-                &mut self.torn_since,
-                self.placement_timeout,
-                std::time::Instant::now(),
-            ) {
-                // A peer that died between its two stores is gone, not corrupt.
-                self.shared.check()?;
-                return Err(self.sender.record_timed_out(value, check));
-            }
+            self.reload_head()?;
         }
         let head = self.sender.local_head();
         let ring = mem::staging_mut(&self.tx_region, self.ring_off, self.ring_len);
@@ -459,6 +486,64 @@ impl RingTx {
             }
             Err(e) => Err(e),
         }
+    }
+
+    /// Reads the head record the receiver pushed and applies it; after a
+    /// shrink it took effect, gives the unused end of `RB_S` back.
+    fn reload_head(&mut self) -> Result<(), Error> {
+        let (value, check) = load_record(&self.rx_region, LOCAL_HEAD_OFFSET)?;
+        if self.sender.handle_head_record(value, check)? {
+            self.torn_since = None;
+        } else if torn_for_too_long(
+            &mut self.torn_since,
+            self.placement_timeout,
+            std::time::Instant::now(),
+        ) {
+            // A peer that died between its two stores is gone, not corrupt.
+            self.shared.check()?;
+            return Err(self.sender.record_timed_out(value, check));
+        }
+        if let Some(keep) = self.sender.take_released() {
+            // The receiver has read every slot of the larger geometry, and
+            // their WRITEs completed: nothing reads that staging any more.
+            self.released +=
+                self.tx_region
+                    .discard(self.ring_off + keep, self.ring_len - keep)? as u64;
+        }
+        Ok(())
+    }
+
+    /// Runs a self-sizing ring's policy at `now` ([`crate::proto::sizing`])
+    /// and starts the resize it asks for; also completes a shrink the
+    /// receiver has acknowledged (giving `RB_S`'s unused end back). Call it
+    /// every [`RingConfig::shrink_after`]` / 2`, busy or not: an idle ring
+    /// shrinks only from here. Returns whether a resize marker went out.
+    /// A fixed ring does nothing.
+    ///
+    /// # Errors
+    /// [`Error::PeerGone`] or a fabric error while posting the marker,
+    /// [`Error::Corrupt`] after a bad head record.
+    pub fn maintain(&mut self, now: std::time::Instant) -> Result<bool, Error> {
+        if !self.cfg.self_sizing() {
+            return Ok(false);
+        }
+        self.shared.check()?;
+        self.reload_head()?;
+        let ring = mem::staging_mut(&self.tx_region, self.ring_off, self.ring_len);
+        if !self.sender.maintain(now, ring)? {
+            return Ok(false);
+        }
+        self.post()?;
+        if self.sender.tail_deferred() {
+            self.poll_completions()?;
+        }
+        Ok(true)
+    }
+
+    /// Bytes of `RB_S` given back to the system after shrinks (0 where the
+    /// provider cannot: verbs, huge pages; `rrpc_core::Region::discard`).
+    pub fn released_bytes(&self) -> u64 {
+        self.released
     }
 
     /// Copies `msg` into the ring as one message.
@@ -729,6 +814,10 @@ impl TxWatch {
 #[derive(Debug)]
 pub struct RingRx {
     receiver: Receiver,
+    /// Bytes of the whole array.
+    ring_len: usize,
+    /// Bytes of `RB_R` given back to the system after shrinks.
+    released: u64,
     shared: Arc<Shared>,
     tx_region: Arc<Region>,
     rx_region: Arc<Region>,
@@ -796,6 +885,13 @@ impl RingRx {
                 .map(|w| w.load(Ordering::Relaxed))
                 .unwrap_or(0)
         });
+        if let Some(keep) = self.receiver.take_shrunk() {
+            // Every slot past `keep` was read, and the sender writes there
+            // again only after a marker that grows the ring.
+            self.released +=
+                self.rx_region
+                    .discard(self.ring_off + keep, self.ring_len - keep)? as u64;
+        }
         match got? {
             Some(msg) => {
                 // The payload is read after the end stamp that vouched for it.
@@ -950,6 +1046,12 @@ impl RingRx {
             region: self.rx_region.clone(),
             head: self.head_mirror.clone(),
         }
+    }
+
+    /// Bytes of `RB_R` given back to the system after shrinks (0 where the
+    /// provider cannot: verbs, huge pages; `rrpc_core::Region::discard`).
+    pub fn released_bytes(&self) -> u64 {
+        self.released
     }
 
     /// The sans-IO state, for tests and benchmarks.

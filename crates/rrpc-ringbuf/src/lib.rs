@@ -63,6 +63,17 @@
 //! verbs the NIC's RNR retry plays that role; the repost rule is what keeps
 //! it from being needed.
 //!
+//! ## Rings that size themselves
+//! With [`RingConfig::min_ring_size`] below [`RingConfig::ring_size`] the
+//! sender starts small, grows its ring before a message that needs it, and
+//! shrinks it when messages get smaller or the connection goes quiet
+//! ([`RingTx::maintain`]), switching in-band with a resize marker ([`proto`]
+//! docs, "Rings that size themselves"; the policy is [`proto::sizing`]).
+//! RR-Compound §V-B leaves this to future work. On shm the unused end of
+//! both arrays goes back to the system after a shrink; a verbs registration
+//! pins its memory, so there a ring keeps its footprint (only the part in
+//! use stays warm in the cache).
+//!
 //! Memory (§IV-C): zero-copy reserve/commit on the sender and borrowed
 //! [`ReadGuard`]s on the receiver; huge pages through rrpc-core's regions;
 //! cache-line aligned slots. NUMA placement is not applicable on the
@@ -114,12 +125,13 @@ mod mem;
 pub mod proto;
 
 pub use config::{
-    CACHE_LINE, DEFAULT_PLACEMENT_TIMEOUT, DEFAULT_SQ_DEPTH, MAX_RING_SIZE, MAX_SLOT_SIZE,
-    MAX_THRESHOLD, MIN_SLOT_COUNT, RingConfig, RingConfigBuilder,
+    CACHE_LINE, DEFAULT_PLACEMENT_TIMEOUT, DEFAULT_SHRINK_AFTER, DEFAULT_SQ_DEPTH, MAX_RING_SIZE,
+    MAX_SIZE_RATIO, MAX_SLOT_SIZE, MAX_THRESHOLD, MIN_SLOT_COUNT, RingConfig, RingConfigBuilder,
 };
 pub use driver::{
-    GEOMETRY_FLAG_DOORBELL, GEOMETRY_FLAG_POINTER_RECORDS, GEOMETRY_FLAG_TAIL_IMM,
-    GEOMETRY_FLAG_UNALIGNED, LOCAL_HEAD_OFFSET, LOCAL_SLEEP_OFFSET, LOCAL_TAIL_OFFSET, LocalRing,
-    RING_OFFSET, ROLE_RING, ReadGuard, RingRx, RingTx, RxDoorbell, RxWatch, TxWatch, WriteGuard,
+    GEOMETRY_FLAG_DOORBELL, GEOMETRY_FLAG_POINTER_RECORDS, GEOMETRY_FLAG_SELF_SIZING,
+    GEOMETRY_FLAG_TAIL_IMM, GEOMETRY_FLAG_UNALIGNED, GEOMETRY_SIZE_SHIFT_BITS, LOCAL_HEAD_OFFSET,
+    LOCAL_SLEEP_OFFSET, LOCAL_TAIL_OFFSET, LocalRing, RING_OFFSET, ROLE_RING, ReadGuard, RingRx,
+    RingTx, RxDoorbell, RxWatch, TxWatch, WriteGuard,
 };
 pub use error::Error;

@@ -1,12 +1,13 @@
 //! Arbitrary bytes as `RB_R` content and as the pointer words a peer writes
 //! (`local_tail` for the receiver, `local_head` for the sender): the state
 //! machines must only ever return errors, never panic, index out of bounds
-//! or loop forever.
+//! or loop forever. Half the rings size themselves, and a quarter of the
+//! garbage headers are resize markers (any slot count).
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
 use rrpc_ringbuf::RingConfig;
-use rrpc_ringbuf::proto::{Receiver, Sender, pointer_check, stamp_for, tag_for};
+use rrpc_ringbuf::proto::{FLAG_RESIZE, Receiver, Sender, pointer_check, stamp_for, tag_for};
 
 fuzz_target!(|data: &[u8]| {
     if data.len() < 2 {
@@ -14,9 +15,11 @@ fuzz_target!(|data: &[u8]| {
     }
     let slots = 2usize << (data[0] % 6); // 2..=64 slots
     let slot = 64usize << (data[1] % 2);
+    let shrink = if data[1] & 2 != 0 { (data[1] >> 2) % 4 } else { 0 };
     let Ok(cfg) = RingConfig::builder()
         .slot_size(slot)
         .ring_size(slot * slots)
+        .min_ring_size((slot * slots) >> shrink)
         .alpha(2)
         .beta(1)
         .gamma(2)
@@ -53,6 +56,10 @@ fuzz_target!(|data: &[u8]| {
                 if op[1] & 1 == 0 {
                     let tag = tag_for(rx.head());
                     w = (w & 0x0000_ffff_ffff_ffff) | (u64::from(tag) << 48);
+                    if op[1] & 2 == 0 {
+                        // A resize marker naming any slot count.
+                        w = (w & 0xffff_0000_ffff_ffff) | (u64::from(FLAG_RESIZE) << 32);
+                    }
                 }
                 ring[off..off + 8].copy_from_slice(&w.to_le_bytes());
             }
@@ -83,6 +90,9 @@ fuzz_target!(|data: &[u8]| {
                 }
                 if let Ok(r) = tx.reserve(usize::from(op[1]), &mut tx_ring) {
                     tx.commit(r, usize::from(op[1]), &mut tx_ring);
+                }
+                if op[1] % 5 == 0 {
+                    let _ = tx.resize(word % 130, &mut tx_ring);
                 }
                 while tx.poll_transmit().is_some() {}
             }

@@ -15,7 +15,17 @@
 //! `pos` the absolute slot pointer of the message, and it ends with an
 //! 8-byte *end stamp*, [`stamp_for`]`(pos)`, in the last 8 bytes of its last
 //! slot. A message that would cross the end of the array is placed at index
-//! 0; the slots up to the end get a *gap* header (flag bit 0, `len = 0`).
+//! 0; the slots up to the end get a *gap* header (flag bit 0, `len = 0`)
+//! and the gap's end stamp in the last 8 bytes of the array.
+//!
+//! # Gaps
+//! A gap ends with a stamp, like a message, because consuming it frees its
+//! slots for reuse: the sender then writes new messages into the same
+//! bytes of `RB_S`. Without the stamp, a receiver could pass a gap whose
+//! header was placed while the rest of its WRITE was still being read from
+//! `RB_S`; that WRITE could then carry bytes of the next message, and
+//! place its end stamp before its payload (found by the pair harness with a
+//! responder that shows a tail before the slots it covers).
 //!
 //! # Placement order: what the ring relies on
 //! The sender publishes a message with two WRITEs on one RC queue pair: the
@@ -75,6 +85,32 @@
 //! slot to within 8 bytes takes one more slot) and one more load, from
 //! the same cache line for messages of one slot.
 //!
+//! # Rings that size themselves
+//! A ring's array is registered at its largest size ([`crate::RingConfig::ring_size`]),
+//! but a self-sizing sender ([`crate::RingConfig::min_ring_size`]) uses only its first
+//! `n` slots, `n` a power of two between the two sizes, chosen by the
+//! [`sizing`] policy from what the sender observes. Pointers stay absolute;
+//! only the slot index (`pos % n`) changes. The switch is in-band:
+//!
+//! 1. The sender writes a *resize marker* at `tail`: one slot whose header
+//!    has [`FLAG_RESIZE`] and the new slot count in `len`, with the end stamp
+//!    of its slot, in the old geometry. It flushes it at once and takes the
+//!    new geometry from the next slot on.
+//! 2. It writes nothing more until the receiver's head has passed the marker
+//!    ([`Sender::switch_pending`]): only then is every slot of the old
+//!    geometry read, so the new indexing can reuse them. A waiting writer
+//!    sees a full ring and waits for the head like any other.
+//! 3. The receiver reads the marker in order, like a gap: it validates it
+//!    (a power of two within the array, the stamp of its slot), takes the new
+//!    geometry for everything after it, and pushes its head at once.
+//!
+//! So the switch point is one slot both sides see in the same order: no
+//! message is lost, duplicated or reordered across it, and it costs one
+//! round trip (the head push) per resize. After a shrink both sides may give
+//! the unused end of their arrays back to the system (the driver does on
+//! shm: `rrpc_core::Region::discard`). The initial size travels in the
+//! handshake; a fixed ring never writes a marker.
+//!
 //! # Poll order
 //! After any call that can create work (`commit`, `flush`, `reserve` on a full
 //! ring, `handle_completion`), the driver drains `poll_transmit` and posts the
@@ -85,9 +121,10 @@
 pub mod doorbell;
 mod receiver;
 mod sender;
+pub mod sizing;
 
 pub use receiver::{Message, Receiver};
-pub use sender::{Reservation, Sender, Transmit};
+pub use sender::{Reservation, Sender, SenderStats, Transmit};
 
 /// Bytes of the per-message header.
 pub const HEADER_LEN: usize = 8;
@@ -97,6 +134,9 @@ pub const TRAILER_LEN: usize = 8;
 pub const OVERHEAD: usize = HEADER_LEN + TRAILER_LEN;
 /// Header flag: the slots from here to the end of the array are a gap.
 pub const FLAG_GAP: u16 = 1;
+/// Header flag: a one-slot resize marker; `len` is the slot count of
+/// everything after it (module docs, "Rings that size themselves").
+pub const FLAG_RESIZE: u16 = 2;
 const TAG_MAGIC: u16 = 0xB2B2;
 
 /// Bits of a work-request id that carry the sequence number.

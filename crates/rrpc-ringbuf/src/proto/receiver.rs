@@ -1,7 +1,8 @@
 //! The receiver half: `READMSG` of RB² Algorithm 1 plus lazy push.
 
 use super::{
-    FLAG_GAP, Geometry, HEADER_LEN, Header, OVERHEAD, WR_KIND_RX, WR_SEQ_MASK, stamp_for, tag_for,
+    FLAG_GAP, FLAG_RESIZE, Geometry, HEADER_LEN, Header, OVERHEAD, WR_KIND_RX, WR_SEQ_MASK,
+    stamp_for, tag_for,
 };
 use crate::config::RingConfig;
 use crate::error::Error;
@@ -57,7 +58,13 @@ pub struct HeadPush {
 /// Invariant: `synced_head <= head <= local_tail <= head + N`.
 #[derive(Debug)]
 pub struct Receiver {
+    /// The geometry in use (the sender's, as its resize markers say).
     geo: Geometry,
+    /// Largest slot count a resize marker may name (the whole array).
+    max_count: u64,
+    /// A resize marker shrank the ring: the bytes of `RB_R` still in use.
+    shrunk: Option<usize>,
+    resizes: u64,
     gamma: u32,
     head: u64,
     synced_head: u64,
@@ -79,11 +86,26 @@ pub struct Receiver {
 }
 
 impl Receiver {
-    /// A receiver for a ring configured by `cfg`.
+    /// A receiver for a ring configured by `cfg`, whose sender starts at
+    /// `cfg`'s initial size ([`RingConfig::initial_slot_count`]).
     pub fn new(cfg: &RingConfig) -> Self {
+        Receiver::with_initial_slots(cfg, cfg.initial_slot_count())
+    }
+
+    /// A receiver whose sender starts with `slot_count` slots (the peer's
+    /// initial size, from the handshake).
+    ///
+    /// # Panics
+    /// If `slot_count` is not a power of two in `2..=cfg.slot_count()`
+    /// (the driver validates the peer's value first).
+    pub fn with_initial_slots(cfg: &RingConfig, slot_count: u64) -> Self {
+        assert!(slot_count <= cfg.slot_count());
         let max_outstanding = u64::from(cfg.receiver_outstanding());
         Receiver {
-            geo: Geometry::from_config(cfg),
+            geo: Geometry::new(cfg.slot_size(), slot_count),
+            max_count: cfg.slot_count(),
+            shrunk: None,
+            resizes: 0,
             gamma: cfg.gamma(),
             head: 0,
             synced_head: 0,
@@ -95,7 +117,7 @@ impl Receiver {
             last_signaled: 0,
             max_outstanding,
             signal_every: (max_outstanding / 2).max(1),
-            flush_slots: super::flush_slots(cfg.slot_count()),
+            flush_slots: super::flush_slots(slot_count),
             closed: None,
             pushes: 0,
             torn_tails: 0,
@@ -122,6 +144,17 @@ impl Receiver {
     /// Head pushes issued.
     pub fn pushes(&self) -> u64 {
         self.pushes
+    }
+    /// Resize markers read.
+    pub fn resizes(&self) -> u64 {
+        self.resizes
+    }
+    /// A resize marker shrank the ring since the last call: the bytes of
+    /// `RB_R` still in use. The sender writes nothing past them until a
+    /// later marker grows the ring again, so the driver may give the rest
+    /// back to the system.
+    pub fn take_shrunk(&mut self) -> Option<usize> {
+        self.shrunk.take()
     }
     /// Tail records read with a check word that did not match (being
     /// written; `proto` docs, "Pointer records").
@@ -252,8 +285,10 @@ impl Receiver {
         mut read_word: impl FnMut(usize) -> u64,
     ) -> Result<Option<Message>, Error> {
         self.check_open()?;
-        // At most one gap precedes a message: after a gap the head is at index 0.
-        for _ in 0..2 {
+        // At most a gap, a resize marker and a gap in the new geometry
+        // precede a message (a marker waits for the head to pass it, so
+        // two are never read in one call).
+        for _ in 0..4 {
             if self.head == self.local_tail {
                 self.unplaced = None;
                 if self.head != self.synced_head {
@@ -276,6 +311,33 @@ impl Receiver {
                     tag_for(self.head)
                 ));
             }
+            if h.flags == FLAG_RESIZE {
+                let n = u64::from(h.len);
+                if !n.is_power_of_two() || n < crate::MIN_SLOT_COUNT || n > self.max_count {
+                    return self.not_placed(format!(
+                        "bad resize marker at slot {} (slot count {n}, array of {})",
+                        self.head, self.max_count
+                    ));
+                }
+                let stamp = read_word(self.geo.stamp_offset(self.head, 1));
+                if stamp != stamp_for(self.head) {
+                    return self.not_placed(format!(
+                        "end stamp {stamp:#018x} of the resize marker at slot {}, expected {:#018x}",
+                        self.head,
+                        stamp_for(self.head)
+                    ));
+                }
+                self.head += 1;
+                if n < self.geo.slot_count() {
+                    self.shrunk = Some(n as usize * self.geo.slot_size());
+                }
+                self.geo = Geometry::new(self.geo.slot_size(), n);
+                self.flush_slots = super::flush_slots(n);
+                self.resizes += 1;
+                // The sender waits for this head before writing on.
+                self.push_pending = true;
+                continue;
+            }
             if h.flags & !FLAG_GAP != 0 {
                 return self.not_placed(format!(
                     "unknown header flags {:#x} at slot {}",
@@ -288,6 +350,14 @@ impl Receiver {
                     return self.not_placed(format!(
                         "bad gap marker at slot {} (len {}, {} slots available)",
                         self.head, h.len, avail
+                    ));
+                }
+                let stamp = read_word(self.geo.stamp_offset(self.head, gap));
+                if stamp != stamp_for(self.head) {
+                    return self.not_placed(format!(
+                        "end stamp {stamp:#018x} of the gap at slot {}, expected {:#018x}",
+                        self.head,
+                        stamp_for(self.head)
                     ));
                 }
                 self.head += gap;
@@ -318,7 +388,10 @@ impl Receiver {
                 slots,
             }));
         }
-        self.not_placed(format!("two gap markers in a row at slot {}", self.head))
+        self.not_placed(format!(
+            "more than three gap or resize markers in a row before slot {}",
+            self.head
+        ))
     }
 
     /// Releases the message returned by [`poll_recv`](Self::poll_recv):

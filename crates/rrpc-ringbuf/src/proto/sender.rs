@@ -2,9 +2,12 @@
 
 use std::collections::VecDeque;
 
+use std::time::Instant;
+
+use super::sizing::Sizer;
 use super::{
-    FLAG_GAP, Geometry, HEADER_LEN, Header, MAX_TAIL_INFLIGHT, TRAILER_LEN, WR_KIND_TX,
-    WR_SEQ_MASK, stamp_for,
+    FLAG_GAP, FLAG_RESIZE, Geometry, HEADER_LEN, Header, MAX_TAIL_INFLIGHT, TRAILER_LEN,
+    WR_KIND_TX, WR_SEQ_MASK, stamp_for,
 };
 use crate::config::RingConfig;
 use crate::error::Error;
@@ -75,6 +78,10 @@ pub struct SenderStats {
     /// Head records read with a check word that did not match (being
     /// written; `proto` docs, "Pointer records").
     pub torn_heads: u64,
+    /// Resize markers written that grew the ring.
+    pub grows: u64,
+    /// Resize markers written that shrank the ring.
+    pub shrinks: u64,
 }
 
 /// Sender state: `tail`, `synced_tail`, `esc_tail`, `local_head` (RB² Fig. 2).
@@ -82,7 +89,20 @@ pub struct SenderStats {
 /// Invariant: `local_head <= synced_tail <= esc_tail <= tail <= local_head + N`.
 #[derive(Debug)]
 pub struct Sender {
+    /// The geometry in use (`max_geo` for a fixed ring).
     geo: Geometry,
+    /// The whole array: the largest geometry.
+    max_geo: Geometry,
+    /// A self-sizing ring's policy.
+    sizer: Option<Sizer>,
+    /// After a resize marker: the slot pointer the receiver's head must
+    /// reach before anything is written in the new geometry.
+    switch_at: Option<u64>,
+    /// The pending switch shrinks the ring.
+    shrinking: bool,
+    /// A shrink completed: the bytes of the array still in use (the rest
+    /// of `RB_S` may be released).
+    released: Option<usize>,
     alpha: u32,
     beta: u32,
     elastic: bool,
@@ -114,14 +134,28 @@ impl Sender {
     /// A sender for a ring configured by `cfg`.
     pub fn new(cfg: &RingConfig) -> Self {
         let max_outstanding = u64::from(cfg.sender_outstanding());
+        let max_geo = Geometry::from_config(cfg);
+        let geo = Geometry::new(cfg.slot_size(), cfg.initial_slot_count());
         Sender {
-            geo: Geometry::from_config(cfg),
+            geo,
+            max_geo,
+            sizer: cfg.self_sizing().then(|| {
+                Sizer::new(
+                    cfg.slot_size(),
+                    cfg.initial_slot_count(),
+                    cfg.slot_count(),
+                    cfg.shrink_after(),
+                )
+            }),
+            switch_at: None,
+            shrinking: false,
+            released: None,
             alpha: cfg.alpha(),
             beta: cfg.beta(),
             elastic: cfg.elastic(),
             max_outstanding,
             signal_every: (max_outstanding / 2).max(1),
-            flush_slots: super::flush_slots(cfg.slot_count()),
+            flush_slots: super::flush_slots(geo.slot_count()),
             tail: 0,
             esc_tail: 0,
             synced_tail: 0,
@@ -140,9 +174,23 @@ impl Sender {
         }
     }
 
-    /// The ring geometry.
+    /// The ring geometry in use (of a self-sizing ring: its current size).
     pub fn geometry(&self) -> Geometry {
         self.geo
+    }
+    /// The whole array: a self-sizing ring's largest geometry.
+    pub fn max_geometry(&self) -> Geometry {
+        self.max_geo
+    }
+    /// The slot pointer the receiver's head must reach before the sender
+    /// writes in the geometry of its last resize marker, if that is pending.
+    pub fn switch_pending(&self) -> Option<u64> {
+        self.switch_at
+    }
+    /// A shrink completed since the last call: the bytes of `RB_S` still
+    /// in use; the driver may give the rest back to the system.
+    pub fn take_released(&mut self) -> Option<usize> {
+        self.released.take()
     }
     /// `tail`: next slot to be written.
     pub fn tail(&self) -> u64 {
@@ -160,8 +208,12 @@ impl Sender {
     pub fn local_head(&self) -> u64 {
         self.local_head
     }
-    /// Free slots as far as the sender knows.
+    /// Free slots as far as the sender knows (none while a resize waits
+    /// for the receiver to pass its marker).
     pub fn free_slots(&self) -> u64 {
+        if self.switch_at.is_some() {
+            return 0;
+        }
         self.geo.slot_count() - (self.tail - self.local_head)
     }
     /// Whether [`reserve`](Self::reserve) of `len` bytes would find room
@@ -229,33 +281,64 @@ impl Sender {
     /// a gap header first when the message would cross the end of the array.
     ///
     /// # Errors
-    /// [`Error::TooLarge`] if `len` exceeds the ring; [`Error::WouldBlock`] if
+    /// [`Error::TooLarge`] if `len` exceeds the ring (the whole array, or
+    /// the size a ring resized by hand has now); [`Error::WouldBlock`] if
     /// there is not enough free space (the batch is flushed so the receiver
     /// can drain and push its head); [`Error::Corrupt`] after a bad head.
     pub fn reserve(&mut self, len: usize, ring: &mut [u8]) -> Result<Reservation, Error> {
         self.check_open()?;
-        if len > self.geo.max_payload() {
+        if len > self.max_geo.max_payload() {
+            return Err(Error::TooLarge {
+                len,
+                max: self.max_geo.max_payload(),
+            });
+        }
+        debug_assert!(ring.len() >= self.max_geo.ring_bytes());
+        if self.switch_at.is_some() {
+            // The receiver has not passed the last resize marker yet.
+            return Err(self.on_full(false));
+        }
+        if let Some(target) = self
+            .sizer
+            .as_ref()
+            .and_then(|s| s.grow_for(len, self.geo.slot_count()))
+        {
+            // Grow before the message that needs it; it goes out once the
+            // receiver has passed the marker.
+            return Err(match self.resize(target, ring) {
+                Ok(_) => Error::WouldBlock,
+                Err(Error::WouldBlock) => self.on_full(true),
+                Err(e) => e,
+            });
+        }
+        let n = self.geo.slots_for(len);
+        let count = self.geo.slot_count();
+        if n > count {
+            // Only after a resize by hand ([`Sender::resize`]): the policy
+            // grows the ring before any message that needs it.
             return Err(Error::TooLarge {
                 len,
                 max: self.geo.max_payload(),
             });
         }
-        debug_assert_eq!(ring.len(), self.geo.ring_bytes());
-        let n = self.geo.slots_for(len);
         let idx = self.geo.index(self.tail);
-        let count = self.geo.slot_count();
         if idx + n > count {
             let gap = count - idx;
             if self.free_slots() < gap {
-                return Err(self.on_full());
+                return Err(self.on_full(true));
             }
             let off = self.geo.offset(self.tail);
             ring[off..off + HEADER_LEN]
                 .copy_from_slice(&Header::new(0, FLAG_GAP, self.tail).encode());
+            // The gap ends with a stamp too: a receiver that consumes it
+            // has seen its whole WRITE placed, so the source slots it
+            // frees are no longer being read (`proto` docs, "Gaps").
+            let end = self.geo.stamp_offset(self.tail, gap);
+            ring[end..end + TRAILER_LEN].copy_from_slice(&stamp_for(self.tail).to_le_bytes());
             self.tail += gap;
         }
         if self.free_slots() < n {
-            return Err(self.on_full());
+            return Err(self.on_full(true));
         }
         Ok(Reservation {
             pos: self.tail,
@@ -264,10 +347,93 @@ impl Sender {
         })
     }
 
-    fn on_full(&mut self) -> Error {
-        self.stats.full += 1;
+    /// The ring has no room: flush so the receiver can drain and push its
+    /// head. `counted`: a wait for space (not for a resize to take effect),
+    /// which the sizing policy and [`SenderStats::full`] count.
+    fn on_full(&mut self, counted: bool) -> Error {
+        if counted {
+            self.stats.full += 1;
+            if let Some(s) = &mut self.sizer {
+                s.on_full();
+            }
+        }
         self.flush();
         Error::WouldBlock
+    }
+
+    /// Switches the ring to `slot_count` slots (a power of two, at least
+    /// 2, at most the whole array) with an in-band resize marker: a
+    /// one-slot message at `tail` that tells the receiver the geometry of
+    /// everything after it. The marker is flushed at once; nothing is
+    /// written in the new geometry until the receiver's head has passed it
+    /// ([`switch_pending`](Self::switch_pending)), so no slot of the old
+    /// geometry is overwritten before it is read (`proto` docs, "Rings that
+    /// size themselves"). Returns `Ok(false)` if the ring already has that
+    /// size.
+    ///
+    /// # Errors
+    /// [`Error::WouldBlock`] while an earlier switch is pending or no slot
+    /// is free for the marker; [`Error::InvalidConfig`] for a slot count
+    /// out of range; [`Error::Corrupt`] once closed.
+    pub fn resize(&mut self, slot_count: u64, ring: &mut [u8]) -> Result<bool, Error> {
+        self.check_open()?;
+        if !slot_count.is_power_of_two()
+            || slot_count < crate::MIN_SLOT_COUNT
+            || slot_count > self.max_geo.slot_count()
+        {
+            return Err(Error::InvalidConfig(format!(
+                "ring slot count {slot_count} must be a power of two in {}..={}",
+                crate::MIN_SLOT_COUNT,
+                self.max_geo.slot_count()
+            )));
+        }
+        if slot_count == self.geo.slot_count() {
+            return Ok(false);
+        }
+        if self.free_slots() < 1 {
+            return Err(Error::WouldBlock);
+        }
+        let off = self.geo.offset(self.tail);
+        ring[off..off + HEADER_LEN]
+            .copy_from_slice(&Header::new(slot_count as u32, FLAG_RESIZE, self.tail).encode());
+        let end = self.geo.stamp_offset(self.tail, 1);
+        ring[end..end + TRAILER_LEN].copy_from_slice(&stamp_for(self.tail).to_le_bytes());
+        self.tail += 1;
+        // Out now, in the old geometry (slot transmission splits at its end).
+        self.flush();
+        self.shrinking = slot_count < self.geo.slot_count();
+        if self.shrinking {
+            self.stats.shrinks += 1;
+        } else {
+            self.stats.grows += 1;
+        }
+        self.geo = Geometry::new(self.geo.slot_size(), slot_count);
+        self.flush_slots = super::flush_slots(slot_count);
+        self.switch_at = Some(self.tail);
+        Ok(true)
+    }
+
+    /// Runs the sizing policy of a self-sizing ring at `now` (the driver
+    /// calls this every `shrink_after / 2`; `proto::sizing` docs) and starts
+    /// the resize it asks for. Returns whether a resize marker was written.
+    /// A fixed ring, or one whose last switch is pending, does nothing.
+    ///
+    /// # Errors
+    /// [`Error::Corrupt`] once closed.
+    pub fn maintain(&mut self, now: Instant, ring: &mut [u8]) -> Result<bool, Error> {
+        self.check_open()?;
+        let current = self.geo.slot_count();
+        let Some(target) = self.sizer.as_mut().and_then(|s| s.tick(now, current)) else {
+            return Ok(false);
+        };
+        if self.switch_at.is_some() {
+            return Ok(false);
+        }
+        match self.resize(target, ring) {
+            Ok(done) => Ok(done),
+            Err(Error::WouldBlock) => Ok(false),
+            Err(e) => Err(e),
+        }
     }
 
     /// Commits `len <= res.capacity()` payload bytes of a reservation: writes
@@ -287,6 +453,9 @@ impl Sender {
         ring[end..end + TRAILER_LEN].copy_from_slice(&stamp_for(self.tail).to_le_bytes());
         self.tail += slots;
         self.stats.messages += 1;
+        if let Some(s) = &mut self.sizer {
+            s.on_message(len);
+        }
         self.unsent += 1;
         self.unsynced += 1;
         if self.unsynced >= self.alpha || self.tail - self.synced_tail >= self.flush_slots {
@@ -456,6 +625,12 @@ impl Sender {
             )));
         }
         self.local_head = value;
+        if self.switch_at.is_some_and(|s| value >= s) {
+            self.switch_at = None;
+            if std::mem::take(&mut self.shrinking) {
+                self.released = Some(self.geo.ring_bytes());
+            }
+        }
         Ok(())
     }
 }

@@ -49,6 +49,11 @@ struct Pair {
     /// Lengths of committed messages, by message number.
     committed: Vec<usize>,
     received: usize,
+    /// The sender's geometries, each from the slot pointer it starts at.
+    geos: Vec<(u64, Geometry)>,
+    /// Virtual clock of the sizing policy.
+    t0: std::time::Instant,
+    now_ms: u64,
 }
 
 fn payload_byte(msg: usize, i: usize) -> u8 {
@@ -74,7 +79,61 @@ impl Pair {
             rx_cq: Vec::new(),
             committed: Vec::new(),
             received: 0,
+            geos: vec![(0, Geometry::new(cfg.slot_size(), cfg.initial_slot_count()))],
+            t0: std::time::Instant::now(),
+            now_ms: 0,
         }
+    }
+
+    /// Records a geometry switch the sender just made.
+    fn note_geometry(&mut self) {
+        let g = self.tx.geometry();
+        if self.geos.last().is_some_and(|&(_, last)| last != g) {
+            let at = self
+                .tx
+                .switch_pending()
+                .expect("a new geometry waits for its marker");
+            self.geos.push((at, g));
+        }
+    }
+
+    /// The geometry of the slot at absolute pointer `pos`.
+    fn geo_at(&self, pos: u64) -> Geometry {
+        self.geos
+            .iter()
+            .rev()
+            .find(|&&(start, _)| start <= pos)
+            .expect("the first geometry starts at 0")
+            .1
+    }
+
+    /// The sender applies the head word; a shrink it completes releases
+    /// the end of `RB_S` (zeroed here, as a hole punched in the memfd reads).
+    fn sender_sees_head(&mut self) -> Result<(), Error> {
+        self.tx.handle_local_head(self.local_head_word)?;
+        if let Some(keep) = self.tx.take_released() {
+            self.rb_s[keep..].fill(0);
+        }
+        Ok(())
+    }
+
+    /// Asks for a resize to `count` slots.
+    fn resize(&mut self, count: u64) {
+        match self.tx.resize(count, &mut self.rb_s) {
+            Ok(_) | Err(Error::WouldBlock) => {}
+            Err(e) => panic!("resize to {count}: {e}"),
+        }
+        self.note_geometry();
+        self.post();
+    }
+
+    /// Advances the virtual clock and runs the sizing policy.
+    fn tick(&mut self, ms: u64) {
+        self.now_ms += ms;
+        let now = self.t0 + std::time::Duration::from_millis(self.now_ms);
+        self.tx.maintain(now, &mut self.rb_s).expect("maintain");
+        self.note_geometry();
+        self.post();
     }
 
     /// Posts everything both state machines hand out.
@@ -110,13 +169,19 @@ impl Pair {
     /// Writes one message of `len` bytes; `commit = false` abandons it.
     fn write(&mut self, len: usize, commit: bool) -> Result<(), Error> {
         // The driver reloads the head word before reserving.
-        self.tx.handle_local_head(self.local_head_word)?;
+        self.sender_sees_head()?;
         let r = self.tx.reserve(len, &mut self.rb_s);
+        self.note_geometry();
         let res = match r {
             Ok(res) => res,
             Err(Error::TooLarge { len: l, max }) => {
                 assert_eq!(l, len);
-                assert_eq!(max, self.geo.max_payload());
+                assert!(
+                    max == self.geo.max_payload()
+                        || (self.tx.geometry() != self.geo
+                            && max == self.tx.geometry().max_payload()),
+                    "TooLarge names {max}"
+                );
                 assert!(len > max);
                 return Ok(());
             }
@@ -146,6 +211,9 @@ impl Pair {
         let got = self
             .rx
             .poll_recv(|off| u64::from_le_bytes(rb_r[off..off + 8].try_into().unwrap()))?;
+        if let Some(keep) = self.rx.take_shrunk() {
+            self.rb_r[keep..].fill(0);
+        }
         let Some(msg) = got else {
             self.post();
             return Ok(false);
@@ -181,18 +249,18 @@ impl Pair {
                 wr_id,
                 signaled,
             } => {
-                // No unread slot may be overwritten.
-                let n = self.geo.slot_count();
-                let (first, last) = (
-                    offset / self.geo.slot_size(),
-                    (offset + len) / self.geo.slot_size(),
-                );
+                // No unread slot may be overwritten (each in the geometry
+                // it was written in).
                 let mut p = self.rx.head();
                 while p < self.ordered_tail {
-                    let idx = self.geo.index(p) as usize;
+                    let g = self.geo_at(p);
+                    let at = g.offset(p);
                     assert!(
-                        !(first..last).contains(&idx),
-                        "slot write {first}..{last} overwrites unread slot {p} (N={n})"
+                        at + g.slot_size() <= offset || offset + len <= at,
+                        "slot write of bytes {offset}..{} overwrites unread slot {p} \
+                         (bytes {at}.., N={})",
+                        offset + len,
+                        g.slot_count()
                     );
                     p += 1;
                 }
@@ -263,6 +331,12 @@ impl Pair {
 
     fn check_invariants(&self) {
         let n = self.geo.slot_count();
+        let g = self.tx.geometry();
+        assert!(
+            self.tx.switch_pending().is_some()
+                || self.tx.tail() - self.tx.local_head() <= g.slot_count(),
+            "sender overran its current geometry"
+        );
         let t = &self.tx;
         assert!(
             t.local_head() <= t.synced_tail(),
@@ -303,7 +377,7 @@ impl Pair {
             while !self.rx_cq.is_empty() {
                 self.complete_rx(0);
             }
-            self.tx.handle_local_head(self.local_head_word).unwrap();
+            self.sender_sees_head().unwrap();
             self.check_invariants();
             if self.received == self.committed.len()
                 && self.tx.is_flushed()
@@ -349,6 +423,10 @@ enum Action {
     /// The responder shows the next tail before the slots it covers (the
     /// first slot WRITE placed up to this many bytes).
     TailFirst(usize),
+    /// Resize the ring to `max >> k` slots (`k` wrapped to the valid range).
+    Resize(u32),
+    /// Advance the virtual clock by this many ms and run the sizing policy.
+    Tick(u64),
 }
 
 fn action(max: usize) -> impl Strategy<Value = Action> {
@@ -362,6 +440,8 @@ fn action(max: usize) -> impl Strategy<Value = Action> {
         2 => any::<usize>().prop_map(Action::CompleteTx),
         1 => any::<usize>().prop_map(Action::CompleteRx),
         2 => any::<usize>().prop_map(Action::TailFirst),
+        1 => (0u32..8).prop_map(Action::Resize),
+        1 => (0u64..1500).prop_map(Action::Tick),
     ]
 }
 
@@ -373,10 +453,24 @@ fn config_strategy() -> impl Strategy<Value = RingConfig> {
         1u32..40,
         1u32..40,
         any::<bool>(),
+        0u32..4,
     )
-        .prop_map(|(slot, slots, a, b, g, elastic)| {
+        .prop_map(|(slot, slots, a, b, g, elastic, shrink)| {
             let (a, b) = (a.max(b), a.min(b));
-            cfg(slot, slots, a, b, g, elastic)
+            let c = cfg(slot, slots, a, b, g, elastic);
+            // A self-sizing ring in most cases, starting `2^shrink` times smaller.
+            let min = (c.ring_size() >> shrink).max(2 * slot);
+            RingConfig::builder()
+                .slot_size(slot)
+                .ring_size(c.ring_size())
+                .min_ring_size(min)
+                .alpha(a)
+                .beta(b)
+                .gamma(g)
+                .elastic(elastic)
+                .sq_depth(16)
+                .build()
+                .unwrap()
         })
 }
 
@@ -407,6 +501,12 @@ fn run(cfg: &RingConfig, actions: &[Action]) {
             Action::CompleteTx(i) => p.complete_tx(i),
             Action::CompleteRx(i) => p.complete_rx(i),
             Action::TailFirst(n) => p.tail_first(n),
+            Action::Resize(k) => {
+                let max = p.geo.slot_count();
+                let k = k % (max.trailing_zeros()).max(1);
+                p.resize((max >> k).max(2));
+            }
+            Action::Tick(ms) => p.tick(ms),
         }
         p.check_invariants();
     }
@@ -807,4 +907,105 @@ proptest! {
             prop_assert!(rx.local_tail() - rx.head() <= slots as u64);
         }
     }
+}
+
+impl Pair {
+    /// Writes one message, draining while the ring has no room (a gap at
+    /// the array end can need the whole ring).
+    fn write_eventually(&mut self, len: usize) {
+        for _ in 0..3 {
+            match self.write(len, true) {
+                Ok(()) => {
+                    self.drain();
+                    return;
+                }
+                Err(Error::WouldBlock) => self.drain(),
+                Err(e) => panic!("write {len}: {e}"),
+            }
+        }
+        panic!(
+            "no room for {len} bytes after draining twice: {:?}",
+            self.tx
+        );
+    }
+}
+
+fn sizing_cfg(min_slots: usize, max_slots: usize) -> RingConfig {
+    RingConfig::builder()
+        .slot_size(64)
+        .ring_size(64 * max_slots)
+        .min_ring_size(64 * min_slots)
+        .alpha(4)
+        .beta(2)
+        .gamma(4)
+        .sq_depth(16)
+        .build()
+        .unwrap()
+}
+
+#[test]
+fn a_resize_switches_in_band_and_waits_for_the_receiver_to_pass_its_marker() {
+    // A fixed ring resized by hand: no policy interferes.
+    let c = sizing_cfg(64, 64);
+    let mut p = Pair::new(&c);
+    assert_eq!(p.tx.geometry().slot_count(), 64);
+    p.resize(4);
+    p.drain();
+    assert_eq!(p.rx.geometry().slot_count(), 4);
+    p.write(40, true).unwrap();
+    p.resize(16);
+    let at =
+        p.tx.switch_pending()
+            .expect("the marker waits for the head");
+    assert_eq!(p.tx.free_slots(), 0);
+    assert!(matches!(p.write(10, true), Err(Error::WouldBlock)));
+    // The receiver reads the message, then the marker, and pushes its head.
+    p.drain();
+    assert_eq!(p.rx.geometry().slot_count(), 16);
+    assert_eq!(p.rx.resizes(), 2);
+    assert!(p.tx.local_head() >= at && p.tx.switch_pending().is_none());
+    // Sixteen slots now: messages of up to 16 slots go through, in order.
+    for len in [900, 10, 500, 0, 700] {
+        p.write_eventually(len);
+    }
+    p.resize(4);
+    p.drain();
+    assert_eq!(p.rx.geometry().slot_count(), 4);
+    assert_eq!((p.tx.stats().grows, p.tx.stats().shrinks), (1, 2));
+    // Without a policy, what the small ring cannot hold is refused.
+    let e = p.tx.reserve(900, &mut p.rb_s).unwrap_err();
+    assert!(matches!(e, Error::TooLarge { len: 900, max: 240 }), "{e}");
+    assert_eq!(p.received, p.committed.len());
+}
+
+#[test]
+fn the_policy_grows_before_a_large_message_and_shrinks_a_quiet_ring() {
+    let c = sizing_cfg(4, 64);
+    let mut p = Pair::new(&c);
+    // 1000 bytes take 16 slots and ask for 64 (4 x 1000 bytes).
+    assert!(matches!(p.write(1000, true), Err(Error::WouldBlock)));
+    assert_eq!(p.tx.geometry().slot_count(), 64, "grew before the message");
+    assert_eq!(p.committed.len(), 0, "nothing committed before the switch");
+    p.drain();
+    for _ in 0..20 {
+        p.write_eventually(1000);
+    }
+    assert_eq!(p.rx.geometry().slot_count(), 64);
+    // Quiet: the first tick starts the quiet time, one second later it shrinks.
+    p.tick(0);
+    p.tick(600);
+    assert_eq!(p.tx.geometry().slot_count(), 64);
+    p.tick(600);
+    assert_eq!(p.tx.geometry().slot_count(), 4, "shrunk to the minimum");
+    p.drain();
+    assert_eq!(p.rx.geometry().slot_count(), 4);
+    // Both sides released the end of their arrays (zeroed in this harness),
+    // and the ring still carries messages.
+    assert!(p.rb_s[4 * 64..].iter().all(|&b| b == 0));
+    assert!(p.rb_r[4 * 64..].iter().all(|&b| b == 0));
+    for len in [10, 40, 20] {
+        p.write_eventually(len);
+    }
+    assert_eq!(p.received, 23);
+    assert_eq!(p.tx.geometry().slot_count(), 4, "small messages fit");
 }

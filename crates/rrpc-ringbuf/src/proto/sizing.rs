@@ -1,0 +1,210 @@
+//! Rings that size themselves: the policy that picks a ring's size from
+//! what its writer observes. Sans-IO: it takes observations and a clock
+//! reading, and answers with a slot count; [`super::Sender`] carries the
+//! switch out (module docs, "Rings that size themselves").
+//!
+//! # The rule
+//! * **A message needs room for pipelining**: the size a payload of `len`
+//!   bytes asks for, [`Sizer::target_for`], is the power of two of at least
+//!   `4 × len` bytes and at least twice the slots the message takes, within
+//!   `[min, max]`. A 128 KiB message asks for 512 KiB: the size at which
+//!   RR-Compound's Fig. 12 sweep peaks on this host class, where 4 MiB
+//!   halves the bandwidth because the ring no longer fits in L2. The ring
+//!   grows at once, before the message that needs it.
+//! * **A writer that keeps waiting for space** (over half of its messages
+//!   in a window found the ring full) doubles the ring, up to twice what its
+//!   largest message asks for: a stream of small messages gets some
+//!   headroom without growing out of the cache.
+//! * **A ring larger than needed shrinks**: once four times what the
+//!   window's largest message asks for fits in it, it shrinks to that.
+//! * **A quiet ring shrinks to its minimum**: no message for `shrink_after`.
+//!
+//! Windows are the periods between [`Sizer::tick`] calls (the driver ticks
+//! every `shrink_after / 2`), so the hot path only counts.
+
+use std::time::{Duration, Instant};
+
+/// The sizing policy of one sender. See the module docs.
+#[derive(Debug, Clone)]
+pub struct Sizer {
+    slot_size: usize,
+    min: u64,
+    max: u64,
+    shrink_after: Duration,
+    largest: usize,
+    messages: u64,
+    full: u64,
+    quiet_since: Option<Instant>,
+}
+
+impl Sizer {
+    /// A policy for rings of `slot_size`-byte slots between `min` and `max`
+    /// slots (powers of two), shrinking after `shrink_after` of quiet.
+    pub fn new(slot_size: usize, min: u64, max: u64, shrink_after: Duration) -> Sizer {
+        debug_assert!(min.is_power_of_two() && max.is_power_of_two() && min <= max);
+        Sizer {
+            slot_size,
+            min,
+            max,
+            shrink_after,
+            largest: 0,
+            messages: 0,
+            full: 0,
+            quiet_since: None,
+        }
+    }
+
+    /// Smallest slot count.
+    pub fn min_slots(&self) -> u64 {
+        self.min
+    }
+    /// Largest slot count.
+    pub fn max_slots(&self) -> u64 {
+        self.max
+    }
+
+    /// The slot count a payload of `len` bytes asks for (module docs).
+    pub fn target_for(&self, len: usize) -> u64 {
+        let slots = (super::OVERHEAD + len).div_ceil(self.slot_size) as u64;
+        let by_bytes = (4 * len as u64).div_ceil(self.slot_size as u64);
+        by_bytes
+            .max(2 * slots)
+            .checked_next_power_of_two()
+            .unwrap_or(self.max)
+            .clamp(self.min, self.max)
+    }
+
+    /// The size to grow to before a message of `len` bytes, if the ring of
+    /// `current` slots is too small for it.
+    #[inline]
+    pub fn grow_for(&self, len: usize, current: u64) -> Option<u64> {
+        if current >= self.max {
+            return None;
+        }
+        let t = self.target_for(len);
+        (t > current).then_some(t)
+    }
+
+    /// A message of `len` payload bytes was committed.
+    #[inline]
+    pub fn on_message(&mut self, len: usize) {
+        self.messages += 1;
+        self.largest = self.largest.max(len);
+    }
+
+    /// The writer found the ring full.
+    #[inline]
+    pub fn on_full(&mut self) {
+        self.full += 1;
+    }
+
+    /// Ends a window at `now` with the ring at `current` slots: the size to
+    /// switch to, if any.
+    pub fn tick(&mut self, now: Instant, current: u64) -> Option<u64> {
+        let (messages, largest, full) = (self.messages, self.largest, self.full);
+        (self.messages, self.largest, self.full) = (0, 0, 0);
+        if messages == 0 {
+            let since = *self.quiet_since.get_or_insert(now);
+            return (now.duration_since(since) >= self.shrink_after && current > self.min)
+                .then_some(self.min);
+        }
+        self.quiet_since = Some(now);
+        let want = self.target_for(largest);
+        if full * 2 > messages && current < self.max && current < 2 * want {
+            return Some((current * 2).min(self.max));
+        }
+        (want * 4 <= current).then_some(want)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const KIB: usize = 1024;
+
+    /// 64-byte slots from 64 KiB to 4 MiB, rrpc-tonic's defaults.
+    fn sizer() -> Sizer {
+        Sizer::new(64, 1024, 65536, Duration::from_secs(1))
+    }
+
+    fn bytes(slots: u64) -> usize {
+        slots as usize * 64
+    }
+
+    #[test]
+    fn messages_ask_for_four_times_their_size_within_the_bounds() {
+        let s = sizer();
+        assert_eq!(bytes(s.target_for(128 * KIB)), 512 * KIB, "Fig. 12's best");
+        assert_eq!(bytes(s.target_for(8 * KIB)), 64 * KIB, "the minimum");
+        assert_eq!(bytes(s.target_for(0)), 64 * KIB);
+        assert_eq!(bytes(s.target_for(100 * KIB)), 512 * KIB);
+        assert_eq!(
+            bytes(s.target_for(3 * 1024 * KIB)),
+            4096 * KIB,
+            "the maximum"
+        );
+        // Room for two messages even where 4x len rounds below that.
+        let one_slot = Sizer::new(4096, 2, 1024, Duration::from_secs(1));
+        assert!(one_slot.target_for(4096) >= 2 * 2);
+        assert_eq!(s.grow_for(8 * KIB, 1024), None);
+        assert_eq!(s.grow_for(128 * KIB, 1024), Some(8192));
+        assert_eq!(s.grow_for(128 * KIB, 65536), None);
+    }
+
+    #[test]
+    fn a_quiet_ring_shrinks_to_its_minimum_after_shrink_after() {
+        let mut s = sizer();
+        let t0 = Instant::now();
+        s.on_message(128 * KIB);
+        assert_eq!(s.tick(t0, 8192), None, "busy at the right size");
+        let ms = Duration::from_millis;
+        assert_eq!(s.tick(t0 + ms(500), 8192), None, "quiet for 500 ms");
+        assert_eq!(s.tick(t0 + ms(999), 8192), None);
+        assert_eq!(s.tick(t0 + ms(1000), 8192), Some(1024));
+        assert_eq!(s.tick(t0 + ms(1500), 1024), None, "already at the minimum");
+        // One message restarts the quiet time.
+        s.on_message(10);
+        assert_eq!(s.tick(t0 + ms(2000), 2048), None);
+        assert_eq!(s.tick(t0 + ms(2500), 2048), None);
+        assert_eq!(s.tick(t0 + ms(3000), 2048), Some(1024));
+    }
+
+    #[test]
+    fn a_ring_four_times_too_large_shrinks_to_what_messages_ask_for() {
+        let mut s = sizer();
+        let t0 = Instant::now();
+        for _ in 0..100 {
+            s.on_message(16 * KIB);
+        }
+        // 16 KiB asks for 64 KiB (1024 slots); 4 MiB is 64x that.
+        assert_eq!(s.tick(t0, 65536), Some(1024));
+        for _ in 0..100 {
+            s.on_message(128 * KIB);
+        }
+        // 128 KiB asks for 8192 slots: 16384 is not four times that.
+        assert_eq!(s.tick(t0, 16384), None);
+        s.on_message(128 * KIB);
+        assert_eq!(s.tick(t0, 32768), Some(8192));
+    }
+
+    #[test]
+    fn a_writer_that_waits_for_space_doubles_the_ring_up_to_twice_its_target() {
+        let mut s = sizer();
+        let t0 = Instant::now();
+        let window = |s: &mut Sizer, full: u64| {
+            for i in 0..10 {
+                s.on_message(8 * KIB);
+                if i < full {
+                    s.on_full();
+                }
+            }
+        };
+        window(&mut s, 6);
+        assert_eq!(s.tick(t0, 1024), Some(2048), "waited on 6 of 10");
+        window(&mut s, 6);
+        assert_eq!(s.tick(t0, 2048), None, "twice the 64 KiB target: enough");
+        window(&mut s, 5);
+        assert_eq!(s.tick(t0, 1024), None, "waited on only half");
+    }
+}
