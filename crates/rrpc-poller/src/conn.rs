@@ -471,6 +471,15 @@ impl AsyncSender {
     pub fn ring(&self) -> &RingTx {
         &self.tx
     }
+
+    /// Runs a self-sizing ring's policy ([`RingTx::maintain`]): call it
+    /// every `shrink_after / 2`. Never waits.
+    ///
+    /// # Errors
+    /// As [`RingTx::maintain`].
+    pub fn maintain(&mut self, now: std::time::Instant) -> Result<bool> {
+        self.tx.maintain(now).map_err(Into::into)
+    }
 }
 
 /// Receiving half: yields messages borrowed from the ring.

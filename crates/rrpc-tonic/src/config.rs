@@ -26,7 +26,9 @@ pub(crate) const MIN_CALL_WINDOW: u32 = 1024;
 /// | knob | default | source |
 /// |---|---|---|
 /// | `max_message_size` | 4 MiB | gRPC's default maximum message; RR-Compound §V-B picks the 4 MB ring to match |
-/// | `ring_size` | 4 MiB | RR-Compound §V-B ("we opt to set the ring buffer size at 4 MB") |
+/// | `ring_size` | 4 MiB | RR-Compound §V-B ("we opt to set the ring buffer size at 4 MB"); with self-sizing rings, the largest a ring grows to |
+/// | `min_ring_size` | 64 KiB | rings that size themselves (issue 11; RR-Compound §V-B leaves auto-tuning to future work): a ring starts here, grows before messages that need it, shrinks when quiet; equal to `ring_size` for the paper's fixed ring |
+/// | `ring_shrink_after` | 1 s | quiet time after which a ring shrinks back to `min_ring_size` |
 /// | `path` | [`PathPreference::Fast`] | issue 5: fast path by default between two rrpc endpoints |
 /// | `zero_copy` | on | RR-Compound §IV-F; off reproduces Fig. 14's baseline |
 /// | `max_chunk` | 256 KiB | fast-path DATA frames larger than this are split so calls interleave |
@@ -65,6 +67,8 @@ struct Pools {
 struct Inner {
     max_message_size: usize,
     ring_size: usize,
+    min_ring_size: usize,
+    ring_shrink_after: std::time::Duration,
     path: PathPreference,
     zero_copy: bool,
     max_chunk: usize,
@@ -103,6 +107,8 @@ impl Default for RrpcConfig {
         RrpcConfig(Arc::new(Inner {
             max_message_size: 4 << 20,
             ring_size: 4 << 20,
+            min_ring_size: 64 << 10,
+            ring_shrink_after: std::time::Duration::from_secs(1),
             path: PathPreference::Fast,
             zero_copy: true,
             max_chunk: 256 << 10,
@@ -152,12 +158,15 @@ impl RrpcConfig {
         }
         Ok(self.with(|i| i.max_message_size = bytes))
     }
-    /// Size of each direction's ring in bytes.
+    /// Size of each direction's ring in bytes: its fixed size, or with
+    /// self-sizing rings ([`min_ring_size`](Self::min_ring_size), on by
+    /// default) the largest it grows to. A power of two.
     ///
     /// Each connection maps both rings in both processes on `shm`; under load
     /// the rpc bench measured 12 MiB of RSS per connection on each side with
-    /// 4 MiB rings (both rings once touched, plus buffers; the ring pages are
-    /// shared, not copied). The 4 MiB default follows the paper. Measured on
+    /// fixed 4 MiB rings (both rings once touched, plus buffers; the ring
+    /// pages are shared, not copied); self-sizing rings give what they do
+    /// not use back when they shrink. The 4 MiB default follows the paper. Measured on
     /// `shm` (rpc bench `ring_size_bandwidth`, 2-core host with 2 MiB of L2
     /// per core): 128 KiB messages streamed at ~31–32 Gb/s through 512 KiB–
     /// 1 MiB rings but ~16 Gb/s through 4 MiB rings, which no longer fit in
@@ -172,6 +181,43 @@ impl RrpcConfig {
             return Err(crate::Error::InvalidConfig("ring_size must be >= 4096"));
         }
         Ok(self.with(|i| i.ring_size = bytes))
+    }
+    /// Rings that size themselves: each direction's ring starts at `bytes`,
+    /// grows (up to [`ring_size`](Self::ring_size)) before a message that
+    /// needs it (to the power of two above three times the message: 512 KiB for 128 KiB
+    /// messages, the size RR-Compound's Fig. 12 sweep peaks at on this host
+    /// class), and shrinks back when messages get smaller or the connection
+    /// is quiet for [`ring_shrink_after`](Self::ring_shrink_after). Each
+    /// switch is agreed in-band and costs one round trip (`rrpc_ringbuf`
+    /// docs, "Rings that size themselves"). On `shm` a shrink gives the
+    /// memory back to the system; on verbs the registration pins it.
+    ///
+    /// Default 64 KiB. Set it to `ring_size` for a fixed ring (the papers'
+    /// setting). Used as the larger of `bytes` and `ring_size / 128`, at most
+    /// `ring_size`.
+    ///
+    /// # Errors
+    /// [`crate::Error::InvalidConfig`] unless a power of two of at least 4 KiB.
+    pub fn min_ring_size(self, bytes: usize) -> Result<Self, crate::Error> {
+        if bytes < 4096 || !bytes.is_power_of_two() {
+            return Err(crate::Error::InvalidConfig(
+                "min_ring_size must be a power of two >= 4096",
+            ));
+        }
+        Ok(self.with(|i| i.min_ring_size = bytes))
+    }
+    /// Quiet time after which a self-sizing ring shrinks back to
+    /// [`min_ring_size`](Self::min_ring_size). Default 1 s.
+    ///
+    /// # Errors
+    /// [`crate::Error::InvalidConfig`] below 1 ms.
+    pub fn ring_shrink_after(self, quiet: std::time::Duration) -> Result<Self, crate::Error> {
+        if quiet < std::time::Duration::from_millis(1) {
+            return Err(crate::Error::InvalidConfig(
+                "ring_shrink_after must be at least 1 ms",
+            ));
+        }
+        Ok(self.with(|i| i.ring_shrink_after = quiet))
     }
     /// Preferred data path.
     pub fn path(self, path: PathPreference) -> Self {
@@ -394,6 +440,16 @@ impl RrpcConfig {
     /// See [`RrpcConfig::ring_size`].
     pub fn get_ring_size(&self) -> usize {
         self.0.ring_size
+    }
+    /// The size a ring starts at and shrinks back to (see
+    /// [`RrpcConfig::min_ring_size`]): `ring_size` for a fixed ring.
+    pub fn get_min_ring_size(&self) -> usize {
+        let ring = self.0.ring_size;
+        self.0.min_ring_size.min(ring).max(ring / 128)
+    }
+    /// See [`RrpcConfig::ring_shrink_after`].
+    pub fn get_ring_shrink_after(&self) -> std::time::Duration {
+        self.0.ring_shrink_after
     }
     /// See [`RrpcConfig::path`].
     pub fn get_path(&self) -> PathPreference {

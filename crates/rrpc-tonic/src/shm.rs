@@ -28,6 +28,8 @@ fn ring_config(cfg: &RrpcConfig) -> Result<RingConfig, Error> {
     let event = cfg.get_poller().is_some() && cfg.poller_handle()?.config().mode() == Mode::Event;
     Ok(RingConfig::builder()
         .ring_size(cfg.get_ring_size())
+        .min_ring_size(cfg.get_min_ring_size())
+        .shrink_after(cfg.get_ring_shrink_after())
         .tail_with_imm(event)
         .build()?)
 }
@@ -78,6 +80,33 @@ impl ShmTx {
             progressing: Arc::new(std::sync::atomic::AtomicBool::new(false)),
             conn,
         }
+    }
+
+    /// Runs the ring's sizing policy every `every` for as long as the pipe
+    /// lives (`rrpc_ringbuf` docs, "Rings that size themselves"): an idle
+    /// ring shrinks only from here. A tick that finds the sender in use
+    /// skips (the next one runs); a failure fails the connection.
+    fn spawn_sizing(&self, every: Duration) {
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let (weak, conn) = (Arc::downgrade(&self.tx), self.conn.clone());
+        rt.spawn(async move {
+            let mut tick = tokio::time::interval(every);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tick.tick().await;
+                let Some(tx) = weak.upgrade() else { return };
+                if conn.is_gone() {
+                    return;
+                }
+                let Ok(mut tx) = tx.try_lock() else { continue };
+                if let Err(e) = tx.maintain(Instant::now()) {
+                    fail_connection(&conn, &e);
+                    return;
+                }
+            }
+        });
     }
 
     /// The result of a send: a failure fails the connection.
@@ -335,8 +364,14 @@ fn into_pipe(conn: Connection, tx: RingTx, rx: RingRx, cfg: &RrpcConfig) -> Resu
     let conn = ac.connection().clone();
     let (tx, rx) = ac.split()?;
     let watch = tx.ring().watch();
+    let sizing = tx.ring().config().self_sizing();
+    let every = tx.ring().config().shrink_after() / 2;
+    let tx = ShmTx::new(tx, watch, max, conn.clone());
+    if sizing {
+        tx.spawn_sizing(every);
+    }
     Ok((
-        Box::new(ShmTx::new(tx, watch, max, conn.clone())),
+        Box::new(tx),
         Box::new(ShmRx {
             rx,
             watch: rx_watch,

@@ -261,7 +261,7 @@ impl Receiver {
     /// Returns the message at the head, if any, after validating its header
     /// and its end stamp (`read_word(offset)` returns the little-endian
     /// `u64` at byte `offset` of `RB_R`, 8-byte aligned; it is called at
-    /// most four times). Gaps are skipped. When the ring is found empty and
+    /// most eight times). Gaps and resize markers are skipped. When the ring is found empty and
     /// the sender has not been told the latest head, a head push is
     /// scheduled (so a sender waiting for space is never left waiting on the
     /// `gamma` threshold).

@@ -6,11 +6,13 @@
 //! # The rule
 //! * **A message needs room for pipelining**: the size a payload of `len`
 //!   bytes asks for, [`Sizer::target_for`], is the power of two of at least
-//!   `4 × len` bytes and at least twice the slots the message takes, within
-//!   `[min, max]`. A 128 KiB message asks for 512 KiB: the size at which
-//!   RR-Compound's Fig. 12 sweep peaks on this host class, where 4 MiB
-//!   halves the bandwidth because the ring no longer fits in L2. The ring
-//!   grows at once, before the message that needs it.
+//!   `3 × len` bytes and at least twice the slots the message takes, within
+//!   `[min, max]`: room for three to six such messages in flight. A 128 KiB
+//!   message (with its frame header, a little more) asks for 512 KiB: the
+//!   size at which RR-Compound's Fig. 12 sweep peaks on this host class,
+//!   where 4 MiB halves the bandwidth because the ring no longer fits in
+//!   L2 (`4 × len` would round a 128 KiB frame up to 1 MiB). The ring grows
+//!   at once, before the message that needs it.
 //! * **A writer that keeps waiting for space** (over half of its messages
 //!   in a window found the ring full) doubles the ring, up to twice what its
 //!   largest message asks for: a stream of small messages gets some
@@ -66,7 +68,7 @@ impl Sizer {
     /// The slot count a payload of `len` bytes asks for (module docs).
     pub fn target_for(&self, len: usize) -> u64 {
         let slots = (super::OVERHEAD + len).div_ceil(self.slot_size) as u64;
-        let by_bytes = (4 * len as u64).div_ceil(self.slot_size as u64);
+        let by_bytes = (3 * len as u64).div_ceil(self.slot_size as u64);
         by_bytes
             .max(2 * slots)
             .checked_next_power_of_two()
@@ -133,9 +135,15 @@ mod tests {
     }
 
     #[test]
-    fn messages_ask_for_four_times_their_size_within_the_bounds() {
+    fn messages_ask_for_three_times_their_size_within_the_bounds() {
         let s = sizer();
         assert_eq!(bytes(s.target_for(128 * KIB)), 512 * KIB, "Fig. 12's best");
+        assert_eq!(
+            bytes(s.target_for(128 * KIB + 40)),
+            512 * KIB,
+            "a 128 KiB frame with its header"
+        );
+        assert_eq!(bytes(s.target_for(171 * KIB)), 1024 * KIB);
         assert_eq!(bytes(s.target_for(8 * KIB)), 64 * KIB, "the minimum");
         assert_eq!(bytes(s.target_for(0)), 64 * KIB);
         assert_eq!(bytes(s.target_for(100 * KIB)), 512 * KIB);

@@ -982,7 +982,7 @@ fn a_resize_switches_in_band_and_waits_for_the_receiver_to_pass_its_marker() {
 fn the_policy_grows_before_a_large_message_and_shrinks_a_quiet_ring() {
     let c = sizing_cfg(4, 64);
     let mut p = Pair::new(&c);
-    // 1000 bytes take 16 slots and ask for 64 (4 x 1000 bytes).
+    // 1000 bytes take 16 slots and ask for 64 (3 x 1000 bytes, rounded up).
     assert!(matches!(p.write(1000, true), Err(Error::WouldBlock)));
     assert_eq!(p.tx.geometry().slot_count(), 64, "grew before the message");
     assert_eq!(p.committed.len(), 0, "nothing committed before the switch");

@@ -64,6 +64,8 @@ struct Table {
     credit_waiters: usize,
     /// Waker of the fallback reader task.
     fallback: Option<Waker>,
+    /// The fallback reads once although nobody waits ([`Shared::nudge_idle_reader`]).
+    idle_read: bool,
 }
 
 impl Table {
@@ -287,7 +289,7 @@ impl Shared {
                     }
                     let waiting =
                         t.credit_waiters > 0 || t.calls.values().any(|s| s.waker.is_some());
-                    if !waiting && t.driver != Some(FALLBACK) {
+                    if !waiting && t.driver != Some(FALLBACK) && !std::mem::take(&mut t.idle_read) {
                         // Nobody waits: sleep until a handoff.
                         t.fallback = Some(cx.waker().clone());
                         return Poll::Pending;
@@ -374,6 +376,23 @@ impl Shared {
                     drop(t);
                     drop(rxs);
                 }
+            }
+        }
+    }
+
+    /// With nobody receiving, makes the fallback reader read: it consumes
+    /// what arrived meanwhile and stays the receiver until a call takes
+    /// over. What an idle client must read is the server's ring-resize
+    /// markers: the server's ring shrinks (and gives its memory back) only
+    /// once this side has passed its marker (`rrpc_ringbuf` docs, "Rings
+    /// that size themselves").
+    fn nudge_idle_reader(&self) {
+        let mut t = lock(&self.table);
+        let waiting = t.credit_waiters > 0 || t.calls.values().any(|s| s.waker.is_some());
+        if t.driver.is_none() && !waiting && t.closed.is_none() {
+            t.idle_read = true;
+            if let Some(w) = t.fallback.take() {
+                w.wake();
             }
         }
     }
@@ -500,7 +519,22 @@ impl FastChannel {
         // (so that the next call reconnects instead of failing).
         let s = shared.clone();
         let w = writer.clone();
+        // Self-sizing rings: read while idle, as often as the rings'
+        // policy runs (`Shared::nudge_idle_reader`).
+        let idle_every = (cfg.get_min_ring_size() < cfg.get_ring_size())
+            .then(|| cfg.get_ring_shrink_after() / 2);
         let fallback = tokio::spawn(async move {
+            let idle_reads = async {
+                let Some(every) = idle_every else {
+                    return std::future::pending::<()>().await;
+                };
+                let mut tick = tokio::time::interval(every);
+                tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                loop {
+                    tick.tick().await;
+                    s.nudge_idle_reader();
+                }
+            };
             let retire = async {
                 if let Some(gone) = peer_gone {
                     gone.await;
@@ -516,6 +550,7 @@ impl FastChannel {
                     s.fail(&e);
                 }
                 () = retire => {}
+                () = idle_reads => {}
             }
             // However it ended, the connection is done: a failed send
             // fails every call, and the next call dials a new connection.
