@@ -165,10 +165,25 @@ fn idle_memory(args: &SuiteArgs, client_rt: &Runtime) -> Result<Table> {
             "both_x_vs_tcp",
         ],
     );
-    let mut tcp: [f64; 2] = [f64::NAN; 2];
-    for tr in [Transport::TonicTcp, Transport::RrpcFast] {
-        let server = ChildServer::spawn(tr, None)?;
-        let cfg = rrpc_config(tr);
+    let mut tcp: [f64; 3] = [f64::NAN; 3];
+    // rrpc twice: self-sizing rings (the default) and the papers' fixed 4 MiB rings.
+    for (tr, fixed) in [
+        (Transport::TonicTcp, false),
+        (Transport::RrpcFast, false),
+        (Transport::RrpcFast, true),
+    ] {
+        let env = if fixed { "1" } else { "0" };
+        let server = ChildServer::spawn_with(tr, None, &[(crate::rpc::FIXED_RING_ENV, env)])?;
+        let mut cfg = rrpc_config(tr);
+        if fixed {
+            let ring = cfg.get_ring_size();
+            cfg = cfg.min_ring_size(ring)?;
+        }
+        let name = match (tr, fixed) {
+            (Transport::RrpcFast, false) => "rrpc-fast, self-sizing rings".to_string(),
+            (Transport::RrpcFast, true) => "rrpc-fast, fixed 4 MiB rings".to_string(),
+            _ => tr.name().to_string(),
+        };
         let settle = || std::thread::sleep(Duration::from_millis(300));
         // One connection first: the process-wide costs (runtime, poller, first mappings)
         // are not per connection.
@@ -196,16 +211,22 @@ fn idle_memory(args: &SuiteArgs, client_rt: &Runtime) -> Result<Table> {
         }
         settle();
         let (s2, c2) = (rss_bytes(Some(server.pid()))?, rss_bytes(None)?);
-        for (state, s, c) in [("after one call", s1, c1), ("after 5 MiB each way", s2, c2)] {
+        // Quiet for longer than rrpc-tonic's `ring_shrink_after` (1 s) and a tick.
+        std::thread::sleep(Duration::from_millis(2000));
+        let (s3, c3) = (rss_bytes(Some(server.pid()))?, rss_bytes(None)?);
+        for (base, state, s, c) in [
+            (0, "after one call", s1, c1),
+            (1, "after 5 MiB each way", s2, c2),
+            (2, "then quiet 2 s", s3, c3),
+        ] {
             let per = |a: u64, b: u64| a.saturating_sub(b) as f64 / 1024.0 / k as f64;
             let (sk, ck) = (per(s, s0), per(c, c0));
             let both = sk + ck;
-            let base = if state == "after one call" { 0 } else { 1 };
             if tr == Transport::TonicTcp {
                 tcp[base] = both;
             }
             t.push(vec![
-                tr.name().into(),
+                name.clone().into(),
                 state.into(),
                 k.into(),
                 sk.into(),
@@ -219,8 +240,10 @@ fn idle_memory(args: &SuiteArgs, client_rt: &Runtime) -> Result<Table> {
     }
     t.note(format!(
         "RSS deltas over {k} connections opened after a first one, each idle 300 ms before the \
-         reading; rrpc rows: the default 4 MiB rings (mapped in both processes, pages counted on \
-         each side that touched them). The issue's target: at most 1/16 of 12 MiB per idle \
+         first two readings and 2 s more before the third; rrpc rows: self-sizing rings \
+         (rrpc-tonic's default: 64 KiB, growing to at most 4 MiB, shrinking after 1 s of quiet) \
+         and fixed 4 MiB rings (the papers' setting), mapped in both processes, pages counted on \
+         each side that touched them. The issue's target: at most 1/16 of 12 MiB per idle \
          connection (768 KiB)."
     ));
     Ok(t)

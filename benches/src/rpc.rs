@@ -170,15 +170,28 @@ impl Drop for ServerHandle {
     }
 }
 
+/// With this set to `1`, [`rrpc_config`] gives fixed rings (`min_ring_size =
+/// ring_size`, the papers' setting) instead of rrpc-tonic's self-sizing default; a
+/// [`ChildServer`] gets it through its environment.
+pub const FIXED_RING_ENV: &str = "RRPC_BENCH_FIXED_RING";
+
 /// rrpc-tonic's default configuration with the data path of `t` (HTTP/2 for
 /// [`Transport::RrpcH2`], else the fast path).
 ///
 /// A/B knob for connection management: `RRPC_BENCH_POLLER=<variant>` in the
 /// environment (inherited by the suite's server process) picks one of
 /// [`POLLER_VARIANTS`] for both sides (`RRPC_BENCH_PLAIN_BPEV=1` is
-/// `bpev-plain`). An unknown name is ignored with a warning.
+/// `bpev-plain`). An unknown name is ignored with a warning. Fixed rings:
+/// [`FIXED_RING_ENV`].
 pub fn rrpc_config(t: Transport) -> rrpc_tonic::RrpcConfig {
     let mut cfg = rrpc_tonic::RrpcConfig::default();
+    if std::env::var_os(FIXED_RING_ENV).is_some_and(|v| v == "1") {
+        // The papers' fixed ring instead of self-sizing rings.
+        let ring = cfg.get_ring_size();
+        cfg = cfg
+            .min_ring_size(ring)
+            .expect("the default ring size is valid");
+    }
     let name = std::env::var("RRPC_BENCH_POLLER").ok().or_else(|| {
         std::env::var_os("RRPC_BENCH_PLAIN_BPEV")
             .is_some_and(|v| v == "1")

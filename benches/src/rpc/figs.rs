@@ -319,7 +319,8 @@ fn tcp_gbps(ctx: &mut Ctx<'_>, experiment: &str, req_len: usize, dur: Duration) 
 }
 
 /// Fig. 12: one client streaming 8 KiB and 128 KiB requests (8 B responses) through rrpc's fast
-/// path with ring sizes from 32 KiB to 4 MiB, against tonic over TCP with the same RPCs.
+/// path with fixed ring sizes from 32 KiB to 4 MiB, and with self-sizing rings (64 KiB to
+/// 4 MiB, rrpc-tonic's default) beside them, against tonic over TCP with the same RPCs.
 pub(super) fn fig12(ctx: &mut Ctx<'_>, plan_note: &str) -> Table {
     let args = ctx.args;
     let rings_kib: Vec<usize> = args.pick(vec![32, 4096], vec![32, 64, 128, 256, 512, 1024, 4096]);
@@ -333,17 +334,34 @@ pub(super) fn fig12(ctx: &mut Ctx<'_>, plan_note: &str) -> Table {
         "ring_size_bandwidth",
         "Bandwidth against ring size, one client streaming 8 KiB and 128 KiB requests \
          (Fig. 12)",
-        &["rpc", "ring_kib", "gbps", "tcp_gbps", "x_vs_tcp"],
+        &[
+            "rpc",
+            "ring_kib",
+            "gbps",
+            "tcp_gbps",
+            "x_vs_tcp",
+            "x_vs_best_fixed",
+        ],
     );
     for &size in &sizes_kib {
         let req = size << 10;
         bar.set_message(format!("{size} KiB tonic-tcp"));
         let tcp = tcp_gbps(ctx, "ring_size_bandwidth", req, dur);
         bar.inc(1);
-        for &ring in &rings_kib {
-            bar.set_message(format!("{size} KiB ring {ring} KiB"));
+        let mut best = f64::NAN;
+        for ring in rings_kib.iter().map(|&r| Some(r)).chain([None]) {
+            // `None`: self-sizing, from rrpc-tonic's 64 KiB up to 4 MiB.
+            let (label, max) = match ring {
+                Some(r) => (format!("{size} KiB"), r),
+                None => (format!("{size} KiB self-sizing"), 4096),
+            };
+            bar.set_message(format!("{label} ring {max} KiB"));
             let point = RrpcConfig::default()
-                .ring_size(ring << 10)
+                .ring_size(max << 10)
+                .and_then(|cfg| match ring {
+                    Some(r) => cfg.min_ring_size(r << 10),
+                    None => Ok(cfg),
+                })
                 .map_err(anyhow::Error::from)
                 .and_then(|cfg| {
                     bw_point(
@@ -355,17 +373,24 @@ pub(super) fn fig12(ctx: &mut Ctx<'_>, plan_note: &str) -> Table {
                     )
                 });
             match point {
-                Ok(g) => t.push(vec![
-                    format!("{size} KiB").into(),
-                    ring.into(),
-                    g.into(),
-                    tcp.into(),
-                    Ratio::of(g, tcp).into(),
-                ]),
-                Err(e) => ctx.fail(
-                    format!("ring_size_bandwidth {size} KiB ring {ring} KiB"),
-                    &e,
-                ),
+                Ok(g) => {
+                    let vs_best = match ring {
+                        Some(_) => {
+                            best = if best.is_nan() { g } else { best.max(g) };
+                            Value::Empty
+                        }
+                        None => Ratio::of(g, best).into(),
+                    };
+                    t.push(vec![
+                        label.into(),
+                        max.into(),
+                        g.into(),
+                        tcp.into(),
+                        Ratio::of(g, tcp).into(),
+                        vs_best,
+                    ])
+                }
+                Err(e) => ctx.fail(format!("ring_size_bandwidth {label} ring {max} KiB"), &e),
             }
             bar.inc(1);
         }
@@ -376,7 +401,10 @@ pub(super) fn fig12(ctx: &mut Ctx<'_>, plan_note: &str) -> Table {
         "one connection, one bidi stream with {BW_WINDOW} requests in flight, 8 B responses; \
          gbps counts request payload bits; {} per point after a 20 % warm-up; rrpc fast path \
          with every other knob at its default (messages larger than the ring are split into \
-         ring-sized chunks); tcp_gbps: tonic over TCP loopback with the same RPCs in this run",
+         ring-sized chunks); fixed rings set min_ring_size = ring_size; the self-sizing rows \
+         (ring_kib: their largest size) grow from 64 KiB as the messages ask, and \
+         x_vs_best_fixed compares them with the best fixed ring of this run; tcp_gbps: tonic \
+         over TCP loopback with the same RPCs in this run",
         secs(dur)
     ));
     t.plot(
