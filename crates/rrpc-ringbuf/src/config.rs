@@ -67,6 +67,8 @@ pub struct RingConfig {
     placement_timeout: Duration,
     /// `None`: a fixed size (`ring_size`).
     min_ring_size: Option<usize>,
+    /// `None`: no cap below `ring_size`.
+    cache_ring_size: Option<usize>,
     shrink_after: Duration,
 }
 
@@ -85,6 +87,7 @@ impl Default for RingConfig {
             sq_depth: DEFAULT_SQ_DEPTH,
             placement_timeout: DEFAULT_PLACEMENT_TIMEOUT,
             min_ring_size: None,
+            cache_ring_size: None,
             shrink_after: DEFAULT_SHRINK_AFTER,
         }
     }
@@ -120,6 +123,16 @@ impl RingConfig {
     /// [`ring_size`](Self::ring_size) (`proto` docs, "Rings that size themselves").
     pub fn self_sizing(&self) -> bool {
         self.min_ring_size() < self.ring_size
+    }
+    /// Largest size a self-sizing ring grows to for throughput (its writer
+    /// waiting for space, messages asking for room to pipeline); beyond it,
+    /// only as far as a message needs to fit twice. Between
+    /// [`min_ring_size`](Self::min_ring_size) and
+    /// [`ring_size`](Self::ring_size); default `ring_size` (no cap).
+    pub fn cache_ring_size(&self) -> usize {
+        self.cache_ring_size
+            .unwrap_or(self.ring_size)
+            .clamp(self.min_ring_size(), self.ring_size)
     }
     /// Slots the sender starts with: `min_ring_size / slot_size`.
     pub fn initial_slot_count(&self) -> u64 {
@@ -281,6 +294,15 @@ impl RingConfigBuilder {
         self.cfg.min_ring_size = Some(bytes);
         self
     }
+    /// The size past which a self-sizing ring stops growing for throughput
+    /// ([`RingConfig::cache_ring_size`]): the rings a core touches should
+    /// stay in its cache (RR-Compound's Fig. 12: a ring that no longer fits
+    /// halves the bandwidth). A power of two; clamped to
+    /// `min_ring_size..=ring_size`. Default: no cap.
+    pub fn cache_ring_size(mut self, bytes: usize) -> Self {
+        self.cfg.cache_ring_size = Some(bytes);
+        self
+    }
     /// Quiet time after which a self-sizing ring shrinks to its minimum,
     /// at least 1 ms. Default 1 s ([`DEFAULT_SHRINK_AFTER`]).
     pub fn shrink_after(mut self, quiet: Duration) -> Self {
@@ -346,6 +368,11 @@ impl RingConfigBuilder {
                  at most ring_size {} and at least ring_size / {MAX_SIZE_RATIO}",
                 c.slot_size, c.ring_size
             ));
+        }
+        if let Some(cap) = c.cache_ring_size
+            && !cap.is_power_of_two()
+        {
+            return bad(format!("cache_ring_size {cap} must be a power of two"));
         }
         if c.shrink_after < Duration::from_millis(1) {
             return bad(format!(

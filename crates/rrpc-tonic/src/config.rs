@@ -29,6 +29,7 @@ pub(crate) const MIN_CALL_WINDOW: u32 = 1024;
 /// | `ring_size` | 4 MiB | RR-Compound §V-B ("we opt to set the ring buffer size at 4 MB"); with self-sizing rings, the largest a ring grows to |
 /// | `min_ring_size` | 64 KiB | rings that size themselves (issue 11; RR-Compound §V-B leaves auto-tuning to future work): a ring starts here, grows before messages that need it, shrinks when quiet; equal to `ring_size` for the paper's fixed ring |
 /// | `ring_shrink_after` | 1 s | quiet time after which a ring shrinks back to `min_ring_size` |
+/// | `ring_cache_size` | an eighth of the CPU's L2 (sysfs; 64 KiB with 512 KiB of L2) | a self-sizing ring grows past it only as far as one message needs; writers send messages of a third of it (Fig. 12: rings out of cache halve the bandwidth) |
 /// | `path` | [`PathPreference::Fast`] | issue 5: fast path by default between two rrpc endpoints |
 /// | `zero_copy` | on | RR-Compound §IV-F; off reproduces Fig. 14's baseline |
 /// | `max_chunk` | 256 KiB | fast-path DATA frames larger than this are split so calls interleave |
@@ -69,6 +70,7 @@ struct Inner {
     ring_size: usize,
     min_ring_size: usize,
     ring_shrink_after: std::time::Duration,
+    ring_cache_size: Option<usize>,
     path: PathPreference,
     zero_copy: bool,
     max_chunk: usize,
@@ -109,6 +111,7 @@ impl Default for RrpcConfig {
             ring_size: 4 << 20,
             min_ring_size: 64 << 10,
             ring_shrink_after: std::time::Duration::from_secs(1),
+            ring_cache_size: None,
             path: PathPreference::Fast,
             zero_copy: true,
             max_chunk: 256 << 10,
@@ -218,6 +221,27 @@ impl RrpcConfig {
             ));
         }
         Ok(self.with(|i| i.ring_shrink_after = quiet))
+    }
+    /// The size past which a self-sizing ring stops growing for
+    /// throughput: it grows beyond it only as far as one message needs, and
+    /// the writers split their data into messages of a third of it, so
+    /// that the rings a core touches stay in its cache (RR-Compound's
+    /// Fig. 12: a ring out of cache halves the bandwidth).
+    ///
+    /// Default: an eighth of the CPU's L2 cache as sysfs gives it, rounded
+    /// down to a power of two (64 KiB with 512 KiB of L2, where the Fig. 12
+    /// sweep on shm peaked at 64–128 KiB rings for 8 KiB and 128 KiB RPCs).
+    /// Ignored by fixed rings.
+    ///
+    /// # Errors
+    /// [`crate::Error::InvalidConfig`] unless a power of two of at least 4 KiB.
+    pub fn ring_cache_size(self, bytes: usize) -> Result<Self, crate::Error> {
+        if bytes < 4096 || !bytes.is_power_of_two() {
+            return Err(crate::Error::InvalidConfig(
+                "ring_cache_size must be a power of two >= 4096",
+            ));
+        }
+        Ok(self.with(|i| i.ring_cache_size = Some(bytes)))
     }
     /// Preferred data path.
     pub fn path(self, path: PathPreference) -> Self {
@@ -446,6 +470,13 @@ impl RrpcConfig {
     pub fn get_min_ring_size(&self) -> usize {
         let ring = self.0.ring_size;
         self.0.min_ring_size.min(ring).max(ring / 128)
+    }
+    /// See [`RrpcConfig::ring_cache_size`] (the value set, or the one
+    /// derived from this CPU's L2 cache).
+    pub fn get_ring_cache_size(&self) -> usize {
+        self.0
+            .ring_cache_size
+            .unwrap_or_else(crate::shm::ring_cache_cap)
     }
     /// See [`RrpcConfig::ring_shrink_after`].
     pub fn get_ring_shrink_after(&self) -> std::time::Duration {

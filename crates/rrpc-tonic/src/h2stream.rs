@@ -84,7 +84,7 @@ impl RrpcStream {
             }
         });
         RrpcStream {
-            max: tx.max_message(),
+            max: tx.preferred_message(),
             tx: Some(tx),
             sending: None,
             rx,

@@ -31,6 +31,13 @@ pub(crate) type BoxFut<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 pub(crate) trait MsgTx: Send + 'static {
     /// Largest message the pipe carries, in bytes.
     fn max_message(&self) -> usize;
+    /// Largest message the pipe carries best, in bytes (at most
+    /// [`MsgTx::max_message`]): writers that can split their data into
+    /// messages this large should. Rings: a third of the ring's cache cap,
+    /// which keeps a self-sizing ring at a size its cores' caches hold.
+    fn preferred_message(&self) -> usize {
+        self.max_message()
+    }
     /// Reserves `len` bytes, lets `fill` write all of them, then commits.
     ///
     /// Waits while the peer's ring is full. Fails with

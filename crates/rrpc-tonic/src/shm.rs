@@ -29,9 +29,51 @@ fn ring_config(cfg: &RrpcConfig) -> Result<RingConfig, Error> {
     Ok(RingConfig::builder()
         .ring_size(cfg.get_ring_size())
         .min_ring_size(cfg.get_min_ring_size())
+        .cache_ring_size(cfg.get_ring_cache_size())
         .shrink_after(cfg.get_ring_shrink_after())
         .tail_with_imm(event)
         .build()?)
+}
+
+/// The default of [`RrpcConfig::ring_cache_size`], the size past which a
+/// self-sizing ring stops growing for throughput
+/// (`RingConfig::cache_ring_size`): an eighth of this CPU's L2 cache (from
+/// sysfs; 512 KiB when it cannot be read), rounded down to a power of two.
+/// A core touches up to four rings' worth of data on a busy connection
+/// (both rings of the direction it sends on, the receive ring of the other,
+/// and the buffers it copies to), and they should fit in half its L2. On a
+/// host with 512 KiB of L2 per core that is 64 KiB: the ring size at which
+/// the Fig. 12 sweep (`cargo xtask bench rpc`, `ring_size_bandwidth`)
+/// peaked there for both 8 KiB and 128 KiB RPCs.
+pub(crate) fn ring_cache_cap() -> usize {
+    static CAP: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *CAP.get_or_init(|| {
+        let l2 = l2_cache_bytes().unwrap_or(512 << 10);
+        let cap = (l2 / 8).max(4096);
+        1 << (usize::BITS - 1 - cap.leading_zeros())
+    })
+}
+
+/// The L2 cache size of CPU 0, from `/sys/devices/system/cpu/cpu0/cache`.
+fn l2_cache_bytes() -> Option<usize> {
+    let dir = std::path::Path::new("/sys/devices/system/cpu/cpu0/cache");
+    for e in std::fs::read_dir(dir).ok()?.flatten() {
+        let read = |f: &str| std::fs::read_to_string(e.path().join(f)).ok();
+        if read("level").as_deref().map(str::trim) != Some("2") {
+            continue;
+        }
+        let size = read("size")?;
+        let size = size.trim();
+        let (num, mul) = match size.strip_suffix('K') {
+            Some(n) => (n, 1024),
+            None => match size.strip_suffix('M') {
+                Some(n) => (n, 1 << 20),
+                None => (size, 1),
+            },
+        };
+        return num.parse::<usize>().ok().map(|n| n * mul);
+    }
+    None
 }
 
 struct ShmTx {
@@ -39,6 +81,8 @@ struct ShmTx {
     tx: Arc<tokio::sync::Mutex<AsyncSender>>,
     watch: TxWatch,
     max: usize,
+    /// [`MsgTx::preferred_message`]: a third of the ring's cache cap.
+    preferred: usize,
     /// A progress task is running.
     progressing: Arc<std::sync::atomic::AtomicBool>,
     /// Closed when a send fails (see [`fail_connection`]).
@@ -73,10 +117,19 @@ const PROGRESS_LIMIT: Duration = Duration::from_secs(30);
 
 impl ShmTx {
     fn new(tx: AsyncSender, watch: TxWatch, max: usize, conn: Arc<Connection>) -> ShmTx {
+        let ring = tx.ring().config();
+        // A fixed ring carries whole-ring messages best (the papers'
+        // setting); a self-sizing one, a third of its cache cap.
+        let preferred = if ring.self_sizing() {
+            (ring.cache_ring_size() / 3).min(max)
+        } else {
+            max
+        };
         ShmTx {
             tx: Arc::new(tokio::sync::Mutex::new(tx)),
             watch,
             max,
+            preferred,
             progressing: Arc::new(std::sync::atomic::AtomicBool::new(false)),
             conn,
         }
@@ -194,6 +247,9 @@ struct ShmRx {
 impl MsgTx for ShmTx {
     fn max_message(&self) -> usize {
         self.max
+    }
+    fn preferred_message(&self) -> usize {
+        self.preferred
     }
     fn send_with<'a>(
         &'a mut self,

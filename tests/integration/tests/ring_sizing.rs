@@ -27,8 +27,12 @@ async fn rings_grow_for_large_messages_and_give_memory_back_when_quiet(t: Transp
         return; // no rings
     }
     let _one = ONE_AT_A_TIME.lock().await;
+    // A 1 MiB cache cap: the fast path sends 128 KiB frames whole, and
+    // the rings grow to 512 KiB for them.
     let cfg = config(t)
         .ring_shrink_after(Duration::from_millis(100))
+        .unwrap()
+        .ring_cache_size(1 << 20)
         .unwrap();
     assert_eq!(cfg.get_min_ring_size(), 64 << 10, "self-sizing by default");
     let s = Harness::start_with(t, cfg).await;

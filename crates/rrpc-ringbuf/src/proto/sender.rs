@@ -146,6 +146,7 @@ impl Sender {
                     cfg.slot_count(),
                     cfg.shrink_after(),
                 )
+                .with_cache_slots((cfg.cache_ring_size() / cfg.slot_size()) as u64)
             }),
             switch_at: None,
             shrinking: false,

@@ -7,16 +7,17 @@
 //! * **A message needs room for pipelining**: the size a payload of `len`
 //!   bytes asks for, [`Sizer::target_for`], is the power of two of at least
 //!   `3 × len` bytes and at least twice the slots the message takes, within
-//!   `[min, max]`: room for three to six such messages in flight. A 128 KiB
-//!   message (with its frame header, a little more) asks for 512 KiB: the
-//!   size at which RR-Compound's Fig. 12 sweep peaks on this host class,
-//!   where 4 MiB halves the bandwidth because the ring no longer fits in
-//!   L2 (`4 × len` would round a 128 KiB frame up to 1 MiB). The ring grows
-//!   at once, before the message that needs it.
+//!   `[min, max]`: room for three to six such messages in flight, but no
+//!   more than the *cache cap* ([`crate::RingConfig::cache_ring_size`])
+//!   unless the message itself needs it (then just room for two). Past the
+//!   cap the rings a core touches no longer fit in its cache, and
+//!   RR-Compound's Fig. 12 shows what that costs: half the bandwidth. So a
+//!   writer that wants the best ring sends messages of at most a third of
+//!   the cap (rrpc-tonic does). The ring grows at once, before the message
+//!   that needs it.
 //! * **A writer that keeps waiting for space** (over half of its messages
 //!   in a window found the ring full) doubles the ring, up to twice what its
-//!   largest message asks for: a stream of small messages gets some
-//!   headroom without growing out of the cache.
+//!   largest message asks for and never past the cache cap.
 //! * **A ring larger than needed shrinks**: once four times what the
 //!   window's largest message asks for fits in it, it shrinks to that.
 //! * **A quiet ring shrinks to its minimum**: no message for `shrink_after`.
@@ -33,6 +34,8 @@ pub struct Sizer {
     min: u64,
     max: u64,
     shrink_after: Duration,
+    /// Growth for throughput stops here (slots).
+    cache: u64,
     largest: usize,
     messages: u64,
     full: u64,
@@ -49,11 +52,19 @@ impl Sizer {
             min,
             max,
             shrink_after,
+            cache: max,
             largest: 0,
             messages: 0,
             full: 0,
             quiet_since: None,
         }
+    }
+
+    /// Caps growth for throughput at `slots` (clamped to `[min, max]`;
+    /// module docs). Without it the cap is `max`.
+    pub fn with_cache_slots(mut self, slots: u64) -> Sizer {
+        self.cache = slots.clamp(self.min, self.max);
+        self
     }
 
     /// Smallest slot count.
@@ -69,11 +80,13 @@ impl Sizer {
     pub fn target_for(&self, len: usize) -> u64 {
         let slots = (super::OVERHEAD + len).div_ceil(self.slot_size) as u64;
         let by_bytes = (3 * len as u64).div_ceil(self.slot_size as u64);
-        by_bytes
-            .max(2 * slots)
-            .checked_next_power_of_two()
-            .unwrap_or(self.max)
-            .clamp(self.min, self.max)
+        let pow2 = |n: u64| n.checked_next_power_of_two().unwrap_or(self.max);
+        let mut t = pow2(by_bytes.max(2 * slots));
+        if t > self.cache {
+            // Out of the cache: only what the message needs.
+            t = self.cache.max(pow2(2 * slots));
+        }
+        t.clamp(self.min, self.max)
     }
 
     /// The size to grow to before a message of `len` bytes, if the ring of
@@ -112,8 +125,8 @@ impl Sizer {
         }
         self.quiet_since = Some(now);
         let want = self.target_for(largest);
-        if full * 2 > messages && current < self.max && current < 2 * want {
-            return Some((current * 2).min(self.max));
+        if full * 2 > messages && current < self.cache && current < 2 * want {
+            return Some((current * 2).min(self.cache));
         }
         (want * 4 <= current).then_some(want)
     }
@@ -158,6 +171,33 @@ mod tests {
         assert_eq!(s.grow_for(8 * KIB, 1024), None);
         assert_eq!(s.grow_for(128 * KIB, 1024), Some(8192));
         assert_eq!(s.grow_for(128 * KIB, 65536), None);
+    }
+
+    #[test]
+    fn past_the_cache_cap_a_ring_grows_only_as_far_as_a_message_needs() {
+        // A 128 KiB cap (2048 slots).
+        let s = sizer().with_cache_slots(2048);
+        assert_eq!(
+            bytes(s.target_for(40 * KIB)),
+            128 * KIB,
+            "3 x 40 KiB: the cap"
+        );
+        assert_eq!(bytes(s.target_for(50 * KIB)), 128 * KIB, "capped, 2 fit");
+        assert_eq!(bytes(s.target_for(128 * KIB)), 512 * KIB, "room for two");
+        assert_eq!(bytes(s.target_for(8 * KIB)), 64 * KIB);
+        // Waiting for space doubles up to the cap only.
+        let mut s = s;
+        let t0 = Instant::now();
+        for _ in 0..10 {
+            s.on_message(30 * KIB);
+            s.on_full();
+        }
+        assert_eq!(s.tick(t0, 2048), None, "at the cap");
+        for _ in 0..10 {
+            s.on_message(30 * KIB);
+            s.on_full();
+        }
+        assert_eq!(s.tick(t0, 1024), Some(2048));
     }
 
     #[test]

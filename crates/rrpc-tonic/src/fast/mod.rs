@@ -276,6 +276,9 @@ pub(crate) mod testing {
         fn max_message(&self) -> usize {
             self.inner.max_message()
         }
+        fn preferred_message(&self) -> usize {
+            self.inner.preferred_message()
+        }
         fn send_with<'a>(
             &'a mut self,
             len: usize,

@@ -58,7 +58,11 @@ pub(crate) struct FrameWriter {
     tx: Arc<Mutex<Box<dyn MsgTx>>>,
     fail: Arc<Fail>,
     zero_copy: bool,
+    /// Largest ring message.
     max_msg: usize,
+    /// Frames are batched into ring messages of at most this many bytes
+    /// ([`MsgTx::preferred_message`]).
+    batch: usize,
     /// Largest DATA payload per frame.
     pub(crate) chunk: usize,
 }
@@ -110,12 +114,19 @@ fn fill_slot(frames: &[Out], zero_copy: bool, slot: &mut [u8]) {
 impl FrameWriter {
     pub(crate) fn new(tx: Box<dyn MsgTx>, zero_copy: bool, max_chunk: usize) -> Self {
         let max_msg = tx.max_message();
-        let chunk = max_chunk.min(max_msg.saturating_sub(HEADER_LEN)).max(1);
+        // Batches and chunks the size the pipe carries best (a self-sizing
+        // ring then stays at the size its cores' caches hold); one frame
+        // that cannot be split may still go up to `max_msg`.
+        let batch = tx
+            .preferred_message()
+            .clamp(HEADER_LEN + 1, max_msg.max(HEADER_LEN + 1));
+        let chunk = max_chunk.min(batch.saturating_sub(HEADER_LEN)).max(1);
         FrameWriter {
             tx: Arc::new(Mutex::new(tx)),
             fail: Arc::new(Fail::default()),
             zero_copy,
             max_msg,
+            batch,
             chunk,
         }
     }
@@ -183,7 +194,8 @@ impl FrameWriter {
             }
             total += f.wire_len();
         }
-        (total <= self.max_msg && !batch.is_empty()).then_some(total)
+        let fits = total <= self.batch || (batch.len() == 1 && total <= self.max_msg);
+        (fits && !batch.is_empty()).then_some(total)
     }
 
     /// Writes `batch` as one ring message now, without waiting.
@@ -249,7 +261,7 @@ impl FrameWriter {
                 max: max_msg,
             });
         }
-        if *len + l > max_msg {
+        if *len + l > self.batch && !pending.is_empty() {
             self.write_message(pending, *len).await?;
             pending.clear();
             *len = 0;
