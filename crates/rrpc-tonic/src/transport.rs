@@ -246,7 +246,7 @@ impl RrpcListener {
     pub(crate) async fn accept(&mut self) -> Option<Accepted> {
         match self {
             RrpcListener::Inproc { rx, .. } => rx.recv().await.map(Accepted::Ready),
-            RrpcListener::Shm(l) => l.accept().await.map(Accepted::Shm),
+            RrpcListener::Shm(l) => l.accept().await.map(|p| Accepted::Shm(Box::new(p))),
         }
     }
 }
@@ -256,7 +256,7 @@ pub(crate) enum Accepted {
     /// In-process: already a pipe.
     Ready(Pipe),
     /// `shm://`: the rrpc-core handshake is still to come.
-    Shm(crate::shm::ShmPending),
+    Shm(Box<crate::shm::ShmPending>),
 }
 
 impl Accepted {
