@@ -1299,4 +1299,28 @@ mod tests {
             "{e}"
         );
     }
+    #[test]
+    fn a_self_sizing_peer_tells_its_start_and_a_bad_one_is_refused() {
+        let ours = geometry(GEOMETRY_FLAG_POINTER_RECORDS);
+        assert_eq!(check_peer_geometry(&ours, &ours).unwrap(), 1024, "fixed");
+        let shift = |k: u32| GEOMETRY_FLAG_POINTER_RECORDS | (k << GEOMETRY_SIZE_SHIFT);
+        let sizing = geometry(shift(3) | GEOMETRY_FLAG_SELF_SIZING);
+        assert_eq!(
+            check_peer_geometry(&ours, &sizing).unwrap(),
+            128,
+            "1024 >> 3"
+        );
+        let e = check_peer_geometry(&ours, &geometry(shift(3))).unwrap_err();
+        assert!(
+            matches!(&e, Error::Incompatible(m) if m.contains("does not size itself")),
+            "{e}"
+        );
+        let (mut small, mut tiny) = (ours, geometry(shift(7) | GEOMETRY_FLAG_SELF_SIZING));
+        (small.slot_count, tiny.slot_count) = (128, 128);
+        let e = check_peer_geometry(&small, &tiny).unwrap_err();
+        assert!(
+            matches!(&e, Error::Incompatible(m) if m.contains("starts with 1 slots")),
+            "{e}"
+        );
+    }
 }
