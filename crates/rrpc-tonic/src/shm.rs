@@ -143,13 +143,17 @@ impl ShmTx {
         let Ok(rt) = tokio::runtime::Handle::try_current() else {
             return;
         };
-        let (weak, conn) = (Arc::downgrade(&self.tx), self.conn.clone());
+        // Weak both: the task never keeps the connection (its regions, its
+        // side channel) alive past the pipe.
+        let (weak, weak_conn) = (Arc::downgrade(&self.tx), Arc::downgrade(&self.conn));
         rt.spawn(async move {
             let mut tick = tokio::time::interval(every);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
                 tick.tick().await;
-                let Some(tx) = weak.upgrade() else { return };
+                let (Some(tx), Some(conn)) = (weak.upgrade(), weak_conn.upgrade()) else {
+                    return;
+                };
                 if conn.is_gone() {
                     return;
                 }
