@@ -91,7 +91,6 @@ fn reader(mut rx: RingRx, count: u32) -> RingRx {
             std::thread::yield_now();
         }
     }
-    // Keep reading markers (a last shrink) until the writer is done.
     rx
 }
 
