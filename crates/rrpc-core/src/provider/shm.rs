@@ -101,7 +101,10 @@ impl SendCq {
         let mut p = self.posted.load(Ordering::Relaxed);
         loop {
             let r = self.retired.load(Ordering::Acquire);
-            if p - r >= depth as u64 {
+            // `p` may be older than `r`: another thread posted and had its
+            // completion retired since we loaded it. The exchange below then
+            // fails and reloads `p`, so a stale `p` counts as an empty queue.
+            if p.saturating_sub(r) >= depth as u64 {
                 return Err(Error::QueueFull { depth });
             }
             match self
@@ -181,7 +184,10 @@ impl SendCq {
 
     /// Work requests posted but not yet retired.
     fn outstanding(&self) -> u64 {
-        self.posted.load(Ordering::Acquire) - self.retired.load(Ordering::Acquire)
+        // `retired` first: it never passes `posted`, so a `posted` loaded
+        // after it is at least as large.
+        let r = self.retired.load(Ordering::Acquire);
+        self.posted.load(Ordering::Acquire) - r
     }
 }
 
@@ -766,6 +772,39 @@ unsafe fn copy_out(src: *const u8, dst: *mut u8, len: usize, torn: bool) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Several threads post and poll one send queue, as the ring's writer,
+    /// its doorbell and the poller's sleep announcement do. A reserve that
+    /// loaded `posted` before another thread's completion was retired saw
+    /// `retired > posted`: in a debug build, a subtraction overflow panic
+    /// (CI soak, `SendCq::reserve`).
+    #[test]
+    fn reserve_races_with_retire_from_other_threads() {
+        let cq = Arc::new(SendCq::new(None, Arc::new(FailState::default())).unwrap());
+        let threads: Vec<_> = (0..4)
+            .map(|_| {
+                let cq = cq.clone();
+                std::thread::spawn(move || {
+                    let mut out = [Completion::EMPTY; 4];
+                    for _ in 0..50_000 {
+                        match cq.reserve(4) {
+                            Ok(seq) => cq.push(seq, Completion::EMPTY, 0),
+                            Err(Error::QueueFull { .. }) => {}
+                            Err(e) => panic!("{e}"),
+                        }
+                        let _ = cq.outstanding();
+                        cq.poll(&mut out);
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+        let mut out = [Completion::EMPTY; 8];
+        while cq.poll(&mut out) > 0 {}
+        assert_eq!(cq.outstanding(), 0);
+    }
 
     #[test]
     fn lying_producer_index_is_refused() {
