@@ -744,6 +744,9 @@ fn shm_qp(qp: &QueuePair) -> Result<&crate::provider::shm::ShmQp> {
         QpInner::Verbs(_) => Err(Error::InvalidConfig(
             "a verbs queue pair needs an rdma:// endpoint".into(),
         )),
+        QpInner::Virtual(_) => Err(Error::InvalidConfig(
+            "a shared queue pair is attached after its hardware queue pair connects".into(),
+        )),
     }
 }
 

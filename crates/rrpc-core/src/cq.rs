@@ -95,6 +95,7 @@ pub(crate) enum CqInner {
     ShmRecv(shm::RecvCq),
     #[cfg(feature = "verbs")]
     Verbs(crate::provider::verbs::VerbsCq),
+    Virtual(std::sync::Arc<crate::vqp::Sharer>),
 }
 
 /// A completion queue (verbs: `ibv_cq`). Obtained from a [`crate::QueuePair`].
@@ -118,6 +119,7 @@ impl CompletionQueue {
             CqInner::ShmRecv(cq) => cq.poll(out),
             #[cfg(feature = "verbs")]
             CqInner::Verbs(cq) => cq.poll(out),
+            CqInner::Virtual(cq) => cq.poll(out),
         }
     }
 
@@ -133,6 +135,7 @@ impl CompletionQueue {
             CqInner::ShmRecv(cq) => cq.req_notify(),
             #[cfg(feature = "verbs")]
             CqInner::Verbs(cq) => return cq.req_notify(),
+            CqInner::Virtual(cq) => return cq.req_notify(),
         }
         Ok(())
     }
@@ -145,6 +148,7 @@ impl CompletionQueue {
             CqInner::ShmRecv(cq) => cq.channel_fd(),
             #[cfg(feature = "verbs")]
             CqInner::Verbs(cq) => cq.channel_fd(),
+            CqInner::Virtual(cq) => cq.channel_fd(),
         }
     }
 
@@ -159,6 +163,7 @@ impl CompletionQueue {
             CqInner::ShmRecv(cq) => cq.ack_events(),
             #[cfg(feature = "verbs")]
             CqInner::Verbs(cq) => cq.ack_events(),
+            CqInner::Virtual(cq) => cq.ack_events(),
         }
     }
 }

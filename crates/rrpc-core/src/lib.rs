@@ -11,6 +11,7 @@
 //! | [`CompletionQueue`], [`Completion`] | `ibv_cq`, `ibv_wc`, `ibv_comp_channel` | non-blocking `poll`, `req_notify` + a channel fd |
 //! | [`conn`] | rdma_cm / out-of-band exchange | side channel, versioned handshake ([`handshake`]), liveness; hostile-peer checks and limits |
 //! | [`pool`] | KRCore's pre-initialised pool | connect in one round trip |
+//! | [`vqp`] | KRCore's virtualized QP (Algorithm 2) | many logical connections over one hardware queue pair |
 //! | [`FaultConfig`] | — | delayed / failed completions, torn writes for tests |
 //!
 //! ## Providers
@@ -78,6 +79,7 @@ mod provider;
 pub mod qp;
 pub mod region;
 mod sys;
+pub mod vqp;
 
 pub use cq::{Completion, CompletionQueue, Opcode, Status};
 pub use endpoint::Endpoint;

@@ -20,6 +20,7 @@ use crate::provider::shm::ShmQp;
 #[cfg(feature = "verbs")]
 use crate::provider::verbs::VerbsQp;
 use crate::region::{Local, Remote};
+use crate::vqp::VirtualQp;
 
 /// Queue pair configuration. Defaults follow common verbs settings.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -142,11 +143,16 @@ impl QpConfig {
     }
 }
 
+// Queue pairs live behind an `Arc`; boxing the shm variant would add an
+// indirection to every post on the hot path.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug)]
 pub(crate) enum QpInner {
     Shm(ShmQp),
     #[cfg(feature = "verbs")]
     Verbs(VerbsQp),
+    /// A sharer of another queue pair ([`crate::vqp`]).
+    Virtual(VirtualQp),
 }
 
 /// A reliable-connection queue pair (verbs: `ibv_qp` of type `IBV_QPT_RC`).
@@ -179,6 +185,7 @@ impl QueuePair {
             QpInner::Shm(q) => q.post_write(wr_id, local, remote, signaled),
             #[cfg(feature = "verbs")]
             QpInner::Verbs(q) => q.post_write(wr_id, local, remote, signaled),
+            QpInner::Virtual(q) => q.post_write(wr_id, local, remote, signaled),
         }
     }
 
@@ -202,6 +209,7 @@ impl QueuePair {
             QpInner::Shm(q) => q.post_write_imm(wr_id, local, remote, imm, signaled),
             #[cfg(feature = "verbs")]
             QpInner::Verbs(q) => q.post_write_imm(wr_id, local, remote, imm, signaled),
+            QpInner::Virtual(q) => q.post_write_imm(wr_id, local, remote, imm, signaled),
         }
     }
 
@@ -221,6 +229,7 @@ impl QueuePair {
             QpInner::Shm(q) => q.post_read(wr_id, local, remote, signaled),
             #[cfg(feature = "verbs")]
             QpInner::Verbs(q) => q.post_read(wr_id, local, remote, signaled),
+            QpInner::Virtual(q) => q.post_read(wr_id, local, remote, signaled),
         }
     }
 
@@ -234,6 +243,7 @@ impl QueuePair {
             QpInner::Shm(q) => q.post_recv(wr_id),
             #[cfg(feature = "verbs")]
             QpInner::Verbs(q) => q.post_recv(wr_id),
+            QpInner::Virtual(q) => q.post_recv(wr_id),
         }
     }
 
@@ -243,6 +253,7 @@ impl QueuePair {
             QpInner::Shm(q) => &q.send_cq,
             #[cfg(feature = "verbs")]
             QpInner::Verbs(q) => &q.send_cq,
+            QpInner::Virtual(q) => &q.send_cq,
         }
     }
 
@@ -252,6 +263,7 @@ impl QueuePair {
             QpInner::Shm(q) => &q.recv_cq,
             #[cfg(feature = "verbs")]
             QpInner::Verbs(q) => &q.recv_cq,
+            QpInner::Virtual(q) => &q.recv_cq,
         }
     }
 
@@ -263,6 +275,7 @@ impl QueuePair {
             QpInner::Shm(q) => q.fail(reason),
             #[cfg(feature = "verbs")]
             QpInner::Verbs(q) => q.fail(reason),
+            QpInner::Virtual(q) => q.fail(reason),
         }
     }
 
@@ -285,6 +298,7 @@ impl QueuePair {
             }
             #[cfg(feature = "verbs")]
             QpInner::Verbs(q) => q.inject_device_error(),
+            QpInner::Virtual(q) => q.inject_device_error(),
         }
     }
 
@@ -294,6 +308,7 @@ impl QueuePair {
             QpInner::Shm(q) => q.failure(),
             #[cfg(feature = "verbs")]
             QpInner::Verbs(q) => q.failure(),
+            QpInner::Virtual(q) => q.failure(),
         }
     }
 
@@ -309,15 +324,35 @@ impl QueuePair {
             QpInner::Shm(q) => q.send_depth(),
             #[cfg(feature = "verbs")]
             QpInner::Verbs(q) => q.send_depth(),
+            QpInner::Virtual(q) => q.send_depth(),
         }
     }
 
-    /// Work requests posted and not yet retired by a polled signaled completion.
+    /// Receives the queue can hold ([`QpConfig::recv_depth`] as the
+    /// provider rounded it).
+    pub fn recv_depth(&self) -> u32 {
+        match &self.inner {
+            QpInner::Shm(q) => q.recv_depth(),
+            #[cfg(feature = "verbs")]
+            QpInner::Verbs(q) => q.recv_depth(),
+            QpInner::Virtual(q) => q.recv_depth(),
+        }
+    }
+
+    /// Whether this is a sharer of another queue pair ([`crate::vqp`]).
+    pub fn is_virtual(&self) -> bool {
+        matches!(self.inner, QpInner::Virtual(_))
+    }
+
+    /// Work requests posted and not yet retired by a polled signaled
+    /// completion. On a virtual queue pair: its signaled work requests not
+    /// yet returned by its send completion queue.
     pub fn outstanding(&self) -> u64 {
         match &self.inner {
             QpInner::Shm(q) => q.outstanding(),
             #[cfg(feature = "verbs")]
             QpInner::Verbs(q) => q.outstanding(),
+            QpInner::Virtual(q) => q.outstanding(),
         }
     }
 }

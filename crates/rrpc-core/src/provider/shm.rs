@@ -729,6 +729,10 @@ impl ShmQp {
         self.cfg.send_depth()
     }
 
+    pub(crate) fn recv_depth(&self) -> u32 {
+        self.rcq().cap as u32
+    }
+
     pub(crate) fn outstanding(&self) -> u64 {
         self.scq().outstanding()
     }

@@ -361,6 +361,10 @@ impl VerbsQp {
         self.slots.lock().unwrap_or_else(|p| p.into_inner()).depth
     }
 
+    pub(crate) fn recv_depth(&self) -> u32 {
+        self.recv_depth
+    }
+
     /// Work requests posted and not yet retired.
     pub(crate) fn outstanding(&self) -> u64 {
         self.slots
