@@ -339,6 +339,16 @@ impl QueuePair {
         }
     }
 
+    /// Bits of immediate data a `WRITE_WITH_IMM` carries: 32, or on a
+    /// virtual queue pair what its sharer tag leaves
+    /// ([`crate::vqp::VqpConfig::tag_bits`]). A wider immediate is refused.
+    pub fn imm_bits(&self) -> u32 {
+        match &self.inner {
+            QpInner::Virtual(q) => q.imm_bits(),
+            _ => 32,
+        }
+    }
+
     /// Whether this is a sharer of another queue pair ([`crate::vqp`]).
     pub fn is_virtual(&self) -> bool {
         matches!(self.inner, QpInner::Virtual(_))

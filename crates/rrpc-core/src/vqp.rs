@@ -721,6 +721,10 @@ impl VirtualQp {
         self.sharer.phys.qp.recv_depth()
     }
 
+    pub(crate) fn imm_bits(&self) -> u32 {
+        32 - self.sharer.phys.tag_bits
+    }
+
     /// The sharer's signaled work requests not yet handed back.
     pub(crate) fn outstanding(&self) -> u64 {
         let s = &self.sharer;
@@ -793,22 +797,28 @@ impl Sharer {
     }
 
     pub(crate) fn ack_events(&self) -> Result<u64> {
-        let mut n = self.wake().own.drain()?;
+        let wake = self.wake();
+        // An event consumes the arm, as on a hardware queue.
+        wake.armed.store(false, Ordering::SeqCst);
         let p = &self.phys;
         let hw = if self.recv {
             p.qp.recv_cq()
         } else {
             p.qp.send_cq()
         };
-        n += hw.ack_events()?;
+        let mut n = hw.ack_events()?;
         // Dispatch what the hardware channel announced, so the poll that
-        // follows finds it (and other sharers are woken).
-        let mut st = p.lock();
-        if self.recv {
-            p.progress_recv(&mut st)?;
-        } else {
-            p.progress_send(&mut st)?;
+        // follows finds it (and other armed sharers are woken); then drain
+        // our own eventfd, which that dispatch may not write to any more.
+        {
+            let mut st = p.lock();
+            if self.recv {
+                p.progress_recv(&mut st)?;
+            } else {
+                p.progress_send(&mut st)?;
+            }
         }
+        n += wake.own.drain()?;
         Ok(n)
     }
 }

@@ -18,7 +18,7 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use rrpc_core::conn::{Connection, Offer};
+use rrpc_core::conn::{Connection, Offer, PeerInfo};
 use rrpc_core::{Completion, Fabric, Local, QueuePair, Region, RemoteRegion, RingGeometry, Status};
 
 use crate::config::RingConfig;
@@ -185,9 +185,16 @@ impl LocalRing {
     /// Callers that set `mode` should do so after this call by reading
     /// [`geometry`](Self::geometry).
     pub fn add_to_offer(&self, offer: Offer) -> Offer {
+        self.add_to_offer_as(offer, ROLE_RING)
+    }
+
+    /// [`add_to_offer`](Self::add_to_offer), granting the receive region
+    /// under `role`: several rings in one handshake, each under its own
+    /// role, for [`connect_over`](Self::connect_over).
+    pub fn add_to_offer_as(&self, offer: Offer, role: u16) -> Offer {
         offer
             .geometry(self.geometry())
-            .grant(ROLE_RING, self.rx_region.clone())
+            .grant(role, self.rx_region.clone())
     }
 
     /// Validates the peer's geometry and grant and splits into the two
@@ -202,7 +209,24 @@ impl LocalRing {
     /// naming both values, if the connection's queue pair has a send queue
     /// shallower than the ring needs ([`RingConfig::send_queue_need`]).
     pub fn connect(self, conn: &Connection) -> Result<(RingTx, RingRx), Error> {
-        let (need, depth) = (self.cfg.send_queue_need(), conn.qp().send_depth());
+        self.connect_over(conn.qp().clone(), conn.peer(), ROLE_RING)
+    }
+
+    /// [`connect`](Self::connect) over `qp`, with the peer's ring granted
+    /// under `role` in `peer`: for several rings in one handshake
+    /// ([`add_to_offer_as`](Self::add_to_offer_as)), each on its own
+    /// virtual queue pair of one shared hardware queue pair
+    /// ([`rrpc_core::vqp`]). `qp` must reach the peer that sent `peer`.
+    ///
+    /// # Errors
+    /// As [`connect`](Self::connect).
+    pub fn connect_over(
+        self,
+        qp: Arc<QueuePair>,
+        peer: &PeerInfo,
+        role: u16,
+    ) -> Result<(RingTx, RingRx), Error> {
+        let (need, depth) = (self.cfg.send_queue_need(), qp.send_depth());
         if depth < need {
             return Err(Error::InvalidConfig(format!(
                 "the ring needs {need} send-queue slots (sq_depth {}: half for the sender, \
@@ -210,10 +234,9 @@ impl LocalRing {
                 self.cfg.sq_depth()
             )));
         }
-        let peer = conn.peer();
         let peer_initial = check_peer_geometry(&self.geometry(), &peer.geometry)?;
-        let remote = peer.region(ROLE_RING).ok_or_else(|| {
-            Error::Incompatible(format!("peer granted no region with role {ROLE_RING:#x}"))
+        let remote = peer.region(role).ok_or_else(|| {
+            Error::Incompatible(format!("peer granted no region with role {role:#x}"))
         })?;
         let need = (self.ring_off + self.cfg.ring_size()) as u64;
         if remote.len < need {
@@ -222,7 +245,6 @@ impl LocalRing {
                 remote.len
             )));
         }
-        let qp = conn.qp().clone();
         let shared = Arc::new(Shared {
             qp,
             tx_done: AtomicU64::new(0),
@@ -278,6 +300,13 @@ impl LocalRing {
 }
 
 const NOT_FULL: u64 = u64::MAX;
+
+/// The immediate of a tail `WRITE_WITH_IMM`: the tail's low bits, as many
+/// as `qp` carries (the receiver reads the tail from its memory; the
+/// immediate only wakes it).
+fn imm_of(qp: &QueuePair, tail: u64) -> u32 {
+    (tail as u32) & (u32::MAX >> (32 - qp.imm_bits()))
+}
 
 /// Compares the peer's offered geometry with ours (see
 /// [`LocalRing::geometry`]); returns the slot count the peer's sender
@@ -654,7 +683,7 @@ impl RingTx {
             wr_id,
             Local::new(&self.tx_region, off, POINTER_RECORD_LEN),
             self.remote.at(LOCAL_TAIL_OFFSET as u64),
-            value as u32,
+            imm_of(&self.shared.qp, value),
             true,
         );
         match r {
@@ -709,7 +738,7 @@ impl RingTx {
                             wr_id,
                             local,
                             remote,
-                            value as u32,
+                            imm_of(&self.shared.qp, value),
                             true,
                         ) {
                             // No receive posted: the receiver has receive

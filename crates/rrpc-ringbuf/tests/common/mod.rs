@@ -101,7 +101,7 @@ macro_rules! on_every_provider {
 /// The listener and the endpoint to dial: a Unix socket in a fresh
 /// directory for shm (returned, to remove), TCP on 127.0.0.1 with a
 /// kernel-chosen port for verbs.
-fn listen(fabric: &Fabric) -> (Option<std::path::PathBuf>, conn::Listener, Endpoint) {
+pub(crate) fn listen(fabric: &Fabric) -> (Option<std::path::PathBuf>, conn::Listener, Endpoint) {
     static NEXT: AtomicU64 = AtomicU64::new(0);
     match fabric.kind() {
         ProviderKind::Shm => {
