@@ -10,8 +10,12 @@
 //!   process), after one small call and after traffic that went once around the rings,
 //!   against tonic over TCP in the same run.
 //!
-//! Not here yet (the issue's other benchmarks): the same in the soft-RoCE VM, shared versus
-//! dedicated queue pairs, and self-sizing rings (none of which exist yet).
+//! - `shared_qp`: 1 to 1024 logical connections on dedicated queue pairs (one handshake and
+//!   one queue pair each) against the same on one shared queue pair ([`rrpc_core::vqp`],
+//!   KRCore's Algorithm 2): queue pairs, file descriptors and resident memory per logical
+//!   connection, and 64 B WRITE throughput round-robin over all of them, as a ratio.
+//!
+//! Not here yet: the same in the soft-RoCE VM (where only a ratio would mean anything).
 
 use std::time::{Duration, Instant};
 
@@ -50,6 +54,10 @@ pub fn run_suite(args: &SuiteArgs, report: &mut Report, only: &[String]) -> Resu
     }
     if want("idle_memory") {
         let t = idle_memory(args, &client_rt)?;
+        report.add(t)?;
+    }
+    if want("shared_qp") {
+        let t = shared_qp(args)?;
         report.add(t)?;
     }
     Ok(())
@@ -254,4 +262,163 @@ fn small() -> crate::rpc::pb::Req {
         payload: vec![1; 64],
         resp_len: 8,
     }
+}
+
+/// Open file descriptors of this process.
+fn open_fds() -> usize {
+    std::fs::read_dir("/proc/self/fd").map_or(0, |d| d.count())
+}
+
+/// `n` connected shm queue pairs in this process (client and server ends), each side
+/// granting a 4 KiB region under role 1.
+fn core_pairs(n: usize) -> Result<Vec<(rrpc_core::conn::Connection, rrpc_core::conn::Connection)>> {
+    use rrpc_core::conn::{self, HandshakeConfig, Offer};
+    use rrpc_core::{Endpoint, Fabric, QpConfig};
+    let dir = std::env::temp_dir().join(format!("rrpc-bench-vqp-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    let ep = Endpoint::parse(&format!("shm://{}/s.sock", dir.display()))?;
+    let hs = HandshakeConfig::default();
+    let listener = conn::Listener::bind(&ep, hs.clone())?;
+    let fabric = Fabric::shm();
+    let f2 = fabric.clone();
+    let server = std::thread::spawn(move || -> Result<Vec<conn::Connection>> {
+        (0..n)
+            .map(|_| {
+                let region = f2.alloc_region(4096)?;
+                let c = listener.accept()?.accept(
+                    f2.create_qp(&QpConfig::default())?,
+                    Offer::new().grant(1, region),
+                )?;
+                Ok(c)
+            })
+            .collect()
+    });
+    let mut clients = Vec::with_capacity(n);
+    for _ in 0..n {
+        let region = fabric.alloc_region(4096)?;
+        clients.push(conn::connect(
+            &ep,
+            fabric.create_qp(&QpConfig::default())?,
+            Offer::new().grant(1, region),
+            &hs,
+        )?);
+    }
+    let servers = server
+        .join()
+        .map_err(|_| anyhow::anyhow!("server thread panicked"))??;
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(clients.into_iter().zip(servers).collect())
+}
+
+/// Round-robin 64 B WRITEs over `qps` (each to its own 64 B slot of `remotes`), one in
+/// 16 signaled per logical connection and its completion polled: WRITEs per second.
+fn write_rate(
+    qps: &[std::sync::Arc<rrpc_core::QueuePair>],
+    remotes: &[rrpc_core::Remote],
+    src: &rrpc_core::Region,
+    total: usize,
+) -> Result<f64> {
+    use rrpc_core::{Completion, Local};
+    let mut buf = [Completion::EMPTY; 8];
+    let mut count = vec![0u64; qps.len()];
+    let t0 = Instant::now();
+    for i in 0..total {
+        let k = i % qps.len();
+        count[k] += 1;
+        let signaled = count[k].is_multiple_of(16);
+        qps[k].post_write(count[k], Local::new(src, 0, 64), remotes[k], signaled)?;
+        if signaled {
+            while qps[k].send_cq().poll(&mut buf)? == 0 {}
+        }
+    }
+    Ok(total as f64 / t0.elapsed().as_secs_f64())
+}
+
+fn shared_qp(args: &SuiteArgs) -> Result<Table> {
+    use rrpc_core::vqp::{PhysicalQp, VqpConfig};
+    use std::sync::Arc;
+    let counts: Vec<usize> = args.pick(vec![1, 16, 256], vec![1, 4, 16, 64, 256, 1024]);
+    let total = args.pick(200_000usize, 2_000_000);
+    let mut t = Table::new(
+        "shared_qp",
+        "Dedicated versus shared queue pairs, 1 to 1024 logical connections (shm, one thread)",
+        &[
+            "logical_conns",
+            "setup",
+            "queue_pairs",
+            "fds_per_conn",
+            "rss_kib_per_conn",
+            "mwrites_per_s",
+            "x_vs_dedicated",
+        ],
+    );
+    let fabric = rrpc_core::Fabric::shm();
+    let src = fabric.alloc_region(4096)?;
+    for &n in &counts {
+        // Dedicated: one handshake and one queue pair pair per logical connection.
+        let (f0, r0) = (open_fds(), rss_bytes(None)?);
+        let pairs = core_pairs(n)?;
+        let (f1, r1) = (open_fds(), rss_bytes(None)?);
+        let qps: Vec<_> = pairs.iter().map(|(c, _)| c.qp().clone()).collect();
+        let remotes: Vec<_> = pairs
+            .iter()
+            .map(|(c, _)| c.peer().region(1).map(|r| r.at(0)))
+            .collect::<Option<_>>()
+            .ok_or_else(|| anyhow::anyhow!("no region granted"))?;
+        let dedicated = write_rate(&qps, &remotes, &src, total)?;
+        let per = |a: u64, b: u64| a.saturating_sub(b) as f64 / 1024.0 / n as f64;
+        t.push(vec![
+            n.into(),
+            "dedicated".into(),
+            (2 * n).into(),
+            ((f1 - f0) as f64 / n as f64).into(),
+            per(r1, r0).into(),
+            (dedicated / 1e6).into(),
+            Ratio::of(dedicated, dedicated).into(),
+        ]);
+        drop((qps, pairs));
+        // Shared: one handshake and one queue pair pair; n sharers on each side.
+        let (f0, r0) = (open_fds(), rss_bytes(None)?);
+        let mut one = core_pairs(1)?;
+        let (c, s) = one.pop().ok_or_else(|| anyhow::anyhow!("no pair"))?;
+        let pc = PhysicalQp::new(c.qp().clone(), VqpConfig::default())?;
+        let ps = PhysicalQp::new(s.qp().clone(), VqpConfig::default())?;
+        let mut qps = Vec::with_capacity(n);
+        let mut peers = Vec::with_capacity(n);
+        for k in 0..n as u32 {
+            qps.push(Arc::new(pc.attach(k, k)?));
+            peers.push(ps.attach(k, k)?);
+        }
+        let (f1, r1) = (open_fds(), rss_bytes(None)?);
+        let base = c
+            .peer()
+            .region(1)
+            .ok_or_else(|| anyhow::anyhow!("no region"))?;
+        let remotes: Vec<_> = (0..n).map(|k| base.at((k % 64) as u64 * 64)).collect();
+        let shared = write_rate(&qps, &remotes, &src, total)?;
+        t.push(vec![
+            n.into(),
+            "shared".into(),
+            2usize.into(),
+            ((f1 - f0) as f64 / n as f64).into(),
+            per(r1, r0).into(),
+            (shared / 1e6).into(),
+            Ratio::of(shared, dedicated).into(),
+        ]);
+        let st = pc.stats();
+        tracing::info!(n, ?st, "shared queue pair");
+        drop((qps, peers, pc, ps, c, s));
+    }
+    t.note(format!(
+        "Both ends in this process, so queue pairs, descriptors and memory count both sides \
+         of every logical connection. Dedicated: a side-channel handshake, a queue pair and a \
+         4 KiB region per side per logical connection (the side channel stays open for \
+         liveness). Shared: one such connection, and each logical connection a virtual queue \
+         pair on each side (two epoll and two event descriptors each, for its completion \
+         channels). Throughput: {total} 64 B WRITEs round-robin over the logical connections \
+         on one unpinned thread, each connection signaling one in 16 and polling for it. shm \
+         only: on a NIC the dedicated rows would also pay the NIC's queue-pair cache misses \
+         past a few hundred queue pairs (KRCore §2.3), which shm cannot show."
+    ));
+    Ok(t)
 }

@@ -51,6 +51,10 @@
 //! wakes an armed sharer it dispatched to through that eventfd, so a sharer
 //! never misses a completion another sharer polled for it. `ack_events`
 //! acknowledges the hardware channel's events and dispatches what came.
+//! These two descriptors are made on a sharer's first `req_notify` or
+//! `channel_fd`, so a polled sharer holds no descriptor at all; if they
+//! cannot be made, `req_notify` returns the error and `channel_fd` logs
+//! it and returns -1.
 //!
 //! ## Tags
 //! Both ends attach their halves of one logical connection under tags they
@@ -66,10 +70,10 @@
 //! the peer's DCT number and key per post (from a metadata cache, as KRCore's
 //! `DCCache`), and the sharing rules above are unchanged. It is not built.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::os::fd::{AsRawFd, BorrowedFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
 use nix::sys::epoll::{Epoll, EpollCreateFlags, EpollEvent, EpollFlags};
@@ -216,10 +220,49 @@ struct Stats {
 
 #[derive(Debug, Default)]
 struct State {
-    sharers: HashMap<u32, Slot>,
+    sharers: Sharers,
     next_gen: u32,
     /// Hardware work requests posted since the last signaled one.
     unsignaled_run: u32,
+}
+
+/// The attached sharers, indexed by tag (tags are below `2^tag_bits`, at
+/// most 65536): a post or a dispatch finds its sharer without hashing.
+#[derive(Debug, Default)]
+struct Sharers {
+    slots: Vec<Option<Slot>>,
+    len: usize,
+}
+
+impl Sharers {
+    fn get(&self, tag: &u32) -> Option<&Slot> {
+        self.slots.get(*tag as usize).and_then(Option::as_ref)
+    }
+    fn get_mut(&mut self, tag: &u32) -> Option<&mut Slot> {
+        self.slots.get_mut(*tag as usize).and_then(Option::as_mut)
+    }
+    fn contains_key(&self, tag: &u32) -> bool {
+        self.get(tag).is_some()
+    }
+    fn insert(&mut self, tag: u32, slot: Slot) {
+        let i = tag as usize;
+        if self.slots.len() <= i {
+            self.slots.resize_with(i + 1, || None);
+        }
+        if self.slots[i].replace(slot).is_none() {
+            self.len += 1;
+        }
+    }
+    fn remove(&mut self, tag: &u32) {
+        if let Some(s) = self.slots.get_mut(*tag as usize)
+            && s.take().is_some()
+        {
+            self.len -= 1;
+        }
+    }
+    fn len(&self) -> usize {
+        self.len
+    }
 }
 
 /// A sharer's software queues (Algorithm 2's `comp_queue`, and its receives).
@@ -242,14 +285,52 @@ struct Slot {
 #[derive(Debug)]
 struct SharerCore {
     fail: FailState,
-    send_ev: Wake,
-    recv_ev: Wake,
+    send_ev: Channel,
+    recv_ev: Channel,
 }
 
-/// One virtual completion queue's event channel.
+/// One virtual completion queue's event channel, its descriptors made on
+/// first use (a polled sharer holds none).
+#[derive(Debug)]
+struct Channel {
+    armed: AtomicBool,
+    /// The hardware completion queue's channel.
+    hardware: RawFd,
+    fds: OnceLock<Wake>,
+}
+
+impl Channel {
+    fn new(hardware: RawFd) -> Channel {
+        Channel {
+            armed: AtomicBool::new(false),
+            hardware,
+            fds: OnceLock::new(),
+        }
+    }
+
+    fn fds(&self) -> Result<&Wake> {
+        if let Some(w) = self.fds.get() {
+            return Ok(w);
+        }
+        // Two threads may both make one here; the loser's is dropped.
+        let _ = self.fds.set(Wake::new(self.hardware)?);
+        Ok(self.fds.get().expect("set above"))
+    }
+
+    fn wake_if_armed(&self) {
+        if self.armed.load(Ordering::SeqCst)
+            && self.armed.swap(false, Ordering::SeqCst)
+            && let Some(w) = self.fds.get()
+        {
+            let _ = w.own.notify();
+        }
+    }
+}
+
+/// The descriptors of a [`Channel`]: an eventfd that dispatchers write,
+/// and an epoll set of it and the hardware channel.
 #[derive(Debug)]
 struct Wake {
-    armed: AtomicBool,
     own: EventFd,
     epoll: Epoll,
 }
@@ -270,17 +351,7 @@ impl Wake {
         epoll
             .add(hw, EpollEvent::new(EpollFlags::EPOLLIN, 1))
             .map_err(|e| Error::nix("epoll_ctl", e))?;
-        Ok(Wake {
-            armed: AtomicBool::new(false),
-            own,
-            epoll,
-        })
-    }
-
-    fn wake_if_armed(&self) {
-        if self.armed.load(Ordering::SeqCst) && self.armed.swap(false, Ordering::SeqCst) {
-            let _ = self.own.notify();
-        }
+        Ok(Wake { own, epoll })
     }
 }
 
@@ -345,8 +416,7 @@ impl PhysicalQp {
     ///
     /// # Errors
     /// [`Error::InvalidConfig`] for a tag that does not fit
-    /// [`VqpConfig::tag_bits`] or is already attached; [`Error::Io`] if the
-    /// event descriptors cannot be made.
+    /// [`VqpConfig::tag_bits`] or is already attached.
     pub fn attach(&self, local_tag: u32, peer_tag: u32) -> Result<QueuePair> {
         let s = &self.shared;
         let max = 1u32 << s.tag_bits;
@@ -358,8 +428,8 @@ impl PhysicalQp {
         }
         let core = Arc::new(SharerCore {
             fail: FailState::default(),
-            send_ev: Wake::new(s.qp.send_cq().channel_fd())?,
-            recv_ev: Wake::new(s.qp.recv_cq().channel_fd())?,
+            send_ev: Channel::new(s.qp.send_cq().channel_fd()),
+            recv_ev: Channel::new(s.qp.recv_cq().channel_fd()),
         });
         let mut st = s.lock();
         if st.sharers.contains_key(&local_tag) {
@@ -737,7 +807,7 @@ impl VirtualQp {
 }
 
 impl Sharer {
-    fn wake(&self) -> &Wake {
+    fn wake(&self) -> &Channel {
         if self.recv {
             &self.core.recv_ev
         } else {
@@ -784,6 +854,7 @@ impl Sharer {
     }
 
     pub(crate) fn req_notify(&self) -> Result<()> {
+        self.wake().fds()?;
         self.wake().armed.store(true, Ordering::SeqCst);
         if self.recv {
             self.phys.qp.recv_cq().req_notify()
@@ -793,7 +864,13 @@ impl Sharer {
     }
 
     pub(crate) fn channel_fd(&self) -> RawFd {
-        self.wake().epoll.0.as_raw_fd()
+        match self.wake().fds() {
+            Ok(w) => w.epoll.0.as_raw_fd(),
+            Err(e) => {
+                tracing::error!(error = %e, "shared queue pair: no event channel");
+                -1
+            }
+        }
     }
 
     pub(crate) fn ack_events(&self) -> Result<u64> {
@@ -818,7 +895,9 @@ impl Sharer {
                 p.progress_send(&mut st)?;
             }
         }
-        n += wake.own.drain()?;
+        if let Some(w) = wake.fds.get() {
+            n += w.own.drain()?;
+        }
         Ok(n)
     }
 }
