@@ -45,8 +45,12 @@ pub fn run_suite(args: &SuiteArgs, report: &mut Report, only: &[String]) -> Resu
             2,
             None,
         );
-    report.machine_mut().provider =
-        "shm (rrpc rows); kernel TCP / Unix sockets (tonic rows)".into();
+    report.machine_mut().provider = match crate::rpc::rdma_device() {
+        Some(dev) => format!(
+            "verbs on {dev} (rrpc rows of connect_time and idle_memory, rdma://127.0.0.1); shm              (shared_qp); kernel TCP / Unix sockets (tonic rows)"
+        ),
+        None => "shm (rrpc rows); kernel TCP / Unix sockets (tonic rows)".into(),
+    };
     report.machine_mut().pinning = plan.describe();
     if want("connect_time") {
         let t = connect_time(args, &server_rt, &client_rt, &plan.describe())?;
@@ -86,6 +90,16 @@ fn connect_time(
         ],
     );
     let pooled = rrpc_config(Transport::RrpcFast).connection_pool(4);
+    let verbs = crate::rpc::rdma_device().is_some();
+    // The pause between timed connects (`RRPC_BENCH_CONNECT_GAP_MS`, default 2 ms): on
+    // soft-RoCE under an emulated CPU, refilling a pool takes hundreds of milliseconds of
+    // the same two CPUs the connect needs, so a fair pooled row needs a longer pause.
+    let gap = Duration::from_millis(
+        std::env::var("RRPC_BENCH_CONNECT_GAP_MS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(2),
+    );
     let setups = [
         (
             "tonic-tcp",
@@ -98,11 +112,23 @@ fn connect_time(
             rrpc_config(Transport::TonicUds),
         ),
         (
-            "rrpc-shm-fast",
+            if verbs {
+                "rrpc-rdma-fast"
+            } else {
+                "rrpc-shm-fast"
+            },
             Transport::RrpcFast,
             rrpc_config(Transport::RrpcFast),
         ),
-        ("rrpc-shm-fast-pool4", Transport::RrpcFast, pooled),
+        (
+            if verbs {
+                "rrpc-rdma-fast-pool4"
+            } else {
+                "rrpc-shm-fast-pool4"
+            },
+            Transport::RrpcFast,
+            pooled,
+        ),
     ];
     let mut tcp_p50 = f64::NAN;
     for (name, tr, cfg) in setups {
@@ -113,7 +139,7 @@ fn connect_time(
         let (mut lat, mut with_call) = (Latency::new(), Latency::new());
         for _ in 0..n {
             // Room for the pool's thread to refill, as between a real client's connects.
-            std::thread::sleep(Duration::from_millis(2));
+            std::thread::sleep(gap);
             let t0 = Instant::now();
             let mut c = client_rt.block_on(connect_once(tr, &target, &cfg))?;
             lat.record(t0.elapsed());
@@ -149,7 +175,7 @@ fn connect_time(
     }
     t.note(plan.to_string());
     t.note(format!(
-        "{n} timed connects per setup, 2 ms apart (each: connect; for rrpc the side-channel \
+        "{n} timed connects per setup, {gap:?} apart (each: connect; for rrpc the side-channel \
          handshake, both rings, the queue pair and path negotiation; then one unary call of \
          64 B, with_first_call_p50_us; then drop), then {burst} \
          back to back for conns_per_s. Server and client are one process sharing one config, \

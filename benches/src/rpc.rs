@@ -175,6 +175,18 @@ impl Drop for ServerHandle {
 /// [`ChildServer`] gets it through its environment.
 pub const FIXED_RING_ENV: &str = "RRPC_BENCH_FIXED_RING";
 
+/// The verbs device the rrpc rows run on instead of shm (`rdma://127.0.0.1`), from
+/// [`RDMA_DEVICE_ENV`]; `None` (shm) when it is unset or empty. Needs the `verbs` feature.
+pub fn rdma_device() -> Option<String> {
+    std::env::var(RDMA_DEVICE_ENV)
+        .ok()
+        .filter(|d| !d.is_empty())
+}
+
+/// Environment variable naming a verbs device (e.g. `rxe0` in `cargo xtask rxe`): the rrpc
+/// rows of the suites built on this module then run over `rdma://` on it.
+pub const RDMA_DEVICE_ENV: &str = "RRPC_BENCH_RDMA_DEVICE";
+
 /// rrpc-tonic's default configuration with the data path of `t` (HTTP/2 for
 /// [`Transport::RrpcH2`], else the fast path).
 ///
@@ -182,9 +194,12 @@ pub const FIXED_RING_ENV: &str = "RRPC_BENCH_FIXED_RING";
 /// environment (inherited by the suite's server process) picks one of
 /// [`POLLER_VARIANTS`] for both sides (`RRPC_BENCH_PLAIN_BPEV=1` is
 /// `bpev-plain`). An unknown name is ignored with a warning. Fixed rings:
-/// [`FIXED_RING_ENV`].
+/// [`FIXED_RING_ENV`]; verbs instead of shm: [`RDMA_DEVICE_ENV`].
 pub fn rrpc_config(t: Transport) -> rrpc_tonic::RrpcConfig {
     let mut cfg = rrpc_tonic::RrpcConfig::default();
+    if let Some(dev) = rdma_device() {
+        cfg = cfg.rdma_device(dev);
+    }
     if std::env::var_os(FIXED_RING_ENV).is_some_and(|v| v == "1") {
         // The papers' fixed ring instead of self-sizing rings.
         let ring = cfg.get_ring_size();
@@ -312,7 +327,16 @@ pub fn start_server_with(
             path.display().to_string()
         }
         Transport::RrpcH2 | Transport::RrpcFast => {
-            let uri = format!("shm://{}/rrpc.sock", dir.display());
+            let uri = match rdma_device() {
+                // A port the kernel just handed out (free a moment ago).
+                Some(_) => format!(
+                    "rdma://127.0.0.1:{}",
+                    std::net::TcpListener::bind("127.0.0.1:0")?
+                        .local_addr()?
+                        .port()
+                ),
+                None => format!("shm://{}/rrpc.sock", dir.display()),
+            };
             let u = uri.clone();
             let cfg = cfg.clone();
             rt.spawn(async move {

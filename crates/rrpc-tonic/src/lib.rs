@@ -238,7 +238,7 @@ mod shm;
 mod transport;
 
 pub use channel::{Carrier, ChannelPath, ResponseFuture, RrpcChannel};
-pub use config::{PathPreference, RrpcConfig, default_poller_config};
+pub use config::{DEFAULT_RDMA_CONNECTION_POOL, PathPreference, RrpcConfig, default_poller_config};
 pub use endpoint::RrpcEndpoint;
 pub use error::Error;
 pub use h2stream::{RrpcConnectInfo, RrpcStream};

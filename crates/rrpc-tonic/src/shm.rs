@@ -474,7 +474,7 @@ fn bundle_pool(
 ) -> Option<std::sync::Arc<BundlePool>> {
     cfg.bundle_pool(fabric, |budget| {
         let (f, r, q) = (fabric.clone(), ring.clone(), cfg.get_queue_pair().clone());
-        let pool = rrpc_core::pool::PoolConfig::new(cfg.get_connection_pool())
+        let pool = rrpc_core::pool::PoolConfig::new(cfg.connection_pool_for(f.kind()))
             .budget(budget)
             .class(format!("{:?}/{}", f.kind(), r.ring_size()));
         BundlePool::with_config(

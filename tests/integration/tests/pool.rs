@@ -92,18 +92,36 @@ async fn a_pool_at_its_memory_bound_builds_inline(t: Transport) {
     assert!(st.over_budget >= 1, "{t:?}: {st:?}");
 }
 
-/// Off by default: nothing is pooled.
-async fn no_pool_by_default(t: Transport) {
+/// The default: pooled on `rdma://` (where a connection's registrations
+/// and queue pair are most of a connect), off on `shm://` and TCP.
+async fn pool_by_default_on_rdma_only(t: Transport) {
     let cfg = config(t);
+    assert_eq!(cfg.get_connection_pool(), None);
     let s = Harness::start_with(t, cfg.clone()).await;
     let mut c = s.client().await;
     c.unary(Input::default()).await.unwrap();
-    assert!(cfg.pool_stats().is_empty());
-    assert_eq!(cfg.get_connection_pool(), 0);
+    let stats = cfg.pool_stats();
+    match t {
+        Transport::Tcp | Transport::ShmH2 | Transport::ShmFast => {
+            assert!(stats.is_empty(), "{t:?}: {stats:?}");
+        }
+        Transport::RdmaH2 | Transport::RdmaFast => {
+            assert_eq!(stats.len(), 1, "{t:?}: {stats:?}");
+            assert_eq!(stats[0].0, rrpc_core::ProviderKind::Verbs);
+            let st = &stats[0].1;
+            assert!(st.hits + st.misses >= 2, "{t:?}: {st:?}");
+        }
+    }
+    let off = config(t).connection_pool(0);
+    assert_eq!(off.connection_pool_for(rrpc_core::ProviderKind::Verbs), 0);
+    assert_eq!(
+        config(t).connection_pool_for(rrpc_core::ProviderKind::Verbs),
+        rrpc_tonic::DEFAULT_RDMA_CONNECTION_POOL
+    );
 }
 
 on_all_transports!(
     connections_take_pooled_resources,
     a_pool_at_its_memory_bound_builds_inline,
-    no_pool_by_default
+    pool_by_default_on_rdma_only
 );
