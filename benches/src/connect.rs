@@ -25,7 +25,7 @@ use tokio::runtime::Runtime;
 use crate::rpc::{
     ChildServer, Transport, connect_once, connect_to, rrpc_config, runtime, start_server_with,
 };
-use crate::{Latency, Ratio, Report, SuiteArgs, Table, ThreadPlan, rss_bytes};
+use crate::{Latency, PlotSpec, Ratio, Report, SuiteArgs, Table, ThreadPlan, rss_bytes};
 
 /// Runs the suite's experiments (all, or those whose names start with an entry of `only`).
 ///
@@ -435,6 +435,20 @@ fn shared_qp(args: &SuiteArgs) -> Result<Table> {
         tracing::info!(n, ?st, "shared queue pair");
         drop((qps, peers, pc, ps, c, s));
     }
+    t.plot(
+        PlotSpec::lines("logical_conns", &["mwrites_per_s"])
+            .series("setup")
+            .log_x()
+            .x_label("logical connections")
+            .y_label("M WRITEs/s"),
+    );
+    t.also_plot(
+        PlotSpec::lines("logical_conns", &["fds_per_conn"])
+            .series("setup")
+            .log_x()
+            .x_label("logical connections")
+            .y_label("file descriptors per logical connection"),
+    );
     t.note(format!(
         "Both ends in this process, so queue pairs, descriptors and memory count both sides \
          of every logical connection. Dedicated: a side-channel handshake, a queue pair and a \

@@ -89,7 +89,7 @@ pub use fabric::VerbsOptions;
 pub use fabric::{Fabric, ProviderKind};
 pub use fault::FaultConfig;
 pub use handshake::{RegionDesc, RingGeometry};
-pub use qp::{QpConfig, QueuePair, SharedQp};
+pub use qp::{QpConfig, QueuePair};
 pub use region::{Access, CACHE_LINE, Local, Region, Remote, RemoteRegion};
 /// The rustls this crate's side-channel TLS takes configs of
 /// ([`conn::HandshakeConfig::with_tls_server`]).

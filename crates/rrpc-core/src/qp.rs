@@ -11,7 +11,7 @@
 //! `send_depth` work requests between signaled completions you poll.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 
 use crate::cq::CompletionQueue;
 use crate::error::{Error, Result};
@@ -366,9 +366,6 @@ impl QueuePair {
         }
     }
 }
-
-/// A queue pair shared between tasks.
-pub type SharedQp = Arc<QueuePair>;
 
 // ---------------------------------------------------------------------------
 // Failure state shared by every provider's queue pair
