@@ -10,8 +10,8 @@
 //! *signaled* completion posted at or after it has been polled. Post at most
 //! `send_depth` work requests between signaled completions you poll.
 
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use crate::cq::CompletionQueue;
 use crate::error::{Error, Result};
