@@ -559,10 +559,21 @@ impl Shared {
         loop {
             let n = self.qp.recv_cq().poll(&mut buf)?;
             for c in &buf[..n] {
-                if c.status == Status::Success {
-                    self.qp.post_recv(0)?;
+                if c.status != Status::Success {
+                    // A flushed receive (the hardware queue pair failed)
+                    // carries no immediate and so names no sharer: every
+                    // sharer learns the failure from the hardware queue
+                    // pair itself (`failure()`); wake those that sleep.
+                    for slot in st.sharers.slots.iter().flatten() {
+                        slot.core.recv_ev.wake_if_armed();
+                    }
+                    continue;
                 }
-                let imm = c.imm.unwrap_or(0);
+                self.qp.post_recv(0)?;
+                let Some(imm) = c.imm else {
+                    self.stats.misrouted.fetch_add(1, Ordering::Relaxed);
+                    continue;
+                };
                 let shift = 32 - self.tag_bits;
                 let tag = imm >> shift;
                 let Some(slot) = st.sharers.get_mut(&tag) else {

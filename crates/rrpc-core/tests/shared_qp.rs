@@ -39,6 +39,7 @@ on_every_provider!(
     completions_of_a_detached_sharer_are_dropped,
     an_armed_sharer_is_woken_when_another_polls_for_it,
     threads_on_one_queue_pair,
+    a_failed_hardware_queue_pair_is_no_sharer_s_misbehaviour,
 );
 
 /// Shares both ends of a pair with `cfg`.
@@ -422,6 +423,36 @@ fn threads_on_one_queue_pair(p: &Provider) {
     }
     assert!(!a.conn.qp().is_failed());
     assert_eq!(pa.stats().posted, 4 * per);
+}
+
+/// The device fails the hardware queue pair: on verbs every posted
+/// receive completes flushed, with no immediate. Those must not be routed
+/// (a flushed receive read as immediate 0 once failed sharer 0 as if its
+/// peer had written to it without a receive). On shm a failed queue pair
+/// flushes no receives, so there this only checks nothing is misrouted.
+fn a_failed_hardware_queue_pair_is_no_sharer_s_misbehaviour(p: &Provider) {
+    let (a, b) = pair_on(p, 1 << 16, QpConfig::default(), QpConfig::default());
+    let (_pa, pb) = share(&a, &b, VqpConfig::default().with_recv_depth(8));
+    let r0 = pb.attach(0, 0).unwrap();
+    let r1 = pb.attach(1, 1).unwrap();
+    r1.post_recv(11).unwrap();
+    b.conn.qp().inject_device_error().unwrap();
+    // Give the device time to flush (soft-RoCE under TCG is slow).
+    let until = Instant::now() + p.patience() / 20;
+    while Instant::now() < until {
+        let _ = pb.progress();
+        let _ = r0.recv_cq().poll(&mut [Completion::EMPTY; 4]);
+        let _ = r1.recv_cq().poll(&mut [Completion::EMPTY; 4]);
+        std::thread::yield_now();
+    }
+    for (t, r) in [(0, &r0), (1, &r1)] {
+        assert!(
+            !matches!(r.failure(), Some(Error::PeerMisbehaved(_))),
+            "sharer {t}: {:?}",
+            r.failure()
+        );
+    }
+    assert_eq!(pb.stats().misrouted, 0);
 }
 
 // ---------------------------------------------------------------------------
