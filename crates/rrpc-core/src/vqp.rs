@@ -241,6 +241,11 @@ impl Sharers {
     fn get_mut(&mut self, tag: &u32) -> Option<&mut Slot> {
         self.slots.get_mut(*tag as usize).and_then(Option::as_mut)
     }
+    /// The slot of `tag` if it still belongs to `generation` (not a sharer
+    /// attached later under the same tag).
+    fn current(&mut self, tag: u32, generation: u32) -> Option<&mut Slot> {
+        self.get_mut(&tag).filter(|s| s.generation == generation)
+    }
     fn contains_key(&self, tag: &u32) -> bool {
         self.get(tag).is_some()
     }
@@ -530,11 +535,7 @@ impl Shared {
                 if !user {
                     continue;
                 }
-                match st
-                    .sharers
-                    .get_mut(&tag)
-                    .filter(|s| s.generation == generation)
-                {
+                match st.sharers.current(tag, generation) {
                     Some(slot) => {
                         let wr_id = slot.pending.pop_front().unwrap_or(0);
                         slot.ready.push_back(Completion { wr_id, ..*c });
@@ -625,11 +626,7 @@ impl Drop for VirtualQp {
     fn drop(&mut self) {
         let s = &self.sharer;
         let mut st = s.phys.lock();
-        if st
-            .sharers
-            .get(&s.tag)
-            .is_some_and(|slot| slot.generation == s.generation)
-        {
+        if st.sharers.current(s.tag, s.generation).is_some() {
             st.sharers.remove(&s.tag);
         }
     }
@@ -654,7 +651,8 @@ impl VirtualQp {
         let s = &self.sharer;
         let p = &s.phys;
         self.failure().map_or(Ok(()), Err)?;
-        let imm = match op {
+        // The receiving sharer's tag goes in the immediate's top bits.
+        let op = match op {
             Op::WriteImm(imm) => {
                 let user_bits = 32 - p.tag_bits;
                 if imm >> user_bits != 0 {
@@ -662,9 +660,9 @@ impl VirtualQp {
                         "a shared queue pair carries {user_bits} bits of immediate data, got {imm:#x}"
                     )));
                 }
-                Some((s.peer_tag << user_bits) | imm)
+                Op::WriteImm((s.peer_tag << user_bits) | imm)
             }
-            _ => None,
+            other => other,
         };
         let mut st = p.lock();
         // Algorithm 2, lines 6-7: room for this request first.
@@ -693,20 +691,16 @@ impl VirtualQp {
         let hw_signaled = signaled
             || st.unsignaled_run + 1 >= p.signal_every
             || p.qp.outstanding() + 1 >= p.depth;
-        let Some(slot) = st
-            .sharers
-            .get_mut(&s.tag)
-            .filter(|x| x.generation == s.generation)
-        else {
+        let Some(slot) = st.sharers.current(s.tag, s.generation) else {
             return Err(Error::NotConnected);
         };
         let hw_id = encode(s.tag, s.generation, signaled);
-        match (op, imm) {
-            (Op::WriteImm(_), Some(imm)) => {
+        match op {
+            Op::Write => p.qp.post_write(hw_id, local, remote, hw_signaled)?,
+            Op::WriteImm(imm) => {
                 p.qp.post_write_imm(hw_id, local, remote, imm, hw_signaled)?
             }
-            (Op::Read, _) => p.qp.post_read(hw_id, local, remote, hw_signaled)?,
-            _ => p.qp.post_write(hw_id, local, remote, hw_signaled)?,
+            Op::Read => p.qp.post_read(hw_id, local, remote, hw_signaled)?,
         }
         if signaled {
             slot.pending.push_back(wr_id);
@@ -758,11 +752,7 @@ impl VirtualQp {
         let s = &self.sharer;
         self.failure().map_or(Ok(()), Err)?;
         let mut st = s.phys.lock();
-        let Some(slot) = st
-            .sharers
-            .get_mut(&s.tag)
-            .filter(|x| x.generation == s.generation)
-        else {
+        let Some(slot) = st.sharers.current(s.tag, s.generation) else {
             return Err(Error::NotConnected);
         };
         if slot.recvs.len() + slot.recv_ready.len() >= slot.recv_depth {
@@ -809,10 +799,9 @@ impl VirtualQp {
     /// The sharer's signaled work requests not yet handed back.
     pub(crate) fn outstanding(&self) -> u64 {
         let s = &self.sharer;
-        let st = s.phys.lock();
+        let mut st = s.phys.lock();
         st.sharers
-            .get(&s.tag)
-            .filter(|x| x.generation == s.generation)
+            .current(s.tag, s.generation)
             .map_or(0, |x| (x.pending.len() + x.ready.len()) as u64)
     }
 }
@@ -837,11 +826,7 @@ impl Sharer {
         } else {
             p.progress_send(&mut st)?;
         }
-        let Some(slot) = st
-            .sharers
-            .get_mut(&self.tag)
-            .filter(|x| x.generation == self.generation)
-        else {
+        let Some(slot) = st.sharers.current(self.tag, self.generation) else {
             return Ok(0);
         };
         let q = if self.recv {

@@ -10,25 +10,11 @@
 //! NIC completes after the post; shm happens to complete at once), and
 //! `common::pair_on` asserts both sides really run on the provider asked for.
 
+#[macro_use]
 mod common;
 
 use common::{Provider, Side, pair_on, pair_on_with_access};
 use rrpc_core::{Completion, Error, Local, Opcode, QpConfig, Remote, Status};
-
-/// Runs each named check on shm (module `shm`) and on verbs (module `verbs`).
-macro_rules! on_every_provider {
-    ($($name:ident),* $(,)?) => {
-        mod shm {
-            $( #[test] fn $name() { super::$name(&super::Provider::Shm); } )*
-        }
-        #[cfg(feature = "verbs")]
-        mod verbs {
-            $( #[test] fn $name() {
-                if let Some(p) = super::Provider::verbs_from_env() { super::$name(&p); }
-            } )*
-        }
-    };
-}
 
 on_every_provider!(
     write_then_read_back,

@@ -7,6 +7,7 @@
 //! them on soft-RoCE in a VM; not run on an RDMA NIC). `common::pair_on`
 //! asserts both sides run on the provider asked for.
 
+#[macro_use]
 mod common;
 
 use std::time::Instant;
@@ -15,20 +16,6 @@ use common::{Provider, Side, pair_on, wait_cq};
 use proptest::prelude::*;
 use rrpc_core::vqp::{PhysicalQp, VqpConfig};
 use rrpc_core::{Completion, Error, Local, QpConfig, QueuePair, Status};
-
-macro_rules! on_every_provider {
-    ($($name:ident),* $(,)?) => {
-        mod shm {
-            $( #[test] fn $name() { super::$name(&super::Provider::Shm); } )*
-        }
-        #[cfg(feature = "verbs")]
-        mod verbs {
-            $( #[test] fn $name() {
-                if let Some(p) = super::Provider::verbs_from_env() { super::$name(&p); }
-            } )*
-        }
-    };
-}
 
 on_every_provider!(
     sharers_get_their_own_completions_and_data,

@@ -1,5 +1,5 @@
 //! Shared helpers for rrpc-core's integration tests.
-#![allow(dead_code, unreachable_pub, missing_docs)]
+#![allow(dead_code, unreachable_pub, missing_docs, unused_macros)]
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -240,4 +240,21 @@ pub fn fnv(data: &[u8]) -> u64 {
         h = h.wrapping_mul(0x100000001b3);
     }
     h
+}
+
+/// Runs each named `fn(&Provider)` on shm (module `shm`) and, with feature
+/// `verbs`, on `RRPC_TEST_DEVICE` (module `verbs`; skipped, saying so, when
+/// it is not set). The test file imports `Provider` at its top level.
+macro_rules! on_every_provider {
+    ($($name:ident),* $(,)?) => {
+        mod shm {
+            $( #[test] fn $name() { super::$name(&super::Provider::Shm); } )*
+        }
+        #[cfg(feature = "verbs")]
+        mod verbs {
+            $( #[test] fn $name() {
+                if let Some(p) = super::Provider::verbs_from_env() { super::$name(&p); }
+            } )*
+        }
+    };
 }
