@@ -235,18 +235,18 @@ struct Sharers {
 }
 
 impl Sharers {
-    fn get(&self, tag: &u32) -> Option<&Slot> {
-        self.slots.get(*tag as usize).and_then(Option::as_ref)
+    fn get(&self, tag: u32) -> Option<&Slot> {
+        self.slots.get(tag as usize).and_then(Option::as_ref)
     }
-    fn get_mut(&mut self, tag: &u32) -> Option<&mut Slot> {
-        self.slots.get_mut(*tag as usize).and_then(Option::as_mut)
+    fn get_mut(&mut self, tag: u32) -> Option<&mut Slot> {
+        self.slots.get_mut(tag as usize).and_then(Option::as_mut)
     }
     /// The slot of `tag` if it still belongs to `generation` (not a sharer
     /// attached later under the same tag).
     fn current(&mut self, tag: u32, generation: u32) -> Option<&mut Slot> {
-        self.get_mut(&tag).filter(|s| s.generation == generation)
+        self.get_mut(tag).filter(|s| s.generation == generation)
     }
-    fn contains_key(&self, tag: &u32) -> bool {
+    fn contains_key(&self, tag: u32) -> bool {
         self.get(tag).is_some()
     }
     fn insert(&mut self, tag: u32, slot: Slot) {
@@ -258,8 +258,8 @@ impl Sharers {
             self.len += 1;
         }
     }
-    fn remove(&mut self, tag: &u32) {
-        if let Some(s) = self.slots.get_mut(*tag as usize)
+    fn remove(&mut self, tag: u32) {
+        if let Some(s) = self.slots.get_mut(tag as usize)
             && s.take().is_some()
         {
             self.len -= 1;
@@ -437,7 +437,7 @@ impl PhysicalQp {
             recv_ev: Channel::new(s.qp.recv_cq().channel_fd()),
         });
         let mut st = s.lock();
-        if st.sharers.contains_key(&local_tag) {
+        if st.sharers.contains_key(local_tag) {
             return Err(Error::InvalidConfig(format!(
                 "sharer tag {local_tag} is already attached"
             )));
@@ -577,7 +577,7 @@ impl Shared {
                 };
                 let shift = 32 - self.tag_bits;
                 let tag = imm >> shift;
-                let Some(slot) = st.sharers.get_mut(&tag) else {
+                let Some(slot) = st.sharers.get_mut(tag) else {
                     self.stats.misrouted.fetch_add(1, Ordering::Relaxed);
                     continue;
                 };
@@ -627,7 +627,7 @@ impl Drop for VirtualQp {
         let s = &self.sharer;
         let mut st = s.phys.lock();
         if st.sharers.current(s.tag, s.generation).is_some() {
-            st.sharers.remove(&s.tag);
+            st.sharers.remove(s.tag);
         }
     }
 }

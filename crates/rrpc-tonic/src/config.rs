@@ -661,8 +661,8 @@ impl RrpcConfig {
     /// Default: [`DEFAULT_RDMA_CONNECTION_POOL`] (2) on `rdma://`, where
     /// registering both rings and creating the queue pair is most of a
     /// connect (on soft-RoCE a connect took 239 ms unpooled and 18 ms
-    /// pooled, 13× faster; README, "The connect suite"); off on `shm://`, where it
-    /// measured no faster. Each pooled bundle holds two rings
+    /// pooled, 13× faster; README, "The connect suite"); off on `shm://`,
+    /// where it measured no faster. Each pooled bundle holds two rings
     /// (`2 × ring_size`) of memory, and on verbs their registrations (pinned
     /// pages), while it waits.
     pub fn connection_pool(self, n: usize) -> Self {
