@@ -29,6 +29,11 @@ pub(crate) struct CiArgs {
     /// for over 60 seconds" line) instead of using up the job's time.
     #[arg(long, default_value_t = 2400)]
     test_timeout: u64,
+    /// Keep `target/debug` after the verbs suite. By default CI deletes it
+    /// there, since no later step uses it, so the release and fuzz builds
+    /// fit on a small disk.
+    #[arg(long)]
+    keep_target: bool,
 }
 
 enum Outcome {
@@ -145,7 +150,7 @@ pub(crate) fn run_ci(args: &CiArgs) -> Result<()> {
     let total = Instant::now();
     let mut times: Vec<(String, Duration, String)> = Vec::new();
     let mut step = |name: &str, f: &mut dyn FnMut() -> Result<Outcome>| -> Result<()> {
-        eprintln!("\n=== step: {name}");
+        eprintln!("\n=== step: {name} ({})", disk_free(&root));
         let t = Instant::now();
         let outcome = f();
         let el = t.elapsed();
@@ -284,6 +289,22 @@ pub(crate) fn run_ci(args: &CiArgs) -> Result<()> {
             }
             Ok(Outcome::Ran)
         })?;
+        if !args.keep_target {
+            // The test profile's build (several GiB) is not used past this
+            // point: the benchmarks build `release`, fuzzing `target/fuzz`.
+            let debug = root_ref.join("target/debug");
+            if debug.is_dir() {
+                let size = Command::new("du")
+                    .args(["-sh", &debug.to_string_lossy()])
+                    .output()
+                    .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+                    .unwrap_or_default();
+                eprintln!("ci: test build: {size}");
+                std::fs::remove_dir_all(&debug)
+                    .with_context(|| format!("removing {}", debug.display()))?;
+                eprintln!("ci: removed {} ({})", debug.display(), disk_free(root_ref));
+            }
+        }
         step("miri", &mut || {
             if args.no_miri {
                 return Ok(Outcome::Skipped("--no-miri".into()));
@@ -395,9 +416,56 @@ pub(crate) fn run_ci(args: &CiArgs) -> Result<()> {
     result
 }
 
-/// Entry point of `cargo xtask ci`.
+/// Space left on the file system that holds `dir`, for the log (`df`'s
+/// words; "unknown" when `df` fails).
+fn disk_free(dir: &Path) -> String {
+    Command::new("df")
+        .args(["-Pk", &dir.to_string_lossy()])
+        .output()
+        .ok()
+        .and_then(|o| {
+            let text = String::from_utf8(o.stdout).ok()?;
+            let avail_kib: u64 = text
+                .lines()
+                .nth(1)?
+                .split_whitespace()
+                .nth(3)?
+                .parse()
+                .ok()?;
+            Some(format!(
+                "{:.1} GiB free",
+                avail_kib as f64 / (1024.0 * 1024.0)
+            ))
+        })
+        .unwrap_or_else(|| "disk space unknown".into())
+}
+
+/// Set for every CI step unless the caller set it: no incremental
+/// compilation, whose caches (7 GiB of the test profile's 17 GiB here) a
+/// one-shot build never reads, and which once filled a CI machine's disk.
+const CI_ENV: &[(&str, &str)] = &[("CARGO_INCREMENTAL", "0")];
+
+/// Entry point of `cargo xtask ci`. Re-runs itself once with [`CI_ENV`] in
+/// its environment, so that every cargo it starts, directly or through the
+/// soak, rxe and bench commands, builds the same way.
 pub(crate) fn run_entry(args: &CiArgs) -> Result<()> {
-    run_ci(args)
+    let missing: Vec<_> = CI_ENV
+        .iter()
+        .filter(|(k, _)| std::env::var_os(k).is_none())
+        .collect();
+    if missing.is_empty() {
+        return run_ci(args);
+    }
+    let exe = std::env::current_exe().context("locating xtask")?;
+    let status = Command::new(exe)
+        .args(std::env::args_os().skip(1))
+        .envs(missing.iter().map(|(k, v)| (*k, *v)))
+        .status()
+        .context("re-running xtask ci")?;
+    if !status.success() {
+        bail!("cargo xtask ci failed ({status})");
+    }
+    Ok(())
 }
 
 #[cfg(test)]
