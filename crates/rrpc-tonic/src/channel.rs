@@ -13,7 +13,7 @@ use tower::buffer::Buffer;
 use crate::endpoint::{Dialer, Managed};
 use crate::h2stream::{RrpcConnectInfo, RrpcStream};
 use crate::pipe::Pipe;
-use crate::transport::{Target, dial, negotiate_client};
+use crate::transport::{Target, dial};
 use crate::{Error, PathPreference, RrpcConfig, RrpcEndpoint};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -247,8 +247,7 @@ pub(crate) async fn h2_channel(
                     Some(p) => p,
                     None => {
                         // Reconnect: a fresh connection, HTTP/2 again.
-                        let mut p = dial(&target, &config).await?;
-                        negotiate_client(&mut p, &config).await?;
+                        let (p, _http2) = dial(&target, &config).await?;
                         p
                     }
                 };

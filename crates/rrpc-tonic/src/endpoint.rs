@@ -23,7 +23,7 @@ use tower::Service;
 use crate::channel::{Carrier, ChannelPath, ResponseFuture, RrpcChannel, h2_call, h2_channel};
 use crate::fast::client::{CallOptions, FastChannel};
 use crate::pipe::BoxFut;
-use crate::transport::{Negotiated, Target, dial, negotiate_client};
+use crate::transport::{Negotiated, Target, dial};
 use crate::{Error, RrpcConfig};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -525,8 +525,8 @@ impl Dialer {
     }
 
     async fn dial(&self) -> Result<Conn, Error> {
-        let mut pipe = dial(&self.target, &self.config).await?;
-        Ok(match negotiate_client(&mut pipe, &self.config).await? {
+        let (pipe, path) = dial(&self.target, &self.config).await?;
+        Ok(match path {
             Negotiated::Fast { peer_window } => Conn::Fast(FastChannel::start(
                 pipe,
                 &self.config,

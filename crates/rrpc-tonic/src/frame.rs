@@ -414,8 +414,9 @@ pub fn push_frame(out: &mut Vec<u8>, kind: Kind, flags: u8, call_id: u32, payloa
     out.extend_from_slice(payload);
 }
 
-/// Length of the path negotiation's hello and reply (the first ring
-/// message each way): `RRP2`, the path byte (0 fast, 1 HTTP/2), the
+/// Length of the path negotiation's hello and reply (in rrpc-core's
+/// handshake on `shm`/`rdma`, the first pipe message each way on
+/// `inproc`): `RRP2`, the path byte (0 fast, 1 HTTP/2), the
 /// sender's per-call receive window (little-endian `u32`).
 pub const PATH_HELLO_LEN: usize = 9;
 

@@ -32,8 +32,9 @@
 //!
 //! # Two paths, negotiated per connection
 //!
-//! After the transport connects, the client offers a path and the server
-//! picks one ([`transport`](crate) module docs: `RRP1` hello).
+//! The client offers a path and the server picks one, inside the
+//! transport's own handshake on `shm://` and `rdma://` (so a connect is one
+//! round trip; [`frame::path_hello`] is the offer's encoding).
 //!
 //! * **Fast path** (default between two rrpc endpoints): calls travel as our
 //!   own [frames](frame) — call id, method path, metadata, message chunks,

@@ -20,7 +20,7 @@ use tower::{Layer, Service};
 
 use crate::fast::server::serve_conn;
 use crate::h2stream::{RrpcConnectInfo, RrpcStream};
-use crate::transport::{Negotiated, RrpcListener, Target, negotiate_server};
+use crate::transport::{Negotiated, RrpcListener, Target};
 use crate::{Error, RrpcConfig};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -559,11 +559,7 @@ where
                 conns.spawn(async move {
                     let peer = accepted.peer();
                     let limit = config.get_handshake_timeout();
-                    let setup = async {
-                        let mut pipe = accepted.establish().await?;
-                        let path = negotiate_server(&mut pipe, &config).await?;
-                        Ok::<_, Error>((pipe, path))
-                    };
+                    let setup = accepted.establish(&config);
                     let r = match tokio::time::timeout(limit, setup).await {
                         Ok(r) => r,
                         Err(_) => Err(Error::Handshake(format!(

@@ -19,6 +19,7 @@ use rrpc_ringbuf::{LocalRing, RingConfig, RingRx, RingTx, RxWatch, TxWatch};
 use tokio::io::unix::AsyncFd;
 
 use crate::pipe::{BoxFut, MsgRx, MsgTx, Pipe};
+use crate::transport::{Negotiated, choose_path, client_hello, path_of_reply};
 use crate::{Error, RrpcConfig};
 
 fn ring_config(cfg: &RrpcConfig) -> Result<RingConfig, Error> {
@@ -528,22 +529,25 @@ fn handshake_config(cfg: &RrpcConfig) -> Result<HandshakeConfig, Error> {
 }
 
 /// Dials `shm:///path` or `rdma://host:port`.
-pub(crate) async fn dial(ep: Endpoint, cfg: &RrpcConfig) -> Result<Pipe, Error> {
+pub(crate) async fn dial(ep: Endpoint, cfg: &RrpcConfig) -> Result<(Pipe, Negotiated), Error> {
     let ring = ring_config(cfg)?;
     let hs = handshake_config(cfg)?;
     let token = cfg.get_token().map(<[u8]>::to_vec);
     let cfg2 = cfg.clone();
-    let (conn, tx, rx) = tokio::task::spawn_blocking(move || -> Result<_, Error> {
+    let (conn, tx, rx, path) = tokio::task::spawn_blocking(move || -> Result<_, Error> {
         let fabric = fabric_for(&ep, &cfg2)?;
         let (local, qp) = take_bundle(&fabric, &ring, &cfg2)?;
-        let offer = local.add_to_offer(Offer::new().token(token));
+        // The path hello rides in the handshake (module docs of `transport`).
+        let offer = Offer::new().token(token).app(client_hello(&cfg2).to_vec());
+        let offer = local.add_to_offer(offer);
         let c = connect(&ep, qp, offer, &hs)?;
+        let path = path_of_reply(&c.peer().app)?;
         let (tx, rx) = local.connect(&c)?;
-        Ok((c, tx, rx))
+        Ok((c, tx, rx, path))
     })
     .await
     .map_err(|e| Error::Io(std::io::Error::other(e)))??;
-    into_pipe(conn, tx, rx, cfg)
+    Ok((into_pipe(conn, tx, rx, cfg)?, path))
 }
 
 struct Fd(Listener);
@@ -662,7 +666,7 @@ impl ShmPending {
     /// # Cancel safety
     /// Dropping the future before it completes drops the client (its side
     /// channel closes, so the client sees the server leave).
-    pub(crate) async fn establish(self) -> Result<Pipe, Error> {
+    pub(crate) async fn establish(self) -> Result<(Pipe, Negotiated), Error> {
         let timeout = self.cfg.get_handshake_timeout();
         let ShmPending {
             mut pending,
@@ -686,17 +690,27 @@ impl ShmPending {
             }
         }
         let cfg2 = cfg.clone();
-        let (c, tx, rx) = tokio::task::spawn_blocking(move || -> Result<_, Error> {
+        let (c, tx, rx, path) = tokio::task::spawn_blocking(move || -> Result<_, Error> {
             let incoming = pending.handshake()?;
+            // The client's path hello rode in its hello; a bad one is
+            // refused before anything is taken from the pool.
+            let (path, reply) = match choose_path(&incoming.peer().app, &cfg2) {
+                Ok(chosen) => chosen,
+                Err(e) => {
+                    let reason = format!("path hello: {e}");
+                    let _ = incoming.reject(&reason);
+                    return Err(Error::Handshake(format!("client's {reason}")));
+                }
+            };
             let (local, qp) = take_bundle(&fabric, &ring, &cfg2)?;
-            let offer = local.add_to_offer(Offer::new());
+            let offer = local.add_to_offer(Offer::new().app(reply.to_vec()));
             let c = incoming.accept(qp, offer)?;
             let (tx, rx) = local.connect(&c)?;
-            Ok((c, tx, rx))
+            Ok((c, tx, rx, path))
         })
         .await
         .map_err(|e| Error::Io(std::io::Error::other(e)))??;
-        into_pipe(c, tx, rx, &cfg)
+        Ok((into_pipe(c, tx, rx, &cfg)?, path))
     }
 }
 
@@ -781,7 +795,7 @@ mod tests {
 
     use crate::RrpcConfig;
     use crate::fast::client::FastChannel;
-    use crate::transport::{RrpcListener, Target, dial, negotiate_client, negotiate_server};
+    use crate::transport::{RrpcListener, Target, dial};
 
     /// A fast-path call over real shm rings in Event mode with a receive
     /// spin: the ring geometry gets `tail_with_imm` on both ends (else the
@@ -797,14 +811,13 @@ mod tests {
         let mut listener = RrpcListener::bind(&target, &cfg).expect("bind");
         let scfg = cfg.clone();
         let server = tokio::spawn(async move {
-            let mut pipe = listener
+            let (pipe, negotiated) = listener
                 .accept()
                 .await
                 .expect("accept")
-                .establish()
+                .establish(&scfg)
                 .await
                 .expect("establish");
-            let negotiated = negotiate_server(&mut pipe, &scfg).await.expect("negotiate");
             let crate::transport::Negotiated::Fast { peer_window } = negotiated else {
                 panic!("fast path expected");
             };
@@ -824,8 +837,7 @@ mod tests {
             )
             .await
         });
-        let mut pipe = dial(&target, &cfg).await.expect("dial");
-        let negotiated = negotiate_client(&mut pipe, &cfg).await.expect("negotiate");
+        let (pipe, negotiated) = dial(&target, &cfg).await.expect("dial");
         let crate::transport::Negotiated::Fast { peer_window } = negotiated else {
             panic!("fast path expected");
         };

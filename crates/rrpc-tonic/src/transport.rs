@@ -8,10 +8,12 @@
 //! | `shm:///path` | rrpc over shared-memory rings (rrpc-core `shm` provider) |
 //! | `rdma://host:port` | rrpc over RDMA (rrpc-core `verbs` provider, feature `verbs`) |
 //!
-//! After the transport connects, the client's first message offers a path
-//! and the server's first message answers with the one chosen (fast path
-//! only if both ends allow it). On `shm`/`rdma` this rides in the same pipe
-//! right after rrpc-core's handshake.
+//! The client offers a path and the server answers with the one chosen
+//! (fast path only if both ends allow it). On `shm`/`rdma` the offer and
+//! the answer ride in rrpc-core's handshake (its application blob, in the
+//! hello and the accept), so a connect is one round trip; a refusal is the
+//! handshake's `Reject`. On `inproc` they are the first message each way
+//! over the pipe.
 //!
 //! ```text
 //! hello (client) = "RRP2" path:u8 call_window:u32     (path: 0 fast, 1 HTTP/2)
@@ -101,12 +103,61 @@ fn pref_byte(p: PathPreference) -> u8 {
     }
 }
 
-/// Client side of the path negotiation.
+/// Our path hello (client side): the path we prefer and our call window.
+pub(crate) fn client_hello(cfg: &RrpcConfig) -> [u8; HELLO_LEN] {
+    hello_bytes(pref_byte(cfg.get_path()), cfg.get_call_window())
+}
+
+/// Server side, sans-IO: the path for a client's hello (fast only if both
+/// ends allow it) and the reply that says so.
+///
+/// # Errors
+/// The reason a malformed hello is refused, for the client to read.
+pub(crate) fn choose_path(
+    hello: &[u8],
+    cfg: &RrpcConfig,
+) -> Result<(Negotiated, [u8; HELLO_LEN]), String> {
+    let chosen = match parse_hello(hello)? {
+        (0, peer_window) if cfg.get_path() == PathPreference::Fast => {
+            Negotiated::Fast { peer_window }
+        }
+        _ => Negotiated::Http2,
+    };
+    let path = if matches!(chosen, Negotiated::Fast { .. }) {
+        0
+    } else {
+        1
+    };
+    Ok((chosen, hello_bytes(path, cfg.get_call_window())))
+}
+
+/// Client side, sans-IO: the path the server's reply names.
+///
+/// # Errors
+/// [`Error::Handshake`] for a refusal (`RRPX` and the server's reason) or a
+/// malformed reply.
+pub(crate) fn path_of_reply(reply: &[u8]) -> Result<Negotiated, Error> {
+    if let Some(reason) = reply.strip_prefix(b"RRPX") {
+        return Err(Error::Handshake(format!(
+            "server refused the path hello: {}",
+            String::from_utf8_lossy(reason)
+        )));
+    }
+    match parse_hello(reply) {
+        Ok((0, peer_window)) => Ok(Negotiated::Fast { peer_window }),
+        Ok(_) => Ok(Negotiated::Http2),
+        Err(e) => Err(Error::Handshake(format!("server's path reply: {e}"))),
+    }
+}
+
+/// Client side of the path negotiation as the first message each way over
+/// a pipe (`inproc://`; `shm://` and `rdma://` carry it in rrpc-core's
+/// handshake instead, which saves a round trip).
 pub(crate) async fn negotiate_client(
     pipe: &mut Pipe,
     cfg: &RrpcConfig,
 ) -> Result<Negotiated, Error> {
-    let hello = hello_bytes(pref_byte(cfg.get_path()), cfg.get_call_window());
+    let hello = client_hello(cfg);
     pipe.0
         .send_with(HELLO_LEN, &mut |s: &mut [u8]| s.copy_from_slice(&hello))
         .await?;
@@ -120,20 +171,10 @@ pub(crate) async fn negotiate_client(
             "server closed during path negotiation".into(),
         ));
     }
-    match reply.as_deref() {
-        Some(m) if m.starts_with(b"RRPX") => Err(Error::Handshake(
-            String::from_utf8_lossy(&m[4..]).into_owned(),
-        )),
-        Some(m) => match parse_hello(m) {
-            Ok((0, peer_window)) => Ok(Negotiated::Fast { peer_window }),
-            Ok(_) => Ok(Negotiated::Http2),
-            Err(e) => Err(Error::Handshake(format!("server's path reply: {e}"))),
-        },
-        None => Err(Error::Handshake("empty path reply".into())),
-    }
+    path_of_reply(reply.as_deref().unwrap_or_default())
 }
 
-/// Server side of the path negotiation.
+/// Server side of [`negotiate_client`].
 pub(crate) async fn negotiate_server(
     pipe: &mut Pipe,
     cfg: &RrpcConfig,
@@ -148,11 +189,13 @@ pub(crate) async fn negotiate_server(
             "client closed during path negotiation".into(),
         ));
     }
-    let chosen = match parse_hello(hello.as_deref().unwrap_or_default()) {
-        Ok((0, peer_window)) if cfg.get_path() == PathPreference::Fast => {
-            Negotiated::Fast { peer_window }
+    match choose_path(hello.as_deref().unwrap_or_default(), cfg) {
+        Ok((chosen, reply)) => {
+            pipe.0
+                .send_with(HELLO_LEN, &mut |s: &mut [u8]| s.copy_from_slice(&reply))
+                .await?;
+            Ok(chosen)
         }
-        Ok(_) => Negotiated::Http2,
         Err(e) => {
             let msg = format!("RRPX{e}");
             let _ = pipe
@@ -161,19 +204,9 @@ pub(crate) async fn negotiate_server(
                     s.copy_from_slice(msg.as_bytes())
                 })
                 .await;
-            return Err(Error::Handshake(format!("client's path hello: {e}")));
+            Err(Error::Handshake(format!("client's path hello: {e}")))
         }
-    };
-    let path = if matches!(chosen, Negotiated::Fast { .. }) {
-        0
-    } else {
-        1
-    };
-    let reply = hello_bytes(path, cfg.get_call_window());
-    pipe.0
-        .send_with(HELLO_LEN, &mut |s: &mut [u8]| s.copy_from_slice(&reply))
-        .await?;
-    Ok(chosen)
+    }
 }
 
 /// A source of raw (not yet negotiated) rrpc connections.
@@ -268,10 +301,13 @@ impl Accepted {
         }
     }
 
-    /// Runs the transport's handshake (not the path negotiation).
-    pub(crate) async fn establish(self) -> Result<Pipe, Error> {
+    /// Runs the transport's handshake and the path negotiation.
+    pub(crate) async fn establish(self, cfg: &RrpcConfig) -> Result<(Pipe, Negotiated), Error> {
         match self {
-            Accepted::Ready(p) => Ok(p),
+            Accepted::Ready(mut p) => {
+                let path = negotiate_server(&mut p, cfg).await?;
+                Ok((p, path))
+            }
             Accepted::Shm(p) => p.establish().await,
         }
     }
@@ -311,17 +347,18 @@ fn rdma_endpoint(addr: &str) -> Result<rrpc_core::Endpoint, Error> {
     })
 }
 
-/// Dials an rrpc transport (before negotiation).
-pub(crate) async fn dial(target: &Target, cfg: &RrpcConfig) -> Result<Pipe, Error> {
+/// Dials an rrpc transport and negotiates the path.
+pub(crate) async fn dial(target: &Target, cfg: &RrpcConfig) -> Result<(Pipe, Negotiated), Error> {
     match target {
         Target::Inproc(name) => {
             let tx = registry().lock().expect("registry lock").get(name).cloned();
             let tx = tx.ok_or_else(|| Error::NotListening(format!("inproc://{name}")))?;
-            let (client, server) = pipe::mem_pair(cfg.get_ring_size());
+            let (mut client, server) = pipe::mem_pair(cfg.get_ring_size());
             tx.send(server)
                 .await
                 .map_err(|_| Error::NotListening(format!("inproc://{name}")))?;
-            Ok(client)
+            let path = negotiate_client(&mut client, cfg).await?;
+            Ok((client, path))
         }
         Target::Shm(path) => crate::shm::dial(rrpc_core::Endpoint::Shm(path.clone()), cfg).await,
         Target::Rdma(addr) => crate::shm::dial(rdma_endpoint(addr)?, cfg).await,
@@ -423,5 +460,37 @@ mod tests {
             assert!(r.is_err(), "{bad:?} accepted");
             assert!(reply.starts_with(b"RRPX"), "{bad:?}: {reply:?}");
         }
+    }
+
+    /// The sans-IO halves the `shm`/`rdma` handshake carries: the server's
+    /// reply names the path the client then takes; a refusal or a reply of
+    /// another version is the client's `Handshake` error.
+    #[test]
+    fn path_replies_are_read_like_the_negotiation() {
+        let (chosen, reply) =
+            choose_path(&client_hello(&RrpcConfig::new()), &RrpcConfig::new()).unwrap();
+        assert_eq!(path_of_reply(&reply).unwrap(), chosen);
+        assert!(matches!(chosen, Negotiated::Fast { .. }));
+        let (chosen, reply) = choose_path(
+            &client_hello(&RrpcConfig::new()),
+            &RrpcConfig::new().path(PathPreference::Http2),
+        )
+        .unwrap();
+        assert_eq!(
+            (chosen, path_of_reply(&reply).unwrap()),
+            (Negotiated::Http2, Negotiated::Http2)
+        );
+        for (bad, says) in [
+            (
+                &b"RRPXno thanks"[..],
+                "server refused the path hello: no thanks",
+            ),
+            (&b"RRP1"[..], "server's path reply"),
+            (&[][..], "server's path reply"),
+        ] {
+            let e = path_of_reply(bad).unwrap_err();
+            assert!(matches!(&e, Error::Handshake(m) if m.contains(says)), "{e}");
+        }
+        assert!(choose_path(b"RRP1", &RrpcConfig::new()).is_err());
     }
 }

@@ -40,18 +40,28 @@ fn closes_within(limit: Duration, mut closed: impl FnMut() -> bool) -> bool {
 /// A client that does rrpc-core's handshake with the server's ring geometry
 /// and then stops: what a hostile client built from the public API can do.
 fn core_handshake_only(path: PathBuf) -> (Connection, RingTx, RingRx) {
+    // The path hello (rrpc-tonic's transport docs): HTTP/2, 64 KiB window.
+    core_handshake_with(path, rrpc_tonic::frame::path_hello(1, 64 << 10).to_vec())
+        .expect("core handshake")
+}
+
+/// rrpc-core's handshake to an rrpc-tonic server by hand, with `app` as
+/// the path hello, and the rings it sets up.
+fn core_handshake_with(
+    path: PathBuf,
+    app: Vec<u8>,
+) -> Result<(Connection, RingTx, RingRx), rrpc_core::Error> {
     let fabric = Fabric::shm();
     let ring = RingConfig::builder()
         .ring_size(1 << 20)
         .build()
         .expect("ring config");
     let local = LocalRing::new(&fabric, &ring).expect("ring");
-    let offer = local.add_to_offer(Offer::new());
+    let offer = local.add_to_offer(Offer::new().app(app));
     let qp = fabric.create_qp(&QpConfig::default()).expect("qp");
-    let c = rrpc_core::conn::connect(&Endpoint::Shm(path), qp, offer, &HandshakeConfig::default())
-        .expect("core handshake");
+    let c = rrpc_core::conn::connect(&Endpoint::Shm(path), qp, offer, &HandshakeConfig::default())?;
     let (tx, rx) = local.connect(&c).expect("rings");
-    (c, tx, rx)
+    Ok((c, tx, rx))
 }
 
 fn is_gone(c: &Connection) -> bool {
@@ -178,23 +188,52 @@ async fn trickling_client_is_cut_at_the_handshake_timeout(t: Transport) {
     c.unary(Input::default()).await.expect("call");
 }
 
-/// A client that completes rrpc-core's handshake but never negotiates a
-/// path is dropped after the handshake timeout. Before: held forever, with
-/// its sockets, eventfds and rings (11 fds each).
-async fn client_that_never_negotiates_is_dropped(t: Transport) {
-    let h = Harness::start_with(t, server_cfg(t, Duration::from_millis(500))).await;
+/// A client whose handshake carries no path hello, or a malformed one, is
+/// refused in the handshake with the reason, and holds nothing on the
+/// server. (The path hello rides in rrpc-core's handshake; before it did,
+/// such a client was held until the handshake timeout.)
+async fn client_without_a_path_hello_is_refused(t: Transport) {
+    let h = Harness::start(t).await;
     drop(h.channel().await);
+    for (app, says) in [
+        (Vec::new(), "malformed or unsupported path hello (0 bytes"),
+        (b"RRP1\0".to_vec(), "this build speaks RRP2"),
+        (
+            rrpc_tonic::frame::path_hello(7, 64 << 10).to_vec(),
+            "unknown path 7",
+        ),
+        (
+            rrpc_tonic::frame::path_hello(0, 10).to_vec(),
+            "call window 10",
+        ),
+    ] {
+        let path = sock_path(&h);
+        let e = tokio::task::spawn_blocking(move || core_handshake_with(path, app))
+            .await
+            .expect("task")
+            .err()
+            .expect("refused");
+        assert!(
+            matches!(&e, rrpc_core::Error::Rejected(r) if r.contains(says)),
+            "{e}"
+        );
+    }
+    // The server still serves.
+    let mut c = h.client().await;
+    c.unary(Input::default()).await.expect("call");
+}
+
+/// A client that completes the handshake (path hello included) and then
+/// stays silent holds its connection like any idle client, and costs the
+/// server's accept loop nothing: others connect and call meanwhile.
+async fn silent_client_after_the_handshake_delays_no_one(t: Transport) {
+    let h = Harness::start(t).await;
     let path = sock_path(&h);
-    let (conn, _tx, _rx) = tokio::task::spawn_blocking(move || core_handshake_only(path))
+    let (_conn, _tx, _rx) = tokio::task::spawn_blocking(move || core_handshake_only(path))
         .await
         .expect("task");
-    let gone = tokio::task::spawn_blocking(move || {
-        closes_within(Duration::from_secs(8), || is_gone(&conn))
-    });
-    assert!(
-        gone.await.expect("task"),
-        "server still holds the idle connection"
-    );
+    let mut c = h.client().await;
+    c.unary(Input::default()).await.expect("call");
 }
 
 /// Garbage instead of the HTTP/2 connection preface closes the connection.
@@ -207,21 +246,9 @@ async fn garbage_instead_of_the_http2_preface_closes_the_connection() {
     drop(h.channel().await);
     let path = sock_path(&h);
     let closed = tokio::task::spawn_blocking(move || {
-        let (conn, mut tx, mut rx) = core_handshake_only(path);
-        // The path hello (rrpc-tonic's transport docs): HTTP/2, 64 KiB window.
-        let mut hello = b"RRP2\x01".to_vec();
-        hello.extend_from_slice(&(64u32 << 10).to_le_bytes());
-        tx.try_send(&hello).expect("hello");
-        tx.flush().expect("flush");
-        // The server's path reply.
-        let got = closes_within(Duration::from_secs(5), || match rx.try_recv() {
-            Ok(m) => {
-                assert_eq!(&m[..5], b"RRP2\x01", "server chose HTTP/2");
-                true
-            }
-            Err(_) => false,
-        });
-        assert!(got, "no path reply");
+        let (conn, mut tx, _rx) = core_handshake_only(path);
+        // The server's path reply came in its accept.
+        assert_eq!(&conn.peer().app[..5], b"RRP2\x01", "server chose HTTP/2");
         let garbage = vec![0x5au8; 256];
         tx.try_send(&garbage).expect("garbage");
         tx.flush().expect("flush");
@@ -248,5 +275,6 @@ on_rings!(
     churn,
     silent_clients_do_not_delay_honest_ones,
     trickling_client_is_cut_at_the_handshake_timeout,
-    client_that_never_negotiates_is_dropped,
+    client_without_a_path_hello_is_refused,
+    silent_client_after_the_handshake_delays_no_one,
 );
