@@ -208,11 +208,12 @@ async fn client_without_a_path_hello_is_refused(t: Transport) {
         ),
     ] {
         let path = sock_path(&h);
-        let e = tokio::task::spawn_blocking(move || core_handshake_with(path, app))
+        let Err(e) = tokio::task::spawn_blocking(move || core_handshake_with(path, app))
             .await
             .expect("task")
-            .err()
-            .expect("refused");
+        else {
+            panic!("accepted a handshake without a valid path hello ({says})");
+        };
         assert!(
             matches!(&e, rrpc_core::Error::Rejected(r) if r.contains(says)),
             "{e}"
