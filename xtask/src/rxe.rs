@@ -827,6 +827,7 @@ pub(crate) mod suite {
         "rrpc-core/conformance",
         "rrpc-core/two_process",
         "rrpc-core/shared_qp",
+        "rrpc-core/logical",
         "rrpc-ringbuf/two_process",
         "rrpc-ringbuf/shared_qp",
         "rrpc-ringbuf/pingpong",

@@ -66,8 +66,11 @@ use crate::handshake::{
 use crate::provider::shm::PeerResources;
 #[cfg(feature = "verbs")]
 use crate::provider::verbs::side;
+
+mod logical;
 use crate::qp::{QpInner, QueuePair};
 use crate::region::{Region, RemoteRegion};
+pub use logical::{SharedConnection, connect_logical};
 
 /// Default of [`HandshakeConfig::max_grant_bytes`]: 1 GiB + 64 MiB, room for
 /// the largest receive ring `rrpc-ringbuf` accepts (`MAX_RING_SIZE`, 1 GiB,
@@ -1412,6 +1415,14 @@ impl Incoming {
     /// [`Error::Timeout`] if it left.
     pub fn accept(self, qp: QueuePair, offer: Offer) -> Result<Connection> {
         let deadline = Deadline::after(self.cfg.timeout);
+        if self.is_logical() {
+            let e = Error::MalformedHandshake(
+                "a logical hello (no queue-pair endpoint) where a dedicated one was expected"
+                    .into(),
+            );
+            let _ = self.reject_with(RejectCode::Malformed, &e.to_string());
+            return Err(e);
+        }
         #[allow(clippy::infallible_destructuring_match)] // fallible with `verbs`
         let stream = match self.stream {
             Side::Unix(s) => s,
@@ -1454,9 +1465,13 @@ impl Incoming {
     /// # Errors
     /// Only if the reject could not be sent (the client is gone anyway).
     pub fn reject(self, reason: &str) -> Result<()> {
-        crate::handshake::count_refusal(RejectCode::Other(0));
+        self.reject_with(RejectCode::Other(0), reason)
+    }
+
+    fn reject_with(self, code: RejectCode, reason: &str) -> Result<()> {
+        crate::handshake::count_refusal(code);
         let m = Message::Reject(Reject {
-            code: RejectCode::Other(0),
+            code,
             reason: reason.to_string(),
         });
         let deadline = Deadline::after(self.cfg.timeout);
@@ -1559,6 +1574,9 @@ pub struct Connection {
     side: Side,
     _grants: Vec<(u16, Arc<Region>)>,
     gone: AtomicBool,
+    /// For a logical connection: the peer's grants on the shared queue pair
+    /// and the shared connection, both released after `qp` (field order).
+    logical: Option<logical::Logical>,
 }
 
 impl Connection {
@@ -1583,6 +1601,7 @@ impl Connection {
             side,
             _grants: grants,
             gone: AtomicBool::new(false),
+            logical: None,
         })
     }
 

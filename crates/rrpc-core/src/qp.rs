@@ -368,6 +368,52 @@ impl QueuePair {
 }
 
 // ---------------------------------------------------------------------------
+// Grants added after connect (logical connections over a shared queue pair)
+// ---------------------------------------------------------------------------
+
+/// Where a queue pair keeps the regions granted after it connected.
+#[derive(Debug)]
+pub(crate) enum LaterTable {
+    Shm(std::sync::Weak<crate::provider::shm::LaterRegions>),
+    #[cfg(feature = "verbs")]
+    Verbs(std::sync::Weak<crate::provider::verbs::LaterRegions>),
+}
+
+/// Regions a peer granted after its queue pair connected (one logical
+/// connection's rings, [`crate::conn::connect_logical`]): posts may target
+/// them until this drops, and then no more.
+#[derive(Debug)]
+pub(crate) struct LaterGrants {
+    pub(crate) table: LaterTable,
+    pub(crate) keys: Vec<u32>,
+    pub(crate) _budget: Option<crate::conn::BudgetGuard>,
+}
+
+impl Drop for LaterGrants {
+    fn drop(&mut self) {
+        match &self.table {
+            LaterTable::Shm(t) => {
+                if let Some(t) = t.upgrade() {
+                    let mut t = t.write().unwrap_or_else(|p| p.into_inner());
+                    for k in &self.keys {
+                        t.remove(k);
+                    }
+                }
+            }
+            #[cfg(feature = "verbs")]
+            LaterTable::Verbs(t) => {
+                if let Some(t) = t.upgrade() {
+                    let mut t = t.write().unwrap_or_else(|p| p.into_inner());
+                    for k in &self.keys {
+                        t.remove(k);
+                    }
+                }
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
 // Failure state shared by every provider's queue pair
 // ---------------------------------------------------------------------------
 

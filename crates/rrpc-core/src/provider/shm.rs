@@ -18,10 +18,10 @@
 //! Peer-written memory (the receive queue's producer index, and anything in
 //! granted regions) is read once and validated before use.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::os::fd::{OwnedFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering, fence};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock};
 
 use crate::cq::{Completion, Opcode, Status};
 use crate::error::{Error, Result};
@@ -360,14 +360,21 @@ impl PeerCq {
 
 /// A peer region mapped into our address space.
 #[derive(Debug)]
-struct MappedRemote {
+pub(crate) struct MappedRemote {
     desc: RemoteRegion,
     map: Mapping,
 }
 
+/// Regions granted after the queue pair connected, by the logical
+/// connections a shared queue pair carries ([`crate::vqp`]), by remote key.
+/// A post holds its region's `Arc` while it copies, so a region removed
+/// meanwhile is unmapped only after the copy.
+pub(crate) type LaterRegions = RwLock<HashMap<u32, Arc<MappedRemote>>>;
+
 #[derive(Debug)]
 struct Peer {
     regions: Vec<MappedRemote>,
+    later: Arc<LaterRegions>,
     cq: PeerCq,
     /// The bytes mapped above, counted against the listener's budget until
     /// the mappings are dropped.
@@ -393,6 +400,14 @@ pub(crate) struct PeerResources {
     pub(crate) event_fd: OwnedFd,
     /// The budget reservation for the bytes mapped, released with the mappings.
     pub(crate) budget: Option<crate::conn::BudgetGuard>,
+}
+
+/// A post's checked target: the peer, the pointer into its region, and the
+/// region itself when it was granted later (kept mapped while this lives).
+struct Checked<'a> {
+    peer: &'a Peer,
+    ptr: *mut u8,
+    _keep: Option<Arc<MappedRemote>>,
 }
 
 /// An shm queue pair.
@@ -484,6 +499,7 @@ impl ShmQp {
         }
         let peer = Peer {
             regions,
+            later: Arc::default(),
             cq: PeerCq {
                 map: cq_map,
                 cap: res.cq_cap,
@@ -527,14 +543,77 @@ impl ShmQp {
         self.peer.get().ok_or(Error::NotConnected)
     }
 
-    /// Finds the mapped peer region and returns a pointer to `remote.addr`.
+    /// Maps regions the peer granted after we connected (a logical
+    /// connection over this queue pair) and adds them to the grants posts
+    /// are checked against, until the returned guard drops. `budget` is
+    /// held as long.
+    ///
+    /// # Errors
+    /// [`Error::NotConnected`] before [`Self::connect`]; the mapping's
+    /// error; [`Error::MalformedHandshake`] for a remote key already
+    /// granted (nothing is added then).
+    pub(crate) fn add_grants(
+        &self,
+        regions: Vec<(RemoteRegion, OwnedFd)>,
+        budget: Option<crate::conn::BudgetGuard>,
+    ) -> Result<crate::qp::LaterGrants> {
+        let peer = self.peer.get().ok_or(Error::NotConnected)?;
+        let mut mapped = Vec::with_capacity(regions.len());
+        for (i, (desc, fd)) in regions.into_iter().enumerate() {
+            let len = usize::try_from(desc.len)
+                .map_err(|_| Error::MalformedHandshake("region length overflows".into()))?;
+            mapped.push(Arc::new(MappedRemote {
+                desc,
+                map: Mapping::map_peer(fd, len, &format!("region {i}"))?,
+            }));
+        }
+        let mut later = peer.later.write().unwrap_or_else(|p| p.into_inner());
+        let keys: Vec<u32> = mapped.iter().map(|m| m.desc.rkey).collect();
+        for (i, &k) in keys.iter().enumerate() {
+            if later.contains_key(&k)
+                || keys[..i].contains(&k)
+                || peer.regions.iter().any(|r| r.desc.rkey == k)
+            {
+                return Err(Error::MalformedHandshake(format!(
+                    "remote key {k:#x} is already granted on this queue pair"
+                )));
+            }
+        }
+        for m in mapped {
+            later.insert(m.desc.rkey, m);
+        }
+        Ok(crate::qp::LaterGrants {
+            table: crate::qp::LaterTable::Shm(Arc::downgrade(&peer.later)),
+            keys,
+            _budget: budget,
+        })
+    }
+
+    /// Finds the mapped peer region and returns a pointer to `remote.addr`,
+    /// with the region's `Arc` when it is one granted later (hold it while
+    /// the pointer is used).
     #[inline]
-    fn translate(peer: &Peer, remote: Remote, len: usize) -> Result<*mut u8> {
+    fn translate(
+        peer: &Peer,
+        remote: Remote,
+        len: usize,
+    ) -> Result<(*mut u8, Option<Arc<MappedRemote>>)> {
+        if let Some(m) = peer.regions.iter().find(|m| m.desc.rkey == remote.rkey) {
+            return Ok((Self::at(m, remote, len)?, None));
+        }
         let m = peer
-            .regions
-            .iter()
-            .find(|m| m.desc.rkey == remote.rkey)
+            .later
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&remote.rkey)
+            .cloned()
             .ok_or(Error::BadRemoteKey { rkey: remote.rkey })?;
+        Ok((Self::at(&m, remote, len)?, Some(m)))
+    }
+
+    /// A pointer to `remote.addr` inside `m`, after the bounds check.
+    #[inline]
+    fn at(m: &MappedRemote, remote: Remote, len: usize) -> Result<*mut u8> {
         if !m.desc.contains(remote.addr, len as u64) {
             return Err(Error::RemoteOutOfBounds {
                 addr: remote.addr,
@@ -590,11 +669,11 @@ impl ShmQp {
     /// is connected and not failed, the local slice lies in its region, the
     /// remote range in a granted region. Returns the peer and the remote pointer.
     #[inline]
-    fn check_post(&self, local: &Local<'_>, remote: Remote) -> Result<(&Peer, *mut u8)> {
+    fn check_post(&self, local: &Local<'_>, remote: Remote) -> Result<Checked<'_>> {
         let peer = self.ready()?;
         local.region.check(local.offset, local.len)?;
-        let ptr = Self::translate(peer, remote, local.len)?;
-        Ok((peer, ptr))
+        let (ptr, _keep) = Self::translate(peer, remote, local.len)?;
+        Ok(Checked { peer, ptr, _keep })
     }
 
     /// Takes a send-queue slot and draws this post's faults. `None` when an
@@ -622,12 +701,14 @@ impl ShmQp {
         remote: Remote,
         signaled: bool,
     ) -> Result<()> {
-        let (_, dst) = self.check_post(&local, remote)?;
+        let checked = self.check_post(&local, remote)?;
+        let dst = checked.ptr;
         let Some((seq, delay, torn)) = self.admit(wr_id, Opcode::Write)? else {
             return Ok(());
         };
         // SAFETY: src is inside our region (checked), dst inside the peer's mapping
-        // (checked by `translate`); the two mappings are distinct objects.
+        // (checked by `translate`, and kept mapped by `checked` until after the
+        // copy); the two mappings are distinct objects.
         unsafe {
             copy_out(
                 local.region.as_ptr().add(local.offset),
@@ -648,7 +729,8 @@ impl ShmQp {
         imm: u32,
         signaled: bool,
     ) -> Result<()> {
-        let (peer, dst) = self.check_post(&local, remote)?;
+        let checked = self.check_post(&local, remote)?;
+        let (peer, dst) = (checked.peer, checked.ptr);
         let mut prod = peer.cq.prod.lock().unwrap_or_else(|p| p.into_inner());
         if let Err(e) = peer.cq.check_room(*prod) {
             if matches!(e, Error::PeerMisbehaved(_)) {
@@ -688,12 +770,14 @@ impl ShmQp {
         remote: Remote,
         signaled: bool,
     ) -> Result<()> {
-        let (_, src) = self.check_post(&local, remote)?;
+        let checked = self.check_post(&local, remote)?;
+        let src = checked.ptr;
         let Some((seq, delay, _)) = self.admit(wr_id, Opcode::Read)? else {
             return Ok(());
         };
         fence(Ordering::Acquire);
-        // SAFETY: src inside the peer's mapping (checked), dst inside our region
+        // SAFETY: src inside the peer's mapping (checked, kept mapped by
+        // `checked`), dst inside our region
         // (checked); `copy` tolerates overlap should both name the same memory.
         unsafe { std::ptr::copy(src, local.region.as_ptr().add(local.offset), local.len) };
         self.complete(seq, wr_id, Opcode::Read, local.len, signaled, delay);

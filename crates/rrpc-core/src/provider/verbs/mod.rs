@@ -94,7 +94,7 @@ mod abi;
 
 pub(crate) use caps::DEFAULT_PORT;
 pub(crate) use device::{Device, Mr};
-pub(crate) use qp::{VerbsCq, VerbsQp};
+pub(crate) use qp::{LaterRegions, VerbsCq, VerbsQp};
 
 #[cfg(test)]
 mod tests {

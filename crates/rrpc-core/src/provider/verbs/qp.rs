@@ -205,7 +205,12 @@ impl VerbsCq {
 #[derive(Debug)]
 struct Peer {
     regions: Vec<RemoteRegion>,
+    later: Arc<LaterRegions>,
 }
+
+/// Regions the peer granted after the queue pair connected, by the logical
+/// connections a shared queue pair carries ([`crate::vqp`]), by remote key.
+pub(crate) type LaterRegions = std::sync::RwLock<std::collections::HashMap<u32, RemoteRegion>>;
 
 /// A verbs RC queue pair with its two completion queues.
 #[derive(Debug)]
@@ -316,7 +321,10 @@ impl VerbsQp {
         self.raw
             .modify(rts_transition(self.psn), "ibv_modify_qp(RTS)")?;
         self.peer
-            .set(Peer { regions })
+            .set(Peer {
+                regions,
+                later: Arc::default(),
+            })
             .map_err(|_| Error::InvalidConfig("queue pair already connected".into()))?;
         tracing::debug!(
             qpn = self.raw.qpn(),
@@ -373,6 +381,38 @@ impl VerbsQp {
             .outstanding()
     }
 
+    /// Adds regions the peer granted after we connected (a logical
+    /// connection over this queue pair) to the grants posts are checked
+    /// against, until the returned guard drops.
+    ///
+    /// # Errors
+    /// [`Error::NotConnected`] before [`Self::connect`];
+    /// [`Error::MalformedHandshake`] for a remote key already granted
+    /// (nothing is added then).
+    pub(crate) fn add_grants(&self, regions: Vec<RemoteRegion>) -> Result<crate::qp::LaterGrants> {
+        let peer = self.peer.get().ok_or(Error::NotConnected)?;
+        let mut later = peer.later.write().unwrap_or_else(|p| p.into_inner());
+        let keys: Vec<u32> = regions.iter().map(|r| r.rkey).collect();
+        for (i, &k) in keys.iter().enumerate() {
+            if later.contains_key(&k)
+                || keys[..i].contains(&k)
+                || peer.regions.iter().any(|r| r.rkey == k)
+            {
+                return Err(Error::MalformedHandshake(format!(
+                    "remote key {k:#x} is already granted on this queue pair"
+                )));
+            }
+        }
+        for r in regions {
+            later.insert(r.rkey, r);
+        }
+        Ok(crate::qp::LaterGrants {
+            table: crate::qp::LaterTable::Verbs(Arc::downgrade(&peer.later)),
+            keys,
+            _budget: None,
+        })
+    }
+
     fn ready(&self) -> Result<&Peer> {
         if let Some(e) = self.failure() {
             return Err(e);
@@ -384,7 +424,14 @@ impl VerbsQp {
     fn check(&self, local: &Local<'_>, remote: Remote) -> Result<(u64, u32, u32)> {
         let peer = self.ready()?;
         local.region.check(local.offset, local.len)?;
-        check_remote(&peer.regions, remote, local.len as u64)?;
+        match check_remote(&peer.regions, remote, local.len as u64) {
+            Err(Error::BadRemoteKey { rkey }) => {
+                let later = peer.later.read().unwrap_or_else(|p| p.into_inner());
+                let r = later.get(&rkey).ok_or(Error::BadRemoteKey { rkey })?;
+                check_remote(std::slice::from_ref(r), remote, local.len as u64)?;
+            }
+            other => other?,
+        }
         if local.len as u64 > MAX_MESSAGE {
             return Err(Error::InvalidConfig(format!(
                 "a work request carries at most {MAX_MESSAGE} bytes, got {}",

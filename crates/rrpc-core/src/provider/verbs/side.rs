@@ -575,6 +575,8 @@ pub(crate) fn exchange(s: &mut Stream, hello: Hello, deadline: Deadline) -> Resu
     }
 }
 
+/// The provider is verbs, and the endpoint decodes or is empty (a logical
+/// connection over a queue pair already connected).
 fn check_provider(h: &Hello) -> Result<()> {
     if h.provider != ProviderKind::Verbs.code() {
         return Err(Error::MalformedHandshake(format!(
@@ -582,7 +584,9 @@ fn check_provider(h: &Hello) -> Result<()> {
             h.provider
         )));
     }
-    VerbsEndpoint::decode(&h.endpoint)?;
+    if !h.endpoint.is_empty() {
+        VerbsEndpoint::decode(&h.endpoint)?;
+    }
     Ok(())
 }
 
@@ -669,18 +673,54 @@ pub(crate) fn client(
     tls: Option<&crate::conn::TlsClient>,
 ) -> Result<(TcpStream, Hello)> {
     fill_hello(qp, &mut hello)?;
+    let mut s = open(addr, deadline, keepalive, tls)?;
+    let accept = exchange(&mut s, hello, deadline)?;
+    attach(qp, &accept)?;
+    Ok((s.into_tcp(), accept))
+}
+
+/// The client side of a logical connection over a queue pair that is
+/// already connected ([`crate::conn::connect_logical`]): as [`client`], but
+/// the hello carries no endpoint, and neither may the server's `Accept`.
+///
+/// # Errors
+/// As [`client`]; [`Error::MalformedHandshake`] if the server answers with
+/// an endpoint.
+pub(crate) fn client_logical(
+    addr: SocketAddr,
+    mut hello: Hello,
+    deadline: Deadline,
+    keepalive: Option<&TcpKeepalive>,
+    tls: Option<&crate::conn::TlsClient>,
+) -> Result<(TcpStream, Hello)> {
+    hello.provider = ProviderKind::Verbs.code();
+    hello.endpoint.clear();
+    let mut s = open(addr, deadline, keepalive, tls)?;
+    let accept = exchange(&mut s, hello, deadline)?;
+    if !accept.endpoint.is_empty() {
+        return Err(Error::MalformedHandshake(
+            "the server answered a logical connection with a queue-pair endpoint".into(),
+        ));
+    }
+    Ok((s.into_tcp(), accept))
+}
+
+/// The side channel to `addr`, in TLS when `tls` is set.
+fn open(
+    addr: SocketAddr,
+    deadline: Deadline,
+    keepalive: Option<&TcpKeepalive>,
+    tls: Option<&crate::conn::TlsClient>,
+) -> Result<Stream> {
     let tcp = connect_tcp(addr, deadline, keepalive)?;
-    let mut s = match tls {
+    Ok(match tls {
         Some(t) => {
             let conn = rustls::ClientConnection::new(t.config.clone(), t.server_name.clone())
                 .map_err(|e| tls_error("TLS client session", &e))?;
             Stream::tls(tcp, conn.into(), deadline)?
         }
         None => Stream::plain(tcp),
-    };
-    let accept = exchange(&mut s, hello, deadline)?;
-    attach(qp, &accept)?;
-    Ok((s.into_tcp(), accept))
+    })
 }
 
 /// The server side after [`read_hello`]: connect `qp` to the client's queue

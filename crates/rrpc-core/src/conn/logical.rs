@@ -1,0 +1,281 @@
+//! Logical connections over a shared queue pair (KRCore §4.4 in a
+//! connection's words).
+//!
+//! A [`SharedConnection`] is an ordinary [`Connection`] whose queue pair is
+//! wrapped in a [`PhysicalQp`]. Each logical connection over it runs its own
+//! side-channel handshake, like any connection, but creates no queue pair:
+//!
+//! * the hello carries **no queue-pair endpoint** (that is what marks it
+//!   logical) and its ring grants as usual (on shm their memfds);
+//! * each side attaches a sharer of its physical queue pair under the tag
+//!   the client chose ([`PhysicalQp::attach`] with the same tag at both
+//!   ends: the physical pair is the client's and the server's alone), and
+//!   adds the peer's grants to what posts on that queue pair may target,
+//!   until the logical connection drops;
+//! * its own side channel stays open as its liveness signal, exactly as
+//!   for a dedicated connection.
+//!
+//! So a logical connection costs a socket round trip and its rings: no
+//! queue pair, no `INIT → RTR → RTS`. Which shared connection a logical
+//! hello belongs to is the layers above's business (rrpc-tonic names it in
+//! the application blob, with a secret only the two ends know).
+//!
+//! What a peer can do wrong here is refused like any bad hello: a logical
+//! hello to [`Incoming::accept`] (or a dedicated one to
+//! [`Incoming::accept_logical`]), a tag already attached, a remote key
+//! granted twice. Nothing it does reaches another peer's queue pair: a
+//! shared connection connects exactly two ends.
+
+use std::os::fd::OwnedFd;
+use std::sync::Arc;
+
+use super::{
+    Connection, Deadline, Error, HandshakeConfig, Hello, Incoming, Message, Offer, ProviderKind,
+    QpInner, QueuePair, Reject, Result, Side, base_hello, connect_unix, granted_bytes, peer_info,
+    recv_msg, reject_code_for, reject_error, send_msg,
+};
+use crate::endpoint::Endpoint;
+use crate::qp::LaterGrants;
+use crate::vqp::{PhysicalQp, VqpConfig};
+
+/// A connection whose queue pair carries logical connections
+/// ([`connect_logical`], [`Incoming::accept_logical`]). The hardware queue
+/// pair lives while this or any logical connection over it does.
+#[derive(Debug)]
+pub struct SharedConnection {
+    phys: PhysicalQp,
+    conn: Connection,
+}
+
+impl SharedConnection {
+    /// Shares `conn`'s queue pair. Nothing may post on or poll that queue
+    /// pair directly from now on.
+    ///
+    /// # Errors
+    /// As [`PhysicalQp::new`].
+    pub fn new(conn: Connection, cfg: VqpConfig) -> Result<Arc<SharedConnection>> {
+        let phys = PhysicalQp::new(conn.qp().clone(), cfg)?;
+        tracing::debug!("connection shared");
+        Ok(Arc::new(SharedConnection { phys, conn }))
+    }
+
+    /// The connection whose queue pair is shared: its side channel tells
+    /// whether the peer is there ([`Connection::check_alive`]).
+    pub fn connection(&self) -> &Connection {
+        &self.conn
+    }
+
+    /// The shared queue pair: sharers attached now, counters.
+    pub fn physical(&self) -> &PhysicalQp {
+        &self.phys
+    }
+}
+
+/// What a logical [`Connection`] holds beyond a dedicated one.
+#[derive(Debug)]
+pub(super) struct Logical {
+    _grants: LaterGrants,
+    _shared: Arc<SharedConnection>,
+}
+
+/// Adds the peer's grants in `h` to the hardware queue pair under `shared`.
+fn add_grants(
+    shared: &SharedConnection,
+    h: &Hello,
+    fds: Vec<OwnedFd>,
+    max_bytes: u64,
+    budget: Option<super::BudgetGuard>,
+) -> Result<LaterGrants> {
+    match &shared.phys.hardware().inner {
+        QpInner::Shm(q) => {
+            if fds.len() != h.regions.len() {
+                return Err(Error::MalformedHandshake(format!(
+                    "peer granted {} regions but passed {} descriptors in a logical hello",
+                    h.regions.len(),
+                    fds.len()
+                )));
+            }
+            granted_bytes(h, max_bytes)?;
+            for (i, (d, fd)) in h.regions.iter().zip(&fds).enumerate() {
+                use std::os::fd::AsFd;
+                crate::sys::check_peer_memfd(fd.as_fd(), d.remote.len, &format!("region {i}"))?;
+            }
+            let regions = h.regions.iter().map(|d| d.remote).zip(fds).collect();
+            q.add_grants(regions, budget)
+        }
+        #[cfg(feature = "verbs")]
+        QpInner::Verbs(q) => q.add_grants(h.regions.iter().map(|d| d.remote).collect()),
+        QpInner::Virtual(_) => Err(Error::InvalidConfig(
+            "a shared queue pair cannot itself be shared".into(),
+        )),
+    }
+}
+
+/// Connects a logical connection over `shared` (module docs): a handshake
+/// on a new side channel to `endpoint`, offering `offer`'s grants, with a
+/// sharer attached under `tag` at both ends. Blocking, bounded by
+/// `cfg.timeout()` like [`super::connect`].
+///
+/// # Errors
+/// [`Error::InvalidConfig`] for a tag in use or out of range (nothing is
+/// sent); otherwise as [`super::connect`].
+pub fn connect_logical(
+    endpoint: &Endpoint,
+    shared: &Arc<SharedConnection>,
+    tag: u32,
+    offer: Offer,
+    cfg: &HandshakeConfig,
+) -> Result<Connection> {
+    let span = tracing::debug_span!("rrpc_connect_logical", %endpoint, tag);
+    let _g = span.enter();
+    let deadline = Deadline::after(cfg.timeout);
+    let qp = shared.phys.attach(tag, tag)?;
+    let (side, accept, fds) = match endpoint {
+        Endpoint::Shm(path) => {
+            let s = connect_unix(path, deadline)?;
+            let hello = Hello {
+                provider: ProviderKind::Shm.code(),
+                ..base_hello(&offer)
+            };
+            let fds: Vec<_> = offer.grants.iter().map(|(_, r)| r.fd()).collect();
+            send_msg(&s, &Message::Hello(hello), &fds, deadline)?;
+            let (answer, fds) = recv_msg(&s, deadline)?;
+            let h = match answer {
+                Message::Accept(h) => h,
+                Message::Reject(r) => return Err(reject_error(r)),
+                other => {
+                    return Err(Error::MalformedHandshake(format!(
+                        "expected Accept, got {:?}",
+                        other.kind()
+                    )));
+                }
+            };
+            if !h.endpoint.is_empty() {
+                return Err(Error::MalformedHandshake(
+                    "the server answered a logical connection with a queue-pair endpoint".into(),
+                ));
+            }
+            (Side::Unix(s), h, fds)
+        }
+        #[cfg(feature = "verbs")]
+        Endpoint::Rdma(addr) => {
+            let (s, h) = crate::provider::verbs::side::client_logical(
+                *addr,
+                base_hello(&offer),
+                deadline,
+                cfg.keepalive.as_ref(),
+                cfg.tls_client(),
+            )?;
+            (
+                Side::Tcp(crate::provider::verbs::side::Stream::plain(s)),
+                h,
+                Vec::new(),
+            )
+        }
+        #[cfg(not(feature = "verbs"))]
+        Endpoint::Rdma(_) => return Err(Error::ProviderUnavailable("verbs")),
+    };
+    let peer = peer_info(&accept, shared.conn.peer().provider)?;
+    let grants = add_grants(shared, &accept, fds, cfg.max_grant_bytes, None)?;
+    let mut conn = Connection::new(side, qp, peer, offer.grants)?;
+    conn.logical = Some(Logical {
+        _grants: grants,
+        _shared: shared.clone(),
+    });
+    tracing::debug!("logical connection connected");
+    Ok(conn)
+}
+
+impl Incoming {
+    /// Whether the client asks for a logical connection over a shared
+    /// connection it already has with us (its hello carries no queue-pair
+    /// endpoint): answer it with [`Incoming::accept_logical`].
+    pub fn is_logical(&self) -> bool {
+        self.hello.endpoint.is_empty()
+    }
+
+    /// Accepts a logical connection over `shared` (module docs): attaches a
+    /// sharer under `tag` (the client's), adds the client's grants to the
+    /// shared queue pair, and answers with `offer`'s grants. Blocking,
+    /// bounded by the handshake timeout.
+    ///
+    /// # Errors
+    /// [`Error::MalformedHandshake`] for a dedicated hello, a tag in use or
+    /// out of range, or grants that cannot be mapped: the client gets a
+    /// `Reject` saying so. Transport errors while answering.
+    pub fn accept_logical(
+        self,
+        shared: &Arc<SharedConnection>,
+        tag: u32,
+        offer: Offer,
+    ) -> Result<Connection> {
+        let deadline = Deadline::after(self.cfg.timeout);
+        let Incoming {
+            mut stream,
+            hello,
+            peer,
+            fds,
+            cfg,
+            budget,
+        } = self;
+        let set_up = || -> Result<(QueuePair, LaterGrants)> {
+            if !hello.endpoint.is_empty() {
+                return Err(Error::MalformedHandshake(
+                    "a dedicated hello where a logical one was expected".into(),
+                ));
+            }
+            if peer.provider != shared.conn.peer().provider {
+                return Err(Error::MalformedHandshake(format!(
+                    "a {:?} hello for a {:?} shared connection",
+                    peer.provider,
+                    shared.conn.peer().provider
+                )));
+            }
+            let qp = shared
+                .phys
+                .attach(tag, tag)
+                .map_err(|e| Error::MalformedHandshake(e.to_string()))?;
+            let grants = add_grants(shared, &hello, fds, cfg.max_grant_bytes, budget)?;
+            Ok((qp, grants))
+        };
+        let (qp, grants) = match set_up() {
+            Ok(x) => x,
+            Err(e) => {
+                let code = reject_code_for(&e);
+                let reject = Message::Reject(Reject {
+                    code,
+                    reason: e.to_string(),
+                });
+                let _ = match &mut stream {
+                    Side::Unix(s) => send_msg(s, &reject, &[], deadline),
+                    #[cfg(feature = "verbs")]
+                    Side::Tcp(s) => crate::provider::verbs::side::send_msg(s, &reject, deadline),
+                };
+                crate::handshake::count_refusal(code);
+                tracing::warn!(error = %e, reason = code.name(), "logical handshake refused");
+                return Err(e);
+            }
+        };
+        let answer = Hello {
+            provider: peer.provider.code(),
+            ..base_hello(&offer)
+        };
+        match &mut stream {
+            Side::Unix(s) => {
+                let fds: Vec<_> = offer.grants.iter().map(|(_, r)| r.fd()).collect();
+                send_msg(s, &Message::Accept(answer), &fds, deadline)?;
+            }
+            #[cfg(feature = "verbs")]
+            Side::Tcp(s) => {
+                crate::provider::verbs::side::send_msg(s, &Message::Accept(answer), deadline)?;
+            }
+        }
+        let mut conn = Connection::new(stream, qp, peer, offer.grants)?;
+        conn.logical = Some(Logical {
+            _grants: grants,
+            _shared: shared.clone(),
+        });
+        tracing::debug!(tag, "logical connection accepted");
+        Ok(conn)
+    }
+}
