@@ -12,6 +12,8 @@
 //! | [`conn`] | rdma_cm / out-of-band exchange | side channel, versioned handshake ([`handshake`]), liveness; hostile-peer checks and limits |
 //! | [`pool`] | KRCore's pre-initialised pool | connect in one round trip |
 //! | [`vqp`] | KRCore's virtualized QP (Algorithm 2) | many logical connections over one hardware queue pair |
+//! | [`conn::SharedConnection`], [`conn::connect_logical`] | KRCore's `qconnect` over a cached QP | a connection per logical connection, with no queue pair of its own |
+//! | [`meta`] | KRCore's DCCache / MRStore leases | what a reconnect to a known peer reuses, and when it must not |
 //! | [`FaultConfig`] | — | delayed / failed completions, torn writes for tests |
 //!
 //! ## Providers
@@ -74,6 +76,7 @@ pub mod error;
 pub mod fabric;
 pub mod fault;
 pub mod handshake;
+pub mod meta;
 pub mod pool;
 mod provider;
 pub mod qp;
