@@ -108,6 +108,11 @@ impl<K: Hash + Eq + Clone, V> PeerCache<K, V> {
         evicted
     }
 
+    /// The values held, expired or not.
+    pub fn values(&self) -> impl Iterator<Item = &V> {
+        self.entries.values().map(|e| &e.value)
+    }
+
     /// Forgets `key` (the peer was seen down); returns its value.
     pub fn invalidate(&mut self, key: &K) -> Option<V> {
         self.entries.remove(key).map(|e| e.value)

@@ -482,6 +482,17 @@ impl PhysicalQp {
         })
     }
 
+    /// Whether a sharer is attached under `tag` now.
+    pub fn is_attached(&self, tag: u32) -> bool {
+        self.shared.lock().sharers.contains_key(tag)
+    }
+
+    /// The number of sharer tags ([`VqpConfig::tag_bits`]): tags run from 0
+    /// to this, exclusive.
+    pub fn tags(&self) -> u32 {
+        1 << self.shared.tag_bits
+    }
+
     /// Sharers attached now.
     pub fn sharers(&self) -> usize {
         self.shared.lock().sharers.len()

@@ -47,11 +47,20 @@ pub const DEFAULT_RDMA_CONNECTION_POOL: usize = 2;
 /// | `queue_pair` | [`rrpc_core::QpConfig::default`] | each connection's queue pair (depths; fault injection for tests) |
 /// | `connection_pool` | 0 (off) | KRCore §3.1: queue pairs and ring regions made ahead of time by a background thread; on shm it measured no faster (`cargo xtask bench connect`: p50 0.88–1.04× unpooled over three runs, both ≈ 3× tonic-TCP's connect), meant for verbs, where registration costs milliseconds on a NIC |
 /// | `connection_pool_memory` | 64 MiB | the bound on what the ready bundles of this config's pools hold together (a bundle holds both ring regions, ≈ 2 × `ring_size`) |
+/// | `shared_queue_pairs` | off | KRCore §4.4: connections to one server share one queue pair (see the setter for the measured cost on shm) |
+/// | `peer_lease` | 10 s | how long an unused shared connection stays cached (`rrpc_core::meta`) |
+/// | `max_shared_peers` | 1024 | shared connections cached (client) or held (server) at once |
 /// | `rdma_device` | first device listed | the verbs device for `rdma://` (feature `verbs`) |
 /// | `rdma_port` | 1 | its physical port |
 /// | `rdma_gid_index` | RoCE: first IPv4-mapped RoCE v2 GID, else 0; InfiniBand: 0 | its source GID index (see `rrpc_core::VerbsOptions::gid_index`) |
 #[derive(Debug, Clone)]
 pub struct RrpcConfig(Arc<Inner>);
+
+/// The default of [`RrpcConfig::peer_lease`].
+pub const DEFAULT_PEER_LEASE: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// The default of [`RrpcConfig::max_shared_peers`].
+pub const DEFAULT_MAX_SHARED_PEERS: usize = 1024;
 
 /// What a client checks the server's side-channel certificate with.
 #[cfg(feature = "verbs")]
@@ -107,6 +116,18 @@ struct Inner {
     pool_memory: u64,
     /// The pools, one per provider, shared by every clone of this config.
     pool_cell: Arc<std::sync::Mutex<Pools>>,
+    /// Logical connections over one queue pair per peer.
+    shared_queue_pairs: bool,
+    /// How long a shared connection nobody uses stays cached.
+    peer_lease: std::time::Duration,
+    /// Shared connections cached (client) or accepted (server) at once.
+    max_shared_peers: usize,
+    /// The client's shared connections, by peer, shared by every clone of
+    /// this config.
+    peers_cell: Arc<crate::sharing::Peers>,
+    /// The shared connections clients opened with servers of this config
+    /// and its clones.
+    anchors_cell: Arc<crate::sharing::Anchors>,
 }
 
 impl Default for RrpcConfig {
@@ -138,6 +159,11 @@ impl Default for RrpcConfig {
             rdma_gid_index: None,
             fabric_cell: Arc::new(std::sync::Mutex::new(None)),
             queue_pair: rrpc_core::QpConfig::default(),
+            shared_queue_pairs: false,
+            peer_lease: DEFAULT_PEER_LEASE,
+            max_shared_peers: DEFAULT_MAX_SHARED_PEERS,
+            peers_cell: Arc::default(),
+            anchors_cell: Arc::default(),
             pool: None,
             pool_memory: 64 << 20,
             pool_cell: Arc::new(std::sync::Mutex::new(Pools::default())),
@@ -670,6 +696,105 @@ impl RrpcConfig {
             i.pool = Some(n);
             i.pool_cell = Arc::new(std::sync::Mutex::new(Pools::default()));
         })
+    }
+
+    /// Carries every `shm://` or `rdma://` connection to one server over one
+    /// queue pair (KRCore's virtualized QP, §4.4): the first connection to
+    /// a server opens a *shared connection* (a queue pair, no rings), and
+    /// each connection after it is a logical connection over that queue
+    /// pair, with its own rings and side channel but no queue pair of its
+    /// own (`rrpc_core::conn::connect_logical`). Queue pairs are then
+    /// bounded by peers, not connections, and a connect skips creating and
+    /// connecting one. Both ends must set it: a server without it refuses
+    /// shared connections, saying so.
+    ///
+    /// Default: off. On `shm://` a shared queue pair measured 0.4–0.7× the
+    /// WRITE throughput of dedicated ones below 1024 connections
+    /// (`cargo xtask bench connect`, `shared_qp`), since every post takes
+    /// the sharing layer's lock; it pays off on a NIC with many
+    /// connections, where queue-pair state overflows the NIC's cache
+    /// (KRCore §2.3). The shared connection stays cached for
+    /// [`RrpcConfig::peer_lease`] after its last use.
+    pub fn shared_queue_pairs(self, on: bool) -> Self {
+        self.with(|i| {
+            i.shared_queue_pairs = on;
+            i.peers_cell = Arc::default();
+        })
+    }
+
+    /// See [`RrpcConfig::shared_queue_pairs`].
+    pub fn get_shared_queue_pairs(&self) -> bool {
+        self.0.shared_queue_pairs
+    }
+
+    /// How long a client keeps a shared connection to a server cached after
+    /// the last connect that used it, once no connection runs over it (the
+    /// lease of `rrpc_core::meta::PeerCache`). A cached shared connection is
+    /// also dropped as soon as its peer is seen down: its side channel
+    /// closed, or the server no longer knows it. Default 10 s
+    /// ([`DEFAULT_PEER_LEASE`]).
+    ///
+    /// # Errors
+    /// [`crate::Error::InvalidConfig`] for zero.
+    pub fn peer_lease(self, lease: std::time::Duration) -> Result<Self, crate::Error> {
+        if lease.is_zero() {
+            return Err(crate::Error::InvalidConfig("peer_lease must be above zero"));
+        }
+        Ok(self.with(|i| {
+            i.peer_lease = lease;
+            i.peers_cell = Arc::default();
+        }))
+    }
+
+    /// See [`RrpcConfig::peer_lease`].
+    pub fn get_peer_lease(&self) -> std::time::Duration {
+        self.0.peer_lease
+    }
+
+    /// The most shared connections a client caches, and a server holds, at
+    /// once. A client past it closes the one whose lease ends first; a
+    /// server past it refuses new shared connections (their clients then
+    /// fail to connect, with the reason). Default 1024
+    /// ([`DEFAULT_MAX_SHARED_PEERS`]).
+    ///
+    /// # Errors
+    /// [`crate::Error::InvalidConfig`] for zero.
+    pub fn max_shared_peers(self, n: usize) -> Result<Self, crate::Error> {
+        if n == 0 {
+            return Err(crate::Error::InvalidConfig(
+                "max_shared_peers must be at least 1",
+            ));
+        }
+        Ok(self.with(|i| {
+            i.max_shared_peers = n;
+            i.peers_cell = Arc::default();
+        }))
+    }
+
+    /// See [`RrpcConfig::max_shared_peers`].
+    pub fn get_max_shared_peers(&self) -> usize {
+        self.0.max_shared_peers
+    }
+
+    /// The client's cache of shared connections (one per config and its
+    /// clones).
+    pub(crate) fn peers(&self) -> &Arc<crate::sharing::Peers> {
+        &self.0.peers_cell
+    }
+
+    /// The shared connections servers of this config hold.
+    pub(crate) fn anchors(&self) -> &Arc<crate::sharing::Anchors> {
+        &self.0.anchors_cell
+    }
+
+    /// The shared connections ([`RrpcConfig::shared_queue_pairs`]) of this
+    /// config and its clones now: those its clients opened (still cached),
+    /// then those its servers accepted. One per client and server pair, so
+    /// a client with many connections to one server shows one queue pair.
+    pub fn shared_connections(&self) -> Vec<crate::SharedConnectionStats> {
+        let mut v = self.0.peers_cell.stats();
+        v.extend(self.0.anchors_cell.stats());
+        v
     }
 
     /// See [`RrpcConfig::connection_pool`]: the size set, or `None` for

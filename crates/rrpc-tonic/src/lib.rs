@@ -235,13 +235,18 @@ pub mod frame;
 mod h2stream;
 mod pipe;
 mod server;
+mod sharing;
 mod shm;
 mod transport;
 
 pub use channel::{Carrier, ChannelPath, ResponseFuture, RrpcChannel};
-pub use config::{DEFAULT_RDMA_CONNECTION_POOL, PathPreference, RrpcConfig, default_poller_config};
+pub use config::{
+    DEFAULT_MAX_SHARED_PEERS, DEFAULT_PEER_LEASE, DEFAULT_RDMA_CONNECTION_POOL, PathPreference,
+    RrpcConfig, default_poller_config,
+};
 pub use endpoint::RrpcEndpoint;
 pub use error::Error;
 pub use h2stream::{RrpcConnectInfo, RrpcStream};
 pub use rrpc_poller::{Mode as PollerMode, Poller, PollerConfig};
 pub use server::{Router, RrpcIncoming, Server};
+pub use sharing::SharedConnectionStats;

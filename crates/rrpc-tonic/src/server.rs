@@ -20,7 +20,7 @@ use tower::{Layer, Service};
 
 use crate::fast::server::serve_conn;
 use crate::h2stream::{RrpcConnectInfo, RrpcStream};
-use crate::transport::{Negotiated, RrpcListener, Target};
+use crate::transport::{Established, Negotiated, RrpcListener, Target};
 use crate::{Error, RrpcConfig};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -568,7 +568,7 @@ where
                     };
                     drop(permit);
                     match r {
-                        Ok((pipe, Negotiated::Fast { peer_window })) => {
+                        Ok(Established::Pipe(pipe, Negotiated::Fast { peer_window })) => {
                             tracing::debug!(%peer, "rrpc connection on the fast path");
                             // At its age the connection drains as on shutdown.
                             let (aging, aged) = (token.clone(), peer.clone());
@@ -589,9 +589,12 @@ where
                                 tracing::warn!(%peer, error = %e, "rrpc connection failed");
                             }
                         }
-                        Ok((pipe, Negotiated::Http2)) => {
+                        Ok(Established::Pipe(pipe, Negotiated::Http2)) => {
                             tracing::debug!(%peer, "rrpc connection on the HTTP/2 path");
                             let _ = h2_tx.send(Ok(RrpcStream::new(pipe, info))).await;
+                        }
+                        Ok(Established::Shared) => {
+                            tracing::debug!(%peer, "rrpc shared connection opened");
                         }
                         Err(e) => tracing::warn!(%peer, error = %e, "rrpc connection setup failed"),
                     }

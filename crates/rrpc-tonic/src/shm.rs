@@ -19,7 +19,8 @@ use rrpc_ringbuf::{LocalRing, RingConfig, RingRx, RingTx, RxWatch, TxWatch};
 use tokio::io::unix::AsyncFd;
 
 use crate::pipe::{BoxFut, MsgRx, MsgTx, Pipe};
-use crate::transport::{Negotiated, choose_path, client_hello, path_of_reply};
+use crate::sharing::{self, Anchors, Request};
+use crate::transport::{Established, Negotiated, choose_path, client_hello, path_of_reply};
 use crate::{Error, RrpcConfig};
 
 fn ring_config(cfg: &RrpcConfig) -> Result<RingConfig, Error> {
@@ -532,13 +533,17 @@ fn handshake_config(cfg: &RrpcConfig) -> Result<HandshakeConfig, Error> {
 pub(crate) async fn dial(ep: Endpoint, cfg: &RrpcConfig) -> Result<(Pipe, Negotiated), Error> {
     let ring = ring_config(cfg)?;
     let hs = handshake_config(cfg)?;
-    let token = cfg.get_token().map(<[u8]>::to_vec);
     let cfg2 = cfg.clone();
     let (conn, tx, rx, path) = tokio::task::spawn_blocking(move || -> Result<_, Error> {
         let fabric = fabric_for(&ep, &cfg2)?;
+        if cfg2.get_shared_queue_pairs() {
+            return dial_logical(&ep, &fabric, &ring, &hs, &cfg2);
+        }
         let (local, qp) = take_bundle(&fabric, &ring, &cfg2)?;
         // The path hello rides in the handshake (module docs of `transport`).
-        let offer = Offer::new().token(token).app(client_hello(&cfg2).to_vec());
+        let offer = Offer::new()
+            .token(cfg2.get_token().map(<[u8]>::to_vec))
+            .app(client_hello(&cfg2).to_vec());
         let offer = local.add_to_offer(offer);
         let c = connect(&ep, qp, offer, &hs)?;
         let path = path_of_reply(&c.peer().app)?;
@@ -548,6 +553,54 @@ pub(crate) async fn dial(ep: Endpoint, cfg: &RrpcConfig) -> Result<(Pipe, Negoti
     .await
     .map_err(|e| Error::Io(std::io::Error::other(e)))??;
     Ok((into_pipe(conn, tx, rx, cfg)?, path))
+}
+
+/// What a connect sets up before its pipe: the connection, both ring ends
+/// and the path agreed.
+type Dialed = (Connection, RingTx, RingRx, Negotiated);
+
+/// A logical connection to `ep` over the config's shared connection to it
+/// (opened first if there is none; `sharing` docs). A server that no longer
+/// knows the shared connection (it restarted), or that still holds the tag
+/// picked, is tried again with a fresh one, twice at most. Blocking.
+fn dial_logical(
+    ep: &Endpoint,
+    fabric: &Fabric,
+    ring: &RingConfig,
+    hs: &HandshakeConfig,
+    cfg: &RrpcConfig,
+) -> Result<Dialed, Error> {
+    let mut tries = 0;
+    loop {
+        tries += 1;
+        let peer = cfg.peers().get_or_open(ep, fabric, cfg, hs)?;
+        let tag = peer.free_tag()?;
+        let local = LocalRing::new(&peer.fabric, ring)?;
+        let app = sharing::logical_request(&client_hello(cfg), &peer.id, tag);
+        let offer = Offer::new()
+            .token(cfg.get_token().map(<[u8]>::to_vec))
+            .app(app);
+        let offer = local.add_to_offer(offer);
+        match rrpc_core::conn::connect_logical(ep, &peer.shared, tag, offer, hs) {
+            Ok(c) => {
+                let path = path_of_reply(&c.peer().app)?;
+                let (tx, rx) = local.connect(&c)?;
+                return Ok((c, tx, rx, path));
+            }
+            Err(rrpc_core::Error::Rejected(r)) if tries < 3 && sharing::is_stale(&r) => {
+                tracing::debug!(endpoint = %ep, reason = %r, "rrpc: shared connection refused; retrying");
+                if r.contains(sharing::UNKNOWN) {
+                    cfg.peers().invalidate(ep, &peer);
+                }
+            }
+            Err(e) => {
+                if peer.shared.connection().check_alive().is_err() {
+                    cfg.peers().invalidate(ep, &peer);
+                }
+                return Err(e.into());
+            }
+        }
+    }
 }
 
 struct Fd(Listener);
@@ -666,7 +719,7 @@ impl ShmPending {
     /// # Cancel safety
     /// Dropping the future before it completes drops the client (its side
     /// channel closes, so the client sees the server leave).
-    pub(crate) async fn establish(self) -> Result<(Pipe, Negotiated), Error> {
+    pub(crate) async fn establish(self) -> Result<Established, Error> {
         let timeout = self.cfg.get_handshake_timeout();
         let ShmPending {
             mut pending,
@@ -690,28 +743,68 @@ impl ShmPending {
             }
         }
         let cfg2 = cfg.clone();
-        let (c, tx, rx, path) = tokio::task::spawn_blocking(move || -> Result<_, Error> {
+        let set_up = tokio::task::spawn_blocking(move || -> Result<Option<Dialed>, Error> {
             let incoming = pending.handshake()?;
-            // The client's path hello rode in its hello; a bad one is
-            // refused before anything is taken from the pool.
-            let (path, reply) = match choose_path(&incoming.peer().app, &cfg2) {
-                Ok(chosen) => chosen,
-                Err(e) => {
-                    let reason = format!("path hello: {e}");
-                    let _ = incoming.reject(&reason);
-                    return Err(Error::Handshake(format!("client's {reason}")));
-                }
-            };
-            let (local, qp) = take_bundle(&fabric, &ring, &cfg2)?;
-            let offer = local.add_to_offer(Offer::new().app(reply.to_vec()));
-            let c = incoming.accept(qp, offer)?;
-            let (tx, rx) = local.connect(&c)?;
-            Ok((c, tx, rx, path))
+            answer(incoming, &fabric, &ring, &cfg2, cfg2.anchors())
         })
         .await
         .map_err(|e| Error::Io(std::io::Error::other(e)))??;
-        Ok((into_pipe(c, tx, rx, &cfg)?, path))
+        Ok(match set_up {
+            Some((c, tx, rx, path)) => Established::Pipe(into_pipe(c, tx, rx, &cfg)?, path),
+            None => Established::Shared,
+        })
     }
+}
+
+/// The server's answer to a client whose hello was read: a connection of
+/// its own, a shared connection opened (`None`: no pipe), or a logical
+/// connection over one. The client's path hello rode in its hello; a bad
+/// one is refused before anything is taken from the pool. Blocking.
+fn answer(
+    incoming: rrpc_core::conn::Incoming,
+    fabric: &Fabric,
+    ring: &RingConfig,
+    cfg: &RrpcConfig,
+    anchors: &Anchors,
+) -> Result<Option<Dialed>, Error> {
+    let refuse = |incoming: rrpc_core::conn::Incoming, reason: String| -> Error {
+        let _ = incoming.reject(&reason);
+        Error::Handshake(format!("client's {reason}"))
+    };
+    let app = incoming.peer().app.clone();
+    let request = match sharing::parse_request(&app) {
+        Ok(r) => r,
+        Err(e) => return Err(refuse(incoming, format!("application blob: {e}"))),
+    };
+    let path_hello = match &request {
+        Request::Open => {
+            anchors.open(incoming, fabric, cfg)?;
+            return Ok(None);
+        }
+        Request::Dedicated(path) | Request::Logical { path, .. } => path,
+    };
+    let (path, reply) = match choose_path(path_hello, cfg) {
+        Ok(chosen) => chosen,
+        Err(e) => return Err(refuse(incoming, format!("path hello: {e}"))),
+    };
+    if let Request::Logical { id, tag, .. } = request {
+        if !cfg.get_shared_queue_pairs() {
+            return Err(refuse(incoming, sharing::OFF.into()));
+        }
+        let Some(anchor) = anchors.find(&id) else {
+            return Err(refuse(incoming, sharing::UNKNOWN.into()));
+        };
+        let local = LocalRing::new(&anchor.fabric, ring)?;
+        let offer = local.add_to_offer(Offer::new().app(reply.to_vec()));
+        let c = incoming.accept_logical(&anchor.shared, tag, offer)?;
+        let (tx, rx) = local.connect(&c)?;
+        return Ok(Some((c, tx, rx, path)));
+    }
+    let (local, qp) = take_bundle(fabric, ring, cfg)?;
+    let offer = local.add_to_offer(Offer::new().app(reply.to_vec()));
+    let c = incoming.accept(qp, offer)?;
+    let (tx, rx) = local.connect(&c)?;
+    Ok(Some((c, tx, rx, path)))
 }
 
 /// A borrowed fd registered with tokio for as long as this lives.
@@ -811,13 +904,16 @@ mod tests {
         let mut listener = RrpcListener::bind(&target, &cfg).expect("bind");
         let scfg = cfg.clone();
         let server = tokio::spawn(async move {
-            let (pipe, negotiated) = listener
+            let crate::transport::Established::Pipe(pipe, negotiated) = listener
                 .accept()
                 .await
                 .expect("accept")
                 .establish(&scfg)
                 .await
-                .expect("establish");
+                .expect("establish")
+            else {
+                panic!("a connection, not a shared one");
+            };
             let crate::transport::Negotiated::Fast { peer_window } = negotiated else {
                 panic!("fast path expected");
             };

@@ -302,15 +302,24 @@ impl Accepted {
     }
 
     /// Runs the transport's handshake and the path negotiation.
-    pub(crate) async fn establish(self, cfg: &RrpcConfig) -> Result<(Pipe, Negotiated), Error> {
+    pub(crate) async fn establish(self, cfg: &RrpcConfig) -> Result<Established, Error> {
         match self {
             Accepted::Ready(mut p) => {
                 let path = negotiate_server(&mut p, cfg).await?;
-                Ok((p, path))
+                Ok(Established::Pipe(p, path))
             }
             Accepted::Shm(p) => p.establish().await,
         }
     }
+}
+
+/// What a client's setup gave the server.
+pub(crate) enum Established {
+    /// A connection to serve, on the path agreed.
+    Pipe(Pipe, Negotiated),
+    /// A shared connection the client opened: later connections run over
+    /// it, nothing to serve on it (`sharing` docs).
+    Shared,
 }
 
 impl Drop for RrpcListener {

@@ -487,6 +487,12 @@ impl Harness {
         }
     }
 
+    /// Makes [`Harness::channel`] use `cfg` instead of the server's
+    /// config (a client with state of its own, as in another process).
+    pub fn set_client_config(&mut self, cfg: RrpcConfig) {
+        self.config = cfg;
+    }
+
     /// Connects a channel, retrying while the server comes up.
     pub async fn channel(&self) -> RrpcChannel {
         let mut last = None;

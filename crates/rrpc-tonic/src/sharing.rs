@@ -1,0 +1,421 @@
+//! Shared queue pairs ([`RrpcConfig::shared_queue_pairs`]): one queue pair
+//! per client and server pair, many connections over it.
+//!
+//! The first connection a client makes to a server *opens* a shared
+//! connection: an rrpc-core connection with a queue pair and no rings,
+//! which the server names with a random 128-bit id. Every connection after
+//! it is a *logical* connection over that queue pair
+//! (`rrpc_core::conn::connect_logical`): its own side channel, handshake
+//! and rings, and a sharer tag the client picks. The server finds the
+//! shared connection by its id, which only the two ends know, so no client
+//! can attach to another client's queue pair.
+//!
+//! In rrpc-core's handshake application blob:
+//!
+//! ```text
+//! open           (client -> server) = "RRPA"
+//! opened         (server -> client) = "RRPA" id[16]
+//! logical hello  (client -> server) = path hello (9 bytes) "RRPL" id[16] tag:u32
+//! logical reply  (server -> client) = path reply (9 bytes)
+//! ```
+//!
+//! The client caches its shared connections by server
+//! (`rrpc_core::meta::PeerCache`): an entry lives [`RrpcConfig::peer_lease`]
+//! past its last use, longer while connections run over it, and goes at
+//! once when its side channel closes or the server no longer knows its id.
+//! The server holds at most [`RrpcConfig::max_shared_peers`], and drops one
+//! when its client's side channel closes.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use rrpc_core::conn::{HandshakeConfig, Incoming, Offer, SharedConnection};
+use rrpc_core::meta::PeerCache;
+use rrpc_core::vqp::VqpConfig;
+use rrpc_core::{Endpoint, Fabric};
+
+use crate::frame::PATH_HELLO_LEN;
+use crate::{Error, RrpcConfig};
+
+/// What opens a shared connection, and starts the server's answer.
+const OPEN: &[u8; 4] = b"RRPA";
+/// What follows the path hello of a logical connection.
+const LOGICAL: &[u8; 4] = b"RRPL";
+/// Length of a shared connection's id.
+const ID_LEN: usize = 16;
+
+/// The server's reason for a logical connection whose shared connection it
+/// does not hold (it restarted, or dropped it when its side channel
+/// closed): the client then opens a new one.
+pub(crate) const UNKNOWN: &str = "no shared connection with that id";
+
+/// The server's reason for refusing shared connections.
+pub(crate) const OFF: &str =
+    "this server does not share queue pairs (RrpcConfig::shared_queue_pairs)";
+
+/// Whether a server's refusal of a logical connection is worth one more
+/// try: it forgot the shared connection, or still holds the tag picked
+/// (its end of a logical connection the client just dropped).
+pub(crate) fn is_stale(reason: &str) -> bool {
+    reason.contains(UNKNOWN) || reason.contains("is already attached")
+}
+
+/// A shared connection's name at its server: random, known to both ends only.
+pub(crate) type Id = [u8; ID_LEN];
+
+/// What a client's application blob asks for.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Request<'a> {
+    /// A connection of its own; the blob is the path hello.
+    Dedicated(&'a [u8]),
+    /// Open a shared connection.
+    Open,
+    /// A logical connection over shared connection `id`, under `tag`.
+    Logical { path: &'a [u8], id: Id, tag: u32 },
+}
+
+/// Reads a client's application blob (peer-written: every malformed input
+/// is an error saying what was wrong; a bad path hello is left to the path
+/// negotiation, which says it better).
+pub(crate) fn parse_request(app: &[u8]) -> Result<Request<'_>, String> {
+    if app == OPEN {
+        return Ok(Request::Open);
+    }
+    if app.len() <= PATH_HELLO_LEN {
+        return Ok(Request::Dedicated(app));
+    }
+    let (path, ext) = app.split_at(PATH_HELLO_LEN);
+    if ext.len() != 4 + ID_LEN + 4 || &ext[..4] != LOGICAL {
+        return Err(format!(
+            "unknown extension after the path hello ({} bytes)",
+            ext.len()
+        ));
+    }
+    let id: Id = ext[4..4 + ID_LEN].try_into().expect("16 bytes");
+    let tag = u32::from_le_bytes(ext[4 + ID_LEN..].try_into().expect("4 bytes"));
+    Ok(Request::Logical { path, id, tag })
+}
+
+/// A logical connection's application blob.
+pub(crate) fn logical_request(path: &[u8; PATH_HELLO_LEN], id: &Id, tag: u32) -> Vec<u8> {
+    let mut m = Vec::with_capacity(PATH_HELLO_LEN + 4 + ID_LEN + 4);
+    m.extend_from_slice(path);
+    m.extend_from_slice(LOGICAL);
+    m.extend_from_slice(id);
+    m.extend_from_slice(&tag.to_le_bytes());
+    m
+}
+
+fn opened_reply(id: &Id) -> Vec<u8> {
+    let mut m = OPEN.to_vec();
+    m.extend_from_slice(id);
+    m
+}
+
+fn parse_opened(app: &[u8]) -> Result<Id, Error> {
+    match app.strip_prefix(OPEN) {
+        Some(id) if id.len() == ID_LEN => Ok(id.try_into().expect("16 bytes")),
+        _ => Err(Error::Handshake(format!(
+            "the server answered a shared connection's opening with {} bytes, not \"RRPA\" and an id",
+            app.len()
+        ))),
+    }
+}
+
+/// A fresh id from the kernel's random source.
+fn new_id() -> Result<Id, Error> {
+    use std::io::Read;
+    let mut id = [0u8; ID_LEN];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut id))
+        .map_err(Error::Io)?;
+    Ok(id)
+}
+
+/// One shared connection, as [`RrpcConfig::shared_connections`] reports it.
+#[derive(Debug, Clone)]
+pub struct SharedConnectionStats {
+    /// Whether this end opened it (a client) or accepted it (a server).
+    pub opened_here: bool,
+    /// Logical connections over it now.
+    pub logical_connections: usize,
+    /// Whether its side channel still says the peer is there.
+    pub alive: bool,
+    /// Its queue pair's counters (`rrpc_core::vqp`).
+    pub queue_pair: rrpc_core::vqp::VqpStats,
+}
+
+impl SharedConnectionStats {
+    fn of(s: &SharedConnection, opened_here: bool) -> Self {
+        SharedConnectionStats {
+            opened_here,
+            logical_connections: s.physical().sharers(),
+            alive: s.connection().check_alive().is_ok(),
+            queue_pair: s.physical().stats(),
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Client
+// ---------------------------------------------------------------------------
+
+/// A client's shared connection to one server.
+#[derive(Debug)]
+pub(crate) struct SharedPeer {
+    pub(crate) shared: Arc<SharedConnection>,
+    /// The protection domain of its queue pair, where each logical
+    /// connection's rings must be registered.
+    pub(crate) fabric: Fabric,
+    pub(crate) id: Id,
+    next_tag: AtomicU32,
+}
+
+impl SharedPeer {
+    /// A tag no logical connection over this one uses now.
+    pub(crate) fn free_tag(&self) -> Result<u32, Error> {
+        let phys = self.shared.physical();
+        for _ in 0..phys.tags() {
+            let t = self.next_tag.fetch_add(1, Ordering::Relaxed) % phys.tags();
+            if !phys.is_attached(t) {
+                return Ok(t);
+            }
+        }
+        Err(Error::Handshake(format!(
+            "all {} sharer tags of the shared connection are in use",
+            phys.tags()
+        )))
+    }
+
+    fn alive(&self) -> bool {
+        self.shared.connection().check_alive().is_ok()
+    }
+}
+
+/// A client's shared connections, by server.
+#[derive(Debug, Default)]
+pub(crate) struct Peers(Mutex<Option<PeerCache<String, Arc<SharedPeer>>>>);
+
+impl Peers {
+    /// The shared connection to `ep`: cached, or opened now (blocking,
+    /// bounded by the handshake timeout). Expired and dead entries are
+    /// dropped first.
+    pub(crate) fn get_or_open(
+        &self,
+        ep: &Endpoint,
+        fabric: &Fabric,
+        cfg: &RrpcConfig,
+        hs: &HandshakeConfig,
+    ) -> Result<Arc<SharedPeer>, Error> {
+        let key = ep.to_string();
+        let mut dropped = Vec::new();
+        {
+            let mut cell = self.0.lock().unwrap_or_else(|p| p.into_inner());
+            let cache = cell.get_or_insert_with(|| {
+                PeerCache::new(cfg.get_peer_lease(), cfg.get_max_shared_peers())
+            });
+            let now = Instant::now();
+            dropped.extend(cache.invalidate_where(|p| !p.alive()));
+            dropped.extend(cache.expire(now, |p| p.shared.physical().sharers() > 0));
+            match cache.get(&key, now) {
+                Ok(Some(p)) => return Ok(p.clone()),
+                Ok(None) => {}
+                Err(p) => dropped.push(p),
+            }
+        }
+        // Closed outside the lock (closing says goodbye on the socket).
+        drop(dropped);
+        // Opened outside the lock, so a slow server delays no connect to
+        // another; two racing opens to one server keep the first cached.
+        let opened = Arc::new(open(ep, fabric, cfg, hs)?);
+        let mut cell = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let cache = cell.as_mut().expect("made above");
+        let now = Instant::now();
+        if let Ok(Some(p)) = cache.get(&key, now) {
+            return Ok(p.clone());
+        }
+        let evicted = cache.insert(key, opened.clone(), now);
+        drop(cell);
+        drop(evicted);
+        Ok(opened)
+    }
+
+    /// Forgets `peer` as the shared connection to `ep` (the server no longer
+    /// knows it, or its side channel closed).
+    pub(crate) fn invalidate(&self, ep: &Endpoint, peer: &Arc<SharedPeer>) {
+        let key = ep.to_string();
+        let mut cell = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(cache) = cell.as_mut() else { return };
+        let same = matches!(cache.get(&key, Instant::now()), Ok(Some(p)) if Arc::ptr_eq(p, peer));
+        if same {
+            let gone = cache.invalidate(&key);
+            drop(cell);
+            tracing::debug!(endpoint = %ep, "rrpc: shared connection invalidated");
+            drop(gone);
+        }
+    }
+
+    /// The shared connections cached now.
+    pub(crate) fn stats(&self) -> Vec<SharedConnectionStats> {
+        let peers: Vec<Arc<SharedPeer>> = {
+            let cell = self.0.lock().unwrap_or_else(|p| p.into_inner());
+            cell.as_ref()
+                .map(|c| c.values().cloned().collect())
+                .unwrap_or_default()
+        };
+        peers
+            .iter()
+            .map(|p| SharedConnectionStats::of(&p.shared, true))
+            .collect()
+    }
+}
+
+/// Opens a shared connection to `ep`: a queue pair in a protection domain
+/// of its own, connected with no rings.
+fn open(
+    ep: &Endpoint,
+    fabric: &Fabric,
+    cfg: &RrpcConfig,
+    hs: &HandshakeConfig,
+) -> Result<SharedPeer, Error> {
+    let fabric = fabric.isolated()?;
+    let qp = fabric.create_qp(cfg.get_queue_pair())?;
+    let offer = Offer::new()
+        .token(cfg.get_token().map(<[u8]>::to_vec))
+        .app(OPEN.to_vec());
+    let c = rrpc_core::conn::connect(ep, qp, offer, hs)?;
+    let id = parse_opened(&c.peer().app)?;
+    let shared = SharedConnection::new(c, VqpConfig::default())?;
+    tracing::debug!(endpoint = %ep, "rrpc: shared connection opened");
+    Ok(SharedPeer {
+        shared,
+        fabric,
+        id,
+        next_tag: AtomicU32::new(0),
+    })
+}
+
+// ---------------------------------------------------------------------------
+// Server
+// ---------------------------------------------------------------------------
+
+/// A server's shared connections, by id.
+#[derive(Debug, Default)]
+pub(crate) struct Anchors(Mutex<HashMap<Id, Arc<Anchor>>>);
+
+/// One shared connection a client opened with this server.
+#[derive(Debug)]
+pub(crate) struct Anchor {
+    pub(crate) shared: Arc<SharedConnection>,
+    /// Its protection domain: logical connections' rings go there.
+    pub(crate) fabric: Fabric,
+}
+
+impl Anchors {
+    /// Answers a client's opening: a queue pair in a protection domain of
+    /// its own, and an id. Refused (the client is told why) when sharing is
+    /// off here or [`RrpcConfig::max_shared_peers`] are held. Blocking.
+    pub(crate) fn open(
+        &self,
+        incoming: Incoming,
+        fabric: &Fabric,
+        cfg: &RrpcConfig,
+    ) -> Result<(), Error> {
+        if !cfg.get_shared_queue_pairs() {
+            let _ = incoming.reject(OFF);
+            return Err(Error::Handshake(OFF.into()));
+        }
+        // The table stays locked until the new entry is in it: the client
+        // sends its first logical hello as soon as our answer arrives, and
+        // that hello's lookup must find the entry. (The answer is small and
+        // sent without waiting for the client.)
+        let mut map = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        map.retain(|_, a| a.shared.connection().check_alive().is_ok());
+        if map.len() >= cfg.get_max_shared_peers() {
+            drop(map);
+            let reason = format!(
+                "this server holds its maximum of {} shared connections",
+                cfg.get_max_shared_peers()
+            );
+            let _ = incoming.reject(&reason);
+            return Err(Error::Handshake(reason));
+        }
+        let fabric = fabric.isolated()?;
+        let qp = fabric.create_qp(cfg.get_queue_pair())?;
+        let id = new_id()?;
+        let c = incoming.accept(qp, Offer::new().app(opened_reply(&id)))?;
+        let shared = SharedConnection::new(c, VqpConfig::default())?;
+        map.insert(id, Arc::new(Anchor { shared, fabric }));
+        drop(map);
+        tracing::debug!("rrpc: shared connection accepted");
+        Ok(())
+    }
+
+    /// The live shared connection named `id`.
+    pub(crate) fn find(&self, id: &Id) -> Option<Arc<Anchor>> {
+        let mut map = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let a = map.get(id)?.clone();
+        if a.shared.connection().check_alive().is_err() {
+            map.remove(id);
+            return None;
+        }
+        Some(a)
+    }
+
+    /// The shared connections held now.
+    pub(crate) fn stats(&self) -> Vec<SharedConnectionStats> {
+        let anchors: Vec<Arc<Anchor>> = self
+            .0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .cloned()
+            .collect();
+        anchors
+            .iter()
+            .map(|a| SharedConnectionStats::of(&a.shared, false))
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::frame::path_hello;
+
+    #[test]
+    fn requests_round_trip_and_bad_ones_say_why() {
+        let path = path_hello(0, 4096);
+        let id = [7u8; ID_LEN];
+        let m = logical_request(&path, &id, 42);
+        assert_eq!(
+            parse_request(&m).unwrap(),
+            Request::Logical {
+                path: &path[..],
+                id,
+                tag: 42
+            }
+        );
+        assert_eq!(parse_request(b"RRPA").unwrap(), Request::Open);
+        assert_eq!(parse_request(&path).unwrap(), Request::Dedicated(&path[..]));
+        assert_eq!(parse_request(b"").unwrap(), Request::Dedicated(&[][..]));
+        let mut bad = m.clone();
+        bad[PATH_HELLO_LEN] = b'X';
+        assert!(
+            parse_request(&bad)
+                .unwrap_err()
+                .contains("unknown extension")
+        );
+        assert!(parse_request(&m[..m.len() - 1]).is_err());
+        assert_eq!(parse_opened(&opened_reply(&id)).unwrap(), id);
+        assert!(parse_opened(b"RRPA").is_err());
+        assert!(parse_opened(&path).is_err());
+    }
+
+    #[test]
+    fn ids_differ() {
+        assert_ne!(new_id().unwrap(), new_id().unwrap());
+    }
+}

@@ -1,0 +1,204 @@
+//! `RrpcConfig::shared_queue_pairs`: every connection from one client to
+//! one server runs over one queue pair (KRCore's virtualized QP), and the
+//! client caches that shared connection (`rrpc_core::meta::PeerCache`)
+//! until its lease ends or its peer is seen down.
+//!
+//! On shm and, with feature `verbs` and `RRPC_TEST_DEVICE`, on verbs (the
+//! harness asserts verbs carried the calls; tested on soft-RoCE, not run on
+//! an RDMA NIC).
+
+use std::time::{Duration, Instant};
+
+use rrpc_core::conn::{self, HandshakeConfig, Offer, SharedConnection};
+use rrpc_core::vqp::VqpConfig;
+use rrpc_integration_tests::pb::Input;
+use rrpc_integration_tests::pb::test_client::TestClient;
+use rrpc_integration_tests::{Harness, Transport, config, on_all_transports};
+use rrpc_tonic::{RrpcChannel, RrpcConfig, SharedConnectionStats};
+
+on_all_transports!(
+    connections_share_one_queue_pair,
+    a_server_that_does_not_share_says_so,
+    a_restarted_server_gets_a_new_shared_connection,
+);
+
+fn shared(t: Transport) -> RrpcConfig {
+    config(t).shared_queue_pairs(true)
+}
+
+async fn call(c: &mut TestClient<RrpcChannel>, byte: u8) {
+    let out = c
+        .unary(Input {
+            payload: vec![byte; 3000],
+            ..Default::default()
+        })
+        .await
+        .unwrap_or_else(|e| panic!("call {byte}: {e:?}"));
+    assert_eq!(out.into_inner().payload, vec![byte; 3000]);
+}
+
+fn opened(cfg: &RrpcConfig) -> Vec<SharedConnectionStats> {
+    cfg.shared_connections()
+        .into_iter()
+        .filter(|s| s.opened_here)
+        .collect()
+}
+
+fn accepted(cfg: &RrpcConfig) -> Vec<SharedConnectionStats> {
+    cfg.shared_connections()
+        .into_iter()
+        .filter(|s| !s.opened_here)
+        .collect()
+}
+
+/// Waits (bounded) until `cond` holds.
+async fn until(what: &str, mut cond: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !cond() {
+        assert!(Instant::now() < deadline, "never: {what}");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+async fn connections_share_one_queue_pair(t: Transport) {
+    if t == Transport::Tcp {
+        return; // tonic's TCP has no queue pairs
+    }
+    let (scfg, ccfg) = (shared(t), shared(t));
+    let mut h = Harness::start_with(t, scfg.clone()).await;
+    h.set_client_config(ccfg.clone());
+    let mut clients = Vec::new();
+    for i in 0..4u8 {
+        let mut c = h.client().await;
+        call(&mut c, i).await;
+        clients.push(c);
+    }
+    // Calls on every connection, concurrently, after all are up.
+    let calls = clients
+        .iter()
+        .cloned()
+        .enumerate()
+        .map(|(i, mut c)| async move {
+            call(&mut c, 0x40 + i as u8).await;
+        });
+    futures_util::future::join_all(calls).await;
+    let (o, a) = (opened(&ccfg), accepted(&scfg));
+    assert_eq!(o.len(), 1, "one shared connection from the client: {o:?}");
+    assert_eq!(a.len(), 1, "one at the server: {a:?}");
+    assert_eq!(o[0].logical_connections, 4, "{o:?}");
+    assert_eq!(a[0].logical_connections, 4, "{a:?}");
+    assert!(o[0].alive && a[0].alive);
+    assert!(o[0].queue_pair.posted > 0 && a[0].queue_pair.posted > 0);
+    // Connections go, the shared connection stays (its lease runs), and the
+    // next connection runs over it.
+    drop(clients);
+    until("the server's logical connections closed", || {
+        accepted(&scfg)[0].logical_connections == 0
+    })
+    .await;
+    let mut c = h.client().await;
+    call(&mut c, 9).await;
+    let o = opened(&ccfg);
+    assert_eq!(o.len(), 1, "{o:?}");
+    assert_eq!(o[0].logical_connections, 1, "{o:?}");
+    assert_eq!(accepted(&scfg).len(), 1);
+}
+
+async fn a_server_that_does_not_share_says_so(t: Transport) {
+    if t == Transport::Tcp {
+        return;
+    }
+    let h = Harness::start_with(t, config(t)).await;
+    let e = RrpcChannel::connect(&h.uri, shared(t))
+        .await
+        .expect_err("a server that does not share refuses a shared connection");
+    assert!(e.to_string().contains("does not share queue pairs"), "{e}");
+    // Its own clients are served as ever.
+    let mut c = h.client().await;
+    call(&mut c, 1).await;
+}
+
+async fn a_restarted_server_gets_a_new_shared_connection(t: Transport) {
+    if t == Transport::Tcp {
+        return;
+    }
+    let ccfg = shared(t);
+    let scfg1 = shared(t);
+    let mut h1 = Harness::start_with(t, scfg1.clone()).await;
+    h1.set_client_config(ccfg.clone());
+    let mut c = h1.client().await;
+    call(&mut c, 1).await;
+    drop(c);
+    let uri = h1.uri.clone();
+    // The server dies; its shared connection is still held (by `scfg1`, as
+    // a process that hangs would), so the client's cached one looks alive.
+    h1.kill();
+    let scfg2 = shared(t);
+    let mut h2 = Harness::start_at(t, &uri, scfg2.clone(), |s| s).await;
+    h2.set_client_config(ccfg.clone());
+    // The new server does not know the cached id: the client opens a new
+    // shared connection and the call works.
+    let mut c = h2.client().await;
+    call(&mut c, 2).await;
+    let a = accepted(&scfg2);
+    assert_eq!(a.len(), 1, "{a:?}");
+    assert_eq!(a[0].logical_connections, 1);
+    let o = opened(&ccfg);
+    assert_eq!(o.len(), 1, "the stale one was dropped: {o:?}");
+    assert_eq!(o[0].logical_connections, 1);
+    // The first server's end goes with its config: the client's old shared
+    // connection was already forgotten, and nothing else is affected.
+    drop(h1);
+    drop(scfg1);
+    call(&mut c, 3).await;
+}
+
+/// A client that names a shared connection it did not open (a guessed id)
+/// is refused, and the owner's connections go on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_guessed_shared_connection_id_is_refused() {
+    let t = Transport::ShmFast;
+    let scfg = shared(t);
+    let ccfg = shared(t);
+    let mut h = Harness::start_with(t, scfg.clone()).await;
+    h.set_client_config(ccfg);
+    let mut owner = h.client().await;
+    call(&mut owner, 1).await;
+    let uri = h.uri.clone();
+    let refused = tokio::task::spawn_blocking(move || {
+        let path = uri.strip_prefix("shm://").expect("shm uri");
+        let ep = rrpc_core::Endpoint::Shm(path.into());
+        let fabric = rrpc_core::Fabric::shm();
+        let hs = HandshakeConfig::default();
+        // A shared connection of its own, opened by hand ("RRPA").
+        let c = conn::connect(
+            &ep,
+            fabric
+                .create_qp(&rrpc_core::QpConfig::default())
+                .expect("qp"),
+            Offer::new().app(b"RRPA".to_vec()),
+            &hs,
+        )
+        .expect("open");
+        let mine = SharedConnection::new(c, VqpConfig::default()).expect("share");
+        // A logical hello naming an id it guessed.
+        let mut app = rrpc_tonic::frame::path_hello(0, 64 << 10).to_vec();
+        app.extend_from_slice(b"RRPL");
+        app.extend_from_slice(&[0x5a; 16]);
+        app.extend_from_slice(&0u32.to_le_bytes());
+        conn::connect_logical(&ep, &mine, 0, Offer::new().app(app), &hs)
+            .expect_err("a guessed id is refused")
+    })
+    .await
+    .expect("task");
+    assert!(
+        matches!(&refused, rrpc_core::Error::Rejected(r) if r.contains("no shared connection with that id")),
+        "{refused}"
+    );
+    call(&mut owner, 2).await;
+    assert_eq!(
+        accepted(&scfg).len(),
+        2,
+        "the owner's and the guesser's own"
+    );
+}
