@@ -90,6 +90,9 @@ fn connect_time(
         ],
     );
     let pooled = rrpc_config(Transport::RrpcFast).connection_pool(4);
+    // Over one shared queue pair: the warm-up connection opens it, and each
+    // timed connect is a logical connection (no queue pair made).
+    let shared = rrpc_config(Transport::RrpcFast).shared_queue_pairs(true);
     let verbs = crate::rpc::rdma_device().is_some();
     // The pause between timed connects (`RRPC_BENCH_CONNECT_GAP_MS`, default 2 ms): on
     // soft-RoCE under an emulated CPU, refilling a pool takes hundreds of milliseconds of
@@ -128,6 +131,15 @@ fn connect_time(
             },
             Transport::RrpcFast,
             pooled,
+        ),
+        (
+            if verbs {
+                "rrpc-rdma-fast-shared"
+            } else {
+                "rrpc-shm-fast-shared"
+            },
+            Transport::RrpcFast,
+            shared,
         ),
     ];
     let mut tcp_p50 = f64::NAN;
@@ -179,8 +191,11 @@ fn connect_time(
          handshake, both rings, the queue pair and path negotiation; then one unary call of \
          64 B, with_first_call_p50_us; then drop), then {burst} \
          back to back for conns_per_s. Server and client are one process sharing one config, \
-         so a pooled connection takes two bundles (client and server). Targets of the issue: \
-         pooled p50 <= 50 us and >= 10x faster than unpooled."
+         so a pooled connection takes two bundles (client and server). The shared row sets \
+         shared_queue_pairs: after the warm-up connection opened the shared connection, \
+         each connect is a logical one over its queue pair (own side channel and rings, no \
+         queue pair). Targets of the issue: pooled p50 <= 50 us and >= 10x faster than \
+         unpooled."
     ));
     Ok(t)
 }

@@ -835,6 +835,7 @@ pub(crate) mod suite {
         "rrpc-ringbuf/placement",
         "rrpc-poller/e2e",
         "integration/rpc_kinds",
+        "integration/sharing",
         "rrpc-kv/rfrpc_verbs",
     ];
 

@@ -122,6 +122,18 @@
 //! compression, metadata, deadlines, tower layers passed to
 //! [`Server::layer`] and client-side tower layers work on both paths.
 //!
+//! # Connection resources (KRCore)
+//!
+//! * **Pool** ([`RrpcConfig::connection_pool`]): queue pairs and ring
+//!   regions made ahead of time; on by default for `rdma://`.
+//! * **Shared queue pairs** ([`RrpcConfig::shared_queue_pairs`], off by
+//!   default, both ends): every connection from one client to one server
+//!   runs over one queue pair, so queue pairs are bounded by peers, not
+//!   connections. The client caches that shared connection under a lease
+//!   ([`RrpcConfig::peer_lease`]) and drops it when its peer is seen down;
+//!   [`RrpcConfig::shared_connections`] reports them.
+//! * **Rings that size themselves** ([`RrpcConfig::min_ring_size`]).
+//!
 //! # Copies per direction (RR-Compound §IV-F)
 //!
 //! Counting memcpys of message bytes after tonic encoded the message and

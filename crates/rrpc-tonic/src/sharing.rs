@@ -139,6 +139,8 @@ fn new_id() -> Result<Id, Error> {
 pub struct SharedConnectionStats {
     /// Whether this end opened it (a client) or accepted it (a server).
     pub opened_here: bool,
+    /// The provider its queue pair runs on (both ends run the same).
+    pub provider: rrpc_core::ProviderKind,
     /// Logical connections over it now.
     pub logical_connections: usize,
     /// Whether its side channel still says the peer is there.
@@ -151,6 +153,7 @@ impl SharedConnectionStats {
     fn of(s: &SharedConnection, opened_here: bool) -> Self {
         SharedConnectionStats {
             opened_here,
+            provider: s.connection().peer().provider,
             logical_connections: s.physical().sharers(),
             alive: s.connection().check_alive().is_ok(),
             queue_pair: s.physical().stats(),

@@ -88,6 +88,12 @@ async fn connections_share_one_queue_pair(t: Transport) {
     assert_eq!(o[0].logical_connections, 4, "{o:?}");
     assert_eq!(a[0].logical_connections, 4, "{a:?}");
     assert!(o[0].alive && a[0].alive);
+    let provider = if t.is_rdma() {
+        rrpc_core::ProviderKind::Verbs
+    } else {
+        rrpc_core::ProviderKind::Shm
+    };
+    assert_eq!((o[0].provider, a[0].provider), (provider, provider));
     assert!(o[0].queue_pair.posted > 0 && a[0].queue_pair.posted > 0);
     // Connections go, the shared connection stays (its lease runs), and the
     // next connection runs over it.
