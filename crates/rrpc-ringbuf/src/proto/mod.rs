@@ -123,7 +123,7 @@ mod receiver;
 mod sender;
 pub mod sizing;
 
-pub use receiver::{Message, Receiver};
+pub use receiver::{HeadPush, Message, Receiver};
 pub use sender::{Reservation, Sender, SenderStats, Transmit};
 
 /// Bytes of the per-message header.
