@@ -52,7 +52,7 @@ enum Cmd {
     /// On a machine with an RDMA device: the verbs suite natively plus a short
     /// `ibv_rc_pingpong`; without one, says so and lists what it found.
     VerbsSelftest(selftest::SelftestArgs),
-    /// Many clients, random traffic, every byte checked (issue 14's soak).
+    /// Many clients, random traffic, every byte checked.
     Soak(soak::SoakArgs),
     /// Redraw the plots of existing results (`target/bench-results/<run>/`), in place.
     Plot {

@@ -1,6 +1,6 @@
-//! The soak (issue 14): many clients against one rrpc server for a fixed
-//! time, with random message sizes (1 B to 4 MiB), all four RPC kinds in
-//! random patterns and random cancellations; every byte that comes back is
+//! The soak: many clients against one rrpc server for a fixed time, with
+//! random message sizes (1 B to 4 MiB), all four RPC kinds in random
+//! patterns and random cancellations; every byte that comes back is
 //! verified. Run it with `cargo xtask soak --duration 60s`.
 //!
 //! It reports calls made, failed (an error that was not our own

@@ -547,8 +547,8 @@ fn concurrent_pollers_share_one_send_queue(p: &Provider) {
 
 /// A region granted with [`Access::REMOTE_WRITE`] (a receive ring) takes the
 /// peer's WRITEs; on verbs the NIC refuses the peer's READ of it
-/// (`RemoteAccessError`), as issue 14's "scoped memory" asks. On shm the
-/// access is recorded, not enforced (the peer maps the memfd read-write).
+/// (`RemoteAccessError`), so a peer gets no more access than it needs. On shm
+/// the access is recorded, not enforced (the peer maps the memfd read-write).
 fn narrow_access_is_enforced_by_the_nic(p: &Provider) {
     use rrpc_core::Access;
     let (a, b) = pair_on_with_access(

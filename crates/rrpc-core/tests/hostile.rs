@@ -1,6 +1,7 @@
-//! A hostile peer against the public handshake API (issue 14, defects 1–4):
-//! raw clients and servers built here with `sendmsg` and hand-made file
-//! descriptors. Each test checks that the attack is refused with a typed
+//! A hostile peer against the public handshake API (leaked descriptors, wrong
+//! kinds of descriptor, address-space exhaustion, a handshake that never
+//! ends): raw clients and servers built here with `sendmsg` and hand-made
+//! file descriptors. Each test checks that the attack is refused with a typed
 //! error and a `Reject`, that nothing leaks, and that an honest client still
 //! connects afterwards.
 //!
@@ -169,7 +170,7 @@ fn honest_connect(l: &Listener, ep: &Endpoint) {
 }
 
 // ---------------------------------------------------------------------------
-// Defect 2: descriptors received with SCM_RIGHTS never leak
+// Descriptors received with SCM_RIGHTS never leak
 // ---------------------------------------------------------------------------
 
 #[test]
@@ -214,7 +215,7 @@ fn too_many_fds_never_leak_and_get_a_reject() {
 }
 
 // ---------------------------------------------------------------------------
-// Defect 3: wrong kinds of descriptor
+// Wrong kinds of descriptor
 // ---------------------------------------------------------------------------
 
 /// Sends a hello granting one 4 KiB region with the given fds and returns
@@ -350,7 +351,7 @@ fn peer_eventfd_that_would_block_never_blocks_a_post() {
 }
 
 // ---------------------------------------------------------------------------
-// Defect 4: address-space exhaustion
+// Address-space exhaustion
 // ---------------------------------------------------------------------------
 
 const TIB: u64 = 1 << 40;
@@ -471,7 +472,7 @@ fn client_refuses_terabyte_accept() {
 }
 
 // ---------------------------------------------------------------------------
-// Defect 1: the timeout bounds the whole handshake
+// The timeout bounds the whole handshake
 // ---------------------------------------------------------------------------
 
 const SHORT: Duration = Duration::from_millis(400);

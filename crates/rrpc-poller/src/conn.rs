@@ -443,7 +443,7 @@ impl AsyncSender {
     /// WRITE completes inside its post); on a NIC it is, until the
     /// completions arrive, and somebody must then call
     /// [`poll_completions`](Self::poll_completions), or the last message
-    /// of a burst is never seen by the peer (issue 10, "Progress").
+    /// of a burst is never seen by the peer.
     pub fn wants_completions(&self) -> bool {
         self.tx.state().wants_completions()
     }

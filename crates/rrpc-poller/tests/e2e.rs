@@ -187,11 +187,11 @@ fn core_error(e: &Error) -> Option<&rrpc_core::Error> {
     None
 }
 
-/// Issue 14, "Faults": the device fails a connection's queue pair behind
-/// its back (verbs: `IBV_QPS_ERR`, what a NIC's fatal error does). The
-/// writer's next send or flush fails with a typed device error, within a
-/// bound, naming the flushed work request; once that end is dropped, the
-/// peer's waiting receiver sees `PeerGone`.
+/// A device fault ends in a typed error, never a hang: the device fails a
+/// connection's queue pair behind its back (verbs: `IBV_QPS_ERR`, what a
+/// NIC's fatal error does). The writer's next send or flush fails with a
+/// typed device error, within a bound, naming the flushed work request; once
+/// that end is dropped, the peer's waiting receiver sees `PeerGone`.
 fn device_error_fails_the_writer_typed_every_mode(prov: &Provider) {
     for mode in Mode::ALL {
         rt().block_on(async {
@@ -245,10 +245,11 @@ fn device_error_fails_the_writer_typed_every_mode(prov: &Provider) {
     }
 }
 
-/// Issue 10, "Progress": a writer sends one message, flushes, then goes idle
-/// (stays connected, never calls the ring again). On a NIC the completion of
-/// an earlier WRITE arrives after the post, so a tail deferred behind it must
-/// still go out; the receiver must see the message.
+/// The last message of a burst is delivered even when the writer goes idle: a
+/// writer sends one message, flushes, then goes idle (stays connected, never
+/// calls the ring again). On a NIC the completion of an earlier WRITE arrives
+/// after the post, so a tail deferred behind it must still go out; the
+/// receiver must see the message.
 fn one_message_then_idle_every_mode(prov: &Provider) {
     for mode in Mode::ALL {
         rt().block_on(async {

@@ -1,5 +1,6 @@
 //! The poller's counters and each polling thread's busy fraction reach the
-//! `metrics` facade (issue 13, "Self-tuning, reported").
+//! `metrics` facade, so that operators can see what the self-tuning poller
+//! does.
 
 #[macro_use]
 mod common;

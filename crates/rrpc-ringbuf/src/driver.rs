@@ -119,9 +119,10 @@ impl LocalRing {
         let pad = if cfg.cache_align() { 0 } else { UNALIGNED_PAD };
         let ring_off = RING_OFFSET + pad;
         let ctrl_off = (ring_off + cfg.ring_size()).next_multiple_of(4096);
-        // The narrowest access that works (issue 14, "scoped memory"): the
-        // peer only WRITEs into our receive ring and its control words; the
-        // staging region is the local source of our WRITEs.
+        // The narrowest access that works, so a peer can touch no more of our
+        // memory than it needs: the peer only WRITEs into our receive ring and
+        // its control words; the staging region is the local source of our
+        // WRITEs.
         let rx_region = fabric
             .alloc_region_with(ring_off + cfg.ring_size(), rrpc_core::Access::REMOTE_WRITE)?;
         let tx_region =

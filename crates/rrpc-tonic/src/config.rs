@@ -31,15 +31,15 @@ pub const DEFAULT_RDMA_CONNECTION_POOL: usize = 2;
 /// |---|---|---|
 /// | `max_message_size` | 4 MiB | gRPC's default maximum message; RR-Compound §V-B picks the 4 MB ring to match |
 /// | `ring_size` | 4 MiB | RR-Compound §V-B ("we opt to set the ring buffer size at 4 MB"); with self-sizing rings, the largest a ring grows to |
-/// | `min_ring_size` | 64 KiB | rings that size themselves (issue 11; RR-Compound §V-B leaves auto-tuning to future work): a ring starts here, grows before messages that need it, shrinks when quiet; equal to `ring_size` for the paper's fixed ring |
+/// | `min_ring_size` | 64 KiB | rings that size themselves (RR-Compound §V-B leaves auto-tuning to future work): a ring starts here, grows before messages that need it, shrinks when quiet; equal to `ring_size` for the paper's fixed ring |
 /// | `ring_shrink_after` | 1 s | quiet time after which a ring shrinks back to `min_ring_size` |
 /// | `ring_cache_size` | an eighth of the CPU's L2 (sysfs; 64 KiB with 512 KiB of L2) | a self-sizing ring grows past it only as far as one message needs; writers send messages of a third of it (Fig. 12: rings out of cache halve the bandwidth) |
-/// | `path` | [`PathPreference::Fast`] | issue 5: fast path by default between two rrpc endpoints |
+/// | `path` | [`PathPreference::Fast`] | fast path by default between two rrpc endpoints: no HTTP/2 or HPACK per call |
 /// | `zero_copy` | on | RR-Compound §IV-F; off reproduces Fig. 14's baseline |
 /// | `max_chunk` | 256 KiB | fast-path DATA frames larger than this are split so calls interleave |
 /// | `call_window` | 256 KiB | fast path: per-call flow-control window in each direction (an HTTP/2 stream window) |
 /// | `max_header_list_size` | 16 KiB | fast-path server: larger request headers get HTTP 431, as hyper's HTTP/2 server answers |
-/// | `max_concurrent_calls` | 200 | fast path, per connection: hyper's own HTTP/2 server default for `max_concurrent_streams` (tonic's `Server` leaves it unlimited, issue 14 defect 6) |
+/// | `max_concurrent_calls` | 200 | fast path, per connection: hyper's own HTTP/2 server default for `max_concurrent_streams` (tonic's `Server` leaves it unlimited); bounds the server memory a peer can hold with calls it never ends |
 /// | `poller` | process-wide [`default_poller_config`] | see [`RrpcConfig::poller`] |
 /// | `handshake_timeout` | 5 s | bounds a connection's whole setup (rrpc-core handshake + path negotiation) |
 /// | `max_pending_handshakes` | 1024 | connections still in setup per listener; more are closed at once |
@@ -301,13 +301,13 @@ impl RrpcConfig {
     /// 12-byte header too, [`crate::frame::data_charge`]) before this end's
     /// application has read them; reading hands them back with a
     /// WINDOW_UPDATE frame once half the window is consumed. So a call
-    /// whose receiver stops reading stalls only itself: the connection's
-    /// reader never waits for it, and other calls on the connection go on
-    /// (issue 15). Each end announces its own window in the path
-    /// negotiation; it bounds what the connection holds for one call, and
-    /// with [`RrpcConfig::max_concurrent_calls`] what one peer can make a
-    /// connection buffer: at most `max_concurrent_calls × call_window`
-    /// (50 MiB with the defaults).
+    /// whose receiver stops reading stalls only itself: the connection's reader
+    /// never waits for it, and other calls on the connection go on. Each end
+    /// announces its own window in the path negotiation; it bounds what the
+    /// connection holds for one call, and with
+    /// [`RrpcConfig::max_concurrent_calls`] what one peer can make a connection
+    /// buffer: at most `max_concurrent_calls × call_window` (50 MiB with the
+    /// defaults).
     ///
     /// Larger windows let one call stream faster over a long round trip
     /// (bandwidth ≤ window / round-trip time). Round trips on shm and RDMA
@@ -364,8 +364,9 @@ impl RrpcConfig {
     /// headers until its trailers (server: written; client: read) or its
     /// cancellation.
     ///
-    /// Together with [`RrpcConfig::call_window`] this bounds what one peer can make
-    /// a connection hold (issue 14 defect 6). 200 is hyper's default for
+    /// Together with [`RrpcConfig::call_window`] this bounds what one peer can
+    /// make a connection hold, so a peer opening calls without ever ending them
+    /// cannot make the server hold unbounded memory. 200 is hyper's default for
     /// its HTTP/2 server (tonic's `Server` overrides it to unlimited).
     ///
     /// # Errors

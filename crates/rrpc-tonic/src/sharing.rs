@@ -27,7 +27,7 @@
 //! when its client's side channel closes.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
@@ -35,6 +35,7 @@ use rrpc_core::conn::{HandshakeConfig, Incoming, Offer, SharedConnection};
 use rrpc_core::meta::PeerCache;
 use rrpc_core::vqp::VqpConfig;
 use rrpc_core::{Endpoint, Fabric};
+use rrpc_ringbuf::{LocalRing, RingConfig};
 
 use crate::frame::PATH_HELLO_LEN;
 use crate::{Error, RrpcConfig};
@@ -145,19 +146,92 @@ pub struct SharedConnectionStats {
     pub logical_connections: usize,
     /// Whether its side channel still says the peer is there.
     pub alive: bool,
+    /// Ring pairs made ahead for its next logical connections (up to
+    /// `RrpcConfig::connection_pool_for` its provider).
+    pub spare_rings: usize,
     /// Its queue pair's counters (`rrpc_core::vqp`).
     pub queue_pair: rrpc_core::vqp::VqpStats,
 }
 
 impl SharedConnectionStats {
-    fn of(s: &SharedConnection, opened_here: bool) -> Self {
+    fn of(s: &SharedConnection, spares: &Spares, opened_here: bool) -> Self {
         SharedConnectionStats {
             opened_here,
             provider: s.connection().peer().provider,
             logical_connections: s.physical().sharers(),
             alive: s.connection().check_alive().is_ok(),
+            spare_rings: spares.rings.lock().unwrap_or_else(|p| p.into_inner()).len(),
             queue_pair: s.physical().stats(),
         }
+    }
+}
+
+/// Ring pairs made ahead in a shared connection's protection domain (the
+/// pool's bundles each live in a domain of their own, which a shared queue
+/// pair cannot reach). A logical connection takes one, and a blocking task
+/// makes its replacement after the connection is set up, off its path.
+/// At most [`RrpcConfig::connection_pool_for`] per shared connection (so
+/// none on shm by default), and together at most
+/// [`RrpcConfig::connection_pool_memory`] per config and side.
+#[derive(Debug)]
+pub(crate) struct Spares {
+    rings: Mutex<Vec<LocalRing>>,
+    /// The bytes every shared connection's spares of this side hold.
+    held: Arc<AtomicU64>,
+}
+
+impl Spares {
+    fn new(held: &Arc<AtomicU64>) -> Self {
+        Spares {
+            rings: Mutex::default(),
+            held: held.clone(),
+        }
+    }
+
+    /// A ring pair in `fabric`'s domain: a spare, or one made now.
+    fn take(&self, fabric: &Fabric, ring: &RingConfig) -> Result<LocalRing, Error> {
+        let spare = self.rings.lock().unwrap_or_else(|p| p.into_inner()).pop();
+        match spare {
+            Some(r) => {
+                self.held.fetch_sub(r.bytes(), Ordering::Relaxed);
+                Ok(r)
+            }
+            None => Ok(LocalRing::new(fabric, ring)?),
+        }
+    }
+
+    /// Makes spares on a blocking task until `want` wait or the memory
+    /// bound is reached. Without a tokio runtime, does nothing.
+    fn refill(this: &Arc<Self>, fabric: &Fabric, ring: &RingConfig, want: usize, max_bytes: u64) {
+        let short = want.saturating_sub(this.rings.lock().unwrap_or_else(|p| p.into_inner()).len());
+        if short == 0 {
+            return;
+        }
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let (this, fabric, ring) = (this.clone(), fabric.clone(), ring.clone());
+        drop(rt.spawn_blocking(move || {
+            for _ in 0..short {
+                let Ok(r) = LocalRing::new(&fabric, &ring) else {
+                    return;
+                };
+                let bytes = r.bytes();
+                if this.held.fetch_add(bytes, Ordering::Relaxed) + bytes > max_bytes {
+                    this.held.fetch_sub(bytes, Ordering::Relaxed);
+                    return;
+                }
+                this.rings.lock().unwrap_or_else(|p| p.into_inner()).push(r);
+            }
+        }));
+    }
+}
+
+impl Drop for Spares {
+    fn drop(&mut self) {
+        let rings = self.rings.get_mut().unwrap_or_else(|p| p.into_inner());
+        let bytes: u64 = rings.iter().map(LocalRing::bytes).sum();
+        self.held.fetch_sub(bytes, Ordering::Relaxed);
     }
 }
 
@@ -174,9 +248,27 @@ pub(crate) struct SharedPeer {
     pub(crate) fabric: Fabric,
     pub(crate) id: Id,
     next_tag: AtomicU32,
+    spares: Arc<Spares>,
 }
 
 impl SharedPeer {
+    /// Rings for one logical connection, in this shared connection's
+    /// protection domain ([`Spares`]).
+    pub(crate) fn take_rings(&self, ring: &RingConfig) -> Result<LocalRing, Error> {
+        self.spares.take(&self.fabric, ring)
+    }
+
+    /// Makes spare rings for the next logical connections ([`Spares`]).
+    pub(crate) fn refill(&self, ring: &RingConfig, cfg: &RrpcConfig) {
+        Spares::refill(
+            &self.spares,
+            &self.fabric,
+            ring,
+            cfg.connection_pool_for(self.fabric.kind()),
+            cfg.get_connection_pool_memory(),
+        );
+    }
+
     /// A tag no logical connection over this one uses now.
     pub(crate) fn free_tag(&self) -> Result<u32, Error> {
         let phys = self.shared.physical();
@@ -199,7 +291,11 @@ impl SharedPeer {
 
 /// A client's shared connections, by server.
 #[derive(Debug, Default)]
-pub(crate) struct Peers(Mutex<Option<PeerCache<String, Arc<SharedPeer>>>>);
+pub(crate) struct Peers {
+    cache: Mutex<Option<PeerCache<String, Arc<SharedPeer>>>>,
+    /// The bytes their spare rings hold.
+    spare_bytes: Arc<AtomicU64>,
+}
 
 impl Peers {
     /// The shared connection to `ep`: cached, or opened now (blocking,
@@ -215,7 +311,7 @@ impl Peers {
         let key = ep.to_string();
         let mut dropped = Vec::new();
         {
-            let mut cell = self.0.lock().unwrap_or_else(|p| p.into_inner());
+            let mut cell = self.cache.lock().unwrap_or_else(|p| p.into_inner());
             let cache = cell.get_or_insert_with(|| {
                 PeerCache::new(cfg.get_peer_lease(), cfg.get_max_shared_peers())
             });
@@ -232,8 +328,8 @@ impl Peers {
         drop(dropped);
         // Opened outside the lock, so a slow server delays no connect to
         // another; two racing opens to one server keep the first cached.
-        let opened = Arc::new(open(ep, fabric, cfg, hs)?);
-        let mut cell = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let opened = Arc::new(open(ep, fabric, cfg, hs, &self.spare_bytes)?);
+        let mut cell = self.cache.lock().unwrap_or_else(|p| p.into_inner());
         let cache = cell.as_mut().expect("made above");
         let now = Instant::now();
         if let Ok(Some(p)) = cache.get(&key, now) {
@@ -249,7 +345,7 @@ impl Peers {
     /// knows it, or its side channel closed).
     pub(crate) fn invalidate(&self, ep: &Endpoint, peer: &Arc<SharedPeer>) {
         let key = ep.to_string();
-        let mut cell = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let mut cell = self.cache.lock().unwrap_or_else(|p| p.into_inner());
         let Some(cache) = cell.as_mut() else { return };
         let same = matches!(cache.get(&key, Instant::now()), Ok(Some(p)) if Arc::ptr_eq(p, peer));
         if same {
@@ -263,14 +359,14 @@ impl Peers {
     /// The shared connections cached now.
     pub(crate) fn stats(&self) -> Vec<SharedConnectionStats> {
         let peers: Vec<Arc<SharedPeer>> = {
-            let cell = self.0.lock().unwrap_or_else(|p| p.into_inner());
+            let cell = self.cache.lock().unwrap_or_else(|p| p.into_inner());
             cell.as_ref()
                 .map(|c| c.values().cloned().collect())
                 .unwrap_or_default()
         };
         peers
             .iter()
-            .map(|p| SharedConnectionStats::of(&p.shared, true))
+            .map(|p| SharedConnectionStats::of(&p.shared, &p.spares, true))
             .collect()
     }
 }
@@ -282,6 +378,7 @@ fn open(
     fabric: &Fabric,
     cfg: &RrpcConfig,
     hs: &HandshakeConfig,
+    spare_bytes: &Arc<AtomicU64>,
 ) -> Result<SharedPeer, Error> {
     let fabric = fabric.isolated()?;
     let qp = fabric.create_qp(cfg.get_queue_pair())?;
@@ -297,6 +394,7 @@ fn open(
         fabric,
         id,
         next_tag: AtomicU32::new(0),
+        spares: Arc::new(Spares::new(spare_bytes)),
     })
 }
 
@@ -306,14 +404,37 @@ fn open(
 
 /// A server's shared connections, by id.
 #[derive(Debug, Default)]
-pub(crate) struct Anchors(Mutex<HashMap<Id, Arc<Anchor>>>);
+pub(crate) struct Anchors {
+    map: Mutex<HashMap<Id, Arc<Anchor>>>,
+    /// The bytes their spare rings hold.
+    spare_bytes: Arc<AtomicU64>,
+}
 
 /// One shared connection a client opened with this server.
 #[derive(Debug)]
 pub(crate) struct Anchor {
     pub(crate) shared: Arc<SharedConnection>,
     /// Its protection domain: logical connections' rings go there.
-    pub(crate) fabric: Fabric,
+    fabric: Fabric,
+    spares: Arc<Spares>,
+}
+
+impl Anchor {
+    /// Rings for one logical connection ([`Spares`]).
+    pub(crate) fn take_rings(&self, ring: &RingConfig) -> Result<LocalRing, Error> {
+        self.spares.take(&self.fabric, ring)
+    }
+
+    /// Makes spare rings for the next logical connections ([`Spares`]).
+    pub(crate) fn refill(&self, ring: &RingConfig, cfg: &RrpcConfig) {
+        Spares::refill(
+            &self.spares,
+            &self.fabric,
+            ring,
+            cfg.connection_pool_for(self.fabric.kind()),
+            cfg.get_connection_pool_memory(),
+        );
+    }
 }
 
 impl Anchors {
@@ -334,7 +455,7 @@ impl Anchors {
         // sends its first logical hello as soon as our answer arrives, and
         // that hello's lookup must find the entry. (The answer is small and
         // sent without waiting for the client.)
-        let mut map = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let mut map = self.map.lock().unwrap_or_else(|p| p.into_inner());
         map.retain(|_, a| a.shared.connection().check_alive().is_ok());
         if map.len() >= cfg.get_max_shared_peers() {
             drop(map);
@@ -350,7 +471,15 @@ impl Anchors {
         let id = new_id()?;
         let c = incoming.accept(qp, Offer::new().app(opened_reply(&id)))?;
         let shared = SharedConnection::new(c, VqpConfig::default())?;
-        map.insert(id, Arc::new(Anchor { shared, fabric }));
+        let spares = Arc::new(Spares::new(&self.spare_bytes));
+        map.insert(
+            id,
+            Arc::new(Anchor {
+                shared,
+                fabric,
+                spares,
+            }),
+        );
         drop(map);
         tracing::debug!("rrpc: shared connection accepted");
         Ok(())
@@ -358,7 +487,7 @@ impl Anchors {
 
     /// The live shared connection named `id`.
     pub(crate) fn find(&self, id: &Id) -> Option<Arc<Anchor>> {
-        let mut map = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let mut map = self.map.lock().unwrap_or_else(|p| p.into_inner());
         let a = map.get(id)?.clone();
         if a.shared.connection().check_alive().is_err() {
             map.remove(id);
@@ -370,7 +499,7 @@ impl Anchors {
     /// The shared connections held now.
     pub(crate) fn stats(&self) -> Vec<SharedConnectionStats> {
         let anchors: Vec<Arc<Anchor>> = self
-            .0
+            .map
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .values()
@@ -378,7 +507,7 @@ impl Anchors {
             .collect();
         anchors
             .iter()
-            .map(|a| SharedConnectionStats::of(&a.shared, false))
+            .map(|a| SharedConnectionStats::of(&a.shared, &a.spares, false))
             .collect()
     }
 }

@@ -96,7 +96,7 @@ struct ShmTx {
 /// receiver (its liveness watch sees the closed socket), so no call waits
 /// on a connection whose queue pair failed. Without it, a failed completion
 /// found by the progress task left calls waiting forever for replies to
-/// requests that never left (issue 14; the tonic layer under the fault
+/// requests that never left (seen with the tonic layer under the fault
 /// injector). The goodbye is a blocking send, bounded at 1 s: never on a
 /// tokio worker.
 fn fail_connection(conn: &Arc<Connection>, e: &dyn std::fmt::Display) {
@@ -180,16 +180,17 @@ impl ShmTx {
     /// back until send completions arrive (a NIC completes WRITEs after the
     /// post; shm inside it), a task polls them until everything is out, so
     /// the last message of a burst always reaches the peer even when the
-    /// writer goes idle (issue 10, "Progress"; RR-Compound's polling threads
-    /// watch pending writes the same way, Algorithm 2).
+    /// writer goes idle (RR-Compound's polling threads watch pending writes
+    /// the same way, Algorithm 2).
     ///
     /// The flag is set and cleared with the sender locked, so a send never
     /// misses a task that is about to stop.
     fn ensure_progress(&self, tx: &mut AsyncSender) {
         use std::sync::atomic::Ordering;
         // The last tail's completion is polled too, so that a failed one is
-        // found (issue 14): on shm it is there already, and one poll here
-        // saves a task; on a NIC it comes later, and the task polls for it.
+        // found and fails the connection instead of leaving its calls waiting:
+        // on shm it is there already, and one poll here saves a task; on a NIC
+        // it comes later, and the task polls for it.
         if tx.tails_in_flight() > 0
             && !tx.wants_completions()
             && let Err(e) = tx.poll_completions()
@@ -575,7 +576,7 @@ fn dial_logical(
         tries += 1;
         let peer = cfg.peers().get_or_open(ep, fabric, cfg, hs)?;
         let tag = peer.free_tag()?;
-        let local = LocalRing::new(&peer.fabric, ring)?;
+        let local = peer.take_rings(ring)?;
         let app = sharing::logical_request(&client_hello(cfg), &peer.id, tag);
         let offer = Offer::new()
             .token(cfg.get_token().map(<[u8]>::to_vec))
@@ -585,6 +586,7 @@ fn dial_logical(
             Ok(c) => {
                 let path = path_of_reply(&c.peer().app)?;
                 let (tx, rx) = local.connect(&c)?;
+                peer.refill(ring, cfg);
                 return Ok((c, tx, rx, path));
             }
             Err(rrpc_core::Error::Rejected(r)) if tries < 3 && sharing::is_stale(&r) => {
@@ -794,10 +796,11 @@ fn answer(
         let Some(anchor) = anchors.find(&id) else {
             return Err(refuse(incoming, sharing::UNKNOWN.into()));
         };
-        let local = LocalRing::new(&anchor.fabric, ring)?;
+        let local = anchor.take_rings(ring)?;
         let offer = local.add_to_offer(Offer::new().app(reply.to_vec()));
         let c = incoming.accept_logical(&anchor.shared, tag, offer)?;
         let (tx, rx) = local.connect(&c)?;
+        anchor.refill(ring, cfg);
         return Ok(Some((c, tx, rx, path)));
     }
     let (local, qp) = take_bundle(fabric, ring, cfg)?;

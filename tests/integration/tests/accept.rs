@@ -1,8 +1,7 @@
-//! Connection setup under hostile and churning clients (issue 14, defects
-//! 1, 7 and 8): every client's setup runs on its own, bounded by
-//! `handshake_timeout`, so a silent, slow or half-finished client never
-//! delays an honest one, and a connection ending never cuts another's
-//! handshake short.
+//! Connection setup under hostile and churning clients: every client's
+//! setup runs on its own, bounded by `handshake_timeout`, so a silent, slow
+//! or half-finished client never delays an honest one, and a connection
+//! ending never cuts another's handshake short.
 
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;

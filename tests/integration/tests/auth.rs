@@ -1,7 +1,7 @@
-//! Shared-secret tokens (issue 14 "Who may connect"): a client without the
-//! server's token, or with a wrong one, is refused in the handshake with a
-//! typed error that reads `Unauthenticated`, and the server goes on serving
-//! clients that have it.
+//! Shared-secret tokens, so that only clients holding the server's secret
+//! may connect: a client without the server's token, or with a wrong one,
+//! is refused in the handshake with a typed error that reads
+//! `Unauthenticated`, and the server goes on serving clients that have it.
 
 use rrpc_integration_tests::pb::Input;
 use rrpc_integration_tests::pb::test_client::TestClient;

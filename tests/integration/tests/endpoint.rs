@@ -1,8 +1,8 @@
 //! `RrpcEndpoint`: tonic's `Endpoint` options on every transport, with the
-//! same observable result (issue 15): the user agent and `date`, the
-//! origin, lazy connect and reconnect after a server restart, the call
-//! timeout, the connect timeout, client-side concurrency and rate limits,
-//! and a balance over several servers.
+//! same observable result as on tonic's own transport: the user agent and
+//! `date`, the origin, lazy connect and reconnect after a server restart,
+//! the call timeout, the connect timeout, client-side concurrency and rate
+//! limits, and a balance over several servers.
 
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};

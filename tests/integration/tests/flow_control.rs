@@ -100,8 +100,9 @@ async fn unread_bidi_stalls_only_itself(t: Transport) {
 }
 
 /// What a server produces for a stream nobody reads is bounded by the
-/// call's window, not by the stream's length (issue 14 defect 6: 10,000
-/// unread 64 KiB replies cost the server +393 MiB). The fast path holds at
+/// call's window, not by the stream's length, so a client that never reads
+/// cannot make the server hold unbounded memory (10,000 unread 64 KiB
+/// replies once cost it +393 MiB). The fast path holds at
 /// most a window plus one batch (a chunk) per call: asserted ≤ 4 × 256 KiB.
 /// (Before: a body that was always ready was drained whole into one batch,
 /// all 10,000 messages.) The HTTP/2 path is bounded by tonic's client

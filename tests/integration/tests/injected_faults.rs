@@ -1,6 +1,6 @@
-//! The whole gRPC stack under rrpc-core's fault injector (issue 14,
-//! "Faults": verbs semantics in plain `cargo test`, without a device),
-//! through [`RrpcConfig::queue_pair`], on both `shm://` paths:
+//! The whole gRPC stack under rrpc-core's fault injector (verbs semantics
+//! in plain `cargo test`, without a device), through
+//! [`RrpcConfig::queue_pair`], on both `shm://` paths:
 //!
 //! * completions delayed and polls that miss them (the arm-then-poll race)
 //!   on both ends lose no call and no wake-up;

@@ -1,10 +1,9 @@
-//! Device faults on `rdma://` (issue 14, "Faults", on verbs): the link under
-//! the RDMA device taken down while calls are in flight (every call ends
-//! with a typed error within a bound, a call while the link is down fails
-//! fast instead of hanging, and once the link is back the same channel
-//! reconnects and calls succeed again; the process's descriptors return to
-//! their baseline), and the device itself removed mid-call (see
-//! `device_removed_mid_call`).
+//! Device faults on `rdma://` (on verbs): the link under the RDMA device
+//! taken down while calls are in flight (every call ends with a typed error
+//! within a bound, a call while the link is down fails fast instead of
+//! hanging, and once the link is back the same channel reconnects and calls
+//! succeed again; the process's descriptors return to their baseline), and
+//! the device itself removed mid-call (see `device_removed_mid_call`).
 //!
 //! It changes the machine (`ip link set <netdev> down`), so it runs only
 //! inside the throwaway VM of `cargo xtask rxe` (`RRPC_RXE_VM=1`, as root),

@@ -1,5 +1,5 @@
 //! Dropping the last clone of a channel releases its connection promptly,
-//! on both paths (issue 15: on the HTTP/2 path its sockets, eventfds and
+//! on both paths (before, on the HTTP/2 path its sockets, eventfds and
 //! memfd rings stayed open for 30 s or more while the process was idle,
 //! because the ring reader task outlived the hyper connection; sometimes on
 //! the fast path too). One test in this binary, the transports one after

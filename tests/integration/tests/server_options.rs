@@ -1,5 +1,6 @@
 //! tonic `Server` options on rrpc's `Server`, with the same observable
-//! result on every transport (issue 15).
+//! result on every transport, so a service moved onto rrpc behaves as it
+//! did on tonic's own.
 
 use std::time::Duration;
 

@@ -18,6 +18,7 @@ use rrpc_tonic::{RrpcChannel, RrpcConfig, SharedConnectionStats};
 
 on_all_transports!(
     connections_share_one_queue_pair,
+    rings_are_made_ahead_for_the_next_connection,
     a_server_that_does_not_share_says_so,
     a_restarted_server_gets_a_new_shared_connection,
 );
@@ -108,6 +109,37 @@ async fn connections_share_one_queue_pair(t: Transport) {
     assert_eq!(o.len(), 1, "{o:?}");
     assert_eq!(o[0].logical_connections, 1, "{o:?}");
     assert_eq!(accepted(&scfg).len(), 1);
+}
+
+/// With a pool, each end keeps ring pairs made ahead in the shared
+/// connection's protection domain; a connection takes one and a
+/// replacement is made after it is up. (On shm the pool is off by default,
+/// so the test asks for it.)
+async fn rings_are_made_ahead_for_the_next_connection(t: Transport) {
+    if t == Transport::Tcp {
+        return;
+    }
+    let (scfg, ccfg) = (shared(t).connection_pool(2), shared(t).connection_pool(2));
+    let mut h = Harness::start_with(t, scfg.clone()).await;
+    h.set_client_config(ccfg.clone());
+    let spares_are = |n: usize| {
+        let (o, a) = (opened(&ccfg), accepted(&scfg));
+        o.len() == 1 && a.len() == 1 && o[0].spare_rings == n && a[0].spare_rings == n
+    };
+    let mut first = h.client().await;
+    call(&mut first, 1).await;
+    until("two spare ring pairs at each end", || spares_are(2)).await;
+    let mut clients = Vec::new();
+    for i in 0..3u8 {
+        let mut c = h.client().await;
+        call(&mut c, 2 + i).await;
+        clients.push(c);
+    }
+    until("the spares made again", || spares_are(2)).await;
+    assert_eq!(opened(&ccfg)[0].logical_connections, 4);
+    for (i, c) in clients.iter_mut().enumerate() {
+        call(c, 0x20 + i as u8).await;
+    }
 }
 
 async fn a_server_that_does_not_share_says_so(t: Transport) {

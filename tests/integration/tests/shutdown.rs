@@ -67,7 +67,7 @@ async fn peer_killed_mid_stream(t: Transport) {
         // Cancelled (seen under load in about 1 run in 10). A killed process cannot send a
         // reset. A connection that breaks under a streaming body reads as tonic's
         // `Unknown` "h2 protocol error" (RrpcChannel passes plain tonic's statuses through
-        // unchanged, issue 15). The rrpc transports must say Unavailable.
+        // unchanged). The rrpc transports must say Unavailable.
         assert!(
             matches!(
                 err.code(),

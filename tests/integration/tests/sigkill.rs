@@ -1,7 +1,7 @@
 //! A server process killed with SIGKILL while unary calls and server
-//! streams are in flight (issue 14, "Faults"): every call ends with an
-//! error within a bound, none hangs, a later call on the same channel fails
-//! fast too, and the client process's descriptors and threads return to
+//! streams are in flight: every call ends with an error within a bound,
+//! none hangs, a later call on the same channel fails fast too, and the
+//! client process's descriptors and threads return to
 //! their baseline, counted from `/proc/self`. The kill point is drawn per
 //! round (a fixed seed, printed). The counts are process-wide, so this
 //! binary has one test, which runs every transport in turn on its own

@@ -556,8 +556,8 @@ impl FastChannel {
             // fails every call, and the next call dials a new connection.
             // (When the receive side ended first, for instance because a
             // failed send closed the connection, `w.failed()` lost the race
-            // and the channel kept choosing the dead connection: issue 14,
-            // the tonic layer under the fault injector.)
+            // and the channel kept choosing the dead connection, as the
+            // tonic layer under the fault injector showed.)
             if let Some(e) = w.failure() {
                 s.fail(&e);
             }

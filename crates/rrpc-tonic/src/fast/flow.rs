@@ -8,7 +8,8 @@
 //!
 //! The connection's reader never waits for a call: DATA goes into the
 //! call's queue at once, and the window bounds that queue, so a call whose
-//! consumer stopped reading stalls only its own sender (issue 15).
+//! consumer stopped reading stalls only its own sender, never the
+//! connection's other calls.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, AtomicUsize, Ordering};

@@ -721,9 +721,9 @@ mod tests {
             .expect("request")
     }
 
-    /// Issue 14 defect 5: a response the server cannot send (its send ring
-    /// corrupted by the peer) fails and closes the connection: `serve_conn`
-    /// returns the error and the caller gets an error instead of hanging.
+    /// A response the server cannot send (its send ring corrupted by the peer)
+    /// fails and closes the connection: `serve_conn` returns the error and the
+    /// caller gets an error instead of hanging.
     #[tokio::test(flavor = "current_thread")]
     async fn a_failed_response_send_closes_the_connection() {
         let (cpipe, (stx, srx)) = mem_pair(1 << 16);
@@ -890,10 +890,10 @@ mod tests {
         assert!(e.to_string().contains("flow-control window"), "{e}");
     }
 
-    /// Issue 14 defect 6: a peer opening calls without ever ending them gets
-    /// at most `max_concurrent_calls` handlers running; the excess is
-    /// refused at once with `Unavailable`, and a cancelled call frees its
-    /// place.
+    /// A peer opening calls without ever ending them cannot make the server
+    /// hold unbounded memory: it gets at most `max_concurrent_calls` handlers
+    /// running; the excess is refused at once with `Unavailable`, and a
+    /// cancelled call frees its place.
     #[tokio::test(flavor = "current_thread")]
     async fn calls_beyond_the_limit_are_refused() {
         const LIMIT: usize = 8;

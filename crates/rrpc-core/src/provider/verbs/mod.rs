@@ -363,16 +363,15 @@ mod tests {
         wc[0]
     }
 
-    /// Issue 14, "Scoped memory": a peer holding two connections to one
-    /// server writes, on its second connection's queue pair, with the
-    /// address and key the server granted its first (what a peer that kept
-    /// an old key, or guessed one, does; the post skips our library's own
-    /// grant check, as a hostile peer's code would). With each
-    /// connection's resources in a protection domain of its own
-    /// (`Fabric::isolated`), the NIC refuses it (`RemoteAccessError`) and
-    /// the first connection's inbox is untouched and still works. The
-    /// control: with one protection domain for both, the same write lands,
-    /// so the test can tell the two apart.
+    /// Each peer reaches only the memory granted to it: a peer holding two
+    /// connections to one server writes, on its second connection's queue pair,
+    /// with the address and key the server granted its first (what a peer that
+    /// kept an old key, or guessed one, does; the post skips our library's own
+    /// grant check, as a hostile peer's code would). With each connection's
+    /// resources in a protection domain of its own (`Fabric::isolated`), the
+    /// NIC refuses it (`RemoteAccessError`) and the first connection's inbox is
+    /// untouched and still works. The control: with one protection domain for
+    /// both, the same write lands, so the test can tell the two apart.
     #[test]
     fn another_connections_key_touches_nothing_with_isolated_domains() {
         let Some(dev) = test_device() else { return };
