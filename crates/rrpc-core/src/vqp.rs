@@ -35,9 +35,12 @@
 //!   sharer's own immediate is the rest (a wider one is refused with
 //!   [`Error::InvalidConfig`]). The completion is routed to that sharer and
 //!   consumes one of the receives it posted on its virtual queue pair. A
-//!   peer that writes to a sharer with no receive posted fails that sharer
-//!   only ([`Error::PeerMisbehaved`]); an immediate naming no sharer is
-//!   counted and dropped ([`VqpStats::misrouted`]).
+//!   write that comes before the sharer posted a receive waits for its next
+//!   one, as a NIC's RNR retry holds it on a dedicated queue pair (a
+//!   connection's first message can outrun its receiver's setup); a peer
+//!   that writes more than the sharer's receive depth ahead fails that
+//!   sharer only ([`Error::PeerMisbehaved`]). An immediate naming no sharer
+//!   is counted and dropped ([`VqpStats::misrouted`]).
 //!
 //! What sharers cannot escape: a dead peer, or a device error, fails the
 //! hardware queue pair, and with it every sharer on it (all connect to the
@@ -183,6 +186,9 @@ pub struct VqpStats {
     pub dispatched: u64,
     /// Completions for a sharer that had detached, dropped.
     pub stale: u64,
+    /// Writes with immediate routed to a sharer (completing a receive, or
+    /// held for its next one).
+    pub received: u64,
     /// Receive completions whose immediate named no attached sharer.
     pub misrouted: u64,
     /// Times a post found the hardware queue full and polled for room.
@@ -214,6 +220,7 @@ struct Stats {
     hidden_signals: AtomicU64,
     dispatched: AtomicU64,
     stale: AtomicU64,
+    received: AtomicU64,
     misrouted: AtomicU64,
     full_waits: AtomicU64,
 }
@@ -283,6 +290,11 @@ struct Slot {
     recv_depth: usize,
     /// Receive completions ready for the sharer.
     recv_ready: VecDeque<Completion>,
+    /// Writes with immediate that came before the sharer posted a receive
+    /// for them, oldest first: each completes the sharer's next receive.
+    /// On a dedicated queue pair the NIC holds such a write (RNR retry)
+    /// until a receive is posted; at most `recv_depth` wait here.
+    early: VecDeque<Completion>,
     core: Arc<SharerCore>,
 }
 
@@ -453,6 +465,7 @@ impl PhysicalQp {
                 recvs: VecDeque::new(),
                 recv_depth: s.qp.recv_depth() as usize,
                 recv_ready: VecDeque::new(),
+                early: VecDeque::new(),
                 core: core.clone(),
             },
         );
@@ -511,6 +524,7 @@ impl PhysicalQp {
             hidden_signals: s.hidden_signals.load(Ordering::Relaxed),
             dispatched: s.dispatched.load(Ordering::Relaxed),
             stale: s.stale.load(Ordering::Relaxed),
+            received: s.received.load(Ordering::Relaxed),
             misrouted: s.misrouted.load(Ordering::Relaxed),
             full_waits: s.full_waits.load(Ordering::Relaxed),
         }
@@ -592,18 +606,30 @@ impl Shared {
                     self.stats.misrouted.fetch_add(1, Ordering::Relaxed);
                     continue;
                 };
-                let Some(wr_id) = slot.recvs.pop_front() else {
-                    slot.core.fail.set(FailReason::Misbehaved(format!(
-                        "peer wrote with immediate to sharer {tag}, which has no receive posted"
-                    )));
-                    slot.core.recv_ev.wake_if_armed();
-                    continue;
-                };
-                slot.recv_ready.push_back(Completion {
-                    wr_id,
+                self.stats.received.fetch_add(1, Ordering::Relaxed);
+                let c = Completion {
                     imm: Some(imm & (u32::MAX >> self.tag_bits)),
                     ..*c
-                });
+                };
+                let Some(wr_id) = slot.recvs.pop_front() else {
+                    // No receive posted yet (a connection's first message
+                    // can outrun its receiver's setup): held for the next
+                    // one, as a NIC's RNR retry holds it; a peer writing
+                    // more than the sharer could ever have posted for is
+                    // misbehaving.
+                    if slot.early.len() >= slot.recv_depth {
+                        slot.core.fail.set(FailReason::Misbehaved(format!(
+                            "peer wrote with immediate to sharer {tag} more than its {} \
+                             receives before any was posted",
+                            slot.recv_depth
+                        )));
+                        slot.core.recv_ev.wake_if_armed();
+                    } else {
+                        slot.early.push_back(c);
+                    }
+                    continue;
+                };
+                slot.recv_ready.push_back(Completion { wr_id, ..c });
                 slot.core.recv_ev.wake_if_armed();
             }
             if n < buf.len() {
@@ -771,7 +797,13 @@ impl VirtualQp {
                 depth: slot.recv_depth as u32,
             });
         }
-        slot.recvs.push_back(wr_id);
+        if let Some(c) = slot.early.pop_front() {
+            // A write that came before this receive completes it now.
+            slot.recv_ready.push_back(Completion { wr_id, ..c });
+            slot.core.recv_ev.wake_if_armed();
+        } else {
+            slot.recvs.push_back(wr_id);
+        }
         Ok(())
     }
 

@@ -22,7 +22,7 @@ on_every_provider!(
     a_malformed_post_hurts_no_other_sharer,
     unsignaled_sharers_never_overflow_a_small_queue,
     immediates_are_routed_to_the_tagged_sharer,
-    a_write_to_a_sharer_without_a_receive_fails_only_that_sharer,
+    a_write_before_a_receive_waits_and_a_flood_fails_only_that_sharer,
     completions_of_a_detached_sharer_are_dropped,
     an_armed_sharer_is_woken_when_another_polls_for_it,
     threads_on_one_queue_pair,
@@ -242,37 +242,75 @@ fn immediates_are_routed_to_the_tagged_sharer(p: &Provider) {
     }
 }
 
-fn a_write_to_a_sharer_without_a_receive_fails_only_that_sharer(p: &Provider) {
-    let (a, b) = pair_on(p, 1 << 16, QpConfig::default(), QpConfig::default());
+fn a_write_before_a_receive_waits_and_a_flood_fails_only_that_sharer(p: &Provider) {
+    // Receive depth 4 at the receiving end: each sharer may be written at
+    // most 4 times ahead of its receives.
+    let deep4 = QpConfig::default().with_recv_depth(4).unwrap();
+    let (a, b) = pair_on(p, 1 << 16, QpConfig::default(), deep4);
     let (pa, pb) = share(&a, &b, VqpConfig::default());
     let remote = a.conn.peer().region(1).unwrap();
     let s1 = pa.attach(1, 1).unwrap();
     let s2 = pa.attach(2, 2).unwrap();
     let r1 = pb.attach(1, 1).unwrap();
     let r2 = pb.attach(2, 2).unwrap();
-    r2.post_recv(22).unwrap();
-    // r1 posted nothing: the hardware queue had a receive (the layer's), so
-    // the WRITE_WITH_IMM lands, and r1 is failed for its peer's misbehaviour.
+    let poll = |qp: &QueuePair| {
+        let mut wc = [Completion::EMPTY; 8];
+        let n = qp.recv_cq().poll(&mut wc)?;
+        Ok::<_, Error>(wc[..n].iter().map(|c| (c.wr_id, c.imm)).collect::<Vec<_>>())
+    };
+    // r1 posted nothing yet: the write waits for r1's first receive (as a
+    // NIC's RNR retry holds it on a dedicated queue pair).
     s1.post_write_imm(1, Local::new(&a.scratch, 0, 8), remote.at(0), 5, true)
         .unwrap();
+    wait_send(p, &s1, 1);
+    let deadline = Instant::now() + p.patience();
+    while pb.stats().received == 0 {
+        assert!(
+            Instant::now() < deadline,
+            "the write never reached the layer"
+        );
+        // Someone polls the hardware queue: r2, which has nothing.
+        assert_eq!(poll(&r2).unwrap(), vec![]);
+        std::thread::yield_now();
+    }
+    assert_eq!(poll(&r1).unwrap(), vec![], "held, not failed");
+    assert!(!r1.is_failed());
+    r1.post_recv(11).unwrap();
+    assert_eq!(poll(&r1).unwrap(), vec![(11, Some(5))]);
+    // Five writes ahead of r1's receives (depth 4), polled as they come so
+    // the hardware queue always has room: r1 fails, r2 and the hardware
+    // queue pair do not.
+    r2.post_recv(22).unwrap();
+    for i in 0..5u32 {
+        s1.post_write_imm(
+            10 + u64::from(i),
+            Local::new(&a.scratch, 0, 8),
+            remote.at(0),
+            i,
+            true,
+        )
+        .unwrap();
+        wait_send(p, &s1, 1);
+        let deadline = Instant::now() + p.patience();
+        loop {
+            let _ = poll(&r2);
+            if pb.stats().received >= u64::from(i) + 2 {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "write {i} never reached the layer"
+            );
+            std::thread::yield_now();
+        }
+    }
+    let err = poll(&r1).unwrap_err();
+    assert!(matches!(err, Error::PeerMisbehaved(_)), "{err}");
+    assert!(r1.is_failed());
     s2.post_write_imm(2, Local::new(&a.scratch, 0, 8), remote.at(8), 6, true)
         .unwrap();
     let got = wait_cq(r2.recv_cq(), 1, p.patience());
     assert_eq!((got[0].wr_id, got[0].imm), (22, Some(6)));
-    let deadline = Instant::now() + p.patience();
-    let err = loop {
-        match r1.recv_cq().poll(&mut [Completion::EMPTY; 4]) {
-            Err(e) => break e,
-            Ok(n) => assert_eq!(n, 0),
-        }
-        assert!(
-            Instant::now() < deadline,
-            "r1 learns of the unexpected write"
-        );
-        std::thread::yield_now();
-    };
-    assert!(matches!(err, Error::PeerMisbehaved(_)), "{err}");
-    assert!(r1.is_failed());
     assert!(!r2.is_failed() && !b.conn.qp().is_failed());
     assert!(matches!(
         r1.post_write(
@@ -283,7 +321,6 @@ fn a_write_to_a_sharer_without_a_receive_fails_only_that_sharer(p: &Provider) {
         ),
         Err(Error::PeerMisbehaved(_))
     ));
-    wait_send(p, &s1, 1);
     wait_send(p, &s2, 1);
 }
 

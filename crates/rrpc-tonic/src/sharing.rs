@@ -221,7 +221,13 @@ impl Spares {
                     this.held.fetch_sub(bytes, Ordering::Relaxed);
                     return;
                 }
-                this.rings.lock().unwrap_or_else(|p| p.into_inner()).push(r);
+                let mut rings = this.rings.lock().unwrap_or_else(|p| p.into_inner());
+                // Another refill (of an earlier take) may have got there first.
+                if rings.len() >= want {
+                    this.held.fetch_sub(bytes, Ordering::Relaxed);
+                    return;
+                }
+                rings.push(r);
             }
         }));
     }
