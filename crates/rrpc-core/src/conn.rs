@@ -70,7 +70,7 @@ use crate::provider::verbs::side;
 mod logical;
 use crate::qp::{QpInner, QueuePair};
 use crate::region::{Region, RemoteRegion};
-pub use logical::{SharedConnection, connect_logical};
+pub use logical::{GRANT_LEASE, SharedConnection, connect_logical};
 
 /// Default of [`HandshakeConfig::max_grant_bytes`]: 1 GiB + 64 MiB, room for
 /// the largest receive ring `rrpc-ringbuf` accepts (`MAX_RING_SIZE`, 1 GiB,
@@ -1674,6 +1674,11 @@ impl Drop for Connection {
     fn drop(&mut self) {
         self.side.shutdown();
         self.qp.fail(&Error::NotConnected);
+        if let Some(l) = &self.logical {
+            // The peer may still write into what we granted (module docs of
+            // `logical`, "Retired grants").
+            l.retire(std::mem::take(&mut self._grants));
+        }
     }
 }
 

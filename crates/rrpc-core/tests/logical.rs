@@ -169,8 +169,17 @@ fn a_dropped_logical_connection_takes_its_grants_along(p: &Provider) {
     let gone = logical(&sh, 1, 4096);
     let stays = logical(&sh, 2, 4096);
     let old_remote = gone.client.peer().region(1).unwrap();
+    let to_dropped = gone.server.peer().region(1).unwrap();
     let Pair { client, server, .. } = gone;
     drop(client);
+    // What the dropped end granted stays registered for its lease: a write
+    // the server still makes into it completes, and fails nothing (on verbs
+    // a write into a deregistered region would fail the hardware queue
+    // pair, and every logical connection on it).
+    assert!(sh.client.retired_regions() > 0);
+    let scratch = sh.fabric.alloc_region(4096).unwrap();
+    write(p, &server, &scratch, to_dropped, 0x77);
+    assert!(!sh.server.physical().hardware().is_failed());
     // The server sees its end go, as for a dedicated connection.
     let deadline = std::time::Instant::now() + p.patience();
     while server.check_alive().is_ok() {
@@ -183,7 +192,6 @@ fn a_dropped_logical_connection_takes_its_grants_along(p: &Provider) {
     assert_eq!(sh.client.physical().sharers(), 1);
     // The other logical connection may no longer target the dropped one's
     // regions, and still works.
-    let scratch = sh.fabric.alloc_region(4096).unwrap();
     let e = stays
         .client
         .qp()
@@ -202,6 +210,9 @@ fn a_dropped_logical_connection_takes_its_grants_along(p: &Provider) {
     assert_eq!(got, [0x42; 64]);
     drop(server);
     assert_eq!(sh.server.physical().sharers(), 1);
+    // After the lease, the retired regions are released.
+    std::thread::sleep(conn::GRANT_LEASE);
+    assert_eq!(sh.client.retired_regions(), 0);
 }
 
 fn bad_logical_hellos_are_refused_and_hurt_no_one(p: &Provider) {

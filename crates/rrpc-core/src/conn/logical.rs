@@ -20,14 +20,29 @@
 //! hello belongs to is the layers above's business (rrpc-tonic names it in
 //! the application blob, with a secret only the two ends know).
 //!
+//! ## Retired grants
+//!
+//! On a dedicated connection the regions we granted go with the queue pair:
+//! a write the peer had in flight meets a queue pair that is gone, which
+//! fails only that connection. Over a shared queue pair the hardware queue
+//! pair stays, and a write into a region already deregistered is a remote
+//! access error that fails the *hardware* queue pair, and with it every
+//! logical connection on it. So when a logical connection drops, the
+//! regions it granted are kept registered for [`GRANT_LEASE`] (KRCore keeps
+//! a deregistered memory region for its MR lease for the same reason,
+//! §4.3), long enough for the peer to see the connection's side channel
+//! close and stop writing, and then released.
+//!
 //! What a peer can do wrong here is refused like any bad hello: a logical
 //! hello to [`Incoming::accept`] (or a dedicated one to
 //! [`Incoming::accept_logical`]), a tag already attached, a remote key
 //! granted twice. Nothing it does reaches another peer's queue pair: a
 //! shared connection connects exactly two ends.
 
+use std::collections::VecDeque;
 use std::os::fd::OwnedFd;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use super::{
     Connection, Deadline, Error, HandshakeConfig, Hello, Incoming, Message, Offer, ProviderKind,
@@ -36,6 +51,7 @@ use super::{
 };
 use crate::endpoint::Endpoint;
 use crate::qp::LaterGrants;
+use crate::region::Region;
 use crate::vqp::{PhysicalQp, VqpConfig};
 
 /// A connection whose queue pair carries logical connections
@@ -45,7 +61,14 @@ use crate::vqp::{PhysicalQp, VqpConfig};
 pub struct SharedConnection {
     phys: PhysicalQp,
     conn: Connection,
+    /// Regions granted by logical connections that dropped, kept until
+    /// their lease ends (module docs, "Retired grants").
+    retired: Mutex<VecDeque<(Instant, Vec<(u16, Arc<Region>)>)>>,
 }
+
+/// How long the regions a dropped logical connection granted stay
+/// registered (module docs, "Retired grants"): KRCore's MR lease.
+pub const GRANT_LEASE: Duration = Duration::from_secs(1);
 
 impl SharedConnection {
     /// Shares `conn`'s queue pair. Nothing may post on or poll that queue
@@ -56,7 +79,11 @@ impl SharedConnection {
     pub fn new(conn: Connection, cfg: VqpConfig) -> Result<Arc<SharedConnection>> {
         let phys = PhysicalQp::new(conn.qp().clone(), cfg)?;
         tracing::debug!("connection shared");
-        Ok(Arc::new(SharedConnection { phys, conn }))
+        Ok(Arc::new(SharedConnection {
+            phys,
+            conn,
+            retired: Mutex::default(),
+        }))
     }
 
     /// The connection whose queue pair is shared: its side channel tells
@@ -69,13 +96,46 @@ impl SharedConnection {
     pub fn physical(&self) -> &PhysicalQp {
         &self.phys
     }
+
+    /// Regions of dropped logical connections still held for their lease.
+    pub fn retired_regions(&self) -> usize {
+        let mut r = self.retired.lock().unwrap_or_else(|p| p.into_inner());
+        Self::expire(&mut r, Instant::now());
+        r.iter().map(|(_, g)| g.len()).sum()
+    }
+
+    fn expire(r: &mut VecDeque<(Instant, Vec<(u16, Arc<Region>)>)>, now: Instant) {
+        while r
+            .front()
+            .is_some_and(|(at, _)| now.duration_since(*at) >= GRANT_LEASE)
+        {
+            r.pop_front();
+        }
+    }
 }
 
 /// What a logical [`Connection`] holds beyond a dedicated one.
 #[derive(Debug)]
 pub(super) struct Logical {
     _grants: LaterGrants,
-    _shared: Arc<SharedConnection>,
+    shared: Arc<SharedConnection>,
+}
+
+impl Logical {
+    /// Keeps `grants` (what this logical connection granted the peer)
+    /// registered for [`GRANT_LEASE`]; releases older ones.
+    pub(super) fn retire(&self, grants: Vec<(u16, Arc<Region>)>) {
+        let now = Instant::now();
+        let mut r = self
+            .shared
+            .retired
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        SharedConnection::expire(&mut r, now);
+        if !grants.is_empty() {
+            r.push_back((now, grants));
+        }
+    }
 }
 
 /// Adds the peer's grants in `h` to the hardware queue pair under `shared`.
@@ -180,7 +240,7 @@ pub fn connect_logical(
     let mut conn = Connection::new(side, qp, peer, offer.grants)?;
     conn.logical = Some(Logical {
         _grants: grants,
-        _shared: shared.clone(),
+        shared: shared.clone(),
     });
     tracing::debug!("logical connection connected");
     Ok(conn)
@@ -273,7 +333,7 @@ impl Incoming {
         let mut conn = Connection::new(stream, qp, peer, offer.grants)?;
         conn.logical = Some(Logical {
             _grants: grants,
-            _shared: shared.clone(),
+            shared: shared.clone(),
         });
         tracing::debug!(tag, "logical connection accepted");
         Ok(conn)
