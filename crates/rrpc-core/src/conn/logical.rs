@@ -63,8 +63,12 @@ pub struct SharedConnection {
     conn: Connection,
     /// Regions granted by logical connections that dropped, kept until
     /// their lease ends (module docs, "Retired grants").
-    retired: Mutex<VecDeque<(Instant, Vec<(u16, Arc<Region>)>)>>,
+    retired: Mutex<Retired>,
 }
+
+/// Grants of dropped logical connections, with when each dropped, oldest
+/// first.
+type Retired = VecDeque<(Instant, Vec<(u16, Arc<Region>)>)>;
 
 /// How long the regions a dropped logical connection granted stay
 /// registered (module docs, "Retired grants"): KRCore's MR lease.
@@ -104,7 +108,7 @@ impl SharedConnection {
         r.iter().map(|(_, g)| g.len()).sum()
     }
 
-    fn expire(r: &mut VecDeque<(Instant, Vec<(u16, Arc<Region>)>)>, now: Instant) {
+    fn expire(r: &mut Retired, now: Instant) {
         while r
             .front()
             .is_some_and(|(at, _)| now.duration_since(*at) >= GRANT_LEASE)
