@@ -965,23 +965,36 @@ pub fn connect(
     };
     let s = connect_unix(path, deadline)?;
     let (hello, fds) = make_hello(&qp, &offer)?;
-    send_msg(&s, &Message::Hello(hello), &fds, deadline)?;
-    let (answer, fds) = recv_msg(&s, deadline)?;
-    let h = match answer {
-        Message::Accept(h) => h,
-        Message::Reject(r) => return Err(reject_error(r)),
-        other => {
-            return Err(Error::MalformedHandshake(format!(
-                "expected Accept, got {:?}",
-                other.kind()
-            )));
-        }
-    };
+    let (h, fds) = exchange_unix(&s, hello, &fds, deadline)?;
     let peer = peer_info(&h, ProviderKind::Shm)?;
     attach(&qp, &h, fds, cfg.max_grant_bytes, None)?;
     let conn = Connection::new(Side::Unix(s), qp, peer, offer.grants)?;
     tracing::debug!("connected");
     Ok(conn)
+}
+
+/// Client side on a Unix side channel: sends `hello` with `fds` and
+/// returns the server's `Accept` and the descriptors that came with it.
+///
+/// # Errors
+/// The server's `Reject` ([`reject_error`]), any other answer
+/// ([`Error::MalformedHandshake`]), transport errors.
+fn exchange_unix(
+    s: &UnixStream,
+    hello: Hello,
+    fds: &[BorrowedFd<'_>],
+    deadline: Deadline,
+) -> Result<(Hello, Vec<OwnedFd>)> {
+    send_msg(s, &Message::Hello(hello), fds, deadline)?;
+    let (answer, fds) = recv_msg(s, deadline)?;
+    match answer {
+        Message::Accept(h) => Ok((h, fds)),
+        Message::Reject(r) => Err(reject_error(r)),
+        other => Err(Error::MalformedHandshake(format!(
+            "expected Accept, got {:?}",
+            other.kind()
+        ))),
+    }
 }
 
 /// The client's error for the server's `Reject`.

@@ -218,70 +218,52 @@ fn a_dropped_logical_connection_takes_its_grants_along(p: &Provider) {
 fn bad_logical_hellos_are_refused_and_hurt_no_one(p: &Provider) {
     let sh = shared_on(p);
     let good = logical(&sh, 1, 4096);
+    let sh = &sh;
+    let logical_hello = |tag| {
+        move || {
+            conn::connect_logical(
+                &sh.ep,
+                &sh.client,
+                tag,
+                Offer::new(),
+                &HandshakeConfig::default(),
+            )
+        }
+    };
     // A tag already attached at the server (the server is told tag 1, in
     // use by `good`, while the client attached 3).
-    std::thread::scope(|s| {
-        let srv = s.spawn(|| {
-            let inc = sh.listener.accept().unwrap();
-            inc.accept_logical(&sh.server, 1, Offer::new()).unwrap_err()
-        });
-        let e = conn::connect_logical(
-            &sh.ep,
-            &sh.client,
-            3,
-            Offer::new(),
-            &HandshakeConfig::default(),
-        )
-        .unwrap_err();
-        assert!(
-            matches!(&e, Error::Rejected(r) if r.contains("already attached")),
-            "{e}"
-        );
-        assert!(matches!(srv.join().unwrap(), Error::MalformedHandshake(_)));
-    });
+    refused(
+        sh,
+        |inc| inc.accept_logical(&sh.server, 1, Offer::new()),
+        logical_hello(3),
+        "already attached",
+    );
     // A logical hello offered to `accept` (a server that shares nothing).
-    std::thread::scope(|s| {
-        let srv = s.spawn(|| {
-            let inc = sh.listener.accept().unwrap();
+    refused(
+        sh,
+        |inc| {
             inc.accept(
                 sh.fabric.create_qp(&QpConfig::default()).unwrap(),
                 Offer::new(),
             )
-            .unwrap_err()
-        });
-        let e = conn::connect_logical(
-            &sh.ep,
-            &sh.client,
-            4,
-            Offer::new(),
-            &HandshakeConfig::default(),
-        )
-        .unwrap_err();
-        assert!(
-            matches!(&e, Error::Rejected(r) if r.contains("logical hello")),
-            "{e}"
-        );
-        assert!(matches!(srv.join().unwrap(), Error::MalformedHandshake(_)));
-    });
+        },
+        logical_hello(4),
+        "logical hello",
+    );
     // A dedicated hello offered to `accept_logical`.
-    std::thread::scope(|s| {
-        let srv = s.spawn(|| {
-            let inc = sh.listener.accept().unwrap();
-            inc.accept_logical(&sh.server, 5, Offer::new()).unwrap_err()
-        });
-        let e = conn::connect(
-            &sh.ep,
-            sh.fabric.create_qp(&QpConfig::default()).unwrap(),
-            Offer::new(),
-            &HandshakeConfig::default(),
-        )
-        .unwrap_err();
-        assert!(
-            matches!(&e, Error::Rejected(r) if r.contains("dedicated hello")),
-            "{e}"
-        );
-        assert!(matches!(srv.join().unwrap(), Error::MalformedHandshake(_)));
-    });
+    refused(
+        sh,
+        |inc| inc.accept_logical(&sh.server, 5, Offer::new()),
+        || {
+            conn::connect(
+                &sh.ep,
+                sh.fabric.create_qp(&QpConfig::default()).unwrap(),
+                Offer::new(),
+                &HandshakeConfig::default(),
+            )
+        },
+        "dedicated hello",
+    );
     // Refused attempts left nothing attached, and the good one still works.
     assert_eq!(sh.client.physical().sharers(), 1);
     assert_eq!(sh.server.physical().sharers(), 1);
@@ -296,4 +278,26 @@ fn bad_logical_hellos_are_refused_and_hurt_no_one(p: &Provider) {
     let mut got = [0u8; 64];
     good.server_region.read_at(0, &mut got).unwrap();
     assert_eq!(got, [0x33; 64]);
+}
+
+/// Runs `server` on the next client of `sh`'s listener while `client`
+/// connects: both must fail, the server with `MalformedHandshake` and the
+/// client rejected with a reason containing `says`.
+fn refused(
+    sh: &Shared,
+    server: impl FnOnce(conn::Incoming) -> Result<Connection, Error> + Send,
+    client: impl FnOnce() -> Result<Connection, Error>,
+    says: &str,
+) {
+    std::thread::scope(|s| {
+        let srv = s.spawn(|| server(sh.listener.accept().unwrap()));
+        let Err(e) = client() else {
+            panic!("the client connected ({says})");
+        };
+        assert!(matches!(&e, Error::Rejected(r) if r.contains(says)), "{e}");
+        let Err(e) = srv.join().unwrap() else {
+            panic!("the server accepted ({says})");
+        };
+        assert!(matches!(e, Error::MalformedHandshake(_)), "{e}");
+    });
 }

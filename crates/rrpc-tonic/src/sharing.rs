@@ -233,6 +233,40 @@ impl Spares {
     }
 }
 
+/// A shared connection's protection domain at one end, where each of its
+/// logical connections' rings must be registered, with its spare rings.
+#[derive(Debug)]
+pub(crate) struct Domain {
+    fabric: Fabric,
+    spares: Arc<Spares>,
+}
+
+impl Domain {
+    fn new(fabric: Fabric, held: &Arc<AtomicU64>) -> Self {
+        Domain {
+            fabric,
+            spares: Arc::new(Spares::new(held)),
+        }
+    }
+
+    /// Rings for one logical connection: a spare, or made now.
+    pub(crate) fn take_rings(&self, ring: &RingConfig) -> Result<LocalRing, Error> {
+        self.spares.take(&self.fabric, ring)
+    }
+
+    /// Makes spare rings for the next logical connections, off the caller's
+    /// path ([`Spares`]).
+    pub(crate) fn refill(&self, ring: &RingConfig, cfg: &RrpcConfig) {
+        Spares::refill(
+            &self.spares,
+            &self.fabric,
+            ring,
+            cfg.connection_pool_for(self.fabric.kind()),
+            cfg.get_connection_pool_memory(),
+        );
+    }
+}
+
 impl Drop for Spares {
     fn drop(&mut self) {
         let rings = self.rings.get_mut().unwrap_or_else(|p| p.into_inner());
@@ -249,32 +283,13 @@ impl Drop for Spares {
 #[derive(Debug)]
 pub(crate) struct SharedPeer {
     pub(crate) shared: Arc<SharedConnection>,
-    /// The protection domain of its queue pair, where each logical
-    /// connection's rings must be registered.
-    pub(crate) fabric: Fabric,
+    /// The protection domain of its queue pair.
+    pub(crate) domain: Domain,
     pub(crate) id: Id,
     next_tag: AtomicU32,
-    spares: Arc<Spares>,
 }
 
 impl SharedPeer {
-    /// Rings for one logical connection, in this shared connection's
-    /// protection domain ([`Spares`]).
-    pub(crate) fn take_rings(&self, ring: &RingConfig) -> Result<LocalRing, Error> {
-        self.spares.take(&self.fabric, ring)
-    }
-
-    /// Makes spare rings for the next logical connections ([`Spares`]).
-    pub(crate) fn refill(&self, ring: &RingConfig, cfg: &RrpcConfig) {
-        Spares::refill(
-            &self.spares,
-            &self.fabric,
-            ring,
-            cfg.connection_pool_for(self.fabric.kind()),
-            cfg.get_connection_pool_memory(),
-        );
-    }
-
     /// A tag no logical connection over this one uses now.
     pub(crate) fn free_tag(&self) -> Result<u32, Error> {
         let phys = self.shared.physical();
@@ -372,7 +387,7 @@ impl Peers {
         };
         peers
             .iter()
-            .map(|p| SharedConnectionStats::of(&p.shared, &p.spares, true))
+            .map(|p| SharedConnectionStats::of(&p.shared, &p.domain.spares, true))
             .collect()
     }
 }
@@ -397,10 +412,9 @@ fn open(
     tracing::debug!(endpoint = %ep, "rrpc: shared connection opened");
     Ok(SharedPeer {
         shared,
-        fabric,
+        domain: Domain::new(fabric, spare_bytes),
         id,
         next_tag: AtomicU32::new(0),
-        spares: Arc::new(Spares::new(spare_bytes)),
     })
 }
 
@@ -420,27 +434,8 @@ pub(crate) struct Anchors {
 #[derive(Debug)]
 pub(crate) struct Anchor {
     pub(crate) shared: Arc<SharedConnection>,
-    /// Its protection domain: logical connections' rings go there.
-    fabric: Fabric,
-    spares: Arc<Spares>,
-}
-
-impl Anchor {
-    /// Rings for one logical connection ([`Spares`]).
-    pub(crate) fn take_rings(&self, ring: &RingConfig) -> Result<LocalRing, Error> {
-        self.spares.take(&self.fabric, ring)
-    }
-
-    /// Makes spare rings for the next logical connections ([`Spares`]).
-    pub(crate) fn refill(&self, ring: &RingConfig, cfg: &RrpcConfig) {
-        Spares::refill(
-            &self.spares,
-            &self.fabric,
-            ring,
-            cfg.connection_pool_for(self.fabric.kind()),
-            cfg.get_connection_pool_memory(),
-        );
-    }
+    /// Its protection domain.
+    pub(crate) domain: Domain,
 }
 
 impl Anchors {
@@ -477,15 +472,8 @@ impl Anchors {
         let id = new_id()?;
         let c = incoming.accept(qp, Offer::new().app(opened_reply(&id)))?;
         let shared = SharedConnection::new(c, VqpConfig::default())?;
-        let spares = Arc::new(Spares::new(&self.spare_bytes));
-        map.insert(
-            id,
-            Arc::new(Anchor {
-                shared,
-                fabric,
-                spares,
-            }),
-        );
+        let domain = Domain::new(fabric, &self.spare_bytes);
+        map.insert(id, Arc::new(Anchor { shared, domain }));
         drop(map);
         tracing::debug!("rrpc: shared connection accepted");
         Ok(())
@@ -513,7 +501,7 @@ impl Anchors {
             .collect();
         anchors
             .iter()
-            .map(|a| SharedConnectionStats::of(&a.shared, &a.spares, false))
+            .map(|a| SharedConnectionStats::of(&a.shared, &a.domain.spares, false))
             .collect()
     }
 }

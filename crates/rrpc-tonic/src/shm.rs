@@ -576,7 +576,7 @@ fn dial_logical(
         tries += 1;
         let peer = cfg.peers().get_or_open(ep, fabric, cfg, hs)?;
         let tag = peer.free_tag()?;
-        let local = peer.take_rings(ring)?;
+        let local = peer.domain.take_rings(ring)?;
         let app = sharing::logical_request(&client_hello(cfg), &peer.id, tag);
         let offer = Offer::new()
             .token(cfg.get_token().map(<[u8]>::to_vec))
@@ -586,7 +586,7 @@ fn dial_logical(
             Ok(c) => {
                 let path = path_of_reply(&c.peer().app)?;
                 let (tx, rx) = local.connect(&c)?;
-                peer.refill(ring, cfg);
+                peer.domain.refill(ring, cfg);
                 return Ok((c, tx, rx, path));
             }
             Err(rrpc_core::Error::Rejected(r)) if tries < 3 && sharing::is_stale(&r) => {
@@ -796,11 +796,11 @@ fn answer(
         let Some(anchor) = anchors.find(&id) else {
             return Err(refuse(incoming, sharing::UNKNOWN.into()));
         };
-        let local = anchor.take_rings(ring)?;
+        let local = anchor.domain.take_rings(ring)?;
         let offer = local.add_to_offer(Offer::new().app(reply.to_vec()));
         let c = incoming.accept_logical(&anchor.shared, tag, offer)?;
         let (tx, rx) = local.connect(&c)?;
-        anchor.refill(ring, cfg);
+        anchor.domain.refill(ring, cfg);
         return Ok(Some((c, tx, rx, path)));
     }
     let (local, qp) = take_bundle(fabric, ring, cfg)?;

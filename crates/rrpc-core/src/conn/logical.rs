@@ -46,8 +46,8 @@ use std::time::{Duration, Instant};
 
 use super::{
     Connection, Deadline, Error, HandshakeConfig, Hello, Incoming, Message, Offer, ProviderKind,
-    QpInner, QueuePair, Reject, Result, Side, base_hello, connect_unix, granted_bytes, peer_info,
-    recv_msg, reject_code_for, reject_error, send_msg,
+    QpInner, QueuePair, Reject, Result, Side, base_hello, connect_unix, exchange_unix,
+    granted_bytes, peer_info, reject_code_for, send_msg,
 };
 use crate::endpoint::Endpoint;
 use crate::qp::LaterGrants;
@@ -202,18 +202,7 @@ pub fn connect_logical(
                 ..base_hello(&offer)
             };
             let fds: Vec<_> = offer.grants.iter().map(|(_, r)| r.fd()).collect();
-            send_msg(&s, &Message::Hello(hello), &fds, deadline)?;
-            let (answer, fds) = recv_msg(&s, deadline)?;
-            let h = match answer {
-                Message::Accept(h) => h,
-                Message::Reject(r) => return Err(reject_error(r)),
-                other => {
-                    return Err(Error::MalformedHandshake(format!(
-                        "expected Accept, got {:?}",
-                        other.kind()
-                    )));
-                }
-            };
+            let (h, fds) = exchange_unix(&s, hello, &fds, deadline)?;
             if !h.endpoint.is_empty() {
                 return Err(Error::MalformedHandshake(
                     "the server answered a logical connection with a queue-pair endpoint".into(),
