@@ -30,8 +30,9 @@ pub(crate) struct CiArgs {
     #[arg(long, default_value_t = 2400)]
     test_timeout: u64,
     /// Keep `target/debug` after the verbs suite. By default CI deletes it
-    /// there, since no later step uses it, so the release and fuzz builds
-    /// fit on a small disk.
+    /// there (all but the xtask binary, which the bench step runs again),
+    /// since no later step uses it, so the release and fuzz builds fit on a
+    /// small disk.
     #[arg(long)]
     keep_target: bool,
 }
@@ -300,9 +301,15 @@ pub(crate) fn run_ci(args: &CiArgs) -> Result<()> {
                     .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
                     .unwrap_or_default();
                 eprintln!("ci: test build: {size}");
-                std::fs::remove_dir_all(&debug)
-                    .with_context(|| format!("removing {}", debug.display()))?;
-                eprintln!("ci: removed {} ({})", debug.display(), disk_free(root_ref));
+                // This very program lives there too, and the bench step runs it again.
+                let exe = std::env::current_exe().context("locating xtask")?;
+                prune_except(&debug, &exe)?;
+                eprintln!(
+                    "ci: removed {} but {} ({})",
+                    debug.display(),
+                    exe.display(),
+                    disk_free(root_ref)
+                );
             }
         }
         step("miri", &mut || {
@@ -416,6 +423,24 @@ pub(crate) fn run_ci(args: &CiArgs) -> Result<()> {
     result
 }
 
+/// Removes everything in `dir` but `keep` (a file directly in it).
+fn prune_except(dir: &Path, keep: &Path) -> Result<()> {
+    let keep = keep.canonicalize().unwrap_or_else(|_| keep.to_path_buf());
+    for entry in std::fs::read_dir(dir).with_context(|| format!("reading {}", dir.display()))? {
+        let path = entry?.path();
+        if path.canonicalize().is_ok_and(|p| p == keep) {
+            continue;
+        }
+        let removed = if path.is_dir() && !path.is_symlink() {
+            std::fs::remove_dir_all(&path)
+        } else {
+            std::fs::remove_file(&path)
+        };
+        removed.with_context(|| format!("removing {}", path.display()))?;
+    }
+    Ok(())
+}
+
 /// Space left on the file system that holds `dir`, for the log (`df`'s
 /// words; "unknown" when `df` fails).
 fn disk_free(dir: &Path) -> String {
@@ -477,6 +502,25 @@ mod tests {
         let root = workspace_root();
         let text = std::fs::read_to_string(root.join("crates/rrpc-core/Cargo.toml")).unwrap();
         assert_eq!(core_has_verbs_feature(&root), text.contains("\nverbs"));
+    }
+
+    /// The test build goes, the running xtask stays (the bench step runs
+    /// it again; the last CI rehearsal failed there when it went too).
+    #[test]
+    fn pruning_keeps_the_running_program() {
+        let dir = std::env::temp_dir().join(format!("rrpc-prune-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(dir.join("deps/sub")).unwrap();
+        std::fs::write(dir.join("deps/sub/x.rlib"), b"x").unwrap();
+        std::fs::write(dir.join("xtask"), b"me").unwrap();
+        std::fs::write(dir.join("soak"), b"other").unwrap();
+        prune_except(&dir, &dir.join("xtask")).unwrap();
+        let left: Vec<_> = std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(left, ["xtask"]);
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
