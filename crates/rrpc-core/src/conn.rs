@@ -813,13 +813,23 @@ fn check_shm_grants(h: &Hello, fds: &[OwnedFd], max_bytes: u64) -> Result<u64> {
     }
     let bytes = granted_bytes(h, max_bytes)?;
     let cq_len = u64::from_le_bytes(h.endpoint[0..8].try_into().expect("8"));
-    for (i, (d, fd)) in h.regions.iter().zip(fds).enumerate() {
-        crate::sys::check_peer_memfd(fd.as_fd(), d.remote.len, &format!("region {i}"))?;
-    }
+    check_region_memfds(h, fds)?;
     let n = h.regions.len();
     crate::sys::check_peer_memfd(fds[n].as_fd(), cq_len, "receive queue")?;
     crate::sys::check_peer_eventfd(fds[n + 1].as_fd())?;
     Ok(bytes)
+}
+
+/// Each region's descriptor in `fds` (one per region, in order) is a sealed
+/// memfd at least as long as the region claims.
+///
+/// # Errors
+/// [`Error::MalformedHandshake`] naming the first wrong descriptor.
+fn check_region_memfds(h: &Hello, fds: &[OwnedFd]) -> Result<()> {
+    for (i, (d, fd)) in h.regions.iter().zip(fds).enumerate() {
+        crate::sys::check_peer_memfd(fd.as_fd(), d.remote.len, &format!("region {i}"))?;
+    }
+    Ok(())
 }
 
 /// The bytes a peer's shm hello asks us to map: its regions and its receive

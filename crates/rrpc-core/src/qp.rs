@@ -371,6 +371,22 @@ impl QueuePair {
 // Grants added after connect (logical connections over a shared queue pair)
 // ---------------------------------------------------------------------------
 
+/// Refuses remote keys granted twice: within `keys`, or already granted
+/// (`taken`).
+///
+/// # Errors
+/// [`Error::MalformedHandshake`] naming the first such key.
+pub(crate) fn check_new_keys(keys: &[u32], taken: impl Fn(u32) -> bool) -> Result<()> {
+    for (i, &k) in keys.iter().enumerate() {
+        if taken(k) || keys[..i].contains(&k) {
+            return Err(Error::MalformedHandshake(format!(
+                "remote key {k:#x} is already granted on this queue pair"
+            )));
+        }
+    }
+    Ok(())
+}
+
 /// Where a queue pair keeps the regions granted after it connected.
 #[derive(Debug)]
 pub(crate) enum LaterTable {

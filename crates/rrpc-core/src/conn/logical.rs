@@ -46,8 +46,8 @@ use std::time::{Duration, Instant};
 
 use super::{
     Connection, Deadline, Error, HandshakeConfig, Hello, Incoming, Message, Offer, ProviderKind,
-    QpInner, QueuePair, Reject, Result, Side, base_hello, connect_unix, exchange_unix,
-    granted_bytes, peer_info, reject_code_for, send_msg,
+    QpInner, QueuePair, Reject, Result, Side, base_hello, check_region_memfds, connect_unix,
+    exchange_unix, granted_bytes, peer_info, reject_code_for, send_msg,
 };
 use crate::endpoint::Endpoint;
 use crate::qp::LaterGrants;
@@ -160,10 +160,7 @@ fn add_grants(
                 )));
             }
             granted_bytes(h, max_bytes)?;
-            for (i, (d, fd)) in h.regions.iter().zip(&fds).enumerate() {
-                use std::os::fd::AsFd;
-                crate::sys::check_peer_memfd(fd.as_fd(), d.remote.len, &format!("region {i}"))?;
-            }
+            check_region_memfds(h, &fds)?;
             let regions = h.regions.iter().map(|d| d.remote).zip(fds).collect();
             q.add_grants(regions, budget)
         }

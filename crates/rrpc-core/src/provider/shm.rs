@@ -358,6 +358,22 @@ impl PeerCq {
 // Queue pair
 // ---------------------------------------------------------------------------
 
+/// Maps the regions a peer granted (checked descriptors), in order.
+fn map_regions(regions: Vec<(RemoteRegion, OwnedFd)>) -> Result<Vec<MappedRemote>> {
+    regions
+        .into_iter()
+        .enumerate()
+        .map(|(i, (desc, fd))| {
+            let len = usize::try_from(desc.len)
+                .map_err(|_| Error::MalformedHandshake("region length overflows".into()))?;
+            Ok(MappedRemote {
+                desc,
+                map: Mapping::map_peer(fd, len, &format!("region {i}"))?,
+            })
+        })
+        .collect()
+}
+
 /// A peer region mapped into our address space.
 #[derive(Debug)]
 pub(crate) struct MappedRemote {
@@ -488,15 +504,7 @@ impl ShmQp {
         }
         let eventfd = PeerEventFd::new(res.event_fd)?;
         let cq_map = Mapping::map_peer(res.cq_fd, res.cq_len as usize, "receive queue")?;
-        let mut regions = Vec::with_capacity(res.regions.len());
-        for (i, (desc, fd)) in res.regions.into_iter().enumerate() {
-            let len = usize::try_from(desc.len)
-                .map_err(|_| Error::MalformedHandshake("region length overflows".into()))?;
-            regions.push(MappedRemote {
-                desc,
-                map: Mapping::map_peer(fd, len, &format!("region {i}"))?,
-            });
-        }
+        let regions = map_regions(res.regions)?;
         let peer = Peer {
             regions,
             later: Arc::default(),
@@ -558,29 +566,14 @@ impl ShmQp {
         budget: Option<crate::conn::BudgetGuard>,
     ) -> Result<crate::qp::LaterGrants> {
         let peer = self.peer.get().ok_or(Error::NotConnected)?;
-        let mut mapped = Vec::with_capacity(regions.len());
-        for (i, (desc, fd)) in regions.into_iter().enumerate() {
-            let len = usize::try_from(desc.len)
-                .map_err(|_| Error::MalformedHandshake("region length overflows".into()))?;
-            mapped.push(Arc::new(MappedRemote {
-                desc,
-                map: Mapping::map_peer(fd, len, &format!("region {i}"))?,
-            }));
-        }
+        let mapped = map_regions(regions)?;
         let mut later = peer.later.write().unwrap_or_else(|p| p.into_inner());
         let keys: Vec<u32> = mapped.iter().map(|m| m.desc.rkey).collect();
-        for (i, &k) in keys.iter().enumerate() {
-            if later.contains_key(&k)
-                || keys[..i].contains(&k)
-                || peer.regions.iter().any(|r| r.desc.rkey == k)
-            {
-                return Err(Error::MalformedHandshake(format!(
-                    "remote key {k:#x} is already granted on this queue pair"
-                )));
-            }
-        }
+        crate::qp::check_new_keys(&keys, |k| {
+            later.contains_key(&k) || peer.regions.iter().any(|r| r.desc.rkey == k)
+        })?;
         for m in mapped {
-            later.insert(m.desc.rkey, m);
+            later.insert(m.desc.rkey, Arc::new(m));
         }
         Ok(crate::qp::LaterGrants {
             table: crate::qp::LaterTable::Shm(Arc::downgrade(&peer.later)),

@@ -393,16 +393,9 @@ impl VerbsQp {
         let peer = self.peer.get().ok_or(Error::NotConnected)?;
         let mut later = peer.later.write().unwrap_or_else(|p| p.into_inner());
         let keys: Vec<u32> = regions.iter().map(|r| r.rkey).collect();
-        for (i, &k) in keys.iter().enumerate() {
-            if later.contains_key(&k)
-                || keys[..i].contains(&k)
-                || peer.regions.iter().any(|r| r.rkey == k)
-            {
-                return Err(Error::MalformedHandshake(format!(
-                    "remote key {k:#x} is already granted on this queue pair"
-                )));
-            }
-        }
+        crate::qp::check_new_keys(&keys, |k| {
+            later.contains_key(&k) || peer.regions.iter().any(|r| r.rkey == k)
+        })?;
         for r in regions {
             later.insert(r.rkey, r);
         }
