@@ -52,6 +52,11 @@ impl Transport {
             .filter(|d| !d.is_empty())
     }
 
+    /// Whether this transport carries HTTP/2 (tonic over TCP, or rrpc's HTTP/2 path).
+    pub fn is_http2(self) -> bool {
+        matches!(self, Transport::Tcp | Transport::ShmH2 | Transport::RdmaH2)
+    }
+
     /// Whether this transport runs on RDMA.
     pub fn is_rdma(self) -> bool {
         matches!(self, Transport::RdmaH2 | Transport::RdmaFast)

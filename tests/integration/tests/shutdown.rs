@@ -75,6 +75,14 @@ async fn peer_killed_mid_stream(t: Transport) {
             ),
             "{err:?}"
         );
+    } else if t.is_http2() && reset_by_server(&err) {
+        // The same race on rrpc's HTTP/2 path, which carries hyper's frames: the dropped
+        // runtime's stream task queued RST_STREAM CANCEL and the connection task wrote it
+        // into the ring before its own drop (seen once on soft-RoCE in CI; 0 of 12 runs since). Only a
+        // reset the server sent is excused; a real kill is `sigkill.rs`, which must read
+        // Unavailable on every rrpc transport.
+        eprintln!("the server's runtime reset the stream before its transport closed: {err:?}");
+        assert_eq!(err.code(), Code::Cancelled, "{err:?}");
     } else {
         assert_eq!(err.code(), Code::Unavailable, "{err:?}");
     }
@@ -89,6 +97,18 @@ async fn peer_killed_mid_stream(t: Transport) {
     } else {
         assert_eq!(err.code(), Code::Unavailable, "{err:?}");
     }
+}
+
+/// Whether `s` comes from an HTTP/2 stream reset that the server sent.
+fn reset_by_server(s: &tonic::Status) -> bool {
+    let mut cur: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(s);
+    while let Some(e) = cur {
+        if let Some(h2) = e.downcast_ref::<h2::Error>() {
+            return h2.is_reset() && h2.is_remote();
+        }
+        cur = e.source();
+    }
+    false
 }
 
 on_all_transports!(graceful_drain_then_unavailable, peer_killed_mid_stream);
