@@ -8,6 +8,8 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
+use nix::sys::signal::{Signal, killpg};
+use nix::unistd::Pid;
 use serde::Serialize;
 
 use crate::BenchArgs;
@@ -79,9 +81,9 @@ pub(crate) fn kill_group(child: &mut Child, grace: Duration) {
     let Ok(pgid) = i32::try_from(child.id()) else {
         return;
     };
-    // SAFETY: plain syscall; a negative pid addresses the child's own process group, which we
-    // created with `process_group(0)`.
-    unsafe { libc::kill(-pgid, libc::SIGTERM) };
+    // The child's own process group, which we created with `process_group(0)`.
+    let group = Pid::from_raw(pgid);
+    let _ = killpg(group, Signal::SIGTERM);
     let deadline = Instant::now() + grace;
     while Instant::now() < deadline {
         if matches!(child.try_wait(), Ok(Some(_))) {
@@ -89,8 +91,8 @@ pub(crate) fn kill_group(child: &mut Child, grace: Duration) {
         }
         std::thread::sleep(Duration::from_millis(10));
     }
-    // SAFETY: as above; stragglers in the group get SIGKILL.
-    unsafe { libc::kill(-pgid, libc::SIGKILL) };
+    // Stragglers in the group get SIGKILL.
+    let _ = killpg(group, Signal::SIGKILL);
     let _ = child.wait();
 }
 
@@ -423,11 +425,17 @@ pub(crate) mod tests {
             "the shell and its sleeps are running"
         );
         kill_group(&mut child, Duration::from_secs(1));
-        // The backgrounded sleep may linger as a zombie until init reaps it: count live ones.
+        // A killed process leaves /proc a moment after the signal (CI once counted 2 live
+        // members right after the SIGKILL), and a backgrounded sleep may linger as a zombie
+        // until init reaps it: wait, boundedly, for no live ones.
+        let t0 = std::time::Instant::now();
+        while live_members(pgid) > 0 && t0.elapsed() < Duration::from_secs(5) {
+            std::thread::sleep(Duration::from_millis(10));
+        }
         assert_eq!(
             live_members(pgid),
             0,
-            "process group {pgid} still has live members"
+            "process group {pgid} still has live members 5 s after the SIGKILL"
         );
     }
 

@@ -206,8 +206,9 @@ pub(crate) fn run_ci(args: &CiArgs) -> Result<()> {
             run("timeout", &cmd, Some(root_ref))
                 .with_context(|| {
                     format!(
-                        "the test step failed or ran past its {limit} s (exit 124: timed out; \
-                         the hung test printed `has been running for over 60 seconds`)"
+                        "the test step failed (a failing test is named above; exit 124 instead \
+                         means it ran past its {limit} s, and the hung test printed `has been \
+                         running for over 60 seconds`)"
                     )
                 })
                 .map(|()| Outcome::Ran)

@@ -173,8 +173,7 @@ pub(crate) fn supported() -> std::result::Result<(), String> {
 }
 
 fn is_root() -> bool {
-    // SAFETY: geteuid has no preconditions and cannot fail.
-    unsafe { libc::geteuid() == 0 }
+    nix::unistd::geteuid().is_root()
 }
 
 /// `Command` for a privileged program: itself when root, else through sudo.

@@ -103,22 +103,18 @@ pub(crate) fn preferred_gid(port: &Port) -> Option<u32> {
 }
 
 fn memlock() -> String {
-    let mut r = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: `r` is a valid out-pointer for getrlimit.
-    if unsafe { libc::getrlimit(libc::RLIMIT_MEMLOCK, &mut r) } != 0 {
+    use nix::sys::resource::{RLIM_INFINITY, Resource, getrlimit};
+    let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_MEMLOCK) else {
         return "unknown".into();
-    }
-    let show = |v: libc::rlim_t| {
-        if v == libc::RLIM_INFINITY {
+    };
+    let show = |v: u64| {
+        if v == RLIM_INFINITY {
             "unlimited".to_owned()
         } else {
             format!("{} KiB", v / 1024)
         }
     };
-    format!("soft {}, hard {}", show(r.rlim_cur), show(r.rlim_max))
+    format!("soft {}, hard {}", show(soft), show(hard))
 }
 
 fn report(devs: &[(String, Vec<Port>)]) {

@@ -1,25 +1,27 @@
 //! Ctrl-C / SIGTERM handling: a flag the supervisors poll, so they can stop what they started.
 
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
 
-static INTERRUPTED: AtomicBool = AtomicBool::new(false);
-
-extern "C" fn on_signal(_: libc::c_int) {
-    // Only an atomic store: async-signal-safe.
-    INTERRUPTED.store(true, Ordering::SeqCst);
+/// Set by the handler (signal-hook's flag: an atomic store, async-signal-safe).
+fn flag() -> &'static Arc<AtomicBool> {
+    static INTERRUPTED: OnceLock<Arc<AtomicBool>> = OnceLock::new();
+    INTERRUPTED.get_or_init(|| Arc::new(AtomicBool::new(false)))
 }
 
 /// Installs the SIGINT/SIGTERM handler (idempotent).
 pub(crate) fn install() {
-    let handler = on_signal as extern "C" fn(libc::c_int) as libc::sighandler_t;
-    for sig in [libc::SIGINT, libc::SIGTERM] {
-        // SAFETY: `on_signal` is an `extern "C"` function that only performs an atomic store,
-        // which is async-signal-safe.
-        unsafe { libc::signal(sig, handler) };
-    }
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+            if let Err(e) = signal_hook::flag::register(sig, Arc::clone(flag())) {
+                eprintln!("xtask: cannot handle signal {sig}: {e}");
+            }
+        }
+    });
 }
 
 /// Whether Ctrl-C or SIGTERM arrived.
 pub(crate) fn interrupted() -> bool {
-    INTERRUPTED.load(Ordering::SeqCst)
+    flag().load(Ordering::SeqCst)
 }
