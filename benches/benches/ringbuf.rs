@@ -92,17 +92,9 @@ fn rtrb_burst(len: usize, iters: u64) -> Duration {
     while done < iters {
         let n = BURST.min(iters - done);
         for _ in 0..n {
-            let mut chunk = tx.write_chunk_uninit(len).expect("room");
-            let (a, b) = chunk.as_mut_slices();
-            let (p1, p2) = std::hint::black_box(&payload).split_at(a.len());
-            for (d, s) in a.iter_mut().zip(p1) {
-                d.write(*s);
-            }
-            for (d, s) in b.iter_mut().zip(p2) {
-                d.write(*s);
-            }
-            // SAFETY: every byte of both slices was written above.
-            unsafe { chunk.commit_all() };
+            let chunk = tx.write_chunk_uninit(len).expect("room");
+            let written = chunk.fill_from_iter(std::hint::black_box(&payload).iter().copied());
+            debug_assert_eq!(written, len);
         }
         for _ in 0..n {
             let chunk = rx.read_chunk(len).expect("data");

@@ -4,6 +4,10 @@ use std::fs;
 use std::io;
 use std::time::Duration;
 
+use nix::sys::resource::{UsageWho, getrusage};
+use nix::sys::time::TimeVal;
+use nix::unistd::{SysconfVar, sysconf};
+
 /// User and system CPU time consumed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct CpuTimes {
@@ -21,12 +25,12 @@ impl CpuTimes {
 
     /// This process (all threads), from `getrusage(RUSAGE_SELF)`.
     pub fn process() -> io::Result<Self> {
-        rusage(libc::RUSAGE_SELF)
+        rusage(UsageWho::RUSAGE_SELF)
     }
 
     /// The calling thread, from `getrusage(RUSAGE_THREAD)`.
     pub fn thread() -> io::Result<Self> {
-        rusage(libc::RUSAGE_THREAD)
+        rusage(UsageWho::RUSAGE_THREAD)
     }
 
     /// Any process, from fields 14 and 15 (`utime`, `stime`) of `/proc/<pid>/stat`.
@@ -48,26 +52,24 @@ impl CpuTimes {
     }
 }
 
-fn rusage(who: libc::c_int) -> io::Result<CpuTimes> {
-    // SAFETY: `rusage` is plain old data; all-zero is a valid value.
-    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
-    // SAFETY: `ru` is a valid, writable `rusage`; `who` is one of the RUSAGE_* constants.
-    if unsafe { libc::getrusage(who, &mut ru) } != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    let tv = |t: libc::timeval| {
-        Duration::from_secs(t.tv_sec as u64) + Duration::from_micros(t.tv_usec as u64)
+fn rusage(who: UsageWho) -> io::Result<CpuTimes> {
+    let ru = getrusage(who)?;
+    // rusage times are never negative.
+    let tv = |t: TimeVal| {
+        Duration::from_secs(t.tv_sec().max(0) as u64)
+            + Duration::from_micros(t.tv_usec().max(0) as u64)
     };
     Ok(CpuTimes {
-        user: tv(ru.ru_utime),
-        system: tv(ru.ru_stime),
+        user: tv(ru.user_time()),
+        system: tv(ru.system_time()),
     })
 }
 
 fn clock_ticks() -> u64 {
-    // SAFETY: sysconf has no preconditions.
-    let t = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
-    if t > 0 { t as u64 } else { 100 }
+    match sysconf(SysconfVar::CLK_TCK) {
+        Ok(Some(t)) if t > 0 => t as u64,
+        _ => 100,
+    }
 }
 
 /// Parses utime/stime out of a `/proc/<pid>/stat` line. The command name (field 2) may contain

@@ -3,6 +3,9 @@
 use std::fmt::Write as _;
 use std::io;
 
+use nix::sched::{CpuSet, sched_getaffinity, sched_setaffinity};
+use nix::unistd::Pid;
+
 /// CPUs the process could use when first asked (cached, so it does not shrink once the calling
 /// thread pins itself). Plans and the machine header use this.
 pub fn process_cpus() -> Vec<usize> {
@@ -12,16 +15,11 @@ pub fn process_cpus() -> Vec<usize> {
 
 /// CPUs the calling thread may run on now (`sched_getaffinity`); `[0]` if the call fails.
 pub fn allowed_cpus() -> Vec<usize> {
-    // SAFETY: `cpu_set_t` is plain old data; all-zero is the empty set.
-    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-    // SAFETY: `set` is a valid, writable cpu_set_t of the size passed; pid 0 = calling thread.
-    let rc = unsafe { libc::sched_getaffinity(0, size_of::<libc::cpu_set_t>(), &mut set) };
-    if rc != 0 {
+    let Ok(set) = sched_getaffinity(Pid::from_raw(0)) else {
         return vec![0];
-    }
-    (0..libc::CPU_SETSIZE as usize)
-        // SAFETY: `i` < CPU_SETSIZE, so CPU_ISSET stays inside `set`.
-        .filter(|&i| unsafe { libc::CPU_ISSET(i, &set) })
+    };
+    (0..CpuSet::count())
+        .filter(|&i| set.is_set(i).unwrap_or(false))
         .collect()
 }
 
@@ -30,20 +28,10 @@ pub fn allowed_cpus() -> Vec<usize> {
 /// # Errors
 /// `sched_setaffinity`'s error (e.g. `EINVAL` for a CPU outside the allowed set).
 pub fn pin_current_thread(cpu: usize) -> io::Result<()> {
-    if cpu >= libc::CPU_SETSIZE as usize {
-        return Err(io::Error::from_raw_os_error(libc::EINVAL));
-    }
-    // SAFETY: as above, all-zero is the empty set.
-    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-    // SAFETY: `cpu` < CPU_SETSIZE was checked above.
-    unsafe { libc::CPU_SET(cpu, &mut set) };
-    // SAFETY: `set` is a valid cpu_set_t of the size passed; pid 0 = calling thread.
-    let rc = unsafe { libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &set) };
-    if rc != 0 {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(())
-    }
+    let mut set = CpuSet::new();
+    set.set(cpu)?;
+    sched_setaffinity(Pid::from_raw(0), &set)?;
+    Ok(())
 }
 
 /// Which threads each side of a benchmark runs and where they are pinned.

@@ -145,15 +145,10 @@ fn variants(spec: &str) -> anyhow::Result<Vec<Variant>> {
 }
 
 fn pin_current_thread(cpu: usize) -> std::io::Result<()> {
-    // SAFETY: all-zero is the empty cpu set.
-    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-    // SAFETY: cpu (0 or 1) < CPU_SETSIZE.
-    unsafe { libc::CPU_SET(cpu, &mut set) };
-    // SAFETY: `set` is a valid cpu_set_t of the size passed; pid 0 = calling thread.
-    let rc = unsafe { libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &set) };
-    if rc != 0 {
-        return Err(std::io::Error::last_os_error());
-    }
+    use nix::sched::{CpuSet, sched_setaffinity};
+    let mut set = CpuSet::new();
+    set.set(cpu)?;
+    sched_setaffinity(nix::unistd::Pid::from_raw(0), &set)?;
     Ok(())
 }
 
