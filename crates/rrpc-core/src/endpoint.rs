@@ -1,4 +1,5 @@
-//! Endpoint URIs: `shm:///path/to.sock` and `rdma://host:port`.
+//! Endpoint URIs: `shm:///path/to.sock` and `rdma://host:port`, parsed once
+//! ([`EndpointUri`]) and resolved on demand ([`Endpoint`]).
 
 use std::fmt;
 use std::net::{SocketAddr, ToSocketAddrs};
@@ -17,11 +18,42 @@ pub enum Endpoint {
 }
 
 impl Endpoint {
-    /// Parses `shm:///abs/path.sock`, `shm://relative/path.sock` or `rdma://host:port`.
+    /// Parses `shm:///abs/path.sock` or `rdma://host:port` and resolves the
+    /// host ([`EndpointUri::parse`], then [`EndpointUri::resolve`]).
     ///
     /// # Errors
-    /// [`Error::InvalidUri`] for other schemes, empty paths or unresolvable hosts.
+    /// [`Error::InvalidUri`] as [`EndpointUri::parse`], or for a host that
+    /// does not resolve.
     pub fn parse(uri: &str) -> Result<Endpoint> {
+        EndpointUri::parse(uri)?.resolve()
+    }
+}
+
+/// An rrpc URI as written, before name resolution: the one grammar of
+/// `shm://` and `rdma://` (rrpc-tonic parses its URIs with it too).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum EndpointUri {
+    /// `shm:///abs/path.sock`: the Unix socket at this absolute path.
+    Shm(PathBuf),
+    /// `rdma://host:port`: the side channel's TCP address, host unresolved
+    /// (a name, an IPv4 address, or a bracketed IPv6 address).
+    Rdma {
+        /// The host as written, brackets removed.
+        host: String,
+        /// The port.
+        port: u16,
+    },
+}
+
+impl EndpointUri {
+    /// Parses `shm:///abs/path.sock` or `rdma://host:port` (a trailing `/`
+    /// is ignored). A relative `shm://` path is refused: the client and the
+    /// server would resolve it against different working directories.
+    ///
+    /// # Errors
+    /// [`Error::InvalidUri`] naming what is wrong.
+    pub fn parse(uri: &str) -> Result<EndpointUri> {
         let bad = |reason: &str| Error::InvalidUri {
             uri: uri.to_string(),
             reason: reason.to_string(),
@@ -30,18 +62,74 @@ impl Endpoint {
             if rest.is_empty() {
                 return Err(bad("missing socket path (use shm:///path/to.sock)"));
             }
-            return Ok(Endpoint::Shm(PathBuf::from(rest)));
+            if !rest.starts_with('/') {
+                return Err(bad(
+                    "shm:// needs an absolute socket path (shm:///run/x.sock)",
+                ));
+            }
+            return Ok(EndpointUri::Shm(PathBuf::from(rest)));
         }
         if let Some(rest) = uri.strip_prefix("rdma://") {
             let hostport = rest.trim_end_matches('/');
-            let addr = hostport
-                .to_socket_addrs()
-                .map_err(|e| bad(&format!("cannot resolve {hostport:?}: {e}")))?
-                .next()
-                .ok_or_else(|| bad("host resolves to no address"))?;
-            return Ok(Endpoint::Rdma(addr));
+            let (host, port) = hostport
+                .rsplit_once(':')
+                .ok_or_else(|| bad("expected rdma://host:port"))?;
+            let port: u16 = port
+                .parse()
+                .map_err(|_| bad("the port must be a number below 65536"))?;
+            let host = match host.strip_prefix('[') {
+                Some(v6) => v6
+                    .strip_suffix(']')
+                    .ok_or_else(|| bad("unclosed '[' in an IPv6 host"))?,
+                None if host.contains(':') => {
+                    return Err(bad("an IPv6 host goes in brackets: rdma://[::1]:port"));
+                }
+                None => host,
+            };
+            if host.is_empty() {
+                return Err(bad("missing host (rdma://host:port)"));
+            }
+            return Ok(EndpointUri::Rdma {
+                host: host.to_string(),
+                port,
+            });
         }
         Err(bad("scheme must be shm:// or rdma://"))
+    }
+
+    /// Resolves the host of an `rdma://` URI (blocking: the system
+    /// resolver); an `shm://` URI needs nothing.
+    ///
+    /// # Errors
+    /// [`Error::InvalidUri`] for a host that does not resolve.
+    pub fn resolve(&self) -> Result<Endpoint> {
+        match self {
+            EndpointUri::Shm(p) => Ok(Endpoint::Shm(p.clone())),
+            EndpointUri::Rdma { host, port } => {
+                let bad = |reason: String| Error::InvalidUri {
+                    uri: self.to_string(),
+                    reason,
+                };
+                let addr = (host.as_str(), *port)
+                    .to_socket_addrs()
+                    .map_err(|e| bad(format!("cannot resolve {host:?}: {e}")))?
+                    .next()
+                    .ok_or_else(|| bad(format!("{host:?} resolves to no address")))?;
+                Ok(Endpoint::Rdma(addr))
+            }
+        }
+    }
+}
+
+impl fmt::Display for EndpointUri {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            EndpointUri::Shm(p) => write!(f, "shm://{}", p.display()),
+            EndpointUri::Rdma { host, port } if host.contains(':') => {
+                write!(f, "rdma://[{host}]:{port}")
+            }
+            EndpointUri::Rdma { host, port } => write!(f, "rdma://{host}:{port}"),
+        }
     }
 }
 
@@ -84,5 +172,30 @@ mod tests {
             Err(Error::InvalidUri { .. })
         ));
         assert_eq!(Endpoint::parse("shm:///x").unwrap().to_string(), "shm:///x");
+    }
+
+    #[test]
+    fn one_grammar_for_shm_and_rdma() {
+        let bad = |u: &str| matches!(EndpointUri::parse(u), Err(Error::InvalidUri { .. }));
+        assert!(bad("shm://relative.sock"), "relative shm paths are refused");
+        assert!(bad("rdma://host"), "a port is required");
+        assert!(bad("rdma://:5"), "a host is required");
+        assert!(bad("rdma://h:70000"), "ports fit in 16 bits");
+        assert!(bad("rdma://::1:5"), "IPv6 hosts need brackets");
+        assert!(bad("rdma://[::1:5"), "brackets close");
+        assert_eq!(
+            EndpointUri::parse("rdma://node7.example:50051/").unwrap(),
+            EndpointUri::Rdma {
+                host: "node7.example".into(),
+                port: 50051
+            },
+            "names stay unresolved until resolve()"
+        );
+        let v6 = EndpointUri::parse("rdma://[::1]:9").unwrap();
+        assert_eq!(v6.to_string(), "rdma://[::1]:9");
+        assert_eq!(
+            v6.resolve().unwrap(),
+            Endpoint::Rdma("[::1]:9".parse().unwrap())
+        );
     }
 }

@@ -16,7 +16,7 @@ pub enum Error {
         /// The URI as given.
         uri: String,
         /// What is wrong with it.
-        reason: &'static str,
+        reason: String,
     },
     /// The scheme is known but this build or this machine cannot serve it.
     #[error("transport {scheme}:// unavailable: {reason}")]
@@ -87,6 +87,7 @@ impl From<rrpc_core::Error> for Error {
     fn from(e: rrpc_core::Error) -> Self {
         match e {
             rrpc_core::Error::PeerGone => Error::PeerGone,
+            rrpc_core::Error::InvalidUri { uri, reason } => Error::InvalidUri { uri, reason },
             e => Error::Rings(Box::new(e)),
         }
     }

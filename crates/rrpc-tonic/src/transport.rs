@@ -41,14 +41,14 @@ pub(crate) enum Target {
     Unix(PathBuf),
     Inproc(String),
     Shm(PathBuf),
-    Rdma(String),
+    Rdma(rrpc_core::EndpointUri),
 }
 
 impl Target {
     pub(crate) fn parse(uri: &str) -> Result<Target, Error> {
-        let bad = |reason| Error::InvalidUri {
+        let bad = |reason: &str| Error::InvalidUri {
             uri: uri.to_string(),
-            reason,
+            reason: reason.to_string(),
         };
         let (scheme, rest) = uri
             .split_once("://")
@@ -60,15 +60,11 @@ impl Target {
             "http" => Ok(Target::Tcp(rest.trim_end_matches('/').to_string())),
             "unix" => Ok(Target::Unix(PathBuf::from(rest))),
             "inproc" => Ok(Target::Inproc(rest.to_string())),
-            "shm" => {
-                if !rest.starts_with('/') {
-                    return Err(bad(
-                        "shm:// needs an absolute socket path (shm:///run/x.sock)",
-                    ));
-                }
-                Ok(Target::Shm(PathBuf::from(rest)))
-            }
-            "rdma" => Ok(Target::Rdma(rest.to_string())),
+            // rrpc-core's grammar, the one `rrpc_core::Endpoint::parse` uses.
+            "shm" | "rdma" => match rrpc_core::EndpointUri::parse(uri)? {
+                rrpc_core::EndpointUri::Shm(path) => Ok(Target::Shm(path)),
+                rdma => Ok(Target::Rdma(rdma)),
+            },
             _ => Err(bad("unknown scheme (http, unix, inproc, shm, rdma)")),
         }
     }
@@ -76,7 +72,7 @@ impl Target {
     pub(crate) fn tcp_addr(s: &str) -> Result<SocketAddr, Error> {
         s.parse().map_err(|_| Error::InvalidUri {
             uri: s.to_string(),
-            reason: "expected ip:port",
+            reason: "expected ip:port".into(),
         })
     }
 }
@@ -251,13 +247,13 @@ impl RrpcListener {
                 rrpc_core::Endpoint::Shm(path.clone()),
                 cfg,
             )?))),
-            Target::Rdma(addr) => Ok(RrpcListener::Shm(Box::new(crate::shm::ShmListener::bind(
-                rdma_endpoint(addr)?,
+            Target::Rdma(uri) => Ok(RrpcListener::Shm(Box::new(crate::shm::ShmListener::bind(
+                rdma_endpoint(uri)?,
                 cfg,
             )?))),
             Target::Tcp(_) | Target::Unix(_) => Err(Error::InvalidUri {
                 uri: format!("{target:?}"),
-                reason: "not an rrpc transport",
+                reason: "not an rrpc transport".into(),
             }),
         }
     }
@@ -345,15 +341,12 @@ pub(crate) fn rdma_unavailable() -> Error {
     }
 }
 
-/// `host:port` of an `rdma://` URI, resolved.
-fn rdma_endpoint(addr: &str) -> Result<rrpc_core::Endpoint, Error> {
+/// An `rdma://` URI, resolved (blocking: the system resolver).
+fn rdma_endpoint(uri: &rrpc_core::EndpointUri) -> Result<rrpc_core::Endpoint, Error> {
     if cfg!(not(feature = "verbs")) {
         return Err(rdma_unavailable());
     }
-    rrpc_core::Endpoint::parse(&format!("rdma://{addr}")).map_err(|_| Error::InvalidUri {
-        uri: format!("rdma://{addr}"),
-        reason: "expected rdma://host:port with a resolvable host",
-    })
+    Ok(uri.resolve()?)
 }
 
 /// Dials an rrpc transport and negotiates the path.
@@ -370,10 +363,17 @@ pub(crate) async fn dial(target: &Target, cfg: &RrpcConfig) -> Result<(Pipe, Neg
             Ok((client, path))
         }
         Target::Shm(path) => crate::shm::dial(rrpc_core::Endpoint::Shm(path.clone()), cfg).await,
-        Target::Rdma(addr) => crate::shm::dial(rdma_endpoint(addr)?, cfg).await,
+        Target::Rdma(uri) => {
+            // Off the runtime's threads: a name lookup can block for seconds.
+            let uri = uri.clone();
+            let ep = tokio::task::spawn_blocking(move || rdma_endpoint(&uri))
+                .await
+                .map_err(|e| Error::Io(std::io::Error::other(e)))??;
+            crate::shm::dial(ep, cfg).await
+        }
         Target::Tcp(_) | Target::Unix(_) => Err(Error::InvalidUri {
             uri: format!("{target:?}"),
-            reason: "not an rrpc transport",
+            reason: "not an rrpc transport".into(),
         }),
     }
 }
@@ -394,8 +394,13 @@ mod tests {
         );
         assert_eq!(
             Target::parse("rdma://0.0.0.0:50051").unwrap(),
-            Target::Rdma("0.0.0.0:50051".into())
+            Target::Rdma(rrpc_core::EndpointUri::parse("rdma://0.0.0.0:50051").unwrap())
         );
+        // rrpc-core's grammar: the same URIs are refused by both parsers.
+        for uri in ["shm://relative", "rdma://host", "rdma://::1:5", "shm://"] {
+            assert!(Target::parse(uri).is_err(), "{uri}");
+            assert!(rrpc_core::Endpoint::parse(uri).is_err(), "{uri}");
+        }
         assert_eq!(
             Target::parse("inproc://x").unwrap(),
             Target::Inproc("x".into())
