@@ -118,6 +118,7 @@
 //! them).
 #![forbid(unsafe_code)]
 
+mod budget;
 pub mod doorbell;
 mod receiver;
 mod sender;

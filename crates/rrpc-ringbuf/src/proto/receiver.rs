@@ -1,8 +1,8 @@
 //! The receiver half: `READMSG` of RB² Algorithm 1 plus lazy push.
 
+use super::budget::SqBudget;
 use super::{
-    FLAG_GAP, FLAG_RESIZE, Geometry, HEADER_LEN, Header, OVERHEAD, WR_KIND_RX, WR_SEQ_MASK,
-    stamp_for, tag_for,
+    FLAG_GAP, FLAG_RESIZE, Geometry, HEADER_LEN, Header, OVERHEAD, WR_KIND_RX, stamp_for, tag_for,
 };
 use crate::config::RingConfig;
 use crate::error::Error;
@@ -71,11 +71,7 @@ pub struct Receiver {
     local_tail: u64,
     unpushed: u32,
     push_pending: bool,
-    next_seq: u64,
-    done_seq: u64,
-    last_signaled: u64,
-    max_outstanding: u64,
-    signal_every: u64,
+    budget: SqBudget,
     flush_slots: u64,
     closed: Option<String>,
     pushes: u64,
@@ -100,7 +96,6 @@ impl Receiver {
     /// (the driver validates the peer's value first).
     pub fn with_initial_slots(cfg: &RingConfig, slot_count: u64) -> Self {
         assert!(slot_count <= cfg.slot_count());
-        let max_outstanding = u64::from(cfg.receiver_outstanding());
         Receiver {
             geo: Geometry::new(cfg.slot_size(), slot_count),
             max_count: cfg.slot_count(),
@@ -112,11 +107,7 @@ impl Receiver {
             local_tail: 0,
             unpushed: 0,
             push_pending: false,
-            next_seq: 0,
-            done_seq: 0,
-            last_signaled: 0,
-            max_outstanding,
-            signal_every: (max_outstanding / 2).max(1),
+            budget: SqBudget::new(WR_KIND_RX, cfg.receiver_outstanding()),
             flush_slots: super::flush_slots(slot_count),
             closed: None,
             pushes: 0,
@@ -195,7 +186,7 @@ impl Receiver {
     }
     /// True if a head push is owed but the send-queue budget needs completions.
     pub fn wants_completions(&self) -> bool {
-        self.push_pending && self.next_seq >= self.done_seq + self.max_outstanding
+        self.push_pending && self.budget.is_full()
     }
 
     fn check_open(&self) -> Result<(), Error> {
@@ -430,36 +421,27 @@ impl Receiver {
             self.push_pending = false;
             return None;
         }
-        if self.next_seq >= self.done_seq + self.max_outstanding {
+        if self.budget.is_full() {
             return None;
         }
-        let seq = self.next_seq;
-        self.next_seq += 1;
-        let signaled = seq - self.last_signaled >= self.signal_every;
-        if signaled {
-            self.last_signaled = seq;
-        }
+        let (seq, signaled) = self.budget.next();
         self.push_pending = false;
         self.unpushed = 0;
         self.synced_head = self.head;
         self.pushes += 1;
         Some(HeadPush {
             value: self.head,
-            wr_id: WR_KIND_RX | seq,
+            wr_id: self.budget.wr_id(seq),
             signaled,
         })
     }
 
     /// A signaled head push completed (it and all earlier ones are done).
     pub fn handle_completion(&mut self, wr_id: u64) {
-        let seq = wr_id & WR_SEQ_MASK;
-        if wr_id & !WR_SEQ_MASK != WR_KIND_RX || seq >= self.next_seq {
-            debug_assert!(
-                false,
-                "completion {wr_id:#x} was never posted by this receiver"
-            );
-            return;
-        }
-        self.done_seq = self.done_seq.max(seq + 1);
+        let ours = self.budget.complete(wr_id);
+        debug_assert!(
+            ours,
+            "completion {wr_id:#x} was never posted by this receiver"
+        );
     }
 }

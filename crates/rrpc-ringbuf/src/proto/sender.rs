@@ -4,6 +4,7 @@ use std::collections::VecDeque;
 
 use std::time::Instant;
 
+use super::budget::SqBudget;
 use super::sizing::Sizer;
 use super::{
     FLAG_GAP, FLAG_RESIZE, Geometry, HEADER_LEN, Header, MAX_TAIL_INFLIGHT, TRAILER_LEN,
@@ -106,8 +107,7 @@ pub struct Sender {
     alpha: u32,
     beta: u32,
     elastic: bool,
-    max_outstanding: u64,
-    signal_every: u64,
+    budget: SqBudget,
     flush_slots: u64,
     /// Next slot to write in `RB_S`.
     tail: u64,
@@ -122,9 +122,6 @@ pub struct Sender {
     tail_deferred: bool,
     tails_inflight: VecDeque<u64>,
     tail_count: u64,
-    next_seq: u64,
-    done_seq: u64,
-    last_signaled: u64,
     queue: VecDeque<Transmit>,
     closed: Option<String>,
     stats: SenderStats,
@@ -133,7 +130,6 @@ pub struct Sender {
 impl Sender {
     /// A sender for a ring configured by `cfg`.
     pub fn new(cfg: &RingConfig) -> Self {
-        let max_outstanding = u64::from(cfg.sender_outstanding());
         let max_geo = Geometry::from_config(cfg);
         let geo = Geometry::new(cfg.slot_size(), cfg.initial_slot_count());
         Sender {
@@ -154,8 +150,7 @@ impl Sender {
             alpha: cfg.alpha(),
             beta: cfg.beta(),
             elastic: cfg.elastic(),
-            max_outstanding,
-            signal_every: (max_outstanding / 2).max(1),
+            budget: SqBudget::new(WR_KIND_TX, cfg.sender_outstanding()),
             flush_slots: super::flush_slots(geo.slot_count()),
             tail: 0,
             esc_tail: 0,
@@ -166,9 +161,6 @@ impl Sender {
             tail_deferred: false,
             tails_inflight: VecDeque::with_capacity(MAX_TAIL_INFLIGHT),
             tail_count: 0,
-            next_seq: 0,
-            done_seq: 0,
-            last_signaled: 0,
             queue: VecDeque::new(),
             closed: None,
             stats: SenderStats::default(),
@@ -250,7 +242,7 @@ impl Sender {
             || self
                 .queue
                 .front()
-                .is_some_and(|t| seq_of(t) >= self.done_seq + self.max_outstanding)
+                .is_some_and(|t| !self.budget.admits(seq_of(t)))
     }
     /// True if everything committed has been handed out as work requests,
     /// including the tail that covers it.
@@ -498,16 +490,11 @@ impl Sender {
         while pos < self.tail {
             let idx = self.geo.index(pos);
             let n = (self.tail - pos).min(count - idx);
-            let seq = self.next_seq;
-            self.next_seq += 1;
-            let signaled = seq - self.last_signaled >= self.signal_every;
-            if signaled {
-                self.last_signaled = seq;
-            }
+            let (seq, signaled) = self.budget.next();
             self.queue.push_back(Transmit::Slots {
                 offset: self.geo.offset(pos),
                 len: n as usize * self.geo.slot_size(),
-                wr_id: WR_KIND_TX | seq,
+                wr_id: self.budget.wr_id(seq),
                 signaled,
             });
             self.stats.slot_writes += 1;
@@ -530,16 +517,14 @@ impl Sender {
             self.tail_deferred = true;
             return;
         }
-        let seq = self.next_seq;
-        self.next_seq += 1;
-        self.last_signaled = seq;
+        let seq = self.budget.next_signaled();
         self.tails_inflight.push_back(seq);
         let src = (self.tail_count % MAX_TAIL_INFLIGHT as u64) as usize;
         self.tail_count += 1;
         self.queue.push_back(Transmit::Tail {
             value: self.esc_tail,
             src,
-            wr_id: WR_KIND_TX | seq,
+            wr_id: self.budget.wr_id(seq),
         });
         self.stats.tail_writes += 1;
         self.synced_tail = self.esc_tail;
@@ -551,7 +536,7 @@ impl Sender {
     #[must_use]
     pub fn poll_transmit(&mut self) -> Option<Transmit> {
         let front = self.queue.front()?;
-        if seq_of(front) >= self.done_seq + self.max_outstanding {
+        if !self.budget.admits(seq_of(front)) {
             return None;
         }
         self.queue.pop_front()
@@ -561,20 +546,15 @@ impl Sender {
     /// earlier one are done (RC order). Completions may be handled late or
     /// out of order; stale ones are ignored.
     pub fn handle_completion(&mut self, wr_id: u64) {
-        let seq = wr_id & WR_SEQ_MASK;
-        if wr_id & !WR_SEQ_MASK != WR_KIND_TX || seq >= self.next_seq {
+        if !self.budget.complete(wr_id) {
             debug_assert!(
                 false,
                 "completion {wr_id:#x} was never posted by this sender"
             );
             return;
         }
-        self.done_seq = self.done_seq.max(seq + 1);
-        while self
-            .tails_inflight
-            .front()
-            .is_some_and(|&s| s < self.done_seq)
-        {
+        let done = self.budget.done_seq();
+        while self.tails_inflight.front().is_some_and(|&s| s < done) {
             self.tails_inflight.pop_front();
         }
         if self.tail_deferred {
