@@ -8,7 +8,7 @@
 //! [`CompletionQueue::ack_events`] (`ibv_get_cq_event` + `ibv_ack_cq_events`),
 //! then poll, then arm again and poll once more before sleeping (arm-then-recheck).
 
-use std::os::fd::RawFd;
+use std::os::fd::BorrowedFd;
 
 use crate::error::Result;
 use crate::provider::shm;
@@ -141,15 +141,21 @@ impl CompletionQueue {
     }
 
     /// The completion channel's file descriptor (`ibv_comp_channel::fd`):
-    /// readable after an armed queue received a completion.
-    pub fn channel_fd(&self) -> RawFd {
-        match &self.inner {
+    /// readable after an armed queue received a completion. It lives as
+    /// long as the queue: register it with tokio's `AsyncFd` or `poll(2)`.
+    ///
+    /// # Errors
+    /// [`Error::Io`](crate::Error::Io) when a shared queue pair's sharer
+    /// cannot make its channel (an eventfd and an epoll set, made on first
+    /// use: out of descriptors).
+    pub fn channel_fd(&self) -> crate::Result<BorrowedFd<'_>> {
+        Ok(match &self.inner {
             CqInner::ShmSend(cq) => cq.channel_fd(),
             CqInner::ShmRecv(cq) => cq.channel_fd(),
             #[cfg(feature = "verbs")]
             CqInner::Verbs(cq) => cq.channel_fd(),
-            CqInner::Virtual(cq) => cq.channel_fd(),
-        }
+            CqInner::Virtual(cq) => return cq.channel_fd(),
+        })
     }
 
     /// Consumes pending channel events (`ibv_get_cq_event` + `ibv_ack_cq_events`);

@@ -85,7 +85,7 @@ mod sys;
 pub mod vqp;
 
 pub use cq::{Completion, CompletionQueue, Opcode, Status};
-pub use endpoint::Endpoint;
+pub use endpoint::{Endpoint, EndpointUri};
 pub use error::{Error, Fault, Result};
 #[cfg(feature = "verbs")]
 pub use fabric::VerbsOptions;
@@ -98,3 +98,4 @@ pub use region::{Access, CACHE_LINE, Local, Region, Remote, RemoteRegion};
 /// ([`conn::HandshakeConfig::with_tls_server`]).
 #[cfg(feature = "verbs")]
 pub use rustls;
+pub use sys::EventFd;

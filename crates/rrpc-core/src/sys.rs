@@ -4,14 +4,18 @@
 //! so the rest of the crate works with owned, typed handles.
 
 use std::ffi::CStr;
-use std::io;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Once, OnceLock};
 use std::time::{Duration, Instant};
 
-use nix::sys::mman::{MapFlags, ProtFlags, mmap, munmap};
+use nix::errno::Errno;
+use nix::fcntl::{FallocateFlags, FcntlArg, OFlag, SealFlag, fallocate, fcntl};
+use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+use nix::sys::eventfd::{EfdFlags, EventFd as NixEventFd};
+use nix::sys::memfd::{MFdFlags, memfd_create};
+use nix::sys::mman::{MapFlags, MmapAdvise, ProtFlags, madvise, mmap, munmap};
 
 use crate::error::{Error, Result};
 
@@ -89,51 +93,30 @@ impl Mapping {
 
     fn create_with(len: usize, huge: bool) -> Result<Mapping> {
         let name: &CStr = c"rrpc-region";
-        let mut flags = libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING;
+        let mut flags = MFdFlags::MFD_CLOEXEC | MFdFlags::MFD_ALLOW_SEALING;
         let size = if huge {
-            flags |= libc::MFD_HUGETLB | libc::MAP_HUGE_2MB as libc::c_uint;
+            flags |= MFdFlags::MFD_HUGETLB | MFdFlags::MFD_HUGE_2MB;
             round_up(len, HUGE_PAGE)
         } else {
             round_up(len, PAGE)
         };
-        // SAFETY: `name` is a valid NUL-terminated string; memfd_create has no other preconditions.
-        let raw = unsafe { libc::memfd_create(name.as_ptr(), flags) };
-        if raw < 0 {
-            return Err(Error::io("memfd_create", io::Error::last_os_error()));
-        }
-        // SAFETY: `raw` is a freshly created fd that we own exclusively.
-        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
-        // SAFETY: `fd` is a valid memfd; ftruncate on it has no memory-safety preconditions.
-        if unsafe { libc::ftruncate(fd.as_raw_fd(), size as libc::off_t) } < 0 {
-            return Err(Error::io("ftruncate", io::Error::last_os_error()));
-        }
+        let fd = memfd_create(name, flags).map_err(|e| Error::nix("memfd_create", e))?;
+        let off = libc::off_t::try_from(size)
+            .map_err(|_| Error::InvalidConfig(format!("region of {size} bytes")))?;
+        nix::unistd::ftruncate(&fd, off).map_err(|e| Error::nix("ftruncate", e))?;
         // Seal the size: a peer we grant this fd to must not be able to shrink
         // it under our mapping (a SIGBUS on our next access), nor we under its.
-        // SAFETY: fcntl on a valid memfd with integer arguments.
-        let sealed = unsafe {
-            libc::fcntl(
-                fd.as_raw_fd(),
-                libc::F_ADD_SEALS,
-                libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL,
-            )
-        };
-        if sealed < 0 {
-            return Err(Error::io("memfd seal", io::Error::last_os_error()));
-        }
+        let seals = SealFlag::F_SEAL_SHRINK | SealFlag::F_SEAL_GROW | SealFlag::F_SEAL_SEAL;
+        fcntl(&fd, FcntlArg::F_ADD_SEALS(seals)).map_err(|e| Error::nix("memfd seal", e))?;
         let mut m = Self::map(fd, size)?;
         m.huge = huge;
         if huge {
             // Touch every huge page now: a hugetlb mapping whose pool is empty would
             // otherwise SIGBUS at first touch instead of failing here.
-            // SAFETY: the pages are inside our fresh mapping, which nobody else uses yet.
-            let ok =
-                unsafe { libc::madvise(m.ptr.as_ptr().cast(), size, libc::MADV_POPULATE_WRITE) };
-            if ok != 0 {
-                return Err(Error::io(
-                    "madvise(POPULATE_WRITE)",
-                    io::Error::last_os_error(),
-                ));
-            }
+            // SAFETY: the range is exactly our fresh mapping, which nobody else uses yet;
+            // POPULATE_WRITE only faults pages in and changes no contents.
+            unsafe { madvise(m.ptr.cast(), size, MmapAdvise::MADV_POPULATE_WRITE) }
+                .map_err(|e| Error::nix("madvise(POPULATE_WRITE)", e))?;
         }
         Ok(m)
     }
@@ -197,23 +180,18 @@ impl Mapping {
         if end <= start {
             return Ok(0);
         }
-        // SAFETY: fallocate on a valid memfd; punching a hole changes file
-        // contents (to zeros), never the mapping's extent, so no reference
-        // into the mapping is invalidated (the memory stays mapped).
-        let r = unsafe {
-            libc::fallocate(
-                self.fd.as_raw_fd(),
-                libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
-                start as libc::off_t,
-                (end - start) as libc::off_t,
-            )
+        // Punching a hole changes file contents (to zeros), never the mapping's
+        // extent: the memory stays mapped and every pointer into it valid.
+        let off = |n: usize| {
+            libc::off_t::try_from(n).map_err(|_| Error::InvalidConfig(format!("offset {n}")))
         };
-        if r < 0 {
-            return Err(Error::io(
-                "fallocate(PUNCH_HOLE)",
-                io::Error::last_os_error(),
-            ));
-        }
+        fallocate(
+            &self.fd,
+            FallocateFlags::FALLOC_FL_PUNCH_HOLE | FallocateFlags::FALLOC_FL_KEEP_SIZE,
+            off(start)?,
+            off(end - start)?,
+        )
+        .map_err(|e| Error::nix("fallocate(PUNCH_HOLE)", e))?;
         Ok(end - start)
     }
 }
@@ -243,16 +221,14 @@ pub(crate) fn check_peer_memfd(fd: BorrowedFd<'_>, len: u64, what: &str) -> Resu
     if st.st_mode & libc::S_IFMT != libc::S_IFREG {
         return bad("is not a memfd (not a regular file)".into());
     }
-    // SAFETY: fcntl with integer arguments on a valid fd we borrow.
-    let seals = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GET_SEALS) };
-    if seals < 0 {
+    let Ok(seals) = fcntl(fd, FcntlArg::F_GET_SEALS) else {
         return bad("is not a memfd (it cannot carry seals)".into());
-    }
-    let need = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW;
-    if seals & need != need {
+    };
+    let seals = SealFlag::from_bits_retain(seals);
+    if !seals.contains(SealFlag::F_SEAL_SHRINK | SealFlag::F_SEAL_GROW) {
         return bad("is not a memfd sealed against shrinking and growing".into());
     }
-    if seals & (libc::F_SEAL_WRITE | libc::F_SEAL_FUTURE_WRITE) != 0 {
+    if seals.intersects(SealFlag::F_SEAL_WRITE | SealFlag::F_SEAL_FUTURE_WRITE) {
         return bad("is sealed against writes".into());
     }
     if len == 0 || (st.st_size as u64) < len {
@@ -329,37 +305,30 @@ impl PeerEventFd {
     /// the few instructions between our `fcntl` and `write` can still make
     /// this write wait until it reads its eventfd.
     pub(crate) fn notify(&self) -> Result<()> {
-        let raw = self.fd.as_raw_fd();
-        if !ready_now(self.fd.as_fd(), libc::POLLOUT)? {
+        if !ready_now(self.fd.as_fd(), PollFlags::POLLOUT)? {
             return Ok(()); // counter full: the peer is readable already
         }
         ensure_nonblocking(self.fd.as_fd())?;
-        let one: u64 = 1;
-        // SAFETY: writes 8 bytes from a valid local u64 to a valid fd.
-        let n = unsafe { libc::write(raw, (&one as *const u64).cast(), 8) };
-        if n < 0 {
-            let e = io::Error::last_os_error();
-            if e.kind() != io::ErrorKind::WouldBlock {
-                return Err(Error::io("peer eventfd write", e));
-            }
-        }
-        Ok(())
+        add_one(self.fd.as_fd()).map_err(|e| Error::nix("peer eventfd write", e))
+    }
+}
+
+/// Adds 1 to an eventfd's counter; a full counter (`EAGAIN`) already means
+/// "readable", which is all a notification has to achieve.
+fn add_one(fd: BorrowedFd<'_>) -> nix::Result<()> {
+    match nix::unistd::write(fd, &1u64.to_ne_bytes()) {
+        Ok(_) | Err(Errno::EAGAIN) => Ok(()),
+        Err(e) => Err(e),
     }
 }
 
 /// Sets `O_NONBLOCK` on `fd` unless it is set already.
 fn ensure_nonblocking(fd: BorrowedFd<'_>) -> Result<()> {
-    let raw = fd.as_raw_fd();
-    // SAFETY: fcntl with integer arguments on a valid fd we borrow.
-    let flags = unsafe { libc::fcntl(raw, libc::F_GETFL) };
-    if flags < 0 {
-        return Err(Error::io("fcntl(F_GETFL)", io::Error::last_os_error()));
-    }
-    if flags & libc::O_NONBLOCK == 0 {
-        // SAFETY: as above.
-        if unsafe { libc::fcntl(raw, libc::F_SETFL, flags | libc::O_NONBLOCK) } < 0 {
-            return Err(Error::io("fcntl(F_SETFL)", io::Error::last_os_error()));
-        }
+    let flags = fcntl(fd, FcntlArg::F_GETFL).map_err(|e| Error::nix("fcntl(F_GETFL)", e))?;
+    let flags = OFlag::from_bits_retain(flags);
+    if !flags.contains(OFlag::O_NONBLOCK) {
+        fcntl(fd, FcntlArg::F_SETFL(flags | OFlag::O_NONBLOCK))
+            .map_err(|e| Error::nix("fcntl(F_SETFL)", e))?;
     }
     Ok(())
 }
@@ -367,54 +336,41 @@ fn ensure_nonblocking(fd: BorrowedFd<'_>) -> Result<()> {
 /// Whether `fd` is ready for `events` right now (`poll` with a zero
 /// timeout; an interrupted poll counts as ready, the caller's non-blocking
 /// call then decides).
-fn ready_now(fd: BorrowedFd<'_>, events: libc::c_short) -> Result<bool> {
-    let mut pfd = libc::pollfd {
-        fd: fd.as_raw_fd(),
-        events,
-        revents: 0,
-    };
-    // SAFETY: one valid pollfd, zero timeout.
-    let n = unsafe { libc::poll(&mut pfd, 1, 0) };
-    if n < 0 {
-        let e = io::Error::last_os_error();
-        if e.kind() != io::ErrorKind::Interrupted {
-            return Err(Error::io("poll", e));
-        }
-        return Ok(true);
+fn ready_now(fd: BorrowedFd<'_>, events: PollFlags) -> Result<bool> {
+    match poll(&mut [PollFd::new(fd, events)], PollTimeout::ZERO) {
+        Ok(n) => Ok(n > 0),
+        Err(Errno::EINTR) => Ok(true),
+        Err(e) => Err(Error::nix("poll", e)),
     }
-    Ok(n > 0)
 }
 
-/// A non-blocking, close-on-exec eventfd (mio's waker pattern).
+/// A non-blocking, close-on-exec eventfd (mio's waker pattern): the
+/// doorbell of the shm provider's completion channels and of the poller's
+/// sleeping shards.
 #[derive(Debug)]
-pub(crate) struct EventFd {
-    fd: OwnedFd,
+pub struct EventFd {
+    fd: NixEventFd,
 }
 
 impl EventFd {
-    pub(crate) fn new() -> Result<EventFd> {
-        // SAFETY: eventfd has no memory-safety preconditions.
-        let raw = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
-        if raw < 0 {
-            return Err(Error::io("eventfd", io::Error::last_os_error()));
-        }
-        // SAFETY: freshly created fd, owned by us.
-        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+    /// A new eventfd with a zero counter.
+    ///
+    /// # Errors
+    /// [`Error::Io`] when the kernel refuses one (out of descriptors).
+    pub fn new() -> Result<EventFd> {
+        let fd =
+            NixEventFd::from_value_and_flags(0, EfdFlags::EFD_CLOEXEC | EfdFlags::EFD_NONBLOCK)
+                .map_err(|e| Error::nix("eventfd", e))?;
         Ok(EventFd { fd })
     }
 
-    /// Adds 1 to the counter. A full counter (`EAGAIN`) already means "readable".
-    pub(crate) fn notify(&self) -> Result<()> {
-        let one: u64 = 1;
-        // SAFETY: writes 8 bytes from a valid local u64 to a valid fd.
-        let n = unsafe { libc::write(self.fd.as_raw_fd(), (&one as *const u64).cast(), 8) };
-        if n < 0 {
-            let e = io::Error::last_os_error();
-            if e.kind() != io::ErrorKind::WouldBlock {
-                return Err(Error::io("eventfd write", e));
-            }
-        }
-        Ok(())
+    /// Adds 1 to the counter. A full counter (`EAGAIN`, after 2^64-2 unread
+    /// notifications) already means "readable".
+    ///
+    /// # Errors
+    /// [`Error::Io`] for any other failed write.
+    pub fn notify(&self) -> Result<()> {
+        add_one(self.fd.as_fd()).map_err(|e| Error::nix("eventfd write", e))
     }
 
     /// [`Self::drain`] for an eventfd whose description a peer shares (our
@@ -423,7 +379,7 @@ impl EventFd {
     /// read when nothing is pending and restore `O_NONBLOCK` before reading.
     /// Same residual window as [`PeerEventFd::notify`].
     pub(crate) fn drain_shared(&self) -> Result<u64> {
-        if !ready_now(self.fd.as_fd(), libc::POLLIN)? {
+        if !ready_now(self.fd.as_fd(), PollFlags::POLLIN)? {
             return Ok(0);
         }
         ensure_nonblocking(self.fd.as_fd())?;
@@ -431,46 +387,45 @@ impl EventFd {
     }
 
     /// Reads and resets the counter; returns the number of events (0 if none).
-    pub(crate) fn drain(&self) -> Result<u64> {
-        let mut v: u64 = 0;
-        // SAFETY: reads 8 bytes into a valid local u64 from a valid fd.
-        let n = unsafe { libc::read(self.fd.as_raw_fd(), (&mut v as *mut u64).cast(), 8) };
-        if n < 0 {
-            let e = io::Error::last_os_error();
-            if e.kind() == io::ErrorKind::WouldBlock {
-                return Ok(0);
-            }
-            return Err(Error::io("eventfd read", e));
+    ///
+    /// # Errors
+    /// [`Error::Io`] for a failed read other than "nothing pending".
+    pub fn drain(&self) -> Result<u64> {
+        match self.fd.read() {
+            Ok(v) => Ok(v),
+            Err(Errno::EAGAIN) => Ok(0),
+            Err(e) => Err(Error::nix("eventfd read", e)),
         }
-        Ok(v)
     }
 
-    pub(crate) fn as_raw_fd(&self) -> RawFd {
-        self.fd.as_raw_fd()
-    }
     #[cfg(test)]
     pub(crate) fn into_owned(self) -> OwnedFd {
-        self.fd
+        OwnedFd::from(self.fd)
     }
-    pub(crate) fn as_fd(&self) -> BorrowedFd<'_> {
+}
+
+impl AsFd for EventFd {
+    fn as_fd(&self) -> BorrowedFd<'_> {
         self.fd.as_fd()
+    }
+}
+
+impl AsRawFd for EventFd {
+    fn as_raw_fd(&self) -> RawFd {
+        self.fd.as_fd().as_raw_fd()
     }
 }
 
 /// Returns a random 32-bit value (for remote keys and tokens) from the kernel.
 pub(crate) fn random_u32() -> u32 {
-    let mut b = [0u8; 4];
-    // SAFETY: writes at most 4 bytes into `b`.
-    let n = unsafe { libc::getrandom(b.as_mut_ptr().cast(), 4, 0) };
-    if n != 4 {
+    getrandom::u32().unwrap_or_else(|_| {
         // getrandom never fails for 4 bytes after boot; fall back to a time-based value.
         let t = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.subsec_nanos())
             .unwrap_or(0x5eed);
-        return t ^ std::process::id();
-    }
-    u32::from_ne_bytes(b)
+        t ^ std::process::id()
+    })
 }
 
 #[cfg(test)]
@@ -521,20 +476,16 @@ mod tests {
             *m.ptr() = 42;
             assert_eq!(*peer.ptr(), 42);
         }
-        // SAFETY: ftruncate on a valid fd; must fail because of the seals.
-        let r = unsafe { libc::ftruncate(m.fd().as_raw_fd(), 0) };
-        assert!(r < 0, "a sealed region cannot shrink");
+        assert!(
+            nix::unistd::ftruncate(m.fd(), 0).is_err(),
+            "a sealed region cannot shrink"
+        );
     }
 
     #[test]
     fn unsealed_or_short_peer_memory_is_refused() {
-        // SAFETY: plain memfd_create with a valid name.
-        let raw = unsafe { libc::memfd_create(c"x".as_ptr(), libc::MFD_CLOEXEC) };
-        assert!(raw >= 0);
-        // SAFETY: fresh fd we own.
-        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
-        // SAFETY: valid fd.
-        assert_eq!(unsafe { libc::ftruncate(fd.as_raw_fd(), 4096) }, 0);
+        let fd = memfd_create(c"x", MFdFlags::MFD_CLOEXEC).unwrap();
+        nix::unistd::ftruncate(&fd, 4096).unwrap();
         assert!(matches!(
             Mapping::map_peer(fd, 4096, "region"),
             Err(Error::MalformedHandshake(_))

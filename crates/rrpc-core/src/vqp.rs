@@ -74,7 +74,7 @@
 //! `DCCache`), and the sharing rules above are unchanged. It is not built.
 
 use std::collections::VecDeque;
-use std::os::fd::{AsRawFd, BorrowedFd, RawFd};
+use std::os::fd::{AsFd, BorrowedFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
@@ -311,26 +311,25 @@ struct SharerCore {
 #[derive(Debug)]
 struct Channel {
     armed: AtomicBool,
-    /// The hardware completion queue's channel.
-    hardware: RawFd,
     fds: OnceLock<Wake>,
 }
 
 impl Channel {
-    fn new(hardware: RawFd) -> Channel {
+    fn new() -> Channel {
         Channel {
             armed: AtomicBool::new(false),
-            hardware,
             fds: OnceLock::new(),
         }
     }
 
-    fn fds(&self) -> Result<&Wake> {
+    /// The descriptors, made on first use with `hardware`, the hardware
+    /// completion queue's channel.
+    fn fds(&self, hardware: BorrowedFd<'_>) -> Result<&Wake> {
         if let Some(w) = self.fds.get() {
             return Ok(w);
         }
         // Two threads may both make one here; the loser's is dropped.
-        let _ = self.fds.set(Wake::new(self.hardware)?);
+        let _ = self.fds.set(Wake::new(hardware)?);
         Ok(self.fds.get().expect("set above"))
     }
 
@@ -353,20 +352,17 @@ struct Wake {
 }
 
 impl Wake {
-    fn new(hardware: RawFd) -> Result<Wake> {
+    /// `hardware` is the hardware queue's channel; epoll keeps no borrow
+    /// of it (it drops the registration itself when the descriptor closes).
+    fn new(hardware: BorrowedFd<'_>) -> Result<Wake> {
         let own = EventFd::new()?;
         let epoll = Epoll::new(EpollCreateFlags::EPOLL_CLOEXEC)
             .map_err(|e| Error::nix("epoll_create", e))?;
         epoll
             .add(own.as_fd(), EpollEvent::new(EpollFlags::EPOLLIN, 0))
             .map_err(|e| Error::nix("epoll_ctl", e))?;
-        // SAFETY: `hardware` is the channel fd of the hardware queue pair's
-        // completion queue, which the caller's `Arc<QueuePair>` keeps open
-        // for this call; epoll keeps no borrow of it afterwards (it drops the
-        // registration itself when the descriptor is closed).
-        let hw = unsafe { BorrowedFd::borrow_raw(hardware) };
         epoll
-            .add(hw, EpollEvent::new(EpollFlags::EPOLLIN, 1))
+            .add(hardware, EpollEvent::new(EpollFlags::EPOLLIN, 1))
             .map_err(|e| Error::nix("epoll_ctl", e))?;
         Ok(Wake { own, epoll })
     }
@@ -445,8 +441,8 @@ impl PhysicalQp {
         }
         let core = Arc::new(SharerCore {
             fail: FailState::default(),
-            send_ev: Channel::new(s.qp.send_cq().channel_fd()),
-            recv_ev: Channel::new(s.qp.recv_cq().channel_fd()),
+            send_ev: Channel::new(),
+            recv_ev: Channel::new(),
         });
         let mut st = s.lock();
         if st.sharers.contains_key(local_tag) {
@@ -892,24 +888,27 @@ impl Sharer {
         Ok(n)
     }
 
-    pub(crate) fn req_notify(&self) -> Result<()> {
-        self.wake().fds()?;
-        self.wake().armed.store(true, Ordering::SeqCst);
+    /// The hardware completion queue this sharer's completions come from.
+    fn hardware_cq(&self) -> &crate::CompletionQueue {
         if self.recv {
-            self.phys.qp.recv_cq().req_notify()
+            self.phys.qp.recv_cq()
         } else {
-            self.phys.qp.send_cq().req_notify()
+            self.phys.qp.send_cq()
         }
     }
 
-    pub(crate) fn channel_fd(&self) -> RawFd {
-        match self.wake().fds() {
-            Ok(w) => w.epoll.0.as_raw_fd(),
-            Err(e) => {
-                tracing::error!(error = %e, "shared queue pair: no event channel");
-                -1
-            }
-        }
+    fn fds(&self) -> Result<&Wake> {
+        self.wake().fds(self.hardware_cq().channel_fd()?)
+    }
+
+    pub(crate) fn req_notify(&self) -> Result<()> {
+        self.fds()?;
+        self.wake().armed.store(true, Ordering::SeqCst);
+        self.hardware_cq().req_notify()
+    }
+
+    pub(crate) fn channel_fd(&self) -> Result<BorrowedFd<'_>> {
+        Ok(self.fds()?.epoll.0.as_fd())
     }
 
     pub(crate) fn ack_events(&self) -> Result<u64> {
@@ -917,12 +916,7 @@ impl Sharer {
         // An event consumes the arm, as on a hardware queue.
         wake.armed.store(false, Ordering::SeqCst);
         let p = &self.phys;
-        let hw = if self.recv {
-            p.qp.recv_cq()
-        } else {
-            p.qp.send_cq()
-        };
-        let mut n = hw.ack_events()?;
+        let mut n = self.hardware_cq().ack_events()?;
         // Dispatch what the hardware channel announced, so the poll that
         // follows finds it (and other armed sharers are woken); then drain
         // our own eventfd, which that dispatch may not write to any more.

@@ -168,9 +168,7 @@ fn a_peer_that_stopped_acknowledging_is_retry_exceeded_like_on_a_nic() {
 /// Waits up to `ms` for the channel fd of `cq` to become readable.
 fn fires_within(cq: &rrpc_core::CompletionQueue, ms: u16) -> bool {
     use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
-    use std::os::fd::BorrowedFd;
-    // SAFETY: the fd belongs to `cq`, which outlives this call.
-    let fd = unsafe { BorrowedFd::borrow_raw(cq.channel_fd()) };
+    let fd = cq.channel_fd().unwrap();
     let mut fds = [PollFd::new(fd, PollFlags::POLLIN)];
     poll(&mut fds, PollTimeout::from(ms)).unwrap() > 0
 }

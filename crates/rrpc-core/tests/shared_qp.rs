@@ -356,7 +356,7 @@ fn an_armed_sharer_is_woken_when_another_polls_for_it(p: &Provider) {
     let other = pa.attach(2, 2).unwrap();
     let cq = sleeper.send_cq();
     cq.req_notify().unwrap();
-    assert!(!readable(cq.channel_fd(), 0), "nothing yet");
+    assert!(!readable(cq.channel_fd().unwrap(), 0), "nothing yet");
     sleeper
         .post_write(7, Local::new(&a.scratch, 0, 8), remote.at(0), true)
         .unwrap();
@@ -369,22 +369,21 @@ fn an_armed_sharer_is_woken_when_another_polls_for_it(p: &Provider) {
         std::thread::yield_now();
     }
     assert!(
-        readable(cq.channel_fd(), 1000),
+        readable(cq.channel_fd().unwrap(), 1000),
         "the sleeper's channel fires"
     );
     cq.ack_events().unwrap();
     assert_eq!(poll_all(&sleeper, false)[0].wr_id, 7);
 }
 
-fn readable(fd: std::os::fd::RawFd, ms: i32) -> bool {
-    let mut pfd = libc::pollfd {
-        fd,
-        events: libc::POLLIN,
-        revents: 0,
-    };
-    // SAFETY: one valid pollfd for the duration of the call.
-    let n = unsafe { libc::poll(&mut pfd, 1, ms) };
-    n == 1
+fn readable(fd: std::os::fd::BorrowedFd<'_>, ms: u16) -> bool {
+    use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+    poll(
+        &mut [PollFd::new(fd, PollFlags::POLLIN)],
+        PollTimeout::from(ms),
+    )
+    .expect("poll")
+        == 1
 }
 
 fn threads_on_one_queue_pair(p: &Provider) {

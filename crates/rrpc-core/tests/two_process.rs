@@ -8,7 +8,6 @@
 
 mod common;
 
-use std::os::fd::BorrowedFd;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
@@ -273,8 +272,7 @@ fn killed_peer_is_detected_within_one_second(p: &Provider) {
 
     child.kill().unwrap();
     let killed = Instant::now();
-    // SAFETY: the connection (and so the fd) outlives this borrow.
-    let fd = unsafe { BorrowedFd::borrow_raw(c.liveness_fd()) };
+    let fd = c.liveness_fd();
     let mut pfd = [nix::poll::PollFd::new(fd, nix::poll::PollFlags::POLLIN)];
     let n = nix::poll::poll(&mut pfd, nix::poll::PollTimeout::from(1000u16)).unwrap();
     assert_eq!(

@@ -25,7 +25,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use rrpc_core::conn::{Connection, HandshakeConfig, Listener, Offer, connect};
-use rrpc_core::{Completion, Endpoint, Fabric, ProviderKind, QpConfig, QueuePair};
+use rrpc_core::{Endpoint, Fabric, ProviderKind, QpConfig, QueuePair};
 use rrpc_ringbuf::{
     LocalRing, ReadGuard, RingConfig, RingRx, RingTx, RxDoorbell, RxWatch, TxWatch, WriteGuard,
 };
@@ -34,7 +34,6 @@ use crate::config::Mode;
 use crate::error::{Error, Result};
 use crate::poller::{Poller, Registration};
 use crate::source::{Notifier, Readiness};
-use crate::sys::borrow_fd;
 
 /// Receives posted up front in Event mode (one per tail `WRITE_WITH_IMM` in flight).
 const EVENT_RECVS: u32 = 256;
@@ -55,22 +54,14 @@ impl RecvNotifier {
     /// Retires receive completions and reposts one receive for each, so the peer's next
     /// tail `WRITE_WITH_IMM` always finds one.
     fn replenish(&self) -> Result<()> {
-        let mut wc = [Completion::EMPTY; 32];
-        loop {
-            let n = self.qp.recv_cq().poll(&mut wc)?;
-            for _ in 0..n {
-                self.qp.post_recv(0)?;
-            }
-            if n < wc.len() {
-                return Ok(());
-            }
-        }
+        RingRx::replenish_on(&self.qp)?;
+        Ok(())
     }
 }
 
 impl Notifier for RecvNotifier {
-    fn fd(&self) -> BorrowedFd<'_> {
-        borrow_fd(&*self.qp, self.qp.recv_cq().channel_fd())
+    fn fd(&self) -> io::Result<BorrowedFd<'_>> {
+        self.qp.recv_cq().channel_fd().map_err(io::Error::from)
     }
     fn arm(&self) -> io::Result<()> {
         self.replenish().map_err(io::Error::other)?;
@@ -111,7 +102,7 @@ impl Readiness for RxSource {
         self.conn.is_gone()
     }
     fn liveness_fd(&self) -> Option<BorrowedFd<'_>> {
-        Some(borrow_fd(&*self.conn, self.conn.liveness_fd()))
+        Some(self.conn.liveness_fd())
     }
     fn notifier(&self) -> Option<&dyn Notifier> {
         self.notifier.as_ref().map(|n| n as &dyn Notifier)
@@ -134,7 +125,7 @@ impl Readiness for TxSource {
         self.conn.is_gone()
     }
     fn liveness_fd(&self) -> Option<BorrowedFd<'_>> {
-        Some(borrow_fd(&*self.conn, self.conn.liveness_fd()))
+        Some(self.conn.liveness_fd())
     }
 }
 
@@ -563,5 +554,11 @@ impl AsyncReceiver {
     /// The registration (spin budget, RTT estimate).
     pub fn registration(&self) -> &Registration {
         &self.reg
+    }
+
+    /// [`Mode::Event`](crate::Mode::Event): spin up to `budget` before each wait arms; see
+    /// [`Registration::set_event_spin`].
+    pub fn set_event_spin(&mut self, budget: std::time::Duration) {
+        self.reg.set_event_spin(budget);
     }
 }

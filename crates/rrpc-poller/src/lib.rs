@@ -7,7 +7,8 @@
 //! - [`PollerConfig`] → [`Poller`]: owns the polling threads; [`Poller::register`] takes any
 //!   [`Readiness`] source and returns a [`Registration`] whose async
 //!   [`wait_ready`](Registration::wait_ready) is the only thing a reader task calls.
-//! - [`Doorbell`]: the writer-side wake-up used by `Event` mode on shm.
+//! - [`Doorbell`]: the writer-side wake-up of an `Event`-mode source that has no [`Notifier`]
+//!   of its own (a custom [`Readiness`]; rrpc's rings bring their own notifiers).
 //! - [`Notifier`]: a source's own completion channel (verbs-style) for `Event` mode.
 //! - [`SpinTuner`]: sans-IO tuning of a task's spin: `bp_timeout` from a moving RTT estimate,
 //!   and no spin while its spins rarely catch data.

@@ -56,7 +56,11 @@ pub trait Readiness: Send + Sync + 'static {
 /// is not missed); wait until [`fd`](Notifier::fd) is readable; [`ack`](Notifier::ack).
 pub trait Notifier: Send + Sync {
     /// The descriptor that becomes readable after an armed event (an eventfd-like fd).
-    fn fd(&self) -> BorrowedFd<'_>;
+    ///
+    /// # Errors
+    /// When the source cannot make it (a shared queue pair's sharer makes its channel on
+    /// first use).
+    fn fd(&self) -> io::Result<BorrowedFd<'_>>;
     /// Requests one notification for the next event (`ibv_req_notify_cq`).
     ///
     /// # Errors

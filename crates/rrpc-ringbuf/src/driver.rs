@@ -495,7 +495,10 @@ impl RingTx {
             self.reload_head()?;
         }
         let head = self.sender.local_head();
-        let ring = mem::staging_mut(&self.tx_region, self.ring_off, self.ring_len);
+        #[allow(unsafe_code)]
+        // SAFETY: `&mut self` is the RingTx that owns the staging region, which is never
+        // granted to the peer; `ring` is dropped before `self` is borrowed again.
+        let ring = unsafe { mem::staging_mut(&self.tx_region, self.ring_off, self.ring_len) };
         match self.sender.reserve(len, ring) {
             Ok(res) => {
                 if self.full {
@@ -559,7 +562,10 @@ impl RingTx {
         }
         self.shared.check()?;
         self.reload_head()?;
-        let ring = mem::staging_mut(&self.tx_region, self.ring_off, self.ring_len);
+        #[allow(unsafe_code)]
+        // SAFETY: `&mut self` is the RingTx that owns the staging region, which is never
+        // granted to the peer; `ring` is dropped before `self` is borrowed again.
+        let ring = unsafe { mem::staging_mut(&self.tx_region, self.ring_off, self.ring_len) };
         if !self.sender.maintain(now, ring)? {
             return Ok(false);
         }
@@ -794,7 +800,10 @@ impl WriteGuard<'_> {
     /// If `len` exceeds the reserved length.
     pub fn commit_len(self, len: usize) -> Result<(), Error> {
         let tx = self.tx;
-        let ring = mem::staging_mut(&tx.tx_region, tx.ring_off, tx.ring_len);
+        #[allow(unsafe_code)]
+        // SAFETY: the guard holds `&mut RingTx`, the owner of the staging region (never
+        // granted to the peer), and gave up its own view (`self` is consumed).
+        let ring = unsafe { mem::staging_mut(&tx.tx_region, tx.ring_off, tx.ring_len) };
         tx.sender.commit(self.res, len, ring);
         tx.post()?;
         if tx.sender.tail_deferred() {
@@ -807,16 +816,22 @@ impl WriteGuard<'_> {
 
 impl std::ops::Deref for WriteGuard<'_> {
     type Target = [u8];
+    #[allow(unsafe_code)]
     fn deref(&self) -> &[u8] {
         let off = self.tx.ring_off + self.res.offset();
-        mem::staging(&self.tx.tx_region, off, self.len)
+        // SAFETY: the guard holds `&mut RingTx`, the staging region's owner, and `&self`
+        // rules out the guard's own mutable view while this one lives.
+        unsafe { mem::staging(&self.tx.tx_region, off, self.len) }
     }
 }
 
 impl std::ops::DerefMut for WriteGuard<'_> {
+    #[allow(unsafe_code)]
     fn deref_mut(&mut self) -> &mut [u8] {
         let off = self.tx.ring_off + self.res.offset();
-        mem::staging_mut(&self.tx.tx_region, off, self.len)
+        // SAFETY: the guard holds `&mut RingTx`, the staging region's owner, and `&mut self`
+        // makes this the only view for its lifetime.
+        unsafe { mem::staging_mut(&self.tx.tx_region, off, self.len) }
     }
 }
 
@@ -1030,7 +1045,16 @@ impl RingRx {
     /// [`Error::Core`] if polling or posting fails (a corrupt shared queue,
     /// a failed queue pair).
     pub fn replenish(&self) -> Result<usize, Error> {
-        let qp = &self.shared.qp;
+        Self::replenish_on(&self.shared.qp)
+    }
+
+    /// [`replenish`](Self::replenish) for whoever holds only the ring's
+    /// queue pair (a poller's completion-channel notifier, which the
+    /// receiver task does not share).
+    ///
+    /// # Errors
+    /// As [`replenish`](Self::replenish).
+    pub fn replenish_on(qp: &rrpc_core::QueuePair) -> Result<usize, Error> {
         let mut wc = [Completion::EMPTY; 32];
         let mut total = 0;
         loop {
@@ -1126,12 +1150,17 @@ pub struct ReadGuard<'a> {
 
 impl std::ops::Deref for ReadGuard<'_> {
     type Target = [u8];
+    #[allow(unsafe_code)]
     fn deref(&self) -> &[u8] {
-        mem::received(
-            &self.rx.rx_region,
-            self.rx.ring_off + self.msg.offset(),
-            self.msg.len(),
-        )
+        // SAFETY: `msg` was validated below the local tail, and the guard borrows the RingRx
+        // mutably, so the head cannot be pushed past it (releasing it is this guard's drop).
+        unsafe {
+            mem::received(
+                &self.rx.rx_region,
+                self.rx.ring_off + self.msg.offset(),
+                self.msg.len(),
+            )
+        }
     }
 }
 

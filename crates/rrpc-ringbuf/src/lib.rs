@@ -118,6 +118,9 @@
 //! # Ok(()) }
 //! ```
 
+// `unsafe` lives in `mem` (byte views of registered regions) and at its audited callers.
+#![deny(unsafe_code)]
+
 mod config;
 mod driver;
 mod error;

@@ -7,49 +7,70 @@
 //! head is pushed past them. A misbehaving peer can change those bytes under
 //! the view; the bytes are then garbage but every length and offset derived
 //! from them was validated first, so nothing is read out of bounds.
+//!
+//! The crate denies `unsafe_code` everywhere else; each caller of these
+//! `unsafe fn`s allows it for that one call and says why its precondition
+//! holds.
+#![allow(unsafe_code)]
 
 use rrpc_core::Region;
 
 /// Exclusive byte view of `RB_S`.
 ///
-/// The caller must hold the only handle that writes this range (the
-/// `RingTx` that owns the unshared staging region) for the lifetime of the
-/// returned slice.
-#[allow(clippy::mut_from_ref)] // exclusive by construction, see above
-pub(crate) fn staging_mut(region: &Region, offset: usize, len: usize) -> &mut [u8] {
+/// # Safety
+/// `region` is a staging region never granted to a peer, and the caller
+/// holds the only handle that reads or writes this range (the `RingTx` that
+/// owns it, borrowed mutably) for the lifetime of the returned slice.
+///
+/// # Panics
+/// If the range is not inside `region`.
+#[allow(clippy::mut_from_ref)] // exclusive by the contract above
+pub(crate) unsafe fn staging_mut(region: &Region, offset: usize, len: usize) -> &mut [u8] {
     assert!(
         offset
             .checked_add(len)
             .is_some_and(|end| end <= region.len())
     );
-    // SAFETY: the range is inside the mapping (asserted above); the staging
-    // region is never granted to a peer and only the owning RingTx calls this
-    // (through `&mut self`), so no other reference to these bytes is alive.
+    // SAFETY: the range is inside the mapping (asserted above); the caller
+    // guarantees no other reference to these bytes is alive.
     unsafe { region.slice_mut(offset, len) }
 }
 
 /// Shared byte view of a validated message in `RB_R`.
-pub(crate) fn received(region: &Region, offset: usize, len: usize) -> &[u8] {
+///
+/// # Safety
+/// The range is below the receiver's validated `local_tail` and the caller
+/// keeps the ring's head from being pushed past it while the view lives
+/// (the `ReadGuard` borrows the `RingRx`), so an honest peer does not write
+/// it. A dishonest one can only change byte values, which is no UB for `u8`.
+///
+/// # Panics
+/// If the range is not inside `region`.
+pub(crate) unsafe fn received(region: &Region, offset: usize, len: usize) -> &[u8] {
     assert!(
         offset
             .checked_add(len)
             .is_some_and(|end| end <= region.len())
     );
-    // SAFETY: the range is inside the mapping (asserted above) and below the
-    // validated local_tail: the honest peer does not write it until we push
-    // a head past it, which happens only after this view is dropped. A
-    // dishonest peer can only change the bytes' values (no UB for `u8`).
+    // SAFETY: the range is inside the mapping (asserted above); the caller
+    // guarantees the honest peer does not write it while the view lives.
     unsafe { region.slice(offset, len) }
 }
 
 /// Shared byte view of part of `RB_S` (for `WriteGuard`'s `Deref`).
-pub(crate) fn staging(region: &Region, offset: usize, len: usize) -> &[u8] {
+///
+/// # Safety
+/// As [`staging_mut`], except that the caller may hold other shared views:
+/// no mutable view of the range lives as long as this one.
+///
+/// # Panics
+/// If the range is not inside `region`.
+pub(crate) unsafe fn staging(region: &Region, offset: usize, len: usize) -> &[u8] {
     assert!(
         offset
             .checked_add(len)
             .is_some_and(|end| end <= region.len())
     );
-    // SAFETY: in bounds (asserted); the staging region is written only by the
-    // owning RingTx, which is borrowed by the guard calling this.
+    // SAFETY: in bounds (asserted); the caller guarantees no mutable view.
     unsafe { region.slice(offset, len) }
 }

@@ -12,7 +12,7 @@
 #[macro_use]
 mod common;
 
-use std::os::fd::RawFd;
+use std::os::fd::BorrowedFd;
 use std::time::{Duration, Instant};
 
 use common::{BOUND, Provider, expect_message, pair_with, send};
@@ -28,22 +28,20 @@ on_every_provider!(
 
 const RECV_DEPTH: u32 = 16;
 
-fn readable(fd: RawFd) -> bool {
-    let mut p = libc::pollfd {
-        fd,
-        events: libc::POLLIN,
-        revents: 0,
-    };
-    // SAFETY: `p` is one valid pollfd for the duration of the call; timeout 0.
-    let n = unsafe { libc::poll(&mut p, 1, 0) };
-    assert!(n >= 0, "poll: {}", std::io::Error::last_os_error());
-    n == 1 && p.revents & libc::POLLIN != 0
+fn readable(fd: BorrowedFd<'_>) -> bool {
+    use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+    let mut p = [PollFd::new(fd, PollFlags::POLLIN)];
+    let n = poll(&mut p, PollTimeout::ZERO).expect("poll");
+    n == 1
+        && p[0]
+            .revents()
+            .is_some_and(|r| r.contains(PollFlags::POLLIN))
 }
 
 /// Whether the channel `fd` becomes readable: at once on shm; on verbs
 /// within [`BOUND`], driving the sender `tx` meanwhile (a tail deferred
 /// behind an in-flight one goes out on a completion).
-fn fires(p: &Provider, fd: RawFd, tx: &mut RingTx) -> bool {
+fn fires(p: &Provider, fd: BorrowedFd<'_>, tx: &mut RingTx) -> bool {
     let t0 = Instant::now();
     loop {
         if readable(fd) {
@@ -73,7 +71,7 @@ fn channel_fires_on_flush_and_receives_are_reposted_over_a_long_stream(p: &Provi
     rx.post_receives(RECV_DEPTH).unwrap();
     let qp = c2.qp().clone();
     let cq = qp.recv_cq();
-    let fd = cq.channel_fd();
+    let fd = cq.channel_fd().unwrap();
     // Ten times the receive depth, one tail WRITE_WITH_IMM per message.
     let rounds = 10 * RECV_DEPTH as usize;
     for i in 0..rounds {
@@ -190,7 +188,7 @@ fn burst_beyond_posted_receives_falls_back_to_plain_writes(p: &Provider) {
     let fallbacks = if p.is_verbs() { 0 } else { 2 * POSTED };
     assert_eq!(tx.imm_fallbacks(), u64::from(fallbacks));
     assert!(
-        fires(p, cq.channel_fd(), &mut tx),
+        fires(p, cq.channel_fd().unwrap(), &mut tx),
         "the first tail fired the channel"
     );
     for i in 0..3 * POSTED {
@@ -220,7 +218,7 @@ fn doorbell_rings_once_per_announced_sleep_and_never_for_an_awake_reader(p: &Pro
     assert!(bell.peer_rings(), "this rrpc-ringbuf's sender rings");
     rx.post_receives(RECV_DEPTH).unwrap();
     let cq = c2.qp().recv_cq();
-    let fd = cq.channel_fd();
+    let fd = cq.channel_fd().unwrap();
     cq.req_notify().unwrap();
     // Awake: messages flow, no doorbell.
     for i in 0..20u32 {

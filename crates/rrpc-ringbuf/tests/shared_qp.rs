@@ -8,7 +8,7 @@
 #[macro_use]
 mod common;
 
-use std::os::fd::RawFd;
+use std::os::fd::BorrowedFd;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -142,14 +142,9 @@ fn rings_share_one_queue_pair(p: &Provider) {
     }
 }
 
-fn readable(fd: RawFd) -> bool {
-    let mut pfd = libc::pollfd {
-        fd,
-        events: libc::POLLIN,
-        revents: 0,
-    };
-    // SAFETY: one valid pollfd for the duration of the call.
-    unsafe { libc::poll(&mut pfd, 1, 0) == 1 }
+fn readable(fd: BorrowedFd<'_>) -> bool {
+    use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+    poll(&mut [PollFd::new(fd, PollFlags::POLLIN)], PollTimeout::ZERO).expect("poll") == 1
 }
 
 fn event_mode_rings_share_one_queue_pair(p: &Provider) {
@@ -170,7 +165,7 @@ fn event_mode_rings_share_one_queue_pair(p: &Provider) {
             let cq = vq.recv_cq();
             cq.req_notify().unwrap();
             assert!(
-                !readable(cq.channel_fd()),
+                !readable(cq.channel_fd().unwrap()),
                 "ring {k} round {seq}: fired before the send"
             );
         }
@@ -183,7 +178,7 @@ fn event_mode_rings_share_one_queue_pair(p: &Provider) {
             let (vq, _, rx) = &mut b.rings[k];
             let cq = vq.recv_cq();
             let t0 = Instant::now();
-            while !readable(cq.channel_fd()) {
+            while !readable(cq.channel_fd().unwrap()) {
                 assert!(
                     t0.elapsed() < BOUND,
                     "ring {k} round {seq}: channel never fired"

@@ -402,13 +402,13 @@ impl RrpcConfig {
         })
     }
 
-    /// How long a connection's receiver spins on its ring before it waits
-    /// through the poller (default 0: only the poller's own spin, if any).
-    ///
-    /// Meant for [`rrpc_poller::Mode::Event`], which never spins: Event plus
-    /// a receive spin catches replies while a connection is busy and, once
-    /// it sleeps, is woken by the writer's `WRITE_WITH_IMM` directly, with no
-    /// polling thread on the wake-up path.
+    /// [`rrpc_poller::Mode::Event`] only: how long a connection's receiver
+    /// spins on its ring before it sleeps (default 0: Event never spins).
+    /// Event plus a receive spin catches replies while a connection is busy
+    /// and, once it sleeps, is woken by the writer's `WRITE_WITH_IMM`
+    /// directly, with no polling thread on the wake-up path. BPEV's spin is
+    /// the poller's `bp_timeout` instead; BP and BPTS do not spin. See
+    /// [`rrpc_poller::Registration::set_event_spin`].
     pub fn receive_spin(self, spin: std::time::Duration) -> Self {
         self.with(|i| i.receive_spin = spin)
     }

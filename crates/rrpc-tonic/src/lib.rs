@@ -169,9 +169,9 @@
 //! woken thread then waits for its peer's whole spin (the demo's docs have
 //! the numbers).
 //!
-//! [`RrpcConfig::receive_spin`] adds rrpc-tonic's own spin before the
-//! poller's wait, for [`PollerMode::Event`] (spin, then sleep on the
-//! writer's `WRITE_WITH_IMM`, with no polling thread at all).
+//! [`RrpcConfig::receive_spin`] gives [`PollerMode::Event`] a spin before
+//! each wait (spin, then sleep on the writer's `WRITE_WITH_IMM`, with no
+//! polling thread at all); it is the poller's own spin, with a fixed budget.
 //!
 //! **Low, steady load: the doorbell fallback and the spin back-off.** A
 //! polling thread whose sleeping connections all have a doorbell dozes after

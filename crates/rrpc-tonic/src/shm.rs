@@ -15,7 +15,7 @@ use rrpc_core::conn::{Connection, HandshakeConfig, Listener, Offer, Pending, con
 use rrpc_core::{Endpoint, Fabric, QpConfig};
 use rrpc_poller::Mode;
 use rrpc_poller::conn::{AsyncConn, AsyncReceiver, AsyncSender};
-use rrpc_ringbuf::{LocalRing, RingConfig, RingRx, RingTx, RxWatch, TxWatch};
+use rrpc_ringbuf::{LocalRing, RingConfig, RingRx, RingTx, TxWatch};
 use tokio::io::unix::AsyncFd;
 
 use crate::pipe::{BoxFut, MsgRx, MsgTx, Pipe};
@@ -243,10 +243,6 @@ fn busy(tx: &AsyncSender) -> bool {
 
 struct ShmRx {
     rx: AsyncReceiver,
-    /// Data-present check of the receive ring, for our own spin.
-    watch: RxWatch,
-    /// [`RrpcConfig::receive_spin`].
-    spin: Duration,
     // Keeps the connection (side channel, regions) alive as long as the pipe.
     _conn: Arc<Connection>,
 }
@@ -341,7 +337,7 @@ impl MsgRx for ShmRx {
     fn peer_gone(&self) -> Option<BoxFut<'static, ()>> {
         let conn = self._conn.clone();
         Some(Box::pin(async move {
-            let raw = conn.liveness_fd();
+            let raw = conn.liveness_fd().as_raw_fd();
             // Deregistered when `afd` drops, before `conn` (which owns the
             // fd): locals drop in reverse order.
             #[allow(deprecated)]
@@ -369,9 +365,6 @@ impl MsgRx for ShmRx {
         f: &'a mut (dyn FnMut(&[u8]) + Send),
     ) -> BoxFut<'a, Result<bool, Error>> {
         Box::pin(async move {
-            if !self.spin.is_zero() && !self.watch.has_data() {
-                spin_for_data(&self.watch, self.spin).await;
-            }
             let got = match self.rx.recv().await {
                 Ok(msg) => {
                     f(&msg);
@@ -389,43 +382,12 @@ impl MsgRx for ShmRx {
     }
 }
 
-/// How often our own spin yields to the tokio scheduler.
-const SPIN_YIELD_EVERY: Duration = Duration::from_micros(5);
-
-/// Spins up to `budget` until the ring has data, yielding to the other tasks
-/// of this worker every few microseconds (the poller's wait follows).
-async fn spin_for_data(watch: &RxWatch, budget: Duration) {
-    let start = Instant::now();
-    let mut next_yield = start + SPIN_YIELD_EVERY;
-    loop {
-        for _ in 0..32 {
-            if watch.has_data() {
-                return;
-            }
-            std::hint::spin_loop();
-        }
-        let now = Instant::now();
-        if now.duration_since(start) >= budget {
-            return;
-        }
-        if now >= next_yield {
-            // Let the OS run a thread it stacked on this core (the scheduler's
-            // wake-affine placement puts a thread woken by us here; without
-            // this it waits for our whole budget), then the other tasks of
-            // this worker.
-            std::thread::yield_now();
-            tokio::task::yield_now().await;
-            next_yield = Instant::now() + SPIN_YIELD_EVERY;
-        }
-    }
-}
-
 fn into_pipe(conn: Connection, tx: RingTx, rx: RingRx, cfg: &RrpcConfig) -> Result<Pipe, Error> {
     let max = tx.config().max_message();
-    let rx_watch = rx.watch();
     let ac = AsyncConn::new(&cfg.poller_handle()?, conn, tx, rx)?;
     let conn = ac.connection().clone();
-    let (tx, rx) = ac.split()?;
+    let (tx, mut rx) = ac.split()?;
+    rx.set_event_spin(cfg.get_receive_spin());
     let watch = tx.ring().watch();
     let sizing = tx.ring().config().self_sizing();
     let every = tx.ring().config().shrink_after() / 2;
@@ -433,15 +395,7 @@ fn into_pipe(conn: Connection, tx: RingTx, rx: RingRx, cfg: &RrpcConfig) -> Resu
     if sizing {
         tx.spawn_sizing(every);
     }
-    Ok((
-        Box::new(tx),
-        Box::new(ShmRx {
-            rx,
-            watch: rx_watch,
-            spin: cfg.get_receive_spin(),
-            _conn: conn,
-        }),
-    ))
+    Ok((Box::new(tx), Box::new(ShmRx { rx, _conn: conn })))
 }
 
 /// What one connection needs before its handshake: both rings' regions
@@ -895,7 +849,8 @@ mod tests {
 
     /// A fast-path call over real shm rings in Event mode with a receive
     /// spin: the ring geometry gets `tail_with_imm` on both ends (else the
-    /// handshake or `AsyncConn::new` refuses), and replies arrive.
+    /// handshake or `AsyncConn::new` refuses), replies arrive, no polling
+    /// thread runs, and the server ends cleanly when the client leaves.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn event_mode_with_receive_spin_serves_calls() {
         let path = std::env::temp_dir().join(format!("rrpc-tonic-ev-{}.sock", std::process::id()));
@@ -949,12 +904,15 @@ mod tests {
             let res = tower::Service::call(&mut ch, req).await.expect("call");
             assert_eq!(res.headers()["grpc-status"], "0");
         }
-        assert_eq!(
-            cfg.poller_handle().expect("poller").config().mode(),
-            Mode::Event
-        );
+        // Event mode ran: no polling thread ever checked a connection.
+        let st = cfg.poller_handle().expect("poller").stats();
+        assert_eq!((st.polling_threads, st.polls), (0, 0), "{st:?}");
         drop(ch);
-        let _ = tokio::time::timeout(Duration::from_secs(5), server).await;
+        tokio::time::timeout(Duration::from_secs(5), server)
+            .await
+            .expect("the server's connection ends once the client is gone")
+            .expect("server task")
+            .expect("a client that left is a clean end");
         let _ = std::fs::remove_file(&path);
     }
 }

@@ -46,10 +46,12 @@ use std::time::{Duration, Instant};
 
 use super::{
     Connection, Deadline, Error, HandshakeConfig, Hello, Incoming, Message, Offer, ProviderKind,
-    QpInner, QueuePair, Reject, Result, Side, base_hello, check_region_memfds, connect_unix,
-    exchange_unix, granted_bytes, peer_info, reject_code_for, send_msg,
+    QpInner, QueuePair, Reject, Result, Side, base_hello, peer_info, reject_code_for,
 };
 use crate::endpoint::Endpoint;
+use crate::provider::shm::side::{
+    check_region_memfds, connect_unix, exchange_unix, granted_bytes, send_msg,
+};
 use crate::qp::LaterGrants;
 use crate::region::Region;
 use crate::vqp::{PhysicalQp, VqpConfig};

@@ -332,7 +332,10 @@ impl Poller {
                 if tokio::runtime::Handle::try_current().is_err() {
                     return Err(Error::NoRuntime);
                 }
-                let dup = DupFd::new(n.fd()).map_err(Error::io("dup doorbell fd"))?;
+                let dup = n
+                    .fd()
+                    .and_then(DupFd::new)
+                    .map_err(Error::io("dup doorbell fd"))?;
                 Some(register_readable(dup).map_err(Error::io("register doorbell fd"))?)
             }
             _ => None,
@@ -341,12 +344,19 @@ impl Poller {
             Mode::Bp | Mode::Bpts | Mode::Bpev => (Wake::Waker(AtomicWaker::new()), Sleeper::Waker),
             Mode::Event if source.notifier().is_some() => {
                 let n = source.notifier().expect("checked");
-                let dup = DupFd::new(n.fd()).map_err(Error::io("dup notifier fd"))?;
+                let dup = n
+                    .fd()
+                    .and_then(DupFd::new)
+                    .map_err(Error::io("dup notifier fd"))?;
                 let afd = register_readable(dup).map_err(Error::io("register notifier fd"))?;
                 (Wake::Notifier, Sleeper::Notifier(afd))
             }
             Mode::Event => {
-                let efd = Arc::new(EventFd::new().map_err(Error::io("eventfd"))?);
+                let efd = Arc::new(
+                    EventFd::new()
+                        .map_err(std::io::Error::from)
+                        .map_err(Error::io("eventfd"))?,
+                );
                 doorbell_fd = Some(efd.as_raw_fd());
                 let afd = register_readable(efd.clone()).map_err(Error::io("register eventfd"))?;
                 (Wake::EventFd(efd), Sleeper::EventFd(afd))
@@ -411,6 +421,7 @@ impl Poller {
             live,
             bell_fd,
             doorbell_fd,
+            event_spin: Duration::ZERO,
             removed: false,
         })
     }

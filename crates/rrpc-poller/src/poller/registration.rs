@@ -70,6 +70,8 @@ pub struct Registration {
     /// registration was made (not looked up again on every wake).
     pub(super) wake_latency: metrics::Histogram,
     pub(super) doorbell_fd: Option<RawFd>,
+    /// EVENT: a fixed spin before arming ([`Registration::set_event_spin`]).
+    pub(super) event_spin: Duration,
     pub(super) removed: bool,
 }
 
@@ -99,6 +101,16 @@ impl Registration {
     /// The current spin time (tuned, at most `bp_timeout`); only BPEV spins.
     pub fn spin_budget(&self) -> Duration {
         self.tuner.budget()
+    }
+
+    /// [`Mode::Event`] only: spin up to `budget` on the source before arming (default zero:
+    /// Event mode never spins). The spin is BPEV's, with a fixed budget: it yields to the
+    /// worker's other tasks every few microseconds and stops once they have work. Event plus
+    /// a short spin catches replies while a connection is busy and, once it sleeps, is woken
+    /// by the writer directly, with no polling thread on the wake-up path. Other modes ignore
+    /// it (BPEV spins up to `bp_timeout`, tuned).
+    pub fn set_event_spin(&mut self, budget: Duration) {
+        self.event_spin = budget;
     }
 
     /// The moving RTT estimate behind [`spin_budget`](Self::spin_budget).
@@ -265,64 +277,74 @@ impl Registration {
         let start = Instant::now();
         // The spin ran out (judged once the data comes: near or far miss).
         let mut ran_out = false;
-        if self.mode == Mode::Bpev {
-            let backoff = self.inner.cfg.spin_backoff();
-            let budget = if backoff {
-                let b = self.tuner.next_budget();
-                if b.is_zero() && !self.tuner.budget().is_zero() {
-                    Counters::add(&self.inner.counters.spin_skips, 1);
+        let spin = match self.mode {
+            Mode::Bpev => {
+                let backoff = self.inner.cfg.spin_backoff();
+                let budget = if backoff {
+                    let b = self.tuner.next_budget();
+                    if b.is_zero() && !self.tuner.budget().is_zero() {
+                        Counters::add(&self.inner.counters.spin_skips, 1);
+                    }
+                    b
+                } else {
+                    self.tuner.budget()
+                };
+                Some((budget, backoff))
+            }
+            Mode::Event => Some((self.event_spin, false)),
+            Mode::Bp | Mode::Bpts => None,
+        };
+        if let Some((budget, backoff)) = spin
+            && !budget.is_zero()
+        {
+            // The first yield comes early: under load other tasks of this worker are
+            // usually runnable, and a spin must not delay them (it stops at the first
+            // yield that saw them progress).
+            let mut next_yield = start + SPIN_FIRST_YIELD;
+            let mut last = start;
+            loop {
+                for _ in 0..32 {
+                    if self.entry.source.ready() {
+                        Counters::add(&self.inner.counters.spin_hits, 1);
+                        self.tuner.observe(start.elapsed());
+                        self.tuner.spun(true);
+                        return Ok(());
+                    }
+                    std::hint::spin_loop();
                 }
-                b
-            } else {
-                self.tuner.budget()
-            };
-            if !budget.is_zero() {
-                // The first yield comes early: under load other tasks of this worker are
-                // usually runnable, and a spin must not delay them (it stops at the first
-                // yield that saw them progress).
-                let mut next_yield = start + SPIN_FIRST_YIELD;
-                let mut last = start;
-                loop {
-                    for _ in 0..32 {
-                        if self.entry.source.ready() {
-                            Counters::add(&self.inner.counters.spin_hits, 1);
-                            self.tuner.observe(start.elapsed());
-                            self.tuner.spun(true);
-                            return Ok(());
-                        }
-                        std::hint::spin_loop();
-                    }
-                    self.check_alive()?;
-                    let now = Instant::now();
-                    if backoff && SpinTuner::lost_core(now.duration_since(last)) {
-                        // Descheduled mid-spin: the wait was for the scheduler, not for data.
-                        Counters::add(&self.inner.counters.lost_core_spins, 1);
-                        self.tuner.spun(false);
-                        break;
-                    }
-                    last = now;
-                    if now.duration_since(start) >= budget {
-                        ran_out = true;
-                        break;
-                    }
-                    if now >= next_yield {
-                        // Algorithm 2's working thread busy-polls all of its connections,
-                        // not one: wake the armed neighbours that have data (from the worker
-                        // thread a wake is a local enqueue, no syscall), so that a polling
-                        // thread sharing our core is not needed to notice them.
+                self.check_alive()?;
+                let now = Instant::now();
+                if backoff && SpinTuner::lost_core(now.duration_since(last)) {
+                    // Descheduled mid-spin: the wait was for the scheduler, not for data.
+                    Counters::add(&self.inner.counters.lost_core_spins, 1);
+                    self.tuner.spun(false);
+                    break;
+                }
+                last = now;
+                if now.duration_since(start) >= budget {
+                    ran_out = true;
+                    break;
+                }
+                if now >= next_yield {
+                    // Algorithm 2's working thread busy-polls all of its connections,
+                    // not one: wake the armed neighbours that have data (from the worker
+                    // thread a wake is a local enqueue, no syscall), so that a polling
+                    // thread sharing our core is not needed to notice them. (EVENT has no
+                    // polling threads to relieve.)
+                    if self.mode == Mode::Bpev {
                         self.help();
-                        let before = PROGRESS.get();
-                        tokio::task::yield_now().await;
-                        if PROGRESS.get() != before {
-                            // Other tasks on this worker had work while we spun: the worker
-                            // is busy, so stop spinning, arm, and let the polling threads
-                            // watch this connection (Algorithm 2 spins only while the
-                            // working thread has no event to handle).
-                            break;
-                        }
-                        last = Instant::now();
-                        next_yield = last + SPIN_YIELD_EVERY;
                     }
+                    let before = PROGRESS.get();
+                    tokio::task::yield_now().await;
+                    if PROGRESS.get() != before {
+                        // Other tasks on this worker had work while we spun: the worker
+                        // is busy, so stop spinning, arm, and let the polling threads
+                        // watch this connection (Algorithm 2 spins only while the
+                        // working thread has no event to handle).
+                        break;
+                    }
+                    last = Instant::now();
+                    next_yield = last + SPIN_YIELD_EVERY;
                 }
             }
         }
@@ -449,7 +471,11 @@ impl Registration {
             // recheck will surface): the caller checks the source.
             let drained = match &self.sleeper {
                 Sleeper::EventFd(afd) => {
-                    poll_acked(afd, cx, "eventfd readiness", |h| h.drain().map(|_| ()))
+                    poll_acked(afd, cx, "eventfd readiness", |h| match h.drain() {
+                        Ok(0) => Err(std::io::ErrorKind::WouldBlock.into()),
+                        Ok(_) => Ok(()),
+                        Err(e) => Err(e.into()),
+                    })
                 }
                 Sleeper::Notifier(afd) => {
                     let src = &self.entry.source;

@@ -11,6 +11,7 @@ use crossbeam_utils::CachePadded;
 
 use crate::source::Readiness;
 use crate::stats::Counters;
+use crate::sys::EventFd;
 
 use super::thread::REPORT_EVERY;
 use super::{Wake, lock};
@@ -38,12 +39,20 @@ pub(super) struct Entry {
     pub(super) fired_at: AtomicU64,
 }
 
+/// Adds 1 to a sleeping task's eventfd. A write that fails is logged: the task's rescan (or
+/// its peer's next message) then wakes it instead.
+fn ring(efd: &EventFd) {
+    if let Err(e) = efd.notify() {
+        tracing::warn!(error = %e, "eventfd write failed");
+    }
+}
+
 impl Entry {
     /// Wakes the task. Call only after winning `armed.swap(false)`.
     pub(super) fn fire(&self) {
         match &self.wake {
             Wake::EventFd(efd) => {
-                efd.signal();
+                ring(efd);
                 Counters::add(&self.counters.eventfd_writes, 1);
             }
             Wake::Waker(w) => {
@@ -97,7 +106,7 @@ impl Entry {
     pub(super) fn force_wake(&self) {
         self.armed.store(false, Ordering::SeqCst);
         match &self.wake {
-            Wake::EventFd(efd) => efd.signal(),
+            Wake::EventFd(efd) => ring(efd),
             Wake::Waker(w) => w.wake(),
             Wake::Notifier => {}
         }

@@ -3,7 +3,7 @@
 //! writer's two steps (store the tail; read the sleep word and ring) separable, so a test can
 //! put a reader's announce between them.
 
-use std::os::fd::{AsRawFd, BorrowedFd};
+use std::os::fd::{AsFd, BorrowedFd};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering, fence};
 use std::time::{Duration, Instant};
@@ -43,7 +43,7 @@ impl Belled {
         let a = self.announced.load(Ordering::SeqCst);
         if a > self.rung.load(Ordering::SeqCst) {
             self.rung.store(a, Ordering::SeqCst);
-            self.bell.signal();
+            self.bell.notify().unwrap();
         }
     }
     fn consume(&self) {
@@ -62,14 +62,17 @@ impl Readiness for Belled {
 }
 
 impl Notifier for Belled {
-    fn fd(&self) -> BorrowedFd<'_> {
-        crate::sys::borrow_fd(self, self.bell.as_raw_fd())
+    fn fd(&self) -> std::io::Result<BorrowedFd<'_>> {
+        Ok(self.bell.as_fd())
     }
     fn arm(&self) -> std::io::Result<()> {
         Ok(())
     }
     fn ack(&self) -> std::io::Result<()> {
-        self.bell.drain().map(|_| ())
+        match self.bell.drain()? {
+            0 => Err(std::io::ErrorKind::WouldBlock.into()),
+            _ => Ok(()),
+        }
     }
     fn announce_sleep(&self) -> std::io::Result<()> {
         self.announced.fetch_add(1, Ordering::SeqCst);

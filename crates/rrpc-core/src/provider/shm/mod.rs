@@ -18,8 +18,10 @@
 //! Peer-written memory (the receive queue's producer index, and anything in
 //! granted regions) is read once and validated before use.
 
+pub(crate) mod side;
+
 use std::collections::{HashMap, VecDeque};
-use std::os::fd::{OwnedFd, RawFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering, fence};
 use std::sync::{Arc, Mutex, RwLock};
 
@@ -175,8 +177,8 @@ impl SendCq {
     pub(crate) fn req_notify(&self) {
         self.armed.store(true, Ordering::SeqCst);
     }
-    pub(crate) fn channel_fd(&self) -> RawFd {
-        self.channel.as_raw_fd()
+    pub(crate) fn channel_fd(&self) -> BorrowedFd<'_> {
+        self.channel.as_fd()
     }
     pub(crate) fn ack_events(&self) -> Result<u64> {
         self.channel.drain()
@@ -305,8 +307,8 @@ impl RecvCq {
     pub(crate) fn req_notify(&self) {
         word(&self.map, layout::ARMED).store(1, Ordering::SeqCst);
     }
-    pub(crate) fn channel_fd(&self) -> RawFd {
-        self.channel.as_raw_fd()
+    pub(crate) fn channel_fd(&self) -> BorrowedFd<'_> {
+        self.channel.as_fd()
     }
     pub(crate) fn ack_events(&self) -> Result<u64> {
         // The peer holds this eventfd too.

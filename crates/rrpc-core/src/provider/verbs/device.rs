@@ -495,9 +495,11 @@ impl RawCq {
     }
 
     /// The completion channel's file descriptor.
-    pub(crate) fn fd(&self) -> i32 {
-        // SAFETY: the channel lives as long as `self`.
-        unsafe { (*self.channel.as_ptr()).fd }
+    pub(crate) fn fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        // SAFETY: the channel lives as long as `self`, and its fd is open
+        // until `ibv_destroy_comp_channel` in our drop: the borrow cannot
+        // outlive it.
+        unsafe { std::os::fd::BorrowedFd::borrow_raw((*self.channel.as_ptr()).fd) }
     }
 
     /// Drains the (non-blocking) channel with `ibv_get_cq_event` and

@@ -289,8 +289,7 @@ mod tests {
         let src = f.alloc_region(4096).unwrap();
         src.write_at(0, b"mtu").unwrap();
         for (who, conn) in [("client", &c), ("server", &s)] {
-            // SAFETY: the connection owns the fd and outlives this borrow.
-            let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(conn.liveness_fd()) };
+            let fd = conn.liveness_fd();
             let got = (
                 getsockopt(&fd, sockopt::KeepAlive).unwrap(),
                 getsockopt(&fd, sockopt::TcpKeepIdle).unwrap(),

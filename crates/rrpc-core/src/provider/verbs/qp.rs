@@ -188,7 +188,7 @@ impl VerbsCq {
     }
 
     /// The completion channel's fd.
-    pub(crate) fn channel_fd(&self) -> std::os::fd::RawFd {
+    pub(crate) fn channel_fd(&self) -> std::os::fd::BorrowedFd<'_> {
         self.raw.fd()
     }
 

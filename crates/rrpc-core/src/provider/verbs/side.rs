@@ -42,6 +42,7 @@ use std::time::Duration;
 
 use nix::sys::socket::{setsockopt, sockopt};
 
+use crate::conn::map_io;
 use crate::conn::{Deadline, TcpKeepalive};
 
 use super::endpoint::VerbsEndpoint;
@@ -49,17 +50,6 @@ use crate::error::{Error, Result};
 use crate::fabric::ProviderKind;
 use crate::handshake::{HEADER_LEN, Header, Hello, Message, Reject, RejectCode, token_eq};
 use crate::qp::{QpInner, QueuePair};
-
-fn map_io(op: &'static str, e: io::Error) -> Error {
-    match e.kind() {
-        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => Error::Timeout,
-        io::ErrorKind::UnexpectedEof
-        | io::ErrorKind::BrokenPipe
-        | io::ErrorKind::ConnectionReset
-        | io::ErrorKind::ConnectionAborted => Error::PeerGone,
-        _ => Error::io(op, e),
-    }
-}
 
 pub(crate) fn verbs_qp(qp: &QueuePair) -> Result<&super::VerbsQp> {
     match &qp.inner {
