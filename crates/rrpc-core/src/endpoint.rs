@@ -71,21 +71,29 @@ impl EndpointUri {
         }
         if let Some(rest) = uri.strip_prefix("rdma://") {
             let hostport = rest.trim_end_matches('/');
-            let (host, port) = hostport
-                .rsplit_once(':')
-                .ok_or_else(|| bad("expected rdma://host:port"))?;
+            let (host, port) = match hostport.strip_prefix('[') {
+                Some(v6) => {
+                    let (host, after) = v6
+                        .split_once(']')
+                        .ok_or_else(|| bad("unclosed '[' in an IPv6 host"))?;
+                    let port = after
+                        .strip_prefix(':')
+                        .ok_or_else(|| bad("expected rdma://[ipv6]:port"))?;
+                    (host, port)
+                }
+                None => {
+                    let (host, port) = hostport
+                        .rsplit_once(':')
+                        .ok_or_else(|| bad("expected rdma://host:port"))?;
+                    if host.contains(':') {
+                        return Err(bad("an IPv6 host goes in brackets: rdma://[::1]:port"));
+                    }
+                    (host, port)
+                }
+            };
             let port: u16 = port
                 .parse()
                 .map_err(|_| bad("the port must be a number below 65536"))?;
-            let host = match host.strip_prefix('[') {
-                Some(v6) => v6
-                    .strip_suffix(']')
-                    .ok_or_else(|| bad("unclosed '[' in an IPv6 host"))?,
-                None if host.contains(':') => {
-                    return Err(bad("an IPv6 host goes in brackets: rdma://[::1]:port"));
-                }
-                None => host,
-            };
             if host.is_empty() {
                 return Err(bad("missing host (rdma://host:port)"));
             }
@@ -183,6 +191,8 @@ mod tests {
         assert!(bad("rdma://h:70000"), "ports fit in 16 bits");
         assert!(bad("rdma://::1:5"), "IPv6 hosts need brackets");
         assert!(bad("rdma://[::1:5"), "brackets close");
+        let e = EndpointUri::parse("rdma://[::1]").unwrap_err().to_string();
+        assert!(e.contains("expected rdma://[ipv6]:port"), "{e}");
         assert_eq!(
             EndpointUri::parse("rdma://node7.example:50051/").unwrap(),
             EndpointUri::Rdma {

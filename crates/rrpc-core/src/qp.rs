@@ -181,12 +181,7 @@ impl QueuePair {
         remote: Remote,
         signaled: bool,
     ) -> Result<()> {
-        match &self.inner {
-            QpInner::Shm(q) => q.post_write(wr_id, local, remote, signaled),
-            #[cfg(feature = "verbs")]
-            QpInner::Verbs(q) => q.post_write(wr_id, local, remote, signaled),
-            QpInner::Virtual(q) => q.post_write(wr_id, local, remote, signaled),
-        }
+        self.post(wr_id, SendOp::Write, local, remote, signaled)
     }
 
     /// RDMA WRITE_WITH_IMM (`IBV_WR_RDMA_WRITE_WITH_IMM`): the write, then a
@@ -205,12 +200,7 @@ impl QueuePair {
         imm: u32,
         signaled: bool,
     ) -> Result<()> {
-        match &self.inner {
-            QpInner::Shm(q) => q.post_write_imm(wr_id, local, remote, imm, signaled),
-            #[cfg(feature = "verbs")]
-            QpInner::Verbs(q) => q.post_write_imm(wr_id, local, remote, imm, signaled),
-            QpInner::Virtual(q) => q.post_write_imm(wr_id, local, remote, imm, signaled),
-        }
+        self.post(wr_id, SendOp::WriteImm(imm), local, remote, signaled)
     }
 
     /// RDMA READ of `remote` into `local` (`IBV_WR_RDMA_READ`).
@@ -225,11 +215,24 @@ impl QueuePair {
         remote: Remote,
         signaled: bool,
     ) -> Result<()> {
+        self.post(wr_id, SendOp::Read, local, remote, signaled)
+    }
+
+    /// The one dispatch of a send work request to the provider.
+    #[inline]
+    fn post(
+        &self,
+        wr_id: u64,
+        op: SendOp,
+        local: Local<'_>,
+        remote: Remote,
+        signaled: bool,
+    ) -> Result<()> {
         match &self.inner {
-            QpInner::Shm(q) => q.post_read(wr_id, local, remote, signaled),
+            QpInner::Shm(q) => q.post(wr_id, op, local, remote, signaled),
             #[cfg(feature = "verbs")]
-            QpInner::Verbs(q) => q.post_read(wr_id, local, remote, signaled),
-            QpInner::Virtual(q) => q.post_read(wr_id, local, remote, signaled),
+            QpInner::Verbs(q) => q.post(wr_id, op, local, remote, signaled),
+            QpInner::Virtual(q) => q.post(wr_id, op, local, remote, signaled),
         }
     }
 
@@ -505,6 +508,18 @@ impl FailState {
             .as_ref()
             .map(FailReason::to_error)
     }
+}
+
+/// The operation of one send work request, whatever the provider.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum SendOp {
+    /// `IBV_WR_RDMA_WRITE`.
+    Write,
+    /// `IBV_WR_RDMA_WRITE_WITH_IMM` with this immediate (host order here,
+    /// network order on the wire).
+    WriteImm(u32),
+    /// `IBV_WR_RDMA_READ`.
+    Read,
 }
 
 #[cfg(test)]

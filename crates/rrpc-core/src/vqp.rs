@@ -73,6 +73,7 @@
 //! the peer's DCT number and key per post (from a metadata cache, as KRCore's
 //! `DCCache`), and the sharing rules above are unchanged. It is not built.
 
+use crate::qp::SendOp as Op;
 use std::collections::VecDeque;
 use std::os::fd::{AsFd, BorrowedFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -665,15 +666,8 @@ impl Drop for VirtualQp {
     }
 }
 
-#[derive(Clone, Copy)]
-enum Op {
-    Write,
-    WriteImm(u32),
-    Read,
-}
-
 impl VirtualQp {
-    fn post(
+    pub(crate) fn post(
         &self,
         wr_id: u64,
         op: Op,
@@ -748,37 +742,6 @@ impl VirtualQp {
             st.unsignaled_run += 1;
         }
         Ok(())
-    }
-
-    pub(crate) fn post_write(
-        &self,
-        wr_id: u64,
-        local: Local<'_>,
-        remote: Remote,
-        signaled: bool,
-    ) -> Result<()> {
-        self.post(wr_id, Op::Write, local, remote, signaled)
-    }
-
-    pub(crate) fn post_write_imm(
-        &self,
-        wr_id: u64,
-        local: Local<'_>,
-        remote: Remote,
-        imm: u32,
-        signaled: bool,
-    ) -> Result<()> {
-        self.post(wr_id, Op::WriteImm(imm), local, remote, signaled)
-    }
-
-    pub(crate) fn post_read(
-        &self,
-        wr_id: u64,
-        local: Local<'_>,
-        remote: Remote,
-        signaled: bool,
-    ) -> Result<()> {
-        self.post(wr_id, Op::Read, local, remote, signaled)
     }
 
     pub(crate) fn post_recv(&self, wr_id: u64) -> Result<()> {

@@ -21,6 +21,9 @@ use rrpc_core::Region;
 /// `region` is a staging region never granted to a peer, and the caller
 /// holds the only handle that reads or writes this range (the `RingTx` that
 /// owns it, borrowed mutably) for the lifetime of the returned slice.
+/// (On verbs the NIC may still be reading slots whose WRITEs are in
+/// flight: a DMA read outside Rust's memory model. The sender's protocol
+/// never rewrites such slots before their completion.)
 ///
 /// # Panics
 /// If the range is not inside `region`.

@@ -355,7 +355,7 @@ impl Poller {
                 let efd = Arc::new(
                     EventFd::new()
                         .map_err(std::io::Error::from)
-                        .map_err(Error::io("eventfd"))?,
+                        .map_err(Error::io("poller doorbell"))?,
                 );
                 doorbell_fd = Some(efd.as_raw_fd());
                 let afd = register_readable(efd.clone()).map_err(Error::io("register eventfd"))?;

@@ -333,6 +333,11 @@ impl Registration {
                     // polling threads to relieve.)
                     if self.mode == Mode::Bpev {
                         self.help();
+                    } else {
+                        // EVENT has no polling thread, so the writer's thread is often the
+                        // one the scheduler stacked on this core (wake-affine placement):
+                        // let it run now rather than after the whole budget.
+                        std::thread::yield_now();
                     }
                     let before = PROGRESS.get();
                     tokio::task::yield_now().await;

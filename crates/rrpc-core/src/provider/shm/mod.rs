@@ -688,8 +688,26 @@ impl ShmQp {
         Ok(Some((seq, delay, torn)))
     }
 
+    /// One WRITE, WRITE_WITH_IMM or READ: a copy between the mappings.
     #[inline]
-    pub(crate) fn post_write(
+    pub(crate) fn post(
+        &self,
+        wr_id: u64,
+        op: crate::qp::SendOp,
+        local: Local<'_>,
+        remote: Remote,
+        signaled: bool,
+    ) -> Result<()> {
+        use crate::qp::SendOp;
+        match op {
+            SendOp::Write => self.post_write(wr_id, local, remote, signaled),
+            SendOp::WriteImm(imm) => self.post_write_imm(wr_id, local, remote, imm, signaled),
+            SendOp::Read => self.post_read(wr_id, local, remote, signaled),
+        }
+    }
+
+    #[inline]
+    fn post_write(
         &self,
         wr_id: u64,
         local: Local<'_>,
@@ -716,7 +734,7 @@ impl ShmQp {
         Ok(())
     }
 
-    pub(crate) fn post_write_imm(
+    fn post_write_imm(
         &self,
         wr_id: u64,
         local: Local<'_>,
@@ -758,7 +776,7 @@ impl ShmQp {
         Ok(())
     }
 
-    pub(crate) fn post_read(
+    fn post_read(
         &self,
         wr_id: u64,
         local: Local<'_>,

@@ -447,7 +447,10 @@ impl VerbsQp {
         Ok((addr, local.len as u32, mr.lkey()))
     }
 
-    fn post(
+    /// `ibv_post_send` of one WRITE, WRITE_WITH_IMM or READ. Unlike shm, a
+    /// WRITE_WITH_IMM that finds no receive on the peer is not detected here:
+    /// the device retries (RNR) and the peer's late `post_recv` completes it.
+    pub(crate) fn post(
         &self,
         wr_id: u64,
         op: Op,
@@ -505,42 +508,6 @@ impl VerbsQp {
             self.raw.max_inline(),
         );
         self.raw.post_send(wr, sge)
-    }
-
-    /// `ibv_post_send` with `IBV_WR_RDMA_WRITE`.
-    pub(crate) fn post_write(
-        &self,
-        wr_id: u64,
-        local: Local<'_>,
-        remote: Remote,
-        signaled: bool,
-    ) -> Result<()> {
-        self.post(wr_id, Op::Write, local, remote, signaled)
-    }
-
-    /// `ibv_post_send` with `IBV_WR_RDMA_WRITE_WITH_IMM`. Unlike shm, a missing
-    /// receive on the peer is not detected here: the device retries (RNR) and
-    /// the peer's late `post_recv` completes it.
-    pub(crate) fn post_write_imm(
-        &self,
-        wr_id: u64,
-        local: Local<'_>,
-        remote: Remote,
-        imm: u32,
-        signaled: bool,
-    ) -> Result<()> {
-        self.post(wr_id, Op::WriteImm(imm), local, remote, signaled)
-    }
-
-    /// `ibv_post_send` with `IBV_WR_RDMA_READ`.
-    pub(crate) fn post_read(
-        &self,
-        wr_id: u64,
-        local: Local<'_>,
-        remote: Remote,
-        signaled: bool,
-    ) -> Result<()> {
-        self.post(wr_id, Op::Read, local, remote, signaled)
     }
 
     /// `ibv_post_recv` with no scatter entries.

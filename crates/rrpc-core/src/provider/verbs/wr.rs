@@ -34,16 +34,7 @@ pub(crate) const MIN_RNR_TIMER: u8 = 12;
 pub(crate) const MAX_MESSAGE: u64 = 1 << 31;
 
 /// The operation of one send work request.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Op {
-    /// `IBV_WR_RDMA_WRITE`.
-    Write,
-    /// `IBV_WR_RDMA_WRITE_WITH_IMM` with this immediate (host order here,
-    /// network order on the wire).
-    WriteImm(u32),
-    /// `IBV_WR_RDMA_READ`.
-    Read,
-}
+pub(crate) use crate::qp::SendOp as Op;
 
 impl Op {
     /// The completion opcode reported for this operation.
