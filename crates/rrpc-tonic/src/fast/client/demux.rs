@@ -1,0 +1,438 @@
+//! The fast-path client's demultiplexer: the table of calls and their
+//! receive slots, and the leader/follower receive that reads the pipe and
+//! routes each frame to its call (the call itself is in `client`).
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::{Context, Poll, Waker};
+
+use bytes::Bytes;
+
+use tonic::Status;
+
+use crate::Error;
+use crate::fast::Event;
+use crate::fast::flow::CallFlow;
+use crate::frame::{self, FrameError, Kind};
+use crate::pipe::{BoxFut, MsgRx};
+
+/// The pseudo call id of the connection's fallback reader task.
+pub(super) const FALLBACK: u32 = 0;
+
+pub(super) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // Every critical section leaves the state consistent (single map/queue
+    // operations), so a poisoned lock still guards valid data.
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// One call's receive queue (bounded in bytes by the call's window).
+#[derive(Debug)]
+pub(super) struct Slot {
+    pub(super) events: VecDeque<Event>,
+    /// The waiting task, if any.
+    pub(super) waker: Option<Waker>,
+    /// The call's flow-control windows.
+    pub(super) flow: Arc<CallFlow>,
+}
+
+impl Slot {
+    pub(super) fn new(flow: Arc<CallFlow>) -> Slot {
+        Slot {
+            events: VecDeque::new(),
+            waker: None,
+            flow,
+        }
+    }
+}
+
+#[derive(Debug, Default)]
+pub(super) struct Table {
+    pub(super) calls: HashMap<u32, Slot>,
+    /// Set once the connection is gone or draining: new calls fail with it.
+    pub(super) closed: Option<(tonic::Code, String)>,
+    /// The call whose waker the pending receive future holds.
+    pub(super) driver: Option<u32>,
+    /// Request senders waiting for window: the WINDOW_UPDATE they need
+    /// must be received even when no call waits for its response.
+    pub(super) credit_waiters: usize,
+    /// Waker of the fallback reader task.
+    pub(super) fallback: Option<Waker>,
+    /// The fallback reads once although nobody waits ([`Shared::nudge_idle_reader`]).
+    pub(super) idle_read: bool,
+}
+
+impl Table {
+    /// Call `id` stops waiting. If it was the one whose waker the pending
+    /// receive holds (or nobody's is), make sure somebody keeps receiving
+    /// while other calls wait: the fallback reader takes over.
+    pub(super) fn handoff(&mut self, id: u32) {
+        if self.driver.is_some() && self.driver != Some(id) {
+            return;
+        }
+        self.driver = None;
+        let waiting = self.credit_waiters > 0
+            || self
+                .calls
+                .iter()
+                .any(|(k, s)| *k != id && s.waker.is_some());
+        if waiting
+            && id != FALLBACK
+            && let Some(w) = self.fallback.take()
+        {
+            w.wake();
+        }
+    }
+}
+
+/// What one receive produced: the receiver back, its result, the decoded
+/// events, a GOAWAY seen, a protocol violation.
+pub(super) type RecvOut = (
+    Box<dyn MsgRx>,
+    Result<bool, Error>,
+    Vec<(u32, Event)>,
+    bool,
+    Option<FrameError>,
+);
+
+#[derive(Default)]
+pub(super) struct RxState {
+    /// The receiver while no receive is in flight (`None` once the connection ended).
+    pub(super) rx: Option<Box<dyn MsgRx>>,
+    /// The receive in flight, polled by whichever call drives.
+    pub(super) fut: Option<BoxFut<'static, RecvOut>>,
+}
+
+pub(super) struct Shared {
+    pub(super) table: Mutex<Table>,
+    pub(super) rx: Mutex<RxState>,
+    pub(super) next_id: AtomicU32,
+    /// The server's receive window per call: our initial send credit.
+    pub(super) peer_window: u32,
+    /// Our receive window per call.
+    pub(super) our_window: u32,
+    /// [`RrpcConfig::max_concurrent_calls`]: calls beyond it wait here;
+    /// closed with the connection.
+    pub(super) open_calls: Arc<tokio::sync::Semaphore>,
+    /// No new calls should start here: the connection closed, the server
+    /// said GOAWAY, or the side channel saw the peer leave. Calls in
+    /// flight go on (their data may still be in the ring).
+    pub(super) retired: AtomicBool,
+}
+
+impl std::fmt::Debug for Shared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Shared")
+            .field("table", &self.table)
+            .finish_non_exhaustive()
+    }
+}
+
+pub(super) fn receive(mut rx: Box<dyn MsgRx>) -> BoxFut<'static, RecvOut> {
+    Box::pin(async move {
+        let mut events = Vec::new();
+        let mut goaway = false;
+        let mut bad = None;
+        let r = rx
+            .recv_with(&mut |msg: &[u8]| decode(msg, &mut events, &mut goaway, &mut bad))
+            .await;
+        (rx, r, events, goaway, bad)
+    })
+}
+
+pub(super) fn decode(
+    msg: &[u8],
+    events: &mut Vec<(u32, Event)>,
+    goaway: &mut bool,
+    bad: &mut Option<FrameError>,
+) {
+    for f in frame::frames(msg) {
+        let f = match f {
+            Ok(f) => f,
+            Err(e) => {
+                *bad = Some(e);
+                return;
+            }
+        };
+        let ev = match f.kind {
+            Kind::ResponseHeaders => match frame::parse_response_headers(f.payload) {
+                Ok((status, headers)) => Event::Headers {
+                    status,
+                    headers,
+                    end: f.end_stream(),
+                },
+                Err(e) => {
+                    *bad = Some(e);
+                    return;
+                }
+            },
+            // The one receive-side copy: ring slot -> body chunk.
+            Kind::Data => Event::Data(Bytes::copy_from_slice(f.payload)),
+            Kind::Trailers => match frame::parse_metadata(f.payload) {
+                Ok(m) => Event::Trailers(m),
+                Err(e) => {
+                    *bad = Some(e);
+                    return;
+                }
+            },
+            Kind::Cancel => Event::Reset(Status::cancelled("rrpc: call reset by the server")),
+            Kind::WindowUpdate => match frame::parse_window_update(f.payload) {
+                Ok(inc) => Event::Window(inc),
+                Err(e) => {
+                    *bad = Some(e);
+                    return;
+                }
+            },
+            Kind::GoAway => {
+                *goaway = true;
+                continue;
+            }
+            Kind::RequestHeaders => {
+                *bad = Some(FrameError::Invalid("request headers sent to a client"));
+                return;
+            }
+        };
+        events.push((f.call_id, ev));
+    }
+}
+
+impl Shared {
+    /// Removes call `id` (finished or abandoned).
+    pub(super) fn take(&self, id: u32) -> bool {
+        let mut t = lock(&self.table);
+        let slot = t.calls.remove(&id);
+        if let Some(s) = &slot {
+            // A request sender still waiting for window gives up.
+            s.flow.close();
+        }
+        t.handoff(id);
+        slot.is_some()
+    }
+
+    /// Delivers one event to a call (a missing call: it was abandoned).
+    ///
+    /// # Errors
+    /// The server broke the call's flow control (sent beyond its window,
+    /// or overflowed ours).
+    pub(super) fn deliver(&self, t: &mut Table, id: u32, ev: Event) -> Result<(), FrameError> {
+        let Some(s) = t.calls.get_mut(&id) else {
+            return Ok(());
+        };
+        match ev {
+            Event::Window(inc) => return s.flow.granted(inc),
+            Event::Data(ref b) => s.flow.received(b.len())?,
+            _ => {}
+        }
+        s.events.push_back(ev);
+        if let Some(w) = s.waker.take() {
+            w.wake();
+        }
+        Ok(())
+    }
+
+    /// A request sender starts waiting for window: make sure somebody
+    /// receives (the fallback reader, unless a call is receiving already).
+    pub(super) fn credit_wait(self: &Arc<Self>) -> CreditWait {
+        let mut t = lock(&self.table);
+        t.credit_waiters += 1;
+        if t.driver.is_none()
+            && let Some(w) = t.fallback.take()
+        {
+            w.wake();
+        }
+        CreditWait(self.clone())
+    }
+
+    /// The connection ended: every call gets `reason`, new calls too.
+    pub(super) fn close(&self, t: &mut Table, reason: (tonic::Code, String)) {
+        for s in t.calls.values_mut() {
+            s.flow.close();
+            s.events
+                .push_back(Event::Reset(Status::new(reason.0, reason.1.clone())));
+            if let Some(w) = s.waker.take() {
+                w.wake();
+            }
+        }
+        t.closed = Some(reason);
+        self.retired.store(true, Ordering::Release);
+        // Calls queued for a place fail now.
+        self.open_calls.close();
+        if let Some(w) = t.fallback.take() {
+            w.wake();
+        }
+    }
+
+    /// Next event of call `id` (`None`: the call is gone).
+    ///
+    /// Leader/follower: there is no reader task in the common case. A call
+    /// waiting for its event first looks at its slot; if it is empty and no
+    /// other call is receiving right now, it polls the connection's receive
+    /// future itself (spinning/sleeping per the poller's mode), dispatches
+    /// whatever arrives to the calls' slots, waking their tasks, and returns
+    /// as soon as its own event is there. So a unary call's response goes
+    /// from the ring to the waiting caller with no task hop. When the call
+    /// whose waker the receive holds stops waiting while others still
+    /// wait, the fallback reader task takes over ([`Table::handoff`]).
+    pub(super) fn poll_event(&self, id: u32, cx: &mut Context<'_>) -> Poll<Option<Event>> {
+        loop {
+            {
+                let mut t = lock(&self.table);
+                if id == FALLBACK {
+                    if t.closed.is_some() && self.rx_gone() {
+                        return Poll::Ready(None);
+                    }
+                    let waiting =
+                        t.credit_waiters > 0 || t.calls.values().any(|s| s.waker.is_some());
+                    if !waiting && t.driver != Some(FALLBACK) && !std::mem::take(&mut t.idle_read) {
+                        // Nobody waits: sleep until a handoff.
+                        t.fallback = Some(cx.waker().clone());
+                        return Poll::Pending;
+                    }
+                    t.fallback = Some(cx.waker().clone());
+                } else {
+                    let Some(slot) = t.calls.get_mut(&id) else {
+                        t.handoff(id);
+                        return Poll::Ready(None);
+                    };
+                    if let Some(ev) = slot.events.pop_front() {
+                        t.handoff(id);
+                        return Poll::Ready(Some(ev));
+                    }
+                    match &mut slot.waker {
+                        Some(w) if w.will_wake(cx.waker()) => {}
+                        w => *w = Some(cx.waker().clone()),
+                    }
+                }
+            }
+            let Ok(mut rxs) = self.rx.try_lock() else {
+                // Another call is receiving; it dispatches to us and wakes us.
+                return Poll::Pending;
+            };
+            let fut = match rxs.fut.take() {
+                Some(f) => Some(f),
+                None => rxs.rx.take().map(receive),
+            };
+            let Some(mut fut) = fut else {
+                // The connection ended; `close` queued a Reset for every call.
+                drop(rxs);
+                let mut t = lock(&self.table);
+                if id != FALLBACK
+                    && let Some(s) = t.calls.get_mut(&id)
+                    && !s.events.is_empty()
+                {
+                    continue;
+                }
+                t.handoff(id);
+                return Poll::Ready(None);
+            };
+            match fut.as_mut().poll(cx) {
+                Poll::Pending => {
+                    rxs.fut = Some(fut);
+                    lock(&self.table).driver = Some(id);
+                    return Poll::Pending;
+                }
+                Poll::Ready((rx, r, events, goaway, bad)) => {
+                    let mut t = lock(&self.table);
+                    t.driver = None;
+                    if goaway {
+                        self.retired.store(true, Ordering::Release);
+                        t.closed.get_or_insert((
+                            tonic::Code::Unavailable,
+                            "rrpc: server is shutting down".into(),
+                        ));
+                    }
+                    let mut bad = bad;
+                    for (cid, ev) in events {
+                        if let Err(e) = self.deliver(&mut t, cid, ev) {
+                            bad.get_or_insert(e);
+                        }
+                    }
+                    let end = if let Some(e) = bad {
+                        Some((
+                            tonic::Code::Internal,
+                            format!("rrpc: protocol violation by server: {e}"),
+                        ))
+                    } else {
+                        match r {
+                            Ok(true) => None,
+                            Ok(false) => Some((
+                                tonic::Code::Unavailable,
+                                "rrpc: connection closed by the server".to_string(),
+                            )),
+                            Err(e) => Some((tonic::Code::Unavailable, format!("rrpc: {e}"))),
+                        }
+                    };
+                    match end {
+                        None => rxs.rx = Some(rx),
+                        // Dropping the receiver closes the connection.
+                        Some(reason) => self.close(&mut t, reason),
+                    }
+                    drop(t);
+                    drop(rxs);
+                }
+            }
+        }
+    }
+
+    /// With nobody receiving, makes the fallback reader read: it consumes
+    /// what arrived meanwhile and stays the receiver until a call takes
+    /// over. What an idle client must read is the server's ring-resize
+    /// markers: the server's ring shrinks (and gives its memory back) only
+    /// once this side has passed its marker (`rrpc_ringbuf` docs, "Rings
+    /// that size themselves").
+    pub(super) fn nudge_idle_reader(&self) {
+        let mut t = lock(&self.table);
+        let waiting = t.credit_waiters > 0 || t.calls.values().any(|s| s.waker.is_some());
+        if t.driver.is_none() && !waiting && t.closed.is_none() {
+            t.idle_read = true;
+            if let Some(w) = t.fallback.take() {
+                w.wake();
+            }
+        }
+    }
+
+    /// A send failed ([`FrameWriter`] docs): close the connection now.
+    /// Every call gets `Unavailable` with the reason, new calls too, and the
+    /// receiver is dropped (which closes the connection).
+    pub(super) fn fail(&self, e: &Error) {
+        {
+            let mut t = lock(&self.table);
+            if t.closed.is_none() {
+                self.close(&mut t, (tonic::Code::Unavailable, format!("rrpc: {e}")));
+            }
+        }
+        // Not nested in the table lock (`poll_event` takes rx, then table).
+        let mut rxs = lock(&self.rx);
+        rxs.fut = None;
+        rxs.rx = None;
+    }
+
+    pub(super) fn rx_gone(&self) -> bool {
+        self.rx
+            .try_lock()
+            .map(|r| r.rx.is_none() && r.fut.is_none())
+            .unwrap_or(false)
+    }
+}
+
+/// Registered while a request sender waits for window ([`Shared::credit_wait`]).
+pub(super) struct CreditWait(Arc<Shared>);
+
+impl Drop for CreditWait {
+    fn drop(&mut self) {
+        lock(&self.0.table).credit_waiters -= 1;
+    }
+}
+
+/// A call's handle on its receive slot (the response body's source).
+#[derive(Debug)]
+pub(crate) struct SlotRef {
+    pub(super) id: u32,
+    pub(super) shared: Arc<Shared>,
+}
+
+impl SlotRef {
+    pub(crate) fn poll_event(&mut self, cx: &mut Context<'_>) -> Poll<Option<Event>> {
+        self.shared.poll_event(self.id, cx)
+    }
+}
