@@ -104,8 +104,9 @@ impl Registration {
     }
 
     /// [`Mode::Event`] only: spin up to `budget` on the source before arming (default zero:
-    /// Event mode never spins). The spin is BPEV's, with a fixed budget: it yields to the
-    /// worker's other tasks every few microseconds and stops once they have work. Event plus
+    /// Event mode never spins). The spin is BPEV's with a fixed budget: it yields to the OS
+    /// and to the worker's other tasks every few microseconds, and, unlike BPEV's, goes on
+    /// while they have work (no polling thread would watch the connection meanwhile). Event plus
     /// a short spin catches replies while a connection is busy and, once it sleeps, is woken
     /// by the writer directly, with no polling thread on the wake-up path. Other modes ignore
     /// it (BPEV spins up to `bp_timeout`, tuned).
@@ -341,11 +342,12 @@ impl Registration {
                     }
                     let before = PROGRESS.get();
                     tokio::task::yield_now().await;
-                    if PROGRESS.get() != before {
+                    if self.mode == Mode::Bpev && PROGRESS.get() != before {
                         // Other tasks on this worker had work while we spun: the worker
                         // is busy, so stop spinning, arm, and let the polling threads
                         // watch this connection (Algorithm 2 spins only while the
-                        // working thread has no event to handle).
+                        // working thread has no event to handle). EVENT's spin is the
+                        // fixed budget its user asked for: nobody else would watch.
                         break;
                     }
                     last = Instant::now();
