@@ -299,8 +299,8 @@ impl Registration {
             && !budget.is_zero()
         {
             // The first yield comes early: under load other tasks of this worker are
-            // usually runnable, and a spin must not delay them (it stops at the first
-            // yield that saw them progress).
+            // usually runnable, and a spin must not delay them (BPEV's stops at the first
+            // yield that saw them progress; EVENT's only lets them run).
             let mut next_yield = start + SPIN_FIRST_YIELD;
             let mut last = start;
             loop {
