@@ -2,7 +2,8 @@
 //!
 //! The server [`Listener::bind`]s a side channel (a Unix socket for shm); the
 //! client [`connect`]s and sends a `Hello` (see [`crate::handshake`]) carrying
-//! its token, queue-pair endpoint, ring geometry and the regions it grants —
+//! its token, queue-pair endpoint, the regions it grants and the layers'
+//! sections (the ring's parameters among them) —
 //! on shm the regions' memfds, its receive queue and its eventfd travel along
 //! as `SCM_RIGHTS`. The server checks version and token, answers `Accept` with
 //! its own grants (or `Reject` with a reason) and both sides attach their queue
@@ -57,7 +58,7 @@ use std::time::{Duration, Instant};
 use crate::endpoint::Endpoint;
 use crate::error::{Error, Result};
 use crate::fabric::ProviderKind;
-use crate::handshake::{Hello, Message, RegionDesc, Reject, RejectCode, RingGeometry, token_eq};
+use crate::handshake::{Hello, Message, RegionDesc, Reject, RejectCode, Section, token_eq};
 use crate::provider::shm::side::{
     attach, connect_unix, exchange_unix, granted_bytes, make_hello, recv_msg, send_msg,
     set_timeouts,
@@ -463,8 +464,7 @@ impl Drop for BudgetGuard {
 #[derive(Debug, Clone, Default)]
 pub struct Offer {
     token: Option<Vec<u8>>,
-    geometry: RingGeometry,
-    app: Vec<u8>,
+    sections: Vec<Section>,
     pub(crate) grants: Vec<(u16, Arc<Region>)>,
 }
 
@@ -478,14 +478,17 @@ impl Offer {
         self.token = token;
         self
     }
-    /// Ring geometry and mode.
-    pub fn geometry(mut self, g: RingGeometry) -> Self {
-        self.geometry = g;
-        self
-    }
-    /// Opaque bytes for the layers above (at most [`crate::handshake::MAX_APP`]).
-    pub fn app(mut self, app: Vec<u8>) -> Self {
-        self.app = app;
+    /// Adds a layer's part of the hello under `tag`, replacing an earlier
+    /// one with the same tag. The fabric carries it and reads none of it;
+    /// the peer finds it with [`PeerInfo::section`]. At most
+    /// [`MAX_SECTIONS`](crate::handshake::MAX_SECTIONS) sections of
+    /// [`MAX_SECTION`](crate::handshake::MAX_SECTION) bytes: a connect with
+    /// more fails with [`Error::InvalidConfig`] before anything is sent.
+    pub fn section(mut self, tag: u16, bytes: Vec<u8>) -> Self {
+        match self.sections.iter_mut().find(|s| s.tag == tag) {
+            Some(s) => s.bytes = bytes,
+            None => self.sections.push(Section { tag, bytes }),
+        }
         self
     }
     /// Grants `region` to the peer under `role`.
@@ -502,10 +505,8 @@ impl Offer {
 /// What the peer offered.
 #[derive(Debug, Clone)]
 pub struct PeerInfo {
-    /// The peer's ring geometry and mode.
-    pub geometry: RingGeometry,
-    /// The peer's application blob.
-    pub app: Vec<u8>,
+    /// The layers' parts of the peer's hello (each tag at most once).
+    pub sections: Vec<Section>,
     /// The regions the peer granted us.
     pub regions: Vec<RegionDesc>,
     /// The peer's provider.
@@ -519,6 +520,14 @@ impl PeerInfo {
             .iter()
             .find(|d| d.role == role)
             .map(|d| d.remote)
+    }
+
+    /// The bytes of the section the peer sent under `tag`.
+    pub fn section(&self, tag: u16) -> Option<&[u8]> {
+        self.sections
+            .iter()
+            .find(|s| s.tag == tag)
+            .map(|s| s.bytes.as_slice())
     }
 }
 
@@ -537,13 +546,12 @@ pub(crate) fn map_io(op: &'static str, e: io::Error) -> Error {
 // Hello construction and attachment (provider specific)
 // ---------------------------------------------------------------------------
 
-/// The provider-neutral part of our hello: token, geometry, grants, app blob.
+/// The provider-neutral part of our hello: token, grants, sections.
 pub(crate) fn base_hello(offer: &Offer) -> Hello {
     Hello {
         token: offer.token.clone(),
         provider: 0,
         endpoint: Vec::new(),
-        geometry: offer.geometry,
         regions: offer
             .grants
             .iter()
@@ -552,7 +560,7 @@ pub(crate) fn base_hello(offer: &Offer) -> Hello {
                 remote: r.remote(),
             })
             .collect(),
-        app: offer.app.clone(),
+        sections: offer.sections.clone(),
     }
 }
 
@@ -566,8 +574,7 @@ fn peer_info(h: &Hello, expected: ProviderKind) -> Result<PeerInfo> {
         )));
     }
     Ok(PeerInfo {
-        geometry: h.geometry,
-        app: h.app.clone(),
+        sections: h.sections.clone(),
         regions: h.regions.clone(),
         provider,
     })

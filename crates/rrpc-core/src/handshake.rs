@@ -10,8 +10,10 @@
 //! Bodies:
 //!
 //! * `Hello` (client → server) and `Accept` (server → client) carry a [`Hello`]:
-//!   token, provider, queue-pair endpoint, ring geometry, region descriptors and
-//!   an opaque application blob (path negotiation of the layers above).
+//!   token, provider, queue-pair endpoint, region descriptors and the layers'
+//!   [`Section`]s. The fabric reads none of a section: the ring's parameters
+//!   and the transport's path negotiation travel there, each under the tag
+//!   of the layer that wrote it, as a granted region travels under its role.
 //! * `Reject` carries a code and a human-readable reason.
 //! * `Goodbye` is empty: an orderly close.
 //!
@@ -25,8 +27,10 @@ use crate::region::RemoteRegion;
 
 /// First four bytes of every message.
 pub const MAGIC: [u8; 4] = *b"RRPC";
-/// The protocol version this build speaks.
-pub const VERSION: u16 = 1;
+/// The protocol version this build speaks. Version 2 carries the layers'
+/// parts as tagged [`Section`]s; version 1 had a fixed ring-geometry field
+/// and one application blob.
+pub const VERSION: u16 = 2;
 /// Length of the fixed header.
 pub const HEADER_LEN: usize = 12;
 /// Largest body accepted.
@@ -35,8 +39,10 @@ pub const MAX_BODY: usize = 8192;
 pub const MAX_TOKEN: usize = 256;
 /// Largest number of region descriptors in one hello.
 pub const MAX_REGIONS: usize = 16;
-/// Largest application blob.
-pub const MAX_APP: usize = 4096;
+/// Largest number of [`Section`]s in one hello.
+pub const MAX_SECTIONS: usize = 8;
+/// Largest [`Section`] (its bytes).
+pub const MAX_SECTION: usize = 4096;
 /// Largest provider endpoint blob.
 pub const MAX_ENDPOINT: usize = 64;
 /// Largest reject reason.
@@ -114,22 +120,16 @@ impl Header {
     }
 }
 
-/// Ring geometry and connection-management mode proposed by one side.
-/// Interpreted by `rrpc-ringbuf` and `rrpc-poller`; the core only carries it.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct RingGeometry {
-    /// Bytes per slot (a multiple of 64).
-    pub slot_size: u32,
-    /// Slots in the receive ring.
-    pub slot_count: u32,
-    /// Pointer-advancement batch (RB² `alpha`).
-    pub alpha: u32,
-    /// Slot-transmission batch (RB² `beta`).
-    pub beta: u32,
-    /// Head-push threshold (RB² `gamma`).
-    pub gamma: u32,
-    /// Connection-management mode code (rrpc-poller).
-    pub mode: u8,
+/// One layer's part of a hello: bytes the fabric carries and never reads,
+/// under a tag the layer picks (as it picks the role of a region it
+/// grants). `rrpc-ringbuf` puts each ring's parameters here under the
+/// ring's region role; `rrpc-tonic` its path negotiation.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Section {
+    /// Whose part this is (defined by the layer that writes it).
+    pub tag: u16,
+    /// The layer's bytes, at most [`MAX_SECTION`].
+    pub bytes: Vec<u8>,
 }
 
 /// One region granted to the peer, tagged with its role.
@@ -151,12 +151,10 @@ pub struct Hello {
     /// Provider-specific queue-pair endpoint (verbs: LID, QPN, PSN, GID, MTU;
     /// shm: receive-queue geometry).
     pub endpoint: Vec<u8>,
-    /// Ring geometry and mode.
-    pub geometry: RingGeometry,
     /// Regions granted to the peer.
     pub regions: Vec<RegionDesc>,
-    /// Opaque bytes for the layers above.
-    pub app: Vec<u8>,
+    /// The layers' parts, at most [`MAX_SECTIONS`], each tag at most once.
+    pub sections: Vec<Section>,
 }
 
 /// Why a connection was refused.
@@ -376,8 +374,19 @@ fn encode_hello(h: &Hello, out: &mut Vec<u8>) -> Result<()> {
     if h.regions.len() > MAX_REGIONS {
         return too_long("region count", h.regions.len(), MAX_REGIONS);
     }
-    if h.app.len() > MAX_APP {
-        return too_long("application blob", h.app.len(), MAX_APP);
+    if h.sections.len() > MAX_SECTIONS {
+        return too_long("section count", h.sections.len(), MAX_SECTIONS);
+    }
+    for (i, sec) in h.sections.iter().enumerate() {
+        if sec.bytes.len() > MAX_SECTION {
+            return too_long("section length", sec.bytes.len(), MAX_SECTION);
+        }
+        if h.sections[..i].iter().any(|o| o.tag == sec.tag) {
+            return Err(Error::InvalidConfig(format!(
+                "section tag {:#x} appears twice",
+                sec.tag
+            )));
+        }
     }
     match token {
         Some(t) => {
@@ -390,11 +399,6 @@ fn encode_hello(h: &Hello, out: &mut Vec<u8>) -> Result<()> {
     out.push(h.provider);
     out.push(h.endpoint.len() as u8);
     out.extend_from_slice(&h.endpoint);
-    let g = &h.geometry;
-    for v in [g.slot_size, g.slot_count, g.alpha, g.beta, g.gamma] {
-        out.extend_from_slice(&v.to_le_bytes());
-    }
-    out.push(g.mode);
     out.push(h.regions.len() as u8);
     for d in &h.regions {
         out.extend_from_slice(&d.role.to_le_bytes());
@@ -402,8 +406,12 @@ fn encode_hello(h: &Hello, out: &mut Vec<u8>) -> Result<()> {
         out.extend_from_slice(&d.remote.len.to_le_bytes());
         out.extend_from_slice(&d.remote.rkey.to_le_bytes());
     }
-    out.extend_from_slice(&(h.app.len() as u16).to_le_bytes());
-    out.extend_from_slice(&h.app);
+    out.push(h.sections.len() as u8);
+    for sec in &h.sections {
+        out.extend_from_slice(&sec.tag.to_le_bytes());
+        out.extend_from_slice(&(sec.bytes.len() as u16).to_le_bytes());
+        out.extend_from_slice(&sec.bytes);
+    }
     Ok(())
 }
 
@@ -427,14 +435,6 @@ fn decode_hello(r: &mut Reader<'_>) -> Result<Hello> {
         return Err(Error::MalformedHandshake("endpoint too long".into()));
     }
     let endpoint = r.bytes(n, "endpoint")?.to_vec();
-    let geometry = RingGeometry {
-        slot_size: r.u32("slot_size")?,
-        slot_count: r.u32("slot_count")?,
-        alpha: r.u32("alpha")?,
-        beta: r.u32("beta")?,
-        gamma: r.u32("gamma")?,
-        mode: r.u8("mode")?,
-    };
     let count = r.u8("region count")? as usize;
     if count > MAX_REGIONS {
         return Err(Error::MalformedHandshake(format!(
@@ -457,20 +457,35 @@ fn decode_hello(r: &mut Reader<'_>) -> Result<Hello> {
             remote: RemoteRegion { addr, len, rkey },
         });
     }
-    let n = r.u16("app length")? as usize;
-    if n > MAX_APP {
-        return Err(Error::MalformedHandshake(
-            "application blob too long".into(),
-        ));
+    let count = r.u8("section count")? as usize;
+    if count > MAX_SECTIONS {
+        return Err(Error::MalformedHandshake(format!(
+            "{count} sections exceed the limit of {MAX_SECTIONS}"
+        )));
     }
-    let app = r.bytes(n, "app")?.to_vec();
+    let mut sections: Vec<Section> = Vec::with_capacity(count);
+    for _ in 0..count {
+        let tag = r.u16("section tag")?;
+        let n = r.u16("section length")? as usize;
+        if n > MAX_SECTION {
+            return Err(Error::MalformedHandshake(format!(
+                "section {tag:#x} of {n} bytes exceeds {MAX_SECTION}"
+            )));
+        }
+        if sections.iter().any(|s| s.tag == tag) {
+            return Err(Error::MalformedHandshake(format!(
+                "section tag {tag:#x} appears twice"
+            )));
+        }
+        let bytes = r.bytes(n, "section")?.to_vec();
+        sections.push(Section { tag, bytes });
+    }
     Ok(Hello {
         token,
         provider,
         endpoint,
-        geometry,
         regions,
-        app,
+        sections,
     })
 }
 
@@ -524,25 +539,21 @@ mod tests {
             proptest::option::of(proptest::collection::vec(any::<u8>(), 0..=MAX_TOKEN)),
             any::<u8>(),
             proptest::collection::vec(any::<u8>(), 0..=MAX_ENDPOINT),
-            any::<(u32, u32, u32, u32, u32, u8)>(),
             proptest::collection::vec(
                 (any::<u16>(), 0u64..1 << 47, 1u64..1 << 40, any::<u32>()),
                 0..=MAX_REGIONS,
             ),
-            proptest::collection::vec(any::<u8>(), 0..=MAX_APP),
+            // Distinct tags; the sizes keep the body within MAX_BODY.
+            proptest::collection::btree_map(
+                any::<u16>(),
+                proptest::collection::vec(any::<u8>(), 0..=MAX_SECTION / 4),
+                0..=MAX_SECTIONS / 2,
+            ),
         )
-            .prop_map(|(token, provider, endpoint, g, regions, app)| Hello {
+            .prop_map(|(token, provider, endpoint, regions, sections)| Hello {
                 token,
                 provider,
                 endpoint,
-                geometry: RingGeometry {
-                    slot_size: g.0,
-                    slot_count: g.1,
-                    alpha: g.2,
-                    beta: g.3,
-                    gamma: g.4,
-                    mode: g.5,
-                },
                 regions: regions
                     .into_iter()
                     .map(|(role, addr, len, rkey)| RegionDesc {
@@ -550,7 +561,10 @@ mod tests {
                         remote: RemoteRegion { addr, len, rkey },
                     })
                     .collect(),
-                app,
+                sections: sections
+                    .into_iter()
+                    .map(|(tag, bytes)| Section { tag, bytes })
+                    .collect(),
             })
     }
 
@@ -628,14 +642,51 @@ mod tests {
 
     #[test]
     fn oversized_fields_are_refused_on_encode() {
-        let h = Hello {
-            app: vec![0; MAX_APP + 1],
-            ..Hello::default()
+        let sec = |tag, n| Section {
+            tag,
+            bytes: vec![0; n],
         };
-        assert!(matches!(
-            Message::Hello(h).encode(),
-            Err(Error::InvalidConfig(_))
-        ));
+        for sections in [
+            vec![sec(1, MAX_SECTION + 1)],
+            (0..=MAX_SECTIONS as u16).map(|t| sec(t, 1)).collect(),
+            vec![sec(7, 1), sec(7, 2)],
+        ] {
+            let h = Hello {
+                sections,
+                ..Hello::default()
+            };
+            assert!(matches!(
+                Message::Hello(h).encode(),
+                Err(Error::InvalidConfig(_))
+            ));
+        }
+    }
+
+    #[test]
+    fn sections_a_peer_cannot_send_are_refused_on_decode() {
+        let one = |tag: u16, n: u16| {
+            let mut b = tag.to_le_bytes().to_vec();
+            b.extend_from_slice(&n.to_le_bytes());
+            b.extend(std::iter::repeat_n(0u8, n as usize));
+            b
+        };
+        // An empty hello up to its section count: no token, provider 0,
+        // no endpoint, no regions.
+        let head = [0u8, 0, 0, 0];
+        let cases: [(u8, Vec<u8>, &str); 3] = [
+            (MAX_SECTIONS as u8 + 1, Vec::new(), "exceed the limit"),
+            (1, one(9, MAX_SECTION as u16 + 1), "exceeds"),
+            (2, [one(9, 1), one(9, 1)].concat(), "twice"),
+        ];
+        for (count, rest, why) in cases {
+            let mut body = head.to_vec();
+            body.push(count);
+            body.extend_from_slice(&rest);
+            match Message::decode_body(Kind::Hello, &body) {
+                Err(Error::MalformedHandshake(m)) => assert!(m.contains(why), "{m}"),
+                other => panic!("{why}: {other:?}"),
+            }
+        }
     }
 
     #[test]
@@ -660,14 +711,6 @@ mod corpus {
             token: Some(b"tok".to_vec()),
             provider: 1,
             endpoint: vec![0; 16],
-            geometry: RingGeometry {
-                slot_size: 64,
-                slot_count: 65536,
-                alpha: 32,
-                beta: 16,
-                gamma: 32,
-                mode: 3,
-            },
             regions: vec![RegionDesc {
                 role: 1,
                 remote: RemoteRegion {
@@ -676,7 +719,16 @@ mod corpus {
                     rkey: 0xdead,
                 },
             }],
-            app: b"fast".to_vec(),
+            sections: vec![
+                Section {
+                    tag: 0x5242,
+                    bytes: vec![1; 26],
+                },
+                Section {
+                    tag: 0x5450,
+                    bytes: b"RRP1".to_vec(),
+                },
+            ],
         };
         let msgs = [
             Message::Hello(hello.clone()),

@@ -91,7 +91,7 @@ pub use error::{Error, Fault, Result};
 pub use fabric::VerbsOptions;
 pub use fabric::{Fabric, ProviderKind};
 pub use fault::FaultConfig;
-pub use handshake::{RegionDesc, RingGeometry};
+pub use handshake::{RegionDesc, Section};
 pub use qp::{QpConfig, QueuePair};
 pub use region::{Access, CACHE_LINE, Local, Region, Remote, RemoteRegion};
 /// The rustls this crate's side-channel TLS takes configs of

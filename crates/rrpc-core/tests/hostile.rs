@@ -502,7 +502,10 @@ fn trickling_client_is_cut_off_at_the_deadline() {
     let (l, ep, path) = bind("trickle", cfg);
     // A hello whose bytes would take minutes at this pace.
     let mut h = shm_hello(&[]);
-    h.app = vec![7; 1000];
+    h.sections = vec![rrpc_core::Section {
+        tag: 9,
+        bytes: vec![7; 1000],
+    }];
     let bytes = Message::Hello(h).encode().unwrap();
     let stop = Arc::new(AtomicBool::new(false));
     let client = {

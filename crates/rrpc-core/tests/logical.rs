@@ -17,6 +17,9 @@ use rrpc_core::conn::{self, Connection, HandshakeConfig, Listener, Offer, Shared
 use rrpc_core::vqp::VqpConfig;
 use rrpc_core::{Endpoint, Error, Fabric, Local, QpConfig, Region};
 
+/// The section this test's "application" names its logical connection in.
+const TAG: u16 = 0x7447;
+
 on_every_provider!(
     logical_connections_share_one_queue_pair,
     a_dropped_logical_connection_takes_its_grants_along,
@@ -86,8 +89,9 @@ fn logical(sh: &Shared, tag: u32, len: usize) -> Pair {
         let srv = s.spawn(|| {
             let inc = sh.listener.accept().unwrap();
             assert!(inc.is_logical());
-            // The application says which tag (rrpc-tonic: in its blob).
-            let tag = u32::from_le_bytes(inc.peer().app[..4].try_into().unwrap());
+            // The application says which tag (rrpc-tonic: in its section).
+            let tag = inc.peer().section(TAG).expect("the tag's section");
+            let tag = u32::from_le_bytes(tag.try_into().unwrap());
             inc.accept_logical(
                 &sh.server,
                 tag,
@@ -101,7 +105,7 @@ fn logical(sh: &Shared, tag: u32, len: usize) -> Pair {
             tag,
             Offer::new()
                 .grant(1, client_region.clone())
-                .app(tag.to_le_bytes().to_vec()),
+                .section(TAG, tag.to_le_bytes().to_vec()),
             &HandshakeConfig::default(),
         )
         .unwrap();

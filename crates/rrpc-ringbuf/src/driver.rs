@@ -19,12 +19,13 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use rrpc_core::conn::{Connection, Offer, PeerInfo};
-use rrpc_core::{Completion, Fabric, Local, QueuePair, Region, RemoteRegion, RingGeometry, Status};
+use rrpc_core::{Completion, Fabric, Local, QueuePair, Region, RemoteRegion, Status};
 
 use crate::config::RingConfig;
 use crate::error::Error;
 use crate::mem;
 use crate::proto::doorbell::{Ringer, Sleeper};
+use crate::proto::params::{self, RingParams};
 use crate::proto::{
     Geometry, MAX_TAIL_INFLIGHT, Message, POINTER_RECORD_LEN, Receiver, Reservation, Sender,
     Transmit, WR_KIND_BELL, WR_KIND_RX, WR_KIND_SLEEP, WR_KIND_TX, WR_SEQ_MASK, pointer_check,
@@ -44,41 +45,6 @@ pub const LOCAL_SLEEP_OFFSET: usize = 128;
 pub const RING_OFFSET: usize = 4096;
 const UNALIGNED_PAD: usize = 8;
 
-/// Flag in the top byte of the handshake's `RingGeometry::slot_size`: the
-/// ring array is *not* cache-line aligned ([`RingConfig::cache_align`] off).
-/// The slot size proper is the low 24 bits (at most [`crate::MAX_SLOT_SIZE`]).
-pub const GEOMETRY_FLAG_UNALIGNED: u32 = 1 << 24;
-/// Flag in the top byte of `RingGeometry::slot_size`: this side's sender
-/// writes its tail with `WRITE_WITH_IMM` ([`RingConfig::tail_with_imm`]).
-pub const GEOMETRY_FLAG_TAIL_IMM: u32 = 1 << 25;
-/// Flag in the top byte of `RingGeometry::slot_size`: this side's tail and
-/// head are 16-byte pointer records (`proto` docs, "Pointer records").
-/// Always set; a peer without it writes bare 8-byte words (an rrpc before
-/// records) and is refused with [`Error::Incompatible`].
-pub const GEOMETRY_FLAG_POINTER_RECORDS: u32 = 1 << 26;
-/// Flag in the top byte of `RingGeometry::slot_size`: this side's sender
-/// reads the sleep word after each tail and rings the doorbell
-/// ([`crate::proto::doorbell`]). Always set; a receiver whose peer lacks it
-/// cannot rely on a doorbell ([`RxDoorbell::peer_rings`]).
-pub const GEOMETRY_FLAG_DOORBELL: u32 = 1 << 27;
-/// Flag in the top byte of `RingGeometry::slot_size`: this side's sender
-/// sizes its ring itself ([`RingConfig::min_ring_size`]) and writes resize
-/// markers the peer's receiver must follow (`proto` docs, "Rings that size
-/// themselves"). Its initial size is `slot_count >> shift`, the shift in
-/// [`GEOMETRY_SIZE_SHIFT_BITS`]. A peer that does not know the flag refuses
-/// the connection, as it could not read the markers.
-pub const GEOMETRY_FLAG_SELF_SIZING: u32 = 1 << 28;
-/// Bits of `RingGeometry::slot_size` holding log2 of `ring_size /
-/// min_ring_size` of a self-sizing sender (at most 7: [`crate::MAX_SIZE_RATIO`]).
-pub const GEOMETRY_SIZE_SHIFT_BITS: u32 = 0b111 << 29;
-const GEOMETRY_SIZE_SHIFT: u32 = 29;
-const GEOMETRY_SIZE_MASK: u32 = (1 << 24) - 1;
-const GEOMETRY_KNOWN_FLAGS: u32 = GEOMETRY_FLAG_UNALIGNED
-    | GEOMETRY_FLAG_TAIL_IMM
-    | GEOMETRY_FLAG_POINTER_RECORDS
-    | GEOMETRY_FLAG_DOORBELL
-    | GEOMETRY_FLAG_SELF_SIZING
-    | GEOMETRY_SIZE_SHIFT_BITS;
 const HEAD_SRC: usize = MAX_TAIL_INFLIGHT;
 /// Source of the sleep word's WRITE.
 const SLEEP_SRC: usize = HEAD_SRC + 1;
@@ -140,35 +106,10 @@ impl LocalRing {
         })
     }
 
-    /// The geometry to put in the handshake offer (`mode` is left 0 for the
-    /// poller to set).
-    ///
-    /// `slot_size` carries the slot size in its low 24 bits and the ring's
-    /// switches that both sides must share in its top byte
-    /// ([`GEOMETRY_FLAG_UNALIGNED`], [`GEOMETRY_FLAG_TAIL_IMM`]; zero means
-    /// the defaults), so [`connect`](Self::connect) can refuse a peer whose
-    /// ring would otherwise be misread. `alpha`, `beta` and `gamma` are
-    /// informational: each side's thresholds only pace its own WRITEs.
-    pub fn geometry(&self) -> RingGeometry {
-        let mut flags = GEOMETRY_FLAG_POINTER_RECORDS | GEOMETRY_FLAG_DOORBELL;
-        if !self.cfg.cache_align() {
-            flags |= GEOMETRY_FLAG_UNALIGNED;
-        }
-        if self.cfg.tail_with_imm() {
-            flags |= GEOMETRY_FLAG_TAIL_IMM;
-        }
-        if self.cfg.self_sizing() {
-            let shift = (self.cfg.ring_size() / self.cfg.min_ring_size()).trailing_zeros();
-            flags |= GEOMETRY_FLAG_SELF_SIZING | (shift << GEOMETRY_SIZE_SHIFT);
-        }
-        RingGeometry {
-            slot_size: self.cfg.slot_size() as u32 | flags,
-            slot_count: self.cfg.slot_count() as u32,
-            alpha: self.cfg.alpha(),
-            beta: self.cfg.beta(),
-            gamma: self.cfg.gamma(),
-            mode: 0,
-        }
+    /// What the handshake tells the peer about this ring
+    /// ([`proto::params`](crate::proto::params)).
+    pub fn params(&self) -> RingParams {
+        RingParams::of(&self.cfg)
     }
 
     /// The memory both regions hold, in bytes (what a pool counts against
@@ -182,31 +123,31 @@ impl LocalRing {
         self.rx_region.is_huge()
     }
 
-    /// Adds our geometry and the grant of the receive region to `offer`.
-    /// Callers that set `mode` should do so after this call by reading
-    /// [`geometry`](Self::geometry).
+    /// Adds our ring's parameters ([`params`](Self::params)) and the grant
+    /// of the receive region to `offer`, both under [`ROLE_RING`].
     pub fn add_to_offer(&self, offer: Offer) -> Offer {
         self.add_to_offer_as(offer, ROLE_RING)
     }
 
-    /// [`add_to_offer`](Self::add_to_offer), granting the receive region
-    /// under `role`: several rings in one handshake, each under its own
-    /// role, for [`connect_over`](Self::connect_over).
+    /// [`add_to_offer`](Self::add_to_offer) under `role`: several rings in
+    /// one handshake, each under its own role, for
+    /// [`connect_over`](Self::connect_over).
     pub fn add_to_offer_as(&self, offer: Offer, role: u16) -> Offer {
         offer
-            .geometry(self.geometry())
+            .section(role, self.params().encode())
             .grant(role, self.rx_region.clone())
     }
 
-    /// Validates the peer's geometry and grant and splits into the two
-    /// directions. Both sides must use the same slot size and count and the
-    /// same [`RingConfig::cache_align`] and [`RingConfig::tail_with_imm`]
-    /// switches (carried in the handshake, see [`geometry`](Self::geometry)).
+    /// Validates the peer's ring parameters and grant and splits into the
+    /// two directions. Both sides must use the same slot size and count and
+    /// the same [`RingConfig::cache_align`] and [`RingConfig::tail_with_imm`]
+    /// switches (carried in the handshake, see [`params`](Self::params)).
     ///
     /// # Errors
     /// [`Error::Incompatible`], naming the peer's and our value, if the
-    /// peer's geometry or switches differ, it sets unknown flags, or it
-    /// granted no (or a too small) ring region; [`Error::InvalidConfig`],
+    /// peer sent no ring parameters or ones that differ from ours or that
+    /// this build cannot read, or it granted no (or a too small) ring
+    /// region; [`Error::InvalidConfig`],
     /// naming both values, if the connection's queue pair has a send queue
     /// shallower than the ring needs ([`RingConfig::send_queue_need`]).
     pub fn connect(self, conn: &Connection) -> Result<(RingTx, RingRx), Error> {
@@ -235,7 +176,11 @@ impl LocalRing {
                 self.cfg.sq_depth()
             )));
         }
-        let peer_initial = check_peer_geometry(&self.geometry(), &peer.geometry)?;
+        let theirs = peer.section(role).ok_or_else(|| {
+            Error::Incompatible(format!("peer sent no ring parameters under role {role:#x}"))
+        })?;
+        let theirs = RingParams::decode(theirs)?;
+        let peer_initial = self.params().check_peer(&theirs)?;
         let remote = peer.region(role).ok_or_else(|| {
             Error::Incompatible(format!("peer granted no region with role {role:#x}"))
         })?;
@@ -289,7 +234,7 @@ impl LocalRing {
             head_mirror: Arc::new(AtomicU64::new(0)),
             deferred: None,
             imm: self.cfg.tail_with_imm(),
-            peer_rings: peer.geometry.slot_size & GEOMETRY_FLAG_DOORBELL != 0,
+            peer_rings: theirs.has(params::FLAG_DOORBELL),
             sleeper: Arc::new(std::sync::Mutex::new(Sleeper::new())),
             peeked: None,
             placement_timeout: self.cfg.placement_timeout(),
@@ -307,69 +252,6 @@ const NOT_FULL: u64 = u64::MAX;
 /// immediate only wakes it).
 fn imm_of(qp: &QueuePair, tail: u64) -> u32 {
     (tail as u32) & (u32::MAX >> (32 - qp.imm_bits()))
-}
-
-/// Compares the peer's offered geometry with ours (see
-/// [`LocalRing::geometry`]); returns the slot count the peer's sender
-/// starts with.
-fn check_peer_geometry(ours: &RingGeometry, peer: &RingGeometry) -> Result<u64, Error> {
-    let unknown = peer.slot_size & !GEOMETRY_SIZE_MASK & !GEOMETRY_KNOWN_FLAGS;
-    if unknown != 0 {
-        return Err(Error::Incompatible(format!(
-            "peer ring sets unknown geometry flags {unknown:#x}"
-        )));
-    }
-    let (ps, os) = (
-        peer.slot_size & GEOMETRY_SIZE_MASK,
-        ours.slot_size & GEOMETRY_SIZE_MASK,
-    );
-    if ps != os || peer.slot_count != ours.slot_count {
-        return Err(Error::Incompatible(format!(
-            "peer ring has {} slots of {ps} bytes, ours {} slots of {os} bytes",
-            peer.slot_count, ours.slot_count
-        )));
-    }
-    let flag = |g: &RingGeometry, f: u32| g.slot_size & f != 0;
-    if !flag(peer, GEOMETRY_FLAG_POINTER_RECORDS) {
-        return Err(Error::Incompatible(
-            "peer ring writes 8-byte pointer words, ours 16-byte pointer records \
-             (the peer runs an older rrpc-ringbuf)"
-                .into(),
-        ));
-    }
-    let (pa, oa) = (
-        !flag(peer, GEOMETRY_FLAG_UNALIGNED),
-        !flag(ours, GEOMETRY_FLAG_UNALIGNED),
-    );
-    if pa != oa {
-        return Err(Error::Incompatible(format!(
-            "peer ring has cache_align = {pa}, ours cache_align = {oa}"
-        )));
-    }
-    let (pi, oi) = (
-        flag(peer, GEOMETRY_FLAG_TAIL_IMM),
-        flag(ours, GEOMETRY_FLAG_TAIL_IMM),
-    );
-    if pi != oi {
-        return Err(Error::Incompatible(format!(
-            "peer ring has tail_with_imm = {pi}, ours tail_with_imm = {oi}"
-        )));
-    }
-    let shift = (peer.slot_size & GEOMETRY_SIZE_SHIFT_BITS) >> GEOMETRY_SIZE_SHIFT;
-    if shift != 0 && !flag(peer, GEOMETRY_FLAG_SELF_SIZING) {
-        return Err(Error::Incompatible(format!(
-            "peer ring names an initial size (shift {shift}) but does not size itself"
-        )));
-    }
-    let initial = u64::from(peer.slot_count >> shift);
-    if initial < crate::MIN_SLOT_COUNT {
-        return Err(Error::Incompatible(format!(
-            "peer ring starts with {initial} slots (slot count {} >> {shift}), fewer than {}",
-            peer.slot_count,
-            crate::MIN_SLOT_COUNT
-        )));
-    }
-    Ok(initial)
 }
 
 /// What both halves share: the queue pair and the completion routing.
@@ -1318,17 +1200,6 @@ fn torn_for_too_long(
 mod tests {
     use super::*;
 
-    fn geometry(flags: u32) -> RingGeometry {
-        RingGeometry {
-            slot_size: 64 | flags,
-            slot_count: 1024,
-            alpha: 1,
-            beta: 1,
-            gamma: 1,
-            mode: 0,
-        }
-    }
-
     #[test]
     fn only_a_record_torn_at_every_look_times_out() {
         use std::time::{Duration, Instant};
@@ -1346,40 +1217,5 @@ mod tests {
         assert!(!torn_for_too_long(&mut since, bound, ms(1040)));
         assert!(!torn_for_too_long(&mut since, bound, ms(1090)));
         assert!(torn_for_too_long(&mut since, bound, ms(1101)));
-    }
-
-    #[test]
-    fn a_peer_without_pointer_records_is_refused() {
-        let ours = geometry(GEOMETRY_FLAG_POINTER_RECORDS);
-        assert!(check_peer_geometry(&ours, &ours).is_ok());
-        let e = check_peer_geometry(&ours, &geometry(0)).unwrap_err();
-        assert!(
-            matches!(&e, Error::Incompatible(m) if m.contains("8-byte pointer words")),
-            "{e}"
-        );
-    }
-    #[test]
-    fn a_self_sizing_peer_tells_its_start_and_a_bad_one_is_refused() {
-        let ours = geometry(GEOMETRY_FLAG_POINTER_RECORDS);
-        assert_eq!(check_peer_geometry(&ours, &ours).unwrap(), 1024, "fixed");
-        let shift = |k: u32| GEOMETRY_FLAG_POINTER_RECORDS | (k << GEOMETRY_SIZE_SHIFT);
-        let sizing = geometry(shift(3) | GEOMETRY_FLAG_SELF_SIZING);
-        assert_eq!(
-            check_peer_geometry(&ours, &sizing).unwrap(),
-            128,
-            "1024 >> 3"
-        );
-        let e = check_peer_geometry(&ours, &geometry(shift(3))).unwrap_err();
-        assert!(
-            matches!(&e, Error::Incompatible(m) if m.contains("does not size itself")),
-            "{e}"
-        );
-        let (mut small, mut tiny) = (ours, geometry(shift(7) | GEOMETRY_FLAG_SELF_SIZING));
-        (small.slot_count, tiny.slot_count) = (128, 128);
-        let e = check_peer_geometry(&small, &tiny).unwrap_err();
-        assert!(
-            matches!(&e, Error::Incompatible(m) if m.contains("starts with 1 slots")),
-            "{e}"
-        );
     }
 }

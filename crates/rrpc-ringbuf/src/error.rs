@@ -18,7 +18,8 @@ pub enum Error {
     /// A configuration value is out of its documented range.
     #[error("invalid ring configuration: {0}")]
     InvalidConfig(String),
-    /// The peer's ring geometry or granted regions do not match ours.
+    /// The peer's ring parameters (its handshake section) or granted
+    /// regions do not match ours.
     #[error("peer ring does not match: {0}")]
     Incompatible(String),
     /// The peer wrote an invalid value (header, gap marker, pointer word);

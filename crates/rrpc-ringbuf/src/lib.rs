@@ -132,9 +132,8 @@ pub use config::{
     MAX_SIZE_RATIO, MAX_SLOT_SIZE, MAX_THRESHOLD, MIN_SLOT_COUNT, RingConfig, RingConfigBuilder,
 };
 pub use driver::{
-    GEOMETRY_FLAG_DOORBELL, GEOMETRY_FLAG_POINTER_RECORDS, GEOMETRY_FLAG_SELF_SIZING,
-    GEOMETRY_FLAG_TAIL_IMM, GEOMETRY_FLAG_UNALIGNED, GEOMETRY_SIZE_SHIFT_BITS, LOCAL_HEAD_OFFSET,
-    LOCAL_SLEEP_OFFSET, LOCAL_TAIL_OFFSET, LocalRing, RING_OFFSET, ROLE_RING, ReadGuard, RingRx,
-    RingTx, RxDoorbell, RxWatch, TxWatch, WriteGuard,
+    LOCAL_HEAD_OFFSET, LOCAL_SLEEP_OFFSET, LOCAL_TAIL_OFFSET, LocalRing, RING_OFFSET, ROLE_RING,
+    ReadGuard, RingRx, RingTx, RxDoorbell, RxWatch, TxWatch, WriteGuard,
 };
 pub use error::Error;
+pub use proto::params::RingParams;

@@ -123,3 +123,59 @@ fn shallow_send_queue_is_refused_naming_both_values() {
     let (c, s) = pair_with(&Provider::Shm, &cfg, &cfg, &enough);
     assert!(c.is_ok() && s.is_ok());
 }
+
+/// The ring's parameters are peer-written bytes in the handshake (a
+/// section under the ring's role): a peer that sends none, or ones this
+/// build cannot read, is refused with a reason, never misread.
+#[test]
+fn missing_or_unreadable_ring_parameters_are_refused() {
+    use rrpc_core::conn::{self, HandshakeConfig, Offer};
+    use rrpc_ringbuf::{LocalRing, ROLE_RING};
+
+    let fabric = Provider::Shm.fabric();
+    let cfg = RingConfig::builder().ring_size(64 << 10).build().unwrap();
+    let mut bad_flags = rrpc_ringbuf::RingParams::of(&cfg).encode();
+    bad_flags[4] = 0x40;
+    let cases: [(Option<Vec<u8>>, &str); 3] = [
+        (None, "sent no ring parameters under role 0x5242"),
+        (Some(vec![9; 26]), "version 9"),
+        (Some(bad_flags), "unknown flags 0x40000000"),
+    ];
+    for (section, why) in cases {
+        let (dir, listener, ep) = common::listen(&fabric);
+        let (f2, c2) = (fabric.clone(), cfg.clone());
+        let srv = std::thread::spawn(move || {
+            let local = LocalRing::new(&f2, &c2).unwrap();
+            let c = listener
+                .accept()
+                .unwrap()
+                .accept(
+                    f2.create_qp(&QpConfig::default()).unwrap(),
+                    local.add_to_offer(Offer::new()),
+                )
+                .unwrap();
+            local.connect(&c).map(|_| ())
+        });
+        let region = fabric
+            .alloc_region_with(128 << 10, rrpc_core::Access::REMOTE_WRITE)
+            .unwrap();
+        let mut offer = Offer::new().grant(ROLE_RING, region);
+        if let Some(bytes) = section {
+            offer = offer.section(ROLE_RING, bytes);
+        }
+        let _c = conn::connect(
+            &ep,
+            fabric.create_qp(&QpConfig::default()).unwrap(),
+            offer,
+            &HandshakeConfig::default(),
+        )
+        .unwrap();
+        match srv.join().unwrap() {
+            Err(Error::Incompatible(m)) => assert!(m.contains(why), "{why}: {m}"),
+            other => panic!("{why}: {other:?}"),
+        }
+        if let Some(dir) = dir {
+            let _ = std::fs::remove_dir_all(dir);
+        }
+    }
+}

@@ -414,6 +414,12 @@ pub fn push_frame(out: &mut Vec<u8>, kind: Kind, flags: u8, call_id: u32, payloa
     out.extend_from_slice(payload);
 }
 
+/// The tag of rrpc-tonic's section in rrpc-core's handshake
+/// ([`rrpc_core::conn::Offer::section`]) on `shm` and `rdma`: the path hello
+/// or reply, and a shared connection's opening or logical request. The
+/// ring's parameters travel beside it, under the ring's role.
+pub const HANDSHAKE_SECTION: u16 = 0x5452;
+
 /// Length of the path negotiation's hello and reply (in rrpc-core's
 /// handshake on `shm`/`rdma`, the first pipe message each way on
 /// `inproc`): `RRP2`, the path byte (0 fast, 1 HTTP/2), the

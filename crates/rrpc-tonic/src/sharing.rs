@@ -10,7 +10,7 @@
 //! shared connection by its id, which only the two ends know, so no client
 //! can attach to another client's queue pair.
 //!
-//! In rrpc-core's handshake application blob:
+//! In rrpc-tonic's section of rrpc-core's handshake:
 //!
 //! ```text
 //! open           (client -> server) = "RRPA"
@@ -37,7 +37,8 @@ use rrpc_core::vqp::VqpConfig;
 use rrpc_core::{Endpoint, Fabric};
 use rrpc_ringbuf::{LocalRing, RingConfig};
 
-use crate::frame::PATH_HELLO_LEN;
+use crate::frame::{HANDSHAKE_SECTION, PATH_HELLO_LEN};
+use crate::transport::section_of;
 use crate::{Error, RrpcConfig};
 
 /// What opens a shared connection, and starts the server's answer.
@@ -66,7 +67,7 @@ pub(crate) fn is_stale(reason: &str) -> bool {
 /// A shared connection's name at its server: random, known to both ends only.
 pub(crate) type Id = [u8; ID_LEN];
 
-/// What a client's application blob asks for.
+/// What a client's handshake section asks for.
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) enum Request<'a> {
     /// A connection of its own; the blob is the path hello.
@@ -77,7 +78,7 @@ pub(crate) enum Request<'a> {
     Logical { path: &'a [u8], id: Id, tag: u32 },
 }
 
-/// Reads a client's application blob (peer-written: every malformed input
+/// Reads a client's handshake section (peer-written: every malformed input
 /// is an error saying what was wrong; a bad path hello is left to the path
 /// negotiation, which says it better).
 pub(crate) fn parse_request(app: &[u8]) -> Result<Request<'_>, String> {
@@ -99,7 +100,7 @@ pub(crate) fn parse_request(app: &[u8]) -> Result<Request<'_>, String> {
     Ok(Request::Logical { path, id, tag })
 }
 
-/// A logical connection's application blob.
+/// A logical connection's handshake section.
 pub(crate) fn logical_request(path: &[u8; PATH_HELLO_LEN], id: &Id, tag: u32) -> Vec<u8> {
     let mut m = Vec::with_capacity(PATH_HELLO_LEN + 4 + ID_LEN + 4);
     m.extend_from_slice(path);
@@ -405,9 +406,9 @@ fn open(
     let qp = fabric.create_qp(cfg.get_queue_pair())?;
     let offer = Offer::new()
         .token(cfg.get_token().map(<[u8]>::to_vec))
-        .app(OPEN.to_vec());
+        .section(HANDSHAKE_SECTION, OPEN.to_vec());
     let c = rrpc_core::conn::connect(ep, qp, offer, hs)?;
-    let id = parse_opened(&c.peer().app)?;
+    let id = parse_opened(section_of(c.peer()))?;
     let shared = SharedConnection::new(c, VqpConfig::default())?;
     tracing::debug!(endpoint = %ep, "rrpc: shared connection opened");
     Ok(SharedPeer {
@@ -470,7 +471,10 @@ impl Anchors {
         let fabric = fabric.isolated()?;
         let qp = fabric.create_qp(cfg.get_queue_pair())?;
         let id = new_id()?;
-        let c = incoming.accept(qp, Offer::new().app(opened_reply(&id)))?;
+        let c = incoming.accept(
+            qp,
+            Offer::new().section(HANDSHAKE_SECTION, opened_reply(&id)),
+        )?;
         let shared = SharedConnection::new(c, VqpConfig::default())?;
         let domain = Domain::new(fabric, &self.spare_bytes);
         map.insert(id, Arc::new(Anchor { shared, domain }));

@@ -18,9 +18,12 @@ use rrpc_poller::conn::{AsyncConn, AsyncReceiver, AsyncSender};
 use rrpc_ringbuf::{LocalRing, RingConfig, RingRx, RingTx, TxWatch};
 use tokio::io::unix::AsyncFd;
 
+use crate::frame::HANDSHAKE_SECTION;
 use crate::pipe::{BoxFut, MsgRx, MsgTx, Pipe};
 use crate::sharing::{self, Anchors, Request};
-use crate::transport::{Established, Negotiated, choose_path, client_hello, path_of_reply};
+use crate::transport::{
+    Established, Negotiated, choose_path, client_hello, path_of_reply, section_of,
+};
 use crate::{Error, RrpcConfig};
 
 fn ring_config(cfg: &RrpcConfig) -> Result<RingConfig, Error> {
@@ -498,10 +501,10 @@ pub(crate) async fn dial(ep: Endpoint, cfg: &RrpcConfig) -> Result<(Pipe, Negoti
         // The path hello rides in the handshake (module docs of `transport`).
         let offer = Offer::new()
             .token(cfg2.get_token().map(<[u8]>::to_vec))
-            .app(client_hello(&cfg2).to_vec());
+            .section(HANDSHAKE_SECTION, client_hello(&cfg2).to_vec());
         let offer = local.add_to_offer(offer);
         let c = connect(&ep, qp, offer, &hs)?;
-        let path = path_of_reply(&c.peer().app)?;
+        let path = path_of_reply(section_of(c.peer()))?;
         let (tx, rx) = local.connect(&c)?;
         Ok((c, tx, rx, path))
     })
@@ -534,11 +537,11 @@ fn dial_logical(
         let app = sharing::logical_request(&client_hello(cfg), &peer.id, tag);
         let offer = Offer::new()
             .token(cfg.get_token().map(<[u8]>::to_vec))
-            .app(app);
+            .section(HANDSHAKE_SECTION, app);
         let offer = local.add_to_offer(offer);
         match rrpc_core::conn::connect_logical(ep, &peer.shared, tag, offer, hs) {
             Ok(c) => {
-                let path = path_of_reply(&c.peer().app)?;
+                let path = path_of_reply(section_of(c.peer()))?;
                 let (tx, rx) = local.connect(&c)?;
                 peer.domain.refill(ring, cfg);
                 return Ok((c, tx, rx, path));
@@ -727,10 +730,10 @@ fn answer(
         let _ = incoming.reject(&reason);
         Error::Handshake(format!("client's {reason}"))
     };
-    let app = incoming.peer().app.clone();
+    let app = section_of(incoming.peer()).to_vec();
     let request = match sharing::parse_request(&app) {
         Ok(r) => r,
-        Err(e) => return Err(refuse(incoming, format!("application blob: {e}"))),
+        Err(e) => return Err(refuse(incoming, format!("handshake section: {e}"))),
     };
     let path_hello = match &request {
         Request::Open => {
@@ -751,14 +754,14 @@ fn answer(
             return Err(refuse(incoming, sharing::UNKNOWN.into()));
         };
         let local = anchor.domain.take_rings(ring)?;
-        let offer = local.add_to_offer(Offer::new().app(reply.to_vec()));
+        let offer = local.add_to_offer(Offer::new().section(HANDSHAKE_SECTION, reply.to_vec()));
         let c = incoming.accept_logical(&anchor.shared, tag, offer)?;
         let (tx, rx) = local.connect(&c)?;
         anchor.domain.refill(ring, cfg);
         return Ok(Some((c, tx, rx, path)));
     }
     let (local, qp) = take_bundle(fabric, ring, cfg)?;
-    let offer = local.add_to_offer(Offer::new().app(reply.to_vec()));
+    let offer = local.add_to_offer(Offer::new().section(HANDSHAKE_SECTION, reply.to_vec()));
     let c = incoming.accept(qp, offer)?;
     let (tx, rx) = local.connect(&c)?;
     Ok(Some((c, tx, rx, path)))

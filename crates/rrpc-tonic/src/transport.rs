@@ -10,8 +10,9 @@
 //!
 //! The client offers a path and the server answers with the one chosen
 //! (fast path only if both ends allow it). On `shm`/`rdma` the offer and
-//! the answer ride in rrpc-core's handshake (its application blob, in the
-//! hello and the accept), so a connect is one round trip; a refusal is the
+//! the answer ride in rrpc-core's handshake (a section under
+//! [`HANDSHAKE_SECTION`](crate::frame::HANDSHAKE_SECTION),
+//! in the hello and the accept), so a connect is one round trip; a refusal is the
 //! handshake's `Reject`. On `inproc` they are the first message each way
 //! over the pipe.
 //!
@@ -31,8 +32,15 @@ use std::sync::{Mutex, OnceLock};
 
 use tokio::sync::mpsc;
 
+use crate::frame::HANDSHAKE_SECTION;
 use crate::pipe::{self, Pipe};
 use crate::{Error, PathPreference, RrpcConfig};
+
+/// Our section of a peer's hello or accept: empty when it sent none (the
+/// readers then refuse it as a missing hello).
+pub(crate) fn section_of(peer: &rrpc_core::conn::PeerInfo) -> &[u8] {
+    peer.section(HANDSHAKE_SECTION).unwrap_or_default()
+}
 
 /// A parsed transport address.
 #[derive(Debug, Clone, PartialEq, Eq)]

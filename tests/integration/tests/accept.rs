@@ -36,7 +36,7 @@ fn closes_within(limit: Duration, mut closed: impl FnMut() -> bool) -> bool {
     false
 }
 
-/// A client that does rrpc-core's handshake with the server's ring geometry
+/// A client that does rrpc-core's handshake with the server's ring parameters
 /// and then stops: what a hostile client built from the public API can do.
 fn core_handshake_only(path: PathBuf) -> (Connection, RingTx, RingRx) {
     // The path hello (rrpc-tonic's transport docs): HTTP/2, 64 KiB window.
@@ -45,7 +45,7 @@ fn core_handshake_only(path: PathBuf) -> (Connection, RingTx, RingRx) {
 }
 
 /// rrpc-core's handshake to an rrpc-tonic server by hand, with `app` as
-/// the path hello, and the rings it sets up.
+/// rrpc-tonic's section (none if empty), and the rings it sets up.
 fn core_handshake_with(
     path: PathBuf,
     app: Vec<u8>,
@@ -56,7 +56,11 @@ fn core_handshake_with(
         .build()
         .expect("ring config");
     let local = LocalRing::new(&fabric, &ring).expect("ring");
-    let offer = local.add_to_offer(Offer::new().app(app));
+    let mut offer = Offer::new();
+    if !app.is_empty() {
+        offer = offer.section(rrpc_tonic::frame::HANDSHAKE_SECTION, app);
+    }
+    let offer = local.add_to_offer(offer);
     let qp = fabric.create_qp(&QpConfig::default()).expect("qp");
     let c = rrpc_core::conn::connect(&Endpoint::Shm(path), qp, offer, &HandshakeConfig::default())?;
     let (tx, rx) = local.connect(&c).expect("rings");
@@ -148,9 +152,12 @@ async fn trickling_client_is_cut_at_the_handshake_timeout(t: Transport) {
         let mut s = UnixStream::connect(&path).expect("connect");
         s.set_read_timeout(Some(Duration::from_millis(100)))
             .expect("timeout");
-        // A hello with a 4 KiB app blob: trickled, it would take minutes.
+        // A hello with a 4 KiB section: trickled, it would take minutes.
         let hello = Message::Hello(Hello {
-            app: vec![7; 4000],
+            sections: vec![rrpc_core::Section {
+                tag: rrpc_tonic::frame::HANDSHAKE_SECTION,
+                bytes: vec![7; 4000],
+            }],
             ..Hello::default()
         })
         .encode()
@@ -195,6 +202,7 @@ async fn client_without_a_path_hello_is_refused(t: Transport) {
     let h = Harness::start(t).await;
     drop(h.channel().await);
     for (app, says) in [
+        // No section at all.
         (Vec::new(), "malformed or unsupported path hello (0 bytes"),
         (b"RRP1\0".to_vec(), "this build speaks RRP2"),
         (
@@ -248,7 +256,12 @@ async fn garbage_instead_of_the_http2_preface_closes_the_connection() {
     let closed = tokio::task::spawn_blocking(move || {
         let (conn, mut tx, _rx) = core_handshake_only(path);
         // The server's path reply came in its accept.
-        assert_eq!(&conn.peer().app[..5], b"RRP2\x01", "server chose HTTP/2");
+        let reply = conn.peer().section(rrpc_tonic::frame::HANDSHAKE_SECTION);
+        assert_eq!(
+            &reply.expect("a reply")[..5],
+            b"RRP2\x01",
+            "server chose HTTP/2"
+        );
         let garbage = vec![0x5au8; 256];
         tx.try_send(&garbage).expect("garbage");
         tx.flush().expect("flush");

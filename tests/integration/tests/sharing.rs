@@ -214,7 +214,7 @@ async fn a_guessed_shared_connection_id_is_refused() {
             fabric
                 .create_qp(&rrpc_core::QpConfig::default())
                 .expect("qp"),
-            Offer::new().app(b"RRPA".to_vec()),
+            Offer::new().section(rrpc_tonic::frame::HANDSHAKE_SECTION, b"RRPA".to_vec()),
             &hs,
         )
         .expect("open");
@@ -224,8 +224,8 @@ async fn a_guessed_shared_connection_id_is_refused() {
         app.extend_from_slice(b"RRPL");
         app.extend_from_slice(&[0x5a; 16]);
         app.extend_from_slice(&0u32.to_le_bytes());
-        conn::connect_logical(&ep, &mine, 0, Offer::new().app(app), &hs)
-            .expect_err("a guessed id is refused")
+        let offer = Offer::new().section(rrpc_tonic::frame::HANDSHAKE_SECTION, app);
+        conn::connect_logical(&ep, &mine, 0, offer, &hs).expect_err("a guessed id is refused")
     })
     .await
     .expect("task");

@@ -18,7 +18,7 @@
 //! So a logical connection costs a socket round trip and its rings: no
 //! queue pair, no `INIT → RTR → RTS`. Which shared connection a logical
 //! hello belongs to is the layers above's business (rrpc-tonic names it in
-//! the application blob, with a secret only the two ends know).
+//! its handshake section, with a secret only the two ends know).
 //!
 //! ## Retired grants
 //!

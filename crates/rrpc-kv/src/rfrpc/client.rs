@@ -223,7 +223,11 @@ impl RfClient {
             &cfg.handshake,
         )
         .map_err(fab)?;
-        let info = ServerInfo::decode(&conn.peer().app)?;
+        let info = ServerInfo::decode(
+            conn.peer()
+                .section(crate::rfrpc::server::SERVER_ROLE)
+                .unwrap_or_default(),
+        )?;
         let remote = conn
             .peer()
             .region(crate::rfrpc::server::SERVER_ROLE)

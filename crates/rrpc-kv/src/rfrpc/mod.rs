@@ -49,7 +49,7 @@
 //! client local region (not granted): [ request staging: request_cap | fetch landing: response_cap ]
 //! ```
 //!
-//! The buffer sizes travel in the handshake's application blob
+//! The buffer sizes travel in the server's handshake section
 //! (`"RFR1" | request_cap u32 | response_cap u32 | mode policy u8`).
 //!
 //! # Choices the paper leaves open

@@ -32,7 +32,8 @@ const MAX_BATCH_ENTRIES: usize = u16::MAX as usize;
 /// thread; it may block (the client then switches to server-reply).
 pub type Handler = Arc<dyn Fn(&[u8]) -> Vec<u8> + Send + Sync>;
 
-/// What the server tells each client in the handshake's application blob:
+/// What the server tells each client in its handshake section (under
+/// [`SERVER_ROLE`], the role of the region it grants):
 /// `"RFR1" | request_cap u32 LE | response_cap u32 LE | policy u8`
 /// (0 hybrid, 1 remote fetch, 2 server reply).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -58,7 +59,7 @@ impl ServerInfo {
     pub(crate) fn decode(b: &[u8]) -> Result<ServerInfo> {
         let bad = || Error::Malformed {
             what: "server offer",
-            detail: format!("application blob {b:02x?}"),
+            detail: format!("handshake section {b:02x?}"),
         };
         if b.len() != 13 || &b[..4] != APP_MAGIC {
             return Err(bad());
@@ -367,7 +368,7 @@ fn accept_one(pending: conn::Pending, fabric: &Fabric, info: ServerInfo) -> Resu
             qp,
             Offer::new()
                 .grant(SERVER_ROLE, region.clone())
-                .app(info.encode()),
+                .section(SERVER_ROLE, info.encode()),
         )
         .map_err(Error::Fabric)?;
     Ok(ServerConn {

@@ -120,6 +120,7 @@
 
 mod budget;
 pub mod doorbell;
+pub mod params;
 mod receiver;
 mod sender;
 pub mod sizing;

@@ -748,7 +748,7 @@ pub(crate) fn server_accept(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::handshake::{RegionDesc, RingGeometry};
+    use crate::handshake::{RegionDesc, Section};
     use crate::region::RemoteRegion;
 
     fn dl() -> Deadline {
@@ -780,11 +780,6 @@ mod tests {
                 mtu: rdma_sys::ibv_mtu::IBV_MTU_1024,
             }
             .encode(),
-            geometry: RingGeometry {
-                slot_size: 64,
-                slot_count: 8,
-                ..RingGeometry::default()
-            },
             regions: vec![RegionDesc {
                 role: 1,
                 remote: RemoteRegion {
@@ -793,7 +788,10 @@ mod tests {
                     rkey: 0xabc,
                 },
             }],
-            app: b"app".to_vec(),
+            sections: vec![Section {
+                tag: 9,
+                bytes: b"app".to_vec(),
+            }],
         }
     }
 
@@ -803,13 +801,13 @@ mod tests {
         let server = std::thread::spawn(move || {
             let h = read_hello(&mut s, Some(b"secret"), dl()).unwrap();
             let mut answer = verbs_hello(None);
-            answer.app = h.app.iter().rev().copied().collect();
+            answer.sections[0].bytes = h.sections[0].bytes.iter().rev().copied().collect();
             send_msg(&mut s, &Message::Accept(answer), dl()).unwrap();
             h
         });
         let sent = verbs_hello(Some(b"secret"));
         let got = exchange(&mut c, sent.clone(), dl()).unwrap();
-        assert_eq!(got.app, b"ppa");
+        assert_eq!(got.sections[0].bytes, b"ppa");
         assert_eq!(server.join().unwrap(), sent);
     }
 
