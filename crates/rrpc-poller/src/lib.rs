@@ -148,4 +148,5 @@ pub use error::{Error, Result};
 pub use poller::{Doorbell, Poller, Registration};
 pub use source::{Notifier, Readiness};
 pub use stats::{Stats, ThreadLoad};
+pub use sys::{ReadyGuard, WatchedFd};
 pub use tune::SpinTuner;

@@ -33,13 +33,74 @@ impl<T: StableFd> StableFd for std::sync::Arc<T> {}
 
 /// Registers `inner` with the current tokio reactor for readability.
 pub(crate) fn register_readable<T: StableFd>(inner: T) -> io::Result<tokio::io::unix::AsyncFd<T>> {
+    register(inner, tokio::io::Interest::READABLE)
+}
+
+/// Registers `inner` with the current tokio reactor for `interest`: the one place this
+/// workspace hands a descriptor to tokio.
+fn register<T: StableFd>(
+    inner: T,
+    interest: tokio::io::Interest,
+) -> io::Result<tokio::io::unix::AsyncFd<T>> {
     #[allow(unsafe_code)]
     // SAFETY: `T: StableFd` owns its descriptor (an `OwnedFd`, or an `Arc` keeping one alive),
     // so the fd is valid, open and the same for as long as the `AsyncFd` owns `inner`.
-    let r = unsafe {
-        tokio::io::unix::AsyncFd::register_with_interest(inner, tokio::io::Interest::READABLE)
-    };
+    let r = unsafe { tokio::io::unix::AsyncFd::register_with_interest(inner, interest) };
     r.map_err(|e| e.into_parts().1)
+}
+
+/// A descriptor someone else owns (a side channel's socket, a listener), watched for
+/// readiness by the current tokio reactor.
+///
+/// It registers a duplicate of the descriptor, which it owns, so the registration can never
+/// outlive the descriptor it watches, whatever the owner does: the sound way to await a
+/// borrowed fd (tokio's safe constructors for borrowed descriptors are deprecated as unsound).
+/// The duplicate shares the open file: reads, accepts and flags on the original are seen
+/// through it. The cost is one `dup` per watch.
+#[derive(Debug)]
+pub struct WatchedFd(tokio::io::unix::AsyncFd<DupFd>);
+
+/// Readiness reported by a [`WatchedFd`]; see tokio's `AsyncFdReadyGuard`.
+#[derive(Debug)]
+pub struct ReadyGuard<'a>(tokio::io::unix::AsyncFdReadyGuard<'a, DupFd>);
+
+impl ReadyGuard<'_> {
+    /// Forgets the readiness this guard reported: call it once the descriptor said
+    /// `EAGAIN`, or the next wait returns at once.
+    pub fn clear_ready(&mut self) {
+        self.0.clear_ready();
+    }
+}
+
+impl WatchedFd {
+    /// Watches `fd` for `interest` on the current tokio runtime.
+    ///
+    /// # Errors
+    /// The `dup` or the reactor's registration failed; or there is no runtime.
+    pub fn new(fd: BorrowedFd<'_>, interest: tokio::io::Interest) -> io::Result<WatchedFd> {
+        if tokio::runtime::Handle::try_current().is_err() {
+            return Err(io::Error::other("WatchedFd::new outside a tokio runtime"));
+        }
+        register(DupFd::new(fd)?, interest).map(WatchedFd)
+    }
+
+    /// Waits until the descriptor is readable (or the reactor says so spuriously).
+    ///
+    /// Cancel safe: dropping the future loses no readiness.
+    ///
+    /// # Errors
+    /// The reactor shut down.
+    pub async fn readable(&self) -> io::Result<ReadyGuard<'_>> {
+        self.0.readable().await.map(ReadyGuard)
+    }
+
+    /// Waits until the descriptor is writable. Cancel safe, as [`readable`](Self::readable).
+    ///
+    /// # Errors
+    /// The reactor shut down.
+    pub async fn writable(&self) -> io::Result<ReadyGuard<'_>> {
+        self.0.writable().await.map(ReadyGuard)
+    }
 }
 
 /// Reads what a polling thread's [`Governor`](crate::backoff::Governor) needs from the OS for
@@ -97,5 +158,49 @@ mod tests {
         if let (Some(x), Some(y)) = (a.run_delay, b.run_delay) {
             assert!(y >= x);
         }
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_watched_fd_wakes_on_data_and_outlives_its_owner_soundly() {
+        use std::io::{Read, Write};
+        use std::os::fd::AsFd;
+        use std::time::Duration;
+        let (mut a, mut b) = std::os::unix::net::UnixStream::pair().unwrap();
+        a.set_nonblocking(true).unwrap();
+        let w = WatchedFd::new(a.as_fd(), tokio::io::Interest::READABLE).unwrap();
+        // Nothing to read: the wait does not end.
+        let early = tokio::time::timeout(Duration::from_millis(50), w.readable()).await;
+        assert!(early.is_err(), "readable with nothing written");
+        b.write_all(b"x").unwrap();
+        let mut g = tokio::time::timeout(Duration::from_secs(5), w.readable())
+            .await
+            .expect("woken by the write")
+            .unwrap();
+        let mut buf = [0u8; 4];
+        assert_eq!(
+            a.read(&mut buf).unwrap(),
+            1,
+            "the read goes to the shared file"
+        );
+        assert!(a.read(&mut buf).is_err(), "drained");
+        g.clear_ready();
+        // The owner closes first: the watch holds its own duplicate, so
+        // the registration never names a closed (or reused) descriptor.
+        drop(a);
+        drop(b);
+        let hup = tokio::time::timeout(Duration::from_secs(5), w.readable()).await;
+        assert!(
+            hup.is_ok(),
+            "the peer's close is reported through the duplicate"
+        );
+        drop(w);
+    }
+
+    #[test]
+    fn watching_needs_a_runtime() {
+        let (a, _b) = std::os::unix::net::UnixStream::pair().unwrap();
+        use std::os::fd::AsFd;
+        let e = WatchedFd::new(a.as_fd(), tokio::io::Interest::READABLE).unwrap_err();
+        assert!(e.to_string().contains("outside a tokio runtime"), "{e}");
     }
 }

@@ -6,17 +6,16 @@
 //! regions passed as memfds) and `rdma://` (side channel: TCP, regions
 //! registered with the verbs device; feature `verbs`).
 
-use std::os::fd::{AsFd, AsRawFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures_util::FutureExt;
 use rrpc_core::conn::{Connection, HandshakeConfig, Listener, Offer, Pending, connect};
 use rrpc_core::{Endpoint, Fabric, QpConfig};
-use rrpc_poller::Mode;
 use rrpc_poller::conn::{AsyncConn, AsyncReceiver, AsyncSender};
+use rrpc_poller::{Mode, WatchedFd};
 use rrpc_ringbuf::{LocalRing, RingConfig, RingRx, RingTx, TxWatch};
-use tokio::io::unix::AsyncFd;
 
 use crate::frame::HANDSHAKE_SECTION;
 use crate::pipe::{BoxFut, MsgRx, MsgTx, Pipe};
@@ -340,11 +339,7 @@ impl MsgRx for ShmRx {
     fn peer_gone(&self) -> Option<BoxFut<'static, ()>> {
         let conn = self._conn.clone();
         Some(Box::pin(async move {
-            let raw = conn.liveness_fd().as_raw_fd();
-            // Deregistered when `afd` drops, before `conn` (which owns the
-            // fd): locals drop in reverse order.
-            #[allow(deprecated)]
-            let afd = match AsyncFd::with_interest(Borrowed(raw), tokio::io::Interest::READABLE) {
+            let afd = match WatchedFd::new(conn.liveness_fd(), tokio::io::Interest::READABLE) {
                 Ok(a) => a,
                 Err(e) => {
                     tracing::debug!("rrpc: cannot watch the side channel: {e}");
@@ -562,17 +557,12 @@ fn dial_logical(
     }
 }
 
-struct Fd(Listener);
-
-impl AsRawFd for Fd {
-    fn as_raw_fd(&self) -> RawFd {
-        self.0.as_fd().as_raw_fd()
-    }
-}
-
 /// A listening `shm://` or `rdma://` side channel.
 pub(crate) struct ShmListener {
-    fd: AsyncFd<Fd>,
+    /// The listener's readiness (declared first: dropped, so deregistered,
+    /// before the listener closes).
+    watch: WatchedFd,
+    listener: Listener,
     ring: RingConfig,
     cfg: RrpcConfig,
     fabric: Fabric,
@@ -581,7 +571,7 @@ pub(crate) struct ShmListener {
 impl std::fmt::Debug for ShmListener {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ShmListener")
-            .field("path", &self.fd.get_ref().0.path())
+            .field("path", &self.listener.path())
             .finish()
     }
 }
@@ -609,13 +599,10 @@ impl ShmListener {
         l.set_nonblocking(true)?;
         // A pooled server starts filling its pool before the first client.
         let _ = bundle_pool(&fabric, &ring_config(cfg)?, cfg);
-        // `AsyncFd::new` is deprecated for types whose fd could be closed
-        // while registered; ours is owned by the `Listener` inside the
-        // `AsyncFd` itself, so it is deregistered before it can close.
-        #[allow(deprecated)]
-        let fd = AsyncFd::new(Fd(l))?;
+        let watch = WatchedFd::new(l.as_fd(), tokio::io::Interest::READABLE)?;
         Ok(ShmListener {
-            fd,
+            watch,
+            listener: l,
             ring: ring_config(cfg)?,
             cfg: cfg.clone(),
             fabric,
@@ -624,7 +611,7 @@ impl ShmListener {
 
     /// The side channel's TCP address (`rdma://`); `None` on `shm://`.
     pub(crate) fn local_addr(&self) -> Option<std::net::SocketAddr> {
-        self.fd.get_ref().0.local_addr()
+        self.listener.local_addr()
     }
 
     /// Takes the next client off the listening socket, without reading
@@ -635,8 +622,8 @@ impl ShmListener {
     /// taken off the socket and returned in the same poll.
     pub(crate) async fn accept(&mut self) -> Option<ShmPending> {
         loop {
-            let mut guard = self.fd.readable().await.ok()?;
-            match self.fd.get_ref().0.accept_pending() {
+            let mut guard = self.watch.readable().await.ok()?;
+            match self.listener.accept_pending() {
                 Ok(pending) => {
                     return Some(ShmPending {
                         pending,
@@ -767,27 +754,14 @@ fn answer(
     Ok(Some((c, tx, rx, path)))
 }
 
-/// A borrowed fd registered with tokio for as long as this lives.
-struct Borrowed(RawFd);
-
-impl AsRawFd for Borrowed {
-    fn as_raw_fd(&self) -> RawFd {
-        self.0
-    }
-}
-
 /// With TLS on the side channel: drives the TLS handshake without blocking
 /// ([`Pending::poll_hello`]) on the socket's readiness until the client's
 /// hello is whole in plaintext. A client that stalls anywhere in TLS holds
 /// only this task, never a thread.
 async fn tls_hello_arrived(pending: &mut Pending) -> Result<(), Error> {
     use rrpc_core::conn::Want;
-    let raw = pending.as_fd().as_raw_fd();
-    // Deregistered when `afd` drops at the end of this function, while
-    // `pending` (which owns the fd) is still alive.
-    #[allow(deprecated)]
-    let afd = AsyncFd::with_interest(
-        Borrowed(raw),
+    let afd = WatchedFd::new(
+        pending.as_fd(),
         tokio::io::Interest::READABLE | tokio::io::Interest::WRITABLE,
     )?;
     loop {
@@ -808,10 +782,7 @@ async fn hello_arrived(pending: &Pending) -> Result<(), Error> {
     use nix::sys::socket::{MsgFlags, recv};
     use rrpc_core::handshake::{HEADER_LEN, Header, MAX_BODY};
     let raw = pending.as_fd().as_raw_fd();
-    // Deregistered when `afd` drops at the end of this function, while
-    // `pending` (which owns the fd) is still borrowed.
-    #[allow(deprecated)]
-    let afd = AsyncFd::with_interest(Borrowed(raw), tokio::io::Interest::READABLE)?;
+    let afd = WatchedFd::new(pending.as_fd(), tokio::io::Interest::READABLE)?;
     let mut buf = vec![0u8; HEADER_LEN + MAX_BODY];
     loop {
         let mut guard = afd.readable().await?;
