@@ -82,7 +82,7 @@ impl std::fmt::Display for Mode {
 ///     .polling_threads(1)?
 ///     .bp_timeout(Duration::from_micros(10))
 ///     .build()?;
-/// assert_eq!(poller.config().mode(), Mode::Bpev);
+/// assert_eq!(poller.config().get_mode(), Mode::Bpev);
 /// # Ok::<(), rrpc_poller::Error>(())
 /// ```
 #[derive(Debug, Clone)]
@@ -223,54 +223,50 @@ impl PollerConfig {
     pub fn build(self) -> Result<Poller> {
         Poller::start(self)
     }
-}
 
-/// The configuration a running [`Poller`] uses (read-only view).
-#[derive(Debug, Clone)]
-pub struct ConfigView(pub(crate) PollerConfig);
-
-impl ConfigView {
-    /// The connection management method.
-    pub fn mode(&self) -> Mode {
-        self.0.mode
+    /// The [`mode`](Self::mode) setting.
+    pub fn get_mode(&self) -> Mode {
+        self.mode
     }
-    /// Shared polling threads (`Bpts`, `Bpev`).
-    pub fn polling_threads(&self) -> usize {
-        self.0.polling_threads
+    /// The [`polling_threads`](Self::polling_threads) setting.
+    pub fn get_polling_threads(&self) -> usize {
+        self.polling_threads
     }
-    /// Spin time (cap of the tuned value with auto-tuning).
-    pub fn bp_timeout(&self) -> Duration {
-        self.0.bp_timeout
+    /// The [`bp_timeout`](Self::bp_timeout) setting (the cap of the tuned value with
+    /// auto-tuning).
+    pub fn get_bp_timeout(&self) -> Duration {
+        self.bp_timeout
     }
-    /// Whether the spin time is tuned from the RTT.
-    pub fn auto_tune(&self) -> bool {
-        self.0.auto_tune
+    /// The [`auto_tune`](Self::auto_tune) setting.
+    pub fn get_auto_tune(&self) -> bool {
+        self.auto_tune
     }
-    /// Idle time after which a polling thread parks.
-    pub fn idle_park_after(&self) -> Option<Duration> {
-        self.0.idle_park_after
+    /// The [`idle_park_after`](Self::idle_park_after) setting.
+    pub fn get_idle_park_after(&self) -> Option<Duration> {
+        self.idle_park_after
     }
-    /// Idle time after which a polling thread whose armed connections all have doorbells
-    /// dozes (`None`: no doorbell fallback).
-    pub fn doorbell_park_after(&self) -> Option<Duration> {
-        self.0.doorbell_park_after
+    /// The [`doorbell_park_after`](Self::doorbell_park_after) setting (`None`: no doorbell
+    /// fallback).
+    pub fn get_doorbell_park_after(&self) -> Option<Duration> {
+        self.doorbell_park_after
     }
     /// Whether the doorbell fallback is on: [`Mode::Bpev`], `doorbell_park_after` set, and
     /// idle parking on (a thread that never parks announces nothing).
     pub fn doorbell_fallback(&self) -> bool {
-        self.0.mode == Mode::Bpev
-            && self.0.doorbell_park_after.is_some()
-            && self.0.idle_park_after.is_some()
+        self.mode == Mode::Bpev
+            && self.doorbell_park_after.is_some()
+            && self.idle_park_after.is_some()
     }
-    /// Whether spinning backs off when it stops paying.
-    pub fn spin_backoff(&self) -> bool {
-        self.0.spin_backoff
+    /// The [`spin_backoff`](Self::spin_backoff) setting.
+    pub fn get_spin_backoff(&self) -> bool {
+        self.spin_backoff
     }
-    /// Rescan period of a parked thread.
-    pub fn idle_poll_interval(&self) -> Duration {
-        self.0.idle_poll_interval
+    /// The [`idle_poll_interval`](Self::idle_poll_interval) setting.
+    pub fn get_idle_poll_interval(&self) -> Duration {
+        self.idle_poll_interval
     }
-    pub(crate) fn thread_name(&self) -> &str {
-        &self.0.thread_name
+    /// The [`thread_name`](Self::thread_name) setting.
+    pub fn get_thread_name(&self) -> &str {
+        &self.thread_name
     }
 }

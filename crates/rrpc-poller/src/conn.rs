@@ -154,7 +154,7 @@ impl AsyncConn {
         if uses_doorbell(poller, &rx) {
             rx.post_receives(DOORBELL_RECVS)?;
         }
-        if poller.config().mode() == Mode::Event {
+        if poller.config().get_mode() == Mode::Event {
             if !tx.config().tail_with_imm() {
                 return Err(Error::InvalidConfig(
                     "Event mode needs RingConfig::tail_with_imm(true) on both sides",
@@ -186,7 +186,7 @@ impl AsyncConn {
     /// # Errors
     /// As [`Poller::register`] (needs a tokio runtime).
     pub fn split(self) -> Result<(AsyncSender, AsyncReceiver)> {
-        let mode = self.poller.config().mode();
+        let mode = self.poller.config().get_mode();
         let exact = self.conn.peer().provider == ProviderKind::Shm;
         let notifier = (mode == Mode::Event).then(|| RecvNotifier {
             qp: self.conn.qp().clone(),

@@ -143,7 +143,7 @@ mod stats;
 mod sys;
 mod tune;
 
-pub use config::{ConfigView, Mode, PollerConfig};
+pub use config::{Mode, PollerConfig};
 pub use error::{Error, Result};
 pub use poller::{Doorbell, Poller, Registration};
 pub use source::{Notifier, Readiness};

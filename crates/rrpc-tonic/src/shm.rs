@@ -29,7 +29,8 @@ fn ring_config(cfg: &RrpcConfig) -> Result<RingConfig, Error> {
     // Event mode sleeps on the receive completion channel, which only a tail
     // sent with immediate data fires (rrpc-poller `conn` docs).
     // (`PollerConfig` has no getters, so ask the running poller.)
-    let event = cfg.get_poller().is_some() && cfg.poller_handle()?.config().mode() == Mode::Event;
+    let event =
+        cfg.get_poller().is_some() && cfg.poller_handle()?.config().get_mode() == Mode::Event;
     Ok(RingConfig::builder()
         .ring_size(cfg.get_ring_size())
         .min_ring_size(cfg.get_min_ring_size())

@@ -42,7 +42,7 @@ use std::time::{Duration, Instant};
 use crossbeam_utils::CachePadded;
 use futures_util::task::AtomicWaker;
 
-use crate::config::{ConfigView, Mode, PollerConfig};
+use crate::config::{Mode, PollerConfig};
 use crate::error::{Error, Result};
 use crate::source::Readiness;
 use crate::stats::{Counters, Stats};
@@ -87,7 +87,7 @@ enum Wake {
 
 /// Owner of the polling threads and of every registration's shared state.
 struct Inner {
-    cfg: ConfigView,
+    cfg: PollerConfig,
     counters: Arc<Counters>,
     shared: Vec<Arc<Shard>>,
     /// Idle rescans of the shared shards.
@@ -105,16 +105,16 @@ struct Inner {
 impl Inner {
     fn loop_cfg(&self, shared: bool) -> LoopCfg {
         LoopCfg {
-            park_after: self.cfg.idle_park_after(),
+            park_after: self.cfg.get_idle_park_after(),
             bell_park_after: self
                 .cfg
                 .doorbell_fallback()
-                .then(|| self.cfg.doorbell_park_after())
+                .then(|| self.cfg.get_doorbell_park_after())
                 .flatten(),
-            idle_interval: self.cfg.idle_poll_interval(),
-            backoff: self.cfg.doorbell_fallback() && self.cfg.spin_backoff(),
+            idle_interval: self.cfg.get_idle_poll_interval(),
+            backoff: self.cfg.doorbell_fallback() && self.cfg.get_spin_backoff(),
             watch: shared.then(|| self.watch.clone()),
-            mode: self.cfg.mode(),
+            mode: self.cfg.get_mode(),
         }
     }
 
@@ -126,10 +126,10 @@ impl Inner {
             self.threads_alive.clone(),
         );
         alive.fetch_add(1, Ordering::SeqCst);
-        let mode = self.cfg.mode();
+        let mode = self.cfg.get_mode();
         crate::report::threads(1.0, mode);
         let h = std::thread::Builder::new()
-            .name(format!("{}-{}", self.cfg.thread_name(), shard.id))
+            .name(format!("{}-{}", self.cfg.get_thread_name(), shard.id))
             .spawn(move || {
                 polling_loop(s, c, cfg);
                 alive.fetch_sub(1, Ordering::SeqCst);
@@ -218,9 +218,8 @@ impl Poller {
     }
 
     pub(crate) fn start(cfg: PollerConfig) -> Result<Self> {
-        let cfg = ConfigView(cfg);
-        let n = match cfg.mode() {
-            Mode::Bpts | Mode::Bpev => cfg.polling_threads(),
+        let n = match cfg.get_mode() {
+            Mode::Bpts | Mode::Bpev => cfg.get_polling_threads(),
             Mode::Bp | Mode::Event => 0,
         };
         let shared: Vec<Arc<Shard>> = (0..n).map(Shard::new).collect();
@@ -247,7 +246,7 @@ impl Poller {
     }
 
     /// The configuration in force.
-    pub fn config(&self) -> &ConfigView {
+    pub fn config(&self) -> &PollerConfig {
         &self.inner.cfg
     }
 
@@ -276,7 +275,7 @@ impl Poller {
     /// the names. Polling threads also report on their own about once a
     /// second while they run; call this before a scrape for exact figures.
     pub fn report_metrics(&self) {
-        let mode = self.inner.cfg.mode();
+        let mode = self.inner.cfg.get_mode();
         crate::report::counters(&self.stats(), mode);
         for s in self.inner.threaded_shards() {
             crate::report::busy(s.id, s.busy_fraction(), mode);
@@ -313,7 +312,7 @@ impl Poller {
         if inner.shutdown.load(Ordering::SeqCst) {
             return Err(Error::Shutdown);
         }
-        let mode = inner.cfg.mode();
+        let mode = inner.cfg.get_mode();
         let needs_reactor = mode.uses_eventfd() || source.liveness_fd().is_some();
         if needs_reactor && tokio::runtime::Handle::try_current().is_err() {
             return Err(Error::NoRuntime);
@@ -411,7 +410,7 @@ impl Poller {
             bp.push((shard.clone(), h));
         }
         Ok(Registration {
-            tuner: SpinTuner::new(inner.cfg.bp_timeout(), inner.cfg.auto_tune()),
+            tuner: SpinTuner::new(inner.cfg.get_bp_timeout(), inner.cfg.get_auto_tune()),
             wake_latency: crate::report::wake_latency(mode),
             entry,
             shard,
