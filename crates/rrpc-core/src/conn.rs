@@ -199,7 +199,7 @@ struct SideTls {
 }
 
 /// The client half of TLS on the `rdma://` side channel
-/// ([`HandshakeConfig::with_tls_client`]).
+/// ([`HandshakeConfig::tls_client`]).
 #[cfg(feature = "verbs")]
 #[derive(Debug, Clone)]
 pub struct TlsClient {
@@ -230,15 +230,15 @@ impl HandshakeConfig {
     /// The client's deadline runs from [`connect`]; the server's from
     /// [`Pending::handshake`] (reading the hello) and again from
     /// [`Incoming::accept`] (answering it).
-    pub fn timeout(&self) -> Duration {
+    pub fn get_timeout(&self) -> Duration {
         self.timeout
     }
 
-    /// Sets [`Self::timeout`].
+    /// Sets [`get_timeout`](Self::get_timeout).
     ///
     /// # Errors
     /// [`Error::InvalidConfig`] for a zero duration.
-    pub fn with_timeout(mut self, t: Duration) -> Result<Self> {
+    pub fn timeout(mut self, t: Duration) -> Result<Self> {
         if t.is_zero() {
             return Err(Error::InvalidConfig("handshake timeout must be > 0".into()));
         }
@@ -247,15 +247,15 @@ impl HandshakeConfig {
     }
 
     /// The shared secret a server requires from clients (`None`: no check). Default `None`.
-    pub fn token(&self) -> Option<&[u8]> {
+    pub fn get_token(&self) -> Option<&[u8]> {
         self.token.as_deref()
     }
 
-    /// Sets [`Self::token`]. Clients pass their token in [`Offer::token`].
+    /// Sets [`get_token`](Self::get_token). Clients pass their token in [`Offer::token`].
     ///
     /// # Errors
     /// [`Error::InvalidConfig`] if longer than [`crate::handshake::MAX_TOKEN`].
-    pub fn with_token(mut self, token: impl Into<Vec<u8>>) -> Result<Self> {
+    pub fn token(mut self, token: impl Into<Vec<u8>>) -> Result<Self> {
         let t = token.into();
         if t.len() > crate::handshake::MAX_TOKEN {
             return Err(Error::InvalidConfig("token too long".into()));
@@ -272,15 +272,15 @@ impl HandshakeConfig {
     ///
     /// The number of regions is limited separately, by the codec
     /// ([`crate::handshake::MAX_REGIONS`]).
-    pub fn max_grant_bytes(&self) -> u64 {
+    pub fn get_max_grant_bytes(&self) -> u64 {
         self.max_grant_bytes
     }
 
-    /// Sets [`Self::max_grant_bytes`].
+    /// Sets [`get_max_grant_bytes`](Self::get_max_grant_bytes).
     ///
     /// # Errors
     /// [`Error::InvalidConfig`] for 0.
-    pub fn with_max_grant_bytes(mut self, bytes: u64) -> Result<Self> {
+    pub fn max_grant_bytes(mut self, bytes: u64) -> Result<Self> {
         if bytes == 0 {
             return Err(Error::InvalidConfig("max_grant_bytes must be > 0".into()));
         }
@@ -294,7 +294,7 @@ impl HandshakeConfig {
     /// back when a connection's queue pair (which holds the mappings) is
     /// dropped. Default [`DEFAULT_MAX_TOTAL_GRANT_BYTES`] (64 GiB). Not used
     /// by [`connect`].
-    pub fn max_total_grant_bytes(&self) -> u64 {
+    pub fn get_max_total_grant_bytes(&self) -> u64 {
         self.max_total_grant_bytes
     }
 
@@ -306,12 +306,12 @@ impl HandshakeConfig {
     /// `TCP_USER_TIMEOUT` 16 s). `None` leaves the socket's keep-alive off
     /// (the system's defaults: a dead host on an idle side channel is never
     /// noticed). No effect on `shm://`.
-    pub fn keepalive(&self) -> Option<TcpKeepalive> {
+    pub fn get_keepalive(&self) -> Option<TcpKeepalive> {
         self.keepalive
     }
 
-    /// Sets [`Self::keepalive`] (`None` turns it off).
-    pub fn with_keepalive(mut self, keepalive: Option<TcpKeepalive>) -> Self {
+    /// Sets [`get_keepalive`](Self::get_keepalive) (`None` turns it off).
+    pub fn keepalive(mut self, keepalive: Option<TcpKeepalive>) -> Self {
         self.keepalive = keepalive;
         self
     }
@@ -331,7 +331,7 @@ impl HandshakeConfig {
     /// (its Unix socket never leaves the host; the kernel reports the
     /// peer's uid).
     #[cfg(feature = "verbs")]
-    pub fn with_tls_server(mut self, config: Arc<rustls::ServerConfig>) -> Self {
+    pub fn tls_server(mut self, config: Arc<rustls::ServerConfig>) -> Self {
         Arc::make_mut(self.tls.get_or_insert_with(Default::default)).server = Some(config);
         self
     }
@@ -342,7 +342,7 @@ impl HandshakeConfig {
     /// A server whose certificate `config` does not trust, or that does not
     /// speak TLS, fails the connect with [`Error::Tls`].
     #[cfg(feature = "verbs")]
-    pub fn with_tls_client(
+    pub fn tls_client(
         mut self,
         config: Arc<rustls::ClientConfig>,
         server_name: rustls::pki_types::ServerName<'static>,
@@ -355,20 +355,20 @@ impl HandshakeConfig {
     }
 
     #[cfg(feature = "verbs")]
-    pub(crate) fn tls_server(&self) -> Option<&Arc<rustls::ServerConfig>> {
+    pub(crate) fn get_tls_server(&self) -> Option<&Arc<rustls::ServerConfig>> {
         self.tls.as_ref()?.server.as_ref()
     }
 
     #[cfg(feature = "verbs")]
-    pub(crate) fn tls_client(&self) -> Option<&TlsClient> {
+    pub(crate) fn get_tls_client(&self) -> Option<&TlsClient> {
         self.tls.as_ref()?.client.as_ref()
     }
 
-    /// Sets [`Self::max_total_grant_bytes`].
+    /// Sets [`get_max_total_grant_bytes`](Self::get_max_total_grant_bytes).
     ///
     /// # Errors
     /// [`Error::InvalidConfig`] for 0.
-    pub fn with_max_total_grant_bytes(mut self, bytes: u64) -> Result<Self> {
+    pub fn max_total_grant_bytes(mut self, bytes: u64) -> Result<Self> {
         if bytes == 0 {
             return Err(Error::InvalidConfig(
                 "max_total_grant_bytes must be > 0".into(),
@@ -626,7 +626,7 @@ pub fn connect(
                 base_hello(&offer),
                 deadline,
                 cfg.keepalive.as_ref(),
-                cfg.tls_client(),
+                cfg.get_tls_client(),
             )?;
             let peer = peer_info(&accept, ProviderKind::Verbs)?;
             let conn = Connection::new(Side::Tcp(side::Stream::plain(s)), qp, peer, offer.grants)?;
@@ -846,11 +846,11 @@ impl Pending {
     }
 
     /// Whether this client's side channel runs TLS
-    /// ([`HandshakeConfig::with_tls_server`]): its hello arrives encrypted,
+    /// ([`HandshakeConfig::tls_server`]): its hello arrives encrypted,
     /// so peeking the socket shows nothing; use [`poll_hello`](Self::poll_hello).
     pub fn uses_tls(&self) -> bool {
         #[cfg(feature = "verbs")]
-        return matches!(self.stream, Side::Tcp(_)) && self.cfg.tls_server().is_some();
+        return matches!(self.stream, Side::Tcp(_)) && self.cfg.get_tls_server().is_some();
         #[cfg(not(feature = "verbs"))]
         false
     }
@@ -872,7 +872,7 @@ impl Pending {
     /// any plaintext read stay in the `Pending`).
     pub fn poll_hello(&mut self) -> Result<Want> {
         #[cfg(feature = "verbs")]
-        if let (Side::Tcp(s), Some(tls)) = (&mut self.stream, self.cfg.tls_server()) {
+        if let (Side::Tcp(s), Some(tls)) = (&mut self.stream, self.cfg.get_tls_server()) {
             s.start_server_tls(tls)?;
             s.tcp()
                 .set_nonblocking(true)
@@ -913,8 +913,8 @@ impl Pending {
             Side::Unix(s) => s,
             #[cfg(feature = "verbs")]
             Side::Tcp(s) => {
-                let mut s = side::server_stream(s, self.cfg.tls_server(), deadline)?;
-                let hello = side::read_hello(&mut s, self.cfg.token(), deadline)?;
+                let mut s = side::server_stream(s, self.cfg.get_tls_server(), deadline)?;
+                let hello = side::read_hello(&mut s, self.cfg.get_token(), deadline)?;
                 let peer = peer_info(&hello, ProviderKind::Verbs)?;
                 return Ok(Incoming {
                     stream: Side::Tcp(s),
@@ -958,7 +958,7 @@ impl Pending {
                 return Err(refuse(&s, e));
             }
         };
-        if let Some(want) = self.cfg.token() {
+        if let Some(want) = self.cfg.get_token() {
             let ok = hello.token.as_deref().is_some_and(|t| token_eq(t, want));
             if !ok {
                 return Err(refuse(&s, Error::AuthFailed));
@@ -1369,7 +1369,7 @@ mod tests {
     #[test]
     fn keepalive_is_on_by_default_with_a_16_s_bound() {
         let k = HandshakeConfig::default()
-            .keepalive()
+            .get_keepalive()
             .expect("on by default");
         assert_eq!(
             (k.idle(), k.interval(), k.count()),
@@ -1377,7 +1377,7 @@ mod tests {
         );
         assert_eq!(k.bound(), Duration::from_secs(16));
         assert_eq!(
-            HandshakeConfig::default().with_keepalive(None).keepalive(),
+            HandshakeConfig::default().keepalive(None).get_keepalive(),
             None
         );
     }

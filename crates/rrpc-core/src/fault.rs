@@ -24,12 +24,12 @@ impl FaultConfig {
 
     /// Every completion becomes visible only after this many extra polls of the
     /// send queue — a completion that arrives late, as on a loaded NIC.
-    pub fn completion_delay_polls(&self) -> u32 {
+    pub fn get_completion_delay_polls(&self) -> u32 {
         self.completion_delay_polls
     }
 
-    /// Sets [`Self::completion_delay_polls`].
-    pub fn with_completion_delay_polls(mut self, polls: u32) -> Self {
+    /// Sets [`get_completion_delay_polls`](Self::get_completion_delay_polls).
+    pub fn completion_delay_polls(mut self, polls: u32) -> Self {
         self.completion_delay_polls = polls;
         self
     }
@@ -39,12 +39,12 @@ impl FaultConfig {
     /// that stopped acknowledging); a completion is produced for it even
     /// when it was posted unsignaled, as a NIC reports every error, and the
     /// posts after it are refused with the queue pair's failure.
-    pub fn fail_after_posts(&self) -> Option<u64> {
+    pub fn get_fail_after_posts(&self) -> Option<u64> {
         self.fail_after_posts
     }
 
-    /// Sets [`Self::fail_after_posts`].
-    pub fn with_fail_after_posts(mut self, n: u64) -> Self {
+    /// Sets [`get_fail_after_posts`](Self::get_fail_after_posts).
+    pub fn fail_after_posts(mut self, n: u64) -> Self {
         self.fail_after_posts = Some(n);
         self
     }
@@ -52,12 +52,12 @@ impl FaultConfig {
     /// The status the injected failure completes with (default
     /// [`crate::Status::Fatal`]; [`crate::Status::RetryExceeded`] is what a
     /// NIC reports for a peer that died without closing).
-    pub fn fail_status(&self) -> crate::Status {
+    pub fn get_fail_status(&self) -> crate::Status {
         self.fail_status.unwrap_or(crate::Status::Fatal)
     }
 
-    /// Sets [`Self::fail_status`].
-    pub fn with_fail_status(mut self, status: crate::Status) -> Self {
+    /// Sets [`get_fail_status`](Self::get_fail_status).
+    pub fn fail_status(mut self, status: crate::Status) -> Self {
         self.fail_status = Some(status);
         self
     }
@@ -69,25 +69,25 @@ impl FaultConfig {
     /// sleeps without polling once more never wakes, because no event fires
     /// for a completion that arrived before the arm. Both queues of the
     /// queue pair (send and receive) miss.
-    pub fn poll_miss_every(&self) -> Option<u64> {
+    pub fn get_poll_miss_every(&self) -> Option<u64> {
         self.poll_miss_every
     }
 
-    /// Sets [`Self::poll_miss_every`]. `k` must be at least 2 (1 would
+    /// Sets [`get_poll_miss_every`](Self::get_poll_miss_every). `k` must be at least 2 (1 would
     /// never return anything).
-    pub fn with_poll_miss_every(mut self, k: u64) -> Self {
+    pub fn poll_miss_every(mut self, k: u64) -> Self {
         self.poll_miss_every = Some(k.max(2));
         self
     }
 
     /// Every `k`-th WRITE copies only its first half (a torn write), although it
     /// completes successfully: receivers must detect the damage themselves.
-    pub fn torn_write_every(&self) -> Option<u64> {
+    pub fn get_torn_write_every(&self) -> Option<u64> {
         self.torn_write_every
     }
 
-    /// Sets [`Self::torn_write_every`]. `k` must be at least 1.
-    pub fn with_torn_write_every(mut self, k: u64) -> Self {
+    /// Sets [`get_torn_write_every`](Self::get_torn_write_every). `k` must be at least 1.
+    pub fn torn_write_every(mut self, k: u64) -> Self {
         self.torn_write_every = Some(k.max(1));
         self
     }

@@ -95,7 +95,7 @@ pub use handshake::{RegionDesc, Section};
 pub use qp::{QpConfig, QueuePair};
 pub use region::{Access, CACHE_LINE, Local, Region, Remote, RemoteRegion};
 /// The rustls this crate's side-channel TLS takes configs of
-/// ([`conn::HandshakeConfig::with_tls_server`]).
+/// ([`conn::HandshakeConfig::tls_server`]).
 #[cfg(feature = "verbs")]
 pub use rustls;
 pub use sys::EventFd;

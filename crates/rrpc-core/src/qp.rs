@@ -31,7 +31,7 @@ pub struct QpConfig {
     fault: FaultConfig,
 }
 
-/// Largest [`QpConfig::with_max_inline`] accepted (no device we know of
+/// Largest [`QpConfig::max_inline`] accepted (no device we know of
 /// takes more inline data per work request).
 pub const MAX_INLINE_REQUEST: u32 = 4096;
 
@@ -57,15 +57,15 @@ impl QpConfig {
     /// `max_cqe` (the send completion queue has this many entries):
     /// [`crate::Fabric::create_qp`] refuses a larger one with
     /// [`Error::InvalidConfig`] naming both values.
-    pub fn send_depth(&self) -> u32 {
+    pub fn get_send_depth(&self) -> u32 {
         self.send_depth
     }
 
-    /// Sets [`Self::send_depth`].
+    /// Sets [`get_send_depth`](Self::get_send_depth).
     ///
     /// # Errors
     /// [`Error::InvalidConfig`] unless `1 <= depth <= 65536`.
-    pub fn with_send_depth(mut self, depth: u32) -> Result<Self> {
+    pub fn send_depth(mut self, depth: u32) -> Result<Self> {
         if !(1..=65536).contains(&depth) {
             return Err(Error::InvalidConfig(format!(
                 "send_depth must be in 1..=65536, got {depth}"
@@ -81,15 +81,15 @@ impl QpConfig {
     /// On verbs the rounded value must not exceed the device's `max_qp_wr`
     /// nor its `max_cqe`: [`crate::Fabric::create_qp`] refuses a larger one
     /// with [`Error::InvalidConfig`] naming both values.
-    pub fn recv_depth(&self) -> u32 {
+    pub fn get_recv_depth(&self) -> u32 {
         self.recv_depth
     }
 
-    /// Sets [`Self::recv_depth`].
+    /// Sets [`get_recv_depth`](Self::get_recv_depth).
     ///
     /// # Errors
     /// [`Error::InvalidConfig`] unless `1 <= depth <= 65536`.
-    pub fn with_recv_depth(mut self, depth: u32) -> Result<Self> {
+    pub fn recv_depth(mut self, depth: u32) -> Result<Self> {
         if !(1..=65536).contains(&depth) {
             return Err(Error::InvalidConfig(format!(
                 "recv_depth must be in 1..=65536, got {depth}"
@@ -113,15 +113,15 @@ impl QpConfig {
     ///
     /// A device may grant more than asked; every WRITE up to what it granted
     /// goes inline. No effect on shm (every WRITE is a copy there).
-    pub fn max_inline(&self) -> Option<u32> {
+    pub fn get_max_inline(&self) -> Option<u32> {
         self.max_inline
     }
 
-    /// Sets [`Self::max_inline`] to `Some(bytes)`.
+    /// Sets [`get_max_inline`](Self::get_max_inline) to `Some(bytes)`.
     ///
     /// # Errors
     /// [`Error::InvalidConfig`] above [`MAX_INLINE_REQUEST`] (4096).
-    pub fn with_max_inline(mut self, bytes: u32) -> Result<Self> {
+    pub fn max_inline(mut self, bytes: u32) -> Result<Self> {
         if bytes > MAX_INLINE_REQUEST {
             return Err(Error::InvalidConfig(format!(
                 "max_inline must be at most {MAX_INLINE_REQUEST} bytes, got {bytes}"
@@ -132,12 +132,12 @@ impl QpConfig {
     }
 
     /// Faults to inject (tests).
-    pub fn fault(&self) -> &FaultConfig {
+    pub fn get_fault(&self) -> &FaultConfig {
         &self.fault
     }
 
-    /// Sets [`Self::fault`].
-    pub fn with_fault(mut self, fault: FaultConfig) -> Self {
+    /// Sets [`get_fault`](Self::get_fault).
+    pub fn fault(mut self, fault: FaultConfig) -> Self {
         self.fault = fault;
         self
     }
@@ -289,7 +289,7 @@ impl QueuePair {
     /// and whoever posts must find out from those completions. Verbs: the
     /// queue pair is moved to `IBV_QPS_ERR` with `ibv_modify_qp`. shm: the
     /// same, completions held back by
-    /// [`crate::FaultConfig::with_completion_delay_polls`] included.
+    /// [`crate::FaultConfig::completion_delay_polls`] included.
     ///
     /// # Errors
     /// [`Error::Io`] if the device refuses the transition.
@@ -529,16 +529,16 @@ mod tests {
     #[test]
     fn max_inline_defaults_to_none_and_is_bounded() {
         let c = QpConfig::default();
-        assert_eq!(c.max_inline(), None);
-        assert_eq!(c.clone().with_max_inline(0).unwrap().max_inline(), Some(0));
+        assert_eq!(c.get_max_inline(), None);
+        assert_eq!(c.clone().max_inline(0).unwrap().get_max_inline(), Some(0));
         assert_eq!(
             c.clone()
-                .with_max_inline(MAX_INLINE_REQUEST)
+                .max_inline(MAX_INLINE_REQUEST)
                 .unwrap()
-                .max_inline(),
+                .get_max_inline(),
             Some(MAX_INLINE_REQUEST)
         );
-        let e = c.with_max_inline(MAX_INLINE_REQUEST + 1).unwrap_err();
+        let e = c.max_inline(MAX_INLINE_REQUEST + 1).unwrap_err();
         assert!(
             e.to_string().contains("at most 4096 bytes, got 4097"),
             "{e}"

@@ -112,15 +112,15 @@ impl VqpConfig {
     /// High bits of a `WRITE_WITH_IMM`'s immediate that name the receiving
     /// sharer. Default 12: up to 4096 sharers per hardware queue pair, and
     /// 20 bits of immediate data for each.
-    pub fn tag_bits(&self) -> u32 {
+    pub fn get_tag_bits(&self) -> u32 {
         self.tag_bits
     }
 
-    /// Sets [`Self::tag_bits`].
+    /// Sets [`get_tag_bits`](Self::get_tag_bits).
     ///
     /// # Errors
     /// [`Error::InvalidConfig`] unless `1 <= bits <= 16`.
-    pub fn with_tag_bits(mut self, bits: u32) -> Result<Self> {
+    pub fn tag_bits(mut self, bits: u32) -> Result<Self> {
         if !(1..=16).contains(&bits) {
             return Err(Error::InvalidConfig(format!(
                 "tag_bits must be in 1..=16, got {bits}"
@@ -132,16 +132,16 @@ impl VqpConfig {
 
     /// The layer signals at least one work request in this many. `None`
     /// (default): a quarter of the hardware send depth.
-    pub fn signal_every(&self) -> Option<u32> {
+    pub fn get_signal_every(&self) -> Option<u32> {
         self.signal_every
     }
 
-    /// Sets [`Self::signal_every`] (clamped to the send depth at
+    /// Sets [`get_signal_every`](Self::get_signal_every) (clamped to the send depth at
     /// [`PhysicalQp::new`]).
     ///
     /// # Errors
     /// [`Error::InvalidConfig`] for 0.
-    pub fn with_signal_every(mut self, n: u32) -> Result<Self> {
+    pub fn signal_every(mut self, n: u32) -> Result<Self> {
         if n == 0 {
             return Err(Error::InvalidConfig(
                 "signal_every must be at least 1".into(),
@@ -153,24 +153,24 @@ impl VqpConfig {
 
     /// Receives the layer keeps posted on the hardware queue pair. `None`
     /// (default): the queue pair's receive depth.
-    pub fn recv_depth(&self) -> Option<u32> {
+    pub fn get_recv_depth(&self) -> Option<u32> {
         self.recv_depth
     }
 
-    /// Sets [`Self::recv_depth`] (at most the queue pair's receive depth).
-    pub fn with_recv_depth(mut self, n: u32) -> Self {
+    /// Sets [`get_recv_depth`](Self::get_recv_depth) (at most the queue pair's receive depth).
+    pub fn recv_depth(mut self, n: u32) -> Self {
         self.recv_depth = Some(n);
         self
     }
 
     /// How long a post waits for room on a full hardware queue, polling
     /// it, before it returns [`Error::QueueFull`]. Default 1 s.
-    pub fn full_wait(&self) -> Duration {
+    pub fn get_full_wait(&self) -> Duration {
         self.full_wait
     }
 
-    /// Sets [`Self::full_wait`].
-    pub fn with_full_wait(mut self, d: Duration) -> Self {
+    /// Sets [`get_full_wait`](Self::get_full_wait).
+    pub fn full_wait(mut self, d: Duration) -> Self {
         self.full_wait = d;
         self
     }
@@ -914,9 +914,9 @@ mod tests {
 
     #[test]
     fn config_bounds() {
-        assert!(VqpConfig::default().with_tag_bits(0).is_err());
-        assert!(VqpConfig::default().with_tag_bits(17).is_err());
-        assert!(VqpConfig::default().with_signal_every(0).is_err());
-        assert_eq!(VqpConfig::default().tag_bits(), 12);
+        assert!(VqpConfig::default().tag_bits(0).is_err());
+        assert!(VqpConfig::default().tag_bits(17).is_err());
+        assert!(VqpConfig::default().signal_every(0).is_err());
+        assert_eq!(VqpConfig::default().get_tag_bits(), 12);
     }
 }

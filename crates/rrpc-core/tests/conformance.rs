@@ -239,7 +239,7 @@ fn signaled_accounting_at(p: &Provider, depth: u32) {
     let (a, _b) = pair_on(
         p,
         1 << 16,
-        QpConfig::default().with_send_depth(depth).unwrap(),
+        QpConfig::default().send_depth(depth).unwrap(),
         QpConfig::default(),
     );
     let remote = a.conn.peer().region(1).unwrap();
@@ -393,7 +393,7 @@ fn depth_is_checked_on_every_operation(p: &Provider) {
     let (a, b) = pair_on(
         p,
         1 << 16,
-        QpConfig::default().with_send_depth(2).unwrap(),
+        QpConfig::default().send_depth(2).unwrap(),
         QpConfig::default(),
     );
     b.conn.qp().post_recv(0).unwrap();

@@ -99,7 +99,7 @@ fn truncated_body_then_close_is_refused() {
 #[test]
 fn silent_client_times_out() {
     let cfg = HandshakeConfig::default()
-        .with_timeout(Duration::from_millis(200))
+        .timeout(Duration::from_millis(200))
         .unwrap();
     let (l, _ep, path) = listener(cfg);
     let _s = UnixStream::connect(&path).unwrap();
@@ -147,7 +147,7 @@ fn hello_without_descriptors_is_refused() {
 #[test]
 fn wrong_token_is_refused_and_listener_keeps_serving() {
     let cfg = HandshakeConfig::default()
-        .with_token(b"s3cret".to_vec())
+        .token(b"s3cret".to_vec())
         .unwrap();
     let (l, ep, _) = listener(cfg);
     let f = Fabric::shm();
@@ -220,7 +220,7 @@ fn explicit_reject_reaches_the_client() {
 fn server_that_never_answers_times_out_the_client() {
     let (l, ep, _) = listener(HandshakeConfig::default());
     let cfg = HandshakeConfig::default()
-        .with_timeout(Duration::from_millis(200))
+        .timeout(Duration::from_millis(200))
         .unwrap();
     // Hold the accepted socket without answering.
     let holder = std::thread::spawn(move || {
@@ -283,7 +283,7 @@ fn refusals_are_counted_by_reason() {
     let snapshotter = recorder.snapshotter();
     metrics::with_local_recorder(&recorder, || {
         let cfg = HandshakeConfig::default()
-            .with_token(b"s3cret".to_vec())
+            .token(b"s3cret".to_vec())
             .unwrap();
         let (l, ep, _) = listener(cfg);
         for _ in 0..2 {

@@ -387,7 +387,7 @@ fn total_budget_is_enforced_and_released() {
     let _g = serial();
     const MIB: u64 = 1 << 20;
     let cfg = HandshakeConfig::default()
-        .with_max_total_grant_bytes(3 * MIB)
+        .max_total_grant_bytes(3 * MIB)
         .unwrap();
     let (l, ep, path) = bind("budget", cfg);
     let fabric = Fabric::shm();
@@ -498,7 +498,7 @@ fn trickle(mut s: &UnixStream, bytes: &[u8], stop: &AtomicBool) {
 #[test]
 fn trickling_client_is_cut_off_at_the_deadline() {
     let _g = serial();
-    let cfg = HandshakeConfig::default().with_timeout(SHORT).unwrap();
+    let cfg = HandshakeConfig::default().timeout(SHORT).unwrap();
     let (l, ep, path) = bind("trickle", cfg);
     // A hello whose bytes would take minutes at this pace.
     let mut h = shm_hello(&[]);
@@ -549,7 +549,7 @@ fn trickling_server_is_cut_off_at_the_deadline() {
         &Endpoint::Shm(path),
         fabric.create_qp(&QpConfig::default()).unwrap(),
         Offer::new(),
-        &HandshakeConfig::default().with_timeout(SHORT).unwrap(),
+        &HandshakeConfig::default().timeout(SHORT).unwrap(),
     );
     let took = t.elapsed();
     stop.store(true, Ordering::Release);

@@ -51,8 +51,8 @@ mod verbs {
         let (server_tls, client_tls) = tls_configs();
         // (The token a client presents travels in its `Offer`; tokens over
         // TLS are covered by the integration test `auth`.)
-        let server_hs = HandshakeConfig::default().with_tls_server(server_tls);
-        let client_hs = HandshakeConfig::default().with_tls_client(client_tls, name());
+        let server_hs = HandshakeConfig::default().tls_server(server_tls);
+        let client_hs = HandshakeConfig::default().tls_client(client_tls, name());
         let (a, b) = pair_on_with(
             &p,
             1 << 16,
@@ -94,10 +94,7 @@ mod verbs {
             return;
         };
         let (server_tls, _) = tls_configs();
-        let (listener, ep) = p.listen(
-            "tls",
-            HandshakeConfig::default().with_tls_server(server_tls),
-        );
+        let (listener, ep) = p.listen("tls", HandshakeConfig::default().tls_server(server_tls));
         let server = std::thread::spawn(move || listener.accept().map(|_| ()));
         let f = p.fabric();
         let r = conn::connect(

@@ -350,7 +350,7 @@ fn held_back_head_pushes_reach_the_writer(prov: &Provider) {
 }
 
 /// The arm-then-poll race on every completion queue (rrpc-core's
-/// `FaultConfig::with_poll_miss_every`: every third poll that has
+/// `FaultConfig::poll_miss_every`: every third poll that has
 /// completions to return misses them): ping-pong and a stream in every mode
 /// still deliver everything, none waiting for a wake-up that never comes.
 /// The writers use `flush_all`: a plain `flush` whose one poll of the send
@@ -360,7 +360,7 @@ fn held_back_head_pushes_reach_the_writer(prov: &Provider) {
 #[test]
 fn missed_polls_lose_no_wake_up_every_mode() {
     use rrpc_core::{Fabric, FaultConfig, QpConfig};
-    let qp = QpConfig::default().with_fault(FaultConfig::none().with_poll_miss_every(3));
+    let qp = QpConfig::default().fault(FaultConfig::none().poll_miss_every(3));
     for mode in Mode::ALL {
         rt().block_on(async {
             let p = poller(mode);

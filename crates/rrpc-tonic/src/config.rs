@@ -662,7 +662,7 @@ impl RrpcConfig {
     /// The queue-pair settings of every connection made or accepted with
     /// this config (default [`rrpc_core::QpConfig::default`]). Besides the
     /// queue depths it carries rrpc-core's fault injector
-    /// ([`rrpc_core::QpConfig::with_fault`], shm only): delayed and missed
+    /// ([`rrpc_core::QpConfig::fault`], shm only): delayed and missed
     /// completions, failing work requests, torn writes, so that a service's
     /// own tests can run the whole gRPC stack under verbs-like faults.
     pub fn queue_pair(self, qp: rrpc_core::QpConfig) -> Self {

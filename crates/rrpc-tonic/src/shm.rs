@@ -466,18 +466,18 @@ pub(crate) fn fabric_for(ep: &Endpoint, cfg: &RrpcConfig) -> Result<Fabric, Erro
 }
 
 fn handshake_config(cfg: &RrpcConfig) -> Result<HandshakeConfig, Error> {
-    let mut hs = HandshakeConfig::default().with_timeout(cfg.get_handshake_timeout())?;
+    let mut hs = HandshakeConfig::default().timeout(cfg.get_handshake_timeout())?;
     if let Some(t) = cfg.get_token() {
-        hs = hs.with_token(t.to_vec())?;
+        hs = hs.token(t.to_vec())?;
     }
     #[cfg(feature = "verbs")]
     {
         let (server, client) = cfg.tls();
         if let Some(s) = server {
-            hs = hs.with_tls_server(s.clone());
+            hs = hs.tls_server(s.clone());
         }
         if let Some((c, name)) = client {
-            hs = hs.with_tls_client(c.clone(), name.clone());
+            hs = hs.tls_client(c.clone(), name.clone());
         }
     }
     Ok(hs)
@@ -636,7 +636,6 @@ impl ShmListener {
                 Err(rrpc_core::Error::WouldBlock) => guard.clear_ready(),
                 Err(e) => {
                     tracing::warn!(error = %e, "rrpc shm accept failed; pausing");
-                    drop(guard);
                     tokio::time::sleep(ACCEPT_ERROR_PAUSE).await;
                 }
             }

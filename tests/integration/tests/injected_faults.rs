@@ -21,13 +21,13 @@ use tonic::Code;
 const BOUND: Duration = Duration::from_secs(20);
 
 fn with_faults(t: Transport, f: FaultConfig) -> rrpc_tonic::RrpcConfig {
-    config(t).queue_pair(QpConfig::default().with_fault(f))
+    config(t).queue_pair(QpConfig::default().fault(f))
 }
 
 async fn delayed_and_missed_completions_lose_nothing(t: Transport) {
     let faults = FaultConfig::none()
-        .with_completion_delay_polls(2)
-        .with_poll_miss_every(3);
+        .completion_delay_polls(2)
+        .poll_miss_every(3);
     let cfg = with_faults(t, faults);
     let h = Harness::start_with(t, cfg.clone()).await;
     let mut c = TestClient::new(RrpcChannel::connect(&h.uri, cfg).await.expect("connect"));
@@ -69,8 +69,8 @@ async fn delayed_and_missed_completions_lose_nothing(t: Transport) {
 async fn failing_queue_pairs_are_unavailable_then_reconnect(t: Transport) {
     let h = Harness::start(t).await;
     let faults = FaultConfig::none()
-        .with_fail_after_posts(150)
-        .with_fail_status(Status::RetryExceeded);
+        .fail_after_posts(150)
+        .fail_status(Status::RetryExceeded);
     let mut c = TestClient::new(
         RrpcChannel::connect(&h.uri, with_faults(t, faults))
             .await
@@ -127,8 +127,8 @@ async fn failing_queue_pairs_are_unavailable_then_reconnect(t: Transport) {
 async fn a_reader_whose_queue_pair_fails_is_told(t: Transport) {
     let h = Harness::start(t).await;
     let faults = FaultConfig::none()
-        .with_fail_after_posts(40)
-        .with_fail_status(Status::RetryExceeded);
+        .fail_after_posts(40)
+        .fail_status(Status::RetryExceeded);
     let mut c = TestClient::new(
         RrpcChannel::connect(&h.uri, with_faults(t, faults))
             .await

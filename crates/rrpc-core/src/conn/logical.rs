@@ -216,7 +216,7 @@ pub fn connect_logical(
                 base_hello(&offer),
                 deadline,
                 cfg.keepalive.as_ref(),
-                cfg.tls_client(),
+                cfg.get_tls_client(),
             )?;
             (
                 Side::Tcp(crate::provider::verbs::side::Stream::plain(s)),

@@ -449,19 +449,19 @@ impl ShmQp {
             cfg: cfg.clone(),
             send_cq: crate::cq::CompletionQueue {
                 inner: crate::cq::CqInner::ShmSend(SendCq::new(
-                    cfg.fault().poll_miss_every(),
+                    cfg.get_fault().get_poll_miss_every(),
                     failed.clone(),
                 )?),
             },
             recv_cq: crate::cq::CompletionQueue {
                 inner: crate::cq::CqInner::ShmRecv(RecvCq::new(
-                    cfg.recv_depth(),
-                    cfg.fault().poll_miss_every(),
+                    cfg.get_recv_depth(),
+                    cfg.get_fault().get_poll_miss_every(),
                 )?),
             },
             peer: std::sync::OnceLock::new(),
             failed,
-            fault: cfg.fault().clone(),
+            fault: cfg.get_fault().clone(),
             posts: AtomicU64::new(0),
             device_error: std::sync::atomic::AtomicBool::new(false),
         })
@@ -627,12 +627,14 @@ impl ShmQp {
             return (0, Status::Success, false);
         }
         let n = self.posts.fetch_add(1, Ordering::Relaxed) + 1;
-        let status = match f.fail_after_posts() {
-            Some(k) if n > k => f.fail_status(),
+        let status = match f.get_fail_after_posts() {
+            Some(k) if n > k => f.get_fail_status(),
             _ => Status::Success,
         };
-        let torn = f.torn_write_every().is_some_and(|k| n.is_multiple_of(k));
-        (f.completion_delay_polls(), status, torn)
+        let torn = f
+            .get_torn_write_every()
+            .is_some_and(|k| n.is_multiple_of(k));
+        (f.get_completion_delay_polls(), status, torn)
     }
 
     #[inline]
@@ -675,7 +677,7 @@ impl ShmQp {
     /// injected failure already completed the work request (nothing to copy).
     #[inline]
     fn admit(&self, wr_id: u64, opcode: Opcode) -> Result<Option<(u64, u32, bool)>> {
-        let seq = self.scq().reserve(self.cfg.send_depth())?;
+        let seq = self.scq().reserve(self.cfg.get_send_depth())?;
         if self.device_error.load(Ordering::Acquire) {
             self.fail_injected(seq, wr_id, opcode, Status::Flushed, 0);
             return Ok(None);
@@ -823,7 +825,7 @@ impl ShmQp {
     }
 
     pub(crate) fn send_depth(&self) -> u32 {
-        self.cfg.send_depth()
+        self.cfg.get_send_depth()
     }
 
     pub(crate) fn recv_depth(&self) -> u32 {

@@ -209,7 +209,7 @@ mod tests {
         let f = Fabric::verbs(Some(&dev)).unwrap();
         let caps = f.device.as_deref().unwrap().caps();
         if caps.max_qp_wr < 65536 {
-            let cfg = QpConfig::default().with_send_depth(65536).unwrap();
+            let cfg = QpConfig::default().send_depth(65536).unwrap();
             let e = f.create_qp(&cfg).unwrap_err();
             assert!(matches!(e, Error::InvalidConfig(_)), "{e}");
             assert!(
@@ -219,7 +219,7 @@ mod tests {
                 )),
                 "{e}"
             );
-            let cfg = QpConfig::default().with_recv_depth(65536).unwrap();
+            let cfg = QpConfig::default().recv_depth(65536).unwrap();
             let e = f.create_qp(&cfg).unwrap_err().to_string();
             assert!(e.contains("recv_depth"), "{e}");
             assert!(
@@ -230,9 +230,9 @@ mod tests {
         // Exactly at the limit (depths are at most 65536 in QpConfig).
         let at = caps.max_qp_wr.min(caps.max_cqe).min(65536);
         let cfg = QpConfig::default()
-            .with_send_depth(at)
+            .send_depth(at)
             .unwrap()
-            .with_recv_depth(at)
+            .recv_depth(at)
             .unwrap();
         if at.is_power_of_two() {
             f.create_qp(&cfg).expect("depths at the device's limit");
@@ -251,7 +251,7 @@ mod tests {
         let qp = f.create_qp(&QpConfig::default()).unwrap();
         assert!(inline(&qp) >= crate::qp::DEFAULT_INLINE, "{}", inline(&qp));
         let big = crate::qp::MAX_INLINE_REQUEST;
-        match f.create_qp(&QpConfig::default().with_max_inline(big).unwrap()) {
+        match f.create_qp(&QpConfig::default().max_inline(big).unwrap()) {
             Ok(qp) => assert!(inline(&qp) >= big),
             Err(e) => {
                 let m = e.to_string();
@@ -266,11 +266,11 @@ mod tests {
                 eprintln!("{dev}: at most {most} inline bytes");
                 // The maximum named is right: it works, one more does not.
                 let qp = f
-                    .create_qp(&QpConfig::default().with_max_inline(most).unwrap())
+                    .create_qp(&QpConfig::default().max_inline(most).unwrap())
                     .expect("the maximum the error named");
                 assert!(inline(&qp) >= most);
                 assert!(
-                    f.create_qp(&QpConfig::default().with_max_inline(most + 1).unwrap())
+                    f.create_qp(&QpConfig::default().max_inline(most + 1).unwrap())
                         .is_err()
                 );
             }

@@ -237,27 +237,27 @@ impl VerbsQp {
     /// refuses a required inline size ([`QpConfig::max_inline`]);
     /// [`Error::Io`] when the device refuses a call.
     pub(crate) fn new(dev: &Arc<Device>, cfg: &QpConfig) -> Result<VerbsQp> {
-        let recv_depth = cfg.recv_depth().next_power_of_two();
+        let recv_depth = cfg.get_recv_depth().next_power_of_two();
         caps::check_qp_sizes(
             dev.name(),
             QpSizes {
-                send_depth: cfg.send_depth(),
+                send_depth: cfg.get_send_depth(),
                 recv_depth,
             },
             &dev.caps(),
         )?;
-        let send_raw = Arc::new(RawCq::new(dev, cfg.send_depth())?);
+        let send_raw = Arc::new(RawCq::new(dev, cfg.get_send_depth())?);
         let recv_raw = Arc::new(RawCq::new(dev, recv_depth)?);
         let raw = RawQp::new(
             dev,
             &send_raw,
             &recv_raw,
-            cfg.send_depth(),
+            cfg.get_send_depth(),
             recv_depth,
-            cfg.max_inline(),
+            cfg.get_max_inline(),
         )?;
         raw.modify(init_transition(dev.port().num), "ibv_modify_qp(INIT)")?;
-        let slots = Arc::new(Mutex::new(SendSlots::new(cfg.send_depth())));
+        let slots = Arc::new(Mutex::new(SendSlots::new(cfg.get_send_depth())));
         let recv_posted = Arc::new(AtomicU64::new(0));
         let fail = Arc::new(FailState::default());
         let psn = crate::sys::random_u32() & 0x00ff_ffff;

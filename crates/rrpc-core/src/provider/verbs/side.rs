@@ -21,8 +21,8 @@
 //! so a peer that trickles bytes is cut off when the deadline passes.
 //!
 //! ## TLS
-//! With [`crate::conn::HandshakeConfig::with_tls_server`] /
-//! [`with_tls_client`](crate::conn::HandshakeConfig::with_tls_client) the
+//! With [`crate::conn::HandshakeConfig::tls_server`] /
+//! [`tls_client`](crate::conn::HandshakeConfig::tls_client) the
 //! handshake messages travel inside a TLS session (rustls) over the TCP
 //! stream: [`Stream::tls`] runs the TLS handshake first, by the same
 //! deadline, and `Hello`, `Accept` and `Reject` are then application data.
@@ -513,7 +513,7 @@ pub(crate) fn recv_msg(s: &mut Stream, deadline: Deadline) -> Result<Message> {
     if !s.is_tls() && matches!(head, [0x15 | 0x16, 0x03, ..]) {
         return Err(Error::Tls(
             "the peer speaks TLS on the side channel and this end is not configured for it \
-             (HandshakeConfig::with_tls_client / with_tls_server)"
+             (HandshakeConfig::tls_client / tls_server)"
                 .into(),
         ));
     }
@@ -999,7 +999,7 @@ mod tests {
         for (cfg, want) in [
             (HandshakeConfig::default(), (true, 10, 2, 3, 16_000)),
             (
-                HandshakeConfig::default().with_keepalive(Some(
+                HandshakeConfig::default().keepalive(Some(
                     TcpKeepalive::new(Duration::from_secs(7), Duration::from_secs(1), 2).unwrap(),
                 )),
                 (true, 7, 1, 2, 9_000),
@@ -1010,7 +1010,7 @@ mod tests {
             let p = l.accept_pending().unwrap();
             assert_eq!(keepalive_of(&p), want);
         }
-        let l = Listener::bind(&ep, HandshakeConfig::default().with_keepalive(None)).unwrap();
+        let l = Listener::bind(&ep, HandshakeConfig::default().keepalive(None)).unwrap();
         let _c = TcpStream::connect(l.local_addr().unwrap()).unwrap();
         assert!(!keepalive_of(&l.accept_pending().unwrap()).0);
     }
