@@ -102,11 +102,11 @@ impl RingConfig {
     }
 
     /// Bytes in the ring array (`slot_size * slot_count`). Default 4 MiB.
-    pub fn ring_size(&self) -> usize {
+    pub fn get_ring_size(&self) -> usize {
         self.ring_size
     }
     /// Bytes per slot. Default 64.
-    pub fn slot_size(&self) -> usize {
+    pub fn get_slot_size(&self) -> usize {
         self.slot_size
     }
     /// Number of slots `N` of the whole array (a self-sizing ring's largest size).
@@ -114,65 +114,65 @@ impl RingConfig {
         (self.ring_size / self.slot_size) as u64
     }
     /// Smallest size a self-sizing ring uses, and the size it starts at;
-    /// equal to [`ring_size`](Self::ring_size) for a fixed ring (the default).
-    pub fn min_ring_size(&self) -> usize {
+    /// equal to [`ring_size`](Self::get_ring_size) for a fixed ring (the default).
+    pub fn get_min_ring_size(&self) -> usize {
         self.min_ring_size.unwrap_or(self.ring_size)
     }
     /// Whether the ring sizes itself between
-    /// [`min_ring_size`](Self::min_ring_size) and
-    /// [`ring_size`](Self::ring_size) (`proto` docs, "Rings that size themselves").
+    /// [`min_ring_size`](Self::get_min_ring_size) and
+    /// [`ring_size`](Self::get_ring_size) (`proto` docs, "Rings that size themselves").
     pub fn self_sizing(&self) -> bool {
-        self.min_ring_size() < self.ring_size
+        self.get_min_ring_size() < self.ring_size
     }
     /// Largest size a self-sizing ring grows to for throughput (its writer
     /// waiting for space, messages asking for room to pipeline); beyond it,
     /// only as far as a message needs to fit twice. Between
-    /// [`min_ring_size`](Self::min_ring_size) and
-    /// [`ring_size`](Self::ring_size); default `ring_size` (no cap).
-    pub fn cache_ring_size(&self) -> usize {
+    /// [`min_ring_size`](Self::get_min_ring_size) and
+    /// [`ring_size`](Self::get_ring_size); default `ring_size` (no cap).
+    pub fn get_cache_ring_size(&self) -> usize {
         self.cache_ring_size
             .unwrap_or(self.ring_size)
-            .clamp(self.min_ring_size(), self.ring_size)
+            .clamp(self.get_min_ring_size(), self.ring_size)
     }
     /// Slots the sender starts with: `min_ring_size / slot_size`.
     pub fn initial_slot_count(&self) -> u64 {
-        (self.min_ring_size() / self.slot_size) as u64
+        (self.get_min_ring_size() / self.slot_size) as u64
     }
     /// How long the writer of a self-sizing ring must be quiet before the
     /// ring shrinks to its minimum. Default 1 s.
-    pub fn shrink_after(&self) -> Duration {
+    pub fn get_shrink_after(&self) -> Duration {
         self.shrink_after
     }
     /// Pointer-advancement threshold `alpha` (messages per tail WRITE).
-    pub fn alpha(&self) -> u32 {
+    pub fn get_alpha(&self) -> u32 {
         self.alpha
     }
     /// Slot-transmission threshold `beta` (messages per slot WRITE).
-    pub fn beta(&self) -> u32 {
+    pub fn get_beta(&self) -> u32 {
         self.beta
     }
     /// Lazy-push threshold `gamma` (consumed messages per head WRITE).
-    pub fn gamma(&self) -> u32 {
+    pub fn get_gamma(&self) -> u32 {
         self.gamma
     }
     /// Whether the elastic threshold is on (at most one tail WRITE in flight).
-    pub fn elastic(&self) -> bool {
+    pub fn get_elastic(&self) -> bool {
         self.elastic
     }
     /// Whether the ring array starts on a cache line (ablation switch).
-    pub fn cache_align(&self) -> bool {
+    pub fn get_cache_align(&self) -> bool {
         self.cache_align
     }
     /// Whether regions should use huge pages when the system has them.
-    pub fn huge_pages(&self) -> bool {
+    pub fn get_huge_pages(&self) -> bool {
         self.huge_pages
     }
     /// Whether the tail is written with `WRITE_WITH_IMM` (for EVENT mode).
-    pub fn tail_with_imm(&self) -> bool {
+    pub fn get_tail_with_imm(&self) -> bool {
         self.tail_with_imm
     }
     /// Send-queue depth of the queue pair the ring posts to.
-    pub fn sq_depth(&self) -> u32 {
+    pub fn get_sq_depth(&self) -> u32 {
         self.sq_depth
     }
     /// Work requests the sender keeps outstanding at most: half of
@@ -196,7 +196,7 @@ impl RingConfig {
     /// header or end stamp not yet visible; `proto` module docs, "Placement
     /// order") before the receiver closes the ring with `Corrupt`: the
     /// bound on a peer that publishes a tail over garbage. Default 1 s.
-    pub fn placement_timeout(&self) -> Duration {
+    pub fn get_placement_timeout(&self) -> Duration {
         self.placement_timeout
     }
     /// Largest payload one message can carry: the whole ring minus the
@@ -394,8 +394,8 @@ mod tests {
     #[test]
     fn defaults_are_paper_values() {
         let c = RingConfig::default();
-        assert_eq!((c.alpha(), c.beta(), c.gamma()), (32, 16, 32));
-        assert_eq!(c.ring_size(), 4 << 20);
+        assert_eq!((c.get_alpha(), c.get_beta(), c.get_gamma()), (32, 16, 32));
+        assert_eq!(c.get_ring_size(), 4 << 20);
         assert_eq!(c.slot_count(), 65536);
         assert_eq!(RingConfig::builder().build().unwrap(), c);
     }

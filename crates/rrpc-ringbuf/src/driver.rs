@@ -77,20 +77,26 @@ impl LocalRing {
     /// # Errors
     /// [`Error::Core`] if allocation fails.
     pub fn new(fabric: &Fabric, cfg: &RingConfig) -> Result<LocalRing, Error> {
-        let fabric = if cfg.huge_pages() {
+        let fabric = if cfg.get_huge_pages() {
             fabric.clone()
         } else {
             fabric.clone().without_huge_pages()
         };
-        let pad = if cfg.cache_align() { 0 } else { UNALIGNED_PAD };
+        let pad = if cfg.get_cache_align() {
+            0
+        } else {
+            UNALIGNED_PAD
+        };
         let ring_off = RING_OFFSET + pad;
-        let ctrl_off = (ring_off + cfg.ring_size()).next_multiple_of(4096);
+        let ctrl_off = (ring_off + cfg.get_ring_size()).next_multiple_of(4096);
         // The narrowest access that works, so a peer can touch no more of our
         // memory than it needs: the peer only WRITEs into our receive ring and
         // its control words; the staging region is the local source of our
         // WRITEs.
-        let rx_region = fabric
-            .alloc_region_with(ring_off + cfg.ring_size(), rrpc_core::Access::REMOTE_WRITE)?;
+        let rx_region = fabric.alloc_region_with(
+            ring_off + cfg.get_ring_size(),
+            rrpc_core::Access::REMOTE_WRITE,
+        )?;
         let tx_region =
             fabric.alloc_region_with(ctrl_off + (BELL_SRC + 1) * 64, rrpc_core::Access::LOCAL)?;
         // Zeroed memory is no valid record: start both at pointer 0.
@@ -173,7 +179,7 @@ impl LocalRing {
             return Err(Error::InvalidConfig(format!(
                 "the ring needs {need} send-queue slots (sq_depth {}: half for the sender, \
                  a quarter for the receiver) but the queue pair's send depth is {depth}",
-                self.cfg.sq_depth()
+                self.cfg.get_sq_depth()
             )));
         }
         let theirs = peer.section(role).ok_or_else(|| {
@@ -184,7 +190,7 @@ impl LocalRing {
         let remote = peer.region(role).ok_or_else(|| {
             Error::Incompatible(format!("peer granted no region with role {role:#x}"))
         })?;
-        let need = (self.ring_off + self.cfg.ring_size()) as u64;
+        let need = (self.ring_off + self.cfg.get_ring_size()) as u64;
         if remote.len < need {
             return Err(Error::Incompatible(format!(
                 "peer ring region has {} bytes, need {need}",
@@ -216,7 +222,7 @@ impl LocalRing {
             ringer: Ringer::new(),
             bells_posted: 0,
             bells_refused: 0,
-            placement_timeout: self.cfg.placement_timeout(),
+            placement_timeout: self.cfg.get_placement_timeout(),
             torn_since: None,
             released: 0,
         };
@@ -233,11 +239,11 @@ impl LocalRing {
             rx_seen: 0,
             head_mirror: Arc::new(AtomicU64::new(0)),
             deferred: None,
-            imm: self.cfg.tail_with_imm(),
+            imm: self.cfg.get_tail_with_imm(),
             peer_rings: theirs.has(params::FLAG_DOORBELL),
             sleeper: Arc::new(std::sync::Mutex::new(Sleeper::new())),
             peeked: None,
-            placement_timeout: self.cfg.placement_timeout(),
+            placement_timeout: self.cfg.get_placement_timeout(),
             unplaced_since: None,
             torn_since: None,
         };
@@ -622,7 +628,7 @@ impl RingTx {
                     store_record(&self.tx_region, off, value)?;
                     let local = Local::new(&self.tx_region, off, POINTER_RECORD_LEN);
                     let remote = self.remote.at(LOCAL_TAIL_OFFSET as u64);
-                    if self.cfg.tail_with_imm() {
+                    if self.cfg.get_tail_with_imm() {
                         match self.shared.qp.post_write_imm(
                             wr_id,
                             local,

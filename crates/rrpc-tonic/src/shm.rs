@@ -28,9 +28,9 @@ use crate::{Error, RrpcConfig};
 fn ring_config(cfg: &RrpcConfig) -> Result<RingConfig, Error> {
     // Event mode sleeps on the receive completion channel, which only a tail
     // sent with immediate data fires (rrpc-poller `conn` docs).
-    // (`PollerConfig` has no getters, so ask the running poller.)
-    let event =
-        cfg.get_poller().is_some() && cfg.poller_handle()?.config().get_mode() == Mode::Event;
+    let event = cfg
+        .get_poller()
+        .is_some_and(|p| p.get_mode() == Mode::Event);
     Ok(RingConfig::builder()
         .ring_size(cfg.get_ring_size())
         .min_ring_size(cfg.get_min_ring_size())
@@ -126,7 +126,7 @@ impl ShmTx {
         // A fixed ring carries whole-ring messages best (the papers'
         // setting); a self-sizing one, a third of its cache cap.
         let preferred = if ring.self_sizing() {
-            (ring.cache_ring_size() / 3).min(max)
+            (ring.get_cache_ring_size() / 3).min(max)
         } else {
             max
         };
@@ -389,7 +389,7 @@ fn into_pipe(conn: Connection, tx: RingTx, rx: RingRx, cfg: &RrpcConfig) -> Resu
     rx.set_event_spin(cfg.get_receive_spin());
     let watch = tx.ring().watch();
     let sizing = tx.ring().config().self_sizing();
-    let every = tx.ring().config().shrink_after() / 2;
+    let every = tx.ring().config().get_shrink_after() / 2;
     let tx = ShmTx::new(tx, watch, max, conn.clone());
     if sizing {
         tx.spawn_sizing(every);
@@ -432,7 +432,7 @@ fn bundle_pool(
         let (f, r, q) = (fabric.clone(), ring.clone(), cfg.get_queue_pair().clone());
         let pool = rrpc_core::pool::PoolConfig::new(cfg.connection_pool_for(f.kind()))
             .budget(budget)
-            .class(format!("{:?}/{}", f.kind(), r.ring_size()));
+            .class(format!("{:?}/{}", f.kind(), r.get_ring_size()));
         BundlePool::with_config(
             pool,
             move || make_bundle(&f, &r, &q),

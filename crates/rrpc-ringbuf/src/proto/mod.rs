@@ -193,7 +193,7 @@ impl Geometry {
     }
     /// From a validated config.
     pub fn from_config(cfg: &crate::RingConfig) -> Self {
-        Geometry::new(cfg.slot_size(), cfg.slot_count())
+        Geometry::new(cfg.get_slot_size(), cfg.slot_count())
     }
     /// Bytes per slot.
     pub fn slot_size(&self) -> usize {

@@ -74,25 +74,25 @@ impl RingParams {
     /// The parameters of a ring built from `cfg`.
     pub fn of(cfg: &RingConfig) -> RingParams {
         let mut flags = FLAG_POINTER_RECORDS | FLAG_DOORBELL;
-        if !cfg.cache_align() {
+        if !cfg.get_cache_align() {
             flags |= FLAG_UNALIGNED;
         }
-        if cfg.tail_with_imm() {
+        if cfg.get_tail_with_imm() {
             flags |= FLAG_TAIL_IMM;
         }
         let mut size_shift = 0;
         if cfg.self_sizing() {
             flags |= FLAG_SELF_SIZING;
-            size_shift = (cfg.ring_size() / cfg.min_ring_size()).trailing_zeros() as u8;
+            size_shift = (cfg.get_ring_size() / cfg.get_min_ring_size()).trailing_zeros() as u8;
         }
         RingParams {
             flags,
             size_shift,
-            slot_size: cfg.slot_size() as u32,
+            slot_size: cfg.get_slot_size() as u32,
             slot_count: cfg.slot_count() as u32,
-            alpha: cfg.alpha(),
-            beta: cfg.beta(),
-            gamma: cfg.gamma(),
+            alpha: cfg.get_alpha(),
+            beta: cfg.get_beta(),
+            gamma: cfg.get_gamma(),
         }
     }
 
@@ -299,7 +299,7 @@ mod tests {
         assert!(!p.has(FLAG_SELF_SIZING) && p.size_shift == 0);
         assert_eq!(
             (p.slot_size as usize, u64::from(p.slot_count)),
-            (cfg.slot_size(), cfg.slot_count())
+            (cfg.get_slot_size(), cfg.slot_count())
         );
         assert_eq!(p.check_peer(&p).unwrap(), cfg.slot_count());
     }
