@@ -508,7 +508,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
     println!(
         "workload {} ({:?} keys), {} records, {} operations, {} B values, {} clients, target {}",
         args.workload,
-        workload.config().key_distribution(),
+        workload.config().get_distribution(),
         args.records,
         args.ops,
         args.value_size,

@@ -304,22 +304,22 @@ impl WorkloadConfig {
     }
 
     /// The workload.
-    pub fn core(&self) -> Core {
+    pub fn get_core(&self) -> Core {
         self.core
     }
 
     /// Records of the load phase.
-    pub fn record_count(&self) -> u64 {
+    pub fn get_records(&self) -> u64 {
         self.records
     }
 
     /// Transactions of the run phase.
-    pub fn operation_count(&self) -> u64 {
+    pub fn get_operations(&self) -> u64 {
         self.operations
     }
 
     /// The key choice.
-    pub fn key_distribution(&self) -> Distribution {
+    pub fn get_distribution(&self) -> Distribution {
         self.distribution
     }
 
