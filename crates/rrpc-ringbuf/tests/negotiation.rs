@@ -130,7 +130,7 @@ fn shallow_send_queue_is_refused_naming_both_values() {
 #[test]
 fn missing_or_unreadable_ring_parameters_are_refused() {
     use rrpc_core::conn::{self, HandshakeConfig, Offer};
-    use rrpc_ringbuf::{LocalRing, ROLE_RING};
+    use rrpc_ringbuf::ROLE_RING;
 
     let fabric = Provider::Shm.fabric();
     let cfg = RingConfig::builder().ring_size(64 << 10).build().unwrap();
@@ -143,19 +143,7 @@ fn missing_or_unreadable_ring_parameters_are_refused() {
     ];
     for (section, why) in cases {
         let (dir, listener, ep) = common::listen(&fabric);
-        let (f2, c2) = (fabric.clone(), cfg.clone());
-        let srv = std::thread::spawn(move || {
-            let local = LocalRing::new(&f2, &c2).unwrap();
-            let c = listener
-                .accept()
-                .unwrap()
-                .accept(
-                    f2.create_qp(&QpConfig::default()).unwrap(),
-                    local.add_to_offer(Offer::new()),
-                )
-                .unwrap();
-            local.connect(&c).map(|_| ())
-        });
+        let srv = common::serve_one(listener, &fabric, &cfg, &QpConfig::default());
         let region = fabric
             .alloc_region_with(128 << 10, rrpc_core::Access::REMOTE_WRITE)
             .unwrap();
@@ -170,7 +158,7 @@ fn missing_or_unreadable_ring_parameters_are_refused() {
             &HandshakeConfig::default(),
         )
         .unwrap();
-        match srv.join().unwrap() {
+        match srv.join().unwrap().map(|_| ()) {
             Err(Error::Incompatible(m)) => assert!(m.contains(why), "{why}: {m}"),
             other => panic!("{why}: {other:?}"),
         }

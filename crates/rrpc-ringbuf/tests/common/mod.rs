@@ -138,17 +138,7 @@ pub(crate) fn pair_on_fabric(
 ) -> (Result<Side, Error>, Result<Side, Error>) {
     let (dir, listener, ep) = listen(fabric);
     let kind = fabric.kind();
-    let (f2, s2, q2) = (fabric.clone(), server.clone(), qp.clone());
-    let srv = std::thread::spawn(move || {
-        let local = LocalRing::new(&f2, &s2).unwrap();
-        let c = listener
-            .accept()
-            .unwrap()
-            .accept(f2.create_qp(&q2).unwrap(), local.add_to_offer(Offer::new()))
-            .unwrap();
-        assert_eq!(c.peer().provider, kind, "server side");
-        local.connect(&c).map(|(tx, rx)| (c, tx, rx))
-    });
+    let srv = serve_one(listener, fabric, server, qp);
     let local = LocalRing::new(fabric, client).unwrap();
     let c = conn::connect(
         &ep,
@@ -164,6 +154,28 @@ pub(crate) fn pair_on_fabric(
         let _ = std::fs::remove_dir_all(dir);
     }
     (cli, srv)
+}
+
+/// A server thread that accepts one client on `listener` with a ring
+/// configured by `cfg` and returns its `LocalRing::connect` result. The
+/// connection is checked to run on the fabric's provider.
+pub(crate) fn serve_one(
+    listener: conn::Listener,
+    fabric: &Fabric,
+    cfg: &RingConfig,
+    qp: &QpConfig,
+) -> std::thread::JoinHandle<Result<Side, Error>> {
+    let (f2, s2, q2) = (fabric.clone(), cfg.clone(), qp.clone());
+    std::thread::spawn(move || {
+        let local = LocalRing::new(&f2, &s2).unwrap();
+        let c = listener
+            .accept()
+            .unwrap()
+            .accept(f2.create_qp(&q2).unwrap(), local.add_to_offer(Offer::new()))
+            .unwrap();
+        assert_eq!(c.peer().provider, f2.kind(), "server side");
+        local.connect(&c).map(|(tx, rx)| (c, tx, rx))
+    })
 }
 
 /// [`pair_on_fabric`] on `p`'s fabric.
