@@ -337,3 +337,41 @@ impl<'a> Local<'a> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::Ordering;
+
+    use super::*;
+
+    /// The accessors reach exactly the region's bytes, see each other's
+    /// stores and refuse anything outside. Runs under miri too, on heap
+    /// memory (`sys::Mapping`).
+    #[test]
+    fn accessors_stay_inside_and_see_each_others_bytes() {
+        let r = Region::alloc(4096 + 100, false, Access::ALL).unwrap();
+        assert_eq!(r.len(), 8192, "rounded up to whole pages");
+        r.write_at(4090, b"0123456789").unwrap();
+        let mut out = [0u8; 10];
+        r.read_at(4090, &mut out).unwrap();
+        assert_eq!(&out, b"0123456789");
+        r.atomic_u64(8)
+            .unwrap()
+            .store(0x1122_3344_5566_7788, Ordering::Release);
+        let mut word = [0u8; 8];
+        r.read_at(8, &mut word).unwrap();
+        assert_eq!(u64::from_le_bytes(word), 0x1122_3344_5566_7788);
+        // SAFETY: in bounds, and nothing writes the range while the view lives.
+        assert_eq!(unsafe { r.slice(4090, 10) }, b"0123456789");
+        // SAFETY: in bounds, and no other view of the range is alive.
+        unsafe { r.slice_mut(8190, 2) }.copy_from_slice(b"zz");
+        r.read_at(8190, &mut out[..2]).unwrap();
+        assert_eq!(&out[..2], b"zz");
+        let oob = |e: Result<()>| matches!(e, Err(Error::LocalOutOfBounds { .. }));
+        assert!(oob(r.write_at(8190, b"abc")));
+        assert!(oob(r.read_at(usize::MAX, &mut out)));
+        assert!(oob(r.check(8192, 1)));
+        assert!(r.atomic_u64(4).is_err(), "unaligned");
+        assert!(r.atomic_u64(8192).is_err(), "past the end");
+    }
+}

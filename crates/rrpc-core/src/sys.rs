@@ -55,10 +55,17 @@ fn huge_failed_recently() -> bool {
 }
 
 /// A `MAP_SHARED` mapping of a memfd. Unmapped on drop.
+///
+/// Under miri, which cannot create or map a memfd, it is zeroed heap memory
+/// with the same alignment and length, so that the code that reads and
+/// writes regions (`Region`'s accessors, rrpc-ringbuf's byte views) runs
+/// under miri too. Nothing that needs the fd (granting a region to a peer,
+/// punching holes) runs there.
 #[derive(Debug)]
 pub(crate) struct Mapping {
     ptr: NonNull<u8>,
     len: usize,
+    #[cfg(not(miri))]
     fd: OwnedFd,
     huge: bool,
 }
@@ -76,6 +83,35 @@ impl Mapping {
         if len == 0 {
             return Err(Error::InvalidConfig("region length must be > 0".into()));
         }
+        #[cfg(miri)]
+        {
+            let _ = try_huge;
+            Self::create_on_heap(len)
+        }
+        #[cfg(not(miri))]
+        {
+            Self::create_memfd(len, try_huge)
+        }
+    }
+
+    /// Zeroed, page-aligned heap memory (miri only: see the type's docs).
+    #[cfg(miri)]
+    fn create_on_heap(len: usize) -> Result<Mapping> {
+        let size = round_up(len, PAGE);
+        let layout = std::alloc::Layout::from_size_align(size, PAGE)
+            .map_err(|_| Error::InvalidConfig(format!("region of {size} bytes")))?;
+        // SAFETY: `layout` has a non-zero size (`len > 0`, checked by `create`).
+        let ptr = NonNull::new(unsafe { std::alloc::alloc_zeroed(layout) })
+            .ok_or_else(|| Error::InvalidConfig(format!("no memory for {size} bytes")))?;
+        Ok(Mapping {
+            ptr,
+            len: size,
+            huge: false,
+        })
+    }
+
+    #[cfg(not(miri))]
+    fn create_memfd(len: usize, try_huge: bool) -> Result<Mapping> {
         if try_huge && len >= HUGE_PAGE && !huge_failed_recently() {
             match Self::create_with(len, true) {
                 Ok(m) => return Ok(m),
@@ -91,6 +127,7 @@ impl Mapping {
         Self::create_with(len, false)
     }
 
+    #[cfg(not(miri))]
     fn create_with(len: usize, huge: bool) -> Result<Mapping> {
         let name: &CStr = c"rrpc-region";
         let mut flags = MFdFlags::MFD_CLOEXEC | MFdFlags::MFD_ALLOW_SEALING;
@@ -130,9 +167,15 @@ impl Mapping {
     /// [`Error::MalformedHandshake`] as [`check_peer_memfd`].
     pub(crate) fn map_peer(fd: OwnedFd, len: usize, what: &str) -> Result<Mapping> {
         check_peer_memfd(fd.as_fd(), len as u64, what)?;
+        #[cfg(miri)]
+        return Err(Error::InvalidConfig(format!(
+            "cannot map the peer's {what} under miri"
+        )));
+        #[cfg(not(miri))]
         Self::map(fd, len)
     }
 
+    #[cfg(not(miri))]
     fn map(fd: OwnedFd, len: usize) -> Result<Mapping> {
         let nz = std::num::NonZeroUsize::new(len)
             .ok_or_else(|| Error::InvalidConfig("zero-length mapping".into()))?;
@@ -167,6 +210,9 @@ impl Mapping {
         self.huge
     }
     pub(crate) fn fd(&self) -> BorrowedFd<'_> {
+        #[cfg(miri)]
+        unreachable!("a region has no memfd under miri");
+        #[cfg(not(miri))]
         self.fd.as_fd()
     }
 
@@ -182,9 +228,17 @@ impl Mapping {
         }
         // Punching a hole changes file contents (to zeros), never the mapping's
         // extent: the memory stays mapped and every pointer into it valid.
+        #[cfg(miri)]
+        {
+            // SAFETY: inside the allocation (the caller checked the range).
+            unsafe { std::ptr::write_bytes(self.ptr.as_ptr().add(start), 0, end - start) };
+            return Ok(end - start);
+        }
+        #[cfg(not(miri))]
         let off = |n: usize| {
             libc::off_t::try_from(n).map_err(|_| Error::InvalidConfig(format!("offset {n}")))
         };
+        #[cfg(not(miri))]
         fallocate(
             &self.fd,
             FallocateFlags::FALLOC_FL_PUNCH_HOLE | FallocateFlags::FALLOC_FL_KEEP_SIZE,
@@ -198,6 +252,13 @@ impl Mapping {
 
 impl Drop for Mapping {
     fn drop(&mut self) {
+        #[cfg(miri)]
+        {
+            let layout = std::alloc::Layout::from_size_align(self.len, PAGE).expect("as created");
+            // SAFETY: allocated in `create_on_heap` with this layout (`len` is its size).
+            unsafe { std::alloc::dealloc(self.ptr.as_ptr(), layout) };
+        }
+        #[cfg(not(miri))]
         // SAFETY: `ptr`/`len` describe exactly the mapping created in `map`, and no
         // reference derived from it outlives `self` (borrows are tied to `&self`).
         let _ = unsafe { munmap(self.ptr.cast(), self.len) };

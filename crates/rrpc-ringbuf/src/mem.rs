@@ -77,3 +77,38 @@ pub(crate) unsafe fn staging(region: &Region, offset: usize, len: usize) -> &[u8
     // SAFETY: in bounds (asserted); the caller guarantees no mutable view.
     unsafe { region.slice(offset, len) }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn region() -> std::sync::Arc<Region> {
+        rrpc_core::Fabric::shm()
+            .without_huge_pages()
+            .alloc_region_with(8192, rrpc_core::Access::LOCAL)
+            .unwrap()
+    }
+
+    /// Each view covers exactly its range and sees what the others wrote.
+    /// Runs under miri too, on heap memory.
+    #[test]
+    fn views_cover_exactly_their_range() {
+        let r = region();
+        // SAFETY: the region is ours and never granted; no other view lives.
+        unsafe { staging_mut(&r, 4096, 16) }.copy_from_slice(b"0123456789abcdef");
+        // SAFETY: the mutable view above is gone; nothing writes meanwhile.
+        assert_eq!(unsafe { staging(&r, 4100, 4) }, b"4567");
+        // SAFETY: as above.
+        assert_eq!(unsafe { received(&r, 4096, 16) }, b"0123456789abcdef");
+        // SAFETY: as above; the last bytes of the region.
+        assert_eq!(unsafe { received(&r, 8190, 2) }, [0, 0]);
+    }
+
+    #[test]
+    #[should_panic]
+    fn a_view_past_the_end_panics() {
+        let r = region();
+        // SAFETY: no other view lives; the range is out of bounds on purpose.
+        let _ = unsafe { staging(&r, 8190, 4) };
+    }
+}
