@@ -846,7 +846,7 @@ impl Pending {
     }
 
     /// Whether this client's side channel runs TLS
-    /// ([`HandshakeConfig::tls_server`]): its hello arrives encrypted,
+    /// (`HandshakeConfig::tls_server`, `verbs` feature): its hello arrives encrypted,
     /// so peeking the socket shows nothing; use [`poll_hello`](Self::poll_hello).
     pub fn uses_tls(&self) -> bool {
         #[cfg(feature = "verbs")]

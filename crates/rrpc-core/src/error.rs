@@ -120,8 +120,8 @@ pub enum Error {
     AuthFailed,
     /// TLS on the side channel failed: a certificate the other side does
     /// not trust, or a peer that does not speak TLS (`rdma://` with
-    /// [`crate::conn::HandshakeConfig::tls_server`] /
-    /// [`tls_client`](crate::conn::HandshakeConfig::tls_client)).
+    /// `HandshakeConfig::tls_server` /
+    /// `tls_client`).
     #[error("side-channel TLS failed: {0}")]
     Tls(String),
     /// The peer refused the connection.

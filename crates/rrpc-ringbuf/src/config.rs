@@ -23,15 +23,15 @@ pub const MAX_SLOT_SIZE: usize = 64 << 10;
 /// Largest accepted `alpha`, `beta` or `gamma`.
 pub const MAX_THRESHOLD: u32 = 1 << 16;
 /// How long a message the tail covers may stay unplaced before the receiver
-/// gives up ([`RingConfig::placement_timeout`]).
+/// gives up ([`RingConfig::get_placement_timeout`]).
 pub const DEFAULT_PLACEMENT_TIMEOUT: Duration = Duration::from_secs(1);
 /// Send-queue depth the ring assumes the queue pair has (rrpc-core's default).
 pub const DEFAULT_SQ_DEPTH: u32 = 1024;
-/// Largest ratio of [`RingConfig::ring_size`] to
-/// [`RingConfig::min_ring_size`] (the handshake carries its log2 in 3 bits).
+/// Largest ratio of [`RingConfig::get_ring_size`] to
+/// [`RingConfig::get_min_ring_size`] (the handshake carries its log2 in 3 bits).
 pub const MAX_SIZE_RATIO: usize = 128;
 /// How long a self-sizing ring's writer must be quiet before its ring
-/// shrinks to [`RingConfig::min_ring_size`] ([`RingConfig::shrink_after`]).
+/// shrinks to [`RingConfig::get_min_ring_size`] ([`RingConfig::get_shrink_after`]).
 pub const DEFAULT_SHRINK_AFTER: Duration = Duration::from_secs(1);
 
 /// Validated configuration of one ring direction, shared as `Arc<RingConfig>`.
@@ -176,12 +176,12 @@ impl RingConfig {
         self.sq_depth
     }
     /// Work requests the sender keeps outstanding at most: half of
-    /// [`RingConfig::sq_depth`] (at least 2).
+    /// [`RingConfig::get_sq_depth`] (at least 2).
     pub fn sender_outstanding(&self) -> u32 {
         (self.sq_depth / 2).max(2)
     }
     /// Work requests the receiver (its head pushes) keeps outstanding at
-    /// most: a quarter of [`RingConfig::sq_depth`] (at least 2).
+    /// most: a quarter of [`RingConfig::get_sq_depth`] (at least 2).
     pub fn receiver_outstanding(&self) -> u32 {
         (self.sq_depth / 4).max(2)
     }
@@ -278,7 +278,7 @@ impl RingConfigBuilder {
         self
     }
     /// How long a message the tail covers may stay unplaced before the
-    /// receiver closes the ring ([`RingConfig::placement_timeout`]). Default 1 s.
+    /// receiver closes the ring ([`RingConfig::get_placement_timeout`]). Default 1 s.
     pub fn placement_timeout(mut self, timeout: Duration) -> Self {
         self.cfg.placement_timeout = timeout;
         self
@@ -295,7 +295,7 @@ impl RingConfigBuilder {
         self
     }
     /// The size past which a self-sizing ring stops growing for throughput
-    /// ([`RingConfig::cache_ring_size`]): the rings a core touches should
+    /// ([`RingConfig::get_cache_ring_size`]): the rings a core touches should
     /// stay in its cache (RR-Compound's Fig. 12: a ring that no longer fits
     /// halves the bandwidth). A power of two; clamped to
     /// `min_ring_size..=ring_size`. Default: no cap.

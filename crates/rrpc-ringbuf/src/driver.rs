@@ -146,7 +146,7 @@ impl LocalRing {
 
     /// Validates the peer's ring parameters and grant and splits into the
     /// two directions. Both sides must use the same slot size and count and
-    /// the same [`RingConfig::cache_align`] and [`RingConfig::tail_with_imm`]
+    /// the same [`RingConfig::get_cache_align`] and [`RingConfig::get_tail_with_imm`]
     /// switches (carried in the handshake, see [`params`](Self::params)).
     ///
     /// # Errors
@@ -355,7 +355,7 @@ pub struct RingTx {
     bells_posted: u64,
     /// Doorbells the peer had no receive for (shm says so at post time).
     bells_refused: u64,
-    /// [`RingConfig::placement_timeout`], which also bounds how long the
+    /// [`RingConfig::get_placement_timeout`], which also bounds how long the
     /// head record may stay inconsistent.
     placement_timeout: std::time::Duration,
     /// Since when the head record has read inconsistent.
@@ -437,7 +437,7 @@ impl RingTx {
     /// Runs a self-sizing ring's policy at `now` ([`crate::proto::sizing`])
     /// and starts the resize it asks for; also completes a shrink the
     /// receiver has acknowledged (giving `RB_S`'s unused end back). Call it
-    /// every [`RingConfig::shrink_after`]` / 2`, busy or not: an idle ring
+    /// every [`RingConfig::get_shrink_after`]` / 2`, busy or not: an idle ring
     /// shrinks only from here. Returns whether a resize marker went out.
     /// A fixed ring does nothing.
     ///
@@ -761,13 +761,14 @@ pub struct RingRx {
     head_mirror: Arc<AtomicU64>,
     deferred: Option<Error>,
     imm: bool,
-    /// The peer's sender reads our sleep word ([`GEOMETRY_FLAG_DOORBELL`]).
+    /// The peer's sender reads our sleep word
+    /// ([`params::FLAG_DOORBELL`](crate::proto::params::FLAG_DOORBELL)).
     peer_rings: bool,
     sleeper: Arc<std::sync::Mutex<Sleeper>>,
     /// The message [`RingRx::has_message`] found, returned by the next
     /// [`RingRx::try_recv`] without decoding its header again.
     peeked: Option<Message>,
-    /// [`RingConfig::placement_timeout`].
+    /// [`RingConfig::get_placement_timeout`].
     placement_timeout: std::time::Duration,
     /// Since when the message at this slot pointer has been covered by the
     /// tail but not placed (`proto` docs, "Placement order").
@@ -977,7 +978,7 @@ impl RingRx {
     }
 
     /// Whether the peer sends every tail with `WRITE_WITH_IMM`
-    /// ([`RingConfig::tail_with_imm`], EVENT mode).
+    /// ([`RingConfig::get_tail_with_imm`], EVENT mode).
     pub fn tails_with_imm(&self) -> bool {
         self.imm
     }
@@ -1080,8 +1081,9 @@ pub struct RxDoorbell {
 
 impl RxDoorbell {
     /// Whether the peer's sender rings at all (it offered
-    /// [`GEOMETRY_FLAG_DOORBELL`]). Without it, a sleeping reader is woken
-    /// only by whatever else watches the ring.
+    /// [`params::FLAG_DOORBELL`](crate::proto::params::FLAG_DOORBELL)).
+    /// Without it, a sleeping reader is woken only by whatever else watches
+    /// the ring.
     pub fn peer_rings(&self) -> bool {
         self.peer_rings
     }

@@ -31,18 +31,18 @@
 //! peer-written value (headers, end stamps, gap markers, pointer records) is
 //! validated: a bad pointer closes the channel with [`Error::Corrupt`] at
 //! once, a message or pointer record that stays inconsistent for
-//! [`RingConfig::placement_timeout`] (1 s) closes it then (a pointer read
+//! [`RingConfig::get_placement_timeout`] (1 s) closes it then (a pointer read
 //! half-written is a wait: [`proto`] docs, "Pointer records").
 //!
 //! ## Handshake
 //! [`LocalRing::add_to_offer`] puts the slot size and count and the
-//! switches both sides must share ([`RingConfig::cache_align`],
-//! [`RingConfig::tail_with_imm`], as flags in the top byte of the offered
+//! switches both sides must share ([`RingConfig::get_cache_align`],
+//! [`RingConfig::get_tail_with_imm`], as flags in the top byte of the offered
 //! `slot_size`) into the rrpc-core handshake; [`LocalRing::connect`] refuses
 //! a peer that differs with [`Error::Incompatible`] naming both values.
 //!
 //! ## EVENT mode and the receive-repost rule
-//! With [`RingConfig::tail_with_imm`] every tail WRITE is a
+//! With [`RingConfig::get_tail_with_imm`] every tail WRITE is a
 //! `WRITE_WITH_IMM`: it consumes one receive posted on the receiver's queue
 //! pair and adds a completion to its receive CQ, which makes the CQ's
 //! channel fd readable if it was armed with `req_notify()`. The receiver
@@ -64,7 +64,7 @@
 //! it from being needed.
 //!
 //! ## Rings that size themselves
-//! With [`RingConfig::min_ring_size`] below [`RingConfig::ring_size`] the
+//! With [`RingConfig::get_min_ring_size`] below [`RingConfig::get_ring_size`] the
 //! sender starts small, grows its ring before a message that needs it, and
 //! shrinks it when messages get smaller or the connection goes quiet
 //! ([`RingTx::maintain`]), switching in-band with a resize marker ([`proto`]

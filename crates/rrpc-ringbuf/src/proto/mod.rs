@@ -1,7 +1,8 @@
 //! Sans-IO pointer logic of RB² (Algorithm 1): no memory mapping, no queue
 //! pairs, no clocks. [`Sender`] and [`Receiver`] take events (`handle_*`) and
-//! hand out work requests to post (`poll_transmit`); the driver in
-//! [`crate::driver`] executes them on an `rrpc-core` queue pair.
+//! hand out work requests to post (`poll_transmit`); the crate's driver
+//! (`LocalRing`, `RingTx`, `RingRx`) executes them on an `rrpc-core` queue
+//! pair.
 //!
 //! Pointers are absolute slot counters (`u64`, never wrapping in practice);
 //! the slot index is `pointer % N`. Using absolute counters lets the whole
@@ -86,8 +87,8 @@
 //! the same cache line for messages of one slot.
 //!
 //! # Rings that size themselves
-//! A ring's array is registered at its largest size ([`crate::RingConfig::ring_size`]),
-//! but a self-sizing sender ([`crate::RingConfig::min_ring_size`]) uses only its first
+//! A ring's array is registered at its largest size ([`crate::RingConfig::get_ring_size`]),
+//! but a self-sizing sender ([`crate::RingConfig::get_min_ring_size`]) uses only its first
 //! `n` slots, `n` a power of two between the two sizes, chosen by the
 //! [`sizing`] policy from what the sender observes. Pointers stay absolute;
 //! only the slot index (`pos % n`) changes. The switch is in-band:

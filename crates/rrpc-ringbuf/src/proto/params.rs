@@ -28,11 +28,11 @@ pub const VERSION: u8 = 1;
 /// Length of the encoded parameters.
 pub const LEN: usize = 26;
 
-/// The ring array is *not* cache-line aligned ([`RingConfig::cache_align`]
+/// The ring array is *not* cache-line aligned ([`RingConfig::get_cache_align`]
 /// off).
 pub const FLAG_UNALIGNED: u32 = 1 << 0;
 /// This side's sender writes its tail with `WRITE_WITH_IMM`
-/// ([`RingConfig::tail_with_imm`]).
+/// ([`RingConfig::get_tail_with_imm`]).
 pub const FLAG_TAIL_IMM: u32 = 1 << 1;
 /// This side's tail and head are 16-byte pointer records (`proto` docs,
 /// "Pointer records"). Always set; a peer without it is refused.
@@ -42,7 +42,7 @@ pub const FLAG_POINTER_RECORDS: u32 = 1 << 2;
 /// lacks it cannot rely on a doorbell
 /// ([`RxDoorbell::peer_rings`](crate::RxDoorbell::peer_rings)).
 pub const FLAG_DOORBELL: u32 = 1 << 3;
-/// This side's sender sizes its ring itself ([`RingConfig::min_ring_size`])
+/// This side's sender sizes its ring itself ([`RingConfig::get_min_ring_size`])
 /// and writes resize markers the peer's receiver must follow (`proto` docs,
 /// "Rings that size themselves"). It starts with `slot_count >> size_shift`
 /// slots.
