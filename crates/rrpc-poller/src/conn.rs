@@ -7,7 +7,7 @@
 //! watched by both, so a dead peer fails waiting tasks with [`Error::PeerGone`].
 //!
 //! In [`Mode::Event`] the receive side sleeps on the queue pair's receive completion channel
-//! (the peer's ring must send its tail with `WRITE_WITH_IMM`: `RingConfig::get_tail_with_imm`,
+//! (the peer's ring must send its tail with `WRITE_WITH_IMM`: `RingConfigBuilder::tail_with_imm`,
 //! set on both sides). Head pushes carry no immediate, so in Event mode a sender waiting for
 //! space rechecks with a timer backoff (20 µs doubling to 1 ms) instead; this is the only
 //! place where Event mode polls.
@@ -157,7 +157,7 @@ impl AsyncConn {
         if poller.config().get_mode() == Mode::Event {
             if !tx.config().get_tail_with_imm() {
                 return Err(Error::InvalidConfig(
-                    "Event mode needs RingConfig::get_tail_with_imm(true) on both sides",
+                    "Event mode needs RingConfigBuilder::tail_with_imm(true) on both sides",
                 ));
             }
             rx.post_receives(EVENT_RECVS)?;

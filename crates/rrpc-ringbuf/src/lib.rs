@@ -37,9 +37,10 @@
 //! ## Handshake
 //! [`LocalRing::add_to_offer`] puts the slot size and count and the
 //! switches both sides must share ([`RingConfig::get_cache_align`],
-//! [`RingConfig::get_tail_with_imm`], as flags in the top byte of the offered
-//! `slot_size`) into the rrpc-core handshake; [`LocalRing::connect`] refuses
-//! a peer that differs with [`Error::Incompatible`] naming both values.
+//! [`RingConfig::get_tail_with_imm`]) into the rrpc-core handshake, as the
+//! ring's own section ([`RingParams`], [`proto::params`]) under the ring
+//! region's role; [`LocalRing::connect`] refuses a peer that differs, or whose
+//! section it cannot read, with [`Error::Incompatible`] naming both values.
 //!
 //! ## EVENT mode and the receive-repost rule
 //! With [`RingConfig::get_tail_with_imm`] every tail WRITE is a
