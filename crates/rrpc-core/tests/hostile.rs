@@ -570,22 +570,20 @@ fn peer_clearing_nonblock_on_our_eventfd_never_blocks_ack_events() {
     let server = std::thread::spawn(move || {
         let (s, _) = ls.accept().unwrap();
         let mut buf = vec![0u8; 16384];
-        let mut space = nix::cmsg_space!([RawFd; 18]);
+        let mut space = [std::mem::MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(18))];
+        let mut control = rustix::net::RecvAncillaryBuffer::new(&mut space);
         let mut iov = [std::io::IoSliceMut::new(&mut buf)];
-        let msg = nix::sys::socket::recvmsg::<()>(
-            s.as_raw_fd(),
+        rustix::net::recvmsg(
+            &s,
             &mut iov,
-            Some(&mut space),
-            MsgFlags::MSG_CMSG_CLOEXEC,
+            &mut control,
+            rustix::net::RecvFlags::CMSG_CLOEXEC,
         )
         .unwrap();
         let mut fds: Vec<OwnedFd> = Vec::new();
-        for c in msg.cmsgs().unwrap() {
-            if let nix::sys::socket::ControlMessageOwned::ScmRights(raw) = c {
-                for fd in raw {
-                    // SAFETY: installed for us by the kernel just now.
-                    fds.push(unsafe { std::os::fd::FromRawFd::from_raw_fd(fd) });
-                }
+        for c in control.drain() {
+            if let rustix::net::RecvAncillaryMessage::ScmRights(received) = c {
+                fds.extend(received);
             }
         }
         // The client's hello carries its receive queue and its eventfd last.
