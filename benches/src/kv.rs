@@ -552,6 +552,41 @@ fn rf_closed_loop(
     }
 }
 
+/// One row per (x, mode) RF-RPC run: throughput, latency, how often the
+/// hybrid fell back to server-reply, and the ratio against the best fixed mode
+/// at the same x.
+fn rf_table(name: &str, title: &str, x: &str, rows: &[(usize, &str, RfRun)]) -> Table {
+    let mut t = Table::new(
+        name,
+        title,
+        &[
+            "mode",
+            x,
+            "kops",
+            "p50_us",
+            "p99_us",
+            "sr_calls_pct",
+            "failed_reads_per_call",
+            "ratio_vs_best_fixed",
+        ],
+    );
+    for (x, name, r) in rows {
+        let s = r.lat.summary();
+        let ratio = Ratio::of(r.kops(), best_fixed(rows, *x));
+        t.push(vec![
+            Value::from(*name),
+            Value::from(*x),
+            Value::from(r.kops()),
+            Value::from(s.p50_us()),
+            Value::from(s.p99_us()),
+            Value::from(r.sr_pct()),
+            Value::from(r.failed_reads_per_call()),
+            Value::from(ratio),
+        ]);
+    }
+    t
+}
+
 fn best_fixed(rows: &[(usize, &str, RfRun)], x: usize) -> f64 {
     rows.iter()
         .filter(|(k, m, _)| *k == x && !m.starts_with("hybrid"))
@@ -619,34 +654,12 @@ fn rfrpc_tables(args: &SuiteArgs, report: &mut Report) -> Result<()> {
             bar.inc(1);
         }
     }
-    let mut t = Table::new(
+    let mut t = rf_table(
         "rfrpc_clients",
         "RF-RPC modes vs client threads (16 B keys, 32 B values, 95 % GET; Jakiro Fig. 7)",
-        &[
-            "mode",
-            "clients",
-            "kops",
-            "p50_us",
-            "p99_us",
-            "sr_calls_pct",
-            "failed_reads_per_call",
-            "ratio_vs_best_fixed",
-        ],
+        "clients",
+        &rows,
     );
-    for (n, name, r) in &rows {
-        let s = r.lat.summary();
-        let ratio = Ratio::of(r.kops(), best_fixed(&rows, *n));
-        t.push(vec![
-            Value::from(*name),
-            Value::from(*n),
-            Value::from(r.kops()),
-            Value::from(s.p50_us()),
-            Value::from(s.p99_us()),
-            Value::from(r.sr_pct()),
-            Value::from(r.failed_reads_per_call()),
-            Value::from(ratio),
-        ]);
-    }
     let max_clients = client_counts.iter().copied().max().unwrap_or(1);
     let plan = ThreadPlan::new()
         .side(
@@ -697,34 +710,12 @@ fn rfrpc_tables(args: &SuiteArgs, report: &mut Report) -> Result<()> {
         }
     }
     bar.finish_and_clear();
-    let mut t = Table::new(
+    let mut t = rf_table(
         "rfrpc_processing",
         "RF-RPC modes vs server processing time, 1 client (Jakiro Fig. 9)",
-        &[
-            "mode",
-            "proc_us",
-            "kops",
-            "p50_us",
-            "p99_us",
-            "sr_calls_pct",
-            "failed_reads_per_call",
-            "ratio_vs_best_fixed",
-        ],
+        "proc_us",
+        &rows,
     );
-    for (us, name, r) in &rows {
-        let s = r.lat.summary();
-        let ratio = Ratio::of(r.kops(), best_fixed(&rows, *us));
-        t.push(vec![
-            Value::from(*name),
-            Value::from(*us),
-            Value::from(r.kops()),
-            Value::from(s.p50_us()),
-            Value::from(s.p99_us()),
-            Value::from(r.sr_pct()),
-            Value::from(r.failed_reads_per_call()),
-            Value::from(ratio),
-        ]);
-    }
     let plan = ThreadPlan::new()
         .side(
             "RF-RPC server process (1 polling thread)",

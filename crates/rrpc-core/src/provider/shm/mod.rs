@@ -420,12 +420,46 @@ pub(crate) struct PeerResources {
     pub(crate) budget: Option<crate::conn::BudgetGuard>,
 }
 
-/// A post's checked target: the peer, the pointer into its region, and the
-/// region itself when it was granted later (kept mapped while this lives).
-struct Checked<'a> {
+/// A post's checked ends: the peer, the pointer into its region, the region
+/// itself when it was granted later (kept mapped while this lives), and the
+/// local bytes. Only [`ShmQp::check_post`] makes one, after checking both ends,
+/// so its copies are safe to call.
+struct Checked<'a, 'l> {
     peer: &'a Peer,
     ptr: *mut u8,
     _keep: Option<Arc<MappedRemote>>,
+    local: Local<'l>,
+}
+
+impl Checked<'_, '_> {
+    /// The WRITE's copy: the local bytes into the peer's memory, `torn` as
+    /// [`copy_out`] says.
+    fn write_to_peer(&self, torn: bool) {
+        let Local {
+            region,
+            offset,
+            len,
+        } = self.local;
+        // SAFETY: the source is inside our region and the destination inside
+        // the peer's mapping, both checked by `check_post` for `len` bytes; the
+        // mapping stays mapped while `self` (`_keep`, or the peer's own list)
+        // lives; the two mappings are distinct objects.
+        unsafe { copy_out(region.as_ptr().add(offset), self.ptr, len, torn) };
+    }
+
+    /// The READ's copy: the peer's bytes into our region.
+    fn read_from_peer(&self) {
+        let Local {
+            region,
+            offset,
+            len,
+        } = self.local;
+        fence(Ordering::Acquire);
+        // SAFETY: the source inside the peer's mapping and the destination
+        // inside our region, both checked by `check_post` and kept mapped as
+        // above; `copy` tolerates overlap should both name the same memory.
+        unsafe { std::ptr::copy(self.ptr, region.as_ptr().add(offset), len) };
+    }
 }
 
 /// An shm queue pair.
@@ -666,11 +700,16 @@ impl ShmQp {
     /// is connected and not failed, the local slice lies in its region, the
     /// remote range in a granted region. Returns the peer and the remote pointer.
     #[inline]
-    fn check_post(&self, local: &Local<'_>, remote: Remote) -> Result<Checked<'_>> {
+    fn check_post<'l>(&self, local: Local<'l>, remote: Remote) -> Result<Checked<'_, 'l>> {
         let peer = self.ready()?;
         local.region.check(local.offset, local.len)?;
         let (ptr, _keep) = Self::translate(peer, remote, local.len)?;
-        Ok(Checked { peer, ptr, _keep })
+        Ok(Checked {
+            peer,
+            ptr,
+            _keep,
+            local,
+        })
     }
 
     /// Takes a send-queue slot and draws this post's faults. `None` when an
@@ -716,22 +755,11 @@ impl ShmQp {
         remote: Remote,
         signaled: bool,
     ) -> Result<()> {
-        let checked = self.check_post(&local, remote)?;
-        let dst = checked.ptr;
+        let checked = self.check_post(local, remote)?;
         let Some((seq, delay, torn)) = self.admit(wr_id, Opcode::Write)? else {
             return Ok(());
         };
-        // SAFETY: src is inside our region (checked), dst inside the peer's mapping
-        // (checked by `translate`, and kept mapped by `checked` until after the
-        // copy); the two mappings are distinct objects.
-        unsafe {
-            copy_out(
-                local.region.as_ptr().add(local.offset),
-                dst,
-                local.len,
-                torn,
-            )
-        };
+        checked.write_to_peer(torn);
         self.complete(seq, wr_id, Opcode::Write, local.len, signaled, delay);
         Ok(())
     }
@@ -744,8 +772,8 @@ impl ShmQp {
         imm: u32,
         signaled: bool,
     ) -> Result<()> {
-        let checked = self.check_post(&local, remote)?;
-        let (peer, dst) = (checked.peer, checked.ptr);
+        let checked = self.check_post(local, remote)?;
+        let peer = checked.peer;
         let mut prod = peer.cq.prod.lock().unwrap_or_else(|p| p.into_inner());
         if let Err(e) = peer.cq.check_room(*prod) {
             if matches!(e, Error::PeerMisbehaved(_)) {
@@ -756,15 +784,7 @@ impl ShmQp {
         let Some((seq, delay, torn)) = self.admit(wr_id, Opcode::WriteImm)? else {
             return Ok(());
         };
-        // SAFETY: as in `post_write`.
-        unsafe {
-            copy_out(
-                local.region.as_ptr().add(local.offset),
-                dst,
-                local.len,
-                torn,
-            )
-        };
+        checked.write_to_peer(torn);
         // The entry is published whether or not waking the peer works, so
         // count it before looking at the wake-up's result.
         let woke = peer.cq.push(*prod, imm, local.len as u32);
@@ -785,16 +805,11 @@ impl ShmQp {
         remote: Remote,
         signaled: bool,
     ) -> Result<()> {
-        let checked = self.check_post(&local, remote)?;
-        let src = checked.ptr;
+        let checked = self.check_post(local, remote)?;
         let Some((seq, delay, _)) = self.admit(wr_id, Opcode::Read)? else {
             return Ok(());
         };
-        fence(Ordering::Acquire);
-        // SAFETY: src inside the peer's mapping (checked, kept mapped by
-        // `checked`), dst inside our region
-        // (checked); `copy` tolerates overlap should both name the same memory.
-        unsafe { std::ptr::copy(src, local.region.as_ptr().add(local.offset), local.len) };
+        checked.read_from_peer();
         self.complete(seq, wr_id, Opcode::Read, local.len, signaled, delay);
         Ok(())
     }
