@@ -171,6 +171,36 @@ impl Drop for FabricPair {
     }
 }
 
+/// The command line of the fabric binaries (`fabric`, `fabric-demo`): the suite's
+/// arguments, or the internal target role.
+#[derive(clap::Parser, Debug)]
+pub struct Cli {
+    #[command(flatten)]
+    suite: SuiteArgs,
+    /// Internal: `target` runs the idle peer that grants the written region.
+    #[arg(long, hide = true)]
+    role: Option<String>,
+    /// Internal: the target's side-channel endpoint.
+    #[arg(long, hide = true)]
+    endpoint: Option<String>,
+}
+
+/// The `main` of the fabric binaries: the target role when asked for, else the suite
+/// (always `--quick` when `quick`), reported under `suite`.
+///
+/// # Errors
+/// As [`run_target`], [`run_suite`] and writing the report.
+pub fn main(suite: &str, quick: bool) -> Result<()> {
+    let mut cli = <Cli as clap::Parser>::parse();
+    if cli.role.as_deref() == Some("target") {
+        return run_target(cli.endpoint.as_deref().unwrap_or_default());
+    }
+    cli.suite.quick |= quick;
+    let mut report = Report::new(suite, &cli.suite)?;
+    run_suite(&cli.suite, &mut report)?;
+    report.finish()
+}
+
 /// The target process: binds `endpoint`, prints `READY`, accepts one writer, grants a
 /// `TARGET_LEN` region and idles (0 busy threads) until the writer goes away.
 ///
