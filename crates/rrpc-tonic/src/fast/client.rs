@@ -534,14 +534,8 @@ mod tests {
     use tokio_util::sync::CancellationToken;
 
     use super::*;
+    use crate::fast::testing::req;
     use crate::pipe::mem_pair;
-
-    fn req(path: &str) -> http::Request<Body> {
-        http::Request::builder()
-            .uri(path)
-            .body(Body::empty())
-            .expect("request")
-    }
 
     struct Count(std::sync::atomic::AtomicUsize);
     impl std::task::Wake for Count {

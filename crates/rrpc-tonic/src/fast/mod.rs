@@ -261,6 +261,14 @@ pub(crate) mod testing {
     use crate::Error;
     use crate::pipe::{BoxFut, MsgTx};
 
+    /// A request for `path` with an empty body.
+    pub(crate) fn req(path: &str) -> http::Request<tonic::body::Body> {
+        http::Request::builder()
+            .uri(path)
+            .body(tonic::body::Body::empty())
+            .expect("request")
+    }
+
     /// A sender that works until `broken` is set, then fails every send as
     /// a ring the peer corrupted does (the connection itself stays up).
     pub(crate) struct BreakableTx {

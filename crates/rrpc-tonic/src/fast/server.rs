@@ -711,14 +711,17 @@ mod tests {
 
     use super::*;
     use crate::fast::client::FastChannel;
-    use crate::fast::testing::BreakableTx;
+    use crate::fast::testing::{BreakableTx, req};
     use crate::pipe::mem_pair;
 
-    fn req(path: &str) -> http::Request<Body> {
-        http::Request::builder()
-            .uri(path)
-            .body(Body::empty())
-            .expect("request")
+    /// `serve_conn` returns within 5 s, with an error that says `what`.
+    async fn closes_with(server: tokio::task::JoinHandle<Result<(), Error>>, what: &str) {
+        let end = tokio::time::timeout(Duration::from_secs(5), server)
+            .await
+            .expect("serve_conn returns at once")
+            .expect("task");
+        let e = end.expect_err("serve_conn reports why it closed");
+        assert!(e.to_string().contains(what), "{e}");
     }
 
     /// A response the server cannot send (its send ring corrupted by the peer)
@@ -755,12 +758,7 @@ mod tests {
         .await
         .expect("the call fails promptly instead of hanging");
         assert!(r.is_err(), "no response could be sent");
-        let end = tokio::time::timeout(Duration::from_secs(5), server)
-            .await
-            .expect("serve_conn returns")
-            .expect("task");
-        let e = end.expect_err("serve_conn reports the send error");
-        assert!(e.to_string().contains("corrupted"), "{e}");
+        closes_with(server, "corrupted").await;
     }
 
     /// A send that fails on the client fails every call of the connection
@@ -882,12 +880,7 @@ mod tests {
         tokio::task::yield_now().await;
         assert!(!server.is_finished(), "within the window");
         raw_send(&mut ctx, &[(Kind::Data, 0, 1, vec![7u8; 1100])]).await;
-        let r = tokio::time::timeout(Duration::from_secs(5), server)
-            .await
-            .expect("the connection is closed at once")
-            .expect("task");
-        let e = r.expect_err("a protocol error");
-        assert!(e.to_string().contains("flow-control window"), "{e}");
+        closes_with(server, "flow-control window").await;
     }
 
     /// A peer opening calls without ever ending them cannot make the server
