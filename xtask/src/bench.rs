@@ -31,19 +31,10 @@ pub(crate) fn profile_dir(profile: &str) -> &str {
 
 /// The target directory and the bin targets of `rrpc-bench`, from `cargo metadata`.
 pub(crate) fn bench_metadata(root: &Path) -> Result<(PathBuf, Vec<String>)> {
-    let out = Command::new("cargo")
-        .args(["metadata", "--format-version", "1", "--no-deps"])
-        .current_dir(root)
-        .stderr(Stdio::inherit())
-        .output()
-        .context("running cargo metadata")?;
-    if !out.status.success() {
-        bail!("cargo metadata failed");
-    }
-    let meta: serde_json::Value = serde_json::from_slice(&out.stdout)?;
+    let meta = crate::ci::cargo_metadata(root)?;
     let target = meta["target_directory"]
         .as_str()
-        .context("no target_directory")?;
+        .context("cargo metadata has no target_directory")?;
     let bins = meta["packages"]
         .as_array()
         .into_iter()

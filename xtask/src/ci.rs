@@ -42,6 +42,37 @@ enum Outcome {
     Skipped(String),
 }
 
+/// `cargo metadata --no-deps` of the workspace at `root`, parsed.
+pub(crate) fn cargo_metadata(root: &Path) -> Result<serde_json::Value> {
+    let out = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+        .args(["metadata", "--format-version", "1", "--no-deps"])
+        .current_dir(root)
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .context("running cargo metadata")?;
+    if !out.status.success() {
+        bail!("cargo metadata failed");
+    }
+    serde_json::from_slice(&out.stdout).context("parsing cargo metadata")
+}
+
+/// The cargo target directory of the workspace at `root`.
+pub(crate) fn target_dir(root: &Path) -> Result<PathBuf> {
+    let meta = cargo_metadata(root)?;
+    let dir = meta["target_directory"]
+        .as_str()
+        .context("cargo metadata has no target_directory")?;
+    Ok(PathBuf::from(dir))
+}
+
+/// `cargo clippy --workspace --all-targets` with `features`, warnings denied.
+fn clippy(root: &Path, features: &[&str]) -> Result<Outcome> {
+    let mut args = vec!["clippy", "--workspace"];
+    args.extend(features);
+    args.extend(["--all-targets", "--", "-D", "warnings"]);
+    run("cargo", &args, Some(root)).map(|()| Outcome::Ran)
+}
+
 /// Runs a command, failing on a non-zero exit.
 pub(crate) fn run(program: &str, args: &[&str], dir: Option<&Path>) -> Result<()> {
     run_env(program, args, dir, &[])
@@ -169,21 +200,7 @@ pub(crate) fn run_ci(args: &CiArgs) -> Result<()> {
         step("fmt", &mut || {
             run("cargo", &["fmt", "--all", "--", "--check"], Some(root_ref)).map(|()| Outcome::Ran)
         })?;
-        step("clippy", &mut || {
-            run(
-                "cargo",
-                &[
-                    "clippy",
-                    "--workspace",
-                    "--all-targets",
-                    "--",
-                    "-D",
-                    "warnings",
-                ],
-                Some(root_ref),
-            )
-            .map(|()| Outcome::Ran)
-        })?;
+        step("clippy", &mut || clippy(root_ref, &[]))?;
         step("test", &mut || {
             // With libibverbs present the workspace is tested with every
             // `verbs` feature on: the shm tests run as they would without
@@ -218,7 +235,7 @@ pub(crate) fn run_ci(args: &CiArgs) -> Result<()> {
             &mut || {
                 // The test step built the soak binary (its smoke test needs
                 // it) in the `test` profile, with the workspace's features.
-                let target = crate::rxe::target_dir(root_ref)?;
+                let target = target_dir(root_ref)?;
                 let built = target.join("debug").join("soak");
                 let prebuilt = built.is_file().then_some(built.as_path());
                 let hogged: Vec<String> =
@@ -251,21 +268,7 @@ pub(crate) fn run_ci(args: &CiArgs) -> Result<()> {
             }
             // The verbs provider's code under clippy (the test step built
             // and ran it; no RDMA device here, so nothing reached hardware).
-            run(
-                "cargo",
-                &[
-                    "clippy",
-                    "--workspace",
-                    "--features",
-                    VERBS_FEATURES,
-                    "--all-targets",
-                    "--",
-                    "-D",
-                    "warnings",
-                ],
-                Some(root_ref),
-            )
-            .map(|()| Outcome::Ran)
+            clippy(root_ref, &["--features", VERBS_FEATURES])
         })?;
         step("rxe (verbs suite on soft-RoCE)", &mut || {
             if args.no_rxe {
@@ -279,7 +282,7 @@ pub(crate) fn run_ci(args: &CiArgs) -> Result<()> {
                     "cannot boot the soft-RoCE VM here: {why}"
                 )));
             }
-            let target = crate::rxe::target_dir(root_ref)?;
+            let target = target_dir(root_ref)?;
             let code = crate::rxe::suite::run(
                 root_ref,
                 &target,

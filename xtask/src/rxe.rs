@@ -476,25 +476,6 @@ pub(crate) fn sh_quote(s: &str) -> String {
     format!("'{}'", s.replace('\'', r"'\''"))
 }
 
-/// The cargo target directory (`cargo metadata`).
-pub(crate) fn target_dir(root: &Path) -> Result<PathBuf> {
-    let out = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
-        .args(["metadata", "--format-version", "1", "--no-deps"])
-        .current_dir(root)
-        .stderr(Stdio::inherit())
-        .output()
-        .context("running cargo metadata")?;
-    if !out.status.success() {
-        bail!("cargo metadata failed");
-    }
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout)?;
-    Ok(PathBuf::from(
-        v["target_directory"]
-            .as_str()
-            .context("cargo metadata has no target_directory")?,
-    ))
-}
-
 /// What one VM run produced.
 #[derive(Debug)]
 pub(crate) struct VmRun {
@@ -696,7 +677,7 @@ fn print_tail(path: &Path, lines: usize) {
 /// Entry point of `cargo xtask rxe`: returns the exit code to leave with.
 pub(crate) fn run(args: &RxeArgs) -> Result<i32> {
     let root = crate::ci::workspace_root();
-    let target = target_dir(&root)?;
+    let target = crate::ci::target_dir(&root)?;
     let timeout = Duration::from_secs(args.timeout);
     if args.cmd.is_empty() {
         return suite::run(&root, &target, timeout, args.keep);
