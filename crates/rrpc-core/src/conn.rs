@@ -928,21 +928,7 @@ impl Pending {
         };
         s.set_nonblocking(false)
             .map_err(|e| Error::io("set_nonblocking", e))?;
-        let refuse = |s: &UnixStream, e: Error| -> Error {
-            let code = reject_code_for(&e);
-            let _ = send_msg(
-                s,
-                &Message::Reject(Reject {
-                    code,
-                    reason: e.to_string(),
-                }),
-                &[],
-                deadline,
-            );
-            crate::handshake::count_refusal(code);
-            tracing::warn!(error = %e, peer = %peer_addr, reason = code.name(), "handshake refused");
-            e
-        };
+        let refuse = |s: &UnixStream, e: Error| refuse_unix(s, e, deadline, &peer_addr);
         let (m, fds) = match recv_msg(&s, deadline) {
             Ok(x) => x,
             Err(e @ (Error::VersionMismatch { .. } | Error::MalformedHandshake(_))) => {
@@ -1096,19 +1082,7 @@ impl Incoming {
             self.cfg.max_grant_bytes,
             self.budget,
         ) {
-            let code = reject_code_for(&e);
-            let _ = send_msg(
-                &stream,
-                &Message::Reject(Reject {
-                    code,
-                    reason: e.to_string(),
-                }),
-                &[],
-                deadline,
-            );
-            crate::handshake::count_refusal(code);
-            tracing::warn!(error = %e, reason = code.name(), "handshake refused");
-            return Err(e);
+            return Err(refuse_unix(&stream, e, deadline, "-"));
         }
         let (hello, fds) = make_hello(&qp, &offer)?;
         send_msg(&stream, &Message::Accept(hello), &fds, deadline)?;
@@ -1138,6 +1112,21 @@ impl Incoming {
             other => other.send(&m, deadline),
         }
     }
+}
+
+/// Refuses a handshake on an shm side channel: sends `Reject` with the code
+/// `e` maps to (best effort: the client may be gone), counts and logs the
+/// refusal, and hands `e` back for the caller to return.
+fn refuse_unix(s: &UnixStream, e: Error, deadline: Deadline, peer: &str) -> Error {
+    let code = reject_code_for(&e);
+    let reject = Message::Reject(Reject {
+        code,
+        reason: e.to_string(),
+    });
+    let _ = send_msg(s, &reject, &[], deadline);
+    crate::handshake::count_refusal(code);
+    tracing::warn!(error = %e, peer, reason = code.name(), "handshake refused");
+    e
 }
 
 // ---------------------------------------------------------------------------
