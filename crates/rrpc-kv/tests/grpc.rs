@@ -3,8 +3,6 @@
 //! to the right status, and a server that goes away failing calls rather
 //! than hanging them.
 
-use std::collections::BTreeMap;
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
@@ -16,16 +14,20 @@ use rrpc_tonic::{PathPreference, RrpcChannel, RrpcConfig};
 use tonic::Code;
 use tonic::codegen::{Body, StdError};
 
+mod common;
+use common::MapStore;
+
 /// A key the test store fails on.
 const FAIL_KEY: &[u8] = b"!fail";
 /// A key the test store answers with a result of the wrong kind.
 const ODD_KEY: &[u8] = b"!odd";
 
-/// The simplest store: a map under a lock.
+/// The toy store, failing on [`FAIL_KEY`] and answering [`ODD_KEY`] with a
+/// result of the wrong kind.
 #[derive(Debug, Default)]
-struct MapStore(Mutex<BTreeMap<Bytes, Bytes>>);
+struct TestStore(MapStore);
 
-impl Execute for MapStore {
+impl Execute for TestStore {
     fn execute(&self, op: Op) -> OpResult {
         if op.key() == FAIL_KEY {
             return OpResult::Failed("disk on fire".into());
@@ -33,27 +35,7 @@ impl Execute for MapStore {
         if op.key() == ODD_KEY {
             return OpResult::Entries(vec![]);
         }
-        let mut m = self.0.lock().unwrap();
-        match op {
-            Op::Get { key } => m
-                .get(&key)
-                .cloned()
-                .map_or(OpResult::NotFound, OpResult::Value),
-            Op::Put { key, value } => {
-                m.insert(key, value);
-                OpResult::Ok
-            }
-            Op::Delete { key } => match m.remove(&key) {
-                Some(_) => OpResult::Ok,
-                None => OpResult::NotFound,
-            },
-            Op::Scan { start, count } => OpResult::Entries(
-                m.range(start..)
-                    .take(count as usize)
-                    .map(|(k, v)| (k.clone(), v.clone()))
-                    .collect(),
-            ),
-        }
+        self.0.execute(op)
     }
 }
 
@@ -112,7 +94,7 @@ impl Server {
                 .build()
                 .expect("runtime");
             rt.block_on(async move {
-                let svc = KvService::new(MapStore::default()).into_server();
+                let svc = KvService::new(TestStore::default()).into_server();
                 let serve = async move {
                     match tcp {
                         Some(l) => {
@@ -514,7 +496,7 @@ async fn no_server_is_an_error() {
 async fn blocking_mode() {
     let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let uri = format!("http://{}", l.local_addr().unwrap());
-    let svc = KvService::new(MapStore::default()).blocking(true);
+    let svc = KvService::new(TestStore::default()).blocking(true);
     assert!(format!("{svc:?}").contains("blocking: true"));
     let server = tokio::spawn(
         tonic::transport::Server::builder()

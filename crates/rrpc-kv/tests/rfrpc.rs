@@ -1,9 +1,8 @@
 //! RF-RPC over rrpc-core's shm provider: round trips, the second READ,
 //! server-reply, the hybrid switch, a vanished server, a hostile peer.
 
-use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -12,37 +11,12 @@ use rrpc_core::{Completion, Endpoint, Fabric, Local, QpConfig};
 use rrpc_kv::rfrpc::{KvClient, Mode, ModePolicy, RfClient, RfClientConfig, RfServer};
 use rrpc_kv::{Error, Execute, Op, OpResult};
 
-fn endpoint(tag: &str) -> Endpoint {
-    static N: AtomicU32 = AtomicU32::new(0);
-    let dir: PathBuf = std::env::temp_dir().join(format!(
-        "rrpc-kv-rfrpc-{}-{}-{}",
-        std::process::id(),
-        tag,
-        N.fetch_add(1, Ordering::Relaxed)
-    ));
-    std::fs::create_dir_all(&dir).unwrap();
-    Endpoint::Shm(dir.join("s.sock"))
-}
-
-/// A handler that returns `n` patterned bytes where the request asks for
-/// `n` (first 4 bytes LE), echoing the request after that.
-fn sized(req: &[u8]) -> Vec<u8> {
-    let n = req
-        .get(..4)
-        .map(|b| u32::from_le_bytes(b.try_into().unwrap()) as usize)
-        .unwrap_or(0);
-    (0..n).map(|i| (i * 31 + req.len()) as u8).collect()
-}
-
-fn ask(n: usize, pad: usize) -> Vec<u8> {
-    let mut v = (n as u32).to_le_bytes().to_vec();
-    v.resize(4 + pad, 7);
-    v
-}
+mod common;
+use common::{MapStore, ask, endpoint, sized};
 
 #[test]
 fn round_trips_of_many_sizes_and_second_reads() {
-    let ep = endpoint("sizes");
+    let ep = endpoint("rfrpc", "sizes");
     let f = Fabric::shm();
     let server = RfServer::builder().serve(&ep, &f, sized).unwrap();
     // Remote fetch only: the hybrid switch would move a client on a loaded
@@ -89,7 +63,7 @@ fn round_trips_of_many_sizes_and_second_reads() {
 
 #[test]
 fn forced_server_reply_mode() {
-    let ep = endpoint("sr");
+    let ep = endpoint("rfrpc", "sr");
     let f = Fabric::shm();
     let server = RfServer::builder()
         .mode(ModePolicy::Fixed(Mode::ServerReply))
@@ -104,7 +78,7 @@ fn forced_server_reply_mode() {
     assert_eq!(server.served_server_reply(), 7);
     assert_eq!(c.stats().server_reply_calls, 7);
     // A client may force it against a hybrid server too.
-    let ep2 = endpoint("sr2");
+    let ep2 = endpoint("rfrpc", "sr2");
     let s2 = RfServer::builder().serve(&ep2, &f, sized).unwrap();
     let mut c2 = RfClient::connect(
         &ep2,
@@ -139,7 +113,7 @@ fn slow_echo(ep: &Endpoint, f: &Fabric) -> (RfServer, Arc<AtomicU64>) {
 /// server-reply, slow calls are never short, and two fast ones switch back.
 #[test]
 fn hybrid_switch_under_a_slow_handler_paper_rules() {
-    let ep = endpoint("hybrid-paper");
+    let ep = endpoint("rfrpc", "hybrid-paper");
     let f = Fabric::shm();
     let (server, slow) = slow_echo(&ep, &f);
     let mut c = RfClient::connect(
@@ -190,7 +164,7 @@ fn hybrid_switch_under_a_slow_handler_paper_rules() {
 /// `mode.rs`; here it only has to keep answering.)
 #[test]
 fn hybrid_switch_under_a_slow_handler() {
-    let ep = endpoint("hybrid");
+    let ep = endpoint("rfrpc", "hybrid");
     let f = Fabric::shm();
     let (server, slow) = slow_echo(&ep, &f);
     let mut c = RfClient::connect(&ep, &f, RfClientConfig::new().retry_limit(50)).unwrap();
@@ -221,7 +195,7 @@ fn hybrid_switch_under_a_slow_handler() {
 
 #[test]
 fn server_going_away_is_an_error_not_a_hang() {
-    let ep = endpoint("gone");
+    let ep = endpoint("rfrpc", "gone");
     let f = Fabric::shm();
     let server = RfServer::builder()
         .serve(&ep, &f, |req: &[u8]| {
@@ -263,7 +237,7 @@ fn server_going_away_is_an_error_not_a_hang() {
 
 #[test]
 fn call_timeout() {
-    let ep = endpoint("timeout");
+    let ep = endpoint("rfrpc", "timeout");
     let f = Fabric::shm();
     let _server = RfServer::builder()
         .serve(&ep, &f, |req: &[u8]| {
@@ -323,7 +297,7 @@ fn raw_write(c: &conn::Connection, src: &rrpc_core::Region, bytes: &[u8]) {
 
 #[test]
 fn garbage_in_the_request_buffer_closes_that_connection_only() {
-    let ep = endpoint("garbage");
+    let ep = endpoint("rfrpc", "garbage");
     let f = Fabric::shm();
     let server = RfServer::builder()
         .request_buffer(4096)
@@ -373,7 +347,7 @@ fn garbage_in_the_request_buffer_closes_that_connection_only() {
 
 #[test]
 fn handshake_without_a_reply_buffer_is_refused() {
-    let ep = endpoint("noreply");
+    let ep = endpoint("rfrpc", "noreply");
     let f = Fabric::shm();
     let server = RfServer::builder()
         .serve(&ep, &f, |r: &[u8]| r.to_vec())
@@ -390,35 +364,9 @@ fn handshake_without_a_reply_buffer_is_refused() {
     drop(server);
 }
 
-/// A toy store behind the Execute trait.
-#[derive(Debug, Default)]
-struct MapStore(std::sync::Mutex<std::collections::BTreeMap<Bytes, Bytes>>);
-
-impl Execute for MapStore {
-    fn execute(&self, op: Op) -> OpResult {
-        let mut m = self.0.lock().unwrap();
-        match op {
-            Op::Get { key } => m
-                .get(&key)
-                .map_or(OpResult::NotFound, |v| OpResult::Value(v.clone())),
-            Op::Put { key, value } => {
-                m.insert(key, value);
-                OpResult::Ok
-            }
-            Op::Delete { key } => m.remove(&key).map_or(OpResult::NotFound, |_| OpResult::Ok),
-            Op::Scan { start, count } => OpResult::Entries(
-                m.range(start..)
-                    .take(count as usize)
-                    .map(|(k, v)| (k.clone(), v.clone()))
-                    .collect(),
-            ),
-        }
-    }
-}
-
 #[test]
 fn kv_client_executes_ops() {
-    let ep = endpoint("kv");
+    let ep = endpoint("rfrpc", "kv");
     let f = Fabric::shm();
     let _server = RfServer::builder()
         .threads(2)
@@ -484,7 +432,7 @@ fn kv_client_executes_ops() {
 fn tuned_fetch_size_avoids_second_reads() {
     use rrpc_kv::rfrpc::tune::{RateTable, choose_fetch_and_retry};
     use rrpc_kv::rfrpc::wire::response_frame_len;
-    let ep = endpoint("tune");
+    let ep = endpoint("rfrpc", "tune");
     let f = Fabric::shm();
     let _server = RfServer::builder().serve(&ep, &f, sized).unwrap();
     let cfg = RfClientConfig::new().mode(Some(ModePolicy::Fixed(Mode::RemoteFetch)));
@@ -511,7 +459,7 @@ fn tuned_fetch_size_avoids_second_reads() {
 
 #[test]
 fn batched_calls_in_both_modes() {
-    let ep = endpoint("batch");
+    let ep = endpoint("rfrpc", "batch");
     let f = Fabric::shm();
     let server = RfServer::builder().serve(&ep, &f, sized).unwrap();
     // Every client stays connected to the end: a client that leaves is
@@ -543,7 +491,7 @@ fn batched_calls_in_both_modes() {
 #[test]
 fn a_request_batch_that_does_not_parse_closes_the_connection() {
     use rrpc_kv::rfrpc::wire::encode_request_as;
-    let ep = endpoint("badbatch");
+    let ep = endpoint("rfrpc", "badbatch");
     let f = Fabric::shm();
     let server = RfServer::builder()
         .serve(&ep, &f, |r: &[u8]| r.to_vec())
@@ -576,7 +524,7 @@ fn a_request_batch_that_does_not_parse_closes_the_connection() {
 #[test]
 fn eq2_measured_once_then_retuned_from_sampled_results() {
     use rrpc_kv::rfrpc::tune::FetchTuner;
-    let ep = endpoint("eq2");
+    let ep = endpoint("rfrpc", "eq2");
     let f = Fabric::shm();
     // The request's first 4 bytes ask for that many result bytes.
     let _server = RfServer::builder()

@@ -3,8 +3,6 @@
 //! large entries and large results, the Eq. 3 tuner on a server with a
 //! fixed per-entry cost, a vanished server.
 
-use std::path::PathBuf;
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use rrpc_core::{Endpoint, Fabric};
@@ -12,34 +10,10 @@ use rrpc_kv::rfrpc::tune::BatchSizeTuner;
 use rrpc_kv::rfrpc::{
     Batcher, BatcherConfig, KvBatcher, RfClient, RfClientConfig, RfServer, Ticket, VirtualClock,
 };
-use rrpc_kv::{Error, Execute, Op, OpResult};
+use rrpc_kv::{Error, Op, OpResult};
 
-fn endpoint(tag: &str) -> Endpoint {
-    static N: AtomicU32 = AtomicU32::new(0);
-    let dir: PathBuf = std::env::temp_dir().join(format!(
-        "rrpc-kv-rfbatch-{}-{}-{}",
-        std::process::id(),
-        tag,
-        N.fetch_add(1, Ordering::Relaxed)
-    ));
-    std::fs::create_dir_all(&dir).unwrap();
-    Endpoint::Shm(dir.join("s.sock"))
-}
-
-/// `n` patterned bytes where the request asks for `n` (first 4 bytes LE).
-fn sized(req: &[u8]) -> Vec<u8> {
-    let n = req
-        .get(..4)
-        .map(|b| u32::from_le_bytes(b.try_into().unwrap()) as usize)
-        .unwrap_or(0);
-    (0..n).map(|i| (i * 31 + req.len()) as u8).collect()
-}
-
-fn ask(n: usize, pad: usize) -> Vec<u8> {
-    let mut v = (n as u32).to_le_bytes().to_vec();
-    v.resize(4 + pad, 7);
-    v
-}
+mod common;
+use common::{MapStore, ask, endpoint, sized};
 
 fn client(ep: &Endpoint, f: &Fabric) -> RfClient {
     RfClient::connect(
@@ -62,7 +36,7 @@ fn take_all<C: rrpc_kv::rfrpc::Clock>(b: &mut Batcher<C>) -> Vec<(Ticket, Vec<u8
 
 #[test]
 fn many_pushes_come_back_in_order() {
-    let ep = endpoint("order");
+    let ep = endpoint("rfbatch", "order");
     let f = Fabric::shm();
     let _server = RfServer::builder().serve(&ep, &f, sized).unwrap();
     let cfg = BatcherConfig::new()
@@ -93,7 +67,7 @@ fn many_pushes_come_back_in_order() {
 
 #[test]
 fn flush_by_count_size_and_timeout_on_a_virtual_clock() {
-    let ep = endpoint("flush");
+    let ep = endpoint("rfbatch", "flush");
     let f = Fabric::shm();
     let _server = RfServer::builder().serve(&ep, &f, sized).unwrap();
     let clock = VirtualClock::new();
@@ -158,7 +132,7 @@ fn flush_by_count_size_and_timeout_on_a_virtual_clock() {
 
 #[test]
 fn large_entries_and_large_results_come_back() {
-    let ep = endpoint("large");
+    let ep = endpoint("rfbatch", "large");
     let f = Fabric::shm();
     // Response buffer 64 KiB (the default).
     let server = RfServer::builder().serve(&ep, &f, sized).unwrap();
@@ -252,7 +226,7 @@ fn large_entries_and_large_results_come_back() {
 #[test]
 #[ignore = "real-time tuner convergence; the virtual-clock unit tests cover it in cargo test"]
 fn tuner_converges_to_the_latency_bound() {
-    let ep = endpoint("tune");
+    let ep = endpoint("rfbatch", "tune");
     let f = Fabric::shm();
     let cost = Duration::from_micros(20);
     let _server = RfServer::builder()
@@ -334,7 +308,7 @@ fn tuner_converges_to_the_latency_bound() {
 
 #[test]
 fn a_vanished_server_is_an_error_not_a_hang() {
-    let ep = endpoint("gone");
+    let ep = endpoint("rfbatch", "gone");
     let f = Fabric::shm();
     let server = RfServer::builder().serve(&ep, &f, sized).unwrap();
     let cfg = BatcherConfig::new().max_entries(4).unwrap();
@@ -359,28 +333,9 @@ fn a_vanished_server_is_an_error_not_a_hang() {
     assert!(t0.elapsed() < Duration::from_secs(10));
 }
 
-#[derive(Default)]
-struct MapStore(std::sync::Mutex<std::collections::BTreeMap<bytes::Bytes, bytes::Bytes>>);
-
-impl Execute for MapStore {
-    fn execute(&self, op: Op) -> OpResult {
-        let mut m = self.0.lock().unwrap();
-        match op {
-            Op::Get { key } => m
-                .get(&key)
-                .map_or(OpResult::NotFound, |v| OpResult::Value(v.clone())),
-            Op::Put { key, value } => {
-                m.insert(key, value);
-                OpResult::Ok
-            }
-            _ => OpResult::Failed("unsupported".into()),
-        }
-    }
-}
-
 #[test]
 fn kv_ops_batch_through_the_store() {
-    let ep = endpoint("kv");
+    let ep = endpoint("rfbatch", "kv");
     let f = Fabric::shm();
     let _server = RfServer::builder()
         .serve_execute(&ep, &f, std::sync::Arc::new(MapStore::default()))
@@ -418,7 +373,7 @@ fn kv_ops_batch_through_the_store() {
 /// them all.
 #[test]
 fn pipeline_keeps_batches_in_flight_and_results_in_order() {
-    let ep = endpoint("pipe");
+    let ep = endpoint("rfbatch", "pipe");
     let f = Fabric::shm();
     let _server = RfServer::builder()
         .threads(2)
@@ -452,7 +407,7 @@ fn pipeline_keeps_batches_in_flight_and_results_in_order() {
 /// number of clients: 16 requests at 8 per batch is two batches.
 #[test]
 fn pipeline_threshold_bounds_outstanding_requests() {
-    let ep = endpoint("pipe-max");
+    let ep = endpoint("rfbatch", "pipe-max");
     let f = Fabric::shm();
     let _server = RfServer::builder().serve(&ep, &f, sized).unwrap();
     let clients = (0..4).map(|_| client(&ep, &f)).collect();
@@ -475,7 +430,7 @@ fn pipeline_threshold_bounds_outstanding_requests() {
 /// keep push order: every batch in flight is collected first.
 #[test]
 fn pipeline_keeps_order_around_large_entries_and_results() {
-    let ep = endpoint("pipe-large");
+    let ep = endpoint("rfbatch", "pipe-large");
     let f = Fabric::shm();
     let _server = RfServer::builder().serve(&ep, &f, sized).unwrap();
     let clients = (0..2).map(|_| client(&ep, &f)).collect();
@@ -511,7 +466,7 @@ fn pipeline_keeps_order_around_large_entries_and_results() {
 /// batch fails, none hangs.
 #[test]
 fn pipeline_to_a_vanished_server_fails_every_request() {
-    let ep = endpoint("pipe-gone");
+    let ep = endpoint("rfbatch", "pipe-gone");
     let f = Fabric::shm();
     let server = RfServer::builder().serve(&ep, &f, sized).unwrap();
     let clients = (0..3).map(|_| client(&ep, &f)).collect();

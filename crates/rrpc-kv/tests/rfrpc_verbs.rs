@@ -7,6 +7,9 @@ use std::time::Duration;
 use rrpc_core::{Endpoint, Fabric, ProviderKind};
 use rrpc_kv::rfrpc::{Mode, ModePolicy, RfClient, RfClientConfig, RfServer};
 
+mod common;
+use common::{ask, sized};
+
 fn device() -> Option<String> {
     let d = std::env::var("RRPC_TEST_DEVICE")
         .ok()
@@ -22,17 +25,6 @@ fn fabric(dev: &str) -> Fabric {
     assert_eq!(f.kind(), ProviderKind::Verbs);
     assert_eq!(f.device_name(), Some(dev), "verbs on the named device");
     f
-}
-
-fn sized(req: &[u8]) -> Vec<u8> {
-    let n = u32::from_le_bytes(req[..4].try_into().unwrap()) as usize;
-    (0..n).map(|i| (i * 31 + req.len()) as u8).collect()
-}
-
-fn ask(n: usize, pad: usize) -> Vec<u8> {
-    let mut v = (n as u32).to_le_bytes().to_vec();
-    v.resize(4 + pad, 7);
-    v
 }
 
 fn cfg() -> RfClientConfig {

@@ -3,46 +3,16 @@
 //! Redis when `redis-server` is installed, and bad input refused with a
 //! clear message and no panic.
 
-use std::collections::BTreeMap;
 use std::process::Output;
-use std::sync::Mutex;
 use std::time::Duration;
 
-use bytes::Bytes;
 use rrpc_kv::grpc::KvService;
-use rrpc_kv::{Execute, Op, OpResult};
 use rrpc_tonic::RrpcConfig;
 
+mod common;
+use common::MapStore;
+
 const BENCH: &str = env!("CARGO_BIN_EXE_rrpc-kv-bench");
-
-#[derive(Debug, Default)]
-struct MapStore(Mutex<BTreeMap<Bytes, Bytes>>);
-
-impl Execute for MapStore {
-    fn execute(&self, op: Op) -> OpResult {
-        let mut m = self.0.lock().unwrap();
-        match op {
-            Op::Get { key } => m
-                .get(&key)
-                .cloned()
-                .map_or(OpResult::NotFound, OpResult::Value),
-            Op::Put { key, value } => {
-                m.insert(key, value);
-                OpResult::Ok
-            }
-            Op::Delete { key } => match m.remove(&key) {
-                Some(_) => OpResult::Ok,
-                None => OpResult::NotFound,
-            },
-            Op::Scan { start, count } => OpResult::Entries(
-                m.range(start..)
-                    .take(count as usize)
-                    .map(|(k, v)| (k.clone(), v.clone()))
-                    .collect(),
-            ),
-        }
-    }
-}
 
 async fn bench(args: &[&str]) -> Output {
     let out = tokio::time::timeout(
