@@ -82,6 +82,8 @@ mod provider;
 pub mod qp;
 pub mod region;
 mod sys;
+#[cfg(any(test, feature = "test-util"))]
+pub mod testing;
 pub mod vqp;
 
 pub use cq::{Completion, CompletionQueue, Opcode, Status};

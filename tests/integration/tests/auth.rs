@@ -67,30 +67,9 @@ async fn rdma_without_the_feature_says_how_to_enable_it() {
 /// goes on serving.
 #[cfg(feature = "verbs")]
 async fn tls_is_checked(t: Transport) {
-    use std::sync::Arc;
-
     use rrpc_core::rustls;
 
-    fn configs() -> (Arc<rustls::ServerConfig>, Arc<rustls::ClientConfig>) {
-        let ck = rcgen::generate_simple_self_signed(vec!["rrpc.test".to_string()]).unwrap();
-        let cert = ck.cert.der().clone();
-        let key = rustls::pki_types::PrivateKeyDer::Pkcs8(ck.signing_key.serialize_der().into());
-        let provider = Arc::new(rustls::crypto::ring::default_provider());
-        let server = rustls::ServerConfig::builder_with_provider(provider.clone())
-            .with_safe_default_protocol_versions()
-            .unwrap()
-            .with_no_client_auth()
-            .with_single_cert(vec![cert.clone()], key)
-            .unwrap();
-        let mut roots = rustls::RootCertStore::empty();
-        roots.add(cert).unwrap();
-        let client = rustls::ClientConfig::builder_with_provider(provider)
-            .with_safe_default_protocol_versions()
-            .unwrap()
-            .with_root_certificates(roots)
-            .with_no_client_auth();
-        (Arc::new(server), Arc::new(client))
-    }
+    let configs = || rrpc_core::testing::self_signed_tls("rrpc.test");
     let name = || rustls::pki_types::ServerName::try_from("rrpc.test").unwrap();
     let (server_tls, client_tls) = configs();
     let (_, stranger_tls) = configs();

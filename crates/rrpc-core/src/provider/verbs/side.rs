@@ -1022,24 +1022,7 @@ mod tests {
     /// A server config with a fresh self-signed certificate for `rrpc.test`,
     /// and a client config that trusts it.
     fn tls_configs() -> (Arc<rustls::ServerConfig>, Arc<rustls::ClientConfig>) {
-        let ck = rcgen::generate_simple_self_signed(vec!["rrpc.test".to_string()]).unwrap();
-        let cert = ck.cert.der().clone();
-        let key = rustls::pki_types::PrivateKeyDer::Pkcs8(ck.signing_key.serialize_der().into());
-        let provider = Arc::new(rustls::crypto::ring::default_provider());
-        let server = rustls::ServerConfig::builder_with_provider(provider.clone())
-            .with_safe_default_protocol_versions()
-            .unwrap()
-            .with_no_client_auth()
-            .with_single_cert(vec![cert.clone()], key)
-            .unwrap();
-        let mut roots = rustls::RootCertStore::empty();
-        roots.add(cert).unwrap();
-        let client = rustls::ClientConfig::builder_with_provider(provider)
-            .with_safe_default_protocol_versions()
-            .unwrap()
-            .with_root_certificates(roots)
-            .with_no_client_auth();
-        (Arc::new(server), Arc::new(client))
+        crate::testing::self_signed_tls("rrpc.test")
     }
 
     fn tls_client(c: TcpStream, cfg: &Arc<rustls::ClientConfig>) -> Result<Stream> {
