@@ -193,26 +193,29 @@ fn hybrid_switch_under_a_slow_handler() {
     assert!(c.mode_switch().latency(Mode::ServerReply).is_some());
 }
 
+/// An echo server that sleeps for `delay` before answering `slow`.
+fn echo_slow_on(ep: &Endpoint, f: &Fabric, slow: &'static [u8], delay: Duration) -> RfServer {
+    RfServer::builder()
+        .serve(ep, f, move |req: &[u8]| {
+            if req == slow {
+                std::thread::sleep(delay);
+            }
+            req.to_vec()
+        })
+        .unwrap()
+}
+
+fn client_timing_out_after(ep: &Endpoint, f: &Fabric, timeout: Duration) -> RfClient {
+    let cfg = RfClientConfig::new().call_timeout(timeout).unwrap();
+    RfClient::connect(ep, f, cfg).unwrap()
+}
+
 #[test]
 fn server_going_away_is_an_error_not_a_hang() {
     let ep = endpoint("rfrpc", "gone");
     let f = Fabric::shm();
-    let server = RfServer::builder()
-        .serve(&ep, &f, |req: &[u8]| {
-            if req == b"hang" {
-                std::thread::sleep(Duration::from_millis(300));
-            }
-            req.to_vec()
-        })
-        .unwrap();
-    let mut c = RfClient::connect(
-        &ep,
-        &f,
-        RfClientConfig::new()
-            .call_timeout(Duration::from_secs(20))
-            .unwrap(),
-    )
-    .unwrap();
+    let server = echo_slow_on(&ep, &f, b"hang", Duration::from_millis(300));
+    let mut c = client_timing_out_after(&ep, &f, Duration::from_secs(20));
     assert_eq!(c.call(b"x").unwrap(), b"x");
     let t = std::thread::spawn(move || {
         std::thread::sleep(Duration::from_millis(50));
@@ -239,22 +242,8 @@ fn server_going_away_is_an_error_not_a_hang() {
 fn call_timeout() {
     let ep = endpoint("rfrpc", "timeout");
     let f = Fabric::shm();
-    let _server = RfServer::builder()
-        .serve(&ep, &f, |req: &[u8]| {
-            if req == b"slow" {
-                std::thread::sleep(Duration::from_millis(400));
-            }
-            req.to_vec()
-        })
-        .unwrap();
-    let mut c = RfClient::connect(
-        &ep,
-        &f,
-        RfClientConfig::new()
-            .call_timeout(Duration::from_millis(100))
-            .unwrap(),
-    )
-    .unwrap();
+    let _server = echo_slow_on(&ep, &f, b"slow", Duration::from_millis(400));
+    let mut c = client_timing_out_after(&ep, &f, Duration::from_millis(100));
     assert!(matches!(c.call(b"slow"), Err(Error::Timeout(_))));
     // The late result of the timed-out call is not taken for the next one.
     let t0 = Instant::now();
