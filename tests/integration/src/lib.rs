@@ -595,13 +595,22 @@ macro_rules! on_all_transports {
         mod tcp {
             $( #[tokio::test(flavor = "multi_thread", worker_threads = 2)] async fn $name() { super::$name($crate::Transport::Tcp).await } )*
         }
+        $crate::on_shm!($($name),*);
+        $crate::on_rdma!($($name),*);
+    };
+}
+
+/// The shm variants only (modules `shm_h2` and `shm_fast`), for tests of
+/// what only the shm provider can do, such as injecting faults.
+#[macro_export]
+macro_rules! on_shm {
+    ($($name:ident),* $(,)?) => {
         mod shm_h2 {
             $( #[tokio::test(flavor = "multi_thread", worker_threads = 2)] async fn $name() { super::$name($crate::Transport::ShmH2).await } )*
         }
         mod shm_fast {
             $( #[tokio::test(flavor = "multi_thread", worker_threads = 2)] async fn $name() { super::$name($crate::Transport::ShmFast).await } )*
         }
-        $crate::on_rdma!($($name),*);
     };
 }
 

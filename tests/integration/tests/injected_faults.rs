@@ -14,7 +14,7 @@ use std::time::Duration;
 use rrpc_core::{FaultConfig, QpConfig, Status};
 use rrpc_integration_tests::pb::Input;
 use rrpc_integration_tests::pb::test_client::TestClient;
-use rrpc_integration_tests::{Harness, Transport, config, payload};
+use rrpc_integration_tests::{Harness, Transport, config, on_shm, payload};
 use rrpc_tonic::RrpcChannel;
 use tonic::Code;
 
@@ -160,32 +160,8 @@ async fn a_reader_whose_queue_pair_fails_is_told(t: Transport) {
     clean.unary(Input::default()).await.expect("a clean client");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn shm_h2_a_reader_whose_queue_pair_fails_is_told() {
-    a_reader_whose_queue_pair_fails_is_told(Transport::ShmH2).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn shm_fast_a_reader_whose_queue_pair_fails_is_told() {
-    a_reader_whose_queue_pair_fails_is_told(Transport::ShmFast).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn shm_h2_delayed_and_missed_completions_lose_nothing() {
-    delayed_and_missed_completions_lose_nothing(Transport::ShmH2).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn shm_fast_delayed_and_missed_completions_lose_nothing() {
-    delayed_and_missed_completions_lose_nothing(Transport::ShmFast).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn shm_h2_failing_queue_pairs_are_unavailable_then_reconnect() {
-    failing_queue_pairs_are_unavailable_then_reconnect(Transport::ShmH2).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn shm_fast_failing_queue_pairs_are_unavailable_then_reconnect() {
-    failing_queue_pairs_are_unavailable_then_reconnect(Transport::ShmFast).await;
-}
+on_shm!(
+    delayed_and_missed_completions_lose_nothing,
+    failing_queue_pairs_are_unavailable_then_reconnect,
+    a_reader_whose_queue_pair_fails_is_told,
+);
