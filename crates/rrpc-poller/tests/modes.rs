@@ -26,6 +26,24 @@ fn publish(mode: Mode, f: &Fake, bell: &rrpc_poller::Doorbell) {
     }
 }
 
+/// Polls `fut` (a `wait_ready` with nothing to read) until the poller has
+/// put it to sleep: it must stay pending all the while.
+async fn poll_until_asleep<F: std::future::Future>(
+    p: &rrpc_poller::Poller,
+    mut fut: std::pin::Pin<&mut F>,
+    mode: Mode,
+) {
+    let mut polls = 0;
+    while p.stats().sleeps == 0 {
+        assert!(
+            poll!(fut.as_mut()).is_pending(),
+            "{mode}: ready without data"
+        );
+        polls += 1;
+        assert!(polls < 1_000_000, "{mode}: never armed");
+    }
+}
+
 #[test]
 fn ready_source_returns_without_sleeping() {
     for mode in Mode::ALL {
@@ -54,15 +72,7 @@ fn sleeping_task_is_woken_in_every_mode() {
                 let mut fut = Box::pin(reg.wait_ready());
                 // Nothing written: the wait must not complete (BPEV spins its 5 µs budget
                 // within this first poll or yields; poll until it has armed and slept).
-                let mut polls = 0;
-                while p.stats().sleeps == 0 {
-                    assert!(
-                        poll!(fut.as_mut()).is_pending(),
-                        "{mode}: ready without data"
-                    );
-                    polls += 1;
-                    assert!(polls < 1_000_000, "{mode}: never armed");
-                }
+                poll_until_asleep(&p, fut.as_mut(), mode).await;
                 publish(mode, &f, &bell);
                 // Wait (without polling the task) until the mode's waker side has fired.
                 let t0 = std::time::Instant::now();
@@ -122,9 +132,7 @@ fn peer_death_wakes_with_error_and_removes() {
             let mut reg = p.register(f.clone()).unwrap();
             let bell = reg.doorbell();
             let mut fut = Box::pin(reg.wait_ready());
-            while p.stats().sleeps == 0 {
-                assert!(poll!(fut.as_mut()).is_pending());
-            }
+            poll_until_asleep(&p, fut.as_mut(), mode).await;
             let f2 = f.clone();
             std::thread::spawn(move || {
                 f2.closed.store(true, Ordering::Release);
@@ -168,9 +176,7 @@ fn liveness_fd_closing_fails_the_waiter() {
             });
             let mut reg = p.register(src).unwrap();
             let mut fut = Box::pin(reg.wait_ready());
-            while p.stats().sleeps == 0 {
-                assert!(poll!(fut.as_mut()).is_pending());
-            }
+            poll_until_asleep(&p, fut.as_mut(), mode).await;
             drop(b);
             let r = tokio::time::timeout(BOUND, fut).await.expect("not woken");
             assert!(matches!(r, Err(Error::PeerGone)), "{mode}: {r:?}");
@@ -191,9 +197,7 @@ fn shutdown_wakes_waiters_and_joins_threads() {
             };
             assert_eq!(p.threads(), expect_threads, "{mode}");
             let mut fut = Box::pin(reg.wait_ready());
-            while p.stats().sleeps == 0 {
-                assert!(poll!(fut.as_mut()).is_pending());
-            }
+            poll_until_asleep(&p, fut.as_mut(), mode).await;
             p.shutdown();
             assert_eq!(p.threads(), 0, "{mode}");
             let r = tokio::time::timeout(BOUND, fut).await.expect("not woken");
