@@ -16,7 +16,7 @@ mod common;
 use common::{Provider, Side, pair_on, pair_on_with_access};
 use rrpc_core::{Completion, Error, Local, Opcode, QpConfig, Remote, Status};
 
-on_every_provider!(
+rrpc_core::on_every_provider!(
     write_then_read_back,
     write_imm_in_order,
     consecutive_writes_ordered,

@@ -12,7 +12,7 @@ mod common;
 
 use std::sync::Arc;
 
-use common::{Provider, wait_cq};
+use common::{Provider, listen, wait_cq};
 use rrpc_core::conn::{self, Connection, HandshakeConfig, Listener, Offer, SharedConnection};
 use rrpc_core::vqp::VqpConfig;
 use rrpc_core::{Endpoint, Error, Fabric, Local, QpConfig, Region};
@@ -20,7 +20,7 @@ use rrpc_core::{Endpoint, Error, Fabric, Local, QpConfig, Region};
 /// The section this test's "application" names its logical connection in.
 const TAG: u16 = 0x7447;
 
-on_every_provider!(
+rrpc_core::on_every_provider!(
     logical_connections_share_one_queue_pair,
     a_dropped_logical_connection_takes_its_grants_along,
     bad_logical_hellos_are_refused_and_hurt_no_one,
@@ -36,7 +36,7 @@ struct Shared {
 }
 
 fn shared_on(p: &Provider) -> Shared {
-    let (listener, ep) = p.listen("logical", HandshakeConfig::default());
+    let (listener, ep) = listen(p, "logical", HandshakeConfig::default());
     let fabric = p.fabric();
     let (client, server) = std::thread::scope(|s| {
         let srv = s.spawn(|| {

@@ -17,7 +17,7 @@ use proptest::prelude::*;
 use rrpc_core::vqp::{PhysicalQp, VqpConfig};
 use rrpc_core::{Completion, Error, Local, QpConfig, QueuePair, Status};
 
-on_every_provider!(
+rrpc_core::on_every_provider!(
     sharers_get_their_own_completions_and_data,
     a_malformed_post_hurts_no_other_sharer,
     unsignaled_sharers_never_overflow_a_small_queue,

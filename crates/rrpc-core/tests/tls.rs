@@ -14,7 +14,7 @@ mod verbs {
     use rrpc_core::rustls;
     use rrpc_core::{Access, Error, Local, Opcode, ProviderKind, QpConfig, Status};
 
-    use super::common::{Provider, pair_on_with};
+    use super::common::{Provider, listen, pair_on_with};
 
     /// A server config with a fresh self-signed certificate for
     /// `rrpc.test`, and a client config that trusts it.
@@ -77,7 +77,7 @@ mod verbs {
             return;
         };
         let (server_tls, _) = tls_configs();
-        let (listener, ep) = p.listen("tls", HandshakeConfig::default().tls_server(server_tls));
+        let (listener, ep) = listen(&p, "tls", HandshakeConfig::default().tls_server(server_tls));
         let server = std::thread::spawn(move || listener.accept().map(|_| ()));
         let f = p.fabric();
         let r = conn::connect(

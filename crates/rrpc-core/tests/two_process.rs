@@ -12,7 +12,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use common::{Provider, fnv};
+use common::{Provider, fnv, listen};
 use rrpc_core::conn::{self, HandshakeConfig, Offer};
 use rrpc_core::{Completion, Endpoint, Error, Fabric, Local, QpConfig};
 
@@ -159,7 +159,7 @@ fn accept_child(
     std::sync::Arc<rrpc_core::Region>,
     Fabric,
 ) {
-    let (listener, ep) = p.listen(role, HandshakeConfig::default());
+    let (listener, ep) = listen(p, role, HandshakeConfig::default());
     let child = spawn_child(role, &ep, p);
     let fabric = p.fabric();
     let inbox = fabric.alloc_region(BASE + SLOTS as usize * SLOT).unwrap();

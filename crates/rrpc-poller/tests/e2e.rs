@@ -21,7 +21,7 @@ fn ring(mode: Mode, size: usize) -> RingConfig {
         .unwrap()
 }
 
-on_every_provider!(
+rrpc_core::on_every_provider!(
     ping_pong_every_mode,
     full_ring_back_pressure_every_mode,
     zero_copy_reserve,
@@ -57,7 +57,7 @@ fn ping_pong_every_mode(prov: &Provider) {
             let (a, b) = pair(prov, &p, &ring(mode, 64 * 1024));
             let (mut atx, mut arx) = a.split().unwrap();
             let (mut btx, mut brx) = b.split().unwrap();
-            let n = prov.scaled(500);
+            let n = prov.scaled(500) as u32;
             let server = tokio::spawn(async move {
                 for _ in 0..n {
                     let v = {
@@ -99,7 +99,7 @@ fn full_ring_back_pressure_every_mode(prov: &Provider) {
             let (a, b) = pair(prov, &p, &ring(mode, 4096));
             let (mut atx, _arx) = a.split().unwrap();
             let (_btx, mut brx) = b.split().unwrap();
-            let count = prov.scaled(2000);
+            let count = prov.scaled(2000) as u32;
             let writer = tokio::spawn(async move {
                 for i in 0..count {
                     let payload = [i.to_le_bytes().as_slice(), &[7u8; 100]].concat();
@@ -327,7 +327,7 @@ fn held_back_head_pushes_reach_the_writer(prov: &Provider) {
             let (a, b) = pair(prov, &p, &cfg);
             let (mut atx, _arx) = a.split().unwrap();
             let (_btx, mut brx) = b.split().unwrap();
-            let count = prov.scaled(2000);
+            let count = prov.scaled(2000) as u32;
             let writer = tokio::spawn(async move {
                 for i in 0..count {
                     atx.send(&[i.to_le_bytes().as_slice(), &[3u8; 100]].concat())

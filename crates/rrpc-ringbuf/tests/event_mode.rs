@@ -19,7 +19,7 @@ use common::{BOUND, Provider, expect_message, pair_with, send};
 use rrpc_core::QpConfig;
 use rrpc_ringbuf::{Error, RingConfig, RingTx};
 
-on_every_provider!(
+rrpc_core::on_every_provider!(
     channel_fires_on_flush_and_receives_are_reposted_over_a_long_stream,
     batched_stream_keeps_receives_posted,
     burst_beyond_posted_receives_falls_back_to_plain_writes,

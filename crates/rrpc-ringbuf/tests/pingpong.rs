@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use common::{BOUND, Provider, expect_message, send};
 use rrpc_ringbuf::{Error, RingConfig, RingRx, RingTx};
 
-on_every_provider!(
+rrpc_core::on_every_provider!(
     pingpong_default_ring_all_sizes,
     pingpong_without_batching_or_elastic,
     pingpong_two_threads,

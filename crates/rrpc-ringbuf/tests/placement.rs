@@ -17,7 +17,7 @@ use rrpc_core::{Completion, Local, Status};
 use rrpc_ringbuf::proto::{Header, encode_pointer, stamp_for};
 use rrpc_ringbuf::{Error, LOCAL_TAIL_OFFSET, RING_OFFSET, ROLE_RING, RingConfig, RingRx};
 
-on_every_provider!(
+rrpc_core::on_every_provider!(
     a_tail_ahead_of_its_message_is_a_wait,
     garbage_under_a_published_tail_closes_after_the_placement_timeout,
     a_half_written_tail_record_is_a_wait,

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use common::{BOUND, Provider};
 use rrpc_ringbuf::{Error, RingConfig, RingRx, RingTx};
 
-on_every_provider!(
+rrpc_core::on_every_provider!(
     resizes_under_traffic_lose_nothing_and_release_memory,
     a_fixed_peer_follows_a_self_sizing_sender
 );

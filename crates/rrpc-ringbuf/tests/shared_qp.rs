@@ -18,7 +18,7 @@ use rrpc_core::vqp::{PhysicalQp, VqpConfig};
 use rrpc_core::{QpConfig, QueuePair};
 use rrpc_ringbuf::{LocalRing, ROLE_RING, RingConfig, RingRx, RingTx};
 
-on_every_provider!(
+rrpc_core::on_every_provider!(
     rings_share_one_queue_pair,
     event_mode_rings_share_one_queue_pair
 );

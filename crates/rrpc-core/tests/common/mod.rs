@@ -8,7 +8,28 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use rrpc_core::conn::{self, Connection, HandshakeConfig, Offer};
 use std::time::{Duration, Instant};
 
-use rrpc_core::{Completion, CompletionQueue, Endpoint, Fabric, ProviderKind, QpConfig, Region};
+use rrpc_core::{Completion, CompletionQueue, Endpoint, QpConfig, Region};
+
+/// The provider a test runs on (shared by the crates' tests).
+pub use rrpc_core::testing::Provider;
+
+/// A listener on a fresh side channel (a Unix socket for shm, TCP on
+/// 127.0.0.1, port chosen by the kernel, for verbs) and the endpoint a
+/// client connects to.
+pub fn listen(p: &Provider, tag: &str, cfg: HandshakeConfig) -> (conn::Listener, Endpoint) {
+    match p {
+        Provider::Shm => {
+            let ep = endpoint(tag);
+            (conn::Listener::bind(&ep, cfg).unwrap(), ep)
+        }
+        Provider::Verbs(_) => {
+            let any = Endpoint::parse("rdma://127.0.0.1:0").unwrap();
+            let l = conn::Listener::bind(&any, cfg).unwrap();
+            let addr = l.local_addr().expect("a TCP side channel");
+            (l, Endpoint::Rdma(addr))
+        }
+    }
+}
 
 /// A unique socket path in a fresh temp dir.
 pub fn sock_path(tag: &str) -> PathBuf {
@@ -25,84 +46,6 @@ pub fn sock_path(tag: &str) -> PathBuf {
 
 pub fn endpoint(tag: &str) -> Endpoint {
     Endpoint::Shm(sock_path(tag))
-}
-
-/// The provider a test runs on: shm always; verbs when the crate is built
-/// with feature `verbs` and `RRPC_TEST_DEVICE` names a device (e.g. `rxe0`).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Provider {
-    Shm,
-    /// The verbs provider on this device.
-    Verbs(String),
-}
-
-impl Provider {
-    /// The verbs provider on `RRPC_TEST_DEVICE`, or `None` (the test then
-    /// says it is skipped) when the variable is unset. (Without feature
-    /// `verbs` the tests that would call this are not compiled.)
-    pub fn verbs_from_env() -> Option<Provider> {
-        let dev = std::env::var("RRPC_TEST_DEVICE")
-            .ok()
-            .filter(|d| !d.is_empty());
-        if dev.is_none() {
-            eprintln!("skipped: RRPC_TEST_DEVICE not set");
-        }
-        dev.map(Provider::Verbs)
-    }
-
-    /// Opens the fabric and checks it is the provider asked for (a verbs
-    /// test that silently ran on shm would prove nothing).
-    pub fn fabric(&self) -> Fabric {
-        match self {
-            Provider::Shm => Fabric::shm(),
-            #[cfg(feature = "verbs")]
-            Provider::Verbs(dev) => {
-                let f = Fabric::verbs(Some(dev)).expect("open the verbs device");
-                assert_eq!(f.kind(), ProviderKind::Verbs);
-                assert_eq!(
-                    f.device_name(),
-                    Some(dev.as_str()),
-                    "verbs on the named device"
-                );
-                f
-            }
-            #[cfg(not(feature = "verbs"))]
-            Provider::Verbs(_) => unreachable!("verbs_from_env returns None without the feature"),
-        }
-    }
-
-    pub fn kind(&self) -> ProviderKind {
-        match self {
-            Provider::Shm => ProviderKind::Shm,
-            Provider::Verbs(_) => ProviderKind::Verbs,
-        }
-    }
-
-    /// A listener on a fresh side channel (a Unix socket for shm, TCP on
-    /// 127.0.0.1, port chosen by the kernel, for verbs) and the endpoint a
-    /// client connects to.
-    pub fn listen(&self, tag: &str, cfg: HandshakeConfig) -> (conn::Listener, Endpoint) {
-        match self {
-            Provider::Shm => {
-                let ep = endpoint(tag);
-                (conn::Listener::bind(&ep, cfg).unwrap(), ep)
-            }
-            Provider::Verbs(_) => {
-                let any = Endpoint::parse("rdma://127.0.0.1:0").unwrap();
-                let l = conn::Listener::bind(&any, cfg).unwrap();
-                let addr = l.local_addr().expect("a TCP side channel");
-                (l, Endpoint::Rdma(addr))
-            }
-        }
-    }
-
-    /// How long a test waits for one completion (TCG-emulated soft-RoCE is slow).
-    pub fn patience(&self) -> Duration {
-        match self {
-            Provider::Shm => Duration::from_secs(5),
-            Provider::Verbs(_) => Duration::from_secs(60),
-        }
-    }
 }
 
 /// One side of a connected pair: the connection, the region it granted to the
@@ -175,7 +118,7 @@ pub fn pair_on_with(
     server_hs: HandshakeConfig,
     client_hs: HandshakeConfig,
 ) -> (Side, Side) {
-    let (listener, ep) = provider.listen("pair", server_hs);
+    let (listener, ep) = listen(provider, "pair", server_hs);
     let fabric = provider.fabric();
     let f2 = fabric.clone();
     let p2 = provider.clone();
@@ -240,21 +183,4 @@ pub fn fnv(data: &[u8]) -> u64 {
         h = h.wrapping_mul(0x100000001b3);
     }
     h
-}
-
-/// Runs each named `fn(&Provider)` on shm (module `shm`) and, with feature
-/// `verbs`, on `RRPC_TEST_DEVICE` (module `verbs`; skipped, saying so, when
-/// it is not set). The test file imports `Provider` at its top level.
-macro_rules! on_every_provider {
-    ($($name:ident),* $(,)?) => {
-        mod shm {
-            $( #[test] fn $name() { super::$name(&super::Provider::Shm); } )*
-        }
-        #[cfg(feature = "verbs")]
-        mod verbs {
-            $( #[test] fn $name() {
-                if let Some(p) = super::Provider::verbs_from_env() { super::$name(&p); }
-            } )*
-        }
-    };
 }

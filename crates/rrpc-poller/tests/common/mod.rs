@@ -7,6 +7,10 @@ use std::time::Duration;
 
 use rrpc_poller::{Mode, Poller, PollerConfig, Readiness};
 
+/// The provider a test runs on (shared by the crates' tests).
+#[allow(unused_imports)] // not every test file runs on both providers
+pub use rrpc_core::testing::Provider;
+
 /// A fake receive ring: the writer bumps `written`, the reader sets `read`.
 #[derive(Debug, Default)]
 pub struct Fake {
@@ -72,75 +76,4 @@ impl Rng {
     pub fn below(&mut self, n: u64) -> u64 {
         self.next_u64() % n
     }
-}
-
-/// The provider a test runs on: shm always; verbs (module `verbs` of the
-/// test files, feature `verbs`) on the device `RRPC_TEST_DEVICE` names.
-#[derive(Debug, Clone)]
-pub enum Provider {
-    Shm,
-    Verbs(String),
-}
-
-impl Provider {
-    /// The verbs provider on `RRPC_TEST_DEVICE`, or `None` (and the test
-    /// says it is skipped) when it is not set.
-    pub fn verbs_from_env() -> Option<Provider> {
-        let dev = std::env::var("RRPC_TEST_DEVICE")
-            .ok()
-            .filter(|d| !d.is_empty());
-        if dev.is_none() {
-            eprintln!("skipped: RRPC_TEST_DEVICE not set");
-        }
-        dev.map(Provider::Verbs)
-    }
-
-    /// The fabric, checked to be the provider asked for (a verbs test that
-    /// silently ran on shm would prove nothing).
-    pub fn fabric(&self) -> rrpc_core::Fabric {
-        match self {
-            Provider::Shm => rrpc_core::Fabric::shm(),
-            #[cfg(feature = "verbs")]
-            Provider::Verbs(dev) => {
-                let f = rrpc_core::Fabric::verbs(Some(dev)).expect("open the verbs device");
-                assert_eq!(f.kind(), rrpc_core::ProviderKind::Verbs);
-                assert_eq!(f.device_name(), Some(dev.as_str()));
-                f
-            }
-            #[cfg(not(feature = "verbs"))]
-            Provider::Verbs(_) => unreachable!("verbs tests need feature `verbs`"),
-        }
-    }
-
-    pub fn kind(&self) -> rrpc_core::ProviderKind {
-        match self {
-            Provider::Shm => rrpc_core::ProviderKind::Shm,
-            Provider::Verbs(_) => rrpc_core::ProviderKind::Verbs,
-        }
-    }
-
-    /// Scales a message count down for soft-RoCE under an emulated CPU.
-    pub fn scaled(&self, n: u32) -> u32 {
-        match self {
-            Provider::Shm => n,
-            Provider::Verbs(_) => (n / 5).max(1),
-        }
-    }
-}
-
-/// Runs each named `fn(&Provider)` on shm (module `shm`) and, with feature
-/// `verbs`, on `RRPC_TEST_DEVICE` (module `verbs`).
-#[allow(unused_macros)]
-macro_rules! on_every_provider {
-    ($($name:ident),* $(,)?) => {
-        mod shm {
-            $( #[test] fn $name() { super::$name(&super::common::Provider::Shm); } )*
-        }
-        #[cfg(feature = "verbs")]
-        mod verbs {
-            $( #[test] fn $name() {
-                if let Some(p) = super::common::Provider::verbs_from_env() { super::$name(&p); }
-            } )*
-        }
-    };
 }

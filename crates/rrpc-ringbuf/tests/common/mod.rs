@@ -16,87 +16,15 @@ use rrpc_core::conn::{self, Connection, HandshakeConfig, Offer};
 use rrpc_core::{Endpoint, Fabric, ProviderKind, QpConfig};
 use rrpc_ringbuf::{Error, LocalRing, RingConfig, RingRx, RingTx};
 
+/// The provider a test runs on (shared by the crates' tests).
+pub(crate) use rrpc_core::testing::Provider;
+
 /// One side of a connection: the connection and its two ring halves.
 pub(crate) type Side = (Connection, RingTx, RingRx);
 
 /// Bound for anything a test waits for on verbs (soft-RoCE under an
 /// emulated CPU is 20-50x slower than the host; a lost message waits forever).
 pub(crate) const BOUND: Duration = Duration::from_secs(60);
-
-/// The provider a test runs on: shm always; verbs (module `verbs` of the
-/// test files, feature `verbs`) on the device `RRPC_TEST_DEVICE` names.
-#[derive(Debug, Clone)]
-pub(crate) enum Provider {
-    Shm,
-    Verbs(String),
-}
-
-impl Provider {
-    /// The verbs provider on `RRPC_TEST_DEVICE`, or `None` (and the test
-    /// says it is skipped) when it is not set.
-    pub(crate) fn verbs_from_env() -> Option<Provider> {
-        let dev = std::env::var("RRPC_TEST_DEVICE")
-            .ok()
-            .filter(|d| !d.is_empty());
-        if dev.is_none() {
-            eprintln!("skipped: RRPC_TEST_DEVICE not set");
-        }
-        dev.map(Provider::Verbs)
-    }
-
-    /// The fabric, checked to be the provider asked for (a verbs test that
-    /// silently ran on shm would prove nothing).
-    pub(crate) fn fabric(&self) -> Fabric {
-        match self {
-            Provider::Shm => Fabric::shm(),
-            #[cfg(feature = "verbs")]
-            Provider::Verbs(dev) => {
-                let f = Fabric::verbs(Some(dev)).expect("open the verbs device");
-                assert_eq!(f.kind(), ProviderKind::Verbs);
-                assert_eq!(f.device_name(), Some(dev.as_str()));
-                f
-            }
-            #[cfg(not(feature = "verbs"))]
-            Provider::Verbs(_) => unreachable!("verbs tests need feature `verbs`"),
-        }
-    }
-
-    pub(crate) fn kind(&self) -> ProviderKind {
-        match self {
-            Provider::Shm => ProviderKind::Shm,
-            Provider::Verbs(_) => ProviderKind::Verbs,
-        }
-    }
-
-    pub(crate) fn is_verbs(&self) -> bool {
-        matches!(self, Provider::Verbs(_))
-    }
-
-    /// Scales an iteration count down for soft-RoCE under an emulated CPU.
-    pub(crate) fn scaled(&self, n: usize) -> usize {
-        match self {
-            Provider::Shm => n,
-            Provider::Verbs(_) => (n / 5).max(1),
-        }
-    }
-}
-
-/// Runs each named `fn(&Provider)` on shm (module `shm`) and, with feature
-/// `verbs`, on `RRPC_TEST_DEVICE` (module `verbs`; skipped, saying so, when
-/// it is not set).
-macro_rules! on_every_provider {
-    ($($name:ident),* $(,)?) => {
-        mod shm {
-            $( #[test] fn $name() { super::$name(&super::common::Provider::Shm); } )*
-        }
-        #[cfg(feature = "verbs")]
-        mod verbs {
-            $( #[test] fn $name() {
-                if let Some(p) = super::common::Provider::verbs_from_env() { super::$name(&p); }
-            } )*
-        }
-    };
-}
 
 /// The listener and the endpoint to dial: a Unix socket in a fresh
 /// directory for shm (returned, to remove), TCP on 127.0.0.1 with a
