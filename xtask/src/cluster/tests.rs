@@ -254,12 +254,13 @@ fn local_supervisor_collects_results_and_stops_the_server() {
     assert_eq!(out.len(), 2);
     assert_eq!(out[1].0, "c2");
     assert_eq!(out[1].1.ops, 100);
-    let pid: i32 = std::fs::read_to_string(&pf)
-        .unwrap()
-        .trim()
-        .parse()
-        .unwrap();
-    std::fs::remove_file(&pf).unwrap();
+    assert_server_group_stopped(&pf);
+}
+
+/// The server wrote its pid to `pf`: its whole process group is gone.
+fn assert_server_group_stopped(pf: &std::path::Path) {
+    let pid: i32 = std::fs::read_to_string(pf).unwrap().trim().parse().unwrap();
+    std::fs::remove_file(pf).unwrap();
     assert_eq!(
         crate::bench::tests::live_members(pid),
         0,
@@ -290,17 +291,7 @@ fn a_failed_host_stops_everything() {
         t.elapsed() < Duration::from_secs(10),
         "did not wait for the slow client"
     );
-    let pid: i32 = std::fs::read_to_string(&pf)
-        .unwrap()
-        .trim()
-        .parse()
-        .unwrap();
-    std::fs::remove_file(&pf).unwrap();
-    assert_eq!(
-        crate::bench::tests::live_members(pid),
-        0,
-        "server group stopped"
-    );
+    assert_server_group_stopped(&pf);
 }
 
 #[test]
