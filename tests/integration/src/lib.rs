@@ -583,6 +583,49 @@ pub async fn expect_timeout_then_ok(
     c.unary(Input::default()).await.expect("a quick call");
 }
 
+/// Calls left in flight on `c`, for tests that break what carries them:
+/// `slow` unary calls of 1000 bytes that wait ten minutes for their reply
+/// (their connection is quiet meanwhile), and `streams` endless server
+/// streams of 512-byte messages, `stream_delay_ms` apart (busy). Each task
+/// returns how its call ended.
+pub fn calls_in_flight(
+    c: &pb::test_client::TestClient<RrpcChannel>,
+    slow: usize,
+    streams: usize,
+    stream_delay_ms: u32,
+) -> tokio::task::JoinSet<Result<(), Status>> {
+    let mut calls = tokio::task::JoinSet::new();
+    for _ in 0..slow {
+        let mut c = c.clone();
+        calls.spawn(async move {
+            c.unary(Input {
+                payload: payload(1000),
+                delay_ms: 600_000,
+                ..Default::default()
+            })
+            .await
+            .map(|_| ())
+        });
+    }
+    for _ in 0..streams {
+        let mut c = c.clone();
+        calls.spawn(async move {
+            let mut s = c
+                .server_stream(Input {
+                    payload: payload(512),
+                    count: u32::MAX,
+                    delay_ms: stream_delay_ms,
+                    ..Default::default()
+                })
+                .await?
+                .into_inner();
+            while s.message().await?.is_some() {}
+            Ok(())
+        });
+    }
+    calls
+}
+
 /// A request payload of `n` bytes with a recognisable pattern.
 pub fn payload(n: usize) -> Vec<u8> {
     (0..n).map(|i| (i % 251) as u8).collect()

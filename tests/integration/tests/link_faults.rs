@@ -17,7 +17,7 @@ mod on_verbs {
 
     use rrpc_integration_tests::pb::Input;
     use rrpc_integration_tests::pb::test_client::TestClient;
-    use rrpc_integration_tests::{Harness, Transport, payload};
+    use rrpc_integration_tests::{Harness, Transport, calls_in_flight, payload};
     use rrpc_tonic::RrpcChannel;
     use tonic::Code;
 
@@ -88,39 +88,6 @@ mod on_verbs {
         assert!(st.success(), "ip link set {netdev} {state}: {st}");
     }
 
-    /// Calls in flight on `c`: slow unary calls (the connection is quiet
-    /// while they wait) and an endless server stream (busy).
-    fn start_calls(c: &TestClient<RrpcChannel>) -> tokio::task::JoinSet<Result<(), tonic::Status>> {
-        let mut calls = tokio::task::JoinSet::new();
-        for _ in 0..2 {
-            let mut c = c.clone();
-            calls.spawn(async move {
-                c.unary(Input {
-                    payload: payload(100),
-                    delay_ms: 600_000,
-                    ..Default::default()
-                })
-                .await
-                .map(|_| ())
-            });
-        }
-        let mut c = c.clone();
-        calls.spawn(async move {
-            let mut s = c
-                .server_stream(Input {
-                    payload: payload(512),
-                    count: u32::MAX,
-                    delay_ms: 1,
-                    ..Default::default()
-                })
-                .await?
-                .into_inner();
-            while s.message().await?.is_some() {}
-            Ok(())
-        });
-        calls
-    }
-
     async fn link_down_mid_call(t: Transport, dev: &str) {
         let h = Harness::start(t).await;
         // Asserts that verbs carries the channel, on the device asked for.
@@ -146,7 +113,7 @@ mod on_verbs {
                 .await
         });
         let quiet_t0 = Instant::now();
-        let mut calls = start_calls(&c);
+        let mut calls = calls_in_flight(&c, 2, 1, 1);
         tokio::time::sleep(Duration::from_millis(300)).await;
 
         let down = LinkDown::new(dev);

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use rrpc_integration_tests::pb::Input;
 use rrpc_integration_tests::pb::test_client::TestClient;
-use rrpc_integration_tests::{Harness, Transport, config, payload};
+use rrpc_integration_tests::{Harness, Transport, calls_in_flight, config};
 use rrpc_tonic::RrpcChannel;
 use tonic::Code;
 
@@ -118,34 +118,7 @@ async fn round(t: Transport, kill_ms: u64) -> Vec<Code> {
         .expect("connect");
     let mut c = TestClient::new(ch.clone());
     c.unary(Input::default()).await.expect("a first call");
-    let mut calls = tokio::task::JoinSet::new();
-    for _ in 0..4 {
-        let mut c = c.clone();
-        calls.spawn(async move {
-            c.unary(Input {
-                payload: payload(1000),
-                delay_ms: 60_000,
-                ..Default::default()
-            })
-            .await
-            .map(|_| ())
-        });
-    }
-    for _ in 0..2 {
-        let mut c = c.clone();
-        calls.spawn(async move {
-            let mut s = c
-                .server_stream(Input {
-                    payload: payload(512),
-                    count: u32::MAX,
-                    ..Default::default()
-                })
-                .await?
-                .into_inner();
-            while s.message().await?.is_some() {}
-            Ok(())
-        });
-    }
+    let mut calls = calls_in_flight(&c, 4, 2, 0);
     tokio::time::sleep(Duration::from_millis(kill_ms)).await;
     server.0.kill().expect("SIGKILL");
     let status = server.0.wait().expect("wait");
