@@ -144,47 +144,34 @@ fn hello_without_descriptors_is_refused() {
     assert!(decoded_reject(&client.join().unwrap()).contains("descriptors"));
 }
 
+/// A client connecting to `ep` on shm with `offer`, on its own thread (the
+/// test accepts, or refuses, on this one).
+fn connect_in_thread(
+    ep: &Endpoint,
+    offer: Offer,
+) -> std::thread::JoinHandle<rrpc_core::Result<conn::Connection>> {
+    let ep = ep.clone();
+    std::thread::spawn(move || {
+        let qp = Fabric::shm().create_qp(&QpConfig::default()).unwrap();
+        conn::connect(&ep, qp, offer, &HandshakeConfig::default())
+    })
+}
+
 #[test]
 fn wrong_token_is_refused_and_listener_keeps_serving() {
     let cfg = HandshakeConfig::default()
         .token(b"s3cret".to_vec())
         .unwrap();
     let (l, ep, _) = listener(cfg);
-    let f = Fabric::shm();
-    let ep2 = ep.clone();
-    let f2 = f.clone();
-    let bad = std::thread::spawn(move || {
-        conn::connect(
-            &ep2,
-            f2.create_qp(&QpConfig::default()).unwrap(),
-            Offer::new().token(Some(b"nope".to_vec())),
-            &HandshakeConfig::default(),
-        )
-    });
+    let bad = connect_in_thread(&ep, Offer::new().token(Some(b"nope".to_vec())));
     assert!(matches!(l.accept(), Err(Error::AuthFailed)));
     assert!(matches!(bad.join().unwrap(), Err(Error::AuthFailed)));
 
-    let ep3 = ep.clone();
-    let f3 = f.clone();
-    let none = std::thread::spawn(move || {
-        conn::connect(
-            &ep3,
-            f3.create_qp(&QpConfig::default()).unwrap(),
-            Offer::new(),
-            &HandshakeConfig::default(),
-        )
-    });
+    let none = connect_in_thread(&ep, Offer::new());
     assert!(matches!(l.accept(), Err(Error::AuthFailed)));
     assert!(matches!(none.join().unwrap(), Err(Error::AuthFailed)));
 
-    let good = std::thread::spawn(move || {
-        conn::connect(
-            &ep,
-            f.create_qp(&QpConfig::default()).unwrap(),
-            Offer::new().token(Some(b"s3cret".to_vec())),
-            &HandshakeConfig::default(),
-        )
-    });
+    let good = connect_in_thread(&ep, Offer::new().token(Some(b"s3cret".to_vec())));
     let inc = l.accept().unwrap();
     let server = inc
         .accept(
@@ -200,14 +187,7 @@ fn wrong_token_is_refused_and_listener_keeps_serving() {
 #[test]
 fn explicit_reject_reaches_the_client() {
     let (l, ep, _) = listener(HandshakeConfig::default());
-    let c = std::thread::spawn(move || {
-        conn::connect(
-            &ep,
-            Fabric::shm().create_qp(&QpConfig::default()).unwrap(),
-            Offer::new(),
-            &HandshakeConfig::default(),
-        )
-    });
+    let c = connect_in_thread(&ep, Offer::new());
     l.accept().unwrap().reject("server is draining").unwrap();
     let e = c.join().unwrap().unwrap_err();
     assert!(
@@ -287,15 +267,7 @@ fn refusals_are_counted_by_reason() {
             .unwrap();
         let (l, ep, _) = listener(cfg);
         for _ in 0..2 {
-            let (ep2, f2) = (ep.clone(), Fabric::shm());
-            let bad = std::thread::spawn(move || {
-                conn::connect(
-                    &ep2,
-                    f2.create_qp(&QpConfig::default()).unwrap(),
-                    Offer::new().token(Some(b"nope".to_vec())),
-                    &HandshakeConfig::default(),
-                )
-            });
+            let bad = connect_in_thread(&ep, Offer::new().token(Some(b"nope".to_vec())));
             assert!(matches!(l.accept(), Err(Error::AuthFailed)));
             assert!(matches!(bad.join().unwrap(), Err(Error::AuthFailed)));
         }

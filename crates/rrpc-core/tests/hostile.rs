@@ -220,6 +220,24 @@ fn too_many_fds_never_leak_and_get_a_reject() {
 
 /// Sends a hello granting one 4 KiB region with the given fds and returns
 /// the server's error and the client's answer.
+/// A hand-made shm hello for one region of `len` bytes, sent with `fds`
+/// (the region, the receive queue, the eventfd), which `l` accepts. Returns
+/// the server's connection and the client's socket (the peer stays while
+/// it is open).
+fn hand_made_hello_accepted(
+    l: &Listener,
+    path: &PathBuf,
+    len: u64,
+    fds: [&dyn AsFd; 3],
+) -> (conn::Connection, UnixStream) {
+    let s = UnixStream::connect(path).unwrap();
+    let bytes = Message::Hello(shm_hello(&[len])).encode().unwrap();
+    send_with_fds(&s, &bytes, &fds.map(AsFd::as_fd));
+    let qp = Fabric::shm().create_qp(&QpConfig::default()).unwrap();
+    let c = l.accept().unwrap().accept(qp, Offer::new()).unwrap();
+    (c, s)
+}
+
 fn hello_with(
     l: &Listener,
     path: &PathBuf,
@@ -390,22 +408,11 @@ fn total_budget_is_enforced_and_released() {
         .max_total_grant_bytes(3 * MIB)
         .unwrap();
     let (l, ep, path) = bind("budget", cfg);
-    let fabric = Fabric::shm();
     let ev = nix::sys::eventfd::EventFd::new().unwrap();
     let cq = sealed(CQ_LEN);
     // A first peer takes 2 MiB (+ its queue) and is accepted.
     let two = sealed(2 * MIB);
-    let bytes = Message::Hello(shm_hello(&[2 * MIB])).encode().unwrap();
-    let s1 = UnixStream::connect(&path).unwrap();
-    send_with_fds(&s1, &bytes, &[two.as_fd(), cq.as_fd(), ev.as_fd()]);
-    let first = l
-        .accept()
-        .unwrap()
-        .accept(
-            fabric.create_qp(&QpConfig::default()).unwrap(),
-            Offer::new(),
-        )
-        .unwrap();
+    let (first, s1) = hand_made_hello_accepted(&l, &path, 2 * MIB, [&two, &cq, &ev]);
     assert_eq!(l.peer_bytes_mapped(), 2 * MIB + CQ_LEN);
     // A second one asking for 1 MiB more is refused: it would pass 3 MiB.
     let one = sealed(MIB);
@@ -422,17 +429,7 @@ fn total_budget_is_enforced_and_released() {
     drop(first);
     drop(s1);
     assert_eq!(l.peer_bytes_mapped(), 0);
-    let s2 = UnixStream::connect(&path).unwrap();
-    let bytes = Message::Hello(shm_hello(&[MIB])).encode().unwrap();
-    send_with_fds(&s2, &bytes, &[one.as_fd(), cq.as_fd(), ev.as_fd()]);
-    let second = l
-        .accept()
-        .unwrap()
-        .accept(
-            fabric.create_qp(&QpConfig::default()).unwrap(),
-            Offer::new(),
-        )
-        .unwrap();
+    let (second, _s2) = hand_made_hello_accepted(&l, &path, MIB, [&one, &cq, &ev]);
     assert_eq!(l.peer_bytes_mapped(), MIB + CQ_LEN);
     drop(second);
     honest_connect(&l, &ep);
