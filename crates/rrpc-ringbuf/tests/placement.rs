@@ -107,13 +107,10 @@ fn a_tail_ahead_of_its_message_is_a_wait(p: &Provider) {
     assert_eq!(&*m, b"hello");
 }
 
-fn garbage_under_a_published_tail_closes_after_the_placement_timeout(p: &Provider) {
-    let (mut peer, mut rx, _keep) = setup(p, cfg(Duration::from_millis(200)));
-    let mut slot = [0xABu8; 64];
-    // A right header, so only the end stamp is wrong.
-    slot[..8].copy_from_slice(&Header::new(5, 0, 0).encode());
-    peer.write(RING_OFFSET, &slot);
-    peer.write(LOCAL_TAIL_OFFSET, &encode_pointer(1));
+/// Polls `rx` until it fails, which must take the 200 ms placement timeout
+/// (not less than 150 ms, not more than 5 s) and deliver nothing meanwhile
+/// (`delivered` says what a message would have been); returns the error.
+fn closed_after_the_timeout(rx: &mut RingRx, delivered: &str) -> Error {
     let start = Instant::now();
     let err = loop {
         match rx.try_recv() {
@@ -122,10 +119,21 @@ fn garbage_under_a_published_tail_closes_after_the_placement_timeout(p: &Provide
                 std::thread::sleep(Duration::from_millis(1));
             }
             Err(e) => break e,
-            Ok(m) => panic!("garbage delivered: {:?}", &*m),
+            Ok(m) => panic!("{delivered}: {:?}", &*m),
         }
     };
     assert!(start.elapsed() >= Duration::from_millis(150));
+    err
+}
+
+fn garbage_under_a_published_tail_closes_after_the_placement_timeout(p: &Provider) {
+    let (mut peer, mut rx, _keep) = setup(p, cfg(Duration::from_millis(200)));
+    let mut slot = [0xABu8; 64];
+    // A right header, so only the end stamp is wrong.
+    slot[..8].copy_from_slice(&Header::new(5, 0, 0).encode());
+    peer.write(RING_OFFSET, &slot);
+    peer.write(LOCAL_TAIL_OFFSET, &encode_pointer(1));
+    let err = closed_after_the_timeout(&mut rx, "garbage delivered");
     let msg = err.to_string();
     assert!(
         matches!(err, Error::Corrupt(_)) && msg.contains("slot 0") && msg.contains("end stamp"),
@@ -171,18 +179,7 @@ fn a_tail_record_that_stays_inconsistent_closes_the_ring(p: &Provider) {
     let mut rec = encode_pointer(1);
     rec[8] ^= 1;
     peer.write(LOCAL_TAIL_OFFSET, &rec);
-    let start = Instant::now();
-    let err = loop {
-        match rx.try_recv() {
-            Err(Error::WouldBlock) => {
-                assert!(start.elapsed() < Duration::from_secs(5), "never closed");
-                std::thread::sleep(Duration::from_millis(1));
-            }
-            Err(e) => break e,
-            Ok(m) => panic!("message delivered under a bad tail record: {:?}", &*m),
-        }
-    };
-    assert!(start.elapsed() >= Duration::from_millis(150));
+    let err = closed_after_the_timeout(&mut rx, "message delivered under a bad tail record");
     let msg = err.to_string();
     assert!(
         matches!(err, Error::Corrupt(_)) && msg.contains("tail record"),
