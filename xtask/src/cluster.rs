@@ -200,10 +200,10 @@ pub(crate) fn plan(
             .bin_dir
             .clone()
             .unwrap_or_else(|| local_bin_dir.to_path_buf());
-        let mut env = vec![("RRPC_HOST_NAME".to_owned(), h.name.clone())];
         // The rpc suite's rrpc rows run over rdma:// on this device (the
         // variable `rrpc_bench::rpc::RDMA_DEVICE_ENV` names); the NUMA node
         // is applied by numactl (`start_command`).
+        let mut env = Vec::new();
         if let Some(d) = &h.rdma_device {
             env.push(("RRPC_BENCH_RDMA_DEVICE".to_owned(), d.clone()));
         }
@@ -312,14 +312,19 @@ pub(crate) fn start_command(kind: LauncherKind, p: &Proc, run_id: &str) -> Comma
             c
         }
         LauncherKind::Ssh => {
-            let env: Vec<String> = p
-                .env
-                .iter()
-                .map(|(k, v)| format!("{k}={}", sh_quote(v)))
-                .collect();
+            // `exec env K=V ... cmd`, or `exec cmd` with no variables.
+            let env: String = if p.env.is_empty() {
+                String::new()
+            } else {
+                let vars: Vec<String> = p
+                    .env
+                    .iter()
+                    .map(|(k, v)| format!("{k}={}", sh_quote(v)))
+                    .collect();
+                format!("env {} ", vars.join(" "))
+            };
             let inner = format!(
-                "echo $$ > {pf}; exec env {} {}",
-                env.join(" "),
+                "echo $$ > {pf}; exec {env}{}",
                 words
                     .iter()
                     .map(|w| sh_quote(w))

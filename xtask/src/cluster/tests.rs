@@ -134,8 +134,7 @@ fn ssh_command_lines() {
             "/k/id",
             "bench@127.0.0.1",
             "--",
-            "exec setsid sh -c 'echo $$ > /tmp/rrpc-bench-R1-srv.pid; exec env RRPC_HOST_NAME=srv \
-             RRPC_BENCH_RDMA_DEVICE=mlx5_0 numactl --cpunodebind=1 --membind=1 \
+            "exec setsid sh -c 'echo $$ > /tmp/rrpc-bench-R1-srv.pid; exec env RRPC_BENCH_RDMA_DEVICE=mlx5_0 numactl --cpunodebind=1 --membind=1 \
              /opt/rrpc/rpc --role server --listen 127.0.0.1:6000'"
         ]
     );
