@@ -698,7 +698,7 @@ impl ShmQp {
 
     /// The checks every post makes before anything is written: the queue pair
     /// is connected and not failed, the local slice lies in its region, the
-    /// remote range in a granted region. Returns the peer and the remote pointer.
+    /// remote range in a granted region. Returns both ends, checked.
     #[inline]
     fn check_post<'l>(&self, local: Local<'l>, remote: Remote) -> Result<Checked<'_, 'l>> {
         let peer = self.ready()?;
