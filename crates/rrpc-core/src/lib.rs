@@ -15,6 +15,7 @@
 //! | [`conn::SharedConnection`], [`conn::connect_logical`] | KRCore's `qconnect` over a cached QP | a connection per logical connection, with no queue pair of its own |
 //! | [`meta`] | KRCore's DCCache / MRStore leases | what a reconnect to a known peer reuses, and when it must not |
 //! | [`FaultConfig`] | — | delayed / failed completions, torn writes for tests |
+//! | `testing` (feature `test-util`) | — | the provider a test runs on, `on_every_provider!`, a throwaway TLS pair |
 //!
 //! ## Providers
 //! * **shm** (always built, the default): same-host processes. Regions are
