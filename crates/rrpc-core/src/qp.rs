@@ -352,6 +352,24 @@ impl QueuePair {
         }
     }
 
+    /// Whether a post's outcome is known when it returns: it completed (or
+    /// failed) inside the post, so no later completion can report a failure
+    /// of it. True on shm (unless [`FaultConfig::fail_after_posts`]
+    /// defers a failure to its completion, as a NIC does); false on verbs
+    /// and on a virtual queue pair, where a WRITE that fails (a link down, a
+    /// peer that stopped acknowledging) is known only once its completion
+    /// is polled, signaled or not.
+    ///
+    /// [`FaultConfig::fail_after_posts`]: crate::FaultConfig::fail_after_posts
+    pub fn completes_in_post(&self) -> bool {
+        match &self.inner {
+            QpInner::Shm(q) => q.completes_in_post(),
+            #[cfg(feature = "verbs")]
+            QpInner::Verbs(_) => false,
+            QpInner::Virtual(_) => false,
+        }
+    }
+
     /// Whether this is a sharer of another queue pair ([`crate::vqp`]).
     pub fn is_virtual(&self) -> bool {
         matches!(self.inner, QpInner::Virtual(_))

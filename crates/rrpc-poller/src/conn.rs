@@ -518,14 +518,33 @@ impl AsyncReceiver {
     async fn wait_data(&mut self) -> Result<()> {
         if !self.src.ready() {
             // Going idle: push the head the peer has not seen (RB²'s lazy head push would
-            // otherwise leave a sender that found the ring full waiting forever).
-            self.rx.flush()?;
+            // otherwise leave a sender that found the ring full waiting forever); on a NIC
+            // signaled, see below.
+            self.rx.flush_confirmed()?;
             // On a NIC the push may be held back until earlier pushes complete (the
             // send-queue budget), which happens after their post: drive completions until
             // it is out. Bounded by the NIC's completion latency; on shm never taken
             // (WRITEs complete when posted).
             while self.rx.wants_completions() && !self.src.ready() {
                 tokio::task::yield_now().await;
+                self.rx.poll_completions()?;
+            }
+            // On a NIC a failed push is known only from its completion, and
+            // unsignaled pushes have none unless they fail: the last push is
+            // signaled (`flush_confirmed`); poll until it completes. Otherwise
+            // a push the sender was waiting for, lost to a link down, leaves
+            // both sides waiting on a connection that is gone. Microseconds
+            // on a NIC; never on shm (a post's outcome is known when it
+            // returns).
+            let mut polls = 0u32;
+            while self.rx.confirming() && !self.src.ready() {
+                polls += 1;
+                if polls < 64 {
+                    tokio::task::yield_now().await;
+                } else {
+                    self.src.conn.check_alive()?;
+                    tokio::time::sleep(Duration::from_micros(200)).await;
+                }
                 self.rx.poll_completions()?;
             }
         }

@@ -519,3 +519,96 @@ fn a_reader_fed_once_a_millisecond_stops_spinning_and_announces_its_own_sleeps(p
         }
     }
 }
+
+/// A writer on a clean queue pair and a reader whose queue pair fails with
+/// `faults` (shm's injector: the failure surfaces only in a completion, as
+/// on a NIC), connected over shm.
+fn pair_with_failing_reader(
+    p: &rrpc_poller::Poller,
+    ring: &RingConfig,
+    faults: rrpc_core::FaultConfig,
+) -> (AsyncConn, AsyncConn) {
+    use rrpc_core::conn::{HandshakeConfig, Listener, Offer, connect};
+    use rrpc_core::{Endpoint, Fabric, QpConfig};
+    use rrpc_ringbuf::LocalRing;
+    let ep = Endpoint::Shm(
+        std::env::temp_dir()
+            .join(format!("rrpc-poller-e2e-{}", std::process::id()))
+            .join(format!("{:?}.sock", std::thread::current().id())),
+    );
+    if let Endpoint::Shm(path) = &ep {
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        let _ = std::fs::remove_file(path);
+    }
+    let listener = Listener::bind(&ep, HandshakeConfig::default()).unwrap();
+    let f = Fabric::shm();
+    let (f2, r2) = (f.clone(), ring.clone());
+    let writer = std::thread::spawn(move || {
+        let local = LocalRing::new(&f2, &r2).unwrap();
+        let offer = local.add_to_offer(Offer::new());
+        let qp = f2.create_qp(&QpConfig::default()).unwrap();
+        let c = listener.accept().unwrap().accept(qp, offer).unwrap();
+        let (tx, rx) = local.connect(&c).unwrap();
+        (c, tx, rx)
+    });
+    let local = LocalRing::new(&f, ring).unwrap();
+    let offer = local.add_to_offer(Offer::new());
+    let qp = f.create_qp(&QpConfig::default().fault(faults)).unwrap();
+    let c = connect(&ep, qp, offer, &HandshakeConfig::default()).unwrap();
+    let (tx, rx) = local.connect(&c).unwrap();
+    let (wc, wtx, wrx) = writer.join().unwrap();
+    (
+        AsyncConn::new(p, wc, wtx, wrx).unwrap(),
+        AsyncConn::new(p, c, tx, rx).unwrap(),
+    )
+}
+
+/// A reader whose head push fails after it read everything, with the writer
+/// waiting on a full ring for that push: the reader is told (its `recv`
+/// fails) instead of both sides waiting forever on a connection that is
+/// gone. On a NIC a failed WRITE is known only from its completion, and an
+/// unsignaled push has none unless it fails, so a reader going idle signals
+/// its last push and polls for it (`RingRx::flush_confirmed`); shm's
+/// injector fails the reader's first post (its going-idle push) the same
+/// way. What a link taken down mid-stream did once in the soft-RoCE VM.
+#[test]
+fn a_reader_whose_last_head_push_fails_is_told_every_mode() {
+    use rrpc_core::{FaultConfig, Status};
+    for mode in Mode::ALL {
+        rt().block_on(async {
+            let p = poller(mode);
+            let ring = ring(mode, 4096);
+            let slots = ring.slot_count();
+            let faults = FaultConfig::none()
+                .fail_after_posts(0)
+                .fail_status(Status::RetryExceeded);
+            let (w, r) = pair_with_failing_reader(&p, &ring, faults);
+            let (mut wtx, _wrx) = w.split().unwrap();
+            let (_rtx, mut rrx) = r.split().unwrap();
+            let writer = tokio::spawn(async move {
+                // More than the ring holds: the writer then waits for a push.
+                for i in 0..2 * slots {
+                    if wtx.send(&i.to_le_bytes()).await.is_err() {
+                        break;
+                    }
+                    let _ = wtx.flush_all().await;
+                }
+                wtx
+            });
+            let mut read = 0u64;
+            let end = loop {
+                match tokio::time::timeout(BOUND, rrx.recv()).await {
+                    Err(_) => panic!("{mode}: the reader waits forever after {read} messages"),
+                    Ok(Ok(_)) => read += 1,
+                    Ok(Err(e)) => break e,
+                }
+            };
+            assert!(read >= 1 && read < 2 * slots, "{mode}: {read}");
+            assert!(
+                matches!(&end, Error::Ring(_) | Error::PeerGone),
+                "{mode}: {end:?}"
+            );
+            writer.abort();
+        });
+    }
+}

@@ -892,6 +892,33 @@ impl RingRx {
         self.post()
     }
 
+    /// [`flush`](Self::flush) for a receiver about to wait for data. On a
+    /// queue pair whose posts complete later (a NIC;
+    /// [`QueuePair::completes_in_post`](rrpc_core::QueuePair::completes_in_post)
+    /// is false) the push is signaled, and one is posted with the same head
+    /// if earlier pushes went out unconfirmed, so that
+    /// [`poll_completions`](Self::poll_completions) learns whether they
+    /// failed (a link down, a peer that stopped acknowledging). Then poll
+    /// completions while [`confirming`](Self::confirming): a failed push
+    /// the sender was waiting for would otherwise leave both sides waiting,
+    /// the sender for room and this side for data. On shm it is `flush`.
+    ///
+    /// # Errors
+    /// [`Error::PeerGone`] or a fabric error (the queue pair already failed).
+    pub fn flush_confirmed(&mut self) -> Result<(), Error> {
+        self.receiver.flush();
+        if !self.shared.qp.completes_in_post() {
+            self.receiver.confirm_pushes();
+        }
+        self.post()
+    }
+
+    /// True while a signaled head push (see [`flush_confirmed`](Self::flush_confirmed))
+    /// is owed or its completion has not been polled. Never on shm.
+    pub fn confirming(&self) -> bool {
+        !self.shared.qp.completes_in_post() && self.receiver.confirming()
+    }
+
     /// Polls the send completion queue (head pushes share it with the sender).
     ///
     /// # Errors

@@ -584,7 +584,7 @@ pub async fn expect_timeout_then_ok(
 }
 
 /// Calls left in flight on `c`, for tests that break what carries them:
-/// `slow` unary calls of 1000 bytes that wait ten minutes for their reply
+/// `slow` unary calls of 100 bytes that wait ten minutes for their reply
 /// (their connection is quiet meanwhile), and `streams` endless server
 /// streams of 512-byte messages, `stream_delay_ms` apart (busy). Each task
 /// returns how its call ended.
@@ -599,7 +599,7 @@ pub fn calls_in_flight(
         let mut c = c.clone();
         calls.spawn(async move {
             c.unary(Input {
-                payload: payload(1000),
+                payload: payload(100),
                 delay_ms: 600_000,
                 ..Default::default()
             })

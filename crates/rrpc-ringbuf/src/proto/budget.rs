@@ -75,6 +75,11 @@ impl SqBudget {
         self.done_seq
     }
 
+    /// Requests numbered so far (the next one's sequence number).
+    pub(crate) fn next_seq(&self) -> u64 {
+        self.next_seq
+    }
+
     /// A signaled request completed: it and every earlier one are done.
     /// Completions may come late or out of order (stale ones change
     /// nothing). Returns false for an id this side never posted.

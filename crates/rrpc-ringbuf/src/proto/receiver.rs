@@ -71,6 +71,10 @@ pub struct Receiver {
     local_tail: u64,
     unpushed: u32,
     push_pending: bool,
+    /// A signaled push was asked for by [`confirm_pushes`](Self::confirm_pushes).
+    confirm: bool,
+    /// The sequence number of the last signaled push, if any.
+    last_signaled: Option<u64>,
     budget: SqBudget,
     flush_slots: u64,
     closed: Option<String>,
@@ -107,6 +111,8 @@ impl Receiver {
             local_tail: 0,
             unpushed: 0,
             push_pending: false,
+            confirm: false,
+            last_signaled: None,
             budget: SqBudget::new(WR_KIND_RX, cfg.receiver_outstanding()),
             flush_slots: super::flush_slots(slot_count),
             closed: None,
@@ -186,7 +192,34 @@ impl Receiver {
     }
     /// True if a head push is owed but the send-queue budget needs completions.
     pub fn wants_completions(&self) -> bool {
-        self.push_pending && self.budget.is_full()
+        (self.push_pending || self.confirm) && self.budget.is_full()
+    }
+
+    /// Makes the owed head push signaled, or asks for one if pushes went out
+    /// whose completion is unknown (unsignaled ones, on a NIC) and no
+    /// signaled push covers them: its completion then says how they all
+    /// went, since an RC queue pair completes in order. The push carries the
+    /// current head (the same value again if nothing was read since, which
+    /// the sender ignores).
+    /// For a receiver about to wait for data: a failed push the sender
+    /// needed would otherwise leave both sides waiting on a connection
+    /// that is gone.
+    pub fn confirm_pushes(&mut self) {
+        // Pushes up to the last signaled one are covered by its completion.
+        let covered = self.last_signaled.map_or(0, |s| s + 1);
+        if self.push_pending || self.budget.next_seq() > covered.max(self.budget.done_seq()) {
+            self.confirm = true;
+        }
+    }
+
+    /// True while a signaled head push is owed (asked for by
+    /// [`confirm_pushes`](Self::confirm_pushes)) or posted and its completion
+    /// not handled yet.
+    pub fn confirming(&self) -> bool {
+        self.confirm
+            || self
+                .last_signaled
+                .is_some_and(|s| self.budget.done_seq() <= s)
     }
 
     fn check_open(&self) -> Result<(), Error> {
@@ -414,17 +447,25 @@ impl Receiver {
     /// The next head push to post, if one is owed and the send-queue budget allows.
     #[must_use]
     pub fn poll_transmit(&mut self) -> Option<HeadPush> {
-        if !self.push_pending || self.closed.is_some() {
+        if !(self.push_pending || self.confirm) || self.closed.is_some() {
             return None;
         }
-        if self.head == self.synced_head {
+        if self.head == self.synced_head && !self.confirm {
             self.push_pending = false;
             return None;
         }
         if self.budget.is_full() {
             return None;
         }
-        let (seq, signaled) = self.budget.next();
+        let (seq, signaled) = if self.confirm {
+            (self.budget.next_signaled(), true)
+        } else {
+            self.budget.next()
+        };
+        if signaled {
+            self.last_signaled = Some(seq);
+        }
+        self.confirm = false;
         self.push_pending = false;
         self.unpushed = 0;
         self.synced_head = self.head;

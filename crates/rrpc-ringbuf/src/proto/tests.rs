@@ -1012,3 +1012,58 @@ fn the_policy_grows_before_a_large_message_and_shrinks_a_quiet_ring() {
     assert_eq!(p.received, 23);
     assert_eq!(p.tx.geometry().slot_count(), 4, "small messages fit");
 }
+
+/// A receiver about to wait for data confirms its unsignaled head pushes
+/// with a signaled one carrying the same head (a NIC reports a failed
+/// WRITE only in a completion, and an unsignaled one has none otherwise);
+/// once that completes nothing is left to confirm. An owed push is itself
+/// made signaled rather than followed by another.
+#[test]
+fn confirming_pushes_signals_one_covering_the_unsignaled_ones() {
+    let c = cfg(64, 8, 1, 1, 1, true);
+    let mut rx = Receiver::new(&c);
+    let ring = {
+        let mut r = vec![0u8; 512];
+        r[..8].copy_from_slice(&hdr(10, 0, 0).to_le_bytes());
+        r[56..64].copy_from_slice(&stamp_for(0).to_le_bytes());
+        r
+    };
+    rx.handle_local_tail(1).unwrap();
+    let m = rx
+        .poll_recv(|o| u64::from_le_bytes(ring[o..o + 8].try_into().unwrap()))
+        .unwrap()
+        .expect("a message");
+    rx.release(m);
+    rx.flush();
+    let first = rx.poll_transmit().expect("the head push");
+    assert_eq!(first.value, 1);
+    assert!(!first.signaled, "the first push of a budget is unsignaled");
+    assert!(!rx.confirming());
+    rx.confirm_pushes();
+    assert!(rx.confirming(), "owed");
+    let confirm = rx.poll_transmit().expect("the confirming push");
+    assert!(confirm.signaled);
+    assert_eq!(confirm.value, 1, "the same head again");
+    assert!(rx.poll_transmit().is_none());
+    assert!(rx.confirming(), "posted, not completed");
+    rx.handle_completion(confirm.wr_id);
+    assert!(!rx.confirming());
+    rx.confirm_pushes();
+    assert!(!rx.confirming(), "nothing left unconfirmed");
+    assert!(rx.poll_transmit().is_none());
+    // A push owed (a message read since) becomes the signaled one itself.
+    let mut ring = ring;
+    ring[64..72].copy_from_slice(&hdr(10, 0, 1).to_le_bytes());
+    ring[120..128].copy_from_slice(&stamp_for(1).to_le_bytes());
+    rx.handle_local_tail(2).unwrap();
+    let m = rx
+        .poll_recv(|o| u64::from_le_bytes(ring[o..o + 8].try_into().unwrap()))
+        .unwrap()
+        .expect("a second message");
+    rx.release(m);
+    rx.flush();
+    rx.confirm_pushes();
+    let owed = rx.poll_transmit().expect("the owed push");
+    assert!(owed.signaled && owed.value == 2, "{owed:?}");
+    assert!(rx.poll_transmit().is_none(), "one push, not two");
+}

@@ -843,6 +843,12 @@ impl ShmQp {
         self.cfg.get_send_depth()
     }
 
+    /// A WRITE completes inside its post unless an injected failure is set
+    /// to surface only in a completion.
+    pub(crate) fn completes_in_post(&self) -> bool {
+        self.cfg.get_fault().get_fail_after_posts().is_none()
+    }
+
     pub(crate) fn recv_depth(&self) -> u32 {
         self.rcq().cap as u32
     }
