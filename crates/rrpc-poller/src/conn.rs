@@ -129,6 +129,21 @@ impl Readiness for TxSource {
     }
 }
 
+/// The wait between two polls for completions that a NIC delivers after the
+/// post: a yield for the first 64 (microseconds on a NIC), then 200 µs sleeps
+/// (soft-RoCE under emulation is slower), each checking that the peer is
+/// still there.
+async fn between_completion_polls(polls: &mut u32, conn: &Connection) -> Result<()> {
+    *polls += 1;
+    if *polls < 64 {
+        tokio::task::yield_now().await;
+    } else {
+        conn.check_alive()?;
+        tokio::time::sleep(Duration::from_micros(200)).await;
+    }
+    Ok(())
+}
+
 /// Whether the receive side uses the doorbell fallback: the poller has it on, the peer's
 /// sender rings, and tails are not already sent with immediates.
 fn uses_doorbell(poller: &Poller, rx: &RingRx) -> bool {
@@ -416,13 +431,7 @@ impl AsyncSender {
         self.flush()?;
         let mut polls = 0u32;
         while self.wants_completions() {
-            polls += 1;
-            if polls < 64 {
-                tokio::task::yield_now().await;
-            } else {
-                self.src.conn.check_alive()?;
-                tokio::time::sleep(Duration::from_micros(200)).await;
-            }
+            between_completion_polls(&mut polls, &self.src.conn).await?;
             self.poll_completions()?;
         }
         Ok(())
@@ -538,13 +547,7 @@ impl AsyncReceiver {
             // returns).
             let mut polls = 0u32;
             while self.rx.confirming() && !self.src.ready() {
-                polls += 1;
-                if polls < 64 {
-                    tokio::task::yield_now().await;
-                } else {
-                    self.src.conn.check_alive()?;
-                    tokio::time::sleep(Duration::from_micros(200)).await;
-                }
+                between_completion_polls(&mut polls, &self.src.conn).await?;
                 self.rx.poll_completions()?;
             }
         }
