@@ -740,39 +740,42 @@ impl ShmQp {
         signaled: bool,
     ) -> Result<()> {
         use crate::qp::SendOp;
-        match op {
-            SendOp::Write => self.post_write(wr_id, local, remote, signaled),
-            SendOp::WriteImm(imm) => self.post_write_imm(wr_id, local, remote, imm, signaled),
-            SendOp::Read => self.post_read(wr_id, local, remote, signaled),
-        }
-    }
-
-    #[inline]
-    fn post_write(
-        &self,
-        wr_id: u64,
-        local: Local<'_>,
-        remote: Remote,
-        signaled: bool,
-    ) -> Result<()> {
         let checked = self.check_post(local, remote)?;
-        let Some((seq, delay, torn)) = self.admit(wr_id, Opcode::Write)? else {
-            return Ok(());
+        let opcode = match op {
+            SendOp::Write => Opcode::Write,
+            SendOp::WriteImm(_) => Opcode::WriteImm,
+            SendOp::Read => Opcode::Read,
         };
-        checked.write_to_peer(torn);
-        self.complete(seq, wr_id, Opcode::Write, local.len, signaled, delay);
+        let admitted = match op {
+            SendOp::WriteImm(imm) => self.write_imm(wr_id, &checked, imm)?,
+            SendOp::Write | SendOp::Read => match self.admit(wr_id, opcode)? {
+                Some((seq, delay, torn)) => {
+                    if op == SendOp::Read {
+                        checked.read_from_peer();
+                    } else {
+                        checked.write_to_peer(torn);
+                    }
+                    Some((seq, delay))
+                }
+                None => None,
+            },
+        };
+        // `None`: an injected fault took the work request.
+        if let Some((seq, delay)) = admitted {
+            self.complete(seq, wr_id, opcode, local.len, signaled, delay);
+        }
         Ok(())
     }
 
-    fn post_write_imm(
+    /// WRITE_WITH_IMM's write and the entry it puts on the peer's receive
+    /// completion queue, under that queue's producer lock; `None` when an
+    /// injected fault took the work request.
+    fn write_imm(
         &self,
         wr_id: u64,
-        local: Local<'_>,
-        remote: Remote,
+        checked: &Checked<'_, '_>,
         imm: u32,
-        signaled: bool,
-    ) -> Result<()> {
-        let checked = self.check_post(local, remote)?;
+    ) -> Result<Option<(u64, u32)>> {
         let peer = checked.peer;
         let mut prod = peer.cq.prod.lock().unwrap_or_else(|p| p.into_inner());
         if let Err(e) = peer.cq.check_room(*prod) {
@@ -782,36 +785,19 @@ impl ShmQp {
             return Err(e);
         }
         let Some((seq, delay, torn)) = self.admit(wr_id, Opcode::WriteImm)? else {
-            return Ok(());
+            return Ok(None);
         };
         checked.write_to_peer(torn);
         // The entry is published whether or not waking the peer works, so
         // count it before looking at the wake-up's result.
-        let woke = peer.cq.push(*prod, imm, local.len as u32);
+        let woke = peer.cq.push(*prod, imm, checked.local.len as u32);
         *prod += 1;
         drop(prod);
         if let Err(e) = woke {
             self.fail(&e);
             return Err(e);
         }
-        self.complete(seq, wr_id, Opcode::WriteImm, local.len, signaled, delay);
-        Ok(())
-    }
-
-    fn post_read(
-        &self,
-        wr_id: u64,
-        local: Local<'_>,
-        remote: Remote,
-        signaled: bool,
-    ) -> Result<()> {
-        let checked = self.check_post(local, remote)?;
-        let Some((seq, delay, _)) = self.admit(wr_id, Opcode::Read)? else {
-            return Ok(());
-        };
-        checked.read_from_peer();
-        self.complete(seq, wr_id, Opcode::Read, local.len, signaled, delay);
-        Ok(())
+        Ok(Some((seq, delay)))
     }
 
     pub(crate) fn post_recv(&self, wr_id: u64) -> Result<()> {
