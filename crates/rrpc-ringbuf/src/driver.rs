@@ -415,13 +415,7 @@ impl RingTx {
         let (value, check) = load_record(&self.rx_region, LOCAL_HEAD_OFFSET)?;
         if self.sender.handle_head_record(value, check)? {
             self.torn_since = None;
-        } else if torn_for_too_long(
-            &mut self.torn_since,
-            self.placement_timeout,
-            std::time::Instant::now(),
-        ) {
-            // A peer that died between its two stores is gone, not corrupt.
-            self.shared.check()?;
+        } else if torn_past(&mut self.torn_since, self.placement_timeout, &self.shared)? {
             return Err(self.sender.record_timed_out(value, check));
         }
         if let Some(keep) = self.sender.take_released() {
@@ -802,13 +796,7 @@ impl RingRx {
                     // Each tail WRITE_WITH_IMM consumed one receive: repost them.
                     self.replenish()?;
                 }
-            } else if torn_for_too_long(
-                &mut self.torn_since,
-                self.placement_timeout,
-                std::time::Instant::now(),
-            ) {
-                // A peer that died between its two stores is gone, not corrupt.
-                self.shared.check()?;
+            } else if torn_past(&mut self.torn_since, self.placement_timeout, &self.shared)? {
                 return Err(self.receiver.record_timed_out(value, check));
             }
         }
@@ -1203,6 +1191,22 @@ fn load_record(region: &Region, off: usize) -> Result<(u64, u64), Error> {
 struct TornSince {
     first: std::time::Instant,
     last: std::time::Instant,
+}
+
+/// A pointer record read inconsistent, now: whether it has been torn at
+/// every look for longer than `bound` ([`torn_for_too_long`]), so that the
+/// caller closes the ring as corrupt. A peer that died between its two
+/// stores is gone, not corrupt: that is the connection's error instead.
+fn torn_past(
+    since: &mut Option<TornSince>,
+    bound: std::time::Duration,
+    shared: &Shared,
+) -> Result<bool, Error> {
+    if torn_for_too_long(since, bound, std::time::Instant::now()) {
+        shared.check()?;
+        return Ok(true);
+    }
+    Ok(false)
 }
 
 /// A pointer record read inconsistent: starts the clock, and says whether

@@ -120,6 +120,7 @@
 #![forbid(unsafe_code)]
 
 mod budget;
+mod closed;
 pub mod doorbell;
 pub mod params;
 mod receiver;

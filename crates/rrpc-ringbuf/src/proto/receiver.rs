@@ -1,6 +1,7 @@
 //! The receiver half: `READMSG` of RB² Algorithm 1 plus lazy push.
 
 use super::budget::SqBudget;
+use super::closed::Closed;
 use super::{
     FLAG_GAP, FLAG_RESIZE, Geometry, HEADER_LEN, Header, OVERHEAD, WR_KIND_RX, stamp_for, tag_for,
 };
@@ -77,7 +78,7 @@ pub struct Receiver {
     last_signaled: Option<u64>,
     budget: SqBudget,
     flush_slots: u64,
-    closed: Option<String>,
+    closed: Closed,
     pushes: u64,
     torn_tails: u64,
     /// The message at `head` is covered by the tail but not placed yet:
@@ -115,7 +116,7 @@ impl Receiver {
             last_signaled: None,
             budget: SqBudget::new(WR_KIND_RX, cfg.receiver_outstanding()),
             flush_slots: super::flush_slots(slot_count),
-            closed: None,
+            closed: Closed::default(),
             pushes: 0,
             torn_tails: 0,
             unplaced: None,
@@ -160,7 +161,7 @@ impl Receiver {
     }
     /// The error that closed the receiver, if any.
     pub fn closed(&self) -> Option<&str> {
-        self.closed.as_deref()
+        self.closed.reason()
     }
     /// The slot pointer of a message the tail covers but that is not placed
     /// yet (its header tag or end stamp is not there), as the last
@@ -177,7 +178,7 @@ impl Receiver {
             Some((pos, seen)) => format!("message at slot {pos} never completed: {seen}"),
             None => "placement timed out".to_string(),
         };
-        self.close(what)
+        self.closed.close(what)
     }
 
     fn not_placed(&mut self, seen: String) -> Result<Option<Message>, Error> {
@@ -222,18 +223,6 @@ impl Receiver {
                 .is_some_and(|s| self.budget.done_seq() <= s)
     }
 
-    fn check_open(&self) -> Result<(), Error> {
-        match &self.closed {
-            Some(m) => Err(Error::Corrupt(m.clone())),
-            None => Ok(()),
-        }
-    }
-
-    fn close(&mut self, msg: String) -> Error {
-        self.closed.get_or_insert(msg.clone());
-        Error::Corrupt(msg)
-    }
-
     /// The sender wrote a tail record into our `local_tail` words, read as
     /// `value` and `check` (`proto` docs, "Pointer records"). Returns
     /// whether it was consistent (and then applied); an inconsistent one
@@ -246,7 +235,7 @@ impl Receiver {
         match super::decode_pointer(value, check) {
             Some(v) => self.handle_local_tail(v).map(|()| true),
             None => {
-                self.check_open()?;
+                self.closed.check()?;
                 self.torn_tails += 1;
                 Ok(false)
             }
@@ -256,9 +245,7 @@ impl Receiver {
     /// The tail record stayed inconsistent (`value`, `check`) past the
     /// driver's bound: the peer wrote garbage there. Closes the receiver.
     pub fn record_timed_out(&mut self, value: u64, check: u64) -> Error {
-        self.close(format!(
-            "tail record {value:#x} with check {check:#x} never became consistent"
-        ))
+        self.closed.record_timed_out("tail", value, check)
     }
 
     /// The sender wrote `value` into our `local_tail` word.
@@ -267,12 +254,12 @@ impl Receiver {
     /// [`Error::Corrupt`] (and the receiver closes) if the tail moves
     /// backwards or more than `N` slots past our head.
     pub fn handle_local_tail(&mut self, value: u64) -> Result<(), Error> {
-        self.check_open()?;
+        self.closed.check()?;
         if value == self.local_tail {
             return Ok(());
         }
         if value < self.local_tail || value - self.head > self.geo.slot_count() {
-            return Err(self.close(format!(
+            return Err(self.closed.close(format!(
                 "tail pointer {value} outside [{}, {}]",
                 self.local_tail,
                 self.head + self.geo.slot_count()
@@ -308,7 +295,7 @@ impl Receiver {
         &mut self,
         mut read_word: impl FnMut(usize) -> u64,
     ) -> Result<Option<Message>, Error> {
-        self.check_open()?;
+        self.closed.check()?;
         // At most a gap, a resize marker and a gap in the new geometry
         // precede a message (a marker waits for the head to pass it, so
         // two are never read in one call).
@@ -447,7 +434,7 @@ impl Receiver {
     /// The next head push to post, if one is owed and the send-queue budget allows.
     #[must_use]
     pub fn poll_transmit(&mut self) -> Option<HeadPush> {
-        if !(self.push_pending || self.confirm) || self.closed.is_some() {
+        if !(self.push_pending || self.confirm) || self.closed.is_closed() {
             return None;
         }
         if self.head == self.synced_head && !self.confirm {

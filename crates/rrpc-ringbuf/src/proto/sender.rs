@@ -5,6 +5,7 @@ use std::collections::VecDeque;
 use std::time::Instant;
 
 use super::budget::SqBudget;
+use super::closed::Closed;
 use super::sizing::Sizer;
 use super::{
     FLAG_GAP, FLAG_RESIZE, Geometry, HEADER_LEN, Header, MAX_TAIL_INFLIGHT, TRAILER_LEN,
@@ -123,7 +124,7 @@ pub struct Sender {
     tails_inflight: VecDeque<u64>,
     tail_count: u64,
     queue: VecDeque<Transmit>,
-    closed: Option<String>,
+    closed: Closed,
     stats: SenderStats,
 }
 
@@ -162,7 +163,7 @@ impl Sender {
             tails_inflight: VecDeque::with_capacity(MAX_TAIL_INFLIGHT),
             tail_count: 0,
             queue: VecDeque::new(),
-            closed: None,
+            closed: Closed::default(),
             stats: SenderStats::default(),
         }
     }
@@ -255,19 +256,7 @@ impl Sender {
     }
     /// The error that closed the sender, if any.
     pub fn closed(&self) -> Option<&str> {
-        self.closed.as_deref()
-    }
-
-    fn check_open(&self) -> Result<(), Error> {
-        match &self.closed {
-            Some(m) => Err(Error::Corrupt(m.clone())),
-            None => Ok(()),
-        }
-    }
-
-    fn close(&mut self, msg: String) -> Error {
-        self.closed.get_or_insert(msg.clone());
-        Error::Corrupt(msg)
+        self.closed.reason()
     }
 
     /// Reserves room for a payload of `len` bytes in `ring` (`RB_S`), writing
@@ -279,7 +268,7 @@ impl Sender {
     /// there is not enough free space (the batch is flushed so the receiver
     /// can drain and push its head); [`Error::Corrupt`] after a bad head.
     pub fn reserve(&mut self, len: usize, ring: &mut [u8]) -> Result<Reservation, Error> {
-        self.check_open()?;
+        self.closed.check()?;
         if len > self.max_geo.max_payload() {
             return Err(Error::TooLarge {
                 len,
@@ -369,7 +358,7 @@ impl Sender {
     /// is free for the marker; [`Error::InvalidConfig`] for a slot count
     /// out of range; [`Error::Corrupt`] once closed.
     pub fn resize(&mut self, slot_count: u64, ring: &mut [u8]) -> Result<bool, Error> {
-        self.check_open()?;
+        self.closed.check()?;
         if !slot_count.is_power_of_two()
             || slot_count < crate::MIN_SLOT_COUNT
             || slot_count > self.max_geo.slot_count()
@@ -414,7 +403,7 @@ impl Sender {
     /// # Errors
     /// [`Error::Corrupt`] once closed.
     pub fn maintain(&mut self, now: Instant, ring: &mut [u8]) -> Result<bool, Error> {
-        self.check_open()?;
+        self.closed.check()?;
         let current = self.geo.slot_count();
         let Some(target) = self.sizer.as_mut().and_then(|s| s.tick(now, current)) else {
             return Ok(false);
@@ -471,7 +460,7 @@ impl Sender {
     /// flight under the elastic threshold; it then goes out from
     /// [`handle_completion`](Self::handle_completion)).
     pub fn flush(&mut self) {
-        if self.closed.is_some() {
+        if self.closed.is_closed() {
             return;
         }
         self.transmit_slots();
@@ -574,7 +563,7 @@ impl Sender {
         match super::decode_pointer(value, check) {
             Some(v) => self.handle_local_head(v).map(|()| true),
             None => {
-                self.check_open()?;
+                self.closed.check()?;
                 self.stats.torn_heads += 1;
                 Ok(false)
             }
@@ -584,9 +573,7 @@ impl Sender {
     /// The head record stayed inconsistent (`value`, `check`) past the
     /// driver's bound: the peer wrote garbage there. Closes the sender.
     pub fn record_timed_out(&mut self, value: u64, check: u64) -> Error {
-        self.close(format!(
-            "head record {value:#x} with check {check:#x} never became consistent"
-        ))
+        self.closed.record_timed_out("head", value, check)
     }
 
     /// The receiver pushed `value` into our `local_head` word.
@@ -595,12 +582,12 @@ impl Sender {
     /// [`Error::Corrupt`] (and the sender closes) if the value moves backwards
     /// or past the tail we published.
     pub fn handle_local_head(&mut self, value: u64) -> Result<(), Error> {
-        self.check_open()?;
+        self.closed.check()?;
         if value == self.local_head {
             return Ok(());
         }
         if value < self.local_head || value > self.synced_tail {
-            return Err(self.close(format!(
+            return Err(self.closed.close(format!(
                 "head pointer {value} outside [{}, {}]",
                 self.local_head, self.synced_tail
             )));
