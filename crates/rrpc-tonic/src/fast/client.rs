@@ -531,10 +531,8 @@ mod tests {
     use std::task::Waker;
     use std::time::Duration;
 
-    use tokio_util::sync::CancellationToken;
-
     use super::*;
-    use crate::fast::testing::req;
+    use crate::fast::testing::{channel, req, spawn_server};
     use crate::pipe::mem_pair;
 
     struct Count(std::sync::atomic::AtomicUsize);
@@ -595,15 +593,8 @@ mod tests {
             }
         });
         let cfg = RrpcConfig::default();
-        tokio::spawn(crate::fast::server::serve_conn(
-            spipe,
-            svc,
-            cfg.clone(),
-            CancellationToken::new(),
-            cfg.get_call_window(),
-            Default::default(),
-        ));
-        let ch = FastChannel::start(cpipe, &cfg, cfg.get_call_window(), Default::default());
+        spawn_server(spipe, svc, &cfg);
+        let ch = channel(cpipe, &cfg);
         let mut c1 = ch.clone();
         let slow = tokio::spawn(async move { tower::Service::call(&mut c1, req("/slow")).await });
         // The slow call writes its request and starts receiving.
@@ -643,15 +634,8 @@ mod tests {
         let scfg = RrpcConfig::default()
             .max_concurrent_calls(2)
             .expect("limit");
-        tokio::spawn(crate::fast::server::serve_conn(
-            spipe,
-            svc,
-            scfg.clone(),
-            CancellationToken::new(),
-            scfg.get_call_window(),
-            Default::default(),
-        ));
-        let ch = FastChannel::start(cpipe, &scfg, scfg.get_call_window(), Default::default());
+        spawn_server(spipe, svc, &scfg);
+        let ch = channel(cpipe, &scfg);
         let mut calls = tokio::task::JoinSet::new();
         for _ in 0..5 {
             let mut c = ch.clone();

@@ -258,8 +258,9 @@ pub(crate) mod testing {
     use std::sync::Arc;
     use std::sync::atomic::{AtomicBool, Ordering};
 
-    use crate::Error;
-    use crate::pipe::{BoxFut, MsgTx};
+    use super::client::FastChannel;
+    use crate::pipe::{BoxFut, MsgTx, Pipe};
+    use crate::{Error, RrpcConfig};
 
     /// A request for `path` with an empty body.
     pub(crate) fn req(path: &str) -> http::Request<tonic::body::Body> {
@@ -267,6 +268,50 @@ pub(crate) mod testing {
             .uri(path)
             .body(tonic::body::Body::empty())
             .expect("request")
+    }
+
+    /// Serves `svc` on `pipe` with `cfg` (the peer's window: `cfg`'s own),
+    /// as a spawned task whose result is `serve_conn`'s.
+    pub(crate) fn spawn_server<S>(
+        pipe: Pipe,
+        svc: S,
+        cfg: &RrpcConfig,
+    ) -> tokio::task::JoinHandle<Result<(), Error>>
+    where
+        S: tower::Service<
+                http::Request<tonic::body::Body>,
+                Response = http::Response<tonic::body::Body>,
+                Error = std::convert::Infallible,
+            > + Clone
+            + Send
+            + 'static,
+        S::Future: Send + 'static,
+    {
+        tokio::spawn(crate::fast::server::serve_conn(
+            pipe,
+            svc,
+            cfg.clone(),
+            tokio_util::sync::CancellationToken::new(),
+            cfg.get_call_window(),
+            Default::default(),
+        ))
+    }
+
+    /// A fast-path client on `pipe` with `cfg` (the peer's window: `cfg`'s own).
+    pub(crate) fn channel(pipe: Pipe, cfg: &RrpcConfig) -> FastChannel {
+        FastChannel::start(pipe, cfg, cfg.get_call_window(), Default::default())
+    }
+
+    /// `pipe` with its sender wrapped in a [`BreakableTx`], broken from the
+    /// start or not, and the switch that breaks it.
+    pub(crate) fn breakable(pipe: Pipe, broken: bool) -> (Pipe, Arc<AtomicBool>) {
+        let (inner, rx) = pipe;
+        let broken = Arc::new(AtomicBool::new(broken));
+        let tx = BreakableTx {
+            inner,
+            broken: broken.clone(),
+        };
+        ((Box::new(tx), rx), broken)
     }
 
     /// A sender that works until `broken` is set, then fails every send as

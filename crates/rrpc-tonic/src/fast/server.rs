@@ -706,12 +706,11 @@ where
 #[cfg(test)]
 mod tests {
     use std::sync::Arc;
-    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    use std::sync::atomic::{AtomicUsize, Ordering};
     use std::time::Duration;
 
     use super::*;
-    use crate::fast::client::FastChannel;
-    use crate::fast::testing::{BreakableTx, req};
+    use crate::fast::testing::{breakable, channel, req, spawn_server};
     use crate::pipe::mem_pair;
 
     /// `serve_conn` returns within 5 s, with an error that says `what`.
@@ -729,28 +728,14 @@ mod tests {
     /// caller gets an error instead of hanging.
     #[tokio::test(flavor = "current_thread")]
     async fn a_failed_response_send_closes_the_connection() {
-        let (cpipe, (stx, srx)) = mem_pair(1 << 16);
-        let broken = Arc::new(AtomicBool::new(true));
-        let spipe: crate::pipe::Pipe = (
-            Box::new(BreakableTx {
-                inner: stx,
-                broken: broken.clone(),
-            }),
-            srx,
-        );
+        let (cpipe, spipe) = mem_pair(1 << 16);
+        let (spipe, _) = breakable(spipe, true);
         let svc = tower::service_fn(|_r: http::Request<Body>| async {
             Ok::<_, std::convert::Infallible>(http::Response::new(Body::empty()))
         });
         let cfg = RrpcConfig::default();
-        let server = tokio::spawn(serve_conn(
-            spipe,
-            svc,
-            cfg.clone(),
-            CancellationToken::new(),
-            cfg.get_call_window(),
-            Default::default(),
-        ));
-        let mut ch = FastChannel::start(cpipe, &cfg, cfg.get_call_window(), Default::default());
+        let server = spawn_server(spipe, svc, &cfg);
+        let mut ch = channel(cpipe, &cfg);
         let r = tokio::time::timeout(
             Duration::from_secs(5),
             tower::Service::call(&mut ch, req("/x.Y/Z")),
@@ -765,15 +750,8 @@ mod tests {
     /// (also one already waiting for its reply), and new calls.
     #[tokio::test(flavor = "current_thread")]
     async fn a_failed_request_send_fails_every_call() {
-        let ((ctx, crx), spipe) = mem_pair(1 << 16);
-        let broken = Arc::new(AtomicBool::new(false));
-        let cpipe: crate::pipe::Pipe = (
-            Box::new(BreakableTx {
-                inner: ctx,
-                broken: broken.clone(),
-            }),
-            crx,
-        );
+        let (cpipe, spipe) = mem_pair(1 << 16);
+        let (cpipe, broken) = breakable(cpipe, false);
         // `/never` never answers.
         let svc = tower::service_fn(|r: http::Request<Body>| async move {
             if r.uri().path() == "/never" {
@@ -782,15 +760,8 @@ mod tests {
             Ok::<_, std::convert::Infallible>(http::Response::new(Body::empty()))
         });
         let cfg = RrpcConfig::default();
-        tokio::spawn(serve_conn(
-            spipe,
-            svc,
-            cfg.clone(),
-            CancellationToken::new(),
-            cfg.get_call_window(),
-            Default::default(),
-        ));
-        let ch = FastChannel::start(cpipe, &cfg, cfg.get_call_window(), Default::default());
+        spawn_server(spipe, svc, &cfg);
+        let ch = channel(cpipe, &cfg);
         let mut c1 = ch.clone();
         let waiting =
             tokio::spawn(async move { tower::Service::call(&mut c1, req("/never")).await });
