@@ -368,17 +368,12 @@ pub(super) fn contention(ctx: &mut Ctx<'_>, pinning: &str) -> Vec<Table> {
                 let r = ctx
                     .client_rt
                     .block_on(stream_throughput(cs, 32, 8, 32, dur))?;
-                let krps = super::figs::krps(&r);
-                let base = tcp_krps.base(v.transport == Transport::TonicTcp, k, krps);
-                let s = r.latency.summary();
-                thr.push(vec![
-                    v.name().into(),
-                    k.into(),
-                    krps.into(),
-                    Ratio::of(krps, base).into(),
-                    s.p50_us().into(),
-                    s.p99_us().into(),
-                ]);
+                thr.push(tcp_krps.throughput_row(
+                    &v.name(),
+                    v.transport == Transport::TonicTcp,
+                    k,
+                    &r,
+                ));
             }
             Ok(())
         })();

@@ -51,23 +51,50 @@ pub struct Throughput {
     pub latency: Latency,
 }
 
-/// The load tasks' result: completed calls and their latencies while `counting` was set.
-type LoadTask = tokio::task::JoinHandle<Result<(u64, Latency)>>;
+/// What a load task sees of the measurement: whether its calls count yet, and whether
+/// to stop; and what it has counted.
+#[derive(Clone)]
+struct Window {
+    counting: Arc<AtomicBool>,
+    stop: Arc<AtomicBool>,
+}
 
-/// Lets the load tasks warm up for `dur / 5`, counts for `dur`, stops them and sums up.
-async fn measure_window(
-    tasks: Vec<LoadTask>,
-    counting: &AtomicBool,
-    stop: &AtomicBool,
-    dur: Duration,
-) -> Result<Throughput> {
+impl Window {
+    fn stopped(&self) -> bool {
+        self.stop.load(Ordering::Relaxed)
+    }
+
+    /// Counts a call started at `t0` (now done) if the window is open.
+    fn record(&self, t0: Instant, ops: &mut u64, lat: &mut Latency) {
+        if self.counting.load(Ordering::Relaxed) {
+            *ops += 1;
+            lat.record(t0.elapsed());
+        }
+    }
+}
+
+/// Runs `load` on every client as a task of its own, lets them warm up for `dur / 5`, counts
+/// for `dur`, stops them and sums up what each counted (its calls and their latencies).
+async fn measure<F, Fut>(clients: Vec<AnyClient>, dur: Duration, load: F) -> Result<Throughput>
+where
+    F: Fn(AnyClient, Window) -> Fut,
+    Fut: std::future::Future<Output = Result<(u64, Latency)>> + Send + 'static,
+{
+    let w = Window {
+        counting: Arc::new(AtomicBool::new(false)),
+        stop: Arc::new(AtomicBool::new(false)),
+    };
+    let tasks: Vec<_> = clients
+        .into_iter()
+        .map(|c| tokio::spawn(load(c, w.clone())))
+        .collect();
     tokio::time::sleep(dur / 5).await;
-    counting.store(true, Ordering::Relaxed);
+    w.counting.store(true, Ordering::Relaxed);
     let start = Instant::now();
     tokio::time::sleep(dur).await;
-    counting.store(false, Ordering::Relaxed);
+    w.counting.store(false, Ordering::Relaxed);
     let elapsed = start.elapsed();
-    stop.store(true, Ordering::Relaxed);
+    w.stop.store(true, Ordering::Relaxed);
     let mut out = Throughput {
         elapsed,
         ..Default::default()
@@ -92,45 +119,36 @@ pub async fn stream_throughput(
     window: usize,
     dur: Duration,
 ) -> Result<Throughput> {
-    let stop = Arc::new(AtomicBool::new(false));
-    let counting = Arc::new(AtomicBool::new(false));
-    let mut tasks: Vec<LoadTask> = Vec::new();
-    for mut c in clients {
-        let (stop, counting) = (stop.clone(), counting.clone());
-        tasks.push(tokio::spawn(async move {
-            let (tx, rx) = mpsc::channel(window * 2);
-            let mut sent: VecDeque<Instant> = VecDeque::with_capacity(window);
-            let req = Req {
-                payload: vec![1; req_len],
-                resp_len,
-            };
-            for _ in 0..window {
-                tx.send(req.clone())
-                    .await
-                    .map_err(|_| anyhow!("stream closed"))?;
-                sent.push_back(Instant::now());
+    measure(clients, dur, move |mut c, w| async move {
+        let (tx, rx) = mpsc::channel(window * 2);
+        let mut sent: VecDeque<Instant> = VecDeque::with_capacity(window);
+        let req = Req {
+            payload: vec![1; req_len],
+            resp_len,
+        };
+        for _ in 0..window {
+            tx.send(req.clone())
+                .await
+                .map_err(|_| anyhow!("stream closed"))?;
+            sent.push_back(Instant::now());
+        }
+        let mut inbound = c.stream(rx).await?;
+        let (mut ops, mut lat) = (0u64, Latency::new());
+        while let Some(_r) = inbound.message().await? {
+            let t0 = sent.pop_front().unwrap_or_else(Instant::now);
+            w.record(t0, &mut ops, &mut lat);
+            if w.stopped() {
+                break;
             }
-            let mut inbound = c.stream(rx).await?;
-            let (mut ops, mut lat) = (0u64, Latency::new());
-            while let Some(_r) = inbound.message().await? {
-                let t0 = sent.pop_front().unwrap_or_else(Instant::now);
-                if counting.load(Ordering::Relaxed) {
-                    ops += 1;
-                    lat.record(t0.elapsed());
-                }
-                if stop.load(Ordering::Relaxed) {
-                    break;
-                }
-                tx.send(req.clone())
-                    .await
-                    .map_err(|_| anyhow!("stream closed"))?;
-                sent.push_back(Instant::now());
-            }
-            drop(tx);
-            Ok::<_, anyhow::Error>((ops, lat))
-        }));
-    }
-    measure_window(tasks, &counting, &stop, dur).await
+            tx.send(req.clone())
+                .await
+                .map_err(|_| anyhow!("stream closed"))?;
+            sent.push_back(Instant::now());
+        }
+        drop(tx);
+        Ok((ops, lat))
+    })
+    .await
 }
 
 /// Closed-loop unary load: every client has one call in flight; with `interval`, a client
@@ -148,37 +166,28 @@ pub async fn unary_load(
     interval: Option<Duration>,
     dur: Duration,
 ) -> Result<Throughput> {
-    let stop = Arc::new(AtomicBool::new(false));
-    let counting = Arc::new(AtomicBool::new(false));
-    let mut tasks: Vec<LoadTask> = Vec::new();
-    for mut c in clients {
-        let (stop, counting) = (stop.clone(), counting.clone());
-        tasks.push(tokio::spawn(async move {
-            let req = Req {
-                payload: vec![1; req_len],
-                resp_len,
-            };
-            let (mut ops, mut lat) = (0u64, Latency::new());
-            let mut next = tokio::time::Instant::now();
-            while !stop.load(Ordering::Relaxed) {
-                let t0 = Instant::now();
-                c.unary(req.clone()).await?;
-                if counting.load(Ordering::Relaxed) {
-                    ops += 1;
-                    lat.record(t0.elapsed());
-                }
-                if let Some(iv) = interval {
-                    next += iv;
-                    let now = tokio::time::Instant::now();
-                    if next < now {
-                        next = now;
-                    } else {
-                        tokio::time::sleep_until(next).await;
-                    }
+    measure(clients, dur, move |mut c, w| async move {
+        let req = Req {
+            payload: vec![1; req_len],
+            resp_len,
+        };
+        let (mut ops, mut lat) = (0u64, Latency::new());
+        let mut next = tokio::time::Instant::now();
+        while !w.stopped() {
+            let t0 = Instant::now();
+            c.unary(req.clone()).await?;
+            w.record(t0, &mut ops, &mut lat);
+            if let Some(iv) = interval {
+                next += iv;
+                let now = tokio::time::Instant::now();
+                if next < now {
+                    next = now;
+                } else {
+                    tokio::time::sleep_until(next).await;
                 }
             }
-            Ok::<_, anyhow::Error>((ops, lat))
-        }));
-    }
-    measure_window(tasks, &counting, &stop, dur).await
+        }
+        Ok((ops, lat))
+    })
+    .await
 }

@@ -72,6 +72,28 @@ impl BaseByClients {
             .find(|(c, _)| *c == k)
             .map_or(f64::NAN, |(_, b)| *b)
     }
+
+    /// A throughput table's first columns for `name` at `k` clients: the client count,
+    /// kRPC/s, its ratio to the baseline (recording it when `is_base`), p50 and p99 (µs).
+    pub(super) fn throughput_row(
+        &mut self,
+        name: &str,
+        is_base: bool,
+        k: usize,
+        r: &super::Throughput,
+    ) -> Vec<crate::Value> {
+        let krps = figs::krps(r);
+        let base = self.base(is_base, k, krps);
+        let s = r.latency.summary();
+        vec![
+            name.into(),
+            k.into(),
+            krps.into(),
+            Ratio::of(krps, base).into(),
+            s.p50_us().into(),
+            s.p99_us().into(),
+        ]
+    }
 }
 
 /// Whether experiment `exp` is selected by `only` (empty: everything).
@@ -200,20 +222,13 @@ pub fn run_suite(args: &SuiteArgs, report: &mut Report, only: &[String]) -> Resu
                 let r = client_rt.block_on(stream_throughput(cs, 32, 8, 32, dur))?;
                 let cpu_pct = CpuTimes::process()?.percent_since(&cpu0, w0.elapsed());
                 let rss = rss_bytes(None)?;
-                let krps = figs::krps(&r);
-                let base = tcp_krps.base(t == Transport::TonicTcp, k, krps);
-                let s = r.latency.summary();
-                thr.push(vec![
-                    t.name().into(),
-                    k.into(),
-                    krps.into(),
-                    Ratio::of(krps, base).into(),
-                    s.p50_us().into(),
-                    s.p99_us().into(),
+                let mut row = tcp_krps.throughput_row(t.name(), t == Transport::TonicTcp, k, &r);
+                row.extend([
                     cpu_pct.into(),
                     (rss as f64 / (1 << 20) as f64).into(),
                     (rss as f64 / 1024.0 / k as f64).into(),
                 ]);
+                thr.push(row);
                 bar.inc(1);
             }
             Ok(())
