@@ -626,6 +626,49 @@ pub fn calls_in_flight(
     calls
 }
 
+/// A multi-threaded runtime of two workers, for tests that drive several
+/// transports from one plain `#[test]`.
+pub fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_keep_alive(Duration::from_millis(100))
+        .enable_all()
+        .build()
+        .expect("runtime")
+}
+
+/// The connection behind `c` still carries calls: a 7-byte request is
+/// answered with its length.
+pub async fn assert_still_usable(c: &mut pb::test_client::TestClient<RrpcChannel>) {
+    let r = c
+        .unary(Input {
+            payload: payload(7),
+            ..Default::default()
+        })
+        .await
+        .expect("the connection is still usable")
+        .into_inner();
+    assert_eq!(r.total, 7);
+}
+
+/// A call made on `t` after its server closed fails `Unavailable`. Over TCP
+/// `RrpcChannel` is tonic's own `Channel`, which may dispatch the call on the
+/// connection hyper is closing and report "connection closed" as
+/// `Cancelled`: tonic's behaviour, kept.
+pub fn assert_closed_status(t: Transport, err: &Status) {
+    if t == Transport::Tcp {
+        assert!(
+            matches!(
+                err.code(),
+                tonic::Code::Unavailable | tonic::Code::Cancelled
+            ),
+            "{err:?}"
+        );
+    } else {
+        assert_eq!(err.code(), tonic::Code::Unavailable, "{err:?}");
+    }
+}
+
 /// A request payload of `n` bytes with a recognisable pattern.
 pub fn payload(n: usize) -> Vec<u8> {
     (0..n).map(|i| (i % 251) as u8).collect()

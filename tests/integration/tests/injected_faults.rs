@@ -24,6 +24,23 @@ fn with_faults(t: Transport, f: FaultConfig) -> rrpc_tonic::RrpcConfig {
     config(t).queue_pair(QpConfig::default().fault(f))
 }
 
+/// A client of `h` whose queue pair fails (`RetryExceeded`, as a peer that
+/// stopped acknowledging) after `posts` posts.
+async fn client_failing_after(
+    h: &Harness,
+    t: Transport,
+    posts: u64,
+) -> TestClient<RrpcChannel> {
+    let faults = FaultConfig::none()
+        .fail_after_posts(posts)
+        .fail_status(Status::RetryExceeded);
+    TestClient::new(
+        RrpcChannel::connect(&h.uri, with_faults(t, faults))
+            .await
+            .expect("connect"),
+    )
+}
+
 async fn delayed_and_missed_completions_lose_nothing(t: Transport) {
     let faults = FaultConfig::none()
         .completion_delay_polls(2)
@@ -68,14 +85,7 @@ async fn delayed_and_missed_completions_lose_nothing(t: Transport) {
 
 async fn failing_queue_pairs_are_unavailable_then_reconnect(t: Transport) {
     let h = Harness::start(t).await;
-    let faults = FaultConfig::none()
-        .fail_after_posts(150)
-        .fail_status(Status::RetryExceeded);
-    let mut c = TestClient::new(
-        RrpcChannel::connect(&h.uri, with_faults(t, faults))
-            .await
-            .expect("connect"),
-    );
+    let mut c = client_failing_after(&h, t, 150).await;
     let (mut ok, mut failed, mut ok_after_failure) = (0, 0, 0);
     for i in 0..300usize {
         let p = payload(1 + i % 3000);
@@ -126,14 +136,7 @@ async fn failing_queue_pairs_are_unavailable_then_reconnect(t: Transport) {
 /// server cannot send for want of room.
 async fn a_reader_whose_queue_pair_fails_is_told(t: Transport) {
     let h = Harness::start(t).await;
-    let faults = FaultConfig::none()
-        .fail_after_posts(40)
-        .fail_status(Status::RetryExceeded);
-    let mut c = TestClient::new(
-        RrpcChannel::connect(&h.uri, with_faults(t, faults))
-            .await
-            .expect("connect"),
-    );
+    let mut c = client_failing_after(&h, t, 40).await;
     let mut s = c
         .server_stream(Input {
             payload: payload(16 << 10),

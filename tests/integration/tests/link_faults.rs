@@ -304,12 +304,7 @@ mod on_verbs {
             return;
         }
         eprintln!("rrpc-test-on-verbs");
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .thread_keep_alive(Duration::from_millis(100))
-            .enable_all()
-            .build()
-            .expect("runtime");
+        let rt = rrpc_integration_tests::runtime();
         for t in [Transport::RdmaFast, Transport::RdmaH2] {
             rt.block_on(link_down_mid_call(t, &dev));
         }

@@ -188,12 +188,7 @@ async fn server_killed_mid_call(t: Transport) {
 /// rdma transports too.
 #[test]
 fn rdma_and_local_transports_survive_a_killed_server() {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .thread_keep_alive(Duration::from_millis(100))
-        .enable_all()
-        .build()
-        .expect("runtime");
+    let rt = rrpc_integration_tests::runtime();
     let mut transports = vec![Transport::Tcp, Transport::ShmH2, Transport::ShmFast];
     if cfg!(feature = "verbs") && Transport::rdma_device().is_some() {
         eprintln!("rrpc-test-on-verbs");
