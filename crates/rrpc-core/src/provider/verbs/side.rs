@@ -1025,6 +1025,21 @@ mod tests {
         crate::testing::self_signed_tls("rrpc.test")
     }
 
+    /// A TLS server (`cfg`) on `s`, in a thread, for the tests that expect
+    /// its handshake to fail ([`server_failed_tls`]).
+    fn spawn_tls_server(
+        s: TcpStream,
+        cfg: Arc<rustls::ServerConfig>,
+    ) -> std::thread::JoinHandle<Result<Stream>> {
+        std::thread::spawn(move || server_stream(Stream::plain(s), Some(&cfg), dl()))
+    }
+
+    /// The server thread of [`spawn_tls_server`] ended with a TLS error.
+    fn server_failed_tls(server: std::thread::JoinHandle<Result<Stream>>) {
+        let e = server.join().unwrap().unwrap_err();
+        assert!(matches!(e, Error::Tls(_)), "server: {e}");
+    }
+
     fn tls_client(c: TcpStream, cfg: &Arc<rustls::ClientConfig>) -> Result<Stream> {
         let name = rustls::pki_types::ServerName::try_from("rrpc.test").unwrap();
         let conn = rustls::ClientConnection::new(cfg.clone(), name).unwrap();
@@ -1103,31 +1118,27 @@ mod tests {
         let (server_cfg, _) = tls_configs();
         let (_, other_client_cfg) = tls_configs(); // trusts another certificate
         let (c, s) = tcp_pair();
-        let server =
-            std::thread::spawn(move || server_stream(Stream::plain(s), Some(&server_cfg), dl()));
+        let server = spawn_tls_server(s, server_cfg);
         let e = tls_client(c, &other_client_cfg).unwrap_err();
         assert!(
             matches!(&e, Error::Tls(m) if m.contains("certificate")),
             "client: {e}"
         );
-        let e = server.join().unwrap().unwrap_err();
-        assert!(matches!(e, Error::Tls(_)), "server: {e}");
+        server_failed_tls(server);
     }
 
     #[test]
     fn a_plaintext_client_is_refused_by_a_tls_server() {
         let (server_cfg, _) = tls_configs();
         let (c, s) = tcp_pair();
-        let server =
-            std::thread::spawn(move || server_stream(Stream::plain(s), Some(&server_cfg), dl()));
+        let server = spawn_tls_server(s, server_cfg);
         let r = exchange(&mut Stream::plain(c), verbs_hello(Some(b"secret")), dl());
         // The server's alert, read where an Accept belongs.
         assert!(
             matches!(&r, Err(Error::Tls(m)) if m.contains("peer speaks TLS")),
             "{r:?}"
         );
-        let e = server.join().unwrap().unwrap_err();
-        assert!(matches!(e, Error::Tls(_)), "server: {e}");
+        server_failed_tls(server);
     }
 
     #[test]
