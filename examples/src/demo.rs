@@ -201,32 +201,24 @@ async fn measure(uri: &str, cfg: RrpcConfig, calls: u64) -> anyhow::Result<Measu
     }
     let channel = channel.ok_or_else(|| anyhow::anyhow!("connect {uri}: {last:?}"))?;
     let carrier = channel.carrier().clone();
-    let mut client = GreeterClient::new(channel.clone());
-    let mut hist = Histogram::<u64>::new(3)?;
-    for i in 0..calls + calls / 10 {
-        let t = Instant::now();
-        client
-            .say_hello(HelloRequest {
-                name: "demo".into(),
-            })
-            .await?;
-        if i >= calls / 10 {
-            hist.record(t.elapsed().as_nanos() as u64)?;
-        }
-    }
+    let (p50, p99) = time_calls(&mut GreeterClient::new(channel.clone()), calls).await?;
     Ok(Measured {
-        p50: hist.value_at_quantile(0.5) as f64 / 1e3,
-        p99: hist.value_at_quantile(0.99) as f64 / 1e3,
+        p50,
+        p99,
         path: channel.path(),
         carrier,
     })
 }
 
-/// The floor: the generated client calling the generated server's service
-/// directly, with no transport at all (`tonic-inproc`). Anything that keeps
-/// tonic's stubs pays at least this.
-async fn measure_inproc(calls: u64) -> anyhow::Result<(f64, f64)> {
-    let mut client = GreeterClient::new(GreeterServer::new(MyGreeter));
+/// `calls` greetings on `client` after `calls / 10` untimed ones: p50 and
+/// p99 in µs.
+async fn time_calls<T>(client: &mut GreeterClient<T>, calls: u64) -> anyhow::Result<(f64, f64)>
+where
+    T: tonic::client::GrpcService<tonic::body::Body>,
+    T::Error: Into<tonic::codegen::StdError>,
+    T::ResponseBody: tonic::codegen::Body<Data = tonic::codegen::Bytes> + Send + 'static,
+    <T::ResponseBody as tonic::codegen::Body>::Error: Into<tonic::codegen::StdError> + Send,
+{
     let mut hist = Histogram::<u64>::new(3)?;
     for i in 0..calls + calls / 10 {
         let t = Instant::now();
@@ -243,6 +235,17 @@ async fn measure_inproc(calls: u64) -> anyhow::Result<(f64, f64)> {
         hist.value_at_quantile(0.5) as f64 / 1e3,
         hist.value_at_quantile(0.99) as f64 / 1e3,
     ))
+}
+
+/// The floor: the generated client calling the generated server's service
+/// directly, with no transport at all (`tonic-inproc`). Anything that keeps
+/// tonic's stubs pays at least this.
+async fn measure_inproc(calls: u64) -> anyhow::Result<(f64, f64)> {
+    time_calls(
+        &mut GreeterClient::new(GreeterServer::new(MyGreeter)),
+        calls,
+    )
+    .await
 }
 
 fn main() -> anyhow::Result<()> {
