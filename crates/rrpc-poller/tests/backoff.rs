@@ -9,18 +9,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use common::{BOUND, Fake};
+use common::{BOUND, Fake, rt};
 use metrics_util::debugging::{DebugValue, DebuggingRecorder};
 use nix::sched::{CpuSet, sched_getaffinity, sched_setaffinity};
 use nix::unistd::Pid;
 use rrpc_poller::{Mode, Poller, PollerConfig, Stats, report};
-
-fn rt() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap()
-}
 
 /// A BPEV poller whose thread spins for a reader that never gets data (no
 /// doorbell on the fake source, so the thread keeps spinning through its

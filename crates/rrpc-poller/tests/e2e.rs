@@ -7,7 +7,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{BOUND, Provider, poller};
+use common::{BOUND, Provider, poller, rt_mt as rt};
 use rrpc_poller::conn::AsyncConn;
 use rrpc_poller::{Error, Mode};
 use rrpc_ringbuf::RingConfig;
@@ -40,14 +40,6 @@ fn pair(p: &Provider, poller: &rrpc_poller::Poller, ring: &RingConfig) -> (Async
     assert_eq!(a.connection().peer().provider, p.kind());
     assert_eq!(b.connection().peer().provider, p.kind());
     (a, b)
-}
-
-fn rt() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap()
 }
 
 fn ping_pong_every_mode(prov: &Provider) {

@@ -5,7 +5,7 @@
 #[macro_use]
 mod common;
 
-use common::{BOUND, poller};
+use common::{BOUND, poller, rt_mt};
 use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
 use rrpc_poller::conn::AsyncConn;
 use rrpc_poller::{Mode, Poller, report};
@@ -60,11 +60,7 @@ fn busy(m: &[Metric]) -> f64 {
 
 #[test]
 fn counters_and_busy_fractions_are_reported() {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = rt_mt();
     let p = poller(Mode::Bpev);
     let before = reported(&p);
     assert_eq!(counter(&before, report::SLEEPS), 0);

@@ -7,16 +7,9 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use common::{BOUND, Fake, poller, test_config};
+use common::{BOUND, Fake, poller, registered, rt, rt_mt, test_config};
 use futures_util::poll;
 use rrpc_poller::{Error, Mode, Readiness};
-
-fn rt() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap()
-}
 
 /// Publishes one message on `f` the way the writer of each mode would.
 fn publish(mode: Mode, f: &Fake, bell: &rrpc_poller::Doorbell) {
@@ -48,9 +41,7 @@ async fn poll_until_asleep<F: std::future::Future>(
 fn ready_source_returns_without_sleeping() {
     for mode in Mode::ALL {
         rt().block_on(async {
-            let p = poller(mode);
-            let f = Fake::new();
-            let mut reg = p.register(f.clone()).unwrap();
+            let (p, f, mut reg) = registered(mode);
             f.written.store(1, Ordering::Release);
             reg.wait_ready().await.unwrap();
             let s = p.stats();
@@ -64,9 +55,7 @@ fn ready_source_returns_without_sleeping() {
 fn sleeping_task_is_woken_in_every_mode() {
     for mode in Mode::ALL {
         rt().block_on(async {
-            let p = poller(mode);
-            let f = Fake::new();
-            let mut reg = p.register(f.clone()).unwrap();
+            let (p, f, mut reg) = registered(mode);
             let bell = reg.doorbell();
             {
                 let mut fut = Box::pin(reg.wait_ready());
@@ -127,9 +116,7 @@ fn doorbell_writes_eventfd_only_when_armed() {
 fn peer_death_wakes_with_error_and_removes() {
     for mode in Mode::ALL {
         rt().block_on(async {
-            let p = poller(mode);
-            let f = Fake::new();
-            let mut reg = p.register(f.clone()).unwrap();
+            let (p, f, mut reg) = registered(mode);
             let bell = reg.doorbell();
             let mut fut = Box::pin(reg.wait_ready());
             poll_until_asleep(&p, fut.as_mut(), mode).await;
@@ -188,9 +175,7 @@ fn liveness_fd_closing_fails_the_waiter() {
 fn shutdown_wakes_waiters_and_joins_threads() {
     for mode in [Mode::Bp, Mode::Bpts, Mode::Bpev, Mode::Event] {
         rt().block_on(async {
-            let p = poller(mode);
-            let f = Fake::new();
-            let mut reg = p.register(f.clone()).unwrap();
+            let (p, _f, mut reg) = registered(mode);
             let expect_threads = match mode {
                 Mode::Event => 0,
                 _ => 1,
@@ -298,11 +283,7 @@ fn invalid_config_is_rejected() {
 #[test]
 fn connections_added_and_removed_while_polling() {
     for mode in Mode::ALL {
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .unwrap();
+        let rt = rt_mt();
         rt.block_on(async {
             let p = poller(mode);
             let keep: Vec<_> = (0..16).map(|_| p.register(Fake::new()).unwrap()).collect();

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use common::{BOUND, Fake, Rng, poller};
+use common::{BOUND, Fake, Rng, poller, rt_mt};
 use proptest::prelude::*;
 use rrpc_poller::{Doorbell, Mode};
 
@@ -19,11 +19,7 @@ struct Plan {
 }
 
 fn run(mode: Mode, plan: &Plan) {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = rt_mt();
     rt.block_on(async {
         let p = poller(mode);
         let mut fakes = Vec::new();

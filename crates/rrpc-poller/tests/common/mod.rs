@@ -57,6 +57,31 @@ pub fn poller(mode: Mode) -> Poller {
     test_config(mode).build().unwrap()
 }
 
+/// A poller in `mode` with one fake connection registered on it.
+pub fn registered(mode: Mode) -> (Poller, Arc<Fake>, rrpc_poller::Registration) {
+    let p = poller(mode);
+    let f = Fake::new();
+    let reg = p.register(f.clone()).unwrap();
+    (p, f, reg)
+}
+
+/// A current-thread runtime.
+pub fn rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+/// A runtime of two worker threads.
+pub fn rt_mt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
 /// Generous bound for "every message is read": a lost wake-up hangs forever.
 pub const BOUND: Duration = Duration::from_secs(60);
 
