@@ -12,7 +12,7 @@ use rrpc_kv::rfrpc::{KvClient, Mode, ModePolicy, RfClient, RfClientConfig, RfSer
 use rrpc_kv::{Error, Execute, Op, OpResult};
 
 mod common;
-use common::{MapStore, ask, endpoint, sized};
+use common::{MapStore, ask, calls_until_server_reply, endpoint, sized};
 
 #[test]
 fn round_trips_of_many_sizes_and_second_reads() {
@@ -170,16 +170,7 @@ fn hybrid_switch_under_a_slow_handler() {
     let mut c = RfClient::connect(&ep, &f, RfClientConfig::new().retry_limit(50)).unwrap();
     assert_eq!(c.mode_switch().current(), Mode::RemoteFetch);
     slow.store(20, Ordering::Relaxed);
-    let mut slow_calls = 0;
-    while c.mode_switch().current() != Mode::ServerReply {
-        c.call(b"a").unwrap();
-        slow_calls += 1;
-        assert!(
-            slow_calls <= 20,
-            "slow calls did not switch: {:?}",
-            c.mode_switch()
-        );
-    }
+    calls_until_server_reply(&mut c);
     // Slow server-reply calls are not short: it stays.
     for _ in 0..3 {
         c.call(b"c").unwrap();

@@ -8,7 +8,7 @@ use rrpc_core::{Endpoint, Fabric, ProviderKind};
 use rrpc_kv::rfrpc::{Mode, ModePolicy, RfClient, RfClientConfig, RfServer};
 
 mod common;
-use common::{ask, sized};
+use common::{ask, calls_until_server_reply, sized};
 
 fn device() -> Option<String> {
     let d = std::env::var("RRPC_TEST_DEVICE")
@@ -108,18 +108,7 @@ fn verbs_hybrid_switch_under_a_slow_handler() {
         assert_eq!(c.call(&i.to_le_bytes()).unwrap(), i.to_le_bytes());
     }
     slow.store(50, Ordering::Relaxed);
-    let mut slow_calls = 0;
-    // `current()`: the settled mode (a probe of the other mode
-    // changes `mode()` for five calls).
-    while c.mode_switch().current() != Mode::ServerReply {
-        c.call(b"a").unwrap();
-        slow_calls += 1;
-        assert!(
-            slow_calls <= 20,
-            "slow calls did not switch: {:?}",
-            c.mode_switch()
-        );
-    }
+    calls_until_server_reply(&mut c);
     c.call(b"c").unwrap();
     assert!(server.served_server_reply() >= 1);
     slow.store(0, Ordering::Relaxed);

@@ -67,3 +67,20 @@ pub(crate) fn ask(n: usize, pad: usize) -> Vec<u8> {
     v.resize(4 + pad, 7);
     v
 }
+
+/// Calls `c` (its handler now slow) until its settled mode is server-reply,
+/// at most 20 calls. `current()`, not `mode()`: a probe of the other mode
+/// changes `mode()` for five calls.
+pub(crate) fn calls_until_server_reply(c: &mut rrpc_kv::rfrpc::RfClient) {
+    use rrpc_kv::rfrpc::Mode;
+    let mut slow_calls = 0;
+    while c.mode_switch().current() != Mode::ServerReply {
+        c.call(b"a").unwrap();
+        slow_calls += 1;
+        assert!(
+            slow_calls <= 20,
+            "slow calls did not switch: {:?}",
+            c.mode_switch()
+        );
+    }
+}
