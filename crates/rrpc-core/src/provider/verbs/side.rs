@@ -592,24 +592,7 @@ pub(crate) fn read_hello(
     token: Option<&[u8]>,
     deadline: Deadline,
 ) -> Result<Hello> {
-    let refuse = |s: &mut Stream, code: RejectCode, e: Error| -> Error {
-        let _ = send_msg(
-            s,
-            &Message::Reject(Reject {
-                code,
-                reason: e.to_string(),
-            }),
-            deadline,
-        );
-        crate::handshake::count_refusal(code);
-        tracing::warn!(
-            error = %e,
-            peer = ?s.tcp().peer_addr().ok(),
-            reason = code.name(),
-            "rdma handshake refused"
-        );
-        e
-    };
+    let refuse = |s: &mut Stream, code: RejectCode, e: Error| refuse(s, code, e, deadline);
     let hello = match recv_msg(s, deadline) {
         Ok(Message::Hello(h)) => h,
         Ok(other) => {
@@ -729,20 +712,30 @@ pub(crate) fn server_accept(
     if let Err(e) = fill_hello(qp, &mut hello).and_then(|_| attach(qp, client)) {
         // A device that cannot reach the client (link down, a transition
         // refused) is this server's trouble, not a malformed client.
-        let code = crate::conn::reject_code_for(&e);
-        let _ = send_msg(
-            s,
-            &Message::Reject(Reject {
-                code,
-                reason: e.to_string(),
-            }),
-            deadline,
-        );
-        crate::handshake::count_refusal(code);
-        tracing::warn!(error = %e, peer = ?s.tcp().peer_addr().ok(), "rdma handshake refused");
-        return Err(e);
+        return Err(refuse(s, crate::conn::reject_code_for(&e), e, deadline));
     }
     send_msg(s, &Message::Accept(hello), deadline)
+}
+
+/// Refuses the client on `s` with `code` and `e`'s text (best effort: the
+/// client may be gone), counts and logs the refusal, and returns `e`.
+fn refuse(s: &mut Stream, code: RejectCode, e: Error, deadline: Deadline) -> Error {
+    let _ = send_msg(
+        s,
+        &Message::Reject(Reject {
+            code,
+            reason: e.to_string(),
+        }),
+        deadline,
+    );
+    crate::handshake::count_refusal(code);
+    tracing::warn!(
+        error = %e,
+        peer = ?s.tcp().peer_addr().ok(),
+        reason = code.name(),
+        "rdma handshake refused"
+    );
+    e
 }
 
 #[cfg(test)]
