@@ -422,20 +422,23 @@ async fn server_goes_away(t: Transport) {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn tcp_every_rpc_and_bad_input() {
-    all(Transport::Tcp).await;
+/// A test per transport, each named, running `$check(Transport::$t)`.
+macro_rules! per_transport {
+    ($check:ident: $($name:ident => $t:ident),* $(,)?) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $name() {
+                $check(Transport::$t).await;
+            }
+        )*
+    };
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn shm_fast_every_rpc_and_bad_input() {
-    all(Transport::ShmFast).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn shm_http2_every_rpc_and_bad_input() {
-    all(Transport::ShmH2).await;
-}
+per_transport!(all:
+    tcp_every_rpc_and_bad_input => Tcp,
+    shm_fast_every_rpc_and_bad_input => ShmFast,
+    shm_http2_every_rpc_and_bad_input => ShmH2,
+);
 
 /// `GrpcKv` over tonic's own `Channel`, not only rrpc-tonic's.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -464,15 +467,10 @@ async fn tonic_channel_client() {
     every_rpc(&kv).await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn tcp_server_goes_away() {
-    server_goes_away(Transport::Tcp).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn shm_server_goes_away() {
-    server_goes_away(Transport::ShmFast).await;
-}
+per_transport!(server_goes_away:
+    tcp_server_goes_away => Tcp,
+    shm_server_goes_away => ShmFast,
+);
 
 /// Connecting to nothing fails, and fails quickly.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
