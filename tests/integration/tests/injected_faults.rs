@@ -24,13 +24,26 @@ fn with_faults(t: Transport, f: FaultConfig) -> rrpc_tonic::RrpcConfig {
     config(t).queue_pair(QpConfig::default().fault(f))
 }
 
+/// A unary call of `payload` on `c` that must end within [`BOUND`]: a
+/// hang panics with `hung()`.
+async fn echo_within_bound(
+    c: &mut TestClient<RrpcChannel>,
+    payload: &[u8],
+    hung: impl FnOnce() -> String,
+) -> Result<rrpc_integration_tests::pb::Output, tonic::Status> {
+    let call = c.unary(Input {
+        payload: payload.to_vec(),
+        ..Default::default()
+    });
+    match tokio::time::timeout(BOUND, call).await {
+        Ok(r) => r.map(tonic::Response::into_inner),
+        Err(_) => panic!("{}", hung()),
+    }
+}
+
 /// A client of `h` whose queue pair fails (`RetryExceeded`, as a peer that
 /// stopped acknowledging) after `posts` posts.
-async fn client_failing_after(
-    h: &Harness,
-    t: Transport,
-    posts: u64,
-) -> TestClient<RrpcChannel> {
+async fn client_failing_after(h: &Harness, t: Transport, posts: u64) -> TestClient<RrpcChannel> {
     let faults = FaultConfig::none()
         .fail_after_posts(posts)
         .fail_status(Status::RetryExceeded);
@@ -50,17 +63,10 @@ async fn delayed_and_missed_completions_lose_nothing(t: Transport) {
     let mut c = TestClient::new(RrpcChannel::connect(&h.uri, cfg).await.expect("connect"));
     for i in 0..200usize {
         let p = payload(1 + (i * 37) % 5000);
-        let r = tokio::time::timeout(
-            BOUND,
-            c.unary(Input {
-                payload: p.clone(),
-                ..Default::default()
-            }),
-        )
-        .await
-        .unwrap_or_else(|_| panic!("{t:?}: call {i} lost"))
-        .expect("unary");
-        assert_eq!(r.into_inner().payload, p, "{t:?}: call {i}");
+        let r = echo_within_bound(&mut c, &p, || format!("{t:?}: call {i} lost"))
+            .await
+            .expect("unary");
+        assert_eq!(r.payload, p, "{t:?}: call {i}");
     }
     let mut s = c
         .server_stream(Input {
@@ -89,18 +95,13 @@ async fn failing_queue_pairs_are_unavailable_then_reconnect(t: Transport) {
     let (mut ok, mut failed, mut ok_after_failure) = (0, 0, 0);
     for i in 0..300usize {
         let p = payload(1 + i % 3000);
-        let r = tokio::time::timeout(
-            BOUND,
-            c.unary(Input {
-                payload: p.clone(),
-                ..Default::default()
-            }),
-        )
-        .await
-        .unwrap_or_else(|_| panic!("{t:?}: call {i} hung on a failing queue pair"));
+        let r = echo_within_bound(&mut c, &p, || {
+            format!("{t:?}: call {i} hung on a failing queue pair")
+        })
+        .await;
         match r {
             Ok(r) => {
-                assert_eq!(r.into_inner().payload, p, "{t:?}: call {i}");
+                assert_eq!(r.payload, p, "{t:?}: call {i}");
                 ok += 1;
                 if failed > 0 {
                     ok_after_failure += 1;
