@@ -1,5 +1,5 @@
 //! The gRPC face: the `rrpc.kv.v1.Kv` service (`proto/kv.proto`) over any
-//! [`Execute`], and [`GrpcKv`], a client of it.
+//! [`Execute`], and [`GrpcKv`], a client of it over any [`KvChannel`].
 //!
 //! The service is plain tonic, so the same [`KvService::into_server`] is
 //! served by `tonic::transport::Server` over TCP or by `rrpc_tonic::Server`
@@ -394,14 +394,35 @@ impl GrpcKv<rrpc_tonic::RrpcChannel> {
     }
 }
 
-impl<C> GrpcKv<C>
-where
-    C: tonic::client::GrpcService<tonic::body::Body> + Clone + Send + 'static,
-    C::Future: Send,
-    C::Error: Into<StdError>,
-    C::ResponseBody: Body<Data = Bytes> + Send + 'static,
-    <C::ResponseBody as Body>::Error: Into<StdError> + Send,
+/// What [`GrpcKv`] can call through: a tonic channel (an rrpc-tonic
+/// [`RrpcChannel`](rrpc_tonic::RrpcChannel), tonic's own `Channel`, or any
+/// `GrpcService` with the bounds tonic's generated clients ask for). Every
+/// such type implements it; name it in code generic over the transport.
+pub trait KvChannel:
+    tonic::client::GrpcService<
+        tonic::body::Body,
+        Future: Send,
+        Error: Into<StdError>,
+        ResponseBody: Body<Data = Bytes, Error: Into<StdError> + Send> + Send + 'static,
+    > + Clone
+    + Send
+    + 'static
 {
+}
+
+impl<C> KvChannel for C where
+    C: tonic::client::GrpcService<
+            tonic::body::Body,
+            Future: Send,
+            Error: Into<StdError>,
+            ResponseBody: Body<Data = Bytes, Error: Into<StdError> + Send> + Send + 'static,
+        > + Clone
+        + Send
+        + 'static
+{
+}
+
+impl<C: KvChannel> GrpcKv<C> {
     /// A client over `channel`. Messages up to 64 MiB are accepted (a full
     /// batch of scans can exceed tonic's default 4 MiB).
     pub fn new(channel: C) -> Self {

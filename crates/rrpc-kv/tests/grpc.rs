@@ -7,12 +7,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
-use rrpc_kv::grpc::{GrpcKv, KvService, MAX_BATCH};
+use rrpc_kv::grpc::{GrpcKv, KvChannel, KvService, MAX_BATCH};
 use rrpc_kv::op::{MAX_KEY_LEN, MAX_SCAN, MAX_VALUE_LEN};
 use rrpc_kv::{Execute, Op, OpResult};
 use rrpc_tonic::{PathPreference, RrpcChannel, RrpcConfig};
 use tonic::Code;
-use tonic::codegen::{Body, StdError};
 
 mod common;
 use common::MapStore;
@@ -163,14 +162,7 @@ fn b(s: &str) -> Bytes {
 }
 
 /// Every RPC, with the answers a map gives.
-async fn every_rpc<C>(kv: &GrpcKv<C>)
-where
-    C: tonic::client::GrpcService<tonic::body::Body> + Clone + Send + 'static,
-    C::Future: Send,
-    C::Error: Into<StdError>,
-    C::ResponseBody: Body<Data = Bytes> + Send + 'static,
-    <C::ResponseBody as Body>::Error: Into<StdError> + Send,
-{
+async fn every_rpc<C: KvChannel>(kv: &GrpcKv<C>) {
     assert_eq!(kv.get(b("a")).await.unwrap(), None);
     kv.put(b("a"), b("1")).await.unwrap();
     kv.put(b("c"), b("3")).await.unwrap();
@@ -245,14 +237,7 @@ where
 }
 
 /// Bad input and store failures, with their codes.
-async fn bad_input<C>(kv: &GrpcKv<C>)
-where
-    C: tonic::client::GrpcService<tonic::body::Body> + Clone + Send + 'static,
-    C::Future: Send,
-    C::Error: Into<StdError>,
-    C::ResponseBody: Body<Data = Bytes> + Send + 'static,
-    <C::ResponseBody as Body>::Error: Into<StdError> + Send,
-{
+async fn bad_input<C: KvChannel>(kv: &GrpcKv<C>) {
     let long_key = Bytes::from(vec![b'k'; MAX_KEY_LEN + 1]);
     let ok_key = Bytes::from(vec![b'k'; MAX_KEY_LEN]);
     let expect = |r: Result<_, tonic::Status>, code: Code, needle: &str| {
