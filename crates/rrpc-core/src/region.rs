@@ -1,5 +1,8 @@
 //! Registered memory: [`Region`] (ours), [`RemoteRegion`] (a peer's grant),
 //! [`Local`] and [`Remote`] (the two ends of one work request).
+// The workspace denies `unsafe`; this module hands out views of registered memory a peer or NIC
+// writes, so it allows it, with a SAFETY argument on every block.
+#![allow(unsafe_code)]
 
 use std::os::fd::BorrowedFd;
 use std::sync::atomic::AtomicU64;

@@ -2,6 +2,9 @@
 //!
 //! Everything that talks to the kernel directly lives here (mio's `sys` pattern),
 //! so the rest of the crate works with owned, typed handles.
+// The workspace denies `unsafe`; this module maps and unmaps memory, so it allows it, with a
+// SAFETY argument on every block.
+#![allow(unsafe_code)]
 // Under miri a mapping is heap memory: the memfd and huge-page paths go unused.
 #![cfg_attr(miri, allow(dead_code, unreachable_code, unused_imports))]
 

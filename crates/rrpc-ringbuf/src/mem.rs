@@ -8,7 +8,7 @@
 //! the view; the bytes are then garbage but every length and offset derived
 //! from them was validated first, so nothing is read out of bounds.
 //!
-//! The crate denies `unsafe_code` everywhere else; each caller of these
+//! The workspace denies `unsafe_code` everywhere else; each caller of these
 //! `unsafe fn`s allows it for that one call and says why its precondition
 //! holds.
 #![allow(unsafe_code)]
