@@ -125,26 +125,32 @@ impl<E: Execute> KvService<E> {
         KvServer::new(self)
     }
 
+    /// Validates `op` (`InvalidArgument` if it breaks a limit) and runs it
+    /// on the store.
     async fn run(&self, op: Op) -> Result<OpResult, Status> {
-        if self.blocking {
-            let store = self.store.clone();
-            tokio::task::spawn_blocking(move || store.execute(op))
-                .await
-                .map_err(|e| Status::internal(format!("store task failed: {e}")))
-        } else {
-            Ok(self.store.execute(op))
-        }
+        validate(&op)?;
+        self.on_store(move |store| store.execute(op)).await
     }
 
     async fn run_batch(&self, ops: Vec<Op>) -> Result<Vec<OpResult>, Status> {
-        let exec = |store: &E, ops: Vec<Op>| ops.into_iter().map(|op| store.execute(op)).collect();
+        self.on_store(move |store| ops.into_iter().map(|op| store.execute(op)).collect())
+            .await
+    }
+
+    /// Runs `f` on the store: on the handler's task, or on tokio's blocking
+    /// pool when [`blocking`](Self::blocking) is on.
+    async fn on_store<T, F>(&self, f: F) -> Result<T, Status>
+    where
+        F: FnOnce(&E) -> T + Send + 'static,
+        T: Send + 'static,
+    {
         if self.blocking {
             let store = self.store.clone();
-            tokio::task::spawn_blocking(move || exec(&store, ops))
+            tokio::task::spawn_blocking(move || f(&store))
                 .await
                 .map_err(|e| Status::internal(format!("store task failed: {e}")))
         } else {
-            Ok(exec(&self.store, ops))
+            Ok(f(&self.store))
         }
     }
 }
@@ -181,7 +187,6 @@ impl<E: Execute> Kv for KvService<E> {
         let op = Op::Get {
             key: req.into_inner().key.into(),
         };
-        validate(&op)?;
         match self.run(op).await? {
             OpResult::Value(v) => Ok(Response::new(pb::GetResponse {
                 found: true,
@@ -199,7 +204,6 @@ impl<E: Execute> Kv for KvService<E> {
             key: r.key.into(),
             value: r.value.into(),
         };
-        validate(&op)?;
         match self.run(op).await? {
             OpResult::Ok => Ok(Response::new(pb::PutResponse {})),
             OpResult::Failed(m) => Err(failed(m)),
@@ -214,7 +218,6 @@ impl<E: Execute> Kv for KvService<E> {
         let op = Op::Delete {
             key: req.into_inner().key.into(),
         };
-        validate(&op)?;
         match self.run(op).await? {
             OpResult::Ok => Ok(Response::new(pb::DeleteResponse { found: true })),
             OpResult::NotFound => Ok(Response::new(pb::DeleteResponse { found: false })),
@@ -232,7 +235,6 @@ impl<E: Execute> Kv for KvService<E> {
             start: r.start.into(),
             count: r.count,
         };
-        validate(&op)?;
         match self.run(op).await? {
             OpResult::Entries(e) => Ok(Response::new(entries(e))),
             OpResult::Failed(m) => Err(failed(m)),
