@@ -525,33 +525,37 @@ impl AsyncReceiver {
 
     /// Waits until the ring's tail moved past what we consumed.
     async fn wait_data(&mut self) -> Result<()> {
-        if !self.src.ready() {
-            // Going idle: push the head the peer has not seen (RB²'s lazy head push would
-            // otherwise leave a sender that found the ring full waiting forever); on a NIC
-            // signaled, see below.
-            self.rx.flush_confirmed()?;
-            // On a NIC the push may be held back until earlier pushes complete (the
-            // send-queue budget), which happens after their post: drive completions until
-            // it is out. Bounded by the NIC's completion latency; on shm never taken
-            // (WRITEs complete when posted).
-            while self.rx.wants_completions() && !self.src.ready() {
-                tokio::task::yield_now().await;
-                self.rx.poll_completions()?;
-            }
-            // On a NIC a failed push is known only from its completion, and
-            // unsignaled pushes have none unless they fail: the last push is
-            // signaled (`flush_confirmed`); poll until it completes. Otherwise
-            // a push the sender was waiting for, lost to a link down, leaves
-            // both sides waiting on a connection that is gone. Microseconds
-            // on a NIC; never on shm (a post's outcome is known when it
-            // returns).
-            let mut polls = 0u32;
-            while self.rx.confirming() && !self.src.ready() {
-                between_completion_polls(&mut polls, &self.src.conn).await?;
-                self.rx.poll_completions()?;
-            }
+        if self.src.ready() {
+            return Ok(());
         }
-        while !self.src.ready() {
+        // Going idle: push the head the peer has not seen (RB²'s lazy head push would
+        // otherwise leave a sender that found the ring full waiting forever); on a NIC
+        // signaled, see below.
+        self.rx.flush_confirmed()?;
+        // On a NIC the push may be held back until earlier pushes complete (the
+        // send-queue budget), which happens after their post: drive completions until
+        // it is out. Bounded by the NIC's completion latency; on shm never taken
+        // (WRITEs complete when posted).
+        while self.rx.wants_completions() && !self.src.ready() {
+            tokio::task::yield_now().await;
+            self.rx.poll_completions()?;
+        }
+        // On a NIC a failed push is known only from its completion, and
+        // unsignaled pushes have none unless they fail: the last push is
+        // signaled (`flush_confirmed`); poll until it completes. Otherwise
+        // a push the sender was waiting for, lost to a link down, leaves
+        // both sides waiting on a connection that is gone. Microseconds
+        // on a NIC; never on shm (a post's outcome is known when it
+        // returns).
+        let mut polls = 0u32;
+        while self.rx.confirming() && !self.src.ready() {
+            between_completion_polls(&mut polls, &self.src.conn).await?;
+            self.rx.poll_completions()?;
+        }
+        // The registration's wait runs even if data came meanwhile: its first
+        // check then counts it (a first-check hit), so that every wait is
+        // counted once, however it ended.
+        loop {
             match self.reg.wait_ready().await {
                 Ok(()) => {}
                 Err(Error::PeerGone) if self.src.ready() => break,
@@ -560,6 +564,9 @@ impl AsyncReceiver {
                     return Err(Error::PeerGone);
                 }
                 Err(e) => return Err(e),
+            }
+            if self.src.ready() {
+                break;
             }
         }
         Ok(())
