@@ -385,35 +385,50 @@ fn missed_polls_lose_no_wake_up_every_mode() {
     }
 }
 
-/// Sends `rounds` small messages over a fresh pair on `p`, `gap` apart, to a
-/// reader that checks each arrives in order within [`BOUND`]; returns the
-/// poller's counters over the exchange.
+/// The end of a feed ([`feed_at_intervals`]): no message carries it.
+const FEED_END: u32 = u32::MAX;
+
+/// Sends at least `rounds` small messages over a fresh pair on `p`, `gap`
+/// apart, and more (up to `8 * rounds`) until the reader has waited for data
+/// `min_waits` times, to a reader that checks each arrives in order within
+/// [`BOUND`]; returns the poller's counters over the exchange. A slow host
+/// (the soft-RoCE VM, with another test on the other CPU) wakes the reader
+/// late, to several messages at once: `min_waits` keeps the number of idle
+/// periods a test measures, whatever the host.
 fn feed_at_intervals(
     prov: &Provider,
     p: &rrpc_poller::Poller,
     rounds: u32,
     gap: Duration,
+    min_waits: u64,
 ) -> rrpc_poller::Stats {
     rt().block_on(async {
         let (a, b) = pair(prov, p, &ring(Mode::Bpev, 64 * 1024));
         let (mut atx, _arx) = a.split().unwrap();
         let (_btx, mut brx) = b.split().unwrap();
         let reader = tokio::spawn(async move {
-            for i in 0..rounds {
+            for i in 0u32.. {
                 let m = tokio::time::timeout(BOUND, brx.recv())
                     .await
                     .unwrap_or_else(|_| panic!("message {i} never seen"))
                     .unwrap();
+                if m[..] == FEED_END.to_le_bytes() {
+                    break;
+                }
                 assert_eq!(&m[..], &i.to_le_bytes());
             }
         });
         let before = p.stats();
-        for i in 0..rounds {
+        let mut i = 0u32;
+        while i < rounds || (p.stats().since(&before).sleeps < min_waits && i < 8 * rounds) {
             // Idle between messages: the reader sleeps (or spins for nothing).
             tokio::time::sleep(gap).await;
             atx.send(&i.to_le_bytes()).await.unwrap();
             atx.flush_all().await.unwrap();
+            i += 1;
         }
+        atx.send(&FEED_END.to_le_bytes()).await.unwrap();
+        atx.flush_all().await.unwrap();
         reader.await.unwrap();
         p.stats().since(&before)
     })
@@ -435,7 +450,7 @@ fn an_idle_reader_is_woken_by_the_doorbell_not_by_rescans(prov: &Provider) {
             .unwrap()
             .build()
             .unwrap();
-        let stats = feed_at_intervals(prov, &p, rounds, Duration::from_millis(20));
+        let stats = feed_at_intervals(prov, &p, rounds, Duration::from_millis(20), 0);
         eprintln!("doorbell {doorbell}: {stats:?}");
         if doorbell {
             assert!(
@@ -470,7 +485,7 @@ fn a_reader_fed_once_a_millisecond_stops_spinning_and_announces_its_own_sleeps(p
             .unwrap()
             .build()
             .unwrap();
-        let stats = feed_at_intervals(prov, &p, rounds, Duration::from_millis(1));
+        let stats = feed_at_intervals(prov, &p, rounds, Duration::from_millis(1), 48);
         eprintln!("spin back-off {backoff}: {stats:?}");
         if backoff {
             // A quarter of the waits at least (a slow host, such as the soft-RoCE VM, wakes the
