@@ -592,26 +592,27 @@ pub(crate) fn read_hello(
     token: Option<&[u8]>,
     deadline: Deadline,
 ) -> Result<Hello> {
-    let refuse = |s: &mut Stream, code: RejectCode, e: Error| refuse(s, code, e, deadline);
     let hello = match recv_msg(s, deadline) {
         Ok(Message::Hello(h)) => h,
         Ok(other) => {
             let e = Error::MalformedHandshake(format!("expected Hello, got {:?}", other.kind()));
-            return Err(refuse(s, RejectCode::Malformed, e));
+            return Err(refuse(s, RejectCode::Malformed, e, deadline));
         }
-        Err(e @ Error::VersionMismatch { .. }) => return Err(refuse(s, RejectCode::Version, e)),
+        Err(e @ Error::VersionMismatch { .. }) => {
+            return Err(refuse(s, RejectCode::Version, e, deadline));
+        }
         Err(e @ (Error::MalformedHandshake(_) | Error::Tls(_))) => {
-            return Err(refuse(s, RejectCode::Malformed, e));
+            return Err(refuse(s, RejectCode::Malformed, e, deadline));
         }
         Err(e) => return Err(e),
     };
     if let Some(want) = token
         && !hello.token.as_deref().is_some_and(|t| token_eq(t, want))
     {
-        return Err(refuse(s, RejectCode::Auth, Error::AuthFailed));
+        return Err(refuse(s, RejectCode::Auth, Error::AuthFailed, deadline));
     }
     if let Err(e) = check_provider(&hello) {
-        return Err(refuse(s, RejectCode::Incompatible, e));
+        return Err(refuse(s, RejectCode::Incompatible, e, deadline));
     }
     Ok(hello)
 }
