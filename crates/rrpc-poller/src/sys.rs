@@ -70,6 +70,12 @@ impl ReadyGuard<'_> {
     pub fn clear_ready(&mut self) {
         self.0.clear_ready();
     }
+
+    /// Whether the readiness includes the peer shutting down its sending side (a stream
+    /// socket's `EPOLLRDHUP` or a hang-up): nothing more will arrive after what is queued.
+    pub fn is_read_closed(&self) -> bool {
+        self.0.ready().is_read_closed()
+    }
 }
 
 impl WatchedFd {

@@ -805,6 +805,16 @@ async fn hello_arrived(pending: &Pending) -> Result<(), Error> {
                 _ => return Ok(()),
             }
         }
+        // Part of a hello. If the client has shut its side (exited, killed)
+        // the rest will never come: the handshake reads what there is, fails
+        // (`MalformedHandshake`, "peer closed after n of m bytes") and closes
+        // the socket and every descriptor that came with it. This must end
+        // the loop: "read closed" is a readiness tokio never clears, so
+        // waiting again returns at once, and the task would spin on a core,
+        // starving the runtime's timers (the handshake timeout included).
+        if guard.is_read_closed() {
+            return Ok(());
+        }
         guard.clear_ready();
     }
 }
