@@ -32,8 +32,12 @@
 //!   hello; at most [`HandshakeConfig::max_grant_bytes`] (default 1 GiB +
 //!   64 MiB) granted in one handshake, on both sides; at most
 //!   [`HandshakeConfig::max_total_grant_bytes`] (default 64 GiB) mapped for
-//!   the peers of one [`Listener`] at once, returned when a connection's
-//!   queue pair is dropped. Refusals are [`Error::LimitExceeded`].
+//!   the peers of one [`Listener`] at once, and at most
+//!   [`HandshakeConfig::max_peer_grant_bytes`] (default 16 GiB) of that for
+//!   one peer ([`PeerKey`]: a process, by `SO_PEERCRED`), so that no peer can
+//!   lock the others out; near the end of the total the peer holding the
+//!   most is refused first. Bytes return when a connection's queue pair is
+//!   dropped. Refusals are [`Error::LimitExceeded`].
 //!
 //! The side channel then stays open as the liveness signal: when it closes —
 //! the peer exited, crashed or called [`Connection::close`] — the connection is
@@ -52,7 +56,7 @@ use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::endpoint::Endpoint;
@@ -66,9 +70,13 @@ use crate::provider::shm::side::{
 #[cfg(feature = "verbs")]
 use crate::provider::verbs::side;
 
+mod budget;
 mod logical;
 use crate::qp::{QpInner, QueuePair};
 use crate::region::{Region, RemoteRegion};
+use budget::Budget;
+pub(crate) use budget::BudgetGuard;
+pub use budget::{DEFAULT_MAX_PEER_GRANT_BYTES, NEAR_END_DIVISOR, PeerKey};
 pub use logical::{GRANT_LEASE, SharedConnection, connect_logical};
 
 /// Default of [`HandshakeConfig::max_grant_bytes`]: 1 GiB + 64 MiB, room for
@@ -183,6 +191,7 @@ pub struct HandshakeConfig {
     token: Option<Vec<u8>>,
     max_grant_bytes: u64,
     max_total_grant_bytes: u64,
+    max_peer_grant_bytes: u64,
     keepalive: Option<TcpKeepalive>,
     /// Behind one pointer: a config is moved around with every pending
     /// handshake.
@@ -214,6 +223,7 @@ impl Default for HandshakeConfig {
             token: None,
             max_grant_bytes: DEFAULT_MAX_GRANT_BYTES,
             max_total_grant_bytes: DEFAULT_MAX_TOTAL_GRANT_BYTES,
+            max_peer_grant_bytes: DEFAULT_MAX_PEER_GRANT_BYTES,
             keepalive: Some(TcpKeepalive::default()),
             #[cfg(feature = "verbs")]
             tls: None,
@@ -377,6 +387,35 @@ impl HandshakeConfig {
         self.max_total_grant_bytes = bytes;
         Ok(self)
     }
+
+    /// The most bytes of peer memory the connections of one [`Listener`]
+    /// may have mapped at once for **one peer** (shm): one process, as the
+    /// Unix socket's `SO_PEERCRED` names it ([`PeerKey`]). Default
+    /// [`DEFAULT_MAX_PEER_GRANT_BYTES`] (16 GiB, a quarter of the total), so
+    /// one peer cannot take the whole of
+    /// [`get_max_total_grant_bytes`](Self::get_max_total_grant_bytes) and
+    /// lock everyone else out. A handshake past it is refused with
+    /// [`Error::LimitExceeded`] and a `Reject`; when the total nears its
+    /// end (its last [`NEAR_END_DIVISOR`]th), the peer holding the most is
+    /// refused before a newcomer. Not used by [`connect`].
+    pub fn get_max_peer_grant_bytes(&self) -> u64 {
+        self.max_peer_grant_bytes
+    }
+
+    /// Sets [`get_max_peer_grant_bytes`](Self::get_max_peer_grant_bytes).
+    /// A value above the total only lets one peer take the total.
+    ///
+    /// # Errors
+    /// [`Error::InvalidConfig`] for 0.
+    pub fn max_peer_grant_bytes(mut self, bytes: u64) -> Result<Self> {
+        if bytes == 0 {
+            return Err(Error::InvalidConfig(
+                "max_peer_grant_bytes must be > 0".into(),
+            ));
+        }
+        self.max_peer_grant_bytes = bytes;
+        Ok(self)
+    }
 }
 
 // ---------------------------------------------------------------------------
@@ -408,55 +447,6 @@ impl Deadline {
             return Err(Error::Timeout);
         }
         Ok(left)
-    }
-}
-
-/// Bytes of peer memory mapped for one listener's connections.
-#[derive(Debug)]
-struct Budget {
-    limit: u64,
-    used: AtomicU64,
-}
-
-impl Budget {
-    fn reserve(self: &Arc<Self>, bytes: u64) -> Result<BudgetGuard> {
-        let mut used = self.used.load(Ordering::Relaxed);
-        loop {
-            let want = used.saturating_add(bytes);
-            if want > self.limit {
-                return Err(Error::LimitExceeded {
-                    what: "bytes of peer memory mapped by this listener",
-                    requested: want,
-                    limit: self.limit,
-                });
-            }
-            match self
-                .used
-                .compare_exchange_weak(used, want, Ordering::AcqRel, Ordering::Relaxed)
-            {
-                Ok(_) => {
-                    return Ok(BudgetGuard {
-                        budget: self.clone(),
-                        bytes,
-                    });
-                }
-                Err(now) => used = now,
-            }
-        }
-    }
-}
-
-/// A reservation against a listener's [`Budget`], returned on drop. Held
-/// next to the peer mappings it pays for.
-#[derive(Debug)]
-pub(crate) struct BudgetGuard {
-    budget: Arc<Budget>,
-    bytes: u64,
-}
-
-impl Drop for BudgetGuard {
-    fn drop(&mut self) {
-        self.budget.used.fetch_sub(self.bytes, Ordering::AcqRel);
     }
 }
 
@@ -695,10 +685,10 @@ impl Listener {
             Endpoint::Rdma(_) => return Err(Error::ProviderUnavailable("verbs")),
         };
         tracing::info!(%endpoint, "rrpc listener bound");
-        let budget = Arc::new(Budget {
-            limit: cfg.max_total_grant_bytes,
-            used: AtomicU64::new(0),
-        });
+        let budget = Arc::new(Budget::new(
+            cfg.max_total_grant_bytes,
+            cfg.max_peer_grant_bytes,
+        ));
         Ok(Listener { inner, cfg, budget })
     }
 
@@ -706,7 +696,13 @@ impl Listener {
     /// now (or reserved in a handshake under way), counted against
     /// [`HandshakeConfig::max_total_grant_bytes`].
     pub fn peer_bytes_mapped(&self) -> u64 {
-        self.budget.used.load(Ordering::Acquire)
+        self.budget.used()
+    }
+
+    /// Bytes of peer memory mapped (or reserved) now for one peer, counted
+    /// against [`HandshakeConfig::max_peer_grant_bytes`].
+    pub fn peer_bytes_mapped_by(&self, peer: &PeerKey) -> u64 {
+        self.budget.used_by(peer)
     }
 
     /// The socket path (`None` for a TCP side channel).
@@ -845,6 +841,12 @@ impl Pending {
         self.stream.peer_addr()
     }
 
+    /// Who the client is, as its socket tells us: the key of its budget
+    /// ([`HandshakeConfig::max_peer_grant_bytes`]).
+    pub fn peer_key(&self) -> PeerKey {
+        self.stream.peer_key()
+    }
+
     /// Whether this client's side channel runs TLS
     /// (`HandshakeConfig::tls_server`, `verbs` feature): its hello arrives encrypted,
     /// so peeking the socket shows nothing; use [`poll_hello`](Self::poll_hello).
@@ -908,6 +910,7 @@ impl Pending {
     pub fn handshake(self) -> Result<Incoming> {
         let deadline = Deadline::after(self.cfg.timeout);
         let peer_addr = self.stream.peer_addr();
+        let key = self.stream.peer_key();
         #[allow(clippy::infallible_destructuring_match)] // fallible with `verbs`
         let s = match self.stream {
             Side::Unix(s) => s,
@@ -971,7 +974,7 @@ impl Pending {
             Ok(b) => b,
             Err(e) => return Err(refuse(&s, e)),
         };
-        let budget = match self.budget.reserve(bytes) {
+        let budget = match self.budget.reserve(key, bytes) {
             Ok(g) => g,
             Err(e) => return Err(refuse(&s, e)),
         };
@@ -1149,6 +1152,24 @@ impl Side {
             Side::Unix(s) => send_msg(s, m, &[], deadline),
             #[cfg(feature = "verbs")]
             Side::Tcp(s) => side::send_plain(s.tcp(), m, deadline),
+        }
+    }
+    fn peer_key(&self) -> PeerKey {
+        match self {
+            Side::Unix(s) => {
+                match nix::sys::socket::getsockopt(s, nix::sys::socket::sockopt::PeerCredentials) {
+                    Ok(c) => PeerKey::Process {
+                        uid: c.uid(),
+                        pid: c.pid(),
+                    },
+                    Err(_) => PeerKey::Unknown,
+                }
+            }
+            #[cfg(feature = "verbs")]
+            Side::Tcp(s) => s
+                .tcp()
+                .peer_addr()
+                .map_or(PeerKey::Unknown, |a| PeerKey::Host(a.ip())),
         }
     }
     fn peer_addr(&self) -> String {

@@ -616,3 +616,170 @@ fn peer_clearing_nonblock_on_our_eventfd_never_blocks_ack_events() {
     drop(acker.join().unwrap());
     server.join().unwrap();
 }
+
+// ---------------------------------------------------------------------------
+// One peer cannot lock the others out of a listener
+// ---------------------------------------------------------------------------
+
+/// Tells [`greedy_peer_child`] where to connect: `path|first grant`.
+const GREEDY_ENV: &str = "RRPC_HOSTILE_GREEDY_PEER";
+
+/// Reads one whole handshake message off `s` (descriptors that came with it
+/// are dropped by the kernel: no control buffer).
+fn read_one(mut s: &UnixStream) -> Option<Message> {
+    use rrpc_core::handshake::{HEADER_LEN, Header};
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    let mut head = [0u8; HEADER_LEN];
+    s.read_exact(&mut head).ok()?;
+    let h = Header::decode(&head).ok()?;
+    let mut all = head.to_vec();
+    all.resize(HEADER_LEN + h.body_len, 0);
+    s.read_exact(&mut all[HEADER_LEN..]).ok()?;
+    Message::decode(&all).ok().flatten().map(|(m, _)| m)
+}
+
+/// The greedy peer, a process of its own (the budget is per process): it
+/// opens connections granting sparse sealed memfds of `first grant` bytes,
+/// and when refused halves the grant, down to a page, so that it takes all
+/// the listener will give it. It holds every accepted connection, prints
+/// `greedy: accepted N BYTES` and `greedy: refusal REASON`, and waits for
+/// its stdin to close.
+#[test]
+#[ignore = "the child process of one_peer_at_its_maximum_locks_no_one_out, which runs it"]
+fn greedy_peer_child() {
+    let Ok(spec) = std::env::var(GREEDY_ENV) else {
+        return; // Run by hand: nothing to attack.
+    };
+    let (path, first) = spec.split_once('|').expect("path|grant");
+    let mut len: u64 = first.parse().expect("grant");
+    let ev = nix::sys::eventfd::EventFd::new().unwrap();
+    let cq = sealed(CQ_LEN);
+    let (mut held, mut accepted) = (Vec::new(), 0u64);
+    let refusal = loop {
+        let region = sealed(len);
+        let s = UnixStream::connect(path).unwrap();
+        let bytes = Message::Hello(shm_hello(&[len])).encode().unwrap();
+        send_with_fds(&s, &bytes, &[region.as_fd(), cq.as_fd(), ev.as_fd()]);
+        match read_one(&s) {
+            Some(Message::Accept(_)) => {
+                accepted += len + CQ_LEN;
+                held.push(s);
+            }
+            Some(Message::Reject(_)) if len > 4096 => len /= 2,
+            Some(Message::Reject(r)) => break r.reason,
+            other => panic!("greedy peer: unexpected answer {other:?}"),
+        }
+    };
+    // libtest may print its "test ... " on the same line: each is tagged.
+    println!("\ngreedy: accepted {} {accepted}", held.len());
+    println!("greedy: refusal {refusal}");
+    let mut rest = Vec::new();
+    let _ = std::io::stdin().read_to_end(&mut rest);
+}
+
+/// The greedy peer, with the default limits: 1 GiB grants at first (the
+/// largest ring), as many as the listener takes, then smaller ones to fill
+/// what is left. It gets its per-peer share (16 GiB), is refused past it
+/// with a reason naming that limit, and honest clients of another process
+/// keep connecting while it holds it. Before the per-peer budget, it took
+/// the whole 64 GiB and every honest connect was refused ("bytes of peer
+/// memory mapped by this listener ... exceeds the limit").
+#[test]
+fn one_peer_at_its_maximum_locks_no_one_out() {
+    use std::io::BufRead;
+    use std::process::{Command, Stdio};
+    let _g = serial();
+    let cfg = HandshakeConfig::default();
+    let share = cfg.get_max_peer_grant_bytes();
+    assert_eq!(share, conn::DEFAULT_MAX_PEER_GRANT_BYTES);
+    assert!(share < cfg.get_max_total_grant_bytes());
+    let (l, ep, path) = bind("greedy", cfg);
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args(["--ignored", "--exact", "greedy_peer_child", "--nocapture"])
+        .args(["--test-threads", "1"])
+        .env(GREEDY_ENV, format!("{}|{}", path.display(), 1u64 << 30))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let child_key = conn::PeerKey::Process {
+        uid: nix::unistd::getuid().as_raw(),
+        pid: child.id() as i32,
+    };
+    // Read to its end after it is told to go (it writes libtest's summary).
+    let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
+    // Serve the greedy peer until it says what it got.
+    let done = AtomicBool::new(false);
+    let (lines, held) = std::thread::scope(|sc| {
+        let server = sc.spawn(|| {
+            let fabric = Fabric::shm();
+            let (mut held, mut refused) = (Vec::new(), 0usize);
+            l.set_nonblocking(true).unwrap();
+            let start = Instant::now();
+            while !done.load(Ordering::Acquire) && start.elapsed() < Duration::from_secs(120) {
+                match l.accept_pending() {
+                    Ok(p) => match p.handshake().and_then(|inc| {
+                        inc.accept(fabric.create_qp(&QpConfig::default())?, Offer::new())
+                    }) {
+                        Ok(c) => held.push(c),
+                        Err(Error::LimitExceeded { .. }) => refused += 1,
+                        Err(e) => panic!("greedy peer: unexpected server error {e}"),
+                    },
+                    Err(Error::WouldBlock) => std::thread::sleep(Duration::from_millis(2)),
+                    Err(e) => panic!("accept: {e}"),
+                }
+            }
+            l.set_nonblocking(false).unwrap();
+            (held, refused)
+        });
+        let lines: Vec<String> = out
+            .by_ref()
+            .lines()
+            .map_while(Result::ok)
+            .filter_map(|l| l.find("greedy: ").map(|at| l[at + 8..].to_owned()))
+            .take(2)
+            .collect();
+        done.store(true, Ordering::Release);
+        let (held, refused) = server.join().unwrap();
+        assert!(refused > 0, "the greedy peer was never refused");
+        (lines, held)
+    });
+    // Honest clients (this process) keep connecting, and hold connections
+    // next to the greedy one.
+    let ev = nix::sys::eventfd::EventFd::new().unwrap();
+    let cq = sealed(CQ_LEN);
+    let mut honest = Vec::new();
+    for _ in 0..4 {
+        let region = sealed(1 << 30);
+        honest.push(hand_made_hello_accepted(
+            &l,
+            &path,
+            1 << 30,
+            [&region, &cq, &ev],
+        ));
+    }
+    assert_eq!(lines.len(), 2, "the greedy peer died: {lines:?}");
+    let taken: u64 = lines[0].rsplit(' ').next().unwrap().parse().unwrap();
+    assert!(
+        lines[1].contains("one peer") && lines[1].contains(&share.to_string()),
+        "refused for the wrong reason: {lines:?}"
+    );
+    // It holds all of its share but a page's worth, and no more.
+    assert!(
+        taken <= share && taken + 4096 + CQ_LEN > share,
+        "{taken} of {share}"
+    );
+    assert_eq!(l.peer_bytes_mapped_by(&child_key), taken);
+    honest_connect(&l, &ep);
+    drop(child.stdin.take());
+    let mut rest = String::new();
+    let _ = std::io::Read::read_to_string(&mut out, &mut rest);
+    assert!(
+        child.wait().unwrap().success(),
+        "the greedy peer failed: {rest}"
+    );
+    drop(held);
+    assert_eq!(l.peer_bytes_mapped_by(&child_key), 0);
+    drop(honest);
+    assert_eq!(l.peer_bytes_mapped(), 0);
+}
