@@ -13,9 +13,15 @@
 //!
 //! A thread at low load rarely finishes a window: it dozes within 100 µs of its last data. So
 //! the governor also keeps a moving hit rate of *episodes* (from a resume to the next doze,
-//! gain 1/8): an episode that woke nobody is a miss, and below a 1/8 hit rate the thread is
-//! not earning either. (A reader that arms and waits a millisecond for its next request makes
-//! exactly such episodes: the spin of its polling thread is pure cost.)
+//! gain 1/8): an episode that spun at least `min_fruitless_spin` and woke nobody is a miss, and
+//! below a 1/8 hit rate the thread is not earning either. (A reader that arms and waits a
+//! millisecond for its next request makes exactly such episodes: the spin of its polling
+//! thread is pure cost.) An episode that woke nobody but hardly spun cost nothing and says
+//! nothing: in a ping-pong the reader's own recheck, the peer's scan or a doorbell often
+//! delivers the data a few microseconds after the thread was kicked, and the thread then finds
+//! nobody armed; a thread woken by its own timer (the end of a back-off) has not spun at all.
+//! Counted as misses, these put an HTTP/2 ping-pong's thread into back-offs that renewed
+//! themselves (every expiry scored another miss), and the ping-pong ran at 3x its latency.
 //!
 //! Either verdict backs the thread off: it stops spinning for a while and leaves its readers
 //! to the writers' doorbells (the caller decides what backing off means; see the polling
@@ -83,11 +89,16 @@ pub struct GovernorConfig {
     pub backoff_min: Duration,
     /// The longest back-off.
     pub backoff_max: Duration,
+    /// The least spinning an episode that woke nobody must have done to count as a miss;
+    /// shorter ones (and episodes never begun) are neutral.
+    pub min_fruitless_spin: Duration,
 }
 
 impl Default for GovernorConfig {
     /// 1 ms windows; descheduled beyond 30 % lost; at least 2 readers woken per window;
-    /// back-offs from 4 ms to 128 ms.
+    /// back-offs from 4 ms to 128 ms; a fruitless episode counts after 50 µs of spinning (half
+    /// the polling thread's default `doorbell_park_after`, so every episode that dozes for want
+    /// of data counts).
     fn default() -> Self {
         Self {
             window: Duration::from_millis(1),
@@ -95,6 +106,7 @@ impl Default for GovernorConfig {
             min_hits: 2,
             backoff_min: Duration::from_millis(4),
             backoff_max: Duration::from_millis(128),
+            min_fruitless_spin: Duration::from_micros(50),
         }
     }
 }
@@ -165,11 +177,17 @@ impl Governor {
     }
 
     /// Ends a spin episode at `now` (the thread is about to doze): `woke` says whether it woke
-    /// any reader since it resumed. Backs off while fewer than 1 in 8 episodes wake one.
+    /// any reader since it resumed ([`begin`](Self::begin)). Backs off while fewer than 1 in 8
+    /// episodes wake one. An episode that woke nobody counts only if it spun for at least
+    /// `min_fruitless_spin` since it began; one that was never begun (the thread resumed on its
+    /// own timer) does not count.
     pub fn episode(&mut self, now: Duration, woke: bool) -> Verdict {
+        let spun = self.start.take().map(|(t0, _)| now.saturating_sub(t0));
+        if !woke && spun.is_none_or(|s| s < self.cfg.min_fruitless_spin) {
+            return Verdict::Spin;
+        }
         let sample = if woke { 256 } else { 0 };
         self.episode_rate = self.episode_rate - (self.episode_rate >> 3) + (sample >> 3);
-        self.start = None;
         if self.episode_rate >= 32 {
             return Verdict::Spin;
         }
@@ -362,10 +380,12 @@ mod tests {
         let mut g = Governor::new(GovernorConfig::default());
         let mut t = Duration::ZERO;
         let mut misses = 0;
-        // A reader whose next message comes 1 ms after it armed: every episode wakes nobody.
+        // A reader whose next message comes 1 ms after it armed: every episode spins 100 µs
+        // (the doze) and wakes nobody.
         loop {
             t += MS;
             misses += 1;
+            g.begin(t - 100 * US, sample(Duration::ZERO));
             if let Verdict::BackOff { until, reason } = g.episode(t, false) {
                 assert_eq!(reason, Reason::NotEarning);
                 assert_eq!(until, t + 4 * MS);
@@ -378,6 +398,7 @@ mod tests {
         // The back-off ended; the probe episode misses again: twice as long.
         t += 5 * MS;
         assert!(!g.backed_off(t));
+        g.begin(t - 100 * US, sample(Duration::ZERO));
         assert_eq!(
             g.episode(t, false),
             Verdict::BackOff {
@@ -389,6 +410,35 @@ mod tests {
         t += 9 * MS;
         assert_eq!(g.episode(t, true), Verdict::Spin);
         assert!(g.episode_hit_rate() > 0.125);
+    }
+
+    /// A ping-pong whose data mostly reaches its reader some other way (its own recheck, the
+    /// peer's scan, a doorbell) a few microseconds after the thread was kicked, and the end of
+    /// a back-off, which begins no episode: none of it is a miss. Before, these were scored
+    /// as misses and the HTTP/2 ping-pong lived in self-renewing back-offs.
+    #[test]
+    fn episodes_that_hardly_spun_or_never_began_are_neutral() {
+        let mut g = Governor::new(GovernorConfig::default());
+        let mut t = Duration::ZERO;
+        for i in 0..1000u64 {
+            t += 40 * US;
+            if i % 50 == 0 {
+                // The thread's own timer: no begin.
+                assert_eq!(g.episode(t, false), Verdict::Spin);
+                continue;
+            }
+            g.begin(t, sample(Duration::ZERO));
+            t += 5 * US;
+            assert_eq!(g.episode(t, false), Verdict::Spin, "episode {i}");
+        }
+        assert!(!g.backed_off(t) && (g.episode_hit_rate() - 1.0).abs() < f64::EPSILON);
+        // One that spun its 50 µs is a miss.
+        for _ in 0..17 {
+            g.begin(t, sample(Duration::ZERO));
+            t += 50 * US;
+            g.episode(t, false);
+        }
+        assert!(g.backed_off(t));
     }
 
     #[test]

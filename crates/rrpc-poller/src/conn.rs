@@ -590,4 +590,9 @@ impl AsyncReceiver {
     pub fn set_event_spin(&mut self, budget: std::time::Duration) {
         self.reg.set_event_spin(budget);
     }
+
+    /// Scales the spin cap of this receiver's waits; see [`Registration::scale_spin`].
+    pub fn scale_spin(&mut self, factor: u32) {
+        self.reg.scale_spin(factor);
+    }
 }

@@ -56,6 +56,16 @@ impl SpinTuner {
         }
     }
 
+    /// Whether the budget follows the RTT estimate (`auto`).
+    pub fn is_auto(&self) -> bool {
+        self.auto
+    }
+
+    /// The configured cap (`bp_timeout`).
+    pub fn cap(&self) -> Duration {
+        Duration::from_nanos(self.cap_ns)
+    }
+
     /// The spin to grant the wait that starts now: [`budget`](Self::budget), or zero while
     /// the hit rate is below 1/8 (one probe spin every 16 waits).
     pub fn next_budget(&mut self) -> Duration {

@@ -114,6 +114,17 @@ impl Registration {
         self.event_spin = budget;
     }
 
+    /// Scales this registration's spin cap (`bp_timeout`) by `factor`, for a connection whose
+    /// peer takes longer than most to turn a message around (rrpc-tonic's HTTP/2 path: hyper's
+    /// framing and HPACK on both ends). The tuner starts afresh with the new cap; the spin
+    /// back-off still stops spins that keep missing. A factor of 1 changes nothing.
+    pub fn scale_spin(&mut self, factor: u32) {
+        if factor > 1 {
+            let auto = self.tuner.is_auto();
+            self.tuner = SpinTuner::new(self.tuner.cap().saturating_mul(factor), auto);
+        }
+    }
+
     /// The moving RTT estimate behind [`spin_budget`](Self::spin_budget).
     pub fn rtt_estimate(&self) -> Duration {
         self.tuner.rtt_estimate()
