@@ -21,6 +21,7 @@ mod cluster;
 mod paper;
 mod plot;
 mod rxe;
+mod rxe_hosts;
 mod selftest;
 mod signals;
 mod soak;

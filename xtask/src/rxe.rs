@@ -48,8 +48,32 @@ pub(crate) struct RxeArgs {
     /// Keep the job directory (`<target>/rxe/job-*`) even when the job succeeded.
     #[arg(long)]
     pub(crate) keep: bool,
+    /// How many hosts: 1 (one VM, `rxe0` talking to itself) or 2 (two VMs
+    /// joined by a virtual wire; see `rxe_hosts.rs`).
+    #[arg(long, default_value_t = 1)]
+    pub(crate) hosts: u8,
+    /// `--hosts 2`: a `tc netem` spec for the wire on both hosts (e.g.
+    /// `"loss 2% delay 1ms 1ms reorder 10% 50%"`).
+    #[arg(long)]
+    pub(crate) netem: Option<String>,
+    /// `--hosts 2`: a `tc netem` spec on host A only (overrides `--netem`).
+    #[arg(long)]
+    pub(crate) netem_a: Option<String>,
+    /// `--hosts 2`: a `tc netem` spec on host B only (overrides `--netem`).
+    #[arg(long)]
+    pub(crate) netem_b: Option<String>,
+    /// `--hosts 2`: host A's MTU on the wire.
+    #[arg(long)]
+    pub(crate) mtu_a: Option<u32>,
+    /// `--hosts 2`: host B's MTU on the wire.
+    #[arg(long)]
+    pub(crate) mtu_b: Option<u32>,
+    /// `--hosts 2`: seconds each soak of the cross-host suite runs.
+    #[arg(long, default_value_t = 10)]
+    pub(crate) soak_secs: u64,
     /// The command to run inside the VM, as root, in the workspace directory
-    /// (default: the verbs suite).
+    /// (default: the verbs suite). With `--hosts 2`: two commands, A's and
+    /// B's, each one shell string (default: the cross-host suite).
     #[arg(last = true)]
     pub(crate) cmd: Vec<String>,
 }
@@ -106,7 +130,9 @@ poweroff -f
 "#;
 
 /// The job script (run as root, chrooted into the host's root): sets up
-/// `rxe0`, then runs `cmd.sh` in the workspace with `RRPC_TEST_DEVICE=rxe0`.
+/// `rxe0` (`@SETUP@`: a bash function `setup`, [`VETH_SETUP`] for one VM,
+/// [`crate::rxe_hosts`]' wire setup for two), then runs `cmd.sh` in the
+/// workspace with `RRPC_TEST_DEVICE=rxe0`.
 const JOB_SCRIPT: &str = r#"#!/bin/bash
 J=/tmp/rxe-job
 export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
@@ -114,7 +140,24 @@ export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 # module requests (crc32 for rxe's ICRC) go through it too.
 printf '#!/bin/sh\nexec /sbin/modprobe -d /tmp/modroot "$@"\n' > /tmp/modprobe; chmod +x /tmp/modprobe
 echo /tmp/modprobe > /proc/sys/kernel/modprobe
-setup() {
+@SETUP@
+if ! ( setup ) > "$J/setup.log" 2>&1; then
+  echo "rrpc-rxe: setting up rxe0 failed:" > "$J/out"; cat "$J/setup.log" >> "$J/out"
+  echo 125 > "$J/rc"; sync; exit 0
+fi
+cat "$J/setup.log" > "$J/out"
+ulimit -l unlimited
+. "$J/env.sh"
+export HOME=/tmp RRPC_TEST_DEVICE=rxe0 RRPC_RXE_VM=1
+cd "$(cat "$J/workspace")"
+bash "$J/cmd.sh" >> "$J/out" 2>&1 < /dev/null
+echo $? > "$J/rc.tmp"; mv "$J/rc.tmp" "$J/rc"
+sync
+"#;
+
+/// `setup` for one VM: `rxe0` on a veth whose end has 10.99.0.1/24 (no wire;
+/// loopback traffic only).
+pub(crate) const VETH_SETUP: &str = r#"setup() {
   set -e
   for m in crc32_generic ib_uverbs rdma_rxe veth; do /tmp/modprobe "$m" || [ "$m" = crc32_generic ]; done
   ip link set lo up
@@ -130,18 +173,6 @@ setup() {
   done
   echo "rrpc-rxe: rxe0 on veth0, port $(cat /sys/class/infiniband/rxe0/ports/1/state), GID[1] $(cat /sys/class/infiniband/rxe0/ports/1/gids/1)"
 }
-if ! ( setup ) > "$J/setup.log" 2>&1; then
-  echo "rrpc-rxe: setting up rxe0 failed:" > "$J/out"; cat "$J/setup.log" >> "$J/out"
-  echo 125 > "$J/rc"; sync; exit 0
-fi
-cat "$J/setup.log" > "$J/out"
-ulimit -l unlimited
-. "$J/env.sh"
-export HOME=/tmp RRPC_TEST_DEVICE=rxe0 RRPC_RXE_VM=1
-cd "$(cat "$J/workspace")"
-bash "$J/cmd.sh" >> "$J/out" 2>&1 < /dev/null
-echo $? > "$J/rc.tmp"; mv "$J/rc.tmp" "$J/rc"
-sync
 "#;
 
 /// Host environment variables passed into the VM when set.
@@ -496,6 +527,41 @@ pub(crate) fn run_in_vm(
     timeout: Duration,
     keep: bool,
 ) -> Result<VmRun> {
+    let spec = VmSpec {
+        label: String::new(),
+        script: script.to_owned(),
+        setup: VETH_SETUP.to_owned(),
+        nic: None,
+    };
+    let mut runs = run_vms(root, target, vec![spec], timeout, keep)?;
+    Ok(runs.remove(0))
+}
+
+/// One VM of [`run_vms`].
+#[derive(Debug, Clone)]
+pub(crate) struct VmSpec {
+    /// Its name in the output (`A`, `B`; empty for a lone VM, whose output is
+    /// not prefixed) and its job directory's.
+    pub(crate) label: String,
+    /// The bash script it runs (`cmd.sh`).
+    pub(crate) script: String,
+    /// The `setup` function of its job script ([`VETH_SETUP`] or a wire's).
+    pub(crate) setup: String,
+    /// Its network card: qemu's `-netdev` value (id `n0`) and the MAC address;
+    /// `None`: `-nic none`.
+    pub(crate) nic: Option<(String, String)>,
+}
+
+/// Boots one VM per spec at once, each running its script, and waits for
+/// all of them (or the timeout, which kills every VM still running). Output is
+/// streamed as it comes, prefixed `label| ` when there are several.
+pub(crate) fn run_vms(
+    root: &Path,
+    target: &Path,
+    specs: Vec<VmSpec>,
+    timeout: Duration,
+    keep: bool,
+) -> Result<Vec<VmRun>> {
     supported().map_err(|why| anyhow::anyhow!("cargo xtask rxe: {why}"))?;
     ensure_packages(VM_PACKAGES)?;
     let cache = cache_dir()?;
@@ -507,32 +573,170 @@ pub(crate) fn run_in_vm(
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_secs())
         .unwrap_or_default();
-    let job = target
+    let base = target
         .join("rxe")
         .join(format!("job-{stamp}-{}", std::process::id()));
-    std::fs::create_dir_all(&job)?;
-    for p in [root, job.as_path(), kernel.modules.as_path()] {
-        if p.to_string_lossy().contains([',', ' ', '\n', '"']) {
-            bail!(
-                "cargo xtask rxe: path {} has a comma, space or quote (qemu's -virtfs cannot share it)",
-                p.display()
-            );
-        }
-    }
-    std::fs::write(job.join("kver"), &kernel.version)?;
-    std::fs::write(job.join("workspace"), root.to_string_lossy().as_bytes())?;
-    let mut env = String::new();
-    for k in PASSED_ENV {
-        if let Ok(v) = std::env::var(k) {
-            env.push_str(&format!("export {k}={}\n", sh_quote(&v)));
-        }
-    }
-    std::fs::write(job.join("env.sh"), env)?;
-    write_executable(&job.join("job.sh"), JOB_SCRIPT)?;
-    write_executable(&job.join("cmd.sh"), script)?;
-
     let mem = std::env::var("RRPC_RXE_MEM").unwrap_or_else(|_| "2048".into());
     let cpus = std::env::var("RRPC_RXE_CPUS").unwrap_or_else(|_| "2".into());
+    signals::install();
+    let start = Instant::now();
+    let mut vms = Vec::new();
+    for spec in specs {
+        let job = base.join(&spec.label);
+        std::fs::create_dir_all(&job)?;
+        for p in [root, job.as_path(), kernel.modules.as_path()] {
+            if p.to_string_lossy().contains([',', ' ', '\n', '"']) {
+                bail!(
+                    "cargo xtask rxe: path {} has a comma, space or quote (qemu's -virtfs cannot share it)",
+                    p.display()
+                );
+            }
+        }
+        std::fs::write(job.join("kver"), &kernel.version)?;
+        std::fs::write(job.join("workspace"), root.to_string_lossy().as_bytes())?;
+        let mut env = String::new();
+        for k in PASSED_ENV {
+            if let Ok(v) = std::env::var(k) {
+                env.push_str(&format!("export {k}={}\n", sh_quote(&v)));
+            }
+        }
+        std::fs::write(job.join("env.sh"), env)?;
+        write_executable(
+            &job.join("job.sh"),
+            &JOB_SCRIPT.replace("@SETUP@", &spec.setup),
+        )?;
+        write_executable(&job.join("cmd.sh"), &spec.script)?;
+        let qemu = qemu_command(root, &job, &kernel, &initrd, &mem, &cpus, spec.nic.as_ref())?;
+        eprintln!(
+            "rxe: booting VM {}(TCG, kernel {}, {mem} MiB, {cpus} vCPUs, timeout {}s); job files in {}",
+            if spec.label.is_empty() {
+                String::new()
+            } else {
+                format!("{} ", spec.label)
+            },
+            kernel.version,
+            timeout.as_secs(),
+            job.display()
+        );
+        let mut qemu = qemu;
+        let child = qemu.spawn().context("starting qemu-system-x86_64")?;
+        vms.push((spec.label, job, child, Vec::new()));
+    }
+    let prefixed = vms.len() > 1;
+    let stream = |label: &str, job: &Path, output: &mut Vec<u8>| {
+        if let Ok(mut f) = std::fs::File::open(job.join("out")) {
+            let mut buf = Vec::new();
+            if f.seek(SeekFrom::Start(output.len() as u64)).is_ok()
+                && f.read_to_end(&mut buf).is_ok()
+            {
+                let mut so = std::io::stdout();
+                if prefixed {
+                    // Whole lines only, so that two VMs' lines do not mix.
+                    let whole = buf.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1);
+                    buf.truncate(whole);
+                    for line in String::from_utf8_lossy(&buf).lines() {
+                        let _ = writeln!(so, "{label}| {line}");
+                    }
+                } else {
+                    let _ = so.write_all(&buf);
+                }
+                let _ = so.flush();
+                output.extend_from_slice(&buf);
+            }
+        }
+    };
+    let mut why_killed = None;
+    loop {
+        let mut running = 0;
+        for (label, job, child, output) in &mut vms {
+            stream(label, job, output);
+            if child.try_wait()?.is_none() {
+                running += 1;
+            }
+        }
+        if running == 0 {
+            break;
+        }
+        if start.elapsed() > timeout {
+            why_killed = Some(format!("timeout after {}s", timeout.as_secs()));
+        } else if signals::interrupted() {
+            why_killed = Some("interrupted".into());
+        }
+        if why_killed.is_some() {
+            for (_, _, child, _) in &mut vms {
+                let _ = child.kill();
+                let _ = child.wait();
+            }
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let elapsed = start.elapsed();
+    let mut runs = Vec::new();
+    for (label, job, mut child, mut output) in vms {
+        // A partial last line, left by the prefixed stream.
+        stream(&label, &job, &mut output);
+        if let Ok(Some(st)) = child.try_wait()
+            && !st.success()
+        {
+            eprintln!("rxe: qemu {label} exited with {st}");
+        }
+        let name = if label.is_empty() {
+            "the VM".to_owned()
+        } else {
+            format!("VM {label}")
+        };
+        let rc = std::fs::read_to_string(job.join("rc"))
+            .ok()
+            .and_then(|s| s.trim().parse::<i32>().ok());
+        let code = match (rc, &why_killed) {
+            (Some(rc), _) => rc,
+            (None, Some(why)) => {
+                eprintln!("rxe: the job of {name} did not finish ({why}); console tail:");
+                print_tail(&job.join("console"), 40);
+                124
+            }
+            (None, None) => {
+                eprintln!("rxe: {name} stopped before its job finished; console tail:");
+                print_tail(&job.join("console"), 40);
+                print_tail(&job.join("qemu.log"), 20);
+                125
+            }
+        };
+        if code != 0 && rc.is_some() {
+            eprintln!("rxe: the job of {name} exited with {code}; console tail:");
+            print_tail(&job.join("console"), 15);
+        }
+        eprintln!(
+            "rxe: {name} ran {:.1}s (boot included), job exit code {code}",
+            elapsed.as_secs_f64()
+        );
+        runs.push(VmRun {
+            code,
+            output: String::from_utf8_lossy(&output).into_owned(),
+            elapsed,
+        });
+    }
+    if runs.iter().all(|r| r.code == 0) && !keep {
+        let _ = std::fs::remove_dir_all(&base);
+    } else {
+        eprintln!("rxe: job files kept in {}", base.display());
+    }
+    Ok(runs)
+}
+
+/// The qemu command of one VM: TCG, the host's `/` read-only, the kernel's
+/// modules, the workspace and the job directory over 9p, the console into
+/// `<job>/console`; `nic` as in [`VmSpec`].
+fn qemu_command(
+    root: &Path,
+    job: &Path,
+    kernel: &Kernel,
+    initrd: &Path,
+    mem: &str,
+    cpus: &str,
+    nic: Option<&(String, String)>,
+) -> Result<Command> {
     let virtfs = |path: &Path, tag: &str, ro: bool| {
         format!(
             "local,path={},mount_tag={tag},security_model=none{}",
@@ -551,118 +755,41 @@ pub(crate) fn run_in_vm(
         "-cpu",
         "max",
         "-m",
-        &mem,
+        mem,
         "-smp",
-        &cpus,
+        cpus,
     ])
-    .args([
-        "-display",
-        "none",
-        "-monitor",
-        "none",
-        "-no-reboot",
-        "-nic",
-        "none",
-    ])
-    .arg("-serial")
-    .arg(format!("file:{}", job.join("console").display()))
-    .arg("-kernel")
-    .arg(&kernel.vmlinuz)
-    .arg("-initrd")
-    .arg(&initrd)
-    .args(["-append", "console=ttyS0 quiet panic=-1"])
-    .arg("-virtfs")
-    .arg(virtfs(Path::new("/"), "hostroot", true))
-    .arg("-virtfs")
-    .arg(virtfs(&kernel.modules, "modules", true))
-    .arg("-virtfs")
-    .arg(virtfs(root, "workspace", false))
-    .arg("-virtfs")
-    .arg(virtfs(&job, "job", false))
-    .stdin(Stdio::null())
-    .stdout(std::fs::File::create(job.join("qemu.log"))?)
-    .stderr(std::fs::File::create(job.join("qemu.log"))?);
-    signals::install();
-    let start = Instant::now();
-    eprintln!(
-        "rxe: booting the VM (TCG, kernel {}, {mem} MiB, {cpus} vCPUs, timeout {}s); job files in {}",
-        kernel.version,
-        timeout.as_secs(),
-        job.display()
-    );
-    let mut child = qemu.spawn().context("starting qemu-system-x86_64")?;
-    let out_path = job.join("out");
-    let mut output = Vec::new();
-    let stream = |output: &mut Vec<u8>| {
-        if let Ok(mut f) = std::fs::File::open(&out_path) {
-            let mut buf = Vec::new();
-            if f.seek(SeekFrom::Start(output.len() as u64)).is_ok()
-                && f.read_to_end(&mut buf).is_ok()
-            {
-                let _ = std::io::stdout().write_all(&buf);
-                let _ = std::io::stdout().flush();
-                output.extend_from_slice(&buf);
-            }
+    .args(["-display", "none", "-monitor", "none", "-no-reboot"]);
+    match nic {
+        None => {
+            qemu.args(["-nic", "none"]);
         }
-    };
-    let mut why_killed = None;
-    loop {
-        if let Some(st) = child.try_wait()? {
-            if !st.success() {
-                eprintln!("rxe: qemu exited with {st}");
-            }
-            break;
+        Some((netdev, mac)) => {
+            qemu.arg("-netdev")
+                .arg(netdev)
+                .arg("-device")
+                .arg(format!("virtio-net-pci,netdev=n0,mac={mac}"));
         }
-        stream(&mut output);
-        if start.elapsed() > timeout {
-            why_killed = Some(format!("timeout after {}s", timeout.as_secs()));
-        } else if signals::interrupted() {
-            why_killed = Some("interrupted".into());
-        }
-        if why_killed.is_some() {
-            let _ = child.kill();
-            let _ = child.wait();
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(200));
     }
-    stream(&mut output);
-    let elapsed = start.elapsed();
-    let rc = std::fs::read_to_string(job.join("rc"))
-        .ok()
-        .and_then(|s| s.trim().parse::<i32>().ok());
-    let code = match (rc, &why_killed) {
-        (Some(rc), _) => rc,
-        (None, Some(why)) => {
-            eprintln!("rxe: the job did not finish ({why}); VM console tail:");
-            print_tail(&job.join("console"), 40);
-            124
-        }
-        (None, None) => {
-            eprintln!("rxe: the VM stopped before the job finished; VM console tail:");
-            print_tail(&job.join("console"), 40);
-            print_tail(&job.join("qemu.log"), 20);
-            125
-        }
-    };
-    if code != 0 && rc.is_some() {
-        eprintln!("rxe: the job exited with {code}; VM console tail:");
-        print_tail(&job.join("console"), 15);
-    }
-    eprintln!(
-        "rxe: VM ran {:.1}s (boot included), job exit code {code}",
-        elapsed.as_secs_f64()
-    );
-    if code == 0 && !keep {
-        let _ = std::fs::remove_dir_all(&job);
-    } else {
-        eprintln!("rxe: job files kept in {}", job.display());
-    }
-    Ok(VmRun {
-        code,
-        output: String::from_utf8_lossy(&output).into_owned(),
-        elapsed,
-    })
+    qemu.arg("-serial")
+        .arg(format!("file:{}", job.join("console").display()))
+        .arg("-kernel")
+        .arg(&kernel.vmlinuz)
+        .arg("-initrd")
+        .arg(initrd)
+        .args(["-append", "console=ttyS0 quiet panic=-1"])
+        .arg("-virtfs")
+        .arg(virtfs(Path::new("/"), "hostroot", true))
+        .arg("-virtfs")
+        .arg(virtfs(&kernel.modules, "modules", true))
+        .arg("-virtfs")
+        .arg(virtfs(root, "workspace", false))
+        .arg("-virtfs")
+        .arg(virtfs(job, "job", false))
+        .stdin(Stdio::null())
+        .stdout(std::fs::File::create(job.join("qemu.log"))?)
+        .stderr(std::fs::File::create(job.join("qemu.log"))?);
+    Ok(qemu)
 }
 
 fn print_tail(path: &Path, lines: usize) {
@@ -679,6 +806,9 @@ pub(crate) fn run(args: &RxeArgs) -> Result<i32> {
     let root = crate::ci::workspace_root();
     let target = crate::ci::target_dir(&root)?;
     let timeout = Duration::from_secs(args.timeout);
+    if args.hosts != 1 {
+        return crate::rxe_hosts::run(&root, &target, args);
+    }
     if args.cmd.is_empty() {
         return suite::run(&root, &target, timeout, args.keep);
     }
@@ -898,19 +1028,7 @@ pub(crate) mod suite {
 
     /// Builds the suite on the host (the `verbs` feature of each package).
     pub(crate) fn build(root: &Path) -> Result<Suite> {
-        ensure_packages(BUILD_PACKAGES)?;
-        let tests = cargo_executables(
-            root,
-            // The same package selection and features as the CI test step,
-            // so that after it this builds nothing.
-            &[
-                "test",
-                "--no-run",
-                "--workspace",
-                "--features",
-                crate::ci::VERBS_FEATURES,
-            ],
-        )?;
+        let tests = test_build(root)?;
         let mut bins = Vec::new();
         for (pkg, kind, name, exe) in tests.iter().cloned() {
             let Some(filter) = filter_for(&pkg, &kind) else {
@@ -943,13 +1061,7 @@ pub(crate) mod suite {
         // The examples' binaries: `cargo test` builds them for their
         // integration test (examples/tests/cli.rs), so they come with the
         // test binaries, built with the same features.
-        let find = |n: &str| {
-            tests
-                .iter()
-                .find(|e| e.1 == "bin" && e.2 == n)
-                .map(|e| e.3.clone())
-                .with_context(|| format!("building the tests produced no example binary `{n}`"))
-        };
+        let find = |n: &str| find_bin(&tests, n);
         let examples = EXAMPLES
             .iter()
             .map(|spec| {
@@ -961,6 +1073,47 @@ pub(crate) mod suite {
             })
             .collect::<Result<_>>()?;
         Ok(Suite { bins, examples })
+    }
+
+    /// The workspace's test build with every `verbs` feature: the same
+    /// package selection and features as the CI test step, so that after it
+    /// this builds nothing. Returns (package, kind, name, executable).
+    fn test_build(root: &Path) -> Result<Vec<(String, String, String, PathBuf)>> {
+        ensure_packages(BUILD_PACKAGES)?;
+        cargo_executables(
+            root,
+            &[
+                "test",
+                "--no-run",
+                "--workspace",
+                "--features",
+                crate::ci::VERBS_FEATURES,
+            ],
+        )
+    }
+
+    /// The binary target `name` of a [`test_build`].
+    fn find_bin(built: &[(String, String, String, PathBuf)], name: &str) -> Result<PathBuf> {
+        built
+            .iter()
+            .find(|e| e.1 == "bin" && e.2 == name)
+            .map(|e| e.3.clone())
+            .with_context(|| format!("building the tests produced no binary `{name}`"))
+    }
+
+    /// Builds what the cross-host suite runs (`cargo xtask rxe --hosts 2`):
+    /// the examples' servers and clients and the soak, from the same build
+    /// as the suite's test binaries.
+    pub(crate) fn build_cross_host(root: &Path) -> Result<crate::rxe_hosts::SuiteBins> {
+        let built = test_build(root)?;
+        let find = |n: &str| find_bin(&built, n);
+        Ok(crate::rxe_hosts::SuiteBins {
+            hello_server: find("helloworld-server")?,
+            hello_client: find("helloworld-client")?,
+            route_server: find("routeguide-server")?,
+            route_client: find("routeguide-client")?,
+            soak: find("soak")?,
+        })
     }
 
     /// Tests the suite does not run, each with the open defect it shows

@@ -52,9 +52,20 @@ struct Args {
     /// Concurrent clients, each on its own channel.
     #[arg(long, default_value_t = 16)]
     clients: usize,
-    /// `shm` (fast path), `shm-h2`, `tcp` or `inproc`.
+    /// `shm` (fast path), `shm-h2`, `tcp`, `inproc`, or `rdma` / `rdma-h2`
+    /// (`verbs` feature; give `--uri`).
     #[arg(long, default_value = "shm")]
     transport: String,
+    /// `both` (server and clients in this process), `serve` (the server
+    /// only, until killed) or `client` (the clients only, against `--uri`):
+    /// the split roles run the soak between two hosts (`cargo xtask rxe
+    /// --hosts 2`).
+    #[arg(long, default_value = "both")]
+    role: String,
+    /// The address to serve or to reach (required for the split roles and
+    /// for `rdma`; otherwise a fresh local one).
+    #[arg(long)]
+    uri: Option<String>,
     /// Percent of calls cancelled after a random short delay.
     #[arg(long, default_value_t = 5)]
     cancel_percent: u64,
@@ -442,11 +453,49 @@ fn rss_kib() -> u64 {
 fn main() -> Result<()> {
     let args = Args::parse();
     let cfg = match args.transport.as_str() {
-        "shm" | "tcp" | "inproc" => RrpcConfig::default(),
-        "shm-h2" => RrpcConfig::default().path(PathPreference::Http2),
-        t => bail!("unknown transport {t:?} (shm, shm-h2, tcp, inproc)"),
+        "shm" | "tcp" | "inproc" | "rdma" => RrpcConfig::default(),
+        "shm-h2" | "rdma-h2" => RrpcConfig::default().path(PathPreference::Http2),
+        t => bail!("unknown transport {t:?} (shm, shm-h2, tcp, inproc, rdma, rdma-h2)"),
     };
-    let uri = match args.transport.as_str() {
+    let (serve, clients) = match args.role.as_str() {
+        "both" => (true, true),
+        "serve" => (true, false),
+        "client" => (false, true),
+        r => bail!("unknown role {r:?} (both, serve, client)"),
+    };
+    if (!serve || !clients || args.transport.starts_with("rdma")) && args.uri.is_none() {
+        bail!(
+            "--role {} --transport {} needs --uri",
+            args.role,
+            args.transport
+        );
+    }
+    let uri = match args.uri.clone() {
+        Some(u) => u,
+        None => local_uri(&args.transport)?,
+    };
+    if !clients {
+        println!("soak: serving {uri} ({}) until killed", args.transport);
+        return serve_soak(&uri, &cfg, std::future::pending());
+    }
+    // Traffic over rdma:// must have been carried by verbs, not by a
+    // fallback: checked on every channel.
+    let want_verbs = args.transport.starts_with("rdma");
+    let check_carrier = move |ch: &RrpcChannel| -> Result<()> {
+        if want_verbs && !matches!(ch.carrier(), rrpc_tonic::Carrier::Verbs { .. }) {
+            bail!(
+                "a channel to the server is carried by {:?}, not verbs",
+                ch.carrier()
+            );
+        }
+        Ok(())
+    };
+    run_clients(&args, &uri, &cfg, serve, check_carrier)
+}
+
+/// A fresh local address for `transport`.
+fn local_uri(transport: &str) -> Result<String> {
+    Ok(match transport {
         "shm" | "shm-h2" => format!(
             "shm://{}/rrpc-soak-{}.sock",
             std::env::temp_dir().display(),
@@ -459,7 +508,42 @@ fn main() -> Result<()> {
             drop(l);
             format!("http://127.0.0.1:{port}")
         }
-    };
+    })
+}
+
+/// Serves the soak service at `uri` until `stop` completes.
+fn serve_soak(
+    uri: &str,
+    cfg: &RrpcConfig,
+    stop: impl std::future::Future<Output = ()> + Send + 'static,
+) -> Result<()> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    rt.block_on(async move {
+        let svc = SoakServer::new(SoakSvc)
+            .max_decoding_message_size(CODEC_LIMIT)
+            .max_encoding_message_size(CODEC_LIMIT);
+        Server::builder()
+            .add_service(svc)
+            .serve_rrpc_with_shutdown(uri, cfg.clone(), stop)
+            .await
+    })?;
+    Ok(())
+}
+
+/// Runs the clients against `uri` (and the server too, in this process,
+/// when `serve`), checks every byte, and fails on a failed or lost call, a
+/// stall, leaked descriptors or memory, or a channel `check` refuses.
+fn run_clients(
+    args: &Args,
+    uri: &str,
+    cfg: &RrpcConfig,
+    serve: bool,
+    check: impl Fn(&RrpcChannel) -> Result<()>,
+) -> Result<()> {
+    let uri = uri.to_owned();
     println!(
         "soak: {} clients on {uri} ({}) for {:?}, sizes 1 B..4 MiB, {}% cancelled, seed {:#x}",
         args.clients, args.transport, args.duration, args.cancel_percent, args.seed
@@ -471,23 +555,12 @@ fn main() -> Result<()> {
     // The server, on its own runtime.
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let (u, c) = (uri.clone(), cfg.clone());
-    let server = std::thread::spawn(move || -> Result<()> {
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()?;
-        rt.block_on(async move {
-            let svc = SoakServer::new(SoakSvc)
-                .max_decoding_message_size(CODEC_LIMIT)
-                .max_encoding_message_size(CODEC_LIMIT);
-            Server::builder()
-                .add_service(svc)
-                .serve_rrpc_with_shutdown(&u, c, async move {
-                    let _ = stop_rx.await;
-                })
-                .await
-        })?;
-        Ok(())
+    let server = serve.then(|| {
+        std::thread::spawn(move || -> Result<()> {
+            serve_soak(&u, &c, async move {
+                let _ = stop_rx.await;
+            })
+        })
     });
 
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -522,6 +595,7 @@ fn main() -> Result<()> {
                 tokio::time::sleep(Duration::from_millis(10)).await;
             }
             let first = first.with_context(|| format!("connecting to {uri}: {last:?}"))?;
+            check(&first)?;
             SoakClient::new(first)
                 .echo(Blob { data: vec![1; 10] })
                 .await
@@ -554,7 +628,9 @@ fn main() -> Result<()> {
                 }
                 tokio::time::sleep(Duration::from_millis(10)).await;
             }
-            channels.push(ch.with_context(|| format!("connecting to {uri}: {last:?}"))?);
+            let ch = ch.with_context(|| format!("connecting to {uri}: {last:?}"))?;
+            check(&ch)?;
+            channels.push(ch);
         }
         let clients: Vec<Client> = channels
             .into_iter()
@@ -646,9 +722,10 @@ fn main() -> Result<()> {
         anyhow::Ok((fd_base, fd0, rss0, fds(), rss_kib(), elapsed))
     })?;
     let _ = stop_tx.send(());
-    match server.join() {
-        Ok(r) => r.context("server")?,
-        Err(_) => bail!("the server thread panicked"),
+    match server.map(std::thread::JoinHandle::join) {
+        None => {}
+        Some(Ok(r)) => r.context("server")?,
+        Some(Err(_)) => bail!("the server thread panicked"),
     }
 
     println!("unary p99 per window (µs):");

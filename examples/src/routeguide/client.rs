@@ -16,19 +16,25 @@ struct Args {
     /// tcp, shm or rdma.
     #[arg(long, default_value = "shm")]
     transport: String,
+    /// Override the address (a full URI, e.g. `rdma://10.99.1.1:10000`).
+    #[arg(long)]
+    uri: Option<String>,
 }
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    let uri = match args.transport.as_str() {
-        "tcp" => "http://127.0.0.1:10000".to_string(),
-        "shm" => format!(
-            "shm://{}/rrpc-routeguide.sock",
-            std::env::temp_dir().display()
-        ),
-        "rdma" => "rdma://127.0.0.1:10000".to_string(),
-        t => anyhow::bail!("unknown transport {t:?} (tcp, shm, rdma)"),
+    let uri = match args.uri.clone() {
+        Some(u) => u,
+        None => match args.transport.as_str() {
+            "tcp" => "http://127.0.0.1:10000".to_string(),
+            "shm" => format!(
+                "shm://{}/rrpc-routeguide.sock",
+                std::env::temp_dir().display()
+            ),
+            "rdma" => "rdma://127.0.0.1:10000".to_string(),
+            t => anyhow::bail!("unknown transport {t:?} (tcp, shm, rdma)"),
+        },
     };
     let channel = RrpcChannel::connect(&uri, RrpcConfig::default()).await?;
     println!(

@@ -1,0 +1,255 @@
+//! `cargo xtask rxe --hosts 2 [wire options] [-- CMD_A CMD_B]`: two throwaway
+//! soft-RoCE VMs, hosts A (10.99.1.1) and B (10.99.1.2), joined by a virtual
+//! Ethernet wire, each with `rxe0` on its own `eth0`. The RDMA traffic
+//! between them crosses the wire: ARP, two GID tables, two MTUs, RC
+//! retransmission, a peer host that can vanish, none of which one device
+//! talking to itself (`cargo xtask rxe`) exercises.
+//!
+//! - **The wire** is qemu's `socket` netdev in UDP mode on 127.0.0.1 (its TCP
+//!   mode stalls every multi-frame exchange by about 40 ms). GID index 1 on
+//!   each host is the IPv4-mapped RoCE v2 GID, which rrpc picks by default.
+//! - **Faults on the wire** (`--netem`, `--netem-a`, `--netem-b`): a
+//!   `tc qdisc … netem` spec applied to `eth0` on both hosts or on one, e.g.
+//!   `"loss 2% delay 1ms 1ms reorder 10% 50%"`, `"duplicate 1%"`,
+//!   `"corrupt 0.1%"`; `--mtu-a` / `--mtu-b` give the hosts different MTUs.
+//! - **Inside** each VM, as root, the command runs in the workspace with
+//!   `RRPC_TEST_DEVICE=rxe0`, `RRPC_RXE_HOST` (`A`/`B`), `RRPC_RXE_SELF`,
+//!   `RRPC_RXE_PEER` (addresses) and `RRPC_RXE_WIRE`, a directory both hosts
+//!   see (under the workspace's `target/rxe/`) for the two sides to signal
+//!   each other through files.
+//! - **Exit code**: A's if it failed, else B's; 124 when the time bound
+//!   (`--timeout`) killed the VMs; each host's output is streamed with an
+//!   `A| ` / `B| ` prefix and a failed host's console tail is printed.
+//!
+//! With no command it runs **the cross-host suite** ([`suite_scripts`]): servers
+//! on A, clients on B, every client asserting that verbs carried its traffic
+//! (`carried by Verbs { device: "rxe0" }`), on a clean wire and again under
+//! the faults given (`--netem` etc.).
+//!
+//! **Not built yet** (issue "Across hosts", still open): a host powered off
+//! mid-call, the link cut and restored, token and TLS on the side channel,
+//! shared queue pairs and the pool across hosts, and payloads up to 6 MiB
+//! (the soak's messages go to 4 MiB).
+//!
+//! Functional checks only: soft-RoCE under TCG runs 20-50x slower than a
+//! NIC. Tested on soft-RoCE (rdma_rxe) in VMs; not run on an RDMA NIC.
+
+use std::path::Path;
+use std::time::Duration;
+
+use anyhow::{Result, bail};
+
+use crate::rxe::{RxeArgs, VmSpec, run_vms, sh_quote};
+
+/// The two hosts: label, address, MAC.
+const HOSTS: [(&str, &str, &str); 2] = [
+    ("A", "10.99.1.1", "52:54:00:99:01:01"),
+    ("B", "10.99.1.2", "52:54:00:99:01:02"),
+];
+
+/// The `setup` function of a host's job script: `rxe0` on the wire's
+/// `eth0`, the wire's faults, and a wait until the peer answers.
+fn wire_setup(me: &str, peer: &str, mtu: Option<u32>, netem: Option<&str>) -> String {
+    let hex = |ip: &str| {
+        let o: Vec<u8> = ip.split('.').filter_map(|p| p.parse().ok()).collect();
+        format!("{:02x}{:02x}:{:02x}{:02x}", o[0], o[1], o[2], o[3])
+    };
+    let mtu = mtu.map_or(String::new(), |m| format!("  ip link set eth0 mtu {m}\n"));
+    let netem = netem.map_or(String::new(), |n| {
+        format!(
+            "  tc qdisc add dev eth0 root netem {n}\n  echo \"rrpc-rxe: netem on eth0: $(tc qdisc show dev eth0)\"\n"
+        )
+    });
+    format!(
+        r#"setup() {{
+  set -e
+  for m in crc32_generic ib_uverbs rdma_rxe virtio_net sch_netem; do /tmp/modprobe "$m" || [ "$m" = crc32_generic ] || [ "$m" = sch_netem ]; done
+  ip link set lo up
+  dev=$(ls /sys/class/net | grep -v '^lo$' | head -n1)
+  [ -n "$dev" ] || {{ echo "no network card"; exit 1; }}
+  [ "$dev" = eth0 ] || ip link set "$dev" name eth0
+  ip addr add {me}/24 dev eth0
+{mtu}  ip link set eth0 up
+  rdma link add rxe0 type rxe netdev eth0
+  for _ in $(seq 100); do
+    g=$(cat /sys/class/infiniband/rxe0/ports/1/gids/1 2>/dev/null || true)
+    case "$g" in *{gid}) break ;; esac
+    sleep 0.1
+  done
+{netem}  # The peer boots at the same time: wait (60 s at most) until it answers.
+  for _ in $(seq 120); do busybox ping -c 1 -W 1 {peer} >/dev/null 2>&1 && break; sleep 0.5; done
+  busybox ping -c 1 -W 2 {peer} >/dev/null || {{ echo "the peer {peer} does not answer"; exit 1; }}
+  echo "rrpc-rxe: rxe0 on eth0 {me} (MTU $(cat /sys/class/net/eth0/mtu)), port $(cat /sys/class/infiniband/rxe0/ports/1/state), GID[1] $(cat /sys/class/infiniband/rxe0/ports/1/gids/1); peer {peer} answers"
+}}"#,
+        gid = hex(me),
+    )
+}
+
+/// Runs `scripts` (A's, B's) on the two hosts; returns the exit code.
+pub(crate) fn run_pair(
+    root: &Path,
+    target: &Path,
+    args: &RxeArgs,
+    scripts: [String; 2],
+) -> Result<i32> {
+    let wire = target.join("rxe").join(format!(
+        "wire-{}",
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or_default()
+    ));
+    if !wire.starts_with(root) {
+        bail!(
+            "cargo xtask rxe --hosts 2: the target directory {} must be inside the workspace \
+             (the VMs share only the workspace)",
+            target.display()
+        );
+    }
+    std::fs::create_dir_all(&wire)?;
+    // A random pair of UDP ports for the wire.
+    let port = 20_000 + (std::process::id() % 20_000) as u16;
+    let specs = HOSTS
+        .iter()
+        .zip(scripts)
+        .enumerate()
+        .map(|(i, ((label, me, mac), script))| {
+            let peer = HOSTS[1 - i].1;
+            let (mtu, netem) = if i == 0 {
+                (args.mtu_a, args.netem_a.as_deref().or(args.netem.as_deref()))
+            } else {
+                (args.mtu_b, args.netem_b.as_deref().or(args.netem.as_deref()))
+            };
+            let (here, there) = if i == 0 { (port, port + 1) } else { (port + 1, port) };
+            let script = format!(
+                "#!/bin/bash\nexport RRPC_RXE_HOST={label} RRPC_RXE_SELF={me} RRPC_RXE_PEER={peer} RRPC_RXE_WIRE={}\n{script}\n",
+                sh_quote(&wire.to_string_lossy())
+            );
+            VmSpec {
+                label: (*label).to_owned(),
+                script,
+                setup: wire_setup(me, peer, mtu, netem),
+                nic: Some((
+                    format!("socket,id=n0,udp=127.0.0.1:{there},localaddr=127.0.0.1:{here}"),
+                    (*mac).to_owned(),
+                )),
+            }
+        })
+        .collect();
+    let runs = run_vms(
+        root,
+        target,
+        specs,
+        Duration::from_secs(args.timeout),
+        args.keep,
+    )?;
+    let _ = std::fs::remove_dir_all(&wire);
+    let (a, b) = (runs[0].code, runs[1].code);
+    eprintln!("rxe --hosts 2: A exited {a}, B exited {b}");
+    Ok(if a != 0 { a } else { b })
+}
+
+/// The cross-host suite's two scripts. Servers start on A and run until B
+/// is done (`$RRPC_RXE_WIRE/b.done`); B runs each client, retrying its
+/// first connect until A listens, and checks its output. B's exit code is
+/// the number of failed checks; A's says whether every server was still up
+/// at the end.
+pub(crate) fn suite_scripts(bins: &SuiteBins, soak_secs: u64) -> [String; 2] {
+    let q = |p: &Path| sh_quote(&p.to_string_lossy());
+    let a = format!(
+        r#"set -u
+{hs} --uri rdma://$RRPC_RXE_SELF:50051 > /tmp/hello-server.log 2>&1 & p1=$!
+{rs} --uri rdma://$RRPC_RXE_SELF:10000 > /tmp/route-server.log 2>&1 & p2=$!
+{soak} --role serve --transport rdma --uri rdma://$RRPC_RXE_SELF:50061 > /tmp/soak-server.log 2>&1 & p3=$!
+{soak} --role serve --transport rdma-h2 --uri rdma://$RRPC_RXE_SELF:50062 > /tmp/soak-h2-server.log 2>&1 & p4=$!
+touch "$RRPC_RXE_WIRE/a.up"
+while [ ! -e "$RRPC_RXE_WIRE/b.done" ]; do sleep 1; done
+rc=0
+for p in $p1 $p2 $p3 $p4; do kill -0 $p 2>/dev/null || rc=1; done
+[ $rc = 0 ] || {{ echo "cross-host: a server on A died"; tail -n 20 /tmp/*-server.log; }}
+kill $p1 $p2 $p3 $p4 2>/dev/null; wait 2>/dev/null
+echo "cross-host: servers on A up to the end: $([ $rc = 0 ] && echo yes || echo NO)"
+exit $rc
+"#,
+        hs = q(&bins.hello_server),
+        rs = q(&bins.route_server),
+        soak = q(&bins.soak),
+    );
+    let verbs = "carried by Verbs { device: \\\"$RRPC_TEST_DEVICE\\\" }";
+    let b = format!(
+        r#"set -u
+trap 'touch "$RRPC_RXE_WIRE/b.done"' EXIT
+for _ in $(seq 120); do [ -e "$RRPC_RXE_WIRE/a.up" ] && break; sleep 1; done
+failed=0
+# check NAME LOG: the client's exit code is in $ok; every further argument is a string its log must hold.
+check() {{
+  name=$1; log=$2; shift 2; why=ok
+  [ "$ok" = 0 ] || why="client exited $ok"
+  for want in "$@"; do grep -qF -- "$want" "$log" || why="missing: $want"; done
+  if [ "$why" = ok ]; then echo "cross-host: $name ok"; else echo "cross-host: $name FAILED ($why)"; cat "$log"; failed=$((failed + 1)); fi
+}}
+retry() {{ # until the server listens, 120 s at most
+  for _ in $(seq 60); do "$@" && return 0; sleep 2; done; return 1
+}}
+retry timeout 60 {hc} --uri rdma://$RRPC_RXE_PEER:50051 > /tmp/hello.log 2>&1; ok=$?
+check helloworld /tmp/hello.log "{verbs}" 'RESPONSE="Hello rrpc!"'
+retry timeout 120 {rc} --uri rdma://$RRPC_RXE_PEER:10000 > /tmp/route.log 2>&1; ok=$?
+check "routeguide (all four RPC kinds)" /tmp/route.log "{verbs}" 'GetFeature: Feature {{ name: "Place 3,6"' 'ListFeatures: 8 features' 'RecordRoute: RouteSummary {{ point_count: 10,' 'RouteChat: got "note 0"'
+for t in rdma:50061 rdma-h2:50062; do
+  timeout 300 {soak} --role client --transport ${{t%%:*}} --uri rdma://$RRPC_RXE_PEER:${{t##*:}} --duration {soak_secs}s --clients 4 --stall-after 60s > /tmp/soak.log 2>&1; ok=$?
+  check "soak ${{t%%:*}} ({soak_secs} s, 4 clients, 1 B..4 MiB, every byte checked)" /tmp/soak.log "calls: "
+  grep -E '^(calls|ran|fds)' /tmp/soak.log
+done
+echo "cross-host: $failed failed"
+exit $failed
+"#,
+        hc = q(&bins.hello_client),
+        rc = q(&bins.route_client),
+        soak = q(&bins.soak),
+    );
+    [a, b]
+}
+
+/// The binaries the cross-host suite runs, built on the host.
+#[derive(Debug)]
+pub(crate) struct SuiteBins {
+    pub(crate) hello_server: std::path::PathBuf,
+    pub(crate) hello_client: std::path::PathBuf,
+    pub(crate) route_server: std::path::PathBuf,
+    pub(crate) route_client: std::path::PathBuf,
+    pub(crate) soak: std::path::PathBuf,
+}
+
+/// `cargo xtask rxe --hosts 2`.
+pub(crate) fn run(root: &Path, target: &Path, args: &RxeArgs) -> Result<i32> {
+    if args.hosts != 2 {
+        bail!("--hosts takes 1 or 2");
+    }
+    let scripts = match args.cmd.as_slice() {
+        [] => {
+            let bins = crate::rxe::suite::build_cross_host(root)?;
+            let mut code = run_pair(root, target, args, suite_scripts(&bins, args.soak_secs))?;
+            if code == 0 && args.netem.is_none() && args.netem_a.is_none() && args.netem_b.is_none()
+            {
+                // The same suite on a faulty wire: RC must hide loss,
+                // reordering and duplicates (it costs time, never a call).
+                let faulty = RxeArgs {
+                    netem: Some(DEFAULT_FAULTS.to_owned()),
+                    ..args.clone()
+                };
+                eprintln!("rxe --hosts 2: again with netem {DEFAULT_FAULTS} on both hosts");
+                code = run_pair(root, target, &faulty, suite_scripts(&bins, args.soak_secs))?;
+            }
+            return Ok(code);
+        }
+        [a, b] => [a.clone(), b.clone()],
+        _ => {
+            bail!("cargo xtask rxe --hosts 2 -- CMD_A CMD_B: two commands (each one shell string)")
+        }
+    };
+    run_pair(root, target, args, scripts)
+}
+
+/// The faults of the suite's second run: loss, delay with jitter,
+/// reordering and duplicates on both hosts.
+pub(crate) const DEFAULT_FAULTS: &str = "loss 1% delay 1ms 1ms reorder 10% 50% duplicate 1%";
