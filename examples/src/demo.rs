@@ -200,7 +200,7 @@ async fn measure(uri: &str, cfg: RrpcConfig, calls: u64) -> anyhow::Result<Measu
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     let channel = channel.ok_or_else(|| anyhow::anyhow!("connect {uri}: {last:?}"))?;
-    let carrier = channel.carrier().clone();
+    let carrier = channel.carrier();
     let (p50, p99) = time_calls(&mut GreeterClient::new(channel.clone()), calls).await?;
     Ok(Measured {
         p50,

@@ -833,8 +833,9 @@ pub(crate) mod suite {
     //! | examples | `demo` (rdma-h2 and rdma-fast paths, 50 calls each) | `--transport rdma --calls 50 --no-baselines --no-pin` |
     //!
     //! Every test in it asserts that verbs carried the traffic (fabric kind
-    //! `Verbs`, device name, or `Carrier::Verbs { device }`; an example's
-    //! output must say `carried by Verbs { device: "<device>" }`).
+    //! `Verbs`, device name, or `Carrier::Verbs { device, peer }` read from
+    //! the live queue pair; an example's output must say
+    //! `carried by Verbs { device: "<device>", peer: Some(<address>) }`).
 
     use super::*;
 
@@ -871,7 +872,7 @@ pub(crate) mod suite {
         pub(crate) server: Option<(&'static str, &'static [&'static str])>,
         /// Client binary and its arguments.
         pub(crate) client: (&'static str, &'static [&'static str]),
-        /// How many `carried by Verbs { device: "<device>" }` lines the
+        /// How many `carried by Verbs { device: "<device>", peer: Some(..) }` lines the
         /// client's output must have (one per channel it opened on rdma).
         pub(crate) verbs_lines: usize,
         /// Fixed strings the client's output must contain (its RPCs' results).
@@ -1210,7 +1211,7 @@ kill $spid 2>/dev/null; wait $spid 2>/dev/null
         }
         sh.push_str(&format!("cat {clog}\nrc=1\nchecks=ok\n"));
         sh.push_str(&format!(
-            "[ \"$(grep -cF \"carried by Verbs {{ device: \\\"$RRPC_TEST_DEVICE\\\" }}\" {clog})\" -ge {} ] || checks=\"no verbs carrier\"\n",
+            "[ \"$(grep -cF \"carried by Verbs {{ device: \\\"$RRPC_TEST_DEVICE\\\", peer: Some(\" {clog})\" -ge {} ] || checks=\"no verbs carrier\"\n",
             e.spec.verbs_lines
         ));
         for want in e.spec.expect {
@@ -1410,7 +1411,7 @@ echo "{END} examples/{name} rc=$rc"; [ $rc = 0 ] || failed=1
                 l
             };
             let ok = run_examples_with(&dir.join("ok"), |s| {
-                carried(s, r#"Verbs { device: "rxe0" }"#)
+                carried(s, r#"Verbs { device: "rxe0", peer: Some(10.0.2.15) }"#)
             });
             assert_eq!(ok.len(), EXAMPLES.len());
             for (row, spec) in ok.iter().zip(EXAMPLES) {
@@ -1429,12 +1430,12 @@ echo "{END} examples/{name} rc=$rc"; [ $rc = 0 ] || failed=1
                 ),
                 ("shm", &|s: &ExampleSpec| carried(s, "Shm")),
                 ("few", &|s: &ExampleSpec| {
-                    let mut l = carried(s, r#"Verbs { device: "rxe0" }"#);
+                    let mut l = carried(s, r#"Verbs { device: "rxe0", peer: Some(10.0.2.15) }"#);
                     l.remove(0);
                     l
                 }),
                 ("missing", &|s: &ExampleSpec| {
-                    let mut l = carried(s, r#"Verbs { device: "rxe0" }"#);
+                    let mut l = carried(s, r#"Verbs { device: "rxe0", peer: Some(10.0.2.15) }"#);
                     l.pop();
                     l
                 }),

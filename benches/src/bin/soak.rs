@@ -481,12 +481,15 @@ fn main() -> Result<()> {
     // Traffic over rdma:// must have been carried by verbs, not by a
     // fallback: checked on every channel.
     let want_verbs = args.transport.starts_with("rdma");
+    let said = std::sync::atomic::AtomicBool::new(false);
     let check_carrier = move |ch: &RrpcChannel| -> Result<()> {
-        if want_verbs && !matches!(ch.carrier(), rrpc_tonic::Carrier::Verbs { .. }) {
-            bail!(
-                "a channel to the server is carried by {:?}, not verbs",
-                ch.carrier()
-            );
+        // Observed on the live connection (the queue pair that carries it).
+        let carrier = ch.carrier();
+        if want_verbs && !matches!(carrier, rrpc_tonic::Carrier::Verbs { peer: Some(_), .. }) {
+            bail!("a channel to the server is carried by {carrier:?}, not verbs");
+        }
+        if !said.swap(true, std::sync::atomic::Ordering::Relaxed) {
+            println!("soak: carried by {carrier:?}");
         }
         Ok(())
     };

@@ -1231,6 +1231,11 @@ impl Side {
     }
 }
 
+/// [`Connection::gone_why`]: the side channel closed (or the peer said goodbye).
+const GONE_CLOSED: u8 = 0;
+/// [`Connection::gone_why`]: the side channel timed out (the peer's host went silent).
+const GONE_SILENT: u8 = 1;
+
 /// An established connection: a connected queue pair, what the peer granted,
 /// and the side channel that tells whether the peer is still there.
 #[derive(Debug)]
@@ -1240,6 +1245,8 @@ pub struct Connection {
     side: Side,
     _grants: Vec<(u16, Arc<Region>)>,
     gone: AtomicBool,
+    /// Why the peer is gone, once it is: [`GONE_CLOSED`] or [`GONE_SILENT`].
+    gone_why: std::sync::atomic::AtomicU8,
     /// For a logical connection: the peer's grants on the shared queue pair
     /// and the shared connection, both released after `qp` (field order).
     logical: Option<logical::Logical>,
@@ -1267,6 +1274,7 @@ impl Connection {
             side,
             _grants: grants,
             gone: AtomicBool::new(false),
+            gone_why: std::sync::atomic::AtomicU8::new(GONE_CLOSED),
             logical: None,
         })
     }
@@ -1291,28 +1299,63 @@ impl Connection {
     /// Non-blocking liveness check.
     ///
     /// # Errors
-    /// [`Error::PeerGone`] once the side channel closed or the peer said
-    /// goodbye; the queue pair is failed with the same error.
+    /// Once the peer is gone (the queue pair is failed with the same error):
+    /// [`Error::PeerGone`] when the side channel closed or the peer said
+    /// goodbye; [`Error::PeerUnresponsive`] when the peer's host stopped
+    /// answering (the side channel's keep-alive or `TCP_USER_TIMEOUT` ran
+    /// out: no FIN, no RST, the way a host dies or a link is cut).
     pub fn check_alive(&self) -> Result<()> {
         if self.gone.load(Ordering::Acquire) {
-            return Err(Error::PeerGone);
+            return Err(self.gone_error());
         }
         let mut b = [0u8; 1];
         match self.side.read(&mut b) {
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(()),
             Err(e) if e.kind() == io::ErrorKind::Interrupted => Ok(()),
-            // EOF, goodbye bytes, or a socket error: the peer is gone.
+            Err(e) if e.kind() == io::ErrorKind::TimedOut => {
+                self.gone_why.store(GONE_SILENT, Ordering::Release);
+                self.mark_gone();
+                Err(self.gone_error())
+            }
+            // EOF, goodbye bytes, or another socket error: the peer is gone.
             _ => {
                 self.mark_gone();
-                Err(Error::PeerGone)
+                Err(self.gone_error())
             }
         }
     }
 
+    /// The error that says why the peer is gone ([`Self::check_alive`]);
+    /// [`Error::PeerGone`] while it is not known to be.
+    pub fn gone_error(&self) -> Error {
+        if self.gone_why.load(Ordering::Acquire) != GONE_SILENT {
+            return Error::PeerGone;
+        }
+        let after: Option<u32> = match &self.side {
+            Side::Unix(_) => None,
+            #[cfg(feature = "verbs")]
+            Side::Tcp(s) => {
+                nix::sys::socket::getsockopt(&s.tcp(), nix::sys::socket::sockopt::TcpUserTimeout)
+                    .ok()
+            }
+        };
+        Error::PeerUnresponsive(match after {
+            Some(ms) if ms > 0 => format!(
+                "its host stopped answering: the side channel's keep-alive gave up after {:.1} s \
+                 without an answer (no close was seen: the host is down or the link is cut)",
+                f64::from(ms) / 1000.0
+            ),
+            _ => "its host stopped answering: the side channel timed out \
+                  (no close was seen: the host is down or the link is cut)"
+                .to_string(),
+        })
+    }
+
     fn mark_gone(&self) {
         if !self.gone.swap(true, Ordering::AcqRel) {
-            tracing::debug!("peer gone");
-            self.qp.fail(&Error::PeerGone);
+            let e = self.gone_error();
+            tracing::debug!(error = %e, "peer gone");
+            self.qp.fail(&e);
         }
     }
 

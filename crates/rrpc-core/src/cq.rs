@@ -43,6 +43,35 @@ pub enum Status {
     Fatal,
 }
 
+impl std::fmt::Display for Status {
+    /// What happened, in words an operator can act on (the verbs name in
+    /// parentheses).
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Status::Success => "success",
+            Status::LocalError => "local protection or length error (IBV_WC_LOC_*_ERR)",
+            Status::RemoteAccessError => "the peer refused the access (IBV_WC_REM_ACCESS_ERR)",
+            Status::Flushed => "flushed: the queue pair had already failed (IBV_WC_WR_FLUSH_ERR)",
+            Status::RetryExceeded => {
+                "the peer stopped acknowledging: every transport retry ran out \
+                 (IBV_WC_RETRY_EXC_ERR; its host is down or unreachable, or the \
+                 link lost packets faster than retries recovered them)"
+            }
+            Status::RnrRetryExceeded => {
+                "the peer posted no receive in time, after every RNR retry \
+                 (IBV_WC_RNR_RETRY_EXC_ERR)"
+            }
+            Status::RemoteInvalidRequest => {
+                "the peer rejected the request as invalid (IBV_WC_REM_INV_REQ_ERR)"
+            }
+            Status::RemoteOperationError => {
+                "the peer could not carry out the request (IBV_WC_REM_OP_ERR)"
+            }
+            Status::Fatal => "device error (IBV_WC_FATAL_ERR or another)",
+        })
+    }
+}
+
 /// What kind of work a completion reports (verbs: `ibv_wc_opcode`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]

@@ -135,6 +135,11 @@ pub enum Error {
     /// The peer closed its side channel or died; the connection is failed.
     #[error("peer is gone (side channel closed)")]
     PeerGone,
+    /// The peer stopped answering without closing anything (its host died,
+    /// the link is cut): the side channel's keep-alive ran out. The text
+    /// says after how long.
+    #[error("the peer is gone: {0}")]
+    PeerUnresponsive(String),
     /// The handshake did not complete within the configured timeout.
     #[error("handshake timed out")]
     Timeout,
@@ -155,7 +160,7 @@ pub enum Error {
         source: io::Error,
     },
     /// A completion reported an error status.
-    #[error("work request {wr_id} completed with status {status:?}")]
+    #[error("work request {wr_id} failed: {status}")]
     CompletionError {
         /// The `wr_id` of the failed request.
         wr_id: u64,
@@ -186,7 +191,11 @@ impl Error {
             | Tls(_)
             | Rejected(_)
             | PeerMisbehaved(_) => Fault::Peer,
-            PeerGone | Timeout => Fault::PeerGone,
+            PeerGone | PeerUnresponsive(_) | Timeout => Fault::PeerGone,
+            CompletionError {
+                status: crate::cq::Status::RetryExceeded,
+                ..
+            } => Fault::PeerGone,
             Io { .. } | CompletionError { .. } | PeerUnavailable(_) => Fault::Device,
         }
     }
@@ -209,7 +218,7 @@ impl From<Error> for io::Error {
         let kind = match &e {
             Error::WouldBlock => io::ErrorKind::WouldBlock,
             Error::PeerGone => io::ErrorKind::BrokenPipe,
-            Error::Timeout => io::ErrorKind::TimedOut,
+            Error::Timeout | Error::PeerUnresponsive(_) => io::ErrorKind::TimedOut,
             Error::Io { source, .. } => source.kind(),
             Error::MalformedHandshake(_) | Error::PeerMisbehaved(_) => io::ErrorKind::InvalidData,
             Error::InvalidConfig(_) | Error::InvalidUri { .. } => io::ErrorKind::InvalidInput,

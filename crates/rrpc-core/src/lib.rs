@@ -95,7 +95,7 @@ pub use fabric::VerbsOptions;
 pub use fabric::{Fabric, ProviderKind};
 pub use fault::FaultConfig;
 pub use handshake::{RegionDesc, Section};
-pub use qp::{QpConfig, QueuePair};
+pub use qp::{QpCarrier, QpConfig, QueuePair, RcRetry};
 pub use region::{Access, CACHE_LINE, Local, Region, Remote, RemoteRegion};
 /// The rustls this crate's side-channel TLS takes configs of
 /// ([`conn::HandshakeConfig::tls_server`]).

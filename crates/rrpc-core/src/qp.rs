@@ -28,7 +28,177 @@ pub struct QpConfig {
     send_depth: u32,
     recv_depth: u32,
     max_inline: Option<u32>,
+    rc_retry: RcRetry,
     fault: FaultConfig,
+}
+
+/// What carries a queue pair's traffic ([`QueuePair::carrier`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct QpCarrier {
+    /// The provider that moves the bytes.
+    pub provider: crate::ProviderKind,
+    /// The verbs device (`mlx5_0`, `rxe0`); `None` on shm.
+    pub device: Option<String>,
+    /// Our port's GID (verbs).
+    pub local_gid: Option<[u8; 16]>,
+    /// The GID of the peer the queue pair is connected to (verbs; `None`
+    /// before it connected).
+    pub remote_gid: Option<[u8; 16]>,
+    /// Whether this is a sharer of another queue pair ([`crate::vqp`]).
+    pub shared: bool,
+}
+
+impl QpCarrier {
+    /// A GID as an address: the IPv4 of an IPv4-mapped RoCE v2 GID
+    /// (`::ffff:a.b.c.d`), else the IPv6 address of the 16 bytes.
+    pub fn gid_addr(gid: &[u8; 16]) -> std::net::IpAddr {
+        let v6 = std::net::Ipv6Addr::from(*gid);
+        match v6.to_ipv4_mapped() {
+            Some(v4) => std::net::IpAddr::V4(v4),
+            None => std::net::IpAddr::V6(v6),
+        }
+    }
+}
+
+/// A reliable connection's retransmission settings (verbs; no effect on shm,
+/// where nothing is lost): what the queue pair does when the wire drops,
+/// reorders or delays packets, and when it gives up on the peer.
+///
+/// | setting | default | verbs attribute |
+/// |---|---|---|
+/// | [`ack_timeout`](Self::ack_timeout) | 14 (4.096 µs × 2^14 ≈ 67 ms) | `ibv_qp_attr::timeout` |
+/// | [`retry_count`](Self::retry_count) | 7 (the most) | `retry_cnt` |
+/// | [`rnr_retry`](Self::rnr_retry) | 7 (retry for ever) | `rnr_retry` |
+/// | [`min_rnr_timer`](Self::min_rnr_timer) | 12 (0.64 ms) | `min_rnr_timer` |
+///
+/// **Why these defaults.** They are chosen for lossy RoCE without PFC, a
+/// common deployment, where the transport itself repairs loss: a packet
+/// that arrives out of sequence draws an immediate NAK and a go-back-N
+/// retransmission, and only a lost *last* packet (or its ACK) waits for the
+/// ACK timeout. The timeout is long enough that a congested switch queue or
+/// a busy soft-RoCE host is not taken for loss, and short enough that a
+/// lost tail costs tens of milliseconds, not seconds. With the most
+/// retries, a work request fails (`IBV_WC_RETRY_EXC_ERR`, reported as
+/// [`crate::Status::RetryExceeded`] and to gRPC callers as `Unavailable`)
+/// only after 8 consecutive losses of one packet: at 5 % loss that is a
+/// chance of 4 × 10⁻¹¹, while a peer that stopped acknowledging (its host
+/// died, the link is cut) is detected after about 8 × 67 ms ≈ 0.5 s of data
+/// left unacknowledged (devices may round the timeout up). An idle
+/// connection has nothing to retransmit: its dead peer is found by the side
+/// channel's keep-alive ([`crate::conn::TcpKeepalive`]). The receive side
+/// posts its receives late, so receiver-not-ready NAKs are retried for ever.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RcRetry {
+    ack_timeout: u8,
+    retry_count: u8,
+    rnr_retry: u8,
+    min_rnr_timer: u8,
+}
+
+impl Default for RcRetry {
+    fn default() -> Self {
+        RcRetry {
+            ack_timeout: 14,
+            retry_count: 7,
+            rnr_retry: 7,
+            min_rnr_timer: 12,
+        }
+    }
+}
+
+impl RcRetry {
+    /// The local ACK timeout exponent: a packet left unacknowledged for
+    /// 4.096 µs × 2^`ack_timeout` is retransmitted.
+    pub fn get_ack_timeout(&self) -> u8 {
+        self.ack_timeout
+    }
+
+    /// The local ACK timeout as a duration (4.096 µs × 2^`ack_timeout`).
+    pub fn ack_timeout_duration(&self) -> std::time::Duration {
+        std::time::Duration::from_nanos(4096u64 << self.ack_timeout)
+    }
+
+    /// How long a peer that stopped acknowledging takes to fail a work
+    /// request: `(retry_count + 1) ×` [`ack_timeout_duration`](Self::ack_timeout_duration)
+    /// (a device may round the timeout up).
+    pub fn give_up_after(&self) -> std::time::Duration {
+        self.ack_timeout_duration() * (u32::from(self.retry_count) + 1)
+    }
+
+    /// Sets [`get_ack_timeout`](Self::get_ack_timeout).
+    ///
+    /// # Errors
+    /// [`Error::InvalidConfig`] unless `1 <= exponent <= 31` (0 would mean
+    /// "wait for ever", which leaves a dead peer's work requests pending).
+    pub fn ack_timeout(mut self, exponent: u8) -> Result<Self> {
+        if !(1..=31).contains(&exponent) {
+            return Err(Error::InvalidConfig(format!(
+                "ack_timeout must be an exponent in 1..=31, got {exponent}"
+            )));
+        }
+        self.ack_timeout = exponent;
+        Ok(self)
+    }
+
+    /// Retransmissions of one packet before the work request fails with
+    /// `IBV_WC_RETRY_EXC_ERR`.
+    pub fn get_retry_count(&self) -> u8 {
+        self.retry_count
+    }
+
+    /// Sets [`get_retry_count`](Self::get_retry_count).
+    ///
+    /// # Errors
+    /// [`Error::InvalidConfig`] above 7.
+    pub fn retry_count(mut self, n: u8) -> Result<Self> {
+        if n > 7 {
+            return Err(Error::InvalidConfig(format!(
+                "retry_count must be in 0..=7, got {n}"
+            )));
+        }
+        self.retry_count = n;
+        Ok(self)
+    }
+
+    /// Retries after a receiver-not-ready NAK; 7 retries for ever.
+    pub fn get_rnr_retry(&self) -> u8 {
+        self.rnr_retry
+    }
+
+    /// Sets [`get_rnr_retry`](Self::get_rnr_retry).
+    ///
+    /// # Errors
+    /// [`Error::InvalidConfig`] above 7.
+    pub fn rnr_retry(mut self, n: u8) -> Result<Self> {
+        if n > 7 {
+            return Err(Error::InvalidConfig(format!(
+                "rnr_retry must be in 0..=7, got {n}"
+            )));
+        }
+        self.rnr_retry = n;
+        Ok(self)
+    }
+
+    /// The receiver-not-ready NAK timer code we ask senders to wait (IB
+    /// spec table: 12 is 0.64 ms, 0 is 655.36 ms).
+    pub fn get_min_rnr_timer(&self) -> u8 {
+        self.min_rnr_timer
+    }
+
+    /// Sets [`get_min_rnr_timer`](Self::get_min_rnr_timer).
+    ///
+    /// # Errors
+    /// [`Error::InvalidConfig`] above 31.
+    pub fn min_rnr_timer(mut self, code: u8) -> Result<Self> {
+        if code > 31 {
+            return Err(Error::InvalidConfig(format!(
+                "min_rnr_timer must be a code in 0..=31, got {code}"
+            )));
+        }
+        self.min_rnr_timer = code;
+        Ok(self)
+    }
 }
 
 /// Largest [`QpConfig::max_inline`] accepted (no device we know of
@@ -45,6 +215,7 @@ impl Default for QpConfig {
             send_depth: 1024,
             recv_depth: 1024,
             max_inline: None,
+            rc_retry: RcRetry::default(),
             fault: FaultConfig::none(),
         }
     }
@@ -129,6 +300,18 @@ impl QpConfig {
         }
         self.max_inline = Some(bytes);
         Ok(self)
+    }
+
+    /// The reliable connection's retransmission settings ([`RcRetry`];
+    /// verbs only).
+    pub fn get_rc_retry(&self) -> RcRetry {
+        self.rc_retry
+    }
+
+    /// Sets [`get_rc_retry`](Self::get_rc_retry).
+    pub fn rc_retry(mut self, retry: RcRetry) -> Self {
+        self.rc_retry = retry;
+        self
     }
 
     /// Faults to inject (tests).
@@ -370,6 +553,29 @@ impl QueuePair {
         }
     }
 
+    /// What carries this queue pair's traffic, read from the queue pair
+    /// itself (not from the URI or the config that asked for it): the
+    /// provider, and on verbs the device, the port's GID and the peer's GID
+    /// the queue pair was connected to. A sharer of another queue pair
+    /// ([`crate::vqp`]) reports the physical queue pair under it.
+    pub fn carrier(&self) -> QpCarrier {
+        match &self.inner {
+            QpInner::Shm(_) => QpCarrier {
+                provider: crate::ProviderKind::Shm,
+                device: None,
+                local_gid: None,
+                remote_gid: None,
+                shared: false,
+            },
+            #[cfg(feature = "verbs")]
+            QpInner::Verbs(q) => q.carrier(),
+            QpInner::Virtual(q) => QpCarrier {
+                shared: true,
+                ..q.physical().carrier()
+            },
+        }
+    }
+
     /// Whether this is a sharer of another queue pair ([`crate::vqp`]).
     pub fn is_virtual(&self) -> bool {
         matches!(self.inner, QpInner::Virtual(_))
@@ -458,6 +664,7 @@ impl Drop for LaterGrants {
 #[derive(Debug, Clone)]
 pub(crate) enum FailReason {
     PeerGone,
+    Unresponsive(String),
     Misbehaved(String),
     Closed,
     Completion {
@@ -471,6 +678,7 @@ impl FailReason {
     pub(crate) fn from_error(e: &Error) -> Self {
         match e {
             Error::PeerGone | Error::Timeout => FailReason::PeerGone,
+            Error::PeerUnresponsive(s) => FailReason::Unresponsive(s.clone()),
             Error::PeerMisbehaved(s) => FailReason::Misbehaved(s.clone()),
             Error::NotConnected => FailReason::Closed,
             Error::CompletionError { wr_id, status } => FailReason::Completion {
@@ -484,6 +692,7 @@ impl FailReason {
     fn to_error(&self) -> Error {
         match self {
             FailReason::PeerGone => Error::PeerGone,
+            FailReason::Unresponsive(s) => Error::PeerUnresponsive(s.clone()),
             FailReason::Misbehaved(s) => Error::PeerMisbehaved(s.clone()),
             FailReason::Closed => Error::NotConnected,
             FailReason::Completion { wr_id, status } => Error::CompletionError {

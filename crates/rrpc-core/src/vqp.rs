@@ -656,6 +656,13 @@ pub(crate) struct VirtualQp {
     sharer: Arc<Sharer>,
 }
 
+impl VirtualQp {
+    /// The physical queue pair this one shares.
+    pub(crate) fn physical(&self) -> &QueuePair {
+        &self.sharer.phys.qp
+    }
+}
+
 impl Drop for VirtualQp {
     fn drop(&mut self) {
         let s = &self.sharer;

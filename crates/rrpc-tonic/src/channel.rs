@@ -71,6 +71,10 @@ pub enum Carrier {
     Verbs {
         /// The device's name (e.g. `mlx5_0`, `rxe0`).
         device: String,
+        /// The peer the queue pair is connected to: the address in its GID
+        /// (the IPv4 address of a RoCE v2 GID). `None` until the channel
+        /// has connected.
+        peer: Option<std::net::IpAddr>,
     },
     /// A balance over several endpoints ([`RrpcChannel::balance_list`]),
     /// in the order given.
@@ -89,6 +93,19 @@ enum Inner {
         Buffer<http::Request<Body>, ResponseFuture>,
         Option<Arc<Dialer>>,
     ),
+}
+
+impl Carrier {
+    /// The carrier a live ring connection reports ([`rrpc_core::QueuePair::carrier`]).
+    pub(crate) fn observed(c: &rrpc_core::QpCarrier) -> Carrier {
+        match c.provider {
+            rrpc_core::ProviderKind::Verbs => Carrier::Verbs {
+                device: c.device.clone().unwrap_or_default(),
+                peer: c.remote_gid.as_ref().map(rrpc_core::QpCarrier::gid_addr),
+            },
+            _ => Carrier::Shm,
+        }
+    }
 }
 
 impl std::fmt::Debug for Inner {
@@ -183,11 +200,22 @@ impl RrpcChannel {
         }
     }
 
-    /// What carries this channel's bytes: for `rdma://`, the verbs device
-    /// (the connection was made on it; there is no fallback to another
-    /// provider).
-    pub fn carrier(&self) -> &Carrier {
-        &self.carrier
+    /// What carries this channel's bytes.
+    ///
+    /// On rings (`shm://`, `rdma://`) it is read from the live connection:
+    /// the provider of the queue pair that carries the calls, and on verbs
+    /// its device and the peer's address from the GID it is connected to
+    /// ([`rrpc_core::QueuePair::carrier`]). Until the channel first
+    /// connects (a lazy channel), and on tonic's own paths (`http://`,
+    /// `unix://`), it is what the URI asks for; a balanced channel lists
+    /// its endpoints' carriers.
+    pub fn carrier(&self) -> Carrier {
+        let observed = match &self.inner {
+            Inner::Rings(m) => m.dialer.current_carrier(),
+            Inner::Buffered(_, Some(d)) => d.current_carrier(),
+            _ => None,
+        };
+        observed.unwrap_or_else(|| self.carrier.clone())
     }
 
     /// The path this channel uses: on rings, the path of its current
@@ -217,6 +245,7 @@ pub(crate) fn carrier_of(target: &Target, config: &RrpcConfig) -> Result<Carrier
                 .device_name()
                 .unwrap_or_default()
                 .to_string(),
+            peer: None,
         },
         #[cfg(not(feature = "verbs"))]
         Target::Rdma(_) => {
@@ -234,13 +263,19 @@ pub(crate) async fn h2_channel(
     config: RrpcConfig,
     uri: String,
     endpoint: tonic::transport::Endpoint,
+    carrier: Arc<Mutex<Option<Carrier>>>,
 ) -> Result<Channel, Error> {
     let first = Arc::new(Mutex::new(Some(first)));
     let config = config.path(PathPreference::Http2);
     let ch = endpoint
         .connect_with_connector(tower::service_fn(move |_: http::Uri| {
-            let (first, target, config, uri) =
-                (first.clone(), target.clone(), config.clone(), uri.clone());
+            let (first, target, config, uri, carrier) = (
+                first.clone(),
+                target.clone(),
+                config.clone(),
+                uri.clone(),
+                carrier.clone(),
+            );
             async move {
                 let taken = first.lock().expect("pipe lock").take();
                 let pipe = match taken {
@@ -251,6 +286,10 @@ pub(crate) async fn h2_channel(
                         p
                     }
                 };
+                if let Some(c) = pipe.1.carrier() {
+                    *carrier.lock().unwrap_or_else(|e| e.into_inner()) =
+                        Some(Carrier::observed(&c));
+                }
                 Ok::<_, Error>(TokioIo::new(RrpcStream::new(
                     pipe,
                     RrpcConnectInfo { local: uri },

@@ -330,6 +330,7 @@ impl RrpcEndpoint {
             opts: self.call_options(),
             h2: self.tonic_endpoint("http://rrpc.invalid".into(), false)?,
             current: Mutex::new(None),
+            carrier: Arc::default(),
             dialing: tokio::sync::Mutex::new(()),
         }))
     }
@@ -483,6 +484,9 @@ pub(crate) struct Dialer {
     h2: tonic::transport::Endpoint,
     /// The connection new calls use.
     current: Mutex<Option<Conn>>,
+    /// What carries the newest ring connection, read from it
+    /// ([`crate::RrpcChannel::carrier`]).
+    carrier: Arc<Mutex<Option<crate::Carrier>>>,
     /// One dial at a time; the others wait for its result.
     dialing: tokio::sync::Mutex<()>,
 }
@@ -494,6 +498,11 @@ impl Dialer {
             crate::PathPreference::Fast => ChannelPath::Fast,
             crate::PathPreference::Http2 => ChannelPath::Http2,
         }
+    }
+
+    /// What carries the newest connection, once there is one.
+    pub(crate) fn current_carrier(&self) -> Option<crate::Carrier> {
+        lock(&self.carrier).clone()
     }
 
     /// The path of the current connection, if there is one.
@@ -526,6 +535,11 @@ impl Dialer {
 
     async fn dial(&self) -> Result<Conn, Error> {
         let (pipe, path) = dial(&self.target, &self.config).await?;
+        if let Some(c) = pipe.1.carrier() {
+            let c = crate::Carrier::observed(&c);
+            tracing::debug!(uri = %self.uri, carrier = ?c, "rrpc: connection carrier");
+            *lock(&self.carrier) = Some(c);
+        }
         Ok(match path {
             Negotiated::Fast { peer_window } => Conn::Fast(FastChannel::start(
                 pipe,
@@ -540,6 +554,7 @@ impl Dialer {
                     self.config.clone(),
                     self.uri.clone(),
                     self.h2.clone(),
+                    self.carrier.clone(),
                 )
                 .await?,
             ),

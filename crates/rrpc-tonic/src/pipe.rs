@@ -71,6 +71,12 @@ pub(crate) trait MsgRx: Send + 'static {
         f: &'a mut (dyn FnMut(&[u8]) + Send),
     ) -> BoxFut<'a, Result<bool, Error>>;
 
+    /// What carries this pipe, read from its live connection (rings: the
+    /// queue pair's provider, device and peer). `None`: not a ring pipe.
+    fn carrier(&self) -> Option<rrpc_core::QpCarrier> {
+        None
+    }
+
     /// A future that completes when the transport sees the peer leave,
     /// without receiving (rings: the side channel closed). Messages the
     /// peer sent before leaving may still be waiting for [`recv_with`].

@@ -337,6 +337,10 @@ impl Drop for ShmRx {
 }
 
 impl MsgRx for ShmRx {
+    fn carrier(&self) -> Option<rrpc_core::QpCarrier> {
+        Some(self._conn.qp().carrier())
+    }
+
     fn peer_gone(&self) -> Option<BoxFut<'static, ()>> {
         let conn = self._conn.clone();
         Some(Box::pin(async move {
@@ -369,7 +373,15 @@ impl MsgRx for ShmRx {
                     f(&msg);
                     true
                 }
-                Err(rrpc_poller::Error::PeerGone) => false,
+                Err(rrpc_poller::Error::PeerGone) => match self._conn.qp().failure() {
+                    // Not an orderly close: say what happened (the peer's host went
+                    // silent, or the device gave up retransmitting to it).
+                    Some(
+                        e @ (rrpc_core::Error::PeerUnresponsive(_)
+                        | rrpc_core::Error::CompletionError { .. }),
+                    ) => return Err(Error::Rings(Box::new(e))),
+                    _ => false,
+                },
                 Err(e) => return Err(e.into()),
             };
             if got {

@@ -62,6 +62,11 @@ impl Transport {
         matches!(self, Transport::RdmaH2 | Transport::RdmaFast)
     }
 
+    /// Whether the transport is shm rings.
+    pub fn is_shm(self) -> bool {
+        matches!(self, Transport::ShmH2 | Transport::ShmFast)
+    }
+
     /// The name the test modules use (`shm_fast`, ...).
     pub fn name(self) -> &'static str {
         match self {
@@ -510,14 +515,22 @@ impl Harness {
                         Transport::ShmFast | Transport::RdmaFast => rrpc_tonic::ChannelPath::Fast,
                     };
                     assert_eq!(c.path(), want, "negotiated path");
-                    if self.transport.is_rdma() {
-                        // Verbs carried it, on the device asked for: no fallback.
-                        let device = Transport::rdma_device().expect("RRPC_TEST_DEVICE");
-                        assert_eq!(
-                            c.carrier(),
-                            &rrpc_tonic::Carrier::Verbs { device },
-                            "rdma:// runs on the verbs device"
-                        );
+                    // Read from the live connection's queue pair, not from the URI.
+                    match c.carrier() {
+                        rrpc_tonic::Carrier::Verbs {
+                            device,
+                            peer: Some(_),
+                        } if self.transport.is_rdma() => {
+                            // Verbs carried it, on the device asked for: no fallback.
+                            let want = Transport::rdma_device().expect("RRPC_TEST_DEVICE");
+                            assert_eq!(device, want, "rdma:// runs on the verbs device");
+                        }
+                        rrpc_tonic::Carrier::Shm if self.transport.is_shm() => {}
+                        rrpc_tonic::Carrier::Tcp if self.transport == Transport::Tcp => {}
+                        other => panic!(
+                            "{:?} was carried by {other:?}, observed on the connection",
+                            self.transport
+                        ),
                     }
                     return c;
                 }

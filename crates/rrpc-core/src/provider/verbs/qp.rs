@@ -226,6 +226,9 @@ pub(crate) struct VerbsQp {
     recv_posted: Arc<AtomicU64>,
     recv_depth: u32,
     psn: u32,
+    retry: crate::qp::RcRetry,
+    /// The peer's GID, once connected.
+    remote_gid: OnceLock<[u8; 16]>,
     peer: OnceLock<Peer>,
     fail: Arc<FailState>,
 }
@@ -284,9 +287,23 @@ impl VerbsQp {
             recv_posted,
             recv_depth,
             psn,
+            retry: cfg.get_rc_retry(),
+            remote_gid: OnceLock::new(),
             peer: OnceLock::new(),
             fail,
         })
+    }
+
+    /// What carries this queue pair ([`crate::QueuePair::carrier`]).
+    pub(crate) fn carrier(&self) -> crate::qp::QpCarrier {
+        let dev = self.raw.device();
+        crate::qp::QpCarrier {
+            provider: crate::ProviderKind::Verbs,
+            device: Some(dev.name().to_string()),
+            local_gid: Some(dev.port().gid),
+            remote_gid: self.remote_gid.get().copied(),
+            shared: false,
+        }
     }
 
     /// Our endpoint for the handshake: the port's LID, GID and active MTU,
@@ -318,21 +335,24 @@ impl VerbsQp {
         let port = self.raw.device().port();
         let mtu = path_mtu(port.active_mtu, peer.mtu)?;
         self.raw.modify(
-            rtr_transition(peer, mtu, port.num, port.gid_index),
+            rtr_transition(peer, mtu, port.num, port.gid_index, self.retry),
             "ibv_modify_qp(RTR)",
         )?;
         self.raw
-            .modify(rts_transition(self.psn), "ibv_modify_qp(RTS)")?;
+            .modify(rts_transition(self.psn, self.retry), "ibv_modify_qp(RTS)")?;
         self.peer
             .set(Peer {
                 regions,
                 later: Arc::default(),
             })
             .map_err(|_| Error::InvalidConfig("queue pair already connected".into()))?;
+        let _ = self.remote_gid.set(peer.gid);
         tracing::debug!(
             qpn = self.raw.qpn(),
             peer_qpn = peer.qpn,
             path_mtu = mtu_bytes(mtu),
+            ack_timeout = self.retry.get_ack_timeout(),
+            retry_count = self.retry.get_retry_count(),
             "verbs queue pair connected"
         );
         Ok(())

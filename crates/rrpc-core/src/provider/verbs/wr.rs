@@ -20,19 +20,12 @@ use rdma_sys::{
 };
 
 use crate::cq::{Completion, Opcode, Status};
+use crate::qp::RcRetry;
 
 use super::endpoint::VerbsEndpoint;
 
 /// Outstanding RDMA READs we accept as responder and issue as requester.
 pub(crate) const RD_ATOMIC: u8 = 16;
-/// Local ACK timeout exponent: 4.096 µs × 2^14 ≈ 67 ms per retry.
-pub(crate) const ACK_TIMEOUT: u8 = 14;
-/// Transport retries before `IBV_WC_RETRY_EXC_ERR`.
-pub(crate) const RETRY_CNT: u8 = 7;
-/// RNR retries; 7 means "retry forever" (the receiver posts receives late).
-pub(crate) const RNR_RETRY: u8 = 7;
-/// Minimal RNR NAK timer code 12 (0.64 ms).
-pub(crate) const MIN_RNR_TIMER: u8 = 12;
 /// Largest message an RC work request may carry (2^31 bytes, the IB limit).
 pub(crate) const MAX_MESSAGE: u64 = 1 << 31;
 
@@ -293,6 +286,7 @@ pub(crate) fn rtr_transition(
     path_mtu: u32,
     port: u8,
     sgid_index: u8,
+    retry: RcRetry,
 ) -> Transition {
     debug_assert!(
         (ibv_mtu::IBV_MTU_256..=ibv_mtu::IBV_MTU_4096).contains(&path_mtu),
@@ -304,7 +298,7 @@ pub(crate) fn rtr_transition(
     attr.dest_qp_num = peer.qpn;
     attr.rq_psn = peer.psn;
     attr.max_dest_rd_atomic = RD_ATOMIC;
-    attr.min_rnr_timer = MIN_RNR_TIMER;
+    attr.min_rnr_timer = retry.get_min_rnr_timer();
     let global = peer.gid != [0; 16];
     attr.ah_attr = ibv_ah_attr {
         grh: ibv_global_route {
@@ -334,13 +328,13 @@ pub(crate) fn rtr_transition(
 }
 
 /// RTR → RTS: our starting PSN, ACK timeout and retry counts.
-pub(crate) fn rts_transition(our_psn: u32) -> Transition {
+pub(crate) fn rts_transition(our_psn: u32, retry: RcRetry) -> Transition {
     let mut attr = zeroed_attr();
     attr.qp_state = ibv_qp_state::IBV_QPS_RTS;
     attr.sq_psn = our_psn & 0x00ff_ffff;
-    attr.timeout = ACK_TIMEOUT;
-    attr.retry_cnt = RETRY_CNT;
-    attr.rnr_retry = RNR_RETRY;
+    attr.timeout = retry.get_ack_timeout();
+    attr.retry_cnt = retry.get_retry_count();
+    attr.rnr_retry = retry.get_rnr_retry();
     attr.max_rd_atomic = RD_ATOMIC;
     Transition {
         attr,
@@ -589,14 +583,14 @@ mod tests {
             gid: [0; 16],
             mtu: ibv_mtu::IBV_MTU_4096,
         };
-        let t = rtr_transition(&peer, ibv_mtu::IBV_MTU_4096, 1, 0);
+        let t = rtr_transition(&peer, ibv_mtu::IBV_MTU_4096, 1, 0, RcRetry::default());
         let a = t.attr;
         assert_eq!(a.qp_state, ibv_qp_state::IBV_QPS_RTR);
         assert_eq!(a.path_mtu, ibv_mtu::IBV_MTU_4096);
         assert_eq!(a.dest_qp_num, 0x00ab_cdef);
         assert_eq!(a.rq_psn, 0x0012_3456);
         assert_eq!(a.max_dest_rd_atomic, RD_ATOMIC);
-        assert_eq!(a.min_rnr_timer, MIN_RNR_TIMER);
+        assert_eq!(a.min_rnr_timer, 12);
         assert_eq!(a.ah_attr.dlid, 0x0017);
         assert_eq!(a.ah_attr.port_num, 1);
         assert_eq!(
@@ -628,7 +622,7 @@ mod tests {
             gid,
             mtu: ibv_mtu::IBV_MTU_1024,
         };
-        let a = rtr_transition(&peer, ibv_mtu::IBV_MTU_1024, 2, 3).attr;
+        let a = rtr_transition(&peer, ibv_mtu::IBV_MTU_1024, 2, 3, RcRetry::default()).attr;
         assert_eq!(a.path_mtu, ibv_mtu::IBV_MTU_1024);
         assert_eq!(a.ah_attr.is_global, 1);
         // SAFETY: test; `raw` is the member written.
@@ -637,7 +631,7 @@ mod tests {
         assert_eq!(a.ah_attr.port_num, 2);
         assert_eq!(a.ah_attr.grh.hop_limit, 1);
         assert_eq!(
-            rtr_transition(&peer, ibv_mtu::IBV_MTU_256, 1, 0)
+            rtr_transition(&peer, ibv_mtu::IBV_MTU_256, 1, 0, RcRetry::default())
                 .attr
                 .path_mtu,
             ibv_mtu::IBV_MTU_256
@@ -646,13 +640,28 @@ mod tests {
 
     #[test]
     fn rts_attributes() {
-        let t = rts_transition(0xff12_3456);
+        let t = rts_transition(0xff12_3456, RcRetry::default());
         let a = t.attr;
         assert_eq!(a.qp_state, ibv_qp_state::IBV_QPS_RTS);
         assert_eq!(a.sq_psn, 0x0012_3456, "PSN is 24 bits");
-        assert_eq!(a.timeout, ACK_TIMEOUT);
-        assert_eq!(a.retry_cnt, RETRY_CNT);
-        assert_eq!(a.rnr_retry, RNR_RETRY);
+        assert_eq!((a.timeout, a.retry_cnt, a.rnr_retry), (14, 7, 7));
+        let custom = RcRetry::default()
+            .ack_timeout(18)
+            .and_then(|r| r.retry_count(3))
+            .and_then(|r| r.rnr_retry(5))
+            .and_then(|r| r.min_rnr_timer(1))
+            .unwrap();
+        let c = rts_transition(1, custom).attr;
+        assert_eq!((c.timeout, c.retry_cnt, c.rnr_retry), (18, 3, 5));
+        let peer = VerbsEndpoint {
+            lid: 1,
+            qpn: 2,
+            psn: 3,
+            gid: [0; 16],
+            mtu: ibv_mtu::IBV_MTU_1024,
+        };
+        let r = rtr_transition(&peer, ibv_mtu::IBV_MTU_1024, 1, 0, custom).attr;
+        assert_eq!(r.min_rnr_timer, 1);
         assert_eq!(a.max_rd_atomic, RD_ATOMIC);
         assert_eq!(t.mask, 1 | 0x200 | 0x400 | 0x800 | 0x10000 | 0x2000);
         let e = err_transition();
