@@ -771,4 +771,39 @@ mod tests {
             "{e}"
         );
     }
+
+    #[test]
+    fn rc_retry_defaults_and_bounds() {
+        let r = QpConfig::default().get_rc_retry();
+        assert_eq!(
+            (
+                r.get_ack_timeout(),
+                r.get_retry_count(),
+                r.get_rnr_retry(),
+                r.get_min_rnr_timer()
+            ),
+            (14, 7, 7, 12)
+        );
+        // 4.096 us x 2^14 = 67.1 ms; 8 tries before RETRY_EXC.
+        assert_eq!(r.ack_timeout_duration().as_micros(), 67_108);
+        assert_eq!(r.give_up_after().as_micros(), 536_870);
+        assert!(r.ack_timeout(0).unwrap_err().to_string().contains("1..=31"));
+        assert!(r.ack_timeout(32).is_err());
+        assert!(r.retry_count(8).is_err());
+        assert!(r.rnr_retry(8).is_err());
+        assert!(r.min_rnr_timer(32).is_err());
+        let c = QpConfig::default().rc_retry(r.retry_count(2).unwrap());
+        assert_eq!(c.get_rc_retry().get_retry_count(), 2);
+    }
+
+    #[test]
+    fn gids_read_as_addresses() {
+        let mut g = [0u8; 16];
+        g[10] = 0xff;
+        g[11] = 0xff;
+        g[12..].copy_from_slice(&[10, 99, 1, 2]);
+        assert_eq!(QpCarrier::gid_addr(&g).to_string(), "10.99.1.2");
+        let link_local = [0xfe, 0x80, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1];
+        assert_eq!(QpCarrier::gid_addr(&link_local).to_string(), "fe80::1");
+    }
 }
