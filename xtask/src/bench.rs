@@ -202,7 +202,20 @@ pub(crate) fn run(args: &BenchArgs) -> Result<()> {
             suites.join(", ")
         );
     }
-    build(&root, &args.profile, &present)?;
+    if args.no_build {
+        for b in &present {
+            let exe = bin_dir.join(b);
+            if !exe.is_file() {
+                bail!(
+                    "--no-build: {} is not built (build it with `cargo build --profile {} -p rrpc-bench`)",
+                    exe.display(),
+                    args.profile
+                );
+            }
+        }
+    } else {
+        build(&root, &args.profile, &present)?;
+    }
 
     let mut runs: Vec<SuiteRun> = Vec::new();
     let mut failed = Vec::new();

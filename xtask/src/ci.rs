@@ -294,9 +294,64 @@ pub(crate) fn run_ci(args: &CiArgs) -> Result<()> {
             }
             Ok(Outcome::Ran)
         })?;
+        step(
+            "rxe --hosts 2 (cross-host suite on two soft-RoCE VMs: clean wire with partition and dead host, then netem faults)",
+            &mut || {
+                if args.no_rxe {
+                    return Ok(Outcome::Skipped("--no-rxe".into()));
+                }
+                if !core_has_verbs_feature(root_ref) {
+                    return Ok(Outcome::Skipped("rrpc-core has no `verbs` feature".into()));
+                }
+                if let Err(why) = crate::rxe::supported() {
+                    return Ok(Outcome::Skipped(format!(
+                        "cannot boot the soft-RoCE VMs here: {why}"
+                    )));
+                }
+                let target = target_dir(root_ref)?;
+                let code = crate::rxe_hosts::run(
+                    root_ref,
+                    &target,
+                    &crate::rxe::RxeArgs {
+                        hosts: 2,
+                        timeout: args.rxe_timeout,
+                        keep: false,
+                        netem: None,
+                        netem_a: None,
+                        netem_b: None,
+                        mtu_a: None,
+                        mtu_b: None,
+                        soak_secs: 5,
+                        cmd: Vec::new(),
+                    },
+                )?;
+                if code != 0 {
+                    bail!("the cross-host suite on two soft-RoCE VMs exited with {code}");
+                }
+                Ok(Outcome::Ran)
+            },
+        )?;
+        step("bench all --quick", &mut || {
+            if args.no_bench {
+                return Ok(Outcome::Skipped("--no-bench".into()));
+            }
+            let exe = std::env::current_exe().context("locating xtask")?;
+            let exe = exe.to_string_lossy().into_owned();
+            // The smoke run proves each suite runs; its numbers say nothing about
+            // speed. It runs the suite binaries the test step built (one profile
+            // for CI, no second build; thin-LTO `bench` builds are for real
+            // measurements).
+            run(
+                &exe,
+                &["bench", "all", "--quick", "--profile", "test", "--no-build"],
+                Some(root_ref),
+            )
+            .map(|()| Outcome::Ran)
+        })?;
         if !args.keep_target {
             // The test profile's build (several GiB) is not used past this
-            // point: the benchmarks build `release`, fuzzing `target/fuzz`.
+            // point (the bench smoke run above used its binaries); fuzzing
+            // builds in `target/fuzz`.
             let debug = root_ref.join("target/debug");
             if debug.is_dir() {
                 let size = Command::new("du")
@@ -344,21 +399,6 @@ pub(crate) fn run_ci(args: &CiArgs) -> Result<()> {
                 )?;
             }
             Ok(Outcome::Ran)
-        })?;
-        step("bench all --quick", &mut || {
-            if args.no_bench {
-                return Ok(Outcome::Skipped("--no-bench".into()));
-            }
-            let exe = std::env::current_exe().context("locating xtask")?;
-            let exe = exe.to_string_lossy().into_owned();
-            // One optimised profile for the smoke run (thin-LTO `bench` builds are
-            // for real measurements).
-            run(
-                &exe,
-                &["bench", "all", "--quick", "--profile", "release"],
-                Some(root_ref),
-            )
-            .map(|()| Outcome::Ran)
         })?;
         let dirs = fuzz_dirs(root_ref);
         step("fuzz build", &mut || {

@@ -89,6 +89,11 @@ struct BenchArgs {
     /// Cargo profile for the suite binaries (`bench` = release + thin LTO, or `release`).
     #[arg(long, default_value = "bench")]
     profile: String,
+    /// Run the suite binaries already built in `--profile`'s directory instead
+    /// of building them (CI: the test step's build made them, with the
+    /// workspace's features, so the smoke run costs no second build).
+    #[arg(long)]
+    no_build: bool,
     /// Passed to the suite binary after `--`, e.g. `cargo xtask bench rpc -- --only resources`
     /// (see `<suite> --help`).
     #[arg(last = true)]

@@ -27,10 +27,19 @@
 //! from the live queue pair), on a clean wire and again under
 //! the faults given (`--netem` etc.).
 //!
-//! **Not built yet** (issue "Across hosts", still open): a host powered off
-//! mid-call, the link cut and restored, token and TLS on the side channel,
-//! shared queue pairs and the pool across hosts, and payloads up to 6 MiB
-//! (the soak's messages go to 4 MiB).
+//! On the clean wire the suite ends with two faults of its own: **partition
+//! and heal** (B loses every frame for 6 s under a stream of checked calls:
+//! each call returns its bytes or fails `Unavailable`/`DeadlineExceeded`,
+//! and the channel reconnects after the heal) and **a dead host** (A powers
+//! off with `sysrq o` while a call from B waits on it: no FIN, no RST; the
+//! call must fail `Unavailable` within [`DEAD_HOST_BOUND_SECS`], and the time
+//! it took is printed).
+//!
+//! **Not built yet** (issue "Across hosts", still open): a client host
+//! powered off (the server's side of the dead-host bound), token and TLS on
+//! the side channel, shared queue pairs and the pool across hosts, payloads
+//! up to 6 MiB (the soak's messages go to 4 MiB), and different MTUs in the
+//! default suite (`--mtu-a`/`--mtu-b` exist).
 //!
 //! Functional checks only: soft-RoCE under TCG runs 20-50x slower than a
 //! NIC. Tested on soft-RoCE (rdma_rxe) in VMs; not run on an RDMA NIC.
@@ -150,31 +159,71 @@ pub(crate) fn run_pair(
     Ok(if a != 0 { a } else { b })
 }
 
+/// How a pass of the cross-host suite ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Ending {
+    /// Partition and heal, then host A (the servers') powers off mid-call.
+    DeadServer,
+    /// Host B (a client's) powers off mid-call; A's server must free the
+    /// connection within the bound.
+    DeadClient,
+}
+
 /// The cross-host suite's two scripts. Servers start on A and run until B
-/// is done (`$RRPC_RXE_WIRE/b.done`); B runs each client, retrying its
-/// first connect until A listens, and checks its output. B's exit code is
-/// the number of failed checks; A's says whether every server was still up
-/// at the end.
-pub(crate) fn suite_scripts(bins: &SuiteBins, soak_secs: u64) -> [String; 2] {
+/// is done (`$RRPC_RXE_WIRE/b.done`) or a host powers off; B runs each
+/// client, retrying its first connect until A listens, and checks its
+/// output. B's exit code is the number of failed checks; A's says whether
+/// every server was still up at the end (and, for [`Ending::DeadClient`],
+/// whether it freed the dead client's connection in time).
+pub(crate) fn suite_scripts(bins: &SuiteBins, soak_secs: u64, ending: Ending) -> [String; 2] {
     let q = |p: &Path| sh_quote(&p.to_string_lossy());
+    let dead_server = u8::from(ending == Ending::DeadServer);
     let a = format!(
         r#"set -u
 {hs} --uri rdma://$RRPC_RXE_SELF:50051 > /tmp/hello-server.log 2>&1 & p1=$!
 {rs} --uri rdma://$RRPC_RXE_SELF:10000 > /tmp/route-server.log 2>&1 & p2=$!
 {soak} --role serve --transport rdma --uri rdma://$RRPC_RXE_SELF:50061 > /tmp/soak-server.log 2>&1 & p3=$!
 {soak} --role serve --transport rdma-h2 --uri rdma://$RRPC_RXE_SELF:50062 > /tmp/soak-h2-server.log 2>&1 & p4=$!
-touch "$RRPC_RXE_WIRE/a.up"
-while [ ! -e "$RRPC_RXE_WIRE/b.done" ]; do sleep 1; done
+# Token and TLS on the side channel: the certificate reaches B through the wire directory.
+{soak} --role serve --transport rdma --uri rdma://$RRPC_RXE_SELF:50063 --token cross-host-secret --tls-dir "$RRPC_RXE_WIRE" > /tmp/soak-tls-server.log 2>&1 & p5=$!
+# The dead client's server: its descriptors, counted once a first connection
+# (from A itself) came and went, must come back to that count after B dies.
+{soak} --role serve --transport rdma --uri rdma://$RRPC_RXE_SELF:50064 > /tmp/soak-dc-server.log 2>&1 & p6=$!
 rc=0
-for p in $p1 $p2 $p3 $p4; do kill -0 $p 2>/dev/null || rc=1; done
+if [ {dead_server} = 0 ]; then
+  for _ in $(seq 60); do timeout 60 {soak} --role client --transport rdma --uri rdma://$RRPC_RXE_SELF:50064 --duration 1s --clients 1 > /tmp/warm.log 2>&1 && break; sleep 1; done
+  sleep 3; base=$(ls /proc/$p6/fd | wc -l)
+  echo "cross-host: A's dead-client server holds $base descriptors with no client"
+fi
+touch "$RRPC_RXE_WIRE/a.up"
+while [ ! -e "$RRPC_RXE_WIRE/b.done" ] && [ ! -e "$RRPC_RXE_WIRE/poweroff" ] && [ ! -e "$RRPC_RXE_WIRE/b.poweroff" ]; do sleep 0.1; done
+for p in $p1 $p2 $p3 $p4 $p5 $p6; do kill -0 $p 2>/dev/null || rc=1; done
 [ $rc = 0 ] || {{ echo "cross-host: a server on A died"; tail -n 20 /tmp/*-server.log; }}
-kill $p1 $p2 $p3 $p4 2>/dev/null; wait 2>/dev/null
 echo "cross-host: servers on A up to the end: $([ $rc = 0 ] && echo yes || echo NO)"
+if [ -e "$RRPC_RXE_WIRE/b.poweroff" ]; then
+  # B powers off right after it creates the file: count from here.
+  t0=$(date +%s%N); n=-1
+  for _ in $(seq 600); do n=$(ls /proc/$p6/fd | wc -l); [ "$n" -le "$base" ] && break; sleep 0.1; done
+  ms=$(( ($(date +%s%N) - t0) / 1000000 ))
+  if [ "$n" -le "$base" ] && [ $ms -le {dead_bound}000 ]; then
+    echo "cross-host: dead client ok: A's server freed the dead client's connection (descriptors $n, base $base) $ms ms after B powered off (bound {dead_bound} s)"
+  else
+    echo "cross-host: dead client FAILED: A's server holds $n descriptors (base $base) $ms ms after B powered off (bound {dead_bound} s)"; rc=1
+  fi
+fi
+if [ -e "$RRPC_RXE_WIRE/poweroff" ]; then
+  # Die the way a host dies: no FIN, no RST, no goodbye.
+  echo "cross-host: A powers off now (sysrq o)"
+  echo $rc > /tmp/rxe-job/rc; sync
+  echo 1 > /proc/sys/kernel/sysrq; echo o > /proc/sysrq-trigger; sleep 60
+fi
+kill $p1 $p2 $p3 $p4 $p5 $p6 2>/dev/null; wait 2>/dev/null
 exit $rc
 "#,
         hs = q(&bins.hello_server),
         rs = q(&bins.route_server),
         soak = q(&bins.soak),
+        dead_bound = DEAD_HOST_BOUND_SECS,
     );
     // Read from the live queue pair: the device, and the peer's GID is the other host's.
     let verbs =
@@ -182,7 +231,7 @@ exit $rc
     let b = format!(
         r#"set -u
 trap 'touch "$RRPC_RXE_WIRE/b.done"' EXIT
-for _ in $(seq 120); do [ -e "$RRPC_RXE_WIRE/a.up" ] && break; sleep 1; done
+for _ in $(seq 180); do [ -e "$RRPC_RXE_WIRE/a.up" ] && break; sleep 1; done
 failed=0
 # check NAME LOG: the client's exit code is in $ok; every further argument is a string its log must hold.
 check() {{
@@ -203,12 +252,51 @@ for t in rdma:50061 rdma-h2:50062; do
   check "soak ${{t%%:*}} ({soak_secs} s, 4 clients, 1 B..4 MiB, every byte checked)" /tmp/soak.log "calls: " "soak: {verbs}"
   grep -E '^(calls|ran|fds)' /tmp/soak.log
 done
+# Token and TLS: the right ones pass; a wrong token, or no TLS, is refused before any region or queue pair.
+timeout 300 {soak} --role client --transport rdma --uri rdma://$RRPC_RXE_PEER:50063 --token cross-host-secret --tls-dir "$RRPC_RXE_WIRE" --duration 3s --clients 2 --stall-after 60s > /tmp/tls.log 2>&1; ok=$?
+check "token and TLS on the side channel (2 clients, 3 s)" /tmp/tls.log "calls: " "soak: {verbs}"
+timeout 120 {soak} --role refused --transport rdma --uri rdma://$RRPC_RXE_PEER:50063 --token wrong-secret --tls-dir "$RRPC_RXE_WIRE" > /tmp/refused.log 2>&1; ok=$?
+check "a wrong token is refused (Unauthenticated)" /tmp/refused.log "refused: the connect failed: Unauthenticated"
+timeout 120 {soak} --role refused --transport rdma --uri rdma://$RRPC_RXE_PEER:50063 --token cross-host-secret > /tmp/refused2.log 2>&1; ok=$?
+check "a client without TLS is refused" /tmp/refused2.log "refused: the connect failed"
+if [ {dead_server} = 1 ]; then
+  # Partition and heal: B's frames are all lost, under a stream of calls, for
+  # 4 s (shorter than every bound: calls wait, none fails) and then for
+  # {cut} s (longer than the keep-alive's 16 s: calls in flight fail, and
+  # the channel reconnects after the heal).
+  {soak} --role partition --transport rdma --uri rdma://$RRPC_RXE_PEER:50061 --duration {part_secs}s --signal /tmp/healed > /tmp/part.log 2>&1 & pp=$!
+  for _ in $(seq 120); do grep -q "carried by" /tmp/part.log && break; sleep 0.5; done
+  sleep 2; tc qdisc replace dev eth0 root netem loss 100%
+  busybox ping -c 1 -W 1 $RRPC_RXE_PEER > /dev/null 2>&1 && echo "cross-host: the wire is NOT cut" || echo "cross-host: wire cut for 4 s (ping fails)"
+  sleep 3; tc qdisc del dev eth0 root; echo "cross-host: wire restored"
+  sleep 4; tc qdisc replace dev eth0 root netem loss 100%; echo "cross-host: wire cut for {cut} s"
+  sleep {cut}; tc qdisc del dev eth0 root; touch /tmp/healed; echo "cross-host: wire restored"
+  wait $pp; ok=$?
+  check "partition and heal (4 s and {cut} s cuts under calls; checked bytes; reconnects)" /tmp/part.log "soak: {verbs}" "calls ok"
+  grep -E '^partition' /tmp/part.log | tail -n 6
+  # A dead server host: A powers off (sysrq) while a call waits on it.
+  timeout 120 {soak} --role dead-peer --transport rdma --uri rdma://$RRPC_RXE_PEER:50061 --signal "$RRPC_RXE_WIRE/poweroff" --bound {dead_bound}s > /tmp/dead.log 2>&1; ok=$?
+  check "dead host (A powered off mid-call; Unavailable within {dead_bound} s)" /tmp/dead.log "soak: {verbs}" "dead-peer: the call failed after"
+  grep -E '^dead-peer' /tmp/dead.log
+else
+  # A dead client host: B powers off while its call waits on A's server.
+  {soak} --role dead-peer --transport rdma --uri rdma://$RRPC_RXE_PEER:50064 --signal /tmp/in-flight > /tmp/dead.log 2>&1 &
+  for _ in $(seq 240); do [ -e /tmp/in-flight ] && break; sleep 0.5; done
+  if [ -e /tmp/in-flight ]; then echo "cross-host: dead client: call in flight"; else echo "cross-host: dead client FAILED (no call in flight)"; cat /tmp/dead.log; failed=$((failed + 1)); fi
+  echo "cross-host: $failed failed; B powers off now (sysrq o)"
+  echo $failed > /tmp/rxe-job/rc; sync
+  touch "$RRPC_RXE_WIRE/b.poweroff"
+  echo 1 > /proc/sys/kernel/sysrq; echo o > /proc/sysrq-trigger; sleep 60
+fi
 echo "cross-host: $failed failed"
 exit $failed
 "#,
         hc = q(&bins.hello_client),
         rc = q(&bins.route_client),
         soak = q(&bins.soak),
+        dead_bound = DEAD_HOST_BOUND_SECS,
+        cut = PARTITION_SECS,
+        part_secs = PARTITION_SECS + 35,
     );
     [a, b]
 }
@@ -231,17 +319,33 @@ pub(crate) fn run(root: &Path, target: &Path, args: &RxeArgs) -> Result<i32> {
     let scripts = match args.cmd.as_slice() {
         [] => {
             let bins = crate::rxe::suite::build_cross_host(root)?;
-            let mut code = run_pair(root, target, args, suite_scripts(&bins, args.soak_secs))?;
+            let mut code = run_pair(
+                root,
+                target,
+                args,
+                suite_scripts(&bins, args.soak_secs, Ending::DeadServer),
+            )?;
             if code == 0 && args.netem.is_none() && args.netem_a.is_none() && args.netem_b.is_none()
             {
                 // The same suite on a faulty wire: RC must hide loss,
                 // reordering and duplicates (it costs time, never a call).
+                // And different MTUs: A's jumbo frames (RoCE MTU 4096) against
+                // B's 1500 (1024): both ends must use the smaller path MTU.
                 let faulty = RxeArgs {
                     netem: Some(DEFAULT_FAULTS.to_owned()),
+                    mtu_a: args.mtu_a.or(Some(9000)),
                     ..args.clone()
                 };
-                eprintln!("rxe --hosts 2: again with netem {DEFAULT_FAULTS} on both hosts");
-                code = run_pair(root, target, &faulty, suite_scripts(&bins, args.soak_secs))?;
+                eprintln!(
+                    "rxe --hosts 2: again with netem {DEFAULT_FAULTS} on both hosts, and MTU {} on A",
+                    faulty.mtu_a.unwrap_or(1500)
+                );
+                code = run_pair(
+                    root,
+                    target,
+                    &faulty,
+                    suite_scripts(&bins, args.soak_secs, Ending::DeadClient),
+                )?;
             }
             return Ok(code);
         }
@@ -252,6 +356,17 @@ pub(crate) fn run(root: &Path, target: &Path, args: &RxeArgs) -> Result<i32> {
     };
     run_pair(root, target, args, scripts)
 }
+
+/// How long after its host powered off a call waiting on it must have
+/// failed: the side channel's default keep-alive bound (10 s idle + 3 probes
+/// 2 s apart = 16 s; `rrpc_core::conn::TcpKeepalive::bound`) plus slack for
+/// the emulated hosts and the signal's path through the shared directory.
+pub(crate) const DEAD_HOST_BOUND_SECS: u64 = 20;
+
+/// The long cut of the partition test: longer than the side channel's
+/// keep-alive bound (16 s), so calls in flight fail and the channel must
+/// reconnect after the heal.
+pub(crate) const PARTITION_SECS: u64 = 20;
 
 /// The faults of the suite's second run: loss, delay with jitter,
 /// reordering and duplicates on both hosts.

@@ -90,6 +90,24 @@ struct Args {
     /// soak fails, naming how many.
     #[arg(long, default_value = "30s", value_parser = parse_duration)]
     stall_after: Duration,
+    /// `--role dead-peer`: the file to create once the call is in flight
+    /// (the other host powers itself off when it appears).
+    #[arg(long)]
+    signal: Option<std::path::PathBuf>,
+    /// `--role dead-peer`: the call must fail `Unavailable` within this long
+    /// of the signal.
+    #[arg(long, default_value = "25s", value_parser = parse_duration)]
+    bound: Duration,
+    /// The token the server requires and the client presents
+    /// (`RrpcConfig::token`).
+    #[arg(long)]
+    token: Option<String>,
+    /// TLS on the `rdma://` side channel (`verbs` feature), through a
+    /// directory both ends see: the server makes a self-signed certificate
+    /// for `rrpc-soak` and writes it there (`soak-cert.der`); a client waits
+    /// for it and trusts it alone.
+    #[arg(long)]
+    tls_dir: Option<std::path::PathBuf>,
 }
 
 /// One busy loop pinned to each CPU of the process until `end`.
@@ -457,11 +475,35 @@ fn main() -> Result<()> {
         "shm-h2" | "rdma-h2" => RrpcConfig::default().path(PathPreference::Http2),
         t => bail!("unknown transport {t:?} (shm, shm-h2, tcp, inproc, rdma, rdma-h2)"),
     };
+    let cfg = match &args.token {
+        Some(t) => cfg.token(t.as_bytes().to_vec())?,
+        None => cfg,
+    };
+    let cfg = match &args.tls_dir {
+        Some(dir) => side_tls(cfg, dir, args.role == "serve")?,
+        None => cfg,
+    };
     let (serve, clients) = match args.role.as_str() {
         "both" => (true, true),
         "serve" => (true, false),
         "client" => (false, true),
-        r => bail!("unknown role {r:?} (both, serve, client)"),
+        "partition" => {
+            let uri = args.uri.clone().context("--role partition needs --uri")?;
+            return partition(&uri, cfg, args.duration, args.signal.as_deref());
+        }
+        "refused" => {
+            let uri = args.uri.clone().context("--role refused needs --uri")?;
+            return refused(&uri, cfg);
+        }
+        "dead-peer" => {
+            let uri = args.uri.clone().context("--role dead-peer needs --uri")?;
+            let signal = args
+                .signal
+                .clone()
+                .context("--role dead-peer needs --signal")?;
+            return dead_peer(&uri, cfg, &signal, args.bound);
+        }
+        r => bail!("unknown role {r:?} (both, serve, client, partition, refused, dead-peer)"),
     };
     if (!serve || !clients || args.transport.starts_with("rdma")) && args.uri.is_none() {
         bail!(
@@ -494,6 +536,217 @@ fn main() -> Result<()> {
         Ok(())
     };
     run_clients(&args, &uri, &cfg, serve, check_carrier)
+}
+
+/// `--tls-dir`: side-channel TLS with a certificate made by the server and
+/// trusted by the client through `dir`.
+#[cfg(feature = "verbs")]
+fn side_tls(cfg: RrpcConfig, dir: &std::path::Path, serve: bool) -> Result<RrpcConfig> {
+    use rrpc_core::rustls;
+    use std::sync::Arc;
+    let path = dir.join("soak-cert.der");
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    if serve {
+        let ck = rcgen::generate_simple_self_signed(vec!["rrpc-soak".to_string()])?;
+        let cert = ck.cert.der().clone();
+        let key = rustls::pki_types::PrivateKeyDer::Pkcs8(ck.signing_key.serialize_der().into());
+        let server = rustls::ServerConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()?
+            .with_no_client_auth()
+            .with_single_cert(vec![cert.clone()], key)?;
+        let tmp = dir.join("soak-cert.der.tmp");
+        std::fs::write(&tmp, cert.as_ref())?;
+        std::fs::rename(&tmp, &path)?;
+        return Ok(cfg.tls_server(Arc::new(server)));
+    }
+    let end = Instant::now() + Duration::from_secs(120);
+    while !path.exists() {
+        anyhow::ensure!(Instant::now() < end, "no certificate at {}", path.display());
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(rustls::pki_types::CertificateDer::from(std::fs::read(
+        &path,
+    )?))?;
+    let client = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    let name = rustls::pki_types::ServerName::try_from("rrpc-soak")?;
+    Ok(cfg.tls_client(Arc::new(client), name))
+}
+
+#[cfg(not(feature = "verbs"))]
+fn side_tls(_: RrpcConfig, _: &std::path::Path, _: bool) -> Result<RrpcConfig> {
+    bail!("--tls-dir needs the `verbs` feature (TLS guards the rdma:// side channel)")
+}
+
+/// `--role refused`: the connect (or else the first call) must fail; the
+/// status is printed (`refused: ...`) for the caller to check its code.
+fn refused(uri: &str, cfg: RrpcConfig) -> Result<()> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    rt.block_on(async {
+        let r = RrpcChannel::connect(uri, cfg).await;
+        match r {
+            Ok(ch) => {
+                let mut c = SoakClient::new(ch);
+                match c.echo(Blob { data: vec![1; 8] }).await {
+                    Ok(_) => bail!("refused: a call passed"),
+                    Err(st) => {
+                        println!(
+                            "refused: the call failed: {:?}: {}",
+                            st.code(),
+                            st.message()
+                        );
+                    }
+                }
+            }
+            Err(e) => {
+                let st = tonic::Status::from(e);
+                println!(
+                    "refused: the connect failed: {:?}: {}",
+                    st.code(),
+                    st.message()
+                );
+            }
+        }
+        Ok(())
+    })
+}
+
+/// `--role partition`: checked echo calls one after another for `duration`
+/// while the wire is cut and restored under them (`--signal`: a file whose
+/// appearance marks the last heal). Every call either returns its own bytes
+/// or fails `Unavailable` / `DeadlineExceeded`; a cut longer than the
+/// keep-alive bound fails at least one call; after the heal the channel
+/// reconnects by itself and calls pass again. Calls slower than 1 s (the
+/// ones a cut held up) are printed.
+fn partition(
+    uri: &str,
+    cfg: RrpcConfig,
+    duration: Duration,
+    healed: Option<&std::path::Path>,
+) -> Result<()> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()?;
+    rt.block_on(async {
+        let ch = RrpcChannel::connect(uri, cfg).await?;
+        println!("soak: carried by {:?}", ch.carrier());
+        let mut c = SoakClient::new(ch.clone());
+        let t0 = Instant::now();
+        let end = t0 + duration;
+        let (mut ok, mut failed, mut ok_after_heal) = (0u64, 0u64, 0u64);
+        let mut heal: Option<Instant> = None;
+        let mut longest = Duration::ZERO;
+        let mut i = 0u64;
+        while Instant::now() < end {
+            i += 1;
+            if heal.is_none() && healed.is_some_and(|p| p.exists()) {
+                heal = Some(Instant::now());
+            }
+            let data = pattern(i, 0, 64 << 10);
+            let mut req = Request::new(Blob { data: data.clone() });
+            req.set_timeout(Duration::from_secs(3));
+            let start = Instant::now();
+            let r = tokio::time::timeout(Duration::from_secs(40), c.echo(req)).await;
+            let took = start.elapsed();
+            longest = longest.max(took);
+            if took > Duration::from_secs(1) {
+                println!(
+                    "partition: call {i} at {:.1} s took {:.1} s",
+                    (start - t0).as_secs_f64(),
+                    took.as_secs_f64()
+                );
+            }
+            match r {
+                Err(_) => bail!("partition: call {i} hung for 40 s"),
+                Ok(Ok(r)) if r.get_ref().data == data => {
+                    ok += 1;
+                    if heal.is_some() {
+                        ok_after_heal += 1;
+                    }
+                }
+                Ok(Ok(_)) => bail!("partition: call {i} came back with wrong bytes"),
+                Ok(Err(st)) => {
+                    failed += 1;
+                    println!(
+                        "partition: call {i} at {:.1} s failed after {:.1} s: {:?}: {}",
+                        (start - t0).as_secs_f64(),
+                        took.as_secs_f64(),
+                        st.code(),
+                        st.message()
+                    );
+                    anyhow::ensure!(
+                        matches!(
+                            st.code(),
+                            tonic::Code::Unavailable | tonic::Code::DeadlineExceeded
+                        ),
+                        "partition: a call failed with {:?}",
+                        st.code()
+                    );
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+            }
+        }
+        println!(
+            "partition: {ok} calls ok ({ok_after_heal} after the last heal), {failed} failed, 0 wrong, longest {:.1} s; carried by {:?}",
+            longest.as_secs_f64(),
+            ch.carrier()
+        );
+        anyhow::ensure!(failed > 0, "partition: no call failed: was the wire cut?");
+        anyhow::ensure!(ok_after_heal > 0, "partition: no call passed after the heal");
+        Ok(())
+    })
+}
+
+/// `--role dead-peer`: one call in flight (a chat that has answered once and
+/// then waits), the signal file created, and the server's host powered off
+/// by whoever watches it. The call must fail `Unavailable` within `bound`,
+/// naming what happened; the time it took is printed (`dead-peer: ...`).
+fn dead_peer(uri: &str, cfg: RrpcConfig, signal: &std::path::Path, bound: Duration) -> Result<()> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()?;
+    rt.block_on(async {
+        let ch = RrpcChannel::connect(uri, cfg).await?;
+        println!("soak: carried by {:?}", ch.carrier());
+        let mut c = SoakClient::new(ch);
+        let (tx, rx) = tokio::sync::mpsc::channel::<Blob>(1);
+        tx.send(Blob { data: vec![7; 64] }).await?;
+        let mut s = c
+            .chat(tokio_stream::wrappers::ReceiverStream::new(rx))
+            .await?
+            .into_inner();
+        let first = s.message().await?.context("no echo")?;
+        anyhow::ensure!(first.data == vec![7; 64], "wrong echo");
+        std::fs::write(signal, b"now")?;
+        let t0 = Instant::now();
+        println!("dead-peer: call in flight, signalled {}", signal.display());
+        let r = tokio::time::timeout(bound + Duration::from_secs(60), s.message()).await;
+        let took = t0.elapsed();
+        drop(tx);
+        match r {
+            Err(_) => bail!("dead-peer: the call still waits {took:.1?} after the signal"),
+            Ok(Ok(m)) => bail!("dead-peer: the call did not fail ({m:?}) after {took:.1?}"),
+            Ok(Err(st)) => {
+                println!(
+                    "dead-peer: the call failed after {:.1} s (bound {:.1} s): {:?}: {}",
+                    took.as_secs_f64(),
+                    bound.as_secs_f64(),
+                    st.code(),
+                    st.message()
+                );
+                anyhow::ensure!(st.code() == tonic::Code::Unavailable, "not Unavailable");
+                anyhow::ensure!(took <= bound, "later than the bound");
+                Ok(())
+            }
+        }
+    })
 }
 
 /// A fresh local address for `transport`.

@@ -45,6 +45,7 @@ pub const DEFAULT_RDMA_CONNECTION_POOL: usize = 2;
 /// | `max_pending_handshakes` | 1024 | connections still in setup per listener; more are closed at once |
 /// | `token` | none | shared secret checked in the handshake (constant time) |
 /// | `queue_pair` | [`rrpc_core::QpConfig::default`] | each connection's queue pair (depths; fault injection for tests) |
+/// | `rc_retry` | [`rrpc_core::RcRetry::default`] (ACK timeout 67 ms, 7 retries) | `rdma://` retransmission on a lossy wire; a silent peer fails calls `Unavailable` |
 /// | `connection_pool` | 0 (off) | KRCore §3.1: queue pairs and ring regions made ahead of time by a background thread; on shm it measured no faster (`cargo xtask bench connect`: p50 0.88–1.04× unpooled over three runs, both ≈ 3× tonic-TCP's connect), meant for verbs, where registration costs milliseconds on a NIC |
 /// | `connection_pool_memory` | 64 MiB | the bound on what the ready bundles of this config's pools hold together (a bundle holds both ring regions, ≈ 2 × `ring_size`) |
 /// | `shared_queue_pairs` | off | KRCore §4.4: connections to one server share one queue pair (see the setter for the measured cost on shm) |
@@ -675,6 +676,22 @@ impl RrpcConfig {
     /// See [`RrpcConfig::queue_pair`].
     pub fn get_queue_pair(&self) -> &rrpc_core::QpConfig {
         &self.0.queue_pair
+    }
+
+    /// The reliable connection's retransmission settings on `rdma://`
+    /// ([`rrpc_core::RcRetry`]: ACK timeout, retry counts, RNR timer; the
+    /// defaults suit lossy RoCE without PFC and are documented there). A
+    /// peer that stops acknowledging fails the connection's calls with
+    /// `Unavailable` once the retries run out, naming the cause. Shorthand
+    /// for [`RrpcConfig::queue_pair`] with [`rrpc_core::QpConfig::rc_retry`].
+    pub fn rc_retry(self, retry: rrpc_core::RcRetry) -> Self {
+        let qp = self.0.queue_pair.clone().rc_retry(retry);
+        self.queue_pair(qp)
+    }
+
+    /// See [`RrpcConfig::rc_retry`].
+    pub fn get_rc_retry(&self) -> rrpc_core::RcRetry {
+        self.0.queue_pair.get_rc_retry()
     }
 
     /// Keeps the resources of `n` connections (a queue pair and both ring
