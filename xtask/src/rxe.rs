@@ -1114,6 +1114,8 @@ pub(crate) mod suite {
             route_server: find("routeguide-server")?,
             route_client: find("routeguide-client")?,
             soak: find("soak")?,
+            kv_server: find("rrpc-kv-server")?,
+            kv_bench: find("rrpc-kv-bench")?,
         })
     }
 

@@ -27,19 +27,23 @@
 //! from the live queue pair), on a clean wire and again under
 //! the faults given (`--netem` etc.).
 //!
-//! On the clean wire the suite ends with two faults of its own: **partition
-//! and heal** (B loses every frame for 6 s under a stream of checked calls:
-//! each call returns its bytes or fails `Unavailable`/`DeadlineExceeded`,
-//! and the channel reconnects after the heal) and **a dead host** (A powers
+//! Besides the examples and the soak, the suite checks token and TLS on the
+//! side channel (and that a wrong token and a client without TLS are
+//! refused), and rrpc-kv (its gRPC face, and RF-RPC with remote fetching,
+//! the hybrid switch and batching). On the clean wire it ends with two
+//! faults of its own: **partition and heal** (B loses every frame for 4 s,
+//! then for [`PARTITION_SECS`], under a stream of checked calls: each call
+//! returns its bytes or fails `Unavailable` or at its deadline, and the
+//! channel reconnects after the heal) and **a dead server host** (A powers
 //! off with `sysrq o` while a call from B waits on it: no FIN, no RST; the
-//! call must fail `Unavailable` within [`DEAD_HOST_BOUND_SECS`], and the time
-//! it took is printed).
+//! call must fail `Unavailable` within [`DEAD_HOST_BOUND_SECS`], and the
+//! time it took is printed). The faulty pass also gives A an MTU of 9000
+//! against B's 1500, and ends with **a dead client host** (B powers off; A's
+//! server must be back to its descriptor count within the same bound).
 //!
-//! **Not built yet** (issue "Across hosts", still open): a client host
-//! powered off (the server's side of the dead-host bound), token and TLS on
-//! the side channel, shared queue pairs and the pool across hosts, payloads
-//! up to 6 MiB (the soak's messages go to 4 MiB), and different MTUs in the
-//! default suite (`--mtu-a`/`--mtu-b` exist).
+//! **Not built yet** (issue "Across hosts", still open): shared queue pairs,
+//! the pool and self-sizing rings across hosts, payloads up to 6 MiB (the
+//! soak's messages go to 4 MiB), the cluster-mode bench over ssh.
 //!
 //! Functional checks only: soft-RoCE under TCG runs 20-50x slower than a
 //! NIC. Tested on soft-RoCE (rdma_rxe) in VMs; not run on an RDMA NIC.
@@ -186,6 +190,8 @@ pub(crate) fn suite_scripts(bins: &SuiteBins, soak_secs: u64, ending: Ending) ->
 {soak} --role serve --transport rdma-h2 --uri rdma://$RRPC_RXE_SELF:50062 > /tmp/soak-h2-server.log 2>&1 & p4=$!
 # Token and TLS on the side channel: the certificate reaches B through the wire directory.
 {soak} --role serve --transport rdma --uri rdma://$RRPC_RXE_SELF:50063 --token cross-host-secret --tls-dir "$RRPC_RXE_WIRE" > /tmp/soak-tls-server.log 2>&1 & p5=$!
+# rrpc-kv: its gRPC face on rdma://, and RF-RPC (remote fetching) beside it.
+{kvs} --listen rdma://$RRPC_RXE_SELF:50070 --rfrpc rdma://$RRPC_RXE_SELF:50071 --memory-mib 64 --partitions 1 > /tmp/kv-server.log 2>&1 & p7=$!
 # The dead client's server: its descriptors, counted once a first connection
 # (from A itself) came and went, must come back to that count after B dies.
 {soak} --role serve --transport rdma --uri rdma://$RRPC_RXE_SELF:50064 > /tmp/soak-dc-server.log 2>&1 & p6=$!
@@ -197,7 +203,7 @@ if [ {dead_server} = 0 ]; then
 fi
 touch "$RRPC_RXE_WIRE/a.up"
 while [ ! -e "$RRPC_RXE_WIRE/b.done" ] && [ ! -e "$RRPC_RXE_WIRE/poweroff" ] && [ ! -e "$RRPC_RXE_WIRE/b.poweroff" ]; do sleep 0.1; done
-for p in $p1 $p2 $p3 $p4 $p5 $p6; do kill -0 $p 2>/dev/null || rc=1; done
+for p in $p1 $p2 $p3 $p4 $p5 $p6 $p7; do kill -0 $p 2>/dev/null || rc=1; done
 [ $rc = 0 ] || {{ echo "cross-host: a server on A died"; tail -n 20 /tmp/*-server.log; }}
 echo "cross-host: servers on A up to the end: $([ $rc = 0 ] && echo yes || echo NO)"
 if [ -e "$RRPC_RXE_WIRE/b.poweroff" ]; then
@@ -217,12 +223,13 @@ if [ -e "$RRPC_RXE_WIRE/poweroff" ]; then
   echo $rc > /tmp/rxe-job/rc; sync
   echo 1 > /proc/sys/kernel/sysrq; echo o > /proc/sysrq-trigger; sleep 60
 fi
-kill $p1 $p2 $p3 $p4 $p5 $p6 2>/dev/null; wait 2>/dev/null
+kill $p1 $p2 $p3 $p4 $p5 $p6 $p7 2>/dev/null; wait 2>/dev/null
 exit $rc
 "#,
         hs = q(&bins.hello_server),
         rs = q(&bins.route_server),
         soak = q(&bins.soak),
+        kvs = q(&bins.kv_server),
         dead_bound = DEAD_HOST_BOUND_SECS,
     );
     // Read from the live queue pair: the device, and the peer's GID is the other host's.
@@ -259,6 +266,19 @@ timeout 120 {soak} --role refused --transport rdma --uri rdma://$RRPC_RXE_PEER:5
 check "a wrong token is refused (Unauthenticated)" /tmp/refused.log "refused: the connect failed: Unauthenticated"
 timeout 120 {soak} --role refused --transport rdma --uri rdma://$RRPC_RXE_PEER:50063 --token cross-host-secret > /tmp/refused2.log 2>&1; ok=$?
 check "a client without TLS is refused" /tmp/refused2.log "refused: the connect failed"
+# rrpc-kv across hosts (YCSB A, 1000 records, 1000 operations, 2 clients): the
+# gRPC face over rdma://; RF-RPC with the client READing the results out of
+# A's memory (remote fetch); the hybrid switch with request batches of 8.
+kv() {{ # NAME TARGET ARGS...
+  name=$1; shift
+  timeout 300 {kvb} --workload a --records 1000 --ops 1000 --clients 2 --no-progress "$@" > /tmp/kv.log 2>&1; ok=$?
+  check "$name" /tmp/kv.log "run phase:"
+  if grep -q "operations failed" /tmp/kv.log; then echo "cross-host: $name FAILED (operations failed)"; grep "operations failed" /tmp/kv.log; failed=$((failed + 1)); fi
+}}
+retry timeout 60 {kvb} --workload c --records 10 --ops 10 --clients 1 --no-progress --target grpc+rdma://$RRPC_RXE_PEER:50070 > /dev/null 2>&1
+kv "rrpc-kv gRPC face over rdma://" --target grpc+rdma://$RRPC_RXE_PEER:50070
+kv "rrpc-kv RF-RPC, remote fetch (READs from A's memory)" --target rfrpc+rdma://$RRPC_RXE_PEER:50071 --rf-mode remote-fetch
+kv "rrpc-kv RF-RPC, hybrid switch, batches of 8" --target rfrpc+rdma://$RRPC_RXE_PEER:50071 --rf-mode hybrid --batch 8
 if [ {dead_server} = 1 ]; then
   # Partition and heal: B's frames are all lost, under a stream of calls, for
   # 4 s (shorter than every bound: calls wait, none fails) and then for
@@ -294,6 +314,7 @@ exit $failed
         hc = q(&bins.hello_client),
         rc = q(&bins.route_client),
         soak = q(&bins.soak),
+        kvb = q(&bins.kv_bench),
         dead_bound = DEAD_HOST_BOUND_SECS,
         cut = PARTITION_SECS,
         part_secs = PARTITION_SECS + 35,
@@ -309,6 +330,8 @@ pub(crate) struct SuiteBins {
     pub(crate) route_server: std::path::PathBuf,
     pub(crate) route_client: std::path::PathBuf,
     pub(crate) soak: std::path::PathBuf,
+    pub(crate) kv_server: std::path::PathBuf,
+    pub(crate) kv_bench: std::path::PathBuf,
 }
 
 /// `cargo xtask rxe --hosts 2`.

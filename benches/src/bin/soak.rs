@@ -619,7 +619,7 @@ fn refused(uri: &str, cfg: RrpcConfig) -> Result<()> {
 /// `--role partition`: checked echo calls one after another for `duration`
 /// while the wire is cut and restored under them (`--signal`: a file whose
 /// appearance marks the last heal). Every call either returns its own bytes
-/// or fails `Unavailable` / `DeadlineExceeded`; a cut longer than the
+/// or fails `Unavailable` or at its deadline; a cut longer than the
 /// keep-alive bound fails at least one call; after the heal the channel
 /// reconnects by itself and calls pass again. Calls slower than 1 s (the
 /// ones a cut held up) are printed.
@@ -680,11 +680,13 @@ fn partition(
                         st.code(),
                         st.message()
                     );
+                    // A call past its own deadline fails as tonic's channel fails it:
+                    // `Cancelled` "Timeout expired" (or `DeadlineExceeded` from the server).
+                    let deadline = st.code() == tonic::Code::DeadlineExceeded
+                        || (st.code() == tonic::Code::Cancelled
+                            && st.message().contains("Timeout expired"));
                     anyhow::ensure!(
-                        matches!(
-                            st.code(),
-                            tonic::Code::Unavailable | tonic::Code::DeadlineExceeded
-                        ),
+                        deadline || st.code() == tonic::Code::Unavailable,
                         "partition: a call failed with {:?}",
                         st.code()
                     );
