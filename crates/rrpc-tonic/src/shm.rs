@@ -373,15 +373,26 @@ impl MsgRx for ShmRx {
                     f(&msg);
                     true
                 }
-                Err(rrpc_poller::Error::PeerGone) => match self._conn.qp().failure() {
+                Err(rrpc_poller::Error::PeerGone) => {
                     // Not an orderly close: say what happened (the peer's host went
-                    // silent, or the device gave up retransmitting to it).
-                    Some(
-                        e @ (rrpc_core::Error::PeerUnresponsive(_)
-                        | rrpc_core::Error::CompletionError { .. }),
-                    ) => return Err(Error::Rings(Box::new(e))),
-                    _ => false,
-                },
+                    // silent, or the device gave up retransmitting to it). The side
+                    // channel's verdict first: the queue pair may have failed first
+                    // for a reason that says less.
+                    let why = match self._conn.gone_error() {
+                        e @ rrpc_core::Error::PeerUnresponsive(_) => Some(e),
+                        _ => self._conn.qp().failure(),
+                    };
+                    match why {
+                        Some(
+                            e @ (rrpc_core::Error::PeerUnresponsive(_)
+                            | rrpc_core::Error::CompletionError { .. }),
+                        ) => return Err(Error::Rings(Box::new(e))),
+                        other => {
+                            tracing::debug!(failure = ?other, "rrpc: ring connection ended");
+                            false
+                        }
+                    }
+                }
                 Err(e) => return Err(e.into()),
             };
             if got {
