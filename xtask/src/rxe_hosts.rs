@@ -190,6 +190,8 @@ pub(crate) fn suite_scripts(bins: &SuiteBins, soak_secs: u64, ending: Ending) ->
 {soak} --role serve --transport rdma-h2 --uri rdma://$RRPC_RXE_SELF:50062 > /tmp/soak-h2-server.log 2>&1 & p4=$!
 # Token and TLS on the side channel: the certificate reaches B through the wire directory.
 {soak} --role serve --transport rdma --uri rdma://$RRPC_RXE_SELF:50063 --token cross-host-secret --tls-dir "$RRPC_RXE_WIRE" > /tmp/soak-tls-server.log 2>&1 & p5=$!
+# Shared queue pairs (KRCore): the clients' connections share one queue pair.
+{soak} --role serve --transport rdma --uri rdma://$RRPC_RXE_SELF:50065 --shared-qps > /tmp/soak-shared-server.log 2>&1 & p8=$!
 # rrpc-kv: its gRPC face on rdma://, and RF-RPC (remote fetching) beside it.
 {kvs} --listen rdma://$RRPC_RXE_SELF:50070 --rfrpc rdma://$RRPC_RXE_SELF:50071 --memory-mib 64 --partitions 1 > /tmp/kv-server.log 2>&1 & p7=$!
 # The dead client's server: its descriptors, counted once a first connection
@@ -203,7 +205,7 @@ if [ {dead_server} = 0 ]; then
 fi
 touch "$RRPC_RXE_WIRE/a.up"
 while [ ! -e "$RRPC_RXE_WIRE/b.done" ] && [ ! -e "$RRPC_RXE_WIRE/poweroff" ] && [ ! -e "$RRPC_RXE_WIRE/b.poweroff" ]; do sleep 0.1; done
-for p in $p1 $p2 $p3 $p4 $p5 $p6 $p7; do kill -0 $p 2>/dev/null || rc=1; done
+for p in $p1 $p2 $p3 $p4 $p5 $p6 $p7 $p8; do kill -0 $p 2>/dev/null || rc=1; done
 [ $rc = 0 ] || {{ echo "cross-host: a server on A died"; tail -n 20 /tmp/*-server.log; }}
 echo "cross-host: servers on A up to the end: $([ $rc = 0 ] && echo yes || echo NO)"
 if [ -e "$RRPC_RXE_WIRE/b.poweroff" ]; then
@@ -223,7 +225,7 @@ if [ -e "$RRPC_RXE_WIRE/poweroff" ]; then
   echo $rc > /tmp/rxe-job/rc; sync
   echo 1 > /proc/sys/kernel/sysrq; echo o > /proc/sysrq-trigger; sleep 60
 fi
-kill $p1 $p2 $p3 $p4 $p5 $p6 $p7 2>/dev/null; wait 2>/dev/null
+kill $p1 $p2 $p3 $p4 $p5 $p6 $p7 $p8 2>/dev/null; wait 2>/dev/null
 exit $rc
 "#,
         hs = q(&bins.hello_server),
@@ -259,6 +261,10 @@ for t in rdma:50061 rdma-h2:50062; do
   check "soak ${{t%%:*}} ({soak_secs} s, 4 clients, 0 B..6 MiB, every byte checked)" /tmp/soak.log "calls: " "soak: {verbs}"
   grep -E '^(calls|ran|fds)' /tmp/soak.log
 done
+# Shared queue pairs, the connection pool (on by default on rdma://) and self-sizing rings (the default).
+timeout 300 {soak} --role client --transport rdma --uri rdma://$RRPC_RXE_PEER:50065 --shared-qps --duration 3s --clients 4 --stall-after 60s > /tmp/shared.log 2>&1; ok=$?
+check "shared queue pairs (4 clients, one queue pair; 3 s)" /tmp/shared.log "calls: " "soak: {verbs}" "connects from the pool"
+grep -E '^(calls|pool)' /tmp/shared.log
 # Token and TLS: the right ones pass; a wrong token, or no TLS, is refused before any region or queue pair.
 timeout 300 {soak} --role client --transport rdma --uri rdma://$RRPC_RXE_PEER:50063 --token cross-host-secret --tls-dir "$RRPC_RXE_WIRE" --duration 3s --clients 2 --stall-after 60s > /tmp/tls.log 2>&1; ok=$?
 check "token and TLS on the side channel (2 clients, 3 s)" /tmp/tls.log "calls: " "soak: {verbs}"

@@ -108,6 +108,10 @@ struct Args {
     /// for it and trusts it alone.
     #[arg(long)]
     tls_dir: Option<std::path::PathBuf>,
+    /// Connections to one server share one queue pair (KRCore §4.4;
+    /// `RrpcConfig::shared_queue_pairs`; both ends must set it).
+    #[arg(long)]
+    shared_qps: bool,
 }
 
 /// One busy loop pinned to each CPU of the process until `end`.
@@ -476,6 +480,7 @@ fn main() -> Result<()> {
         "shm-h2" | "rdma-h2" => RrpcConfig::default().path(PathPreference::Http2),
         t => bail!("unknown transport {t:?} (shm, shm-h2, tcp, inproc, rdma, rdma-h2)"),
     };
+    let cfg = cfg.shared_queue_pairs(args.shared_qps);
     let cfg = match &args.token {
         Some(t) => cfg.token(t.as_bytes().to_vec())?,
         None => cfg,
@@ -1022,6 +1027,12 @@ fn run_clients(
     // count: a few descriptors of slack, none per connection.
     let fd_leak = fd1 > fd_base + FD_SLACK;
     let rss_leak = rss_growth > args.max_rss_growth_mib;
+    for (kind, p) in cfg.pool_stats() {
+        println!(
+            "pool ({kind:?}): {} connects from the pool, {} built inline, {} made ahead",
+            p.hits, p.misses, p.refills
+        );
+    }
     println!("calls: {n} failed: {f} lost: {l}");
     if f > 0 || l > 0 || fd_leak || rss_leak || n == 0 {
         bail!(
