@@ -270,17 +270,21 @@ pub(crate) fn run_ci(args: &CiArgs) -> Result<()> {
             // and ran it; no RDMA device here, so nothing reached hardware).
             clippy(root_ref, &["--features", VERBS_FEATURES])
         })?;
-        step("rxe (verbs suite on soft-RoCE)", &mut || {
+        // Why a soft-RoCE VM step cannot run here, if it cannot.
+        let vm_skip = || -> Option<Outcome> {
             if args.no_rxe {
-                return Ok(Outcome::Skipped("--no-rxe".into()));
+                return Some(Outcome::Skipped("--no-rxe".into()));
             }
             if !core_has_verbs_feature(root_ref) {
-                return Ok(Outcome::Skipped("rrpc-core has no `verbs` feature".into()));
+                return Some(Outcome::Skipped("rrpc-core has no `verbs` feature".into()));
             }
-            if let Err(why) = crate::rxe::supported() {
-                return Ok(Outcome::Skipped(format!(
-                    "cannot boot the soft-RoCE VM here: {why}"
-                )));
+            crate::rxe::supported()
+                .err()
+                .map(|why| Outcome::Skipped(format!("cannot boot a soft-RoCE VM here: {why}")))
+        };
+        step("rxe (verbs suite on soft-RoCE)", &mut || {
+            if let Some(skip) = vm_skip() {
+                return Ok(skip);
             }
             let target = target_dir(root_ref)?;
             let code = crate::rxe::suite::run(
@@ -297,16 +301,8 @@ pub(crate) fn run_ci(args: &CiArgs) -> Result<()> {
         step(
             "rxe --hosts 2 (cross-host suite on two soft-RoCE VMs, clean-wire pass: examples, soak, token and TLS, rrpc-kv, partition and heal, dead server host)",
             &mut || {
-                if args.no_rxe {
-                    return Ok(Outcome::Skipped("--no-rxe".into()));
-                }
-                if !core_has_verbs_feature(root_ref) {
-                    return Ok(Outcome::Skipped("rrpc-core has no `verbs` feature".into()));
-                }
-                if let Err(why) = crate::rxe::supported() {
-                    return Ok(Outcome::Skipped(format!(
-                        "cannot boot the soft-RoCE VMs here: {why}"
-                    )));
+                if let Some(skip) = vm_skip() {
+                    return Ok(skip);
                 }
                 let target = target_dir(root_ref)?;
                 let code = crate::rxe_hosts::run(

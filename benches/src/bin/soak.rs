@@ -622,6 +622,15 @@ fn refused(uri: &str, cfg: RrpcConfig) -> Result<()> {
     })
 }
 
+/// The runtime of the single-call roles (partition, dead-peer): one worker.
+fn one_worker() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .expect("a tokio runtime")
+}
+
 /// `--role partition`: checked echo calls one after another for `duration`
 /// while the wire is cut and restored under them (`--signal`: a file whose
 /// appearance marks the last heal). Every call either returns its own bytes
@@ -635,11 +644,7 @@ fn partition(
     duration: Duration,
     healed: Option<&std::path::Path>,
 ) -> Result<()> {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()?;
-    rt.block_on(async {
+    one_worker().block_on(async {
         let ch = RrpcChannel::connect(uri, cfg).await?;
         println!("soak: carried by {:?}", ch.carrier());
         let mut c = SoakClient::new(ch.clone());
@@ -716,11 +721,7 @@ fn partition(
 /// by whoever watches it. The call must fail `Unavailable` within `bound`,
 /// naming what happened; the time it took is printed (`dead-peer: ...`).
 fn dead_peer(uri: &str, cfg: RrpcConfig, signal: &std::path::Path, bound: Duration) -> Result<()> {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()?;
-    rt.block_on(async {
+    one_worker().block_on(async {
         let ch = RrpcChannel::connect(uri, cfg).await?;
         println!("soak: carried by {:?}", ch.carrier());
         let mut c = SoakClient::new(ch);
