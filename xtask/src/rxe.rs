@@ -1167,6 +1167,10 @@ pub(crate) mod suite {
             sh.push_str(&format!("export RRPC_TEST_DEVICE={}\n", sh_quote(d)));
         }
         sh.push_str("echo \"verbs suite on device ${RRPC_TEST_DEVICE:?RRPC_TEST_DEVICE must name a device}\"\n");
+        // `--show-output`: libtest prints what passing tests wrote, so a test
+        // that skipped for want of a device (its `skipped: RRPC_TEST_DEVICE
+        // not set` line) is counted as a skip, and a skip fails the suite,
+        // instead of passing silently.
         for b in &s.bins {
             let mut skips = String::new();
             for (bin, test, why) in KNOWN_FAILURES {
@@ -1181,7 +1185,7 @@ pub(crate) mod suite {
             }
             sh.push_str(&format!(
                 "echo '{BEGIN} {name} (filter {filter}, {n} tests)'\n\
-                 timeout -k 10 {per_bin_timeout} {exe} {filter}{skips} --test-threads=2\n\
+                 timeout -k 10 {per_bin_timeout} {exe} {filter}{skips} --test-threads=2 --show-output\n\
                  rc=$?; echo \"{END} {name} rc=$rc\"; [ $rc = 0 ] || failed=1\n",
                 name = b.name,
                 filter = sh_quote(b.filter),
