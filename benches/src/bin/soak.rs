@@ -91,7 +91,8 @@ struct Args {
     #[arg(long, default_value = "30s", value_parser = parse_duration)]
     stall_after: Duration,
     /// `--role dead-peer`: the file to create once the call is in flight
-    /// (the other host powers itself off when it appears).
+    /// (the other host powers itself off when it appears). `--role
+    /// partition`: the file whose appearance marks the last heal.
     #[arg(long)]
     signal: Option<std::path::PathBuf>,
     /// `--role dead-peer`: the call must fail `Unavailable` within this long
@@ -485,6 +486,11 @@ fn main() -> Result<()> {
         Some(t) => cfg.token(t.as_bytes().to_vec())?,
         None => cfg,
     };
+    if args.tls_dir.is_some() && args.role == "both" {
+        bail!(
+            "--tls-dir needs the split roles (--role serve on one end, a client role on the other)"
+        );
+    }
     let cfg = match &args.tls_dir {
         Some(dir) => side_tls(cfg, dir, args.role == "serve")?,
         None => cfg,

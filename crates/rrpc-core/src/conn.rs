@@ -47,7 +47,8 @@
 //! closing it (power loss, hang, network cut) sends no FIN: TCP keep-alive
 //! and `TCP_USER_TIMEOUT` ([`HandshakeConfig::keepalive`], [`TcpKeepalive`])
 //! fail the socket within 16 s by default (10 s idle + 3 probes 2 s apart),
-//! and the connection then reports [`Error::PeerGone`] the same way.
+//! and the connection then reports [`Error::PeerUnresponsive`], naming the
+//! bound, and fails its queue pair with it.
 
 use std::io::{self, Read};
 #[cfg(feature = "verbs")]
@@ -104,8 +105,9 @@ pub const DEFAULT_MAX_TOTAL_GRANT_BYTES: u64 = 64 << 30;
 /// 3 probes 2 s apart) — whether the side channel was idle (keep-alive
 /// probes go unanswered) or had data in flight (`TCP_USER_TIMEOUT`, set to
 /// the same bound, ends the retransmissions). The socket then polls
-/// readable, and [`Connection::check_alive`] reports [`Error::PeerGone`]
-/// and fails the queue pair.
+/// readable, and [`Connection::check_alive`] reports
+/// [`Error::PeerUnresponsive`] (the peer's host stopped answering, after how
+/// long) and fails the queue pair with it.
 ///
 /// Not used by `shm://` (a Unix socket between processes of one host: a
 /// dead peer's socket is closed by its kernel).
@@ -1247,6 +1249,10 @@ pub struct Connection {
     gone: AtomicBool,
     /// Why the peer is gone, once it is: [`GONE_CLOSED`] or [`GONE_SILENT`].
     gone_why: std::sync::atomic::AtomicU8,
+    /// Held across a liveness read and the verdict it leads to: the socket
+    /// reports a keep-alive's `ETIMEDOUT` to one read only (later reads see
+    /// EOF), so a second caller must not decide before the first recorded it.
+    verdict: std::sync::Mutex<()>,
     /// For a logical connection: the peer's grants on the shared queue pair
     /// and the shared connection, both released after `qp` (field order).
     logical: Option<logical::Logical>,
@@ -1275,6 +1281,7 @@ impl Connection {
             _grants: grants,
             gone: AtomicBool::new(false),
             gone_why: std::sync::atomic::AtomicU8::new(GONE_CLOSED),
+            verdict: std::sync::Mutex::new(()),
             logical: None,
         })
     }
@@ -1305,6 +1312,10 @@ impl Connection {
     /// answering (the side channel's keep-alive or `TCP_USER_TIMEOUT` ran
     /// out: no FIN, no RST, the way a host dies or a link is cut).
     pub fn check_alive(&self) -> Result<()> {
+        if self.gone.load(Ordering::Acquire) {
+            return Err(self.gone_error());
+        }
+        let _verdict = self.verdict.lock().unwrap_or_else(|p| p.into_inner());
         if self.gone.load(Ordering::Acquire) {
             return Err(self.gone_error());
         }

@@ -132,7 +132,9 @@ pub enum Error {
     PeerMisbehaved(String),
 
     // ---- peer gone ----------------------------------------------------------
-    /// The peer closed its side channel or died; the connection is failed.
+    /// The peer closed its side channel (or its process died and its kernel
+    /// closed it); the connection is failed. A peer whose *host* went silent
+    /// is [`Error::PeerUnresponsive`].
     #[error("peer is gone (side channel closed)")]
     PeerGone,
     /// The peer stopped answering without closing anything (its host died,

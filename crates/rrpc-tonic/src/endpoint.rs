@@ -535,12 +535,8 @@ impl Dialer {
 
     async fn dial(&self) -> Result<Conn, Error> {
         let (pipe, path) = dial(&self.target, &self.config).await?;
-        if let Some(c) = pipe.1.carrier() {
-            let c = crate::Carrier::observed(&c);
-            tracing::debug!(uri = %self.uri, carrier = ?c, "rrpc: connection carrier");
-            *lock(&self.carrier) = Some(c);
-        }
-        Ok(match path {
+        let carrier = pipe.1.carrier().map(|c| crate::Carrier::observed(&c));
+        let conn = match path {
             Negotiated::Fast { peer_window } => Conn::Fast(FastChannel::start(
                 pipe,
                 &self.config,
@@ -558,7 +554,14 @@ impl Dialer {
                 )
                 .await?,
             ),
-        })
+        };
+        // Recorded once the connection is up (the HTTP/2 connector records
+        // tonic's reconnects itself).
+        if let Some(c) = carrier {
+            tracing::debug!(uri = %self.uri, carrier = ?c, "rrpc: connection carrier");
+            *lock(&self.carrier) = Some(c);
+        }
+        Ok(conn)
     }
 }
 

@@ -375,10 +375,11 @@ impl MsgRx for ShmRx {
                 }
                 Err(rrpc_poller::Error::PeerGone) => {
                     // Not an orderly close: say what happened (the peer's host went
-                    // silent, or the device gave up retransmitting to it). The poller
-                    // ends a wait as soon as the side channel's fd fires, without
-                    // reading it: read it now (once, without blocking), so that a
-                    // keep-alive timeout is told from a close. Its verdict first:
+                    // silent, or the device gave up retransmitting to it). A wait can
+                    // end as soon as the side channel's fd fires, before anyone read
+                    // it: read it now (once, without blocking), so that a
+                    // keep-alive timeout is told from a close (whoever reads first
+                    // records the verdict). Its verdict first:
                     // the queue pair may have failed for a reason that says less.
                     let _ = self._conn.check_alive();
                     let why = match self._conn.gone_error() {

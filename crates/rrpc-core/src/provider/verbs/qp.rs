@@ -346,7 +346,10 @@ impl VerbsQp {
                 later: Arc::default(),
             })
             .map_err(|_| Error::InvalidConfig("queue pair already connected".into()))?;
-        let _ = self.remote_gid.set(peer.gid);
+        // A zero GID is an InfiniBand peer routed by LID: no address to show.
+        if peer.gid != [0; 16] {
+            let _ = self.remote_gid.set(peer.gid);
+        }
         tracing::debug!(
             qpn = self.raw.qpn(),
             peer_qpn = peer.qpn,
