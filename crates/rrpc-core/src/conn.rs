@@ -1249,10 +1249,6 @@ pub struct Connection {
     gone: AtomicBool,
     /// Why the peer is gone, once it is: [`GONE_CLOSED`] or [`GONE_SILENT`].
     gone_why: std::sync::atomic::AtomicU8,
-    /// Held across a liveness read and the verdict it leads to: the socket
-    /// reports a keep-alive's `ETIMEDOUT` to one read only (later reads see
-    /// EOF), so a second caller must not decide before the first recorded it.
-    verdict: std::sync::Mutex<()>,
     /// For a logical connection: the peer's grants on the shared queue pair
     /// and the shared connection, both released after `qp` (field order).
     logical: Option<logical::Logical>,
@@ -1281,7 +1277,6 @@ impl Connection {
             _grants: grants,
             gone: AtomicBool::new(false),
             gone_why: std::sync::atomic::AtomicU8::new(GONE_CLOSED),
-            verdict: std::sync::Mutex::new(()),
             logical: None,
         })
     }
@@ -1312,10 +1307,6 @@ impl Connection {
     /// answering (the side channel's keep-alive or `TCP_USER_TIMEOUT` ran
     /// out: no FIN, no RST, the way a host dies or a link is cut).
     pub fn check_alive(&self) -> Result<()> {
-        if self.gone.load(Ordering::Acquire) {
-            return Err(self.gone_error());
-        }
-        let _verdict = self.verdict.lock().unwrap_or_else(|p| p.into_inner());
         if self.gone.load(Ordering::Acquire) {
             return Err(self.gone_error());
         }
