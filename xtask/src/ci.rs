@@ -73,26 +73,94 @@ fn clippy(root: &Path, features: &[&str]) -> Result<Outcome> {
     run("cargo", &args, Some(root)).map(|()| Outcome::Ran)
 }
 
+/// What failed, in a few lines, gathered by the steps as they go and printed
+/// again at the very end of `cargo xtask ci` (after the step table), where a
+/// reader of a long CI log looks first.
+static DIGEST: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+
+/// At most this many digest lines are kept (the first ones: later failures
+/// are mostly consequences).
+const DIGEST_MAX: usize = 60;
+
+/// Adds a line to the failure digest.
+pub(crate) fn note_failure(line: impl Into<String>) {
+    let mut d = DIGEST.lock().unwrap_or_else(|e| e.into_inner());
+    if d.len() < DIGEST_MAX {
+        d.push(line.into());
+    }
+}
+
+/// Whether a line of test or suite output names a failure worth repeating
+/// in the digest: libtest's failed tests and panics, a hung test, the
+/// cross-host suite's failed checks, a suite row with failures.
+pub(crate) fn is_failure_line(line: &str) -> bool {
+    let l = line.trim_start_matches(|c: char| c.is_ascii_alphabetic() || c == '|');
+    (line.starts_with("test ") && line.ends_with(" FAILED"))
+        || line.contains("panicked at")
+        || line.contains("has been running for over")
+        || l.contains("FAILED")
+        || line.starts_with("error: test failed")
+        || line.starts_with("error[")
+        || line.starts_with("error: ")
+        || line.starts_with("Error: ")
+}
+
+/// Runs a command, echoing its output as it comes and keeping the lines that
+/// name a failure for the digest; fails on a non-zero exit.
+fn run_digested(
+    program: &str,
+    args: &[&str],
+    dir: Option<&Path>,
+    env: &[(&str, &str)],
+) -> Result<()> {
+    use std::io::{BufRead, BufReader};
+    eprintln!("==> {program} {}", args.join(" "));
+    let mut cmd = Command::new(program);
+    cmd.args(args)
+        .envs(env.iter().copied())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    if let Some(d) = dir {
+        cmd.current_dir(d);
+    }
+    let mut child = cmd.spawn().with_context(|| format!("spawning {program}"))?;
+    let forward = |r: Box<dyn std::io::Read + Send>, to_stderr: bool| {
+        std::thread::spawn(move || {
+            for line in BufReader::new(r).lines().map_while(Result::ok) {
+                if to_stderr {
+                    eprintln!("{line}");
+                } else {
+                    println!("{line}");
+                }
+                if is_failure_line(&line) {
+                    note_failure(line);
+                }
+            }
+        })
+    };
+    let out = child.stdout.take().map(|o| forward(Box::new(o), false));
+    let err = child.stderr.take().map(|e| forward(Box::new(e), true));
+    let status = child
+        .wait()
+        .with_context(|| format!("waiting for {program}"))?;
+    for t in [out, err].into_iter().flatten() {
+        let _ = t.join();
+    }
+    if !status.success() {
+        bail!("`{program} {}` failed with {status}", args.join(" "));
+    }
+    Ok(())
+}
+
 /// Runs a command, failing on a non-zero exit.
 pub(crate) fn run(program: &str, args: &[&str], dir: Option<&Path>) -> Result<()> {
     run_env(program, args, dir, &[])
 }
 
-/// Runs a command with extra environment variables, failing on a non-zero exit.
+/// Runs a command with extra environment variables, failing on a non-zero
+/// exit; its output is echoed, and lines naming a failure go to the digest.
 fn run_env(program: &str, args: &[&str], dir: Option<&Path>, env: &[(&str, &str)]) -> Result<()> {
-    eprintln!("==> {program} {}", args.join(" "));
-    let mut cmd = Command::new(program);
-    cmd.args(args).envs(env.iter().copied());
-    if let Some(d) = dir {
-        cmd.current_dir(d);
-    }
-    let status = cmd
-        .status()
-        .with_context(|| format!("spawning {program}"))?;
-    if !status.success() {
-        bail!("`{program} {}` failed with {status}", args.join(" "));
-    }
-    Ok(())
+    run_digested(program, args, dir, env)
 }
 
 /// Whether a command runs and exits 0 (for probes such as `pkg-config --exists`).
@@ -186,6 +254,9 @@ pub(crate) fn run_ci(args: &CiArgs) -> Result<()> {
         let t = Instant::now();
         let outcome = f();
         let el = t.elapsed();
+        if let Err(e) = &outcome {
+            note_failure(format!("step {name}: {e:#}"));
+        }
         let status = match &outcome {
             Ok(Outcome::Ran) => "ok".to_owned(),
             Ok(Outcome::Skipped(why)) => format!("skipped: {why}"),
@@ -473,6 +544,16 @@ pub(crate) fn run_ci(args: &CiArgs) -> Result<()> {
         eprintln!("  {name:<20} {:>8.1}s  {status}", el.as_secs_f64());
     }
     eprintln!("  {:<20} {:>8.1}s", "total", total.elapsed().as_secs_f64());
+    let digest = DIGEST.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    if result.is_err() && !digest.is_empty() {
+        eprintln!(
+            "\n=== ci: what failed (first {} lines naming a failure; the full output is above)",
+            digest.len()
+        );
+        for line in &digest {
+            eprintln!("  {line}");
+        }
+    }
     result
 }
 
@@ -549,6 +630,28 @@ pub(crate) fn run_entry(args: &CiArgs) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn failure_lines_are_recognised() {
+        for l in [
+            "test rdma_fast::tls_is_checked ... FAILED",
+            "thread 'x' panicked at src/lib.rs:1:1:",
+            "test a::b has been running for over 60 seconds",
+            "cross-host: partition and heal (4 s) FAILED (missing: calls ok)",
+            "B| cross-host: soak rdma FAILED (missing: calls: )",
+            "error: test failed, to rerun pass `-p rrpc-tonic --test integration`",
+        ] {
+            assert!(is_failure_line(l), "{l}");
+        }
+        for l in [
+            "test rdma_fast::tls_is_checked ... ok",
+            "test result: ok. 2 passed; 0 failed; 0 ignored",
+            "calls: 93 failed: 0 lost: 0",
+            "   Compiling rrpc-core v0.1.0",
+        ] {
+            assert!(!is_failure_line(l), "{l}");
+        }
+    }
 
     #[test]
     fn finds_the_verbs_feature_of_this_workspace() {

@@ -100,8 +100,20 @@ struct BenchArgs {
     suite_args: Vec<String>,
 }
 
-fn main() -> Result<()> {
-    let cli = Cli::parse();
+/// Errors are printed with their causes, without a backtrace (CI sets
+/// `RUST_BACKTRACE`, and anyhow's trace of xtask would bury the step table
+/// and the failure digest that end the log).
+fn main() -> std::process::ExitCode {
+    match run(Cli::parse()) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("xtask: error: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(cli: Cli) -> Result<()> {
     match cli.cmd {
         Cmd::Ci(args) => ci::run_entry(&args),
         Cmd::Bench(args) => bench::run(&args),

@@ -1356,6 +1356,17 @@ echo "{END} examples/{name} rc=$rc"; [ $rc = 0 ] || failed=1
         let vm = run_in_vm(root, target, &script, timeout, keep)?;
         let rows = summarize(&vm.output);
         let (_, failed, _, skipped) = print_summary(&rows);
+        for line in vm.output.lines().filter(|l| crate::ci::is_failure_line(l)) {
+            crate::ci::note_failure(format!("verbs suite: {line}"));
+        }
+        for (name, _, f, _, sk, rc) in &rows {
+            if *f > 0 || *sk > 0 || *rc != Some(0) {
+                crate::ci::note_failure(format!(
+                    "verbs suite: {name}: {f} failed, {sk} skipped for want of a device, {}",
+                    rc.map_or("did not finish".to_owned(), |c| format!("exit {c}"))
+                ));
+            }
+        }
         let expected = suite.bins.len() + suite.examples.len();
         eprintln!(
             "rxe: host build {:.1}s, VM {:.1}s, total {:.1}s",

@@ -163,6 +163,14 @@ pub(crate) fn run_pair(
     let _ = std::fs::remove_dir_all(&wire);
     let (a, b) = (runs[0].code, runs[1].code);
     eprintln!("rxe --hosts 2: A exited {a}, B exited {b}");
+    for (label, run) in HOSTS.iter().map(|h| h.0).zip(&runs) {
+        for line in run.output.lines().filter(|l| crate::ci::is_failure_line(l)) {
+            crate::ci::note_failure(format!("cross-host {label}: {line}"));
+        }
+        if run.code != 0 {
+            crate::ci::note_failure(format!("cross-host {label}: exited {}", run.code));
+        }
+    }
     Ok(if a != 0 { a } else { b })
 }
 

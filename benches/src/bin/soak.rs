@@ -45,6 +45,14 @@ use pb::{Ask, Blob, Sum};
 const MAX_SIZE: usize = 4 << 20;
 const CODEC_LIMIT: usize = 8 << 20;
 
+/// The run's size range (`--max-size-kib`, `--empty`), set once in `main`.
+static SIZES: std::sync::OnceLock<(usize, usize)> = std::sync::OnceLock::new();
+
+/// Smallest and largest unary message of this run.
+fn size_range() -> (usize, usize) {
+    *SIZES.get().unwrap_or(&(1, MAX_SIZE))
+}
+
 #[derive(Parser, Debug)]
 #[command(about = "rrpc soak: random traffic, every byte checked")]
 struct Args {
@@ -115,6 +123,13 @@ struct Args {
     /// `RrpcConfig::shared_queue_pairs`; both ends must set it).
     #[arg(long)]
     shared_qps: bool,
+    /// Largest unary message, KiB (default 4096: gRPC's default limit;
+    /// at most 7168, under the codec limit of 8 MiB).
+    #[arg(long, default_value_t = 4096)]
+    max_size_kib: usize,
+    /// Empty messages too (sizes from 0 B instead of 1 B).
+    #[arg(long)]
+    empty: bool,
 }
 
 /// One busy loop pinned to each CPU of the process until `end`.
@@ -170,7 +185,8 @@ impl Rng {
         let bits = usize::BITS - max.leading_zeros();
         let b = self.below(u64::from(bits)) as u32;
         let hi = (1usize << b).min(max);
-        (hi / 2 + self.below((hi - hi / 2 + 1) as u64) as usize).clamp(1, max)
+        let lo = size_range().0.min(max);
+        (hi / 2 + self.below((hi - hi / 2 + 1) as u64) as usize).clamp(lo, max)
     }
 }
 
@@ -200,7 +216,7 @@ impl Soak for SoakSvc {
 
     async fn download(&self, req: Request<Ask>) -> Result<Response<BlobStream>, Status> {
         let ask = req.into_inner();
-        if ask.size as usize > MAX_SIZE || ask.chunks > 1024 {
+        if ask.size as usize > CODEC_LIMIT - (1 << 20) || ask.chunks > 1024 {
             return Err(Status::invalid_argument("too much"));
         }
         let s = async_stream::stream! {
@@ -263,7 +279,7 @@ struct Counts {
 type Client = SoakClient<RrpcChannel>;
 
 async fn echo(c: &mut Client, rng: &mut Rng, counts: &Counts) -> Outcome {
-    let data = pattern(rng.next(), 0, rng.size(MAX_SIZE));
+    let data = pattern(rng.next(), 0, rng.size(size_range().1));
     counts
         .bytes
         .fetch_add(data.len() as u64 * 2, Ordering::Relaxed);
@@ -477,6 +493,10 @@ fn rss_kib() -> u64 {
 
 fn main() -> Result<()> {
     let args = Args::parse();
+    if args.max_size_kib == 0 || args.max_size_kib > 7 << 10 {
+        bail!("--max-size-kib must be 1..=7168 (the codec limit is 8 MiB)");
+    }
+    let _ = SIZES.set((usize::from(!args.empty), args.max_size_kib << 10));
     let cfg = match args.transport.as_str() {
         "shm" | "tcp" | "inproc" | "rdma" => RrpcConfig::default(),
         "shm-h2" | "rdma-h2" => RrpcConfig::default().path(PathPreference::Http2),
@@ -817,8 +837,14 @@ fn run_clients(
 ) -> Result<()> {
     let uri = uri.to_owned();
     println!(
-        "soak: {} clients on {uri} ({}) for {:?}, sizes 1 B..4 MiB, {}% cancelled, seed {:#x}",
-        args.clients, args.transport, args.duration, args.cancel_percent, args.seed
+        "soak: {} clients on {uri} ({}) for {:?}, sizes {} B..{} KiB, {}% cancelled, seed {:#x}",
+        args.clients,
+        args.transport,
+        args.duration,
+        size_range().0,
+        size_range().1 >> 10,
+        args.cancel_percent,
+        args.seed
     );
     println!(
         "threads: server runtime 2 workers, client runtime 2 workers, rrpc polling thread 1 (not pinned)"
