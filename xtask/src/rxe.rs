@@ -1185,8 +1185,8 @@ pub(crate) mod suite {
             }
             sh.push_str(&format!(
                 "echo '{BEGIN} {name} (filter {filter}, {n} tests)'\n\
-                 timeout -k 10 {per_bin_timeout} {exe} {filter}{skips} --test-threads=2 --show-output\n\
-                 rc=$?; echo \"{END} {name} rc=$rc\"; [ $rc = 0 ] || failed=1\n",
+                 t0=$SECONDS; timeout -k 10 {per_bin_timeout} {exe} {filter}{skips} --test-threads=2 --show-output\n\
+                 rc=$?; echo \"{END} {name} ($((SECONDS - t0)) s) rc=$rc\"; [ $rc = 0 ] || failed=1\n",
                 name = b.name,
                 filter = sh_quote(b.filter),
                 n = b.selected,

@@ -4,7 +4,7 @@
 //! client process's descriptors and threads return to
 //! their baseline, counted from `/proc/self`. The kill point is drawn per
 //! round (a fixed seed, printed). The counts are process-wide, so this
-//! binary has one test, which runs every transport in turn on its own
+//! binary's tests run one at a time, each running every transport in turn on its own
 //! runtime (blocking threads kept alive 100 ms, not tokio's 10 s); with a
 //! device (`cargo xtask rxe`) that includes `rdma_h2` and `rdma_fast`.
 
@@ -188,6 +188,7 @@ async fn server_killed_mid_call(t: Transport) {
 /// rdma transports too.
 #[test]
 fn rdma_and_local_transports_survive_a_killed_server() {
+    let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let rt = rrpc_integration_tests::runtime();
     let mut transports = vec![Transport::Tcp, Transport::ShmH2, Transport::ShmFast];
     if cfg!(feature = "verbs") && Transport::rdma_device().is_some() {
@@ -196,5 +197,132 @@ fn rdma_and_local_transports_survive_a_killed_server() {
     }
     for t in transports {
         rt.block_on(server_killed_mid_call(t));
+    }
+}
+
+/// The two tests of this binary count or spawn processes: one at a time.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// A server that stops (SIGSTOP: its rings are never drained again, its
+/// sockets stay open) under calls with a deadline: each call fails at its
+/// deadline, as tonic's channel fails it, instead of waiting for ring space
+/// the stopped server will never free; after SIGCONT the channel works.
+async fn server_stopped_mid_call(t: Transport) {
+    use nix::sys::signal::{Signal, kill};
+    use nix::unistd::Pid;
+    let (server, uri) = spawn(t);
+    let pid = Pid::from_raw(server.0.id() as i32);
+    let ch = RrpcChannel::connect(&uri, config(t))
+        .await
+        .expect("connect");
+    let c = TestClient::new(ch.clone());
+    c.clone()
+        .unary(Input::default())
+        .await
+        .unwrap_or_else(|e| panic!("{t:?}: a first call: {e:?}"));
+    kill(pid, Signal::SIGSTOP).expect("SIGSTOP");
+    // The stop reaches each thread on its own: wait until all are stopped.
+    let stopped = |pid: u32| {
+        std::fs::read_dir(format!("/proc/{pid}/task"))
+            .map(|tasks| {
+                tasks.flatten().all(|t| {
+                    std::fs::read_to_string(t.path().join("stat")).is_ok_and(|st| {
+                        st.rsplit_once(") ")
+                            .is_some_and(|(_, rest)| rest.starts_with('T'))
+                    })
+                })
+            })
+            .unwrap_or(false)
+    };
+    let t_stop = Instant::now();
+    while !stopped(server.0.id()) {
+        assert!(
+            t_stop.elapsed() < Duration::from_secs(10),
+            "{t:?}: the server did not stop"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    // More than the largest ring (4 MiB) in calls that each fit their
+    // flow-control window (256 KiB), so some wait for ring space; fewer
+    // than 20, hyper's limit of streams reset before its server accepted
+    // them (more get the connection closed with GOAWAY `too_many_resets`,
+    // over TCP as over the rings).
+    let deadline = Duration::from_secs(1);
+    let t0 = Instant::now();
+    let mut calls = tokio::task::JoinSet::new();
+    // On the fast path each task calls again after its call expired (the
+    // expired calls' bytes stay in the ring), so later calls surely wait
+    // for ring space; HTTP/2 would count those as resets (see above).
+    let rounds = if t.is_http2() { 1 } else { 3 };
+    for i in 0..18u8 {
+        let mut c = c.clone();
+        calls.spawn(async move {
+            let mut last = None;
+            for _ in 0..rounds {
+                let mut req = tonic::Request::new(Input {
+                    payload: vec![i; 16 << 10].into(),
+                    ..Input::default()
+                });
+                req.set_timeout(deadline);
+                let t0 = Instant::now();
+                let r = c.unary(req).await;
+                last = Some((r, t0.elapsed()));
+                if last.as_ref().is_some_and(|(r, _)| r.is_ok()) {
+                    break;
+                }
+            }
+            last.expect("at least one round")
+        });
+    }
+    let bound = deadline
+        + if t.is_rdma() {
+            Duration::from_secs(20)
+        } else {
+            Duration::from_secs(5)
+        };
+    while let Some(r) = tokio::time::timeout(bound, calls.join_next())
+        .await
+        .unwrap_or_else(|_| {
+            panic!(
+                "{t:?}: a call with a 1 s deadline hung {:?} on a stopped server",
+                t0.elapsed()
+            )
+        })
+    {
+        let (r, took) = r.expect("call task");
+        let Err(st) = r else {
+            panic!("{t:?}: a call was answered by a stopped server (after {took:?})")
+        };
+        assert!(
+            took < bound,
+            "{t:?}: a call with a 1 s deadline took {took:?} on a stopped server"
+        );
+        // tonic's own channel says `Cancelled` "Timeout expired" for a call past its deadline.
+        assert!(
+            matches!(st.code(), Code::Cancelled | Code::DeadlineExceeded),
+            "{t:?}: {st:?}"
+        );
+    }
+    kill(pid, Signal::SIGCONT).expect("SIGCONT");
+    let mut c = c;
+    let after = tokio::time::timeout(bound, c.unary(Input::default()))
+        .await
+        .unwrap_or_else(|_| panic!("{t:?}: a call after SIGCONT hung"));
+    after.unwrap_or_else(|e| panic!("{t:?}: a call after SIGCONT: {e:?}"));
+    drop(server);
+}
+
+/// Named for the verbs suite's filter (`rdma_`).
+#[test]
+fn rdma_and_local_transports_bound_calls_to_a_stopped_server() {
+    let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let rt = rrpc_integration_tests::runtime();
+    let mut transports = vec![Transport::Tcp, Transport::ShmH2, Transport::ShmFast];
+    if cfg!(feature = "verbs") && Transport::rdma_device().is_some() {
+        eprintln!("rrpc-test-on-verbs");
+        transports.extend([Transport::RdmaH2, Transport::RdmaFast]);
+    }
+    for t in transports {
+        rt.block_on(server_stopped_mid_call(t));
     }
 }

@@ -367,7 +367,20 @@ async fn call(
     // caller waits for the response (and so receives the WINDOW_UPDATEs).
     match drain_ready(&mut body, id, &mut batch, guard.inner.writer.chunk) {
         Drained::Complete if flow::try_take_batch(&guard.inner.writer, &flow, &batch) => {
-            if let Err(e) = guard.inner.writer.send(batch).await {
+            // The deadline covers the write too: a ring the peer stopped
+            // draining (a cut wire: its head never moves) would otherwise
+            // hold the call until the connection is declared dead. A write
+            // cut short leaves whole frames only; the guard then resets
+            // the call on the server.
+            let send = guard.inner.writer.send(batch);
+            let sent = match deadline {
+                Some(d) => match tokio::time::timeout_at(d, send).await {
+                    Ok(r) => r,
+                    Err(_) => return Err(Box::new(tonic::TimeoutExpired(()))),
+                },
+                None => send.await,
+            };
+            if let Err(e) = sent {
                 guard.finished();
                 return Err(Box::new(Status::unavailable(format!("rrpc: {e}"))));
             }
