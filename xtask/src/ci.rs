@@ -22,7 +22,7 @@ pub(crate) struct CiArgs {
     #[arg(long)]
     no_rxe: bool,
     /// Seconds the `rxe` step's VM may run (the host build is not counted).
-    #[arg(long, default_value_t = 600)]
+    #[arg(long, default_value_t = 900)]
     rxe_timeout: u64,
     /// Seconds the test step may run (its build included) before it is killed, with every
     /// process it started: a hung test fails CI with its name (libtest's "has been running
