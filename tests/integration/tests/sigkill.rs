@@ -260,7 +260,7 @@ async fn server_stopped_mid_call(t: Transport) {
             let mut last = None;
             for _ in 0..rounds {
                 let mut req = tonic::Request::new(Input {
-                    payload: vec![i; 16 << 10].into(),
+                    payload: vec![i; 16 << 10],
                     ..Input::default()
                 });
                 req.set_timeout(deadline);
