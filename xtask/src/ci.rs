@@ -94,11 +94,9 @@ pub(crate) fn note_failure(line: impl Into<String>) {
 /// in the digest: libtest's failed tests and panics, a hung test, the
 /// cross-host suite's failed checks, a suite row with failures.
 pub(crate) fn is_failure_line(line: &str) -> bool {
-    let l = line.trim_start_matches(|c: char| c.is_ascii_alphabetic() || c == '|');
-    (line.starts_with("test ") && line.ends_with(" FAILED"))
+    line.contains("FAILED")
         || line.contains("panicked at")
         || line.contains("has been running for over")
-        || l.contains("FAILED")
         || line.starts_with("error: test failed")
         || line.starts_with("error[")
         || line.starts_with("error: ")

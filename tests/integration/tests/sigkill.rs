@@ -184,18 +184,24 @@ async fn server_killed_mid_call(t: Transport) {
     }
 }
 
+/// Every transport this run can use: the rdma ones too inside the VM
+/// (with a device), which the tests' names (`rdma_`) select there.
+fn transports() -> Vec<Transport> {
+    let mut transports = vec![Transport::Tcp, Transport::ShmH2, Transport::ShmFast];
+    if cfg!(feature = "verbs") && Transport::rdma_device().is_some() {
+        eprintln!("rrpc-test-on-verbs");
+        transports.extend([Transport::RdmaH2, Transport::RdmaFast]);
+    }
+    transports
+}
+
 /// Named for the verbs suite's filter (`rdma_`): inside the VM it runs the
 /// rdma transports too.
 #[test]
 fn rdma_and_local_transports_survive_a_killed_server() {
     let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let rt = rrpc_integration_tests::runtime();
-    let mut transports = vec![Transport::Tcp, Transport::ShmH2, Transport::ShmFast];
-    if cfg!(feature = "verbs") && Transport::rdma_device().is_some() {
-        eprintln!("rrpc-test-on-verbs");
-        transports.extend([Transport::RdmaH2, Transport::RdmaFast]);
-    }
-    for t in transports {
+    for t in transports() {
         rt.block_on(server_killed_mid_call(t));
     }
 }
@@ -317,12 +323,7 @@ async fn server_stopped_mid_call(t: Transport) {
 fn rdma_and_local_transports_bound_calls_to_a_stopped_server() {
     let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let rt = rrpc_integration_tests::runtime();
-    let mut transports = vec![Transport::Tcp, Transport::ShmH2, Transport::ShmFast];
-    if cfg!(feature = "verbs") && Transport::rdma_device().is_some() {
-        eprintln!("rrpc-test-on-verbs");
-        transports.extend([Transport::RdmaH2, Transport::RdmaFast]);
-    }
-    for t in transports {
+    for t in transports() {
         rt.block_on(server_stopped_mid_call(t));
     }
 }
