@@ -237,6 +237,32 @@ where
     ))
 }
 
+/// The HTTP/2 floor: tonic's own server and channel over an in-memory byte
+/// stream (`tokio::io::duplex`), both ends on this thread's runtime. No
+/// transport, no wake-up crosses a thread: what hyper, h2 and tonic cost per
+/// call on this machine, and so the least any HTTP/2 transport can reach.
+async fn measure_h2_mem(calls: u64) -> anyhow::Result<(f64, f64)> {
+    let (client_io, server_io) = tokio::io::duplex(1 << 20);
+    let server = tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(GreeterServer::new(MyGreeter))
+            .serve_with_incoming(tokio_stream::iter([Ok::<_, std::io::Error>(server_io)])),
+    );
+    let mut client_io = Some(client_io);
+    let channel = tonic::transport::Endpoint::from_static("http://in-memory")
+        .connect_with_connector(tower::service_fn(move |_| {
+            let io = client_io.take();
+            async move {
+                io.map(hyper_util::rt::TokioIo::new)
+                    .ok_or_else(|| std::io::Error::other("the in-memory stream connects once"))
+            }
+        }))
+        .await?;
+    let r = time_calls(&mut GreeterClient::new(channel), calls).await;
+    server.abort();
+    r
+}
+
 /// The floor: the generated client calling the generated server's service
 /// directly, with no transport at all (`tonic-inproc`). Anything that keeps
 /// tonic's stubs pays at least this.
@@ -427,13 +453,17 @@ fn main() -> anyhow::Result<()> {
             let _ = line_tx.send(format!(
                 "tonic-inproc p50 {f50:.1}us p99 {f99:.1}us  | no transport: the generated client calls the generated server's service directly"
             ));
-            Ok::<_, anyhow::Error>((results, (f50, f99)))
+            let (m50, m99) = measure_h2_mem(calls).await?;
+            let _ = line_tx.send(format!(
+                "tonic-h2-mem p50 {m50:.1}us p99 {m99:.1}us  | HTTP/2 with no transport: tonic's server and channel over an in-memory byte stream, both on the client thread"
+            ));
+            Ok::<_, anyhow::Error>((results, (f50, f99), (m50, m99)))
         })
     });
     for line in line_rx {
         println!("{line}");
     }
-    let (results, (f50, _)) = client.join().expect("client thread")?;
+    let (results, (f50, _), (m50, _)) = client.join().expect("client thread")?;
     if !args.no_baselines
         && let Some((_, t50, t99)) = results.first().cloned()
     {
@@ -445,11 +475,18 @@ fn main() -> anyhow::Result<()> {
                 p99 / t99
             );
         }
+        println!("tonic-h2-mem/tcp p50 {:.2}x", m50 / t50);
     }
     for (name, p50, _) in &results {
         println!(
             "{name}/tonic-inproc p50 {:.2}x (the floor for anything that keeps tonic's stubs)",
             p50 / f50
+        );
+    }
+    for (name, p50, _) in results.iter().filter(|(n, ..)| n.contains("-h2")) {
+        println!(
+            "{name}/tonic-h2-mem p50 {:.2}x (the floor for anything that keeps HTTP/2)",
+            p50 / m50
         );
     }
     let _ = stop_tx.send(true);
