@@ -1,6 +1,7 @@
 //! Arbitrary peer-written bytes never panic the RF-RPC parsers (request
-//! and response frames, batches), and whatever parses is within bounds;
-//! a complete batch re-encodes to the same bytes.
+//! and response frames, batches, the server's handshake section), and
+//! whatever parses is within bounds; a complete batch and a server section
+//! re-encode to the same bytes.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
@@ -23,6 +24,9 @@ fuzz_target!(|data: &[u8]| {
         }
         Ok(wire::Fetched::NeedMore { total }) => assert!(total > data.len() && total <= cap),
         _ => {}
+    }
+    if let Ok(info) = wire::ServerInfo::decode(data) {
+        assert_eq!(info.encode(), data, "a server section re-encodes as it came");
     }
     if let Ok(batch::BatchState::Complete(b)) = batch::parse(data, 256) {
         assert!(b.len <= data.len());

@@ -10,9 +10,9 @@ use crate::error::{Error, Result};
 use crate::op::{Execute, Op, OpResult};
 use crate::rfrpc::batch;
 use crate::rfrpc::mode::{CallReport, Mode, ModePolicy, ModeSwitch};
-use crate::rfrpc::server::ServerInfo;
 use crate::rfrpc::wire::{
-    self, FLAG_TOO_LARGE, Fetched, RESPONSE_HEADER, TAIL, encode_request_as, next_seq,
+    self, FLAG_TOO_LARGE, Fetched, REPLY_ROLE, RESPONSE_HEADER, SERVER_ROLE, ServerInfo, TAIL,
+    encode_request_as, next_seq,
 };
 
 /// Paper default of F (§5.1: "select ... F (fetching size) as 256 bytes").
@@ -24,8 +24,6 @@ pub const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_secs(5);
 /// Default size of the client's reply buffer (the server WRITEs results
 /// there in server-reply mode): 64 KiB.
 pub const DEFAULT_REPLY_BUFFER: usize = 64 << 10;
-/// Role under which the client grants its reply buffer.
-pub(crate) const REPLY_ROLE: u16 = 2;
 
 /// Configuration of an [`RfClient`]: paper defaults, chained setters,
 /// validated setters return `Result`.
@@ -223,14 +221,10 @@ impl RfClient {
             &cfg.handshake,
         )
         .map_err(fab)?;
-        let info = ServerInfo::decode(
-            conn.peer()
-                .section(crate::rfrpc::server::SERVER_ROLE)
-                .unwrap_or_default(),
-        )?;
+        let info = ServerInfo::decode(conn.peer().section(SERVER_ROLE).unwrap_or_default())?;
         let remote = conn
             .peer()
-            .region(crate::rfrpc::server::SERVER_ROLE)
+            .region(SERVER_ROLE)
             .ok_or_else(|| Error::Malformed {
                 what: "server offer",
                 detail: "no request/response region".into(),

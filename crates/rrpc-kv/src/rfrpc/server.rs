@@ -12,18 +12,16 @@ use rrpc_core::{Completion, Endpoint, Fabric, Local, QpConfig, Region, RemoteReg
 use crate::error::{Error, Result};
 use crate::op::{Execute, Op, OpResult};
 use crate::rfrpc::batch;
-use crate::rfrpc::client::REPLY_ROLE;
 use crate::rfrpc::mode::{Mode, ModePolicy};
-use crate::rfrpc::wire::{self, FLAG_TOO_LARGE, RequestHeader, ResponseHeader};
+use crate::rfrpc::wire::{
+    self, FLAG_TOO_LARGE, REPLY_ROLE, RequestHeader, ResponseHeader, SERVER_ROLE, ServerInfo,
+};
 
-/// Role under which the server grants its request + response region.
-pub(crate) const SERVER_ROLE: u16 = 1;
 /// Default request buffer per connection: 64 KiB.
 pub const DEFAULT_REQUEST_BUFFER: usize = 64 << 10;
 /// Default response buffer per connection: 64 KiB.
 pub const DEFAULT_RESPONSE_BUFFER: usize = 64 << 10;
 
-const APP_MAGIC: &[u8; 4] = b"RFR1";
 /// Most entries a request batch may carry (the 16-bit count of the
 /// batch's auxiliary field).
 const MAX_BATCH_ENTRIES: usize = u16::MAX as usize;
@@ -31,57 +29,6 @@ const MAX_BATCH_ENTRIES: usize = u16::MAX as usize;
 /// A request handler: request bytes in, result bytes out. Runs on a server
 /// thread; it may block (the client then switches to server-reply).
 pub type Handler = Arc<dyn Fn(&[u8]) -> Vec<u8> + Send + Sync>;
-
-/// What the server tells each client in its handshake section (under
-/// [`SERVER_ROLE`], the role of the region it grants):
-/// `"RFR1" | request_cap u32 LE | response_cap u32 LE | policy u8`
-/// (0 hybrid, 1 remote fetch, 2 server reply).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct ServerInfo {
-    pub(crate) request_cap: usize,
-    pub(crate) response_cap: usize,
-    pub(crate) policy: ModePolicy,
-}
-
-impl ServerInfo {
-    fn encode(&self) -> Vec<u8> {
-        let mut v = APP_MAGIC.to_vec();
-        v.extend_from_slice(&(self.request_cap as u32).to_le_bytes());
-        v.extend_from_slice(&(self.response_cap as u32).to_le_bytes());
-        v.push(match self.policy {
-            ModePolicy::Hybrid => 0,
-            ModePolicy::Fixed(Mode::RemoteFetch) => 1,
-            ModePolicy::Fixed(Mode::ServerReply) => 2,
-        });
-        v
-    }
-
-    pub(crate) fn decode(b: &[u8]) -> Result<ServerInfo> {
-        let bad = || Error::Malformed {
-            what: "server offer",
-            detail: format!("handshake section {b:02x?}"),
-        };
-        if b.len() != 13 || &b[..4] != APP_MAGIC {
-            return Err(bad());
-        }
-        let u = |i: usize| u32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]) as usize;
-        let policy = match b[12] {
-            0 => ModePolicy::Hybrid,
-            1 => ModePolicy::Fixed(Mode::RemoteFetch),
-            2 => ModePolicy::Fixed(Mode::ServerReply),
-            _ => return Err(bad()),
-        };
-        let (request_cap, response_cap) = (u(4), u(8));
-        if request_cap < 64 || response_cap < 64 || request_cap % 8 != 0 || response_cap % 8 != 0 {
-            return Err(bad());
-        }
-        Ok(ServerInfo {
-            request_cap,
-            response_cap,
-            policy,
-        })
-    }
-}
 
 /// Builder of an [`RfServer`]: paper-shaped defaults, chained setters,
 /// validated setters return `Result`.

@@ -32,7 +32,7 @@
 //! frame that can never become valid (a length over the buffer).
 
 use crate::error::{Error, Result};
-use crate::rfrpc::mode::Mode;
+use crate::rfrpc::mode::{Mode, ModePolicy};
 
 /// Bytes of the request status word.
 pub const REQUEST_HEADER: usize = 8;
@@ -329,6 +329,76 @@ pub fn parse_response(window: &[u8], seq: u32, capacity: usize) -> Result<Fetche
     }))
 }
 
+// The handshake: what each side grants under which role, and the section
+// the server sends with its grant.
+
+/// Role under which the server grants its request + response region.
+pub(crate) const SERVER_ROLE: u16 = 1;
+/// Role under which the client grants its reply buffer.
+pub(crate) const REPLY_ROLE: u16 = 2;
+
+const APP_MAGIC: &[u8; 4] = b"RFR1";
+
+/// What the server tells each client in its handshake section (under
+/// [`SERVER_ROLE`], the role of the region it grants):
+/// `"RFR1" | request_cap u32 LE | response_cap u32 LE | policy u8`
+/// (0 hybrid, 1 remote fetch, 2 server reply).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ServerInfo {
+    /// Bytes of the server's request buffer.
+    pub request_cap: usize,
+    /// Bytes of the server's response buffer.
+    pub response_cap: usize,
+    /// Which ways of answering the server allows.
+    pub policy: ModePolicy,
+}
+
+impl ServerInfo {
+    /// The section's bytes.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut v = APP_MAGIC.to_vec();
+        v.extend_from_slice(&(self.request_cap as u32).to_le_bytes());
+        v.extend_from_slice(&(self.response_cap as u32).to_le_bytes());
+        v.push(match self.policy {
+            ModePolicy::Hybrid => 0,
+            ModePolicy::Fixed(Mode::RemoteFetch) => 1,
+            ModePolicy::Fixed(Mode::ServerReply) => 2,
+        });
+        v
+    }
+
+    /// Parses a section a server sent (peer-written bytes: never panics).
+    ///
+    /// # Errors
+    /// [`Error::Malformed`] unless it is exactly the layout above, with
+    /// capacities of at least 64 bytes and multiples of 8.
+    pub fn decode(b: &[u8]) -> Result<ServerInfo> {
+        let bad = || Error::Malformed {
+            what: "server offer",
+            detail: format!("handshake section {b:02x?}"),
+        };
+        if b.len() != 13 || &b[..4] != APP_MAGIC {
+            return Err(bad());
+        }
+        let u = |i: usize| u32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]) as usize;
+        let policy = match b[12] {
+            0 => ModePolicy::Hybrid,
+            1 => ModePolicy::Fixed(Mode::RemoteFetch),
+            2 => ModePolicy::Fixed(Mode::ServerReply),
+            _ => return Err(bad()),
+        };
+        let (request_cap, response_cap) = (u(4), u(8));
+        if request_cap < 64 || response_cap < 64 || request_cap % 8 != 0 || response_cap % 8 != 0 {
+            return Err(bad());
+        }
+        Ok(ServerInfo {
+            request_cap,
+            response_cap,
+            policy,
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -450,5 +520,32 @@ mod tests {
     fn sequence_numbers_skip_zero() {
         assert_eq!(next_seq(u32::MAX), 1);
         assert_eq!(next_seq(1), 2);
+    }
+
+    #[test]
+    fn server_sections_round_trip_and_bad_ones_are_refused() {
+        let info = ServerInfo {
+            request_cap: 64 << 10,
+            response_cap: 4096,
+            policy: ModePolicy::Fixed(Mode::ServerReply),
+        };
+        let bytes = info.encode();
+        assert_eq!(ServerInfo::decode(&bytes).unwrap(), info);
+        let mut short = bytes.clone();
+        short.pop();
+        let mut bad_policy = bytes.clone();
+        bad_policy[12] = 3;
+        let mut tiny = bytes.clone();
+        tiny[4..8].copy_from_slice(&8u32.to_le_bytes());
+        let mut odd = bytes.clone();
+        odd[8..12].copy_from_slice(&4100u32.to_le_bytes());
+        let mut magic = bytes;
+        magic[0] = b'X';
+        for b in [short, bad_policy, tiny, odd, magic] {
+            assert!(
+                matches!(ServerInfo::decode(&b), Err(Error::Malformed { .. })),
+                "{b:02x?}"
+            );
+        }
     }
 }
