@@ -3,7 +3,6 @@
 use std::time::Duration;
 
 use crate::error::{Error, Result};
-use crate::poller::Poller;
 
 /// Connection management method (RR-Compound §IV-B..E, Fig. 7).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
@@ -60,7 +59,8 @@ impl std::fmt::Display for Mode {
     }
 }
 
-/// Builder for a [`Poller`]. Defaults follow the paper where it gives one.
+/// Builder for a [`Poller`](crate::Poller) ([`build`](Self::build), defined with the
+/// poller, starts one). Defaults follow the paper where it gives one.
 ///
 /// | knob | default | source |
 /// |---|---|---|
@@ -214,14 +214,6 @@ impl PollerConfig {
     pub fn thread_name(mut self, name: impl Into<String>) -> Self {
         self.thread_name = name.into();
         self
-    }
-
-    /// Starts the polling threads.
-    ///
-    /// # Errors
-    /// [`Error::Io`] when a thread cannot be spawned.
-    pub fn build(self) -> Result<Poller> {
-        Poller::start(self)
     }
 
     /// The [`mode`](Self::mode) setting.

@@ -1,38 +1,23 @@
 //! The client builder: [`RrpcEndpoint`], tonic's `Endpoint` for every rrpc
-//! URI, and the reconnecting ring connection behind an [`RrpcChannel`].
+//! URI, and the constructors of [`RrpcChannel`] that take one.
 //!
 //! On `http://` and `unix://` every option goes to tonic's own `Endpoint`,
 //! so those channels are exactly tonic's. On the rings (`shm://`,
 //! `rdma://`, `inproc://`) a channel owns one connection at a time and
-//! replaces it when it can no longer take calls: the side channel saw the
-//! server leave, the server said GOAWAY, or a send failed. The call that
-//! finds it so dials again (under `connect_timeout`), as tonic's
-//! `Reconnect` does; calls already in flight on the old connection finish
-//! or fail there, with `Unavailable`.
+//! replaces it when it fails ([`crate::managed`]).
 
-use std::sync::{Arc, Mutex, MutexGuard};
-use std::task::{Context, Poll, ready};
+use std::sync::Arc;
 use std::time::Duration;
 
 use http::HeaderValue;
-use tonic::Status;
-use tonic::body::Body;
-use tonic::transport::Channel;
 use tower::Service;
 
-use crate::channel::{Carrier, ChannelPath, ResponseFuture, RrpcChannel, h2_call, h2_channel};
-use crate::fast::client::{CallOptions, FastChannel};
-use crate::pipe::BoxFut;
-use crate::transport::{Negotiated, Target, dial};
+use crate::call::{BoxError, Carrier, ChannelPath, TONIC_USER_AGENT};
+use crate::channel::RrpcChannel;
+use crate::fast::client::CallOptions;
+use crate::managed::{Conn, Dialer, Managed};
+use crate::transport::Target;
 use crate::{Error, RrpcConfig};
-
-type BoxError = Box<dyn std::error::Error + Send + Sync>;
-
-/// tonic's own `user-agent` (its `UserAgent` layer is private): the fast
-/// path sends the same, so handlers read the same value on every path.
-/// `tests/integration/tests/parity.rs` compares it with what tonic sends
-/// over TCP, so a tonic upgrade that changes it fails there.
-pub(crate) const TONIC_USER_AGENT: &str = "tonic/0.14.9";
 
 /// A client endpoint: the URI, the [`RrpcConfig`] and the options of
 /// `tonic::transport::Endpoint`, for every path.
@@ -272,7 +257,7 @@ impl RrpcEndpoint {
     /// [`Error::NotListening`], [`Error::Handshake`], [`Error::ConnectTimeout`],
     /// [`Error::Transport`], and configuration errors.
     pub async fn connect(&self) -> Result<RrpcChannel, Error> {
-        let carrier = crate::channel::carrier_of(&self.target, &self.config)?;
+        let carrier = crate::call::carrier_of(&self.target, &self.config)?;
         match &self.target {
             Target::Tcp(addr) => {
                 let ep = self.tonic_endpoint(format!("http://{addr}"), true)?;
@@ -302,7 +287,7 @@ impl RrpcEndpoint {
     /// Only configuration errors (an `rdma://` device that cannot be
     /// opened); it never connects here.
     pub fn connect_lazy(&self) -> Result<RrpcChannel, Error> {
-        let carrier = crate::channel::carrier_of(&self.target, &self.config)?;
+        let carrier = crate::call::carrier_of(&self.target, &self.config)?;
         match &self.target {
             Target::Tcp(addr) => {
                 let ep = self.tonic_endpoint(format!("http://{addr}"), true)?;
@@ -322,30 +307,19 @@ impl RrpcEndpoint {
     }
 
     fn dialer(&self) -> Result<Arc<Dialer>, Error> {
-        Ok(Arc::new(Dialer {
-            target: self.target.clone(),
-            config: self.config.clone(),
-            uri: self.uri.clone(),
-            connect_timeout: self.connect_timeout,
-            opts: self.call_options(),
-            h2: self.tonic_endpoint("http://rrpc.invalid".into(), false)?,
-            current: Mutex::new(None),
-            carrier: Arc::default(),
-            dialing: tokio::sync::Mutex::new(()),
-        }))
+        Ok(Dialer::new(
+            self.target.clone(),
+            self.config.clone(),
+            self.uri.clone(),
+            self.connect_timeout,
+            self.call_options(),
+            self.tonic_endpoint("http://rrpc.invalid".into(), false)?,
+        ))
     }
 
     /// A ring channel: reconnecting, behind tower's limits when set.
     fn rings(&self, dialer: Arc<Dialer>, conn: Option<Conn>, carrier: Carrier) -> RrpcChannel {
-        if let Some(c) = &conn {
-            *lock(&dialer.current) = Some(c.clone());
-        }
-        let managed = Managed {
-            dialer: dialer.clone(),
-            conn,
-            connecting: None,
-            failed: None,
-        };
+        let managed = Managed::new(dialer.clone(), conn);
         if self.concurrency_limit.is_none() && self.rate_limit.is_none() {
             return RrpcChannel::managed(managed, carrier);
         }
@@ -444,223 +418,59 @@ fn unix_connector(
     })
 }
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-/// One connection over rings, on whichever path the server chose.
-#[derive(Debug, Clone)]
-pub(crate) enum Conn {
-    Fast(FastChannel),
-    /// tonic's channel over ring connections (it reconnects by itself).
-    H2(Channel),
-}
-
-impl Conn {
-    fn usable(&self) -> bool {
-        match self {
-            Conn::Fast(f) => !f.is_retired(),
-            Conn::H2(_) => true,
-        }
-    }
-
-    pub(crate) fn path(&self) -> ChannelPath {
-        match self {
-            Conn::Fast(_) => ChannelPath::Fast,
-            Conn::H2(_) => ChannelPath::Http2,
-        }
-    }
-}
-
-/// Everything needed to connect again, shared by a channel's clones.
-#[derive(Debug)]
-pub(crate) struct Dialer {
-    target: Target,
-    config: RrpcConfig,
-    uri: String,
-    connect_timeout: Option<Duration>,
-    opts: CallOptions,
-    /// tonic's endpoint for the HTTP/2 path (the options it applies there).
-    h2: tonic::transport::Endpoint,
-    /// The connection new calls use.
-    current: Mutex<Option<Conn>>,
-    /// What carries the newest ring connection, read from it
-    /// ([`crate::RrpcChannel::carrier`]).
-    carrier: Arc<Mutex<Option<crate::Carrier>>>,
-    /// One dial at a time; the others wait for its result.
-    dialing: tokio::sync::Mutex<()>,
-}
-
-impl Dialer {
-    /// The path a connection will take if the server agrees.
-    pub(crate) fn preferred_path(&self) -> ChannelPath {
-        match self.config.get_path() {
-            crate::PathPreference::Fast => ChannelPath::Fast,
-            crate::PathPreference::Http2 => ChannelPath::Http2,
-        }
-    }
-
-    /// What carries the newest connection, once there is one.
-    pub(crate) fn current_carrier(&self) -> Option<crate::Carrier> {
-        lock(&self.carrier).clone()
-    }
-
-    /// The path of the current connection, if there is one.
-    pub(crate) fn current_path(&self) -> Option<ChannelPath> {
-        lock(&self.current).as_ref().map(Conn::path)
-    }
-
-    /// The current connection if it takes calls, else a new one.
+impl RrpcChannel {
+    /// Connects to `uri` (`http://`, `unix://`, `shm://`, `rdma://`,
+    /// `inproc://`): [`RrpcEndpoint::connect`] with tonic's defaults. The
+    /// channel reconnects when its connection fails (the next call dials).
     ///
-    /// Cancel safety: dropping the future abandons this attempt (a
-    /// handshake already running on a blocking thread finishes there and
-    /// its connection is closed); nothing is left half-installed.
-    async fn connection(self: Arc<Self>) -> Result<Conn, Error> {
-        let _one = self.dialing.lock().await;
-        if let Some(c) = lock(&self.current).as_ref().filter(|c| c.usable()) {
-            return Ok(c.clone());
-        }
-        // The old connection is released once its calls are done.
-        *lock(&self.current) = None;
-        let conn = match self.connect_timeout {
-            Some(t) => tokio::time::timeout(t, self.dial())
-                .await
-                .map_err(|_| Error::ConnectTimeout(t))??,
-            None => self.dial().await?,
-        };
-        tracing::debug!(uri = %self.uri, path = ?conn.path(), "rrpc: connected");
-        *lock(&self.current) = Some(conn.clone());
-        Ok(conn)
+    /// # Errors
+    /// [`Error::InvalidUri`], [`Error::UnsupportedTransport`] (`rdma://`
+    /// without the verbs provider), [`Error::NotListening`],
+    /// [`Error::Handshake`], [`Error::Transport`].
+    pub async fn connect(uri: &str, config: RrpcConfig) -> Result<Self, Error> {
+        RrpcEndpoint::new(uri)?.config(config).connect().await
     }
 
-    async fn dial(&self) -> Result<Conn, Error> {
-        let (pipe, path) = dial(&self.target, &self.config).await?;
-        let carrier = pipe.1.carrier().map(|c| crate::Carrier::observed(&c));
-        let conn = match path {
-            Negotiated::Fast { peer_window } => Conn::Fast(FastChannel::start(
-                pipe,
-                &self.config,
-                peer_window,
-                self.opts.clone(),
-            )),
-            Negotiated::Http2 => Conn::H2(
-                h2_channel(
-                    self.target.clone(),
-                    pipe,
-                    self.config.clone(),
-                    self.uri.clone(),
-                    self.h2.clone(),
-                    self.carrier.clone(),
-                )
-                .await?,
-            ),
-        };
-        // Recorded once the connection is up (the HTTP/2 connector records
-        // tonic's reconnects itself).
-        if let Some(c) = carrier {
-            tracing::debug!(uri = %self.uri, carrier = ?c, "rrpc: connection carrier");
-            *lock(&self.carrier) = Some(c);
+    /// One channel over several endpoints: each call goes to the less
+    /// loaded of two endpoints picked at random (tower's power-of-two-choices
+    /// balance over pending requests, as tonic's `Channel::balance_list`).
+    /// Every endpoint connects lazily and reconnects on its own; an endpoint
+    /// that is down fails the calls sent to it with `Unavailable` until it
+    /// is back (as with tonic).
+    ///
+    /// # Errors
+    /// No endpoints, or an endpoint's configuration error
+    /// ([`RrpcEndpoint::connect_lazy`]).
+    pub fn balance_list(endpoints: impl IntoIterator<Item = RrpcEndpoint>) -> Result<Self, Error> {
+        let mut carriers = Vec::new();
+        let mut services = Vec::new();
+        for ep in endpoints {
+            let ch = ep.connect_lazy()?;
+            carriers.push(ch.carrier());
+            services.push(tower::load::PendingRequests::new(
+                ch,
+                tower::load::CompleteOnResponse::default(),
+            ));
         }
-        Ok(conn)
-    }
-}
-
-/// A channel over rings that reconnects: `poll_ready` makes sure there is a
-/// connection that takes calls (dialing if not), `call` uses it.
-pub(crate) struct Managed {
-    pub(crate) dialer: Arc<Dialer>,
-    conn: Option<Conn>,
-    connecting: Option<BoxFut<'static, Result<Conn, Error>>>,
-    /// The last connect error, for the call that follows (tonic's
-    /// `Reconnect` does the same: the call fails, the next one retries).
-    failed: Option<Status>,
-}
-
-impl Clone for Managed {
-    fn clone(&self) -> Self {
-        Managed {
-            dialer: self.dialer.clone(),
-            conn: self.conn.clone(),
-            connecting: None,
-            failed: None,
+        if services.is_empty() {
+            return Err(Error::InvalidConfig(
+                "balance_list needs at least one endpoint",
+            ));
         }
-    }
-}
-
-impl std::fmt::Debug for Managed {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Managed")
-            .field("uri", &self.dialer.uri)
-            .field("conn", &self.conn)
-            .finish_non_exhaustive()
-    }
-}
-
-impl Managed {
-    /// The path of the connection in use (or about to be).
-    pub(crate) fn path(&self) -> Option<ChannelPath> {
-        self.conn
-            .as_ref()
-            .map(Conn::path)
-            .or_else(|| self.dialer.current_path())
-    }
-}
-
-impl Service<http::Request<Body>> for Managed {
-    type Response = http::Response<Body>;
-    type Error = BoxError;
-    type Future = ResponseFuture;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
-        loop {
-            if let Some(c) = &mut self.conn {
-                if c.usable() {
-                    return match c {
-                        Conn::Fast(f) => f.poll_ready(cx),
-                        Conn::H2(h) => h.poll_ready(cx).map_err(Into::into),
-                    };
-                }
-                self.conn = None;
-            }
-            if self.connecting.is_none() {
-                // Another clone may have connected already.
-                if let Some(c) = lock(&self.dialer.current).as_ref().filter(|c| c.usable()) {
-                    self.conn = Some(c.clone());
-                    continue;
-                }
-                self.connecting = Some(Box::pin(self.dialer.clone().connection()));
-            }
-            let fut = self.connecting.as_mut().expect("set above");
-            let r = ready!(fut.as_mut().poll(cx));
-            self.connecting = None;
-            match r {
-                Ok(c) => self.conn = Some(c),
-                Err(e) => {
-                    tracing::debug!(uri = %self.dialer.uri, "rrpc: connect failed: {e}");
-                    self.failed = Some(Status::from(e));
-                    return Poll::Ready(Ok(()));
-                }
-            }
-        }
-    }
-
-    fn call(&mut self, req: http::Request<Body>) -> ResponseFuture {
-        if let Some(st) = self.failed.take() {
-            return Box::pin(async move { Err(Box::new(st) as BoxError) });
-        }
-        match &mut self.conn {
-            Some(Conn::Fast(f)) => f.call(req),
-            Some(Conn::H2(h)) => h2_call(h, req),
-            None => Box::pin(async {
-                Err(Box::new(Status::internal("rrpc: call without poll_ready")) as BoxError)
-            }),
-        }
+        let balance =
+            tower::balance::p2c::Balance::new(tower::discover::ServiceList::new(services));
+        let svc = tower::util::BoxService::new(tower::util::MapErr::new(balance, |e: BoxError| e));
+        Ok(RrpcChannel::balanced(
+            tower::buffer::Buffer::new(svc, 1024),
+            carriers,
+        ))
     }
 }
 
 #[cfg(test)]
 mod tests {
     use std::convert::Infallible;
+    use std::task::{Context, Poll};
     use std::time::Duration;
 
     use tonic::body::Body;
@@ -668,6 +478,7 @@ mod tests {
     use tower::ServiceExt;
 
     use super::*;
+    use crate::fast::client::FastChannel;
 
     /// A service that answers every call with `grpc-status: 0`.
     #[derive(Debug, Clone)]
@@ -693,7 +504,7 @@ mod tests {
     }
 
     fn current_fast(ch: &RrpcChannel) -> FastChannel {
-        match ch.rings().and_then(|m| lock(&m.dialer.current).clone()) {
+        match ch.rings().and_then(|m| m.dialer.current()) {
             Some(Conn::Fast(f)) => f,
             other => panic!("no fast-path connection: {other:?}"),
         }

@@ -11,8 +11,17 @@ use std::task::{Context, Poll, ready};
 use bytes::{Buf, Bytes};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
-use crate::Error;
+use std::sync::{Arc, Mutex};
+
+use hyper_util::rt::TokioIo;
+use tonic::body::Body;
+use tonic::transport::Channel;
+use tower::Service;
+
+use crate::call::{BoxError, Carrier, ResponseFuture};
 use crate::pipe::{BoxFut, MsgTx, Pipe};
+use crate::transport::{Target, dial};
+use crate::{Error, PathPreference, RrpcConfig};
 use tokio::sync::mpsc;
 
 /// Information about an rrpc connection, available to tonic handlers through
@@ -188,4 +197,105 @@ impl tonic::transport::server::Connected for RrpcStream {
     fn connect_info(&self) -> RrpcConnectInfo {
         self.info.clone()
     }
+}
+
+/// tonic's channel over ring connections on the HTTP/2 path: `first` is
+/// the connection already negotiated; tonic reconnects through a fresh one.
+pub(crate) async fn h2_channel(
+    target: Target,
+    first: Pipe,
+    config: RrpcConfig,
+    uri: String,
+    endpoint: tonic::transport::Endpoint,
+    carrier: Arc<Mutex<Option<Carrier>>>,
+) -> Result<Channel, Error> {
+    let first = Arc::new(Mutex::new(Some(first)));
+    let config = config.path(PathPreference::Http2);
+    let ch = endpoint
+        .connect_with_connector(tower::service_fn(move |_: http::Uri| {
+            let (first, target, config, uri, carrier) = (
+                first.clone(),
+                target.clone(),
+                config.clone(),
+                uri.clone(),
+                carrier.clone(),
+            );
+            async move {
+                let taken = first.lock().expect("pipe lock").take();
+                let pipe = match taken {
+                    Some(p) => p,
+                    None => {
+                        // Reconnect: a fresh connection, HTTP/2 again.
+                        let (p, _http2) = dial(&target, &config).await?;
+                        p
+                    }
+                };
+                if let Some(c) = pipe.1.carrier() {
+                    *carrier.lock().unwrap_or_else(|e| e.into_inner()) =
+                        Some(Carrier::observed(&c));
+                }
+                Ok::<_, Error>(TokioIo::new(RrpcStream::new(
+                    pipe,
+                    RrpcConnectInfo { local: uri },
+                )))
+            }
+        }))
+        .await?;
+    Ok(ch)
+}
+
+/// A call on tonic's channel over rings, with rrpc's statuses for a lost
+/// connection ([`dispatch_error`], [`lost_connection`]).
+pub(crate) fn h2_call(c: &mut Channel, req: http::Request<Body>) -> ResponseFuture {
+    let fut = c.call(req);
+    Box::pin(async move {
+        let resp = fut
+            .await
+            .map_err(|e| -> BoxError { Box::new(dispatch_error(e.into())) })?;
+        Ok(resp.map(|b| Body::new(http_body_util::BodyExt::map_err(b, lost_connection))))
+    })
+}
+
+/// hyper reports a connection that died under a streaming response as an
+/// `Unknown` "h2 protocol error"; gRPC (and the fast path) say `Unavailable`.
+/// Body errors never carry a server's status (that comes in trailers), so an
+/// `Unknown` here is always the transport's.
+fn lost_connection(s: tonic::Status) -> tonic::Status {
+    if s.code() == tonic::Code::Unknown {
+        tonic::Status::unavailable(format!("connection lost: {}", s.message()))
+    } else {
+        s
+    }
+}
+
+/// HTTP/2 over rings only: a call dispatched on a connection that is
+/// closing: hyper says "canceled", the fast path says the peer is
+/// unavailable, so this path does too. A stream the server reset itself
+/// (RST_STREAM, e.g. CANCEL after its handler panicked) keeps tonic's
+/// status (`Cancelled`), exactly as over TCP. An expired deadline keeps
+/// tonic's own status (`Cancelled: Timeout expired`).
+fn dispatch_error(e: BoxError) -> tonic::Status {
+    if reset_by_server(&*e) {
+        return tonic::Status::from_error(e);
+    }
+    let st = tonic::Status::from_error(e);
+    let timeout = st.code() == tonic::Code::Cancelled && st.message().contains("Timeout expired");
+    match st.code() {
+        tonic::Code::Unknown | tonic::Code::Cancelled if !timeout => {
+            tonic::Status::unavailable(format!("connection lost: {}", st.message()))
+        }
+        _ => st,
+    }
+}
+
+/// Whether `e` is, or wraps, an HTTP/2 stream reset sent by the server.
+fn reset_by_server(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut cur = Some(e);
+    while let Some(err) = cur {
+        if let Some(h2) = err.downcast_ref::<h2::Error>() {
+            return h2.is_reset() && h2.is_remote();
+        }
+        cur = err.source();
+    }
+    false
 }

@@ -238,6 +238,7 @@
 //! * [`Error`]: one error type, mapped to [`tonic::Status`].
 #![forbid(unsafe_code)]
 
+mod call;
 mod channel;
 mod config;
 mod endpoint;
@@ -245,13 +246,15 @@ mod error;
 mod fast;
 pub mod frame;
 mod h2stream;
+mod managed;
 mod pipe;
 mod server;
 mod sharing;
 mod shm;
 mod transport;
 
-pub use channel::{Carrier, ChannelPath, ResponseFuture, RrpcChannel};
+pub use call::{Carrier, ChannelPath, ResponseFuture};
+pub use channel::RrpcChannel;
 pub use config::{
     DEFAULT_MAX_SHARED_PEERS, DEFAULT_PEER_LEASE, DEFAULT_RDMA_CONNECTION_POOL, PathPreference,
     RrpcConfig, default_poller_config,

@@ -208,6 +208,19 @@ impl fmt::Debug for Poller {
     }
 }
 
+impl PollerConfig {
+    /// Starts the polling threads.
+    ///
+    /// (Defined here rather than with the settings, so that the settings
+    /// import nothing of the running poller.)
+    ///
+    /// # Errors
+    /// [`Error::Io`] when a thread cannot be spawned.
+    pub fn build(self) -> Result<Poller> {
+        Poller::start(self)
+    }
+}
+
 impl Poller {
     /// A poller with the default configuration ([`Mode::Bpev`], two polling threads).
     ///

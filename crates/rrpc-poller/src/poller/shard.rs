@@ -13,8 +13,10 @@ use crate::source::Readiness;
 use crate::stats::Counters;
 use crate::sys::EventFd;
 
-use super::thread::REPORT_EVERY;
 use super::{Wake, lock};
+
+/// How often a running polling thread reports to the `metrics` facade.
+pub(super) const REPORT_EVERY: Duration = Duration::from_secs(1);
 
 /// Shared state of one registration, seen by the task, the polling thread and doorbells.
 pub(super) struct Entry {

@@ -12,7 +12,7 @@ use crate::backoff::{Governor, GovernorConfig, Reason, Verdict};
 use crate::stats::Counters;
 use crate::sys::ThreadClock;
 
-use super::shard::{Entry, Shard};
+use super::shard::{Entry, REPORT_EVERY, Shard};
 use super::{YIELD_AFTER_CHECKS, lock};
 
 /// Per-thread settings of the polling loop.
@@ -32,9 +32,6 @@ pub(super) struct LoopCfg {
 }
 
 pub(super) const NO_HOLDER: usize = usize::MAX;
-
-/// How often a running polling thread reports to the `metrics` facade.
-pub(super) const REPORT_EVERY: Duration = Duration::from_secs(1);
 
 /// Coalesces the idle rescans of the shared polling threads: the first thread that dozes
 /// becomes the *holder* and from then on rescans every dozing shard every `idle_interval`

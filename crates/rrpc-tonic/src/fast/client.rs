@@ -42,7 +42,7 @@ pub(crate) struct CallOptions {
 impl Default for CallOptions {
     fn default() -> Self {
         CallOptions {
-            user_agent: http::HeaderValue::from_static(crate::endpoint::TONIC_USER_AGENT),
+            user_agent: http::HeaderValue::from_static(crate::call::TONIC_USER_AGENT),
             authority: None,
             timeout: None,
         }
@@ -226,7 +226,7 @@ impl Drop for CallGuard {
 impl tower::Service<http::Request<Body>> for FastChannel {
     type Response = http::Response<Body>;
     type Error = BoxError;
-    type Future = crate::channel::ResponseFuture;
+    type Future = crate::call::ResponseFuture;
 
     fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
         // Back-pressure comes from the ring when frames are written.
