@@ -92,7 +92,7 @@ pub(crate) fn carrier_of(target: &Target, config: &RrpcConfig) -> Result<Carrier
         #[cfg(not(feature = "verbs"))]
         Target::Rdma(_) => {
             let _ = config;
-            return Err(crate::transport::rdma_unavailable());
+            return Err(crate::error::rdma_unavailable());
         }
     })
 }

@@ -15,9 +15,6 @@ pub enum PathPreference {
     Http2,
 }
 
-/// Smallest [`RrpcConfig::call_window`] either end accepts.
-pub(crate) const MIN_CALL_WINDOW: u32 = 1024;
-
 /// Bundles pooled for `rdma://` connections unless
 /// [`RrpcConfig::connection_pool`] says otherwise.
 pub const DEFAULT_RDMA_CONNECTION_POOL: usize = 2;
@@ -319,7 +316,7 @@ impl RrpcConfig {
     /// # Errors
     /// [`crate::Error::InvalidConfig`] outside 1 KiB ..= 2^31 - 1.
     pub fn call_window(self, bytes: u32) -> Result<Self, crate::Error> {
-        if !(MIN_CALL_WINDOW..=crate::frame::MAX_WINDOW).contains(&bytes) {
+        if !(crate::frame::MIN_CALL_WINDOW..=crate::frame::MAX_WINDOW).contains(&bytes) {
             return Err(crate::Error::InvalidConfig(
                 "call_window must be between 1 KiB and 2^31 - 1 bytes",
             ));

@@ -85,7 +85,7 @@ impl RrpcEndpoint {
         let target = Target::parse(&uri)?;
         #[cfg(not(feature = "verbs"))]
         if matches!(target, Target::Rdma(_)) {
-            return Err(crate::transport::rdma_unavailable());
+            return Err(crate::error::rdma_unavailable());
         }
         Ok(RrpcEndpoint {
             uri,

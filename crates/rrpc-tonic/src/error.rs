@@ -146,6 +146,15 @@ fn rings_code(e: &(dyn std::error::Error + 'static)) -> tonic::Code {
     Code::Unavailable
 }
 
+/// What `rdma://` says in a build without the verbs provider.
+pub(crate) fn rdma_unavailable() -> Error {
+    Error::UnsupportedTransport {
+        scheme: "rdma",
+        reason: "the verbs provider is not compiled in: enable rrpc-tonic's `verbs` feature \
+                 (cargo add rrpc-tonic -F verbs; needs libibverbs)",
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -371,6 +371,10 @@ pub fn parse_metadata(payload: &[u8]) -> Result<HeaderMap, FrameError> {
 /// Largest window and window increment (HTTP/2's limit, 2^31 - 1).
 pub const MAX_WINDOW: u32 = (1 << 31) - 1;
 
+/// Smallest call window ([`RrpcConfig::call_window`](crate::RrpcConfig::call_window))
+/// either end accepts.
+pub(crate) const MIN_CALL_WINDOW: u32 = 1024;
+
 /// What a DATA frame with `payload_len` bytes counts against a call's
 /// window: its wire size, or nothing for an empty frame.
 pub fn data_charge(payload_len: usize) -> usize {
@@ -457,10 +461,10 @@ pub fn parse_path_hello(m: &[u8]) -> Result<(u8, u32), String> {
         return Err(format!("unknown path {path}"));
     }
     let window = u32::from_le_bytes(m[5..].try_into().expect("4 bytes"));
-    if !(crate::config::MIN_CALL_WINDOW..=MAX_WINDOW).contains(&window) {
+    if !(MIN_CALL_WINDOW..=MAX_WINDOW).contains(&window) {
         return Err(format!(
             "peer's call window {window} is outside {} ..= {MAX_WINDOW}",
-            crate::config::MIN_CALL_WINDOW,
+            MIN_CALL_WINDOW,
         ));
     }
     Ok((path, window))

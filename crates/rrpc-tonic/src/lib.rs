@@ -247,6 +247,7 @@ mod fast;
 pub mod frame;
 mod h2stream;
 mod managed;
+mod negotiate;
 mod pipe;
 mod server;
 mod sharing;

@@ -17,8 +17,9 @@ use tower::Service;
 use crate::call::{BoxError, Carrier, ChannelPath, ResponseFuture};
 use crate::fast::client::{CallOptions, FastChannel};
 use crate::h2stream::{h2_call, h2_channel};
+use crate::negotiate::Negotiated;
 use crate::pipe::BoxFut;
-use crate::transport::{Negotiated, Target, dial};
+use crate::transport::{Target, dial};
 use crate::{Error, RrpcConfig};
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {

@@ -18,9 +18,10 @@ use tonic::service::Routes;
 use tower::layer::util::{Identity, Stack};
 use tower::{Layer, Service};
 
-use crate::fast::server::serve_conn;
+use crate::fast::server::{FastOptions, serve_conn};
 use crate::h2stream::{RrpcConnectInfo, RrpcStream};
-use crate::transport::{Established, Negotiated, RrpcListener, Target};
+use crate::negotiate::{Established, Negotiated};
+use crate::transport::{RrpcListener, Target};
 use crate::{Error, RrpcConfig};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -96,21 +97,6 @@ impl Options {
             max_connection_age: self.max_connection_age,
         }
     }
-}
-
-/// The server options that apply to fast-path connections.
-#[derive(Debug, Clone, Copy, Default)]
-pub(crate) struct FastOptions {
-    /// Upper bound on every call's deadline (tonic's `Server::timeout`).
-    pub(crate) timeout: Option<Duration>,
-    /// Handlers running at once per connection; more wait (or are shed).
-    pub(crate) concurrency_limit: Option<usize>,
-    /// Refuse calls beyond `concurrency_limit` at once (`ResourceExhausted`).
-    pub(crate) load_shed: bool,
-    /// Caps `RrpcConfig::max_concurrent_calls` on the server.
-    pub(crate) max_concurrent_streams: Option<u32>,
-    /// Drains a connection (GOAWAY, in-flight calls finish) at this age.
-    pub(crate) max_connection_age: Option<Duration>,
 }
 
 impl Server<Identity> {

@@ -38,7 +38,7 @@ use rrpc_core::{Endpoint, Fabric};
 use rrpc_ringbuf::{LocalRing, RingConfig};
 
 use crate::frame::{HANDSHAKE_SECTION, PATH_HELLO_LEN};
-use crate::transport::section_of;
+use crate::negotiate::section_of;
 use crate::{Error, RrpcConfig};
 
 /// What opens a shared connection, and starts the server's answer.

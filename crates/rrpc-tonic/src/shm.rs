@@ -18,11 +18,11 @@ use rrpc_poller::{Mode, WatchedFd};
 use rrpc_ringbuf::{LocalRing, RingConfig, RingRx, RingTx, TxWatch};
 
 use crate::frame::HANDSHAKE_SECTION;
-use crate::pipe::{BoxFut, MsgRx, MsgTx, Pipe};
-use crate::sharing::{self, Anchors, Request};
-use crate::transport::{
+use crate::negotiate::{
     Established, Negotiated, choose_path, client_hello, path_of_reply, section_of,
 };
+use crate::pipe::{BoxFut, MsgRx, MsgTx, Pipe};
+use crate::sharing::{self, Anchors, Request};
 use crate::{Error, RrpcConfig};
 
 fn ring_config(cfg: &RrpcConfig) -> Result<RingConfig, Error> {
@@ -507,7 +507,7 @@ pub(crate) fn fabric_for(ep: &Endpoint, cfg: &RrpcConfig) -> Result<Fabric, Erro
         #[cfg(not(feature = "verbs"))]
         Endpoint::Rdma(_) => {
             let _ = cfg;
-            Err(crate::transport::rdma_unavailable())
+            Err(crate::error::rdma_unavailable())
         }
         _ => Err(Error::InvalidConfig("unsupported rrpc-core endpoint")),
     }
@@ -894,7 +894,7 @@ mod tests {
         let mut listener = RrpcListener::bind(&target, &cfg).expect("bind");
         let scfg = cfg.clone();
         let server = tokio::spawn(async move {
-            let crate::transport::Established::Pipe(pipe, negotiated) = listener
+            let crate::negotiate::Established::Pipe(pipe, negotiated) = listener
                 .accept()
                 .await
                 .expect("accept")
@@ -904,7 +904,7 @@ mod tests {
             else {
                 panic!("a connection, not a shared one");
             };
-            let crate::transport::Negotiated::Fast { peer_window } = negotiated else {
+            let crate::negotiate::Negotiated::Fast { peer_window } = negotiated else {
                 panic!("fast path expected");
             };
             let svc = tower::service_fn(|_r: http::Request<Body>| async {
@@ -924,7 +924,7 @@ mod tests {
             .await
         });
         let (pipe, negotiated) = dial(&target, &cfg).await.expect("dial");
-        let crate::transport::Negotiated::Fast { peer_window } = negotiated else {
+        let crate::negotiate::Negotiated::Fast { peer_window } = negotiated else {
             panic!("fast path expected");
         };
         let mut ch = FastChannel::start(pipe, &cfg, peer_window, Default::default());

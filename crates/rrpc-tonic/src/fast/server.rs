@@ -121,7 +121,7 @@ pub(crate) async fn serve_conn<S, ResBody>(
     cfg: RrpcConfig,
     shutdown: CancellationToken,
     peer_window: u32,
-    opts: crate::server::FastOptions,
+    opts: FastOptions,
 ) -> Result<(), Error>
 where
     S: tower::Service<http::Request<Body>, Response = http::Response<ResBody>>
@@ -701,6 +701,21 @@ where
             }
         }
     }
+}
+
+/// The server options that apply to fast-path connections.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct FastOptions {
+    /// Upper bound on every call's deadline (tonic's `Server::timeout`).
+    pub(crate) timeout: Option<std::time::Duration>,
+    /// Handlers running at once per connection; more wait (or are shed).
+    pub(crate) concurrency_limit: Option<usize>,
+    /// Refuse calls beyond `concurrency_limit` at once (`ResourceExhausted`).
+    pub(crate) load_shed: bool,
+    /// Caps `RrpcConfig::max_concurrent_calls` on the server.
+    pub(crate) max_concurrent_streams: Option<u32>,
+    /// Drains a connection (GOAWAY, in-flight calls finish) at this age.
+    pub(crate) max_connection_age: Option<std::time::Duration>,
 }
 
 #[cfg(test)]
