@@ -8,13 +8,11 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
-use nix::sys::signal::{Signal, killpg};
-use nix::unistd::Pid;
 use serde::Serialize;
 
 use crate::BenchArgs;
-use crate::ci::workspace_root;
 use crate::plot::{self, TableFile};
+use crate::util::{build_bench, kill_group, utc_timestamp, workspace_root};
 use crate::{cluster, paper, signals};
 
 /// Every suite `all` runs, in order (later issues add `connect` and `kv`).
@@ -31,7 +29,7 @@ pub(crate) fn profile_dir(profile: &str) -> &str {
 
 /// The target directory and the bin targets of `rrpc-bench`, from `cargo metadata`.
 pub(crate) fn bench_metadata(root: &Path) -> Result<(PathBuf, Vec<String>)> {
-    let meta = crate::ci::cargo_metadata(root)?;
+    let meta = crate::util::cargo_metadata(root)?;
     let target = meta["target_directory"]
         .as_str()
         .context("cargo metadata has no target_directory")?;
@@ -49,42 +47,6 @@ pub(crate) fn bench_metadata(root: &Path) -> Result<(PathBuf, Vec<String>)> {
         .filter_map(|t| t["name"].as_str().map(str::to_owned))
         .collect();
     Ok((PathBuf::from(target), bins))
-}
-
-/// Builds the suite binaries (one cargo invocation, one profile).
-pub(crate) fn build(root: &Path, profile: &str, bins: &[&str]) -> Result<()> {
-    let mut args = vec!["build", "--profile", profile, "-p", "rrpc-bench"];
-    for b in bins {
-        args.extend(["--bin", b]);
-    }
-    let t = Instant::now();
-    crate::ci::run("cargo", &args, Some(root))?;
-    eprintln!(
-        "built {} suite binaries in {:.1}s",
-        bins.len(),
-        t.elapsed().as_secs_f64()
-    );
-    Ok(())
-}
-
-/// Kills a process group: SIGTERM, then SIGKILL after `grace`.
-pub(crate) fn kill_group(child: &mut Child, grace: Duration) {
-    let Ok(pgid) = i32::try_from(child.id()) else {
-        return;
-    };
-    // The child's own process group, which we created with `process_group(0)`.
-    let group = Pid::from_raw(pgid);
-    let _ = killpg(group, Signal::SIGTERM);
-    let deadline = Instant::now() + grace;
-    while Instant::now() < deadline {
-        if matches!(child.try_wait(), Ok(Some(_))) {
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    // Stragglers in the group get SIGKILL.
-    let _ = killpg(group, Signal::SIGKILL);
-    let _ = child.wait();
 }
 
 /// Waits for a child, killing its process group on Ctrl-C.
@@ -214,7 +176,7 @@ pub(crate) fn run(args: &BenchArgs) -> Result<()> {
             }
         }
     } else {
-        build(&root, &args.profile, &present)?;
+        build_bench(&root, &args.profile, &present)?;
     }
 
     let mut runs: Vec<SuiteRun> = Vec::new();
@@ -397,11 +359,6 @@ fn summary_markdown(
         s.push_str(c);
     }
     s
-}
-
-/// The current UTC time as `YYYYmmdd-HHMMSS`.
-pub(crate) fn utc_timestamp() -> String {
-    chrono::Utc::now().format("%Y%m%d-%H%M%S").to_string()
 }
 
 #[cfg(test)]

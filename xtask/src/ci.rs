@@ -6,6 +6,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 
+use crate::util::{VERBS_FEATURES, note_failure, probe, run, run_env, target_dir, workspace_root};
+
 /// `cargo xtask ci` options.
 #[derive(clap::Args, Debug, Clone)]
 pub(crate) struct CiArgs {
@@ -42,141 +44,12 @@ enum Outcome {
     Skipped(String),
 }
 
-/// `cargo metadata --no-deps` of the workspace at `root`, parsed.
-pub(crate) fn cargo_metadata(root: &Path) -> Result<serde_json::Value> {
-    let out = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
-        .args(["metadata", "--format-version", "1", "--no-deps"])
-        .current_dir(root)
-        .stderr(std::process::Stdio::inherit())
-        .output()
-        .context("running cargo metadata")?;
-    if !out.status.success() {
-        bail!("cargo metadata failed");
-    }
-    serde_json::from_slice(&out.stdout).context("parsing cargo metadata")
-}
-
-/// The cargo target directory of the workspace at `root`.
-pub(crate) fn target_dir(root: &Path) -> Result<PathBuf> {
-    let meta = cargo_metadata(root)?;
-    let dir = meta["target_directory"]
-        .as_str()
-        .context("cargo metadata has no target_directory")?;
-    Ok(PathBuf::from(dir))
-}
-
 /// `cargo clippy --workspace --all-targets` with `features`, warnings denied.
 fn clippy(root: &Path, features: &[&str]) -> Result<Outcome> {
     let mut args = vec!["clippy", "--workspace"];
     args.extend(features);
     args.extend(["--all-targets", "--", "-D", "warnings"]);
     run("cargo", &args, Some(root)).map(|()| Outcome::Ran)
-}
-
-/// What failed, in a few lines, gathered by the steps as they go and printed
-/// again at the very end of `cargo xtask ci` (after the step table), where a
-/// reader of a long CI log looks first.
-static DIGEST: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
-
-/// At most this many digest lines are kept (the first ones: later failures
-/// are mostly consequences).
-const DIGEST_MAX: usize = 60;
-
-/// Adds a line to the failure digest.
-pub(crate) fn note_failure(line: impl Into<String>) {
-    let mut d = DIGEST.lock().unwrap_or_else(|e| e.into_inner());
-    if d.len() < DIGEST_MAX {
-        d.push(line.into());
-    }
-}
-
-/// Whether a line of test or suite output names a failure worth repeating
-/// in the digest: libtest's failed tests and panics, a hung test, the
-/// cross-host suite's failed checks, a suite row with failures.
-pub(crate) fn is_failure_line(line: &str) -> bool {
-    line.contains("FAILED")
-        || line.contains("panicked at")
-        || line.contains("has been running for over")
-        || line.starts_with("error: test failed")
-        || line.starts_with("error[")
-        || line.starts_with("error: ")
-        || line.starts_with("Error: ")
-}
-
-/// Runs a command, echoing its output as it comes and keeping the lines that
-/// name a failure for the digest; fails on a non-zero exit.
-fn run_digested(
-    program: &str,
-    args: &[&str],
-    dir: Option<&Path>,
-    env: &[(&str, &str)],
-) -> Result<()> {
-    use std::io::{BufRead, BufReader};
-    eprintln!("==> {program} {}", args.join(" "));
-    let mut cmd = Command::new(program);
-    cmd.args(args)
-        .envs(env.iter().copied())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped());
-    if let Some(d) = dir {
-        cmd.current_dir(d);
-    }
-    let mut child = cmd.spawn().with_context(|| format!("spawning {program}"))?;
-    let forward = |r: Box<dyn std::io::Read + Send>, to_stderr: bool| {
-        std::thread::spawn(move || {
-            for line in BufReader::new(r).lines().map_while(Result::ok) {
-                if to_stderr {
-                    eprintln!("{line}");
-                } else {
-                    println!("{line}");
-                }
-                if is_failure_line(&line) {
-                    note_failure(line);
-                }
-            }
-        })
-    };
-    let out = child.stdout.take().map(|o| forward(Box::new(o), false));
-    let err = child.stderr.take().map(|e| forward(Box::new(e), true));
-    let status = child
-        .wait()
-        .with_context(|| format!("waiting for {program}"))?;
-    for t in [out, err].into_iter().flatten() {
-        let _ = t.join();
-    }
-    if !status.success() {
-        bail!("`{program} {}` failed with {status}", args.join(" "));
-    }
-    Ok(())
-}
-
-/// Runs a command, failing on a non-zero exit.
-pub(crate) fn run(program: &str, args: &[&str], dir: Option<&Path>) -> Result<()> {
-    run_env(program, args, dir, &[])
-}
-
-/// Runs a command with extra environment variables, failing on a non-zero
-/// exit; its output is echoed, and lines naming a failure go to the digest.
-fn run_env(program: &str, args: &[&str], dir: Option<&Path>, env: &[(&str, &str)]) -> Result<()> {
-    run_digested(program, args, dir, env)
-}
-
-/// Whether a command runs and exits 0 (for probes such as `pkg-config --exists`).
-fn probe(program: &str, args: &[&str]) -> bool {
-    Command::new(program)
-        .args(args)
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success())
-}
-
-/// The workspace root (xtask lives in `<root>/xtask`).
-pub(crate) fn workspace_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("xtask is inside the workspace")
-        .to_path_buf()
 }
 
 /// Whether `crates/rrpc-core/Cargo.toml` declares a `verbs` feature.
@@ -189,14 +62,6 @@ fn core_has_verbs_feature(root: &Path) -> bool {
         .and_then(|t| t.get("features")?.as_table()?.get("verbs").cloned())
         .is_some()
 }
-
-/// The `verbs` feature of every workspace package that has one. The test
-/// step and the soft-RoCE suite (`cargo xtask rxe`) both build with
-/// `--workspace --features VERBS_FEATURES`, so cargo resolves the same
-/// features for both and the suite reuses the test step's binaries instead
-/// of building ~40 test binaries a second time.
-pub(crate) const VERBS_FEATURES: &str = "rrpc-core/verbs,rrpc-ringbuf/verbs,rrpc-poller/verbs,\
-rrpc-tonic/verbs,rrpc-kv/verbs,rrpc-integration-tests/verbs,rrpc-bench/verbs,examples/verbs";
 
 /// Whether the verbs provider can be built here: rrpc-core declares the
 /// feature and libibverbs' headers are installed. `Err` says why not.
@@ -542,7 +407,7 @@ pub(crate) fn run_ci(args: &CiArgs) -> Result<()> {
         eprintln!("  {name:<20} {:>8.1}s  {status}", el.as_secs_f64());
     }
     eprintln!("  {:<20} {:>8.1}s", "total", total.elapsed().as_secs_f64());
-    let digest = DIGEST.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    let digest = crate::util::digest();
     if result.is_err() && !digest.is_empty() {
         eprintln!(
             "\n=== ci: what failed (first {} lines naming a failure; the full output is above)",
@@ -649,28 +514,6 @@ mod tests {
     use super::*;
 
     #[test]
-    fn failure_lines_are_recognised() {
-        for l in [
-            "test rdma_fast::tls_is_checked ... FAILED",
-            "thread 'x' panicked at src/lib.rs:1:1:",
-            "test a::b has been running for over 60 seconds",
-            "cross-host: partition and heal (4 s) FAILED (missing: calls ok)",
-            "B| cross-host: soak rdma FAILED (missing: calls: )",
-            "error: test failed, to rerun pass `-p rrpc-tonic --test integration`",
-        ] {
-            assert!(is_failure_line(l), "{l}");
-        }
-        for l in [
-            "test rdma_fast::tls_is_checked ... ok",
-            "test result: ok. 2 passed; 0 failed; 0 ignored",
-            "calls: 93 failed: 0 lost: 0",
-            "   Compiling rrpc-core v0.1.0",
-        ] {
-            assert!(!is_failure_line(l), "{l}");
-        }
-    }
-
-    #[test]
     fn finds_the_verbs_feature_of_this_workspace() {
         let root = workspace_root();
         let text = std::fs::read_to_string(root.join("crates/rrpc-core/Cargo.toml")).unwrap();
@@ -694,12 +537,5 @@ mod tests {
             .collect();
         assert_eq!(left, ["xtask"]);
         std::fs::remove_dir_all(&dir).unwrap();
-    }
-
-    #[test]
-    fn probe_distinguishes_success_and_failure() {
-        assert!(probe("true", &[]));
-        assert!(!probe("false", &[]));
-        assert!(!probe("/nonexistent/program", &[]));
     }
 }

@@ -51,8 +51,8 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use serde::{Deserialize, Serialize};
 
-use crate::bench::{build, kill_group};
 use crate::plot::TableFile;
+use crate::util::{build_bench, kill_group};
 use crate::{BenchArgs, signals};
 
 /// How processes are started.
@@ -560,8 +560,8 @@ pub(crate) fn run(
             );
         }
     }
-    build(root, &args.profile, &[suite])?;
-    let run_id = format!("{}-{}", crate::bench::utc_timestamp(), std::process::id());
+    build_bench(root, &args.profile, &[suite])?;
+    let run_id = format!("{}-{}", crate::util::utc_timestamp(), std::process::id());
     eprintln!(
         "cluster run {run_id}: {} processes via {:?}",
         procs.len(),

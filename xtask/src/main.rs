@@ -25,6 +25,7 @@ mod rxe_hosts;
 mod selftest;
 mod signals;
 mod soak;
+mod util;
 
 use std::path::PathBuf;
 
@@ -119,13 +120,18 @@ fn run(cli: Cli) -> Result<()> {
         Cmd::Bench(args) => bench::run(&args),
         Cmd::Plot { dirs } => bench::replot(&dirs),
         Cmd::Rxe(args) => {
-            let code = rxe::run(&args)?;
+            let code = if args.hosts == 1 {
+                rxe::run(&args)?
+            } else {
+                let root = util::workspace_root();
+                rxe_hosts::run(&root, &util::target_dir(&root)?, &args)?
+            };
             std::process::exit(code)
         }
         Cmd::VerbsSelftest(args) => {
             let code = selftest::run(&args)?;
             std::process::exit(code)
         }
-        Cmd::Soak(args) => soak::run_soak(&ci::workspace_root(), &args),
+        Cmd::Soak(args) => soak::run_soak(&util::workspace_root(), &args),
     }
 }

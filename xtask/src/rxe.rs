@@ -806,14 +806,12 @@ fn print_tail(path: &Path, lines: usize) {
     }
 }
 
-/// Entry point of `cargo xtask rxe`: returns the exit code to leave with.
+/// Entry point of `cargo xtask rxe` on one host (`--hosts 2` is
+/// [`crate::rxe_hosts::run`]): returns the exit code to leave with.
 pub(crate) fn run(args: &RxeArgs) -> Result<i32> {
-    let root = crate::ci::workspace_root();
-    let target = crate::ci::target_dir(&root)?;
+    let root = crate::util::workspace_root();
+    let target = crate::util::target_dir(&root)?;
     let timeout = Duration::from_secs(args.timeout);
-    if args.hosts != 1 {
-        return crate::rxe_hosts::run(&root, &target, args);
-    }
     if args.cmd.is_empty() {
         return suite::run(&root, &target, timeout, args.keep);
     }
@@ -1114,7 +1112,7 @@ pub(crate) mod suite {
                 "--no-run",
                 "--workspace",
                 "--features",
-                crate::ci::VERBS_FEATURES,
+                crate::util::VERBS_FEATURES,
             ],
         )
     }
@@ -1128,13 +1126,25 @@ pub(crate) mod suite {
             .with_context(|| format!("building the tests produced no binary `{name}`"))
     }
 
+    /// The binaries the cross-host suite runs, built on the host.
+    #[derive(Debug)]
+    pub(crate) struct SuiteBins {
+        pub(crate) hello_server: std::path::PathBuf,
+        pub(crate) hello_client: std::path::PathBuf,
+        pub(crate) route_server: std::path::PathBuf,
+        pub(crate) route_client: std::path::PathBuf,
+        pub(crate) soak: std::path::PathBuf,
+        pub(crate) kv_server: std::path::PathBuf,
+        pub(crate) kv_bench: std::path::PathBuf,
+    }
+
     /// Builds what the cross-host suite runs (`cargo xtask rxe --hosts 2`):
     /// the examples' servers and clients and the soak, from the same build
     /// as the suite's test binaries.
-    pub(crate) fn build_cross_host(root: &Path) -> Result<crate::rxe_hosts::SuiteBins> {
+    pub(crate) fn build_cross_host(root: &Path) -> Result<SuiteBins> {
         let built = test_build(root)?;
         let find = |n: &str| find_bin(&built, n);
-        Ok(crate::rxe_hosts::SuiteBins {
+        Ok(SuiteBins {
             hello_server: find("helloworld-server")?,
             hello_client: find("helloworld-client")?,
             route_server: find("routeguide-server")?,
@@ -1367,12 +1377,16 @@ echo "{END} examples/{name} rc=$rc"; [ $rc = 0 ] || failed=1
         let vm = run_in_vm(root, target, &script, timeout, keep)?;
         let rows = summarize(&vm.output);
         let (_, failed, _, skipped) = print_summary(&rows);
-        for line in vm.output.lines().filter(|l| crate::ci::is_failure_line(l)) {
-            crate::ci::note_failure(format!("verbs suite: {line}"));
+        for line in vm
+            .output
+            .lines()
+            .filter(|l| crate::util::is_failure_line(l))
+        {
+            crate::util::note_failure(format!("verbs suite: {line}"));
         }
         for (name, _, f, _, sk, rc) in &rows {
             if *f > 0 || *sk > 0 || *rc != Some(0) {
-                crate::ci::note_failure(format!(
+                crate::util::note_failure(format!(
                     "verbs suite: {name}: {f} failed, {sk} skipped for want of a device, {}",
                     rc.map_or("did not finish".to_owned(), |c| format!("exit {c}"))
                 ));

@@ -56,6 +56,7 @@ use std::time::Duration;
 
 use anyhow::{Result, bail};
 
+use crate::rxe::suite::SuiteBins;
 use crate::rxe::{RxeArgs, VmSpec, run_vms, sh_quote};
 
 /// The two hosts: label, address, MAC.
@@ -164,11 +165,15 @@ pub(crate) fn run_pair(
     let (a, b) = (runs[0].code, runs[1].code);
     eprintln!("rxe --hosts 2: A exited {a}, B exited {b}");
     for (label, run) in HOSTS.iter().map(|h| h.0).zip(&runs) {
-        for line in run.output.lines().filter(|l| crate::ci::is_failure_line(l)) {
-            crate::ci::note_failure(format!("cross-host {label}: {line}"));
+        for line in run
+            .output
+            .lines()
+            .filter(|l| crate::util::is_failure_line(l))
+        {
+            crate::util::note_failure(format!("cross-host {label}: {line}"));
         }
         if run.code != 0 {
-            crate::ci::note_failure(format!("cross-host {label}: exited {}", run.code));
+            crate::util::note_failure(format!("cross-host {label}: exited {}", run.code));
         }
     }
     Ok(if a != 0 { a } else { b })
@@ -341,18 +346,6 @@ exit $failed
         part_secs = PARTITION_SECS + 35,
     );
     [a, b]
-}
-
-/// The binaries the cross-host suite runs, built on the host.
-#[derive(Debug)]
-pub(crate) struct SuiteBins {
-    pub(crate) hello_server: std::path::PathBuf,
-    pub(crate) hello_client: std::path::PathBuf,
-    pub(crate) route_server: std::path::PathBuf,
-    pub(crate) route_client: std::path::PathBuf,
-    pub(crate) soak: std::path::PathBuf,
-    pub(crate) kv_server: std::path::PathBuf,
-    pub(crate) kv_bench: std::path::PathBuf,
 }
 
 /// `cargo xtask rxe --hosts 2`.

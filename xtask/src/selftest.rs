@@ -214,7 +214,7 @@ pub(crate) fn run(args: &SelftestArgs) -> Result<i32> {
             return Ok(2);
         }
     };
-    let root = crate::ci::workspace_root();
+    let root = crate::util::workspace_root();
     let t0 = Instant::now();
     let built = suite::build(&root)?;
     eprintln!(

@@ -7,7 +7,7 @@ use std::path::Path;
 
 use anyhow::Result;
 
-use crate::ci::run;
+use crate::util::run;
 
 /// Arguments of `cargo xtask soak`.
 #[derive(clap::Args, Debug, Clone)]
