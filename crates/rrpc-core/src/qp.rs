@@ -629,7 +629,7 @@ pub(crate) enum LaterTable {
 pub(crate) struct LaterGrants {
     pub(crate) table: LaterTable,
     pub(crate) keys: Vec<u32>,
-    pub(crate) _budget: Option<crate::conn::BudgetGuard>,
+    pub(crate) _budget: Option<crate::conn::budget::BudgetGuard>,
 }
 
 impl Drop for LaterGrants {

@@ -44,15 +44,19 @@ use std::os::fd::OwnedFd;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use super::{
-    Connection, Deadline, Error, HandshakeConfig, Hello, Incoming, Message, Offer, ProviderKind,
-    QpInner, QueuePair, Reject, Result, Side, base_hello, peer_info, reject_code_for,
-};
+use super::accept::Incoming;
+use super::established::{Connection, LogicalHold, Side};
+use super::exchange::{Deadline, Offer, base_hello, peer_info, reject_code_for};
+use super::settings::HandshakeConfig;
 use crate::endpoint::Endpoint;
+use crate::error::{Error, Result};
+use crate::fabric::ProviderKind;
+use crate::handshake::{Hello, Message, Reject};
 use crate::provider::shm::side::{
     check_region_memfds, connect_unix, exchange_unix, granted_bytes, send_msg,
 };
 use crate::qp::LaterGrants;
+use crate::qp::{QpInner, QueuePair};
 use crate::region::Region;
 use crate::vqp::{PhysicalQp, VqpConfig};
 
@@ -127,10 +131,10 @@ pub(super) struct Logical {
     shared: Arc<SharedConnection>,
 }
 
-impl Logical {
+impl LogicalHold for Logical {
     /// Keeps `grants` (what this logical connection granted the peer)
     /// registered for [`GRANT_LEASE`]; releases older ones.
-    pub(super) fn retire(&self, grants: Vec<(u16, Arc<Region>)>) {
+    fn retire(&self, grants: Vec<(u16, Arc<Region>)>) {
         let now = Instant::now();
         let mut r = self
             .shared
@@ -230,10 +234,10 @@ pub fn connect_logical(
     let peer = peer_info(&accept, shared.conn.peer().provider)?;
     let grants = add_grants(shared, &accept, fds, cfg.max_grant_bytes, None)?;
     let mut conn = Connection::new(side, qp, peer, offer.grants)?;
-    conn.logical = Some(Logical {
+    conn.logical = Some(Box::new(Logical {
         _grants: grants,
         shared: shared.clone(),
-    });
+    }));
     tracing::debug!("logical connection connected");
     Ok(conn)
 }
@@ -323,10 +327,10 @@ impl Incoming {
             }
         }
         let mut conn = Connection::new(stream, qp, peer, offer.grants)?;
-        conn.logical = Some(Logical {
+        conn.logical = Some(Box::new(Logical {
             _grants: grants,
             shared: shared.clone(),
-        });
+        }));
         tracing::debug!(tag, "logical connection accepted");
         Ok(conn)
     }

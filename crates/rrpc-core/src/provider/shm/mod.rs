@@ -399,7 +399,7 @@ struct Peer {
     cq: PeerCq,
     /// The bytes mapped above, counted against the listener's budget until
     /// the mappings are dropped.
-    _budget: Option<crate::conn::BudgetGuard>,
+    _budget: Option<crate::conn::budget::BudgetGuard>,
 }
 
 /// What the peer must receive to become our remote: our receive queue and its eventfd.
@@ -420,7 +420,7 @@ pub(crate) struct PeerResources {
     pub(crate) cq_cap: u64,
     pub(crate) event_fd: OwnedFd,
     /// The budget reservation for the bytes mapped, released with the mappings.
-    pub(crate) budget: Option<crate::conn::BudgetGuard>,
+    pub(crate) budget: Option<crate::conn::budget::BudgetGuard>,
 }
 
 /// A post's checked ends: the peer, the pointer into its region, the region
@@ -602,7 +602,7 @@ impl ShmQp {
     pub(crate) fn add_grants(
         &self,
         regions: Vec<(RemoteRegion, OwnedFd)>,
-        budget: Option<crate::conn::BudgetGuard>,
+        budget: Option<crate::conn::budget::BudgetGuard>,
     ) -> Result<crate::qp::LaterGrants> {
         let peer = self.peer.get().ok_or(Error::NotConnected)?;
         let mapped = map_regions(regions)?;

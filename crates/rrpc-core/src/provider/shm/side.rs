@@ -15,7 +15,8 @@ use std::time::Duration;
 use nix::sys::socket::{ControlMessage, MsgFlags, sendmsg};
 
 use super::PeerResources;
-use crate::conn::{BudgetGuard, Deadline, Offer, base_hello, map_io, reject_error};
+use crate::conn::budget::BudgetGuard;
+use crate::conn::exchange::{Deadline, Offer, base_hello, map_io, reject_error};
 use crate::error::{Error, Result};
 use crate::fabric::ProviderKind;
 use crate::handshake::{HEADER_LEN, Header, Hello, MAX_BODY, MAX_REGIONS, Message};

@@ -42,8 +42,8 @@ use std::time::Duration;
 
 use nix::sys::socket::{setsockopt, sockopt};
 
-use crate::conn::map_io;
-use crate::conn::{Deadline, TcpKeepalive};
+use crate::conn::exchange::{Deadline, map_io};
+use crate::conn::settings::TcpKeepalive;
 
 use super::endpoint::VerbsEndpoint;
 use crate::error::{Error, Result};
@@ -71,7 +71,7 @@ pub(crate) struct Stream {
     plain: Vec<u8>,
 }
 
-pub(crate) use crate::conn::Want;
+pub(crate) use crate::conn::settings::Want;
 
 impl std::fmt::Debug for Stream {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -557,7 +557,7 @@ pub(crate) fn exchange(s: &mut Stream, hello: Hello, deadline: Deadline) -> Resu
             check_provider(&h)?;
             Ok(h)
         }
-        Message::Reject(r) => Err(crate::conn::reject_error(r)),
+        Message::Reject(r) => Err(crate::conn::exchange::reject_error(r)),
         other => Err(Error::MalformedHandshake(format!(
             "expected Accept, got {:?}",
             other.kind()
@@ -644,7 +644,7 @@ pub(crate) fn client(
     mut hello: Hello,
     deadline: Deadline,
     keepalive: Option<&TcpKeepalive>,
-    tls: Option<&crate::conn::TlsClient>,
+    tls: Option<&crate::conn::settings::TlsClient>,
 ) -> Result<(TcpStream, Hello)> {
     fill_hello(qp, &mut hello)?;
     let mut s = open(addr, deadline, keepalive, tls)?;
@@ -665,7 +665,7 @@ pub(crate) fn client_logical(
     mut hello: Hello,
     deadline: Deadline,
     keepalive: Option<&TcpKeepalive>,
-    tls: Option<&crate::conn::TlsClient>,
+    tls: Option<&crate::conn::settings::TlsClient>,
 ) -> Result<(TcpStream, Hello)> {
     hello.provider = ProviderKind::Verbs.code();
     hello.endpoint.clear();
@@ -684,7 +684,7 @@ fn open(
     addr: SocketAddr,
     deadline: Deadline,
     keepalive: Option<&TcpKeepalive>,
-    tls: Option<&crate::conn::TlsClient>,
+    tls: Option<&crate::conn::settings::TlsClient>,
 ) -> Result<Stream> {
     let tcp = connect_tcp(addr, deadline, keepalive)?;
     Ok(match tls {
@@ -713,7 +713,12 @@ pub(crate) fn server_accept(
     if let Err(e) = fill_hello(qp, &mut hello).and_then(|_| attach(qp, client)) {
         // A device that cannot reach the client (link down, a transition
         // refused) is this server's trouble, not a malformed client.
-        return Err(refuse(s, crate::conn::reject_code_for(&e), e, deadline));
+        return Err(refuse(
+            s,
+            crate::conn::exchange::reject_code_for(&e),
+            e,
+            deadline,
+        ));
     }
     send_msg(s, &Message::Accept(hello), deadline)
 }
@@ -853,7 +858,7 @@ mod tests {
             send_msg(
                 &mut s,
                 &Message::Reject(Reject {
-                    code: crate::conn::reject_code_for(&e),
+                    code: crate::conn::exchange::reject_code_for(&e),
                     reason: e.to_string(),
                 }),
                 dl(),

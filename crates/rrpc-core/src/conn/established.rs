@@ -1,0 +1,288 @@
+//! An established connection and the side channel that watches its peer.
+
+use std::io::{self, Read};
+use std::os::fd::{AsFd, BorrowedFd};
+use std::os::unix::net::UnixStream;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use crate::error::{Error, Result};
+#[cfg(feature = "verbs")]
+use crate::provider::verbs::side;
+use crate::qp::QueuePair;
+
+use super::budget::PeerKey;
+use super::exchange::{Deadline, PeerInfo};
+use crate::handshake::Message;
+use crate::provider::shm::side::{send_msg, set_timeouts};
+use crate::region::Region;
+
+/// What a logical connection keeps alive beyond a dedicated one (its grants
+/// on the shared queue pair, the shared connection): the `logical` module's,
+/// behind this seam so that a connection need not know it. Dropped after
+/// the queue pair (field order), told first which of our grants to retire.
+pub(crate) trait LogicalHold: Send + Sync + std::fmt::Debug {
+    /// Keeps `grants` (what the logical connection granted the peer)
+    /// registered for the lease; releases older ones.
+    fn retire(&self, grants: Vec<(u16, Arc<Region>)>);
+}
+
+// ---------------------------------------------------------------------------
+// Connection
+// ---------------------------------------------------------------------------
+
+/// The side channel of one connection.
+#[derive(Debug)]
+pub(crate) enum Side {
+    Unix(UnixStream),
+    /// During the handshake with its TLS session, if any; a connection's
+    /// has none (`side` docs, "TLS").
+    #[cfg(feature = "verbs")]
+    Tcp(side::Stream),
+}
+
+impl Side {
+    pub(crate) fn send(&self, m: &Message, deadline: Deadline) -> Result<()> {
+        match self {
+            Side::Unix(s) => send_msg(s, m, &[], deadline),
+            #[cfg(feature = "verbs")]
+            Side::Tcp(s) => side::send_plain(s.tcp(), m, deadline),
+        }
+    }
+    pub(crate) fn peer_key(&self) -> PeerKey {
+        match self {
+            Side::Unix(s) => {
+                match nix::sys::socket::getsockopt(s, nix::sys::socket::sockopt::PeerCredentials) {
+                    Ok(c) => PeerKey::Process {
+                        uid: c.uid(),
+                        pid: c.pid(),
+                    },
+                    Err(_) => PeerKey::Unknown,
+                }
+            }
+            #[cfg(feature = "verbs")]
+            Side::Tcp(s) => s
+                .tcp()
+                .peer_addr()
+                .map_or(PeerKey::Unknown, |a| PeerKey::Host(a.ip())),
+        }
+    }
+    pub(crate) fn peer_addr(&self) -> String {
+        match self {
+            Side::Unix(s) => {
+                match nix::sys::socket::getsockopt(s, nix::sys::socket::sockopt::PeerCredentials) {
+                    Ok(c) => format!("pid={} uid={}", c.pid(), c.uid()),
+                    Err(_) => "unix peer".to_string(),
+                }
+            }
+            #[cfg(feature = "verbs")]
+            Side::Tcp(s) => s
+                .tcp()
+                .peer_addr()
+                .map_or_else(|_| "tcp peer".to_string(), |a| a.to_string()),
+        }
+    }
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        match self {
+            Side::Unix(s) => s.as_fd(),
+            #[cfg(feature = "verbs")]
+            Side::Tcp(s) => s.tcp().as_fd(),
+        }
+    }
+    pub(crate) fn set_timeouts(&self, t: Option<Duration>) -> Result<()> {
+        match self {
+            Side::Unix(s) => set_timeouts(s, t),
+            #[cfg(feature = "verbs")]
+            Side::Tcp(s) => s
+                .tcp()
+                .set_read_timeout(t)
+                .and_then(|_| s.tcp().set_write_timeout(t))
+                .map_err(|e| Error::io("set socket timeout", e)),
+        }
+    }
+    pub(crate) fn set_nonblocking(&self, nb: bool) -> io::Result<()> {
+        match self {
+            Side::Unix(s) => s.set_nonblocking(nb),
+            #[cfg(feature = "verbs")]
+            Side::Tcp(s) => s.tcp().set_nonblocking(nb),
+        }
+    }
+    pub(crate) fn read(&self, b: &mut [u8]) -> io::Result<usize> {
+        match self {
+            Side::Unix(s) => (&*s).read(b),
+            #[cfg(feature = "verbs")]
+            Side::Tcp(s) => {
+                let mut t = s.tcp();
+                t.read(b)
+            }
+        }
+    }
+    pub(crate) fn shutdown(&self) {
+        let _ = match self {
+            Side::Unix(s) => s.shutdown(std::net::Shutdown::Both),
+            #[cfg(feature = "verbs")]
+            Side::Tcp(s) => s.tcp().shutdown(std::net::Shutdown::Both),
+        };
+    }
+}
+
+/// [`Connection::gone_why`]: the side channel closed (or the peer said goodbye).
+const GONE_CLOSED: u8 = 0;
+/// [`Connection::gone_why`]: the side channel timed out (the peer's host went silent).
+const GONE_SILENT: u8 = 1;
+
+/// An established connection: a connected queue pair, what the peer granted,
+/// and the side channel that tells whether the peer is still there.
+#[derive(Debug)]
+pub struct Connection {
+    pub(crate) qp: Arc<QueuePair>,
+    pub(crate) peer: PeerInfo,
+    pub(crate) side: Side,
+    pub(crate) _grants: Vec<(u16, Arc<Region>)>,
+    pub(crate) gone: AtomicBool,
+    /// Why the peer is gone, once it is: [`GONE_CLOSED`] or [`GONE_SILENT`].
+    pub(crate) gone_why: std::sync::atomic::AtomicU8,
+    /// For a logical connection: the peer's grants on the shared queue pair
+    /// and the shared connection, both released after `qp` (field order).
+    pub(crate) logical: Option<Box<dyn LogicalHold>>,
+}
+
+impl Connection {
+    pub(crate) fn new(
+        side: Side,
+        qp: QueuePair,
+        peer: PeerInfo,
+        grants: Vec<(u16, Arc<Region>)>,
+    ) -> Result<Self> {
+        // The TLS session ends with the handshake (`side` docs, "TLS").
+        #[cfg(feature = "verbs")]
+        let side = match side {
+            Side::Tcp(s) if s.is_tls() => Side::Tcp(side::Stream::plain(s.into_tcp())),
+            other => other,
+        };
+        side.set_timeouts(None)?;
+        side.set_nonblocking(true)
+            .map_err(|e| Error::io("set_nonblocking", e))?;
+        Ok(Connection {
+            qp: Arc::new(qp),
+            peer,
+            side,
+            _grants: grants,
+            gone: AtomicBool::new(false),
+            gone_why: std::sync::atomic::AtomicU8::new(GONE_CLOSED),
+            logical: None,
+        })
+    }
+
+    /// The connected queue pair.
+    pub fn qp(&self) -> &Arc<QueuePair> {
+        &self.qp
+    }
+
+    /// What the peer offered.
+    pub fn peer(&self) -> &PeerInfo {
+        &self.peer
+    }
+
+    /// The side channel's fd: becomes readable when the peer closes or says
+    /// goodbye. Watch it (tokio `AsyncFd`, `poll(2)`) and call
+    /// [`Self::check_alive`] when it fires.
+    pub fn liveness_fd(&self) -> BorrowedFd<'_> {
+        self.side.as_fd()
+    }
+
+    /// Non-blocking liveness check.
+    ///
+    /// # Errors
+    /// Once the peer is gone (the queue pair is failed with the same error):
+    /// [`Error::PeerGone`] when the side channel closed or the peer said
+    /// goodbye; [`Error::PeerUnresponsive`] when the peer's host stopped
+    /// answering (the side channel's keep-alive or `TCP_USER_TIMEOUT` ran
+    /// out: no FIN, no RST, the way a host dies or a link is cut).
+    pub fn check_alive(&self) -> Result<()> {
+        if self.gone.load(Ordering::Acquire) {
+            return Err(self.gone_error());
+        }
+        let mut b = [0u8; 1];
+        match self.side.read(&mut b) {
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(()),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => Ok(()),
+            Err(e) if e.kind() == io::ErrorKind::TimedOut => {
+                self.gone_why.store(GONE_SILENT, Ordering::Release);
+                self.mark_gone();
+                Err(self.gone_error())
+            }
+            // EOF, goodbye bytes, or another socket error: the peer is gone.
+            _ => {
+                self.mark_gone();
+                Err(self.gone_error())
+            }
+        }
+    }
+
+    /// The error that says why the peer is gone ([`Self::check_alive`]);
+    /// [`Error::PeerGone`] while it is not known to be.
+    pub fn gone_error(&self) -> Error {
+        if self.gone_why.load(Ordering::Acquire) != GONE_SILENT {
+            return Error::PeerGone;
+        }
+        let after: Option<u32> = match &self.side {
+            Side::Unix(_) => None,
+            #[cfg(feature = "verbs")]
+            Side::Tcp(s) => {
+                nix::sys::socket::getsockopt(&s.tcp(), nix::sys::socket::sockopt::TcpUserTimeout)
+                    .ok()
+            }
+        };
+        Error::PeerUnresponsive(match after {
+            Some(ms) if ms > 0 => format!(
+                "its host stopped answering: the side channel's keep-alive gave up after {:.1} s \
+                 without an answer (no close was seen: the host is down or the link is cut)",
+                f64::from(ms) / 1000.0
+            ),
+            _ => "its host stopped answering: the side channel timed out \
+                  (no close was seen: the host is down or the link is cut)"
+                .to_string(),
+        })
+    }
+
+    pub(crate) fn mark_gone(&self) {
+        if !self.gone.swap(true, Ordering::AcqRel) {
+            let e = self.gone_error();
+            tracing::debug!(error = %e, "peer gone");
+            self.qp.fail(&e);
+        }
+    }
+
+    /// Whether the peer is known to be gone (no system call).
+    pub fn is_gone(&self) -> bool {
+        self.gone.load(Ordering::Acquire)
+    }
+
+    /// Orderly close: tells the peer goodbye and fails our queue pair with
+    /// [`Error::NotConnected`].
+    pub fn close(&self) {
+        let _ = self.side.set_nonblocking(false);
+        // Best effort, never long: 12 bytes into a socket nothing else writes.
+        let _ = self
+            .side
+            .send(&Message::Goodbye, Deadline::after(Duration::from_secs(1)));
+        self.side.shutdown();
+        self.qp.fail(&Error::NotConnected);
+        self.gone.store(true, Ordering::Release);
+        tracing::debug!("connection closed");
+    }
+}
+
+impl Drop for Connection {
+    fn drop(&mut self) {
+        self.side.shutdown();
+        self.qp.fail(&Error::NotConnected);
+        if let Some(l) = &self.logical {
+            // The peer may still write into what we granted (module docs of
+            // `logical`, "Retired grants").
+            l.retire(std::mem::take(&mut self._grants));
+        }
+    }
+}
