@@ -1156,7 +1156,7 @@ pub(crate) mod suite {
     }
 
     /// Tests the suite does not run, each with the open defect it shows
-    /// (printed in every run; listed in the README's status). Remove an
+    /// (printed in every run; listed in docs/status.md). Remove an
     /// entry once its defect is fixed.
     pub(crate) const KNOWN_FAILURES: &[(&str, &str, &str)] = &[];
 

@@ -493,6 +493,15 @@ fn rss_kib() -> u64 {
 
 fn main() -> Result<()> {
     let args = Args::parse();
+    // `RUST_LOG=rrpc_core=debug,rrpc_tonic=debug` traces connects,
+    // handshakes, reconnects and teardown to stderr; nothing by default.
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("off")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
     if args.max_size_kib == 0 || args.max_size_kib > 7 << 10 {
         bail!("--max-size-kib must be 1..=7168 (the codec limit is 8 MiB)");
     }
