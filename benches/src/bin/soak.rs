@@ -689,6 +689,14 @@ fn partition(
         let (mut ok, mut failed, mut ok_after_heal) = (0u64, 0u64, 0u64);
         let mut heal: Option<Instant> = None;
         let mut longest = Duration::ZERO;
+        // The bound on one call: its 3 s deadline, plus the handshake's 5 s
+        // when the call had to wait for a reconnect (the dial runs before
+        // the call, in `poll_ready`), plus slack for a slow VM.
+        let bound = Duration::from_secs(3 + 5 + 2);
+        let mut late = Vec::new();
+        // The outcome of the calls since the last one that passed (a
+        // connection that wedged after the heal fails every call to the end).
+        let mut last_ok: Option<u64> = None;
         let mut i = 0u64;
         while Instant::now() < end {
             i += 1;
@@ -709,10 +717,14 @@ fn partition(
                     took.as_secs_f64()
                 );
             }
+            if took > bound {
+                late.push(format!("call {i} took {:.1} s", took.as_secs_f64()));
+            }
             match r {
                 Err(_) => bail!("partition: call {i} hung for 40 s"),
                 Ok(Ok(r)) if r.get_ref().data == data => {
                     ok += 1;
+                    last_ok = Some(i);
                     if heal.is_some() {
                         ok_after_heal += 1;
                     }
@@ -748,6 +760,19 @@ fn partition(
         );
         anyhow::ensure!(failed > 0, "partition: no call failed: was the wire cut?");
         anyhow::ensure!(ok_after_heal > 0, "partition: no call passed after the heal");
+        anyhow::ensure!(
+            late.is_empty(),
+            "partition: calls outlived their 3 s deadline by more than a reconnect's 5 s \
+             (bound {:.0} s): {}",
+            bound.as_secs_f64(),
+            late.join(", ")
+        );
+        // The channel must still work at the end: the last calls pass.
+        let tail = i - last_ok.unwrap_or(0);
+        anyhow::ensure!(
+            tail <= 2,
+            "partition: the last {tail} calls failed: the channel did not recover for good"
+        );
         Ok(())
     })
 }

@@ -446,7 +446,7 @@ async fn call(
                 writer: guard.inner.writer.clone(),
                 id,
             };
-            Ok(builder.body(Body::new(RecvBody::slot(slot, guard, credit)))?)
+            Ok(builder.body(Body::new(RecvBody::slot(slot, guard, credit, deadline)))?)
         }
         Some(Event::Trailers(t)) => {
             // Trailers-only response made by rrpc itself (a refusal).

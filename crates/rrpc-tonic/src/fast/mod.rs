@@ -88,6 +88,12 @@ pub(crate) struct RecvBody {
     pub(crate) guard: Option<client::CallGuard>,
     /// Hands the bytes the application read back to the peer.
     credit: Option<flow::Credit>,
+    /// Client: the call's deadline, which covers the response body too (a
+    /// gRPC deadline bounds the whole call). Without it a response whose
+    /// headers came before the wire was cut waited for the connection to
+    /// be declared dead (seen across hosts: 5.7 s and 9.6 s on a 3 s
+    /// deadline, once 40 s).
+    deadline: Option<Pin<Box<tokio::time::Sleep>>>,
 }
 
 impl std::fmt::Debug for RecvBody {
@@ -112,6 +118,7 @@ impl RecvBody {
             eos_ok: true,
             guard: None,
             credit: Some(credit),
+            deadline: None,
         }
     }
     /// Server: a request stream that was complete on arrival.
@@ -123,6 +130,7 @@ impl RecvBody {
             eos_ok: true,
             guard: None,
             credit: None,
+            deadline: None,
         }
     }
     /// Client: the response stream of one call.
@@ -130,6 +138,7 @@ impl RecvBody {
         slot: client::SlotRef,
         guard: client::CallGuard,
         credit: flow::Credit,
+        deadline: Option<tokio::time::Instant>,
     ) -> Self {
         RecvBody {
             queued: VecDeque::new(),
@@ -138,6 +147,7 @@ impl RecvBody {
             eos_ok: false,
             guard: Some(guard),
             credit: Some(credit),
+            deadline: deadline.map(|d| Box::pin(tokio::time::sleep_until(d))),
         }
     }
     fn finish(&mut self) {
@@ -170,7 +180,20 @@ impl http_body::Body for RecvBody {
             return Poll::Ready(None);
         }
         match self.poll_event(cx) {
-            Poll::Pending => Poll::Pending,
+            Poll::Pending => {
+                let expired = self
+                    .deadline
+                    .as_mut()
+                    .is_some_and(|d| d.as_mut().poll(cx).is_ready());
+                if !expired {
+                    return Poll::Pending;
+                }
+                // As tonic's channel fails a call past its deadline; the
+                // guard, dropped now, resets the call on the server.
+                self.done = true;
+                self.guard = None;
+                Poll::Ready(Some(Err(Status::cancelled("Timeout expired"))))
+            }
             Poll::Ready(Some(Event::Data(b))) => {
                 if let Some(c) = &self.credit {
                     c.consumed(b.len());
