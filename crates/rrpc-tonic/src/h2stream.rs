@@ -3,17 +3,18 @@
 //! hyper/h2 run unchanged on top, so every tonic feature works. Writes are
 //! cut into messages of at most the ring's message size and copied straight
 //! into the send ring; a reader task queues received messages as chunks.
+//! The client side's tonic channel over such streams ([`h2_channel`]) and
+//! its status mapping ([`h2_call`]) live here too.
 
 use std::io;
 use std::pin::Pin;
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, ready};
 
 use bytes::{Buf, Bytes};
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-
-use std::sync::{Arc, Mutex};
-
 use hyper_util::rt::TokioIo;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::sync::mpsc;
 use tonic::body::Body;
 use tonic::transport::Channel;
 use tower::Service;
@@ -22,7 +23,6 @@ use crate::call::{BoxError, Carrier, ResponseFuture};
 use crate::pipe::{BoxFut, MsgTx, Pipe};
 use crate::transport::{Target, dial};
 use crate::{Error, PathPreference, RrpcConfig};
-use tokio::sync::mpsc;
 
 /// Information about an rrpc connection, available to tonic handlers through
 /// `request.extensions().get::<RrpcConnectInfo>()` on the HTTP/2 path.

@@ -93,7 +93,10 @@ pub(crate) struct RecvBody {
     /// headers came before the wire was cut waited for the connection to
     /// be declared dead (seen across hosts: 5.7 s and 9.6 s on a 3 s
     /// deadline, once 40 s).
-    deadline: Option<Pin<Box<tokio::time::Sleep>>>,
+    deadline: Option<tokio::time::Instant>,
+    /// The deadline's timer, made at the first wait only: a response that
+    /// is whole when read (most unary calls) never needs one.
+    timer: Option<Pin<Box<tokio::time::Sleep>>>,
 }
 
 impl std::fmt::Debug for RecvBody {
@@ -119,6 +122,7 @@ impl RecvBody {
             guard: None,
             credit: Some(credit),
             deadline: None,
+            timer: None,
         }
     }
     /// Server: a request stream that was complete on arrival.
@@ -131,6 +135,7 @@ impl RecvBody {
             guard: None,
             credit: None,
             deadline: None,
+            timer: None,
         }
     }
     /// Client: the response stream of one call.
@@ -147,7 +152,8 @@ impl RecvBody {
             eos_ok: false,
             guard: Some(guard),
             credit: Some(credit),
-            deadline: deadline.map(|d| Box::pin(tokio::time::sleep_until(d))),
+            deadline,
+            timer: None,
         }
     }
     fn finish(&mut self) {
@@ -181,11 +187,13 @@ impl http_body::Body for RecvBody {
         }
         match self.poll_event(cx) {
             Poll::Pending => {
-                let expired = self
-                    .deadline
-                    .as_mut()
-                    .is_some_and(|d| d.as_mut().poll(cx).is_ready());
-                if !expired {
+                let Some(deadline) = self.deadline else {
+                    return Poll::Pending;
+                };
+                let timer = self
+                    .timer
+                    .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(deadline)));
+                if timer.as_mut().poll(cx).is_pending() {
                     return Poll::Pending;
                 }
                 // As tonic's channel fails a call past its deadline; the
