@@ -11,7 +11,7 @@ pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// tonic's own `user-agent` (its `UserAgent` layer is private): the fast
 /// path sends the same, so handlers read the same value on every path.
-/// `tests/integration/tests/parity.rs` compares it with what tonic sends
+/// `tests/integration/tests/suite/parity.rs` compares it with what tonic sends
 /// over TCP, so a tonic upgrade that changes it fails there.
 pub(crate) const TONIC_USER_AGENT: &str = "tonic/0.14.9";
 

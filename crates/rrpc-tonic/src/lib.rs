@@ -84,7 +84,7 @@
 //! stops reading stalls only itself. Unlike HTTP/2 there is no
 //! connection-wide window for a few unread calls to use up (with hyper's
 //! default 1 MiB connection window, a stalled stream can block every call
-//! on an HTTP/2 connection; `tests/integration/tests/flow_control.rs`).
+//! on an HTTP/2 connection; `tests/integration/tests/suite/flow_control.rs`).
 //!
 //! ## tonic options on rrpc
 //!
@@ -109,13 +109,13 @@
 //! HTTP/2 keep-alive and window options go to hyper on the HTTP/2 path and
 //! are not needed on the fast path (the side channel reports a peer that
 //! leaves; [`RrpcConfig::call_window`] is the per-call window).
-//! `tests/integration/tests/endpoint.rs` runs each on every transport.
+//! `tests/integration/tests/suite/endpoint.rs` runs each on every transport.
 //!
 //! On the fast path requests carry tonic's `user-agent` and responses a
 //! `date`, as over HTTP/2. Known difference: a request over the client's own
 //! `max_encoding_message_size` fails with tonic's `OutOfRange`, where over
 //! HTTP/2 hyper turns the failed body into a reset that tonic reports as
-//! `Internal` (deliberate, pinned in `tests/integration/tests/message_sizes.rs`).
+//! `Internal` (deliberate, pinned in `tests/integration/tests/suite/message_sizes.rs`).
 //!
 //! Features that need the HTTP/2 path (choose `PathPreference::Http2`):
 //! HTTP/1 and gRPC-Web, and tonic's `ConnectInfo` extensions. Interceptors,
