@@ -957,6 +957,7 @@ pub(crate) mod suite {
         "rrpc-kv/rfrpc_verbs",
         // Every integration file with rdma variants (`rdma_h2` / `rdma_fast`):
         // the modules of the `suite` binary, and the binaries of their own.
+        "integration/suite::accept",
         "integration/suite::auth",
         "integration/suite::cancellation",
         "integration/suite::compression",
@@ -975,6 +976,7 @@ pub(crate) mod suite {
         "integration/suite::sharing",
         "integration/suite::shutdown",
         "integration/link_faults",
+        "integration/release",
         "integration/ring_sizing",
         "integration/sigkill",
     ];

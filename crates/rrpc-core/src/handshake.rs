@@ -19,7 +19,7 @@
 //!
 //! Decoding never panics, never reads past its input and never allocates more
 //! than [`MAX_BODY`] bytes: every length is checked against its limit *before*
-//! anything is allocated. A `cargo fuzz` target (`crates/rrpc-core/fuzz`)
+//! anything is allocated. A `cargo fuzz` target (`fuzz/`, `handshake_decode`)
 //! and property tests hold it to that.
 
 use crate::error::{Error, Result};
@@ -706,7 +706,10 @@ mod corpus {
             return;
         }
         use super::*;
-        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/fuzz/corpus/handshake_decode");
+        let dir = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../fuzz/corpus/handshake_decode"
+        );
         let hello = Hello {
             token: Some(b"tok".to_vec()),
             provider: 1,

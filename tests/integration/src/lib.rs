@@ -364,6 +364,83 @@ pub struct Harness {
     config: RrpcConfig,
 }
 
+/// The fabric a client built by hand from rrpc-core (a hostile or odd
+/// client) uses on the rings transport `t`: shm, or the verbs device
+/// `RRPC_TEST_DEVICE` names.
+///
+/// # Panics
+/// On `Transport::Tcp`, or an rdma transport without a device.
+pub fn raw_fabric(t: Transport) -> rrpc_core::Fabric {
+    match t {
+        Transport::ShmH2 | Transport::ShmFast => rrpc_core::Fabric::shm(),
+        #[cfg(feature = "verbs")]
+        Transport::RdmaH2 | Transport::RdmaFast => {
+            rrpc_core::Fabric::verbs(Transport::rdma_device().as_deref()).expect("verbs device")
+        }
+        other => panic!("no rings on {other:?}"),
+    }
+}
+
+/// The side channel of a rings server at `uri`, opened by hand and left
+/// there: a Unix socket for `shm://`, TCP for `rdma://`.
+#[derive(Debug)]
+pub enum RawSideChannel {
+    /// `shm://`.
+    Unix(std::os::unix::net::UnixStream),
+    /// `rdma://`.
+    Tcp(std::net::TcpStream),
+}
+
+impl RawSideChannel {
+    /// Connects to the side channel of the server at `uri`.
+    ///
+    /// # Panics
+    /// If `uri` is not a rings URI or the connect fails.
+    pub fn connect(uri: &str) -> Self {
+        match rrpc_core::Endpoint::parse(uri).expect("a rings uri") {
+            rrpc_core::Endpoint::Shm(p) => {
+                Self::Unix(std::os::unix::net::UnixStream::connect(p).expect("connect"))
+            }
+            rrpc_core::Endpoint::Rdma(a) => {
+                Self::Tcp(std::net::TcpStream::connect(a).expect("connect"))
+            }
+            other => panic!("not a rings endpoint: {other:?}"),
+        }
+    }
+
+    /// `set_read_timeout` of the socket.
+    pub fn set_read_timeout(&self, d: Option<Duration>) -> std::io::Result<()> {
+        match self {
+            Self::Unix(s) => s.set_read_timeout(d),
+            Self::Tcp(s) => s.set_read_timeout(d),
+        }
+    }
+}
+
+impl std::io::Read for RawSideChannel {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        match self {
+            Self::Unix(s) => s.read(buf),
+            Self::Tcp(s) => s.read(buf),
+        }
+    }
+}
+
+impl std::io::Write for RawSideChannel {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        match self {
+            Self::Unix(s) => s.write(buf),
+            Self::Tcp(s) => s.write(buf),
+        }
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        match self {
+            Self::Unix(s) => s.flush(),
+            Self::Tcp(s) => s.flush(),
+        }
+    }
+}
+
 /// The config the harness uses on `t` (server and clients) unless told otherwise.
 pub fn config(t: Transport) -> RrpcConfig {
     let c = RrpcConfig::default()

@@ -2,8 +2,8 @@
 //! on both paths (before, on the HTTP/2 path its sockets, eventfds and
 //! memfd rings stayed open for 30 s or more while the process was idle,
 //! because the ring reader task outlived the hyper connection; sometimes on
-//! the fast path too). One test in this binary, the transports one after
-//! the other: it counts the process's open file descriptors.
+//! the fast path too). The tests of this binary count the process's open
+//! file descriptors, so they hold one lock and run one after the other.
 
 use std::time::{Duration, Instant};
 
@@ -15,9 +15,29 @@ fn open_fds() -> usize {
     std::fs::read_dir("/proc/self/fd").expect("/proc").count()
 }
 
+/// Held by each test while it counts descriptors.
+static ALONE: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dropped_channel_releases_its_connection_promptly() {
+    let _alone = ALONE.lock().await;
     for t in [Transport::ShmH2, Transport::ShmFast] {
+        dropped_channel_releases(t).await;
+    }
+}
+
+/// The same over `rdma://` (the side channel's socket, the completion
+/// channels' descriptors).
+#[cfg(feature = "verbs")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rdma_dropped_channel_releases_its_connection_promptly() {
+    if Transport::rdma_device().is_none() {
+        eprintln!("skipped: RRPC_TEST_DEVICE not set");
+        return;
+    }
+    eprintln!("rrpc-test-on-verbs");
+    let _alone = ALONE.lock().await;
+    for t in [Transport::RdmaH2, Transport::RdmaFast] {
         dropped_channel_releases(t).await;
     }
 }

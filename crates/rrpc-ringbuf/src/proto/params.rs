@@ -17,7 +17,7 @@
 //! `alpha`, `beta` and `gamma` are informational: each side's thresholds
 //! only pace its own WRITEs. The parameters are peer-written bytes:
 //! [`RingParams::decode`] refuses anything it does not know, and a fuzz
-//! target (`crates/rrpc-ringbuf/fuzz`, `params_decode`) holds it to never
+//! target (`fuzz/`, `params_decode`) holds it to never
 //! panicking.
 
 use crate::config::RingConfig;

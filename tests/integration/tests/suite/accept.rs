@@ -4,21 +4,15 @@
 //! ending never cuts another's handshake short.
 
 use std::io::{Read, Write};
-use std::os::unix::net::UnixStream;
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use rrpc_core::conn::{Connection, HandshakeConfig, Offer};
 use rrpc_core::handshake::{Hello, Message};
-use rrpc_core::{Endpoint, Fabric, QpConfig};
+use rrpc_core::{Endpoint, QpConfig};
 use rrpc_integration_tests::pb::Input;
-use rrpc_integration_tests::{Harness, Transport, config};
+use rrpc_integration_tests::{Harness, RawSideChannel, Transport, config, raw_fabric};
 use rrpc_ringbuf::{LocalRing, RingConfig, RingRx, RingTx};
 use rrpc_tonic::{RrpcChannel, RrpcConfig};
-
-fn sock_path(h: &Harness) -> PathBuf {
-    PathBuf::from(h.uri.strip_prefix("shm://").expect("shm uri"))
-}
 
 fn server_cfg(t: Transport, handshake: Duration) -> RrpcConfig {
     config(t).handshake_timeout(handshake).expect("timeout")
@@ -38,19 +32,20 @@ fn closes_within(limit: Duration, mut closed: impl FnMut() -> bool) -> bool {
 
 /// A client that does rrpc-core's handshake with the server's ring parameters
 /// and then stops: what a hostile client built from the public API can do.
-fn core_handshake_only(path: PathBuf) -> (Connection, RingTx, RingRx) {
+fn core_handshake_only(t: Transport, uri: String) -> (Connection, RingTx, RingRx) {
     // The path hello (rrpc-tonic's transport docs): HTTP/2, 64 KiB window.
-    core_handshake_with(path, rrpc_tonic::frame::path_hello(1, 64 << 10).to_vec())
+    core_handshake_with(t, uri, rrpc_tonic::frame::path_hello(1, 64 << 10).to_vec())
         .expect("core handshake")
 }
 
 /// rrpc-core's handshake to an rrpc-tonic server by hand, with `app` as
 /// rrpc-tonic's section (none if empty), and the rings it sets up.
 fn core_handshake_with(
-    path: PathBuf,
+    t: Transport,
+    uri: String,
     app: Vec<u8>,
 ) -> Result<(Connection, RingTx, RingRx), rrpc_core::Error> {
-    let fabric = Fabric::shm();
+    let fabric = raw_fabric(t);
     let ring = RingConfig::builder()
         .ring_size(1 << 20)
         .build()
@@ -62,7 +57,8 @@ fn core_handshake_with(
     }
     let offer = local.add_to_offer(offer);
     let qp = fabric.create_qp(&QpConfig::default()).expect("qp");
-    let c = rrpc_core::conn::connect(&Endpoint::Shm(path), qp, offer, &HandshakeConfig::default())?;
+    let ep = Endpoint::parse(&uri).expect("rings uri");
+    let c = rrpc_core::conn::connect(&ep, qp, offer, &HandshakeConfig::default())?;
     let (tx, rx) = local.connect(&c).expect("rings");
     Ok((c, tx, rx))
 }
@@ -78,12 +74,15 @@ fn is_gone(c: &Connection) -> bool {
 async fn churn(t: Transport) {
     let h = Harness::start(t).await;
     drop(h.channel().await);
+    // Fewer rounds on verbs: each connect there creates a queue pair and
+    // registers rings, about 0.2 s under soft-RoCE in an emulated VM.
+    let rounds = if t.is_rdma() { 15 } else { 60 };
     let mut tasks = Vec::new();
     for _ in 0..2 {
         let (uri, cfg) = (h.uri.clone(), config(t));
         tasks.push(tokio::spawn(async move {
             let mut failed = Vec::new();
-            for i in 0..60 {
+            for i in 0..rounds {
                 match RrpcChannel::connect(&uri, cfg.clone()).await {
                     Ok(ch) => {
                         // Every other connection makes a call before it goes.
@@ -107,8 +106,9 @@ async fn churn(t: Transport) {
     }
     assert!(
         failed.is_empty(),
-        "{} of 120 failed: {failed:?}",
-        failed.len()
+        "{} of {} failed: {failed:?}",
+        failed.len(),
+        2 * rounds
     );
 }
 
@@ -119,10 +119,8 @@ async fn churn(t: Transport) {
 async fn silent_clients_do_not_delay_honest_ones(t: Transport) {
     let h = Harness::start_with(t, server_cfg(t, Duration::from_secs(30))).await;
     drop(h.channel().await);
-    let path = sock_path(&h);
-    let mut silent: Vec<UnixStream> = (0..50)
-        .map(|_| UnixStream::connect(&path).expect("connect"))
-        .collect();
+    let mut silent: Vec<RawSideChannel> =
+        (0..50).map(|_| RawSideChannel::connect(&h.uri)).collect();
     let hello = Message::Hello(Hello::default()).encode().expect("encode");
     silent[0]
         .write_all(&hello[..hello.len() / 2])
@@ -147,9 +145,9 @@ async fn silent_clients_do_not_delay_honest_ones(t: Transport) {
 async fn trickling_client_is_cut_at_the_handshake_timeout(t: Transport) {
     let h = Harness::start_with(t, server_cfg(t, Duration::from_millis(500))).await;
     drop(h.channel().await);
-    let path = sock_path(&h);
+    let uri = h.uri.clone();
     let cut = tokio::task::spawn_blocking(move || {
-        let mut s = UnixStream::connect(&path).expect("connect");
+        let mut s = RawSideChannel::connect(&uri);
         s.set_read_timeout(Some(Duration::from_millis(100)))
             .expect("timeout");
         // A hello with a 4 KiB section: trickled, it would take minutes.
@@ -214,8 +212,8 @@ async fn client_without_a_path_hello_is_refused(t: Transport) {
             "call window 10",
         ),
     ] {
-        let path = sock_path(&h);
-        let Err(e) = tokio::task::spawn_blocking(move || core_handshake_with(path, app))
+        let uri = h.uri.clone();
+        let Err(e) = tokio::task::spawn_blocking(move || core_handshake_with(t, uri, app))
             .await
             .expect("task")
         else {
@@ -236,8 +234,8 @@ async fn client_without_a_path_hello_is_refused(t: Transport) {
 /// server's accept loop nothing: others connect and call meanwhile.
 async fn silent_client_after_the_handshake_delays_no_one(t: Transport) {
     let h = Harness::start(t).await;
-    let path = sock_path(&h);
-    let (_conn, _tx, _rx) = tokio::task::spawn_blocking(move || core_handshake_only(path))
+    let uri = h.uri.clone();
+    let (_conn, _tx, _rx) = tokio::task::spawn_blocking(move || core_handshake_only(t, uri))
         .await
         .expect("task");
     let mut c = h.client().await;
@@ -247,14 +245,12 @@ async fn silent_client_after_the_handshake_delays_no_one(t: Transport) {
 /// Garbage instead of the HTTP/2 connection preface closes the connection.
 /// Before: the connection stayed open (the ring reader task outlived the
 /// failed hyper connection).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn garbage_instead_of_the_http2_preface_closes_the_connection() {
-    let t = Transport::ShmH2;
+async fn garbage_instead_of_the_http2_preface_closes_the_connection(t: Transport) {
     let h = Harness::start(t).await;
     drop(h.channel().await);
-    let path = sock_path(&h);
+    let uri = h.uri.clone();
     let closed = tokio::task::spawn_blocking(move || {
-        let (conn, mut tx, _rx) = core_handshake_only(path);
+        let (conn, mut tx, _rx) = core_handshake_only(t, uri);
         // The server's path reply came in its accept.
         let reply = conn.peer().section(rrpc_tonic::frame::HANDSHAKE_SECTION);
         assert_eq!(
@@ -273,21 +269,44 @@ async fn garbage_instead_of_the_http2_preface_closes_the_connection() {
     );
 }
 
-macro_rules! on_rings {
-    ($($name:ident),* $(,)?) => {
-        mod shm_h2 {
-            $( #[tokio::test(flavor = "multi_thread", worker_threads = 2)] async fn $name() { super::$name(rrpc_integration_tests::Transport::ShmH2).await } )*
-        }
-        mod shm_fast {
-            $( #[tokio::test(flavor = "multi_thread", worker_threads = 2)] async fn $name() { super::$name(rrpc_integration_tests::Transport::ShmFast).await } )*
-        }
-    };
-}
-
-on_rings!(
+rrpc_integration_tests::on_shm!(
     churn,
     silent_clients_do_not_delay_honest_ones,
     trickling_client_is_cut_at_the_handshake_timeout,
     client_without_a_path_hello_is_refused,
     silent_client_after_the_handshake_delays_no_one,
 );
+rrpc_integration_tests::on_rdma!(
+    churn,
+    silent_clients_do_not_delay_honest_ones,
+    trickling_client_is_cut_at_the_handshake_timeout,
+    client_without_a_path_hello_is_refused,
+    silent_client_after_the_handshake_delays_no_one,
+);
+
+/// The HTTP/2 path only: its preface.
+mod h2_preface {
+    use super::garbage_instead_of_the_http2_preface_closes_the_connection;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn shm_h2() {
+        garbage_instead_of_the_http2_preface_closes_the_connection(
+            rrpc_integration_tests::Transport::ShmH2,
+        )
+        .await
+    }
+
+    #[cfg(feature = "verbs")]
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn rdma_h2() {
+        if rrpc_integration_tests::Transport::rdma_device().is_none() {
+            eprintln!("skipped: RRPC_TEST_DEVICE not set");
+            return;
+        }
+        eprintln!("rrpc-test-on-verbs");
+        garbage_instead_of_the_http2_preface_closes_the_connection(
+            rrpc_integration_tests::Transport::RdmaH2,
+        )
+        .await
+    }
+}

@@ -30,18 +30,7 @@ async fn token_is_checked(t: Transport) {
     c.unary(Input::default()).await.expect("still serving");
 }
 
-mod shm_fast {
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn token_is_checked() {
-        super::token_is_checked(rrpc_integration_tests::Transport::ShmFast).await
-    }
-}
-mod shm_h2 {
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn token_is_checked() {
-        super::token_is_checked(rrpc_integration_tests::Transport::ShmH2).await
-    }
-}
+rrpc_integration_tests::on_shm!(token_is_checked);
 
 /// Without the `verbs` feature, `rdma://` fails with an error that says how
 /// to enable it, on both ends.
@@ -96,4 +85,4 @@ async fn tls_is_checked(t: Transport) {
     c.unary(Input::default()).await.expect("still serving");
 }
 
-rrpc_integration_tests::on_rdma!(tls_is_checked);
+rrpc_integration_tests::on_rdma!(token_is_checked, tls_is_checked);

@@ -193,9 +193,7 @@ async fn a_restarted_server_gets_a_new_shared_connection(t: Transport) {
 
 /// A client that names a shared connection it did not open (a guessed id)
 /// is refused, and the owner's connections go on.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_guessed_shared_connection_id_is_refused() {
-    let t = Transport::ShmFast;
+async fn a_guessed_shared_connection_id_is_refused(t: Transport) {
     let scfg = shared(t);
     let ccfg = shared(t);
     let mut h = Harness::start_with(t, scfg.clone()).await;
@@ -204,9 +202,8 @@ async fn a_guessed_shared_connection_id_is_refused() {
     call(&mut owner, 1).await;
     let uri = h.uri.clone();
     let refused = tokio::task::spawn_blocking(move || {
-        let path = uri.strip_prefix("shm://").expect("shm uri");
-        let ep = rrpc_core::Endpoint::Shm(path.into());
-        let fabric = rrpc_core::Fabric::shm();
+        let ep = rrpc_core::Endpoint::parse(&uri).expect("rings uri");
+        let fabric = rrpc_integration_tests::raw_fabric(t);
         let hs = HandshakeConfig::default();
         // A shared connection of its own, opened by hand ("RRPA").
         let c = conn::connect(
@@ -239,4 +236,12 @@ async fn a_guessed_shared_connection_id_is_refused() {
         2,
         "the owner's and the guesser's own"
     );
+}
+
+/// The guessed id on every rings transport.
+mod guessed_id {
+    use super::a_guessed_shared_connection_id_is_refused;
+
+    rrpc_integration_tests::on_shm!(a_guessed_shared_connection_id_is_refused);
+    rrpc_integration_tests::on_rdma!(a_guessed_shared_connection_id_is_refused);
 }
