@@ -102,11 +102,12 @@ struct Args {
     stall_after: Duration,
     /// `--role dead-peer`: the file to create once the call is in flight
     /// (the other host powers itself off when it appears). `--role
-    /// partition`: the file whose appearance marks the last heal.
+    /// retry-exhausted`: the same, and the wire is cut when it appears.
+    /// `--role partition`: the file whose appearance marks the last heal.
     #[arg(long)]
     signal: Option<std::path::PathBuf>,
-    /// `--role dead-peer`: the call must fail `Unavailable` within this long
-    /// of the signal.
+    /// `--role dead-peer` and `retry-exhausted`: the call must fail
+    /// `Unavailable` within this long of the signal.
     #[arg(long, default_value = "25s", value_parser = parse_duration)]
     bound: Duration,
     /// The token the server requires and the client presents
@@ -545,7 +546,20 @@ fn main() -> Result<()> {
                 .context("--role dead-peer needs --signal")?;
             return dead_peer(&uri, cfg, &signal, args.bound);
         }
-        r => bail!("unknown role {r:?} (both, serve, client, partition, refused, dead-peer)"),
+        "retry-exhausted" => {
+            let uri = args
+                .uri
+                .clone()
+                .context("--role retry-exhausted needs --uri")?;
+            let signal = args
+                .signal
+                .clone()
+                .context("--role retry-exhausted needs --signal")?;
+            return retry_exhausted(&uri, cfg, &signal, args.bound);
+        }
+        r => bail!(
+            "unknown role {r:?} (both, serve, client, partition, refused, dead-peer, retry-exhausted)"
+        ),
     };
     if (!serve || !clients || args.transport.starts_with("rdma")) && args.uri.is_none() {
         bail!(
@@ -812,6 +826,85 @@ fn dead_peer(uri: &str, cfg: RrpcConfig, signal: &std::path::Path, bound: Durati
                     st.message()
                 );
                 anyhow::ensure!(st.code() == tonic::Code::Unavailable, "not Unavailable");
+                anyhow::ensure!(took <= bound, "later than the bound");
+                Ok(())
+            }
+        }
+    })
+}
+
+/// `--role retry-exhausted`: a bidirectional stream that has echoed once,
+/// the signal file created (the wire is cut when it appears), then 64 KiB
+/// messages sent every 20 ms. With nothing acknowledged, the client's queue
+/// pair runs out of transport retries (`IBV_WC_RETRY_EXC_ERR`, after about
+/// 8 × 67 ms with `RcRetry`'s defaults) and the call must fail
+/// `Unavailable` within `bound`, naming the retries (not the side
+/// channel's keep-alive, which takes 16 s); the time it took is printed
+/// (`retry-exhausted: ...`).
+fn retry_exhausted(
+    uri: &str,
+    cfg: RrpcConfig,
+    signal: &std::path::Path,
+    bound: Duration,
+) -> Result<()> {
+    one_worker().block_on(async {
+        let ch = RrpcChannel::connect(uri, cfg).await?;
+        println!("soak: carried by {:?}", ch.carrier());
+        let mut c = SoakClient::new(ch);
+        let (tx, rx) = tokio::sync::mpsc::channel::<Blob>(4);
+        tx.send(Blob { data: vec![7; 64] }).await?;
+        let mut s = c
+            .chat(tokio_stream::wrappers::ReceiverStream::new(rx))
+            .await?
+            .into_inner();
+        let first = s.message().await?.context("no echo")?;
+        anyhow::ensure!(first.data == vec![7; 64], "wrong echo");
+        std::fs::write(signal, b"now")?;
+        let t0 = Instant::now();
+        println!(
+            "retry-exhausted: call in flight, signalled {}",
+            signal.display()
+        );
+        // Keep data in flight: what the NIC retransmits until it gives up.
+        let feed = tokio::spawn(async move {
+            while tx
+                .send(Blob {
+                    data: vec![9; 64 << 10],
+                })
+                .await
+                .is_ok()
+            {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        });
+        // Echoes that were already on their way may still come in.
+        let r = tokio::time::timeout(bound + Duration::from_secs(60), async {
+            loop {
+                match s.message().await {
+                    Ok(Some(_)) => continue,
+                    other => return other,
+                }
+            }
+        })
+        .await;
+        let took = t0.elapsed();
+        feed.abort();
+        match r {
+            Err(_) => bail!("retry-exhausted: the call still waits {took:.1?} after the cut"),
+            Ok(Ok(_)) => bail!("retry-exhausted: the call ended cleanly after {took:.1?}"),
+            Ok(Err(st)) => {
+                println!(
+                    "retry-exhausted: the call failed after {:.1} s (bound {:.1} s): {:?}: {}",
+                    took.as_secs_f64(),
+                    bound.as_secs_f64(),
+                    st.code(),
+                    st.message()
+                );
+                anyhow::ensure!(st.code() == tonic::Code::Unavailable, "not Unavailable");
+                anyhow::ensure!(
+                    st.message().contains("IBV_WC_RETRY_EXC_ERR"),
+                    "the message does not name the exhausted retries"
+                );
                 anyhow::ensure!(took <= bound, "later than the bound");
                 Ok(())
             }

@@ -76,6 +76,9 @@ pub mod endpoint;
 pub mod error;
 pub mod fabric;
 pub mod fault;
+#[cfg(fuzzing)]
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod handshake;
 pub mod meta;
 pub mod pool;

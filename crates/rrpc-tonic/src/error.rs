@@ -62,6 +62,44 @@ pub enum Error {
     /// An error from tonic's own transport (TCP and Unix-socket paths).
     #[error("tonic transport: {0}")]
     Transport(#[from] tonic::transport::Error),
+    /// The connection failed earlier (a fast-path send failed, for
+    /// `reason`), and everything on it fails the same way: `code` is the
+    /// [`tonic::Code`] of the error that failed it ([`Error::code`]), so a
+    /// ring the peer corrupted still reads `DataLoss` on every call it
+    /// fails, not only the first.
+    #[error("{reason}")]
+    Failed {
+        /// Whose fault the first error was, as a gRPC code.
+        code: tonic::Code,
+        /// The first error, as text.
+        reason: String,
+    },
+}
+
+impl Error {
+    /// The [`tonic::Code`] this error becomes, saying whose fault it was:
+    /// misuse `InvalidArgument` (or `Unimplemented` for a transport this
+    /// build lacks), a message over the limit `ResourceExhausted`, a peer
+    /// that broke the protocol `Internal`, a ring it corrupted `DataLoss`,
+    /// a refused token or TLS peer `Unauthenticated`, and a gone peer, a
+    /// failed connect or a failing device `Unavailable`.
+    pub fn code(&self) -> tonic::Code {
+        use tonic::Code;
+        match self {
+            Error::InvalidUri { .. } | Error::InvalidConfig(_) => Code::InvalidArgument,
+            Error::UnsupportedTransport { .. } => Code::Unimplemented,
+            Error::MessageTooLarge { .. } => Code::ResourceExhausted,
+            Error::Protocol(_) => Code::Internal,
+            Error::Rings(inner) => rings_code(inner.as_ref()),
+            Error::Failed { code, .. } => *code,
+            Error::PeerGone
+            | Error::Handshake(_)
+            | Error::NotListening(_)
+            | Error::ConnectTimeout(_)
+            | Error::Io(_)
+            | Error::Transport(_) => Code::Unavailable,
+        }
+    }
 }
 
 impl From<rrpc_poller::Error> for Error {
@@ -95,21 +133,7 @@ impl From<rrpc_core::Error> for Error {
 
 impl From<Error> for tonic::Status {
     fn from(e: Error) -> Self {
-        use tonic::Status;
-        let msg = e.to_string();
-        match e {
-            Error::InvalidUri { .. } | Error::InvalidConfig(_) => Status::invalid_argument(msg),
-            Error::UnsupportedTransport { .. } => Status::unimplemented(msg),
-            Error::MessageTooLarge { .. } => Status::resource_exhausted(msg),
-            Error::Protocol(_) => Status::internal(msg),
-            Error::Rings(ref inner) => Status::new(rings_code(inner.as_ref()), msg),
-            Error::PeerGone
-            | Error::Handshake(_)
-            | Error::NotListening(_)
-            | Error::ConnectTimeout(_)
-            | Error::Io(_)
-            | Error::Transport(_) => Status::unavailable(msg),
-        }
+        tonic::Status::new(e.code(), e.to_string())
     }
 }
 
@@ -191,6 +215,12 @@ mod tests {
             tonic::Status::from(Error::from(rrpc_ringbuf::Error::Corrupt("x".into()))).code(),
             Code::DataLoss
         );
+        let corrupt = Error::from(rrpc_ringbuf::Error::Corrupt("x".into()));
+        let failed = Error::Failed {
+            code: corrupt.code(),
+            reason: corrupt.to_string(),
+        };
+        assert_eq!(tonic::Status::from(failed).code(), Code::DataLoss);
         assert_eq!(
             tonic::Status::from(Error::UnsupportedTransport {
                 scheme: "rdma",

@@ -245,6 +245,9 @@ mod endpoint;
 mod error;
 mod fast;
 pub mod frame;
+#[cfg(fuzzing)]
+#[doc(hidden)]
+pub mod fuzzing;
 mod h2stream;
 mod managed;
 mod negotiate;

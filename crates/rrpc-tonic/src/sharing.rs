@@ -100,6 +100,22 @@ pub(crate) fn parse_request(app: &[u8]) -> Result<Request<'_>, String> {
     Ok(Request::Logical { path, id, tag })
 }
 
+/// [`parse_request`], then the section that request is sent as: equal to
+/// `app` whenever it parses (the fuzz target `sharing_request` holds it).
+#[cfg(fuzzing)]
+pub(crate) fn fuzz_round_trip(app: &[u8]) -> Result<Vec<u8>, String> {
+    Ok(match parse_request(app)? {
+        Request::Open => OPEN.to_vec(),
+        Request::Dedicated(path) => path.to_vec(),
+        Request::Logical { path, id, tag } => {
+            let path: &[u8; PATH_HELLO_LEN] = path
+                .try_into()
+                .map_err(|_| format!("a logical path hello of {} bytes", path.len()))?;
+            logical_request(path, &id, tag)
+        }
+    })
+}
+
 /// A logical connection's handshake section.
 pub(crate) fn logical_request(path: &[u8; PATH_HELLO_LEN], id: &Id, tag: u32) -> Vec<u8> {
     let mut m = Vec::with_capacity(PATH_HELLO_LEN + 4 + ID_LEN + 4);

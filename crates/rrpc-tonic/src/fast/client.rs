@@ -382,7 +382,7 @@ async fn call(
             };
             if let Err(e) = sent {
                 guard.finished();
-                return Err(Box::new(Status::unavailable(format!("rrpc: {e}"))));
+                return Err(Box::new(Status::new(e.code(), format!("rrpc: {e}"))));
             }
         }
         d @ (Drained::Complete | Drained::More) => {

@@ -352,8 +352,10 @@ pub(crate) mod testing {
         pub(crate) broken: Arc<AtomicBool>,
     }
 
+    /// What the ring says when the peer corrupted it (typed, as the ring
+    /// reports it: `DataLoss` at the gRPC edge).
     fn corrupted() -> Error {
-        Error::Rings("ring corrupted: peer's head word is past our tail".into())
+        rrpc_ringbuf::Error::Corrupt("peer's head word is past our tail".into()).into()
     }
 
     impl MsgTx for BreakableTx {

@@ -758,7 +758,7 @@ mod tests {
         .await
         .expect("the call fails promptly instead of hanging");
         assert!(r.is_err(), "no response could be sent");
-        closes_with(server, "corrupted").await;
+        closes_with(server, "corrupt").await;
     }
 
     /// A send that fails on the client fails every call of the connection
@@ -790,11 +790,20 @@ mod tests {
             .await
             .expect("the waiting call fails promptly")
             .expect("task");
+        // The ring the peer corrupted is `DataLoss` (the ring's typed
+        // error, kept through the writer and the demux), on the call that
+        // waited, and on a call made afterwards. Before, every failure
+        // read `Unavailable`.
         let st = tonic::Status::from_error(r.expect_err("connection failed"));
-        assert_eq!(st.code(), tonic::Code::Unavailable, "{st:?}");
-        assert!(st.message().contains("corrupted"), "{st:?}");
+        assert_eq!(st.code(), tonic::Code::DataLoss, "{st:?}");
+        assert!(st.message().contains("corrupt"), "{st:?}");
         let mut c3 = ch.clone();
-        assert!(tower::Service::call(&mut c3, req("/x")).await.is_err());
+        let st = tonic::Status::from_error(
+            tower::Service::call(&mut c3, req("/x"))
+                .await
+                .expect_err("the connection failed"),
+        );
+        assert_eq!(st.code(), tonic::Code::DataLoss, "{st:?}");
     }
 
     /// Sends `frames` as one message on a raw pipe half.

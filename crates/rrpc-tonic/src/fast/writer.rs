@@ -71,7 +71,8 @@ pub(crate) struct FrameWriter {
 #[derive(Debug, Default)]
 struct Fail {
     token: CancellationToken,
-    reason: OnceLock<String>,
+    /// The first error, as text, and its gRPC code ([`Error::code`]).
+    reason: OnceLock<(String, tonic::Code)>,
     /// The failure was the peer leaving, not a fault.
     gone: std::sync::atomic::AtomicBool,
 }
@@ -142,11 +143,14 @@ impl FrameWriter {
     /// Why the connection failed, once it did ([`Error::PeerGone`] when
     /// the peer left).
     pub(crate) fn failure(&self) -> Option<Error> {
-        let r = self.fail.reason.get()?;
+        let (reason, code) = self.fail.reason.get()?;
         if self.fail.gone.load(std::sync::atomic::Ordering::Acquire) {
             return Some(Error::PeerGone);
         }
-        Some(Error::Rings(r.clone().into()))
+        Some(Error::Failed {
+            code: *code,
+            reason: reason.clone(),
+        })
     }
 
     /// Records a ring error: the connection is unusable from now on.
@@ -161,7 +165,7 @@ impl FrameWriter {
                         .gone
                         .store(true, std::sync::atomic::Ordering::Release);
                 }
-                if self.fail.reason.set(reason.clone()).is_ok() {
+                if self.fail.reason.set((reason.clone(), e.code())).is_ok() {
                     if gone {
                         tracing::debug!("rrpc: send failed, peer gone: closing the connection");
                     } else {
@@ -178,9 +182,10 @@ impl FrameWriter {
     /// The error of every send after a failure.
     fn refuse(&self) -> Result<(), Error> {
         match self.fail.reason.get() {
-            Some(r) => Err(Error::Rings(
-                format!("connection failed earlier: {r}").into(),
-            )),
+            Some((r, code)) => Err(Error::Failed {
+                code: *code,
+                reason: format!("connection failed earlier: {r}"),
+            }),
             None => Ok(()),
         }
     }

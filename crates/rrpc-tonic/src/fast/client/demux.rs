@@ -359,7 +359,7 @@ impl Shared {
                                 tonic::Code::Unavailable,
                                 "rrpc: connection closed by the server".to_string(),
                             )),
-                            Err(e) => Some((tonic::Code::Unavailable, format!("rrpc: {e}"))),
+                            Err(e) => Some((e.code(), format!("rrpc: {e}"))),
                         }
                     };
                     match end {
@@ -392,13 +392,15 @@ impl Shared {
     }
 
     /// A send failed ([`FrameWriter`] docs): close the connection now.
-    /// Every call gets `Unavailable` with the reason, new calls too, and the
-    /// receiver is dropped (which closes the connection).
+    /// Every call gets the error's code ([`Error::code`]: `Unavailable`
+    /// for a gone peer, `DataLoss` for a ring it corrupted) with the
+    /// reason, new calls too, and the receiver is dropped (which closes the
+    /// connection).
     pub(super) fn fail(&self, e: &Error) {
         {
             let mut t = lock(&self.table);
             if t.closed.is_none() {
-                self.close(&mut t, (tonic::Code::Unavailable, format!("rrpc: {e}")));
+                self.close(&mut t, (e.code(), format!("rrpc: {e}")));
             }
         }
         // Not nested in the table lock (`poll_event` takes rx, then table).
