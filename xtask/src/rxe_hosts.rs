@@ -306,19 +306,6 @@ kv "rrpc-kv gRPC face over rdma://" --target grpc+rdma://$RRPC_RXE_PEER:50070
 kv "rrpc-kv RF-RPC, remote fetch (READs from A's memory)" --target rfrpc+rdma://$RRPC_RXE_PEER:50071 --rf-mode remote-fetch
 kv "rrpc-kv RF-RPC, hybrid switch, batches of 8" --target rfrpc+rdma://$RRPC_RXE_PEER:50071 --rf-mode hybrid --batch 8
 if [ {dead_server} = 1 ]; then
-  # Retry exhaustion: a stream keeps sending while B's frames are all lost;
-  # B's queue pair runs out of RC retries (IBV_WC_RETRY_EXC_ERR) and the call
-  # fails Unavailable naming them, long before the keep-alive's 16 s.
-  rm -f /tmp/retry-cut
-  {soak} --role retry-exhausted --transport rdma --uri rdma://$RRPC_RXE_PEER:50061 --signal /tmp/retry-cut --bound {retry_bound}s > /tmp/retry.log 2>&1 & rp=$!
-  for _ in $(seq 240); do [ -e /tmp/retry-cut ] && break; sleep 0.25; done
-  tc qdisc replace dev eth0 root netem loss 100%
-  wait $rp; ok=$?
-  tc qdisc del dev eth0 root
-  # The wire answers again before the partition test connects.
-  for _ in $(seq 40); do busybox ping -c 1 -W 1 $RRPC_RXE_PEER > /dev/null 2>&1 && break; sleep 0.5; done
-  check "retry exhaustion (wire cut under a sending stream; Unavailable within {retry_bound} s, naming IBV_WC_RETRY_EXC_ERR)" /tmp/retry.log "soak: {verbs}" "retry-exhausted: the call failed after"
-  grep -E '^retry-exhausted' /tmp/retry.log
   # Partition and heal: B's frames are all lost, under a stream of calls with
   # 3 s deadlines, for 4 s (calls wait, or fail at their deadline) and then
   # for {cut} s (longer than the keep-alive's 16 s: calls in flight fail, and
@@ -355,7 +342,6 @@ exit $failed
         soak = q(&bins.soak),
         kvb = q(&bins.kv_bench),
         dead_bound = DEAD_HOST_BOUND_SECS,
-        retry_bound = RETRY_BOUND_SECS,
         cut = PARTITION_SECS,
         part_secs = PARTITION_SECS + 35,
     );
@@ -417,13 +403,6 @@ pub(crate) fn run(root: &Path, target: &Path, args: &RxeArgs) -> Result<i32> {
 /// 2 s apart = 16 s; `rrpc_core::conn::TcpKeepalive::bound`) plus slack for
 /// the emulated hosts and the signal's path through the shared directory.
 pub(crate) const DEAD_HOST_BOUND_SECS: u64 = 20;
-
-/// How long after the wire was cut under a sending stream the call must
-/// have failed with `IBV_WC_RETRY_EXC_ERR`: `RcRetry`'s defaults give up
-/// after about 8 × 67 ms of unacknowledged data; the rest is slack for
-/// soft-RoCE's timers in an emulated VM (and stays well under the
-/// keep-alive's 16 s, the other way a cut is found).
-pub(crate) const RETRY_BOUND_SECS: u64 = 6;
 
 /// The long cut of the partition test: longer than the side channel's
 /// keep-alive bound (16 s), so calls in flight fail and the channel must
