@@ -797,20 +797,7 @@ fn partition(
 /// naming what happened; the time it took is printed (`dead-peer: ...`).
 fn dead_peer(uri: &str, cfg: RrpcConfig, signal: &std::path::Path, bound: Duration) -> Result<()> {
     one_worker().block_on(async {
-        let ch = RrpcChannel::connect(uri, cfg).await?;
-        println!("soak: carried by {:?}", ch.carrier());
-        let mut c = SoakClient::new(ch);
-        let (tx, rx) = tokio::sync::mpsc::channel::<Blob>(1);
-        tx.send(Blob { data: vec![7; 64] }).await?;
-        let mut s = c
-            .chat(tokio_stream::wrappers::ReceiverStream::new(rx))
-            .await?
-            .into_inner();
-        let first = s.message().await?.context("no echo")?;
-        anyhow::ensure!(first.data == vec![7; 64], "wrong echo");
-        std::fs::write(signal, b"now")?;
-        let t0 = Instant::now();
-        println!("dead-peer: call in flight, signalled {}", signal.display());
+        let (tx, mut s, t0) = chat_in_flight(uri, cfg, signal, "dead-peer").await?;
         let r = tokio::time::timeout(bound + Duration::from_secs(60), s.message()).await;
         let took = t0.elapsed();
         drop(tx);
@@ -833,6 +820,35 @@ fn dead_peer(uri: &str, cfg: RrpcConfig, signal: &std::path::Path, bound: Durati
     })
 }
 
+/// A bidirectional stream on a new channel to `uri` that has echoed once,
+/// then `signal` created for whoever cuts the wire or powers the host off:
+/// the request sender, the responses, and when the signal was given.
+async fn chat_in_flight(
+    uri: &str,
+    cfg: RrpcConfig,
+    signal: &std::path::Path,
+    role: &str,
+) -> Result<(
+    tokio::sync::mpsc::Sender<Blob>,
+    tonic::Streaming<Blob>,
+    Instant,
+)> {
+    let ch = RrpcChannel::connect(uri, cfg).await?;
+    println!("soak: carried by {:?}", ch.carrier());
+    let mut c = SoakClient::new(ch);
+    let (tx, rx) = tokio::sync::mpsc::channel::<Blob>(4);
+    tx.send(Blob { data: vec![7; 64] }).await?;
+    let mut s = c
+        .chat(tokio_stream::wrappers::ReceiverStream::new(rx))
+        .await?
+        .into_inner();
+    let first = s.message().await?.context("no echo")?;
+    anyhow::ensure!(first.data == vec![7; 64], "wrong echo");
+    std::fs::write(signal, b"now")?;
+    println!("{role}: call in flight, signalled {}", signal.display());
+    Ok((tx, s, Instant::now()))
+}
+
 /// `--role retry-exhausted`: a bidirectional stream that has echoed once,
 /// the signal file created (the wire is cut when it appears), then 64 KiB
 /// messages sent every 20 ms. With nothing acknowledged, the client's queue
@@ -848,23 +864,7 @@ fn retry_exhausted(
     bound: Duration,
 ) -> Result<()> {
     one_worker().block_on(async {
-        let ch = RrpcChannel::connect(uri, cfg).await?;
-        println!("soak: carried by {:?}", ch.carrier());
-        let mut c = SoakClient::new(ch);
-        let (tx, rx) = tokio::sync::mpsc::channel::<Blob>(4);
-        tx.send(Blob { data: vec![7; 64] }).await?;
-        let mut s = c
-            .chat(tokio_stream::wrappers::ReceiverStream::new(rx))
-            .await?
-            .into_inner();
-        let first = s.message().await?.context("no echo")?;
-        anyhow::ensure!(first.data == vec![7; 64], "wrong echo");
-        std::fs::write(signal, b"now")?;
-        let t0 = Instant::now();
-        println!(
-            "retry-exhausted: call in flight, signalled {}",
-            signal.display()
-        );
+        let (tx, mut s, t0) = chat_in_flight(uri, cfg, signal, "retry-exhausted").await?;
         // Keep data in flight: what the NIC retransmits until it gives up.
         let feed = tokio::spawn(async move {
             while tx
