@@ -81,6 +81,7 @@ pub mod fault;
 pub mod fuzzing;
 pub mod handshake;
 pub mod meta;
+pub mod numa;
 pub mod pool;
 mod provider;
 pub mod qp;

@@ -4,6 +4,7 @@
 // writes, so it allows it, with a SAFETY argument on every block.
 #![allow(unsafe_code)]
 
+use std::cell::Cell;
 use std::os::fd::BorrowedFd;
 use std::sync::atomic::AtomicU64;
 
@@ -68,10 +69,96 @@ impl Access {
     };
 }
 
+thread_local! {
+    /// The NUMA node the regions allocated on this thread are bound to, set
+    /// for the length of one [`crate::Fabric::alloc_region_on`] by
+    /// [`on_node`] (the fabric's allocation path, shared by both providers,
+    /// takes no node of its own).
+    static NODE: Cell<Option<u32>> = const { Cell::new(None) };
+}
+
+/// Runs `f` (an allocation) with the regions it allocates on this thread
+/// bound to `node` ([`crate::numa`]); restores the previous setting after,
+/// also when `f` panics.
+pub(crate) fn on_node<R>(node: Option<u32>, f: impl FnOnce() -> R) -> R {
+    struct Restore(Option<u32>);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            NODE.with(|c| c.set(self.0));
+        }
+    }
+    let _restore = Restore(NODE.with(|c| c.replace(node)));
+    f()
+}
+
+/// Binds the memory of `map` to `node` if [`on_node`] asked for one: a
+/// warning and a count in [`crate::numa::PLACEMENT_FAILURES`] when the
+/// kernel refuses (no such node, no NUMA support), never an error.
+fn place(map: &Mapping) {
+    let Some(node) = NODE.with(|c| c.get()) else {
+        return;
+    };
+    match mbind_preferred(map, node) {
+        Ok(()) => tracing::debug!(node, len = map.len(), "region bound to NUMA node"),
+        Err(e) => {
+            crate::numa::count_failure("memory");
+            tracing::warn!(node, len = map.len(), error = %e, "rrpc: cannot bind a region to its NUMA node; it stays where the kernel puts it");
+        }
+    }
+}
+
+/// `mbind(MPOL_PREFERRED, {node}, MPOL_MF_MOVE)` over the whole mapping:
+/// pages not yet touched (a fresh memfd has none; the policy belongs to the
+/// memfd, so the peer's faults on shm follow it) come from `node` while it
+/// has memory, and pages already there (huge pages are populated when
+/// created) are moved.
+fn mbind_preferred(map: &Mapping, node: u32) -> std::io::Result<()> {
+    /// Bits of the node mask we pass (the kernel's largest `MAX_NUMNODES`).
+    const MASK_BITS: usize = 1024;
+    const WORD: usize = u64::BITS as usize;
+    /// `MPOL_MF_MOVE` of `<linux/mempolicy.h>` (not in the libc crate).
+    const MPOL_MF_MOVE: libc::c_ulong = 1 << 1;
+    let node = node as usize;
+    if node >= MASK_BITS {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            format!("NUMA node {node} is past {MASK_BITS}"),
+        ));
+    }
+    if cfg!(miri) {
+        // Heap memory under miri; no system calls.
+        return Ok(());
+    }
+    let mut mask = [0u64; MASK_BITS / WORD];
+    mask[node / WORD] |= 1 << (node % WORD);
+    // SAFETY: mbind only changes the memory policy of (and may migrate) the
+    // pages of `map`, a mapping this process owns for as long as `map`
+    // lives; it does not change their contents or the mapping itself. `mask`
+    // is a live array of MASK_BITS bits, and `maxnode` (MASK_BITS + 1: the
+    // kernel reads `maxnode - 1` bits) does not make the kernel read past it.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_mbind,
+            map.ptr() as libc::c_ulong,
+            map.len() as libc::c_ulong,
+            libc::MPOL_PREFERRED as libc::c_ulong,
+            mask.as_ptr(),
+            (MASK_BITS + 1) as libc::c_ulong,
+            MPOL_MF_MOVE,
+        )
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
 impl Region {
     /// Allocates a region of at least `len` bytes. Prefer [`crate::Fabric::alloc_region`].
     pub(crate) fn alloc(len: usize, try_huge: bool, access: Access) -> Result<Region> {
         let map = Mapping::create(len, try_huge)?;
+        place(&map);
         let mut rkey = crate::sys::random_u32();
         if rkey == 0 {
             rkey = 1;
@@ -98,6 +185,8 @@ impl Region {
         access: Access,
     ) -> Result<Region> {
         let map = Mapping::create(len, try_huge)?;
+        // Before the registration pins the pages where they are.
+        place(&map);
         // SAFETY: the mapping is owned by the region built below, whose `mr`
         // field is dropped (deregistered) before `map` (unmapped).
         let mr =
@@ -346,6 +435,34 @@ mod tests {
     use std::sync::atomic::Ordering;
 
     use super::*;
+
+    /// `alloc_region_on` binds before the first touch: the pages of a
+    /// region bound to node 0 (every Linux with NUMA support has it) are
+    /// there and its policy says so; a node that does not exist is a
+    /// warning, not an error; the setting ends with the call.
+    #[cfg(not(miri))]
+    #[test]
+    fn regions_are_bound_to_their_node() {
+        let fabric = crate::Fabric::shm().without_huge_pages();
+        let r = fabric
+            .alloc_region_on(64 << 10, Access::ALL, Some(0))
+            .unwrap();
+        for page in (0..r.len()).step_by(4096) {
+            r.write_at(page, &[1]).unwrap();
+        }
+        let maps = std::fs::read_to_string("/proc/self/numa_maps").unwrap();
+        let e = crate::numa::numa_maps_entry(&maps, r.as_ptr() as usize).expect("mapped");
+        assert_eq!(e.policy, "prefer:0", "{e:?}");
+        assert_eq!(e.pages.get(&0), Some(&16), "{e:?}");
+        let plain = fabric.alloc_region(4096).unwrap();
+        let maps = std::fs::read_to_string("/proc/self/numa_maps").unwrap();
+        let e = crate::numa::numa_maps_entry(&maps, plain.as_ptr() as usize).expect("mapped");
+        assert_eq!(e.policy, "default", "the node was for one call only");
+        let far = fabric
+            .alloc_region_on(4096, Access::ALL, Some(1000))
+            .unwrap();
+        far.write_at(0, b"still usable").unwrap();
+    }
 
     /// The accessors reach exactly the region's bytes, see each other's
     /// stores and refuse anything outside. Runs under miri too, on heap
