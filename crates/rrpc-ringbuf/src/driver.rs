@@ -290,13 +290,18 @@ impl Shared {
             let n = self.qp.send_cq().poll(&mut wc)?;
             for c in &wc[..n] {
                 if c.status != Status::Success {
-                    let e = self
-                        .qp
-                        .failure()
-                        .unwrap_or(rrpc_core::Error::CompletionError {
-                            wr_id: c.wr_id,
-                            status: c.status,
-                        });
+                    // Recorded on the queue pair (the first reason wins), so
+                    // that whoever finds the connection gone later (the
+                    // receiver, the next send, the close that follows) can
+                    // say why: `IBV_WC_RETRY_EXC_ERR` is the peer's host
+                    // gone silent, and a later "not connected" must not
+                    // hide it.
+                    let e = rrpc_core::Error::CompletionError {
+                        wr_id: c.wr_id,
+                        status: c.status,
+                    };
+                    self.qp.fail(&e);
+                    let e = self.qp.failure().unwrap_or(e);
                     return Err(e.into());
                 }
                 let seq = (c.wr_id & WR_SEQ_MASK) + 1;

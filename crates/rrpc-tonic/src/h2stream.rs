@@ -34,6 +34,20 @@ pub struct RrpcConnectInfo {
 
 type SendFut = BoxFut<'static, (Box<dyn MsgTx>, Result<(), Error>)>;
 
+/// Why a client's HTTP/2 connection over rings failed, when it failed for
+/// a reason of rrpc's (a queue pair out of retries, a host that stopped
+/// answering, a corrupt ring): hyper keeps only the words of the first
+/// read error, and a call dispatched on the dying connection only hears
+/// "operation was canceled". Reset for each new connection.
+type Cause = Arc<Mutex<Option<String>>>;
+
+fn record(cause: Option<&Cause>, e: &Error) {
+    if let Some(c) = cause {
+        let mut c = c.lock().unwrap_or_else(|p| p.into_inner());
+        c.get_or_insert_with(|| e.to_string());
+    }
+}
+
 /// An rrpc connection as a byte stream, for hyper.
 ///
 /// `poll_write` copies the bytes straight into the send ring when it has
@@ -44,12 +58,15 @@ pub struct RrpcStream {
     /// The send half while no slow (ring-full) send is in flight.
     tx: Option<Box<dyn MsgTx>>,
     sending: Option<SendFut>,
-    /// Chunks from the reader pump task.
-    rx: mpsc::Receiver<Bytes>,
+    /// Chunks from the reader pump task, and why it stopped if the
+    /// connection failed (an orderly close reads as EOF).
+    rx: mpsc::Receiver<io::Result<Bytes>>,
     cur: Bytes,
     eof: bool,
     max: usize,
     info: RrpcConnectInfo,
+    /// Where a client's stream records why it failed ([`Cause`]).
+    cause: Option<Cause>,
 }
 
 impl std::fmt::Debug for RrpcStream {
@@ -64,10 +81,16 @@ impl std::fmt::Debug for RrpcStream {
 impl RrpcStream {
     /// Wraps a negotiated pipe.
     pub(crate) fn new(pipe: Pipe, info: RrpcConnectInfo) -> Self {
+        Self::reporting(pipe, info, None)
+    }
+
+    /// [`Self::new`], recording why the connection failed in `cause`.
+    fn reporting(pipe: Pipe, info: RrpcConnectInfo, cause: Option<Cause>) -> Self {
         let (tx, mut prx) = pipe;
+        let reader_cause = cause.clone();
         // The reader stays a task of its own: its ring wait spins (BPEV), and
         // spinning inside hyper's connection task would stall its writes.
-        let (rtx, rx) = mpsc::channel::<Bytes>(16);
+        let (rtx, rx) = mpsc::channel::<io::Result<Bytes>>(16);
         tokio::spawn(async move {
             loop {
                 let mut got = Bytes::new();
@@ -83,12 +106,23 @@ impl RrpcStream {
                 };
                 match r {
                     Ok(true) => {
-                        if !got.is_empty() && rtx.send(got).await.is_err() {
+                        if !got.is_empty() && rtx.send(Ok(got)).await.is_err() {
                             break;
                         }
                     }
-                    // The peer left (or the ring failed): EOF, as a closed socket reads.
-                    _ => break,
+                    // The peer left: EOF, as a closed socket reads.
+                    Ok(false) => break,
+                    // The connection failed (a queue pair out of retries, a
+                    // host that stopped answering, a corrupt ring): a read
+                    // error that carries the cause, which `h2_call` finds
+                    // under hyper's own error for the caller's status.
+                    Err(e) => {
+                        record(reader_cause.as_ref(), &e);
+                        let _ = rtx
+                            .send(Err(io::Error::new(io::ErrorKind::ConnectionAborted, e)))
+                            .await;
+                        break;
+                    }
                 }
             }
         });
@@ -100,7 +134,14 @@ impl RrpcStream {
             cur: Bytes::new(),
             eof: false,
             info,
+            cause,
         }
+    }
+
+    /// A send failed: record why, and tell hyper.
+    fn send_error(&self, e: Error) -> io::Error {
+        record(self.cause.as_ref(), &e);
+        io::Error::new(io::ErrorKind::BrokenPipe, e)
     }
 
     /// Finishes a send that had to wait for ring space.
@@ -109,7 +150,9 @@ impl RrpcStream {
             let (tx, r) = ready!(f.as_mut().poll(cx));
             self.sending = None;
             self.tx = Some(tx);
-            r.map_err(|_| io::Error::from(io::ErrorKind::BrokenPipe))?;
+            if let Err(e) = r {
+                return Poll::Ready(Err(self.send_error(e)));
+            }
         }
         Poll::Ready(Ok(()))
     }
@@ -127,7 +170,11 @@ impl AsyncRead for RrpcStream {
                 return Poll::Ready(Ok(()));
             }
             match ready!(this.rx.poll_recv(cx)) {
-                Some(b) => this.cur = b,
+                Some(Ok(b)) => this.cur = b,
+                Some(Err(e)) => {
+                    this.eof = true;
+                    return Poll::Ready(Err(e));
+                }
                 None => {
                     this.eof = true;
                     return Poll::Ready(Ok(()));
@@ -178,7 +225,7 @@ impl AsyncWrite for RrpcStream {
                 }
                 Poll::Ready(Ok(n))
             }
-            Err(_) => Poll::Ready(Err(io::ErrorKind::BrokenPipe.into())),
+            Err(e) => Poll::Ready(Err(this.send_error(e))),
         }
     }
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
@@ -199,6 +246,14 @@ impl tonic::transport::server::Connected for RrpcStream {
     }
 }
 
+/// A client's HTTP/2 connection over rings: tonic's channel, and why its
+/// current connection failed ([`Cause`]).
+#[derive(Debug, Clone)]
+pub(crate) struct H2Conn {
+    pub(crate) ch: Channel,
+    cause: Cause,
+}
+
 /// tonic's channel over ring connections on the HTTP/2 path: `first` is
 /// the connection already negotiated; tonic reconnects through a fresh one.
 pub(crate) async fn h2_channel(
@@ -208,17 +263,20 @@ pub(crate) async fn h2_channel(
     uri: String,
     endpoint: tonic::transport::Endpoint,
     carrier: Arc<Mutex<Option<Carrier>>>,
-) -> Result<Channel, Error> {
+) -> Result<H2Conn, Error> {
     let first = Arc::new(Mutex::new(Some(first)));
     let config = config.path(PathPreference::Http2);
+    let cause: Cause = Arc::default();
+    let slot = cause.clone();
     let ch = endpoint
         .connect_with_connector(tower::service_fn(move |_: http::Uri| {
-            let (first, target, config, uri, carrier) = (
+            let (first, target, config, uri, carrier, slot) = (
                 first.clone(),
                 target.clone(),
                 config.clone(),
                 uri.clone(),
                 carrier.clone(),
+                slot.clone(),
             );
             async move {
                 let taken = first.lock().expect("pipe lock").take();
@@ -234,25 +292,33 @@ pub(crate) async fn h2_channel(
                     *carrier.lock().unwrap_or_else(|e| e.into_inner()) =
                         Some(Carrier::observed(&c));
                 }
-                Ok::<_, Error>(TokioIo::new(RrpcStream::new(
+                // A new connection: the old one's failure is history.
+                *slot.lock().unwrap_or_else(|e| e.into_inner()) = None;
+                Ok::<_, Error>(TokioIo::new(RrpcStream::reporting(
                     pipe,
                     RrpcConnectInfo { local: uri },
+                    Some(slot),
                 )))
             }
         }))
         .await?;
-    Ok(ch)
+    Ok(H2Conn { ch, cause })
 }
 
 /// A call on tonic's channel over rings, with rrpc's statuses for a lost
 /// connection ([`dispatch_error`], [`lost_connection`]).
-pub(crate) fn h2_call(c: &mut Channel, req: http::Request<Body>) -> ResponseFuture {
-    let fut = c.call(req);
+pub(crate) fn h2_call(c: &mut H2Conn, req: http::Request<Body>) -> ResponseFuture {
+    let fut = c.ch.call(req);
+    let (cause, body_cause) = (c.cause.clone(), c.cause.clone());
     Box::pin(async move {
         let resp = fut
             .await
-            .map_err(|e| -> BoxError { Box::new(dispatch_error(e.into())) })?;
-        Ok(resp.map(|b| Body::new(http_body_util::BodyExt::map_err(b, lost_connection))))
+            .map_err(|e| -> BoxError { Box::new(dispatch_error(e.into(), &cause)) })?;
+        Ok(resp.map(|b| {
+            Body::new(http_body_util::BodyExt::map_err(b, move |s| {
+                lost_connection(s, &body_cause)
+            }))
+        }))
     })
 }
 
@@ -260,11 +326,21 @@ pub(crate) fn h2_call(c: &mut Channel, req: http::Request<Body>) -> ResponseFutu
 /// `Unknown` "h2 protocol error"; gRPC (and the fast path) say `Unavailable`.
 /// Body errors never carry a server's status (that comes in trailers), so an
 /// `Unknown` here is always the transport's.
-fn lost_connection(s: tonic::Status) -> tonic::Status {
+fn lost_connection(s: tonic::Status, cause: &Cause) -> tonic::Status {
     if s.code() == tonic::Code::Unknown {
-        tonic::Status::unavailable(format!("connection lost: {}", s.message()))
+        tonic::Status::unavailable(lost_message(&s, cause))
     } else {
         s
+    }
+}
+
+/// "connection lost: ..." with hyper's words, and rrpc's cause when the
+/// connection failed for one ([`Cause`]): `IBV_WC_RETRY_EXC_ERR`, a host
+/// that stopped answering.
+fn lost_message(s: &tonic::Status, cause: &Cause) -> String {
+    match cause.lock().unwrap_or_else(|p| p.into_inner()).as_deref() {
+        Some(why) => format!("connection lost: rrpc: {why} ({})", s.message()),
+        None => format!("connection lost: {}", s.message()),
     }
 }
 
@@ -274,7 +350,7 @@ fn lost_connection(s: tonic::Status) -> tonic::Status {
 /// (RST_STREAM, e.g. CANCEL after its handler panicked) keeps tonic's
 /// status (`Cancelled`), exactly as over TCP. An expired deadline keeps
 /// tonic's own status (`Cancelled: Timeout expired`).
-fn dispatch_error(e: BoxError) -> tonic::Status {
+fn dispatch_error(e: BoxError, cause: &Cause) -> tonic::Status {
     if reset_by_server(&*e) {
         return tonic::Status::from_error(e);
     }
@@ -282,7 +358,7 @@ fn dispatch_error(e: BoxError) -> tonic::Status {
     let timeout = st.code() == tonic::Code::Cancelled && st.message().contains("Timeout expired");
     match st.code() {
         tonic::Code::Unknown | tonic::Code::Cancelled if !timeout => {
-            tonic::Status::unavailable(format!("connection lost: {}", st.message()))
+            tonic::Status::unavailable(lost_message(&st, cause))
         }
         _ => st,
     }

@@ -11,12 +11,11 @@ use std::time::Duration;
 
 use tonic::Status;
 use tonic::body::Body;
-use tonic::transport::Channel;
 use tower::Service;
 
 use crate::call::{BoxError, Carrier, ChannelPath, ResponseFuture};
 use crate::fast::client::{CallOptions, FastChannel};
-use crate::h2stream::{h2_call, h2_channel};
+use crate::h2stream::{H2Conn, h2_call, h2_channel};
 use crate::negotiate::Negotiated;
 use crate::pipe::BoxFut;
 use crate::transport::{Target, dial};
@@ -31,7 +30,7 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 pub(crate) enum Conn {
     Fast(FastChannel),
     /// tonic's channel over ring connections (it reconnects by itself).
-    H2(Channel),
+    H2(H2Conn),
 }
 
 impl Conn {
@@ -237,7 +236,7 @@ impl Service<http::Request<Body>> for Managed {
                 if c.usable() {
                     return match c {
                         Conn::Fast(f) => f.poll_ready(cx),
-                        Conn::H2(h) => h.poll_ready(cx).map_err(Into::into),
+                        Conn::H2(h) => h.ch.poll_ready(cx).map_err(Into::into),
                     };
                 }
                 self.conn = None;

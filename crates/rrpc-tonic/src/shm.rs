@@ -116,6 +116,31 @@ fn fail_connection(conn: &Arc<Connection>, e: &dyn std::fmt::Display) {
     }
 }
 
+/// Why the peer of a connection found gone is gone, when it is not an
+/// orderly close: its host went silent (the side channel's keep-alive ran
+/// out) or the device gave up retransmitting to it (a failed completion,
+/// recorded on the queue pair by the ring that polled it). `None` for a
+/// close or a goodbye.
+///
+/// A wait can end as soon as the side channel's fd fires, before anyone
+/// read it: it is read here (once, without blocking), so that a keep-alive
+/// timeout is told from a close (whoever reads first records the verdict).
+/// Its verdict first: the queue pair may have failed for a reason that
+/// says less.
+fn gone_cause(conn: &Connection) -> Option<rrpc_core::Error> {
+    let _ = conn.check_alive();
+    let why = match conn.gone_error() {
+        e @ rrpc_core::Error::PeerUnresponsive(_) => Some(e),
+        _ => conn.qp().failure(),
+    };
+    match why {
+        Some(
+            e @ (rrpc_core::Error::PeerUnresponsive(_) | rrpc_core::Error::CompletionError { .. }),
+        ) => Some(e),
+        _ => None,
+    }
+}
+
 /// How long the progress task keeps polling for completions that do not
 /// come before it gives up (the connection is then broken anyway).
 const PROGRESS_LIMIT: Duration = Duration::from_secs(30);
@@ -171,12 +196,22 @@ impl ShmTx {
         });
     }
 
-    /// The result of a send: a failure fails the connection.
+    /// The result of a send: a failure fails the connection. A send that
+    /// found the peer gone says why when that is known (the same verdict
+    /// the receiving half gives, [`gone_cause`]): a queue pair whose
+    /// retries ran out (`IBV_WC_RETRY_EXC_ERR`), or a host that stopped
+    /// answering the side channel's keep-alive.
     fn checked<T>(&self, r: Result<T, Error>) -> Result<T, Error> {
-        if let Err(e) = &r {
-            fail_connection(&self.conn, e);
-        }
-        r
+        let Err(e) = r else { return r };
+        // The cause first: the close below fails the queue pair too.
+        let e = match e {
+            Error::PeerGone => {
+                gone_cause(&self.conn).map_or(Error::PeerGone, |why| Error::Rings(Box::new(why)))
+            }
+            e => e,
+        };
+        fail_connection(&self.conn, &e);
+        Err(e)
     }
 
     /// Called with the sender locked, after a send: if the ring holds work
@@ -373,30 +408,16 @@ impl MsgRx for ShmRx {
                     f(&msg);
                     true
                 }
-                Err(rrpc_poller::Error::PeerGone) => {
-                    // Not an orderly close: say what happened (the peer's host went
-                    // silent, or the device gave up retransmitting to it). A wait can
-                    // end as soon as the side channel's fd fires, before anyone read
-                    // it: read it now (once, without blocking), so that a
-                    // keep-alive timeout is told from a close (whoever reads first
-                    // records the verdict). Its verdict first:
-                    // the queue pair may have failed for a reason that says less.
-                    let _ = self._conn.check_alive();
-                    let why = match self._conn.gone_error() {
-                        e @ rrpc_core::Error::PeerUnresponsive(_) => Some(e),
-                        _ => self._conn.qp().failure(),
-                    };
-                    match why {
-                        Some(
-                            e @ (rrpc_core::Error::PeerUnresponsive(_)
-                            | rrpc_core::Error::CompletionError { .. }),
-                        ) => return Err(Error::Rings(Box::new(e))),
-                        other => {
-                            tracing::debug!(failure = ?other, "rrpc: ring connection ended");
-                            false
-                        }
+                Err(rrpc_poller::Error::PeerGone) => match gone_cause(&self._conn) {
+                    Some(e) => return Err(Error::Rings(Box::new(e))),
+                    None => {
+                        tracing::debug!(
+                            failure = ?self._conn.qp().failure(),
+                            "rrpc: ring connection ended"
+                        );
+                        false
                     }
-                }
+                },
                 Err(e) => return Err(e.into()),
             };
             if got {

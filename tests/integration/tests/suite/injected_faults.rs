@@ -6,7 +6,8 @@
 //!   on both ends lose no call and no wake-up;
 //! * a client whose queue pairs fail after a number of posts, the way a
 //!   NIC reports a peer that stopped acknowledging (`RETRY_EXC`), gets
-//!   `Unavailable` for the calls caught by it, never a hang, and the
+//!   `Unavailable` naming the cause (`IBV_WC_RETRY_EXC_ERR`) for the calls
+//!   caught by it, never a hang, and the
 //!   channel reconnects; the server keeps serving its other clients.
 
 use std::time::Duration;
@@ -44,9 +45,13 @@ async fn echo_within_bound(
 /// A client of `h` whose queue pair fails (`RetryExceeded`, as a peer that
 /// stopped acknowledging) after `posts` posts.
 async fn client_failing_after(h: &Harness, t: Transport, posts: u64) -> TestClient<RrpcChannel> {
+    // The failed completion comes a few polls late, as a NIC's does (it
+    // retransmits first): found by whoever polls next, often the progress
+    // task after the send returned, not the send itself.
     let faults = FaultConfig::none()
         .fail_after_posts(posts)
-        .fail_status(Status::RetryExceeded);
+        .fail_status(Status::RetryExceeded)
+        .completion_delay_polls(2);
     TestClient::new(
         RrpcChannel::connect(&h.uri, with_faults(t, faults))
             .await
@@ -109,6 +114,11 @@ async fn failing_queue_pairs_are_unavailable_then_reconnect(t: Transport) {
             }
             Err(st) => {
                 assert_eq!(st.code(), Code::Unavailable, "{t:?}: call {i}: {st}");
+                // Callers are told why: the retries ran out.
+                assert!(
+                    st.message().contains("IBV_WC_RETRY_EXC_ERR"),
+                    "{t:?}: call {i}: the cause is not named: {st}"
+                );
                 if failed < 3 || i == 299 {
                     eprintln!("{t:?}: call {i}: {}", st.message());
                 }
@@ -160,6 +170,10 @@ async fn a_reader_whose_queue_pair_fails_is_told(t: Transport) {
     };
     eprintln!("{t:?}: stream failed after {n} messages: {end}");
     assert_eq!(end.code(), Code::Unavailable, "{t:?}: {end}");
+    assert!(
+        end.message().contains("IBV_WC_RETRY_EXC_ERR"),
+        "{t:?}: the cause is not named: {end}"
+    );
     let mut clean = h.client().await;
     clean.unary(Input::default()).await.expect("a clean client");
 }
