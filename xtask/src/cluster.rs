@@ -9,10 +9,21 @@
 //! The `ssh` launcher runs each process as
 //! `ssh [-o option]... -o BatchMode=yes ... [-i key] [-p port] user@address -- <remote>`,
 //! where the remote command records its process-group id in a pid file so a second ssh can kill
-//! the whole remote group. The `local` launcher runs the same plan as local processes (each in its
+//! the whole remote group. The remote process runs under `setsid -w`: in an ssh session the shell
+//! leads its process group, so plain `setsid` forks and exits 0 at once, and ssh reported 0 for a
+//! server or client that failed. The `local` launcher runs the same plan as local processes (each in its
 //! own process group): it is how the mode is tested on one machine.
 //! `xtask/loopback-ssh.sh` runs the `ssh` launcher for real against a throwaway `sshd` on
-//! 127.0.0.1 (see the script's header).
+//! 127.0.0.1 (see the script's header), and the cross-host suite (`cargo xtask rxe --hosts 2`,
+//! [`crate::rxe_hosts`]) runs it between two soft-RoCE VMs over `rdma://`.
+//!
+//! **Transport**: tonic over TCP; rrpc over `rdma://` (fast path) when the hosts name an
+//! `rdma_device` (the server's and every client's, or none: a client cannot reach an `rdma://`
+//! server over TCP). Each client reports what carried its calls, read from its live connections
+//! (`Verbs { device, peer }`), and fails if `rdma://` was not carried by verbs; the table has it
+//! in its `carrier` column.
+//!
+//! With `--no-build` the binaries are not built (they must be in each host's `bin_dir`).
 //!
 //! ```toml
 //! [defaults]              # optional; every field but `port` can also be set per host
@@ -25,6 +36,8 @@
 //! ssh_options = ["UserKnownHostsFile=/home/bench/.ssh/known_hosts_bench", "IdentitiesOnly=yes"]
 //! bin_dir = "/opt/rrpc/target/release"
 //! port = 50051            # server port
+//! ready_timeout_secs = 30 # how long the server may take to print READY (ssh + start)
+//! duration_ms = 10000     # each client's measured time (default 10000, 1000 with --quick)
 //!
 //! [[hosts]]
 //! name = "srv"
@@ -85,6 +98,8 @@ pub(crate) struct Defaults {
     bin_dir: Option<PathBuf>,
     port: Option<u16>,
     clients: Option<u32>,
+    ready_timeout_secs: Option<u64>,
+    duration_ms: Option<u64>,
 }
 
 /// One `[[hosts]]` entry.
@@ -157,6 +172,17 @@ impl HostsFile {
         if !f.hosts.iter().any(|h| h.role == Role::Client) {
             bail!("hosts file needs at least one client");
         }
+        // rdma:// or TCP is chosen by each host's device: all must agree.
+        let rdma = f.server().rdma_device.is_some();
+        if let Some(h) = f.hosts.iter().find(|h| h.rdma_device.is_some() != rdma) {
+            bail!(
+                "host {} has {} rdma_device but the server has {}: the server and every \
+                 client need one (rrpc over rdma://) or none does (tonic over TCP)",
+                h.name,
+                if rdma { "no" } else { "an" },
+                if rdma { "one" } else { "none" },
+            );
+        }
         Ok(f)
     }
 
@@ -193,14 +219,18 @@ pub(crate) fn plan(
     }
     let port = f.defaults.port.unwrap_or(50_051);
     let server = f.server();
-    let duration_ms = if quick { "1000" } else { "10000" };
+    let duration_ms = f
+        .defaults
+        .duration_ms
+        .unwrap_or(if quick { 1000 } else { 10_000 })
+        .to_string();
     let mut out = Vec::new();
     for h in std::iter::once(server).chain(f.hosts.iter().filter(|h| h.role == Role::Client)) {
         let bin_dir = h
             .bin_dir
             .clone()
             .unwrap_or_else(|| local_bin_dir.to_path_buf());
-        // The rpc suite's rrpc rows run over rdma:// on this device (the
+        // The roles serve and call rrpc over rdma:// on this device (the
         // variable `rrpc_bench::rpc::RDMA_DEVICE_ENV` names); the NUMA node
         // is applied by numactl (`start_command`).
         let mut env = Vec::new();
@@ -229,7 +259,7 @@ pub(crate) fn plan(
                 "--clients".into(),
                 h.clients.unwrap_or(if quick { 2 } else { 16 }).to_string(),
                 "--duration-ms".into(),
-                duration_ms.into(),
+                duration_ms.clone(),
             ],
         };
         out.push(Proc {
@@ -333,7 +363,7 @@ pub(crate) fn start_command(kind: LauncherKind, p: &Proc, run_id: &str) -> Comma
                 pf = pid_file(run_id, p)
             );
             let mut c = ssh_base(&p.host);
-            c.arg(format!("exec setsid sh -c {}", sh_quote(&inner)));
+            c.arg(format!("exec setsid -w sh -c {}", sh_quote(&inner)));
             c
         }
     }
@@ -441,6 +471,10 @@ pub(crate) struct ClientResult {
     pub(crate) p50_us: f64,
     /// 99th percentile latency.
     pub(crate) p99_us: f64,
+    /// What carried the calls (e.g. `Verbs { device: "rxe0", peer: Some(10.99.1.1) }`), read
+    /// from the live connections; absent from older binaries.
+    #[serde(default)]
+    pub(crate) carrier: Option<String>,
 }
 
 /// Runs a plan: server first (waits for `READY`), then clients; returns each client's result.
@@ -560,14 +594,29 @@ pub(crate) fn run(
             );
         }
     }
-    build_bench(root, &args.profile, &[suite])?;
+    if args.no_build {
+        // Hosts without a bin_dir of their own run the local build: it must be there.
+        if let Some(p) = procs
+            .iter()
+            .find(|p| p.host.bin_dir.is_none() && !p.program.is_file())
+        {
+            bail!(
+                "--no-build: {} is not built (build it with `cargo build --profile {} -p rrpc-bench`)",
+                p.program.display(),
+                args.profile
+            );
+        }
+    } else {
+        build_bench(root, &args.profile, &[suite])?;
+    }
     let run_id = format!("{}-{}", crate::util::utc_timestamp(), std::process::id());
     eprintln!(
         "cluster run {run_id}: {} processes via {:?}",
         procs.len(),
         args.launcher
     );
-    let results = supervise(args.launcher, &procs, &run_id, Duration::from_secs(30))?;
+    let ready = Duration::from_secs(file.defaults.ready_timeout_secs.unwrap_or(30));
+    let results = supervise(args.launcher, &procs, &run_id, ready)?;
     let table = cluster_table(&results, args.quick, &file);
     let md = table_markdown(&table);
     std::fs::write(out.join("cluster_throughput.md"), &md)?;
@@ -580,7 +629,7 @@ pub(crate) fn run(
             table
                 .rows
                 .iter()
-                .map(|r| r.iter().map(cell).collect::<Vec<_>>().join(",")),
+                .map(|r| r.iter().map(csv_cell).collect::<Vec<_>>().join(",")),
         )
         .collect();
     std::fs::write(out.join("cluster_throughput.csv"), csv.join("\n") + "\n")?;
@@ -605,6 +654,16 @@ fn cell(v: &serde_json::Value) -> String {
     }
 }
 
+/// A CSV field: quoted when it holds a comma, a quote or a line break (a carrier does).
+fn csv_cell(v: &serde_json::Value) -> String {
+    let s = cell(v);
+    if s.contains([',', '"', '\n']) {
+        format!("\"{}\"", s.replace('"', "\"\""))
+    } else {
+        s
+    }
+}
+
 fn cluster_table(results: &[(String, ClientResult)], quick: bool, f: &HostsFile) -> TableFile {
     let mut rows = Vec::new();
     let (mut ops, mut clients, mut krps) = (0u64, 0u32, 0.0f64);
@@ -617,6 +676,7 @@ fn cluster_table(results: &[(String, ClientResult)], quick: bool, f: &HostsFile)
             k.into(),
             r.p50_us.into(),
             r.p99_us.into(),
+            r.carrier.clone().into(),
         ]);
         ops += r.ops;
         clients += r.clients;
@@ -629,7 +689,13 @@ fn cluster_table(results: &[(String, ClientResult)], quick: bool, f: &HostsFile)
         krps.into(),
         serde_json::Value::Null,
         serde_json::Value::Null,
+        serde_json::Value::Null,
     ]);
+    let over = if f.server().rdma_device.is_some() {
+        "rrpc over rdma://"
+    } else {
+        "tonic over TCP"
+    };
     TableFile {
         suite: "rpc".into(),
         quick,
@@ -637,10 +703,12 @@ fn cluster_table(results: &[(String, ClientResult)], quick: bool, f: &HostsFile)
             "name": h.name, "address": h.address, "role": h.role, "rdma_device": h.rdma_device,
             "numa_node": h.numa_node })).collect::<Vec<_>>() }),
         experiment: "cluster_throughput".into(),
-        title: "Cluster: small-RPC throughput per client host (tonic over TCP)".into(),
-        columns: ["host", "clients", "ops", "krps", "p50_us", "p99_us"]
-            .map(String::from)
-            .to_vec(),
+        title: format!("Cluster: small-RPC throughput per client host ({over})"),
+        columns: [
+            "host", "clients", "ops", "krps", "p50_us", "p99_us", "carrier",
+        ]
+        .map(String::from)
+        .to_vec(),
         rows,
         notes: vec![format!(
             "{} client host(s), 1 server; throughput summed over hosts",

@@ -45,16 +45,30 @@
 //! default on `rdma://`) and self-sizing rings (the default) are in every
 //! soak, though nothing yet shows the pool's hits across hosts.
 //!
-//! **Not built yet** (issue "Across hosts", still open): the cluster-mode
-//! bench over ssh, NUMA placement.
+//! **The cluster-mode bench over ssh** ([`cluster_bench_step`]; clean wire,
+//! full suite only: it costs 60-100 s of VM time, so it is not in
+//! `--clean-only`, the subset `cargo xtask ci` runs): both hosts start a
+//! throwaway sshd on their wire address (root by key only; host keys and
+//! B's client key generated in each VM's tmpfs, the public halves passed
+//! through the wire directory), and B runs `xtask bench rpc --quick
+//! --hosts … --launcher ssh` with a generated hosts file
+//! ([`cluster_hosts_toml`]): the server on A, 2 clients on B, rrpc over
+//! `rdma://` on `rxe0`, each started through ssh. The `xtask` and `rpc`
+//! binaries are the host's builds ([`ClusterStage`]; no cargo runs in a
+//! VM). It checks the exit code, the result files, A's `READY rdma://`,
+//! that calls completed, and the carrier B's clients read from their live
+//! queue pairs (`Verbs { device: "rxe0", peer: Some(10.99.1.1) }`).
+//! Functional only: the table's rates and latencies stay in the VM.
+//!
+//! **Not built yet** (issue "Across hosts", still open): NUMA placement.
 //!
 //! Functional checks only: soft-RoCE under TCG runs 20-50x slower than a
 //! NIC. Tested on soft-RoCE (rdma_rxe) in VMs; not run on an RDMA NIC.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use anyhow::{Result, bail};
+use anyhow::{Context as _, Result, bail};
 
 use crate::rxe::suite::SuiteBins;
 use crate::rxe::{RxeArgs, VmSpec, run_vms, sh_quote};
@@ -195,9 +209,22 @@ pub(crate) enum Ending {
 /// output. B's exit code is the number of failed checks; A's says whether
 /// every server was still up at the end (and, for [`Ending::DeadClient`],
 /// whether it freed the dead client's connection in time).
-pub(crate) fn suite_scripts(bins: &SuiteBins, soak_secs: u64, ending: Ending) -> [String; 2] {
+///
+/// With `cluster` (a [`ClusterStage`]'s directory) both hosts start an sshd
+/// and B runs the cluster-mode bench over ssh ([`cluster_bench_step`])
+/// after the rrpc-kv checks.
+pub(crate) fn suite_scripts(
+    bins: &SuiteBins,
+    soak_secs: u64,
+    ending: Ending,
+    cluster: Option<&Path>,
+) -> [String; 2] {
     let q = |p: &Path| sh_quote(&p.to_string_lossy());
     let dead_server = u8::from(ending == Ending::DeadServer);
+    let (sshd_a, cluster_b) = match cluster {
+        Some(stage) => (sshd_start(), cluster_bench_step(stage)),
+        None => (String::new(), String::new()),
+    };
     let a = format!(
         r#"set -u
 {hs} --uri rdma://$RRPC_RXE_SELF:50051 > /tmp/hello-server.log 2>&1 & p1=$!
@@ -221,7 +248,7 @@ if [ {dead_server} = 0 ]; then
   sleep 3; base=$(ls /proc/$p6/fd | wc -l)
   echo "cross-host: A's dead-client server holds $base descriptors with no client"
 fi
-touch "$RRPC_RXE_WIRE/a.up"
+{sshd_a}touch "$RRPC_RXE_WIRE/a.up"
 while [ ! -e "$RRPC_RXE_WIRE/b.done" ] && [ ! -e "$RRPC_RXE_WIRE/poweroff" ] && [ ! -e "$RRPC_RXE_WIRE/b.poweroff" ]; do sleep 0.1; done
 for p in $p1 $p2 $p3 $p4 $p5 $p6 $p7 $p8; do kill -0 $p 2>/dev/null || rc=1; done
 [ $rc = 0 ] || {{ echo "cross-host: a server on A died"; tail -n 20 /tmp/*-server.log; }}
@@ -305,7 +332,7 @@ retry timeout 60 {kvb} --workload c --records 10 --ops 10 --clients 1 --no-progr
 kv "rrpc-kv gRPC face over rdma://" --target grpc+rdma://$RRPC_RXE_PEER:50070
 kv "rrpc-kv RF-RPC, remote fetch (READs from A's memory)" --target rfrpc+rdma://$RRPC_RXE_PEER:50071 --rf-mode remote-fetch
 kv "rrpc-kv RF-RPC, hybrid switch, batches of 8" --target rfrpc+rdma://$RRPC_RXE_PEER:50071 --rf-mode hybrid --batch 8
-if [ {dead_server} = 1 ]; then
+{cluster_b}if [ {dead_server} = 1 ]; then
   # Partition and heal: B's frames are all lost, under a stream of calls with
   # 3 s deadlines, for 4 s (calls wait, or fail at their deadline) and then
   # for {cut} s (longer than the keep-alive's 16 s: calls in flight fail, and
@@ -356,12 +383,30 @@ pub(crate) fn run(root: &Path, target: &Path, args: &RxeArgs) -> Result<i32> {
     let scripts = match args.cmd.as_slice() {
         [] => {
             let bins = crate::rxe::suite::build_cross_host(root)?;
+            // The cluster-mode bench over ssh costs 60-100 s of VM time:
+            // the full suite only, not `--clean-only` (CI's subset). Its rpc
+            // binary comes from the same verbs build as the soak.
+            let stage = if args.clean_only {
+                None
+            } else {
+                Some(ClusterStage::new(
+                    root,
+                    target,
+                    &bins.soak.with_file_name("rpc"),
+                )?)
+            };
             let mut code = run_pair(
                 root,
                 target,
                 args,
-                suite_scripts(&bins, args.soak_secs, Ending::DeadServer),
+                suite_scripts(
+                    &bins,
+                    args.soak_secs,
+                    Ending::DeadServer,
+                    stage.as_ref().map(|s| s.dir.as_path()),
+                ),
             )?;
+            drop(stage);
             if code == 0
                 && !args.clean_only
                 && args.netem.is_none()
@@ -385,7 +430,7 @@ pub(crate) fn run(root: &Path, target: &Path, args: &RxeArgs) -> Result<i32> {
                     root,
                     target,
                     &faulty,
-                    suite_scripts(&bins, args.soak_secs, Ending::DeadClient),
+                    suite_scripts(&bins, args.soak_secs, Ending::DeadClient, None),
                 )?;
             }
             return Ok(code);
@@ -412,3 +457,355 @@ pub(crate) const PARTITION_SECS: u64 = 20;
 /// The faults of the suite's second run: loss, delay with jitter,
 /// reordering and duplicates on both hosts.
 pub(crate) const DEFAULT_FAULTS: &str = "loss 1% delay 1ms 1ms reorder 10% 50% duplicate 1%";
+
+/// The cluster-mode bench's files, staged on the host before the VMs boot
+/// (nothing is built in a VM: TCG runs 20-50x slower): hard links to the
+/// host-built `xtask` (the running one) and the `rpc` suite binary of the
+/// suite's verbs build (`bin_dir` of the generated hosts file), the
+/// workspace's `cargo metadata`, and `cargo`, a stand-in that answers
+/// only `cargo metadata` from that file (`xtask bench` asks it for the
+/// target directory through `$CARGO`) and fails anything else.
+/// Removed when dropped.
+pub(crate) struct ClusterStage {
+    pub(crate) dir: PathBuf,
+}
+
+impl ClusterStage {
+    /// Installs openssh-server and openssh-client on the host (the VMs
+    /// share its root) and stages the files under `target/rxe/`.
+    pub(crate) fn new(root: &Path, target: &Path, rpc: &Path) -> Result<Self> {
+        crate::rxe::ensure_packages(&["openssh-server", "openssh-client"])?;
+        if !rpc.is_file() {
+            bail!(
+                "the suite's verbs build has no {} (the rpc suite binary of rrpc-bench)",
+                rpc.display()
+            );
+        }
+        let dir = target
+            .join("rxe")
+            .join(format!("cluster-bench-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir)?;
+        let stage = ClusterStage { dir };
+        // A hard link keeps this build even if cargo replaces the file meanwhile.
+        let link = |from: &Path, name: &str| -> Result<()> {
+            let to = stage.dir.join(name);
+            if std::fs::hard_link(from, &to).is_err() {
+                std::fs::copy(from, &to)
+                    .with_context(|| format!("copying {} to {}", from.display(), to.display()))?;
+            }
+            Ok(())
+        };
+        link(&std::env::current_exe()?, "xtask")?;
+        link(rpc, "rpc")?;
+        let meta = crate::util::cargo_metadata(root)?;
+        std::fs::write(stage.dir.join("metadata.json"), meta.to_string())?;
+        let cargo = stage.dir.join("cargo");
+        std::fs::write(&cargo, cargo_stand_in(&stage.dir))?;
+        std::fs::set_permissions(&cargo, std::os::unix::fs::PermissionsExt::from_mode(0o755))?;
+        Ok(stage)
+    }
+}
+
+impl Drop for ClusterStage {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// The `cargo` of [`ClusterStage`]: `cargo metadata` from the staged file, nothing else.
+fn cargo_stand_in(dir: &Path) -> String {
+    format!(
+        "#!/bin/sh\n# cargo in the VMs of `cargo xtask rxe --hosts 2`: nothing is built there.\n\
+         [ \"$1\" = metadata ] && exec cat {meta}\n\
+         echo \"cargo $*: cargo does not run in the VM (everything is built on the host)\" >&2\nexit 101\n",
+        meta = sh_quote(&dir.join("metadata.json").to_string_lossy())
+    )
+}
+
+/// The port of the VMs' sshd.
+const SSH_PORT: u16 = 22;
+/// The cluster-mode bench server's port on A.
+const CLUSTER_BENCH_PORT: u16 = 50090;
+
+/// The hosts file of the cluster-mode bench: the server on A, 2 clients on
+/// B, rrpc over `rdma://` on `rxe0`, root by the client key B generated
+/// (`/tmp/ssh`, tmpfs), trusting exactly the two hosts' keys.
+pub(crate) fn cluster_hosts_toml(bin_dir: &Path) -> String {
+    let [(_, a, _), (_, b, _)] = HOSTS;
+    format!(
+        r#"# Generated by `cargo xtask rxe --hosts 2` (rxe_hosts.rs): the cluster-mode bench across the two VMs.
+[defaults]
+user = "root"
+ssh_key = "/tmp/ssh/client_key"
+ssh_port = {SSH_PORT}
+ssh_options = [
+    "UserKnownHostsFile=/tmp/ssh/known_hosts",
+    "GlobalKnownHostsFile=/dev/null",
+    "StrictHostKeyChecking=yes",
+    "IdentitiesOnly=yes",
+    "IdentityAgent=none",
+]
+bin_dir = "{bin}"
+port = {CLUSTER_BENCH_PORT}
+# ssh, then a debug build starting over 9p under TCG.
+ready_timeout_secs = 120
+# --quick's 1 s window (after 1/5 of it as warm-up) can close before the first
+# call under TCG: 4 s (0.8 s warm-up).
+duration_ms = 4000
+
+[[hosts]]
+name = "a"
+address = "{a}"
+role = "server"
+rdma_device = "rxe0"
+
+[[hosts]]
+name = "b"
+address = "{b}"
+role = "client"
+rdma_device = "rxe0"
+clients = 2
+"#,
+        bin = bin_dir.display(),
+    )
+}
+
+/// Bash that starts a throwaway sshd on this host (`$RRPC_RXE_SELF`, port
+/// [`SSH_PORT`]): a fresh host key in tmpfs (`/tmp/ssh`), root by key only
+/// (the keys in `$RRPC_RXE_WIRE/ssh/authorized_keys`), and the host's
+/// `known_hosts` line published as `$RRPC_RXE_WIRE/ssh/known_hosts.$RRPC_RXE_HOST`.
+pub(crate) fn sshd_start() -> String {
+    format!(
+        r#"# A throwaway sshd for the cluster-mode bench: root by key only, on the wire's address.
+mkdir -p /tmp/ssh "$RRPC_RXE_WIRE/ssh" && mkdir -p -m 0755 /run/sshd
+ssh-keygen -q -t ed25519 -N '' -C "rrpc-rxe-host-$RRPC_RXE_HOST" -f /tmp/ssh/host_key
+cat > /tmp/ssh/sshd_config <<SSHD
+Port {SSH_PORT}
+ListenAddress $RRPC_RXE_SELF
+HostKey /tmp/ssh/host_key
+PidFile /tmp/ssh/sshd.pid
+AuthorizedKeysFile $RRPC_RXE_WIRE/ssh/authorized_keys
+AllowUsers root
+PermitRootLogin prohibit-password
+PubkeyAuthentication yes
+PasswordAuthentication no
+KbdInteractiveAuthentication no
+UsePAM no
+# The wire directory is a 9p share: its modes prove nothing.
+StrictModes no
+AllowTcpForwarding no
+AllowAgentForwarding no
+X11Forwarding no
+PermitTTY no
+PrintMotd no
+PrintLastLog no
+LogLevel ERROR
+# bash in an ssh session reads \$HOME/.bashrc: not the host's /root/.bashrc (shared read-only).
+SetEnv HOME=/tmp/ssh
+SSHD
+# sshd forks once it listens.
+if /usr/sbin/sshd -f /tmp/ssh/sshd_config -E /tmp/ssh/sshd.log; then
+  echo "$RRPC_RXE_SELF $(cat /tmp/ssh/host_key.pub)" > "$RRPC_RXE_WIRE/ssh/known_hosts.tmp.$RRPC_RXE_HOST"
+  mv "$RRPC_RXE_WIRE/ssh/known_hosts.tmp.$RRPC_RXE_HOST" "$RRPC_RXE_WIRE/ssh/known_hosts.$RRPC_RXE_HOST"
+  echo "cross-host: sshd on $RRPC_RXE_SELF:{SSH_PORT} (root by key only)"
+else
+  echo "cross-host: sshd did not start on $RRPC_RXE_SELF"; cat /tmp/ssh/sshd.log
+fi
+"#
+    )
+}
+
+/// Bash for B's script (inside [`suite_scripts`], where `check` is
+/// defined): `xtask bench rpc --hosts` with the `ssh` launcher, as built on
+/// the host (`stage`: [`ClusterStage`]), starting the server on A and 2
+/// clients on B through the two sshd's, rrpc over `rdma://` on `rxe0`. It
+/// checks the exit code, the result files, the carrier the client read
+/// from its live connections (verbs on `rxe0`, peer A) and that calls
+/// completed. Functional only: no timing from a VM is printed.
+pub(crate) fn cluster_bench_step(stage: &Path) -> String {
+    let q = |p: &str| sh_quote(&stage.join(p).to_string_lossy());
+    let peer = HOSTS[0].1;
+    format!(
+        r#"# The cluster-mode bench over ssh: xtask on B (built on the host, no cargo
+# here) starts the server on A and the clients on B through each host's sshd.
+{sshd}ssh-keygen -q -t ed25519 -N '' -C rrpc-rxe-client -f /tmp/ssh/client_key
+cp /tmp/ssh/client_key.pub "$RRPC_RXE_WIRE/ssh/authorized_keys"
+for _ in $(seq 120); do [ -e "$RRPC_RXE_WIRE/ssh/known_hosts.A" ] && [ -e "$RRPC_RXE_WIRE/ssh/known_hosts.B" ] && break; sleep 0.5; done
+cat "$RRPC_RXE_WIRE/ssh/known_hosts.A" "$RRPC_RXE_WIRE/ssh/known_hosts.B" > /tmp/ssh/known_hosts
+cat > /tmp/ssh/hosts.toml <<'TOML'
+{toml}TOML
+rm -rf /tmp/cluster-bench
+CARGO={cargo} timeout 600 {xtask} bench rpc --quick --profile test --no-build --hosts /tmp/ssh/hosts.toml --launcher ssh --out /tmp/cluster-bench > /tmp/cluster.log 2>&1; ok=$?
+for f in cluster_throughput.md cluster_throughput.json cluster_throughput.csv summary.md; do
+  [ -s /tmp/cluster-bench/$f ] || {{ echo "result file $f: missing" >> /tmp/cluster.log; [ "$ok" != 0 ] || ok="0, but $f is missing"; }}
+done
+[ -e /tmp/cluster-bench/cluster_throughput.md ] && cat /tmp/cluster-bench/cluster_throughput.md >> /tmp/cluster.log
+# The calls B's clients completed (the table's total row).
+calls=$(awk -F'|' '$2 ~ /^ *total *$/ {{ gsub(/ /, "", $4); print $4 }}' /tmp/cluster-bench/cluster_throughput.md 2>/dev/null)
+[ "${{calls:-0}}" -gt 0 ] 2>/dev/null || [ "$ok" != 0 ] || ok="0, but no calls completed"
+# A's READY names its rdma:// URI; B's row names the carrier its clients read from their live queue pairs.
+check "cluster-mode bench over ssh (server on A, 2 clients on B, rdma:// on rxe0; functional only)" /tmp/cluster.log "[a] READY rdma://" "(rrpc over rdma://)" "| b | 2 | $calls |" 'Verbs {{ device: "rxe0", peer: Some({peer}) }}'
+echo "cross-host: cluster bench: ${{calls:-no}} calls from B to A over verbs (functional only: no timing from a VM)"
+"#,
+        sshd = sshd_start(),
+        toml = cluster_hosts_toml(stage),
+        cargo = q("cargo"),
+        xtask = q("xtask"),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cluster::{HostsFile, LauncherKind, Role, plan, start_command};
+
+    fn bins() -> SuiteBins {
+        let p = |n: &str| PathBuf::from(format!("/ws/target/debug/{n}"));
+        SuiteBins {
+            hello_server: p("helloworld-server"),
+            hello_client: p("helloworld-client"),
+            route_server: p("routeguide-server"),
+            route_client: p("routeguide-client"),
+            soak: p("soak"),
+            kv_server: p("rrpc-kv-server"),
+            kv_bench: p("rrpc-kv-bench"),
+        }
+    }
+
+    /// `bash -n`: the script parses.
+    fn parses(script: &str) {
+        let out = std::process::Command::new("bash")
+            .args(["-n", "-c", script])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}\n{script}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    #[test]
+    fn the_cluster_hosts_file_puts_the_server_on_a_and_the_clients_on_b() {
+        let stage = Path::new("/ws/target/rxe/cluster-bench-1");
+        let f = HostsFile::parse(&cluster_hosts_toml(stage)).unwrap();
+        let p = plan(&f, "rpc", Path::new("/unused"), true).unwrap();
+        assert_eq!(p.len(), 2);
+        assert_eq!(
+            (p[0].host.role, p[0].host.address.as_str()),
+            (Role::Server, "10.99.1.1")
+        );
+        assert_eq!(
+            (p[1].host.role, p[1].host.address.as_str()),
+            (Role::Client, "10.99.1.2")
+        );
+        for x in &p {
+            assert_eq!(x.program, stage.join("rpc"), "the staged host build");
+            assert!(
+                x.env
+                    .contains(&("RRPC_BENCH_RDMA_DEVICE".into(), "rxe0".into())),
+                "rrpc over rdma:// on rxe0"
+            );
+        }
+        let client = p[1].args.join(" ");
+        assert!(client.contains("--connect 10.99.1.1:50090"), "{client}");
+        assert!(
+            client.contains("--clients 2 --duration-ms 4000"),
+            "{client}"
+        );
+        // Over ssh as root, with B's key, trusting only the two hosts' keys.
+        let ssh: Vec<String> = {
+            let c = start_command(LauncherKind::Ssh, &p[0], "R");
+            std::iter::once(c.get_program())
+                .chain(c.get_args())
+                .map(|s| s.to_string_lossy().into_owned())
+                .collect()
+        };
+        assert_eq!(
+            ssh[..3],
+            ["ssh", "-o", "UserKnownHostsFile=/tmp/ssh/known_hosts"]
+        );
+        assert!(ssh.contains(&"StrictHostKeyChecking=yes".to_owned()));
+        assert!(ssh.windows(2).any(|w| w == ["-i", "/tmp/ssh/client_key"]));
+        assert!(ssh.contains(&"root@10.99.1.1".to_owned()), "{ssh:?}");
+    }
+
+    #[test]
+    fn sshd_takes_root_by_key_only_on_the_wire() {
+        let s = sshd_start();
+        for want in [
+            "ListenAddress $RRPC_RXE_SELF",
+            "HostKey /tmp/ssh/host_key",
+            "PermitRootLogin prohibit-password",
+            "PasswordAuthentication no",
+            "KbdInteractiveAuthentication no",
+            "AuthorizedKeysFile $RRPC_RXE_WIRE/ssh/authorized_keys",
+            "/usr/sbin/sshd -f /tmp/ssh/sshd_config",
+        ] {
+            assert!(s.contains(want), "missing {want}");
+        }
+        parses(&s);
+    }
+
+    #[test]
+    fn the_bench_step_runs_the_host_build_and_checks_the_carrier() {
+        let stage = Path::new("/ws/target/rxe/cluster-bench-1");
+        let s = cluster_bench_step(stage);
+        assert!(s.contains(
+            "CARGO=/ws/target/rxe/cluster-bench-1/cargo timeout 600 \
+             /ws/target/rxe/cluster-bench-1/xtask bench rpc --quick --profile test --no-build \
+             --hosts /tmp/ssh/hosts.toml --launcher ssh"
+        ));
+        assert!(s.contains(r#"'Verbs { device: "rxe0", peer: Some(10.99.1.1) }'"#));
+        assert!(s.contains("\"[a] READY rdma://\""));
+        assert!(
+            s.contains(&cluster_hosts_toml(stage)),
+            "the hosts file, verbatim"
+        );
+        parses(&s);
+    }
+
+    #[test]
+    fn the_cargo_stand_in_answers_metadata_only() {
+        let dir = std::env::temp_dir().join(format!("xtask-stand-in-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("metadata.json"), "{\"target_directory\":\"/t\"}").unwrap();
+        let run = |arg: &str| {
+            std::process::Command::new("sh")
+                .args(["-c", &cargo_stand_in(&dir), "cargo", arg])
+                .output()
+                .unwrap()
+        };
+        let meta = run("metadata");
+        let build = run("build");
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert!(meta.status.success());
+        assert_eq!(meta.stdout, b"{\"target_directory\":\"/t\"}");
+        assert_eq!(build.status.code(), Some(101));
+        assert!(String::from_utf8_lossy(&build.stderr).contains("does not run in the VM"));
+    }
+
+    #[test]
+    fn the_suite_runs_the_cluster_bench_only_when_staged() {
+        let stage = Path::new("/ws/target/rxe/cluster-bench-1");
+        let [a, b] = suite_scripts(&bins(), 5, Ending::DeadServer, Some(stage));
+        let sshd = a.find("/usr/sbin/sshd").expect("sshd on A");
+        assert!(
+            sshd < a.find("a.up\"").unwrap(),
+            "A's sshd is up before B starts"
+        );
+        let bench = b.find("xtask bench rpc").expect("the bench on B");
+        assert!(bench > b.find("rrpc-kv RF-RPC, hybrid").unwrap());
+        assert!(
+            bench < b.find("Partition and heal").unwrap(),
+            "before the faults"
+        );
+        parses(&a);
+        parses(&b);
+        let [a, b] = suite_scripts(&bins(), 5, Ending::DeadClient, None);
+        assert!(!a.contains("sshd") && !b.contains("sshd") && !b.contains("xtask"));
+        parses(&a);
+        parses(&b);
+    }
+}

@@ -25,11 +25,13 @@ name = "c1"
 address = "127.0.0.1"
 role = "client"
 clients = 4
+rdma_device = "mlx5_1"
 
 [[hosts]]
 name = "c2"
 address = "127.0.0.1"
 role = "client"
+rdma_device = "mlx5_0"
 user = "other"
 ssh_port = 2222
 ssh_options = ["UserKnownHostsFile=/k/known", "StrictHostKeyChecking=yes"]
@@ -79,6 +81,14 @@ fn rejects_bad_files() {
             .contains("must be an `ssh -o` option")
     );
     assert!(HostsFile::parse(&dup).is_err());
+    let tcp_client = HOSTS.replace("rdma_device = \"mlx5_1\"\n", "");
+    assert!(
+        HostsFile::parse(&tcp_client)
+            .unwrap_err()
+            .to_string()
+            .contains("host c1 has no rdma_device but the server has one"),
+        "a client without a device cannot reach an rdma:// server"
+    );
     assert!(HostsFile::parse(&HOSTS.replace("clients = 4", "bogus = 1")).is_err());
 }
 
@@ -134,7 +144,7 @@ fn ssh_command_lines() {
             "/k/id",
             "bench@127.0.0.1",
             "--",
-            "exec setsid sh -c 'echo $$ > /tmp/rrpc-bench-R1-srv.pid; exec env RRPC_BENCH_RDMA_DEVICE=mlx5_0 numactl --cpunodebind=1 --membind=1 \
+            "exec setsid -w sh -c 'echo $$ > /tmp/rrpc-bench-R1-srv.pid; exec env RRPC_BENCH_RDMA_DEVICE=mlx5_0 numactl --cpunodebind=1 --membind=1 \
              /opt/rrpc/rpc --role server --listen 127.0.0.1:6000'"
         ]
     );
