@@ -46,7 +46,7 @@
 //! soak, though nothing yet shows the pool's hits across hosts.
 //!
 //! **The cluster-mode bench over ssh** ([`cluster_bench_step`]; clean wire,
-//! full suite only: it costs 60-100 s of VM time, so it is not in
+//! full suite only: it costs 100-160 s of VM time, so it is not in
 //! `--clean-only`, the subset `cargo xtask ci` runs): both hosts start a
 //! throwaway sshd on their wire address (root by key only; host keys and
 //! B's client key generated in each VM's tmpfs, the public halves passed
@@ -383,7 +383,7 @@ pub(crate) fn run(root: &Path, target: &Path, args: &RxeArgs) -> Result<i32> {
     let scripts = match args.cmd.as_slice() {
         [] => {
             let bins = crate::rxe::suite::build_cross_host(root)?;
-            // The cluster-mode bench over ssh costs 60-100 s of VM time:
+            // The cluster-mode bench over ssh costs 100-160 s of VM time:
             // the full suite only, not `--clean-only` (CI's subset). Its rpc
             // binary comes from the same verbs build as the soak.
             let stage = if args.clean_only {
