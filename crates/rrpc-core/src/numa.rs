@@ -152,28 +152,40 @@ impl Sysfs {
     /// `sys/class/infiniband/<dev>/device/numa_node`, or for a soft-RoCE
     /// device, which has no `device`, that of the netdev named in
     /// `sys/class/infiniband/<dev>/parent`
-    /// (`sys/class/net/<netdev>/device/numa_node`). `None` for `-1`, a
-    /// missing file or a name with a `/`.
+    /// (`sys/class/net/<netdev>/device/numa_node`); a device without the
+    /// file (a virtio NIC's) takes its parent's. `None` for `-1`, no file
+    /// or a name with a `/`.
     pub fn device_node(&self, dev: &str) -> Option<u32> {
         let safe = |s: &str| !s.is_empty() && !s.contains('/') && s != "." && s != "..";
         if !safe(dev) {
             return None;
         }
         let ib = Path::new("sys/class/infiniband").join(dev);
-        if let Some(t) = self.read(&ib.join("device/numa_node")) {
-            return parse_node(&t);
+        if self.root.join(&ib).join("device").exists() {
+            return self.node_of(&ib.join("device"));
         }
         let parent = self.read(&ib.join("parent"))?;
         let netdev = parent.trim();
         if !safe(netdev) {
             return None;
         }
-        let t = self.read(
-            &Path::new("sys/class/net")
-                .join(netdev)
-                .join("device/numa_node"),
-        )?;
-        parse_node(&t)
+        self.node_of(&Path::new("sys/class/net").join(netdev).join("device"))
+    }
+
+    /// The `numa_node` of the device at `rel`, or, when it has none, of its
+    /// parent within `sys/devices`: a virtio NIC's `device` is the virtio
+    /// device, whose PCI parent holds the node.
+    fn node_of(&self, rel: &Path) -> Option<u32> {
+        if let Some(t) = self.read(&rel.join("numa_node")) {
+            return parse_node(&t);
+        }
+        let top = std::fs::canonicalize(self.root.join("sys/devices")).ok()?;
+        let parent = std::fs::canonicalize(self.root.join(rel)).ok()?;
+        let parent = parent.parent()?;
+        if !parent.starts_with(&top) || parent == top {
+            return None;
+        }
+        parse_node(&std::fs::read_to_string(parent.join("numa_node")).ok()?)
     }
 
     /// The CPUs of node `node` (`sys/devices/system/node/node<N>/cpulist`).
@@ -350,8 +362,27 @@ mod tests {
             .file("sys/class/infiniband/rxe1/parent", "veth0\n")
             // a parent that tries to leave the tree
             .file("sys/class/infiniband/rxe2/parent", "../../x\n")
-            .file("sys/class/x/device/numa_node", "1\n");
+            .file("sys/class/x/device/numa_node", "1\n")
+            // a virtio NIC: the node is on the virtio device's PCI parent
+            .file("sys/devices/pci0000:80/0000:80:00.0/numa_node", "1\n")
+            .file("sys/devices/pci0000:80/0000:80:00.0/virtio1/uevent", "")
+            .file("sys/devices/virtio9/uevent", "")
+            .file("sys/class/infiniband/rxe3/parent", "eth2\n")
+            .file("sys/class/infiniband/rxe4/parent", "eth3\n");
+        for (target, at) in [
+            (
+                "sys/devices/pci0000:80/0000:80:00.0/virtio1",
+                "sys/class/net/eth2/device",
+            ),
+            // no node on it nor its parent (`sys/devices` itself)
+            ("sys/devices/virtio9", "sys/class/net/eth3/device"),
+        ] {
+            std::fs::create_dir_all(fake.0.join(at).parent().unwrap()).unwrap();
+            std::os::unix::fs::symlink(fake.0.join(target), fake.0.join(at)).unwrap();
+        }
         let sys = Sysfs::at(&fake.0);
+        assert_eq!(sys.device_node("rxe3"), Some(1), "virtio: its PCI parent's");
+        assert_eq!(sys.device_node("rxe4"), None);
         assert_eq!(sys.device_node("mlx5_0"), Some(1));
         assert_eq!(sys.device_node("mlx5_1"), None, "-1 is no preference");
         assert_eq!(sys.device_node("rxe0"), Some(0));

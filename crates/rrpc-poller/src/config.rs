@@ -2,6 +2,8 @@
 
 use std::time::Duration;
 
+use rrpc_core::numa::NumaPlacement;
+
 use crate::error::{Error, Result};
 
 /// Connection management method (RR-Compound §IV-B..E, Fig. 7).
@@ -71,6 +73,7 @@ impl std::fmt::Display for Mode {
 /// | `idle_park_after` | 2 ms | beyond the paper (§V-D future work) |
 /// | `doorbell_park_after` | 100 µs | beyond the paper (§V-D "sleep mode"): when every armed connection of a polling thread has a doorbell (a ring receiver: the writer rings once the reader announced its sleep, `rrpc_ringbuf::proto::doorbell`), the thread dozes after this much idle time instead of `idle_park_after`, announcing the sleep of each armed connection before it parks, and the task wakes from the doorbell; `None`: plain BPEV |
 /// | `spin_backoff` | on | beyond the paper (§V-D future work, "spinning that knows when it is losing"): a task's spin grants nothing while fewer than 1 in 8 of its spins catch data (a spin that ran out is a miss only if the data came 4 budgets and 500 µs after the wait began; one probe spin in 16 waits; [`SpinTuner`](crate::SpinTuner)), and a polling thread that lost over 30 % of a 1 ms window to the run queue, or woke fewer than 2 readers in it, backs off for 4 ms to 128 ms: it dozes and its armed connections are left to their doorbells, and it scans them again when the back-off ends, so a sleep whose ring never came waits no longer than that ([`backoff`](crate::backoff)). Backing off a polling thread needs the doorbell fallback |
+/// | `numa_node` | [`NumaPlacement::Device`] | RB² §IV-C ("bound to the CPU cores of the NUMA node to which the RNIC belongs"): pinned to the device's node once a connection names it ([`Poller::place_for_device`](crate::Poller::place_for_device); from sysfs, nothing on shm) |
 /// | `idle_poll_interval` | 3 ms | beyond the paper: rescan period of dozing threads (one thread rescans for all); bounds the extra latency of the first message after an idle period. A rescan costs ~40 µs per 256 armed shm connections here (one cold cache line and TLB entry per ring). While every armed connection's sleep is announced to a doorbell the rescans are only a backstop and stretch, doubling up to 64 × this period: 256 idle connections measured 0.2 % of a core (plain BPEV: 5.4 %) |
 ///
 /// # Examples
@@ -96,6 +99,7 @@ pub struct PollerConfig {
     spin_backoff: bool,
     idle_poll_interval: Duration,
     thread_name: String,
+    numa_node: NumaPlacement,
 }
 
 impl Default for PollerConfig {
@@ -110,6 +114,7 @@ impl Default for PollerConfig {
             spin_backoff: true,
             idle_poll_interval: Duration::from_millis(3),
             thread_name: "rrpc-poll".to_owned(),
+            numa_node: NumaPlacement::Device,
         }
     }
 }
@@ -216,6 +221,20 @@ impl PollerConfig {
         self
     }
 
+    /// Where the polling threads run (RB² §IV-C, [`rrpc_core::numa`]):
+    /// pinned to the CPUs of a NUMA node, within the CPUs the thread that
+    /// starts the poller may use (a `taskset` is narrowed, never widened).
+    /// Default [`NumaPlacement::Device`]: the node of the first device a
+    /// connection reports through
+    /// [`Poller::place_for_device`](crate::Poller::place_for_device) (the
+    /// verbs device's `numa_node` in sysfs), nothing before that, on shm,
+    /// or for a device without one. [`NumaPlacement::Node`] pins them from
+    /// the start, whatever the device; [`NumaPlacement::Off`] never pins.
+    pub fn numa_node(mut self, placement: NumaPlacement) -> Self {
+        self.numa_node = placement;
+        self
+    }
+
     /// The [`mode`](Self::mode) setting.
     pub fn get_mode(&self) -> Mode {
         self.mode
@@ -256,6 +275,10 @@ impl PollerConfig {
     /// The [`idle_poll_interval`](Self::idle_poll_interval) setting.
     pub fn get_idle_poll_interval(&self) -> Duration {
         self.idle_poll_interval
+    }
+    /// The [`numa_node`](Self::numa_node) setting.
+    pub fn get_numa_node(&self) -> NumaPlacement {
+        self.numa_node
     }
     /// The [`thread_name`](Self::thread_name) setting.
     pub fn get_thread_name(&self) -> &str {

@@ -146,6 +146,29 @@ fn read_run_delay(f: &std::fs::File) -> Option<std::time::Duration> {
     Some(std::time::Duration::from_nanos(ns))
 }
 
+/// The calling thread's kernel id (what `sched_setaffinity` names a thread by).
+pub(crate) fn thread_id() -> i32 {
+    nix::unistd::gettid().as_raw()
+}
+
+/// The CPUs thread `tid` may run on (`0`: the calling thread).
+pub(crate) fn affinity(tid: i32) -> io::Result<Vec<usize>> {
+    let set = nix::sched::sched_getaffinity(nix::unistd::Pid::from_raw(tid))?;
+    Ok((0..nix::sched::CpuSet::count())
+        .filter(|&c| set.is_set(c).unwrap_or(false))
+        .collect())
+}
+
+/// Pins thread `tid` (`0`: the calling thread) to `cpus`.
+pub(crate) fn set_affinity(tid: i32, cpus: &[usize]) -> io::Result<()> {
+    let mut set = nix::sched::CpuSet::new();
+    for &c in cpus {
+        set.set(c)?;
+    }
+    nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(tid), &set)?;
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -8,6 +8,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use rrpc_core::numa::NumaPlacement;
+
 use crate::error::Error;
 use crate::proto::OVERHEAD;
 
@@ -70,6 +72,7 @@ pub struct RingConfig {
     /// `None`: no cap below `ring_size`.
     cache_ring_size: Option<usize>,
     shrink_after: Duration,
+    numa_node: NumaPlacement,
 }
 
 impl Default for RingConfig {
@@ -89,6 +92,7 @@ impl Default for RingConfig {
             min_ring_size: None,
             cache_ring_size: None,
             shrink_after: DEFAULT_SHRINK_AFTER,
+            numa_node: NumaPlacement::Device,
         }
     }
 }
@@ -204,6 +208,11 @@ impl RingConfig {
     pub fn max_message(&self) -> usize {
         self.ring_size - OVERHEAD
     }
+    /// Where the ring's memory goes ([`RingConfigBuilder::numa_node`]).
+    /// Default [`NumaPlacement::Device`].
+    pub fn get_numa_node(&self) -> NumaPlacement {
+        self.numa_node
+    }
     /// Wraps the config in an `Arc` for sharing.
     pub fn shared(self) -> Arc<RingConfig> {
         Arc::new(self)
@@ -309,6 +318,19 @@ impl RingConfigBuilder {
         self.cfg.shrink_after = quiet;
         self
     }
+    /// The NUMA node both regions of the ring (`RB_R` and `RB_S` with their
+    /// control words) are bound to (RB² §IV-C, "NUMA-aware allocation":
+    /// the buffers in the memory of the RNIC's node; [`rrpc_core::numa`]).
+    /// Default [`NumaPlacement::Device`]: the verbs device's node from
+    /// sysfs (`/sys/class/infiniband/<dev>/device/numa_node`, or its parent
+    /// netdev's for soft-RoCE), nothing on shm or when the device reports
+    /// none. [`NumaPlacement::Node`] overrides it (shm too), and
+    /// [`NumaPlacement::Off`] places nothing. Local only: the peer places
+    /// its own rings.
+    pub fn numa_node(mut self, placement: NumaPlacement) -> Self {
+        self.cfg.numa_node = placement;
+        self
+    }
     /// Send-queue depth of the queue pair, `16..=65536`. Default 1024.
     /// The sender keeps at most half of it outstanding, the receiver a quarter.
     pub fn sq_depth(mut self, depth: u32) -> Self {
@@ -397,7 +419,13 @@ mod tests {
         assert_eq!((c.get_alpha(), c.get_beta(), c.get_gamma()), (32, 16, 32));
         assert_eq!(c.get_ring_size(), 4 << 20);
         assert_eq!(c.slot_count(), 65536);
+        assert_eq!(c.get_numa_node(), NumaPlacement::Device);
         assert_eq!(RingConfig::builder().build().unwrap(), c);
+        let c = RingConfig::builder()
+            .numa_node(NumaPlacement::Node(1))
+            .build()
+            .unwrap();
+        assert_eq!(c.get_numa_node(), NumaPlacement::Node(1));
     }
 
     #[test]

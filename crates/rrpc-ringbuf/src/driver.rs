@@ -67,6 +67,8 @@ pub struct LocalRing {
     tx_region: Arc<Region>,
     ring_off: usize,
     ctrl_off: usize,
+    /// The NUMA node the regions were bound to.
+    node: Option<u32>,
 }
 
 impl LocalRing {
@@ -93,12 +95,19 @@ impl LocalRing {
         // memory than it needs: the peer only WRITEs into our receive ring and
         // its control words; the staging region is the local source of our
         // WRITEs.
-        let rx_region = fabric.alloc_region_with(
+        // RB² §IV-C: both arrays in the memory of the NIC's NUMA node (or
+        // the one the config names), bound before they are first touched.
+        let node = cfg.get_numa_node().resolve(fabric.numa_node());
+        let rx_region = fabric.alloc_region_on(
             ring_off + cfg.get_ring_size(),
             rrpc_core::Access::REMOTE_WRITE,
+            node,
         )?;
-        let tx_region =
-            fabric.alloc_region_with(ctrl_off + (BELL_SRC + 1) * 64, rrpc_core::Access::LOCAL)?;
+        let tx_region = fabric.alloc_region_on(
+            ctrl_off + (BELL_SRC + 1) * 64,
+            rrpc_core::Access::LOCAL,
+            node,
+        )?;
         // Zeroed memory is no valid record: start both at pointer 0.
         for off in [LOCAL_TAIL_OFFSET, LOCAL_HEAD_OFFSET] {
             store_record(&rx_region, off, 0)?;
@@ -109,7 +118,23 @@ impl LocalRing {
             tx_region,
             ring_off,
             ctrl_off,
+            node,
         })
+    }
+
+    /// The NUMA node both regions were bound to
+    /// ([`RingConfig::get_numa_node`] resolved against the fabric's
+    /// device), `None` if none. A binding the kernel refused is logged and
+    /// counted ([`rrpc_core::numa::PLACEMENT_FAILURES`]), not reported here.
+    pub fn numa_node(&self) -> Option<u32> {
+        self.node
+    }
+
+    /// The receive region (`RB_R`, granted to the peer) and the staging
+    /// region (`RB_S`), for inspection: where their pages are
+    /// ([`rrpc_core::numa::numa_maps_entry`]), how large they are.
+    pub fn regions(&self) -> (&Arc<Region>, &Arc<Region>) {
+        (&self.rx_region, &self.tx_region)
     }
 
     /// What the handshake tells the peer about this ring

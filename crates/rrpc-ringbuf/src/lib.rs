@@ -77,8 +77,9 @@
 //!
 //! Memory (§IV-C): zero-copy reserve/commit on the sender and borrowed
 //! [`ReadGuard`]s on the receiver; huge pages through rrpc-core's regions;
-//! cache-line aligned slots. NUMA placement is not applicable on the
-//! single-node machines this runs on and is not implemented.
+//! cache-line aligned slots; NUMA-aware allocation: both regions of a ring
+//! are bound to the NUMA node of the verbs device, or to the one
+//! [`RingConfig::get_numa_node`] names ([`rrpc_core::numa`]).
 //!
 //! ## Example
 //! ```

@@ -24,6 +24,7 @@
 //! publishes while an announced sleep is not rung yet. The task watches the notifier's fd
 //! beside its waker, so the ring wakes it through the reactor while the thread dozes.
 
+mod placement;
 mod registration;
 mod shard;
 #[cfg(test)]
@@ -49,6 +50,7 @@ use crate::stats::{Counters, Stats};
 use crate::sys::{DupFd, EventFd, register_readable};
 use crate::tune::SpinTuner;
 
+use placement::Placement;
 use registration::Sleeper;
 use shard::{Entry, Shard};
 use thread::{IdleWatch, LoopCfg, NO_HOLDER, polling_loop};
@@ -100,6 +102,8 @@ struct Inner {
     bp_next_id: AtomicUsize,
     shutdown: AtomicBool,
     threads_alive: Arc<AtomicUsize>,
+    /// Where the polling threads run (RB² §IV-C).
+    placement: Arc<Placement>,
 }
 
 impl Inner {
@@ -119,11 +123,12 @@ impl Inner {
     }
 
     fn spawn(&self, shard: &Arc<Shard>, shared: bool) -> Result<JoinHandle<()>> {
-        let (s, c, cfg, alive) = (
+        let (s, c, cfg, alive, place) = (
             shard.clone(),
             self.counters.clone(),
             self.loop_cfg(shared),
             self.threads_alive.clone(),
+            self.placement.clone(),
         );
         alive.fetch_add(1, Ordering::SeqCst);
         let mode = self.cfg.get_mode();
@@ -131,7 +136,9 @@ impl Inner {
         let h = std::thread::Builder::new()
             .name(format!("{}-{}", self.cfg.get_thread_name(), shard.id))
             .spawn(move || {
+                place.enter();
                 polling_loop(s, c, cfg);
+                place.leave();
                 alive.fetch_sub(1, Ordering::SeqCst);
                 crate::report::threads(-1.0, mode);
             })
@@ -236,7 +243,9 @@ impl Poller {
             Mode::Bp | Mode::Event => 0,
         };
         let shared: Vec<Arc<Shard>> = (0..n).map(Shard::new).collect();
+        let placement = Arc::new(Placement::new(cfg.get_numa_node()));
         let inner = Arc::new(Inner {
+            placement,
             watch: Arc::new(IdleWatch {
                 holder: AtomicUsize::new(NO_HOLDER),
                 shards: shared.clone(),
@@ -261,6 +270,27 @@ impl Poller {
     /// The configuration in force.
     pub fn config(&self) -> &PollerConfig {
         &self.inner.cfg
+    }
+
+    /// Places the polling threads on the NUMA node of the device the
+    /// connections use (RB² §IV-C), when the poller's
+    /// [`numa_node`](PollerConfig::numa_node) is
+    /// [`NumaPlacement::Device`](rrpc_core::numa::NumaPlacement::Device) (the
+    /// default) and no device placed them yet: every polling thread, running
+    /// or started later, is pinned to the node's CPUs (those the process may
+    /// run on). `device_node` is `rrpc_core::Fabric::numa_node` of the
+    /// connection's fabric; `None` (shm, a device without a node) does
+    /// nothing. The first device's node stays. Returns the node in force.
+    ///
+    /// A pinning that fails is logged and counted
+    /// ([`rrpc_core::numa::PLACEMENT_FAILURES`]), not returned.
+    pub fn place_for_device(&self, device_node: Option<u32>) -> Option<u32> {
+        self.inner.placement.for_device(device_node)
+    }
+
+    /// The NUMA node the polling threads are placed on (`None`: none).
+    pub fn numa_node(&self) -> Option<u32> {
+        self.inner.placement.node()
     }
 
     /// Polling threads currently running (shared ones plus BP's per-connection ones).
