@@ -765,6 +765,12 @@ fn qemu_command(
         cpus,
     ])
     .args(["-display", "none", "-monitor", "none", "-no-reboot"]);
+    let numa = numa_nodes()?
+        .map(|nodes| numa_args(nodes, mem, cpus))
+        .transpose()?;
+    if let Some((nodes, _)) = &numa {
+        qemu.args(nodes);
+    }
     match nic {
         None => {
             qemu.args(["-nic", "none"]);
@@ -790,11 +796,77 @@ fn qemu_command(
         .arg("-virtfs")
         .arg(virtfs(root, "workspace", false))
         .arg("-virtfs")
-        .arg(virtfs(job, "job", false))
-        .stdin(Stdio::null())
+        .arg(virtfs(job, "job", false));
+    if let Some((_, nic)) = &numa {
+        // After the shares: qemu puts a device without a bus on the last
+        // bus that takes it, which must not be the expander's.
+        qemu.args(nic);
+    }
+    qemu.stdin(Stdio::null())
         .stdout(std::fs::File::create(job.join("qemu.log"))?)
         .stderr(std::fs::File::create(job.join("qemu.log"))?);
     Ok(qemu)
+}
+
+/// `RRPC_RXE_NUMA=<nodes>`: boot the VM with that many emulated NUMA nodes
+/// (for the NUMA placement tests, `crates/rrpc-poller/tests/numa.rs`);
+/// unset or 1: one node, as before. An environment variable rather than an
+/// option of [`RxeArgs`] (like `RRPC_RXE_MEM` and `RRPC_RXE_CPUS`), so that
+/// the callers building `RxeArgs` need no change.
+fn numa_nodes() -> Result<Option<usize>> {
+    match std::env::var("RRPC_RXE_NUMA") {
+        Err(_) => Ok(None),
+        Ok(v) => match v.trim().parse::<usize>() {
+            Ok(0 | 1) => Ok(None),
+            Ok(n) if n <= 8 => Ok(Some(n)),
+            _ => bail!("RRPC_RXE_NUMA={v}: a node count in 1..=8"),
+        },
+    }
+}
+
+/// qemu's arguments for `nodes` NUMA nodes over `mem` MiB and `cpus` vCPUs:
+/// each node a RAM backend of an equal share of the memory and an equal run
+/// of the CPUs (`-numa node,nodeid=i,cpus=a-b,memdev=mi`), and a virtio NIC
+/// (`eth0` in the VM, on an empty hub) under a PCI expander bridge of the
+/// last node, so that its netdev's `numa_node` in sysfs names that node (a
+/// soft-RoCE device on it reports the node: the device-derived default).
+fn numa_args(nodes: usize, mem: &str, cpus: &str) -> Result<(Vec<String>, Vec<String>)> {
+    let mem: usize = mem
+        .trim()
+        .parse()
+        .with_context(|| format!("RRPC_RXE_MEM={mem}: MiB"))?;
+    let cpus: usize = cpus
+        .trim()
+        .parse()
+        .with_context(|| format!("RRPC_RXE_CPUS={cpus}: a count"))?;
+    if cpus < nodes || mem < 64 * nodes {
+        bail!("RRPC_RXE_NUMA={nodes}: needs a vCPU and 64 MiB per node ({cpus} vCPUs, {mem} MiB)");
+    }
+    let mut args = Vec::new();
+    for i in 0..nodes {
+        let (first, next) = (i * cpus / nodes, (i + 1) * cpus / nodes);
+        let size = mem / nodes + if i == nodes - 1 { mem % nodes } else { 0 };
+        args.push("-object".to_owned());
+        args.push(format!("memory-backend-ram,id=m{i},size={size}M"));
+        args.push("-numa".to_owned());
+        args.push(format!(
+            "node,nodeid={i},cpus={first}-{},memdev=m{i}",
+            next - 1
+        ));
+    }
+    let last = nodes - 1;
+    // qemu plugs only bridges into an expander: the NIC goes behind one.
+    let nic = [
+        "-device".to_owned(),
+        format!("pxb,id=pxb{last},bus_nr=128,numa_node={last},bus=pci.0"),
+        "-device".to_owned(),
+        format!("pci-bridge,id=numa_br,chassis_nr=9,bus=pxb{last}"),
+        "-netdev".to_owned(),
+        "hubport,id=numa_nic,hubid=9".to_owned(),
+        "-device".to_owned(),
+        "virtio-net-pci,netdev=numa_nic,bus=numa_br,addr=1,mac=52:54:00:12:99:01".to_owned(),
+    ];
+    Ok((args, nic.to_vec()))
 }
 
 fn print_tail(path: &Path, lines: usize) {
@@ -1602,6 +1674,29 @@ mod tests {
             order,
             ["9pnet", "virtio_ring", "9pnet_virtio", "netfs", "9p"]
         );
+    }
+
+    #[test]
+    fn numa_nodes_split_memory_and_cpus() {
+        let join = |(a, b): (Vec<String>, Vec<String>)| format!("{} {}", a.join(" "), b.join(" "));
+        let a = join(numa_args(2, "2048", "2").unwrap());
+        assert!(
+            a.contains(
+                "memory-backend-ram,id=m0,size=1024M -numa node,nodeid=0,cpus=0-0,memdev=m0"
+            ),
+            "{a}"
+        );
+        assert!(
+            a.contains(
+                "memory-backend-ram,id=m1,size=1024M -numa node,nodeid=1,cpus=1-1,memdev=m1"
+            ),
+            "{a}"
+        );
+        assert!(a.contains("pxb,id=pxb1,bus_nr=128,numa_node=1"), "{a}");
+        let a = join(numa_args(2, "1001", "4").unwrap());
+        assert!(a.contains("size=500M") && a.contains("size=501M"), "{a}");
+        assert!(a.contains("cpus=0-1") && a.contains("cpus=2-3"), "{a}");
+        assert!(numa_args(3, "2048", "2").is_err());
     }
 
     #[test]
