@@ -273,6 +273,18 @@ impl Fabric {
     /// # Errors
     /// As [`Self::alloc_region`].
     pub fn alloc_region_with(&self, len: usize, access: Access) -> Result<Arc<Region>> {
+        self.alloc_region_placed(len, access, None)
+    }
+
+    /// [`Self::alloc_region_with`], the memory bound to NUMA node `node`
+    /// (`None`: nowhere in particular) before it is touched or registered
+    /// ([`Fabric::alloc_region_on`]).
+    pub(crate) fn alloc_region_placed(
+        &self,
+        len: usize,
+        access: Access,
+        node: Option<u32>,
+    ) -> Result<Arc<Region>> {
         #[cfg(feature = "verbs")]
         if let Some(dev) = &self.device {
             return Ok(Arc::new(Region::alloc_verbs(
@@ -280,9 +292,10 @@ impl Fabric {
                 self.huge_pages,
                 dev,
                 access,
+                node,
             )?));
         }
-        Ok(Arc::new(Region::alloc(len, self.huge_pages, access)?))
+        Ok(Arc::new(Region::alloc(len, self.huge_pages, access, node)?))
     }
 
     /// Creates a reliable-connection queue pair with its own send and receive

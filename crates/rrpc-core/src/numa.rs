@@ -275,7 +275,7 @@ impl Fabric {
         access: crate::Access,
         node: Option<u32>,
     ) -> crate::Result<std::sync::Arc<crate::Region>> {
-        crate::region::on_node(node, || self.alloc_region_with(len, access))
+        self.alloc_region_placed(len, access, node)
     }
 }
 

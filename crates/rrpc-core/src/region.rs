@@ -4,7 +4,6 @@
 // writes, so it allows it, with a SAFETY argument on every block.
 #![allow(unsafe_code)]
 
-use std::cell::Cell;
 use std::os::fd::BorrowedFd;
 use std::sync::atomic::AtomicU64;
 
@@ -69,33 +68,11 @@ impl Access {
     };
 }
 
-thread_local! {
-    /// The NUMA node the regions allocated on this thread are bound to, set
-    /// for the length of one [`crate::Fabric::alloc_region_on`] by
-    /// [`on_node`] (the fabric's allocation path, shared by both providers,
-    /// takes no node of its own).
-    static NODE: Cell<Option<u32>> = const { Cell::new(None) };
-}
-
-/// Runs `f` (an allocation) with the regions it allocates on this thread
-/// bound to `node` ([`crate::numa`]); restores the previous setting after,
-/// also when `f` panics.
-pub(crate) fn on_node<R>(node: Option<u32>, f: impl FnOnce() -> R) -> R {
-    struct Restore(Option<u32>);
-    impl Drop for Restore {
-        fn drop(&mut self) {
-            NODE.with(|c| c.set(self.0));
-        }
-    }
-    let _restore = Restore(NODE.with(|c| c.replace(node)));
-    f()
-}
-
-/// Binds the memory of `map` to `node` if [`on_node`] asked for one: a
+/// Binds the memory of `map` to `node`, if any ([`crate::numa`]): a
 /// warning and a count in [`crate::numa::PLACEMENT_FAILURES`] when the
 /// kernel refuses (no such node, no NUMA support), never an error.
-fn place(map: &Mapping) {
-    let Some(node) = NODE.with(|c| c.get()) else {
+fn place(map: &Mapping, node: Option<u32>) {
+    let Some(node) = node else {
         return;
     };
     match mbind_preferred(map, node) {
@@ -155,10 +132,16 @@ fn mbind_preferred(map: &Mapping, node: u32) -> std::io::Result<()> {
 }
 
 impl Region {
-    /// Allocates a region of at least `len` bytes. Prefer [`crate::Fabric::alloc_region`].
-    pub(crate) fn alloc(len: usize, try_huge: bool, access: Access) -> Result<Region> {
+    /// Allocates a region of at least `len` bytes, its memory bound to NUMA
+    /// node `node` if one is given. Prefer [`crate::Fabric::alloc_region`].
+    pub(crate) fn alloc(
+        len: usize,
+        try_huge: bool,
+        access: Access,
+        node: Option<u32>,
+    ) -> Result<Region> {
         let map = Mapping::create(len, try_huge)?;
-        place(&map);
+        place(&map, node);
         let mut rkey = crate::sys::random_u32();
         if rkey == 0 {
             rkey = 1;
@@ -183,10 +166,11 @@ impl Region {
         try_huge: bool,
         dev: &std::sync::Arc<crate::provider::verbs::Device>,
         access: Access,
+        node: Option<u32>,
     ) -> Result<Region> {
         let map = Mapping::create(len, try_huge)?;
         // Before the registration pins the pages where they are.
-        place(&map);
+        place(&map, node);
         // SAFETY: the mapping is owned by the region built below, whose `mr`
         // field is dropped (deregistered) before `map` (unmapped).
         let mr =
@@ -457,7 +441,7 @@ mod tests {
         let plain = fabric.alloc_region(4096).unwrap();
         let maps = std::fs::read_to_string("/proc/self/numa_maps").unwrap();
         let e = crate::numa::numa_maps_entry(&maps, plain.as_ptr() as usize).expect("mapped");
-        assert_eq!(e.policy, "default", "the node was for one call only");
+        assert_eq!(e.policy, "default", "no node, no policy");
         let far = fabric
             .alloc_region_on(4096, Access::ALL, Some(1000))
             .unwrap();
@@ -469,7 +453,7 @@ mod tests {
     /// memory (`sys::Mapping`).
     #[test]
     fn accessors_stay_inside_and_see_each_others_bytes() {
-        let r = Region::alloc(4096 + 100, false, Access::ALL).unwrap();
+        let r = Region::alloc(4096 + 100, false, Access::ALL, None).unwrap();
         assert_eq!(r.len(), 8192, "rounded up to whole pages");
         r.write_at(4090, b"0123456789").unwrap();
         let mut out = [0u8; 10];

@@ -81,6 +81,8 @@ struct Inner {
     ring_size: usize,
     min_ring_size: usize,
     ring_shrink_after: std::time::Duration,
+    /// Where rings and polling threads go (RB² §IV-C).
+    numa_node: rrpc_core::numa::NumaPlacement,
     ring_cache_size: Option<usize>,
     path: PathPreference,
     zero_copy: bool,
@@ -135,6 +137,7 @@ impl Default for RrpcConfig {
             ring_size: 4 << 20,
             min_ring_size: 64 << 10,
             ring_shrink_after: std::time::Duration::from_secs(1),
+            numa_node: rrpc_core::numa::NumaPlacement::Device,
             ring_cache_size: None,
             path: PathPreference::Fast,
             zero_copy: true,
@@ -237,6 +240,28 @@ impl RrpcConfig {
             ));
         }
         Ok(self.with(|i| i.min_ring_size = bytes))
+    }
+    /// Where connections' rings and the polling threads are placed (RB²
+    /// §IV-C): by default ([`NumaPlacement::Device`]) on the NUMA node of
+    /// the verbs device, read from sysfs when `rdma://` first opens it
+    /// (`/sys/class/infiniband/<dev>/device/numa_node`; nothing when the
+    /// device reports none, and nothing on `shm://`). `Node(n)` places
+    /// every ring of this config on node `n` and gives the config a poller
+    /// of its own whose threads run on that node's CPUs; `Off` places
+    /// nothing. Ring memory is bound with `mbind` before it is first
+    /// touched; threads are pinned within the process's own affinity (a
+    /// `taskset` is never widened). A placement the kernel refuses is
+    /// logged and counted (`rrpc_numa_placement_failures_total`), never
+    /// an error. A poller given with [`poller`](Self::poller) follows its
+    /// own `PollerConfig::numa_node`.
+    ///
+    /// [`NumaPlacement::Device`]: rrpc_core::numa::NumaPlacement::Device
+    pub fn numa_node(self, placement: rrpc_core::numa::NumaPlacement) -> Self {
+        self.with(|i| {
+            i.numa_node = placement;
+            // The poller this config made follows the old placement.
+            i.poller_cell = Arc::new(OnceLock::new());
+        })
     }
     /// Quiet time after which a self-sizing ring shrinks back to
     /// [`min_ring_size`](Self::min_ring_size). Default 1 s.
@@ -472,6 +497,18 @@ impl RrpcConfig {
     /// # Errors
     /// [`crate::Error::Io`] when its polling threads cannot be started.
     pub fn poller_handle(&self) -> Result<Poller, crate::Error> {
+        let own_placement = self.0.numa_node != rrpc_core::numa::NumaPlacement::Device;
+        if self.0.poller.is_none() && own_placement {
+            // A placement of its own: this config's poller, not the
+            // process-wide one other configs share.
+            if let Some(p) = self.0.poller_cell.get() {
+                return Ok(p.clone());
+            }
+            let p = default_poller_config()
+                .numa_node(self.0.numa_node)
+                .build()?;
+            return Ok(self.0.poller_cell.get_or_init(|| p).clone());
+        }
         let Some(pc) = &self.0.poller else {
             static DEFAULT: OnceLock<Poller> = OnceLock::new();
             if let Some(p) = DEFAULT.get() {
@@ -507,6 +544,10 @@ impl RrpcConfig {
         self.0
             .ring_cache_size
             .unwrap_or_else(crate::shm::ring_cache_cap)
+    }
+    /// See [`RrpcConfig::numa_node`].
+    pub fn get_numa_node(&self) -> rrpc_core::numa::NumaPlacement {
+        self.0.numa_node
     }
     /// See [`RrpcConfig::ring_shrink_after`].
     pub fn get_ring_shrink_after(&self) -> std::time::Duration {
@@ -888,9 +929,14 @@ impl RrpcConfig {
             return Ok(f.clone());
         }
         let f = rrpc_core::Fabric::verbs_with(&self.verbs_options())?;
+        // RB² §IV-C: the polling threads go to the device's node (a
+        // poller placed otherwise ignores it).
+        let node = self.poller_handle()?.place_for_device(f.numa_node());
         tracing::info!(
             device = ?f.device_name(),
             port_and_gid_index = ?f.verbs_port(),
+            numa_node = ?f.numa_node(),
+            pollers_on_node = ?node,
             "rrpc: verbs device opened"
         );
         *cell = Some(f.clone());
@@ -953,6 +999,25 @@ mod tests {
             (c.get_rdma_port(), c.get_rdma_gid_index()),
             (Some(2), Some(3))
         );
+    }
+
+    #[test]
+    fn a_numa_node_reaches_the_rings_and_a_poller_of_its_own() {
+        use rrpc_core::numa::NumaPlacement;
+        let shared = RrpcConfig::new();
+        assert_eq!(shared.get_numa_node(), NumaPlacement::Device);
+        // Node 0 exists on every Linux host.
+        let placed = RrpcConfig::new().numa_node(NumaPlacement::Node(0));
+        let ring = crate::shm::ring_config_for_tests(&placed).expect("ring config");
+        assert_eq!(ring.get_numa_node(), NumaPlacement::Node(0));
+        let p = placed.poller_handle().expect("poller");
+        assert_eq!(p.numa_node(), Some(0));
+        // Its own poller: the process-wide default one is not placed.
+        assert_eq!(placed.clone().poller_handle().expect("poller").numa_node(), Some(0));
+        assert_eq!(shared.poller_handle().expect("default poller").numa_node(), None);
+        // A new placement makes a new poller.
+        let off = placed.numa_node(NumaPlacement::Off);
+        assert_eq!(off.poller_handle().expect("poller").numa_node(), None);
     }
 
     #[cfg(feature = "verbs")]

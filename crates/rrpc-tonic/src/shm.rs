@@ -36,8 +36,15 @@ fn ring_config(cfg: &RrpcConfig) -> Result<RingConfig, Error> {
         .min_ring_size(cfg.get_min_ring_size())
         .cache_ring_size(cfg.get_ring_cache_size())
         .shrink_after(cfg.get_ring_shrink_after())
+        .numa_node(cfg.get_numa_node())
         .tail_with_imm(event)
         .build()?)
+}
+
+/// [`ring_config`], for the config's tests.
+#[cfg(test)]
+pub(crate) fn ring_config_for_tests(cfg: &RrpcConfig) -> Result<RingConfig, Error> {
+    ring_config(cfg)
 }
 
 /// The default of [`RrpcConfig::ring_cache_size`], the size past which a
