@@ -1013,8 +1013,14 @@ mod tests {
         let p = placed.poller_handle().expect("poller");
         assert_eq!(p.numa_node(), Some(0));
         // Its own poller: the process-wide default one is not placed.
-        assert_eq!(placed.clone().poller_handle().expect("poller").numa_node(), Some(0));
-        assert_eq!(shared.poller_handle().expect("default poller").numa_node(), None);
+        assert_eq!(
+            placed.clone().poller_handle().expect("poller").numa_node(),
+            Some(0)
+        );
+        assert_eq!(
+            shared.poller_handle().expect("default poller").numa_node(),
+            None
+        );
         // A new placement makes a new poller.
         let off = placed.numa_node(NumaPlacement::Off);
         assert_eq!(off.poller_handle().expect("poller").numa_node(), None);
