@@ -218,9 +218,21 @@ pub(crate) fn suite_scripts(
     soak_secs: u64,
     ending: Ending,
     cluster: Option<&Path>,
+    full: bool,
 ) -> [String; 2] {
     let q = |p: &Path| sh_quote(&p.to_string_lossy());
     let dead_server = u8::from(ending == Ending::DeadServer);
+    // The full suite only (CI's `--clean-only` subset leaves it out: about
+    // 30 s of VM time; CI covers the naming through the integration suite's
+    // `injected_faults` and the dead-host check).
+    let retry_check = if full && ending == Ending::DeadServer {
+        RETRY_CHECK
+            .replace("{soak}", &q(&bins.soak))
+            .replace("{verbs}", VERBS_CARRIER)
+            .replace("{retry_bound}", &RETRY_BOUND_SECS.to_string())
+    } else {
+        String::new()
+    };
     let (sshd_a, cluster_b) = match cluster {
         Some(stage) => (sshd_start(), cluster_bench_step(stage)),
         None => (String::new(), String::new()),
@@ -282,8 +294,7 @@ exit $rc
         dead_bound = DEAD_HOST_BOUND_SECS,
     );
     // Read from the live queue pair: the device, and the peer's GID is the other host's.
-    let verbs =
-        "carried by Verbs { device: \\\"$RRPC_TEST_DEVICE\\\", peer: Some($RRPC_RXE_PEER) }";
+    let verbs = VERBS_CARRIER;
     let b = format!(
         r#"set -u
 trap 'touch "$RRPC_RXE_WIRE/b.done"' EXIT
@@ -332,7 +343,7 @@ retry timeout 60 {kvb} --workload c --records 10 --ops 10 --clients 1 --no-progr
 kv "rrpc-kv gRPC face over rdma://" --target grpc+rdma://$RRPC_RXE_PEER:50070
 kv "rrpc-kv RF-RPC, remote fetch (READs from A's memory)" --target rfrpc+rdma://$RRPC_RXE_PEER:50071 --rf-mode remote-fetch
 kv "rrpc-kv RF-RPC, hybrid switch, batches of 8" --target rfrpc+rdma://$RRPC_RXE_PEER:50071 --rf-mode hybrid --batch 8
-{cluster_b}if [ {dead_server} = 1 ]; then
+{cluster_b}{retry_check}if [ {dead_server} = 1 ]; then
   # Partition and heal: B's frames are all lost, under a stream of calls with
   # 3 s deadlines, for 4 s (calls wait, or fail at their deadline) and then
   # for {cut} s (longer than the keep-alive's 16 s: calls in flight fail, and
@@ -404,6 +415,7 @@ pub(crate) fn run(root: &Path, target: &Path, args: &RxeArgs) -> Result<i32> {
                     args.soak_secs,
                     Ending::DeadServer,
                     stage.as_ref().map(|s| s.dir.as_path()),
+                    !args.clean_only,
                 ),
             )?;
             drop(stage);
@@ -430,7 +442,7 @@ pub(crate) fn run(root: &Path, target: &Path, args: &RxeArgs) -> Result<i32> {
                     root,
                     target,
                     &faulty,
-                    suite_scripts(&bins, args.soak_secs, Ending::DeadClient, None),
+                    suite_scripts(&bins, args.soak_secs, Ending::DeadClient, None, true),
                 )?;
             }
             return Ok(code);
@@ -448,6 +460,36 @@ pub(crate) fn run(root: &Path, target: &Path, args: &RxeArgs) -> Result<i32> {
 /// 2 s apart = 16 s; `rrpc_core::conn::TcpKeepalive::bound`) plus slack for
 /// the emulated hosts and the signal's path through the shared directory.
 pub(crate) const DEAD_HOST_BOUND_SECS: u64 = 20;
+
+/// What a client prints when verbs carried its calls to the other host (in
+/// a double-quoted shell string).
+const VERBS_CARRIER: &str =
+    "carried by Verbs { device: \\\"$RRPC_TEST_DEVICE\\\", peer: Some($RRPC_RXE_PEER) }";
+
+/// A wire cut under a sending stream (`soak --role retry-exhausted`): B's
+/// frames are all lost while a stream keeps 64 KiB messages in flight; the
+/// call must fail `Unavailable` within [`RETRY_BOUND_SECS`], naming what
+/// happened: the queue pair's retries (`IBV_WC_RETRY_EXC_ERR`, about half a
+/// second on a NIC with `RcRetry`'s defaults) or, on soft-RoCE, which
+/// raised none within 56 s of a cut, the side channel's keep-alive (16 s).
+const RETRY_CHECK: &str = r#"# A wire cut under a sending stream: the call fails Unavailable, naming the cause.
+rm -f /tmp/retry-cut
+{soak} --role retry-exhausted --transport rdma --uri rdma://$RRPC_RXE_PEER:50061 --signal /tmp/retry-cut --bound {retry_bound}s > /tmp/retry.log 2>&1 & rp=$!
+for _ in $(seq 240); do [ -e /tmp/retry-cut ] && break; sleep 0.25; done
+tc qdisc replace dev eth0 root netem loss 100%
+wait $rp; ok=$?
+tc qdisc del dev eth0 root
+# The wire answers again before the next check connects.
+for _ in $(seq 40); do busybox ping -c 1 -W 1 $RRPC_RXE_PEER > /dev/null 2>&1 && break; sleep 0.5; done
+check "wire cut under a sending stream (Unavailable within {retry_bound} s, naming the retries or the keep-alive)" /tmp/retry.log "soak: {verbs}" "retry-exhausted: named:"
+grep -E '^retry-exhausted' /tmp/retry.log
+"#;
+
+/// How long after the wire was cut under a sending stream the call must
+/// have failed: the keep-alive's 16 s bound (soft-RoCE raises no
+/// `IBV_WC_RETRY_EXC_ERR`) plus slack for timers in emulated VMs (22 s
+/// seen once); a NIC's retries give up after about 8 × 67 ms.
+pub(crate) const RETRY_BOUND_SECS: u64 = 30;
 
 /// The long cut of the partition test: longer than the side channel's
 /// keep-alive bound (16 s), so calls in flight fail and the channel must
@@ -789,7 +831,7 @@ mod tests {
     #[test]
     fn the_suite_runs_the_cluster_bench_only_when_staged() {
         let stage = Path::new("/ws/target/rxe/cluster-bench-1");
-        let [a, b] = suite_scripts(&bins(), 5, Ending::DeadServer, Some(stage));
+        let [a, b] = suite_scripts(&bins(), 5, Ending::DeadServer, Some(stage), true);
         let sshd = a.find("/usr/sbin/sshd").expect("sshd on A");
         assert!(
             sshd < a.find("a.up\"").unwrap(),
@@ -803,8 +845,13 @@ mod tests {
         );
         parses(&a);
         parses(&b);
-        let [a, b] = suite_scripts(&bins(), 5, Ending::DeadClient, None);
+        let retry = b.find("--role retry-exhausted").expect("the retry check");
+        assert!(retry < b.find("Partition and heal").unwrap());
+        let [a, b] = suite_scripts(&bins(), 5, Ending::DeadClient, None, true);
         assert!(!a.contains("sshd") && !b.contains("sshd") && !b.contains("xtask"));
+        assert!(!b.contains("retry-exhausted"), "on the clean wire only");
+        let [_, b] = suite_scripts(&bins(), 5, Ending::DeadServer, None, false);
+        assert!(!b.contains("retry-exhausted"), "not in CI's subset");
         parses(&a);
         parses(&b);
     }
