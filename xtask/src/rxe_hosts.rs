@@ -500,8 +500,11 @@ pub(crate) const RETRY_BOUND_SECS: u64 = 30;
 pub(crate) const PARTITION_SECS: u64 = 20;
 
 /// The faults of the suite's second run: loss, delay with jitter,
-/// reordering and duplicates on both hosts.
-pub(crate) const DEFAULT_FAULTS: &str = "loss 1% delay 1ms 1ms reorder 10% 50% duplicate 1%";
+/// reordering, duplicates and corrupted frames on both hosts (a corrupted
+/// RoCE packet fails its ICRC and is dropped by the receiving device, so
+/// RC must recover it as it recovers a loss).
+pub(crate) const DEFAULT_FAULTS: &str =
+    "loss 1% delay 1ms 1ms reorder 10% 50% duplicate 1% corrupt 1%";
 
 /// The cluster-mode bench's files, staged on the host before the VMs boot
 /// (nothing is built in a VM: TCG runs 20-50x slower): hard links to the
