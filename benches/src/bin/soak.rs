@@ -911,6 +911,10 @@ fn retry_exhausted(
                     "the queue pair's retries ran out"
                 } else if st.message().contains("stopped answering") {
                     "the side channel's keep-alive gave up"
+                } else if st.message().contains("reset the side channel (ECONNRESET)") {
+                    // A cut of B's frames only: A's keep-alive gave up
+                    // first, and its kernel's reset reached B.
+                    "the server's keep-alive gave up (its reset reached us)"
                 } else {
                     bail!("retry-exhausted: the message does not say what happened");
                 };

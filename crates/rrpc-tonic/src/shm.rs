@@ -144,6 +144,12 @@ fn gone_cause(conn: &Connection) -> Option<rrpc_core::Error> {
         Some(
             e @ (rrpc_core::Error::PeerUnresponsive(_) | rrpc_core::Error::CompletionError { .. }),
         ) => Some(e),
+        _ if conn.was_reset() => Some(rrpc_core::Error::PeerUnresponsive(
+            "it reset the side channel (ECONNRESET) without a goodbye: its process aborted, or \
+             its host stopped hearing from this one (its keep-alive gave up: the link may be cut \
+             in one direction)"
+                .to_string(),
+        )),
         _ => None,
     }
 }

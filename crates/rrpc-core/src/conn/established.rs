@@ -131,6 +131,10 @@ impl Side {
 const GONE_CLOSED: u8 = 0;
 /// [`Connection::gone_why`]: the side channel timed out (the peer's host went silent).
 const GONE_SILENT: u8 = 1;
+/// [`Connection::gone_why`]: the peer's host reset the side channel
+/// (`ECONNRESET`): its TCP gave up on this host (its keep-alive ran out: the
+/// link may be cut one way only) or its process aborted.
+const GONE_RESET: u8 = 2;
 
 /// An established connection: a connected queue pair, what the peer granted,
 /// and the side channel that tells whether the peer is still there.
@@ -213,6 +217,11 @@ impl Connection {
                 self.mark_gone();
                 Err(self.gone_error())
             }
+            Err(e) if e.kind() == io::ErrorKind::ConnectionReset => {
+                self.gone_why.store(GONE_RESET, Ordering::Release);
+                self.mark_gone();
+                Err(self.gone_error())
+            }
             // EOF, goodbye bytes, or another socket error: the peer is gone.
             _ => {
                 self.mark_gone();
@@ -253,6 +262,15 @@ impl Connection {
             tracing::debug!(error = %e, "peer gone");
             self.qp.fail(&e);
         }
+    }
+
+    /// Whether the peer reset the side channel (`ECONNRESET`) instead of
+    /// closing it or saying goodbye: its process aborted, or its TCP gave
+    /// up on this host (its keep-alive ran out: the link may be cut in one
+    /// direction only). [`Self::check_alive`] still reports
+    /// [`Error::PeerGone`]; this says a little more about how.
+    pub fn was_reset(&self) -> bool {
+        self.gone_why.load(Ordering::Acquire) == GONE_RESET
     }
 
     /// Whether the peer is known to be gone (no system call).
