@@ -309,14 +309,14 @@ pub(crate) async fn h2_channel(
 /// connection ([`dispatch_error`], [`lost_connection`]).
 pub(crate) fn h2_call(c: &mut H2Conn, req: http::Request<Body>) -> ResponseFuture {
     let fut = c.ch.call(req);
-    let (cause, body_cause) = (c.cause.clone(), c.cause.clone());
+    let cause = c.cause.clone();
     Box::pin(async move {
         let resp = fut
             .await
             .map_err(|e| -> BoxError { Box::new(dispatch_error(e.into(), &cause)) })?;
         Ok(resp.map(|b| {
             Body::new(http_body_util::BodyExt::map_err(b, move |s| {
-                lost_connection(s, &body_cause)
+                lost_connection(s, &cause)
             }))
         }))
     })
