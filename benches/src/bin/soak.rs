@@ -399,7 +399,7 @@ async fn chat(c: &mut Client, rng: &mut Rng, counts: &Counts) -> Outcome {
 /// Runs one client until `end`; unary latencies go to `lat` (µs) with the
 /// window they fell in.
 /// When and how the clients run.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 struct Plan {
     start: Instant,
     end: Instant,
@@ -408,6 +408,26 @@ struct Plan {
     cancel_percent: u64,
     /// Random pause between calls, up to this many µs.
     think_us: u64,
+    /// What this client is doing now, for the stall report.
+    now: Arc<std::sync::Mutex<Doing>>,
+}
+
+/// A client's current call, for the stall report.
+#[derive(Debug, Default, Clone)]
+struct Doing {
+    /// Calls started so far.
+    calls: u64,
+    /// The current call's kind, and when it started.
+    call: Option<(&'static str, Instant)>,
+}
+
+fn kind_name(kind: u64) -> &'static str {
+    match kind {
+        0..=3 => "unary echo",
+        4..=5 => "server-streaming download",
+        6..=7 => "client-streaming upload",
+        _ => "bidi chat",
+    }
 }
 
 type Windows = Arc<std::sync::Mutex<Vec<hdrhistogram::Histogram<u64>>>>;
@@ -419,6 +439,7 @@ async fn client(mut c: Client, mut rng: Rng, plan: Plan, counts: Arc<Counts>, la
         window,
         cancel_percent,
         think_us,
+        now,
     } = plan;
     while Instant::now() < end {
         if think_us > 0 {
@@ -429,6 +450,11 @@ async fn client(mut c: Client, mut rng: Rng, plan: Plan, counts: Arc<Counts>, la
             (rng.below(100) < cancel_percent).then(|| Duration::from_micros(rng.below(2000)));
         counts.calls.fetch_add(1, Ordering::Relaxed);
         let t0 = Instant::now();
+        {
+            let mut d = now.lock().expect("doing");
+            d.calls += 1;
+            d.call = Some((kind_name(kind), t0));
+        }
         let fut = async {
             match kind {
                 0..=3 => echo(&mut c, &mut rng, &counts).await,
@@ -443,11 +469,13 @@ async fn client(mut c: Client, mut rng: Rng, plan: Plan, counts: Arc<Counts>, la
                 Ok(o) => o,
                 Err(_) => {
                     counts.cancelled.fetch_add(1, Ordering::Relaxed);
+                    now.lock().expect("doing").call = None;
                     continue;
                 }
             },
             None => fut.await,
         };
+        now.lock().expect("doing").call = None;
         match outcome {
             Outcome::Ok => {
                 counts.ok.fetch_add(1, Ordering::Relaxed);
@@ -1071,6 +1099,8 @@ fn run_clients(
             check(&ch)?;
             channels.push(ch);
         }
+        // Kept for the stall report (their connections' state).
+        let kept: Vec<RrpcChannel> = channels.clone();
         let clients: Vec<Client> = channels
             .into_iter()
             .map(|ch| {
@@ -1089,8 +1119,12 @@ fn run_clients(
         let start = Instant::now();
         let end = start + args.duration;
         let mut tasks = Vec::new();
+        let mut doing = Vec::new();
         for (i, c) in clients.into_iter().enumerate() {
+            let now = Arc::new(std::sync::Mutex::new(Doing::default()));
+            doing.push(now.clone());
             let plan = Plan {
+                now,
                 start,
                 end,
                 window,
@@ -1128,13 +1162,29 @@ fn run_clients(
         let hogs = args.hog.then(|| start_hogs(end));
         let stall_deadline = tokio::time::Instant::from_std(end + args.stall_after);
         let mut stalled = 0usize;
-        for t in tasks {
+        for (i, t) in tasks.into_iter().enumerate() {
             match tokio::time::timeout_at(stall_deadline, t).await {
                 Ok(r) => r.context("client task")?,
-                Err(_) => stalled += 1,
+                Err(_) => {
+                    stalled += 1;
+                    // What it was doing, and its connection's state (the
+                    // fast path's call table, the sender's ring pointers).
+                    let d = doing[i].lock().expect("doing").clone();
+                    match d.call {
+                        Some((kind, t0)) => eprintln!(
+                            "STALLED: client {i} in its call {} ({kind}) for {:?}",
+                            d.calls,
+                            t0.elapsed()
+                        ),
+                        None => eprintln!("STALLED: client {i} between calls (after {})", d.calls),
+                    }
+                    eprintln!("STALLED: client {i}'s channel: {:#?}", kept[i]);
+                }
             }
         }
         ticker.abort();
+        // The connections close once the last clone goes (the fd check below).
+        drop(kept);
         if let Some(h) = hogs {
             for t in h {
                 let _ = t.join();

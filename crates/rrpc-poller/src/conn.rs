@@ -351,6 +351,26 @@ impl std::fmt::Debug for RxSource {
 }
 
 impl AsyncSender {
+    /// After a reserve found the ring full: waits until it may have room.
+    ///
+    /// Room comes from the reader, which frees only what it could see. If
+    /// messages are held back behind a send completion (the tail deferred
+    /// by the elastic threshold, or work beyond the send-queue budget), the
+    /// reader cannot see them, and a ring full of them never frees: poll
+    /// completions (the next `try_reserve` does) until they are out,
+    /// instead of waiting for a head that will not move. On shm never
+    /// taken (WRITEs complete in their post); on a NIC a round trip; seen
+    /// on soft-RoCE across two hosts as a call stuck for good, its writer
+    /// waiting for room and holding the writer lock that the progress task
+    /// (rrpc-tonic's) needed to post the tail.
+    async fn wait_room(&mut self, polls: &mut u32) -> Result<()> {
+        if self.tx.state().wants_completions() {
+            return between_completion_polls(polls, &self.src.conn).await;
+        }
+        *polls = 0;
+        self.wait_space().await
+    }
+
     async fn wait_space(&mut self) -> Result<()> {
         if self.mode != Mode::Event {
             return self.reg.wait_ready().await;
@@ -374,10 +394,11 @@ impl AsyncSender {
     /// # Cancel safety
     /// Cancel-safe: the message is either fully in the ring or not at all.
     pub async fn send(&mut self, msg: &[u8]) -> Result<()> {
+        let mut polls = 0u32;
         loop {
             match self.tx.try_send(msg) {
                 Ok(()) => return Ok(()),
-                Err(rrpc_ringbuf::Error::WouldBlock) => self.wait_space().await?,
+                Err(rrpc_ringbuf::Error::WouldBlock) => self.wait_room(&mut polls).await?,
                 Err(e) => return Err(e.into()),
             }
         }
@@ -392,13 +413,14 @@ impl AsyncSender {
     /// # Cancel safety
     /// Cancel-safe: nothing is reserved until the future completes.
     pub async fn reserve(&mut self, len: usize) -> Result<WriteGuard<'_>> {
+        let mut polls = 0u32;
         loop {
             match self.tx.try_reserve(len) {
                 // Probe only: an uncommitted guard is abandoned on drop, and as the single
                 // producer we get the same space back below (borrowck cannot return the
                 // guard from inside the loop).
                 Ok(_probe) => break,
-                Err(rrpc_ringbuf::Error::WouldBlock) => self.wait_space().await?,
+                Err(rrpc_ringbuf::Error::WouldBlock) => self.wait_room(&mut polls).await?,
                 Err(e) => return Err(e.into()),
             }
         }

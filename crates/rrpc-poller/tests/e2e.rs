@@ -385,6 +385,57 @@ fn missed_polls_lose_no_wake_up_every_mode() {
     }
 }
 
+/// A writer that fills the ring while its tail is deferred (the previous
+/// tail's completion not polled yet: a NIC completes a WRITE a round trip
+/// after the post, soft-RoCE much later) must not wait for room alone: the
+/// reader cannot see the deferred messages, so no room comes until the
+/// writer polls that completion and posts the tail. Seen across two
+/// soft-RoCE hosts: a unary call stuck for good in the writer's wait for
+/// room, its connection otherwise idle. Here shm's completions arrive
+/// `DELAY` polls late (rrpc-core's `FaultConfig::completion_delay_polls`),
+/// and messages of a third of the ring fill it every third send.
+#[test]
+fn a_full_ring_behind_a_deferred_tail_is_not_a_deadlock_every_mode() {
+    use rrpc_core::{Fabric, FaultConfig, QpConfig};
+    const DELAY: u32 = 50;
+    let qp = QpConfig::default().fault(FaultConfig::none().completion_delay_polls(DELAY));
+    for mode in Mode::ALL {
+        rt().block_on(async {
+            let p = poller(mode);
+            let (a, b) =
+                AsyncConn::loopback_pair_with(&p, &ring(mode, 8192), &Fabric::shm(), &qp).unwrap();
+            let (mut atx, _arx) = a.split().unwrap();
+            let (_btx, mut brx) = b.split().unwrap();
+            let count = 300u32;
+            let writer = tokio::spawn(async move {
+                for i in 0..count {
+                    let payload = [i.to_le_bytes().as_slice(), &[7u8; 2500]].concat();
+                    tokio::time::timeout(BOUND, atx.send(&payload))
+                        .await
+                        .unwrap_or_else(|_| {
+                            panic!("{mode}: the writer waits for room forever at {i}")
+                        })
+                        .unwrap();
+                    atx.flush().unwrap();
+                }
+                tokio::time::timeout(BOUND, atx.flush_all())
+                    .await
+                    .expect("flush_all")
+                    .unwrap();
+                atx
+            });
+            for i in 0..count {
+                let m = tokio::time::timeout(BOUND, brx.recv())
+                    .await
+                    .unwrap_or_else(|_| panic!("{mode}: message {i} never came"))
+                    .unwrap();
+                assert_eq!(u32::from_le_bytes(m[..4].try_into().unwrap()), i, "{mode}");
+            }
+            let _ = writer.await.unwrap();
+        });
+    }
+}
+
 /// The end of a feed ([`feed_at_intervals`]): no message carries it.
 const FEED_END: u32 = u32::MAX;
 

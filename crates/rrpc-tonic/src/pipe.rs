@@ -59,6 +59,14 @@ pub(crate) trait MsgTx: Send + 'static {
         len: usize,
         fill: &mut (dyn FnMut(&mut [u8]) + Send),
     ) -> Result<bool, Error>;
+
+    /// A one-line account of the sender's state for diagnostics (a hung
+    /// call's dump): rings report their sender's pointers, what is held
+    /// back for completions and the connection's liveness. Never waits
+    /// (a sender in use says so).
+    fn state(&self) -> String {
+        String::new()
+    }
 }
 
 /// The receiving half of a message pipe.

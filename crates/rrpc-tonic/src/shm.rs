@@ -154,8 +154,8 @@ fn gone_cause(conn: &Connection) -> Option<rrpc_core::Error> {
     }
 }
 
-/// How long the progress task keeps polling for completions that do not
-/// come before it gives up (the connection is then broken anyway).
+/// How long the progress task keeps polling with no completion coming
+/// before it gives up (the connection is then broken anyway).
 const PROGRESS_LIMIT: Duration = Duration::from_secs(30);
 
 impl ShmTx {
@@ -258,13 +258,22 @@ impl ShmTx {
         };
         let (shared, flag, conn) = (self.tx.clone(), self.progressing.clone(), self.conn.clone());
         rt.spawn(async move {
-            let start = Instant::now();
+            // The limit counts from the last completion seen, not from the
+            // start: a connection kept busy longer than it is still making
+            // progress, and a task that left it would strand what is held
+            // back behind the next completion.
+            let mut since = Instant::now();
+            let mut in_flight = usize::MAX;
             let mut polls = 0u32;
             loop {
                 {
                     let mut tx = shared.lock().await;
                     let r = tx.poll_completions();
-                    if r.is_err() || !busy(&tx) || start.elapsed() > PROGRESS_LIMIT {
+                    if tx.tails_in_flight() != in_flight {
+                        in_flight = tx.tails_in_flight();
+                        since = Instant::now();
+                    }
+                    if r.is_err() || !busy(&tx) || since.elapsed() > PROGRESS_LIMIT {
                         if let Err(e) = r {
                             fail_connection(&conn, &e);
                         }
@@ -366,6 +375,26 @@ impl MsgTx for ShmTx {
         }
         self.ensure_progress(&mut tx);
         Ok(true)
+    }
+
+    fn state(&self) -> String {
+        use std::sync::atomic::Ordering;
+        let ring = match self.tx.try_lock() {
+            Ok(tx) => format!(
+                "wants_completions {} tails_in_flight {} has_space {} sender {:?}",
+                tx.wants_completions(),
+                tx.tails_in_flight(),
+                self.watch.has_space(),
+                tx.ring().state()
+            ),
+            Err(_) => "sender in use".to_string(),
+        };
+        format!(
+            "progress task {} | peer gone {} | qp failure {:?} | {ring}",
+            self.progressing.load(Ordering::Acquire),
+            self.conn.is_gone(),
+            self.conn.qp().failure(),
+        )
     }
 }
 

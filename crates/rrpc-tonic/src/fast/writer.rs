@@ -79,9 +79,15 @@ struct Fail {
 
 impl std::fmt::Debug for FrameWriter {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let tx = match self.tx.try_lock() {
+            Ok(tx) => tx.state(),
+            Err(_) => "locked by a writer".to_string(),
+        };
         f.debug_struct("FrameWriter")
             .field("zero_copy", &self.zero_copy)
             .field("chunk", &self.chunk)
+            .field("failure", &self.fail.reason.get())
+            .field("tx", &tx)
             .finish()
     }
 }

@@ -27,7 +27,6 @@ pub(super) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 /// One call's receive queue (bounded in bytes by the call's window).
-#[derive(Debug)]
 pub(super) struct Slot {
     pub(super) events: VecDeque<Event>,
     /// The waiting task, if any.
@@ -43,6 +42,28 @@ impl Slot {
             waker: None,
             flow,
         }
+    }
+}
+
+impl std::fmt::Debug for Slot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The kinds of the queued events, not their bytes.
+        let queued: Vec<&str> = self
+            .events
+            .iter()
+            .map(|e| match e {
+                Event::Headers { .. } => "headers",
+                Event::Data(_) => "data",
+                Event::Trailers(_) => "trailers",
+                Event::Reset(_) => "reset",
+                Event::Window(_) => "window",
+            })
+            .collect();
+        f.debug_struct("Slot")
+            .field("queued", &queued)
+            .field("waiting", &self.waker.is_some())
+            .field("flow", &self.flow)
+            .finish()
     }
 }
 
@@ -122,8 +143,19 @@ pub(super) struct Shared {
 
 impl std::fmt::Debug for Shared {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let rx = match self.rx.try_lock() {
+            Ok(r) => format!(
+                "receiver idle {}, receive in flight {}",
+                r.rx.is_some(),
+                r.fut.is_some()
+            ),
+            Err(_) => "being polled".to_string(),
+        };
         f.debug_struct("Shared")
             .field("table", &self.table)
+            .field("rx", &rx)
+            .field("retired", &self.retired.load(Ordering::Relaxed))
+            .field("open_calls_available", &self.open_calls.available_permits())
             .finish_non_exhaustive()
     }
 }
