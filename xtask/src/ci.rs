@@ -110,10 +110,12 @@ pub(crate) fn run_ci(args: &CiArgs) -> Result<()> {
     let mut step = |name: &str, f: &mut dyn FnMut() -> Result<Outcome>| -> Result<()> {
         eprintln!("\n=== step: {name} ({})", disk_free(&root));
         let t = Instant::now();
+        let mark = crate::util::digest_len();
         let outcome = f();
         let el = t.elapsed();
-        if let Err(e) = &outcome {
-            note_failure(format!("step {name}: {e:#}"));
+        match &outcome {
+            Err(e) => note_failure(format!("step {name}: {e:#}")),
+            Ok(_) => crate::util::digest_truncate(mark),
         }
         let status = match &outcome {
             Ok(Outcome::Ran) => "ok".to_owned(),
@@ -421,7 +423,7 @@ pub(crate) fn run_ci(args: &CiArgs) -> Result<()> {
     let digest = crate::util::digest();
     if result.is_err() && !digest.is_empty() {
         eprintln!(
-            "\n=== ci: what failed (first {} lines naming a failure; the full output is above)",
+            "\n=== ci: what failed (first {} lines naming a failure in the steps that failed; the full output is above)",
             digest.len()
         );
         for line in &digest {

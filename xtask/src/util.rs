@@ -50,6 +50,22 @@ pub(crate) fn note_failure(line: impl Into<String>) {
     }
 }
 
+/// How many digest lines there are (a step's mark, see [`digest_truncate`]).
+pub(crate) fn digest_len() -> usize {
+    DIGEST.lock().unwrap_or_else(|e| e.into_inner()).len()
+}
+
+/// Drops the digest lines after `len`: a step that passed named no failure
+/// (its panics were tests' deliberate ones, such as the handlers that panic
+/// on purpose in the integration suite), and they would crowd out the lines
+/// of the step that failed.
+pub(crate) fn digest_truncate(len: usize) {
+    DIGEST
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .truncate(len);
+}
+
 /// Whether a line of test or suite output names a failure worth repeating
 /// in the digest: libtest's failed tests and panics, a hung test, the
 /// cross-host suite's failed checks, a suite row with failures.
