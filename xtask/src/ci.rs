@@ -201,6 +201,17 @@ pub(crate) fn run_ci(args: &CiArgs) -> Result<()> {
             // and ran it; no RDMA device here, so nothing reached hardware).
             clippy(root_ref, &["--features", VERBS_FEATURES])
         })?;
+        step("package (cargo add check)", &mut || {
+            // The five library crates packaged; a project outside the
+            // workspace builds and runs against the packages, without and
+            // (libibverbs permitting) with `verbs` (xtask/src/package.rs).
+            let verbs = verbs_buildable(root_ref).is_ok();
+            let args = crate::package::PackageArgs {
+                allow_dirty: true,
+                no_scratch: false,
+            };
+            crate::package::run_package(root_ref, &args, verbs).map(|()| Outcome::Ran)
+        })?;
         // Why a soft-RoCE VM step cannot run here, if it cannot.
         let vm_skip = || -> Option<Outcome> {
             if args.no_rxe {

@@ -18,6 +18,7 @@
 mod bench;
 mod ci;
 mod cluster;
+mod package;
 mod paper;
 mod plot;
 mod rxe;
@@ -56,6 +57,9 @@ enum Cmd {
     VerbsSelftest(selftest::SelftestArgs),
     /// Many clients, random traffic, every byte checked.
     Soak(soak::SoakArgs),
+    /// Package the five library crates and build and run a scratch project
+    /// outside the workspace against the packages (what `cargo add` gets).
+    Package(package::PackageArgs),
     /// Redraw the plots of existing results (`target/bench-results/<run>/`), in place.
     Plot {
         /// Result directories written by `cargo xtask bench` (suite subdirectories included).
@@ -133,5 +137,10 @@ fn run(cli: Cli) -> Result<()> {
             std::process::exit(code)
         }
         Cmd::Soak(args) => soak::run_soak(&util::workspace_root(), &args),
+        Cmd::Package(args) => {
+            let root = util::workspace_root();
+            let verbs = ci::verbs_buildable(&root).is_ok();
+            package::run_package(&root, &args, verbs)
+        }
     }
 }
