@@ -12,7 +12,8 @@
 //!    pointing those names (and their rrpc dependencies) at the unpacked
 //!    packages. It builds and runs a tonic service (`grpc.health.v1.Health`
 //!    from `tonic-health`, generated code a user would have) over `shm://`,
-//!    and opens rrpc-kv's store: once without features, and once with
+//!    and runs rrpc-kv's store (as a library: `default-features = false`,
+//!    without its binaries' dependencies): once without features, and once with
 //!    `features = ["verbs"]` when libibverbs can be built against.
 //!
 //! Building each package from its unpacked sources is what `cargo package`'s
@@ -248,7 +249,7 @@ publish = false
 
 [dependencies]
 rrpc-tonic = {{ version = "{version}"{features} }}
-rrpc-kv = {{ version = "{version}"{features} }}
+rrpc-kv = {{ version = "{version}", default-features = false{features} }}
 tokio = {{ version = "1", features = ["macros", "rt-multi-thread"] }}
 tonic-health = "0.14"
 

@@ -19,6 +19,16 @@
 //! - [`ycsb`]: the YCSB core workloads A-F, for `rrpc-kv-bench`.
 //!
 //! Errors of every layer are one [`Error`].
+//!
+//! # Features
+//! - `cli` (default): the binaries `rrpc-kv-server` and `rrpc-kv-bench`,
+//!   and their dependencies (clap, indicatif, tracing-subscriber; it turns
+//!   on `redis`). A library user can leave it out with
+//!   `default-features = false`: 122 crates to build instead of 182 for a
+//!   tonic service with the store.
+//! - `redis`: `ycsb::redis`, the YCSB driver's Redis baseline.
+//! - `verbs`: RF-RPC and the gRPC face over RDMA (rrpc-core's libibverbs
+//!   provider; tested on soft-RoCE, not run on an RDMA NIC).
 
 pub mod error;
 pub mod grpc;

@@ -340,7 +340,7 @@ pub(crate) const REPLY_ROLE: u16 = 2;
 const APP_MAGIC: &[u8; 4] = b"RFR1";
 
 /// What the server tells each client in its handshake section (under
-/// [`SERVER_ROLE`], the role of the region it grants):
+/// `SERVER_ROLE`, the role of the region it grants):
 /// `"RFR1" | request_cap u32 LE | response_cap u32 LE | policy u8`
 /// (0 hybrid, 1 remote fetch, 2 server reply).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -48,6 +48,7 @@
 //! ```
 
 mod generator;
+#[cfg(feature = "redis")]
 pub mod redis;
 mod stats;
 
