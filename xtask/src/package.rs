@@ -81,7 +81,10 @@ pub(crate) fn run_package(root: &Path, args: &PackageArgs, verbs: bool) -> Resul
             .with_context(|| format!("removing {}", unpacked.display()))?;
     }
     std::fs::create_dir_all(&unpacked)?;
-    let version = workspace_version(root)?;
+    let manifest: toml::Table = std::fs::read_to_string(root.join("Cargo.toml"))?
+        .parse()
+        .context("parsing Cargo.toml")?;
+    let version = workspace_version(&manifest)?;
     let mut packaged = Vec::new();
     for name in CRATES {
         let file = target
@@ -129,7 +132,7 @@ pub(crate) fn run_package(root: &Path, args: &PackageArgs, verbs: bool) -> Resul
     if args.no_scratch {
         return Ok(());
     }
-    let profiles = profile_tables(root)?;
+    let profiles = profile_tables(&manifest)?;
     let mut variants = vec![("plain", "")];
     if verbs {
         variants.push(("verbs", ", features = [\"verbs\"]"));
@@ -197,9 +200,7 @@ fn capture(program: &str, args: &[&str], dir: &Path) -> Result<String> {
 }
 
 /// `[workspace.package] version`.
-fn workspace_version(root: &Path) -> Result<String> {
-    let text = std::fs::read_to_string(root.join("Cargo.toml"))?;
-    let doc: toml::Table = text.parse().context("parsing Cargo.toml")?;
+fn workspace_version(doc: &toml::Table) -> Result<String> {
     doc.get("workspace")
         .and_then(|w| w.get("package"))
         .and_then(|p| p.get("version"))
@@ -209,9 +210,7 @@ fn workspace_version(root: &Path) -> Result<String> {
 }
 
 /// The workspace manifest's `[profile.*]` tables, as TOML text.
-fn profile_tables(root: &Path) -> Result<String> {
-    let text = std::fs::read_to_string(root.join("Cargo.toml"))?;
-    let doc: toml::Table = text.parse().context("parsing Cargo.toml")?;
+fn profile_tables(doc: &toml::Table) -> Result<String> {
     let Some(profile) = doc.get("profile") else {
         return Ok(String::new());
     };

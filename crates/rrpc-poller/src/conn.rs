@@ -364,7 +364,7 @@ impl AsyncSender {
     /// waiting for room and holding the writer lock that the progress task
     /// (rrpc-tonic's) needed to post the tail.
     async fn wait_room(&mut self, polls: &mut u32) -> Result<()> {
-        if self.tx.state().wants_completions() {
+        if self.wants_completions() {
             return between_completion_polls(polls, &self.src.conn).await;
         }
         *polls = 0;

@@ -258,10 +258,11 @@ impl ShmTx {
         };
         let (shared, flag, conn) = (self.tx.clone(), self.progressing.clone(), self.conn.clone());
         rt.spawn(async move {
-            // The limit counts from the last completion seen, not from the
-            // start: a connection kept busy longer than it is still making
-            // progress, and a task that left it would strand what is held
-            // back behind the next completion.
+            // The limit counts from the last change of the tails in flight
+            // (a completion, or a new tail), not from the start: a
+            // connection kept busy longer than it is still making progress,
+            // and a task that left it would strand what is held back behind
+            // the next completion.
             let mut since = Instant::now();
             let mut in_flight = usize::MAX;
             let mut polls = 0u32;
