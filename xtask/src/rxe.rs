@@ -899,9 +899,10 @@ pub(crate) mod suite {
     //!
     //! | package | binaries | filter |
     //! |---|---|---|
-    //! | rrpc-core | lib unit tests, `tests/*` | `provider::verbs` (lib), `verbs` |
-    //! | rrpc-ringbuf | `tests/*`: `two_process`, `pingpong`, `event_mode`, `placement` | `verbs` |
-    //! | rrpc-poller | `tests/*`: `e2e` (`modes`, `stress`, `leaks`, `parked_release` drive fake sources only: no verbs tests there) | `verbs` |
+    //! | rrpc-core | lib unit tests, `tests/suite` (`conformance`, `two_process`, `shared_qp`, `logical`, `tls`), `tests/hostile` | `provider::verbs` (lib), `verbs` |
+    //! | rrpc-ringbuf | `tests/suite`: `two_process`, `pingpong`, `event_mode`, `placement`, `shared_qp`, `self_sizing` | `verbs` |
+    //! | rrpc-poller | `tests/suite`: `e2e` (`modes`, `stress`, `parked_release`, `metrics` and the binaries `leaks`, `backoff` drive fake sources only: no verbs tests there) | `verbs` |
+    //! | rrpc-kv | `tests/suite`: `rfrpc_verbs` | `verbs` |
     //! | rrpc-integration-tests | `tests/*` | `rdma_` (the `rdma_h2` / `rdma_fast` modules) |
     //! | examples | `helloworld-server`, `helloworld-client` | `--transport rdma` |
     //! | examples | `routeguide-server`, `routeguide-client` (all four RPC kinds) | `--transport rdma` |
@@ -1014,19 +1015,19 @@ pub(crate) mod suite {
     /// starts with `module::`).
     const REQUIRED: &[&str] = &[
         "rrpc-core/rrpc_core",
-        "rrpc-core/conformance",
-        "rrpc-core/two_process",
-        "rrpc-core/shared_qp",
-        "rrpc-core/logical",
-        "rrpc-ringbuf/two_process",
-        "rrpc-ringbuf/shared_qp",
-        "rrpc-ringbuf/pingpong",
-        "rrpc-ringbuf/event_mode",
-        "rrpc-ringbuf/placement",
-        "rrpc-core/tls",
-        "rrpc-ringbuf/self_sizing",
-        "rrpc-poller/e2e",
-        "rrpc-kv/rfrpc_verbs",
+        "rrpc-core/suite::conformance",
+        "rrpc-core/suite::two_process",
+        "rrpc-core/suite::shared_qp",
+        "rrpc-core/suite::logical",
+        "rrpc-ringbuf/suite::two_process",
+        "rrpc-ringbuf/suite::shared_qp",
+        "rrpc-ringbuf/suite::pingpong",
+        "rrpc-ringbuf/suite::event_mode",
+        "rrpc-ringbuf/suite::placement",
+        "rrpc-core/suite::tls",
+        "rrpc-ringbuf/suite::self_sizing",
+        "rrpc-poller/suite::e2e",
+        "rrpc-kv/suite::rfrpc_verbs",
         // Every integration file with rdma variants (`rdma_h2` / `rdma_fast`):
         // the modules of the `suite` binary, and the binaries of their own.
         "integration/suite::accept",

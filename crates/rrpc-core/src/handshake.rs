@@ -699,8 +699,10 @@ mod tests {
 
 #[cfg(test)]
 mod corpus {
-    /// Regenerates the fuzz seed corpus: `RRPC_WRITE_CORPUS=1 cargo test -p rrpc-core corpus`.
+    /// Regenerates the fuzz seed corpus:
+    /// `RRPC_WRITE_CORPUS=1 cargo test -p rrpc-core --lib corpus -- --ignored`.
     #[test]
+    #[ignore = "writes the fuzz seed corpus, not a test: RRPC_WRITE_CORPUS=1 ... -- --ignored"]
     fn write_seed_corpus() {
         if std::env::var("RRPC_WRITE_CORPUS").is_err() {
             return;

@@ -2,8 +2,7 @@
 //! (module `shm`), and with feature `verbs` on `RRPC_TEST_DEVICE` (module
 //! `verbs`; EVENT mode then sleeps on the verbs completion channel).
 
-#[macro_use]
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

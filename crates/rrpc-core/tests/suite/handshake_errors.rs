@@ -1,6 +1,6 @@
 //! Bad handshakes get a clear error and a closed socket; the listener survives.
 
-mod common;
+use crate::common;
 
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;

@@ -6,8 +6,7 @@
 //! arrays back to the system after a shrink; on verbs (module `verbs`,
 //! `RRPC_TEST_DEVICE`) the registration pins it, and nothing is released.
 
-#[macro_use]
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

@@ -5,8 +5,7 @@
 //! Module `verbs` runs the same on `RRPC_TEST_DEVICE` (soft-RoCE in
 //! `cargo xtask rxe`; not run on an RDMA NIC).
 
-#[macro_use]
-mod common;
+use crate::common;
 
 use std::os::fd::BorrowedFd;
 use std::sync::Arc;

@@ -6,8 +6,7 @@
 //! on `RRPC_TEST_DEVICE` (module `verbs`) the receiver waits for it, driving
 //! completions, since a WRITE is placed only some time after its post.
 
-#[macro_use]
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

@@ -10,8 +10,7 @@
 //! NIC completes after the post; shm happens to complete at once), and
 //! `common::pair_on` asserts both sides really run on the provider asked for.
 
-#[macro_use]
-mod common;
+use crate::common;
 
 use common::{Provider, Side, pair_on, pair_on_with_access};
 use rrpc_core::{Completion, Error, Local, Opcode, QpConfig, Remote, Status};

@@ -11,7 +11,7 @@ use rrpc_core::{Completion, Endpoint, Fabric, Local, QpConfig};
 use rrpc_kv::rfrpc::{KvClient, Mode, ModePolicy, RfClient, RfClientConfig, RfServer};
 use rrpc_kv::{Error, Execute, Op, OpResult};
 
-mod common;
+use crate::common;
 use common::{MapStore, ask, calls_until_server_reply, endpoint, sized};
 
 #[test]

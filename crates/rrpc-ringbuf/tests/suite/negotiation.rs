@@ -2,7 +2,7 @@
 //! mismatch is refused at connect time with `Error::Incompatible` naming
 //! both values, instead of surfacing later as `Error::Corrupt`.
 
-mod common;
+use crate::common;
 
 use common::{Provider, pair_with};
 use rrpc_core::QpConfig;

@@ -7,8 +7,7 @@
 //! (`proto` docs, "Pointer records") is a wait too, and one that stays
 //! inconsistent closes the ring the same way.
 
-#[macro_use]
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

@@ -6,7 +6,7 @@ use proptest::prelude::*;
 use rrpc_kv::store::{Engine, MAX_PARTITIONS, PartitionStats, Store, StoreConfig};
 use rrpc_kv::{Error, Execute, Op, OpResult};
 
-mod store_model;
+use crate::store_model;
 use store_model::{check_against_model, model_op};
 
 fn b(s: impl AsRef<[u8]>) -> Bytes {

@@ -12,7 +12,7 @@ use rrpc_kv::rfrpc::{
 };
 use rrpc_kv::{Error, Op, OpResult};
 
-mod common;
+use crate::common;
 use common::{MapStore, ask, endpoint, sized};
 
 fn client(ep: &Endpoint, f: &Fabric) -> RfClient {

@@ -7,8 +7,7 @@
 //! them on soft-RoCE in a VM; not run on an RDMA NIC). `common::pair_on`
 //! asserts both sides run on the provider asked for.
 
-#[macro_use]
-mod common;
+use crate::common;
 
 use std::time::Instant;
 

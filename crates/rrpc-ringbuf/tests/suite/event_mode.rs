@@ -9,8 +9,7 @@
 //! readable once the `WRITE_WITH_IMM` has landed, so the tests wait for it
 //! (bounded), and a readable channel then means the message is there.
 
-#[macro_use]
-mod common;
+use crate::common;
 
 use std::os::fd::BorrowedFd;
 use std::time::{Duration, Instant};

@@ -13,7 +13,7 @@ use rrpc_kv::{Execute, Op, OpResult};
 use rrpc_tonic::{PathPreference, RrpcChannel, RrpcConfig};
 use tonic::Code;
 
-mod common;
+use crate::common;
 use common::MapStore;
 
 /// A key the test store fails on.

@@ -1,6 +1,6 @@
 //! Fault injection: delayed completions, failing devices and torn writes.
 
-mod common;
+use crate::common;
 
 use rrpc_core::{Completion, Error, FaultConfig, Local, QpConfig, Status};
 

@@ -1,7 +1,7 @@
 //! No lost wake-up: thousands of connections, random idle gaps (long enough for polling
 //! threads to park and resume), every message read within a generous bound, in every mode.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -7,8 +7,7 @@
 //! them on soft-RoCE in a VM; not run on an RDMA NIC). Each asserts the
 //! provider the connections run on.
 
-#[macro_use]
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 

@@ -1,6 +1,6 @@
 //! Behaviour of every mode: wake-ups, doorbells, peer death, shutdown, add/remove under load.
 
-mod common;
+use crate::common;
 
 use std::os::fd::AsFd;
 use std::sync::Arc;

@@ -5,7 +5,7 @@
 //! unit-tested over loopback TCP in `provider::verbs::side`.
 #![cfg(feature = "verbs")]
 
-mod common;
+use crate::common;
 
 mod verbs {
     use std::sync::Arc;

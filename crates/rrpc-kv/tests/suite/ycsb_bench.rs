@@ -9,7 +9,7 @@ use std::time::Duration;
 use rrpc_kv::grpc::KvService;
 use rrpc_tonic::RrpcConfig;
 
-mod common;
+use crate::common;
 use common::MapStore;
 
 const BENCH: &str = env!("CARGO_BIN_EXE_rrpc-kv-bench");

@@ -2,7 +2,7 @@
 //! once. (Not in `leaks.rs`: that binary counts the process's descriptors
 //! and threads, which a second test running beside it disturbs.)
 
-mod common;
+use crate::common;
 
 use std::sync::atomic::Ordering;
 

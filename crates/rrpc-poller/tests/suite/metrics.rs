@@ -2,8 +2,7 @@
 //! `metrics` facade, so that operators can see what the self-tuning poller
 //! does.
 
-#[macro_use]
-mod common;
+use crate::common;
 
 use common::{BOUND, poller, rt_mt};
 use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};

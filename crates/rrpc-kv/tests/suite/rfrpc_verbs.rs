@@ -7,7 +7,7 @@ use std::time::Duration;
 use rrpc_core::{Endpoint, Fabric, ProviderKind};
 use rrpc_kv::rfrpc::{Mode, ModePolicy, RfClient, RfClientConfig, RfServer};
 
-mod common;
+use crate::common;
 use common::{ask, calls_until_server_reply, sized};
 
 fn device() -> Option<String> {

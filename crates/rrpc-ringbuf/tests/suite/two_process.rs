@@ -22,13 +22,13 @@ macro_rules! on_every_provider {
     ($($name:ident),* $(,)?) => {
         mod shm {
             $( #[test] fn $name() {
-                super::$name(&super::Target::new(concat!("shm::", stringify!($name)), None));
+                super::$name(&super::Target::new(concat!("two_process::shm::", stringify!($name)), None));
             } )*
         }
         #[cfg(feature = "verbs")]
         mod verbs {
             $( #[test] fn $name() {
-                let name = concat!("verbs::", stringify!($name));
+                let name = concat!("two_process::verbs::", stringify!($name));
                 if std::env::var(super::CHILD).is_ok() {
                     // The child: its device comes from the parent.
                     return super::$name(&super::Target::new(name, None));
