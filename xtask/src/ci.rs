@@ -39,11 +39,21 @@ pub(crate) struct CiArgs {
     /// small disk.
     #[arg(long)]
     keep_target: bool,
+    /// Let a step that cannot run on this machine (no libibverbs, no VM,
+    /// no nightly toolchain with miri or cargo-fuzz) pass as skipped. By
+    /// default such a step fails: `.ci/setup` installs all of it, so a
+    /// skip in CI means CI ran less than the README says.
+    #[arg(long)]
+    allow_skips: bool,
 }
 
 enum Outcome {
     Ran,
+    /// Left out on request (`--no-miri` and the like).
     Skipped(String),
+    /// Could not run on this machine (a tool or the VM is missing): a
+    /// failure unless `--allow-skips`.
+    Unavailable(String),
 }
 
 /// `cargo clippy --workspace --all-targets` with `features`, warnings denied.
@@ -106,12 +116,19 @@ fn fuzz_targets(dir: &Path) -> Vec<String> {
 pub(crate) fn run_ci(args: &CiArgs) -> Result<()> {
     let root = workspace_root();
     let total = Instant::now();
+    let allow_skips = args.allow_skips;
     let mut times: Vec<(String, Duration, String)> = Vec::new();
     let mut step = |name: &str, f: &mut dyn FnMut() -> Result<Outcome>| -> Result<()> {
         eprintln!("\n=== step: {name} ({})", disk_free(&root));
         let t = Instant::now();
         let mark = crate::util::digest_len();
-        let outcome = f();
+        let outcome = match f() {
+            Ok(Outcome::Unavailable(why)) if !allow_skips => Err(anyhow::anyhow!(
+                "cannot run here: {why} (`.ci/setup` installs what it needs; \
+                 `cargo xtask ci --allow-skips` lets it pass as skipped)"
+            )),
+            other => other,
+        };
         let el = t.elapsed();
         match &outcome {
             Err(e) => note_failure(format!("step {name}: {e:#}")),
@@ -120,6 +137,7 @@ pub(crate) fn run_ci(args: &CiArgs) -> Result<()> {
         let status = match &outcome {
             Ok(Outcome::Ran) => "ok".to_owned(),
             Ok(Outcome::Skipped(why)) => format!("skipped: {why}"),
+            Ok(Outcome::Unavailable(why)) => format!("skipped (--allow-skips): {why}"),
             Err(e) => format!("FAILED: {e:#}"),
         };
         eprintln!("=== step {name}: {status} in {:.1}s", el.as_secs_f64());
@@ -195,11 +213,28 @@ pub(crate) fn run_ci(args: &CiArgs) -> Result<()> {
         )?;
         step("verbs clippy", &mut || {
             if let Err(why) = verbs_buildable(root_ref) {
-                return Ok(Outcome::Skipped(why));
+                return Ok(Outcome::Unavailable(why));
             }
             // The verbs provider's code under clippy (the test step built
             // and ran it; no RDMA device here, so nothing reached hardware).
             clippy(root_ref, &["--features", VERBS_FEATURES])
+        })?;
+        step("docs (rustdoc, warnings denied)", &mut || {
+            // Every crate's docs with every feature (broken intra-doc links
+            // fail); the doctests ran in the test step. With `verbs`, only
+            // where libibverbs can be built against.
+            let mut a = vec!["doc", "--workspace", "--no-deps"];
+            match verbs_buildable(root_ref) {
+                Ok(()) => a.push("--all-features"),
+                Err(why) => return Ok(Outcome::Unavailable(why)),
+            }
+            run_env(
+                "cargo",
+                &a,
+                Some(root_ref),
+                &[("RUSTDOCFLAGS", "-D warnings")],
+            )
+            .map(|()| Outcome::Ran)
         })?;
         step("package (cargo add check)", &mut || {
             // The five library crates packaged; a project outside the
@@ -218,11 +253,13 @@ pub(crate) fn run_ci(args: &CiArgs) -> Result<()> {
                 return Some(Outcome::Skipped("--no-rxe".into()));
             }
             if !core_has_verbs_feature(root_ref) {
-                return Some(Outcome::Skipped("rrpc-core has no `verbs` feature".into()));
+                return Some(Outcome::Unavailable(
+                    "rrpc-core has no `verbs` feature".into(),
+                ));
             }
             crate::rxe::supported()
                 .err()
-                .map(|why| Outcome::Skipped(format!("cannot boot a soft-RoCE VM here: {why}")))
+                .map(|why| Outcome::Unavailable(format!("cannot boot a soft-RoCE VM here: {why}")))
         };
         step("rxe (verbs suite on soft-RoCE)", &mut || {
             if let Some(skip) = vm_skip() {
@@ -318,7 +355,7 @@ pub(crate) fn run_ci(args: &CiArgs) -> Result<()> {
                 return Ok(Outcome::Skipped("--no-miri".into()));
             }
             if !probe("cargo", &["+nightly", "miri", "--version"]) {
-                return Ok(Outcome::Skipped(
+                return Ok(Outcome::Unavailable(
                     "no nightly toolchain with the miri component".into(),
                 ));
             }
@@ -357,12 +394,12 @@ pub(crate) fn run_ci(args: &CiArgs) -> Result<()> {
         })?;
         step("fuzz build", &mut || {
             let Some(dir) = fuzz_dir(root_ref) else {
-                return Ok(Outcome::Skipped("no fuzz/ crate".into()));
+                return Ok(Outcome::Unavailable("no fuzz/ crate".into()));
             };
             // cargo-fuzz needs nightly (`-Zsanitizer`); `+nightly` overrides the
             // toolchain that ran xtask.
             if !probe("cargo", &["+nightly", "fuzz", "--version"]) {
-                return Ok(Outcome::Skipped(
+                return Ok(Outcome::Unavailable(
                     "cargo-fuzz or a nightly toolchain is not installed".into(),
                 ));
             }
@@ -500,10 +537,28 @@ const CI_ENV: &[(&str, &str)] = &[("CARGO_INCREMENTAL", "0")];
 fn fast_linker() -> Option<(&'static str, &'static str)> {
     const VAR: &str = "CARGO_TARGET_X86_64_UNKNOWN_LINUX_GNU_RUSTFLAGS";
     let x86_linux = cfg!(all(target_arch = "x86_64", target_os = "linux"));
-    let chosen = std::env::var_os("RUSTFLAGS").is_some()
+    let chosen = std::env::var_os(VAR).is_some()
+        || std::env::var_os("RUSTFLAGS").is_some()
         || std::env::var_os("CARGO_ENCODED_RUSTFLAGS").is_some();
     (x86_linux && !chosen && probe("mold", &["--version"]))
         .then_some((VAR, "-C link-arg=-fuse-ld=mold"))
+}
+
+/// The rustup toolchain of the workspace's `rust-version` (`1.95` →
+/// `1.95.0`: the oldest release that version admits).
+pub(crate) fn msrv_toolchain(root: &Path) -> Result<String> {
+    let text = std::fs::read_to_string(root.join("Cargo.toml")).context("reading Cargo.toml")?;
+    let table: toml::Table = toml::from_str(&text).context("parsing Cargo.toml")?;
+    let v = table
+        .get("workspace")
+        .and_then(|w| w.get("package"))
+        .and_then(|p| p.get("rust-version"))
+        .and_then(|v| v.as_str())
+        .context("Cargo.toml has no [workspace.package] rust-version")?;
+    Ok(match v.split('.').count() {
+        2 => format!("{v}.0"),
+        _ => v.to_owned(),
+    })
 }
 
 /// Entry point of `cargo xtask ci`. Re-runs itself once with [`CI_ENV`] (and
@@ -514,9 +569,15 @@ pub(crate) fn run_entry(args: &CiArgs) -> Result<()> {
     if let Some(link) = fast_linker() {
         env.push(link);
     }
+    // Every stable build with the toolchain the manifests' `rust-version`
+    // names (`.ci/setup` installs it), so the version cargo add's users
+    // are promised is the one CI builds and tests with. `+nightly` (miri,
+    // cargo-fuzz) still takes precedence over this variable.
+    let toolchain = msrv_toolchain(&workspace_root())?;
+    env.push(("RUSTUP_TOOLCHAIN", toolchain.as_str()));
     let missing: Vec<_> = env
         .iter()
-        .filter(|(k, _)| std::env::var_os(k).is_none())
+        .filter(|(k, v)| std::env::var(k).ok().as_deref() != Some(*v))
         .collect();
     if missing.is_empty() {
         return run_ci(args);
@@ -546,6 +607,12 @@ mod tests {
 
     /// The test build goes, the running xtask stays (the bench step runs
     /// it again; the last CI rehearsal failed there when it went too).
+    #[test]
+    fn the_msrv_toolchain_is_a_full_release() {
+        let t = msrv_toolchain(&workspace_root()).unwrap();
+        assert_eq!(t.split('.').count(), 3, "{t}");
+    }
+
     #[test]
     fn pruning_keeps_the_running_program() {
         let dir = std::env::temp_dir().join(format!("rrpc-prune-{}", std::process::id()));
