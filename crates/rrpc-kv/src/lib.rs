@@ -1,7 +1,9 @@
 //! A Jakiro-like key-value store over RF-RPC (remote fetching).
 //!
-//! Specification: RF-RPC and Jakiro (`papers/001`, §3-§5.1), with YCSB from
-//! RR-Compound §V-E. The crate has three layers, each usable alone:
+//! Specification: RF-RPC and Jakiro (Wu, Ma, Su et al., "RF-RPC: Remote
+//! Fetching RPC Paradigm for RDMA-Enabled Network", §3-§5.1; "the RF-RPC
+//! paper" in these docs), with YCSB from
+//! RR-Compound §V-E. Its modules, each usable alone:
 //!
 //! - [`op`]: the store's operations and their binary encoding (what travels
 //!   in an RF-RPC request or result).

@@ -32,8 +32,8 @@
 //! Flag [`END_STREAM`] on REQUEST_HEADERS or DATA closes the sender's half of
 //! the call. Every length is checked against the bytes actually present; names
 //! and values are validated as HTTP header names and values; a violation is a
-//! [`FrameError`] and the connection is closed (peer memory is untrusted input,
-//! DESIGN.md principle 3).
+//! [`FrameError`] and the connection is closed (memory the peer writes is
+//! untrusted input: read once, validated, then used).
 
 use http::{HeaderMap, HeaderName, HeaderValue};
 

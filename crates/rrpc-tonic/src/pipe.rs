@@ -1,7 +1,7 @@
 //! The message pipe: the one thing rrpc-tonic needs from the layers below.
 //!
 //! A pipe moves whole messages in order in each direction, with back-pressure
-//! when the peer's ring is full (DESIGN.md principle 4) and a bounded message
+//! when the peer's ring is full (a sender waits; nothing is dropped) and a bounded message
 //! size (the ring's slot limit). Both paths are built on it: the fast path puts
 //! frames in the messages, the HTTP/2 path puts a byte stream in them.
 //!

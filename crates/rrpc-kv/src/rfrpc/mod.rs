@@ -1,4 +1,4 @@
-//! RF-RPC, the remote-fetching RPC of Jakiro (paper 001 §3-§4), over
+//! RF-RPC, the remote-fetching RPC of Jakiro (the RF-RPC paper, §3-§4), over
 //! rrpc-core.
 //!
 //! # The protocol

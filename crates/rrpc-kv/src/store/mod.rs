@@ -1,7 +1,7 @@
 //! Jakiro's store: hashed EREW partitions of eight-slot LRU buckets, with a
 //! memory bound, and a persistent engine behind the same operations.
 //!
-//! # The model (paper 001, §5.1)
+//! # The model (the RF-RPC paper, §5.1)
 //!
 //! Jakiro "hash\[es\] the key to distribut\[e\] data to the different
 //! partition\[s\]"; the partitions are "partitioned across different server
@@ -110,7 +110,7 @@ use crate::op::{Execute, Op, OpResult};
 
 pub use memory::ENTRY_OVERHEAD;
 
-/// Slots per bucket (paper 001, §5.1: "each of which contains eight slots").
+/// Slots per bucket (the RF-RPC paper, §5.1: "each of which contains eight slots").
 pub const SLOTS_PER_BUCKET: usize = 8;
 
 /// Most partitions a store may have.
@@ -152,7 +152,7 @@ pub struct StoreConfig {
 }
 
 impl StoreConfig {
-    /// Number of partitions, one per server thread (EREW, paper 001 §5.1).
+    /// Number of partitions, one per server thread (EREW, the RF-RPC paper §5.1).
     /// Checked by [`Store::open`]: `1..=`[`MAX_PARTITIONS`].
     ///
     /// Default: [`std::thread::available_parallelism`] (1 if unknown); for

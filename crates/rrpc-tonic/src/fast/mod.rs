@@ -4,7 +4,10 @@
 //! server is a `tower::Service<http::Request<Body>>`, so the HTTP/2 framing
 //! and HPACK in between can be replaced by our own frames: the client side
 //! ([`client`]) multiplexes calls by call id over one connection, the server
-//! side ([`server`]) dispatches each call to the router in its own task.
+//! side ([`server`]) hands each call to the router: its first poll runs in
+//! the connection's reader task (a unary handler usually finishes there and
+//! its response is written without a task hop), and a call still pending
+//! after it continues in a task of its own.
 //! The gRPC body bytes (5-byte length prefix + message, compressed or not)
 //! travel unchanged, so tonic's codec, compression and size limits behave
 //! exactly as over HTTP/2.

@@ -92,7 +92,8 @@ impl std::fmt::Debug for FrameWriter {
     }
 }
 
-/// Encodes `frames` (whose wire length is `total`) into a ring slot.
+/// Encodes `frames` into a ring slot (`slot` is exactly as long as their
+/// wire lengths together).
 fn fill_slot(frames: &[Out], zero_copy: bool, slot: &mut [u8]) {
     if zero_copy {
         let mut at = 0;
