@@ -149,6 +149,16 @@ pub(crate) fn run_ci(args: &CiArgs) -> Result<()> {
         step("fmt", &mut || {
             run("cargo", &["fmt", "--all", "--", "--check"], Some(root_ref)).map(|()| Outcome::Ran)
         })?;
+        step("layers (import circles)", &mut || {
+            crate::layers::run(
+                root_ref,
+                &crate::layers::LayersArgs {
+                    verbose: false,
+                    root: None,
+                },
+            )
+            .map(|()| Outcome::Ran)
+        })?;
         step("clippy", &mut || clippy(root_ref, &[]))?;
         step("test", &mut || {
             // With libibverbs present the workspace is tested with every

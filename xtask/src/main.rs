@@ -18,6 +18,7 @@
 mod bench;
 mod ci;
 mod cluster;
+mod layers;
 mod package;
 mod paper;
 mod plot;
@@ -60,6 +61,9 @@ enum Cmd {
     /// Package the five library crates and build and run a scratch project
     /// outside the workspace against the packages (what `cargo add` gets).
     Package(package::PackageArgs),
+    /// The import circles inside each library crate (CI fails on one not
+    /// listed with its reason).
+    Layers(layers::LayersArgs),
     /// Redraw the plots of existing results (`target/bench-results/<run>/`), in place.
     Plot {
         /// Result directories written by `cargo xtask bench` (suite subdirectories included).
@@ -137,6 +141,7 @@ fn run(cli: Cli) -> Result<()> {
             std::process::exit(code)
         }
         Cmd::Soak(args) => soak::run_soak(&util::workspace_root(), &args),
+        Cmd::Layers(args) => layers::run(&util::workspace_root(), &args),
         Cmd::Package(args) => {
             let root = util::workspace_root();
             let verbs = ci::verbs_buildable(&root).is_ok();

@@ -11,7 +11,7 @@ use std::time::Duration;
 use rrpc_core::numa::NumaPlacement;
 
 use crate::error::Error;
-use crate::proto::OVERHEAD;
+use crate::proto::layout::OVERHEAD;
 
 /// Cache-line length every slot is a multiple of (RB² §IV-C).
 pub const CACHE_LINE: usize = 64;

@@ -122,20 +122,16 @@
 mod budget;
 mod closed;
 pub mod doorbell;
+pub(crate) mod layout;
 pub mod params;
 mod receiver;
 mod sender;
 pub mod sizing;
 
+pub use layout::{HEADER_LEN, OVERHEAD, TRAILER_LEN};
 pub use receiver::{HeadPush, Message, Receiver};
 pub use sender::{Reservation, Sender, SenderStats, Transmit};
 
-/// Bytes of the per-message header.
-pub const HEADER_LEN: usize = 8;
-/// Bytes of the per-message end stamp.
-pub const TRAILER_LEN: usize = 8;
-/// Bytes a message needs besides its payload.
-pub const OVERHEAD: usize = HEADER_LEN + TRAILER_LEN;
 /// Header flag: the slots from here to the end of the array are a gap.
 pub const FLAG_GAP: u16 = 1;
 /// Header flag: a one-slot resize marker; `len` is the slot count of
