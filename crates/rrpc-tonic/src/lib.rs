@@ -76,7 +76,7 @@
 //!
 //! Use the fast path (the default) unless you need one of the features
 //! below; the HTTP/2 path costs hyper/h2's framing, HPACK and several task
-//! hops per call (about 4× the fast path's latency here).
+//! hops per call (several times the fast path's latency; `docs/measured.md`).
 //!
 //! Both paths have per-call flow control: on the fast path each call has
 //! its own window in each direction ([`RrpcConfig::call_window`], 256 KiB
@@ -186,42 +186,10 @@
 //! readers to their doorbells (on shm they announce their own sleeps
 //! meanwhile; on verbs the thread, kicked, announces for them).
 //!
-//! Measured with the rpc suite's `low_load` experiment (`cargo xtask bench
-//! rpc -- --only low_load`; server in its own process, each side one pinned
-//! tokio worker and one polling thread, 2-core host; every row against
-//! tonic-TCP in the same run; two full runs): at one 32 B call per client
-//! per ms the fast path's two processes used **0.86–1.03×, 0.60–0.65× and
-//! 0.94–0.97× tonic-TCP's CPU** at 1, 8 and 64 clients, while delivering
-//! 1.02–2.4× its calls at 0.2–0.75× tonic-UDS's p50. At one call per 10 ms:
-//! 1.09–1.29×, 0.71–0.85× and 0.56× (7.0 % of a core against 6.3 % at 1
-//! client: the target "no more CPU than tonic-TCP" is missed there; EVENT
-//! mode, 0.77×, is the cheapest at that rate). The paper's plain BPEV in the
-//! same runs: 4.3–5.4× (1 ms) and 6.3–7.4× (10 ms) tonic-TCP's CPU at 1
-//! client. The HTTP/2 path: 1.3–1.8× tonic-TCP's CPU at 1 client, about 1× from
-//! 8 on, p50 1.1–1.7× tonic-UDS's.
-//!
-//! **Idle connections.** With every sleeping reader announced, the dozing
-//! thread's backstop rescans stretch to ~0.2 s: 256 idle connections cost
-//! 0.21 % of a core on the fast path and 0.37–0.39 % on the HTTP/2 path
-//! (`idle_connections`; plain BPEV: 5.0–5.4 %). On shm an announce misses
-//! nothing; on verbs a tail WRITE crossing the announce on the wire can miss
-//! both the re-check and the ring, and the first rescan after an announce
-//! (after `idle_poll_interval`, 3 ms) covers it.
-//!
-//! **CPU contention.** The rpc suite's `contention` experiment runs a busy
-//! loop pinned to every core (separate processes, normal priority) through
-//! each row. Against tonic-TCP under the same hogs, in two runs: the fast
-//! path's ping-pong p50 was 0.10–0.13× (16 µs against 162 µs), 1-client
-//! streaming throughput 2.2–2.5×, 8-client 0.92–1.00× (the paper's plain
-//! BPEV: 1.4–1.6× there, but its HTTP/2 path collapses, p50 25–42× tcp's).
-//! The HTTP/2 path with the defaults: p50 0.74–1.35×, throughput 0.73–0.86×
-//! (1 client) and 0.55–1.00× (8): it does **not** reliably keep tonic-TCP's
-//! level. Each call on that path crosses more tasks (hyper's connection task
-//! and the ring pipe), and each crossing is a kernel wake-up when the cores
-//! are taken. HTTP/2 ping-pong is also bistable on a quiet host (one suite
-//! run measures ~25–35 µs, the next ~80–120 µs, with any poller variant):
-//! when one side sleeps, the other side's wait includes a wake-up and it
-//! sleeps too.
+//! What this costs and saves at low load, with idle connections and under
+//! CPU contention, measured against tonic over TCP and a Unix socket, is in
+//! `docs/measured.md` ("Low load, idle connections, contention"): numbers
+//! go stale, so the crate docs hold none.
 //!
 //! Where the doorbell does not reach, the old cost stands: a connection
 //! waiting for ring *space* (head pushes carry no doorbell) keeps its
