@@ -70,6 +70,13 @@ fn spin_for(poller: &Poller, cpu: usize, hog: bool, dur: Duration) -> Stats {
     stats
 }
 
+/// Serialises this file's tests: each pins threads to the same CPU, and
+/// the control above needs that CPU to itself.
+fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    LOCK.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 /// The CPU the polling thread and the hog share: the last one this process
 /// may run on.
 fn shared_cpu() -> usize {
@@ -82,42 +89,55 @@ fn shared_cpu() -> usize {
 
 #[test]
 fn a_polling_thread_that_loses_its_core_backs_off_as_descheduled() {
+    let _one = one_at_a_time();
     let cpu = shared_cpu();
     // With a busy loop on its CPU the thread gets about half of each 1 ms
-    // window: over the 30 % it may lose.
-    let p = pinned_poller(cpu);
-    let s = spin_for(&p, cpu, true, Duration::from_millis(300));
-    eprintln!("with a hog: {s:?}");
+    // window: over the 30 % it may lose. (On a machine loaded far beyond
+    // its cores the first window can judge it not earning first, and the
+    // back-off then outlasts the run; a few tries.)
+    let mut hogged = Vec::new();
+    for _ in 0..3 {
+        let p = pinned_poller(cpu);
+        let s = spin_for(&p, cpu, true, Duration::from_millis(300));
+        eprintln!("with a hog: {s:?}");
+        p.shutdown();
+        let seen = s.backoffs_descheduled >= 1;
+        hogged.push(s);
+        if seen {
+            break;
+        }
+    }
     assert!(
-        s.backoffs_descheduled >= 1,
-        "a thread sharing its core with a busy loop backs off: {s:?}"
+        hogged.last().is_some_and(|s| s.backoffs_descheduled >= 1),
+        "a thread sharing its core with a busy loop backs off: {hogged:?}"
     );
-    p.shutdown();
-    // The control: alone on its CPU it keeps the core, and backs off only
-    // because it wakes nobody. (Other tests may share the CPU, so only the
-    // not-earning verdict is asserted.)
-    // On a busy machine the descheduled verdict may come first in every window of a run;
-    // a few tries find a quieter one.
+    // The control: alone on its CPU (this binary's tests run one at a time)
+    // it keeps the core, so it never backs off as descheduled, only because
+    // it wakes nobody. Another process on the machine can still take the
+    // CPU for a moment; a few tries find a quiet window.
     let mut tries = Vec::new();
     for _ in 0..5 {
         let p = pinned_poller(cpu);
         let s = spin_for(&p, cpu, false, Duration::from_millis(300));
         eprintln!("alone: {s:?}");
         p.shutdown();
-        let earned = s.backoffs_not_earning >= 1;
+        let quiet = s.backoffs_not_earning >= 1 && s.backoffs_descheduled == 0;
         tries.push(s);
-        if earned {
+        if quiet {
             break;
         }
     }
     assert!(
-        tries.last().is_some_and(|s| s.backoffs_not_earning >= 1),
-        "a thread that wakes nobody backs off as not earning: {tries:?}"
+        tries
+            .last()
+            .is_some_and(|s| s.backoffs_not_earning >= 1 && s.backoffs_descheduled == 0),
+        "a thread alone on its core backs off as not earning, never as descheduled: {tries:?}"
     );
 }
 
 #[test]
 fn the_paper_configuration_never_backs_off() {
+    let _one = one_at_a_time();
     let cpu = shared_cpu();
     let p = std::thread::spawn(move || {
         let mut set = CpuSet::new();
@@ -142,6 +162,7 @@ fn the_paper_configuration_never_backs_off() {
 
 #[test]
 fn a_task_woken_by_its_polling_thread_measures_its_wake_up_latency() {
+    let _one = one_at_a_time();
     let recorder = DebuggingRecorder::new();
     let snapshotter = recorder.snapshotter();
     let p = PollerConfig::new()
