@@ -74,7 +74,8 @@ fn spin_for(poller: &Poller, cpu: usize, hog: bool, dur: Duration) -> Stats {
 /// the control above needs that CPU to itself.
 fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
     static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    LOCK.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    LOCK.lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// The CPU the polling thread and the hog share: the last one this process
