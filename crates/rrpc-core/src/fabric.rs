@@ -8,118 +8,9 @@ use crate::error::{Error, Result};
 use crate::provider::shm::ShmQp;
 use crate::qp::{QpConfig, QpInner, QueuePair};
 use crate::region::{Access, Region};
-
-/// Which provider implements the fabric.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum ProviderKind {
-    /// Same-host shared memory (always built; the default).
-    Shm,
-    /// libibverbs (cargo feature `verbs`).
-    Verbs,
-}
-
-impl ProviderKind {
-    /// The provider's wire code in the handshake.
-    pub fn code(self) -> u8 {
-        match self {
-            ProviderKind::Shm => 1,
-            ProviderKind::Verbs => 2,
-        }
-    }
-
-    /// The provider for a wire code.
-    pub fn from_code(c: u8) -> Option<Self> {
-        match c {
-            1 => Some(ProviderKind::Shm),
-            2 => Some(ProviderKind::Verbs),
-            _ => None,
-        }
-    }
-}
-
-/// Which verbs device, port and GID index a fabric uses
-/// ([`Fabric::verbs_with`]). Values are checked when the device is opened,
-/// against what it has.
-///
-/// | option | default |
-/// |---|---|
-/// | [`device`](Self::device) | the first device libibverbs lists |
-/// | [`port`](Self::port) | 1 |
-/// | [`gid_index`](Self::gid_index) | RoCE: the first IPv4-mapped RoCE v2 GID, else 0; InfiniBand: 0 |
+pub use crate::settings::ProviderKind;
 #[cfg(feature = "verbs")]
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct VerbsOptions {
-    device: Option<String>,
-    port: u8,
-    gid_index: Option<u8>,
-}
-
-#[cfg(feature = "verbs")]
-impl Default for VerbsOptions {
-    fn default() -> Self {
-        VerbsOptions {
-            device: None,
-            port: crate::provider::verbs::DEFAULT_PORT,
-            gid_index: None,
-        }
-    }
-}
-
-#[cfg(feature = "verbs")]
-impl VerbsOptions {
-    /// The defaults (see the table above).
-    pub fn new() -> Self {
-        Self::default()
-    }
-
-    /// The device, by name (`mlx5_0`, `rxe0`). Default: the first listed.
-    pub fn device(mut self, name: impl Into<String>) -> Self {
-        self.device = Some(name.into());
-        self
-    }
-
-    /// The physical port queue pairs use (`port_num`, numbered from 1).
-    /// Default 1. Opening fails for a port the device does not have.
-    pub fn port(mut self, port: u8) -> Self {
-        self.port = port;
-        self
-    }
-
-    /// The source GID index (`sgid_index`): which of the port's GIDs the
-    /// handshake carries and the queue pairs send from.
-    ///
-    /// Default: on a RoCE port, the first entry of the GID table that is an
-    /// IPv4-mapped address (`::ffff:a.b.c.d`) of type RoCE v2 (the type as
-    /// sysfs names it in
-    /// `/sys/class/infiniband/<dev>/ports/<port>/gid_attrs/types/<index>`;
-    /// an entry whose type cannot be read is not chosen), found by reading
-    /// the table with `ibv_query_gid`; if there is none, index 0 (InfiniBand,
-    /// RoCE without an IPv4 address). On an InfiniBand port, 0.
-    ///
-    /// Both ends must be able to route to each other's GID: set the index
-    /// explicitly when the default picks an address the peer cannot reach
-    /// (several IPv4 addresses on one port, RoCE v1 networks).
-    pub fn gid_index(mut self, index: u8) -> Self {
-        self.gid_index = Some(index);
-        self
-    }
-
-    /// See [`Self::device`].
-    pub fn get_device(&self) -> Option<&str> {
-        self.device.as_deref()
-    }
-
-    /// See [`Self::port`].
-    pub fn get_port(&self) -> u8 {
-        self.port
-    }
-
-    /// See [`Self::gid_index`] (`None`: the default choice).
-    pub fn get_gid_index(&self) -> Option<u8> {
-        self.gid_index
-    }
-}
+pub use crate::settings::VerbsOptions;
 
 /// A handle on one provider. Cheap to clone.
 ///
@@ -323,5 +214,37 @@ impl Fabric {
             #[cfg(not(feature = "verbs"))]
             ProviderKind::Verbs => Err(Error::ProviderUnavailable("verbs")),
         }
+    }
+}
+
+// NUMA placement ([`crate::numa`]).
+impl Fabric {
+    /// The NUMA node of this fabric's device ([`Sysfs::device_node`](crate::numa::Sysfs::device_node), read
+    /// once per device and process): `None` on shm, and for a device that
+    /// reports none. What [`NumaPlacement::Device`](crate::numa::NumaPlacement::Device) resolves to.
+    pub fn numa_node(&self) -> Option<u32> {
+        #[cfg(feature = "verbs")]
+        if let Some(dev) = self.device_name() {
+            return crate::numa::cached_device_node(dev);
+        }
+        None
+    }
+
+    /// [`Fabric::alloc_region_with`], with the region's memory bound to
+    /// NUMA node `node` (`None`: as `alloc_region_with`). The binding
+    /// (`mbind(MPOL_PREFERRED)`) is made before the memory is touched or
+    /// registered; on shm it holds for the peer's faults too (the policy
+    /// belongs to the memfd). A binding that fails is a warning and a count
+    /// in [`PLACEMENT_FAILURES`](crate::numa::PLACEMENT_FAILURES), not an error.
+    ///
+    /// # Errors
+    /// As [`Fabric::alloc_region_with`].
+    pub fn alloc_region_on(
+        &self,
+        len: usize,
+        access: Access,
+        node: Option<u32>,
+    ) -> Result<Arc<Region>> {
+        self.alloc_region_placed(len, access, node)
     }
 }

@@ -75,6 +75,7 @@ pub mod cq;
 pub mod endpoint;
 pub mod error;
 pub mod fabric;
+mod fail;
 pub mod fault;
 #[cfg(fuzzing)]
 #[doc(hidden)]
@@ -86,10 +87,12 @@ pub mod pool;
 mod provider;
 pub mod qp;
 pub mod region;
+mod settings;
 mod sys;
 #[cfg(any(test, feature = "test-util"))]
 pub mod testing;
 pub mod vqp;
+mod work;
 
 pub use cq::{Completion, CompletionQueue, Opcode, Status};
 pub use endpoint::{Endpoint, EndpointUri};

@@ -73,7 +73,7 @@
 //! the peer's DCT number and key per post (from a metadata cache, as KRCore's
 //! `DCCache`), and the sharing rules above are unchanged. It is not built.
 
-use crate::qp::SendOp as Op;
+use crate::work::SendOp as Op;
 use std::collections::VecDeque;
 use std::os::fd::{AsFd, BorrowedFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -84,7 +84,8 @@ use nix::sys::epoll::{Epoll, EpollCreateFlags, EpollEvent, EpollFlags};
 
 use crate::cq::{Completion, CompletionQueue, CqInner, Status};
 use crate::error::{Error, Result};
-use crate::qp::{FailReason, FailState, QpInner, QueuePair};
+use crate::fail::{FailReason, FailState};
+use crate::qp::{QpInner, QueuePair};
 use crate::region::{Local, Remote};
 use crate::sys::EventFd;
 

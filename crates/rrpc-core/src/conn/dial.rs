@@ -2,11 +2,11 @@
 
 use crate::endpoint::Endpoint;
 use crate::error::Result;
-use crate::fabric::ProviderKind;
 use crate::provider::shm::side::{attach, connect_unix, exchange_unix, make_hello};
 #[cfg(feature = "verbs")]
 use crate::provider::verbs::side;
 use crate::qp::QueuePair;
+use crate::settings::ProviderKind;
 
 use super::established::{Connection, Side};
 #[cfg(feature = "verbs")]

@@ -50,7 +50,6 @@ use super::exchange::{Deadline, Offer, base_hello, peer_info, reject_code_for};
 use super::settings::HandshakeConfig;
 use crate::endpoint::Endpoint;
 use crate::error::{Error, Result};
-use crate::fabric::ProviderKind;
 use crate::handshake::{Hello, Message, Reject};
 use crate::provider::shm::side::{
     check_region_memfds, connect_unix, exchange_unix, granted_bytes, send_msg,
@@ -58,6 +57,7 @@ use crate::provider::shm::side::{
 use crate::qp::LaterGrants;
 use crate::qp::{QpInner, QueuePair};
 use crate::region::Region;
+use crate::settings::ProviderKind;
 use crate::vqp::{PhysicalQp, VqpConfig};
 
 /// A connection whose queue pair carries logical connections

@@ -28,12 +28,13 @@ use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering, fence};
 use std::sync::{Arc, Mutex, RwLock};
 
-use crate::cq::{Completion, Opcode, Status};
 use crate::error::{Error, Result};
+use crate::fail::{FailReason, FailState};
 use crate::fault::FaultConfig;
-use crate::qp::{FailReason, FailState, QpConfig};
 use crate::region::{Local, Remote, RemoteRegion};
+use crate::settings::QpConfig;
 use crate::sys::{EventFd, Mapping, PeerEventFd};
+use crate::work::{Completion, Opcode, Status};
 
 // ---------------------------------------------------------------------------
 // Send completion queue (process-local)
@@ -737,12 +738,12 @@ impl ShmQp {
     pub(crate) fn post(
         &self,
         wr_id: u64,
-        op: crate::qp::SendOp,
+        op: crate::work::SendOp,
         local: Local<'_>,
         remote: Remote,
         signaled: bool,
     ) -> Result<()> {
-        use crate::qp::SendOp;
+        use crate::work::SendOp;
         let checked = self.check_post(local, remote)?;
         let opcode = match op {
             SendOp::Write => Opcode::Write,

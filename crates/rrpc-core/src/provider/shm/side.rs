@@ -18,9 +18,9 @@ use super::PeerResources;
 use crate::conn::budget::BudgetGuard;
 use crate::conn::exchange::{Deadline, Offer, base_hello, map_io, reject_error};
 use crate::error::{Error, Result};
-use crate::fabric::ProviderKind;
 use crate::handshake::{HEADER_LEN, Header, Hello, MAX_BODY, MAX_REGIONS, Message};
 use crate::qp::{QpInner, QueuePair};
+use crate::settings::ProviderKind;
 
 const MAX_FDS: usize = MAX_REGIONS + 2;
 

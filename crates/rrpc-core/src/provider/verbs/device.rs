@@ -29,8 +29,8 @@ use rdma_sys::{
 use super::caps::{self, DeviceCaps, GidEntry};
 use super::wr::{Transition, build_recv_wr, mr_access};
 use crate::error::{Error, Result};
-use crate::fabric::VerbsOptions;
-use crate::qp::DEFAULT_INLINE;
+use crate::settings::DEFAULT_INLINE;
+use crate::settings::VerbsOptions;
 
 /// Where the kernel lists RDMA devices (GID types are read from here).
 const SYSFS: &str = "/sys/class/infiniband";

@@ -92,7 +92,6 @@ pub(crate) mod wr;
 #[cfg(test)]
 mod abi;
 
-pub(crate) use caps::DEFAULT_PORT;
 pub(crate) use device::{Device, Mr};
 pub(crate) use qp::{LaterRegions, VerbsCq, VerbsQp};
 

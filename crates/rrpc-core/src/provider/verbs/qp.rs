@@ -21,9 +21,9 @@ use super::wr::{
 };
 use crate::cq::{Completion, CompletionQueue, CqInner, Status};
 use crate::error::{Error, Result};
-use crate::qp::QpConfig;
-use crate::qp::{FailReason, FailState};
+use crate::fail::{FailReason, FailState};
 use crate::region::{Local, Remote, RemoteRegion};
+use crate::settings::QpConfig;
 
 // ---------------------------------------------------------------------------
 // Send-queue accounting (pure)
@@ -226,7 +226,7 @@ pub(crate) struct VerbsQp {
     recv_posted: Arc<AtomicU64>,
     recv_depth: u32,
     psn: u32,
-    retry: crate::qp::RcRetry,
+    retry: crate::settings::RcRetry,
     /// The peer's GID, once connected.
     remote_gid: OnceLock<[u8; 16]>,
     peer: OnceLock<Peer>,

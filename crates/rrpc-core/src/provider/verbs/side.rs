@@ -47,9 +47,9 @@ use crate::conn::settings::TcpKeepalive;
 
 use super::endpoint::VerbsEndpoint;
 use crate::error::{Error, Result};
-use crate::fabric::ProviderKind;
 use crate::handshake::{HEADER_LEN, Header, Hello, Message, Reject, RejectCode, token_eq};
 use crate::qp::{QpInner, QueuePair};
+use crate::settings::ProviderKind;
 
 pub(crate) fn verbs_qp(qp: &QueuePair) -> Result<&super::VerbsQp> {
     match &qp.inner {
