@@ -11,22 +11,14 @@
 use std::os::fd::BorrowedFd;
 
 use crate::error::Result;
-use crate::provider::shm;
+use crate::provider;
 pub use crate::work::{Completion, Opcode, Status};
-
-#[derive(Debug)]
-pub(crate) enum CqInner {
-    ShmSend(shm::SendCq),
-    ShmRecv(shm::RecvCq),
-    #[cfg(feature = "verbs")]
-    Verbs(crate::provider::verbs::VerbsCq),
-    Virtual(std::sync::Arc<crate::vqp::Sharer>),
-}
 
 /// A completion queue (verbs: `ibv_cq`). Obtained from a [`crate::QueuePair`].
 #[derive(Debug)]
 pub struct CompletionQueue {
-    pub(crate) inner: CqInner,
+    /// The provider's completion queue (the seam, `provider::Cq`).
+    pub(crate) inner: provider::Cq,
 }
 
 impl CompletionQueue {
@@ -39,13 +31,7 @@ impl CompletionQueue {
     /// `ibv_poll_cq` fails, [`crate::Error::CompletionError`] for a completion
     /// of a work request that is not outstanding.
     pub fn poll(&self, out: &mut [Completion]) -> Result<usize> {
-        match &self.inner {
-            CqInner::ShmSend(cq) => Ok(cq.poll(out)),
-            CqInner::ShmRecv(cq) => cq.poll(out),
-            #[cfg(feature = "verbs")]
-            CqInner::Verbs(cq) => cq.poll(out),
-            CqInner::Virtual(cq) => cq.poll(out),
-        }
+        self.inner.poll(out)
     }
 
     /// Arms the queue: the next completion added makes [`Self::channel_fd`]
@@ -55,14 +41,7 @@ impl CompletionQueue {
     /// # Errors
     /// None on shm today; verbs returns the device's error.
     pub fn req_notify(&self) -> Result<()> {
-        match &self.inner {
-            CqInner::ShmSend(cq) => cq.req_notify(),
-            CqInner::ShmRecv(cq) => cq.req_notify(),
-            #[cfg(feature = "verbs")]
-            CqInner::Verbs(cq) => return cq.req_notify(),
-            CqInner::Virtual(cq) => return cq.req_notify(),
-        }
-        Ok(())
+        self.inner.req_notify()
     }
 
     /// The completion channel's file descriptor (`ibv_comp_channel::fd`):
@@ -74,13 +53,7 @@ impl CompletionQueue {
     /// cannot make its channel (an eventfd and an epoll set, made on first
     /// use: out of descriptors).
     pub fn channel_fd(&self) -> crate::Result<BorrowedFd<'_>> {
-        Ok(match &self.inner {
-            CqInner::ShmSend(cq) => cq.channel_fd(),
-            CqInner::ShmRecv(cq) => cq.channel_fd(),
-            #[cfg(feature = "verbs")]
-            CqInner::Verbs(cq) => cq.channel_fd(),
-            CqInner::Virtual(cq) => return cq.channel_fd(),
-        })
+        self.inner.channel_fd()
     }
 
     /// Consumes pending channel events (`ibv_get_cq_event` + `ibv_ack_cq_events`);
@@ -89,12 +62,6 @@ impl CompletionQueue {
     /// # Errors
     /// Only if reading the channel fd fails.
     pub fn ack_events(&self) -> Result<u64> {
-        match &self.inner {
-            CqInner::ShmSend(cq) => cq.ack_events(),
-            CqInner::ShmRecv(cq) => cq.ack_events(),
-            #[cfg(feature = "verbs")]
-            CqInner::Verbs(cq) => cq.ack_events(),
-            CqInner::Virtual(cq) => cq.ack_events(),
-        }
+        self.inner.ack_events()
     }
 }

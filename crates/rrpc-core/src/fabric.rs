@@ -5,8 +5,8 @@ use std::sync::Arc;
 
 use crate::endpoint::Endpoint;
 use crate::error::{Error, Result};
-use crate::provider::shm::ShmQp;
-use crate::qp::{QpConfig, QpInner, QueuePair};
+use crate::provider;
+use crate::qp::{QpConfig, QueuePair};
 use crate::region::{Access, Region};
 pub use crate::settings::ProviderKind;
 #[cfg(feature = "verbs")]
@@ -178,7 +178,7 @@ impl Fabric {
     ) -> Result<Arc<Region>> {
         #[cfg(feature = "verbs")]
         if let Some(dev) = &self.device {
-            return Ok(Arc::new(Region::alloc_verbs(
+            return Ok(Arc::new(crate::provider::verbs::alloc_region(
                 len,
                 self.huge_pages,
                 dev,
@@ -198,18 +198,14 @@ impl Fabric {
     /// [`Error::Io`] if the system is out of memfds or eventfds.
     pub fn create_qp(&self, cfg: &QpConfig) -> Result<QueuePair> {
         match self.kind {
-            ProviderKind::Shm => Ok(QueuePair {
-                inner: QpInner::Shm(ShmQp::new(cfg)?),
-            }),
+            ProviderKind::Shm => Ok(QueuePair::from_parts(provider::shm_qp(cfg)?)),
             #[cfg(feature = "verbs")]
             ProviderKind::Verbs => {
                 let dev = self
                     .device
                     .as_ref()
                     .ok_or(Error::ProviderUnavailable("verbs"))?;
-                Ok(QueuePair {
-                    inner: QpInner::Verbs(crate::provider::verbs::VerbsQp::new(dev, cfg)?),
-                })
+                Ok(QueuePair::from_parts(provider::verbs_qp(dev, cfg)?))
             }
             #[cfg(not(feature = "verbs"))]
             ProviderKind::Verbs => Err(Error::ProviderUnavailable("verbs")),

@@ -12,25 +12,10 @@
 
 use crate::cq::CompletionQueue;
 use crate::error::{Error, Result};
-use crate::provider::shm::ShmQp;
-#[cfg(feature = "verbs")]
-use crate::provider::verbs::VerbsQp;
+use crate::provider::{self, QpParts};
 use crate::region::{Local, Remote};
 pub use crate::settings::{DEFAULT_INLINE, MAX_INLINE_REQUEST, QpCarrier, QpConfig, RcRetry};
-use crate::vqp::VirtualQp;
 use crate::work::SendOp;
-
-// Queue pairs live behind an `Arc`; boxing the shm variant would add an
-// indirection to every post on the hot path.
-#[allow(clippy::large_enum_variant)]
-#[derive(Debug)]
-pub(crate) enum QpInner {
-    Shm(ShmQp),
-    #[cfg(feature = "verbs")]
-    Verbs(VerbsQp),
-    /// A sharer of another queue pair ([`crate::vqp`]).
-    Virtual(VirtualQp),
-}
 
 /// A reliable-connection queue pair (verbs: `ibv_qp` of type `IBV_QPT_RC`).
 ///
@@ -39,10 +24,28 @@ pub(crate) enum QpInner {
 /// ring and the task that pushes the head of the opposite ring.
 #[derive(Debug)]
 pub struct QueuePair {
-    pub(crate) inner: QpInner,
+    // Field order is drop order: the queue pair goes before the completion
+    // queues it completes into.
+    /// The provider's queue pair (the seam, `provider::Qp`).
+    pub(crate) inner: provider::Qp,
+    send_cq: CompletionQueue,
+    recv_cq: CompletionQueue,
 }
 
 impl QueuePair {
+    /// Wraps what a provider made.
+    pub(crate) fn from_parts(parts: QpParts) -> QueuePair {
+        QueuePair {
+            inner: parts.qp,
+            send_cq: CompletionQueue {
+                inner: parts.send_cq,
+            },
+            recv_cq: CompletionQueue {
+                inner: parts.recv_cq,
+            },
+        }
+    }
+
     /// RDMA WRITE of `local` to `remote` (`ibv_post_send` with `IBV_WR_RDMA_WRITE`;
     /// `signaled` sets `IBV_SEND_SIGNALED`).
     ///
@@ -105,12 +108,7 @@ impl QueuePair {
         remote: Remote,
         signaled: bool,
     ) -> Result<()> {
-        match &self.inner {
-            QpInner::Shm(q) => q.post(wr_id, op, local, remote, signaled),
-            #[cfg(feature = "verbs")]
-            QpInner::Verbs(q) => q.post(wr_id, op, local, remote, signaled),
-            QpInner::Virtual(q) => q.post(wr_id, op, local, remote, signaled),
-        }
+        self.inner.post(wr_id, op, local, remote, signaled)
     }
 
     /// Posts a receive for one incoming WRITE_WITH_IMM (`ibv_post_recv` with no
@@ -119,44 +117,24 @@ impl QueuePair {
     /// # Errors
     /// [`Error::QueueFull`] when `recv_depth` receives are already posted.
     pub fn post_recv(&self, wr_id: u64) -> Result<()> {
-        match &self.inner {
-            QpInner::Shm(q) => q.post_recv(wr_id),
-            #[cfg(feature = "verbs")]
-            QpInner::Verbs(q) => q.post_recv(wr_id),
-            QpInner::Virtual(q) => q.post_recv(wr_id),
-        }
+        self.inner.post_recv(wr_id)
     }
 
     /// Completions of our WRITE / READ work requests.
     pub fn send_cq(&self) -> &CompletionQueue {
-        match &self.inner {
-            QpInner::Shm(q) => &q.send_cq,
-            #[cfg(feature = "verbs")]
-            QpInner::Verbs(q) => &q.send_cq,
-            QpInner::Virtual(q) => &q.send_cq,
-        }
+        &self.send_cq
     }
 
     /// Completions of incoming WRITE_WITH_IMM.
     pub fn recv_cq(&self) -> &CompletionQueue {
-        match &self.inner {
-            QpInner::Shm(q) => &q.recv_cq,
-            #[cfg(feature = "verbs")]
-            QpInner::Verbs(q) => &q.recv_cq,
-            QpInner::Virtual(q) => &q.recv_cq,
-        }
+        &self.recv_cq
     }
 
     /// Moves the queue pair to the error state (verbs: `IBV_QPS_ERR`). Every later
     /// post returns `reason` (mapped to [`Error::PeerGone`], [`Error::PeerMisbehaved`]
     /// or [`Error::NotConnected`]). Idempotent: the first reason wins.
     pub fn fail(&self, reason: &Error) {
-        match &self.inner {
-            QpInner::Shm(q) => q.fail(reason),
-            #[cfg(feature = "verbs")]
-            QpInner::Verbs(q) => q.fail(reason),
-            QpInner::Virtual(q) => q.fail(reason),
-        }
+        self.inner.fail(reason)
     }
 
     /// Fault injection (for tests of the layers above): the device fails
@@ -171,25 +149,12 @@ impl QueuePair {
     /// # Errors
     /// [`Error::Io`] if the device refuses the transition.
     pub fn inject_device_error(&self) -> Result<()> {
-        match &self.inner {
-            QpInner::Shm(q) => {
-                q.inject_device_error();
-                Ok(())
-            }
-            #[cfg(feature = "verbs")]
-            QpInner::Verbs(q) => q.inject_device_error(),
-            QpInner::Virtual(q) => q.inject_device_error(),
-        }
+        self.inner.inject_device_error()
     }
 
     /// The error the queue pair failed with, if it did.
     pub fn failure(&self) -> Option<Error> {
-        match &self.inner {
-            QpInner::Shm(q) => q.failure(),
-            #[cfg(feature = "verbs")]
-            QpInner::Verbs(q) => q.failure(),
-            QpInner::Virtual(q) => q.failure(),
-        }
+        self.inner.failure()
     }
 
     /// Whether the queue pair is in the error state.
@@ -200,33 +165,20 @@ impl QueuePair {
     /// The send queue's depth: at most this many work requests outstanding
     /// (posted and not retired by a polled signaled completion).
     pub fn send_depth(&self) -> u32 {
-        match &self.inner {
-            QpInner::Shm(q) => q.send_depth(),
-            #[cfg(feature = "verbs")]
-            QpInner::Verbs(q) => q.send_depth(),
-            QpInner::Virtual(q) => q.send_depth(),
-        }
+        self.inner.send_depth()
     }
 
     /// Receives the queue can hold ([`QpConfig::recv_depth`] as the
     /// provider rounded it).
     pub fn recv_depth(&self) -> u32 {
-        match &self.inner {
-            QpInner::Shm(q) => q.recv_depth(),
-            #[cfg(feature = "verbs")]
-            QpInner::Verbs(q) => q.recv_depth(),
-            QpInner::Virtual(q) => q.recv_depth(),
-        }
+        self.inner.recv_depth()
     }
 
     /// Bits of immediate data a `WRITE_WITH_IMM` carries: 32, or on a
     /// virtual queue pair what its sharer tag leaves
     /// ([`crate::vqp::VqpConfig::tag_bits`]). A wider immediate is refused.
     pub fn imm_bits(&self) -> u32 {
-        match &self.inner {
-            QpInner::Virtual(q) => q.imm_bits(),
-            _ => 32,
-        }
+        self.inner.imm_bits()
     }
 
     /// Whether a post's outcome is known when it returns: it completed (or
@@ -239,12 +191,7 @@ impl QueuePair {
     ///
     /// [`FaultConfig::fail_after_posts`]: crate::FaultConfig::fail_after_posts
     pub fn completes_in_post(&self) -> bool {
-        match &self.inner {
-            QpInner::Shm(q) => q.completes_in_post(),
-            #[cfg(feature = "verbs")]
-            QpInner::Verbs(_) => false,
-            QpInner::Virtual(_) => false,
-        }
+        self.inner.completes_in_post()
     }
 
     /// What carries this queue pair's traffic, read from the queue pair
@@ -253,99 +200,18 @@ impl QueuePair {
     /// the queue pair was connected to. A sharer of another queue pair
     /// ([`crate::vqp`]) reports the physical queue pair under it.
     pub fn carrier(&self) -> QpCarrier {
-        match &self.inner {
-            QpInner::Shm(_) => QpCarrier {
-                provider: crate::ProviderKind::Shm,
-                device: None,
-                local_gid: None,
-                remote_gid: None,
-                shared: false,
-            },
-            #[cfg(feature = "verbs")]
-            QpInner::Verbs(q) => q.carrier(),
-            QpInner::Virtual(q) => QpCarrier {
-                shared: true,
-                ..q.physical().carrier()
-            },
-        }
+        self.inner.carrier()
     }
 
     /// Whether this is a sharer of another queue pair ([`crate::vqp`]).
     pub fn is_virtual(&self) -> bool {
-        matches!(self.inner, QpInner::Virtual(_))
+        self.inner.is_virtual()
     }
 
     /// Work requests posted and not yet retired by a polled signaled
     /// completion. On a virtual queue pair: its signaled work requests not
     /// yet returned by its send completion queue.
     pub fn outstanding(&self) -> u64 {
-        match &self.inner {
-            QpInner::Shm(q) => q.outstanding(),
-            #[cfg(feature = "verbs")]
-            QpInner::Verbs(q) => q.outstanding(),
-            QpInner::Virtual(q) => q.outstanding(),
-        }
-    }
-}
-
-// ---------------------------------------------------------------------------
-// Grants added after connect (logical connections over a shared queue pair)
-// ---------------------------------------------------------------------------
-
-/// Refuses remote keys granted twice: within `keys`, or already granted
-/// (`taken`).
-///
-/// # Errors
-/// [`Error::MalformedHandshake`] naming the first such key.
-pub(crate) fn check_new_keys(keys: &[u32], taken: impl Fn(u32) -> bool) -> Result<()> {
-    for (i, &k) in keys.iter().enumerate() {
-        if taken(k) || keys[..i].contains(&k) {
-            return Err(Error::MalformedHandshake(format!(
-                "remote key {k:#x} is already granted on this queue pair"
-            )));
-        }
-    }
-    Ok(())
-}
-
-/// Where a queue pair keeps the regions granted after it connected.
-#[derive(Debug)]
-pub(crate) enum LaterTable {
-    Shm(std::sync::Weak<crate::provider::shm::LaterRegions>),
-    #[cfg(feature = "verbs")]
-    Verbs(std::sync::Weak<crate::provider::verbs::LaterRegions>),
-}
-
-/// Regions a peer granted after its queue pair connected (one logical
-/// connection's rings, [`crate::conn::connect_logical`]): posts may target
-/// them until this drops, and then no more.
-#[derive(Debug)]
-pub(crate) struct LaterGrants {
-    pub(crate) table: LaterTable,
-    pub(crate) keys: Vec<u32>,
-    pub(crate) _budget: Option<crate::conn::budget::BudgetGuard>,
-}
-
-impl Drop for LaterGrants {
-    fn drop(&mut self) {
-        match &self.table {
-            LaterTable::Shm(t) => {
-                if let Some(t) = t.upgrade() {
-                    let mut t = t.write().unwrap_or_else(|p| p.into_inner());
-                    for k in &self.keys {
-                        t.remove(k);
-                    }
-                }
-            }
-            #[cfg(feature = "verbs")]
-            LaterTable::Verbs(t) => {
-                if let Some(t) = t.upgrade() {
-                    let mut t = t.write().unwrap_or_else(|p| p.into_inner());
-                    for k in &self.keys {
-                        t.remove(k);
-                    }
-                }
-            }
-        }
+        self.inner.outstanding()
     }
 }

@@ -92,7 +92,7 @@ pub(crate) mod wr;
 #[cfg(test)]
 mod abi;
 
-pub(crate) use device::{Device, Mr};
+pub(crate) use device::{Device, alloc_region};
 pub(crate) use qp::{LaterRegions, VerbsCq, VerbsQp};
 
 #[cfg(test)]
@@ -113,7 +113,7 @@ mod tests {
             assert_eq!(f.kind(), ProviderKind::Verbs);
             assert!(f.device_name().is_some());
             let region = f.alloc_region(4096).expect("ibv_reg_mr");
-            assert!(region.verbs_mr().is_some());
+            assert!(super::device::mr_of(&region).is_some());
             let qp = f.create_qp(&QpConfig::default()).expect("ibv_create_qp");
             assert!(matches!(qp.post_recv(1), Ok(()) | Err(Error::Io { .. })));
         } else {
@@ -243,7 +243,7 @@ mod tests {
         let Some(dev) = test_device() else { return };
         let f = Fabric::verbs(Some(&dev)).unwrap();
         let inline = |qp: &crate::QueuePair| match &qp.inner {
-            crate::qp::QpInner::Verbs(v) => v.max_inline(),
+            crate::provider::Qp::Verbs(v) => v.max_inline(),
             _ => unreachable!(),
         };
         // The default asks for 64 and gets at least that on rxe and NICs.
