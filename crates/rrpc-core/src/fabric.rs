@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use crate::endpoint::Endpoint;
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::provider;
 use crate::qp::{QpConfig, QueuePair};
 use crate::region::{Access, Region};
@@ -18,21 +18,17 @@ pub use crate::settings::VerbsOptions;
 /// and dispatched with a `match` on an enum, never a `dyn` call per message.
 #[derive(Debug, Clone)]
 pub struct Fabric {
-    kind: ProviderKind,
+    /// The provider, and on verbs the opened device and protection domain.
+    domain: provider::Domain,
     huge_pages: bool,
-    /// The opened device and protection domain of a verbs fabric.
-    #[cfg(feature = "verbs")]
-    pub(crate) device: Option<Arc<crate::provider::verbs::Device>>,
 }
 
 impl Fabric {
     /// The shared-memory provider, trying huge pages for large regions.
     pub fn shm() -> Fabric {
         Fabric {
-            kind: ProviderKind::Shm,
+            domain: provider::Domain::Shm,
             huge_pages: true,
-            #[cfg(feature = "verbs")]
-            device: None,
         }
     }
 
@@ -61,20 +57,18 @@ impl Fabric {
     /// soft-RoCE; not run on an RDMA NIC.
     ///
     /// # Errors
-    /// [`Error::Io`] of kind `NotFound` saying "no RDMA device found" when
+    /// [`crate::Error::Io`] of kind `NotFound` saying "no RDMA device found" when
     /// libibverbs lists no device (no NIC or no kernel RDMA support) or none
     /// of that name (the message lists the devices there are);
-    /// [`Error::InvalidConfig`] for a port the device does not have or a GID
+    /// [`crate::Error::InvalidConfig`] for a port the device does not have or a GID
     /// index outside the port's table or naming an empty entry (the message
-    /// names what was asked for and what exists); [`Error::Io`] when opening
+    /// names what was asked for and what exists); [`crate::Error::Io`] when opening
     /// or querying the device fails.
     #[cfg(feature = "verbs")]
     pub fn verbs_with(opts: &VerbsOptions) -> Result<Fabric> {
-        let dev = crate::provider::verbs::Device::open(opts)?;
         Ok(Fabric {
-            kind: ProviderKind::Verbs,
+            domain: provider::Domain::open_verbs(opts)?,
             huge_pages: true,
-            device: Some(dev),
         })
     }
 
@@ -89,47 +83,39 @@ impl Fabric {
     /// are separate memfds already). Cheap: one `ibv_alloc_pd`.
     ///
     /// # Errors
-    /// [`Error::Io`] if the device refuses another protection domain.
+    /// [`crate::Error::Io`] if the device refuses another protection domain.
     pub fn isolated(&self) -> Result<Fabric> {
-        #[cfg(feature = "verbs")]
-        if let Some(dev) = &self.device {
-            return Ok(Fabric {
-                kind: self.kind,
-                huge_pages: self.huge_pages,
-                device: Some(dev.isolated()?),
-            });
-        }
-        Ok(self.clone())
+        Ok(Fabric {
+            domain: self.domain.isolated()?,
+            huge_pages: self.huge_pages,
+        })
     }
 
     /// The name of the verbs device (`None` for shm).
     #[cfg(feature = "verbs")]
     pub fn device_name(&self) -> Option<&str> {
-        self.device.as_deref().map(|d| d.name())
+        self.domain.device_name()
     }
 
     /// The verbs port and GID index in use, `(port, gid_index)` (`None` for
     /// shm): what [`VerbsOptions`] asked for or its defaults chose.
     #[cfg(feature = "verbs")]
     pub fn verbs_port(&self) -> Option<(u8, u8)> {
-        self.device.as_deref().map(|d| {
-            let p = d.port();
-            (p.num, p.gid_index)
-        })
+        self.domain.port()
     }
 
     /// The provider serving `endpoint`'s scheme.
     ///
     /// # Errors
-    /// [`Error::ProviderUnavailable`] for `rdma://` when the `verbs` feature is
+    /// [`crate::Error::ProviderUnavailable`] for `rdma://` when the `verbs` feature is
     /// off; with it, the errors of `Fabric::verbs` (first device).
     pub fn for_endpoint(endpoint: &Endpoint) -> Result<Fabric> {
         match endpoint {
             Endpoint::Shm(_) => Ok(Fabric::shm()),
-            #[cfg(feature = "verbs")]
-            Endpoint::Rdma(_) => Fabric::verbs(None),
-            #[cfg(not(feature = "verbs"))]
-            Endpoint::Rdma(_) => Err(Error::ProviderUnavailable("verbs")),
+            Endpoint::Rdma(_) => Ok(Fabric {
+                domain: provider::Domain::for_rdma()?,
+                huge_pages: true,
+            }),
         }
     }
 
@@ -139,9 +125,15 @@ impl Fabric {
         self
     }
 
+    /// The provider this fabric opened (the verbs provider's tests).
+    #[cfg(all(test, feature = "verbs"))]
+    pub(crate) fn domain(&self) -> &provider::Domain {
+        &self.domain
+    }
+
     /// Which provider this is.
     pub fn kind(&self) -> ProviderKind {
-        self.kind
+        self.domain.kind()
     }
 
     /// Allocates and registers a zeroed region of at least `len` bytes
@@ -150,7 +142,7 @@ impl Fabric {
     /// at least 2 MiB; otherwise 4 KiB pages, logged once at debug level.
     ///
     /// # Errors
-    /// [`Error::InvalidConfig`] for `len == 0`; [`Error::Io`] if the system is out
+    /// [`crate::Error::InvalidConfig`] for `len == 0`; [`crate::Error::Io`] if the system is out
     /// of memory or memfds.
     pub fn alloc_region(&self, len: usize) -> Result<Arc<Region>> {
         self.alloc_region_with(len, Access::ALL)
@@ -176,17 +168,12 @@ impl Fabric {
         access: Access,
         node: Option<u32>,
     ) -> Result<Arc<Region>> {
-        #[cfg(feature = "verbs")]
-        if let Some(dev) = &self.device {
-            return Ok(Arc::new(crate::provider::verbs::alloc_region(
-                len,
-                self.huge_pages,
-                dev,
-                access,
-                node,
-            )?));
-        }
-        Ok(Arc::new(Region::alloc(len, self.huge_pages, access, node)?))
+        Ok(Arc::new(self.domain.alloc_region(
+            len,
+            self.huge_pages,
+            access,
+            node,
+        )?))
     }
 
     /// Creates a reliable-connection queue pair with its own send and receive
@@ -195,21 +182,9 @@ impl Fabric {
     /// ([`crate::conn`]).
     ///
     /// # Errors
-    /// [`Error::Io`] if the system is out of memfds or eventfds.
+    /// [`crate::Error::Io`] if the system is out of memfds or eventfds.
     pub fn create_qp(&self, cfg: &QpConfig) -> Result<QueuePair> {
-        match self.kind {
-            ProviderKind::Shm => Ok(QueuePair::from_parts(provider::shm_qp(cfg)?)),
-            #[cfg(feature = "verbs")]
-            ProviderKind::Verbs => {
-                let dev = self
-                    .device
-                    .as_ref()
-                    .ok_or(Error::ProviderUnavailable("verbs"))?;
-                Ok(QueuePair::from_parts(provider::verbs_qp(dev, cfg)?))
-            }
-            #[cfg(not(feature = "verbs"))]
-            ProviderKind::Verbs => Err(Error::ProviderUnavailable("verbs")),
-        }
+        Ok(QueuePair::from_parts(self.domain.create_qp(cfg)?))
     }
 }
 
@@ -219,11 +194,9 @@ impl Fabric {
     /// once per device and process): `None` on shm, and for a device that
     /// reports none. What [`NumaPlacement::Device`](crate::numa::NumaPlacement::Device) resolves to.
     pub fn numa_node(&self) -> Option<u32> {
-        #[cfg(feature = "verbs")]
-        if let Some(dev) = self.device_name() {
-            return crate::numa::cached_device_node(dev);
-        }
-        None
+        self.domain
+            .device_name()
+            .and_then(crate::numa::cached_device_node)
     }
 
     /// [`Fabric::alloc_region_with`], with the region's memory bound to

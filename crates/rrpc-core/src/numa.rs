@@ -234,7 +234,6 @@ pub fn numa_maps_entry(numa_maps: &str, addr: usize) -> Option<NumaMapsEntry> {
 }
 
 /// [`Sysfs::device_node`] on the real sysfs, read once per device name.
-#[cfg_attr(not(feature = "verbs"), allow(dead_code))]
 pub(crate) fn cached_device_node(dev: &str) -> Option<u32> {
     static CACHE: OnceLock<Mutex<HashMap<String, Option<u32>>>> = OnceLock::new();
     let mut cache = CACHE

@@ -58,7 +58,7 @@ use std::sync::{Arc, Weak};
 use crate::conn::budget::BudgetGuard;
 use crate::error::{Error, Result};
 use crate::handshake::Hello;
-use crate::region::{Local, Remote};
+use crate::region::{Access, Local, Region, Remote};
 use crate::settings::{ProviderKind, QpCarrier, QpConfig};
 use crate::work::{Completion, SendOp};
 
@@ -117,6 +117,128 @@ pub(crate) fn attach_virtual(
         send_cq: Cq::Virtual(send),
         recv_cq: Cq::Virtual(recv),
     })
+}
+
+// ---------------------------------------------------------------------------
+// Domains: what a fabric makes its regions and queue pairs with
+// ---------------------------------------------------------------------------
+
+/// The provider a [`crate::Fabric`] opened: shm, or a verbs device context
+/// and protection domain.
+#[derive(Debug, Clone)]
+pub(crate) enum Domain {
+    Shm,
+    #[cfg(feature = "verbs")]
+    Verbs(Arc<verbs::Device>),
+}
+
+impl Domain {
+    /// The verbs device, port and GID index of `opts`
+    /// ([`crate::Fabric::verbs_with`]).
+    ///
+    /// # Errors
+    /// As `verbs::Device::open`.
+    #[cfg(feature = "verbs")]
+    pub(crate) fn open_verbs(opts: &crate::settings::VerbsOptions) -> Result<Domain> {
+        Ok(Domain::Verbs(verbs::Device::open(opts)?))
+    }
+
+    /// The provider of `rdma://` endpoints, on its defaults (the first
+    /// device, port 1).
+    ///
+    /// # Errors
+    /// [`Error::ProviderUnavailable`] without the `verbs` feature; with it,
+    /// as [`Self::open_verbs`].
+    pub(crate) fn for_rdma() -> Result<Domain> {
+        #[cfg(feature = "verbs")]
+        return Domain::open_verbs(&crate::settings::VerbsOptions::new());
+        #[cfg(not(feature = "verbs"))]
+        Err(Error::ProviderUnavailable("verbs"))
+    }
+
+    pub(crate) fn kind(&self) -> ProviderKind {
+        match self {
+            Domain::Shm => ProviderKind::Shm,
+            #[cfg(feature = "verbs")]
+            Domain::Verbs(_) => ProviderKind::Verbs,
+        }
+    }
+
+    /// The same provider with a protection domain of its own (verbs; shm:
+    /// the same).
+    ///
+    /// # Errors
+    /// The device's refusal of another protection domain.
+    pub(crate) fn isolated(&self) -> Result<Domain> {
+        Ok(match self {
+            Domain::Shm => Domain::Shm,
+            #[cfg(feature = "verbs")]
+            Domain::Verbs(dev) => Domain::Verbs(dev.isolated()?),
+        })
+    }
+
+    /// The verbs device's name (`None` on shm).
+    pub(crate) fn device_name(&self) -> Option<&str> {
+        match self {
+            Domain::Shm => None,
+            #[cfg(feature = "verbs")]
+            Domain::Verbs(dev) => Some(dev.name()),
+        }
+    }
+
+    /// The opened verbs device (tests).
+    #[cfg(all(test, feature = "verbs"))]
+    pub(crate) fn verbs_device(&self) -> Option<&verbs::Device> {
+        match self {
+            Domain::Verbs(dev) => Some(dev),
+            Domain::Shm => None,
+        }
+    }
+
+    /// The verbs port and GID index, `(port, gid_index)` (`None` on shm).
+    #[cfg_attr(not(feature = "verbs"), allow(dead_code))]
+    pub(crate) fn port(&self) -> Option<(u8, u8)> {
+        match self {
+            Domain::Shm => None,
+            #[cfg(feature = "verbs")]
+            Domain::Verbs(dev) => {
+                let p = dev.port();
+                Some((p.num, p.gid_index))
+            }
+        }
+    }
+
+    /// A zeroed region of at least `len` bytes, registered with the device
+    /// on verbs ([`crate::Fabric::alloc_region_on`]).
+    ///
+    /// # Errors
+    /// As [`crate::Fabric::alloc_region`].
+    pub(crate) fn alloc_region(
+        &self,
+        len: usize,
+        try_huge: bool,
+        access: Access,
+        node: Option<u32>,
+    ) -> Result<Region> {
+        match self {
+            Domain::Shm => Region::alloc(len, try_huge, access, node),
+            #[cfg(feature = "verbs")]
+            Domain::Verbs(dev) => verbs::alloc_region(len, try_huge, dev, access, node),
+        }
+    }
+
+    /// A queue pair and its completion queues ([`crate::Fabric::create_qp`]).
+    ///
+    /// # Errors
+    /// The provider's: out of memfds or eventfds (shm), sizes the device
+    /// refuses or its error (verbs).
+    pub(crate) fn create_qp(&self, cfg: &QpConfig) -> Result<QpParts> {
+        match self {
+            Domain::Shm => shm_qp(cfg),
+            #[cfg(feature = "verbs")]
+            Domain::Verbs(dev) => verbs_qp(dev, cfg),
+        }
+    }
 }
 
 // ---------------------------------------------------------------------------

@@ -174,7 +174,7 @@ mod tests {
             // The VM gives rxe0 10.99.0.1: GID 1 is ::ffff:10.99.0.1, RoCE v2.
             assert_eq!(gid_index, 1, "the IPv4-mapped GID of the VM's rxe0");
         }
-        let d = f.device.as_deref().unwrap();
+        let d = f.domain().verbs_device().unwrap();
         assert_eq!(d.port().gid_index, gid_index);
         assert_eq!(
             super::caps::is_ipv4_mapped(&d.port().gid),
@@ -206,7 +206,7 @@ mod tests {
     fn queue_pair_sizes_are_checked_against_the_device() {
         let Some(dev) = test_device() else { return };
         let f = Fabric::verbs(Some(&dev)).unwrap();
-        let caps = f.device.as_deref().unwrap().caps();
+        let caps = f.domain().verbs_device().unwrap().caps();
         if caps.max_qp_wr < 65536 {
             let cfg = QpConfig::default().send_depth(65536).unwrap();
             let e = f.create_qp(&cfg).unwrap_err();
