@@ -136,7 +136,7 @@ pub struct QpConfig {
     fault: FaultConfig,
 }
 
-/// What carries a queue pair's traffic ([`QueuePair::carrier`]).
+/// What carries a queue pair's traffic ([`QueuePair::carrier`](crate::QueuePair::carrier)).
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct QpCarrier {

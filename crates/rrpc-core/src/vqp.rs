@@ -4,7 +4,7 @@
 //! A [`PhysicalQp`] wraps one connected [`QueuePair`]. Each
 //! [`PhysicalQp::attach`] returns a *virtual* [`QueuePair`] that the layers
 //! above use exactly like a dedicated one: the same posts, the same send and
-//! receive [`CompletionQueue`]s, the same errors. So
+//! receive [`CompletionQueue`](crate::CompletionQueue)s, the same errors. So
 //! queue pairs are bounded by peers, not by connections.
 //!
 //! ## What keeps sharers apart

@@ -1,6 +1,9 @@
 //! The client side: [`connect`] dials a listener and runs the handshake.
 
 use crate::endpoint::Endpoint;
+// Named by the docs.
+#[cfg(doc)]
+use crate::error::Error;
 use crate::error::Result;
 use crate::provider::shm::side::{attach, connect_unix, exchange_unix, make_hello};
 #[cfg(feature = "verbs")]

@@ -7,6 +7,9 @@ use std::time::Duration;
 use crate::error::{Error, Result};
 
 use super::budget::DEFAULT_MAX_PEER_GRANT_BYTES;
+// Names the docs link to.
+#[cfg(doc)]
+use super::{Connection, Incoming, Listener, NEAR_END_DIVISOR, Offer, PeerKey, Pending, connect};
 
 /// Default of [`HandshakeConfig::max_grant_bytes`]: 1 GiB + 64 MiB, room for
 /// the largest receive ring `rrpc-ringbuf` accepts (`MAX_RING_SIZE`, 1 GiB,
