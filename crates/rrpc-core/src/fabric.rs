@@ -190,9 +190,12 @@ impl Fabric {
 
 // NUMA placement ([`crate::numa`]).
 impl Fabric {
-    /// The NUMA node of this fabric's device ([`Sysfs::device_node`](crate::numa::Sysfs::device_node), read
-    /// once per device and process): `None` on shm, and for a device that
-    /// reports none. What [`NumaPlacement::Device`](crate::numa::NumaPlacement::Device) resolves to.
+    /// The NUMA node of this fabric's device
+    /// ([`Sysfs::device_node`](crate::numa::Sysfs::device_node), read once
+    /// per device and process): `None` on shm, and for a device that
+    /// reports none. What
+    /// [`NumaPlacement::Device`](crate::numa::NumaPlacement::Device)
+    /// resolves to.
     pub fn numa_node(&self) -> Option<u32> {
         self.domain
             .device_name()

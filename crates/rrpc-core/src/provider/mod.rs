@@ -32,17 +32,20 @@
 //!   virtual queue pair is a variant of [`Qp`] and is built on a
 //!   [`crate::QueuePair`] at once, and naming that type here would close an
 //!   import circle (`qp` → `provider` → `qp`). Its posts already take a
-//!   lock and call into the hardware queue pair; the one indirect call is
+//!   lock and post on the hardware queue pair; a few indirect calls are
 //!   small beside that.
 //! * a [`crate::Region`] holds a provider's memory registration as a
 //!   `Box<dyn Registration>` ([`crate::region::Registration`]), for the same
-//!   reason: every provider builds on regions.
+//!   reason: every provider builds on regions. The verbs provider finds its
+//!   registration again on each post by a downcast (one indirect
+//!   `type_id` call beside `ibv_post_send`).
 //!
 //! ## Dependencies
 //!
 //! The providers build on the crate's leaf modules (`work`, `settings`,
-//! `fail`, `error`, `sys`, `region`, `fault`), never on `qp`, `cq` or this
-//! module; `qp`, `cq`, `vqp` and `fabric` build on this module. So the
+//! `fail`, `error`, `sys`, `region`, `fault`, `handshake`) and on
+//! `conn::budget` (the guards their mappings hold), never on `qp`, `cq` or
+//! this module; `qp`, `cq`, `vqp` and `fabric` build on this module. So the
 //! module graph of the crate's core has no circle. The providers' side
 //! channels (`shm::side`, `verbs::side`) sit above the seam: they are used
 //! by [`crate::conn`] and themselves use [`crate::QueuePair`].
