@@ -50,6 +50,10 @@
 //! and the connection then reports [`Error::PeerUnresponsive`], naming the
 //! bound, and fails its queue pair with it.
 
+// Named by the docs.
+#[cfg(doc)]
+use crate::error::Error;
+
 mod accept;
 pub(crate) mod budget;
 mod dial;

@@ -167,7 +167,7 @@ pub enum Error {
         /// The `wr_id` of the failed request.
         wr_id: u64,
         /// The status the device reported.
-        status: crate::cq::Status,
+        status: crate::work::Status,
     },
 }
 
@@ -195,7 +195,7 @@ impl Error {
             | PeerMisbehaved(_) => Fault::Peer,
             PeerGone | PeerUnresponsive(_) | Timeout => Fault::PeerGone,
             CompletionError {
-                status: crate::cq::Status::RetryExceeded,
+                status: crate::work::Status::RetryExceeded,
                 ..
             } => Fault::PeerGone,
             Io { .. } | CompletionError { .. } | PeerUnavailable(_) => Fault::Device,

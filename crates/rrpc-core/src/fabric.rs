@@ -4,122 +4,13 @@
 use std::sync::Arc;
 
 use crate::endpoint::Endpoint;
-use crate::error::{Error, Result};
-use crate::provider::shm::ShmQp;
-use crate::qp::{QpConfig, QpInner, QueuePair};
+use crate::error::Result;
+use crate::provider;
+use crate::qp::{QpConfig, QueuePair};
 use crate::region::{Access, Region};
-
-/// Which provider implements the fabric.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum ProviderKind {
-    /// Same-host shared memory (always built; the default).
-    Shm,
-    /// libibverbs (cargo feature `verbs`).
-    Verbs,
-}
-
-impl ProviderKind {
-    /// The provider's wire code in the handshake.
-    pub fn code(self) -> u8 {
-        match self {
-            ProviderKind::Shm => 1,
-            ProviderKind::Verbs => 2,
-        }
-    }
-
-    /// The provider for a wire code.
-    pub fn from_code(c: u8) -> Option<Self> {
-        match c {
-            1 => Some(ProviderKind::Shm),
-            2 => Some(ProviderKind::Verbs),
-            _ => None,
-        }
-    }
-}
-
-/// Which verbs device, port and GID index a fabric uses
-/// ([`Fabric::verbs_with`]). Values are checked when the device is opened,
-/// against what it has.
-///
-/// | option | default |
-/// |---|---|
-/// | [`device`](Self::device) | the first device libibverbs lists |
-/// | [`port`](Self::port) | 1 |
-/// | [`gid_index`](Self::gid_index) | RoCE: the first IPv4-mapped RoCE v2 GID, else 0; InfiniBand: 0 |
+pub use crate::settings::ProviderKind;
 #[cfg(feature = "verbs")]
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct VerbsOptions {
-    device: Option<String>,
-    port: u8,
-    gid_index: Option<u8>,
-}
-
-#[cfg(feature = "verbs")]
-impl Default for VerbsOptions {
-    fn default() -> Self {
-        VerbsOptions {
-            device: None,
-            port: crate::provider::verbs::DEFAULT_PORT,
-            gid_index: None,
-        }
-    }
-}
-
-#[cfg(feature = "verbs")]
-impl VerbsOptions {
-    /// The defaults (see the table above).
-    pub fn new() -> Self {
-        Self::default()
-    }
-
-    /// The device, by name (`mlx5_0`, `rxe0`). Default: the first listed.
-    pub fn device(mut self, name: impl Into<String>) -> Self {
-        self.device = Some(name.into());
-        self
-    }
-
-    /// The physical port queue pairs use (`port_num`, numbered from 1).
-    /// Default 1. Opening fails for a port the device does not have.
-    pub fn port(mut self, port: u8) -> Self {
-        self.port = port;
-        self
-    }
-
-    /// The source GID index (`sgid_index`): which of the port's GIDs the
-    /// handshake carries and the queue pairs send from.
-    ///
-    /// Default: on a RoCE port, the first entry of the GID table that is an
-    /// IPv4-mapped address (`::ffff:a.b.c.d`) of type RoCE v2 (the type as
-    /// sysfs names it in
-    /// `/sys/class/infiniband/<dev>/ports/<port>/gid_attrs/types/<index>`;
-    /// an entry whose type cannot be read is not chosen), found by reading
-    /// the table with `ibv_query_gid`; if there is none, index 0 (InfiniBand,
-    /// RoCE without an IPv4 address). On an InfiniBand port, 0.
-    ///
-    /// Both ends must be able to route to each other's GID: set the index
-    /// explicitly when the default picks an address the peer cannot reach
-    /// (several IPv4 addresses on one port, RoCE v1 networks).
-    pub fn gid_index(mut self, index: u8) -> Self {
-        self.gid_index = Some(index);
-        self
-    }
-
-    /// See [`Self::device`].
-    pub fn get_device(&self) -> Option<&str> {
-        self.device.as_deref()
-    }
-
-    /// See [`Self::port`].
-    pub fn get_port(&self) -> u8 {
-        self.port
-    }
-
-    /// See [`Self::gid_index`] (`None`: the default choice).
-    pub fn get_gid_index(&self) -> Option<u8> {
-        self.gid_index
-    }
-}
+pub use crate::settings::VerbsOptions;
 
 /// A handle on one provider. Cheap to clone.
 ///
@@ -127,21 +18,17 @@ impl VerbsOptions {
 /// and dispatched with a `match` on an enum, never a `dyn` call per message.
 #[derive(Debug, Clone)]
 pub struct Fabric {
-    kind: ProviderKind,
+    /// The provider, and on verbs the opened device and protection domain.
+    domain: provider::Domain,
     huge_pages: bool,
-    /// The opened device and protection domain of a verbs fabric.
-    #[cfg(feature = "verbs")]
-    pub(crate) device: Option<Arc<crate::provider::verbs::Device>>,
 }
 
 impl Fabric {
     /// The shared-memory provider, trying huge pages for large regions.
     pub fn shm() -> Fabric {
         Fabric {
-            kind: ProviderKind::Shm,
+            domain: provider::Domain::Shm,
             huge_pages: true,
-            #[cfg(feature = "verbs")]
-            device: None,
         }
     }
 
@@ -170,20 +57,18 @@ impl Fabric {
     /// soft-RoCE; not run on an RDMA NIC.
     ///
     /// # Errors
-    /// [`Error::Io`] of kind `NotFound` saying "no RDMA device found" when
+    /// [`crate::Error::Io`] of kind `NotFound` saying "no RDMA device found" when
     /// libibverbs lists no device (no NIC or no kernel RDMA support) or none
     /// of that name (the message lists the devices there are);
-    /// [`Error::InvalidConfig`] for a port the device does not have or a GID
+    /// [`crate::Error::InvalidConfig`] for a port the device does not have or a GID
     /// index outside the port's table or naming an empty entry (the message
-    /// names what was asked for and what exists); [`Error::Io`] when opening
+    /// names what was asked for and what exists); [`crate::Error::Io`] when opening
     /// or querying the device fails.
     #[cfg(feature = "verbs")]
     pub fn verbs_with(opts: &VerbsOptions) -> Result<Fabric> {
-        let dev = crate::provider::verbs::Device::open(opts)?;
         Ok(Fabric {
-            kind: ProviderKind::Verbs,
+            domain: provider::Domain::open_verbs(opts)?,
             huge_pages: true,
-            device: Some(dev),
         })
     }
 
@@ -198,47 +83,39 @@ impl Fabric {
     /// are separate memfds already). Cheap: one `ibv_alloc_pd`.
     ///
     /// # Errors
-    /// [`Error::Io`] if the device refuses another protection domain.
+    /// [`crate::Error::Io`] if the device refuses another protection domain.
     pub fn isolated(&self) -> Result<Fabric> {
-        #[cfg(feature = "verbs")]
-        if let Some(dev) = &self.device {
-            return Ok(Fabric {
-                kind: self.kind,
-                huge_pages: self.huge_pages,
-                device: Some(dev.isolated()?),
-            });
-        }
-        Ok(self.clone())
+        Ok(Fabric {
+            domain: self.domain.isolated()?,
+            huge_pages: self.huge_pages,
+        })
     }
 
     /// The name of the verbs device (`None` for shm).
     #[cfg(feature = "verbs")]
     pub fn device_name(&self) -> Option<&str> {
-        self.device.as_deref().map(|d| d.name())
+        self.domain.device_name()
     }
 
     /// The verbs port and GID index in use, `(port, gid_index)` (`None` for
     /// shm): what [`VerbsOptions`] asked for or its defaults chose.
     #[cfg(feature = "verbs")]
     pub fn verbs_port(&self) -> Option<(u8, u8)> {
-        self.device.as_deref().map(|d| {
-            let p = d.port();
-            (p.num, p.gid_index)
-        })
+        self.domain.port()
     }
 
     /// The provider serving `endpoint`'s scheme.
     ///
     /// # Errors
-    /// [`Error::ProviderUnavailable`] for `rdma://` when the `verbs` feature is
+    /// [`crate::Error::ProviderUnavailable`] for `rdma://` when the `verbs` feature is
     /// off; with it, the errors of `Fabric::verbs` (first device).
     pub fn for_endpoint(endpoint: &Endpoint) -> Result<Fabric> {
         match endpoint {
             Endpoint::Shm(_) => Ok(Fabric::shm()),
-            #[cfg(feature = "verbs")]
-            Endpoint::Rdma(_) => Fabric::verbs(None),
-            #[cfg(not(feature = "verbs"))]
-            Endpoint::Rdma(_) => Err(Error::ProviderUnavailable("verbs")),
+            Endpoint::Rdma(_) => Ok(Fabric {
+                domain: provider::Domain::for_rdma()?,
+                huge_pages: true,
+            }),
         }
     }
 
@@ -248,9 +125,15 @@ impl Fabric {
         self
     }
 
+    /// The provider this fabric opened (the verbs provider's tests).
+    #[cfg(all(test, feature = "verbs"))]
+    pub(crate) fn domain(&self) -> &provider::Domain {
+        &self.domain
+    }
+
     /// Which provider this is.
     pub fn kind(&self) -> ProviderKind {
-        self.kind
+        self.domain.kind()
     }
 
     /// Allocates and registers a zeroed region of at least `len` bytes
@@ -259,7 +142,7 @@ impl Fabric {
     /// at least 2 MiB; otherwise 4 KiB pages, logged once at debug level.
     ///
     /// # Errors
-    /// [`Error::InvalidConfig`] for `len == 0`; [`Error::Io`] if the system is out
+    /// [`crate::Error::InvalidConfig`] for `len == 0`; [`crate::Error::Io`] if the system is out
     /// of memory or memfds.
     pub fn alloc_region(&self, len: usize) -> Result<Arc<Region>> {
         self.alloc_region_with(len, Access::ALL)
@@ -285,17 +168,12 @@ impl Fabric {
         access: Access,
         node: Option<u32>,
     ) -> Result<Arc<Region>> {
-        #[cfg(feature = "verbs")]
-        if let Some(dev) = &self.device {
-            return Ok(Arc::new(Region::alloc_verbs(
-                len,
-                self.huge_pages,
-                dev,
-                access,
-                node,
-            )?));
-        }
-        Ok(Arc::new(Region::alloc(len, self.huge_pages, access, node)?))
+        Ok(Arc::new(self.domain.alloc_region(
+            len,
+            self.huge_pages,
+            access,
+            node,
+        )?))
     }
 
     /// Creates a reliable-connection queue pair with its own send and receive
@@ -304,24 +182,41 @@ impl Fabric {
     /// ([`crate::conn`]).
     ///
     /// # Errors
-    /// [`Error::Io`] if the system is out of memfds or eventfds.
+    /// [`crate::Error::Io`] if the system is out of memfds or eventfds.
     pub fn create_qp(&self, cfg: &QpConfig) -> Result<QueuePair> {
-        match self.kind {
-            ProviderKind::Shm => Ok(QueuePair {
-                inner: QpInner::Shm(ShmQp::new(cfg)?),
-            }),
-            #[cfg(feature = "verbs")]
-            ProviderKind::Verbs => {
-                let dev = self
-                    .device
-                    .as_ref()
-                    .ok_or(Error::ProviderUnavailable("verbs"))?;
-                Ok(QueuePair {
-                    inner: QpInner::Verbs(crate::provider::verbs::VerbsQp::new(dev, cfg)?),
-                })
-            }
-            #[cfg(not(feature = "verbs"))]
-            ProviderKind::Verbs => Err(Error::ProviderUnavailable("verbs")),
-        }
+        Ok(QueuePair::from_parts(self.domain.create_qp(cfg)?))
+    }
+}
+
+// NUMA placement ([`crate::numa`]).
+impl Fabric {
+    /// The NUMA node of this fabric's device
+    /// ([`Sysfs::device_node`](crate::numa::Sysfs::device_node), read once
+    /// per device and process): `None` on shm, and for a device that
+    /// reports none. What
+    /// [`NumaPlacement::Device`](crate::numa::NumaPlacement::Device)
+    /// resolves to.
+    pub fn numa_node(&self) -> Option<u32> {
+        self.domain
+            .device_name()
+            .and_then(crate::numa::cached_device_node)
+    }
+
+    /// [`Fabric::alloc_region_with`], with the region's memory bound to
+    /// NUMA node `node` (`None`: as `alloc_region_with`). The binding
+    /// (`mbind(MPOL_PREFERRED)`) is made before the memory is touched or
+    /// registered; on shm it holds for the peer's faults too (the policy
+    /// belongs to the memfd). A binding that fails is a warning and a count
+    /// in [`PLACEMENT_FAILURES`](crate::numa::PLACEMENT_FAILURES), not an error.
+    ///
+    /// # Errors
+    /// As [`Fabric::alloc_region_with`].
+    pub fn alloc_region_on(
+        &self,
+        len: usize,
+        access: Access,
+        node: Option<u32>,
+    ) -> Result<Arc<Region>> {
+        self.alloc_region_placed(len, access, node)
     }
 }

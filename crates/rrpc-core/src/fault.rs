@@ -6,13 +6,15 @@
 //! Attach a [`FaultConfig`] to a queue pair with [`crate::QpConfig::fault`].
 //! The default injects nothing and costs one branch per post.
 
+use crate::work::Status;
+
 /// Which faults a queue pair injects into its own work requests.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct FaultConfig {
     completion_delay_polls: u32,
     fail_after_posts: Option<u64>,
     torn_write_every: Option<u64>,
-    fail_status: Option<crate::Status>,
+    fail_status: Option<Status>,
     poll_miss_every: Option<u64>,
 }
 
@@ -52,12 +54,12 @@ impl FaultConfig {
     /// The status the injected failure completes with (default
     /// [`crate::Status::Fatal`]; [`crate::Status::RetryExceeded`] is what a
     /// NIC reports for a peer that died without closing).
-    pub fn get_fail_status(&self) -> crate::Status {
-        self.fail_status.unwrap_or(crate::Status::Fatal)
+    pub fn get_fail_status(&self) -> Status {
+        self.fail_status.unwrap_or(Status::Fatal)
     }
 
     /// Sets [`get_fail_status`](Self::get_fail_status).
-    pub fn fail_status(mut self, status: crate::Status) -> Self {
+    pub fn fail_status(mut self, status: Status) -> Self {
         self.fail_status = Some(status);
         self
     }

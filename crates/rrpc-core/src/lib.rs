@@ -70,26 +70,46 @@
 //! # Ok(()) }
 //! ```
 
-pub mod conn;
-pub mod cq;
+// The modules, bottom up. The module graph has no circle: the leaves
+// import only other leaves; the providers build on the leaves (and on
+// `conn::budget`, whose guards their mappings hold); the public queue
+// types build on the providers' seam; connections build on those. The
+// providers' side channels (`provider::shm::side`, `provider::verbs::side`)
+// belong to the connection layer: `conn` uses them, and they use `qp`.
+
+// Leaves: plain data, errors and the operating system. `work`, `settings`
+// and `fail` hold the types shared by the queue pairs and every provider
+// (re-exported from `cq`, `qp` and `fabric`).
 pub mod endpoint;
 pub mod error;
-pub mod fabric;
+mod fail;
 pub mod fault;
+pub mod handshake;
+pub mod numa;
+pub mod region;
+mod settings;
+mod sys;
+mod work;
+
+// The providers (shm, verbs, virtual) behind one seam: `provider::{Qp, Cq,
+// Domain}`, whose `match`es are the only place that tells them apart.
+mod provider;
+
+// The fabric's public face, over the seam.
+pub mod cq;
+pub mod fabric;
+pub mod qp;
+pub mod vqp;
+
+// Connections, and what is built on them.
+pub mod conn;
 #[cfg(fuzzing)]
 #[doc(hidden)]
 pub mod fuzzing;
-pub mod handshake;
 pub mod meta;
-pub mod numa;
 pub mod pool;
-mod provider;
-pub mod qp;
-pub mod region;
-mod sys;
 #[cfg(any(test, feature = "test-util"))]
 pub mod testing;
-pub mod vqp;
 
 pub use cq::{Completion, CompletionQueue, Opcode, Status};
 pub use endpoint::{Endpoint, EndpointUri};

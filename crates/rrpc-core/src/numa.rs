@@ -38,8 +38,6 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, OnceLock};
 
-use crate::Fabric;
-
 /// Counter of placements that did not happen, label `what` (`memory`,
 /// `threads`): a failed `mbind` or `sched_setaffinity`, or a node whose
 /// CPUs could not be read.
@@ -236,8 +234,7 @@ pub fn numa_maps_entry(numa_maps: &str, addr: usize) -> Option<NumaMapsEntry> {
 }
 
 /// [`Sysfs::device_node`] on the real sysfs, read once per device name.
-#[cfg_attr(not(feature = "verbs"), allow(dead_code))]
-fn cached_device_node(dev: &str) -> Option<u32> {
+pub(crate) fn cached_device_node(dev: &str) -> Option<u32> {
     static CACHE: OnceLock<Mutex<HashMap<String, Option<u32>>>> = OnceLock::new();
     let mut cache = CACHE
         .get_or_init(Default::default)
@@ -248,40 +245,10 @@ fn cached_device_node(dev: &str) -> Option<u32> {
         .or_insert_with(|| Sysfs::default().device_node(dev))
 }
 
-impl Fabric {
-    /// The NUMA node of this fabric's device ([`Sysfs::device_node`], read
-    /// once per device and process): `None` on shm, and for a device that
-    /// reports none. What [`NumaPlacement::Device`] resolves to.
-    pub fn numa_node(&self) -> Option<u32> {
-        #[cfg(feature = "verbs")]
-        if let Some(dev) = self.device_name() {
-            return cached_device_node(dev);
-        }
-        None
-    }
-
-    /// [`Fabric::alloc_region_with`], with the region's memory bound to
-    /// NUMA node `node` (`None`: as `alloc_region_with`). The binding
-    /// (`mbind(MPOL_PREFERRED)`) is made before the memory is touched or
-    /// registered; on shm it holds for the peer's faults too (the policy
-    /// belongs to the memfd). A binding that fails is a warning and a count
-    /// in [`PLACEMENT_FAILURES`], not an error.
-    ///
-    /// # Errors
-    /// As [`Fabric::alloc_region_with`].
-    pub fn alloc_region_on(
-        &self,
-        len: usize,
-        access: crate::Access,
-        node: Option<u32>,
-    ) -> crate::Result<std::sync::Arc<crate::Region>> {
-        self.alloc_region_placed(len, access, node)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::Fabric;
 
     #[test]
     fn cpulists_parse() {

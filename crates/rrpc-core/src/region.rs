@@ -24,14 +24,24 @@ pub const CACHE_LINE: usize = 64;
 /// moment. Read such memory once, validate, then use it (DESIGN.md principle 3).
 #[derive(Debug)]
 pub struct Region {
-    /// The verbs memory registration; declared before `map` so it is
-    /// deregistered before the memory is unmapped.
-    #[cfg(feature = "verbs")]
-    mr: Option<crate::provider::verbs::Mr>,
+    /// The provider's registration of the memory with a device (verbs: an
+    /// `ibv_mr`), if any; declared before `map` so it is deregistered
+    /// before the memory is unmapped.
+    registration: Option<Box<dyn Registration>>,
     map: Mapping,
     rkey: u32,
     access: Access,
 }
+
+/// A provider's registration of a [`Region`]'s memory with a device (verbs:
+/// a memory registration, `ibv_mr`). The region owns it and drops it before
+/// it unmaps the memory; the provider that made it finds it again with
+/// [`Region::registration`] (and a downcast through [`std::any::Any`]).
+///
+/// Type-erased so that this module names no provider: regions are built
+/// on by every provider, so a field of a provider's type here would close
+/// an import circle.
+pub(crate) trait Registration: std::any::Any + std::fmt::Debug + Send + Sync {}
 
 /// What a connected peer may do to a region (its memory registration's
 /// remote access flags on verbs; local access is always allowed).
@@ -148,54 +158,48 @@ impl Region {
         }
         tracing::debug!(len, huge = map.is_huge(), rkey, ?access, "region allocated");
         Ok(Region {
-            #[cfg(feature = "verbs")]
-            mr: None,
+            registration: None,
             map,
             rkey,
             access,
         })
     }
 
-    /// Allocates a region and registers it with a verbs device: `mmap` (a
-    /// memfd mapping, huge pages when possible) + `ibv_reg_mr` with local
-    /// write and the remote access of `access`. The remote key is the
-    /// registration's `rkey`.
-    #[cfg(feature = "verbs")]
-    pub(crate) fn alloc_verbs(
+    /// Allocates a region of at least `len` bytes (its memory bound to NUMA
+    /// node `node` first, if one is given) and has `register` register that
+    /// memory with a device: `register` gets the mapping's start and length
+    /// and returns the registration and the remote key peers will use.
+    ///
+    /// The region owns the registration and drops it before it unmaps the
+    /// memory, so a registration may rely on the memory it was given
+    /// staying mapped for as long as it lives.
+    // Called only by providers that register memory (verbs, a cargo
+    // feature): unused in a build without them.
+    #[allow(dead_code)]
+    pub(crate) fn alloc_registered<R: Registration>(
         len: usize,
         try_huge: bool,
-        dev: &std::sync::Arc<crate::provider::verbs::Device>,
         access: Access,
         node: Option<u32>,
+        register: impl FnOnce(*mut u8, usize) -> Result<(R, u32)>,
     ) -> Result<Region> {
         let map = Mapping::create(len, try_huge)?;
         // Before the registration pins the pages where they are.
         place(&map, node);
-        // SAFETY: the mapping is owned by the region built below, whose `mr`
-        // field is dropped (deregistered) before `map` (unmapped).
-        let mr =
-            unsafe { crate::provider::verbs::Mr::register(dev, map.ptr(), map.len(), access)? };
-        let rkey = mr.rkey();
-        tracing::debug!(
-            len,
-            huge = map.is_huge(),
-            rkey,
-            device = dev.name(),
-            ?access,
-            "region registered"
-        );
+        let (registration, rkey) = register(map.ptr(), map.len())?;
         Ok(Region {
-            mr: Some(mr),
+            registration: Some(Box::new(registration)),
             map,
             rkey,
             access,
         })
     }
 
-    /// The verbs memory registration, if the region has one.
-    #[cfg(feature = "verbs")]
-    pub(crate) fn verbs_mr(&self) -> Option<&crate::provider::verbs::Mr> {
-        self.mr.as_ref()
+    /// The provider's registration of the memory, if it has one
+    /// ([`Self::alloc_registered`]).
+    #[allow(dead_code)] // as `alloc_registered`
+    pub(crate) fn registration(&self) -> Option<&dyn Registration> {
+        self.registration.as_deref()
     }
 
     /// What a connected peer may do to it ([`Access`]).
@@ -241,8 +245,7 @@ impl Region {
     /// [`Error::Io`] if the system call fails.
     pub fn discard(&self, offset: usize, len: usize) -> Result<usize> {
         self.check(offset, len)?;
-        #[cfg(feature = "verbs")]
-        if self.mr.is_some() {
+        if self.registration.is_some() {
             return Ok(0);
         }
         if self.map.is_huge() {
@@ -381,6 +384,22 @@ impl RemoteRegion {
             _ => false,
         }
     }
+}
+
+/// Refuses remote keys granted twice: within `keys`, or already granted
+/// (`taken`).
+///
+/// # Errors
+/// [`Error::MalformedHandshake`] naming the first such key.
+pub(crate) fn check_new_keys(keys: &[u32], taken: impl Fn(u32) -> bool) -> Result<()> {
+    for (i, &k) in keys.iter().enumerate() {
+        if taken(k) || keys[..i].contains(&k) {
+            return Err(Error::MalformedHandshake(format!(
+                "remote key {k:#x} is already granted on this queue pair"
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// The remote end of a work request (verbs: `wr.rdma.remote_addr` and `wr.rdma.rkey`).

@@ -11,12 +11,12 @@ use std::sync::Arc;
 
 use crate::endpoint::Endpoint;
 use crate::error::{Error, Result};
-use crate::fabric::ProviderKind;
 use crate::handshake::{Hello, Message, Reject, RejectCode, token_eq};
 use crate::provider::shm::side::{attach, granted_bytes, make_hello, recv_msg, send_msg};
 #[cfg(feature = "verbs")]
 use crate::provider::verbs::side;
 use crate::qp::QueuePair;
+use crate::settings::ProviderKind;
 
 use super::budget::{Budget, BudgetGuard, PeerKey};
 use super::established::{Connection, Side};

@@ -1,12 +1,15 @@
 //! The client side: [`connect`] dials a listener and runs the handshake.
 
 use crate::endpoint::Endpoint;
+// Named by the docs.
+#[cfg(doc)]
+use crate::error::Error;
 use crate::error::Result;
-use crate::fabric::ProviderKind;
 use crate::provider::shm::side::{attach, connect_unix, exchange_unix, make_hello};
 #[cfg(feature = "verbs")]
 use crate::provider::verbs::side;
 use crate::qp::QueuePair;
+use crate::settings::ProviderKind;
 
 use super::established::{Connection, Side};
 #[cfg(feature = "verbs")]

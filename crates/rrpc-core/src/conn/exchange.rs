@@ -7,9 +7,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::error::{Error, Result};
-use crate::fabric::ProviderKind;
 use crate::handshake::{Hello, RegionDesc, Reject, RejectCode, Section};
 use crate::region::{Region, RemoteRegion};
+use crate::settings::ProviderKind;
 
 // ---------------------------------------------------------------------------
 // Deadline and budget

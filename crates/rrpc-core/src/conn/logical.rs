@@ -50,14 +50,12 @@ use super::exchange::{Deadline, Offer, base_hello, peer_info, reject_code_for};
 use super::settings::HandshakeConfig;
 use crate::endpoint::Endpoint;
 use crate::error::{Error, Result};
-use crate::fabric::ProviderKind;
 use crate::handshake::{Hello, Message, Reject};
-use crate::provider::shm::side::{
-    check_region_memfds, connect_unix, exchange_unix, granted_bytes, send_msg,
-};
-use crate::qp::LaterGrants;
-use crate::qp::{QpInner, QueuePair};
+use crate::provider::LaterGrants;
+use crate::provider::shm::side::{connect_unix, exchange_unix, send_msg};
+use crate::qp::QueuePair;
 use crate::region::Region;
+use crate::settings::ProviderKind;
 use crate::vqp::{PhysicalQp, VqpConfig};
 
 /// A connection whose queue pair carries logical connections
@@ -156,26 +154,11 @@ fn add_grants(
     max_bytes: u64,
     budget: Option<super::BudgetGuard>,
 ) -> Result<LaterGrants> {
-    match &shared.phys.hardware().inner {
-        QpInner::Shm(q) => {
-            if fds.len() != h.regions.len() {
-                return Err(Error::MalformedHandshake(format!(
-                    "peer granted {} regions but passed {} descriptors in a logical hello",
-                    h.regions.len(),
-                    fds.len()
-                )));
-            }
-            granted_bytes(h, max_bytes)?;
-            check_region_memfds(h, &fds)?;
-            let regions = h.regions.iter().map(|d| d.remote).zip(fds).collect();
-            q.add_grants(regions, budget)
-        }
-        #[cfg(feature = "verbs")]
-        QpInner::Verbs(q) => q.add_grants(h.regions.iter().map(|d| d.remote).collect()),
-        QpInner::Virtual(_) => Err(Error::InvalidConfig(
-            "a shared queue pair cannot itself be shared".into(),
-        )),
-    }
+    shared
+        .phys
+        .hardware()
+        .inner
+        .add_grants(h, fds, max_bytes, budget)
 }
 
 /// Connects a logical connection over `shared` (module docs): a handshake

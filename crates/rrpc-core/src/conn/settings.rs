@@ -33,7 +33,7 @@ pub const DEFAULT_MAX_TOTAL_GRANT_BYTES: u64 = 64 << 30;
 /// 3 probes 2 s apart) — whether the side channel was idle (keep-alive
 /// probes go unanswered) or had data in flight (`TCP_USER_TIMEOUT`, set to
 /// the same bound, ends the retransmissions). The socket then polls
-/// readable, and [`Connection::check_alive`] reports
+/// readable, and [`Connection::check_alive`](super::Connection::check_alive) reports
 /// [`Error::PeerUnresponsive`] (the peer's host stopped answering, after how
 /// long) and fails the queue pair with it.
 ///
@@ -167,9 +167,9 @@ impl HandshakeConfig {
     /// read (a peer sending one byte at a time is cut off at the deadline).
     /// Default 5 s.
     ///
-    /// The client's deadline runs from [`connect`]; the server's from
-    /// [`Pending::handshake`] (reading the hello) and again from
-    /// [`Incoming::accept`] (answering it).
+    /// The client's deadline runs from [`connect`](super::connect); the server's from
+    /// [`Pending::handshake`](super::Pending::handshake) (reading the hello) and again from
+    /// [`Incoming::accept`](super::Incoming::accept) (answering it).
     pub fn get_timeout(&self) -> Duration {
         self.timeout
     }
@@ -191,7 +191,8 @@ impl HandshakeConfig {
         self.token.as_deref()
     }
 
-    /// Sets [`get_token`](Self::get_token). Clients pass their token in [`Offer::token`].
+    /// Sets [`get_token`](Self::get_token). Clients pass their token in
+    /// [`Offer::token`](super::Offer::token).
     ///
     /// # Errors
     /// [`Error::InvalidConfig`] if longer than [`crate::handshake::MAX_TOKEN`].
@@ -228,19 +229,20 @@ impl HandshakeConfig {
         Ok(self)
     }
 
-    /// The most bytes of peer memory the connections of one [`Listener`]
+    /// The most bytes of peer memory the connections of one [`Listener`](super::Listener)
     /// may have mapped at once (shm). A handshake that would pass it is
     /// refused with [`Error::LimitExceeded`] and a `Reject`; the bytes come
     /// back when a connection's queue pair (which holds the mappings) is
     /// dropped. Default [`DEFAULT_MAX_TOTAL_GRANT_BYTES`] (64 GiB). Not used
-    /// by [`connect`].
+    /// by [`connect`](super::connect).
     pub fn get_max_total_grant_bytes(&self) -> u64 {
         self.max_total_grant_bytes
     }
 
     /// Dead-host detection on the TCP side channel of `rdma://`
     /// connections (see [`TcpKeepalive`]): set on the client's socket by
-    /// [`connect`] and on each accepted socket by [`Listener`]. Default
+    /// [`connect`](super::connect) and on each accepted socket by
+    /// [`Listener`](super::Listener). Default
     /// `Some(TcpKeepalive::default())`: a remote host that dies without
     /// closing is detected within **16 s** (10 s idle + 3 probes × 2 s;
     /// `TCP_USER_TIMEOUT` 16 s). `None` leaves the socket's keep-alive off
@@ -277,7 +279,7 @@ impl HandshakeConfig {
     }
 
     /// TLS on the client's `rdma://` side channel (rustls; `verbs`
-    /// feature): [`connect`] runs a TLS handshake with `config`, checking the
+    /// feature): [`connect`](super::connect) runs a TLS handshake with `config`, checking the
     /// server's certificate for `server_name`, before it sends its hello.
     /// A server whose certificate `config` does not trust, or that does not
     /// speak TLS, fails the connect with [`Error::Tls`].
@@ -318,16 +320,16 @@ impl HandshakeConfig {
         Ok(self)
     }
 
-    /// The most bytes of peer memory the connections of one [`Listener`]
+    /// The most bytes of peer memory the connections of one [`Listener`](super::Listener)
     /// may have mapped at once for **one peer** (shm): one process, as the
-    /// Unix socket's `SO_PEERCRED` names it ([`PeerKey`]). Default
+    /// Unix socket's `SO_PEERCRED` names it ([`PeerKey`](super::PeerKey)). Default
     /// [`DEFAULT_MAX_PEER_GRANT_BYTES`] (16 GiB, a quarter of the total), so
     /// one peer cannot take the whole of
     /// [`get_max_total_grant_bytes`](Self::get_max_total_grant_bytes) and
     /// lock everyone else out. A handshake past it is refused with
     /// [`Error::LimitExceeded`] and a `Reject`; when the total nears its
-    /// end (its last [`NEAR_END_DIVISOR`]th), the peer holding the most is
-    /// refused before a newcomer. Not used by [`connect`].
+    /// end (its last [`NEAR_END_DIVISOR`](super::NEAR_END_DIVISOR)th), the peer holding the most is
+    /// refused before a newcomer. Not used by [`connect`](super::connect).
     pub fn get_max_peer_grant_bytes(&self) -> u64 {
         self.max_peer_grant_bytes
     }
@@ -348,14 +350,16 @@ impl HandshakeConfig {
     }
 }
 
-/// What [`Pending::poll_hello`] waits for before the client's hello is here.
+/// What [`Pending::poll_hello`](super::Pending::poll_hello) waits for before
+/// the client's hello is here.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Want {
     /// The side channel to become readable.
     Read,
     /// The side channel to become writable.
     Write,
-    /// Nothing more: call [`Pending::handshake`] (for a plain side channel:
-    /// wait for the hello's bytes yourself, or let `handshake` read them).
+    /// Nothing more: call [`Pending::handshake`](super::Pending::handshake)
+    /// (for a plain side channel: wait for the hello's bytes yourself, or
+    /// let `handshake` read them).
     Ready,
 }

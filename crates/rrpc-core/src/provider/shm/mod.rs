@@ -28,12 +28,14 @@ use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering, fence};
 use std::sync::{Arc, Mutex, RwLock};
 
-use crate::cq::{Completion, Opcode, Status};
 use crate::error::{Error, Result};
+use crate::fail::{FailReason, FailState};
 use crate::fault::FaultConfig;
-use crate::qp::{FailReason, FailState, QpConfig};
+use crate::handshake::Hello;
 use crate::region::{Local, Remote, RemoteRegion};
+use crate::settings::QpConfig;
 use crate::sys::{EventFd, Mapping, PeerEventFd};
+use crate::work::{Completion, Opcode, SendOp, Status};
 
 // ---------------------------------------------------------------------------
 // Send completion queue (process-local)
@@ -363,6 +365,42 @@ impl PeerCq {
 // Queue pair
 // ---------------------------------------------------------------------------
 
+/// Each region's descriptor in `fds` (one per region, in order) is a sealed
+/// memfd at least as long as the region claims.
+///
+/// # Errors
+/// [`Error::MalformedHandshake`] naming the first wrong descriptor.
+pub(crate) fn check_region_memfds(h: &Hello, fds: &[OwnedFd]) -> Result<()> {
+    for (i, (d, fd)) in h.regions.iter().zip(fds).enumerate() {
+        crate::sys::check_peer_memfd(fd.as_fd(), d.remote.len, &format!("region {i}"))?;
+    }
+    Ok(())
+}
+
+/// The bytes a peer's shm hello asks us to map: its regions and its receive
+/// queue (0 for a malformed endpoint, which `side::check_shm_grants` refuses).
+///
+/// # Errors
+/// [`Error::LimitExceeded`] above `max_bytes`.
+pub(crate) fn granted_bytes(h: &Hello, max_bytes: u64) -> Result<u64> {
+    let cq_len = match h.endpoint.get(0..8) {
+        Some(b) => u64::from_le_bytes(b.try_into().expect("8")),
+        None => 0,
+    };
+    let bytes = h
+        .regions
+        .iter()
+        .fold(cq_len, |sum, d| sum.saturating_add(d.remote.len));
+    if bytes > max_bytes {
+        return Err(Error::LimitExceeded {
+            what: "bytes granted in one handshake (regions and receive queue)",
+            requested: bytes,
+            limit: max_bytes,
+        });
+    }
+    Ok(bytes)
+}
+
 /// Maps the regions a peer granted (checked descriptors), in order.
 fn map_regions(regions: Vec<(RemoteRegion, OwnedFd)>) -> Result<Vec<MappedRemote>> {
     regions
@@ -469,8 +507,8 @@ impl Checked<'_, '_> {
 #[derive(Debug)]
 pub(crate) struct ShmQp {
     cfg: QpConfig,
-    pub(crate) send_cq: crate::cq::CompletionQueue,
-    pub(crate) recv_cq: crate::cq::CompletionQueue,
+    scq: Arc<SendCq>,
+    rcq: Arc<RecvCq>,
     peer: std::sync::OnceLock<Peer>,
     failed: Arc<FailState>,
     fault: FaultConfig,
@@ -484,18 +522,14 @@ impl ShmQp {
         let failed = Arc::new(FailState::default());
         Ok(ShmQp {
             cfg: cfg.clone(),
-            send_cq: crate::cq::CompletionQueue {
-                inner: crate::cq::CqInner::ShmSend(SendCq::new(
-                    cfg.get_fault().get_poll_miss_every(),
-                    failed.clone(),
-                )?),
-            },
-            recv_cq: crate::cq::CompletionQueue {
-                inner: crate::cq::CqInner::ShmRecv(RecvCq::new(
-                    cfg.get_recv_depth(),
-                    cfg.get_fault().get_poll_miss_every(),
-                )?),
-            },
+            scq: Arc::new(SendCq::new(
+                cfg.get_fault().get_poll_miss_every(),
+                failed.clone(),
+            )?),
+            rcq: Arc::new(RecvCq::new(
+                cfg.get_recv_depth(),
+                cfg.get_fault().get_poll_miss_every(),
+            )?),
             peer: std::sync::OnceLock::new(),
             failed,
             fault: cfg.get_fault().clone(),
@@ -504,18 +538,20 @@ impl ShmQp {
         })
     }
 
-    fn scq(&self) -> &SendCq {
-        match &self.send_cq.inner {
-            crate::cq::CqInner::ShmSend(c) => c,
-            _ => unreachable!("shm qp has an shm send cq"),
-        }
+    /// The send and the receive completion queue, for the seam's
+    /// `provider::Cq`s (which poll them while the queue pair posts).
+    pub(crate) fn cqs(&self) -> (Arc<SendCq>, Arc<RecvCq>) {
+        (self.scq.clone(), self.rcq.clone())
     }
 
+    #[inline]
+    fn scq(&self) -> &SendCq {
+        &self.scq
+    }
+
+    #[inline]
     fn rcq(&self) -> &RecvCq {
-        match &self.recv_cq.inner {
-            crate::cq::CqInner::ShmRecv(c) => c,
-            _ => unreachable!("shm qp has an shm recv cq"),
-        }
+        &self.rcq
     }
 
     /// Our endpoint description, for the handshake.
@@ -592,8 +628,9 @@ impl ShmQp {
 
     /// Maps regions the peer granted after we connected (a logical
     /// connection over this queue pair) and adds them to the grants posts
-    /// are checked against, until the returned guard drops. `budget` is
-    /// held as long.
+    /// are checked against. Returns the table they were added to and their
+    /// keys: they stay until removed from it (the seam's `LaterGrants` does
+    /// on drop).
     ///
     /// # Errors
     /// [`Error::NotConnected`] before [`Self::connect`]; the mapping's
@@ -602,23 +639,18 @@ impl ShmQp {
     pub(crate) fn add_grants(
         &self,
         regions: Vec<(RemoteRegion, OwnedFd)>,
-        budget: Option<crate::conn::budget::BudgetGuard>,
-    ) -> Result<crate::qp::LaterGrants> {
+    ) -> Result<(std::sync::Weak<LaterRegions>, Vec<u32>)> {
         let peer = self.peer.get().ok_or(Error::NotConnected)?;
         let mapped = map_regions(regions)?;
         let mut later = peer.later.write().unwrap_or_else(|p| p.into_inner());
         let keys: Vec<u32> = mapped.iter().map(|m| m.desc.rkey).collect();
-        crate::qp::check_new_keys(&keys, |k| {
+        crate::region::check_new_keys(&keys, |k| {
             later.contains_key(&k) || peer.regions.iter().any(|r| r.desc.rkey == k)
         })?;
         for m in mapped {
             later.insert(m.desc.rkey, Arc::new(m));
         }
-        Ok(crate::qp::LaterGrants {
-            table: crate::qp::LaterTable::Shm(Arc::downgrade(&peer.later)),
-            keys,
-            _budget: budget,
-        })
+        Ok((Arc::downgrade(&peer.later), keys))
     }
 
     /// Finds the mapped peer region and returns a pointer to `remote.addr`,
@@ -737,12 +769,11 @@ impl ShmQp {
     pub(crate) fn post(
         &self,
         wr_id: u64,
-        op: crate::qp::SendOp,
+        op: SendOp,
         local: Local<'_>,
         remote: Remote,
         signaled: bool,
     ) -> Result<()> {
-        use crate::qp::SendOp;
         let checked = self.check_post(local, remote)?;
         let opcode = match op {
             SendOp::Write => Opcode::Write,

@@ -15,12 +15,14 @@ use std::time::Duration;
 use nix::sys::socket::{ControlMessage, MsgFlags, sendmsg};
 
 use super::PeerResources;
+pub(crate) use super::{check_region_memfds, granted_bytes};
 use crate::conn::budget::BudgetGuard;
 use crate::conn::exchange::{Deadline, Offer, base_hello, map_io, reject_error};
 use crate::error::{Error, Result};
-use crate::fabric::ProviderKind;
 use crate::handshake::{HEADER_LEN, Header, Hello, MAX_BODY, MAX_REGIONS, Message};
-use crate::qp::{QpInner, QueuePair};
+use crate::provider::Qp;
+use crate::qp::QueuePair;
+use crate::settings::ProviderKind;
 
 const MAX_FDS: usize = MAX_REGIONS + 2;
 
@@ -207,12 +209,12 @@ pub(crate) fn take_fds(msg: &libc::msghdr, fds: &mut Vec<OwnedFd>) {
 
 pub(crate) fn shm_qp(qp: &QueuePair) -> Result<&crate::provider::shm::ShmQp> {
     match &qp.inner {
-        QpInner::Shm(shm) => Ok(shm),
+        Qp::Shm(shm) => Ok(shm),
         #[cfg(feature = "verbs")]
-        QpInner::Verbs(_) => Err(Error::InvalidConfig(
+        Qp::Verbs(_) => Err(Error::InvalidConfig(
             "a verbs queue pair needs an rdma:// endpoint".into(),
         )),
-        QpInner::Virtual(_) => Err(Error::InvalidConfig(
+        Qp::Virtual(_) => Err(Error::InvalidConfig(
             "a shared queue pair is attached after its hardware queue pair connects".into(),
         )),
     }
@@ -268,42 +270,6 @@ pub(crate) fn check_shm_grants(h: &Hello, fds: &[OwnedFd], max_bytes: u64) -> Re
     let n = h.regions.len();
     crate::sys::check_peer_memfd(fds[n].as_fd(), cq_len, "receive queue")?;
     crate::sys::check_peer_eventfd(fds[n + 1].as_fd())?;
-    Ok(bytes)
-}
-
-/// Each region's descriptor in `fds` (one per region, in order) is a sealed
-/// memfd at least as long as the region claims.
-///
-/// # Errors
-/// [`Error::MalformedHandshake`] naming the first wrong descriptor.
-pub(crate) fn check_region_memfds(h: &Hello, fds: &[OwnedFd]) -> Result<()> {
-    for (i, (d, fd)) in h.regions.iter().zip(fds).enumerate() {
-        crate::sys::check_peer_memfd(fd.as_fd(), d.remote.len, &format!("region {i}"))?;
-    }
-    Ok(())
-}
-
-/// The bytes a peer's shm hello asks us to map: its regions and its receive
-/// queue (0 for a malformed endpoint, which [`check_shm_grants`] refuses).
-///
-/// # Errors
-/// [`Error::LimitExceeded`] above `max_bytes`.
-pub(crate) fn granted_bytes(h: &Hello, max_bytes: u64) -> Result<u64> {
-    let cq_len = match h.endpoint.get(0..8) {
-        Some(b) => u64::from_le_bytes(b.try_into().expect("8")),
-        None => 0,
-    };
-    let bytes = h
-        .regions
-        .iter()
-        .fold(cq_len, |sum, d| sum.saturating_add(d.remote.len));
-    if bytes > max_bytes {
-        return Err(Error::LimitExceeded {
-            what: "bytes granted in one handshake (regions and receive queue)",
-            requested: bytes,
-            limit: max_bytes,
-        });
-    }
     Ok(bytes)
 }
 

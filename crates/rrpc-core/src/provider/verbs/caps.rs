@@ -10,9 +10,6 @@ use std::path::Path;
 
 use crate::error::{Error, Result};
 
-/// The port used when none is asked for (single-port NICs, soft-RoCE).
-pub(crate) const DEFAULT_PORT: u8 = 1;
-
 /// `IBV_LINK_LAYER_ETHERNET` (`ibv_port_attr::link_layer` of a RoCE port;
 /// an anonymous enum in `verbs.h` that bindgen does not export; checked
 /// against the header by the ABI test).

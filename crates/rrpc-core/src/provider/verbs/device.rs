@@ -29,8 +29,9 @@ use rdma_sys::{
 use super::caps::{self, DeviceCaps, GidEntry};
 use super::wr::{Transition, build_recv_wr, mr_access};
 use crate::error::{Error, Result};
-use crate::fabric::VerbsOptions;
-use crate::qp::DEFAULT_INLINE;
+use crate::region::{Access, Region};
+use crate::settings::DEFAULT_INLINE;
+use crate::settings::VerbsOptions;
 
 /// Where the kernel lists RDMA devices (GID types are read from here).
 const SYSFS: &str = "/sys/class/infiniband";
@@ -374,7 +375,7 @@ impl Mr {
         dev: &Arc<Device>,
         addr: *mut u8,
         len: usize,
-        access: crate::region::Access,
+        access: Access,
     ) -> Result<Mr> {
         let flags = mr_access(access);
         // SAFETY: valid PD; the caller guarantees the memory outlives the registration.
@@ -402,6 +403,44 @@ impl Mr {
     pub(crate) fn is_on(&self, dev: &Device) -> bool {
         std::ptr::eq(self.dev.pd(), dev.pd())
     }
+}
+
+impl crate::region::Registration for Mr {}
+
+/// The verbs registration of `region`, if it has one ([`alloc_region`]).
+pub(crate) fn mr_of(region: &Region) -> Option<&Mr> {
+    let any: &dyn std::any::Any = region.registration()?;
+    any.downcast_ref::<Mr>()
+}
+
+/// Allocates a region and registers it with `dev`: `mmap` (a memfd
+/// mapping, huge pages when possible) + `ibv_reg_mr` with local write and
+/// the remote access of `access`. The remote key is the registration's
+/// `rkey`.
+pub(crate) fn alloc_region(
+    len: usize,
+    try_huge: bool,
+    dev: &Arc<Device>,
+    access: Access,
+    node: Option<u32>,
+) -> Result<Region> {
+    let region = Region::alloc_registered(len, try_huge, access, node, |addr, len| {
+        // SAFETY: `addr..addr + len` is the mapping of the region
+        // `alloc_registered` builds around this registration, which drops
+        // the registration (deregisters) before it unmaps the memory.
+        let mr = unsafe { Mr::register(dev, addr, len, access)? };
+        let rkey = mr.rkey();
+        Ok((mr, rkey))
+    })?;
+    tracing::debug!(
+        len,
+        huge = region.is_huge(),
+        rkey = region.remote().rkey,
+        device = dev.name(),
+        ?access,
+        "region registered"
+    );
+    Ok(region)
 }
 
 impl Drop for Mr {

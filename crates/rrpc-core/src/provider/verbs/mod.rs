@@ -92,8 +92,7 @@ pub(crate) mod wr;
 #[cfg(test)]
 mod abi;
 
-pub(crate) use caps::DEFAULT_PORT;
-pub(crate) use device::{Device, Mr};
+pub(crate) use device::{Device, alloc_region};
 pub(crate) use qp::{LaterRegions, VerbsCq, VerbsQp};
 
 #[cfg(test)]
@@ -114,7 +113,7 @@ mod tests {
             assert_eq!(f.kind(), ProviderKind::Verbs);
             assert!(f.device_name().is_some());
             let region = f.alloc_region(4096).expect("ibv_reg_mr");
-            assert!(region.verbs_mr().is_some());
+            assert!(super::device::mr_of(&region).is_some());
             let qp = f.create_qp(&QpConfig::default()).expect("ibv_create_qp");
             assert!(matches!(qp.post_recv(1), Ok(()) | Err(Error::Io { .. })));
         } else {
@@ -175,7 +174,7 @@ mod tests {
             // The VM gives rxe0 10.99.0.1: GID 1 is ::ffff:10.99.0.1, RoCE v2.
             assert_eq!(gid_index, 1, "the IPv4-mapped GID of the VM's rxe0");
         }
-        let d = f.device.as_deref().unwrap();
+        let d = f.domain().verbs_device().unwrap();
         assert_eq!(d.port().gid_index, gid_index);
         assert_eq!(
             super::caps::is_ipv4_mapped(&d.port().gid),
@@ -207,7 +206,7 @@ mod tests {
     fn queue_pair_sizes_are_checked_against_the_device() {
         let Some(dev) = test_device() else { return };
         let f = Fabric::verbs(Some(&dev)).unwrap();
-        let caps = f.device.as_deref().unwrap().caps();
+        let caps = f.domain().verbs_device().unwrap().caps();
         if caps.max_qp_wr < 65536 {
             let cfg = QpConfig::default().send_depth(65536).unwrap();
             let e = f.create_qp(&cfg).unwrap_err();
@@ -244,7 +243,7 @@ mod tests {
         let Some(dev) = test_device() else { return };
         let f = Fabric::verbs(Some(&dev)).unwrap();
         let inline = |qp: &crate::QueuePair| match &qp.inner {
-            crate::qp::QpInner::Verbs(v) => v.max_inline(),
+            crate::provider::Qp::Verbs(v) => v.max_inline(),
             _ => unreachable!(),
         };
         // The default asks for 64 and gets at least that on rxe and NICs.

@@ -13,17 +13,17 @@ use std::sync::{Arc, Mutex, OnceLock};
 use rdma_sys::ibv_wc;
 
 use super::caps::{self, QpSizes};
-use super::device::{Device, RawCq, RawQp};
+use super::device::{Device, RawCq, RawQp, mr_of};
 use super::endpoint::{VerbsEndpoint, mtu_bytes, path_mtu};
 use super::wr::{
     self, MAX_MESSAGE, Op, Wc, WorkRequest, build_send_wr, err_transition, init_transition,
     recv_completion, rtr_transition, rts_transition, send_completion,
 };
-use crate::cq::{Completion, CompletionQueue, CqInner, Status};
 use crate::error::{Error, Result};
-use crate::qp::QpConfig;
-use crate::qp::{FailReason, FailState};
+use crate::fail::{FailReason, FailState};
 use crate::region::{Local, Remote, RemoteRegion};
+use crate::settings::QpConfig;
+use crate::work::{Completion, Status};
 
 // ---------------------------------------------------------------------------
 // Send-queue accounting (pure)
@@ -218,15 +218,14 @@ pub(crate) type LaterRegions = std::sync::RwLock<std::collections::HashMap<u32, 
 /// A verbs RC queue pair with its two completion queues.
 #[derive(Debug)]
 pub(crate) struct VerbsQp {
-    // Field order is drop order: the QP goes before the CQs it uses.
+    // The completion queues are the seam's (`provider::QpParts`); the raw
+    // queue pair holds their `RawCq`s, so they outlive it.
     raw: RawQp,
-    pub(crate) send_cq: CompletionQueue,
-    pub(crate) recv_cq: CompletionQueue,
     slots: Arc<Mutex<SendSlots>>,
     recv_posted: Arc<AtomicU64>,
     recv_depth: u32,
     psn: u32,
-    retry: crate::qp::RcRetry,
+    retry: crate::settings::RcRetry,
     /// The peer's GID, once connected.
     remote_gid: OnceLock<[u8; 16]>,
     peer: OnceLock<Peer>,
@@ -242,7 +241,8 @@ impl VerbsQp {
     /// limit when a depth exceeds `max_qp_wr` or `max_cqe`, or the device
     /// refuses a required inline size ([`QpConfig::max_inline`]);
     /// [`Error::Io`] when the device refuses a call.
-    pub(crate) fn new(dev: &Arc<Device>, cfg: &QpConfig) -> Result<VerbsQp> {
+    /// A queue pair in INIT, with its send and its receive completion queue.
+    pub(crate) fn new(dev: &Arc<Device>, cfg: &QpConfig) -> Result<(VerbsQp, VerbsCq, VerbsCq)> {
         let recv_depth = cfg.get_recv_depth().next_power_of_two();
         caps::check_qp_sizes(
             dev.name(),
@@ -267,22 +267,18 @@ impl VerbsQp {
         let recv_posted = Arc::new(AtomicU64::new(0));
         let fail = Arc::new(FailState::default());
         let psn = crate::sys::random_u32() & 0x00ff_ffff;
-        Ok(VerbsQp {
+        let send_cq = VerbsCq {
+            raw: send_raw,
+            side: CqSide::Send(slots.clone()),
+            fail: fail.clone(),
+        };
+        let recv_cq = VerbsCq {
+            raw: recv_raw,
+            side: CqSide::Recv(recv_posted.clone()),
+            fail: fail.clone(),
+        };
+        let qp = VerbsQp {
             raw,
-            send_cq: CompletionQueue {
-                inner: CqInner::Verbs(VerbsCq {
-                    raw: send_raw,
-                    side: CqSide::Send(slots.clone()),
-                    fail: fail.clone(),
-                }),
-            },
-            recv_cq: CompletionQueue {
-                inner: CqInner::Verbs(VerbsCq {
-                    raw: recv_raw,
-                    side: CqSide::Recv(recv_posted.clone()),
-                    fail: fail.clone(),
-                }),
-            },
             slots,
             recv_posted,
             recv_depth,
@@ -291,14 +287,15 @@ impl VerbsQp {
             remote_gid: OnceLock::new(),
             peer: OnceLock::new(),
             fail,
-        })
+        };
+        Ok((qp, send_cq, recv_cq))
     }
 
     /// What carries this queue pair ([`crate::QueuePair::carrier`]).
-    pub(crate) fn carrier(&self) -> crate::qp::QpCarrier {
+    pub(crate) fn carrier(&self) -> crate::settings::QpCarrier {
         let dev = self.raw.device();
-        crate::qp::QpCarrier {
-            provider: crate::ProviderKind::Verbs,
+        crate::settings::QpCarrier {
+            provider: crate::settings::ProviderKind::Verbs,
             device: Some(dev.name().to_string()),
             local_gid: Some(dev.port().gid),
             remote_gid: self.remote_gid.get().copied(),
@@ -409,27 +406,27 @@ impl VerbsQp {
 
     /// Adds regions the peer granted after we connected (a logical
     /// connection over this queue pair) to the grants posts are checked
-    /// against, until the returned guard drops.
+    /// against. Returns the table they were added to and their keys: they
+    /// stay until removed from it (the seam's `LaterGrants` does on drop).
     ///
     /// # Errors
     /// [`Error::NotConnected`] before [`Self::connect`];
     /// [`Error::MalformedHandshake`] for a remote key already granted
     /// (nothing is added then).
-    pub(crate) fn add_grants(&self, regions: Vec<RemoteRegion>) -> Result<crate::qp::LaterGrants> {
+    pub(crate) fn add_grants(
+        &self,
+        regions: Vec<RemoteRegion>,
+    ) -> Result<(std::sync::Weak<LaterRegions>, Vec<u32>)> {
         let peer = self.peer.get().ok_or(Error::NotConnected)?;
         let mut later = peer.later.write().unwrap_or_else(|p| p.into_inner());
         let keys: Vec<u32> = regions.iter().map(|r| r.rkey).collect();
-        crate::qp::check_new_keys(&keys, |k| {
+        crate::region::check_new_keys(&keys, |k| {
             later.contains_key(&k) || peer.regions.iter().any(|r| r.rkey == k)
         })?;
         for r in regions {
             later.insert(r.rkey, r);
         }
-        Ok(crate::qp::LaterGrants {
-            table: crate::qp::LaterTable::Verbs(Arc::downgrade(&peer.later)),
-            keys,
-            _budget: None,
-        })
+        Ok((Arc::downgrade(&peer.later), keys))
     }
 
     fn ready(&self) -> Result<&Peer> {
@@ -457,9 +454,7 @@ impl VerbsQp {
                 local.len
             )));
         }
-        let mr = local
-            .region
-            .verbs_mr()
+        let mr = mr_of(local.region)
             .filter(|mr| mr.is_on(self.raw.device()))
             .ok_or_else(|| {
                 Error::InvalidConfig(
@@ -517,7 +512,7 @@ impl VerbsQp {
         local: Local<'_>,
         remote: Remote,
     ) -> Result<()> {
-        let mr = local.region.verbs_mr().expect("a verbs region");
+        let mr = mr_of(local.region).expect("a verbs region");
         let mut slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
         let seq = slots.reserve(wr_id, Op::Write)?;
         let (wr, sge) = build_send_wr(

@@ -47,13 +47,14 @@ use crate::conn::settings::TcpKeepalive;
 
 use super::endpoint::VerbsEndpoint;
 use crate::error::{Error, Result};
-use crate::fabric::ProviderKind;
 use crate::handshake::{HEADER_LEN, Header, Hello, Message, Reject, RejectCode, token_eq};
-use crate::qp::{QpInner, QueuePair};
+use crate::provider::Qp;
+use crate::qp::QueuePair;
+use crate::settings::ProviderKind;
 
 pub(crate) fn verbs_qp(qp: &QueuePair) -> Result<&super::VerbsQp> {
     match &qp.inner {
-        QpInner::Verbs(v) => Ok(v),
+        Qp::Verbs(v) => Ok(v),
         #[allow(unreachable_patterns)]
         _ => Err(Error::InvalidConfig(
             "an rdma:// connection needs a queue pair of a verbs fabric".into(),

@@ -19,8 +19,8 @@ use rdma_sys::{
     rdma_t, wr_t,
 };
 
-use crate::cq::{Completion, Opcode, Status};
-use crate::qp::RcRetry;
+use crate::settings::RcRetry;
+use crate::work::{Completion, Opcode, Status};
 
 use super::endpoint::VerbsEndpoint;
 
@@ -30,7 +30,7 @@ pub(crate) const RD_ATOMIC: u8 = 16;
 pub(crate) const MAX_MESSAGE: u64 = 1 << 31;
 
 /// The operation of one send work request.
-pub(crate) use crate::qp::SendOp as Op;
+pub(crate) use crate::work::SendOp as Op;
 
 impl Op {
     /// The completion opcode reported for this operation.
