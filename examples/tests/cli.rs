@@ -20,3 +20,30 @@ fn every_example_documents_its_transport_switch() {
         assert!(text.contains("--transport"), "{exe} --help:\n{text}");
     }
 }
+
+/// The README's snippet is this example's code: each of its lines appears
+/// in `src/readme.rs`, in order (so the README shows code that compiles),
+/// and the example runs: one call over `shm://`, carried by shm.
+#[test]
+fn the_readme_example_is_built_and_runs() {
+    let readme = include_str!("../../README.md");
+    let start = readme.find("```rust").expect("a rust block in the README");
+    let body = &readme[start..];
+    let body = &body[body.find('\n').unwrap() + 1..];
+    let block = &body[..body.find("```").expect("closed")];
+    let source = include_str!("../src/readme.rs");
+    let mut lines = source.lines().map(str::trim);
+    for want in block.lines().map(str::trim).filter(|l| !l.is_empty()) {
+        assert!(
+            lines.any(|l| l == want),
+            "README line not in examples/src/readme.rs (in order): {want:?}"
+        );
+    }
+    let out = Command::new(env!("CARGO_BIN_EXE_readme")).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "readme example: {out:?}");
+    assert!(
+        text.contains("Hello rrpc!") && text.contains("Shm"),
+        "readme example printed: {text}"
+    );
+}

@@ -106,6 +106,20 @@ pub struct Observed {
     pub produced: AtomicU64,
     /// Unary calls that reached the handler.
     pub unary_calls: AtomicU64,
+    /// `"<tag> start"` and `"<tag> end"` of each unary call with a tag, in
+    /// the order the handlers saw them (for ordering assertions).
+    pub events: std::sync::Mutex<Vec<String>>,
+}
+
+impl Observed {
+    fn event(&self, tag: &str, what: &str) {
+        if !tag.is_empty() {
+            self.events
+                .lock()
+                .expect("lock")
+                .push(format!("{tag} {what}"));
+        }
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -168,8 +182,9 @@ impl Drop for DropWatch {
 impl Test for Svc {
     async fn unary(&self, req: Request<Input>) -> Result<Response<Output>, Status> {
         self.obs.unary_calls.fetch_add(1, Ordering::Relaxed);
-        self.obs.started.notify_one();
         let input = req.get_ref().clone();
+        self.obs.event(&input.tag, "start");
+        self.obs.started.notify_one();
         match input.tag.as_str() {
             PANIC_AT_FIRST_POLL => panic!("test handler panics at its first poll"),
             PANIC_AFTER_AWAIT => {
@@ -182,6 +197,7 @@ impl Test for Svc {
         if input.delay_ms > 0 {
             tokio::time::sleep(Duration::from_millis(input.delay_ms as u64)).await;
         }
+        self.obs.event(&input.tag, "end");
         if input.fail_code != 0 {
             return Err(fail(input.fail_code));
         }
@@ -771,6 +787,17 @@ macro_rules! on_all_transports {
         mod tcp {
             $( #[tokio::test(flavor = "multi_thread", worker_threads = 2)] async fn $name() { super::$name($crate::Transport::Tcp).await } )*
         }
+        $crate::on_shm!($($name),*);
+        $crate::on_rdma!($($name),*);
+    };
+}
+
+/// The rings transports only (`shm_h2`, `shm_fast` and, with `verbs`,
+/// `rdma_h2`, `rdma_fast`), for tests of what TCP does not have (rings,
+/// pools, shared queue pairs): no `tcp` variant that could only pass.
+#[macro_export]
+macro_rules! on_rings {
+    ($($name:ident),* $(,)?) => {
         $crate::on_shm!($($name),*);
         $crate::on_rdma!($($name),*);
     };

@@ -222,7 +222,8 @@ fn large_entries_and_large_results_come_back() {
 /// batches before it climbed (0.3-11 s to settle in ten runs). The same
 /// convergence is tested deterministically on a virtual clock in
 /// `rfrpc::batcher`'s unit tests; run this one on a quiet host with
-/// `cargo test -p rrpc-kv --test rfrpc_batch -- --ignored`.
+/// `cargo test -p rrpc-kv --test suite -- --ignored rfrpc_batch::tuner`.
+/// CI runs it that way, alone after the suite (`cargo xtask ci`, test step).
 #[test]
 #[ignore = "real-time tuner convergence; the virtual-clock unit tests cover it in cargo test"]
 fn tuner_converges_to_the_latency_bound() {

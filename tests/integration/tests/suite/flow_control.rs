@@ -32,6 +32,29 @@ async fn unary_works(
     }
 }
 
+/// Waits until the server's stream production stops growing (unchanged
+/// for 300 ms; at most 20 s): a stream nobody reads must stall, on every
+/// transport, and what it produced until then is what the window let
+/// through. A producer that never stalls fails here.
+async fn until_production_stalls(s: &Harness, what: &str) -> u64 {
+    let read = || s.obs.produced.load(std::sync::atomic::Ordering::Relaxed);
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let (mut last, mut since) = (read(), std::time::Instant::now());
+    loop {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let now = read();
+        if now != last {
+            (last, since) = (now, std::time::Instant::now());
+        } else if last > 0 && since.elapsed() >= Duration::from_millis(300) {
+            return last;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{what}: the server's production never stalled ({last} messages)"
+        );
+    }
+}
+
 /// A server stream the client does not read (a client that waits for a
 /// unary call before reading its stream must not deadlock).
 async fn unread_server_stream_stalls_only_itself(t: Transport) {
@@ -46,8 +69,8 @@ async fn unread_server_stream_stalls_only_itself(t: Transport) {
         .await
         .expect("stream opens")
         .into_inner();
-    // Let the server fill whatever window it has.
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    // The server fills whatever window it has, then stalls.
+    until_production_stalls(&s, "server stream").await;
     unary_works(&mut c, "server stream").await;
     // A second channel is unaffected too.
     let mut c2 = s.client().await;
@@ -107,7 +130,9 @@ async fn unread_bidi_stalls_only_itself(t: Transport) {
 /// (Before: a body that was always ready was drained whole into one batch,
 /// all 10,000 messages.) The HTTP/2 path is bounded by tonic's client
 /// stream window (2 MiB) plus the ring: asserted ≤ 4 MiB. Over TCP,
-/// tonic's own buffers apply: not asserted.
+/// tonic's own buffers apply: only the stall is asserted. Production is
+/// read once it has stopped growing, not after a fixed sleep, so a slow
+/// host cannot hide an unbounded producer.
 async fn unread_stream_production_is_bounded(t: Transport) {
     let s = Harness::start(t).await;
     let mut c = s.client().await;
@@ -120,10 +145,14 @@ async fn unread_stream_production_is_bounded(t: Transport) {
         .await
         .expect("stream opens")
         .into_inner();
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    let produced = s.obs.produced.load(std::sync::atomic::Ordering::Relaxed);
-    assert!(produced > 0);
+    // Other calls keep the connection's reader busy meanwhile, so the ring
+    // is drained into the unread call's buffer: what bounds production is
+    // then the call's window, not the ring.
+    unary_works(&mut c, "beside the unread stream").await;
+    let produced = until_production_stalls(&s, "unread stream").await;
     let bound = match t {
+        // tonic's stream and connection windows and the socket buffers:
+        // stalled (above), not sized here.
         Transport::Tcp => usize::MAX,
         Transport::ShmH2 | Transport::RdmaH2 => 4 << 20,
         Transport::ShmFast | Transport::RdmaFast => 4 * (256 << 10),

@@ -57,15 +57,26 @@ async fn concurrency_limit_queues_calls(t: Transport) {
     let slow = tokio::spawn(async move {
         c2.unary(Input {
             delay_ms: 300,
+            tag: "slow".into(),
             ..Default::default()
         })
         .await
     });
     s.obs.started.notified().await;
-    c.unary(Input::default())
-        .await
-        .expect("queued, then served");
+    c.unary(Input {
+        tag: "queued".into(),
+        ..Default::default()
+    })
+    .await
+    .expect("queued, then served");
     slow.await.expect("task").expect("slow call");
+    // The queued call's handler ran only once the slow one had finished
+    // (checked by mutation: without the limit this fails on every transport).
+    assert_eq!(
+        *s.obs.events.lock().unwrap(),
+        ["slow start", "slow end", "queued start", "queued end"],
+        "{t:?}"
+    );
 }
 
 on_all_transports!(
