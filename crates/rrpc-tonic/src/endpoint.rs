@@ -551,6 +551,78 @@ mod tests {
         assert_eq!(res.headers()["grpc-status"], "0");
     }
 
+    /// Channels from clones of one config share one context, so one poller
+    /// (and the server of that config in this process shares it too); a
+    /// channel given a context of its own gets its own poller; a context
+    /// made for other resource settings is refused.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn clones_share_a_context_and_an_explicit_one_does_not() {
+        let path = std::env::temp_dir().join(format!("rrpc-ctx-{}.sock", std::process::id()));
+        let _ = std::fs::remove_file(&path);
+        let uri = format!("shm://{}", path.display());
+        // A poller of the config's own (Event mode: no polling thread), and
+        // a setting no other test of this binary uses.
+        let cfg = RrpcConfig::default()
+            .poller(crate::PollerConfig::new().mode(crate::PollerMode::Event))
+            .max_concurrent_calls(197)
+            .expect("calls");
+        let (u, scfg) = (uri.clone(), cfg.clone());
+        let server = tokio::spawn(async move {
+            crate::Server::builder()
+                .add_service(Ok0)
+                .serve_rrpc(&u, scfg)
+                .await
+        });
+        let ep = RrpcEndpoint::new(&uri).expect("uri").config(cfg.clone());
+        let mut first = None;
+        for _ in 0..200 {
+            if let Ok(c) = ep.connect().await {
+                first = Some(c);
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let a = first.expect("server up");
+        let b = RrpcChannel::connect(&uri, cfg.clone()).await.expect("b");
+        call(&a).await;
+        call(&b).await;
+        let (ca, cb) = (a.context().expect("rings"), b.context().expect("rings"));
+        assert!(ca.ptr_eq(&cb), "clones of one config share a context");
+        assert!(
+            ca.ptr_eq(&crate::RrpcContext::shared(&cfg)),
+            "the server's too"
+        );
+        let poller = ca.poller_handle().expect("poller");
+        assert!(poller.ptr_eq(&cb.poller_handle().expect("poller")));
+        assert_eq!(poller.config().get_mode(), crate::PollerMode::Event);
+
+        let own = crate::RrpcContext::new(&cfg);
+        let c = ep.clone().context(own.clone()).connect().await.expect("c");
+        call(&c).await;
+        let cc = c.context().expect("rings");
+        assert!(cc.ptr_eq(&own) && !cc.ptr_eq(&ca));
+        assert!(!cc.poller_handle().expect("poller").ptr_eq(&poller));
+        // Other per-connection settings may differ from the context's config.
+        let h2 = ep
+            .clone()
+            .config(cfg.clone().path(crate::PathPreference::Http2))
+            .context(own.clone())
+            .connect()
+            .await
+            .expect("h2");
+        call(&h2).await;
+        assert!(h2.context().expect("rings").ptr_eq(&own));
+        // Not the resource settings.
+        let e = ep
+            .clone()
+            .context(crate::RrpcContext::new(&RrpcConfig::default()))
+            .connect_lazy()
+            .expect_err("a context for another poller");
+        assert!(matches!(e, Error::InvalidConfig(_)), "{e}");
+        server.abort();
+        let _ = std::fs::remove_file(&path);
+    }
+
     /// `Server::max_connection_age` on the fast path: the server drains the
     /// connection at its age, the channel sees it (GOAWAY or the side
     /// channel closing) and its next call goes over a new connection.
