@@ -51,7 +51,7 @@ pub const DEFAULT_RDMA_CONNECTION_POOL: usize = 2;
 /// | `queue_pair` | [`rrpc_core::QpConfig::default`] | each connection's queue pair (depths; fault injection for tests) |
 /// | `rc_retry` | [`rrpc_core::RcRetry::default`] (ACK timeout 67 ms, 7 retries) | `rdma://` retransmission on a lossy wire; a silent peer fails calls `Unavailable` |
 /// | `connection_pool` | 0 (off) | KRCore §3.1: queue pairs and ring regions made ahead of time by a background thread; on shm it measured no faster (`cargo xtask bench connect`: p50 0.88–1.04× unpooled over three runs, both ≈ 3× tonic-TCP's connect), meant for verbs, where registration costs milliseconds on a NIC |
-/// | `connection_pool_memory` | 64 MiB | the bound on what the ready bundles of this config's pools hold together (a bundle holds both ring regions, ≈ 2 × `ring_size`) |
+/// | `connection_pool_memory` | 64 MiB | the bound on what the ready bundles of a context's pools hold together (a bundle holds both ring regions, ≈ 2 × `ring_size`) |
 /// | `shared_queue_pairs` | off | KRCore §4.4: connections to one server share one queue pair (see the setter for the measured cost on shm) |
 /// | `peer_lease` | 10 s | how long an unused shared connection stays cached (`rrpc_core::meta`) |
 /// | `max_shared_peers` | 1024 | shared connections cached (client) or held (server) at once |
