@@ -154,22 +154,32 @@ impl RrpcContext {
     pub fn shared(config: &RrpcConfig) -> Self {
         let mut r = registry().lock().unwrap_or_else(|e| e.into_inner());
         let mut found = None;
+        // Strong handles taken while looking, dropped after the lock: a
+        // context whose last user left meanwhile ends (closing its
+        // connections) outside it.
+        let mut seen = Vec::new();
         // Ended contexts leave their entries: dropped here.
         r.retain(|(c, w)| match w.upgrade() {
             Some(inner) => {
                 if found.is_none() && c == config {
-                    found = Some(inner);
+                    found = Some(inner.clone());
                 }
+                seen.push(inner);
                 true
             }
             None => false,
         });
-        if let Some(inner) = found {
-            return RrpcContext(inner);
-        }
-        let inner = Self::make(config, true);
-        r.push((config.clone(), Arc::downgrade(&inner)));
-        RrpcContext(inner)
+        let ctx = match found {
+            Some(inner) => RrpcContext(inner),
+            None => {
+                let inner = Self::make(config, true);
+                r.push((config.clone(), Arc::downgrade(&inner)));
+                RrpcContext(inner)
+            }
+        };
+        drop(r);
+        drop(seen);
+        ctx
     }
 
     /// The config this context was made with: its resources follow it.
