@@ -169,7 +169,8 @@ fn connect_time(
         if tr == Transport::TonicTcp {
             tcp_p50 = sm.p50_us();
         }
-        let (hits, misses) = cfg
+        // The server's context (an equal config's, shared while it runs).
+        let (hits, misses) = rrpc_tonic::RrpcContext::shared(&cfg)
             .pool_stats()
             .iter()
             .fold((0, 0), |(h, m), (_, s)| (h + s.hits, m + s.misses));

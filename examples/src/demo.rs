@@ -38,8 +38,8 @@ use std::time::{Duration, Instant};
 use clap::Parser;
 use hdrhistogram::Histogram;
 use rrpc_tonic::{
-    Carrier, ChannelPath, PathPreference, PollerConfig, PollerMode, RrpcChannel, RrpcConfig,
-    RrpcIncoming, Server,
+    Carrier, ChannelPath, PathPreference, PollerConfig, PollerMode, RrpcConfig, RrpcContext,
+    RrpcEndpoint, RrpcIncoming, Server,
 };
 use tonic::{Request, Response, Status};
 
@@ -84,12 +84,14 @@ impl Greeter for MyGreeter {
     }
 }
 
-/// One poller variant: its label and the rrpc config (shared by server and
-/// client, so they share one poller).
+/// One poller variant: its label, the rrpc config and the context (shared
+/// by server and client, so they share one poller; the client's HTTP/2 row
+/// too, whose config differs in its path only).
 #[derive(Debug, Clone)]
 struct Variant {
     label: String,
     cfg: RrpcConfig,
+    ctx: RrpcContext,
 }
 
 fn parse_variant(s: &str) -> anyhow::Result<Variant> {
@@ -97,6 +99,7 @@ fn parse_variant(s: &str) -> anyhow::Result<Variant> {
         return Ok(Variant {
             label: "default".into(),
             cfg: RrpcConfig::default(),
+            ctx: RrpcContext::new(&RrpcConfig::default()),
         });
     }
     let (s_, fixed) = match s.strip_suffix('!') {
@@ -131,6 +134,7 @@ fn parse_variant(s: &str) -> anyhow::Result<Variant> {
     }
     Ok(Variant {
         label: s.to_string(),
+        ctx: RrpcContext::new(&cfg),
         cfg,
     })
 }
@@ -183,14 +187,23 @@ struct Measured {
     carrier: Carrier,
 }
 
-async fn measure(uri: &str, cfg: RrpcConfig, calls: u64) -> anyhow::Result<Measured> {
+async fn measure(
+    uri: &str,
+    cfg: RrpcConfig,
+    ctx: Option<RrpcContext>,
+    calls: u64,
+) -> anyhow::Result<Measured> {
+    let mut ep = RrpcEndpoint::new(uri)?.config(cfg);
+    if let Some(ctx) = ctx {
+        ep = ep.context(ctx);
+    }
     let mut last = None;
     let mut channel = None;
     // The server thread starts its listeners at the same time: retry for a
     // while (long enough for a slow machine, an emulated one included).
     let deadline = Instant::now() + Duration::from_secs(30);
     while Instant::now() < deadline {
-        match RrpcChannel::connect(uri, cfg.clone()).await {
+        match ep.connect().await {
             Ok(c) => {
                 channel = Some(c);
                 break;
@@ -315,11 +328,11 @@ fn main() -> anyhow::Result<()> {
     // Server: every listener on one thread and runtime.
     let mut uris = Vec::new();
     if !args.no_baselines {
-        uris.push((tcp.clone(), RrpcConfig::default()));
-        uris.push((uds.clone(), RrpcConfig::default()));
+        uris.push((tcp.clone(), RrpcConfig::default(), None));
+        uris.push((uds.clone(), RrpcConfig::default(), None));
     }
     for (uri, v) in rings.iter().zip(&variants) {
-        uris.push((uri.clone(), v.cfg.clone()));
+        uris.push((uri.clone(), v.cfg.clone(), Some(v.ctx.clone())));
     }
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let (bound_tx, bound_rx) = std_mpsc::channel::<anyhow::Result<Vec<String>>>();
@@ -328,7 +341,10 @@ fn main() -> anyhow::Result<()> {
             let router = Server::builder().add_service(GreeterServer::new(MyGreeter));
             let bound = uris
                 .into_iter()
-                .map(|(uri, cfg)| RrpcIncoming::bind(&uri, cfg))
+                .map(|(uri, cfg, ctx)| match ctx {
+                    Some(ctx) => RrpcIncoming::bind_with_context(&uri, cfg, ctx),
+                    None => RrpcIncoming::bind(&uri, cfg),
+                })
                 .collect::<Result<Vec<_>, _>>();
             let incomings = match bound {
                 Ok(b) => {
@@ -368,7 +384,7 @@ fn main() -> anyhow::Result<()> {
     };
 
     // Client: every path from one thread and runtime.
-    let mut paths: Vec<(String, String, RrpcConfig, Option<usize>)> = Vec::new();
+    let mut paths: Vec<(String, String, RrpcConfig, Option<RrpcContext>)> = Vec::new();
     if !args.no_baselines {
         paths.push(("tcp".into(), tcp, RrpcConfig::default(), None));
         paths.push(("uds".into(), uds, RrpcConfig::default(), None));
@@ -383,13 +399,13 @@ fn main() -> anyhow::Result<()> {
             format!("{transport}-h2{suffix}"),
             rings[i].clone(),
             v.cfg.clone().path(PathPreference::Http2),
-            Some(i),
+            Some(v.ctx.clone()),
         ));
         paths.push((
             format!("{transport}-fast{suffix}"),
             rings[i].clone(),
             v.cfg.clone(),
-            Some(i),
+            Some(v.ctx.clone()),
         ));
     }
     let calls = args.calls;
@@ -398,18 +414,19 @@ fn main() -> anyhow::Result<()> {
         rt.block_on(async move {
             let mut results = Vec::new();
             for (name, uri, cfg, variant) in paths {
-                let poller = match variant {
-                    Some(_) => Some(cfg.poller_handle()?),
+                let poller = match &variant {
+                    Some(ctx) => Some(ctx.poller_handle()?),
                     None => None,
                 };
                 let before = poller.as_ref().map(|p| p.stats());
                 let loads = poller.as_ref().map(|p| p.thread_loads()).unwrap_or_default();
-                let m = measure(&uri, cfg, calls).await?;
+                let is_variant = variant.is_some();
+                let m = measure(&uri, cfg, variant, calls).await?;
                 let _ = line_tx.send(format!(
                     "{name}: connected to {uri} over {:?}, carried by {:?}",
                     m.path, m.carrier
                 ));
-                if variant.is_some() && want_verbs && !matches!(m.carrier, Carrier::Verbs { .. }) {
+                if is_variant && want_verbs && !matches!(m.carrier, Carrier::Verbs { .. }) {
                     anyhow::bail!("{name}: {uri} was not carried by verbs but by {:?}", m.carrier);
                 }
                 let (p50, p99) = (m.p50, m.p99);

@@ -1005,6 +1005,9 @@ fn run_clients(
     check: impl Fn(&RrpcChannel) -> Result<()>,
 ) -> Result<()> {
     let uri = uri.to_owned();
+    // The context the server and the clients of `cfg` share (held for the
+    // run, so that the pool counters printed at the end are this run's).
+    let context = rrpc_tonic::RrpcContext::shared(cfg);
     println!(
         "soak: {} clients on {uri} ({}) for {:?}, sizes {} B..{} KiB, {}% cancelled, seed {:#x}",
         args.clients,
@@ -1252,7 +1255,7 @@ fn run_clients(
     // count: a few descriptors of slack, none per connection.
     let fd_leak = fd1 > fd_base + FD_SLACK;
     let rss_leak = rss_growth > args.max_rss_growth_mib;
-    for (kind, p) in cfg.pool_stats() {
+    for (kind, p) in context.pool_stats() {
         println!(
             "pool ({kind:?}): {} connects from the pool, {} built inline, {} made ahead",
             p.hits, p.misses, p.refills

@@ -88,7 +88,7 @@ impl std::fmt::Display for Mode {
 /// assert_eq!(poller.config().get_mode(), Mode::Bpev);
 /// # Ok::<(), rrpc_poller::Error>(())
 /// ```
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PollerConfig {
     mode: Mode,
     polling_threads: usize,

@@ -5,7 +5,7 @@
 use tonic::body::Body;
 
 use crate::transport::Target;
-use crate::{Error, RrpcConfig};
+use crate::{Error, RrpcContext};
 
 pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -74,7 +74,8 @@ impl Carrier {
     }
 }
 
-pub(crate) fn carrier_of(target: &Target, config: &RrpcConfig) -> Result<Carrier, Error> {
+/// What `target` asks for; `rdma://` opens `ctx`'s device to name it.
+pub(crate) fn carrier_of(target: &Target, ctx: &RrpcContext) -> Result<Carrier, Error> {
     Ok(match target {
         Target::Tcp(_) => Carrier::Tcp,
         Target::Unix(_) => Carrier::Unix,
@@ -82,7 +83,7 @@ pub(crate) fn carrier_of(target: &Target, config: &RrpcConfig) -> Result<Carrier
         Target::Shm(_) => Carrier::Shm,
         #[cfg(feature = "verbs")]
         Target::Rdma(_) => Carrier::Verbs {
-            device: config
+            device: ctx
                 .verbs_fabric()?
                 .device_name()
                 .unwrap_or_default()
@@ -91,7 +92,7 @@ pub(crate) fn carrier_of(target: &Target, config: &RrpcConfig) -> Result<Carrier
         },
         #[cfg(not(feature = "verbs"))]
         Target::Rdma(_) => {
-            let _ = config;
+            let _ = ctx;
             return Err(crate::error::rdma_unavailable());
         }
     })

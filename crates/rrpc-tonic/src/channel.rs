@@ -118,6 +118,19 @@ impl RrpcChannel {
         observed.unwrap_or_else(|| self.carrier.clone())
     }
 
+    /// The [`RrpcContext`](crate::RrpcContext) this channel's ring connections use
+    /// (its poller, device, pools and shared connections): the one given
+    /// to [`RrpcEndpoint::context`](crate::RrpcEndpoint::context), else its
+    /// config's shared one. `None` on tonic's own paths (`http://`,
+    /// `unix://`) and for a balanced channel.
+    pub fn context(&self) -> Option<crate::RrpcContext> {
+        match &self.inner {
+            Inner::Rings(m) => Some(m.dialer.ctx.clone()),
+            Inner::Buffered(_, Some(d)) => Some(d.ctx.clone()),
+            _ => None,
+        }
+    }
+
     /// The path this channel uses: on rings, the path of its current
     /// connection ([`ChannelPath::Fast`] for a lazy channel that has not
     /// connected yet, unless its config asks for HTTP/2; a balanced

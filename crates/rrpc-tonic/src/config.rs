@@ -1,8 +1,8 @@
 //! [`RrpcConfig`]: the knobs of an rrpc connection.
 
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
-use rrpc_poller::{Poller, PollerConfig};
+use rrpc_poller::PollerConfig;
 
 /// Which data path a connection uses (negotiated in the handshake).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -24,6 +24,13 @@ pub const DEFAULT_RDMA_CONNECTION_POOL: usize = 2;
 /// Private fields, documented defaults, chained setters; validated setters
 /// return `Result`. Cheap to clone (an `Arc` inside).
 ///
+/// Settings only: a config starts nothing and holds no runtime state. The
+/// poller, the verbs device, the connection pools and the shared
+/// connections live in a [`RrpcContext`](crate::RrpcContext), which servers and
+/// channels own or share (by default, one per distinct config: see
+/// [`RrpcContext::shared`](crate::RrpcContext::shared)). Two configs are equal when
+/// every setting is (the TLS configs by identity, `Arc::ptr_eq`).
+///
 /// | knob | default | source |
 /// |---|---|---|
 /// | `max_message_size` | 4 MiB | gRPC's default maximum message; RR-Compound §V-B picks the 4 MB ring to match |
@@ -44,14 +51,14 @@ pub const DEFAULT_RDMA_CONNECTION_POOL: usize = 2;
 /// | `queue_pair` | [`rrpc_core::QpConfig::default`] | each connection's queue pair (depths; fault injection for tests) |
 /// | `rc_retry` | [`rrpc_core::RcRetry::default`] (ACK timeout 67 ms, 7 retries) | `rdma://` retransmission on a lossy wire; a silent peer fails calls `Unavailable` |
 /// | `connection_pool` | 0 (off) | KRCore §3.1: queue pairs and ring regions made ahead of time by a background thread; on shm it measured no faster (`cargo xtask bench connect`: p50 0.88–1.04× unpooled over three runs, both ≈ 3× tonic-TCP's connect), meant for verbs, where registration costs milliseconds on a NIC |
-/// | `connection_pool_memory` | 64 MiB | the bound on what the ready bundles of this config's pools hold together (a bundle holds both ring regions, ≈ 2 × `ring_size`) |
+/// | `connection_pool_memory` | 64 MiB | the bound on what the ready bundles of a context's pools hold together (a bundle holds both ring regions, ≈ 2 × `ring_size`) |
 /// | `shared_queue_pairs` | off | KRCore §4.4: connections to one server share one queue pair (see the setter for the measured cost on shm) |
 /// | `peer_lease` | 10 s | how long an unused shared connection stays cached (`rrpc_core::meta`) |
 /// | `max_shared_peers` | 1024 | shared connections cached (client) or held (server) at once |
 /// | `rdma_device` | first device listed | the verbs device for `rdma://` (feature `verbs`) |
 /// | `rdma_port` | 1 | its physical port |
 /// | `rdma_gid_index` | RoCE: first IPv4-mapped RoCE v2 GID, else 0; InfiniBand: 0 | its source GID index (see `rrpc_core::VerbsOptions::gid_index`) |
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct RrpcConfig(Arc<Inner>);
 
 /// The default of [`RrpcConfig::peer_lease`].
@@ -66,14 +73,6 @@ type TlsClient = (
     Arc<rrpc_core::rustls::ClientConfig>,
     rrpc_core::rustls::pki_types::ServerName<'static>,
 );
-
-/// The connection pools of a config, one per provider.
-#[derive(Default, Debug)]
-struct Pools {
-    pools: Vec<(rrpc_core::ProviderKind, Arc<crate::shm::BundlePool>)>,
-    /// Their shared memory bound (made with the first pool).
-    budget: Option<Arc<rrpc_core::pool::PoolBudget>>,
-}
 
 #[derive(Debug, Clone)]
 struct Inner {
@@ -94,8 +93,6 @@ struct Inner {
     receive_spin: std::time::Duration,
     handshake_timeout: std::time::Duration,
     max_pending_handshakes: usize,
-    /// The poller built from `poller`, shared by every clone of this config.
-    poller_cell: Arc<OnceLock<Poller>>,
     token: Option<Arc<[u8]>>,
     #[cfg(feature = "verbs")]
     tls_server: Option<Arc<rrpc_core::rustls::ServerConfig>>,
@@ -104,30 +101,98 @@ struct Inner {
     rdma_device: Option<String>,
     rdma_port: Option<u8>,
     rdma_gid_index: Option<u8>,
-    /// The verbs device and protection domain, opened once per config (and
-    /// its clones), at the first `rdma://` connection.
-    fabric_cell: Arc<std::sync::Mutex<Option<rrpc_core::Fabric>>>,
     /// Every connection's queue-pair settings.
     queue_pair: rrpc_core::QpConfig,
     /// Connections' resources made ahead of time (0: off; `None`: the
     /// provider's default, [`DEFAULT_RDMA_CONNECTION_POOL`] on verbs).
     pool: Option<usize>,
-    /// The memory bound of the ready bundles of every pool of this config.
+    /// The memory bound of the ready bundles of every pool of a context.
     pool_memory: u64,
-    /// The pools, one per provider, shared by every clone of this config.
-    pool_cell: Arc<std::sync::Mutex<Pools>>,
     /// Logical connections over one queue pair per peer.
     shared_queue_pairs: bool,
     /// How long a shared connection nobody uses stays cached.
     peer_lease: std::time::Duration,
     /// Shared connections cached (client) or accepted (server) at once.
     max_shared_peers: usize,
-    /// The client's shared connections, by peer, shared by every clone of
-    /// this config.
-    peers_cell: Arc<crate::sharing::Peers>,
-    /// The shared connections clients opened with servers of this config
-    /// and its clones.
-    anchors_cell: Arc<crate::sharing::Anchors>,
+}
+
+impl PartialEq for Inner {
+    fn eq(&self, o: &Self) -> bool {
+        // Every field named (no `..`): a new setting must be compared too.
+        let Inner {
+            max_message_size,
+            ring_size,
+            min_ring_size,
+            ring_shrink_after,
+            numa_node,
+            ring_cache_size,
+            path,
+            zero_copy,
+            max_chunk,
+            call_window,
+            max_header_list_size,
+            max_concurrent_calls,
+            poller,
+            receive_spin,
+            handshake_timeout,
+            max_pending_handshakes,
+            token,
+            #[cfg(feature = "verbs")]
+            tls_server,
+            #[cfg(feature = "verbs")]
+            tls_client,
+            rdma_device,
+            rdma_port,
+            rdma_gid_index,
+            queue_pair,
+            pool,
+            pool_memory,
+            shared_queue_pairs,
+            peer_lease,
+            max_shared_peers,
+        } = self;
+        #[cfg(feature = "verbs")]
+        {
+            // rustls configs have no equality: the same config, or none.
+            let same_server = match (tls_server, &o.tls_server) {
+                (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+                (a, b) => a.is_none() && b.is_none(),
+            };
+            let same_client = match (tls_client, &o.tls_client) {
+                (Some((a, na)), Some((b, nb))) => Arc::ptr_eq(a, b) && na == nb,
+                (a, b) => a.is_none() && b.is_none(),
+            };
+            if !(same_server && same_client) {
+                return false;
+            }
+        }
+        *max_message_size == o.max_message_size
+            && *ring_size == o.ring_size
+            && *min_ring_size == o.min_ring_size
+            && *ring_shrink_after == o.ring_shrink_after
+            && *numa_node == o.numa_node
+            && *ring_cache_size == o.ring_cache_size
+            && *path == o.path
+            && *zero_copy == o.zero_copy
+            && *max_chunk == o.max_chunk
+            && *call_window == o.call_window
+            && *max_header_list_size == o.max_header_list_size
+            && *max_concurrent_calls == o.max_concurrent_calls
+            && *poller == o.poller
+            && *receive_spin == o.receive_spin
+            && *handshake_timeout == o.handshake_timeout
+            && *max_pending_handshakes == o.max_pending_handshakes
+            && *token == o.token
+            && *rdma_device == o.rdma_device
+            && *rdma_port == o.rdma_port
+            && *rdma_gid_index == o.rdma_gid_index
+            && *queue_pair == o.queue_pair
+            && *pool == o.pool
+            && *pool_memory == o.pool_memory
+            && *shared_queue_pairs == o.shared_queue_pairs
+            && *peer_lease == o.peer_lease
+            && *max_shared_peers == o.max_shared_peers
+    }
 }
 
 impl Default for RrpcConfig {
@@ -149,7 +214,6 @@ impl Default for RrpcConfig {
             receive_spin: std::time::Duration::ZERO,
             handshake_timeout: std::time::Duration::from_secs(5),
             max_pending_handshakes: 1024,
-            poller_cell: Arc::new(OnceLock::new()),
             token: None,
             #[cfg(feature = "verbs")]
             tls_server: None,
@@ -158,16 +222,12 @@ impl Default for RrpcConfig {
             rdma_device: None,
             rdma_port: None,
             rdma_gid_index: None,
-            fabric_cell: Arc::new(std::sync::Mutex::new(None)),
             queue_pair: rrpc_core::QpConfig::default(),
             shared_queue_pairs: false,
             peer_lease: DEFAULT_PEER_LEASE,
             max_shared_peers: DEFAULT_MAX_SHARED_PEERS,
-            peers_cell: Arc::default(),
-            anchors_cell: Arc::default(),
             pool: None,
             pool_memory: 64 << 20,
-            pool_cell: Arc::new(std::sync::Mutex::new(Pools::default())),
         }))
     }
 }
@@ -246,8 +306,9 @@ impl RrpcConfig {
     /// the verbs device, read from sysfs when `rdma://` first opens it
     /// (`/sys/class/infiniband/<dev>/device/numa_node`; nothing when the
     /// device reports none, and nothing on `shm://`). `Node(n)` places
-    /// every ring of this config on node `n` and gives the config a poller
-    /// of its own whose threads run on that node's CPUs; `Off` places
+    /// every ring of this config on node `n` and gives its
+    /// [`RrpcContext`](crate::RrpcContext) a poller of its own whose threads run on
+    /// that node's CPUs; `Off` places
     /// nothing. Ring memory is bound with `mbind` before it is first
     /// touched; threads are pinned within the process's own affinity (a
     /// `taskset` is never widened). A placement the kernel refuses is
@@ -257,11 +318,7 @@ impl RrpcConfig {
     ///
     /// [`NumaPlacement::Device`]: rrpc_core::numa::NumaPlacement::Device
     pub fn numa_node(self, placement: rrpc_core::numa::NumaPlacement) -> Self {
-        self.with(|i| {
-            i.numa_node = placement;
-            // The poller this config made follows the old placement.
-            i.poller_cell = Arc::new(OnceLock::new());
-        })
+        self.with(|i| i.numa_node = placement)
     }
     /// Quiet time after which a self-sizing ring shrinks back to
     /// [`min_ring_size`](Self::min_ring_size). Default 1 s.
@@ -409,20 +466,20 @@ impl RrpcConfig {
     }
 
     /// Connection management for the `shm://`/`rdma://` connections made
-    /// with this config (and its clones): an [`rrpc_poller`] configuration.
+    /// with this config: an [`rrpc_poller`] configuration.
     ///
     /// Without this call every connection of the process shares one poller
-    /// built from [`default_poller_config`]. With it, this config gets its
-    /// own poller, started at the first connection and shared by every
-    /// clone of the config (clone one config for the server and the client
-    /// of one process to share it). [`rrpc_poller::Mode::Event`] turns on
-    /// `tail_with_imm` in the ring geometry, so both ends must choose Event
-    /// (the handshake refuses a mismatch).
+    /// built from [`default_poller_config`]. With it, each
+    /// [`RrpcContext`](crate::RrpcContext) of this config gets its own poller,
+    /// started at its first connection and shared by everything using the
+    /// context: by default every server and channel of an equal config
+    /// (clones included), so a server and a client of one process given
+    /// one config share it ([`RrpcContext::shared`](crate::RrpcContext::shared)).
+    /// [`rrpc_poller::Mode::Event`] turns on `tail_with_imm` in the ring
+    /// geometry, so both ends must choose Event (the handshake refuses a
+    /// mismatch).
     pub fn poller(self, poller: PollerConfig) -> Self {
-        self.with(|i| {
-            i.poller = Some(poller);
-            i.poller_cell = Arc::new(OnceLock::new());
-        })
+        self.with(|i| i.poller = Some(poller))
     }
 
     /// [`rrpc_poller::Mode::Event`] only: how long a connection's receiver
@@ -488,40 +545,6 @@ impl RrpcConfig {
     /// See [`RrpcConfig::poller`] (`None`: the process-wide default).
     pub fn get_poller(&self) -> Option<&PollerConfig> {
         self.0.poller.as_ref()
-    }
-
-    /// The poller this config's connections use, started on first use:
-    /// its counters ([`Poller::stats`]) show polls, wake-ups, spin hits and
-    /// sleeps.
-    ///
-    /// # Errors
-    /// [`crate::Error::Io`] when its polling threads cannot be started.
-    pub fn poller_handle(&self) -> Result<Poller, crate::Error> {
-        let own_placement = self.0.numa_node != rrpc_core::numa::NumaPlacement::Device;
-        if self.0.poller.is_none() && own_placement {
-            // A placement of its own: this config's poller, not the
-            // process-wide one other configs share.
-            if let Some(p) = self.0.poller_cell.get() {
-                return Ok(p.clone());
-            }
-            let p = default_poller_config()
-                .numa_node(self.0.numa_node)
-                .build()?;
-            return Ok(self.0.poller_cell.get_or_init(|| p).clone());
-        }
-        let Some(pc) = &self.0.poller else {
-            static DEFAULT: OnceLock<Poller> = OnceLock::new();
-            if let Some(p) = DEFAULT.get() {
-                return Ok(p.clone());
-            }
-            let p = default_poller_config().build()?;
-            return Ok(DEFAULT.get_or_init(|| p).clone());
-        };
-        if let Some(p) = self.0.poller_cell.get() {
-            return Ok(p.clone());
-        }
-        let p = pc.clone().build()?;
-        Ok(self.0.poller_cell.get_or_init(|| p).clone())
     }
 
     /// See [`RrpcConfig::max_message_size`].
@@ -633,13 +656,10 @@ impl RrpcConfig {
 
     /// The verbs device `rdma://` uses, by name (e.g. `mlx5_0`, `rxe0`);
     /// default: the first device libibverbs lists. The device and its
-    /// protection domain are opened once per config (shared by its clones),
-    /// at the first `rdma://` connection.
+    /// protection domain are opened once per [`RrpcContext`](crate::RrpcContext),
+    /// at its first `rdma://` connection.
     pub fn rdma_device(self, name: impl Into<String>) -> Self {
-        self.with(|i| {
-            i.rdma_device = Some(name.into());
-            i.fabric_cell = Arc::new(std::sync::Mutex::new(None));
-        })
+        self.with(|i| i.rdma_device = Some(name.into()))
     }
 
     /// See [`RrpcConfig::rdma_device`].
@@ -652,10 +672,7 @@ impl RrpcConfig {
     /// fails the first `rdma://` connection with an error naming the ports
     /// there are.
     pub fn rdma_port(self, port: u8) -> Self {
-        self.with(|i| {
-            i.rdma_port = Some(port);
-            i.fabric_cell = Arc::new(std::sync::Mutex::new(None));
-        })
+        self.with(|i| i.rdma_port = Some(port))
     }
 
     /// See [`RrpcConfig::rdma_port`] (`None`: the default, 1).
@@ -670,10 +687,7 @@ impl RrpcConfig {
     /// empty entry, fails the first `rdma://` connection with an error
     /// naming the index and the table's length.
     pub fn rdma_gid_index(self, index: u8) -> Self {
-        self.with(|i| {
-            i.rdma_gid_index = Some(index);
-            i.fabric_cell = Arc::new(std::sync::Mutex::new(None));
-        })
+        self.with(|i| i.rdma_gid_index = Some(index))
     }
 
     /// See [`RrpcConfig::rdma_gid_index`] (`None`: the default choice).
@@ -684,7 +698,7 @@ impl RrpcConfig {
     /// The [`rrpc_core::VerbsOptions`] of `rdma_device`, `rdma_port` and
     /// `rdma_gid_index`.
     #[cfg(feature = "verbs")]
-    fn verbs_options(&self) -> rrpc_core::VerbsOptions {
+    pub(crate) fn verbs_options(&self) -> rrpc_core::VerbsOptions {
         let mut o = rrpc_core::VerbsOptions::new();
         if let Some(d) = &self.0.rdma_device {
             o = o.device(d.clone());
@@ -705,10 +719,7 @@ impl RrpcConfig {
     /// completions, failing work requests, torn writes, so that a service's
     /// own tests can run the whole gRPC stack under verbs-like faults.
     pub fn queue_pair(self, qp: rrpc_core::QpConfig) -> Self {
-        self.with(|i| {
-            i.queue_pair = qp;
-            i.pool_cell = Arc::new(std::sync::Mutex::new(Pools::default()));
-        })
+        self.with(|i| i.queue_pair = qp)
     }
 
     /// See [`RrpcConfig::queue_pair`].
@@ -735,10 +746,12 @@ impl RrpcConfig {
     /// Keeps the resources of `n` connections (a queue pair and both ring
     /// regions, KRCore's pre-initialised bundle, §3.1) made ahead of time
     /// by a background thread, for the `shm://` and `rdma://` connections
-    /// made or accepted with this config and its clones; connect and
-    /// accept take a bundle instead of creating one, and the thread refills
-    /// the pool. An empty pool builds inline, never fails for that
-    /// ([`RrpcConfig::pool_stats`] counts hits and misses). `0` turns it off.
+    /// made or accepted with this config, one pool per provider and
+    /// [`RrpcContext`](crate::RrpcContext); connect and accept take a bundle
+    /// instead of creating one, and the thread refills the pool. An empty
+    /// pool builds inline, never fails for that
+    /// ([`RrpcContext::pool_stats`](crate::RrpcContext::pool_stats) counts hits
+    /// and misses). `0` turns it off.
     ///
     /// Default: [`DEFAULT_RDMA_CONNECTION_POOL`] (2) on `rdma://`, where
     /// registering both rings and creating the queue pair is most of a
@@ -748,10 +761,7 @@ impl RrpcConfig {
     /// (`2 × ring_size`) of memory, and on verbs their registrations (pinned
     /// pages), while it waits.
     pub fn connection_pool(self, n: usize) -> Self {
-        self.with(|i| {
-            i.pool = Some(n);
-            i.pool_cell = Arc::new(std::sync::Mutex::new(Pools::default()));
-        })
+        self.with(|i| i.pool = Some(n))
     }
 
     /// Carries every `shm://` or `rdma://` connection to one server over one
@@ -772,10 +782,7 @@ impl RrpcConfig {
     /// (KRCore §2.3). The shared connection stays cached for
     /// [`RrpcConfig::peer_lease`] after its last use.
     pub fn shared_queue_pairs(self, on: bool) -> Self {
-        self.with(|i| {
-            i.shared_queue_pairs = on;
-            i.peers_cell = Arc::default();
-        })
+        self.with(|i| i.shared_queue_pairs = on)
     }
 
     /// See [`RrpcConfig::shared_queue_pairs`].
@@ -796,10 +803,7 @@ impl RrpcConfig {
         if lease.is_zero() {
             return Err(crate::Error::InvalidConfig("peer_lease must be above zero"));
         }
-        Ok(self.with(|i| {
-            i.peer_lease = lease;
-            i.peers_cell = Arc::default();
-        }))
+        Ok(self.with(|i| i.peer_lease = lease))
     }
 
     /// See [`RrpcConfig::peer_lease`].
@@ -821,36 +825,12 @@ impl RrpcConfig {
                 "max_shared_peers must be at least 1",
             ));
         }
-        Ok(self.with(|i| {
-            i.max_shared_peers = n;
-            i.peers_cell = Arc::default();
-        }))
+        Ok(self.with(|i| i.max_shared_peers = n))
     }
 
     /// See [`RrpcConfig::max_shared_peers`].
     pub fn get_max_shared_peers(&self) -> usize {
         self.0.max_shared_peers
-    }
-
-    /// The client's cache of shared connections (one per config and its
-    /// clones).
-    pub(crate) fn peers(&self) -> &Arc<crate::sharing::Peers> {
-        &self.0.peers_cell
-    }
-
-    /// The shared connections servers of this config hold.
-    pub(crate) fn anchors(&self) -> &Arc<crate::sharing::Anchors> {
-        &self.0.anchors_cell
-    }
-
-    /// The shared connections ([`RrpcConfig::shared_queue_pairs`]) of this
-    /// config and its clones now: those its clients opened (still cached),
-    /// then those its servers accepted. One per client and server pair, so
-    /// a client with many connections to one server shows one queue pair.
-    pub fn shared_connections(&self) -> Vec<crate::SharedConnectionStats> {
-        let mut v = self.0.peers_cell.stats();
-        v.extend(self.0.anchors_cell.stats());
-        v
     }
 
     /// See [`RrpcConfig::connection_pool`]: the size set, or `None` for
@@ -868,15 +848,12 @@ impl RrpcConfig {
         })
     }
 
-    /// Bounds the memory the ready bundles of this config's pools hold
+    /// Bounds the memory the ready bundles of a context's pools hold
     /// together (every provider and ring size: KRCore's size classes share
     /// one bound). A pool at its bound stops refilling, and connects beyond
     /// it build inline (counted as misses, never refused). Default 64 MiB.
     pub fn connection_pool_memory(self, max_bytes: u64) -> Self {
-        self.with(|i| {
-            i.pool_memory = max_bytes;
-            i.pool_cell = Arc::new(std::sync::Mutex::new(Pools::default()));
-        })
+        self.with(|i| i.pool_memory = max_bytes)
     }
 
     /// See [`RrpcConfig::connection_pool_memory`].
@@ -884,63 +861,21 @@ impl RrpcConfig {
         self.0.pool_memory
     }
 
-    /// The pool's counters per provider (empty until a pooled connection
-    /// was made).
-    pub fn pool_stats(&self) -> Vec<(rrpc_core::ProviderKind, rrpc_core::pool::PoolStats)> {
-        self.0
-            .pool_cell
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .pools
-            .iter()
-            .map(|(k, p)| (*k, p.stats()))
-            .collect()
-    }
-
-    /// The pool of bundles for `fabric` (created at the first call), or
-    /// `None` when pooling is off.
-    pub(crate) fn bundle_pool(
-        &self,
-        fabric: &rrpc_core::Fabric,
-        make: impl FnOnce(Arc<rrpc_core::pool::PoolBudget>) -> crate::shm::BundlePool,
-    ) -> Option<Arc<crate::shm::BundlePool>> {
-        let kind = fabric.kind();
-        if self.connection_pool_for(kind) == 0 {
-            return None;
-        }
-        let mut cell = self.0.pool_cell.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some((_, p)) = cell.pools.iter().find(|(k, _)| *k == kind) {
-            return Some(p.clone());
-        }
-        let budget = cell
-            .budget
-            .get_or_insert_with(|| rrpc_core::pool::PoolBudget::new(self.0.pool_memory))
-            .clone();
-        let p = Arc::new(make(budget));
-        cell.pools.push((kind, p.clone()));
-        Some(p)
-    }
-
-    /// The fabric for `rdma://`: opened at the first call, then shared.
-    #[cfg(feature = "verbs")]
-    pub(crate) fn verbs_fabric(&self) -> Result<rrpc_core::Fabric, crate::Error> {
-        let mut cell = self.0.fabric_cell.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(f) = cell.as_ref() {
-            return Ok(f.clone());
-        }
-        let f = rrpc_core::Fabric::verbs_with(&self.verbs_options())?;
-        // RB² §IV-C: the polling threads go to the device's node (a
-        // poller placed otherwise ignores it).
-        let node = self.poller_handle()?.place_for_device(f.numa_node());
-        tracing::info!(
-            device = ?f.device_name(),
-            port_and_gid_index = ?f.verbs_port(),
-            numa_node = ?f.numa_node(),
-            pollers_on_node = ?node,
-            "rrpc: verbs device opened"
-        );
-        *cell = Some(f.clone());
-        Ok(f)
+    /// Whether `other` asks for the same runtime resources: the settings
+    /// a [`RrpcContext`](crate::RrpcContext)'s poller, device, pools and shared
+    /// connections follow.
+    pub(crate) fn same_resources(&self, other: &RrpcConfig) -> bool {
+        let (a, b) = (&*self.0, &*other.0);
+        a.poller == b.poller
+            && a.numa_node == b.numa_node
+            && a.rdma_device == b.rdma_device
+            && a.rdma_port == b.rdma_port
+            && a.rdma_gid_index == b.rdma_gid_index
+            && a.queue_pair == b.queue_pair
+            && a.pool == b.pool
+            && a.pool_memory == b.pool_memory
+            && a.peer_lease == b.peer_lease
+            && a.max_shared_peers == b.max_shared_peers
     }
 }
 
@@ -1001,29 +936,122 @@ mod tests {
         );
     }
 
+    /// Equality sees every setting: each setter makes a config unequal to
+    /// the defaults and to every other one-setting change, and a clone (or
+    /// the same settings built again) is equal.
     #[test]
-    fn a_numa_node_reaches_the_rings_and_a_poller_of_its_own() {
-        use rrpc_core::numa::NumaPlacement;
-        let shared = RrpcConfig::new();
-        assert_eq!(shared.get_numa_node(), NumaPlacement::Device);
-        // Node 0 exists on every Linux host.
-        let placed = RrpcConfig::new().numa_node(NumaPlacement::Node(0));
-        let ring = crate::shm::ring_config_for_tests(&placed).expect("ring config");
-        assert_eq!(ring.get_numa_node(), NumaPlacement::Node(0));
-        let p = placed.poller_handle().expect("poller");
-        assert_eq!(p.numa_node(), Some(0));
-        // Its own poller: the process-wide default one is not placed.
+    fn equality_sees_every_setting() {
+        use std::time::Duration;
+        let d = RrpcConfig::new();
+        assert_eq!(d, d.clone());
+        assert_eq!(d, RrpcConfig::default());
+        let qp = rrpc_core::QpConfig::default();
+        let changed: Vec<(&str, RrpcConfig)> = vec![
+            (
+                "max_message_size",
+                d.clone().max_message_size(1 << 10).unwrap(),
+            ),
+            ("ring_size", d.clone().ring_size(1 << 16).unwrap()),
+            ("min_ring_size", d.clone().min_ring_size(1 << 13).unwrap()),
+            (
+                "ring_shrink_after",
+                d.clone().ring_shrink_after(Duration::from_secs(2)).unwrap(),
+            ),
+            (
+                "numa_node",
+                d.clone().numa_node(rrpc_core::numa::NumaPlacement::Off),
+            ),
+            (
+                "ring_cache_size",
+                d.clone().ring_cache_size(1 << 13).unwrap(),
+            ),
+            ("path", d.clone().path(PathPreference::Http2)),
+            ("zero_copy", d.clone().zero_copy(false)),
+            ("max_chunk", d.clone().max_chunk(1 << 10).unwrap()),
+            ("call_window", d.clone().call_window(1 << 12).unwrap()),
+            (
+                "max_header_list_size",
+                d.clone().max_header_list_size(1 << 10).unwrap(),
+            ),
+            (
+                "max_concurrent_calls",
+                d.clone().max_concurrent_calls(7).unwrap(),
+            ),
+            ("poller", d.clone().poller(default_poller_config())),
+            (
+                "receive_spin",
+                d.clone().receive_spin(Duration::from_micros(3)),
+            ),
+            (
+                "handshake_timeout",
+                d.clone().handshake_timeout(Duration::from_secs(1)).unwrap(),
+            ),
+            (
+                "max_pending_handshakes",
+                d.clone().max_pending_handshakes(3).unwrap(),
+            ),
+            ("token", d.clone().token("secret").unwrap()),
+            ("rdma_device", d.clone().rdma_device("rxe0")),
+            ("rdma_port", d.clone().rdma_port(2)),
+            ("rdma_gid_index", d.clone().rdma_gid_index(1)),
+            (
+                "queue_pair",
+                d.clone().queue_pair(qp.clone().send_depth(3).unwrap()),
+            ),
+            (
+                "rc_retry",
+                d.clone()
+                    .rc_retry(rrpc_core::RcRetry::default().retry_count(1).unwrap()),
+            ),
+            ("connection_pool", d.clone().connection_pool(3)),
+            (
+                "connection_pool_memory",
+                d.clone().connection_pool_memory(1 << 20),
+            ),
+            ("shared_queue_pairs", d.clone().shared_queue_pairs(true)),
+            (
+                "peer_lease",
+                d.clone().peer_lease(Duration::from_secs(1)).unwrap(),
+            ),
+            ("max_shared_peers", d.clone().max_shared_peers(3).unwrap()),
+        ];
+        for (i, (name, c)) in changed.iter().enumerate() {
+            assert_ne!(*c, d, "{name} is not compared");
+            assert_eq!(*c, c.clone(), "{name}");
+            for (other, o) in &changed[i + 1..] {
+                assert_ne!(c, o, "{name} and {other} compare equal");
+            }
+        }
+        // A poller setting equal to the default poller is still a setting.
+        assert_ne!(d.clone().poller(default_poller_config()), d);
+        // The same token built twice is the same setting.
         assert_eq!(
-            placed.clone().poller_handle().expect("poller").numa_node(),
-            Some(0)
+            d.clone().token("secret").unwrap(),
+            RrpcConfig::new().token("secret").unwrap()
         );
+    }
+
+    #[cfg(feature = "verbs")]
+    #[test]
+    fn tls_configs_compare_by_identity() {
+        let _ = rrpc_core::rustls::crypto::ring::default_provider().install_default();
+        let roots = Arc::new(rrpc_core::rustls::RootCertStore::empty());
+        let client = Arc::new(
+            rrpc_core::rustls::ClientConfig::builder()
+                .with_root_certificates(roots)
+                .with_no_client_auth(),
+        );
+        let name = rrpc_core::rustls::pki_types::ServerName::try_from("a.test").unwrap();
+        let a = RrpcConfig::new().tls_client(client.clone(), name.clone());
         assert_eq!(
-            shared.poller_handle().expect("default poller").numa_node(),
-            None
+            a,
+            RrpcConfig::new().tls_client(client.clone(), name.clone())
         );
-        // A new placement makes a new poller.
-        let off = placed.numa_node(NumaPlacement::Off);
-        assert_eq!(off.poller_handle().expect("poller").numa_node(), None);
+        assert_ne!(a, RrpcConfig::new());
+        let other = Arc::new((*client).clone());
+        assert_ne!(a, RrpcConfig::new().tls_client(other, name));
+        let b = rrpc_core::rustls::pki_types::ServerName::try_from("b.test").unwrap();
+        assert_ne!(a, RrpcConfig::new().tls_client(client, b));
     }
 
     #[cfg(feature = "verbs")]

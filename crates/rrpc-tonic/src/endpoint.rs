@@ -17,7 +17,7 @@ use crate::channel::RrpcChannel;
 use crate::fast::client::CallOptions;
 use crate::managed::{Conn, Dialer, Managed};
 use crate::transport::Target;
-use crate::{Error, RrpcConfig};
+use crate::{Error, RrpcConfig, RrpcContext};
 
 /// A client endpoint: the URI, the [`RrpcConfig`] and the options of
 /// `tonic::transport::Endpoint`, for every path.
@@ -54,6 +54,7 @@ pub struct RrpcEndpoint {
     uri: String,
     target: Target,
     config: RrpcConfig,
+    context: Option<RrpcContext>,
     timeout: Option<Duration>,
     connect_timeout: Option<Duration>,
     user_agent: Option<HeaderValue>,
@@ -91,6 +92,7 @@ impl RrpcEndpoint {
             uri,
             target,
             config: RrpcConfig::default(),
+            context: None,
             timeout: None,
             connect_timeout: None,
             user_agent: None,
@@ -116,6 +118,31 @@ impl RrpcEndpoint {
     /// The rings' configuration (ignored by `http://` and `unix://`).
     pub fn config(self, config: RrpcConfig) -> Self {
         RrpcEndpoint { config, ..self }
+    }
+
+    /// The runtime state (poller, verbs device, pools, shared connections)
+    /// this endpoint's channels use on the rings. Without it they use the
+    /// config's shared context ([`RrpcContext::shared`], made when a channel
+    /// connects): every channel of an equal config shares it. The context
+    /// must have been made for a config with the same resource settings
+    /// ([`RrpcContext`], "Which settings are the context's"), checked when a
+    /// channel is made. Ignored by `http://` and `unix://`.
+    pub fn context(self, context: RrpcContext) -> Self {
+        RrpcEndpoint {
+            context: Some(context),
+            ..self
+        }
+    }
+
+    /// The context the rings use: the one given, else the config's shared one.
+    fn resolve_context(&self) -> Result<RrpcContext, Error> {
+        match &self.context {
+            Some(c) => {
+                c.check(&self.config)?;
+                Ok(c.clone())
+            }
+            None => Ok(RrpcContext::shared(&self.config)),
+        }
     }
 
     /// A timeout on every call, as tonic's `Endpoint::timeout`: the shorter
@@ -257,23 +284,24 @@ impl RrpcEndpoint {
     /// [`Error::NotListening`], [`Error::Handshake`], [`Error::ConnectTimeout`],
     /// [`Error::Transport`], and configuration errors.
     pub async fn connect(&self) -> Result<RrpcChannel, Error> {
-        let carrier = crate::call::carrier_of(&self.target, &self.config)?;
         match &self.target {
             Target::Tcp(addr) => {
                 let ep = self.tonic_endpoint(format!("http://{addr}"), true)?;
                 Ok(RrpcChannel::tonic(
                     ep.connect().await?,
                     ChannelPath::Tcp,
-                    carrier,
+                    Carrier::Tcp,
                 ))
             }
             Target::Unix(path) => {
                 let ep = self.tonic_endpoint("http://localhost".into(), true)?;
                 let ch = ep.connect_with_connector(unix_connector(path)).await?;
-                Ok(RrpcChannel::tonic(ch, ChannelPath::Unix, carrier))
+                Ok(RrpcChannel::tonic(ch, ChannelPath::Unix, Carrier::Unix))
             }
             _ => {
-                let dialer = self.dialer()?;
+                let ctx = self.resolve_context()?;
+                let carrier = crate::call::carrier_of(&self.target, &ctx)?;
+                let dialer = self.dialer(ctx)?;
                 let conn = dialer.clone().connection().await?;
                 Ok(self.rings(dialer, Some(conn), carrier))
             }
@@ -287,29 +315,33 @@ impl RrpcEndpoint {
     /// Only configuration errors (an `rdma://` device that cannot be
     /// opened); it never connects here.
     pub fn connect_lazy(&self) -> Result<RrpcChannel, Error> {
-        let carrier = crate::call::carrier_of(&self.target, &self.config)?;
         match &self.target {
             Target::Tcp(addr) => {
                 let ep = self.tonic_endpoint(format!("http://{addr}"), true)?;
                 Ok(RrpcChannel::tonic(
                     ep.connect_lazy(),
                     ChannelPath::Tcp,
-                    carrier,
+                    Carrier::Tcp,
                 ))
             }
             Target::Unix(path) => {
                 let ep = self.tonic_endpoint("http://localhost".into(), true)?;
                 let ch = ep.connect_with_connector_lazy(unix_connector(path));
-                Ok(RrpcChannel::tonic(ch, ChannelPath::Unix, carrier))
+                Ok(RrpcChannel::tonic(ch, ChannelPath::Unix, Carrier::Unix))
             }
-            _ => Ok(self.rings(self.dialer()?, None, carrier)),
+            _ => {
+                let ctx = self.resolve_context()?;
+                let carrier = crate::call::carrier_of(&self.target, &ctx)?;
+                Ok(self.rings(self.dialer(ctx)?, None, carrier))
+            }
         }
     }
 
-    fn dialer(&self) -> Result<Arc<Dialer>, Error> {
+    fn dialer(&self, ctx: RrpcContext) -> Result<Arc<Dialer>, Error> {
         Ok(Dialer::new(
             self.target.clone(),
             self.config.clone(),
+            ctx,
             self.uri.clone(),
             self.connect_timeout,
             self.call_options(),
@@ -517,6 +549,78 @@ mod tests {
             .expect("request");
         let res = ch.clone().oneshot(req).await.expect("call");
         assert_eq!(res.headers()["grpc-status"], "0");
+    }
+
+    /// Channels from clones of one config share one context, so one poller
+    /// (and the server of that config in this process shares it too); a
+    /// channel given a context of its own gets its own poller; a context
+    /// made for other resource settings is refused.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn clones_share_a_context_and_an_explicit_one_does_not() {
+        let path = std::env::temp_dir().join(format!("rrpc-ctx-{}.sock", std::process::id()));
+        let _ = std::fs::remove_file(&path);
+        let uri = format!("shm://{}", path.display());
+        // A poller of the config's own (Event mode: no polling thread), and
+        // a setting no other test of this binary uses.
+        let cfg = RrpcConfig::default()
+            .poller(crate::PollerConfig::new().mode(crate::PollerMode::Event))
+            .max_concurrent_calls(197)
+            .expect("calls");
+        let (u, scfg) = (uri.clone(), cfg.clone());
+        let server = tokio::spawn(async move {
+            crate::Server::builder()
+                .add_service(Ok0)
+                .serve_rrpc(&u, scfg)
+                .await
+        });
+        let ep = RrpcEndpoint::new(&uri).expect("uri").config(cfg.clone());
+        let mut first = None;
+        for _ in 0..200 {
+            if let Ok(c) = ep.connect().await {
+                first = Some(c);
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let a = first.expect("server up");
+        let b = RrpcChannel::connect(&uri, cfg.clone()).await.expect("b");
+        call(&a).await;
+        call(&b).await;
+        let (ca, cb) = (a.context().expect("rings"), b.context().expect("rings"));
+        assert!(ca.ptr_eq(&cb), "clones of one config share a context");
+        assert!(
+            ca.ptr_eq(&crate::RrpcContext::shared(&cfg)),
+            "the server's too"
+        );
+        let poller = ca.poller_handle().expect("poller");
+        assert!(poller.ptr_eq(&cb.poller_handle().expect("poller")));
+        assert_eq!(poller.config().get_mode(), crate::PollerMode::Event);
+
+        let own = crate::RrpcContext::new(&cfg);
+        let c = ep.clone().context(own.clone()).connect().await.expect("c");
+        call(&c).await;
+        let cc = c.context().expect("rings");
+        assert!(cc.ptr_eq(&own) && !cc.ptr_eq(&ca));
+        assert!(!cc.poller_handle().expect("poller").ptr_eq(&poller));
+        // Other per-connection settings may differ from the context's config.
+        let h2 = ep
+            .clone()
+            .config(cfg.clone().path(crate::PathPreference::Http2))
+            .context(own.clone())
+            .connect()
+            .await
+            .expect("h2");
+        call(&h2).await;
+        assert!(h2.context().expect("rings").ptr_eq(&own));
+        // Not the resource settings.
+        let e = ep
+            .clone()
+            .context(crate::RrpcContext::new(&RrpcConfig::default()))
+            .connect_lazy()
+            .expect_err("a context for another poller");
+        assert!(matches!(e, Error::InvalidConfig(_)), "{e}");
+        server.abort();
+        let _ = std::fs::remove_file(&path);
     }
 
     /// `Server::max_connection_age` on the fast path: the server drains the

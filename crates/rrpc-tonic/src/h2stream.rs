@@ -22,7 +22,7 @@ use tower::Service;
 use crate::call::{BoxError, Carrier, ResponseFuture};
 use crate::pipe::{BoxFut, MsgTx, Pipe};
 use crate::transport::{Target, dial};
-use crate::{Error, PathPreference, RrpcConfig};
+use crate::{Error, PathPreference, RrpcConfig, RrpcContext};
 
 /// Information about an rrpc connection, available to tonic handlers through
 /// `request.extensions().get::<RrpcConnectInfo>()` on the HTTP/2 path.
@@ -260,6 +260,7 @@ pub(crate) async fn h2_channel(
     target: Target,
     first: Pipe,
     config: RrpcConfig,
+    ctx: RrpcContext,
     uri: String,
     endpoint: tonic::transport::Endpoint,
     carrier: Arc<Mutex<Option<Carrier>>>,
@@ -270,10 +271,11 @@ pub(crate) async fn h2_channel(
     let slot = cause.clone();
     let ch = endpoint
         .connect_with_connector(tower::service_fn(move |_: http::Uri| {
-            let (first, target, config, uri, carrier, slot) = (
+            let (first, target, config, ctx, uri, carrier, slot) = (
                 first.clone(),
                 target.clone(),
                 config.clone(),
+                ctx.clone(),
                 uri.clone(),
                 carrier.clone(),
                 slot.clone(),
@@ -284,7 +286,7 @@ pub(crate) async fn h2_channel(
                     Some(p) => p,
                     None => {
                         // Reconnect: a fresh connection, HTTP/2 again.
-                        let (p, _http2) = dial(&target, &config).await?;
+                        let (p, _http2) = dial(&target, &config, &ctx).await?;
                         p
                     }
                 };

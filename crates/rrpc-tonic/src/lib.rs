@@ -131,7 +131,7 @@
 //!   runs over one queue pair, so queue pairs are bounded by peers, not
 //!   connections. The client caches that shared connection under a lease
 //!   ([`RrpcConfig::peer_lease`]) and drops it when its peer is seen down;
-//!   [`RrpcConfig::shared_connections`] reports them.
+//!   [`RrpcContext::shared_connections`] reports them.
 //! * **Rings that size themselves** ([`RrpcConfig::min_ring_size`]).
 //!
 //! # Copies per direction (RR-Compound §IV-F)
@@ -158,8 +158,8 @@
 //! [`default_poller_config`]: BPEV with one polling thread and a fixed
 //! 50 µs spin, chosen by measuring every mode on a 2-core host (the
 //! reasoning and numbers are in its docs). [`RrpcConfig::poller`] gives a
-//! config its own poller (any [`PollerMode`], thread count, `bp_timeout`);
-//! [`RrpcConfig::poller_handle`] exposes its counters.
+//! config's [`RrpcContext`] its own poller (any [`PollerMode`], thread count,
+//! `bp_timeout`); [`RrpcContext::poller_handle`] exposes its counters.
 //!
 //! Thread budget: each side's tokio worker(s), plus one polling thread per
 //! poller (parked while every task's spin catches its data). On a 2-core
@@ -199,7 +199,9 @@
 //! # Modules
 //!
 //! * [`frame`]: the fast-path wire format (sans-IO).
-//! * [`RrpcConfig`], [`PathPreference`]: knobs and their defaults;
+//! * [`RrpcConfig`], [`PathPreference`]: knobs and their defaults (settings
+//!   only); [`RrpcContext`]: the runtime state (poller, verbs device, pools,
+//!   shared connections) servers and channels own or share;
 //!   [`PollerConfig`], [`PollerMode`], [`Poller`] re-exported from rrpc-poller.
 //! * [`Server`], [`Router`], [`RrpcIncoming`]: serving.
 //! * [`RrpcEndpoint`], [`RrpcChannel`], [`ChannelPath`], [`Carrier`]: connecting.
@@ -209,6 +211,7 @@
 mod call;
 mod channel;
 mod config;
+mod context;
 mod endpoint;
 mod error;
 mod fast;
@@ -231,6 +234,7 @@ pub use config::{
     DEFAULT_MAX_SHARED_PEERS, DEFAULT_PEER_LEASE, DEFAULT_RDMA_CONNECTION_POOL, PathPreference,
     RrpcConfig, default_poller_config,
 };
+pub use context::RrpcContext;
 pub use endpoint::RrpcEndpoint;
 pub use error::Error;
 pub use h2stream::{RrpcConnectInfo, RrpcStream};

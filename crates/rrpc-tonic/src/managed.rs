@@ -19,7 +19,7 @@ use crate::h2stream::{H2Conn, h2_call, h2_channel};
 use crate::negotiate::Negotiated;
 use crate::pipe::BoxFut;
 use crate::transport::{Target, dial};
-use crate::{Error, RrpcConfig};
+use crate::{Error, RrpcConfig, RrpcContext};
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
@@ -54,6 +54,8 @@ impl Conn {
 pub(crate) struct Dialer {
     target: Target,
     config: RrpcConfig,
+    /// The runtime state its connections use (poller, device, pools).
+    pub(crate) ctx: RrpcContext,
     uri: String,
     connect_timeout: Option<Duration>,
     opts: CallOptions,
@@ -73,6 +75,7 @@ impl Dialer {
     pub(crate) fn new(
         target: Target,
         config: RrpcConfig,
+        ctx: RrpcContext,
         uri: String,
         connect_timeout: Option<Duration>,
         opts: CallOptions,
@@ -81,6 +84,7 @@ impl Dialer {
         Arc::new(Dialer {
             target,
             config,
+            ctx,
             uri,
             connect_timeout,
             opts,
@@ -139,7 +143,7 @@ impl Dialer {
     }
 
     async fn dial(&self) -> Result<Conn, Error> {
-        let (pipe, path) = dial(&self.target, &self.config).await?;
+        let (pipe, path) = dial(&self.target, &self.config, &self.ctx).await?;
         let carrier = pipe.1.carrier().map(|c| Carrier::observed(&c));
         let conn = match path {
             Negotiated::Fast { peer_window } => Conn::Fast(FastChannel::start(
@@ -153,6 +157,7 @@ impl Dialer {
                     self.target.clone(),
                     pipe,
                     self.config.clone(),
+                    self.ctx.clone(),
                     self.uri.clone(),
                     self.h2.clone(),
                     self.carrier.clone(),

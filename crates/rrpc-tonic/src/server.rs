@@ -22,7 +22,7 @@ use crate::fast::server::{FastOptions, serve_conn};
 use crate::h2stream::{RrpcConnectInfo, RrpcStream};
 use crate::negotiate::{Established, Negotiated};
 use crate::transport::{RrpcListener, Target};
-use crate::{Error, RrpcConfig};
+use crate::{Error, RrpcConfig, RrpcContext};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -59,6 +59,8 @@ struct Options {
     tcp_nodelay: Option<bool>,
     tcp_keepalive: Option<Duration>,
     max_connection_age: Option<Duration>,
+    /// The rings' runtime state ([`Server::context`]).
+    context: Option<RrpcContext>,
 }
 
 impl Options {
@@ -219,6 +221,21 @@ impl<L> Server<L> {
         self
     }
 
+    /// The runtime state (poller, verbs device, pools, shared connections)
+    /// the rings of [`Router::serve_rrpc`], [`Router::serve_rrpc_with_shutdown`]
+    /// and [`Router::serve_dual`] use. Without it they use the config's
+    /// shared context ([`RrpcContext::shared`]): every server and channel of an
+    /// equal config in the process shares it. The context must have been
+    /// made for a config with the same resource settings ([`RrpcContext`],
+    /// "Which settings are the context's"), checked when the server binds.
+    /// A listener bound beforehand ([`Router::serve_rrpc_incoming`]) keeps
+    /// the context it was bound with ([`RrpcIncoming::bind_with_context`]).
+    #[must_use]
+    pub fn context(mut self, context: RrpcContext) -> Self {
+        self.opts.context = Some(context);
+        self
+    }
+
     /// Adds a generated service (same bounds as tonic's).
     pub fn add_service<S>(self, svc: S) -> Router<L>
     where
@@ -332,7 +349,10 @@ where
     where
         F: Future<Output = ()> + Send,
     {
-        let incoming = RrpcIncoming::bind(uri, config)?;
+        let incoming = match self.opts.context.clone() {
+            Some(ctx) => RrpcIncoming::bind_with_context(uri, config, ctx)?,
+            None => RrpcIncoming::bind(uri, config)?,
+        };
         self.serve_rrpc_incoming(incoming, signal).await
     }
 
@@ -356,7 +376,21 @@ where
             routes,
             opts,
         } = self;
-        let RrpcIncoming { inner, uri, config } = incoming;
+        let RrpcIncoming {
+            inner,
+            uri,
+            config,
+            context,
+        } = incoming;
+        if opts.context.as_ref().is_some_and(|c| !c.ptr_eq(&context)) {
+            tracing::warn!(
+                %uri,
+                "rrpc: the listener was bound with another context than Server::context; \
+                 serving with the listener's"
+            );
+        }
+        // The context lives until every connection of this server is done.
+        let _context = context;
         let tonic_router = opts.tonic().layer(layer.clone()).add_routes(routes.clone());
         match inner {
             IncomingInner::Tcp(listener) => {
@@ -427,6 +461,7 @@ pub struct RrpcIncoming {
     inner: IncomingInner,
     uri: String,
     config: RrpcConfig,
+    context: RrpcContext,
 }
 
 #[derive(Debug)]
@@ -438,7 +473,8 @@ enum IncomingInner {
 
 impl RrpcIncoming {
     /// Binds `uri` (any scheme [`Router::serve_rrpc`] takes) with `config`
-    /// for the connections it will accept. Must be called inside a tokio
+    /// for the connections it will accept, in the config's shared
+    /// [`RrpcContext`] ([`RrpcContext::shared`]). Must be called inside a tokio
     /// runtime. For `rdma://` this opens the device, so a missing device
     /// fails here.
     ///
@@ -446,6 +482,27 @@ impl RrpcIncoming {
     /// [`Error::InvalidUri`], [`Error::UnsupportedTransport`], [`Error::Io`]
     /// if the address is taken, or the provider's error.
     pub fn bind(uri: &str, config: RrpcConfig) -> Result<Self, Error> {
+        let context = RrpcContext::shared(&config);
+        Self::bind_in(uri, config, context)
+    }
+
+    /// [`RrpcIncoming::bind`] with `context`'s runtime state (poller, verbs
+    /// device, pools, shared connections) instead of the config's shared
+    /// one.
+    ///
+    /// # Errors
+    /// As [`RrpcIncoming::bind`]; [`Error::InvalidConfig`] if `context` was
+    /// made for a config with other resource settings ([`RrpcContext`]).
+    pub fn bind_with_context(
+        uri: &str,
+        config: RrpcConfig,
+        context: RrpcContext,
+    ) -> Result<Self, Error> {
+        context.check(&config)?;
+        Self::bind_in(uri, config, context)
+    }
+
+    fn bind_in(uri: &str, config: RrpcConfig, context: RrpcContext) -> Result<Self, Error> {
         let target = Target::parse(uri)?;
         let inner = match &target {
             Target::Tcp(addr) => {
@@ -456,12 +513,13 @@ impl RrpcIncoming {
             Target::Unix(path) => {
                 IncomingInner::Unix(tokio::net::UnixListener::bind(path)?, path.clone())
             }
-            t => IncomingInner::Rings(RrpcListener::bind(t, &config)?),
+            t => IncomingInner::Rings(RrpcListener::bind(t, &config, &context)?),
         };
         let mut incoming = RrpcIncoming {
             inner,
             uri: uri.to_string(),
             config,
+            context,
         };
         if let (Some(addr), Some(scheme)) = (incoming.local_addr(), uri.split("://").next()) {
             incoming.uri = format!("{scheme}://{addr}");
@@ -482,6 +540,12 @@ impl RrpcIncoming {
     /// The URI clients dial: the one bound, with the port the OS chose.
     pub fn uri(&self) -> &str {
         &self.uri
+    }
+
+    /// The [`RrpcContext`] this listener's connections use (its pools, the
+    /// shared connections it accepts, its poller).
+    pub fn context(&self) -> &RrpcContext {
+        &self.context
     }
 }
 

@@ -152,7 +152,7 @@ fn new_id() -> Result<Id, Error> {
     Ok(id)
 }
 
-/// One shared connection, as [`RrpcConfig::shared_connections`] reports it.
+/// One shared connection, as [`RrpcContext::shared_connections`](crate::RrpcContext::shared_connections) reports it.
 #[derive(Debug, Clone)]
 pub struct SharedConnectionStats {
     /// Whether this end opened it (a client) or accepted it (a server).
@@ -189,7 +189,7 @@ impl SharedConnectionStats {
 /// makes its replacement after the connection is set up, off its path.
 /// At most [`RrpcConfig::connection_pool_for`] per shared connection (so
 /// none on shm by default), and together at most
-/// [`RrpcConfig::connection_pool_memory`] per config and side.
+/// [`RrpcConfig::connection_pool_memory`] per context and side.
 #[derive(Debug)]
 pub(crate) struct Spares {
     rings: Mutex<Vec<LocalRing>>,

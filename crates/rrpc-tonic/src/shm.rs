@@ -23,7 +23,7 @@ use crate::negotiate::{
 };
 use crate::pipe::{BoxFut, MsgRx, MsgTx, Pipe};
 use crate::sharing::{self, Anchors, Request};
-use crate::{Error, RrpcConfig};
+use crate::{Error, RrpcConfig, RrpcContext};
 
 fn ring_config(cfg: &RrpcConfig) -> Result<RingConfig, Error> {
     // Event mode sleeps on the receive completion channel, which only a tail
@@ -489,10 +489,11 @@ fn into_pipe(
     tx: RingTx,
     rx: RingRx,
     cfg: &RrpcConfig,
+    ctx: &RrpcContext,
     path: &Negotiated,
 ) -> Result<Pipe, Error> {
     let max = tx.config().max_message();
-    let ac = AsyncConn::new(&cfg.poller_handle()?, conn, tx, rx)?;
+    let ac = AsyncConn::new(&ctx.poller_handle()?, conn, tx, rx)?;
     let conn = ac.connection().clone();
     let (tx, mut rx) = ac.split()?;
     rx.set_event_spin(cfg.get_receive_spin());
@@ -533,14 +534,15 @@ fn make_bundle(
     Ok((local, qp))
 }
 
-/// The config's pool of bundles on `fabric` (started at the first call),
+/// The context's pool of bundles on `fabric` (started at the first call),
 /// or `None` when pooling is off.
 fn bundle_pool(
     fabric: &Fabric,
     ring: &RingConfig,
-    cfg: &RrpcConfig,
+    ctx: &RrpcContext,
 ) -> Option<std::sync::Arc<BundlePool>> {
-    cfg.bundle_pool(fabric, |budget| {
+    let cfg = ctx.config();
+    ctx.bundle_pool(fabric, |budget| {
         let (f, r, q) = (fabric.clone(), ring.clone(), cfg.get_queue_pair().clone());
         let pool = rrpc_core::pool::PoolConfig::new(cfg.connection_pool_for(f.kind()))
             .budget(budget)
@@ -553,24 +555,24 @@ fn bundle_pool(
     })
 }
 
-/// A bundle for one connection on `fabric`: from the config's pool when it
-/// has one (building inline on a miss), else made now. Blocking.
-fn take_bundle(fabric: &Fabric, ring: &RingConfig, cfg: &RrpcConfig) -> Result<Bundle, Error> {
-    match bundle_pool(fabric, ring, cfg) {
+/// A bundle for one connection on `fabric`: from the context's pool when
+/// it has one (building inline on a miss), else made now. Blocking.
+fn take_bundle(fabric: &Fabric, ring: &RingConfig, ctx: &RrpcContext) -> Result<Bundle, Error> {
+    match bundle_pool(fabric, ring, ctx) {
         Some(p) => Ok(p.take()?),
-        None => Ok(make_bundle(fabric, ring, cfg.get_queue_pair())?),
+        None => Ok(make_bundle(fabric, ring, ctx.config().get_queue_pair())?),
     }
 }
 
-/// The fabric serving `ep`: shm, or the config's verbs device (opened once).
-pub(crate) fn fabric_for(ep: &Endpoint, cfg: &RrpcConfig) -> Result<Fabric, Error> {
+/// The fabric serving `ep`: shm, or the context's verbs device (opened once).
+pub(crate) fn fabric_for(ep: &Endpoint, ctx: &RrpcContext) -> Result<Fabric, Error> {
     match ep {
         Endpoint::Shm(_) => Ok(Fabric::shm()),
         #[cfg(feature = "verbs")]
-        Endpoint::Rdma(_) => cfg.verbs_fabric(),
+        Endpoint::Rdma(_) => ctx.verbs_fabric(),
         #[cfg(not(feature = "verbs"))]
         Endpoint::Rdma(_) => {
-            let _ = cfg;
+            let _ = ctx;
             Err(crate::error::rdma_unavailable())
         }
         _ => Err(Error::InvalidConfig("unsupported rrpc-core endpoint")),
@@ -595,17 +597,21 @@ fn handshake_config(cfg: &RrpcConfig) -> Result<HandshakeConfig, Error> {
     Ok(hs)
 }
 
-/// Dials `shm:///path` or `rdma://host:port`.
-pub(crate) async fn dial(ep: Endpoint, cfg: &RrpcConfig) -> Result<(Pipe, Negotiated), Error> {
+/// Dials `shm:///path` or `rdma://host:port` with `ctx`'s resources.
+pub(crate) async fn dial(
+    ep: Endpoint,
+    cfg: &RrpcConfig,
+    ctx: &RrpcContext,
+) -> Result<(Pipe, Negotiated), Error> {
     let ring = ring_config(cfg)?;
     let hs = handshake_config(cfg)?;
-    let cfg2 = cfg.clone();
+    let (cfg2, ctx2) = (cfg.clone(), ctx.clone());
     let (conn, tx, rx, path) = tokio::task::spawn_blocking(move || -> Result<_, Error> {
-        let fabric = fabric_for(&ep, &cfg2)?;
+        let fabric = fabric_for(&ep, &ctx2)?;
         if cfg2.get_shared_queue_pairs() {
-            return dial_logical(&ep, &fabric, &ring, &hs, &cfg2);
+            return dial_logical(&ep, &fabric, &ring, &hs, &cfg2, &ctx2);
         }
-        let (local, qp) = take_bundle(&fabric, &ring, &cfg2)?;
+        let (local, qp) = take_bundle(&fabric, &ring, &ctx2)?;
         // The path hello rides in the handshake (module docs of `transport`).
         let offer = Offer::new()
             .token(cfg2.get_token().map(<[u8]>::to_vec))
@@ -618,14 +624,14 @@ pub(crate) async fn dial(ep: Endpoint, cfg: &RrpcConfig) -> Result<(Pipe, Negoti
     })
     .await
     .map_err(|e| Error::Io(std::io::Error::other(e)))??;
-    Ok((into_pipe(conn, tx, rx, cfg, &path)?, path))
+    Ok((into_pipe(conn, tx, rx, cfg, ctx, &path)?, path))
 }
 
 /// What a connect sets up before its pipe: the connection, both ring ends
 /// and the path agreed.
 type Dialed = (Connection, RingTx, RingRx, Negotiated);
 
-/// A logical connection to `ep` over the config's shared connection to it
+/// A logical connection to `ep` over the context's shared connection to it
 /// (opened first if there is none; `sharing` docs). A server that no longer
 /// knows the shared connection (it restarted), or that still holds the tag
 /// picked, is tried again with a fresh one, twice at most. Blocking.
@@ -635,11 +641,12 @@ fn dial_logical(
     ring: &RingConfig,
     hs: &HandshakeConfig,
     cfg: &RrpcConfig,
+    ctx: &RrpcContext,
 ) -> Result<Dialed, Error> {
     let mut tries = 0;
     loop {
         tries += 1;
-        let peer = cfg.peers().get_or_open(ep, fabric, cfg, hs)?;
+        let peer = ctx.peers().get_or_open(ep, fabric, cfg, hs)?;
         let tag = peer.free_tag()?;
         let local = peer.domain.take_rings(ring)?;
         let app = sharing::logical_request(&client_hello(cfg), &peer.id, tag);
@@ -657,12 +664,12 @@ fn dial_logical(
             Err(rrpc_core::Error::Rejected(r)) if tries < 3 && sharing::is_stale(&r) => {
                 tracing::debug!(endpoint = %ep, reason = %r, "rrpc: shared connection refused; retrying");
                 if r.contains(sharing::UNKNOWN) {
-                    cfg.peers().invalidate(ep, &peer);
+                    ctx.peers().invalidate(ep, &peer);
                 }
             }
             Err(e) => {
                 if peer.shared.connection().check_alive().is_err() {
-                    cfg.peers().invalidate(ep, &peer);
+                    ctx.peers().invalidate(ep, &peer);
                 }
                 return Err(e.into());
             }
@@ -678,6 +685,7 @@ pub(crate) struct ShmListener {
     listener: Listener,
     ring: RingConfig,
     cfg: RrpcConfig,
+    ctx: RrpcContext,
     fabric: Fabric,
 }
 
@@ -695,9 +703,9 @@ impl std::fmt::Debug for ShmListener {
 const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(50);
 
 impl ShmListener {
-    pub(crate) fn bind(ep: Endpoint, cfg: &RrpcConfig) -> Result<Self, Error> {
+    pub(crate) fn bind(ep: Endpoint, cfg: &RrpcConfig, ctx: &RrpcContext) -> Result<Self, Error> {
         // Open the device before accepting anyone (and fail here if there is none).
-        let fabric = fabric_for(&ep, cfg)?;
+        let fabric = fabric_for(&ep, ctx)?;
         if let Endpoint::Rdma(addr) = &ep
             && !addr.ip().is_loopback()
             && cfg.get_token().is_none()
@@ -711,13 +719,14 @@ impl ShmListener {
         let l = Listener::bind(&ep, handshake_config(cfg)?)?;
         l.set_nonblocking(true)?;
         // A pooled server starts filling its pool before the first client.
-        let _ = bundle_pool(&fabric, &ring_config(cfg)?, cfg);
+        let _ = bundle_pool(&fabric, &ring_config(cfg)?, ctx);
         let watch = WatchedFd::new(l.as_fd(), tokio::io::Interest::READABLE)?;
         Ok(ShmListener {
             watch,
             listener: l,
             ring: ring_config(cfg)?,
             cfg: cfg.clone(),
+            ctx: ctx.clone(),
             fabric,
         })
     }
@@ -742,6 +751,7 @@ impl ShmListener {
                         pending,
                         ring: self.ring.clone(),
                         cfg: self.cfg.clone(),
+                        ctx: self.ctx.clone(),
                         fabric: self.fabric.clone(),
                     });
                 }
@@ -760,6 +770,7 @@ pub(crate) struct ShmPending {
     pending: Pending,
     ring: RingConfig,
     cfg: RrpcConfig,
+    ctx: RrpcContext,
     fabric: Fabric,
 }
 
@@ -783,6 +794,7 @@ impl ShmPending {
             mut pending,
             ring,
             cfg,
+            ctx,
             fabric,
         } = self;
         let arrived = async {
@@ -800,15 +812,17 @@ impl ShmPending {
                 )));
             }
         }
-        let cfg2 = cfg.clone();
+        let (cfg2, ctx2) = (cfg.clone(), ctx.clone());
         let set_up = tokio::task::spawn_blocking(move || -> Result<Option<Dialed>, Error> {
             let incoming = pending.handshake()?;
-            answer(incoming, &fabric, &ring, &cfg2, cfg2.anchors())
+            answer(incoming, &fabric, &ring, &cfg2, &ctx2)
         })
         .await
         .map_err(|e| Error::Io(std::io::Error::other(e)))??;
         Ok(match set_up {
-            Some((c, tx, rx, path)) => Established::Pipe(into_pipe(c, tx, rx, &cfg, &path)?, path),
+            Some((c, tx, rx, path)) => {
+                Established::Pipe(into_pipe(c, tx, rx, &cfg, &ctx, &path)?, path)
+            }
             None => Established::Shared,
         })
     }
@@ -823,8 +837,9 @@ fn answer(
     fabric: &Fabric,
     ring: &RingConfig,
     cfg: &RrpcConfig,
-    anchors: &Anchors,
+    ctx: &RrpcContext,
 ) -> Result<Option<Dialed>, Error> {
+    let anchors: &Anchors = ctx.anchors();
     let refuse = |incoming: rrpc_core::conn::Incoming, reason: String| -> Error {
         let _ = incoming.reject(&reason);
         Error::Handshake(format!("client's {reason}"))
@@ -859,7 +874,7 @@ fn answer(
         anchor.domain.refill(ring, cfg);
         return Ok(Some((c, tx, rx, path)));
     }
-    let (local, qp) = take_bundle(fabric, ring, cfg)?;
+    let (local, qp) = take_bundle(fabric, ring, ctx)?;
     let offer = local.add_to_offer(Offer::new().section(HANDSHAKE_SECTION, reply.to_vec()));
     let c = incoming.accept(qp, offer)?;
     let (tx, rx) = local.connect(&c)?;
@@ -955,7 +970,8 @@ mod tests {
             .poller(PollerConfig::new().mode(Mode::Event))
             .receive_spin(Duration::from_micros(20));
         let target = Target::Shm(path.clone());
-        let mut listener = RrpcListener::bind(&target, &cfg).expect("bind");
+        let ctx = crate::RrpcContext::new(&cfg);
+        let mut listener = RrpcListener::bind(&target, &cfg, &ctx).expect("bind");
         let scfg = cfg.clone();
         let server = tokio::spawn(async move {
             let crate::negotiate::Established::Pipe(pipe, negotiated) = listener
@@ -987,7 +1003,7 @@ mod tests {
             )
             .await
         });
-        let (pipe, negotiated) = dial(&target, &cfg).await.expect("dial");
+        let (pipe, negotiated) = dial(&target, &cfg, &ctx).await.expect("dial");
         let crate::negotiate::Negotiated::Fast { peer_window } = negotiated else {
             panic!("fast path expected");
         };
@@ -1001,7 +1017,7 @@ mod tests {
             assert_eq!(res.headers()["grpc-status"], "0");
         }
         // Event mode ran: no polling thread ever checked a connection.
-        let st = cfg.poller_handle().expect("poller").stats();
+        let st = ctx.poller_handle().expect("poller").stats();
         assert_eq!((st.polling_threads, st.polls), (0, 0), "{st:?}");
         drop(ch);
         tokio::time::timeout(Duration::from_secs(5), server)

@@ -20,7 +20,7 @@ use tokio::sync::mpsc;
 use crate::error::rdma_unavailable;
 use crate::negotiate::{Established, Negotiated, negotiate_client, negotiate_server};
 use crate::pipe::{self, Pipe};
-use crate::{Error, RrpcConfig};
+use crate::{Error, RrpcConfig, RrpcContext};
 
 /// A parsed transport address.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -86,7 +86,11 @@ fn registry() -> &'static Registry {
 }
 
 impl RrpcListener {
-    pub(crate) fn bind(target: &Target, cfg: &RrpcConfig) -> Result<RrpcListener, Error> {
+    pub(crate) fn bind(
+        target: &Target,
+        cfg: &RrpcConfig,
+        ctx: &RrpcContext,
+    ) -> Result<RrpcListener, Error> {
         match target {
             Target::Inproc(name) => {
                 let (tx, rx) = mpsc::channel(64);
@@ -106,10 +110,12 @@ impl RrpcListener {
             Target::Shm(path) => Ok(RrpcListener::Shm(Box::new(crate::shm::ShmListener::bind(
                 rrpc_core::Endpoint::Shm(path.clone()),
                 cfg,
+                ctx,
             )?))),
             Target::Rdma(uri) => Ok(RrpcListener::Shm(Box::new(crate::shm::ShmListener::bind(
                 rdma_endpoint(uri)?,
                 cfg,
+                ctx,
             )?))),
             Target::Tcp(_) | Target::Unix(_) => Err(Error::InvalidUri {
                 uri: format!("{target:?}"),
@@ -191,8 +197,12 @@ fn rdma_endpoint(uri: &rrpc_core::EndpointUri) -> Result<rrpc_core::Endpoint, Er
     Ok(uri.resolve()?)
 }
 
-/// Dials an rrpc transport and negotiates the path.
-pub(crate) async fn dial(target: &Target, cfg: &RrpcConfig) -> Result<(Pipe, Negotiated), Error> {
+/// Dials an rrpc transport with `ctx`'s resources and negotiates the path.
+pub(crate) async fn dial(
+    target: &Target,
+    cfg: &RrpcConfig,
+    ctx: &RrpcContext,
+) -> Result<(Pipe, Negotiated), Error> {
     match target {
         Target::Inproc(name) => {
             let tx = registry().lock().expect("registry lock").get(name).cloned();
@@ -204,14 +214,16 @@ pub(crate) async fn dial(target: &Target, cfg: &RrpcConfig) -> Result<(Pipe, Neg
             let path = negotiate_client(&mut client, cfg).await?;
             Ok((client, path))
         }
-        Target::Shm(path) => crate::shm::dial(rrpc_core::Endpoint::Shm(path.clone()), cfg).await,
+        Target::Shm(path) => {
+            crate::shm::dial(rrpc_core::Endpoint::Shm(path.clone()), cfg, ctx).await
+        }
         Target::Rdma(uri) => {
             // Off the runtime's threads: a name lookup can block for seconds.
             let uri = uri.clone();
             let ep = tokio::task::spawn_blocking(move || rdma_endpoint(&uri))
                 .await
                 .map_err(|e| Error::Io(std::io::Error::other(e)))??;
-            crate::shm::dial(ep, cfg).await
+            crate::shm::dial(ep, cfg, ctx).await
         }
         Target::Tcp(_) | Target::Unix(_) => Err(Error::InvalidUri {
             uri: format!("{target:?}"),

@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use futures_util::Stream;
-use rrpc_tonic::{PathPreference, RrpcChannel, RrpcConfig, Server};
+use rrpc_tonic::{PathPreference, RrpcChannel, RrpcConfig, RrpcContext, RrpcEndpoint, Server};
 use tokio::sync::{Notify, mpsc, oneshot};
 use tonic::{Request, Response, Status, Streaming};
 
@@ -378,6 +378,11 @@ pub struct Harness {
     thread: Option<std::thread::JoinHandle<()>>,
     kill: Option<oneshot::Sender<()>>,
     config: RrpcConfig,
+    /// The server's runtime state: a context of its own, so that no other
+    /// test's server or channel shares its pools or shared connections.
+    server_context: RrpcContext,
+    /// The channels' runtime state: the server's unless set otherwise.
+    client_context: RrpcContext,
 }
 
 /// The fabric a client built by hand from rrpc-core (a hostile or odd
@@ -538,7 +543,8 @@ impl Harness {
         let (kill_tx, kill_rx) = oneshot::channel::<()>();
         let (done_tx, done_rx) = mpsc::channel(1);
         let (bound_tx, bound_rx) = oneshot::channel::<String>();
-        let (u, o, c) = (uri.to_string(), obs.clone(), cfg.clone());
+        let context = RrpcContext::new(&cfg);
+        let (u, o, c, ctx) = (uri.to_string(), obs.clone(), cfg.clone(), context.clone());
         let thread = std::thread::spawn(move || {
             let rt = tokio::runtime::Builder::new_multi_thread()
                 .worker_threads(2)
@@ -563,7 +569,7 @@ impl Harness {
                             ) -> http::Response<tonic::body::Body>,
                     ))
                     .add_service(svc);
-                let incoming = rrpc_tonic::RrpcIncoming::bind(&u, c)
+                let incoming = rrpc_tonic::RrpcIncoming::bind_with_context(&u, c, ctx)
                     .unwrap_or_else(|e| panic!("bind {u}: {e}"));
                 let _ = bound_tx.send(incoming.uri().to_string());
                 let serve = serve.serve_rrpc_incoming(incoming, async move {
@@ -587,20 +593,46 @@ impl Harness {
             thread: Some(thread),
             kill: Some(kill_tx),
             config: cfg,
+            server_context: context.clone(),
+            client_context: context,
         }
     }
 
     /// Makes [`Harness::channel`] use `cfg` instead of the server's
-    /// config (a client with state of its own, as in another process).
+    /// config, with a context of its own (a client with state of its own,
+    /// as in another process).
     pub fn set_client_config(&mut self, cfg: RrpcConfig) {
+        self.client_context = RrpcContext::new(&cfg);
         self.config = cfg;
+    }
+
+    /// Makes [`Harness::channel`] use `cfg` in `context` (a client whose
+    /// state outlives this harness, e.g. across a server restart).
+    pub fn set_client(&mut self, cfg: RrpcConfig, context: RrpcContext) {
+        self.config = cfg;
+        self.client_context = context;
+    }
+
+    /// The server's runtime state (its pools, the shared connections it
+    /// holds); the channels' too unless a client config was set.
+    pub fn server_context(&self) -> &RrpcContext {
+        &self.server_context
+    }
+
+    /// The runtime state of [`Harness::channel`]'s channels.
+    pub fn client_context(&self) -> &RrpcContext {
+        &self.client_context
     }
 
     /// Connects a channel, retrying while the server comes up.
     pub async fn channel(&self) -> RrpcChannel {
         let mut last = None;
         for _ in 0..200 {
-            match RrpcChannel::connect(&self.uri, self.config.clone()).await {
+            let ep = RrpcEndpoint::new(&self.uri)
+                .expect("the harness's URI")
+                .config(self.config.clone())
+                .context(self.client_context.clone());
+            match ep.connect().await {
                 Ok(c) => {
                     let want = match self.transport {
                         Transport::Tcp => rrpc_tonic::ChannelPath::Tcp,

@@ -237,6 +237,11 @@ impl Poller {
         PollerConfig::new().build()
     }
 
+    /// Whether `self` and `other` are handles of one poller (the same threads).
+    pub fn ptr_eq(&self, other: &Poller) -> bool {
+        Arc::ptr_eq(&self.inner, &other.inner)
+    }
+
     pub(crate) fn start(cfg: PollerConfig) -> Result<Self> {
         let n = match cfg.get_mode() {
             Mode::Bpts | Mode::Bpev => cfg.get_polling_threads(),

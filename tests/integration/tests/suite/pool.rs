@@ -9,7 +9,7 @@ use rrpc_integration_tests::pb::test_client::TestClient;
 use rrpc_integration_tests::{Harness, Transport, config, on_all_transports};
 
 /// Waits (bounded) until every pool of `cfg` holds `n` ready bundles.
-async fn until_ready(cfg: &rrpc_tonic::RrpcConfig, n: usize) {
+async fn until_ready(cfg: &rrpc_tonic::RrpcContext, n: usize) {
     let deadline = Instant::now() + Duration::from_secs(20);
     while !cfg.pool_stats().iter().all(|(_, s)| s.ready >= n) {
         assert!(
@@ -25,15 +25,15 @@ async fn connections_take_pooled_resources(t: Transport) {
     if t == Transport::Tcp {
         return; // tonic's TCP has nothing to pool
     }
-    // Server and client share this config (one process), hence one pool.
-    let cfg = config(t).connection_pool(2);
-    let s = Harness::start_with(t, cfg.clone()).await;
+    // Server and client share the harness's context (one process), hence one pool.
+    let s = Harness::start_with(t, config(t).connection_pool(2)).await;
+    let cfg = s.server_context();
     assert_eq!(
         cfg.pool_stats().len(),
         1,
         "the server's bind started the pool"
     );
-    until_ready(&cfg, 2).await;
+    until_ready(cfg, 2).await;
     for i in 0..5u32 {
         let mut c = TestClient::new(s.channel().await);
         let out = c
@@ -45,17 +45,17 @@ async fn connections_take_pooled_resources(t: Transport) {
             .unwrap_or_else(|e| panic!("{t:?}: call {i}: {e:?}"));
         assert_eq!(out.into_inner().payload, vec![i as u8; 100]);
         drop(c);
-        until_ready(&cfg, 2).await;
+        until_ready(cfg, 2).await;
     }
     let (_, st) = cfg.pool_stats()[0];
     // Each connection takes two bundles (client and server); all from the pool.
     assert!(st.hits >= 10, "{t:?}: {st:?}");
     assert_eq!(st.misses, 0, "{t:?}: {st:?}");
     // Two ready bundles, each both ring regions (at least 2 x ring_size), under the bound.
-    let ring = cfg.get_ring_size() as u64;
+    let ring = cfg.config().get_ring_size() as u64;
     assert!(st.bytes_held >= 2 * 2 * ring, "{t:?}: {st:?}");
     assert!(
-        st.bytes_held <= cfg.get_connection_pool_memory(),
+        st.bytes_held <= cfg.config().get_connection_pool_memory(),
         "{t:?}: {st:?}"
     );
 }
@@ -67,7 +67,8 @@ async fn a_pool_at_its_memory_bound_builds_inline(t: Transport) {
         return;
     }
     let cfg = config(t).connection_pool(4).connection_pool_memory(1 << 20);
-    let s = Harness::start_with(t, cfg.clone()).await;
+    let s = Harness::start_with(t, cfg).await;
+    let cfg = s.server_context();
     let deadline = Instant::now() + Duration::from_secs(20);
     while cfg.pool_stats().iter().all(|(_, s)| s.over_budget == 0) {
         assert!(Instant::now() < deadline, "{:?}", cfg.pool_stats());
@@ -97,10 +98,10 @@ async fn a_pool_at_its_memory_bound_builds_inline(t: Transport) {
 async fn pool_by_default_on_rdma_only(t: Transport) {
     let cfg = config(t);
     assert_eq!(cfg.get_connection_pool(), None);
-    let s = Harness::start_with(t, cfg.clone()).await;
+    let s = Harness::start_with(t, cfg).await;
     let mut c = s.client().await;
     c.unary(Input::default()).await.unwrap();
-    let stats = cfg.pool_stats();
+    let stats = s.server_context().pool_stats();
     match t {
         Transport::Tcp | Transport::ShmH2 | Transport::ShmFast => {
             assert!(stats.is_empty(), "{t:?}: {stats:?}");

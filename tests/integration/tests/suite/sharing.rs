@@ -14,7 +14,7 @@ use rrpc_core::vqp::VqpConfig;
 use rrpc_integration_tests::pb::Input;
 use rrpc_integration_tests::pb::test_client::TestClient;
 use rrpc_integration_tests::{Harness, Transport, config, on_all_transports};
-use rrpc_tonic::{RrpcChannel, RrpcConfig, SharedConnectionStats};
+use rrpc_tonic::{RrpcChannel, RrpcConfig, RrpcContext, SharedConnectionStats};
 
 on_all_transports!(
     connections_share_one_queue_pair,
@@ -38,15 +38,15 @@ async fn call(c: &mut TestClient<RrpcChannel>, byte: u8) {
     assert_eq!(out.into_inner().payload, vec![byte; 3000]);
 }
 
-fn opened(cfg: &RrpcConfig) -> Vec<SharedConnectionStats> {
-    cfg.shared_connections()
+fn opened(ctx: &RrpcContext) -> Vec<SharedConnectionStats> {
+    ctx.shared_connections()
         .into_iter()
         .filter(|s| s.opened_here)
         .collect()
 }
 
-fn accepted(cfg: &RrpcConfig) -> Vec<SharedConnectionStats> {
-    cfg.shared_connections()
+fn accepted(ctx: &RrpcContext) -> Vec<SharedConnectionStats> {
+    ctx.shared_connections()
         .into_iter()
         .filter(|s| !s.opened_here)
         .collect()
@@ -65,9 +65,9 @@ async fn connections_share_one_queue_pair(t: Transport) {
     if t == Transport::Tcp {
         return; // tonic's TCP has no queue pairs
     }
-    let (scfg, ccfg) = (shared(t), shared(t));
-    let mut h = Harness::start_with(t, scfg.clone()).await;
-    h.set_client_config(ccfg.clone());
+    let mut h = Harness::start_with(t, shared(t)).await;
+    h.set_client_config(shared(t));
+    let (scfg, ccfg) = (h.server_context().clone(), h.client_context().clone());
     let mut clients = Vec::new();
     for i in 0..4u8 {
         let mut c = h.client().await;
@@ -119,9 +119,9 @@ async fn rings_are_made_ahead_for_the_next_connection(t: Transport) {
     if t == Transport::Tcp {
         return;
     }
-    let (scfg, ccfg) = (shared(t).connection_pool(2), shared(t).connection_pool(2));
-    let mut h = Harness::start_with(t, scfg.clone()).await;
-    h.set_client_config(ccfg.clone());
+    let mut h = Harness::start_with(t, shared(t).connection_pool(2)).await;
+    h.set_client_config(shared(t).connection_pool(2));
+    let (scfg, ccfg) = (h.server_context().clone(), h.client_context().clone());
     let spares_are = |n: usize| {
         let (o, a) = (opened(&ccfg), accepted(&scfg));
         o.len() == 1 && a.len() == 1 && o[0].spare_rings == n && a[0].spare_rings == n
@@ -160,20 +160,22 @@ async fn a_restarted_server_gets_a_new_shared_connection(t: Transport) {
     if t == Transport::Tcp {
         return;
     }
+    // One client context across both servers: its cache of shared connections.
     let ccfg = shared(t);
-    let scfg1 = shared(t);
-    let mut h1 = Harness::start_with(t, scfg1.clone()).await;
-    h1.set_client_config(ccfg.clone());
+    let cctx = RrpcContext::new(&ccfg);
+    let mut h1 = Harness::start_with(t, shared(t)).await;
+    h1.set_client(ccfg.clone(), cctx.clone());
     let mut c = h1.client().await;
     call(&mut c, 1).await;
     drop(c);
     let uri = h1.uri.clone();
-    // The server dies; its shared connection is still held (by `scfg1`, as
-    // a process that hangs would), so the client's cached one looks alive.
+    // The server dies; its shared connection is still held (by `h1`'s
+    // context, as a process that hangs would), so the client's cached one
+    // looks alive.
     h1.kill();
-    let scfg2 = shared(t);
-    let mut h2 = Harness::start_at(t, &uri, scfg2.clone(), |s| s).await;
-    h2.set_client_config(ccfg.clone());
+    let mut h2 = Harness::start_at(t, &uri, shared(t), |s| s).await;
+    h2.set_client(ccfg.clone(), cctx.clone());
+    let (scfg2, ccfg) = (h2.server_context().clone(), cctx);
     // The new server does not know the cached id: the client opens a new
     // shared connection and the call works.
     let mut c = h2.client().await;
@@ -184,20 +186,18 @@ async fn a_restarted_server_gets_a_new_shared_connection(t: Transport) {
     let o = opened(&ccfg);
     assert_eq!(o.len(), 1, "the stale one was dropped: {o:?}");
     assert_eq!(o[0].logical_connections, 1);
-    // The first server's end goes with its config: the client's old shared
+    // The first server's end goes with its context: the client's old shared
     // connection was already forgotten, and nothing else is affected.
     drop(h1);
-    drop(scfg1);
     call(&mut c, 3).await;
 }
 
 /// A client that names a shared connection it did not open (a guessed id)
 /// is refused, and the owner's connections go on.
 async fn a_guessed_shared_connection_id_is_refused(t: Transport) {
-    let scfg = shared(t);
-    let ccfg = shared(t);
-    let mut h = Harness::start_with(t, scfg.clone()).await;
-    h.set_client_config(ccfg);
+    let mut h = Harness::start_with(t, shared(t)).await;
+    h.set_client_config(shared(t));
+    let scfg = h.server_context().clone();
     let mut owner = h.client().await;
     call(&mut owner, 1).await;
     let uri = h.uri.clone();
