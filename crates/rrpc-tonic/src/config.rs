@@ -564,9 +564,7 @@ impl RrpcConfig {
     /// See [`RrpcConfig::ring_cache_size`] (the value set, or the one
     /// derived from this CPU's L2 cache).
     pub fn get_ring_cache_size(&self) -> usize {
-        self.0
-            .ring_cache_size
-            .unwrap_or_else(crate::shm::ring_cache_cap)
+        self.0.ring_cache_size.unwrap_or_else(ring_cache_cap)
     }
     /// See [`RrpcConfig::numa_node`].
     pub fn get_numa_node(&self) -> rrpc_core::numa::NumaPlacement {
@@ -918,6 +916,47 @@ pub fn default_poller_config() -> PollerConfig {
         .expect("1 is a valid thread count")
         .bp_timeout(std::time::Duration::from_micros(50))
         .auto_tune(false)
+}
+
+/// The default of [`RrpcConfig::ring_cache_size`], the size past which a
+/// self-sizing ring stops growing for throughput
+/// (`RingConfig::get_cache_ring_size`): an eighth of this CPU's L2 cache (from
+/// sysfs; 512 KiB when it cannot be read), rounded down to a power of two.
+/// A core touches up to four rings' worth of data on a busy connection
+/// (both rings of the direction it sends on, the receive ring of the other,
+/// and the buffers it copies to), and they should fit in half its L2. On a
+/// host with 512 KiB of L2 per core that is 64 KiB: the ring size at which
+/// the Fig. 12 sweep (`cargo xtask bench rpc`, `ring_size_bandwidth`)
+/// peaked there for both 8 KiB and 128 KiB RPCs.
+pub(crate) fn ring_cache_cap() -> usize {
+    static CAP: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *CAP.get_or_init(|| {
+        let l2 = l2_cache_bytes().unwrap_or(512 << 10);
+        let cap = (l2 / 8).max(4096);
+        1 << (usize::BITS - 1 - cap.leading_zeros())
+    })
+}
+
+/// The L2 cache size of CPU 0, from `/sys/devices/system/cpu/cpu0/cache`.
+fn l2_cache_bytes() -> Option<usize> {
+    let dir = std::path::Path::new("/sys/devices/system/cpu/cpu0/cache");
+    for e in std::fs::read_dir(dir).ok()?.flatten() {
+        let read = |f: &str| std::fs::read_to_string(e.path().join(f)).ok();
+        if read("level").as_deref().map(str::trim) != Some("2") {
+            continue;
+        }
+        let size = read("size")?;
+        let size = size.trim();
+        let (num, mul) = match size.strip_suffix('K') {
+            Some(n) => (n, 1024),
+            None => match size.strip_suffix('M') {
+                Some(n) => (n, 1 << 20),
+                None => (size, 1),
+            },
+        };
+        return num.parse::<usize>().ok().map(|n| n * mul);
+    }
+    None
 }
 
 #[cfg(test)]

@@ -92,7 +92,7 @@ struct Inner {
 /// The connection pools of a context, one per provider.
 #[derive(Default, Debug)]
 struct Pools {
-    pools: Vec<(rrpc_core::ProviderKind, Arc<crate::shm::BundlePool>)>,
+    pools: Vec<(rrpc_core::ProviderKind, Arc<crate::bundle::BundlePool>)>,
     /// Their shared memory bound (made with the first pool).
     budget: Option<Arc<rrpc_core::pool::PoolBudget>>,
 }
@@ -276,8 +276,8 @@ impl RrpcContext {
     pub(crate) fn bundle_pool(
         &self,
         fabric: &rrpc_core::Fabric,
-        make: impl FnOnce(Arc<rrpc_core::pool::PoolBudget>) -> crate::shm::BundlePool,
-    ) -> Option<Arc<crate::shm::BundlePool>> {
+        make: impl FnOnce(Arc<rrpc_core::pool::PoolBudget>) -> crate::bundle::BundlePool,
+    ) -> Option<Arc<crate::bundle::BundlePool>> {
         let kind = fabric.kind();
         if self.0.config.connection_pool_for(kind) == 0 {
             return None;

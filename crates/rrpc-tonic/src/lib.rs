@@ -208,6 +208,7 @@
 //! * [`Error`]: one error type, mapped to [`tonic::Status`].
 #![forbid(unsafe_code)]
 
+mod bundle;
 mod call;
 mod channel;
 mod config;

@@ -12,11 +12,12 @@ use std::time::{Duration, Instant};
 
 use futures_util::FutureExt;
 use rrpc_core::conn::{Connection, HandshakeConfig, Listener, Offer, Pending, connect};
-use rrpc_core::{Endpoint, Fabric, QpConfig};
+use rrpc_core::{Endpoint, Fabric};
 use rrpc_poller::conn::{AsyncConn, AsyncReceiver, AsyncSender};
 use rrpc_poller::{Mode, WatchedFd};
-use rrpc_ringbuf::{LocalRing, RingConfig, RingRx, RingTx, TxWatch};
+use rrpc_ringbuf::{RingConfig, RingRx, RingTx, TxWatch};
 
+use crate::bundle::{Bundle, BundlePool, make_bundle};
 use crate::frame::HANDSHAKE_SECTION;
 use crate::negotiate::{
     Established, Negotiated, choose_path, client_hello, path_of_reply, section_of,
@@ -45,47 +46,6 @@ fn ring_config(cfg: &RrpcConfig) -> Result<RingConfig, Error> {
 #[cfg(test)]
 pub(crate) fn ring_config_for_tests(cfg: &RrpcConfig) -> Result<RingConfig, Error> {
     ring_config(cfg)
-}
-
-/// The default of [`RrpcConfig::ring_cache_size`], the size past which a
-/// self-sizing ring stops growing for throughput
-/// (`RingConfig::get_cache_ring_size`): an eighth of this CPU's L2 cache (from
-/// sysfs; 512 KiB when it cannot be read), rounded down to a power of two.
-/// A core touches up to four rings' worth of data on a busy connection
-/// (both rings of the direction it sends on, the receive ring of the other,
-/// and the buffers it copies to), and they should fit in half its L2. On a
-/// host with 512 KiB of L2 per core that is 64 KiB: the ring size at which
-/// the Fig. 12 sweep (`cargo xtask bench rpc`, `ring_size_bandwidth`)
-/// peaked there for both 8 KiB and 128 KiB RPCs.
-pub(crate) fn ring_cache_cap() -> usize {
-    static CAP: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *CAP.get_or_init(|| {
-        let l2 = l2_cache_bytes().unwrap_or(512 << 10);
-        let cap = (l2 / 8).max(4096);
-        1 << (usize::BITS - 1 - cap.leading_zeros())
-    })
-}
-
-/// The L2 cache size of CPU 0, from `/sys/devices/system/cpu/cpu0/cache`.
-fn l2_cache_bytes() -> Option<usize> {
-    let dir = std::path::Path::new("/sys/devices/system/cpu/cpu0/cache");
-    for e in std::fs::read_dir(dir).ok()?.flatten() {
-        let read = |f: &str| std::fs::read_to_string(e.path().join(f)).ok();
-        if read("level").as_deref().map(str::trim) != Some("2") {
-            continue;
-        }
-        let size = read("size")?;
-        let size = size.trim();
-        let (num, mul) = match size.strip_suffix('K') {
-            Some(n) => (n, 1024),
-            None => match size.strip_suffix('M') {
-                Some(n) => (n, 1 << 20),
-                None => (size, 1),
-            },
-        };
-        return num.parse::<usize>().ok().map(|n| n * mul);
-    }
-    None
 }
 
 struct ShmTx {
@@ -508,30 +468,6 @@ fn into_pipe(
         tx.spawn_sizing(every);
     }
     Ok((Box::new(tx), Box::new(ShmRx { rx, _conn: conn })))
-}
-
-/// What one connection needs before its handshake: both rings' regions
-/// and a queue pair (KRCore's pre-initialised bundle).
-pub(crate) type Bundle = (LocalRing, rrpc_core::QueuePair);
-
-/// A pool of [`Bundle`]s ([`RrpcConfig::connection_pool`]).
-pub(crate) type BundlePool = rrpc_core::pool::ResourcePool<Bundle>;
-
-/// Makes one [`Bundle`] on `fabric`, in a protection domain of its own
-/// (`Fabric::isolated`): a peer that learned another connection's region
-/// key, or guessed one, is refused by the NIC.
-fn make_bundle(
-    fabric: &Fabric,
-    ring: &RingConfig,
-    qp: &QpConfig,
-) -> Result<Bundle, rrpc_core::Error> {
-    let fabric = &fabric.isolated()?;
-    let local = LocalRing::new(fabric, ring).map_err(|e| match e {
-        rrpc_ringbuf::Error::Core(c) => c,
-        other => rrpc_core::Error::InvalidConfig(other.to_string()),
-    })?;
-    let qp = fabric.create_qp(qp)?;
-    Ok((local, qp))
 }
 
 /// The context's pool of bundles on `fabric` (started at the first call),
