@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use rrpc_integration_tests::pb::Input;
 use rrpc_integration_tests::pb::test_client::TestClient;
-use rrpc_integration_tests::{Harness, Transport, config, on_all_transports};
+use rrpc_integration_tests::{Harness, Transport, config, on_rings};
 
 /// Waits (bounded) until every pool of `cfg` holds `n` ready bundles.
 async fn until_ready(cfg: &rrpc_tonic::RrpcContext, n: usize) {
@@ -22,9 +22,6 @@ async fn until_ready(cfg: &rrpc_tonic::RrpcContext, n: usize) {
 }
 
 async fn connections_take_pooled_resources(t: Transport) {
-    if t == Transport::Tcp {
-        return; // tonic's TCP has nothing to pool
-    }
     // Server and client share the harness's context (one process), hence one pool.
     let s = Harness::start_with(t, config(t).connection_pool(2)).await;
     let cfg = s.server_context();
@@ -63,9 +60,6 @@ async fn connections_take_pooled_resources(t: Transport) {
 /// A memory bound smaller than one bundle: the pool holds nothing (the made bundle is
 /// dropped and counted), and every connect builds its own, never refused.
 async fn a_pool_at_its_memory_bound_builds_inline(t: Transport) {
-    if t == Transport::Tcp {
-        return;
-    }
     let cfg = config(t).connection_pool(4).connection_pool_memory(1 << 20);
     let s = Harness::start_with(t, cfg).await;
     let cfg = s.server_context();
@@ -121,8 +115,15 @@ async fn pool_by_default_on_rdma_only(t: Transport) {
     );
 }
 
-on_all_transports!(
+// On the rings transports only: tonic's TCP has nothing to pool.
+on_rings!(
     connections_take_pooled_resources,
     a_pool_at_its_memory_bound_builds_inline,
-    pool_by_default_on_rdma_only
 );
+
+/// The default on every transport, TCP included (which pools nothing).
+mod defaults {
+    use super::pool_by_default_on_rdma_only;
+
+    rrpc_integration_tests::on_all_transports!(pool_by_default_on_rdma_only);
+}

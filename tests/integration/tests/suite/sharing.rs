@@ -13,10 +13,11 @@ use rrpc_core::conn::{self, HandshakeConfig, Offer, SharedConnection};
 use rrpc_core::vqp::VqpConfig;
 use rrpc_integration_tests::pb::Input;
 use rrpc_integration_tests::pb::test_client::TestClient;
-use rrpc_integration_tests::{Harness, Transport, config, on_all_transports};
+use rrpc_integration_tests::{Harness, Transport, config, on_rings};
 use rrpc_tonic::{RrpcChannel, RrpcConfig, RrpcContext, SharedConnectionStats};
 
-on_all_transports!(
+// On the rings transports only: tonic's TCP has no queue pairs to share.
+on_rings!(
     connections_share_one_queue_pair,
     rings_are_made_ahead_for_the_next_connection,
     a_server_that_does_not_share_says_so,
@@ -62,9 +63,6 @@ async fn until(what: &str, mut cond: impl FnMut() -> bool) {
 }
 
 async fn connections_share_one_queue_pair(t: Transport) {
-    if t == Transport::Tcp {
-        return; // tonic's TCP has no queue pairs
-    }
     let mut h = Harness::start_with(t, shared(t)).await;
     h.set_client_config(shared(t));
     let (scfg, ccfg) = (h.server_context().clone(), h.client_context().clone());
@@ -116,9 +114,6 @@ async fn connections_share_one_queue_pair(t: Transport) {
 /// replacement is made after it is up. (On shm the pool is off by default,
 /// so the test asks for it.)
 async fn rings_are_made_ahead_for_the_next_connection(t: Transport) {
-    if t == Transport::Tcp {
-        return;
-    }
     let mut h = Harness::start_with(t, shared(t).connection_pool(2)).await;
     h.set_client_config(shared(t).connection_pool(2));
     let (scfg, ccfg) = (h.server_context().clone(), h.client_context().clone());
@@ -143,9 +138,6 @@ async fn rings_are_made_ahead_for_the_next_connection(t: Transport) {
 }
 
 async fn a_server_that_does_not_share_says_so(t: Transport) {
-    if t == Transport::Tcp {
-        return;
-    }
     let h = Harness::start_with(t, config(t)).await;
     let e = RrpcChannel::connect(&h.uri, shared(t))
         .await
@@ -157,9 +149,6 @@ async fn a_server_that_does_not_share_says_so(t: Transport) {
 }
 
 async fn a_restarted_server_gets_a_new_shared_connection(t: Transport) {
-    if t == Transport::Tcp {
-        return;
-    }
     // One client context across both servers: its cache of shared connections.
     let ccfg = shared(t);
     let cctx = RrpcContext::new(&ccfg);
@@ -242,6 +231,5 @@ async fn a_guessed_shared_connection_id_is_refused(t: Transport) {
 mod guessed_id {
     use super::a_guessed_shared_connection_id_is_refused;
 
-    rrpc_integration_tests::on_shm!(a_guessed_shared_connection_id_is_refused);
-    rrpc_integration_tests::on_rdma!(a_guessed_shared_connection_id_is_refused);
+    rrpc_integration_tests::on_rings!(a_guessed_shared_connection_id_is_refused);
 }
