@@ -38,10 +38,11 @@ fn scan(c: &mut Criterion) {
         // The paper's BPEV polling thread: never parks, scans every armed connection.
         let poller = rt
             .block_on(async {
-                PollerConfig::paper(Mode::Bpev)
-                    .polling_threads(1)?
-                    .bp_timeout(Duration::ZERO)
-                    .build()
+                rrpc_poller::Poller::start(
+                    PollerConfig::paper(Mode::Bpev)
+                        .polling_threads(1)?
+                        .bp_timeout(Duration::ZERO),
+                )
             })
             .expect("poller");
         let mut peers = Vec::new();
@@ -106,12 +107,13 @@ fn wait_hit(c: &mut Criterion) {
     let src = Arc::new(Ready(AtomicU64::new(1)));
     g.bench_function("ready_check", |b| b.iter(|| black_box(src.ready())));
     for mode in Mode::ALL {
-        let poller = PollerConfig::new()
-            .mode(mode)
-            .polling_threads(1)
-            .expect("valid")
-            .build()
-            .expect("poller");
+        let poller = rrpc_poller::Poller::start(
+            PollerConfig::new()
+                .mode(mode)
+                .polling_threads(1)
+                .expect("valid"),
+        )
+        .expect("poller");
         let mut reg = poller.register(src.clone()).expect("register");
         g.bench_function(mode.name(), |b| {
             b.iter(|| {

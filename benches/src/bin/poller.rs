@@ -112,7 +112,7 @@ fn setup(cfg: PollerConfig, mode: Mode, conns: usize) -> Result<Setup> {
         .worker_threads(1)
         .enable_all()
         .build()?;
-    let poller = rt.block_on(async { cfg.build() })?;
+    let poller = rt.block_on(async { rrpc_poller::Poller::start(cfg) })?;
     let stop = Arc::new(AtomicBool::new(false));
     let mut clients = Vec::new();
     for _ in 0..conns {

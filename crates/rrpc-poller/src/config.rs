@@ -79,12 +79,12 @@ impl std::fmt::Display for Mode {
 /// # Examples
 /// ```
 /// use std::time::Duration;
-/// use rrpc_poller::{Mode, PollerConfig};
-/// let poller = PollerConfig::new()
+/// use rrpc_poller::{Mode, Poller, PollerConfig};
+/// let cfg = PollerConfig::new()
 ///     .mode(Mode::Bpev)
 ///     .polling_threads(1)?
-///     .bp_timeout(Duration::from_micros(10))
-///     .build()?;
+///     .bp_timeout(Duration::from_micros(10));
+/// let poller = Poller::start(cfg)?;
 /// assert_eq!(poller.config().get_mode(), Mode::Bpev);
 /// # Ok::<(), rrpc_poller::Error>(())
 /// ```

@@ -108,7 +108,7 @@
 //! ```
 //! use std::sync::Arc;
 //! use std::sync::atomic::{AtomicU64, Ordering};
-//! use rrpc_poller::{Mode, PollerConfig, Readiness};
+//! use rrpc_poller::{Mode, Poller, PollerConfig, Readiness};
 //!
 //! struct Counter { written: AtomicU64, read: AtomicU64 }
 //! impl Readiness for Counter {
@@ -119,7 +119,7 @@
 //!
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() -> Result<(), rrpc_poller::Error> {
-//! let poller = PollerConfig::new().mode(Mode::Bpev).polling_threads(1)?.build()?;
+//! let poller = Poller::start(PollerConfig::new().mode(Mode::Bpev).polling_threads(1)?)?;
 //! let src = Arc::new(Counter { written: AtomicU64::new(0), read: AtomicU64::new(0) });
 //! let mut reg = poller.register(src.clone())?;
 //! let writer = src.clone();

@@ -24,14 +24,15 @@ fn pinned_poller(cpu: usize) -> Poller {
         let mut set = CpuSet::new();
         set.set(cpu).unwrap();
         sched_setaffinity(Pid::from_raw(0), &set).unwrap();
-        PollerConfig::new()
-            .mode(Mode::Bpev)
-            .polling_threads(1)
-            .unwrap()
-            .bp_timeout(Duration::ZERO)
-            .idle_park_after(Some(Duration::from_secs(10)))
-            .build()
-            .unwrap()
+        rrpc_poller::Poller::start(
+            PollerConfig::new()
+                .mode(Mode::Bpev)
+                .polling_threads(1)
+                .unwrap()
+                .bp_timeout(Duration::ZERO)
+                .idle_park_after(Some(Duration::from_secs(10))),
+        )
+        .unwrap()
     })
     .join()
     .unwrap()
@@ -144,10 +145,7 @@ fn the_paper_configuration_never_backs_off() {
         let mut set = CpuSet::new();
         set.set(cpu).unwrap();
         sched_setaffinity(Pid::from_raw(0), &set).unwrap();
-        PollerConfig::paper(Mode::Bpev)
-            .polling_threads(1)
-            .unwrap()
-            .build()
+        rrpc_poller::Poller::start(PollerConfig::paper(Mode::Bpev).polling_threads(1).unwrap())
             .unwrap()
     })
     .join()
@@ -166,13 +164,14 @@ fn a_task_woken_by_its_polling_thread_measures_its_wake_up_latency() {
     let _one = one_at_a_time();
     let recorder = DebuggingRecorder::new();
     let snapshotter = recorder.snapshotter();
-    let p = PollerConfig::new()
-        .mode(Mode::Bpev)
-        .polling_threads(1)
-        .unwrap()
-        .bp_timeout(Duration::ZERO)
-        .build()
-        .unwrap();
+    let p = rrpc_poller::Poller::start(
+        PollerConfig::new()
+            .mode(Mode::Bpev)
+            .polling_threads(1)
+            .unwrap()
+            .bp_timeout(Duration::ZERO),
+    )
+    .unwrap();
     let src = Fake::new();
     let before = p.stats();
     // The task runs on this thread (current_thread runtime), where the

@@ -205,35 +205,38 @@ fn numa_vm_polling_threads_on_the_chosen_node() {
     let all = my_cpus();
     assert_ne!(cpus, all, "node {node} must not hold every CPU");
 
-    let fixed = PollerConfig::new()
-        .numa_node(NumaPlacement::Node(node))
-        .polling_threads(2)
-        .unwrap()
-        .thread_name("numa-fixed")
-        .build()
-        .unwrap();
+    let fixed = rrpc_poller::Poller::start(
+        PollerConfig::new()
+            .numa_node(NumaPlacement::Node(node))
+            .polling_threads(2)
+            .unwrap()
+            .thread_name("numa-fixed"),
+    )
+    .unwrap();
     assert_eq!(fixed.numa_node(), Some(node));
     wait_threads_on("numa-fixed", 2, &cpus);
 
-    let by_device = PollerConfig::new()
-        .polling_threads(2)
-        .unwrap()
-        .thread_name("numa-dev")
-        .build()
-        .unwrap();
+    let by_device = rrpc_poller::Poller::start(
+        PollerConfig::new()
+            .polling_threads(2)
+            .unwrap()
+            .thread_name("numa-dev"),
+    )
+    .unwrap();
     assert_eq!(by_device.numa_node(), None, "no device yet");
     wait_threads_on("numa-dev", 2, &all);
     assert_eq!(by_device.place_for_device(None), None, "shm: nothing");
     assert_eq!(by_device.place_for_device(Some(node)), Some(node));
     wait_threads_on("numa-dev", 2, &cpus);
 
-    let off = PollerConfig::new()
-        .numa_node(NumaPlacement::Off)
-        .polling_threads(1)
-        .unwrap()
-        .thread_name("numa-off")
-        .build()
-        .unwrap();
+    let off = rrpc_poller::Poller::start(
+        PollerConfig::new()
+            .numa_node(NumaPlacement::Off)
+            .polling_threads(1)
+            .unwrap()
+            .thread_name("numa-off"),
+    )
+    .unwrap();
     assert_eq!(off.place_for_device(Some(node)), None);
     wait_threads_on("numa-off", 1, &all);
     for p in [fixed, by_device, off] {
@@ -270,13 +273,14 @@ fn placement_on_this_host() {
     let (rx, _) = ring.regions();
     rx.write_at(0, &[1]).unwrap();
     assert_eq!(placement_of(rx).policy, "prefer:0");
-    let p = PollerConfig::new()
-        .numa_node(NumaPlacement::Node(0))
-        .polling_threads(1)
-        .unwrap()
-        .thread_name("numa-here")
-        .build()
-        .unwrap();
+    let p = rrpc_poller::Poller::start(
+        PollerConfig::new()
+            .numa_node(NumaPlacement::Node(0))
+            .polling_threads(1)
+            .unwrap()
+            .thread_name("numa-here"),
+    )
+    .unwrap();
     let allowed = my_cpus();
     let want = numa::thread_cpus(&cpus0, &allowed).unwrap();
     wait_threads_on("numa-here", 1, &want);

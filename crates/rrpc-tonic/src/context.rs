@@ -218,18 +218,18 @@ impl RrpcContext {
         let cfg = &self.0.config;
         let placement = cfg.get_numa_node();
         let p = match cfg.get_poller() {
-            Some(pc) => pc.clone().build()?,
+            Some(pc) => rrpc_poller::Poller::start(pc.clone())?,
             // A placement of its own: this context's poller, not the
             // process-wide one.
             None if placement != rrpc_core::numa::NumaPlacement::Device => {
-                default_poller_config().numa_node(placement).build()?
+                rrpc_poller::Poller::start(default_poller_config().numa_node(placement))?
             }
             None => {
                 static DEFAULT: OnceLock<Poller> = OnceLock::new();
                 match DEFAULT.get() {
                     Some(p) => p.clone(),
                     None => {
-                        let p = default_poller_config().build()?;
+                        let p = rrpc_poller::Poller::start(default_poller_config())?;
                         DEFAULT.get_or_init(|| p).clone()
                     }
                 }

@@ -215,26 +215,13 @@ impl fmt::Debug for Poller {
     }
 }
 
-impl PollerConfig {
-    /// Starts the polling threads.
-    ///
-    /// (Defined here rather than with the settings, so that the settings
-    /// import nothing of the running poller.)
-    ///
-    /// # Errors
-    /// [`Error::Io`] when a thread cannot be spawned.
-    pub fn build(self) -> Result<Poller> {
-        Poller::start(self)
-    }
-}
-
 impl Poller {
     /// A poller with the default configuration ([`Mode::Bpev`], two polling threads).
     ///
     /// # Errors
     /// [`Error::Io`] when a thread cannot be spawned.
     pub fn new() -> Result<Self> {
-        PollerConfig::new().build()
+        Poller::start(PollerConfig::new())
     }
 
     /// Whether `self` and `other` are handles of one poller (the same threads).
@@ -242,7 +229,14 @@ impl Poller {
         Arc::ptr_eq(&self.inner, &other.inner)
     }
 
-    pub(crate) fn start(cfg: PollerConfig) -> Result<Self> {
+    /// Starts a poller with `cfg`: its polling threads (none in
+    /// [`Mode::Bp`] and [`Mode::Event`], whose threads start per
+    /// registration). A [`PollerConfig`] is plain settings; only this
+    /// starts anything.
+    ///
+    /// # Errors
+    /// [`Error::Io`] when a thread cannot be spawned.
+    pub fn start(cfg: PollerConfig) -> Result<Self> {
         let n = match cfg.get_mode() {
             Mode::Bpts | Mode::Bpev => cfg.get_polling_threads(),
             Mode::Bp | Mode::Event => 0,

@@ -85,13 +85,14 @@ impl Notifier for Belled {
 }
 
 fn poller() -> Poller {
-    PollerConfig::new()
-        .mode(Mode::Bpev)
-        .polling_threads(1)
-        .unwrap()
-        .bp_timeout(Duration::ZERO)
-        .build()
-        .unwrap()
+    Poller::start(
+        PollerConfig::new()
+            .mode(Mode::Bpev)
+            .polling_threads(1)
+            .unwrap()
+            .bp_timeout(Duration::ZERO),
+    )
+    .unwrap()
 }
 
 fn rt() -> tokio::runtime::Runtime {

@@ -54,7 +54,7 @@ pub fn test_config(mode: Mode) -> PollerConfig {
 }
 
 pub fn poller(mode: Mode) -> Poller {
-    test_config(mode).build().unwrap()
+    rrpc_poller::Poller::start(test_config(mode)).unwrap()
 }
 
 /// A poller in `mode` with one fake connection registered on it.

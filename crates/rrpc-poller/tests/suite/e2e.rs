@@ -493,13 +493,14 @@ fn feed_at_intervals(
 fn an_idle_reader_is_woken_by_the_doorbell_not_by_rescans(prov: &Provider) {
     let rounds = 8u32;
     for doorbell in [true, false] {
-        let p = common::test_config(Mode::Bpev)
-            .idle_park_after(Some(Duration::from_micros(300)))
-            .doorbell_park_after(doorbell.then_some(Duration::from_micros(50)))
-            .idle_poll_interval(Duration::from_secs(1))
-            .unwrap()
-            .build()
-            .unwrap();
+        let p = rrpc_poller::Poller::start(
+            common::test_config(Mode::Bpev)
+                .idle_park_after(Some(Duration::from_micros(300)))
+                .doorbell_park_after(doorbell.then_some(Duration::from_micros(50)))
+                .idle_poll_interval(Duration::from_secs(1))
+                .unwrap(),
+        )
+        .unwrap();
         let stats = feed_at_intervals(prov, &p, rounds, Duration::from_millis(20), 0);
         eprintln!("doorbell {doorbell}: {stats:?}");
         if doorbell {
@@ -527,14 +528,15 @@ fn an_idle_reader_is_woken_by_the_doorbell_not_by_rescans(prov: &Provider) {
 fn a_reader_fed_once_a_millisecond_stops_spinning_and_announces_its_own_sleeps(prov: &Provider) {
     let rounds = 80u32;
     for backoff in [true, false] {
-        let p = common::test_config(Mode::Bpev)
-            .bp_timeout(Duration::from_micros(50))
-            .auto_tune(false)
-            .spin_backoff(backoff)
-            .idle_poll_interval(Duration::from_secs(1))
-            .unwrap()
-            .build()
-            .unwrap();
+        let p = rrpc_poller::Poller::start(
+            common::test_config(Mode::Bpev)
+                .bp_timeout(Duration::from_micros(50))
+                .auto_tune(false)
+                .spin_backoff(backoff)
+                .idle_poll_interval(Duration::from_secs(1))
+                .unwrap(),
+        )
+        .unwrap();
         let stats = feed_at_intervals(prov, &p, rounds, Duration::from_millis(1), 48);
         eprintln!("spin back-off {backoff}: {stats:?}");
         if backoff {

@@ -324,11 +324,8 @@ fn connections_added_and_removed_while_polling() {
 fn data_on_any_dozing_shard_wakes_its_task() {
     for mode in [Mode::Bpts, Mode::Bpev] {
         rt().block_on(async {
-            let p = test_config(mode)
-                .polling_threads(2)
-                .unwrap()
-                .build()
-                .unwrap();
+            let p =
+                rrpc_poller::Poller::start(test_config(mode).polling_threads(2).unwrap()).unwrap();
             let fakes: Vec<_> = (0..4).map(|_| Fake::new()).collect();
             let mut regs: Vec<_> = fakes
                 .iter()
