@@ -373,7 +373,7 @@ mod tests {
         assert_eq!(shared.get_numa_node(), NumaPlacement::Device);
         // Node 0 exists on every Linux host.
         let placed = RrpcConfig::new().numa_node(NumaPlacement::Node(0));
-        let ring = crate::shm::ring_config_for_tests(&placed).expect("ring config");
+        let ring = crate::rings::ring_config_for_tests(&placed).expect("ring config");
         assert_eq!(ring.get_numa_node(), NumaPlacement::Node(0));
         let ctx = RrpcContext::shared(&placed);
         let p = ctx.poller_handle().expect("poller");

@@ -224,9 +224,9 @@ mod h2stream;
 mod managed;
 mod negotiate;
 mod pipe;
+mod rings;
 mod server;
 mod sharing;
-mod shm;
 mod transport;
 
 pub use call::{Carrier, ChannelPath, ResponseFuture};

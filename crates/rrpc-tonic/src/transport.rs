@@ -72,9 +72,10 @@ pub(crate) enum RrpcListener {
         name: String,
         rx: mpsc::Receiver<Pipe>,
     },
-    /// Boxed: with the verbs provider the listener holds the device
-    /// context and is far larger than the in-process variant.
-    Shm(Box<crate::shm::ShmListener>),
+    /// `shm://` or `rdma://`: rings on rrpc-core's fabric. Boxed: with the
+    /// verbs provider the listener holds the device context and is far
+    /// larger than the in-process variant.
+    Rings(Box<crate::rings::RingsListener>),
 }
 
 type Registry = Mutex<HashMap<String, mpsc::Sender<Pipe>>>;
@@ -107,16 +108,16 @@ impl RrpcListener {
                     rx,
                 })
             }
-            Target::Shm(path) => Ok(RrpcListener::Shm(Box::new(crate::shm::ShmListener::bind(
-                rrpc_core::Endpoint::Shm(path.clone()),
-                cfg,
-                ctx,
-            )?))),
-            Target::Rdma(uri) => Ok(RrpcListener::Shm(Box::new(crate::shm::ShmListener::bind(
-                rdma_endpoint(uri)?,
-                cfg,
-                ctx,
-            )?))),
+            Target::Shm(path) => Ok(RrpcListener::Rings(Box::new(
+                crate::rings::RingsListener::bind(
+                    rrpc_core::Endpoint::Shm(path.clone()),
+                    cfg,
+                    ctx,
+                )?,
+            ))),
+            Target::Rdma(uri) => Ok(RrpcListener::Rings(Box::new(
+                crate::rings::RingsListener::bind(rdma_endpoint(uri)?, cfg, ctx)?,
+            ))),
             Target::Tcp(_) | Target::Unix(_) => Err(Error::InvalidUri {
                 uri: format!("{target:?}"),
                 reason: "not an rrpc transport".into(),
@@ -128,7 +129,7 @@ impl RrpcListener {
     pub(crate) fn local_addr(&self) -> Option<std::net::SocketAddr> {
         match self {
             RrpcListener::Inproc { .. } => None,
-            RrpcListener::Shm(l) => l.local_addr(),
+            RrpcListener::Rings(l) => l.local_addr(),
         }
     }
 
@@ -141,7 +142,7 @@ impl RrpcListener {
     pub(crate) async fn accept(&mut self) -> Option<Accepted> {
         match self {
             RrpcListener::Inproc { rx, .. } => rx.recv().await.map(Accepted::Ready),
-            RrpcListener::Shm(l) => l.accept().await.map(|p| Accepted::Shm(Box::new(p))),
+            RrpcListener::Rings(l) => l.accept().await.map(|p| Accepted::Rings(Box::new(p))),
         }
     }
 }
@@ -150,8 +151,8 @@ impl RrpcListener {
 pub(crate) enum Accepted {
     /// In-process: already a pipe.
     Ready(Pipe),
-    /// `shm://`: the rrpc-core handshake is still to come.
-    Shm(Box<crate::shm::ShmPending>),
+    /// `shm://` or `rdma://`: the rrpc-core handshake is still to come.
+    Rings(Box<crate::rings::RingsPending>),
 }
 
 impl Accepted {
@@ -159,7 +160,7 @@ impl Accepted {
     pub(crate) fn peer(&self) -> String {
         match self {
             Accepted::Ready(_) => "inproc".to_string(),
-            Accepted::Shm(p) => p.peer_addr(),
+            Accepted::Rings(p) => p.peer_addr(),
         }
     }
 
@@ -170,7 +171,7 @@ impl Accepted {
                 let path = negotiate_server(&mut p, cfg).await?;
                 Ok(Established::Pipe(p, path))
             }
-            Accepted::Shm(p) => p.establish().await,
+            Accepted::Rings(p) => p.establish().await,
         }
     }
 }
@@ -184,7 +185,7 @@ impl Drop for RrpcListener {
                     r.remove(name);
                 }
             }
-            RrpcListener::Shm(_) => {}
+            RrpcListener::Rings(_) => {}
         }
     }
 }
@@ -215,7 +216,7 @@ pub(crate) async fn dial(
             Ok((client, path))
         }
         Target::Shm(path) => {
-            crate::shm::dial(rrpc_core::Endpoint::Shm(path.clone()), cfg, ctx).await
+            crate::rings::dial(rrpc_core::Endpoint::Shm(path.clone()), cfg, ctx).await
         }
         Target::Rdma(uri) => {
             // Off the runtime's threads: a name lookup can block for seconds.
@@ -223,7 +224,7 @@ pub(crate) async fn dial(
             let ep = tokio::task::spawn_blocking(move || rdma_endpoint(&uri))
                 .await
                 .map_err(|e| Error::Io(std::io::Error::other(e)))??;
-            crate::shm::dial(ep, cfg, ctx).await
+            crate::rings::dial(ep, cfg, ctx).await
         }
         Target::Tcp(_) | Target::Unix(_) => Err(Error::InvalidUri {
             uri: format!("{target:?}"),

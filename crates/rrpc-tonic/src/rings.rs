@@ -48,8 +48,8 @@ pub(crate) fn ring_config_for_tests(cfg: &RrpcConfig) -> Result<RingConfig, Erro
     ring_config(cfg)
 }
 
-struct ShmTx {
-    /// Shared with the progress task ([`ShmTx::ensure_progress`]).
+struct RingsTx {
+    /// Shared with the progress task ([`RingsTx::ensure_progress`]).
     tx: Arc<tokio::sync::Mutex<AsyncSender>>,
     watch: TxWatch,
     max: usize,
@@ -118,8 +118,8 @@ fn gone_cause(conn: &Connection) -> Option<rrpc_core::Error> {
 /// before it gives up (the connection is then broken anyway).
 const PROGRESS_LIMIT: Duration = Duration::from_secs(30);
 
-impl ShmTx {
-    fn new(tx: AsyncSender, watch: TxWatch, max: usize, conn: Arc<Connection>) -> ShmTx {
+impl RingsTx {
+    fn new(tx: AsyncSender, watch: TxWatch, max: usize, conn: Arc<Connection>) -> RingsTx {
         let ring = tx.ring().config();
         // A fixed ring carries whole-ring messages best (the papers'
         // setting); a self-sizing one, a third of its cache cap.
@@ -128,7 +128,7 @@ impl ShmTx {
         } else {
             max
         };
-        ShmTx {
+        RingsTx {
             tx: Arc::new(tokio::sync::Mutex::new(tx)),
             watch,
             max,
@@ -262,13 +262,13 @@ fn busy(tx: &AsyncSender) -> bool {
     tx.wants_completions() || tx.tails_in_flight() > 0
 }
 
-struct ShmRx {
+struct RingsRx {
     rx: AsyncReceiver,
     // Keeps the connection (side channel, regions) alive as long as the pipe.
     _conn: Arc<Connection>,
 }
 
-impl MsgTx for ShmTx {
+impl MsgTx for RingsTx {
     fn max_message(&self) -> usize {
         self.max
     }
@@ -359,7 +359,7 @@ impl MsgTx for ShmTx {
     }
 }
 
-impl Drop for ShmRx {
+impl Drop for RingsRx {
     fn drop(&mut self) {
         // Nobody reads any more: say goodbye so the peer fails its calls now
         // (the poller may hold the connection a while longer). The goodbye
@@ -374,7 +374,7 @@ impl Drop for ShmRx {
     }
 }
 
-impl MsgRx for ShmRx {
+impl MsgRx for RingsRx {
     fn carrier(&self) -> Option<rrpc_core::QpCarrier> {
         Some(self._conn.qp().carrier())
     }
@@ -463,11 +463,11 @@ fn into_pipe(
     let watch = tx.ring().watch();
     let sizing = tx.ring().config().self_sizing();
     let every = tx.ring().config().get_shrink_after() / 2;
-    let tx = ShmTx::new(tx, watch, max, conn.clone());
+    let tx = RingsTx::new(tx, watch, max, conn.clone());
     if sizing {
         tx.spawn_sizing(every);
     }
-    Ok((Box::new(tx), Box::new(ShmRx { rx, _conn: conn })))
+    Ok((Box::new(tx), Box::new(RingsRx { rx, _conn: conn })))
 }
 
 /// The context's pool of bundles on `fabric` (started at the first call),
@@ -614,7 +614,7 @@ fn dial_logical(
 }
 
 /// A listening `shm://` or `rdma://` side channel.
-pub(crate) struct ShmListener {
+pub(crate) struct RingsListener {
     /// The listener's readiness (declared first: dropped, so deregistered,
     /// before the listener closes).
     watch: WatchedFd,
@@ -625,9 +625,9 @@ pub(crate) struct ShmListener {
     fabric: Fabric,
 }
 
-impl std::fmt::Debug for ShmListener {
+impl std::fmt::Debug for RingsListener {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ShmListener")
+        f.debug_struct("RingsListener")
             .field("path", &self.listener.path())
             .finish()
     }
@@ -638,7 +638,7 @@ impl std::fmt::Debug for ShmListener {
 /// retrying at once would spin (hyper and tokio's listeners pause too).
 const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(50);
 
-impl ShmListener {
+impl RingsListener {
     pub(crate) fn bind(ep: Endpoint, cfg: &RrpcConfig, ctx: &RrpcContext) -> Result<Self, Error> {
         // Open the device before accepting anyone (and fail here if there is none).
         let fabric = fabric_for(&ep, ctx)?;
@@ -657,7 +657,7 @@ impl ShmListener {
         // A pooled server starts filling its pool before the first client.
         let _ = bundle_pool(&fabric, &ring_config(cfg)?, ctx);
         let watch = WatchedFd::new(l.as_fd(), tokio::io::Interest::READABLE)?;
-        Ok(ShmListener {
+        Ok(RingsListener {
             watch,
             listener: l,
             ring: ring_config(cfg)?,
@@ -673,17 +673,17 @@ impl ShmListener {
     }
 
     /// Takes the next client off the listening socket, without reading
-    /// from it; [`ShmPending::establish`] does the handshake.
+    /// from it; [`RingsPending::establish`] does the handshake.
     ///
     /// # Cancel safety
     /// Cancel safe: the only await is the socket's readiness; a client is
     /// taken off the socket and returned in the same poll.
-    pub(crate) async fn accept(&mut self) -> Option<ShmPending> {
+    pub(crate) async fn accept(&mut self) -> Option<RingsPending> {
         loop {
             let mut guard = self.watch.readable().await.ok()?;
             match self.listener.accept_pending() {
                 Ok(pending) => {
-                    return Some(ShmPending {
+                    return Some(RingsPending {
                         pending,
                         ring: self.ring.clone(),
                         cfg: self.cfg.clone(),
@@ -702,7 +702,7 @@ impl ShmListener {
 }
 
 /// A client accepted on an `shm://` listener whose handshake has not run.
-pub(crate) struct ShmPending {
+pub(crate) struct RingsPending {
     pending: Pending,
     ring: RingConfig,
     cfg: RrpcConfig,
@@ -710,7 +710,7 @@ pub(crate) struct ShmPending {
     fabric: Fabric,
 }
 
-impl ShmPending {
+impl RingsPending {
     /// The client's identity for logs (pid and uid).
     pub(crate) fn peer_addr(&self) -> String {
         self.pending.peer_addr()
@@ -726,7 +726,7 @@ impl ShmPending {
     /// channel closes, so the client sees the server leave).
     pub(crate) async fn establish(self) -> Result<Established, Error> {
         let timeout = self.cfg.get_handshake_timeout();
-        let ShmPending {
+        let RingsPending {
             mut pending,
             ring,
             cfg,
