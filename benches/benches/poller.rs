@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use futures_util::FutureExt as _;
-use rrpc_poller::conn::AsyncConn;
+use rrpc_poller::rings::AsyncConn;
 use rrpc_poller::{Mode, PollerConfig, Readiness};
 use rrpc_ringbuf::RingConfig;
 

@@ -16,7 +16,7 @@ use rrpc_bench::{
     CpuTimes, Latency, PlotSpec, Report, SuiteArgs, Table, ThreadPlan, Value, pin_current_thread,
 };
 use rrpc_core::Completion;
-use rrpc_poller::conn::AsyncConn;
+use rrpc_poller::rings::AsyncConn;
 use rrpc_poller::{Mode, Poller, PollerConfig};
 use rrpc_ringbuf::{RingConfig, RingRx, RingTx};
 

@@ -61,8 +61,9 @@ impl std::fmt::Display for Mode {
     }
 }
 
-/// Builder for a [`Poller`](crate::Poller) ([`build`](Self::build), defined with the
-/// poller, starts one). Defaults follow the paper where it gives one.
+/// The settings of a [`Poller`](crate::Poller): plain data, which
+/// [`Poller::start`](crate::Poller::start) starts a poller with. Defaults
+/// follow the paper where it gives one.
 ///
 /// | knob | default | source |
 /// |---|---|---|

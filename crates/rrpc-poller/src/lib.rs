@@ -14,8 +14,8 @@
 //!   and no spin while its spins rarely catch data.
 //! - [`backoff`]: sans-IO decisions of when a polling thread stops spinning (descheduled, or
 //!   not earning), tested on a virtual clock.
-//! - [`conn`]: [`conn::AsyncConn`] over an rrpc-ringbuf ring pair and an rrpc-core connection,
-//!   split into [`conn::AsyncSender`] / [`conn::AsyncReceiver`] (what the tonic layer uses).
+//! - [`rings`]: [`rings::AsyncConn`] over an rrpc-ringbuf ring pair and an rrpc-core connection,
+//!   split into [`rings::AsyncSender`] / [`rings::AsyncReceiver`] (what the tonic layer uses).
 //! - [`Stats`]: counters (polls, empty polls, eventfd writes, wake-ups, spin hits, parks).
 //! - [`report`]: the same counters and each polling thread's busy fraction in the `metrics`
 //!   facade, for operators' dashboards ([`Poller::report_metrics`]).
@@ -47,7 +47,7 @@
 //!   ([`Doorbell`]).
 //! - BP and BPTS in the paper make the working thread itself poll; here polling threads wake
 //!   the task's `Waker` directly, which is the closest tokio equivalent (a tokio task cannot
-//!   own a core). BP has one thread per connection: [`conn::AsyncConn::split`] registers the
+//!   own a core). BP has one thread per connection: [`rings::AsyncConn::split`] registers the
 //!   send direction as a [`sibling`](Registration::register_sibling) of the receive one.
 //! - Polling threads only look at *armed* connections (a task that found nothing and is about
 //!   to sleep). A task that is processing or spinning costs the polling threads nothing.
@@ -61,7 +61,7 @@
 //! ## Beyond the paper (its §V-D future work)
 //! - **The doorbell fallback** (default; [`PollerConfig::doorbell_park_after`]). A polling
 //!   thread whose armed connections all have a doorbell ([`Readiness::doorbell`]; rings over
-//!   rrpc-ringbuf do, through [`conn::AsyncConn`]) dozes after 100 µs without data instead of
+//!   rrpc-ringbuf do, through [`rings::AsyncConn`]) dozes after 100 µs without data instead of
 //!   2 ms. Before it parks it announces each armed reader's sleep to the writer (a sleep word
 //!   the writer reads after each tail, `rrpc_ringbuf::proto::doorbell`), checks once more, and
 //!   the writer rings once per announced sleep: a `WRITE_WITH_IMM` whose receive completion
@@ -134,10 +134,10 @@
 
 pub mod backoff;
 mod config;
-pub mod conn;
 mod error;
 mod poller;
 pub mod report;
+pub mod rings;
 mod source;
 mod stats;
 mod sys;

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use futures_util::FutureExt;
 use rrpc_core::conn::{Connection, HandshakeConfig, Listener, Offer, Pending, connect};
 use rrpc_core::{Endpoint, Fabric};
-use rrpc_poller::conn::{AsyncConn, AsyncReceiver, AsyncSender};
+use rrpc_poller::rings::{AsyncConn, AsyncReceiver, AsyncSender};
 use rrpc_poller::{Mode, WatchedFd};
 use rrpc_ringbuf::{RingConfig, RingRx, RingTx, TxWatch};
 

@@ -7,7 +7,7 @@ use crate::common;
 use std::time::Duration;
 
 use common::{BOUND, Provider, poller, rt_mt as rt};
-use rrpc_poller::conn::AsyncConn;
+use rrpc_poller::rings::AsyncConn;
 use rrpc_poller::{Error, Mode};
 use rrpc_ringbuf::RingConfig;
 

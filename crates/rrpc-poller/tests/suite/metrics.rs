@@ -6,7 +6,7 @@ use crate::common;
 
 use common::{BOUND, poller, rt_mt};
 use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
-use rrpc_poller::conn::AsyncConn;
+use rrpc_poller::rings::AsyncConn;
 use rrpc_poller::{Mode, Poller, report};
 use rrpc_ringbuf::RingConfig;
 
