@@ -51,6 +51,7 @@
 //! by [`crate::conn`] and themselves use [`crate::QueuePair`].
 
 pub(crate) mod shm;
+pub(crate) mod side;
 #[cfg(feature = "verbs")]
 pub(crate) mod verbs;
 pub(crate) mod virt;
