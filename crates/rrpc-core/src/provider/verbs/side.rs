@@ -4,7 +4,8 @@
 //! endpoint (LID, QPN, PSN, GID, MTU; see [`super::endpoint`]) and its region
 //! descriptors (address, length, rkey).
 //!
-//! Function-level API for `conn.rs`:
+//! Function-level API (for `provider::side`, the connection layer's seam
+//! over both side channels, and for the tests):
 //!
 //! * [`connect_tcp`] / [`bind_tcp`] / [`accept_tcp`]: the stream;
 //! * [`fill_hello`]: puts the verbs provider code and our endpoint into a `Hello`;
@@ -15,11 +16,9 @@
 //!   (INIT → RTR → RTS, remember its grants for the pre-checks);
 //! * [`client`] and [`server_accept`]: the above composed, one call per side;
 //! * [`send_msg`] / [`recv_msg`]: one framed message.
-//!
-//! and, for `provider::side` (the connection layer's one seam over both
-//! side channels), [`accept`], [`poll_hello`], [`read_client_hello`],
-//! [`dial`] and [`dial_logical`]: the steps of `conn`'s listener, pending
-//! handshake and connects on `rdma://`.
+//! * [`accept`], [`poll_hello`], [`read_client_hello`], [`dial`] and
+//!   [`dial_logical`]: the steps of `conn`'s listener, pending handshake
+//!   and connects, composed from the above.
 //!
 //! Every read and write is bounded by one [`Deadline`] for the whole
 //! handshake: the socket timeout is set to the time left before each call,
