@@ -456,3 +456,69 @@ impl Side {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A fresh socket path in a directory of its own.
+    fn sock_path(tag: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("rrpc-core-side-{}-{tag}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        dir.join("s.sock")
+    }
+
+    #[test]
+    fn a_unix_listener_has_a_path_and_unlinks_it() {
+        let p = sock_path("unlink");
+        let l = SideListener::bind(&Endpoint::Shm(p.clone())).unwrap();
+        assert_eq!(l.path(), Some(p.as_path()));
+        assert_eq!(l.local_addr(), None);
+        l.set_nonblocking(true).unwrap();
+        assert!(matches!(
+            l.accept(&HandshakeConfig::default()),
+            Err(Error::WouldBlock)
+        ));
+        assert!(p.exists());
+        l.unlink();
+        assert!(!p.exists());
+        let _ = std::fs::remove_dir(p.parent().unwrap());
+    }
+
+    #[test]
+    fn a_unix_side_channel_names_its_peer_process_and_has_no_tls() {
+        let (a, _b) = UnixStream::pair().unwrap();
+        let mut s = Side::Unix(a);
+        let pid = i32::try_from(std::process::id()).unwrap();
+        assert!(matches!(s.peer_key(), PeerKey::Process { pid: p, .. } if p == pid));
+        assert!(s.peer_addr().starts_with(&format!("pid={pid} ")));
+        let cfg = HandshakeConfig::default();
+        assert!(!s.uses_tls(&cfg));
+        assert_eq!(s.poll_hello(&cfg).unwrap(), Want::Ready);
+        assert_eq!(s.user_timeout_ms(), None);
+        assert!(matches!(s.end_session(), Side::Unix(_)));
+    }
+
+    #[cfg(not(feature = "verbs"))]
+    #[test]
+    fn rdma_without_the_verbs_feature_is_unavailable() {
+        let ep = Endpoint::Rdma("127.0.0.1:1".parse().unwrap());
+        assert!(matches!(
+            SideListener::bind(&ep),
+            Err(Error::ProviderUnavailable("verbs"))
+        ));
+        let qp = crate::Fabric::shm()
+            .create_qp(&crate::QpConfig::default())
+            .unwrap();
+        let cfg = HandshakeConfig::default();
+        let dl = Deadline::after(Duration::from_secs(1));
+        assert!(matches!(
+            dial(&ep, &qp, &Offer::new(), &cfg, dl),
+            Err(Error::ProviderUnavailable("verbs"))
+        ));
+        assert!(matches!(
+            dial_logical(&ep, &Offer::new(), &cfg, dl),
+            Err(Error::ProviderUnavailable("verbs"))
+        ));
+    }
+}
