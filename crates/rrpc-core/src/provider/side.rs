@@ -265,10 +265,7 @@ impl Side {
                 shm::send_msg(s, &Message::Accept(answer), &fds, deadline)
             }
             #[cfg(feature = "verbs")]
-            Side::Tcp(s) => {
-                let _ = grants;
-                verbs::send_msg(s, &Message::Accept(answer), deadline)
-            }
+            Side::Tcp(s) => verbs::send_msg(s, &Message::Accept(answer), deadline),
         }
     }
 
@@ -415,7 +412,6 @@ impl Side {
             #[cfg(feature = "verbs")]
             Side::Tcp(s) => {
                 // Nothing is mapped on verbs: no budget is reserved.
-                let _ = budget;
                 let (s, hello, peer) = verbs::read_client_hello(s, cfg, deadline)?;
                 Ok((Side::Tcp(s), hello, peer, Passed::default()))
             }
@@ -443,8 +439,8 @@ impl Side {
             Side::Unix(s) => shm::answer(s, qp, client, passed, max_grant_bytes, offer, deadline),
             #[cfg(feature = "verbs")]
             Side::Tcp(s) => {
-                // Nothing came along on verbs, and nothing is mapped.
-                let _ = (passed, max_grant_bytes);
+                // Nothing came along on verbs (`passed` is empty), and
+                // nothing is mapped.
                 verbs::server_accept(
                     s,
                     qp,
