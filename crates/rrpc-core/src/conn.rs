@@ -49,6 +49,27 @@
 //! fail the socket within 16 s by default (10 s idle + 3 probes 2 s apart),
 //! and the connection then reports [`Error::PeerUnresponsive`], naming the
 //! bound, and fails its queue pair with it.
+//!
+//! ## Layers
+//!
+//! * `settings` ([`HandshakeConfig`], [`TcpKeepalive`]), `exchange`
+//!   ([`Offer`], [`PeerInfo`], the deadline, the hello's provider-neutral
+//!   part) and `budget` ([`PeerKey`]) are leaves: of this module they
+//!   import only each other, and no provider.
+//! * `dial` ([`connect`]) and `accept` ([`Listener`], [`Pending`],
+//!   [`Incoming`]) run the handshake; `established` ([`Connection`]) is the
+//!   connection and its liveness; `logical` ([`SharedConnection`],
+//!   [`connect_logical`]) builds on both.
+//! * None of them names a provider. The side channels (a Unix socket with
+//!   descriptor passing for shm, TCP with optional TLS for verbs) are the
+//!   providers', behind one seam, `provider::side`: its `SideListener` and
+//!   `Side` enums (one variant per provider) and its `dial` /
+//!   `dial_logical` are all this module calls when a provider must be
+//!   told apart. The side channels build on the leaves above and on
+//!   [`crate::QueuePair`], never on the rest of this module: no circle.
+//!   Only the TLS settings (`TlsClient` and `HandshakeConfig`'s
+//!   `tls_server` / `tls_client`), public API of the `verbs` feature, are
+//!   `cfg(feature = "verbs")` here.
 
 // Named by the docs.
 #[cfg(doc)]

@@ -75,7 +75,8 @@
 // `conn::budget`, whose guards their mappings hold); the public queue
 // types build on the providers' seam; connections build on those. The
 // providers' side channels (`provider::shm::side`, `provider::verbs::side`)
-// belong to the connection layer: `conn` uses them, and they use `qp`.
+// sit behind a seam of their own, `provider::side`, which `conn` uses;
+// they use `qp` and `conn`'s leaves (`settings`, `exchange`, `budget`).
 
 // Leaves: plain data, errors and the operating system. `work`, `settings`
 // and `fail` hold the types shared by the queue pairs and every provider

@@ -5,16 +5,11 @@ use crate::endpoint::Endpoint;
 #[cfg(doc)]
 use crate::error::Error;
 use crate::error::Result;
-use crate::provider::shm::side::{attach, connect_unix, exchange_unix, make_hello};
-#[cfg(feature = "verbs")]
-use crate::provider::verbs::side;
+use crate::provider::side;
 use crate::qp::QueuePair;
-use crate::settings::ProviderKind;
 
-use super::established::{Connection, Side};
-#[cfg(feature = "verbs")]
-use super::exchange::base_hello;
-use super::exchange::{Deadline, Offer, peer_info};
+use super::established::Connection;
+use super::exchange::{Deadline, Offer};
 use super::settings::HandshakeConfig;
 
 // ---------------------------------------------------------------------------
@@ -41,34 +36,8 @@ pub fn connect(
     let span = tracing::debug_span!("rrpc_connect", %endpoint);
     let _g = span.enter();
     let deadline = Deadline::after(cfg.timeout);
-    let path = match endpoint {
-        Endpoint::Shm(p) => p,
-        #[cfg(feature = "verbs")]
-        Endpoint::Rdma(addr) => {
-            let (s, accept) = side::client(
-                *addr,
-                &qp,
-                base_hello(&offer),
-                deadline,
-                cfg.keepalive.as_ref(),
-                cfg.get_tls_client(),
-            )?;
-            let peer = peer_info(&accept, ProviderKind::Verbs)?;
-            let conn = Connection::new(Side::Tcp(side::Stream::plain(s)), qp, peer, offer.grants)?;
-            tracing::debug!("connected");
-            return Ok(conn);
-        }
-        #[cfg(not(feature = "verbs"))]
-        Endpoint::Rdma(_) => {
-            return Err(crate::error::Error::ProviderUnavailable("verbs"));
-        }
-    };
-    let s = connect_unix(path, deadline)?;
-    let (hello, fds) = make_hello(&qp, &offer)?;
-    let (h, fds) = exchange_unix(&s, hello, &fds, deadline)?;
-    let peer = peer_info(&h, ProviderKind::Shm)?;
-    attach(&qp, &h, fds, cfg.max_grant_bytes, None)?;
-    let conn = Connection::new(Side::Unix(s), qp, peer, offer.grants)?;
+    let (side, peer) = side::dial(endpoint, &qp, &offer, cfg, deadline)?;
+    let conn = Connection::new(side, qp, peer, offer.grants)?;
     tracing::debug!("connected");
     Ok(conn)
 }

@@ -1,22 +1,18 @@
 //! An established connection and the side channel that watches its peer.
 
-use std::io::{self, Read};
-use std::os::fd::{AsFd, BorrowedFd};
-use std::os::unix::net::UnixStream;
+use std::io;
+use std::os::fd::BorrowedFd;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use crate::error::{Error, Result};
-#[cfg(feature = "verbs")]
-use crate::provider::verbs::side;
-use crate::qp::QueuePair;
-
-use super::budget::PeerKey;
-use super::exchange::{Deadline, PeerInfo};
 use crate::handshake::Message;
-use crate::provider::shm::side::{send_msg, set_timeouts};
+use crate::provider::side::Side;
+use crate::qp::QueuePair;
 use crate::region::Region;
+
+use super::exchange::{Deadline, PeerInfo};
 
 /// What a logical connection keeps alive beyond a dedicated one (its grants
 /// on the shared queue pair, the shared connection): the `logical` module's,
@@ -31,101 +27,6 @@ pub(crate) trait LogicalHold: Send + Sync + std::fmt::Debug {
 // ---------------------------------------------------------------------------
 // Connection
 // ---------------------------------------------------------------------------
-
-/// The side channel of one connection.
-#[derive(Debug)]
-pub(crate) enum Side {
-    Unix(UnixStream),
-    /// During the handshake with its TLS session, if any; a connection's
-    /// has none (`side` docs, "TLS").
-    #[cfg(feature = "verbs")]
-    Tcp(side::Stream),
-}
-
-impl Side {
-    pub(crate) fn send(&self, m: &Message, deadline: Deadline) -> Result<()> {
-        match self {
-            Side::Unix(s) => send_msg(s, m, &[], deadline),
-            #[cfg(feature = "verbs")]
-            Side::Tcp(s) => side::send_plain(s.tcp(), m, deadline),
-        }
-    }
-    pub(crate) fn peer_key(&self) -> PeerKey {
-        match self {
-            Side::Unix(s) => {
-                match nix::sys::socket::getsockopt(s, nix::sys::socket::sockopt::PeerCredentials) {
-                    Ok(c) => PeerKey::Process {
-                        uid: c.uid(),
-                        pid: c.pid(),
-                    },
-                    Err(_) => PeerKey::Unknown,
-                }
-            }
-            #[cfg(feature = "verbs")]
-            Side::Tcp(s) => s
-                .tcp()
-                .peer_addr()
-                .map_or(PeerKey::Unknown, |a| PeerKey::Host(a.ip())),
-        }
-    }
-    pub(crate) fn peer_addr(&self) -> String {
-        match self {
-            Side::Unix(s) => {
-                match nix::sys::socket::getsockopt(s, nix::sys::socket::sockopt::PeerCredentials) {
-                    Ok(c) => format!("pid={} uid={}", c.pid(), c.uid()),
-                    Err(_) => "unix peer".to_string(),
-                }
-            }
-            #[cfg(feature = "verbs")]
-            Side::Tcp(s) => s
-                .tcp()
-                .peer_addr()
-                .map_or_else(|_| "tcp peer".to_string(), |a| a.to_string()),
-        }
-    }
-    fn as_fd(&self) -> BorrowedFd<'_> {
-        match self {
-            Side::Unix(s) => s.as_fd(),
-            #[cfg(feature = "verbs")]
-            Side::Tcp(s) => s.tcp().as_fd(),
-        }
-    }
-    pub(crate) fn set_timeouts(&self, t: Option<Duration>) -> Result<()> {
-        match self {
-            Side::Unix(s) => set_timeouts(s, t),
-            #[cfg(feature = "verbs")]
-            Side::Tcp(s) => s
-                .tcp()
-                .set_read_timeout(t)
-                .and_then(|_| s.tcp().set_write_timeout(t))
-                .map_err(|e| Error::io("set socket timeout", e)),
-        }
-    }
-    pub(crate) fn set_nonblocking(&self, nb: bool) -> io::Result<()> {
-        match self {
-            Side::Unix(s) => s.set_nonblocking(nb),
-            #[cfg(feature = "verbs")]
-            Side::Tcp(s) => s.tcp().set_nonblocking(nb),
-        }
-    }
-    pub(crate) fn read(&self, b: &mut [u8]) -> io::Result<usize> {
-        match self {
-            Side::Unix(s) => (&*s).read(b),
-            #[cfg(feature = "verbs")]
-            Side::Tcp(s) => {
-                let mut t = s.tcp();
-                t.read(b)
-            }
-        }
-    }
-    pub(crate) fn shutdown(&self) {
-        let _ = match self {
-            Side::Unix(s) => s.shutdown(std::net::Shutdown::Both),
-            #[cfg(feature = "verbs")]
-            Side::Tcp(s) => s.tcp().shutdown(std::net::Shutdown::Both),
-        };
-    }
-}
 
 /// [`Connection::gone_why`]: the side channel closed (or the peer said goodbye).
 const GONE_CLOSED: u8 = 0;
@@ -159,12 +60,8 @@ impl Connection {
         peer: PeerInfo,
         grants: Vec<(u16, Arc<Region>)>,
     ) -> Result<Self> {
-        // The TLS session ends with the handshake (`side` docs, "TLS").
-        #[cfg(feature = "verbs")]
-        let side = match side {
-            Side::Tcp(s) if s.is_tls() => Side::Tcp(side::Stream::plain(s.into_tcp())),
-            other => other,
-        };
+        // The TLS session ends with the handshake (`verbs::side` docs, "TLS").
+        let side = side.end_session();
         side.set_timeouts(None)?;
         side.set_nonblocking(true)
             .map_err(|e| Error::io("set_nonblocking", e))?;
@@ -236,14 +133,7 @@ impl Connection {
         if self.gone_why.load(Ordering::Acquire) != GONE_SILENT {
             return Error::PeerGone;
         }
-        let after: Option<u32> = match &self.side {
-            Side::Unix(_) => None,
-            #[cfg(feature = "verbs")]
-            Side::Tcp(s) => {
-                nix::sys::socket::getsockopt(&s.tcp(), nix::sys::socket::sockopt::TcpUserTimeout)
-                    .ok()
-            }
-        };
+        let after = self.side.user_timeout_ms();
         Error::PeerUnresponsive(match after {
             Some(ms) if ms > 0 => format!(
                 "its host stopped answering: the side channel's keep-alive gave up after {:.1} s \

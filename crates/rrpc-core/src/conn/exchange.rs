@@ -3,6 +3,7 @@
 //! and reject codes either side may send.
 
 use std::io;
+use std::os::fd::OwnedFd;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -10,6 +11,8 @@ use crate::error::{Error, Result};
 use crate::handshake::{Hello, RegionDesc, Reject, RejectCode, Section};
 use crate::region::{Region, RemoteRegion};
 use crate::settings::ProviderKind;
+
+use super::budget::BudgetGuard;
 
 // ---------------------------------------------------------------------------
 // Deadline and budget
@@ -112,6 +115,17 @@ impl PeerInfo {
             .find(|s| s.tag == tag)
             .map(|s| s.bytes.as_slice())
     }
+}
+
+/// What came with a client's hello besides its bytes: on shm the
+/// descriptors it passed and its grants' reservation against the listener's
+/// budget; on verbs nothing.
+#[derive(Debug, Default)]
+pub(crate) struct Passed {
+    /// Every descriptor the client passed, owned (closed on every path).
+    pub(crate) fds: Vec<OwnedFd>,
+    /// The client's grants, reserved against the listener's budget.
+    pub(crate) budget: Option<BudgetGuard>,
 }
 
 pub(crate) fn map_io(op: &'static str, e: io::Error) -> Error {

@@ -45,17 +45,16 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use super::accept::Incoming;
-use super::established::{Connection, LogicalHold, Side};
-use super::exchange::{Deadline, Offer, base_hello, peer_info, reject_code_for};
+use super::established::{Connection, LogicalHold};
+use super::exchange::{Deadline, Offer, Passed, base_hello, peer_info, reject_code_for};
 use super::settings::HandshakeConfig;
 use crate::endpoint::Endpoint;
 use crate::error::{Error, Result};
 use crate::handshake::{Hello, Message, Reject};
 use crate::provider::LaterGrants;
-use crate::provider::shm::side::{connect_unix, exchange_unix, send_msg};
+use crate::provider::side;
 use crate::qp::QueuePair;
 use crate::region::Region;
-use crate::settings::ProviderKind;
 use crate::vqp::{PhysicalQp, VqpConfig};
 
 /// A connection whose queue pair carries logical connections
@@ -180,40 +179,7 @@ pub fn connect_logical(
     let _g = span.enter();
     let deadline = Deadline::after(cfg.timeout);
     let qp = shared.phys.attach(tag, tag)?;
-    let (side, accept, fds) = match endpoint {
-        Endpoint::Shm(path) => {
-            let s = connect_unix(path, deadline)?;
-            let hello = Hello {
-                provider: ProviderKind::Shm.code(),
-                ..base_hello(&offer)
-            };
-            let fds: Vec<_> = offer.grants.iter().map(|(_, r)| r.fd()).collect();
-            let (h, fds) = exchange_unix(&s, hello, &fds, deadline)?;
-            if !h.endpoint.is_empty() {
-                return Err(Error::MalformedHandshake(
-                    "the server answered a logical connection with a queue-pair endpoint".into(),
-                ));
-            }
-            (Side::Unix(s), h, fds)
-        }
-        #[cfg(feature = "verbs")]
-        Endpoint::Rdma(addr) => {
-            let (s, h) = crate::provider::verbs::side::client_logical(
-                *addr,
-                base_hello(&offer),
-                deadline,
-                cfg.keepalive.as_ref(),
-                cfg.get_tls_client(),
-            )?;
-            (
-                Side::Tcp(crate::provider::verbs::side::Stream::plain(s)),
-                h,
-                Vec::new(),
-            )
-        }
-        #[cfg(not(feature = "verbs"))]
-        Endpoint::Rdma(_) => return Err(Error::ProviderUnavailable("verbs")),
-    };
+    let (side, accept, fds) = side::dial_logical(endpoint, &offer, cfg, deadline)?;
     let peer = peer_info(&accept, shared.conn.peer().provider)?;
     let grants = add_grants(shared, &accept, fds, cfg.max_grant_bytes, None)?;
     let mut conn = Connection::new(side, qp, peer, offer.grants)?;
@@ -253,9 +219,8 @@ impl Incoming {
             mut stream,
             hello,
             peer,
-            fds,
+            passed: Passed { fds, budget },
             cfg,
-            budget,
         } = self;
         let set_up = || -> Result<(QueuePair, LaterGrants)> {
             if !hello.endpoint.is_empty() {
@@ -285,11 +250,7 @@ impl Incoming {
                     code,
                     reason: e.to_string(),
                 });
-                let _ = match &mut stream {
-                    Side::Unix(s) => send_msg(s, &reject, &[], deadline),
-                    #[cfg(feature = "verbs")]
-                    Side::Tcp(s) => crate::provider::verbs::side::send_msg(s, &reject, deadline),
-                };
+                let _ = stream.send_in_session(&reject, deadline);
                 crate::handshake::count_refusal(code);
                 tracing::warn!(error = %e, reason = code.name(), "logical handshake refused");
                 return Err(e);
@@ -299,16 +260,7 @@ impl Incoming {
             provider: peer.provider.code(),
             ..base_hello(&offer)
         };
-        match &mut stream {
-            Side::Unix(s) => {
-                let fds: Vec<_> = offer.grants.iter().map(|(_, r)| r.fd()).collect();
-                send_msg(s, &Message::Accept(answer), &fds, deadline)?;
-            }
-            #[cfg(feature = "verbs")]
-            Side::Tcp(s) => {
-                crate::provider::verbs::side::send_msg(s, &Message::Accept(answer), deadline)?;
-            }
-        }
+        stream.send_accept(answer, &offer.grants, deadline)?;
         let mut conn = Connection::new(stream, qp, peer, offer.grants)?;
         conn.logical = Some(Box::new(Logical {
             _grants: grants,

@@ -9,6 +9,9 @@
 //! | verbs (feature `verbs`) | `verbs` | `VerbsQp` | `VerbsCq` |
 //! | virtual: a sharer of another queue pair ([`crate::vqp`]) | [`virt`] | `VirtualQp` | `Sharer` |
 //!
+//! Each hardware provider also has a side channel (`shm::side`, a Unix
+//! socket; `verbs::side`, TCP), behind a seam of their own, [`side`].
+//!
 //! ## The seam
 //!
 //! [`Qp`] and [`Cq`] are enums with one variant per provider, and their
@@ -40,17 +43,32 @@
 //!   registration again on each post by a downcast (one indirect
 //!   `type_id` call beside `ibv_post_send`).
 //!
+//! ## The side channels' seam
+//!
+//! [`side::SideListener`] (a listening socket) and [`side::Side`] (one
+//! connection's side channel: its handshake, then its liveness signal) are
+//! enums with one variant per hardware provider, like [`Qp`]; their
+//! methods and [`side::dial`] / [`side::dial_logical`] are the whole
+//! dispatch, and the handshake's steps are each side channel's own.
+//! [`crate::conn`] holds these and names no provider: no
+//! `provider::shm` or `provider::verbs` path and no `cfg(feature =
+//! "verbs")` outside the public TLS settings.
+//!
 //! ## Dependencies
 //!
 //! The providers build on the crate's leaf modules (`work`, `settings`,
 //! `fail`, `error`, `sys`, `region`, `fault`, `handshake`) and on
 //! `conn::budget` (the guards their mappings hold), never on `qp`, `cq` or
 //! this module; `qp`, `cq`, `vqp` and `fabric` build on this module. So the
-//! module graph of the crate's core has no circle. The providers' side
-//! channels (`shm::side`, `verbs::side`) sit above the seam: they are used
-//! by [`crate::conn`] and themselves use [`crate::QueuePair`].
+//! module graph of the crate's core has no circle. The side channels
+//! (`shm::side`, `verbs::side`) and their seam [`side`] sit above it: they
+//! use [`crate::QueuePair`] and `conn`'s leaves (`conn::settings`,
+//! `conn::exchange`, `conn::budget`, which import nothing back), and the
+//! rest of [`crate::conn`] uses [`side`], never the side channels
+//! themselves.
 
 pub(crate) mod shm;
+pub(crate) mod side;
 #[cfg(feature = "verbs")]
 pub(crate) mod verbs;
 pub(crate) mod virt;

@@ -1,25 +1,43 @@
 //! The shm side channel: a Unix socket that carries the handshake and the
 //! descriptors of what each end grants (its regions' memfds, its receive
 //! queue and its eventfd), and the checks of what a peer passed before any
-//! of it is mapped. `rdma://`'s side channel is `provider::verbs::side`.
+//! of it is mapped. `rdma://`'s side channel is `provider::verbs::side`;
+//! the connection layer reaches both through `provider::side`.
+//!
+//! Function-level API for `provider::side`:
+//!
+//! * [`bind`] / [`accept`] / [`connect_unix`]: the socket;
+//! * [`read_client_hello`]: server side — read the client's `Hello` and
+//!   its descriptors, check token, provider and the bytes granted, reserve
+//!   them against the listener's budget, answer `Reject` on error;
+//! * [`answer`]: server side — attach our queue pair to the client's
+//!   grants and answer `Accept` with ours;
+//! * [`dial`] / [`dial_logical`]: the client side, one call each;
+//! * [`send_msg`] / [`recv_msg`]: one message with its descriptors.
 // The workspace denies `unsafe`; this module maps the memory descriptors the peer passed, so it
 // allows it, with a SAFETY argument on every block.
 #![allow(unsafe_code)]
 
 use std::io::{self, IoSlice, Write};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
-use std::os::unix::net::UnixStream;
+use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::Path;
+use std::sync::Arc;
 use std::time::Duration;
 
 use nix::sys::socket::{ControlMessage, MsgFlags, sendmsg};
 
 use super::PeerResources;
 pub(crate) use super::{check_region_memfds, granted_bytes};
-use crate::conn::budget::BudgetGuard;
-use crate::conn::exchange::{Deadline, Offer, base_hello, map_io, reject_error};
+use crate::conn::budget::{Budget, BudgetGuard, PeerKey};
+use crate::conn::exchange::{
+    Deadline, Offer, Passed, PeerInfo, base_hello, map_io, peer_info, reject_code_for, reject_error,
+};
+use crate::conn::settings::HandshakeConfig;
 use crate::error::{Error, Result};
-use crate::handshake::{HEADER_LEN, Header, Hello, MAX_BODY, MAX_REGIONS, Message};
+use crate::handshake::{
+    HEADER_LEN, Header, Hello, MAX_BODY, MAX_REGIONS, Message, Reject, RejectCode, token_eq,
+};
 use crate::provider::Qp;
 use crate::qp::QueuePair;
 use crate::settings::ProviderKind;
@@ -362,4 +380,252 @@ pub(crate) fn set_timeouts(s: &UnixStream, t: Option<Duration>) -> Result<()> {
     s.set_read_timeout(t)
         .and_then(|_| s.set_write_timeout(t))
         .map_err(|e| Error::io("set socket timeout", e))
+}
+
+// ---------------------------------------------------------------------------
+// The socket
+// ---------------------------------------------------------------------------
+
+/// Binds the side channel at `path`. A stale socket file left by a dead
+/// server is replaced; a live one is an error.
+///
+/// # Errors
+/// [`Error::Io`] (`AddrInUse` if another server is listening there).
+pub(crate) fn bind(path: &Path) -> Result<UnixListener> {
+    remove_stale(path)?;
+    UnixListener::bind(path).map_err(|e| Error::io("bind side channel", e))
+}
+
+fn remove_stale(path: &Path) -> Result<()> {
+    use std::os::unix::fs::FileTypeExt;
+    let Ok(meta) = std::fs::symlink_metadata(path) else {
+        return Ok(());
+    };
+    if !meta.file_type().is_socket() {
+        return Err(Error::io(
+            "bind side channel",
+            io::Error::new(
+                io::ErrorKind::AlreadyExists,
+                format!("{} exists and is not a socket", path.display()),
+            ),
+        ));
+    }
+    if UnixStream::connect(path).is_ok() {
+        return Err(Error::io(
+            "bind side channel",
+            io::Error::new(
+                io::ErrorKind::AddrInUse,
+                format!("a server is listening on {}", path.display()),
+            ),
+        ));
+    }
+    std::fs::remove_file(path).map_err(|e| Error::io("remove stale socket", e))
+}
+
+/// Takes one client off the listening socket.
+///
+/// # Errors
+/// [`Error::WouldBlock`] on a non-blocking listener with no pending
+/// client; [`Error::Io`] if `accept(2)` fails.
+pub(crate) fn accept(l: &UnixListener) -> Result<UnixStream> {
+    let (s, _) = match l.accept() {
+        Ok(x) => x,
+        Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+            return Err(Error::WouldBlock);
+        }
+        Err(e) => return Err(Error::io("accept", e)),
+    };
+    Ok(s)
+}
+
+/// Who the peer is: its process, by `SO_PEERCRED`.
+pub(crate) fn peer_key(s: &UnixStream) -> PeerKey {
+    match nix::sys::socket::getsockopt(s, nix::sys::socket::sockopt::PeerCredentials) {
+        Ok(c) => PeerKey::Process {
+            uid: c.uid(),
+            pid: c.pid(),
+        },
+        Err(_) => PeerKey::Unknown,
+    }
+}
+
+/// The peer, for logs: `pid=.. uid=..` when the kernel reports them.
+pub(crate) fn peer_addr(s: &UnixStream) -> String {
+    match nix::sys::socket::getsockopt(s, nix::sys::socket::sockopt::PeerCredentials) {
+        Ok(c) => format!("pid={} uid={}", c.pid(), c.uid()),
+        Err(_) => "unix peer".to_string(),
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Server
+// ---------------------------------------------------------------------------
+
+/// Server side: reads the client's `Hello` and the descriptors that came
+/// with it, by `deadline`, and checks version, token, provider and the
+/// bytes granted against `cfg`'s [`HandshakeConfig::max_grant_bytes`];
+/// those bytes are reserved against `budget` for the client's process. A
+/// bad client is answered with a `Reject` naming the problem. The
+/// descriptors themselves are checked by [`answer`].
+///
+/// # Errors
+/// [`Error::MalformedHandshake`], [`Error::AuthFailed`],
+/// [`Error::VersionMismatch`], [`Error::LimitExceeded`], transport errors.
+pub(crate) fn read_client_hello(
+    s: &UnixStream,
+    cfg: &HandshakeConfig,
+    budget: &Arc<Budget>,
+    deadline: Deadline,
+) -> Result<(Hello, PeerInfo, Passed)> {
+    let peer_addr = peer_addr(s);
+    let key = peer_key(s);
+    s.set_nonblocking(false)
+        .map_err(|e| Error::io("set_nonblocking", e))?;
+    let refused = |s: &UnixStream, e: Error| refuse(s, e, deadline, &peer_addr);
+    let (m, fds) = match recv_msg(s, deadline) {
+        Ok(x) => x,
+        Err(e @ (Error::VersionMismatch { .. } | Error::MalformedHandshake(_))) => {
+            return Err(refused(s, e));
+        }
+        Err(e) => return Err(e),
+    };
+    let hello = match m {
+        Message::Hello(h) => h,
+        other => {
+            let e = Error::MalformedHandshake(format!("expected Hello, got {:?}", other.kind()));
+            return Err(refused(s, e));
+        }
+    };
+    if let Some(want) = cfg.get_token() {
+        let ok = hello.token.as_deref().is_some_and(|t| token_eq(t, want));
+        if !ok {
+            return Err(refused(s, Error::AuthFailed));
+        }
+    }
+    let peer = match peer_info(&hello, ProviderKind::Shm) {
+        Ok(p) => p,
+        Err(e) => {
+            let _ = send_msg(
+                s,
+                &Message::Reject(Reject {
+                    code: RejectCode::Incompatible,
+                    reason: e.to_string(),
+                }),
+                &[],
+                deadline,
+            );
+            crate::handshake::count_refusal(RejectCode::Incompatible);
+            tracing::warn!(error = %e, peer = %peer_addr, reason = "incompatible", "handshake refused");
+            return Err(e);
+        }
+    };
+    let bytes = match granted_bytes(&hello, cfg.max_grant_bytes) {
+        Ok(b) => b,
+        Err(e) => return Err(refused(s, e)),
+    };
+    let budget = match budget.reserve(key, bytes) {
+        Ok(g) => g,
+        Err(e) => return Err(refused(s, e)),
+    };
+    Ok((
+        hello,
+        peer,
+        Passed {
+            fds,
+            budget: Some(budget),
+        },
+    ))
+}
+
+/// Server side after [`read_client_hello`]: attaches `qp` to the client's
+/// grants (its descriptors checked first, at most `max_grant_bytes`) and
+/// answers `Accept` with `offer`'s grants and our endpoint. If the client's
+/// grants cannot be mapped a `Reject` is sent instead.
+///
+/// # Errors
+/// As [`attach`]; transport errors while answering.
+pub(crate) fn answer(
+    s: &UnixStream,
+    qp: &QueuePair,
+    client: &Hello,
+    passed: Passed,
+    max_grant_bytes: u64,
+    offer: &Offer,
+    deadline: Deadline,
+) -> Result<()> {
+    if let Err(e) = attach(qp, client, passed.fds, max_grant_bytes, passed.budget) {
+        return Err(refuse(s, e, deadline, "-"));
+    }
+    let (hello, fds) = make_hello(qp, offer)?;
+    send_msg(s, &Message::Accept(hello), &fds, deadline)
+}
+
+/// Refuses a handshake: sends `Reject` with the code `e` maps to (best
+/// effort: the client may be gone), counts and logs the refusal, and hands
+/// `e` back for the caller to return.
+fn refuse(s: &UnixStream, e: Error, deadline: Deadline, peer: &str) -> Error {
+    let code = reject_code_for(&e);
+    let reject = Message::Reject(Reject {
+        code,
+        reason: e.to_string(),
+    });
+    let _ = send_msg(s, &reject, &[], deadline);
+    crate::handshake::count_refusal(code);
+    tracing::warn!(error = %e, peer, reason = code.name(), "handshake refused");
+    e
+}
+
+// ---------------------------------------------------------------------------
+// Client
+// ---------------------------------------------------------------------------
+
+/// The whole client side: connects to `path`, sends our hello (`offer`'s
+/// grants and `qp`'s endpoint, with their descriptors), reads the server's
+/// `Accept` and attaches `qp` to its grants (at most `max_grant_bytes`),
+/// all by `deadline`.
+///
+/// # Errors
+/// As [`connect_unix`], [`exchange_unix`] and [`attach`];
+/// [`Error::MalformedHandshake`] for an `Accept` of another provider.
+pub(crate) fn dial(
+    path: &Path,
+    qp: &QueuePair,
+    offer: &Offer,
+    max_grant_bytes: u64,
+    deadline: Deadline,
+) -> Result<(UnixStream, PeerInfo)> {
+    let s = connect_unix(path, deadline)?;
+    let (hello, fds) = make_hello(qp, offer)?;
+    let (h, fds) = exchange_unix(&s, hello, &fds, deadline)?;
+    let peer = peer_info(&h, ProviderKind::Shm)?;
+    attach(qp, &h, fds, max_grant_bytes, None)?;
+    Ok((s, peer))
+}
+
+/// The client side of a logical connection (`conn::connect_logical`):
+/// connects to `path` and sends a hello without an endpoint carrying
+/// `offer`'s grants and their memfds. Returns the server's `Accept` and the
+/// descriptors that came with it (attached by the caller).
+///
+/// # Errors
+/// As [`exchange_unix`]; [`Error::MalformedHandshake`] if the server
+/// answers with an endpoint.
+pub(crate) fn dial_logical(
+    path: &Path,
+    offer: &Offer,
+    deadline: Deadline,
+) -> Result<(UnixStream, Hello, Vec<OwnedFd>)> {
+    let s = connect_unix(path, deadline)?;
+    let hello = Hello {
+        provider: ProviderKind::Shm.code(),
+        ..base_hello(offer)
+    };
+    let fds: Vec<_> = offer.grants.iter().map(|(_, r)| r.fd()).collect();
+    let (h, fds) = exchange_unix(&s, hello, &fds, deadline)?;
+    if !h.endpoint.is_empty() {
+        return Err(Error::MalformedHandshake(
+            "the server answered a logical connection with a queue-pair endpoint".into(),
+        ));
+    }
+    Ok((s, h, fds))
 }

@@ -4,7 +4,8 @@
 //! endpoint (LID, QPN, PSN, GID, MTU; see [`super::endpoint`]) and its region
 //! descriptors (address, length, rkey).
 //!
-//! Function-level API for `conn.rs`:
+//! Function-level API (for `provider::side`, the connection layer's seam
+//! over both side channels, and for the tests):
 //!
 //! * [`connect_tcp`] / [`bind_tcp`] / [`accept_tcp`]: the stream;
 //! * [`fill_hello`]: puts the verbs provider code and our endpoint into a `Hello`;
@@ -15,6 +16,9 @@
 //!   (INIT → RTR → RTS, remember its grants for the pre-checks);
 //! * [`client`] and [`server_accept`]: the above composed, one call per side;
 //! * [`send_msg`] / [`recv_msg`]: one framed message.
+//! * [`accept`], [`poll_hello`], [`read_client_hello`], [`dial`] and
+//!   [`dial_logical`]: the steps of `conn`'s listener, pending handshake
+//!   and connects, composed from the above.
 //!
 //! Every read and write is bounded by one [`Deadline`] for the whole
 //! handshake: the socket timeout is set to the time left before each call,
@@ -42,8 +46,9 @@ use std::time::Duration;
 
 use nix::sys::socket::{setsockopt, sockopt};
 
-use crate::conn::exchange::{Deadline, map_io};
-use crate::conn::settings::TcpKeepalive;
+use crate::conn::budget::PeerKey;
+use crate::conn::exchange::{Deadline, Offer, PeerInfo, base_hello, map_io, peer_info};
+use crate::conn::settings::{HandshakeConfig, TcpKeepalive};
 
 use super::endpoint::VerbsEndpoint;
 use crate::error::{Error, Result};
@@ -224,6 +229,36 @@ impl Stream {
         self.tcp
     }
 
+    /// This side channel without its TLS session, if it had one (module
+    /// docs, "TLS"): what a connection keeps after the handshake.
+    pub(crate) fn without_tls(self) -> Stream {
+        if self.is_tls() {
+            Stream::plain(self.into_tcp())
+        } else {
+            self
+        }
+    }
+
+    /// Who the peer is: its host, by address.
+    pub(crate) fn peer_key(&self) -> PeerKey {
+        self.tcp()
+            .peer_addr()
+            .map_or(PeerKey::Unknown, |a| PeerKey::Host(a.ip()))
+    }
+
+    /// The peer's `ip:port`, for logs.
+    pub(crate) fn peer_addr(&self) -> String {
+        self.tcp()
+            .peer_addr()
+            .map_or_else(|_| "tcp peer".to_string(), |a| a.to_string())
+    }
+
+    /// The socket's `TCP_USER_TIMEOUT` in milliseconds (what
+    /// [`set_keepalive`] set), if the kernel reports it.
+    pub(crate) fn user_timeout_ms(&self) -> Option<u32> {
+        nix::sys::socket::getsockopt(&self.tcp(), nix::sys::socket::sockopt::TcpUserTimeout).ok()
+    }
+
     /// Writes what the TLS session has queued, by `deadline`.
     fn flush_tls(&mut self, deadline: Deadline) -> Result<()> {
         let Stream { tcp, tls, .. } = self;
@@ -398,6 +433,111 @@ pub(crate) fn set_keepalive(s: &TcpStream, k: &TcpKeepalive) -> Result<()> {
     setsockopt(s, sockopt::TcpUserTimeout, &user_timeout)
         .map_err(|e| Error::nix("setsockopt(TCP_USER_TIMEOUT)", e))?;
     setsockopt(s, sockopt::KeepAlive, &true).map_err(|e| Error::nix("setsockopt(SO_KEEPALIVE)", e))
+}
+
+/// Takes one client off the listening socket ([`accept_tcp`] with `cfg`'s
+/// handshake timeout and keep-alive): a plain side channel, TLS not started.
+///
+/// # Errors
+/// [`Error::WouldBlock`] on a non-blocking listener without a client
+/// (or one whose socket is not ready yet); [`Error::Io`].
+pub(crate) fn accept(l: &TcpListener, cfg: &HandshakeConfig) -> Result<Stream> {
+    match accept_tcp(l, cfg.timeout, cfg.keepalive.as_ref()) {
+        Err(Error::Io { source, .. }) if source.kind() == io::ErrorKind::WouldBlock => {
+            Err(Error::WouldBlock)
+        }
+        r => Ok(Stream::plain(r?)),
+    }
+}
+
+/// Non-blocking: starts the server TLS session with `tls` (if not started)
+/// and [`pump`](Stream::pump)s it until the client's hello is whole in
+/// plaintext; says what it waits for. A client that fails TLS is counted
+/// as an `auth` refusal.
+///
+/// # Errors
+/// [`Error::Tls`], [`Error::PeerGone`], [`Error::Io`].
+pub(crate) fn poll_hello(
+    s: &mut Stream,
+    tls: &std::sync::Arc<rustls::ServerConfig>,
+) -> Result<Want> {
+    s.start_server_tls(tls)?;
+    s.tcp()
+        .set_nonblocking(true)
+        .map_err(|e| Error::io("set_nonblocking", e))?;
+    let r = s.pump();
+    let _ = s.tcp().set_nonblocking(false);
+    if let Err(e @ Error::Tls(_)) = &r {
+        crate::handshake::count_refusal(RejectCode::Auth);
+        tracing::warn!(error = %e, peer = %s.peer_addr(), "rdma handshake refused: TLS");
+    }
+    r
+}
+
+/// The whole server side up to the client's hello: TLS first when `cfg`
+/// has a server config ([`server_stream`]), then [`read_hello`] with
+/// `cfg`'s token, by `deadline`.
+///
+/// # Errors
+/// As [`server_stream`] and [`read_hello`]; [`Error::MalformedHandshake`]
+/// for a hello of another provider.
+pub(crate) fn read_client_hello(
+    s: Stream,
+    cfg: &HandshakeConfig,
+    deadline: Deadline,
+) -> Result<(Stream, Hello, PeerInfo)> {
+    let mut s = server_stream(s, cfg.get_tls_server(), deadline)?;
+    let hello = read_hello(&mut s, cfg.get_token(), deadline)?;
+    let peer = peer_info(&hello, ProviderKind::Verbs)?;
+    Ok((s, hello, peer))
+}
+
+/// The whole client side of a dedicated connection: [`client`] with
+/// `offer`'s hello and `cfg`'s keep-alive and TLS, by `deadline`. Returns
+/// the side channel (TLS session dropped) and what the server offered.
+///
+/// # Errors
+/// As [`client`]; [`Error::MalformedHandshake`] for an `Accept` of another
+/// provider.
+pub(crate) fn dial(
+    addr: SocketAddr,
+    qp: &QueuePair,
+    offer: &Offer,
+    cfg: &HandshakeConfig,
+    deadline: Deadline,
+) -> Result<(Stream, PeerInfo)> {
+    let (s, accept) = client(
+        addr,
+        qp,
+        base_hello(offer),
+        deadline,
+        cfg.keepalive.as_ref(),
+        cfg.get_tls_client(),
+    )?;
+    let peer = peer_info(&accept, ProviderKind::Verbs)?;
+    Ok((Stream::plain(s), peer))
+}
+
+/// The client side of a logical connection: [`client_logical`] with
+/// `offer`'s hello and `cfg`'s keep-alive and TLS, by `deadline`. Returns
+/// the side channel (TLS session dropped) and the server's `Accept`.
+///
+/// # Errors
+/// As [`client_logical`].
+pub(crate) fn dial_logical(
+    addr: SocketAddr,
+    offer: &Offer,
+    cfg: &HandshakeConfig,
+    deadline: Deadline,
+) -> Result<(Stream, Hello)> {
+    let (s, h) = client_logical(
+        addr,
+        base_hello(offer),
+        deadline,
+        cfg.keepalive.as_ref(),
+        cfg.get_tls_client(),
+    )?;
+    Ok((Stream::plain(s), h))
 }
 
 /// Writes one message by `deadline`.
