@@ -314,3 +314,46 @@ async fn garbage_and_bad_hellos_are_refused_and_the_port_keeps_serving() {
     unary!(TestClient::new(ch), 6);
     drop(held);
 }
+
+/// grpcio (Python's gRPC, C core) on the port, unchanged: a unary call with
+/// the messages encoded by hand (no generated Python code). Skipped when
+/// `python3 -c "import grpc"` fails (`python3 -m pip install grpcio`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grpcio_calls_the_port_unchanged() {
+    let has_grpcio = std::process::Command::new("python3")
+        .args(["-c", "import grpc"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !has_grpcio {
+        eprintln!("skipped: no python3 with grpcio");
+        return;
+    }
+    let h = start(cfg()).await;
+    // Input { payload: payload(5) } and the echo's Output { payload, total: 5 }.
+    let mut request = vec![0x0a, 5];
+    request.extend(payload(5));
+    let mut want = request.clone();
+    want.extend([0x10, 5]);
+    let script = r#"
+import sys, grpc
+ch = grpc.insecure_channel(sys.argv[1], options=[("grpc.enable_http_proxy", 0)])
+call = ch.unary_unary("/test.Test/Unary")
+print(call(bytes.fromhex(sys.argv[2]), timeout=20).hex())
+"#;
+    let hex = |b: &[u8]| b.iter().map(|x| format!("{x:02x}")).collect::<String>();
+    let (a, req) = (addr(&h), hex(&request));
+    let out = tokio::task::spawn_blocking(move || {
+        std::process::Command::new("python3")
+            .args(["-c", script, &a, &req])
+            .output()
+            .expect("python3")
+    })
+    .await
+    .expect("join");
+    assert!(
+        out.status.success(),
+        "grpcio failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), hex(&want));
+}
