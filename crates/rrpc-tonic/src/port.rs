@@ -644,6 +644,86 @@ mod tests {
         assert_eq!(choose(&anon, shm, Some(&path)).0, None);
     }
 
+    /// A negotiation on each fabric, against the real sniffer: the client
+    /// gets what the server chose, a TCP connection reaches tonic's queue,
+    /// and each side counts it in `rrpc_connections_total{fabric, side}`.
+    #[test]
+    fn negotiations_are_chosen_handed_on_and_counted() {
+        use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+        let recorder = DebuggingRecorder::new();
+        let snapshotter = recorder.snapshotter();
+        // One thread (a current-thread runtime) so that the local recorder
+        // sees both sides.
+        metrics::with_local_recorder(&recorder, || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("runtime");
+            rt.block_on(async {
+                let l = tokio::net::TcpListener::bind("127.0.0.1:0")
+                    .await
+                    .expect("bind");
+                let addr = l.local_addr().expect("addr").to_string();
+                let (tx, mut rx) = mpsc::channel(4);
+                let token = CancellationToken::new();
+                let shm = shm_socket_path(1);
+                let sniffer = Sniffer {
+                    config: RrpcConfig::new(),
+                    shm: Some(shm.clone()),
+                };
+                let incoming = tonic::transport::server::TcpIncoming::from(l);
+                let sniffing = tokio::spawn(sniff_loop(incoming, tx, sniffer, token.clone()));
+                let limit = Duration::from_secs(5);
+                let both = Fabric::Shm.bit() | Fabric::Tcp.bit();
+                assert!(matches!(
+                    negotiate(&addr, both, limit).await.expect("shm"),
+                    Chosen::Shm(p) if p == shm
+                ));
+                let Chosen::Tcp(mut c) = negotiate(&addr, Fabric::Tcp.bit(), limit)
+                    .await
+                    .expect("tcp")
+                else {
+                    panic!("tcp")
+                };
+                // The server's end of that connection reaches tonic's queue,
+                // with nothing replayed.
+                let mut s = rx.recv().await.expect("queued").expect("a stream");
+                assert!(s.prefix.is_empty());
+                c.write_all(b"ping").await.expect("write");
+                let mut got = [0u8; 4];
+                s.read_exact(&mut got).await.expect("read");
+                assert_eq!(&got, b"ping");
+                token.cancel();
+                sniffing.await.expect("sniffer ends");
+            });
+        });
+        let mut counted: Vec<_> = snapshotter
+            .snapshot()
+            .into_vec()
+            .into_iter()
+            .filter(|(k, ..)| k.key().name() == "rrpc_connections_total")
+            .map(|(k, _, _, v)| {
+                let labels: Vec<_> = k
+                    .key()
+                    .labels()
+                    .map(|l| format!("{}={}", l.key(), l.value()))
+                    .collect();
+                (labels.join(","), v)
+            })
+            .collect();
+        counted.sort_by(|a, b| a.0.cmp(&b.0));
+        let one = |l: &str| (l.to_string(), DebugValue::Counter(1));
+        assert_eq!(
+            counted,
+            vec![
+                one("fabric=shm,side=client"),
+                one("fabric=shm,side=server"),
+                one("fabric=tcp,side=client"),
+                one("fabric=tcp,side=server"),
+            ]
+        );
+    }
+
     #[test]
     fn only_a_port_socket_is_dialed() {
         assert!(acceptable_path(&shm_socket_path(50051)));
