@@ -436,6 +436,28 @@ mod tests {
         assert_eq!(Hello::decode_body(&[1]).unwrap_err(), HelloError::Truncated);
     }
 
+    /// The fuzz target's seeds (`fuzz/corpus/port_hello`) are what they
+    /// say: every one but the HTTP/2 preface a message that round-trips.
+    #[test]
+    fn the_fuzz_seeds_are_well_formed() {
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../../fuzz/corpus/port_hello");
+        let mut n = 0;
+        for e in std::fs::read_dir(dir).expect("seed corpus") {
+            let e = e.expect("entry");
+            let name = e.file_name().to_string_lossy().into_owned();
+            if name.starts_with('.') {
+                continue;
+            }
+            let b = std::fs::read(e.path()).expect("seed");
+            match decode(&b) {
+                Ok(m) => assert_eq!(m.encode(), b, "{name}"),
+                Err(e) => assert_eq!((name.as_str(), e), ("h2_preface", HelloError::Magic)),
+            }
+            n += 1;
+        }
+        assert!(n >= 6, "{n} seeds");
+    }
+
     #[test]
     fn a_long_refusal_is_cut_to_the_bound_on_a_char_boundary() {
         let r = Reply::Refused("é".repeat(MAX_BODY));

@@ -357,3 +357,41 @@ print(call(bytes.fromhex(sys.argv[2]), timeout=20).hex())
     );
     assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), hex(&want));
 }
+
+/// The shm listener's socket, where the port's docs say it is:
+/// `$XDG_RUNTIME_DIR` (else the temp dir), `rrpc-port-<port>-<pid>.sock`.
+fn shm_socket(h: &Harness) -> std::path::PathBuf {
+    let port = addr(h).rsplit_once(':').expect("host:port").1.to_string();
+    let dir = std::env::var_os("XDG_RUNTIME_DIR")
+        .map(std::path::PathBuf::from)
+        .filter(|d| d.is_absolute() && d.is_dir())
+        .unwrap_or_else(std::env::temp_dir);
+    dir.join(format!("rrpc-port-{port}-{}.sock", std::process::id()))
+}
+
+/// Equal host identities only let the server offer shm: a client that
+/// cannot open the listener's socket (here: its file is gone, as for a
+/// client in another mount namespace) falls back to TCP when it may, and
+/// fails when it requires shm.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_cannot_reach_the_shm_listener_falls_back_to_tcp() {
+    let h = start(cfg()).await;
+    let sock = shm_socket(&h);
+    assert!(sock.exists(), "{} bound beside the port", sock.display());
+    std::fs::remove_file(&sock).expect("remove the socket file");
+    let ch = RrpcEndpoint::new(&h.uri)
+        .expect("uri")
+        .config(cfg())
+        .connect()
+        .await
+        .expect("connect");
+    assert_eq!(ch.carrier(), Carrier::Tcp, "fell back");
+    unary!(TestClient::new(ch), 9);
+    let e = RrpcEndpoint::new(&h.uri)
+        .expect("uri")
+        .config(cfg().fabrics([Fabric::Shm]).expect("fabrics"))
+        .connect()
+        .await
+        .expect_err("shm required and unreachable");
+    assert_eq!(tonic::Status::from(e).code(), tonic::Code::Unavailable);
+}
