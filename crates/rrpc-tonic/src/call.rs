@@ -39,13 +39,14 @@ pub enum ChannelPath {
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Carrier {
-    /// TCP (`http://`).
+    /// TCP (`http://`, or `rrpc://` when the negotiation chose TCP).
     Tcp,
     /// A Unix socket (`unix://`).
     Unix,
     /// An in-process pipe (`inproc://`).
     Inproc,
-    /// Shared-memory rings (`shm://`, rrpc-core's shm provider).
+    /// Shared-memory rings (`shm://`, or `rrpc://` when the negotiation
+    /// chose shm; rrpc-core's shm provider).
     Shm,
     /// RDMA rings through libibverbs (`rdma://`), on this device.
     Verbs {
@@ -81,6 +82,8 @@ pub(crate) fn carrier_of(target: &Target, ctx: &RrpcContext) -> Result<Carrier, 
         Target::Unix(_) => Carrier::Unix,
         Target::Inproc(_) => Carrier::Inproc,
         Target::Shm(_) => Carrier::Shm,
+        // The negotiation decides; a ring channel on a port is shm.
+        Target::Port(_) => Carrier::Shm,
         #[cfg(feature = "verbs")]
         Target::Rdma(_) => Carrier::Verbs {
             device: ctx

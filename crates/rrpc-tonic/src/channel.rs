@@ -108,7 +108,9 @@ impl RrpcChannel {
     /// ([`rrpc_core::QueuePair::carrier`]). Until the channel first
     /// connects (a lazy channel), and on tonic's own paths (`http://`,
     /// `unix://`), it is what the URI asks for; a balanced channel lists
-    /// its endpoints' carriers.
+    /// its endpoints' carriers. On `rrpc://` it is the fabric the port's
+    /// negotiation chose: [`Carrier::Shm`] (read from the live ring
+    /// connection) or [`Carrier::Tcp`].
     pub fn carrier(&self) -> Carrier {
         let observed = match &self.inner {
             Inner::Rings(m) => m.dialer.current_carrier(),

@@ -15,6 +15,47 @@ pub enum PathPreference {
     Http2,
 }
 
+/// A fabric an `rrpc://` connection may run on ([`RrpcConfig::fabrics`]).
+///
+/// The negotiation on an `rrpc://` port takes the best fabric both ends
+/// allow and can use, in this order: [`Fabric::Shm`] (same host only),
+/// then [`Fabric::Tcp`]. RDMA verbs is a later slice: it will rank first
+/// and get a variant here (the enum is `non_exhaustive`, and the hello
+/// already reserves its bit).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Fabric {
+    /// HTTP/2 (tonic) on the TCP connection the negotiation ran on.
+    Tcp,
+    /// Shared-memory rings through the server's shm listener, when both
+    /// ends are on the same host (`rrpc://` docs in [`crate::RrpcEndpoint`]).
+    Shm,
+}
+
+impl Fabric {
+    /// The fabric's bit in the negotiation's offer.
+    pub(crate) fn bit(self) -> u8 {
+        match self {
+            Fabric::Tcp => 1,
+            Fabric::Shm => 2,
+        }
+    }
+
+    /// Its name in logs, metrics and errors.
+    pub fn name(self) -> &'static str {
+        match self {
+            Fabric::Tcp => "tcp",
+            Fabric::Shm => "shm",
+        }
+    }
+}
+
+impl std::fmt::Display for Fabric {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
 /// Bundles pooled for `rdma://` connections unless
 /// [`RrpcConfig::connection_pool`] says otherwise.
 pub const DEFAULT_RDMA_CONNECTION_POOL: usize = 2;
@@ -47,6 +88,7 @@ pub const DEFAULT_RDMA_CONNECTION_POOL: usize = 2;
 /// | `poller` | process-wide [`default_poller_config`] | see [`RrpcConfig::poller`] |
 /// | `handshake_timeout` | 5 s | bounds a connection's whole setup (rrpc-core handshake + path negotiation) |
 /// | `max_pending_handshakes` | 1024 | connections still in setup per listener; more are closed at once |
+/// | `fabrics` | every one ([`Fabric::Shm`], [`Fabric::Tcp`]) | what an `rrpc://` connection may run on; the best both ends allow and can use wins |
 /// | `token` | none | shared secret checked in the handshake (constant time) |
 /// | `queue_pair` | [`rrpc_core::QpConfig::default`] | each connection's queue pair (depths; fault injection for tests) |
 /// | `rc_retry` | [`rrpc_core::RcRetry::default`] (ACK timeout 67 ms, 7 retries) | `rdma://` retransmission on a lossy wire; a silent peer fails calls `Unavailable` |
@@ -114,6 +156,8 @@ struct Inner {
     peer_lease: std::time::Duration,
     /// Shared connections cached (client) or accepted (server) at once.
     max_shared_peers: usize,
+    /// The fabrics an `rrpc://` connection may use ([`Fabric::bit`]s).
+    fabrics: u8,
 }
 
 impl PartialEq for Inner {
@@ -150,6 +194,7 @@ impl PartialEq for Inner {
             shared_queue_pairs,
             peer_lease,
             max_shared_peers,
+            fabrics,
         } = self;
         #[cfg(feature = "verbs")]
         {
@@ -192,6 +237,7 @@ impl PartialEq for Inner {
             && *shared_queue_pairs == o.shared_queue_pairs
             && *peer_lease == o.peer_lease
             && *max_shared_peers == o.max_shared_peers
+            && *fabrics == o.fabrics
     }
 }
 
@@ -228,6 +274,7 @@ impl Default for RrpcConfig {
             max_shared_peers: DEFAULT_MAX_SHARED_PEERS,
             pool: None,
             pool_memory: 64 << 20,
+            fabrics: Fabric::Tcp.bit() | Fabric::Shm.bit(),
         }))
     }
 }
@@ -358,6 +405,46 @@ impl RrpcConfig {
     pub fn path(self, path: PathPreference) -> Self {
         self.with(|i| i.path = path)
     }
+    /// The fabrics an `rrpc://` connection may run on (default: all of
+    /// them). The port's negotiation picks the best one both ends allow
+    /// and can use (shm on the same host, else TCP); to require one, allow
+    /// only it (`fabrics([Fabric::Shm])`), to forbid shm allow only
+    /// [`Fabric::Tcp`]. A client whose allowed fabrics the server cannot
+    /// give fails with [`crate::Error::NoFabric`], naming what was missing
+    /// on which side. On a server, leaving out [`Fabric::Tcp`] also closes
+    /// plain HTTP/2 clients of the port, and leaving out [`Fabric::Shm`]
+    /// binds no shm listener. Other schemes ignore it.
+    ///
+    /// # Errors
+    /// [`crate::Error::InvalidConfig`] for an empty set.
+    pub fn fabrics(self, fabrics: impl IntoIterator<Item = Fabric>) -> Result<Self, crate::Error> {
+        let bits = fabrics.into_iter().fold(0, |b, f| b | f.bit());
+        if bits == 0 {
+            return Err(crate::Error::InvalidConfig(
+                "fabrics must allow at least one fabric",
+            ));
+        }
+        Ok(self.with(|i| i.fabrics = bits))
+    }
+
+    /// See [`RrpcConfig::fabrics`]: the allowed ones, best first.
+    pub fn get_fabrics(&self) -> Vec<Fabric> {
+        [Fabric::Shm, Fabric::Tcp]
+            .into_iter()
+            .filter(|f| self.allows(*f))
+            .collect()
+    }
+
+    /// Whether [`RrpcConfig::fabrics`] allows `fabric`.
+    pub fn allows(&self, fabric: Fabric) -> bool {
+        self.0.fabrics & fabric.bit() != 0
+    }
+
+    /// The allowed fabrics as the negotiation's offer bits.
+    pub(crate) fn fabric_bits(&self) -> u8 {
+        self.0.fabrics
+    }
+
     /// Encode frames straight into the send ring (on) or through an
     /// intermediate buffer (off, for RR-Compound Fig. 14).
     pub fn zero_copy(self, on: bool) -> Self {

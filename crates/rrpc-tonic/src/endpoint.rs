@@ -49,6 +49,15 @@ use crate::{Error, RrpcConfig, RrpcContext};
 ///
 /// Calls made while the connection is down fail with `Unavailable` (the
 /// connect error), and the next call tries again, as with tonic.
+///
+/// On `rrpc://host:port` ([`crate::port`]) `connect` negotiates the fabric
+/// with the server first: shm on the same host (a ring channel that
+/// reconnects through the port), else HTTP/2 on the negotiated TCP
+/// connection (tonic's channel, each new connection negotiated by its
+/// connector); [`RrpcConfig::fabrics`] restricts the choice and
+/// [`RrpcChannel::carrier`] reports it. `connect_lazy` cannot wait for the
+/// first call to choose: it takes TCP, or shm when the config allows only
+/// shm.
 #[derive(Debug, Clone)]
 pub struct RrpcEndpoint {
     uri: String,
@@ -76,7 +85,7 @@ const DEFAULT_BUFFER_SIZE: usize = 1024;
 
 impl RrpcEndpoint {
     /// An endpoint for `uri` (`http://`, `unix://`, `shm://`, `rdma://`,
-    /// `inproc://`) with [`RrpcConfig::default`] and tonic's defaults.
+    /// `inproc://`, `rrpc://`) with [`RrpcConfig::default`] and tonic's defaults.
     ///
     /// # Errors
     /// [`Error::InvalidUri`]; [`Error::UnsupportedTransport`] for `rdma://`
@@ -298,6 +307,7 @@ impl RrpcEndpoint {
                 let ch = ep.connect_with_connector(unix_connector(path)).await?;
                 Ok(RrpcChannel::tonic(ch, ChannelPath::Unix, Carrier::Unix))
             }
+            Target::Port(p) => self.connect_port(p).await,
             _ => {
                 let ctx = self.resolve_context()?;
                 let carrier = crate::call::carrier_of(&self.target, &ctx)?;
@@ -329,12 +339,94 @@ impl RrpcEndpoint {
                 let ch = ep.connect_with_connector_lazy(unix_connector(path));
                 Ok(RrpcChannel::tonic(ch, ChannelPath::Unix, Carrier::Unix))
             }
+            // Lazily, the choice cannot wait for the first call: TCP
+            // (negotiated per connection) unless the config requires shm.
+            Target::Port(p) if !self.config.allows(crate::Fabric::Tcp) => {
+                let ctx = self.resolve_context()?;
+                let dialer = self.port_dialer(p.clone(), ctx)?;
+                Ok(self.rings(dialer, None, Carrier::Shm))
+            }
+            Target::Port(p) => {
+                let ep = self.tonic_endpoint(format!("http://{}", p.addr()), true)?;
+                let ch = ep.connect_with_connector_lazy(self.port_tcp_connector(p, None));
+                Ok(RrpcChannel::tonic(ch, ChannelPath::Tcp, Carrier::Tcp))
+            }
             _ => {
                 let ctx = self.resolve_context()?;
                 let carrier = crate::call::carrier_of(&self.target, &ctx)?;
                 Ok(self.rings(self.dialer(ctx)?, None, carrier))
             }
         }
+    }
+
+    /// `rrpc://`: negotiates on the port, then connects on the fabric
+    /// chosen: shm through the listener the server named (falling back to
+    /// TCP, when allowed, if that socket cannot be reached), or tonic on
+    /// the TCP connection the negotiation ran on.
+    async fn connect_port(&self, p: &crate::port::PortTarget) -> Result<RrpcChannel, Error> {
+        use crate::port::{Chosen, negotiate};
+        let limit = self
+            .connect_timeout
+            .unwrap_or(self.config.get_handshake_timeout());
+        let first = match negotiate(p.addr(), self.config.fabric_bits(), limit).await? {
+            Chosen::Shm(path) => {
+                let ctx = self.resolve_context()?;
+                let dialer = self.port_dialer(p.with_hint(path.clone()), ctx)?;
+                match dialer.clone().connection().await {
+                    Ok(conn) => return Ok(self.rings(dialer, Some(conn), Carrier::Shm)),
+                    Err(e) if self.config.allows(crate::Fabric::Tcp) => {
+                        tracing::warn!(
+                            addr = %p.addr(), path = %path.display(), error = %e,
+                            "rrpc: the server's shm listener could not be reached; negotiating tcp"
+                        );
+                        match negotiate(p.addr(), crate::Fabric::Tcp.bit(), limit).await? {
+                            Chosen::Tcp(s) => s,
+                            Chosen::Shm(_) => {
+                                return Err(Error::Handshake("the server chose shm".into()));
+                            }
+                        }
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
+            Chosen::Tcp(s) => s,
+        };
+        let ep = self.tonic_endpoint(format!("http://{}", p.addr()), true)?;
+        let ch = ep
+            .connect_with_connector(self.port_tcp_connector(p, Some(first)))
+            .await?;
+        Ok(RrpcChannel::tonic(ch, ChannelPath::Tcp, Carrier::Tcp))
+    }
+
+    /// tonic's connector for `rrpc://` on TCP ([`crate::port::tcp_connector`]).
+    fn port_tcp_connector(
+        &self,
+        p: &crate::port::PortTarget,
+        first: Option<tokio::net::TcpStream>,
+    ) -> impl Service<
+        http::Uri,
+        Response = hyper_util::rt::TokioIo<tokio::net::TcpStream>,
+        Error = Error,
+        Future = impl Send + 'static,
+    > + Send
+    + 'static {
+        let limit = self
+            .connect_timeout
+            .unwrap_or(self.config.get_handshake_timeout());
+        crate::port::tcp_connector(p.addr().to_string(), first, limit, self.tcp_nodelay)
+    }
+
+    /// A ring dialer for `rrpc://`'s shm fabric.
+    fn port_dialer(
+        &self,
+        p: crate::port::PortTarget,
+        ctx: RrpcContext,
+    ) -> Result<Arc<Dialer>, Error> {
+        RrpcEndpoint {
+            target: Target::Port(p),
+            ..self.clone()
+        }
+        .dialer(ctx)
     }
 
     fn dialer(&self, ctx: RrpcContext) -> Result<Arc<Dialer>, Error> {

@@ -62,6 +62,16 @@ pub enum Error {
     /// An error from tonic's own transport (TCP and Unix-socket paths).
     #[error("tonic transport: {0}")]
     Transport(#[from] tonic::transport::Error),
+    /// An `rrpc://` port's negotiation found no fabric both ends allow and
+    /// can use (`reason` says what was missing on which side, e.g. "the
+    /// client requires shm but the server is on another host").
+    #[error("no common fabric with {addr}: {reason}")]
+    NoFabric {
+        /// The `host:port` dialed.
+        addr: String,
+        /// What was missing, on which side.
+        reason: String,
+    },
     /// The connection failed earlier (a fast-path send failed, for
     /// `reason`), and everything on it fails the same way: `code` is the
     /// [`tonic::Code`] of the error that failed it ([`Error::code`]), so a
@@ -81,13 +91,15 @@ impl Error {
     /// misuse `InvalidArgument` (or `Unimplemented` for a transport this
     /// build lacks), a message over the limit `ResourceExhausted`, a peer
     /// that broke the protocol `Internal`, a ring it corrupted `DataLoss`,
-    /// a refused token or TLS peer `Unauthenticated`, and a gone peer, a
+    /// a refused token or TLS peer `Unauthenticated`, no common fabric on an
+    /// `rrpc://` port `FailedPrecondition`, and a gone peer, a
     /// failed connect or a failing device `Unavailable`.
     pub fn code(&self) -> tonic::Code {
         use tonic::Code;
         match self {
             Error::InvalidUri { .. } | Error::InvalidConfig(_) => Code::InvalidArgument,
             Error::UnsupportedTransport { .. } => Code::Unimplemented,
+            Error::NoFabric { .. } => Code::FailedPrecondition,
             Error::MessageTooLarge { .. } => Code::ResourceExhausted,
             Error::Protocol(_) => Code::Internal,
             Error::Rings(inner) => rings_code(inner.as_ref()),

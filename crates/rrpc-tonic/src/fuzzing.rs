@@ -10,3 +10,14 @@
 pub fn sharing_request(app: &[u8]) -> Result<Vec<u8>, String> {
     crate::sharing::fuzz_round_trip(app)
 }
+
+/// One `rrpc://` negotiation message (a client's hello or a server's
+/// reply, `port::hello`), re-encoded when it parses.
+///
+/// # Errors
+/// The parser's refusal.
+pub fn port_hello(msg: &[u8]) -> Result<Vec<u8>, String> {
+    crate::port::hello::decode(msg)
+        .map(|m| m.encode())
+        .map_err(|e| e.to_string())
+}

@@ -16,9 +16,20 @@
 //! ```
 //!
 //! `serve_rrpc` takes `http://ip:port` (plain tonic over TCP), `unix:///path`
-//! (plain tonic over a Unix socket), `shm:///path`, `rdma://ip:port` and
-//! `inproc://name`. [`Router::serve_dual`] serves TCP and rrpc from the same
-//! services at once.
+//! (plain tonic over a Unix socket), `shm:///path`, `rdma://ip:port`,
+//! `inproc://name` and `rrpc://ip:port`. [`Router::serve_dual`] serves TCP
+//! and rrpc from the same services at once, on two addresses.
+//!
+//! # One port, the best fabric
+//!
+//! `rrpc://ip:port` serves everyone on one TCP port: plain gRPC clients
+//! (tonic `Channel`s on `http://`, grpc-go, grpcio) exactly as `http://`
+//! does, and rrpc clients on the best fabric both ends share, negotiated
+//! per connection: shared memory on the same host, else HTTP/2 on that TCP
+//! connection ([`RrpcConfig::fabrics`] allows or forbids each;
+//! [`RrpcChannel::carrier`] says which was chosen). [`port`] has the
+//! protocol; RDMA verbs there is a later slice, and `rdma://` keeps
+//! meaning "RDMA or fail".
 //!
 //! # Client
 //!
@@ -224,6 +235,7 @@ mod h2stream;
 mod managed;
 mod negotiate;
 mod pipe;
+pub mod port;
 mod rings;
 mod server;
 mod sharing;
@@ -232,8 +244,8 @@ mod transport;
 pub use call::{Carrier, ChannelPath, ResponseFuture};
 pub use channel::RrpcChannel;
 pub use config::{
-    DEFAULT_MAX_SHARED_PEERS, DEFAULT_PEER_LEASE, DEFAULT_RDMA_CONNECTION_POOL, PathPreference,
-    RrpcConfig, default_poller_config,
+    DEFAULT_MAX_SHARED_PEERS, DEFAULT_PEER_LEASE, DEFAULT_RDMA_CONNECTION_POOL, Fabric,
+    PathPreference, RrpcConfig, default_poller_config,
 };
 pub use context::RrpcContext;
 pub use endpoint::RrpcEndpoint;

@@ -335,6 +335,10 @@ where
     /// `http://ip:port` and `unix:///path` serve plain tonic (the baselines);
     /// `shm://`, `rdma://` and `inproc://` serve rrpc, each connection on the
     /// fast path or HTTP/2 as negotiated.
+    /// `rrpc://ip:port` serves both on one TCP port: plain HTTP/2 clients
+    /// as `http://` does, rrpc clients on the fabric their negotiation
+    /// picks (shm through a listener beside the port, or HTTP/2 on the same
+    /// TCP connection; [`crate::port`]).
     ///
     /// # Errors
     /// [`Error::InvalidUri`], [`Error::UnsupportedTransport`] (e.g. `rdma://`
@@ -413,6 +417,51 @@ where
             IncomingInner::Rings(listener) => {
                 serve_rings(listener, uri, layer, routes, opts, config, signal).await
             }
+            IncomingInner::Port(listener, shm) => {
+                // The TCP leg: every HTTP/2 connection the sniffer passes on
+                // (plain clients and negotiated TCP) goes to tonic, with the
+                // options tonic applies on `http://`.
+                let incoming = tonic::transport::server::TcpIncoming::from(listener)
+                    .with_nodelay(Some(opts.tcp_nodelay.unwrap_or(true)))
+                    .with_keepalive(opts.tcp_keepalive);
+                let token = CancellationToken::new();
+                let (tx, rx) = mpsc::channel(16);
+                let sniffer = crate::port::Sniffer {
+                    config: config.clone(),
+                    shm: shm.as_ref().map(|(_, p)| p.clone()),
+                };
+                let sniff = tokio::spawn(crate::port::sniff_loop(
+                    incoming,
+                    tx,
+                    sniffer,
+                    token.clone(),
+                ));
+                let t = token.clone();
+                let tcp = async move {
+                    tonic_router
+                        .serve_with_incoming_shutdown(ReceiverStream::new(rx), t.cancelled())
+                        .await
+                        .map_err(Error::from)
+                };
+                let t = token.clone();
+                let rings = async move {
+                    match shm {
+                        Some((l, path)) => {
+                            let local = format!("shm://{}", path.display());
+                            serve_rings(l, local, layer, routes, opts, config, t.cancelled()).await
+                        }
+                        None => Ok(()),
+                    }
+                };
+                let sig = async move {
+                    signal.await;
+                    token.cancel();
+                    Ok::<(), Error>(())
+                };
+                let r = tokio::try_join!(tcp, rings, sig).map(|_| ());
+                sniff.abort();
+                r
+            }
         }
     }
 
@@ -469,6 +518,12 @@ enum IncomingInner {
     Tcp(tokio::net::TcpListener),
     Unix(tokio::net::UnixListener, std::path::PathBuf),
     Rings(RrpcListener),
+    /// `rrpc://`: the TCP port and, unless its config leaves shm out, the
+    /// shm listener beside it with its socket path ([`crate::port`]).
+    Port(
+        tokio::net::TcpListener,
+        Option<(RrpcListener, std::path::PathBuf)>,
+    ),
 }
 
 impl RrpcIncoming {
@@ -513,6 +568,19 @@ impl RrpcIncoming {
             Target::Unix(path) => {
                 IncomingInner::Unix(tokio::net::UnixListener::bind(path)?, path.clone())
             }
+            Target::Port(p) => {
+                let l = std::net::TcpListener::bind(Target::tcp_addr(p.addr())?)?;
+                l.set_nonblocking(true)?;
+                let port = l.local_addr()?.port();
+                let shm = if config.allows(crate::Fabric::Shm) {
+                    let path = crate::port::shm_socket_path(port);
+                    let shm = RrpcListener::bind(&Target::Shm(path.clone()), &config, &context)?;
+                    Some((shm, path))
+                } else {
+                    None
+                };
+                IncomingInner::Port(tokio::net::TcpListener::from_std(l)?, shm)
+            }
             t => IncomingInner::Rings(RrpcListener::bind(t, &config, &context)?),
         };
         let mut incoming = RrpcIncoming {
@@ -527,13 +595,14 @@ impl RrpcIncoming {
         Ok(incoming)
     }
 
-    /// The bound socket address, for `http://` and `rdma://` (whose side
-    /// channel is TCP); `None` for `unix://`, `shm://` and `inproc://`.
+    /// The bound socket address, for `http://`, `rrpc://` and `rdma://`
+    /// (whose side channel is TCP); `None` for `unix://`, `shm://` and `inproc://`.
     pub fn local_addr(&self) -> Option<SocketAddr> {
         match &self.inner {
             IncomingInner::Tcp(l) => l.local_addr().ok(),
             IncomingInner::Unix(..) => None,
             IncomingInner::Rings(l) => l.local_addr(),
+            IncomingInner::Port(l, _) => l.local_addr().ok(),
         }
     }
 

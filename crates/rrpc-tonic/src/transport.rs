@@ -7,6 +7,7 @@
 //! | `inproc://name` | rrpc over an in-process pipe (tests, single-process apps) |
 //! | `shm:///path` | rrpc over shared-memory rings (rrpc-core `shm` provider) |
 //! | `rdma://host:port` | rrpc over RDMA (rrpc-core `verbs` provider, feature `verbs`) |
+//! | `rrpc://host:port` | one TCP port for every client: plain HTTP/2, or the best fabric both ends share (shm on one host, else HTTP/2 on TCP; [`crate::port`]) |
 //!
 //! The path negotiation that follows a connect is [`crate::negotiate`].
 
@@ -30,6 +31,8 @@ pub(crate) enum Target {
     Inproc(String),
     Shm(PathBuf),
     Rdma(rrpc_core::EndpointUri),
+    /// `rrpc://host:port` ([`crate::port`]).
+    Port(crate::port::PortTarget),
 }
 
 impl Target {
@@ -48,12 +51,21 @@ impl Target {
             "http" => Ok(Target::Tcp(rest.trim_end_matches('/').to_string())),
             "unix" => Ok(Target::Unix(PathBuf::from(rest))),
             "inproc" => Ok(Target::Inproc(rest.to_string())),
+            "rrpc" => {
+                let addr = rest.trim_end_matches('/');
+                match addr.rsplit_once(':') {
+                    Some((host, port)) if !host.is_empty() && port.parse::<u16>().is_ok() => {
+                        Ok(Target::Port(crate::port::PortTarget::new(addr)))
+                    }
+                    _ => Err(bad("expected rrpc://host:port")),
+                }
+            }
             // rrpc-core's grammar, the one `rrpc_core::Endpoint::parse` uses.
             "shm" | "rdma" => match rrpc_core::EndpointUri::parse(uri)? {
                 rrpc_core::EndpointUri::Shm(path) => Ok(Target::Shm(path)),
                 rdma => Ok(Target::Rdma(rdma)),
             },
-            _ => Err(bad("unknown scheme (http, unix, inproc, shm, rdma)")),
+            _ => Err(bad("unknown scheme (http, unix, inproc, shm, rdma, rrpc)")),
         }
     }
 
@@ -118,7 +130,7 @@ impl RrpcListener {
             Target::Rdma(uri) => Ok(RrpcListener::Rings(Box::new(
                 crate::rings::RingsListener::bind(rdma_endpoint(uri)?, cfg, ctx)?,
             ))),
-            Target::Tcp(_) | Target::Unix(_) => Err(Error::InvalidUri {
+            Target::Tcp(_) | Target::Unix(_) | Target::Port(_) => Err(Error::InvalidUri {
                 uri: format!("{target:?}"),
                 reason: "not an rrpc transport".into(),
             }),
@@ -226,6 +238,12 @@ pub(crate) async fn dial(
                 .map_err(|e| Error::Io(std::io::Error::other(e)))??;
             crate::rings::dial(ep, cfg, ctx).await
         }
+        // A ring channel on an `rrpc://` port: shm through the listener
+        // the port's negotiation names.
+        Target::Port(p) => {
+            let path = p.shm_path(cfg).await?;
+            crate::rings::dial(rrpc_core::Endpoint::Shm(path), cfg, ctx).await
+        }
         Target::Tcp(_) | Target::Unix(_) => Err(Error::InvalidUri {
             uri: format!("{target:?}"),
             reason: "not an rrpc transport".into(),
@@ -265,6 +283,14 @@ mod tests {
         );
         assert!(Target::parse("shm://relative").is_err());
         assert!(Target::parse("ftp://x").is_err());
+        assert!(matches!(
+            Target::parse("rrpc://127.0.0.1:50051/").unwrap(),
+            Target::Port(p) if p.addr() == "127.0.0.1:50051"
+        ));
+        assert!(Target::parse("rrpc://[::1]:5").is_ok());
+        for uri in ["rrpc://host", "rrpc://:5", "rrpc://h:x", "rrpc://h:70000"] {
+            assert!(Target::parse(uri).is_err(), "{uri}");
+        }
         assert!(Target::parse("nothing").is_err());
     }
 

@@ -24,6 +24,7 @@ mod injected_faults;
 mod layers;
 mod message_sizes;
 mod metadata;
+mod one_port;
 mod panics;
 mod parity;
 mod pool;

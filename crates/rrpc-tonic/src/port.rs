@@ -1,0 +1,738 @@
+//! `rrpc://host:port`: one TCP port for every client, and the best fabric
+//! both ends share (issue #33, first slice).
+//!
+//! # Why a scheme of its own
+//!
+//! `rdma://` means "RDMA or fail" and `shm://` "these rings or fail": a
+//! test or an operator that asks for them must never be carried by
+//! something else in silence. `rrpc://` is the one that may choose.
+//!
+//! # The server
+//!
+//! A server on `rrpc://0.0.0.0:50051` listens on TCP and reads the first
+//! bytes of each connection (within [`RrpcConfig::handshake_timeout`], at
+//! most [`RrpcConfig::max_pending_handshakes`] connections at a time):
+//!
+//! * the HTTP/2 client preface (`PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n`): the
+//!   connection goes to tonic's own server with the same router, services,
+//!   layers and options as `http://`, so tonic `Channel`s, grpc-go and
+//!   grpcio work unchanged;
+//! * rrpc's hello (`hello`: magic `RRPN`, version, length-bounded body):
+//!   the negotiation below;
+//! * anything else, a malformed hello, or nothing within the timeout: the
+//!   connection is closed (a refusal reply first, when the hello's header
+//!   was rrpc's) and a warning logged.
+//!
+//! Beside the TCP port it runs a `shm://` rings listener, bound at startup
+//! in `$XDG_RUNTIME_DIR` (else the temp dir) as
+//! `rrpc-port-<port>-<pid>.sock`, unless its config
+//! leaves [`Fabric::Shm`] out.
+//!
+//! # The negotiation
+//!
+//! On the wire (all integers big-endian), every message is an 8-byte
+//! header and a body of at most 1024 bytes:
+//!
+//! ```text
+//! header: magic "RRPN" (4) | version u8 (= 1) | kind u8 | body length u16
+//! hello  (kind 1): fabrics u8 (bits: 1 tcp, 2 shm, 4 verbs reserved)
+//!                  | host-id length u8 | host id (at most 255 bytes)
+//! reply  (kind 2): code u8, then
+//!          0 (tcp):     nothing; HTTP/2 follows on this connection
+//!          1 (shm):     host-id length u8 | host id | path length u16 | path
+//!                       (UTF-8, at most 512 bytes)
+//!        255 (refused): the reason (UTF-8, the rest of the body)
+//! ```
+//!
+//! The client's hello carries the fabrics it allows and its host identity
+//! (the kernel's boot id, `/etc/machine-id` and the inode of
+//! its network namespace). The server takes the best fabric both allow:
+//!
+//! 1. **shm**, if the identities are equal and non-empty and its shm
+//!    listener runs: the reply names the listener's path (and the server's
+//!    identity, which the client checks too). The client must then reach
+//!    that Unix socket, which is the proof that both are on one host (a
+//!    remote peer cannot open it); the token rules of [`RrpcConfig`]
+//!    apply there as on any `shm://` connection. If the client cannot
+//!    reach it and allows TCP, it negotiates again on a new connection,
+//!    offering TCP only.
+//! 2. **TCP**: the reply says so and HTTP/2 follows on this same
+//!    connection (the client hands the open stream to tonic through a
+//!    connector).
+//! 3. Otherwise a refusal naming what was missing on which side; the
+//!    client's error is [`Error::NoFabric`].
+//!
+//! RDMA verbs is the next slice: its bit is reserved in the hello
+//! (bit 4); the server's `choose` is where it will rank first
+//! (its reply would carry the verbs side channel's address, and the
+//! client's proof is its queue pair connecting).
+//!
+//! # What was chosen
+//!
+//! [`crate::RrpcChannel::carrier`] reports [`crate::Carrier::Shm`] or
+//! [`crate::Carrier::Tcp`]; each side logs one `info` line per negotiated
+//! connection naming the fabric, and counts it in the `metrics` counter
+//! `rrpc_connections_total{fabric, side}` (`side`: `client` or `server`;
+//! plain HTTP/2 clients of the port count as `fabric="tcp"`).
+
+pub(crate) mod hello;
+
+use std::path::{Path, PathBuf};
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
+use tokio::net::TcpStream;
+use tokio::sync::{Semaphore, mpsc};
+use tokio::task::JoinSet;
+use tokio_stream::StreamExt;
+use tokio_util::sync::CancellationToken;
+use tonic::transport::server::Connected;
+
+use crate::config::Fabric;
+use crate::{Error, RrpcConfig};
+use hello::{HEADER_LEN, Hello, HelloError, Reply};
+
+/// The HTTP/2 client preface (RFC 9113 §3.4).
+pub(crate) const H2_PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
+/// The prefix of the shm listener's socket file name.
+const SOCKET_PREFIX: &str = "rrpc-port-";
+
+/// This host's identity as the negotiation compares it: the kernel's boot
+/// id, the machine id and the inode of this process's network namespace,
+/// `:`-separated. Empty when the boot id cannot be read (then the server
+/// never offers shm on identity).
+pub(crate) fn host_id() -> &'static [u8] {
+    static ID: OnceLock<Vec<u8>> = OnceLock::new();
+    ID.get_or_init(|| {
+        use std::os::unix::fs::MetadataExt;
+        let read = |p: &str| {
+            std::fs::read_to_string(p)
+                .map(|s| s.trim().to_string())
+                .unwrap_or_default()
+        };
+        let boot = read("/proc/sys/kernel/random/boot_id");
+        if boot.is_empty() {
+            return Vec::new();
+        }
+        let machine = read("/etc/machine-id");
+        let netns = std::fs::metadata("/proc/self/ns/net")
+            .map(|m| m.ino())
+            .unwrap_or(0);
+        let mut id = format!("{boot}:{machine}:{netns}").into_bytes();
+        id.truncate(hello::MAX_HOST_ID);
+        id
+    })
+}
+
+/// Where a port's shm listener binds: `$XDG_RUNTIME_DIR` (else the temp
+/// dir), `rrpc-port-<port>-<pid>.sock`.
+pub(crate) fn shm_socket_path(port: u16) -> PathBuf {
+    let dir = std::env::var_os("XDG_RUNTIME_DIR")
+        .map(PathBuf::from)
+        .filter(|d| d.is_absolute() && d.is_dir())
+        .unwrap_or_else(std::env::temp_dir);
+    dir.join(format!("{SOCKET_PREFIX}{port}-{}.sock", std::process::id()))
+}
+
+/// Whether a path a server named may be dialed: absolute, and a port's
+/// socket by its name (a hostile server cannot point the client at any
+/// other Unix socket of its host).
+fn acceptable_path(p: &Path) -> bool {
+    p.is_absolute()
+        && p.file_name()
+            .and_then(|n| n.to_str())
+            .is_some_and(|n| n.starts_with(SOCKET_PREFIX) && n.ends_with(".sock"))
+}
+
+fn names(bits: u8) -> String {
+    let v: Vec<&str> = [Fabric::Shm, Fabric::Tcp]
+        .into_iter()
+        .filter(|f| bits & f.bit() != 0)
+        .map(Fabric::name)
+        .collect();
+    if v.is_empty() {
+        "none".into()
+    } else {
+        v.join(", ")
+    }
+}
+
+/// Counts a connection in `rrpc_connections_total{fabric, side}`.
+pub(crate) fn count(fabric: Fabric, side: &'static str) {
+    metrics::counter!("rrpc_connections_total", "fabric" => fabric.name(), "side" => side)
+        .increment(1);
+}
+
+/// The server's choice for a hello (the extension point for verbs: it
+/// would rank first here). `shm` is the shm listener's path, if one runs.
+pub(crate) fn choose(h: &Hello, server_bits: u8, shm: Option<&Path>) -> (Option<Fabric>, Reply) {
+    let both = h.fabrics & server_bits;
+    let same_host = !h.host_id.is_empty() && h.host_id == host_id();
+    if both & Fabric::Shm.bit() != 0
+        && same_host
+        && let Some(path) = shm.and_then(|p| p.to_str())
+        && path.len() <= hello::MAX_PATH
+    {
+        return (
+            Some(Fabric::Shm),
+            Reply::Shm {
+                host_id: host_id().to_vec(),
+                path: path.to_string(),
+            },
+        );
+    }
+    if both & Fabric::Tcp.bit() != 0 {
+        return (Some(Fabric::Tcp), Reply::Tcp);
+    }
+    let mut why = format!(
+        "the client allows [{}], the server allows [{}]",
+        names(h.fabrics),
+        names(server_bits)
+    );
+    if both & Fabric::Shm.bit() != 0 {
+        why.push_str(if same_host {
+            "; shm: the server has no shm listener"
+        } else {
+            "; shm: the client is on another host (host identities differ)"
+        });
+    }
+    (None, Reply::Refused(why))
+}
+
+/// What a client's negotiation ended with.
+#[derive(Debug)]
+pub(crate) enum Chosen {
+    /// Dial the shm listener at this path (the TCP connection is closed).
+    Shm(PathBuf),
+    /// HTTP/2 on this connection.
+    Tcp(TcpStream),
+}
+
+/// Connects to `addr` and negotiates, offering `bits`, within `limit`.
+pub(crate) async fn negotiate(addr: &str, bits: u8, limit: Duration) -> Result<Chosen, Error> {
+    match tokio::time::timeout(limit, negotiate_inner(addr, bits)).await {
+        Ok(r) => r,
+        Err(_) => Err(Error::ConnectTimeout(limit)),
+    }
+}
+
+async fn negotiate_inner(addr: &str, bits: u8) -> Result<Chosen, Error> {
+    let mut s = TcpStream::connect(addr).await.map_err(|e| {
+        if e.kind() == std::io::ErrorKind::ConnectionRefused {
+            Error::NotListening(format!("rrpc://{addr}"))
+        } else {
+            Error::Io(e)
+        }
+    })?;
+    s.set_nodelay(true)?;
+    let hello = Hello {
+        fabrics: bits,
+        host_id: host_id().to_vec(),
+    };
+    s.write_all(&hello.encode()).await?;
+    let bad = |e: HelloError| Error::Handshake(format!("rrpc://{addr}: the server's reply: {e}"));
+    let mut head = [0u8; HEADER_LEN];
+    s.read_exact(&mut head).await.map_err(|e| {
+        Error::Handshake(format!(
+            "rrpc://{addr}: no negotiation reply ({e}); is it an rrpc:// port?"
+        ))
+    })?;
+    let h = hello::parse_header(&head).map_err(bad)?;
+    if h.is_hello() {
+        return Err(bad(HelloError::Kind(1)));
+    }
+    let mut body = vec![0u8; h.len];
+    s.read_exact(&mut body).await?;
+    let chosen = match Reply::decode_body(&body).map_err(bad)? {
+        Reply::Tcp if bits & Fabric::Tcp.bit() != 0 => Chosen::Tcp(s),
+        Reply::Shm { host_id: id, path } if bits & Fabric::Shm.bit() != 0 => {
+            let path = PathBuf::from(path);
+            if id != host_id() {
+                return Err(Error::Handshake(format!(
+                    "rrpc://{addr}: the server offered shm but its host identity differs"
+                )));
+            }
+            if !acceptable_path(&path) {
+                return Err(Error::Handshake(format!(
+                    "rrpc://{addr}: the server named {} as its shm listener, \
+                     not an rrpc port's socket",
+                    path.display()
+                )));
+            }
+            Chosen::Shm(path)
+        }
+        Reply::Refused(reason) => {
+            return Err(Error::NoFabric {
+                addr: addr.to_string(),
+                reason: format!("the server refused: {reason}"),
+            });
+        }
+        other => {
+            return Err(Error::Handshake(format!(
+                "rrpc://{addr}: the server chose {other:?}, which the client did not offer"
+            )));
+        }
+    };
+    let fabric = match &chosen {
+        Chosen::Shm(_) => Fabric::Shm,
+        Chosen::Tcp(_) => Fabric::Tcp,
+    };
+    tracing::info!(%addr, %fabric, "rrpc: negotiated the {fabric} fabric");
+    count(fabric, "client");
+    Ok(chosen)
+}
+
+/// An `rrpc://` target: the address and, right after the first
+/// negotiation, the shm path it gave (taken by the first dial).
+#[derive(Debug, Clone)]
+pub(crate) struct PortTarget {
+    addr: String,
+    hint: Arc<Mutex<Option<PathBuf>>>,
+}
+
+impl PartialEq for PortTarget {
+    fn eq(&self, o: &Self) -> bool {
+        self.addr == o.addr
+    }
+}
+impl Eq for PortTarget {}
+
+impl PortTarget {
+    /// A target for `host:port`.
+    pub(crate) fn new(addr: &str) -> Self {
+        PortTarget {
+            addr: addr.to_string(),
+            hint: Arc::default(),
+        }
+    }
+
+    /// The `host:port`.
+    pub(crate) fn addr(&self) -> &str {
+        &self.addr
+    }
+
+    /// The same target, whose next dial goes straight to `path`.
+    pub(crate) fn with_hint(&self, path: PathBuf) -> Self {
+        PortTarget {
+            addr: self.addr.clone(),
+            hint: Arc::new(Mutex::new(Some(path))),
+        }
+    }
+
+    /// The shm listener to dial: the hint if one is left, else a new
+    /// negotiation offering shm only (a ring channel's reconnect).
+    pub(crate) async fn shm_path(&self, cfg: &RrpcConfig) -> Result<PathBuf, Error> {
+        let hint = self.hint.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(p) = hint {
+            return Ok(p);
+        }
+        match negotiate(&self.addr, Fabric::Shm.bit(), cfg.get_handshake_timeout()).await? {
+            Chosen::Shm(p) => Ok(p),
+            Chosen::Tcp(_) => Err(Error::Handshake("the server chose tcp".into())),
+        }
+    }
+}
+
+/// tonic's connector for the TCP fabric: the stream the first negotiation
+/// left open, then a new negotiation (TCP only) per connection tonic makes.
+pub(crate) fn tcp_connector(
+    addr: String,
+    first: Option<TcpStream>,
+    limit: Duration,
+    nodelay: bool,
+) -> impl tower::Service<
+    http::Uri,
+    Response = hyper_util::rt::TokioIo<TcpStream>,
+    Error = Error,
+    Future = impl Send + 'static,
+> + Send
++ 'static {
+    let first = Arc::new(Mutex::new(first));
+    tower::service_fn(move |_: http::Uri| {
+        let (addr, first) = (addr.clone(), first.clone());
+        async move {
+            let open = first.lock().unwrap_or_else(|e| e.into_inner()).take();
+            let s = match open {
+                Some(s) => s,
+                None => match negotiate(&addr, Fabric::Tcp.bit(), limit).await? {
+                    Chosen::Tcp(s) => s,
+                    Chosen::Shm(_) => return Err(Error::Handshake("the server chose shm".into())),
+                },
+            };
+            s.set_nodelay(nodelay)?;
+            Ok(hyper_util::rt::TokioIo::new(s))
+        }
+    })
+}
+
+/// A TCP connection for tonic's server, with the bytes read while
+/// sniffing it given back first.
+#[derive(Debug)]
+pub(crate) struct PortStream {
+    prefix: Vec<u8>,
+    at: usize,
+    inner: TcpStream,
+}
+
+impl AsyncRead for PortStream {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let me = &mut *self;
+        if me.at < me.prefix.len() {
+            let n = (me.prefix.len() - me.at).min(buf.remaining());
+            buf.put_slice(&me.prefix[me.at..me.at + n]);
+            me.at += n;
+            return Poll::Ready(Ok(()));
+        }
+        Pin::new(&mut me.inner).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for PortStream {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
+    }
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+}
+
+impl Connected for PortStream {
+    type ConnectInfo = tonic::transport::server::TcpConnectInfo;
+
+    fn connect_info(&self) -> Self::ConnectInfo {
+        self.inner.connect_info()
+    }
+}
+
+/// The shm listener's socket path and what the sniffer needs.
+#[derive(Debug, Clone)]
+pub(crate) struct Sniffer {
+    /// The server's config (fabrics, timeouts, limits).
+    pub(crate) config: RrpcConfig,
+    /// The shm listener's socket, if one runs.
+    pub(crate) shm: Option<PathBuf>,
+}
+
+/// Accepts TCP connections until `token` is cancelled, sending HTTP/2
+/// ones (plain or negotiated) to tonic through `to_tonic`.
+pub(crate) async fn sniff_loop(
+    mut incoming: tonic::transport::server::TcpIncoming,
+    to_tonic: mpsc::Sender<Result<PortStream, std::io::Error>>,
+    sniffer: Sniffer,
+    token: CancellationToken,
+) {
+    let setups = Arc::new(Semaphore::new(sniffer.config.get_max_pending_handshakes()));
+    let mut conns = JoinSet::new();
+    loop {
+        tokio::select! {
+            biased;
+            () = token.cancelled() => break,
+            Some(_) = conns.join_next(), if !conns.is_empty() => {}
+            s = incoming.next() => {
+                let s = match s {
+                    None => break,
+                    Some(Ok(s)) => s,
+                    Some(Err(e)) => {
+                        tracing::warn!(error = %e, "rrpc port: accept failed");
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        continue;
+                    }
+                };
+                let peer = s.peer_addr().map_or_else(|_| "?".into(), |a| a.to_string());
+                let Ok(permit) = setups.clone().try_acquire_owned() else {
+                    tracing::warn!(
+                        %peer,
+                        limit = sniffer.config.get_max_pending_handshakes(),
+                        "rrpc port: too many connections in setup; closing the new one",
+                    );
+                    continue;
+                };
+                let (sniffer, tx) = (sniffer.clone(), to_tonic.clone());
+                conns.spawn(async move {
+                    let limit = sniffer.config.get_handshake_timeout();
+                    let r = tokio::time::timeout(limit, sniff(s, &sniffer, &peer)).await;
+                    drop(permit);
+                    match r {
+                        Ok(Ok(Some(stream))) => {
+                            let _ = tx.send(Ok(stream)).await;
+                        }
+                        Ok(Ok(None)) => {}
+                        Ok(Err(e)) => {
+                            tracing::warn!(%peer, error = %e, "rrpc port: connection refused and closed");
+                        }
+                        Err(_) => tracing::warn!(
+                            %peer, ?limit,
+                            "rrpc port: no HTTP/2 preface or rrpc hello within the handshake timeout; closed"
+                        ),
+                    }
+                });
+            }
+        }
+    }
+}
+
+/// Answers a bad hello with a refusal and closes.
+async fn refuse(s: &mut TcpStream, e: HelloError) -> Result<Option<PortStream>, Error> {
+    let _ = s.write_all(&Reply::Refused(e.to_string()).encode()).await;
+    let _ = s.shutdown().await;
+    Err(Error::Handshake(format!("a bad rrpc hello: {e}")))
+}
+
+/// Reads the first bytes of `s`: HTTP/2 for tonic, a hello negotiated
+/// (`None` when the client goes to the shm listener), else an error.
+async fn sniff(
+    mut s: TcpStream,
+    sniffer: &Sniffer,
+    peer: &str,
+) -> Result<Option<PortStream>, Error> {
+    let bits = sniffer.config.fabric_bits();
+    let mut head = [0u8; HEADER_LEN];
+    s.read_exact(&mut head).await?;
+    if head[..] == H2_PREFACE[..HEADER_LEN] {
+        let mut rest = [0u8; H2_PREFACE.len() - HEADER_LEN];
+        s.read_exact(&mut rest).await?;
+        if rest[..] != H2_PREFACE[HEADER_LEN..] {
+            return Err(Error::Handshake("a malformed HTTP/2 preface".into()));
+        }
+        if bits & Fabric::Tcp.bit() == 0 {
+            return Err(Error::Handshake(
+                "a plain HTTP/2 client, and this server's fabrics leave out tcp".into(),
+            ));
+        }
+        tracing::info!(%peer, fabric = "tcp", "rrpc port: a plain HTTP/2 client");
+        count(Fabric::Tcp, "server");
+        return Ok(Some(PortStream {
+            prefix: H2_PREFACE.to_vec(),
+            at: 0,
+            inner: s,
+        }));
+    }
+    let h = match hello::parse_header(&head) {
+        Ok(h) => h,
+        Err(HelloError::Magic) => {
+            return Err(Error::Handshake(format!(
+                "neither the HTTP/2 preface nor an rrpc hello (first bytes {:02x?})",
+                head
+            )));
+        }
+        Err(e) => return refuse(&mut s, e).await,
+    };
+    if !h.is_hello() {
+        return refuse(&mut s, HelloError::Kind(2)).await;
+    }
+    let mut body = vec![0u8; h.len];
+    s.read_exact(&mut body).await?;
+    let hello = match Hello::decode_body(&body) {
+        Ok(h) => h,
+        Err(e) => return refuse(&mut s, e).await,
+    };
+    let (fabric, reply) = choose(&hello, bits, sniffer.shm.as_deref());
+    s.write_all(&reply.encode()).await?;
+    match fabric {
+        Some(f) => {
+            tracing::info!(%peer, fabric = %f, "rrpc port: negotiated the {f} fabric");
+            count(f, "server");
+        }
+        None => {
+            let _ = s.shutdown().await;
+            let Reply::Refused(why) = reply else {
+                unreachable!("no fabric is a refusal")
+            };
+            return Err(Error::NoFabric {
+                addr: peer.to_string(),
+                reason: why,
+            });
+        }
+    }
+    Ok(match fabric {
+        Some(Fabric::Tcp) => Some(PortStream {
+            prefix: Vec::new(),
+            at: 0,
+            inner: s,
+        }),
+        // shm: the client dials the listener; this connection is done.
+        _ => None,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_server_takes_the_best_fabric_both_allow() {
+        let (shm, tcp) = (Fabric::Shm.bit(), Fabric::Tcp.bit());
+        let path = shm_socket_path(1);
+        let local = |fabrics| Hello {
+            fabrics,
+            host_id: host_id().to_vec(),
+        };
+        let remote = |fabrics| Hello {
+            fabrics,
+            host_id: b"elsewhere".to_vec(),
+        };
+        assert!(!host_id().is_empty(), "a Linux host has a boot id");
+        let (f, r) = choose(&local(shm | tcp), shm | tcp, Some(&path));
+        assert_eq!(f, Some(Fabric::Shm));
+        assert!(matches!(r, Reply::Shm { path: p, .. } if p == path.to_str().unwrap()));
+        assert_eq!(
+            choose(&remote(shm | tcp), shm | tcp, Some(&path)).0,
+            Some(Fabric::Tcp)
+        );
+        assert_eq!(
+            choose(&local(tcp), shm | tcp, Some(&path)).0,
+            Some(Fabric::Tcp)
+        );
+        assert_eq!(
+            choose(&local(shm | tcp), tcp, Some(&path)).0,
+            Some(Fabric::Tcp)
+        );
+        assert_eq!(
+            choose(&local(shm | tcp), shm | tcp, None).0,
+            Some(Fabric::Tcp)
+        );
+        // Unknown bits (a newer client's verbs) are ignored.
+        assert_eq!(
+            choose(&remote(0x80 | tcp), shm | tcp, None).0,
+            Some(Fabric::Tcp)
+        );
+        let Reply::Refused(why) = choose(&remote(shm), shm | tcp, Some(&path)).1 else {
+            panic!("refused")
+        };
+        assert!(why.contains("another host"), "{why}");
+        let Reply::Refused(why) = choose(&local(tcp), shm, Some(&path)).1 else {
+            panic!("refused")
+        };
+        assert!(
+            why.contains("client allows [tcp], the server allows [shm]"),
+            "{why}"
+        );
+        let Reply::Refused(why) = choose(&local(shm), shm, None).1 else {
+            panic!("refused")
+        };
+        assert!(why.contains("no shm listener"), "{why}");
+        // An empty identity never matches.
+        let anon = Hello {
+            fabrics: shm,
+            host_id: Vec::new(),
+        };
+        assert_eq!(choose(&anon, shm, Some(&path)).0, None);
+    }
+
+    /// A negotiation on each fabric, against the real sniffer: the client
+    /// gets what the server chose, a TCP connection reaches tonic's queue,
+    /// and each side counts it in `rrpc_connections_total{fabric, side}`.
+    #[test]
+    fn negotiations_are_chosen_handed_on_and_counted() {
+        use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+        let recorder = DebuggingRecorder::new();
+        let snapshotter = recorder.snapshotter();
+        // One thread (a current-thread runtime) so that the local recorder
+        // sees both sides.
+        metrics::with_local_recorder(&recorder, || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("runtime");
+            rt.block_on(async {
+                let l = tokio::net::TcpListener::bind("127.0.0.1:0")
+                    .await
+                    .expect("bind");
+                let addr = l.local_addr().expect("addr").to_string();
+                let (tx, mut rx) = mpsc::channel(4);
+                let token = CancellationToken::new();
+                let shm = shm_socket_path(1);
+                let sniffer = Sniffer {
+                    config: RrpcConfig::new(),
+                    shm: Some(shm.clone()),
+                };
+                let incoming = tonic::transport::server::TcpIncoming::from(l);
+                let sniffing = tokio::spawn(sniff_loop(incoming, tx, sniffer, token.clone()));
+                let limit = Duration::from_secs(5);
+                let both = Fabric::Shm.bit() | Fabric::Tcp.bit();
+                assert!(matches!(
+                    negotiate(&addr, both, limit).await.expect("shm"),
+                    Chosen::Shm(p) if p == shm
+                ));
+                let Chosen::Tcp(mut c) = negotiate(&addr, Fabric::Tcp.bit(), limit)
+                    .await
+                    .expect("tcp")
+                else {
+                    panic!("tcp")
+                };
+                // The server's end of that connection reaches tonic's queue,
+                // with nothing replayed.
+                let mut s = rx.recv().await.expect("queued").expect("a stream");
+                assert!(s.prefix.is_empty());
+                c.write_all(b"ping").await.expect("write");
+                let mut got = [0u8; 4];
+                s.read_exact(&mut got).await.expect("read");
+                assert_eq!(&got, b"ping");
+                token.cancel();
+                sniffing.await.expect("sniffer ends");
+            });
+        });
+        let mut counted: Vec<_> = snapshotter
+            .snapshot()
+            .into_vec()
+            .into_iter()
+            .filter(|(k, ..)| k.key().name() == "rrpc_connections_total")
+            .map(|(k, _, _, v)| {
+                let labels: Vec<_> = k
+                    .key()
+                    .labels()
+                    .map(|l| format!("{}={}", l.key(), l.value()))
+                    .collect();
+                (labels.join(","), v)
+            })
+            .collect();
+        counted.sort_by(|a, b| a.0.cmp(&b.0));
+        let one = |l: &str| (l.to_string(), DebugValue::Counter(1));
+        assert_eq!(
+            counted,
+            vec![
+                one("fabric=shm,side=client"),
+                one("fabric=shm,side=server"),
+                one("fabric=tcp,side=client"),
+                one("fabric=tcp,side=server"),
+            ]
+        );
+    }
+
+    #[test]
+    fn only_a_port_socket_is_dialed() {
+        assert!(acceptable_path(&shm_socket_path(50051)));
+        for p in [
+            "/var/run/docker.sock",
+            "rrpc-port-1-2.sock",
+            "/tmp/rrpc-port-1",
+        ] {
+            assert!(!acceptable_path(Path::new(p)), "{p}");
+        }
+    }
+}

@@ -1,0 +1,397 @@
+//! `rrpc://`: one TCP port for every client (issue #33). An rrpc client on
+//! the same host gets shm, one that forbids shm gets HTTP/2 on the TCP
+//! connection it negotiated on, plain tonic `Channel`s on `http://` are
+//! served as by `http://` itself, all at once; garbage and malformed hellos
+//! are refused and closed while the server keeps serving.
+
+use std::time::{Duration, Instant};
+
+use rrpc_integration_tests::pb::Input;
+use rrpc_integration_tests::pb::test_client::TestClient;
+use rrpc_integration_tests::{Harness, Transport, config, payload};
+use rrpc_tonic::{Carrier, ChannelPath, Error, Fabric, RrpcConfig, RrpcEndpoint};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+/// The harness's config (fast path), with a short handshake timeout.
+fn cfg() -> RrpcConfig {
+    config(Transport::ShmFast)
+        .handshake_timeout(Duration::from_millis(500))
+        .expect("timeout")
+}
+
+async fn start(server: RrpcConfig) -> Harness {
+    let h = Harness::start_at(Transport::Tcp, "rrpc://127.0.0.1:0", server, |s| s).await;
+    assert!(h.uri.starts_with("rrpc://127.0.0.1:"), "{}", h.uri);
+    assert!(!h.uri.ends_with(":0"), "the port the OS chose: {}", h.uri);
+    h
+}
+
+fn addr(h: &Harness) -> String {
+    h.uri.trim_start_matches("rrpc://").to_string()
+}
+
+/// A plain tonic channel on `http://` to the port.
+async fn plain(h: &Harness) -> TestClient<tonic::transport::Channel> {
+    let ch = tonic::transport::Endpoint::from_shared(format!("http://{}", addr(h)))
+        .expect("uri")
+        .connect()
+        .await
+        .expect("tonic connects to the rrpc:// port");
+    TestClient::new(ch)
+}
+
+/// A unary echo of `n` bytes on any generated client.
+macro_rules! unary {
+    ($c:expr, $n:expr) => {{
+        let n: usize = $n;
+        let r = $c
+            .unary(Input {
+                payload: payload(n),
+                ..Default::default()
+            })
+            .await
+            .expect("unary")
+            .into_inner();
+        assert_eq!(r.payload, payload(n));
+    }};
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_rrpc_client_gets_shm_while_plain_grpc_shares_the_port() {
+    let h = start(cfg()).await;
+    let ch = RrpcEndpoint::new(&h.uri)
+        .expect("uri")
+        .config(cfg())
+        .connect()
+        .await
+        .expect("connect");
+    assert_eq!(ch.carrier(), Carrier::Shm, "same host: shm");
+    assert_eq!(ch.path(), ChannelPath::Fast);
+    let mut rrpc = TestClient::new(ch.clone());
+    let mut grpc = plain(&h).await;
+    // At the same time, on both.
+    for round in 0..20 {
+        tokio::join!(async { unary!(rrpc, 10 + round) }, async {
+            unary!(grpc, 20 + round)
+        });
+    }
+    assert_eq!(ch.carrier(), Carrier::Shm);
+    assert_eq!(
+        h.obs.unary_calls.load(std::sync::atomic::Ordering::Relaxed),
+        40
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_forbids_shm_gets_tcp_for_every_rpc_kind() {
+    let h = start(cfg()).await;
+    let tcp_only = cfg().fabrics([Fabric::Tcp]).expect("fabrics");
+    let ch = RrpcEndpoint::new(&h.uri)
+        .expect("uri")
+        .config(tcp_only.clone())
+        .connect()
+        .await
+        .expect("connect");
+    assert_eq!(ch.carrier(), Carrier::Tcp);
+    assert_eq!(ch.path(), ChannelPath::Tcp);
+    let mut c = TestClient::new(ch);
+    unary!(c, 100);
+
+    let mut st = c
+        .server_stream(Input {
+            payload: payload(10),
+            count: 25,
+            ..Default::default()
+        })
+        .await
+        .expect("server stream")
+        .into_inner();
+    let mut n = 0;
+    while let Some(m) = st.message().await.expect("message") {
+        assert_eq!(m.total, n);
+        n += 1;
+    }
+    assert_eq!(n, 25);
+
+    let inputs: Vec<Input> = (0..30)
+        .map(|i| Input {
+            payload: payload(i),
+            ..Default::default()
+        })
+        .collect();
+    let r = c
+        .client_stream(tokio_stream::iter(inputs))
+        .await
+        .expect("client stream")
+        .into_inner();
+    assert_eq!(r.total, (0..30u64).sum::<u64>());
+
+    let (tx, rx) = tokio::sync::mpsc::channel::<Input>(4);
+    let mut out = c
+        .bidi(tokio_stream::wrappers::ReceiverStream::new(rx))
+        .await
+        .expect("bidi")
+        .into_inner();
+    for i in 0..10usize {
+        tx.send(Input {
+            payload: payload(i),
+            ..Default::default()
+        })
+        .await
+        .expect("send");
+        let m = out.message().await.expect("reply").expect("a reply");
+        assert_eq!(m.payload, payload(i));
+    }
+    drop(tx);
+    assert!(out.message().await.expect("end").is_none());
+
+    // A lazy channel that allows TCP takes it too.
+    let lazy = RrpcEndpoint::new(&h.uri)
+        .expect("uri")
+        .config(cfg())
+        .connect_lazy()
+        .expect("lazy");
+    assert_eq!(lazy.carrier(), Carrier::Tcp);
+    unary!(TestClient::new(lazy), 7);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_required_fabric_the_server_forbids_is_a_clear_error() {
+    let h = start(cfg().fabrics([Fabric::Tcp]).expect("fabrics")).await;
+    // A default client gets TCP from a server without shm.
+    let ch = RrpcEndpoint::new(&h.uri)
+        .expect("uri")
+        .config(cfg())
+        .connect()
+        .await
+        .expect("connect");
+    assert_eq!(ch.carrier(), Carrier::Tcp);
+    unary!(TestClient::new(ch), 3);
+    // One that requires shm is told why not.
+    let e = RrpcEndpoint::new(&h.uri)
+        .expect("uri")
+        .config(cfg().fabrics([Fabric::Shm]).expect("fabrics"))
+        .connect()
+        .await
+        .expect_err("shm required, server has none");
+    let Error::NoFabric { reason, .. } = &e else {
+        panic!("{e}")
+    };
+    assert!(
+        reason.contains("the client allows [shm], the server allows [tcp]"),
+        "{reason}"
+    );
+    assert_eq!(
+        tonic::Status::from(e).code(),
+        tonic::Code::FailedPrecondition
+    );
+    assert!(RrpcConfig::new().fabrics([]).is_err(), "an empty set");
+    // A server that requires shm closes plain HTTP/2 clients.
+    let h = start(cfg().fabrics([Fabric::Shm]).expect("fabrics")).await;
+    let ch = RrpcEndpoint::new(&h.uri)
+        .expect("uri")
+        .config(cfg())
+        .connect()
+        .await
+        .expect("connect");
+    assert_eq!(ch.carrier(), Carrier::Shm);
+    let r = tonic::transport::Endpoint::from_shared(format!("http://{}", addr(&h)))
+        .expect("uri")
+        .connect()
+        .await;
+    if let Ok(ch) = r {
+        let call = TestClient::new(ch).unary(Input::default()).await;
+        assert!(call.is_err(), "served plain HTTP/2 on a shm-only port");
+    }
+}
+
+/// Reads until the server closes; what it sent first.
+async fn closed_within(s: &mut TcpStream, limit: Duration) -> Vec<u8> {
+    let start = Instant::now();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 2048];
+    loop {
+        let left = limit.saturating_sub(start.elapsed());
+        match tokio::time::timeout(left, s.read(&mut buf)).await {
+            Ok(Ok(0)) | Ok(Err(_)) => return got,
+            Ok(Ok(n)) => got.extend_from_slice(&buf[..n]),
+            Err(_) => panic!("not closed within {limit:?} (sent {got:?})"),
+        }
+    }
+}
+
+fn header(version: u8, kind: u8, len: u16) -> Vec<u8> {
+    let mut h = b"RRPN".to_vec();
+    h.extend_from_slice(&[version, kind]);
+    h.extend_from_slice(&len.to_be_bytes());
+    h
+}
+
+/// A refusal reply (kind 2, code 255) carrying `says`.
+fn assert_refusal(reply: &[u8], says: &str) {
+    assert!(reply.len() > 9, "{reply:?}");
+    assert_eq!(&reply[..6], b"RRPN\x01\x02", "{reply:?}");
+    assert_eq!(reply[8], 255, "{reply:?}");
+    let why = String::from_utf8_lossy(&reply[9..]);
+    assert!(why.contains(says), "{why}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn garbage_and_bad_hellos_are_refused_and_the_port_keeps_serving() {
+    let h = start(cfg()).await;
+    let a = addr(&h);
+    let limit = Duration::from_secs(3);
+    let mut held = Vec::new();
+
+    // Neither HTTP/2 nor rrpc: closed without a word.
+    let mut s = TcpStream::connect(&a).await.expect("connect");
+    s.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .expect("write");
+    assert!(closed_within(&mut s, limit).await.is_empty());
+    // A preface cut short and never finished: closed at the timeout.
+    let mut s = TcpStream::connect(&a).await.expect("connect");
+    s.write_all(b"PRI * HTTP/2.0\r\n").await.expect("write");
+    assert!(closed_within(&mut s, limit).await.is_empty());
+    // Slowloris: nothing at all.
+    let mut s = TcpStream::connect(&a).await.expect("connect");
+    assert!(closed_within(&mut s, limit).await.is_empty());
+
+    // An oversized hello: refused from its header.
+    let mut s = TcpStream::connect(&a).await.expect("connect");
+    s.write_all(&header(1, 1, 60_000)).await.expect("write");
+    assert_refusal(&closed_within(&mut s, limit).await, "too large");
+    // Another version.
+    let mut s = TcpStream::connect(&a).await.expect("connect");
+    s.write_all(&header(9, 1, 2)).await.expect("write");
+    s.write_all(&[1, 0]).await.expect("write");
+    assert_refusal(&closed_within(&mut s, limit).await, "version 9");
+    // A reply where a hello belongs.
+    let mut s = TcpStream::connect(&a).await.expect("connect");
+    s.write_all(&header(1, 2, 1)).await.expect("write");
+    s.write_all(&[0]).await.expect("write");
+    assert_refusal(&closed_within(&mut s, limit).await, "kind");
+    // A host id longer than the body.
+    let mut s = TcpStream::connect(&a).await.expect("connect");
+    s.write_all(&header(1, 1, 3)).await.expect("write");
+    s.write_all(&[3, 200, b'x']).await.expect("write");
+    assert_refusal(&closed_within(&mut s, limit).await, "truncated");
+    // A truncated hello: the header promises more than ever comes.
+    let mut s = TcpStream::connect(&a).await.expect("connect");
+    s.write_all(&header(1, 1, 100)).await.expect("write");
+    s.write_all(&[3, 10]).await.expect("write");
+    let start = Instant::now();
+    assert!(closed_within(&mut s, limit).await.is_empty());
+    assert!(
+        start.elapsed() >= Duration::from_millis(300),
+        "at the timeout"
+    );
+    // A well-formed hello from "another host" that requires shm.
+    let mut s = TcpStream::connect(&a).await.expect("connect");
+    let mut hello = header(1, 1, 2 + 9);
+    hello.extend_from_slice(&[2, 9]);
+    hello.extend_from_slice(b"elsewhere");
+    s.write_all(&hello).await.expect("write");
+    assert_refusal(&closed_within(&mut s, limit).await, "another host");
+    // Connections left open in the middle of a hello do not block others.
+    for _ in 0..5 {
+        let mut s = TcpStream::connect(&a).await.expect("connect");
+        s.write_all(b"RRPN").await.expect("write");
+        held.push(s);
+    }
+
+    // Still serving, plain and rrpc.
+    let mut p = plain(&h).await;
+    unary!(p, 5);
+    let ch = RrpcEndpoint::new(&h.uri)
+        .expect("uri")
+        .config(cfg())
+        .connect()
+        .await
+        .expect("connect");
+    assert_eq!(ch.carrier(), Carrier::Shm);
+    unary!(TestClient::new(ch), 6);
+    drop(held);
+}
+
+/// grpcio (Python's gRPC, C core) on the port, unchanged: a unary call with
+/// the messages encoded by hand (no generated Python code). Skipped when
+/// `python3 -c "import grpc"` fails (`python3 -m pip install grpcio`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grpcio_calls_the_port_unchanged() {
+    let has_grpcio = std::process::Command::new("python3")
+        .args(["-c", "import grpc"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !has_grpcio {
+        eprintln!("skipped: no python3 with grpcio");
+        return;
+    }
+    let h = start(cfg()).await;
+    // Input { payload: payload(5) } and the echo's Output { payload, total: 5 }.
+    let mut request = vec![0x0a, 5];
+    request.extend(payload(5));
+    let mut want = request.clone();
+    want.extend([0x10, 5]);
+    let script = r#"
+import sys, grpc
+ch = grpc.insecure_channel(sys.argv[1], options=[("grpc.enable_http_proxy", 0)])
+call = ch.unary_unary("/test.Test/Unary")
+print(call(bytes.fromhex(sys.argv[2]), timeout=20).hex())
+"#;
+    let hex = |b: &[u8]| b.iter().map(|x| format!("{x:02x}")).collect::<String>();
+    let (a, req) = (addr(&h), hex(&request));
+    let out = tokio::task::spawn_blocking(move || {
+        std::process::Command::new("python3")
+            .args(["-c", script, &a, &req])
+            .output()
+            .expect("python3")
+    })
+    .await
+    .expect("join");
+    assert!(
+        out.status.success(),
+        "grpcio failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), hex(&want));
+}
+
+/// The shm listener's socket, where the port's docs say it is:
+/// `$XDG_RUNTIME_DIR` (else the temp dir), `rrpc-port-<port>-<pid>.sock`.
+fn shm_socket(h: &Harness) -> std::path::PathBuf {
+    let port = addr(h).rsplit_once(':').expect("host:port").1.to_string();
+    let dir = std::env::var_os("XDG_RUNTIME_DIR")
+        .map(std::path::PathBuf::from)
+        .filter(|d| d.is_absolute() && d.is_dir())
+        .unwrap_or_else(std::env::temp_dir);
+    dir.join(format!("rrpc-port-{port}-{}.sock", std::process::id()))
+}
+
+/// Equal host identities only let the server offer shm: a client that
+/// cannot open the listener's socket (here: its file is gone, as for a
+/// client in another mount namespace) falls back to TCP when it may, and
+/// fails when it requires shm.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_cannot_reach_the_shm_listener_falls_back_to_tcp() {
+    let h = start(cfg()).await;
+    let sock = shm_socket(&h);
+    assert!(sock.exists(), "{} bound beside the port", sock.display());
+    std::fs::remove_file(&sock).expect("remove the socket file");
+    let ch = RrpcEndpoint::new(&h.uri)
+        .expect("uri")
+        .config(cfg())
+        .connect()
+        .await
+        .expect("connect");
+    assert_eq!(ch.carrier(), Carrier::Tcp, "fell back");
+    unary!(TestClient::new(ch), 9);
+    let e = RrpcEndpoint::new(&h.uri)
+        .expect("uri")
+        .config(cfg().fabrics([Fabric::Shm]).expect("fabrics"))
+        .connect()
+        .await
+        .expect_err("shm required and unreachable");
+    assert_eq!(tonic::Status::from(e).code(), tonic::Code::Unavailable);
+}
