@@ -106,6 +106,9 @@ pub struct Observed {
     pub produced: AtomicU64,
     /// Unary calls that reached the handler.
     pub unary_calls: AtomicU64,
+    /// The client addresses unary calls came from, over TCP (tonic's
+    /// `remote_addr`): one per connection.
+    pub tcp_peers: std::sync::Mutex<std::collections::HashSet<std::net::SocketAddr>>,
     /// `"<tag> start"` and `"<tag> end"` of each unary call with a tag, in
     /// the order the handlers saw them (for ordering assertions).
     pub events: std::sync::Mutex<Vec<String>>,
@@ -182,6 +185,9 @@ impl Drop for DropWatch {
 impl Test for Svc {
     async fn unary(&self, req: Request<Input>) -> Result<Response<Output>, Status> {
         self.obs.unary_calls.fetch_add(1, Ordering::Relaxed);
+        if let Some(peer) = req.remote_addr() {
+            self.obs.tcp_peers.lock().expect("lock").insert(peer);
+        }
         let input = req.get_ref().clone();
         self.obs.event(&input.tag, "start");
         self.obs.started.notify_one();

@@ -96,10 +96,15 @@ on_all_transports!(
 /// On the loaded test machine and in the soft-RoCE VM (20-50x slower) two
 /// ages in a second each lost a call this way.
 async fn max_connection_age_keeps_the_channel_working(t: Transport) {
-    let s = Harness::start_with_options(t, config(t), |s| {
-        s.max_connection_age(Duration::from_millis(150))
-    })
-    .await;
+    // On rings, a connection pool counts the connections: each one takes a
+    // bundle on both ends (this server's context serves both).
+    let cfg = match t {
+        Transport::Tcp => config(t),
+        _ => config(t).connection_pool(1),
+    };
+    let s =
+        Harness::start_with_options(t, cfg, |s| s.max_connection_age(Duration::from_millis(150)))
+            .await;
     let mut c = s.client().await;
     let (mut ok, mut failed) = (0, Vec::new());
     let mut last_failed = false;
@@ -127,6 +132,24 @@ async fn max_connection_age_keeps_the_channel_working(t: Transport) {
     assert!(
         failed.len() <= ages && ok >= 3 * failed.len(),
         "{t:?}: {ok} ok, failed: {failed:?}"
+    );
+    // Connections did age: the channel reconnected at least once (without
+    // `max_connection_age` one connection carries every call, and this fails).
+    let connections = match t {
+        Transport::Tcp => s.obs.tcp_peers.lock().unwrap().len() as u64,
+        _ => {
+            let taken: u64 = s
+                .server_context()
+                .pool_stats()
+                .iter()
+                .map(|(_, st)| st.hits + st.misses)
+                .sum();
+            taken / 2
+        }
+    };
+    assert!(
+        connections >= 2,
+        "{t:?}: {connections} connection(s) in {ages} connection ages"
     );
     // The channel still works afterwards. This call can race an age's close
     // like any other (the VM run saw it once in seven); the call after it
