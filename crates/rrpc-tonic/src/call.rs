@@ -9,11 +9,77 @@ use crate::{Error, RrpcContext};
 
 pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
-/// tonic's own `user-agent` (its `UserAgent` layer is private): the fast
-/// path sends the same, so handlers read the same value on every path.
-/// `tests/integration/tests/suite/parity.rs` compares it with what tonic sends
-/// over TCP, so a tonic upgrade that changes it fails there.
-pub(crate) const TONIC_USER_AGENT: &str = "tonic/0.14.9";
+/// tonic's own `user-agent` (`tonic/<version>`), as the tonic this crate
+/// was built with sends it: the fast path sends the same, so handlers read
+/// the same value on every path. tonic's `UserAgent` layer and its constant
+/// are private, so it is read once per process from what a tonic `Channel`
+/// writes: a lazy channel over an in-memory pipe sends one request to an h2
+/// server that keeps its headers (on a thread of its own with its own
+/// runtime, so any caller, async or not, can ask; about a millisecond,
+/// once). Should that fail, `tonic` alone.
+pub(crate) fn tonic_user_agent() -> &'static http::HeaderValue {
+    static UA: std::sync::OnceLock<http::HeaderValue> = std::sync::OnceLock::new();
+    UA.get_or_init(|| {
+        let read = std::thread::Builder::new()
+            .name("rrpc-user-agent".into())
+            .spawn(|| {
+                let rt = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .ok()?;
+                rt.block_on(async {
+                    tokio::time::timeout(std::time::Duration::from_secs(2), read_user_agent())
+                        .await
+                        .ok()
+                        .flatten()
+                })
+            })
+            .ok()
+            .and_then(|t| t.join().ok().flatten());
+        read.unwrap_or_else(|| {
+            tracing::warn!("rrpc: could not read tonic's user-agent; sending `tonic`");
+            http::HeaderValue::from_static("tonic")
+        })
+    })
+}
+
+/// What a tonic `Channel` sends as its `user-agent` (see
+/// [`tonic_user_agent`]).
+async fn read_user_agent() -> Option<http::HeaderValue> {
+    use tower::Service as _;
+    let (client_io, server_io) = tokio::io::duplex(64 << 10);
+    let slot = std::sync::Arc::new(std::sync::Mutex::new(Some(client_io)));
+    let connector = tower::service_fn(move |_: http::Uri| {
+        let io = slot.lock().ok().and_then(|mut s| s.take());
+        async move {
+            io.map(hyper_util::rt::TokioIo::new)
+                .ok_or_else(|| std::io::Error::other("one connection only"))
+        }
+    });
+    let mut channel = tonic::transport::Endpoint::from_static("http://user-agent.invalid")
+        .connect_with_connector_lazy(connector);
+    let server = async move {
+        let mut conn = h2::server::handshake(server_io).await.ok()?;
+        let (req, _respond) = conn.accept().await?.ok()?;
+        req.headers().get(http::header::USER_AGENT).cloned()
+    };
+    let client = async move {
+        let req = http::Request::builder()
+            .uri("http://user-agent.invalid/rrpc.UserAgent/Read")
+            .body(Body::empty())
+            .ok()?;
+        std::future::poll_fn(|cx| channel.poll_ready(cx))
+            .await
+            .ok()?;
+        // No answer comes: the server side ends the race with the headers.
+        let _ = channel.call(req).await;
+        None
+    };
+    tokio::select! {
+        ua = server => ua,
+        none = client => none,
+    }
+}
 
 /// The future returned by [`RrpcChannel`](crate::RrpcChannel)'s `call`.
 pub type ResponseFuture = std::pin::Pin<
@@ -99,4 +165,15 @@ pub(crate) fn carrier_of(target: &Target, ctx: &RrpcContext) -> Result<Carrier, 
             return Err(crate::error::rdma_unavailable());
         }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn tonic_user_agent_is_read_from_tonic() {
+        let ua = super::tonic_user_agent().to_str().unwrap();
+        let version = ua.strip_prefix("tonic/").expect(ua);
+        assert_eq!(version.split('.').count(), 3, "{ua}");
+        assert!(version.split('.').all(|n| n.parse::<u32>().is_ok()), "{ua}");
+    }
 }

@@ -12,7 +12,7 @@ use std::time::Duration;
 use http::HeaderValue;
 use tower::Service;
 
-use crate::call::{BoxError, Carrier, ChannelPath, TONIC_USER_AGENT};
+use crate::call::{BoxError, Carrier, ChannelPath, tonic_user_agent};
 use crate::channel::RrpcChannel;
 use crate::fast::client::CallOptions;
 use crate::managed::{Conn, Dialer, Managed};
@@ -474,7 +474,7 @@ impl RrpcEndpoint {
         if let Some(ua) = &self.user_agent {
             let mut v = ua.as_bytes().to_vec();
             v.push(b' ');
-            v.extend_from_slice(TONIC_USER_AGENT.as_bytes());
+            v.extend_from_slice(tonic_user_agent().as_bytes());
             opts.user_agent = HeaderValue::from_bytes(&v).expect("a header value and a space");
         }
         opts

@@ -42,7 +42,7 @@ pub(crate) struct CallOptions {
 impl Default for CallOptions {
     fn default() -> Self {
         CallOptions {
-            user_agent: http::HeaderValue::from_static(crate::call::TONIC_USER_AGENT),
+            user_agent: crate::call::tonic_user_agent().clone(),
             authority: None,
             timeout: None,
         }
