@@ -14,8 +14,9 @@ use tonic::Status;
 use tonic::body::Body;
 
 use super::flow::{self, CallFlow, Credit};
+use super::proto::call_timeout;
 use super::writer::{FrameWriter, Out};
-use super::{Event, RecvBody, parse_grpc_timeout};
+use super::{Event, RecvBody};
 use crate::frame::{self, END_STREAM, Kind};
 use crate::pipe::Pipe;
 use crate::{Error, RrpcConfig};
@@ -303,10 +304,7 @@ async fn call(
 ) -> Result<http::Response<Body>, BoxError> {
     // The shorter of the call's `grpc-timeout` and the endpoint's timeout
     // (tonic's `GrpcTimeout`); only the former is sent to the server.
-    let timeout = match (parse_grpc_timeout(req.headers()), inner.opts.timeout) {
-        (Some(a), Some(b)) => Some(a.min(b)),
-        (a, b) => a.or(b),
-    };
+    let timeout = call_timeout(req.headers(), inner.opts.timeout);
     let deadline = timeout.map(|d| tokio::time::Instant::now() + d);
     let shared = inner.shared.clone();
     // A place among the connection's open calls (queued while all are taken).
@@ -441,11 +439,13 @@ async fn call(
             if let Some(hm) = builder.headers_mut() {
                 *hm = headers;
             }
-            let credit = Credit {
+            let credit = Credit::new(
                 flow,
-                writer: guard.inner.writer.clone(),
+                guard.inner.writer.clone(),
                 id,
-            };
+                slot.shared.our_window,
+                None,
+            );
             Ok(builder.body(Body::new(RecvBody::slot(slot, guard, credit, deadline)))?)
         }
         Some(Event::Trailers(t)) => {

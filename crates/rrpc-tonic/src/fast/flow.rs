@@ -12,11 +12,13 @@
 //! connection's other calls.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicI64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicI64, Ordering};
 
 use bytes::Bytes;
 use tokio::sync::Semaphore;
 
+use super::proto::flow::{Unacked, check_grant};
+use super::proto::server::{CallKey, Note};
 use super::writer::{FrameWriter, Out};
 use crate::Error;
 use crate::frame::{self, FrameError, HEADER_LEN, Kind};
@@ -27,12 +29,10 @@ use crate::frame::{self, FrameError, HEADER_LEN, Kind};
 pub(crate) struct CallFlow {
     /// Bytes this end may still send (granted by the peer).
     send: Semaphore,
-    /// Bytes the peer may still send before our next WINDOW_UPDATE.
+    /// Bytes the peer may still send before our next WINDOW_UPDATE
+    /// (client; the server's reader keeps its calls' receive windows in
+    /// its state machine, [`super::proto::server`]).
     recv_left: AtomicI64,
-    /// Bytes our consumer read and we have not handed back yet.
-    unacked: AtomicUsize,
-    /// Our receive window (what we announced).
-    window: u32,
 }
 
 impl CallFlow {
@@ -42,8 +42,6 @@ impl CallFlow {
         Arc::new(CallFlow {
             send: Semaphore::new(peer_window as usize),
             recv_left: AtomicI64::new(i64::from(our_window)),
-            unacked: AtomicUsize::new(0),
-            window: our_window,
         })
     }
 
@@ -71,33 +69,16 @@ impl CallFlow {
     /// The credit would exceed [`frame::MAX_WINDOW`] (HTTP/2's
     /// FLOW_CONTROL_ERROR for an overflowing window).
     pub(crate) fn granted(&self, inc: u32) -> Result<(), FrameError> {
-        let have = self.send.available_permits();
-        if have + inc as usize > frame::MAX_WINDOW as usize {
-            return Err(FrameError::Invalid("window update overflows the window"));
-        }
+        check_grant(self.send.available_permits() as u64, inc)?;
         self.send.add_permits(inc as usize);
         Ok(())
     }
 
-    /// Consumer: the application read a DATA payload of `payload_len`
-    /// bytes. Returns the increment to send in a WINDOW_UPDATE once half
-    /// the window was consumed (the receive side is opened first, so the
-    /// peer may use the increment as soon as it arrives).
-    pub(crate) fn consumed(&self, payload_len: usize) -> Option<u32> {
-        let c = frame::data_charge(payload_len);
-        if c == 0 {
-            return None;
-        }
-        let total = self.unacked.fetch_add(c, Ordering::AcqRel) + c;
-        if total < (self.window as usize).div_ceil(2) {
-            return None;
-        }
-        let inc = self.unacked.swap(0, Ordering::AcqRel);
-        if inc == 0 {
-            return None;
-        }
-        self.recv_left.fetch_add(inc as i64, Ordering::AcqRel);
-        Some(inc as u32)
+    /// Consumer: `inc` bytes were handed back (a WINDOW_UPDATE about to
+    /// be sent; the receive side is opened first, so the peer may use the
+    /// increment as soon as it arrives).
+    pub(crate) fn reopen(&self, inc: u32) {
+        self.recv_left.fetch_add(i64::from(inc), Ordering::AcqRel);
     }
 
     /// Sender: takes `n` bytes of credit if they are all there now.
@@ -154,16 +135,48 @@ pub(crate) struct Credit {
     pub(crate) flow: Arc<CallFlow>,
     pub(crate) writer: FrameWriter,
     pub(crate) id: u32,
+    /// Server: where the connection's state machine, which owns the
+    /// call's receive window, learns of the bytes handed back (before the
+    /// WINDOW_UPDATE is written, so before the peer can use them).
+    pub(crate) notes: Option<(tokio::sync::mpsc::UnboundedSender<Note>, CallKey)>,
+    /// Bytes the consumer read and not handed back yet (the body is the
+    /// only consumer: plain, not shared).
+    pub(crate) unacked: Unacked,
+}
+
+impl Credit {
+    /// The credit of call `id` whose receive window is `window` bytes.
+    pub(crate) fn new(
+        flow: Arc<CallFlow>,
+        writer: FrameWriter,
+        id: u32,
+        window: u32,
+        notes: Option<(tokio::sync::mpsc::UnboundedSender<Note>, CallKey)>,
+    ) -> Credit {
+        Credit {
+            flow,
+            writer,
+            id,
+            notes,
+            unacked: Unacked::new(window),
+        }
+    }
 }
 
 impl Credit {
     /// The application read a DATA payload of `len` bytes: send a
     /// WINDOW_UPDATE when due. Never waits: when the ring is busy the
     /// update goes out from a small task.
-    pub(crate) fn consumed(&self, len: usize) {
-        let Some(inc) = self.flow.consumed(len) else {
+    pub(crate) fn consumed(&mut self, len: usize) {
+        let Some(inc) = self.unacked.consumed(len) else {
             return;
         };
+        match &self.notes {
+            Some((notes, key)) => {
+                let _ = notes.send(Note::Returned(*key, inc));
+            }
+            None => self.flow.reopen(inc),
+        }
         let out = Out::new(
             Kind::WindowUpdate,
             0,
@@ -263,7 +276,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_receive_window_is_enforced_and_reopened_by_consumption() {
+    fn the_receive_window_is_enforced_and_reopened() {
         let f = CallFlow::new(1 << 16, 1024);
         // 1024 bytes of window: frames of 500 and 501 payload bytes do not fit.
         f.received(500).unwrap();
@@ -271,23 +284,10 @@ mod tests {
         let f = CallFlow::new(1 << 16, 1024);
         f.received(500).unwrap(); // 512 charged
         f.received(0).unwrap(); // empty frames are free
-        assert_eq!(f.consumed(0), None);
-        // Half the window consumed: hand it back.
-        assert_eq!(f.consumed(500), Some(512));
+        f.reopen(512);
         f.received(500).unwrap();
         f.received(499).unwrap(); // 512 + 511 = 1023 <= 1024
         assert!(f.received(1).is_err());
-    }
-
-    #[test]
-    fn updates_below_half_a_window_are_held_back() {
-        let f = CallFlow::new(1 << 16, 4096);
-        f.received(100).unwrap();
-        f.received(100).unwrap();
-        assert_eq!(f.consumed(100), None);
-        assert_eq!(f.consumed(100), None);
-        f.received(2000).unwrap();
-        assert_eq!(f.consumed(2000), Some((3 * HEADER_LEN + 2200) as u32));
     }
 
     #[test]

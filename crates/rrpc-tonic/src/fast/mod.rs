@@ -27,19 +27,18 @@
 //!   connection's reader or other calls; a peer that sends beyond a window
 //!   loses the connection (`Internal`, protocol violation).
 
-use std::collections::VecDeque;
-use std::pin::Pin;
-use std::task::{Context, Poll};
-use std::time::Duration;
-
 use bytes::Bytes;
 use http::HeaderMap;
 use http_body::Frame;
+use std::collections::VecDeque;
+use std::pin::Pin;
+use std::task::{Context, Poll};
 use tokio::sync::mpsc;
 use tonic::Status;
 
 pub(crate) mod client;
 pub(crate) mod flow;
+pub(crate) mod proto;
 pub(crate) mod server;
 pub(crate) mod writer;
 
@@ -82,7 +81,8 @@ pub(crate) enum Source {
 /// stream. On the client, the call must end with trailers; a source that
 /// ends without them is a lost connection (`Unavailable`).
 pub(crate) struct RecvBody {
-    queued: VecDeque<Event>,
+    /// Request data that came with the call's headers (server).
+    queued: VecDeque<Bytes>,
     src: Source,
     done: bool,
     eos_ok: bool,
@@ -113,7 +113,7 @@ impl std::fmt::Debug for RecvBody {
 impl RecvBody {
     /// Server: `queued` chunks, then more from `rx` until it closes.
     pub(crate) fn new(
-        queued: VecDeque<Event>,
+        queued: VecDeque<Bytes>,
         rx: mpsc::UnboundedReceiver<Event>,
         credit: flow::Credit,
     ) -> Self {
@@ -129,7 +129,7 @@ impl RecvBody {
         }
     }
     /// Server: a request stream that was complete on arrival.
-    pub(crate) fn ready(queued: VecDeque<Event>) -> Self {
+    pub(crate) fn ready(queued: VecDeque<Bytes>) -> Self {
         RecvBody {
             queued,
             src: Source::Ended,
@@ -166,8 +166,8 @@ impl RecvBody {
         }
     }
     fn poll_event(&mut self, cx: &mut Context<'_>) -> Poll<Option<Event>> {
-        if let Some(ev) = self.queued.pop_front() {
-            return Poll::Ready(Some(ev));
+        if let Some(b) = self.queued.pop_front() {
+            return Poll::Ready(Some(Event::Data(b)));
         }
         match &mut self.src {
             Source::Ended => Poll::Ready(None),
@@ -206,7 +206,7 @@ impl http_body::Body for RecvBody {
                 Poll::Ready(Some(Err(Status::cancelled("Timeout expired"))))
             }
             Poll::Ready(Some(Event::Data(b))) => {
-                if let Some(c) = &self.credit {
+                if let Some(c) = &mut self.credit {
                     c.consumed(b.len());
                 }
                 Poll::Ready(Some(Ok(Frame::data(b))))
@@ -248,27 +248,11 @@ impl http_body::Body for RecvBody {
     }
 }
 
-/// Parses `grpc-timeout` as tonic does (at most 8 digits and a unit).
-pub(crate) fn parse_grpc_timeout(headers: &HeaderMap) -> Option<Duration> {
-    let s = headers.get("grpc-timeout")?.to_str().ok()?;
-    if s.len() < 2 || s.len() > 9 {
-        return None;
-    }
-    let (v, unit) = s.split_at(s.len() - 1);
-    let v: u64 = v.parse().ok()?;
-    Some(match unit {
-        "H" => Duration::from_secs(v * 3600),
-        "M" => Duration::from_secs(v * 60),
-        "S" => Duration::from_secs(v),
-        "m" => Duration::from_millis(v),
-        "u" => Duration::from_micros(v),
-        "n" => Duration::from_nanos(v),
-        _ => return None,
-    })
-}
-
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
+    use super::proto::parse_grpc_timeout;
     use super::*;
 
     #[test]

@@ -1,0 +1,94 @@
+//! The fast path's sans-IO protocol core, in the style of quinn-proto.
+//!
+//! Plain state machines: `handle_*` methods take decoded frames and the
+//! events of the calls (with the time where time matters, as a clock the
+//! caller supplies), `poll_*` methods say what to do next. Nothing here
+//! touches a ring, a task, a timer or a lock, so every rule can be stepped
+//! in a test on a virtual clock (`tests`: a client and a server wired back
+//! to back, frames passed in memory).
+//!
+//! # What the state machine owns (server side, [`server::Server`])
+//! * the call table: which call ids are open, each with a sequence number
+//!   ([`server::CallKey`]) so that a late event of an ended call never
+//!   touches a later call that reuses its id;
+//! * admission: at most `max_calls` calls hold a place; the excess, calls
+//!   opened while draining and calls with oversized headers are refused at
+//!   once ([`server::Output::Send`] of a trailers-only response);
+//! * GOAWAY and draining ([`server::Server::start_drain`],
+//!   [`server::Server::is_drained`]);
+//! * each call's receive window ([`flow::RecvWindow`]): DATA beyond it,
+//!   a window update that overflows an opening call's send credit, a
+//!   reused call id, a client sending server frames are connection errors
+//!   (returned, never a panic), and the error is sticky;
+//! * cancellation: a CANCEL frees the call's place and tells the driver
+//!   to drop the handler ([`server::Output::Cancel`]);
+//! * deadlines: the call's deadline (the shorter of `grpc-timeout` and the
+//!   server's timeout) on the caller's clock ([`server::Output::Start`]).
+//!
+//! # What the driver owns (`fast::server::serve_conn`)
+//! The ring, the handler tasks and their futures (the first poll of each
+//! runs inline in the reader task), the per-call body channels, the
+//! writer, and each call's *send* credit ([`crate::fast::flow::CallFlow`]:
+//! a semaphore of bytes, because the response is sent by the call's own
+//! task, which waits on it; its overflow rule is [`flow::check_grant`]).
+//! The driver tells the state machine what the call tasks did through
+//! [`server::Note`]s: a call's place freed (just before its last frame is
+//! written), bytes its handler consumed (just before the WINDOW_UPDATE is
+//! written), the task ended. It applies every note that was sent before it
+//! handles the next ring message, so a client that saw a call's trailers
+//! and opens the next call is never refused.
+//!
+//! The deadline's timer runs in the call's task (`timeout_at` the instant
+//! the state machine computed); the state machine does not time calls out
+//! by itself.
+//!
+//! # Cancel safety of the async driver
+//! Every future raced in the server's `select!` is cancel safe: the note
+//! channel's `recv`, the writer's `failed`, the shutdown token's
+//! `cancelled` and the ring's `recv_with` (a message is consumed only in
+//! the poll that returns it; its frames are decoded into an owned inbox
+//! inside that poll). The sends that follow are awaited outside the
+//! `select!`.
+//!
+//! # Not here yet
+//! The client side (`fast::client` and its demultiplexer) still keeps its
+//! call table, GOAWAY state, queueing and windows in its own lock-guarded
+//! table; moving it here is the next step.
+
+use std::time::Duration;
+
+use http::HeaderMap;
+
+pub(crate) mod flow;
+pub(crate) mod server;
+
+#[cfg(test)]
+mod tests;
+
+/// Parses `grpc-timeout` as tonic does (at most 8 digits and a unit).
+pub(crate) fn parse_grpc_timeout(headers: &HeaderMap) -> Option<Duration> {
+    let s = headers.get("grpc-timeout")?.to_str().ok()?;
+    if s.len() < 2 || s.len() > 9 {
+        return None;
+    }
+    let (v, unit) = s.split_at(s.len() - 1);
+    let v: u64 = v.parse().ok()?;
+    Some(match unit {
+        "H" => Duration::from_secs(v * 3600),
+        "M" => Duration::from_secs(v * 60),
+        "S" => Duration::from_secs(v),
+        "m" => Duration::from_millis(v),
+        "u" => Duration::from_micros(v),
+        "n" => Duration::from_nanos(v),
+        _ => return None,
+    })
+}
+
+/// The shorter of a call's `grpc-timeout` and a configured limit (tonic's
+/// `GrpcTimeout` on either end).
+pub(crate) fn call_timeout(headers: &HeaderMap, limit: Option<Duration>) -> Option<Duration> {
+    match (parse_grpc_timeout(headers), limit) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
+}
