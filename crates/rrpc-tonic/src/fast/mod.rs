@@ -12,6 +12,10 @@
 //! travel unchanged, so tonic's codec, compression and size limits behave
 //! exactly as over HTTP/2.
 //!
+//! The protocol itself (the server's call table, admission, draining,
+//! receive windows, deadlines) is a sans-IO state machine, [`proto`];
+//! [`server`] drives it (module docs of [`proto`]: what each side owns).
+//!
 //! Failure containment on one connection:
 //! * a handler (or its response body) that panics fails only its own call,
 //!   with `Cancelled` as tonic over TCP reports it; the panic is logged;

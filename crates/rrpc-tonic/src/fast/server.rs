@@ -122,6 +122,12 @@ where
     // a call with a deadline.
     let mut now = || tokio::time::Instant::now().into_std();
     let result = loop {
+        // Notes sent meanwhile (a call polled inline sends one): applied
+        // here, not by the `select!` below, which would drop and remake the
+        // ring's receive future for each.
+        while let Ok(note) = notes.try_recv() {
+            apply_note(&mut conn, &mut calls, note);
+        }
         if conn.is_drained() {
             break Ok(());
         }

@@ -42,14 +42,25 @@
 //! the state machine computed); the state machine does not time calls out
 //! by itself.
 //!
-//! # Cancel safety of the async driver
-//! Every future raced in the server's `select!` is cancel safe: the note
+//! # Cancel safety of the async drivers
+//! Every future the server raced in its `select!` is cancel safe: the note
 //! channel's `recv`, the writer's `failed`, the shutdown token's
 //! `cancelled` and the ring's `recv_with` (a message is consumed only in
 //! the poll that returns it; its frames are decoded into an owned inbox
 //! inside that poll). The sends that follow are awaited outside the
-//! `select!`.
+//! `select!`. Notes are also drained with `try_recv` at the top of each
+//! turn and right after a message was received, before its frames are
+//! handled.
 //!
+//! The client's fallback reader races its receive loop (the receive in
+//! flight lives in the connection's shared state, not in the future, so
+//! dropping the future loses nothing), the writer's `failed`, the side
+//! channel's peer-gone future and an interval: all cancel safe. A call
+//! races its deadline against waiting for a place (a semaphore acquire:
+//! cancel safe), against its first event (cancel safe, as above) and
+//! against writing its request, which is not cancel safe: a write cut
+//! short leaves whole frames only, and the call's guard then sends CANCEL.
+
 //! # Not here yet
 //! The client side (`fast::client` and its demultiplexer) still keeps its
 //! call table, GOAWAY state, queueing and windows in its own lock-guarded
