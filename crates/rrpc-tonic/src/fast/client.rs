@@ -1,7 +1,7 @@
 //! Fast-path client: a `GrpcService<Body>` multiplexing calls over one pipe.
 
 use std::future::poll_fn;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -87,7 +87,6 @@ impl FastChannel {
                 rx: Some(rx),
                 fut: None,
             }),
-            next_id: AtomicU32::new(1),
             peer_window,
             our_window: cfg.get_call_window(),
             open_calls: Arc::new(tokio::sync::Semaphore::new(
@@ -319,7 +318,7 @@ async fn call(
     let Ok(permit) = permit else {
         // Closed with the connection.
         let t = lock(&shared.table);
-        let (code, msg) = t.closed.clone().unwrap_or((
+        let (code, msg) = t.conn.closed().cloned().unwrap_or((
             tonic::Code::Unavailable,
             "rrpc: connection closed".to_string(),
         ));
@@ -328,14 +327,13 @@ async fn call(
     let flow = CallFlow::new(shared.peer_window, shared.our_window);
     let id = {
         let mut t = lock(&shared.table);
-        if let Some((code, msg)) = &t.closed {
-            return Err(Box::new(Status::new(*code, msg.clone())));
-        }
-        let mut id = shared.next_id.fetch_add(1, Ordering::Relaxed);
-        while id == FALLBACK || t.calls.contains_key(&id) {
-            id = shared.next_id.fetch_add(1, Ordering::Relaxed);
-        }
-        t.calls.insert(id, Slot::new(flow.clone()));
+        let Table { conn, calls, .. } = &mut *t;
+        let id = match conn.open(|id| calls.contains_key(&id)) {
+            Ok(id) => id,
+            // The connection closed, or the server is draining.
+            Err(st) => return Err(Box::new(st)),
+        };
+        calls.insert(id, Slot::new(flow.clone()));
         id
     };
     let (mut parts, mut body) = req.into_parts();

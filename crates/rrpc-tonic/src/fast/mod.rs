@@ -32,7 +32,6 @@
 //!   loses the connection (`Internal`, protocol violation).
 
 use bytes::Bytes;
-use http::HeaderMap;
 use http_body::Frame;
 use std::collections::VecDeque;
 use std::pin::Pin;
@@ -46,26 +45,7 @@ pub(crate) mod proto;
 pub(crate) mod server;
 pub(crate) mod writer;
 
-/// What the connection's reader task delivers to one call.
-#[derive(Debug)]
-pub(crate) enum Event {
-    /// Response headers with the HTTP status; `end`: a trailers-only
-    /// response, nothing follows (client side only).
-    Headers {
-        status: http::StatusCode,
-        headers: HeaderMap,
-        end: bool,
-    },
-    /// A chunk of the body.
-    Data(Bytes),
-    /// Trailers: the call is over (client side only).
-    Trailers(HeaderMap),
-    /// The call was aborted (peer cancel, connection lost, protocol error).
-    Reset(Status),
-    /// The peer granted this call more send window (client side; applied
-    /// by the reader, never queued).
-    Window(u32),
-}
+pub(crate) use proto::Event;
 
 /// Where a [`RecvBody`] gets its events from after its queued ones.
 pub(crate) enum Source {
@@ -256,8 +236,9 @@ impl http_body::Body for RecvBody {
 mod tests {
     use std::time::Duration;
 
+    use http::HeaderMap;
+
     use super::proto::parse_grpc_timeout;
-    use super::*;
 
     #[test]
     fn grpc_timeout_parsing() {

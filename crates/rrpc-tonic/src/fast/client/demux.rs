@@ -3,21 +3,21 @@
 //! routes each frame to its call (the call itself is in `client`).
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll, Waker};
-
-use bytes::Bytes;
 
 use tonic::Status;
 
 use crate::Error;
 use crate::fast::Event;
 use crate::fast::flow::CallFlow;
-use crate::frame::{self, FrameError, Kind};
+use crate::fast::proto::client as proto;
+use crate::frame::FrameError;
 use crate::pipe::{BoxFut, MsgRx};
 
-/// The pseudo call id of the connection's fallback reader task.
+/// The pseudo call id of the connection's fallback reader task (never a
+/// call's: [`proto::Client::open`] skips it).
 pub(super) const FALLBACK: u32 = 0;
 
 pub(super) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -70,8 +70,8 @@ impl std::fmt::Debug for Slot {
 #[derive(Debug, Default)]
 pub(super) struct Table {
     pub(super) calls: HashMap<u32, Slot>,
-    /// Set once the connection is gone or draining: new calls fail with it.
-    pub(super) closed: Option<(tonic::Code, String)>,
+    /// The connection's protocol state: call ids, GOAWAY, why it closed.
+    pub(super) conn: proto::Client,
     /// The call whose waker the pending receive future holds.
     pub(super) driver: Option<u32>,
     /// Request senders waiting for window: the WINDOW_UPDATE they need
@@ -127,7 +127,6 @@ pub(super) struct RxState {
 pub(super) struct Shared {
     pub(super) table: Mutex<Table>,
     pub(super) rx: Mutex<RxState>,
-    pub(super) next_id: AtomicU32,
     /// The server's receive window per call: our initial send credit.
     pub(super) peer_window: u32,
     /// Our receive window per call.
@@ -166,66 +165,10 @@ pub(super) fn receive(mut rx: Box<dyn MsgRx>) -> BoxFut<'static, RecvOut> {
         let mut goaway = false;
         let mut bad = None;
         let r = rx
-            .recv_with(&mut |msg: &[u8]| decode(msg, &mut events, &mut goaway, &mut bad))
+            .recv_with(&mut |msg: &[u8]| proto::decode(msg, &mut events, &mut goaway, &mut bad))
             .await;
         (rx, r, events, goaway, bad)
     })
-}
-
-pub(super) fn decode(
-    msg: &[u8],
-    events: &mut Vec<(u32, Event)>,
-    goaway: &mut bool,
-    bad: &mut Option<FrameError>,
-) {
-    for f in frame::frames(msg) {
-        let f = match f {
-            Ok(f) => f,
-            Err(e) => {
-                *bad = Some(e);
-                return;
-            }
-        };
-        let ev = match f.kind {
-            Kind::ResponseHeaders => match frame::parse_response_headers(f.payload) {
-                Ok((status, headers)) => Event::Headers {
-                    status,
-                    headers,
-                    end: f.end_stream(),
-                },
-                Err(e) => {
-                    *bad = Some(e);
-                    return;
-                }
-            },
-            // The one receive-side copy: ring slot -> body chunk.
-            Kind::Data => Event::Data(Bytes::copy_from_slice(f.payload)),
-            Kind::Trailers => match frame::parse_metadata(f.payload) {
-                Ok(m) => Event::Trailers(m),
-                Err(e) => {
-                    *bad = Some(e);
-                    return;
-                }
-            },
-            Kind::Cancel => Event::Reset(Status::cancelled("rrpc: call reset by the server")),
-            Kind::WindowUpdate => match frame::parse_window_update(f.payload) {
-                Ok(inc) => Event::Window(inc),
-                Err(e) => {
-                    *bad = Some(e);
-                    return;
-                }
-            },
-            Kind::GoAway => {
-                *goaway = true;
-                continue;
-            }
-            Kind::RequestHeaders => {
-                *bad = Some(FrameError::Invalid("request headers sent to a client"));
-                return;
-            }
-        };
-        events.push((f.call_id, ev));
-    }
 }
 
 impl Shared {
@@ -276,7 +219,7 @@ impl Shared {
     }
 
     /// The connection ended: every call gets `reason`, new calls too.
-    pub(super) fn close(&self, t: &mut Table, reason: (tonic::Code, String)) {
+    pub(super) fn close(&self, t: &mut Table, reason: proto::Reason) {
         for s in t.calls.values_mut() {
             s.flow.close();
             s.events
@@ -285,7 +228,7 @@ impl Shared {
                 w.wake();
             }
         }
-        t.closed = Some(reason);
+        t.conn.close(reason);
         self.retired.store(true, Ordering::Release);
         // Calls queued for a place fail now.
         self.open_calls.close();
@@ -310,7 +253,7 @@ impl Shared {
             {
                 let mut t = lock(&self.table);
                 if id == FALLBACK {
-                    if t.closed.is_some() && self.rx_gone() {
+                    if t.conn.closed().is_some() && self.rx_gone() {
                         return Poll::Ready(None);
                     }
                     let waiting =
@@ -368,10 +311,7 @@ impl Shared {
                     t.driver = None;
                     if goaway {
                         self.retired.store(true, Ordering::Release);
-                        t.closed.get_or_insert((
-                            tonic::Code::Unavailable,
-                            "rrpc: server is shutting down".into(),
-                        ));
+                        t.conn.handle_goaway();
                     }
                     let mut bad = bad;
                     for (cid, ev) in events {
@@ -379,21 +319,7 @@ impl Shared {
                             bad.get_or_insert(e);
                         }
                     }
-                    let end = if let Some(e) = bad {
-                        Some((
-                            tonic::Code::Internal,
-                            format!("rrpc: protocol violation by server: {e}"),
-                        ))
-                    } else {
-                        match r {
-                            Ok(true) => None,
-                            Ok(false) => Some((
-                                tonic::Code::Unavailable,
-                                "rrpc: connection closed by the server".to_string(),
-                            )),
-                            Err(e) => Some((e.code(), format!("rrpc: {e}"))),
-                        }
-                    };
+                    let end = t.conn.handle_receive(r.as_ref().map(|b| *b), bad);
                     match end {
                         None => rxs.rx = Some(rx),
                         // Dropping the receiver closes the connection.
@@ -415,7 +341,7 @@ impl Shared {
     pub(super) fn nudge_idle_reader(&self) {
         let mut t = lock(&self.table);
         let waiting = t.credit_waiters > 0 || t.calls.values().any(|s| s.waker.is_some());
-        if t.driver.is_none() && !waiting && t.closed.is_none() {
+        if t.driver.is_none() && !waiting && t.conn.closed().is_none() {
             t.idle_read = true;
             if let Some(w) = t.fallback.take() {
                 w.wake();
@@ -431,7 +357,7 @@ impl Shared {
     pub(super) fn fail(&self, e: &Error) {
         {
             let mut t = lock(&self.table);
-            if t.closed.is_none() {
+            if t.conn.closed().is_none() {
                 self.close(&mut t, (e.code(), format!("rrpc: {e}")));
             }
         }

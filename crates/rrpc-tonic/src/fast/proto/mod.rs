@@ -61,17 +61,53 @@
 //! against writing its request, which is not cancel safe: a write cut
 //! short leaves whole frames only, and the call's guard then sends CANCEL.
 
+//! # The client side ([`client::Client`])
+//! Smaller so far: what each server frame means ([`client::decode`]: call
+//! events, GOAWAY, violations), which id a new call gets, GOAWAY (new calls
+//! fail `Unavailable`, calls in flight go on), and when and why the
+//! connection ends ([`client::Client::handle_receive`]). It lives inside
+//! the client's call table, under the lock that table already has.
+//!
 //! # Not here yet
-//! The client side (`fast::client` and its demultiplexer) still keeps its
-//! call table, GOAWAY state, queueing and windows in its own lock-guarded
-//! table; moving it here is the next step.
+//! The client's call table itself (each call's event queue, its task's
+//! waker), its receive windows (an atomic per call, reopened by the
+//! response body without the table's lock), its queueing of calls beyond
+//! the limit (a semaphore the call waits on) and the deadlines of its
+//! calls (timers in the call) are still in `fast::client`; so is the
+//! server's deadline timer (in the call's task, at the instant
+//! [`server::Server`] computed). Moving the client's table here means
+//! choosing how the body hands window back through the table's lock.
 
 use std::time::Duration;
 
+use bytes::Bytes;
 use http::HeaderMap;
+use tonic::Status;
 
+pub(crate) mod client;
 pub(crate) mod flow;
 pub(crate) mod server;
+
+/// What the connection's reader task delivers to one call.
+#[derive(Debug)]
+pub(crate) enum Event {
+    /// Response headers with the HTTP status; `end`: a trailers-only
+    /// response, nothing follows (client side only).
+    Headers {
+        status: http::StatusCode,
+        headers: HeaderMap,
+        end: bool,
+    },
+    /// A chunk of the body.
+    Data(Bytes),
+    /// Trailers: the call is over (client side only).
+    Trailers(HeaderMap),
+    /// The call was aborted (peer cancel, connection lost, protocol error).
+    Reset(Status),
+    /// The peer granted this call more send window (client side; applied
+    /// by the reader, never queued).
+    Window(u32),
+}
 
 #[cfg(test)]
 mod tests;
