@@ -8,6 +8,8 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use proptest::prelude::*;
 
+use super::Event;
+use super::client;
 use super::flow::{SendWindow, Unacked};
 use super::server::{self, CallKey, In, Note, Output, Server};
 use crate::frame::{self, END_STREAM, FrameError, Kind};
@@ -54,6 +56,8 @@ struct Pair {
     client_send: HashMap<u32, SendWindow>,
     app: HashMap<u32, AppCall>,
     cancelled: Vec<CallKey>,
+    /// The client's connection-level state.
+    client: client::Client,
     /// The connection's error: the state machine's, or (a grant that
     /// overflows a started call's send credit) the driver's.
     error: Option<FrameError>,
@@ -79,6 +83,7 @@ impl Pair {
             client_send: HashMap::new(),
             app: HashMap::new(),
             cancelled: Vec::new(),
+            client: client::Client::default(),
             error: None,
             proto_failed: false,
             inbox: Vec::new(),
@@ -211,23 +216,35 @@ impl Pair {
     fn finish(&mut self, id: u32) {
         let c = self.app.remove(&id).expect("a started call");
         self.server.handle_note(Note::Released(c.key));
+        let ok = frame::metadata_payload(&http::HeaderMap::new());
         self.to_client
-            .push((Kind::Trailers, END_STREAM, id, Bytes::new()));
+            .push((Kind::Trailers, END_STREAM, id, ok.into()));
         self.server.handle_note(Note::Finished(c.key));
     }
 
-    /// The client reads what the server wrote: window updates grant credit.
-    fn client_reads(&mut self) -> Vec<(Kind, u8, u32, Bytes)> {
+    /// The client reads what the server wrote, through the client's own
+    /// decoding ([`client::decode`]): window updates grant credit, GOAWAY
+    /// stops new calls. Returns the calls' events.
+    fn client_reads(&mut self) -> Vec<(u32, Event)> {
         let got = std::mem::take(&mut self.to_client);
-        for (k, _, id, p) in &got {
-            if *k == Kind::WindowUpdate {
-                let inc = frame::parse_window_update(p).expect("valid");
-                if let Some(w) = self.client_send.get_mut(id) {
-                    w.grant(inc).expect("no overflow");
-                }
+        let mut msg = Vec::new();
+        for (k, f, id, p) in &got {
+            frame::push_frame(&mut msg, *k, *f, *id, p);
+        }
+        let (mut events, mut goaway, mut bad) = (Vec::new(), false, None);
+        client::decode(&msg, &mut events, &mut goaway, &mut bad);
+        assert!(bad.is_none(), "the server broke the protocol: {bad:?}");
+        if goaway {
+            self.client.handle_goaway();
+        }
+        for (id, ev) in &events {
+            if let Event::Window(inc) = ev
+                && let Some(w) = self.client_send.get_mut(id)
+            {
+                w.grant(*inc).expect("no overflow");
             }
         }
-        got
+        events
     }
 
     fn refusals(&self) -> Vec<u32> {
@@ -385,8 +402,25 @@ fn draining_refuses_new_calls_and_ends_when_the_last_call_does() {
     p.deliver();
     assert_eq!(p.refusals(), [3]);
     assert!(!p.server.is_drained(), "call 1 is in flight");
+    // The client sees GOAWAY, then call 3's refusal: new calls fail at
+    // once, `Unavailable` either way.
+    let events = p.client_reads();
+    let st = p
+        .client
+        .open(|_| false)
+        .expect_err("no new calls after GOAWAY");
+    assert_eq!(st.code(), tonic::Code::Unavailable);
+    match &events[..] {
+        [(3, Event::Trailers(t))] => assert_eq!(t["grpc-status"], "14"),
+        e => panic!("{e:?}"),
+    }
     p.finish(1);
     assert!(p.server.is_drained());
+    let events = p.client_reads();
+    assert!(
+        matches!(&events[..], [(1, Event::Trailers(_))]),
+        "{events:?}"
+    );
 }
 
 #[test]
