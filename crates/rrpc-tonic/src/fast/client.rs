@@ -82,13 +82,12 @@ impl FastChannel {
         let (tx, rx) = pipe;
         let peer_gone = rx.peer_gone();
         let shared = Arc::new(Shared {
-            table: Mutex::new(Table::default()),
+            table: Mutex::new(Table::new(cfg.get_call_window())),
             rx: Mutex::new(RxState {
                 rx: Some(rx),
                 fut: None,
             }),
             peer_window,
-            our_window: cfg.get_call_window(),
             open_calls: Arc::new(tokio::sync::Semaphore::new(
                 cfg.get_max_concurrent_calls()
                     .min(tokio::sync::Semaphore::MAX_PERMITS),
@@ -127,7 +126,7 @@ impl FastChannel {
                 std::future::pending::<()>().await
             };
             tokio::select! {
-                () = async { while poll_fn(|cx| s.poll_event(FALLBACK, cx)).await.is_some() {} } => {}
+                () = async { while poll_fn(|cx| s.poll_event(FALLBACK, cx, &mut None)).await.is_some() {} } => {}
                 () = w.failed() => {
                     let e = w.failure().unwrap_or(Error::PeerGone);
                     s.fail(&e);
@@ -324,17 +323,11 @@ async fn call(
         ));
         return Err(Box::new(Status::new(code, msg)));
     };
-    let flow = CallFlow::new(shared.peer_window, shared.our_window);
-    let id = {
-        let mut t = lock(&shared.table);
-        let Table { conn, calls, .. } = &mut *t;
-        let id = match conn.open(|id| calls.contains_key(&id)) {
-            Ok(id) => id,
-            // The connection closed, or the server is draining.
-            Err(st) => return Err(Box::new(st)),
-        };
-        calls.insert(id, Slot::new(flow.clone()));
-        id
+    let flow = CallFlow::new(shared.peer_window);
+    let id = match lock(&shared.table).conn.open(Slot::new(flow.clone())) {
+        Ok(id) => id,
+        // The connection closed, or the server is draining.
+        Err(st) => return Err(Box::new(st)),
     };
     let (mut parts, mut body) = req.into_parts();
     let path = parts
@@ -404,12 +397,14 @@ async fn call(
 
     let mut slot = SlotRef { id, shared };
     let first = match deadline {
-        Some(d) => match tokio::time::timeout_at(d, poll_fn(|cx| slot.poll_event(cx))).await {
-            Ok(ev) => ev,
-            // Same error as tonic's own channel: the caller sees the same Status on every transport.
-            Err(_) => return Err(Box::new(tonic::TimeoutExpired(()))),
-        },
-        None => poll_fn(|cx| slot.poll_event(cx)).await,
+        Some(d) => {
+            match tokio::time::timeout_at(d, poll_fn(|cx| slot.poll_event(cx, &mut None))).await {
+                Ok(ev) => ev,
+                // Same error as tonic's own channel: the caller sees the same Status on every transport.
+                Err(_) => return Err(Box::new(tonic::TimeoutExpired(()))),
+            }
+        }
+        None => poll_fn(|cx| slot.poll_event(cx, &mut None)).await,
     };
     let mut builder = http::Response::builder().version(http::Version::HTTP_2);
     match first {
@@ -437,13 +432,7 @@ async fn call(
             if let Some(hm) = builder.headers_mut() {
                 *hm = headers;
             }
-            let credit = Credit::new(
-                flow,
-                guard.inner.writer.clone(),
-                id,
-                slot.shared.our_window,
-                None,
-            );
+            let credit = Credit::client(guard.inner.writer.clone(), id);
             Ok(builder.body(Body::new(RecvBody::slot(slot, guard, credit, deadline)))?)
         }
         Some(Event::Trailers(t)) => {
@@ -562,14 +551,17 @@ mod tests {
     /// else leaving wakes nobody.
     #[test]
     fn handoff_wakes_the_fallback_only_when_the_receiver_leaves() {
-        let mut t = Table::default();
+        let mut t = Table::new(4096);
         let (fb, fb_waker) = counting();
         let (_, w2) = counting();
         t.fallback = Some(fb_waker);
-        t.calls.insert(1, Slot::new(CallFlow::new(4096, 4096)));
-        let mut s2 = Slot::new(CallFlow::new(4096, 4096));
+        let mut s2 = Slot::new(CallFlow::new(4096));
         s2.waker = Some(w2);
-        t.calls.insert(2, s2);
+        assert_eq!(
+            t.conn.open(Slot::new(CallFlow::new(4096))).expect("open"),
+            1
+        );
+        assert_eq!(t.conn.open(s2).expect("open"), 2);
         t.driver = Some(2);
         t.handoff(1);
         assert_eq!(fb.0.load(Ordering::SeqCst), 0, "1 was not receiving");
@@ -579,7 +571,7 @@ mod tests {
         assert_eq!(fb.0.load(Ordering::SeqCst), 1, "2 waits: fallback woken");
         assert_eq!(t.driver, None);
         // With nobody waiting, a leaving receiver wakes nobody.
-        t.calls.get_mut(&2).expect("slot").waker = None;
+        t.conn.call_mut(2).expect("slot").io.waker = None;
         let (fb, fb_waker) = counting();
         t.fallback = Some(fb_waker);
         t.driver = Some(1);

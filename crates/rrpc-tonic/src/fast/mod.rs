@@ -12,9 +12,10 @@
 //! travel unchanged, so tonic's codec, compression and size limits behave
 //! exactly as over HTTP/2.
 //!
-//! The protocol itself (the server's call table, admission, draining,
-//! receive windows, deadlines) is a sans-IO state machine, [`proto`];
-//! [`server`] drives it (module docs of [`proto`]: what each side owns).
+//! The protocol itself (the call tables, the server's admission, draining
+//! and deadlines, GOAWAY, receive windows) is a sans-IO state machine per
+//! side, [`proto`]; [`server`] and [`client`] drive them (module docs of
+//! [`proto`]: what each side owns).
 //!
 //! Failure containment on one connection:
 //! * a handler (or its response body) that panics fails only its own call,
@@ -156,7 +157,14 @@ impl RecvBody {
         match &mut self.src {
             Source::Ended => Poll::Ready(None),
             Source::Chan(rx) => rx.poll_recv(cx),
-            Source::Slot(s) => s.poll_event(cx),
+            Source::Slot(s) => {
+                let mut update = None;
+                let r = s.poll_event(cx, &mut update);
+                if let (Some(inc), Some(c)) = (update, &self.credit) {
+                    c.send_update(inc);
+                }
+                r
+            }
         }
     }
 }

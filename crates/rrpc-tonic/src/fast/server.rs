@@ -216,7 +216,7 @@ where
                     if fatal.is_some() || grant_bad.is_some() {
                         continue;
                     }
-                    let flow = CallFlow::new(send_credit, cfg.get_call_window());
+                    let flow = CallFlow::new(send_credit);
                     let place = Place {
                         key,
                         notes: notes_tx.clone(),
@@ -226,12 +226,11 @@ where
                         (RecvBody::ready(chunks), None)
                     } else {
                         let (btx, brx) = mpsc::unbounded_channel();
-                        let credit = Credit::new(
-                            flow.clone(),
+                        let credit = Credit::server(
                             writer.clone(),
-                            key.id,
+                            key,
                             cfg.get_call_window(),
-                            Some((notes_tx.clone(), key)),
+                            notes_tx.clone(),
                         );
                         (RecvBody::new(chunks, brx, credit), Some(btx))
                     };

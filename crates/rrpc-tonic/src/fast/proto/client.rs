@@ -1,15 +1,20 @@
 //! The client side of a fast-path connection: what each server frame
-//! means, which ids new calls get, and when (and why) the connection ends.
+//! means, the call table (ids, each call's queue of events, its receive
+//! window), and when (and why) the connection ends.
 //!
-//! The call table itself (each call's queue of events, its task's waker,
-//! its flow-control windows) and the leader/follower receive are still the
-//! driver's (`fast::client`'s demultiplexer), under its lock: this state
-//! lives inside that table, so it adds no lock.
+//! Each call carries the driver's own data (`io`: its task's waker, its
+//! send credit), so that delivering an event is one lookup. The
+//! leader/follower receive stays the driver's (`fast::client`'s
+//! demultiplexer), which keeps this state under the lock its table already
+//! had: no lock is added.
+
+use std::collections::{HashMap, VecDeque};
 
 use bytes::Bytes;
 use tonic::Status;
 
 use super::Event;
+use super::flow::{RecvWindow, Unacked};
 use crate::Error;
 use crate::frame::{self, FrameError, Kind};
 
@@ -76,41 +81,129 @@ pub(crate) fn decode(
     }
 }
 
-/// The connection-level state of a client.
+/// One call.
 #[derive(Debug)]
-pub(crate) struct Client {
+pub(crate) struct Call<T> {
+    events: VecDeque<Event>,
+    recv: RecvWindow,
+    unacked: Unacked,
+    /// The driver's data for this call.
+    pub(crate) io: T,
+}
+
+impl<T> Call<T> {
+    /// The call's next event. A DATA event is read by the application
+    /// now: when half the window was read, the receive window is reopened
+    /// and `update` set to the WINDOW_UPDATE increment to send.
+    pub(crate) fn pop_event(&mut self, update: &mut Option<u32>) -> Option<Event> {
+        let ev = self.events.pop_front()?;
+        if let Event::Data(b) = &ev
+            && let Some(inc) = self.unacked.consumed(b.len())
+        {
+            self.recv.reopen(inc);
+            *update = Some(inc);
+        }
+        Some(ev)
+    }
+
+    /// Whether events are queued.
+    pub(crate) fn has_events(&self) -> bool {
+        !self.events.is_empty()
+    }
+}
+
+/// What delivering one event did ([`Client::deliver`]).
+#[derive(Debug)]
+pub(crate) enum Delivered<'a, T> {
+    /// Queued for the call: wake its task.
+    Queued(&'a mut T),
+    /// The server granted the call `inc` more bytes of send credit.
+    Grant(&'a mut T, u32),
+    /// For a call that is gone (abandoned): dropped.
+    Dropped,
+}
+
+/// The client side of one connection.
+#[derive(Debug)]
+pub(crate) struct Client<T> {
+    calls: HashMap<u32, Call<T>>,
     /// Set once the connection is gone or draining: new calls fail with it.
     closed: Option<Reason>,
     /// The next call id to try (0 is never a call's: the driver's
     /// fallback reader uses it).
     next_id: u32,
+    /// Our receive window per call.
+    recv_window: u32,
 }
 
-impl Default for Client {
-    fn default() -> Self {
+impl<T> Client<T> {
+    /// A connection whose calls each announce `recv_window` bytes.
+    pub(crate) fn new(recv_window: u32) -> Self {
         Client {
+            calls: HashMap::new(),
             closed: None,
             next_id: 1,
+            recv_window,
         }
     }
-}
 
-impl Client {
-    /// An id for a new call: the next one that is not 0 and not `in_use`.
+    /// Opens a call: the next id that is not 0 and not in use.
     ///
     /// # Errors
     /// The connection closed or the server is draining: why.
-    pub(crate) fn open(&mut self, in_use: impl Fn(u32) -> bool) -> Result<u32, Status> {
+    pub(crate) fn open(&mut self, io: T) -> Result<u32, Status> {
         if let Some((code, msg)) = &self.closed {
             return Err(Status::new(*code, msg.clone()));
         }
-        loop {
+        let id = loop {
             let id = self.next_id;
             self.next_id = self.next_id.wrapping_add(1);
-            if id != 0 && !in_use(id) {
-                return Ok(id);
+            if id != 0 && !self.calls.contains_key(&id) {
+                break id;
             }
+        };
+        self.calls.insert(
+            id,
+            Call {
+                events: VecDeque::new(),
+                recv: RecvWindow::new(self.recv_window),
+                unacked: Unacked::new(self.recv_window),
+                io,
+            },
+        );
+        Ok(id)
+    }
+
+    /// Removes call `id` (finished or abandoned).
+    pub(crate) fn remove(&mut self, id: u32) -> Option<T> {
+        self.calls.remove(&id).map(|c| c.io)
+    }
+
+    /// Call `id`, if it is open.
+    pub(crate) fn call_mut(&mut self, id: u32) -> Option<&mut Call<T>> {
+        self.calls.get_mut(&id)
+    }
+
+    /// The open calls' ids and driver data.
+    pub(crate) fn calls(&self) -> impl Iterator<Item = (u32, &T)> {
+        self.calls.iter().map(|(id, c)| (*id, &c.io))
+    }
+
+    /// Delivers one decoded event to call `id`.
+    ///
+    /// # Errors
+    /// DATA beyond the call's receive window (the connection must close).
+    pub(crate) fn deliver(&mut self, id: u32, ev: Event) -> Result<Delivered<'_, T>, FrameError> {
+        let Some(c) = self.calls.get_mut(&id) else {
+            return Ok(Delivered::Dropped);
+        };
+        match ev {
+            Event::Window(inc) => return Ok(Delivered::Grant(&mut c.io, inc)),
+            Event::Data(ref b) => c.recv.received(b.len())?,
+            _ => {}
         }
+        c.events.push_back(ev);
+        Ok(Delivered::Queued(&mut c.io))
     }
 
     /// The server said GOAWAY: new calls fail (`Unavailable`), calls in
@@ -146,9 +239,16 @@ impl Client {
         }
     }
 
-    /// The connection ended: new calls fail with `reason`.
-    pub(crate) fn close(&mut self, reason: Reason) {
+    /// The connection ended: every open call gets `reason` as its next
+    /// event, new calls fail with it. Returns the open calls' driver data
+    /// (to wake them).
+    pub(crate) fn close(&mut self, reason: Reason) -> impl Iterator<Item = &mut T> {
+        for c in self.calls.values_mut() {
+            c.events
+                .push_back(Event::Reset(Status::new(reason.0, reason.1.clone())));
+        }
         self.closed = Some(reason);
+        self.calls.values_mut().map(|c| &mut c.io)
     }
 
     /// Why new calls fail, once they do.
@@ -229,7 +329,7 @@ mod tests {
             (Kind::Data, 0, 1, b"b".to_vec()),
         ]);
         assert_eq!(ev.len(), 1, "nothing after the violation");
-        let c = Client::default();
+        let c = Client::<()>::new(1024);
         let (code, msg) = c.handle_receive(Ok(true), bad).expect("closes");
         assert_eq!(code, tonic::Code::Internal);
         assert!(msg.contains("request headers sent to a client"), "{msg}");
@@ -237,14 +337,19 @@ mod tests {
 
     #[test]
     fn ids_skip_zero_and_calls_in_flight_and_goaway_stops_new_calls() {
-        let mut c = Client::default();
-        assert_eq!(c.open(|id| id == 1 || id == 2).expect("open"), 3);
-        assert_eq!(c.open(|_| false).expect("open"), 4);
+        let mut c = Client::new(1024);
+        assert_eq!(
+            (c.open(()).expect("open"), c.open(()).expect("open")),
+            (1, 2)
+        );
+        c.next_id = 1;
+        assert_eq!(c.open(()).expect("open"), 3, "1 and 2 are in flight");
+        assert_eq!(c.remove(1), Some(()));
         c.next_id = u32::MAX;
-        assert_eq!(c.open(|_| false).expect("open"), u32::MAX);
-        assert_eq!(c.open(|_| false).expect("open"), 1, "0 is never a call's");
+        assert_eq!(c.open(()).expect("open"), u32::MAX);
+        assert_eq!(c.open(()).expect("open"), 1, "0 is never a call's");
         c.handle_goaway();
-        let st = c.open(|_| false).expect_err("draining");
+        let st = c.open(()).expect_err("draining");
         assert_eq!(st.code(), tonic::Code::Unavailable);
         // Draining is not closing: a receive that went well ends nothing;
         // a server that left or a failed receive does.
@@ -255,5 +360,40 @@ mod tests {
             .handle_receive(Err(&Error::Rings("x".into())), None)
             .expect("failed");
         assert_eq!(code, Error::Rings("x".into()).code());
+    }
+
+    #[test]
+    fn a_call_window_is_enforced_and_reopened_as_the_application_reads() {
+        let mut c = Client::new(1024);
+        let id = c.open(0u32).expect("open");
+        let data = |n| Event::Data(Bytes::from(vec![0; n]));
+        assert!(matches!(c.deliver(id, data(500)), Ok(Delivered::Queued(_))));
+        assert!(matches!(c.deliver(id, data(499)), Ok(Delivered::Queued(_))));
+        assert!(c.deliver(id, data(1)).is_err(), "1023 of 1024 taken");
+        assert!(matches!(c.deliver(7, data(1)), Ok(Delivered::Dropped)));
+        match c.deliver(id, Event::Window(5)) {
+            Ok(Delivered::Grant(io, 5)) => *io += 5,
+            e => panic!("{e:?}"),
+        }
+        let call = c.call_mut(id).expect("open");
+        let mut update = None;
+        assert!(matches!(call.pop_event(&mut update), Some(Event::Data(_))));
+        assert_eq!(update, Some(512), "half the window read");
+        assert!(call.has_events());
+        assert!(c.deliver(id, data(500)).is_ok(), "reopened");
+        let ios: Vec<u32> = c
+            .close((tonic::Code::Aborted, "x".into()))
+            .map(|io| *io)
+            .collect();
+        assert_eq!(ios, [5]);
+        let call = c.call_mut(id).expect("open");
+        let mut update = None;
+        while let Some(ev) = call.pop_event(&mut update) {
+            if let Event::Reset(s) = ev {
+                assert_eq!(s.code(), tonic::Code::Aborted);
+                return;
+            }
+        }
+        panic!("no reset");
     }
 }

@@ -61,22 +61,32 @@
 //! against writing its request, which is not cancel safe: a write cut
 //! short leaves whole frames only, and the call's guard then sends CANCEL.
 
-//! # The client side ([`client::Client`])
-//! Smaller so far: what each server frame means ([`client::decode`]: call
-//! events, GOAWAY, violations), which id a new call gets, GOAWAY (new calls
-//! fail `Unavailable`, calls in flight go on), and when and why the
-//! connection ends ([`client::Client::handle_receive`]). It lives inside
-//! the client's call table, under the lock that table already has.
+//! # What the state machine owns (client side, [`client::Client`])
+//! * what each server frame means ([`client::decode`]: call events,
+//!   GOAWAY, violations);
+//! * the call table: which id a new call gets, each call's queue of
+//!   events ([`client::Client::deliver`], [`client::Call::pop_event`]);
+//! * each call's receive window: DATA beyond it is a connection error; the
+//!   window reopens as the response body takes data out, and says when a
+//!   WINDOW_UPDATE is due;
+//! * GOAWAY (new calls fail `Unavailable`, calls in flight go on) and when
+//!   and why the connection ends ([`client::Client::handle_receive`],
+//!   [`client::Client::close`]).
+//!
+//! # What the client's driver owns (`fast::client`)
+//! The leader/follower receive (whichever call waits polls the ring and
+//! dispatches to the others, the fallback reader task takes over when it
+//! leaves), each call's waker and send credit (carried in the table as the
+//! call's `io`), the writer, the queueing of calls beyond
+//! `max_concurrent_calls` (a semaphore a call waits on), and the calls'
+//! deadline timers. The table lives under the lock the client's table
+//! always had; the state machine adds none.
 //!
 //! # Not here yet
-//! The client's call table itself (each call's event queue, its task's
-//! waker), its receive windows (an atomic per call, reopened by the
-//! response body without the table's lock), its queueing of calls beyond
-//! the limit (a semaphore the call waits on) and the deadlines of its
-//! calls (timers in the call) are still in `fast::client`; so is the
-//! server's deadline timer (in the call's task, at the instant
-//! [`server::Server`] computed). Moving the client's table here means
-//! choosing how the body hands window back through the table's lock.
+//! Deadlines are computed here for the server only; both sides run the
+//! deadline's timer in the call's own future (the server at the instant
+//! [`server::Server`] computed). Client admission (queueing) is still the
+//! driver's semaphore.
 
 use std::time::Duration;
 

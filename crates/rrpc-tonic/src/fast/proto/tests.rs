@@ -57,7 +57,7 @@ struct Pair {
     app: HashMap<u32, AppCall>,
     cancelled: Vec<CallKey>,
     /// The client's connection-level state.
-    client: client::Client,
+    client: client::Client<()>,
     /// The connection's error: the state machine's, or (a grant that
     /// overflows a started call's send credit) the driver's.
     error: Option<FrameError>,
@@ -83,7 +83,7 @@ impl Pair {
             client_send: HashMap::new(),
             app: HashMap::new(),
             cancelled: Vec::new(),
-            client: client::Client::default(),
+            client: client::Client::new(WINDOW),
             error: None,
             proto_failed: false,
             inbox: Vec::new(),
@@ -405,10 +405,7 @@ fn draining_refuses_new_calls_and_ends_when_the_last_call_does() {
     // The client sees GOAWAY, then call 3's refusal: new calls fail at
     // once, `Unavailable` either way.
     let events = p.client_reads();
-    let st = p
-        .client
-        .open(|_| false)
-        .expect_err("no new calls after GOAWAY");
+    let st = p.client.open(()).expect_err("no new calls after GOAWAY");
     assert_eq!(st.code(), tonic::Code::Unavailable);
     match &events[..] {
         [(3, Event::Trailers(t))] => assert_eq!(t["grpc-status"], "14"),
