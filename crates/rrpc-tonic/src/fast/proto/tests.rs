@@ -247,6 +247,76 @@ impl Pair {
         events
     }
 
+    /// The handler of `id` sends `len` response bytes if its send credit
+    /// allows.
+    fn respond(&mut self, id: u32, len: usize) -> bool {
+        let c = self.app.get_mut(&id).expect("a started call");
+        if !c.send.try_send(len) {
+            return false;
+        }
+        self.to_client
+            .push((Kind::Data, 0, id, Bytes::from(vec![3; len])));
+        true
+    }
+
+    /// The client's receive: the server's frames go through the client's
+    /// decoding into its call table (its receive windows checked): the
+    /// violation the client found, if any.
+    fn client_receive(&mut self) -> Result<(), FrameError> {
+        let mut msg = Vec::new();
+        for (k, f, id, p) in self.to_client.drain(..) {
+            frame::push_frame(&mut msg, k, f, id, &p);
+        }
+        let (mut events, mut goaway, mut bad) = (Vec::new(), false, None);
+        client::decode(&msg, &mut events, &mut goaway, &mut bad);
+        if goaway {
+            self.client.handle_goaway();
+        }
+        for (id, ev) in events {
+            match self.client.deliver(id, ev) {
+                Ok(client::Delivered::Grant((), inc)) => {
+                    if let Some(w) = self.client_send.get_mut(&id) {
+                        w.grant(inc).expect("no overflow");
+                    }
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    bad.get_or_insert(e);
+                }
+            }
+        }
+        bad.map_or(Ok(()), Err)
+    }
+
+    /// The client's application reads every response event of call `id`
+    /// queued so far; the WINDOW_UPDATEs that become due go to the server.
+    /// Returns the response bytes read.
+    fn client_read(&mut self, id: u32) -> usize {
+        let call = self.client.call_mut(id).expect("open call");
+        let (mut read, mut updates) = (0, Vec::new());
+        loop {
+            let mut update = None;
+            let Some(ev) = call.pop_event(&mut update) else {
+                break;
+            };
+            if let Event::Data(b) = ev {
+                read += b.len();
+            }
+            if let Some(inc) = update {
+                updates.push((
+                    Kind::WindowUpdate,
+                    0,
+                    id,
+                    frame::window_update_payload(inc).to_vec(),
+                ));
+            }
+        }
+        for u in updates {
+            self.send(&[u]);
+        }
+        read
+    }
+
     fn refusals(&self) -> Vec<u32> {
         self.to_client
             .iter()
@@ -418,6 +488,45 @@ fn draining_refuses_new_calls_and_ends_when_the_last_call_does() {
         matches!(&events[..], [(1, Event::Trailers(_))]),
         "{events:?}"
     );
+}
+
+/// Both state machines, response direction: a client whose application
+/// stops reading one call's response stalls that call's sender on the
+/// server, and only that call; reading again reopens it.
+#[test]
+fn a_stalled_response_reader_stalls_only_its_call() {
+    let mut p = Pair::new(4, None);
+    let a = p.client.open(()).expect("open");
+    let b = p.client.open(()).expect("open");
+    p.send(&[open(a, true), open(b, true)]);
+    p.deliver();
+    let mut sent_a = 0;
+    while p.respond(a, 600) {
+        sent_a += 1;
+    }
+    assert_eq!(sent_a, 3, "3 * 612 of the client's 2048");
+    for _ in 0..20 {
+        assert!(p.respond(b, 600), "call b is never stalled");
+        p.client_receive().expect("within the windows");
+        assert_eq!(p.client_read(b), 600);
+        p.deliver();
+    }
+    assert!(p.error.is_none());
+    assert!(!p.respond(a, 600), "a is still stalled");
+    assert_eq!(p.client_read(a), 1800);
+    p.deliver();
+    assert!(p.respond(a, 600), "reading reopened a's window");
+    // A server that ignored the window would break the client's.
+    let mut p2 = Pair::new(4, None);
+    let c = p2.client.open(()).expect("open");
+    p2.send(&[open(c, true)]);
+    p2.deliver();
+    for _ in 0..4 {
+        p2.to_client
+            .push((Kind::Data, 0, c, Bytes::from(vec![0; 600])));
+    }
+    let e = p2.client_receive().expect_err("DATA beyond the window");
+    assert!(e.to_string().contains("flow-control window"), "{e}");
 }
 
 #[test]
