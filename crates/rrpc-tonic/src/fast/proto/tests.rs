@@ -96,7 +96,8 @@ impl Pair {
         for (k, f, id, p) in frames {
             if *k == Kind::RequestHeaders {
                 self.client_send
-                    .insert(*id, SendWindow::new(u64::from(WINDOW)));
+                    .entry(*id)
+                    .or_insert(SendWindow::new(u64::from(WINDOW)));
             }
             frame::push_frame(&mut msg, *k, *f, *id, p);
         }
@@ -624,6 +625,16 @@ enum Op {
     Garbage(Vec<u8>),
     /// The client's next frames go in a new message.
     Flush,
+    /// The `n`th call's handler sends `len` response bytes (within its
+    /// send credit).
+    Respond {
+        n: usize,
+        len: usize,
+    },
+    /// The client's application reads the `n`th call's response so far.
+    ClientRead {
+        n: usize,
+    },
     Consume {
         n: usize,
     },
@@ -654,6 +665,8 @@ fn op() -> impl Strategy<Value = Op> {
         1 => (0usize..8).prop_map(|n| Op::Release { n }),
         1 => Just(Op::Drain),
         1 => (0u64..500).prop_map(Op::Tick),
+        4 => (0usize..8, 0usize..900).prop_map(|(n, len)| Op::Respond { n, len }),
+        3 => (0usize..8).prop_map(|n| Op::ClientRead { n }),
     ]
 }
 
@@ -665,7 +678,10 @@ proptest! {
     /// message without violation is started or refused, exactly once);
     /// places never exceed the limit; data never exceeds a window, and
     /// what a call's handler got is what the client sent it; a violation is
-    /// a sticky connection error.
+    /// a sticky connection error. Responses go through the client's state
+    /// machine: with a client that keeps the protocol (no reused ids, no
+    /// forged window updates, no data beyond a window, no garbage) nothing
+    /// fails on either side and every response byte sent is read.
     #[test]
     fn random_interleavings_keep_the_invariants(ops in prop::collection::vec(op(), 1..80)) {
         const LIMIT: usize = 3;
@@ -677,11 +693,18 @@ proptest! {
         let mut req_open: HashMap<u32, bool> = HashMap::new();
         let mut opened_in_msg: Vec<u32> = Vec::new();
         let mut cancelled_in_msg: Vec<u32> = Vec::new();
+        // A client that never breaks the protocol nor reuses ids.
+        let mut well_behaved = true;
+        // Per id: response bytes the handler sent, and the client read.
+        let mut responded: HashMap<u32, usize> = HashMap::new();
+        let mut read: HashMap<u32, usize> = HashMap::new();
         let pick = |ids: &Vec<u32>, n: usize| (!ids.is_empty()).then(|| ids[n % ids.len()]);
         for op in ops {
             match op {
                 Op::Open { end, data, timeout } => {
-                    let id = 2 * ids.len() as u32 + 1;
+                    // The client's table gives the id; after GOAWAY it
+                    // opens nothing.
+                    let Ok(id) = p.client.open(()) else { continue };
                     ids.push(id);
                     let t = timeout.then_some("250m");
                     let flags = if end && data == 0 { END_STREAM } else { 0 };
@@ -699,6 +722,7 @@ proptest! {
                 }
                 Op::Data { n, len, end, over } => {
                     let Some(id) = pick(&ids, n) else { continue };
+                    well_behaved &= !over;
                     let ok = over || p.client_send.get_mut(&id).is_some_and(|w| w.try_send(len));
                     if !ok {
                         continue;
@@ -720,6 +744,7 @@ proptest! {
                 }
                 Op::Reuse { n } => {
                     let Some(id) = pick(&ids, n) else { continue };
+                    well_behaved = false;
                     msg.push(open(id, true));
                     opened_in_msg.push(id);
                     p.client_send.insert(id, SendWindow::new(u64::from(WINDOW)));
@@ -728,9 +753,11 @@ proptest! {
                 }
                 Op::Window { n, inc } => {
                     let Some(id) = pick(&ids, n) else { continue };
+                    well_behaved = false;
                     msg.push((Kind::WindowUpdate, 0, id, frame::window_update_payload(inc).to_vec()));
                 }
                 Op::Garbage(bytes) => {
+                    well_behaved = false;
                     flush(&mut p, &mut msg, &mut opened_in_msg, &mut cancelled_in_msg);
                     p.to_server.push_back(bytes);
                     p.deliver();
@@ -739,7 +766,24 @@ proptest! {
                 Op::Consume { n } => {
                     if let Some(id) = pick(&ids, n) {
                         p.consume(id);
-                        p.client_reads();
+                        if let Err(e) = p.client_receive() {
+                            // Only a misbehaving client makes the server
+                            // break the client's windows.
+                            prop_assert!(!well_behaved, "{}", e);
+                            break;
+                        }
+                    }
+                }
+                Op::Respond { n, len } => {
+                    if let Some(id) = pick(&ids, n).filter(|id| p.app.contains_key(id))
+                        && p.respond(id, len)
+                    {
+                        *responded.entry(id).or_default() += len;
+                    }
+                }
+                Op::ClientRead { n } => {
+                    if let Some(id) = pick(&ids, n).filter(|id| p.client.call_mut(*id).is_some()) {
+                        *read.entry(id).or_default() += p.client_read(id);
                     }
                 }
                 Op::Finish { n } => {
@@ -779,6 +823,17 @@ proptest! {
         if p.error.is_none() {
             flush(&mut p, &mut msg, &mut opened_in_msg, &mut cancelled_in_msg);
         }
+        if well_behaved {
+            // Nothing broke, and every response byte sent was read.
+            prop_assert!(p.error.is_none(), "{:?}", p.error);
+            prop_assert!(p.client_receive().is_ok());
+            for id in &ids {
+                *read.entry(*id).or_default() += p.client_read(*id);
+            }
+            for id in &ids {
+                prop_assert_eq!(read.get(id).copied().unwrap_or(0), responded.get(id).copied().unwrap_or(0), "call {}", id);
+            }
+        }
         if p.proto_failed {
             // Sticky: the server accepts nothing more.
             let before = p.app.len();
@@ -803,7 +858,8 @@ fn flush(
         return;
     }
     let starts_before: Vec<CallKey> = p.app.values().map(|c| c.key).collect();
-    p.to_client.clear();
+    // What the server writes for this message comes after `mark`.
+    let mark = p.to_client.len();
     p.send(msg);
     msg.clear();
     p.deliver();
@@ -822,8 +878,7 @@ fn flush(
             .app
             .get(&id)
             .is_some_and(|c| !starts_before.contains(&c.key)) as usize;
-        let refused = p
-            .to_client
+        let refused = p.to_client[mark..]
             .iter()
             .filter(|f| f.2 == id && f.1 == END_STREAM && f.0 != Kind::WindowUpdate)
             .count();
