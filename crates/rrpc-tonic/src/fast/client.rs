@@ -1,7 +1,7 @@
 //! Fast-path client: a `GrpcService<Body>` multiplexing calls over one pipe.
 
 use std::future::poll_fn;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -14,8 +14,9 @@ use tonic::Status;
 use tonic::body::Body;
 
 use super::flow::{self, CallFlow, Credit};
+use super::proto::call_timeout;
 use super::writer::{FrameWriter, Out};
-use super::{Event, RecvBody, parse_grpc_timeout};
+use super::{Event, RecvBody};
 use crate::frame::{self, END_STREAM, Kind};
 use crate::pipe::Pipe;
 use crate::{Error, RrpcConfig};
@@ -81,14 +82,12 @@ impl FastChannel {
         let (tx, rx) = pipe;
         let peer_gone = rx.peer_gone();
         let shared = Arc::new(Shared {
-            table: Mutex::new(Table::default()),
+            table: Mutex::new(Table::new(cfg.get_call_window())),
             rx: Mutex::new(RxState {
                 rx: Some(rx),
                 fut: None,
             }),
-            next_id: AtomicU32::new(1),
             peer_window,
-            our_window: cfg.get_call_window(),
             open_calls: Arc::new(tokio::sync::Semaphore::new(
                 cfg.get_max_concurrent_calls()
                     .min(tokio::sync::Semaphore::MAX_PERMITS),
@@ -127,7 +126,7 @@ impl FastChannel {
                 std::future::pending::<()>().await
             };
             tokio::select! {
-                () = async { while poll_fn(|cx| s.poll_event(FALLBACK, cx)).await.is_some() {} } => {}
+                () = async { while poll_fn(|cx| s.poll_event(FALLBACK, cx, &mut None)).await.is_some() {} } => {}
                 () = w.failed() => {
                     let e = w.failure().unwrap_or(Error::PeerGone);
                     s.fail(&e);
@@ -303,10 +302,7 @@ async fn call(
 ) -> Result<http::Response<Body>, BoxError> {
     // The shorter of the call's `grpc-timeout` and the endpoint's timeout
     // (tonic's `GrpcTimeout`); only the former is sent to the server.
-    let timeout = match (parse_grpc_timeout(req.headers()), inner.opts.timeout) {
-        (Some(a), Some(b)) => Some(a.min(b)),
-        (a, b) => a.or(b),
-    };
+    let timeout = call_timeout(req.headers(), inner.opts.timeout);
     let deadline = timeout.map(|d| tokio::time::Instant::now() + d);
     let shared = inner.shared.clone();
     // A place among the connection's open calls (queued while all are taken).
@@ -321,24 +317,17 @@ async fn call(
     let Ok(permit) = permit else {
         // Closed with the connection.
         let t = lock(&shared.table);
-        let (code, msg) = t.closed.clone().unwrap_or((
+        let (code, msg) = t.conn.closed().cloned().unwrap_or((
             tonic::Code::Unavailable,
             "rrpc: connection closed".to_string(),
         ));
         return Err(Box::new(Status::new(code, msg)));
     };
-    let flow = CallFlow::new(shared.peer_window, shared.our_window);
-    let id = {
-        let mut t = lock(&shared.table);
-        if let Some((code, msg)) = &t.closed {
-            return Err(Box::new(Status::new(*code, msg.clone())));
-        }
-        let mut id = shared.next_id.fetch_add(1, Ordering::Relaxed);
-        while id == FALLBACK || t.calls.contains_key(&id) {
-            id = shared.next_id.fetch_add(1, Ordering::Relaxed);
-        }
-        t.calls.insert(id, Slot::new(flow.clone()));
-        id
+    let flow = CallFlow::new(shared.peer_window);
+    let id = match lock(&shared.table).conn.open(Slot::new(flow.clone())) {
+        Ok(id) => id,
+        // The connection closed, or the server is draining.
+        Err(st) => return Err(Box::new(st)),
     };
     let (mut parts, mut body) = req.into_parts();
     let path = parts
@@ -408,12 +397,14 @@ async fn call(
 
     let mut slot = SlotRef { id, shared };
     let first = match deadline {
-        Some(d) => match tokio::time::timeout_at(d, poll_fn(|cx| slot.poll_event(cx))).await {
-            Ok(ev) => ev,
-            // Same error as tonic's own channel: the caller sees the same Status on every transport.
-            Err(_) => return Err(Box::new(tonic::TimeoutExpired(()))),
-        },
-        None => poll_fn(|cx| slot.poll_event(cx)).await,
+        Some(d) => {
+            match tokio::time::timeout_at(d, poll_fn(|cx| slot.poll_event(cx, &mut None))).await {
+                Ok(ev) => ev,
+                // Same error as tonic's own channel: the caller sees the same Status on every transport.
+                Err(_) => return Err(Box::new(tonic::TimeoutExpired(()))),
+            }
+        }
+        None => poll_fn(|cx| slot.poll_event(cx, &mut None)).await,
     };
     let mut builder = http::Response::builder().version(http::Version::HTTP_2);
     match first {
@@ -441,11 +432,7 @@ async fn call(
             if let Some(hm) = builder.headers_mut() {
                 *hm = headers;
             }
-            let credit = Credit {
-                flow,
-                writer: guard.inner.writer.clone(),
-                id,
-            };
+            let credit = Credit::client(guard.inner.writer.clone(), id);
             Ok(builder.body(Body::new(RecvBody::slot(slot, guard, credit, deadline)))?)
         }
         Some(Event::Trailers(t)) => {
@@ -564,14 +551,17 @@ mod tests {
     /// else leaving wakes nobody.
     #[test]
     fn handoff_wakes_the_fallback_only_when_the_receiver_leaves() {
-        let mut t = Table::default();
+        let mut t = Table::new(4096);
         let (fb, fb_waker) = counting();
         let (_, w2) = counting();
         t.fallback = Some(fb_waker);
-        t.calls.insert(1, Slot::new(CallFlow::new(4096, 4096)));
-        let mut s2 = Slot::new(CallFlow::new(4096, 4096));
+        let mut s2 = Slot::new(CallFlow::new(4096));
         s2.waker = Some(w2);
-        t.calls.insert(2, s2);
+        assert_eq!(
+            t.conn.open(Slot::new(CallFlow::new(4096))).expect("open"),
+            1
+        );
+        assert_eq!(t.conn.open(s2).expect("open"), 2);
         t.driver = Some(2);
         t.handoff(1);
         assert_eq!(fb.0.load(Ordering::SeqCst), 0, "1 was not receiving");
@@ -581,7 +571,7 @@ mod tests {
         assert_eq!(fb.0.load(Ordering::SeqCst), 1, "2 waits: fallback woken");
         assert_eq!(t.driver, None);
         // With nobody waiting, a leaving receiver wakes nobody.
-        t.calls.get_mut(&2).expect("slot").waker = None;
+        t.conn.call_mut(2).expect("slot").io.waker = None;
         let (fb, fb_waker) = counting();
         t.fallback = Some(fb_waker);
         t.driver = Some(1);

@@ -1,10 +1,13 @@
 //! Per-call flow control on the fast path: HTTP/2's stream windows, on rings.
 //!
-//! Each call has a [`CallFlow`] on each end. Its send side is the credit the
-//! peer granted (a semaphore of bytes, so a sender waiting for credit is
-//! woken by the WINDOW_UPDATE that brings it); its receive side is what the
-//! peer may still send before this end hands bytes back. The accounting
-//! unit is [`frame::data_charge`]: a non-empty DATA frame's wire size.
+//! Each call has a [`CallFlow`] on each end: the credit the peer granted
+//! (a semaphore of bytes, so a sender waiting for credit is woken by the
+//! WINDOW_UPDATE that brings it). Its receive window, what the peer may
+//! still send before this end hands bytes back, is kept by the state
+//! machines of [`super::proto`], with the rules of [`super::proto::flow`];
+//! a receiving body hands bytes back through its [`Credit`]. The
+//! accounting unit is [`frame::data_charge`]: a non-empty DATA frame's
+//! wire size.
 //!
 //! The connection's reader never waits for a call: DATA goes into the
 //! call's queue at once, and the window bounds that queue, so a call whose
@@ -12,57 +15,32 @@
 //! connection's other calls.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicI64, AtomicUsize, Ordering};
 
 use bytes::Bytes;
 use tokio::sync::Semaphore;
+use tokio::sync::mpsc::UnboundedSender;
 
+use super::proto::flow::{Unacked, check_grant};
+use super::proto::server::{CallKey, Note};
 use super::writer::{FrameWriter, Out};
 use crate::Error;
 use crate::frame::{self, FrameError, HEADER_LEN, Kind};
 
-/// One call's windows, shared by the connection's reader, the call's
-/// sender and the call's consumer.
+/// One call's send credit, shared by the connection's reader (which
+/// applies the peer's grants) and the call's sender (which waits for it).
+/// The receive windows are the state machines' ([`super::proto`]).
 #[derive(Debug)]
 pub(crate) struct CallFlow {
     /// Bytes this end may still send (granted by the peer).
     send: Semaphore,
-    /// Bytes the peer may still send before our next WINDOW_UPDATE.
-    recv_left: AtomicI64,
-    /// Bytes our consumer read and we have not handed back yet.
-    unacked: AtomicUsize,
-    /// Our receive window (what we announced).
-    window: u32,
 }
 
 impl CallFlow {
-    /// A call's windows: `peer_window` bytes of send credit (the peer's
-    /// announced receive window), `our_window` bytes the peer may send.
-    pub(crate) fn new(peer_window: u32, our_window: u32) -> Arc<CallFlow> {
+    /// `credit` bytes of send credit (the peer's announced receive window).
+    pub(crate) fn new(credit: u32) -> Arc<CallFlow> {
         Arc::new(CallFlow {
-            send: Semaphore::new(peer_window as usize),
-            recv_left: AtomicI64::new(i64::from(our_window)),
-            unacked: AtomicUsize::new(0),
-            window: our_window,
+            send: Semaphore::new(credit as usize),
         })
-    }
-
-    /// Reader: a DATA frame with `payload_len` bytes arrived for this call.
-    ///
-    /// # Errors
-    /// The peer sent beyond the window it was granted.
-    pub(crate) fn received(&self, payload_len: usize) -> Result<(), FrameError> {
-        let c = frame::data_charge(payload_len) as i64;
-        if c == 0 {
-            return Ok(());
-        }
-        let before = self.recv_left.fetch_sub(c, Ordering::AcqRel);
-        if before < c {
-            return Err(FrameError::Invalid(
-                "DATA beyond the call's flow-control window",
-            ));
-        }
-        Ok(())
     }
 
     /// Reader: the peer granted `inc` more bytes (a WINDOW_UPDATE).
@@ -71,33 +49,9 @@ impl CallFlow {
     /// The credit would exceed [`frame::MAX_WINDOW`] (HTTP/2's
     /// FLOW_CONTROL_ERROR for an overflowing window).
     pub(crate) fn granted(&self, inc: u32) -> Result<(), FrameError> {
-        let have = self.send.available_permits();
-        if have + inc as usize > frame::MAX_WINDOW as usize {
-            return Err(FrameError::Invalid("window update overflows the window"));
-        }
+        check_grant(self.send.available_permits() as u64, inc)?;
         self.send.add_permits(inc as usize);
         Ok(())
-    }
-
-    /// Consumer: the application read a DATA payload of `payload_len`
-    /// bytes. Returns the increment to send in a WINDOW_UPDATE once half
-    /// the window was consumed (the receive side is opened first, so the
-    /// peer may use the increment as soon as it arrives).
-    pub(crate) fn consumed(&self, payload_len: usize) -> Option<u32> {
-        let c = frame::data_charge(payload_len);
-        if c == 0 {
-            return None;
-        }
-        let total = self.unacked.fetch_add(c, Ordering::AcqRel) + c;
-        if total < (self.window as usize).div_ceil(2) {
-            return None;
-        }
-        let inc = self.unacked.swap(0, Ordering::AcqRel);
-        if inc == 0 {
-            return None;
-        }
-        self.recv_left.fetch_add(inc as i64, Ordering::AcqRel);
-        Some(inc as u32)
     }
 
     /// Sender: takes `n` bytes of credit if they are all there now.
@@ -149,21 +103,59 @@ impl CallFlow {
 }
 
 /// What a receiving body needs to hand consumed bytes back to the peer.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub(crate) struct Credit {
-    pub(crate) flow: Arc<CallFlow>,
-    pub(crate) writer: FrameWriter,
-    pub(crate) id: u32,
+    writer: FrameWriter,
+    id: u32,
+    /// Server: the bytes the body read and did not hand back yet, and
+    /// where the connection's state machine, which owns the call's receive
+    /// window, learns of the bytes handed back (before the WINDOW_UPDATE
+    /// is written, so before the peer can use them). Client: none, the
+    /// call table counts them as the body takes them out
+    /// ([`super::proto::client::Call::pop_event`]).
+    server: Option<(Unacked, UnboundedSender<Note>, CallKey)>,
 }
 
 impl Credit {
-    /// The application read a DATA payload of `len` bytes: send a
-    /// WINDOW_UPDATE when due. Never waits: when the ring is busy the
-    /// update goes out from a small task.
-    pub(crate) fn consumed(&self, len: usize) {
-        let Some(inc) = self.flow.consumed(len) else {
+    /// Server: the credit of call `key` whose receive window is `window`.
+    pub(crate) fn server(
+        writer: FrameWriter,
+        key: CallKey,
+        window: u32,
+        notes: UnboundedSender<Note>,
+    ) -> Credit {
+        Credit {
+            writer,
+            id: key.id,
+            server: Some((Unacked::new(window), notes, key)),
+        }
+    }
+
+    /// Client: the credit of call `id`.
+    pub(crate) fn client(writer: FrameWriter, id: u32) -> Credit {
+        Credit {
+            writer,
+            id,
+            server: None,
+        }
+    }
+
+    /// Server: the application read a DATA payload of `len` bytes: send a
+    /// WINDOW_UPDATE when due.
+    pub(crate) fn consumed(&mut self, len: usize) {
+        let Some((unacked, notes, key)) = &mut self.server else {
             return;
         };
+        let Some(inc) = unacked.consumed(len) else {
+            return;
+        };
+        let _ = notes.send(Note::Returned(*key, inc));
+        self.send_update(inc);
+    }
+
+    /// Sends a WINDOW_UPDATE of `inc` bytes. Never waits: when the ring
+    /// is busy the update goes out from a small task.
+    pub(crate) fn send_update(&self, inc: u32) {
         let out = Out::new(
             Kind::WindowUpdate,
             0,
@@ -263,43 +255,15 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_receive_window_is_enforced_and_reopened_by_consumption() {
-        let f = CallFlow::new(1 << 16, 1024);
-        // 1024 bytes of window: frames of 500 and 501 payload bytes do not fit.
-        f.received(500).unwrap();
-        assert!(f.received(501).is_err(), "512 + 513 > 1024");
-        let f = CallFlow::new(1 << 16, 1024);
-        f.received(500).unwrap(); // 512 charged
-        f.received(0).unwrap(); // empty frames are free
-        assert_eq!(f.consumed(0), None);
-        // Half the window consumed: hand it back.
-        assert_eq!(f.consumed(500), Some(512));
-        f.received(500).unwrap();
-        f.received(499).unwrap(); // 512 + 511 = 1023 <= 1024
-        assert!(f.received(1).is_err());
-    }
-
-    #[test]
-    fn updates_below_half_a_window_are_held_back() {
-        let f = CallFlow::new(1 << 16, 4096);
-        f.received(100).unwrap();
-        f.received(100).unwrap();
-        assert_eq!(f.consumed(100), None);
-        assert_eq!(f.consumed(100), None);
-        f.received(2000).unwrap();
-        assert_eq!(f.consumed(2000), Some((3 * HEADER_LEN + 2200) as u32));
-    }
-
-    #[test]
     fn grants_are_capped_at_the_largest_window() {
-        let f = CallFlow::new(frame::MAX_WINDOW - 10, 4096);
+        let f = CallFlow::new(frame::MAX_WINDOW - 10);
         f.granted(10).unwrap();
         assert!(f.granted(1).is_err());
     }
 
     #[tokio::test]
     async fn a_sender_waits_for_credit_and_a_grant_wakes_it() {
-        let f = CallFlow::new(10, 4096);
+        let f = CallFlow::new(10);
         assert!(f.try_take(10));
         assert!(!f.try_take(1));
         let f2 = f.clone();

@@ -12,6 +12,11 @@
 //! travel unchanged, so tonic's codec, compression and size limits behave
 //! exactly as over HTTP/2.
 //!
+//! The protocol itself (the call tables, the server's admission, draining
+//! and deadlines, GOAWAY, receive windows) is a sans-IO state machine per
+//! side, [`proto`]; [`server`] and [`client`] drive them (module docs of
+//! [`proto`]: what each side owns).
+//!
 //! Failure containment on one connection:
 //! * a handler (or its response body) that panics fails only its own call,
 //!   with `Cancelled` as tonic over TCP reports it; the panic is logged;
@@ -27,42 +32,21 @@
 //!   connection's reader or other calls; a peer that sends beyond a window
 //!   loses the connection (`Internal`, protocol violation).
 
+use bytes::Bytes;
+use http_body::Frame;
 use std::collections::VecDeque;
 use std::pin::Pin;
 use std::task::{Context, Poll};
-use std::time::Duration;
-
-use bytes::Bytes;
-use http::HeaderMap;
-use http_body::Frame;
 use tokio::sync::mpsc;
 use tonic::Status;
 
 pub(crate) mod client;
 pub(crate) mod flow;
+pub(crate) mod proto;
 pub(crate) mod server;
 pub(crate) mod writer;
 
-/// What the connection's reader task delivers to one call.
-#[derive(Debug)]
-pub(crate) enum Event {
-    /// Response headers with the HTTP status; `end`: a trailers-only
-    /// response, nothing follows (client side only).
-    Headers {
-        status: http::StatusCode,
-        headers: HeaderMap,
-        end: bool,
-    },
-    /// A chunk of the body.
-    Data(Bytes),
-    /// Trailers: the call is over (client side only).
-    Trailers(HeaderMap),
-    /// The call was aborted (peer cancel, connection lost, protocol error).
-    Reset(Status),
-    /// The peer granted this call more send window (client side; applied
-    /// by the reader, never queued).
-    Window(u32),
-}
+pub(crate) use proto::Event;
 
 /// Where a [`RecvBody`] gets its events from after its queued ones.
 pub(crate) enum Source {
@@ -82,7 +66,8 @@ pub(crate) enum Source {
 /// stream. On the client, the call must end with trailers; a source that
 /// ends without them is a lost connection (`Unavailable`).
 pub(crate) struct RecvBody {
-    queued: VecDeque<Event>,
+    /// Request data that came with the call's headers (server).
+    queued: VecDeque<Bytes>,
     src: Source,
     done: bool,
     eos_ok: bool,
@@ -113,7 +98,7 @@ impl std::fmt::Debug for RecvBody {
 impl RecvBody {
     /// Server: `queued` chunks, then more from `rx` until it closes.
     pub(crate) fn new(
-        queued: VecDeque<Event>,
+        queued: VecDeque<Bytes>,
         rx: mpsc::UnboundedReceiver<Event>,
         credit: flow::Credit,
     ) -> Self {
@@ -129,7 +114,7 @@ impl RecvBody {
         }
     }
     /// Server: a request stream that was complete on arrival.
-    pub(crate) fn ready(queued: VecDeque<Event>) -> Self {
+    pub(crate) fn ready(queued: VecDeque<Bytes>) -> Self {
         RecvBody {
             queued,
             src: Source::Ended,
@@ -166,13 +151,20 @@ impl RecvBody {
         }
     }
     fn poll_event(&mut self, cx: &mut Context<'_>) -> Poll<Option<Event>> {
-        if let Some(ev) = self.queued.pop_front() {
-            return Poll::Ready(Some(ev));
+        if let Some(b) = self.queued.pop_front() {
+            return Poll::Ready(Some(Event::Data(b)));
         }
         match &mut self.src {
             Source::Ended => Poll::Ready(None),
             Source::Chan(rx) => rx.poll_recv(cx),
-            Source::Slot(s) => s.poll_event(cx),
+            Source::Slot(s) => {
+                let mut update = None;
+                let r = s.poll_event(cx, &mut update);
+                if let (Some(inc), Some(c)) = (update, &self.credit) {
+                    c.send_update(inc);
+                }
+                r
+            }
         }
     }
 }
@@ -206,7 +198,7 @@ impl http_body::Body for RecvBody {
                 Poll::Ready(Some(Err(Status::cancelled("Timeout expired"))))
             }
             Poll::Ready(Some(Event::Data(b))) => {
-                if let Some(c) = &self.credit {
+                if let Some(c) = &mut self.credit {
                     c.consumed(b.len());
                 }
                 Poll::Ready(Some(Ok(Frame::data(b))))
@@ -248,28 +240,13 @@ impl http_body::Body for RecvBody {
     }
 }
 
-/// Parses `grpc-timeout` as tonic does (at most 8 digits and a unit).
-pub(crate) fn parse_grpc_timeout(headers: &HeaderMap) -> Option<Duration> {
-    let s = headers.get("grpc-timeout")?.to_str().ok()?;
-    if s.len() < 2 || s.len() > 9 {
-        return None;
-    }
-    let (v, unit) = s.split_at(s.len() - 1);
-    let v: u64 = v.parse().ok()?;
-    Some(match unit {
-        "H" => Duration::from_secs(v * 3600),
-        "M" => Duration::from_secs(v * 60),
-        "S" => Duration::from_secs(v),
-        "m" => Duration::from_millis(v),
-        "u" => Duration::from_micros(v),
-        "n" => Duration::from_nanos(v),
-        _ => return None,
-    })
-}
-
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use std::time::Duration;
+
+    use http::HeaderMap;
+
+    use super::proto::parse_grpc_timeout;
 
     #[test]
     fn grpc_timeout_parsing() {

@@ -1,10 +1,10 @@
 //! Fast-path server: dispatches frames to the router's `tower::Service`.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::Poll;
 
 use bytes::Bytes;
@@ -18,89 +18,42 @@ use tonic::body::Body;
 use tower::ServiceExt;
 
 use super::flow::{self, CallFlow, Credit};
+use super::proto::server::{self as proto, CallKey, In, Note, Output};
 use super::writer::{FrameWriter, Out};
-use super::{Event, RecvBody, parse_grpc_timeout};
-use crate::frame::{self, END_STREAM, FrameError, Kind};
+use super::{Event, RecvBody};
+use crate::frame::{self, END_STREAM, Kind};
 use crate::pipe::Pipe;
 use crate::{Error, RrpcConfig};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
-/// What the reader decoded from one ring message, owned.
-enum In {
-    Open {
-        id: u32,
-        head: frame::RequestHead,
-        end: bool,
-    },
-    Data {
-        id: u32,
-        data: Bytes,
-        end: bool,
-    },
-    Cancel {
-        id: u32,
-    },
-    Window {
-        id: u32,
-        inc: u32,
-    },
-}
-
+/// What the driver keeps of a call whose handler went on after its first
+/// poll (the protocol state is in [`proto::Server`]).
 struct Call {
+    key: CallKey,
     body: Option<mpsc::UnboundedSender<Event>>,
     task: AbortHandle,
-    permit: Arc<CallPermit>,
     flow: Arc<CallFlow>,
 }
 
-/// One call's place in [`RrpcConfig::max_concurrent_calls`].
-///
-/// Released just before the call's last frame is written (so that a client
-/// that saw the trailers and opens its next call is never refused), when
-/// the client cancels the call, or when the call's task ends.
+/// A call's place in [`RrpcConfig::max_concurrent_calls`], as its task
+/// holds it: [`Place::release`] tells the state machine, just before the
+/// call's last frame is written (so that a client that saw the trailers
+/// and opens its next call is never refused). A cancelled call or an
+/// ended task frees its place in the state machine itself.
 #[derive(Debug)]
-struct CallPermit {
-    active: Arc<AtomicUsize>,
+struct Place {
+    key: CallKey,
+    notes: mpsc::UnboundedSender<Note>,
     released: AtomicBool,
 }
 
-impl CallPermit {
-    /// Takes a place unless `limit` calls are open.
-    fn try_new(active: &Arc<AtomicUsize>, limit: usize) -> Option<Arc<CallPermit>> {
-        active
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
-                (n < limit).then_some(n + 1)
-            })
-            .ok()?;
-        Some(Arc::new(CallPermit {
-            active: active.clone(),
-            released: AtomicBool::new(false),
-        }))
-    }
+impl Place {
     fn release(&self) {
         if !self.released.swap(true, Ordering::AcqRel) {
-            self.active.fetch_sub(1, Ordering::AcqRel);
+            let _ = self.notes.send(Note::Released(self.key));
         }
     }
-}
-
-impl Drop for CallPermit {
-    fn drop(&mut self) {
-        self.release();
-    }
-}
-
-/// A call whose REQUEST_HEADERS arrived in the message being processed.
-struct Opening {
-    id: u32,
-    head: frame::RequestHead,
-    /// Request data that arrived in the same message.
-    chunks: VecDeque<Event>,
-    /// The request stream ended in the same message.
-    end: bool,
-    permit: Arc<CallPermit>,
-    flow: Arc<CallFlow>,
 }
 
 /// Serves one fast-path connection until the peer leaves, a protocol error,
@@ -115,6 +68,12 @@ struct Opening {
 /// making this reader wait, bounded by [`RrpcConfig::call_window`]; each
 /// response is sent within `peer_window`, the client's announced window
 /// ([`flow`]).
+///
+/// This is the driver of [`proto::Server`], which holds the protocol
+/// state (the call table, admission, draining, receive windows,
+/// deadlines): it reads the ring, feeds the frames and its call tasks'
+/// [`Note`]s in, and performs the outputs (module docs of
+/// [`super::proto`]).
 pub(crate) async fn serve_conn<S, ResBody>(
     pipe: Pipe,
     svc: S,
@@ -144,217 +103,173 @@ where
         )
         .map_err(boxed::<S::Error>)
         .service(svc);
-    let server_timeout = opts.timeout;
     let writer = FrameWriter::new(tx, cfg.get_zero_copy(), cfg.get_max_chunk());
     let mut calls: HashMap<u32, Call> = HashMap::new();
-    let (done_tx, mut done_rx) = mpsc::unbounded_channel::<u32>();
-    let mut draining = false;
+    let (notes_tx, mut notes) = mpsc::unbounded_channel::<Note>();
     let mut inbox: Vec<In> = Vec::new();
     let limit = match opts.max_concurrent_streams {
         Some(m) => cfg.get_max_concurrent_calls().min(m as usize),
         None => cfg.get_max_concurrent_calls(),
     };
-    let our_window = cfg.get_call_window();
-    let max_headers = cfg.get_max_header_list_size();
-    let active = Arc::new(AtomicUsize::new(0));
+    let mut conn = proto::Server::new(proto::Config {
+        max_calls: limit,
+        recv_window: cfg.get_call_window(),
+        peer_window,
+        max_header_list: cfg.get_max_header_list_size(),
+        timeout: opts.timeout,
+    });
+    // The state machine's clock: tokio's (paused in tests), read only for
+    // a call with a deadline.
+    let mut now = || tokio::time::Instant::now().into_std();
     let result = loop {
-        if draining && calls.is_empty() {
+        // Notes sent meanwhile (a call polled inline sends one): applied
+        // here, not by the `select!` below, which would drop and remake the
+        // ring's receive future for each.
+        while let Ok(note) = notes.try_recv() {
+            apply_note(&mut conn, &mut calls, note);
+        }
+        if conn.is_drained() {
             break Ok(());
         }
-        let mut bad: Option<FrameError> = None;
-        let mut sink = |msg: &[u8]| decode(msg, &mut inbox, &mut bad);
+        let mut sink = |msg: &[u8]| proto::decode(msg, &mut inbox);
         let r = tokio::select! {
             biased;
-            Some(id) = done_rx.recv() => {
-                calls.remove(&id);
+            Some(note) = notes.recv() => {
+                apply_note(&mut conn, &mut calls, note);
                 continue;
             }
             _ = writer.failed() => match send_failed(&writer) {
                 Error::PeerGone => break Ok(()),
                 e => break Err(e),
             },
-            _ = shutdown.cancelled(), if !draining => {
-                draining = true;
-                if let Err(e) = writer.send(vec![Out::new(Kind::GoAway, 0, 0, Bytes::new())]).await {
-                    break Err(e);
+            _ = shutdown.cancelled(), if !conn.is_draining() => {
+                conn.start_drain();
+                match perform_sends(&mut conn, &writer).await {
+                    Ok(()) => continue,
+                    Err(e) => break Err(e),
                 }
-                continue;
             }
             r = rx.recv_with(&mut sink) => r,
         };
+        // What the call tasks did before this message was written (a
+        // place freed just before a last frame) counts for its frames.
+        while let Ok(note) = notes.try_recv() {
+            apply_note(&mut conn, &mut calls, note);
+        }
+        let bad = conn.handle(inbox.drain(..), &mut now).err();
         let mut fatal: Option<Error> = None;
-        // Calls opened by this message: their request data of the same
-        // message is staged, then each handler is polled once inline.
-        let mut opening: Vec<Opening> = Vec::new();
-        for input in inbox.drain(..) {
-            match input {
-                In::Open { id, head, end } => {
-                    if calls.contains_key(&id) || opening.iter().any(|o| o.id == id) {
-                        bad = Some(FrameError::Invalid("call id reused while open"));
-                        break;
-                    }
-                    if draining {
-                        let st = Status::unavailable("rrpc: server is shutting down");
-                        if let Err(e) = writer.send(vec![trailers_only(id, st)]).await {
-                            fatal = Some(e);
-                            break;
-                        }
+        let mut grant_bad = None;
+        while let Some(out) = conn.poll_output() {
+            match out {
+                Output::Send {
+                    kind,
+                    flags,
+                    id,
+                    payload,
+                    refusal,
+                } => {
+                    if fatal.is_some() {
                         continue;
                     }
-                    let size = header_list_size(&head);
-                    if size > max_headers {
-                        tracing::debug!(
-                            call_id = id,
-                            size,
-                            max_headers,
-                            "rrpc: request headers too large"
-                        );
-                        let out = Out::new(
-                            Kind::ResponseHeaders,
-                            END_STREAM,
-                            id,
-                            frame::response_headers_payload(
-                                http::StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
-                                &http::HeaderMap::new(),
-                            ),
-                        );
-                        if let Err(e) = writer.send(vec![out]).await {
-                            fatal = Some(e);
-                            break;
-                        }
-                        continue;
+                    if let Some(r) = &refusal {
+                        tracing::debug!(call_id = id, ?r, "rrpc: call refused");
                     }
-                    let Some(permit) = CallPermit::try_new(&active, limit) else {
-                        tracing::debug!(call_id = id, limit, "rrpc: call refused: too many calls");
-                        let st = Status::unavailable(format!(
-                            "rrpc: too many concurrent calls on this connection (limit {limit})"
-                        ));
-                        if let Err(e) = writer.send(vec![trailers_only(id, st)]).await {
-                            fatal = Some(e);
-                            break;
-                        }
-                        continue;
-                    };
-                    opening.push(Opening {
-                        id,
-                        head,
-                        chunks: VecDeque::new(),
-                        end,
-                        permit,
-                        flow: CallFlow::new(peer_window, our_window),
-                    });
+                    if let Err(e) = writer.send(vec![Out::new(kind, flags, id, payload)]).await {
+                        fatal = Some(e);
+                    }
                 }
-                In::Data { id, data, end } => {
-                    if let Some(o) = opening.iter_mut().find(|o| o.id == id) {
-                        if let Err(e) = o.flow.received(data.len()) {
-                            bad = Some(e);
-                            break;
-                        }
-                        if !o.end && !data.is_empty() {
-                            o.chunks.push_back(Event::Data(data));
-                        }
-                        o.end |= end;
-                        continue;
-                    }
-                    let Some(call) = calls.get_mut(&id) else {
-                        continue;
-                    };
-                    if let Err(e) = call.flow.received(data.len()) {
-                        bad = Some(e);
-                        break;
-                    }
-                    if let Some(b) = &call.body
-                        && !data.is_empty()
+                Output::Data { key, data } => {
+                    if let Some(call) = calls.get(&key.id).filter(|c| c.key == key)
+                        && let Some(b) = &call.body
                     {
                         // Never waits: the call's window bounds its queue.
                         let _ = b.send(Event::Data(data));
                     }
-                    if end {
+                }
+                Output::EndOfRequest { key } => {
+                    if let Some(call) = calls.get_mut(&key.id).filter(|c| c.key == key) {
                         call.body = None;
                     }
                 }
-                In::Window { id, inc } => {
-                    let flow = match opening.iter().find(|o| o.id == id) {
-                        Some(o) => Some(&o.flow),
-                        None => calls.get(&id).map(|c| &c.flow),
-                    };
-                    // A window for a call that already ended is ignored.
-                    if let Some(f) = flow
-                        && let Err(e) = f.granted(inc)
+                Output::Grant { key, inc } => {
+                    if let Some(call) = calls.get(&key.id).filter(|c| c.key == key)
+                        && let Err(e) = call.flow.granted(inc)
                     {
-                        bad = Some(e);
-                        break;
+                        grant_bad.get_or_insert(e);
                     }
                 }
-                In::Cancel { id } => {
-                    if let Some(i) = opening.iter().position(|o| o.id == id) {
-                        opening.swap_remove(i);
-                    } else if let Some(call) = calls.remove(&id) {
+                Output::Cancel { key } => {
+                    if let Some(call) = calls.remove(&key.id) {
                         // Dropping the handler's future is how tonic sees cancellation.
                         call.task.abort();
                         call.flow.close();
-                        call.permit.release();
                     }
+                }
+                Output::Start {
+                    key,
+                    head,
+                    chunks,
+                    end,
+                    send_credit,
+                    deadline,
+                } => {
+                    if fatal.is_some() || grant_bad.is_some() {
+                        continue;
+                    }
+                    let flow = CallFlow::new(send_credit);
+                    let place = Place {
+                        key,
+                        notes: notes_tx.clone(),
+                        released: AtomicBool::new(false),
+                    };
+                    let (body, btx) = if end {
+                        (RecvBody::ready(chunks), None)
+                    } else {
+                        let (btx, brx) = mpsc::unbounded_channel();
+                        let credit = Credit::server(
+                            writer.clone(),
+                            key,
+                            cfg.get_call_window(),
+                            notes_tx.clone(),
+                        );
+                        (RecvBody::new(chunks, brx, credit), Some(btx))
+                    };
+                    let req = build_request(head, body);
+                    let mut fut = Box::pin(run_call(
+                        svc.clone(),
+                        req,
+                        writer.clone(),
+                        place,
+                        flow.clone(),
+                        deadline.map(tokio::time::Instant::from_std),
+                    ));
+                    // Unary handlers usually finish at their first poll: run it here,
+                    // in the reader task, and write the response without a task hop.
+                    // The reader's own waker is lent for this one poll (a wake-up
+                    // aimed at it only makes the reader look at its ring again).
+                    let first = std::future::poll_fn(|cx| Poll::Ready(fut.as_mut().poll(cx))).await;
+                    if first.is_ready() {
+                        conn.handle_note(Note::Finished(key));
+                        continue;
+                    }
+                    let done = notes_tx.clone();
+                    let task = tokio::spawn(async move {
+                        fut.await;
+                        let _ = done.send(Note::Finished(key));
+                    });
+                    calls.insert(
+                        key.id,
+                        Call {
+                            key,
+                            body: btx,
+                            task: task.abort_handle(),
+                            flow,
+                        },
+                    );
                 }
             }
         }
-        if bad.is_some() || fatal.is_some() {
-            opening.clear();
-        }
-        for o in opening {
-            let Opening {
-                id,
-                head,
-                chunks,
-                end,
-                permit,
-                flow,
-            } = o;
-            let (body, btx) = if end {
-                (RecvBody::ready(chunks), None)
-            } else {
-                let (btx, brx) = mpsc::unbounded_channel();
-                let credit = Credit {
-                    flow: flow.clone(),
-                    writer: writer.clone(),
-                    id,
-                };
-                (RecvBody::new(chunks, brx, credit), Some(btx))
-            };
-            let req = build_request(head, body);
-            let mut fut = Box::pin(run_call(
-                svc.clone(),
-                req,
-                id,
-                writer.clone(),
-                permit.clone(),
-                flow.clone(),
-                server_timeout,
-            ));
-            // Unary handlers usually finish at their first poll: run it here,
-            // in the reader task, and write the response without a task hop.
-            // The reader's own waker is lent for this one poll (a wake-up
-            // aimed at it only makes the reader look at its ring again).
-            let first = std::future::poll_fn(|cx| Poll::Ready(fut.as_mut().poll(cx))).await;
-            if first.is_ready() {
-                continue;
-            }
-            let done = done_tx.clone();
-            let task = tokio::spawn(async move {
-                fut.await;
-                let _ = done.send(id);
-            });
-            calls.insert(
-                id,
-                Call {
-                    body: btx,
-                    task: task.abort_handle(),
-                    permit,
-                    flow,
-                },
-            );
-        }
-        if let Some(e) = bad {
+        if let Some(e) = bad.or(grant_bad) {
             break Err(Error::Protocol(e));
         }
         match fatal.or_else(|| writer.failure()) {
@@ -383,21 +298,33 @@ where
     result
 }
 
-/// A request's header list size as HTTP/2 counts it (RFC 9113 §6.5.2:
-/// name + value + 32 per field), pseudo-headers included as hyper's
-/// client would send them.
-fn header_list_size(head: &frame::RequestHead) -> usize {
-    let authority = head.authority.as_ref().map_or(0, |a| a.as_str().len());
-    let pseudo = (":method".len() + "POST".len() + 32)
-        + (":scheme".len() + "http".len() + 32)
-        + (":path".len() + head.path.as_str().len() + 32)
-        + (":authority".len() + authority + 32);
-    pseudo
-        + head
-            .headers
-            .iter()
-            .map(|(k, v)| k.as_str().len() + v.len() + 32)
-            .sum::<usize>()
+/// Applies a call task's note; a finished task leaves the driver's table too.
+fn apply_note(conn: &mut proto::Server, calls: &mut HashMap<u32, Call>, note: Note) {
+    if let Note::Finished(key) = note
+        && calls.get(&key.id).is_some_and(|c| c.key == key)
+    {
+        calls.remove(&key.id);
+    }
+    conn.handle_note(note);
+}
+
+/// Writes the frames the state machine has queued (GOAWAY).
+async fn perform_sends(conn: &mut proto::Server, writer: &FrameWriter) -> Result<(), Error> {
+    while let Some(out) = conn.poll_output() {
+        if let Output::Send {
+            kind,
+            flags,
+            id,
+            payload,
+            ..
+        } = out
+        {
+            writer
+                .send(vec![Out::new(kind, flags, id, payload)])
+                .await?;
+        }
+    }
+    Ok(())
 }
 
 /// A service error as tonic's `BoxError` (so tower's optional layers agree).
@@ -410,47 +337,6 @@ fn send_failed(writer: &FrameWriter) -> Error {
     writer
         .failure()
         .unwrap_or_else(|| Error::Rings("send failed".into()))
-}
-
-fn decode(msg: &[u8], inbox: &mut Vec<In>, bad: &mut Option<FrameError>) {
-    for f in frame::frames(msg) {
-        let f = match f {
-            Ok(f) => f,
-            Err(e) => {
-                *bad = Some(e);
-                return;
-            }
-        };
-        let id = f.call_id;
-        let end = f.end_stream();
-        match f.kind {
-            Kind::RequestHeaders => match frame::parse_request_headers(f.payload) {
-                Ok(head) => inbox.push(In::Open { id, head, end }),
-                Err(e) => {
-                    *bad = Some(e);
-                    return;
-                }
-            },
-            // The one receive-side copy: ring slot -> body chunk.
-            Kind::Data => inbox.push(In::Data {
-                id,
-                data: Bytes::copy_from_slice(f.payload),
-                end,
-            }),
-            Kind::Cancel => inbox.push(In::Cancel { id }),
-            Kind::WindowUpdate => match frame::parse_window_update(f.payload) {
-                Ok(inc) => inbox.push(In::Window { id, inc }),
-                Err(e) => {
-                    *bad = Some(e);
-                    return;
-                }
-            },
-            Kind::ResponseHeaders | Kind::Trailers | Kind::GoAway => {
-                *bad = Some(FrameError::Invalid("server-only frame sent by a client"));
-                return;
-            }
-        }
-    }
 }
 
 /// The request as hyper's HTTP/2 server would hand it to the service: with
@@ -502,14 +388,8 @@ fn add_date(headers: &mut http::HeaderMap) {
 }
 
 fn trailers_only(id: u32, status: Status) -> Out {
-    let (parts, ()) = status.into_http::<()>().into_parts();
-    let map = parts.headers;
-    Out::new(
-        Kind::Trailers,
-        END_STREAM,
-        id,
-        frame::metadata_payload(&map),
-    )
+    let (kind, flags, payload) = proto::trailers_only(status);
+    Out::new(kind, flags, id, payload)
 }
 
 /// Runs one call: the router's future, then its response, with a panic in
@@ -521,11 +401,10 @@ fn trailers_only(id: u32, status: Status) -> Out {
 async fn run_call<S, ResBody>(
     svc: S,
     req: http::Request<Body>,
-    id: u32,
     writer: FrameWriter,
-    permit: Arc<CallPermit>,
+    place: Place,
     flow: Arc<CallFlow>,
-    server_timeout: Option<std::time::Duration>,
+    deadline: Option<tokio::time::Instant>,
 ) where
     S: tower::Service<http::Request<Body>, Response = http::Response<ResBody>> + Send + 'static,
     S::Future: Send + 'static,
@@ -533,24 +412,22 @@ async fn run_call<S, ResBody>(
     ResBody: http_body::Body<Data = Bytes> + Send + 'static,
     ResBody::Error: Into<BoxError>,
 {
+    let id = place.key.id;
     let path = req.uri().path().to_owned();
-    // As tonic's server: the shorter of the caller's deadline and `Server::timeout`.
-    let timeout = match (parse_grpc_timeout(req.headers()), server_timeout) {
-        (Some(a), Some(b)) => Some(a.min(b)),
-        (a, b) => a.or(b),
-    };
-    let (w, p) = (writer.clone(), permit.clone());
+    let (w, p) = (writer.clone(), &place);
     let work = async move {
         let fut = svc.oneshot(req);
-        let res: Result<http::Response<ResBody>, BoxError> = match timeout {
-            Some(d) => match tokio::time::timeout(d, fut).await {
+        // As tonic's server: the shorter of the caller's deadline and
+        // `Server::timeout` (the state machine computed the instant).
+        let res: Result<http::Response<ResBody>, BoxError> = match deadline {
+            Some(d) => match tokio::time::timeout_at(d, fut).await {
                 Ok(r) => r.map_err(Into::into),
                 // tonic's server answers an expired deadline this way too (its GrpcTimeout).
                 Err(_) => Err(Box::new(tonic::TimeoutExpired(()))),
             },
             None => fut.await.map_err(Into::into),
         };
-        send_response(res, id, &w, &p, &flow).await
+        send_response(res, id, &w, p, &flow).await
     };
     // The handler's state is dropped right after a panic and never observed
     // again, so unwind safety is not a concern.
@@ -563,7 +440,7 @@ async fn run_call<S, ResBody>(
                 "rrpc: handler panicked: {}",
                 panic_message(&*panic)
             );
-            permit.release();
+            place.release();
             writer
                 .send(vec![trailers_only(
                     id,
@@ -580,7 +457,7 @@ async fn run_call<S, ResBody>(
             let st = Status::internal(format!(
                 "rrpc: response frame of {len} bytes exceeds the ring's {max}"
             ));
-            permit.release();
+            place.release();
             if let Err(e) = writer.send(vec![trailers_only(id, st)]).await {
                 tracing::debug!(call_id = id, "rrpc: connection failed: {e}");
             }
@@ -612,7 +489,7 @@ async fn send_response<ResBody>(
     res: Result<http::Response<ResBody>, BoxError>,
     id: u32,
     writer: &FrameWriter,
-    permit: &CallPermit,
+    permit: &Place,
     flow: &CallFlow,
 ) -> Result<(), Error>
 where

@@ -2,22 +2,19 @@
 //! receive slots, and the leader/follower receive that reads the pipe and
 //! routes each frame to its call (the call itself is in `client`).
 
-use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll, Waker};
-
-use bytes::Bytes;
-
-use tonic::Status;
 
 use crate::Error;
 use crate::fast::Event;
 use crate::fast::flow::CallFlow;
-use crate::frame::{self, FrameError, Kind};
+use crate::fast::proto::client as proto;
+use crate::frame::FrameError;
 use crate::pipe::{BoxFut, MsgRx};
 
-/// The pseudo call id of the connection's fallback reader task.
+/// The pseudo call id of the connection's fallback reader task (never a
+/// call's: [`proto::Client::open`] skips it).
 pub(super) const FALLBACK: u32 = 0;
 
 pub(super) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -26,52 +23,27 @@ pub(super) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// One call's receive queue (bounded in bytes by the call's window).
+/// What the driver keeps of one call (its events and receive window are
+/// in the call table, [`proto::Call`]).
+#[derive(Debug)]
 pub(super) struct Slot {
-    pub(super) events: VecDeque<Event>,
     /// The waiting task, if any.
     pub(super) waker: Option<Waker>,
-    /// The call's flow-control windows.
+    /// The call's send credit.
     pub(super) flow: Arc<CallFlow>,
 }
 
 impl Slot {
     pub(super) fn new(flow: Arc<CallFlow>) -> Slot {
-        Slot {
-            events: VecDeque::new(),
-            waker: None,
-            flow,
-        }
+        Slot { waker: None, flow }
     }
 }
 
-impl std::fmt::Debug for Slot {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        // The kinds of the queued events, not their bytes.
-        let queued: Vec<&str> = self
-            .events
-            .iter()
-            .map(|e| match e {
-                Event::Headers { .. } => "headers",
-                Event::Data(_) => "data",
-                Event::Trailers(_) => "trailers",
-                Event::Reset(_) => "reset",
-                Event::Window(_) => "window",
-            })
-            .collect();
-        f.debug_struct("Slot")
-            .field("queued", &queued)
-            .field("waiting", &self.waker.is_some())
-            .field("flow", &self.flow)
-            .finish()
-    }
-}
-
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(super) struct Table {
-    pub(super) calls: HashMap<u32, Slot>,
-    /// Set once the connection is gone or draining: new calls fail with it.
-    pub(super) closed: Option<(tonic::Code, String)>,
+    /// The call table and the connection's protocol state: call ids,
+    /// events, receive windows, GOAWAY, why it closed.
+    pub(super) conn: proto::Client<Slot>,
     /// The call whose waker the pending receive future holds.
     pub(super) driver: Option<u32>,
     /// Request senders waiting for window: the WINDOW_UPDATE they need
@@ -84,6 +56,22 @@ pub(super) struct Table {
 }
 
 impl Table {
+    /// The table of a connection whose calls announce `recv_window` bytes.
+    pub(super) fn new(recv_window: u32) -> Table {
+        Table {
+            conn: proto::Client::new(recv_window),
+            driver: None,
+            credit_waiters: 0,
+            fallback: None,
+            idle_read: false,
+        }
+    }
+
+    /// Whether a call other than `id` waits for an event.
+    pub(super) fn others_wait(&self, id: u32) -> bool {
+        self.conn.calls().any(|(k, s)| k != id && s.waker.is_some())
+    }
+
     /// Call `id` stops waiting. If it was the one whose waker the pending
     /// receive holds (or nobody's is), make sure somebody keeps receiving
     /// while other calls wait: the fallback reader takes over.
@@ -92,11 +80,7 @@ impl Table {
             return;
         }
         self.driver = None;
-        let waiting = self.credit_waiters > 0
-            || self
-                .calls
-                .iter()
-                .any(|(k, s)| *k != id && s.waker.is_some());
+        let waiting = self.credit_waiters > 0 || self.others_wait(id);
         if waiting
             && id != FALLBACK
             && let Some(w) = self.fallback.take()
@@ -127,11 +111,8 @@ pub(super) struct RxState {
 pub(super) struct Shared {
     pub(super) table: Mutex<Table>,
     pub(super) rx: Mutex<RxState>,
-    pub(super) next_id: AtomicU32,
     /// The server's receive window per call: our initial send credit.
     pub(super) peer_window: u32,
-    /// Our receive window per call.
-    pub(super) our_window: u32,
     /// [`RrpcConfig::max_concurrent_calls`]: calls beyond it wait here;
     /// closed with the connection.
     pub(super) open_calls: Arc<tokio::sync::Semaphore>,
@@ -166,73 +147,17 @@ pub(super) fn receive(mut rx: Box<dyn MsgRx>) -> BoxFut<'static, RecvOut> {
         let mut goaway = false;
         let mut bad = None;
         let r = rx
-            .recv_with(&mut |msg: &[u8]| decode(msg, &mut events, &mut goaway, &mut bad))
+            .recv_with(&mut |msg: &[u8]| proto::decode(msg, &mut events, &mut goaway, &mut bad))
             .await;
         (rx, r, events, goaway, bad)
     })
-}
-
-pub(super) fn decode(
-    msg: &[u8],
-    events: &mut Vec<(u32, Event)>,
-    goaway: &mut bool,
-    bad: &mut Option<FrameError>,
-) {
-    for f in frame::frames(msg) {
-        let f = match f {
-            Ok(f) => f,
-            Err(e) => {
-                *bad = Some(e);
-                return;
-            }
-        };
-        let ev = match f.kind {
-            Kind::ResponseHeaders => match frame::parse_response_headers(f.payload) {
-                Ok((status, headers)) => Event::Headers {
-                    status,
-                    headers,
-                    end: f.end_stream(),
-                },
-                Err(e) => {
-                    *bad = Some(e);
-                    return;
-                }
-            },
-            // The one receive-side copy: ring slot -> body chunk.
-            Kind::Data => Event::Data(Bytes::copy_from_slice(f.payload)),
-            Kind::Trailers => match frame::parse_metadata(f.payload) {
-                Ok(m) => Event::Trailers(m),
-                Err(e) => {
-                    *bad = Some(e);
-                    return;
-                }
-            },
-            Kind::Cancel => Event::Reset(Status::cancelled("rrpc: call reset by the server")),
-            Kind::WindowUpdate => match frame::parse_window_update(f.payload) {
-                Ok(inc) => Event::Window(inc),
-                Err(e) => {
-                    *bad = Some(e);
-                    return;
-                }
-            },
-            Kind::GoAway => {
-                *goaway = true;
-                continue;
-            }
-            Kind::RequestHeaders => {
-                *bad = Some(FrameError::Invalid("request headers sent to a client"));
-                return;
-            }
-        };
-        events.push((f.call_id, ev));
-    }
 }
 
 impl Shared {
     /// Removes call `id` (finished or abandoned).
     pub(super) fn take(&self, id: u32) -> bool {
         let mut t = lock(&self.table);
-        let slot = t.calls.remove(&id);
+        let slot = t.conn.remove(id);
         if let Some(s) = &slot {
             // A request sender still waiting for window gives up.
             s.flow.close();
@@ -247,19 +172,16 @@ impl Shared {
     /// The server broke the call's flow control (sent beyond its window,
     /// or overflowed ours).
     pub(super) fn deliver(&self, t: &mut Table, id: u32, ev: Event) -> Result<(), FrameError> {
-        let Some(s) = t.calls.get_mut(&id) else {
-            return Ok(());
-        };
-        match ev {
-            Event::Window(inc) => return s.flow.granted(inc),
-            Event::Data(ref b) => s.flow.received(b.len())?,
-            _ => {}
+        match t.conn.deliver(id, ev)? {
+            proto::Delivered::Grant(s, inc) => s.flow.granted(inc),
+            proto::Delivered::Queued(s) => {
+                if let Some(w) = s.waker.take() {
+                    w.wake();
+                }
+                Ok(())
+            }
+            proto::Delivered::Dropped => Ok(()),
         }
-        s.events.push_back(ev);
-        if let Some(w) = s.waker.take() {
-            w.wake();
-        }
-        Ok(())
     }
 
     /// A request sender starts waiting for window: make sure somebody
@@ -276,16 +198,13 @@ impl Shared {
     }
 
     /// The connection ended: every call gets `reason`, new calls too.
-    pub(super) fn close(&self, t: &mut Table, reason: (tonic::Code, String)) {
-        for s in t.calls.values_mut() {
+    pub(super) fn close(&self, t: &mut Table, reason: proto::Reason) {
+        for s in t.conn.close(reason) {
             s.flow.close();
-            s.events
-                .push_back(Event::Reset(Status::new(reason.0, reason.1.clone())));
             if let Some(w) = s.waker.take() {
                 w.wake();
             }
         }
-        t.closed = Some(reason);
         self.retired.store(true, Ordering::Release);
         // Calls queued for a place fail now.
         self.open_calls.close();
@@ -305,16 +224,23 @@ impl Shared {
     /// from the ring to the waiting caller with no task hop. When the call
     /// whose waker the receive holds stops waiting while others still
     /// wait, the fallback reader task takes over ([`Table::handoff`]).
-    pub(super) fn poll_event(&self, id: u32, cx: &mut Context<'_>) -> Poll<Option<Event>> {
+    ///
+    /// A DATA event taken out is read by the application: `update` is set
+    /// when a WINDOW_UPDATE is due ([`proto::Call::pop_event`]).
+    pub(super) fn poll_event(
+        &self,
+        id: u32,
+        cx: &mut Context<'_>,
+        update: &mut Option<u32>,
+    ) -> Poll<Option<Event>> {
         loop {
             {
                 let mut t = lock(&self.table);
                 if id == FALLBACK {
-                    if t.closed.is_some() && self.rx_gone() {
+                    if t.conn.closed().is_some() && self.rx_gone() {
                         return Poll::Ready(None);
                     }
-                    let waiting =
-                        t.credit_waiters > 0 || t.calls.values().any(|s| s.waker.is_some());
+                    let waiting = t.credit_waiters > 0 || t.others_wait(FALLBACK);
                     if !waiting && t.driver != Some(FALLBACK) && !std::mem::take(&mut t.idle_read) {
                         // Nobody waits: sleep until a handoff.
                         t.fallback = Some(cx.waker().clone());
@@ -322,15 +248,15 @@ impl Shared {
                     }
                     t.fallback = Some(cx.waker().clone());
                 } else {
-                    let Some(slot) = t.calls.get_mut(&id) else {
+                    let Some(call) = t.conn.call_mut(id) else {
                         t.handoff(id);
                         return Poll::Ready(None);
                     };
-                    if let Some(ev) = slot.events.pop_front() {
+                    if let Some(ev) = call.pop_event(update) {
                         t.handoff(id);
                         return Poll::Ready(Some(ev));
                     }
-                    match &mut slot.waker {
+                    match &mut call.io.waker {
                         Some(w) if w.will_wake(cx.waker()) => {}
                         w => *w = Some(cx.waker().clone()),
                     }
@@ -348,10 +274,7 @@ impl Shared {
                 // The connection ended; `close` queued a Reset for every call.
                 drop(rxs);
                 let mut t = lock(&self.table);
-                if id != FALLBACK
-                    && let Some(s) = t.calls.get_mut(&id)
-                    && !s.events.is_empty()
-                {
+                if id != FALLBACK && t.conn.call_mut(id).is_some_and(|c| c.has_events()) {
                     continue;
                 }
                 t.handoff(id);
@@ -368,10 +291,7 @@ impl Shared {
                     t.driver = None;
                     if goaway {
                         self.retired.store(true, Ordering::Release);
-                        t.closed.get_or_insert((
-                            tonic::Code::Unavailable,
-                            "rrpc: server is shutting down".into(),
-                        ));
+                        t.conn.handle_goaway();
                     }
                     let mut bad = bad;
                     for (cid, ev) in events {
@@ -379,21 +299,7 @@ impl Shared {
                             bad.get_or_insert(e);
                         }
                     }
-                    let end = if let Some(e) = bad {
-                        Some((
-                            tonic::Code::Internal,
-                            format!("rrpc: protocol violation by server: {e}"),
-                        ))
-                    } else {
-                        match r {
-                            Ok(true) => None,
-                            Ok(false) => Some((
-                                tonic::Code::Unavailable,
-                                "rrpc: connection closed by the server".to_string(),
-                            )),
-                            Err(e) => Some((e.code(), format!("rrpc: {e}"))),
-                        }
-                    };
+                    let end = t.conn.handle_receive(r.as_ref().map(|b| *b), bad);
                     match end {
                         None => rxs.rx = Some(rx),
                         // Dropping the receiver closes the connection.
@@ -414,8 +320,8 @@ impl Shared {
     /// that size themselves").
     pub(super) fn nudge_idle_reader(&self) {
         let mut t = lock(&self.table);
-        let waiting = t.credit_waiters > 0 || t.calls.values().any(|s| s.waker.is_some());
-        if t.driver.is_none() && !waiting && t.closed.is_none() {
+        let waiting = t.credit_waiters > 0 || t.others_wait(FALLBACK);
+        if t.driver.is_none() && !waiting && t.conn.closed().is_none() {
             t.idle_read = true;
             if let Some(w) = t.fallback.take() {
                 w.wake();
@@ -431,7 +337,7 @@ impl Shared {
     pub(super) fn fail(&self, e: &Error) {
         {
             let mut t = lock(&self.table);
-            if t.closed.is_none() {
+            if t.conn.closed().is_none() {
                 self.close(&mut t, (e.code(), format!("rrpc: {e}")));
             }
         }
@@ -466,7 +372,12 @@ pub(crate) struct SlotRef {
 }
 
 impl SlotRef {
-    pub(crate) fn poll_event(&mut self, cx: &mut Context<'_>) -> Poll<Option<Event>> {
-        self.shared.poll_event(self.id, cx)
+    /// The call's next event (`update`: [`Shared::poll_event`]).
+    pub(crate) fn poll_event(
+        &mut self,
+        cx: &mut Context<'_>,
+        update: &mut Option<u32>,
+    ) -> Poll<Option<Event>> {
+        self.shared.poll_event(self.id, cx, update)
     }
 }

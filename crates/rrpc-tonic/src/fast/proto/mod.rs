@@ -1,0 +1,151 @@
+//! The fast path's sans-IO protocol core, in the style of quinn-proto.
+//!
+//! Plain state machines: `handle_*` methods take decoded frames and the
+//! events of the calls (with the time where time matters, as a clock the
+//! caller supplies), `poll_*` methods say what to do next. Nothing here
+//! touches a ring, a task, a timer or a lock, so every rule can be stepped
+//! in a test on a virtual clock (`tests`: a client and a server wired back
+//! to back, frames passed in memory).
+//!
+//! # What the state machine owns (server side, [`server::Server`])
+//! * the call table: which call ids are open, each with a sequence number
+//!   ([`server::CallKey`]) so that a late event of an ended call never
+//!   touches a later call that reuses its id;
+//! * admission: at most `max_calls` calls hold a place; the excess, calls
+//!   opened while draining and calls with oversized headers are refused at
+//!   once ([`server::Output::Send`] of a trailers-only response);
+//! * GOAWAY and draining ([`server::Server::start_drain`],
+//!   [`server::Server::is_drained`]);
+//! * each call's receive window ([`flow::RecvWindow`]): DATA beyond it,
+//!   a window update that overflows an opening call's send credit, a
+//!   reused call id, a client sending server frames are connection errors
+//!   (returned, never a panic), and the error is sticky;
+//! * cancellation: a CANCEL frees the call's place and tells the driver
+//!   to drop the handler ([`server::Output::Cancel`]);
+//! * deadlines: the call's deadline (the shorter of `grpc-timeout` and the
+//!   server's timeout) on the caller's clock ([`server::Output::Start`]).
+//!
+//! # What the driver owns (`fast::server::serve_conn`)
+//! The ring, the handler tasks and their futures (the first poll of each
+//! runs inline in the reader task), the per-call body channels, the
+//! writer, and each call's *send* credit ([`crate::fast::flow::CallFlow`]:
+//! a semaphore of bytes, because the response is sent by the call's own
+//! task, which waits on it; its overflow rule is [`flow::check_grant`]).
+//! The driver tells the state machine what the call tasks did through
+//! [`server::Note`]s: a call's place freed (just before its last frame is
+//! written), bytes its handler consumed (just before the WINDOW_UPDATE is
+//! written), the task ended. It applies every note that was sent before it
+//! handles the next ring message, so a client that saw a call's trailers
+//! and opens the next call is never refused.
+//!
+//! The deadline's timer runs in the call's task (`timeout_at` the instant
+//! the state machine computed); the state machine does not time calls out
+//! by itself.
+//!
+//! # Cancel safety of the async drivers
+//! Every future the server raced in its `select!` is cancel safe: the note
+//! channel's `recv`, the writer's `failed`, the shutdown token's
+//! `cancelled` and the ring's `recv_with` (a message is consumed only in
+//! the poll that returns it; its frames are decoded into an owned inbox
+//! inside that poll). The sends that follow are awaited outside the
+//! `select!`. Notes are also drained with `try_recv` at the top of each
+//! turn and right after a message was received, before its frames are
+//! handled.
+//!
+//! The client's fallback reader races its receive loop (the receive in
+//! flight lives in the connection's shared state, not in the future, so
+//! dropping the future loses nothing), the writer's `failed`, the side
+//! channel's peer-gone future and an interval: all cancel safe. A call
+//! races its deadline against waiting for a place (a semaphore acquire:
+//! cancel safe), against its first event (cancel safe, as above) and
+//! against writing its request, which is not cancel safe: a write cut
+//! short leaves whole frames only, and the call's guard then sends CANCEL.
+
+//! # What the state machine owns (client side, [`client::Client`])
+//! * what each server frame means ([`client::decode`]: call events,
+//!   GOAWAY, violations);
+//! * the call table: which id a new call gets, each call's queue of
+//!   events ([`client::Client::deliver`], [`client::Call::pop_event`]);
+//! * each call's receive window: DATA beyond it is a connection error; the
+//!   window reopens as the response body takes data out, and says when a
+//!   WINDOW_UPDATE is due;
+//! * GOAWAY (new calls fail `Unavailable`, calls in flight go on) and when
+//!   and why the connection ends ([`client::Client::handle_receive`],
+//!   [`client::Client::close`]).
+//!
+//! # What the client's driver owns (`fast::client`)
+//! The leader/follower receive (whichever call waits polls the ring and
+//! dispatches to the others, the fallback reader task takes over when it
+//! leaves), each call's waker and send credit (carried in the table as the
+//! call's `io`), the writer, the queueing of calls beyond
+//! `max_concurrent_calls` (a semaphore a call waits on), and the calls'
+//! deadline timers. The table lives under the lock the client's table
+//! always had; the state machine adds none.
+//!
+//! # Not here yet
+//! Deadlines are computed here for the server only; both sides run the
+//! deadline's timer in the call's own future (the server at the instant
+//! [`server::Server`] computed). Client admission (queueing) is still the
+//! driver's semaphore.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::HeaderMap;
+use tonic::Status;
+
+pub(crate) mod client;
+pub(crate) mod flow;
+pub(crate) mod server;
+
+/// What the connection's reader task delivers to one call.
+#[derive(Debug)]
+pub(crate) enum Event {
+    /// Response headers with the HTTP status; `end`: a trailers-only
+    /// response, nothing follows (client side only).
+    Headers {
+        status: http::StatusCode,
+        headers: HeaderMap,
+        end: bool,
+    },
+    /// A chunk of the body.
+    Data(Bytes),
+    /// Trailers: the call is over (client side only).
+    Trailers(HeaderMap),
+    /// The call was aborted (peer cancel, connection lost, protocol error).
+    Reset(Status),
+    /// The peer granted this call more send window (client side; applied
+    /// by the reader, never queued).
+    Window(u32),
+}
+
+#[cfg(test)]
+mod tests;
+
+/// Parses `grpc-timeout` as tonic does (at most 8 digits and a unit).
+pub(crate) fn parse_grpc_timeout(headers: &HeaderMap) -> Option<Duration> {
+    let s = headers.get("grpc-timeout")?.to_str().ok()?;
+    if s.len() < 2 || s.len() > 9 {
+        return None;
+    }
+    let (v, unit) = s.split_at(s.len() - 1);
+    let v: u64 = v.parse().ok()?;
+    Some(match unit {
+        "H" => Duration::from_secs(v * 3600),
+        "M" => Duration::from_secs(v * 60),
+        "S" => Duration::from_secs(v),
+        "m" => Duration::from_millis(v),
+        "u" => Duration::from_micros(v),
+        "n" => Duration::from_nanos(v),
+        _ => return None,
+    })
+}
+
+/// The shorter of a call's `grpc-timeout` and a configured limit (tonic's
+/// `GrpcTimeout` on either end).
+pub(crate) fn call_timeout(headers: &HeaderMap, limit: Option<Duration>) -> Option<Duration> {
+    match (parse_grpc_timeout(headers), limit) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
+}
