@@ -20,14 +20,8 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
 
-/// The crates checked.
-pub(crate) const CRATES: &[&str] = &[
-    "rrpc-core",
-    "rrpc-ringbuf",
-    "rrpc-poller",
-    "rrpc-tonic",
-    "rrpc-kv",
-];
+// The crates checked: the library crates, as packaged.
+use crate::package::CRATES;
 
 /// Circles accepted, by crate and the sorted module paths of their files,
 /// each with its reason. At most two per crate, and none in rrpc-core,
