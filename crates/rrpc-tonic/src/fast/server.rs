@@ -199,7 +199,9 @@ where
                     }
                 }
                 Output::Cancel { key } => {
-                    if let Some(call) = calls.remove(&key.id) {
+                    if calls.get(&key.id).is_some_and(|c| c.key == key)
+                        && let Some(call) = calls.remove(&key.id)
+                    {
                         // Dropping the handler's future is how tonic sees cancellation.
                         call.task.abort();
                         call.flow.close();

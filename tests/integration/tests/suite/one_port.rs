@@ -31,6 +31,15 @@ fn addr(h: &Harness) -> String {
     h.uri.trim_start_matches("rrpc://").to_string()
 }
 
+/// An rrpc endpoint on the harness's port with `cfg`, connected.
+async fn dial(h: &Harness, cfg: RrpcConfig) -> Result<rrpc_tonic::RrpcChannel, Error> {
+    RrpcEndpoint::new(&h.uri)
+        .expect("uri")
+        .config(cfg)
+        .connect()
+        .await
+}
+
 /// A plain tonic channel on `http://` to the port.
 async fn plain(h: &Harness) -> TestClient<tonic::transport::Channel> {
     let ch = tonic::transport::Endpoint::from_shared(format!("http://{}", addr(h)))
@@ -60,12 +69,7 @@ macro_rules! unary {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_rrpc_client_gets_shm_while_plain_grpc_shares_the_port() {
     let h = start(cfg()).await;
-    let ch = RrpcEndpoint::new(&h.uri)
-        .expect("uri")
-        .config(cfg())
-        .connect()
-        .await
-        .expect("connect");
+    let ch = dial(&h, cfg()).await.expect("connect");
     assert_eq!(ch.carrier(), Carrier::Shm, "same host: shm");
     assert_eq!(ch.path(), ChannelPath::Fast);
     let mut rrpc = TestClient::new(ch.clone());
@@ -87,12 +91,7 @@ async fn an_rrpc_client_gets_shm_while_plain_grpc_shares_the_port() {
 async fn a_client_that_forbids_shm_gets_tcp_for_every_rpc_kind() {
     let h = start(cfg()).await;
     let tcp_only = cfg().fabrics([Fabric::Tcp]).expect("fabrics");
-    let ch = RrpcEndpoint::new(&h.uri)
-        .expect("uri")
-        .config(tcp_only.clone())
-        .connect()
-        .await
-        .expect("connect");
+    let ch = dial(&h, tcp_only.clone()).await.expect("connect");
     assert_eq!(ch.carrier(), Carrier::Tcp);
     assert_eq!(ch.path(), ChannelPath::Tcp);
     let mut c = TestClient::new(ch);
@@ -160,19 +159,11 @@ async fn a_client_that_forbids_shm_gets_tcp_for_every_rpc_kind() {
 async fn a_required_fabric_the_server_forbids_is_a_clear_error() {
     let h = start(cfg().fabrics([Fabric::Tcp]).expect("fabrics")).await;
     // A default client gets TCP from a server without shm.
-    let ch = RrpcEndpoint::new(&h.uri)
-        .expect("uri")
-        .config(cfg())
-        .connect()
-        .await
-        .expect("connect");
+    let ch = dial(&h, cfg()).await.expect("connect");
     assert_eq!(ch.carrier(), Carrier::Tcp);
     unary!(TestClient::new(ch), 3);
     // One that requires shm is told why not.
-    let e = RrpcEndpoint::new(&h.uri)
-        .expect("uri")
-        .config(cfg().fabrics([Fabric::Shm]).expect("fabrics"))
-        .connect()
+    let e = dial(&h, cfg().fabrics([Fabric::Shm]).expect("fabrics"))
         .await
         .expect_err("shm required, server has none");
     let Error::NoFabric { reason, .. } = &e else {
@@ -189,12 +180,7 @@ async fn a_required_fabric_the_server_forbids_is_a_clear_error() {
     assert!(RrpcConfig::new().fabrics([]).is_err(), "an empty set");
     // A server that requires shm closes plain HTTP/2 clients.
     let h = start(cfg().fabrics([Fabric::Shm]).expect("fabrics")).await;
-    let ch = RrpcEndpoint::new(&h.uri)
-        .expect("uri")
-        .config(cfg())
-        .connect()
-        .await
-        .expect("connect");
+    let ch = dial(&h, cfg()).await.expect("connect");
     assert_eq!(ch.carrier(), Carrier::Shm);
     let r = tonic::transport::Endpoint::from_shared(format!("http://{}", addr(&h)))
         .expect("uri")
@@ -304,12 +290,7 @@ async fn garbage_and_bad_hellos_are_refused_and_the_port_keeps_serving() {
     // Still serving, plain and rrpc.
     let mut p = plain(&h).await;
     unary!(p, 5);
-    let ch = RrpcEndpoint::new(&h.uri)
-        .expect("uri")
-        .config(cfg())
-        .connect()
-        .await
-        .expect("connect");
+    let ch = dial(&h, cfg()).await.expect("connect");
     assert_eq!(ch.carrier(), Carrier::Shm);
     unary!(TestClient::new(ch), 6);
     drop(held);
@@ -379,18 +360,10 @@ async fn a_client_that_cannot_reach_the_shm_listener_falls_back_to_tcp() {
     let sock = shm_socket(&h);
     assert!(sock.exists(), "{} bound beside the port", sock.display());
     std::fs::remove_file(&sock).expect("remove the socket file");
-    let ch = RrpcEndpoint::new(&h.uri)
-        .expect("uri")
-        .config(cfg())
-        .connect()
-        .await
-        .expect("connect");
+    let ch = dial(&h, cfg()).await.expect("connect");
     assert_eq!(ch.carrier(), Carrier::Tcp, "fell back");
     unary!(TestClient::new(ch), 9);
-    let e = RrpcEndpoint::new(&h.uri)
-        .expect("uri")
-        .config(cfg().fabrics([Fabric::Shm]).expect("fabrics"))
-        .connect()
+    let e = dial(&h, cfg().fabrics([Fabric::Shm]).expect("fabrics"))
         .await
         .expect_err("shm required and unreachable");
     assert_eq!(tonic::Status::from(e).code(), tonic::Code::Unavailable);
