@@ -25,6 +25,54 @@ pub enum Fault {
     Device,
 }
 
+/// What a peer wrote into memory we read that breaks the protocol
+/// ([`Error::PeerMisbehaved`]): typed, since it is found on the data path
+/// from peer-written words (no text is formatted until someone displays
+/// it).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum Violation {
+    /// The peer-written producer index of our receive queue is outside
+    /// the window it may be in.
+    #[error("receive queue producer index {prod} outside [{cons}, {max}] (posted {posted})")]
+    RecvProducer {
+        /// The index the peer wrote.
+        prod: u64,
+        /// Our consumer index (the least it may be).
+        cons: u64,
+        /// The most it may be (consumer index plus the queue's capacity).
+        max: u64,
+        /// Receives we posted so far.
+        posted: u64,
+    },
+    /// The peer-written consumer index of its receive queue is ahead of
+    /// what we produced into it.
+    #[error("peer receive queue consumer index {cons} ahead of producer {prod}")]
+    ConsumerAhead {
+        /// The index the peer wrote.
+        cons: u64,
+        /// What we produced.
+        prod: u64,
+    },
+    /// The peer wrote with immediate to a sharer of a virtual queue pair
+    /// more often than that sharer's receive depth before it posted any.
+    #[error(
+        "peer wrote with immediate to sharer {tag} more than its {depth} receives before any \
+         was posted"
+    )]
+    SharerOverrun {
+        /// The sharer's tag.
+        tag: u32,
+        /// Its receive depth.
+        depth: usize,
+    },
+    /// A layer above failed the queue pair ([`crate::QueuePair::fail`])
+    /// with an error this crate has no variant for: its text, made once
+    /// when the queue pair fails.
+    #[error("{0}")]
+    Reported(String),
+}
+
 /// Errors returned by the fabric, the handshake and the connection pool.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -127,9 +175,10 @@ pub enum Error {
     /// The peer refused the connection.
     #[error("peer rejected the connection: {0}")]
     Rejected(String),
-    /// The peer wrote an invalid value into memory we read (a pointer, a length, a completion).
+    /// The peer wrote an invalid value into memory we read (a pointer, a
+    /// length, a completion); what it was is typed ([`Violation`]).
     #[error("peer wrote invalid data into shared memory: {0}")]
-    PeerMisbehaved(String),
+    PeerMisbehaved(Violation),
 
     // ---- peer gone ----------------------------------------------------------
     /// The peer closed its side channel (or its process died and its kernel
@@ -200,6 +249,13 @@ impl Error {
             } => Fault::PeerGone,
             Io { .. } | CompletionError { .. } | PeerUnavailable(_) => Fault::Device,
         }
+    }
+
+    /// Whether the peer is gone ([`Fault::PeerGone`]): closed, silent,
+    /// or unreachable (retries exhausted). The one place this is decided:
+    /// the upper crates' errors ask their source.
+    pub fn is_peer_gone(&self) -> bool {
+        self.fault() == Fault::PeerGone
     }
 
     /// Wraps an [`io::Error`] with the name of the operation that failed.

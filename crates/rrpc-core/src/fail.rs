@@ -6,7 +6,7 @@
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use crate::error::Error;
+use crate::error::{Error, Violation};
 use crate::work::Status;
 
 /// Why a queue pair entered the error state.
@@ -14,7 +14,7 @@ use crate::work::Status;
 pub(crate) enum FailReason {
     PeerGone,
     Unresponsive(String),
-    Misbehaved(String),
+    Misbehaved(Violation),
     Closed,
     Completion { wr_id: u64, status: Status },
 }
@@ -31,7 +31,7 @@ impl FailReason {
                 wr_id: *wr_id,
                 status: *status,
             },
-            _ => FailReason::Misbehaved(e.to_string()),
+            _ => FailReason::Misbehaved(Violation::Reported(e.to_string())),
         }
     }
 

@@ -114,7 +114,7 @@ pub mod testing;
 
 pub use cq::{Completion, CompletionQueue, Opcode, Status};
 pub use endpoint::{Endpoint, EndpointUri};
-pub use error::{Error, Fault, Result};
+pub use error::{Error, Fault, Result, Violation};
 #[cfg(feature = "verbs")]
 pub use fabric::VerbsOptions;
 pub use fabric::{Fabric, ProviderKind};

@@ -426,11 +426,12 @@ impl Shared {
                     // more than the sharer could ever have posted for is
                     // misbehaving.
                     if slot.early.len() >= slot.recv_depth {
-                        slot.core.fail.set(FailReason::Misbehaved(format!(
-                            "peer wrote with immediate to sharer {tag} more than its {} \
-                             receives before any was posted",
-                            slot.recv_depth
-                        )));
+                        slot.core.fail.set(FailReason::Misbehaved(
+                            crate::error::Violation::SharerOverrun {
+                                tag,
+                                depth: slot.recv_depth,
+                            },
+                        ));
                         slot.core.recv_ev.wake_if_armed();
                     } else {
                         slot.early.push_back(c);

@@ -28,7 +28,7 @@ use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering, fence};
 use std::sync::{Arc, Mutex, RwLock};
 
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, Violation};
 use crate::fail::{FailReason, FailState};
 use crate::fault::FaultConfig;
 use crate::handshake::Hello;
@@ -239,7 +239,7 @@ struct RecvState {
     cons: u64,
     posted: VecDeque<u64>,
     posted_total: u64,
-    failed: Option<String>,
+    failed: Option<Violation>,
 }
 
 impl RecvCq {
@@ -276,12 +276,12 @@ impl RecvCq {
         // Read the peer-written producer index once, then validate it.
         let prod = word(&self.map, layout::PROD).load(Ordering::Acquire);
         if prod < st.cons || prod - st.cons > self.cap || prod > st.posted_total {
-            let why = format!(
-                "receive queue producer index {prod} outside [{}, {}] (posted {})",
-                st.cons,
-                st.cons + self.cap,
-                st.posted_total
-            );
+            let why = Violation::RecvProducer {
+                prod,
+                cons: st.cons,
+                max: st.cons + self.cap,
+                posted: st.posted_total,
+            };
             st.failed = Some(why.clone());
             return Err(Error::PeerMisbehaved(why));
         }
@@ -338,9 +338,7 @@ impl PeerCq {
         let cons = word(&self.map, layout::CONS).load(Ordering::Acquire);
         let posted = word(&self.map, layout::POSTED).load(Ordering::Acquire);
         if cons > prod {
-            return Err(Error::PeerMisbehaved(format!(
-                "peer receive queue consumer index {cons} ahead of producer {prod}"
-            )));
+            return Err(Error::PeerMisbehaved(Violation::ConsumerAhead { cons, prod }));
         }
         if prod - cons >= self.cap || posted <= prod {
             return Err(Error::ReceiverNotReady);
