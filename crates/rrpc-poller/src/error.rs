@@ -2,18 +2,24 @@
 
 use std::io;
 
+use rrpc_core::Fault;
+
 /// Errors of the poller and of the async connections built on it.
 ///
-/// Split by whose fault it is: configuration misuse ([`Error::InvalidConfig`]), the peer
-/// ([`Error::PeerGone`]), our own shutdown ([`Error::Shutdown`]) and the operating system
-/// ([`Error::Io`]).
+/// Split by whose fault it is ([`Error::fault`]): configuration misuse
+/// ([`Error::InvalidConfig`]), the peer ([`Error::PeerGone`]), our own shutdown
+/// ([`Error::Shutdown`]) and the operating system ([`Error::Io`]). Errors of the ring and
+/// the fabric below keep their type ([`Error::Ring`], [`Error::Core`]); whether one means
+/// the peer is gone is theirs to say ([`Error::is_peer_gone`]).
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
     /// A configuration value is out of range (local misuse); the message names the field.
     #[error("invalid poller configuration: {0}")]
     InvalidConfig(&'static str),
-    /// The peer closed the connection or died; the waiting task was woken with this error.
+    /// The poller found the peer gone (its liveness source closed); the waiting task was
+    /// woken with this error. A ring or fabric error that says the peer is gone stays
+    /// [`Error::Ring`] / [`Error::Core`]: ask [`Error::is_peer_gone`].
     #[error("peer gone")]
     PeerGone,
     /// The poller was shut down while the task was registered or waiting.
@@ -42,6 +48,24 @@ pub enum Error {
 }
 
 impl Error {
+    /// Whose fault this error was: misuse and our own shutdown are local, a
+    /// closed liveness source the peer leaving, a system call the device's;
+    /// a ring or fabric error says its own.
+    pub fn fault(&self) -> Fault {
+        match self {
+            Error::InvalidConfig(_) | Error::Shutdown | Error::NoRuntime => Fault::Local,
+            Error::PeerGone => Fault::PeerGone,
+            Error::Ring(e) => e.fault(),
+            Error::Core(e) => e.fault(),
+            Error::Io { .. } => Fault::Device,
+        }
+    }
+
+    /// Whether the peer is gone ([`Fault::PeerGone`]).
+    pub fn is_peer_gone(&self) -> bool {
+        self.fault() == Fault::PeerGone
+    }
+
     pub(crate) fn io(op: &'static str) -> impl FnOnce(io::Error) -> Error {
         move |source| Error::Io { op, source }
     }
@@ -52,18 +76,12 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 impl From<rrpc_ringbuf::Error> for Error {
     fn from(e: rrpc_ringbuf::Error) -> Self {
-        match e {
-            rrpc_ringbuf::Error::PeerGone => Error::PeerGone,
-            e => Error::Ring(e),
-        }
+        Error::Ring(e)
     }
 }
 
 impl From<rrpc_core::Error> for Error {
     fn from(e: rrpc_core::Error) -> Self {
-        match e {
-            rrpc_core::Error::PeerGone => Error::PeerGone,
-            e => Error::Core(e),
-        }
+        Error::Core(e)
     }
 }

@@ -4,7 +4,7 @@
 //! [`AsyncConn::split`] gives an [`AsyncSender`] (waits for ring space when the peer's ring is
 //! full) and an [`AsyncReceiver`] (waits for messages), each with its own [`Registration`]
 //! (sources: `TxWatch::has_space`, `RxWatch::has_data`). The side channel's liveness fd is
-//! watched by both, so a dead peer fails waiting tasks with [`Error::PeerGone`].
+//! watched by both, so a dead peer fails waiting tasks with an error for which [`Error::is_peer_gone`] holds.
 //!
 //! In [`Mode::Event`] the receive side sleeps on the queue pair's receive completion channel
 //! (the peer's ring must send its tail with `WRITE_WITH_IMM`: `RingConfigBuilder::tail_with_imm`,
@@ -388,7 +388,7 @@ impl AsyncSender {
     /// [`flush`](Self::flush) to push a partial batch).
     ///
     /// # Errors
-    /// [`Error::PeerGone`]; [`Error::Ring`] for a message larger than the ring or a fabric
+    /// a peer-gone error ([`Error::is_peer_gone`]); [`Error::Ring`] for a message larger than the ring or a fabric
     /// failure.
     ///
     /// # Cancel safety
@@ -430,7 +430,7 @@ impl AsyncSender {
     /// Pushes the batched messages and the tail to the peer now.
     ///
     /// # Errors
-    /// [`Error::PeerGone`] or a fabric error.
+    /// a peer-gone error ([`Error::is_peer_gone`]) or a fabric error.
     pub fn flush(&mut self) -> Result<()> {
         self.tx.flush().map_err(Into::into)
     }
@@ -444,7 +444,7 @@ impl AsyncSender {
     /// the completion); rrpc-tonic runs the same loop in a task.
     ///
     /// # Errors
-    /// [`Error::PeerGone`] (checked while waiting) or a fabric error.
+    /// a peer-gone error ([`Error::is_peer_gone`]) (checked while waiting) or a fabric error.
     ///
     /// # Cancel safety
     /// Cancel-safe: what was flushed stays flushed; calling it again (or
@@ -484,7 +484,7 @@ impl AsyncSender {
     /// (the deferred tail, held-back work). Never waits.
     ///
     /// # Errors
-    /// [`Error::PeerGone`] or a fabric error.
+    /// a peer-gone error ([`Error::is_peer_gone`]) or a fabric error.
     pub fn poll_completions(&mut self) -> Result<()> {
         self.tx.poll_completions().map_err(Into::into)
     }
@@ -517,7 +517,7 @@ impl AsyncReceiver {
     /// (dropping releases its slots to the peer).
     ///
     /// # Errors
-    /// [`Error::PeerGone`] once the peer is gone and every message it published was read;
+    /// a peer-gone error ([`Error::is_peer_gone`]) once the peer is gone and every message it published was read;
     /// [`Error::Ring`] for corrupt peer data; [`Error::Shutdown`] after the poller stopped.
     ///
     /// A tail that moved over a wrap-around gap only (no message behind it) is consumed
@@ -597,7 +597,7 @@ impl AsyncReceiver {
     /// Pushes the head to the peer now (frees its view of our ring).
     ///
     /// # Errors
-    /// [`Error::PeerGone`] or a fabric error.
+    /// a peer-gone error ([`Error::is_peer_gone`]) or a fabric error.
     pub fn flush(&mut self) -> Result<()> {
         self.rx.flush().map_err(Into::into)
     }

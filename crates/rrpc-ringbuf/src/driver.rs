@@ -400,8 +400,8 @@ impl RingTx {
     /// # Errors
     /// [`Error::WouldBlock`] when the ring is full (the batch is flushed so
     /// the receiver can drain; wait on [`TxWatch::has_space`]),
-    /// [`Error::TooLarge`] when `len` exceeds the ring, [`Error::PeerGone`]
-    /// when the connection failed, [`Error::Corrupt`] after a bad head word.
+    /// [`Error::TooLarge`] when `len` exceeds the ring, a fabric error
+    /// when the connection failed ([`Error::is_peer_gone`] if the peer left), [`Error::Corrupt`] after a bad head word.
     pub fn try_reserve(&mut self, len: usize) -> Result<WriteGuard<'_>, Error> {
         if self.sender.wants_completions() {
             self.poll_completions()?;
@@ -466,7 +466,7 @@ impl RingTx {
     /// A fixed ring does nothing.
     ///
     /// # Errors
-    /// [`Error::PeerGone`] or a fabric error while posting the marker,
+    /// a fabric error (the peer gone: [`Error::is_peer_gone`]) while posting the marker,
     /// [`Error::Corrupt`] after a bad head record.
     pub fn maintain(&mut self, now: std::time::Instant) -> Result<bool, Error> {
         if !self.cfg.self_sizing() {
@@ -507,7 +507,7 @@ impl RingTx {
     /// Pushes whatever is batched: untransmitted slots, then the tail.
     ///
     /// # Errors
-    /// [`Error::PeerGone`] or a fabric error.
+    /// a fabric error (the peer gone: [`Error::is_peer_gone`]).
     pub fn flush(&mut self) -> Result<(), Error> {
         self.sender.flush();
         self.post()?;
@@ -523,7 +523,7 @@ impl RingTx {
     /// (a deferred tail WRITE, work held back by the queue budget).
     ///
     /// # Errors
-    /// [`Error::PeerGone`] or a fabric error.
+    /// a fabric error (the peer gone: [`Error::is_peer_gone`]).
     pub fn poll_completions(&mut self) -> Result<(), Error> {
         self.shared.poll_cq()?;
         let done = self.shared.tx_done.load(Ordering::Acquire);
@@ -697,7 +697,7 @@ impl WriteGuard<'_> {
     /// Commits the whole reservation.
     ///
     /// # Errors
-    /// [`Error::PeerGone`] or a fabric error while posting a threshold's WRITEs.
+    /// a fabric error (the peer gone: [`Error::is_peer_gone`]) while posting a threshold's WRITEs.
     pub fn commit(self) -> Result<(), Error> {
         let len = self.len;
         self.commit_len(len)
@@ -806,8 +806,8 @@ impl RingRx {
     ///
     /// # Errors
     /// [`Error::WouldBlock`] when empty, [`Error::Corrupt`] for bad peer
-    /// data (the channel is closed), [`Error::PeerGone`] once the connection
-    /// failed and no more messages are published.
+    /// data (the channel is closed), a fabric error once the connection
+    /// failed ([`Error::is_peer_gone`] if the peer left) and no more messages are published.
     pub fn try_recv(&mut self) -> Result<ReadGuard<'_>, Error> {
         if self.deferred.is_some() {
             return Err(self.deferred.take().expect("checked"));
@@ -904,7 +904,7 @@ impl RingRx {
     /// Pushes the head now if the sender has not seen the latest one.
     ///
     /// # Errors
-    /// [`Error::PeerGone`] or a fabric error.
+    /// a fabric error (the peer gone: [`Error::is_peer_gone`]).
     pub fn flush(&mut self) -> Result<(), Error> {
         self.receiver.flush();
         self.post()
@@ -922,7 +922,7 @@ impl RingRx {
     /// the sender for room and this side for data. On shm it is `flush`.
     ///
     /// # Errors
-    /// [`Error::PeerGone`] or a fabric error (the queue pair already failed).
+    /// a fabric error (the peer gone: [`Error::is_peer_gone`]) (the queue pair already failed).
     pub fn flush_confirmed(&mut self) -> Result<(), Error> {
         self.receiver.flush();
         if !self.shared.qp.completes_in_post() {
@@ -940,7 +940,7 @@ impl RingRx {
     /// Polls the send completion queue (head pushes share it with the sender).
     ///
     /// # Errors
-    /// [`Error::PeerGone`] or a fabric error.
+    /// a fabric error (the peer gone: [`Error::is_peer_gone`]).
     pub fn poll_completions(&mut self) -> Result<(), Error> {
         self.shared.poll_cq()?;
         self.take_completions();
@@ -1143,7 +1143,7 @@ impl RxDoorbell {
     /// # Errors
     /// [`Error::WouldBlock`] while the previous announce's WRITE is still
     /// unacknowledged (one is in flight at most: its send-queue slot is
-    /// reserved once); [`Error::PeerGone`] or [`Error::Core`] once the
+    /// reserved once); [`Error::Core`] (the peer gone: [`Error::is_peer_gone`]) once the
     /// queue pair failed or posting fails.
     pub fn announce_sleep(&self) -> Result<(), Error> {
         let mut sleeper = self.sleeper.lock().unwrap_or_else(|e| e.into_inner());

@@ -137,5 +137,5 @@ pub use driver::{
     LOCAL_HEAD_OFFSET, LOCAL_SLEEP_OFFSET, LOCAL_TAIL_OFFSET, LocalRing, RING_OFFSET, ROLE_RING,
     ReadGuard, RingRx, RingTx, RxDoorbell, RxWatch, TxWatch, WriteGuard,
 };
-pub use error::Error;
+pub use error::{Corruption, Error, StampOf, Unplaced};
 pub use proto::params::RingParams;

@@ -6,7 +6,7 @@ use super::{
     FLAG_GAP, FLAG_RESIZE, Geometry, HEADER_LEN, Header, OVERHEAD, WR_KIND_RX, stamp_for, tag_for,
 };
 use crate::config::RingConfig;
-use crate::error::Error;
+use crate::error::{Corruption, Error, StampOf, Unplaced};
 
 /// A validated message at the head of `RB_R`: payload bytes
 /// `offset..offset+len` of the array.
@@ -83,7 +83,7 @@ pub struct Receiver {
     torn_tails: u64,
     /// The message at `head` is covered by the tail but not placed yet:
     /// what was seen instead (module docs, "Placement order").
-    unplaced: Option<(u64, String)>,
+    unplaced: Option<(u64, Unplaced)>,
 }
 
 impl Receiver {
@@ -160,7 +160,7 @@ impl Receiver {
         self.torn_tails
     }
     /// The error that closed the receiver, if any.
-    pub fn closed(&self) -> Option<&str> {
+    pub fn closed(&self) -> Option<&Corruption> {
         self.closed.reason()
     }
     /// The slot pointer of a message the tail covers but that is not placed
@@ -175,13 +175,13 @@ impl Receiver {
     /// driver's bound: the peer wrote something else. Closes the receiver.
     pub fn placement_timed_out(&mut self) -> Error {
         let what = match self.unplaced.take() {
-            Some((pos, seen)) => format!("message at slot {pos} never completed: {seen}"),
-            None => "placement timed out".to_string(),
+            Some((slot, seen)) => Corruption::NeverPlaced { slot, seen },
+            None => Corruption::PlacementTimedOut,
         };
         self.closed.close(what)
     }
 
-    fn not_placed(&mut self, seen: String) -> Result<Option<Message>, Error> {
+    fn not_placed(&mut self, seen: Unplaced) -> Result<Option<Message>, Error> {
         self.unplaced = Some((self.head, seen));
         Ok(None)
     }
@@ -259,11 +259,12 @@ impl Receiver {
             return Ok(());
         }
         if value < self.local_tail || value - self.head > self.geo.slot_count() {
-            return Err(self.closed.close(format!(
-                "tail pointer {value} outside [{}, {}]",
-                self.local_tail,
-                self.head + self.geo.slot_count()
-            )));
+            return Err(self.closed.close(Corruption::Pointer {
+                record: "tail",
+                value,
+                min: self.local_tail,
+                max: self.head + self.geo.slot_count(),
+            }));
         }
         self.local_tail = value;
         Ok(())
@@ -315,28 +316,29 @@ impl Receiver {
             // garbage is told apart from a late placement by time only, in
             // the driver (`placement_timed_out`).
             if h.tag != tag_for(self.head) {
-                return self.not_placed(format!(
-                    "header tag {:#06x} at slot {}, expected {:#06x}",
-                    h.tag,
-                    self.head,
-                    tag_for(self.head)
-                ));
+                return self.not_placed(Unplaced::Tag {
+                    slot: self.head,
+                    tag: h.tag,
+                    expected: tag_for(self.head),
+                });
             }
             if h.flags == FLAG_RESIZE {
                 let n = u64::from(h.len);
                 if !n.is_power_of_two() || n < crate::MIN_SLOT_COUNT || n > self.max_count {
-                    return self.not_placed(format!(
-                        "bad resize marker at slot {} (slot count {n}, array of {})",
-                        self.head, self.max_count
-                    ));
+                    return self.not_placed(Unplaced::ResizeMarker {
+                        slot: self.head,
+                        count: n,
+                        max: self.max_count,
+                    });
                 }
                 let stamp = read_word(self.geo.stamp_offset(self.head, 1));
                 if stamp != stamp_for(self.head) {
-                    return self.not_placed(format!(
-                        "end stamp {stamp:#018x} of the resize marker at slot {}, expected {:#018x}",
-                        self.head,
-                        stamp_for(self.head)
-                    ));
+                    return self.not_placed(Unplaced::Stamp {
+                        slot: self.head,
+                        what: StampOf::Resize,
+                        stamp,
+                        expected: stamp_for(self.head),
+                    });
                 }
                 self.head += 1;
                 if n < self.geo.slot_count() {
@@ -350,26 +352,28 @@ impl Receiver {
                 continue;
             }
             if h.flags & !FLAG_GAP != 0 {
-                return self.not_placed(format!(
-                    "unknown header flags {:#x} at slot {}",
-                    h.flags, self.head
-                ));
+                return self.not_placed(Unplaced::Flags {
+                    slot: self.head,
+                    flags: h.flags,
+                });
             }
             if h.flags & FLAG_GAP != 0 {
                 let gap = self.geo.slot_count() - idx;
                 if idx == 0 || h.len != 0 || gap > avail {
-                    return self.not_placed(format!(
-                        "bad gap marker at slot {} (len {}, {} slots available)",
-                        self.head, h.len, avail
-                    ));
+                    return self.not_placed(Unplaced::GapMarker {
+                        slot: self.head,
+                        len: h.len,
+                        avail,
+                    });
                 }
                 let stamp = read_word(self.geo.stamp_offset(self.head, gap));
                 if stamp != stamp_for(self.head) {
-                    return self.not_placed(format!(
-                        "end stamp {stamp:#018x} of the gap at slot {}, expected {:#018x}",
-                        self.head,
-                        stamp_for(self.head)
-                    ));
+                    return self.not_placed(Unplaced::Stamp {
+                        slot: self.head,
+                        what: StampOf::Gap,
+                        stamp,
+                        expected: stamp_for(self.head),
+                    });
                 }
                 self.head += gap;
                 continue;
@@ -378,18 +382,20 @@ impl Receiver {
             let slots = (OVERHEAD + len).div_ceil(self.geo.slot_size()) as u64;
             if len > self.geo.max_payload() || slots > avail || idx + slots > self.geo.slot_count()
             {
-                return self.not_placed(format!(
-                    "message length {len} at slot {} exceeds the {avail} published slots or the array end",
-                    self.head
-                ));
+                return self.not_placed(Unplaced::Length {
+                    slot: self.head,
+                    len,
+                    avail,
+                });
             }
             let stamp = read_word(self.geo.stamp_offset(self.head, slots));
             if stamp != stamp_for(self.head) {
-                return self.not_placed(format!(
-                    "end stamp {stamp:#018x} of the {len}-byte message at slot {}, expected {:#018x}",
-                    self.head,
-                    stamp_for(self.head)
-                ));
+                return self.not_placed(Unplaced::Stamp {
+                    slot: self.head,
+                    what: StampOf::Message(len),
+                    stamp,
+                    expected: stamp_for(self.head),
+                });
             }
             self.unplaced = None;
             return Ok(Some(Message {
@@ -399,10 +405,7 @@ impl Receiver {
                 slots,
             }));
         }
-        self.not_placed(format!(
-            "more than three gap or resize markers in a row before slot {}",
-            self.head
-        ))
+        self.not_placed(Unplaced::Markers { slot: self.head })
     }
 
     /// Releases the message returned by [`poll_recv`](Self::poll_recv):

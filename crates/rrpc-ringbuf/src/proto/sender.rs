@@ -255,7 +255,7 @@ impl Sender {
         self.stats
     }
     /// The error that closed the sender, if any.
-    pub fn closed(&self) -> Option<&str> {
+    pub fn closed(&self) -> Option<&crate::error::Corruption> {
         self.closed.reason()
     }
 
@@ -587,10 +587,12 @@ impl Sender {
             return Ok(());
         }
         if value < self.local_head || value > self.synced_tail {
-            return Err(self.closed.close(format!(
-                "head pointer {value} outside [{}, {}]",
-                self.local_head, self.synced_tail
-            )));
+            return Err(self.closed.close(crate::error::Corruption::Pointer {
+                record: "head",
+                value,
+                min: self.local_head,
+                max: self.synced_tail,
+            }));
         }
         self.local_head = value;
         if self.switch_at.is_some_and(|s| value >= s) {

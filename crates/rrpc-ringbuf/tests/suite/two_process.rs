@@ -348,7 +348,7 @@ fn receiver_dies_sender_sees_backpressure_then_peer_gone(t: &Target) {
         blocked,
         "a full ring must push back before the peer is detected gone"
     );
-    assert!(matches!(err, Error::PeerGone), "got {err:?}");
+    assert!(err.is_peer_gone(), "got {err:?}");
     assert!((10..=64 + 10).contains(&sent), "sent {sent}");
-    assert!(matches!(tx.try_send(&msg), Err(Error::PeerGone)));
+    assert!(tx.try_send(&msg).is_err_and(|e| e.is_peer_gone()));
 }
