@@ -1,4 +1,7 @@
-//! The crate's error type.
+//! The crate's error type, whose fault it was ([`Error::fault`], asking
+//! the fabric for [`Error::Fabric`]: the fabric decides once whether a
+//! peer is gone), and its one mapping to a gRPC status
+//! ([`Error::code`], used by the gRPC face).
 
 use rrpc_core::Fault;
 
@@ -31,14 +34,12 @@ pub enum Error {
     #[error("storage: {0}")]
     Storage(String),
     /// The fabric (rrpc-core) failed: connection, region, work request.
+    /// The peer going away is one of these: ask [`Error::is_peer_gone`].
     #[error("fabric: {0}")]
     Fabric(#[from] rrpc_core::Error),
     /// No result within the call's time bound.
     #[error("timed out after {0:?}")]
     Timeout(std::time::Duration),
-    /// The peer went away.
-    #[error("peer gone")]
-    PeerGone,
     /// A system call failed.
     #[error("{op}: {source}")]
     Io {
@@ -55,11 +56,47 @@ impl Error {
     pub fn fault(&self) -> Fault {
         match self {
             Error::Malformed { .. } | Error::Timeout(_) => Fault::Peer,
-            Error::PeerGone => Fault::PeerGone,
             Error::TooLarge { .. } | Error::InvalidConfig(_) => Fault::Local,
             Error::Fabric(e) => e.fault(),
             Error::Storage(_) | Error::Io { .. } => Fault::Device,
         }
+    }
+
+    /// Whether the peer is gone ([`Fault::PeerGone`], decided by
+    /// [`rrpc_core::Error::is_peer_gone`]).
+    pub fn is_peer_gone(&self) -> bool {
+        self.fault() == Fault::PeerGone
+    }
+
+    /// The gRPC code this error becomes (the gRPC face's one mapping): a
+    /// request over the limits `InvalidArgument` (as the face documents),
+    /// a malformed message `InvalidArgument`, no result in time
+    /// `DeadlineExceeded`, a refused token or TLS peer `Unauthenticated`,
+    /// a fabric limit `ResourceExhausted`; otherwise by fault: local
+    /// misuse, a peer's violation and a failing store `Internal`, a gone
+    /// peer or a failing device `Unavailable`.
+    pub fn code(&self) -> tonic::Code {
+        use tonic::Code;
+        match self {
+            Error::TooLarge { .. } | Error::Malformed { .. } => Code::InvalidArgument,
+            Error::Timeout(_) => Code::DeadlineExceeded,
+            Error::Storage(_) => Code::Internal,
+            Error::Fabric(rrpc_core::Error::AuthFailed | rrpc_core::Error::Tls(_)) => {
+                Code::Unauthenticated
+            }
+            Error::Fabric(rrpc_core::Error::LimitExceeded { .. }) => Code::ResourceExhausted,
+            e => match e.fault() {
+                Fault::Local | Fault::Peer => Code::Internal,
+                Fault::PeerGone | Fault::Device => Code::Unavailable,
+                _ => Code::Unknown,
+            },
+        }
+    }
+}
+
+impl From<Error> for tonic::Status {
+    fn from(e: Error) -> Self {
+        tonic::Status::new(e.code(), e.to_string())
     }
 }
 

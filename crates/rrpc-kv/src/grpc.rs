@@ -155,10 +155,10 @@ impl<E: Execute> KvService<E> {
     }
 }
 
-/// `INVALID_ARGUMENT` for an operation over the limits.
+/// `INVALID_ARGUMENT` for an operation over the limits (the crate's one
+/// mapping, [`crate::Error::code`]).
 fn validate(op: &Op) -> Result<(), Status> {
-    op.validate()
-        .map_err(|e| Status::invalid_argument(e.to_string()))
+    op.validate().map_err(Status::from)
 }
 
 fn failed(msg: String) -> Status {

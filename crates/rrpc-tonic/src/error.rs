@@ -1,12 +1,38 @@
-//! The crate's error type and its mapping to [`tonic::Status`].
+//! The crate's error type and its one mapping to [`tonic::Status`].
+//!
+//! Errors of the layers below keep their type ([`Error::Rings`] holds the
+//! poller's error, which holds the ring's or the fabric's), and a
+//! connection that failed shares its first error with every call it fails
+//! ([`Error::Failed`]). [`Error::fault`] says whose fault an error was (a
+//! [`rrpc_core::Fault`], asked of the error below when there is one: the
+//! fabric decides once whether a peer is gone), and [`Error::code`] is the
+//! one place an error becomes a gRPC code, on both paths:
+//!
+//! | error (at any depth) | code |
+//! |---|---|
+//! | a ring the peer corrupted (`rrpc_ringbuf::Error::Corrupt`) | `DataLoss` |
+//! | a refused token or TLS peer (`AuthFailed`, `Tls`) | `Unauthenticated` |
+//! | a message or grant over a limit (`MessageTooLarge`, `LimitExceeded`) | `ResourceExhausted` |
+//! | a bad URI or configuration | `InvalidArgument` |
+//! | a transport this build lacks | `Unimplemented` |
+//! | no common fabric on an `rrpc://` port | `FailedPrecondition` |
+//! | the peer broke the protocol (`Protocol`, other [`Fault::Peer`]) | `Internal` |
+//! | other local misuse below ([`Fault::Local`]) | `Internal` |
+//! | a gone peer, a failed connect or handshake, a failing device ([`Fault::PeerGone`], [`Fault::Device`]) | `Unavailable` |
+
+use std::sync::Arc;
+
+use rrpc_core::Fault;
 
 use crate::frame::FrameError;
 
 /// Everything that can go wrong in rrpc-tonic.
 ///
-/// Split by fault as house style asks: API misuse (`InvalidUri`,
-/// `UnsupportedTransport`, `InvalidConfig`), peer fault (`Protocol`,
-/// `Handshake`), peer gone (`PeerGone`), local resources (`Io`, `Transport`).
+/// Split by fault as house style asks ([`Error::fault`]): API misuse
+/// (`InvalidUri`, `UnsupportedTransport`, `InvalidConfig`), peer fault
+/// (`Protocol`, `Handshake`), peer gone (`PeerGone`), local resources
+/// (`Io`, `Transport`), and the layers below (`Rings`), whose errors say
+/// their own fault.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
@@ -37,13 +63,16 @@ pub enum Error {
         /// The limit.
         max: usize,
     },
-    /// The peer closed the connection or died.
+    /// The peer closed the connection (an in-process pipe whose other end
+    /// is gone). A ring or fabric error that says so stays
+    /// [`Error::Rings`]: ask [`Error::is_peer_gone`].
     #[error("peer gone")]
     PeerGone,
     /// The peer sent a malformed frame; the connection was closed.
     #[error("protocol violation by peer: {0}")]
     Protocol(#[from] FrameError),
-    /// The connection handshake failed.
+    /// The connection handshake failed (made once per connect: the text
+    /// names the step and what the peer said).
     #[error("handshake failed: {0}")]
     Handshake(String),
     /// A connection attempt took longer than the endpoint's
@@ -56,9 +85,11 @@ pub enum Error {
     /// An I/O error from the side channel or a socket.
     #[error("i/o error: {0}")]
     Io(#[from] std::io::Error),
-    /// An error from the rings, the poller or the fabric below.
+    /// An error from the rings, the poller or the fabric below, typed
+    /// (a fabric error is [`rrpc_poller::Error::Core`], a ring's
+    /// [`rrpc_poller::Error::Ring`]).
     #[error("rings: {0}")]
-    Rings(#[source] Box<dyn std::error::Error + Send + Sync>),
+    Rings(#[source] Box<rrpc_poller::Error>),
     /// An error from tonic's own transport (TCP and Unix-socket paths).
     #[error("tonic transport: {0}")]
     Transport(#[from] tonic::transport::Error),
@@ -72,53 +103,112 @@ pub enum Error {
         /// What was missing, on which side.
         reason: String,
     },
-    /// The connection failed earlier (a fast-path send failed, for
-    /// `reason`), and everything on it fails the same way: `code` is the
-    /// [`tonic::Code`] of the error that failed it ([`Error::code`]), so a
-    /// ring the peer corrupted still reads `DataLoss` on every call it
-    /// fails, not only the first.
-    #[error("{reason}")]
-    Failed {
-        /// Whose fault the first error was, as a gRPC code.
-        code: tonic::Code,
-        /// The first error, as text.
-        reason: String,
-    },
+    /// The call ended, or its connection closed, while it waited (for
+    /// flow-control window).
+    #[error("{0}")]
+    Closed(&'static str),
+    /// The connection failed earlier, with this error, and everything on
+    /// it fails the same way: every call it fails shares the first error
+    /// (its code, [`Error::code`], is that error's, so a ring the peer
+    /// corrupted reads `DataLoss` on every call, not only the first).
+    #[error("connection failed: {0}")]
+    Failed(#[source] Arc<Error>),
+}
+
+/// The deepest typed error an [`Error`] holds: the one [`Error::code`]
+/// reads.
+enum Leaf<'a> {
+    Tonic(&'a Error),
+    Poller(&'a rrpc_poller::Error),
+    Ring(&'a rrpc_ringbuf::Error),
+    Core(&'a rrpc_core::Error),
 }
 
 impl Error {
-    /// The [`tonic::Code`] this error becomes, saying whose fault it was:
-    /// misuse `InvalidArgument` (or `Unimplemented` for a transport this
-    /// build lacks), a message over the limit `ResourceExhausted`, a peer
-    /// that broke the protocol `Internal`, a ring it corrupted `DataLoss`,
-    /// a refused token or TLS peer `Unauthenticated`, no common fabric on an
-    /// `rrpc://` port `FailedPrecondition`, and a gone peer, a
-    /// failed connect or a failing device `Unavailable`.
-    pub fn code(&self) -> tonic::Code {
-        use tonic::Code;
+    /// Whose fault this error was: misuse and limits [`Fault::Local`], a
+    /// peer that broke the protocol or a failed handshake [`Fault::Peer`],
+    /// a peer that left or cannot be reached [`Fault::PeerGone`], a system
+    /// call or tonic's transport [`Fault::Device`]; an error from below (or
+    /// the one a connection failed with) says its own.
+    pub fn fault(&self) -> Fault {
         match self {
-            Error::InvalidUri { .. } | Error::InvalidConfig(_) => Code::InvalidArgument,
-            Error::UnsupportedTransport { .. } => Code::Unimplemented,
-            Error::NoFabric { .. } => Code::FailedPrecondition,
-            Error::MessageTooLarge { .. } => Code::ResourceExhausted,
-            Error::Protocol(_) => Code::Internal,
-            Error::Rings(inner) => rings_code(inner.as_ref()),
-            Error::Failed { code, .. } => *code,
-            Error::PeerGone
-            | Error::Handshake(_)
-            | Error::NotListening(_)
-            | Error::ConnectTimeout(_)
-            | Error::Io(_)
-            | Error::Transport(_) => Code::Unavailable,
+            Error::InvalidUri { .. }
+            | Error::UnsupportedTransport { .. }
+            | Error::InvalidConfig(_)
+            | Error::MessageTooLarge { .. }
+            | Error::NoFabric { .. }
+            | Error::Closed(_) => Fault::Local,
+            Error::Protocol(_) | Error::Handshake(_) => Fault::Peer,
+            Error::PeerGone | Error::ConnectTimeout(_) | Error::NotListening(_) => Fault::PeerGone,
+            Error::Io(_) | Error::Transport(_) => Fault::Device,
+            Error::Rings(e) => e.fault(),
+            Error::Failed(e) => e.fault(),
         }
+    }
+
+    /// Whether the peer is gone ([`Fault::PeerGone`]: decided by the
+    /// fabric for its errors, [`rrpc_core::Error::is_peer_gone`]).
+    pub fn is_peer_gone(&self) -> bool {
+        self.fault() == Fault::PeerGone
+    }
+
+    fn leaf(&self) -> Leaf<'_> {
+        match self {
+            Error::Failed(e) => e.leaf(),
+            Error::Rings(e) => match e.as_ref() {
+                rrpc_poller::Error::Ring(rrpc_ringbuf::Error::Core(c))
+                | rrpc_poller::Error::Core(c) => Leaf::Core(c),
+                rrpc_poller::Error::Ring(r) => Leaf::Ring(r),
+                p => Leaf::Poller(p),
+            },
+            e => Leaf::Tonic(e),
+        }
+    }
+
+    /// The [`tonic::Code`] this error becomes: the one mapping, for both
+    /// paths and every call a failed connection fails (module docs, the
+    /// table). The specific kinds first (a corrupt ring `DataLoss`, a
+    /// refused token or TLS peer `Unauthenticated`, a limit
+    /// `ResourceExhausted`), at whatever depth they are; then this crate's
+    /// own variants; then the [`Fault`] of an error from below.
+    pub fn code(&self) -> tonic::Code {
+        use rrpc_core::Error as C;
+        use tonic::Code;
+        match self.leaf() {
+            Leaf::Ring(rrpc_ringbuf::Error::Corrupt(_)) => Code::DataLoss,
+            Leaf::Core(C::AuthFailed | C::Tls(_)) => Code::Unauthenticated,
+            Leaf::Core(C::LimitExceeded { .. })
+            | Leaf::Ring(rrpc_ringbuf::Error::TooLarge { .. })
+            | Leaf::Tonic(Error::MessageTooLarge { .. }) => Code::ResourceExhausted,
+            Leaf::Tonic(Error::InvalidUri { .. } | Error::InvalidConfig(_)) => {
+                Code::InvalidArgument
+            }
+            Leaf::Tonic(Error::UnsupportedTransport { .. }) => Code::Unimplemented,
+            Leaf::Tonic(Error::NoFabric { .. }) => Code::FailedPrecondition,
+            Leaf::Tonic(Error::Protocol(_)) => Code::Internal,
+            // A connect or handshake that failed, whoever refused: worth
+            // retrying (a refused token is `Unauthenticated` above).
+            Leaf::Tonic(Error::Handshake(_) | Error::Closed(_)) => Code::Unavailable,
+            // Our own poller shut down under the call: not misuse.
+            Leaf::Poller(rrpc_poller::Error::Shutdown) => Code::Unavailable,
+            _ => match self.fault() {
+                Fault::Local | Fault::Peer => Code::Internal,
+                _ => Code::Unavailable,
+            },
+        }
+    }
+
+    /// This error as a [`tonic::Status`]: [`Error::code`] and the error's
+    /// text. What `From<Error> for Status` does, for an error that is
+    /// shared ([`Error::Failed`]).
+    pub fn status(&self) -> tonic::Status {
+        tonic::Status::new(self.code(), self.to_string())
     }
 }
 
 impl From<rrpc_poller::Error> for Error {
     fn from(e: rrpc_poller::Error) -> Self {
         match e {
-            rrpc_poller::Error::PeerGone
-            | rrpc_poller::Error::Ring(rrpc_ringbuf::Error::PeerGone) => Error::PeerGone,
             rrpc_poller::Error::Ring(rrpc_ringbuf::Error::TooLarge { len, max }) => {
                 Error::MessageTooLarge { len, max }
             }
@@ -136,50 +226,16 @@ impl From<rrpc_ringbuf::Error> for Error {
 impl From<rrpc_core::Error> for Error {
     fn from(e: rrpc_core::Error) -> Self {
         match e {
-            rrpc_core::Error::PeerGone => Error::PeerGone,
             rrpc_core::Error::InvalidUri { uri, reason } => Error::InvalidUri { uri, reason },
-            e => Error::Rings(Box::new(e)),
+            e => rrpc_poller::Error::Core(e).into(),
         }
     }
 }
 
 impl From<Error> for tonic::Status {
     fn from(e: Error) -> Self {
-        tonic::Status::new(e.code(), e.to_string())
+        e.status()
     }
-}
-
-/// Whose fault an error from the layers below was, as a gRPC code: a
-/// refused token is `Unauthenticated`, a peer that broke the protocol
-/// `Internal` (corrupt ring data: `DataLoss`), a local limit
-/// `ResourceExhausted`, a gone peer or a failing device `Unavailable`.
-fn rings_code(e: &(dyn std::error::Error + 'static)) -> tonic::Code {
-    use tonic::Code;
-    let core = |c: &rrpc_core::Error| match c {
-        rrpc_core::Error::AuthFailed | rrpc_core::Error::Tls(_) => Code::Unauthenticated,
-        rrpc_core::Error::LimitExceeded { .. } => Code::ResourceExhausted,
-        c => match c.fault() {
-            rrpc_core::Fault::Peer => Code::Internal,
-            rrpc_core::Fault::Local => Code::Internal,
-            _ => Code::Unavailable,
-        },
-    };
-    let ring = |r: &rrpc_ringbuf::Error| match r {
-        rrpc_ringbuf::Error::Corrupt(_) => Code::DataLoss,
-        rrpc_ringbuf::Error::Incompatible(_) => Code::Internal,
-        rrpc_ringbuf::Error::Core(c) => core(c),
-        _ => Code::Unavailable,
-    };
-    if let Some(c) = e.downcast_ref::<rrpc_core::Error>() {
-        return core(c);
-    }
-    if let Some(r) = e.downcast_ref::<rrpc_ringbuf::Error>() {
-        return ring(r);
-    }
-    if let Some(rrpc_poller::Error::Ring(r)) = e.downcast_ref::<rrpc_poller::Error>() {
-        return ring(r);
-    }
-    Code::Unavailable
 }
 
 /// What `rdma://` says in a build without the verbs provider.
@@ -194,52 +250,144 @@ pub(crate) fn rdma_unavailable() -> Error {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use rrpc_core::Error as C;
+    use rrpc_ringbuf::{Corruption, Error as R};
     use tonic::Code;
 
+    fn corrupt() -> Error {
+        R::Corrupt(Corruption::PlacementTimedOut).into()
+    }
+
+    /// The one mapping, over every [`Fault`] and every specific kind, at
+    /// every depth an error reaches it: as itself, under the poller
+    /// (`Rings`), and shared by a failed connection (`Failed`), which must
+    /// keep the code and the fault of what failed it.
     #[test]
-    fn maps_to_status_codes() {
-        assert_eq!(
-            tonic::Status::from(Error::PeerGone).code(),
-            Code::Unavailable
-        );
-        assert_eq!(
-            tonic::Status::from(Error::MessageTooLarge { len: 2, max: 1 }).code(),
-            Code::ResourceExhausted
-        );
-        assert_eq!(
-            tonic::Status::from(Error::Protocol(FrameError::Reserved)).code(),
-            Code::Internal
-        );
-        assert_eq!(
-            tonic::Status::from(Error::from(rrpc_core::Error::AuthFailed)).code(),
-            Code::Unauthenticated
-        );
-        assert_eq!(
-            tonic::Status::from(Error::from(rrpc_core::Error::LimitExceeded {
-                what: "bytes",
-                requested: 2,
-                limit: 1
-            }))
-            .code(),
-            Code::ResourceExhausted
-        );
-        assert_eq!(
-            tonic::Status::from(Error::from(rrpc_ringbuf::Error::Corrupt("x".into()))).code(),
-            Code::DataLoss
-        );
-        let corrupt = Error::from(rrpc_ringbuf::Error::Corrupt("x".into()));
-        let failed = Error::Failed {
-            code: corrupt.code(),
-            reason: corrupt.to_string(),
-        };
-        assert_eq!(tonic::Status::from(failed).code(), Code::DataLoss);
-        assert_eq!(
-            tonic::Status::from(Error::UnsupportedTransport {
-                scheme: "rdma",
-                reason: "x"
-            })
-            .code(),
-            Code::Unimplemented
-        );
+    fn one_mapping_over_every_fault_and_kind() {
+        let cases: Vec<(Error, Fault, Code)> = vec![
+            // Specific kinds.
+            (corrupt(), Fault::Peer, Code::DataLoss),
+            (C::AuthFailed.into(), Fault::Peer, Code::Unauthenticated),
+            (C::Tls("x".into()).into(), Fault::Peer, Code::Unauthenticated),
+            (
+                C::LimitExceeded {
+                    what: "bytes",
+                    requested: 2,
+                    limit: 1,
+                }
+                .into(),
+                Fault::Local,
+                Code::ResourceExhausted,
+            ),
+            (
+                Error::MessageTooLarge { len: 2, max: 1 },
+                Fault::Local,
+                Code::ResourceExhausted,
+            ),
+            (
+                R::TooLarge { len: 2, max: 1 }.into(),
+                Fault::Local,
+                Code::ResourceExhausted,
+            ),
+            // This crate's own.
+            (Error::InvalidConfig("x"), Fault::Local, Code::InvalidArgument),
+            (
+                C::InvalidUri {
+                    uri: "x".into(),
+                    reason: "y".into(),
+                }
+                .into(),
+                Fault::Local,
+                Code::InvalidArgument,
+            ),
+            (rdma_unavailable(), Fault::Local, Code::Unimplemented),
+            (
+                Error::NoFabric {
+                    addr: "a".into(),
+                    reason: "b".into(),
+                },
+                Fault::Local,
+                Code::FailedPrecondition,
+            ),
+            (
+                Error::Protocol(FrameError::Reserved),
+                Fault::Peer,
+                Code::Internal,
+            ),
+            (Error::Handshake("x".into()), Fault::Peer, Code::Unavailable),
+            (Error::Closed("x"), Fault::Local, Code::Unavailable),
+            (Error::PeerGone, Fault::PeerGone, Code::Unavailable),
+            (
+                Error::NotListening("x".into()),
+                Fault::PeerGone,
+                Code::Unavailable,
+            ),
+            (
+                std::io::Error::other("x").into(),
+                Fault::Device,
+                Code::Unavailable,
+            ),
+            // From below, by fault: local misuse and a peer's violation
+            // `Internal`, a gone peer and a failing device `Unavailable`.
+            (C::QueueFull { depth: 1 }.into(), Fault::Local, Code::Internal),
+            (
+                C::PeerMisbehaved(rrpc_core::Violation::ConsumerAhead { cons: 2, prod: 1 })
+                    .into(),
+                Fault::Peer,
+                Code::Internal,
+            ),
+            (
+                R::Incompatible("x".into()).into(),
+                Fault::Peer,
+                Code::Internal,
+            ),
+            (C::PeerGone.into(), Fault::PeerGone, Code::Unavailable),
+            (
+                R::Core(C::PeerUnresponsive("x".into())).into(),
+                Fault::PeerGone,
+                Code::Unavailable,
+            ),
+            (
+                C::CompletionError {
+                    wr_id: 1,
+                    status: rrpc_core::Status::RetryExceeded,
+                }
+                .into(),
+                Fault::PeerGone,
+                Code::Unavailable,
+            ),
+            (
+                rrpc_poller::Error::PeerGone.into(),
+                Fault::PeerGone,
+                Code::Unavailable,
+            ),
+            (
+                C::io("x", std::io::Error::other("y")).into(),
+                Fault::Device,
+                Code::Unavailable,
+            ),
+            (
+                rrpc_poller::Error::Shutdown.into(),
+                Fault::Local,
+                Code::Unavailable,
+            ),
+            (
+                rrpc_poller::Error::InvalidConfig("x").into(),
+                Fault::Local,
+                Code::Internal,
+            ),
+        ];
+        for (e, fault, code) in cases {
+            let what = e.to_string();
+            assert_eq!(e.fault(), fault, "fault of {what}");
+            assert_eq!(e.code(), code, "code of {what}");
+            assert_eq!(e.is_peer_gone(), fault == Fault::PeerGone, "{what}");
+            let shared = Error::Failed(Arc::new(e));
+            assert_eq!(shared.fault(), fault, "fault of a connection failed by {what}");
+            assert_eq!(shared.code(), code, "code of a connection failed by {what}");
+            let st = tonic::Status::from(shared);
+            assert_eq!(st.code(), code, "{what}");
+            assert!(st.message().contains(&what), "{st:?}");
+        }
     }
 }

@@ -38,14 +38,20 @@ type SendFut = BoxFut<'static, (Box<dyn MsgTx>, Result<(), Error>)>;
 /// a reason of rrpc's (a queue pair out of retries, a host that stopped
 /// answering, a corrupt ring): hyper keeps only the words of the first
 /// read error, and a call dispatched on the dying connection only hears
-/// "operation was canceled". Reset for each new connection.
-type Cause = Arc<Mutex<Option<String>>>;
+/// "operation was canceled". Kept typed, so that the caller's status has
+/// its code ([`Error::code`]: a corrupt ring `DataLoss`, a gone peer
+/// `Unavailable`). Reset for each new connection.
+type Cause = Arc<Mutex<Option<Arc<Error>>>>;
 
-fn record(cause: Option<&Cause>, e: &Error) {
+/// Records `e` as the cause (the first one stays) and returns it shared,
+/// for the I/O error hyper gets.
+fn record(cause: Option<&Cause>, e: Error) -> Error {
+    let e = Arc::new(e);
     if let Some(c) = cause {
         let mut c = c.lock().unwrap_or_else(|p| p.into_inner());
-        c.get_or_insert_with(|| e.to_string());
+        c.get_or_insert_with(|| e.clone());
     }
+    Error::Failed(e)
 }
 
 /// An rrpc connection as a byte stream, for hyper.
@@ -117,7 +123,7 @@ impl RrpcStream {
                     // error that carries the cause, which `h2_call` finds
                     // under hyper's own error for the caller's status.
                     Err(e) => {
-                        record(reader_cause.as_ref(), &e);
+                        let e = record(reader_cause.as_ref(), e);
                         let _ = rtx
                             .send(Err(io::Error::new(io::ErrorKind::ConnectionAborted, e)))
                             .await;
@@ -140,8 +146,7 @@ impl RrpcStream {
 
     /// A send failed: record why, and tell hyper.
     fn send_error(&self, e: Error) -> io::Error {
-        record(self.cause.as_ref(), &e);
-        io::Error::new(io::ErrorKind::BrokenPipe, e)
+        io::Error::new(io::ErrorKind::BrokenPipe, record(self.cause.as_ref(), e))
     }
 
     /// Finishes a send that had to wait for ring space.
@@ -325,24 +330,29 @@ pub(crate) fn h2_call(c: &mut H2Conn, req: http::Request<Body>) -> ResponseFutur
 }
 
 /// hyper reports a connection that died under a streaming response as an
-/// `Unknown` "h2 protocol error"; gRPC (and the fast path) say `Unavailable`.
-/// Body errors never carry a server's status (that comes in trailers), so an
-/// `Unknown` here is always the transport's.
+/// `Unknown` "h2 protocol error"; gRPC (and the fast path) say `Unavailable`,
+/// or the code of rrpc's cause ([`lost`]). Body errors never carry a
+/// server's status (that comes in trailers), so an `Unknown` here is always
+/// the transport's.
 fn lost_connection(s: tonic::Status, cause: &Cause) -> tonic::Status {
     if s.code() == tonic::Code::Unknown {
-        tonic::Status::unavailable(lost_message(&s, cause))
+        lost(&s, cause)
     } else {
         s
     }
 }
 
 /// "connection lost: ..." with hyper's words, and rrpc's cause when the
-/// connection failed for one ([`Cause`]): `IBV_WC_RETRY_EXC_ERR`, a host
-/// that stopped answering.
-fn lost_message(s: &tonic::Status, cause: &Cause) -> String {
+/// connection failed for one ([`Cause`]: `IBV_WC_RETRY_EXC_ERR`, a host
+/// that stopped answering, a corrupt ring), whose code it has
+/// ([`Error::code`]); `Unavailable` without one.
+fn lost(s: &tonic::Status, cause: &Cause) -> tonic::Status {
     match cause.lock().unwrap_or_else(|p| p.into_inner()).as_deref() {
-        Some(why) => format!("connection lost: rrpc: {why} ({})", s.message()),
-        None => format!("connection lost: {}", s.message()),
+        Some(why) => tonic::Status::new(
+            why.code(),
+            format!("connection lost: rrpc: {why} ({})", s.message()),
+        ),
+        None => tonic::Status::unavailable(format!("connection lost: {}", s.message())),
     }
 }
 
@@ -360,7 +370,7 @@ fn dispatch_error(e: BoxError, cause: &Cause) -> tonic::Status {
     let timeout = st.code() == tonic::Code::Cancelled && st.message().contains("Timeout expired");
     match st.code() {
         tonic::Code::Unknown | tonic::Code::Cancelled if !timeout => {
-            tonic::Status::unavailable(lost_message(&st, cause))
+            lost(&st, cause)
         }
         _ => st,
     }

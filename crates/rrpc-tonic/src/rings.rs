@@ -178,9 +178,7 @@ impl RingsTx {
         let Err(e) = r else { return r };
         // The cause first: the close below fails the queue pair too.
         let e = match e {
-            Error::PeerGone => {
-                gone_cause(&self.conn).map_or(Error::PeerGone, |why| Error::Rings(Box::new(why)))
-            }
+            e if e.is_peer_gone() => gone_cause(&self.conn).map_or(e, Error::from),
             e => e,
         };
         fail_connection(&self.conn, &e);
@@ -411,8 +409,8 @@ impl MsgRx for RingsRx {
                     f(&msg);
                     true
                 }
-                Err(rrpc_poller::Error::PeerGone) => match gone_cause(&self._conn) {
-                    Some(e) => return Err(Error::Rings(Box::new(e))),
+                Err(e) if e.is_peer_gone() => match gone_cause(&self._conn) {
+                    Some(e) => return Err(e.into()),
                     None => {
                         tracing::debug!(
                             failure = ?self._conn.qp().failure(),

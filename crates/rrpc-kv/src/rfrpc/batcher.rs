@@ -17,7 +17,8 @@
 //! Every pushed request gets a [`Ticket`]; results come back in push order
 //! from [`Batcher::pop`], each `Ok(bytes)` or `Err` (transport errors are
 //! shared by all requests of the failed batch, hence `Arc<Error>`). A dead
-//! server makes the batch's requests fail with [`Error::PeerGone`] (or
+//! server makes the batch's requests fail with a peer-gone error
+//! ([`Error::is_peer_gone`]) (or
 //! [`Error::Timeout`] after the client's call timeout), never a hang.
 //!
 //! The decisions (when to flush, which N next) are the sans-IO

@@ -193,13 +193,6 @@ struct InFlight {
     forced: bool,
 }
 
-fn fab(e: rrpc_core::Error) -> Error {
-    match e {
-        rrpc_core::Error::PeerGone => Error::PeerGone,
-        e => Error::Fabric(e),
-    }
-}
-
 impl RfClient {
     /// Connects to the server at `endpoint` over `fabric`.
     ///
@@ -209,18 +202,18 @@ impl RfClient {
     pub fn connect(endpoint: &Endpoint, fabric: &Fabric, cfg: RfClientConfig) -> Result<Self> {
         // This connection's regions and queue pair in a protection domain
         // of their own (`Fabric::isolated`).
-        let fabric = &fabric.isolated().map_err(fab)?;
+        let fabric = &fabric.isolated().map_err(Error::Fabric)?;
         // Narrowest access: the server only WRITEs into the reply buffer.
         let reply = fabric
             .alloc_region_with(cfg.reply_buffer, rrpc_core::Access::REMOTE_WRITE)
-            .map_err(fab)?;
+            .map_err(Error::Fabric)?;
         let conn = conn::connect(
             endpoint,
-            fabric.create_qp(&QpConfig::default()).map_err(fab)?,
+            fabric.create_qp(&QpConfig::default()).map_err(Error::Fabric)?,
             Offer::new().grant(REPLY_ROLE, reply.clone()),
             &cfg.handshake,
         )
-        .map_err(fab)?;
+        .map_err(Error::Fabric)?;
         let info = ServerInfo::decode(conn.peer().section(SERVER_ROLE).unwrap_or_default())?;
         let remote = conn
             .peer()
@@ -241,7 +234,7 @@ impl RfClient {
                 info.request_cap + info.response_cap,
                 rrpc_core::Access::LOCAL,
             )
-            .map_err(fab)?;
+            .map_err(Error::Fabric)?;
         let policy = cfg.mode.unwrap_or(info.policy);
         let fetch_size = cfg.fetch_size.min(info.response_cap);
         Ok(RfClient {
@@ -368,7 +361,7 @@ impl RfClient {
     /// [`Error::TooLarge`] for a request over [`Self::max_request`] or a
     /// result over the response buffer; [`Error::Timeout`] past the call
     /// timeout (the connection stays usable: a late result is told apart by
-    /// its sequence number); [`Error::PeerGone`] when the server left;
+    /// its sequence number); [`Error::Fabric`] when the server left ([`Error::is_peer_gone`]);
     /// [`Error::Malformed`] for a response that cannot be valid;
     /// [`Error::Fabric`] for a failed work request.
     pub fn call(&mut self, req: &[u8]) -> Result<Vec<u8>> {
@@ -499,7 +492,7 @@ impl RfClient {
         self.seq = seq;
         let mode = force.unwrap_or_else(|| self.switch.mode());
         encode_request_as(seq, mode, is_batch, req, &mut self.frame)?;
-        self.local.write_at(0, &self.frame).map_err(fab)?;
+        self.local.write_at(0, &self.frame).map_err(Error::Fabric)?;
         let n = self.frame.len();
         // Body and tail first, then the status word: the server polls the
         // status word, and WRITEs on one queue pair land in order.
@@ -511,10 +504,10 @@ impl RfClient {
             self.remote.at(8),
             false,
         )
-        .map_err(fab)?;
+        .map_err(Error::Fabric)?;
         let wr = self.next_wr();
         qp.post_write(wr, Local::new(&self.local, 0, 8), self.remote.at(0), true)
-            .map_err(fab)?;
+            .map_err(Error::Fabric)?;
         self.wait_send(deadline)?;
         self.pending = Some(InFlight {
             seq,
@@ -594,11 +587,11 @@ impl RfClient {
         let mut wc = [Completion::EMPTY; 1];
         let mut spins = 0u32;
         loop {
-            let k = self.conn.qp().send_cq().poll(&mut wc).map_err(fab)?;
+            let k = self.conn.qp().send_cq().poll(&mut wc).map_err(Error::Fabric)?;
             if k == 1 {
                 if wc[0].status != Status::Success {
                     if let Some(e) = self.conn.qp().failure() {
-                        return Err(fab(e));
+                        return Err(Error::Fabric(e));
                     }
                     return Err(Error::Fabric(rrpc_core::Error::CompletionError {
                         wr_id: wc[0].wr_id,
@@ -609,7 +602,7 @@ impl RfClient {
             }
             spins += 1;
             if spins.is_multiple_of(256) {
-                self.conn.check_alive().map_err(fab)?;
+                self.conn.check_alive().map_err(Error::Fabric)?;
                 if Instant::now() > deadline {
                     return Err(Error::Timeout(self.timeout));
                 }
@@ -634,7 +627,7 @@ impl RfClient {
                 self.remote.at(remote_off as u64),
                 true,
             )
-            .map_err(fab)?;
+            .map_err(Error::Fabric)?;
         self.wait_send(deadline)
     }
 
@@ -651,13 +644,13 @@ impl RfClient {
             self.read_remote(land, resp_off, f, deadline)?;
             self.switch.handle_fetch_rtt(t0.elapsed());
             self.window.resize(f, 0);
-            self.local.read_at(land, &mut self.window).map_err(fab)?;
+            self.local.read_at(land, &mut self.window).map_err(Error::Fabric)?;
             let mut st = wire::parse_response(&self.window, seq, cap)?;
             if let Fetched::NeedMore { total } = st {
                 self.stats.second_reads += 1;
                 self.read_remote(land + f, resp_off + f, total - f, deadline)?;
                 self.window.resize(total, 0);
-                self.local.read_at(land, &mut self.window).map_err(fab)?;
+                self.local.read_at(land, &mut self.window).map_err(Error::Fabric)?;
                 st = wire::parse_response(&self.window, seq, cap)?;
             }
             if let Fetched::Complete(h) = st {
@@ -670,7 +663,7 @@ impl RfClient {
             }
             if now.duration_since(last_check) > Duration::from_millis(1) {
                 last_check = now;
-                self.conn.check_alive().map_err(fab)?;
+                self.conn.check_alive().map_err(Error::Fabric)?;
             }
             // Past the retry budget the call keeps fetching, more gently:
             // the switch to server-reply applies from the next call on.
@@ -692,13 +685,13 @@ impl RfClient {
             let w = self
                 .reply
                 .atomic_u64(0)
-                .map_err(fab)?
+                .map_err(Error::Fabric)?
                 .load(std::sync::atomic::Ordering::Acquire);
             if w >> 63 == 1 && w as u32 == seq {
                 let len = ((w >> 32) as usize) & wire::MAX_LEN;
                 let total = wire::response_frame_len(len).min(cap);
                 self.window.resize(total.max(RESPONSE_HEADER + TAIL), 0);
-                self.reply.read_at(0, &mut self.window).map_err(fab)?;
+                self.reply.read_at(0, &mut self.window).map_err(Error::Fabric)?;
                 if let Fetched::Complete(h) = wire::parse_response(&self.window, seq, cap)? {
                     return Ok(h);
                 }
@@ -708,7 +701,7 @@ impl RfClient {
                 if Instant::now() > deadline {
                     return Err(Error::Timeout(self.timeout));
                 }
-                self.conn.check_alive().map_err(fab)?;
+                self.conn.check_alive().map_err(Error::Fabric)?;
                 if spins > 100_000 {
                     std::thread::sleep(Duration::from_micros(50));
                 } else {

@@ -90,7 +90,7 @@
 //!   a status word without a matching tail is ignored (it may be a WRITE in
 //!   flight). The server never panics on peer-written bytes.
 //! * **Liveness.** Pollers check the side channel about every millisecond,
-//!   so a vanished peer gives [`Error::PeerGone`], never a hang.
+//!   so a vanished peer gives a peer-gone error ([`Error::is_peer_gone`]), never a hang.
 //! * **Handler**: any `Fn(&[u8]) -> Vec<u8>` ([`server::Handler`]), or any
 //!   [`crate::Execute`] through [`RfServerBuilder::serve_execute`]; the
 //!   client side of the latter is [`KvClient`].
@@ -119,7 +119,7 @@
 //!
 //! [`Error::Timeout`]: crate::Error::Timeout
 //! [`Error::TooLarge`]: crate::Error::TooLarge
-//! [`Error::PeerGone`]: crate::Error::PeerGone
+//! [`Error::is_peer_gone`]: crate::Error::is_peer_gone
 
 pub mod batch;
 pub mod batcher;

@@ -152,7 +152,7 @@ struct Counters {
 
 /// A running RF-RPC server: an accept thread and `threads` server threads.
 /// Dropping it (or [`RfServer::shutdown`]) stops the threads and closes
-/// every connection; clients then see [`Error::PeerGone`].
+/// every connection; clients then see an error for which [`Error::is_peer_gone`] holds.
 #[derive(Debug)]
 pub struct RfServer {
     endpoint: Endpoint,
@@ -582,7 +582,7 @@ impl ServerConn {
             if Instant::now() > deadline {
                 return Err(Error::Timeout(Duration::from_secs(30)));
             }
-            self.conn.check_alive().map_err(|_| Error::PeerGone)?;
+            self.conn.check_alive()?;
             std::thread::yield_now();
         }
     }

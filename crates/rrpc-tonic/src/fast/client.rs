@@ -128,7 +128,7 @@ impl FastChannel {
             tokio::select! {
                 () = async { while poll_fn(|cx| s.poll_event(FALLBACK, cx, &mut None)).await.is_some() {} } => {}
                 () = w.failed() => {
-                    let e = w.failure().unwrap_or(Error::PeerGone);
+                    let e = w.failure().unwrap_or(Error::Closed("send failed"));
                     s.fail(&e);
                 }
                 () = retire => {}

@@ -83,7 +83,7 @@ impl CallFlow {
         let min32 = u32::try_from(min).unwrap_or(u32::MAX);
         let p =
             self.send.acquire_many(min32).await.map_err(|_| {
-                Error::Rings("call ended while waiting for flow-control window".into())
+                Error::Closed("call ended while waiting for flow-control window")
             })?;
         p.forget();
         let extra = self.send.available_permits().min(want - min);

@@ -335,7 +335,13 @@ pub(crate) mod testing {
     /// What the ring says when the peer corrupted it (typed, as the ring
     /// reports it: `DataLoss` at the gRPC edge).
     fn corrupted() -> Error {
-        rrpc_ringbuf::Error::Corrupt("peer's head word is past our tail".into()).into()
+        rrpc_ringbuf::Error::Corrupt(rrpc_ringbuf::Corruption::Pointer {
+            record: "head",
+            value: 9,
+            min: 1,
+            max: 2,
+        })
+        .into()
     }
 
     impl MsgTx for BreakableTx {

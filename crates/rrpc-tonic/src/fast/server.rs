@@ -139,7 +139,7 @@ where
                 continue;
             }
             _ = writer.failed() => match send_failed(&writer) {
-                Error::PeerGone => break Ok(()),
+                e if e.is_peer_gone() => break Ok(()),
                 e => break Err(e),
             },
             _ = shutdown.cancelled(), if !conn.is_draining() => {
@@ -276,14 +276,14 @@ where
         }
         match fatal.or_else(|| writer.failure()) {
             // A send above (or by a handler polled inline) failed.
-            Some(Error::PeerGone) => break Ok(()),
+            Some(e) if e.is_peer_gone() => break Ok(()),
             Some(e) => break Err(e),
             None => {}
         }
         match r {
             Ok(true) => {}
             Ok(false) => break Ok(()),
-            Err(Error::PeerGone) => break Ok(()),
+            Err(e) if e.is_peer_gone() => break Ok(()),
             Err(e) => break Err(e),
         }
     };
@@ -338,7 +338,7 @@ fn boxed<E: Into<BoxError>>(e: E) -> BoxError {
 fn send_failed(writer: &FrameWriter) -> Error {
     writer
         .failure()
-        .unwrap_or_else(|| Error::Rings("send failed".into()))
+        .unwrap_or(Error::Closed("send failed"))
 }
 
 /// The request as hyper's HTTP/2 server would hand it to the service: with

@@ -71,10 +71,9 @@ pub(crate) struct FrameWriter {
 #[derive(Debug, Default)]
 struct Fail {
     token: CancellationToken,
-    /// The first error, as text, and its gRPC code ([`Error::code`]).
-    reason: OnceLock<(String, tonic::Code)>,
-    /// The failure was the peer leaving, not a fault.
-    gone: std::sync::atomic::AtomicBool,
+    /// The first error, typed, shared by every call and send it fails
+    /// ([`Error::Failed`]).
+    first: OnceLock<Arc<Error>>,
 }
 
 impl std::fmt::Debug for FrameWriter {
@@ -86,7 +85,7 @@ impl std::fmt::Debug for FrameWriter {
         f.debug_struct("FrameWriter")
             .field("zero_copy", &self.zero_copy)
             .field("chunk", &self.chunk)
-            .field("failure", &self.fail.reason.get())
+            .field("failure", &self.fail.first.get())
             .field("tx", &tx)
             .finish()
     }
@@ -147,40 +146,27 @@ impl FrameWriter {
         self.fail.token.cancelled()
     }
 
-    /// Why the connection failed, once it did ([`Error::PeerGone`] when
-    /// the peer left).
+    /// Why the connection failed, once it did: the first error, shared
+    /// ([`Error::Failed`]; [`Error::is_peer_gone`] when the peer left).
     pub(crate) fn failure(&self) -> Option<Error> {
-        let (reason, code) = self.fail.reason.get()?;
-        if self.fail.gone.load(std::sync::atomic::Ordering::Acquire) {
-            return Some(Error::PeerGone);
-        }
-        Some(Error::Failed {
-            code: *code,
-            reason: reason.clone(),
-        })
+        self.fail.first.get().map(|e| Error::Failed(e.clone()))
     }
 
     /// Records a ring error: the connection is unusable from now on.
     fn check(&self, r: Result<bool, Error>) -> Result<bool, Error> {
         match r {
-            Err(Error::MessageTooLarge { len, max }) => Err(Error::MessageTooLarge { len, max }),
+            Err(e @ Error::MessageTooLarge { .. }) => Err(e),
             Err(e) => {
-                let gone = matches!(e, Error::PeerGone);
-                let reason = e.to_string();
-                if gone {
-                    self.fail
-                        .gone
-                        .store(true, std::sync::atomic::Ordering::Release);
-                }
-                if self.fail.reason.set((reason.clone(), e.code())).is_ok() {
-                    if gone {
+                let first = Arc::new(e);
+                if self.fail.first.set(first.clone()).is_ok() {
+                    if first.is_peer_gone() {
                         tracing::debug!("rrpc: send failed, peer gone: closing the connection");
                     } else {
-                        tracing::warn!("rrpc: send failed, closing the connection: {reason}");
+                        tracing::warn!("rrpc: send failed, closing the connection: {first}");
                     }
                 }
                 self.fail.token.cancel();
-                Err(e)
+                Err(Error::Failed(first))
             }
             ok => ok,
         }
@@ -188,11 +174,8 @@ impl FrameWriter {
 
     /// The error of every send after a failure.
     fn refuse(&self) -> Result<(), Error> {
-        match self.fail.reason.get() {
-            Some((r, code)) => Err(Error::Failed {
-                code: *code,
-                reason: format!("connection failed earlier: {r}"),
-            }),
+        match self.failure() {
+            Some(e) => Err(e),
             None => Ok(()),
         }
     }

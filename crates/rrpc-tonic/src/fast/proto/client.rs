@@ -356,10 +356,13 @@ mod tests {
         assert!(c.handle_receive(Ok(true), None).is_none());
         let (code, _) = c.handle_receive(Ok(false), None).expect("peer closed");
         assert_eq!(code, tonic::Code::Unavailable);
-        let (code, _) = c
-            .handle_receive(Err(&Error::Rings("x".into())), None)
-            .expect("failed");
-        assert_eq!(code, Error::Rings("x".into()).code());
+        // A failed receive: the error's own code (the one mapping), a ring
+        // the server corrupted `DataLoss`.
+        let corrupt = Error::from(rrpc_ringbuf::Error::Corrupt(
+            rrpc_ringbuf::Corruption::PlacementTimedOut,
+        ));
+        let (code, _) = c.handle_receive(Err(&corrupt), None).expect("failed");
+        assert_eq!(code, tonic::Code::DataLoss);
     }
 
     #[test]
