@@ -270,7 +270,7 @@ pub(crate) mod testing {
     use std::sync::atomic::{AtomicBool, Ordering};
 
     use super::client::FastChannel;
-    use crate::pipe::{BoxFut, MsgTx, Pipe};
+    use crate::pipe::{BoxFut, MsgRx, MsgTx, Pipe};
     use crate::{Error, RrpcConfig};
 
     /// A request for `path` with an empty body.
@@ -323,6 +323,37 @@ pub(crate) mod testing {
             broken: broken.clone(),
         };
         ((Box::new(tx), rx), broken)
+    }
+
+    /// `pipe` with its receiver wrapped in a [`BreakableRx`], broken from
+    /// the start or not, and the switch that breaks it.
+    pub(crate) fn breakable_rx(pipe: Pipe, broken: bool) -> (Pipe, Arc<AtomicBool>) {
+        let (tx, inner) = pipe;
+        let broken = Arc::new(AtomicBool::new(broken));
+        let rx = BreakableRx {
+            inner,
+            broken: broken.clone(),
+        };
+        ((tx, Box::new(rx)), broken)
+    }
+
+    /// A receiver that works until `broken` is set, then fails every
+    /// receive as a receive ring the peer corrupted does.
+    pub(crate) struct BreakableRx {
+        pub(crate) inner: Box<dyn MsgRx>,
+        pub(crate) broken: Arc<AtomicBool>,
+    }
+
+    impl MsgRx for BreakableRx {
+        fn recv_with<'a>(
+            &'a mut self,
+            f: &'a mut (dyn FnMut(&[u8]) + Send),
+        ) -> BoxFut<'a, Result<bool, Error>> {
+            if self.broken.load(Ordering::SeqCst) {
+                return Box::pin(async { Err(corrupted()) });
+            }
+            self.inner.recv_with(f)
+        }
     }
 
     /// A sender that works until `broken` is set, then fails every send as

@@ -685,6 +685,40 @@ mod tests {
         assert_eq!(st.code(), tonic::Code::DataLoss, "{st:?}");
     }
 
+    /// A receive ring the server corrupted fails the call that was
+    /// waiting on it and every later call of the connection with
+    /// `DataLoss` (the ring's typed error, through the demux's one
+    /// mapping), not `Unavailable`.
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_corrupt_receive_ring_fails_every_call_with_data_loss() {
+        let (cpipe, spipe) = mem_pair(1 << 16);
+        let (cpipe, _broken) = crate::fast::testing::breakable_rx(cpipe, true);
+        let svc = tower::service_fn(|_: http::Request<Body>| async move {
+            std::future::pending::<()>().await;
+            Ok::<_, std::convert::Infallible>(http::Response::new(Body::empty()))
+        });
+        let cfg = RrpcConfig::default();
+        spawn_server(spipe, svc, &cfg);
+        let ch = channel(cpipe, &cfg);
+        let mut c1 = ch.clone();
+        let r = tokio::time::timeout(
+            Duration::from_secs(5),
+            tower::Service::call(&mut c1, req("/never")),
+        )
+        .await
+        .expect("the call fails promptly instead of hanging");
+        let st = tonic::Status::from_error(r.expect_err("the receive failed"));
+        assert_eq!(st.code(), tonic::Code::DataLoss, "{st:?}");
+        assert!(st.message().contains("corrupt"), "{st:?}");
+        let mut c2 = ch.clone();
+        let st = tonic::Status::from_error(
+            tower::Service::call(&mut c2, req("/x"))
+                .await
+                .expect_err("the connection failed"),
+        );
+        assert_eq!(st.code(), tonic::Code::DataLoss, "{st:?}");
+    }
+
     /// Sends `frames` as one message on a raw pipe half.
     async fn raw_send(tx: &mut Box<dyn crate::pipe::MsgTx>, frames: &[(Kind, u8, u32, Vec<u8>)]) {
         let mut msg = Vec::new();
