@@ -268,7 +268,11 @@ mod tests {
             // Specific kinds.
             (corrupt(), Fault::Peer, Code::DataLoss),
             (C::AuthFailed.into(), Fault::Peer, Code::Unauthenticated),
-            (C::Tls("x".into()).into(), Fault::Peer, Code::Unauthenticated),
+            (
+                C::Tls("x".into()).into(),
+                Fault::Peer,
+                Code::Unauthenticated,
+            ),
             (
                 C::LimitExceeded {
                     what: "bytes",
@@ -290,7 +294,11 @@ mod tests {
                 Code::ResourceExhausted,
             ),
             // This crate's own.
-            (Error::InvalidConfig("x"), Fault::Local, Code::InvalidArgument),
+            (
+                Error::InvalidConfig("x"),
+                Fault::Local,
+                Code::InvalidArgument,
+            ),
             (
                 C::InvalidUri {
                     uri: "x".into(),
@@ -329,10 +337,13 @@ mod tests {
             ),
             // From below, by fault: local misuse and a peer's violation
             // `Internal`, a gone peer and a failing device `Unavailable`.
-            (C::QueueFull { depth: 1 }.into(), Fault::Local, Code::Internal),
             (
-                C::PeerMisbehaved(rrpc_core::Violation::ConsumerAhead { cons: 2, prod: 1 })
-                    .into(),
+                C::QueueFull { depth: 1 }.into(),
+                Fault::Local,
+                Code::Internal,
+            ),
+            (
+                C::PeerMisbehaved(rrpc_core::Violation::ConsumerAhead { cons: 2, prod: 1 }).into(),
                 Fault::Peer,
                 Code::Internal,
             ),
@@ -383,7 +394,11 @@ mod tests {
             assert_eq!(e.code(), code, "code of {what}");
             assert_eq!(e.is_peer_gone(), fault == Fault::PeerGone, "{what}");
             let shared = Error::Failed(Arc::new(e));
-            assert_eq!(shared.fault(), fault, "fault of a connection failed by {what}");
+            assert_eq!(
+                shared.fault(),
+                fault,
+                "fault of a connection failed by {what}"
+            );
             assert_eq!(shared.code(), code, "code of a connection failed by {what}");
             let st = tonic::Status::from(shared);
             assert_eq!(st.code(), code, "{what}");

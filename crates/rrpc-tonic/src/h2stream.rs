@@ -369,9 +369,7 @@ fn dispatch_error(e: BoxError, cause: &Cause) -> tonic::Status {
     let st = tonic::Status::from_error(e);
     let timeout = st.code() == tonic::Code::Cancelled && st.message().contains("Timeout expired");
     match st.code() {
-        tonic::Code::Unknown | tonic::Code::Cancelled if !timeout => {
-            lost(&st, cause)
-        }
+        tonic::Code::Unknown | tonic::Code::Cancelled if !timeout => lost(&st, cause),
         _ => st,
     }
 }

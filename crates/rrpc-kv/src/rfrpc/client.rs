@@ -209,7 +209,9 @@ impl RfClient {
             .map_err(Error::Fabric)?;
         let conn = conn::connect(
             endpoint,
-            fabric.create_qp(&QpConfig::default()).map_err(Error::Fabric)?,
+            fabric
+                .create_qp(&QpConfig::default())
+                .map_err(Error::Fabric)?,
             Offer::new().grant(REPLY_ROLE, reply.clone()),
             &cfg.handshake,
         )
@@ -587,7 +589,12 @@ impl RfClient {
         let mut wc = [Completion::EMPTY; 1];
         let mut spins = 0u32;
         loop {
-            let k = self.conn.qp().send_cq().poll(&mut wc).map_err(Error::Fabric)?;
+            let k = self
+                .conn
+                .qp()
+                .send_cq()
+                .poll(&mut wc)
+                .map_err(Error::Fabric)?;
             if k == 1 {
                 if wc[0].status != Status::Success {
                     if let Some(e) = self.conn.qp().failure() {
@@ -644,13 +651,17 @@ impl RfClient {
             self.read_remote(land, resp_off, f, deadline)?;
             self.switch.handle_fetch_rtt(t0.elapsed());
             self.window.resize(f, 0);
-            self.local.read_at(land, &mut self.window).map_err(Error::Fabric)?;
+            self.local
+                .read_at(land, &mut self.window)
+                .map_err(Error::Fabric)?;
             let mut st = wire::parse_response(&self.window, seq, cap)?;
             if let Fetched::NeedMore { total } = st {
                 self.stats.second_reads += 1;
                 self.read_remote(land + f, resp_off + f, total - f, deadline)?;
                 self.window.resize(total, 0);
-                self.local.read_at(land, &mut self.window).map_err(Error::Fabric)?;
+                self.local
+                    .read_at(land, &mut self.window)
+                    .map_err(Error::Fabric)?;
                 st = wire::parse_response(&self.window, seq, cap)?;
             }
             if let Fetched::Complete(h) = st {
@@ -691,7 +702,9 @@ impl RfClient {
                 let len = ((w >> 32) as usize) & wire::MAX_LEN;
                 let total = wire::response_frame_len(len).min(cap);
                 self.window.resize(total.max(RESPONSE_HEADER + TAIL), 0);
-                self.reply.read_at(0, &mut self.window).map_err(Error::Fabric)?;
+                self.reply
+                    .read_at(0, &mut self.window)
+                    .map_err(Error::Fabric)?;
                 if let Fetched::Complete(h) = wire::parse_response(&self.window, seq, cap)? {
                     return Ok(h);
                 }

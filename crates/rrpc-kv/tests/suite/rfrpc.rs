@@ -223,7 +223,8 @@ fn server_going_away_is_an_error_not_a_hang() {
     }
     let r = c.call(b"y");
     assert!(
-        r.as_ref().is_err_and(|e| e.is_peer_gone() || matches!(e, Error::Fabric(_))),
+        r.as_ref()
+            .is_err_and(|e| e.is_peer_gone() || matches!(e, Error::Fabric(_))),
         "{r:?}"
     );
     assert!(t0.elapsed() < Duration::from_secs(10));

@@ -14,7 +14,10 @@ use std::time::{Duration, Instant};
 use common::{BOUND, Provider};
 use rrpc_core::{Completion, Local, Status};
 use rrpc_ringbuf::proto::{Header, encode_pointer, stamp_for};
-use rrpc_ringbuf::{Error, LOCAL_TAIL_OFFSET, RING_OFFSET, ROLE_RING, RingConfig, RingRx};
+use rrpc_ringbuf::{
+    Corruption, Error, LOCAL_TAIL_OFFSET, RING_OFFSET, ROLE_RING, RingConfig, RingRx, StampOf,
+    Unplaced,
+};
 
 rrpc_core::on_every_provider!(
     a_tail_ahead_of_its_message_is_a_wait,
@@ -138,6 +141,22 @@ fn garbage_under_a_published_tail_closes_after_the_placement_timeout(p: &Provide
         matches!(err, Error::Corrupt(_)) && msg.contains("slot 0") && msg.contains("end stamp"),
         "{msg}"
     );
+    // Typed: what was seen, where (the 5-byte message's stamp at slot 0).
+    assert!(
+        matches!(
+            err,
+            Error::Corrupt(Corruption::NeverPlaced {
+                slot: 0,
+                seen: Unplaced::Stamp {
+                    slot: 0,
+                    what: StampOf::Message(5),
+                    ..
+                },
+            })
+        ),
+        "{err:?}"
+    );
+    assert_eq!(err.fault(), rrpc_core::Fault::Peer);
     assert!(
         matches!(rx.try_recv(), Err(Error::Corrupt(_))),
         "stays closed"
@@ -183,6 +202,17 @@ fn a_tail_record_that_stays_inconsistent_closes_the_ring(p: &Provider) {
     assert!(
         matches!(err, Error::Corrupt(_)) && msg.contains("tail record"),
         "{msg}"
+    );
+    assert!(
+        matches!(
+            err,
+            Error::Corrupt(Corruption::Record {
+                record: "tail",
+                value: 1,
+                ..
+            })
+        ),
+        "{err:?}"
     );
     assert!(matches!(rx.try_recv(), Err(Error::Corrupt(_))));
 }

@@ -81,10 +81,11 @@ impl CallFlow {
     /// Cancel safe: credit is taken only in the poll that returns it.
     pub(crate) async fn take(&self, min: usize, want: usize) -> Result<usize, Error> {
         let min32 = u32::try_from(min).unwrap_or(u32::MAX);
-        let p =
-            self.send.acquire_many(min32).await.map_err(|_| {
-                Error::Closed("call ended while waiting for flow-control window")
-            })?;
+        let p = self
+            .send
+            .acquire_many(min32)
+            .await
+            .map_err(|_| Error::Closed("call ended while waiting for flow-control window"))?;
         p.forget();
         let extra = self.send.available_permits().min(want - min);
         if extra > 0

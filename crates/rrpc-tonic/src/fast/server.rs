@@ -336,9 +336,7 @@ fn boxed<E: Into<BoxError>>(e: E) -> BoxError {
 
 /// The connection's error after a failed send ([`FrameWriter`] docs).
 fn send_failed(writer: &FrameWriter) -> Error {
-    writer
-        .failure()
-        .unwrap_or(Error::Closed("send failed"))
+    writer.failure().unwrap_or(Error::Closed("send failed"))
 }
 
 /// The request as hyper's HTTP/2 server would hand it to the service: with

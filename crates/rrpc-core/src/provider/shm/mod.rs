@@ -338,7 +338,10 @@ impl PeerCq {
         let cons = word(&self.map, layout::CONS).load(Ordering::Acquire);
         let posted = word(&self.map, layout::POSTED).load(Ordering::Acquire);
         if cons > prod {
-            return Err(Error::PeerMisbehaved(Violation::ConsumerAhead { cons, prod }));
+            return Err(Error::PeerMisbehaved(Violation::ConsumerAhead {
+                cons,
+                prod,
+            }));
         }
         if prod - cons >= self.cap || posted <= prod {
             return Err(Error::ReceiverNotReady);
