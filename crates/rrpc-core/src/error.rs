@@ -120,7 +120,9 @@ pub enum Error {
     /// The queue pair is not connected yet, or was closed locally.
     #[error("queue pair is not connected")]
     NotConnected,
-    /// A configuration value is out of its documented range.
+    /// A configuration value is out of its documented range. A message:
+    /// purely local, made once when a setting is checked, never from peer
+    /// bytes nor on the data path.
     #[error("invalid configuration: {0}")]
     InvalidConfig(String),
     /// The operation would block; try again later.
@@ -152,7 +154,9 @@ pub enum Error {
     },
 
     // ---- peer fault ---------------------------------------------------------
-    /// The peer sent a malformed handshake message.
+    /// The peer sent a malformed handshake message. Still a message (it
+    /// names the field): made once per connection attempt, at setup, never
+    /// on the data path; a typed kind is future work.
     #[error("malformed handshake from peer: {0}")]
     MalformedHandshake(String),
     /// The peer speaks a protocol version we do not.
