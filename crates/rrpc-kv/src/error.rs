@@ -102,3 +102,78 @@ impl From<Error> for tonic::Status {
 
 /// `Result<T, rrpc_kv::Error>`.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tonic::Code;
+
+    /// The gRPC face's one mapping, over every kind and every fault a
+    /// fabric error can have: its code, and whether the peer is gone
+    /// (decided by the fabric, not re-mapped here).
+    #[test]
+    fn one_mapping_over_every_kind_and_fault() {
+        use rrpc_core::Error as C;
+        let cases: Vec<(Error, Fault, Code)> = vec![
+            (
+                Error::TooLarge {
+                    what: "key",
+                    len: 2,
+                    limit: 1,
+                },
+                Fault::Local,
+                Code::InvalidArgument,
+            ),
+            (
+                Error::Malformed {
+                    what: "request",
+                    detail: "x".into(),
+                },
+                Fault::Peer,
+                Code::InvalidArgument,
+            ),
+            (
+                Error::Timeout(std::time::Duration::from_secs(1)),
+                Fault::Peer,
+                Code::DeadlineExceeded,
+            ),
+            (Error::Storage("x".into()), Fault::Device, Code::Internal),
+            (C::AuthFailed.into(), Fault::Peer, Code::Unauthenticated),
+            (
+                C::LimitExceeded {
+                    what: "bytes",
+                    requested: 2,
+                    limit: 1,
+                }
+                .into(),
+                Fault::Local,
+                Code::ResourceExhausted,
+            ),
+            (C::QueueFull { depth: 1 }.into(), Fault::Local, Code::Internal),
+            (
+                C::VersionMismatch { ours: 1, theirs: 2 }.into(),
+                Fault::Peer,
+                Code::Internal,
+            ),
+            (C::PeerGone.into(), Fault::PeerGone, Code::Unavailable),
+            (
+                C::PeerUnresponsive("x".into()).into(),
+                Fault::PeerGone,
+                Code::Unavailable,
+            ),
+            (
+                C::io("x", std::io::Error::other("y")).into(),
+                Fault::Device,
+                Code::Unavailable,
+            ),
+        ];
+        for (e, fault, code) in cases {
+            assert_eq!(e.fault(), fault, "{e}");
+            assert_eq!(e.is_peer_gone(), fault == Fault::PeerGone, "{e}");
+            let what = e.to_string();
+            let st = tonic::Status::from(e);
+            assert_eq!(st.code(), code, "{what}");
+            assert_eq!(st.message(), what);
+        }
+    }
+}
