@@ -149,7 +149,11 @@ mod tests {
                 Fault::Local,
                 Code::ResourceExhausted,
             ),
-            (C::QueueFull { depth: 1 }.into(), Fault::Local, Code::Internal),
+            (
+                C::QueueFull { depth: 1 }.into(),
+                Fault::Local,
+                Code::Internal,
+            ),
             (
                 C::VersionMismatch { ours: 1, theirs: 2 }.into(),
                 Fault::Peer,

@@ -385,3 +385,37 @@ fn reset_by_server(e: &(dyn std::error::Error + 'static)) -> bool {
     }
     false
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A connection that died under a call reads as rrpc's cause, through
+    /// the one mapping: a ring the peer corrupted `DataLoss`, a gone peer
+    /// `Unavailable`; without a cause, `Unavailable`.
+    #[test]
+    fn a_lost_connection_has_the_code_of_its_cause() {
+        let hyper_says = || tonic::Status::unknown("h2 protocol error");
+        let cause: Cause = Arc::default();
+        let st = lost_connection(hyper_says(), &cause);
+        assert_eq!(st.code(), tonic::Code::Unavailable, "{st:?}");
+        let corrupt = Error::from(rrpc_ringbuf::Error::Corrupt(
+            rrpc_ringbuf::Corruption::PlacementTimedOut,
+        ));
+        let _ = record(Some(&cause), corrupt);
+        let _ = record(Some(&cause), Error::PeerGone);
+        let st = lost_connection(hyper_says(), &cause);
+        assert_eq!(
+            st.code(),
+            tonic::Code::DataLoss,
+            "the first cause stays: {st:?}"
+        );
+        assert!(st.message().contains("corrupt"), "{st:?}");
+        let st = dispatch_error(Box::new(tonic::Status::cancelled("canceled")), &cause);
+        assert_eq!(st.code(), tonic::Code::DataLoss, "{st:?}");
+        let gone: Cause = Arc::default();
+        let _ = record(Some(&gone), rrpc_core::Error::PeerGone.into());
+        let st = lost_connection(hyper_says(), &gone);
+        assert_eq!(st.code(), tonic::Code::Unavailable, "{st:?}");
+    }
+}
