@@ -133,6 +133,13 @@ impl ManagedSender {
         self.watch.has_space()
     }
 
+    /// The ring's current size in bytes (a self-sizing ring's changes with
+    /// its policy); `None` while a send or a task holds the sender.
+    pub fn ring_bytes(&self) -> Option<usize> {
+        let tx = self.tx.try_lock().ok()?;
+        Some(tx.ring().state().geometry().ring_bytes())
+    }
+
     /// The connection under the rings.
     pub fn connection(&self) -> &Arc<Connection> {
         &self.conn
