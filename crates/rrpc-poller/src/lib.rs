@@ -15,7 +15,10 @@
 //! - [`backoff`]: sans-IO decisions of when a polling thread stops spinning (descheduled, or
 //!   not earning), tested on a virtual clock.
 //! - [`rings`]: [`rings::AsyncConn`] over an rrpc-ringbuf ring pair and an rrpc-core connection,
-//!   split into [`rings::AsyncSender`] / [`rings::AsyncReceiver`] (what the tonic layer uses).
+//!   split into [`rings::AsyncSender`] / [`rings::AsyncReceiver`], or with
+//!   [`split_managed`](rings::AsyncConn::split_managed) into a [`rings::ManagedSender`] whose
+//!   completion progress and ring-sizing tick the poller runs (what the tonic layer uses: it
+//!   names no ring type on its data path).
 //! - [`Stats`]: counters (polls, empty polls, eventfd writes, wake-ups, spin hits, parks).
 //! - [`report`]: the same counters and each polling thread's busy fraction in the `metrics`
 //!   facade, for operators' dashboards ([`Poller::report_metrics`]).

@@ -6,6 +6,12 @@
 //! (sources: `TxWatch::has_space`, `RxWatch::has_data`). The side channel's liveness fd is
 //! watched by both, so a dead peer fails waiting tasks with an error for which [`Error::is_peer_gone`] holds.
 //!
+//! [`AsyncConn::split_managed`] gives a [`ManagedSender`] instead: the poller then owns the
+//! sender's upkeep, one owner per job: completion progress (a task polls send completions
+//! after a send that left work held back) and a self-sizing ring's tick (every
+//! `shrink_after / 2`, which also tells the receiver's owner through [`IdleReads`] when an idle
+//! reader has its peer's resize marker to read).
+//!
 //! In [`Mode::Event`] the receive side sleeps on the queue pair's receive completion channel
 //! (the peer's ring must send its tail with `WRITE_WITH_IMM`: `RingConfigBuilder::tail_with_imm`,
 //! set on both sides). Head pushes carry no immediate, so in Event mode a sender waiting for
@@ -26,14 +32,18 @@ use std::time::Duration;
 
 use rrpc_core::conn::{Connection, HandshakeConfig, Listener, Offer, connect};
 use rrpc_core::{Endpoint, Fabric, ProviderKind, QpConfig, QueuePair};
-use rrpc_ringbuf::{
-    LocalRing, ReadGuard, RingConfig, RingRx, RingTx, RxDoorbell, RxWatch, TxWatch, WriteGuard,
-};
+use rrpc_ringbuf::{ReadGuard, RxDoorbell, RxWatch, TxWatch, WriteGuard};
 
 use crate::config::Mode;
 use crate::error::{Error, Result};
 use crate::poller::{Poller, Registration};
 use crate::source::{Notifier, Readiness};
+
+mod managed;
+pub use managed::{IdleReads, ManagedSender};
+/// The ring types a connection is set up with (re-exported so that a user
+/// of this module names no rrpc-ringbuf type of its own).
+pub use rrpc_ringbuf::{LocalRing, RingConfig, RingRx, RingTx};
 
 /// Receives posted up front in Event mode (one per tail `WRITE_WITH_IMM` in flight).
 const EVENT_RECVS: u32 = 256;
@@ -237,6 +247,7 @@ impl AsyncConn {
                 rx: self.rx,
                 reg: rx_reg,
                 src: rx_src,
+                idle: None,
             },
         ))
     }
@@ -362,7 +373,7 @@ impl AsyncSender {
     /// taken (WRITEs complete in their post); on a NIC a round trip; seen
     /// on soft-RoCE across two hosts as a call stuck for good, its writer
     /// waiting for room and holding the writer lock that the progress task
-    /// (rrpc-tonic's) needed to post the tail.
+    /// ([`ManagedSender`]'s) needed to post the tail.
     async fn wait_room(&mut self, polls: &mut u32) -> Result<()> {
         if self.wants_completions() {
             return between_completion_polls(polls, &self.src.conn).await;
@@ -441,7 +452,7 @@ impl AsyncSender {
     /// polls: when it returns, the peer can see every message sent. Use it
     /// at the end of a burst after which the writer goes idle (a NIC
     /// completes a WRITE after its post, and a poll may come just before
-    /// the completion); rrpc-tonic runs the same loop in a task.
+    /// the completion); a [`ManagedSender`] runs the same loop in a task.
     ///
     /// # Errors
     /// a peer-gone error ([`Error::is_peer_gone`]) (checked while waiting) or a fabric error.
@@ -475,7 +486,7 @@ impl AsyncSender {
     /// (`RETRY_EXC`), a link down. A writer that goes idle after a send
     /// should poll completions until this is 0, or a failure of its last
     /// tail leaves the call waiting for a reply to a request that never
-    /// became visible (rrpc-tonic's progress task does).
+    /// became visible ([`ManagedSender`]'s progress task does).
     pub fn tails_in_flight(&self) -> usize {
         self.tx.state().tails_in_flight()
     }
@@ -494,12 +505,13 @@ impl AsyncSender {
         &self.tx
     }
 
-    /// Runs a self-sizing ring's policy ([`RingTx::maintain`]): call it
-    /// every `shrink_after / 2`. Never waits.
+    /// Runs a self-sizing ring's policy ([`RingTx::maintain`]); the
+    /// managed sender's sizing task calls it every `shrink_after / 2`.
+    /// Never waits.
     ///
     /// # Errors
     /// As [`RingTx::maintain`].
-    pub fn maintain(&mut self, now: std::time::Instant) -> Result<bool> {
+    pub(crate) fn maintain(&mut self, now: std::time::Instant) -> Result<bool> {
         self.tx.maintain(now).map_err(Into::into)
     }
 }
@@ -510,6 +522,8 @@ pub struct AsyncReceiver {
     rx: RingRx,
     reg: Registration,
     src: Arc<RxSource>,
+    /// Fed by a managed sender's sizing tick ([`AsyncConn::split_managed`]).
+    idle: Option<IdleReads>,
 }
 
 impl AsyncReceiver {
@@ -600,6 +614,16 @@ impl AsyncReceiver {
     /// a peer-gone error ([`Error::is_peer_gone`]) or a fabric error.
     pub fn flush(&mut self) -> Result<()> {
         self.rx.flush().map_err(Into::into)
+    }
+
+    /// With [`AsyncConn::split_managed`] over a self-sizing ring: wakes
+    /// when the poller's sizing tick finds unread data in this ring, so
+    /// that a receiver's owner that reads only on demand reads its peer's
+    /// resize markers while idle (the peer's ring shrinks only once this
+    /// side passed its marker; `rrpc_ringbuf` docs, "Rings that size
+    /// themselves"). `None` otherwise.
+    pub fn idle_reads(&self) -> Option<IdleReads> {
+        self.idle.clone()
     }
 
     /// The registration (spin budget, RTT estimate).

@@ -4,7 +4,7 @@
 //! transport takes bundles from them.
 
 use rrpc_core::{Fabric, QpConfig};
-use rrpc_ringbuf::{LocalRing, RingConfig};
+use rrpc_poller::rings::{LocalRing, RingConfig};
 
 /// What one connection needs before its handshake: both rings' regions
 /// and a queue pair (KRCore's pre-initialised bundle).

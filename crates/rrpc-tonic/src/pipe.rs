@@ -94,6 +94,15 @@ pub(crate) trait MsgRx: Send + 'static {
     fn peer_gone(&self) -> Option<BoxFut<'static, ()>> {
         None
     }
+
+    /// Wakes an owner that reads only on demand when, idle, it has data to
+    /// read all the same (rings: the poller's sizing tick found unread data
+    /// in a self-sizing ring, such as the peer's resize marker, which must
+    /// be read before the peer's ring can shrink). `None`: nothing to read
+    /// while idle.
+    fn idle_reads(&self) -> Option<rrpc_poller::rings::IdleReads> {
+        None
+    }
 }
 
 /// A connected pipe: both halves.

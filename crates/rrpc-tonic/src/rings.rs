@@ -8,14 +8,14 @@
 
 use std::os::fd::{AsFd, AsRawFd};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use futures_util::FutureExt;
 use rrpc_core::conn::{Connection, HandshakeConfig, Listener, Offer, Pending, connect};
 use rrpc_core::{Endpoint, Fabric};
-use rrpc_poller::rings::{AsyncConn, AsyncReceiver, AsyncSender};
+use rrpc_poller::rings::{
+    AsyncConn, AsyncReceiver, IdleReads, ManagedSender, RingConfig, RingRx, RingTx,
+};
 use rrpc_poller::{Mode, WatchedFd};
-use rrpc_ringbuf::{RingConfig, RingRx, RingTx, TxWatch};
 
 use crate::bundle::{Bundle, BundlePool, make_bundle};
 use crate::frame::HANDSHAKE_SECTION;
@@ -49,38 +49,8 @@ pub(crate) fn ring_config_for_tests(cfg: &RrpcConfig) -> Result<RingConfig, Erro
 }
 
 struct RingsTx {
-    /// Shared with the progress task ([`RingsTx::ensure_progress`]).
-    tx: Arc<tokio::sync::Mutex<AsyncSender>>,
-    watch: TxWatch,
-    max: usize,
-    /// [`MsgTx::preferred_message`]: a third of the ring's cache cap.
-    preferred: usize,
-    /// A progress task is running.
-    progressing: Arc<std::sync::atomic::AtomicBool>,
-    /// Closed when a send fails (see [`fail_connection`]).
-    conn: Arc<Connection>,
-}
-
-/// A send-path failure fails the whole connection, at once: the goodbye and
-/// the side channel's shutdown tell the peer, and the shutdown wakes our own
-/// receiver (its liveness watch sees the closed socket), so no call waits
-/// on a connection whose queue pair failed. Without it, a failed completion
-/// found by the progress task left calls waiting forever for replies to
-/// requests that never left (seen with the tonic layer under the fault
-/// injector). The goodbye is a blocking send, bounded at 1 s: never on a
-/// tokio worker.
-fn fail_connection(conn: &Arc<Connection>, e: &dyn std::fmt::Display) {
-    if conn.is_gone() {
-        return;
-    }
-    tracing::debug!("rrpc: send failed, closing the connection: {e}");
-    let conn = conn.clone();
-    match tokio::runtime::Handle::try_current() {
-        Ok(rt) => {
-            rt.spawn_blocking(move || conn.close());
-        }
-        Err(_) => conn.close(),
-    }
+    /// The poller runs its completion progress and its ring's sizing tick.
+    tx: ManagedSender,
 }
 
 /// Why the peer of a connection found gone is gone, when it is not an
@@ -114,61 +84,7 @@ fn gone_cause(conn: &Connection) -> Option<rrpc_core::Error> {
     }
 }
 
-/// How long the progress task keeps polling with no completion coming
-/// before it gives up (the connection is then broken anyway).
-const PROGRESS_LIMIT: Duration = Duration::from_secs(30);
-
 impl RingsTx {
-    fn new(tx: AsyncSender, watch: TxWatch, max: usize, conn: Arc<Connection>) -> RingsTx {
-        let ring = tx.ring().config();
-        // A fixed ring carries whole-ring messages best (the papers'
-        // setting); a self-sizing one, a third of its cache cap.
-        let preferred = if ring.self_sizing() {
-            (ring.get_cache_ring_size() / 3).min(max)
-        } else {
-            max
-        };
-        RingsTx {
-            tx: Arc::new(tokio::sync::Mutex::new(tx)),
-            watch,
-            max,
-            preferred,
-            progressing: Arc::new(std::sync::atomic::AtomicBool::new(false)),
-            conn,
-        }
-    }
-
-    /// Runs the ring's sizing policy every `every` for as long as the pipe
-    /// lives (`rrpc_ringbuf` docs, "Rings that size themselves"): an idle
-    /// ring shrinks only from here. A tick that finds the sender in use
-    /// skips (the next one runs); a failure fails the connection.
-    fn spawn_sizing(&self, every: Duration) {
-        let Ok(rt) = tokio::runtime::Handle::try_current() else {
-            return;
-        };
-        // Weak both: the task never keeps the connection (its regions, its
-        // side channel) alive past the pipe.
-        let (weak, weak_conn) = (Arc::downgrade(&self.tx), Arc::downgrade(&self.conn));
-        rt.spawn(async move {
-            let mut tick = tokio::time::interval(every);
-            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            loop {
-                tick.tick().await;
-                let (Some(tx), Some(conn)) = (weak.upgrade(), weak_conn.upgrade()) else {
-                    return;
-                };
-                if conn.is_gone() {
-                    return;
-                }
-                let Ok(mut tx) = tx.try_lock() else { continue };
-                if let Err(e) = tx.maintain(Instant::now()) {
-                    fail_connection(&conn, &e);
-                    return;
-                }
-            }
-        });
-    }
-
     /// The result of a send: a failure fails the connection. A send that
     /// found the peer gone says why when that is known (the same verdict
     /// the receiving half gives, [`gone_cause`]): a queue pair whose
@@ -178,86 +94,12 @@ impl RingsTx {
         let Err(e) = r else { return r };
         // The cause first: the close below fails the queue pair too.
         let e = match e {
-            e if e.is_peer_gone() => gone_cause(&self.conn).map_or(e, Error::from),
+            e if e.is_peer_gone() => gone_cause(self.tx.connection()).map_or(e, Error::from),
             e => e,
         };
-        fail_connection(&self.conn, &e);
+        self.tx.fail_connection(&e);
         Err(e)
     }
-
-    /// Called with the sender locked, after a send: if the ring holds work
-    /// back until send completions arrive (a NIC completes WRITEs after the
-    /// post; shm inside it), a task polls them until everything is out, so
-    /// the last message of a burst always reaches the peer even when the
-    /// writer goes idle (RR-Compound's polling threads watch pending writes
-    /// the same way, Algorithm 2).
-    ///
-    /// The flag is set and cleared with the sender locked, so a send never
-    /// misses a task that is about to stop.
-    fn ensure_progress(&self, tx: &mut AsyncSender) {
-        use std::sync::atomic::Ordering;
-        // The last tail's completion is polled too, so that a failed one is
-        // found and fails the connection instead of leaving its calls waiting:
-        // on shm it is there already, and one poll here saves a task; on a NIC
-        // it comes later, and the task polls for it.
-        if tx.tails_in_flight() > 0
-            && !tx.wants_completions()
-            && let Err(e) = tx.poll_completions()
-        {
-            fail_connection(&self.conn, &e);
-            return;
-        }
-        if !busy(tx) || self.progressing.swap(true, Ordering::AcqRel) {
-            return;
-        }
-        let Ok(rt) = tokio::runtime::Handle::try_current() else {
-            self.progressing.store(false, Ordering::Release);
-            return;
-        };
-        let (shared, flag, conn) = (self.tx.clone(), self.progressing.clone(), self.conn.clone());
-        rt.spawn(async move {
-            // The limit counts from the last change of the tails in flight
-            // (a completion, or a new tail), not from the start: a
-            // connection kept busy longer than it is still making progress,
-            // and a task that left it would strand what is held back behind
-            // the next completion.
-            let mut since = Instant::now();
-            let mut in_flight = usize::MAX;
-            let mut polls = 0u32;
-            loop {
-                {
-                    let mut tx = shared.lock().await;
-                    let r = tx.poll_completions();
-                    if tx.tails_in_flight() != in_flight {
-                        in_flight = tx.tails_in_flight();
-                        since = Instant::now();
-                    }
-                    if r.is_err() || !busy(&tx) || since.elapsed() > PROGRESS_LIMIT {
-                        if let Err(e) = r {
-                            fail_connection(&conn, &e);
-                        }
-                        flag.store(false, Ordering::Release);
-                        return;
-                    }
-                }
-                // A NIC completes a WRITE in microseconds: yield first, then
-                // back off to the timer (soft-RoCE under emulation is slower).
-                polls += 1;
-                if polls < 64 {
-                    tokio::task::yield_now().await;
-                } else {
-                    tokio::time::sleep(Duration::from_micros(200)).await;
-                }
-            }
-        });
-    }
-}
-
-/// Whether a sender still needs its send completions polled: work held
-/// back until they arrive, or tails whose completion (and so whose
-/// failure, if they failed) is not known yet.
-fn busy(tx: &AsyncSender) -> bool {
-    tx.wants_completions() || tx.tails_in_flight() > 0
 }
 
 struct RingsRx {
@@ -268,10 +110,10 @@ struct RingsRx {
 
 impl MsgTx for RingsTx {
     fn max_message(&self) -> usize {
-        self.max
+        self.tx.max_message()
     }
     fn preferred_message(&self) -> usize {
-        self.preferred
+        self.tx.preferred_message()
     }
     fn send_with<'a>(
         &'a mut self,
@@ -279,22 +121,13 @@ impl MsgTx for RingsTx {
         fill: &'a mut (dyn FnMut(&mut [u8]) + Send),
     ) -> BoxFut<'a, Result<(), Error>> {
         Box::pin(async move {
-            if len > self.max {
-                return Err(Error::MessageTooLarge { len, max: self.max });
+            let max = self.tx.max_message();
+            if len > max {
+                return Err(Error::MessageTooLarge { len, max });
             }
-            let mut tx = self.tx.lock().await;
-            let r: Result<(), Error> = async {
-                // Zero-copy: the frame is encoded straight into the reserved ring slot.
-                let mut slot = tx.reserve(len).await?;
-                fill(&mut slot[..len]);
-                slot.commit()?;
-                tx.flush()?;
-                Ok(())
-            }
-            .await;
-            self.checked(r)?;
-            self.ensure_progress(&mut tx);
-            Ok(())
+            // Zero-copy: the frame is encoded straight into the reserved ring slot.
+            let r = self.tx.send_with(len, fill).await.map_err(Error::from);
+            self.checked(r)
         })
     }
     fn try_send_with(
@@ -302,57 +135,21 @@ impl MsgTx for RingsTx {
         len: usize,
         fill: &mut (dyn FnMut(&mut [u8]) + Send),
     ) -> Result<bool, Error> {
-        if len > self.max {
-            return Err(Error::MessageTooLarge { len, max: self.max });
+        let max = self.tx.max_message();
+        if len > max {
+            return Err(Error::MessageTooLarge { len, max });
         }
-        // One Acquire load: false only while the ring is known to be full.
-        if !self.watch.has_space() {
-            return Ok(false);
-        }
-        // Held only by the progress task, briefly: then take the slow path.
-        let Ok(mut tx) = self.tx.try_lock() else {
-            return Ok(false);
-        };
-        // With space, `reserve` completes at its first poll (its first step is the ring's
-        // own `try_reserve`); `None` means it would wait, and dropping it reserves nothing.
-        let Some(slot) = tx.reserve(len).now_or_never() else {
-            return Ok(false);
-        };
-        let r: Result<(), Error> = match slot {
-            Err(e) => Err(e.into()),
-            Ok(mut slot) => {
-                fill(&mut slot[..len]);
-                match slot.commit() {
-                    Err(e) => Err(e.into()),
-                    Ok(()) => tx.flush().map_err(Error::from),
-                }
-            }
-        };
-        if let Err(e) = r {
-            drop(tx);
-            return self.checked(Err(e));
-        }
-        self.ensure_progress(&mut tx);
-        Ok(true)
+        let r = self.tx.try_send_with(len, fill).map_err(Error::from);
+        self.checked(r)
     }
 
     fn state(&self) -> String {
-        use std::sync::atomic::Ordering;
-        let ring = match self.tx.try_lock() {
-            Ok(tx) => format!(
-                "wants_completions {} tails_in_flight {} has_space {} sender {:?}",
-                tx.wants_completions(),
-                tx.tails_in_flight(),
-                self.watch.has_space(),
-                tx.ring().state()
-            ),
-            Err(_) => "sender in use".to_string(),
-        };
+        let conn = self.tx.connection();
         format!(
-            "progress task {} | peer gone {} | qp failure {:?} | {ring}",
-            self.progressing.load(Ordering::Acquire),
-            self.conn.is_gone(),
-            self.conn.qp().failure(),
+            "peer gone {} | qp failure {:?} | {}",
+            conn.is_gone(),
+            conn.qp().failure(),
+            self.tx.state(),
         )
     }
 }
@@ -375,6 +172,10 @@ impl Drop for RingsRx {
 impl MsgRx for RingsRx {
     fn carrier(&self) -> Option<rrpc_core::QpCarrier> {
         Some(self._conn.qp().carrier())
+    }
+
+    fn idle_reads(&self) -> Option<IdleReads> {
+        self.rx.idle_reads()
     }
 
     fn peer_gone(&self) -> Option<BoxFut<'static, ()>> {
@@ -450,22 +251,19 @@ fn into_pipe(
     ctx: &RrpcContext,
     path: &Negotiated,
 ) -> Result<Pipe, Error> {
-    let max = tx.config().max_message();
     let ac = AsyncConn::new(&ctx.poller_handle()?, conn, tx, rx)?;
     let conn = ac.connection().clone();
-    let (tx, mut rx) = ac.split()?;
+    // The poller runs the sender's completion progress and its ring's
+    // sizing tick (rrpc-poller `rings` docs).
+    let (tx, mut rx) = ac.split_managed()?;
     rx.set_event_spin(cfg.get_receive_spin());
     if matches!(path, Negotiated::Http2) {
         rx.scale_spin(HTTP2_SPIN_FACTOR);
     }
-    let watch = tx.ring().watch();
-    let sizing = tx.ring().config().self_sizing();
-    let every = tx.ring().config().get_shrink_after() / 2;
-    let tx = RingsTx::new(tx, watch, max, conn.clone());
-    if sizing {
-        tx.spawn_sizing(every);
-    }
-    Ok((Box::new(tx), Box::new(RingsRx { rx, _conn: conn })))
+    Ok((
+        Box::new(RingsTx { tx }),
+        Box::new(RingsRx { rx, _conn: conn }),
+    ))
 }
 
 /// The context's pool of bundles on `fabric` (started at the first call),

@@ -35,7 +35,7 @@ use rrpc_core::conn::{HandshakeConfig, Incoming, Offer, SharedConnection};
 use rrpc_core::meta::PeerCache;
 use rrpc_core::vqp::VqpConfig;
 use rrpc_core::{Endpoint, Fabric};
-use rrpc_ringbuf::{LocalRing, RingConfig};
+use rrpc_poller::rings::{LocalRing, RingConfig};
 
 use crate::frame::{HANDSHAKE_SECTION, PATH_HELLO_LEN};
 use crate::negotiate::section_of;

@@ -8,6 +8,7 @@
 mod common;
 
 mod e2e;
+mod managed;
 mod metrics;
 mod modes;
 mod parked_release;

@@ -81,6 +81,9 @@ impl FastChannel {
     ) -> FastChannel {
         let (tx, rx) = pipe;
         let peer_gone = rx.peer_gone();
+        // Self-sizing rings: read while idle when the poller's sizing tick
+        // finds data to read (`Shared::nudge_idle_reader`).
+        let idle_reads = rx.idle_reads();
         let shared = Arc::new(Shared {
             table: Mutex::new(Table::new(cfg.get_call_window())),
             rx: Mutex::new(RxState {
@@ -101,19 +104,13 @@ impl FastChannel {
         // (so that the next call reconnects instead of failing).
         let s = shared.clone();
         let w = writer.clone();
-        // Self-sizing rings: read while idle, as often as the rings'
-        // policy runs (`Shared::nudge_idle_reader`).
-        let idle_every = (cfg.get_min_ring_size() < cfg.get_ring_size())
-            .then(|| cfg.get_ring_shrink_after() / 2);
         let fallback = tokio::spawn(async move {
             let idle_reads = async {
-                let Some(every) = idle_every else {
+                let Some(idle) = idle_reads else {
                     return std::future::pending::<()>().await;
                 };
-                let mut tick = tokio::time::interval(every);
-                tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
                 loop {
-                    tick.tick().await;
+                    idle.wait().await;
                     s.nudge_idle_reader();
                 }
             };

@@ -314,7 +314,8 @@ impl Shared {
 
     /// With nobody receiving, makes the fallback reader read: it consumes
     /// what arrived meanwhile and stays the receiver until a call takes
-    /// over. What an idle client must read is the server's ring-resize
+    /// over. Called when the poller's sizing tick finds unread data in the
+    /// ring (`MsgRx::idle_reads`). What an idle client must read is the server's ring-resize
     /// markers: the server's ring shrinks (and gives its memory back) only
     /// once this side has passed its marker (`rrpc_ringbuf` docs, "Rings
     /// that size themselves").

@@ -55,7 +55,7 @@
 //! The client's fallback reader races its receive loop (the receive in
 //! flight lives in the connection's shared state, not in the future, so
 //! dropping the future loses nothing), the writer's `failed`, the side
-//! channel's peer-gone future and an interval: all cancel safe. A call
+//! channel's peer-gone future and the poller's idle-read signal (`IdleReads::wait`): all cancel safe. A call
 //! races its deadline against waiting for a place (a semaphore acquire:
 //! cancel safe), against its first event (cancel safe, as above) and
 //! against writing its request, which is not cancel safe: a write cut

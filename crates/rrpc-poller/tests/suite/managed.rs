@@ -1,0 +1,105 @@
+//! [`ManagedSender`](rrpc_poller::rings::ManagedSender): the poller owns the
+//! sender's completion progress and its ring's sizing tick. Real time, no
+//! timing assertions: each test waits (up to [`BOUND`]) for what the
+//! poller's tasks alone must bring about, with the writer idle.
+
+use crate::common;
+
+use std::time::Duration;
+
+use common::{BOUND, poller, rt_mt as rt};
+use rrpc_core::{Fabric, FaultConfig, QpConfig};
+use rrpc_poller::Mode;
+use rrpc_poller::rings::{AsyncConn, RingConfig};
+
+/// Completions arrive only after 50 polls (the fault injector: a NIC
+/// completes a WRITE after its post), so tails are deferred behind them.
+/// The writer sends a burst and goes idle without `flush_all`: only the
+/// progress task's polling gets the last messages to the reader.
+#[test]
+fn an_idle_writer_s_held_back_messages_reach_the_reader() {
+    let qp = QpConfig::default().fault(FaultConfig::none().completion_delay_polls(50));
+    for mode in [Mode::Bpev, Mode::Bpts] {
+        rt().block_on(async {
+            let p = poller(mode);
+            let ring = RingConfig::builder()
+                .ring_size(64 * 1024)
+                .huge_pages(false)
+                .build()
+                .unwrap();
+            let (a, b) = AsyncConn::loopback_pair_with(&p, &ring, &Fabric::shm(), &qp).unwrap();
+            let (mut atx, _arx) = a.split_managed().unwrap();
+            let (_btx, mut brx) = b.split().unwrap();
+            let count = 20u32;
+            for i in 0..count {
+                atx.send_with(4, &mut |b| b.copy_from_slice(&i.to_le_bytes()))
+                    .await
+                    .unwrap();
+            }
+            // The writer is idle from here on (kept alive, not polled).
+            for i in 0..count {
+                let m = tokio::time::timeout(BOUND, brx.recv())
+                    .await
+                    .unwrap_or_else(|_| panic!("{mode}: message {i} never came"))
+                    .unwrap();
+                assert_eq!(u32::from_le_bytes(m[..4].try_into().unwrap()), i);
+            }
+            drop(atx);
+        });
+    }
+}
+
+/// A self-sizing ring grown by a large message shrinks back once quiet,
+/// from the poller's tick alone; the reader, idle, learns from
+/// `idle_reads` that it has the resize marker to read, and reading it
+/// completes the shrink.
+#[test]
+fn a_quiet_ring_shrinks_and_its_idle_reader_is_told_to_read() {
+    const MIN: usize = 16 * 1024;
+    rt().block_on(async {
+        let p = poller(Mode::Bpev);
+        let ring = RingConfig::builder()
+            .ring_size(1 << 20)
+            .min_ring_size(MIN)
+            .shrink_after(Duration::from_millis(5))
+            .huge_pages(false)
+            .build()
+            .unwrap();
+        let (a, b) = AsyncConn::loopback_pair(&p, &ring).unwrap();
+        let (mut atx, _arx) = a.split_managed().unwrap();
+        let (_btx, mut brx) = b.split_managed().unwrap();
+        let idle = brx.idle_reads().expect("a self-sizing ring has idle reads");
+        assert_eq!(atx.ring_bytes(), Some(MIN), "starts small");
+        let big = 100 * 1024;
+        // The switch to a larger ring waits for the reader to pass the
+        // marker: read meanwhile.
+        let reader = tokio::spawn(async move {
+            let len = tokio::time::timeout(BOUND, brx.recv())
+                .await
+                .expect("the large message came")
+                .unwrap()
+                .len();
+            (brx, len)
+        });
+        tokio::time::timeout(BOUND, atx.send_with(big, &mut |b| b.fill(7)))
+            .await
+            .expect("room for the large message")
+            .unwrap();
+        let (mut brx, len) = reader.await.unwrap();
+        assert_eq!(len, big);
+        assert!(atx.ring_bytes().unwrap() > MIN, "grew for the message");
+        // Both idle: the writer's tick sends the shrink marker, and the
+        // reader's owner is told to read it.
+        tokio::time::timeout(BOUND, idle.wait())
+            .await
+            .expect("the sizing tick tells the idle reader to read");
+        // Reading consumes the marker (no message behind it: the wait
+        // goes on, and is cut short here).
+        let _ = tokio::time::timeout(Duration::from_millis(50), brx.recv()).await;
+        let t0 = std::time::Instant::now();
+        while atx.ring_bytes() != Some(MIN) {
+            assert!(t0.elapsed() < BOUND, "the quiet ring never shrank");
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    });
+}
