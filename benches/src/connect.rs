@@ -315,10 +315,10 @@ fn open_fds() -> usize {
 /// granting a 4 KiB region under role 1.
 fn core_pairs(n: usize) -> Result<Vec<(rrpc_core::conn::Connection, rrpc_core::conn::Connection)>> {
     use rrpc_core::conn::{self, HandshakeConfig, Offer};
-    use rrpc_core::{Endpoint, Fabric, QpConfig};
+    use rrpc_core::{Fabric, FabricAddr, QpConfig};
     let dir = std::env::temp_dir().join(format!("rrpc-bench-vqp-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
-    let ep = Endpoint::parse(&format!("shm://{}/s.sock", dir.display()))?;
+    let ep = FabricAddr::parse(&format!("shm://{}/s.sock", dir.display()))?;
     let hs = HandshakeConfig::default();
     let listener = conn::Listener::bind(&ep, hs.clone())?;
     let fabric = Fabric::shm();

@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow, bail};
 use bytes::Bytes;
-use rrpc_core::{Endpoint, Fabric};
+use rrpc_core::{Fabric, FabricAddr};
 use rrpc_kv::grpc::{GrpcKv, KvService};
 use rrpc_kv::rfrpc::tune::BatchSizeTuner;
 use rrpc_kv::rfrpc::{
@@ -165,7 +165,7 @@ pub fn run_server(a: &ServerArgs) -> Result<()> {
     let store = open_store()?;
     let mut rf = None;
     if let Some(uri) = &a.rf {
-        let ep = Endpoint::parse(uri).with_context(|| format!("bad RF-RPC endpoint {uri}"))?;
+        let ep = FabricAddr::parse(uri).with_context(|| format!("bad RF-RPC endpoint {uri}"))?;
         let exec = Arc::new(Busy {
             store: store.clone(),
             busy: Duration::from_nanos(a.busy_ns),
@@ -267,7 +267,7 @@ pub struct ServerProc {
     child: Child,
     dir: PathBuf,
     /// The RF-RPC endpoint, if it serves one.
-    pub rf: Option<Endpoint>,
+    pub rf: Option<FabricAddr>,
     /// The gRPC URI, if it serves one.
     pub grpc: Option<String>,
 }
@@ -312,7 +312,7 @@ impl ServerProc {
                 cmd.args(["--rf", &uri, "--rf-mode", policy_name(*policy)]);
                 cmd.args(["--rf-buffer", &buf.to_string()]);
                 cmd.args(["--busy-ns", &busy.as_nanos().to_string()]);
-                rf = Some(Endpoint::parse(&uri)?);
+                rf = Some(FabricAddr::parse(&uri)?);
             }
             Serve::GrpcTcp(port) => grpc = Some(format!("http://127.0.0.1:{port}")),
             Serve::GrpcShm => grpc = Some(format!("shm://{}/grpc.sock", dir.display())),
@@ -417,14 +417,14 @@ fn mixed_requests(keys: u64, n: usize, seed: u64) -> Result<Vec<Vec<u8>>> {
         .collect()
 }
 
-fn rf_connect(ep: &Endpoint, buf: usize, retry: u32) -> Result<RfClient> {
+fn rf_connect(ep: &FabricAddr, buf: usize, retry: u32) -> Result<RfClient> {
     let cfg = RfClientConfig::new().reply_buffer(buf)?.retry_limit(retry);
     RfClient::connect(ep, &Fabric::shm(), cfg)
         .with_context(|| format!("connecting an RF-RPC client to {ep:?}"))
 }
 
 /// Loads `keys` keys of [`VALUE_LEN`] bytes through one batching client.
-fn rf_preload(ep: &Endpoint, keys: u64) -> Result<()> {
+fn rf_preload(ep: &FabricAddr, keys: u64) -> Result<()> {
     let mut c = rf_connect(ep, 64 << 10, 5)?;
     let value = Bytes::from(vec![0x5a; VALUE_LEN]);
     let reqs: Vec<Vec<u8>> = (0..keys)
@@ -475,7 +475,7 @@ impl RfRun {
 /// `clients` threads (pinned round-robin to `cpus`), each with its own connection, call the
 /// 95/5 mix in a closed loop for `dur` (after a short warm-up).
 fn rf_closed_loop(
-    ep: &Endpoint,
+    ep: &FabricAddr,
     retry: u32,
     clients: usize,
     cpus: &[usize],

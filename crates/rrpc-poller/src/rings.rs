@@ -25,7 +25,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use rrpc_core::conn::{Connection, HandshakeConfig, Listener, Offer, connect};
-use rrpc_core::{Endpoint, Fabric, ProviderKind, QpConfig, QueuePair};
+use rrpc_core::{Fabric, FabricAddr, ProviderKind, QpConfig, QueuePair};
 use rrpc_ringbuf::{
     LocalRing, ReadGuard, RingConfig, RingRx, RingTx, RxDoorbell, RxWatch, TxWatch, WriteGuard,
 };
@@ -286,14 +286,14 @@ impl AsyncConn {
         let (listener, ep) = match fabric.kind() {
             ProviderKind::Verbs => {
                 let any: std::net::SocketAddr = ([127, 0, 0, 1], 0).into();
-                let l = Listener::bind(&Endpoint::Rdma(any), HandshakeConfig::default())?;
+                let l = Listener::bind(&FabricAddr::Rdma(any), HandshakeConfig::default())?;
                 let addr = l
                     .local_addr()
                     .ok_or(Error::InvalidConfig("rdma listener without a TCP address"))?;
-                (l, Endpoint::Rdma(addr))
+                (l, FabricAddr::Rdma(addr))
             }
             _ => {
-                let ep = Endpoint::Shm(path.clone());
+                let ep = FabricAddr::Shm(path.clone());
                 (Listener::bind(&ep, HandshakeConfig::default())?, ep)
             }
         };

@@ -84,12 +84,12 @@
 //! ## Example
 //! ```
 //! use rrpc_core::conn::{self, HandshakeConfig, Offer};
-//! use rrpc_core::{Endpoint, Fabric, QpConfig};
+//! use rrpc_core::{FabricAddr, Fabric, QpConfig};
 //! use rrpc_ringbuf::{Error, LocalRing, RingConfig};
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! let dir = std::env::temp_dir().join(format!("rrpc-rb-doc-{}", std::process::id()));
 //! std::fs::create_dir_all(&dir)?;
-//! let ep = Endpoint::parse(&format!("shm://{}/s.sock", dir.display()))?;
+//! let ep = FabricAddr::parse(&format!("shm://{}/s.sock", dir.display()))?;
 //! let cfg = RingConfig::builder().ring_size(1 << 20).build()?;
 //! let fabric = Fabric::shm();
 //! let listener = conn::Listener::bind(&ep, HandshakeConfig::default())?;

@@ -784,7 +784,7 @@ impl RrpcConfig {
     /// `rdma_gid_index`.
     #[cfg(feature = "verbs")]
     pub(crate) fn verbs_options(&self) -> rrpc_core::VerbsOptions {
-        let mut o = rrpc_core::VerbsOptions::new();
+        let mut o = rrpc_core::VerbsOptions::builder();
         if let Some(d) = &self.0.rdma_device {
             o = o.device(d.clone());
         }
@@ -794,7 +794,7 @@ impl RrpcConfig {
         if let Some(g) = self.0.rdma_gid_index {
             o = o.gid_index(g);
         }
-        o
+        o.build().expect("VerbsOptions checks nothing at build")
     }
 
     /// The queue-pair settings of every connection made or accepted with
@@ -819,13 +819,15 @@ impl RrpcConfig {
     /// `Unavailable` once the retries run out, naming the cause. Shorthand
     /// for [`RrpcConfig::queue_pair`] with [`rrpc_core::QpConfig::rc_retry`].
     pub fn rc_retry(self, retry: rrpc_core::RcRetry) -> Self {
-        let qp = self.0.queue_pair.clone().rc_retry(retry);
-        self.queue_pair(qp)
+        // Infallible: the queue-pair settings were valid and `retry` is
+        // validated by its own builder.
+        let qp = self.0.queue_pair.to_builder().rc_retry(retry).build();
+        self.queue_pair(qp.expect("a valid QpConfig with a new RcRetry"))
     }
 
     /// See [`RrpcConfig::rc_retry`].
     pub fn get_rc_retry(&self) -> rrpc_core::RcRetry {
-        self.0.queue_pair.get_rc_retry()
+        self.0.queue_pair.rc_retry()
     }
 
     /// Keeps the resources of `n` connections (a queue pair and both ring
@@ -1122,12 +1124,17 @@ mod tests {
             ("rdma_gid_index", d.clone().rdma_gid_index(1)),
             (
                 "queue_pair",
-                d.clone().queue_pair(qp.clone().send_depth(3).unwrap()),
+                d.clone()
+                    .queue_pair(qp.to_builder().send_depth(3).build().unwrap()),
             ),
             (
                 "rc_retry",
-                d.clone()
-                    .rc_retry(rrpc_core::RcRetry::default().retry_count(1).unwrap()),
+                d.clone().rc_retry(
+                    rrpc_core::RcRetry::builder()
+                        .retry_count(1)
+                        .build()
+                        .unwrap(),
+                ),
             ),
             ("connection_pool", d.clone().connection_pool(3)),
             (
@@ -1184,14 +1191,14 @@ mod tests {
     #[test]
     fn verbs_options_follow_the_config() {
         let o = RrpcConfig::new().verbs_options();
-        assert_eq!(o, rrpc_core::VerbsOptions::new());
+        assert_eq!(o, rrpc_core::VerbsOptions::default());
         let o = RrpcConfig::new()
             .rdma_device("mlx5_1")
             .rdma_port(2)
             .rdma_gid_index(3)
             .verbs_options();
-        assert_eq!(o.get_device(), Some("mlx5_1"));
-        assert_eq!(o.get_port(), 2);
-        assert_eq!(o.get_gid_index(), Some(3));
+        assert_eq!(o.device(), Some("mlx5_1"));
+        assert_eq!(o.port(), 2);
+        assert_eq!(o.gid_index(), Some(3));
     }
 }

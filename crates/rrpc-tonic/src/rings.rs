@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use futures_util::FutureExt;
 use rrpc_core::conn::{Connection, HandshakeConfig, Listener, Offer, Pending, connect};
-use rrpc_core::{Endpoint, Fabric};
+use rrpc_core::{Fabric, FabricAddr};
 use rrpc_poller::rings::{AsyncConn, AsyncReceiver, AsyncSender};
 use rrpc_poller::{Mode, WatchedFd};
 use rrpc_ringbuf::{RingConfig, RingRx, RingTx, TxWatch};
@@ -501,13 +501,13 @@ fn take_bundle(fabric: &Fabric, ring: &RingConfig, ctx: &RrpcContext) -> Result<
 }
 
 /// The fabric serving `ep`: shm, or the context's verbs device (opened once).
-pub(crate) fn fabric_for(ep: &Endpoint, ctx: &RrpcContext) -> Result<Fabric, Error> {
+pub(crate) fn fabric_for(ep: &FabricAddr, ctx: &RrpcContext) -> Result<Fabric, Error> {
     match ep {
-        Endpoint::Shm(_) => Ok(Fabric::shm()),
+        FabricAddr::Shm(_) => Ok(Fabric::shm()),
         #[cfg(feature = "verbs")]
-        Endpoint::Rdma(_) => ctx.verbs_fabric(),
+        FabricAddr::Rdma(_) => ctx.verbs_fabric(),
         #[cfg(not(feature = "verbs"))]
-        Endpoint::Rdma(_) => {
+        FabricAddr::Rdma(_) => {
             let _ = ctx;
             Err(crate::error::rdma_unavailable())
         }
@@ -516,9 +516,9 @@ pub(crate) fn fabric_for(ep: &Endpoint, ctx: &RrpcContext) -> Result<Fabric, Err
 }
 
 fn handshake_config(cfg: &RrpcConfig) -> Result<HandshakeConfig, Error> {
-    let mut hs = HandshakeConfig::default().timeout(cfg.get_handshake_timeout())?;
+    let mut hs = HandshakeConfig::builder().timeout(cfg.get_handshake_timeout());
     if let Some(t) = cfg.get_token() {
-        hs = hs.token(t.to_vec())?;
+        hs = hs.token(t.to_vec());
     }
     #[cfg(feature = "verbs")]
     {
@@ -530,12 +530,12 @@ fn handshake_config(cfg: &RrpcConfig) -> Result<HandshakeConfig, Error> {
             hs = hs.tls_client(c.clone(), name.clone());
         }
     }
-    Ok(hs)
+    Ok(hs.build()?)
 }
 
 /// Dials `shm:///path` or `rdma://host:port` with `ctx`'s resources.
 pub(crate) async fn dial(
-    ep: Endpoint,
+    ep: FabricAddr,
     cfg: &RrpcConfig,
     ctx: &RrpcContext,
 ) -> Result<(Pipe, Negotiated), Error> {
@@ -572,7 +572,7 @@ type Dialed = (Connection, RingTx, RingRx, Negotiated);
 /// knows the shared connection (it restarted), or that still holds the tag
 /// picked, is tried again with a fresh one, twice at most. Blocking.
 fn dial_logical(
-    ep: &Endpoint,
+    ep: &FabricAddr,
     fabric: &Fabric,
     ring: &RingConfig,
     hs: &HandshakeConfig,
@@ -639,10 +639,10 @@ impl std::fmt::Debug for RingsListener {
 const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(50);
 
 impl RingsListener {
-    pub(crate) fn bind(ep: Endpoint, cfg: &RrpcConfig, ctx: &RrpcContext) -> Result<Self, Error> {
+    pub(crate) fn bind(ep: FabricAddr, cfg: &RrpcConfig, ctx: &RrpcContext) -> Result<Self, Error> {
         // Open the device before accepting anyone (and fail here if there is none).
         let fabric = fabric_for(&ep, ctx)?;
-        if let Endpoint::Rdma(addr) = &ep
+        if let FabricAddr::Rdma(addr) = &ep
             && !addr.ip().is_loopback()
             && cfg.get_token().is_none()
         {

@@ -34,7 +34,7 @@ use std::time::Instant;
 use rrpc_core::conn::{HandshakeConfig, Incoming, Offer, SharedConnection};
 use rrpc_core::meta::PeerCache;
 use rrpc_core::vqp::VqpConfig;
-use rrpc_core::{Endpoint, Fabric};
+use rrpc_core::{Fabric, FabricAddr};
 use rrpc_ringbuf::{LocalRing, RingConfig};
 
 use crate::frame::{HANDSHAKE_SECTION, PATH_HELLO_LEN};
@@ -341,7 +341,7 @@ impl Peers {
     /// dropped first.
     pub(crate) fn get_or_open(
         &self,
-        ep: &Endpoint,
+        ep: &FabricAddr,
         fabric: &Fabric,
         cfg: &RrpcConfig,
         hs: &HandshakeConfig,
@@ -381,7 +381,7 @@ impl Peers {
 
     /// Forgets `peer` as the shared connection to `ep` (the server no longer
     /// knows it, or its side channel closed).
-    pub(crate) fn invalidate(&self, ep: &Endpoint, peer: &Arc<SharedPeer>) {
+    pub(crate) fn invalidate(&self, ep: &FabricAddr, peer: &Arc<SharedPeer>) {
         let key = ep.to_string();
         let mut cell = self.cache.lock().unwrap_or_else(|p| p.into_inner());
         let Some(cache) = cell.as_mut() else { return };
@@ -412,7 +412,7 @@ impl Peers {
 /// Opens a shared connection to `ep`: a queue pair in a protection domain
 /// of its own, connected with no rings.
 fn open(
-    ep: &Endpoint,
+    ep: &FabricAddr,
     fabric: &Fabric,
     cfg: &RrpcConfig,
     hs: &HandshakeConfig,

@@ -30,7 +30,7 @@ pub(crate) enum Target {
     Unix(PathBuf),
     Inproc(String),
     Shm(PathBuf),
-    Rdma(rrpc_core::EndpointUri),
+    Rdma(rrpc_core::FabricUri),
     /// `rrpc://host:port` ([`crate::port`]).
     Port(crate::port::PortTarget),
 }
@@ -60,9 +60,9 @@ impl Target {
                     _ => Err(bad("expected rrpc://host:port")),
                 }
             }
-            // rrpc-core's grammar, the one `rrpc_core::Endpoint::parse` uses.
-            "shm" | "rdma" => match rrpc_core::EndpointUri::parse(uri)? {
-                rrpc_core::EndpointUri::Shm(path) => Ok(Target::Shm(path)),
+            // rrpc-core's grammar, the one `rrpc_core::FabricAddr::parse` uses.
+            "shm" | "rdma" => match rrpc_core::FabricUri::parse(uri)? {
+                rrpc_core::FabricUri::Shm(path) => Ok(Target::Shm(path)),
                 rdma => Ok(Target::Rdma(rdma)),
             },
             _ => Err(bad("unknown scheme (http, unix, inproc, shm, rdma, rrpc)")),
@@ -122,7 +122,7 @@ impl RrpcListener {
             }
             Target::Shm(path) => Ok(RrpcListener::Rings(Box::new(
                 crate::rings::RingsListener::bind(
-                    rrpc_core::Endpoint::Shm(path.clone()),
+                    rrpc_core::FabricAddr::Shm(path.clone()),
                     cfg,
                     ctx,
                 )?,
@@ -203,7 +203,7 @@ impl Drop for RrpcListener {
 }
 
 /// An `rdma://` URI, resolved (blocking: the system resolver).
-fn rdma_endpoint(uri: &rrpc_core::EndpointUri) -> Result<rrpc_core::Endpoint, Error> {
+fn rdma_endpoint(uri: &rrpc_core::FabricUri) -> Result<rrpc_core::FabricAddr, Error> {
     if cfg!(not(feature = "verbs")) {
         return Err(rdma_unavailable());
     }
@@ -228,7 +228,7 @@ pub(crate) async fn dial(
             Ok((client, path))
         }
         Target::Shm(path) => {
-            crate::rings::dial(rrpc_core::Endpoint::Shm(path.clone()), cfg, ctx).await
+            crate::rings::dial(rrpc_core::FabricAddr::Shm(path.clone()), cfg, ctx).await
         }
         Target::Rdma(uri) => {
             // Off the runtime's threads: a name lookup can block for seconds.
@@ -242,7 +242,7 @@ pub(crate) async fn dial(
         // the port's negotiation names.
         Target::Port(p) => {
             let path = p.shm_path(cfg).await?;
-            crate::rings::dial(rrpc_core::Endpoint::Shm(path), cfg, ctx).await
+            crate::rings::dial(rrpc_core::FabricAddr::Shm(path), cfg, ctx).await
         }
         Target::Tcp(_) | Target::Unix(_) => Err(Error::InvalidUri {
             uri: format!("{target:?}"),
@@ -270,12 +270,12 @@ mod tests {
         );
         assert_eq!(
             Target::parse("rdma://0.0.0.0:50051").unwrap(),
-            Target::Rdma(rrpc_core::EndpointUri::parse("rdma://0.0.0.0:50051").unwrap())
+            Target::Rdma(rrpc_core::FabricUri::parse("rdma://0.0.0.0:50051").unwrap())
         );
         // rrpc-core's grammar: the same URIs are refused by both parsers.
         for uri in ["shm://relative", "rdma://host", "rdma://::1:5", "shm://"] {
             assert!(Target::parse(uri).is_err(), "{uri}");
-            assert!(rrpc_core::Endpoint::parse(uri).is_err(), "{uri}");
+            assert!(rrpc_core::FabricAddr::parse(uri).is_err(), "{uri}");
         }
         assert_eq!(
             Target::parse("inproc://x").unwrap(),

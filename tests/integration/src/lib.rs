@@ -424,11 +424,11 @@ impl RawSideChannel {
     /// # Panics
     /// If `uri` is not a rings URI or the connect fails.
     pub fn connect(uri: &str) -> Self {
-        match rrpc_core::Endpoint::parse(uri).expect("a rings uri") {
-            rrpc_core::Endpoint::Shm(p) => {
+        match rrpc_core::FabricAddr::parse(uri).expect("a rings uri") {
+            rrpc_core::FabricAddr::Shm(p) => {
                 Self::Unix(std::os::unix::net::UnixStream::connect(p).expect("connect"))
             }
-            rrpc_core::Endpoint::Rdma(a) => {
+            rrpc_core::FabricAddr::Rdma(a) => {
                 Self::Tcp(std::net::TcpStream::connect(a).expect("connect"))
             }
             other => panic!("not a rings endpoint: {other:?}"),

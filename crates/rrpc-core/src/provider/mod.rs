@@ -172,7 +172,7 @@ impl Domain {
     /// as [`Self::open_verbs`].
     pub(crate) fn for_rdma() -> Result<Domain> {
         #[cfg(feature = "verbs")]
-        return Domain::open_verbs(&crate::settings::VerbsOptions::new());
+        return Domain::open_verbs(&crate::settings::VerbsOptions::default());
         #[cfg(not(feature = "verbs"))]
         Err(Error::ProviderUnavailable("verbs"))
     }

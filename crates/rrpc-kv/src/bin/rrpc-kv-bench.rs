@@ -45,7 +45,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use clap::Parser;
 use indicatif::{ProgressBar, ProgressStyle};
-use rrpc_core::Endpoint;
+use rrpc_core::FabricAddr;
 use rrpc_kv::grpc::GrpcKv;
 use rrpc_kv::rfrpc::{
     self, Batcher, BatcherConfig, KvBatcher, KvClient, Mode, ModePolicy, RfClient, RfClientConfig,
@@ -232,7 +232,7 @@ impl Backend {
                     Backend::Redis { conn, index: scans }
                 }
                 Target::Rfrpc(uri) => {
-                    let ep = Endpoint::parse(uri)
+                    let ep = FabricAddr::parse(uri)
                         .with_context(|| format!("bad RF-RPC endpoint {uri}"))?;
                     let fabric = rfrpc::fabric_for(&ep, rdma_device)?;
                     let cfg = RfClientConfig::new()

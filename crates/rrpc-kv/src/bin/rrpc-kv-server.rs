@@ -33,7 +33,7 @@ use anyhow::{Context, bail};
 use clap::{Parser, ValueEnum};
 use std::sync::Arc;
 
-use rrpc_core::Endpoint;
+use rrpc_core::FabricAddr;
 use rrpc_kv::grpc::KvService;
 use rrpc_kv::rfrpc::{self, Mode, ModePolicy, RfServer};
 use rrpc_kv::store::{Engine, Store, StoreConfig};
@@ -101,7 +101,7 @@ fn start_rfrpc(args: &Args, store: &Store) -> anyhow::Result<Option<RfServer>> {
     let Some(uri) = &args.rfrpc else {
         return Ok(None);
     };
-    let ep = Endpoint::parse(uri).with_context(|| format!("bad --rfrpc endpoint {uri}"))?;
+    let ep = FabricAddr::parse(uri).with_context(|| format!("bad --rfrpc endpoint {uri}"))?;
     let fabric = rfrpc::fabric_for(&ep, args.rdma_device.as_deref())?;
     let server = RfServer::builder()
         .threads(args.rfrpc_threads)?

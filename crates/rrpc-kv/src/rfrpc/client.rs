@@ -4,7 +4,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use rrpc_core::conn::{self, Connection, HandshakeConfig, Offer};
-use rrpc_core::{Completion, Endpoint, Fabric, Local, QpConfig, Region, RemoteRegion, Status};
+use rrpc_core::{Completion, Fabric, FabricAddr, Local, QpConfig, Region, RemoteRegion, Status};
 
 use crate::error::{Error, Result};
 use crate::op::{Execute, Op, OpResult};
@@ -206,7 +206,7 @@ impl RfClient {
     /// # Errors
     /// [`Error::Fabric`] if the connection or a region fails;
     /// [`Error::Malformed`] if the server's offer is not an RF-RPC server's.
-    pub fn connect(endpoint: &Endpoint, fabric: &Fabric, cfg: RfClientConfig) -> Result<Self> {
+    pub fn connect(endpoint: &FabricAddr, fabric: &Fabric, cfg: RfClientConfig) -> Result<Self> {
         // This connection's regions and queue pair in a protection domain
         // of their own (`Fabric::isolated`).
         let fabric = &fabric.isolated().map_err(fab)?;
@@ -734,7 +734,7 @@ impl KvClient {
     ///
     /// # Errors
     /// As [`RfClient::connect`].
-    pub fn connect(endpoint: &Endpoint, fabric: &Fabric, cfg: RfClientConfig) -> Result<Self> {
+    pub fn connect(endpoint: &FabricAddr, fabric: &Fabric, cfg: RfClientConfig) -> Result<Self> {
         Ok(KvClient {
             inner: Mutex::new(RfClient::connect(endpoint, fabric, cfg)?),
         })

@@ -7,7 +7,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use rrpc_core::conn::{self, Connection, HandshakeConfig, Offer};
-use rrpc_core::{Completion, Endpoint, Fabric, Local, QpConfig, Region, RemoteRegion, Status};
+use rrpc_core::{Completion, Fabric, FabricAddr, Local, QpConfig, Region, RemoteRegion, Status};
 
 use crate::error::{Error, Result};
 use crate::op::{Execute, Op, OpResult};
@@ -116,7 +116,7 @@ impl RfServerBuilder {
     /// thread cannot be spawned.
     pub fn serve(
         self,
-        endpoint: &Endpoint,
+        endpoint: &FabricAddr,
         fabric: &Fabric,
         handler: impl Fn(&[u8]) -> Vec<u8> + Send + Sync + 'static,
     ) -> Result<RfServer> {
@@ -131,7 +131,7 @@ impl RfServerBuilder {
     /// As [`Self::serve`].
     pub fn serve_execute<E: Execute>(
         self,
-        endpoint: &Endpoint,
+        endpoint: &FabricAddr,
         fabric: &Fabric,
         exec: Arc<E>,
     ) -> Result<RfServer> {
@@ -155,7 +155,7 @@ struct Counters {
 /// every connection; clients then see [`Error::PeerGone`].
 #[derive(Debug)]
 pub struct RfServer {
-    endpoint: Endpoint,
+    endpoint: FabricAddr,
     stop: Arc<AtomicBool>,
     threads: Vec<JoinHandle<()>>,
     counters: Arc<Counters>,
@@ -169,7 +169,7 @@ impl RfServer {
 
     fn start(
         b: RfServerBuilder,
-        endpoint: &Endpoint,
+        endpoint: &FabricAddr,
         fabric: &Fabric,
         handler: Handler,
     ) -> Result<RfServer> {
@@ -177,7 +177,7 @@ impl RfServer {
             conn::Listener::bind(endpoint, b.handshake.clone()).map_err(Error::Fabric)?;
         listener.set_nonblocking(true).map_err(Error::Fabric)?;
         let endpoint = match (endpoint, listener.local_addr()) {
-            (Endpoint::Rdma(_), Some(a)) => Endpoint::Rdma(a),
+            (FabricAddr::Rdma(_), Some(a)) => FabricAddr::Rdma(a),
             _ => endpoint.clone(),
         };
         let stop = Arc::new(AtomicBool::new(false));
@@ -222,7 +222,7 @@ impl RfServer {
 
     /// The endpoint clients connect to (with the kernel-chosen port for
     /// `rdma://host:0`).
-    pub fn endpoint(&self) -> &Endpoint {
+    pub fn endpoint(&self) -> &FabricAddr {
         &self.endpoint
     }
 

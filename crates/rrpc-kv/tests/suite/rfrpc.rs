@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use rrpc_core::conn::{self, HandshakeConfig, Offer};
-use rrpc_core::{Completion, Endpoint, Fabric, Local, QpConfig};
+use rrpc_core::{Completion, Fabric, FabricAddr, Local, QpConfig};
 use rrpc_kv::rfrpc::{KvClient, Mode, ModePolicy, RfClient, RfClientConfig, RfServer};
 use rrpc_kv::{Error, Execute, Op, OpResult};
 
@@ -92,7 +92,7 @@ fn forced_server_reply_mode() {
 
 /// An echo server whose handler sleeps `slow` ms per call while it is
 /// non-zero.
-fn slow_echo(ep: &Endpoint, f: &Fabric) -> (RfServer, Arc<AtomicU64>) {
+fn slow_echo(ep: &FabricAddr, f: &Fabric) -> (RfServer, Arc<AtomicU64>) {
     let slow = Arc::new(AtomicU64::new(0));
     let s2 = slow.clone();
     let server = RfServer::builder()
@@ -185,7 +185,7 @@ fn hybrid_switch_under_a_slow_handler() {
 }
 
 /// An echo server that sleeps for `delay` before answering `slow`.
-fn echo_slow_on(ep: &Endpoint, f: &Fabric, slow: &'static [u8], delay: Duration) -> RfServer {
+fn echo_slow_on(ep: &FabricAddr, f: &Fabric, slow: &'static [u8], delay: Duration) -> RfServer {
     RfServer::builder()
         .serve(ep, f, move |req: &[u8]| {
             if req == slow {
@@ -196,7 +196,7 @@ fn echo_slow_on(ep: &Endpoint, f: &Fabric, slow: &'static [u8], delay: Duration)
         .unwrap()
 }
 
-fn client_timing_out_after(ep: &Endpoint, f: &Fabric, timeout: Duration) -> RfClient {
+fn client_timing_out_after(ep: &FabricAddr, f: &Fabric, timeout: Duration) -> RfClient {
     let cfg = RfClientConfig::new().call_timeout(timeout).unwrap();
     RfClient::connect(ep, f, cfg).unwrap()
 }
@@ -252,7 +252,7 @@ fn call_timeout() {
 
 /// A raw rrpc-core peer that grants a reply buffer (so the handshake
 /// passes) and then writes garbage into the request buffer.
-fn raw_peer(ep: &Endpoint, f: &Fabric) -> (conn::Connection, Arc<rrpc_core::Region>) {
+fn raw_peer(ep: &FabricAddr, f: &Fabric) -> (conn::Connection, Arc<rrpc_core::Region>) {
     let reply = f.alloc_region(4096).unwrap();
     let c = conn::connect(
         ep,

@@ -5,7 +5,7 @@
 
 use std::time::{Duration, Instant};
 
-use rrpc_core::{Endpoint, Fabric};
+use rrpc_core::{Fabric, FabricAddr};
 use rrpc_kv::rfrpc::tune::BatchSizeTuner;
 use rrpc_kv::rfrpc::{
     Batcher, BatcherConfig, KvBatcher, RfClient, RfClientConfig, RfServer, Ticket, VirtualClock,
@@ -15,7 +15,7 @@ use rrpc_kv::{Error, Op, OpResult};
 use crate::common;
 use common::{MapStore, ask, endpoint, sized};
 
-fn client(ep: &Endpoint, f: &Fabric) -> RfClient {
+fn client(ep: &FabricAddr, f: &Fabric) -> RfClient {
     RfClient::connect(
         ep,
         f,

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use rrpc_core::{Endpoint, Fabric, ProviderKind};
+use rrpc_core::{Fabric, FabricAddr, ProviderKind};
 use rrpc_kv::rfrpc::{Mode, ModePolicy, RfClient, RfClientConfig, RfServer};
 
 use crate::common;
@@ -37,10 +37,10 @@ fn cfg() -> RfClientConfig {
 fn verbs_round_trips_second_reads_and_server_reply() {
     let Some(dev) = device() else { return };
     let f = fabric(&dev);
-    let any = Endpoint::parse("rdma://127.0.0.1:0").unwrap();
+    let any = FabricAddr::parse("rdma://127.0.0.1:0").unwrap();
     let server = RfServer::builder().serve(&any, &f, sized).unwrap();
     let ep = server.endpoint().clone();
-    assert!(matches!(ep, Endpoint::Rdma(a) if a.port() != 0));
+    assert!(matches!(ep, FabricAddr::Rdma(a) if a.port() != 0));
     // Remote fetch only, so every result larger than F takes a second READ
     // (the hybrid switch may move a slow VM to server-reply).
     let mut c = RfClient::connect(
@@ -89,7 +89,7 @@ fn verbs_hybrid_switch_under_a_slow_handler() {
     use std::sync::atomic::{AtomicU64, Ordering};
     let Some(dev) = device() else { return };
     let f = fabric(&dev);
-    let any = Endpoint::parse("rdma://127.0.0.1:0").unwrap();
+    let any = FabricAddr::parse("rdma://127.0.0.1:0").unwrap();
     let slow = Arc::new(AtomicU64::new(0));
     let s2 = slow.clone();
     let server = RfServer::builder()
@@ -127,7 +127,7 @@ fn verbs_garbage_request_closes_that_connection() {
     use rrpc_core::{Completion, Local, QpConfig};
     let Some(dev) = device() else { return };
     let f = fabric(&dev);
-    let any = Endpoint::parse("rdma://127.0.0.1:0").unwrap();
+    let any = FabricAddr::parse("rdma://127.0.0.1:0").unwrap();
     let server = RfServer::builder()
         .serve(&any, &f, |r: &[u8]| r.to_vec())
         .unwrap();

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use rrpc_core::conn::{Connection, HandshakeConfig, Offer};
 use rrpc_core::handshake::{Hello, Message};
-use rrpc_core::{Endpoint, QpConfig};
+use rrpc_core::{FabricAddr, QpConfig};
 use rrpc_integration_tests::pb::Input;
 use rrpc_integration_tests::{Harness, RawSideChannel, Transport, config, raw_fabric};
 use rrpc_ringbuf::{LocalRing, RingConfig, RingRx, RingTx};
@@ -57,7 +57,7 @@ fn core_handshake_with(
     }
     let offer = local.add_to_offer(offer);
     let qp = fabric.create_qp(&QpConfig::default()).expect("qp");
-    let ep = Endpoint::parse(&uri).expect("rings uri");
+    let ep = FabricAddr::parse(&uri).expect("rings uri");
     let c = rrpc_core::conn::connect(&ep, qp, offer, &HandshakeConfig::default())?;
     let (tx, rx) = local.connect(&c).expect("rings");
     Ok((c, tx, rx))

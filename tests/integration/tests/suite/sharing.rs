@@ -191,7 +191,7 @@ async fn a_guessed_shared_connection_id_is_refused(t: Transport) {
     call(&mut owner, 1).await;
     let uri = h.uri.clone();
     let refused = tokio::task::spawn_blocking(move || {
-        let ep = rrpc_core::Endpoint::parse(&uri).expect("rings uri");
+        let ep = rrpc_core::FabricAddr::parse(&uri).expect("rings uri");
         let fabric = rrpc_integration_tests::raw_fabric(t);
         let hs = HandshakeConfig::default();
         // A shared connection of its own, opened by hand ("RRPA").

@@ -50,7 +50,7 @@ use crate::conn::budget::PeerKey;
 use crate::conn::exchange::{Deadline, Offer, PeerInfo, base_hello, map_io, peer_info};
 use crate::conn::settings::{HandshakeConfig, TcpKeepalive};
 
-use super::endpoint::VerbsEndpoint;
+use super::qp_address::QpAddress;
 use crate::error::{Error, Result};
 use crate::handshake::{HEADER_LEN, Header, Hello, Message, Reject, RejectCode, token_eq};
 use crate::provider::Qp;
@@ -486,8 +486,8 @@ pub(crate) fn read_client_hello(
     cfg: &HandshakeConfig,
     deadline: Deadline,
 ) -> Result<(Stream, Hello, PeerInfo)> {
-    let mut s = server_stream(s, cfg.get_tls_server(), deadline)?;
-    let hello = read_hello(&mut s, cfg.get_token(), deadline)?;
+    let mut s = server_stream(s, cfg.tls_server(), deadline)?;
+    let hello = read_hello(&mut s, cfg.token(), deadline)?;
     let peer = peer_info(&hello, ProviderKind::Verbs)?;
     Ok((s, hello, peer))
 }
@@ -512,7 +512,7 @@ pub(crate) fn dial(
         base_hello(offer),
         deadline,
         cfg.keepalive.as_ref(),
-        cfg.get_tls_client(),
+        cfg.tls_client(),
     )?;
     let peer = peer_info(&accept, ProviderKind::Verbs)?;
     Ok((Stream::plain(s), peer))
@@ -535,7 +535,7 @@ pub(crate) fn dial_logical(
         base_hello(offer),
         deadline,
         cfg.keepalive.as_ref(),
-        cfg.get_tls_client(),
+        cfg.tls_client(),
     )?;
     Ok((Stream::plain(s), h))
 }
@@ -716,7 +716,7 @@ fn check_provider(h: &Hello) -> Result<()> {
         )));
     }
     if !h.endpoint.is_empty() {
-        VerbsEndpoint::decode(&h.endpoint)?;
+        QpAddress::decode(&h.endpoint)?;
     }
     Ok(())
 }
@@ -768,7 +768,7 @@ pub(crate) fn read_hello(
 /// already-connected queue pair.
 pub(crate) fn attach(qp: &QueuePair, peer: &Hello) -> Result<()> {
     let v = verbs_qp(qp)?;
-    let ep = VerbsEndpoint::decode(&peer.endpoint)?;
+    let ep = QpAddress::decode(&peer.endpoint)?;
     v.connect(&ep, peer.regions.iter().map(|d| d.remote).collect())
 }
 
@@ -912,7 +912,7 @@ mod tests {
         Hello {
             token: token.map(<[u8]>::to_vec),
             provider: ProviderKind::Verbs.code(),
-            endpoint: VerbsEndpoint {
+            endpoint: QpAddress {
                 lid: 3,
                 qpn: 0x77,
                 psn: 0x1234,
@@ -1135,13 +1135,17 @@ mod tests {
     #[test]
     fn listener_sets_the_configured_keepalive() {
         use crate::conn::{HandshakeConfig, Listener};
-        let ep = crate::Endpoint::parse("rdma://127.0.0.1:0").unwrap();
+        let ep = crate::FabricAddr::parse("rdma://127.0.0.1:0").unwrap();
         for (cfg, want) in [
             (HandshakeConfig::default(), (true, 10, 2, 3, 16_000)),
             (
-                HandshakeConfig::default().keepalive(Some(
-                    TcpKeepalive::new(Duration::from_secs(7), Duration::from_secs(1), 2).unwrap(),
-                )),
+                HandshakeConfig::builder()
+                    .keepalive(Some(
+                        TcpKeepalive::new(Duration::from_secs(7), Duration::from_secs(1), 2)
+                            .unwrap(),
+                    ))
+                    .build()
+                    .unwrap(),
                 (true, 7, 1, 2, 9_000),
             ),
         ] {
@@ -1150,7 +1154,11 @@ mod tests {
             let p = l.accept_pending().unwrap();
             assert_eq!(keepalive_of(&p), want);
         }
-        let l = Listener::bind(&ep, HandshakeConfig::default().keepalive(None)).unwrap();
+        let l = Listener::bind(
+            &ep,
+            HandshakeConfig::builder().keepalive(None).build().unwrap(),
+        )
+        .unwrap();
         let _c = TcpStream::connect(l.local_addr().unwrap()).unwrap();
         assert!(!keepalive_of(&l.accept_pending().unwrap()).0);
     }
