@@ -87,7 +87,7 @@ fn variants() -> Result<Vec<Variant>> {
 }
 
 fn fabric_for(cfg: &RingConfig) -> Fabric {
-    if cfg.get_huge_pages() {
+    if cfg.huge_pages() {
         Fabric::shm()
     } else {
         Fabric::shm().without_huge_pages()

@@ -170,7 +170,7 @@ impl AsyncConn {
             rx.post_receives(DOORBELL_RECVS)?;
         }
         if poller.config().get_mode() == Mode::Event {
-            if !tx.config().get_tail_with_imm() {
+            if !tx.config().tail_with_imm() {
                 return Err(Error::InvalidConfig(
                     "Event mode needs RingConfigBuilder::tail_with_imm(true) on both sides",
                 ));

@@ -1009,7 +1009,7 @@ pub fn default_poller_config() -> PollerConfig {
 
 /// The default of [`RrpcConfig::ring_cache_size`], the size past which a
 /// self-sizing ring stops growing for throughput
-/// (`RingConfig::get_cache_ring_size`): an eighth of this CPU's L2 cache (from
+/// (`RingConfig::cache_ring_size`): an eighth of this CPU's L2 cache (from
 /// sysfs; 512 KiB when it cannot be read), rounded down to a power of two.
 /// A core touches up to four rings' worth of data on a busy connection
 /// (both rings of the direction it sends on, the receive ring of the other,

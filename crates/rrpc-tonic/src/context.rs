@@ -374,7 +374,7 @@ mod tests {
         // Node 0 exists on every Linux host.
         let placed = RrpcConfig::new().numa_node(NumaPlacement::Node(0));
         let ring = crate::rings::ring_config_for_tests(&placed).expect("ring config");
-        assert_eq!(ring.get_numa_node(), NumaPlacement::Node(0));
+        assert_eq!(ring.numa_node(), NumaPlacement::Node(0));
         let ctx = RrpcContext::shared(&placed);
         let p = ctx.poller_handle().expect("poller");
         assert_eq!(p.numa_node(), Some(0));

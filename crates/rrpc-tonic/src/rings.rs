@@ -124,7 +124,7 @@ impl RingsTx {
         // A fixed ring carries whole-ring messages best (the papers'
         // setting); a self-sizing one, a third of its cache cap.
         let preferred = if ring.self_sizing() {
-            (ring.get_cache_ring_size() / 3).min(max)
+            (ring.cache_ring_size() / 3).min(max)
         } else {
             max
         };
@@ -462,7 +462,7 @@ fn into_pipe(
     }
     let watch = tx.ring().watch();
     let sizing = tx.ring().config().self_sizing();
-    let every = tx.ring().config().get_shrink_after() / 2;
+    let every = tx.ring().config().shrink_after() / 2;
     let tx = RingsTx::new(tx, watch, max, conn.clone());
     if sizing {
         tx.spawn_sizing(every);
@@ -482,7 +482,7 @@ fn bundle_pool(
         let (f, r, q) = (fabric.clone(), ring.clone(), cfg.get_queue_pair().clone());
         let pool = rrpc_core::pool::PoolConfig::new(cfg.connection_pool_for(f.kind()))
             .budget(budget)
-            .class(format!("{:?}/{}", f.kind(), r.get_ring_size()));
+            .class(format!("{:?}/{}", f.kind(), r.ring_size()));
         BundlePool::with_config(
             pool,
             move || make_bundle(&f, &r, &q),
