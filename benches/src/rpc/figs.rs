@@ -78,7 +78,12 @@ struct ModeVariant {
 
 fn mode_variants() -> Vec<ModeVariant> {
     let fast = |pc: PollerConfig| with_path(RrpcConfig::default().poller(pc), Transport::RrpcFast);
-    let one = |pc: PollerConfig| pc.polling_threads(1).expect("1 is a valid thread count");
+    let one = |pc: PollerConfig| {
+        pc.to_builder()
+            .polling_threads(1)
+            .build()
+            .expect("1 is a valid thread count")
+    };
     vec![
         ModeVariant {
             name: "tonic-tcp",

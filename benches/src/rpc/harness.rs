@@ -240,8 +240,8 @@ pub const POLLER_VARIANTS: &[(&str, &str)] = &[
 /// The poller configuration of a variant of [`POLLER_VARIANTS`].
 pub fn poller_variant(name: &str) -> Option<rrpc_tonic::PollerConfig> {
     use rrpc_tonic::PollerMode;
-    let d = rrpc_tonic::default_poller_config();
-    Some(match name {
+    let d = rrpc_tonic::default_poller_config().to_builder();
+    let b = match name {
         "bpev" => d,
         "bpev-noback" => d.spin_backoff(false),
         "bpev-plain" => d.doorbell_park_after(None).spin_backoff(false),
@@ -249,7 +249,8 @@ pub fn poller_variant(name: &str) -> Option<rrpc_tonic::PollerConfig> {
         "event" => d.mode(PollerMode::Event),
         "bp" => d.mode(PollerMode::Bp),
         _ => return None,
-    })
+    };
+    Some(b.build().expect("the variants change no validated setting"))
 }
 
 /// `cfg` with the data path of `t`.

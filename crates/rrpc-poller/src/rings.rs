@@ -169,7 +169,7 @@ impl AsyncConn {
         if uses_doorbell(poller, &rx) {
             rx.post_receives(DOORBELL_RECVS)?;
         }
-        if poller.config().get_mode() == Mode::Event {
+        if poller.config().mode() == Mode::Event {
             if !tx.config().tail_with_imm() {
                 return Err(Error::InvalidConfig(
                     "Event mode needs RingConfigBuilder::tail_with_imm(true) on both sides",
@@ -201,7 +201,7 @@ impl AsyncConn {
     /// # Errors
     /// As [`Poller::register`] (needs a tokio runtime).
     pub fn split(self) -> Result<(AsyncSender, AsyncReceiver)> {
-        let mode = self.poller.config().get_mode();
+        let mode = self.poller.config().mode();
         let exact = self.conn.peer().provider == ProviderKind::Shm;
         let notifier = (mode == Mode::Event).then(|| RecvNotifier {
             qp: self.conn.qp().clone(),

@@ -1000,11 +1000,12 @@ impl RrpcConfig {
 ///   (a wake-up per wait, one thread per registration); BPEV 20 µs 45 µs;
 ///   BPTS 1 thread 64 µs; EVENT 84 µs.
 pub fn default_poller_config() -> PollerConfig {
-    PollerConfig::new()
+    PollerConfig::builder()
         .polling_threads(1)
-        .expect("1 is a valid thread count")
         .bp_timeout(std::time::Duration::from_micros(50))
         .auto_tune(false)
+        .build()
+        .expect("1 is a valid thread count")
 }
 
 /// The default of [`RrpcConfig::ring_cache_size`], the size past which a

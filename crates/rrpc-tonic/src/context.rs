@@ -222,7 +222,12 @@ impl RrpcContext {
             // A placement of its own: this context's poller, not the
             // process-wide one.
             None if placement != rrpc_core::numa::NumaPlacement::Device => {
-                rrpc_poller::Poller::start(default_poller_config().numa_node(placement))?
+                rrpc_poller::Poller::start(
+                    default_poller_config()
+                        .to_builder()
+                        .numa_node(placement)
+                        .build()?,
+                )?
             }
             None => {
                 static DEFAULT: OnceLock<Poller> = OnceLock::new();
@@ -359,7 +364,7 @@ mod tests {
         for other in [
             cfg.clone().connection_pool(3),
             cfg.clone().rdma_device("rxe9"),
-            cfg.clone().poller(PollerConfig::new()),
+            cfg.clone().poller(PollerConfig::default()),
             cfg.clone().numa_node(NumaPlacement::Off),
             cfg.clone().max_shared_peers(3).expect("peers"),
         ] {

@@ -655,7 +655,12 @@ mod tests {
         // A poller of the config's own (Event mode: no polling thread), and
         // a setting no other test of this binary uses.
         let cfg = RrpcConfig::default()
-            .poller(crate::PollerConfig::new().mode(crate::PollerMode::Event))
+            .poller(
+                crate::PollerConfig::builder()
+                    .mode(crate::PollerMode::Event)
+                    .build()
+                    .unwrap(),
+            )
             .max_concurrent_calls(197)
             .expect("calls");
         let (u, scfg) = (uri.clone(), cfg.clone());
@@ -686,7 +691,7 @@ mod tests {
         );
         let poller = ca.poller_handle().expect("poller");
         assert!(poller.ptr_eq(&cb.poller_handle().expect("poller")));
-        assert_eq!(poller.config().get_mode(), crate::PollerMode::Event);
+        assert_eq!(poller.config().mode(), crate::PollerMode::Event);
 
         let own = crate::RrpcContext::new(&cfg);
         let c = ep.clone().context(own.clone()).connect().await.expect("c");

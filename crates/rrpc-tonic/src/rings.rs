@@ -29,9 +29,7 @@ use crate::{Error, RrpcConfig, RrpcContext};
 fn ring_config(cfg: &RrpcConfig) -> Result<RingConfig, Error> {
     // Event mode sleeps on the receive completion channel, which only a tail
     // sent with immediate data fires (rrpc-poller `conn` docs).
-    let event = cfg
-        .get_poller()
-        .is_some_and(|p| p.get_mode() == Mode::Event);
+    let event = cfg.get_poller().is_some_and(|p| p.mode() == Mode::Event);
     Ok(RingConfig::builder()
         .ring_size(cfg.get_ring_size())
         .min_ring_size(cfg.get_min_ring_size())
@@ -903,7 +901,7 @@ mod tests {
         let path = std::env::temp_dir().join(format!("rrpc-tonic-ev-{}.sock", std::process::id()));
         let _ = std::fs::remove_file(&path);
         let cfg = RrpcConfig::default()
-            .poller(PollerConfig::new().mode(Mode::Event))
+            .poller(PollerConfig::builder().mode(Mode::Event).build().unwrap())
             .receive_spin(Duration::from_micros(20));
         let target = Target::Shm(path.clone());
         let ctx = crate::RrpcContext::new(&cfg);

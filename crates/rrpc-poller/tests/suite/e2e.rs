@@ -506,9 +506,11 @@ fn an_idle_reader_is_woken_by_the_doorbell_not_by_rescans(prov: &Provider) {
     for doorbell in [true, false] {
         let p = rrpc_poller::Poller::start(
             common::test_config(Mode::Bpev)
+                .to_builder()
                 .idle_park_after(Some(Duration::from_micros(300)))
                 .doorbell_park_after(doorbell.then_some(Duration::from_micros(50)))
                 .idle_poll_interval(Duration::from_secs(1))
+                .build()
                 .unwrap(),
         )
         .unwrap();
@@ -541,10 +543,12 @@ fn a_reader_fed_once_a_millisecond_stops_spinning_and_announces_its_own_sleeps(p
     for backoff in [true, false] {
         let p = rrpc_poller::Poller::start(
             common::test_config(Mode::Bpev)
+                .to_builder()
                 .bp_timeout(Duration::from_micros(50))
                 .auto_tune(false)
                 .spin_backoff(backoff)
                 .idle_poll_interval(Duration::from_secs(1))
+                .build()
                 .unwrap(),
         )
         .unwrap();
