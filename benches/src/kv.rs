@@ -171,9 +171,9 @@ pub fn run_server(a: &ServerArgs) -> Result<()> {
             busy: Duration::from_nanos(a.busy_ns),
         });
         let server = RfServer::builder()
-            .threads(1)?
-            .request_buffer(a.rf_buffer)?
-            .response_buffer(a.rf_buffer)?
+            .threads(1)
+            .request_buffer(a.rf_buffer)
+            .response_buffer(a.rf_buffer)
             .mode(parse_policy(&a.rf_mode)?)
             .serve_execute(&ep, &Fabric::shm(), exec)
             .with_context(|| format!("serving RF-RPC at {uri}"))?;
@@ -247,7 +247,10 @@ pub fn run_server(a: &ServerArgs) -> Result<()> {
 
 /// rrpc-tonic's configuration for both sides: the fast path.
 fn grpc_config() -> RrpcConfig {
-    RrpcConfig::default().path(PathPreference::Fast)
+    RrpcConfig::builder()
+        .path(PathPreference::Fast)
+        .build()
+        .expect("a valid config")
 }
 
 /// Spawns `cmd` from a thread pinned to `cpu`, so the child and all its threads start with that
@@ -418,7 +421,10 @@ fn mixed_requests(keys: u64, n: usize, seed: u64) -> Result<Vec<Vec<u8>>> {
 }
 
 fn rf_connect(ep: &FabricAddr, buf: usize, retry: u32) -> Result<RfClient> {
-    let cfg = RfClientConfig::new().reply_buffer(buf)?.retry_limit(retry);
+    let cfg = RfClientConfig::builder()
+        .reply_buffer(buf)
+        .retry_limit(retry)
+        .build()?;
     RfClient::connect(ep, &Fabric::shm(), cfg)
         .with_context(|| format!("connecting an RF-RPC client to {ep:?}"))
 }
@@ -834,9 +840,10 @@ fn batch_table(args: &SuiteArgs, report: &mut Report) -> Result<()> {
         .context("no batch-16 point")?;
     let bound = Duration::from_nanos(at16.p90_ns.max(1000));
     let alpha = 0.05;
-    let mut tuner = BatchSizeTuner::new(bound, alpha)?
-        .with_bounds(1, 64)?
-        .with_window(200)?;
+    let mut tuner = BatchSizeTuner::builder(bound, alpha)
+        .bounds(1, 64)
+        .window(200)
+        .build()?;
     let tdur = args.duration(Duration::from_millis(800), Duration::from_secs(4));
     // First half: converge; second half: measure at the tuner's sizes.
     let (_, _, _, conv) = run(&mut c, 1, tdur / 2, Some(&mut tuner))?;
@@ -904,9 +911,10 @@ fn batch_table(args: &SuiteArgs, report: &mut Report) -> Result<()> {
         let clients = (0..depth)
             .map(|_| rf_connect(&ep, 64 << 10, 5))
             .collect::<Result<Vec<_>>>()?;
-        let cfg = BatcherConfig::new()
-            .max_entries(16)?
-            .timeout(Duration::from_secs(3600));
+        let cfg = BatcherConfig::builder()
+            .max_entries(16)
+            .timeout(Duration::from_secs(3600))
+            .build()?;
         let mut b = Batcher::with_clients(clients, cfg)?;
         let pipe_run = |b: &mut Batcher, d: Duration| -> Result<(u64, Duration)> {
             let (mut ops, mut j) = (0u64, 0usize);
@@ -1086,10 +1094,11 @@ fn ycsb_run(
         let () = rt.block_on(redis::cmd("FLUSHALL").query_async(c))?;
     }
     let mut w = Workload::new(
-        WorkloadConfig::new(core)
+        WorkloadConfig::builder(core)
             .records(records)
             .operations(ops)
-            .seed(42),
+            .seed(42)
+            .build()?,
     )
     .context("bad workload")?;
     for op in w.load() {

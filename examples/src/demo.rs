@@ -126,12 +126,12 @@ fn parse_variant(s: &str) -> anyhow::Result<Variant> {
         pc = pc.auto_tune(false);
     }
     let pc = pc.build()?;
-    let mut cfg = RrpcConfig::default().poller(pc);
+    let mut cfg = RrpcConfig::builder().poller(pc).build()?;
     if mode == PollerMode::Event
         && let Some(t) = timeout
     {
         // Event never spins: `event@N` is Event plus rrpc-tonic's receive spin.
-        cfg = cfg.receive_spin(t);
+        cfg = cfg.to_builder().receive_spin(t).build()?;
     }
     Ok(Variant {
         label: s.to_string(),
@@ -399,7 +399,7 @@ fn main() -> anyhow::Result<()> {
         paths.push((
             format!("{transport}-h2{suffix}"),
             rings[i].clone(),
-            v.cfg.clone().path(PathPreference::Http2),
+            v.cfg.to_builder().path(PathPreference::Http2).build()?,
             Some(v.ctx.clone()),
         ));
         paths.push((

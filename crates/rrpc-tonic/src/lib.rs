@@ -245,7 +245,7 @@ pub use call::{Carrier, ChannelPath, ResponseFuture};
 pub use channel::RrpcChannel;
 pub use config::{
     DEFAULT_MAX_SHARED_PEERS, DEFAULT_PEER_LEASE, DEFAULT_RDMA_CONNECTION_POOL, Fabric,
-    PathPreference, RrpcConfig, default_poller_config,
+    PathPreference, RrpcConfig, RrpcConfigBuilder, default_poller_config,
 };
 pub use context::RrpcContext;
 pub use endpoint::RrpcEndpoint;

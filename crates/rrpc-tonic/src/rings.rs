@@ -29,13 +29,13 @@ use crate::{Error, RrpcConfig, RrpcContext};
 fn ring_config(cfg: &RrpcConfig) -> Result<RingConfig, Error> {
     // Event mode sleeps on the receive completion channel, which only a tail
     // sent with immediate data fires (rrpc-poller `conn` docs).
-    let event = cfg.get_poller().is_some_and(|p| p.mode() == Mode::Event);
+    let event = cfg.poller().is_some_and(|p| p.mode() == Mode::Event);
     Ok(RingConfig::builder()
-        .ring_size(cfg.get_ring_size())
-        .min_ring_size(cfg.get_min_ring_size())
-        .cache_ring_size(cfg.get_ring_cache_size())
-        .shrink_after(cfg.get_ring_shrink_after())
-        .numa_node(cfg.get_numa_node())
+        .ring_size(cfg.ring_size())
+        .min_ring_size(cfg.min_ring_size())
+        .cache_ring_size(cfg.ring_cache_size())
+        .shrink_after(cfg.ring_shrink_after())
+        .numa_node(cfg.numa_node())
         .tail_with_imm(event)
         .build()?)
 }
@@ -454,7 +454,7 @@ fn into_pipe(
     let ac = AsyncConn::new(&ctx.poller_handle()?, conn, tx, rx)?;
     let conn = ac.connection().clone();
     let (tx, mut rx) = ac.split()?;
-    rx.set_event_spin(cfg.get_receive_spin());
+    rx.set_event_spin(cfg.receive_spin());
     if matches!(path, Negotiated::Http2) {
         rx.scale_spin(HTTP2_SPIN_FACTOR);
     }
@@ -477,7 +477,7 @@ fn bundle_pool(
 ) -> Option<std::sync::Arc<BundlePool>> {
     let cfg = ctx.config();
     ctx.bundle_pool(fabric, |budget| {
-        let (f, r, q) = (fabric.clone(), ring.clone(), cfg.get_queue_pair().clone());
+        let (f, r, q) = (fabric.clone(), ring.clone(), cfg.queue_pair().clone());
         let pool = rrpc_core::pool::PoolConfig::new(cfg.connection_pool_for(f.kind()))
             .budget(budget)
             .class(format!("{:?}/{}", f.kind(), r.ring_size()));
@@ -494,7 +494,7 @@ fn bundle_pool(
 fn take_bundle(fabric: &Fabric, ring: &RingConfig, ctx: &RrpcContext) -> Result<Bundle, Error> {
     match bundle_pool(fabric, ring, ctx) {
         Some(p) => Ok(p.take()?),
-        None => Ok(make_bundle(fabric, ring, ctx.config().get_queue_pair())?),
+        None => Ok(make_bundle(fabric, ring, ctx.config().queue_pair())?),
     }
 }
 
@@ -514,8 +514,8 @@ pub(crate) fn fabric_for(ep: &FabricAddr, ctx: &RrpcContext) -> Result<Fabric, E
 }
 
 fn handshake_config(cfg: &RrpcConfig) -> Result<HandshakeConfig, Error> {
-    let mut hs = HandshakeConfig::builder().timeout(cfg.get_handshake_timeout());
-    if let Some(t) = cfg.get_token() {
+    let mut hs = HandshakeConfig::builder().timeout(cfg.handshake_timeout());
+    if let Some(t) = cfg.token() {
         hs = hs.token(t.to_vec());
     }
     #[cfg(feature = "verbs")]
@@ -542,13 +542,13 @@ pub(crate) async fn dial(
     let (cfg2, ctx2) = (cfg.clone(), ctx.clone());
     let (conn, tx, rx, path) = tokio::task::spawn_blocking(move || -> Result<_, Error> {
         let fabric = fabric_for(&ep, &ctx2)?;
-        if cfg2.get_shared_queue_pairs() {
+        if cfg2.shared_queue_pairs() {
             return dial_logical(&ep, &fabric, &ring, &hs, &cfg2, &ctx2);
         }
         let (local, qp) = take_bundle(&fabric, &ring, &ctx2)?;
         // The path hello rides in the handshake (module docs of `transport`).
         let offer = Offer::new()
-            .token(cfg2.get_token().map(<[u8]>::to_vec))
+            .token(cfg2.token().map(<[u8]>::to_vec))
             .section(HANDSHAKE_SECTION, client_hello(&cfg2).to_vec());
         let offer = local.add_to_offer(offer);
         let c = connect(&ep, qp, offer, &hs)?;
@@ -585,7 +585,7 @@ fn dial_logical(
         let local = peer.domain.take_rings(ring)?;
         let app = sharing::logical_request(&client_hello(cfg), &peer.id, tag);
         let offer = Offer::new()
-            .token(cfg.get_token().map(<[u8]>::to_vec))
+            .token(cfg.token().map(<[u8]>::to_vec))
             .section(HANDSHAKE_SECTION, app);
         let offer = local.add_to_offer(offer);
         match rrpc_core::conn::connect_logical(ep, &peer.shared, tag, offer, hs) {
@@ -642,7 +642,7 @@ impl RingsListener {
         let fabric = fabric_for(&ep, ctx)?;
         if let FabricAddr::Rdma(addr) = &ep
             && !addr.ip().is_loopback()
-            && cfg.get_token().is_none()
+            && cfg.token().is_none()
         {
             tracing::warn!(
                 %addr,
@@ -723,7 +723,7 @@ impl RingsPending {
     /// Dropping the future before it completes drops the client (its side
     /// channel closes, so the client sees the server leave).
     pub(crate) async fn establish(self) -> Result<Established, Error> {
-        let timeout = self.cfg.get_handshake_timeout();
+        let timeout = self.cfg.handshake_timeout();
         let RingsPending {
             mut pending,
             ring,
@@ -795,7 +795,7 @@ fn answer(
         Err(e) => return Err(refuse(incoming, format!("path hello: {e}"))),
     };
     if let Request::Logical { id, tag, .. } = request {
-        if !cfg.get_shared_queue_pairs() {
+        if !cfg.shared_queue_pairs() {
             return Err(refuse(incoming, sharing::OFF.into()));
         }
         let Some(anchor) = anchors.find(&id) else {
@@ -900,9 +900,11 @@ mod tests {
     async fn event_mode_with_receive_spin_serves_calls() {
         let path = std::env::temp_dir().join(format!("rrpc-tonic-ev-{}.sock", std::process::id()));
         let _ = std::fs::remove_file(&path);
-        let cfg = RrpcConfig::default()
+        let cfg = RrpcConfig::builder()
             .poller(PollerConfig::builder().mode(Mode::Event).build().unwrap())
-            .receive_spin(Duration::from_micros(20));
+            .receive_spin(Duration::from_micros(20))
+            .build()
+            .unwrap();
         let target = Target::Shm(path.clone());
         let ctx = crate::RrpcContext::new(&cfg);
         let mut listener = RrpcListener::bind(&target, &cfg, &ctx).expect("bind");

@@ -104,7 +104,7 @@ fn start_rfrpc(args: &Args, store: &Store) -> anyhow::Result<Option<RfServer>> {
     let ep = FabricAddr::parse(uri).with_context(|| format!("bad --rfrpc endpoint {uri}"))?;
     let fabric = rfrpc::fabric_for(&ep, args.rdma_device.as_deref())?;
     let server = RfServer::builder()
-        .threads(args.rfrpc_threads)?
+        .threads(args.rfrpc_threads)
         .mode(args.rfrpc_mode.policy())
         .serve_execute(&ep, &fabric, Arc::new(store.clone()))
         .with_context(|| format!("serving RF-RPC at {uri}"))?;
@@ -147,7 +147,7 @@ async fn main() -> anyhow::Result<()> {
     let service = KvService::new(store.clone()).blocking(persistent);
     let mut rrpc = RrpcConfig::default();
     if let Some(d) = &args.rdma_device {
-        rrpc = rrpc.rdma_device(d.clone());
+        rrpc = rrpc.to_builder().rdma_device(d.clone()).build()?;
     }
 
     let rf = start_rfrpc(&args, &store)?;

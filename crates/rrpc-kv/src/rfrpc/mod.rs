@@ -130,11 +130,11 @@ pub mod tune;
 pub mod wire;
 
 pub use batcher::{
-    BatchControl, BatchResult, Batcher, BatcherConfig, BatcherStats, Clock, FlushReason, KvBatcher,
-    MonotonicClock, Sizing, Ticket, VirtualClock,
+    BatchControl, BatchResult, Batcher, BatcherConfig, BatcherConfigBuilder, BatcherStats, Clock,
+    FlushReason, KvBatcher, MonotonicClock, Sizing, Ticket, VirtualClock,
 };
-pub use client::{ClientStats, KvClient, RfClient, RfClientConfig};
-pub use mode::{Mode, ModePolicy, ModeSwitch};
+pub use client::{ClientStats, KvClient, RfClient, RfClientConfig, RfClientConfigBuilder};
+pub use mode::{Mode, ModePolicy, ModeSwitch, ModeSwitchBuilder};
 pub use server::{RfServer, RfServerBuilder};
 
 /// The fabric an endpoint needs: shared memory for `shm://`, the verbs

@@ -28,8 +28,9 @@ fn fabric(dev: &str) -> Fabric {
 }
 
 fn cfg() -> RfClientConfig {
-    RfClientConfig::new()
+    RfClientConfig::builder()
         .call_timeout(Duration::from_secs(60))
+        .build()
         .unwrap()
 }
 
@@ -46,7 +47,11 @@ fn verbs_round_trips_second_reads_and_server_reply() {
     let mut c = RfClient::connect(
         &ep,
         &f,
-        cfg().mode(Some(ModePolicy::Fixed(Mode::RemoteFetch))),
+        cfg()
+            .to_builder()
+            .mode(Some(ModePolicy::Fixed(Mode::RemoteFetch)))
+            .build()
+            .unwrap(),
     )
     .unwrap();
     assert_eq!(c.connection().peer().provider, ProviderKind::Verbs);
@@ -60,7 +65,11 @@ fn verbs_round_trips_second_reads_and_server_reply() {
     let mut sr = RfClient::connect(
         &ep,
         &f,
-        cfg().mode(Some(ModePolicy::Fixed(Mode::ServerReply))),
+        cfg()
+            .to_builder()
+            .mode(Some(ModePolicy::Fixed(Mode::ServerReply)))
+            .build()
+            .unwrap(),
     )
     .unwrap();
     for &n in &sizes[..8] {
@@ -103,7 +112,12 @@ fn verbs_hybrid_switch_under_a_slow_handler() {
         .unwrap();
     // The paper's rules alone: what they decide does not depend on how
     // fast the emulated NIC measures either mode.
-    let mut c = RfClient::connect(server.endpoint(), &f, cfg().measured_switch(false)).unwrap();
+    let mut c = RfClient::connect(
+        server.endpoint(),
+        &f,
+        cfg().to_builder().measured_switch(false).build().unwrap(),
+    )
+    .unwrap();
     for i in 0..10u32 {
         assert_eq!(c.call(&i.to_le_bytes()).unwrap(), i.to_le_bytes());
     }

@@ -15,7 +15,11 @@ use rrpc_ringbuf::{LocalRing, RingConfig, RingRx, RingTx};
 use rrpc_tonic::{RrpcChannel, RrpcConfig};
 
 fn server_cfg(t: Transport, handshake: Duration) -> RrpcConfig {
-    config(t).handshake_timeout(handshake).expect("timeout")
+    config(t)
+        .to_builder()
+        .handshake_timeout(handshake)
+        .build()
+        .expect("timeout")
 }
 
 /// Waits until `closed()` says so, for at most `limit`.

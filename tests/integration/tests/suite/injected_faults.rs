@@ -22,7 +22,11 @@ use tonic::Code;
 const BOUND: Duration = Duration::from_secs(20);
 
 fn with_faults(t: Transport, f: FaultConfig) -> rrpc_tonic::RrpcConfig {
-    config(t).queue_pair(QpConfig::builder().fault(f).build().unwrap())
+    config(t)
+        .to_builder()
+        .queue_pair(QpConfig::builder().fault(f).build().unwrap())
+        .build()
+        .unwrap()
 }
 
 /// A unary call of `payload` on `c` that must end within [`BOUND`]: a
