@@ -142,8 +142,13 @@ impl Execute for Busy {
 }
 
 fn open_store() -> Result<Store> {
-    Store::open(StoreConfig::default().partitions(1).memory_bound(256 << 20))
-        .context("opening the store")
+    Store::open(
+        StoreConfig::builder()
+            .partitions(1)
+            .memory_bound(256 << 20)
+            .build()?,
+    )
+    .context("opening the store")
 }
 
 fn wait_for_stdin_eof() {

@@ -478,9 +478,11 @@ fn bundle_pool(
     let cfg = ctx.config();
     ctx.bundle_pool(fabric, |budget| {
         let (f, r, q) = (fabric.clone(), ring.clone(), cfg.queue_pair().clone());
-        let pool = rrpc_core::pool::PoolConfig::new(cfg.connection_pool_for(f.kind()))
+        let pool = rrpc_core::pool::PoolConfig::builder(cfg.connection_pool_for(f.kind()))
             .budget(budget)
-            .class(format!("{:?}/{}", f.kind(), r.ring_size()));
+            .class(format!("{:?}/{}", f.kind(), r.ring_size()))
+            .build()
+            .unwrap();
         BundlePool::with_config(
             pool,
             move || make_bundle(&f, &r, &q),

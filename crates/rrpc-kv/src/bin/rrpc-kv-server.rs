@@ -122,7 +122,7 @@ fn store_config(args: &Args) -> anyhow::Result<StoreConfig> {
         .memory_mib
         .checked_mul(1 << 20)
         .context("--memory-mib is too large")?;
-    let mut cfg = StoreConfig::default().memory_bound(bytes);
+    let mut cfg = StoreConfig::builder().memory_bound(bytes);
     if let Some(n) = args.partitions {
         cfg = cfg.partitions(n);
     }
@@ -132,7 +132,7 @@ fn store_config(args: &Args) -> anyhow::Result<StoreConfig> {
         (EngineArg::Persistent, Some(dir)) => Engine::Persistent(dir.clone()),
         (EngineArg::Persistent, None) => bail!("--engine persistent needs --data-dir"),
     };
-    Ok(cfg.engine(engine))
+    Ok(cfg.engine(engine).build()?)
 }
 
 #[tokio::main]
