@@ -90,7 +90,9 @@ impl PoolBudget {
     }
 }
 
-/// Pool settings (builder; `PoolConfig::new(capacity)` gives the defaults).
+/// Pool settings: `PoolConfig::new(capacity)` gives the defaults,
+/// [`PoolConfig::builder`]`(capacity)` changes them (docs/architecture.md,
+/// "Configuration convention").
 ///
 /// | setting | default | meaning |
 /// |---|---|---|

@@ -800,7 +800,7 @@ impl RrpcConfigBuilder {
     /// TLS (rustls) on a client's `rdma://` side channel (`verbs` feature):
     /// the server's certificate must be trusted by `config` for
     /// `server_name`, or the connect fails with `Unauthenticated`. See
-    /// [`RrpcConfig::tls_server`].
+    /// [`RrpcConfigBuilder::tls_server`].
     #[cfg(feature = "verbs")]
     pub fn tls_client(
         mut self,
@@ -1097,6 +1097,104 @@ fn l2_cache_bytes() -> Option<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `build` refuses every value the old validated setters refused, with
+    /// the message naming the setting, and accepts the edge of each range.
+    #[test]
+    fn build_checks_every_validated_setting() {
+        use std::time::Duration;
+        let b = RrpcConfig::builder;
+        let err = |b: RrpcConfigBuilder| match b.build() {
+            Err(crate::Error::InvalidConfig(m)) => m,
+            other => panic!("expected InvalidConfig, got {other:?}"),
+        };
+        let ms = Duration::from_millis;
+        let refused: Vec<(&str, RrpcConfigBuilder)> = vec![
+            ("max_message_size must be > 0", b().max_message_size(0)),
+            ("ring_size must be >= 4096", b().ring_size(4095)),
+            (
+                "min_ring_size must be a power of two",
+                b().min_ring_size(4096 + 1),
+            ),
+            (
+                "min_ring_size must be a power of two",
+                b().min_ring_size(2048),
+            ),
+            (
+                "ring_shrink_after must be at least 1 ms",
+                b().ring_shrink_after(Duration::from_micros(999)),
+            ),
+            (
+                "ring_cache_size must be a power of two",
+                b().ring_cache_size(3 << 12),
+            ),
+            (
+                "ring_cache_size must be a power of two",
+                b().ring_cache_size(2048),
+            ),
+            ("fabrics must allow at least one fabric", b().fabrics([])),
+            ("max_chunk must be > 0", b().max_chunk(0)),
+            (
+                "call_window must be between",
+                b().call_window(crate::frame::MIN_CALL_WINDOW - 1),
+            ),
+            (
+                "call_window must be between",
+                b().call_window(crate::frame::MAX_WINDOW + 1),
+            ),
+            (
+                "max_header_list_size must be > 0",
+                b().max_header_list_size(0),
+            ),
+            (
+                "max_concurrent_calls must be > 0",
+                b().max_concurrent_calls(0),
+            ),
+            (
+                "handshake_timeout must be > 0",
+                b().handshake_timeout(Duration::ZERO),
+            ),
+            (
+                "max_pending_handshakes must be > 0",
+                b().max_pending_handshakes(0),
+            ),
+            ("token must be 1..=256 bytes", b().token(Vec::new())),
+            ("token must be 1..=256 bytes", b().token(vec![1u8; 257])),
+            (
+                "peer_lease must be above zero",
+                b().peer_lease(Duration::ZERO),
+            ),
+            (
+                "max_shared_peers must be at least 1",
+                b().max_shared_peers(0),
+            ),
+        ];
+        for (want, builder) in refused {
+            let m = err(builder);
+            assert!(m.contains(want), "{m:?} does not say {want:?}");
+        }
+        let edge = b()
+            .max_message_size(1)
+            .ring_size(4096)
+            .min_ring_size(4096)
+            .ring_shrink_after(ms(1))
+            .ring_cache_size(4096)
+            .fabrics([Fabric::Tcp])
+            .max_chunk(1)
+            .call_window(crate::frame::MIN_CALL_WINDOW)
+            .max_header_list_size(1)
+            .max_concurrent_calls(1)
+            .handshake_timeout(Duration::from_nanos(1))
+            .max_pending_handshakes(1)
+            .token(vec![1u8; 256])
+            .peer_lease(Duration::from_nanos(1))
+            .max_shared_peers(1)
+            .build()
+            .expect("the edges of every range are allowed");
+        assert_eq!(edge.fabrics(), vec![Fabric::Tcp]);
+        assert_eq!(edge.to_builder().build().unwrap(), edge);
+        assert_eq!(b().build().unwrap(), RrpcConfig::default());
+    }
 
     #[test]
     fn rdma_port_and_gid_index_are_kept() {

@@ -164,7 +164,7 @@ impl Domain {
         Ok(Domain::Verbs(verbs::Device::open(opts)?))
     }
 
-    /// The provider of `rdma://` endpoints, on its defaults (the first
+    /// The provider of `rdma://` addresses, on its defaults (the first
     /// device, port 1).
     ///
     /// # Errors

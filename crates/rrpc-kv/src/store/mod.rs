@@ -134,7 +134,10 @@ pub enum Engine {
     Persistent(PathBuf),
 }
 
-/// How to open a [`Store`].
+/// How to open a [`Store`]. Built like every rrpc config
+/// (docs/architecture.md, "Configuration convention"):
+/// [`StoreConfig::builder`], setters on [`StoreConfigBuilder`],
+/// [`build`](StoreConfigBuilder::build).
 ///
 /// ```
 /// use rrpc_kv::store::{Engine, StoreConfig};

@@ -303,7 +303,7 @@ impl VerbsQp {
         }
     }
 
-    /// Our endpoint for the handshake: the port's LID, GID and active MTU,
+    /// Our queue-pair address for the handshake: the port's LID, GID and active MTU,
     /// our QPN and PSN.
     pub(crate) fn endpoint(&self) -> QpAddress {
         let port = self.raw.device().port();

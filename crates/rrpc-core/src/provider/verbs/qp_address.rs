@@ -19,7 +19,7 @@ use crate::error::{Error, Result};
 /// Encoded length of a [`QpAddress`].
 pub(crate) const ENDPOINT_LEN: usize = 27;
 
-/// Length of the endpoint before the MTU byte was added (refused by
+/// Length of the address before the MTU byte was added (refused by
 /// [`QpAddress::decode`] with a message naming the old layout).
 pub(crate) const OLD_ENDPOINT_LEN: usize = 26;
 

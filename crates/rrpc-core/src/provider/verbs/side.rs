@@ -1,14 +1,14 @@
-//! The TCP side channel of `rdma://` endpoints: the same handshake messages
+//! The TCP side channel of `rdma://` addresses: the same handshake messages
 //! as shm ([`crate::handshake::Message`]) over a TCP stream, without fd
 //! passing — a verbs peer needs only the `Hello` bytes: its queue-pair
-//! endpoint (LID, QPN, PSN, GID, MTU; see [`super::endpoint`]) and its region
-//! descriptors (address, length, rkey).
+//! address (LID, QPN, PSN, GID, MTU; see [`super::qp_address`]) and its
+//! region descriptors (address, length, rkey).
 //!
 //! Function-level API (for `provider::side`, the connection layer's seam
 //! over both side channels, and for the tests):
 //!
 //! * [`connect_tcp`] / [`bind_tcp`] / [`accept_tcp`]: the stream;
-//! * [`fill_hello`]: puts the verbs provider code and our endpoint into a `Hello`;
+//! * [`fill_hello`]: puts the verbs provider code and our queue-pair address into a `Hello`;
 //! * [`exchange`]: client side — send `Hello`, read `Accept` or `Reject`;
 //! * [`read_hello`]: server side — read the client's `Hello`, check token and
 //!   provider, answer `Reject` on error;
@@ -30,7 +30,7 @@
 //! handshake messages travel inside a TLS session (rustls) over the TCP
 //! stream: [`Stream::tls`] runs the TLS handshake first, by the same
 //! deadline, and `Hello`, `Accept` and `Reject` are then application data.
-//! That protects the token, the queue-pair endpoint and the region keys
+//! That protects the token, the queue-pair address and the region keys
 //! from anyone on the path, and authenticates the server (and, with a
 //! client-certificate verifier in the server's config, the client). After
 //! `Accept` the session is dropped: the side channel carries no data from
@@ -722,7 +722,7 @@ fn check_provider(h: &Hello) -> Result<()> {
 }
 
 /// Server side: reads the client's `Hello`, checks the token (when `token` is
-/// set) and that it offers a valid verbs endpoint. A bad client is answered
+/// set) and that it offers a valid verbs queue-pair address. A bad client is answered
 /// with a `Reject` and the error is returned.
 ///
 /// # Errors
