@@ -131,7 +131,7 @@ pub use handshake::{RegionDesc, Section};
 pub use qp::{QpCarrier, QpConfig, QpConfigBuilder, QueuePair, RcRetry, RcRetryBuilder};
 pub use region::{Access, CACHE_LINE, Local, Region, Remote, RemoteRegion};
 /// The rustls this crate's side-channel TLS takes configs of
-/// ([`conn::HandshakeConfig::tls_server`]).
+/// ([`conn::HandshakeConfigBuilder::tls_server`]).
 #[cfg(feature = "verbs")]
 pub use rustls;
 pub use sys::EventFd;
