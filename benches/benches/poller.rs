@@ -40,8 +40,10 @@ fn scan(c: &mut Criterion) {
             .block_on(async {
                 rrpc_poller::Poller::start(
                     PollerConfig::paper(Mode::Bpev)
-                        .polling_threads(1)?
-                        .bp_timeout(Duration::ZERO),
+                        .to_builder()
+                        .polling_threads(1)
+                        .bp_timeout(Duration::ZERO)
+                        .build()?,
                 )
             })
             .expect("poller");
@@ -108,9 +110,10 @@ fn wait_hit(c: &mut Criterion) {
     g.bench_function("ready_check", |b| b.iter(|| black_box(src.ready())));
     for mode in Mode::ALL {
         let poller = rrpc_poller::Poller::start(
-            PollerConfig::new()
+            PollerConfig::builder()
                 .mode(mode)
                 .polling_threads(1)
+                .build()
                 .expect("valid"),
         )
         .expect("poller");

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use rrpc_core::conn::{self, Connection, HandshakeConfig, Offer};
-use rrpc_core::{Endpoint, Fabric, QpConfig};
+use rrpc_core::{Fabric, FabricAddr, QpConfig};
 use rrpc_ringbuf::{LocalRing, RingConfig, RingRx, RingTx};
 
 const BURST: u64 = 32;
@@ -24,7 +24,7 @@ struct Pair {
 fn pair() -> Pair {
     let dir = std::env::temp_dir().join(format!("rrpc-crit-rb-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("temp dir");
-    let ep = Endpoint::parse(&format!("shm://{}/s.sock", dir.display())).expect("uri");
+    let ep = FabricAddr::parse(&format!("shm://{}/s.sock", dir.display())).expect("uri");
     let cfg = RingConfig::default();
     let fabric = Fabric::shm();
     let listener = conn::Listener::bind(&ep, HandshakeConfig::default()).expect("bind");

@@ -89,10 +89,16 @@ fn connect_time(
             "pool_misses",
         ],
     );
-    let pooled = rrpc_config(Transport::RrpcFast).connection_pool(4);
+    let pooled = rrpc_config(Transport::RrpcFast)
+        .to_builder()
+        .connection_pool(4)
+        .build()?;
     // Over one shared queue pair: the warm-up connection opens it, and each
     // timed connect is a logical connection (no queue pair made).
-    let shared = rrpc_config(Transport::RrpcFast).shared_queue_pairs(true);
+    let shared = rrpc_config(Transport::RrpcFast)
+        .to_builder()
+        .shared_queue_pairs(true)
+        .build()?;
     let verbs = crate::rpc::rdma_device().is_some();
     // The pause between timed connects (`RRPC_BENCH_CONNECT_GAP_MS`, default 2 ms): on
     // soft-RoCE under an emulated CPU, refilling a pool takes hundreds of milliseconds of
@@ -226,8 +232,8 @@ fn idle_memory(args: &SuiteArgs, client_rt: &Runtime) -> Result<Table> {
         let server = ChildServer::spawn_with(tr, None, &[(crate::rpc::FIXED_RING_ENV, env)])?;
         let mut cfg = rrpc_config(tr);
         if fixed {
-            let ring = cfg.get_ring_size();
-            cfg = cfg.min_ring_size(ring)?;
+            let ring = cfg.ring_size();
+            cfg = cfg.to_builder().min_ring_size(ring).build()?;
         }
         let name = match (tr, fixed) {
             (Transport::RrpcFast, false) => "rrpc-fast, self-sizing rings".to_string(),
@@ -315,10 +321,10 @@ fn open_fds() -> usize {
 /// granting a 4 KiB region under role 1.
 fn core_pairs(n: usize) -> Result<Vec<(rrpc_core::conn::Connection, rrpc_core::conn::Connection)>> {
     use rrpc_core::conn::{self, HandshakeConfig, Offer};
-    use rrpc_core::{Endpoint, Fabric, QpConfig};
+    use rrpc_core::{Fabric, FabricAddr, QpConfig};
     let dir = std::env::temp_dir().join(format!("rrpc-bench-vqp-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
-    let ep = Endpoint::parse(&format!("shm://{}/s.sock", dir.display()))?;
+    let ep = FabricAddr::parse(&format!("shm://{}/s.sock", dir.display()))?;
     let hs = HandshakeConfig::default();
     let listener = conn::Listener::bind(&ep, hs.clone())?;
     let fabric = Fabric::shm();

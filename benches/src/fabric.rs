@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use rrpc_core::conn::{self, Connection, HandshakeConfig, Offer};
-use rrpc_core::{Completion, Endpoint, Fabric, Local, QpConfig, Region, RemoteRegion};
+use rrpc_core::{Completion, Fabric, FabricAddr, Local, QpConfig, Region, RemoteRegion};
 
 use crate::stats::{gib_per_s, rate};
 use crate::{Latency, PlotSpec, Ratio, Report, SuiteArgs, Table, ThreadPlan, Value};
@@ -38,16 +38,16 @@ pub struct FabricPair {
     dir: PathBuf,
 }
 
-fn temp_endpoint(tag: &str) -> Result<(PathBuf, Endpoint)> {
+fn temp_endpoint(tag: &str) -> Result<(PathBuf, FabricAddr)> {
     let dir = std::env::temp_dir().join(format!("rrpc-bench-{tag}-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
-    let ep = Endpoint::parse(&format!("shm://{}/fabric.sock", dir.display()))?;
+    let ep = FabricAddr::parse(&format!("shm://{}/fabric.sock", dir.display()))?;
     Ok((dir, ep))
 }
 
 fn connect_writer(
     fabric: &Fabric,
-    ep: &Endpoint,
+    ep: &FabricAddr,
 ) -> Result<(Connection, Arc<Region>, RemoteRegion)> {
     let src = fabric.alloc_region(TARGET_LEN)?;
     let qp = fabric.create_qp(&QpConfig::default())?;
@@ -207,7 +207,7 @@ pub fn main(suite: &str, quick: bool) -> Result<()> {
 /// # Errors
 /// Bind, accept or handshake errors.
 pub fn run_target(endpoint: &str) -> Result<()> {
-    let ep = Endpoint::parse(endpoint)?;
+    let ep = FabricAddr::parse(endpoint)?;
     let fabric = Fabric::shm();
     let target = fabric.alloc_region(TARGET_LEN)?;
     let listener = conn::Listener::bind(&ep, HandshakeConfig::default())?;

@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow, bail};
 use bytes::Bytes;
-use rrpc_core::{Endpoint, Fabric};
+use rrpc_core::{Fabric, FabricAddr};
 use rrpc_kv::grpc::{GrpcKv, KvService};
 use rrpc_kv::rfrpc::tune::BatchSizeTuner;
 use rrpc_kv::rfrpc::{
@@ -142,8 +142,13 @@ impl Execute for Busy {
 }
 
 fn open_store() -> Result<Store> {
-    Store::open(StoreConfig::default().partitions(1).memory_bound(256 << 20))
-        .context("opening the store")
+    Store::open(
+        StoreConfig::builder()
+            .partitions(1)
+            .memory_bound(256 << 20)
+            .build()?,
+    )
+    .context("opening the store")
 }
 
 fn wait_for_stdin_eof() {
@@ -165,15 +170,15 @@ pub fn run_server(a: &ServerArgs) -> Result<()> {
     let store = open_store()?;
     let mut rf = None;
     if let Some(uri) = &a.rf {
-        let ep = Endpoint::parse(uri).with_context(|| format!("bad RF-RPC endpoint {uri}"))?;
+        let ep = FabricAddr::parse(uri).with_context(|| format!("bad RF-RPC endpoint {uri}"))?;
         let exec = Arc::new(Busy {
             store: store.clone(),
             busy: Duration::from_nanos(a.busy_ns),
         });
         let server = RfServer::builder()
-            .threads(1)?
-            .request_buffer(a.rf_buffer)?
-            .response_buffer(a.rf_buffer)?
+            .threads(1)
+            .request_buffer(a.rf_buffer)
+            .response_buffer(a.rf_buffer)
             .mode(parse_policy(&a.rf_mode)?)
             .serve_execute(&ep, &Fabric::shm(), exec)
             .with_context(|| format!("serving RF-RPC at {uri}"))?;
@@ -247,7 +252,10 @@ pub fn run_server(a: &ServerArgs) -> Result<()> {
 
 /// rrpc-tonic's configuration for both sides: the fast path.
 fn grpc_config() -> RrpcConfig {
-    RrpcConfig::default().path(PathPreference::Fast)
+    RrpcConfig::builder()
+        .path(PathPreference::Fast)
+        .build()
+        .expect("a valid config")
 }
 
 /// Spawns `cmd` from a thread pinned to `cpu`, so the child and all its threads start with that
@@ -267,7 +275,7 @@ pub struct ServerProc {
     child: Child,
     dir: PathBuf,
     /// The RF-RPC endpoint, if it serves one.
-    pub rf: Option<Endpoint>,
+    pub rf: Option<FabricAddr>,
     /// The gRPC URI, if it serves one.
     pub grpc: Option<String>,
 }
@@ -312,7 +320,7 @@ impl ServerProc {
                 cmd.args(["--rf", &uri, "--rf-mode", policy_name(*policy)]);
                 cmd.args(["--rf-buffer", &buf.to_string()]);
                 cmd.args(["--busy-ns", &busy.as_nanos().to_string()]);
-                rf = Some(Endpoint::parse(&uri)?);
+                rf = Some(FabricAddr::parse(&uri)?);
             }
             Serve::GrpcTcp(port) => grpc = Some(format!("http://127.0.0.1:{port}")),
             Serve::GrpcShm => grpc = Some(format!("shm://{}/grpc.sock", dir.display())),
@@ -417,14 +425,17 @@ fn mixed_requests(keys: u64, n: usize, seed: u64) -> Result<Vec<Vec<u8>>> {
         .collect()
 }
 
-fn rf_connect(ep: &Endpoint, buf: usize, retry: u32) -> Result<RfClient> {
-    let cfg = RfClientConfig::new().reply_buffer(buf)?.retry_limit(retry);
+fn rf_connect(ep: &FabricAddr, buf: usize, retry: u32) -> Result<RfClient> {
+    let cfg = RfClientConfig::builder()
+        .reply_buffer(buf)
+        .retry_limit(retry)
+        .build()?;
     RfClient::connect(ep, &Fabric::shm(), cfg)
         .with_context(|| format!("connecting an RF-RPC client to {ep:?}"))
 }
 
 /// Loads `keys` keys of [`VALUE_LEN`] bytes through one batching client.
-fn rf_preload(ep: &Endpoint, keys: u64) -> Result<()> {
+fn rf_preload(ep: &FabricAddr, keys: u64) -> Result<()> {
     let mut c = rf_connect(ep, 64 << 10, 5)?;
     let value = Bytes::from(vec![0x5a; VALUE_LEN]);
     let reqs: Vec<Vec<u8>> = (0..keys)
@@ -475,7 +486,7 @@ impl RfRun {
 /// `clients` threads (pinned round-robin to `cpus`), each with its own connection, call the
 /// 95/5 mix in a closed loop for `dur` (after a short warm-up).
 fn rf_closed_loop(
-    ep: &Endpoint,
+    ep: &FabricAddr,
     retry: u32,
     clients: usize,
     cpus: &[usize],
@@ -834,9 +845,10 @@ fn batch_table(args: &SuiteArgs, report: &mut Report) -> Result<()> {
         .context("no batch-16 point")?;
     let bound = Duration::from_nanos(at16.p90_ns.max(1000));
     let alpha = 0.05;
-    let mut tuner = BatchSizeTuner::new(bound, alpha)?
-        .with_bounds(1, 64)?
-        .with_window(200)?;
+    let mut tuner = BatchSizeTuner::builder(bound, alpha)
+        .bounds(1, 64)
+        .window(200)
+        .build()?;
     let tdur = args.duration(Duration::from_millis(800), Duration::from_secs(4));
     // First half: converge; second half: measure at the tuner's sizes.
     let (_, _, _, conv) = run(&mut c, 1, tdur / 2, Some(&mut tuner))?;
@@ -904,9 +916,10 @@ fn batch_table(args: &SuiteArgs, report: &mut Report) -> Result<()> {
         let clients = (0..depth)
             .map(|_| rf_connect(&ep, 64 << 10, 5))
             .collect::<Result<Vec<_>>>()?;
-        let cfg = BatcherConfig::new()
-            .max_entries(16)?
-            .timeout(Duration::from_secs(3600));
+        let cfg = BatcherConfig::builder()
+            .max_entries(16)
+            .timeout(Duration::from_secs(3600))
+            .build()?;
         let mut b = Batcher::with_clients(clients, cfg)?;
         let pipe_run = |b: &mut Batcher, d: Duration| -> Result<(u64, Duration)> {
             let (mut ops, mut j) = (0u64, 0usize);
@@ -1086,10 +1099,11 @@ fn ycsb_run(
         let () = rt.block_on(redis::cmd("FLUSHALL").query_async(c))?;
     }
     let mut w = Workload::new(
-        WorkloadConfig::new(core)
+        WorkloadConfig::builder(core)
             .records(records)
             .operations(ops)
-            .seed(42),
+            .seed(42)
+            .build()?,
     )
     .context("bad workload")?;
     for op in w.load() {

@@ -115,9 +115,9 @@ fn parse_variant(s: &str) -> anyhow::Result<Variant> {
         None => (rest, None),
     };
     let mode = PollerMode::parse(mode).ok_or_else(|| anyhow::anyhow!("unknown mode {mode}"))?;
-    let mut pc = PollerConfig::new().mode(mode);
+    let mut pc = PollerConfig::builder().mode(mode);
     if let Some(n) = threads {
-        pc = pc.polling_threads(n)?;
+        pc = pc.polling_threads(n);
     }
     if let Some(t) = timeout {
         pc = pc.bp_timeout(t);
@@ -125,12 +125,13 @@ fn parse_variant(s: &str) -> anyhow::Result<Variant> {
     if fixed {
         pc = pc.auto_tune(false);
     }
-    let mut cfg = RrpcConfig::default().poller(pc);
+    let pc = pc.build()?;
+    let mut cfg = RrpcConfig::builder().poller(pc).build()?;
     if mode == PollerMode::Event
         && let Some(t) = timeout
     {
         // Event never spins: `event@N` is Event plus rrpc-tonic's receive spin.
-        cfg = cfg.receive_spin(t);
+        cfg = cfg.to_builder().receive_spin(t).build()?;
     }
     Ok(Variant {
         label: s.to_string(),
@@ -398,7 +399,7 @@ fn main() -> anyhow::Result<()> {
         paths.push((
             format!("{transport}-h2{suffix}"),
             rings[i].clone(),
-            v.cfg.clone().path(PathPreference::Http2),
+            v.cfg.to_builder().path(PathPreference::Http2).build()?,
             Some(v.ctx.clone()),
         ));
         paths.push((
@@ -446,7 +447,7 @@ fn main() -> anyhow::Result<()> {
                         .collect();
                     line += &format!(
                         "  | {} polling thread(s) {} (busy {}); per call: spin hits {:.2}, first-check hits {:.2}, sleeps {:.2}, wakes {:.2} (mean wake-up {}), sleeps announced {:.2}, doorbell wakes {:.2}, spins skipped {:.2} (lost their core {:.2}); back-offs {} descheduled {} not earning",
-                        p.config().get_mode(),
+                        p.config().mode(),
                         p.threads(),
                         if busy.is_empty() { "-".to_string() } else { busy.join(" ") },
                         d.spin_hits as f64 / n,

@@ -310,9 +310,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         return Err(format!("health check answered {status}, not SERVING").into());
     }
     let store = rrpc_kv::store::Store::open(
-        rrpc_kv::store::StoreConfig::default()
+        rrpc_kv::store::StoreConfig::builder()
             .partitions(1)
-            .memory_bound(16 << 20),
+            .memory_bound(16 << 20).build()?,
     )?;
     let put = store.execute(Op::Put { key: "k".into(), value: "v".into() });
     let got = store.execute(Op::Get { key: "k".into() });

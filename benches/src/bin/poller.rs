@@ -37,11 +37,13 @@ impl Variant {
     }
     fn config(&self, polling_threads: usize) -> PollerConfig {
         let base = if self.adaptive {
-            PollerConfig::new().mode(self.mode)
+            PollerConfig::builder().mode(self.mode)
         } else {
-            PollerConfig::paper(self.mode)
+            PollerConfig::paper(self.mode).to_builder()
         };
-        base.polling_threads(polling_threads).expect("valid")
+        base.polling_threads(polling_threads)
+            .build()
+            .expect("valid")
     }
 }
 
@@ -475,8 +477,10 @@ fn main() -> Result<()> {
     );
     for us in [0u64, 2, 5, 10, 20, 50] {
         let cfg = PollerConfig::paper(Mode::Bpev)
-            .polling_threads(1)?
-            .bp_timeout(Duration::from_micros(us));
+            .to_builder()
+            .polling_threads(1)
+            .bp_timeout(Duration::from_micros(us))
+            .build()?;
         let mut s = setup(cfg, Mode::Bpev, 1)?;
         let st0 = s.poller.stats();
         let r = load(&mut s, Duration::ZERO, point);

@@ -22,7 +22,7 @@ use rrpc_bench::fabric::{self, FabricPair};
 use rrpc_bench::stats::{gib_per_s, rate};
 use rrpc_bench::{Latency, PlotSpec, Ratio, Report, SuiteArgs, Table, ThreadPlan, Value};
 use rrpc_core::conn::{self, Connection, HandshakeConfig, Offer};
-use rrpc_core::{Endpoint, Fabric, QpConfig};
+use rrpc_core::{Fabric, FabricAddr, QpConfig};
 use rrpc_ringbuf::{Error, LocalRing, RingConfig, RingRx, RingTx};
 
 #[derive(Parser, Debug)]
@@ -87,7 +87,7 @@ fn variants() -> Result<Vec<Variant>> {
 }
 
 fn fabric_for(cfg: &RingConfig) -> Fabric {
-    if cfg.get_huge_pages() {
+    if cfg.huge_pages() {
         Fabric::shm()
     } else {
         Fabric::shm().without_huge_pages()
@@ -127,7 +127,7 @@ impl Peer {
         let uri = format!("shm://{}/s.sock", dir.display());
         let cfg = &variants()?[variant].cfg;
         let fabric = fabric_for(cfg);
-        let listener = conn::Listener::bind(&Endpoint::parse(&uri)?, HandshakeConfig::default())?;
+        let listener = conn::Listener::bind(&FabricAddr::parse(&uri)?, HandshakeConfig::default())?;
         let local = LocalRing::new(&fabric, cfg)?;
         let huge = local.is_huge();
         let child = Command::new(std::env::current_exe()?)
@@ -174,7 +174,7 @@ impl Drop for Peer {
 
 /// The child's half: dials the parent (retrying until it listens).
 fn dial(endpoint: &str, cfg: &RingConfig) -> Result<(Connection, RingTx, RingRx)> {
-    let ep = Endpoint::parse(endpoint)?;
+    let ep = FabricAddr::parse(endpoint)?;
     let fabric = fabric_for(cfg);
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {

@@ -537,12 +537,19 @@ fn main() -> Result<()> {
     let _ = SIZES.set((usize::from(!args.empty), args.max_size_kib << 10));
     let cfg = match args.transport.as_str() {
         "shm" | "tcp" | "inproc" | "rdma" => RrpcConfig::default(),
-        "shm-h2" | "rdma-h2" => RrpcConfig::default().path(PathPreference::Http2),
+        "shm-h2" | "rdma-h2" => RrpcConfig::builder().path(PathPreference::Http2).build()?,
         t => bail!("unknown transport {t:?} (shm, shm-h2, tcp, inproc, rdma, rdma-h2)"),
     };
-    let cfg = cfg.shared_queue_pairs(args.shared_qps);
+    let cfg = cfg
+        .to_builder()
+        .shared_queue_pairs(args.shared_qps)
+        .build()?;
     let cfg = match &args.token {
-        Some(t) => cfg.token(t.as_bytes().to_vec())?,
+        Some(t) => cfg
+            .to_builder()
+            .token(t.as_bytes().to_vec())
+            .build()
+            .expect("a valid config"),
         None => cfg,
     };
     if args.tls_dir.is_some() && args.role == "both" {
@@ -641,7 +648,7 @@ fn side_tls(cfg: RrpcConfig, dir: &std::path::Path, serve: bool) -> Result<RrpcC
         let tmp = dir.join("soak-cert.der.tmp");
         std::fs::write(&tmp, cert.as_ref())?;
         std::fs::rename(&tmp, &path)?;
-        return Ok(cfg.tls_server(Arc::new(server)));
+        return Ok(cfg.to_builder().tls_server(Arc::new(server)).build()?);
     }
     let end = Instant::now() + Duration::from_secs(120);
     while !path.exists() {
@@ -657,7 +664,10 @@ fn side_tls(cfg: RrpcConfig, dir: &std::path::Path, serve: bool) -> Result<RrpcC
         .with_root_certificates(roots)
         .with_no_client_auth();
     let name = rustls::pki_types::ServerName::try_from("rrpc-soak")?;
-    Ok(cfg.tls_client(Arc::new(client), name))
+    Ok(cfg
+        .to_builder()
+        .tls_client(Arc::new(client), name)
+        .build()?)
 }
 
 #[cfg(not(feature = "verbs"))]

@@ -77,8 +77,21 @@ struct ModeVariant {
 }
 
 fn mode_variants() -> Vec<ModeVariant> {
-    let fast = |pc: PollerConfig| with_path(RrpcConfig::default().poller(pc), Transport::RrpcFast);
-    let one = |pc: PollerConfig| pc.polling_threads(1).expect("1 is a valid thread count");
+    let fast = |pc: PollerConfig| {
+        with_path(
+            RrpcConfig::builder()
+                .poller(pc)
+                .build()
+                .expect("a valid config"),
+            Transport::RrpcFast,
+        )
+    };
+    let one = |pc: PollerConfig| {
+        pc.to_builder()
+            .polling_threads(1)
+            .build()
+            .expect("1 is a valid thread count")
+    };
     vec![
         ModeVariant {
             name: "tonic-tcp",
@@ -356,22 +369,19 @@ pub(super) fn fig12(ctx: &mut Ctx<'_>, plan_note: &str) -> Table {
                 None => (format!("{size} KiB self-sizing"), 4096),
             };
             bar.set_message(format!("{label} ring {max} KiB"));
-            let point = RrpcConfig::default()
-                .ring_size(max << 10)
-                .and_then(|cfg| match ring {
-                    Some(r) => cfg.min_ring_size(r << 10),
-                    None => Ok(cfg),
-                })
-                .map_err(anyhow::Error::from)
-                .and_then(|cfg| {
-                    bw_point(
-                        ctx,
-                        Transport::RrpcFast,
-                        with_path(cfg, Transport::RrpcFast),
-                        req,
-                        dur,
-                    )
-                });
+            let mut b = RrpcConfig::builder().ring_size(max << 10);
+            if let Some(r) = ring {
+                b = b.min_ring_size(r << 10);
+            }
+            let point = b.build().map_err(anyhow::Error::from).and_then(|cfg| {
+                bw_point(
+                    ctx,
+                    Transport::RrpcFast,
+                    with_path(cfg, Transport::RrpcFast),
+                    req,
+                    dur,
+                )
+            });
             match point {
                 Ok(g) => {
                     let vs_best = match ring {
@@ -448,7 +458,13 @@ pub(super) fn fig14(ctx: &mut Ctx<'_>, plan_note: &str) -> Table {
         for zc in [false, true] {
             let name = if zc { "on" } else { "off" };
             bar.set_message(format!("{size} KiB zero-copy {name}"));
-            let cfg = with_path(RrpcConfig::default().zero_copy(zc), Transport::RrpcFast);
+            let cfg = with_path(
+                RrpcConfig::builder()
+                    .zero_copy(zc)
+                    .build()
+                    .expect("a valid config"),
+                Transport::RrpcFast,
+            );
             match bw_point(ctx, Transport::RrpcFast, cfg, req, dur) {
                 Ok(g) => {
                     if !zc {

@@ -188,13 +188,19 @@ pub const RDMA_DEVICE_ENV: &str = "RRPC_BENCH_RDMA_DEVICE";
 pub fn rrpc_config(t: Transport) -> rrpc_tonic::RrpcConfig {
     let mut cfg = rrpc_tonic::RrpcConfig::default();
     if let Some(dev) = rdma_device() {
-        cfg = cfg.rdma_device(dev);
+        cfg = cfg
+            .to_builder()
+            .rdma_device(dev)
+            .build()
+            .expect("a valid config");
     }
     if std::env::var_os(FIXED_RING_ENV).is_some_and(|v| v == "1") {
         // The papers' fixed ring instead of self-sizing rings.
-        let ring = cfg.get_ring_size();
+        let ring = cfg.ring_size();
         cfg = cfg
+            .to_builder()
             .min_ring_size(ring)
+            .build()
             .expect("the default ring size is valid");
     }
     let name = std::env::var("RRPC_BENCH_POLLER").ok().or_else(|| {
@@ -204,7 +210,7 @@ pub fn rrpc_config(t: Transport) -> rrpc_tonic::RrpcConfig {
     });
     if let Some(name) = name {
         match poller_variant(&name) {
-            Some(pc) => cfg = cfg.poller(pc),
+            Some(pc) => cfg = cfg.to_builder().poller(pc).build().expect("a valid config"),
             None => eprintln!("RRPC_BENCH_POLLER={name}: unknown; using the default"),
         }
     }
@@ -240,8 +246,8 @@ pub const POLLER_VARIANTS: &[(&str, &str)] = &[
 /// The poller configuration of a variant of [`POLLER_VARIANTS`].
 pub fn poller_variant(name: &str) -> Option<rrpc_tonic::PollerConfig> {
     use rrpc_tonic::PollerMode;
-    let d = rrpc_tonic::default_poller_config();
-    Some(match name {
+    let d = rrpc_tonic::default_poller_config().to_builder();
+    let b = match name {
         "bpev" => d,
         "bpev-noback" => d.spin_backoff(false),
         "bpev-plain" => d.doorbell_park_after(None).spin_backoff(false),
@@ -249,7 +255,8 @@ pub fn poller_variant(name: &str) -> Option<rrpc_tonic::PollerConfig> {
         "event" => d.mode(PollerMode::Event),
         "bp" => d.mode(PollerMode::Bp),
         _ => return None,
-    })
+    };
+    Some(b.build().expect("the variants change no validated setting"))
 }
 
 /// `cfg` with the data path of `t`.
@@ -259,7 +266,7 @@ pub fn with_path(cfg: rrpc_tonic::RrpcConfig, t: Transport) -> rrpc_tonic::RrpcC
     } else {
         rrpc_tonic::PathPreference::Fast
     };
-    cfg.path(path)
+    cfg.to_builder().path(path).build().expect("a valid config")
 }
 
 /// Starts a server for `t` on the server runtime, rrpc transports with their default

@@ -39,7 +39,7 @@ impl Variant {
     fn config(self) -> rrpc_tonic::RrpcConfig {
         let mut cfg = rrpc_tonic::RrpcConfig::default();
         if let Some(pc) = self.poller.and_then(poller_variant) {
-            cfg = cfg.poller(pc);
+            cfg = cfg.to_builder().poller(pc).build().expect("a valid config");
         }
         with_path(cfg, self.transport)
     }

@@ -93,7 +93,8 @@ pub use logical::{GRANT_LEASE, SharedConnection, connect_logical};
 #[cfg(feature = "verbs")]
 pub use settings::TlsClient;
 pub use settings::{
-    DEFAULT_MAX_GRANT_BYTES, DEFAULT_MAX_TOTAL_GRANT_BYTES, HandshakeConfig, TcpKeepalive, Want,
+    DEFAULT_MAX_GRANT_BYTES, DEFAULT_MAX_TOTAL_GRANT_BYTES, HandshakeConfig,
+    HandshakeConfigBuilder, TcpKeepalive, Want,
 };
 
 #[cfg(test)]
@@ -130,7 +131,7 @@ mod tests {
     #[test]
     fn keepalive_is_on_by_default_with_a_16_s_bound() {
         let k = HandshakeConfig::default()
-            .get_keepalive()
+            .keepalive()
             .expect("on by default");
         assert_eq!(
             (k.idle(), k.interval(), k.count()),
@@ -138,7 +139,11 @@ mod tests {
         );
         assert_eq!(k.bound(), Duration::from_secs(16));
         assert_eq!(
-            HandshakeConfig::default().keepalive(None).get_keepalive(),
+            HandshakeConfig::builder()
+                .keepalive(None)
+                .build()
+                .unwrap()
+                .keepalive(),
             None
         );
     }

@@ -3,14 +3,14 @@
 
 use std::sync::Arc;
 
-use crate::endpoint::Endpoint;
+use crate::addr::FabricAddr;
 use crate::error::Result;
 use crate::provider;
 use crate::qp::{QpConfig, QueuePair};
 use crate::region::{Access, Region};
 pub use crate::settings::ProviderKind;
 #[cfg(feature = "verbs")]
-pub use crate::settings::VerbsOptions;
+pub use crate::settings::{VerbsOptions, VerbsOptionsBuilder};
 
 /// A handle on one provider. Cheap to clone.
 ///
@@ -34,18 +34,18 @@ impl Fabric {
 
     /// The libibverbs provider on the device named `device` (e.g. `mlx5_0`), or
     /// on the first device listed, port 1 and the default GID index:
-    /// [`Fabric::verbs_with`] with [`VerbsOptions::new`] and that device.
+    /// [`Fabric::verbs_with`] with [`VerbsOptions::default`] and that device.
     /// Tested on soft-RoCE; not run on an RDMA NIC.
     ///
     /// # Errors
     /// As [`Fabric::verbs_with`].
     #[cfg(feature = "verbs")]
     pub fn verbs(device: Option<&str>) -> Result<Fabric> {
-        let mut opts = VerbsOptions::new();
+        let mut opts = VerbsOptions::builder();
         if let Some(d) = device {
             opts = opts.device(d);
         }
-        Fabric::verbs_with(&opts)
+        Fabric::verbs_with(&opts.build()?)
     }
 
     /// The libibverbs provider with the device, port and GID index of `opts`:
@@ -53,7 +53,7 @@ impl Fabric {
     /// `ibv_query_device` (the limits queue pairs are checked against),
     /// `ibv_query_port` (LID, active MTU, GID table length) and
     /// `ibv_query_gid` (the GID the handshake carries; see
-    /// [`VerbsOptions::gid_index`] for the default choice). Tested on
+    /// [`VerbsOptionsBuilder::gid_index`] for the default choice). Tested on
     /// soft-RoCE; not run on an RDMA NIC.
     ///
     /// # Errors
@@ -109,10 +109,10 @@ impl Fabric {
     /// # Errors
     /// [`crate::Error::ProviderUnavailable`] for `rdma://` when the `verbs` feature is
     /// off; with it, the errors of `Fabric::verbs` (first device).
-    pub fn for_endpoint(endpoint: &Endpoint) -> Result<Fabric> {
+    pub fn for_endpoint(endpoint: &FabricAddr) -> Result<Fabric> {
         match endpoint {
-            Endpoint::Shm(_) => Ok(Fabric::shm()),
-            Endpoint::Rdma(_) => Ok(Fabric {
+            FabricAddr::Shm(_) => Ok(Fabric::shm()),
+            FabricAddr::Rdma(_) => Ok(Fabric {
                 domain: provider::Domain::for_rdma()?,
                 huge_pages: true,
             }),

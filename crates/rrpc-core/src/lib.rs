@@ -30,15 +30,15 @@
 //!   the device; the TCP side channel detects a dead remote host within 16 s
 //!   by default ([`conn::TcpKeepalive`]). **Tested on soft-RoCE (rdma_rxe) in
 //!   a VM (`cargo xtask rxe`); not run on an RDMA NIC.** Without the
-//!   feature, `rdma://` endpoints return [`Error::ProviderUnavailable`].
+//!   feature, `rdma://` addresses return [`Error::ProviderUnavailable`].
 //!
 //! ## Example: two queue pairs over a shm side channel
 //! ```
-//! use rrpc_core::{conn, Endpoint, Fabric, Local, QpConfig, Completion};
+//! use rrpc_core::{conn, FabricAddr, Fabric, Local, QpConfig, Completion};
 //! # fn main() -> Result<(), rrpc_core::Error> {
 //! let dir = std::env::temp_dir().join(format!("rrpc-doc-{}", std::process::id()));
 //! std::fs::create_dir_all(&dir).unwrap();
-//! let ep = Endpoint::parse(&format!("shm://{}/core.sock", dir.display()))?;
+//! let ep = FabricAddr::parse(&format!("shm://{}/core.sock", dir.display()))?;
 //! let fabric = Fabric::shm();
 //! let listener = conn::Listener::bind(&ep, conn::HandshakeConfig::default())?;
 //!
@@ -81,7 +81,13 @@
 // Leaves: plain data, errors and the operating system. `work`, `settings`
 // and `fail` hold the types shared by the queue pairs and every provider
 // (re-exported from `cq`, `qp` and `fabric`).
-pub mod endpoint;
+pub mod addr;
+/// The old name of [`addr`].
+#[deprecated(note = "renamed to `rrpc_core::addr`")]
+pub mod endpoint {
+    #[allow(deprecated)]
+    pub use crate::addr::{Endpoint, EndpointUri};
+}
 pub mod error;
 mod fail;
 pub mod fault;
@@ -112,18 +118,20 @@ pub mod pool;
 #[cfg(any(test, feature = "test-util"))]
 pub mod testing;
 
+#[allow(deprecated)]
+pub use addr::{Endpoint, EndpointUri};
+pub use addr::{FabricAddr, FabricUri};
 pub use cq::{Completion, CompletionQueue, Opcode, Status};
-pub use endpoint::{Endpoint, EndpointUri};
 pub use error::{Error, Fault, Result, Violation};
-#[cfg(feature = "verbs")]
-pub use fabric::VerbsOptions;
 pub use fabric::{Fabric, ProviderKind};
-pub use fault::FaultConfig;
+#[cfg(feature = "verbs")]
+pub use fabric::{VerbsOptions, VerbsOptionsBuilder};
+pub use fault::{FaultConfig, FaultConfigBuilder};
 pub use handshake::{RegionDesc, Section};
-pub use qp::{QpCarrier, QpConfig, QueuePair, RcRetry};
+pub use qp::{QpCarrier, QpConfig, QpConfigBuilder, QueuePair, RcRetry, RcRetryBuilder};
 pub use region::{Access, CACHE_LINE, Local, Region, Remote, RemoteRegion};
 /// The rustls this crate's side-channel TLS takes configs of
-/// ([`conn::HandshakeConfig::tls_server`]).
+/// ([`conn::HandshakeConfigBuilder::tls_server`]).
 #[cfg(feature = "verbs")]
 pub use rustls;
 pub use sys::EventFd;

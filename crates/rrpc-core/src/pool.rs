@@ -90,7 +90,9 @@ impl PoolBudget {
     }
 }
 
-/// Pool settings (builder; `PoolConfig::new(capacity)` gives the defaults).
+/// Pool settings: `PoolConfig::new(capacity)` gives the defaults,
+/// [`PoolConfig::builder`]`(capacity)` changes them (docs/architecture.md,
+/// "Configuration convention").
 ///
 /// | setting | default | meaning |
 /// |---|---|---|
@@ -120,11 +122,58 @@ impl PoolConfig {
         }
     }
 
+    /// A builder starting from [`PoolConfig::new`]'s defaults for
+    /// `capacity` (docs/architecture.md, "Configuration convention").
+    pub fn builder(capacity: usize) -> PoolConfigBuilder {
+        PoolConfigBuilder {
+            cfg: Self::new(capacity),
+        }
+    }
+
+    /// A builder starting from this config.
+    pub fn to_builder(&self) -> PoolConfigBuilder {
+        PoolConfigBuilder { cfg: self.clone() }
+    }
+
+    /// The high-water mark.
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    /// The low-water mark ([`PoolConfigBuilder::low_water`]).
+    pub fn low_water(&self) -> usize {
+        self.low_water
+    }
+
+    /// The memory bound ([`PoolConfigBuilder::budget`]).
+    pub fn budget(&self) -> &Arc<PoolBudget> {
+        &self.budget
+    }
+
+    /// The wait after a failed make ([`PoolConfigBuilder::retry_after`]).
+    pub fn retry_after(&self) -> Duration {
+        self.retry_after
+    }
+
+    /// The `class` label ([`PoolConfigBuilder::class`]).
+    pub fn class(&self) -> &str {
+        &self.class
+    }
+}
+
+/// Builder for [`PoolConfig`].
+#[derive(Debug, Clone)]
+pub struct PoolConfigBuilder {
+    cfg: PoolConfig,
+}
+
+impl PoolConfigBuilder {
     /// Starts refilling when fewer than `n` items are ready (clamped to
     /// `1..=capacity`).
     #[must_use]
     pub fn low_water(mut self, n: usize) -> Self {
-        self.low_water = n.clamp(1, self.capacity.max(1)).min(self.capacity);
+        let cap = self.cfg.capacity;
+        self.cfg.low_water = n.clamp(1, cap.max(1)).min(cap);
         self
     }
 
@@ -132,27 +181,31 @@ impl PoolConfig {
     /// same budget).
     #[must_use]
     pub fn budget(mut self, b: Arc<PoolBudget>) -> Self {
-        self.budget = b;
+        self.cfg.budget = b;
         self
     }
 
     /// How long the refill thread waits after a failed make.
     #[must_use]
     pub fn retry_after(mut self, d: Duration) -> Self {
-        self.retry_after = d;
+        self.cfg.retry_after = d;
         self
     }
 
     /// The `class` label of the pool's metrics (a size class: `"shm/4194304"`).
     #[must_use]
     pub fn class(mut self, c: impl Into<String>) -> Self {
-        self.class = c.into();
+        self.cfg.class = c.into();
         self
     }
 
-    /// The high-water mark.
-    pub fn capacity(&self) -> usize {
-        self.capacity
+    /// The config (every setting is clamped to its range).
+    ///
+    /// # Errors
+    /// None today; a `Result` like every config's `build`, so that a check
+    /// added later is not a breaking change.
+    pub fn build(self) -> crate::Result<PoolConfig> {
+        Ok(self.cfg)
     }
 }
 
@@ -568,7 +621,10 @@ mod tests {
         let n = Arc::new(AtomicU32::new(0));
         let m = n.clone();
         let pool = ResourcePool::with_config(
-            PoolConfig::new(1).retry_after(Duration::from_millis(1)),
+            PoolConfig::builder(1)
+                .retry_after(Duration::from_millis(1))
+                .build()
+                .unwrap(),
             move || {
                 if m.fetch_add(1, Ordering::SeqCst) < 3 {
                     Err(crate::Error::InvalidConfig("not yet".into()))
@@ -589,13 +645,21 @@ mod tests {
     fn size_classes_share_one_memory_bound() {
         let budget = PoolBudget::new(10 * 1024);
         let small = ResourcePool::with_config(
-            PoolConfig::new(8).budget(budget.clone()).class("small"),
+            PoolConfig::builder(8)
+                .budget(budget.clone())
+                .class("small")
+                .build()
+                .unwrap(),
             || Ok(1024u64),
             |b| *b,
         );
         small.wait_full(Duration::from_secs(10));
         let big = ResourcePool::with_config(
-            PoolConfig::new(8).budget(budget.clone()).class("big"),
+            PoolConfig::builder(8)
+                .budget(budget.clone())
+                .class("big")
+                .build()
+                .unwrap(),
             || Ok(4096u64),
             |b| *b,
         );

@@ -14,7 +14,10 @@ use crate::cq::CompletionQueue;
 use crate::error::{Error, Result};
 use crate::provider::{self, QpParts};
 use crate::region::{Local, Remote};
-pub use crate::settings::{DEFAULT_INLINE, MAX_INLINE_REQUEST, QpCarrier, QpConfig, RcRetry};
+pub use crate::settings::{
+    DEFAULT_INLINE, MAX_INLINE_REQUEST, QpCarrier, QpConfig, QpConfigBuilder, RcRetry,
+    RcRetryBuilder,
+};
 use crate::work::SendOp;
 
 /// A reliable-connection queue pair (verbs: `ibv_qp` of type `IBV_QPT_RC`).

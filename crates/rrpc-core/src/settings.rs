@@ -1,6 +1,7 @@
 //! Plain settings and descriptions shared by the queue pairs and every
 //! provider: [`QpConfig`] and [`RcRetry`], which provider carries a queue
-//! pair ([`ProviderKind`], [`QpCarrier`]), and `VerbsOptions`.
+//! pair ([`ProviderKind`], [`QpCarrier`]), and `VerbsOptions`, each with its
+//! builder.
 //!
 //! A leaf below the providers: it imports only the error type and the fault
 //! settings, so that `qp`, `fabric` and `provider/` all build on it without
@@ -47,11 +48,16 @@ impl ProviderKind {
 /// ([`crate::Fabric::verbs_with`]). Values are checked when the device is opened,
 /// against what it has.
 ///
+/// Built like every rrpc config (docs/architecture.md, "Configuration
+/// convention"): [`VerbsOptions::builder`], setters on
+/// [`VerbsOptionsBuilder`], [`build`](VerbsOptionsBuilder::build); read back
+/// with getters named after the setting.
+///
 /// | option | default |
 /// |---|---|
-/// | [`device`](Self::device) | the first device libibverbs lists |
-/// | [`port`](Self::port) | 1 |
-/// | [`gid_index`](Self::gid_index) | RoCE: the first IPv4-mapped RoCE v2 GID, else 0; InfiniBand: 0 |
+/// | [`device`](VerbsOptionsBuilder::device) | the first device libibverbs lists |
+/// | [`port`](VerbsOptionsBuilder::port) | 1 |
+/// | [`gid_index`](VerbsOptionsBuilder::gid_index) | RoCE: the first IPv4-mapped RoCE v2 GID, else 0; InfiniBand: 0 |
 #[cfg(feature = "verbs")]
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct VerbsOptions {
@@ -73,21 +79,53 @@ impl Default for VerbsOptions {
 
 #[cfg(feature = "verbs")]
 impl VerbsOptions {
-    /// The defaults (see the table above).
-    pub fn new() -> Self {
-        Self::default()
+    /// A builder starting from the defaults (see the table above).
+    pub fn builder() -> VerbsOptionsBuilder {
+        VerbsOptionsBuilder {
+            opts: Self::default(),
+        }
     }
 
+    /// A builder starting from these options.
+    pub fn to_builder(&self) -> VerbsOptionsBuilder {
+        VerbsOptionsBuilder { opts: self.clone() }
+    }
+
+    /// The device asked for ([`VerbsOptionsBuilder::device`]; `None`: the first listed).
+    pub fn device(&self) -> Option<&str> {
+        self.device.as_deref()
+    }
+
+    /// The port ([`VerbsOptionsBuilder::port`]).
+    pub fn port(&self) -> u8 {
+        self.port
+    }
+
+    /// The GID index ([`VerbsOptionsBuilder::gid_index`]; `None`: the default choice).
+    pub fn gid_index(&self) -> Option<u8> {
+        self.gid_index
+    }
+}
+
+/// Builder for [`VerbsOptions`].
+#[cfg(feature = "verbs")]
+#[derive(Debug, Clone)]
+pub struct VerbsOptionsBuilder {
+    opts: VerbsOptions,
+}
+
+#[cfg(feature = "verbs")]
+impl VerbsOptionsBuilder {
     /// The device, by name (`mlx5_0`, `rxe0`). Default: the first listed.
     pub fn device(mut self, name: impl Into<String>) -> Self {
-        self.device = Some(name.into());
+        self.opts.device = Some(name.into());
         self
     }
 
     /// The physical port queue pairs use (`port_num`, numbered from 1).
     /// Default 1. Opening fails for a port the device does not have.
     pub fn port(mut self, port: u8) -> Self {
-        self.port = port;
+        self.opts.port = port;
         self
     }
 
@@ -106,27 +144,34 @@ impl VerbsOptions {
     /// explicitly when the default picks an address the peer cannot reach
     /// (several IPv4 addresses on one port, RoCE v1 networks).
     pub fn gid_index(mut self, index: u8) -> Self {
-        self.gid_index = Some(index);
+        self.opts.gid_index = Some(index);
         self
     }
 
-    /// See [`Self::device`].
-    pub fn get_device(&self) -> Option<&str> {
-        self.device.as_deref()
-    }
-
-    /// See [`Self::port`].
-    pub fn get_port(&self) -> u8 {
-        self.port
-    }
-
-    /// See [`Self::gid_index`] (`None`: the default choice).
-    pub fn get_gid_index(&self) -> Option<u8> {
-        self.gid_index
+    /// The options. Nothing is checked here (the device is, when opened).
+    ///
+    /// # Errors
+    /// None today; a `Result` like every config's `build`, so that a check
+    /// added later is not a breaking change.
+    pub fn build(self) -> Result<VerbsOptions> {
+        Ok(self.opts)
     }
 }
 
 /// Queue pair configuration. Defaults follow common verbs settings.
+///
+/// Built like every rrpc config (docs/architecture.md, "Configuration
+/// convention"): [`QpConfig::builder`], setters on [`QpConfigBuilder`],
+/// [`build`](QpConfigBuilder::build) validates; [`QpConfig::default`] is the
+/// defaults.
+///
+/// # Examples
+/// ```
+/// use rrpc_core::QpConfig;
+/// let cfg = QpConfig::builder().send_depth(64).recv_depth(64).build()?;
+/// assert_eq!(cfg.send_depth(), 64);
+/// # Ok::<(), rrpc_core::Error>(())
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct QpConfig {
     send_depth: u32,
@@ -168,6 +213,10 @@ impl QpCarrier {
 /// A reliable connection's retransmission settings (verbs; no effect on shm,
 /// where nothing is lost): what the queue pair does when the wire drops,
 /// reorders or delays packets, and when it gives up on the peer.
+///
+/// Built like every rrpc config (docs/architecture.md, "Configuration
+/// convention"): [`RcRetry::builder`], setters on [`RcRetryBuilder`],
+/// [`build`](RcRetryBuilder::build) validates.
 ///
 /// | setting | default | verbs attribute |
 /// |---|---|---|
@@ -212,9 +261,21 @@ impl Default for RcRetry {
 }
 
 impl RcRetry {
+    /// A builder starting from the defaults (see the table above).
+    pub fn builder() -> RcRetryBuilder {
+        RcRetryBuilder {
+            retry: Self::default(),
+        }
+    }
+
+    /// A builder starting from these settings.
+    pub fn to_builder(&self) -> RcRetryBuilder {
+        RcRetryBuilder { retry: *self }
+    }
+
     /// The local ACK timeout exponent: a packet left unacknowledged for
     /// 4.096 µs × 2^`ack_timeout` is retransmitted.
-    pub fn get_ack_timeout(&self) -> u8 {
+    pub fn ack_timeout(&self) -> u8 {
         self.ack_timeout
     }
 
@@ -230,78 +291,89 @@ impl RcRetry {
         self.ack_timeout_duration() * (u32::from(self.retry_count) + 1)
     }
 
-    /// Sets [`get_ack_timeout`](Self::get_ack_timeout).
-    ///
-    /// # Errors
-    /// [`Error::InvalidConfig`] unless `1 <= exponent <= 31` (0 would mean
-    /// "wait for ever", which leaves a dead peer's work requests pending).
-    pub fn ack_timeout(mut self, exponent: u8) -> Result<Self> {
-        if !(1..=31).contains(&exponent) {
-            return Err(Error::InvalidConfig(format!(
-                "ack_timeout must be an exponent in 1..=31, got {exponent}"
-            )));
-        }
-        self.ack_timeout = exponent;
-        Ok(self)
-    }
-
     /// Retransmissions of one packet before the work request fails with
     /// `IBV_WC_RETRY_EXC_ERR`.
-    pub fn get_retry_count(&self) -> u8 {
+    pub fn retry_count(&self) -> u8 {
         self.retry_count
     }
 
-    /// Sets [`get_retry_count`](Self::get_retry_count).
-    ///
-    /// # Errors
-    /// [`Error::InvalidConfig`] above 7.
-    pub fn retry_count(mut self, n: u8) -> Result<Self> {
-        if n > 7 {
-            return Err(Error::InvalidConfig(format!(
-                "retry_count must be in 0..=7, got {n}"
-            )));
-        }
-        self.retry_count = n;
-        Ok(self)
-    }
-
     /// Retries after a receiver-not-ready NAK; 7 retries for ever.
-    pub fn get_rnr_retry(&self) -> u8 {
+    pub fn rnr_retry(&self) -> u8 {
         self.rnr_retry
-    }
-
-    /// Sets [`get_rnr_retry`](Self::get_rnr_retry).
-    ///
-    /// # Errors
-    /// [`Error::InvalidConfig`] above 7.
-    pub fn rnr_retry(mut self, n: u8) -> Result<Self> {
-        if n > 7 {
-            return Err(Error::InvalidConfig(format!(
-                "rnr_retry must be in 0..=7, got {n}"
-            )));
-        }
-        self.rnr_retry = n;
-        Ok(self)
     }
 
     /// The receiver-not-ready NAK timer code we ask senders to wait (IB
     /// spec table: 12 is 0.64 ms, 0 is 655.36 ms).
-    pub fn get_min_rnr_timer(&self) -> u8 {
+    pub fn min_rnr_timer(&self) -> u8 {
         self.min_rnr_timer
     }
+}
 
-    /// Sets [`get_min_rnr_timer`](Self::get_min_rnr_timer).
+/// Builder for [`RcRetry`]; [`build`](Self::build) checks the ranges.
+#[derive(Debug, Clone, Copy)]
+pub struct RcRetryBuilder {
+    retry: RcRetry,
+}
+
+impl RcRetryBuilder {
+    /// [`RcRetry::ack_timeout`]: an exponent in `1..=31` (0 would mean
+    /// "wait for ever", which leaves a dead peer's work requests pending).
+    pub fn ack_timeout(mut self, exponent: u8) -> Self {
+        self.retry.ack_timeout = exponent;
+        self
+    }
+
+    /// [`RcRetry::retry_count`], `0..=7`.
+    pub fn retry_count(mut self, n: u8) -> Self {
+        self.retry.retry_count = n;
+        self
+    }
+
+    /// [`RcRetry::rnr_retry`], `0..=7`.
+    pub fn rnr_retry(mut self, n: u8) -> Self {
+        self.retry.rnr_retry = n;
+        self
+    }
+
+    /// [`RcRetry::min_rnr_timer`], a code in `0..=31`.
+    pub fn min_rnr_timer(mut self, code: u8) -> Self {
+        self.retry.min_rnr_timer = code;
+        self
+    }
+
+    /// Validates and returns the settings.
     ///
     /// # Errors
-    /// [`Error::InvalidConfig`] above 31.
-    pub fn min_rnr_timer(mut self, code: u8) -> Result<Self> {
-        if code > 31 {
+    /// [`Error::InvalidConfig`] naming the setting and its range: unless
+    /// `ack_timeout` is in `1..=31`, `retry_count` and `rnr_retry` in
+    /// `0..=7`, `min_rnr_timer` in `0..=31`.
+    pub fn build(self) -> Result<RcRetry> {
+        let r = self.retry;
+        if !(1..=31).contains(&r.ack_timeout) {
             return Err(Error::InvalidConfig(format!(
-                "min_rnr_timer must be a code in 0..=31, got {code}"
+                "ack_timeout must be an exponent in 1..=31, got {}",
+                r.ack_timeout
             )));
         }
-        self.min_rnr_timer = code;
-        Ok(self)
+        if r.retry_count > 7 {
+            return Err(Error::InvalidConfig(format!(
+                "retry_count must be in 0..=7, got {}",
+                r.retry_count
+            )));
+        }
+        if r.rnr_retry > 7 {
+            return Err(Error::InvalidConfig(format!(
+                "rnr_retry must be in 0..=7, got {}",
+                r.rnr_retry
+            )));
+        }
+        if r.min_rnr_timer > 31 {
+            return Err(Error::InvalidConfig(format!(
+                "min_rnr_timer must be a code in 0..=31, got {}",
+                r.min_rnr_timer
+            )));
+        }
+        Ok(r)
     }
 }
 
@@ -320,34 +392,32 @@ impl Default for QpConfig {
             recv_depth: 1024,
             max_inline: None,
             rc_retry: RcRetry::default(),
-            fault: FaultConfig::none(),
+            fault: FaultConfig::default(),
         }
     }
 }
 
 impl QpConfig {
+    /// A builder starting from the defaults.
+    pub fn builder() -> QpConfigBuilder {
+        QpConfigBuilder {
+            cfg: Self::default(),
+        }
+    }
+
+    /// A builder starting from this config, to derive a modified one.
+    pub fn to_builder(&self) -> QpConfigBuilder {
+        QpConfigBuilder { cfg: self.clone() }
+    }
+
     /// Maximum work requests outstanding on the send queue (`max_send_wr`). Default 1024.
     ///
     /// On verbs it must not exceed the device's `max_qp_wr` nor its
     /// `max_cqe` (the send completion queue has this many entries):
     /// [`crate::Fabric::create_qp`] refuses a larger one with
     /// [`Error::InvalidConfig`] naming both values.
-    pub fn get_send_depth(&self) -> u32 {
+    pub fn send_depth(&self) -> u32 {
         self.send_depth
-    }
-
-    /// Sets [`get_send_depth`](Self::get_send_depth).
-    ///
-    /// # Errors
-    /// [`Error::InvalidConfig`] unless `1 <= depth <= 65536`.
-    pub fn send_depth(mut self, depth: u32) -> Result<Self> {
-        if !(1..=65536).contains(&depth) {
-            return Err(Error::InvalidConfig(format!(
-                "send_depth must be in 1..=65536, got {depth}"
-            )));
-        }
-        self.send_depth = depth;
-        Ok(self)
     }
 
     /// Maximum receives posted for incoming WRITE_WITH_IMM (`max_recv_wr`),
@@ -356,22 +426,8 @@ impl QpConfig {
     /// On verbs the rounded value must not exceed the device's `max_qp_wr`
     /// nor its `max_cqe`: [`crate::Fabric::create_qp`] refuses a larger one
     /// with [`Error::InvalidConfig`] naming both values.
-    pub fn get_recv_depth(&self) -> u32 {
+    pub fn recv_depth(&self) -> u32 {
         self.recv_depth
-    }
-
-    /// Sets [`get_recv_depth`](Self::get_recv_depth).
-    ///
-    /// # Errors
-    /// [`Error::InvalidConfig`] unless `1 <= depth <= 65536`.
-    pub fn recv_depth(mut self, depth: u32) -> Result<Self> {
-        if !(1..=65536).contains(&depth) {
-            return Err(Error::InvalidConfig(format!(
-                "recv_depth must be in 1..=65536, got {depth}"
-            )));
-        }
-        self.recv_depth = depth;
-        Ok(self)
     }
 
     /// Inline data the verbs send queue must take (`max_inline_data`):
@@ -388,45 +444,84 @@ impl QpConfig {
     ///
     /// A device may grant more than asked; every WRITE up to what it granted
     /// goes inline. No effect on shm (every WRITE is a copy there).
-    pub fn get_max_inline(&self) -> Option<u32> {
+    pub fn max_inline(&self) -> Option<u32> {
         self.max_inline
-    }
-
-    /// Sets [`get_max_inline`](Self::get_max_inline) to `Some(bytes)`.
-    ///
-    /// # Errors
-    /// [`Error::InvalidConfig`] above [`MAX_INLINE_REQUEST`] (4096).
-    pub fn max_inline(mut self, bytes: u32) -> Result<Self> {
-        if bytes > MAX_INLINE_REQUEST {
-            return Err(Error::InvalidConfig(format!(
-                "max_inline must be at most {MAX_INLINE_REQUEST} bytes, got {bytes}"
-            )));
-        }
-        self.max_inline = Some(bytes);
-        Ok(self)
     }
 
     /// The reliable connection's retransmission settings ([`RcRetry`];
     /// verbs only).
-    pub fn get_rc_retry(&self) -> RcRetry {
+    pub fn rc_retry(&self) -> RcRetry {
         self.rc_retry
     }
 
-    /// Sets [`get_rc_retry`](Self::get_rc_retry).
-    pub fn rc_retry(mut self, retry: RcRetry) -> Self {
-        self.rc_retry = retry;
-        self
-    }
-
     /// Faults to inject (tests).
-    pub fn get_fault(&self) -> &FaultConfig {
+    pub fn fault(&self) -> &FaultConfig {
         &self.fault
     }
+}
 
-    /// Sets [`get_fault`](Self::get_fault).
-    pub fn fault(mut self, fault: FaultConfig) -> Self {
-        self.fault = fault;
+/// Builder for [`QpConfig`]; every setter documents its range, and
+/// [`build`](Self::build) rejects anything outside it.
+#[derive(Debug, Clone)]
+pub struct QpConfigBuilder {
+    cfg: QpConfig,
+}
+
+impl QpConfigBuilder {
+    /// [`QpConfig::send_depth`], `1..=65536`. Default 1024.
+    pub fn send_depth(mut self, depth: u32) -> Self {
+        self.cfg.send_depth = depth;
         self
+    }
+
+    /// [`QpConfig::recv_depth`], `1..=65536`. Default 1024.
+    pub fn recv_depth(mut self, depth: u32) -> Self {
+        self.cfg.recv_depth = depth;
+        self
+    }
+
+    /// Sets [`QpConfig::max_inline`] to `Some(bytes)`, at most
+    /// [`MAX_INLINE_REQUEST`] (4096).
+    pub fn max_inline(mut self, bytes: u32) -> Self {
+        self.cfg.max_inline = Some(bytes);
+        self
+    }
+
+    /// [`QpConfig::rc_retry`].
+    pub fn rc_retry(mut self, retry: RcRetry) -> Self {
+        self.cfg.rc_retry = retry;
+        self
+    }
+
+    /// [`QpConfig::fault`].
+    pub fn fault(mut self, fault: FaultConfig) -> Self {
+        self.cfg.fault = fault;
+        self
+    }
+
+    /// Validates and returns the config.
+    ///
+    /// # Errors
+    /// [`Error::InvalidConfig`] naming the setting and its range: unless
+    /// `send_depth` and `recv_depth` are in `1..=65536` and `max_inline` is
+    /// at most [`MAX_INLINE_REQUEST`].
+    pub fn build(self) -> Result<QpConfig> {
+        let c = self.cfg;
+        for (name, depth) in [("send_depth", c.send_depth), ("recv_depth", c.recv_depth)] {
+            if !(1..=65536).contains(&depth) {
+                return Err(Error::InvalidConfig(format!(
+                    "{name} must be in 1..=65536, got {depth}"
+                )));
+            }
+        }
+        if let Some(bytes) = c.max_inline
+            && bytes > MAX_INLINE_REQUEST
+        {
+            return Err(Error::InvalidConfig(format!(
+                "max_inline must be at most {MAX_INLINE_REQUEST} bytes, got {bytes}"
+            )));
+        }
+        Ok(c)
     }
 }
 
@@ -437,44 +532,85 @@ mod tests {
     #[test]
     fn max_inline_defaults_to_none_and_is_bounded() {
         let c = QpConfig::default();
-        assert_eq!(c.get_max_inline(), None);
-        assert_eq!(c.clone().max_inline(0).unwrap().get_max_inline(), Some(0));
+        assert_eq!(c.max_inline(), None);
+        let b = || c.to_builder();
+        assert_eq!(b().max_inline(0).build().unwrap().max_inline(), Some(0));
         assert_eq!(
-            c.clone()
-                .max_inline(MAX_INLINE_REQUEST)
+            b().max_inline(MAX_INLINE_REQUEST)
+                .build()
                 .unwrap()
-                .get_max_inline(),
+                .max_inline(),
             Some(MAX_INLINE_REQUEST)
         );
-        let e = c.max_inline(MAX_INLINE_REQUEST + 1).unwrap_err();
+        let e = b().max_inline(MAX_INLINE_REQUEST + 1).build().unwrap_err();
         assert!(
-            e.to_string().contains("at most 4096 bytes, got 4097"),
+            e.to_string()
+                .contains("max_inline must be at most 4096 bytes, got 4097"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn depths_are_bounded() {
+        let b = QpConfig::builder;
+        assert_eq!(b().build().unwrap(), QpConfig::default());
+        assert_eq!(b().send_depth(1).build().unwrap().send_depth(), 1);
+        assert_eq!(b().recv_depth(65536).build().unwrap().recv_depth(), 65536);
+        let e = b().send_depth(0).build().unwrap_err().to_string();
+        assert!(e.contains("send_depth must be in 1..=65536, got 0"), "{e}");
+        let e = b().recv_depth(65537).build().unwrap_err().to_string();
+        assert!(
+            e.contains("recv_depth must be in 1..=65536, got 65537"),
             "{e}"
         );
     }
 
     #[test]
     fn rc_retry_defaults_and_bounds() {
-        let r = QpConfig::default().get_rc_retry();
+        let r = QpConfig::default().rc_retry();
         assert_eq!(
             (
-                r.get_ack_timeout(),
-                r.get_retry_count(),
-                r.get_rnr_retry(),
-                r.get_min_rnr_timer()
+                r.ack_timeout(),
+                r.retry_count(),
+                r.rnr_retry(),
+                r.min_rnr_timer()
             ),
             (14, 7, 7, 12)
         );
+        assert_eq!(RcRetry::builder().build().unwrap(), r);
         // 4.096 us x 2^14 = 67.1 ms; 8 tries before RETRY_EXC.
         assert_eq!(r.ack_timeout_duration().as_micros(), 67_108);
         assert_eq!(r.give_up_after().as_micros(), 536_870);
-        assert!(r.ack_timeout(0).unwrap_err().to_string().contains("1..=31"));
-        assert!(r.ack_timeout(32).is_err());
-        assert!(r.retry_count(8).is_err());
-        assert!(r.rnr_retry(8).is_err());
-        assert!(r.min_rnr_timer(32).is_err());
-        let c = QpConfig::default().rc_retry(r.retry_count(2).unwrap());
-        assert_eq!(c.get_rc_retry().get_retry_count(), 2);
+        let b = || r.to_builder();
+        let err = |b: RcRetryBuilder| b.build().unwrap_err().to_string();
+        assert!(err(b().ack_timeout(0)).contains("ack_timeout must be an exponent in 1..=31"));
+        assert!(err(b().ack_timeout(32)).contains("ack_timeout"));
+        assert!(err(b().retry_count(8)).contains("retry_count must be in 0..=7, got 8"));
+        assert!(err(b().rnr_retry(8)).contains("rnr_retry must be in 0..=7, got 8"));
+        assert!(err(b().min_rnr_timer(32)).contains("min_rnr_timer must be a code in 0..=31"));
+        assert!(b().ack_timeout(31).min_rnr_timer(31).build().is_ok());
+        let c = QpConfig::builder()
+            .rc_retry(b().retry_count(2).build().unwrap())
+            .build()
+            .unwrap();
+        assert_eq!(c.rc_retry().retry_count(), 2);
+    }
+
+    #[cfg(feature = "verbs")]
+    #[test]
+    fn verbs_options_round_trip() {
+        let o = VerbsOptions::builder()
+            .device("rxe0")
+            .port(2)
+            .gid_index(3)
+            .build()
+            .unwrap();
+        assert_eq!(
+            (o.device(), o.port(), o.gid_index()),
+            (Some("rxe0"), 2, Some(3))
+        );
+        assert_eq!(o.to_builder().build().unwrap(), o);
+        assert_eq!(VerbsOptions::default().port(), DEFAULT_PORT);
     }
 
     #[test]

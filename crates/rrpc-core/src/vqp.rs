@@ -85,7 +85,11 @@ use crate::region::{Local, Remote};
 use crate::settings::QpCarrier;
 use crate::work::{Completion, SendOp};
 
-/// Configuration of a [`PhysicalQp`]. Defaults in the field docs.
+/// Configuration of a [`PhysicalQp`]. Defaults in the getters' docs.
+///
+/// Built like every rrpc config (docs/architecture.md, "Configuration
+/// convention"): [`VqpConfig::builder`], setters on [`VqpConfigBuilder`],
+/// [`build`](VqpConfigBuilder::build) validates.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct VqpConfig {
     tag_bits: u32,
@@ -106,70 +110,95 @@ impl Default for VqpConfig {
 }
 
 impl VqpConfig {
+    /// A builder starting from the defaults.
+    pub fn builder() -> VqpConfigBuilder {
+        VqpConfigBuilder {
+            cfg: Self::default(),
+        }
+    }
+
+    /// A builder starting from this config.
+    pub fn to_builder(&self) -> VqpConfigBuilder {
+        VqpConfigBuilder { cfg: self.clone() }
+    }
+
     /// High bits of a `WRITE_WITH_IMM`'s immediate that name the receiving
     /// sharer. Default 12: up to 4096 sharers per hardware queue pair, and
     /// 20 bits of immediate data for each.
-    pub fn get_tag_bits(&self) -> u32 {
+    pub fn tag_bits(&self) -> u32 {
         self.tag_bits
-    }
-
-    /// Sets [`get_tag_bits`](Self::get_tag_bits).
-    ///
-    /// # Errors
-    /// [`Error::InvalidConfig`] unless `1 <= bits <= 16`.
-    pub fn tag_bits(mut self, bits: u32) -> Result<Self> {
-        if !(1..=16).contains(&bits) {
-            return Err(Error::InvalidConfig(format!(
-                "tag_bits must be in 1..=16, got {bits}"
-            )));
-        }
-        self.tag_bits = bits;
-        Ok(self)
     }
 
     /// The layer signals at least one work request in this many. `None`
     /// (default): a quarter of the hardware send depth.
-    pub fn get_signal_every(&self) -> Option<u32> {
+    pub fn signal_every(&self) -> Option<u32> {
         self.signal_every
-    }
-
-    /// Sets [`get_signal_every`](Self::get_signal_every) (clamped to the send depth at
-    /// [`PhysicalQp::new`]).
-    ///
-    /// # Errors
-    /// [`Error::InvalidConfig`] for 0.
-    pub fn signal_every(mut self, n: u32) -> Result<Self> {
-        if n == 0 {
-            return Err(Error::InvalidConfig(
-                "signal_every must be at least 1".into(),
-            ));
-        }
-        self.signal_every = Some(n);
-        Ok(self)
     }
 
     /// Receives the layer keeps posted on the hardware queue pair. `None`
     /// (default): the queue pair's receive depth.
-    pub fn get_recv_depth(&self) -> Option<u32> {
+    pub fn recv_depth(&self) -> Option<u32> {
         self.recv_depth
-    }
-
-    /// Sets [`get_recv_depth`](Self::get_recv_depth) (at most the queue pair's receive depth).
-    pub fn recv_depth(mut self, n: u32) -> Self {
-        self.recv_depth = Some(n);
-        self
     }
 
     /// How long a post waits for room on a full hardware queue, polling
     /// it, before it returns [`Error::QueueFull`]. Default 1 s.
-    pub fn get_full_wait(&self) -> Duration {
+    pub fn full_wait(&self) -> Duration {
         self.full_wait
     }
+}
 
-    /// Sets [`get_full_wait`](Self::get_full_wait).
-    pub fn full_wait(mut self, d: Duration) -> Self {
-        self.full_wait = d;
+/// Builder for [`VqpConfig`]; [`build`](Self::build) checks the ranges.
+#[derive(Debug, Clone)]
+pub struct VqpConfigBuilder {
+    cfg: VqpConfig,
+}
+
+impl VqpConfigBuilder {
+    /// [`VqpConfig::tag_bits`], `1..=16`.
+    pub fn tag_bits(mut self, bits: u32) -> Self {
+        self.cfg.tag_bits = bits;
         self
+    }
+
+    /// [`VqpConfig::signal_every`], at least 1 (clamped to the send depth at
+    /// [`PhysicalQp::new`]).
+    pub fn signal_every(mut self, n: u32) -> Self {
+        self.cfg.signal_every = Some(n);
+        self
+    }
+
+    /// [`VqpConfig::recv_depth`] (at most the queue pair's receive depth).
+    pub fn recv_depth(mut self, n: u32) -> Self {
+        self.cfg.recv_depth = Some(n);
+        self
+    }
+
+    /// [`VqpConfig::full_wait`].
+    pub fn full_wait(mut self, d: Duration) -> Self {
+        self.cfg.full_wait = d;
+        self
+    }
+
+    /// Validates and returns the config.
+    ///
+    /// # Errors
+    /// [`Error::InvalidConfig`] naming the setting and its range: unless
+    /// `tag_bits` is in `1..=16` and `signal_every` is at least 1.
+    pub fn build(self) -> Result<VqpConfig> {
+        let c = self.cfg;
+        if !(1..=16).contains(&c.tag_bits) {
+            return Err(Error::InvalidConfig(format!(
+                "tag_bits must be in 1..=16, got {}",
+                c.tag_bits
+            )));
+        }
+        if c.signal_every == Some(0) {
+            return Err(Error::InvalidConfig(
+                "signal_every must be at least 1, got 0".into(),
+            ));
+        }
+        Ok(c)
     }
 }
 
@@ -357,9 +386,16 @@ mod tests {
 
     #[test]
     fn config_bounds() {
-        assert!(VqpConfig::default().tag_bits(0).is_err());
-        assert!(VqpConfig::default().tag_bits(17).is_err());
-        assert!(VqpConfig::default().signal_every(0).is_err());
-        assert_eq!(VqpConfig::default().get_tag_bits(), 12);
+        let b = VqpConfig::builder;
+        let err = |b: VqpConfigBuilder| b.build().unwrap_err().to_string();
+        assert!(err(b().tag_bits(0)).contains("tag_bits must be in 1..=16, got 0"));
+        assert!(err(b().tag_bits(17)).contains("tag_bits must be in 1..=16, got 17"));
+        assert!(err(b().signal_every(0)).contains("signal_every must be at least 1"));
+        assert_eq!(
+            b().tag_bits(16).signal_every(1).build().unwrap().tag_bits(),
+            16
+        );
+        assert_eq!(VqpConfig::default().tag_bits(), 12);
+        assert_eq!(b().build().unwrap(), VqpConfig::default());
     }
 }

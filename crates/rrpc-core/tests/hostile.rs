@@ -22,7 +22,7 @@ use nix::sys::socket::{ControlMessage, MsgFlags, sendmsg};
 use rrpc_core::conn::{self, HandshakeConfig, Listener, Offer};
 use rrpc_core::handshake::{Hello, Message, RejectCode};
 use rrpc_core::{
-    Completion, Endpoint, Error, Fabric, Fault, Local, ProviderKind, QpConfig, RegionDesc,
+    Completion, Error, Fabric, FabricAddr, Fault, Local, ProviderKind, QpConfig, RegionDesc,
     RemoteRegion,
 };
 
@@ -47,9 +47,9 @@ fn sock_path(tag: &str) -> PathBuf {
     dir.join("s.sock")
 }
 
-fn bind(tag: &str, cfg: HandshakeConfig) -> (Listener, Endpoint, PathBuf) {
+fn bind(tag: &str, cfg: HandshakeConfig) -> (Listener, FabricAddr, PathBuf) {
     let path = sock_path(tag);
-    let ep = Endpoint::Shm(path.clone());
+    let ep = FabricAddr::Shm(path.clone());
     (Listener::bind(&ep, cfg).unwrap(), ep, path)
 }
 
@@ -144,7 +144,7 @@ fn serve_one(l: &Listener, fabric: &Fabric) -> rrpc_core::Result<conn::Connectio
 }
 
 /// An honest client connects to `l` (served on a thread) and both sides work.
-fn honest_connect(l: &Listener, ep: &Endpoint) {
+fn honest_connect(l: &Listener, ep: &FabricAddr) {
     let fabric = Fabric::shm();
     std::thread::scope(|sc| {
         let server = sc.spawn(|| serve_one(l, &fabric));
@@ -404,8 +404,9 @@ fn terabyte_grant_is_refused() {
 fn total_budget_is_enforced_and_released() {
     let _g = serial();
     const MIB: u64 = 1 << 20;
-    let cfg = HandshakeConfig::default()
+    let cfg = HandshakeConfig::builder()
         .max_total_grant_bytes(3 * MIB)
+        .build()
         .unwrap();
     let (l, ep, path) = bind("budget", cfg);
     let ev = nix::sys::eventfd::EventFd::new().unwrap();
@@ -455,7 +456,7 @@ fn client_refuses_terabyte_accept() {
     });
     let fabric = Fabric::shm();
     let r = conn::connect(
-        &Endpoint::Shm(path),
+        &FabricAddr::Shm(path),
         fabric.create_qp(&QpConfig::default()).unwrap(),
         Offer::new(),
         &HandshakeConfig::default(),
@@ -495,7 +496,7 @@ fn trickle(mut s: &UnixStream, bytes: &[u8], stop: &AtomicBool) {
 #[test]
 fn trickling_client_is_cut_off_at_the_deadline() {
     let _g = serial();
-    let cfg = HandshakeConfig::default().timeout(SHORT).unwrap();
+    let cfg = HandshakeConfig::builder().timeout(SHORT).build().unwrap();
     let (l, ep, path) = bind("trickle", cfg);
     // A hello whose bytes would take minutes at this pace.
     let mut h = shm_hello(&[]);
@@ -543,10 +544,10 @@ fn trickling_server_is_cut_off_at_the_deadline() {
     let fabric = Fabric::shm();
     let t = Instant::now();
     let r = conn::connect(
-        &Endpoint::Shm(path),
+        &FabricAddr::Shm(path),
         fabric.create_qp(&QpConfig::default()).unwrap(),
         Offer::new(),
-        &HandshakeConfig::default().timeout(SHORT).unwrap(),
+        &HandshakeConfig::builder().timeout(SHORT).build().unwrap(),
     );
     let took = t.elapsed();
     stop.store(true, Ordering::Release);
@@ -594,7 +595,7 @@ fn peer_clearing_nonblock_on_our_eventfd_never_blocks_ack_events() {
     });
     let fabric = Fabric::shm();
     let c = conn::connect(
-        &Endpoint::Shm(path),
+        &FabricAddr::Shm(path),
         fabric.create_qp(&QpConfig::default()).unwrap(),
         Offer::new(),
         &HandshakeConfig::default(),
@@ -690,9 +691,9 @@ fn one_peer_at_its_maximum_locks_no_one_out() {
     use std::process::{Command, Stdio};
     let _g = serial();
     let cfg = HandshakeConfig::default();
-    let share = cfg.get_max_peer_grant_bytes();
+    let share = cfg.max_peer_grant_bytes();
     assert_eq!(share, conn::DEFAULT_MAX_PEER_GRANT_BYTES);
-    assert!(share < cfg.get_max_total_grant_bytes());
+    assert!(share < cfg.max_total_grant_bytes());
     let (l, ep, path) = bind("greedy", cfg);
     let mut child = Command::new(std::env::current_exe().unwrap())
         .args(["--ignored", "--exact", "greedy_peer_child", "--nocapture"])

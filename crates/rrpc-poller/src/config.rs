@@ -65,6 +65,11 @@ impl std::fmt::Display for Mode {
 /// [`Poller::start`](crate::Poller::start) starts a poller with. Defaults
 /// follow the paper where it gives one.
 ///
+/// Built like every rrpc config (docs/architecture.md, "Configuration
+/// convention"): [`PollerConfig::builder`], setters on
+/// [`PollerConfigBuilder`], [`build`](PollerConfigBuilder::build) validates;
+/// getters are named after the setting.
+///
 /// | knob | default | source |
 /// |---|---|---|
 /// | `mode` | [`Mode::Bpev`] | §IV-D |
@@ -81,12 +86,13 @@ impl std::fmt::Display for Mode {
 /// ```
 /// use std::time::Duration;
 /// use rrpc_poller::{Mode, Poller, PollerConfig};
-/// let cfg = PollerConfig::new()
+/// let cfg = PollerConfig::builder()
 ///     .mode(Mode::Bpev)
-///     .polling_threads(1)?
-///     .bp_timeout(Duration::from_micros(10));
+///     .polling_threads(1)
+///     .bp_timeout(Duration::from_micros(10))
+///     .build()?;
 /// let poller = Poller::start(cfg)?;
-/// assert_eq!(poller.config().get_mode(), Mode::Bpev);
+/// assert_eq!(poller.config().mode(), Mode::Bpev);
 /// # Ok::<(), rrpc_poller::Error>(())
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -121,53 +127,118 @@ impl Default for PollerConfig {
 }
 
 impl PollerConfig {
-    /// The defaults (see the table above).
-    pub fn new() -> Self {
-        Self::default()
+    /// A builder starting from the defaults (see the table above).
+    pub fn builder() -> PollerConfigBuilder {
+        PollerConfigBuilder {
+            cfg: Self::default(),
+        }
+    }
+
+    /// A builder starting from this config, to derive a modified one.
+    pub fn to_builder(&self) -> PollerConfigBuilder {
+        PollerConfigBuilder { cfg: self.clone() }
     }
 
     /// The paper's configuration of a mode: no idle parking, no doorbell, no auto-tuning, no
     /// spin back-off (what the benchmarks compare against).
     pub fn paper(mode: Mode) -> Self {
-        Self::default()
-            .mode(mode)
-            .auto_tune(false)
-            .idle_park_after(None)
-            .doorbell_park_after(None)
-            .spin_backoff(false)
+        Self {
+            mode,
+            auto_tune: false,
+            idle_park_after: None,
+            doorbell_park_after: None,
+            spin_backoff: false,
+            ..Self::default()
+        }
     }
 
+    /// The [`mode`](PollerConfigBuilder::mode) setting.
+    pub fn mode(&self) -> Mode {
+        self.mode
+    }
+    /// The [`polling_threads`](PollerConfigBuilder::polling_threads) setting.
+    pub fn polling_threads(&self) -> usize {
+        self.polling_threads
+    }
+    /// The [`bp_timeout`](PollerConfigBuilder::bp_timeout) setting (the cap of the tuned value with
+    /// auto-tuning).
+    pub fn bp_timeout(&self) -> Duration {
+        self.bp_timeout
+    }
+    /// The [`auto_tune`](PollerConfigBuilder::auto_tune) setting.
+    pub fn auto_tune(&self) -> bool {
+        self.auto_tune
+    }
+    /// The [`idle_park_after`](PollerConfigBuilder::idle_park_after) setting.
+    pub fn idle_park_after(&self) -> Option<Duration> {
+        self.idle_park_after
+    }
+    /// The [`doorbell_park_after`](PollerConfigBuilder::doorbell_park_after) setting (`None`: no doorbell
+    /// fallback).
+    pub fn doorbell_park_after(&self) -> Option<Duration> {
+        self.doorbell_park_after
+    }
+    /// Whether the doorbell fallback is on: [`Mode::Bpev`], `doorbell_park_after` set, and
+    /// idle parking on (a thread that never parks announces nothing).
+    pub fn doorbell_fallback(&self) -> bool {
+        self.mode == Mode::Bpev
+            && self.doorbell_park_after.is_some()
+            && self.idle_park_after.is_some()
+    }
+    /// The [`spin_backoff`](PollerConfigBuilder::spin_backoff) setting.
+    pub fn spin_backoff(&self) -> bool {
+        self.spin_backoff
+    }
+    /// The [`idle_poll_interval`](PollerConfigBuilder::idle_poll_interval) setting.
+    pub fn idle_poll_interval(&self) -> Duration {
+        self.idle_poll_interval
+    }
+    /// The [`numa_node`](PollerConfigBuilder::numa_node) setting.
+    pub fn numa_node(&self) -> NumaPlacement {
+        self.numa_node
+    }
+    /// The [`thread_name`](PollerConfigBuilder::thread_name) setting.
+    pub fn thread_name(&self) -> &str {
+        &self.thread_name
+    }
+}
+
+/// Builder for [`PollerConfig`]; every setter documents its range, and
+/// [`build`](Self::build) rejects anything outside it. Building starts no
+/// thread: [`Poller::start`](crate::Poller::start) does.
+#[derive(Debug, Clone)]
+pub struct PollerConfigBuilder {
+    cfg: PollerConfig,
+}
+
+impl PollerConfigBuilder {
     /// Sets the connection management method.
     pub fn mode(mut self, mode: Mode) -> Self {
-        self.mode = mode;
+        self.cfg.mode = mode;
         self
     }
 
     /// Number of shared polling threads for [`Mode::Bpts`] and [`Mode::Bpev`] (ignored by
     /// `Bp`, which uses one per connection, and `Event`, which uses none).
     ///
-    /// # Errors
-    /// [`Error::InvalidConfig`] for 0 or more than 256.
-    pub fn polling_threads(mut self, n: usize) -> Result<Self> {
-        if n == 0 || n > 256 {
-            return Err(Error::InvalidConfig("polling_threads must be in 1..=256"));
-        }
-        self.polling_threads = n;
-        Ok(self)
+    /// `1..=256`, default 2.
+    pub fn polling_threads(mut self, n: usize) -> Self {
+        self.cfg.polling_threads = n;
+        self
     }
 
     /// How long a task busy-polls its own connection before it arms and sleeps ([`Mode::Bpev`];
     /// Algorithm 2, lines 16–26). Zero makes BPEV purely event-driven (§V-B). With
     /// [`auto_tune`](Self::auto_tune) this is the cap of the tuned value.
     pub fn bp_timeout(mut self, t: Duration) -> Self {
-        self.bp_timeout = t;
+        self.cfg.bp_timeout = t;
         self
     }
 
     /// Tune the spin time of each connection from a moving estimate of its round-trip time
     /// (`1.25 × RTT`, at most `bp_timeout`).
     pub fn auto_tune(mut self, on: bool) -> Self {
-        self.auto_tune = on;
+        self.cfg.auto_tune = on;
         self
     }
 
@@ -175,7 +246,7 @@ impl PollerConfig {
     /// (`None`: never park, the paper's behaviour). A parked thread resumes at the next arm
     /// and otherwise rescans every [`idle_poll_interval`](Self::idle_poll_interval).
     pub fn idle_park_after(mut self, t: Option<Duration>) -> Self {
-        self.idle_park_after = t;
+        self.cfg.idle_park_after = t;
         self
     }
 
@@ -187,7 +258,7 @@ impl PollerConfig {
     /// verbs a tail WRITE crossing the announce on the wire can miss both the re-check and the
     /// ring). `None` turns the fallback off: plain BPEV.
     pub fn doorbell_park_after(mut self, t: Option<Duration>) -> Self {
-        self.doorbell_park_after = t;
+        self.cfg.doorbell_park_after = t;
         self
     }
 
@@ -197,28 +268,21 @@ impl PollerConfig {
     /// (the latter only with the [doorbell fallback](Self::doorbell_park_after)). `false`:
     /// spin every time, as the paper does.
     pub fn spin_backoff(mut self, on: bool) -> Self {
-        self.spin_backoff = on;
+        self.cfg.spin_backoff = on;
         self
     }
 
     /// Rescan period of a parked polling thread that still has armed connections. Bounds the
     /// extra latency of the first message after an idle period.
-    ///
-    /// # Errors
-    /// [`Error::InvalidConfig`] for zero or more than one second.
-    pub fn idle_poll_interval(mut self, t: Duration) -> Result<Self> {
-        if t.is_zero() || t > Duration::from_secs(1) {
-            return Err(Error::InvalidConfig(
-                "idle_poll_interval must be in (0, 1 s]",
-            ));
-        }
-        self.idle_poll_interval = t;
-        Ok(self)
+    /// More than zero and at most one second; default 3 ms.
+    pub fn idle_poll_interval(mut self, t: Duration) -> Self {
+        self.cfg.idle_poll_interval = t;
+        self
     }
 
     /// Name prefix of the polling threads (default `rrpc-poll`).
     pub fn thread_name(mut self, name: impl Into<String>) -> Self {
-        self.thread_name = name.into();
+        self.cfg.thread_name = name.into();
         self
     }
 
@@ -232,57 +296,66 @@ impl PollerConfig {
     /// or for a device without one. [`NumaPlacement::Node`] pins them from
     /// the start, whatever the device; [`NumaPlacement::Off`] never pins.
     pub fn numa_node(mut self, placement: NumaPlacement) -> Self {
-        self.numa_node = placement;
+        self.cfg.numa_node = placement;
         self
     }
 
-    /// The [`mode`](Self::mode) setting.
-    pub fn get_mode(&self) -> Mode {
-        self.mode
+    /// Validates and returns the config.
+    ///
+    /// # Errors
+    /// [`Error::InvalidConfig`] naming the setting and its range: unless
+    /// `polling_threads` is in `1..=256` and `idle_poll_interval` in
+    /// `(0, 1 s]`.
+    pub fn build(self) -> Result<PollerConfig> {
+        let c = self.cfg;
+        if c.polling_threads == 0 || c.polling_threads > 256 {
+            return Err(Error::InvalidConfig("polling_threads must be in 1..=256"));
+        }
+        if c.idle_poll_interval.is_zero() || c.idle_poll_interval > Duration::from_secs(1) {
+            return Err(Error::InvalidConfig(
+                "idle_poll_interval must be in (0, 1 s]",
+            ));
+        }
+        Ok(c)
     }
-    /// The [`polling_threads`](Self::polling_threads) setting.
-    pub fn get_polling_threads(&self) -> usize {
-        self.polling_threads
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn build_checks_the_ranges() {
+        let b = PollerConfig::builder;
+        assert_eq!(b().build().unwrap(), PollerConfig::default());
+        let err = |b: PollerConfigBuilder| b.build().unwrap_err().to_string();
+        assert!(err(b().polling_threads(0)).contains("polling_threads must be in 1..=256"));
+        assert!(err(b().polling_threads(257)).contains("polling_threads must be in 1..=256"));
+        assert!(b().polling_threads(256).build().is_ok());
+        let e = err(b().idle_poll_interval(Duration::ZERO));
+        assert!(e.contains("idle_poll_interval must be in (0, 1 s]"), "{e}");
+        assert!(
+            err(b().idle_poll_interval(Duration::from_millis(1001))).contains("idle_poll_interval")
+        );
+        assert!(
+            b().idle_poll_interval(Duration::from_secs(1))
+                .build()
+                .is_ok()
+        );
     }
-    /// The [`bp_timeout`](Self::bp_timeout) setting (the cap of the tuned value with
-    /// auto-tuning).
-    pub fn get_bp_timeout(&self) -> Duration {
-        self.bp_timeout
-    }
-    /// The [`auto_tune`](Self::auto_tune) setting.
-    pub fn get_auto_tune(&self) -> bool {
-        self.auto_tune
-    }
-    /// The [`idle_park_after`](Self::idle_park_after) setting.
-    pub fn get_idle_park_after(&self) -> Option<Duration> {
-        self.idle_park_after
-    }
-    /// The [`doorbell_park_after`](Self::doorbell_park_after) setting (`None`: no doorbell
-    /// fallback).
-    pub fn get_doorbell_park_after(&self) -> Option<Duration> {
-        self.doorbell_park_after
-    }
-    /// Whether the doorbell fallback is on: [`Mode::Bpev`], `doorbell_park_after` set, and
-    /// idle parking on (a thread that never parks announces nothing).
-    pub fn doorbell_fallback(&self) -> bool {
-        self.mode == Mode::Bpev
-            && self.doorbell_park_after.is_some()
-            && self.idle_park_after.is_some()
-    }
-    /// The [`spin_backoff`](Self::spin_backoff) setting.
-    pub fn get_spin_backoff(&self) -> bool {
-        self.spin_backoff
-    }
-    /// The [`idle_poll_interval`](Self::idle_poll_interval) setting.
-    pub fn get_idle_poll_interval(&self) -> Duration {
-        self.idle_poll_interval
-    }
-    /// The [`numa_node`](Self::numa_node) setting.
-    pub fn get_numa_node(&self) -> NumaPlacement {
-        self.numa_node
-    }
-    /// The [`thread_name`](Self::thread_name) setting.
-    pub fn get_thread_name(&self) -> &str {
-        &self.thread_name
+
+    #[test]
+    fn paper_and_to_builder_keep_the_other_settings() {
+        let p = PollerConfig::paper(Mode::Bp);
+        assert_eq!(p.mode(), Mode::Bp);
+        assert!(!p.auto_tune() && !p.spin_backoff());
+        assert_eq!((p.idle_park_after(), p.doorbell_park_after()), (None, None));
+        assert_eq!(
+            p.polling_threads(),
+            PollerConfig::default().polling_threads()
+        );
+        let q = p.to_builder().polling_threads(3).build().unwrap();
+        assert_eq!(q.polling_threads(), 3);
+        assert_eq!((q.mode(), q.auto_tune()), (Mode::Bp, false));
     }
 }

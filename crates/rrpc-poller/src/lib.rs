@@ -122,7 +122,7 @@
 //!
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() -> Result<(), rrpc_poller::Error> {
-//! let poller = Poller::start(PollerConfig::new().mode(Mode::Bpev).polling_threads(1)?)?;
+//! let poller = Poller::start(PollerConfig::builder().mode(Mode::Bpev).polling_threads(1).build()?)?;
 //! let src = Arc::new(Counter { written: AtomicU64::new(0), read: AtomicU64::new(0) });
 //! let mut reg = poller.register(src.clone())?;
 //! let writer = src.clone();
@@ -146,7 +146,7 @@ mod stats;
 mod sys;
 mod tune;
 
-pub use config::{Mode, PollerConfig};
+pub use config::{Mode, PollerConfig, PollerConfigBuilder};
 pub use error::{Error, Result};
 pub use poller::{Doorbell, Poller, Registration};
 pub use source::{Notifier, Readiness};

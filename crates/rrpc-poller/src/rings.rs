@@ -31,7 +31,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use rrpc_core::conn::{Connection, HandshakeConfig, Listener, Offer, connect};
-use rrpc_core::{Endpoint, Fabric, ProviderKind, QpConfig, QueuePair};
+use rrpc_core::{Fabric, FabricAddr, ProviderKind, QpConfig, QueuePair};
 use rrpc_ringbuf::{ReadGuard, RxDoorbell, RxWatch, TxWatch, WriteGuard};
 
 use crate::config::Mode;
@@ -179,8 +179,8 @@ impl AsyncConn {
         if uses_doorbell(poller, &rx) {
             rx.post_receives(DOORBELL_RECVS)?;
         }
-        if poller.config().get_mode() == Mode::Event {
-            if !tx.config().get_tail_with_imm() {
+        if poller.config().mode() == Mode::Event {
+            if !tx.config().tail_with_imm() {
                 return Err(Error::InvalidConfig(
                     "Event mode needs RingConfigBuilder::tail_with_imm(true) on both sides",
                 ));
@@ -211,7 +211,7 @@ impl AsyncConn {
     /// # Errors
     /// As [`Poller::register`] (needs a tokio runtime).
     pub fn split(self) -> Result<(AsyncSender, AsyncReceiver)> {
-        let mode = self.poller.config().get_mode();
+        let mode = self.poller.config().mode();
         let exact = self.conn.peer().provider == ProviderKind::Shm;
         let notifier = (mode == Mode::Event).then(|| RecvNotifier {
             qp: self.conn.qp().clone(),
@@ -297,14 +297,14 @@ impl AsyncConn {
         let (listener, ep) = match fabric.kind() {
             ProviderKind::Verbs => {
                 let any: std::net::SocketAddr = ([127, 0, 0, 1], 0).into();
-                let l = Listener::bind(&Endpoint::Rdma(any), HandshakeConfig::default())?;
+                let l = Listener::bind(&FabricAddr::Rdma(any), HandshakeConfig::default())?;
                 let addr = l
                     .local_addr()
                     .ok_or(Error::InvalidConfig("rdma listener without a TCP address"))?;
-                (l, Endpoint::Rdma(addr))
+                (l, FabricAddr::Rdma(addr))
             }
             _ => {
-                let ep = Endpoint::Shm(path.clone());
+                let ep = FabricAddr::Shm(path.clone());
                 (Listener::bind(&ep, HandshakeConfig::default())?, ep)
             }
         };

@@ -25,12 +25,13 @@ fn pinned_poller(cpu: usize) -> Poller {
         set.set(cpu).unwrap();
         sched_setaffinity(Pid::from_raw(0), &set).unwrap();
         rrpc_poller::Poller::start(
-            PollerConfig::new()
+            PollerConfig::builder()
                 .mode(Mode::Bpev)
                 .polling_threads(1)
-                .unwrap()
                 .bp_timeout(Duration::ZERO)
-                .idle_park_after(Some(Duration::from_secs(10))),
+                .idle_park_after(Some(Duration::from_secs(10)))
+                .build()
+                .unwrap(),
         )
         .unwrap()
     })
@@ -145,8 +146,14 @@ fn the_paper_configuration_never_backs_off() {
         let mut set = CpuSet::new();
         set.set(cpu).unwrap();
         sched_setaffinity(Pid::from_raw(0), &set).unwrap();
-        rrpc_poller::Poller::start(PollerConfig::paper(Mode::Bpev).polling_threads(1).unwrap())
-            .unwrap()
+        rrpc_poller::Poller::start(
+            PollerConfig::paper(Mode::Bpev)
+                .to_builder()
+                .polling_threads(1)
+                .build()
+                .unwrap(),
+        )
+        .unwrap()
     })
     .join()
     .unwrap();
@@ -165,11 +172,12 @@ fn a_task_woken_by_its_polling_thread_measures_its_wake_up_latency() {
     let recorder = DebuggingRecorder::new();
     let snapshotter = recorder.snapshotter();
     let p = rrpc_poller::Poller::start(
-        PollerConfig::new()
+        PollerConfig::builder()
             .mode(Mode::Bpev)
             .polling_threads(1)
-            .unwrap()
-            .bp_timeout(Duration::ZERO),
+            .bp_timeout(Duration::ZERO)
+            .build()
+            .unwrap(),
     )
     .unwrap();
     let src = Fake::new();

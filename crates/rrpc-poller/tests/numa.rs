@@ -206,21 +206,23 @@ fn numa_vm_polling_threads_on_the_chosen_node() {
     assert_ne!(cpus, all, "node {node} must not hold every CPU");
 
     let fixed = rrpc_poller::Poller::start(
-        PollerConfig::new()
+        PollerConfig::builder()
             .numa_node(NumaPlacement::Node(node))
             .polling_threads(2)
-            .unwrap()
-            .thread_name("numa-fixed"),
+            .thread_name("numa-fixed")
+            .build()
+            .unwrap(),
     )
     .unwrap();
     assert_eq!(fixed.numa_node(), Some(node));
     wait_threads_on("numa-fixed", 2, &cpus);
 
     let by_device = rrpc_poller::Poller::start(
-        PollerConfig::new()
+        PollerConfig::builder()
             .polling_threads(2)
-            .unwrap()
-            .thread_name("numa-dev"),
+            .thread_name("numa-dev")
+            .build()
+            .unwrap(),
     )
     .unwrap();
     assert_eq!(by_device.numa_node(), None, "no device yet");
@@ -230,11 +232,12 @@ fn numa_vm_polling_threads_on_the_chosen_node() {
     wait_threads_on("numa-dev", 2, &cpus);
 
     let off = rrpc_poller::Poller::start(
-        PollerConfig::new()
+        PollerConfig::builder()
             .numa_node(NumaPlacement::Off)
             .polling_threads(1)
-            .unwrap()
-            .thread_name("numa-off"),
+            .thread_name("numa-off")
+            .build()
+            .unwrap(),
     )
     .unwrap();
     assert_eq!(off.place_for_device(Some(node)), None);
@@ -274,11 +277,12 @@ fn placement_on_this_host() {
     rx.write_at(0, &[1]).unwrap();
     assert_eq!(placement_of(rx).policy, "prefer:0");
     let p = rrpc_poller::Poller::start(
-        PollerConfig::new()
+        PollerConfig::builder()
             .numa_node(NumaPlacement::Node(0))
             .polling_threads(1)
-            .unwrap()
-            .thread_name("numa-here"),
+            .thread_name("numa-here")
+            .build()
+            .unwrap(),
     )
     .unwrap();
     let allowed = my_cpus();

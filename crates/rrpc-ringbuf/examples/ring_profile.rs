@@ -7,7 +7,7 @@
 //! `valgrind --tool=callgrind target/release/examples/ring_profile 64 100000`.
 
 use rrpc_core::conn::{self, HandshakeConfig, Offer};
-use rrpc_core::{Endpoint, Fabric, QpConfig};
+use rrpc_core::{Fabric, FabricAddr, QpConfig};
 use rrpc_ringbuf::{Error, LocalRing, RingConfig};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -17,7 +17,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let burst: u64 = args.next().map_or(Ok(64), |s| s.parse())?;
     let dir = std::env::temp_dir().join(format!("rrpc-rb-prof-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
-    let ep = Endpoint::parse(&format!("shm://{}/s.sock", dir.display()))?;
+    let ep = FabricAddr::parse(&format!("shm://{}/s.sock", dir.display()))?;
     let cfg = RingConfig::default();
     let fabric = Fabric::shm();
     let listener = conn::Listener::bind(&ep, HandshakeConfig::default())?;

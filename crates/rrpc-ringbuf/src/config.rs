@@ -25,21 +25,24 @@ pub const MAX_SLOT_SIZE: usize = 64 << 10;
 /// Largest accepted `alpha`, `beta` or `gamma`.
 pub const MAX_THRESHOLD: u32 = 1 << 16;
 /// How long a message the tail covers may stay unplaced before the receiver
-/// gives up ([`RingConfig::get_placement_timeout`]).
+/// gives up ([`RingConfig::placement_timeout`]).
 pub const DEFAULT_PLACEMENT_TIMEOUT: Duration = Duration::from_secs(1);
 /// Send-queue depth the ring assumes the queue pair has (rrpc-core's default).
 pub const DEFAULT_SQ_DEPTH: u32 = 1024;
-/// Largest ratio of [`RingConfig::get_ring_size`] to
-/// [`RingConfig::get_min_ring_size`] (the handshake carries its log2 in 3 bits).
+/// Largest ratio of [`RingConfig::ring_size`] to
+/// [`RingConfig::min_ring_size`] (the handshake carries its log2 in 3 bits).
 pub const MAX_SIZE_RATIO: usize = 128;
 /// How long a self-sizing ring's writer must be quiet before its ring
-/// shrinks to [`RingConfig::get_min_ring_size`] ([`RingConfig::get_shrink_after`]).
+/// shrinks to [`RingConfig::min_ring_size`] ([`RingConfig::shrink_after`]).
 pub const DEFAULT_SHRINK_AFTER: Duration = Duration::from_secs(1);
 
 /// Validated configuration of one ring direction, shared as `Arc<RingConfig>`.
 ///
 /// Build it with [`RingConfig::builder`]; [`RingConfig::default`] gives the
-/// paper's settings.
+/// paper's settings. This is the model of every rrpc config
+/// (docs/architecture.md, "Configuration convention"): setters on the
+/// builder, validation in [`build`](RingConfigBuilder::build), getters named
+/// after the setting, [`to_builder`](RingConfig::to_builder) to derive one.
 ///
 /// # Examples
 /// ```
@@ -105,12 +108,18 @@ impl RingConfig {
         }
     }
 
+    /// A builder starting from this config, to derive a modified one
+    /// (its [`build`](RingConfigBuilder::build) validates again).
+    pub fn to_builder(&self) -> RingConfigBuilder {
+        RingConfigBuilder { cfg: self.clone() }
+    }
+
     /// Bytes in the ring array (`slot_size * slot_count`). Default 4 MiB.
-    pub fn get_ring_size(&self) -> usize {
+    pub fn ring_size(&self) -> usize {
         self.ring_size
     }
     /// Bytes per slot. Default 64.
-    pub fn get_slot_size(&self) -> usize {
+    pub fn slot_size(&self) -> usize {
         self.slot_size
     }
     /// Number of slots `N` of the whole array (a self-sizing ring's largest size).
@@ -118,74 +127,74 @@ impl RingConfig {
         (self.ring_size / self.slot_size) as u64
     }
     /// Smallest size a self-sizing ring uses, and the size it starts at;
-    /// equal to [`ring_size`](Self::get_ring_size) for a fixed ring (the default).
-    pub fn get_min_ring_size(&self) -> usize {
+    /// equal to [`ring_size`](Self::ring_size) for a fixed ring (the default).
+    pub fn min_ring_size(&self) -> usize {
         self.min_ring_size.unwrap_or(self.ring_size)
     }
     /// Whether the ring sizes itself between
-    /// [`min_ring_size`](Self::get_min_ring_size) and
-    /// [`ring_size`](Self::get_ring_size) (`proto` docs, "Rings that size themselves").
+    /// [`min_ring_size`](Self::min_ring_size) and
+    /// [`ring_size`](Self::ring_size) (`proto` docs, "Rings that size themselves").
     pub fn self_sizing(&self) -> bool {
-        self.get_min_ring_size() < self.ring_size
+        self.min_ring_size() < self.ring_size
     }
     /// Largest size a self-sizing ring grows to for throughput (its writer
     /// waiting for space, messages asking for room to pipeline); beyond it,
     /// only as far as a message needs to fit twice. Between
-    /// [`min_ring_size`](Self::get_min_ring_size) and
-    /// [`ring_size`](Self::get_ring_size); default `ring_size` (no cap).
-    pub fn get_cache_ring_size(&self) -> usize {
+    /// [`min_ring_size`](Self::min_ring_size) and
+    /// [`ring_size`](Self::ring_size); default `ring_size` (no cap).
+    pub fn cache_ring_size(&self) -> usize {
         self.cache_ring_size
             .unwrap_or(self.ring_size)
-            .clamp(self.get_min_ring_size(), self.ring_size)
+            .clamp(self.min_ring_size(), self.ring_size)
     }
     /// Slots the sender starts with: `min_ring_size / slot_size`.
     pub fn initial_slot_count(&self) -> u64 {
-        (self.get_min_ring_size() / self.slot_size) as u64
+        (self.min_ring_size() / self.slot_size) as u64
     }
     /// How long the writer of a self-sizing ring must be quiet before the
     /// ring shrinks to its minimum. Default 1 s.
-    pub fn get_shrink_after(&self) -> Duration {
+    pub fn shrink_after(&self) -> Duration {
         self.shrink_after
     }
     /// Pointer-advancement threshold `alpha` (messages per tail WRITE).
-    pub fn get_alpha(&self) -> u32 {
+    pub fn alpha(&self) -> u32 {
         self.alpha
     }
     /// Slot-transmission threshold `beta` (messages per slot WRITE).
-    pub fn get_beta(&self) -> u32 {
+    pub fn beta(&self) -> u32 {
         self.beta
     }
     /// Lazy-push threshold `gamma` (consumed messages per head WRITE).
-    pub fn get_gamma(&self) -> u32 {
+    pub fn gamma(&self) -> u32 {
         self.gamma
     }
     /// Whether the elastic threshold is on (at most one tail WRITE in flight).
-    pub fn get_elastic(&self) -> bool {
+    pub fn elastic(&self) -> bool {
         self.elastic
     }
     /// Whether the ring array starts on a cache line (ablation switch).
-    pub fn get_cache_align(&self) -> bool {
+    pub fn cache_align(&self) -> bool {
         self.cache_align
     }
     /// Whether regions should use huge pages when the system has them.
-    pub fn get_huge_pages(&self) -> bool {
+    pub fn huge_pages(&self) -> bool {
         self.huge_pages
     }
     /// Whether the tail is written with `WRITE_WITH_IMM` (for EVENT mode).
-    pub fn get_tail_with_imm(&self) -> bool {
+    pub fn tail_with_imm(&self) -> bool {
         self.tail_with_imm
     }
     /// Send-queue depth of the queue pair the ring posts to.
-    pub fn get_sq_depth(&self) -> u32 {
+    pub fn sq_depth(&self) -> u32 {
         self.sq_depth
     }
     /// Work requests the sender keeps outstanding at most: half of
-    /// [`RingConfig::get_sq_depth`] (at least 2).
+    /// [`RingConfig::sq_depth`] (at least 2).
     pub fn sender_outstanding(&self) -> u32 {
         (self.sq_depth / 2).max(2)
     }
     /// Work requests the receiver (its head pushes) keeps outstanding at
-    /// most: a quarter of [`RingConfig::get_sq_depth`] (at least 2).
+    /// most: a quarter of [`RingConfig::sq_depth`] (at least 2).
     pub fn receiver_outstanding(&self) -> u32 {
         (self.sq_depth / 4).max(2)
     }
@@ -200,7 +209,7 @@ impl RingConfig {
     /// header or end stamp not yet visible; `proto` module docs, "Placement
     /// order") before the receiver closes the ring with `Corrupt`: the
     /// bound on a peer that publishes a tail over garbage. Default 1 s.
-    pub fn get_placement_timeout(&self) -> Duration {
+    pub fn placement_timeout(&self) -> Duration {
         self.placement_timeout
     }
     /// Largest payload one message can carry: the whole ring minus the
@@ -210,7 +219,7 @@ impl RingConfig {
     }
     /// Where the ring's memory goes ([`RingConfigBuilder::numa_node`]).
     /// Default [`NumaPlacement::Device`].
-    pub fn get_numa_node(&self) -> NumaPlacement {
+    pub fn numa_node(&self) -> NumaPlacement {
         self.numa_node
     }
     /// Wraps the config in an `Arc` for sharing.
@@ -287,7 +296,7 @@ impl RingConfigBuilder {
         self
     }
     /// How long a message the tail covers may stay unplaced before the
-    /// receiver closes the ring ([`RingConfig::get_placement_timeout`]). Default 1 s.
+    /// receiver closes the ring ([`RingConfig::placement_timeout`]). Default 1 s.
     pub fn placement_timeout(mut self, timeout: Duration) -> Self {
         self.cfg.placement_timeout = timeout;
         self
@@ -304,7 +313,7 @@ impl RingConfigBuilder {
         self
     }
     /// The size past which a self-sizing ring stops growing for throughput
-    /// ([`RingConfig::get_cache_ring_size`]): the rings a core touches should
+    /// ([`RingConfig::cache_ring_size`]): the rings a core touches should
     /// stay in its cache (RR-Compound's Fig. 12: a ring that no longer fits
     /// halves the bandwidth). A power of two; clamped to
     /// `min_ring_size..=ring_size`. Default: no cap.
@@ -416,16 +425,16 @@ mod tests {
     #[test]
     fn defaults_are_paper_values() {
         let c = RingConfig::default();
-        assert_eq!((c.get_alpha(), c.get_beta(), c.get_gamma()), (32, 16, 32));
-        assert_eq!(c.get_ring_size(), 4 << 20);
+        assert_eq!((c.alpha(), c.beta(), c.gamma()), (32, 16, 32));
+        assert_eq!(c.ring_size(), 4 << 20);
         assert_eq!(c.slot_count(), 65536);
-        assert_eq!(c.get_numa_node(), NumaPlacement::Device);
+        assert_eq!(c.numa_node(), NumaPlacement::Device);
         assert_eq!(RingConfig::builder().build().unwrap(), c);
         let c = RingConfig::builder()
             .numa_node(NumaPlacement::Node(1))
             .build()
             .unwrap();
-        assert_eq!(c.get_numa_node(), NumaPlacement::Node(1));
+        assert_eq!(c.numa_node(), NumaPlacement::Node(1));
     }
 
     #[test]

@@ -79,27 +79,23 @@ impl LocalRing {
     /// # Errors
     /// [`Error::Core`] if allocation fails.
     pub fn new(fabric: &Fabric, cfg: &RingConfig) -> Result<LocalRing, Error> {
-        let fabric = if cfg.get_huge_pages() {
+        let fabric = if cfg.huge_pages() {
             fabric.clone()
         } else {
             fabric.clone().without_huge_pages()
         };
-        let pad = if cfg.get_cache_align() {
-            0
-        } else {
-            UNALIGNED_PAD
-        };
+        let pad = if cfg.cache_align() { 0 } else { UNALIGNED_PAD };
         let ring_off = RING_OFFSET + pad;
-        let ctrl_off = (ring_off + cfg.get_ring_size()).next_multiple_of(4096);
+        let ctrl_off = (ring_off + cfg.ring_size()).next_multiple_of(4096);
         // The narrowest access that works, so a peer can touch no more of our
         // memory than it needs: the peer only WRITEs into our receive ring and
         // its control words; the staging region is the local source of our
         // WRITEs.
         // RB² §IV-C: both arrays in the memory of the NIC's NUMA node (or
         // the one the config names), bound before they are first touched.
-        let node = cfg.get_numa_node().resolve(fabric.numa_node());
+        let node = cfg.numa_node().resolve(fabric.numa_node());
         let rx_region = fabric.alloc_region_on(
-            ring_off + cfg.get_ring_size(),
+            ring_off + cfg.ring_size(),
             rrpc_core::Access::REMOTE_WRITE,
             node,
         )?;
@@ -123,7 +119,7 @@ impl LocalRing {
     }
 
     /// The NUMA node both regions were bound to
-    /// ([`RingConfig::get_numa_node`] resolved against the fabric's
+    /// ([`RingConfig::numa_node`] resolved against the fabric's
     /// device), `None` if none. A binding the kernel refused is logged and
     /// counted ([`rrpc_core::numa::PLACEMENT_FAILURES`]), not reported here.
     pub fn numa_node(&self) -> Option<u32> {
@@ -171,7 +167,7 @@ impl LocalRing {
 
     /// Validates the peer's ring parameters and grant and splits into the
     /// two directions. Both sides must use the same slot size and count and
-    /// the same [`RingConfig::get_cache_align`] and [`RingConfig::get_tail_with_imm`]
+    /// the same [`RingConfig::cache_align`] and [`RingConfig::tail_with_imm`]
     /// switches (carried in the handshake, see [`params`](Self::params)).
     ///
     /// # Errors
@@ -204,7 +200,7 @@ impl LocalRing {
             return Err(Error::InvalidConfig(format!(
                 "the ring needs {need} send-queue slots (sq_depth {}: half for the sender, \
                  a quarter for the receiver) but the queue pair's send depth is {depth}",
-                self.cfg.get_sq_depth()
+                self.cfg.sq_depth()
             )));
         }
         let theirs = peer.section(role).ok_or_else(|| {
@@ -215,7 +211,7 @@ impl LocalRing {
         let remote = peer.region(role).ok_or_else(|| {
             Error::Incompatible(format!("peer granted no region with role {role:#x}"))
         })?;
-        let need = (self.ring_off + self.cfg.get_ring_size()) as u64;
+        let need = (self.ring_off + self.cfg.ring_size()) as u64;
         if remote.len < need {
             return Err(Error::Incompatible(format!(
                 "peer ring region has {} bytes, need {need}",
@@ -247,7 +243,7 @@ impl LocalRing {
             ringer: Ringer::new(),
             bells_posted: 0,
             bells_refused: 0,
-            placement_timeout: self.cfg.get_placement_timeout(),
+            placement_timeout: self.cfg.placement_timeout(),
             torn_since: None,
             released: 0,
         };
@@ -264,11 +260,11 @@ impl LocalRing {
             rx_seen: 0,
             head_mirror: Arc::new(AtomicU64::new(0)),
             deferred: None,
-            imm: self.cfg.get_tail_with_imm(),
+            imm: self.cfg.tail_with_imm(),
             peer_rings: theirs.has(params::FLAG_DOORBELL),
             sleeper: Arc::new(std::sync::Mutex::new(Sleeper::new())),
             peeked: None,
-            placement_timeout: self.cfg.get_placement_timeout(),
+            placement_timeout: self.cfg.placement_timeout(),
             unplaced_since: None,
             torn_since: None,
         };
@@ -385,7 +381,7 @@ pub struct RingTx {
     bells_posted: u64,
     /// Doorbells the peer had no receive for (shm says so at post time).
     bells_refused: u64,
-    /// [`RingConfig::get_placement_timeout`], which also bounds how long the
+    /// [`RingConfig::placement_timeout`], which also bounds how long the
     /// head record may stay inconsistent.
     placement_timeout: std::time::Duration,
     /// Since when the head record has read inconsistent.
@@ -461,7 +457,7 @@ impl RingTx {
     /// Runs a self-sizing ring's policy at `now` ([`crate::proto::sizing`])
     /// and starts the resize it asks for; also completes a shrink the
     /// receiver has acknowledged (giving `RB_S`'s unused end back). Call it
-    /// every [`RingConfig::get_shrink_after`]` / 2`, busy or not: an idle ring
+    /// every [`RingConfig::shrink_after`]` / 2`, busy or not: an idle ring
     /// shrinks only from here. Returns whether a resize marker went out.
     /// A fixed ring does nothing.
     ///
@@ -652,7 +648,7 @@ impl RingTx {
                     store_record(&self.tx_region, off, value)?;
                     let local = Local::new(&self.tx_region, off, POINTER_RECORD_LEN);
                     let remote = self.remote.at(LOCAL_TAIL_OFFSET as u64);
-                    if self.cfg.get_tail_with_imm() {
+                    if self.cfg.tail_with_imm() {
                         match self.shared.qp.post_write_imm(
                             wr_id,
                             local,
@@ -792,7 +788,7 @@ pub struct RingRx {
     /// The message [`RingRx::has_message`] found, returned by the next
     /// [`RingRx::try_recv`] without decoding its header again.
     peeked: Option<Message>,
-    /// [`RingConfig::get_placement_timeout`].
+    /// [`RingConfig::placement_timeout`].
     placement_timeout: std::time::Duration,
     /// Since when the message at this slot pointer has been covered by the
     /// tail but not placed (`proto` docs, "Placement order").
@@ -1023,7 +1019,7 @@ impl RingRx {
     }
 
     /// Whether the peer sends every tail with `WRITE_WITH_IMM`
-    /// ([`RingConfig::get_tail_with_imm`], EVENT mode).
+    /// ([`RingConfig::tail_with_imm`], EVENT mode).
     pub fn tails_with_imm(&self) -> bool {
         self.imm
     }

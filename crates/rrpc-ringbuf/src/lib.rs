@@ -31,19 +31,19 @@
 //! peer-written value (headers, end stamps, gap markers, pointer records) is
 //! validated: a bad pointer closes the channel with [`Error::Corrupt`] at
 //! once, a message or pointer record that stays inconsistent for
-//! [`RingConfig::get_placement_timeout`] (1 s) closes it then (a pointer read
+//! [`RingConfig::placement_timeout`] (1 s) closes it then (a pointer read
 //! half-written is a wait: [`proto`] docs, "Pointer records").
 //!
 //! ## Handshake
 //! [`LocalRing::add_to_offer`] puts the slot size and count and the
-//! switches both sides must share ([`RingConfig::get_cache_align`],
-//! [`RingConfig::get_tail_with_imm`]) into the rrpc-core handshake, as the
+//! switches both sides must share ([`RingConfig::cache_align`],
+//! [`RingConfig::tail_with_imm`]) into the rrpc-core handshake, as the
 //! ring's own section ([`RingParams`], [`proto::params`]) under the ring
 //! region's role; [`LocalRing::connect`] refuses a peer that differs, or whose
 //! section it cannot read, with [`Error::Incompatible`] naming both values.
 //!
 //! ## EVENT mode and the receive-repost rule
-//! With [`RingConfig::get_tail_with_imm`] every tail WRITE is a
+//! With [`RingConfig::tail_with_imm`] every tail WRITE is a
 //! `WRITE_WITH_IMM`: it consumes one receive posted on the receiver's queue
 //! pair and adds a completion to its receive CQ, which makes the CQ's
 //! channel fd readable if it was armed with `req_notify()`. The receiver
@@ -65,7 +65,7 @@
 //! it from being needed.
 //!
 //! ## Rings that size themselves
-//! With [`RingConfig::get_min_ring_size`] below [`RingConfig::get_ring_size`] the
+//! With [`RingConfig::min_ring_size`] below [`RingConfig::ring_size`] the
 //! sender starts small, grows its ring before a message that needs it, and
 //! shrinks it when messages get smaller or the connection goes quiet
 //! ([`RingTx::maintain`]), switching in-band with a resize marker ([`proto`]
@@ -79,17 +79,17 @@
 //! [`ReadGuard`]s on the receiver; huge pages through rrpc-core's regions;
 //! cache-line aligned slots; NUMA-aware allocation: both regions of a ring
 //! are bound to the NUMA node of the verbs device, or to the one
-//! [`RingConfig::get_numa_node`] names ([`rrpc_core::numa`]).
+//! [`RingConfig::numa_node`] names ([`rrpc_core::numa`]).
 //!
 //! ## Example
 //! ```
 //! use rrpc_core::conn::{self, HandshakeConfig, Offer};
-//! use rrpc_core::{Endpoint, Fabric, QpConfig};
+//! use rrpc_core::{FabricAddr, Fabric, QpConfig};
 //! use rrpc_ringbuf::{Error, LocalRing, RingConfig};
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! let dir = std::env::temp_dir().join(format!("rrpc-rb-doc-{}", std::process::id()));
 //! std::fs::create_dir_all(&dir)?;
-//! let ep = Endpoint::parse(&format!("shm://{}/s.sock", dir.display()))?;
+//! let ep = FabricAddr::parse(&format!("shm://{}/s.sock", dir.display()))?;
 //! let cfg = RingConfig::builder().ring_size(1 << 20).build()?;
 //! let fabric = Fabric::shm();
 //! let listener = conn::Listener::bind(&ep, HandshakeConfig::default())?;

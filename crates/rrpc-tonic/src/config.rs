@@ -62,8 +62,26 @@ pub const DEFAULT_RDMA_CONNECTION_POOL: usize = 2;
 
 /// Configuration shared by rrpc clients and servers.
 ///
-/// Private fields, documented defaults, chained setters; validated setters
-/// return `Result`. Cheap to clone (an `Arc` inside).
+/// Built like every rrpc config (docs/architecture.md, "Configuration
+/// convention"): [`RrpcConfig::builder`], infallible setters on
+/// [`RrpcConfigBuilder`] named after the setting, and
+/// [`build`](RrpcConfigBuilder::build), which validates them all; read a
+/// setting back with the getter of its name (`cfg.ring_size()`), derive a
+/// changed config with [`to_builder`](RrpcConfig::to_builder).
+/// [`RrpcConfig::default`] is the defaults below. Cheap to clone (an `Arc`
+/// inside).
+///
+/// ```
+/// use rrpc_tonic::{PathPreference, RrpcConfig};
+/// let cfg = RrpcConfig::builder()
+///     .ring_size(1 << 20)
+///     .path(PathPreference::Http2)
+///     .build()?;
+/// assert_eq!(cfg.ring_size(), 1 << 20);
+/// let bigger = cfg.to_builder().ring_size(8 << 20).build()?;
+/// assert_ne!(bigger, cfg);
+/// # Ok::<(), rrpc_tonic::Error>(())
+/// ```
 ///
 /// Settings only: a config starts nothing and holds no runtime state. The
 /// poller, the verbs device, the connection pools and the shared
@@ -280,26 +298,250 @@ impl Default for RrpcConfig {
 }
 
 impl RrpcConfig {
-    /// The defaults (see the table above).
-    pub fn new() -> Self {
-        Self::default()
+    /// A builder starting from the defaults (see the table above).
+    pub fn builder() -> RrpcConfigBuilder {
+        RrpcConfigBuilder {
+            inner: RrpcConfig::default().0.as_ref().clone(),
+        }
     }
-    fn with(mut self, f: impl FnOnce(&mut Inner)) -> Self {
-        f(Arc::make_mut(&mut self.0));
-        self
+
+    /// A builder starting from this config, to derive a modified one
+    /// (its [`build`](RrpcConfigBuilder::build) validates again).
+    pub fn to_builder(&self) -> RrpcConfigBuilder {
+        RrpcConfigBuilder {
+            inner: self.0.as_ref().clone(),
+        }
     }
+
+    /// See [`RrpcConfigBuilder::fabrics`]: the allowed ones, best first.
+    pub fn fabrics(&self) -> Vec<Fabric> {
+        [Fabric::Shm, Fabric::Tcp]
+            .into_iter()
+            .filter(|f| self.allows(*f))
+            .collect()
+    }
+
+    /// Whether [`RrpcConfigBuilder::fabrics`] allows `fabric`.
+    pub fn allows(&self, fabric: Fabric) -> bool {
+        self.0.fabrics & fabric.bit() != 0
+    }
+
+    /// The allowed fabrics as the negotiation's offer bits.
+    pub(crate) fn fabric_bits(&self) -> u8 {
+        self.0.fabrics
+    }
+
+    /// See [`RrpcConfigBuilder::max_header_list_size`].
+    pub fn max_header_list_size(&self) -> usize {
+        self.0.max_header_list_size
+    }
+
+    /// See [`RrpcConfigBuilder::max_concurrent_calls`].
+    pub fn max_concurrent_calls(&self) -> usize {
+        self.0.max_concurrent_calls
+    }
+
+    /// See [`RrpcConfigBuilder::receive_spin`].
+    pub fn receive_spin(&self) -> std::time::Duration {
+        self.0.receive_spin
+    }
+
+    /// See [`RrpcConfigBuilder::handshake_timeout`].
+    pub fn handshake_timeout(&self) -> std::time::Duration {
+        self.0.handshake_timeout
+    }
+
+    /// See [`RrpcConfigBuilder::max_pending_handshakes`].
+    pub fn max_pending_handshakes(&self) -> usize {
+        self.0.max_pending_handshakes
+    }
+
+    /// See [`RrpcConfigBuilder::poller`] (`None`: the process-wide default).
+    pub fn poller(&self) -> Option<&PollerConfig> {
+        self.0.poller.as_ref()
+    }
+
+    /// See [`RrpcConfigBuilder::max_message_size`].
+    pub fn max_message_size(&self) -> usize {
+        self.0.max_message_size
+    }
+
+    /// See [`RrpcConfigBuilder::ring_size`].
+    pub fn ring_size(&self) -> usize {
+        self.0.ring_size
+    }
+
+    /// The size a ring starts at and shrinks back to (see
+    /// [`RrpcConfig::min_ring_size`]): `ring_size` for a fixed ring.
+    pub fn min_ring_size(&self) -> usize {
+        let ring = self.0.ring_size;
+        self.0.min_ring_size.min(ring).max(ring / 128)
+    }
+
+    /// See [`RrpcConfigBuilder::ring_cache_size`] (the value set, or the one
+    /// derived from this CPU's L2 cache).
+    pub fn ring_cache_size(&self) -> usize {
+        self.0.ring_cache_size.unwrap_or_else(ring_cache_cap)
+    }
+
+    /// See [`RrpcConfigBuilder::numa_node`].
+    pub fn numa_node(&self) -> rrpc_core::numa::NumaPlacement {
+        self.0.numa_node
+    }
+
+    /// See [`RrpcConfigBuilder::ring_shrink_after`].
+    pub fn ring_shrink_after(&self) -> std::time::Duration {
+        self.0.ring_shrink_after
+    }
+
+    /// See [`RrpcConfigBuilder::path`].
+    pub fn path(&self) -> PathPreference {
+        self.0.path
+    }
+
+    /// See [`RrpcConfigBuilder::zero_copy`].
+    pub fn zero_copy(&self) -> bool {
+        self.0.zero_copy
+    }
+
+    /// See [`RrpcConfigBuilder::max_chunk`].
+    pub fn max_chunk(&self) -> usize {
+        self.0.max_chunk
+    }
+
+    /// See [`RrpcConfigBuilder::call_window`].
+    pub fn call_window(&self) -> u32 {
+        self.0.call_window
+    }
+
+    /// See [`RrpcConfigBuilder::token`].
+    pub fn token(&self) -> Option<&[u8]> {
+        self.0.token.as_deref()
+    }
+
+    /// The side-channel TLS settings: server config, client config and name.
+    #[cfg(feature = "verbs")]
+    pub(crate) fn tls(
+        &self,
+    ) -> (
+        Option<&Arc<rrpc_core::rustls::ServerConfig>>,
+        Option<&TlsClient>,
+    ) {
+        (self.0.tls_server.as_ref(), self.0.tls_client.as_ref())
+    }
+
+    /// See [`RrpcConfigBuilder::rdma_device`].
+    pub fn rdma_device(&self) -> Option<&str> {
+        self.0.rdma_device.as_deref()
+    }
+
+    /// See [`RrpcConfigBuilder::rdma_port`] (`None`: the default, 1).
+    pub fn rdma_port(&self) -> Option<u8> {
+        self.0.rdma_port
+    }
+
+    /// See [`RrpcConfigBuilder::rdma_gid_index`] (`None`: the default choice).
+    pub fn rdma_gid_index(&self) -> Option<u8> {
+        self.0.rdma_gid_index
+    }
+
+    /// The [`rrpc_core::VerbsOptions`] of `rdma_device`, `rdma_port` and
+    /// `rdma_gid_index`.
+    #[cfg(feature = "verbs")]
+    pub(crate) fn verbs_options(&self) -> rrpc_core::VerbsOptions {
+        let mut o = rrpc_core::VerbsOptions::builder();
+        if let Some(d) = &self.0.rdma_device {
+            o = o.device(d.clone());
+        }
+        if let Some(p) = self.0.rdma_port {
+            o = o.port(p);
+        }
+        if let Some(g) = self.0.rdma_gid_index {
+            o = o.gid_index(g);
+        }
+        o.build().expect("VerbsOptions checks nothing at build")
+    }
+
+    /// See [`RrpcConfigBuilder::queue_pair`].
+    pub fn queue_pair(&self) -> &rrpc_core::QpConfig {
+        &self.0.queue_pair
+    }
+
+    /// See [`RrpcConfigBuilder::rc_retry`].
+    pub fn rc_retry(&self) -> rrpc_core::RcRetry {
+        self.0.queue_pair.rc_retry()
+    }
+
+    /// See [`RrpcConfigBuilder::shared_queue_pairs`].
+    pub fn shared_queue_pairs(&self) -> bool {
+        self.0.shared_queue_pairs
+    }
+
+    /// See [`RrpcConfigBuilder::peer_lease`].
+    pub fn peer_lease(&self) -> std::time::Duration {
+        self.0.peer_lease
+    }
+
+    /// See [`RrpcConfigBuilder::max_shared_peers`].
+    pub fn max_shared_peers(&self) -> usize {
+        self.0.max_shared_peers
+    }
+
+    /// See [`RrpcConfigBuilder::connection_pool`]: the size set, or `None` for
+    /// the default of each provider ([`Self::connection_pool_for`]).
+    pub fn connection_pool(&self) -> Option<usize> {
+        self.0.pool
+    }
+
+    /// The pool size connections on `kind` get: the size set, else
+    /// [`DEFAULT_RDMA_CONNECTION_POOL`] on verbs and 0 on shm.
+    pub fn connection_pool_for(&self, kind: rrpc_core::ProviderKind) -> usize {
+        self.0.pool.unwrap_or(match kind {
+            rrpc_core::ProviderKind::Verbs => DEFAULT_RDMA_CONNECTION_POOL,
+            _ => 0,
+        })
+    }
+
+    /// See [`RrpcConfigBuilder::connection_pool_memory`].
+    pub fn connection_pool_memory(&self) -> u64 {
+        self.0.pool_memory
+    }
+
+    /// Whether `other` asks for the same runtime resources: the settings
+    /// a [`RrpcContext`](crate::RrpcContext)'s poller, device, pools and shared
+    /// connections follow.
+    pub(crate) fn same_resources(&self, other: &RrpcConfig) -> bool {
+        let (a, b) = (&*self.0, &*other.0);
+        a.poller == b.poller
+            && a.numa_node == b.numa_node
+            && a.rdma_device == b.rdma_device
+            && a.rdma_port == b.rdma_port
+            && a.rdma_gid_index == b.rdma_gid_index
+            && a.queue_pair == b.queue_pair
+            && a.pool == b.pool
+            && a.pool_memory == b.pool_memory
+            && a.peer_lease == b.peer_lease
+            && a.max_shared_peers == b.max_shared_peers
+    }
+}
+
+/// Builder for [`RrpcConfig`]: every setter is infallible and documents its
+/// range; [`build`](Self::build) checks them all. Start from
+/// [`RrpcConfig::builder`] (the defaults) or [`RrpcConfig::to_builder`].
+#[derive(Debug, Clone)]
+pub struct RrpcConfigBuilder {
+    inner: Inner,
+}
+
+impl RrpcConfigBuilder {
     /// Largest gRPC message (after encoding) a call may carry; larger
     /// messages are split into chunks on the wire and rejected whole by the
     /// receiving tonic codec beyond its own limit (4 MiB unless changed).
-    ///
-    /// # Errors
-    /// [`crate::Error::InvalidConfig`] if `bytes` is 0.
-    pub fn max_message_size(self, bytes: usize) -> Result<Self, crate::Error> {
-        if bytes == 0 {
-            return Err(crate::Error::InvalidConfig("max_message_size must be > 0"));
-        }
-        Ok(self.with(|i| i.max_message_size = bytes))
+    pub fn max_message_size(mut self, bytes: usize) -> Self {
+        self.inner.max_message_size = bytes;
+        self
     }
+
     /// Size of each direction's ring in bytes: its fixed size, or with
     /// self-sizing rings ([`min_ring_size`](Self::min_ring_size), on by
     /// default) the largest it grows to. A power of two.
@@ -315,15 +557,11 @@ impl RrpcConfig {
     /// cache; 8 KiB messages moved at 11–19 Gb/s with no clear trend from
     /// 32 KiB up. Smaller rings are worth trying for bandwidth-bound services
     /// on one host.
-    ///
-    /// # Errors
-    /// [`crate::Error::InvalidConfig`] below 4 KiB.
-    pub fn ring_size(self, bytes: usize) -> Result<Self, crate::Error> {
-        if bytes < 4096 {
-            return Err(crate::Error::InvalidConfig("ring_size must be >= 4096"));
-        }
-        Ok(self.with(|i| i.ring_size = bytes))
+    pub fn ring_size(mut self, bytes: usize) -> Self {
+        self.inner.ring_size = bytes;
+        self
     }
+
     /// Rings that size themselves: each direction's ring starts at `bytes`,
     /// grows (up to [`ring_size`](Self::ring_size)) before a message that
     /// needs it (to the power of two above three times the message: 512 KiB for 128 KiB
@@ -337,17 +575,11 @@ impl RrpcConfig {
     /// Default 64 KiB. Set it to `ring_size` for a fixed ring (the papers'
     /// setting). Used as the larger of `bytes` and `ring_size / 128`, at most
     /// `ring_size`.
-    ///
-    /// # Errors
-    /// [`crate::Error::InvalidConfig`] unless a power of two of at least 4 KiB.
-    pub fn min_ring_size(self, bytes: usize) -> Result<Self, crate::Error> {
-        if bytes < 4096 || !bytes.is_power_of_two() {
-            return Err(crate::Error::InvalidConfig(
-                "min_ring_size must be a power of two >= 4096",
-            ));
-        }
-        Ok(self.with(|i| i.min_ring_size = bytes))
+    pub fn min_ring_size(mut self, bytes: usize) -> Self {
+        self.inner.min_ring_size = bytes;
+        self
     }
+
     /// Where connections' rings and the polling threads are placed (RB²
     /// §IV-C): by default ([`NumaPlacement::Device`]) on the NUMA node of
     /// the verbs device, read from sysfs when `rdma://` first opens it
@@ -364,22 +596,18 @@ impl RrpcConfig {
     /// own `PollerConfig::numa_node`.
     ///
     /// [`NumaPlacement::Device`]: rrpc_core::numa::NumaPlacement::Device
-    pub fn numa_node(self, placement: rrpc_core::numa::NumaPlacement) -> Self {
-        self.with(|i| i.numa_node = placement)
+    pub fn numa_node(mut self, placement: rrpc_core::numa::NumaPlacement) -> Self {
+        self.inner.numa_node = placement;
+        self
     }
+
     /// Quiet time after which a self-sizing ring shrinks back to
     /// [`min_ring_size`](Self::min_ring_size). Default 1 s.
-    ///
-    /// # Errors
-    /// [`crate::Error::InvalidConfig`] below 1 ms.
-    pub fn ring_shrink_after(self, quiet: std::time::Duration) -> Result<Self, crate::Error> {
-        if quiet < std::time::Duration::from_millis(1) {
-            return Err(crate::Error::InvalidConfig(
-                "ring_shrink_after must be at least 1 ms",
-            ));
-        }
-        Ok(self.with(|i| i.ring_shrink_after = quiet))
+    pub fn ring_shrink_after(mut self, quiet: std::time::Duration) -> Self {
+        self.inner.ring_shrink_after = quiet;
+        self
     }
+
     /// The size past which a self-sizing ring stops growing for
     /// throughput: it grows beyond it only as far as one message needs, and
     /// the writers split their data into messages of a third of it, so
@@ -390,21 +618,17 @@ impl RrpcConfig {
     /// down to a power of two (64 KiB with 512 KiB of L2, where the Fig. 12
     /// sweep on shm peaked at 64–128 KiB rings for 8 KiB and 128 KiB RPCs).
     /// Ignored by fixed rings.
-    ///
-    /// # Errors
-    /// [`crate::Error::InvalidConfig`] unless a power of two of at least 4 KiB.
-    pub fn ring_cache_size(self, bytes: usize) -> Result<Self, crate::Error> {
-        if bytes < 4096 || !bytes.is_power_of_two() {
-            return Err(crate::Error::InvalidConfig(
-                "ring_cache_size must be a power of two >= 4096",
-            ));
-        }
-        Ok(self.with(|i| i.ring_cache_size = Some(bytes)))
+    pub fn ring_cache_size(mut self, bytes: usize) -> Self {
+        self.inner.ring_cache_size = Some(bytes);
+        self
     }
+
     /// Preferred data path.
-    pub fn path(self, path: PathPreference) -> Self {
-        self.with(|i| i.path = path)
+    pub fn path(mut self, path: PathPreference) -> Self {
+        self.inner.path = path;
+        self
     }
+
     /// The fabrics an `rrpc://` connection may run on (default: all of
     /// them). The port's negotiation picks the best one both ends allow
     /// and can use (shm on the same host, else TCP); to require one, allow
@@ -414,52 +638,24 @@ impl RrpcConfig {
     /// on which side. On a server, leaving out [`Fabric::Tcp`] also closes
     /// plain HTTP/2 clients of the port, and leaving out [`Fabric::Shm`]
     /// binds no shm listener. Other schemes ignore it.
-    ///
-    /// # Errors
-    /// [`crate::Error::InvalidConfig`] for an empty set.
-    pub fn fabrics(self, fabrics: impl IntoIterator<Item = Fabric>) -> Result<Self, crate::Error> {
-        let bits = fabrics.into_iter().fold(0, |b, f| b | f.bit());
-        if bits == 0 {
-            return Err(crate::Error::InvalidConfig(
-                "fabrics must allow at least one fabric",
-            ));
-        }
-        Ok(self.with(|i| i.fabrics = bits))
-    }
-
-    /// See [`RrpcConfig::fabrics`]: the allowed ones, best first.
-    pub fn get_fabrics(&self) -> Vec<Fabric> {
-        [Fabric::Shm, Fabric::Tcp]
-            .into_iter()
-            .filter(|f| self.allows(*f))
-            .collect()
-    }
-
-    /// Whether [`RrpcConfig::fabrics`] allows `fabric`.
-    pub fn allows(&self, fabric: Fabric) -> bool {
-        self.0.fabrics & fabric.bit() != 0
-    }
-
-    /// The allowed fabrics as the negotiation's offer bits.
-    pub(crate) fn fabric_bits(&self) -> u8 {
-        self.0.fabrics
+    pub fn fabrics(mut self, fabrics: impl IntoIterator<Item = Fabric>) -> Self {
+        self.inner.fabrics = fabrics.into_iter().fold(0, |b, f| b | f.bit());
+        self
     }
 
     /// Encode frames straight into the send ring (on) or through an
     /// intermediate buffer (off, for RR-Compound Fig. 14).
-    pub fn zero_copy(self, on: bool) -> Self {
-        self.with(|i| i.zero_copy = on)
+    pub fn zero_copy(mut self, on: bool) -> Self {
+        self.inner.zero_copy = on;
+        self
     }
+
     /// Largest DATA chunk on the fast path.
-    ///
-    /// # Errors
-    /// [`crate::Error::InvalidConfig`] if `bytes` is 0.
-    pub fn max_chunk(self, bytes: usize) -> Result<Self, crate::Error> {
-        if bytes == 0 {
-            return Err(crate::Error::InvalidConfig("max_chunk must be > 0"));
-        }
-        Ok(self.with(|i| i.max_chunk = bytes))
+    pub fn max_chunk(mut self, bytes: usize) -> Self {
+        self.inner.max_chunk = bytes;
+        self
     }
+
     /// The fast path's per-call flow-control window, in bytes (default
     /// 256 KiB; at least 1 KiB, at most 2^31 - 1).
     ///
@@ -481,16 +677,9 @@ impl RrpcConfig {
     /// are microseconds, so 256 KiB should not limit a single stream; that
     /// is not yet measured (the rpc bench's ring-size and zero-copy runs
     /// predate flow control).
-    ///
-    /// # Errors
-    /// [`crate::Error::InvalidConfig`] outside 1 KiB ..= 2^31 - 1.
-    pub fn call_window(self, bytes: u32) -> Result<Self, crate::Error> {
-        if !(crate::frame::MIN_CALL_WINDOW..=crate::frame::MAX_WINDOW).contains(&bytes) {
-            return Err(crate::Error::InvalidConfig(
-                "call_window must be between 1 KiB and 2^31 - 1 bytes",
-            ));
-        }
-        Ok(self.with(|i| i.call_window = bytes))
+    pub fn call_window(mut self, bytes: u32) -> Self {
+        self.inner.call_window = bytes;
+        self
     }
 
     /// Largest request header list a fast-path server accepts, in bytes
@@ -501,21 +690,9 @@ impl RrpcConfig {
     /// the `:path`, `:method`, `:scheme` and `:authority` pseudo-headers
     /// included. A larger request is answered with HTTP 431 and no handler
     /// runs; tonic reports it as `Unknown`, as over TCP.
-    ///
-    /// # Errors
-    /// [`crate::Error::InvalidConfig`] if `bytes` is 0.
-    pub fn max_header_list_size(self, bytes: usize) -> Result<Self, crate::Error> {
-        if bytes == 0 {
-            return Err(crate::Error::InvalidConfig(
-                "max_header_list_size must be > 0",
-            ));
-        }
-        Ok(self.with(|i| i.max_header_list_size = bytes))
-    }
-
-    /// See [`RrpcConfig::max_header_list_size`].
-    pub fn get_max_header_list_size(&self) -> usize {
-        self.0.max_header_list_size
+    pub fn max_header_list_size(mut self, bytes: usize) -> Self {
+        self.inner.max_header_list_size = bytes;
+        self
     }
 
     /// Most calls open at once on one fast-path connection (default 200),
@@ -535,21 +712,9 @@ impl RrpcConfig {
     /// make a connection hold, so a peer opening calls without ever ending them
     /// cannot make the server hold unbounded memory. 200 is hyper's default for
     /// its HTTP/2 server (tonic's `Server` overrides it to unlimited).
-    ///
-    /// # Errors
-    /// [`crate::Error::InvalidConfig`] if `calls` is 0.
-    pub fn max_concurrent_calls(self, calls: usize) -> Result<Self, crate::Error> {
-        if calls == 0 {
-            return Err(crate::Error::InvalidConfig(
-                "max_concurrent_calls must be > 0",
-            ));
-        }
-        Ok(self.with(|i| i.max_concurrent_calls = calls))
-    }
-
-    /// See [`RrpcConfig::max_concurrent_calls`].
-    pub fn get_max_concurrent_calls(&self) -> usize {
-        self.0.max_concurrent_calls
+    pub fn max_concurrent_calls(mut self, calls: usize) -> Self {
+        self.inner.max_concurrent_calls = calls;
+        self
     }
 
     /// Connection management for the `shm://`/`rdma://` connections made
@@ -565,8 +730,9 @@ impl RrpcConfig {
     /// [`rrpc_poller::Mode::Event`] turns on `tail_with_imm` in the ring
     /// geometry, so both ends must choose Event (the handshake refuses a
     /// mismatch).
-    pub fn poller(self, poller: PollerConfig) -> Self {
-        self.with(|i| i.poller = Some(poller))
+    pub fn poller(mut self, poller: PollerConfig) -> Self {
+        self.inner.poller = Some(poller);
+        self
     }
 
     /// [`rrpc_poller::Mode::Event`] only: how long a connection's receiver
@@ -576,13 +742,9 @@ impl RrpcConfig {
     /// directly, with no polling thread on the wake-up path. BPEV's spin is
     /// the poller's `bp_timeout` instead; BP and BPTS do not spin. See
     /// [`rrpc_poller::Registration::set_event_spin`].
-    pub fn receive_spin(self, spin: std::time::Duration) -> Self {
-        self.with(|i| i.receive_spin = spin)
-    }
-
-    /// See [`RrpcConfig::receive_spin`].
-    pub fn get_receive_spin(&self) -> std::time::Duration {
-        self.0.receive_spin
+    pub fn receive_spin(mut self, spin: std::time::Duration) -> Self {
+        self.inner.receive_spin = spin;
+        self
     }
 
     /// How long a new connection's whole setup may take: rrpc-core's
@@ -591,19 +753,9 @@ impl RrpcConfig {
     /// within it (each client's setup runs on its own, so a slow or silent
     /// client never delays another); a client gives up with
     /// [`crate::Error::Handshake`] or a timeout error.
-    ///
-    /// # Errors
-    /// [`crate::Error::InvalidConfig`] for a zero duration.
-    pub fn handshake_timeout(self, t: std::time::Duration) -> Result<Self, crate::Error> {
-        if t.is_zero() {
-            return Err(crate::Error::InvalidConfig("handshake_timeout must be > 0"));
-        }
-        Ok(self.with(|i| i.handshake_timeout = t))
-    }
-
-    /// See [`RrpcConfig::handshake_timeout`].
-    pub fn get_handshake_timeout(&self) -> std::time::Duration {
-        self.0.handshake_timeout
+    pub fn handshake_timeout(mut self, t: std::time::Duration) -> Self {
+        self.inner.handshake_timeout = t;
+        self
     }
 
     /// How many connections a server lets be in setup at once (accepted,
@@ -612,70 +764,9 @@ impl RrpcConfig {
     /// refusal logged, so silent clients cost the server at most this many
     /// sockets and small tasks (never a thread each) for at most
     /// [`RrpcConfig::handshake_timeout`].
-    ///
-    /// # Errors
-    /// [`crate::Error::InvalidConfig`] if `n` is 0.
-    pub fn max_pending_handshakes(self, n: usize) -> Result<Self, crate::Error> {
-        if n == 0 {
-            return Err(crate::Error::InvalidConfig(
-                "max_pending_handshakes must be > 0",
-            ));
-        }
-        Ok(self.with(|i| i.max_pending_handshakes = n))
-    }
-
-    /// See [`RrpcConfig::max_pending_handshakes`].
-    pub fn get_max_pending_handshakes(&self) -> usize {
-        self.0.max_pending_handshakes
-    }
-
-    /// See [`RrpcConfig::poller`] (`None`: the process-wide default).
-    pub fn get_poller(&self) -> Option<&PollerConfig> {
-        self.0.poller.as_ref()
-    }
-
-    /// See [`RrpcConfig::max_message_size`].
-    pub fn get_max_message_size(&self) -> usize {
-        self.0.max_message_size
-    }
-    /// See [`RrpcConfig::ring_size`].
-    pub fn get_ring_size(&self) -> usize {
-        self.0.ring_size
-    }
-    /// The size a ring starts at and shrinks back to (see
-    /// [`RrpcConfig::min_ring_size`]): `ring_size` for a fixed ring.
-    pub fn get_min_ring_size(&self) -> usize {
-        let ring = self.0.ring_size;
-        self.0.min_ring_size.min(ring).max(ring / 128)
-    }
-    /// See [`RrpcConfig::ring_cache_size`] (the value set, or the one
-    /// derived from this CPU's L2 cache).
-    pub fn get_ring_cache_size(&self) -> usize {
-        self.0.ring_cache_size.unwrap_or_else(ring_cache_cap)
-    }
-    /// See [`RrpcConfig::numa_node`].
-    pub fn get_numa_node(&self) -> rrpc_core::numa::NumaPlacement {
-        self.0.numa_node
-    }
-    /// See [`RrpcConfig::ring_shrink_after`].
-    pub fn get_ring_shrink_after(&self) -> std::time::Duration {
-        self.0.ring_shrink_after
-    }
-    /// See [`RrpcConfig::path`].
-    pub fn get_path(&self) -> PathPreference {
-        self.0.path
-    }
-    /// See [`RrpcConfig::zero_copy`].
-    pub fn get_zero_copy(&self) -> bool {
-        self.0.zero_copy
-    }
-    /// See [`RrpcConfig::max_chunk`].
-    pub fn get_max_chunk(&self) -> usize {
-        self.0.max_chunk
-    }
-    /// See [`RrpcConfig::call_window`].
-    pub fn get_call_window(&self) -> u32 {
-        self.0.call_window
+    pub fn max_pending_handshakes(mut self, n: usize) -> Self {
+        self.inner.max_pending_handshakes = n;
+        self
     }
 
     /// A shared secret the server requires from every client, and that a
@@ -685,25 +776,15 @@ impl RrpcConfig {
     /// most 256 bytes. A server bound to a non-loopback `rdma://` address
     /// without a token logs a warning: anyone who can reach the port may
     /// connect.
-    ///
-    /// # Errors
-    /// [`crate::Error::InvalidConfig`] if empty or longer than 256 bytes.
-    pub fn token(self, token: impl Into<Vec<u8>>) -> Result<Self, crate::Error> {
+    pub fn token(mut self, token: impl Into<Vec<u8>>) -> Self {
         let t: Vec<u8> = token.into();
-        if t.is_empty() || t.len() > rrpc_core::handshake::MAX_TOKEN {
-            return Err(crate::Error::InvalidConfig("token must be 1..=256 bytes"));
-        }
-        Ok(self.with(|i| i.token = Some(t.into())))
-    }
-
-    /// See [`RrpcConfig::token`].
-    pub fn get_token(&self) -> Option<&[u8]> {
-        self.0.token.as_deref()
+        self.inner.token = Some(t.into());
+        self
     }
 
     /// TLS (rustls) on a server's `rdma://` side channel (`verbs`
     /// feature): a client must complete a TLS handshake with `config` before
-    /// its hello is read, so the token, the queue-pair endpoints and the
+    /// its hello is read, so the token, the queue-pair addresses and the
     /// region keys cross encrypted; a client certificate verifier in
     /// `config` admits only clients with a certificate it trusts. A client
     /// that fails TLS is refused (`Unauthenticated` on its side) before it
@@ -711,58 +792,41 @@ impl RrpcConfig {
     /// is protected: RPC payloads travel by RDMA WRITE, which TLS does not
     /// cover (README, "Security model"). `shm://` ignores it.
     #[cfg(feature = "verbs")]
-    pub fn tls_server(self, config: Arc<rrpc_core::rustls::ServerConfig>) -> Self {
-        self.with(|i| i.tls_server = Some(config))
+    pub fn tls_server(mut self, config: Arc<rrpc_core::rustls::ServerConfig>) -> Self {
+        self.inner.tls_server = Some(config);
+        self
     }
 
     /// TLS (rustls) on a client's `rdma://` side channel (`verbs` feature):
     /// the server's certificate must be trusted by `config` for
     /// `server_name`, or the connect fails with `Unauthenticated`. See
-    /// [`RrpcConfig::tls_server`].
+    /// [`RrpcConfigBuilder::tls_server`].
     #[cfg(feature = "verbs")]
     pub fn tls_client(
-        self,
+        mut self,
         config: Arc<rrpc_core::rustls::ClientConfig>,
         server_name: rrpc_core::rustls::pki_types::ServerName<'static>,
     ) -> Self {
-        self.with(|i| i.tls_client = Some((config, server_name)))
-    }
-
-    /// The side-channel TLS settings: server config, client config and name.
-    #[cfg(feature = "verbs")]
-    pub(crate) fn tls(
-        &self,
-    ) -> (
-        Option<&Arc<rrpc_core::rustls::ServerConfig>>,
-        Option<&TlsClient>,
-    ) {
-        (self.0.tls_server.as_ref(), self.0.tls_client.as_ref())
+        self.inner.tls_client = Some((config, server_name));
+        self
     }
 
     /// The verbs device `rdma://` uses, by name (e.g. `mlx5_0`, `rxe0`);
     /// default: the first device libibverbs lists. The device and its
     /// protection domain are opened once per [`RrpcContext`](crate::RrpcContext),
     /// at its first `rdma://` connection.
-    pub fn rdma_device(self, name: impl Into<String>) -> Self {
-        self.with(|i| i.rdma_device = Some(name.into()))
-    }
-
-    /// See [`RrpcConfig::rdma_device`].
-    pub fn get_rdma_device(&self) -> Option<&str> {
-        self.0.rdma_device.as_deref()
+    pub fn rdma_device(mut self, name: impl Into<String>) -> Self {
+        self.inner.rdma_device = Some(name.into());
+        self
     }
 
     /// The physical port of [`RrpcConfig::rdma_device`] that `rdma://`
     /// uses (numbered from 1); default 1. A port the device does not have
     /// fails the first `rdma://` connection with an error naming the ports
     /// there are.
-    pub fn rdma_port(self, port: u8) -> Self {
-        self.with(|i| i.rdma_port = Some(port))
-    }
-
-    /// See [`RrpcConfig::rdma_port`] (`None`: the default, 1).
-    pub fn get_rdma_port(&self) -> Option<u8> {
-        self.0.rdma_port
+    pub fn rdma_port(mut self, port: u8) -> Self {
+        self.inner.rdma_port = Some(port);
+        self
     }
 
     /// The source GID index `rdma://` uses on that port. Default: on RoCE
@@ -771,30 +835,9 @@ impl RrpcConfig {
     /// `verbs` feature). An index outside the port's table, or naming an
     /// empty entry, fails the first `rdma://` connection with an error
     /// naming the index and the table's length.
-    pub fn rdma_gid_index(self, index: u8) -> Self {
-        self.with(|i| i.rdma_gid_index = Some(index))
-    }
-
-    /// See [`RrpcConfig::rdma_gid_index`] (`None`: the default choice).
-    pub fn get_rdma_gid_index(&self) -> Option<u8> {
-        self.0.rdma_gid_index
-    }
-
-    /// The [`rrpc_core::VerbsOptions`] of `rdma_device`, `rdma_port` and
-    /// `rdma_gid_index`.
-    #[cfg(feature = "verbs")]
-    pub(crate) fn verbs_options(&self) -> rrpc_core::VerbsOptions {
-        let mut o = rrpc_core::VerbsOptions::new();
-        if let Some(d) = &self.0.rdma_device {
-            o = o.device(d.clone());
-        }
-        if let Some(p) = self.0.rdma_port {
-            o = o.port(p);
-        }
-        if let Some(g) = self.0.rdma_gid_index {
-            o = o.gid_index(g);
-        }
-        o
+    pub fn rdma_gid_index(mut self, index: u8) -> Self {
+        self.inner.rdma_gid_index = Some(index);
+        self
     }
 
     /// The queue-pair settings of every connection made or accepted with
@@ -803,13 +846,9 @@ impl RrpcConfig {
     /// ([`rrpc_core::QpConfig::fault`], shm only): delayed and missed
     /// completions, failing work requests, torn writes, so that a service's
     /// own tests can run the whole gRPC stack under verbs-like faults.
-    pub fn queue_pair(self, qp: rrpc_core::QpConfig) -> Self {
-        self.with(|i| i.queue_pair = qp)
-    }
-
-    /// See [`RrpcConfig::queue_pair`].
-    pub fn get_queue_pair(&self) -> &rrpc_core::QpConfig {
-        &self.0.queue_pair
+    pub fn queue_pair(mut self, qp: rrpc_core::QpConfig) -> Self {
+        self.inner.queue_pair = qp;
+        self
     }
 
     /// The reliable connection's retransmission settings on `rdma://`
@@ -818,14 +857,17 @@ impl RrpcConfig {
     /// peer that stops acknowledging fails the connection's calls with
     /// `Unavailable` once the retries run out, naming the cause. Shorthand
     /// for [`RrpcConfig::queue_pair`] with [`rrpc_core::QpConfig::rc_retry`].
-    pub fn rc_retry(self, retry: rrpc_core::RcRetry) -> Self {
-        let qp = self.0.queue_pair.clone().rc_retry(retry);
-        self.queue_pair(qp)
-    }
-
-    /// See [`RrpcConfig::rc_retry`].
-    pub fn get_rc_retry(&self) -> rrpc_core::RcRetry {
-        self.0.queue_pair.get_rc_retry()
+    pub fn rc_retry(mut self, retry: rrpc_core::RcRetry) -> Self {
+        // Cannot fail: the queue-pair settings here were built (validated)
+        // and `retry` was validated by its own builder; nothing else changes.
+        self.inner.queue_pair = self
+            .inner
+            .queue_pair
+            .to_builder()
+            .rc_retry(retry)
+            .build()
+            .expect("a valid QpConfig stays valid with another RcRetry");
+        self
     }
 
     /// Keeps the resources of `n` connections (a queue pair and both ring
@@ -845,8 +887,9 @@ impl RrpcConfig {
     /// where it measured no faster. Each pooled bundle holds two rings
     /// (`2 × ring_size`) of memory, and on verbs their registrations (pinned
     /// pages), while it waits.
-    pub fn connection_pool(self, n: usize) -> Self {
-        self.with(|i| i.pool = Some(n))
+    pub fn connection_pool(mut self, n: usize) -> Self {
+        self.inner.pool = Some(n);
+        self
     }
 
     /// Carries every `shm://` or `rdma://` connection to one server over one
@@ -866,13 +909,9 @@ impl RrpcConfig {
     /// connections, where queue-pair state overflows the NIC's cache
     /// (KRCore §2.3). The shared connection stays cached for
     /// [`RrpcConfig::peer_lease`] after its last use.
-    pub fn shared_queue_pairs(self, on: bool) -> Self {
-        self.with(|i| i.shared_queue_pairs = on)
-    }
-
-    /// See [`RrpcConfig::shared_queue_pairs`].
-    pub fn get_shared_queue_pairs(&self) -> bool {
-        self.0.shared_queue_pairs
+    pub fn shared_queue_pairs(mut self, on: bool) -> Self {
+        self.inner.shared_queue_pairs = on;
+        self
     }
 
     /// How long a client keeps a shared connection to a server cached after
@@ -881,19 +920,9 @@ impl RrpcConfig {
     /// also dropped as soon as its peer is seen down: its side channel
     /// closed, or the server no longer knows it. Default 10 s
     /// ([`DEFAULT_PEER_LEASE`]).
-    ///
-    /// # Errors
-    /// [`crate::Error::InvalidConfig`] for zero.
-    pub fn peer_lease(self, lease: std::time::Duration) -> Result<Self, crate::Error> {
-        if lease.is_zero() {
-            return Err(crate::Error::InvalidConfig("peer_lease must be above zero"));
-        }
-        Ok(self.with(|i| i.peer_lease = lease))
-    }
-
-    /// See [`RrpcConfig::peer_lease`].
-    pub fn get_peer_lease(&self) -> std::time::Duration {
-        self.0.peer_lease
+    pub fn peer_lease(mut self, lease: std::time::Duration) -> Self {
+        self.inner.peer_lease = lease;
+        self
     }
 
     /// The most shared connections a client caches, and a server holds, at
@@ -901,66 +930,84 @@ impl RrpcConfig {
     /// server past it refuses new shared connections (their clients then
     /// fail to connect, with the reason). Default 1024
     /// ([`DEFAULT_MAX_SHARED_PEERS`]).
-    ///
-    /// # Errors
-    /// [`crate::Error::InvalidConfig`] for zero.
-    pub fn max_shared_peers(self, n: usize) -> Result<Self, crate::Error> {
-        if n == 0 {
-            return Err(crate::Error::InvalidConfig(
-                "max_shared_peers must be at least 1",
-            ));
-        }
-        Ok(self.with(|i| i.max_shared_peers = n))
-    }
-
-    /// See [`RrpcConfig::max_shared_peers`].
-    pub fn get_max_shared_peers(&self) -> usize {
-        self.0.max_shared_peers
-    }
-
-    /// See [`RrpcConfig::connection_pool`]: the size set, or `None` for
-    /// the default of each provider ([`Self::connection_pool_for`]).
-    pub fn get_connection_pool(&self) -> Option<usize> {
-        self.0.pool
-    }
-
-    /// The pool size connections on `kind` get: the size set, else
-    /// [`DEFAULT_RDMA_CONNECTION_POOL`] on verbs and 0 on shm.
-    pub fn connection_pool_for(&self, kind: rrpc_core::ProviderKind) -> usize {
-        self.0.pool.unwrap_or(match kind {
-            rrpc_core::ProviderKind::Verbs => DEFAULT_RDMA_CONNECTION_POOL,
-            _ => 0,
-        })
+    pub fn max_shared_peers(mut self, n: usize) -> Self {
+        self.inner.max_shared_peers = n;
+        self
     }
 
     /// Bounds the memory the ready bundles of a context's pools hold
     /// together (every provider and ring size: KRCore's size classes share
     /// one bound). A pool at its bound stops refilling, and connects beyond
     /// it build inline (counted as misses, never refused). Default 64 MiB.
-    pub fn connection_pool_memory(self, max_bytes: u64) -> Self {
-        self.with(|i| i.pool_memory = max_bytes)
+    pub fn connection_pool_memory(mut self, max_bytes: u64) -> Self {
+        self.inner.pool_memory = max_bytes;
+        self
     }
 
-    /// See [`RrpcConfig::connection_pool_memory`].
-    pub fn get_connection_pool_memory(&self) -> u64 {
-        self.0.pool_memory
-    }
-
-    /// Whether `other` asks for the same runtime resources: the settings
-    /// a [`RrpcContext`](crate::RrpcContext)'s poller, device, pools and shared
-    /// connections follow.
-    pub(crate) fn same_resources(&self, other: &RrpcConfig) -> bool {
-        let (a, b) = (&*self.0, &*other.0);
-        a.poller == b.poller
-            && a.numa_node == b.numa_node
-            && a.rdma_device == b.rdma_device
-            && a.rdma_port == b.rdma_port
-            && a.rdma_gid_index == b.rdma_gid_index
-            && a.queue_pair == b.queue_pair
-            && a.pool == b.pool
-            && a.pool_memory == b.pool_memory
-            && a.peer_lease == b.peer_lease
-            && a.max_shared_peers == b.max_shared_peers
+    /// Validates every setting and returns the config.
+    ///
+    /// # Errors
+    /// [`crate::Error::InvalidConfig`] naming the setting and its range:
+    /// `max_message_size`, `max_chunk`, `max_header_list_size`,
+    /// `max_concurrent_calls` and `max_pending_handshakes` must be above 0;
+    /// `ring_size` at least 4 KiB; `min_ring_size` and `ring_cache_size` (if
+    /// set) powers of two of at least 4 KiB; `ring_shrink_after` at least
+    /// 1 ms; `call_window` within 1 KiB ..= 2^31 - 1; `handshake_timeout` and
+    /// `peer_lease` above zero; `token` (if set) 1..=256 bytes;
+    /// `max_shared_peers` at least 1; `fabrics` not empty.
+    pub fn build(self) -> Result<RrpcConfig, crate::Error> {
+        let c = self.inner;
+        let bad = |what: &'static str| Err(crate::Error::InvalidConfig(what));
+        if c.max_message_size == 0 {
+            return bad("max_message_size must be > 0");
+        }
+        if c.ring_size < 4096 {
+            return bad("ring_size must be >= 4096");
+        }
+        if c.min_ring_size < 4096 || !c.min_ring_size.is_power_of_two() {
+            return bad("min_ring_size must be a power of two >= 4096");
+        }
+        if c.ring_shrink_after < std::time::Duration::from_millis(1) {
+            return bad("ring_shrink_after must be at least 1 ms");
+        }
+        if let Some(bytes) = c.ring_cache_size
+            && (bytes < 4096 || !bytes.is_power_of_two())
+        {
+            return bad("ring_cache_size must be a power of two >= 4096");
+        }
+        if c.fabrics == 0 {
+            return bad("fabrics must allow at least one fabric");
+        }
+        if c.max_chunk == 0 {
+            return bad("max_chunk must be > 0");
+        }
+        if !(crate::frame::MIN_CALL_WINDOW..=crate::frame::MAX_WINDOW).contains(&c.call_window) {
+            return bad("call_window must be between 1 KiB and 2^31 - 1 bytes");
+        }
+        if c.max_header_list_size == 0 {
+            return bad("max_header_list_size must be > 0");
+        }
+        if c.max_concurrent_calls == 0 {
+            return bad("max_concurrent_calls must be > 0");
+        }
+        if c.handshake_timeout.is_zero() {
+            return bad("handshake_timeout must be > 0");
+        }
+        if c.max_pending_handshakes == 0 {
+            return bad("max_pending_handshakes must be > 0");
+        }
+        if let Some(t) = &c.token
+            && (t.is_empty() || t.len() > rrpc_core::handshake::MAX_TOKEN)
+        {
+            return bad("token must be 1..=256 bytes");
+        }
+        if c.peer_lease.is_zero() {
+            return bad("peer_lease must be above zero");
+        }
+        if c.max_shared_peers == 0 {
+            return bad("max_shared_peers must be at least 1");
+        }
+        Ok(RrpcConfig(Arc::new(c)))
     }
 }
 
@@ -998,16 +1045,17 @@ impl RrpcConfig {
 ///   (a wake-up per wait, one thread per registration); BPEV 20 µs 45 µs;
 ///   BPTS 1 thread 64 µs; EVENT 84 µs.
 pub fn default_poller_config() -> PollerConfig {
-    PollerConfig::new()
+    PollerConfig::builder()
         .polling_threads(1)
-        .expect("1 is a valid thread count")
         .bp_timeout(std::time::Duration::from_micros(50))
         .auto_tune(false)
+        .build()
+        .expect("1 is a valid thread count")
 }
 
 /// The default of [`RrpcConfig::ring_cache_size`], the size past which a
 /// self-sizing ring stops growing for throughput
-/// (`RingConfig::get_cache_ring_size`): an eighth of this CPU's L2 cache (from
+/// (`RingConfig::cache_ring_size`): an eighth of this CPU's L2 cache (from
 /// sysfs; 512 KiB when it cannot be read), rounded down to a power of two.
 /// A core touches up to four rings' worth of data on a busy connection
 /// (both rings of the direction it sends on, the receive ring of the other,
@@ -1050,16 +1098,117 @@ fn l2_cache_bytes() -> Option<usize> {
 mod tests {
     use super::*;
 
+    /// `build` refuses every value the old validated setters refused, with
+    /// the message naming the setting, and accepts the edge of each range.
+    #[test]
+    fn build_checks_every_validated_setting() {
+        use std::time::Duration;
+        let b = RrpcConfig::builder;
+        let err = |b: RrpcConfigBuilder| match b.build() {
+            Err(crate::Error::InvalidConfig(m)) => m,
+            other => panic!("expected InvalidConfig, got {other:?}"),
+        };
+        let ms = Duration::from_millis;
+        let refused: Vec<(&str, RrpcConfigBuilder)> = vec![
+            ("max_message_size must be > 0", b().max_message_size(0)),
+            ("ring_size must be >= 4096", b().ring_size(4095)),
+            (
+                "min_ring_size must be a power of two",
+                b().min_ring_size(4096 + 1),
+            ),
+            (
+                "min_ring_size must be a power of two",
+                b().min_ring_size(2048),
+            ),
+            (
+                "ring_shrink_after must be at least 1 ms",
+                b().ring_shrink_after(Duration::from_micros(999)),
+            ),
+            (
+                "ring_cache_size must be a power of two",
+                b().ring_cache_size(3 << 12),
+            ),
+            (
+                "ring_cache_size must be a power of two",
+                b().ring_cache_size(2048),
+            ),
+            ("fabrics must allow at least one fabric", b().fabrics([])),
+            ("max_chunk must be > 0", b().max_chunk(0)),
+            (
+                "call_window must be between",
+                b().call_window(crate::frame::MIN_CALL_WINDOW - 1),
+            ),
+            (
+                "call_window must be between",
+                b().call_window(crate::frame::MAX_WINDOW + 1),
+            ),
+            (
+                "max_header_list_size must be > 0",
+                b().max_header_list_size(0),
+            ),
+            (
+                "max_concurrent_calls must be > 0",
+                b().max_concurrent_calls(0),
+            ),
+            (
+                "handshake_timeout must be > 0",
+                b().handshake_timeout(Duration::ZERO),
+            ),
+            (
+                "max_pending_handshakes must be > 0",
+                b().max_pending_handshakes(0),
+            ),
+            ("token must be 1..=256 bytes", b().token(Vec::new())),
+            ("token must be 1..=256 bytes", b().token(vec![1u8; 257])),
+            (
+                "peer_lease must be above zero",
+                b().peer_lease(Duration::ZERO),
+            ),
+            (
+                "max_shared_peers must be at least 1",
+                b().max_shared_peers(0),
+            ),
+        ];
+        for (want, builder) in refused {
+            let m = err(builder);
+            assert!(m.contains(want), "{m:?} does not say {want:?}");
+        }
+        let edge = b()
+            .max_message_size(1)
+            .ring_size(4096)
+            .min_ring_size(4096)
+            .ring_shrink_after(ms(1))
+            .ring_cache_size(4096)
+            .fabrics([Fabric::Tcp])
+            .max_chunk(1)
+            .call_window(crate::frame::MIN_CALL_WINDOW)
+            .max_header_list_size(1)
+            .max_concurrent_calls(1)
+            .handshake_timeout(Duration::from_nanos(1))
+            .max_pending_handshakes(1)
+            .token(vec![1u8; 256])
+            .peer_lease(Duration::from_nanos(1))
+            .max_shared_peers(1)
+            .build()
+            .expect("the edges of every range are allowed");
+        assert_eq!(edge.fabrics(), vec![Fabric::Tcp]);
+        assert_eq!(edge.to_builder().build().unwrap(), edge);
+        assert_eq!(b().build().unwrap(), RrpcConfig::default());
+    }
+
     #[test]
     fn rdma_port_and_gid_index_are_kept() {
-        let c = RrpcConfig::new();
-        assert_eq!((c.get_rdma_port(), c.get_rdma_gid_index()), (None, None));
-        let c = c.rdma_device("rxe0").rdma_port(2).rdma_gid_index(3);
-        assert_eq!(c.get_rdma_device(), Some("rxe0"));
-        assert_eq!(
-            (c.get_rdma_port(), c.get_rdma_gid_index()),
-            (Some(2), Some(3))
-        );
+        let c = RrpcConfig::default();
+        assert_eq!((c.rdma_port(), c.rdma_gid_index()), (None, None));
+        let c = c
+            .to_builder()
+            .rdma_device("rxe0")
+            .rdma_port(2)
+            .rdma_gid_index(3)
+            .build()
+            .unwrap();
+        assert_eq!(c.rdma_device(), Some("rxe0"));
+        assert_eq!((c.rdma_port(), c.rdma_gid_index()), (Some(2), Some(3)));
     }
 
     /// Equality sees every setting: each setter makes a config unequal to
@@ -1068,78 +1217,149 @@ mod tests {
     #[test]
     fn equality_sees_every_setting() {
         use std::time::Duration;
-        let d = RrpcConfig::new();
+        let d = RrpcConfig::default();
         assert_eq!(d, d.clone());
         assert_eq!(d, RrpcConfig::default());
         let qp = rrpc_core::QpConfig::default();
         let changed: Vec<(&str, RrpcConfig)> = vec![
             (
                 "max_message_size",
-                d.clone().max_message_size(1 << 10).unwrap(),
+                d.to_builder().max_message_size(1 << 10).build().unwrap(),
             ),
-            ("ring_size", d.clone().ring_size(1 << 16).unwrap()),
-            ("min_ring_size", d.clone().min_ring_size(1 << 13).unwrap()),
+            (
+                "ring_size",
+                d.to_builder().ring_size(1 << 16).build().unwrap(),
+            ),
+            (
+                "min_ring_size",
+                d.to_builder().min_ring_size(1 << 13).build().unwrap(),
+            ),
             (
                 "ring_shrink_after",
-                d.clone().ring_shrink_after(Duration::from_secs(2)).unwrap(),
+                d.to_builder()
+                    .ring_shrink_after(Duration::from_secs(2))
+                    .build()
+                    .unwrap(),
             ),
             (
                 "numa_node",
-                d.clone().numa_node(rrpc_core::numa::NumaPlacement::Off),
+                d.to_builder()
+                    .numa_node(rrpc_core::numa::NumaPlacement::Off)
+                    .build()
+                    .unwrap(),
             ),
             (
                 "ring_cache_size",
-                d.clone().ring_cache_size(1 << 13).unwrap(),
+                d.to_builder().ring_cache_size(1 << 13).build().unwrap(),
             ),
-            ("path", d.clone().path(PathPreference::Http2)),
-            ("zero_copy", d.clone().zero_copy(false)),
-            ("max_chunk", d.clone().max_chunk(1 << 10).unwrap()),
-            ("call_window", d.clone().call_window(1 << 12).unwrap()),
+            (
+                "path",
+                d.to_builder().path(PathPreference::Http2).build().unwrap(),
+            ),
+            (
+                "zero_copy",
+                d.to_builder().zero_copy(false).build().unwrap(),
+            ),
+            (
+                "max_chunk",
+                d.to_builder().max_chunk(1 << 10).build().unwrap(),
+            ),
+            (
+                "call_window",
+                d.to_builder().call_window(1 << 12).build().unwrap(),
+            ),
             (
                 "max_header_list_size",
-                d.clone().max_header_list_size(1 << 10).unwrap(),
+                d.to_builder()
+                    .max_header_list_size(1 << 10)
+                    .build()
+                    .unwrap(),
             ),
             (
                 "max_concurrent_calls",
-                d.clone().max_concurrent_calls(7).unwrap(),
+                d.to_builder().max_concurrent_calls(7).build().unwrap(),
             ),
-            ("poller", d.clone().poller(default_poller_config())),
+            (
+                "poller",
+                d.to_builder()
+                    .poller(default_poller_config())
+                    .build()
+                    .unwrap(),
+            ),
             (
                 "receive_spin",
-                d.clone().receive_spin(Duration::from_micros(3)),
+                d.to_builder()
+                    .receive_spin(Duration::from_micros(3))
+                    .build()
+                    .unwrap(),
             ),
             (
                 "handshake_timeout",
-                d.clone().handshake_timeout(Duration::from_secs(1)).unwrap(),
+                d.to_builder()
+                    .handshake_timeout(Duration::from_secs(1))
+                    .build()
+                    .unwrap(),
             ),
             (
                 "max_pending_handshakes",
-                d.clone().max_pending_handshakes(3).unwrap(),
+                d.to_builder().max_pending_handshakes(3).build().unwrap(),
             ),
-            ("token", d.clone().token("secret").unwrap()),
-            ("rdma_device", d.clone().rdma_device("rxe0")),
-            ("rdma_port", d.clone().rdma_port(2)),
-            ("rdma_gid_index", d.clone().rdma_gid_index(1)),
+            ("token", d.to_builder().token("secret").build().unwrap()),
+            (
+                "rdma_device",
+                d.to_builder().rdma_device("rxe0").build().unwrap(),
+            ),
+            ("rdma_port", d.to_builder().rdma_port(2).build().unwrap()),
+            (
+                "rdma_gid_index",
+                d.to_builder().rdma_gid_index(1).build().unwrap(),
+            ),
             (
                 "queue_pair",
-                d.clone().queue_pair(qp.clone().send_depth(3).unwrap()),
+                d.clone()
+                    .to_builder()
+                    .queue_pair(qp.to_builder().send_depth(3).build().unwrap())
+                    .build()
+                    .unwrap(),
             ),
             (
                 "rc_retry",
-                d.clone()
-                    .rc_retry(rrpc_core::RcRetry::default().retry_count(1).unwrap()),
+                d.to_builder()
+                    .rc_retry(
+                        rrpc_core::RcRetry::builder()
+                            .retry_count(1)
+                            .build()
+                            .unwrap(),
+                    )
+                    .build()
+                    .unwrap(),
             ),
-            ("connection_pool", d.clone().connection_pool(3)),
+            (
+                "connection_pool",
+                d.to_builder().connection_pool(3).build().unwrap(),
+            ),
             (
                 "connection_pool_memory",
-                d.clone().connection_pool_memory(1 << 20),
+                d.to_builder()
+                    .connection_pool_memory(1 << 20)
+                    .build()
+                    .unwrap(),
             ),
-            ("shared_queue_pairs", d.clone().shared_queue_pairs(true)),
+            (
+                "shared_queue_pairs",
+                d.to_builder().shared_queue_pairs(true).build().unwrap(),
+            ),
             (
                 "peer_lease",
-                d.clone().peer_lease(Duration::from_secs(1)).unwrap(),
+                d.to_builder()
+                    .peer_lease(Duration::from_secs(1))
+                    .build()
+                    .unwrap(),
             ),
-            ("max_shared_peers", d.clone().max_shared_peers(3).unwrap()),
+            (
+                "max_shared_peers",
+                d.to_builder().max_shared_peers(3).build().unwrap(),
+            ),
         ];
         for (i, (name, c)) in changed.iter().enumerate() {
             assert_ne!(*c, d, "{name} is not compared");
@@ -1149,11 +1369,17 @@ mod tests {
             }
         }
         // A poller setting equal to the default poller is still a setting.
-        assert_ne!(d.clone().poller(default_poller_config()), d);
+        assert_ne!(
+            d.to_builder()
+                .poller(default_poller_config())
+                .build()
+                .unwrap(),
+            d
+        );
         // The same token built twice is the same setting.
         assert_eq!(
-            d.clone().token("secret").unwrap(),
-            RrpcConfig::new().token("secret").unwrap()
+            d.to_builder().token("secret").build().unwrap(),
+            RrpcConfig::builder().token("secret").build().unwrap()
         );
     }
 
@@ -1168,30 +1394,47 @@ mod tests {
                 .with_no_client_auth(),
         );
         let name = rrpc_core::rustls::pki_types::ServerName::try_from("a.test").unwrap();
-        let a = RrpcConfig::new().tls_client(client.clone(), name.clone());
+        let a = RrpcConfig::builder()
+            .tls_client(client.clone(), name.clone())
+            .build()
+            .unwrap();
         assert_eq!(
             a,
-            RrpcConfig::new().tls_client(client.clone(), name.clone())
+            RrpcConfig::builder()
+                .tls_client(client.clone(), name.clone())
+                .build()
+                .unwrap()
         );
-        assert_ne!(a, RrpcConfig::new());
+        assert_ne!(a, RrpcConfig::default());
         let other = Arc::new((*client).clone());
-        assert_ne!(a, RrpcConfig::new().tls_client(other, name));
+        assert_ne!(
+            a,
+            RrpcConfig::builder()
+                .tls_client(other, name)
+                .build()
+                .unwrap()
+        );
         let b = rrpc_core::rustls::pki_types::ServerName::try_from("b.test").unwrap();
-        assert_ne!(a, RrpcConfig::new().tls_client(client, b));
+        assert_ne!(
+            a,
+            RrpcConfig::builder().tls_client(client, b).build().unwrap()
+        );
     }
 
     #[cfg(feature = "verbs")]
     #[test]
     fn verbs_options_follow_the_config() {
-        let o = RrpcConfig::new().verbs_options();
-        assert_eq!(o, rrpc_core::VerbsOptions::new());
-        let o = RrpcConfig::new()
+        let o = RrpcConfig::default().verbs_options();
+        assert_eq!(o, rrpc_core::VerbsOptions::default());
+        let o = RrpcConfig::builder()
             .rdma_device("mlx5_1")
             .rdma_port(2)
             .rdma_gid_index(3)
+            .build()
+            .unwrap()
             .verbs_options();
-        assert_eq!(o.get_device(), Some("mlx5_1"));
-        assert_eq!(o.get_port(), 2);
-        assert_eq!(o.get_gid_index(), Some(3));
+        assert_eq!(o.device(), Some("mlx5_1"));
+        assert_eq!(o.port(), 2);
+        assert_eq!(o.gid_index(), Some(3));
     }
 }

@@ -216,13 +216,18 @@ impl RrpcContext {
             return Ok(p.clone());
         }
         let cfg = &self.0.config;
-        let placement = cfg.get_numa_node();
-        let p = match cfg.get_poller() {
+        let placement = cfg.numa_node();
+        let p = match cfg.poller() {
             Some(pc) => rrpc_poller::Poller::start(pc.clone())?,
             // A placement of its own: this context's poller, not the
             // process-wide one.
             None if placement != rrpc_core::numa::NumaPlacement::Device => {
-                rrpc_poller::Poller::start(default_poller_config().numa_node(placement))?
+                rrpc_poller::Poller::start(
+                    default_poller_config()
+                        .to_builder()
+                        .numa_node(placement)
+                        .build()?,
+                )?
             }
             None => {
                 static DEFAULT: OnceLock<Poller> = OnceLock::new();
@@ -289,7 +294,7 @@ impl RrpcContext {
         let budget = cell
             .budget
             .get_or_insert_with(|| {
-                rrpc_core::pool::PoolBudget::new(self.0.config.get_connection_pool_memory())
+                rrpc_core::pool::PoolBudget::new(self.0.config.connection_pool_memory())
             })
             .clone();
         let p = Arc::new(make(budget));
@@ -328,18 +333,24 @@ mod tests {
 
     #[test]
     fn equal_configs_share_a_context_while_it_lives() {
-        let cfg = RrpcConfig::new()
+        let cfg = RrpcConfig::builder()
             .token("context-test-equal")
+            .build()
             .expect("token");
         let a = RrpcContext::shared(&cfg);
         assert!(a.ptr_eq(&RrpcContext::shared(&cfg.clone())));
         // Built apart but equal: the same settings, the same context.
-        let twin = RrpcConfig::new()
+        let twin = RrpcConfig::builder()
             .token("context-test-equal")
+            .build()
             .expect("token");
         assert!(a.ptr_eq(&RrpcContext::shared(&twin)));
         // Another setting, another context; an explicit one is its own.
-        let other = cfg.clone().path(crate::PathPreference::Http2);
+        let other = cfg
+            .to_builder()
+            .path(crate::PathPreference::Http2)
+            .build()
+            .unwrap();
         assert!(!a.ptr_eq(&RrpcContext::shared(&other)));
         assert!(!a.ptr_eq(&RrpcContext::new(&cfg)));
         let weak = Arc::downgrade(&a.0);
@@ -349,19 +360,30 @@ mod tests {
 
     #[test]
     fn a_context_checks_the_settings_it_owns() {
-        let cfg = RrpcConfig::new();
+        let cfg = RrpcConfig::default();
         let ctx = RrpcContext::new(&cfg);
         // Per-connection settings are the server's or channel's own.
-        ctx.check(&cfg.clone().path(crate::PathPreference::Http2))
-            .expect("path");
-        ctx.check(&cfg.clone().token("t").expect("token"))
+        ctx.check(
+            &cfg.to_builder()
+                .path(crate::PathPreference::Http2)
+                .build()
+                .unwrap(),
+        )
+        .expect("path");
+        ctx.check(&cfg.to_builder().token("t").build().expect("token"))
             .expect("token");
         for other in [
-            cfg.clone().connection_pool(3),
-            cfg.clone().rdma_device("rxe9"),
-            cfg.clone().poller(PollerConfig::new()),
-            cfg.clone().numa_node(NumaPlacement::Off),
-            cfg.clone().max_shared_peers(3).expect("peers"),
+            cfg.to_builder().connection_pool(3).build().unwrap(),
+            cfg.to_builder().rdma_device("rxe9").build().unwrap(),
+            cfg.to_builder()
+                .poller(PollerConfig::default())
+                .build()
+                .unwrap(),
+            cfg.to_builder()
+                .numa_node(NumaPlacement::Off)
+                .build()
+                .unwrap(),
+            cfg.to_builder().max_shared_peers(3).build().expect("peers"),
         ] {
             assert!(ctx.check(&other).is_err(), "{other:?}");
         }
@@ -369,12 +391,15 @@ mod tests {
 
     #[test]
     fn a_numa_node_reaches_the_rings_and_a_poller_of_its_own() {
-        let shared = RrpcConfig::new();
-        assert_eq!(shared.get_numa_node(), NumaPlacement::Device);
+        let shared = RrpcConfig::default();
+        assert_eq!(shared.numa_node(), NumaPlacement::Device);
         // Node 0 exists on every Linux host.
-        let placed = RrpcConfig::new().numa_node(NumaPlacement::Node(0));
+        let placed = RrpcConfig::builder()
+            .numa_node(NumaPlacement::Node(0))
+            .build()
+            .unwrap();
         let ring = crate::rings::ring_config_for_tests(&placed).expect("ring config");
-        assert_eq!(ring.get_numa_node(), NumaPlacement::Node(0));
+        assert_eq!(ring.numa_node(), NumaPlacement::Node(0));
         let ctx = RrpcContext::shared(&placed);
         let p = ctx.poller_handle().expect("poller");
         assert_eq!(p.numa_node(), Some(0));
@@ -392,7 +417,11 @@ mod tests {
         let own = RrpcContext::new(&shared).poller_handle().expect("default");
         assert!(own.ptr_eq(&default));
         // Another placement, another context, another poller.
-        let off = placed.numa_node(NumaPlacement::Off);
+        let off = placed
+            .to_builder()
+            .numa_node(NumaPlacement::Off)
+            .build()
+            .unwrap();
         assert_eq!(
             RrpcContext::shared(&off)
                 .poller_handle()

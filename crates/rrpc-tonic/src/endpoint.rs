@@ -367,7 +367,7 @@ impl RrpcEndpoint {
         use crate::port::{Chosen, negotiate};
         let limit = self
             .connect_timeout
-            .unwrap_or(self.config.get_handshake_timeout());
+            .unwrap_or(self.config.handshake_timeout());
         let first = match negotiate(p.addr(), self.config.fabric_bits(), limit).await? {
             Chosen::Shm(path) => {
                 let ctx = self.resolve_context()?;
@@ -412,7 +412,7 @@ impl RrpcEndpoint {
     + 'static {
         let limit = self
             .connect_timeout
-            .unwrap_or(self.config.get_handshake_timeout());
+            .unwrap_or(self.config.handshake_timeout());
         crate::port::tcp_connector(p.addr().to_string(), first, limit, self.tcp_nodelay)
     }
 
@@ -654,9 +654,15 @@ mod tests {
         let uri = format!("shm://{}", path.display());
         // A poller of the config's own (Event mode: no polling thread), and
         // a setting no other test of this binary uses.
-        let cfg = RrpcConfig::default()
-            .poller(crate::PollerConfig::new().mode(crate::PollerMode::Event))
+        let cfg = RrpcConfig::builder()
+            .poller(
+                crate::PollerConfig::builder()
+                    .mode(crate::PollerMode::Event)
+                    .build()
+                    .unwrap(),
+            )
             .max_concurrent_calls(197)
+            .build()
             .expect("calls");
         let (u, scfg) = (uri.clone(), cfg.clone());
         let server = tokio::spawn(async move {
@@ -686,7 +692,7 @@ mod tests {
         );
         let poller = ca.poller_handle().expect("poller");
         assert!(poller.ptr_eq(&cb.poller_handle().expect("poller")));
-        assert_eq!(poller.config().get_mode(), crate::PollerMode::Event);
+        assert_eq!(poller.config().mode(), crate::PollerMode::Event);
 
         let own = crate::RrpcContext::new(&cfg);
         let c = ep.clone().context(own.clone()).connect().await.expect("c");
@@ -697,7 +703,12 @@ mod tests {
         // Other per-connection settings may differ from the context's config.
         let h2 = ep
             .clone()
-            .config(cfg.clone().path(crate::PathPreference::Http2))
+            .config(
+                cfg.to_builder()
+                    .path(crate::PathPreference::Http2)
+                    .build()
+                    .unwrap(),
+            )
             .context(own.clone())
             .connect()
             .await

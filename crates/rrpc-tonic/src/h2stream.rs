@@ -271,7 +271,7 @@ pub(crate) async fn h2_channel(
     carrier: Arc<Mutex<Option<Carrier>>>,
 ) -> Result<H2Conn, Error> {
     let first = Arc::new(Mutex::new(Some(first)));
-    let config = config.path(PathPreference::Http2);
+    let config = config.to_builder().path(PathPreference::Http2).build()?;
     let cause: Cause = Arc::default();
     let slot = cause.clone();
     let ch = endpoint

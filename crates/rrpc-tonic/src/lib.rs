@@ -245,12 +245,12 @@ pub use call::{Carrier, ChannelPath, ResponseFuture};
 pub use channel::RrpcChannel;
 pub use config::{
     DEFAULT_MAX_SHARED_PEERS, DEFAULT_PEER_LEASE, DEFAULT_RDMA_CONNECTION_POOL, Fabric,
-    PathPreference, RrpcConfig, default_poller_config,
+    PathPreference, RrpcConfig, RrpcConfigBuilder, default_poller_config,
 };
 pub use context::RrpcContext;
 pub use endpoint::RrpcEndpoint;
 pub use error::Error;
 pub use h2stream::{RrpcConnectInfo, RrpcStream};
-pub use rrpc_poller::{Mode as PollerMode, Poller, PollerConfig};
+pub use rrpc_poller::{Mode as PollerMode, Poller, PollerConfig, PollerConfigBuilder};
 pub use server::{Router, RrpcIncoming, Server};
 pub use sharing::SharedConnectionStats;

@@ -97,7 +97,7 @@ impl Dialer {
 
     /// The path a connection will take if the server agrees.
     pub(crate) fn preferred_path(&self) -> ChannelPath {
-        match self.config.get_path() {
+        match self.config.path() {
             crate::PathPreference::Fast => ChannelPath::Fast,
             crate::PathPreference::Http2 => ChannelPath::Http2,
         }

@@ -51,7 +51,7 @@ fn pref_byte(p: PathPreference) -> u8 {
 
 /// Our path hello (client side): the path we prefer and our call window.
 pub(crate) fn client_hello(cfg: &RrpcConfig) -> [u8; HELLO_LEN] {
-    hello_bytes(pref_byte(cfg.get_path()), cfg.get_call_window())
+    hello_bytes(pref_byte(cfg.path()), cfg.call_window())
 }
 
 /// Server side, sans-IO: the path for a client's hello (fast only if both
@@ -64,9 +64,7 @@ pub(crate) fn choose_path(
     cfg: &RrpcConfig,
 ) -> Result<(Negotiated, [u8; HELLO_LEN]), String> {
     let chosen = match parse_hello(hello)? {
-        (0, peer_window) if cfg.get_path() == PathPreference::Fast => {
-            Negotiated::Fast { peer_window }
-        }
+        (0, peer_window) if cfg.path() == PathPreference::Fast => Negotiated::Fast { peer_window },
         _ => Negotiated::Http2,
     };
     let path = if matches!(chosen, Negotiated::Fast { .. }) {
@@ -74,7 +72,7 @@ pub(crate) fn choose_path(
     } else {
         1
     };
-    Ok((chosen, hello_bytes(path, cfg.get_call_window())))
+    Ok((chosen, hello_bytes(path, cfg.call_window())))
 }
 
 /// Client side, sans-IO: the path the server's reply names.

@@ -330,7 +330,7 @@ impl PortTarget {
         if let Some(p) = hint {
             return Ok(p);
         }
-        match negotiate(&self.addr, Fabric::Shm.bit(), cfg.get_handshake_timeout()).await? {
+        match negotiate(&self.addr, Fabric::Shm.bit(), cfg.handshake_timeout()).await? {
             Chosen::Shm(p) => Ok(p),
             Chosen::Tcp(_) => Err(Error::Handshake("the server chose tcp".into())),
         }
@@ -446,7 +446,7 @@ pub(crate) async fn sniff_loop(
     sniffer: Sniffer,
     token: CancellationToken,
 ) {
-    let setups = Arc::new(Semaphore::new(sniffer.config.get_max_pending_handshakes()));
+    let setups = Arc::new(Semaphore::new(sniffer.config.max_pending_handshakes()));
     let mut conns = JoinSet::new();
     loop {
         tokio::select! {
@@ -467,14 +467,14 @@ pub(crate) async fn sniff_loop(
                 let Ok(permit) = setups.clone().try_acquire_owned() else {
                     tracing::warn!(
                         %peer,
-                        limit = sniffer.config.get_max_pending_handshakes(),
+                        limit = sniffer.config.max_pending_handshakes(),
                         "rrpc port: too many connections in setup; closing the new one",
                     );
                     continue;
                 };
                 let (sniffer, tx) = (sniffer.clone(), to_tonic.clone());
                 conns.spawn(async move {
-                    let limit = sniffer.config.get_handshake_timeout();
+                    let limit = sniffer.config.handshake_timeout();
                     let r = tokio::time::timeout(limit, sniff(s, &sniffer, &peer)).await;
                     drop(permit);
                     match r {
@@ -668,7 +668,7 @@ mod tests {
                 let token = CancellationToken::new();
                 let shm = shm_socket_path(1);
                 let sniffer = Sniffer {
-                    config: RrpcConfig::new(),
+                    config: RrpcConfig::default(),
                     shm: Some(shm.clone()),
                 };
                 let incoming = tonic::transport::server::TcpIncoming::from(l);

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use rrpc_core::conn::{Connection, HandshakeConfig, Listener, Offer, Pending, connect};
-use rrpc_core::{Endpoint, Fabric};
+use rrpc_core::{Fabric, FabricAddr};
 use rrpc_poller::rings::{
     AsyncConn, AsyncReceiver, IdleReads, ManagedSender, RingConfig, RingRx, RingTx,
 };
@@ -29,15 +29,13 @@ use crate::{Error, RrpcConfig, RrpcContext};
 fn ring_config(cfg: &RrpcConfig) -> Result<RingConfig, Error> {
     // Event mode sleeps on the receive completion channel, which only a tail
     // sent with immediate data fires (rrpc-poller `conn` docs).
-    let event = cfg
-        .get_poller()
-        .is_some_and(|p| p.get_mode() == Mode::Event);
+    let event = cfg.poller().is_some_and(|p| p.mode() == Mode::Event);
     Ok(RingConfig::builder()
-        .ring_size(cfg.get_ring_size())
-        .min_ring_size(cfg.get_min_ring_size())
-        .cache_ring_size(cfg.get_ring_cache_size())
-        .shrink_after(cfg.get_ring_shrink_after())
-        .numa_node(cfg.get_numa_node())
+        .ring_size(cfg.ring_size())
+        .min_ring_size(cfg.min_ring_size())
+        .cache_ring_size(cfg.ring_cache_size())
+        .shrink_after(cfg.ring_shrink_after())
+        .numa_node(cfg.numa_node())
         .tail_with_imm(event)
         .build()?)
 }
@@ -256,7 +254,7 @@ fn into_pipe(
     // The poller runs the sender's completion progress and its ring's
     // sizing tick (rrpc-poller `rings` docs).
     let (tx, mut rx) = ac.split_managed()?;
-    rx.set_event_spin(cfg.get_receive_spin());
+    rx.set_event_spin(cfg.receive_spin());
     if matches!(path, Negotiated::Http2) {
         rx.scale_spin(HTTP2_SPIN_FACTOR);
     }
@@ -275,10 +273,12 @@ fn bundle_pool(
 ) -> Option<std::sync::Arc<BundlePool>> {
     let cfg = ctx.config();
     ctx.bundle_pool(fabric, |budget| {
-        let (f, r, q) = (fabric.clone(), ring.clone(), cfg.get_queue_pair().clone());
-        let pool = rrpc_core::pool::PoolConfig::new(cfg.connection_pool_for(f.kind()))
+        let (f, r, q) = (fabric.clone(), ring.clone(), cfg.queue_pair().clone());
+        let pool = rrpc_core::pool::PoolConfig::builder(cfg.connection_pool_for(f.kind()))
             .budget(budget)
-            .class(format!("{:?}/{}", f.kind(), r.get_ring_size()));
+            .class(format!("{:?}/{}", f.kind(), r.ring_size()))
+            .build()
+            .unwrap();
         BundlePool::with_config(
             pool,
             move || make_bundle(&f, &r, &q),
@@ -292,18 +292,18 @@ fn bundle_pool(
 fn take_bundle(fabric: &Fabric, ring: &RingConfig, ctx: &RrpcContext) -> Result<Bundle, Error> {
     match bundle_pool(fabric, ring, ctx) {
         Some(p) => Ok(p.take()?),
-        None => Ok(make_bundle(fabric, ring, ctx.config().get_queue_pair())?),
+        None => Ok(make_bundle(fabric, ring, ctx.config().queue_pair())?),
     }
 }
 
 /// The fabric serving `ep`: shm, or the context's verbs device (opened once).
-pub(crate) fn fabric_for(ep: &Endpoint, ctx: &RrpcContext) -> Result<Fabric, Error> {
+pub(crate) fn fabric_for(ep: &FabricAddr, ctx: &RrpcContext) -> Result<Fabric, Error> {
     match ep {
-        Endpoint::Shm(_) => Ok(Fabric::shm()),
+        FabricAddr::Shm(_) => Ok(Fabric::shm()),
         #[cfg(feature = "verbs")]
-        Endpoint::Rdma(_) => ctx.verbs_fabric(),
+        FabricAddr::Rdma(_) => ctx.verbs_fabric(),
         #[cfg(not(feature = "verbs"))]
-        Endpoint::Rdma(_) => {
+        FabricAddr::Rdma(_) => {
             let _ = ctx;
             Err(crate::error::rdma_unavailable())
         }
@@ -312,9 +312,9 @@ pub(crate) fn fabric_for(ep: &Endpoint, ctx: &RrpcContext) -> Result<Fabric, Err
 }
 
 fn handshake_config(cfg: &RrpcConfig) -> Result<HandshakeConfig, Error> {
-    let mut hs = HandshakeConfig::default().timeout(cfg.get_handshake_timeout())?;
-    if let Some(t) = cfg.get_token() {
-        hs = hs.token(t.to_vec())?;
+    let mut hs = HandshakeConfig::builder().timeout(cfg.handshake_timeout());
+    if let Some(t) = cfg.token() {
+        hs = hs.token(t.to_vec());
     }
     #[cfg(feature = "verbs")]
     {
@@ -326,12 +326,12 @@ fn handshake_config(cfg: &RrpcConfig) -> Result<HandshakeConfig, Error> {
             hs = hs.tls_client(c.clone(), name.clone());
         }
     }
-    Ok(hs)
+    Ok(hs.build()?)
 }
 
 /// Dials `shm:///path` or `rdma://host:port` with `ctx`'s resources.
 pub(crate) async fn dial(
-    ep: Endpoint,
+    ep: FabricAddr,
     cfg: &RrpcConfig,
     ctx: &RrpcContext,
 ) -> Result<(Pipe, Negotiated), Error> {
@@ -340,13 +340,13 @@ pub(crate) async fn dial(
     let (cfg2, ctx2) = (cfg.clone(), ctx.clone());
     let (conn, tx, rx, path) = tokio::task::spawn_blocking(move || -> Result<_, Error> {
         let fabric = fabric_for(&ep, &ctx2)?;
-        if cfg2.get_shared_queue_pairs() {
+        if cfg2.shared_queue_pairs() {
             return dial_logical(&ep, &fabric, &ring, &hs, &cfg2, &ctx2);
         }
         let (local, qp) = take_bundle(&fabric, &ring, &ctx2)?;
         // The path hello rides in the handshake (module docs of `transport`).
         let offer = Offer::new()
-            .token(cfg2.get_token().map(<[u8]>::to_vec))
+            .token(cfg2.token().map(<[u8]>::to_vec))
             .section(HANDSHAKE_SECTION, client_hello(&cfg2).to_vec());
         let offer = local.add_to_offer(offer);
         let c = connect(&ep, qp, offer, &hs)?;
@@ -368,7 +368,7 @@ type Dialed = (Connection, RingTx, RingRx, Negotiated);
 /// knows the shared connection (it restarted), or that still holds the tag
 /// picked, is tried again with a fresh one, twice at most. Blocking.
 fn dial_logical(
-    ep: &Endpoint,
+    ep: &FabricAddr,
     fabric: &Fabric,
     ring: &RingConfig,
     hs: &HandshakeConfig,
@@ -383,7 +383,7 @@ fn dial_logical(
         let local = peer.domain.take_rings(ring)?;
         let app = sharing::logical_request(&client_hello(cfg), &peer.id, tag);
         let offer = Offer::new()
-            .token(cfg.get_token().map(<[u8]>::to_vec))
+            .token(cfg.token().map(<[u8]>::to_vec))
             .section(HANDSHAKE_SECTION, app);
         let offer = local.add_to_offer(offer);
         match rrpc_core::conn::connect_logical(ep, &peer.shared, tag, offer, hs) {
@@ -435,12 +435,12 @@ impl std::fmt::Debug for RingsListener {
 const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(50);
 
 impl RingsListener {
-    pub(crate) fn bind(ep: Endpoint, cfg: &RrpcConfig, ctx: &RrpcContext) -> Result<Self, Error> {
+    pub(crate) fn bind(ep: FabricAddr, cfg: &RrpcConfig, ctx: &RrpcContext) -> Result<Self, Error> {
         // Open the device before accepting anyone (and fail here if there is none).
         let fabric = fabric_for(&ep, ctx)?;
-        if let Endpoint::Rdma(addr) = &ep
+        if let FabricAddr::Rdma(addr) = &ep
             && !addr.ip().is_loopback()
-            && cfg.get_token().is_none()
+            && cfg.token().is_none()
         {
             tracing::warn!(
                 %addr,
@@ -521,7 +521,7 @@ impl RingsPending {
     /// Dropping the future before it completes drops the client (its side
     /// channel closes, so the client sees the server leave).
     pub(crate) async fn establish(self) -> Result<Established, Error> {
-        let timeout = self.cfg.get_handshake_timeout();
+        let timeout = self.cfg.handshake_timeout();
         let RingsPending {
             mut pending,
             ring,
@@ -593,7 +593,7 @@ fn answer(
         Err(e) => return Err(refuse(incoming, format!("path hello: {e}"))),
     };
     if let Request::Logical { id, tag, .. } = request {
-        if !cfg.get_shared_queue_pairs() {
+        if !cfg.shared_queue_pairs() {
             return Err(refuse(incoming, sharing::OFF.into()));
         }
         let Some(anchor) = anchors.find(&id) else {
@@ -698,9 +698,11 @@ mod tests {
     async fn event_mode_with_receive_spin_serves_calls() {
         let path = std::env::temp_dir().join(format!("rrpc-tonic-ev-{}.sock", std::process::id()));
         let _ = std::fs::remove_file(&path);
-        let cfg = RrpcConfig::default()
-            .poller(PollerConfig::new().mode(Mode::Event))
-            .receive_spin(Duration::from_micros(20));
+        let cfg = RrpcConfig::builder()
+            .poller(PollerConfig::builder().mode(Mode::Event).build().unwrap())
+            .receive_spin(Duration::from_micros(20))
+            .build()
+            .unwrap();
         let target = Target::Shm(path.clone());
         let ctx = crate::RrpcContext::new(&cfg);
         let mut listener = RrpcListener::bind(&target, &cfg, &ctx).expect("bind");

@@ -653,7 +653,7 @@ where
     let svc = layer.layer(routes.prepare());
     let mut conns = JoinSet::new();
     let mut signal = std::pin::pin!(signal);
-    let setups = Arc::new(Semaphore::new(config.get_max_pending_handshakes()));
+    let setups = Arc::new(Semaphore::new(config.max_pending_handshakes()));
     // Every branch is cancel safe: `accept` only takes a client off the
     // socket (its handshake runs in the connection's own task, bounded by
     // `handshake_timeout`), so a connection ending, or a shutdown, never
@@ -668,7 +668,7 @@ where
                 let Ok(permit) = setups.clone().try_acquire_owned() else {
                     tracing::warn!(
                         peer = %accepted.peer(),
-                        limit = config.get_max_pending_handshakes(),
+                        limit = config.max_pending_handshakes(),
                         "rrpc: too many connections in setup; closing the new one",
                     );
                     continue;
@@ -677,7 +677,7 @@ where
                 let info = RrpcConnectInfo { local: local.clone() };
                 conns.spawn(async move {
                     let peer = accepted.peer();
-                    let limit = config.get_handshake_timeout();
+                    let limit = config.handshake_timeout();
                     let setup = accepted.establish(&config);
                     let r = match tokio::time::timeout(limit, setup).await {
                         Ok(r) => r,

@@ -34,7 +34,7 @@ use std::time::Instant;
 use rrpc_core::conn::{HandshakeConfig, Incoming, Offer, SharedConnection};
 use rrpc_core::meta::PeerCache;
 use rrpc_core::vqp::VqpConfig;
-use rrpc_core::{Endpoint, Fabric};
+use rrpc_core::{Fabric, FabricAddr};
 use rrpc_poller::rings::{LocalRing, RingConfig};
 
 use crate::frame::{HANDSHAKE_SECTION, PATH_HELLO_LEN};
@@ -279,7 +279,7 @@ impl Domain {
             &self.fabric,
             ring,
             cfg.connection_pool_for(self.fabric.kind()),
-            cfg.get_connection_pool_memory(),
+            cfg.connection_pool_memory(),
         );
     }
 }
@@ -341,7 +341,7 @@ impl Peers {
     /// dropped first.
     pub(crate) fn get_or_open(
         &self,
-        ep: &Endpoint,
+        ep: &FabricAddr,
         fabric: &Fabric,
         cfg: &RrpcConfig,
         hs: &HandshakeConfig,
@@ -350,9 +350,8 @@ impl Peers {
         let mut dropped = Vec::new();
         {
             let mut cell = self.cache.lock().unwrap_or_else(|p| p.into_inner());
-            let cache = cell.get_or_insert_with(|| {
-                PeerCache::new(cfg.get_peer_lease(), cfg.get_max_shared_peers())
-            });
+            let cache = cell
+                .get_or_insert_with(|| PeerCache::new(cfg.peer_lease(), cfg.max_shared_peers()));
             let now = Instant::now();
             dropped.extend(cache.invalidate_where(|p| !p.alive()));
             dropped.extend(cache.expire(now, |p| p.shared.physical().sharers() > 0));
@@ -381,7 +380,7 @@ impl Peers {
 
     /// Forgets `peer` as the shared connection to `ep` (the server no longer
     /// knows it, or its side channel closed).
-    pub(crate) fn invalidate(&self, ep: &Endpoint, peer: &Arc<SharedPeer>) {
+    pub(crate) fn invalidate(&self, ep: &FabricAddr, peer: &Arc<SharedPeer>) {
         let key = ep.to_string();
         let mut cell = self.cache.lock().unwrap_or_else(|p| p.into_inner());
         let Some(cache) = cell.as_mut() else { return };
@@ -412,16 +411,16 @@ impl Peers {
 /// Opens a shared connection to `ep`: a queue pair in a protection domain
 /// of its own, connected with no rings.
 fn open(
-    ep: &Endpoint,
+    ep: &FabricAddr,
     fabric: &Fabric,
     cfg: &RrpcConfig,
     hs: &HandshakeConfig,
     spare_bytes: &Arc<AtomicU64>,
 ) -> Result<SharedPeer, Error> {
     let fabric = fabric.isolated()?;
-    let qp = fabric.create_qp(cfg.get_queue_pair())?;
+    let qp = fabric.create_qp(cfg.queue_pair())?;
     let offer = Offer::new()
-        .token(cfg.get_token().map(<[u8]>::to_vec))
+        .token(cfg.token().map(<[u8]>::to_vec))
         .section(HANDSHAKE_SECTION, OPEN.to_vec());
     let c = rrpc_core::conn::connect(ep, qp, offer, hs)?;
     let id = parse_opened(section_of(c.peer()))?;
@@ -465,7 +464,7 @@ impl Anchors {
         fabric: &Fabric,
         cfg: &RrpcConfig,
     ) -> Result<(), Error> {
-        if !cfg.get_shared_queue_pairs() {
+        if !cfg.shared_queue_pairs() {
             let _ = incoming.reject(OFF);
             return Err(Error::Handshake(OFF.into()));
         }
@@ -475,17 +474,17 @@ impl Anchors {
         // sent without waiting for the client.)
         let mut map = self.map.lock().unwrap_or_else(|p| p.into_inner());
         map.retain(|_, a| a.shared.connection().check_alive().is_ok());
-        if map.len() >= cfg.get_max_shared_peers() {
+        if map.len() >= cfg.max_shared_peers() {
             drop(map);
             let reason = format!(
                 "this server holds its maximum of {} shared connections",
-                cfg.get_max_shared_peers()
+                cfg.max_shared_peers()
             );
             let _ = incoming.reject(&reason);
             return Err(Error::Handshake(reason));
         }
         let fabric = fabric.isolated()?;
-        let qp = fabric.create_qp(cfg.get_queue_pair())?;
+        let qp = fabric.create_qp(cfg.queue_pair())?;
         let id = new_id()?;
         let c = incoming.accept(
             qp,

@@ -30,7 +30,7 @@ pub(crate) enum Target {
     Unix(PathBuf),
     Inproc(String),
     Shm(PathBuf),
-    Rdma(rrpc_core::EndpointUri),
+    Rdma(rrpc_core::FabricUri),
     /// `rrpc://host:port` ([`crate::port`]).
     Port(crate::port::PortTarget),
 }
@@ -60,9 +60,9 @@ impl Target {
                     _ => Err(bad("expected rrpc://host:port")),
                 }
             }
-            // rrpc-core's grammar, the one `rrpc_core::Endpoint::parse` uses.
-            "shm" | "rdma" => match rrpc_core::EndpointUri::parse(uri)? {
-                rrpc_core::EndpointUri::Shm(path) => Ok(Target::Shm(path)),
+            // rrpc-core's grammar, the one `rrpc_core::FabricAddr::parse` uses.
+            "shm" | "rdma" => match rrpc_core::FabricUri::parse(uri)? {
+                rrpc_core::FabricUri::Shm(path) => Ok(Target::Shm(path)),
                 rdma => Ok(Target::Rdma(rdma)),
             },
             _ => Err(bad("unknown scheme (http, unix, inproc, shm, rdma, rrpc)")),
@@ -122,7 +122,7 @@ impl RrpcListener {
             }
             Target::Shm(path) => Ok(RrpcListener::Rings(Box::new(
                 crate::rings::RingsListener::bind(
-                    rrpc_core::Endpoint::Shm(path.clone()),
+                    rrpc_core::FabricAddr::Shm(path.clone()),
                     cfg,
                     ctx,
                 )?,
@@ -203,7 +203,7 @@ impl Drop for RrpcListener {
 }
 
 /// An `rdma://` URI, resolved (blocking: the system resolver).
-fn rdma_endpoint(uri: &rrpc_core::EndpointUri) -> Result<rrpc_core::Endpoint, Error> {
+fn rdma_endpoint(uri: &rrpc_core::FabricUri) -> Result<rrpc_core::FabricAddr, Error> {
     if cfg!(not(feature = "verbs")) {
         return Err(rdma_unavailable());
     }
@@ -220,7 +220,7 @@ pub(crate) async fn dial(
         Target::Inproc(name) => {
             let tx = registry().lock().expect("registry lock").get(name).cloned();
             let tx = tx.ok_or_else(|| Error::NotListening(format!("inproc://{name}")))?;
-            let (mut client, server) = pipe::mem_pair(cfg.get_ring_size());
+            let (mut client, server) = pipe::mem_pair(cfg.ring_size());
             tx.send(server)
                 .await
                 .map_err(|_| Error::NotListening(format!("inproc://{name}")))?;
@@ -228,7 +228,7 @@ pub(crate) async fn dial(
             Ok((client, path))
         }
         Target::Shm(path) => {
-            crate::rings::dial(rrpc_core::Endpoint::Shm(path.clone()), cfg, ctx).await
+            crate::rings::dial(rrpc_core::FabricAddr::Shm(path.clone()), cfg, ctx).await
         }
         Target::Rdma(uri) => {
             // Off the runtime's threads: a name lookup can block for seconds.
@@ -242,7 +242,7 @@ pub(crate) async fn dial(
         // the port's negotiation names.
         Target::Port(p) => {
             let path = p.shm_path(cfg).await?;
-            crate::rings::dial(rrpc_core::Endpoint::Shm(path), cfg, ctx).await
+            crate::rings::dial(rrpc_core::FabricAddr::Shm(path), cfg, ctx).await
         }
         Target::Tcp(_) | Target::Unix(_) => Err(Error::InvalidUri {
             uri: format!("{target:?}"),
@@ -270,12 +270,12 @@ mod tests {
         );
         assert_eq!(
             Target::parse("rdma://0.0.0.0:50051").unwrap(),
-            Target::Rdma(rrpc_core::EndpointUri::parse("rdma://0.0.0.0:50051").unwrap())
+            Target::Rdma(rrpc_core::FabricUri::parse("rdma://0.0.0.0:50051").unwrap())
         );
         // rrpc-core's grammar: the same URIs are refused by both parsers.
         for uri in ["shm://relative", "rdma://host", "rdma://::1:5", "shm://"] {
             assert!(Target::parse(uri).is_err(), "{uri}");
-            assert!(rrpc_core::Endpoint::parse(uri).is_err(), "{uri}");
+            assert!(rrpc_core::FabricAddr::parse(uri).is_err(), "{uri}");
         }
         assert_eq!(
             Target::parse("inproc://x").unwrap(),
@@ -297,7 +297,7 @@ mod tests {
     #[tokio::test]
     async fn negotiation_picks_fast_only_if_both_allow() {
         let fast = Negotiated::Fast {
-            peer_window: RrpcConfig::new().get_call_window(),
+            peer_window: RrpcConfig::default().call_window(),
         };
         for (c, s, want) in [
             (PathPreference::Fast, PathPreference::Fast, fast),
@@ -313,7 +313,10 @@ mod tests {
             ),
         ] {
             let (mut a, mut b) = pipe::mem_pair(4096);
-            let (cc, sc) = (RrpcConfig::new().path(c), RrpcConfig::new().path(s));
+            let (cc, sc) = (
+                RrpcConfig::builder().path(c).build().unwrap(),
+                RrpcConfig::builder().path(s).build().unwrap(),
+            );
             let (x, y) = tokio::join!(negotiate_client(&mut a, &cc), negotiate_server(&mut b, &sc));
             assert_eq!(x.unwrap(), want);
             assert_eq!(y.unwrap(), want);
@@ -325,8 +328,8 @@ mod tests {
     #[tokio::test]
     async fn negotiation_exchanges_call_windows_and_refuses_bad_hellos() {
         let (mut a, mut b) = pipe::mem_pair(4096);
-        let cc = RrpcConfig::new().call_window(4096).unwrap();
-        let sc = RrpcConfig::new().call_window(1 << 20).unwrap();
+        let cc = RrpcConfig::builder().call_window(4096).build().unwrap();
+        let sc = RrpcConfig::builder().call_window(1 << 20).build().unwrap();
         let (x, y) = tokio::join!(negotiate_client(&mut a, &cc), negotiate_server(&mut b, &sc));
         assert_eq!(
             x.unwrap(),
@@ -365,13 +368,19 @@ mod tests {
     /// another version is the client's `Handshake` error.
     #[test]
     fn path_replies_are_read_like_the_negotiation() {
-        let (chosen, reply) =
-            choose_path(&client_hello(&RrpcConfig::new()), &RrpcConfig::new()).unwrap();
+        let (chosen, reply) = choose_path(
+            &client_hello(&RrpcConfig::default()),
+            &RrpcConfig::default(),
+        )
+        .unwrap();
         assert_eq!(path_of_reply(&reply).unwrap(), chosen);
         assert!(matches!(chosen, Negotiated::Fast { .. }));
         let (chosen, reply) = choose_path(
-            &client_hello(&RrpcConfig::new()),
-            &RrpcConfig::new().path(PathPreference::Http2),
+            &client_hello(&RrpcConfig::default()),
+            &RrpcConfig::builder()
+                .path(PathPreference::Http2)
+                .build()
+                .unwrap(),
         )
         .unwrap();
         assert_eq!(
@@ -389,6 +398,6 @@ mod tests {
             let e = path_of_reply(bad).unwrap_err();
             assert!(matches!(&e, Error::Handshake(m) if m.contains(says)), "{e}");
         }
-        assert!(choose_path(b"RRP1", &RrpcConfig::new()).is_err());
+        assert!(choose_path(b"RRP1", &RrpcConfig::default()).is_err());
     }
 }

@@ -424,11 +424,11 @@ impl RawSideChannel {
     /// # Panics
     /// If `uri` is not a rings URI or the connect fails.
     pub fn connect(uri: &str) -> Self {
-        match rrpc_core::Endpoint::parse(uri).expect("a rings uri") {
-            rrpc_core::Endpoint::Shm(p) => {
+        match rrpc_core::FabricAddr::parse(uri).expect("a rings uri") {
+            rrpc_core::FabricAddr::Shm(p) => {
                 Self::Unix(std::os::unix::net::UnixStream::connect(p).expect("connect"))
             }
-            rrpc_core::Endpoint::Rdma(a) => {
+            rrpc_core::FabricAddr::Rdma(a) => {
                 Self::Tcp(std::net::TcpStream::connect(a).expect("connect"))
             }
             other => panic!("not a rings endpoint: {other:?}"),
@@ -470,15 +470,18 @@ impl std::io::Write for RawSideChannel {
 
 /// The config the harness uses on `t` (server and clients) unless told otherwise.
 pub fn config(t: Transport) -> RrpcConfig {
-    let c = RrpcConfig::default()
+    let c = RrpcConfig::builder()
         .ring_size(1 << 20)
+        .build()
         .expect("valid ring size");
     let c = match t {
-        Transport::ShmH2 | Transport::RdmaH2 => c.path(PathPreference::Http2),
+        Transport::ShmH2 | Transport::RdmaH2 => {
+            c.to_builder().path(PathPreference::Http2).build().unwrap()
+        }
         _ => c,
     };
     match Transport::rdma_device() {
-        Some(d) if t.is_rdma() => c.rdma_device(d),
+        Some(d) if t.is_rdma() => c.to_builder().rdma_device(d).build().unwrap(),
         _ => c,
     }
 }

@@ -146,12 +146,12 @@ async fn descriptors_of_an_unfinished_hello_are_closed() {
     // Fixed-size rings: a self-sizing ring of the honest connection could
     // swap its region (and descriptors) in the middle of the count.
     let cfg = config(t)
+        .to_builder()
         .min_ring_size(1 << 20)
-        .expect("fixed rings")
         .handshake_timeout(Duration::from_secs(30))
-        .expect("timeout")
         .token(b"secret".to_vec())
-        .expect("token");
+        .build()
+        .expect("fixed rings");
     let h = Harness::start_with(t, cfg.clone()).await;
     let path = sock_path(&h);
     // Everything a connection and a call open lazily, opened once.
@@ -211,7 +211,9 @@ async fn descriptors_of_an_unfinished_hello_are_closed() {
 
     // A client that stays silent mid-hello is let go of at the timeout.
     let cfg = cfg
+        .to_builder()
         .handshake_timeout(Duration::from_millis(300))
+        .build()
         .expect("timeout");
     let h = Harness::start_with(t, cfg.clone()).await;
     let path = sock_path(&h);

@@ -27,11 +27,12 @@ async fn rings_grow_for_large_messages_and_give_memory_back_when_quiet(t: Transp
     // A 1 MiB cache cap: the fast path sends 128 KiB frames whole, and
     // the rings grow to 512 KiB for them.
     let cfg = config(t)
+        .to_builder()
         .ring_shrink_after(Duration::from_millis(100))
-        .unwrap()
         .ring_cache_size(1 << 20)
+        .build()
         .unwrap();
-    assert_eq!(cfg.get_min_ring_size(), 64 << 10, "self-sizing by default");
+    assert_eq!(cfg.min_ring_size(), 64 << 10, "self-sizing by default");
     let s = Harness::start_with(t, cfg).await;
     let mut c = s.client().await;
     c.unary(Input::default()).await.unwrap();
@@ -89,9 +90,15 @@ async fn rings_grow_for_large_messages_and_give_memory_back_when_quiet(t: Transp
 async fn a_fixed_ring_never_shrinks(t: Transport) {
     let _one = ONE_AT_A_TIME.lock().await;
     let cfg = config(t)
+        .to_builder()
         .ring_shrink_after(Duration::from_millis(100))
+        .build()
         .unwrap();
-    let cfg = cfg.clone().min_ring_size(cfg.get_ring_size()).unwrap();
+    let cfg = cfg
+        .to_builder()
+        .min_ring_size(cfg.ring_size())
+        .build()
+        .unwrap();
     let s = Harness::start_with(t, cfg).await;
     let mut c = s.client().await;
     let big = Input {

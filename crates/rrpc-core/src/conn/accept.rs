@@ -5,7 +5,7 @@ use std::os::fd::{AsFd, BorrowedFd};
 use std::path::Path;
 use std::sync::Arc;
 
-use crate::endpoint::Endpoint;
+use crate::addr::FabricAddr;
 use crate::error::{Error, Result};
 use crate::handshake::{Hello, Message, Reject, RejectCode};
 use crate::provider::side::{Side, SideListener};
@@ -36,7 +36,7 @@ impl Listener {
     /// # Errors
     /// [`Error::Io`] (`AddrInUse` if another server is listening there);
     /// [`Error::ProviderUnavailable`] for `rdma://` without the verbs feature.
-    pub fn bind(endpoint: &Endpoint, cfg: HandshakeConfig) -> Result<Listener> {
+    pub fn bind(endpoint: &FabricAddr, cfg: HandshakeConfig) -> Result<Listener> {
         let inner = SideListener::bind(endpoint)?;
         tracing::info!(%endpoint, "rrpc listener bound");
         let budget = Arc::new(Budget::new(

@@ -1,6 +1,6 @@
 //! The client side: [`connect`] dials a listener and runs the handshake.
 
-use crate::endpoint::Endpoint;
+use crate::addr::FabricAddr;
 // Named by the docs.
 #[cfg(doc)]
 use crate::error::Error;
@@ -28,7 +28,7 @@ use super::settings::HandshakeConfig;
 /// [`Error::Timeout`]; [`Error::Io`] when the socket could not be reached;
 /// [`Error::ProviderUnavailable`] for `rdma://` in a build without verbs.
 pub fn connect(
-    endpoint: &Endpoint,
+    endpoint: &FabricAddr,
     qp: QueuePair,
     offer: Offer,
     cfg: &HandshakeConfig,

@@ -48,7 +48,7 @@ use super::accept::Incoming;
 use super::established::{Connection, LogicalHold};
 use super::exchange::{Deadline, Offer, Passed, base_hello, peer_info, reject_code_for};
 use super::settings::HandshakeConfig;
-use crate::endpoint::Endpoint;
+use crate::addr::FabricAddr;
 use crate::error::{Error, Result};
 use crate::handshake::{Hello, Message, Reject};
 use crate::provider::LaterGrants;
@@ -169,7 +169,7 @@ fn add_grants(
 /// [`Error::InvalidConfig`] for a tag in use or out of range (nothing is
 /// sent); otherwise as [`super::connect`].
 pub fn connect_logical(
-    endpoint: &Endpoint,
+    endpoint: &FabricAddr,
     shared: &Arc<SharedConnection>,
     tag: u32,
     offer: Offer,

@@ -22,7 +22,7 @@ pub const DEFAULT_MAX_TOTAL_GRANT_BYTES: u64 = 64 << 30;
 /// Dead-host detection on the TCP side channel of `rdma://` connections:
 /// TCP keep-alive (`SO_KEEPALIVE`, `TCP_KEEPIDLE`, `TCP_KEEPINTVL`,
 /// `TCP_KEEPCNT`) plus `TCP_USER_TIMEOUT`, set on both the connecting and
-/// the accepted socket ([`HandshakeConfig::keepalive`]).
+/// the accepted socket ([`HandshakeConfigBuilder::keepalive`]).
 ///
 /// A peer *process* that exits closes its socket and is seen at once (FIN or
 /// RST). A peer *host* that dies, hangs or drops off the network sends
@@ -115,6 +115,11 @@ impl TcpKeepalive {
 }
 
 /// Side-channel and handshake settings.
+///
+/// Built like every rrpc config (docs/architecture.md, "Configuration
+/// convention"): [`HandshakeConfig::builder`], setters on
+/// [`HandshakeConfigBuilder`], [`build`](HandshakeConfigBuilder::build)
+/// validates; getters are named after the setting.
 #[derive(Debug, Clone)]
 pub struct HandshakeConfig {
     pub(crate) timeout: Duration,
@@ -138,7 +143,7 @@ pub(crate) struct SideTls {
 }
 
 /// The client half of TLS on the `rdma://` side channel
-/// ([`HandshakeConfig::tls_client`]).
+/// ([`HandshakeConfigBuilder::tls_client`]).
 #[cfg(feature = "verbs")]
 #[derive(Debug, Clone)]
 pub struct TlsClient {
@@ -162,6 +167,18 @@ impl Default for HandshakeConfig {
 }
 
 impl HandshakeConfig {
+    /// A builder starting from the defaults.
+    pub fn builder() -> HandshakeConfigBuilder {
+        HandshakeConfigBuilder {
+            cfg: Self::default(),
+        }
+    }
+
+    /// A builder starting from this config, to derive a modified one.
+    pub fn to_builder(&self) -> HandshakeConfigBuilder {
+        HandshakeConfigBuilder { cfg: self.clone() }
+    }
+
     /// How long one handshake may take, in total, before [`Error::Timeout`]:
     /// a deadline for all its reads and writes together, not a timeout per
     /// read (a peer sending one byte at a time is cut off at the deadline).
@@ -170,39 +187,15 @@ impl HandshakeConfig {
     /// The client's deadline runs from [`connect`](super::connect); the server's from
     /// [`Pending::handshake`](super::Pending::handshake) (reading the hello) and again from
     /// [`Incoming::accept`](super::Incoming::accept) (answering it).
-    pub fn get_timeout(&self) -> Duration {
+    pub fn timeout(&self) -> Duration {
         self.timeout
     }
 
-    /// Sets [`get_timeout`](Self::get_timeout).
-    ///
-    /// # Errors
-    /// [`Error::InvalidConfig`] for a zero duration.
-    pub fn timeout(mut self, t: Duration) -> Result<Self> {
-        if t.is_zero() {
-            return Err(Error::InvalidConfig("handshake timeout must be > 0".into()));
-        }
-        self.timeout = t;
-        Ok(self)
-    }
-
-    /// The shared secret a server requires from clients (`None`: no check). Default `None`.
-    pub fn get_token(&self) -> Option<&[u8]> {
-        self.token.as_deref()
-    }
-
-    /// Sets [`get_token`](Self::get_token). Clients pass their token in
+    /// The shared secret a server requires from clients (`None`: no check).
+    /// Default `None`. Clients pass their token in
     /// [`Offer::token`](super::Offer::token).
-    ///
-    /// # Errors
-    /// [`Error::InvalidConfig`] if longer than [`crate::handshake::MAX_TOKEN`].
-    pub fn token(mut self, token: impl Into<Vec<u8>>) -> Result<Self> {
-        let t = token.into();
-        if t.len() > crate::handshake::MAX_TOKEN {
-            return Err(Error::InvalidConfig("token too long".into()));
-        }
-        self.token = Some(t);
-        Ok(self)
+    pub fn token(&self) -> Option<&[u8]> {
+        self.token.as_deref()
     }
 
     /// The most bytes one peer may grant us in one handshake (shm: the sum
@@ -213,20 +206,8 @@ impl HandshakeConfig {
     ///
     /// The number of regions is limited separately, by the codec
     /// ([`crate::handshake::MAX_REGIONS`]).
-    pub fn get_max_grant_bytes(&self) -> u64 {
+    pub fn max_grant_bytes(&self) -> u64 {
         self.max_grant_bytes
-    }
-
-    /// Sets [`get_max_grant_bytes`](Self::get_max_grant_bytes).
-    ///
-    /// # Errors
-    /// [`Error::InvalidConfig`] for 0.
-    pub fn max_grant_bytes(mut self, bytes: u64) -> Result<Self> {
-        if bytes == 0 {
-            return Err(Error::InvalidConfig("max_grant_bytes must be > 0".into()));
-        }
-        self.max_grant_bytes = bytes;
-        Ok(self)
     }
 
     /// The most bytes of peer memory the connections of one [`Listener`](super::Listener)
@@ -235,8 +216,22 @@ impl HandshakeConfig {
     /// back when a connection's queue pair (which holds the mappings) is
     /// dropped. Default [`DEFAULT_MAX_TOTAL_GRANT_BYTES`] (64 GiB). Not used
     /// by [`connect`](super::connect).
-    pub fn get_max_total_grant_bytes(&self) -> u64 {
+    pub fn max_total_grant_bytes(&self) -> u64 {
         self.max_total_grant_bytes
+    }
+
+    /// The most bytes of peer memory the connections of one [`Listener`](super::Listener)
+    /// may have mapped at once for **one peer** (shm): one process, as the
+    /// Unix socket's `SO_PEERCRED` names it ([`PeerKey`](super::PeerKey)). Default
+    /// [`DEFAULT_MAX_PEER_GRANT_BYTES`] (16 GiB, a quarter of the total), so
+    /// one peer cannot take the whole of
+    /// [`max_total_grant_bytes`](Self::max_total_grant_bytes) and
+    /// lock everyone else out. A handshake past it is refused with
+    /// [`Error::LimitExceeded`] and a `Reject`; when the total nears its
+    /// end (its last [`NEAR_END_DIVISOR`](super::NEAR_END_DIVISOR)th), the peer holding the most is
+    /// refused before a newcomer. Not used by [`connect`](super::connect).
+    pub fn max_peer_grant_bytes(&self) -> u64 {
+        self.max_peer_grant_bytes
     }
 
     /// Dead-host detection on the TCP side channel of `rdma://`
@@ -248,19 +243,69 @@ impl HandshakeConfig {
     /// `TCP_USER_TIMEOUT` 16 s). `None` leaves the socket's keep-alive off
     /// (the system's defaults: a dead host on an idle side channel is never
     /// noticed). No effect on `shm://`.
-    pub fn get_keepalive(&self) -> Option<TcpKeepalive> {
+    pub fn keepalive(&self) -> Option<TcpKeepalive> {
         self.keepalive
     }
 
-    /// Sets [`get_keepalive`](Self::get_keepalive) (`None` turns it off).
+    #[cfg(feature = "verbs")]
+    pub(crate) fn tls_server(&self) -> Option<&Arc<rustls::ServerConfig>> {
+        self.tls.as_ref()?.server.as_ref()
+    }
+
+    #[cfg(feature = "verbs")]
+    pub(crate) fn tls_client(&self) -> Option<&TlsClient> {
+        self.tls.as_ref()?.client.as_ref()
+    }
+}
+
+/// Builder for [`HandshakeConfig`]; every setter documents its range, and
+/// [`build`](Self::build) rejects anything outside it.
+#[derive(Debug, Clone)]
+pub struct HandshakeConfigBuilder {
+    cfg: HandshakeConfig,
+}
+
+impl HandshakeConfigBuilder {
+    /// [`HandshakeConfig::timeout`], more than zero.
+    pub fn timeout(mut self, t: Duration) -> Self {
+        self.cfg.timeout = t;
+        self
+    }
+
+    /// [`HandshakeConfig::token`], at most [`crate::handshake::MAX_TOKEN`] bytes.
+    pub fn token(mut self, token: impl Into<Vec<u8>>) -> Self {
+        self.cfg.token = Some(token.into());
+        self
+    }
+
+    /// [`HandshakeConfig::max_grant_bytes`], more than 0.
+    pub fn max_grant_bytes(mut self, bytes: u64) -> Self {
+        self.cfg.max_grant_bytes = bytes;
+        self
+    }
+
+    /// [`HandshakeConfig::max_total_grant_bytes`], more than 0.
+    pub fn max_total_grant_bytes(mut self, bytes: u64) -> Self {
+        self.cfg.max_total_grant_bytes = bytes;
+        self
+    }
+
+    /// [`HandshakeConfig::max_peer_grant_bytes`], more than 0. A value above
+    /// the total only lets one peer take the total.
+    pub fn max_peer_grant_bytes(mut self, bytes: u64) -> Self {
+        self.cfg.max_peer_grant_bytes = bytes;
+        self
+    }
+
+    /// [`HandshakeConfig::keepalive`] (`None` turns it off).
     pub fn keepalive(mut self, keepalive: Option<TcpKeepalive>) -> Self {
-        self.keepalive = keepalive;
+        self.cfg.keepalive = keepalive;
         self
     }
 
     /// TLS on the server's `rdma://` side channel (rustls; `verbs`
     /// feature): every client must complete a TLS handshake with `config`
-    /// before its hello is read, so the token, queue-pair endpoints and
+    /// before its hello is read, so the token, queue-pair addresses and
     /// region keys travel encrypted, and a client certificate verifier in
     /// `config` ([`rustls::server::WebPkiClientVerifier`]) admits only
     /// clients holding a certificate it trusts. A client that does not
@@ -274,7 +319,7 @@ impl HandshakeConfig {
     /// peer's uid).
     #[cfg(feature = "verbs")]
     pub fn tls_server(mut self, config: Arc<rustls::ServerConfig>) -> Self {
-        Arc::make_mut(self.tls.get_or_insert_with(Default::default)).server = Some(config);
+        Arc::make_mut(self.cfg.tls.get_or_insert_with(Default::default)).server = Some(config);
         self
     }
 
@@ -289,64 +334,44 @@ impl HandshakeConfig {
         config: Arc<rustls::ClientConfig>,
         server_name: rustls::pki_types::ServerName<'static>,
     ) -> Self {
-        Arc::make_mut(self.tls.get_or_insert_with(Default::default)).client = Some(TlsClient {
+        Arc::make_mut(self.cfg.tls.get_or_insert_with(Default::default)).client = Some(TlsClient {
             config,
             server_name,
         });
         self
     }
 
-    #[cfg(feature = "verbs")]
-    pub(crate) fn get_tls_server(&self) -> Option<&Arc<rustls::ServerConfig>> {
-        self.tls.as_ref()?.server.as_ref()
-    }
-
-    #[cfg(feature = "verbs")]
-    pub(crate) fn get_tls_client(&self) -> Option<&TlsClient> {
-        self.tls.as_ref()?.client.as_ref()
-    }
-
-    /// Sets [`get_max_total_grant_bytes`](Self::get_max_total_grant_bytes).
+    /// Validates and returns the config.
     ///
     /// # Errors
-    /// [`Error::InvalidConfig`] for 0.
-    pub fn max_total_grant_bytes(mut self, bytes: u64) -> Result<Self> {
-        if bytes == 0 {
-            return Err(Error::InvalidConfig(
-                "max_total_grant_bytes must be > 0".into(),
-            ));
+    /// [`Error::InvalidConfig`] naming the setting and its range: a zero
+    /// `timeout`, a `token` longer than [`crate::handshake::MAX_TOKEN`], a
+    /// zero `max_grant_bytes`, `max_total_grant_bytes` or
+    /// `max_peer_grant_bytes`.
+    pub fn build(self) -> Result<HandshakeConfig> {
+        let c = self.cfg;
+        if c.timeout.is_zero() {
+            return Err(Error::InvalidConfig("handshake timeout must be > 0".into()));
         }
-        self.max_total_grant_bytes = bytes;
-        Ok(self)
-    }
-
-    /// The most bytes of peer memory the connections of one [`Listener`](super::Listener)
-    /// may have mapped at once for **one peer** (shm): one process, as the
-    /// Unix socket's `SO_PEERCRED` names it ([`PeerKey`](super::PeerKey)). Default
-    /// [`DEFAULT_MAX_PEER_GRANT_BYTES`] (16 GiB, a quarter of the total), so
-    /// one peer cannot take the whole of
-    /// [`get_max_total_grant_bytes`](Self::get_max_total_grant_bytes) and
-    /// lock everyone else out. A handshake past it is refused with
-    /// [`Error::LimitExceeded`] and a `Reject`; when the total nears its
-    /// end (its last [`NEAR_END_DIVISOR`](super::NEAR_END_DIVISOR)th), the peer holding the most is
-    /// refused before a newcomer. Not used by [`connect`](super::connect).
-    pub fn get_max_peer_grant_bytes(&self) -> u64 {
-        self.max_peer_grant_bytes
-    }
-
-    /// Sets [`get_max_peer_grant_bytes`](Self::get_max_peer_grant_bytes).
-    /// A value above the total only lets one peer take the total.
-    ///
-    /// # Errors
-    /// [`Error::InvalidConfig`] for 0.
-    pub fn max_peer_grant_bytes(mut self, bytes: u64) -> Result<Self> {
-        if bytes == 0 {
-            return Err(Error::InvalidConfig(
-                "max_peer_grant_bytes must be > 0".into(),
-            ));
+        if let Some(t) = &c.token
+            && t.len() > crate::handshake::MAX_TOKEN
+        {
+            return Err(Error::InvalidConfig(format!(
+                "token too long: {} bytes, at most {}",
+                t.len(),
+                crate::handshake::MAX_TOKEN
+            )));
         }
-        self.max_peer_grant_bytes = bytes;
-        Ok(self)
+        for (name, bytes) in [
+            ("max_grant_bytes", c.max_grant_bytes),
+            ("max_total_grant_bytes", c.max_total_grant_bytes),
+            ("max_peer_grant_bytes", c.max_peer_grant_bytes),
+        ] {
+            if bytes == 0 {
+                return Err(Error::InvalidConfig(format!("{name} must be > 0")));
+            }
+        }
+        Ok(c)
     }
 }
 
@@ -362,4 +387,47 @@ pub enum Want {
     /// (for a plain side channel: wait for the hello's bytes yourself, or
     /// let `handshake` read them).
     Ready,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn handshake_config_build_checks_every_setting() {
+        let b = HandshakeConfig::builder;
+        let err = |b: HandshakeConfigBuilder| b.build().unwrap_err().to_string();
+        assert!(err(b().timeout(Duration::ZERO)).contains("handshake timeout must be > 0"));
+        let long = vec![0u8; crate::handshake::MAX_TOKEN + 1];
+        let e = err(b().token(long));
+        assert!(e.contains("token too long") && e.contains("at most"), "{e}");
+        assert!(err(b().max_grant_bytes(0)).contains("max_grant_bytes must be > 0"));
+        assert!(err(b().max_total_grant_bytes(0)).contains("max_total_grant_bytes must be > 0"));
+        assert!(err(b().max_peer_grant_bytes(0)).contains("max_peer_grant_bytes must be > 0"));
+        let c = b()
+            .timeout(Duration::from_millis(1))
+            .token(vec![7u8; crate::handshake::MAX_TOKEN])
+            .max_grant_bytes(1)
+            .max_total_grant_bytes(2)
+            .max_peer_grant_bytes(3)
+            .keepalive(None)
+            .build()
+            .unwrap();
+        assert_eq!(c.timeout(), Duration::from_millis(1));
+        assert_eq!(
+            c.token().map(<[u8]>::len),
+            Some(crate::handshake::MAX_TOKEN)
+        );
+        assert_eq!(
+            (
+                c.max_grant_bytes(),
+                c.max_total_grant_bytes(),
+                c.max_peer_grant_bytes()
+            ),
+            (1, 2, 3)
+        );
+        assert_eq!(c.keepalive(), None);
+        let d = c.to_builder().max_grant_bytes(9).build().unwrap();
+        assert_eq!((d.max_grant_bytes(), d.timeout()), (9, c.timeout()));
+    }
 }

@@ -164,7 +164,7 @@ impl Domain {
         Ok(Domain::Verbs(verbs::Device::open(opts)?))
     }
 
-    /// The provider of `rdma://` endpoints, on its defaults (the first
+    /// The provider of `rdma://` addresses, on its defaults (the first
     /// device, port 1).
     ///
     /// # Errors
@@ -172,7 +172,7 @@ impl Domain {
     /// as [`Self::open_verbs`].
     pub(crate) fn for_rdma() -> Result<Domain> {
         #[cfg(feature = "verbs")]
-        return Domain::open_verbs(&crate::settings::VerbsOptions::new());
+        return Domain::open_verbs(&crate::settings::VerbsOptions::default());
         #[cfg(not(feature = "verbs"))]
         Err(Error::ProviderUnavailable("verbs"))
     }

@@ -39,10 +39,10 @@ use std::time::Duration;
 use super::shm::side as shm;
 #[cfg(feature = "verbs")]
 use super::verbs::side as verbs;
+use crate::addr::FabricAddr;
 use crate::conn::budget::{Budget, PeerKey};
 use crate::conn::exchange::{Deadline, Offer, Passed, PeerInfo};
 use crate::conn::settings::{HandshakeConfig, Want};
-use crate::endpoint::Endpoint;
 use crate::error::{Error, Result};
 use crate::handshake::{Hello, Message};
 use crate::qp::QueuePair;
@@ -69,13 +69,13 @@ impl SideListener {
     /// [`Error::Io`] (`AddrInUse` if another server is listening there);
     /// [`Error::ProviderUnavailable`] for `rdma://` without the verbs
     /// feature.
-    pub(crate) fn bind(endpoint: &Endpoint) -> Result<SideListener> {
+    pub(crate) fn bind(endpoint: &FabricAddr) -> Result<SideListener> {
         Ok(match endpoint {
-            Endpoint::Shm(p) => SideListener::Unix(shm::bind(p)?, p.clone()),
+            FabricAddr::Shm(p) => SideListener::Unix(shm::bind(p)?, p.clone()),
             #[cfg(feature = "verbs")]
-            Endpoint::Rdma(addr) => SideListener::Tcp(verbs::bind_tcp(*addr)?),
+            FabricAddr::Rdma(addr) => SideListener::Tcp(verbs::bind_tcp(*addr)?),
             #[cfg(not(feature = "verbs"))]
-            Endpoint::Rdma(_) => return Err(Error::ProviderUnavailable("verbs")),
+            FabricAddr::Rdma(_) => return Err(Error::ProviderUnavailable("verbs")),
         })
     }
 
@@ -160,24 +160,24 @@ impl SideListener {
 /// # Errors
 /// As [`crate::conn::connect`].
 pub(crate) fn dial(
-    endpoint: &Endpoint,
+    endpoint: &FabricAddr,
     qp: &QueuePair,
     offer: &Offer,
     cfg: &HandshakeConfig,
     deadline: Deadline,
 ) -> Result<(Side, PeerInfo)> {
     Ok(match endpoint {
-        Endpoint::Shm(path) => {
+        FabricAddr::Shm(path) => {
             let (s, peer) = shm::dial(path, qp, offer, cfg.max_grant_bytes, deadline)?;
             (Side::Unix(s), peer)
         }
         #[cfg(feature = "verbs")]
-        Endpoint::Rdma(addr) => {
+        FabricAddr::Rdma(addr) => {
             let (s, peer) = verbs::dial(*addr, qp, offer, cfg, deadline)?;
             (Side::Tcp(s), peer)
         }
         #[cfg(not(feature = "verbs"))]
-        Endpoint::Rdma(_) => return Err(Error::ProviderUnavailable("verbs")),
+        FabricAddr::Rdma(_) => return Err(Error::ProviderUnavailable("verbs")),
     })
 }
 
@@ -190,23 +190,23 @@ pub(crate) fn dial(
 /// # Errors
 /// As [`crate::conn::connect_logical`].
 pub(crate) fn dial_logical(
-    endpoint: &Endpoint,
+    endpoint: &FabricAddr,
     offer: &Offer,
     cfg: &HandshakeConfig,
     deadline: Deadline,
 ) -> Result<(Side, Hello, Vec<OwnedFd>)> {
     Ok(match endpoint {
-        Endpoint::Shm(path) => {
+        FabricAddr::Shm(path) => {
             let (s, h, fds) = shm::dial_logical(path, offer, deadline)?;
             (Side::Unix(s), h, fds)
         }
         #[cfg(feature = "verbs")]
-        Endpoint::Rdma(addr) => {
+        FabricAddr::Rdma(addr) => {
             let (s, h) = verbs::dial_logical(*addr, offer, cfg, deadline)?;
             (Side::Tcp(s), h, Vec::new())
         }
         #[cfg(not(feature = "verbs"))]
-        Endpoint::Rdma(_) => {
+        FabricAddr::Rdma(_) => {
             let _ = cfg;
             return Err(Error::ProviderUnavailable("verbs"));
         }
@@ -366,7 +366,7 @@ impl Side {
                 false
             }
             #[cfg(feature = "verbs")]
-            Side::Tcp(_) => cfg.get_tls_server().is_some(),
+            Side::Tcp(_) => cfg.tls_server().is_some(),
         }
     }
 
@@ -383,7 +383,7 @@ impl Side {
                 Ok(Want::Ready)
             }
             #[cfg(feature = "verbs")]
-            Side::Tcp(s) => match cfg.get_tls_server() {
+            Side::Tcp(s) => match cfg.tls_server() {
                 Some(tls) => verbs::poll_hello(s, tls),
                 None => Ok(Want::Ready),
             },
@@ -467,7 +467,7 @@ mod tests {
     #[test]
     fn a_unix_listener_has_a_path_and_unlinks_it() {
         let p = sock_path("unlink");
-        let l = SideListener::bind(&Endpoint::Shm(p.clone())).unwrap();
+        let l = SideListener::bind(&FabricAddr::Shm(p.clone())).unwrap();
         assert_eq!(l.path(), Some(p.as_path()));
         assert_eq!(l.local_addr(), None);
         l.set_nonblocking(true).unwrap();
@@ -498,7 +498,7 @@ mod tests {
     #[cfg(not(feature = "verbs"))]
     #[test]
     fn rdma_without_the_verbs_feature_is_unavailable() {
-        let ep = Endpoint::Rdma("127.0.0.1:1".parse().unwrap());
+        let ep = FabricAddr::Rdma("127.0.0.1:1".parse().unwrap());
         assert!(matches!(
             SideListener::bind(&ep),
             Err(Error::ProviderUnavailable("verbs"))

@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use rrpc_core::conn::{self, Connection, HandshakeConfig, Offer};
 use std::time::{Duration, Instant};
 
-use rrpc_core::{Completion, CompletionQueue, Endpoint, QpConfig, Region};
+use rrpc_core::{Completion, CompletionQueue, FabricAddr, QpConfig, Region};
 
 /// The provider a test runs on (shared by the crates' tests).
 pub use rrpc_core::testing::Provider;
@@ -16,17 +16,17 @@ pub use rrpc_core::testing::Provider;
 /// A listener on a fresh side channel (a Unix socket for shm, TCP on
 /// 127.0.0.1, port chosen by the kernel, for verbs) and the endpoint a
 /// client connects to.
-pub fn listen(p: &Provider, tag: &str, cfg: HandshakeConfig) -> (conn::Listener, Endpoint) {
+pub fn listen(p: &Provider, tag: &str, cfg: HandshakeConfig) -> (conn::Listener, FabricAddr) {
     match p {
         Provider::Shm => {
             let ep = endpoint(tag);
             (conn::Listener::bind(&ep, cfg).unwrap(), ep)
         }
         Provider::Verbs(_) => {
-            let any = Endpoint::parse("rdma://127.0.0.1:0").unwrap();
+            let any = FabricAddr::parse("rdma://127.0.0.1:0").unwrap();
             let l = conn::Listener::bind(&any, cfg).unwrap();
             let addr = l.local_addr().expect("a TCP side channel");
-            (l, Endpoint::Rdma(addr))
+            (l, FabricAddr::Rdma(addr))
         }
     }
 }
@@ -44,8 +44,8 @@ pub fn sock_path(tag: &str) -> PathBuf {
     dir.join("s.sock")
 }
 
-pub fn endpoint(tag: &str) -> Endpoint {
-    Endpoint::Shm(sock_path(tag))
+pub fn endpoint(tag: &str) -> FabricAddr {
+    FabricAddr::Shm(sock_path(tag))
 }
 
 /// One side of a connected pair: the connection, the region it granted to the

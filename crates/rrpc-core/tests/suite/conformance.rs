@@ -257,7 +257,7 @@ fn signaled_accounting_at(p: &Provider, depth: u32) {
     let (a, _b) = pair_on(
         p,
         1 << 16,
-        QpConfig::default().send_depth(depth).unwrap(),
+        QpConfig::builder().send_depth(depth).build().unwrap(),
         QpConfig::default(),
     );
     let remote = a.conn.peer().region(1).unwrap();
@@ -411,7 +411,7 @@ fn depth_is_checked_on_every_operation(p: &Provider) {
     let (a, b) = pair_on(
         p,
         1 << 16,
-        QpConfig::default().send_depth(2).unwrap(),
+        QpConfig::builder().send_depth(2).build().unwrap(),
         QpConfig::default(),
     );
     b.conn.qp().post_recv(0).unwrap();

@@ -6,7 +6,15 @@ use rrpc_core::{Completion, Error, FaultConfig, Local, QpConfig, Status};
 
 #[test]
 fn delayed_completions_arrive_late_but_in_order() {
-    let cfg = QpConfig::default().fault(FaultConfig::none().completion_delay_polls(3));
+    let cfg = QpConfig::builder()
+        .fault(
+            FaultConfig::builder()
+                .completion_delay_polls(3)
+                .build()
+                .unwrap(),
+        )
+        .build()
+        .unwrap();
     let (a, _b) = common::pair_with(4096, cfg, QpConfig::default());
     let r = a.conn.peer().region(1).unwrap();
     for i in 0..4 {
@@ -30,7 +38,10 @@ fn delayed_completions_arrive_late_but_in_order() {
 
 #[test]
 fn failing_device_reports_error_completions_and_fails_the_qp() {
-    let cfg = QpConfig::default().fault(FaultConfig::none().fail_after_posts(2));
+    let cfg = QpConfig::builder()
+        .fault(FaultConfig::builder().fail_after_posts(2).build().unwrap())
+        .build()
+        .unwrap();
     let (a, _b) = common::pair_with(4096, cfg, QpConfig::default());
     let r = a.conn.peer().region(1).unwrap();
     let l = Local::new(&a.scratch, 0, 8);
@@ -58,7 +69,15 @@ fn failing_device_reports_error_completions_and_fails_the_qp() {
 /// post, and nothing is written, as on verbs.
 #[test]
 fn outstanding_work_requests_are_flushed_when_the_device_fails_the_qp() {
-    let cfg = QpConfig::default().fault(FaultConfig::none().completion_delay_polls(50));
+    let cfg = QpConfig::builder()
+        .fault(
+            FaultConfig::builder()
+                .completion_delay_polls(50)
+                .build()
+                .unwrap(),
+        )
+        .build()
+        .unwrap();
     let (a, b) = common::pair_with(4096, cfg, QpConfig::default());
     let qp = a.conn.qp();
     let r = a.conn.peer().region(1).unwrap();
@@ -92,7 +111,10 @@ fn outstanding_work_requests_are_flushed_when_the_device_fails_the_qp() {
 
 #[test]
 fn torn_write_copies_only_a_prefix() {
-    let cfg = QpConfig::default().fault(FaultConfig::none().torn_write_every(2));
+    let cfg = QpConfig::builder()
+        .fault(FaultConfig::builder().torn_write_every(2).build().unwrap())
+        .build()
+        .unwrap();
     let (a, b) = common::pair_with(4096, cfg, QpConfig::default());
     let r = a.conn.peer().region(1).unwrap();
     a.scratch.write_at(0, &[7u8; 64]).unwrap();
@@ -137,11 +159,16 @@ fn write_imm_beyond_posted_receives_is_refused() {
 
 #[test]
 fn a_peer_that_stopped_acknowledging_is_retry_exceeded_like_on_a_nic() {
-    let cfg = QpConfig::default().fault(
-        FaultConfig::none()
-            .fail_after_posts(1)
-            .fail_status(Status::RetryExceeded),
-    );
+    let cfg = QpConfig::builder()
+        .fault(
+            FaultConfig::builder()
+                .fail_after_posts(1)
+                .fail_status(Status::RetryExceeded)
+                .build()
+                .unwrap(),
+        )
+        .build()
+        .unwrap();
     let (a, _b) = common::pair_with(4096, cfg, QpConfig::default());
     let r = a.conn.peer().region(1).unwrap();
     let l = Local::new(&a.scratch, 0, 8);
@@ -180,7 +207,10 @@ fn fires_within(cq: &rrpc_core::CompletionQueue, ms: u16) -> bool {
 /// follows) finds it.
 #[test]
 fn a_missed_poll_is_the_arm_then_poll_race() {
-    let cfg = QpConfig::default().fault(FaultConfig::none().poll_miss_every(2));
+    let cfg = QpConfig::builder()
+        .fault(FaultConfig::builder().poll_miss_every(2).build().unwrap())
+        .build()
+        .unwrap();
     let (a, b) = common::pair_with(4096, QpConfig::default(), cfg);
     let r = a.conn.peer().region(1).unwrap();
     let l = Local::new(&a.scratch, 0, 8);

@@ -8,11 +8,11 @@ use std::time::Duration;
 
 use rrpc_core::conn::{self, HandshakeConfig, Offer};
 use rrpc_core::handshake::{HEADER_LEN, MAGIC, MAX_BODY, Message, VERSION};
-use rrpc_core::{Endpoint, Error, Fabric, Fault, QpConfig};
+use rrpc_core::{Error, Fabric, FabricAddr, Fault, QpConfig};
 
-fn listener(cfg: HandshakeConfig) -> (conn::Listener, Endpoint, std::path::PathBuf) {
+fn listener(cfg: HandshakeConfig) -> (conn::Listener, FabricAddr, std::path::PathBuf) {
     let path = common::sock_path("hs");
-    let ep = Endpoint::Shm(path.clone());
+    let ep = FabricAddr::Shm(path.clone());
     (conn::Listener::bind(&ep, cfg).unwrap(), ep, path)
 }
 
@@ -98,8 +98,9 @@ fn truncated_body_then_close_is_refused() {
 
 #[test]
 fn silent_client_times_out() {
-    let cfg = HandshakeConfig::default()
+    let cfg = HandshakeConfig::builder()
         .timeout(Duration::from_millis(200))
+        .build()
         .unwrap();
     let (l, _ep, path) = listener(cfg);
     let _s = UnixStream::connect(&path).unwrap();
@@ -147,7 +148,7 @@ fn hello_without_descriptors_is_refused() {
 /// A client connecting to `ep` on shm with `offer`, on its own thread (the
 /// test accepts, or refuses, on this one).
 fn connect_in_thread(
-    ep: &Endpoint,
+    ep: &FabricAddr,
     offer: Offer,
 ) -> std::thread::JoinHandle<rrpc_core::Result<conn::Connection>> {
     let ep = ep.clone();
@@ -159,8 +160,9 @@ fn connect_in_thread(
 
 #[test]
 fn wrong_token_is_refused_and_listener_keeps_serving() {
-    let cfg = HandshakeConfig::default()
+    let cfg = HandshakeConfig::builder()
         .token(b"s3cret".to_vec())
+        .build()
         .unwrap();
     let (l, ep, _) = listener(cfg);
     let bad = connect_in_thread(&ep, Offer::new().token(Some(b"nope".to_vec())));
@@ -199,8 +201,9 @@ fn explicit_reject_reaches_the_client() {
 #[test]
 fn server_that_never_answers_times_out_the_client() {
     let (l, ep, _) = listener(HandshakeConfig::default());
-    let cfg = HandshakeConfig::default()
+    let cfg = HandshakeConfig::builder()
         .timeout(Duration::from_millis(200))
+        .build()
         .unwrap();
     // Hold the accepted socket without answering.
     let holder = std::thread::spawn(move || {
@@ -262,8 +265,9 @@ fn refusals_are_counted_by_reason() {
     let recorder = DebuggingRecorder::new();
     let snapshotter = recorder.snapshotter();
     metrics::with_local_recorder(&recorder, || {
-        let cfg = HandshakeConfig::default()
+        let cfg = HandshakeConfig::builder()
             .token(b"s3cret".to_vec())
+            .build()
             .unwrap();
         let (l, ep, _) = listener(cfg);
         for _ in 0..2 {

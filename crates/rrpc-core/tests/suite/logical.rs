@@ -14,7 +14,7 @@ use std::sync::Arc;
 use common::{Provider, listen, wait_cq};
 use rrpc_core::conn::{self, Connection, HandshakeConfig, Listener, Offer, SharedConnection};
 use rrpc_core::vqp::VqpConfig;
-use rrpc_core::{Endpoint, Error, Fabric, Local, QpConfig, Region};
+use rrpc_core::{Error, Fabric, FabricAddr, Local, QpConfig, Region};
 
 /// The section this test's "application" names its logical connection in.
 const TAG: u16 = 0x7447;
@@ -28,7 +28,7 @@ rrpc_core::on_every_provider!(
 /// Both ends of a shared connection.
 struct Shared {
     listener: Listener,
-    ep: Endpoint,
+    ep: FabricAddr,
     fabric: Fabric,
     client: Arc<SharedConnection>,
     server: Arc<SharedConnection>,

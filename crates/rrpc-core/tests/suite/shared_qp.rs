@@ -157,7 +157,7 @@ fn a_malformed_post_hurts_no_other_sharer(p: &Provider) {
 
 fn unsignaled_sharers_never_overflow_a_small_queue(p: &Provider) {
     let depth = 8;
-    let cfg = QpConfig::default().send_depth(depth).unwrap();
+    let cfg = QpConfig::builder().send_depth(depth).build().unwrap();
     let (a, b) = pair_on(p, 1 << 16, cfg.clone(), cfg);
     let (pa, _pb) = share(&a, &b, VqpConfig::default());
     let remote = a.conn.peer().region(1).unwrap();
@@ -244,7 +244,7 @@ fn immediates_are_routed_to_the_tagged_sharer(p: &Provider) {
 fn a_write_before_a_receive_waits_and_a_flood_fails_only_that_sharer(p: &Provider) {
     // Receive depth 4 at the receiving end: each sharer may be written at
     // most 4 times ahead of its receives.
-    let deep4 = QpConfig::default().recv_depth(4).unwrap();
+    let deep4 = QpConfig::builder().recv_depth(4).build().unwrap();
     let (a, b) = pair_on(p, 1 << 16, QpConfig::default(), deep4);
     let (pa, pb) = share(&a, &b, VqpConfig::default());
     let remote = a.conn.peer().region(1).unwrap();
@@ -386,7 +386,7 @@ fn readable(fd: std::os::fd::BorrowedFd<'_>, ms: u16) -> bool {
 }
 
 fn threads_on_one_queue_pair(p: &Provider) {
-    let cfg = QpConfig::default().send_depth(16).unwrap();
+    let cfg = QpConfig::builder().send_depth(16).build().unwrap();
     let (a, b) = pair_on(p, 1 << 16, cfg.clone(), cfg);
     let (pa, _pb) = share(&a, &b, VqpConfig::default());
     let remote = a.conn.peer().region(1).unwrap();
@@ -454,7 +454,7 @@ fn threads_on_one_queue_pair(p: &Provider) {
 /// flushes no receives, so there this only checks nothing is misrouted.
 fn a_failed_hardware_queue_pair_is_no_sharer_s_misbehaviour(p: &Provider) {
     let (a, b) = pair_on(p, 1 << 16, QpConfig::default(), QpConfig::default());
-    let (_pa, pb) = share(&a, &b, VqpConfig::default().recv_depth(8));
+    let (_pa, pb) = share(&a, &b, VqpConfig::builder().recv_depth(8).build().unwrap());
     let r0 = pb.attach(0, 0).unwrap();
     let r1 = pb.attach(1, 1).unwrap();
     r1.post_recv(11).unwrap();
@@ -518,9 +518,9 @@ proptest! {
     /// order, and the hardware queue never holds more than its depth.
     #[test]
     fn random_interleavings(steps in prop::collection::vec(step(), 1..300), every in 1u32..5) {
-        let cfg = QpConfig::default().send_depth(4).unwrap();
+        let cfg = QpConfig::builder().send_depth(4).build().unwrap();
         let (a, b) = pair_on(&Provider::Shm, 1 << 16, cfg.clone(), cfg);
-        let vcfg = VqpConfig::default().signal_every(every).unwrap();
+        let vcfg = VqpConfig::builder().signal_every(every).build().unwrap();
         let (pa, pb) = share(&a, &b, vcfg);
         let remote = a.conn.peer().region(1).unwrap();
         let mut tx: Vec<Option<QueuePair>> = (0..6).map(|t| Some(pa.attach(t, t).unwrap())).collect();

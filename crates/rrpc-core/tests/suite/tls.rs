@@ -34,8 +34,14 @@ mod verbs {
         let (server_tls, client_tls) = tls_configs();
         // (The token a client presents travels in its `Offer`; tokens over
         // TLS are covered by the integration test `auth`.)
-        let server_hs = HandshakeConfig::default().tls_server(server_tls);
-        let client_hs = HandshakeConfig::default().tls_client(client_tls, name());
+        let server_hs = HandshakeConfig::builder()
+            .tls_server(server_tls)
+            .build()
+            .unwrap();
+        let client_hs = HandshakeConfig::builder()
+            .tls_client(client_tls, name())
+            .build()
+            .unwrap();
         let (a, b) = pair_on_with(
             &p,
             1 << 16,
@@ -77,7 +83,14 @@ mod verbs {
             return;
         };
         let (server_tls, _) = tls_configs();
-        let (listener, ep) = listen(&p, "tls", HandshakeConfig::default().tls_server(server_tls));
+        let (listener, ep) = listen(
+            &p,
+            "tls",
+            HandshakeConfig::builder()
+                .tls_server(server_tls)
+                .build()
+                .unwrap(),
+        );
         let server = std::thread::spawn(move || listener.accept().map(|_| ()));
         let f = p.fabric();
         let r = conn::connect(

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use common::{Provider, fnv, listen};
 use rrpc_core::conn::{self, HandshakeConfig, Offer};
-use rrpc_core::{Completion, Endpoint, Error, Fabric, Local, QpConfig};
+use rrpc_core::{Completion, Error, Fabric, FabricAddr, Local, QpConfig};
 
 const SLOTS: u64 = 64;
 const SLOT: usize = 1024;
@@ -31,7 +31,7 @@ const PUB: usize = 0;
 const ACK: usize = 8;
 const BASE: usize = 4096;
 
-fn spawn_child(role: &str, ep: &Endpoint, p: &Provider) -> Child {
+fn spawn_child(role: &str, ep: &FabricAddr, p: &Provider) -> Child {
     let mut cmd = Command::new(std::env::current_exe().unwrap());
     if let Provider::Verbs(dev) = p {
         cmd.env("RRPC_CHILD_DEVICE", dev);
@@ -59,7 +59,7 @@ fn child_entry() {
     let Ok(role) = std::env::var("RRPC_CHILD_ROLE") else {
         return;
     };
-    let ep = Endpoint::parse(&std::env::var("RRPC_CHILD_EP").unwrap()).unwrap();
+    let ep = FabricAddr::parse(&std::env::var("RRPC_CHILD_EP").unwrap()).unwrap();
     let provider = match std::env::var("RRPC_CHILD_DEVICE") {
         Ok(dev) => Provider::Verbs(dev),
         Err(_) => Provider::Shm,

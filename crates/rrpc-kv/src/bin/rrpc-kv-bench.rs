@@ -45,7 +45,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use clap::Parser;
 use indicatif::{ProgressBar, ProgressStyle};
-use rrpc_core::Endpoint;
+use rrpc_core::FabricAddr;
 use rrpc_kv::grpc::GrpcKv;
 use rrpc_kv::rfrpc::{
     self, Batcher, BatcherConfig, KvBatcher, KvClient, Mode, ModePolicy, RfClient, RfClientConfig,
@@ -232,21 +232,23 @@ impl Backend {
                     Backend::Redis { conn, index: scans }
                 }
                 Target::Rfrpc(uri) => {
-                    let ep = Endpoint::parse(uri)
+                    let ep = FabricAddr::parse(uri)
                         .with_context(|| format!("bad RF-RPC endpoint {uri}"))?;
                     let fabric = rfrpc::fabric_for(&ep, rdma_device)?;
-                    let cfg = RfClientConfig::new()
-                        .call_timeout(timeout)?
-                        .mode(args.rf_mode);
+                    let cfg = RfClientConfig::builder()
+                        .call_timeout(timeout)
+                        .mode(args.rf_mode)
+                        .build()?;
                     if args.batch > 1 {
                         let (n, depth) = (args.batch as usize, args.pipeline as usize);
                         let b = tokio::task::spawn_blocking(move || {
                             let clients = (0..depth)
                                 .map(|_| RfClient::connect(&ep, &fabric, cfg.clone()))
                                 .collect::<rrpc_kv::Result<Vec<_>>>()?;
-                            let bc = BatcherConfig::new()
-                                .max_entries(n)?
-                                .timeout(Duration::from_secs(3600));
+                            let bc = BatcherConfig::builder()
+                                .max_entries(n)
+                                .timeout(Duration::from_secs(3600))
+                                .build()?;
                             Batcher::with_clients(clients, bc)
                         })
                         .await?
@@ -485,7 +487,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
     if args.pipeline > 1 && args.batch == 1 {
         bail!("--pipeline needs --batch N with N > 1");
     }
-    let mut cfg = WorkloadConfig::new(args.workload)
+    let mut cfg = WorkloadConfig::builder(args.workload)
         .records(args.records)
         .operations(args.ops)
         .value_size(args.value_size)
@@ -493,13 +495,14 @@ async fn run(args: Args) -> anyhow::Result<()> {
     if let Some(d) = args.distribution {
         cfg = cfg.distribution(d);
     }
+    let cfg = cfg.build().context("bad workload")?;
     let mut workload = Workload::new(cfg).context("bad workload")?;
     let scans = args.workload.mix().scan > 0.0;
     let timeout = Duration::from_secs(args.connect_timeout);
 
     let mut rrpc = RrpcConfig::default();
     if let Some(d) = &args.rdma_device {
-        rrpc = rrpc.rdma_device(d.clone());
+        rrpc = rrpc.to_builder().rdma_device(d.clone()).build()?;
     }
     let mut clients = Vec::with_capacity(args.clients as usize);
     for _ in 0..args.clients {
@@ -508,7 +511,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
     println!(
         "workload {} ({:?} keys), {} records, {} operations, {} B values, {} clients, target {}",
         args.workload,
-        workload.config().get_distribution(),
+        workload.config().distribution(),
         args.records,
         args.ops,
         args.value_size,

@@ -33,7 +33,7 @@ use anyhow::{Context, bail};
 use clap::{Parser, ValueEnum};
 use std::sync::Arc;
 
-use rrpc_core::Endpoint;
+use rrpc_core::FabricAddr;
 use rrpc_kv::grpc::KvService;
 use rrpc_kv::rfrpc::{self, Mode, ModePolicy, RfServer};
 use rrpc_kv::store::{Engine, Store, StoreConfig};
@@ -101,10 +101,10 @@ fn start_rfrpc(args: &Args, store: &Store) -> anyhow::Result<Option<RfServer>> {
     let Some(uri) = &args.rfrpc else {
         return Ok(None);
     };
-    let ep = Endpoint::parse(uri).with_context(|| format!("bad --rfrpc endpoint {uri}"))?;
+    let ep = FabricAddr::parse(uri).with_context(|| format!("bad --rfrpc endpoint {uri}"))?;
     let fabric = rfrpc::fabric_for(&ep, args.rdma_device.as_deref())?;
     let server = RfServer::builder()
-        .threads(args.rfrpc_threads)?
+        .threads(args.rfrpc_threads)
         .mode(args.rfrpc_mode.policy())
         .serve_execute(&ep, &fabric, Arc::new(store.clone()))
         .with_context(|| format!("serving RF-RPC at {uri}"))?;
@@ -122,7 +122,7 @@ fn store_config(args: &Args) -> anyhow::Result<StoreConfig> {
         .memory_mib
         .checked_mul(1 << 20)
         .context("--memory-mib is too large")?;
-    let mut cfg = StoreConfig::default().memory_bound(bytes);
+    let mut cfg = StoreConfig::builder().memory_bound(bytes);
     if let Some(n) = args.partitions {
         cfg = cfg.partitions(n);
     }
@@ -132,7 +132,7 @@ fn store_config(args: &Args) -> anyhow::Result<StoreConfig> {
         (EngineArg::Persistent, Some(dir)) => Engine::Persistent(dir.clone()),
         (EngineArg::Persistent, None) => bail!("--engine persistent needs --data-dir"),
     };
-    Ok(cfg.engine(engine))
+    Ok(cfg.engine(engine).build()?)
 }
 
 #[tokio::main]
@@ -147,7 +147,7 @@ async fn main() -> anyhow::Result<()> {
     let service = KvService::new(store.clone()).blocking(persistent);
     let mut rrpc = RrpcConfig::default();
     if let Some(d) = &args.rdma_device {
-        rrpc = rrpc.rdma_device(d.clone());
+        rrpc = rrpc.to_builder().rdma_device(d.clone()).build()?;
     }
 
     let rf = start_rfrpc(&args, &store)?;

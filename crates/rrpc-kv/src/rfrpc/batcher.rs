@@ -258,7 +258,9 @@ impl BatchControl {
     }
 }
 
-/// Configuration of a [`Batcher`].
+/// Configuration of a [`Batcher`], built like every rrpc config
+/// ([`BatcherConfig::builder`]; docs/architecture.md, "Configuration
+/// convention").
 #[derive(Debug, Clone)]
 pub struct BatcherConfig {
     limit: usize,
@@ -281,46 +283,79 @@ impl Default for BatcherConfig {
 }
 
 impl BatcherConfig {
-    /// Paper defaults: L = 2048 bytes, T = 5 ms; N fixed at 32.
-    pub fn new() -> Self {
-        Self::default()
+    /// A builder starting from the paper defaults: L = 2048 bytes,
+    /// T = 5 ms; N fixed at 32 (docs/architecture.md, "Configuration
+    /// convention").
+    pub fn builder() -> BatcherConfigBuilder {
+        BatcherConfigBuilder {
+            cfg: Self::default(),
+        }
+    }
+
+    /// A builder starting from this config.
+    pub fn to_builder(&self) -> BatcherConfigBuilder {
+        BatcherConfigBuilder { cfg: self.clone() }
     }
 
     /// The size limit L of a batch's payload (entries with their 4-byte
     /// size words). Checked against the server's request buffer at
     /// [`Batcher::new`].
-    ///
-    /// # Errors
-    /// [`Error::InvalidConfig`] below 8 bytes.
-    pub fn limit(mut self, l: usize) -> Result<Self> {
-        if !(8..=batch::MAX_PAYLOAD).contains(&l) {
-            return Err(Error::InvalidConfig(format!("batch limit {l}")));
-        }
-        self.limit = l;
-        Ok(self)
+    pub fn limit(&self) -> usize {
+        self.limit
     }
 
     /// The flush timeout T.
-    pub fn timeout(mut self, t: Duration) -> Self {
-        self.timeout = t;
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    /// How N is chosen: fixed, or by a tuner.
+    pub fn sizing(&self) -> &Sizing {
+        &self.sizing
+    }
+
+    /// Whether a batch whose result batch is too large is sent again one
+    /// entry per call.
+    pub fn resend_oversized(&self) -> bool {
+        self.resend_oversized
+    }
+
+    /// The pipeline's threshold (§4.1): requests sent whose results have
+    /// not been collected.
+    pub fn max_outstanding(&self) -> usize {
+        self.max_outstanding
+    }
+}
+
+/// Builder for [`BatcherConfig`]; [`build`](Self::build) checks the ranges.
+#[derive(Debug, Clone)]
+pub struct BatcherConfigBuilder {
+    cfg: BatcherConfig,
+}
+
+impl BatcherConfigBuilder {
+    /// [`BatcherConfig::limit`]: at least 8 bytes, at most
+    /// [`batch::MAX_PAYLOAD`].
+    pub fn limit(mut self, l: usize) -> Self {
+        self.cfg.limit = l;
         self
     }
 
-    /// A fixed entry limit N (turns auto-tuning off).
-    ///
-    /// # Errors
-    /// [`Error::InvalidConfig`] for 0.
-    pub fn max_entries(mut self, n: usize) -> Result<Self> {
-        if n == 0 {
-            return Err(Error::InvalidConfig("batch of 0 entries".into()));
-        }
-        self.sizing = Sizing::Fixed(n);
-        Ok(self)
+    /// [`BatcherConfig::timeout`].
+    pub fn timeout(mut self, t: Duration) -> Self {
+        self.cfg.timeout = t;
+        self
+    }
+
+    /// A fixed entry limit N, at least 1 (turns auto-tuning off).
+    pub fn max_entries(mut self, n: usize) -> Self {
+        self.cfg.sizing = Sizing::Fixed(n);
+        self
     }
 
     /// Auto-tuning: N from `tuner` (its bounds, window, start size).
     pub fn auto_tune(mut self, tuner: BatchSizeTuner) -> Self {
-        self.sizing = Sizing::Auto(tuner);
+        self.cfg.sizing = Sizing::Auto(tuner);
         self
     }
 
@@ -328,23 +363,44 @@ impl BatcherConfig {
     /// entry per call (default on; runs the handler twice for those
     /// entries, see the module docs).
     pub fn resend_oversized(mut self, on: bool) -> Self {
-        self.resend_oversized = on;
+        self.cfg.resend_oversized = on;
         self
     }
 
-    /// The pipeline's threshold (§4.1): requests sent whose results have
-    /// not been collected. Past it, the oldest batch is collected before
-    /// the next is sent. Default: no threshold beyond the number of
-    /// clients (one batch in flight per client).
+    /// The pipeline's threshold (§4.1), at least 1: past it, the oldest
+    /// batch is collected before the next is sent. Default: no threshold
+    /// beyond the number of clients (one batch in flight per client).
+    pub fn max_outstanding(mut self, n: usize) -> Self {
+        self.cfg.max_outstanding = n;
+        self
+    }
+
+    /// Validates and returns the config.
     ///
     /// # Errors
-    /// [`Error::InvalidConfig`] for 0.
-    pub fn max_outstanding(mut self, n: usize) -> Result<Self> {
-        if n == 0 {
-            return Err(Error::InvalidConfig("max_outstanding of 0".into()));
+    /// [`Error::InvalidConfig`] naming the setting and its range: `limit`
+    /// outside 8..=[`batch::MAX_PAYLOAD`], a fixed N of 0, a zero
+    /// `max_outstanding`.
+    pub fn build(self) -> Result<BatcherConfig> {
+        let c = self.cfg;
+        if !(8..=batch::MAX_PAYLOAD).contains(&c.limit) {
+            return Err(Error::InvalidConfig(format!(
+                "batch limit {} must be in 8..={}",
+                c.limit,
+                batch::MAX_PAYLOAD
+            )));
         }
-        self.max_outstanding = n;
-        Ok(self)
+        if let Sizing::Fixed(0) = c.sizing {
+            return Err(Error::InvalidConfig(
+                "batch of 0 entries: max_entries must be at least 1".into(),
+            ));
+        }
+        if c.max_outstanding == 0 {
+            return Err(Error::InvalidConfig(
+                "max_outstanding of 0: must be at least 1".into(),
+            ));
+        }
+        Ok(c)
     }
 }
 
@@ -833,9 +889,9 @@ mod tests {
     fn tuner_settles_near_bound_over_cost() {
         let cost = Duration::from_micros(20);
         let bound = ms(1);
-        let tuner = BatchSizeTuner::new(bound, 0.1)
-            .unwrap()
-            .with_window(10)
+        let tuner = BatchSizeTuner::builder(bound, 0.1)
+            .window(10)
+            .build()
             .unwrap();
         let mut c = BatchControl::new(ms(5), Sizing::Auto(tuner)).unwrap();
         assert!(c.is_auto());
@@ -863,11 +919,11 @@ mod tests {
 
     #[test]
     fn tuner_sees_short_batches_only_when_over_the_bound() {
-        let tuner = BatchSizeTuner::new(ms(1), 0.1)
-            .unwrap()
-            .with_window(1)
-            .unwrap()
-            .with_size(10);
+        let tuner = BatchSizeTuner::builder(ms(1), 0.1)
+            .window(1)
+            .size(10)
+            .build()
+            .unwrap();
         let mut c = BatchControl::new(ms(5), Sizing::Auto(tuner)).unwrap();
         // Quick batches cut short by timeout or size do not grow N.
         for _ in 0..20 {
@@ -889,5 +945,26 @@ mod tests {
         assert_eq!(c.now(), ms(3));
         let m = MonotonicClock::new();
         assert!(m.now() < Duration::from_secs(60));
+    }
+
+    #[test]
+    fn config_build_checks_the_ranges() {
+        let b = BatcherConfig::builder;
+        let err = |b: BatcherConfigBuilder| b.build().unwrap_err().to_string();
+        assert!(err(b().limit(7)).contains("batch limit 7 must be in 8..="));
+        assert!(err(b().limit(batch::MAX_PAYLOAD + 1)).contains("batch limit"));
+        assert!(err(b().max_entries(0)).contains("max_entries must be at least 1"));
+        assert!(err(b().max_outstanding(0)).contains("max_outstanding of 0"));
+        let c = b()
+            .limit(8)
+            .max_entries(1)
+            .max_outstanding(1)
+            .build()
+            .unwrap();
+        assert_eq!((c.limit(), c.max_outstanding()), (8, 1));
+        assert!(matches!(
+            c.to_builder().build().unwrap().sizing(),
+            Sizing::Fixed(1)
+        ));
     }
 }

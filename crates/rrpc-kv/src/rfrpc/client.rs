@@ -4,7 +4,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use rrpc_core::conn::{self, Connection, HandshakeConfig, Offer};
-use rrpc_core::{Completion, Endpoint, Fabric, Local, QpConfig, Region, RemoteRegion, Status};
+use rrpc_core::{Completion, Fabric, FabricAddr, Local, QpConfig, Region, RemoteRegion, Status};
 
 use crate::error::{Error, Result};
 use crate::op::{Execute, Op, OpResult};
@@ -25,8 +25,12 @@ pub const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_secs(5);
 /// there in server-reply mode): 64 KiB.
 pub const DEFAULT_REPLY_BUFFER: usize = 64 << 10;
 
-/// Configuration of an [`RfClient`]: paper defaults, chained setters,
-/// validated setters return `Result`.
+/// Configuration of an [`RfClient`], paper defaults.
+///
+/// Built like every rrpc config (docs/architecture.md, "Configuration
+/// convention"): [`RfClientConfig::builder`], infallible setters on
+/// [`RfClientConfigBuilder`], [`build`](RfClientConfigBuilder::build)
+/// validates; getters are named after the setting.
 #[derive(Debug, Clone)]
 pub struct RfClientConfig {
     fetch_size: usize,
@@ -53,93 +57,142 @@ impl Default for RfClientConfig {
 }
 
 impl RfClientConfig {
-    /// The defaults.
-    pub fn new() -> Self {
-        Self::default()
+    /// A builder starting from the defaults.
+    pub fn builder() -> RfClientConfigBuilder {
+        RfClientConfigBuilder {
+            cfg: Self::default(),
+        }
+    }
+
+    /// A builder starting from this config, to derive a modified one.
+    pub fn to_builder(&self) -> RfClientConfigBuilder {
+        RfClientConfigBuilder { cfg: self.clone() }
     }
 
     /// F: bytes of the response buffer the first READ fetches, header
     /// included (default [`DEFAULT_FETCH_SIZE`]); larger results take a
     /// second READ. Clamped to the server's response buffer at connect.
-    ///
-    /// # Errors
-    /// [`Error::InvalidConfig`] below 24 bytes (an empty response) or over 512 MiB.
-    pub fn fetch_size(mut self, f: usize) -> Result<Self> {
-        if !(wire::response_frame_len(0)..=1 << 29).contains(&f) {
-            return Err(Error::InvalidConfig(format!("fetch_size {f}")));
-        }
-        self.fetch_size = f;
-        Ok(self)
+    pub fn fetch_size(&self) -> usize {
+        self.fetch_size
     }
 
     /// R: READ retries per call before the call counts as exhausted for the
     /// hybrid switch (default [`DEFAULT_RETRY_LIMIT`]).
-    pub fn retry_limit(mut self, r: u32) -> Self {
-        self.retry_limit = r;
-        self
+    pub fn retry_limit(&self) -> u32 {
+        self.retry_limit
     }
 
     /// Bound of one call (default 5 s); past it [`RfClient::call`] returns
     /// [`Error::Timeout`].
-    ///
-    /// # Errors
-    /// [`Error::InvalidConfig`] for zero.
-    pub fn call_timeout(mut self, t: Duration) -> Result<Self> {
-        if t.is_zero() {
-            return Err(Error::InvalidConfig("call_timeout 0".into()));
-        }
-        self.call_timeout = t;
-        Ok(self)
+    pub fn call_timeout(&self) -> Duration {
+        self.call_timeout
     }
 
     /// The mode policy; `None` (the default) takes the server's.
-    pub fn mode(mut self, policy: Option<ModePolicy>) -> Self {
-        self.mode = policy;
-        self
+    pub fn mode(&self) -> Option<ModePolicy> {
+        self.mode
     }
 
     /// Whether the hybrid switch measures both modes (default `true`: the
     /// measured veto and probes of [`ModeSwitch`]); `false` keeps the
     /// paper's two rules alone (§3.2), which decide from READ counts and
-    /// processing times only. See [`ModeSwitch::with_measured`].
-    pub fn measured_switch(mut self, on: bool) -> Self {
-        self.measured_switch = on;
-        self
+    /// processing times only. See [`ModeSwitchBuilder::measured`](crate::rfrpc::ModeSwitchBuilder::measured).
+    pub fn measured_switch(&self) -> bool {
+        self.measured_switch
     }
 
     /// Size of the reply buffer granted to the server (default 64 KiB); a
     /// server-reply result larger than it is refused with
     /// [`Error::TooLarge`].
-    ///
-    /// # Errors
-    /// [`Error::InvalidConfig`] below 64 bytes or over 512 MiB.
-    pub fn reply_buffer(mut self, n: usize) -> Result<Self> {
-        if !(64..=1 << 29).contains(&n) {
-            return Err(Error::InvalidConfig(format!("reply_buffer {n}")));
-        }
-        self.reply_buffer = n;
-        Ok(self)
+    pub fn reply_buffer(&self) -> usize {
+        self.reply_buffer
     }
 
     /// The side-channel handshake settings (timeout, token).
-    pub fn handshake(mut self, h: HandshakeConfig) -> Self {
-        self.handshake = h;
+    pub fn handshake(&self) -> &HandshakeConfig {
+        &self.handshake
+    }
+}
+
+/// Builder for [`RfClientConfig`]; [`build`](Self::build) checks the ranges.
+#[derive(Debug, Clone)]
+pub struct RfClientConfigBuilder {
+    cfg: RfClientConfig,
+}
+
+impl RfClientConfigBuilder {
+    /// [`RfClientConfig::fetch_size`]: at least 24 bytes (an empty
+    /// response), at most 512 MiB.
+    pub fn fetch_size(mut self, f: usize) -> Self {
+        self.cfg.fetch_size = f;
         self
     }
 
-    /// F.
-    pub fn get_fetch_size(&self) -> usize {
-        self.fetch_size
+    /// [`RfClientConfig::retry_limit`].
+    pub fn retry_limit(mut self, r: u32) -> Self {
+        self.cfg.retry_limit = r;
+        self
     }
 
-    /// R.
-    pub fn get_retry_limit(&self) -> u32 {
-        self.retry_limit
+    /// [`RfClientConfig::call_timeout`], above zero.
+    pub fn call_timeout(mut self, t: Duration) -> Self {
+        self.cfg.call_timeout = t;
+        self
     }
 
-    /// The call bound.
-    pub fn get_call_timeout(&self) -> Duration {
-        self.call_timeout
+    /// [`RfClientConfig::mode`].
+    pub fn mode(mut self, policy: Option<ModePolicy>) -> Self {
+        self.cfg.mode = policy;
+        self
+    }
+
+    /// [`RfClientConfig::measured_switch`].
+    pub fn measured_switch(mut self, on: bool) -> Self {
+        self.cfg.measured_switch = on;
+        self
+    }
+
+    /// [`RfClientConfig::reply_buffer`]: at least 64 bytes, at most 512 MiB.
+    pub fn reply_buffer(mut self, n: usize) -> Self {
+        self.cfg.reply_buffer = n;
+        self
+    }
+
+    /// [`RfClientConfig::handshake`].
+    pub fn handshake(mut self, h: HandshakeConfig) -> Self {
+        self.cfg.handshake = h;
+        self
+    }
+
+    /// Validates and returns the config.
+    ///
+    /// # Errors
+    /// [`Error::InvalidConfig`] naming the setting and its range:
+    /// `fetch_size` below 24 bytes or over 512 MiB, a zero `call_timeout`,
+    /// `reply_buffer` below 64 bytes or over 512 MiB.
+    pub fn build(self) -> Result<RfClientConfig> {
+        let c = self.cfg;
+        let min_fetch = wire::response_frame_len(0);
+        if !(min_fetch..=1 << 29).contains(&c.fetch_size) {
+            return Err(Error::InvalidConfig(format!(
+                "fetch_size {} must be in {min_fetch}..={}",
+                c.fetch_size,
+                1usize << 29
+            )));
+        }
+        if c.call_timeout.is_zero() {
+            return Err(Error::InvalidConfig(
+                "call_timeout 0 must be above zero".into(),
+            ));
+        }
+        if !(64..=1 << 29).contains(&c.reply_buffer) {
+            return Err(Error::InvalidConfig(format!(
+                "reply_buffer {} must be in 64..={}",
+                c.reply_buffer,
+                1usize << 29
+            )));
+        }
+        Ok(c)
     }
 }
 
@@ -199,7 +252,7 @@ impl RfClient {
     /// # Errors
     /// [`Error::Fabric`] if the connection or a region fails;
     /// [`Error::Malformed`] if the server's offer is not an RF-RPC server's.
-    pub fn connect(endpoint: &Endpoint, fabric: &Fabric, cfg: RfClientConfig) -> Result<Self> {
+    pub fn connect(endpoint: &FabricAddr, fabric: &Fabric, cfg: RfClientConfig) -> Result<Self> {
         // This connection's regions and queue pair in a protection domain
         // of their own (`Fabric::isolated`).
         let fabric = &fabric.isolated().map_err(Error::Fabric)?;
@@ -247,7 +300,9 @@ impl RfClient {
             info,
             fetch_size,
             timeout: cfg.call_timeout,
-            switch: ModeSwitch::new(policy, cfg.retry_limit).with_measured(cfg.measured_switch),
+            switch: ModeSwitch::builder(policy, cfg.retry_limit)
+                .measured(cfg.measured_switch)
+                .build()?,
             seq: 0,
             wr: 0,
             frame: Vec::new(),
@@ -740,7 +795,7 @@ impl KvClient {
     ///
     /// # Errors
     /// As [`RfClient::connect`].
-    pub fn connect(endpoint: &Endpoint, fabric: &Fabric, cfg: RfClientConfig) -> Result<Self> {
+    pub fn connect(endpoint: &FabricAddr, fabric: &Fabric, cfg: RfClientConfig) -> Result<Self> {
         Ok(KvClient {
             inner: Mutex::new(RfClient::connect(endpoint, fabric, cfg)?),
         })
@@ -776,5 +831,28 @@ impl Execute for KvClient {
     fn execute(&self, op: Op) -> OpResult {
         self.call(&op)
             .unwrap_or_else(|e| OpResult::Failed(format!("rf-rpc: {e}")))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn config_build_checks_the_ranges() {
+        let b = RfClientConfig::builder;
+        let err = |b: RfClientConfigBuilder| b.build().unwrap_err().to_string();
+        let min = wire::response_frame_len(0);
+        assert!(b().fetch_size(min).build().is_ok());
+        assert!(err(b().fetch_size(min - 1)).contains(&format!("fetch_size {}", min - 1)));
+        assert!(err(b().fetch_size((1 << 29) + 1)).contains("fetch_size"));
+        assert!(err(b().call_timeout(Duration::ZERO)).contains("call_timeout 0"));
+        assert!(err(b().reply_buffer(63)).contains("reply_buffer 63 must be in 64..="));
+        assert!(err(b().reply_buffer((1 << 29) + 1)).contains("reply_buffer"));
+        let c = b().retry_limit(9).measured_switch(false).build().unwrap();
+        assert_eq!((c.retry_limit(), c.measured_switch()), (9, false));
+        let d = c.to_builder().fetch_size(4096).build().unwrap();
+        assert_eq!((d.fetch_size(), d.retry_limit()), (4096, 9));
+        assert_eq!(RfClientConfig::default().fetch_size(), DEFAULT_FETCH_SIZE);
     }
 }

@@ -130,11 +130,11 @@ pub mod tune;
 pub mod wire;
 
 pub use batcher::{
-    BatchControl, BatchResult, Batcher, BatcherConfig, BatcherStats, Clock, FlushReason, KvBatcher,
-    MonotonicClock, Sizing, Ticket, VirtualClock,
+    BatchControl, BatchResult, Batcher, BatcherConfig, BatcherConfigBuilder, BatcherStats, Clock,
+    FlushReason, KvBatcher, MonotonicClock, Sizing, Ticket, VirtualClock,
 };
-pub use client::{ClientStats, KvClient, RfClient, RfClientConfig};
-pub use mode::{Mode, ModePolicy, ModeSwitch};
+pub use client::{ClientStats, KvClient, RfClient, RfClientConfig, RfClientConfigBuilder};
+pub use mode::{Mode, ModePolicy, ModeSwitch, ModeSwitchBuilder};
 pub use server::{RfServer, RfServerBuilder};
 
 /// The fabric an endpoint needs: shared memory for `shm://`, the verbs
@@ -145,15 +145,15 @@ pub use server::{RfServer, RfServerBuilder};
 /// [`crate::Error::InvalidConfig`] for `rdma://` when this crate was built
 /// without its `verbs` feature.
 pub fn fabric_for(
-    endpoint: &rrpc_core::Endpoint,
+    endpoint: &rrpc_core::FabricAddr,
     rdma_device: Option<&str>,
 ) -> crate::Result<rrpc_core::Fabric> {
     match endpoint {
-        rrpc_core::Endpoint::Shm(_) => Ok(rrpc_core::Fabric::shm()),
+        rrpc_core::FabricAddr::Shm(_) => Ok(rrpc_core::Fabric::shm()),
         #[cfg(feature = "verbs")]
-        rrpc_core::Endpoint::Rdma(_) => Ok(rrpc_core::Fabric::verbs(rdma_device)?),
+        rrpc_core::FabricAddr::Rdma(_) => Ok(rrpc_core::Fabric::verbs(rdma_device)?),
         #[cfg(not(feature = "verbs"))]
-        rrpc_core::Endpoint::Rdma(_) => {
+        rrpc_core::FabricAddr::Rdma(_) => {
             let _ = rdma_device;
             Err(crate::Error::InvalidConfig(
                 "rdma:// needs the verbs provider: build rrpc-kv with feature `verbs`".into(),

@@ -36,7 +36,7 @@
 //!     that is over 1.5 × the median (so a real slowdown still switches
 //!     after two calls, as the paper's rule does, while jitter and one
 //!     stalled call do not);
-//!   - every [`ModeSwitch::with_probe`] `every` calls (default 512) the
+//!   - every [`ModeSwitchBuilder::probe`] `every` calls (default 512) the
 //!     next `len` calls (default 5) are sent in the other mode, to refresh
 //!     its estimate (the first is discarded as a warm-up; the rest replace
 //!     the other mode's window); if the other mode then measures at least
@@ -52,7 +52,7 @@
 //!
 //! The RTT estimate is an exponentially weighted mean (weight 1/8) of the READ round trips
 //!   measured in remote-fetch mode, starting from
-//!   [`ModeSwitch::with_initial_rtt`] (default 2 µs, paper §5: a READ of a
+//!   [`ModeSwitchBuilder::initial_rtt`] (default 2 µs, paper §5: a READ of a
 //!   few hundred bytes on their InfiniBand).
 
 use std::time::Duration;
@@ -179,7 +179,70 @@ impl Recent {
     }
 }
 
+/// Builder of a [`ModeSwitch`] ([`ModeSwitch::builder`]): its tuning
+/// knobs, each clamped to its range.
+#[derive(Debug, Clone)]
+pub struct ModeSwitchBuilder {
+    switch: ModeSwitch,
+}
+
+impl ModeSwitchBuilder {
+    /// `false`: the paper's two rules alone (§3.2), without the measured
+    /// veto and with probing off; `true` (the default): both (see the
+    /// module docs). The paper's rules alone flap on a host where the
+    /// server's pick-up delay, not its processing, exhausts R (shm on a
+    /// loaded machine), and are deterministic in what they decide.
+    pub fn measured(mut self, on: bool) -> Self {
+        self.switch.measured = on;
+        if !on {
+            self.switch.probe_every = 0;
+        }
+        self
+    }
+
+    /// Every `every` calls, send `len` calls in the other mode to measure
+    /// it (defaults 512 and 5; `every = 0` turns probing off). `len` is
+    /// 2..=17: the first probe call is a warm-up, the median of the others
+    /// is the other mode's new estimate.
+    pub fn probe(mut self, every: u32, len: u32) -> Self {
+        self.switch.probe_every = every;
+        self.switch.probe_len = len.clamp(2, WINDOW as u32 + 1);
+        self
+    }
+
+    /// Consecutive calls needed to switch, either way (default 2; at least 1).
+    pub fn switch_after(mut self, n: u32) -> Self {
+        self.switch.switch_after = n.max(1);
+        self
+    }
+
+    /// The READ round trip assumed before any was measured.
+    pub fn initial_rtt(mut self, rtt: Duration) -> Self {
+        self.switch.rtt = rtt;
+        self
+    }
+
+    /// The switch.
+    ///
+    /// # Errors
+    /// None today (every knob is clamped to its range); a `Result` like
+    /// every config's `build`, so that a check added later is not a
+    /// breaking change.
+    pub fn build(self) -> crate::Result<ModeSwitch> {
+        Ok(self.switch)
+    }
+}
+
 impl ModeSwitch {
+    /// A builder of a switch with `policy` and `retry_limit` = R, the other
+    /// settings at their defaults ([`ModeSwitchBuilder`]); built like every
+    /// rrpc config (docs/architecture.md, "Configuration convention").
+    pub fn builder(policy: ModePolicy, retry_limit: u32) -> ModeSwitchBuilder {
+        ModeSwitchBuilder {
+            switch: ModeSwitch::new(policy, retry_limit),
+        }
+    }
+
     /// A switch in remote-fetch mode (or the fixed mode) with
     /// `retry_limit` = R (paper default 5).
     pub fn new(policy: ModePolicy, retry_limit: u32) -> Self {
@@ -204,41 +267,6 @@ impl ModeSwitch {
             probes: 0,
             measured: true,
         }
-    }
-
-    /// `false`: the paper's two rules alone (§3.2), without the measured
-    /// veto and with probing off; `true` (the default): both (see the
-    /// module docs). The paper's rules alone flap on a host where the
-    /// server's pick-up delay, not its processing, exhausts R (shm on a
-    /// loaded machine), and are deterministic in what they decide.
-    pub fn with_measured(mut self, on: bool) -> Self {
-        self.measured = on;
-        if !on {
-            self.probe_every = 0;
-        }
-        self
-    }
-
-    /// Every `every` calls, send `len` calls in the other mode to measure
-    /// it (defaults 512 and 5; `every = 0` turns probing off). `len` is
-    /// 2..=17: the first probe call is a warm-up, the median of the others
-    /// is the other mode's new estimate.
-    pub fn with_probe(mut self, every: u32, len: u32) -> Self {
-        self.probe_every = every;
-        self.probe_len = len.clamp(2, WINDOW as u32 + 1);
-        self
-    }
-
-    /// Consecutive calls needed to switch, either way (default 2; at least 1).
-    pub fn with_switch_after(mut self, n: u32) -> Self {
-        self.switch_after = n.max(1);
-        self
-    }
-
-    /// The READ round trip assumed before any was measured.
-    pub fn with_initial_rtt(mut self, rtt: Duration) -> Self {
-        self.rtt = rtt;
-        self
     }
 
     /// The mode the next call must be sent in (the current mode, or the
@@ -463,7 +491,10 @@ mod tests {
     #[test]
     fn slow_server_switches_to_server_reply_then_back() {
         let rtt = Duration::from_micros(2);
-        let mut sw = ModeSwitch::new(ModePolicy::Hybrid, 5).with_initial_rtt(rtt);
+        let mut sw = ModeSwitch::builder(ModePolicy::Hybrid, 5)
+            .initial_rtt(rtt)
+            .build()
+            .unwrap();
         // Fast handler: stays in remote fetch.
         for _ in 0..100 {
             let r = virtual_call(&mut sw, rtt, Duration::from_micros(1));
@@ -546,7 +577,10 @@ mod tests {
         // exhausting R): the paper's rules alone switch on every second
         // call; the measured switch settles.
         let run = |measured: bool| {
-            let mut sw = ModeSwitch::new(ModePolicy::Hybrid, 5).with_measured(measured);
+            let mut sw = ModeSwitch::builder(ModePolicy::Hybrid, 5)
+                .measured(measured)
+                .build()
+                .unwrap();
             for _ in 0..1_000 {
                 let r = late_pickup(&mut sw, 4, 6);
                 sw.handle_call(r);
@@ -588,7 +622,10 @@ mod tests {
         // while server-reply calls are never short (processing 20 µs
         // against R × rtt = 10 µs), so only a probe can find it.
         let rtt = Duration::from_micros(2);
-        let mut sw = ModeSwitch::new(ModePolicy::Hybrid, 5).with_initial_rtt(rtt);
+        let mut sw = ModeSwitch::builder(ModePolicy::Hybrid, 5)
+            .initial_rtt(rtt)
+            .build()
+            .unwrap();
         let call = |sw: &mut ModeSwitch, rf_us: u64, sr_us: u64| {
             let mode = sw.mode();
             CallReport {
@@ -616,7 +653,10 @@ mod tests {
 
     #[test]
     fn without_probes_the_rules_switch_and_the_veto_stops_the_flapping() {
-        let mut sw = ModeSwitch::new(ModePolicy::Hybrid, 5).with_probe(0, 5);
+        let mut sw = ModeSwitch::builder(ModePolicy::Hybrid, 5)
+            .probe(0, 5)
+            .build()
+            .unwrap();
         for _ in 0..10_000 {
             let r = late_pickup(&mut sw, 4, 6);
             assert_eq!(r.mode, sw.current(), "no probes");
@@ -632,7 +672,10 @@ mod tests {
     #[test]
     fn one_slow_call_does_not_switch() {
         let rtt = Duration::from_micros(2);
-        let mut sw = ModeSwitch::new(ModePolicy::Hybrid, 5).with_initial_rtt(rtt);
+        let mut sw = ModeSwitch::builder(ModePolicy::Hybrid, 5)
+            .initial_rtt(rtt)
+            .build()
+            .unwrap();
         for i in 0..50 {
             let proc = if i % 2 == 0 { 100 } else { 1 };
             let r = virtual_call(&mut sw, rtt, Duration::from_micros(proc));
@@ -663,11 +706,17 @@ mod tests {
             let rtt = Duration::from_nanos(rtt_ns);
             let proc = Duration::from_nanos(proc_ns);
             let fixed = |m: Mode| {
-                let mut sw = ModeSwitch::new(ModePolicy::Fixed(m), r).with_initial_rtt(rtt);
+                let mut sw = ModeSwitch::builder(ModePolicy::Fixed(m), r)
+            .initial_rtt(rtt)
+            .build()
+            .unwrap();
                 virtual_call(&mut sw, rtt, proc).latency
             };
             let best = fixed(Mode::RemoteFetch).min(fixed(Mode::ServerReply));
-            let mut sw = ModeSwitch::new(ModePolicy::Hybrid, r).with_initial_rtt(rtt);
+            let mut sw = ModeSwitch::builder(ModePolicy::Hybrid, r)
+            .initial_rtt(rtt)
+            .build()
+            .unwrap();
             for _ in 0..1_100 {
                 let c = virtual_call(&mut sw, rtt, proc);
                 sw.handle_call(c);

@@ -7,7 +7,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use rrpc_core::conn::{self, Connection, HandshakeConfig, Offer};
-use rrpc_core::{Completion, Endpoint, Fabric, Local, QpConfig, Region, RemoteRegion, Status};
+use rrpc_core::{Completion, Fabric, FabricAddr, Local, QpConfig, Region, RemoteRegion, Status};
 
 use crate::error::{Error, Result};
 use crate::op::{Execute, Op, OpResult};
@@ -30,8 +30,10 @@ const MAX_BATCH_ENTRIES: usize = u16::MAX as usize;
 /// thread; it may block (the client then switches to server-reply).
 pub type Handler = Arc<dyn Fn(&[u8]) -> Vec<u8> + Send + Sync>;
 
-/// Builder of an [`RfServer`]: paper-shaped defaults, chained setters,
-/// validated setters return `Result`.
+/// Builder of an [`RfServer`]: paper-shaped defaults, infallible setters
+/// named after the setting (docs/architecture.md, "Configuration
+/// convention"); [`serve`](Self::serve) validates them before it binds or
+/// starts anything.
 #[derive(Debug, Clone)]
 pub struct RfServerBuilder {
     threads: usize,
@@ -58,41 +60,25 @@ impl RfServerBuilder {
     /// each thread polls its connections' request buffers in turn (§5.5:
     /// one thread per core, several queue pairs per thread).
     ///
-    /// # Errors
-    /// [`Error::InvalidConfig`] for 0 or more than 1024.
-    pub fn threads(mut self, n: usize) -> Result<Self> {
-        if !(1..=1024).contains(&n) {
-            return Err(Error::InvalidConfig(format!("threads {n}")));
-        }
+    /// `1..=1024`.
+    pub fn threads(mut self, n: usize) -> Self {
         self.threads = n;
-        Ok(self)
+        self
     }
 
     /// Bytes of each connection's request buffer (default 64 KiB; rounded up
-    /// to a multiple of 8).
-    ///
-    /// # Errors
-    /// [`Error::InvalidConfig`] below 64 bytes or over 512 MiB.
-    pub fn request_buffer(mut self, n: usize) -> Result<Self> {
-        if !(64..=1 << 29).contains(&n) {
-            return Err(Error::InvalidConfig(format!("request_buffer {n}")));
-        }
-        self.request_buffer = wire::pad8(n);
-        Ok(self)
+    /// to a multiple of 8), at least 64 bytes, at most 512 MiB.
+    pub fn request_buffer(mut self, n: usize) -> Self {
+        self.request_buffer = n;
+        self
     }
 
     /// Bytes of each connection's response buffer (default 64 KiB; rounded
     /// up to a multiple of 8). A larger result is answered with a
-    /// "too large" response.
-    ///
-    /// # Errors
-    /// [`Error::InvalidConfig`] below 64 bytes or over 512 MiB.
-    pub fn response_buffer(mut self, n: usize) -> Result<Self> {
-        if !(64..=1 << 29).contains(&n) {
-            return Err(Error::InvalidConfig(format!("response_buffer {n}")));
-        }
-        self.response_buffer = wire::pad8(n);
-        Ok(self)
+    /// "too large" response. At least 64 bytes, at most 512 MiB.
+    pub fn response_buffer(mut self, n: usize) -> Self {
+        self.response_buffer = n;
+        self
     }
 
     /// The mode policy offered to clients (default hybrid); a client may
@@ -109,18 +95,47 @@ impl RfServerBuilder {
         self
     }
 
-    /// Binds `endpoint` and serves `handler` on the builder's threads.
+    /// Checks every setting (what [`serve`](Self::serve) does first) and
+    /// rounds the buffers up to a multiple of 8.
+    fn validate(mut self) -> Result<Self> {
+        if !(1..=1024).contains(&self.threads) {
+            return Err(Error::InvalidConfig(format!(
+                "threads {} must be in 1..=1024",
+                self.threads
+            )));
+        }
+        for (name, n) in [
+            ("request_buffer", self.request_buffer),
+            ("response_buffer", self.response_buffer),
+        ] {
+            if !(64..=1 << 29).contains(&n) {
+                return Err(Error::InvalidConfig(format!(
+                    "{name} {n} must be in 64..={}",
+                    1usize << 29
+                )));
+            }
+        }
+        self.request_buffer = wire::pad8(self.request_buffer);
+        self.response_buffer = wire::pad8(self.response_buffer);
+        Ok(self)
+    }
+
+    /// Validates the settings, binds `endpoint` and serves `handler` on the
+    /// builder's threads.
     ///
     /// # Errors
+    /// [`Error::InvalidConfig`] naming the setting and its range, before
+    /// anything is bound: `threads` outside `1..=1024`, a buffer below 64
+    /// bytes or over 512 MiB;
     /// [`Error::Fabric`] if the listener cannot bind; [`Error::Io`] if a
     /// thread cannot be spawned.
     pub fn serve(
         self,
-        endpoint: &Endpoint,
+        endpoint: &FabricAddr,
         fabric: &Fabric,
         handler: impl Fn(&[u8]) -> Vec<u8> + Send + Sync + 'static,
     ) -> Result<RfServer> {
-        RfServer::start(self, endpoint, fabric, Arc::new(handler))
+        RfServer::start(self.validate()?, endpoint, fabric, Arc::new(handler))
     }
 
     /// Serves a key-value [`Execute`]: each request is one encoded [`Op`],
@@ -131,7 +146,7 @@ impl RfServerBuilder {
     /// As [`Self::serve`].
     pub fn serve_execute<E: Execute>(
         self,
-        endpoint: &Endpoint,
+        endpoint: &FabricAddr,
         fabric: &Fabric,
         exec: Arc<E>,
     ) -> Result<RfServer> {
@@ -155,7 +170,7 @@ struct Counters {
 /// every connection; clients then see an error for which [`Error::is_peer_gone`] holds.
 #[derive(Debug)]
 pub struct RfServer {
-    endpoint: Endpoint,
+    endpoint: FabricAddr,
     stop: Arc<AtomicBool>,
     threads: Vec<JoinHandle<()>>,
     counters: Arc<Counters>,
@@ -169,7 +184,7 @@ impl RfServer {
 
     fn start(
         b: RfServerBuilder,
-        endpoint: &Endpoint,
+        endpoint: &FabricAddr,
         fabric: &Fabric,
         handler: Handler,
     ) -> Result<RfServer> {
@@ -177,7 +192,7 @@ impl RfServer {
             conn::Listener::bind(endpoint, b.handshake.clone()).map_err(Error::Fabric)?;
         listener.set_nonblocking(true).map_err(Error::Fabric)?;
         let endpoint = match (endpoint, listener.local_addr()) {
-            (Endpoint::Rdma(_), Some(a)) => Endpoint::Rdma(a),
+            (FabricAddr::Rdma(_), Some(a)) => FabricAddr::Rdma(a),
             _ => endpoint.clone(),
         };
         let stop = Arc::new(AtomicBool::new(false));
@@ -222,7 +237,7 @@ impl RfServer {
 
     /// The endpoint clients connect to (with the kernel-chosen port for
     /// `rdma://host:0`).
-    pub fn endpoint(&self) -> &Endpoint {
+    pub fn endpoint(&self) -> &FabricAddr {
         &self.endpoint
     }
 
@@ -585,5 +600,28 @@ impl ServerConn {
             self.conn.check_alive()?;
             std::thread::yield_now();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn serve_validates_the_settings_first() {
+        let b = RfServer::builder;
+        let err = |b: RfServerBuilder| b.validate().unwrap_err().to_string();
+        assert!(err(b().threads(0)).contains("threads 0 must be in 1..=1024"));
+        assert!(err(b().threads(1025)).contains("threads 1025"));
+        assert!(err(b().request_buffer(63)).contains("request_buffer 63"));
+        assert!(err(b().response_buffer((1 << 29) + 1)).contains("response_buffer"));
+        let ok = b().threads(1024).request_buffer(65).validate().unwrap();
+        assert_eq!(ok.request_buffer, 72, "rounded up to a multiple of 8");
+        // serve refuses before binding anything.
+        let ep = FabricAddr::Shm("/nonexistent-dir/never-bound.sock".into());
+        let r = b()
+            .threads(0)
+            .serve(&ep, &Fabric::shm(), |r: &[u8]| r.to_vec());
+        assert!(matches!(r, Err(Error::InvalidConfig(_))), "{r:?}");
     }
 }

@@ -141,9 +141,56 @@ pub struct FetchTuner {
     retunes: u64,
 }
 
+/// Builder of a [`FetchTuner`] ([`FetchTuner::builder`]).
+#[derive(Debug, Clone)]
+pub struct FetchTunerBuilder {
+    table: RateTable,
+    every: u32,
+    window: usize,
+}
+
+impl FetchTunerBuilder {
+    /// Re-run every `every` results (at least 1; default 1024) over the
+    /// last `window` sizes (at least [`FetchTuner::MIN_SAMPLES`]; default 256).
+    pub fn period(mut self, every: u32, window: usize) -> Self {
+        self.every = every;
+        self.window = window;
+        self
+    }
+
+    /// Validates and returns the tuner.
+    ///
+    /// # Errors
+    /// [`Error::InvalidConfig`] for an empty table, a zero `every` or a
+    /// window below [`FetchTuner::MIN_SAMPLES`].
+    pub fn build(self) -> Result<FetchTuner> {
+        let (every, window) = (self.every, self.window);
+        if every == 0 || window < FetchTuner::MIN_SAMPLES {
+            return Err(Error::InvalidConfig(format!(
+                "fetch tuner period {every} / window {window}: every must be at least 1, window at least {}",
+                FetchTuner::MIN_SAMPLES
+            )));
+        }
+        let mut t = FetchTuner::new(self.table)?;
+        t.every = every;
+        t.window = window;
+        Ok(t)
+    }
+}
+
 impl FetchTuner {
     /// Results sampled before the first choice.
     pub const MIN_SAMPLES: usize = 16;
+
+    /// A builder of a tuner over `table` (its period settable), built like
+    /// every rrpc config (docs/architecture.md, "Configuration convention").
+    pub fn builder(table: RateTable) -> FetchTunerBuilder {
+        FetchTunerBuilder {
+            table,
+            every: 1024,
+            window: 256,
+        }
+    }
 
     /// A tuner over `table`, re-running Eq. 2 every 1024 results over the
     /// last 256 sizes.
@@ -164,24 +211,6 @@ impl FetchTuner {
             current: None,
             retunes: 0,
         })
-    }
-
-    /// Re-run every `every` results over the last `window` sizes.
-    ///
-    /// # Errors
-    /// [`Error::InvalidConfig`] for 0 or a window below
-    /// [`Self::MIN_SAMPLES`].
-    pub fn with_period(mut self, every: u32, window: usize) -> Result<Self> {
-        if every == 0 || window < Self::MIN_SAMPLES {
-            return Err(Error::InvalidConfig(format!(
-                "fetch tuner period {every} / window {window}"
-            )));
-        }
-        self.every = every;
-        self.window = window;
-        self.samples.truncate(window);
-        self.next %= window;
-        Ok(self)
     }
 
     /// A result of `frame_len` bytes (response frame, header included) came
@@ -244,7 +273,78 @@ pub struct BatchSizeTuner {
     over: u32,
 }
 
+/// Builder of a [`BatchSizeTuner`] ([`BatchSizeTuner::builder`]).
+#[derive(Debug, Clone)]
+pub struct BatchSizeTunerBuilder {
+    l_limit: Duration,
+    alpha: f64,
+    size: u16,
+    min: u16,
+    max: u16,
+    window: u32,
+}
+
+impl BatchSizeTunerBuilder {
+    /// The bounds of the batch size, `1 <= min <= max` (default 1..=128).
+    pub fn bounds(mut self, min: u16, max: u16) -> Self {
+        self.min = min;
+        self.max = max;
+        self
+    }
+
+    /// The window (latencies per decision), at least 1 (default 1000).
+    pub fn window(mut self, window: u32) -> Self {
+        self.window = window;
+        self
+    }
+
+    /// The starting size (default 1), clamped to the bounds.
+    pub fn size(mut self, size: u16) -> Self {
+        self.size = size;
+        self
+    }
+
+    /// Validates and returns the tuner.
+    ///
+    /// # Errors
+    /// [`Error::InvalidConfig`] naming the setting and its range: unless
+    /// `0 < alpha < 1`, `l_limit > 0`, `1 <= min <= max` and `window >= 1`.
+    pub fn build(self) -> Result<BatchSizeTuner> {
+        let (min, max) = (self.min, self.max);
+        if min == 0 || min > max {
+            return Err(Error::InvalidConfig(format!(
+                "batch size bounds {min}..={max}: need 1 <= min <= max"
+            )));
+        }
+        if self.window == 0 {
+            return Err(Error::InvalidConfig(
+                "batch tuner window 0: must be at least 1".into(),
+            ));
+        }
+        let mut t = BatchSizeTuner::new(self.l_limit, self.alpha)?;
+        t.min = min;
+        t.max = max;
+        t.window = self.window;
+        t.size = self.size.clamp(min, max);
+        Ok(t)
+    }
+}
+
 impl BatchSizeTuner {
+    /// A builder of a tuner for the latency bound `l_limit` and tolerance
+    /// `alpha` (bounds, window and starting size settable), built like every
+    /// rrpc config (docs/architecture.md, "Configuration convention").
+    pub fn builder(l_limit: Duration, alpha: f64) -> BatchSizeTunerBuilder {
+        BatchSizeTunerBuilder {
+            l_limit,
+            alpha,
+            size: 1,
+            min: 1,
+            max: 128,
+            window: 1000,
+        }
+    }
+
     /// A tuner for the latency bound `l_limit` and tolerance `alpha` (a
     /// fraction: the paper's evaluation uses 5 %, i.e. 0.05), starting at
     /// size 1, bounds 1..=128, windows of 1000 latencies.
@@ -267,40 +367,6 @@ impl BatchSizeTuner {
             seen: 0,
             over: 0,
         })
-    }
-
-    /// Sets the bounds of the batch size.
-    ///
-    /// # Errors
-    /// [`Error::InvalidConfig`] unless `1 <= min <= max`.
-    pub fn with_bounds(mut self, min: u16, max: u16) -> Result<Self> {
-        if min == 0 || min > max {
-            return Err(Error::InvalidConfig(format!(
-                "batch size bounds {min}..={max}"
-            )));
-        }
-        self.min = min;
-        self.max = max;
-        self.size = self.size.clamp(min, max);
-        Ok(self)
-    }
-
-    /// Sets the window (latencies per decision).
-    ///
-    /// # Errors
-    /// [`Error::InvalidConfig`] for 0.
-    pub fn with_window(mut self, window: u32) -> Result<Self> {
-        if window == 0 {
-            return Err(Error::InvalidConfig("batch tuner window 0".into()));
-        }
-        self.window = window;
-        Ok(self)
-    }
-
-    /// Sets the starting size (clamped to the bounds).
-    pub fn with_size(mut self, size: u16) -> Self {
-        self.size = size.clamp(self.min, self.max);
-        self
     }
 
     /// The latency bound.
@@ -381,7 +447,7 @@ mod tests {
     fn fetch_tuner_follows_the_result_sizes() {
         // I_{R,F} falls with F (bigger READs are slower), flat in R.
         let t = RateTable::from_fn(3, 64, 1024, 64, |_, f| 1e6 / (1.0 + f as f64 / 8192.0));
-        let mut ft = FetchTuner::new(t).unwrap().with_period(100, 64).unwrap();
+        let mut ft = FetchTuner::builder(t).period(100, 64).build().unwrap();
         // Small results: the first choice comes after MIN_SAMPLES.
         let mut got = None;
         for i in 0..FetchTuner::MIN_SAMPLES {
@@ -406,9 +472,9 @@ mod tests {
         assert_eq!(ft.retunes(), 2);
         assert!(FetchTuner::new(RateTable::new()).is_err());
         assert!(
-            FetchTuner::new(RateTable::from_fn(1, 64, 64, 1, |_, _| 1.0))
-                .unwrap()
-                .with_period(0, 64)
+            FetchTuner::builder(RateTable::from_fn(1, 64, 64, 1, |_, _| 1.0))
+                .period(0, 64)
+                .build()
                 .is_err()
         );
     }
@@ -419,9 +485,9 @@ mod tests {
     #[test]
     fn eq3_converges_to_the_bound() {
         let l_limit = Duration::from_micros(20);
-        let mut t = BatchSizeTuner::new(l_limit, 0.05)
-            .unwrap()
-            .with_window(200)
+        let mut t = BatchSizeTuner::builder(l_limit, 0.05)
+            .window(200)
+            .build()
             .unwrap();
         let lat = |s: u16, i: u32| {
             let mean = 2.0 + 0.5 * s as f64; // µs
@@ -453,13 +519,12 @@ mod tests {
 
     #[test]
     fn eq3_shrinks_when_over_and_respects_bounds() {
-        let mut t = BatchSizeTuner::new(Duration::from_micros(1), 0.05)
-            .unwrap()
-            .with_bounds(2, 10)
-            .unwrap()
-            .with_window(10)
-            .unwrap()
-            .with_size(10);
+        let mut t = BatchSizeTuner::builder(Duration::from_micros(1), 0.05)
+            .bounds(2, 10)
+            .window(10)
+            .size(10)
+            .build()
+            .unwrap();
         for _ in 0..1000 {
             t.handle_latency(Duration::from_micros(5));
         }
@@ -470,5 +535,57 @@ mod tests {
         assert_eq!(t.size(), 10);
         assert!(BatchSizeTuner::new(Duration::ZERO, 0.05).is_err());
         assert!(BatchSizeTuner::new(Duration::from_micros(1), 1.5).is_err());
+    }
+
+    #[test]
+    fn builders_check_their_settings() {
+        let table = || RateTable::from_fn(1, 64, 64, 1, |_, _| 1.0);
+        let e = FetchTuner::builder(table())
+            .period(0, 64)
+            .build()
+            .unwrap_err();
+        assert!(e.to_string().contains("period 0"), "{e}");
+        let e = FetchTuner::builder(table())
+            .period(1, FetchTuner::MIN_SAMPLES - 1)
+            .build()
+            .unwrap_err();
+        assert!(e.to_string().contains("window"), "{e}");
+        assert!(FetchTuner::builder(RateTable::new()).build().is_err());
+        assert!(
+            FetchTuner::builder(table())
+                .period(1, FetchTuner::MIN_SAMPLES)
+                .build()
+                .is_ok()
+        );
+        let b = || BatchSizeTuner::builder(Duration::from_micros(5), 0.05);
+        assert!(
+            b().bounds(0, 4)
+                .build()
+                .unwrap_err()
+                .to_string()
+                .contains("bounds 0..=4")
+        );
+        assert!(
+            b().bounds(5, 4)
+                .build()
+                .unwrap_err()
+                .to_string()
+                .contains("bounds 5..=4")
+        );
+        assert!(
+            b().window(0)
+                .build()
+                .unwrap_err()
+                .to_string()
+                .contains("window 0")
+        );
+        assert!(
+            BatchSizeTuner::builder(Duration::ZERO, 0.05)
+                .build()
+                .is_err()
+        );
+        // The start size is clamped to the bounds, whichever is set first.
+        assert_eq!(b().size(50).bounds(2, 10).build().unwrap().size(), 10);
+        assert_eq!(b().bounds(5, 10).build().unwrap().size(), 5);
     }
 }

@@ -83,7 +83,7 @@
 //! use rrpc_kv::store::{Store, StoreConfig};
 //! use rrpc_kv::{Execute, Op, OpResult};
 //!
-//! let store = Store::open(StoreConfig::default().partitions(4).memory_bound(1 << 20))?;
+//! let store = Store::open(StoreConfig::builder().partitions(4).memory_bound(1 << 20).build()?)?;
 //! let key = Bytes::from_static(b"user1");
 //! store.execute(Op::Put { key: key.clone(), value: Bytes::from_static(b"v") });
 //! assert_eq!(store.execute(Op::Get { key }), OpResult::Value(Bytes::from_static(b"v")));
@@ -134,15 +134,20 @@ pub enum Engine {
     Persistent(PathBuf),
 }
 
-/// How to open a [`Store`].
+/// How to open a [`Store`]. Built like every rrpc config
+/// (docs/architecture.md, "Configuration convention"):
+/// [`StoreConfig::builder`], setters on [`StoreConfigBuilder`],
+/// [`build`](StoreConfigBuilder::build).
 ///
 /// ```
 /// use rrpc_kv::store::{Engine, StoreConfig};
-/// let cfg = StoreConfig::default()
+/// let cfg = StoreConfig::builder()
 ///     .partitions(8)
 ///     .memory_bound(256 << 20)
-///     .engine(Engine::Memory);
-/// # let _ = cfg;
+///     .engine(Engine::Memory)
+///     .build()?;
+/// assert_eq!(cfg.partitions(), Some(8));
+/// # Ok::<(), rrpc_kv::Error>(())
 /// ```
 #[derive(Debug, Clone, Default)]
 pub struct StoreConfig {
@@ -152,13 +157,54 @@ pub struct StoreConfig {
 }
 
 impl StoreConfig {
+    /// A builder starting from the defaults.
+    pub fn builder() -> StoreConfigBuilder {
+        StoreConfigBuilder {
+            cfg: Self::default(),
+        }
+    }
+
+    /// A builder starting from this config.
+    pub fn to_builder(&self) -> StoreConfigBuilder {
+        StoreConfigBuilder { cfg: self.clone() }
+    }
+
+    /// The partitions asked for ([`StoreConfigBuilder::partitions`];
+    /// `None`: the default).
+    pub fn partitions(&self) -> Option<usize> {
+        self.partitions
+    }
+
+    /// The memory bound asked for ([`StoreConfigBuilder::memory_bound`];
+    /// `None`: [`DEFAULT_MEMORY_BOUND`]).
+    pub fn memory_bound(&self) -> Option<usize> {
+        self.memory_bound
+    }
+
+    /// The engine ([`StoreConfigBuilder::engine`]).
+    pub fn engine(&self) -> &Engine {
+        &self.engine
+    }
+
+    fn memory_bound_or_default(&self) -> usize {
+        self.memory_bound.unwrap_or(DEFAULT_MEMORY_BOUND)
+    }
+}
+
+/// Builder for [`StoreConfig`].
+#[derive(Debug, Clone)]
+pub struct StoreConfigBuilder {
+    cfg: StoreConfig,
+}
+
+impl StoreConfigBuilder {
     /// Number of partitions, one per server thread (EREW, the RF-RPC paper §5.1).
     /// Checked by [`Store::open`]: `1..=`[`MAX_PARTITIONS`].
     ///
     /// Default: [`std::thread::available_parallelism`] (1 if unknown); for
     /// an existing persistent store, the number it was created with.
     pub fn partitions(mut self, n: usize) -> Self {
-        self.partitions = Some(n);
+        self.cfg.partitions = Some(n);
         self
     }
 
@@ -168,18 +214,24 @@ impl StoreConfig {
     ///
     /// Default: [`DEFAULT_MEMORY_BOUND`] (1 GiB).
     pub fn memory_bound(mut self, bytes: usize) -> Self {
-        self.memory_bound = Some(bytes);
+        self.cfg.memory_bound = Some(bytes);
         self
     }
 
     /// The engine. Default: [`Engine::Memory`].
     pub fn engine(mut self, e: Engine) -> Self {
-        self.engine = e;
+        self.cfg.engine = e;
         self
     }
 
-    fn memory_bound_or_default(&self) -> usize {
-        self.memory_bound.unwrap_or(DEFAULT_MEMORY_BOUND)
+    /// The config. Its settings are checked by [`Store::open`], against
+    /// what exists on disk for a persistent store.
+    ///
+    /// # Errors
+    /// None today; a `Result` like every config's `build`, so that a check
+    /// added later is not a breaking change.
+    pub fn build(self) -> Result<StoreConfig> {
+        Ok(self.cfg)
     }
 }
 

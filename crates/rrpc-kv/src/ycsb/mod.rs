@@ -35,7 +35,7 @@
 //! use rrpc_kv::ycsb::{Core, OpKind, Stats, Workload, WorkloadConfig};
 //! use std::time::Duration;
 //!
-//! let mut w = Workload::new(WorkloadConfig::new(Core::B).records(100).operations(1000).seed(7))?;
+//! let mut w = Workload::new(WorkloadConfig::builder(Core::B).records(100).operations(1000).seed(7).build()?)?;
 //! let load: Vec<_> = w.load().collect(); // 100 PUTs
 //! assert_eq!(load.len(), 100);
 //! let mut stats = Stats::new();
@@ -238,7 +238,10 @@ pub struct Txn {
     pub then: Option<Op>,
 }
 
-/// What to run. Setters chain; [`Workload::new`] validates.
+/// What to run. Built like every rrpc config (docs/architecture.md,
+/// "Configuration convention"): [`WorkloadConfig::builder`], setters on
+/// [`WorkloadConfigBuilder`], [`build`](WorkloadConfigBuilder::build)
+/// validates (and [`Workload::new`] again).
 #[derive(Debug, Clone, PartialEq)]
 pub struct WorkloadConfig {
     core: Core,
@@ -267,61 +270,52 @@ impl WorkloadConfig {
         }
     }
 
-    /// Records inserted by the load phase.
-    pub fn records(mut self, n: u64) -> Self {
-        self.records = n;
-        self
+    /// A builder starting from [`WorkloadConfig::new`]'s defaults for `core`
+    /// (docs/architecture.md, "Configuration convention").
+    pub fn builder(core: Core) -> WorkloadConfigBuilder {
+        WorkloadConfigBuilder {
+            cfg: WorkloadConfig::new(core),
+        }
     }
 
-    /// Transactions of the run phase.
-    pub fn operations(mut self, n: u64) -> Self {
-        self.operations = n;
-        self
-    }
-
-    /// Bytes per value.
-    pub fn value_size(mut self, n: usize) -> Self {
-        self.value_size = n;
-        self
-    }
-
-    /// Key choice for reads, updates and scans (inserts always take the next
-    /// record). `Zipfian` or `Uniform` on workload D replaces "latest".
-    pub fn distribution(mut self, d: Distribution) -> Self {
-        self.distribution = d;
-        self
-    }
-
-    /// Longest scan (lengths are uniform in `1..=n`).
-    pub fn max_scan_len(mut self, n: u32) -> Self {
-        self.max_scan_len = n;
-        self
-    }
-
-    /// The PRNG seed.
-    pub fn seed(mut self, seed: u64) -> Self {
-        self.seed = seed;
-        self
+    /// A builder starting from this config.
+    pub fn to_builder(&self) -> WorkloadConfigBuilder {
+        WorkloadConfigBuilder { cfg: self.clone() }
     }
 
     /// The workload.
-    pub fn get_core(&self) -> Core {
+    pub fn core(&self) -> Core {
         self.core
     }
 
     /// Records of the load phase.
-    pub fn get_records(&self) -> u64 {
+    pub fn records(&self) -> u64 {
         self.records
     }
 
     /// Transactions of the run phase.
-    pub fn get_operations(&self) -> u64 {
+    pub fn operations(&self) -> u64 {
         self.operations
     }
 
     /// The key choice.
-    pub fn get_distribution(&self) -> Distribution {
+    pub fn distribution(&self) -> Distribution {
         self.distribution
+    }
+
+    /// Bytes per value.
+    pub fn value_size(&self) -> usize {
+        self.value_size
+    }
+
+    /// Longest scan.
+    pub fn max_scan_len(&self) -> u32 {
+        self.max_scan_len
+    }
+
+    /// The PRNG seed.
+    pub fn seed(&self) -> u64 {
+        self.seed
     }
 
     fn validate(&self) -> Result<()> {
@@ -342,6 +336,62 @@ impl WorkloadConfig {
             )));
         }
         Ok(())
+    }
+}
+
+/// Builder for [`WorkloadConfig`]; [`build`](Self::build) validates.
+#[derive(Debug, Clone)]
+pub struct WorkloadConfigBuilder {
+    cfg: WorkloadConfig,
+}
+
+impl WorkloadConfigBuilder {
+    /// Records inserted by the load phase.
+    pub fn records(mut self, n: u64) -> Self {
+        self.cfg.records = n;
+        self
+    }
+
+    /// Transactions of the run phase.
+    pub fn operations(mut self, n: u64) -> Self {
+        self.cfg.operations = n;
+        self
+    }
+
+    /// Bytes per value.
+    pub fn value_size(mut self, n: usize) -> Self {
+        self.cfg.value_size = n;
+        self
+    }
+
+    /// Key choice for reads, updates and scans (inserts always take the next
+    /// record). `Zipfian` or `Uniform` on workload D replaces "latest".
+    pub fn distribution(mut self, d: Distribution) -> Self {
+        self.cfg.distribution = d;
+        self
+    }
+
+    /// Longest scan (lengths are uniform in `1..=n`).
+    pub fn max_scan_len(mut self, n: u32) -> Self {
+        self.cfg.max_scan_len = n;
+        self
+    }
+
+    /// The PRNG seed.
+    pub fn seed(mut self, seed: u64) -> Self {
+        self.cfg.seed = seed;
+        self
+    }
+
+    /// Validates and returns the config.
+    ///
+    /// # Errors
+    /// [`Error::InvalidConfig`] naming the setting and its range: no
+    /// records, a value over the store's limit, a scan length outside
+    /// `1..=MAX_SCAN`.
+    pub fn build(self) -> Result<WorkloadConfig> {
+        self.cfg.validate()?;
+        Ok(self.cfg)
     }
 }
 
@@ -517,7 +567,14 @@ mod tests {
     use super::*;
 
     fn counts(core: Core, n: u64) -> HashMap<OpKind, u64> {
-        let mut w = Workload::new(WorkloadConfig::new(core).operations(n).value_size(8)).unwrap();
+        let mut w = Workload::new(
+            WorkloadConfig::builder(core)
+                .operations(n)
+                .value_size(8)
+                .build()
+                .unwrap(),
+        )
+        .unwrap();
         let mut c = HashMap::new();
         for t in w.run() {
             *c.entry(t.kind).or_default() += 1;
@@ -551,10 +608,12 @@ mod tests {
     fn ops_are_well_formed() {
         for core in Core::ALL {
             let mut w = Workload::new(
-                WorkloadConfig::new(core)
+                WorkloadConfig::builder(core)
                     .records(100)
                     .operations(2000)
-                    .value_size(32),
+                    .value_size(32)
+                    .build()
+                    .unwrap(),
             )
             .unwrap();
             for op in w.load() {
@@ -584,9 +643,11 @@ mod tests {
     fn inserts_take_new_records_and_reads_only_existing_ones() {
         let records = 50;
         let mut w = Workload::new(
-            WorkloadConfig::new(Core::D)
+            WorkloadConfig::builder(Core::D)
                 .records(records)
-                .operations(5000),
+                .operations(5000)
+                .build()
+                .unwrap(),
         )
         .unwrap();
         let mut existing: std::collections::HashSet<Bytes> = (0..records).map(key).collect();
@@ -601,23 +662,38 @@ mod tests {
 
     #[test]
     fn deterministic_per_seed() {
-        let cfg = WorkloadConfig::new(Core::A).operations(1000).seed(42);
+        let cfg = WorkloadConfig::builder(Core::A)
+            .operations(1000)
+            .seed(42)
+            .build()
+            .unwrap();
         let a: Vec<Txn> = Workload::new(cfg.clone()).unwrap().run().collect();
         let b: Vec<Txn> = Workload::new(cfg.clone()).unwrap().run().collect();
-        let c: Vec<Txn> = Workload::new(cfg.seed(43)).unwrap().run().collect();
+        let c: Vec<Txn> = Workload::new(cfg.to_builder().seed(43).build().unwrap())
+            .unwrap()
+            .run()
+            .collect();
         assert_eq!(a, b);
         assert_ne!(a, c);
-        let w = Workload::new(WorkloadConfig::new(Core::E).records(10)).unwrap();
+        let w = Workload::new(
+            WorkloadConfig::builder(Core::E)
+                .records(10)
+                .build()
+                .unwrap(),
+        )
+        .unwrap();
         assert_eq!(w.load().collect::<Vec<_>>(), w.load().collect::<Vec<_>>());
     }
 
     fn hottest_share(d: Distribution) -> f64 {
         let n = 100_000;
         let mut w = Workload::new(
-            WorkloadConfig::new(Core::C)
+            WorkloadConfig::builder(Core::C)
                 .records(1000)
                 .operations(n)
-                .distribution(d),
+                .distribution(d)
+                .build()
+                .unwrap(),
         )
         .unwrap();
         let mut c: HashMap<Bytes, u64> = HashMap::new();
@@ -641,9 +717,11 @@ mod tests {
     fn latest_favours_recent_inserts() {
         let records = 10_000;
         let mut w = Workload::new(
-            WorkloadConfig::new(Core::D)
+            WorkloadConfig::builder(Core::D)
                 .records(records)
-                .operations(100_000),
+                .operations(100_000)
+                .build()
+                .unwrap(),
         )
         .unwrap();
         let (mut reads, mut recent) = (0u64, 0u64);
@@ -681,9 +759,18 @@ mod tests {
 
     #[test]
     fn bad_configs_are_refused() {
-        assert!(Workload::new(WorkloadConfig::new(Core::A).records(0)).is_err());
-        assert!(Workload::new(WorkloadConfig::new(Core::A).value_size(MAX_VALUE_LEN + 1)).is_err());
-        assert!(Workload::new(WorkloadConfig::new(Core::E).max_scan_len(0)).is_err());
+        let err = |b: WorkloadConfigBuilder| b.build().unwrap_err().to_string();
+        assert!(
+            err(WorkloadConfig::builder(Core::A).records(0)).contains("records must be at least 1")
+        );
+        let e = err(WorkloadConfig::builder(Core::A).value_size(MAX_VALUE_LEN + 1));
+        assert!(e.contains("value size") && e.contains("limit"), "{e}");
+        let e = err(WorkloadConfig::builder(Core::E).max_scan_len(0));
+        assert!(e.contains("max scan length 0"), "{e}");
+        // Workload::new checks a config again (one made by to_builder too).
+        let ok = WorkloadConfig::builder(Core::A).records(5).build().unwrap();
+        assert!(Workload::new(ok.clone()).is_ok());
+        assert_eq!(ok.to_builder().seed(3).build().unwrap().records(), 5);
         assert!("g".parse::<Core>().is_err());
         assert_eq!("WorkloadB".parse::<Core>().unwrap(), Core::B);
         assert!("pareto".parse::<Distribution>().is_err());

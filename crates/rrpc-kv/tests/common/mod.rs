@@ -7,7 +7,7 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use bytes::Bytes;
-use rrpc_core::Endpoint;
+use rrpc_core::FabricAddr;
 use rrpc_kv::{Execute, Op, OpResult};
 
 /// The simplest store: a map under a lock, the oracle the real store is
@@ -40,7 +40,7 @@ impl Execute for MapStore {
 
 /// A fresh shm endpoint in its own temporary directory, named after the
 /// test binary's `prefix` and the test's `tag`.
-pub(crate) fn endpoint(prefix: &str, tag: &str) -> Endpoint {
+pub(crate) fn endpoint(prefix: &str, tag: &str) -> FabricAddr {
     static N: AtomicU32 = AtomicU32::new(0);
     let dir = std::env::temp_dir().join(format!(
         "rrpc-kv-{prefix}-{}-{tag}-{}",
@@ -48,7 +48,7 @@ pub(crate) fn endpoint(prefix: &str, tag: &str) -> Endpoint {
         N.fetch_add(1, Ordering::Relaxed)
     ));
     std::fs::create_dir_all(&dir).unwrap();
-    Endpoint::Shm(dir.join("s.sock"))
+    FabricAddr::Shm(dir.join("s.sock"))
 }
 
 /// A handler that returns `n` patterned bytes where the request asks for `n`

@@ -46,11 +46,12 @@ enum Transport {
 }
 
 fn config(t: Transport) -> RrpcConfig {
-    let c = RrpcConfig::default()
+    let c = RrpcConfig::builder()
         .ring_size(1 << 20)
+        .build()
         .expect("valid ring size");
     match t {
-        Transport::ShmH2 => c.path(PathPreference::Http2),
+        Transport::ShmH2 => c.to_builder().path(PathPreference::Http2).build().unwrap(),
         _ => c,
     }
 }

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use rrpc_core::conn::{self, HandshakeConfig, Offer};
-use rrpc_core::{Completion, Endpoint, Fabric, Local, QpConfig};
+use rrpc_core::{Completion, Fabric, FabricAddr, Local, QpConfig};
 use rrpc_kv::rfrpc::{KvClient, Mode, ModePolicy, RfClient, RfClientConfig, RfServer};
 use rrpc_kv::{Error, Execute, Op, OpResult};
 
@@ -21,10 +21,11 @@ fn round_trips_of_many_sizes_and_second_reads() {
     let server = RfServer::builder().serve(&ep, &f, sized).unwrap();
     // Remote fetch only: the hybrid switch would move a client on a loaded
     // machine to server-reply, which never READs.
-    let cfg = RfClientConfig::new()
+    let cfg = RfClientConfig::builder()
         .fetch_size(256)
-        .unwrap()
-        .mode(Some(ModePolicy::Fixed(Mode::RemoteFetch)));
+        .mode(Some(ModePolicy::Fixed(Mode::RemoteFetch)))
+        .build()
+        .unwrap();
     let mut c = RfClient::connect(&ep, &f, cfg).unwrap();
     assert_eq!(c.connection().peer().provider, rrpc_core::ProviderKind::Shm);
     let mut sizes: Vec<usize> = (0..300).collect();
@@ -69,7 +70,7 @@ fn forced_server_reply_mode() {
         .mode(ModePolicy::Fixed(Mode::ServerReply))
         .serve(&ep, &f, sized)
         .unwrap();
-    let mut c = RfClient::connect(&ep, &f, RfClientConfig::new()).unwrap();
+    let mut c = RfClient::connect(&ep, &f, RfClientConfig::default()).unwrap();
     assert_eq!(c.mode(), Mode::ServerReply);
     for n in [0usize, 1, 7, 8, 100, 1000, 30_000] {
         let req = ask(n, n % 13);
@@ -83,7 +84,10 @@ fn forced_server_reply_mode() {
     let mut c2 = RfClient::connect(
         &ep2,
         &f,
-        RfClientConfig::new().mode(Some(ModePolicy::Fixed(Mode::ServerReply))),
+        RfClientConfig::builder()
+            .mode(Some(ModePolicy::Fixed(Mode::ServerReply)))
+            .build()
+            .unwrap(),
     )
     .unwrap();
     assert_eq!(c2.call(&ask(3, 0)).unwrap().len(), 3);
@@ -92,7 +96,7 @@ fn forced_server_reply_mode() {
 
 /// An echo server whose handler sleeps `slow` ms per call while it is
 /// non-zero.
-fn slow_echo(ep: &Endpoint, f: &Fabric) -> (RfServer, Arc<AtomicU64>) {
+fn slow_echo(ep: &FabricAddr, f: &Fabric) -> (RfServer, Arc<AtomicU64>) {
     let slow = Arc::new(AtomicU64::new(0));
     let s2 = slow.clone();
     let server = RfServer::builder()
@@ -119,7 +123,11 @@ fn hybrid_switch_under_a_slow_handler_paper_rules() {
     let mut c = RfClient::connect(
         &ep,
         &f,
-        RfClientConfig::new().retry_limit(50).measured_switch(false),
+        RfClientConfig::builder()
+            .retry_limit(50)
+            .measured_switch(false)
+            .build()
+            .unwrap(),
     )
     .unwrap();
     // A fast echo: a pick-up delay on a loaded machine may exhaust R and
@@ -167,7 +175,12 @@ fn hybrid_switch_under_a_slow_handler() {
     let ep = endpoint("rfrpc", "hybrid");
     let f = Fabric::shm();
     let (server, slow) = slow_echo(&ep, &f);
-    let mut c = RfClient::connect(&ep, &f, RfClientConfig::new().retry_limit(50)).unwrap();
+    let mut c = RfClient::connect(
+        &ep,
+        &f,
+        RfClientConfig::builder().retry_limit(50).build().unwrap(),
+    )
+    .unwrap();
     assert_eq!(c.mode_switch().current(), Mode::RemoteFetch);
     slow.store(20, Ordering::Relaxed);
     calls_until_server_reply(&mut c);
@@ -185,7 +198,7 @@ fn hybrid_switch_under_a_slow_handler() {
 }
 
 /// An echo server that sleeps for `delay` before answering `slow`.
-fn echo_slow_on(ep: &Endpoint, f: &Fabric, slow: &'static [u8], delay: Duration) -> RfServer {
+fn echo_slow_on(ep: &FabricAddr, f: &Fabric, slow: &'static [u8], delay: Duration) -> RfServer {
     RfServer::builder()
         .serve(ep, f, move |req: &[u8]| {
             if req == slow {
@@ -196,8 +209,11 @@ fn echo_slow_on(ep: &Endpoint, f: &Fabric, slow: &'static [u8], delay: Duration)
         .unwrap()
 }
 
-fn client_timing_out_after(ep: &Endpoint, f: &Fabric, timeout: Duration) -> RfClient {
-    let cfg = RfClientConfig::new().call_timeout(timeout).unwrap();
+fn client_timing_out_after(ep: &FabricAddr, f: &Fabric, timeout: Duration) -> RfClient {
+    let cfg = RfClientConfig::builder()
+        .call_timeout(timeout)
+        .build()
+        .unwrap();
     RfClient::connect(ep, f, cfg).unwrap()
 }
 
@@ -253,7 +269,7 @@ fn call_timeout() {
 
 /// A raw rrpc-core peer that grants a reply buffer (so the handshake
 /// passes) and then writes garbage into the request buffer.
-fn raw_peer(ep: &Endpoint, f: &Fabric) -> (conn::Connection, Arc<rrpc_core::Region>) {
+fn raw_peer(ep: &FabricAddr, f: &Fabric) -> (conn::Connection, Arc<rrpc_core::Region>) {
     let reply = f.alloc_region(4096).unwrap();
     let c = conn::connect(
         ep,
@@ -282,7 +298,6 @@ fn garbage_in_the_request_buffer_closes_that_connection_only() {
     let f = Fabric::shm();
     let server = RfServer::builder()
         .request_buffer(4096)
-        .unwrap()
         .serve(&ep, &f, |req: &[u8]| req.to_vec())
         .unwrap();
     // Garbage without the valid bit: ignored.
@@ -322,7 +337,7 @@ fn garbage_in_the_request_buffer_closes_that_connection_only() {
     }
     assert!(server.dropped() >= 1);
     // Other clients are served.
-    let mut good = RfClient::connect(&ep, &f, RfClientConfig::new()).unwrap();
+    let mut good = RfClient::connect(&ep, &f, RfClientConfig::default()).unwrap();
     assert_eq!(good.call(b"still here").unwrap(), b"still here");
 }
 
@@ -340,7 +355,7 @@ fn handshake_without_a_reply_buffer_is_refused() {
         &HandshakeConfig::default(),
     );
     assert!(r.is_err());
-    let mut good = RfClient::connect(&ep, &f, RfClientConfig::new()).unwrap();
+    let mut good = RfClient::connect(&ep, &f, RfClientConfig::default()).unwrap();
     assert_eq!(good.call(b"ok").unwrap(), b"ok");
     drop(server);
 }
@@ -351,10 +366,9 @@ fn kv_client_executes_ops() {
     let f = Fabric::shm();
     let _server = RfServer::builder()
         .threads(2)
-        .unwrap()
         .serve_execute(&ep, &f, Arc::new(MapStore::default()))
         .unwrap();
-    let kv = Arc::new(KvClient::connect(&ep, &f, RfClientConfig::new()).unwrap());
+    let kv = Arc::new(KvClient::connect(&ep, &f, RfClientConfig::default()).unwrap());
     let b = |s: &str| Bytes::copy_from_slice(s.as_bytes());
     assert_eq!(kv.execute(Op::Get { key: b("k") }), OpResult::NotFound);
     for i in 0..50 {
@@ -380,7 +394,7 @@ fn kv_client_executes_ops() {
     }
     // Several threads share the client (serialised by its mutex), and a
     // second client lands on the second server thread.
-    let kv2 = Arc::new(KvClient::connect(&ep, &f, RfClientConfig::new()).unwrap());
+    let kv2 = Arc::new(KvClient::connect(&ep, &f, RfClientConfig::default()).unwrap());
     let hs: Vec<_> = (0..4)
         .map(|t| {
             let kv = if t % 2 == 0 { kv.clone() } else { kv2.clone() };
@@ -416,7 +430,10 @@ fn tuned_fetch_size_avoids_second_reads() {
     let ep = endpoint("rfrpc", "tune");
     let f = Fabric::shm();
     let _server = RfServer::builder().serve(&ep, &f, sized).unwrap();
-    let cfg = RfClientConfig::new().mode(Some(ModePolicy::Fixed(Mode::RemoteFetch)));
+    let cfg = RfClientConfig::builder()
+        .mode(Some(ModePolicy::Fixed(Mode::RemoteFetch)))
+        .build()
+        .unwrap();
     let mut c = RfClient::connect(&ep, &f, cfg).unwrap();
     let mut samples = Vec::new();
     for _ in 0..20 {
@@ -447,7 +464,10 @@ fn batched_calls_in_both_modes() {
     // counted in `dropped` as soon as the server notices.
     let mut clients = Vec::new();
     for policy in [Mode::RemoteFetch, Mode::ServerReply] {
-        let cfg = RfClientConfig::new().mode(Some(ModePolicy::Fixed(policy)));
+        let cfg = RfClientConfig::builder()
+            .mode(Some(ModePolicy::Fixed(policy)))
+            .build()
+            .unwrap();
         clients.push(RfClient::connect(&ep, &f, cfg).unwrap());
         let c = clients.last_mut().unwrap();
         let reqs: Vec<Vec<u8>> = (0..50).map(|i| ask(i * 13, i % 5)).collect();
@@ -517,7 +537,10 @@ fn eq2_measured_once_then_retuned_from_sampled_results() {
     let mut c = RfClient::connect(
         &ep,
         &f,
-        RfClientConfig::new().mode(Some(ModePolicy::Fixed(Mode::RemoteFetch))),
+        RfClientConfig::builder()
+            .mode(Some(ModePolicy::Fixed(Mode::RemoteFetch)))
+            .build()
+            .unwrap(),
     )
     .unwrap();
     let table = c
@@ -530,9 +553,9 @@ fn eq2_measured_once_then_retuned_from_sampled_results() {
         .unwrap();
     assert_eq!(table.len(), 8);
     c.auto_fetch(
-        FetchTuner::new(table.clone())
-            .unwrap()
-            .with_period(64, 64)
+        FetchTuner::builder(table.clone())
+            .period(64, 64)
+            .build()
             .unwrap(),
     );
     for _ in 0..100 {

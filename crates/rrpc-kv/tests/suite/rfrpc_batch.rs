@@ -5,7 +5,7 @@
 
 use std::time::{Duration, Instant};
 
-use rrpc_core::{Endpoint, Fabric};
+use rrpc_core::{Fabric, FabricAddr};
 use rrpc_kv::rfrpc::tune::BatchSizeTuner;
 use rrpc_kv::rfrpc::{
     Batcher, BatcherConfig, KvBatcher, RfClient, RfClientConfig, RfServer, Ticket, VirtualClock,
@@ -15,12 +15,13 @@ use rrpc_kv::{Error, Op, OpResult};
 use crate::common;
 use common::{MapStore, ask, endpoint, sized};
 
-fn client(ep: &Endpoint, f: &Fabric) -> RfClient {
+fn client(ep: &FabricAddr, f: &Fabric) -> RfClient {
     RfClient::connect(
         ep,
         f,
-        RfClientConfig::new()
+        RfClientConfig::builder()
             .call_timeout(Duration::from_secs(20))
+            .build()
             .unwrap(),
     )
     .unwrap()
@@ -39,10 +40,11 @@ fn many_pushes_come_back_in_order() {
     let ep = endpoint("rfbatch", "order");
     let f = Fabric::shm();
     let _server = RfServer::builder().serve(&ep, &f, sized).unwrap();
-    let cfg = BatcherConfig::new()
+    let cfg = BatcherConfig::builder()
         .max_entries(16)
-        .unwrap()
-        .timeout(Duration::from_secs(3600));
+        .timeout(Duration::from_secs(3600))
+        .build()
+        .unwrap();
     let mut b = Batcher::new(client(&ep, &f), cfg).unwrap();
     let reqs: Vec<Vec<u8>> = (0..2000).map(|i| ask(i % 300, i % 37)).collect();
     let mut got = Vec::new();
@@ -71,12 +73,12 @@ fn flush_by_count_size_and_timeout_on_a_virtual_clock() {
     let f = Fabric::shm();
     let _server = RfServer::builder().serve(&ep, &f, sized).unwrap();
     let clock = VirtualClock::new();
-    let cfg = BatcherConfig::new()
+    let cfg = BatcherConfig::builder()
         .max_entries(4)
-        .unwrap()
         .limit(512)
-        .unwrap()
-        .timeout(Duration::from_millis(5));
+        .timeout(Duration::from_millis(5))
+        .build()
+        .unwrap();
     let mut b = Batcher::with_clock(client(&ep, &f), cfg, clock.clone()).unwrap();
 
     // Count: the fourth push sends.
@@ -91,12 +93,12 @@ fn flush_by_count_size_and_timeout_on_a_virtual_clock() {
 
     // Size: 100-byte requests, 104 bytes each with the size word: four fit
     // L = 512, the fifth sends the four and starts the next batch (N = 100).
-    let cfg = BatcherConfig::new()
+    let cfg = BatcherConfig::builder()
         .max_entries(100)
-        .unwrap()
         .limit(512)
-        .unwrap()
-        .timeout(Duration::from_millis(5));
+        .timeout(Duration::from_millis(5))
+        .build()
+        .unwrap();
     let (c, rest) = b.into_inner();
     assert!(rest.is_empty());
     let mut b = Batcher::with_clock(c, cfg, clock.clone()).unwrap();
@@ -136,22 +138,23 @@ fn large_entries_and_large_results_come_back() {
     let f = Fabric::shm();
     // Response buffer 64 KiB (the default).
     let server = RfServer::builder().serve(&ep, &f, sized).unwrap();
-    let cfg = BatcherConfig::new()
+    let cfg = BatcherConfig::builder()
         .max_entries(8)
-        .unwrap()
         .limit(256)
-        .unwrap()
-        .timeout(Duration::from_secs(3600));
+        .timeout(Duration::from_secs(3600))
+        .build()
+        .unwrap();
     // Remote fetch only, so every server-reply call is a Large Entry fallback.
     let rf_only = RfClient::connect(
         &ep,
         &f,
-        RfClientConfig::new()
+        RfClientConfig::builder()
             .call_timeout(Duration::from_secs(20))
-            .unwrap()
             .mode(Some(rrpc_kv::rfrpc::ModePolicy::Fixed(
                 rrpc_kv::rfrpc::Mode::RemoteFetch,
-            ))),
+            )))
+            .build()
+            .unwrap(),
     )
     .unwrap();
     let mut b = Batcher::new(rf_only, cfg).unwrap();
@@ -200,10 +203,11 @@ fn large_entries_and_large_results_come_back() {
 
     // Without the resend, the whole batch fails with TooLarge.
     let (c, _) = b.into_inner();
-    let cfg = BatcherConfig::new()
+    let cfg = BatcherConfig::builder()
         .max_entries(8)
-        .unwrap()
-        .resend_oversized(false);
+        .resend_oversized(false)
+        .build()
+        .unwrap();
     let mut b = Batcher::new(c, cfg).unwrap();
     b.push(&ask(40_000, 0));
     b.push(&ask(40_000, 0));
@@ -240,13 +244,15 @@ fn tuner_converges_to_the_latency_bound() {
         })
         .unwrap();
     let bound = Duration::from_millis(1);
-    let tuner = BatchSizeTuner::new(bound, 0.1)
-        .unwrap()
-        .with_window(10)
+    let tuner = BatchSizeTuner::builder(bound, 0.1)
+        .window(10)
+        .build()
         .unwrap();
-    let cfg = BatcherConfig::new()
+    let cfg = BatcherConfig::builder()
         .auto_tune(tuner)
-        .timeout(Duration::from_secs(3600));
+        .timeout(Duration::from_secs(3600))
+        .build()
+        .unwrap();
     let mut b = Batcher::new(client(&ep, &f), cfg).unwrap();
     assert_eq!(b.max_entries(), 1);
     let t0 = Instant::now();
@@ -312,7 +318,7 @@ fn a_vanished_server_is_an_error_not_a_hang() {
     let ep = endpoint("rfbatch", "gone");
     let f = Fabric::shm();
     let server = RfServer::builder().serve(&ep, &f, sized).unwrap();
-    let cfg = BatcherConfig::new().max_entries(4).unwrap();
+    let cfg = BatcherConfig::builder().max_entries(4).build().unwrap();
     let mut b = Batcher::new(client(&ep, &f), cfg).unwrap();
     b.push(&ask(1, 0));
     b.flush();
@@ -341,7 +347,7 @@ fn kv_ops_batch_through_the_store() {
     let _server = RfServer::builder()
         .serve_execute(&ep, &f, std::sync::Arc::new(MapStore::default()))
         .unwrap();
-    let cfg = BatcherConfig::new().max_entries(8).unwrap();
+    let cfg = BatcherConfig::builder().max_entries(8).build().unwrap();
     let mut b = KvBatcher::new(Batcher::new(client(&ep, &f), cfg).unwrap());
     for i in 0..50u32 {
         b.push(&Op::Put {
@@ -378,11 +384,10 @@ fn pipeline_keeps_batches_in_flight_and_results_in_order() {
     let f = Fabric::shm();
     let _server = RfServer::builder()
         .threads(2)
-        .unwrap()
         .serve(&ep, &f, |req: &[u8]| req.to_vec())
         .unwrap();
     let clients = (0..3).map(|_| client(&ep, &f)).collect();
-    let cfg = BatcherConfig::new().max_entries(8).unwrap();
+    let cfg = BatcherConfig::builder().max_entries(8).build().unwrap();
     let mut b = Batcher::with_clients(clients, cfg).unwrap();
     let mut got = Vec::new();
     for i in 0..1_000u64 {
@@ -412,10 +417,10 @@ fn pipeline_threshold_bounds_outstanding_requests() {
     let f = Fabric::shm();
     let _server = RfServer::builder().serve(&ep, &f, sized).unwrap();
     let clients = (0..4).map(|_| client(&ep, &f)).collect();
-    let cfg = BatcherConfig::new()
+    let cfg = BatcherConfig::builder()
         .max_entries(8)
-        .unwrap()
         .max_outstanding(16)
+        .build()
         .unwrap();
     let mut b = Batcher::with_clients(clients, cfg).unwrap();
     for _ in 0..400 {
@@ -424,7 +429,7 @@ fn pipeline_threshold_bounds_outstanding_requests() {
     b.flush();
     assert_eq!(b.stats().max_in_flight, 2, "{:?}", b.stats());
     assert_eq!(b.drain().filter(|(_, r)| r.is_ok()).count(), 400);
-    assert!(BatcherConfig::new().max_outstanding(0).is_err());
+    assert!(BatcherConfig::builder().max_outstanding(0).build().is_err());
 }
 
 /// A large entry and a too-large result batch in the middle of a pipeline
@@ -435,10 +440,10 @@ fn pipeline_keeps_order_around_large_entries_and_results() {
     let f = Fabric::shm();
     let _server = RfServer::builder().serve(&ep, &f, sized).unwrap();
     let clients = (0..2).map(|_| client(&ep, &f)).collect();
-    let cfg = BatcherConfig::new()
+    let cfg = BatcherConfig::builder()
         .max_entries(4)
-        .unwrap()
         .limit(512)
+        .build()
         .unwrap();
     let mut b = Batcher::with_clients(clients, cfg).unwrap();
     let mut want = Vec::new();
@@ -471,7 +476,7 @@ fn pipeline_to_a_vanished_server_fails_every_request() {
     let f = Fabric::shm();
     let server = RfServer::builder().serve(&ep, &f, sized).unwrap();
     let clients = (0..3).map(|_| client(&ep, &f)).collect();
-    let cfg = BatcherConfig::new().max_entries(4).unwrap();
+    let cfg = BatcherConfig::builder().max_entries(4).build().unwrap();
     let mut b = Batcher::with_clients(clients, cfg).unwrap();
     b.push(&ask(1, 0));
     b.flush();

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use rrpc_core::{Endpoint, Fabric, ProviderKind};
+use rrpc_core::{Fabric, FabricAddr, ProviderKind};
 use rrpc_kv::rfrpc::{Mode, ModePolicy, RfClient, RfClientConfig, RfServer};
 
 use crate::common;
@@ -28,8 +28,9 @@ fn fabric(dev: &str) -> Fabric {
 }
 
 fn cfg() -> RfClientConfig {
-    RfClientConfig::new()
+    RfClientConfig::builder()
         .call_timeout(Duration::from_secs(60))
+        .build()
         .unwrap()
 }
 
@@ -37,16 +38,20 @@ fn cfg() -> RfClientConfig {
 fn verbs_round_trips_second_reads_and_server_reply() {
     let Some(dev) = device() else { return };
     let f = fabric(&dev);
-    let any = Endpoint::parse("rdma://127.0.0.1:0").unwrap();
+    let any = FabricAddr::parse("rdma://127.0.0.1:0").unwrap();
     let server = RfServer::builder().serve(&any, &f, sized).unwrap();
     let ep = server.endpoint().clone();
-    assert!(matches!(ep, Endpoint::Rdma(a) if a.port() != 0));
+    assert!(matches!(ep, FabricAddr::Rdma(a) if a.port() != 0));
     // Remote fetch only, so every result larger than F takes a second READ
     // (the hybrid switch may move a slow VM to server-reply).
     let mut c = RfClient::connect(
         &ep,
         &f,
-        cfg().mode(Some(ModePolicy::Fixed(Mode::RemoteFetch))),
+        cfg()
+            .to_builder()
+            .mode(Some(ModePolicy::Fixed(Mode::RemoteFetch)))
+            .build()
+            .unwrap(),
     )
     .unwrap();
     assert_eq!(c.connection().peer().provider, ProviderKind::Verbs);
@@ -60,7 +65,11 @@ fn verbs_round_trips_second_reads_and_server_reply() {
     let mut sr = RfClient::connect(
         &ep,
         &f,
-        cfg().mode(Some(ModePolicy::Fixed(Mode::ServerReply))),
+        cfg()
+            .to_builder()
+            .mode(Some(ModePolicy::Fixed(Mode::ServerReply)))
+            .build()
+            .unwrap(),
     )
     .unwrap();
     for &n in &sizes[..8] {
@@ -89,7 +98,7 @@ fn verbs_hybrid_switch_under_a_slow_handler() {
     use std::sync::atomic::{AtomicU64, Ordering};
     let Some(dev) = device() else { return };
     let f = fabric(&dev);
-    let any = Endpoint::parse("rdma://127.0.0.1:0").unwrap();
+    let any = FabricAddr::parse("rdma://127.0.0.1:0").unwrap();
     let slow = Arc::new(AtomicU64::new(0));
     let s2 = slow.clone();
     let server = RfServer::builder()
@@ -103,7 +112,12 @@ fn verbs_hybrid_switch_under_a_slow_handler() {
         .unwrap();
     // The paper's rules alone: what they decide does not depend on how
     // fast the emulated NIC measures either mode.
-    let mut c = RfClient::connect(server.endpoint(), &f, cfg().measured_switch(false)).unwrap();
+    let mut c = RfClient::connect(
+        server.endpoint(),
+        &f,
+        cfg().to_builder().measured_switch(false).build().unwrap(),
+    )
+    .unwrap();
     for i in 0..10u32 {
         assert_eq!(c.call(&i.to_le_bytes()).unwrap(), i.to_le_bytes());
     }
@@ -127,7 +141,7 @@ fn verbs_garbage_request_closes_that_connection() {
     use rrpc_core::{Completion, Local, QpConfig};
     let Some(dev) = device() else { return };
     let f = fabric(&dev);
-    let any = Endpoint::parse("rdma://127.0.0.1:0").unwrap();
+    let any = FabricAddr::parse("rdma://127.0.0.1:0").unwrap();
     let server = RfServer::builder()
         .serve(&any, &f, |r: &[u8]| r.to_vec())
         .unwrap();

@@ -36,9 +36,11 @@ fn scan(s: &Store, start: impl AsRef<[u8]>, count: u32) -> Vec<(Bytes, Bytes)> {
 
 fn mem(partitions: usize, bound: usize) -> Store {
     Store::open(
-        StoreConfig::default()
+        StoreConfig::builder()
             .partitions(partitions)
-            .memory_bound(bound),
+            .memory_bound(bound)
+            .build()
+            .unwrap(),
     )
     .unwrap()
 }
@@ -197,20 +199,38 @@ fn oversize_value_is_refused_and_the_old_value_kept() {
 #[test]
 fn bad_configs_are_invalid() {
     let bad = [
-        StoreConfig::default().partitions(0),
-        StoreConfig::default().partitions(MAX_PARTITIONS + 1),
-        StoreConfig::default().memory_bound(100),
-        StoreConfig::default()
+        StoreConfig::builder().partitions(0).build().unwrap(),
+        StoreConfig::builder()
+            .partitions(MAX_PARTITIONS + 1)
+            .build()
+            .unwrap(),
+        StoreConfig::builder().memory_bound(100).build().unwrap(),
+        StoreConfig::builder()
             .partitions(4)
-            .memory_bound(4 * 4096 - 1),
+            .memory_bound(4 * 4096 - 1)
+            .build()
+            .unwrap(),
     ];
     for cfg in bad {
         let r = Store::open(cfg.clone());
         assert!(matches!(r, Err(Error::InvalidConfig(_))), "{cfg:?}: {r:?}");
     }
-    let s = Store::open(StoreConfig::default().partitions(4).memory_bound(4 * 4096)).unwrap();
+    let s = Store::open(
+        StoreConfig::builder()
+            .partitions(4)
+            .memory_bound(4 * 4096)
+            .build()
+            .unwrap(),
+    )
+    .unwrap();
     assert_eq!(s.partitions(), 4);
-    let d = Store::open(StoreConfig::default().memory_bound(64 << 20)).unwrap();
+    let d = Store::open(
+        StoreConfig::builder()
+            .memory_bound(64 << 20)
+            .build()
+            .unwrap(),
+    )
+    .unwrap();
     assert_eq!(
         d.partitions(),
         std::thread::available_parallelism().unwrap().get()

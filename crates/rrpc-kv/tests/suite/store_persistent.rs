@@ -18,11 +18,12 @@ fn b(s: impl AsRef<[u8]>) -> Bytes {
 }
 
 fn disk(dir: &std::path::Path, partitions: Option<usize>) -> rrpc_kv::Result<Store> {
-    let mut cfg = StoreConfig::default()
+    let mut cfg = StoreConfig::builder()
         .memory_bound(16 << 20)
-        .engine(Engine::Persistent(dir.to_path_buf()));
+        .engine(Engine::Persistent(dir.to_path_buf()))
+        .build()?;
     if let Some(n) = partitions {
-        cfg = cfg.partitions(n);
+        cfg = cfg.to_builder().partitions(n).build()?;
     }
     Store::open(cfg)
 }

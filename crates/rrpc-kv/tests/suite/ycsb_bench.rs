@@ -229,7 +229,7 @@ async fn bad_input_is_a_clear_error() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rfrpc_batched_pipelined_and_plain_every_workload() {
     let dir = tempfile::tempdir().unwrap();
-    let ep = rrpc_core::Endpoint::Shm(dir.path().join("rf.sock"));
+    let ep = rrpc_core::FabricAddr::Shm(dir.path().join("rf.sock"));
     let server = rrpc_kv::rfrpc::RfServer::builder()
         .serve_execute(
             &ep,

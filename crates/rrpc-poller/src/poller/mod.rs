@@ -109,16 +109,16 @@ struct Inner {
 impl Inner {
     fn loop_cfg(&self, shared: bool) -> LoopCfg {
         LoopCfg {
-            park_after: self.cfg.get_idle_park_after(),
+            park_after: self.cfg.idle_park_after(),
             bell_park_after: self
                 .cfg
                 .doorbell_fallback()
-                .then(|| self.cfg.get_doorbell_park_after())
+                .then(|| self.cfg.doorbell_park_after())
                 .flatten(),
-            idle_interval: self.cfg.get_idle_poll_interval(),
-            backoff: self.cfg.doorbell_fallback() && self.cfg.get_spin_backoff(),
+            idle_interval: self.cfg.idle_poll_interval(),
+            backoff: self.cfg.doorbell_fallback() && self.cfg.spin_backoff(),
             watch: shared.then(|| self.watch.clone()),
-            mode: self.cfg.get_mode(),
+            mode: self.cfg.mode(),
         }
     }
 
@@ -131,10 +131,10 @@ impl Inner {
             self.placement.clone(),
         );
         alive.fetch_add(1, Ordering::SeqCst);
-        let mode = self.cfg.get_mode();
+        let mode = self.cfg.mode();
         crate::report::threads(1.0, mode);
         let h = std::thread::Builder::new()
-            .name(format!("{}-{}", self.cfg.get_thread_name(), shard.id))
+            .name(format!("{}-{}", self.cfg.thread_name(), shard.id))
             .spawn(move || {
                 place.enter();
                 polling_loop(s, c, cfg);
@@ -221,7 +221,7 @@ impl Poller {
     /// # Errors
     /// [`Error::Io`] when a thread cannot be spawned.
     pub fn new() -> Result<Self> {
-        Poller::start(PollerConfig::new())
+        Poller::start(PollerConfig::default())
     }
 
     /// Whether `self` and `other` are handles of one poller (the same threads).
@@ -237,12 +237,12 @@ impl Poller {
     /// # Errors
     /// [`Error::Io`] when a thread cannot be spawned.
     pub fn start(cfg: PollerConfig) -> Result<Self> {
-        let n = match cfg.get_mode() {
-            Mode::Bpts | Mode::Bpev => cfg.get_polling_threads(),
+        let n = match cfg.mode() {
+            Mode::Bpts | Mode::Bpev => cfg.polling_threads(),
             Mode::Bp | Mode::Event => 0,
         };
         let shared: Vec<Arc<Shard>> = (0..n).map(Shard::new).collect();
-        let placement = Arc::new(Placement::new(cfg.get_numa_node()));
+        let placement = Arc::new(Placement::new(cfg.numa_node()));
         let inner = Arc::new(Inner {
             placement,
             watch: Arc::new(IdleWatch {
@@ -317,7 +317,7 @@ impl Poller {
     /// the names. Polling threads also report on their own about once a
     /// second while they run; call this before a scrape for exact figures.
     pub fn report_metrics(&self) {
-        let mode = self.inner.cfg.get_mode();
+        let mode = self.inner.cfg.mode();
         crate::report::counters(&self.stats(), mode);
         for s in self.inner.threaded_shards() {
             crate::report::busy(s.id, s.busy_fraction(), mode);
@@ -354,7 +354,7 @@ impl Poller {
         if inner.shutdown.load(Ordering::SeqCst) {
             return Err(Error::Shutdown);
         }
-        let mode = inner.cfg.get_mode();
+        let mode = inner.cfg.mode();
         let needs_reactor = mode.uses_eventfd() || source.liveness_fd().is_some();
         if needs_reactor && tokio::runtime::Handle::try_current().is_err() {
             return Err(Error::NoRuntime);
@@ -452,7 +452,7 @@ impl Poller {
             bp.push((shard.clone(), h));
         }
         Ok(Registration {
-            tuner: SpinTuner::new(inner.cfg.get_bp_timeout(), inner.cfg.get_auto_tune()),
+            tuner: SpinTuner::new(inner.cfg.bp_timeout(), inner.cfg.auto_tune()),
             wake_latency: crate::report::wake_latency(mode),
             entry,
             shard,

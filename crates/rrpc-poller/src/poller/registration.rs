@@ -291,7 +291,7 @@ impl Registration {
         let mut ran_out = false;
         let spin = match self.mode {
             Mode::Bpev => {
-                let backoff = self.inner.cfg.get_spin_backoff();
+                let backoff = self.inner.cfg.spin_backoff();
                 let budget = if backoff {
                     let b = self.tuner.next_budget();
                     if b.is_zero() && !self.tuner.budget().is_zero() {

@@ -86,11 +86,12 @@ impl Notifier for Belled {
 
 fn poller() -> Poller {
     Poller::start(
-        PollerConfig::new()
+        PollerConfig::builder()
             .mode(Mode::Bpev)
             .polling_threads(1)
-            .unwrap()
-            .bp_timeout(Duration::ZERO),
+            .bp_timeout(Duration::ZERO)
+            .build()
+            .unwrap(),
     )
     .unwrap()
 }

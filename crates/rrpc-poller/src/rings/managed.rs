@@ -92,11 +92,11 @@ impl AsyncConn {
         // setting); a self-sizing one, a third of its cache cap.
         let sizing = ring.self_sizing();
         let preferred = if sizing {
-            (ring.get_cache_ring_size() / 3).min(max)
+            (ring.cache_ring_size() / 3).min(max)
         } else {
             max
         };
-        let every = ring.get_shrink_after() / 2;
+        let every = ring.shrink_after() / 2;
         let sender = ManagedSender {
             watch: tx.tx.watch(),
             conn: tx.src.conn.clone(),

@@ -43,13 +43,13 @@ impl Fake {
 /// A small-footprint config for tests on a 2-core machine: one polling thread, short spin,
 /// aggressive idle parking.
 pub fn test_config(mode: Mode) -> PollerConfig {
-    PollerConfig::new()
+    PollerConfig::builder()
         .mode(mode)
         .polling_threads(1)
-        .unwrap()
         .bp_timeout(Duration::from_micros(5))
         .idle_park_after(Some(Duration::from_micros(300)))
         .idle_poll_interval(Duration::from_micros(500))
+        .build()
         .unwrap()
 }
 

@@ -351,7 +351,10 @@ fn held_back_head_pushes_reach_the_writer(prov: &Provider) {
 #[test]
 fn missed_polls_lose_no_wake_up_every_mode() {
     use rrpc_core::{Fabric, FaultConfig, QpConfig};
-    let qp = QpConfig::default().fault(FaultConfig::none().poll_miss_every(3));
+    let qp = QpConfig::builder()
+        .fault(FaultConfig::builder().poll_miss_every(3).build().unwrap())
+        .build()
+        .unwrap();
     for mode in Mode::ALL {
         rt().block_on(async {
             let p = poller(mode);
@@ -397,7 +400,15 @@ fn missed_polls_lose_no_wake_up_every_mode() {
 fn a_full_ring_behind_a_deferred_tail_is_not_a_deadlock_every_mode() {
     use rrpc_core::{Fabric, FaultConfig, QpConfig};
     const DELAY: u32 = 50;
-    let qp = QpConfig::default().fault(FaultConfig::none().completion_delay_polls(DELAY));
+    let qp = QpConfig::builder()
+        .fault(
+            FaultConfig::builder()
+                .completion_delay_polls(DELAY)
+                .build()
+                .unwrap(),
+        )
+        .build()
+        .unwrap();
     for mode in Mode::ALL {
         rt().block_on(async {
             let p = poller(mode);
@@ -495,9 +506,11 @@ fn an_idle_reader_is_woken_by_the_doorbell_not_by_rescans(prov: &Provider) {
     for doorbell in [true, false] {
         let p = rrpc_poller::Poller::start(
             common::test_config(Mode::Bpev)
+                .to_builder()
                 .idle_park_after(Some(Duration::from_micros(300)))
                 .doorbell_park_after(doorbell.then_some(Duration::from_micros(50)))
                 .idle_poll_interval(Duration::from_secs(1))
+                .build()
                 .unwrap(),
         )
         .unwrap();
@@ -530,10 +543,12 @@ fn a_reader_fed_once_a_millisecond_stops_spinning_and_announces_its_own_sleeps(p
     for backoff in [true, false] {
         let p = rrpc_poller::Poller::start(
             common::test_config(Mode::Bpev)
+                .to_builder()
                 .bp_timeout(Duration::from_micros(50))
                 .auto_tune(false)
                 .spin_backoff(backoff)
                 .idle_poll_interval(Duration::from_secs(1))
+                .build()
                 .unwrap(),
         )
         .unwrap();
@@ -588,14 +603,14 @@ fn pair_with_failing_reader(
     faults: rrpc_core::FaultConfig,
 ) -> (AsyncConn, AsyncConn) {
     use rrpc_core::conn::{HandshakeConfig, Listener, Offer, connect};
-    use rrpc_core::{Endpoint, Fabric, QpConfig};
+    use rrpc_core::{Fabric, FabricAddr, QpConfig};
     use rrpc_ringbuf::LocalRing;
-    let ep = Endpoint::Shm(
+    let ep = FabricAddr::Shm(
         std::env::temp_dir()
             .join(format!("rrpc-poller-e2e-{}", std::process::id()))
             .join(format!("{:?}.sock", std::thread::current().id())),
     );
-    if let Endpoint::Shm(path) = &ep {
+    if let FabricAddr::Shm(path) = &ep {
         std::fs::create_dir_all(path.parent().unwrap()).unwrap();
         let _ = std::fs::remove_file(path);
     }
@@ -612,7 +627,9 @@ fn pair_with_failing_reader(
     });
     let local = LocalRing::new(&f, ring).unwrap();
     let offer = local.add_to_offer(Offer::new());
-    let qp = f.create_qp(&QpConfig::default().fault(faults)).unwrap();
+    let qp = f
+        .create_qp(&QpConfig::builder().fault(faults).build().unwrap())
+        .unwrap();
     let c = connect(&ep, qp, offer, &HandshakeConfig::default()).unwrap();
     let (tx, rx) = local.connect(&c).unwrap();
     let (wc, wtx, wrx) = writer.join().unwrap();
@@ -638,9 +655,11 @@ fn a_reader_whose_last_head_push_fails_is_told_every_mode() {
             let p = poller(mode);
             let ring = ring(mode, 4096);
             let slots = ring.slot_count();
-            let faults = FaultConfig::none()
+            let faults = FaultConfig::builder()
                 .fail_after_posts(0)
-                .fail_status(Status::RetryExceeded);
+                .fail_status(Status::RetryExceeded)
+                .build()
+                .unwrap();
             let (w, r) = pair_with_failing_reader(&p, &ring, faults);
             let (mut wtx, _wrx) = w.split().unwrap();
             let (_rtx, mut rrx) = r.split().unwrap();

@@ -18,7 +18,15 @@ use rrpc_poller::rings::{AsyncConn, RingConfig};
 /// progress task's polling gets the last messages to the reader.
 #[test]
 fn an_idle_writer_s_held_back_messages_reach_the_reader() {
-    let qp = QpConfig::default().fault(FaultConfig::none().completion_delay_polls(50));
+    let qp = QpConfig::builder()
+        .fault(
+            FaultConfig::builder()
+                .completion_delay_polls(50)
+                .build()
+                .unwrap(),
+        )
+        .build()
+        .unwrap();
     for mode in [Mode::Bpev, Mode::Bpts] {
         rt().block_on(async {
             let p = poller(mode);

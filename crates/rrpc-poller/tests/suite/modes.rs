@@ -267,12 +267,17 @@ fn registration_outside_runtime_is_an_error() {
 #[test]
 fn invalid_config_is_rejected() {
     assert!(matches!(
-        test_config(Mode::Bpev).polling_threads(0),
+        test_config(Mode::Bpev)
+            .to_builder()
+            .polling_threads(0)
+            .build(),
         Err(Error::InvalidConfig(_))
     ));
     assert!(
         test_config(Mode::Bpev)
+            .to_builder()
             .idle_poll_interval(Duration::ZERO)
+            .build()
             .is_err()
     );
     assert_eq!(Mode::parse("bpev"), Some(Mode::Bpev));
@@ -324,8 +329,14 @@ fn connections_added_and_removed_while_polling() {
 fn data_on_any_dozing_shard_wakes_its_task() {
     for mode in [Mode::Bpts, Mode::Bpev] {
         rt().block_on(async {
-            let p =
-                rrpc_poller::Poller::start(test_config(mode).polling_threads(2).unwrap()).unwrap();
+            let p = rrpc_poller::Poller::start(
+                test_config(mode)
+                    .to_builder()
+                    .polling_threads(2)
+                    .build()
+                    .unwrap(),
+            )
+            .unwrap();
             let fakes: Vec<_> = (0..4).map(|_| Fake::new()).collect();
             let mut regs: Vec<_> = fakes
                 .iter()

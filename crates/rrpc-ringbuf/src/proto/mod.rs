@@ -87,8 +87,8 @@
 //! the same cache line for messages of one slot.
 //!
 //! # Rings that size themselves
-//! A ring's array is registered at its largest size ([`crate::RingConfig::get_ring_size`]),
-//! but a self-sizing sender ([`crate::RingConfig::get_min_ring_size`]) uses only its first
+//! A ring's array is registered at its largest size ([`crate::RingConfig::ring_size`]),
+//! but a self-sizing sender ([`crate::RingConfig::min_ring_size`]) uses only its first
 //! `n` slots, `n` a power of two between the two sizes, chosen by the
 //! [`sizing`] policy from what the sender observes. Pointers stay absolute;
 //! only the slot index (`pos % n`) changes. The switch is in-band:
@@ -191,7 +191,7 @@ impl Geometry {
     }
     /// From a validated config.
     pub fn from_config(cfg: &crate::RingConfig) -> Self {
-        Geometry::new(cfg.get_slot_size(), cfg.slot_count())
+        Geometry::new(cfg.slot_size(), cfg.slot_count())
     }
     /// Bytes per slot.
     pub fn slot_size(&self) -> usize {

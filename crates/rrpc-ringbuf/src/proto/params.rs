@@ -28,11 +28,11 @@ pub const VERSION: u8 = 1;
 /// Length of the encoded parameters.
 pub const LEN: usize = 26;
 
-/// The ring array is *not* cache-line aligned ([`RingConfig::get_cache_align`]
+/// The ring array is *not* cache-line aligned ([`RingConfig::cache_align`]
 /// off).
 pub const FLAG_UNALIGNED: u32 = 1 << 0;
 /// This side's sender writes its tail with `WRITE_WITH_IMM`
-/// ([`RingConfig::get_tail_with_imm`]).
+/// ([`RingConfig::tail_with_imm`]).
 pub const FLAG_TAIL_IMM: u32 = 1 << 1;
 /// This side's tail and head are 16-byte pointer records (`proto` docs,
 /// "Pointer records"). Always set; a peer without it is refused.
@@ -42,7 +42,7 @@ pub const FLAG_POINTER_RECORDS: u32 = 1 << 2;
 /// lacks it cannot rely on a doorbell
 /// ([`RxDoorbell::peer_rings`](crate::RxDoorbell::peer_rings)).
 pub const FLAG_DOORBELL: u32 = 1 << 3;
-/// This side's sender sizes its ring itself ([`RingConfig::get_min_ring_size`])
+/// This side's sender sizes its ring itself ([`RingConfig::min_ring_size`])
 /// and writes resize markers the peer's receiver must follow (`proto` docs,
 /// "Rings that size themselves"). It starts with `slot_count >> size_shift`
 /// slots.
@@ -74,25 +74,25 @@ impl RingParams {
     /// The parameters of a ring built from `cfg`.
     pub fn of(cfg: &RingConfig) -> RingParams {
         let mut flags = FLAG_POINTER_RECORDS | FLAG_DOORBELL;
-        if !cfg.get_cache_align() {
+        if !cfg.cache_align() {
             flags |= FLAG_UNALIGNED;
         }
-        if cfg.get_tail_with_imm() {
+        if cfg.tail_with_imm() {
             flags |= FLAG_TAIL_IMM;
         }
         let mut size_shift = 0;
         if cfg.self_sizing() {
             flags |= FLAG_SELF_SIZING;
-            size_shift = (cfg.get_ring_size() / cfg.get_min_ring_size()).trailing_zeros() as u8;
+            size_shift = (cfg.ring_size() / cfg.min_ring_size()).trailing_zeros() as u8;
         }
         RingParams {
             flags,
             size_shift,
-            slot_size: cfg.get_slot_size() as u32,
+            slot_size: cfg.slot_size() as u32,
             slot_count: cfg.slot_count() as u32,
-            alpha: cfg.get_alpha(),
-            beta: cfg.get_beta(),
-            gamma: cfg.get_gamma(),
+            alpha: cfg.alpha(),
+            beta: cfg.beta(),
+            gamma: cfg.gamma(),
         }
     }
 
@@ -299,7 +299,7 @@ mod tests {
         assert!(!p.has(FLAG_SELF_SIZING) && p.size_shift == 0);
         assert_eq!(
             (p.slot_size as usize, u64::from(p.slot_count)),
-            (cfg.get_slot_size(), cfg.slot_count())
+            (cfg.slot_size(), cfg.slot_count())
         );
         assert_eq!(p.check_peer(&p).unwrap(), cfg.slot_count());
     }

@@ -102,11 +102,11 @@ impl Receiver {
     pub fn with_initial_slots(cfg: &RingConfig, slot_count: u64) -> Self {
         assert!(slot_count <= cfg.slot_count());
         Receiver {
-            geo: Geometry::new(cfg.get_slot_size(), slot_count),
+            geo: Geometry::new(cfg.slot_size(), slot_count),
             max_count: cfg.slot_count(),
             shrunk: None,
             resizes: 0,
-            gamma: cfg.get_gamma(),
+            gamma: cfg.gamma(),
             head: 0,
             synced_head: 0,
             local_tail: 0,

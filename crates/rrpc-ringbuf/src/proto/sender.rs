@@ -132,25 +132,25 @@ impl Sender {
     /// A sender for a ring configured by `cfg`.
     pub fn new(cfg: &RingConfig) -> Self {
         let max_geo = Geometry::from_config(cfg);
-        let geo = Geometry::new(cfg.get_slot_size(), cfg.initial_slot_count());
+        let geo = Geometry::new(cfg.slot_size(), cfg.initial_slot_count());
         Sender {
             geo,
             max_geo,
             sizer: cfg.self_sizing().then(|| {
                 Sizer::new(
-                    cfg.get_slot_size(),
+                    cfg.slot_size(),
                     cfg.initial_slot_count(),
                     cfg.slot_count(),
-                    cfg.get_shrink_after(),
+                    cfg.shrink_after(),
                 )
-                .with_cache_slots((cfg.get_cache_ring_size() / cfg.get_slot_size()) as u64)
+                .with_cache_slots((cfg.cache_ring_size() / cfg.slot_size()) as u64)
             }),
             switch_at: None,
             shrinking: false,
             released: None,
-            alpha: cfg.get_alpha(),
-            beta: cfg.get_beta(),
-            elastic: cfg.get_elastic(),
+            alpha: cfg.alpha(),
+            beta: cfg.beta(),
+            elastic: cfg.elastic(),
             budget: SqBudget::new(WR_KIND_TX, cfg.sender_outstanding()),
             flush_slots: super::flush_slots(geo.slot_count()),
             tail: 0,

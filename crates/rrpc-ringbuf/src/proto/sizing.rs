@@ -8,7 +8,7 @@
 //!   bytes asks for, [`Sizer::target_for`], is the power of two of at least
 //!   `3 × len` bytes and at least twice the slots the message takes, within
 //!   `[min, max]`: room for three to six such messages in flight, but no
-//!   more than the *cache cap* ([`crate::RingConfig::get_cache_ring_size`])
+//!   more than the *cache cap* ([`crate::RingConfig::cache_ring_size`])
 //!   unless the message itself needs it (then just room for two). Past the
 //!   cap the rings a core touches no longer fit in its cache, and
 //!   RR-Compound's Fig. 12 shows what that costs: half the bandwidth. So a

@@ -79,10 +79,7 @@ impl Pair {
             rx_cq: Vec::new(),
             committed: Vec::new(),
             received: 0,
-            geos: vec![(
-                0,
-                Geometry::new(cfg.get_slot_size(), cfg.initial_slot_count()),
-            )],
+            geos: vec![(0, Geometry::new(cfg.slot_size(), cfg.initial_slot_count()))],
             t0: std::time::Instant::now(),
             now_ms: 0,
         }
@@ -462,10 +459,10 @@ fn config_strategy() -> impl Strategy<Value = RingConfig> {
             let (a, b) = (a.max(b), a.min(b));
             let c = cfg(slot, slots, a, b, g, elastic);
             // A self-sizing ring in most cases, starting `2^shrink` times smaller.
-            let min = (c.get_ring_size() >> shrink).max(2 * slot);
+            let min = (c.ring_size() >> shrink).max(2 * slot);
             RingConfig::builder()
                 .slot_size(slot)
-                .ring_size(c.get_ring_size())
+                .ring_size(c.ring_size())
                 .min_ring_size(min)
                 .alpha(a)
                 .beta(b)

@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use rrpc_core::conn::{self, Connection, HandshakeConfig, Offer};
-use rrpc_core::{Endpoint, Fabric, ProviderKind, QpConfig};
+use rrpc_core::{Fabric, FabricAddr, ProviderKind, QpConfig};
 use rrpc_ringbuf::{Error, LocalRing, RingConfig, RingRx, RingTx};
 
 /// The provider a test runs on (shared by the crates' tests).
@@ -29,7 +29,7 @@ pub(crate) const BOUND: Duration = Duration::from_secs(60);
 /// The listener and the endpoint to dial: a Unix socket in a fresh
 /// directory for shm (returned, to remove), TCP on 127.0.0.1 with a
 /// kernel-chosen port for verbs.
-pub(crate) fn listen(fabric: &Fabric) -> (Option<std::path::PathBuf>, conn::Listener, Endpoint) {
+pub(crate) fn listen(fabric: &Fabric) -> (Option<std::path::PathBuf>, conn::Listener, FabricAddr) {
     static NEXT: AtomicU64 = AtomicU64::new(0);
     match fabric.kind() {
         ProviderKind::Shm => {
@@ -39,16 +39,16 @@ pub(crate) fn listen(fabric: &Fabric) -> (Option<std::path::PathBuf>, conn::List
                 NEXT.fetch_add(1, Ordering::Relaxed)
             ));
             std::fs::create_dir_all(&dir).unwrap();
-            let ep = Endpoint::parse(&format!("shm://{}/s.sock", dir.display())).unwrap();
+            let ep = FabricAddr::parse(&format!("shm://{}/s.sock", dir.display())).unwrap();
             let l = conn::Listener::bind(&ep, HandshakeConfig::default()).unwrap();
             (Some(dir), l, ep)
         }
         kind => {
             assert_eq!(kind, ProviderKind::Verbs);
-            let ep = Endpoint::parse("rdma://127.0.0.1:0").unwrap();
+            let ep = FabricAddr::parse("rdma://127.0.0.1:0").unwrap();
             let l = conn::Listener::bind(&ep, HandshakeConfig::default()).unwrap();
             let addr = l.local_addr().expect("rdma listener has a TCP address");
-            let ep = Endpoint::parse(&format!("rdma://{addr}")).unwrap();
+            let ep = FabricAddr::parse(&format!("rdma://{addr}")).unwrap();
             (None, l, ep)
         }
     }

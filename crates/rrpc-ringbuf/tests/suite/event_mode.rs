@@ -60,7 +60,7 @@ fn event_pair(p: &Provider) -> (common::Side, common::Side) {
         .tail_with_imm(true)
         .build()
         .unwrap();
-    let qp = QpConfig::default().recv_depth(RECV_DEPTH).unwrap();
+    let qp = QpConfig::builder().recv_depth(RECV_DEPTH).build().unwrap();
     let (c, s) = pair_with(p, &cfg, &cfg, &qp);
     (c.unwrap(), s.unwrap())
 }
@@ -209,7 +209,7 @@ fn burst_beyond_posted_receives_falls_back_to_plain_writes(p: &Provider) {
 /// per announced sleep; an awake receiver costs it nothing.
 fn doorbell_rings_once_per_announced_sleep_and_never_for_an_awake_reader(p: &Provider) {
     let cfg = RingConfig::builder().ring_size(64 << 10).build().unwrap();
-    let qp = QpConfig::default().recv_depth(RECV_DEPTH).unwrap();
+    let qp = QpConfig::builder().recv_depth(RECV_DEPTH).build().unwrap();
     let (c, s) = pair_with(p, &cfg, &cfg, &qp);
     let ((_c1, mut tx, _r1), (c2, _t2, mut rx)) = (c.unwrap(), s.unwrap());
     assert!(!rx.tails_with_imm());

@@ -109,7 +109,7 @@ fn matching_non_default_switches_connect_and_carry_data() {
 fn shallow_send_queue_is_refused_naming_both_values() {
     let cfg = RingConfig::builder().ring_size(64 << 10).build().unwrap();
     assert_eq!(cfg.send_queue_need(), 1024 / 2 + 1024 / 4 + 2);
-    let shallow = QpConfig::default().send_depth(512).unwrap();
+    let shallow = QpConfig::builder().send_depth(512).build().unwrap();
     let (c, _) = pair_with(&Provider::Shm, &cfg, &cfg, &shallow);
     match c {
         Err(Error::InvalidConfig(m)) => assert!(
@@ -119,7 +119,7 @@ fn shallow_send_queue_is_refused_naming_both_values() {
         Err(e) => panic!("expected InvalidConfig, got {e}"),
         Ok(_) => panic!("a ring connected over a send queue it can overflow"),
     }
-    let enough = QpConfig::default().send_depth(770).unwrap();
+    let enough = QpConfig::builder().send_depth(770).build().unwrap();
     let (c, s) = pair_with(&Provider::Shm, &cfg, &cfg, &enough);
     assert!(c.is_ok() && s.is_ok());
 }

@@ -152,7 +152,7 @@ fn event_mode_rings_share_one_queue_pair(p: &Provider) {
         .tail_with_imm(true)
         .build()
         .unwrap();
-    let qp = QpConfig::default().recv_depth(64).unwrap();
+    let qp = QpConfig::builder().recv_depth(64).build().unwrap();
     let (mut a, mut b) = shared_pair(p, &cfg, &qp);
     for (_, _, rx) in &b.rings {
         rx.post_receives(8).unwrap();

@@ -8,7 +8,7 @@ use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 use rrpc_core::conn::{self, HandshakeConfig, Offer};
-use rrpc_core::{Endpoint, Fabric, ProviderKind, QpConfig};
+use rrpc_core::{Fabric, FabricAddr, ProviderKind, QpConfig};
 use rrpc_ringbuf::{Error, LocalRing, RingConfig, RingRx, RingTx};
 
 const CHILD: &str = "RRPC_RB_CHILD";
@@ -110,7 +110,7 @@ impl Target {
             }
             Some(_) => "rdma://127.0.0.1:0".to_owned(),
         };
-        let l = conn::Listener::bind(&Endpoint::parse(&ep).unwrap(), HandshakeConfig::default())
+        let l = conn::Listener::bind(&FabricAddr::parse(&ep).unwrap(), HandshakeConfig::default())
             .unwrap();
         let ep = match l.local_addr() {
             Some(addr) => format!("rdma://{addr}"),
@@ -153,7 +153,7 @@ fn serve(
 /// Client side (child): connect, retrying until the parent listens.
 fn dial(t: &Target, ep: &str, cfg: &RingConfig) -> (conn::Connection, RingTx, RingRx) {
     let fabric = t.fabric();
-    let ep = Endpoint::parse(ep).unwrap();
+    let ep = FabricAddr::parse(ep).unwrap();
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
         let local = LocalRing::new(&fabric, cfg).unwrap();

@@ -85,19 +85,19 @@ impl FastChannel {
         // finds data to read (`Shared::nudge_idle_reader`).
         let idle_reads = rx.idle_reads();
         let shared = Arc::new(Shared {
-            table: Mutex::new(Table::new(cfg.get_call_window())),
+            table: Mutex::new(Table::new(cfg.call_window())),
             rx: Mutex::new(RxState {
                 rx: Some(rx),
                 fut: None,
             }),
             peer_window,
             open_calls: Arc::new(tokio::sync::Semaphore::new(
-                cfg.get_max_concurrent_calls()
+                cfg.max_concurrent_calls()
                     .min(tokio::sync::Semaphore::MAX_PERMITS),
             )),
             retired: AtomicBool::new(false),
         });
-        let writer = FrameWriter::new(tx, cfg.get_zero_copy(), cfg.get_max_chunk());
+        let writer = FrameWriter::new(tx, cfg.zero_copy(), cfg.max_chunk());
         // The driver of last resort; asleep unless a handoff wakes it. It
         // also closes the connection when a send fails, and retires it when
         // the side channel sees the peer leave while no call is receiving
@@ -631,8 +631,9 @@ mod tests {
             }
         });
         // The server would refuse a third call; the client never sends it early.
-        let scfg = RrpcConfig::default()
+        let scfg = RrpcConfig::builder()
             .max_concurrent_calls(2)
+            .build()
             .expect("limit");
         spawn_server(spipe, svc, &scfg);
         let ch = channel(cpipe, &scfg);

@@ -303,14 +303,14 @@ pub(crate) mod testing {
             svc,
             cfg.clone(),
             tokio_util::sync::CancellationToken::new(),
-            cfg.get_call_window(),
+            cfg.call_window(),
             Default::default(),
         ))
     }
 
     /// A fast-path client on `pipe` with `cfg` (the peer's window: `cfg`'s own).
     pub(crate) fn channel(pipe: Pipe, cfg: &RrpcConfig) -> FastChannel {
-        FastChannel::start(pipe, cfg, cfg.get_call_window(), Default::default())
+        FastChannel::start(pipe, cfg, cfg.call_window(), Default::default())
     }
 
     /// `pipe` with its sender wrapped in a [`BreakableTx`], broken from the

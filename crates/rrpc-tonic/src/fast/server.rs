@@ -103,19 +103,19 @@ where
         )
         .map_err(boxed::<S::Error>)
         .service(svc);
-    let writer = FrameWriter::new(tx, cfg.get_zero_copy(), cfg.get_max_chunk());
+    let writer = FrameWriter::new(tx, cfg.zero_copy(), cfg.max_chunk());
     let mut calls: HashMap<u32, Call> = HashMap::new();
     let (notes_tx, mut notes) = mpsc::unbounded_channel::<Note>();
     let mut inbox: Vec<In> = Vec::new();
     let limit = match opts.max_concurrent_streams {
-        Some(m) => cfg.get_max_concurrent_calls().min(m as usize),
-        None => cfg.get_max_concurrent_calls(),
+        Some(m) => cfg.max_concurrent_calls().min(m as usize),
+        None => cfg.max_concurrent_calls(),
     };
     let mut conn = proto::Server::new(proto::Config {
         max_calls: limit,
-        recv_window: cfg.get_call_window(),
+        recv_window: cfg.call_window(),
         peer_window,
-        max_header_list: cfg.get_max_header_list_size(),
+        max_header_list: cfg.max_header_list_size(),
         timeout: opts.timeout,
     });
     // The state machine's clock: tokio's (paused in tests), read only for
@@ -231,7 +231,7 @@ where
                         let credit = Credit::server(
                             writer.clone(),
                             key,
-                            cfg.get_call_window(),
+                            cfg.call_window(),
                             notes_tx.clone(),
                         );
                         (RecvBody::new(chunks, brx, credit), Some(btx))
@@ -763,7 +763,10 @@ mod tests {
             std::future::pending::<()>().await;
             Ok::<_, std::convert::Infallible>(http::Response::new(Body::empty()))
         });
-        let cfg = RrpcConfig::default().call_window(4096).expect("window");
+        let cfg = RrpcConfig::builder()
+            .call_window(4096)
+            .build()
+            .expect("window");
         let server = tokio::spawn(serve_conn(
             spipe,
             svc,
@@ -807,10 +810,11 @@ mod tests {
                 Ok::<_, std::convert::Infallible>(http::Response::new(Body::empty()))
             }
         });
-        let cfg = RrpcConfig::default()
+        let cfg = RrpcConfig::builder()
             .max_concurrent_calls(LIMIT)
+            .build()
             .expect("limit");
-        let w = cfg.get_call_window();
+        let w = cfg.call_window();
         tokio::spawn(serve_conn(
             spipe,
             svc,

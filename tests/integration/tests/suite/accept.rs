@@ -8,14 +8,18 @@ use std::time::{Duration, Instant};
 
 use rrpc_core::conn::{Connection, HandshakeConfig, Offer};
 use rrpc_core::handshake::{Hello, Message};
-use rrpc_core::{Endpoint, QpConfig};
+use rrpc_core::{FabricAddr, QpConfig};
 use rrpc_integration_tests::pb::Input;
 use rrpc_integration_tests::{Harness, RawSideChannel, Transport, config, raw_fabric};
 use rrpc_ringbuf::{LocalRing, RingConfig, RingRx, RingTx};
 use rrpc_tonic::{RrpcChannel, RrpcConfig};
 
 fn server_cfg(t: Transport, handshake: Duration) -> RrpcConfig {
-    config(t).handshake_timeout(handshake).expect("timeout")
+    config(t)
+        .to_builder()
+        .handshake_timeout(handshake)
+        .build()
+        .expect("timeout")
 }
 
 /// Waits until `closed()` says so, for at most `limit`.
@@ -57,7 +61,7 @@ fn core_handshake_with(
     }
     let offer = local.add_to_offer(offer);
     let qp = fabric.create_qp(&QpConfig::default()).expect("qp");
-    let ep = Endpoint::parse(&uri).expect("rings uri");
+    let ep = FabricAddr::parse(&uri).expect("rings uri");
     let c = rrpc_core::conn::connect(&ep, qp, offer, &HandshakeConfig::default())?;
     let (tx, rx) = local.connect(&c).expect("rings");
     Ok((c, tx, rx))

@@ -9,7 +9,11 @@ use rrpc_integration_tests::{Harness, Transport, config};
 use rrpc_tonic::RrpcChannel;
 
 async fn token_is_checked(t: Transport) {
-    let secret = config(t).token(b"s3cret".to_vec()).expect("token");
+    let secret = config(t)
+        .to_builder()
+        .token(b"s3cret".to_vec())
+        .build()
+        .expect("token");
     let h = Harness::start_with(t, secret.clone()).await;
     // The harness's own channels carry the token.
     let mut c = h.client().await;
@@ -18,7 +22,11 @@ async fn token_is_checked(t: Transport) {
         .expect("call with the token");
     for cfg in [
         config(t),
-        config(t).token(b"wrong".to_vec()).expect("token"),
+        config(t)
+            .to_builder()
+            .token(b"wrong".to_vec())
+            .build()
+            .expect("token"),
     ] {
         let err = RrpcChannel::connect(&h.uri, cfg)
             .await
@@ -63,14 +71,24 @@ async fn tls_is_checked(t: Transport) {
     let (server_tls, client_tls) = configs();
     let (_, stranger_tls) = configs();
     let cfg = config(t)
+        .to_builder()
         .tls_server(server_tls)
-        .tls_client(client_tls, name());
+        .tls_client(client_tls, name())
+        .build()
+        .unwrap();
     let h = Harness::start_with(t, cfg.clone()).await;
     let mut c = h.client().await;
     c.unary(Input::default()).await.expect("a call over TLS");
-    let err = RrpcChannel::connect(&h.uri, config(t).tls_client(stranger_tls, name()))
-        .await
-        .expect_err("a server certificate the client does not trust");
+    let err = RrpcChannel::connect(
+        &h.uri,
+        config(t)
+            .to_builder()
+            .tls_client(stranger_tls, name())
+            .build()
+            .unwrap(),
+    )
+    .await
+    .expect_err("a server certificate the client does not trust");
     let st = tonic::Status::from(err);
     assert_eq!(st.code(), tonic::Code::Unauthenticated, "{st:?}");
     let err = RrpcChannel::connect(&h.uri, config(t))

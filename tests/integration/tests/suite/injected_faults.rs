@@ -22,7 +22,11 @@ use tonic::Code;
 const BOUND: Duration = Duration::from_secs(20);
 
 fn with_faults(t: Transport, f: FaultConfig) -> rrpc_tonic::RrpcConfig {
-    config(t).queue_pair(QpConfig::default().fault(f))
+    config(t)
+        .to_builder()
+        .queue_pair(QpConfig::builder().fault(f).build().unwrap())
+        .build()
+        .unwrap()
 }
 
 /// A unary call of `payload` on `c` that must end within [`BOUND`]: a
@@ -48,10 +52,12 @@ async fn client_failing_after(h: &Harness, t: Transport, posts: u64) -> TestClie
     // The failed completion comes a few polls late, as a NIC's does (it
     // retransmits first): found by whoever polls next, often the progress
     // task after the send returned, not the send itself.
-    let faults = FaultConfig::none()
+    let faults = FaultConfig::builder()
         .fail_after_posts(posts)
         .fail_status(Status::RetryExceeded)
-        .completion_delay_polls(2);
+        .completion_delay_polls(2)
+        .build()
+        .unwrap();
     TestClient::new(
         RrpcChannel::connect(&h.uri, with_faults(t, faults))
             .await
@@ -60,9 +66,11 @@ async fn client_failing_after(h: &Harness, t: Transport, posts: u64) -> TestClie
 }
 
 async fn delayed_and_missed_completions_lose_nothing(t: Transport) {
-    let faults = FaultConfig::none()
+    let faults = FaultConfig::builder()
         .completion_delay_polls(2)
-        .poll_miss_every(3);
+        .poll_miss_every(3)
+        .build()
+        .unwrap();
     let cfg = with_faults(t, faults);
     let h = Harness::start_with(t, cfg.clone()).await;
     let mut c = TestClient::new(RrpcChannel::connect(&h.uri, cfg).await.expect("connect"));

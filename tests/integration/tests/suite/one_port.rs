@@ -16,7 +16,9 @@ use tokio::net::TcpStream;
 /// The harness's config (fast path), with a short handshake timeout.
 fn cfg() -> RrpcConfig {
     config(Transport::ShmFast)
+        .to_builder()
         .handshake_timeout(Duration::from_millis(500))
+        .build()
         .expect("timeout")
 }
 
@@ -90,7 +92,11 @@ async fn an_rrpc_client_gets_shm_while_plain_grpc_shares_the_port() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_that_forbids_shm_gets_tcp_for_every_rpc_kind() {
     let h = start(cfg()).await;
-    let tcp_only = cfg().fabrics([Fabric::Tcp]).expect("fabrics");
+    let tcp_only = cfg()
+        .to_builder()
+        .fabrics([Fabric::Tcp])
+        .build()
+        .expect("fabrics");
     let ch = dial(&h, tcp_only.clone()).await.expect("connect");
     assert_eq!(ch.carrier(), Carrier::Tcp);
     assert_eq!(ch.path(), ChannelPath::Tcp);
@@ -157,15 +163,29 @@ async fn a_client_that_forbids_shm_gets_tcp_for_every_rpc_kind() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_required_fabric_the_server_forbids_is_a_clear_error() {
-    let h = start(cfg().fabrics([Fabric::Tcp]).expect("fabrics")).await;
+    let h = start(
+        cfg()
+            .to_builder()
+            .fabrics([Fabric::Tcp])
+            .build()
+            .expect("fabrics"),
+    )
+    .await;
     // A default client gets TCP from a server without shm.
     let ch = dial(&h, cfg()).await.expect("connect");
     assert_eq!(ch.carrier(), Carrier::Tcp);
     unary!(TestClient::new(ch), 3);
     // One that requires shm is told why not.
-    let e = dial(&h, cfg().fabrics([Fabric::Shm]).expect("fabrics"))
-        .await
-        .expect_err("shm required, server has none");
+    let e = dial(
+        &h,
+        cfg()
+            .to_builder()
+            .fabrics([Fabric::Shm])
+            .build()
+            .expect("fabrics"),
+    )
+    .await
+    .expect_err("shm required, server has none");
     let Error::NoFabric { reason, .. } = &e else {
         panic!("{e}")
     };
@@ -177,9 +197,19 @@ async fn a_required_fabric_the_server_forbids_is_a_clear_error() {
         tonic::Status::from(e).code(),
         tonic::Code::FailedPrecondition
     );
-    assert!(RrpcConfig::new().fabrics([]).is_err(), "an empty set");
+    assert!(
+        RrpcConfig::builder().fabrics([]).build().is_err(),
+        "an empty set"
+    );
     // A server that requires shm closes plain HTTP/2 clients.
-    let h = start(cfg().fabrics([Fabric::Shm]).expect("fabrics")).await;
+    let h = start(
+        cfg()
+            .to_builder()
+            .fabrics([Fabric::Shm])
+            .build()
+            .expect("fabrics"),
+    )
+    .await;
     let ch = dial(&h, cfg()).await.expect("connect");
     assert_eq!(ch.carrier(), Carrier::Shm);
     let r = tonic::transport::Endpoint::from_shared(format!("http://{}", addr(&h)))
@@ -363,8 +393,15 @@ async fn a_client_that_cannot_reach_the_shm_listener_falls_back_to_tcp() {
     let ch = dial(&h, cfg()).await.expect("connect");
     assert_eq!(ch.carrier(), Carrier::Tcp, "fell back");
     unary!(TestClient::new(ch), 9);
-    let e = dial(&h, cfg().fabrics([Fabric::Shm]).expect("fabrics"))
-        .await
-        .expect_err("shm required and unreachable");
+    let e = dial(
+        &h,
+        cfg()
+            .to_builder()
+            .fabrics([Fabric::Shm])
+            .build()
+            .expect("fabrics"),
+    )
+    .await
+    .expect_err("shm required and unreachable");
     assert_eq!(tonic::Status::from(e).code(), tonic::Code::Unavailable);
 }

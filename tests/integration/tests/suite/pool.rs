@@ -23,7 +23,11 @@ async fn until_ready(cfg: &rrpc_tonic::RrpcContext, n: usize) {
 
 async fn connections_take_pooled_resources(t: Transport) {
     // Server and client share the harness's context (one process), hence one pool.
-    let s = Harness::start_with(t, config(t).connection_pool(2)).await;
+    let s = Harness::start_with(
+        t,
+        config(t).to_builder().connection_pool(2).build().unwrap(),
+    )
+    .await;
     let cfg = s.server_context();
     assert_eq!(
         cfg.pool_stats().len(),
@@ -49,10 +53,10 @@ async fn connections_take_pooled_resources(t: Transport) {
     assert!(st.hits >= 10, "{t:?}: {st:?}");
     assert_eq!(st.misses, 0, "{t:?}: {st:?}");
     // Two ready bundles, each both ring regions (at least 2 x ring_size), under the bound.
-    let ring = cfg.config().get_ring_size() as u64;
+    let ring = cfg.config().ring_size() as u64;
     assert!(st.bytes_held >= 2 * 2 * ring, "{t:?}: {st:?}");
     assert!(
-        st.bytes_held <= cfg.config().get_connection_pool_memory(),
+        st.bytes_held <= cfg.config().connection_pool_memory(),
         "{t:?}: {st:?}"
     );
 }
@@ -60,7 +64,12 @@ async fn connections_take_pooled_resources(t: Transport) {
 /// A memory bound smaller than one bundle: the pool holds nothing (the made bundle is
 /// dropped and counted), and every connect builds its own, never refused.
 async fn a_pool_at_its_memory_bound_builds_inline(t: Transport) {
-    let cfg = config(t).connection_pool(4).connection_pool_memory(1 << 20);
+    let cfg = config(t)
+        .to_builder()
+        .connection_pool(4)
+        .connection_pool_memory(1 << 20)
+        .build()
+        .unwrap();
     let s = Harness::start_with(t, cfg).await;
     let cfg = s.server_context();
     let deadline = Instant::now() + Duration::from_secs(20);
@@ -91,7 +100,7 @@ async fn a_pool_at_its_memory_bound_builds_inline(t: Transport) {
 /// and queue pair are most of a connect), off on `shm://` and TCP.
 async fn pool_by_default_on_rdma_only(t: Transport) {
     let cfg = config(t);
-    assert_eq!(cfg.get_connection_pool(), None);
+    assert_eq!(cfg.connection_pool(), None);
     let s = Harness::start_with(t, cfg).await;
     let mut c = s.client().await;
     c.unary(Input::default()).await.unwrap();
@@ -107,7 +116,7 @@ async fn pool_by_default_on_rdma_only(t: Transport) {
             assert!(st.hits + st.misses >= 2, "{t:?}: {st:?}");
         }
     }
-    let off = config(t).connection_pool(0);
+    let off = config(t).to_builder().connection_pool(0).build().unwrap();
     assert_eq!(off.connection_pool_for(rrpc_core::ProviderKind::Verbs), 0);
     assert_eq!(
         config(t).connection_pool_for(rrpc_core::ProviderKind::Verbs),

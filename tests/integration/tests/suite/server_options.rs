@@ -100,7 +100,7 @@ async fn max_connection_age_keeps_the_channel_working(t: Transport) {
     // bundle on both ends (this server's context serves both).
     let cfg = match t {
         Transport::Tcp => config(t),
-        _ => config(t).connection_pool(1),
+        _ => config(t).to_builder().connection_pool(1).build().unwrap(),
     };
     let s =
         Harness::start_with_options(t, cfg, |s| s.max_connection_age(Duration::from_millis(150)))

@@ -25,7 +25,11 @@ on_rings!(
 );
 
 fn shared(t: Transport) -> RrpcConfig {
-    config(t).shared_queue_pairs(true)
+    config(t)
+        .to_builder()
+        .shared_queue_pairs(true)
+        .build()
+        .unwrap()
 }
 
 async fn call(c: &mut TestClient<RrpcChannel>, byte: u8) {
@@ -114,8 +118,12 @@ async fn connections_share_one_queue_pair(t: Transport) {
 /// replacement is made after it is up. (On shm the pool is off by default,
 /// so the test asks for it.)
 async fn rings_are_made_ahead_for_the_next_connection(t: Transport) {
-    let mut h = Harness::start_with(t, shared(t).connection_pool(2)).await;
-    h.set_client_config(shared(t).connection_pool(2));
+    let mut h = Harness::start_with(
+        t,
+        shared(t).to_builder().connection_pool(2).build().unwrap(),
+    )
+    .await;
+    h.set_client_config(shared(t).to_builder().connection_pool(2).build().unwrap());
     let (scfg, ccfg) = (h.server_context().clone(), h.client_context().clone());
     let spares_are = |n: usize| {
         let (o, a) = (opened(&ccfg), accepted(&scfg));
@@ -191,7 +199,7 @@ async fn a_guessed_shared_connection_id_is_refused(t: Transport) {
     call(&mut owner, 1).await;
     let uri = h.uri.clone();
     let refused = tokio::task::spawn_blocking(move || {
-        let ep = rrpc_core::Endpoint::parse(&uri).expect("rings uri");
+        let ep = rrpc_core::FabricAddr::parse(&uri).expect("rings uri");
         let fabric = rrpc_integration_tests::raw_fabric(t);
         let hs = HandshakeConfig::default();
         // A shared connection of its own, opened by hand ("RRPA").

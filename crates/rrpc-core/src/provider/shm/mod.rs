@@ -523,17 +523,14 @@ impl ShmQp {
         let failed = Arc::new(FailState::default());
         Ok(ShmQp {
             cfg: cfg.clone(),
-            scq: Arc::new(SendCq::new(
-                cfg.get_fault().get_poll_miss_every(),
-                failed.clone(),
-            )?),
+            scq: Arc::new(SendCq::new(cfg.fault().poll_miss_every(), failed.clone())?),
             rcq: Arc::new(RecvCq::new(
-                cfg.get_recv_depth(),
-                cfg.get_fault().get_poll_miss_every(),
+                cfg.recv_depth(),
+                cfg.fault().poll_miss_every(),
             )?),
             peer: std::sync::OnceLock::new(),
             failed,
-            fault: cfg.get_fault().clone(),
+            fault: cfg.fault().clone(),
             posts: AtomicU64::new(0),
             device_error: std::sync::atomic::AtomicBool::new(false),
         })
@@ -697,14 +694,12 @@ impl ShmQp {
             return (0, Status::Success, false);
         }
         let n = self.posts.fetch_add(1, Ordering::Relaxed) + 1;
-        let status = match f.get_fail_after_posts() {
-            Some(k) if n > k => f.get_fail_status(),
+        let status = match f.fail_after_posts() {
+            Some(k) if n > k => f.fail_status(),
             _ => Status::Success,
         };
-        let torn = f
-            .get_torn_write_every()
-            .is_some_and(|k| n.is_multiple_of(k));
-        (f.get_completion_delay_polls(), status, torn)
+        let torn = f.torn_write_every().is_some_and(|k| n.is_multiple_of(k));
+        (f.completion_delay_polls(), status, torn)
     }
 
     #[inline]
@@ -752,7 +747,7 @@ impl ShmQp {
     /// injected failure already completed the work request (nothing to copy).
     #[inline]
     fn admit(&self, wr_id: u64, opcode: Opcode) -> Result<Option<(u64, u32, bool)>> {
-        let seq = self.scq().reserve(self.cfg.get_send_depth())?;
+        let seq = self.scq().reserve(self.cfg.send_depth())?;
         if self.device_error.load(Ordering::Acquire) {
             self.fail_injected(seq, wr_id, opcode, Status::Flushed, 0);
             return Ok(None);
@@ -861,13 +856,13 @@ impl ShmQp {
     }
 
     pub(crate) fn send_depth(&self) -> u32 {
-        self.cfg.get_send_depth()
+        self.cfg.send_depth()
     }
 
     /// A WRITE completes inside its post unless an injected failure is set
     /// to surface only in a completion.
     pub(crate) fn completes_in_post(&self) -> bool {
-        self.cfg.get_fault().get_fail_after_posts().is_none()
+        self.cfg.fault().fail_after_posts().is_none()
     }
 
     pub(crate) fn recv_depth(&self) -> u32 {

@@ -496,7 +496,7 @@ pub(crate) fn read_client_hello(
             return Err(refused(s, e));
         }
     };
-    if let Some(want) = cfg.get_token() {
+    if let Some(want) = cfg.token() {
         let ok = hello.token.as_deref().is_some_and(|t| token_eq(t, want));
         if !ok {
             return Err(refused(s, Error::AuthFailed));

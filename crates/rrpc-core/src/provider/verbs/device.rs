@@ -108,7 +108,7 @@ impl Device {
     /// that name; [`Error::InvalidConfig`] for a port or GID index the device
     /// does not have; [`Error::Io`] if opening or querying the device fails.
     pub(crate) fn open(opts: &VerbsOptions) -> Result<Arc<Device>> {
-        let name = opts.get_device();
+        let name = opts.device();
         let mut n: i32 = 0;
         // SAFETY: `n` is a valid out-pointer; the returned list is freed below.
         let list = unsafe { ibv_get_device_list(&mut n) };
@@ -179,7 +179,7 @@ impl Device {
             pd,
             name,
             port: PortInfo {
-                num: opts.get_port(),
+                num: opts.port(),
                 lid: 0,
                 gid: [0; 16],
                 gid_index: 0,
@@ -195,15 +195,15 @@ impl Device {
         };
         // On error `d` drops and releases pd and ctx.
         d.caps = d.query_device()?;
-        caps::check_port(&d.name, opts.get_port(), &d.caps)?;
-        d.port = d.query_port(opts.get_port(), opts.get_gid_index())?;
+        caps::check_port(&d.name, opts.port(), &d.caps)?;
+        d.port = d.query_port(opts.port(), opts.gid_index())?;
         tracing::info!(
             device = %d.name,
             port = d.port.num,
             lid = d.port.lid,
             gid_index = d.port.gid_index,
             gid = %std::net::Ipv6Addr::from(d.port.gid),
-            active_mtu = super::endpoint::mtu_bytes(d.port.active_mtu),
+            active_mtu = super::qp_address::mtu_bytes(d.port.active_mtu),
             max_qp_wr = d.caps.max_qp_wr,
             "verbs device opened"
         );
@@ -253,7 +253,7 @@ impl Device {
         if rc != 0 {
             return Err(errno("ibv_query_port", rc));
         }
-        if super::endpoint::mtu_bytes(attr.active_mtu).is_none() {
+        if super::qp_address::mtu_bytes(attr.active_mtu).is_none() {
             return Err(Error::io(
                 "ibv_query_port",
                 io::Error::other(format!(

@@ -7,7 +7,7 @@
 //! runs the conformance suite, the two-process tests and the ring, poller and
 //! tonic tests on it. On the host, what is tested is everything short of the
 //! device: the work requests, completions and queue-pair attribute sets built
-//! by [`wr`], the endpoint codec, the send-queue accounting and pre-checks,
+//! by [`wr`], the queue-pair address codec ([`qp_address`]), the send-queue accounting and pre-checks,
 //! the choices and checks of [`caps`] (GID index, depths, inline size), the
 //! TCP side channel and its keep-alive options, the ABI of the hand-written
 //! `rdma-sys` structures against the C headers, and that opening a fabric
@@ -31,11 +31,11 @@
 //! ## Negotiated and checked
 //!
 //! Negotiated in the handshake (each side's `Hello.endpoint`, see
-//! [`endpoint`]):
+//! [`qp_address`]):
 //!
-//! * **Path MTU.** Each endpoint carries its port's active MTU
+//! * **Path MTU.** Each queue-pair address carries its port's active MTU
 //!   (`ibv_query_port`); both sides move to RTR with the smaller of the two.
-//!   An endpoint of the 26-byte layout of earlier versions (no MTU) or with
+//!   An address of the 26-byte layout of earlier versions (no MTU) or with
 //!   an MTU code outside 1..=5 is refused as a malformed handshake naming
 //!   the length or the code.
 //!
@@ -84,8 +84,8 @@
 
 mod caps;
 mod device;
-pub(crate) mod endpoint;
 mod qp;
+pub(crate) mod qp_address;
 pub(crate) mod side;
 pub(crate) mod wr;
 
@@ -97,7 +97,7 @@ pub(crate) use qp::{LaterRegions, VerbsCq, VerbsQp};
 
 #[cfg(test)]
 mod tests {
-    use crate::{Endpoint, Error, Fabric, ProviderKind, QpConfig};
+    use crate::{Error, Fabric, FabricAddr, ProviderKind, QpConfig};
 
     /// Whether the kernel lists any RDMA device (what libibverbs enumerates).
     fn host_has_rdma_device() -> bool {
@@ -123,7 +123,7 @@ mod tests {
                 matches!(&e, Error::Io { source, .. } if source.kind() == std::io::ErrorKind::NotFound)
             );
             assert!(e.to_string().contains("no RDMA device found"), "{e}");
-            let ep = Endpoint::parse("rdma://127.0.0.1:7").unwrap();
+            let ep = FabricAddr::parse("rdma://127.0.0.1:7").unwrap();
             assert!(Fabric::for_endpoint(&ep).is_err());
         }
         let e = Fabric::verbs(Some("no-such-device-rrpc")).expect_err("unknown name");
@@ -164,7 +164,10 @@ mod tests {
     #[test]
     fn device_port_and_gid_index_are_chosen_and_checked() {
         let Some(dev) = test_device() else { return };
-        let opts = crate::VerbsOptions::new().device(dev.clone());
+        let opts = crate::VerbsOptions::builder()
+            .device(dev.clone())
+            .build()
+            .unwrap();
         let f = Fabric::verbs_with(&opts).expect("open the test device");
         let (port, gid_index) = f.verbs_port().unwrap();
         assert_eq!(port, 1);
@@ -181,12 +184,14 @@ mod tests {
             sysfs_preferred_gid(&dev, 1).is_some()
         );
         // An explicit index is used as given.
-        let f0 = Fabric::verbs_with(&opts.clone().gid_index(0)).unwrap();
+        let f0 = Fabric::verbs_with(&opts.to_builder().gid_index(0).build().unwrap()).unwrap();
         assert_eq!(f0.verbs_port(), Some((1, 0)));
         // Bad values name what was asked and what exists.
         let ports = d.caps().phys_port_cnt;
         for bad in [0, ports + 1] {
-            let e = config_error(Fabric::verbs_with(&opts.clone().port(bad)));
+            let e = config_error(Fabric::verbs_with(
+                &opts.to_builder().port(bad).build().unwrap(),
+            ));
             assert!(
                 e.contains(&format!(
                     "port {bad} out of device {dev}'s ports 1..={ports}"
@@ -194,7 +199,9 @@ mod tests {
                 "{e}"
             );
         }
-        let e = config_error(Fabric::verbs_with(&opts.clone().gid_index(255)));
+        let e = config_error(Fabric::verbs_with(
+            &opts.to_builder().gid_index(255).build().unwrap(),
+        ));
         assert!(e.contains("gid index 255"), "{e}");
         assert!(
             e.contains("out of the port's table of") || e.contains("is an empty entry"),
@@ -208,7 +215,7 @@ mod tests {
         let f = Fabric::verbs(Some(&dev)).unwrap();
         let caps = f.domain().verbs_device().unwrap().caps();
         if caps.max_qp_wr < 65536 {
-            let cfg = QpConfig::default().send_depth(65536).unwrap();
+            let cfg = QpConfig::builder().send_depth(65536).build().unwrap();
             let e = f.create_qp(&cfg).unwrap_err();
             assert!(matches!(e, Error::InvalidConfig(_)), "{e}");
             assert!(
@@ -218,7 +225,7 @@ mod tests {
                 )),
                 "{e}"
             );
-            let cfg = QpConfig::default().recv_depth(65536).unwrap();
+            let cfg = QpConfig::builder().recv_depth(65536).build().unwrap();
             let e = f.create_qp(&cfg).unwrap_err().to_string();
             assert!(e.contains("recv_depth"), "{e}");
             assert!(
@@ -228,10 +235,10 @@ mod tests {
         }
         // Exactly at the limit (depths are at most 65536 in QpConfig).
         let at = caps.max_qp_wr.min(caps.max_cqe).min(65536);
-        let cfg = QpConfig::default()
+        let cfg = QpConfig::builder()
             .send_depth(at)
-            .unwrap()
             .recv_depth(at)
+            .build()
             .unwrap();
         if at.is_power_of_two() {
             f.create_qp(&cfg).expect("depths at the device's limit");
@@ -250,7 +257,7 @@ mod tests {
         let qp = f.create_qp(&QpConfig::default()).unwrap();
         assert!(inline(&qp) >= crate::qp::DEFAULT_INLINE, "{}", inline(&qp));
         let big = crate::qp::MAX_INLINE_REQUEST;
-        match f.create_qp(&QpConfig::default().max_inline(big).unwrap()) {
+        match f.create_qp(&QpConfig::builder().max_inline(big).build().unwrap()) {
             Ok(qp) => assert!(inline(&qp) >= big),
             Err(e) => {
                 let m = e.to_string();
@@ -265,11 +272,11 @@ mod tests {
                 eprintln!("{dev}: at most {most} inline bytes");
                 // The maximum named is right: it works, one more does not.
                 let qp = f
-                    .create_qp(&QpConfig::default().max_inline(most).unwrap())
+                    .create_qp(&QpConfig::builder().max_inline(most).build().unwrap())
                     .expect("the maximum the error named");
                 assert!(inline(&qp) >= most);
                 assert!(
-                    f.create_qp(&QpConfig::default().max_inline(most + 1).unwrap())
+                    f.create_qp(&QpConfig::builder().max_inline(most + 1).build().unwrap())
                         .is_err()
                 );
             }
@@ -320,9 +327,9 @@ mod tests {
         std::sync::Arc<crate::Region>,
     ) {
         use crate::conn::{self, HandshakeConfig, Offer};
-        let any = Endpoint::parse("rdma://127.0.0.1:0").unwrap();
+        let any = FabricAddr::parse("rdma://127.0.0.1:0").unwrap();
         let l = conn::Listener::bind(&any, HandshakeConfig::default()).unwrap();
-        let ep = Endpoint::Rdma(l.local_addr().unwrap());
+        let ep = FabricAddr::Rdma(l.local_addr().unwrap());
         let t = std::thread::spawn(move || {
             let inbox = server
                 .alloc_region_with(4096, crate::Access::REMOTE_WRITE)

@@ -14,7 +14,7 @@ use rdma_sys::ibv_wc;
 
 use super::caps::{self, QpSizes};
 use super::device::{Device, RawCq, RawQp, mr_of};
-use super::endpoint::{VerbsEndpoint, mtu_bytes, path_mtu};
+use super::qp_address::{QpAddress, mtu_bytes, path_mtu};
 use super::wr::{
     self, MAX_MESSAGE, Op, Wc, WorkRequest, build_send_wr, err_transition, init_transition,
     recv_completion, rtr_transition, rts_transition, send_completion,
@@ -243,27 +243,27 @@ impl VerbsQp {
     /// [`Error::Io`] when the device refuses a call.
     /// A queue pair in INIT, with its send and its receive completion queue.
     pub(crate) fn new(dev: &Arc<Device>, cfg: &QpConfig) -> Result<(VerbsQp, VerbsCq, VerbsCq)> {
-        let recv_depth = cfg.get_recv_depth().next_power_of_two();
+        let recv_depth = cfg.recv_depth().next_power_of_two();
         caps::check_qp_sizes(
             dev.name(),
             QpSizes {
-                send_depth: cfg.get_send_depth(),
+                send_depth: cfg.send_depth(),
                 recv_depth,
             },
             &dev.caps(),
         )?;
-        let send_raw = Arc::new(RawCq::new(dev, cfg.get_send_depth())?);
+        let send_raw = Arc::new(RawCq::new(dev, cfg.send_depth())?);
         let recv_raw = Arc::new(RawCq::new(dev, recv_depth)?);
         let raw = RawQp::new(
             dev,
             &send_raw,
             &recv_raw,
-            cfg.get_send_depth(),
+            cfg.send_depth(),
             recv_depth,
-            cfg.get_max_inline(),
+            cfg.max_inline(),
         )?;
         raw.modify(init_transition(dev.port().num), "ibv_modify_qp(INIT)")?;
-        let slots = Arc::new(Mutex::new(SendSlots::new(cfg.get_send_depth())));
+        let slots = Arc::new(Mutex::new(SendSlots::new(cfg.send_depth())));
         let recv_posted = Arc::new(AtomicU64::new(0));
         let fail = Arc::new(FailState::default());
         let psn = crate::sys::random_u32() & 0x00ff_ffff;
@@ -283,7 +283,7 @@ impl VerbsQp {
             recv_posted,
             recv_depth,
             psn,
-            retry: cfg.get_rc_retry(),
+            retry: cfg.rc_retry(),
             remote_gid: OnceLock::new(),
             peer: OnceLock::new(),
             fail,
@@ -303,11 +303,11 @@ impl VerbsQp {
         }
     }
 
-    /// Our endpoint for the handshake: the port's LID, GID and active MTU,
+    /// Our queue-pair address for the handshake: the port's LID, GID and active MTU,
     /// our QPN and PSN.
-    pub(crate) fn endpoint(&self) -> VerbsEndpoint {
+    pub(crate) fn endpoint(&self) -> QpAddress {
         let port = self.raw.device().port();
-        VerbsEndpoint {
+        QpAddress {
             lid: port.lid,
             qpn: self.raw.qpn(),
             psn: self.psn,
@@ -325,7 +325,7 @@ impl VerbsQp {
     /// [`Error::InvalidConfig`] if already connected; [`Error::MalformedHandshake`]
     /// for a peer MTU that is not an `ibv_mtu` code; [`Error::Io`] if the
     /// device refuses a transition.
-    pub(crate) fn connect(&self, peer: &VerbsEndpoint, regions: Vec<RemoteRegion>) -> Result<()> {
+    pub(crate) fn connect(&self, peer: &QpAddress, regions: Vec<RemoteRegion>) -> Result<()> {
         if self.peer.get().is_some() {
             return Err(Error::InvalidConfig("queue pair already connected".into()));
         }
@@ -351,8 +351,8 @@ impl VerbsQp {
             qpn = self.raw.qpn(),
             peer_qpn = peer.qpn,
             path_mtu = mtu_bytes(mtu),
-            ack_timeout = self.retry.get_ack_timeout(),
-            retry_count = self.retry.get_retry_count(),
+            ack_timeout = self.retry.ack_timeout(),
+            retry_count = self.retry.retry_count(),
             "verbs queue pair connected"
         );
         Ok(())

@@ -1,14 +1,14 @@
-//! The TCP side channel of `rdma://` endpoints: the same handshake messages
+//! The TCP side channel of `rdma://` addresses: the same handshake messages
 //! as shm ([`crate::handshake::Message`]) over a TCP stream, without fd
 //! passing — a verbs peer needs only the `Hello` bytes: its queue-pair
-//! endpoint (LID, QPN, PSN, GID, MTU; see [`super::endpoint`]) and its region
-//! descriptors (address, length, rkey).
+//! address (LID, QPN, PSN, GID, MTU; see [`super::qp_address`]) and its
+//! region descriptors (address, length, rkey).
 //!
 //! Function-level API (for `provider::side`, the connection layer's seam
 //! over both side channels, and for the tests):
 //!
 //! * [`connect_tcp`] / [`bind_tcp`] / [`accept_tcp`]: the stream;
-//! * [`fill_hello`]: puts the verbs provider code and our endpoint into a `Hello`;
+//! * [`fill_hello`]: puts the verbs provider code and our queue-pair address into a `Hello`;
 //! * [`exchange`]: client side — send `Hello`, read `Accept` or `Reject`;
 //! * [`read_hello`]: server side — read the client's `Hello`, check token and
 //!   provider, answer `Reject` on error;
@@ -30,7 +30,7 @@
 //! handshake messages travel inside a TLS session (rustls) over the TCP
 //! stream: [`Stream::tls`] runs the TLS handshake first, by the same
 //! deadline, and `Hello`, `Accept` and `Reject` are then application data.
-//! That protects the token, the queue-pair endpoint and the region keys
+//! That protects the token, the queue-pair address and the region keys
 //! from anyone on the path, and authenticates the server (and, with a
 //! client-certificate verifier in the server's config, the client). After
 //! `Accept` the session is dropped: the side channel carries no data from
@@ -50,7 +50,7 @@ use crate::conn::budget::PeerKey;
 use crate::conn::exchange::{Deadline, Offer, PeerInfo, base_hello, map_io, peer_info};
 use crate::conn::settings::{HandshakeConfig, TcpKeepalive};
 
-use super::endpoint::VerbsEndpoint;
+use super::qp_address::QpAddress;
 use crate::error::{Error, Result};
 use crate::handshake::{HEADER_LEN, Header, Hello, Message, Reject, RejectCode, token_eq};
 use crate::provider::Qp;
@@ -486,8 +486,8 @@ pub(crate) fn read_client_hello(
     cfg: &HandshakeConfig,
     deadline: Deadline,
 ) -> Result<(Stream, Hello, PeerInfo)> {
-    let mut s = server_stream(s, cfg.get_tls_server(), deadline)?;
-    let hello = read_hello(&mut s, cfg.get_token(), deadline)?;
+    let mut s = server_stream(s, cfg.tls_server(), deadline)?;
+    let hello = read_hello(&mut s, cfg.token(), deadline)?;
     let peer = peer_info(&hello, ProviderKind::Verbs)?;
     Ok((s, hello, peer))
 }
@@ -512,7 +512,7 @@ pub(crate) fn dial(
         base_hello(offer),
         deadline,
         cfg.keepalive.as_ref(),
-        cfg.get_tls_client(),
+        cfg.tls_client(),
     )?;
     let peer = peer_info(&accept, ProviderKind::Verbs)?;
     Ok((Stream::plain(s), peer))
@@ -535,7 +535,7 @@ pub(crate) fn dial_logical(
         base_hello(offer),
         deadline,
         cfg.keepalive.as_ref(),
-        cfg.get_tls_client(),
+        cfg.tls_client(),
     )?;
     Ok((Stream::plain(s), h))
 }
@@ -716,13 +716,13 @@ fn check_provider(h: &Hello) -> Result<()> {
         )));
     }
     if !h.endpoint.is_empty() {
-        VerbsEndpoint::decode(&h.endpoint)?;
+        QpAddress::decode(&h.endpoint)?;
     }
     Ok(())
 }
 
 /// Server side: reads the client's `Hello`, checks the token (when `token` is
-/// set) and that it offers a valid verbs endpoint. A bad client is answered
+/// set) and that it offers a valid verbs queue-pair address. A bad client is answered
 /// with a `Reject` and the error is returned.
 ///
 /// # Errors
@@ -768,7 +768,7 @@ pub(crate) fn read_hello(
 /// already-connected queue pair.
 pub(crate) fn attach(qp: &QueuePair, peer: &Hello) -> Result<()> {
     let v = verbs_qp(qp)?;
-    let ep = VerbsEndpoint::decode(&peer.endpoint)?;
+    let ep = QpAddress::decode(&peer.endpoint)?;
     v.connect(&ep, peer.regions.iter().map(|d| d.remote).collect())
 }
 
@@ -912,7 +912,7 @@ mod tests {
         Hello {
             token: token.map(<[u8]>::to_vec),
             provider: ProviderKind::Verbs.code(),
-            endpoint: VerbsEndpoint {
+            endpoint: QpAddress {
                 lid: 3,
                 qpn: 0x77,
                 psn: 0x1234,
@@ -1135,13 +1135,17 @@ mod tests {
     #[test]
     fn listener_sets_the_configured_keepalive() {
         use crate::conn::{HandshakeConfig, Listener};
-        let ep = crate::Endpoint::parse("rdma://127.0.0.1:0").unwrap();
+        let ep = crate::FabricAddr::parse("rdma://127.0.0.1:0").unwrap();
         for (cfg, want) in [
             (HandshakeConfig::default(), (true, 10, 2, 3, 16_000)),
             (
-                HandshakeConfig::default().keepalive(Some(
-                    TcpKeepalive::new(Duration::from_secs(7), Duration::from_secs(1), 2).unwrap(),
-                )),
+                HandshakeConfig::builder()
+                    .keepalive(Some(
+                        TcpKeepalive::new(Duration::from_secs(7), Duration::from_secs(1), 2)
+                            .unwrap(),
+                    ))
+                    .build()
+                    .unwrap(),
                 (true, 7, 1, 2, 9_000),
             ),
         ] {
@@ -1150,7 +1154,11 @@ mod tests {
             let p = l.accept_pending().unwrap();
             assert_eq!(keepalive_of(&p), want);
         }
-        let l = Listener::bind(&ep, HandshakeConfig::default().keepalive(None)).unwrap();
+        let l = Listener::bind(
+            &ep,
+            HandshakeConfig::builder().keepalive(None).build().unwrap(),
+        )
+        .unwrap();
         let _c = TcpStream::connect(l.local_addr().unwrap()).unwrap();
         assert!(!keepalive_of(&l.accept_pending().unwrap()).0);
     }

@@ -22,7 +22,7 @@ use rdma_sys::{
 use crate::settings::RcRetry;
 use crate::work::{Completion, Opcode, Status};
 
-use super::endpoint::VerbsEndpoint;
+use super::qp_address::QpAddress;
 
 /// Outstanding RDMA READs we accept as responder and issue as requester.
 pub(crate) const RD_ATOMIC: u8 = 16;
@@ -278,11 +278,11 @@ pub(crate) fn init_transition(port: u8) -> Transition {
 /// peer has a GID — always on RoCE), its QPN and starting PSN.
 ///
 /// `path_mtu` is the smaller of the two ports' active MTUs (an `ibv_mtu`
-/// code, checked by [`super::endpoint::path_mtu`]); `port` and `sgid_index`
+/// code, checked by [`super::qp_address::path_mtu`]); `port` and `sgid_index`
 /// are ours (the port the queue pair was initialised on, the GID our
 /// endpoint carries).
 pub(crate) fn rtr_transition(
-    peer: &VerbsEndpoint,
+    peer: &QpAddress,
     path_mtu: u32,
     port: u8,
     sgid_index: u8,
@@ -298,7 +298,7 @@ pub(crate) fn rtr_transition(
     attr.dest_qp_num = peer.qpn;
     attr.rq_psn = peer.psn;
     attr.max_dest_rd_atomic = RD_ATOMIC;
-    attr.min_rnr_timer = retry.get_min_rnr_timer();
+    attr.min_rnr_timer = retry.min_rnr_timer();
     let global = peer.gid != [0; 16];
     attr.ah_attr = ibv_ah_attr {
         grh: ibv_global_route {
@@ -332,9 +332,9 @@ pub(crate) fn rts_transition(our_psn: u32, retry: RcRetry) -> Transition {
     let mut attr = zeroed_attr();
     attr.qp_state = ibv_qp_state::IBV_QPS_RTS;
     attr.sq_psn = our_psn & 0x00ff_ffff;
-    attr.timeout = retry.get_ack_timeout();
-    attr.retry_cnt = retry.get_retry_count();
-    attr.rnr_retry = retry.get_rnr_retry();
+    attr.timeout = retry.ack_timeout();
+    attr.retry_cnt = retry.retry_count();
+    attr.rnr_retry = retry.rnr_retry();
     attr.max_rd_atomic = RD_ATOMIC;
     Transition {
         attr,
@@ -576,7 +576,7 @@ mod tests {
 
     #[test]
     fn rtr_attributes_follow_the_peer() {
-        let peer = VerbsEndpoint {
+        let peer = QpAddress {
             lid: 0x0017,
             qpn: 0x00ab_cdef,
             psn: 0x0012_3456,
@@ -615,7 +615,7 @@ mod tests {
         gid[10] = 0xff;
         gid[11] = 0xff;
         gid[12..].copy_from_slice(&[10, 0, 0, 7]);
-        let peer = VerbsEndpoint {
+        let peer = QpAddress {
             lid: 0,
             qpn: 9,
             psn: 1,
@@ -645,15 +645,16 @@ mod tests {
         assert_eq!(a.qp_state, ibv_qp_state::IBV_QPS_RTS);
         assert_eq!(a.sq_psn, 0x0012_3456, "PSN is 24 bits");
         assert_eq!((a.timeout, a.retry_cnt, a.rnr_retry), (14, 7, 7));
-        let custom = RcRetry::default()
+        let custom = RcRetry::builder()
             .ack_timeout(18)
-            .and_then(|r| r.retry_count(3))
-            .and_then(|r| r.rnr_retry(5))
-            .and_then(|r| r.min_rnr_timer(1))
+            .retry_count(3)
+            .rnr_retry(5)
+            .min_rnr_timer(1)
+            .build()
             .unwrap();
         let c = rts_transition(1, custom).attr;
         assert_eq!((c.timeout, c.retry_cnt, c.rnr_retry), (18, 3, 5));
-        let peer = VerbsEndpoint {
+        let peer = QpAddress {
             lid: 1,
             qpn: 2,
             psn: 3,

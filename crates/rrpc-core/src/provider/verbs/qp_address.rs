@@ -1,4 +1,5 @@
-//! The verbs queue-pair endpoint carried in the handshake's `Hello.endpoint`:
+//! The verbs queue pair's address ([`QpAddress`]) carried in the
+//! handshake's `Hello.endpoint`:
 //! what the peer needs to move its queue pair to RTR towards ours.
 //!
 //! ```text
@@ -15,11 +16,11 @@ use rdma_sys::ibv_mtu;
 
 use crate::error::{Error, Result};
 
-/// Encoded length of a [`VerbsEndpoint`].
+/// Encoded length of a [`QpAddress`].
 pub(crate) const ENDPOINT_LEN: usize = 27;
 
-/// Length of the endpoint before the MTU byte was added (refused by
-/// [`VerbsEndpoint::decode`] with a message naming the old layout).
+/// Length of the address before the MTU byte was added (refused by
+/// [`QpAddress::decode`] with a message naming the old layout).
 pub(crate) const OLD_ENDPOINT_LEN: usize = 26;
 
 /// Largest queue pair number / packet sequence number (24 bits on the wire).
@@ -55,7 +56,7 @@ pub(crate) fn path_mtu(local: u32, peer: u32) -> Result<u32> {
 
 /// Address of one RC queue pair.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct VerbsEndpoint {
+pub(crate) struct QpAddress {
     /// Local identifier of the port (InfiniBand; 0 on RoCE).
     pub(crate) lid: u16,
     /// Queue pair number (24 bits).
@@ -68,7 +69,7 @@ pub(crate) struct VerbsEndpoint {
     pub(crate) mtu: u32,
 }
 
-impl VerbsEndpoint {
+impl QpAddress {
     /// The 27-byte wire form.
     ///
     /// # Panics
@@ -92,7 +93,7 @@ impl VerbsEndpoint {
     /// earlier versions, without the MTU, is named as such), a QPN or PSN
     /// wider than 24 bits, an endpoint with neither LID nor GID (unroutable),
     /// or an MTU byte that is not an `ibv_mtu` code (1..=5).
-    pub(crate) fn decode(b: &[u8]) -> Result<VerbsEndpoint> {
+    pub(crate) fn decode(b: &[u8]) -> Result<QpAddress> {
         if b.len() == OLD_ENDPOINT_LEN {
             return Err(Error::MalformedHandshake(format!(
                 "verbs endpoint is {OLD_ENDPOINT_LEN} bytes, the layout without a path MTU \
@@ -126,7 +127,7 @@ impl VerbsEndpoint {
                 "verbs endpoint MTU code {mtu} is not an ibv_mtu code (1..=5, 256..=4096 bytes)"
             )));
         }
-        Ok(VerbsEndpoint {
+        Ok(QpAddress {
             lid,
             qpn,
             psn,
@@ -143,7 +144,7 @@ mod tests {
 
     #[test]
     fn layout_is_fixed() {
-        let e = VerbsEndpoint {
+        let e = QpAddress {
             lid: 0x0102,
             qpn: 0x0003_0405,
             psn: 0x0006_0708,
@@ -155,11 +156,11 @@ mod tests {
         assert_eq!(&b[..10], &[2, 1, 5, 4, 3, 0, 8, 7, 6, 0]);
         assert_eq!(&b[10..26], &[0xaa; 16]);
         assert_eq!(b[26], 3, "IBV_MTU_1024");
-        assert_eq!(VerbsEndpoint::decode(&b).unwrap(), e);
+        assert_eq!(QpAddress::decode(&b).unwrap(), e);
     }
 
     fn good() -> Vec<u8> {
-        VerbsEndpoint {
+        QpAddress {
             lid: 1,
             qpn: 2,
             psn: 3,
@@ -169,7 +170,7 @@ mod tests {
         .encode()
     }
 
-    fn message(r: Result<VerbsEndpoint>) -> String {
+    fn message(r: Result<QpAddress>) -> String {
         match r {
             Err(e @ Error::MalformedHandshake(_)) => e.to_string(),
             other => panic!("expected MalformedHandshake, got {other:?}"),
@@ -179,29 +180,29 @@ mod tests {
     #[test]
     fn bad_endpoints_are_refused() {
         let good = good();
-        assert!(VerbsEndpoint::decode(&good).is_ok());
+        assert!(QpAddress::decode(&good).is_ok());
         for cut in [0, 1, 25] {
-            let m = message(VerbsEndpoint::decode(&good[..cut]));
+            let m = message(QpAddress::decode(&good[..cut]));
             assert!(m.contains(&format!("must be 27 bytes, got {cut}")), "{m}");
         }
         let mut long = good.clone();
         long.push(0);
-        assert!(message(VerbsEndpoint::decode(&long)).contains("got 28"));
+        assert!(message(QpAddress::decode(&long)).contains("got 28"));
         let mut wide = good.clone();
         wide[5] = 1; // QPN high byte
-        assert!(VerbsEndpoint::decode(&wide).is_err());
+        assert!(QpAddress::decode(&wide).is_err());
         let mut wide = good.clone();
         wide[9] = 1; // PSN high byte
-        assert!(VerbsEndpoint::decode(&wide).is_err());
+        assert!(QpAddress::decode(&wide).is_err());
         let mut nowhere = good;
         nowhere[0] = 0; // LID 0 and GID 0
-        assert!(VerbsEndpoint::decode(&nowhere).is_err());
+        assert!(QpAddress::decode(&nowhere).is_err());
     }
 
     #[test]
     fn the_layout_without_an_mtu_is_named() {
         let old = &good()[..OLD_ENDPOINT_LEN];
-        let m = message(VerbsEndpoint::decode(old));
+        let m = message(QpAddress::decode(old));
         assert!(m.contains("26 bytes"), "{m}");
         assert!(m.contains("without a path MTU"), "{m}");
         assert!(m.contains("27 bytes"), "{m}");
@@ -212,13 +213,13 @@ mod tests {
         for code in [0u8, 6, 7, 0xff] {
             let mut b = good();
             b[26] = code;
-            let m = message(VerbsEndpoint::decode(&b));
+            let m = message(QpAddress::decode(&b));
             assert!(m.contains(&format!("MTU code {code} ")), "{m}");
         }
         for code in 1u8..=5 {
             let mut b = good();
             b[26] = code;
-            assert_eq!(VerbsEndpoint::decode(&b).unwrap().mtu, u32::from(code));
+            assert_eq!(QpAddress::decode(&b).unwrap().mtu, u32::from(code));
         }
     }
 
@@ -259,13 +260,13 @@ mod tests {
             gid in any::<[u8; 16]>(),
             mtu in 1u32..=5,
         ) {
-            let e = VerbsEndpoint { lid, qpn, psn, gid, mtu };
-            prop_assert_eq!(VerbsEndpoint::decode(&e.encode()).unwrap(), e);
+            let e = QpAddress { lid, qpn, psn, gid, mtu };
+            prop_assert_eq!(QpAddress::decode(&e.encode()).unwrap(), e);
         }
 
         #[test]
         fn garbage_never_panics(b in proptest::collection::vec(any::<u8>(), 0..40)) {
-            let _ = VerbsEndpoint::decode(&b);
+            let _ = QpAddress::decode(&b);
         }
 
         #[test]

@@ -1,5 +1,9 @@
-//! Endpoint URIs: `shm:///path/to.sock` and `rdma://host:port`, parsed once
-//! ([`EndpointUri`]) and resolved on demand ([`Endpoint`]).
+//! Fabric addresses: `shm:///path/to.sock` and `rdma://host:port` URIs,
+//! parsed once ([`FabricUri`]) and resolved on demand ([`FabricAddr`]).
+//!
+//! Named `FabricAddr`/`FabricUri` (formerly `Endpoint`/`EndpointUri`) so
+//! they are not taken for rrpc-tonic's `RrpcEndpoint` (a tonic-style channel
+//! builder) nor for a queue pair's address in the handshake.
 
 use std::fmt;
 use std::net::{SocketAddr, ToSocketAddrs};
@@ -7,25 +11,35 @@ use std::path::PathBuf;
 
 use crate::error::{Error, Result};
 
-/// Where a server listens or a client connects.
+/// Where a server listens or a client connects: a resolved fabric address
+/// (the Unix socket path of `shm://`, the TCP side channel's socket address
+/// of `rdma://`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
-pub enum Endpoint {
+pub enum FabricAddr {
     /// Same-host shared memory; the side channel is the Unix socket at this path.
     Shm(PathBuf),
     /// RDMA (verbs); the side channel is TCP at this address.
     Rdma(SocketAddr),
 }
 
-impl Endpoint {
+/// The old name of [`FabricAddr`].
+#[deprecated(note = "renamed to `FabricAddr`")]
+pub type Endpoint = FabricAddr;
+
+/// The old name of [`FabricUri`].
+#[deprecated(note = "renamed to `FabricUri`")]
+pub type EndpointUri = FabricUri;
+
+impl FabricAddr {
     /// Parses `shm:///abs/path.sock` or `rdma://host:port` and resolves the
-    /// host ([`EndpointUri::parse`], then [`EndpointUri::resolve`]).
+    /// host ([`FabricUri::parse`], then [`FabricUri::resolve`]).
     ///
     /// # Errors
-    /// [`Error::InvalidUri`] as [`EndpointUri::parse`], or for a host that
+    /// [`Error::InvalidUri`] as [`FabricUri::parse`], or for a host that
     /// does not resolve.
-    pub fn parse(uri: &str) -> Result<Endpoint> {
-        EndpointUri::parse(uri)?.resolve()
+    pub fn parse(uri: &str) -> Result<FabricAddr> {
+        FabricUri::parse(uri)?.resolve()
     }
 }
 
@@ -33,7 +47,7 @@ impl Endpoint {
 /// `shm://` and `rdma://` (rrpc-tonic parses its URIs with it too).
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
-pub enum EndpointUri {
+pub enum FabricUri {
     /// `shm:///abs/path.sock`: the Unix socket at this absolute path.
     Shm(PathBuf),
     /// `rdma://host:port`: the side channel's TCP address, host unresolved
@@ -46,14 +60,14 @@ pub enum EndpointUri {
     },
 }
 
-impl EndpointUri {
+impl FabricUri {
     /// Parses `shm:///abs/path.sock` or `rdma://host:port` (a trailing `/`
     /// is ignored). A relative `shm://` path is refused: the client and the
     /// server would resolve it against different working directories.
     ///
     /// # Errors
     /// [`Error::InvalidUri`] naming what is wrong.
-    pub fn parse(uri: &str) -> Result<EndpointUri> {
+    pub fn parse(uri: &str) -> Result<FabricUri> {
         let bad = |reason: &str| Error::InvalidUri {
             uri: uri.to_string(),
             reason: reason.to_string(),
@@ -67,7 +81,7 @@ impl EndpointUri {
                     "shm:// needs an absolute socket path (shm:///run/x.sock)",
                 ));
             }
-            return Ok(EndpointUri::Shm(PathBuf::from(rest)));
+            return Ok(FabricUri::Shm(PathBuf::from(rest)));
         }
         if let Some(rest) = uri.strip_prefix("rdma://") {
             let hostport = rest.trim_end_matches('/');
@@ -97,7 +111,7 @@ impl EndpointUri {
             if host.is_empty() {
                 return Err(bad("missing host (rdma://host:port)"));
             }
-            return Ok(EndpointUri::Rdma {
+            return Ok(FabricUri::Rdma {
                 host: host.to_string(),
                 port,
             });
@@ -110,10 +124,10 @@ impl EndpointUri {
     ///
     /// # Errors
     /// [`Error::InvalidUri`] for a host that does not resolve.
-    pub fn resolve(&self) -> Result<Endpoint> {
+    pub fn resolve(&self) -> Result<FabricAddr> {
         match self {
-            EndpointUri::Shm(p) => Ok(Endpoint::Shm(p.clone())),
-            EndpointUri::Rdma { host, port } => {
+            FabricUri::Shm(p) => Ok(FabricAddr::Shm(p.clone())),
+            FabricUri::Rdma { host, port } => {
                 let bad = |reason: String| Error::InvalidUri {
                     uri: self.to_string(),
                     reason,
@@ -123,37 +137,37 @@ impl EndpointUri {
                     .map_err(|e| bad(format!("cannot resolve {host:?}: {e}")))?
                     .next()
                     .ok_or_else(|| bad(format!("{host:?} resolves to no address")))?;
-                Ok(Endpoint::Rdma(addr))
+                Ok(FabricAddr::Rdma(addr))
             }
         }
     }
 }
 
-impl fmt::Display for EndpointUri {
+impl fmt::Display for FabricUri {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            EndpointUri::Shm(p) => write!(f, "shm://{}", p.display()),
-            EndpointUri::Rdma { host, port } if host.contains(':') => {
+            FabricUri::Shm(p) => write!(f, "shm://{}", p.display()),
+            FabricUri::Rdma { host, port } if host.contains(':') => {
                 write!(f, "rdma://[{host}]:{port}")
             }
-            EndpointUri::Rdma { host, port } => write!(f, "rdma://{host}:{port}"),
+            FabricUri::Rdma { host, port } => write!(f, "rdma://{host}:{port}"),
         }
     }
 }
 
-impl fmt::Display for Endpoint {
+impl fmt::Display for FabricAddr {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Endpoint::Shm(p) => write!(f, "shm://{}", p.display()),
-            Endpoint::Rdma(a) => write!(f, "rdma://{a}"),
+            FabricAddr::Shm(p) => write!(f, "shm://{}", p.display()),
+            FabricAddr::Rdma(a) => write!(f, "rdma://{a}"),
         }
     }
 }
 
-impl std::str::FromStr for Endpoint {
+impl std::str::FromStr for FabricAddr {
     type Err = Error;
     fn from_str(s: &str) -> Result<Self> {
-        Endpoint::parse(s)
+        FabricAddr::parse(s)
     }
 }
 
@@ -164,48 +178,51 @@ mod tests {
     #[test]
     fn parses_schemes() {
         assert_eq!(
-            Endpoint::parse("shm:///tmp/a.sock").unwrap(),
-            Endpoint::Shm("/tmp/a.sock".into())
+            FabricAddr::parse("shm:///tmp/a.sock").unwrap(),
+            FabricAddr::Shm("/tmp/a.sock".into())
         );
         assert_eq!(
-            Endpoint::parse("rdma://127.0.0.1:50051").unwrap(),
-            Endpoint::Rdma("127.0.0.1:50051".parse().unwrap())
+            FabricAddr::parse("rdma://127.0.0.1:50051").unwrap(),
+            FabricAddr::Rdma("127.0.0.1:50051".parse().unwrap())
         );
         assert!(matches!(
-            Endpoint::parse("http://x"),
+            FabricAddr::parse("http://x"),
             Err(Error::InvalidUri { .. })
         ));
         assert!(matches!(
-            Endpoint::parse("shm://"),
+            FabricAddr::parse("shm://"),
             Err(Error::InvalidUri { .. })
         ));
-        assert_eq!(Endpoint::parse("shm:///x").unwrap().to_string(), "shm:///x");
+        assert_eq!(
+            FabricAddr::parse("shm:///x").unwrap().to_string(),
+            "shm:///x"
+        );
     }
 
     #[test]
     fn one_grammar_for_shm_and_rdma() {
-        let bad = |u: &str| matches!(EndpointUri::parse(u), Err(Error::InvalidUri { .. }));
+        let bad = |u: &str| matches!(FabricUri::parse(u), Err(Error::InvalidUri { .. }));
         assert!(bad("shm://relative.sock"), "relative shm paths are refused");
         assert!(bad("rdma://host"), "a port is required");
         assert!(bad("rdma://:5"), "a host is required");
         assert!(bad("rdma://h:70000"), "ports fit in 16 bits");
         assert!(bad("rdma://::1:5"), "IPv6 hosts need brackets");
         assert!(bad("rdma://[::1:5"), "brackets close");
-        let e = EndpointUri::parse("rdma://[::1]").unwrap_err().to_string();
+        let e = FabricUri::parse("rdma://[::1]").unwrap_err().to_string();
         assert!(e.contains("expected rdma://[ipv6]:port"), "{e}");
         assert_eq!(
-            EndpointUri::parse("rdma://node7.example:50051/").unwrap(),
-            EndpointUri::Rdma {
+            FabricUri::parse("rdma://node7.example:50051/").unwrap(),
+            FabricUri::Rdma {
                 host: "node7.example".into(),
                 port: 50051
             },
             "names stay unresolved until resolve()"
         );
-        let v6 = EndpointUri::parse("rdma://[::1]:9").unwrap();
+        let v6 = FabricUri::parse("rdma://[::1]:9").unwrap();
         assert_eq!(v6.to_string(), "rdma://[::1]:9");
         assert_eq!(
             v6.resolve().unwrap(),
-            Endpoint::Rdma("[::1]:9".parse().unwrap())
+            FabricAddr::Rdma("[::1]:9".parse().unwrap())
         );
     }
 }
