@@ -22,8 +22,29 @@ fn rss_shmem_kib() -> u64 {
         .expect("RssShmem in /proc/self/status")
 }
 
+/// Waits (at most 10 s) until the shared memory of the tests before this
+/// one has gone back: `RssShmem` unchanged over 300 ms. A connection's rings
+/// are unmapped by tasks that end after its harness is dropped, so without
+/// this a test's baseline could include memory freed while it measures.
+async fn settled_rss_shmem_kib() -> u64 {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut last = rss_shmem_kib();
+    let mut since = Instant::now();
+    while Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let now = rss_shmem_kib();
+        if now != last {
+            (last, since) = (now, Instant::now());
+        } else if since.elapsed() >= Duration::from_millis(300) {
+            break;
+        }
+    }
+    last
+}
+
 async fn rings_grow_for_large_messages_and_give_memory_back_when_quiet(t: Transport) {
     let _one = ONE_AT_A_TIME.lock().await;
+    settled_rss_shmem_kib().await;
     // A 1 MiB cache cap: the fast path sends 128 KiB frames whole, and
     // the rings grow to 512 KiB for them.
     let cfg = config(t)
