@@ -142,6 +142,24 @@ async fn an_rrpc_client_gets_shm_while_plain_grpc_shares_the_port() {
     );
 }
 
+/// Every RPC kind on shm through the port, on both call paths (the
+/// server's path preference left to the client's), the carrier read from
+/// the live connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_rpc_kind_on_shm_through_the_port_on_both_paths() {
+    let h = start(cfg()).await;
+    for (path, want) in [
+        (rrpc_tonic::PathPreference::Fast, ChannelPath::Fast),
+        (rrpc_tonic::PathPreference::Http2, ChannelPath::Http2),
+    ] {
+        let ch = dial(&h, cfg().path(path)).await.expect("connect");
+        assert_eq!(ch.carrier(), Carrier::Shm);
+        assert_eq!(ch.path(), want);
+        every_rpc_kind(&mut TestClient::new(ch.clone())).await;
+        assert_eq!(ch.carrier(), Carrier::Shm);
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_that_forbids_shm_gets_tcp_for_every_rpc_kind() {
     let h = start(cfg()).await;
