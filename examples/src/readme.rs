@@ -1,5 +1,6 @@
-//! The README's "Using it" example, whole: a Greeter served over `shm://`
-//! and called through the generated client. Every line of the README's
+//! The README's "Using it" example, whole: a Greeter served on one
+//! `rrpc://` port and called through the generated client, over rrpc (shm:
+//! the same host) and over plain HTTP/2 (a tonic `Channel`) on that port. Every line of the README's
 //! snippet appears here in order (`tests/cli.rs` checks it), so the README
 //! shows code that compiles and runs.
 
@@ -39,20 +40,21 @@ impl Greeter for MyGreeter {
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    // (A socket left by an earlier run would look like a server that is up.)
-    let _ = std::fs::remove_file("/tmp/greeter.sock");
-    let uri = "shm:///tmp/greeter.sock";
+    let uri = "rrpc://127.0.0.1:50151"; // one port: shm on one host, RDMA across hosts, else TCP
     // server: the same services and layers; one import and one call change
     let server = tokio::spawn(async move {
         Server::builder()
             .add_service(GreeterServer::new(MyGreeter::default()))
-            .serve_rrpc(uri, RrpcConfig::default()) // or rdma://0.0.0.0:50051
+            .serve_rrpc(uri, RrpcConfig::default()) // plain gRPC clients share the port
             .await?;
         Ok::<(), rrpc_tonic::Error>(())
     });
-    // (The server binds in its own task: wait for its socket.)
+    // (The server binds in its own task: wait for its port.)
     let deadline = Instant::now() + Duration::from_secs(10);
-    while !std::path::Path::new("/tmp/greeter.sock").exists() {
+    while tokio::net::TcpStream::connect("127.0.0.1:50151")
+        .await
+        .is_err()
+    {
         anyhow::ensure!(Instant::now() < deadline, "the server never bound");
         anyhow::ensure!(
             !server.is_finished(),
@@ -73,6 +75,20 @@ async fn main() -> anyhow::Result<()> {
         })
         .await?;
     println!("{} (carried by {carrier:?})", reply.into_inner().message);
+
+    // tonic's own client on the same port (grpc-go and grpcio alike).
+    let plain = tonic::transport::Endpoint::from_static("http://127.0.0.1:50151")
+        .connect()
+        .await?;
+    let reply = GreeterClient::new(plain)
+        .say_hello(HelloRequest {
+            name: "tonic".into(),
+        })
+        .await?;
+    println!(
+        "{} (plain HTTP/2 on the same port)",
+        reply.into_inner().message
+    );
     server.abort();
     Ok(())
 }

@@ -23,7 +23,8 @@ fn every_example_documents_its_transport_switch() {
 
 /// The README's snippet is this example's code: each of its lines appears
 /// in `src/readme.rs`, in order (so the README shows code that compiles),
-/// and the example runs: one call over `shm://`, carried by shm.
+/// and the example runs: one call on the `rrpc://` port, carried by shm,
+/// and one from a plain tonic channel on the same port.
 #[test]
 fn the_readme_example_is_built_and_runs() {
     let readme = include_str!("../../README.md");
@@ -43,7 +44,7 @@ fn the_readme_example_is_built_and_runs() {
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "readme example: {out:?}");
     assert!(
-        text.contains("Hello rrpc!") && text.contains("Shm"),
+        text.contains("Hello rrpc!") && text.contains("Shm") && text.contains("Hello tonic!"),
         "readme example printed: {text}"
     );
 }

@@ -1041,6 +1041,7 @@ pub(crate) mod suite {
         "integration/suite::layers",
         "integration/suite::message_sizes",
         "integration/suite::metadata",
+        "integration/suite::one_port",
         "integration/suite::panics",
         "integration/suite::parity",
         "integration/suite::pool",

@@ -249,6 +249,9 @@ pub(crate) fn suite_scripts(
 {soak} --role serve --transport rdma --uri rdma://$RRPC_RXE_SELF:50065 --shared-qps > /tmp/soak-shared-server.log 2>&1 & p8=$!
 # rrpc-kv: its gRPC face on rdma://, and RF-RPC (remote fetching) beside it.
 {kvs} --listen rdma://$RRPC_RXE_SELF:50070 --rfrpc rdma://$RRPC_RXE_SELF:50071 --memory-mib 64 --partitions 1 > /tmp/kv-server.log 2>&1 & p7=$!
+# One port (rrpc://): rrpc clients get the best fabric both ends share,
+# plain HTTP/2 clients tonic; the rdma:// side channel runs beside it.
+{hs} --uri rrpc://$RRPC_RXE_SELF:50052 > /tmp/port-server.log 2>&1 & p9=$!
 # The dead client's server: its descriptors, counted once a first connection
 # (from A itself) came and went, must come back to that count after B dies.
 {soak} --role serve --transport rdma --uri rdma://$RRPC_RXE_SELF:50064 > /tmp/soak-dc-server.log 2>&1 & p6=$!
@@ -262,7 +265,7 @@ if [ {dead_server} = 0 ]; then
 fi
 {sshd_a}touch "$RRPC_RXE_WIRE/a.up"
 while [ ! -e "$RRPC_RXE_WIRE/b.done" ] && [ ! -e "$RRPC_RXE_WIRE/poweroff" ] && [ ! -e "$RRPC_RXE_WIRE/b.poweroff" ]; do sleep 0.1; done
-for p in $p1 $p2 $p3 $p4 $p5 $p6 $p7 $p8; do kill -0 $p 2>/dev/null || rc=1; done
+for p in $p1 $p2 $p3 $p4 $p5 $p6 $p7 $p8 $p9; do kill -0 $p 2>/dev/null || rc=1; done
 [ $rc = 0 ] || {{ echo "cross-host: a server on A died"; tail -n 20 /tmp/*-server.log; }}
 echo "cross-host: servers on A up to the end: $([ $rc = 0 ] && echo yes || echo NO)"
 if [ -e "$RRPC_RXE_WIRE/b.poweroff" ]; then
@@ -284,7 +287,7 @@ if [ -e "$RRPC_RXE_WIRE/poweroff" ]; then
   echo $rc > /tmp/rxe-job/rc; sync
   echo 1 > /proc/sys/kernel/sysrq; echo o > /proc/sysrq-trigger; sleep 60
 fi
-kill $p1 $p2 $p3 $p4 $p5 $p6 $p7 $p8 2>/dev/null; wait 2>/dev/null
+kill $p1 $p2 $p3 $p4 $p5 $p6 $p7 $p8 $p9 2>/dev/null; wait 2>/dev/null
 exit $rc
 "#,
         hs = q(&bins.hello_server),
@@ -312,6 +315,22 @@ retry() {{ # until the server listens, 120 s at most
 }}
 retry timeout 60 {hc} --uri rdma://$RRPC_RXE_PEER:50051 > /tmp/hello.log 2>&1; ok=$?
 check helloworld /tmp/hello.log "{verbs}" 'RESPONSE="Hello rrpc!"'
+# One port, three clients at once: the default rrpc client lands on verbs
+# (another host: no shm), one with verbs forbidden on TCP, a plain HTTP/2
+# client (tonic on http://) on TCP; then one whose device does not open
+# falls back to TCP.
+retry timeout 60 {hc} --uri rrpc://$RRPC_RXE_PEER:50052 > /dev/null 2>&1
+timeout 60 {hc} --uri rrpc://$RRPC_RXE_PEER:50052 > /tmp/port-verbs.log 2>&1 & q1=$!
+timeout 60 {hc} --uri rrpc://$RRPC_RXE_PEER:50052 --fabrics shm,tcp > /tmp/port-tcp.log 2>&1 & q2=$!
+timeout 60 {hc} --uri http://$RRPC_RXE_PEER:50052 > /tmp/port-h2.log 2>&1 & q3=$!
+wait $q1; ok=$?
+check "one port: an rrpc client lands on verbs" /tmp/port-verbs.log "{verbs}" 'RESPONSE="Hello rrpc!"'
+wait $q2; ok=$?
+check "one port: verbs forbidden lands on tcp (at once)" /tmp/port-tcp.log "carried by Tcp" 'RESPONSE="Hello rrpc!"'
+wait $q3; ok=$?
+check "one port: a plain HTTP/2 client (at once)" /tmp/port-h2.log "carried by Tcp" 'RESPONSE="Hello rrpc!"'
+timeout 60 {hc} --uri rrpc://$RRPC_RXE_PEER:50052 --rdma-device no-such-device > /tmp/port-nodev.log 2>&1; ok=$?
+check "one port: a client without the device falls back to tcp" /tmp/port-nodev.log "carried by Tcp" 'RESPONSE="Hello rrpc!"'
 retry timeout 120 {rc} --uri rdma://$RRPC_RXE_PEER:10000 > /tmp/route.log 2>&1; ok=$?
 check "routeguide (all four RPC kinds)" /tmp/route.log "{verbs}" 'GetFeature: Feature {{ name: "Place 3,6"' 'ListFeatures: 8 features' 'RecordRoute: RouteSummary {{ point_count: 10,' 'RouteChat: got "note 0"'
 for t in rdma:50061 rdma-h2:50062; do

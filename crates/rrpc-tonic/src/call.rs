@@ -148,7 +148,7 @@ pub(crate) fn carrier_of(target: &Target, ctx: &RrpcContext) -> Result<Carrier, 
         Target::Unix(_) => Carrier::Unix,
         Target::Inproc(_) => Carrier::Inproc,
         Target::Shm(_) => Carrier::Shm,
-        // The negotiation decides; a ring channel on a port is shm.
+        // The negotiation decides; the live connection tells.
         Target::Port(_) => Carrier::Shm,
         #[cfg(feature = "verbs")]
         Target::Rdma(_) => Carrier::Verbs {

@@ -19,9 +19,9 @@ pub enum PathPreference {
 ///
 /// The negotiation on an `rrpc://` port takes the best fabric both ends
 /// allow and can use, in this order: [`Fabric::Shm`] (same host only),
-/// then [`Fabric::Tcp`]. RDMA verbs is a later slice: it will rank first
-/// and get a variant here (the enum is `non_exhaustive`, and the hello
-/// already reserves its bit).
+/// then [`Fabric::Verbs`] (both ends built with the `verbs` feature and
+/// with an active device, the client's queue pair reaching the server's),
+/// then [`Fabric::Tcp`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum Fabric {
@@ -30,6 +30,10 @@ pub enum Fabric {
     /// Shared-memory rings through the server's shm listener, when both
     /// ends are on the same host (`rrpc://` docs in [`crate::RrpcEndpoint`]).
     Shm,
+    /// RDMA rings through the server's `rdma://` side channel. Offered only
+    /// by a build with the `verbs` feature; a server grants it only when
+    /// its device opened.
+    Verbs,
 }
 
 impl Fabric {
@@ -38,6 +42,7 @@ impl Fabric {
         match self {
             Fabric::Tcp => 1,
             Fabric::Shm => 2,
+            Fabric::Verbs => 4,
         }
     }
 
@@ -46,6 +51,7 @@ impl Fabric {
         match self {
             Fabric::Tcp => "tcp",
             Fabric::Shm => "shm",
+            Fabric::Verbs => "verbs",
         }
     }
 }
@@ -106,7 +112,7 @@ pub const DEFAULT_RDMA_CONNECTION_POOL: usize = 2;
 /// | `poller` | process-wide [`default_poller_config`] | see [`RrpcConfig::poller`] |
 /// | `handshake_timeout` | 5 s | bounds a connection's whole setup (rrpc-core handshake + path negotiation) |
 /// | `max_pending_handshakes` | 1024 | connections still in setup per listener; more are closed at once |
-/// | `fabrics` | every one ([`Fabric::Shm`], [`Fabric::Tcp`]) | what an `rrpc://` connection may run on; the best both ends allow and can use wins |
+/// | `fabrics` | every one ([`Fabric::Shm`], [`Fabric::Verbs`], [`Fabric::Tcp`]) | what an `rrpc://` connection may run on; the best both ends allow and can use wins |
 /// | `token` | none | shared secret checked in the handshake (constant time) |
 /// | `queue_pair` | [`rrpc_core::QpConfig::default`] | each connection's queue pair (depths; fault injection for tests) |
 /// | `rc_retry` | [`rrpc_core::RcRetry::default`] (ACK timeout 67 ms, 7 retries) | `rdma://` retransmission on a lossy wire; a silent peer fails calls `Unavailable` |
@@ -292,7 +298,7 @@ impl Default for RrpcConfig {
             max_shared_peers: DEFAULT_MAX_SHARED_PEERS,
             pool: None,
             pool_memory: 64 << 20,
-            fabrics: Fabric::Tcp.bit() | Fabric::Shm.bit(),
+            fabrics: Fabric::Tcp.bit() | Fabric::Shm.bit() | Fabric::Verbs.bit(),
         }))
     }
 }
@@ -315,7 +321,7 @@ impl RrpcConfig {
 
     /// See [`RrpcConfigBuilder::fabrics`]: the allowed ones, best first.
     pub fn fabrics(&self) -> Vec<Fabric> {
-        [Fabric::Shm, Fabric::Tcp]
+        [Fabric::Shm, Fabric::Verbs, Fabric::Tcp]
             .into_iter()
             .filter(|f| self.allows(*f))
             .collect()
@@ -326,9 +332,14 @@ impl RrpcConfig {
         self.0.fabrics & fabric.bit() != 0
     }
 
-    /// The allowed fabrics as the negotiation's offer bits.
+    /// The allowed fabrics as the negotiation's offer bits: those this
+    /// build can use (no verbs without the `verbs` feature).
     pub(crate) fn fabric_bits(&self) -> u8 {
-        self.0.fabrics
+        if cfg!(feature = "verbs") {
+            self.0.fabrics
+        } else {
+            self.0.fabrics & !Fabric::Verbs.bit()
+        }
     }
 
     /// See [`RrpcConfigBuilder::max_header_list_size`].
@@ -631,13 +642,17 @@ impl RrpcConfigBuilder {
 
     /// The fabrics an `rrpc://` connection may run on (default: all of
     /// them). The port's negotiation picks the best one both ends allow
-    /// and can use (shm on the same host, else TCP); to require one, allow
-    /// only it (`fabrics([Fabric::Shm])`), to forbid shm allow only
-    /// [`Fabric::Tcp`]. A client whose allowed fabrics the server cannot
+    /// and can use (shm on the same host, else verbs, else TCP); to require
+    /// one, allow only it (`fabrics([Fabric::Verbs])`: "RDMA or fail"), to
+    /// forbid one leave it out (`fabrics([Fabric::Verbs, Fabric::Tcp])`:
+    /// "never shm"). A build without the `verbs` feature never offers
+    /// verbs. A client whose allowed fabrics the server cannot
     /// give fails with [`crate::Error::NoFabric`], naming what was missing
     /// on which side. On a server, leaving out [`Fabric::Tcp`] also closes
     /// plain HTTP/2 clients of the port, and leaving out [`Fabric::Shm`]
-    /// binds no shm listener. Other schemes ignore it.
+    /// binds no shm listener, and leaving out [`Fabric::Verbs`] binds no
+    /// `rdma://` side channel. Other schemes ignore it. An empty set is
+    /// refused by [`build`](Self::build).
     pub fn fabrics(mut self, fabrics: impl IntoIterator<Item = Fabric>) -> Self {
         self.inner.fabrics = fabrics.into_iter().fold(0, |b, f| b | f.bit());
         self

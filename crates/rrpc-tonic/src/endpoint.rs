@@ -340,11 +340,21 @@ impl RrpcEndpoint {
                 Ok(RrpcChannel::tonic(ch, ChannelPath::Unix, Carrier::Unix))
             }
             // Lazily, the choice cannot wait for the first call: TCP
-            // (negotiated per connection) unless the config requires shm.
+            // (negotiated per connection) unless the config forbids it;
+            // then rings (shm or verbs), whose carrier the live connection
+            // reports once it has connected.
             Target::Port(p) if !self.config.allows(crate::Fabric::Tcp) => {
                 let ctx = self.resolve_context()?;
                 let dialer = self.port_dialer(p.clone(), ctx)?;
-                Ok(self.rings(dialer, None, Carrier::Shm))
+                let carrier = if self.config.allows(crate::Fabric::Shm) {
+                    Carrier::Shm
+                } else {
+                    Carrier::Verbs {
+                        device: String::new(),
+                        peer: None,
+                    }
+                };
+                Ok(self.rings(dialer, None, carrier))
             }
             Target::Port(p) => {
                 let ep = self.tonic_endpoint(format!("http://{}", p.addr()), true)?;
@@ -360,37 +370,75 @@ impl RrpcEndpoint {
     }
 
     /// `rrpc://`: negotiates on the port, then connects on the fabric
-    /// chosen: shm through the listener the server named (falling back to
-    /// TCP, when allowed, if that socket cannot be reached), or tonic on
-    /// the TCP connection the negotiation ran on.
+    /// chosen: shm or verbs through the side listener the server named
+    /// (falling back to TCP, when allowed, if it cannot be reached: the
+    /// shm socket from another host, or the verbs side channel without a
+    /// device or a route to the server's GID), or tonic on the TCP
+    /// connection the negotiation ran on.
     async fn connect_port(&self, p: &crate::port::PortTarget) -> Result<RrpcChannel, Error> {
         use crate::port::{Chosen, negotiate};
         let limit = self
             .connect_timeout
             .unwrap_or(self.config.handshake_timeout());
-        let first = match negotiate(p.addr(), self.config.fabric_bits(), limit).await? {
-            Chosen::Shm(path) => {
-                let ctx = self.resolve_context()?;
-                let dialer = self.port_dialer(p.with_hint(path.clone()), ctx)?;
-                match dialer.clone().connection().await {
-                    Ok(conn) => return Ok(self.rings(dialer, Some(conn), Carrier::Shm)),
-                    Err(e) if self.config.allows(crate::Fabric::Tcp) => {
-                        tracing::warn!(
-                            addr = %p.addr(), path = %path.display(), error = %e,
-                            "rrpc: the server's shm listener could not be reached; negotiating tcp"
-                        );
-                        match negotiate(p.addr(), crate::Fabric::Tcp.bit(), limit).await? {
-                            Chosen::Tcp(s) => s,
-                            Chosen::Shm(_) => {
-                                return Err(Error::Handshake("the server chose shm".into()));
-                            }
-                        }
-                    }
-                    Err(e) => return Err(e),
+        let (ep, carrier, fabric, shown) =
+            match negotiate(p.addr(), self.config.fabric_bits(), limit).await? {
+                Chosen::Tcp(s) => return self.port_tcp(p, s).await,
+                Chosen::Shm(path) => (
+                    rrpc_core::FabricAddr::Shm(path.clone()),
+                    Carrier::Shm,
+                    crate::Fabric::Shm,
+                    format!("shm://{}", path.display()),
+                ),
+                Chosen::Verbs(at) => (
+                    rrpc_core::FabricAddr::Rdma(at),
+                    Carrier::Verbs {
+                        device: String::new(),
+                        peer: None,
+                    },
+                    crate::Fabric::Verbs,
+                    format!("rdma://{at}"),
+                ),
+            };
+        let connected = match self.resolve_context() {
+            Ok(ctx) => match self.port_dialer(p.with_hint(ep), ctx) {
+                Ok(dialer) => dialer.clone().connection().await.map(|c| (dialer, c)),
+                Err(e) => Err(e),
+            },
+            Err(e) => Err(e),
+        };
+        match connected {
+            Ok((dialer, conn)) => Ok(self.rings(dialer, Some(conn), carrier)),
+            Err(e) if self.config.allows(crate::Fabric::Tcp) => {
+                tracing::warn!(
+                    addr = %p.addr(), side = %shown, %fabric, error = %e,
+                    "rrpc: the server's {fabric} side listener could not be reached; negotiating tcp"
+                );
+                match negotiate(p.addr(), crate::Fabric::Tcp.bit(), limit).await? {
+                    Chosen::Tcp(s) => self.port_tcp(p, s).await,
+                    other => Err(Error::Handshake(format!(
+                        "the server chose {}",
+                        other.fabric()
+                    ))),
                 }
             }
-            Chosen::Tcp(s) => s,
-        };
+            Err(e) if fabric == crate::Fabric::Verbs => Err(Error::NoFabric {
+                addr: p.addr().to_string(),
+                reason: format!(
+                    "the server offered verbs at {shown}, and this client's queue pair \
+                     could not connect there (no active device, or the server's GID is \
+                     unreachable from it): {e}"
+                ),
+            }),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// tonic on the TCP connection a negotiation left open.
+    async fn port_tcp(
+        &self,
+        p: &crate::port::PortTarget,
+        first: tokio::net::TcpStream,
+    ) -> Result<RrpcChannel, Error> {
         let ep = self.tonic_endpoint(format!("http://{}", p.addr()), true)?;
         let ch = ep
             .connect_with_connector(self.port_tcp_connector(p, Some(first)))

@@ -25,11 +25,11 @@
 //! `rrpc://ip:port` serves everyone on one TCP port: plain gRPC clients
 //! (tonic `Channel`s on `http://`, grpc-go, grpcio) exactly as `http://`
 //! does, and rrpc clients on the best fabric both ends share, negotiated
-//! per connection: shared memory on the same host, else HTTP/2 on that TCP
+//! per connection: shared memory on the same host, else RDMA verbs (with
+//! the `verbs` feature and a device on both ends), else HTTP/2 on that TCP
 //! connection ([`RrpcConfig::fabrics`] allows or forbids each;
 //! [`RrpcChannel::carrier`] says which was chosen). [`port`] has the
-//! protocol; RDMA verbs there is a later slice, and `rdma://` keeps
-//! meaning "RDMA or fail".
+//! protocol; `rdma://` keeps meaning "RDMA or fail".
 //!
 //! # Client
 //!

@@ -1,5 +1,5 @@
 //! `rrpc://host:port`: one TCP port for every client, and the best fabric
-//! both ends share (issue #33, first slice).
+//! both ends share (issue #33: shm, verbs, TCP).
 //!
 //! # Why a scheme of its own
 //!
@@ -26,7 +26,11 @@
 //! Beside the TCP port it runs a `shm://` rings listener, bound at startup
 //! in `$XDG_RUNTIME_DIR` (else the temp dir) as
 //! `rrpc-port-<port>-<pid>.sock`, unless its config
-//! leaves [`Fabric::Shm`] out.
+//! leaves [`Fabric::Shm`] out; and, in a build with the `verbs` feature
+//! whose config allows [`Fabric::Verbs`], an `rdma://` side channel on the
+//! port's IP address at a port the OS picks, if the verbs device opens
+//! (without one the port serves the other fabrics, and fails to bind only
+//! when verbs is all its config allows).
 //!
 //! # The negotiation
 //!
@@ -35,12 +39,13 @@
 //!
 //! ```text
 //! header: magic "RRPN" (4) | version u8 (= 1) | kind u8 | body length u16
-//! hello  (kind 1): fabrics u8 (bits: 1 tcp, 2 shm, 4 verbs reserved)
+//! hello  (kind 1): fabrics u8 (bits: 1 tcp, 2 shm, 4 verbs)
 //!                  | host-id length u8 | host id (at most 255 bytes)
 //! reply  (kind 2): code u8, then
 //!          0 (tcp):     nothing; HTTP/2 follows on this connection
 //!          1 (shm):     host-id length u8 | host id | path length u16 | path
 //!                       (UTF-8, at most 512 bytes)
+//!          2 (verbs):   port u16 (not 0) of the rdma:// side channel
 //!        255 (refused): the reason (UTF-8, the rest of the body)
 //! ```
 //!
@@ -56,21 +61,34 @@
 //!    apply there as on any `shm://` connection. If the client cannot
 //!    reach it and allows TCP, it negotiates again on a new connection,
 //!    offering TCP only.
-//! 2. **TCP**: the reply says so and HTTP/2 follows on this same
+//! 2. **verbs**, if both allow it (a client offers it only when built with
+//!    the `verbs` feature) and the server's `rdma://` side channel runs:
+//!    the reply names that channel's port, and the client dials `rdma://`
+//!    at the IP address its TCP connection reached and that port (a
+//!    server can name a port, never another host). The proof that verbs
+//!    works between the two is the client's queue pair connecting: it
+//!    needs an active device on the client and the server's GID reachable
+//!    from it. If it fails and the client allows TCP, it negotiates again
+//!    on a new connection, offering TCP only (as for shm); if verbs was
+//!    all it allowed, its error is [`Error::NoFabric`] naming the side
+//!    channel and the cause. The token (and the rest of the `rdma://`
+//!    handshake) applies there as on any `rdma://` connection.
+//! 3. **TCP**: the reply says so and HTTP/2 follows on this same
 //!    connection (the client hands the open stream to tonic through a
 //!    connector).
-//! 3. Otherwise a refusal naming what was missing on which side; the
-//!    client's error is [`Error::NoFabric`].
+//! 4. Otherwise a refusal naming what was missing on which side (the
+//!    allowed sets, "another host" for shm, "no active RDMA device" for
+//!    verbs); the client's error is [`Error::NoFabric`].
 //!
-//! RDMA verbs is the next slice: its bit is reserved in the hello
-//! (bit 4); the server's `choose` is where it will rank first
-//! (its reply would carry the verbs side channel's address, and the
-//! client's proof is its queue pair connecting).
+//! The hello carries no GID: the server cannot know whether the client's
+//! device reaches its own, so it offers verbs and lets the queue pair
+//! decide (one extra round trip on a failure, then TCP).
 //!
 //! # What was chosen
 //!
-//! [`crate::RrpcChannel::carrier`] reports [`crate::Carrier::Shm`] or
-//! [`crate::Carrier::Tcp`]; each side logs one `info` line per negotiated
+//! [`crate::RrpcChannel::carrier`] reports [`crate::Carrier::Shm`],
+//! [`crate::Carrier::Verbs`] (device and peer GID read from the live queue
+//! pair) or [`crate::Carrier::Tcp`]; each side logs one `info` line per negotiated
 //! connection naming the fabric, and counts it in the `metrics` counter
 //! `rrpc_connections_total{fabric, side}` (`side`: `client` or `server`;
 //! plain HTTP/2 clients of the port count as `fabric="tcp"`).
@@ -149,7 +167,7 @@ fn acceptable_path(p: &Path) -> bool {
 }
 
 fn names(bits: u8) -> String {
-    let v: Vec<&str> = [Fabric::Shm, Fabric::Tcp]
+    let v: Vec<&str> = [Fabric::Shm, Fabric::Verbs, Fabric::Tcp]
         .into_iter()
         .filter(|f| bits & f.bit() != 0)
         .map(Fabric::name)
@@ -167,9 +185,15 @@ pub(crate) fn count(fabric: Fabric, side: &'static str) {
         .increment(1);
 }
 
-/// The server's choice for a hello (the extension point for verbs: it
-/// would rank first here). `shm` is the shm listener's path, if one runs.
-pub(crate) fn choose(h: &Hello, server_bits: u8, shm: Option<&Path>) -> (Option<Fabric>, Reply) {
+/// The server's choice for a hello: shm on the same host, else verbs,
+/// else TCP, among the fabrics both allow. `shm` is the shm listener's
+/// path and `verbs` the `rdma://` side channel's port, if they run.
+pub(crate) fn choose(
+    h: &Hello,
+    server_bits: u8,
+    shm: Option<&Path>,
+    verbs: Option<u16>,
+) -> (Option<Fabric>, Reply) {
     let both = h.fabrics & server_bits;
     let same_host = !h.host_id.is_empty() && h.host_id == host_id();
     if both & Fabric::Shm.bit() != 0
@@ -184,6 +208,11 @@ pub(crate) fn choose(h: &Hello, server_bits: u8, shm: Option<&Path>) -> (Option<
                 path: path.to_string(),
             },
         );
+    }
+    if both & Fabric::Verbs.bit() != 0
+        && let Some(port) = verbs
+    {
+        return (Some(Fabric::Verbs), Reply::Verbs { port });
     }
     if both & Fabric::Tcp.bit() != 0 {
         return (Some(Fabric::Tcp), Reply::Tcp);
@@ -200,6 +229,11 @@ pub(crate) fn choose(h: &Hello, server_bits: u8, shm: Option<&Path>) -> (Option<
             "; shm: the client is on another host (host identities differ)"
         });
     }
+    if both & Fabric::Verbs.bit() != 0 {
+        why.push_str(
+            "; verbs: the server has no active RDMA device (no rdma:// side channel runs)",
+        );
+    }
     (None, Reply::Refused(why))
 }
 
@@ -208,6 +242,9 @@ pub(crate) fn choose(h: &Hello, server_bits: u8, shm: Option<&Path>) -> (Option<
 pub(crate) enum Chosen {
     /// Dial the shm listener at this path (the TCP connection is closed).
     Shm(PathBuf),
+    /// Dial `rdma://` at this side channel (the server's address, the port
+    /// its reply named; the TCP connection is closed).
+    Verbs(std::net::SocketAddr),
     /// HTTP/2 on this connection.
     Tcp(TcpStream),
 }
@@ -221,6 +258,14 @@ pub(crate) async fn negotiate(addr: &str, bits: u8, limit: Duration) -> Result<C
 }
 
 async fn negotiate_inner(addr: &str, bits: u8) -> Result<Chosen, Error> {
+    if bits == 0 {
+        return Err(Error::NoFabric {
+            addr: addr.to_string(),
+            reason: "the client allows no fabric this build can use \
+                     (verbs needs the `verbs` feature)"
+                .into(),
+        });
+    }
     let mut s = TcpStream::connect(addr).await.map_err(|e| {
         if e.kind() == std::io::ErrorKind::ConnectionRefused {
             Error::NotListening(format!("rrpc://{addr}"))
@@ -265,6 +310,13 @@ async fn negotiate_inner(addr: &str, bits: u8) -> Result<Chosen, Error> {
             }
             Chosen::Shm(path)
         }
+        Reply::Verbs { port } if bits & Fabric::Verbs.bit() != 0 => {
+            // The address this connection reached: a server names only a
+            // port, never another host.
+            let mut at = s.peer_addr()?;
+            at.set_port(port);
+            Chosen::Verbs(at)
+        }
         Reply::Refused(reason) => {
             return Err(Error::NoFabric {
                 addr: addr.to_string(),
@@ -277,21 +329,29 @@ async fn negotiate_inner(addr: &str, bits: u8) -> Result<Chosen, Error> {
             )));
         }
     };
-    let fabric = match &chosen {
-        Chosen::Shm(_) => Fabric::Shm,
-        Chosen::Tcp(_) => Fabric::Tcp,
-    };
+    let fabric = chosen.fabric();
     tracing::info!(%addr, %fabric, "rrpc: negotiated the {fabric} fabric");
     count(fabric, "client");
     Ok(chosen)
 }
 
+impl Chosen {
+    /// The fabric chosen.
+    pub(crate) fn fabric(&self) -> Fabric {
+        match self {
+            Chosen::Shm(_) => Fabric::Shm,
+            Chosen::Verbs(_) => Fabric::Verbs,
+            Chosen::Tcp(_) => Fabric::Tcp,
+        }
+    }
+}
+
 /// An `rrpc://` target: the address and, right after the first
-/// negotiation, the shm path it gave (taken by the first dial).
+/// negotiation, the ring endpoint it gave (taken by the first dial).
 #[derive(Debug, Clone)]
 pub(crate) struct PortTarget {
     addr: String,
-    hint: Arc<Mutex<Option<PathBuf>>>,
+    hint: Arc<Mutex<Option<rrpc_core::FabricAddr>>>,
 }
 
 impl PartialEq for PortTarget {
@@ -315,23 +375,29 @@ impl PortTarget {
         &self.addr
     }
 
-    /// The same target, whose next dial goes straight to `path`.
-    pub(crate) fn with_hint(&self, path: PathBuf) -> Self {
+    /// The same target, whose next dial goes straight to `ep`.
+    pub(crate) fn with_hint(&self, ep: rrpc_core::FabricAddr) -> Self {
         PortTarget {
             addr: self.addr.clone(),
-            hint: Arc::new(Mutex::new(Some(path))),
+            hint: Arc::new(Mutex::new(Some(ep))),
         }
     }
 
-    /// The shm listener to dial: the hint if one is left, else a new
-    /// negotiation offering shm only (a ring channel's reconnect).
-    pub(crate) async fn shm_path(&self, cfg: &RrpcConfig) -> Result<PathBuf, Error> {
+    /// The ring endpoint to dial: the hint if one is left, else a new
+    /// negotiation offering the ring fabrics `cfg` allows (shm, verbs; a
+    /// ring channel's reconnect).
+    pub(crate) async fn ring_endpoint(
+        &self,
+        cfg: &RrpcConfig,
+    ) -> Result<rrpc_core::FabricAddr, Error> {
         let hint = self.hint.lock().unwrap_or_else(|e| e.into_inner()).take();
-        if let Some(p) = hint {
-            return Ok(p);
+        if let Some(ep) = hint {
+            return Ok(ep);
         }
-        match negotiate(&self.addr, Fabric::Shm.bit(), cfg.handshake_timeout()).await? {
-            Chosen::Shm(p) => Ok(p),
+        let rings = cfg.fabric_bits() & (Fabric::Shm.bit() | Fabric::Verbs.bit());
+        match negotiate(&self.addr, rings, cfg.handshake_timeout()).await? {
+            Chosen::Shm(p) => Ok(rrpc_core::FabricAddr::Shm(p)),
+            Chosen::Verbs(a) => Ok(rrpc_core::FabricAddr::Rdma(a)),
             Chosen::Tcp(_) => Err(Error::Handshake("the server chose tcp".into())),
         }
     }
@@ -360,7 +426,12 @@ pub(crate) fn tcp_connector(
                 Some(s) => s,
                 None => match negotiate(&addr, Fabric::Tcp.bit(), limit).await? {
                     Chosen::Tcp(s) => s,
-                    Chosen::Shm(_) => return Err(Error::Handshake("the server chose shm".into())),
+                    other => {
+                        return Err(Error::Handshake(format!(
+                            "the server chose {}",
+                            other.fabric()
+                        )));
+                    }
                 },
             };
             s.set_nodelay(nodelay)?;
@@ -429,13 +500,15 @@ impl Connected for PortStream {
     }
 }
 
-/// The shm listener's socket path and what the sniffer needs.
+/// The side listeners and what the sniffer needs.
 #[derive(Debug, Clone)]
 pub(crate) struct Sniffer {
     /// The server's config (fabrics, timeouts, limits).
     pub(crate) config: RrpcConfig,
     /// The shm listener's socket, if one runs.
     pub(crate) shm: Option<PathBuf>,
+    /// The `rdma://` side channel's port, if one runs.
+    pub(crate) verbs: Option<u16>,
 }
 
 /// Accepts TCP connections until `token` is cancelled, sending HTTP/2
@@ -551,7 +624,7 @@ async fn sniff(
         Ok(h) => h,
         Err(e) => return refuse(&mut s, e).await,
     };
-    let (fabric, reply) = choose(&hello, bits, sniffer.shm.as_deref());
+    let (fabric, reply) = choose(&hello, bits, sniffer.shm.as_deref(), sniffer.verbs);
     s.write_all(&reply.encode()).await?;
     match fabric {
         Some(f) => {
@@ -575,7 +648,8 @@ async fn sniff(
             at: 0,
             inner: s,
         }),
-        // shm: the client dials the listener; this connection is done.
+        // shm, verbs: the client dials the side listener; this connection
+        // is done.
         _ => None,
     })
 }
@@ -597,42 +671,42 @@ mod tests {
             host_id: b"elsewhere".to_vec(),
         };
         assert!(!host_id().is_empty(), "a Linux host has a boot id");
-        let (f, r) = choose(&local(shm | tcp), shm | tcp, Some(&path));
+        let (f, r) = choose(&local(shm | tcp), shm | tcp, Some(&path), None);
         assert_eq!(f, Some(Fabric::Shm));
         assert!(matches!(r, Reply::Shm { path: p, .. } if p == path.to_str().unwrap()));
         assert_eq!(
-            choose(&remote(shm | tcp), shm | tcp, Some(&path)).0,
+            choose(&remote(shm | tcp), shm | tcp, Some(&path), None).0,
             Some(Fabric::Tcp)
         );
         assert_eq!(
-            choose(&local(tcp), shm | tcp, Some(&path)).0,
+            choose(&local(tcp), shm | tcp, Some(&path), None).0,
             Some(Fabric::Tcp)
         );
         assert_eq!(
-            choose(&local(shm | tcp), tcp, Some(&path)).0,
+            choose(&local(shm | tcp), tcp, Some(&path), None).0,
             Some(Fabric::Tcp)
         );
         assert_eq!(
-            choose(&local(shm | tcp), shm | tcp, None).0,
+            choose(&local(shm | tcp), shm | tcp, None, None).0,
             Some(Fabric::Tcp)
         );
-        // Unknown bits (a newer client's verbs) are ignored.
+        // Unknown bits (a newer client's) are ignored.
         assert_eq!(
-            choose(&remote(0x80 | tcp), shm | tcp, None).0,
+            choose(&remote(0x80 | tcp), shm | tcp, None, None).0,
             Some(Fabric::Tcp)
         );
-        let Reply::Refused(why) = choose(&remote(shm), shm | tcp, Some(&path)).1 else {
+        let Reply::Refused(why) = choose(&remote(shm), shm | tcp, Some(&path), None).1 else {
             panic!("refused")
         };
         assert!(why.contains("another host"), "{why}");
-        let Reply::Refused(why) = choose(&local(tcp), shm, Some(&path)).1 else {
+        let Reply::Refused(why) = choose(&local(tcp), shm, Some(&path), None).1 else {
             panic!("refused")
         };
         assert!(
             why.contains("client allows [tcp], the server allows [shm]"),
             "{why}"
         );
-        let Reply::Refused(why) = choose(&local(shm), shm, None).1 else {
+        let Reply::Refused(why) = choose(&local(shm), shm, None, None).1 else {
             panic!("refused")
         };
         assert!(why.contains("no shm listener"), "{why}");
@@ -641,7 +715,7 @@ mod tests {
             fabrics: shm,
             host_id: Vec::new(),
         };
-        assert_eq!(choose(&anon, shm, Some(&path)).0, None);
+        assert_eq!(choose(&anon, shm, Some(&path), None).0, None);
     }
 
     /// A negotiation on each fabric, against the real sniffer: the client
@@ -670,6 +744,7 @@ mod tests {
                 let sniffer = Sniffer {
                     config: RrpcConfig::default(),
                     shm: Some(shm.clone()),
+                    verbs: None,
                 };
                 let incoming = tonic::transport::server::TcpIncoming::from(l);
                 let sniffing = tokio::spawn(sniff_loop(incoming, tx, sniffer, token.clone()));
@@ -722,6 +797,104 @@ mod tests {
                 one("fabric=tcp,side=server"),
             ]
         );
+    }
+
+    /// Every combination of what the client allows, what the server
+    /// allows, which side listeners run and whether both are on one host:
+    /// shm on one host, else verbs, else TCP, else a refusal that names
+    /// what was missing.
+    #[test]
+    fn the_choice_table() {
+        let path = shm_socket_path(1);
+        let all = [Fabric::Shm, Fabric::Verbs, Fabric::Tcp];
+        let mut seen = std::collections::HashSet::new();
+        for client in 1u8..8 {
+            for server in 1u8..8 {
+                for (has_shm, has_verbs, same) in
+                    (0..8).map(|i| (i & 1 != 0, i & 2 != 0, i & 4 != 0))
+                {
+                    let h = Hello {
+                        fabrics: client,
+                        host_id: if same {
+                            host_id().to_vec()
+                        } else {
+                            b"elsewhere".to_vec()
+                        },
+                    };
+                    let (f, reply) = choose(
+                        &h,
+                        server,
+                        has_shm.then_some(path.as_path()),
+                        has_verbs.then_some(7000),
+                    );
+                    let both = |x: Fabric| client & server & x.bit() != 0;
+                    let want = if both(Fabric::Shm) && same && has_shm {
+                        Some(Fabric::Shm)
+                    } else if both(Fabric::Verbs) && has_verbs {
+                        Some(Fabric::Verbs)
+                    } else if both(Fabric::Tcp) {
+                        Some(Fabric::Tcp)
+                    } else {
+                        None
+                    };
+                    let case = format!(
+                        "client {client:03b} server {server:03b} shm {has_shm} verbs {has_verbs} same {same}"
+                    );
+                    assert_eq!(f, want, "{case}");
+                    seen.insert(f);
+                    match (f, &reply) {
+                        (
+                            Some(Fabric::Shm),
+                            Reply::Shm {
+                                path: p,
+                                host_id: id,
+                            },
+                        ) => {
+                            assert_eq!(p, path.to_str().unwrap());
+                            assert_eq!(id, host_id());
+                        }
+                        (Some(Fabric::Verbs), Reply::Verbs { port: 7000 })
+                        | (Some(Fabric::Tcp), Reply::Tcp) => {}
+                        (None, Reply::Refused(why)) => {
+                            let side = |bits: u8| {
+                                let v: Vec<_> = all
+                                    .iter()
+                                    .filter(|f| bits & f.bit() != 0)
+                                    .map(|f| f.name())
+                                    .collect();
+                                v.join(", ")
+                            };
+                            assert!(
+                                why.contains(&format!(
+                                    "the client allows [{}], the server allows [{}]",
+                                    side(client),
+                                    side(server)
+                                )),
+                                "{case}: {why}"
+                            );
+                            if both(Fabric::Verbs) {
+                                assert!(
+                                    why.contains("verbs: the server has no active RDMA device"),
+                                    "{case}: {why}"
+                                );
+                            }
+                            if both(Fabric::Shm) {
+                                assert!(
+                                    why.contains(if same {
+                                        "no shm listener"
+                                    } else {
+                                        "another host"
+                                    }),
+                                    "{case}: {why}"
+                                );
+                            }
+                        }
+                        _ => panic!("{case}: {f:?} with {reply:?}"),
+                    }
+                }
+            }
+        }
+        assert_eq!(seen.len(), 4, "every outcome occurs");
     }
 
     #[test]

@@ -417,7 +417,7 @@ where
             IncomingInner::Rings(listener) => {
                 serve_rings(listener, uri, layer, routes, opts, config, signal).await
             }
-            IncomingInner::Port(listener, shm) => {
+            IncomingInner::Port(listener, shm, verbs) => {
                 // The TCP leg: every HTTP/2 connection the sniffer passes on
                 // (plain clients and negotiated TCP) goes to tonic, with the
                 // options tonic applies on `http://`.
@@ -429,6 +429,10 @@ where
                 let sniffer = crate::port::Sniffer {
                     config: config.clone(),
                     shm: shm.as_ref().map(|(_, p)| p.clone()),
+                    verbs: verbs
+                        .as_ref()
+                        .and_then(|l| l.local_addr())
+                        .map(|a| a.port()),
                 };
                 let sniff = tokio::spawn(crate::port::sniff_loop(
                     incoming,
@@ -444,6 +448,8 @@ where
                         .map_err(Error::from)
                 };
                 let t = token.clone();
+                let (layer2, routes2, opts2, config2) =
+                    (layer.clone(), routes.clone(), opts.clone(), config.clone());
                 let rings = async move {
                     match shm {
                         Some((l, path)) => {
@@ -453,12 +459,25 @@ where
                         None => Ok(()),
                     }
                 };
+                let t = token.clone();
+                let rdma = async move {
+                    match verbs {
+                        Some(l) => {
+                            let local = l
+                                .local_addr()
+                                .map_or_else(|| "rdma://?".into(), |a| format!("rdma://{a}"));
+                            serve_rings(l, local, layer2, routes2, opts2, config2, t.cancelled())
+                                .await
+                        }
+                        None => Ok(()),
+                    }
+                };
                 let sig = async move {
                     signal.await;
                     token.cancel();
                     Ok::<(), Error>(())
                 };
-                let r = tokio::try_join!(tcp, rings, sig).map(|_| ());
+                let r = tokio::try_join!(tcp, rings, rdma, sig).map(|_| ());
                 sniff.abort();
                 r
             }
@@ -519,11 +538,48 @@ enum IncomingInner {
     Unix(tokio::net::UnixListener, std::path::PathBuf),
     Rings(RrpcListener),
     /// `rrpc://`: the TCP port and, unless its config leaves shm out, the
-    /// shm listener beside it with its socket path ([`crate::port`]).
+    /// shm listener beside it with its socket path, and the `rdma://` side
+    /// channel when verbs is allowed and the device opened ([`crate::port`]).
     Port(
         tokio::net::TcpListener,
         Option<(RrpcListener, std::path::PathBuf)>,
+        Option<RrpcListener>,
     ),
+}
+
+/// The `rdma://` side channel of an `rrpc://` port, on the port's address
+/// (the OS picks its port): when the config allows verbs and this build
+/// and host have an active device. Without a device the port serves the
+/// other fabrics, unless verbs is all the config allows.
+fn port_verbs_listener(
+    ip: std::net::IpAddr,
+    config: &RrpcConfig,
+    context: &RrpcContext,
+) -> Result<Option<RrpcListener>, Error> {
+    if !config.allows(crate::Fabric::Verbs) || !cfg!(feature = "verbs") {
+        return Ok(None);
+    }
+    let uri = rrpc_core::FabricUri::Rdma {
+        host: ip.to_string(),
+        port: 0,
+    };
+    match RrpcListener::bind(&Target::Rdma(uri), config, context) {
+        Ok(l) => {
+            tracing::info!(
+                side_channel = ?l.local_addr(),
+                "rrpc port: verbs offered through an rdma:// side channel"
+            );
+            Ok(Some(l))
+        }
+        Err(e) if config.fabrics() == [crate::Fabric::Verbs] => Err(e),
+        Err(e) => {
+            tracing::info!(
+                error = %e,
+                "rrpc port: no verbs (the device did not open); serving the other fabrics"
+            );
+            Ok(None)
+        }
+    }
 }
 
 impl RrpcIncoming {
@@ -579,7 +635,8 @@ impl RrpcIncoming {
                 } else {
                     None
                 };
-                IncomingInner::Port(tokio::net::TcpListener::from_std(l)?, shm)
+                let verbs = port_verbs_listener(l.local_addr()?.ip(), &config, &context)?;
+                IncomingInner::Port(tokio::net::TcpListener::from_std(l)?, shm, verbs)
             }
             t => IncomingInner::Rings(RrpcListener::bind(t, &config, &context)?),
         };
@@ -602,7 +659,7 @@ impl RrpcIncoming {
             IncomingInner::Tcp(l) => l.local_addr().ok(),
             IncomingInner::Unix(..) => None,
             IncomingInner::Rings(l) => l.local_addr(),
-            IncomingInner::Port(l, _) => l.local_addr().ok(),
+            IncomingInner::Port(l, ..) => l.local_addr().ok(),
         }
     }
 

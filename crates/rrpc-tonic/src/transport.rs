@@ -7,7 +7,7 @@
 //! | `inproc://name` | rrpc over an in-process pipe (tests, single-process apps) |
 //! | `shm:///path` | rrpc over shared-memory rings (rrpc-core `shm` provider) |
 //! | `rdma://host:port` | rrpc over RDMA (rrpc-core `verbs` provider, feature `verbs`) |
-//! | `rrpc://host:port` | one TCP port for every client: plain HTTP/2, or the best fabric both ends share (shm on one host, else HTTP/2 on TCP; [`crate::port`]) |
+//! | `rrpc://host:port` | one TCP port for every client: plain HTTP/2, or the best fabric both ends share (shm on one host, else verbs, else HTTP/2 on TCP; [`crate::port`]) |
 //!
 //! The path negotiation that follows a connect is [`crate::negotiate`].
 
@@ -238,11 +238,11 @@ pub(crate) async fn dial(
                 .map_err(|e| Error::Io(std::io::Error::other(e)))??;
             crate::rings::dial(ep, cfg, ctx).await
         }
-        // A ring channel on an `rrpc://` port: shm through the listener
-        // the port's negotiation names.
+        // A ring channel on an `rrpc://` port: shm or verbs through the
+        // side listener the port's negotiation names.
         Target::Port(p) => {
-            let path = p.shm_path(cfg).await?;
-            crate::rings::dial(rrpc_core::FabricAddr::Shm(path), cfg, ctx).await
+            let ep = p.ring_endpoint(cfg).await?;
+            crate::rings::dial(ep, cfg, ctx).await
         }
         Target::Tcp(_) | Target::Unix(_) => Err(Error::InvalidUri {
             uri: format!("{target:?}"),

@@ -1,7 +1,8 @@
-//! Greeter client: `helloworld-client --transport tcp|shm|rdma`.
+//! Greeter client: `helloworld-client --transport tcp|shm|rdma`, or
+//! `--uri rrpc://host:port [--fabrics verbs,tcp]` for one port.
 
 use clap::Parser;
-use rrpc_tonic::{RrpcChannel, RrpcConfig};
+use rrpc_tonic::{Fabric, RrpcChannel, RrpcConfig};
 
 #[allow(missing_docs, unreachable_pub, missing_debug_implementations)]
 mod pb {
@@ -22,6 +23,13 @@ struct Args {
     /// Who to greet.
     #[arg(long, default_value = "rrpc")]
     name: String,
+    /// `rrpc://`: the fabrics this client allows, comma-separated (shm,
+    /// verbs, tcp; default: all).
+    #[arg(long, value_delimiter = ',')]
+    fabrics: Vec<String>,
+    /// The RDMA device to open (default: the first).
+    #[arg(long)]
+    rdma_device: Option<String>,
 }
 
 #[tokio::main]
@@ -39,7 +47,24 @@ async fn main() -> anyhow::Result<()> {
             t => anyhow::bail!("unknown transport {t:?} (tcp, shm, rdma)"),
         },
     };
-    let channel = RrpcChannel::connect(&uri, RrpcConfig::default()).await?;
+    let mut config = RrpcConfig::builder();
+    if !args.fabrics.is_empty() {
+        let fabrics = args
+            .fabrics
+            .iter()
+            .map(|f| match f.as_str() {
+                "shm" => Ok(Fabric::Shm),
+                "verbs" => Ok(Fabric::Verbs),
+                "tcp" => Ok(Fabric::Tcp),
+                f => anyhow::bail!("unknown fabric {f:?} (shm, verbs, tcp)"),
+            })
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        config = config.fabrics(fabrics);
+    }
+    if let Some(d) = args.rdma_device {
+        config = config.rdma_device(d);
+    }
+    let channel = RrpcChannel::connect(&uri, config.build()?).await?;
     println!(
         "connected to {uri} over {:?}, carried by {:?}",
         channel.path(),

@@ -20,6 +20,7 @@
 //! | `grpc+tcp://HOST:PORT` | `rrpc.kv.v1.Kv` over tonic's TCP (through rrpc-tonic's channel) |
 //! | `grpc+shm:///PATH` | the same over rrpc-tonic's shared-memory rings |
 //! | `grpc+rdma://IP:PORT` | the same over RDMA rings (build with `--features verbs`) |
+//! | `grpc+rrpc://HOST:PORT` | the same on an `rrpc://` port: the best fabric both ends share (shm on one host, verbs, else TCP) |
 //! | `redis://HOST:PORT` | Redis, one connection per client, unpipelined `GET`/`SET`/`DEL` |
 //! | `rfrpc+shm:///PATH`, `rfrpc+rdma://IP:PORT` | RF-RPC (remote fetching) straight to the store |
 //!
@@ -80,8 +81,8 @@ struct Args {
     /// Concurrent clients (tokio tasks, one connection each).
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=4096))]
     clients: u32,
-    /// grpc+tcp://HOST:PORT, grpc+shm:///PATH, grpc+rdma://IP:PORT or
-    /// redis://HOST:PORT.
+    /// grpc+tcp://HOST:PORT, grpc+shm:///PATH, grpc+rdma://IP:PORT,
+    /// grpc+rrpc://HOST:PORT or redis://HOST:PORT.
     #[arg(long)]
     target: String,
     /// Append the results to this CSV file (a header is written to a new file).
@@ -151,6 +152,7 @@ enum Target {
 impl Target {
     fn parse(s: &str) -> anyhow::Result<Target> {
         let forms = "grpc+tcp://HOST:PORT, grpc+shm:///PATH, grpc+rdma://IP:PORT, \
+                     grpc+rrpc://HOST:PORT, \
                      rfrpc+shm:///PATH, rfrpc+rdma://IP:PORT or redis://HOST:PORT";
         let Some((scheme, rest)) = s.split_once("://") else {
             bail!("target {s:?} has no scheme; expected {forms}");
@@ -162,6 +164,7 @@ impl Target {
             "grpc+tcp" => Target::Grpc(format!("http://{rest}")),
             "grpc+shm" => Target::Grpc(format!("shm://{rest}")),
             "grpc+rdma" => Target::Grpc(format!("rdma://{rest}")),
+            "grpc+rrpc" => Target::Grpc(format!("rrpc://{rest}")),
             "redis" => Target::Redis(s.to_string()),
             "rfrpc+shm" => Target::Rfrpc(format!("shm://{rest}")),
             "rfrpc+rdma" => Target::Rfrpc(format!("rdma://{rest}")),

@@ -10,7 +10,12 @@
 //! Every `--listen` URI serves the same `rrpc.kv.v1.Kv` service over the same
 //! store: `http://IP:PORT` is plain tonic over TCP (the baseline),
 //! `unix:///PATH` tonic over a Unix socket, `shm:///PATH` and `rdma://IP:PORT`
-//! rrpc-tonic's rings (`rdma://` needs the `verbs` feature). The process
+//! rrpc-tonic's rings (`rdma://` needs the `verbs` feature), and
+//! `rrpc://IP:PORT` one port for everyone: plain gRPC clients (tonic,
+//! grpc-go, grpcio) as on `http://`, rrpc clients on the best fabric both
+//! ends share (shm on one host, verbs with the `verbs` feature and a
+//! device, else TCP; rrpc-tonic's `port` docs). RF-RPC keeps its own
+//! listener (`--rfrpc`). The process
 //! prints one `listening on URI` line per URI after a 200 ms grace in which a
 //! listener that cannot bind (address in use, bad URI) fails the process with
 //! its error, and runs until SIGINT or SIGTERM, then drains (calls in flight
@@ -49,7 +54,8 @@ use tokio_util::sync::CancellationToken;
 )]
 struct Args {
     /// Where to serve `rrpc.kv.v1.Kv` (repeatable): http://IP:PORT,
-    /// unix:///PATH, shm:///PATH or rdma://IP:PORT.
+    /// unix:///PATH, shm:///PATH, rdma://IP:PORT or rrpc://IP:PORT (one
+    /// port for plain gRPC and rrpc clients).
     #[arg(long = "listen", required = true)]
     listen: Vec<String>,
     /// Store partitions, one per server thread (EREW); default: the cores.

@@ -1,5 +1,6 @@
 //! `rrpc-kv-server` as a separate process: the YCSB driver against it over
-//! gRPC on TCP and `shm://` and over RF-RPC at once (one store behind all), acknowledged writes of
+//! gRPC on TCP and `shm://` and over RF-RPC at once (one store behind all),
+//! tonic and rrpc clients on one `rrpc://` port, acknowledged writes of
 //! the persistent engine surviving a kill -9 of the server, and bad flags
 //! refused with a clear message.
 
@@ -184,6 +185,53 @@ async fn persistent_engine_keeps_acknowledged_puts_across_kill9() {
     };
     let keys: Vec<&[u8]> = e.iter().map(|(k, _)| k.as_ref()).collect();
     assert_eq!(keys, [&b"k0100"[..], b"k0101", b"k0102"]);
+}
+
+/// One port (`rrpc://`): the kv gRPC face serves a plain tonic client and
+/// an rrpc client (on shm, the same host) on the same address, over one
+/// store, with RF-RPC on its own listener beside it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_grpc_face_serves_tonic_and_rrpc_clients_on_one_port() {
+    let d = dir("port");
+    let port = free_port();
+    let uri = format!("rrpc://127.0.0.1:{port}");
+    let rf = format!("shm://{}/rf.sock", d.path().display());
+    let _server = start(&["--listen", &uri, "--rfrpc", &rf, "--memory-mib", "64"], 2);
+    let ch = RrpcChannel::connect(&uri, RrpcConfig::default())
+        .await
+        .expect("rrpc connects to the port");
+    assert_eq!(ch.carrier(), rrpc_tonic::Carrier::Shm, "the same host: shm");
+    let rrpc = GrpcKv::new(ch);
+    let plain = tonic::transport::Endpoint::from_shared(format!("http://127.0.0.1:{port}"))
+        .unwrap()
+        .connect()
+        .await
+        .expect("tonic connects to the port");
+    let tonic = GrpcKv::new(plain);
+    let put = |k: &str, v: &str| Op::Put {
+        key: Bytes::from(k.to_string()),
+        value: Bytes::from(v.to_string()),
+    };
+    let get = |k: &str| Op::Get {
+        key: Bytes::from(k.to_string()),
+    };
+    assert_eq!(
+        rrpc.execute(put("a", "from rrpc")).await.unwrap(),
+        OpResult::Ok
+    );
+    assert_eq!(
+        tonic.execute(put("b", "from tonic")).await.unwrap(),
+        OpResult::Ok
+    );
+    // One store behind both.
+    assert_eq!(
+        tonic.execute(get("a")).await.unwrap(),
+        OpResult::Value(Bytes::from_static(b"from rrpc"))
+    );
+    assert_eq!(
+        rrpc.execute(get("b")).await.unwrap(),
+        OpResult::Value(Bytes::from_static(b"from tonic"))
+    );
 }
 
 #[test]

@@ -10,13 +10,15 @@
 //! reply  (kind 2): code u8, then
 //!          0 (TCP):     nothing (HTTP/2 follows on this connection)
 //!          1 (shm):     host-id length u8 | host id | path length u16 BE | path (UTF-8)
+//!          2 (verbs):   port u16 BE (the `rdma://` side channel's, on the
+//!                       address the client dialed)
 //!        255 (refused): reason (UTF-8, the rest of the body)
 //! ```
 //!
 //! The magic's first byte (`R`) differs from the HTTP/2 preface's (`P`), so
 //! one byte tells a plain gRPC client from an rrpc one. `fabrics` is a set
-//! of bits ([`FABRIC_TCP`], [`FABRIC_SHM`]; [`FABRIC_VERBS`] is reserved for
-//! the verbs slice): unknown bits are carried, not refused, so a newer
+//! of bits ([`FABRIC_TCP`], [`FABRIC_SHM`], [`FABRIC_VERBS`]; a build
+//! without the `verbs` feature never sets the last): unknown bits are carried, not refused, so a newer
 //! client's offer reads as "these, and something this server does not
 //! know". Every length is checked against the bytes present and against
 //! its bound; nothing may follow the last field.
@@ -42,7 +44,7 @@ pub(crate) const FABRIC_TCP: u8 = 1;
 /// Offer bit: shared-memory rings (same host only).
 #[allow(dead_code)]
 pub(crate) const FABRIC_SHM: u8 = 2;
-/// Offer bit reserved for RDMA verbs (a later slice; no build sets it yet).
+/// Offer bit: RDMA verbs through the server's `rdma://` side channel.
 #[allow(dead_code)]
 pub(crate) const FABRIC_VERBS: u8 = 4;
 
@@ -50,6 +52,7 @@ const KIND_HELLO: u8 = 1;
 const KIND_REPLY: u8 = 2;
 const CODE_TCP: u8 = 0;
 const CODE_SHM: u8 = 1;
+const CODE_VERBS: u8 = 2;
 const CODE_REFUSED: u8 = 255;
 
 /// The client's opening message.
@@ -72,6 +75,13 @@ pub(crate) enum Reply {
         host_id: Vec<u8>,
         /// Its shm listener's socket path.
         path: String,
+    },
+    /// Dial `rdma://` on the address the client dialed, at this port (the
+    /// server's verbs side channel). Only a port: a server cannot point
+    /// the client at another host.
+    Verbs {
+        /// The side channel's TCP port.
+        port: u16,
     },
     /// No fabric both ends allow; the connection closes.
     Refused(String),
@@ -108,6 +118,9 @@ pub(crate) enum HelloError {
     /// A text field that is not UTF-8.
     #[error("negotiation message has a field that is not UTF-8")]
     Utf8,
+    /// A verbs reply naming port 0.
+    #[error("negotiation reply names port 0 for the verbs side channel")]
+    Port,
     /// An unknown reply code.
     #[error("unknown negotiation reply code {0}")]
     Code(u8),
@@ -235,6 +248,10 @@ impl Reply {
                 b.extend_from_slice(&(path.len() as u16).to_be_bytes());
                 b.extend_from_slice(path.as_bytes());
             }
+            Reply::Verbs { port } => {
+                b.push(CODE_VERBS);
+                b.extend_from_slice(&port.to_be_bytes());
+            }
             Reply::Refused(reason) => {
                 b.push(CODE_REFUSED);
                 let mut end = reason.len().min(MAX_BODY - 1);
@@ -269,6 +286,15 @@ impl Reply {
                 let path = utf8(r.take(len)?)?;
                 r.end()?;
                 Ok(Reply::Shm { host_id, path })
+            }
+            CODE_VERBS => {
+                let b = r.take(2)?;
+                let port = u16::from_be_bytes([b[0], b[1]]);
+                r.end()?;
+                if port == 0 {
+                    return Err(HelloError::Port);
+                }
+                Ok(Reply::Verbs { port })
             }
             CODE_REFUSED => Ok(Reply::Refused(utf8(r.0)?)),
             c => Err(HelloError::Code(c)),
@@ -343,6 +369,12 @@ mod tests {
             Message::Reply(Reply::Shm {
                 host_id: vec![],
                 path: "p".repeat(MAX_PATH),
+            }),
+            Message::Reply(Reply::Verbs { port: 50052 }),
+            Message::Reply(Reply::Verbs { port: u16::MAX }),
+            Message::Hello(Hello {
+                fabrics: FABRIC_VERBS | FABRIC_TCP,
+                host_id: b"h".to_vec(),
             }),
             Message::Reply(Reply::Refused("no common fabric: ö".into())),
             Message::Reply(Reply::Refused(String::new())),
@@ -430,6 +462,18 @@ mod tests {
         assert_eq!(
             Reply::decode_body(&[CODE_TCP, 0]).unwrap_err(),
             HelloError::Trailing
+        );
+        assert_eq!(
+            Reply::decode_body(&[CODE_VERBS, 0, 1, 0]).unwrap_err(),
+            HelloError::Trailing
+        );
+        assert_eq!(
+            Reply::decode_body(&[CODE_VERBS, 1]).unwrap_err(),
+            HelloError::Truncated
+        );
+        assert_eq!(
+            Reply::decode_body(&[CODE_VERBS, 0, 0]).unwrap_err(),
+            HelloError::Port
         );
         assert_eq!(Reply::decode_body(&[]).unwrap_err(), HelloError::Truncated);
         assert_eq!(Hello::decode_body(&[]).unwrap_err(), HelloError::Truncated);

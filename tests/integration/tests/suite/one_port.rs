@@ -1,6 +1,8 @@
 //! `rrpc://`: one TCP port for every client (issue #33). An rrpc client on
-//! the same host gets shm, one that forbids shm gets HTTP/2 on the TCP
-//! connection it negotiated on, plain tonic `Channel`s on `http://` are
+//! the same host gets shm, one that forbids shm gets verbs when both ends
+//! have a device (module `rdma_verbs`: feature `verbs` and
+//! `RRPC_TEST_DEVICE`, i.e. inside `cargo xtask rxe`), else HTTP/2 on the
+//! TCP connection it negotiated on; plain tonic `Channel`s on `http://` are
 //! served as by `http://` itself, all at once; garbage and malformed hellos
 //! are refused and closed while the server keeps serving.
 
@@ -68,39 +70,8 @@ macro_rules! unary {
     }};
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_rrpc_client_gets_shm_while_plain_grpc_shares_the_port() {
-    let h = start(cfg()).await;
-    let ch = dial(&h, cfg()).await.expect("connect");
-    assert_eq!(ch.carrier(), Carrier::Shm, "same host: shm");
-    assert_eq!(ch.path(), ChannelPath::Fast);
-    let mut rrpc = TestClient::new(ch.clone());
-    let mut grpc = plain(&h).await;
-    // At the same time, on both.
-    for round in 0..20 {
-        tokio::join!(async { unary!(rrpc, 10 + round) }, async {
-            unary!(grpc, 20 + round)
-        });
-    }
-    assert_eq!(ch.carrier(), Carrier::Shm);
-    assert_eq!(
-        h.obs.unary_calls.load(std::sync::atomic::Ordering::Relaxed),
-        40
-    );
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_client_that_forbids_shm_gets_tcp_for_every_rpc_kind() {
-    let h = start(cfg()).await;
-    let tcp_only = cfg()
-        .to_builder()
-        .fabrics([Fabric::Tcp])
-        .build()
-        .expect("fabrics");
-    let ch = dial(&h, tcp_only.clone()).await.expect("connect");
-    assert_eq!(ch.carrier(), Carrier::Tcp);
-    assert_eq!(ch.path(), ChannelPath::Tcp);
-    let mut c = TestClient::new(ch);
+/// All four RPC kinds, checked, on `c`.
+async fn every_rpc_kind(c: &mut TestClient<rrpc_tonic::RrpcChannel>) {
     unary!(c, 100);
 
     let mut st = c
@@ -150,6 +121,62 @@ async fn a_client_that_forbids_shm_gets_tcp_for_every_rpc_kind() {
     }
     drop(tx);
     assert!(out.message().await.expect("end").is_none());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_rrpc_client_gets_shm_while_plain_grpc_shares_the_port() {
+    let h = start(cfg()).await;
+    let ch = dial(&h, cfg()).await.expect("connect");
+    assert_eq!(ch.carrier(), Carrier::Shm, "same host: shm");
+    assert_eq!(ch.path(), ChannelPath::Fast);
+    let mut rrpc = TestClient::new(ch.clone());
+    let mut grpc = plain(&h).await;
+    // At the same time, on both.
+    for round in 0..20 {
+        tokio::join!(async { unary!(rrpc, 10 + round) }, async {
+            unary!(grpc, 20 + round)
+        });
+    }
+    assert_eq!(ch.carrier(), Carrier::Shm);
+    assert_eq!(
+        h.obs.unary_calls.load(std::sync::atomic::Ordering::Relaxed),
+        40
+    );
+}
+
+/// Every RPC kind on shm through the port, on both call paths (the
+/// server's path preference left to the client's), the carrier read from
+/// the live connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_rpc_kind_on_shm_through_the_port_on_both_paths() {
+    let h = start(cfg()).await;
+    for (path, want) in [
+        (rrpc_tonic::PathPreference::Fast, ChannelPath::Fast),
+        (rrpc_tonic::PathPreference::Http2, ChannelPath::Http2),
+    ] {
+        let ch = dial(&h, cfg().to_builder().path(path).build().unwrap())
+            .await
+            .expect("connect");
+        assert_eq!(ch.carrier(), Carrier::Shm);
+        assert_eq!(ch.path(), want);
+        every_rpc_kind(&mut TestClient::new(ch.clone())).await;
+        assert_eq!(ch.carrier(), Carrier::Shm);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_forbids_shm_gets_tcp_for_every_rpc_kind() {
+    let h = start(cfg()).await;
+    let tcp_only = cfg()
+        .to_builder()
+        .fabrics([Fabric::Tcp])
+        .build()
+        .expect("fabrics");
+    let ch = dial(&h, tcp_only.clone()).await.expect("connect");
+    assert_eq!(ch.carrier(), Carrier::Tcp);
+    assert_eq!(ch.path(), ChannelPath::Tcp);
+    let mut c = TestClient::new(ch);
+    every_rpc_kind(&mut c).await;
 
     // A lazy channel that allows TCP takes it too.
     let lazy = RrpcEndpoint::new(&h.uri)
@@ -404,4 +431,222 @@ async fn a_client_that_cannot_reach_the_shm_listener_falls_back_to_tcp() {
     .await
     .expect_err("shm required and unreachable");
     assert_eq!(tonic::Status::from(e).code(), tonic::Code::Unavailable);
+}
+
+/// Verbs required ("RDMA or fail") where the port cannot give it: a build
+/// without the `verbs` feature never offers it, and a server without a
+/// device has no side channel; either way a `NoFabric` naming why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn required_verbs_without_a_device_or_the_feature_is_a_clear_error() {
+    if Transport::rdma_device().is_some() {
+        eprintln!("skipped: a device is configured (module rdma_verbs covers it)");
+        return;
+    }
+    let h = start(cfg()).await;
+    let e = dial(
+        &h,
+        cfg()
+            .to_builder()
+            .fabrics([Fabric::Verbs])
+            .build()
+            .expect("fabrics"),
+    )
+    .await
+    .expect_err("no verbs here");
+    let Error::NoFabric { reason, .. } = &e else {
+        panic!("{e}")
+    };
+    let why = if cfg!(feature = "verbs") {
+        "verbs: the server has no active RDMA device"
+    } else {
+        "verbs needs the `verbs` feature"
+    };
+    assert!(reason.contains(why), "{reason}");
+    assert_eq!(
+        tonic::Status::from(e).code(),
+        tonic::Code::FailedPrecondition
+    );
+    // A client that also allows TCP gets it.
+    let ch = dial(
+        &h,
+        cfg()
+            .to_builder()
+            .fabrics([Fabric::Verbs, Fabric::Tcp])
+            .build()
+            .expect("f"),
+    )
+    .await
+    .expect("connect");
+    assert_eq!(ch.carrier(), Carrier::Tcp);
+    unary!(TestClient::new(ch), 5);
+}
+
+/// On a host with an RDMA device (`cargo xtask rxe`: soft-RoCE `rxe0`).
+#[cfg(feature = "verbs")]
+mod rdma_verbs {
+    use super::*;
+
+    /// The harness's config on the test device.
+    fn on_device(path: rrpc_tonic::PathPreference) -> RrpcConfig {
+        let d = Transport::rdma_device().expect("RRPC_TEST_DEVICE");
+        cfg()
+            .to_builder()
+            .rdma_device(d)
+            .path(path)
+            .build()
+            .unwrap()
+    }
+
+    fn assert_verbs(ch: &rrpc_tonic::RrpcChannel) {
+        let want = Transport::rdma_device().expect("RRPC_TEST_DEVICE");
+        match ch.carrier() {
+            Carrier::Verbs { device, peer } => {
+                assert_eq!(device, want, "the queue pair's device");
+                assert!(peer.is_some(), "a connected queue pair names its peer");
+            }
+            other => panic!("not verbs: {other:?}"),
+        }
+    }
+
+    /// A "never shm" client lands on verbs, on both call paths, every RPC
+    /// kind; at the same time a client with verbs forbidden gets TCP and a
+    /// plain tonic channel is served on the same port.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_never_shm_client_lands_on_verbs_beside_tcp_and_plain_grpc() {
+        if Transport::rdma_device().is_none() {
+            eprintln!("skipped: RRPC_TEST_DEVICE not set");
+            return;
+        }
+        eprintln!("rrpc-test-on-verbs");
+        let server = cfg()
+            .to_builder()
+            .rdma_device(Transport::rdma_device().expect("device"))
+            .build()
+            .unwrap();
+        let h = start(server).await;
+        let never_shm = [Fabric::Verbs, Fabric::Tcp];
+        let fast = dial(
+            &h,
+            on_device(rrpc_tonic::PathPreference::Fast)
+                .to_builder()
+                .fabrics(never_shm)
+                .build()
+                .expect("fabrics"),
+        )
+        .await
+        .expect("connect on the fast path");
+        assert_verbs(&fast);
+        assert_eq!(fast.path(), ChannelPath::Fast);
+        let h2 = dial(
+            &h,
+            on_device(rrpc_tonic::PathPreference::Http2)
+                .to_builder()
+                .fabrics(never_shm)
+                .build()
+                .expect("fabrics"),
+        )
+        .await
+        .expect("connect on the HTTP/2 path");
+        assert_verbs(&h2);
+        assert_eq!(h2.path(), ChannelPath::Http2);
+        let tcp = dial(
+            &h,
+            on_device(rrpc_tonic::PathPreference::Fast)
+                .to_builder()
+                .fabrics([Fabric::Tcp])
+                .build()
+                .expect("fabrics"),
+        )
+        .await
+        .expect("connect, verbs forbidden");
+        assert_eq!(tcp.carrier(), Carrier::Tcp);
+        let mut grpc = plain(&h).await;
+        let (mut a, mut b, mut c) = (
+            TestClient::new(fast.clone()),
+            TestClient::new(h2.clone()),
+            TestClient::new(tcp),
+        );
+        tokio::join!(
+            every_rpc_kind(&mut a),
+            every_rpc_kind(&mut b),
+            every_rpc_kind(&mut c),
+            async {
+                for n in 0..20 {
+                    unary!(grpc, n);
+                }
+            }
+        );
+        assert_verbs(&fast);
+        assert_verbs(&h2);
+        // "RDMA or fail" gets it too, connected now or lazily.
+        let only = on_device(rrpc_tonic::PathPreference::Fast)
+            .to_builder()
+            .fabrics([Fabric::Verbs])
+            .build()
+            .expect("fabrics");
+        let ch = dial(&h, only.clone()).await.expect("verbs required");
+        assert_verbs(&ch);
+        unary!(TestClient::new(ch), 11);
+        let lazy = RrpcEndpoint::new(&h.uri)
+            .expect("uri")
+            .config(only)
+            .connect_lazy()
+            .expect("lazy");
+        unary!(TestClient::new(lazy.clone()), 12);
+        assert_verbs(&lazy);
+    }
+
+    /// A client whose device cannot be opened falls back to TCP when it
+    /// may, and fails naming the side channel when verbs is required.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_client_whose_queue_pair_cannot_connect_falls_back_to_tcp() {
+        if Transport::rdma_device().is_none() {
+            eprintln!("skipped: RRPC_TEST_DEVICE not set");
+            return;
+        }
+        eprintln!("rrpc-test-on-verbs");
+        let h = start(
+            cfg()
+                .to_builder()
+                .rdma_device(Transport::rdma_device().expect("device"))
+                .build()
+                .unwrap(),
+        )
+        .await;
+        let broken = cfg()
+            .to_builder()
+            .rdma_device("no-such-device-rrpc")
+            .build()
+            .unwrap();
+        let ch = dial(
+            &h,
+            broken
+                .clone()
+                .to_builder()
+                .fabrics([Fabric::Verbs, Fabric::Tcp])
+                .build()
+                .expect("fabrics"),
+        )
+        .await
+        .expect("fell back");
+        assert_eq!(ch.carrier(), Carrier::Tcp);
+        unary!(TestClient::new(ch), 13);
+        let e = dial(
+            &h,
+            broken
+                .to_builder()
+                .fabrics([Fabric::Verbs])
+                .build()
+                .expect("fabrics"),
+        )
+        .await
+        .expect_err("verbs required, no device");
+        let Error::NoFabric { reason, .. } = &e else {
+            panic!("{e}")
+        };
+        assert!(
+            reason.contains("the server offered verbs at rdma://"),
+            "{reason}"
+        );
+    }
 }
