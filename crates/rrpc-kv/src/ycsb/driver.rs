@@ -56,8 +56,7 @@ pub trait Client: Send + 'static {
     type Error: fmt::Display + Send;
 
     /// Carries out `op`.
-    fn execute(&mut self, op: Op)
-    -> impl Future<Output = Result<OpResult, Self::Error>> + Send;
+    fn execute(&mut self, op: Op) -> impl Future<Output = Result<OpResult, Self::Error>> + Send;
 
     /// Carries out `ops` in order, as one request batch where the backend
     /// batches (the default: one at a time). The outer `Err` fails the
@@ -65,8 +64,7 @@ pub trait Client: Send + 'static {
     fn execute_batch(
         &mut self,
         ops: Vec<Op>,
-    ) -> impl Future<Output = Result<Vec<Result<OpResult, Self::Error>>, Self::Error>> + Send
-    {
+    ) -> impl Future<Output = Result<Vec<Result<OpResult, Self::Error>>, Self::Error>> + Send {
         async move {
             let mut out = Vec::with_capacity(ops.len());
             for op in ops {
@@ -126,10 +124,7 @@ impl Errors {
 
     /// The first failure's message.
     pub fn first(&self) -> Option<String> {
-        self.first
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
+        self.first.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
     /// [`Error::AllFailed`] when every one of `attempted` transactions (at
