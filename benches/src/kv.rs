@@ -1091,8 +1091,8 @@ struct YcsbRun {
     errors: u64,
 }
 
-/// Loads `core`'s records through `d`, then times its run phase (rrpc-kv's YCSB driver, one
-/// client). A failed load fails the run; so does a run phase whose every operation failed.
+/// Loads `core`'s records through `clients`, then times its run phase (rrpc-kv's YCSB driver,
+/// one client). A failed load fails the run; so does a run phase whose every operation failed.
 fn ycsb_run(
     rt: &tokio::runtime::Runtime,
     clients: &mut Vec<Driver>,
