@@ -33,7 +33,8 @@ use rrpc_kv::rfrpc::{
     RfServer,
 };
 use rrpc_kv::store::{Store, StoreConfig};
-use rrpc_kv::ycsb::{Core, Workload, WorkloadConfig};
+use rrpc_kv::ycsb::driver::{self, Errors};
+use rrpc_kv::ycsb::{Core, Stats, Workload, WorkloadConfig};
 use rrpc_kv::{Execute, Op, OpResult};
 use rrpc_tonic::{PathPreference, RrpcChannel, RrpcConfig};
 
@@ -969,14 +970,14 @@ fn batch_table(args: &SuiteArgs, report: &mut Report) -> Result<()> {
 // ---------------------------------------------------------------------------------------------
 // YCSB (RR-Compound Table V)
 
-/// One YCSB client's connection.
+/// One YCSB client's connection, run by rrpc-kv's YCSB driver on the suite's current-thread
+/// client runtime (RF-RPC's blocking calls block that runtime, one op in flight anyway).
 enum Driver {
-    Grpc(tokio::runtime::Runtime, GrpcKv<RrpcChannel>),
-    Tonic(tokio::runtime::Runtime, GrpcKv<tonic::transport::Channel>),
+    Grpc(GrpcKv<RrpcChannel>),
+    Tonic(GrpcKv<tonic::transport::Channel>),
     Rf(Box<KvClient>),
-    /// Redis through rrpc-kv's shared backend (the async client on a
-    /// current-thread runtime, as the gRPC drivers).
-    Redis(tokio::runtime::Runtime, redis::aio::MultiplexedConnection),
+    /// Redis through rrpc-kv's shared backend; `index`: keep the scan index.
+    Redis(redis::aio::MultiplexedConnection, bool),
 }
 
 impl std::fmt::Debug for Driver {
@@ -990,16 +991,19 @@ impl std::fmt::Debug for Driver {
     }
 }
 
-impl Driver {
-    fn exec(&mut self, op: Op, index: bool) -> Result<OpResult> {
-        match self {
-            Driver::Grpc(rt, kv) => Ok(rt.block_on(kv.execute(op))?),
-            Driver::Tonic(rt, kv) => Ok(rt.block_on(kv.execute(op))?),
-            Driver::Rf(c) => Ok(c.call(&op)?),
-            Driver::Redis(rt, conn) => {
-                Ok(rt.block_on(rrpc_kv::ycsb::redis::execute(conn, index, op))?)
-            }
-        }
+impl driver::Client for Driver {
+    type Error = String;
+
+    async fn execute(&mut self, op: Op) -> std::result::Result<OpResult, String> {
+        let r: Result<OpResult> = match self {
+            Driver::Grpc(kv) => kv.execute(op).await.map_err(Into::into),
+            Driver::Tonic(kv) => kv.execute(op).await.map_err(Into::into),
+            Driver::Rf(c) => c.call(&op).map_err(Into::into),
+            Driver::Redis(conn, index) => rrpc_kv::ycsb::redis::execute(conn, *index, op)
+                .await
+                .map_err(Into::into),
+        };
+        r.map_err(|e| format!("{e:#}"))
     }
 }
 
@@ -1083,22 +1087,27 @@ const BACKENDS: [&str; 4] = ["grpc-tcp", "grpc-rrpc-shm", "redis", "rf-rpc"];
 struct YcsbRun {
     ops: u64,
     elapsed: Duration,
-    lat: Latency,
+    stats: Stats,
     errors: u64,
 }
 
+/// Loads `core`'s records through `clients`, then times its run phase (rrpc-kv's YCSB driver,
+/// one client). A failed load fails the run; so does a run phase whose every operation failed.
 fn ycsb_run(
-    d: &mut Driver,
+    rt: &tokio::runtime::Runtime,
+    clients: &mut Vec<Driver>,
     core: Core,
     records: u64,
     ops: u64,
     redis_flush: bool,
 ) -> Result<YcsbRun> {
-    let index = core.mix().scan > 0.0;
-    if redis_flush && let Driver::Redis(rt, c) = d {
-        let () = rt.block_on(redis::cmd("FLUSHALL").query_async(c))?;
+    if let Some(Driver::Redis(c, index)) = clients.first_mut() {
+        *index = core.mix().scan > 0.0;
+        if redis_flush {
+            let () = rt.block_on(redis::cmd("FLUSHALL").query_async(c))?;
+        }
     }
-    let mut w = Workload::new(
+    let w = Workload::new(
         WorkloadConfig::builder(core)
             .records(records)
             .operations(ops)
@@ -1106,54 +1115,32 @@ fn ycsb_run(
             .build()?,
     )
     .context("bad workload")?;
-    for op in w.load() {
-        let r = d
-            .exec(op, index)
-            .with_context(|| format!("YCSB {core} load"))?;
-        if let OpResult::Failed(m) = r {
-            bail!("YCSB {core} load: the store failed: {m}");
-        }
+    let load_errors = Arc::new(Errors::new());
+    let load = driver::load_txns(&w);
+    rt.block_on(driver::run_phase(clients, load, 1, &load_errors, |_| {}));
+    let errors = Arc::new(Errors::new());
+    let (stats, elapsed) = rt.block_on(driver::run_phase(
+        clients,
+        driver::run_txns(w, ops),
+        1,
+        &errors,
+        |_| {},
+    ));
+    if let Some(e) = load_errors.first() {
+        bail!("YCSB {core} load: {e}");
     }
-    let mut lat = Latency::new();
-    let mut errors = 0u64;
-    let mut first_err = None;
-    let start = Instant::now();
-    for _ in 0..ops {
-        let txn = w.next_txn();
-        let t = Instant::now();
-        let mut r = d.exec(txn.op, index);
-        if let (Ok(ok), Some(then)) = (&r, txn.then)
-            && !matches!(ok, OpResult::Failed(_))
-        {
-            r = d.exec(then, index);
-        }
-        match r {
-            Ok(OpResult::Failed(m)) => {
-                errors += 1;
-                first_err.get_or_insert(m);
-            }
-            Ok(_) => lat.record(t.elapsed()),
-            Err(e) => {
-                errors += 1;
-                first_err.get_or_insert(format!("{e:#}"));
-            }
-        }
-    }
-    let elapsed = start.elapsed();
-    if errors >= ops.max(1) {
-        bail!(
-            "YCSB {core}: every operation failed (first: {})",
-            first_err.unwrap_or_default()
+    errors.check(ops).with_context(|| format!("YCSB {core}"))?;
+    if let Some(e) = errors.first() {
+        eprintln!(
+            "kv ycsb {core}: {} operations failed; first: {e}",
+            errors.count()
         );
-    }
-    if let Some(e) = first_err {
-        eprintln!("kv ycsb {core}: {errors} operations failed; first: {e}");
     }
     Ok(YcsbRun {
         ops,
         elapsed,
-        lat,
-        errors,
+        stats,
+        errors: errors.count(),
     })
 }
 
@@ -1171,62 +1158,62 @@ fn ycsb_table(args: &SuiteArgs, report: &mut Report) -> Result<()> {
     let bar = args.progress((BACKENDS.len() * Core::ALL.len()) as u64, "kv ycsb");
     let mut results: Vec<(Core, &str, YcsbRun)> = Vec::new();
     let mut redis_missing = false;
+    let rt = client_runtime()?;
     for backend in BACKENDS {
         // One server process per backend (only one alive at a time), all six workloads on it.
-        let (mut driver, _srv, _redis): (Driver, Option<ServerProc>, Option<RedisProc>) =
-            match backend {
-                "grpc-tcp" | "grpc-rrpc-shm" => {
-                    let what = if backend == "grpc-tcp" {
-                        Serve::GrpcTcp(free_port()?)
-                    } else {
-                        Serve::GrpcShm
-                    };
-                    let srv = ServerProc::spawn(&what, scpu)?;
-                    let uri = srv.grpc.clone().context("no gRPC URI")?;
-                    let rt = client_runtime()?;
-                    let driver = if backend == "grpc-tcp" {
-                        // Plain tonic over TCP (no rrpc in the path), as the rpc suite's baseline.
-                        let ch = rt
-                            .block_on(
-                                tonic::transport::Endpoint::from_shared(uri.clone())?
-                                    .tcp_nodelay(true)
-                                    .connect(),
-                            )
-                            .with_context(|| format!("connecting to {uri}"))?;
-                        Driver::Tonic(rt, GrpcKv::new(ch))
-                    } else {
-                        let kv = rt
-                            .block_on(GrpcKv::connect(&uri, grpc_config()))
-                            .with_context(|| format!("connecting to {uri}"))?;
-                        Driver::Grpc(rt, kv)
-                    };
-                    (driver, Some(srv), None)
+        let (driver, _srv, _redis): (Driver, Option<ServerProc>, Option<RedisProc>) = match backend
+        {
+            "grpc-tcp" | "grpc-rrpc-shm" => {
+                let what = if backend == "grpc-tcp" {
+                    Serve::GrpcTcp(free_port()?)
+                } else {
+                    Serve::GrpcShm
+                };
+                let srv = ServerProc::spawn(&what, scpu)?;
+                let uri = srv.grpc.clone().context("no gRPC URI")?;
+                let driver = if backend == "grpc-tcp" {
+                    // Plain tonic over TCP (no rrpc in the path), as the rpc suite's baseline.
+                    let ch = rt
+                        .block_on(
+                            tonic::transport::Endpoint::from_shared(uri.clone())?
+                                .tcp_nodelay(true)
+                                .connect(),
+                        )
+                        .with_context(|| format!("connecting to {uri}"))?;
+                    Driver::Tonic(GrpcKv::new(ch))
+                } else {
+                    let kv = rt
+                        .block_on(GrpcKv::connect(&uri, grpc_config()))
+                        .with_context(|| format!("connecting to {uri}"))?;
+                    Driver::Grpc(kv)
+                };
+                (driver, Some(srv), None)
+            }
+            "redis" => match RedisProc::spawn(scpu)? {
+                Some(r) => {
+                    let c = rt.block_on(r.connect())?;
+                    (Driver::Redis(c, false), None, Some(r))
                 }
-                "redis" => match RedisProc::spawn(scpu)? {
-                    Some(r) => {
-                        let rt = client_runtime()?;
-                        let c = rt.block_on(r.connect())?;
-                        (Driver::Redis(rt, c), None, Some(r))
-                    }
-                    None => {
-                        redis_missing = true;
-                        bar.inc(Core::ALL.len() as u64);
-                        continue;
-                    }
-                },
-                _ => {
-                    let srv = ServerProc::spawn(
-                        &Serve::Rf(ModePolicy::Hybrid, YCSB_BUFFER, Duration::ZERO),
-                        scpu,
-                    )?;
-                    let ep = srv.rf.clone().context("no RF endpoint")?;
-                    let c = KvClient::new(rf_connect(&ep, YCSB_BUFFER, 5)?);
-                    (Driver::Rf(Box::new(c)), Some(srv), None)
+                None => {
+                    redis_missing = true;
+                    bar.inc(Core::ALL.len() as u64);
+                    continue;
                 }
-            };
+            },
+            _ => {
+                let srv = ServerProc::spawn(
+                    &Serve::Rf(ModePolicy::Hybrid, YCSB_BUFFER, Duration::ZERO),
+                    scpu,
+                )?;
+                let ep = srv.rf.clone().context("no RF endpoint")?;
+                let c = KvClient::new(rf_connect(&ep, YCSB_BUFFER, 5)?);
+                (Driver::Rf(Box::new(c)), Some(srv), None)
+            }
+        };
+        let mut clients = vec![driver];
         for core in Core::ALL {
             bar.set_message(format!("{core} {backend}"));
-            let r = ycsb_run(&mut driver, core, records, ops, true)
+            let r = ycsb_run(&rt, &mut clients, core, records, ops, true)
                 .with_context(|| format!("YCSB {core} on {backend}"))?;
             results.push((core, backend, r));
             bar.inc(1);
@@ -1255,13 +1242,15 @@ fn ycsb_table(args: &SuiteArgs, report: &mut Report) -> Result<()> {
     };
     for (core, backend, r) in &results {
         let kops = rate(r.ops, r.elapsed) / 1e3;
-        let s = r.lat.summary();
+        // The last row is the total over every operation type.
+        let rows = r.stats.summary(r.elapsed);
+        let (p50, p99) = rows.last().map_or((0.0, 0.0), |t| (t.p50_us, t.p99_us));
         t.push(vec![
             Value::from(core.to_string()),
             Value::from(*backend),
             Value::from(kops),
-            Value::from(s.p50_us()),
-            Value::from(s.p99_us()),
+            Value::from(p50),
+            Value::from(p99),
             Value::from(r.errors),
             Value::from(Ratio::of(
                 kops,

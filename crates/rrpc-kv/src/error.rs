@@ -49,6 +49,17 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
+    /// Every operation of a YCSB phase failed (the driver's verdict,
+    /// [`crate::ycsb::driver::Errors::check`]).
+    #[error("every operation failed ({count} of {attempted}; first: {first})")]
+    AllFailed {
+        /// Operations that failed.
+        count: u64,
+        /// Operations attempted.
+        attempted: u64,
+        /// The first failure, as the driver recorded it.
+        first: String,
+    },
 }
 
 impl Error {
@@ -59,6 +70,8 @@ impl Error {
             Error::TooLarge { .. } | Error::InvalidConfig(_) => Fault::Local,
             Error::Fabric(e) => e.fault(),
             Error::Storage(_) | Error::Io { .. } => Fault::Device,
+            // The system under test failed every operation.
+            Error::AllFailed { .. } => Fault::Peer,
         }
     }
 

@@ -18,7 +18,8 @@
 //!   `retry_limit` and the batch size.
 //! - [`grpc`]: the `rrpc.kv.v1.Kv` gRPC service over any [`Execute`], served
 //!   by tonic over TCP and over rrpc-tonic from the same binary.
-//! - [`ycsb`]: the YCSB core workloads A-F, for `rrpc-kv-bench`.
+//! - [`ycsb`]: the YCSB core workloads A-F and [`ycsb::driver`], the driver
+//!   loop that `rrpc-kv-bench` and the `kv` benchmark suite share.
 //!
 //! Errors of every layer are one [`Error`].
 //!

@@ -34,14 +34,14 @@
 //! (see [`rrpc_kv::ycsb::redis`], shared with the `kv` benchmark suite).
 //!
 //! Another backend plugs in as a [`Backend`] variant: a connector in
-//! [`Backend::connect`] and an arm in [`Backend::execute`]. Anything that is
+//! [`Backend::connect`] and an arm in [`Backend::execute_inner`]; the
+//! driver loop is [`rrpc_kv::ycsb::driver`]'s. Anything that is
 //! an [`Execute`] (an in-process store, an RF-RPC client) can use
 //! [`Backend::Execute`] as it is.
 
 use std::io::Write as _;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{Context, bail};
 use clap::Parser;
@@ -51,7 +51,8 @@ use rrpc_kv::grpc::GrpcKv;
 use rrpc_kv::rfrpc::{
     self, Batcher, BatcherConfig, KvBatcher, KvClient, Mode, ModePolicy, RfClient, RfClientConfig,
 };
-use rrpc_kv::ycsb::{Core, Distribution, OpKind, Stats, Summary, Txn, Workload, WorkloadConfig};
+use rrpc_kv::ycsb::driver::{self, Client, Errors};
+use rrpc_kv::ycsb::{Core, Distribution, Summary, Workload, WorkloadConfig};
 use rrpc_kv::{Execute, Op, OpResult};
 use rrpc_tonic::{RrpcChannel, RrpcConfig};
 
@@ -272,10 +273,60 @@ impl Backend {
             .await
             .map_err(|_| anyhow::anyhow!("no connection to {target:?} within {timeout:?}"))?
     }
+}
+
+impl Client for Backend {
+    type Error = DisplayAlternate;
 
     /// Carries out `op`. An `Err` is a transport failure; the store's own
     /// failure is `Ok(OpResult::Failed)`.
-    async fn execute(&mut self, op: Op) -> anyhow::Result<OpResult> {
+    async fn execute(&mut self, op: Op) -> Result<OpResult, DisplayAlternate> {
+        self.execute_inner(op).await.map_err(DisplayAlternate)
+    }
+
+    /// Request batches for [`Backend::RfBatch`]; one at a time elsewhere.
+    async fn execute_batch(
+        &mut self,
+        ops: Vec<Op>,
+    ) -> Result<Vec<Result<OpResult, DisplayAlternate>>, DisplayAlternate> {
+        match self {
+            Backend::RfBatch(b) => {
+                let b = b.clone();
+                let out = tokio::task::spawn_blocking(move || rf_batch_blocking(&b, ops))
+                    .await
+                    .map_err(anyhow::Error::from)
+                    .and_then(|r| r)
+                    .map_err(DisplayAlternate)?;
+                Ok(out
+                    .into_iter()
+                    .map(|r| r.map_err(DisplayAlternate))
+                    .collect())
+            }
+            _ => {
+                let mut out = Vec::with_capacity(ops.len());
+                for op in ops {
+                    out.push(self.execute(op).await);
+                }
+                Ok(out)
+            }
+        }
+    }
+}
+
+/// An [`anyhow::Error`] shown with its causes (`{:#}`), as the driver
+/// reports it.
+#[derive(Debug)]
+struct DisplayAlternate(anyhow::Error);
+
+impl std::fmt::Display for DisplayAlternate {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:#}", self.0)
+    }
+}
+
+impl Backend {
+    /// [`Client::execute`] with an [`anyhow::Error`].
+    async fn execute_inner(&mut self, op: Op) -> anyhow::Result<OpResult> {
         match self {
             Backend::Grpc(kv) => Ok(kv.execute(op).await?),
             Backend::Redis { conn, index } => {
@@ -299,30 +350,6 @@ impl Backend {
     }
 }
 
-impl Backend {
-    /// Carries out `ops` in order as request batches (for
-    /// [`Backend::RfBatch`]; one at a time elsewhere). The outer `Err` is a
-    /// failure of the driver itself; each op has its own result.
-    async fn execute_batch(
-        &mut self,
-        ops: Vec<Op>,
-    ) -> anyhow::Result<Vec<anyhow::Result<OpResult>>> {
-        match self {
-            Backend::RfBatch(b) => {
-                let b = b.clone();
-                tokio::task::spawn_blocking(move || rf_batch_blocking(&b, ops)).await?
-            }
-            _ => {
-                let mut out = Vec::with_capacity(ops.len());
-                for op in ops {
-                    out.push(self.execute(op).await);
-                }
-                Ok(out)
-            }
-        }
-    }
-}
-
 /// Pushes `ops` into the batcher, flushes, and takes their results in order.
 fn rf_batch_blocking(
     b: &Mutex<KvBatcher>,
@@ -339,95 +366,6 @@ fn rf_batch_blocking(
         out.push(r.map_err(|e| anyhow::anyhow!("{e}")));
     }
     Ok(out)
-}
-
-/// What the clients share: the operations still to issue, and the first
-/// error seen (to print once).
-struct Shared {
-    first_error: Mutex<Option<String>>,
-    errors: AtomicU64,
-}
-
-impl Shared {
-    fn error(&self, kind: OpKind, e: impl std::fmt::Display) {
-        self.errors.fetch_add(1, Ordering::Relaxed);
-        let mut f = self.first_error.lock().expect("lock");
-        if f.is_none() {
-            *f = Some(format!("{}: {e}", kind.name()));
-        }
-    }
-}
-
-/// Runs one transaction, recording it in `stats`.
-async fn run_txn(backend: &mut Backend, txn: Txn, stats: &mut Stats, shared: &Shared) {
-    let t0 = Instant::now();
-    let kind = txn.kind;
-    let mut outcome = backend.execute(txn.op).await;
-    if let (Ok(r), Some(then)) = (&outcome, txn.then)
-        && !matches!(r, OpResult::Failed(_))
-    {
-        outcome = backend.execute(then).await;
-    }
-    match outcome {
-        Ok(OpResult::Failed(m)) => {
-            stats.record_error(kind);
-            shared.error(kind, format!("store failed: {m}"));
-        }
-        Ok(_) => stats.record(kind, t0.elapsed()),
-        Err(e) => {
-            stats.record_error(kind);
-            shared.error(kind, format!("{e:#}"));
-        }
-    }
-}
-
-/// Runs a chunk of transactions as request batches, recording each with
-/// the chunk's latency (the time its batch took).
-async fn run_chunk(backend: &mut Backend, txns: Vec<Txn>, stats: &mut Stats, shared: &Shared) {
-    let t0 = Instant::now();
-    // A read-modify-write is its read and its write, in order, in the batch.
-    let mut ops = Vec::with_capacity(txns.len() * 2);
-    let mut owners = Vec::with_capacity(txns.len() * 2);
-    for (i, t) in txns.iter().enumerate() {
-        ops.push(t.op.clone());
-        owners.push(i);
-        if let Some(then) = &t.then {
-            ops.push(then.clone());
-            owners.push(i);
-        }
-    }
-    let results = backend.execute_batch(ops).await;
-    let elapsed = t0.elapsed();
-    let mut failed: Vec<Option<String>> = vec![None; txns.len()];
-    match results {
-        Ok(rs) if rs.len() == owners.len() => {
-            for (r, &i) in rs.into_iter().zip(&owners) {
-                let m = match r {
-                    Ok(OpResult::Failed(m)) => Some(format!("store failed: {m}")),
-                    Ok(_) => None,
-                    Err(e) => Some(format!("{e:#}")),
-                };
-                if failed[i].is_none() {
-                    failed[i] = m;
-                }
-            }
-        }
-        Ok(rs) => failed.fill(Some(format!(
-            "{} results for {} operations",
-            rs.len(),
-            owners.len()
-        ))),
-        Err(e) => failed.fill(Some(format!("{e:#}"))),
-    }
-    for (t, f) in txns.iter().zip(failed) {
-        match f {
-            None => stats.record(t.kind, elapsed),
-            Some(m) => {
-                stats.record_error(t.kind);
-                shared.error(t.kind, m);
-            }
-        }
-    }
 }
 
 fn progress(len: u64, msg: &'static str, show: bool) -> ProgressBar {
@@ -499,7 +437,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
         cfg = cfg.distribution(d);
     }
     let cfg = cfg.build().context("bad workload")?;
-    let mut workload = Workload::new(cfg).context("bad workload")?;
+    let workload = Workload::new(cfg).context("bad workload")?;
     let scans = args.workload.mix().scan > 0.0;
     let timeout = Duration::from_secs(args.connect_timeout);
 
@@ -521,119 +459,59 @@ async fn run(args: Args) -> anyhow::Result<()> {
         args.clients,
         args.target
     );
-    let shared = Arc::new(Shared {
-        first_error: Mutex::new(None),
-        errors: AtomicU64::new(0),
-    });
     let show = !args.no_progress;
+    let chunk = args.batch as usize;
 
     if !args.skip_load {
-        let load = workload.load().map(|op| Txn {
-            kind: OpKind::Insert,
-            op,
-            then: None,
-        });
-        let next: Arc<Mutex<dyn Iterator<Item = Txn> + Send>> = Arc::new(Mutex::new(load));
         let pb = progress(args.records, "load", show);
-        let (stats, elapsed) =
-            run_phase(&mut clients, next, &pb, &shared, args.batch as usize).await?;
+        let errors = Arc::new(Errors::new());
+        let tick = pb.clone();
+        let (stats, elapsed) = driver::run_phase(
+            &mut clients,
+            driver::load_txns(&workload),
+            chunk,
+            &errors,
+            move |n| tick.inc(n),
+        )
+        .await;
+        pb.finish_and_clear();
         println!("\nload phase: {:.3} s", elapsed.as_secs_f64());
         print!("{}", stats.table(elapsed));
         if let Some(p) = &args.csv {
             write_csv(p, &args, "load", &stats.summary(elapsed))?;
         }
-        check_errors(&shared, args.records)?;
+        check_errors(&errors, args.records)?;
     }
 
-    // Drawn lazily, one transaction at a time under the lock (a run of many
-    // operations is never held in memory).
-    let mut left = args.ops;
-    let txns = std::iter::from_fn(move || {
-        (left > 0).then(|| {
-            left -= 1;
-            workload.next_txn()
-        })
-    });
-    let next: Arc<Mutex<dyn Iterator<Item = Txn> + Send>> = Arc::new(Mutex::new(txns));
     let pb = progress(args.ops, "run", show);
-    let (stats, elapsed) = run_phase(&mut clients, next, &pb, &shared, args.batch as usize).await?;
+    let errors = Arc::new(Errors::new());
+    let tick = pb.clone();
+    let (stats, elapsed) = driver::run_phase(
+        &mut clients,
+        driver::run_txns(workload, args.ops),
+        chunk,
+        &errors,
+        move |n| tick.inc(n),
+    )
+    .await;
+    pb.finish_and_clear();
     println!("\nrun phase: {:.3} s", elapsed.as_secs_f64());
     print!("{}", stats.table(elapsed));
     if let Some(p) = &args.csv {
         write_csv(p, &args, "run", &stats.summary(elapsed))?;
         println!("results appended to {}", p.display());
     }
-    check_errors(&shared, args.ops)
+    check_errors(&errors, args.ops)
 }
 
-/// Prints the first error; fails the run when every operation failed.
-fn check_errors(shared: &Shared, attempted: u64) -> anyhow::Result<()> {
-    let n = shared.errors.load(Ordering::Relaxed);
-    if n == 0 {
-        return Ok(());
+/// Prints the first error; fails the phase when every operation failed.
+fn check_errors(errors: &Errors, attempted: u64) -> anyhow::Result<()> {
+    let n = errors.count();
+    if n > 0 {
+        let first = errors.first().unwrap_or_default();
+        eprintln!("{n} operations failed; first: {first}");
     }
-    let first = shared
-        .first_error
-        .lock()
-        .expect("lock")
-        .clone()
-        .unwrap_or_default();
-    eprintln!("{n} operations failed; first: {first}");
-    if n >= attempted {
-        bail!("every operation failed (first: {first})");
-    }
-    Ok(())
-}
-
-/// Runs `next` to exhaustion on every client (each records into its own
-/// `Stats`, merged at the end); the clients are handed back for the next
-/// phase. Returns the stats and the elapsed time.
-async fn run_phase(
-    clients: &mut Vec<Backend>,
-    next: Arc<Mutex<dyn Iterator<Item = Txn> + Send>>,
-    pb: &ProgressBar,
-    shared: &Arc<Shared>,
-    chunk: usize,
-) -> anyhow::Result<(Stats, Duration)> {
-    let start = Instant::now();
-    let mut tasks = tokio::task::JoinSet::new();
-    for mut backend in clients.drain(..) {
-        let next = next.clone();
-        let pb = pb.clone();
-        let shared = shared.clone();
-        tasks.spawn(async move {
-            let mut stats = Stats::new();
-            loop {
-                if matches!(backend, Backend::RfBatch(_)) {
-                    let txns: Vec<Txn> = {
-                        let mut it = next.lock().expect("lock");
-                        (&mut *it).take(chunk).collect()
-                    };
-                    if txns.is_empty() {
-                        break;
-                    }
-                    let n = txns.len() as u64;
-                    run_chunk(&mut backend, txns, &mut stats, &shared).await;
-                    pb.inc(n);
-                    continue;
-                }
-                let txn = next.lock().expect("lock").next();
-                let Some(txn) = txn else { break };
-                run_txn(&mut backend, txn, &mut stats, &shared).await;
-                pb.inc(1);
-            }
-            (backend, stats)
-        });
-    }
-    let mut total = Stats::new();
-    while let Some(r) = tasks.join_next().await {
-        let (backend, stats) = r.context("a client task failed")?;
-        total.merge(&stats);
-        clients.push(backend);
-    }
-    let elapsed = start.elapsed();
-    pb.finish_and_clear();
-    Ok((total, elapsed))
+    Ok(errors.check(attempted)?)
 }
 
 fn main() -> std::process::ExitCode {

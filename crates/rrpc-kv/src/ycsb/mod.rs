@@ -3,8 +3,9 @@
 //! A [`Workload`] yields the [`Op`]s of YCSB's load phase (one insert per
 //! record) and then the transactions of its run phase, drawn from a seeded
 //! PRNG: the same [`WorkloadConfig`] gives the same operations, whoever
-//! executes them. Timing and I/O belong to the driver (`rrpc-kv-bench`);
-//! [`Stats`] collects its latencies.
+//! executes them. Timing and I/O belong to the [`driver`] (which
+//! `rrpc-kv-bench` and the `kv` benchmark suite run); [`Stats`] collects
+//! its latencies.
 //!
 //! | workload | mix (Table IV) | key choice |
 //! |---|---|---|
@@ -47,6 +48,7 @@
 //! # Ok::<(), rrpc_kv::Error>(())
 //! ```
 
+pub mod driver;
 mod generator;
 #[cfg(feature = "redis")]
 pub mod redis;
