@@ -56,6 +56,8 @@ struct Pair {
     client_send: HashMap<u32, SendWindow>,
     app: HashMap<u32, AppCall>,
     cancelled: Vec<CallKey>,
+    /// Calls whose deadline the state machine expired.
+    expired: Vec<CallKey>,
     /// The client's connection-level state.
     client: client::Client<()>,
     /// The connection's error: the state machine's, or (a grant that
@@ -83,6 +85,7 @@ impl Pair {
             client_send: HashMap::new(),
             app: HashMap::new(),
             cancelled: Vec::new(),
+            expired: Vec::new(),
             client: client::Client::new(WINDOW),
             error: None,
             proto_failed: false,
@@ -188,8 +191,35 @@ impl Pair {
                     assert_eq!(c.key, key);
                     self.cancelled.push(key);
                 }
+                Output::Expire { key } => {
+                    // The driver: the handler is dropped, the call's task
+                    // answers DEADLINE_EXCEEDED and ends.
+                    let c = self.app.remove(&key.id).expect("a started call");
+                    assert_eq!(c.key, key);
+                    let at = c.deadline.expect("a call with a deadline");
+                    assert!(
+                        at <= self.now,
+                        "expired at {:?}, before its deadline",
+                        self.now - at
+                    );
+                    self.expired.push(key);
+                    self.server.handle_note(Note::Released(key));
+                    let (kind, flags, payload) =
+                        server::trailers_only(tonic::Status::deadline_exceeded("deadline"));
+                    self.to_client.push((kind, flags, key.id, payload));
+                    self.server.handle_note(Note::Finished(key));
+                }
             }
         }
+    }
+
+    /// Time goes to `now`: the driver's timer fires if a deadline passed.
+    fn tick(&mut self, now: Instant) {
+        self.now = now;
+        if self.server.poll_timeout().is_some_and(|at| at <= now) {
+            self.server.handle_timeout(now);
+        }
+        self.perform();
     }
 
     /// The handler of `id` reads one chunk; a due WINDOW_UPDATE goes out.
@@ -563,6 +593,97 @@ fn deadlines_are_taken_on_the_given_clock() {
     assert_eq!((p.app[&1].deadline, p.clock_reads), (None, 0));
 }
 
+fn open_timed(id: u32, end: bool, timeout: &str) -> ClientFrame {
+    let flags = if end { END_STREAM } else { 0 };
+    (Kind::RequestHeaders, flags, id, open_payload(Some(timeout)))
+}
+
+#[test]
+fn a_deadline_expires_at_its_instant_and_the_client_gets_deadline_exceeded() {
+    let mut p = Pair::new(1, None);
+    let t0 = p.now;
+    p.send(&[open_timed(1, false, "100m")]);
+    p.deliver();
+    let key = p.app[&1].key;
+    assert_eq!(
+        p.server.poll_timeout(),
+        Some(t0 + Duration::from_millis(100))
+    );
+    p.tick(t0 + Duration::from_millis(99));
+    p.server.handle_timeout(p.now);
+    p.perform();
+    assert!(p.expired.is_empty() && p.app.contains_key(&1), "not before");
+    p.tick(t0 + Duration::from_millis(100));
+    assert_eq!(p.expired, [key], "at its instant: the handler is told");
+    assert!(!p.app.contains_key(&1), "the handler is dropped");
+    assert_eq!((p.server.active(), p.server.open_calls()), (0, 0));
+    assert_eq!(p.server.poll_timeout(), None);
+    let events = p.client_reads();
+    let code = events.iter().find_map(|(id, ev)| match ev {
+        Event::Trailers(t) if *id == 1 => Some(tonic::Status::from_header_map(t)?.code()),
+        _ => None,
+    });
+    assert_eq!(code, Some(tonic::Code::DeadlineExceeded));
+    // The place is free: the next call is admitted.
+    p.send(&[open(3, true)]);
+    p.deliver();
+    assert!(p.app.contains_key(&3) && p.refusals().is_empty());
+    // A later timeout expires nothing more.
+    p.server.handle_timeout(t0 + Duration::from_secs(60));
+    assert!(p.server.poll_output().is_none());
+}
+
+#[test]
+fn poll_timeout_gives_the_earliest_live_deadline() {
+    let mut p = Pair::new(8, Some(Duration::from_millis(500)));
+    let t0 = p.now;
+    let ms = |n| t0 + Duration::from_millis(n);
+    p.send(&[
+        open_timed(1, false, "300m"),
+        open_timed(3, false, "100m"),
+        open_timed(5, false, "200m"),
+        open(7, false),
+    ]);
+    p.deliver();
+    assert_eq!(p.server.poll_timeout(), Some(ms(100)));
+    p.finish(3);
+    assert_eq!(
+        p.server.poll_timeout(),
+        Some(ms(200)),
+        "a finished call is ignored"
+    );
+    p.send(&[(Kind::Cancel, 0, 5, Vec::new())]);
+    p.deliver();
+    assert_eq!(
+        p.server.poll_timeout(),
+        Some(ms(300)),
+        "a cancelled call is ignored"
+    );
+    p.tick(ms(300));
+    assert_eq!(p.expired.len(), 1);
+    assert_eq!(
+        p.server.poll_timeout(),
+        Some(ms(500)),
+        "the server's timeout"
+    );
+    p.finish(7);
+    assert_eq!(p.server.poll_timeout(), None);
+    // Entries of calls that ended early are swept: the heap stays small.
+    for i in 0..1000u32 {
+        let id = 11 + 2 * i;
+        p.send(&[open_timed(id, true, "10S")]);
+        p.deliver();
+        p.finish(id);
+    }
+    assert!(
+        p.server.deadline_entries() <= 33,
+        "{}",
+        p.server.deadline_entries()
+    );
+    assert_eq!(p.server.poll_timeout(), None);
+    assert!(p.expired.len() == 1);
+}
+
 #[test]
 fn protocol_violations_are_connection_errors() {
     let cases: Vec<Vec<ClientFrame>> = vec![
@@ -803,8 +924,15 @@ proptest! {
                     p.server.start_drain();
                     p.perform();
                 }
-                Op::Tick(ms) => p.now += Duration::from_millis(ms),
+                Op::Tick(ms) => {
+                    let now = p.now + Duration::from_millis(ms);
+                    p.tick(now);
+                }
             }
+            // The timer is armed at the earliest deadline of a started
+            // call not yet expired, never in the past after a tick.
+            let earliest = p.app.values().filter_map(|c| c.deadline).min();
+            prop_assert_eq!(p.server.poll_timeout(), earliest);
             prop_assert!(p.server.active() <= LIMIT);
             prop_assert!(p.server.active() <= p.server.open_calls());
             for id in &ids {
