@@ -67,8 +67,9 @@
 //! flight lives in the connection's shared state, not in the future, so
 //! dropping the future loses nothing), the writer's `failed`, the side
 //! channel's peer-gone future and the poller's idle-read signal (`IdleReads::wait`): all cancel safe. A call
-//! races its deadline against waiting for a place (a semaphore acquire:
-//! cancel safe), against its first event (cancel safe, as above) and
+//! races its deadline against waiting for a place (`demux::Queued`: cancel
+//! safe, dropped in line it leaves the line, dropped once the place passed
+//! to it it gives the place back, so it never takes one), against its first event (cancel safe, as above) and
 //! against writing its request, which is not cancel safe: a write cut
 //! short leaves whole frames only, and the call's guard then sends CANCEL.
 
@@ -80,6 +81,11 @@
 //! * each call's receive window: DATA beyond it is a connection error; the
 //!   window reopens as the response body takes data out, and says when a
 //!   WINDOW_UPDATE is due;
+//! * admission: at most `max_concurrent_calls` calls hold a place; the
+//!   excess waits in line, first come first served
+//!   ([`client::Client::admit`]), and each place given back passes to the
+//!   first in line ([`client::Client::release`] returns its waiter); a
+//!   caller that gives up leaves the line ([`client::Client::leave_queue`]);
 //! * GOAWAY (new calls fail `Unavailable`, calls in flight go on) and when
 //!   and why the connection ends ([`client::Client::handle_receive`],
 //!   [`client::Client::close`]).
@@ -88,16 +94,16 @@
 //! The leader/follower receive (whichever call waits polls the ring and
 //! dispatches to the others, the fallback reader task takes over when it
 //! leaves), each call's waker and send credit (carried in the table as the
-//! call's `io`), the writer, the queueing of calls beyond
-//! `max_concurrent_calls` (a semaphore a call waits on), and the calls'
-//! deadline timers. The table lives under the lock the client's table
+//! call's `io`), the writer, the parking of a call waiting in line (a
+//! oneshot per queued call, made only when it queues; its place is given
+//! back by a guard when the call finished or its CANCEL was written), and
+//! the calls' deadline timers. The table lives under the lock the client's table
 //! always had; the state machine adds none.
 //!
 //! # Not here yet
 //! The client's deadlines still run in each call's own future (its
 //! driver has no task of its own to keep a connection timer in: the
-//! leader/follower receive), and client admission (queueing) is still the
-//! driver's semaphore.
+//! leader/follower receive).
 
 use std::time::Duration;
 

@@ -86,7 +86,7 @@ impl Pair {
             app: HashMap::new(),
             cancelled: Vec::new(),
             expired: Vec::new(),
-            client: client::Client::new(WINDOW),
+            client: client::Client::new(WINDOW, usize::MAX),
             error: None,
             proto_failed: false,
             inbox: Vec::new(),
@@ -682,6 +682,84 @@ fn poll_timeout_gives_the_earliest_live_deadline() {
     );
     assert_eq!(p.server.poll_timeout(), None);
     assert!(p.expired.len() == 1);
+}
+
+/// The client's side of admission, as its driver does it: a call admitted
+/// at once opens; a queued one opens when its waiter comes back.
+fn client_call(c: &mut client::Client<(), u32>, label: u32) -> Result<u32, client::Ticket> {
+    match c.admit(|| label).expect("not closed") {
+        client::Admission::Admitted => Ok(c.open(()).expect("open")),
+        client::Admission::Queued(t) => Err(t),
+    }
+}
+
+#[test]
+fn queued_calls_are_admitted_in_order_as_places_free() {
+    // The server takes 2 calls; so does the client's admission.
+    let mut p = Pair::new(2, None);
+    let mut c = client::Client::<(), u32>::new(WINDOW, 2);
+    let a = client_call(&mut c, 0).expect("a place");
+    let b = client_call(&mut c, 1).expect("a place");
+    let queued: Vec<_> = (2..5)
+        .map(|l| client_call(&mut c, l).expect_err("in line"))
+        .collect();
+    assert_eq!((c.places(), c.queued()), (2, 3));
+    p.send(&[open(a, false), open(b, false)]);
+    p.deliver();
+    let mut admitted = Vec::new();
+    for done in [a, b] {
+        // The server answers; the client sees the trailers, the call's
+        // place passes to the first in line, which opens.
+        p.finish(done);
+        let ended = p
+            .client_reads()
+            .iter()
+            .any(|(id, ev)| *id == done && matches!(ev, Event::Trailers(_)));
+        assert!(ended);
+        c.remove(done);
+        let next = c.release().expect("one waits");
+        let id = c.open(()).expect("open");
+        admitted.push(next);
+        p.send(&[open(id, false)]);
+        p.deliver();
+        assert!(
+            p.app.contains_key(&id) && p.refusals().is_empty(),
+            "the server admits it"
+        );
+        // A call that arrives meanwhile queues behind those in line.
+        assert!(client_call(&mut c, 10 + done).is_err());
+    }
+    assert_eq!(admitted, [2, 3], "first come, first served");
+    assert_eq!(c.places(), 2);
+    let rest: Vec<_> = std::iter::from_fn(|| c.release()).collect();
+    assert_eq!(rest, [4, 10 + a, 10 + b]);
+    assert_eq!(
+        c.places(),
+        1,
+        "3 releases passed their place on, the 4th freed it"
+    );
+    assert_eq!((c.release(), c.places()), (None, 0));
+    drop(queued);
+}
+
+#[test]
+fn a_queued_call_that_is_dropped_takes_no_place() {
+    let mut c = client::Client::<(), u32>::new(WINDOW, 1);
+    client_call(&mut c, 0).expect("a place");
+    let gone = client_call(&mut c, 1).expect_err("in line");
+    let next = client_call(&mut c, 2).expect_err("in line");
+    assert!(c.leave_queue(gone), "it leaves the line");
+    assert!(!c.leave_queue(gone), "once");
+    assert_eq!(c.release(), Some(2), "the place skips the dropped call");
+    assert!(!c.leave_queue(next), "admitted: its place is to give back");
+    assert_eq!((c.release(), c.places()), (None, 0));
+    // Closing empties the line (the waiters are dropped) and fails new calls.
+    client_call(&mut c, 3).expect("a place");
+    let t = client_call(&mut c, 4).expect_err("in line");
+    let _ = c.close((tonic::Code::Unavailable, "gone".into())).count();
+    assert_eq!(c.queued(), 0);
+    assert!(!c.leave_queue(t));
+    assert!(c.admit(|| 5).is_err());
 }
 
 #[test]
