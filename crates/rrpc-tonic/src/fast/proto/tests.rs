@@ -58,8 +58,12 @@ struct Pair {
     cancelled: Vec<CallKey>,
     /// Calls whose deadline the state machine expired.
     expired: Vec<CallKey>,
-    /// The client's connection-level state.
-    client: client::Client<()>,
+    /// Calls refused because every place was taken.
+    refused_full: usize,
+    /// Calls the client saw end (trailers, or a trailers-only response).
+    client_ended: Vec<u32>,
+    /// The client's connection-level state (its waiters: labels).
+    client: client::Client<(), u64>,
     /// The connection's error: the state machine's, or (a grant that
     /// overflows a started call's send credit) the driver's.
     error: Option<FrameError>,
@@ -86,6 +90,8 @@ impl Pair {
             app: HashMap::new(),
             cancelled: Vec::new(),
             expired: Vec::new(),
+            refused_full: 0,
+            client_ended: Vec::new(),
             client: client::Client::new(WINDOW, usize::MAX),
             error: None,
             proto_failed: false,
@@ -143,8 +149,13 @@ impl Pair {
                     flags,
                     id,
                     payload,
-                    ..
-                } => self.to_client.push((kind, flags, id, payload)),
+                    refusal,
+                } => {
+                    if let Some(server::Refusal::TooManyCalls { .. }) = refusal {
+                        self.refused_full += 1;
+                    }
+                    self.to_client.push((kind, flags, id, payload));
+                }
                 Output::Start {
                     key,
                     chunks,
@@ -304,6 +315,9 @@ impl Pair {
             self.client.handle_goaway();
         }
         for (id, ev) in events {
+            if matches!(ev, Event::Trailers(_) | Event::Headers { end: true, .. }) {
+                self.client_ended.push(id);
+            }
             match self.client.deliver(id, ev) {
                 Ok(client::Delivered::Grant((), inc)) => {
                     if let Some(w) = self.client_send.get_mut(&id) {
@@ -845,6 +859,10 @@ enum Op {
     },
     Drain,
     Tick(u64),
+    /// The `n`th call waiting in line is dropped by its caller.
+    GiveUp {
+        n: usize,
+    },
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -864,6 +882,7 @@ fn op() -> impl Strategy<Value = Op> {
         1 => (0usize..8).prop_map(|n| Op::Release { n }),
         1 => Just(Op::Drain),
         1 => (0u64..500).prop_map(Op::Tick),
+        1 => (0usize..8).prop_map(|n| Op::GiveUp { n }),
         4 => (0usize..8, 0usize..900).prop_map(|(n, len)| Op::Respond { n, len }),
         3 => (0usize..8).prop_map(|n| Op::ClientRead { n }),
     ]
@@ -885,6 +904,13 @@ proptest! {
     fn random_interleavings_keep_the_invariants(ops in prop::collection::vec(op(), 1..80)) {
         const LIMIT: usize = 3;
         let mut p = Pair::new(LIMIT, Some(Duration::from_millis(700)));
+        // The client admits as many calls as the server takes; the excess
+        // waits in line: (ticket, label, the call's Open).
+        p.client = client::Client::new(WINDOW, LIMIT);
+        let mut line: VecDeque<(client::Ticket, u64, (bool, usize, bool))> = VecDeque::new();
+        let mut next_label = 0u64;
+        let mut last_admitted: Option<u64> = None;
+        let mut ended: std::collections::HashSet<u32> = std::collections::HashSet::new();
         let mut ids: Vec<u32> = Vec::new();
         let mut msg: Vec<ClientFrame> = Vec::new();
         // Per id: request bytes the client sent while the call was open.
@@ -899,11 +925,46 @@ proptest! {
         let mut read: HashMap<u32, usize> = HashMap::new();
         let pick = |ids: &Vec<u32>, n: usize| (!ids.is_empty()).then(|| ids[n % ids.len()]);
         for op in ops {
-            match op {
-                Op::Open { end, data, timeout } => {
+            // The client opens `$open` (a call holding a place).
+            macro_rules! open_call {
+                ($open:expr) => {{
+                    let (end, data, timeout): (bool, usize, bool) = $open;
                     // The client's table gives the id; after GOAWAY it
-                    // opens nothing.
-                    let Ok(id) = p.client.open(()) else { continue };
+                    // opens nothing and gives its place back.
+                    match p.client.open(()) {
+                        Ok(id) => Some((id, end, data, timeout)),
+                        Err(_) => {
+                            // Each waiter the place passes to fails too.
+                            while pass_on(&mut p, &mut line, &mut last_admitted).is_some() {}
+                            None
+                        }
+                    }
+                }};
+            }
+            let opening = match op {
+                Op::Open { end, data, timeout } => {
+                    next_label += 1;
+                    let label = next_label;
+                    match p.client.admit(|| label) {
+                        Ok(client::Admission::Admitted) => open_call!((end, data, timeout)),
+                        Ok(client::Admission::Queued(t)) => {
+                            line.push_back((t, label, (end, data, timeout)));
+                            None
+                        }
+                        Err(_) => None,
+                    }
+                }
+                Op::GiveUp { n } => {
+                    if !line.is_empty() {
+                        let (t, _, _) = line.remove(n % line.len()).expect("in line");
+                        prop_assert!(p.client.leave_queue(t), "still in line");
+                    }
+                    None
+                }
+                _ => None,
+            };
+            if let Some((id, end, data, timeout)) = opening {
+                {
                     ids.push(id);
                     let t = timeout.then_some("250m");
                     let flags = if end && data == 0 { END_STREAM } else { 0 };
@@ -919,6 +980,9 @@ proptest! {
                         req_open.insert(id, !end);
                     }
                 }
+            }
+            match op {
+                Op::Open { .. } | Op::GiveUp { .. } => {}
                 Op::Data { n, len, end, over } => {
                     let Some(id) = pick(&ids, n) else { continue };
                     well_behaved &= !over;
@@ -940,6 +1004,8 @@ proptest! {
                     let Some(id) = pick(&ids, n) else { continue };
                     msg.push((Kind::Cancel, 0, id, Vec::new()));
                     cancelled_in_msg.push(id);
+                    // The CANCEL is written: the call's place is given back.
+                    p.client_ended.push(id);
                 }
                 Op::Reuse { n } => {
                     let Some(id) = pick(&ids, n) else { continue };
@@ -1011,6 +1077,31 @@ proptest! {
             // call not yet expired, never in the past after a tick.
             let earliest = p.app.values().filter_map(|c| c.deadline).min();
             prop_assert_eq!(p.server.poll_timeout(), earliest);
+            // Calls the client saw end give their place back, to the
+            // first in line, which opens.
+            for id in std::mem::take(&mut p.client_ended) {
+                if ended.insert(id)
+                    && let Some(open) = pass_on(&mut p, &mut line, &mut last_admitted)
+                    && let Some((id, end, data, _)) = open_call!(open)
+                {
+                    // Opened later, without a deadline (the clock is the
+                    // server's to read).
+                    ids.push(id);
+                    let _ = data;
+                    let flags = if end { END_STREAM } else { 0 };
+                    msg.push((Kind::RequestHeaders, flags, id, open_payload(None)));
+                    p.client_send.insert(id, SendWindow::new(u64::from(WINDOW)));
+                    sent.insert(id, 0);
+                    req_open.insert(id, flags == 0);
+                    opened_in_msg.push(id);
+                }
+            }
+            prop_assert!(p.client.places() <= LIMIT);
+            if well_behaved {
+                // The client's admission keeps to the server's limit: no
+                // call is refused for want of a place.
+                prop_assert_eq!(p.refused_full, 0);
+            }
             prop_assert!(p.server.active() <= LIMIT);
             prop_assert!(p.server.active() <= p.server.open_calls());
             for id in &ids {
@@ -1049,6 +1140,21 @@ proptest! {
             prop_assert!(p.to_client.iter().all(|f| f.2 != 9999));
         }
     }
+}
+
+/// A place is given back: it passes to the first call in line (FIFO,
+/// checked), whose Open is returned, or is freed.
+fn pass_on(
+    p: &mut Pair,
+    line: &mut VecDeque<(client::Ticket, u64, (bool, usize, bool))>,
+    last: &mut Option<u64>,
+) -> Option<(bool, usize, bool)> {
+    let label = p.client.release()?;
+    let (_, first, open) = line.pop_front().expect("a waiter is one in line");
+    assert_eq!(label, first, "first in line, first admitted");
+    assert!(last.is_none_or(|l| l < label), "FIFO");
+    *last = Some(label);
+    Some(open)
 }
 
 /// Sends the frames gathered so far as one message; checks that each call
