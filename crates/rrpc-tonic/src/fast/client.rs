@@ -675,4 +675,59 @@ mod tests {
         }
         assert_eq!(started.load(Ordering::SeqCst), 5);
     }
+
+    /// A call dropped while it waits in line leaves the line and takes no
+    /// place: the next one in line gets the place, and every place is
+    /// given back in the end.
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_call_dropped_in_line_takes_no_place() {
+        let (cpipe, spipe) = mem_pair(1 << 16);
+        let gate = Arc::new(tokio::sync::Semaphore::new(0));
+        let g = gate.clone();
+        let svc = tower::service_fn(move |_r: http::Request<Body>| {
+            let g = g.clone();
+            async move {
+                g.acquire().await.expect("gate").forget();
+                Ok::<_, std::convert::Infallible>(http::Response::new(Body::empty()))
+            }
+        });
+        let cfg = RrpcConfig::builder()
+            .max_concurrent_calls(1)
+            .build()
+            .expect("limit");
+        spawn_server(spipe, svc, &cfg);
+        let ch = channel(cpipe, &cfg);
+        let call = |ch: &FastChannel| {
+            let mut c = ch.clone();
+            tokio::spawn(async move { tower::Service::call(&mut c, req("/x")).await })
+        };
+        let first = call(&ch);
+        let dropped = call(&ch);
+        for _ in 0..20 {
+            tokio::task::yield_now().await;
+        }
+        let line = || lock(&ch.inner.shared.table).conn.queued();
+        assert_eq!(line(), 1, "the second call waits in line");
+        dropped.abort();
+        let _ = dropped.await;
+        assert_eq!(line(), 0, "the dropped call left the line");
+        let next = call(&ch);
+        for _ in 0..20 {
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(line(), 1);
+        gate.add_permits(2);
+        for c in [first, next] {
+            let r = tokio::time::timeout(Duration::from_secs(5), c)
+                .await
+                .expect("completes")
+                .expect("task");
+            assert!(r.is_ok(), "{:?}", r.err());
+        }
+        assert_eq!(
+            lock(&ch.inner.shared.table).conn.places(),
+            0,
+            "all given back"
+        );
+    }
 }
