@@ -15,6 +15,7 @@ use tonic::body::Body;
 
 use super::flow::{self, CallFlow, Credit};
 use super::proto::call_timeout;
+use super::proto::client as proto;
 use super::writer::{FrameWriter, Out};
 use super::{Event, RecvBody};
 use crate::frame::{self, END_STREAM, Kind};
@@ -85,16 +86,12 @@ impl FastChannel {
         // finds data to read (`Shared::nudge_idle_reader`).
         let idle_reads = rx.idle_reads();
         let shared = Arc::new(Shared {
-            table: Mutex::new(Table::new(cfg.call_window())),
+            table: Mutex::new(Table::new(cfg.call_window(), cfg.max_concurrent_calls())),
             rx: Mutex::new(RxState {
                 rx: Some(rx),
                 fut: None,
             }),
             peer_window,
-            open_calls: Arc::new(tokio::sync::Semaphore::new(
-                cfg.max_concurrent_calls()
-                    .min(tokio::sync::Semaphore::MAX_PERMITS),
-            )),
             retired: AtomicBool::new(false),
         });
         let writer = FrameWriter::new(tx, cfg.zero_copy(), cfg.max_chunk());
@@ -177,7 +174,7 @@ pub(crate) struct CallGuard {
     /// The call's place in [`RrpcConfig::max_concurrent_calls`]; given back
     /// when the call finished or its CANCEL was written (so the server,
     /// which reads frames in order, has released it too).
-    permit: Option<tokio::sync::OwnedSemaphorePermit>,
+    permit: Option<Place>,
 }
 
 impl CallGuard {
@@ -302,26 +299,48 @@ async fn call(
     let timeout = call_timeout(req.headers(), inner.opts.timeout);
     let deadline = timeout.map(|d| tokio::time::Instant::now() + d);
     let shared = inner.shared.clone();
-    // A place among the connection's open calls (queued while all are taken).
-    let acquire = shared.open_calls.clone().acquire_owned();
-    let permit = match deadline {
-        Some(d) => match tokio::time::timeout_at(d, acquire).await {
-            Ok(p) => p,
-            Err(_) => return Err(Box::new(tonic::TimeoutExpired(()))),
-        },
-        None => acquire.await,
-    };
-    let Ok(permit) = permit else {
-        // Closed with the connection.
-        let t = lock(&shared.table);
-        let (code, msg) = t.conn.closed().cloned().unwrap_or((
-            tonic::Code::Unavailable,
-            "rrpc: connection closed".to_string(),
-        ));
-        return Err(Box::new(Status::new(code, msg)));
+    // A place among the connection's open calls (the state machine queues
+    // the call, first come first served, while all are taken; a waiter is
+    // made only then).
+    let mut rx = None;
+    let admitted = lock(&shared.table).conn.admit(|| {
+        let (tx, r) = tokio::sync::oneshot::channel();
+        rx = Some(r);
+        tx
+    });
+    let permit = match (admitted, rx) {
+        (Ok(proto::Admission::Queued(ticket)), Some(rx)) => {
+            let wait = Queued {
+                shared: shared.clone(),
+                ticket,
+                rx,
+                done: false,
+            };
+            let got = match deadline {
+                Some(d) => match tokio::time::timeout_at(d, wait).await {
+                    Ok(p) => p,
+                    Err(_) => return Err(Box::new(tonic::TimeoutExpired(()))),
+                },
+                None => wait.await,
+            };
+            let Ok(place) = got else {
+                // Closed with the connection.
+                let t = lock(&shared.table);
+                let (code, msg) = t.conn.closed().cloned().unwrap_or((
+                    tonic::Code::Unavailable,
+                    "rrpc: connection closed".to_string(),
+                ));
+                return Err(Box::new(Status::new(code, msg)));
+            };
+            place
+        }
+        (Ok(_), _) => Place(shared.clone()),
+        // The connection closed, or the server is draining.
+        (Err(st), _) => return Err(Box::new(st)),
     };
     let flow = CallFlow::new(shared.peer_window);
-    let id = match lock(&shared.table).conn.open(Slot::new(flow.clone())) {
+    let opened = lock(&shared.table).conn.open(Slot::new(flow.clone()));
+    let id = match opened {
         Ok(id) => id,
         // The connection closed, or the server is draining.
         Err(st) => return Err(Box::new(st)),
@@ -548,7 +567,7 @@ mod tests {
     /// else leaving wakes nobody.
     #[test]
     fn handoff_wakes_the_fallback_only_when_the_receiver_leaves() {
-        let mut t = Table::new(4096);
+        let mut t = Table::new(4096, 8);
         let (fb, fb_waker) = counting();
         let (_, w2) = counting();
         t.fallback = Some(fb_waker);
@@ -655,5 +674,60 @@ mod tests {
             assert!(res.headers().get("grpc-status").is_none_or(|s| s == "0"));
         }
         assert_eq!(started.load(Ordering::SeqCst), 5);
+    }
+
+    /// A call dropped while it waits in line leaves the line and takes no
+    /// place: the next one in line gets the place, and every place is
+    /// given back in the end.
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_call_dropped_in_line_takes_no_place() {
+        let (cpipe, spipe) = mem_pair(1 << 16);
+        let gate = Arc::new(tokio::sync::Semaphore::new(0));
+        let g = gate.clone();
+        let svc = tower::service_fn(move |_r: http::Request<Body>| {
+            let g = g.clone();
+            async move {
+                g.acquire().await.expect("gate").forget();
+                Ok::<_, std::convert::Infallible>(http::Response::new(Body::empty()))
+            }
+        });
+        let cfg = RrpcConfig::builder()
+            .max_concurrent_calls(1)
+            .build()
+            .expect("limit");
+        spawn_server(spipe, svc, &cfg);
+        let ch = channel(cpipe, &cfg);
+        let call = |ch: &FastChannel| {
+            let mut c = ch.clone();
+            tokio::spawn(async move { tower::Service::call(&mut c, req("/x")).await })
+        };
+        let first = call(&ch);
+        let dropped = call(&ch);
+        for _ in 0..20 {
+            tokio::task::yield_now().await;
+        }
+        let line = || lock(&ch.inner.shared.table).conn.queued();
+        assert_eq!(line(), 1, "the second call waits in line");
+        dropped.abort();
+        let _ = dropped.await;
+        assert_eq!(line(), 0, "the dropped call left the line");
+        let next = call(&ch);
+        for _ in 0..20 {
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(line(), 1);
+        gate.add_permits(2);
+        for c in [first, next] {
+            let r = tokio::time::timeout(Duration::from_secs(5), c)
+                .await
+                .expect("completes")
+                .expect("task");
+            assert!(r.is_ok(), "{:?}", r.err());
+        }
+        assert_eq!(
+            lock(&ch.inner.shared.table).conn.places(),
+            0,
+            "all given back"
+        );
     }
 }

@@ -10,7 +10,7 @@ use std::task::Poll;
 use bytes::Bytes;
 use futures_util::FutureExt;
 use http_body_util::BodyExt;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
 use tokio::task::AbortHandle;
 use tokio_util::sync::CancellationToken;
 use tonic::Status;
@@ -34,6 +34,8 @@ struct Call {
     body: Option<mpsc::UnboundedSender<Event>>,
     task: AbortHandle,
     flow: Arc<CallFlow>,
+    /// Tells the call's task its deadline passed (calls with one only).
+    expire: Option<oneshot::Sender<()>>,
 }
 
 /// A call's place in [`RrpcConfig::max_concurrent_calls`], as its task
@@ -121,6 +123,12 @@ where
     // The state machine's clock: tokio's (paused in tests), read only for
     // a call with a deadline.
     let mut now = || tokio::time::Instant::now().into_std();
+    // The connection's one deadline timer, armed at the earliest deadline
+    // of a call still open (`poll_timeout`), reset only when that changes:
+    // calls without a deadline never touch it.
+    let timer = tokio::time::sleep_until(tokio::time::Instant::now());
+    tokio::pin!(timer);
+    let mut armed: Option<std::time::Instant> = None;
     let result = loop {
         // Notes sent meanwhile (a call polled inline sends one): applied
         // here, not by the `select!` below, which would drop and remake the
@@ -130,6 +138,13 @@ where
         }
         if conn.is_drained() {
             break Ok(());
+        }
+        let next = conn.poll_timeout();
+        if next != armed {
+            if let Some(at) = next {
+                timer.as_mut().reset(tokio::time::Instant::from_std(at));
+            }
+            armed = next;
         }
         let mut sink = |msg: &[u8]| proto::decode(msg, &mut inbox);
         let r = tokio::select! {
@@ -148,6 +163,12 @@ where
                     Ok(()) => continue,
                     Err(e) => break Err(e),
                 }
+            }
+            () = &mut timer, if armed.is_some() => {
+                // Expired calls come out below as `Output::Expire`.
+                armed = None;
+                conn.handle_timeout(now());
+                Ok(true)
             }
             r = rx.recv_with(&mut sink) => r,
         };
@@ -207,6 +228,15 @@ where
                         call.flow.close();
                     }
                 }
+                Output::Expire { key } => {
+                    if let Some(call) = calls.get_mut(&key.id).filter(|c| c.key == key)
+                        && let Some(expire) = call.expire.take()
+                    {
+                        // The task answers DEADLINE_EXCEEDED if its handler
+                        // has not answered yet.
+                        let _ = expire.send(());
+                    }
+                }
                 Output::Start {
                     key,
                     head,
@@ -237,13 +267,22 @@ where
                         (RecvBody::new(chunks, brx, credit), Some(btx))
                     };
                     let req = build_request(head, body);
+                    // The deadline's timer is the connection's (above):
+                    // this call only hears when it passed.
+                    let (expire, expired) = match deadline {
+                        Some(_) => {
+                            let (tx, rx) = oneshot::channel();
+                            (Some(tx), Some(rx))
+                        }
+                        None => (None, None),
+                    };
                     let mut fut = Box::pin(run_call(
                         svc.clone(),
                         req,
                         writer.clone(),
                         place,
                         flow.clone(),
-                        deadline.map(tokio::time::Instant::from_std),
+                        expired,
                     ));
                     // Unary handlers usually finish at their first poll: run it here,
                     // in the reader task, and write the response without a task hop.
@@ -266,6 +305,7 @@ where
                             body: btx,
                             task: task.abort_handle(),
                             flow,
+                            expire,
                         },
                     );
                 }
@@ -404,7 +444,7 @@ async fn run_call<S, ResBody>(
     writer: FrameWriter,
     place: Place,
     flow: Arc<CallFlow>,
-    deadline: Option<tokio::time::Instant>,
+    expired: Option<oneshot::Receiver<()>>,
 ) where
     S: tower::Service<http::Request<Body>, Response = http::Response<ResBody>> + Send + 'static,
     S::Future: Send + 'static,
@@ -418,12 +458,16 @@ async fn run_call<S, ResBody>(
     let work = async move {
         let fut = svc.oneshot(req);
         // As tonic's server: the shorter of the caller's deadline and
-        // `Server::timeout` (the state machine computed the instant).
-        let res: Result<http::Response<ResBody>, BoxError> = match deadline {
-            Some(d) => match tokio::time::timeout_at(d, fut).await {
-                Ok(r) => r.map_err(Into::into),
+        // `Server::timeout` bounds the handler (not the response body).
+        // The state machine times it; `expired` fires when it passed (a
+        // dropped sender means the call ends anyway: ignored). The handler
+        // is polled first, as `timeout_at` does.
+        let res: Result<http::Response<ResBody>, BoxError> = match expired {
+            Some(expired) => tokio::select! {
+                biased;
+                r = fut => r.map_err(Into::into),
                 // tonic's server answers an expired deadline this way too (its GrpcTimeout).
-                Err(_) => Err(Box::new(tonic::TimeoutExpired(()))),
+                Ok(()) = expired => Err(Box::new(tonic::TimeoutExpired(()))),
             },
             None => fut.await.map_err(Into::into),
         };

@@ -12,6 +12,7 @@ use crate::fast::flow::CallFlow;
 use crate::fast::proto::client as proto;
 use crate::frame::FrameError;
 use crate::pipe::{BoxFut, MsgRx};
+use tokio::sync::oneshot;
 
 /// The pseudo call id of the connection's fallback reader task (never a
 /// call's: [`proto::Client::open`] skips it).
@@ -43,7 +44,7 @@ impl Slot {
 pub(super) struct Table {
     /// The call table and the connection's protocol state: call ids,
     /// events, receive windows, GOAWAY, why it closed.
-    pub(super) conn: proto::Client<Slot>,
+    pub(super) conn: proto::Client<Slot, oneshot::Sender<()>>,
     /// The call whose waker the pending receive future holds.
     pub(super) driver: Option<u32>,
     /// Request senders waiting for window: the WINDOW_UPDATE they need
@@ -56,10 +57,11 @@ pub(super) struct Table {
 }
 
 impl Table {
-    /// The table of a connection whose calls announce `recv_window` bytes.
-    pub(super) fn new(recv_window: u32) -> Table {
+    /// The table of a connection whose calls announce `recv_window` bytes,
+    /// at most `max_calls` of them open at once.
+    pub(super) fn new(recv_window: u32, max_calls: usize) -> Table {
         Table {
-            conn: proto::Client::new(recv_window),
+            conn: proto::Client::new(recv_window, max_calls),
             driver: None,
             credit_waiters: 0,
             fallback: None,
@@ -113,9 +115,6 @@ pub(super) struct Shared {
     pub(super) rx: Mutex<RxState>,
     /// The server's receive window per call: our initial send credit.
     pub(super) peer_window: u32,
-    /// [`RrpcConfig::max_concurrent_calls`]: calls beyond it wait here;
-    /// closed with the connection.
-    pub(super) open_calls: Arc<tokio::sync::Semaphore>,
     /// No new calls should start here: the connection closed, the server
     /// said GOAWAY, or the side channel saw the peer leave. Calls in
     /// flight go on (their data may still be in the ring).
@@ -136,7 +135,6 @@ impl std::fmt::Debug for Shared {
             .field("table", &self.table)
             .field("rx", &rx)
             .field("retired", &self.retired.load(Ordering::Relaxed))
-            .field("open_calls_available", &self.open_calls.available_permits())
             .finish_non_exhaustive()
     }
 }
@@ -206,8 +204,6 @@ impl Shared {
             }
         }
         self.retired.store(true, Ordering::Release);
-        // Calls queued for a place fail now.
-        self.open_calls.close();
         if let Some(w) = t.fallback.take() {
             w.wake();
         }
@@ -380,5 +376,71 @@ impl SlotRef {
         update: &mut Option<u32>,
     ) -> Poll<Option<Event>> {
         self.shared.poll_event(self.id, cx, update)
+    }
+}
+
+/// A call's place among the connection's open calls
+/// ([`crate::RrpcConfig::max_concurrent_calls`], admission in
+/// [`proto::Client::admit`]): given back on drop, to the first call in
+/// line if one waits.
+#[derive(Debug)]
+pub(super) struct Place(pub(super) Arc<Shared>);
+
+impl Place {
+    /// Gives a place back (the table's lock must not be held).
+    fn release(shared: &Shared) {
+        let mut t = lock(&shared.table);
+        // A waiter's send fails only if its caller is gone without having
+        // left the line; the place then passes on.
+        while let Some(w) = t.conn.release() {
+            if w.send(()).is_ok() {
+                break;
+            }
+        }
+    }
+}
+
+impl Drop for Place {
+    fn drop(&mut self) {
+        Self::release(&self.0);
+    }
+}
+
+/// A call waiting in line for a place: resolves to the place, or to the
+/// connection's end (its waiter dropped by [`proto::Client::close`]).
+///
+/// Cancel safe: dropped while in line, the call leaves the line; dropped
+/// after the place passed to it, the place is given back (to the next in
+/// line). Either way the call takes no place.
+#[derive(Debug)]
+pub(super) struct Queued {
+    pub(super) shared: Arc<Shared>,
+    pub(super) ticket: proto::Ticket,
+    pub(super) rx: oneshot::Receiver<()>,
+    /// Resolved: nothing to undo on drop.
+    pub(super) done: bool,
+}
+
+impl std::future::Future for Queued {
+    type Output = Result<Place, ()>;
+
+    fn poll(mut self: std::pin::Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let r = std::task::ready!(std::pin::Pin::new(&mut self.rx).poll(cx));
+        self.done = true;
+        Poll::Ready(r.map(|()| Place(self.shared.clone())).map_err(|_| ()))
+    }
+}
+
+impl Drop for Queued {
+    fn drop(&mut self) {
+        if self.done {
+            return;
+        }
+        let left = lock(&self.shared.table).conn.leave_queue(self.ticket);
+        // Not in line: the place was passed to us (sent under the lock, so
+        // it is here now) or the connection closed (the waiter dropped).
+        if !left && self.rx.try_recv().is_ok() {
+            Place::release(&self.shared);
+        }
     }
 }

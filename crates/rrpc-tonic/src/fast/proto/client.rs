@@ -123,9 +123,23 @@ pub(crate) enum Delivered<'a, T> {
     Dropped,
 }
 
+/// A queued call's place in line ([`Client::admit`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Ticket(u64);
+
+/// What asking for a place gave ([`Client::admit`]).
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Admission {
+    /// The call holds a place now.
+    Admitted,
+    /// Every place is taken: the call waits in line; its waiter is handed
+    /// back by [`Client::release`] when a place passes to it.
+    Queued(Ticket),
+}
+
 /// The client side of one connection.
 #[derive(Debug)]
-pub(crate) struct Client<T> {
+pub(crate) struct Client<T, W = ()> {
     calls: HashMap<u32, Call<T>>,
     /// Set once the connection is gone or draining: new calls fail with it.
     closed: Option<Reason>,
@@ -134,17 +148,89 @@ pub(crate) struct Client<T> {
     next_id: u32,
     /// Our receive window per call.
     recv_window: u32,
+    /// Calls that may hold a place at once (the server refuses more).
+    max_calls: usize,
+    /// Places held (by calls open, or admitted and about to open).
+    places: usize,
+    /// Calls waiting for a place, first come first served, each with the
+    /// driver's waiter (what wakes the caller).
+    queue: VecDeque<(Ticket, W)>,
+    next_ticket: u64,
 }
 
-impl<T> Client<T> {
-    /// A connection whose calls each announce `recv_window` bytes.
-    pub(crate) fn new(recv_window: u32) -> Self {
+impl<T, W> Client<T, W> {
+    /// A connection whose calls each announce `recv_window` bytes, with at
+    /// most `max_calls` calls holding a place at once.
+    pub(crate) fn new(recv_window: u32, max_calls: usize) -> Self {
         Client {
             calls: HashMap::new(),
             closed: None,
             next_id: 1,
             recv_window,
+            max_calls,
+            places: 0,
+            queue: VecDeque::new(),
+            next_ticket: 0,
         }
+    }
+
+    /// Asks for a place among the calls open (before [`Client::open`]): a
+    /// free place is taken at once unless calls wait in line (FIFO), else
+    /// the call queues with the waiter `waiter` makes (called only then:
+    /// a call admitted at once makes none).
+    ///
+    /// # Errors
+    /// The connection closed or the server is draining: why.
+    pub(crate) fn admit(&mut self, waiter: impl FnOnce() -> W) -> Result<Admission, Status> {
+        if let Some((code, msg)) = &self.closed {
+            return Err(Status::new(*code, msg.clone()));
+        }
+        if self.places < self.max_calls && self.queue.is_empty() {
+            self.places += 1;
+            return Ok(Admission::Admitted);
+        }
+        let t = Ticket(self.next_ticket);
+        self.next_ticket += 1;
+        self.queue.push_back((t, waiter()));
+        Ok(Admission::Queued(t))
+    }
+
+    /// A place is given back (its call finished, or its CANCEL was
+    /// written). It passes to the first call in line, whose waiter is
+    /// returned (wake it: it holds the place now).
+    pub(crate) fn release(&mut self) -> Option<W> {
+        match self.queue.pop_front() {
+            Some((_, w)) => Some(w),
+            None => {
+                self.places = self.places.saturating_sub(1);
+                None
+            }
+        }
+    }
+
+    /// A queued caller gave up (its future was dropped): it leaves the
+    /// line. Returns `false` if it was no longer in line: a place had
+    /// already passed to it, which it must [`Client::release`].
+    pub(crate) fn leave_queue(&mut self, ticket: Ticket) -> bool {
+        match self.queue.iter().position(|(t, _)| *t == ticket) {
+            Some(i) => {
+                self.queue.remove(i);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Calls waiting in line.
+    #[cfg(test)]
+    pub(crate) fn queued(&self) -> usize {
+        self.queue.len()
+    }
+
+    /// Places held.
+    #[cfg(test)]
+    pub(crate) fn places(&self) -> usize {
+        self.places
     }
 
     /// Opens a call: the next id that is not 0 and not in use.
@@ -240,9 +326,12 @@ impl<T> Client<T> {
     }
 
     /// The connection ended: every open call gets `reason` as its next
-    /// event, new calls fail with it. Returns the open calls' driver data
-    /// (to wake them).
+    /// event, new calls fail with it, calls in line leave it (their
+    /// waiters are dropped: a dropped waiter tells its caller to read
+    /// [`Client::closed`]). Returns the open calls' driver data (to wake
+    /// them).
     pub(crate) fn close(&mut self, reason: Reason) -> impl Iterator<Item = &mut T> {
+        self.queue.clear();
         for c in self.calls.values_mut() {
             c.events
                 .push_back(Event::Reset(Status::new(reason.0, reason.1.clone())));
@@ -329,7 +418,7 @@ mod tests {
             (Kind::Data, 0, 1, b"b".to_vec()),
         ]);
         assert_eq!(ev.len(), 1, "nothing after the violation");
-        let c = Client::<()>::new(1024);
+        let c = Client::<()>::new(1024, 8);
         let (code, msg) = c.handle_receive(Ok(true), bad).expect("closes");
         assert_eq!(code, tonic::Code::Internal);
         assert!(msg.contains("request headers sent to a client"), "{msg}");
@@ -337,7 +426,7 @@ mod tests {
 
     #[test]
     fn ids_skip_zero_and_calls_in_flight_and_goaway_stops_new_calls() {
-        let mut c = Client::new(1024);
+        let mut c = Client::<_, ()>::new(1024, 8);
         assert_eq!(
             (c.open(()).expect("open"), c.open(()).expect("open")),
             (1, 2)
@@ -367,7 +456,7 @@ mod tests {
 
     #[test]
     fn a_call_window_is_enforced_and_reopened_as_the_application_reads() {
-        let mut c = Client::new(1024);
+        let mut c = Client::<_, ()>::new(1024, 8);
         let id = c.open(0u32).expect("open");
         let data = |n| Event::Data(Bytes::from(vec![0; n]));
         assert!(matches!(c.deliver(id, data(500)), Ok(Delivered::Queued(_))));

@@ -23,7 +23,13 @@
 //! * cancellation: a CANCEL frees the call's place and tells the driver
 //!   to drop the handler ([`server::Output::Cancel`]);
 //! * deadlines: the call's deadline (the shorter of `grpc-timeout` and the
-//!   server's timeout) on the caller's clock ([`server::Output::Start`]).
+//!   server's timeout) on the caller's clock ([`server::Output::Start`]),
+//!   and its expiry: [`server::Server::poll_timeout`] gives the earliest
+//!   deadline of a call still open, [`server::Server::handle_timeout`]
+//!   expires every call whose deadline passed ([`server::Output::Expire`]:
+//!   the driver drops a handler that has not answered and answers
+//!   `DEADLINE_EXCEEDED`). Only calls with a deadline touch the heap that
+//!   keeps them; entries of calls that ended are discarded lazily.
 //!
 //! # What the driver owns (`fast::server::serve_conn`)
 //! The ring, the handler tasks and their futures (the first poll of each
@@ -38,14 +44,19 @@
 //! handles the next ring message, so a client that saw a call's trailers
 //! and opens the next call is never refused.
 //!
-//! The deadline's timer runs in the call's task (`timeout_at` the instant
-//! the state machine computed); the state machine does not time calls out
-//! by itself.
+//! The driver keeps one deadline timer per connection, armed at
+//! [`server::Server::poll_timeout`] (reset only when that changes) and
+//! raced in its `select!` (a `Sleep`: cancel safe); when it fires it calls
+//! [`server::Server::handle_timeout`]. An expired call's task hears it on a
+//! oneshot raced against its handler (handler first, as `timeout_at`
+//! polls): as before, the deadline bounds the handler, not the response
+//! body it returned.
 //!
 //! # Cancel safety of the async drivers
 //! Every future the server raced in its `select!` is cancel safe: the note
 //! channel's `recv`, the writer's `failed`, the shutdown token's
-//! `cancelled` and the ring's `recv_with` (a message is consumed only in
+//! `cancelled`, the deadline timer (a `Sleep`, polled by reference) and
+//! the ring's `recv_with` (a message is consumed only in
 //! the poll that returns it; its frames are decoded into an owned inbox
 //! inside that poll). The sends that follow are awaited outside the
 //! `select!`. Notes are also drained with `try_recv` at the top of each
@@ -56,8 +67,9 @@
 //! flight lives in the connection's shared state, not in the future, so
 //! dropping the future loses nothing), the writer's `failed`, the side
 //! channel's peer-gone future and the poller's idle-read signal (`IdleReads::wait`): all cancel safe. A call
-//! races its deadline against waiting for a place (a semaphore acquire:
-//! cancel safe), against its first event (cancel safe, as above) and
+//! races its deadline against waiting for a place (`demux::Queued`: cancel
+//! safe, dropped in line it leaves the line, dropped once the place passed
+//! to it it gives the place back, so it never takes one), against its first event (cancel safe, as above) and
 //! against writing its request, which is not cancel safe: a write cut
 //! short leaves whole frames only, and the call's guard then sends CANCEL.
 
@@ -69,6 +81,11 @@
 //! * each call's receive window: DATA beyond it is a connection error; the
 //!   window reopens as the response body takes data out, and says when a
 //!   WINDOW_UPDATE is due;
+//! * admission: at most `max_concurrent_calls` calls hold a place; the
+//!   excess waits in line, first come first served
+//!   ([`client::Client::admit`]), and each place given back passes to the
+//!   first in line ([`client::Client::release`] returns its waiter); a
+//!   caller that gives up leaves the line ([`client::Client::leave_queue`]);
 //! * GOAWAY (new calls fail `Unavailable`, calls in flight go on) and when
 //!   and why the connection ends ([`client::Client::handle_receive`],
 //!   [`client::Client::close`]).
@@ -77,16 +94,16 @@
 //! The leader/follower receive (whichever call waits polls the ring and
 //! dispatches to the others, the fallback reader task takes over when it
 //! leaves), each call's waker and send credit (carried in the table as the
-//! call's `io`), the writer, the queueing of calls beyond
-//! `max_concurrent_calls` (a semaphore a call waits on), and the calls'
-//! deadline timers. The table lives under the lock the client's table
+//! call's `io`), the writer, the parking of a call waiting in line (a
+//! oneshot per queued call, made only when it queues; its place is given
+//! back by a guard when the call finished or its CANCEL was written), and
+//! the calls' deadline timers. The table lives under the lock the client's table
 //! always had; the state machine adds none.
 //!
 //! # Not here yet
-//! Deadlines are computed here for the server only; both sides run the
-//! deadline's timer in the call's own future (the server at the instant
-//! [`server::Server`] computed). Client admission (queueing) is still the
-//! driver's semaphore.
+//! The client's deadlines still run in each call's own future (its
+//! driver has no task of its own to keep a connection timer in: the
+//! leader/follower receive).
 
 use std::time::Duration;
 

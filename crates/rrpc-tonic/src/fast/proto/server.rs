@@ -6,7 +6,8 @@
 //! ([`Server::poll_output`]). See the [module docs](super) for the split
 //! between this and the async driver.
 
-use std::collections::{HashMap, VecDeque};
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap, VecDeque};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -168,6 +169,11 @@ pub(crate) enum Output {
     Grant { key: CallKey, inc: u32 },
     /// The client cancelled a started call: drop its handler.
     Cancel { key: CallKey },
+    /// A started call's deadline passed ([`Server::handle_timeout`]): if
+    /// its handler has not answered yet, drop it and answer
+    /// `DEADLINE_EXCEEDED` (tonic's `GrpcTimeout`). The call keeps its
+    /// place until that answer is written, as any call does.
+    Expire { key: CallKey },
 }
 
 /// What a call task did ([`Server::handle_note`]).
@@ -190,6 +196,9 @@ struct Call {
     req_open: bool,
     /// The call still holds a place.
     holds_place: bool,
+    /// The call has a deadline that has not expired yet (an entry in
+    /// [`Server`]'s `deadlines`).
+    timed: bool,
 }
 
 /// A call whose REQUEST_HEADERS arrived in the message being handled.
@@ -215,6 +224,12 @@ pub(crate) struct Server {
     out: VecDeque<Output>,
     opening: Vec<Opening>,
     error: Option<FrameError>,
+    /// The deadlines of calls that have one, earliest first: (instant,
+    /// id, seq). Touched only by calls with a deadline; the entry of a
+    /// call that ended is discarded lazily (its key no longer matches).
+    deadlines: BinaryHeap<Reverse<(Instant, u32, u64)>>,
+    /// Calls whose deadline is in `deadlines` and still live.
+    timed: usize,
 }
 
 impl Server {
@@ -228,6 +243,73 @@ impl Server {
             out: VecDeque::new(),
             opening: Vec::new(),
             error: None,
+            deadlines: BinaryHeap::new(),
+            timed: 0,
+        }
+    }
+
+    /// Removes call `id` from the table, with its place and its deadline.
+    fn remove_call(&mut self, id: u32) -> Option<Call> {
+        let call = self.calls.remove(&id)?;
+        if call.holds_place {
+            self.active -= 1;
+        }
+        if call.timed {
+            self.timed -= 1;
+        }
+        Some(call)
+    }
+
+    /// Whether a `deadlines` entry is the live deadline of an open call.
+    fn is_live(calls: &HashMap<u32, Call>, id: u32, seq: u64) -> bool {
+        calls.get(&id).is_some_and(|c| c.seq == seq && c.timed)
+    }
+
+    /// Expires every call whose deadline is at or before `now`
+    /// ([`Output::Expire`]). The driver calls it when the instant
+    /// [`Server::poll_timeout`] gave has come.
+    pub(crate) fn handle_timeout(&mut self, now: Instant) {
+        while let Some(Reverse((at, id, seq))) = self.deadlines.peek().copied() {
+            if at > now {
+                break;
+            }
+            self.deadlines.pop();
+            if let Some(call) = self.calls.get_mut(&id).filter(|c| c.seq == seq && c.timed) {
+                call.timed = false;
+                self.timed -= 1;
+                self.out.push_back(Output::Expire {
+                    key: CallKey { id, seq },
+                });
+            }
+        }
+    }
+
+    /// The earliest deadline of a call still open, if any: when to call
+    /// [`Server::handle_timeout`] (entries of ended calls are dropped
+    /// here).
+    pub(crate) fn poll_timeout(&mut self) -> Option<Instant> {
+        while let Some(Reverse((at, id, seq))) = self.deadlines.peek().copied() {
+            if Self::is_live(&self.calls, id, seq) {
+                return Some(at);
+            }
+            self.deadlines.pop();
+        }
+        None
+    }
+
+    /// Records the deadline of call `key` (just opened). Entries of ended
+    /// calls left behind are swept once they outnumber the live ones, so
+    /// the heap stays within twice the calls with a deadline.
+    fn add_deadline(&mut self, key: CallKey, at: Instant) {
+        if let Some(c) = self.calls.get_mut(&key.id) {
+            c.timed = true;
+            self.timed += 1;
+        }
+        self.deadlines.push(Reverse((at, key.id, key.seq)));
+        if self.deadlines.len() > 2 * self.timed + 32 {
+            let calls = &self.calls;
+            self.deadlines
+                .retain(|Reverse((_, id, seq))| Self::is_live(calls, *id, *seq));
         }
     }
 
@@ -250,9 +332,8 @@ impl Server {
         for input in inputs {
             if let Err(e) = self.handle_one(input, now) {
                 // The calls of this message never start.
-                for o in self.opening.drain(..) {
-                    self.active -= 1;
-                    self.calls.remove(&o.key.id);
+                for o in std::mem::take(&mut self.opening) {
+                    self.remove_call(o.key.id);
                 }
                 self.error = Some(e.clone());
                 return Err(e);
@@ -321,10 +402,14 @@ impl Server {
                         recv: RecvWindow::new(self.cfg.recv_window),
                         req_open: !end,
                         holds_place: true,
+                        timed: false,
                     },
                 );
                 let deadline =
                     super::call_timeout(&head.headers, self.cfg.timeout).map(|d| now() + d);
+                if let Some(at) = deadline {
+                    self.add_deadline(key, at);
+                }
                 self.opening.push(Opening {
                     key,
                     head,
@@ -374,12 +459,9 @@ impl Server {
                 Ok(())
             }
             In::Cancel { id } => {
-                let Some(call) = self.calls.remove(&id) else {
+                let Some(call) = self.remove_call(id) else {
                     return Ok(());
                 };
-                if call.holds_place {
-                    self.active -= 1;
-                }
                 let key = CallKey { id, seq: call.seq };
                 if let Some(i) = self.opening.iter().position(|o| o.key == key) {
                     self.opening.swap_remove(i);
@@ -407,10 +489,7 @@ impl Server {
             }
             Note::Returned(_, inc) => call.recv.reopen(inc),
             Note::Finished(_) => {
-                if call.holds_place {
-                    self.active -= 1;
-                }
-                self.calls.remove(&key.id);
+                self.remove_call(key.id);
             }
         }
     }
@@ -449,6 +528,12 @@ impl Server {
     #[cfg(test)]
     pub(crate) fn active(&self) -> usize {
         self.active
+    }
+
+    /// Entries in the deadline heap (live or not yet swept).
+    #[cfg(test)]
+    pub(crate) fn deadline_entries(&self) -> usize {
+        self.deadlines.len()
     }
 
     /// Calls open (started and not ended).

@@ -56,8 +56,14 @@ struct Pair {
     client_send: HashMap<u32, SendWindow>,
     app: HashMap<u32, AppCall>,
     cancelled: Vec<CallKey>,
-    /// The client's connection-level state.
-    client: client::Client<()>,
+    /// Calls whose deadline the state machine expired.
+    expired: Vec<CallKey>,
+    /// Calls refused because every place was taken.
+    refused_full: usize,
+    /// Calls the client saw end (trailers, or a trailers-only response).
+    client_ended: Vec<u32>,
+    /// The client's connection-level state (its waiters: labels).
+    client: client::Client<(), u64>,
     /// The connection's error: the state machine's, or (a grant that
     /// overflows a started call's send credit) the driver's.
     error: Option<FrameError>,
@@ -83,7 +89,10 @@ impl Pair {
             client_send: HashMap::new(),
             app: HashMap::new(),
             cancelled: Vec::new(),
-            client: client::Client::new(WINDOW),
+            expired: Vec::new(),
+            refused_full: 0,
+            client_ended: Vec::new(),
+            client: client::Client::new(WINDOW, usize::MAX),
             error: None,
             proto_failed: false,
             inbox: Vec::new(),
@@ -140,8 +149,13 @@ impl Pair {
                     flags,
                     id,
                     payload,
-                    ..
-                } => self.to_client.push((kind, flags, id, payload)),
+                    refusal,
+                } => {
+                    if let Some(server::Refusal::TooManyCalls { .. }) = refusal {
+                        self.refused_full += 1;
+                    }
+                    self.to_client.push((kind, flags, id, payload));
+                }
                 Output::Start {
                     key,
                     chunks,
@@ -188,8 +202,35 @@ impl Pair {
                     assert_eq!(c.key, key);
                     self.cancelled.push(key);
                 }
+                Output::Expire { key } => {
+                    // The driver: the handler is dropped, the call's task
+                    // answers DEADLINE_EXCEEDED and ends.
+                    let c = self.app.remove(&key.id).expect("a started call");
+                    assert_eq!(c.key, key);
+                    let at = c.deadline.expect("a call with a deadline");
+                    assert!(
+                        at <= self.now,
+                        "expired at {:?}, before its deadline",
+                        self.now - at
+                    );
+                    self.expired.push(key);
+                    self.server.handle_note(Note::Released(key));
+                    let (kind, flags, payload) =
+                        server::trailers_only(tonic::Status::deadline_exceeded("deadline"));
+                    self.to_client.push((kind, flags, key.id, payload));
+                    self.server.handle_note(Note::Finished(key));
+                }
             }
         }
+    }
+
+    /// Time goes to `now`: the driver's timer fires if a deadline passed.
+    fn tick(&mut self, now: Instant) {
+        self.now = now;
+        if self.server.poll_timeout().is_some_and(|at| at <= now) {
+            self.server.handle_timeout(now);
+        }
+        self.perform();
     }
 
     /// The handler of `id` reads one chunk; a due WINDOW_UPDATE goes out.
@@ -274,6 +315,9 @@ impl Pair {
             self.client.handle_goaway();
         }
         for (id, ev) in events {
+            if matches!(ev, Event::Trailers(_) | Event::Headers { end: true, .. }) {
+                self.client_ended.push(id);
+            }
             match self.client.deliver(id, ev) {
                 Ok(client::Delivered::Grant((), inc)) => {
                     if let Some(w) = self.client_send.get_mut(&id) {
@@ -563,6 +607,175 @@ fn deadlines_are_taken_on_the_given_clock() {
     assert_eq!((p.app[&1].deadline, p.clock_reads), (None, 0));
 }
 
+fn open_timed(id: u32, end: bool, timeout: &str) -> ClientFrame {
+    let flags = if end { END_STREAM } else { 0 };
+    (Kind::RequestHeaders, flags, id, open_payload(Some(timeout)))
+}
+
+#[test]
+fn a_deadline_expires_at_its_instant_and_the_client_gets_deadline_exceeded() {
+    let mut p = Pair::new(1, None);
+    let t0 = p.now;
+    p.send(&[open_timed(1, false, "100m")]);
+    p.deliver();
+    let key = p.app[&1].key;
+    assert_eq!(
+        p.server.poll_timeout(),
+        Some(t0 + Duration::from_millis(100))
+    );
+    p.tick(t0 + Duration::from_millis(99));
+    p.server.handle_timeout(p.now);
+    p.perform();
+    assert!(p.expired.is_empty() && p.app.contains_key(&1), "not before");
+    p.tick(t0 + Duration::from_millis(100));
+    assert_eq!(p.expired, [key], "at its instant: the handler is told");
+    assert!(!p.app.contains_key(&1), "the handler is dropped");
+    assert_eq!((p.server.active(), p.server.open_calls()), (0, 0));
+    assert_eq!(p.server.poll_timeout(), None);
+    let events = p.client_reads();
+    let code = events.iter().find_map(|(id, ev)| match ev {
+        Event::Trailers(t) if *id == 1 => Some(tonic::Status::from_header_map(t)?.code()),
+        _ => None,
+    });
+    assert_eq!(code, Some(tonic::Code::DeadlineExceeded));
+    // The place is free: the next call is admitted.
+    p.send(&[open(3, true)]);
+    p.deliver();
+    assert!(p.app.contains_key(&3) && p.refusals().is_empty());
+    // A later timeout expires nothing more.
+    p.server.handle_timeout(t0 + Duration::from_secs(60));
+    assert!(p.server.poll_output().is_none());
+}
+
+#[test]
+fn poll_timeout_gives_the_earliest_live_deadline() {
+    let mut p = Pair::new(8, Some(Duration::from_millis(500)));
+    let t0 = p.now;
+    let ms = |n| t0 + Duration::from_millis(n);
+    p.send(&[
+        open_timed(1, false, "300m"),
+        open_timed(3, false, "100m"),
+        open_timed(5, false, "200m"),
+        open(7, false),
+    ]);
+    p.deliver();
+    assert_eq!(p.server.poll_timeout(), Some(ms(100)));
+    p.finish(3);
+    assert_eq!(
+        p.server.poll_timeout(),
+        Some(ms(200)),
+        "a finished call is ignored"
+    );
+    p.send(&[(Kind::Cancel, 0, 5, Vec::new())]);
+    p.deliver();
+    assert_eq!(
+        p.server.poll_timeout(),
+        Some(ms(300)),
+        "a cancelled call is ignored"
+    );
+    p.tick(ms(300));
+    assert_eq!(p.expired.len(), 1);
+    assert_eq!(
+        p.server.poll_timeout(),
+        Some(ms(500)),
+        "the server's timeout"
+    );
+    p.finish(7);
+    assert_eq!(p.server.poll_timeout(), None);
+    // Entries of calls that ended early are swept: the heap stays small.
+    for i in 0..1000u32 {
+        let id = 11 + 2 * i;
+        p.send(&[open_timed(id, true, "10S")]);
+        p.deliver();
+        p.finish(id);
+    }
+    assert!(
+        p.server.deadline_entries() <= 33,
+        "{}",
+        p.server.deadline_entries()
+    );
+    assert_eq!(p.server.poll_timeout(), None);
+    assert!(p.expired.len() == 1);
+}
+
+/// The client's side of admission, as its driver does it: a call admitted
+/// at once opens; a queued one opens when its waiter comes back.
+fn client_call(c: &mut client::Client<(), u32>, label: u32) -> Result<u32, client::Ticket> {
+    match c.admit(|| label).expect("not closed") {
+        client::Admission::Admitted => Ok(c.open(()).expect("open")),
+        client::Admission::Queued(t) => Err(t),
+    }
+}
+
+#[test]
+fn queued_calls_are_admitted_in_order_as_places_free() {
+    // The server takes 2 calls; so does the client's admission.
+    let mut p = Pair::new(2, None);
+    let mut c = client::Client::<(), u32>::new(WINDOW, 2);
+    let a = client_call(&mut c, 0).expect("a place");
+    let b = client_call(&mut c, 1).expect("a place");
+    let queued: Vec<_> = (2..5)
+        .map(|l| client_call(&mut c, l).expect_err("in line"))
+        .collect();
+    assert_eq!((c.places(), c.queued()), (2, 3));
+    p.send(&[open(a, false), open(b, false)]);
+    p.deliver();
+    let mut admitted = Vec::new();
+    for done in [a, b] {
+        // The server answers; the client sees the trailers, the call's
+        // place passes to the first in line, which opens.
+        p.finish(done);
+        let ended = p
+            .client_reads()
+            .iter()
+            .any(|(id, ev)| *id == done && matches!(ev, Event::Trailers(_)));
+        assert!(ended);
+        c.remove(done);
+        let next = c.release().expect("one waits");
+        let id = c.open(()).expect("open");
+        admitted.push(next);
+        p.send(&[open(id, false)]);
+        p.deliver();
+        assert!(
+            p.app.contains_key(&id) && p.refusals().is_empty(),
+            "the server admits it"
+        );
+        // A call that arrives meanwhile queues behind those in line.
+        assert!(client_call(&mut c, 10 + done).is_err());
+    }
+    assert_eq!(admitted, [2, 3], "first come, first served");
+    assert_eq!(c.places(), 2);
+    let rest: Vec<_> = std::iter::from_fn(|| c.release()).collect();
+    assert_eq!(rest, [4, 10 + a, 10 + b]);
+    assert_eq!(
+        c.places(),
+        1,
+        "3 releases passed their place on, the 4th freed it"
+    );
+    assert_eq!((c.release(), c.places()), (None, 0));
+    drop(queued);
+}
+
+#[test]
+fn a_queued_call_that_is_dropped_takes_no_place() {
+    let mut c = client::Client::<(), u32>::new(WINDOW, 1);
+    client_call(&mut c, 0).expect("a place");
+    let gone = client_call(&mut c, 1).expect_err("in line");
+    let next = client_call(&mut c, 2).expect_err("in line");
+    assert!(c.leave_queue(gone), "it leaves the line");
+    assert!(!c.leave_queue(gone), "once");
+    assert_eq!(c.release(), Some(2), "the place skips the dropped call");
+    assert!(!c.leave_queue(next), "admitted: its place is to give back");
+    assert_eq!((c.release(), c.places()), (None, 0));
+    // Closing empties the line (the waiters are dropped) and fails new calls.
+    client_call(&mut c, 3).expect("a place");
+    let t = client_call(&mut c, 4).expect_err("in line");
+    let _ = c.close((tonic::Code::Unavailable, "gone".into())).count();
+    assert_eq!(c.queued(), 0);
+    assert!(!c.leave_queue(t));
+    assert!(c.admit(|| 5).is_err());
+}
+
 #[test]
 fn protocol_violations_are_connection_errors() {
     let cases: Vec<Vec<ClientFrame>> = vec![
@@ -646,6 +859,10 @@ enum Op {
     },
     Drain,
     Tick(u64),
+    /// The `n`th call waiting in line is dropped by its caller.
+    GiveUp {
+        n: usize,
+    },
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -665,6 +882,7 @@ fn op() -> impl Strategy<Value = Op> {
         1 => (0usize..8).prop_map(|n| Op::Release { n }),
         1 => Just(Op::Drain),
         1 => (0u64..500).prop_map(Op::Tick),
+        1 => (0usize..8).prop_map(|n| Op::GiveUp { n }),
         4 => (0usize..8, 0usize..900).prop_map(|(n, len)| Op::Respond { n, len }),
         3 => (0usize..8).prop_map(|n| Op::ClientRead { n }),
     ]
@@ -686,6 +904,13 @@ proptest! {
     fn random_interleavings_keep_the_invariants(ops in prop::collection::vec(op(), 1..80)) {
         const LIMIT: usize = 3;
         let mut p = Pair::new(LIMIT, Some(Duration::from_millis(700)));
+        // The client admits as many calls as the server takes; the excess
+        // waits in line: (ticket, label, the call's Open).
+        p.client = client::Client::new(WINDOW, LIMIT);
+        let mut line: VecDeque<(client::Ticket, u64, (bool, usize, bool))> = VecDeque::new();
+        let mut next_label = 0u64;
+        let mut last_admitted: Option<u64> = None;
+        let mut ended: std::collections::HashSet<u32> = std::collections::HashSet::new();
         let mut ids: Vec<u32> = Vec::new();
         let mut msg: Vec<ClientFrame> = Vec::new();
         // Per id: request bytes the client sent while the call was open.
@@ -700,11 +925,46 @@ proptest! {
         let mut read: HashMap<u32, usize> = HashMap::new();
         let pick = |ids: &Vec<u32>, n: usize| (!ids.is_empty()).then(|| ids[n % ids.len()]);
         for op in ops {
-            match op {
-                Op::Open { end, data, timeout } => {
+            // The client opens `$open` (a call holding a place).
+            macro_rules! open_call {
+                ($open:expr) => {{
+                    let (end, data, timeout): (bool, usize, bool) = $open;
                     // The client's table gives the id; after GOAWAY it
-                    // opens nothing.
-                    let Ok(id) = p.client.open(()) else { continue };
+                    // opens nothing and gives its place back.
+                    match p.client.open(()) {
+                        Ok(id) => Some((id, end, data, timeout)),
+                        Err(_) => {
+                            // Each waiter the place passes to fails too.
+                            while pass_on(&mut p, &mut line, &mut last_admitted).is_some() {}
+                            None
+                        }
+                    }
+                }};
+            }
+            let opening = match op {
+                Op::Open { end, data, timeout } => {
+                    next_label += 1;
+                    let label = next_label;
+                    match p.client.admit(|| label) {
+                        Ok(client::Admission::Admitted) => open_call!((end, data, timeout)),
+                        Ok(client::Admission::Queued(t)) => {
+                            line.push_back((t, label, (end, data, timeout)));
+                            None
+                        }
+                        Err(_) => None,
+                    }
+                }
+                Op::GiveUp { n } => {
+                    if !line.is_empty() {
+                        let (t, _, _) = line.remove(n % line.len()).expect("in line");
+                        prop_assert!(p.client.leave_queue(t), "still in line");
+                    }
+                    None
+                }
+                _ => None,
+            };
+            if let Some((id, end, data, timeout)) = opening {
+                {
                     ids.push(id);
                     let t = timeout.then_some("250m");
                     let flags = if end && data == 0 { END_STREAM } else { 0 };
@@ -720,6 +980,9 @@ proptest! {
                         req_open.insert(id, !end);
                     }
                 }
+            }
+            match op {
+                Op::Open { .. } | Op::GiveUp { .. } => {}
                 Op::Data { n, len, end, over } => {
                     let Some(id) = pick(&ids, n) else { continue };
                     well_behaved &= !over;
@@ -741,6 +1004,8 @@ proptest! {
                     let Some(id) = pick(&ids, n) else { continue };
                     msg.push((Kind::Cancel, 0, id, Vec::new()));
                     cancelled_in_msg.push(id);
+                    // The CANCEL is written: the call's place is given back.
+                    p.client_ended.push(id);
                 }
                 Op::Reuse { n } => {
                     let Some(id) = pick(&ids, n) else { continue };
@@ -803,7 +1068,39 @@ proptest! {
                     p.server.start_drain();
                     p.perform();
                 }
-                Op::Tick(ms) => p.now += Duration::from_millis(ms),
+                Op::Tick(ms) => {
+                    let now = p.now + Duration::from_millis(ms);
+                    p.tick(now);
+                }
+            }
+            // The timer is armed at the earliest deadline of a started
+            // call not yet expired, never in the past after a tick.
+            let earliest = p.app.values().filter_map(|c| c.deadline).min();
+            prop_assert_eq!(p.server.poll_timeout(), earliest);
+            // Calls the client saw end give their place back, to the
+            // first in line, which opens.
+            for id in std::mem::take(&mut p.client_ended) {
+                if ended.insert(id)
+                    && let Some(open) = pass_on(&mut p, &mut line, &mut last_admitted)
+                    && let Some((id, end, data, _)) = open_call!(open)
+                {
+                    // Opened later, without a deadline (the clock is the
+                    // server's to read).
+                    ids.push(id);
+                    let _ = data;
+                    let flags = if end { END_STREAM } else { 0 };
+                    msg.push((Kind::RequestHeaders, flags, id, open_payload(None)));
+                    p.client_send.insert(id, SendWindow::new(u64::from(WINDOW)));
+                    sent.insert(id, 0);
+                    req_open.insert(id, flags == 0);
+                    opened_in_msg.push(id);
+                }
+            }
+            prop_assert!(p.client.places() <= LIMIT);
+            if well_behaved {
+                // The client's admission keeps to the server's limit: no
+                // call is refused for want of a place.
+                prop_assert_eq!(p.refused_full, 0);
             }
             prop_assert!(p.server.active() <= LIMIT);
             prop_assert!(p.server.active() <= p.server.open_calls());
@@ -843,6 +1140,21 @@ proptest! {
             prop_assert!(p.to_client.iter().all(|f| f.2 != 9999));
         }
     }
+}
+
+/// A place is given back: it passes to the first call in line (FIFO,
+/// checked), whose Open is returned, or is freed.
+fn pass_on(
+    p: &mut Pair,
+    line: &mut VecDeque<(client::Ticket, u64, (bool, usize, bool))>,
+    last: &mut Option<u64>,
+) -> Option<(bool, usize, bool)> {
+    let label = p.client.release()?;
+    let (_, first, open) = line.pop_front().expect("a waiter is one in line");
+    assert_eq!(label, first, "first in line, first admitted");
+    assert!(last.is_none_or(|l| l < label), "FIFO");
+    *last = Some(label);
+    Some(open)
 }
 
 /// Sends the frames gathered so far as one message; checks that each call
