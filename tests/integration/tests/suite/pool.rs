@@ -106,10 +106,14 @@ async fn pool_by_default_on_rdma_only(t: Transport) {
     c.unary(Input::default()).await.unwrap();
     let stats = s.server_context().pool_stats();
     match t {
-        Transport::Tcp | Transport::ShmH2 | Transport::ShmFast => {
+        Transport::Tcp
+        | Transport::PortTcp
+        | Transport::ShmH2
+        | Transport::ShmFast
+        | Transport::PortShm => {
             assert!(stats.is_empty(), "{t:?}: {stats:?}");
         }
-        Transport::RdmaH2 | Transport::RdmaFast => {
+        Transport::RdmaH2 | Transport::RdmaFast | Transport::PortVerbs => {
             assert_eq!(stats.len(), 1, "{t:?}: {stats:?}");
             assert_eq!(stats[0].0, rrpc_core::ProviderKind::Verbs);
             let st = &stats[0].1;
