@@ -917,6 +917,19 @@ macro_rules! on_port {
     };
 }
 
+/// The rings variants of [`on_port!`] (`port_shm` and, with `verbs`,
+/// `rdma_port`), for tests of rings, pools and shared queue pairs that
+/// reach the server through `rrpc://`.
+#[macro_export]
+macro_rules! on_port_rings {
+    ($($name:ident),* $(,)?) => {
+        mod port_shm {
+            $( #[tokio::test(flavor = "multi_thread", worker_threads = 2)] async fn $name() { super::$name($crate::Transport::PortShm).await } )*
+        }
+        $crate::on_port_verbs!($($name),*);
+    };
+}
+
 /// The `rdma_port` module of [`on_port!`] (feature `verbs`), named so that
 /// the verbs suite's filter (`rdma_`, `cargo xtask rxe`) selects it.
 #[cfg(feature = "verbs")]

@@ -133,6 +133,10 @@ on_rings!(
     connections_take_pooled_resources,
     a_pool_at_its_memory_bound_builds_inline,
 );
+rrpc_integration_tests::on_port_rings!(
+    connections_take_pooled_resources,
+    a_pool_at_its_memory_bound_builds_inline,
+);
 
 /// The default on every transport, TCP included (which pools nothing).
 mod defaults {

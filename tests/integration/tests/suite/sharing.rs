@@ -23,6 +23,12 @@ on_rings!(
     a_server_that_does_not_share_says_so,
     a_restarted_server_gets_a_new_shared_connection,
 );
+rrpc_integration_tests::on_port_rings!(
+    connections_share_one_queue_pair,
+    rings_are_made_ahead_for_the_next_connection,
+    a_server_that_does_not_share_says_so,
+    a_restarted_server_gets_a_new_shared_connection,
+);
 
 fn shared(t: Transport) -> RrpcConfig {
     config(t)
