@@ -109,6 +109,16 @@ fn connect_time(
             .and_then(|v| v.parse().ok())
             .unwrap_or(2),
     );
+    // `rrpc://`: one TCP port; each row's config allows one fabric, so the
+    // client lands on it (checked on the warm-up connection below).
+    let port_to = |f: rrpc_tonic::Fabric| {
+        rrpc_config(Transport::RrpcPort)
+            .to_builder()
+            .fabrics([f])
+            .build()
+    };
+    let port_shm = port_to(rrpc_tonic::Fabric::Shm)?;
+    let port_tcp = port_to(rrpc_tonic::Fabric::Tcp)?;
     let setups = [
         (
             "tonic-tcp",
@@ -147,6 +157,8 @@ fn connect_time(
             Transport::RrpcFast,
             shared,
         ),
+        ("rrpc-port-shm", Transport::RrpcPort, port_shm),
+        ("rrpc-port-tcp", Transport::RrpcPort, port_tcp),
     ];
     let mut tcp_p50 = f64::NAN;
     for (name, tr, cfg) in setups {
@@ -154,6 +166,20 @@ fn connect_time(
         let target = server.target().to_owned();
         // One warm-up connection (the server binds, the pool starts filling).
         drop(client_rt.block_on(connect_to(tr, &target, &cfg))?);
+        if tr == Transport::RrpcPort {
+            // The row is named after the fabric that carried it, read from the live connection.
+            let ch = client_rt.block_on(rrpc_tonic::RrpcChannel::connect(&target, cfg.clone()))?;
+            let want = if cfg.allows(rrpc_tonic::Fabric::Shm) {
+                rrpc_tonic::Carrier::Shm
+            } else {
+                rrpc_tonic::Carrier::Tcp
+            };
+            anyhow::ensure!(
+                ch.carrier() == want,
+                "{name}: carried by {:?}, not {want:?}",
+                ch.carrier()
+            );
+        }
         let (mut lat, mut with_call) = (Latency::new(), Latency::new());
         for _ in 0..n {
             // Room for the pool's thread to refill, as between a real client's connects.
@@ -204,6 +230,15 @@ fn connect_time(
          queue pair). Targets of the issue: pooled p50 <= 50 us and >= 10x faster than \
          unpooled."
     ));
+    t.note(
+        "rrpc-port-*: the server on rrpc://127.0.0.1 (one TCP port), the client's fabrics \
+         allowing one fabric (the carrier is checked on the warm-up connection); each connect \
+         is the TCP connect, the fabric negotiation on it, then for shm the shm handshake \
+         and rings, for tcp tonic's HTTP/2 on that TCP connection. rrpc:// landing on verbs \
+         is exercised only functionally, in the VM (cargo xtask rxe: \
+         integration/suite's rdma_port tests and one_port::rdma_verbs): soft-RoCE under an \
+         emulated CPU gives no meaningful connect time, so no row here.",
+    );
     Ok(t)
 }
 

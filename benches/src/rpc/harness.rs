@@ -70,6 +70,11 @@ pub enum Transport {
     RrpcH2,
     /// rrpc over shm, fast path.
     RrpcFast,
+    /// rrpc's one-port scheme (`rrpc://127.0.0.1:<port>`): the client lands
+    /// on the fabric its config's `fabrics` allows (shm, verbs, or HTTP/2 on
+    /// the TCP connection), fast path. Not in [`Transport::ALL`]: the
+    /// connect suite's rows only.
+    RrpcPort,
 }
 
 impl Transport {
@@ -88,6 +93,7 @@ impl Transport {
             Self::TonicUds => "tonic-uds",
             Self::RrpcH2 => "rrpc-shm-h2",
             Self::RrpcFast => "rrpc-shm-fast",
+            Self::RrpcPort => "rrpc-port",
         }
     }
 }
@@ -347,6 +353,24 @@ pub fn start_server_with(
             });
             uri
         }
+        Transport::RrpcPort => {
+            // Bound before the server task runs, so `target` names the real port.
+            let incoming = {
+                let _rt = rt.enter();
+                rrpc_tonic::RrpcIncoming::bind("rrpc://127.0.0.1:0", cfg.clone())?
+            };
+            let uri = incoming.uri().to_string();
+            rt.spawn(async move {
+                if let Err(e) = rrpc_tonic::Server::builder()
+                    .add_service(svc)
+                    .serve_rrpc_incoming(incoming, shutdown)
+                    .await
+                {
+                    eprintln!("rrpc server on rrpc://: {e}");
+                }
+            });
+            uri
+        }
     };
     Ok(ServerHandle {
         transport: t,
@@ -418,7 +442,7 @@ pub async fn connect_once(
                 .await?;
             AnyClient::Tonic(BenchClient::new(ch).max_decoding_message_size(big))
         }
-        Transport::RrpcH2 | Transport::RrpcFast => {
+        Transport::RrpcH2 | Transport::RrpcFast | Transport::RrpcPort => {
             let ch = rrpc_tonic::RrpcChannel::connect(target, cfg.clone()).await?;
             AnyClient::Rrpc(BenchClient::new(ch).max_decoding_message_size(big))
         }

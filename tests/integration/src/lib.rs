@@ -1,7 +1,8 @@
 //! Shared harness for the integration tests: one test service, a server
 //! started on any transport in its own runtime (so a test can kill it), and a
 //! macro that runs a test body on every transport (tcp, shm HTTP/2, shm fast
-//! path) with the same assertions.
+//! path, rdma, and `rrpc://` landing on tcp, shm and verbs) with the same
+//! assertions.
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -41,6 +42,16 @@ pub enum Transport {
     RdmaH2,
     /// The fast path over RDMA rings.
     RdmaFast,
+    /// The server on `rrpc://` (one TCP port); the client allows only
+    /// `Fabric::Tcp`: tonic's HTTP/2 on the TCP connection it negotiated on.
+    PortTcp,
+    /// The server on `rrpc://`; the client allows only `Fabric::Shm` and
+    /// lands on shm rings, fast path.
+    PortShm,
+    /// The server on `rrpc://` with the verbs device; the client allows
+    /// only `Fabric::Verbs` and lands on RDMA rings, fast path (feature
+    /// `verbs`, device from `RRPC_TEST_DEVICE`).
+    PortVerbs,
 }
 
 impl Transport {
@@ -54,17 +65,53 @@ impl Transport {
 
     /// Whether this transport carries HTTP/2 (tonic over TCP, or rrpc's HTTP/2 path).
     pub fn is_http2(self) -> bool {
-        matches!(self, Transport::Tcp | Transport::ShmH2 | Transport::RdmaH2)
+        matches!(
+            self,
+            Transport::Tcp | Transport::PortTcp | Transport::ShmH2 | Transport::RdmaH2
+        )
+    }
+
+    /// Whether this transport is tonic's own HTTP/2 over TCP (`http://`, or
+    /// `rrpc://` negotiated down to TCP): tonic's behaviour, no rings.
+    pub fn is_tcp(self) -> bool {
+        matches!(self, Transport::Tcp | Transport::PortTcp)
     }
 
     /// Whether this transport runs on RDMA.
     pub fn is_rdma(self) -> bool {
-        matches!(self, Transport::RdmaH2 | Transport::RdmaFast)
+        matches!(
+            self,
+            Transport::RdmaH2 | Transport::RdmaFast | Transport::PortVerbs
+        )
     }
 
     /// Whether the transport is shm rings.
     pub fn is_shm(self) -> bool {
-        matches!(self, Transport::ShmH2 | Transport::ShmFast)
+        matches!(
+            self,
+            Transport::ShmH2 | Transport::ShmFast | Transport::PortShm
+        )
+    }
+
+    /// Whether the server listens on `rrpc://` (one TCP port) and the
+    /// client negotiates its fabric there.
+    pub fn is_port(self) -> bool {
+        matches!(
+            self,
+            Transport::PortTcp | Transport::PortShm | Transport::PortVerbs
+        )
+    }
+
+    /// The fabric the client of this transport must land on: the only one
+    /// its config allows on `rrpc://`, or the one its URI names.
+    pub fn fabric(self) -> rrpc_tonic::Fabric {
+        if self.is_tcp() {
+            rrpc_tonic::Fabric::Tcp
+        } else if self.is_rdma() {
+            rrpc_tonic::Fabric::Verbs
+        } else {
+            rrpc_tonic::Fabric::Shm
+        }
     }
 
     /// The name the test modules use (`shm_fast`, ...).
@@ -75,6 +122,9 @@ impl Transport {
             Transport::ShmFast => "shm_fast",
             Transport::RdmaH2 => "rdma_h2",
             Transport::RdmaFast => "rdma_fast",
+            Transport::PortTcp => "port_tcp",
+            Transport::PortShm => "port_shm",
+            Transport::PortVerbs => "rdma_port",
         }
     }
 
@@ -86,6 +136,9 @@ impl Transport {
             Transport::ShmFast,
             Transport::RdmaH2,
             Transport::RdmaFast,
+            Transport::PortTcp,
+            Transport::PortShm,
+            Transport::PortVerbs,
         ]
         .into_iter()
         .find(|t| t.name() == name)
@@ -399,9 +452,9 @@ pub struct Harness {
 /// On `Transport::Tcp`, or an rdma transport without a device.
 pub fn raw_fabric(t: Transport) -> rrpc_core::Fabric {
     match t {
-        Transport::ShmH2 | Transport::ShmFast => rrpc_core::Fabric::shm(),
+        Transport::ShmH2 | Transport::ShmFast | Transport::PortShm => rrpc_core::Fabric::shm(),
         #[cfg(feature = "verbs")]
-        Transport::RdmaH2 | Transport::RdmaFast => {
+        Transport::RdmaH2 | Transport::RdmaFast | Transport::PortVerbs => {
             rrpc_core::Fabric::verbs(Transport::rdma_device().as_deref()).expect("verbs device")
         }
         other => panic!("no rings on {other:?}"),
@@ -478,6 +531,9 @@ pub fn config(t: Transport) -> RrpcConfig {
         Transport::ShmH2 | Transport::RdmaH2 => {
             c.to_builder().path(PathPreference::Http2).build().unwrap()
         }
+        // Server and client both: the client lands on the one fabric it
+        // allows (a server restricted alike grants nothing else).
+        t if t.is_port() => c.to_builder().fabrics([t.fabric()]).build().unwrap(),
         _ => c,
     };
     match Transport::rdma_device() {
@@ -510,6 +566,7 @@ impl Harness {
             // port back, so no other socket can take it in between.
             Transport::Tcp => "http://127.0.0.1:0".to_string(),
             Transport::RdmaH2 | Transport::RdmaFast => "rdma://127.0.0.1:0".to_string(),
+            t if t.is_port() => "rrpc://127.0.0.1:0".to_string(),
             _ => Self::fresh_uri(transport),
         };
         Self::start_at(transport, &uri, cfg, options).await
@@ -522,8 +579,14 @@ impl Harness {
     pub fn fresh_uri(transport: Transport) -> String {
         let n = NEXT.fetch_add(1, Ordering::Relaxed);
         match transport {
-            Transport::Tcp | Transport::RdmaH2 | Transport::RdmaFast => {
-                let scheme = if transport.is_rdma() { "rdma" } else { "http" };
+            t if t == Transport::Tcp || t.is_rdma() || t.is_port() => {
+                let scheme = if t.is_port() {
+                    "rrpc"
+                } else if t.is_rdma() {
+                    "rdma"
+                } else {
+                    "http"
+                };
                 let base = 20_000 + (std::process::id() as usize * 97 + n as usize * 13) % 12_000;
                 let port = (0..12_000)
                     .map(|i| 20_000 + (base - 20_000 + i) % 12_000)
@@ -644,9 +707,12 @@ impl Harness {
             match ep.connect().await {
                 Ok(c) => {
                     let want = match self.transport {
-                        Transport::Tcp => rrpc_tonic::ChannelPath::Tcp,
+                        Transport::Tcp | Transport::PortTcp => rrpc_tonic::ChannelPath::Tcp,
                         Transport::ShmH2 | Transport::RdmaH2 => rrpc_tonic::ChannelPath::Http2,
-                        Transport::ShmFast | Transport::RdmaFast => rrpc_tonic::ChannelPath::Fast,
+                        Transport::ShmFast
+                        | Transport::RdmaFast
+                        | Transport::PortShm
+                        | Transport::PortVerbs => rrpc_tonic::ChannelPath::Fast,
                     };
                     assert_eq!(c.path(), want, "negotiated path");
                     // Read from the live connection's queue pair, not from the URI.
@@ -660,7 +726,7 @@ impl Harness {
                             assert_eq!(device, want, "rdma:// runs on the verbs device");
                         }
                         rrpc_tonic::Carrier::Shm if self.transport.is_shm() => {}
-                        rrpc_tonic::Carrier::Tcp if self.transport == Transport::Tcp => {}
+                        rrpc_tonic::Carrier::Tcp if self.transport.is_tcp() => {}
                         other => panic!(
                             "{:?} was carried by {other:?}, observed on the connection",
                             self.transport
@@ -803,7 +869,7 @@ pub async fn assert_still_usable(c: &mut pb::test_client::TestClient<RrpcChannel
 /// connection hyper is closing and report "connection closed" as
 /// `Cancelled`: tonic's behaviour, kept.
 pub fn assert_closed_status(t: Transport, err: &Status) {
-    if t == Transport::Tcp {
+    if t.is_tcp() {
         assert!(
             matches!(
                 err.code(),
@@ -830,7 +896,61 @@ macro_rules! on_all_transports {
         }
         $crate::on_shm!($($name),*);
         $crate::on_rdma!($($name),*);
+        $crate::on_port!($($name),*);
     };
+}
+
+/// The `rrpc://` variants of [`on_all_transports!`]: the server on one TCP
+/// port, the client landing on each fabric it negotiates (modules
+/// `port_tcp`, `port_shm` and, with `verbs`, `rdma_port`, skipped unless
+/// `RRPC_TEST_DEVICE` names a device). The harness checks the carrier.
+#[macro_export]
+macro_rules! on_port {
+    ($($name:ident),* $(,)?) => {
+        mod port_tcp {
+            $( #[tokio::test(flavor = "multi_thread", worker_threads = 2)] async fn $name() { super::$name($crate::Transport::PortTcp).await } )*
+        }
+        mod port_shm {
+            $( #[tokio::test(flavor = "multi_thread", worker_threads = 2)] async fn $name() { super::$name($crate::Transport::PortShm).await } )*
+        }
+        $crate::on_port_verbs!($($name),*);
+    };
+}
+
+/// The rings variants of [`on_port!`] (`port_shm` and, with `verbs`,
+/// `rdma_port`), for tests of rings, pools and shared queue pairs that
+/// reach the server through `rrpc://`.
+#[macro_export]
+macro_rules! on_port_rings {
+    ($($name:ident),* $(,)?) => {
+        mod port_shm {
+            $( #[tokio::test(flavor = "multi_thread", worker_threads = 2)] async fn $name() { super::$name($crate::Transport::PortShm).await } )*
+        }
+        $crate::on_port_verbs!($($name),*);
+    };
+}
+
+/// The `rdma_port` module of [`on_port!`] (feature `verbs`), named so that
+/// the verbs suite's filter (`rdma_`, `cargo xtask rxe`) selects it.
+#[cfg(feature = "verbs")]
+#[macro_export]
+macro_rules! on_port_verbs {
+    ($($name:ident),* $(,)?) => {
+        mod rdma_port {
+            $( #[tokio::test(flavor = "multi_thread", worker_threads = 2)] async fn $name() {
+                if $crate::Transport::rdma_device().is_none() { eprintln!("skipped: RRPC_TEST_DEVICE not set"); return; }
+                eprintln!("rrpc-test-on-verbs");
+                super::$name($crate::Transport::PortVerbs).await
+            } )*
+        }
+    };
+}
+
+/// Without the `verbs` feature there is no `rdma_port` module.
+#[cfg(not(feature = "verbs"))]
+#[macro_export]
+macro_rules! on_port_verbs {
+    ($($name:ident),* $(,)?) => {};
 }
 
 /// The rings transports only (`shm_h2`, `shm_fast` and, with `verbs`,

@@ -153,9 +153,11 @@ async fn unread_stream_production_is_bounded(t: Transport) {
     let bound = match t {
         // tonic's stream and connection windows and the socket buffers:
         // stalled (above), not sized here.
-        Transport::Tcp => usize::MAX,
+        Transport::Tcp | Transport::PortTcp => usize::MAX,
         Transport::ShmH2 | Transport::RdmaH2 => 4 << 20,
-        Transport::ShmFast | Transport::RdmaFast => 4 * (256 << 10),
+        Transport::ShmFast | Transport::RdmaFast | Transport::PortShm | Transport::PortVerbs => {
+            4 * (256 << 10)
+        }
     };
     assert!(
         produced as usize * MSG <= bound,

@@ -63,8 +63,12 @@ async fn over_the_client_send_limit(t: Transport) {
         .await
         .unwrap_err();
     let want = match t {
-        Transport::ShmFast | Transport::RdmaFast => Code::OutOfRange,
-        Transport::Tcp | Transport::ShmH2 | Transport::RdmaH2 => Code::Internal,
+        Transport::ShmFast | Transport::RdmaFast | Transport::PortShm | Transport::PortVerbs => {
+            Code::OutOfRange
+        }
+        Transport::Tcp | Transport::PortTcp | Transport::ShmH2 | Transport::RdmaH2 => {
+            Code::Internal
+        }
     };
     assert_eq!(err.code(), want, "{t:?}: {err:?}");
     assert_still_usable(&mut c).await;

@@ -106,10 +106,14 @@ async fn pool_by_default_on_rdma_only(t: Transport) {
     c.unary(Input::default()).await.unwrap();
     let stats = s.server_context().pool_stats();
     match t {
-        Transport::Tcp | Transport::ShmH2 | Transport::ShmFast => {
+        Transport::Tcp
+        | Transport::PortTcp
+        | Transport::ShmH2
+        | Transport::ShmFast
+        | Transport::PortShm => {
             assert!(stats.is_empty(), "{t:?}: {stats:?}");
         }
-        Transport::RdmaH2 | Transport::RdmaFast => {
+        Transport::RdmaH2 | Transport::RdmaFast | Transport::PortVerbs => {
             assert_eq!(stats.len(), 1, "{t:?}: {stats:?}");
             assert_eq!(stats[0].0, rrpc_core::ProviderKind::Verbs);
             let st = &stats[0].1;
@@ -126,6 +130,10 @@ async fn pool_by_default_on_rdma_only(t: Transport) {
 
 // On the rings transports only: tonic's TCP has nothing to pool.
 on_rings!(
+    connections_take_pooled_resources,
+    a_pool_at_its_memory_bound_builds_inline,
+);
+rrpc_integration_tests::on_port_rings!(
     connections_take_pooled_resources,
     a_pool_at_its_memory_bound_builds_inline,
 );

@@ -99,7 +99,7 @@ async fn max_connection_age_keeps_the_channel_working(t: Transport) {
     // On rings, a connection pool counts the connections: each one takes a
     // bundle on both ends (this server's context serves both).
     let cfg = match t {
-        Transport::Tcp => config(t),
+        t if t.is_tcp() => config(t),
         _ => config(t).to_builder().connection_pool(1).build().unwrap(),
     };
     let s =
@@ -136,7 +136,7 @@ async fn max_connection_age_keeps_the_channel_working(t: Transport) {
     // Connections did age: the channel reconnected at least once (without
     // `max_connection_age` one connection carries every call, and this fails).
     let connections = match t {
-        Transport::Tcp => s.obs.tcp_peers.lock().unwrap().len() as u64,
+        t if t.is_tcp() => s.obs.tcp_peers.lock().unwrap().len() as u64,
         _ => {
             let taken: u64 = s
                 .server_context()

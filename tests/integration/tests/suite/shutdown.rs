@@ -52,7 +52,7 @@ async fn peer_killed_mid_stream(t: Transport) {
     })
     .await
     .expect("caller notified promptly");
-    if t == Transport::Tcp {
+    if t.is_tcp() {
         // tonic's own HTTP/2 server, torn down inside this process, sometimes resets the
         // stream (RST_STREAM CANCEL) before its socket closes; tonic reports that as
         // Cancelled (seen under load in about 1 run in 10). A killed process cannot send a
