@@ -152,6 +152,10 @@ async fn endpoint_timeout_bounds_calls(t: Transport) {
 }
 
 /// `concurrency_limit(1)`: a second call waits until the first is done.
+/// The order is read from the handlers (as `server_options` does): a
+/// client-side timestamp taken after the slow call returns could come after
+/// the queued call's own (the spawned task may run late, as it once did in
+/// the soft-RoCE VM under load), so it would not prove an overlap.
 async fn channel_concurrency_limit_queues_calls(t: Transport) {
     let s = Harness::start(t).await;
     s.channel().await;
@@ -165,18 +169,22 @@ async fn channel_concurrency_limit_queues_calls(t: Transport) {
     let slow = tokio::spawn(async move {
         c2.unary(Input {
             delay_ms: 300,
+            tag: "slow".into(),
             ..Default::default()
         })
         .await
-        .expect("slow call");
-        Instant::now()
     });
     s.obs.started.notified().await;
-    c.unary(Input::default()).await.expect("queued call");
-    let quick_done = Instant::now();
-    let slow_done = slow.await.expect("task");
-    assert!(
-        quick_done >= slow_done,
+    c.unary(Input {
+        tag: "queued".into(),
+        ..Default::default()
+    })
+    .await
+    .expect("queued call");
+    slow.await.expect("task").expect("slow call");
+    assert_eq!(
+        *s.obs.events.lock().unwrap(),
+        ["slow start", "slow end", "queued start", "queued end"],
         "{t:?}: the second call ran beside the first"
     );
 }
