@@ -94,10 +94,7 @@ impl Error {
             Error::TooLarge { .. } | Error::Malformed { .. } => Code::InvalidArgument,
             Error::Timeout(_) => Code::DeadlineExceeded,
             Error::Storage(_) => Code::Internal,
-            Error::Fabric(rrpc_core::Error::AuthFailed | rrpc_core::Error::Tls(_)) => {
-                Code::Unauthenticated
-            }
-            Error::Fabric(rrpc_core::Error::LimitExceeded { .. }) => Code::ResourceExhausted,
+            Error::Fabric(c) => rrpc_tonic::fabric_code(c),
             e => match e.fault() {
                 Fault::Local | Fault::Peer => Code::Internal,
                 Fault::PeerGone | Fault::Device => Code::Unavailable,

@@ -172,13 +172,11 @@ impl Error {
     /// `ResourceExhausted`), at whatever depth they are; then this crate's
     /// own variants; then the [`Fault`] of an error from below.
     pub fn code(&self) -> tonic::Code {
-        use rrpc_core::Error as C;
         use tonic::Code;
         match self.leaf() {
             Leaf::Ring(rrpc_ringbuf::Error::Corrupt(_)) => Code::DataLoss,
-            Leaf::Core(C::AuthFailed | C::Tls(_)) => Code::Unauthenticated,
-            Leaf::Core(C::LimitExceeded { .. })
-            | Leaf::Ring(rrpc_ringbuf::Error::TooLarge { .. })
+            Leaf::Core(c) => fabric_code(c),
+            Leaf::Ring(rrpc_ringbuf::Error::TooLarge { .. })
             | Leaf::Tonic(Error::MessageTooLarge { .. }) => Code::ResourceExhausted,
             Leaf::Tonic(Error::InvalidUri { .. } | Error::InvalidConfig(_)) => {
                 Code::InvalidArgument
@@ -203,6 +201,23 @@ impl Error {
     /// shared ([`Error::Failed`]).
     pub fn status(&self) -> tonic::Status {
         tonic::Status::new(self.code(), self.to_string())
+    }
+}
+
+/// The gRPC code of a fabric error, as [`Error::code`] gives it: a refused
+/// token or TLS is `Unauthenticated`, a limit `ResourceExhausted`, other
+/// misuse and peer faults `Internal`, a gone peer or a failing device
+/// `Unavailable`. rrpc-kv's gRPC face maps its fabric errors with it.
+pub fn fabric_code(e: &rrpc_core::Error) -> tonic::Code {
+    use rrpc_core::Error as C;
+    use tonic::Code;
+    match e {
+        C::AuthFailed | C::Tls(_) => Code::Unauthenticated,
+        C::LimitExceeded { .. } => Code::ResourceExhausted,
+        c => match c.fault() {
+            Fault::Local | Fault::Peer => Code::Internal,
+            _ => Code::Unavailable,
+        },
     }
 }
 
