@@ -14,6 +14,7 @@ pub(crate) struct Counters {
     pub(crate) waker_wakes: CachePadded<AtomicU64>,
     pub(crate) wakeups: CachePadded<AtomicU64>,
     pub(crate) spin_hits: CachePadded<AtomicU64>,
+    pub(crate) spins: CachePadded<AtomicU64>,
     pub(crate) first_check_hits: CachePadded<AtomicU64>,
     pub(crate) sleeps: CachePadded<AtomicU64>,
     pub(crate) parks: CachePadded<AtomicU64>,
@@ -45,6 +46,7 @@ impl Counters {
             waker_wakes: self.waker_wakes.load(Relaxed),
             wakeups: self.wakeups.load(Relaxed),
             spin_hits: self.spin_hits.load(Relaxed),
+            spins: self.spins.load(Relaxed),
             first_check_hits: self.first_check_hits.load(Relaxed),
             sleeps: self.sleeps.load(Relaxed),
             parks: self.parks.load(Relaxed),
@@ -80,6 +82,9 @@ pub struct Stats {
     pub wakeups: u64,
     /// Waits satisfied while the task was spinning (BPEV), without sleeping.
     pub spin_hits: u64,
+    /// Waits that spun (BPEV, or EVENT with a receive spin), whatever the spin found: none on
+    /// one CPU with [`PollerConfig::one_cpu_handoff`](crate::PollerConfig::one_cpu_handoff).
+    pub spins: u64,
     /// Waits satisfied by the very first check (no spin, no sleep).
     pub first_check_hits: u64,
     /// Times a task armed its connection and went to sleep.
@@ -134,6 +139,7 @@ impl Stats {
             waker_wakes: self.waker_wakes - earlier.waker_wakes,
             wakeups: self.wakeups - earlier.wakeups,
             spin_hits: self.spin_hits - earlier.spin_hits,
+            spins: self.spins - earlier.spins,
             first_check_hits: self.first_check_hits - earlier.first_check_hits,
             sleeps: self.sleeps - earlier.sleeps,
             parks: self.parks - earlier.parks,

@@ -102,6 +102,8 @@ struct Inner {
     bp_next_id: AtomicUsize,
     shutdown: AtomicBool,
     threads_alive: Arc<AtomicUsize>,
+    /// [`PollerConfig::one_cpu_handoff`] in force: one CPU, nothing spins.
+    one_cpu: bool,
     /// Where the polling threads run (RB² §IV-C).
     placement: Arc<Placement>,
 }
@@ -242,6 +244,19 @@ impl Poller {
             Mode::Bp | Mode::Event => 0,
         };
         let shared: Vec<Arc<Shard>> = (0..n).map(Shard::new).collect();
+        // One CPU: spinning only delays the peer that needs it (config docs).
+        let one_cpu = cfg.one_cpu_handoff()
+            && (cfg.doorbell_fallback() || cfg.mode() == Mode::Event)
+            && std::thread::available_parallelism().is_ok_and(|n| n.get() == 1);
+        for s in &shared {
+            s.alone.store(one_cpu, Ordering::Relaxed);
+        }
+        if one_cpu {
+            tracing::info!(
+                "rrpc-poller: this process may run on one CPU only: waits are handed to the \
+                 writers' doorbells, nothing spins"
+            );
+        }
         let placement = Arc::new(Placement::new(cfg.numa_node()));
         let inner = Arc::new(Inner {
             placement,
@@ -258,6 +273,7 @@ impl Poller {
             bp_next_id: AtomicUsize::new(0),
             shutdown: AtomicBool::new(false),
             threads_alive: Arc::new(AtomicUsize::new(0)),
+            one_cpu,
         });
         for s in &inner.shared {
             let h = inner.spawn(s, true)?;
@@ -269,6 +285,13 @@ impl Poller {
     /// The configuration in force.
     pub fn config(&self) -> &PollerConfig {
         &self.inner.cfg
+    }
+
+    /// Whether [`PollerConfig::one_cpu_handoff`] is in force: the process could run on one
+    /// CPU only when this poller started, so no task spins and every wait is handed to the
+    /// writer's doorbell.
+    pub fn one_cpu(&self) -> bool {
+        self.inner.one_cpu
     }
 
     /// Places the polling threads on the NUMA node of the device the

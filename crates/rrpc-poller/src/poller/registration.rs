@@ -306,12 +306,15 @@ impl Registration {
             Mode::Event => Some((self.event_spin, false)),
             Mode::Bp | Mode::Bpts => None,
         };
+        // One CPU: the peer needs this core to answer, so hand the wait to its doorbell.
         if let Some((budget, backoff)) = spin
             && !budget.is_zero()
+            && !self.inner.one_cpu
         {
             // The first yield comes early: under load other tasks of this worker are
             // usually runnable, and a spin must not delay them (BPEV's stops at the first
             // yield that saw them progress; EVENT's only lets them run).
+            Counters::add(&self.inner.counters.spins, 1);
             let mut next_yield = start + SPIN_FIRST_YIELD;
             let mut last = start;
             loop {

@@ -141,6 +141,9 @@ pub(super) struct Shard {
     /// backed off). Meanwhile a task whose entry has a doorbell announces its own sleep
     /// instead of kicking the thread ([`Shard::backed_off`]).
     pub(super) backoff_until: AtomicU64,
+    /// [`PollerConfig::one_cpu_handoff`](crate::PollerConfig::one_cpu_handoff) in force: the
+    /// thread stays backed off (tasks with exact doorbells announce their own sleeps).
+    pub(super) alone: AtomicBool,
 }
 
 impl Shard {
@@ -159,6 +162,7 @@ impl Shard {
             parked_ns: AtomicU64::new(0),
             parked_since: AtomicU64::new(u64::MAX),
             backoff_until: AtomicU64::new(0),
+            alone: AtomicBool::new(false),
             last_report: Mutex::new(crate::stats::ThreadLoad {
                 thread: id,
                 alive: Duration::ZERO,
@@ -167,8 +171,12 @@ impl Shard {
         })
     }
 
-    /// Whether the thread is backed off now (its readers with doorbells are left to them).
+    /// Whether the thread is backed off now (its readers with doorbells are left to them); for
+    /// good on one CPU.
     pub(super) fn backed_off(&self) -> bool {
+        if self.alone.load(Ordering::Relaxed) {
+            return true;
+        }
         let until = self.backoff_until.load(Ordering::Relaxed);
         until != 0 && self.clock() < until
     }

@@ -31,6 +31,7 @@ rrpc_core::on_every_provider!(
     device_error_fails_the_writer_typed_every_mode,
     an_idle_reader_is_woken_by_the_doorbell_not_by_rescans,
     a_reader_fed_once_a_millisecond_stops_spinning_and_announces_its_own_sleeps,
+    a_ping_pong_on_one_cpu_hands_every_wait_to_the_doorbell,
 );
 
 /// A connected pair on `p`, both ends checked to run on `p`'s provider.
@@ -590,6 +591,97 @@ fn a_reader_fed_once_a_millisecond_stops_spinning_and_announces_its_own_sleeps(p
                 (0, 0, 0),
                 "the back-off off changes nothing: {stats:?}"
             );
+        }
+    }
+}
+
+/// Confines the calling thread (and the threads it spawns) to the first CPU
+/// it may use now.
+fn pin_to_one_cpu() {
+    use nix::sched::{CpuSet, sched_getaffinity, sched_setaffinity};
+    use nix::unistd::Pid;
+    let mine = sched_getaffinity(Pid::from_raw(0)).unwrap();
+    let cpu = (0..CpuSet::count())
+        .find(|&c| mine.is_set(c).unwrap_or(false))
+        .unwrap();
+    let mut one = CpuSet::new();
+    one.set(cpu).unwrap();
+    sched_setaffinity(Pid::from_raw(0), &one).unwrap();
+}
+
+/// One CPU (`PollerConfig::one_cpu_handoff`, on by default): a poller
+/// started in a process confined to one CPU (here, a thread: its polling
+/// thread inherits the mask) never spins, because the peer it would wait
+/// for needs that CPU. A ping-pong between two tasks there takes every
+/// message, in order, with no spin at all, and (on shm, where a task
+/// announces its own sleep) each wait is handed to the writer's doorbell.
+/// The control run with the hand-off off, on the same one CPU, spins.
+fn a_ping_pong_on_one_cpu_hands_every_wait_to_the_doorbell(prov: &Provider) {
+    let n = prov.scaled(200) as u32;
+    for handoff in [true, false] {
+        let fabric = prov.fabric();
+        let shm = prov.kind() == rrpc_core::ProviderKind::Shm;
+        let stats = std::thread::spawn(move || {
+            pin_to_one_cpu();
+            let p = rrpc_poller::Poller::start(
+                common::test_config(Mode::Bpev)
+                    .to_builder()
+                    .bp_timeout(Duration::from_micros(50))
+                    .auto_tune(false)
+                    .one_cpu_handoff(handoff)
+                    .build()
+                    .unwrap(),
+            )
+            .unwrap();
+            assert_eq!(p.one_cpu(), handoff, "the process may use one CPU");
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            rt.block_on(async {
+                let (a, b) =
+                    AsyncConn::loopback_pair_on(&p, &ring(Mode::Bpev, 64 * 1024), &fabric).unwrap();
+                let (mut atx, mut arx) = a.split().unwrap();
+                let (mut btx, mut brx) = b.split().unwrap();
+                let before = p.stats();
+                let echo = tokio::spawn(async move {
+                    for _ in 0..n {
+                        let v = {
+                            let m = brx.recv().await.unwrap();
+                            u32::from_le_bytes(m[..4].try_into().unwrap())
+                        };
+                        btx.send(&(v + 1).to_le_bytes()).await.unwrap();
+                        btx.flush_all().await.unwrap();
+                    }
+                    (btx, brx)
+                });
+                for i in 0..n {
+                    atx.send(&(i * 2).to_le_bytes()).await.unwrap();
+                    atx.flush_all().await.unwrap();
+                    let m = tokio::time::timeout(BOUND, arx.recv())
+                        .await
+                        .unwrap_or_else(|_| panic!("reply {i} never seen"))
+                        .unwrap();
+                    assert_eq!(u32::from_le_bytes(m[..4].try_into().unwrap()), i * 2 + 1);
+                }
+                let _keep = echo.await.unwrap();
+                p.stats().since(&before)
+            })
+        })
+        .join()
+        .unwrap();
+        eprintln!("one-CPU hand-off {handoff}: {stats:?}");
+        if handoff {
+            assert_eq!(stats.spins, 0, "nothing spins on one CPU: {stats:?}");
+            if shm {
+                assert!(
+                    stats.self_announces >= u64::from(n) / 2
+                        && stats.bell_wakes >= u64::from(n) / 2,
+                    "the waits are handed to the writers' doorbells: {stats:?}"
+                );
+            }
+        } else {
+            assert!(stats.spins > 0, "the control spins: {stats:?}");
         }
     }
 }
