@@ -446,10 +446,11 @@ fn main() -> anyhow::Result<()> {
                         })
                         .collect();
                     line += &format!(
-                        "  | {} polling thread(s) {} (busy {}); per call: spin hits {:.2}, first-check hits {:.2}, sleeps {:.2}, wakes {:.2} (mean wake-up {}), sleeps announced {:.2}, doorbell wakes {:.2}, spins skipped {:.2} (lost their core {:.2}); back-offs {} descheduled {} not earning",
+                        "  | {} polling thread(s) {} (busy {}){}; per call: spin hits {:.2}, first-check hits {:.2}, sleeps {:.2}, wakes {:.2} (mean wake-up {}), sleeps announced {:.2}, doorbell wakes {:.2}, spins skipped {:.2} (lost their core {:.2}); back-offs {} descheduled {} not earning",
                         p.config().mode(),
                         p.threads(),
                         if busy.is_empty() { "-".to_string() } else { busy.join(" ") },
+                        if p.hands_off() { ", handing every wait off (one CPU: no spin)" } else { "" },
                         d.spin_hits as f64 / n,
                         d.first_check_hits as f64 / n,
                         d.sleeps as f64 / n,

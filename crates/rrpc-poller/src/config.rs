@@ -61,6 +61,21 @@ impl std::fmt::Display for Mode {
     }
 }
 
+/// When a poller hands every wait to the writer's doorbell instead of spinning
+/// ([`PollerConfigBuilder::handoff`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum Handoff {
+    /// When the process may run on one CPU only (the default): its main thread's affinity
+    /// mask has one CPU, or its cgroup quota is one CPU or less.
+    #[default]
+    Auto,
+    /// Always: no spin anywhere, whatever the CPUs (for hosts known to be oversubscribed).
+    Always,
+    /// Never: spin as configured even on one CPU (the paper's behaviour).
+    Never,
+}
+
 /// The settings of a [`Poller`](crate::Poller): plain data, which
 /// [`Poller::start`](crate::Poller::start) starts a poller with. Defaults
 /// follow the paper where it gives one.
@@ -79,7 +94,7 @@ impl std::fmt::Display for Mode {
 /// | `idle_park_after` | 2 ms | beyond the paper (§V-D future work) |
 /// | `doorbell_park_after` | 100 µs | beyond the paper (§V-D "sleep mode"): when every armed connection of a polling thread has a doorbell (a ring receiver: the writer rings once the reader announced its sleep, `rrpc_ringbuf::proto::doorbell`), the thread dozes after this much idle time instead of `idle_park_after`, announcing the sleep of each armed connection before it parks, and the task wakes from the doorbell; `None`: plain BPEV |
 /// | `spin_backoff` | on | beyond the paper (§V-D future work, "spinning that knows when it is losing"): a task's spin grants nothing while fewer than 1 in 8 of its spins catch data (a spin that ran out is a miss only if the data came 4 budgets and 500 µs after the wait began; one probe spin in 16 waits; [`SpinTuner`](crate::SpinTuner)), and a polling thread that lost over 30 % of a 1 ms window to the run queue, or woke fewer than 2 readers in it, backs off for 4 ms to 128 ms: it dozes and its armed connections are left to their doorbells, and it scans them again when the back-off ends, so a sleep whose ring never came waits no longer than that ([`backoff`](crate::backoff)). Backing off a polling thread needs the doorbell fallback |
-/// | `one_cpu_handoff` | on | beyond the paper: when the process may run on **one CPU only** (its affinity mask or cgroup quota, read once by [`Poller::start`](crate::Poller::start) with [`std::thread::available_parallelism`]), a spin can only delay the peer it waits for, which needs that same CPU. Tasks then never spin and the polling threads stay backed off: every wait is handed to the writer's doorbell, one wake-up per wait ([`Poller::one_cpu`](crate::Poller::one_cpu)). In [`Mode::Event`] it drops the receive spin. In BPEV it needs the doorbell fallback; without it nothing changes |
+/// | `handoff` | [`Handoff::Auto`] | beyond the paper: when the process may run on **one CPU only** (the main thread's affinity mask, as `taskset` or a cpuset gives it, capped by the cgroup quota; read once by [`Poller::start`](crate::Poller::start)), a spin can only delay the peer it waits for, which needs that same CPU. Tasks then never spin and the polling threads stay backed off: every wait is handed to the writer's doorbell, one wake-up per wait ([`Poller::hands_off`](crate::Poller::hands_off)). In [`Mode::Event`] it drops the receive spin. In BPEV it needs the doorbell fallback; without it nothing changes |
 /// | `numa_node` | [`NumaPlacement::Device`] | RB² §IV-C ("bound to the CPU cores of the NUMA node to which the RNIC belongs"): pinned to the device's node once a connection names it ([`Poller::place_for_device`](crate::Poller::place_for_device); from sysfs, nothing on shm) |
 /// | `idle_poll_interval` | 3 ms | beyond the paper: rescan period of dozing threads (one thread rescans for all); bounds the extra latency of the first message after an idle period. A rescan costs ~40 µs per 256 armed shm connections here (one cold cache line and TLB entry per ring). While every armed connection's sleep is announced to a doorbell the rescans are only a backstop and stretch, doubling up to 64 × this period: 256 idle connections measured 0.2 % of a core (plain BPEV: 5.4 %) |
 ///
@@ -105,7 +120,7 @@ pub struct PollerConfig {
     idle_park_after: Option<Duration>,
     doorbell_park_after: Option<Duration>,
     spin_backoff: bool,
-    one_cpu_handoff: bool,
+    handoff: Handoff,
     idle_poll_interval: Duration,
     thread_name: String,
     numa_node: NumaPlacement,
@@ -121,7 +136,7 @@ impl Default for PollerConfig {
             idle_park_after: Some(Duration::from_millis(2)),
             doorbell_park_after: Some(Duration::from_micros(100)),
             spin_backoff: true,
-            one_cpu_handoff: true,
+            handoff: Handoff::Auto,
             idle_poll_interval: Duration::from_millis(3),
             thread_name: "rrpc-poll".to_owned(),
             numa_node: NumaPlacement::Device,
@@ -151,7 +166,7 @@ impl PollerConfig {
             idle_park_after: None,
             doorbell_park_after: None,
             spin_backoff: false,
-            one_cpu_handoff: false,
+            handoff: Handoff::Never,
             ..Self::default()
         }
     }
@@ -193,9 +208,9 @@ impl PollerConfig {
     pub fn spin_backoff(&self) -> bool {
         self.spin_backoff
     }
-    /// The [`one_cpu_handoff`](PollerConfigBuilder::one_cpu_handoff) setting.
-    pub fn one_cpu_handoff(&self) -> bool {
-        self.one_cpu_handoff
+    /// The [`handoff`](PollerConfigBuilder::handoff) setting.
+    pub fn handoff(&self) -> Handoff {
+        self.handoff
     }
     /// The [`idle_poll_interval`](PollerConfigBuilder::idle_poll_interval) setting.
     pub fn idle_poll_interval(&self) -> Duration {
@@ -280,14 +295,13 @@ impl PollerConfigBuilder {
         self
     }
 
-    /// On a process that may run on one CPU only, hand every wait to the writer's doorbell
-    /// instead of spinning (no task spin, polling threads backed off for good; in BPEV this
-    /// needs the [doorbell fallback](Self::doorbell_park_after), [`Mode::Event`] drops its
-    /// receive spin). Spinning there only delays the peer,
-    /// which needs the same CPU to answer. `false`: the same spins as on many CPUs.
-    /// Default on.
-    pub fn one_cpu_handoff(mut self, on: bool) -> Self {
-        self.cfg.one_cpu_handoff = on;
+    /// When to hand every wait to the writer's doorbell instead of spinning (no task spin,
+    /// polling threads backed off for good; in BPEV this needs the
+    /// [doorbell fallback](Self::doorbell_park_after), [`Mode::Event`] drops its receive
+    /// spin). Default [`Handoff::Auto`]: on a process that may run on one CPU only, where a
+    /// spin only delays the peer, which needs the same CPU to answer.
+    pub fn handoff(mut self, h: Handoff) -> Self {
+        self.cfg.handoff = h;
         self
     }
 

@@ -82,8 +82,8 @@ pub struct Stats {
     pub wakeups: u64,
     /// Waits satisfied while the task was spinning (BPEV), without sleeping.
     pub spin_hits: u64,
-    /// Waits that spun (BPEV, or EVENT with a receive spin), whatever the spin found: none on
-    /// one CPU with [`PollerConfig::one_cpu_handoff`](crate::PollerConfig::one_cpu_handoff).
+    /// Waits that spun (BPEV, or EVENT with a receive spin), whatever the spin found: none while
+    /// [`Poller::hands_off`](crate::Poller::hands_off).
     pub spins: u64,
     /// Waits satisfied by the very first check (no spin, no sleep).
     pub first_check_hits: u64,

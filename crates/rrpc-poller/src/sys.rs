@@ -169,6 +169,28 @@ pub(crate) fn set_affinity(tid: i32, cpus: &[usize]) -> io::Result<()> {
     Ok(())
 }
 
+/// The CPUs this process may run on: the main thread's affinity mask (what `taskset` or a
+/// container's cpuset gives the whole process; a thread the application pinned for itself does
+/// not count), capped by the cgroup CPU quota, as [`std::thread::available_parallelism`]
+/// reads them. Measured from a short-lived thread that takes the main thread's mask, since
+/// `available_parallelism` reads the calling thread's. `None` when it cannot be read.
+pub(crate) fn process_cpus() -> Option<usize> {
+    use nix::sched::{sched_getaffinity, sched_setaffinity};
+    use nix::unistd::Pid;
+    let pid = i32::try_from(std::process::id()).ok()?;
+    let main = sched_getaffinity(Pid::from_raw(pid)).ok()?;
+    std::thread::Builder::new()
+        .name("rrpc-cpus".into())
+        .spawn(move || {
+            sched_setaffinity(Pid::from_raw(0), &main).ok()?;
+            std::thread::available_parallelism().ok().map(|n| n.get())
+        })
+        .ok()?
+        .join()
+        .ok()
+        .flatten()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -251,6 +251,6 @@ pub use context::RrpcContext;
 pub use endpoint::RrpcEndpoint;
 pub use error::{Error, fabric_code};
 pub use h2stream::{RrpcConnectInfo, RrpcStream};
-pub use rrpc_poller::{Mode as PollerMode, Poller, PollerConfig, PollerConfigBuilder};
+pub use rrpc_poller::{Handoff, Mode as PollerMode, Poller, PollerConfig, PollerConfigBuilder};
 pub use server::{Router, RrpcIncoming, Server};
 pub use sharing::SharedConnectionStats;

@@ -43,7 +43,7 @@ use std::time::{Duration, Instant};
 use crossbeam_utils::CachePadded;
 use futures_util::task::AtomicWaker;
 
-use crate::config::{Mode, PollerConfig};
+use crate::config::{Handoff, Mode, PollerConfig};
 use crate::error::{Error, Result};
 use crate::source::Readiness;
 use crate::stats::{Counters, Stats};
@@ -102,7 +102,7 @@ struct Inner {
     bp_next_id: AtomicUsize,
     shutdown: AtomicBool,
     threads_alive: Arc<AtomicUsize>,
-    /// [`PollerConfig::one_cpu_handoff`] in force: one CPU, nothing spins.
+    /// [`PollerConfig::handoff`] in force: nothing spins.
     one_cpu: bool,
     /// Where the polling threads run (RB² §IV-C).
     placement: Arc<Placement>,
@@ -245,16 +245,20 @@ impl Poller {
         };
         let shared: Vec<Arc<Shard>> = (0..n).map(Shard::new).collect();
         // One CPU: spinning only delays the peer that needs it (config docs).
-        let one_cpu = cfg.one_cpu_handoff()
-            && (cfg.doorbell_fallback() || cfg.mode() == Mode::Event)
-            && std::thread::available_parallelism().is_ok_and(|n| n.get() == 1);
+        let able = cfg.doorbell_fallback() || cfg.mode() == Mode::Event;
+        let one_cpu = able
+            && match cfg.handoff() {
+                Handoff::Auto => crate::sys::process_cpus() == Some(1),
+                Handoff::Always => true,
+                Handoff::Never => false,
+            };
         for s in &shared {
             s.alone.store(one_cpu, Ordering::Relaxed);
         }
         if one_cpu {
             tracing::info!(
-                "rrpc-poller: this process may run on one CPU only: waits are handed to the \
-                 writers' doorbells, nothing spins"
+                handoff = ?cfg.handoff(),
+                "rrpc-poller: waits are handed to the writers' doorbells, nothing spins"
             );
         }
         let placement = Arc::new(Placement::new(cfg.numa_node()));
@@ -287,10 +291,10 @@ impl Poller {
         &self.inner.cfg
     }
 
-    /// Whether [`PollerConfig::one_cpu_handoff`] is in force: the process could run on one
-    /// CPU only when this poller started, so no task spins and every wait is handed to the
-    /// writer's doorbell.
-    pub fn one_cpu(&self) -> bool {
+    /// Whether [`PollerConfig::handoff`] is in force (with [`Handoff::Auto`]: the process
+    /// could run on one CPU only when this poller started): no task spins and every wait is
+    /// handed to the writer's doorbell.
+    pub fn hands_off(&self) -> bool {
         self.inner.one_cpu
     }
 

@@ -141,7 +141,7 @@ pub(super) struct Shard {
     /// backed off). Meanwhile a task whose entry has a doorbell announces its own sleep
     /// instead of kicking the thread ([`Shard::backed_off`]).
     pub(super) backoff_until: AtomicU64,
-    /// [`PollerConfig::one_cpu_handoff`](crate::PollerConfig::one_cpu_handoff) in force: the
+    /// [`PollerConfig::handoff`](crate::PollerConfig::handoff) in force: the
     /// thread stays backed off (tasks with exact doorbells announce their own sleeps).
     pub(super) alone: AtomicBool,
 }

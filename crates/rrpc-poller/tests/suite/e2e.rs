@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use common::{BOUND, Provider, poller, rt_mt as rt};
 use rrpc_poller::rings::AsyncConn;
-use rrpc_poller::{Error, Mode};
+use rrpc_poller::{Error, Handoff, Mode};
 use rrpc_ringbuf::RingConfig;
 
 fn ring(mode: Mode, size: usize) -> RingConfig {
@@ -609,16 +609,16 @@ fn pin_to_one_cpu() {
     sched_setaffinity(Pid::from_raw(0), &one).unwrap();
 }
 
-/// One CPU (`PollerConfig::one_cpu_handoff`, on by default): a poller
-/// started in a process confined to one CPU (here, a thread: its polling
-/// thread inherits the mask) never spins, because the peer it would wait
-/// for needs that CPU. A ping-pong between two tasks there takes every
-/// message, in order, with no spin at all, and (on shm, where a task
-/// announces its own sleep) each wait is handed to the writer's doorbell.
-/// The control run with the hand-off off, on the same one CPU, spins.
+/// The hand-off (`PollerConfig::handoff`): a poller that hands off never
+/// spins. On one CPU (a thread confined to it; its polling thread inherits
+/// the mask) a ping-pong between two tasks takes every message, in order,
+/// with no spin at all, and (on shm, where a task announces its own sleep)
+/// each wait is handed to the writer's doorbell. The control run, the
+/// hand-off off on the same one CPU, spins. (`Handoff::Auto` choosing it in
+/// a process confined to one CPU: `auto_hands_off_only_in_a_process_on_one_cpu`.)
 fn a_ping_pong_on_one_cpu_hands_every_wait_to_the_doorbell(prov: &Provider) {
     let n = prov.scaled(200) as u32;
-    for handoff in [true, false] {
+    for handoff in [Handoff::Always, Handoff::Never] {
         let fabric = prov.fabric();
         let shm = prov.kind() == rrpc_core::ProviderKind::Shm;
         let stats = std::thread::spawn(move || {
@@ -628,12 +628,12 @@ fn a_ping_pong_on_one_cpu_hands_every_wait_to_the_doorbell(prov: &Provider) {
                     .to_builder()
                     .bp_timeout(Duration::from_micros(50))
                     .auto_tune(false)
-                    .one_cpu_handoff(handoff)
+                    .handoff(handoff)
                     .build()
                     .unwrap(),
             )
             .unwrap();
-            assert_eq!(p.one_cpu(), handoff, "the process may use one CPU");
+            assert_eq!(p.hands_off(), handoff == Handoff::Always);
             let rt = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()
@@ -670,9 +670,9 @@ fn a_ping_pong_on_one_cpu_hands_every_wait_to_the_doorbell(prov: &Provider) {
         })
         .join()
         .unwrap();
-        eprintln!("one-CPU hand-off {handoff}: {stats:?}");
-        if handoff {
-            assert_eq!(stats.spins, 0, "nothing spins on one CPU: {stats:?}");
+        eprintln!("hand-off {handoff:?}: {stats:?}");
+        if handoff == Handoff::Always {
+            assert_eq!(stats.spins, 0, "nothing spins: {stats:?}");
             if shm {
                 assert!(
                     stats.self_announces >= u64::from(n) / 2
@@ -684,6 +684,57 @@ fn a_ping_pong_on_one_cpu_hands_every_wait_to_the_doorbell(prov: &Provider) {
             assert!(stats.spins > 0, "the control spins: {stats:?}");
         }
     }
+}
+
+/// Set in the child process of `auto_hands_off_only_in_a_process_on_one_cpu`.
+const ONE_CPU_CHILD: &str = "RRPC_POLLER_TEST_ONE_CPU_CHILD";
+
+/// `Handoff::Auto` (the default) hands off in a process confined to one CPU
+/// (a child started from a thread confined to one, as `taskset -c N` starts
+/// it) and not in this process, whose main thread may use every CPU: a
+/// thread the application pinned for itself does not count.
+#[test]
+fn auto_hands_off_only_in_a_process_on_one_cpu() {
+    if std::env::var_os(ONE_CPU_CHILD).is_some() {
+        let p = rrpc_poller::Poller::start(rrpc_poller::PollerConfig::default()).unwrap();
+        assert!(p.hands_off(), "a process on one CPU hands off");
+        println!("one-cpu child: hands off");
+        return;
+    }
+    if std::thread::available_parallelism().map_or(0, |n| n.get()) >= 2 {
+        let p = std::thread::spawn(|| {
+            // This thread alone is pinned: the process still has every CPU.
+            pin_to_one_cpu();
+            rrpc_poller::Poller::start(rrpc_poller::PollerConfig::default()).unwrap()
+        })
+        .join()
+        .unwrap();
+        assert!(
+            !p.hands_off(),
+            "a pinned thread is not a process on one CPU"
+        );
+    }
+    let out = std::thread::spawn(|| {
+        pin_to_one_cpu();
+        std::process::Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "e2e::auto_hands_off_only_in_a_process_on_one_cpu",
+            ])
+            .args(["--nocapture", "--test-threads", "1"])
+            .env(ONE_CPU_CHILD, "1")
+            .output()
+            .unwrap()
+    })
+    .join()
+    .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && text.contains("one-cpu child: hands off"),
+        "child: {:?}\n{text}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 /// A writer on a clean queue pair and a reader whose queue pair fails with
