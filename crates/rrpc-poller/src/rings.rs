@@ -637,6 +637,12 @@ impl AsyncReceiver {
         self.reg.set_event_spin(budget);
     }
 
+    /// How often this receiver's spinning waits yield to their worker's other tasks; see
+    /// [`Registration::set_spin_yield`].
+    pub fn set_spin_yield(&mut self, period: std::time::Duration) {
+        self.reg.set_spin_yield(period);
+    }
+
     /// Scales the spin cap of this receiver's waits; see [`Registration::scale_spin`].
     pub fn scale_spin(&mut self, factor: u32) {
         self.reg.scale_spin(factor);

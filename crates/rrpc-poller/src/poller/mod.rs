@@ -60,7 +60,8 @@ use thread::{IdleWatch, LoopCfg, NO_HOLDER, polling_loop};
 /// with other polling threads (BP with more connections than cores) lets them run. Counted in
 /// checks, not scans: a scan of 128 armed connections is 128 times longer than a scan of one.
 const YIELD_AFTER_CHECKS: u64 = 1024;
-/// How often a spinning task yields to the tokio scheduler (other tasks on the same worker).
+/// How often a spinning task yields to the tokio scheduler (other tasks on the same worker),
+/// unless its registration says otherwise ([`Registration::set_spin_yield`]).
 const SPIN_YIELD_EVERY: Duration = Duration::from_micros(5);
 /// When a spinning task yields (and helps) for the first time.
 const SPIN_FIRST_YIELD: Duration = Duration::from_micros(1);
@@ -490,6 +491,7 @@ impl Poller {
             bell_fd,
             doorbell_fd,
             event_spin: Duration::ZERO,
+            spin_yield: SPIN_YIELD_EVERY,
             removed: false,
         })
     }

@@ -22,7 +22,7 @@ use crate::tune::SpinTuner;
 
 use super::shard::{Entry, Shard};
 use super::thread::scan;
-use super::{Inner, PROGRESS, Poller, SPIN_FIRST_YIELD, SPIN_YIELD_EVERY, Wake, lock};
+use super::{Inner, PROGRESS, Poller, SPIN_FIRST_YIELD, Wake, lock};
 
 /// Polls a notification fd (an eventfd, a completion channel) and, once it is readable,
 /// consumes what is pending with `ack`: `Ready(Ok(r))` with `ack`'s result when it consumed
@@ -72,6 +72,8 @@ pub struct Registration {
     pub(super) doorbell_fd: Option<RawFd>,
     /// EVENT: a fixed spin before arming ([`Registration::set_event_spin`]).
     pub(super) event_spin: Duration,
+    /// How often a spinning wait yields to the worker's other tasks ([`Self::set_spin_yield`]).
+    pub(super) spin_yield: Duration,
     pub(super) removed: bool,
 }
 
@@ -112,6 +114,16 @@ impl Registration {
     /// it (BPEV spins up to `bp_timeout`, tuned).
     pub fn set_event_spin(&mut self, budget: Duration) {
         self.event_spin = budget;
+    }
+
+    /// How often a spinning wait yields to the other tasks of its tokio worker (default 5 µs,
+    /// the first time after 1 µs; the first yield comes after `period` if that is shorter).
+    /// A reader that shares its worker with the tasks that consume what it reads (rrpc-tonic's
+    /// HTTP/2 path: hyper's connection task, then the call's own) should yield often: those
+    /// tasks become runnable while it spins, and each waits for its next yield. Each yield
+    /// polls the reactor once (one `epoll_wait` with no timeout).
+    pub fn set_spin_yield(&mut self, period: Duration) {
+        self.spin_yield = period;
     }
 
     /// Scales this registration's spin cap (`bp_timeout`) by `factor`, for a connection whose
@@ -315,7 +327,7 @@ impl Registration {
             // usually runnable, and a spin must not delay them (BPEV's stops at the first
             // yield that saw them progress; EVENT's only lets them run).
             Counters::add(&self.inner.counters.spins, 1);
-            let mut next_yield = start + SPIN_FIRST_YIELD;
+            let mut next_yield = start + SPIN_FIRST_YIELD.min(self.spin_yield);
             let mut last = start;
             loop {
                 for _ in 0..32 {
@@ -365,7 +377,7 @@ impl Registration {
                         break;
                     }
                     last = Instant::now();
-                    next_yield = last + SPIN_YIELD_EVERY;
+                    next_yield = last + self.spin_yield;
                 }
             }
         }
