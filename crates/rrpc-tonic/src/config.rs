@@ -907,8 +907,8 @@ impl RrpcConfigBuilder {
         self
     }
 
-    /// Carries every `shm://` or `rdma://` connection to one server over one
-    /// queue pair (KRCore's virtualized QP, §4.4): the first connection to
+    /// Carries every `shm://` or `rdma://` connection (and `rrpc://` one on
+    /// shm or verbs) to one server over one queue pair (KRCore's virtualized QP, §4.4): the first connection to
     /// a server opens a *shared connection* (a queue pair, no rings), and
     /// each connection after it is a logical connection over that queue
     /// pair, with its own rings and side channel but no queue pair of its
@@ -933,7 +933,8 @@ impl RrpcConfigBuilder {
     /// the last connect that used it, once no connection runs over it (the
     /// lease of `rrpc_core::meta::PeerCache`). A cached shared connection is
     /// also dropped as soon as its peer is seen down: its side channel
-    /// closed, or the server no longer knows it. Default 10 s
+    /// closed, or the server no longer knows it, or (`rrpc://`) the port
+    /// names another side listener, its server having restarted. Default 10 s
     /// ([`DEFAULT_PEER_LEASE`]).
     pub fn peer_lease(mut self, lease: std::time::Duration) -> Self {
         self.inner.peer_lease = lease;

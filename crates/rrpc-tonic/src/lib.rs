@@ -141,7 +141,9 @@
 //!   default, both ends): every connection from one client to one server
 //!   runs over one queue pair, so queue pairs are bounded by peers, not
 //!   connections. The client caches that shared connection under a lease
-//!   ([`RrpcConfig::peer_lease`]) and drops it when its peer is seen down;
+//!   ([`RrpcConfig::peer_lease`]), by the address it dialed (an `rrpc://`
+//!   port, not the side listener it names), and drops it when its peer is
+//!   seen down;
 //!   [`RrpcContext::shared_connections`] reports them.
 //! * **Rings that size themselves** ([`RrpcConfig::min_ring_size`]).
 //!

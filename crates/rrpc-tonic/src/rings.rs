@@ -23,7 +23,7 @@ use crate::negotiate::{
     Established, Negotiated, choose_path, client_hello, path_of_reply, section_of,
 };
 use crate::pipe::{BoxFut, MsgRx, MsgTx, Pipe};
-use crate::sharing::{self, Anchors, Request};
+use crate::sharing::{self, Anchors, PeerKey, Request};
 use crate::{Error, RrpcConfig, RrpcContext};
 
 fn ring_config(cfg: &RrpcConfig) -> Result<RingConfig, Error> {
@@ -341,19 +341,23 @@ fn handshake_config(cfg: &RrpcConfig) -> Result<HandshakeConfig, Error> {
     Ok(hs.build()?)
 }
 
-/// Dials `shm:///path` or `rdma://host:port` with `ctx`'s resources.
+/// Dials `shm:///path` or `rdma://host:port` with `ctx`'s resources;
+/// `port` is the `rrpc://` port (`host:port`) whose negotiation named `ep`,
+/// if one did (what a shared connection is cached by: [`PeerKey`]).
 pub(crate) async fn dial(
     ep: FabricAddr,
+    port: Option<&str>,
     cfg: &RrpcConfig,
     ctx: &RrpcContext,
 ) -> Result<(Pipe, Negotiated), Error> {
+    let key = PeerKey::new(&ep, port);
     let ring = ring_config(cfg)?;
     let hs = handshake_config(cfg)?;
     let (cfg2, ctx2) = (cfg.clone(), ctx.clone());
     let (conn, tx, rx, path) = tokio::task::spawn_blocking(move || -> Result<_, Error> {
         let fabric = fabric_for(&ep, &ctx2)?;
         if cfg2.shared_queue_pairs() {
-            return dial_logical(&ep, &fabric, &ring, &hs, &cfg2, &ctx2);
+            return dial_logical(&key, &ep, &fabric, &ring, &hs, &cfg2, &ctx2);
         }
         let (local, qp) = take_bundle(&fabric, &ring, &ctx2)?;
         // The path hello rides in the handshake (module docs of `transport`).
@@ -375,11 +379,13 @@ pub(crate) async fn dial(
 /// and the path agreed.
 type Dialed = (Connection, RingTx, RingRx, Negotiated);
 
-/// A logical connection to `ep` over the context's shared connection to it
-/// (opened first if there is none; `sharing` docs). A server that no longer
-/// knows the shared connection (it restarted), or that still holds the tag
-/// picked, is tried again with a fresh one, twice at most. Blocking.
+/// A logical connection to `ep` over the context's shared connection to
+/// the server `key` names (opened first if there is none; `sharing` docs).
+/// A server that no longer knows the shared connection (it restarted), or
+/// that still holds the tag picked, is tried again with a fresh one, twice
+/// at most. Blocking.
 fn dial_logical(
+    key: &PeerKey,
     ep: &FabricAddr,
     fabric: &Fabric,
     ring: &RingConfig,
@@ -390,7 +396,7 @@ fn dial_logical(
     let mut tries = 0;
     loop {
         tries += 1;
-        let peer = ctx.peers().get_or_open(ep, fabric, cfg, hs)?;
+        let peer = ctx.peers().get_or_open(key, ep, fabric, cfg, hs)?;
         let tag = peer.free_tag()?;
         let local = peer.domain.take_rings(ring)?;
         let app = sharing::logical_request(&client_hello(cfg), &peer.id, tag);
@@ -408,12 +414,12 @@ fn dial_logical(
             Err(rrpc_core::Error::Rejected(r)) if tries < 3 && sharing::is_stale(&r) => {
                 tracing::debug!(endpoint = %ep, reason = %r, "rrpc: shared connection refused; retrying");
                 if r.contains(sharing::UNKNOWN) {
-                    ctx.peers().invalidate(ep, &peer);
+                    ctx.peers().invalidate(key, &peer);
                 }
             }
             Err(e) => {
                 if peer.shared.connection().check_alive().is_err() {
-                    ctx.peers().invalidate(ep, &peer);
+                    ctx.peers().invalidate(key, &peer);
                 }
                 return Err(e.into());
             }
@@ -772,5 +778,88 @@ mod tests {
             .expect("server task")
             .expect("a client that left is a clean end");
         let _ = std::fs::remove_file(&path);
+    }
+
+    /// A shm server for [`a_port_whose_server_restarted_gets_one_new_shared_connection`]:
+    /// its own context, serving every connection until the task is aborted,
+    /// and the count of side channels it accepted.
+    fn shared_server(
+        path: &std::path::Path,
+        cfg: &RrpcConfig,
+    ) -> (
+        crate::RrpcContext,
+        tokio::task::JoinHandle<()>,
+        std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    ) {
+        let _ = std::fs::remove_file(path);
+        let ctx = crate::RrpcContext::new(cfg);
+        let mut l = RrpcListener::bind(&Target::Shm(path.into()), cfg, &ctx).expect("bind");
+        let accepted = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let (cfg, counted) = (cfg.clone(), accepted.clone());
+        let task = tokio::spawn(async move {
+            let mut pipes = Vec::new();
+            while let Some(a) = l.accept().await {
+                counted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                if let Ok(crate::negotiate::Established::Pipe(p, _)) = a.establish(&cfg).await {
+                    pipes.push(p);
+                }
+            }
+        });
+        (ctx, task, accepted)
+    }
+
+    /// Behind an `rrpc://` port a restarted server's side listener is at
+    /// another endpoint (the verbs side channel's port is the OS's pick).
+    /// The client's shared connections are cached by the port, so the new
+    /// server's replaces the old server's, which a hung process still
+    /// holds open (so it looks alive), instead of being kept beside it;
+    /// and at once: the old one is not tried on the new server first.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_port_whose_server_restarted_gets_one_new_shared_connection() {
+        use rrpc_core::FabricAddr;
+        let cfg = RrpcConfig::builder()
+            .shared_queue_pairs(true)
+            .build()
+            .unwrap();
+        let dir = std::env::temp_dir();
+        let pid = std::process::id();
+        let (a, b) = (
+            dir.join(format!("rrpc-tonic-moved-a-{pid}.sock")),
+            dir.join(format!("rrpc-tonic-moved-b-{pid}.sock")),
+        );
+        let port = Some("127.0.0.1:50999");
+        let client = crate::RrpcContext::new(&cfg);
+        let opened = |ctx: &crate::RrpcContext| {
+            ctx.shared_connections()
+                .into_iter()
+                .filter(|s| s.opened_here)
+                .collect::<Vec<_>>()
+        };
+        let (first, first_task, _) = shared_server(&a, &cfg);
+        let one = crate::rings::dial(FabricAddr::Shm(a.clone()), port, &cfg, &client)
+            .await
+            .expect("dial the first server");
+        assert_eq!(opened(&client).len(), 1);
+        // The first server hangs: its context still holds its end.
+        first_task.abort();
+        let (second, second_task, side_channels) = shared_server(&b, &cfg);
+        let two = crate::rings::dial(FabricAddr::Shm(b.clone()), port, &cfg, &client)
+            .await
+            .expect("dial the restarted server");
+        let o = opened(&client);
+        assert_eq!(o.len(), 1, "the stale one was replaced: {o:?}");
+        assert_eq!(o[0].logical_connections, 1, "{o:?}");
+        assert!(o[0].alive, "{o:?}");
+        let held = second.shared_connections();
+        assert_eq!(held.len(), 1, "{held:?}");
+        assert_eq!(held[0].logical_connections, 1, "{held:?}");
+        // The opening and the logical connection; no logical hello naming
+        // the old server's shared connection, refused first.
+        assert_eq!(side_channels.load(std::sync::atomic::Ordering::Relaxed), 2);
+        drop((one, two));
+        second_task.abort();
+        drop((first, second));
+        let _ = std::fs::remove_file(&a);
+        let _ = std::fs::remove_file(&b);
     }
 }

@@ -20,9 +20,16 @@
 //! ```
 //!
 //! The client caches its shared connections by server
-//! (`rrpc_core::meta::PeerCache`): an entry lives [`RrpcConfig::peer_lease`]
-//! past its last use, longer while connections run over it, and goes at
-//! once when its side channel closes or the server no longer knows its id.
+//! (`rrpc_core::meta::PeerCache`), keyed by the address it dialed
+//! ([`PeerKey`]): the ring endpoint for `shm://` and `rdma://`, the port's
+//! address (and the fabric chosen) for `rrpc://`. An entry lives
+//! [`RrpcConfig::peer_lease`] past its last use, longer while connections
+//! run over it, and goes at once when its side channel closes or the
+//! server no longer knows its id. Behind an `rrpc://` port the ring
+//! endpoint changes when the server restarts (the verbs side channel's
+//! port is the OS's pick, the shm socket's name holds the pid), so an entry
+//! whose endpoint is not the one the port names now is from the server's
+//! earlier life: it is replaced, not kept beside the new one.
 //! The server holds at most [`RrpcConfig::max_shared_peers`], and drops one
 //! when its client's side channel closes.
 
@@ -296,10 +303,42 @@ impl Drop for Spares {
 // Client
 // ---------------------------------------------------------------------------
 
+/// What a client caches its shared connection to a server by: the address
+/// the user dialed, so that a server met again at that address replaces
+/// its own stale entry (module docs).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub(crate) struct PeerKey(String);
+
+impl PeerKey {
+    /// The server dialed at `ep` (`shm://`, `rdma://`), or, with `port`,
+    /// the `rrpc://` port at `port` (`host:port`) whose negotiation named
+    /// `ep`: keyed by the port and `ep`'s fabric, never by `ep` itself,
+    /// which changes when the server behind the port restarts.
+    pub(crate) fn new(ep: &FabricAddr, port: Option<&str>) -> Self {
+        let uri = ep.to_string();
+        PeerKey(match port {
+            None => uri,
+            // The fabric is the endpoint's scheme (`shm`, `rdma`).
+            Some(port) => {
+                let fabric = uri.split_once("://").map_or("", |(scheme, _)| scheme);
+                format!("rrpc://{port} ({fabric})")
+            }
+        })
+    }
+}
+
+impl std::fmt::Display for PeerKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
 /// A client's shared connection to one server.
 #[derive(Debug)]
 pub(crate) struct SharedPeer {
     pub(crate) shared: Arc<SharedConnection>,
+    /// The ring endpoint it was opened to.
+    ep: FabricAddr,
     /// The protection domain of its queue pair.
     pub(crate) domain: Domain,
     pub(crate) id: Id,
@@ -330,23 +369,25 @@ impl SharedPeer {
 /// A client's shared connections, by server.
 #[derive(Debug, Default)]
 pub(crate) struct Peers {
-    cache: Mutex<Option<PeerCache<String, Arc<SharedPeer>>>>,
+    cache: Mutex<Option<PeerCache<PeerKey, Arc<SharedPeer>>>>,
     /// The bytes their spare rings hold.
     spare_bytes: Arc<AtomicU64>,
 }
 
 impl Peers {
-    /// The shared connection to `ep`: cached, or opened now (blocking,
-    /// bounded by the handshake timeout). Expired and dead entries are
-    /// dropped first.
+    /// The shared connection to the server `key` names, at `ep`: cached,
+    /// or opened now (blocking, bounded by the handshake timeout). Expired
+    /// and dead entries are dropped first, and so is the entry for `key` if
+    /// it was opened to another endpoint (the server behind an `rrpc://`
+    /// port restarted: module docs).
     pub(crate) fn get_or_open(
         &self,
+        key: &PeerKey,
         ep: &FabricAddr,
         fabric: &Fabric,
         cfg: &RrpcConfig,
         hs: &HandshakeConfig,
     ) -> Result<Arc<SharedPeer>, Error> {
-        let key = ep.to_string();
         let mut dropped = Vec::new();
         {
             let mut cell = self.cache.lock().unwrap_or_else(|p| p.into_inner());
@@ -355,10 +396,24 @@ impl Peers {
             let now = Instant::now();
             dropped.extend(cache.invalidate_where(|p| !p.alive()));
             dropped.extend(cache.expire(now, |p| p.shared.physical().sharers() > 0));
-            match cache.get(&key, now) {
-                Ok(Some(p)) => return Ok(p.clone()),
-                Ok(None) => {}
-                Err(p) => dropped.push(p),
+            let hit = match cache.get(key, now) {
+                Ok(hit) => hit.cloned(),
+                Err(p) => {
+                    dropped.push(p);
+                    None
+                }
+            };
+            match hit {
+                Some(p) if p.ep == *ep => return Ok(p),
+                Some(_) => {
+                    tracing::debug!(
+                        server = %key, endpoint = %ep,
+                        "rrpc: the server moved its side listener (it restarted); \
+                         its old shared connection is dropped"
+                    );
+                    dropped.extend(cache.invalidate(key));
+                }
+                None => {}
             }
         }
         // Closed outside the lock (closing says goodbye on the socket).
@@ -369,26 +424,27 @@ impl Peers {
         let mut cell = self.cache.lock().unwrap_or_else(|p| p.into_inner());
         let cache = cell.as_mut().expect("made above");
         let now = Instant::now();
-        if let Ok(Some(p)) = cache.get(&key, now) {
+        if let Ok(Some(p)) = cache.get(key, now)
+            && p.ep == *ep
+        {
             return Ok(p.clone());
         }
-        let evicted = cache.insert(key, opened.clone(), now);
+        let evicted = cache.insert(key.clone(), opened.clone(), now);
         drop(cell);
         drop(evicted);
         Ok(opened)
     }
 
-    /// Forgets `peer` as the shared connection to `ep` (the server no longer
-    /// knows it, or its side channel closed).
-    pub(crate) fn invalidate(&self, ep: &FabricAddr, peer: &Arc<SharedPeer>) {
-        let key = ep.to_string();
+    /// Forgets `peer` as the shared connection to the server `key` names
+    /// (the server no longer knows it, or its side channel closed).
+    pub(crate) fn invalidate(&self, key: &PeerKey, peer: &Arc<SharedPeer>) {
         let mut cell = self.cache.lock().unwrap_or_else(|p| p.into_inner());
         let Some(cache) = cell.as_mut() else { return };
-        let same = matches!(cache.get(&key, Instant::now()), Ok(Some(p)) if Arc::ptr_eq(p, peer));
+        let same = matches!(cache.get(key, Instant::now()), Ok(Some(p)) if Arc::ptr_eq(p, peer));
         if same {
-            let gone = cache.invalidate(&key);
+            let gone = cache.invalidate(key);
             drop(cell);
-            tracing::debug!(endpoint = %ep, "rrpc: shared connection invalidated");
+            tracing::debug!(server = %key, endpoint = %peer.ep, "rrpc: shared connection invalidated");
             drop(gone);
         }
     }
@@ -428,6 +484,7 @@ fn open(
     tracing::debug!(endpoint = %ep, "rrpc: shared connection opened");
     Ok(SharedPeer {
         shared,
+        ep: ep.clone(),
         domain: Domain::new(fabric, spare_bytes),
         id,
         next_tag: AtomicU32::new(0),
@@ -557,6 +614,43 @@ mod tests {
         assert_eq!(parse_opened(&opened_reply(&id)).unwrap(), id);
         assert!(parse_opened(b"RRPA").is_err());
         assert!(parse_opened(&path).is_err());
+    }
+
+    /// A port's key names the port and the fabric, not the endpoint (which
+    /// moves when the port's server restarts); a ring URI's is the URI.
+    #[test]
+    fn a_port_is_keyed_by_its_address_and_fabric() {
+        let shm = |p: &str| FabricAddr::Shm(p.into());
+        let rdma = |p: u16| FabricAddr::Rdma(std::net::SocketAddr::from(([10, 0, 0, 1], p)));
+        let port = Some("h:50051");
+        assert_eq!(
+            PeerKey::new(&rdma(40001), port),
+            PeerKey::new(&rdma(40002), port)
+        );
+        assert_eq!(
+            PeerKey::new(&shm("/run/a.sock"), port),
+            PeerKey::new(&shm("/run/b.sock"), port)
+        );
+        assert_ne!(
+            PeerKey::new(&shm("/run/a.sock"), port),
+            PeerKey::new(&rdma(40001), port)
+        );
+        assert_ne!(
+            PeerKey::new(&rdma(40001), port),
+            PeerKey::new(&rdma(40001), Some("h:50052"))
+        );
+        assert_ne!(
+            PeerKey::new(&rdma(40001), None),
+            PeerKey::new(&rdma(40002), None)
+        );
+        assert_eq!(
+            PeerKey::new(&rdma(40001), None).to_string(),
+            "rdma://10.0.0.1:40001"
+        );
+        assert_eq!(
+            PeerKey::new(&rdma(40001), port).to_string(),
+            "rrpc://h:50051 (rdma)"
+        );
     }
 
     #[test]

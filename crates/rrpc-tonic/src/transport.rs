@@ -228,7 +228,7 @@ pub(crate) async fn dial(
             Ok((client, path))
         }
         Target::Shm(path) => {
-            crate::rings::dial(rrpc_core::FabricAddr::Shm(path.clone()), cfg, ctx).await
+            crate::rings::dial(rrpc_core::FabricAddr::Shm(path.clone()), None, cfg, ctx).await
         }
         Target::Rdma(uri) => {
             // Off the runtime's threads: a name lookup can block for seconds.
@@ -236,13 +236,14 @@ pub(crate) async fn dial(
             let ep = tokio::task::spawn_blocking(move || rdma_endpoint(&uri))
                 .await
                 .map_err(|e| Error::Io(std::io::Error::other(e)))??;
-            crate::rings::dial(ep, cfg, ctx).await
+            crate::rings::dial(ep, None, cfg, ctx).await
         }
         // A ring channel on an `rrpc://` port: shm or verbs through the
-        // side listener the port's negotiation names.
+        // side listener the port's negotiation names; its shared
+        // connections are cached by the port (`sharing::PeerKey`).
         Target::Port(p) => {
             let ep = p.ring_endpoint(cfg).await?;
-            crate::rings::dial(ep, cfg, ctx).await
+            crate::rings::dial(ep, Some(p.addr()), cfg, ctx).await
         }
         Target::Tcp(_) | Target::Unix(_) => Err(Error::InvalidUri {
             uri: format!("{target:?}"),

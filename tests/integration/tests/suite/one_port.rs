@@ -4,7 +4,8 @@
 //! `RRPC_TEST_DEVICE`, i.e. inside `cargo xtask rxe`), else HTTP/2 on the
 //! TCP connection it negotiated on; plain tonic `Channel`s on `http://` are
 //! served as by `http://` itself, all at once; garbage and malformed hellos
-//! are refused and closed while the server keeps serving.
+//! are refused and closed while the server keeps serving, and disturb no
+//! client calling on the port meanwhile.
 
 use std::time::{Duration, Instant};
 
@@ -353,6 +354,138 @@ async fn garbage_and_bad_hellos_are_refused_and_the_port_keeps_serving() {
     drop(held);
 }
 
+/// Unary calls on `c` in a loop until `stop`, each checked; how many
+/// completed so far in `done`.
+async fn calls_until<C>(
+    mut c: TestClient<C>,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    done: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+) where
+    C: tonic::client::GrpcService<tonic::body::Body>,
+    C::Error: Into<tonic::codegen::StdError>,
+    C::ResponseBody: tonic::codegen::Body<Data = tonic::codegen::Bytes> + Send + 'static,
+    <C::ResponseBody as tonic::codegen::Body>::Error: Into<tonic::codegen::StdError> + Send,
+{
+    use std::sync::atomic::Ordering::Relaxed;
+    let mut n = 0usize;
+    while !stop.load(Relaxed) {
+        unary!(c, 1 + n % 2000);
+        n += 1;
+        done.store(n, Relaxed);
+    }
+}
+
+/// Hostile first bytes on the port (not the HTTP/2 preface, not `RRPN`)
+/// and malformed rrpc hellos, all at once and in rounds, while `ring` (an
+/// rrpc client on a ring fabric), an rrpc client on TCP and a plain tonic
+/// client call in a loop on the same port: each hostile connection is
+/// closed (a malformed hello with a refusal), and every call of the others
+/// succeeds, during the attack as before and after it.
+async fn hostile_hellos_beside(h: &Harness, ring: rrpc_tonic::RrpcChannel) {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
+    let a = addr(h);
+    let tcp = dial(
+        h,
+        cfg()
+            .to_builder()
+            .fabrics([Fabric::Tcp])
+            .build()
+            .expect("fabrics"),
+    )
+    .await
+    .expect("connect on tcp");
+    assert_eq!(tcp.carrier(), Carrier::Tcp);
+    let grpc = plain(h).await;
+    let stop = Arc::new(AtomicBool::new(false));
+    let counts: Vec<Arc<AtomicUsize>> = (0..3).map(|_| Arc::default()).collect();
+    let loops = [
+        tokio::spawn(calls_until(
+            TestClient::new(ring.clone()),
+            stop.clone(),
+            counts[0].clone(),
+        )),
+        tokio::spawn(calls_until(
+            TestClient::new(tcp),
+            stop.clone(),
+            counts[1].clone(),
+        )),
+        tokio::spawn(calls_until(grpc, stop.clone(), counts[2].clone())),
+    ];
+    let now = || counts.iter().map(|c| c.load(Relaxed)).collect::<Vec<_>>();
+    // Every client calls before the attack starts.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while now().contains(&0) {
+        assert!(
+            Instant::now() < deadline,
+            "no calls before the attack: {:?}",
+            now()
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let before = now();
+    let limit = Duration::from_secs(3);
+    // (what it sends, the refusal it gets: `None` for closed without a word)
+    let mut truncated = header(1, 1, 3);
+    truncated.extend_from_slice(&[3, 200, b'x']);
+    let mut bad_version = header(9, 1, 2);
+    bad_version.extend_from_slice(&[1, 0]);
+    let hostile: Vec<(Vec<u8>, Option<&str>)> = vec![
+        // A TLS ClientHello's first bytes.
+        (
+            b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03".to_vec(),
+            None,
+        ),
+        (b"GET / HTTP/1.1\r\nHost: x\r\n\r\n".to_vec(), None),
+        ((0u8..=255).rev().cycle().take(4096).collect(), None),
+        // Half the magic, then nothing: closed at the handshake timeout.
+        (b"RR".to_vec(), None),
+        (truncated, Some("truncated")),
+        (bad_version, Some("version 9")),
+        (header(1, 1, 60_000), Some("too large")),
+        (header(1, 2, 0), Some("kind")),
+    ];
+    for _round in 0..3 {
+        let attacks = hostile.iter().map(|(bytes, says)| {
+            let a = a.clone();
+            async move {
+                let mut s = TcpStream::connect(&a).await.expect("connect");
+                s.write_all(bytes).await.expect("write");
+                let reply = closed_within(&mut s, limit).await;
+                match says {
+                    None => assert!(reply.is_empty(), "{bytes:02x?}: {reply:?}"),
+                    Some(says) => assert_refusal(&reply, says),
+                }
+            }
+        });
+        futures_util::future::join_all(attacks).await;
+    }
+    let during = now();
+    assert!(
+        before.iter().zip(&during).all(|(b, d)| d > b),
+        "every client called during the attack: {before:?} then {during:?}"
+    );
+    stop.store(true, Relaxed);
+    for l in loops {
+        l.await
+            .expect("every call of the well-behaved clients succeeded");
+    }
+    // And after it, on new connections too.
+    let ch = dial(h, cfg()).await.expect("connect");
+    unary!(TestClient::new(ch), 3);
+    let mut p = plain(h).await;
+    unary!(p, 4);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_hellos_do_not_disturb_a_shm_client_and_plain_grpc_on_the_port() {
+    let h = start(cfg()).await;
+    let ch = dial(&h, cfg()).await.expect("connect");
+    assert_eq!(ch.carrier(), Carrier::Shm);
+    hostile_hellos_beside(&h, ch.clone()).await;
+    assert_eq!(ch.carrier(), Carrier::Shm);
+}
+
 /// grpcio (Python's gRPC, C core) on the port, unchanged: a unary call with
 /// the messages encoded by hand (no generated Python code). Skipped when
 /// `python3 -c "import grpc"` fails (`python3 -m pip install grpcio`).
@@ -594,6 +727,34 @@ mod rdma_verbs {
             .expect("lazy");
         unary!(TestClient::new(lazy.clone()), 12);
         assert_verbs(&lazy);
+    }
+
+    /// The hostile hellos of `hostile_hellos_beside` while a client on
+    /// verbs calls through the port.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn hostile_hellos_do_not_disturb_a_verbs_client_and_plain_grpc_on_the_port() {
+        if Transport::rdma_device().is_none() {
+            eprintln!("skipped: RRPC_TEST_DEVICE not set");
+            return;
+        }
+        eprintln!("rrpc-test-on-verbs");
+        let h = start(
+            cfg()
+                .to_builder()
+                .rdma_device(Transport::rdma_device().expect("device"))
+                .build()
+                .unwrap(),
+        )
+        .await;
+        let verbs = on_device(rrpc_tonic::PathPreference::Fast)
+            .to_builder()
+            .fabrics([Fabric::Verbs])
+            .build()
+            .expect("fabrics");
+        let ch = dial(&h, verbs).await.expect("connect on verbs");
+        assert_verbs(&ch);
+        hostile_hellos_beside(&h, ch.clone()).await;
+        assert_verbs(&ch);
     }
 
     /// A client whose device cannot be opened falls back to TCP when it

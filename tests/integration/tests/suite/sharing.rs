@@ -27,20 +27,8 @@ rrpc_integration_tests::on_port_rings!(
     connections_share_one_queue_pair,
     rings_are_made_ahead_for_the_next_connection,
     a_server_that_does_not_share_says_so,
+    a_restarted_server_gets_a_new_shared_connection,
 );
-
-// Over `rrpc://` on shm only: on verbs (`rdma_port`, `cargo xtask rxe`) the
-// client kept the stale shared connection after the restart (2 opened, not
-// 1): an open bug of rrpc://'s verbs side channel, not yet fixed.
-mod port_shm_restart {
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_restarted_server_gets_a_new_shared_connection() {
-        super::a_restarted_server_gets_a_new_shared_connection(
-            rrpc_integration_tests::Transport::PortShm,
-        )
-        .await
-    }
-}
 
 fn shared(t: Transport) -> RrpcConfig {
     config(t)
