@@ -3,7 +3,8 @@
 //! - `cargo xtask ci`: everything CI checks, each step timed.
 //! - `cargo xtask bench <suite> [--quick] [--out DIR] [--json] [--compare-paper]
 //!   [--hosts hosts.toml --launcher ssh|local]`: builds the suite binaries of `rrpc-bench` once,
-//!   runs them, and writes CSV + Markdown + JSON per experiment, `summary.md` and SVG/PNG plots.
+//!   runs them, and writes CSV + Markdown + JSON per experiment, `summary.md` and SVG/PNG plots;
+//!   a full `bench all` also regenerates `docs/benchmarks.md` (`--no-doc` keeps it).
 //!   Cluster mode is tested on one machine with `--hosts xtask/hosts.loopback.toml --launcher
 //!   local`, and over real ssh with `xtask/loopback-ssh.sh` (a throwaway sshd on 127.0.0.1 only;
 //!   needs `/usr/sbin/sshd`; starts a daemon, so it is not part of `ci`).
@@ -36,13 +37,13 @@ use clap::{Parser, Subcommand};
 
 #[derive(Parser, Debug)]
 #[command(about = "rrpc developer tasks")]
-struct Cli {
+pub(crate) struct Cli {
     #[command(subcommand)]
-    cmd: Cmd,
+    pub(crate) cmd: Cmd,
 }
 
 #[derive(Subcommand, Debug)]
-enum Cmd {
+pub(crate) enum Cmd {
     /// Everything CI checks: fmt, clippy -D warnings, tests, verbs build + work-request tests (if
     /// possible), the verbs suite in a soft-RoCE VM (`cargo xtask rxe`; `--no-rxe`), miri on the sans-IO cores (if installed),
     /// `bench all --quick`, fuzz builds (if cargo-fuzz is installed).
@@ -98,6 +99,10 @@ struct BenchArgs {
     /// Cargo profile for the suite binaries (`bench` = release + thin LTO, or `release`).
     #[arg(long, default_value = "bench")]
     profile: String,
+    /// `bench all` (full, local) regenerates `docs/benchmarks.md` and its plots in
+    /// `docs/img/bench/`; this keeps the docs as they are.
+    #[arg(long)]
+    no_doc: bool,
     /// Run the suite binaries already built in `--profile`'s directory instead
     /// of building them (CI: the test step's build made them, with the
     /// workspace's features, so the smoke run costs no second build).
