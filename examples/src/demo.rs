@@ -70,6 +70,11 @@ struct Args {
     /// Skip the tcp and uds baselines (only meaningful with several modes).
     #[arg(long)]
     no_baselines: bool,
+    /// Run only these paths (comma-separated names as printed: `tcp`, `uds`,
+    /// `shm-h2`, `shm-fast`, `tonic-inproc`, `tonic-h2-mem`), e.g. to
+    /// profile one (`perf record ... demo --only shm-fast`).
+    #[arg(long, value_delimiter = ',')]
+    only: Vec<String>,
 }
 
 #[derive(Debug, Default)]
@@ -409,6 +414,9 @@ fn main() -> anyhow::Result<()> {
             Some(v.ctx.clone()),
         ));
     }
+    let wanted = |name: &str| args.only.is_empty() || args.only.iter().any(|o| o == name);
+    paths.retain(|p| wanted(&p.0));
+    let (run_inproc, run_h2_mem) = (wanted("tonic-inproc"), wanted("tonic-h2-mem"));
     let calls = args.calls;
     let (line_tx, line_rx) = std_mpsc::channel::<String>();
     let client = side_thread("demo-client", ccpu, move |rt| {
@@ -468,25 +476,31 @@ fn main() -> anyhow::Result<()> {
                 let _ = line_tx.send(line);
                 results.push((name, p50, p99));
             }
-            let (f50, f99) = measure_inproc(calls).await?;
-            let _ = line_tx.send(format!(
-                "tonic-inproc p50 {f50:.1}us p99 {f99:.1}us  | no transport: the generated client calls the generated server's service directly"
-            ));
-            let (m50, m99) = measure_h2_mem(calls).await?;
-            let _ = line_tx.send(format!(
-                "tonic-h2-mem p50 {m50:.1}us p99 {m99:.1}us  | HTTP/2 with no transport: tonic's server and channel over an in-memory byte stream, both on the client thread"
-            ));
-            Ok::<_, anyhow::Error>((results, (f50, f99), (m50, m99)))
+            let mut floor = None;
+            if run_inproc {
+                let (f50, f99) = measure_inproc(calls).await?;
+                let _ = line_tx.send(format!(
+                    "tonic-inproc p50 {f50:.1}us p99 {f99:.1}us  | no transport: the generated client calls the generated server's service directly"
+                ));
+                floor = Some(f50);
+            }
+            let mut h2_floor = None;
+            if run_h2_mem {
+                let (m50, m99) = measure_h2_mem(calls).await?;
+                let _ = line_tx.send(format!(
+                    "tonic-h2-mem p50 {m50:.1}us p99 {m99:.1}us  | HTTP/2 with no transport: tonic's server and channel over an in-memory byte stream, both on the client thread"
+                ));
+                h2_floor = Some(m50);
+            }
+            Ok::<_, anyhow::Error>((results, floor, h2_floor))
         })
     });
     for line in line_rx {
         println!("{line}");
     }
-    let (results, (f50, _), (m50, _)) = client.join().expect("client thread")?;
-    if !args.no_baselines
-        && let Some((_, t50, t99)) = results.first().cloned()
-    {
-        for (name, p50, p99) in &results[1..] {
+    let (results, floor, h2_floor) = client.join().expect("client thread")?;
+    if let Some((_, t50, t99)) = results.iter().find(|(n, ..)| n == "tcp").cloned() {
+        for (name, p50, p99) in results.iter().filter(|(n, ..)| n != "tcp") {
             println!(
                 "{name}/tcp p50 {:.2}x ({:.1}x lower) p99 {:.2}x",
                 p50 / t50,
@@ -494,19 +508,25 @@ fn main() -> anyhow::Result<()> {
                 p99 / t99
             );
         }
-        println!("tonic-h2-mem/tcp p50 {:.2}x", m50 / t50);
+        if let Some(m50) = h2_floor {
+            println!("tonic-h2-mem/tcp p50 {:.2}x", m50 / t50);
+        }
     }
-    for (name, p50, _) in &results {
-        println!(
-            "{name}/tonic-inproc p50 {:.2}x (the floor for anything that keeps tonic's stubs)",
-            p50 / f50
-        );
+    if let Some(f50) = floor {
+        for (name, p50, _) in &results {
+            println!(
+                "{name}/tonic-inproc p50 {:.2}x (the floor for anything that keeps tonic's stubs)",
+                p50 / f50
+            );
+        }
     }
-    for (name, p50, _) in results.iter().filter(|(n, ..)| n.contains("-h2")) {
-        println!(
-            "{name}/tonic-h2-mem p50 {:.2}x (the floor for anything that keeps HTTP/2)",
-            p50 / m50
-        );
+    if let Some(m50) = h2_floor {
+        for (name, p50, _) in results.iter().filter(|(n, ..)| n.contains("-h2")) {
+            println!(
+                "{name}/tonic-h2-mem p50 {:.2}x (the floor for anything that keeps HTTP/2)",
+                p50 / m50
+            );
+        }
     }
     let _ = stop_tx.send(true);
     server.join().expect("server thread")?;
