@@ -70,6 +70,22 @@ struct Args {
     /// Skip the tcp and uds baselines (only meaningful with several modes).
     #[arg(long)]
     no_baselines: bool,
+    /// Print the lines above on stderr and, on stdout, one JSON object:
+    /// `{"paths":[{"path":"tcp","p50_us":..,"p99_us":..},...]}`, every path
+    /// measured, `tonic-inproc` and `tonic-h2-mem` included (what
+    /// `cargo xtask bench check` reads).
+    #[arg(long)]
+    json: bool,
+}
+
+/// Prints a human line: on stdout, or on stderr with `--json` (stdout then
+/// carries only the JSON object).
+fn say(json: bool, line: &str) {
+    if json {
+        eprintln!("{line}");
+    } else {
+        println!("{line}");
+    }
 }
 
 #[derive(Debug, Default)]
@@ -318,12 +334,16 @@ fn main() -> anyhow::Result<()> {
     };
     let pin_note =
         |c: Option<usize>| c.map_or("unpinned".to_string(), |c| format!("pinned to cpu {c}"));
-    println!(
-        "thread plan ({cores} cores): server 1 OS thread (tokio current_thread, {}); \
+    let json = args.json;
+    say(
+        json,
+        &format!(
+            "thread plan ({cores} cores): server 1 OS thread (tokio current_thread, {}); \
          client 1 OS thread (tokio current_thread, {}); {transport} rows add the poller's threads \
          (shared by both sides, unpinned, parked when idle), printed per mode",
-        pin_note(scpu),
-        pin_note(ccpu)
+            pin_note(scpu),
+            pin_note(ccpu)
+        ),
     );
 
     // Server: every listener on one thread and runtime.
@@ -479,33 +499,52 @@ fn main() -> anyhow::Result<()> {
         })
     });
     for line in line_rx {
-        println!("{line}");
+        say(json, &line);
     }
-    let (results, (f50, _), (m50, _)) = client.join().expect("client thread")?;
+    let (results, (f50, f99), (m50, m99)) = client.join().expect("client thread")?;
     if !args.no_baselines
         && let Some((_, t50, t99)) = results.first().cloned()
     {
         for (name, p50, p99) in &results[1..] {
-            println!(
-                "{name}/tcp p50 {:.2}x ({:.1}x lower) p99 {:.2}x",
-                p50 / t50,
-                t50 / p50,
-                p99 / t99
+            say(
+                json,
+                &format!(
+                    "{name}/tcp p50 {:.2}x ({:.1}x lower) p99 {:.2}x",
+                    p50 / t50,
+                    t50 / p50,
+                    p99 / t99
+                ),
             );
         }
-        println!("tonic-h2-mem/tcp p50 {:.2}x", m50 / t50);
+        say(json, &format!("tonic-h2-mem/tcp p50 {:.2}x", m50 / t50));
     }
     for (name, p50, _) in &results {
-        println!(
-            "{name}/tonic-inproc p50 {:.2}x (the floor for anything that keeps tonic's stubs)",
-            p50 / f50
+        say(
+            json,
+            &format!(
+                "{name}/tonic-inproc p50 {:.2}x (the floor for anything that keeps tonic's stubs)",
+                p50 / f50
+            ),
         );
     }
     for (name, p50, _) in results.iter().filter(|(n, ..)| n.contains("-h2")) {
-        println!(
-            "{name}/tonic-h2-mem p50 {:.2}x (the floor for anything that keeps HTTP/2)",
-            p50 / m50
+        say(
+            json,
+            &format!(
+                "{name}/tonic-h2-mem p50 {:.2}x (the floor for anything that keeps HTTP/2)",
+                p50 / m50
+            ),
         );
+    }
+    if json {
+        // Path names are ours (no quote or backslash): no JSON library needed.
+        let rows: Vec<String> = results
+            .iter()
+            .map(|(n, a, b)| (n.as_str(), *a, *b))
+            .chain([("tonic-inproc", f50, f99), ("tonic-h2-mem", m50, m99)])
+            .map(|(n, p50, p99)| format!(r#"{{"path":"{n}","p50_us":{p50},"p99_us":{p99}}}"#))
+            .collect();
+        println!(r#"{{"paths":[{}]}}"#, rows.join(","));
     }
     let _ = stop_tx.send(true);
     server.join().expect("server thread")?;

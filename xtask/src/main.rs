@@ -12,10 +12,14 @@
 //!   `rxe.rs`.
 //! - `cargo xtask verbs-selftest [--device NAME]`: the verbs suite natively on a real RDMA device
 //!   plus a short ping-pong; without a device, a report of what was found.
+//! - `cargo xtask bench check [--rounds N] [--thresholds FILE] [--no-build]`: the performance
+//!   regression guard (`check.rs`): medians of alternating quick runs against the committed
+//!   thresholds of `benches/thresholds.toml`; fails naming each ratio that is worse.
 //! - `cargo xtask plot <DIR>...`: redraws the SVG/PNG plots of results already written by
 //!   `bench` (each `<experiment>.json` in DIR and its suite subdirectories), in place.
 
 mod bench;
+mod check;
 mod ci;
 mod cluster;
 mod layers;
@@ -75,7 +79,8 @@ enum Cmd {
 /// `cargo xtask bench` options.
 #[derive(clap::Args, Debug, Clone)]
 struct BenchArgs {
-    /// Suite: fabric, ringbuf, poller, rpc, kv, connect or all.
+    /// Suite: fabric, ringbuf, poller, rpc, kv, connect or all; or `check`, the performance
+    /// regression guard (medians of alternating quick runs against `benches/thresholds.toml`).
     suite: String,
     /// Short smoke run (seconds per suite): proves the suite runs, says nothing about speed.
     #[arg(long)]
@@ -96,17 +101,31 @@ struct BenchArgs {
     #[arg(long, value_enum, default_value_t = cluster::LauncherKind::Ssh)]
     launcher: cluster::LauncherKind,
     /// Cargo profile for the suite binaries (`bench` = release + thin LTO, or `release`).
-    #[arg(long, default_value = "bench")]
-    profile: String,
+    /// Default: `bench`; `release` for `check`.
+    #[arg(long)]
+    profile: Option<String>,
     /// Run the suite binaries already built in `--profile`'s directory instead
     /// of building them (CI: the test step's build made them, with the
     /// workspace's features, so the smoke run costs no second build).
     #[arg(long)]
     no_build: bool,
+    /// `check`: rounds (each runs every source once; the median across rounds is judged).
+    #[arg(long)]
+    rounds: Option<usize>,
+    /// `check`: the thresholds file (default `benches/thresholds.toml`).
+    #[arg(long)]
+    thresholds: Option<PathBuf>,
     /// Passed to the suite binary after `--`, e.g. `cargo xtask bench rpc -- --only resources`
     /// (see `<suite> --help`).
     #[arg(last = true)]
     suite_args: Vec<String>,
+}
+
+impl BenchArgs {
+    /// The cargo profile of the suite binaries (`bench` unless `--profile`).
+    fn profile(&self) -> &str {
+        self.profile.as_deref().unwrap_or("bench")
+    }
 }
 
 /// Errors are printed with their causes, without a backtrace (CI sets
