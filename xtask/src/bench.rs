@@ -128,8 +128,8 @@ pub(crate) fn run(args: &BenchArgs) -> Result<()> {
     if args.suite == "check" {
         return crate::check::run(args);
     }
-    if args.rounds.is_some() || args.thresholds.is_some() {
-        bail!("--rounds and --thresholds are options of `cargo xtask bench check`");
+    if args.rounds.is_some() || args.thresholds.is_some() || args.strict {
+        bail!("--rounds, --thresholds and --strict are options of `cargo xtask bench check`");
     }
     signals::install();
     let root = workspace_root();

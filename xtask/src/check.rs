@@ -746,8 +746,15 @@ pub(crate) fn run(args: &BenchArgs) -> Result<()> {
     println!("{md}");
     eprintln!("check: results in {}", out.join("check.md").display());
     let skipped = failures(&th.ratios, &outcomes)?;
-    for s in skipped {
+    for s in &skipped {
         eprintln!("check: {s}");
+    }
+    if args.strict && !skipped.is_empty() {
+        bail!(
+            "--strict: {} ratio(s) skipped: {}",
+            skipped.len(),
+            skipped.join("; ")
+        );
     }
     eprintln!("check: every ratio within its threshold");
     Ok(())

@@ -387,7 +387,13 @@ pub(crate) fn run_ci(args: &CiArgs) -> Result<()> {
             // Medians of 5 alternating quick rounds against benches/thresholds.toml. It
             // builds its binaries in `release` (the test step's build is unoptimised: its
             // ratios would guard nothing), after the test build is pruned (disk).
-            run(&exe, &["bench", "check"], Some(root_ref)).map(|()| Outcome::Ran)
+            // `--strict`: a ratio skipped for want of redis-server or valgrind fails
+            // (`.ci/setup` installs both), unless skips are allowed.
+            let mut a = vec!["bench", "check"];
+            if !args.allow_skips {
+                a.push("--strict");
+            }
+            run(&exe, &a, Some(root_ref)).map(|()| Outcome::Ran)
         })?;
         step("miri", &mut || {
             if args.no_miri {

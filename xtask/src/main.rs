@@ -115,6 +115,10 @@ struct BenchArgs {
     /// `check`: the thresholds file (default `benches/thresholds.toml`).
     #[arg(long)]
     thresholds: Option<PathBuf>,
+    /// `check`: a ratio skipped for a missing program (redis-server, valgrind) fails the
+    /// check (CI: `.ci/setup` installs them).
+    #[arg(long)]
+    strict: bool,
     /// Passed to the suite binary after `--`, e.g. `cargo xtask bench rpc -- --only resources`
     /// (see `<suite> --help`).
     #[arg(last = true)]
