@@ -1151,11 +1151,16 @@ fn client_runtime() -> Result<tokio::runtime::Runtime> {
         .context("building the client runtime")
 }
 
-fn ycsb_table(args: &SuiteArgs, report: &mut Report) -> Result<()> {
+fn ycsb_table(args: &SuiteArgs, report: &mut Report, workloads: &[Core]) -> Result<()> {
+    let workloads: &[Core] = if workloads.is_empty() {
+        &Core::ALL
+    } else {
+        workloads
+    };
     let (scpu, ccpus) = cpus();
     crate::pin_current_thread(ccpus[0]).context("pinning the client")?;
     let (records, ops): (u64, u64) = args.pick((1000, 2000), (20_000, 50_000));
-    let bar = args.progress((BACKENDS.len() * Core::ALL.len()) as u64, "kv ycsb");
+    let bar = args.progress((BACKENDS.len() * workloads.len()) as u64, "kv ycsb");
     let mut results: Vec<(Core, &str, YcsbRun)> = Vec::new();
     let mut redis_missing = false;
     let rt = client_runtime()?;
@@ -1196,7 +1201,7 @@ fn ycsb_table(args: &SuiteArgs, report: &mut Report) -> Result<()> {
                 }
                 None => {
                     redis_missing = true;
-                    bar.inc(Core::ALL.len() as u64);
+                    bar.inc(workloads.len() as u64);
                     continue;
                 }
             },
@@ -1211,7 +1216,7 @@ fn ycsb_table(args: &SuiteArgs, report: &mut Report) -> Result<()> {
             }
         };
         let mut clients = vec![driver];
-        for core in Core::ALL {
+        for &core in workloads {
             bar.set_message(format!("{core} {backend}"));
             let r = ycsb_run(&rt, &mut clients, core, records, ops, true)
                 .with_context(|| format!("YCSB {core} on {backend}"))?;
@@ -1271,7 +1276,7 @@ fn ycsb_table(args: &SuiteArgs, report: &mut Report) -> Result<()> {
     ));
     let mut ratios = Vec::new();
     let mut all_met = true;
-    for core in Core::ALL {
+    for &core in workloads {
         if let (Some(r), Some(b)) = (kops_of(core, "grpc-rrpc-shm"), kops_of(core, "grpc-tcp")) {
             let x = r / b;
             all_met &= x >= 2.35;
@@ -1301,18 +1306,32 @@ fn ycsb_table(args: &SuiteArgs, report: &mut Report) -> Result<()> {
     report.add(t)
 }
 
-/// Runs the whole kv suite into `report`.
+/// Runs the kv suite into `report`: every experiment, or those whose names start with an entry
+/// of `only` (`rfrpc`, `batch`, `ycsb`); `ycsb` runs the YCSB `workloads` (empty: A-F).
 ///
 /// # Errors
 /// Server start, connection or call errors.
-pub fn run_suite(args: &SuiteArgs, report: &mut Report) -> Result<()> {
+pub fn run_suite(
+    args: &SuiteArgs,
+    report: &mut Report,
+    only: &[String],
+    workloads: &[Core],
+) -> Result<()> {
+    let want = |e: &str| only.is_empty() || only.iter().any(|o| e.starts_with(o.as_str()));
     let (scpu, ccpus) = cpus();
     report.machine_mut().provider = "shm".into();
     report.machine_mut().pinning = format!(
         "servers (separate processes) pinned to cpu {scpu}; clients pinned to cpu {ccpus:?}"
     );
     crate::pin_current_thread(ccpus[0]).context("pinning the main thread")?;
-    rfrpc_tables(args, report)?;
-    batch_table(args, report)?;
-    ycsb_table(args, report)
+    if want("rfrpc") {
+        rfrpc_tables(args, report)?;
+    }
+    if want("batch") {
+        batch_table(args, report)?;
+    }
+    if want("ycsb") {
+        ycsb_table(args, report, workloads)?;
+    }
+    Ok(())
 }

@@ -75,6 +75,22 @@ struct Args {
     /// profile one (`perf record ... demo --only shm-fast`).
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
+    /// Print the lines above on stderr and, on stdout, one JSON object:
+    /// `{"paths":[{"path":"tcp","p50_us":..,"p99_us":..},...]}`, every path
+    /// measured, `tonic-inproc` and `tonic-h2-mem` included (what
+    /// `cargo xtask bench check` reads).
+    #[arg(long)]
+    json: bool,
+}
+
+/// Prints a human line: on stdout, or on stderr with `--json` (stdout then
+/// carries only the JSON object).
+fn say(json: bool, line: &str) {
+    if json {
+        eprintln!("{line}");
+    } else {
+        println!("{line}");
+    }
 }
 
 #[derive(Debug, Default)]
@@ -323,12 +339,16 @@ fn main() -> anyhow::Result<()> {
     };
     let pin_note =
         |c: Option<usize>| c.map_or("unpinned".to_string(), |c| format!("pinned to cpu {c}"));
-    println!(
-        "thread plan ({cores} cores): server 1 OS thread (tokio current_thread, {}); \
+    let json = args.json;
+    say(
+        json,
+        &format!(
+            "thread plan ({cores} cores): server 1 OS thread (tokio current_thread, {}); \
          client 1 OS thread (tokio current_thread, {}); {transport} rows add the poller's threads \
          (shared by both sides, unpinned, parked when idle), printed per mode",
-        pin_note(scpu),
-        pin_note(ccpu)
+            pin_note(scpu),
+            pin_note(ccpu)
+        ),
     );
 
     // Server: every listener on one thread and runtime.
@@ -482,7 +502,7 @@ fn main() -> anyhow::Result<()> {
                 let _ = line_tx.send(format!(
                     "tonic-inproc p50 {f50:.1}us p99 {f99:.1}us  | no transport: the generated client calls the generated server's service directly"
                 ));
-                floor = Some(f50);
+                floor = Some((f50, f99));
             }
             let mut h2_floor = None;
             if run_h2_mem {
@@ -490,43 +510,63 @@ fn main() -> anyhow::Result<()> {
                 let _ = line_tx.send(format!(
                     "tonic-h2-mem p50 {m50:.1}us p99 {m99:.1}us  | HTTP/2 with no transport: tonic's server and channel over an in-memory byte stream, both on the client thread"
                 ));
-                h2_floor = Some(m50);
+                h2_floor = Some((m50, m99));
             }
             Ok::<_, anyhow::Error>((results, floor, h2_floor))
         })
     });
     for line in line_rx {
-        println!("{line}");
+        say(json, &line);
     }
     let (results, floor, h2_floor) = client.join().expect("client thread")?;
     if let Some((_, t50, t99)) = results.iter().find(|(n, ..)| n == "tcp").cloned() {
         for (name, p50, p99) in results.iter().filter(|(n, ..)| n != "tcp") {
-            println!(
-                "{name}/tcp p50 {:.2}x ({:.1}x lower) p99 {:.2}x",
-                p50 / t50,
-                t50 / p50,
-                p99 / t99
+            say(
+                json,
+                &format!(
+                    "{name}/tcp p50 {:.2}x ({:.1}x lower) p99 {:.2}x",
+                    p50 / t50,
+                    t50 / p50,
+                    p99 / t99
+                ),
             );
         }
-        if let Some(m50) = h2_floor {
-            println!("tonic-h2-mem/tcp p50 {:.2}x", m50 / t50);
+        if let Some((m50, _)) = h2_floor {
+            say(json, &format!("tonic-h2-mem/tcp p50 {:.2}x", m50 / t50));
         }
     }
-    if let Some(f50) = floor {
+    if let Some((f50, _)) = floor {
         for (name, p50, _) in &results {
-            println!(
-                "{name}/tonic-inproc p50 {:.2}x (the floor for anything that keeps tonic's stubs)",
-                p50 / f50
+            say(
+                json,
+                &format!(
+                    "{name}/tonic-inproc p50 {:.2}x (the floor for anything that keeps tonic's stubs)",
+                    p50 / f50
+                ),
             );
         }
     }
-    if let Some(m50) = h2_floor {
+    if let Some((m50, _)) = h2_floor {
         for (name, p50, _) in results.iter().filter(|(n, ..)| n.contains("-h2")) {
-            println!(
-                "{name}/tonic-h2-mem p50 {:.2}x (the floor for anything that keeps HTTP/2)",
-                p50 / m50
+            say(
+                json,
+                &format!(
+                    "{name}/tonic-h2-mem p50 {:.2}x (the floor for anything that keeps HTTP/2)",
+                    p50 / m50
+                ),
             );
         }
+    }
+    if json {
+        // Path names are ours (no quote or backslash): no JSON library needed.
+        let rows: Vec<String> = results
+            .iter()
+            .map(|(n, a, b)| (n.as_str(), *a, *b))
+            .chain(floor.map(|(a, b)| ("tonic-inproc", a, b)))
+            .chain(h2_floor.map(|(a, b)| ("tonic-h2-mem", a, b)))
+            .map(|(n, p50, p99)| format!(r#"{{"path":"{n}","p50_us":{p50},"p99_us":{p99}}}"#))
+            .collect();
+        println!(r#"{{"paths":[{}]}}"#, rows.join(","));
     }
     let _ = stop_tx.send(true);
     server.join().expect("server thread")?;

@@ -48,3 +48,34 @@ fn the_readme_example_is_built_and_runs() {
         "readme example printed: {text}"
     );
 }
+
+/// `demo --json` (what `cargo xtask bench check` reads) prints one JSON
+/// object on stdout, the human lines going to stderr, with a p50 for every
+/// path the guard's ratios name: the baselines, both ring paths and the two
+/// floors.
+#[test]
+fn the_demo_json_names_every_path() {
+    let out = Command::new(env!("CARGO_BIN_EXE_demo"))
+        .args(["--json", "--calls", "30"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "demo --json: {out:?}");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 1, "one line on stdout:\n{text}");
+    assert!(
+        lines[0].starts_with(r#"{"paths":[{"path":"tcp","p50_us":"#) && lines[0].ends_with("}]}"),
+        "{text}"
+    );
+    for path in ["uds", "shm-h2", "shm-fast", "tonic-inproc", "tonic-h2-mem"] {
+        assert!(
+            lines[0].contains(&format!(r#"{{"path":"{path}","p50_us":"#)),
+            "no {path} in {text}"
+        );
+    }
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("shm-fast/tcp p50"),
+        "human lines on stderr: {err}"
+    );
+}

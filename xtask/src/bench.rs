@@ -125,6 +125,12 @@ pub(crate) fn replot(dirs: &[PathBuf]) -> Result<()> {
 
 /// Entry point of `cargo xtask bench`.
 pub(crate) fn run(args: &BenchArgs) -> Result<()> {
+    if args.suite == "check" {
+        return crate::check::run(args);
+    }
+    if args.rounds.is_some() || args.thresholds.is_some() || args.strict {
+        bail!("--rounds, --thresholds and --strict are options of `cargo xtask bench check`");
+    }
     signals::install();
     let root = workspace_root();
     let suites: Vec<&str> = if args.suite == "all" {
@@ -147,7 +153,7 @@ pub(crate) fn run(args: &BenchArgs) -> Result<()> {
     });
     fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
     let (target, bins) = bench_metadata(&root)?;
-    let bin_dir = target.join(profile_dir(&args.profile));
+    let bin_dir = target.join(profile_dir(args.profile()));
 
     if let Some(hosts) = &args.hosts {
         return cluster::run(args, hosts, &root, &bin_dir, &out);
@@ -171,12 +177,12 @@ pub(crate) fn run(args: &BenchArgs) -> Result<()> {
                 bail!(
                     "--no-build: {} is not built (build it with `cargo build --profile {} -p rrpc-bench`)",
                     exe.display(),
-                    args.profile
+                    args.profile()
                 );
             }
         }
     } else {
-        build_bench(&root, &args.profile, &present)?;
+        build_bench(&root, args.profile(), &present)?;
     }
 
     let mut runs: Vec<SuiteRun> = Vec::new();
@@ -338,7 +344,7 @@ fn summary_markdown(
     let _ = writeln!(
         s,
         "Command: `cargo xtask {cmd}` (profile `{}`), {}\n",
-        args.profile,
+        args.profile(),
         chrono::Utc::now().format("%Y-%m-%d %H:%M UTC")
     );
     if args.quick {

@@ -22,6 +22,9 @@ pub(crate) struct CiArgs {
     /// Skip `cargo xtask bench all --quick`.
     #[arg(long)]
     no_bench: bool,
+    /// Skip `cargo xtask bench check` (the performance regression guard).
+    #[arg(long)]
+    no_bench_check: bool,
     /// Skip the verbs suite in the soft-RoCE VM (`cargo xtask rxe`).
     #[arg(long)]
     no_rxe: bool,
@@ -375,6 +378,23 @@ pub(crate) fn run_ci(args: &CiArgs) -> Result<()> {
                 );
             }
         }
+        step("bench check (performance regression guard)", &mut || {
+            if args.no_bench_check {
+                return Ok(Outcome::Skipped("--no-bench-check".into()));
+            }
+            let exe = std::env::current_exe().context("locating xtask")?;
+            let exe = exe.to_string_lossy().into_owned();
+            // Medians of 5 alternating quick rounds against benches/thresholds.toml. It
+            // builds its binaries in `release` (the test step's build is unoptimised: its
+            // ratios would guard nothing), after the test build is pruned (disk).
+            // `--strict`: a ratio skipped for want of redis-server or valgrind fails
+            // (`.ci/setup` installs both), unless skips are allowed.
+            let mut a = vec!["bench", "check"];
+            if !args.allow_skips {
+                a.push("--strict");
+            }
+            run(&exe, &a, Some(root_ref)).map(|()| Outcome::Ran)
+        })?;
         step("miri", &mut || {
             if args.no_miri {
                 return Ok(Outcome::Skipped("--no-miri".into()));

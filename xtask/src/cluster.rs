@@ -603,11 +603,11 @@ pub(crate) fn run(
             bail!(
                 "--no-build: {} is not built (build it with `cargo build --profile {} -p rrpc-bench`)",
                 p.program.display(),
-                args.profile
+                args.profile()
             );
         }
     } else {
-        build_bench(root, &args.profile, &[suite])?;
+        build_bench(root, args.profile(), &[suite])?;
     }
     let run_id = format!("{}-{}", crate::util::utc_timestamp(), std::process::id());
     eprintln!(

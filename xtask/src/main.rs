@@ -13,10 +13,14 @@
 //!   `rxe.rs`.
 //! - `cargo xtask verbs-selftest [--device NAME]`: the verbs suite natively on a real RDMA device
 //!   plus a short ping-pong; without a device, a report of what was found.
+//! - `cargo xtask bench check [--rounds N] [--thresholds FILE] [--no-build]`: the performance
+//!   regression guard (`check.rs`): medians of alternating quick runs against the committed
+//!   thresholds of `benches/thresholds.toml`; fails naming each ratio that is worse.
 //! - `cargo xtask plot <DIR>...`: redraws the SVG/PNG plots of results already written by
 //!   `bench` (each `<experiment>.json` in DIR and its suite subdirectories), in place.
 
 mod bench;
+mod check;
 mod ci;
 mod cluster;
 mod layers;
@@ -76,7 +80,8 @@ pub(crate) enum Cmd {
 /// `cargo xtask bench` options.
 #[derive(clap::Args, Debug, Clone)]
 struct BenchArgs {
-    /// Suite: fabric, ringbuf, poller, rpc, kv, connect or all.
+    /// Suite: fabric, ringbuf, poller, rpc, kv, connect or all; or `check`, the performance
+    /// regression guard (medians of alternating quick runs against `benches/thresholds.toml`).
     suite: String,
     /// Short smoke run (seconds per suite): proves the suite runs, says nothing about speed.
     #[arg(long)]
@@ -97,8 +102,9 @@ struct BenchArgs {
     #[arg(long, value_enum, default_value_t = cluster::LauncherKind::Ssh)]
     launcher: cluster::LauncherKind,
     /// Cargo profile for the suite binaries (`bench` = release + thin LTO, or `release`).
-    #[arg(long, default_value = "bench")]
-    profile: String,
+    /// Default: `bench`; `release` for `check`.
+    #[arg(long)]
+    profile: Option<String>,
     /// `bench all` (full, local) regenerates `docs/benchmarks.md` and its plots in
     /// `docs/img/bench/`; this keeps the docs as they are.
     #[arg(long)]
@@ -108,10 +114,27 @@ struct BenchArgs {
     /// workspace's features, so the smoke run costs no second build).
     #[arg(long)]
     no_build: bool,
+    /// `check`: rounds (each runs every source once; the median across rounds is judged).
+    #[arg(long)]
+    rounds: Option<usize>,
+    /// `check`: the thresholds file (default `benches/thresholds.toml`).
+    #[arg(long)]
+    thresholds: Option<PathBuf>,
+    /// `check`: a ratio skipped for a missing program (redis-server, valgrind) fails the
+    /// check (CI: `.ci/setup` installs them).
+    #[arg(long)]
+    strict: bool,
     /// Passed to the suite binary after `--`, e.g. `cargo xtask bench rpc -- --only resources`
     /// (see `<suite> --help`).
     #[arg(last = true)]
     suite_args: Vec<String>,
+}
+
+impl BenchArgs {
+    /// The cargo profile of the suite binaries (`bench` unless `--profile`).
+    fn profile(&self) -> &str {
+        self.profile.as_deref().unwrap_or("bench")
+    }
 }
 
 /// Errors are printed with their causes, without a backtrace (CI sets

@@ -13,6 +13,12 @@ struct Cli {
     /// Internal: `kv-server` runs a server process (see `rrpc_bench::kv::run_server`).
     #[arg(long, hide = true)]
     role: Option<String>,
+    /// Run only these experiments (comma-separated prefixes): rfrpc, batch, ycsb.
+    #[arg(long, value_delimiter = ',')]
+    only: Vec<String>,
+    /// The YCSB workloads of `ycsb` (comma-separated, e.g. `c`; default all six).
+    #[arg(long, value_delimiter = ',')]
+    ycsb_workloads: Vec<rrpc_kv::ycsb::Core>,
     #[command(flatten)]
     server: kv::ServerArgs,
 }
@@ -25,6 +31,6 @@ fn main() -> Result<()> {
         None => {}
     }
     let mut report = Report::new("kv", &cli.suite)?;
-    kv::run_suite(&cli.suite, &mut report)?;
+    kv::run_suite(&cli.suite, &mut report, &cli.only, &cli.ycsb_workloads)?;
     report.finish()
 }

@@ -287,8 +287,20 @@ fn plan(v: &Variant, conns: usize, pt: usize) -> String {
         .describe()
 }
 
+#[derive(Parser, Debug)]
+struct Cli {
+    #[command(flatten)]
+    suite: SuiteArgs,
+    /// Run only these experiments (comma-separated prefixes): latency_vs_connections (with
+    /// bpev_vs_best), throughput_vs_polling_threads, throughput_vs_bp_timeout, idle_cpu.
+    #[arg(long, value_delimiter = ',')]
+    only: Vec<String>,
+}
+
 fn main() -> Result<()> {
-    let args = SuiteArgs::parse();
+    let cli = Cli::parse();
+    let args = cli.suite;
+    let want = |e: &str| cli.only.is_empty() || cli.only.iter().any(|o| e.starts_with(o.as_str()));
     let t_start = Instant::now();
     let mut t_last = t_start;
     let mut lap = |what: &str| {
@@ -312,236 +324,244 @@ fn main() -> Result<()> {
         args.quick
     );
 
-    // Experiment 1: latency vs connections and sending interval (Figs. 4-6, 8), CPU split.
-    let mut t = Table::new(
-        "latency_vs_connections",
-        "Latency per message vs connections (Figs. 4-6, 8)",
-        &[
-            "mode",
-            "interval_us",
-            "connections",
-            "p50_us",
-            "mean_us",
-            "p99_us",
-            "msgs_per_s",
-            "user_pct",
-            "sys_pct",
-            "idle_pct",
-            "threads",
-            "sleeps_per_msg",
-            "spin_hits_per_msg",
-            "poller_wakes_per_msg",
-            "polls_per_msg",
-        ],
-    );
-    // best[(interval, conns)] = (best p50, bpev-adaptive p50)
-    let mut cmp: Vec<(u64, usize, String, f64)> = Vec::new();
-    for &iv in &intervals {
-        for &n in &conn_list {
-            for v in VARIANTS {
-                let mut s = setup(v.config(pt), v.mode, n)?;
-                let st0 = s.poller.stats();
-                let r = load(&mut s, Duration::from_micros(iv), point);
-                let st = s.poller.stats().since(&st0);
-                let threads = s.poller.threads();
-                teardown(s);
-                let sm = r.lat.summary();
-                let user = pct(r.cpu.user, r.wall);
-                let sys = pct(r.cpu.system, r.wall);
-                let p50 = sm.p50_us();
-                cmp.push((iv, n, v.name(), p50));
+    if want("latency_vs_connections") || want("bpev_vs_best") {
+        // Experiment 1: latency vs connections and sending interval (Figs. 4-6, 8), CPU split.
+        let mut t = Table::new(
+            "latency_vs_connections",
+            "Latency per message vs connections (Figs. 4-6, 8)",
+            &[
+                "mode",
+                "interval_us",
+                "connections",
+                "p50_us",
+                "mean_us",
+                "p99_us",
+                "msgs_per_s",
+                "user_pct",
+                "sys_pct",
+                "idle_pct",
+                "threads",
+                "sleeps_per_msg",
+                "spin_hits_per_msg",
+                "poller_wakes_per_msg",
+                "polls_per_msg",
+            ],
+        );
+        // best[(interval, conns)] = (best p50, bpev-adaptive p50)
+        let mut cmp: Vec<(u64, usize, String, f64)> = Vec::new();
+        for &iv in &intervals {
+            for &n in &conn_list {
+                for v in VARIANTS {
+                    let mut s = setup(v.config(pt), v.mode, n)?;
+                    let st0 = s.poller.stats();
+                    let r = load(&mut s, Duration::from_micros(iv), point);
+                    let st = s.poller.stats().since(&st0);
+                    let threads = s.poller.threads();
+                    teardown(s);
+                    let sm = r.lat.summary();
+                    let user = pct(r.cpu.user, r.wall);
+                    let sys = pct(r.cpu.system, r.wall);
+                    let p50 = sm.p50_us();
+                    cmp.push((iv, n, v.name(), p50));
+                    t.push(vec![
+                        Value::from(v.name()),
+                        Value::from(iv),
+                        Value::from(n as u64),
+                        Value::from(p50),
+                        Value::from(sm.mean_ns / 1000.0),
+                        Value::from(sm.p99_us()),
+                        Value::from(r.msgs as f64 / r.wall.as_secs_f64()),
+                        Value::from(user),
+                        Value::from(sys),
+                        Value::from((100.0 - user - sys).max(0.0)),
+                        Value::from(threads as u64),
+                        Value::from(per(st.sleeps, r.msgs)),
+                        Value::from(per(st.spin_hits, r.msgs)),
+                        Value::from(per(st.waker_wakes + st.eventfd_writes, r.msgs)),
+                        Value::from(per(st.polls, r.msgs)),
+                    ]);
+                }
+            }
+        }
+        t.note(format!(
+            "thread plan at 256 connections, BPEV: {}",
+            plan(&VARIANTS[3], 256, pt)
+        ));
+        t.note(format!(
+            "thread plan at 256 connections, BP: {}",
+            plan(&VARIANTS[0], 256, pt)
+        ));
+        t.note("CPU percentages are of all cores of the machine over the measurement window (client + server in one process).");
+        t.plot(
+            PlotSpec::lines("connections", &["p50_us"])
+                .series("mode")
+                .log_x()
+                .y_label("p50 latency (us)"),
+        );
+        report.add(t)?;
+
+        // BPEV vs best mode at every load point.
+        let mut t = Table::new(
+            "bpev_vs_best",
+            "BPEV (adaptive and paper) p50 latency relative to the best mode at each load point (target <= 1.20)",
+            &[
+                "interval_us",
+                "connections",
+                "best_mode",
+                "best_p50_us",
+                "bpev_ratio",
+                "bpev_adaptive_ratio",
+            ],
+        );
+        for &iv in &intervals {
+            for &n in &conn_list {
+                let pts: Vec<&(u64, usize, String, f64)> = cmp
+                    .iter()
+                    .filter(|c| c.0 == iv && c.1 == n && c.3 > 0.0)
+                    .collect();
+                let Some(best) = pts.iter().min_by(|a, b| a.3.total_cmp(&b.3)) else {
+                    continue;
+                };
+                let get = |name: &str| pts.iter().find(|c| c.2 == name).map(|c| c.3 / best.3);
                 t.push(vec![
-                    Value::from(v.name()),
                     Value::from(iv),
                     Value::from(n as u64),
-                    Value::from(p50),
-                    Value::from(sm.mean_ns / 1000.0),
-                    Value::from(sm.p99_us()),
-                    Value::from(r.msgs as f64 / r.wall.as_secs_f64()),
-                    Value::from(user),
-                    Value::from(sys),
-                    Value::from((100.0 - user - sys).max(0.0)),
-                    Value::from(threads as u64),
-                    Value::from(per(st.sleeps, r.msgs)),
-                    Value::from(per(st.spin_hits, r.msgs)),
-                    Value::from(per(st.waker_wakes + st.eventfd_writes, r.msgs)),
-                    Value::from(per(st.polls, r.msgs)),
+                    Value::from(best.2.clone()),
+                    Value::from(best.3),
+                    get("BPEV").map(Value::from).unwrap_or(Value::Empty),
+                    get("BPEV-adaptive")
+                        .map(Value::from)
+                        .unwrap_or(Value::Empty),
                 ]);
             }
         }
+        report.add(t)?;
+        lap("latency_vs_connections + bpev_vs_best");
     }
-    t.note(format!(
-        "thread plan at 256 connections, BPEV: {}",
-        plan(&VARIANTS[3], 256, pt)
-    ));
-    t.note(format!(
-        "thread plan at 256 connections, BP: {}",
-        plan(&VARIANTS[0], 256, pt)
-    ));
-    t.note("CPU percentages are of all cores of the machine over the measurement window (client + server in one process).");
-    t.plot(
-        PlotSpec::lines("connections", &["p50_us"])
-            .series("mode")
-            .log_x()
-            .y_label("p50 latency (us)"),
-    );
-    report.add(t)?;
 
-    // BPEV vs best mode at every load point.
-    let mut t = Table::new(
-        "bpev_vs_best",
-        "BPEV (adaptive and paper) p50 latency relative to the best mode at each load point (target <= 1.20)",
-        &[
-            "interval_us",
-            "connections",
-            "best_mode",
-            "best_p50_us",
-            "bpev_ratio",
-            "bpev_adaptive_ratio",
-        ],
-    );
-    for &iv in &intervals {
-        for &n in &conn_list {
-            let pts: Vec<&(u64, usize, String, f64)> = cmp
-                .iter()
-                .filter(|c| c.0 == iv && c.1 == n && c.3 > 0.0)
-                .collect();
-            let Some(best) = pts.iter().min_by(|a, b| a.3.total_cmp(&b.3)) else {
-                continue;
+    if want("throughput_vs_polling_threads") {
+        // Experiment 2: throughput vs polling threads (Fig. 11 b), BPEV paper config.
+        let mut t = Table::new(
+            "throughput_vs_polling_threads",
+            "BPEV throughput vs polling threads, continuous load (Fig. 11)",
+            &[
+                "polling_threads",
+                "connections",
+                "msgs_per_s",
+                "p50_us",
+                "threads",
+            ],
+        );
+        let n = args.pick(16, 64);
+        for pth in [1usize, 2, 3] {
+            let v = Variant {
+                mode: Mode::Bpev,
+                adaptive: false,
             };
-            let get = |name: &str| pts.iter().find(|c| c.2 == name).map(|c| c.3 / best.3);
+            let mut s = setup(v.config(pth), v.mode, n)?;
+            let r = load(&mut s, Duration::ZERO, point);
+            let threads = s.poller.threads();
+            teardown(s);
             t.push(vec![
-                Value::from(iv),
+                Value::from(pth as u64),
                 Value::from(n as u64),
-                Value::from(best.2.clone()),
-                Value::from(best.3),
-                get("BPEV").map(Value::from).unwrap_or(Value::Empty),
-                get("BPEV-adaptive")
-                    .map(Value::from)
-                    .unwrap_or(Value::Empty),
+                Value::from(r.msgs as f64 / r.wall.as_secs_f64()),
+                Value::from(r.lat.summary().p50_us()),
+                Value::from(threads as u64),
             ]);
         }
+        t.note(format!(
+            "thread plan at 3 polling threads: {}",
+            plan(&VARIANTS[3], n, 3)
+        ));
+        t.plot(PlotSpec::lines("polling_threads", &["msgs_per_s"]));
+        report.add(t)?;
+        lap("throughput_vs_polling_threads");
     }
-    report.add(t)?;
-    lap("latency_vs_connections + bpev_vs_best");
 
-    // Experiment 2: throughput vs polling threads (Fig. 11 b), BPEV paper config.
-    let mut t = Table::new(
-        "throughput_vs_polling_threads",
-        "BPEV throughput vs polling threads, continuous load (Fig. 11)",
-        &[
-            "polling_threads",
-            "connections",
-            "msgs_per_s",
-            "p50_us",
-            "threads",
-        ],
-    );
-    let n = args.pick(16, 64);
-    for pth in [1usize, 2, 3] {
-        let v = Variant {
-            mode: Mode::Bpev,
-            adaptive: false,
-        };
-        let mut s = setup(v.config(pth), v.mode, n)?;
-        let r = load(&mut s, Duration::ZERO, point);
-        let threads = s.poller.threads();
-        teardown(s);
-        t.push(vec![
-            Value::from(pth as u64),
-            Value::from(n as u64),
-            Value::from(r.msgs as f64 / r.wall.as_secs_f64()),
-            Value::from(r.lat.summary().p50_us()),
-            Value::from(threads as u64),
-        ]);
+    if want("throughput_vs_bp_timeout") {
+        // Experiment 3: throughput vs bp_timeout (Fig. 13), one connection.
+        let mut t = Table::new(
+            "throughput_vs_bp_timeout",
+            "BPEV throughput vs bp_timeout, one connection (Fig. 13); auto_tune off",
+            &[
+                "bp_timeout_us",
+                "msgs_per_s",
+                "p50_us",
+                "spin_hits",
+                "wakeups",
+            ],
+        );
+        for us in [0u64, 2, 5, 10, 20, 50] {
+            let cfg = PollerConfig::paper(Mode::Bpev)
+                .to_builder()
+                .polling_threads(1)
+                .bp_timeout(Duration::from_micros(us))
+                .build()?;
+            let mut s = setup(cfg, Mode::Bpev, 1)?;
+            let st0 = s.poller.stats();
+            let r = load(&mut s, Duration::ZERO, point);
+            let st = s.poller.stats().since(&st0);
+            teardown(s);
+            t.push(vec![
+                Value::from(us),
+                Value::from(r.msgs as f64 / r.wall.as_secs_f64()),
+                Value::from(r.lat.summary().p50_us()),
+                Value::from(st.spin_hits),
+                Value::from(st.wakeups),
+            ]);
+        }
+        t.note(format!("thread plan: {}", plan(&VARIANTS[3], 1, 1)));
+        t.plot(PlotSpec::lines("bp_timeout_us", &["msgs_per_s"]));
+        report.add(t)?;
+        lap("throughput_vs_bp_timeout");
     }
-    t.note(format!(
-        "thread plan at 3 polling threads: {}",
-        plan(&VARIANTS[3], n, 3)
-    ));
-    t.plot(PlotSpec::lines("polling_threads", &["msgs_per_s"]));
-    report.add(t)?;
-    lap("throughput_vs_polling_threads");
 
-    // Experiment 3: throughput vs bp_timeout (Fig. 13), one connection.
-    let mut t = Table::new(
-        "throughput_vs_bp_timeout",
-        "BPEV throughput vs bp_timeout, one connection (Fig. 13); auto_tune off",
-        &[
-            "bp_timeout_us",
-            "msgs_per_s",
-            "p50_us",
-            "spin_hits",
-            "wakeups",
-        ],
-    );
-    for us in [0u64, 2, 5, 10, 20, 50] {
-        let cfg = PollerConfig::paper(Mode::Bpev)
-            .to_builder()
-            .polling_threads(1)
-            .bp_timeout(Duration::from_micros(us))
-            .build()?;
-        let mut s = setup(cfg, Mode::Bpev, 1)?;
-        let st0 = s.poller.stats();
-        let r = load(&mut s, Duration::ZERO, point);
-        let st = s.poller.stats().since(&st0);
-        teardown(s);
-        t.push(vec![
-            Value::from(us),
-            Value::from(r.msgs as f64 / r.wall.as_secs_f64()),
-            Value::from(r.lat.summary().p50_us()),
-            Value::from(st.spin_hits),
-            Value::from(st.wakeups),
-        ]);
+    if want("idle_cpu") {
+        // Experiment 4: idle server CPU with 256 connections (Fig. 16, §V-D).
+        let mut t = Table::new(
+            "idle_cpu",
+            "CPU of an idle server with 256 connections (target: BPEV-adaptive < 2 % of one core)",
+            &[
+                "mode",
+                "connections",
+                "cpu_pct_of_one_core",
+                "polling_threads",
+                "parks",
+            ],
+        );
+        let idle = args.duration(Duration::from_millis(400), Duration::from_secs(3));
+        // Quick mode skips BP and BPTS here: without parking they spin by construction (100 %),
+        // and their 256-connection setups are the slowest part of a smoke run.
+        let idle_variants: Vec<Variant> = args.pick(
+            vec![VARIANTS[2], VARIANTS[3], VARIANTS[4]],
+            VARIANTS.to_vec(),
+        );
+        for v in idle_variants {
+            let s = setup(v.config(2), v.mode, 256)?;
+            // Let every server task reach its sleep (and adaptive pollers park).
+            std::thread::sleep(Duration::from_millis(50));
+            let st0 = s.poller.stats();
+            let c0 = CpuTimes::process().unwrap_or_default();
+            let w0 = Instant::now();
+            std::thread::sleep(idle);
+            let c1 = CpuTimes::process().unwrap_or_default();
+            let cpu = c1.percent_since(&c0, w0.elapsed());
+            let st = s.poller.stats().since(&st0);
+            let threads = s.poller.threads();
+            teardown(s);
+            t.push(vec![
+                Value::from(v.name()),
+                Value::from(256u64),
+                Value::from(cpu),
+                Value::from(threads as u64),
+                Value::from(st.parks),
+            ]);
+        }
+        t.note(format!("2 polling threads for BPTS/BPEV as in the paper's Fig. 16; BP has one per connection (BP plan: {}). The client side is idle.", plan(&VARIANTS[0], 256, 2)));
+        report.add(t)?;
+        lap("idle_cpu");
     }
-    t.note(format!("thread plan: {}", plan(&VARIANTS[3], 1, 1)));
-    t.plot(PlotSpec::lines("bp_timeout_us", &["msgs_per_s"]));
-    report.add(t)?;
-    lap("throughput_vs_bp_timeout");
-
-    // Experiment 4: idle server CPU with 256 connections (Fig. 16, §V-D).
-    let mut t = Table::new(
-        "idle_cpu",
-        "CPU of an idle server with 256 connections (target: BPEV-adaptive < 2 % of one core)",
-        &[
-            "mode",
-            "connections",
-            "cpu_pct_of_one_core",
-            "polling_threads",
-            "parks",
-        ],
-    );
-    let idle = args.duration(Duration::from_millis(400), Duration::from_secs(3));
-    // Quick mode skips BP and BPTS here: without parking they spin by construction (100 %),
-    // and their 256-connection setups are the slowest part of a smoke run.
-    let idle_variants: Vec<Variant> = args.pick(
-        vec![VARIANTS[2], VARIANTS[3], VARIANTS[4]],
-        VARIANTS.to_vec(),
-    );
-    for v in idle_variants {
-        let s = setup(v.config(2), v.mode, 256)?;
-        // Let every server task reach its sleep (and adaptive pollers park).
-        std::thread::sleep(Duration::from_millis(50));
-        let st0 = s.poller.stats();
-        let c0 = CpuTimes::process().unwrap_or_default();
-        let w0 = Instant::now();
-        std::thread::sleep(idle);
-        let c1 = CpuTimes::process().unwrap_or_default();
-        let cpu = c1.percent_since(&c0, w0.elapsed());
-        let st = s.poller.stats().since(&st0);
-        let threads = s.poller.threads();
-        teardown(s);
-        t.push(vec![
-            Value::from(v.name()),
-            Value::from(256u64),
-            Value::from(cpu),
-            Value::from(threads as u64),
-            Value::from(st.parks),
-        ]);
-    }
-    t.note(format!("2 polling threads for BPTS/BPEV as in the paper's Fig. 16; BP has one per connection (BP plan: {}). The client side is idle.", plan(&VARIANTS[0], 256, 2)));
-    report.add(t)?;
-    lap("idle_cpu");
     report.finish()?;
     Ok(())
 }
