@@ -478,7 +478,7 @@ fn main() -> anyhow::Result<()> {
                         p.config().mode(),
                         p.threads(),
                         if busy.is_empty() { "-".to_string() } else { busy.join(" ") },
-                        if p.hands_off() { ", handing every wait off (one CPU: no spin)" } else { "" },
+                        if d.spins == 0 && d.bell_wakes > 0 { ", no spin: every wait handed to the peer's doorbell (the peer shares this process's only CPU)" } else { "" },
                         d.spin_hits as f64 / n,
                         d.first_check_hits as f64 / n,
                         d.sleeps as f64 / n,

@@ -93,10 +93,12 @@
 //!   [`Stats::backoffs_not_earning`], [`Stats::self_announces`].
 //! - **One CPU: hand off, never spin** (default; [`PollerConfig::handoff`], [`Handoff`]). When
 //!   the process may run on one CPU only (`taskset -c N`, a one-CPU container: the main
-//!   thread's affinity mask, capped by the cgroup quota, read at [`Poller::start`]), the peer a
-//!   spin waits for needs that very CPU, so every spin only delays the answer. Tasks then
-//!   never spin and the polling threads stay backed off: each wait is announced to the writer
-//!   and woken by its doorbell, one wake-up ([`Poller::hands_off`]; [`Stats::spins`] stays 0).
+//!   thread's affinity mask, capped by the cgroup quota) and a connection's peer needs that
+//!   same CPU (it is this process, or a process on this host confined to that CPU, by
+//!   `SO_PEERCRED` and its mask), every spin only delays the answer. That connection's waits
+//!   then never spin: each is announced to the writer and woken by its doorbell, one wake-up
+//!   ([`Registration::hands_off`]; [`Stats::spins`] stays 0). Processes pinned each to a core
+//!   of its own, the benchmarks' layout and HPC's, keep spinning.
 //!   Demo under `taskset -c 1`: the fast path's p50 went from 72–126 µs to 17 µs, 0.46 × tonic
 //!   over a Unix socket in the same run (docs/measured.md).
 //! - **Idle parking.** A polling thread that found nothing for `idle_park_after` parks; a task

@@ -233,9 +233,23 @@ impl AsyncConn {
             watch: self.tx.watch(),
             conn: self.conn.clone(),
         });
-        let rx_reg = self.poller.register(rx_src.clone())?;
+        let mut rx_reg = self.poller.register(rx_src.clone())?;
         // Same polling thread for both directions (BP: one thread per connection).
-        let tx_reg = rx_reg.register_sibling(tx_src.clone())?;
+        let mut tx_reg = rx_reg.register_sibling(tx_src.clone())?;
+        // A peer that needs this process's only CPU: spinning would keep it from answering.
+        if self.poller.config().handoff() == crate::Handoff::Auto
+            && self
+                .conn
+                .peer_pid()
+                .is_some_and(crate::sys::peer_shares_only_cpu)
+        {
+            tracing::debug!(
+                peer = ?self.conn.peer_pid(),
+                "rrpc-poller: the peer shares this process's only CPU: waits are handed off"
+            );
+            rx_reg.set_handoff(true);
+            tx_reg.set_handoff(true);
+        }
         Ok((
             AsyncSender {
                 tx: self.tx,

@@ -169,12 +169,28 @@ pub(crate) fn set_affinity(tid: i32, cpus: &[usize]) -> io::Result<()> {
     Ok(())
 }
 
-/// The CPUs this process may run on: the main thread's affinity mask (what `taskset` or a
-/// container's cpuset gives the whole process; a thread the application pinned for itself does
-/// not count), capped by the cgroup CPU quota, as [`std::thread::available_parallelism`]
-/// reads them. Measured from a short-lived thread that takes the main thread's mask, since
-/// `available_parallelism` reads the calling thread's. `None` when it cannot be read.
+/// The CPUs process `pid` may run on: its main thread's affinity mask (what `taskset` or a
+/// cpuset gives the whole process; a thread the application pinned for itself does not count).
+fn process_mask(pid: i32) -> Option<Vec<usize>> {
+    use nix::sched::{CpuSet, sched_getaffinity};
+    let m = sched_getaffinity(nix::unistd::Pid::from_raw(pid)).ok()?;
+    Some(
+        (0..CpuSet::count())
+            .filter(|&c| m.is_set(c).unwrap_or(false))
+            .collect(),
+    )
+}
+
+/// How many CPUs this process may use: its main thread's affinity mask, capped by the cgroup
+/// CPU quota, as [`std::thread::available_parallelism`] reads them (from a short-lived thread
+/// that takes the main thread's mask, since `available_parallelism` reads the calling
+/// thread's). Read once per process. `None` when it cannot be read.
 pub(crate) fn process_cpus() -> Option<usize> {
+    static CPUS: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
+    *CPUS.get_or_init(read_process_cpus)
+}
+
+fn read_process_cpus() -> Option<usize> {
     use nix::sched::{sched_getaffinity, sched_setaffinity};
     use nix::unistd::Pid;
     let pid = i32::try_from(std::process::id()).ok()?;
@@ -189,6 +205,27 @@ pub(crate) fn process_cpus() -> Option<usize> {
         .join()
         .ok()
         .flatten()
+}
+
+/// Whether a peer process on this host needs this process's only CPU: this process may run on
+/// one CPU (mask or quota), and the peer is this very process, or may run on that CPU alone.
+/// Then a wait that spins only delays the peer it waits for ([`crate::Handoff::Auto`]).
+pub(crate) fn peer_shares_only_cpu(peer_pid: i32) -> bool {
+    if process_cpus() != Some(1) {
+        return false;
+    }
+    let Ok(me) = i32::try_from(std::process::id()) else {
+        return false;
+    };
+    if peer_pid == me {
+        return true;
+    }
+    match (process_mask(me), process_mask(peer_pid)) {
+        (Some(mine), Some(theirs)) => {
+            mine.len() == 1 && !theirs.is_empty() && theirs.iter().all(|c| mine.contains(c))
+        }
+        _ => false,
+    }
 }
 
 #[cfg(test)]

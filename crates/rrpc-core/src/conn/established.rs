@@ -86,6 +86,16 @@ impl Connection {
         &self.peer
     }
 
+    /// The peer's process when it runs on this host (`shm://`: the side
+    /// channel's `SO_PEERCRED`); `None` for a remote peer, or when the
+    /// kernel does not say.
+    pub fn peer_pid(&self) -> Option<i32> {
+        match self.side.peer_key() {
+            crate::conn::budget::PeerKey::Process { pid, .. } => Some(pid),
+            _ => None,
+        }
+    }
+
     /// The side channel's fd: becomes readable when the peer closes or says
     /// goodbye. Watch it (tokio `AsyncFd`, `poll(2)`) and call
     /// [`Self::check_alive`] when it fires.

@@ -103,7 +103,7 @@ struct Inner {
     bp_next_id: AtomicUsize,
     shutdown: AtomicBool,
     threads_alive: Arc<AtomicUsize>,
-    /// [`PollerConfig::handoff`] in force: nothing spins.
+    /// [`Handoff::Always`] in force: nothing spins.
     one_cpu: bool,
     /// Where the polling threads run (RB² §IV-C).
     placement: Arc<Placement>,
@@ -245,14 +245,10 @@ impl Poller {
             Mode::Bp | Mode::Event => 0,
         };
         let shared: Vec<Arc<Shard>> = (0..n).map(Shard::new).collect();
-        // One CPU: spinning only delays the peer that needs it (config docs).
+        // Always: nothing spins (config docs). Auto decides per connection
+        // (`rings::AsyncConn`), Never never hands off.
         let able = cfg.doorbell_fallback() || cfg.mode() == Mode::Event;
-        let one_cpu = able
-            && match cfg.handoff() {
-                Handoff::Auto => crate::sys::process_cpus() == Some(1),
-                Handoff::Always => true,
-                Handoff::Never => false,
-            };
+        let one_cpu = able && cfg.handoff() == Handoff::Always;
         for s in &shared {
             s.alone.store(one_cpu, Ordering::Relaxed);
         }
@@ -292,9 +288,9 @@ impl Poller {
         &self.inner.cfg
     }
 
-    /// Whether [`PollerConfig::handoff`] is in force (with [`Handoff::Auto`]: the process
-    /// could run on one CPU only when this poller started): no task spins and every wait is
-    /// handed to the writer's doorbell.
+    /// Whether [`Handoff::Always`] is in force: no task spins and every wait is handed to the
+    /// writer's doorbell. (With [`Handoff::Auto`] each connection decides:
+    /// [`Registration::hands_off`].)
     pub fn hands_off(&self) -> bool {
         self.inner.one_cpu
     }
@@ -492,6 +488,7 @@ impl Poller {
             doorbell_fd,
             event_spin: Duration::ZERO,
             spin_yield: SPIN_YIELD_EVERY,
+            handoff: false,
             removed: false,
         })
     }

@@ -74,6 +74,8 @@ pub struct Registration {
     pub(super) event_spin: Duration,
     /// How often a spinning wait yields to the worker's other tasks ([`Self::set_spin_yield`]).
     pub(super) spin_yield: Duration,
+    /// Never spin: the peer needs this CPU ([`Self::set_handoff`]).
+    pub(super) handoff: bool,
     pub(super) removed: bool,
 }
 
@@ -114,6 +116,22 @@ impl Registration {
     /// it (BPEV spins up to `bp_timeout`, tuned).
     pub fn set_event_spin(&mut self, budget: Duration) {
         self.event_spin = budget;
+    }
+
+    /// Hands every wait of this registration to the writer's doorbell instead of spinning (no
+    /// spin; with an exact doorbell, the task announces its own sleep and leaves its polling
+    /// thread alone): for a connection whose peer needs this process's only CPU, which a
+    /// spin would only keep from answering. [`AsyncConn`](crate::rings::AsyncConn) sets it
+    /// under [`Handoff::Auto`](crate::Handoff::Auto); [`Handoff::Always`](crate::Handoff)
+    /// hands off every registration.
+    pub fn set_handoff(&mut self, on: bool) {
+        self.handoff = on;
+    }
+
+    /// Whether this registration hands its waits off ([`Self::set_handoff`], or the poller's
+    /// [`Handoff::Always`](crate::Handoff::Always)).
+    pub fn hands_off(&self) -> bool {
+        self.handoff || self.inner.one_cpu
     }
 
     /// How often a spinning wait yields to the other tasks of its tokio worker (default 5 µs,
@@ -242,7 +260,7 @@ impl Registration {
     /// announce on the wire needs the thread's rescan, and a thread that is not kicked may be
     /// parked without a timeout): the caller kicks.
     fn covered_by_doorbell(&self, shard: &Shard) -> bool {
-        if !self.entry.exact_bell || !shard.backed_off() {
+        if !self.entry.exact_bell || !(shard.backed_off() || self.handoff) {
             return false;
         }
         if self.entry.announced.load(Ordering::SeqCst) {
@@ -321,7 +339,7 @@ impl Registration {
         // One CPU: the peer needs this core to answer, so hand the wait to its doorbell.
         if let Some((budget, backoff)) = spin
             && !budget.is_zero()
-            && !self.inner.one_cpu
+            && !self.hands_off()
         {
             // The first yield comes early: under load other tasks of this worker are
             // usually runnable, and a spin must not delay them (BPEV's stops at the first

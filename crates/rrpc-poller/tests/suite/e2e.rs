@@ -615,7 +615,7 @@ fn pin_to_one_cpu() {
 /// with no spin at all, and (on shm, where a task announces its own sleep)
 /// each wait is handed to the writer's doorbell. The control run, the
 /// hand-off off on the same one CPU, spins. (`Handoff::Auto` choosing it in
-/// a process confined to one CPU: `auto_hands_off_only_in_a_process_on_one_cpu`.)
+/// a process confined to one CPU: `auto_hands_off_only_where_the_peer_shares_the_only_cpu`.)
 fn a_ping_pong_on_one_cpu_hands_every_wait_to_the_doorbell(prov: &Provider) {
     let n = prov.scaled(200) as u32;
     for handoff in [Handoff::Always, Handoff::Never] {
@@ -686,32 +686,77 @@ fn a_ping_pong_on_one_cpu_hands_every_wait_to_the_doorbell(prov: &Provider) {
     }
 }
 
-/// Set in the child process of `auto_hands_off_only_in_a_process_on_one_cpu`.
+/// Set in the child process of `auto_hands_off_only_where_the_peer_shares_the_only_cpu`.
 const ONE_CPU_CHILD: &str = "RRPC_POLLER_TEST_ONE_CPU_CHILD";
 
-/// `Handoff::Auto` (the default) hands off in a process confined to one CPU
-/// (a child started from a thread confined to one, as `taskset -c N` starts
-/// it) and not in this process, whose main thread may use every CPU: a
-/// thread the application pinned for itself does not count.
+/// A ping-pong of `n` messages over an in-process shm pair with the
+/// default configuration (`Handoff::Auto`), on a current-thread runtime on
+/// this thread: the poller's counters over it.
+fn default_ping_pong(n: u32) -> rrpc_poller::Stats {
+    let p = rrpc_poller::Poller::start(rrpc_poller::PollerConfig::default()).unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let (a, b) = AsyncConn::loopback_pair(&p, &ring(Mode::Bpev, 64 * 1024)).unwrap();
+        let (mut atx, mut arx) = a.split().unwrap();
+        let (mut btx, mut brx) = b.split().unwrap();
+        let before = p.stats();
+        let echo = tokio::spawn(async move {
+            for _ in 0..n {
+                let m = brx.recv().await.unwrap().to_vec();
+                btx.send(&m).await.unwrap();
+                btx.flush_all().await.unwrap();
+            }
+            (btx, brx)
+        });
+        for i in 0..n {
+            atx.send(&i.to_le_bytes()).await.unwrap();
+            atx.flush_all().await.unwrap();
+            let m = tokio::time::timeout(BOUND, arx.recv())
+                .await
+                .unwrap_or_else(|_| panic!("reply {i} never seen"))
+                .unwrap();
+            assert_eq!(&m[..], &i.to_le_bytes());
+        }
+        let _keep = echo.await.unwrap();
+        p.stats().since(&before)
+    })
+}
+
+/// `Handoff::Auto` (the default) hands a connection's waits off when its
+/// peer needs this process's only CPU: in a child process confined to one
+/// CPU (started from a thread confined to one, as `taskset -c N` starts
+/// it), an in-process ping-pong spins 0 times and is woken by doorbells.
+/// In this process, whose main thread may use every CPU, the same
+/// ping-pong spins, also from a thread the test pinned for itself.
 #[test]
-fn auto_hands_off_only_in_a_process_on_one_cpu() {
+fn auto_hands_off_only_where_the_peer_shares_the_only_cpu() {
+    let n = 200;
     if std::env::var_os(ONE_CPU_CHILD).is_some() {
-        let p = rrpc_poller::Poller::start(rrpc_poller::PollerConfig::default()).unwrap();
-        assert!(p.hands_off(), "a process on one CPU hands off");
-        println!("one-cpu child: hands off");
+        let s = default_ping_pong(n);
+        assert_eq!(s.spins, 0, "one CPU shared with the peer: no spin: {s:?}");
+        assert!(
+            s.bell_wakes >= u64::from(n) / 2,
+            "handed to the doorbells: {s:?}"
+        );
+        println!("one-cpu child: handed off");
         return;
     }
     if std::thread::available_parallelism().map_or(0, |n| n.get()) >= 2 {
-        let p = std::thread::spawn(|| {
+        let s = default_ping_pong(n);
+        assert!(s.spins > 0, "every CPU: the waits spin: {s:?}");
+        let s = std::thread::spawn(move || {
             // This thread alone is pinned: the process still has every CPU.
             pin_to_one_cpu();
-            rrpc_poller::Poller::start(rrpc_poller::PollerConfig::default()).unwrap()
+            default_ping_pong(n)
         })
         .join()
         .unwrap();
         assert!(
-            !p.hands_off(),
-            "a pinned thread is not a process on one CPU"
+            s.spins > 0,
+            "a pinned thread is not a process on one CPU: {s:?}"
         );
     }
     let out = std::thread::spawn(|| {
@@ -719,7 +764,7 @@ fn auto_hands_off_only_in_a_process_on_one_cpu() {
         std::process::Command::new(std::env::current_exe().unwrap())
             .args([
                 "--exact",
-                "e2e::auto_hands_off_only_in_a_process_on_one_cpu",
+                "e2e::auto_hands_off_only_where_the_peer_shares_the_only_cpu",
             ])
             .args(["--nocapture", "--test-threads", "1"])
             .env(ONE_CPU_CHILD, "1")
@@ -730,7 +775,7 @@ fn auto_hands_off_only_in_a_process_on_one_cpu() {
     .unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(
-        out.status.success() && text.contains("one-cpu child: hands off"),
+        out.status.success() && text.contains("one-cpu child: handed off"),
         "child: {:?}\n{text}\n{}",
         out.status,
         String::from_utf8_lossy(&out.stderr)
