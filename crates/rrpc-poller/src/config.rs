@@ -298,11 +298,11 @@ impl PollerConfigBuilder {
         self
     }
 
-    /// When to hand every wait to the writer's doorbell instead of spinning (no task spin,
-    /// polling threads backed off for good; in BPEV this needs the
-    /// [doorbell fallback](Self::doorbell_park_after), [`Mode::Event`] drops its receive
-    /// spin). Default [`Handoff::Auto`]: on a process that may run on one CPU only, where a
-    /// spin only delays the peer, which needs the same CPU to answer.
+    /// When a wait is handed to the writer's doorbell instead of spinning (in BPEV the
+    /// doorbell needs the [doorbell fallback](Self::doorbell_park_after); [`Mode::Event`]
+    /// drops its receive spin). Default [`Handoff::Auto`]: on each connection whose peer
+    /// needs this process's only CPU, where a spin only delays the answer;
+    /// [`Handoff::Always`] also keeps the polling threads backed off for good.
     pub fn handoff(mut self, h: Handoff) -> Self {
         self.cfg.handoff = h;
         self

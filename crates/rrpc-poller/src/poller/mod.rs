@@ -104,7 +104,7 @@ struct Inner {
     shutdown: AtomicBool,
     threads_alive: Arc<AtomicUsize>,
     /// [`Handoff::Always`] in force: nothing spins.
-    one_cpu: bool,
+    always_handoff: bool,
     /// Where the polling threads run (RB² §IV-C).
     placement: Arc<Placement>,
 }
@@ -248,11 +248,11 @@ impl Poller {
         // Always: nothing spins (config docs). Auto decides per connection
         // (`rings::AsyncConn`), Never never hands off.
         let able = cfg.doorbell_fallback() || cfg.mode() == Mode::Event;
-        let one_cpu = able && cfg.handoff() == Handoff::Always;
+        let always_handoff = able && cfg.handoff() == Handoff::Always;
         for s in &shared {
-            s.alone.store(one_cpu, Ordering::Relaxed);
+            s.alone.store(always_handoff, Ordering::Relaxed);
         }
-        if one_cpu {
+        if always_handoff {
             tracing::info!(
                 handoff = ?cfg.handoff(),
                 "rrpc-poller: waits are handed to the writers' doorbells, nothing spins"
@@ -274,7 +274,7 @@ impl Poller {
             bp_next_id: AtomicUsize::new(0),
             shutdown: AtomicBool::new(false),
             threads_alive: Arc::new(AtomicUsize::new(0)),
-            one_cpu,
+            always_handoff,
         });
         for s in &inner.shared {
             let h = inner.spawn(s, true)?;
@@ -292,7 +292,7 @@ impl Poller {
     /// writer's doorbell. (With [`Handoff::Auto`] each connection decides:
     /// [`Registration::hands_off`].)
     pub fn hands_off(&self) -> bool {
-        self.inner.one_cpu
+        self.inner.always_handoff
     }
 
     /// Places the polling threads on the NUMA node of the device the

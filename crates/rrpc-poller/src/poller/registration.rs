@@ -131,7 +131,7 @@ impl Registration {
     /// Whether this registration hands its waits off ([`Self::set_handoff`], or the poller's
     /// [`Handoff::Always`](crate::Handoff::Always)).
     pub fn hands_off(&self) -> bool {
-        self.handoff || self.inner.one_cpu
+        self.handoff || self.inner.always_handoff
     }
 
     /// How often a spinning wait yields to the other tasks of its tokio worker (default 5 µs,
@@ -336,7 +336,7 @@ impl Registration {
             Mode::Event => Some((self.event_spin, false)),
             Mode::Bp | Mode::Bpts => None,
         };
-        // One CPU: the peer needs this core to answer, so hand the wait to its doorbell.
+        // Handed off (the peer needs this CPU, or `Handoff::Always`): the doorbell wakes it.
         if let Some((budget, backoff)) = spin
             && !budget.is_zero()
             && !self.hands_off()

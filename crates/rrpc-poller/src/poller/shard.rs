@@ -141,8 +141,8 @@ pub(super) struct Shard {
     /// backed off). Meanwhile a task whose entry has a doorbell announces its own sleep
     /// instead of kicking the thread ([`Shard::backed_off`]).
     pub(super) backoff_until: AtomicU64,
-    /// [`PollerConfig::handoff`](crate::PollerConfig::handoff) in force: the
-    /// thread stays backed off (tasks with exact doorbells announce their own sleeps).
+    /// [`Handoff::Always`](crate::Handoff::Always) in force: the thread stays backed off
+    /// (tasks with exact doorbells announce their own sleeps).
     pub(super) alone: AtomicBool,
 }
 
@@ -172,7 +172,7 @@ impl Shard {
     }
 
     /// Whether the thread is backed off now (its readers with doorbells are left to them); for
-    /// good on one CPU.
+    /// good under [`Handoff::Always`](crate::Handoff::Always).
     pub(super) fn backed_off(&self) -> bool {
         if self.alone.load(Ordering::Relaxed) {
             return true;
