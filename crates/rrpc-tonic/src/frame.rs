@@ -35,7 +35,7 @@
 //! [`FrameError`] and the connection is closed (memory the peer writes is
 //! untrusted input: read once, validated, then used).
 
-use http::{HeaderMap, HeaderName, HeaderValue};
+use http::HeaderMap;
 
 /// Size of the fixed frame header in bytes.
 pub const HEADER_LEN: usize = 12;
@@ -256,18 +256,208 @@ impl<'a> Reader<'a> {
 
 fn read_metadata(r: &mut Reader<'_>) -> Result<HeaderMap, FrameError> {
     let n = r.u16()? as usize;
+    if n == 0 {
+        // No allocation for an empty block (`HeaderMap::new` allocates lazily).
+        return Ok(HeaderMap::new());
+    }
     // Each entry needs at least 6 bytes: bound the allocation by the input.
     let mut map = HeaderMap::with_capacity(n.min(r.0.len() / 6));
     for _ in 0..n {
         let nl = r.u16()? as usize;
-        let name = HeaderName::from_bytes(r.take(nl)?)
-            .map_err(|_| FrameError::Invalid("metadata name"))?;
+        let name = decode::name(r.take(nl)?)?;
         let vl = r.u32()? as usize;
-        let value = HeaderValue::from_bytes(r.take(vl)?)
-            .map_err(|_| FrameError::Invalid("metadata value"))?;
+        let value = decode::value(r.take(vl)?)?;
         map.append(name, value);
     }
     Ok(map)
+}
+
+/// Header names and values without an allocation when they are the ones
+/// every call carries.
+///
+/// A gRPC call repeats the same few metadata entries (`content-type:
+/// application/grpc`, `te: trailers`, `grpc-status: 0`, the server's `date`,
+/// the client's `user-agent`), and `http` copies each name it does not
+/// know and each value into a heap buffer of its own: 7–10 allocations per
+/// unary call. Known ones come from static tables; the others from a small
+/// cache per thread of the last names and values decoded (a cached value is
+/// a reference count, not a copy). Validation is unchanged: a cached entry
+/// was validated when first decoded, and is used only for the same bytes.
+mod decode {
+    use super::FrameError;
+    use http::uri::PathAndQuery;
+    use http::{HeaderName, HeaderValue};
+    use std::cell::RefCell;
+
+    /// gRPC's names that `http` does not know as standard headers.
+    const NAMES: [&str; 6] = [
+        "grpc-status",
+        "grpc-message",
+        "grpc-encoding",
+        "grpc-accept-encoding",
+        "grpc-timeout",
+        "grpc-status-details-bin",
+    ];
+
+    /// Values nearly every gRPC call carries.
+    const VALUES: [&str; 6] = [
+        "application/grpc",
+        "trailers",
+        "0",
+        "identity",
+        "gzip",
+        "application/grpc+proto",
+    ];
+
+    /// Entries per cache (direct-mapped by a cheap hash of the bytes).
+    const SLOTS: usize = 16;
+    /// Longer values are not cached (memory per thread stays bounded:
+    /// `SLOTS` times this, for names and for values).
+    const MAX_CACHED: usize = 128;
+
+    struct Recent {
+        names: [Option<HeaderName>; SLOTS],
+        values: [Option<HeaderValue>; SLOTS],
+        paths: [Option<PathAndQuery>; SLOTS],
+    }
+
+    thread_local! {
+        static RECENT: RefCell<Recent> = const {
+            RefCell::new(Recent {
+                names: [const { None }; SLOTS],
+                values: [const { None }; SLOTS],
+                paths: [const { None }; SLOTS],
+            })
+        };
+    }
+
+    /// A method path (the caller checked the leading `/`), from the cache
+    /// when it is one of the last seen.
+    pub(super) fn path(raw: &[u8]) -> Result<PathAndQuery, FrameError> {
+        let i = slot(raw);
+        let hit = RECENT.with(|c| {
+            c.borrow().paths[i]
+                .as_ref()
+                .filter(|p| p.as_str().as_bytes() == raw)
+                .cloned()
+        });
+        if let Some(p) = hit {
+            return Ok(p);
+        }
+        let p = PathAndQuery::try_from(raw).map_err(|_| FrameError::Invalid("method path"))?;
+        if raw.len() <= MAX_CACHED && p.as_str().as_bytes() == raw {
+            RECENT.with(|c| c.borrow_mut().paths[i] = Some(p.clone()));
+        }
+        Ok(p)
+    }
+
+    fn slot(raw: &[u8]) -> usize {
+        let (first, last) = (raw.first().copied(), raw.last().copied());
+        let h = raw.len() as u32
+            ^ (u32::from(first.unwrap_or(0)) << 3)
+            ^ (u32::from(last.unwrap_or(0)) << 7)
+            ^ raw.get(raw.len() / 2).map_or(0, |&b| u32::from(b) << 11);
+        (h.wrapping_mul(0x9E37_79B9) >> 28) as usize % SLOTS
+    }
+
+    pub(super) fn name(raw: &[u8]) -> Result<HeaderName, FrameError> {
+        if let Some(s) = NAMES.iter().find(|s| s.as_bytes() == raw) {
+            return Ok(HeaderName::from_static(s));
+        }
+        let i = slot(raw);
+        let hit = RECENT.with(|c| {
+            c.borrow().names[i]
+                .as_ref()
+                .filter(|n| n.as_str().as_bytes() == raw)
+                .cloned()
+        });
+        if let Some(n) = hit {
+            return Ok(n);
+        }
+        let n = HeaderName::from_bytes(raw).map_err(|_| FrameError::Invalid("metadata name"))?;
+        // Standard names cost nothing to make; cache only the others.
+        if raw.len() <= MAX_CACHED && n.as_str().as_bytes() == raw {
+            RECENT.with(|c| c.borrow_mut().names[i] = Some(n.clone()));
+        }
+        Ok(n)
+    }
+
+    pub(super) fn value(raw: &[u8]) -> Result<HeaderValue, FrameError> {
+        if let Some(s) = VALUES.iter().find(|s| s.as_bytes() == raw) {
+            return Ok(HeaderValue::from_static(s));
+        }
+        let i = slot(raw);
+        let hit = RECENT.with(|c| {
+            c.borrow().values[i]
+                .as_ref()
+                .filter(|v| v.as_bytes() == raw)
+                .cloned()
+        });
+        if let Some(v) = hit {
+            return Ok(v);
+        }
+        let v = HeaderValue::from_bytes(raw).map_err(|_| FrameError::Invalid("metadata value"))?;
+        if raw.len() <= MAX_CACHED {
+            RECENT.with(|c| c.borrow_mut().values[i] = Some(v.clone()));
+        }
+        Ok(v)
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+
+        #[test]
+        fn known_and_repeated_entries_decode_to_what_http_makes() {
+            for raw in [
+                &b"grpc-status"[..],
+                b"content-type",
+                b"x-custom",
+                b"x-custom",
+                b"X-Upper",
+                b"X-Upper",
+            ] {
+                let want = HeaderName::from_bytes(raw).unwrap();
+                assert_eq!(name(raw).unwrap(), want);
+            }
+            for raw in [
+                &b"application/grpc"[..],
+                b"0",
+                b"Sun, 29 Nov 2026 13:30:00 GMT",
+                b"Sun, 29 Nov 2026 13:30:00 GMT",
+                b"Sun, 29 Nov 2026 13:30:01 GMT",
+                b"",
+                b"",
+            ] {
+                assert_eq!(value(raw).unwrap(), HeaderValue::from_bytes(raw).unwrap());
+            }
+        }
+
+        #[test]
+        fn a_cached_entry_is_used_only_for_the_same_bytes() {
+            // Same length, first, middle and last byte: the same slot.
+            let a = value(b"a1b2c").unwrap();
+            let b = value(b"a9b8c").unwrap();
+            assert_eq!(a.as_bytes(), b"a1b2c");
+            assert_eq!(b.as_bytes(), b"a9b8c");
+            assert_eq!(value(b"a1b2c").unwrap().as_bytes(), b"a1b2c");
+            assert_eq!(name(b"x-ab-c").unwrap().as_str(), "x-ab-c");
+            assert_eq!(name(b"x-zz-c").unwrap().as_str(), "x-zz-c");
+            assert_eq!(path(b"/p.S/ab").unwrap().as_str(), "/p.S/ab");
+            assert_eq!(path(b"/p.S/zb").unwrap().as_str(), "/p.S/zb");
+            assert_eq!(path(b"/p.S/ab").unwrap().as_str(), "/p.S/ab");
+        }
+
+        #[test]
+        fn invalid_bytes_are_refused_cached_or_not() {
+            for _ in 0..2 {
+                assert!(name(b"bad name").is_err());
+                assert!(value(b"bad\nvalue").is_err());
+                assert!(value(b"\x7f").is_err());
+                assert!(path(b"/a b").is_err());
+            }
+        }
+    }
 }
 
 /// A decoded REQUEST_HEADERS payload.
@@ -303,8 +493,7 @@ pub fn parse_request_headers(payload: &[u8]) -> Result<RequestHead, FrameError> 
     if raw.first() != Some(&b'/') {
         return Err(FrameError::Invalid("method path"));
     }
-    let path =
-        http::uri::PathAndQuery::try_from(raw).map_err(|_| FrameError::Invalid("method path"))?;
+    let path = decode::path(raw)?;
     let al = r.u16()? as usize;
     let authority = match r.take(al)? {
         [] => None,
@@ -480,8 +669,8 @@ mod tests {
             let mut m = HeaderMap::new();
             for (k, v) in kv {
                 m.append(
-                    HeaderName::from_bytes(k.as_bytes()).unwrap(),
-                    HeaderValue::from_str(&v).unwrap(),
+                    http::HeaderName::from_bytes(k.as_bytes()).unwrap(),
+                    http::HeaderValue::from_str(&v).unwrap(),
                 );
             }
             m

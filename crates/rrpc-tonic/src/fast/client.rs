@@ -365,7 +365,9 @@ async fn call(
         done: false,
         permit: Some(permit),
     };
-    let mut batch = vec![Out::new(Kind::RequestHeaders, 0, id, headers)];
+    // Room for a unary call's three frames (headers, data, end): one allocation.
+    let mut batch = Vec::with_capacity(3);
+    batch.push(Out::new(Kind::RequestHeaders, 0, id, headers));
     // The caller writes the request itself when the body is ready at once
     // (unary, server streaming) and the call's window covers it: one ring
     // message, no task hop. Otherwise a sender task streams it while the

@@ -565,12 +565,15 @@ where
             )])
             .await;
     }
-    let mut batch = vec![Out::new(
+    // Room for a unary response's three frames (headers, data, trailers):
+    // one allocation.
+    let mut batch = Vec::with_capacity(3);
+    batch.push(Out::new(
         Kind::ResponseHeaders,
         0,
         id,
         frame::response_headers_payload(parts.status, &parts.headers),
-    )];
+    ));
     // Frames the body has ready go out together, up to about one chunk of
     // data (a body that is always ready must not be drained into memory).
     let mut batched = 0usize;
