@@ -3,6 +3,9 @@
 //! (`cargo xtask bench rpc --hosts hosts.toml`); with `--role serve --transport NAME` it is the
 //! separate server process of the per-side CPU/memory experiments, and with `--role hog` one
 //! busy loop of the contention experiment (both started by the suite).
+//!
+//! `RRPC_BENCH_CLIENTS=128,256` replaces the client counts of Figs. 8 and 10
+//! (`connmgmt_4k_*`, `small_rpc_throughput`): one load point looked at alone.
 
 use std::net::SocketAddr;
 use std::time::Duration;

@@ -122,6 +122,23 @@ fn mode_variants() -> Vec<ModeVariant> {
     ]
 }
 
+/// The client counts of Figs. 8 and 10: `default`, or the list in
+/// `RRPC_BENCH_CLIENTS` (comma-separated, e.g. `128,256`: one load point
+/// looked at alone).
+pub(super) fn client_counts(default: Vec<usize>) -> Vec<usize> {
+    let Ok(list) = std::env::var("RRPC_BENCH_CLIENTS") else {
+        return default;
+    };
+    let parsed: Option<Vec<usize>> = list
+        .split(',')
+        .map(|c| c.trim().parse().ok().filter(|&n| n > 0))
+        .collect();
+    match parsed {
+        Some(v) if !v.is_empty() => v,
+        _ => panic!("RRPC_BENCH_CLIENTS={list:?}: expected client counts like 128,256"),
+    }
+}
+
 /// The largest client count BP runs with: BP starts one spinning thread per connection end
 /// (two per client in this one-process setup), so beyond this the host's cores are shared by
 /// dozens of spinning threads and the runtime threads barely run (the paper's own BP collapse,
@@ -134,7 +151,8 @@ fn bp_max_clients() -> usize {
 /// client, continuously and rate-limited, with the process's user and system CPU time.
 pub(super) fn fig8(ctx: &mut Ctx<'_>, plan_note: &str) -> Vec<Table> {
     let args = ctx.args;
-    let clients: Vec<usize> = args.pick(vec![1, 4], vec![1, 4, 16, 32, 64, 128]);
+    let clients: Vec<usize> =
+        client_counts(args.pick(vec![1, 4], vec![1, 4, 16, 32, 64, 128, 256]));
     let dur = args.duration(Duration::from_millis(300), Duration::from_secs(2));
     let interval = Duration::from_millis(1);
     let variants = mode_variants();

@@ -139,7 +139,8 @@ pub fn run_suite(args: &SuiteArgs, report: &mut Report, only: &[String]) -> Resu
         "shm (rrpc rows); kernel TCP / Unix sockets (tonic rows)".into();
     report.machine_mut().pinning = plan.describe();
 
-    let clients_list: Vec<usize> = args.pick(vec![1, 4], vec![1, 2, 4, 8, 16, 32, 64, 128]);
+    let clients_list: Vec<usize> =
+        figs::client_counts(args.pick(vec![1, 4], vec![1, 2, 4, 8, 16, 32, 64, 128, 256]));
     let dur = args.duration(Duration::from_millis(400), Duration::from_secs(3));
     let (warm, n) = args.pick((200, 2_000), (2_000, 50_000));
     let bar = args.progress(
