@@ -311,8 +311,8 @@ mod decode {
 
     /// Entries per cache (direct-mapped by a cheap hash of the bytes).
     const SLOTS: usize = 16;
-    /// Longer values are not cached (memory per thread stays bounded:
-    /// `SLOTS` times this, for names and for values).
+    /// Longer entries are not cached (memory per thread stays bounded:
+    /// `SLOTS` times this, for names, values and paths).
     const MAX_CACHED: usize = 128;
 
     struct Recent {
@@ -334,21 +334,61 @@ mod decode {
     /// A method path (the caller checked the leading `/`), from the cache
     /// when it is one of the last seen.
     pub(super) fn path(raw: &[u8]) -> Result<PathAndQuery, FrameError> {
+        cached(
+            raw,
+            |r| &mut r.paths,
+            |p| p.as_str().as_bytes(),
+            |raw| PathAndQuery::try_from(raw).map_err(|_| FrameError::Invalid("method path")),
+        )
+    }
+
+    pub(super) fn name(raw: &[u8]) -> Result<HeaderName, FrameError> {
+        if let Some(s) = NAMES.iter().find(|s| s.as_bytes() == raw) {
+            return Ok(HeaderName::from_static(s));
+        }
+        cached(
+            raw,
+            |r| &mut r.names,
+            |n| n.as_str().as_bytes(),
+            |raw| HeaderName::from_bytes(raw).map_err(|_| FrameError::Invalid("metadata name")),
+        )
+    }
+
+    pub(super) fn value(raw: &[u8]) -> Result<HeaderValue, FrameError> {
+        if let Some(s) = VALUES.iter().find(|s| s.as_bytes() == raw) {
+            return Ok(HeaderValue::from_static(s));
+        }
+        cached(
+            raw,
+            |r| &mut r.values,
+            HeaderValue::as_bytes,
+            |raw| HeaderValue::from_bytes(raw).map_err(|_| FrameError::Invalid("metadata value")),
+        )
+    }
+
+    /// `raw` decoded by `make`, or the cached entry in `table` whose bytes
+    /// (`bytes`) are exactly `raw`. A new entry is cached when it is short
+    /// and its bytes are `raw` (`http` lower-cases names: an upper-case
+    /// name would never be found again).
+    fn cached<T: Clone>(
+        raw: &[u8],
+        table: fn(&mut Recent) -> &mut [Option<T>; SLOTS],
+        bytes: fn(&T) -> &[u8],
+        make: fn(&[u8]) -> Result<T, FrameError>,
+    ) -> Result<T, FrameError> {
         let i = slot(raw);
-        let hit = RECENT.with(|c| {
-            c.borrow().paths[i]
-                .as_ref()
-                .filter(|p| p.as_str().as_bytes() == raw)
-                .cloned()
-        });
-        if let Some(p) = hit {
-            return Ok(p);
-        }
-        let p = PathAndQuery::try_from(raw).map_err(|_| FrameError::Invalid("method path"))?;
-        if raw.len() <= MAX_CACHED && p.as_str().as_bytes() == raw {
-            RECENT.with(|c| c.borrow_mut().paths[i] = Some(p.clone()));
-        }
-        Ok(p)
+        RECENT.with(|c| {
+            let mut c = c.borrow_mut();
+            let entry = &mut table(&mut c)[i];
+            if let Some(hit) = entry.as_ref().filter(|e| bytes(e) == raw) {
+                return Ok(hit.clone());
+            }
+            let v = make(raw)?;
+            if raw.len() <= MAX_CACHED && bytes(&v) == raw {
+                *entry = Some(v.clone());
+            }
+            Ok(v)
+        })
     }
 
     fn slot(raw: &[u8]) -> usize {
@@ -358,49 +398,6 @@ mod decode {
             ^ (u32::from(last.unwrap_or(0)) << 7)
             ^ raw.get(raw.len() / 2).map_or(0, |&b| u32::from(b) << 11);
         (h.wrapping_mul(0x9E37_79B9) >> 28) as usize % SLOTS
-    }
-
-    pub(super) fn name(raw: &[u8]) -> Result<HeaderName, FrameError> {
-        if let Some(s) = NAMES.iter().find(|s| s.as_bytes() == raw) {
-            return Ok(HeaderName::from_static(s));
-        }
-        let i = slot(raw);
-        let hit = RECENT.with(|c| {
-            c.borrow().names[i]
-                .as_ref()
-                .filter(|n| n.as_str().as_bytes() == raw)
-                .cloned()
-        });
-        if let Some(n) = hit {
-            return Ok(n);
-        }
-        let n = HeaderName::from_bytes(raw).map_err(|_| FrameError::Invalid("metadata name"))?;
-        // Standard names cost nothing to make; cache only the others.
-        if raw.len() <= MAX_CACHED && n.as_str().as_bytes() == raw {
-            RECENT.with(|c| c.borrow_mut().names[i] = Some(n.clone()));
-        }
-        Ok(n)
-    }
-
-    pub(super) fn value(raw: &[u8]) -> Result<HeaderValue, FrameError> {
-        if let Some(s) = VALUES.iter().find(|s| s.as_bytes() == raw) {
-            return Ok(HeaderValue::from_static(s));
-        }
-        let i = slot(raw);
-        let hit = RECENT.with(|c| {
-            c.borrow().values[i]
-                .as_ref()
-                .filter(|v| v.as_bytes() == raw)
-                .cloned()
-        });
-        if let Some(v) = hit {
-            return Ok(v);
-        }
-        let v = HeaderValue::from_bytes(raw).map_err(|_| FrameError::Invalid("metadata value"))?;
-        if raw.len() <= MAX_CACHED {
-            RECENT.with(|c| c.borrow_mut().values[i] = Some(v.clone()));
-        }
-        Ok(v)
     }
 
     #[cfg(test)]
