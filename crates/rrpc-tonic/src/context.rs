@@ -8,6 +8,7 @@ use rrpc_poller::Poller;
 
 use crate::config::default_poller_config;
 use crate::sharing::{Anchors, Peers};
+use crate::spare::{Dialed, Spares};
 use crate::{Error, RrpcConfig};
 
 /// The runtime state of rrpc's `shm://` and `rdma://` connections: the
@@ -87,6 +88,8 @@ struct Inner {
     peers: Peers,
     /// The shared connections servers of this context accepted.
     anchors: Anchors,
+    /// Connections its clients dialed ahead ([`RrpcConfig::spare_connections`]).
+    spares: Spares<Dialed>,
 }
 
 /// The connection pools of a context, one per provider.
@@ -136,6 +139,7 @@ impl RrpcContext {
             pools: Mutex::default(),
             peers: Peers::default(),
             anchors: Anchors::default(),
+            spares: Spares::default(),
         });
         tracing::debug!(id = ?Arc::as_ptr(&inner), shared, "rrpc: context created");
         inner
@@ -264,6 +268,18 @@ impl RrpcContext {
         let mut v = self.0.peers.stats();
         v.extend(self.0.anchors.stats());
         v
+    }
+
+    /// How many spare connections ([`RrpcConfig::spare_connections`]) wait
+    /// in this context now, over every server: each is a connection its
+    /// server holds too.
+    pub fn spare_connections(&self) -> usize {
+        self.0.spares.ready()
+    }
+
+    /// The spare connections its clients dialed ahead.
+    pub(crate) fn spares(&self) -> &Spares<Dialed> {
+        &self.0.spares
     }
 
     /// The client's cache of shared connections.

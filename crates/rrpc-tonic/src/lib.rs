@@ -241,13 +241,14 @@ pub mod port;
 mod rings;
 mod server;
 mod sharing;
+mod spare;
 mod transport;
 
 pub use call::{Carrier, ChannelPath, ResponseFuture};
 pub use channel::RrpcChannel;
 pub use config::{
     DEFAULT_MAX_SHARED_PEERS, DEFAULT_PEER_LEASE, DEFAULT_RDMA_CONNECTION_POOL, Fabric,
-    PathPreference, RrpcConfig, RrpcConfigBuilder, default_poller_config,
+    MAX_SPARE_CONNECTIONS, PathPreference, RrpcConfig, RrpcConfigBuilder, default_poller_config,
 };
 pub use context::RrpcContext;
 pub use endpoint::RrpcEndpoint;

@@ -8,7 +8,7 @@
 
 use std::os::fd::{AsFd, AsRawFd};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use rrpc_core::conn::{Connection, HandshakeConfig, Listener, Offer, Pending, connect};
 use rrpc_core::{Fabric, FabricAddr};
@@ -24,6 +24,7 @@ use crate::negotiate::{
 };
 use crate::pipe::{BoxFut, MsgRx, MsgTx, Pipe};
 use crate::sharing::{self, Anchors, PeerKey, Request};
+use crate::spare::Dialed;
 use crate::{Error, RrpcConfig, RrpcContext};
 
 fn ring_config(cfg: &RrpcConfig) -> Result<RingConfig, Error> {
@@ -353,31 +354,105 @@ pub(crate) async fn dial(
     let key = PeerKey::new(&ep, port);
     let ring = ring_config(cfg)?;
     let hs = handshake_config(cfg)?;
-    let (cfg2, ctx2) = (cfg.clone(), ctx.clone());
-    let (conn, tx, rx, path) = tokio::task::spawn_blocking(move || -> Result<_, Error> {
-        let fabric = fabric_for(&ep, &ctx2)?;
-        if cfg2.shared_queue_pairs() {
-            return dial_logical(&key, &ep, &fabric, &ring, &hs, &cfg2, &ctx2);
+    let spares = cfg.spare_connections() > 0 && !cfg.shared_queue_pairs();
+    if spares {
+        // A spare dialed ahead, if one waits whose side channel is still
+        // open (`spare` docs); dead ones are dropped here.
+        let server = ep.to_string();
+        let taken = ctx.spares().take(&server, cfg, Instant::now(), |d: &Dialed| {
+            d.0.check_alive().is_ok()
+        });
+        if !taken.dropped.is_empty() {
+            tracing::debug!(endpoint = %ep, dropped = taken.dropped.len(), "rrpc: spare connections gone");
         }
-        let (local, qp) = take_bundle(&fabric, &ring, &ctx2)?;
-        // The path hello rides in the handshake (module docs of `transport`).
-        let offer = Offer::new()
-            .token(cfg2.token().map(<[u8]>::to_vec))
-            .section(HANDSHAKE_SECTION, client_hello(&cfg2).to_vec());
-        let offer = local.add_to_offer(offer);
-        let c = connect(&ep, qp, offer, &hs)?;
-        let path = path_of_reply(section_of(c.peer()))?;
-        let (tx, rx) = local.connect(&c)?;
-        Ok((c, tx, rx, path))
+        drop(taken.dropped);
+        if let Some((conn, tx, rx, path)) = taken.spare {
+            let pipe = into_pipe(conn, tx, rx, cfg, ctx, &path)?;
+            refill_spares(ep, cfg, ctx, ring, hs);
+            return Ok((pipe, path));
+        }
+    }
+    let (cfg2, ctx2) = (cfg.clone(), ctx.clone());
+    let (ep2, ring2, hs2) = (ep.clone(), ring.clone(), hs.clone());
+    let (conn, tx, rx, path) = tokio::task::spawn_blocking(move || -> Result<_, Error> {
+        let fabric = fabric_for(&ep2, &ctx2)?;
+        if cfg2.shared_queue_pairs() {
+            return dial_logical(&key, &ep2, &fabric, &ring2, &hs2, &cfg2, &ctx2);
+        }
+        dial_dedicated(&ep2, &fabric, &ring2, &hs2, &cfg2, &ctx2)
     })
     .await
     .map_err(|e| Error::Io(std::io::Error::other(e)))??;
-    Ok((into_pipe(conn, tx, rx, cfg, ctx, &path)?, path))
+    let pipe = into_pipe(conn, tx, rx, cfg, ctx, &path)?;
+    if spares {
+        refill_spares(ep, cfg, ctx, ring, hs);
+    }
+    Ok((pipe, path))
 }
 
-/// What a connect sets up before its pipe: the connection, both ring ends
-/// and the path agreed.
-type Dialed = (Connection, RingTx, RingRx, Negotiated);
+/// A dedicated connection to `ep`: a bundle (pooled or made now), the
+/// handshake with the path hello in it, both rings connected. Blocking.
+fn dial_dedicated(
+    ep: &FabricAddr,
+    fabric: &Fabric,
+    ring: &RingConfig,
+    hs: &HandshakeConfig,
+    cfg: &RrpcConfig,
+    ctx: &RrpcContext,
+) -> Result<Dialed, Error> {
+    let (local, qp) = take_bundle(fabric, ring, ctx)?;
+    // The path hello rides in the handshake (module docs of `transport`).
+    let offer = Offer::new()
+        .token(cfg.token().map(<[u8]>::to_vec))
+        .section(HANDSHAKE_SECTION, client_hello(cfg).to_vec());
+    let offer = local.add_to_offer(offer);
+    let c = connect(ep, qp, offer, hs)?;
+    let path = path_of_reply(section_of(c.peer()))?;
+    let (tx, rx) = local.connect(&c)?;
+    Ok((c, tx, rx, path))
+}
+
+/// Tops up `ctx`'s spare connections to `ep` for `cfg` on a blocking task,
+/// unless one already does or they are full (`spare` docs). A dial that
+/// fails ends the refill quietly: the next connect dials as usual (and
+/// starts another refill), so a server that is gone costs nothing here.
+fn refill_spares(
+    ep: FabricAddr,
+    cfg: &RrpcConfig,
+    ctx: &RrpcContext,
+    ring: RingConfig,
+    hs: HandshakeConfig,
+) {
+    let server = ep.to_string();
+    if !ctx.spares().begin_fill(&server, cfg) {
+        return;
+    }
+    let (cfg, ctx) = (cfg.clone(), ctx.clone());
+    tokio::task::spawn_blocking(move || {
+        let fabric = match fabric_for(&ep, &ctx) {
+            Ok(f) => f,
+            Err(e) => {
+                ctx.spares().stop_fill(&server, &cfg);
+                return tracing::debug!(endpoint = %ep, error = %e, "rrpc: no spare connections");
+            }
+        };
+        while ctx.spares().next(&server, &cfg) {
+            match dial_dedicated(&ep, &fabric, &ring, &hs, &cfg, &ctx) {
+                Ok(d) => {
+                    if let Some(extra) = ctx.spares().push(&server, &cfg, Instant::now(), d) {
+                        drop(extra);
+                    }
+                }
+                Err(e) => {
+                    ctx.spares().stop_fill(&server, &cfg);
+                    tracing::debug!(endpoint = %ep, error = %e, "rrpc: spare connection refill ended");
+                    return;
+                }
+            }
+        }
+        tracing::trace!(endpoint = %ep, "rrpc: spare connections ready");
+    });
+}
 
 /// A logical connection to `ep` over the context's shared connection to
 /// the server `key` names (opened first if there is none; `sharing` docs).

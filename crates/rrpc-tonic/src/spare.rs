@@ -1,0 +1,293 @@
+//! Spare connections ([`RrpcConfig::spare_connections`]): dedicated
+//! connections a client dialed ahead to a server it already connected to,
+//! taken by the next connect to that server instead of dialing.
+//!
+//! Where a connect's time goes on `shm://` (docs/measured.md, "Where a
+//! connect's time goes"): not in making regions or queue pairs (the bundle
+//! pool already does that ahead, and measured no faster) but in the round
+//! trip through the server and the four thread hand-offs around it
+//! (client worker to a blocking thread, the server's worker to its blocking
+//! thread, and back). A spare has done all of that before anyone asks for
+//! it, so a connect that finds one costs a look at its side channel and the
+//! poller registration.
+//!
+//! This module is the sans-IO store: which spares wait for which server and
+//! config, since when, whether a refill runs. `rings` dials them, checks
+//! them ([`Connection::check_alive`](rrpc_core::conn::Connection::check_alive):
+//! a server that restarted or died closed their side channels) and turns
+//! one into a pipe.
+//!
+//! Bounds: at most `spare_connections` wait per (server, config), one
+//! refill runs per (server, config) at a time, and a spare older than
+//! [`RrpcConfig::peer_lease`] is dropped unused (the server may have
+//! restarted behind a side channel that still looks open). A spare is an
+//! ordinary connection at the server, which bounds it as any other
+//! (`max_pending_handshakes`, its own limits); the client's bound is the
+//! server's guarantee that one client holds at most that many idle ones.
+
+use std::collections::VecDeque;
+use std::sync::Mutex;
+use std::time::Instant;
+
+use rrpc_core::conn::Connection;
+use rrpc_poller::rings::{RingRx, RingTx};
+
+use crate::RrpcConfig;
+use crate::negotiate::Negotiated;
+
+/// A connection dialed and handshaken, with both ring ends and the path
+/// agreed: what a connect sets up before its pipe.
+pub(crate) type Dialed = (Connection, RingTx, RingRx, Negotiated);
+
+/// The spares of one server and config.
+struct Entry<T> {
+    /// The server (its ring endpoint, as dialed).
+    server: String,
+    /// The config the spares were dialed with: only a connect with an equal
+    /// one may take them (token, rings, path preference are per channel).
+    cfg: RrpcConfig,
+    /// Ready spares, oldest first, with when each was made.
+    ready: VecDeque<(Instant, T)>,
+    /// A refill is running.
+    filling: bool,
+}
+
+impl<T> Entry<T> {
+    fn wants(&self) -> bool {
+        self.ready.len() < self.cfg.spare_connections()
+    }
+}
+
+/// The spare connections of a context, by server and config.
+pub(crate) struct Spares<T> {
+    entries: Mutex<Vec<Entry<T>>>,
+}
+
+impl<T> Default for Spares<T> {
+    fn default() -> Self {
+        Spares {
+            entries: Mutex::default(),
+        }
+    }
+}
+
+/// What [`Spares::take`] found.
+pub(crate) struct Taken<T> {
+    /// A spare that passed the check, if any.
+    pub(crate) spare: Option<T>,
+    /// Spares found dead or past their lease: the caller drops them
+    /// (outside the store's lock: closing a connection is a system call).
+    pub(crate) dropped: Vec<T>,
+}
+
+impl<T> Spares<T> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Entry<T>>> {
+        self.entries.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Takes the oldest spare for `server` and `cfg` that is younger than
+    /// the config's `peer_lease` at `now` and that `alive` accepts; every
+    /// one looked at and refused is returned to be dropped.
+    pub(crate) fn take(
+        &self,
+        server: &str,
+        cfg: &RrpcConfig,
+        now: Instant,
+        mut alive: impl FnMut(&T) -> bool,
+    ) -> Taken<T> {
+        let mut taken = Taken {
+            spare: None,
+            dropped: Vec::new(),
+        };
+        let mut entries = self.lock();
+        let Some(e) = entries
+            .iter_mut()
+            .find(|e| e.server == server && e.cfg == *cfg)
+        else {
+            return taken;
+        };
+        while let Some((at, t)) = e.ready.pop_front() {
+            if now.saturating_duration_since(at) < cfg.peer_lease() && alive(&t) {
+                taken.spare = Some(t);
+                break;
+            }
+            taken.dropped.push(t);
+        }
+        entries.retain(|e| e.filling || !e.ready.is_empty());
+        taken
+    }
+
+    /// Starts a refill for `server` and `cfg` if none runs and fewer than
+    /// `spare_connections` wait: `true` when the caller is to run it
+    /// ([`Self::next`] before each dial, [`Self::push`] after).
+    pub(crate) fn begin_fill(&self, server: &str, cfg: &RrpcConfig) -> bool {
+        if cfg.spare_connections() == 0 {
+            return false;
+        }
+        let mut entries = self.lock();
+        let i = match entries
+            .iter()
+            .position(|e| e.server == server && e.cfg == *cfg)
+        {
+            Some(i) => i,
+            None => {
+                entries.push(Entry {
+                    server: server.to_owned(),
+                    cfg: cfg.clone(),
+                    ready: VecDeque::new(),
+                    filling: false,
+                });
+                entries.len() - 1
+            }
+        };
+        let e = &mut entries[i];
+        if e.filling || !e.wants() {
+            return false;
+        }
+        e.filling = true;
+        true
+    }
+
+    /// Whether the running refill is to dial one more; when not, the refill
+    /// ends here (in the same lock: a take meanwhile starts a new one).
+    pub(crate) fn next(&self, server: &str, cfg: &RrpcConfig) -> bool {
+        let mut entries = self.lock();
+        let Some(e) = entries
+            .iter_mut()
+            .find(|e| e.server == server && e.cfg == *cfg)
+        else {
+            return false;
+        };
+        if e.wants() {
+            return true;
+        }
+        e.filling = false;
+        false
+    }
+
+    /// Adds a spare the refill dialed at `now`. Past the bound (which
+    /// [`Self::next`] makes rare) it is handed back, to be dropped.
+    pub(crate) fn push(&self, server: &str, cfg: &RrpcConfig, now: Instant, t: T) -> Option<T> {
+        let mut entries = self.lock();
+        match entries
+            .iter_mut()
+            .find(|e| e.server == server && e.cfg == *cfg)
+        {
+            Some(e) if e.wants() => {
+                e.ready.push_back((now, t));
+                None
+            }
+            _ => Some(t),
+        }
+    }
+
+    /// Ends a refill that failed (the server is gone or refuses): the next
+    /// connect starts another.
+    pub(crate) fn stop_fill(&self, server: &str, cfg: &RrpcConfig) {
+        let mut entries = self.lock();
+        if let Some(e) = entries
+            .iter_mut()
+            .find(|e| e.server == server && e.cfg == *cfg)
+        {
+            e.filling = false;
+        }
+        entries.retain(|e| e.filling || !e.ready.is_empty());
+    }
+
+    /// How many spares wait, over every server and config.
+    pub(crate) fn ready(&self) -> usize {
+        self.lock().iter().map(|e| e.ready.len()).sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    fn cfg(n: usize) -> RrpcConfig {
+        RrpcConfig::builder()
+            .spare_connections(n)
+            .peer_lease(Duration::from_secs(10))
+            .build()
+            .unwrap()
+    }
+
+    /// Fills `s` for `server` the way `rings` does, with `made` as dials.
+    fn fill(s: &Spares<u32>, server: &str, c: &RrpcConfig, now: Instant, made: &mut u32) {
+        if !s.begin_fill(server, c) {
+            return;
+        }
+        while s.next(server, c) {
+            *made += 1;
+            assert!(s.push(server, c, now, *made).is_none());
+        }
+    }
+
+    #[test]
+    fn a_refill_stops_at_the_bound_and_one_runs_at_a_time() {
+        let (s, c, t0) = (Spares::default(), cfg(3), Instant::now());
+        assert!(s.begin_fill("a", &c));
+        // A second connect while the first refill runs starts none.
+        assert!(!s.begin_fill("a", &c));
+        let mut made = 0;
+        while s.next("a", &c) {
+            made += 1;
+            assert!(s.push("a", &c, t0, made).is_none());
+        }
+        assert_eq!((made, s.ready()), (3, 3));
+        // Full: no refill, and a spare pushed past the bound is handed back.
+        assert!(!s.begin_fill("a", &c));
+        assert_eq!(s.push("a", &c, t0, 99), Some(99));
+        assert_eq!(s.ready(), 3);
+    }
+
+    #[test]
+    fn off_means_no_refill_and_nothing_kept() {
+        let (s, t0) = (Spares::default(), Instant::now());
+        assert!(!s.begin_fill("a", &cfg(0)));
+        assert_eq!(s.push("a", &cfg(0), t0, 1), Some(1));
+        assert_eq!(s.ready(), 0);
+    }
+
+    #[test]
+    fn a_spare_is_for_its_server_and_an_equal_config_only() {
+        let (s, c, t0) = (Spares::default(), cfg(1), Instant::now());
+        let mut made = 0;
+        fill(&s, "a", &c, t0, &mut made);
+        let token = c.to_builder().token("t").build().unwrap();
+        assert!(s.take("b", &c, t0, |_| true).spare.is_none());
+        assert!(s.take("a", &token, t0, |_| true).spare.is_none());
+        assert_eq!(s.take("a", &c.clone(), t0, |_| true).spare, Some(1));
+        assert_eq!(s.ready(), 0);
+    }
+
+    #[test]
+    fn dead_and_expired_spares_are_dropped_not_taken() {
+        let (s, c, t0) = (Spares::default(), cfg(3), Instant::now());
+        let mut made = 0;
+        fill(&s, "a", &c, t0, &mut made);
+        // 1 is dead (its server closed it): dropped, 2 taken, 3 waits.
+        let got = s.take("a", &c, t0, |&t| t != 1);
+        assert_eq!((got.spare, got.dropped), (Some(2), vec![1]));
+        assert_eq!(s.ready(), 1);
+        // Past the lease, even a live-looking one goes.
+        let later = t0 + c.peer_lease();
+        let got = s.take("a", &c, later, |_| true);
+        assert_eq!((got.spare, got.dropped), (None, vec![3]));
+        assert_eq!(s.ready(), 0);
+        // The refill starts again after the take.
+        fill(&s, "a", &c, later, &mut made);
+        assert_eq!(s.ready(), 3);
+    }
+
+    #[test]
+    fn a_failed_refill_lets_the_next_connect_start_one() {
+        let (s, c) = (Spares::default(), cfg(2));
+        assert!(s.begin_fill("a", &c));
+        assert!(s.next("a", &c));
+        s.stop_fill("a", &c);
+        assert!(s.begin_fill("a", &c));
+    }
+}
