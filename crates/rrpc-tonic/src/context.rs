@@ -8,7 +8,7 @@ use rrpc_poller::Poller;
 
 use crate::config::default_poller_config;
 use crate::sharing::{Anchors, Peers};
-use crate::spare::{Dialed, Spares};
+use crate::spare::{Spare, Spares};
 use crate::{Error, RrpcConfig};
 
 /// The runtime state of rrpc's `shm://` and `rdma://` connections: the
@@ -89,7 +89,7 @@ struct Inner {
     /// The shared connections servers of this context accepted.
     anchors: Anchors,
     /// Connections its clients dialed ahead ([`RrpcConfig::spare_connections`]).
-    spares: Spares<Dialed>,
+    spares: Spares<Spare>,
 }
 
 /// The connection pools of a context, one per provider.
@@ -278,7 +278,7 @@ impl RrpcContext {
     }
 
     /// The spare connections its clients dialed ahead.
-    pub(crate) fn spares(&self) -> &Spares<Dialed> {
+    pub(crate) fn spares(&self) -> &Spares<Spare> {
         &self.0.spares
     }
 

@@ -24,7 +24,7 @@ use crate::negotiate::{
 };
 use crate::pipe::{BoxFut, MsgRx, MsgTx, Pipe};
 use crate::sharing::{self, Anchors, PeerKey, Request};
-use crate::spare::Dialed;
+use crate::spare::Spare;
 use crate::{Error, RrpcConfig, RrpcContext};
 
 fn ring_config(cfg: &RrpcConfig) -> Result<RingConfig, Error> {
@@ -261,6 +261,18 @@ fn into_pipe(
     ctx: &RrpcContext,
     path: &Negotiated,
 ) -> Result<Pipe, Error> {
+    Ok(into_pipe_and_conn(conn, tx, rx, cfg, ctx, path)?.0)
+}
+
+/// [`into_pipe`], and the connection under the pipe.
+fn into_pipe_and_conn(
+    conn: Connection,
+    tx: RingTx,
+    rx: RingRx,
+    cfg: &RrpcConfig,
+    ctx: &RrpcContext,
+    path: &Negotiated,
+) -> Result<(Pipe, Arc<Connection>), Error> {
     let ac = AsyncConn::new(&ctx.poller_handle()?, conn, tx, rx)?;
     let conn = ac.connection().clone();
     // The poller runs the sender's completion progress and its ring's
@@ -272,8 +284,14 @@ fn into_pipe(
         rx.set_spin_yield(HTTP2_SPIN_YIELD);
     }
     Ok((
-        Box::new(RingsTx { tx }),
-        Box::new(RingsRx { rx, _conn: conn }),
+        (
+            Box::new(RingsTx { tx }),
+            Box::new(RingsRx {
+                rx,
+                _conn: conn.clone(),
+            }),
+        ),
+        conn,
     ))
 }
 
@@ -351,44 +369,48 @@ pub(crate) async fn dial(
     cfg: &RrpcConfig,
     ctx: &RrpcContext,
 ) -> Result<(Pipe, Negotiated), Error> {
-    let key = PeerKey::new(&ep, port);
-    let ring = ring_config(cfg)?;
-    let hs = handshake_config(cfg)?;
     let spares = cfg.spare_connections() > 0 && !cfg.shared_queue_pairs();
     if spares {
         // A spare dialed ahead, if one waits whose side channel is still
         // open (`spare` docs); dead ones are dropped here.
         let server = ep.to_string();
-        let taken = ctx.spares().take(&server, cfg, Instant::now(), |d: &Dialed| {
-            d.0.check_alive().is_ok()
-        });
+        let taken = ctx
+            .spares()
+            .take(&server, cfg, Instant::now(), |(_, _, conn): &Spare| {
+                conn.check_alive().is_ok()
+            });
         if !taken.dropped.is_empty() {
             tracing::debug!(endpoint = %ep, dropped = taken.dropped.len(), "rrpc: spare connections gone");
         }
         drop(taken.dropped);
-        if let Some((conn, tx, rx, path)) = taken.spare {
-            let pipe = into_pipe(conn, tx, rx, cfg, ctx, &path)?;
-            refill_spares(ep, cfg, ctx, ring, hs);
+        if let Some((pipe, path, _)) = taken.spare {
+            refill_spares(ep, cfg, ctx);
             return Ok((pipe, path));
         }
     }
-    let (cfg2, ctx2) = (cfg.clone(), ctx.clone());
-    let (ep2, ring2, hs2) = (ep.clone(), ring.clone(), hs.clone());
+    let key = PeerKey::new(&ep, port);
+    let ring = ring_config(cfg)?;
+    let hs = handshake_config(cfg)?;
+    let (cfg2, ctx2, ep2) = (cfg.clone(), ctx.clone(), ep.clone());
     let (conn, tx, rx, path) = tokio::task::spawn_blocking(move || -> Result<_, Error> {
         let fabric = fabric_for(&ep2, &ctx2)?;
         if cfg2.shared_queue_pairs() {
-            return dial_logical(&key, &ep2, &fabric, &ring2, &hs2, &cfg2, &ctx2);
+            return dial_logical(&key, &ep2, &fabric, &ring, &hs, &cfg2, &ctx2);
         }
-        dial_dedicated(&ep2, &fabric, &ring2, &hs2, &cfg2, &ctx2)
+        dial_dedicated(&ep2, &fabric, &ring, &hs, &cfg2, &ctx2)
     })
     .await
     .map_err(|e| Error::Io(std::io::Error::other(e)))??;
     let pipe = into_pipe(conn, tx, rx, cfg, ctx, &path)?;
     if spares {
-        refill_spares(ep, cfg, ctx, ring, hs);
+        refill_spares(ep, cfg, ctx);
     }
     Ok((pipe, path))
 }
+
+/// What a connect sets up before its pipe: the connection, both ring ends
+/// and the path agreed.
+type Dialed = (Connection, RingTx, RingRx, Negotiated);
 
 /// A dedicated connection to `ep`: a bundle (pooled or made now), the
 /// handshake with the path hello in it, both rings connected. Blocking.
@@ -412,45 +434,46 @@ fn dial_dedicated(
     Ok((c, tx, rx, path))
 }
 
+/// A spare connection to `ep`: dialed as [`dial_dedicated`], then
+/// registered with the poller (on the blocking thread, which has the
+/// runtime's context), so that taking it costs nothing more. Blocking.
+fn dial_spare(
+    ep: &FabricAddr,
+    fabric: &Fabric,
+    cfg: &RrpcConfig,
+    ctx: &RrpcContext,
+) -> Result<Spare, Error> {
+    let (ring, hs) = (ring_config(cfg)?, handshake_config(cfg)?);
+    let (conn, tx, rx, path) = dial_dedicated(ep, fabric, &ring, &hs, cfg, ctx)?;
+    let (pipe, conn) = into_pipe_and_conn(conn, tx, rx, cfg, ctx, &path)?;
+    Ok((pipe, path, conn))
+}
+
 /// Tops up `ctx`'s spare connections to `ep` for `cfg` on a blocking task,
 /// unless one already does or they are full (`spare` docs). A dial that
 /// fails ends the refill quietly: the next connect dials as usual (and
 /// starts another refill), so a server that is gone costs nothing here.
-fn refill_spares(
-    ep: FabricAddr,
-    cfg: &RrpcConfig,
-    ctx: &RrpcContext,
-    ring: RingConfig,
-    hs: HandshakeConfig,
-) {
+fn refill_spares(ep: FabricAddr, cfg: &RrpcConfig, ctx: &RrpcContext) {
     let server = ep.to_string();
     if !ctx.spares().begin_fill(&server, cfg) {
         return;
     }
     let (cfg, ctx) = (cfg.clone(), ctx.clone());
     tokio::task::spawn_blocking(move || {
-        let fabric = match fabric_for(&ep, &ctx) {
-            Ok(f) => f,
+        let made = fabric_for(&ep, &ctx).and_then(|fabric| {
+            while ctx.spares().next(&server, &cfg) {
+                let spare = dial_spare(&ep, &fabric, &cfg, &ctx)?;
+                drop(ctx.spares().push(&server, &cfg, Instant::now(), spare));
+            }
+            Ok(())
+        });
+        match made {
+            Ok(()) => tracing::trace!(endpoint = %ep, "rrpc: spare connections ready"),
             Err(e) => {
                 ctx.spares().stop_fill(&server, &cfg);
-                return tracing::debug!(endpoint = %ep, error = %e, "rrpc: no spare connections");
-            }
-        };
-        while ctx.spares().next(&server, &cfg) {
-            match dial_dedicated(&ep, &fabric, &ring, &hs, &cfg, &ctx) {
-                Ok(d) => {
-                    if let Some(extra) = ctx.spares().push(&server, &cfg, Instant::now(), d) {
-                        drop(extra);
-                    }
-                }
-                Err(e) => {
-                    ctx.spares().stop_fill(&server, &cfg);
-                    tracing::debug!(endpoint = %ep, error = %e, "rrpc: spare connection refill ended");
-                    return;
-                }
+                tracing::debug!(endpoint = %ep, error = %e, "rrpc: spare connection refill ended");
             }
         }
-        tracing::trace!(endpoint = %ep, "rrpc: spare connections ready");
     });
 }
 

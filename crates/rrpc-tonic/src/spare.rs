@@ -8,8 +8,8 @@
 //! trip through the server and the four thread hand-offs around it
 //! (client worker to a blocking thread, the server's worker to its blocking
 //! thread, and back). A spare has done all of that before anyone asks for
-//! it, so a connect that finds one costs a look at its side channel and the
-//! poller registration.
+//! it (the poller registration included), so a connect that finds one costs
+//! a look at its side channel.
 //!
 //! This module is the sans-IO store: which spares wait for which server and
 //! config, since when, whether a refill runs. `rings` dials them, checks
@@ -29,15 +29,18 @@ use std::collections::VecDeque;
 use std::sync::Mutex;
 use std::time::Instant;
 
+use std::sync::Arc;
+
 use rrpc_core::conn::Connection;
-use rrpc_poller::rings::{RingRx, RingTx};
 
 use crate::RrpcConfig;
 use crate::negotiate::Negotiated;
+use crate::pipe::Pipe;
 
-/// A connection dialed and handshaken, with both ring ends and the path
-/// agreed: what a connect sets up before its pipe.
-pub(crate) type Dialed = (Connection, RingTx, RingRx, Negotiated);
+/// A spare: a connection dialed, handshaken and registered with the
+/// poller, its path agreed, and the connection itself (for the liveness
+/// check before it is taken).
+pub(crate) type Spare = (Pipe, Negotiated, Arc<Connection>);
 
 /// The spares of one server and config.
 struct Entry<T> {
