@@ -270,11 +270,11 @@ impl RrpcContext {
         v
     }
 
-    /// How many spare connections ([`RrpcConfig::spare_connections`]) wait
-    /// in this context now, over every server: each is a connection its
-    /// server holds too.
-    pub fn spare_connections(&self) -> usize {
-        self.0.spares.ready()
+    /// The spare connections ([`RrpcConfig::spare_connections`]) of this
+    /// context: how many wait now (each is a connection its server holds
+    /// too), and how many were made, taken and dropped unused.
+    pub fn spare_stats(&self) -> crate::SpareStats {
+        self.0.spares.stats()
     }
 
     /// The spare connections its clients dialed ahead.

@@ -257,3 +257,4 @@ pub use h2stream::{RrpcConnectInfo, RrpcStream};
 pub use rrpc_poller::{Handoff, Mode as PollerMode, Poller, PollerConfig, PollerConfigBuilder};
 pub use server::{Router, RrpcIncoming, Server};
 pub use sharing::SharedConnectionStats;
+pub use spare::SpareStats;

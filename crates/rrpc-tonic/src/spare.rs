@@ -64,14 +64,34 @@ impl<T> Entry<T> {
 /// The spare connections of a context, by server and config.
 pub(crate) struct Spares<T> {
     entries: Mutex<Vec<Entry<T>>>,
+    /// Counters since the context started (the ready count is the entries').
+    counts: Mutex<SpareStats>,
 }
 
 impl<T> Default for Spares<T> {
     fn default() -> Self {
         Spares {
             entries: Mutex::default(),
+            counts: Mutex::default(),
         }
     }
+}
+
+/// A context's spare connections ([`RrpcConfig::spare_connections`]), as
+/// [`RrpcContext::spare_stats`](crate::RrpcContext::spare_stats) reports them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct SpareStats {
+    /// Spares waiting now, over every server and config: each is a
+    /// connection its server holds too.
+    pub ready: usize,
+    /// Spares dialed (and kept) since the context started.
+    pub made: u64,
+    /// Connects that took a spare instead of dialing.
+    pub taken: u64,
+    /// Spares dropped unused: found dead (their server closed them) or
+    /// past [`RrpcConfig::peer_lease`], or made past the bound.
+    pub dropped: u64,
 }
 
 /// What [`Spares::take`] found.
@@ -86,6 +106,10 @@ pub(crate) struct Taken<T> {
 impl<T> Spares<T> {
     fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Entry<T>>> {
         self.entries.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn count(&self, f: impl FnOnce(&mut SpareStats)) {
+        f(&mut self.counts.lock().unwrap_or_else(|e| e.into_inner()));
     }
 
     /// Takes the oldest spare for `server` and `cfg` that is younger than
@@ -117,6 +141,12 @@ impl<T> Spares<T> {
             taken.dropped.push(t);
         }
         entries.retain(|e| e.filling || !e.ready.is_empty());
+        drop(entries);
+        let (got, dropped) = (u64::from(taken.spare.is_some()), taken.dropped.len() as u64);
+        self.count(|c| {
+            c.taken += got;
+            c.dropped += dropped;
+        });
         taken
     }
 
@@ -172,7 +202,7 @@ impl<T> Spares<T> {
     /// [`Self::next`] makes rare) it is handed back, to be dropped.
     pub(crate) fn push(&self, server: &str, cfg: &RrpcConfig, now: Instant, t: T) -> Option<T> {
         let mut entries = self.lock();
-        match entries
+        let back = match entries
             .iter_mut()
             .find(|e| e.server == server && e.cfg == *cfg)
         {
@@ -181,7 +211,17 @@ impl<T> Spares<T> {
                 None
             }
             _ => Some(t),
-        }
+        };
+        drop(entries);
+        let kept = back.is_none();
+        self.count(|c| {
+            if kept {
+                c.made += 1;
+            } else {
+                c.dropped += 1;
+            }
+        });
+        back
     }
 
     /// Ends a refill that failed (the server is gone or refuses): the next
@@ -200,6 +240,14 @@ impl<T> Spares<T> {
     /// How many spares wait, over every server and config.
     pub(crate) fn ready(&self) -> usize {
         self.lock().iter().map(|e| e.ready.len()).sum()
+    }
+
+    /// The counters, and how many wait now.
+    pub(crate) fn stats(&self) -> SpareStats {
+        let ready = self.ready();
+        let mut s = *self.counts.lock().unwrap_or_else(|e| e.into_inner());
+        s.ready = ready;
+        s
     }
 }
 
@@ -283,6 +331,8 @@ mod tests {
         // The refill starts again after the take.
         fill(&s, "a", &c, later, &mut made);
         assert_eq!(s.ready(), 3);
+        let st = s.stats();
+        assert_eq!((st.ready, st.made, st.taken, st.dropped), (3, 6, 1, 2));
     }
 
     #[test]
