@@ -128,12 +128,11 @@ async fn a_server_gone_ends_the_refill_and_fails_the_connect(t: Transport) {
     h1.kill();
     drop(h1);
     drop(c);
-    let connect = RrpcEndpoint::new(&uri)
+    let ep = RrpcEndpoint::new(&uri)
         .expect("uri")
         .config(ccfg.clone())
-        .context(cctx.clone())
-        .connect();
-    let r = tokio::time::timeout(Duration::from_secs(10), connect)
+        .context(cctx.clone());
+    let r = tokio::time::timeout(Duration::from_secs(10), ep.connect())
         .await
         .expect("a connect to a dead server ends");
     assert!(r.is_err(), "nobody listens at {uri}");
