@@ -50,13 +50,24 @@ fn stats(ctx: &RrpcContext) -> SpareStats {
     ctx.spare_stats()
 }
 
+/// Connections the server accepted: with a pool on the server, each one
+/// took a bundle from it (a hit, or a miss built inline).
+fn accepted(server: &RrpcContext) -> u64 {
+    server
+        .pool_stats()
+        .iter()
+        .map(|(_, s)| s.hits + s.misses)
+        .sum()
+}
+
 /// The first connect dials and starts the refill; the next ones take
-/// spares (the bound never passed), and every one carries calls, also
+/// spares instead of dialing (the server accepts only the refills), the
+/// bound is never passed, and every connection carries calls, also
 /// concurrently once all are up.
 async fn connects_take_spares_and_each_carries_calls(t: Transport) {
-    let mut h = Harness::start_with(t, config(t)).await;
+    let mut h = Harness::start_with(t, config(t).to_builder().connection_pool(8).build().unwrap()).await;
     h.set_client_config(spares(t, 2));
-    let ctx = h.client_context().clone();
+    let (ctx, server) = (h.client_context().clone(), h.server_context().clone());
     let mut first = h.client().await;
     call(&mut first, 1).await;
     until("two spares ready", || stats(&ctx).ready == 2).await;
@@ -72,6 +83,8 @@ async fn connects_take_spares_and_each_carries_calls(t: Transport) {
     let s = stats(&ctx);
     assert_eq!(s.taken, 4, "every connect after the first took a spare: {s:?}");
     assert_eq!((s.ready, s.made, s.dropped), (2, 6, 0), "{s:?}");
+    // The first dial and the six spares: no connect dialed past a spare.
+    assert_eq!(accepted(&server), 7);
     let calls = clients
         .iter()
         .cloned()
@@ -115,19 +128,29 @@ async fn a_restarted_server_is_never_served_a_dead_spare(t: Transport) {
 
 /// The server goes while the client refills: the refill ends (no thread
 /// left retrying), a connect to the dead address fails at once instead of
-/// hanging, and a server back at that address is served again.
+/// hanging, and a server back at that address is served again (the
+/// failed refill did not keep the next one from starting).
 async fn a_server_gone_ends_the_refill_and_fails_the_connect(t: Transport) {
-    let ccfg = spares(t, 2);
+    // The most spares there may be: the refill still runs at the kill.
+    let ccfg = spares(t, rrpc_tonic::MAX_SPARE_CONNECTIONS);
     let cctx = RrpcContext::new(&ccfg);
     let mut h1 = Harness::start_with(t, config(t)).await;
     h1.set_client(ccfg.clone(), cctx.clone());
-    let mut c = h1.client().await;
-    call(&mut c, 1).await;
-    // Killed as the refill starts: it may have dialed none, one or both.
+    let c = h1.channel().await;
+    until("the refill under way", || stats(&cctx).ready >= 1).await;
     let uri = h1.uri.clone();
     h1.kill();
     drop(h1);
     drop(c);
+    let cut = stats(&cctx).ready;
+    // `kill` drops the server's runtime in the background: its tasks, and
+    // with them its ends of the spares, go a moment later (a process that
+    // exits closes them at once).
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        cut < rrpc_tonic::MAX_SPARE_CONNECTIONS,
+        "the refill ended before the kill: this test did not run"
+    );
     let ep = RrpcEndpoint::new(&uri)
         .expect("uri")
         .config(ccfg.clone())
@@ -137,12 +160,16 @@ async fn a_server_gone_ends_the_refill_and_fails_the_connect(t: Transport) {
         .expect("a connect to a dead server ends");
     assert!(r.is_err(), "nobody listens at {uri}");
     let s = stats(&cctx);
-    assert_eq!((s.ready, s.taken), (0, 0), "{s:?}");
+    assert_eq!((s.ready, s.taken), (0, 0), "every spare was dead: {s:?}");
+    assert_eq!(s.dropped, cut as u64, "{s:?}");
     let mut h2 = Harness::start_at(t, &uri, config(t), |s| s).await;
     h2.set_client(ccfg, cctx.clone());
     let mut c = h2.client().await;
     call(&mut c, 2).await;
-    until("the refill ran again", || stats(&cctx).ready == 2).await;
+    until("the refill ran again", || {
+        stats(&cctx).ready == rrpc_tonic::MAX_SPARE_CONNECTIONS
+    })
+    .await;
 }
 
 /// A spare older than `peer_lease` is dropped at the next connect, which
