@@ -337,7 +337,7 @@ mod tests {
 
     #[test]
     fn a_failed_refill_lets_the_next_connect_start_one() {
-        let (s, c) = (Spares::default(), cfg(2));
+        let (s, c) = (Spares::<u32>::default(), cfg(2));
         assert!(s.begin_fill("a", &c));
         assert!(s.next("a", &c));
         s.stop_fill("a", &c);

@@ -108,8 +108,12 @@ async fn a_restarted_server_is_never_served_a_dead_spare(t: Transport) {
     let uri = h1.uri.clone();
     h1.kill();
     // The server's context (its poller, its pools) goes too, as with a
-    // process that exited.
+    // process that exited; its runtime's tasks, and with them its ends of
+    // the spares, go a moment later (an exiting process closes them at
+    // once). A spare taken before its server's end closed is a connection
+    // whose server died just after the connect: its calls fail.
     drop(h1);
+    tokio::time::sleep(Duration::from_millis(300)).await;
     let mut h2 = Harness::start_at(t, &uri, config(t), |s| s).await;
     h2.set_client(ccfg.clone(), cctx.clone());
     let before = stats(&cctx);
@@ -142,11 +146,11 @@ async fn a_server_gone_ends_the_refill_and_fails_the_connect(t: Transport) {
     h1.kill();
     drop(h1);
     drop(c);
-    let cut = stats(&cctx).ready;
     // `kill` drops the server's runtime in the background: its tasks, and
-    // with them its ends of the spares, go a moment later (a process that
-    // exits closes them at once).
+    // with them its ends of the spares and its listener, go a moment later
+    // (a process that exits closes them at once).
     tokio::time::sleep(Duration::from_millis(300)).await;
+    let cut = stats(&cctx).ready;
     assert!(
         cut < rrpc_tonic::MAX_SPARE_CONNECTIONS,
         "the refill ended before the kill: this test did not run"
