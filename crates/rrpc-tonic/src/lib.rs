@@ -145,6 +145,14 @@
 //!   port, not the side listener it names), and drops it when its peer is
 //!   seen down;
 //!   [`RrpcContext::shared_connections`] reports them.
+//! * **Spare connections** ([`RrpcConfig::spare_connections`], off by
+//!   default, client only): connections dialed ahead to a server the client
+//!   already connected to, registered with the poller, so that the next
+//!   connect takes one (after a look at its side channel) instead of a
+//!   round trip through the server; [`RrpcContext::spare_stats`] counts
+//!   them. Faster than tonic's own connect over a Unix socket (docs/measured.md,
+//!   "Where a connect's time goes"), at the price of idle connections the
+//!   server holds.
 //! * **Rings that size themselves** ([`RrpcConfig::min_ring_size`]).
 //!
 //! # Copies per direction (RR-Compound §IV-F)
