@@ -19,11 +19,7 @@ on_rings!(
 );
 
 fn spares(t: Transport, n: usize) -> RrpcConfig {
-    config(t)
-        .to_builder()
-        .spare_connections(n)
-        .build()
-        .unwrap()
+    config(t).to_builder().spare_connections(n).build().unwrap()
 }
 
 async fn call(c: &mut TestClient<RrpcChannel>, byte: u8) {
@@ -65,7 +61,11 @@ fn accepted(server: &RrpcContext) -> u64 {
 /// bound is never passed, and every connection carries calls, also
 /// concurrently once all are up.
 async fn connects_take_spares_and_each_carries_calls(t: Transport) {
-    let mut h = Harness::start_with(t, config(t).to_builder().connection_pool(8).build().unwrap()).await;
+    let mut h = Harness::start_with(
+        t,
+        config(t).to_builder().connection_pool(8).build().unwrap(),
+    )
+    .await;
     h.set_client_config(spares(t, 2));
     let (ctx, server) = (h.client_context().clone(), h.server_context().clone());
     let mut first = h.client().await;
@@ -81,7 +81,10 @@ async fn connects_take_spares_and_each_carries_calls(t: Transport) {
         until("the spares made again", || stats(&ctx).ready == 2).await;
     }
     let s = stats(&ctx);
-    assert_eq!(s.taken, 4, "every connect after the first took a spare: {s:?}");
+    assert_eq!(
+        s.taken, 4,
+        "every connect after the first took a spare: {s:?}"
+    );
     assert_eq!((s.ready, s.made, s.dropped), (2, 6, 0), "{s:?}");
     // The first dial and the six spares: no connect dialed past a spare.
     assert_eq!(accepted(&server), 7);
