@@ -373,7 +373,7 @@ pub(crate) async fn dial(
     if spares {
         // A spare dialed ahead, if one waits whose side channel is still
         // open (`spare` docs); dead ones are dropped here.
-        let server = ep.to_string();
+        let server = spare_key(&ep);
         let taken = ctx
             .spares()
             .take(&server, cfg, Instant::now(), |(_, _, conn): &Spare| {
@@ -463,35 +463,72 @@ const SPARE_REFILL_DELAY: Duration = Duration::from_millis(1);
 /// quietly: the next connect dials as usual (and starts another refill),
 /// so a server that is gone costs nothing here.
 fn refill_spares(ep: FabricAddr, cfg: &RrpcConfig, ctx: &RrpcContext) {
-    let server = ep.to_string();
+    let server = spare_key(&ep);
     if !ctx.spares().begin_fill(&server, cfg) {
         return;
     }
-    let (cfg, ctx) = (cfg.clone(), ctx.clone());
+    let fill = Refill {
+        server,
+        cfg: cfg.clone(),
+        ctx: ctx.clone(),
+        running: true,
+    };
     tokio::spawn(async move {
         tokio::time::sleep(SPARE_REFILL_DELAY).await;
-        refill_now(ep, server, cfg, ctx);
+        tokio::task::spawn_blocking(move || fill.run(ep));
     });
 }
 
-/// The refill [`refill_spares`] started, on a blocking task.
-fn refill_now(ep: FabricAddr, server: String, cfg: RrpcConfig, ctx: RrpcContext) {
-    tokio::task::spawn_blocking(move || {
-        let made = fabric_for(&ep, &ctx).and_then(|fabric| {
-            while ctx.spares().next(&server, &cfg) {
-                let spare = dial_spare(&ep, &fabric, &cfg, &ctx)?;
-                drop(ctx.spares().push(&server, &cfg, Instant::now(), spare));
+/// Whom spares are kept for: the server dialed, and the runtime the
+/// connect ran on. A spare is registered with that runtime's reactor when
+/// it is made, so only a connect on that runtime, which is then alive,
+/// takes it (a context outlives runtimes: `RrpcContext::shared`).
+fn spare_key(ep: &FabricAddr) -> String {
+    let rt = tokio::runtime::Handle::try_current().map(|h| h.id().to_string());
+    format!("{ep} on runtime {}", rt.unwrap_or_default())
+}
+
+/// A refill started: ends it in the store however it ends (the runtime
+/// may drop the task before it runs, shutting down), so that the next
+/// connect can start another.
+struct Refill {
+    server: String,
+    cfg: RrpcConfig,
+    ctx: RrpcContext,
+    /// Still to be ended in the store ([`Spares::next`](crate::spare::Spares::next)
+    /// ends a refill that is done).
+    running: bool,
+}
+
+impl Refill {
+    /// Dials spares until there are enough. Blocking.
+    fn run(mut self, ep: FabricAddr) {
+        let (server, cfg, ctx) = (&self.server, &self.cfg, &self.ctx);
+        let made = fabric_for(&ep, ctx).and_then(|fabric| {
+            while ctx.spares().next(server, cfg) {
+                let spare = dial_spare(&ep, &fabric, cfg, ctx)?;
+                drop(ctx.spares().push(server, cfg, Instant::now(), spare));
             }
             Ok(())
         });
         match made {
-            Ok(()) => tracing::trace!(endpoint = %ep, "rrpc: spare connections ready"),
+            Ok(()) => {
+                self.running = false;
+                tracing::trace!(endpoint = %ep, "rrpc: spare connections ready");
+            }
             Err(e) => {
-                ctx.spares().stop_fill(&server, &cfg);
                 tracing::debug!(endpoint = %ep, error = %e, "rrpc: spare connection refill ended");
             }
         }
-    });
+    }
+}
+
+impl Drop for Refill {
+    fn drop(&mut self) {
+        if self.running {
+            self.ctx.spares().stop_fill(&self.server, &self.cfg);
+        }
+    }
 }
 
 /// A logical connection to `ep` over the context's shared connection to

@@ -114,7 +114,9 @@ impl<T> Spares<T> {
 
     /// Takes the oldest spare for `server` and `cfg` that is younger than
     /// the config's `peer_lease` at `now` and that `alive` accepts; every
-    /// one looked at and refused is returned to be dropped.
+    /// one looked at and refused is returned to be dropped, and so is every
+    /// spare of any server past its lease (so that spares nobody asks for
+    /// any more, such as those of a runtime that ended, do not stay).
     pub(crate) fn take(
         &self,
         server: &str,
@@ -127,18 +129,27 @@ impl<T> Spares<T> {
             dropped: Vec::new(),
         };
         let mut entries = self.lock();
-        let Some(e) = entries
+        for e in entries.iter_mut() {
+            // Oldest first: the expired ones are at the front.
+            while e
+                .ready
+                .front()
+                .is_some_and(|(at, _)| now.saturating_duration_since(*at) >= e.cfg.peer_lease())
+            {
+                taken.dropped.extend(e.ready.pop_front().map(|(_, t)| t));
+            }
+        }
+        if let Some(e) = entries
             .iter_mut()
             .find(|e| e.server == server && e.cfg == *cfg)
-        else {
-            return taken;
-        };
-        while let Some((at, t)) = e.ready.pop_front() {
-            if now.saturating_duration_since(at) < cfg.peer_lease() && alive(&t) {
-                taken.spare = Some(t);
-                break;
+        {
+            while let Some((_, t)) = e.ready.pop_front() {
+                if alive(&t) {
+                    taken.spare = Some(t);
+                    break;
+                }
+                taken.dropped.push(t);
             }
-            taken.dropped.push(t);
         }
         entries.retain(|e| e.filling || !e.ready.is_empty());
         drop(entries);
@@ -333,6 +344,11 @@ mod tests {
         assert_eq!(s.ready(), 3);
         let st = s.stats();
         assert_eq!((st.ready, st.made, st.taken, st.dropped), (3, 6, 1, 2));
+        // Nobody asks for "a" any more (its runtime ended): a take for
+        // another server drops them once their lease is over.
+        let got = s.take("b", &c, later + c.peer_lease(), |_| true);
+        assert_eq!((got.spare, got.dropped), (None, vec![4, 5, 6]));
+        assert_eq!(s.ready(), 0);
     }
 
     #[test]

@@ -201,3 +201,49 @@ async fn spares_past_their_lease_are_dropped_not_used(t: Transport) {
     call(&mut e, 3).await;
     assert_eq!(stats(&ctx).taken, 1);
 }
+
+/// A context outlives runtimes (`RrpcContext::shared`): spares made on a
+/// runtime that ended are registered with its reactor, so a connect on
+/// another runtime never takes them, and the refill the ended runtime
+/// dropped does not keep the new runtime's from starting.
+#[test]
+fn spares_stay_with_the_runtime_that_made_them() {
+    let t = Transport::ShmFast;
+    let rt = || {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .expect("runtime")
+    };
+    let server_rt = rt();
+    let mut h = server_rt.block_on(Harness::start_with(t, config(t)));
+    let ccfg = spares(t, 2);
+    let cctx = RrpcContext::new(&ccfg);
+    h.set_client(ccfg, cctx.clone());
+    let first = rt();
+    first.block_on(async {
+        let mut c = h.client().await;
+        call(&mut c, 1).await;
+        until("two spares on the first runtime", || stats(&cctx).ready == 2).await;
+    });
+    drop(first);
+    let second = rt();
+    second.block_on(async {
+        let mut c = h.client().await;
+        let s = stats(&cctx);
+        assert_eq!(s.taken, 0, "a spare of the ended runtime was taken: {s:?}");
+        tokio::time::timeout(Duration::from_secs(10), call(&mut c, 2))
+            .await
+            .expect("the call answers");
+        until("two spares on the second runtime too", || {
+            stats(&cctx).ready == 4
+        })
+        .await;
+        let mut d = h.client().await;
+        tokio::time::timeout(Duration::from_secs(10), call(&mut d, 3))
+            .await
+            .expect("the call answers");
+        assert_eq!(stats(&cctx).taken, 1);
+    });
+}
