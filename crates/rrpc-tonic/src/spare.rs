@@ -17,6 +17,11 @@
 //! a server that restarted or died closed their side channels) and turns
 //! one into a pipe.
 //!
+//! Spares are kept per server, config and tokio runtime (`rings` names
+//! the runtime in the server's key): a spare is registered with the
+//! reactor of the runtime that made it, and a context outlives runtimes, so
+//! only a connect on that runtime (alive, then) takes it.
+//!
 //! Bounds: at most `spare_connections` wait per (server, config), one
 //! refill runs per (server, config) at a time, and a spare older than
 //! [`RrpcConfig::peer_lease`] is dropped unused (the server may have

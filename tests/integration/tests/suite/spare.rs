@@ -225,7 +225,10 @@ fn spares_stay_with_the_runtime_that_made_them() {
     first.block_on(async {
         let mut c = h.client().await;
         call(&mut c, 1).await;
-        until("two spares on the first runtime", || stats(&cctx).ready == 2).await;
+        until("two spares on the first runtime", || {
+            stats(&cctx).ready == 2
+        })
+        .await;
     });
     drop(first);
     let second = rt();
