@@ -118,6 +118,7 @@ pub const DEFAULT_RDMA_CONNECTION_POOL: usize = 2;
 /// | `rc_retry` | [`rrpc_core::RcRetry::default`] (ACK timeout 67 ms, 7 retries) | `rdma://` retransmission on a lossy wire; a silent peer fails calls `Unavailable` |
 /// | `connection_pool` | 0 (off) | KRCore §3.1: queue pairs and ring regions made ahead of time by a background thread; on shm it measured no faster (`cargo xtask bench connect`: p50 0.88–1.04× unpooled over three runs, both ≈ 3× tonic-TCP's connect), meant for verbs, where registration costs milliseconds on a NIC |
 /// | `connection_pool_memory` | 64 MiB | the bound on what the ready bundles of a context's pools hold together (a bundle holds both ring regions, ≈ 2 × `ring_size`) |
+/// | `spare_connections` | 0 (off) | connections a client keeps handshaken ahead to each `shm://`/`rdma://` server it connected to (see the setter: a connect that finds one costs no round trip; each spare holds a connection at the server) |
 /// | `shared_queue_pairs` | off | KRCore §4.4: connections to one server share one queue pair (see the setter for the measured cost on shm) |
 /// | `peer_lease` | 10 s | how long an unused shared connection stays cached (`rrpc_core::meta`) |
 /// | `max_shared_peers` | 1024 | shared connections cached (client) or held (server) at once |
@@ -129,6 +130,10 @@ pub struct RrpcConfig(Arc<Inner>);
 
 /// The default of [`RrpcConfig::peer_lease`].
 pub const DEFAULT_PEER_LEASE: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// The most [`RrpcConfig::spare_connections`] a config may ask for: each
+/// is a whole connection a server holds for a client that may never use it.
+pub const MAX_SPARE_CONNECTIONS: usize = 16;
 
 /// The default of [`RrpcConfig::max_shared_peers`].
 pub const DEFAULT_MAX_SHARED_PEERS: usize = 1024;
@@ -174,6 +179,8 @@ struct Inner {
     pool: Option<usize>,
     /// The memory bound of the ready bundles of every pool of a context.
     pool_memory: u64,
+    /// Connections handshaken ahead per server a client connected to.
+    spare_connections: usize,
     /// Logical connections over one queue pair per peer.
     shared_queue_pairs: bool,
     /// How long a shared connection nobody uses stays cached.
@@ -215,6 +222,7 @@ impl PartialEq for Inner {
             queue_pair,
             pool,
             pool_memory,
+            spare_connections,
             shared_queue_pairs,
             peer_lease,
             max_shared_peers,
@@ -258,6 +266,7 @@ impl PartialEq for Inner {
             && *queue_pair == o.queue_pair
             && *pool == o.pool
             && *pool_memory == o.pool_memory
+            && *spare_connections == o.spare_connections
             && *shared_queue_pairs == o.shared_queue_pairs
             && *peer_lease == o.peer_lease
             && *max_shared_peers == o.max_shared_peers
@@ -293,6 +302,7 @@ impl Default for RrpcConfig {
             rdma_port: None,
             rdma_gid_index: None,
             queue_pair: rrpc_core::QpConfig::default(),
+            spare_connections: 0,
             shared_queue_pairs: false,
             peer_lease: DEFAULT_PEER_LEASE,
             max_shared_peers: DEFAULT_MAX_SHARED_PEERS,
@@ -481,6 +491,11 @@ impl RrpcConfig {
     /// See [`RrpcConfigBuilder::rc_retry`].
     pub fn rc_retry(&self) -> rrpc_core::RcRetry {
         self.0.queue_pair.rc_retry()
+    }
+
+    /// See [`RrpcConfigBuilder::spare_connections`].
+    pub fn spare_connections(&self) -> usize {
+        self.0.spare_connections
     }
 
     /// See [`RrpcConfigBuilder::shared_queue_pairs`].
@@ -907,6 +922,29 @@ impl RrpcConfigBuilder {
         self
     }
 
+    /// How many connections a client keeps ready, handshaken ahead, to each
+    /// `shm://` or `rdma://` server (and `rrpc://` server on shm or verbs)
+    /// it has connected to: after a channel's first connect to a server,
+    /// a blocking task of the context dials up to `n` more dedicated
+    /// connections (the same handshake, rings and path negotiation as any
+    /// connect), and the next connect with an equal config takes one
+    /// (checking its side channel first: one the server closed, or that
+    /// waited longer than [`RrpcConfig::peer_lease`], is dropped) and
+    /// starts the refill. A connect that finds one costs no round trip to
+    /// the server; one that finds none dials as before. Not with
+    /// [`Self::shared_queue_pairs`] (logical connections are dialed as
+    /// before). At most [`MAX_SPARE_CONNECTIONS`].
+    ///
+    /// Default: 0 (off). A spare is a whole connection the server holds
+    /// (its rings, a connection task) while nobody uses it, and each taken
+    /// one costs a full connect on a background thread: worth it for a
+    /// client that connects often to the same servers, not for one that
+    /// keeps one channel (docs/measured.md, "Where a connect's time goes").
+    pub fn spare_connections(mut self, n: usize) -> Self {
+        self.inner.spare_connections = n;
+        self
+    }
+
     /// Carries every `shm://` or `rdma://` connection (and `rrpc://` one on
     /// shm or verbs) to one server over one queue pair (KRCore's virtualized QP, §4.4): the first connection to
     /// a server opens a *shared connection* (a queue pair, no rings), and
@@ -970,7 +1008,8 @@ impl RrpcConfigBuilder {
     /// set) powers of two of at least 4 KiB; `ring_shrink_after` at least
     /// 1 ms; `call_window` within 1 KiB ..= 2^31 - 1; `handshake_timeout` and
     /// `peer_lease` above zero; `token` (if set) 1..=256 bytes;
-    /// `max_shared_peers` at least 1; `fabrics` not empty.
+    /// `max_shared_peers` at least 1; `fabrics` not empty;
+    /// `spare_connections` at most [`MAX_SPARE_CONNECTIONS`].
     pub fn build(self) -> Result<RrpcConfig, crate::Error> {
         let c = self.inner;
         let bad = |what: &'static str| Err(crate::Error::InvalidConfig(what));
@@ -1022,6 +1061,9 @@ impl RrpcConfigBuilder {
         }
         if c.max_shared_peers == 0 {
             return bad("max_shared_peers must be at least 1");
+        }
+        if c.spare_connections > MAX_SPARE_CONNECTIONS {
+            return bad("spare_connections must be at most 16");
         }
         Ok(RrpcConfig(Arc::new(c)))
     }
@@ -1187,6 +1229,10 @@ mod tests {
             (
                 "max_shared_peers must be at least 1",
                 b().max_shared_peers(0),
+            ),
+            (
+                "spare_connections must be at most 16",
+                b().spare_connections(MAX_SPARE_CONNECTIONS + 1),
             ),
         ];
         for (want, builder) in refused {
@@ -1379,6 +1425,10 @@ mod tests {
             (
                 "max_shared_peers",
                 d.to_builder().max_shared_peers(3).build().unwrap(),
+            ),
+            (
+                "spare_connections",
+                d.to_builder().spare_connections(2).build().unwrap(),
             ),
         ];
         for (i, (name, c)) in changed.iter().enumerate() {

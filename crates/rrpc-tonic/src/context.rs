@@ -8,6 +8,7 @@ use rrpc_poller::Poller;
 
 use crate::config::default_poller_config;
 use crate::sharing::{Anchors, Peers};
+use crate::spare::{Spare, Spares};
 use crate::{Error, RrpcConfig};
 
 /// The runtime state of rrpc's `shm://` and `rdma://` connections: the
@@ -87,6 +88,8 @@ struct Inner {
     peers: Peers,
     /// The shared connections servers of this context accepted.
     anchors: Anchors,
+    /// Connections its clients dialed ahead ([`RrpcConfig::spare_connections`]).
+    spares: Spares<Spare>,
 }
 
 /// The connection pools of a context, one per provider.
@@ -136,6 +139,7 @@ impl RrpcContext {
             pools: Mutex::default(),
             peers: Peers::default(),
             anchors: Anchors::default(),
+            spares: Spares::default(),
         });
         tracing::debug!(id = ?Arc::as_ptr(&inner), shared, "rrpc: context created");
         inner
@@ -264,6 +268,18 @@ impl RrpcContext {
         let mut v = self.0.peers.stats();
         v.extend(self.0.anchors.stats());
         v
+    }
+
+    /// The spare connections ([`RrpcConfig::spare_connections`]) of this
+    /// context: how many wait now (each is a connection its server holds
+    /// too), and how many were made, taken and dropped unused.
+    pub fn spare_stats(&self) -> crate::SpareStats {
+        self.0.spares.stats()
+    }
+
+    /// The spare connections its clients dialed ahead.
+    pub(crate) fn spares(&self) -> &Spares<Spare> {
+        &self.0.spares
     }
 
     /// The client's cache of shared connections.

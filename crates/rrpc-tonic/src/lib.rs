@@ -145,6 +145,14 @@
 //!   port, not the side listener it names), and drops it when its peer is
 //!   seen down;
 //!   [`RrpcContext::shared_connections`] reports them.
+//! * **Spare connections** ([`RrpcConfig::spare_connections`], off by
+//!   default, client only): connections dialed ahead to a server the client
+//!   already connected to, registered with the poller, so that the next
+//!   connect takes one (after a look at its side channel) instead of a
+//!   round trip through the server; [`RrpcContext::spare_stats`] counts
+//!   them. Faster than tonic's own connect over a Unix socket (docs/measured.md,
+//!   "Where a connect's time goes"), at the price of idle connections the
+//!   server holds.
 //! * **Rings that size themselves** ([`RrpcConfig::min_ring_size`]).
 //!
 //! # Copies per direction (RR-Compound §IV-F)
@@ -241,13 +249,14 @@ pub mod port;
 mod rings;
 mod server;
 mod sharing;
+mod spare;
 mod transport;
 
 pub use call::{Carrier, ChannelPath, ResponseFuture};
 pub use channel::RrpcChannel;
 pub use config::{
     DEFAULT_MAX_SHARED_PEERS, DEFAULT_PEER_LEASE, DEFAULT_RDMA_CONNECTION_POOL, Fabric,
-    PathPreference, RrpcConfig, RrpcConfigBuilder, default_poller_config,
+    MAX_SPARE_CONNECTIONS, PathPreference, RrpcConfig, RrpcConfigBuilder, default_poller_config,
 };
 pub use context::RrpcContext;
 pub use endpoint::RrpcEndpoint;
@@ -256,3 +265,4 @@ pub use h2stream::{RrpcConnectInfo, RrpcStream};
 pub use rrpc_poller::{Handoff, Mode as PollerMode, Poller, PollerConfig, PollerConfigBuilder};
 pub use server::{Router, RrpcIncoming, Server};
 pub use sharing::SharedConnectionStats;
+pub use spare::SpareStats;

@@ -32,3 +32,4 @@ mod rpc_kinds;
 mod server_options;
 mod sharing;
 mod shutdown;
+mod spare;
