@@ -67,9 +67,11 @@ impl std::fmt::Display for Mode {
 #[non_exhaustive]
 pub enum Handoff {
     /// Per connection, when its peer needs this process's only CPU (the default): the process
-    /// may run on one CPU (its main thread's affinity mask, or a cgroup quota of one CPU or
-    /// less), and the peer is this process, or a process on this host whose mask holds only
-    /// that CPU. A remote peer, or one pinned to another core, is waited for by spinning.
+    /// may run on one CPU (the union of its threads' affinity masks, or a cgroup quota of one
+    /// CPU or less), and the peer is this process, or a process on this host whose threads
+    /// may run only on that CPU. A remote peer, or one pinned to another core, is waited for
+    /// by spinning. Looked at again every 100 ms of waiting, so that threads pinned or moved
+    /// after the connect count.
     #[default]
     Auto,
     /// Always: no spin anywhere, whatever the CPUs (for hosts known to be oversubscribed;
@@ -97,7 +99,7 @@ pub enum Handoff {
 /// | `idle_park_after` | 2 ms | beyond the paper (§V-D future work) |
 /// | `doorbell_park_after` | 100 µs | beyond the paper (§V-D "sleep mode"): when every armed connection of a polling thread has a doorbell (a ring receiver: the writer rings once the reader announced its sleep, `rrpc_ringbuf::proto::doorbell`), the thread dozes after this much idle time instead of `idle_park_after`, announcing the sleep of each armed connection before it parks, and the task wakes from the doorbell; `None`: plain BPEV |
 /// | `spin_backoff` | on | beyond the paper (§V-D future work, "spinning that knows when it is losing"): a task's spin grants nothing while fewer than 1 in 8 of its spins catch data (a spin that ran out is a miss only if the data came 4 budgets and 500 µs after the wait began; one probe spin in 16 waits; [`SpinTuner`](crate::SpinTuner)), and a polling thread that lost over 30 % of a 1 ms window to the run queue, or woke fewer than 2 readers in it, backs off for 4 ms to 128 ms: it dozes and its armed connections are left to their doorbells, and it scans them again when the back-off ends, so a sleep whose ring never came waits no longer than that ([`backoff`](crate::backoff)). Backing off a polling thread needs the doorbell fallback |
-/// | `handoff` | [`Handoff::Auto`] | beyond the paper: when a connection's peer needs **this process's only CPU** (the process may run on one CPU, by its main thread's affinity mask as `taskset` gives it or by its cgroup quota, and the peer is this process or a process on this host confined to that CPU: `SO_PEERCRED`, then its mask), a spin can only delay the peer it waits for. That connection's waits then never spin: each is announced to the writer and woken by its doorbell, one wake-up ([`Registration::hands_off`](crate::Registration::hands_off)). Processes pinned each to a core of its own keep spinning. In [`Mode::Event`] it drops the receive spin. In BPEV it needs the doorbell fallback for the doorbell; without it the wait sleeps until its polling thread finds the data |
+/// | `handoff` | [`Handoff::Auto`] | beyond the paper: when a connection's peer needs **this process's only CPU** (the process may run on one CPU, by the union of its threads' affinity masks as `taskset` gives them or by its cgroup quota, and the peer is this process or a process on this host confined to that CPU: `SO_PEERCRED`, then its threads' masks; looked at again every 100 ms of waiting), a spin can only delay the peer it waits for. That connection's waits then never spin: each is announced to the writer and woken by its doorbell, one wake-up ([`Registration::hands_off`](crate::Registration::hands_off)). Processes pinned each to a core of its own keep spinning. In [`Mode::Event`] it drops the receive spin. In BPEV it needs the doorbell fallback for the doorbell; without it the wait sleeps until its polling thread finds the data |
 /// | `numa_node` | [`NumaPlacement::Device`] | RB² §IV-C ("bound to the CPU cores of the NUMA node to which the RNIC belongs"): pinned to the device's node once a connection names it ([`Poller::place_for_device`](crate::Poller::place_for_device); from sysfs, nothing on shm) |
 /// | `idle_poll_interval` | 3 ms | beyond the paper: rescan period of dozing threads (one thread rescans for all); bounds the extra latency of the first message after an idle period. A rescan costs ~40 µs per 256 armed shm connections here (one cold cache line and TLB entry per ring). While every armed connection's sleep is announced to a doorbell the rescans are only a backstop and stretch, doubling up to 64 × this period: 256 idle connections measured 0.2 % of a core (plain BPEV: 5.4 %) |
 ///

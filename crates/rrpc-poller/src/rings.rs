@@ -237,18 +237,18 @@ impl AsyncConn {
         // Same polling thread for both directions (BP: one thread per connection).
         let mut tx_reg = rx_reg.register_sibling(tx_src.clone())?;
         // A peer that needs this process's only CPU: spinning would keep it from answering.
+        // Looked at again while the connection lives (threads may be pinned after it).
         if self.poller.config().handoff() == crate::Handoff::Auto
-            && self
-                .conn
-                .peer_pid()
-                .is_some_and(crate::sys::peer_shares_only_cpu)
+            && let Some(peer) = self.conn.peer_pid()
         {
-            tracing::debug!(
-                peer = ?self.conn.peer_pid(),
-                "rrpc-poller: the peer shares this process's only CPU: waits are handed off"
-            );
-            rx_reg.set_handoff(true);
-            tx_reg.set_handoff(true);
+            rx_reg.follow_peer_cpus(peer);
+            tx_reg.follow_peer_cpus(peer);
+            if rx_reg.hands_off() {
+                tracing::debug!(
+                    peer,
+                    "rrpc-poller: the peer shares this process's only CPU: waits are handed off"
+                );
+            }
         }
         Ok((
             AsyncSender {

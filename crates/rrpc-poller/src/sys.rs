@@ -169,42 +169,82 @@ pub(crate) fn set_affinity(tid: i32, cpus: &[usize]) -> io::Result<()> {
     Ok(())
 }
 
-/// The CPUs process `pid` may run on: its main thread's affinity mask (what `taskset` or a
-/// cpuset gives the whole process; a thread the application pinned for itself does not count).
+/// The CPUs the threads of process `pid` may run on together: the union of their affinity
+/// masks (`/proc/PID/task`). A process whose threads were pinned apart may use all of them
+/// even while its main thread sits on one. `None` when it cannot be read.
 fn process_mask(pid: i32) -> Option<Vec<usize>> {
     use nix::sched::{CpuSet, sched_getaffinity};
-    let m = sched_getaffinity(nix::unistd::Pid::from_raw(pid)).ok()?;
-    Some(
-        (0..CpuSet::count())
-            .filter(|&c| m.is_set(c).unwrap_or(false))
-            .collect(),
-    )
+    let mut union = vec![false; CpuSet::count()];
+    let mut any = false;
+    for e in std::fs::read_dir(format!("/proc/{pid}/task")).ok()? {
+        let Some(tid) = e
+            .ok()
+            .and_then(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        else {
+            continue;
+        };
+        // A thread that ended meanwhile has no mask: it no longer counts.
+        let Ok(m) = sched_getaffinity(nix::unistd::Pid::from_raw(tid)) else {
+            continue;
+        };
+        any = true;
+        for (c, u) in union.iter_mut().enumerate() {
+            *u |= m.is_set(c).unwrap_or(false);
+        }
+    }
+    any.then(|| (0..union.len()).filter(|&c| union[c]).collect())
 }
 
-/// How many CPUs this process may use: its main thread's affinity mask, capped by the cgroup
-/// CPU quota, as [`std::thread::available_parallelism`] reads them (from a short-lived thread
-/// that takes the main thread's mask, since `available_parallelism` reads the calling
-/// thread's). Read once per process. `None` when it cannot be read.
+/// How long a reading of [`process_cpus`] stands: threads may be pinned after the process
+/// started (a benchmark that pins its main thread to one core while it sets up, then moves
+/// it), so the answer is re-read, at most this often.
+pub(crate) const CPUS_RECHECK: std::time::Duration = std::time::Duration::from_millis(100);
+
+/// How many CPUs this process may use: the union of its threads' affinity masks (as
+/// `taskset` gives them), capped by the cgroup's CPU limits (cpuset and quota, as
+/// [`std::thread::available_parallelism`] reads them). Re-read at most every
+/// [`CPUS_RECHECK`]. `None` when it cannot be read.
 pub(crate) fn process_cpus() -> Option<usize> {
-    static CPUS: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
-    *CPUS.get_or_init(read_process_cpus)
+    type Reading = Option<(std::time::Instant, Option<usize>)>;
+    static LAST: std::sync::Mutex<Reading> = std::sync::Mutex::new(None);
+    let mut last = LAST
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    if let Some((at, cpus)) = *last
+        && at.elapsed() < CPUS_RECHECK
+    {
+        return cpus;
+    }
+    let me = i32::try_from(std::process::id()).ok();
+    let cpus = me
+        .and_then(process_mask)
+        .map(|m| cgroup_cpus().map_or(m.len(), |q| q.min(m.len())));
+    *last = Some((std::time::Instant::now(), cpus));
+    cpus
 }
 
-fn read_process_cpus() -> Option<usize> {
-    use nix::sched::{sched_getaffinity, sched_setaffinity};
-    use nix::unistd::Pid;
-    let pid = i32::try_from(std::process::id()).ok()?;
-    let main = sched_getaffinity(Pid::from_raw(pid)).ok()?;
-    std::thread::Builder::new()
-        .name("rrpc-cpus".into())
-        .spawn(move || {
-            sched_setaffinity(Pid::from_raw(0), &main).ok()?;
-            std::thread::available_parallelism().ok().map(|n| n.get())
-        })
-        .ok()?
-        .join()
-        .ok()
-        .flatten()
+/// The cgroup's CPU limits: what [`std::thread::available_parallelism`] reports on a thread
+/// that asked for every CPU (the kernel keeps only those the cpuset allows; the quota caps
+/// the count). Read once per process (cgroup limits are the container's, set before start).
+fn cgroup_cpus() -> Option<usize> {
+    static CPUS: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
+    *CPUS.get_or_init(|| {
+        use nix::sched::{CpuSet, sched_setaffinity};
+        std::thread::Builder::new()
+            .name("rrpc-cpus".into())
+            .spawn(|| {
+                let mut all = CpuSet::new();
+                for c in 0..CpuSet::count() {
+                    let _ = all.set(c);
+                }
+                sched_setaffinity(nix::unistd::Pid::from_raw(0), &all).ok()?;
+                std::thread::available_parallelism().ok().map(|n| n.get())
+            })
+            .ok()?
+            .join()
+            .ok()
+            .flatten()
+    })
 }
 
 /// Whether a peer process on this host needs this process's only CPU: this process may run on

@@ -489,6 +489,7 @@ impl Poller {
             event_spin: Duration::ZERO,
             spin_yield: SPIN_YIELD_EVERY,
             handoff: false,
+            auto_peer: None,
             removed: false,
         })
     }

@@ -76,6 +76,9 @@ pub struct Registration {
     pub(super) spin_yield: Duration,
     /// Never spin: the peer needs this CPU ([`Self::set_handoff`]).
     pub(super) handoff: bool,
+    /// [`Handoff::Auto`](crate::Handoff::Auto): the peer process whose CPUs decide
+    /// `handoff`, and when to look again ([`Self::follow_peer_cpus`]).
+    pub(super) auto_peer: Option<(i32, Instant)>,
     pub(super) removed: bool,
 }
 
@@ -126,6 +129,15 @@ impl Registration {
     /// hands off every registration.
     pub fn set_handoff(&mut self, on: bool) {
         self.handoff = on;
+    }
+
+    /// [`Handoff::Auto`](crate::Handoff::Auto): hands this registration's waits off while
+    /// the process `peer_pid` needs this process's only CPU, decided now and again at most
+    /// every [`CPUS_RECHECK`](crate::sys::CPUS_RECHECK) of waiting (threads may be pinned,
+    /// or moved, after the connection was made).
+    pub(crate) fn follow_peer_cpus(&mut self, peer_pid: i32) {
+        self.handoff = crate::sys::peer_shares_only_cpu(peer_pid);
+        self.auto_peer = Some((peer_pid, Instant::now() + crate::sys::CPUS_RECHECK));
     }
 
     /// Whether this registration hands its waits off ([`Self::set_handoff`], or the poller's
@@ -317,6 +329,11 @@ impl Registration {
         }
         // Read the clock only once we have to wait (the hit path stays clock-free).
         let start = Instant::now();
+        if let Some((peer, next)) = self.auto_peer
+            && start >= next
+        {
+            self.follow_peer_cpus(peer);
+        }
         // The spin ran out (judged once the data comes: near or far miss).
         let mut ran_out = false;
         let spin = match self.mode {

@@ -693,6 +693,13 @@ const ONE_CPU_CHILD: &str = "RRPC_POLLER_TEST_ONE_CPU_CHILD";
 /// default configuration (`Handoff::Auto`), on a current-thread runtime on
 /// this thread: the poller's counters over it.
 fn default_ping_pong(n: u32) -> rrpc_poller::Stats {
+    ping_pong_rounds(n, false).remove(0)
+}
+
+/// [`default_ping_pong`] in rounds over one connection: one, or two with
+/// `widen` (between them this thread is allowed every CPU, and the second
+/// round starts after `Handoff::Auto` looked again): the counters of each.
+fn ping_pong_rounds(n: u32, widen: bool) -> Vec<rrpc_poller::Stats> {
     let p = rrpc_poller::Poller::start(rrpc_poller::PollerConfig::default()).unwrap();
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -702,46 +709,75 @@ fn default_ping_pong(n: u32) -> rrpc_poller::Stats {
         let (a, b) = AsyncConn::loopback_pair(&p, &ring(Mode::Bpev, 64 * 1024)).unwrap();
         let (mut atx, mut arx) = a.split().unwrap();
         let (mut btx, mut brx) = b.split().unwrap();
-        let before = p.stats();
+        let rounds = if widen { 2 } else { 1 };
         let echo = tokio::spawn(async move {
-            for _ in 0..n {
+            for _ in 0..n * rounds {
                 let m = brx.recv().await.unwrap().to_vec();
                 btx.send(&m).await.unwrap();
                 btx.flush_all().await.unwrap();
             }
             (btx, brx)
         });
-        for i in 0..n {
-            atx.send(&i.to_le_bytes()).await.unwrap();
-            atx.flush_all().await.unwrap();
-            let m = tokio::time::timeout(BOUND, arx.recv())
-                .await
-                .unwrap_or_else(|_| panic!("reply {i} never seen"))
-                .unwrap();
-            assert_eq!(&m[..], &i.to_le_bytes());
+        let mut out = Vec::new();
+        for round in 0..rounds {
+            if round > 0 {
+                use nix::sched::{CpuSet, sched_setaffinity};
+                let mut all = CpuSet::new();
+                for c in 0..CpuSet::count() {
+                    let _ = all.set(c);
+                }
+                sched_setaffinity(nix::unistd::Pid::from_raw(0), &all).unwrap();
+                // Past the hand-off's recheck period (`sys::CPUS_RECHECK`, 100 ms).
+                tokio::time::sleep(Duration::from_millis(250)).await;
+            }
+            let before = p.stats();
+            for i in 0..n {
+                atx.send(&i.to_le_bytes()).await.unwrap();
+                atx.flush_all().await.unwrap();
+                let m = tokio::time::timeout(BOUND, arx.recv())
+                    .await
+                    .unwrap_or_else(|_| panic!("reply {i} never seen"))
+                    .unwrap();
+                assert_eq!(&m[..], &i.to_le_bytes());
+            }
+            out.push(p.stats().since(&before));
         }
         let _keep = echo.await.unwrap();
-        p.stats().since(&before)
+        out
     })
 }
 
 /// `Handoff::Auto` (the default) hands a connection's waits off when its
 /// peer needs this process's only CPU: in a child process confined to one
 /// CPU (started from a thread confined to one, as `taskset -c N` starts
-/// it), an in-process ping-pong spins 0 times and is woken by doorbells.
+/// it), an in-process ping-pong spins 0 times and is woken by doorbells;
+/// once one of its threads may run on another CPU, the same connection's
+/// waits spin again.
 /// In this process, whose main thread may use every CPU, the same
 /// ping-pong spins, also from a thread the test pinned for itself.
 #[test]
 fn auto_hands_off_only_where_the_peer_shares_the_only_cpu() {
     let n = 200;
-    if std::env::var_os(ONE_CPU_CHILD).is_some() {
-        let s = default_ping_pong(n);
-        assert_eq!(s.spins, 0, "one CPU shared with the peer: no spin: {s:?}");
+    if let Some(mode) = std::env::var_os(ONE_CPU_CHILD) {
+        let widen = mode == "widen";
+        let s = ping_pong_rounds(n, widen);
+        assert_eq!(
+            s[0].spins, 0,
+            "one CPU shared with the peer: no spin: {s:?}"
+        );
         assert!(
-            s.bell_wakes >= u64::from(n) / 2,
+            s[0].bell_wakes >= u64::from(n) / 2,
             "handed to the doorbells: {s:?}"
         );
         println!("one-cpu child: handed off");
+        if widen {
+            // One thread may now run anywhere: the process has every CPU again.
+            assert!(
+                s[1].spins > 0,
+                "a thread moved off the one CPU after the connect: the waits spin again: {s:?}"
+            );
+            println!("one-cpu child: spins again once widened");
+        }
         return;
     }
     if std::thread::available_parallelism().map_or(0, |n| n.get()) >= 2 {
@@ -759,7 +795,10 @@ fn auto_hands_off_only_where_the_peer_shares_the_only_cpu() {
             "a pinned thread is not a process on one CPU: {s:?}"
         );
     }
-    let out = std::thread::spawn(|| {
+    // With two CPUs or more the child also widens one thread after the
+    // connect (as a benchmark that pins its main thread while it sets up).
+    let widen = std::thread::available_parallelism().map_or(0, |n| n.get()) >= 2;
+    let out = std::thread::spawn(move || {
         pin_to_one_cpu();
         std::process::Command::new(std::env::current_exe().unwrap())
             .args([
@@ -767,7 +806,7 @@ fn auto_hands_off_only_where_the_peer_shares_the_only_cpu() {
                 "e2e::auto_hands_off_only_where_the_peer_shares_the_only_cpu",
             ])
             .args(["--nocapture", "--test-threads", "1"])
-            .env(ONE_CPU_CHILD, "1")
+            .env(ONE_CPU_CHILD, if widen { "widen" } else { "1" })
             .output()
             .unwrap()
     })
@@ -775,7 +814,9 @@ fn auto_hands_off_only_where_the_peer_shares_the_only_cpu() {
     .unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(
-        out.status.success() && text.contains("one-cpu child: handed off"),
+        out.status.success()
+            && text.contains("one-cpu child: handed off")
+            && (!widen || text.contains("one-cpu child: spins again once widened")),
         "child: {:?}\n{text}\n{}",
         out.status,
         String::from_utf8_lossy(&out.stderr)
