@@ -238,6 +238,10 @@ pub const POLLER_VARIANTS: &[(&str, &str)] = &[
         "bpev-plain",
         "the paper's BPEV plus idle parking: no doorbell, no spin back-off",
     ),
+    (
+        "bpev-handoff",
+        "BPEV that never spins in the workers: every wait handed to the doorbell (Handoff::Always)",
+    ),
     ("bpts", "BPTS with idle parking"),
     (
         "event",
@@ -257,6 +261,7 @@ pub fn poller_variant(name: &str) -> Option<rrpc_tonic::PollerConfig> {
         "bpev" => d,
         "bpev-noback" => d.spin_backoff(false),
         "bpev-plain" => d.doorbell_park_after(None).spin_backoff(false),
+        "bpev-handoff" => d.handoff(rrpc_tonic::Handoff::Always),
         "bpts" => d.mode(PollerMode::Bpts),
         "event" => d.mode(PollerMode::Event),
         "bp" => d.mode(PollerMode::Bp),
