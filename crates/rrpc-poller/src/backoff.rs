@@ -191,8 +191,8 @@ impl Governor {
             return Verdict::Spin;
         }
         let per_wake = u32::try_from(woke).unwrap_or(u32::MAX);
-        let earned =
-            woke > 0 && spun.is_none_or(|s| s < self.cfg.min_fruitless_spin.saturating_mul(per_wake));
+        let earned = woke > 0
+            && spun.is_none_or(|s| s < self.cfg.min_fruitless_spin.saturating_mul(per_wake));
         let sample = if earned { 256 } else { 0 };
         self.episode_rate = self.episode_rate - (self.episode_rate >> 3) + (sample >> 3);
         if self.episode_rate >= 32 {
