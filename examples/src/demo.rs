@@ -504,11 +504,11 @@ fn main() -> anyhow::Result<()> {
                         })
                         .collect();
                     line += &format!(
-                        "  | {} polling thread(s) {} (busy {}){}; per call: spin hits {:.2}, first-check hits {:.2}, sleeps {:.2}, wakes {:.2} (mean wake-up {}), sleeps announced {:.2}, doorbell wakes {:.2}, spins skipped {:.2} (lost their core {:.2}); back-offs {} descheduled {} not earning",
+                        "  | {} polling thread(s) {} (busy {}){}; per call: spin hits {:.2}, first-check hits {:.2}, sleeps {:.2}, wakes {:.2} (mean wake-up {}), sleeps announced {:.2}, doorbell wakes {:.2}, yield hits {:.2}, spins skipped {:.2} (lost their core {:.2}); back-offs {} descheduled {} not earning",
                         p.config().mode(),
                         p.threads(),
                         if busy.is_empty() { "-".to_string() } else { busy.join(" ") },
-                        if d.spins == 0 && d.bell_wakes > 0 { ", no spin: every wait handed to the peer's doorbell (the peer shares this process's only CPU)" } else { "" },
+                        if d.spins == 0 && d.bell_wakes + d.yield_hits > 0 { ", no spin: every wait handed to the peer (the peer shares this process's only CPU)" } else { "" },
                         d.spin_hits as f64 / n,
                         d.first_check_hits as f64 / n,
                         d.sleeps as f64 / n,
@@ -517,6 +517,7 @@ fn main() -> anyhow::Result<()> {
                             .map_or("-".to_string(), |l| format!("{:.1}us", l.as_secs_f64() * 1e6)),
                         (d.announces + d.self_announces) as f64 / n,
                         d.bell_wakes as f64 / n,
+                        d.yield_hits as f64 / n,
                         d.spin_skips as f64 / n,
                         d.lost_core_spins as f64 / n,
                         d.backoffs_descheduled,

@@ -96,8 +96,10 @@
 //!   thread's affinity mask, capped by the cgroup quota) and a connection's peer needs that
 //!   same CPU (it is this process, or a process on this host confined to that CPU, by
 //!   `SO_PEERCRED` and its mask), every spin only delays the answer. That connection's waits
-//!   then never spin: each is announced to the writer and woken by its doorbell, one wake-up
-//!   ([`Registration::hands_off`]; [`Stats::spins`] stays 0). Processes pinned each to a core
+//!   then never spin: each yields once (the worker's other tasks, then the CPU: a peer that
+//!   answers meanwhile rings nothing, [`Stats::yield_hits`]), then is announced to the writer
+//!   and woken by its doorbell, one wake-up ([`Registration::hands_off`]; [`Stats::spins`]
+//!   stays 0). Processes pinned each to a core
 //!   of its own, the benchmarks' layout and HPC's, keep spinning.
 //!   Demo under `taskset -c 1`: the fast path's p50 went from 72–126 µs to 17 µs, 0.46 × tonic
 //!   over a Unix socket in the same run (docs/measured.md).
