@@ -489,6 +489,8 @@ impl Poller {
             event_spin: Duration::ZERO,
             spin_yield: SPIN_YIELD_EVERY,
             handoff: false,
+            sends: None,
+            seen_sends: 0,
             removed: false,
         })
     }

@@ -7,7 +7,7 @@ use std::fmt;
 use std::future::poll_fn;
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::Arc;
-use std::sync::atomic::{Ordering, fence};
+use std::sync::atomic::{AtomicU64, Ordering, fence};
 use std::task::Poll;
 use std::time::{Duration, Instant};
 
@@ -76,6 +76,10 @@ pub struct Registration {
     pub(super) spin_yield: Duration,
     /// Never spin: the peer needs this CPU ([`Self::set_handoff`]).
     pub(super) handoff: bool,
+    /// Messages this end sent on the connection ([`Self::follow_sends`]), and the count the
+    /// previous wait saw: the tuner's phase.
+    pub(super) sends: Option<Arc<AtomicU64>>,
+    pub(super) seen_sends: u64,
     pub(super) removed: bool,
 }
 
@@ -154,6 +158,18 @@ impl Registration {
             let auto = self.tuner.is_auto();
             self.tuner = SpinTuner::new(self.tuner.cap().saturating_mul(factor), auto);
         }
+    }
+
+    /// Judges this registration's spins per phase ([`SpinTuner::begin_wait`]): `sends` counts
+    /// what this end sends on the connection (its writer adds one per send or flush), and a
+    /// wait's phase is the number of waits begun since it last grew. A reader whose next
+    /// message comes only after this end sent something (a client between calls, a server
+    /// between requests) then stops spinning in the waits that nothing this end did will end,
+    /// and keeps spinning in the others. [`AsyncConn::split`](crate::rings::AsyncConn::split)
+    /// sets it on the receiving side.
+    pub fn follow_sends(&mut self, sends: Arc<AtomicU64>) {
+        self.seen_sends = sends.load(Ordering::Relaxed);
+        self.sends = Some(sends);
     }
 
     /// The moving RTT estimate behind [`spin_budget`](Self::spin_budget).
@@ -302,6 +318,11 @@ impl Registration {
     /// future leaves at most a stale eventfd count or a stale waker call, which makes the next
     /// wait recheck once.
     pub async fn wait_ready(&mut self) -> Result<()> {
+        if let Some(s) = &self.sends {
+            let n = s.load(Ordering::Relaxed);
+            self.tuner.begin_wait(n != self.seen_sends);
+            self.seen_sends = n;
+        }
         let r = self.wait_ready_inner().await;
         // The next sleep is announced afresh (a new epoch; the writer rings once per epoch).
         self.entry.announced.store(false, Ordering::Relaxed);
