@@ -81,6 +81,24 @@ struct Args {
     /// `cargo xtask bench check` reads).
     #[arg(long)]
     json: bool,
+    /// Wait this many milliseconds between calls (default: none, a
+    /// ping-pong), and print the process's CPU time per call (server and
+    /// client: both run in this process): the cost of a call at low load.
+    #[arg(long)]
+    pace_ms: Option<u64>,
+}
+
+/// `--pace-ms`: the wait between two calls, when set.
+static PACE: std::sync::OnceLock<Duration> = std::sync::OnceLock::new();
+
+/// This process's CPU time (user + system, every thread).
+fn process_cpu() -> Duration {
+    use nix::sys::resource::{UsageWho, getrusage};
+    getrusage(UsageWho::RUSAGE_SELF).map_or(Duration::ZERO, |u| {
+        let (a, b) = (u.user_time(), u.system_time());
+        Duration::from_micros((a.tv_sec() * 1_000_000 + a.tv_usec()) as u64)
+            + Duration::from_micros((b.tv_sec() * 1_000_000 + b.tv_usec()) as u64)
+    })
 }
 
 /// Prints a human line: on stdout, or on stderr with `--json` (stdout then
@@ -256,6 +274,9 @@ where
 {
     let mut hist = Histogram::<u64>::new(3)?;
     for i in 0..calls + calls / 10 {
+        if let Some(p) = PACE.get() {
+            tokio::time::sleep(*p).await;
+        }
         let t = Instant::now();
         client
             .say_hello(HelloRequest {
@@ -311,6 +332,9 @@ async fn measure_inproc(calls: u64) -> anyhow::Result<(f64, f64)> {
 
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
+    if let Some(ms) = args.pace_ms {
+        let _ = PACE.set(Duration::from_millis(ms));
+    }
     let variants = variants(&args.modes)?;
     let dir = std::env::temp_dir();
     let pid = std::process::id();
@@ -450,7 +474,10 @@ fn main() -> anyhow::Result<()> {
                 let before = poller.as_ref().map(|p| p.stats());
                 let loads = poller.as_ref().map(|p| p.thread_loads()).unwrap_or_default();
                 let is_variant = variant.is_some();
+                let cpu0 = process_cpu();
                 let m = measure(&uri, cfg, variant, calls).await?;
+                let cpu_per_call = (process_cpu() - cpu0).as_secs_f64() * 1e6
+                    / (calls + calls / 10) as f64;
                 let _ = line_tx.send(format!(
                     "{name}: connected to {uri} over {:?}, carried by {:?}",
                     m.path, m.carrier
@@ -460,6 +487,9 @@ fn main() -> anyhow::Result<()> {
                 }
                 let (p50, p99) = (m.p50, m.p99);
                 let mut line = format!("{name} p50 {p50:.1}us p99 {p99:.1}us");
+                if PACE.get().is_some() {
+                    line += &format!(" cpu/call {cpu_per_call:.1}us");
+                }
                 if let (Some(p), Some(b)) = (&poller, before) {
                     let d = p.stats().since(&b);
                     let n = (calls + calls / 10) as f64;
@@ -474,11 +504,11 @@ fn main() -> anyhow::Result<()> {
                         })
                         .collect();
                     line += &format!(
-                        "  | {} polling thread(s) {} (busy {}){}; per call: spin hits {:.2}, first-check hits {:.2}, sleeps {:.2}, wakes {:.2} (mean wake-up {}), sleeps announced {:.2}, doorbell wakes {:.2}, spins skipped {:.2} (lost their core {:.2}); back-offs {} descheduled {} not earning",
+                        "  | {} polling thread(s) {} (busy {}){}; per call: spin hits {:.2}, first-check hits {:.2}, sleeps {:.2}, wakes {:.2} (mean wake-up {}), sleeps announced {:.2}, doorbell wakes {:.2}, yield hits {:.2}, spins skipped {:.2} (lost their core {:.2}); back-offs {} descheduled {} not earning",
                         p.config().mode(),
                         p.threads(),
                         if busy.is_empty() { "-".to_string() } else { busy.join(" ") },
-                        if d.spins == 0 && d.bell_wakes > 0 { ", no spin: every wait handed to the peer's doorbell (the peer shares this process's only CPU)" } else { "" },
+                        if d.spins == 0 && d.bell_wakes + d.yield_hits > 0 { ", no spin: every wait handed to the peer (the peer shares this process's only CPU)" } else { "" },
                         d.spin_hits as f64 / n,
                         d.first_check_hits as f64 / n,
                         d.sleeps as f64 / n,
@@ -487,6 +517,7 @@ fn main() -> anyhow::Result<()> {
                             .map_or("-".to_string(), |l| format!("{:.1}us", l.as_secs_f64() * 1e6)),
                         (d.announces + d.self_announces) as f64 / n,
                         d.bell_wakes as f64 / n,
+                        d.yield_hits as f64 / n,
                         d.spin_skips as f64 / n,
                         d.lost_core_spins as f64 / n,
                         d.backoffs_descheduled,

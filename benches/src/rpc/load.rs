@@ -3,7 +3,10 @@
 //! variant ([`POLLER_VARIANTS`]) in one run.
 //!
 //! - `low_load`: 1, 8 and 64 clients each making one 32 B call per 1 ms and per 10 ms; CPU of
-//!   both processes (the server in its own), calls delivered, p50 and p99.
+//!   both processes (the server in its own), calls delivered, p50 and p99. The environment
+//!   variable `RRPC_BENCH_LOW_LOAD_ROWS` (row names, comma-separated, e.g.
+//!   `rrpc-shm-h2/bpev,rrpc-shm-fast/bpev`) keeps only those rows and tonic-tcp's, the
+//!   baseline: a quicker A/B of one path.
 //! - `contention` (and `contention_pingpong`): ping-pong and 1- to 32-client streaming
 //!   throughput while a busy loop runs on every core (one `--role hog` process per core,
 //!   normal priority, started and stopped here).
@@ -146,7 +149,11 @@ pub(super) fn low_load(ctx: &mut Ctx<'_>, pinning: &str) -> Table {
         vec![Duration::from_millis(1), Duration::from_millis(10)],
     );
     let dur = args.duration(Duration::from_millis(400), Duration::from_secs(3));
-    let vs = variants(&["bpev", "bpev-plain", "bpts", "event", "bp"], &["bpev"]);
+    let mut vs = variants(&["bpev", "bpev-plain", "bpts", "event", "bp"], &["bpev"]);
+    if let Ok(rows) = std::env::var("RRPC_BENCH_LOW_LOAD_ROWS") {
+        let keep: Vec<&str> = rows.split(',').map(str::trim).collect();
+        vs.retain(|v| v.transport == Transport::TonicTcp || keep.contains(&v.name().as_str()));
+    }
     let mut t = Table::new(
         "low_load",
         "Low, steady load: each client makes one 32 B / 8 B unary call per period; CPU of both \

@@ -90,7 +90,8 @@ pub struct GovernorConfig {
     /// The longest back-off.
     pub backoff_max: Duration,
     /// The least spinning an episode that woke nobody must have done to count as a miss;
-    /// shorter ones (and episodes never begun) are neutral.
+    /// shorter ones (and episodes never begun) are neutral. Also the most spinning per reader
+    /// woken an episode may have done to earn ([`Governor::episode`]).
     pub min_fruitless_spin: Duration,
 }
 
@@ -176,17 +177,23 @@ impl Governor {
         self.until.filter(|&u| now < u)
     }
 
-    /// Ends a spin episode at `now` (the thread is about to doze): `woke` says whether it woke
-    /// any reader since it resumed ([`begin`](Self::begin)). Backs off while fewer than 1 in 8
-    /// episodes wake one. An episode that woke nobody counts only if it spun for at least
-    /// `min_fruitless_spin` since it began; one that was never begun (the thread resumed on its
-    /// own timer) does not count.
-    pub fn episode(&mut self, now: Duration, woke: bool) -> Verdict {
+    /// Ends a spin episode at `now` (the thread is about to doze): `woke` is how many readers
+    /// it woke since it resumed ([`begin`](Self::begin)). Backs off while fewer than 1 in 8
+    /// episodes earn. An episode earns when it woke readers for less than
+    /// `min_fruitless_spin` of spinning each: one that spun 150 µs to wake one reader (a
+    /// reply a low-load round trip away, then the doze's wait after it) cost more than the
+    /// doorbell it saved. An episode that woke nobody counts (as a miss) only if it spun for
+    /// at least `min_fruitless_spin` since it began; one that was never begun (the thread
+    /// resumed on its own timer) earns if it woke anyone and says nothing otherwise.
+    pub fn episode(&mut self, now: Duration, woke: u64) -> Verdict {
         let spun = self.start.take().map(|(t0, _)| now.saturating_sub(t0));
-        if !woke && spun.is_none_or(|s| s < self.cfg.min_fruitless_spin) {
+        if woke == 0 && spun.is_none_or(|s| s < self.cfg.min_fruitless_spin) {
             return Verdict::Spin;
         }
-        let sample = if woke { 256 } else { 0 };
+        let per_wake = u32::try_from(woke).unwrap_or(u32::MAX);
+        let earned = woke > 0
+            && spun.is_none_or(|s| s < self.cfg.min_fruitless_spin.saturating_mul(per_wake));
+        let sample = if earned { 256 } else { 0 };
         self.episode_rate = self.episode_rate - (self.episode_rate >> 3) + (sample >> 3);
         if self.episode_rate >= 32 {
             return Verdict::Spin;
@@ -386,7 +393,7 @@ mod tests {
             t += MS;
             misses += 1;
             g.begin(t - 100 * US, sample(Duration::ZERO));
-            if let Verdict::BackOff { until, reason } = g.episode(t, false) {
+            if let Verdict::BackOff { until, reason } = g.episode(t, 0) {
                 assert_eq!(reason, Reason::NotEarning);
                 assert_eq!(until, t + 4 * MS);
                 break;
@@ -400,7 +407,7 @@ mod tests {
         assert!(!g.backed_off(t));
         g.begin(t - 100 * US, sample(Duration::ZERO));
         assert_eq!(
-            g.episode(t, false),
+            g.episode(t, 0),
             Verdict::BackOff {
                 until: t + 8 * MS,
                 reason: Reason::NotEarning
@@ -408,7 +415,7 @@ mod tests {
         );
         // A probe that woke a reader brings spinning back.
         t += 9 * MS;
-        assert_eq!(g.episode(t, true), Verdict::Spin);
+        assert_eq!(g.episode(t, 1), Verdict::Spin);
         assert!(g.episode_hit_rate() > 0.125);
     }
 
@@ -424,21 +431,52 @@ mod tests {
             t += 40 * US;
             if i % 50 == 0 {
                 // The thread's own timer: no begin.
-                assert_eq!(g.episode(t, false), Verdict::Spin);
+                assert_eq!(g.episode(t, 0), Verdict::Spin);
                 continue;
             }
             g.begin(t, sample(Duration::ZERO));
             t += 5 * US;
-            assert_eq!(g.episode(t, false), Verdict::Spin, "episode {i}");
+            assert_eq!(g.episode(t, 0), Verdict::Spin, "episode {i}");
         }
         assert!(!g.backed_off(t) && (g.episode_hit_rate() - 1.0).abs() < f64::EPSILON);
         // One that spun its 50 µs is a miss.
         for _ in 0..17 {
             g.begin(t, sample(Duration::ZERO));
             t += 50 * US;
-            g.episode(t, false);
+            g.episode(t, 0);
         }
         assert!(g.backed_off(t));
+    }
+
+    /// Low load (#30): the thread is kicked when a reader arms, wakes it when the reply comes a
+    /// round trip later, then spins out its doze delay for the other armed reader (a server
+    /// waiting a millisecond for its next request): one reader woken per ~150 µs of spin,
+    /// episode after episode. The doorbell would have woken that reader for far less: not
+    /// earning. A busy thread that wakes readers every few microseconds earns.
+    #[test]
+    fn episodes_that_spin_long_for_each_reader_they_wake_back_off() {
+        let mut g = Governor::new(GovernorConfig::default());
+        let mut t = Duration::ZERO;
+        let mut episodes = 0;
+        loop {
+            t += MS;
+            episodes += 1;
+            g.begin(t, sample(Duration::ZERO));
+            // Woke one reader after 50 µs, then spun its 100 µs doze delay.
+            if let Verdict::BackOff { reason, .. } = g.episode(t + 150 * US, 1) {
+                assert_eq!(reason, Reason::NotEarning);
+                break;
+            }
+            assert!(episodes < 100, "never backed off");
+        }
+        assert_eq!(episodes, 17);
+        // Four readers in 150 µs: under 50 µs of spin each.
+        let mut g = Governor::new(GovernorConfig::default());
+        for i in 0..1000u64 {
+            let t = Duration::from_millis(i);
+            g.begin(t, sample(Duration::ZERO));
+            assert_eq!(g.episode(t + 150 * US, 4), Verdict::Spin, "episode {i}");
+        }
     }
 
     #[test]
@@ -446,7 +484,7 @@ mod tests {
         let mut g = Governor::new(GovernorConfig::default());
         for i in 0..1000u64 {
             assert_eq!(
-                g.episode(Duration::from_millis(i), i % 3 == 0),
+                g.episode(Duration::from_millis(i), u64::from(i % 3 == 0)),
                 Verdict::Spin
             );
         }

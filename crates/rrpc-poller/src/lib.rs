@@ -78,13 +78,15 @@
 //! - **Spin back-off** (default; [`PollerConfig::spin_backoff`]). Spinning pays only while it
 //!   catches data and holds a core. A task skips its spin while fewer than 1 in 8 of its spins
 //!   caught data (a spin that ran out counts as a miss only when the data came at least 4
-//!   budgets and 500 µs after the wait began; one probe spin in 16 waits), and cuts a spin
-//!   short when a gap of 20 µs
+//!   budgets and 500 µs after the wait began; one probe spin in 16 waits; judged apart for
+//!   each phase, the waits begun since this end last sent: a reply's wait is not an idle
+//!   one), and cuts a spin short when a gap of 20 µs
 //!   between two of its clock reads shows it was descheduled ([`SpinTuner`]). A polling thread
 //!   measures each 1 ms window of spinning (run-queue delay from
 //!   `/proc/thread-self/schedstat`, else wall minus CPU time; readers woken) and each spin
 //!   episode (resume to doze); when it lost over 30 % of a window, woke fewer than 2 readers
-//!   in one, or fewer than 1 in 8 of its episodes woke anyone, it backs off for 4 ms, doubling
+//!   in one, or fewer than 1 in 8 of its episodes earned (woke readers for under 50 µs of
+//!   spin each), it backs off for 4 ms, doubling
 //!   up to 128 ms ([`backoff::Governor`]). Backed off, it dozes as soon as its armed
 //!   connections all have doorbells, and their tasks announce their own sleeps instead of
 //!   kicking it where an announce misses nothing (shm; one futex wake saved per sleep).
@@ -96,8 +98,10 @@
 //!   thread's affinity mask, capped by the cgroup quota) and a connection's peer needs that
 //!   same CPU (it is this process, or a process on this host confined to that CPU, by
 //!   `SO_PEERCRED` and its mask), every spin only delays the answer. That connection's waits
-//!   then never spin: each is announced to the writer and woken by its doorbell, one wake-up
-//!   ([`Registration::hands_off`]; [`Stats::spins`] stays 0). Processes pinned each to a core
+//!   then never spin: each yields once (the worker's other tasks, then the CPU: a peer that
+//!   answers meanwhile rings nothing, [`Stats::yield_hits`]), then is announced to the writer
+//!   and woken by its doorbell, one wake-up ([`Registration::hands_off`]; [`Stats::spins`]
+//!   stays 0). Processes pinned each to a core
 //!   of its own, the benchmarks' layout and HPC's, keep spinning.
 //!   Demo under `taskset -c 1`: the fast path's p50 went from 72–126 µs to 17 µs, 0.46 × tonic
 //!   over a Unix socket in the same run (docs/measured.md).

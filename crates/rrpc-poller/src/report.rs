@@ -51,6 +51,8 @@ pub const BACKOFFS: &str = "rrpc_poller_backoffs_total";
 pub const SPIN_SKIPS: &str = "rrpc_poller_spin_skips_total";
 /// Spin back-off: spins cut short because the task lost its core (counter).
 pub const LOST_CORE_SPINS: &str = "rrpc_poller_lost_core_spins_total";
+/// Hand-off: waits satisfied by their yield, before any sleep (counter).
+pub const YIELD_HITS: &str = "rrpc_poller_yield_hits_total";
 /// Spin back-off: sleeps a task announced itself (counter).
 pub const SELF_ANNOUNCES: &str = "rrpc_poller_self_announces_total";
 /// Wake-up latency of a woken task, in seconds (histogram).
@@ -77,6 +79,7 @@ pub(crate) fn counters(s: &Stats, mode: Mode) {
         (BELL_WAKES, s.bell_wakes),
         (SPIN_SKIPS, s.spin_skips),
         (LOST_CORE_SPINS, s.lost_core_spins),
+        (YIELD_HITS, s.yield_hits),
         (SELF_ANNOUNCES, s.self_announces),
     ] {
         metrics::counter!(name, "mode" => m).absolute(v);

@@ -250,12 +250,17 @@ impl AsyncConn {
                 );
             }
         }
+        // The receiver's spins are judged by what this end sent since (a reply may be coming,
+        // or nothing will come until this end sends): `Registration::follow_sends`.
+        let sends = Arc::new(AtomicU64::new(0));
+        rx_reg.follow_sends(sends.clone());
         Ok((
             AsyncSender {
                 tx: self.tx,
                 reg: tx_reg,
                 src: tx_src,
                 mode,
+                sends,
             },
             AsyncReceiver {
                 rx: self.rx,
@@ -359,6 +364,8 @@ pub struct AsyncSender {
     reg: Registration,
     src: Arc<TxSource>,
     mode: Mode,
+    /// Sends and flushes, for the receiver's spin phases (`Registration::follow_sends`).
+    sends: Arc<AtomicU64>,
 }
 
 impl std::fmt::Debug for TxSource {
@@ -422,7 +429,10 @@ impl AsyncSender {
         let mut polls = 0u32;
         loop {
             match self.tx.try_send(msg) {
-                Ok(()) => return Ok(()),
+                Ok(()) => {
+                    self.sends.fetch_add(1, Ordering::Relaxed);
+                    return Ok(());
+                }
                 Err(rrpc_ringbuf::Error::WouldBlock) => self.wait_room(&mut polls).await?,
                 Err(e) => return Err(e.into()),
             }
@@ -457,6 +467,7 @@ impl AsyncSender {
     /// # Errors
     /// a peer-gone error ([`Error::is_peer_gone`]) or a fabric error.
     pub fn flush(&mut self) -> Result<()> {
+        self.sends.fetch_add(1, Ordering::Relaxed);
         self.tx.flush().map_err(Into::into)
     }
 

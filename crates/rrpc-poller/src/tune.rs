@@ -14,6 +14,16 @@
 //! whose next request comes a millisecond later stops burning 50 µs per call this way, while a
 //! client waiting for its reply keeps spinning. Both directions work in fixed mode too: only
 //! the RTT-following length needs `auto`.
+//!
+//! **Phases** (beyond the paper). One reader's waits are not all alike. A reader task that
+//! always waits (rrpc-tonic's HTTP/2 path) waits, after a call's response, for its trailers (a
+//! few microseconds away: a hit), then for the next response (the caller's think time and a
+//! round trip away: at low load a far miss). One hit rate over both stayed near 1/2, so it
+//! never backed off, and the idle wait spun its whole budget after every call. So the
+//! judgement is kept per *phase*, the waits begun since this end last sent a message
+//! ([`begin_wait`](SpinTuner::begin_wait): 0, 1, 2, and 3 or more): the trailers' wait (phase
+//! 0: the request went out during the wait before) keeps spinning, the idle one (phase 1)
+//! backs off on its own. A ping-pong or a stream keeps spinning in the phases it hits in.
 
 use std::time::Duration;
 
@@ -23,11 +33,16 @@ pub struct SpinTuner {
     cap_ns: u64,
     auto: bool,
     ewma_ns: u64,
-    /// Moving hit rate of granted spins, in 1/256ths.
-    hit_rate: u32,
-    /// Waits since the last granted spin (for the probe).
-    skipped: u32,
+    /// Moving hit rate of granted spins per phase, in 1/256ths.
+    hit_rate: [u32; PHASES],
+    /// Waits since the last granted spin (for the probe), per phase.
+    skipped: [u32; PHASES],
+    /// The current wait's phase ([`SpinTuner::begin_wait`]).
+    phase: usize,
 }
+
+/// [`SpinTuner::PHASES`].
+const PHASES: usize = SpinTuner::PHASES;
 
 /// A gap this long between two clock reads of one spin means the spinner lost its core.
 pub(crate) const PREEMPT_GAP: Duration = Duration::from_micros(20);
@@ -43,6 +58,10 @@ const GAIN_SHIFT: u32 = 3;
 const SLACK_NS: u64 = 1_000;
 
 impl SpinTuner {
+    /// How many phases the waits are judged in ([`Self::begin_wait`]): waits begun since this
+    /// end last sent, 0, 1, 2, and 3 or more.
+    pub const PHASES: usize = 4;
+
     /// A tuner with `cap` as the configured `bp_timeout`; without `auto` the budget is always
     /// `cap`. The estimate starts at `cap`, so a fresh connection spins the full time.
     pub fn new(cap: Duration, auto: bool) -> Self {
@@ -51,9 +70,27 @@ impl SpinTuner {
             cap_ns,
             auto,
             ewma_ns: cap_ns,
-            hit_rate: 256,
-            skipped: 0,
+            hit_rate: [256; PHASES],
+            skipped: [0; PHASES],
+            phase: 0,
         }
+    }
+
+    /// Starts a wait: `sent` says whether this end sent a message since the previous wait
+    /// began. The wait's phase is then 0, else one more than the previous wait's (at most
+    /// [`Self::PHASES`]` - 1`). Every wait should begin, those that find their data at once
+    /// included. A tuner whose waits never begin judges them all in phase 0 (one hit rate).
+    pub fn begin_wait(&mut self, sent: bool) {
+        self.phase = if sent {
+            0
+        } else {
+            (self.phase + 1).min(PHASES - 1)
+        };
+    }
+
+    /// The current wait's phase ([`Self::begin_wait`]).
+    pub fn phase(&self) -> usize {
+        self.phase
     }
 
     /// Whether the budget follows the RTT estimate (`auto`).
@@ -67,33 +104,35 @@ impl SpinTuner {
     }
 
     /// The spin to grant the wait that starts now: [`budget`](Self::budget), or zero while
-    /// the hit rate is below 1/8 (one probe spin every 16 waits).
+    /// the current phase's hit rate is below 1/8 (one probe spin every 16 of its waits).
     pub fn next_budget(&mut self) -> Duration {
-        if self.hit_rate < MIN_HIT_RATE {
-            self.skipped += 1;
-            if self.skipped < PROBE_EVERY {
+        let p = self.phase;
+        if self.hit_rate[p] < MIN_HIT_RATE {
+            self.skipped[p] += 1;
+            if self.skipped[p] < PROBE_EVERY {
                 return Duration::ZERO;
             }
         }
-        self.skipped = 0;
+        self.skipped[p] = 0;
         self.budget()
     }
 
-    /// Whether spinning is backed off (the hit rate is below 1/8).
+    /// Whether spinning is backed off in the current phase (its hit rate is below 1/8).
     pub fn backed_off(&self) -> bool {
-        self.hit_rate < MIN_HIT_RATE
+        self.hit_rate[self.phase] < MIN_HIT_RATE
     }
 
-    /// The moving hit rate of granted spins, 0 to 1.
+    /// The moving hit rate of the current phase's granted spins, 0 to 1.
     pub fn hit_rate(&self) -> f64 {
-        f64::from(self.hit_rate) / 256.0
+        f64::from(self.hit_rate[self.phase]) / 256.0
     }
 
-    /// Feeds the outcome of a granted spin: `true` if it caught the data, `false` if it ran
+    /// Feeds the outcome of the current phase's granted spin: `true` if it caught the data, `false` if it ran
     /// out or lost its core. (A spin cut short because the worker had other work says neither.)
     pub fn spun(&mut self, hit: bool) {
         let sample = if hit { 256 } else { 0 };
-        self.hit_rate = self.hit_rate - (self.hit_rate >> GAIN_SHIFT) + (sample >> GAIN_SHIFT);
+        let r = &mut self.hit_rate[self.phase];
+        *r = *r - (*r >> GAIN_SHIFT) + (sample >> GAIN_SHIFT);
     }
 
     /// Feeds a granted spin that ran out, once the data came after `waited` in all: a miss
@@ -222,6 +261,41 @@ mod tests {
             }
         }
         assert!(t.backed_off());
+    }
+
+    /// A reader task that always waits, one call per millisecond: each call's wait for the
+    /// trailers hits (phase 0: the request went out during the wait before), the wait for
+    /// the next response runs out a millisecond short (phase 1). One hit rate over both
+    /// never backs off; per phase the idle wait stops spinning and the trailers' keeps.
+    #[test]
+    fn the_idle_phase_backs_off_and_the_reply_phase_keeps_spinning() {
+        let run = |phases: bool| {
+            let mut t = SpinTuner::new(Duration::from_micros(200), false);
+            let mut idle_spins = 0;
+            for call in 0..200 {
+                // The wait for the next response: the request is sent during it. (Without
+                // phases the waits never begin: all in phase 0.)
+                if phases {
+                    t.begin_wait(false);
+                }
+                if !t.next_budget().is_zero() {
+                    t.ran_out(Duration::from_millis(1));
+                    if call >= 100 {
+                        idle_spins += 1;
+                    }
+                }
+                // The wait for the trailers: a request went out since the last wait began.
+                if phases {
+                    t.begin_wait(true);
+                }
+                assert!(!t.next_budget().is_zero(), "the trailers' wait spins");
+                t.spun(true);
+            }
+            idle_spins
+        };
+        // Backed off: one probe in 16 of the last 100 idle waits.
+        assert!(run(true) <= 7, "{}", run(true));
+        assert_eq!(run(false), 100, "one hit rate never backs off");
     }
 
     #[test]

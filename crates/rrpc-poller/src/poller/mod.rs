@@ -490,6 +490,8 @@ impl Poller {
             spin_yield: SPIN_YIELD_EVERY,
             handoff: false,
             auto_peer: None,
+            sends: None,
+            seen_sends: 0,
             removed: false,
         })
     }

@@ -116,7 +116,7 @@ pub(super) fn polling_loop(shard: Arc<Shard>, counters: Arc<Counters>, cfg: Loop
         gov.begin(gov_now(&shard), c.sample());
     }
     // Readers woken since the thread last resumed (one spin episode).
-    let mut episode_woke = false;
+    let mut episode_woke = 0u64;
     let mut rescan_every = cfg.idle_interval;
     tracing::debug!(shard = shard.id, "polling thread started");
     loop {
@@ -144,7 +144,7 @@ pub(super) fn polling_loop(shard: Arc<Shard>, counters: Arc<Counters>, cfg: Loop
         check_watch = false;
         if fired > 0 {
             gov.hit(fired);
-            episode_woke = true;
+            episode_woke += fired;
             rescan_every = cfg.idle_interval;
             last_activity = Instant::now();
             shard.report(&counters, cfg.mode, &mut next_report, false);
@@ -349,7 +349,7 @@ pub(super) fn polling_loop(shard: Arc<Shard>, counters: Arc<Counters>, cfg: Loop
 pub(super) const MAX_RESCAN_STRETCH: u32 = 64;
 
 /// One spin episode ends (the thread dozes, or parks with nobody armed): did it earn its keep?
-fn end_episode(shard: &Shard, counters: &Counters, gov: &mut Governor, woke: &mut bool) {
+fn end_episode(shard: &Shard, counters: &Counters, gov: &mut Governor, woke: &mut u64) {
     if !shard.backed_off()
         && let Verdict::BackOff { until, reason } =
             gov.episode(Duration::from_nanos(shard.clock()), *woke)
@@ -357,7 +357,7 @@ fn end_episode(shard: &Shard, counters: &Counters, gov: &mut Governor, woke: &mu
         back_off(shard, counters, until, reason);
     }
     gov.interrupt();
-    *woke = false;
+    *woke = 0;
 }
 
 /// Enters a back-off until `until` ([`Shard::clock`] time).
