@@ -291,8 +291,13 @@ fn fig8_point(
         None => (Transport::TonicTcp, rrpc_config(Transport::TonicTcp)),
         Some(c) => (Transport::RrpcFast, c.clone()),
     };
+    let poller = match (&v.cfg, std::env::var_os("RRPC_BENCH_POLLER_STATS")) {
+        (Some(c), Some(_)) => Some(rrpc_tonic::RrpcContext::shared(c).poller_handle()?),
+        _ => None,
+    };
     let server = start_server_with(ctx.server_rt, transport, cfg)?;
     let cs = ctx.client_rt.block_on(connect_many(&server, k))?;
+    let before = poller.as_ref().map(|p| p.stats());
     let sampler = ProcSampler::start(None);
     let c0 = CpuTimes::process()?;
     let w0 = Instant::now();
@@ -303,6 +308,15 @@ fn fig8_point(
     let threads = sampler.finish().threads.into_iter().max().unwrap_or(0);
     let wall = w0.elapsed().as_secs_f64();
     let pct = |a: Duration, b: Duration| 100.0 * b.saturating_sub(a).as_secs_f64() / wall;
+    if let (Some(p), Some(b)) = (&poller, before) {
+        // RRPC_BENCH_POLLER_STATS: the poller's counters over the point, on stderr.
+        eprintln!(
+            "{} {k} clients: {} calls, poller {:?}",
+            v.name,
+            r.ops,
+            p.stats().since(&b)
+        );
+    }
     let out = (r, pct(c0.user, c1.user), pct(c0.system, c1.system), threads);
     drop(server);
     Ok(out)
