@@ -38,7 +38,8 @@ fn shared(t: Transport) -> RrpcConfig {
         .unwrap()
 }
 
-async fn call(c: &mut TestClient<RrpcChannel>, byte: u8) {
+/// One unary call of 3000 bytes of `byte`, echoed whole (also `spare`'s).
+pub(super) async fn call(c: &mut TestClient<RrpcChannel>, byte: u8) {
     let out = c
         .unary(Input {
             payload: vec![byte; 3000],

@@ -6,10 +6,10 @@
 
 use std::time::{Duration, Instant};
 
-use rrpc_integration_tests::pb::Input;
-use rrpc_integration_tests::pb::test_client::TestClient;
 use rrpc_integration_tests::{Harness, Transport, config, on_rings};
-use rrpc_tonic::{RrpcChannel, RrpcConfig, RrpcContext, RrpcEndpoint, SpareStats};
+
+use super::sharing::call;
+use rrpc_tonic::{RrpcConfig, RrpcContext, RrpcEndpoint, SpareStats};
 
 on_rings!(
     connects_take_spares_and_each_carries_calls,
@@ -20,17 +20,6 @@ on_rings!(
 
 fn spares(t: Transport, n: usize) -> RrpcConfig {
     config(t).to_builder().spare_connections(n).build().unwrap()
-}
-
-async fn call(c: &mut TestClient<RrpcChannel>, byte: u8) {
-    let out = c
-        .unary(Input {
-            payload: vec![byte; 3000],
-            ..Default::default()
-        })
-        .await
-        .unwrap_or_else(|e| panic!("call {byte}: {e:?}"));
-    assert_eq!(out.into_inner().payload, vec![byte; 3000]);
 }
 
 /// Waits (bounded) until `cond` holds.
