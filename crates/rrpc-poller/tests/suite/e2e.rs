@@ -675,9 +675,10 @@ fn a_ping_pong_on_one_cpu_hands_every_wait_to_the_doorbell(prov: &Provider) {
         if handoff == Handoff::Always {
             assert_eq!(stats.spins, 0, "nothing spins: {stats:?}");
             // 2n waits; each one that does not find its message at once yields to the other
-            // task, which writes it.
+            // task, which writes it (on soft-RoCE most find it at once: the loopback WRITE
+            // lands while the writer's task finishes its turn).
             assert!(
-                stats.yield_hits >= u64::from(n),
+                stats.yield_hits + stats.first_check_hits >= u64::from(n),
                 "the yields let the peer answer: {stats:?}"
             );
         } else {
