@@ -291,8 +291,11 @@ fn fig8_point(
         None => (Transport::TonicTcp, rrpc_config(Transport::TonicTcp)),
         Some(c) => (Transport::RrpcFast, c.clone()),
     };
+    // Only the default row: the paper-mode rows' configs do not name the poller they run on.
     let poller = match (&v.cfg, std::env::var_os("RRPC_BENCH_POLLER_STATS")) {
-        (Some(c), Some(_)) => Some(rrpc_tonic::RrpcContext::shared(c).poller_handle()?),
+        (Some(c), Some(_)) if v.name == "bpev" => {
+            Some(rrpc_tonic::RrpcContext::shared(c).poller_handle()?)
+        }
         _ => None,
     };
     let server = start_server_with(ctx.server_rt, transport, cfg)?;

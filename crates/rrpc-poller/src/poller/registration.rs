@@ -134,6 +134,8 @@ impl Registration {
     /// hands off every registration.
     pub fn set_handoff(&mut self, on: bool) {
         self.handoff = on;
+        // An explicit choice: `Handoff::Auto` no longer revisits it.
+        self.auto_peer = None;
     }
 
     /// [`Handoff::Auto`](crate::Handoff::Auto): hands this registration's waits off while
