@@ -30,7 +30,7 @@
 //! | [`Mode::Bp`] | Fig. 7 (b) left; Figs. 4–6 "busy-polling" | one dedicated thread per connection | `Waker::wake` | one spinning thread per connection (parks with `idle_park_after`) |
 //! | [`Mode::Bpts`] | Algorithm 1, Fig. 7 (b) right | `polling_threads` threads, round-robin over their connections | `Waker::wake` | `polling_threads` spinning threads (parks with `idle_park_after`) |
 //! | [`Mode::Event`] | Fig. 7 (c), "RDMA-Event" | the writer ([`Doorbell`], or `WRITE_WITH_IMM` + completion channel via [`Notifier`]) | eventfd / channel fd in the tokio reactor (epoll) | none |
-//! | [`Mode::Bpev`] | Algorithm 2, Fig. 7 (d) | `polling_threads` threads scan every *armed* connection; a spinning task also scans its neighbours; a dozing thread hands its connections to the writers' doorbells | `Waker::wake`, after the task spun up to `bp_timeout`; the doorbell's fd in the reactor while the thread dozes | parked threads: a rescan every `idle_poll_interval` while connections are armed, nothing otherwise |
+//! | [`Mode::Bpev`] | Algorithm 2, Fig. 7 (d) | `polling_threads` threads scan every *armed* connection; a spinning task also scans its neighbours (16 per yield, round-robin); a dozing thread hands its connections to the writers' doorbells | `Waker::wake`, after the task spun up to `bp_timeout`; the doorbell's fd in the reactor while the thread dozes | parked threads: a rescan every `idle_poll_interval` while connections are armed, nothing otherwise |
 //!
 //! ## What differs on tokio
 //! - The paper's "working threads" that call `epoll_wait` are tokio worker threads. Algorithm
@@ -81,7 +81,10 @@
 //!   budgets and 500 µs after the wait began; one probe spin in 16 waits; judged apart for
 //!   each phase, the waits begun since this end last sent: a reply's wait is not an idle
 //!   one), and cuts a spin short when a gap of 20 µs
-//!   between two of its clock reads shows it was descheduled ([`SpinTuner`]). A polling thread
+//!   between two of its clock reads shows it was descheduled ([`SpinTuner`]). A spin that
+//!   stopped because the worker's other tasks had work is a miss too: with many clients on
+//!   few cores a connection's spin only delays its neighbours, so it stops spinning and arms
+//!   at once (Fig. 8 (a) at 256 clients: 0.55 -> 0.76-0.94 of the best mode). A polling thread
 //!   measures each 1 ms window of spinning (run-queue delay from
 //!   `/proc/thread-self/schedstat`, else wall minus CPU time; readers woken) and each spin
 //!   episode (resume to doze); when it lost over 30 % of a window, woke fewer than 2 readers
@@ -91,11 +94,11 @@
 //!   connections all have doorbells, and their tasks announce their own sleeps instead of
 //!   kicking it where an announce misses nothing (shm; one futex wake saved per sleep).
 //!   Counters: [`Stats::spin_skips`],
-//!   [`Stats::lost_core_spins`], [`Stats::backoffs_descheduled`],
+//!   [`Stats::lost_core_spins`], [`Stats::busy_worker_spins`], [`Stats::backoffs_descheduled`],
 //!   [`Stats::backoffs_not_earning`], [`Stats::self_announces`].
 //! - **One CPU: hand off, never spin** (default; [`PollerConfig::handoff`], [`Handoff`]). When
-//!   the process may run on one CPU only (`taskset -c N`, a one-CPU container: the main
-//!   thread's affinity mask, capped by the cgroup quota) and a connection's peer needs that
+//!   the process may run on one CPU only (`taskset -c N`, a one-CPU container: the union
+//!   of its threads' affinity masks, capped by the cgroup's limits) and a connection's peer needs that
 //!   same CPU (it is this process, or a process on this host confined to that CPU, by
 //!   `SO_PEERCRED` and its mask), every spin only delays the answer. That connection's waits
 //!   then never spin: each yields once (the worker's other tasks, then the CPU: a peer that

@@ -51,6 +51,8 @@ pub const BACKOFFS: &str = "rrpc_poller_backoffs_total";
 pub const SPIN_SKIPS: &str = "rrpc_poller_spin_skips_total";
 /// Spin back-off: spins cut short because the task lost its core (counter).
 pub const LOST_CORE_SPINS: &str = "rrpc_poller_lost_core_spins_total";
+/// Spin back-off: spins cut short because the worker's other tasks had work (counter).
+pub const BUSY_WORKER_SPINS: &str = "rrpc_poller_busy_worker_spins_total";
 /// Hand-off: waits satisfied by their yield, before any sleep (counter).
 pub const YIELD_HITS: &str = "rrpc_poller_yield_hits_total";
 /// Spin back-off: sleeps a task announced itself (counter).
@@ -79,6 +81,7 @@ pub(crate) fn counters(s: &Stats, mode: Mode) {
         (BELL_WAKES, s.bell_wakes),
         (SPIN_SKIPS, s.spin_skips),
         (LOST_CORE_SPINS, s.lost_core_spins),
+        (BUSY_WORKER_SPINS, s.busy_worker_spins),
         (YIELD_HITS, s.yield_hits),
         (SELF_ANNOUNCES, s.self_announces),
     ] {

@@ -26,6 +26,7 @@ pub(crate) struct Counters {
     pub(crate) backoffs_not_earning: CachePadded<AtomicU64>,
     pub(crate) spin_skips: CachePadded<AtomicU64>,
     pub(crate) lost_core_spins: CachePadded<AtomicU64>,
+    pub(crate) busy_worker_spins: CachePadded<AtomicU64>,
     pub(crate) yield_hits: CachePadded<AtomicU64>,
     pub(crate) self_announces: CachePadded<AtomicU64>,
     pub(crate) timed_wakes: CachePadded<AtomicU64>,
@@ -59,6 +60,7 @@ impl Counters {
             backoffs_not_earning: self.backoffs_not_earning.load(Relaxed),
             spin_skips: self.spin_skips.load(Relaxed),
             lost_core_spins: self.lost_core_spins.load(Relaxed),
+            busy_worker_spins: self.busy_worker_spins.load(Relaxed),
             yield_hits: self.yield_hits.load(Relaxed),
             self_announces: self.self_announces.load(Relaxed),
             timed_wakes: self.timed_wakes.load(Relaxed),
@@ -113,6 +115,10 @@ pub struct Stats {
     pub spin_skips: u64,
     /// Spin back-off: spins cut short because the spinning task lost its core.
     pub lost_core_spins: u64,
+    /// Spin back-off: BPEV spins cut short because other tasks of the worker had work (each
+    /// counts as a miss of the connection's spins, so a connection whose worker is always
+    /// busy stops spinning).
+    pub busy_worker_spins: u64,
     /// Hand-off: waits satisfied by their yield (the worker's other tasks, then the CPU, ran
     /// once) before any sleep was announced: no doorbell rung, no wake-up.
     pub yield_hits: u64,
@@ -156,6 +162,7 @@ impl Stats {
             backoffs_not_earning: self.backoffs_not_earning - earlier.backoffs_not_earning,
             spin_skips: self.spin_skips - earlier.spin_skips,
             lost_core_spins: self.lost_core_spins - earlier.lost_core_spins,
+            busy_worker_spins: self.busy_worker_spins - earlier.busy_worker_spins,
             yield_hits: self.yield_hits - earlier.yield_hits,
             self_announces: self.self_announces - earlier.self_announces,
             timed_wakes: self.timed_wakes - earlier.timed_wakes,

@@ -20,7 +20,7 @@ use crate::stats::Counters;
 use crate::sys::{DupFd, EventFd};
 use crate::tune::SpinTuner;
 
-use super::shard::{Entry, Shard};
+use super::shard::{Entry, HELP_SCAN, Shard};
 use super::thread::scan;
 use super::{Inner, PROGRESS, Poller, SPIN_FIRST_YIELD, Wake, lock};
 
@@ -274,8 +274,16 @@ impl Registration {
         let Ok(v) = self.shard.entries.try_lock() else {
             return;
         };
-        let (polls, fired, waiting) = scan(&v);
+        let from = if v.len() > HELP_SCAN {
+            self.shard.help_cursor.fetch_add(HELP_SCAN, Ordering::Relaxed)
+        } else {
+            0
+        };
+        let [a, b] = help_window(from, v.len());
+        let (p1, f1, w1) = scan(&v[a]);
+        let (p2, f2, w2) = scan(&v[b]);
         drop(v);
+        let (polls, fired, waiting) = (p1 + p2, f1 + f2, w1 + w2);
         Counters::add(&self.inner.counters.polls, polls);
         Counters::add(&self.inner.counters.empty_polls, waiting as u64);
         let _ = fired;
@@ -433,6 +441,13 @@ impl Registration {
                         // watch this connection (Algorithm 2 spins only while the
                         // working thread has no event to handle). EVENT's spin is the
                         // fixed budget its user asked for: nobody else would watch.
+                        // With spin back-off on, such a spin is a miss: a connection whose
+                        // worker is always busy (many clients on few cores) stops spinning
+                        // and arms at once, and its probes find out when the worker is free.
+                        if backoff {
+                            Counters::add(&self.inner.counters.busy_worker_spins, 1);
+                            self.tuner.spun(false);
+                        }
                         break;
                     }
                     last = Instant::now();
@@ -665,5 +680,21 @@ impl Doorbell {
     pub fn close(&self) {
         self.entry.closed.store(true, Ordering::Release);
         self.ring();
+    }
+}
+
+/// The entries of a shard of `len` a spinning task's help looks at, for a help cursor at
+/// `from`: the whole shard when it is small, else [`HELP_SCAN`] of them from `from` (modulo
+/// `len`), wrapping around, as two ranges.
+pub(super) fn help_window(from: usize, len: usize) -> [std::ops::Range<usize>; 2] {
+    if len <= HELP_SCAN {
+        return [0..len, 0..0];
+    }
+    let from = from % len;
+    let to = from + HELP_SCAN;
+    if to <= len {
+        [from..to, 0..0]
+    } else {
+        [from..len, 0..to - len]
     }
 }

@@ -144,7 +144,14 @@ pub(super) struct Shard {
     /// [`Handoff::Always`](crate::Handoff::Always) in force: the thread stays backed off
     /// (tasks with exact doorbells announce their own sleeps).
     pub(super) alone: AtomicBool,
+    /// Where the next spinning task's [`help`](super::Registration) scan starts: each looks
+    /// at [`HELP_SCAN`] entries from here, so helping costs the same at 4 connections and at
+    /// 512.
+    pub(super) help_cursor: AtomicUsize,
 }
+
+/// Entries a spinning task looks at per help (a rotating window of its shard).
+pub(super) const HELP_SCAN: usize = 16;
 
 impl Shard {
     pub(super) fn new(id: usize) -> Arc<Self> {
@@ -163,6 +170,7 @@ impl Shard {
             parked_since: AtomicU64::new(u64::MAX),
             backoff_until: AtomicU64::new(0),
             alone: AtomicBool::new(false),
+            help_cursor: AtomicUsize::new(0),
             last_report: Mutex::new(crate::stats::ThreadLoad {
                 thread: id,
                 alive: Duration::ZERO,

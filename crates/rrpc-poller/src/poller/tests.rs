@@ -197,3 +197,103 @@ fn a_backed_off_thread_rescans_when_its_back_off_ends() {
         assert_eq!(src.rung.load(Ordering::SeqCst), 0, "no ring was needed");
     });
 }
+
+/// A source that becomes ready at a deadline (nanoseconds since `base`), no writer needed.
+#[derive(Debug)]
+struct ReadyAt {
+    base: Instant,
+    at_ns: AtomicU64,
+}
+
+impl ReadyAt {
+    fn new() -> Arc<Self> {
+        Arc::new(Self {
+            base: Instant::now(),
+            at_ns: AtomicU64::new(u64::MAX),
+        })
+    }
+    fn ready_in(&self, d: Duration) {
+        let at = (self.base.elapsed() + d).as_nanos() as u64;
+        self.at_ns.store(at, Ordering::SeqCst);
+    }
+}
+
+impl Readiness for ReadyAt {
+    fn ready(&self) -> bool {
+        self.base.elapsed().as_nanos() as u64 >= self.at_ns.load(Ordering::SeqCst)
+    }
+}
+
+/// Many clients on few cores: a spin whose worker has other tasks with work stops at its
+/// first yield. That is a miss of the connection's spins, so a connection whose worker is
+/// always busy stops spinning (one probe in 16 waits) instead of paying a yield, a re-poll
+/// and a neighbour scan on every wait (Fig. 8 (a) at 256 clients: 0.55 -> 0.76-0.94 of the
+/// best mode).
+#[test]
+fn a_connection_whose_worker_is_always_busy_stops_spinning() {
+    rt().block_on(async {
+        let p = Poller::start(
+            PollerConfig::builder()
+                .mode(Mode::Bpev)
+                .polling_threads(1)
+                .bp_timeout(Duration::from_micros(200))
+                .auto_tune(false)
+                .build()
+                .unwrap(),
+        )
+        .unwrap();
+        // A neighbour on the same worker whose every wait finds its data: it makes progress
+        // whenever it runs.
+        let always = ReadyAt::new();
+        always.ready_in(Duration::ZERO);
+        let mut busy = p.register(always).unwrap();
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let stop2 = stop.clone();
+        let neighbour = tokio::spawn(async move {
+            while !stop2.load(Ordering::Relaxed) {
+                busy.wait_ready().await.unwrap();
+                tokio::task::yield_now().await;
+            }
+        });
+        let src = ReadyAt::new();
+        let mut reg = p.register(src.clone()).unwrap();
+        let before = p.stats();
+        const WAITS: u64 = 64;
+        for _ in 0..WAITS {
+            src.ready_in(Duration::from_micros(300));
+            reg.wait_ready().await.unwrap();
+            src.at_ns.store(u64::MAX, Ordering::SeqCst);
+        }
+        stop.store(true, Ordering::Relaxed);
+        neighbour.await.unwrap();
+        let d = p.stats().since(&before);
+        assert!(d.busy_worker_spins >= 8, "spins were cut short by the neighbour: {d:?}");
+        // Below a 1/8 hit rate the waits skip their spin (one probe in 16 still spins).
+        assert!(d.spin_skips >= WAITS / 2, "most waits skipped their spin: {d:?}");
+        assert!(d.spins <= WAITS / 2, "most waits did not spin: {d:?}");
+    });
+}
+
+/// A spinning task's help looks at a bounded, rotating window of its shard, and a full turn
+/// of the cursor covers every entry exactly once.
+#[test]
+fn help_scans_a_rotating_window_of_the_shard() {
+    use super::registration::help_window;
+    use super::shard::HELP_SCAN;
+    assert_eq!(help_window(123, 5), [0..5, 0..0]);
+    assert_eq!(help_window(7, HELP_SCAN), [0..HELP_SCAN, 0..0]);
+    for len in [HELP_SCAN + 1, 40, 512, 513] {
+        let mut seen = vec![0u32; len];
+        let mut cursor = 9usize;
+        for _ in 0..len {
+            let [a, b] = help_window(cursor, len);
+            assert_eq!(a.len() + b.len(), HELP_SCAN, "len {len} cursor {cursor}");
+            for i in a.chain(b) {
+                seen[i] += 1;
+            }
+            cursor += HELP_SCAN;
+        }
+        // len turns of HELP_SCAN entries: every entry HELP_SCAN times.
+        assert!(seen.iter().all(|&c| c == HELP_SCAN as u32), "len {len}: {seen:?}");
+    }
+}
