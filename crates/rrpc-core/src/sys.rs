@@ -410,6 +410,49 @@ fn ready_now(fd: BorrowedFd<'_>, events: PollFlags) -> Result<bool> {
     }
 }
 
+/// Whether `preadv2(RWF_NOWAIT)` works on eventfds here: 0 untried, 1 yes, 2 no.
+static NOWAIT_READ: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
+
+/// Reads and resets an eventfd's counter without blocking, whatever its
+/// `O_NONBLOCK` flag says (`preadv2` with `RWF_NOWAIT`): `Some(0)` when
+/// nothing is pending, `None` when the kernel does not offer it (then never
+/// tried again).
+fn read_nowait(fd: BorrowedFd<'_>) -> Result<Option<u64>> {
+    if NOWAIT_READ.load(Ordering::Relaxed) == 2 || cfg!(miri) {
+        return Ok(None);
+    }
+    let mut buf = [0u8; 8];
+    let iov = libc::iovec {
+        iov_base: buf.as_mut_ptr().cast(),
+        iov_len: buf.len(),
+    };
+    loop {
+        // SAFETY: `iov` describes `buf`, 8 writable bytes that outlive the
+        // call; `fd` is an open descriptor borrowed for the call; offset -1
+        // means the file position (an eventfd has none to move).
+        let n = unsafe { libc::preadv2(fd.as_raw_fd(), &iov, 1, -1, libc::RWF_NOWAIT) };
+        if n == 8 {
+            NOWAIT_READ.store(1, Ordering::Relaxed);
+            return Ok(Some(u64::from_ne_bytes(buf)));
+        }
+        match Errno::last() {
+            _ if n >= 0 => {
+                return Err(Error::nix("eventfd read", Errno::EIO));
+            }
+            Errno::EAGAIN => {
+                NOWAIT_READ.store(1, Ordering::Relaxed);
+                return Ok(Some(0));
+            }
+            Errno::EINTR => continue,
+            Errno::EOPNOTSUPP | Errno::EINVAL | Errno::ENOSYS => {
+                NOWAIT_READ.store(2, Ordering::Relaxed);
+                return Ok(None);
+            }
+            e => return Err(Error::nix("eventfd read", e)),
+        }
+    }
+}
+
 /// A non-blocking, close-on-exec eventfd (mio's waker pattern): the
 /// doorbell of the shm provider's completion channels and of the poller's
 /// sleeping shards.
@@ -444,7 +487,14 @@ impl EventFd {
     /// cleared `O_NONBLOCK` and may drain the counter itself, so skip the
     /// read when nothing is pending and restore `O_NONBLOCK` before reading.
     /// Same residual window as [`PeerEventFd::notify`].
+    ///
+    /// Where the kernel offers a per-call non-blocking eventfd read
+    /// (`preadv2` with `RWF_NOWAIT`, Linux 5.12 and later), that is one
+    /// system call with no window at all; older kernels take the path above.
     pub(crate) fn drain_shared(&self) -> Result<u64> {
+        if let Some(n) = read_nowait(self.fd.as_fd())? {
+            return Ok(n);
+        }
         if !ready_now(self.fd.as_fd(), PollFlags::POLLIN)? {
             return Ok(0);
         }
@@ -497,6 +547,23 @@ pub(crate) fn random_u32() -> u32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The one-syscall drain reads a blocking eventfd (a peer cleared
+    /// `O_NONBLOCK`) without blocking, and reads what was added.
+    #[test]
+    #[cfg_attr(miri, ignore = "system calls")]
+    fn read_nowait_never_blocks_and_reads_the_counter() {
+        let ev = NixEventFd::from_value_and_flags(0, EfdFlags::EFD_CLOEXEC).unwrap();
+        let Some(n) = read_nowait(ev.as_fd()).unwrap() else {
+            eprintln!("skipped: no preadv2(RWF_NOWAIT) on eventfds in this kernel");
+            return;
+        };
+        assert_eq!(n, 0);
+        add_one(ev.as_fd()).unwrap();
+        add_one(ev.as_fd()).unwrap();
+        assert_eq!(read_nowait(ev.as_fd()).unwrap(), Some(2));
+        assert_eq!(read_nowait(ev.as_fd()).unwrap(), Some(0));
+    }
 
     #[test]
     fn discard_frees_whole_pages_for_every_mapping_and_keeps_the_rest() {

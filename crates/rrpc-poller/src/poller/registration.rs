@@ -27,7 +27,8 @@ use super::{Inner, PROGRESS, Poller, SPIN_FIRST_YIELD, Wake, lock};
 /// Polls a notification fd (an eventfd, a completion channel) and, once it is readable,
 /// consumes what is pending with `ack`: `Ready(Ok(r))` with `ack`'s result when it consumed
 /// something or failed; a spurious readiness (`ack` says `WouldBlock`) is cleared and polled
-/// again, which registers the task's waker.
+/// again, which registers the task's waker. A successful `ack` clears the readiness too: by
+/// [`Notifier::ack`](crate::Notifier::ack)'s contract it consumed everything pending.
 fn poll_acked<T: AsRawFd>(
     afd: &AsyncFd<T>,
     cx: &mut std::task::Context<'_>,
@@ -39,6 +40,14 @@ fn poll_acked<T: AsRawFd>(
             Poll::Pending => return Poll::Pending,
             Poll::Ready(Err(e)) => return Poll::Ready(Err(Error::Io { op, source: e })),
             Poll::Ready(Ok(mut g)) => match g.try_io(|h| ack(h.get_ref())) {
+                Ok(Ok(())) => {
+                    // `Notifier::ack` consumed every pending notification, so the fd is no
+                    // longer readable: say so now, rather than pay a read that finds nothing
+                    // at the next sleep. (A notification after the ack is a new edge, and
+                    // tokio keeps readiness that came after this guard's.)
+                    g.clear_ready();
+                    return Poll::Ready(Ok(Ok(())));
+                }
                 Ok(r) => return Poll::Ready(Ok(r)),
                 Err(_would_block) => continue,
             },
