@@ -4,7 +4,7 @@
 //! client [`connect`]s and sends a `Hello` (see [`crate::handshake`]) carrying
 //! its token, queue-pair endpoint, the regions it grants and the layers'
 //! sections (the ring's parameters among them) —
-//! on shm the regions' memfds, its receive queue and its eventfd travel along
+//! on shm the regions' memfds, its receive queue and its doorbell travel along
 //! as `SCM_RIGHTS`. The server checks version and token, answers `Accept` with
 //! its own grants (or `Reject` with a reason) and both sides attach their queue
 //! pairs to each other. One round trip; resources can come pre-made from a
@@ -26,8 +26,9 @@
 //!   (and closed on every path) from the moment it arrives, truncated control
 //!   data included; a hello carries at most `MAX_REGIONS + 2` (18).
 //! * **Kinds.** Regions and the receive queue must be memfds sealed against
-//!   shrinking and growing, at least as long as claimed; the eventfd must be
-//!   an eventfd, and is written without blocking.
+//!   shrinking and growing, at least as long as claimed; the doorbell must be
+//!   a Unix stream socket, and is written with `MSG_DONTWAIT` (never
+//!   blocks, whatever the peer does to its end).
 //! * **Memory.** At most [`crate::handshake::MAX_REGIONS`] (16) regions per
 //!   hello; at most [`HandshakeConfig::max_grant_bytes`] (default 1 GiB +
 //!   64 MiB) granted in one handshake, on both sides; at most

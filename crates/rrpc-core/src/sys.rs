@@ -306,76 +306,182 @@ pub(crate) fn check_peer_memfd(fd: BorrowedFd<'_>, len: u64, what: &str) -> Resu
     Ok(())
 }
 
-/// Checks that a peer's fd is an eventfd (and not, say, a pipe, whose
-/// writes could block or whose reader could be anything).
+/// Our end of a doorbell a peer rings: the read end of a pipe (the shm
+/// provider's receive queue channel). The peer gets the write end
+/// ([`BellRx::peer_end`]) and writes a byte to wake us.
 ///
-/// `/proc/self/fd/N` names an eventfd `anon_inode:[eventfd]`. Without
-/// `/proc`, the fd must at least be an anonymous inode (the inode every
-/// eventfd shares): that excludes pipes, sockets and files, and writing
-/// 8 bytes to the other anonymous-inode kinds fails instead of blocking.
-///
-/// # Errors
-/// [`Error::MalformedHandshake`] naming the fd's kind.
-pub(crate) fn check_peer_eventfd(fd: BorrowedFd<'_>) -> Result<()> {
-    let link = format!("/proc/self/fd/{}", fd.as_raw_fd());
-    let kind = match std::fs::read_link(&link) {
-        Ok(target) => target.to_string_lossy().into_owned(),
-        Err(_) => {
-            let theirs = nix::sys::stat::fstat(fd).map_err(|e| Error::nix("fstat", e))?;
-            let ours = EventFd::new()?;
-            let ours = nix::sys::stat::fstat(ours.as_fd()).map_err(|e| Error::nix("fstat", e))?;
-            if (theirs.st_dev, theirs.st_ino) == (ours.st_dev, ours.st_ino) {
-                return Ok(());
-            }
-            format!("file of mode {:#o}", theirs.st_mode)
-        }
-    };
-    if kind == "anon_inode:[eventfd]" {
-        return Ok(());
-    }
-    Err(Error::MalformedHandshake(format!(
-        "peer eventfd is not an eventfd but {kind}"
-    )))
+/// A pipe, not an eventfd: its two ends are two file descriptions, so
+/// nothing the peer does to its end (clearing `O_NONBLOCK`, say) reaches
+/// ours, and the peer's end is written with `pwritev2(RWF_NOWAIT)`, which
+/// is non-blocking per call whatever any flag says. An eventfd is one
+/// description both processes share, and the kernel has no per-call
+/// non-blocking eventfd write: a peer that cleared `O_NONBLOCK` and filled
+/// its counter at the right moment could block our writer, and with it
+/// every connection its thread serves. (A Unix socket pair is as safe and
+/// was measured ~2.7 µs per wake-up slower on the HTTP/2 path on one CPU;
+/// docs/measured.md.)
+#[derive(Debug)]
+pub(crate) struct BellRx {
+    fd: OwnedFd,
+    peer: OwnedFd,
 }
 
-/// A peer's eventfd, written to wake the peer. The peer shares this file
-/// description and can change its flags and counter at any time, so no write
-/// may rely on them: see [`Self::notify`].
+/// Bytes one [`BellRx::drain`] reads at most: a peer that writes more than
+/// that only wakes itself spuriously later.
+const BELL_DRAIN_MAX: usize = 16 * 1024;
+
+impl BellRx {
+    /// A new doorbell: our end and the end the peer receives.
+    ///
+    /// # Errors
+    /// [`Error::Io`] when the kernel refuses a pipe (out of descriptors).
+    pub(crate) fn new() -> Result<BellRx> {
+        let (fd, peer) = nix::unistd::pipe2(OFlag::O_CLOEXEC | OFlag::O_NONBLOCK)
+            .map_err(|e| Error::nix("doorbell pipe", e))?;
+        Ok(BellRx { fd, peer })
+    }
+
+    /// The end to pass to the peer (it stays open here too, for a later
+    /// handshake of the same queue pair).
+    pub(crate) fn peer_end(&self) -> BorrowedFd<'_> {
+        self.peer.as_fd()
+    }
+
+    /// Consumes the rings pending; returns how many bytes were read (0 if
+    /// none). Never blocks: our read end's `O_NONBLOCK` is ours alone.
+    ///
+    /// # Errors
+    /// [`Error::Io`] for a failed read other than "nothing pending".
+    pub(crate) fn drain(&self) -> Result<u64> {
+        let mut buf = [0u8; 256];
+        let mut total = 0u64;
+        while (total as usize) < BELL_DRAIN_MAX {
+            match nix::unistd::read(&self.fd, &mut buf) {
+                Ok(0) => break,
+                Ok(n) => {
+                    total += n as u64;
+                    if n < buf.len() {
+                        break;
+                    }
+                }
+                Err(Errno::EINTR) => {}
+                Err(Errno::EAGAIN) => break,
+                Err(e) => return Err(Error::nix("doorbell read", e)),
+            }
+        }
+        Ok(total)
+    }
+}
+
+impl AsFd for BellRx {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+}
+
+/// Whether `pwritev2(RWF_NOWAIT)` works on pipes here: 0 untried, 1 yes, 2 no.
+static NOWAIT_WRITE: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
+
+/// The peer's doorbell ([`BellRx`]'s write end, passed to us): a byte
+/// written to it wakes the peer.
 #[derive(Debug)]
-pub(crate) struct PeerEventFd {
+pub(crate) struct PeerBell {
     fd: OwnedFd,
 }
 
-impl PeerEventFd {
-    /// Checks the kind ([`check_peer_eventfd`]) and makes the fd
-    /// non-blocking.
+impl PeerBell {
+    /// Checks the kind ([`check_peer_bell`]).
     ///
     /// # Errors
-    /// [`Error::MalformedHandshake`] for a wrong kind; [`Error::Io`].
-    pub(crate) fn new(fd: OwnedFd) -> Result<PeerEventFd> {
-        check_peer_eventfd(fd.as_fd())?;
-        ensure_nonblocking(fd.as_fd())?;
-        Ok(PeerEventFd { fd })
+    /// [`Error::MalformedHandshake`] for a wrong kind.
+    pub(crate) fn new(fd: OwnedFd) -> Result<PeerBell> {
+        check_peer_bell(fd.as_fd())?;
+        Ok(PeerBell { fd })
     }
 
-    /// Adds 1 to the peer's counter, without blocking.
+    /// Rings: one byte, never blocking. A full pipe means the peer has
+    /// wake-ups pending already; a broken one, that the peer left (its side
+    /// channel reports that): neither is an error. (A write to a pipe whose
+    /// reader is gone raises `SIGPIPE`, which Rust programs ignore.)
     ///
-    /// A write to an eventfd blocks only when the counter is at its maximum
-    /// and the description is blocking. We skip the write when `poll` says
-    /// the counter is full (the peer is then readable, i.e. already
-    /// notified), restore `O_NONBLOCK` if the peer cleared it, and take
-    /// `EAGAIN` as "already notified".
+    /// Kernels without `RWF_NOWAIT` on pipes get a `poll` for room, our
+    /// `O_NONBLOCK` restored and a plain `write`: a peer that clears the
+    /// flag and fills its pipe in the few instructions between our `fcntl`
+    /// and the write can still make that write wait until it reads.
     ///
-    /// Residual window: the kernel has no per-call non-blocking eventfd
-    /// write, so a peer that clears `O_NONBLOCK` *and* fills its counter in
-    /// the few instructions between our `fcntl` and `write` can still make
-    /// this write wait until it reads its eventfd.
+    /// # Errors
+    /// [`Error::Io`] for any other failed write.
     pub(crate) fn notify(&self) -> Result<()> {
-        if !ready_now(self.fd.as_fd(), PollFlags::POLLOUT)? {
-            return Ok(()); // counter full: the peer is readable already
+        let one = [1u8];
+        if NOWAIT_WRITE.load(Ordering::Relaxed) != 2 && !cfg!(miri) {
+            let iov = libc::iovec {
+                iov_base: one.as_ptr() as *mut libc::c_void,
+                iov_len: 1,
+            };
+            loop {
+                // SAFETY: `iov` describes `one`, 1 readable byte that outlives
+                // the call (the kernel only reads it); `fd` is open and
+                // borrowed for the call; offset -1: the file position (a pipe
+                // has none).
+                let n = unsafe { libc::pwritev2(self.fd.as_raw_fd(), &iov, 1, -1, libc::RWF_NOWAIT) };
+                if n >= 0 {
+                    NOWAIT_WRITE.store(1, Ordering::Relaxed);
+                    return Ok(());
+                }
+                match Errno::last() {
+                    Errno::EAGAIN | Errno::EPIPE => return Ok(()),
+                    Errno::EINTR => {}
+                    Errno::EOPNOTSUPP | Errno::EINVAL | Errno::ENOSYS => {
+                        NOWAIT_WRITE.store(2, Ordering::Relaxed);
+                        break;
+                    }
+                    e => return Err(Error::nix("peer doorbell write", e)),
+                }
+            }
         }
-        ensure_nonblocking(self.fd.as_fd())?;
-        add_one(self.fd.as_fd()).map_err(|e| Error::nix("peer eventfd write", e))
+        match poll(
+            &mut [PollFd::new(self.fd.as_fd(), PollFlags::POLLOUT)],
+            PollTimeout::ZERO,
+        ) {
+            Ok(0) => return Ok(()), // full: the peer is readable already
+            Ok(_) | Err(Errno::EINTR) => {}
+            Err(e) => return Err(Error::nix("poll", e)),
+        }
+        let flags = fcntl(&self.fd, FcntlArg::F_GETFL).map_err(|e| Error::nix("fcntl(F_GETFL)", e))?;
+        let flags = OFlag::from_bits_retain(flags);
+        if !flags.contains(OFlag::O_NONBLOCK) {
+            fcntl(&self.fd, FcntlArg::F_SETFL(flags | OFlag::O_NONBLOCK))
+                .map_err(|e| Error::nix("fcntl(F_SETFL)", e))?;
+        }
+        match nix::unistd::write(&self.fd, &one) {
+            Ok(_) | Err(Errno::EAGAIN | Errno::EPIPE) => Ok(()),
+            Err(e) => Err(Error::nix("peer doorbell write", e)),
+        }
+    }
+}
+
+/// Checks that a peer's doorbell is the write end of a pipe: writing a
+/// byte to it then never blocks ([`PeerBell::notify`]) and never leaves the
+/// host.
+///
+/// # Errors
+/// [`Error::MalformedHandshake`] naming what the fd is instead.
+pub(crate) fn check_peer_bell(fd: BorrowedFd<'_>) -> Result<()> {
+    let bad = |why: String| Err(Error::MalformedHandshake(format!("peer doorbell {why}")));
+    let st = match nix::sys::stat::fstat(fd) {
+        Ok(st) => st,
+        Err(e) => return bad(format!("cannot be inspected: {e}")),
+    };
+    if st.st_mode & libc::S_IFMT != libc::S_IFIFO {
+        let kind = std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd()))
+            .map(|t| t.to_string_lossy().into_owned())
+            .unwrap_or_else(|_| format!("a file of mode {:#o}", st.st_mode));
+        return bad(format!("is not a pipe but {kind}"));
+    }
+    match fcntl(fd, FcntlArg::F_GETFL) {
+        Ok(fl) if OFlag::from_bits_retain(fl) & OFlag::O_ACCMODE == OFlag::O_WRONLY => Ok(()),
+        Ok(_) => bad("is a pipe, but not its write end".into()),
+        Err(e) => bad(format!("cannot be inspected: {e}")),
     }
 }
 
@@ -385,71 +491,6 @@ fn add_one(fd: BorrowedFd<'_>) -> nix::Result<()> {
     match nix::unistd::write(fd, &1u64.to_ne_bytes()) {
         Ok(_) | Err(Errno::EAGAIN) => Ok(()),
         Err(e) => Err(e),
-    }
-}
-
-/// Sets `O_NONBLOCK` on `fd` unless it is set already.
-fn ensure_nonblocking(fd: BorrowedFd<'_>) -> Result<()> {
-    let flags = fcntl(fd, FcntlArg::F_GETFL).map_err(|e| Error::nix("fcntl(F_GETFL)", e))?;
-    let flags = OFlag::from_bits_retain(flags);
-    if !flags.contains(OFlag::O_NONBLOCK) {
-        fcntl(fd, FcntlArg::F_SETFL(flags | OFlag::O_NONBLOCK))
-            .map_err(|e| Error::nix("fcntl(F_SETFL)", e))?;
-    }
-    Ok(())
-}
-
-/// Whether `fd` is ready for `events` right now (`poll` with a zero
-/// timeout; an interrupted poll counts as ready, the caller's non-blocking
-/// call then decides).
-fn ready_now(fd: BorrowedFd<'_>, events: PollFlags) -> Result<bool> {
-    match poll(&mut [PollFd::new(fd, events)], PollTimeout::ZERO) {
-        Ok(n) => Ok(n > 0),
-        Err(Errno::EINTR) => Ok(true),
-        Err(e) => Err(Error::nix("poll", e)),
-    }
-}
-
-/// Whether `preadv2(RWF_NOWAIT)` works on eventfds here: 0 untried, 1 yes, 2 no.
-static NOWAIT_READ: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
-
-/// Reads and resets an eventfd's counter without blocking, whatever its
-/// `O_NONBLOCK` flag says (`preadv2` with `RWF_NOWAIT`): `Some(0)` when
-/// nothing is pending, `None` when the kernel does not offer it (then never
-/// tried again).
-fn read_nowait(fd: BorrowedFd<'_>) -> Result<Option<u64>> {
-    if NOWAIT_READ.load(Ordering::Relaxed) == 2 || cfg!(miri) {
-        return Ok(None);
-    }
-    let mut buf = [0u8; 8];
-    let iov = libc::iovec {
-        iov_base: buf.as_mut_ptr().cast(),
-        iov_len: buf.len(),
-    };
-    loop {
-        // SAFETY: `iov` describes `buf`, 8 writable bytes that outlive the
-        // call; `fd` is an open descriptor borrowed for the call; offset -1
-        // means the file position (an eventfd has none to move).
-        let n = unsafe { libc::preadv2(fd.as_raw_fd(), &iov, 1, -1, libc::RWF_NOWAIT) };
-        if n == 8 {
-            NOWAIT_READ.store(1, Ordering::Relaxed);
-            return Ok(Some(u64::from_ne_bytes(buf)));
-        }
-        match Errno::last() {
-            _ if n >= 0 => {
-                return Err(Error::nix("eventfd read", Errno::EIO));
-            }
-            Errno::EAGAIN => {
-                NOWAIT_READ.store(1, Ordering::Relaxed);
-                return Ok(Some(0));
-            }
-            Errno::EINTR => continue,
-            Errno::EOPNOTSUPP | Errno::EINVAL | Errno::ENOSYS => {
-                NOWAIT_READ.store(2, Ordering::Relaxed);
-                return Ok(None);
-            }
-            e => return Err(Error::nix("eventfd read", e)),
-        }
     }
 }
 
@@ -482,26 +523,6 @@ impl EventFd {
         add_one(self.fd.as_fd()).map_err(|e| Error::nix("eventfd write", e))
     }
 
-    /// [`Self::drain`] for an eventfd whose description a peer shares (our
-    /// receive queue's, which the peer writes to wake us): the peer may have
-    /// cleared `O_NONBLOCK` and may drain the counter itself, so skip the
-    /// read when nothing is pending and restore `O_NONBLOCK` before reading.
-    /// Same residual window as [`PeerEventFd::notify`].
-    ///
-    /// Where the kernel offers a per-call non-blocking eventfd read
-    /// (`preadv2` with `RWF_NOWAIT`, Linux 5.12 and later), that is one
-    /// system call with no window at all; older kernels take the path above.
-    pub(crate) fn drain_shared(&self) -> Result<u64> {
-        if let Some(n) = read_nowait(self.fd.as_fd())? {
-            return Ok(n);
-        }
-        if !ready_now(self.fd.as_fd(), PollFlags::POLLIN)? {
-            return Ok(0);
-        }
-        ensure_nonblocking(self.fd.as_fd())?;
-        self.drain()
-    }
-
     /// Reads and resets the counter; returns the number of events (0 if none).
     ///
     /// # Errors
@@ -512,11 +533,6 @@ impl EventFd {
             Err(Errno::EAGAIN) => Ok(0),
             Err(e) => Err(Error::nix("eventfd read", e)),
         }
-    }
-
-    #[cfg(test)]
-    pub(crate) fn into_owned(self) -> OwnedFd {
-        OwnedFd::from(self.fd)
     }
 }
 
@@ -548,21 +564,49 @@ pub(crate) fn random_u32() -> u32 {
 mod tests {
     use super::*;
 
-    /// The one-syscall drain reads a blocking eventfd (a peer cleared
-    /// `O_NONBLOCK`) without blocking, and reads what was added.
+    /// A ring is a byte the drain counts; a full doorbell and a gone peer
+    /// are no error for the ringer, and nothing blocks.
     #[test]
     #[cfg_attr(miri, ignore = "system calls")]
-    fn read_nowait_never_blocks_and_reads_the_counter() {
-        let ev = NixEventFd::from_value_and_flags(0, EfdFlags::EFD_CLOEXEC).unwrap();
-        let Some(n) = read_nowait(ev.as_fd()).unwrap() else {
-            eprintln!("skipped: no preadv2(RWF_NOWAIT) on eventfds in this kernel");
-            return;
-        };
-        assert_eq!(n, 0);
-        add_one(ev.as_fd()).unwrap();
-        add_one(ev.as_fd()).unwrap();
-        assert_eq!(read_nowait(ev.as_fd()).unwrap(), Some(2));
-        assert_eq!(read_nowait(ev.as_fd()).unwrap(), Some(0));
+    fn a_doorbell_rings_drains_and_never_blocks() {
+        let rx = BellRx::new().unwrap();
+        let tx = PeerBell::new(rx.peer_end().try_clone_to_owned().unwrap()).unwrap();
+        assert_eq!(rx.drain().unwrap(), 0);
+        tx.notify().unwrap();
+        tx.notify().unwrap();
+        assert_eq!(rx.drain().unwrap(), 2);
+        assert_eq!(rx.drain().unwrap(), 0);
+        // More rings than the pipe holds (64 KiB by default): the rest are
+        // no-ops, none blocks, and each drain reads at most its bound.
+        for _ in 0..70_000 {
+            tx.notify().unwrap();
+        }
+        let mut got = 0;
+        loop {
+            let n = rx.drain().unwrap();
+            assert!(n as usize <= BELL_DRAIN_MAX);
+            if n == 0 {
+                break;
+            }
+            got += n;
+        }
+        assert!(got > 0 && got < 70_000, "{got}");
+        // The peer leaves: ringing is still not an error.
+        drop(rx);
+        tx.notify().unwrap();
+    }
+
+    /// The peer's doorbell must be a pipe's write end.
+    #[test]
+    #[cfg_attr(miri, ignore = "system calls")]
+    fn a_peer_doorbell_must_be_a_pipes_write_end() {
+        let ev = EventFd::new().unwrap();
+        let e = PeerBell::new(ev.as_fd().try_clone_to_owned().unwrap()).unwrap_err();
+        assert!(matches!(e, Error::MalformedHandshake(ref m) if m.contains("eventfd")), "{e}");
+        let rx = BellRx::new().unwrap();
+        let e = PeerBell::new(rx.as_fd().try_clone_to_owned().unwrap()).unwrap_err();
+        assert!(matches!(e, Error::MalformedHandshake(ref m) if m.contains("write end")), "{e}");
+        PeerBell::new(rx.peer_end().try_clone_to_owned().unwrap()).unwrap();
     }
 
     #[test]

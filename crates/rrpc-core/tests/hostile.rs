@@ -75,6 +75,13 @@ fn sealed(len: u64) -> OwnedFd {
     memfd(len, SealFlag::F_SEAL_SHRINK | SealFlag::F_SEAL_GROW)
 }
 
+/// A doorbell as an honest peer passes it: a pipe's write end (sent), and
+/// its read end (kept).
+fn bell() -> (OwnedFd, OwnedFd) {
+    let (r, w) = nix::unistd::pipe2(OFlag::O_CLOEXEC | OFlag::O_NONBLOCK).unwrap();
+    (w, r)
+}
+
 /// Receive-queue geometry a hostile peer claims: capacity 4, the smallest
 /// length that holds it.
 const CQ_CAP: u64 = 4;
@@ -221,7 +228,7 @@ fn too_many_fds_never_leak_and_get_a_reject() {
 /// Sends a hello granting one 4 KiB region with the given fds and returns
 /// the server's error and the client's answer.
 /// A hand-made shm hello for one region of `len` bytes, sent with `fds`
-/// (the region, the receive queue, the eventfd), which `l` accepts. Returns
+/// (the region, the receive queue, the doorbell), which `l` accepts. Returns
 /// the server's connection and the client's socket (the peer stays while
 /// it is open).
 fn hand_made_hello_accepted(
@@ -262,19 +269,47 @@ fn hello_with(
     })
 }
 
+/// The doorbell must be a pipe's write end: a pipe's read end, an eventfd
+/// (whose one description the peer shares with us: a peer that clears
+/// `O_NONBLOCK` could block our writes), a Unix socket or a TCP socket
+/// (bytes that leave the host) are refused by name.
 #[test]
-fn pipe_as_eventfd_is_refused() {
+fn anything_but_a_pipes_write_end_as_doorbell_is_refused() {
+    use nix::sys::socket::{AddressFamily, SockFlag, SockType, socket, socketpair};
     let _g = serial();
     let (l, ep, path) = bind("kind", HandshakeConfig::default());
     let region = sealed(4096);
     let cq = sealed(CQ_LEN);
-    let (_r, w) = nix::unistd::pipe().unwrap();
-    let (e, answer) = hello_with(&l, &path, &[4096], &[region.as_fd(), cq.as_fd(), w.as_fd()]);
-    assert!(
-        matches!(e, Error::MalformedHandshake(ref m) if m.contains("eventfd")),
-        "{e}"
-    );
-    assert!(reject_reason(answer).contains("eventfd"));
+    let (_w, pipe_r) = bell();
+    let ev: OwnedFd = nix::sys::eventfd::EventFd::new().unwrap().into();
+    let (unix, _u) = socketpair(
+        AddressFamily::Unix,
+        SockType::Stream,
+        None,
+        SockFlag::SOCK_CLOEXEC,
+    )
+    .unwrap();
+    let tcp = socket(
+        AddressFamily::Inet,
+        SockType::Stream,
+        SockFlag::SOCK_CLOEXEC,
+        None,
+    )
+    .unwrap();
+    for (what, fd, says) in [
+        ("pipe read end", pipe_r.as_fd(), "not its write end"),
+        ("eventfd", ev.as_fd(), "eventfd"),
+        ("Unix socket", unix.as_fd(), "socket"),
+        ("TCP socket", tcp.as_fd(), "socket"),
+    ] {
+        let (e, answer) = hello_with(&l, &path, &[4096], &[region.as_fd(), cq.as_fd(), fd]);
+        assert!(
+            matches!(e, Error::MalformedHandshake(ref m) if m.contains("doorbell") && m.contains(says)),
+            "{what}: {e}"
+        );
+        let why = reject_reason(answer);
+        assert!(why.contains("doorbell"), "{what}: {why}");
+    }
     honest_connect(&l, &ep);
 }
 
@@ -282,7 +317,7 @@ fn pipe_as_eventfd_is_refused() {
 fn wrong_memory_objects_are_refused() {
     let _g = serial();
     let (l, ep, path) = bind("mem", HandshakeConfig::default());
-    let ev = nix::sys::eventfd::EventFd::new().unwrap();
+    let (ev, _bell_rx) = bell();
     let good = sealed(4096);
     let cq = sealed(CQ_LEN);
     let (pr, _pw) = nix::unistd::pipe().unwrap();
@@ -311,20 +346,16 @@ fn wrong_memory_objects_are_refused() {
     honest_connect(&l, &ep);
 }
 
-/// A peer that clears `O_NONBLOCK` on its eventfd and fills its counter
-/// must not block our `WRITE_WITH_IMM`.
+/// A peer that clears `O_NONBLOCK` on its doorbell and fills it must not
+/// block our `WRITE_WITH_IMM`: the ring is written with
+/// `pwritev2(RWF_NOWAIT)`, which no flag of the peer's can undo.
 #[test]
-fn peer_eventfd_that_would_block_never_blocks_a_post() {
+fn peer_doorbell_that_would_block_never_blocks_a_post() {
     let _g = serial();
     let (l, _ep, path) = bind("evblock", HandshakeConfig::default());
     let region = sealed(4096);
     let cq = sealed(CQ_LEN);
-    // A blocking eventfd (no EFD_NONBLOCK).
-    let ev = nix::sys::eventfd::EventFd::from_value_and_flags(
-        0,
-        nix::sys::eventfd::EfdFlags::EFD_CLOEXEC,
-    )
-    .unwrap();
+    let (ev, _ev_rx) = bell();
     let fabric = Fabric::shm();
     let bytes = Message::Hello(shm_hello(&[4096])).encode().unwrap();
     let server = {
@@ -339,12 +370,21 @@ fn peer_eventfd_that_would_block_never_blocks_a_post() {
     let s = UnixStream::connect(&path).unwrap();
     send_with_fds(&s, &bytes, &[region.as_fd(), cq.as_fd(), ev.as_fd()]);
     let (c, _l) = server.join().unwrap().expect("a valid hello is accepted");
-    // The peer posts receives, arms its queue, then makes its eventfd
-    // blocking again and fills its counter to the maximum.
+    // The peer posts receives, arms its queue, fills the doorbell's pipe
+    // (nobody reads the other end) and makes it blocking.
     nix::sys::uio::pwrite(&cq, &8u64.to_ne_bytes(), 72).unwrap(); // POSTED
     nix::sys::uio::pwrite(&cq, &1u64.to_ne_bytes(), 128).unwrap(); // ARMED
+    let chunk = [0u8; 4096];
+    let mut filled = 0usize;
+    loop {
+        match nix::unistd::write(&ev, &chunk) {
+            Ok(n) => filled += n,
+            Err(nix::errno::Errno::EAGAIN) => break,
+            Err(e) => panic!("filling the doorbell: {e}"),
+        }
+    }
+    assert!(filled > 0);
     fcntl(&ev, FcntlArg::F_SETFL(OFlag::empty())).unwrap();
-    ev.write(u64::MAX - 1).unwrap();
     let local = fabric.alloc_region(4096).unwrap();
     let remote = c.peer().region(1).unwrap();
     let (tx, rx) = std::sync::mpsc::channel();
@@ -357,11 +397,10 @@ fn peer_eventfd_that_would_block_never_blocks_a_post() {
     });
     let r = rx
         .recv_timeout(Duration::from_secs(10))
-        .expect("post_write_imm blocked on the peer's eventfd");
+        .expect("post_write_imm blocked on the peer's doorbell");
     assert!(r.is_ok(), "{r:?}");
     poster.join().unwrap();
-    // The entry reached the peer's queue (PROD word = 1) and the peer is
-    // still readable.
+    // The entry reached the peer's queue (PROD word = 1).
     let mut word = [0u8; 8];
     nix::sys::uio::pread(&cq, &mut word, 0).unwrap();
     assert_eq!(u64::from_ne_bytes(word), 1);
@@ -380,7 +419,7 @@ fn terabyte_grant_is_refused() {
     let (l, ep, path) = bind("tib", HandshakeConfig::default());
     let huge = sealed(TIB);
     let cq = sealed(CQ_LEN);
-    let ev = nix::sys::eventfd::EventFd::new().unwrap();
+    let (ev, _bell_rx) = bell();
     let (e, answer) = hello_with(&l, &path, &[TIB], &[huge.as_fd(), cq.as_fd(), ev.as_fd()]);
     assert!(
         matches!(e, Error::LimitExceeded { requested, limit, .. }
@@ -409,7 +448,7 @@ fn total_budget_is_enforced_and_released() {
         .build()
         .unwrap();
     let (l, ep, path) = bind("budget", cfg);
-    let ev = nix::sys::eventfd::EventFd::new().unwrap();
+    let (ev, _bell_rx) = bell();
     let cq = sealed(CQ_LEN);
     // A first peer takes 2 MiB (+ its queue) and is accepted.
     let two = sealed(2 * MIB);
@@ -449,7 +488,7 @@ fn client_refuses_terabyte_accept() {
         let _ = (&s).read(&mut buf);
         let huge = sealed(TIB);
         let cq = sealed(CQ_LEN);
-        let ev = nix::sys::eventfd::EventFd::new().unwrap();
+        let (ev, _bell_rx) = bell();
         let bytes = Message::Accept(shm_hello(&[TIB])).encode().unwrap();
         send_with_fds(&s, &bytes, &[huge.as_fd(), cq.as_fd(), ev.as_fd()]);
         let _ = (&s).read(&mut buf); // until the client hangs up
@@ -556,11 +595,12 @@ fn trickling_server_is_cut_off_at_the_deadline() {
     assert!(took < Duration::from_secs(4), "connect held for {took:?}");
 }
 
-/// Our receive queue's eventfd is shared with the peer (it writes it to wake
-/// us). A peer that clears `O_NONBLOCK` on it and drains it must not make
-/// our `ack_events` block.
+/// The peer holds the other end of our receive queue's doorbell (it writes
+/// it to wake us). A peer that clears `O_NONBLOCK` on its end must not make
+/// our `ack_events` block (the ends are two file descriptions, and we read
+/// our end, whose `O_NONBLOCK` is ours alone).
 #[test]
-fn peer_clearing_nonblock_on_our_eventfd_never_blocks_ack_events() {
+fn peer_clearing_nonblock_on_our_doorbell_never_blocks_ack_events() {
     let _g = serial();
     let path = sock_path("ourev");
     let ls = UnixListener::bind(&path).unwrap();
@@ -584,11 +624,11 @@ fn peer_clearing_nonblock_on_our_eventfd_never_blocks_ack_events() {
                 fds.extend(received);
             }
         }
-        // The client's hello carries its receive queue and its eventfd last.
-        got_fd.send(fds.pop().expect("client eventfd")).unwrap();
+        // The client's hello carries its receive queue and its doorbell last.
+        got_fd.send(fds.pop().expect("client doorbell")).unwrap();
         let region = sealed(4096);
         let cq = sealed(CQ_LEN);
-        let ev = nix::sys::eventfd::EventFd::new().unwrap();
+        let (ev, _bell_rx) = bell();
         let bytes = Message::Accept(shm_hello(&[4096])).encode().unwrap();
         send_with_fds(&s, &bytes, &[region.as_fd(), cq.as_fd(), ev.as_fd()]);
         let _ = (&s).read(&mut buf[..1]); // until the client hangs up
@@ -602,7 +642,7 @@ fn peer_clearing_nonblock_on_our_eventfd_never_blocks_ack_events() {
     )
     .expect("the hostile server's accept is well formed");
     let theirs = fd_rx.recv().unwrap();
-    // The peer makes our eventfd blocking; its counter is 0.
+    // The peer makes its end of our doorbell blocking; nothing is pending.
     fcntl(&theirs, FcntlArg::F_SETFL(OFlag::empty())).unwrap();
     let (tx, rx) = std::sync::mpsc::channel();
     let acker = std::thread::spawn(move || {
@@ -612,7 +652,7 @@ fn peer_clearing_nonblock_on_our_eventfd_never_blocks_ack_events() {
     });
     let r = rx
         .recv_timeout(Duration::from_secs(10))
-        .expect("ack_events blocked on an eventfd the peer made blocking");
+        .expect("ack_events blocked on a doorbell the peer made blocking");
     assert_eq!(r, Ok(0));
     drop(acker.join().unwrap());
     server.join().unwrap();
@@ -653,7 +693,7 @@ fn greedy_peer_child() {
     };
     let (path, first) = spec.split_once('|').expect("path|grant");
     let mut len: u64 = first.parse().expect("grant");
-    let ev = nix::sys::eventfd::EventFd::new().unwrap();
+    let (ev, _bell_rx) = bell();
     let cq = sealed(CQ_LEN);
     let (mut held, mut accepted) = (Vec::new(), 0u64);
     let refusal = loop {
@@ -747,7 +787,7 @@ fn one_peer_at_its_maximum_locks_no_one_out() {
     });
     // Honest clients (this process) keep connecting, and hold connections
     // next to the greedy one.
-    let ev = nix::sys::eventfd::EventFd::new().unwrap();
+    let (ev, _bell_rx) = bell();
     let cq = sealed(CQ_LEN);
     let mut honest = Vec::new();
     for _ in 0..4 {

@@ -234,11 +234,11 @@ impl Incoming {
     /// bounded by the handshake timeout (counted from this call).
     ///
     /// On shm the client's descriptors are checked before anything is
-    /// mapped: one per region plus its receive queue and its eventfd;
+    /// mapped: one per region plus its receive queue and its doorbell;
     /// regions and receive queue must be memfds sealed against shrinking
     /// and growing (not against writes) and at least as long as claimed; the
-    /// eventfd must be an eventfd, and is made non-blocking (we never block
-    /// writing to it).
+    /// doorbell must be a Unix stream socket, written with `MSG_DONTWAIT`
+    /// (we never block writing to it).
     ///
     /// # Errors
     /// [`Error::MalformedHandshake`] naming the descriptor if the client's

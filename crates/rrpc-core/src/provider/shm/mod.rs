@@ -9,7 +9,8 @@
 //! * A READ is a copy out of the peer's mapping.
 //! * A WRITE_WITH_IMM additionally appends `(imm, len)` to the peer's receive
 //!   completion queue — a ring in shared memory the peer owns — and, if the
-//!   peer armed it, writes the peer's eventfd.
+//!   peer armed it, rings the peer's doorbell (a byte on a Unix socket pair
+//!   whose other end the peer passed us; `sys::BellRx`).
 //!
 //! Completions of our own WRITE/READ are produced at post time (the copy is
 //! synchronous) and appear at the next poll of the send queue, unless
@@ -34,7 +35,7 @@ use crate::fault::FaultConfig;
 use crate::handshake::Hello;
 use crate::region::{Local, Remote, RemoteRegion};
 use crate::settings::QpConfig;
-use crate::sys::{EventFd, Mapping, PeerEventFd};
+use crate::sys::{BellRx, EventFd, Mapping, PeerBell};
 use crate::work::{Completion, Opcode, SendOp, Status};
 
 // ---------------------------------------------------------------------------
@@ -230,7 +231,7 @@ pub(crate) struct RecvCq {
     map: Mapping,
     cap: u64,
     state: Mutex<RecvState>,
-    channel: EventFd,
+    channel: BellRx,
     misses: PollMisses,
 }
 
@@ -250,7 +251,7 @@ impl RecvCq {
             map,
             cap,
             state: Mutex::new(RecvState::default()),
-            channel: EventFd::new()?,
+            channel: BellRx::new()?,
             misses: PollMisses::new(miss_every),
         })
     }
@@ -316,8 +317,7 @@ impl RecvCq {
         self.channel.as_fd()
     }
     pub(crate) fn ack_events(&self) -> Result<u64> {
-        // The peer holds this eventfd too.
-        self.channel.drain_shared()
+        self.channel.drain()
     }
 }
 
@@ -328,7 +328,7 @@ struct PeerCq {
     cap: u64,
     /// Our own count of entries produced; never re-read from shared memory.
     prod: Mutex<u64>,
-    eventfd: PeerEventFd,
+    bell: PeerBell,
 }
 
 impl PeerCq {
@@ -356,7 +356,7 @@ impl PeerCq {
         word(&self.map, layout::PROD).store(prod + 1, Ordering::SeqCst);
         let armed = word(&self.map, layout::ARMED);
         if armed.load(Ordering::SeqCst) != 0 && armed.swap(0, Ordering::SeqCst) != 0 {
-            self.eventfd.notify()?;
+            self.bell.notify()?;
         }
         Ok(())
     }
@@ -441,7 +441,7 @@ struct Peer {
     _budget: Option<crate::conn::budget::BudgetGuard>,
 }
 
-/// What the peer must receive to become our remote: our receive queue and its eventfd.
+/// What the peer must receive to become our remote: our receive queue and its doorbell.
 #[derive(Debug)]
 pub(crate) struct ShmEndpoint<'a> {
     pub(crate) cq_fd: std::os::fd::BorrowedFd<'a>,
@@ -559,7 +559,7 @@ impl ShmQp {
             cq_fd: r.map.fd(),
             cq_len: r.map.len() as u64,
             cq_cap: r.cap,
-            event_fd: r.channel.as_fd(),
+            event_fd: r.channel.peer_end(),
         }
     }
 
@@ -575,7 +575,7 @@ impl ShmQp {
                 res.cq_cap, res.cq_len
             )));
         }
-        let eventfd = PeerEventFd::new(res.event_fd)?;
+        let bell = PeerBell::new(res.event_fd)?;
         let cq_map = Mapping::map_peer(res.cq_fd, res.cq_len as usize, "receive queue")?;
         let regions = map_regions(res.regions)?;
         let peer = Peer {
@@ -585,7 +585,7 @@ impl ShmQp {
                 map: cq_map,
                 cap: res.cq_cap,
                 prod: Mutex::new(0),
-                eventfd,
+                bell,
             },
             _budget: res.budget,
         };
@@ -1008,7 +1008,8 @@ mod tests {
             map: Mapping::map_peer(fd, cq.map.len(), "receive queue").unwrap(),
             cap: cq.cap,
             prod: Mutex::new(0),
-            eventfd: PeerEventFd::new(EventFd::new().unwrap().into_owned()).unwrap(),
+            bell: PeerBell::new(BellRx::new().unwrap().peer_end().try_clone_to_owned().unwrap())
+                .unwrap(),
         };
         assert!(matches!(peer.check_room(0), Err(Error::ReceiverNotReady)));
         cq.post_recv(1).unwrap();

@@ -1,6 +1,6 @@
 //! The shm side channel: a Unix socket that carries the handshake and the
 //! descriptors of what each end grants (its regions' memfds, its receive
-//! queue and its eventfd), and the checks of what a peer passed before any
+//! queue and its doorbell socket), and the checks of what a peer passed before any
 //! of it is mapped. `rdma://`'s side channel is `provider::verbs::side`;
 //! the connection layer reaches both through `provider::side`.
 //!
@@ -259,9 +259,9 @@ pub(crate) fn make_hello<'a>(
 }
 
 /// Checks a peer's shm grants before anything is mapped: the endpoint's
-/// shape, one descriptor per region plus the receive queue and the eventfd,
+/// shape, one descriptor per region plus the receive queue and the doorbell,
 /// the total bytes against `max_bytes`, and every descriptor's kind (sealed
-/// memfds at least as long as claimed, a real eventfd). Returns the bytes
+/// memfds at least as long as claimed, a Unix stream socket). Returns the bytes
 /// that attaching will map.
 ///
 /// # Errors
@@ -287,7 +287,7 @@ pub(crate) fn check_shm_grants(h: &Hello, fds: &[OwnedFd], max_bytes: u64) -> Re
     check_region_memfds(h, fds)?;
     let n = h.regions.len();
     crate::sys::check_peer_memfd(fds[n].as_fd(), cq_len, "receive queue")?;
-    crate::sys::check_peer_eventfd(fds[n + 1].as_fd())?;
+    crate::sys::check_peer_bell(fds[n + 1].as_fd())?;
     Ok(bytes)
 }
 
