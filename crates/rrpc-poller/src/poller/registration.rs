@@ -24,6 +24,11 @@ use super::shard::{Entry, HELP_SCAN, Shard};
 use super::thread::scan;
 use super::{Inner, PROGRESS, Poller, SPIN_FIRST_YIELD, Wake, lock};
 
+/// A spin that caught its data only after this long is scored a miss
+/// ([`Registration::wait_ready`]): the same 50 µs a polling thread's spin episode may spend per
+/// reader it wakes ([`crate::backoff::GovernorConfig::min_fruitless_spin`]).
+const COSTLY_CATCH: Duration = Duration::from_micros(50);
+
 /// Polls a notification fd (an eventfd, a completion channel) and, once it is readable,
 /// consumes what is pending with `ack`: `Ready(Ok(r))` with `ack`'s result when it consumed
 /// something or failed; a spurious readiness (`ack` says `WouldBlock`) is cleared and polled
@@ -409,8 +414,13 @@ impl Registration {
                 for _ in 0..32 {
                     if self.entry.source.ready() {
                         Counters::add(&self.inner.counters.spin_hits, 1);
-                        self.tuner.observe(start.elapsed());
-                        self.tuner.spun(true);
+                        let waited = start.elapsed();
+                        self.tuner.observe(waited);
+                        // A catch that took longer than a wake-up costs more CPU than the
+                        // wake-up it saved (rrpc-tonic's HTTP/2 path spins up to 200 µs: at
+                        // low load its client spun out the server's whole wake-up, every
+                        // call): it does not count as earning.
+                        self.tuner.spun(waited < COSTLY_CATCH);
                         return Ok(());
                     }
                     std::hint::spin_loop();

@@ -297,3 +297,43 @@ fn help_scans_a_rotating_window_of_the_shard() {
         assert!(seen.iter().all(|&c| c == HELP_SCAN as u32), "len {len}: {seen:?}");
     }
 }
+
+/// A spin that catches its data only after more than a wake-up's worth of spinning (the
+/// HTTP/2 path's client at low load: it spun out the server's whole wake-up, ~100 µs, every
+/// call) is scored a miss, so the connection stops spinning; the same data a few µs away
+/// keeps it spinning.
+#[test]
+fn a_spin_that_catches_its_data_only_late_does_not_earn() {
+    rt().block_on(async {
+        let p = Poller::start(
+            PollerConfig::builder()
+                .mode(Mode::Bpev)
+                .polling_threads(1)
+                .bp_timeout(Duration::from_micros(400))
+                .auto_tune(false)
+                .build()
+                .unwrap(),
+        )
+        .unwrap();
+        const WAITS: u64 = 64;
+        let waits = |after: Duration| {
+            let src = ReadyAt::new();
+            let mut reg = p.register(src.clone()).unwrap();
+            let p = &p;
+            async move {
+                let before = p.stats();
+                for _ in 0..WAITS {
+                    src.ready_in(after);
+                    reg.wait_ready().await.unwrap();
+                    src.at_ns.store(u64::MAX, Ordering::SeqCst);
+                }
+                p.stats().since(&before)
+            }
+        };
+        let late = waits(Duration::from_micros(150)).await;
+        assert!(late.spin_skips >= WAITS / 2, "late catches stop the spin: {late:?}");
+        let soon = waits(Duration::from_micros(5)).await;
+        assert_eq!(soon.spin_skips, 0, "quick catches keep it: {soon:?}");
+        assert!(soon.spin_hits >= WAITS / 2, "{soon:?}");
+    });
+}
