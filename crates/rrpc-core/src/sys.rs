@@ -423,7 +423,8 @@ impl PeerBell {
                 // the call (the kernel only reads it); `fd` is open and
                 // borrowed for the call; offset -1: the file position (a pipe
                 // has none).
-                let n = unsafe { libc::pwritev2(self.fd.as_raw_fd(), &iov, 1, -1, libc::RWF_NOWAIT) };
+                let n =
+                    unsafe { libc::pwritev2(self.fd.as_raw_fd(), &iov, 1, -1, libc::RWF_NOWAIT) };
                 if n >= 0 {
                     NOWAIT_WRITE.store(1, Ordering::Relaxed);
                     return Ok(());
@@ -447,7 +448,8 @@ impl PeerBell {
             Ok(_) | Err(Errno::EINTR) => {}
             Err(e) => return Err(Error::nix("poll", e)),
         }
-        let flags = fcntl(&self.fd, FcntlArg::F_GETFL).map_err(|e| Error::nix("fcntl(F_GETFL)", e))?;
+        let flags =
+            fcntl(&self.fd, FcntlArg::F_GETFL).map_err(|e| Error::nix("fcntl(F_GETFL)", e))?;
         let flags = OFlag::from_bits_retain(flags);
         if !flags.contains(OFlag::O_NONBLOCK) {
             fcntl(&self.fd, FcntlArg::F_SETFL(flags | OFlag::O_NONBLOCK))
@@ -602,10 +604,16 @@ mod tests {
     fn a_peer_doorbell_must_be_a_pipes_write_end() {
         let ev = EventFd::new().unwrap();
         let e = PeerBell::new(ev.as_fd().try_clone_to_owned().unwrap()).unwrap_err();
-        assert!(matches!(e, Error::MalformedHandshake(ref m) if m.contains("eventfd")), "{e}");
+        assert!(
+            matches!(e, Error::MalformedHandshake(ref m) if m.contains("eventfd")),
+            "{e}"
+        );
         let rx = BellRx::new().unwrap();
         let e = PeerBell::new(rx.as_fd().try_clone_to_owned().unwrap()).unwrap_err();
-        assert!(matches!(e, Error::MalformedHandshake(ref m) if m.contains("write end")), "{e}");
+        assert!(
+            matches!(e, Error::MalformedHandshake(ref m) if m.contains("write end")),
+            "{e}"
+        );
         PeerBell::new(rx.peer_end().try_clone_to_owned().unwrap()).unwrap();
     }
 

@@ -289,7 +289,9 @@ impl Registration {
             return;
         };
         let from = if v.len() > HELP_SCAN {
-            self.shard.help_cursor.fetch_add(HELP_SCAN, Ordering::Relaxed)
+            self.shard
+                .help_cursor
+                .fetch_add(HELP_SCAN, Ordering::Relaxed)
         } else {
             0
         };

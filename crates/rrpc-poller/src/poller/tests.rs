@@ -267,9 +267,15 @@ fn a_connection_whose_worker_is_always_busy_stops_spinning() {
         stop.store(true, Ordering::Relaxed);
         neighbour.await.unwrap();
         let d = p.stats().since(&before);
-        assert!(d.busy_worker_spins >= 8, "spins were cut short by the neighbour: {d:?}");
+        assert!(
+            d.busy_worker_spins >= 8,
+            "spins were cut short by the neighbour: {d:?}"
+        );
         // Below a 1/8 hit rate the waits skip their spin (one probe in 16 still spins).
-        assert!(d.spin_skips >= WAITS / 2, "most waits skipped their spin: {d:?}");
+        assert!(
+            d.spin_skips >= WAITS / 2,
+            "most waits skipped their spin: {d:?}"
+        );
         assert!(d.spins <= WAITS / 2, "most waits did not spin: {d:?}");
     });
 }
@@ -294,7 +300,10 @@ fn help_scans_a_rotating_window_of_the_shard() {
             cursor += HELP_SCAN;
         }
         // len turns of HELP_SCAN entries: every entry HELP_SCAN times.
-        assert!(seen.iter().all(|&c| c == HELP_SCAN as u32), "len {len}: {seen:?}");
+        assert!(
+            seen.iter().all(|&c| c == HELP_SCAN as u32),
+            "len {len}: {seen:?}"
+        );
     }
 }
 
@@ -331,7 +340,10 @@ fn a_spin_that_catches_its_data_only_late_does_not_earn() {
             }
         };
         let late = waits(Duration::from_micros(150)).await;
-        assert!(late.spin_skips >= WAITS / 2, "late catches stop the spin: {late:?}");
+        assert!(
+            late.spin_skips >= WAITS / 2,
+            "late catches stop the spin: {late:?}"
+        );
         let soon = waits(Duration::from_micros(5)).await;
         assert_eq!(soon.spin_skips, 0, "quick catches keep it: {soon:?}");
         assert!(soon.spin_hits >= WAITS / 2, "{soon:?}");

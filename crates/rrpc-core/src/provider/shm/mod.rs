@@ -1008,8 +1008,14 @@ mod tests {
             map: Mapping::map_peer(fd, cq.map.len(), "receive queue").unwrap(),
             cap: cq.cap,
             prod: Mutex::new(0),
-            bell: PeerBell::new(BellRx::new().unwrap().peer_end().try_clone_to_owned().unwrap())
-                .unwrap(),
+            bell: PeerBell::new(
+                BellRx::new()
+                    .unwrap()
+                    .peer_end()
+                    .try_clone_to_owned()
+                    .unwrap(),
+            )
+            .unwrap(),
         };
         assert!(matches!(peer.check_room(0), Err(Error::ReceiverNotReady)));
         cq.post_recv(1).unwrap();
