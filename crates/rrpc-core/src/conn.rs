@@ -27,7 +27,7 @@
 //!   data included; a hello carries at most `MAX_REGIONS + 2` (18).
 //! * **Kinds.** Regions and the receive queue must be memfds sealed against
 //!   shrinking and growing, at least as long as claimed; the doorbell must be
-//!   a Unix stream socket, and is written with `MSG_DONTWAIT` (never
+//!   a pipe's write end, and is written with `pwritev2(RWF_NOWAIT)` (never
 //!   blocks, whatever the peer does to its end).
 //! * **Memory.** At most [`crate::handshake::MAX_REGIONS`] (16) regions per
 //!   hello; at most [`HandshakeConfig::max_grant_bytes`] (default 1 GiB +

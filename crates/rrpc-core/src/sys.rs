@@ -379,8 +379,9 @@ impl AsFd for BellRx {
     }
 }
 
-/// Whether `pwritev2(RWF_NOWAIT)` works on pipes here: 0 untried, 1 yes, 2 no.
-static NOWAIT_WRITE: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
+/// Set once the kernel refused `pwritev2(RWF_NOWAIT)` on a pipe (never tried again; read,
+/// not written, on every ring).
+static NOWAIT_REFUSED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
 /// The peer's doorbell ([`BellRx`]'s write end, passed to us): a byte
 /// written to it wakes the peer.
@@ -413,7 +414,7 @@ impl PeerBell {
     /// [`Error::Io`] for any other failed write.
     pub(crate) fn notify(&self) -> Result<()> {
         let one = [1u8];
-        if NOWAIT_WRITE.load(Ordering::Relaxed) != 2 && !cfg!(miri) {
+        if !NOWAIT_REFUSED.load(Ordering::Relaxed) && !cfg!(miri) {
             let iov = libc::iovec {
                 iov_base: one.as_ptr() as *mut libc::c_void,
                 iov_len: 1,
@@ -426,14 +427,13 @@ impl PeerBell {
                 let n =
                     unsafe { libc::pwritev2(self.fd.as_raw_fd(), &iov, 1, -1, libc::RWF_NOWAIT) };
                 if n >= 0 {
-                    NOWAIT_WRITE.store(1, Ordering::Relaxed);
                     return Ok(());
                 }
                 match Errno::last() {
                     Errno::EAGAIN | Errno::EPIPE => return Ok(()),
                     Errno::EINTR => {}
                     Errno::EOPNOTSUPP | Errno::EINVAL | Errno::ENOSYS => {
-                        NOWAIT_WRITE.store(2, Ordering::Relaxed);
+                        NOWAIT_REFUSED.store(true, Ordering::Relaxed);
                         break;
                     }
                     e => return Err(Error::nix("peer doorbell write", e)),

@@ -77,14 +77,16 @@
 //!   [`Stats::announces`], [`Stats::bell_wakes`].
 //! - **Spin back-off** (default; [`PollerConfig::spin_backoff`]). Spinning pays only while it
 //!   catches data and holds a core. A task skips its spin while fewer than 1 in 8 of its spins
-//!   caught data within 50 µs (a later catch cost more CPU than the wake-up it saved; a spin that ran out counts as a miss only when the data came at least 4
-//!   budgets and 500 µs after the wait began; one probe spin in 16 waits; judged apart for
+//!   caught data within 50 µs (a later catch cost more CPU than the wake-up it saved; a spin
+//!   that ran out counts as a miss only when the data came at least 4 budgets and 500 µs
+//!   after the wait began; one probe spin in 16 waits; judged apart for
 //!   each phase, the waits begun since this end last sent: a reply's wait is not an idle
 //!   one), and cuts a spin short when a gap of 20 µs
 //!   between two of its clock reads shows it was descheduled ([`SpinTuner`]). A spin that
 //!   stopped because the worker's other tasks had work is a miss too: with many clients on
 //!   few cores a connection's spin only delays its neighbours, so it stops spinning and arms
-//!   at once (Fig. 8 (a) at 256 clients: 0.55 -> 0.76-0.94 of the best mode). A polling thread
+//!   at once (Fig. 8 (a) at 256 clients, 3 alternating runs: 0.50-0.56 -> 0.89-1.00 of the
+//!   best mode; docs/measured.md). A polling thread
 //!   measures each 1 ms window of spinning (run-queue delay from
 //!   `/proc/thread-self/schedstat`, else wall minus CPU time; readers woken) and each spin
 //!   episode (resume to doze); when it lost over 30 % of a window, woke fewer than 2 readers
@@ -94,12 +96,13 @@
 //!   connections all have doorbells, and their tasks announce their own sleeps instead of
 //!   kicking it where an announce misses nothing (shm; one futex wake saved per sleep).
 //!   Counters: [`Stats::spin_skips`],
-//!   [`Stats::lost_core_spins`], [`Stats::busy_worker_spins`], [`Stats::backoffs_descheduled`],
+//!   [`Stats::lost_core_spins`], [`Stats::busy_worker_spins`],
+//!   [`Stats::backoffs_descheduled`],
 //!   [`Stats::backoffs_not_earning`], [`Stats::self_announces`].
 //! - **One CPU: hand off, never spin** (default; [`PollerConfig::handoff`], [`Handoff`]). When
 //!   the process may run on one CPU only (`taskset -c N`, a one-CPU container: the union
-//!   of its threads' affinity masks, capped by the cgroup's limits) and a connection's peer needs that
-//!   same CPU (it is this process, or a process on this host confined to that CPU, by
+//!   of its threads' affinity masks, capped by the cgroup's limits) and a connection's peer
+//!   needs that same CPU (it is this process, or a process on this host confined to that CPU, by
 //!   `SO_PEERCRED` and its mask), every spin only delays the answer. That connection's waits
 //!   then never spin: each yields once (the worker's other tasks, then the CPU: a peer that
 //!   answers meanwhile rings nothing, [`Stats::yield_hits`]), then is announced to the writer

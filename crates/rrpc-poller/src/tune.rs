@@ -127,8 +127,9 @@ impl SpinTuner {
         f64::from(self.hit_rate[self.phase]) / 256.0
     }
 
-    /// Feeds the outcome of the current phase's granted spin: `true` if it caught the data, `false` if it ran
-    /// out or lost its core. (A spin cut short because the worker had other work says neither.)
+    /// Feeds the outcome of the current phase's granted spin: `true` if it caught the data
+    /// soon enough to earn, `false` if it ran out, lost its core, caught the data only late, or
+    /// was cut short because the worker's other tasks had work (the caller judges which).
     pub fn spun(&mut self, hit: bool) {
         let sample = if hit { 256 } else { 0 };
         let r = &mut self.hit_rate[self.phase];

@@ -237,8 +237,8 @@ impl Incoming {
     /// mapped: one per region plus its receive queue and its doorbell;
     /// regions and receive queue must be memfds sealed against shrinking
     /// and growing (not against writes) and at least as long as claimed; the
-    /// doorbell must be a Unix stream socket, written with `MSG_DONTWAIT`
-    /// (we never block writing to it).
+    /// doorbell must be a pipe's write end, written with
+    /// `pwritev2(RWF_NOWAIT)` (we never block writing to it).
     ///
     /// # Errors
     /// [`Error::MalformedHandshake`] naming the descriptor if the client's

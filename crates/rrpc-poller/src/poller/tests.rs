@@ -96,6 +96,20 @@ fn poller() -> Poller {
     .unwrap()
 }
 
+/// A BPEV poller with one polling thread whose waits spin a fixed `spin` (no auto-tune).
+fn fixed_spin_poller(spin: Duration) -> Poller {
+    Poller::start(
+        PollerConfig::builder()
+            .mode(Mode::Bpev)
+            .polling_threads(1)
+            .bp_timeout(spin)
+            .auto_tune(false)
+            .build()
+            .unwrap(),
+    )
+    .unwrap()
+}
+
 fn rt() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -227,21 +241,12 @@ impl Readiness for ReadyAt {
 /// Many clients on few cores: a spin whose worker has other tasks with work stops at its
 /// first yield. That is a miss of the connection's spins, so a connection whose worker is
 /// always busy stops spinning (one probe in 16 waits) instead of paying a yield, a re-poll
-/// and a neighbour scan on every wait (Fig. 8 (a) at 256 clients: 0.55 -> 0.76-0.94 of the
-/// best mode).
+/// and a neighbour scan on every wait (Fig. 8 (a) at 256 clients: 0.50-0.56 -> 0.89-1.00 of
+/// the best mode, docs/measured.md).
 #[test]
 fn a_connection_whose_worker_is_always_busy_stops_spinning() {
     rt().block_on(async {
-        let p = Poller::start(
-            PollerConfig::builder()
-                .mode(Mode::Bpev)
-                .polling_threads(1)
-                .bp_timeout(Duration::from_micros(200))
-                .auto_tune(false)
-                .build()
-                .unwrap(),
-        )
-        .unwrap();
+        let p = fixed_spin_poller(Duration::from_micros(200));
         // A neighbour on the same worker whose every wait finds its data: it makes progress
         // whenever it runs.
         let always = ReadyAt::new();
@@ -314,16 +319,7 @@ fn help_scans_a_rotating_window_of_the_shard() {
 #[test]
 fn a_spin_that_catches_its_data_only_late_does_not_earn() {
     rt().block_on(async {
-        let p = Poller::start(
-            PollerConfig::builder()
-                .mode(Mode::Bpev)
-                .polling_threads(1)
-                .bp_timeout(Duration::from_micros(400))
-                .auto_tune(false)
-                .build()
-                .unwrap(),
-        )
-        .unwrap();
+        let p = fixed_spin_poller(Duration::from_micros(400));
         const WAITS: u64 = 64;
         let waits = |after: Duration| {
             let src = ReadyAt::new();

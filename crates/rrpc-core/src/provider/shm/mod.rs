@@ -9,8 +9,8 @@
 //! * A READ is a copy out of the peer's mapping.
 //! * A WRITE_WITH_IMM additionally appends `(imm, len)` to the peer's receive
 //!   completion queue — a ring in shared memory the peer owns — and, if the
-//!   peer armed it, rings the peer's doorbell (a byte on a Unix socket pair
-//!   whose other end the peer passed us; `sys::BellRx`).
+//!   peer armed it, rings the peer's doorbell (a byte into the write end of
+//!   a pipe the peer passed us; `sys::BellRx`).
 //!
 //! Completions of our own WRITE/READ are produced at post time (the copy is
 //! synchronous) and appear at the next poll of the send queue, unless
@@ -447,7 +447,7 @@ pub(crate) struct ShmEndpoint<'a> {
     pub(crate) cq_fd: std::os::fd::BorrowedFd<'a>,
     pub(crate) cq_len: u64,
     pub(crate) cq_cap: u64,
-    pub(crate) event_fd: std::os::fd::BorrowedFd<'a>,
+    pub(crate) bell_fd: std::os::fd::BorrowedFd<'a>,
 }
 
 /// What we received from the peer to attach to it.
@@ -457,7 +457,7 @@ pub(crate) struct PeerResources {
     pub(crate) cq_fd: OwnedFd,
     pub(crate) cq_len: u64,
     pub(crate) cq_cap: u64,
-    pub(crate) event_fd: OwnedFd,
+    pub(crate) bell_fd: OwnedFd,
     /// The budget reservation for the bytes mapped, released with the mappings.
     pub(crate) budget: Option<crate::conn::budget::BudgetGuard>,
 }
@@ -559,7 +559,7 @@ impl ShmQp {
             cq_fd: r.map.fd(),
             cq_len: r.map.len() as u64,
             cq_cap: r.cap,
-            event_fd: r.channel.peer_end(),
+            bell_fd: r.channel.peer_end(),
         }
     }
 
@@ -575,7 +575,7 @@ impl ShmQp {
                 res.cq_cap, res.cq_len
             )));
         }
-        let bell = PeerBell::new(res.event_fd)?;
+        let bell = PeerBell::new(res.bell_fd)?;
         let cq_map = Mapping::map_peer(res.cq_fd, res.cq_len as usize, "receive queue")?;
         let regions = map_regions(res.regions)?;
         let peer = Peer {

@@ -1,6 +1,6 @@
 //! The shm side channel: a Unix socket that carries the handshake and the
 //! descriptors of what each end grants (its regions' memfds, its receive
-//! queue and its doorbell socket), and the checks of what a peer passed before any
+//! queue and its doorbell pipe), and the checks of what a peer passed before any
 //! of it is mapped. `rdma://`'s side channel is `provider::verbs::side`;
 //! the connection layer reaches both through `provider::side`.
 //!
@@ -249,7 +249,7 @@ pub(crate) fn make_hello<'a>(
     endpoint.extend_from_slice(&ep.cq_cap.to_le_bytes());
     let mut fds: Vec<BorrowedFd<'a>> = offer.grants.iter().map(|(_, r)| r.fd()).collect();
     fds.push(ep.cq_fd);
-    fds.push(ep.event_fd);
+    fds.push(ep.bell_fd);
     let hello = Hello {
         provider: ProviderKind::Shm.code(),
         endpoint,
@@ -261,7 +261,7 @@ pub(crate) fn make_hello<'a>(
 /// Checks a peer's shm grants before anything is mapped: the endpoint's
 /// shape, one descriptor per region plus the receive queue and the doorbell,
 /// the total bytes against `max_bytes`, and every descriptor's kind (sealed
-/// memfds at least as long as claimed, a Unix stream socket). Returns the bytes
+/// memfds at least as long as claimed, a pipe's write end). Returns the bytes
 /// that attaching will map.
 ///
 /// # Errors
@@ -310,14 +310,14 @@ pub(crate) fn attach(
         .map(|d| (d.remote, it.next().expect("counted")))
         .collect();
     let cq_fd = it.next().expect("counted");
-    let event_fd = it.next().expect("counted");
+    let bell_fd = it.next().expect("counted");
     let shm = shm_qp(qp)?;
     shm.connect(PeerResources {
         regions,
         cq_fd,
         cq_len,
         cq_cap,
-        event_fd,
+        bell_fd,
         budget,
     })
 }
