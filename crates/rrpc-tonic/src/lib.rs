@@ -234,6 +234,7 @@ mod call;
 mod channel;
 mod config;
 mod context;
+mod dispatch;
 mod endpoint;
 mod error;
 mod fast;

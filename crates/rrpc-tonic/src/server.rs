@@ -18,6 +18,7 @@ use tonic::service::Routes;
 use tower::layer::util::{Identity, Stack};
 use tower::{Layer, Service};
 
+use crate::dispatch::Table;
 use crate::fast::server::{FastOptions, serve_conn};
 use crate::h2stream::{RrpcConnectInfo, RrpcStream};
 use crate::negotiate::{Established, Negotiated};
@@ -248,9 +249,12 @@ impl<L> Server<L> {
         S::Response: axum::response::IntoResponse,
         S::Future: Send + 'static,
     {
+        let mut table = Table::new();
+        table.add(svc.clone());
         Router {
             layer: self.layer,
             routes: Routes::default().add_service(svc),
+            table,
             opts: self.opts,
         }
     }
@@ -260,6 +264,7 @@ impl<L> Server<L> {
         Router {
             layer: self.layer,
             routes,
+            table: Table::foreign(),
             opts: self.opts,
         }
     }
@@ -270,6 +275,8 @@ impl<L> Server<L> {
 pub struct Router<L = Identity> {
     layer: L,
     routes: Routes,
+    /// The same services by name, for the fast path's dispatch.
+    table: Table,
     opts: Options,
 }
 
@@ -286,6 +293,7 @@ impl<L> Router<L> {
         S::Response: axum::response::IntoResponse,
         S::Future: Send + 'static,
     {
+        self.table.add(svc.clone());
         self.routes = self.routes.add_service(svc);
         self
     }
@@ -378,6 +386,7 @@ where
         let Router {
             layer,
             routes,
+            table,
             opts,
         } = self;
         let RrpcIncoming {
@@ -415,7 +424,7 @@ where
                 Ok(r?)
             }
             IncomingInner::Rings(listener) => {
-                serve_rings(listener, uri, layer, routes, opts, config, signal).await
+                serve_rings(listener, uri, layer, (routes, table), opts, config, signal).await
             }
             IncomingInner::Port(listener, shm, verbs) => {
                 // The TCP leg: every HTTP/2 connection the sniffer passes on
@@ -448,13 +457,26 @@ where
                         .map_err(Error::from)
                 };
                 let t = token.clone();
-                let (layer2, routes2, opts2, config2) =
-                    (layer.clone(), routes.clone(), opts.clone(), config.clone());
+                let (layer2, routes2, opts2, config2) = (
+                    layer.clone(),
+                    (routes.clone(), table.clone()),
+                    opts.clone(),
+                    config.clone(),
+                );
                 let rings = async move {
                     match shm {
                         Some((l, path)) => {
                             let local = format!("shm://{}", path.display());
-                            serve_rings(l, local, layer, routes, opts, config, t.cancelled()).await
+                            serve_rings(
+                                l,
+                                local,
+                                layer,
+                                (routes, table),
+                                opts,
+                                config,
+                                t.cancelled(),
+                            )
+                            .await
                         }
                         None => Ok(()),
                     }
@@ -679,7 +701,7 @@ async fn serve_rings<L, ResBody, F>(
     mut listener: RrpcListener,
     local: String,
     layer: L,
-    routes: Routes,
+    (routes, table): (Routes, Table),
     opts: Options,
     config: RrpcConfig,
     signal: F,
@@ -707,6 +729,13 @@ where
             })
             .await
     });
+    // With no server-wide layer, the fast path calls each service directly
+    // (`dispatch`); a layer wraps the router as a whole, as in tonic.
+    let direct = if std::any::TypeId::of::<L>() == std::any::TypeId::of::<Identity>() {
+        table.direct(routes.clone())
+    } else {
+        None
+    };
     let svc = layer.layer(routes.prepare());
     let mut conns = JoinSet::new();
     let mut signal = std::pin::pin!(signal);
@@ -730,7 +759,7 @@ where
                     );
                     continue;
                 };
-                let (svc, config, token, h2_tx) = (svc.clone(), config.clone(), token.child_token(), h2_tx.clone());
+                let (svc, direct, config, token, h2_tx) = (svc.clone(), direct.clone(), config.clone(), token.child_token(), h2_tx.clone());
                 let info = RrpcConnectInfo { local: local.clone() };
                 conns.spawn(async move {
                     let peer = accepted.peer();
@@ -756,8 +785,14 @@ where
                                 }
                                 std::future::pending::<()>().await
                             };
+                            let serve = async move {
+                                match direct {
+                                    Some(d) => serve_conn(pipe, d, config, token, peer_window, fast_opts).await,
+                                    None => serve_conn(pipe, svc, config, token, peer_window, fast_opts).await,
+                                }
+                            };
                             let served = tokio::select! {
-                                r = serve_conn(pipe, svc, config, token, peer_window, fast_opts) => r,
+                                r = serve => r,
                                 () = age => unreachable!("pending"),
                             };
                             if let Err(e) = served
