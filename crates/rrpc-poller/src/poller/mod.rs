@@ -492,6 +492,7 @@ impl Poller {
             auto_peer: None,
             sends: None,
             seen_sends: 0,
+            sends_at_ready: 0,
             removed: false,
         })
     }

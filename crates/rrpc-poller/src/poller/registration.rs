@@ -29,6 +29,10 @@ use super::{Inner, PROGRESS, Poller, SPIN_FIRST_YIELD, Wake, lock};
 /// reader it wakes ([`crate::backoff::GovernorConfig::min_fruitless_spin`]).
 const COSTLY_CATCH: Duration = Duration::from_micros(50);
 
+/// A handed-off wait's most turns to its worker's other tasks before it yields the CPU,
+/// while they have not answered ([`Registration::yield_to_peer`]).
+const HANDOFF_TICKS: usize = 4;
+
 /// Polls a notification fd (an eventfd, a completion channel) and, once it is readable,
 /// consumes what is pending with `ack`: `Ready(Ok(r))` with `ack`'s result when it consumed
 /// something or failed; a spurious readiness (`ack` says `WouldBlock`) is cleared and polled
@@ -97,6 +101,9 @@ pub struct Registration {
     /// previous wait saw: the tuner's phase.
     pub(super) sends: Option<Arc<AtomicU64>>,
     pub(super) seen_sends: u64,
+    /// `sends` when the last wait returned: nothing sent since means that what consumes
+    /// the data it returned may still be on its way to an answer ([`Self::yield_to_peer`]).
+    pub(super) sends_at_ready: u64,
     pub(super) removed: bool,
 }
 
@@ -197,6 +204,7 @@ impl Registration {
     /// sets it on the receiving side.
     pub fn follow_sends(&mut self, sends: Arc<AtomicU64>) {
         self.seen_sends = sends.load(Ordering::Relaxed);
+        self.sends_at_ready = self.seen_sends;
         self.sends = Some(sends);
     }
 
@@ -366,6 +374,9 @@ impl Registration {
         self.entry.announced.store(false, Ordering::Relaxed);
         if r.is_ok() {
             PROGRESS.set(PROGRESS.get().wrapping_add(1));
+            if let Some(s) = &self.sends {
+                self.sends_at_ready = s.load(Ordering::Relaxed);
+            }
         }
         r
     }
@@ -508,19 +519,34 @@ impl Registration {
         }
     }
 
-    /// Handed off: before a sleep is announced, lets what shares this CPU run once and says
-    /// whether the data came meanwhile. First the worker's other tasks (on rrpc-tonic's HTTP/2
-    /// path, hyper's connection task, which the message just read made runnable and which
-    /// writes the answer), then the thread's turn on the CPU (`sched_yield`: a peer woken for
-    /// our last message, or finishing its own turn, runs now and writes while we are not yet
-    /// announced, so it rings no doorbell and no wake-up is needed). With nothing else
-    /// runnable both return at once. Demo under `taskset -c 1`, p50: the fast path 17 -> 11
-    /// µs, the HTTP/2 path 39-40 -> 38-39 µs (docs/measured.md); the thread's yield alone
-    /// slowed the HTTP/2 path (49 µs: it kept hyper's task waiting).
+    /// Handed off: before a sleep is announced, lets what shares this CPU run and says
+    /// whether the data came meanwhile. First the worker's other tasks, then the thread's
+    /// turn on the CPU (`sched_yield`: a peer woken for our last message, or finishing its
+    /// own turn, runs now and writes while we are not yet announced, so it rings no doorbell
+    /// and no wake-up is needed). With nothing else runnable both return at once.
+    ///
+    /// The worker's tasks get up to [`HANDOFF_TICKS`] turns while this end has sent nothing
+    /// since the last wait returned data: then whatever consumes that data is still on its
+    /// way to an answer. On rrpc-tonic's HTTP/2 path the reader hands a response to hyper's
+    /// connection task, which completes the caller's future, whose next request goes through
+    /// tonic's buffer task back to the connection task: more than one turn of the scheduler
+    /// (tokio runs the `block_on` future after the yielded task). With one turn the CPU went
+    /// to the peer before the request was written, and every call slept once and was woken
+    /// by a doorbell (`taskset -c 1 demo`: HTTP/2 p50 38-40 µs, now 29 µs). Where the wait
+    /// follows a send (the fast path's call writes its request itself), one turn.
     async fn yield_to_peer(&self) -> bool {
-        tokio::task::yield_now().await;
-        if self.entry.source.ready() {
-            return true;
+        for _ in 0..HANDOFF_TICKS {
+            tokio::task::yield_now().await;
+            if self.entry.source.ready() {
+                return true;
+            }
+            let answered = self
+                .sends
+                .as_ref()
+                .is_none_or(|s| s.load(Ordering::Relaxed) != self.sends_at_ready);
+            if answered {
+                break;
+            }
         }
         std::thread::yield_now();
         self.entry.source.ready()
