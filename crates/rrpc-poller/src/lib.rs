@@ -104,13 +104,14 @@
 //!   of its threads' affinity masks, capped by the cgroup's limits) and a connection's peer
 //!   needs that same CPU (it is this process, or a process on this host confined to that CPU, by
 //!   `SO_PEERCRED` and its mask), every spin only delays the answer. That connection's waits
-//!   then never spin: each yields once (the worker's other tasks, then the CPU: a peer that
-//!   answers meanwhile rings nothing, [`Stats::yield_hits`]), then is announced to the writer
-//!   and woken by its doorbell, one wake-up ([`Registration::hands_off`]; [`Stats::spins`]
+//!   then never spin: each yields first (the worker's other tasks, up to 4 turns while this
+//!   end has sent nothing since the data it last returned, then the CPU: a peer that answers
+//!   meanwhile rings nothing, [`Stats::yield_hits`]), then is announced to the writer and
+//!   woken by its doorbell, one wake-up ([`Registration::hands_off`]; [`Stats::spins`]
 //!   stays 0). Processes pinned each to a core
 //!   of its own, the benchmarks' layout and HPC's, keep spinning.
-//!   Demo under `taskset -c 1`: the fast path's p50 went from 72–126 µs to 17 µs, 0.46 × tonic
-//!   over a Unix socket in the same run (docs/measured.md).
+//!   Demo under `taskset -c 1`: the fast path's p50 went from 72–126 µs to 11 µs, 0.30 × tonic
+//!   over a Unix socket in the same run, the HTTP/2 path's to 26 µs, 0.72 × (docs/measured.md).
 //! - **Idle parking.** A polling thread that found nothing for `idle_park_after` parks; a task
 //!   that arms resumes it at once, and while parked it still rescans its armed connections
 //!   every `idle_poll_interval`, which bounds the extra latency of the first message after an

@@ -72,7 +72,10 @@
 //!    fallback reader task takes over only when the receiving call leaves
 //!    while others still wait).
 //! 3. The server's connection task decodes the message and polls the
-//!    router's future inline; a handler that completes at its first poll
+//!    service's future inline (with no server-wide layer, the service the
+//!    path names, found by name: tonic's axum router, which the floor
+//!    does not pay, cost ~0.5 µs a call; with a layer, the layered
+//!    router, as tonic calls it); a handler that completes at its first poll
 //!    (unary handlers usually do) has its response written into the ring
 //!    right there, so RESPONSE_HEADERS + DATA + TRAILERS is one message.
 //!    Handlers that do not complete at once are spawned as tasks.

@@ -37,7 +37,9 @@ type BoxError = Box<dyn std::error::Error + Send + Sync>;
 ///
 /// Unlike tonic's `Router`, this one keeps its routes and layers visible,
 /// which the fast path needs: it calls the layered router directly, without
-/// hyper.
+/// hyper, and with no server-wide layer each service by the name its path
+/// carries, without the router (a path no service added here names still
+/// gets the router's answer).
 #[derive(Debug, Clone)]
 pub struct Server<L = Identity> {
     layer: L,
