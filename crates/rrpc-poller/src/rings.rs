@@ -462,6 +462,19 @@ impl AsyncSender {
         self.tx.try_reserve(len).map_err(Into::into)
     }
 
+    /// [`reserve`](Self::reserve) without waiting: `None` when the ring is
+    /// full (the batch was flushed so that the receiver can drain).
+    ///
+    /// # Errors
+    /// As [`reserve`](Self::reserve).
+    pub fn try_reserve(&mut self, len: usize) -> Result<Option<WriteGuard<'_>>> {
+        match self.tx.try_reserve(len) {
+            Ok(g) => Ok(Some(g)),
+            Err(rrpc_ringbuf::Error::WouldBlock) => Ok(None),
+            Err(e) => Err(e.into()),
+        }
+    }
+
     /// Pushes the batched messages and the tail to the peer now.
     ///
     /// # Errors

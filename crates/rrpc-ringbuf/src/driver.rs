@@ -306,7 +306,11 @@ impl Shared {
     /// Polls the send completion queue and routes completions to the half
     /// that posted them (they share the queue pair).
     fn poll_cq(&self) -> Result<(), Error> {
-        let mut wc = [Completion::EMPTY; 32];
+        // A sender has a few completions outstanding at a time (a batch's
+        // WRITE and its tail); the loop below takes more when there are.
+        // Small, because the array is initialized on every poll, which is
+        // every send.
+        let mut wc = [Completion::EMPTY; 8];
         loop {
             let n = self.qp.send_cq().poll(&mut wc)?;
             for c in &wc[..n] {

@@ -22,7 +22,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
-use futures_util::FutureExt;
 use rrpc_core::conn::Connection;
 use rrpc_ringbuf::TxWatch;
 
@@ -187,12 +186,9 @@ impl ManagedSender {
         let Ok(mut tx) = self.tx.try_lock() else {
             return Ok(false);
         };
-        // With space, `reserve` completes at its first poll (its first step is the ring's
-        // own `try_reserve`); `None` means it would wait, and dropping it reserves nothing.
-        let Some(slot) = tx.reserve(len).now_or_never() else {
+        let Some(mut slot) = tx.try_reserve(len)? else {
             return Ok(false);
         };
-        let mut slot = slot?;
         fill(&mut slot[..len]);
         slot.commit()?;
         tx.flush()?;

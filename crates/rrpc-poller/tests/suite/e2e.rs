@@ -35,6 +35,27 @@ rrpc_core::on_every_provider!(
     a_handed_off_reader_lets_its_worker_answer_first,
 );
 
+/// Answers `n` messages, each a little-endian `u32`, with that number plus one, flushing
+/// every answer out (`flush_all`); returns the halves.
+async fn echo(
+    n: u32,
+    mut btx: rrpc_poller::rings::AsyncSender,
+    mut brx: rrpc_poller::rings::AsyncReceiver,
+) -> (
+    rrpc_poller::rings::AsyncSender,
+    rrpc_poller::rings::AsyncReceiver,
+) {
+    for _ in 0..n {
+        let v = {
+            let m = brx.recv().await.unwrap();
+            u32::from_le_bytes(m[..4].try_into().unwrap())
+        };
+        btx.send(&(v + 1).to_le_bytes()).await.unwrap();
+        btx.flush_all().await.unwrap();
+    }
+    (btx, brx)
+}
+
 /// A connected pair on `p`, both ends checked to run on `p`'s provider.
 fn pair(p: &Provider, poller: &rrpc_poller::Poller, ring: &RingConfig) -> (AsyncConn, AsyncConn) {
     let (a, b) = AsyncConn::loopback_pair_on(poller, ring, &p.fabric()).unwrap();
@@ -363,18 +384,8 @@ fn missed_polls_lose_no_wake_up_every_mode() {
             let (a, b) =
                 AsyncConn::loopback_pair_with(&p, &ring(mode, 8192), &Fabric::shm(), &qp).unwrap();
             let (mut atx, mut arx) = a.split().unwrap();
-            let (mut btx, mut brx) = b.split().unwrap();
-            let echo = tokio::spawn(async move {
-                for _ in 0..300u32 {
-                    let v = {
-                        let m = brx.recv().await.unwrap();
-                        u32::from_le_bytes(m[..4].try_into().unwrap())
-                    };
-                    btx.send(&(v + 1).to_le_bytes()).await.unwrap();
-                    btx.flush_all().await.unwrap();
-                }
-                (btx, brx)
-            });
+            let (btx, brx) = b.split().unwrap();
+            let echo = tokio::spawn(echo(300, btx, brx));
             for i in 0..300u32 {
                 atx.send(&i.to_le_bytes()).await.unwrap();
                 atx.flush_all().await.unwrap();
@@ -644,19 +655,9 @@ fn a_ping_pong_on_one_cpu_hands_every_wait_to_the_doorbell(prov: &Provider) {
                 let (a, b) =
                     AsyncConn::loopback_pair_on(&p, &ring(Mode::Bpev, 64 * 1024), &fabric).unwrap();
                 let (mut atx, mut arx) = a.split().unwrap();
-                let (mut btx, mut brx) = b.split().unwrap();
+                let (btx, brx) = b.split().unwrap();
                 let before = p.stats();
-                let echo = tokio::spawn(async move {
-                    for _ in 0..n {
-                        let v = {
-                            let m = brx.recv().await.unwrap();
-                            u32::from_le_bytes(m[..4].try_into().unwrap())
-                        };
-                        btx.send(&(v + 1).to_le_bytes()).await.unwrap();
-                        btx.flush_all().await.unwrap();
-                    }
-                    (btx, brx)
-                });
+                let echo = tokio::spawn(echo(n, btx, brx));
                 for i in 0..n {
                     atx.send(&(i * 2).to_le_bytes()).await.unwrap();
                     atx.flush_all().await.unwrap();
@@ -725,25 +726,12 @@ fn a_handed_off_reader_lets_its_worker_answer_first(prov: &Provider) {
     // to one CPU.
     let echo = std::thread::spawn(move || {
         pin_to_one_cpu();
-        let (mut btx, mut brx): (
-            rrpc_poller::rings::AsyncSender,
-            rrpc_poller::rings::AsyncReceiver,
-        ) = b_rx.recv().unwrap();
+        let (btx, brx) = b_rx.recv().unwrap();
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
             .unwrap();
-        rt.block_on(async move {
-            for _ in 0..n {
-                let v = {
-                    let m = brx.recv().await.unwrap();
-                    u32::from_le_bytes(m[..4].try_into().unwrap())
-                };
-                btx.send(&(v + 1).to_le_bytes()).await.unwrap();
-                btx.flush_all().await.unwrap();
-            }
-            (btx, brx)
-        })
+        rt.block_on(echo(n, btx, brx))
     });
     let stats = std::thread::spawn(move || {
         pin_to_one_cpu();

@@ -129,6 +129,12 @@ where
     let timer = tokio::time::sleep_until(tokio::time::Instant::now());
     tokio::pin!(timer);
     let mut armed: Option<std::time::Instant> = None;
+    // Made once and raced on every message: a new cancellation future per
+    // message would register (and remove) a waiter each time.
+    let failed = writer.failed_owned();
+    tokio::pin!(failed);
+    let shut = shutdown.clone().cancelled_owned();
+    tokio::pin!(shut);
     let result = loop {
         // Notes sent meanwhile (a call polled inline sends one): applied
         // here, not by the `select!` below, which would drop and remake the
@@ -153,11 +159,12 @@ where
                 apply_note(&mut conn, &mut calls, note);
                 continue;
             }
-            _ = writer.failed() => match send_failed(&writer) {
+            () = &mut failed => match send_failed(&writer) {
                 e if e.is_peer_gone() => break Ok(()),
                 e => break Err(e),
             },
-            _ = shutdown.cancelled(), if !conn.is_draining() => {
+            // Disabled once draining: the completed future is never polled again.
+            () = &mut shut, if !conn.is_draining() => {
                 conn.start_drain();
                 match perform_sends(&mut conn, &writer).await {
                     Ok(()) => continue,

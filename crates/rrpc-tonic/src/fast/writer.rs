@@ -4,7 +4,9 @@ use std::sync::{Arc, OnceLock};
 
 use bytes::Bytes;
 use tokio::sync::Mutex;
-use tokio_util::sync::{CancellationToken, WaitForCancellationFuture};
+use tokio_util::sync::{
+    CancellationToken, WaitForCancellationFuture, WaitForCancellationFutureOwned,
+};
 
 use crate::Error;
 use crate::frame::{self, HEADER_LEN, Kind};
@@ -144,6 +146,16 @@ impl FrameWriter {
     /// Cancel safe: dropping the future loses nothing.
     pub(crate) fn failed(&self) -> WaitForCancellationFuture<'_> {
         self.fail.token.cancelled()
+    }
+
+    /// [`FrameWriter::failed`] as a future that owns its token: a loop
+    /// that races it on every message keeps one, pinned, rather than
+    /// making a new one (a waiter registered and removed) each time.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: dropping the future loses nothing.
+    pub(crate) fn failed_owned(&self) -> WaitForCancellationFutureOwned {
+        self.fail.token.clone().cancelled_owned()
     }
 
     /// Why the connection failed, once it did: the first error, shared
