@@ -647,10 +647,7 @@ fn a_ping_pong_on_one_cpu_hands_every_wait_to_the_doorbell(prov: &Provider) {
             )
             .unwrap();
             assert_eq!(p.hands_off(), handoff == Handoff::Always);
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .unwrap();
+            let rt = common::rt();
             rt.block_on(async {
                 let (a, b) =
                     AsyncConn::loopback_pair_on(&p, &ring(Mode::Bpev, 64 * 1024), &fabric).unwrap();
@@ -727,10 +724,7 @@ fn a_handed_off_reader_lets_its_worker_answer_first(prov: &Provider) {
     let echo = std::thread::spawn(move || {
         pin_to_one_cpu();
         let (btx, brx) = b_rx.recv().unwrap();
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
+        let rt = common::rt();
         rt.block_on(echo(n, btx, brx))
     });
     let stats = std::thread::spawn(move || {
@@ -744,10 +738,7 @@ fn a_handed_off_reader_lets_its_worker_answer_first(prov: &Provider) {
                 .unwrap(),
         )
         .unwrap();
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
+        let rt = common::rt();
         rt.block_on(async {
             let (a, b) =
                 AsyncConn::loopback_pair_on(&p, &ring(Mode::Bpev, 64 * 1024), &fabric).unwrap();
