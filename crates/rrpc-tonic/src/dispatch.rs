@@ -5,8 +5,8 @@
 //! and back, and the matched route's boxed service is cloned. For the few
 //! services a gRPC server has, all that is needed is the service whose
 //! name prefixes the path (`/helloworld.Greeter/SayHello` →
-//! `helloworld.Greeter`). [`Table`] keeps, beside the router, each service
-//! that [`crate::Server`] was given, by name; [`Direct`] calls it, and
+//! `helloworld.Greeter`). [`Services`] keeps, beside the router, each
+//! service that [`crate::Server`] was given, by name; [`Direct`] calls it, and
 //! hands every other path (and every call of a server built from foreign
 //! [`Routes`]) to the router, so what a client sees is what tonic's router
 //! would answer.
@@ -38,36 +38,53 @@ struct Entry {
     call: Arc<CallFn>,
 }
 
-/// The services added one by one, by name; `None` once foreign [`Routes`]
-/// are part of the server (their paths are known only to their router).
-#[derive(Clone, Default)]
-pub(crate) struct Table(Option<Vec<Entry>>);
+/// A server's services: tonic's router, and beside it each service added
+/// one by one, by name (`None` once foreign [`Routes`] are part of the
+/// server: their paths are known only to their router). One value, so that
+/// the two never disagree.
+#[derive(Clone)]
+pub(crate) struct Services {
+    routes: Routes,
+    table: Option<Vec<Entry>>,
+}
 
-impl std::fmt::Debug for Table {
+impl std::fmt::Debug for Services {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match &self.0 {
-            Some(t) => f
-                .debug_list()
-                .entries(t.iter().map(|e| e.prefix.as_str()))
-                .finish(),
-            None => f.write_str("(foreign routes: the router dispatches)"),
+        let mut d = f.debug_struct("Services");
+        d.field("routes", &self.routes);
+        match &self.table {
+            Some(t) => d.field(
+                "by_name",
+                &t.iter().map(|e| e.prefix.as_str()).collect::<Vec<_>>(),
+            ),
+            None => d.field("by_name", &"(foreign routes: the router dispatches)"),
+        };
+        d.finish()
+    }
+}
+
+impl Default for Services {
+    fn default() -> Self {
+        Services {
+            routes: Routes::default(),
+            table: Some(Vec::new()),
         }
     }
 }
 
-impl Table {
-    /// A table of no services yet.
-    pub(crate) fn new() -> Self {
-        Table(Some(Vec::new()))
+impl Services {
+    /// Ready-made routes: the router decides every call.
+    pub(crate) fn foreign(routes: Routes) -> Self {
+        Services {
+            routes,
+            table: None,
+        }
     }
 
-    /// The table of a server built from foreign routes: the router decides.
-    pub(crate) fn foreign() -> Self {
-        Table(None)
-    }
-
-    /// Adds `svc` under its name (the same bounds as tonic's `Routes`).
-    pub(crate) fn add<S>(&mut self, svc: S)
+    /// Adds `svc` to the router and by name (the same bounds as tonic's
+    /// `Routes::add_service`).
+    #[must_use]
+    pub(crate) fn add<S>(mut self, svc: S) -> Self
     where
         S: Service<http::Request<Body>, Error = Infallible>
             + NamedService
@@ -78,27 +95,36 @@ impl Table {
         S::Response: IntoResponse,
         S::Future: Send + 'static,
     {
-        let Some(table) = &mut self.0 else { return };
-        let call = move |req: http::Request<Body>| -> CallFuture {
-            let svc = svc.clone();
-            Box::pin(async move {
-                let res = svc.oneshot(req).await?;
-                Ok(res.into_response())
-            })
-        };
-        table.push(Entry {
-            prefix: format!("/{}/", S::NAME),
-            call: Arc::new(call),
-        });
+        if let Some(table) = &mut self.table {
+            let by_name = svc.clone();
+            let call = move |req: http::Request<Body>| -> CallFuture {
+                let svc = by_name.clone();
+                Box::pin(async move {
+                    let res = svc.oneshot(req).await?;
+                    Ok(res.into_response())
+                })
+            };
+            table.push(Entry {
+                prefix: format!("/{}/", S::NAME),
+                call: Arc::new(call),
+            });
+        }
+        self.routes = self.routes.add_service(svc);
+        self
     }
 
-    /// The service the fast path calls: this table in front of `routes`
-    /// (prepared), or `None` when the router must decide every call.
-    pub(crate) fn direct(&self, routes: Routes) -> Option<Direct> {
-        let table = self.0.as_deref()?;
+    /// tonic's router (tonic's own server takes it).
+    pub(crate) fn routes(&self) -> &Routes {
+        &self.routes
+    }
+
+    /// The service the fast path calls: the table in front of the
+    /// (prepared) router, or `None` when the router must decide every call.
+    pub(crate) fn direct(&self) -> Option<Direct> {
+        let table = self.table.as_deref()?;
         Some(Direct {
             table: table.into(),
-            routes: routes.prepare(),
+            routes: self.routes.clone().prepare(),
         })
     }
 }
@@ -181,10 +207,11 @@ mod tests {
 
     #[tokio::test]
     async fn a_named_service_is_called_directly_and_the_rest_as_the_router_answers() {
-        let routes = Routes::new(Named("router"));
-        let mut table = Table::new();
-        table.add(Named("direct"));
-        let d = table.direct(routes).expect("a table");
+        let mut services = Services::default().add(Named("direct"));
+        // The same name behind the router answers otherwise: a call that
+        // says "direct" did not go through it.
+        services.routes = Routes::new(Named("router"));
+        let d = services.direct().expect("a table");
         // The service's methods go straight to it.
         let r = answer(&d, "/test.Svc/Call").await;
         assert_eq!(r.headers()["who"], "direct");
@@ -201,13 +228,10 @@ mod tests {
 
     #[tokio::test]
     async fn foreign_routes_leave_every_call_to_the_router() {
-        assert!(Table::foreign().direct(Routes::default()).is_none());
-        // A table copied before a service is added does not see it.
-        let mut a = Table::new();
-        let b = a.clone();
-        a.add(Named("direct"));
-        let d = b.direct(Routes::new(Named("router"))).expect("a table");
-        let r = answer(&d, "/test.Svc/Call").await;
-        assert_eq!(r.headers()["who"], "router");
+        assert!(
+            Services::foreign(Routes::new(Named("router")))
+                .direct()
+                .is_none()
+        );
     }
 }

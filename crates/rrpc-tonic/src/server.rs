@@ -18,7 +18,7 @@ use tonic::service::Routes;
 use tower::layer::util::{Identity, Stack};
 use tower::{Layer, Service};
 
-use crate::dispatch::Table;
+use crate::dispatch::Services;
 use crate::fast::server::{FastOptions, serve_conn};
 use crate::h2stream::{RrpcConnectInfo, RrpcStream};
 use crate::negotiate::{Established, Negotiated};
@@ -251,12 +251,9 @@ impl<L> Server<L> {
         S::Response: axum::response::IntoResponse,
         S::Future: Send + 'static,
     {
-        let mut table = Table::new();
-        table.add(svc.clone());
         Router {
             layer: self.layer,
-            routes: Routes::default().add_service(svc),
-            table,
+            services: Services::default().add(svc),
             opts: self.opts,
         }
     }
@@ -265,8 +262,7 @@ impl<L> Server<L> {
     pub fn add_routes(self, routes: Routes) -> Router<L> {
         Router {
             layer: self.layer,
-            routes,
-            table: Table::foreign(),
+            services: Services::foreign(routes),
             opts: self.opts,
         }
     }
@@ -276,9 +272,8 @@ impl<L> Server<L> {
 #[derive(Debug, Clone)]
 pub struct Router<L = Identity> {
     layer: L,
-    routes: Routes,
-    /// The same services by name, for the fast path's dispatch.
-    table: Table,
+    /// tonic's router, and the same services by name for the fast path.
+    services: Services,
     opts: Options,
 }
 
@@ -295,8 +290,7 @@ impl<L> Router<L> {
         S::Response: axum::response::IntoResponse,
         S::Future: Send + 'static,
     {
-        self.table.add(svc.clone());
-        self.routes = self.routes.add_service(svc);
+        self.services = self.services.add(svc);
         self
     }
 
@@ -387,8 +381,7 @@ where
     {
         let Router {
             layer,
-            routes,
-            table,
+            services,
             opts,
         } = self;
         let RrpcIncoming {
@@ -406,7 +399,10 @@ where
         }
         // The context lives until every connection of this server is done.
         let _context = context;
-        let tonic_router = opts.tonic().layer(layer.clone()).add_routes(routes.clone());
+        let tonic_router = opts
+            .tonic()
+            .layer(layer.clone())
+            .add_routes(services.routes().clone());
         match inner {
             IncomingInner::Tcp(listener) => {
                 // The options tonic applies when it binds the address itself.
@@ -426,7 +422,7 @@ where
                 Ok(r?)
             }
             IncomingInner::Rings(listener) => {
-                serve_rings(listener, uri, layer, (routes, table), opts, config, signal).await
+                serve_rings(listener, uri, layer, services, opts, config, signal).await
             }
             IncomingInner::Port(listener, shm, verbs) => {
                 // The TCP leg: every HTTP/2 connection the sniffer passes on
@@ -459,9 +455,9 @@ where
                         .map_err(Error::from)
                 };
                 let t = token.clone();
-                let (layer2, routes2, opts2, config2) = (
+                let (layer2, services2, opts2, config2) = (
                     layer.clone(),
-                    (routes.clone(), table.clone()),
+                    services.clone(),
                     opts.clone(),
                     config.clone(),
                 );
@@ -469,16 +465,8 @@ where
                     match shm {
                         Some((l, path)) => {
                             let local = format!("shm://{}", path.display());
-                            serve_rings(
-                                l,
-                                local,
-                                layer,
-                                (routes, table),
-                                opts,
-                                config,
-                                t.cancelled(),
-                            )
-                            .await
+                            serve_rings(l, local, layer, services, opts, config, t.cancelled())
+                                .await
                         }
                         None => Ok(()),
                     }
@@ -490,7 +478,7 @@ where
                             let local = l
                                 .local_addr()
                                 .map_or_else(|| "rdma://?".into(), |a| format!("rdma://{a}"));
-                            serve_rings(l, local, layer2, routes2, opts2, config2, t.cancelled())
+                            serve_rings(l, local, layer2, services2, opts2, config2, t.cancelled())
                                 .await
                         }
                         None => Ok(()),
@@ -703,7 +691,7 @@ async fn serve_rings<L, ResBody, F>(
     mut listener: RrpcListener,
     local: String,
     layer: L,
-    (routes, table): (Routes, Table),
+    services: Services,
     opts: Options,
     config: RrpcConfig,
     signal: F,
@@ -722,7 +710,10 @@ where
     // HTTP/2 connections go to tonic's own server, fed through this queue.
     let (h2_tx, h2_rx) = mpsc::channel::<Result<RrpcStream, std::io::Error>>(16);
     let h2_token = token.clone();
-    let tonic_router = opts.tonic().layer(layer.clone()).add_routes(routes.clone());
+    let tonic_router = opts
+        .tonic()
+        .layer(layer.clone())
+        .add_routes(services.routes().clone());
     let fast_opts = opts.fast();
     let h2_task = tokio::spawn(async move {
         tonic_router
@@ -734,11 +725,11 @@ where
     // With no server-wide layer, the fast path calls each service directly
     // (`dispatch`); a layer wraps the router as a whole, as in tonic.
     let direct = if std::any::TypeId::of::<L>() == std::any::TypeId::of::<Identity>() {
-        table.direct(routes.clone())
+        services.direct()
     } else {
         None
     };
-    let svc = layer.layer(routes.prepare());
+    let svc = layer.layer(services.routes().clone().prepare());
     let mut conns = JoinSet::new();
     let mut signal = std::pin::pin!(signal);
     let setups = Arc::new(Semaphore::new(config.max_pending_handshakes()));

@@ -532,8 +532,9 @@ impl Registration {
     /// tonic's buffer task back to the connection task: more than one turn of the scheduler
     /// (tokio runs the `block_on` future after the yielded task). With one turn the CPU went
     /// to the peer before the request was written, and every call slept once and was woken
-    /// by a doorbell (`taskset -c 1 demo`: HTTP/2 p50 37 µs, now 26 µs; tonic-UDS 37 µs). Where the wait
-    /// follows a send (the fast path's call writes its request itself), one turn.
+    /// by a doorbell (`taskset -c 1 demo`: HTTP/2 p50 37 µs, now 26 µs; tonic-UDS 37 µs).
+    /// Where the wait follows a send (the fast path's call writes its request itself), one
+    /// turn.
     async fn yield_to_peer(&self) -> bool {
         for _ in 0..HANDOFF_TICKS {
             tokio::task::yield_now().await;
