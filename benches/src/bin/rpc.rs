@@ -6,8 +6,10 @@
 //!
 //! `RRPC_BENCH_CLIENTS=128,256` replaces the client counts of Figs. 8 and 10
 //! (`connmgmt_4k_*`, `small_rpc_throughput`): one load point looked at alone.
-//! `RRPC_BENCH_POLLER_STATS=1` prints the poller's counters over each rrpc-tonic default row of
-//! Fig. 8 on stderr (spins, sleeps, announces, doorbell wakes, back-offs).
+//! `RRPC_BENCH_POLLER_STATS=1` prints poller counters on stderr (spins, sleeps, announces,
+//! doorbell wakes, back-offs): over each rrpc-tonic default row of Fig. 8, the client
+//! process's over each rrpc row of `low_load`, and every second a separate rrpc server
+//! process's own (`--role serve`: `low_load`, `resources_*`, `contention`, `idle_connections`).
 
 use std::net::SocketAddr;
 use std::time::Duration;

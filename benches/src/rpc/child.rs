@@ -8,7 +8,7 @@ use anyhow::{Context, Result, anyhow};
 #[cfg(doc)]
 use super::connect_to;
 use super::pb::Req;
-use super::{Transport, connect, runtime, start_server};
+use super::{Transport, connect, rrpc_config, runtime, start_server};
 
 /// Separate-process server role (`rpc --role serve --transport NAME [--cpu N]`, used by the
 /// per-side CPU/memory experiments, Figs. 15–16): starts a server for `t` with the default
@@ -41,6 +41,25 @@ pub fn serve_child(t: Transport, cpu: Option<usize>) -> Result<()> {
     probe.context("probing the child server")?;
     println!("READY {}", server.target);
     std::io::stdout().flush()?;
+    // RRPC_BENCH_POLLER_STATS: the server process's poller counters, every second, on stderr.
+    if matches!(t, Transport::RrpcH2 | Transport::RrpcFast)
+        && std::env::var_os("RRPC_BENCH_POLLER_STATS").is_some()
+    {
+        let poller = rrpc_tonic::RrpcContext::shared(&rrpc_config(t)).poller_handle()?;
+        std::thread::spawn(move || {
+            let mut before = poller.stats();
+            loop {
+                std::thread::sleep(std::time::Duration::from_secs(1));
+                let now = poller.stats();
+                eprintln!(
+                    "server {} poller, last 1 s: {:?}",
+                    t.name(),
+                    now.since(&before)
+                );
+                before = now;
+            }
+        });
+    }
     let mut buf = [0u8; 64];
     let mut stdin = std::io::stdin();
     while let Ok(n) = stdin.read(&mut buf) {

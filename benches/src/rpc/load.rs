@@ -122,6 +122,12 @@ fn low_point(
     dur: Duration,
 ) -> Result<(f64, f64, f64, f64, f64)> {
     let cs = connect_k(ctx, v, server, k)?;
+    // RRPC_BENCH_POLLER_STATS: the client process's poller counters over the point, on stderr.
+    let poller = match (v.poller, std::env::var_os("RRPC_BENCH_POLLER_STATS")) {
+        (Some(_), Some(_)) => Some(rrpc_tonic::RrpcContext::shared(&v.config()).poller_handle()?),
+        _ => None,
+    };
+    let before = poller.as_ref().map(|p| p.stats());
     let pid = server.pid();
     let (c0, s0) = (CpuTimes::process()?, CpuTimes::of_pid(pid)?);
     let w0 = Instant::now();
@@ -130,6 +136,14 @@ fn low_point(
         .block_on(unary_load(cs, 32, 8, Some(period), dur))?;
     let wall = w0.elapsed();
     let (c1, s1) = (CpuTimes::process()?, CpuTimes::of_pid(pid)?);
+    if let (Some(p), Some(b)) = (&poller, before) {
+        eprintln!(
+            "low_load {} {k} clients, period {period:?}: {} calls, client poller {:?}",
+            v.name(),
+            r.ops,
+            p.stats().since(&b)
+        );
+    }
     let s = r.latency.summary();
     Ok((
         r.ops as f64 / r.elapsed.as_secs_f64(),

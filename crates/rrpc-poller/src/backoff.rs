@@ -13,8 +13,9 @@
 //!
 //! A thread at low load rarely finishes a window: it dozes within 100 µs of its last data. So
 //! the governor also keeps a moving hit rate of *episodes* (from a resume to the next doze,
-//! gain 1/8): an episode that spun at least `min_fruitless_spin` and woke nobody is a miss, and
-//! below a 1/8 hit rate the thread is not earning either. (A reader that arms and waits a
+//! gain 1/8): an episode that spun at least `min_fruitless_spin` and woke nobody is a miss, so
+//! is one that spun more than `max_spin_per_wake` for each reader it woke, and below a 1/8 hit
+//! rate the thread is not earning either. (A reader that arms and waits a
 //! millisecond for its next request makes exactly such episodes: the spin of its polling
 //! thread is pure cost.) An episode that woke nobody but hardly spun cost nothing and says
 //! nothing: in a ping-pong the reader's own recheck, the peer's scan or a doorbell often
@@ -90,16 +91,21 @@ pub struct GovernorConfig {
     /// The longest back-off.
     pub backoff_max: Duration,
     /// The least spinning an episode that woke nobody must have done to count as a miss;
-    /// shorter ones (and episodes never begun) are neutral. Also the most spinning per reader
-    /// woken an episode may have done to earn ([`Governor::episode`]).
+    /// shorter ones (and episodes never begun) are neutral ([`Governor::episode`]).
     pub min_fruitless_spin: Duration,
+    /// The most spinning per reader woken an episode may have done to earn
+    /// ([`Governor::episode`]).
+    pub max_spin_per_wake: Duration,
 }
 
 impl Default for GovernorConfig {
     /// 1 ms windows; descheduled beyond 30 % lost; at least 2 readers woken per window;
     /// back-offs from 4 ms to 128 ms; a fruitless episode counts after 50 µs of spinning (half
     /// the polling thread's default `doorbell_park_after`, so every episode that dozes for want
-    /// of data counts).
+    /// of data counts); an episode earns with at most 10 µs of spin per reader woken (about what
+    /// the doorbell costs both ends per wake-up: the writer's `write`, the reader's reactor
+    /// wake-up and `read`; an episode that ends in a doze spun the 100 µs doze delay too, so it
+    /// must have woken about ten readers).
     fn default() -> Self {
         Self {
             window: Duration::from_millis(1),
@@ -108,6 +114,7 @@ impl Default for GovernorConfig {
             backoff_min: Duration::from_millis(4),
             backoff_max: Duration::from_millis(128),
             min_fruitless_spin: Duration::from_micros(50),
+            max_spin_per_wake: Duration::from_micros(10),
         }
     }
 }
@@ -180,9 +187,10 @@ impl Governor {
     /// Ends a spin episode at `now` (the thread is about to doze): `woke` is how many readers
     /// it woke since it resumed ([`begin`](Self::begin)). Backs off while fewer than 1 in 8
     /// episodes earn. An episode earns when it woke readers for less than
-    /// `min_fruitless_spin` of spinning each: one that spun 150 µs to wake one reader (a
-    /// reply a low-load round trip away, then the doze's wait after it) cost more than the
-    /// doorbell it saved. An episode that woke nobody counts (as a miss) only if it spun for
+    /// `max_spin_per_wake` of spinning each: one that spun 150 µs to wake one reader (a
+    /// reply a low-load round trip away, then the doze's wait after it), or five (a burst of
+    /// calls that arrived together, every millisecond), cost more than the doorbells it
+    /// saved. An episode that woke nobody counts (as a miss) only if it spun for
     /// at least `min_fruitless_spin` since it began; one that was never begun (the thread
     /// resumed on its own timer) earns if it woke anyone and says nothing otherwise.
     pub fn episode(&mut self, now: Duration, woke: u64) -> Verdict {
@@ -192,7 +200,7 @@ impl Governor {
         }
         let per_wake = u32::try_from(woke).unwrap_or(u32::MAX);
         let earned = woke > 0
-            && spun.is_none_or(|s| s < self.cfg.min_fruitless_spin.saturating_mul(per_wake));
+            && spun.is_none_or(|s| s < self.cfg.max_spin_per_wake.saturating_mul(per_wake));
         let sample = if earned { 256 } else { 0 };
         self.episode_rate = self.episode_rate - (self.episode_rate >> 3) + (sample >> 3);
         if self.episode_rate >= 32 {
@@ -470,12 +478,27 @@ mod tests {
             assert!(episodes < 100, "never backed off");
         }
         assert_eq!(episodes, 17);
-        // Four readers in 150 µs: under 50 µs of spin each.
+        // A burst of five calls every millisecond (eight clients on one timer tick): five
+        // readers in 150 µs, 30 µs of spin each, three times what their doorbells cost.
+        let mut g = Governor::new(GovernorConfig::default());
+        let mut episodes = 0;
+        loop {
+            let t = Duration::from_millis(episodes);
+            episodes += 1;
+            g.begin(t, sample(Duration::ZERO));
+            if let Verdict::BackOff { reason, .. } = g.episode(t + 150 * US, 5) {
+                assert_eq!(reason, Reason::NotEarning);
+                break;
+            }
+            assert!(episodes < 100, "never backed off");
+        }
+        assert_eq!(episodes, 17);
+        // Sixteen readers in 150 µs: under 10 µs of spin each.
         let mut g = Governor::new(GovernorConfig::default());
         for i in 0..1000u64 {
             let t = Duration::from_millis(i);
             g.begin(t, sample(Duration::ZERO));
-            assert_eq!(g.episode(t + 150 * US, 4), Verdict::Spin, "episode {i}");
+            assert_eq!(g.episode(t + 150 * US, 16), Verdict::Spin, "episode {i}");
         }
     }
 

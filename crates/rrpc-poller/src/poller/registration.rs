@@ -25,8 +25,8 @@ use super::thread::scan;
 use super::{Inner, PROGRESS, Poller, SPIN_FIRST_YIELD, Wake, lock};
 
 /// A spin that caught its data only after this long is scored a miss
-/// ([`Registration::wait_ready`]): the same 50 µs a polling thread's spin episode may spend per
-/// reader it wakes ([`crate::backoff::GovernorConfig::min_fruitless_spin`]).
+/// ([`Registration::wait_ready`]): the same 50 µs after which a polling thread's spin episode
+/// that woke nobody is a miss ([`crate::backoff::GovernorConfig::min_fruitless_spin`]).
 const COSTLY_CATCH: Duration = Duration::from_micros(50);
 
 /// A handed-off wait's most turns to its worker's other tasks before it yields the CPU,
