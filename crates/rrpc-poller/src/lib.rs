@@ -79,7 +79,8 @@
 //!   catches data and holds a core. A task skips its spin while fewer than 1 in 8 of its spins
 //!   caught data within 50 µs (a later catch cost more CPU than the wake-up it saved; a spin
 //!   that ran out counts as a miss only when the data came at least 4 budgets and 500 µs
-//!   after the wait began; one probe spin in 16 waits; judged apart for
+//!   after the wait began; one probe spin in 16 waits, spaced out up to 1 in 256 while probes
+//!   spin their whole budget for nothing; judged apart for
 //!   each phase, the waits begun since this end last sent: a reply's wait is not an idle
 //!   one), and cuts a spin short when a gap of 20 µs
 //!   between two of its clock reads shows it was descheduled ([`SpinTuner`]). A spin that
@@ -90,8 +91,8 @@
 //!   measures each 1 ms window of spinning (run-queue delay from
 //!   `/proc/thread-self/schedstat`, else wall minus CPU time; readers woken) and each spin
 //!   episode (resume to doze); when it lost over 30 % of a window, woke fewer than 2 readers
-//!   in one, or fewer than 1 in 8 of its episodes earned (woke readers for under 50 µs of
-//!   spin each), it backs off for 4 ms, doubling
+//!   in one, or fewer than 1 in 8 of its episodes earned (woke readers for at most 10 µs of
+//!   spin each, about what their doorbells cost), it backs off for 4 ms, doubling
 //!   up to 128 ms ([`backoff::Governor`]). Backed off, it dozes as soon as its armed
 //!   connections all have doorbells, and their tasks announce their own sleeps instead of
 //!   kicking it where an announce misses nothing (shm; one futex wake saved per sleep).
