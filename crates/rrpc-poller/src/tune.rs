@@ -9,12 +9,8 @@
 //! tuner keeps a moving hit rate of the spins it granted (gain 1/8): a spin that ran out, or
 //! that lost its core (the caller saw a gap of [`PREEMPT_GAP`] between two of its clock reads:
 //! the thread was descheduled and waited for the scheduler, not for data), is a miss. Below a
-//! 1/8 hit rate, [`next_budget`](SpinTuner::next_budget) grants no spin, except a probe,
-//! which lets the rate recover when the traffic changes: one in 16 waits, and twice as far
-//! apart after each probe that spun long for nothing (ran out its budget, or caught its data
-//! only after 50 µs), up to one in 256 waits: at one in 16, HTTP/2's 200 µs probes cost 12 µs
-//! per wait at low load. A probe cut short (a busy worker, a lost core) cost little and leaves
-//! the spacing alone; a hit brings it back to 16. A server connection
+//! 1/8 hit rate, [`next_budget`](SpinTuner::next_budget) grants no spin, except one probe in
+//! every 16 waits, which lets the rate recover when the traffic changes. A server connection
 //! whose next request comes a millisecond later stops burning 50 µs per call this way, while a
 //! client waiting for its reply keeps spinning. Both directions work in fixed mode too: only
 //! the RTT-following length needs `auto`.
@@ -41,10 +37,6 @@ pub struct SpinTuner {
     hit_rate: [u32; PHASES],
     /// Waits since the last granted spin (for the probe), per phase.
     skipped: [u32; PHASES],
-    /// Waits between two probes, per phase: [`PROBE_EVERY`], doubled by each probe that spun
-    /// long for nothing ([`SpinTuner::spun_long`]) up to [`PROBE_EVERY_MAX`], back to
-    /// [`PROBE_EVERY`] by a hit.
-    probe_every: [u32; PHASES],
     /// The current wait's phase ([`SpinTuner::begin_wait`]).
     phase: usize,
 }
@@ -58,10 +50,8 @@ pub(crate) const PREEMPT_GAP: Duration = Duration::from_micros(20);
 const FAR_MISS_MIN: Duration = Duration::from_micros(500);
 /// Below this hit rate (in 1/256ths: 1/8) a wait does not spin.
 const MIN_HIT_RATE: u32 = 32;
-/// While backed off, one wait in this many spins anyway, to measure again (the first probe).
+/// While backed off, one wait in this many spins anyway, to measure again.
 const PROBE_EVERY: u32 = 16;
-/// The widest spacing of probes that keep missing.
-const PROBE_EVERY_MAX: u32 = 256;
 
 /// Weight of a new sample: 1/8 (TCP's SRTT gain).
 const GAIN_SHIFT: u32 = 3;
@@ -82,7 +72,6 @@ impl SpinTuner {
             ewma_ns: cap_ns,
             hit_rate: [256; PHASES],
             skipped: [0; PHASES],
-            probe_every: [PROBE_EVERY; PHASES],
             phase: 0,
         }
     }
@@ -115,15 +104,12 @@ impl SpinTuner {
     }
 
     /// The spin to grant the wait that starts now: [`budget`](Self::budget), or zero while
-    /// the current phase's hit rate is below 1/8, but for a probe: one in 16 of its waits,
-    /// twice as far apart after each probe that spun long for nothing
-    /// ([`spun_long`](Self::spun_long)), up to one in 256, until a spin hits
-    /// ([`spun`](Self::spun)).
+    /// the current phase's hit rate is below 1/8 (one probe spin every 16 of its waits).
     pub fn next_budget(&mut self) -> Duration {
         let p = self.phase;
         if self.hit_rate[p] < MIN_HIT_RATE {
             self.skipped[p] += 1;
-            if self.skipped[p] < self.probe_every[p] {
+            if self.skipped[p] < PROBE_EVERY {
                 return Duration::ZERO;
             }
         }
@@ -145,23 +131,9 @@ impl SpinTuner {
     /// soon enough to earn, `false` if it ran out, lost its core, caught the data only late, or
     /// was cut short because the worker's other tasks had work (the caller judges which).
     pub fn spun(&mut self, hit: bool) {
-        if hit {
-            self.probe_every[self.phase] = PROBE_EVERY;
-        }
         let sample = if hit { 256 } else { 0 };
         let r = &mut self.hit_rate[self.phase];
         *r = *r - (*r >> GAIN_SHIFT) + (sample >> GAIN_SHIFT);
-    }
-
-    /// Says that the current wait's granted spin ran long for nothing: it ran out its whole
-    /// budget, or caught its data only when a wake-up would have cost less. While the phase is
-    /// backed off (the spin was a probe) the next probe comes twice as many waits later, up to
-    /// one in 256.
-    pub fn spun_long(&mut self) {
-        let p = self.phase;
-        if self.hit_rate[p] < MIN_HIT_RATE {
-            self.probe_every[p] = (self.probe_every[p] * 2).min(PROBE_EVERY_MAX);
-        }
     }
 
     /// Feeds a granted spin that ran out, once the data came after `waited` in all: a miss
@@ -253,46 +225,18 @@ mod tests {
     fn spins_that_miss_back_off_to_a_probe_and_hits_bring_them_back() {
         let mut t = SpinTuner::new(Duration::from_micros(50), false);
         assert_eq!(t.next_budget(), Duration::from_micros(50));
-        // Every spin misses: granted until the rate falls below 1/8.
         let mut granted = 0;
-        while !t.next_budget().is_zero() {
-            granted += 1;
-            t.spun(false);
-        }
-        assert!(t.backed_off(), "rate {}", t.hit_rate());
-        assert_eq!(granted, 17);
-        // Once backed off, one wait in 16 spins while the probes are cut short (a busy
-        // worker: cheap) ...
-        let probes = (2..=160)
-            .filter(|_| {
-                let probe = !t.next_budget().is_zero();
-                if probe {
-                    t.spun(false);
-                }
-                probe
-            })
-            .count();
-        assert_eq!(probes, 10);
-        // ... and probes that spin their whole budget for nothing spread out: the next after
-        // 16 waits, then 32 apart, 64, 128, and 256.
-        let mut at = Vec::new();
-        for i in 1..=480 {
+        for _ in 0..40 {
             if !t.next_budget().is_zero() {
-                at.push(i);
-                t.spun_long();
+                granted += 1;
+                t.spun(false);
             }
         }
-        assert_eq!(at, [16, 48, 112, 240]);
-        let probes = (0..2560)
-            .filter(|_| {
-                let probe = !t.next_budget().is_zero();
-                if probe {
-                    t.spun_long();
-                }
-                probe
-            })
-            .count();
+        assert!(t.backed_off(), "rate {}", t.hit_rate());
+        // Once backed off, one wait in 16 still spins.
+        let probes = (0..160).filter(|_| !t.next_budget().is_zero()).count();
         assert_eq!(probes, 10);
+        assert!(granted < 40);
         // Probes that hit bring spinning back.
         while t.backed_off() {
             if !t.next_budget().is_zero() {
@@ -300,12 +244,6 @@ mod tests {
             }
         }
         assert_eq!(t.next_budget(), Duration::from_micros(50));
-        // The hit reset the spacing: backed off again, the first probe comes after 16 waits.
-        while !t.backed_off() {
-            t.spun(false);
-        }
-        let first = (1..=64).find(|_| !t.next_budget().is_zero());
-        assert_eq!(first, Some(16));
     }
 
     #[test]
@@ -343,7 +281,6 @@ mod tests {
                 }
                 if !t.next_budget().is_zero() {
                     t.ran_out(Duration::from_millis(1));
-                    t.spun_long();
                     if call >= 100 {
                         idle_spins += 1;
                     }
@@ -357,8 +294,8 @@ mod tests {
             }
             idle_spins
         };
-        // Backed off: the probes of the last 100 idle waits, 256 apart by then.
-        assert!(run(true) <= 1, "{}", run(true));
+        // Backed off: one probe in 16 of the last 100 idle waits.
+        assert!(run(true) <= 7, "{}", run(true));
         assert_eq!(run(false), 100, "one hit rate never backs off");
     }
 
@@ -380,7 +317,8 @@ mod tests {
     }
 
     proptest! {
-        /// The hit rate stays in [0, 1].
+        /// The hit rate stays in [0, 1] and a backed-off tuner grants exactly one spin per
+        /// 16 waits until a hit.
         #[test]
         fn hit_rate_is_bounded(outcomes in proptest::collection::vec(any::<bool>(), 0..200)) {
             let mut t = SpinTuner::new(Duration::from_micros(50), false);

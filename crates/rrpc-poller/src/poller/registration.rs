@@ -434,9 +434,6 @@ impl Registration {
                         // low load its client spun out the server's whole wake-up, every
                         // call): it does not count as earning.
                         self.tuner.spun(waited < COSTLY_CATCH);
-                        if waited >= COSTLY_CATCH {
-                            self.tuner.spun_long();
-                        }
                         return Ok(());
                     }
                     std::hint::spin_loop();
@@ -452,9 +449,6 @@ impl Registration {
                 last = now;
                 if now.duration_since(start) >= budget {
                     ran_out = true;
-                    if backoff {
-                        self.tuner.spun_long();
-                    }
                     break;
                 }
                 if now >= next_yield {

@@ -240,9 +240,9 @@ impl Readiness for ReadyAt {
 
 /// Many clients on few cores: a spin whose worker has other tasks with work stops at its
 /// first yield. That is a miss of the connection's spins, so a connection whose worker is
-/// always busy stops spinning (one probe in 16 waits; cut short, probes stay that close)
-/// instead of paying a yield, a re-poll and a neighbour scan on every wait (Fig. 8 (a) at 256
-/// clients: 0.50-0.56 -> 0.89-1.00 of the best mode, docs/measured.md).
+/// always busy stops spinning (one probe in 16 waits) instead of paying a yield, a re-poll
+/// and a neighbour scan on every wait (Fig. 8 (a) at 256 clients: 0.50-0.56 -> 0.89-1.00 of
+/// the best mode, docs/measured.md).
 #[test]
 fn a_connection_whose_worker_is_always_busy_stops_spinning() {
     rt().block_on(async {
