@@ -79,8 +79,7 @@
 //!   catches data and holds a core. A task skips its spin while fewer than 1 in 8 of its spins
 //!   caught data within 50 µs (a later catch cost more CPU than the wake-up it saved; a spin
 //!   that ran out counts as a miss only when the data came at least 4 budgets and 500 µs
-//!   after the wait began; one probe spin in 16 waits, spaced out up to 1 in 256 while probes
-//!   spin their whole budget for nothing; judged apart for
+//!   after the wait began; one probe spin in 16 waits; judged apart for
 //!   each phase, the waits begun since this end last sent: a reply's wait is not an idle
 //!   one), and cuts a spin short when a gap of 20 µs
 //!   between two of its clock reads shows it was descheduled ([`SpinTuner`]). A spin that
