@@ -102,7 +102,7 @@ impl Default for GovernorConfig {
     /// 1 ms windows; descheduled beyond 30 % lost; at least 2 readers woken per window;
     /// back-offs from 4 ms to 128 ms; a fruitless episode counts after 50 µs of spinning (half
     /// the polling thread's default `doorbell_park_after`, so every episode that dozes for want
-    /// of data counts); an episode earns with at most 10 µs of spin per reader woken (about what
+    /// of data counts); an episode earns with under 10 µs of spin per reader woken (about what
     /// the doorbell costs both ends per wake-up: the writer's `write`, the reader's reactor
     /// wake-up and `read`; an episode that ends in a doze spun the 100 µs doze delay too, so it
     /// must have woken about ten readers).

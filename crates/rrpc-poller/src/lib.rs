@@ -90,7 +90,7 @@
 //!   measures each 1 ms window of spinning (run-queue delay from
 //!   `/proc/thread-self/schedstat`, else wall minus CPU time; readers woken) and each spin
 //!   episode (resume to doze); when it lost over 30 % of a window, woke fewer than 2 readers
-//!   in one, or fewer than 1 in 8 of its episodes earned (woke readers for at most 10 µs of
+//!   in one, or fewer than 1 in 8 of its episodes earned (woke readers for under 10 µs of
 //!   spin each, about what their doorbells cost), it backs off for 4 ms, doubling
 //!   up to 128 ms ([`backoff::Governor`]). Backed off, it dozes as soon as its armed
 //!   connections all have doorbells, and their tasks announce their own sleeps instead of
