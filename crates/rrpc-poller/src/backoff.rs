@@ -463,36 +463,25 @@ mod tests {
     /// earning. A busy thread that wakes readers every few microseconds earns.
     #[test]
     fn episodes_that_spin_long_for_each_reader_they_wake_back_off() {
-        let mut g = Governor::new(GovernorConfig::default());
-        let mut t = Duration::ZERO;
-        let mut episodes = 0;
-        loop {
-            t += MS;
-            episodes += 1;
-            g.begin(t, sample(Duration::ZERO));
-            // Woke one reader after 50 µs, then spun its 100 µs doze delay.
-            if let Verdict::BackOff { reason, .. } = g.episode(t + 150 * US, 1) {
-                assert_eq!(reason, Reason::NotEarning);
-                break;
+        // Episodes of 150 µs, one per ms, each waking `woke` readers: how many until the
+        // thread backs off (as not earning).
+        let episodes_until_backoff = |woke: u64| {
+            let mut g = Governor::new(GovernorConfig::default());
+            for episodes in 1..100u64 {
+                let t = Duration::from_millis(episodes);
+                g.begin(t, sample(Duration::ZERO));
+                if let Verdict::BackOff { reason, .. } = g.episode(t + 150 * US, woke) {
+                    assert_eq!(reason, Reason::NotEarning);
+                    return episodes;
+                }
             }
-            assert!(episodes < 100, "never backed off");
-        }
-        assert_eq!(episodes, 17);
+            panic!("never backed off waking {woke} readers per episode");
+        };
+        // Woke one reader after 50 µs, then spun its 100 µs doze delay.
+        assert_eq!(episodes_until_backoff(1), 17);
         // A burst of five calls every millisecond (eight clients on one timer tick): five
         // readers in 150 µs, 30 µs of spin each, three times what their doorbells cost.
-        let mut g = Governor::new(GovernorConfig::default());
-        let mut episodes = 0;
-        loop {
-            let t = Duration::from_millis(episodes);
-            episodes += 1;
-            g.begin(t, sample(Duration::ZERO));
-            if let Verdict::BackOff { reason, .. } = g.episode(t + 150 * US, 5) {
-                assert_eq!(reason, Reason::NotEarning);
-                break;
-            }
-            assert!(episodes < 100, "never backed off");
-        }
-        assert_eq!(episodes, 17);
+        assert_eq!(episodes_until_backoff(5), 17);
         // Sixteen readers in 150 µs: under 10 µs of spin each.
         let mut g = Governor::new(GovernorConfig::default());
         for i in 0..1000u64 {
