@@ -221,10 +221,13 @@ impl MsgRx for RingsRx {
                 },
                 Err(e) => return Err(e.into()),
             };
-            if got {
-                // Push our head now: the sender may be waiting for space.
-                self.rx.flush()?;
-            }
+            // No head push here: RB²'s lazy push (every `gamma` messages, or
+            // once `flush_slots` slots were read, as the message is released)
+            // and the push of a receiver going idle (`AsyncReceiver::recv`,
+            // before it waits) keep a sender that found the ring full going.
+            // A push after every message cost a WRITE per message on the
+            // reply's critical path (~700 instructions on shm, and a cache
+            // line the peer's sender then reads).
             Ok(got)
         })
     }
