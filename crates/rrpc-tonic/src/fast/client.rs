@@ -391,6 +391,9 @@ async fn call(
                 guard.finished();
                 return Err(Box::new(Status::new(e.code(), format!("rrpc: {e}"))));
             }
+            // Dropped while the server works, not after its answer came:
+            // the answer's way back is the caller's critical path.
+            drop(body);
         }
         d @ (Drained::Complete | Drained::More) => {
             // The rest of the body, if more will come.
@@ -413,6 +416,9 @@ async fn call(
         }
     }
 
+    // The request's head too (its header map, extensions, URI): freed
+    // while the server works.
+    drop(parts);
     let mut slot = SlotRef { id, shared };
     let first = match deadline {
         Some(d) => {

@@ -621,7 +621,12 @@ impl ShmQp {
         if let Some(e) = self.failure() {
             return Err(e);
         }
-        self.peer.get().ok_or(Error::NotConnected)
+        // Not `ok_or`: every post comes here, and an `Error` made and dropped
+        // on the way costs a destructor call.
+        match self.peer.get() {
+            Some(p) => Ok(p),
+            None => Err(Error::NotConnected),
+        }
     }
 
     /// Maps regions the peer granted after we connected (a logical
