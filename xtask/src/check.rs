@@ -50,6 +50,10 @@ pub(crate) enum Source {
     Poller,
     /// `icount` under callgrind: table `icount` (`op`, `instructions_per_op`).
     Icount,
+    /// `demo --only PATH` under callgrind on one CPU, per path: table `demo_icount` (`path`,
+    /// `instructions_per_call`; both ends and the runtime, one process).
+    #[serde(rename = "demo-icount")]
+    DemoIcount,
 }
 
 impl Source {
@@ -62,13 +66,22 @@ impl Source {
             Source::Connect => "connect",
             Source::Poller => "poller",
             Source::Icount => "icount",
+            Source::DemoIcount => "demo",
+        }
+    }
+
+    /// The directory of its run in a round.
+    fn dir_name(self) -> &'static str {
+        match self {
+            Source::DemoIcount => "demo-icount",
+            s => s.bin(),
         }
     }
 
     /// The package that builds the binary.
     fn package(self) -> &'static str {
         match self {
-            Source::Demo => "examples",
+            Source::Demo | Source::DemoIcount => "examples",
             _ => "rrpc-bench",
         }
     }
@@ -92,7 +105,7 @@ impl Source {
             Source::Kv => [quick("ycsb"), vec!["--ycsb-workloads".into(), "c".into()]].concat(),
             Source::Connect => quick("connect_time"),
             Source::Poller => quick("idle_cpu"),
-            Source::Icount => Vec::new(),
+            Source::Icount | Source::DemoIcount => Vec::new(),
         }
     }
 }
@@ -565,11 +578,82 @@ fn run_icount(bin_dir: &Path, root: &Path, dir: &Path) -> Result<Vec<TableFile>>
     }])
 }
 
+/// The demo's paths `demo-icount` counts, and the two call counts whose difference cancels
+/// start-up (each after the demo's warm-up of 10 %).
+const DEMO_ICOUNT_PATHS: &[&str] = &["shm-fast", "tonic-inproc"];
+const DEMO_ICOUNT_CALLS: (u64, u64) = (1000, 3000);
+
+/// One CPU this process may run on (the first of its affinity mask).
+fn one_cpu() -> Result<usize> {
+    let set = nix::sched::sched_getaffinity(nix::unistd::Pid::from_raw(0))
+        .context("sched_getaffinity")?;
+    (0..nix::sched::CpuSet::count())
+        .find(|&c| set.is_set(c).unwrap_or(false))
+        .context("no CPU in this process's affinity mask")
+}
+
+/// `demo --only PATH --calls N --no-pin` under callgrind, confined to one CPU with `taskset`:
+/// table `demo_icount`. On one CPU every wait of the ring paths is handed to the peer (no
+/// spin: `rrpc_poller::Handoff::Auto`), so the count is what a call's work costs, both ends
+/// together, and it repeats from run to run (a spin's count would depend on the scheduler).
+fn run_demo_icount(bin_dir: &Path, root: &Path, dir: &Path) -> Result<Vec<TableFile>> {
+    let cpu = one_cpu()?.to_string();
+    let mut rows = Vec::new();
+    for path in DEMO_ICOUNT_PATHS {
+        let mut totals = Vec::new();
+        for calls in [DEMO_ICOUNT_CALLS.0, DEMO_ICOUNT_CALLS.1] {
+            let out = Command::new("taskset")
+                .args(["-c", &cpu, "valgrind", "--tool=callgrind"])
+                .arg(format!(
+                    "--callgrind-out-file={}",
+                    dir.join(format!("callgrind.{path}.{calls}")).display()
+                ))
+                .arg(bin_dir.join("demo"))
+                .args(["--only", path, "--no-pin", "--calls", &calls.to_string()])
+                .current_dir(root)
+                .stdin(Stdio::null())
+                .output()
+                .context("starting taskset (util-linux) with valgrind")?;
+            let err = String::from_utf8_lossy(&out.stderr);
+            fs::write(
+                dir.join(format!("stderr.{path}.{calls}.log")),
+                err.as_bytes(),
+            )?;
+            if !out.status.success() {
+                bail!(
+                    "demo --only {path} under callgrind exited with {}",
+                    out.status
+                );
+            }
+            totals.push(callgrind_total(&err)?);
+        }
+        // The demo runs 10 % more calls than asked (its warm-up).
+        let calls = (DEMO_ICOUNT_CALLS.1 - DEMO_ICOUNT_CALLS.0) as f64 * 1.1;
+        let per_call = (totals[1] as f64 - totals[0] as f64) / calls;
+        rows.push(vec![serde_json::json!(path), serde_json::json!(per_call)]);
+    }
+    Ok(vec![TableFile {
+        suite: "demo-icount".into(),
+        quick: false,
+        machine: serde_json::Value::Null,
+        experiment: "demo_icount".into(),
+        title: "demo: instructions per call on one CPU (callgrind)".into(),
+        columns: vec!["path".into(), "instructions_per_call".into()],
+        rows,
+        notes: Vec::new(),
+        plot: None,
+        more_plots: Vec::new(),
+    }])
+}
+
 /// Runs one source into `dir` and returns its tables.
 fn run_source(bin_dir: &Path, root: &Path, source: Source, dir: &Path) -> Result<Vec<TableFile>> {
     fs::create_dir_all(dir)?;
     if source == Source::Icount {
         return run_icount(bin_dir, root, dir);
+    }
+    if source == Source::DemoIcount {
+        return run_demo_icount(bin_dir, root, dir);
     }
     let log = fs::File::create(dir.join("stderr.log"))?;
     let stdout_path = dir.join("stdout.txt");
@@ -650,13 +734,18 @@ pub(crate) fn run(args: &BenchArgs) -> Result<()> {
     } else {
         let mut a: Vec<String> = vec!["build".into(), "--profile".into(), profile.into()];
         for pkg in ["rrpc-bench", "examples"] {
-            let bins: Vec<&Source> = sources.iter().filter(|s| s.package() == pkg).collect();
+            let mut bins: Vec<&str> = sources
+                .iter()
+                .filter(|s| s.package() == pkg)
+                .map(|s| s.bin())
+                .collect();
+            bins.dedup();
             if bins.is_empty() {
                 continue;
             }
             a.extend(["-p".into(), pkg.into()]);
-            for s in bins {
-                a.extend(["--bin".into(), s.bin().into()]);
+            for b in bins {
+                a.extend(["--bin".into(), b.into()]);
             }
         }
         let t = Instant::now();
@@ -691,13 +780,13 @@ pub(crate) fn run(args: &BenchArgs) -> Result<()> {
     for round in 0..rounds {
         let mut tables: BTreeMap<Source, Result<Vec<TableFile>, String>> = BTreeMap::new();
         for s in round_order(&sources, round) {
-            let dir = out.join(format!("round{}", round + 1)).join(s.bin());
+            let dir = out.join(format!("round{}", round + 1)).join(s.dir_name());
             let t = Instant::now();
             let r = run_source(&bin_dir, &root, s, &dir).map_err(|e| format!("{e:#}"));
             eprintln!(
                 "check: round {}/{rounds} {:<8} {} in {:.1}s",
                 round + 1,
-                s.bin(),
+                s.dir_name(),
                 if r.is_ok() { "ok" } else { "FAILED" },
                 t.elapsed().as_secs_f64()
             );
@@ -799,7 +888,8 @@ mod tests {
                 Source::Kv,
                 Source::Connect,
                 Source::Poller,
-                Source::Icount
+                Source::Icount,
+                Source::DemoIcount
             ]
         );
     }
