@@ -90,6 +90,7 @@ impl FastChannel {
             rx: Mutex::new(RxState {
                 rx: Some(rx),
                 fut: None,
+                events: Vec::new(),
             }),
             peer_window,
             retired: AtomicBool::new(false),

@@ -102,12 +102,17 @@ pub(super) type RecvOut = (
     Option<FrameError>,
 );
 
+/// The most events whose buffer [`RxState`] keeps between receives.
+const KEPT_EVENTS: usize = 64;
+
 #[derive(Default)]
 pub(super) struct RxState {
     /// The receiver while no receive is in flight (`None` once the connection ended).
     pub(super) rx: Option<Box<dyn MsgRx>>,
     /// The receive in flight, polled by whichever call drives.
     pub(super) fut: Option<BoxFut<'static, RecvOut>>,
+    /// The event buffer between receives (empty; kept for its allocation).
+    pub(super) events: Vec<(u32, Event)>,
 }
 
 pub(super) struct Shared {
@@ -139,9 +144,13 @@ impl std::fmt::Debug for Shared {
     }
 }
 
-pub(super) fn receive(mut rx: Box<dyn MsgRx>) -> BoxFut<'static, RecvOut> {
+/// One receive: the message's events go to `events` (empty; reused from
+/// receive to receive, so that a message costs no allocation of its own).
+pub(super) fn receive(
+    mut rx: Box<dyn MsgRx>,
+    mut events: Vec<(u32, Event)>,
+) -> BoxFut<'static, RecvOut> {
     Box::pin(async move {
-        let mut events = Vec::new();
         let mut goaway = false;
         let mut bad = None;
         let r = rx
@@ -264,7 +273,10 @@ impl Shared {
             };
             let fut = match rxs.fut.take() {
                 Some(f) => Some(f),
-                None => rxs.rx.take().map(receive),
+                None => {
+                    let events = std::mem::take(&mut rxs.events);
+                    rxs.rx.take().map(|rx| receive(rx, events))
+                }
             };
             let Some(mut fut) = fut else {
                 // The connection ended; `close` queued a Reset for every call.
@@ -282,7 +294,7 @@ impl Shared {
                     lock(&self.table).driver = Some(id);
                     return Poll::Pending;
                 }
-                Poll::Ready((rx, r, events, goaway, bad)) => {
+                Poll::Ready((rx, r, mut events, goaway, bad)) => {
                     let mut t = lock(&self.table);
                     t.driver = None;
                     if goaway {
@@ -290,10 +302,14 @@ impl Shared {
                         t.conn.handle_goaway();
                     }
                     let mut bad = bad;
-                    for (cid, ev) in events {
+                    for (cid, ev) in events.drain(..) {
                         if let Err(e) = self.deliver(&mut t, cid, ev) {
                             bad.get_or_insert(e);
                         }
+                    }
+                    // A message of many frames does not leave a large buffer behind.
+                    if events.capacity() <= KEPT_EVENTS {
+                        rxs.events = events;
                     }
                     let end = t.conn.handle_receive(r.as_ref().map(|b| *b), bad);
                     match end {

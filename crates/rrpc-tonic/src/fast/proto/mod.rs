@@ -141,7 +141,10 @@ mod tests;
 
 /// Parses `grpc-timeout` as tonic does (at most 8 digits and a unit).
 pub(crate) fn parse_grpc_timeout(headers: &HeaderMap) -> Option<Duration> {
-    let s = headers.get("grpc-timeout")?.to_str().ok()?;
+    // A `HeaderName`, not a `&str`: `http` would parse the string into a
+    // name on every lookup (~250 instructions, twice a call).
+    static GRPC_TIMEOUT: http::HeaderName = http::HeaderName::from_static("grpc-timeout");
+    let s = headers.get(&GRPC_TIMEOUT)?.to_str().ok()?;
     if s.len() < 2 || s.len() > 9 {
         return None;
     }
