@@ -214,18 +214,36 @@ pub fn metadata_len(map: &HeaderMap) -> usize {
         .sum::<usize>()
 }
 
+/// One entry a payload adds after its map's: a header the transport adds (as
+/// hyper adds `date` to a response, and tonic's channel `user-agent` to a
+/// request), encoded without inserting it into the map (an insert costs a
+/// hash, and often a reallocation of a map tonic sized for what it put in).
+pub type Extra<'a> = Option<(&'a http::HeaderName, &'a http::HeaderValue)>;
+
 /// Appends a metadata block. Entries beyond `u16::MAX` are dropped (far above
 /// any header-list limit a gRPC peer accepts).
 pub fn put_metadata(out: &mut Vec<u8>, map: &HeaderMap) {
-    let n = map.len().min(u16::MAX as usize);
-    out.extend_from_slice(&(n as u16).to_le_bytes());
-    for (k, v) in map.iter().take(n) {
+    put_metadata_with(out, map, None);
+}
+
+/// [`put_metadata`], then `extra` (within the same `u16::MAX` entries).
+pub fn put_metadata_with(out: &mut Vec<u8>, map: &HeaderMap, extra: Extra<'_>) {
+    let max = u16::MAX as usize;
+    let n = map.len().min(max);
+    let extra = extra.filter(|_| n < max);
+    out.extend_from_slice(&((n + usize::from(extra.is_some())) as u16).to_le_bytes());
+    for (k, v) in map.iter().take(n).chain(extra) {
         let name = k.as_str().as_bytes();
         out.extend_from_slice(&(name.len() as u16).to_le_bytes());
         out.extend_from_slice(name);
         out.extend_from_slice(&(v.len() as u32).to_le_bytes());
         out.extend_from_slice(v.as_bytes());
     }
+}
+
+/// Encoded length of `extra` in a metadata block.
+fn extra_len(extra: Extra<'_>) -> usize {
+    extra.map_or(0, |(k, v)| 2 + k.as_str().len() + 4 + v.len())
 }
 
 struct Reader<'a>(&'a [u8]);
@@ -587,13 +605,24 @@ pub struct RequestHead {
 
 /// Encodes the payload of a REQUEST_HEADERS frame (`authority` empty: none).
 pub fn request_headers_payload(path: &str, authority: &str, map: &HeaderMap) -> Vec<u8> {
-    let mut out = Vec::with_capacity(4 + path.len() + authority.len() + metadata_len(map));
+    request_headers_payload_with(path, authority, map, None)
+}
+
+/// [`request_headers_payload`] with one more entry after the map's ([`Extra`]).
+pub fn request_headers_payload_with(
+    path: &str,
+    authority: &str,
+    map: &HeaderMap,
+    extra: Extra<'_>,
+) -> Vec<u8> {
+    let mut out =
+        Vec::with_capacity(4 + path.len() + authority.len() + metadata_len(map) + extra_len(extra));
     for field in [path, authority] {
         let f = &field.as_bytes()[..field.len().min(u16::MAX as usize)];
         out.extend_from_slice(&(f.len() as u16).to_le_bytes());
         out.extend_from_slice(f);
     }
-    put_metadata(&mut out, map);
+    put_metadata_with(&mut out, map, extra);
     out
 }
 
@@ -636,9 +665,18 @@ pub fn parse_request_headers(payload: &[u8]) -> Result<RequestHead, FrameError> 
 /// Encodes the payload of a RESPONSE_HEADERS frame: the response's HTTP
 /// status (as hyper would send `:status`) and its headers.
 pub fn response_headers_payload(status: http::StatusCode, map: &HeaderMap) -> Vec<u8> {
-    let mut out = Vec::with_capacity(2 + metadata_len(map));
+    response_headers_payload_with(status, map, None)
+}
+
+/// [`response_headers_payload`] with one more entry after the map's ([`Extra`]).
+pub fn response_headers_payload_with(
+    status: http::StatusCode,
+    map: &HeaderMap,
+    extra: Extra<'_>,
+) -> Vec<u8> {
+    let mut out = Vec::with_capacity(2 + metadata_len(map) + extra_len(extra));
     out.extend_from_slice(&status.as_u16().to_le_bytes());
-    put_metadata(&mut out, map);
+    put_metadata_with(&mut out, map, extra);
     out
 }
 
@@ -819,6 +857,22 @@ mod tests {
         #[test]
         fn metadata_round_trip(map in arb_map()) {
             prop_assert_eq!(parse_metadata(&metadata_payload(&map)).unwrap(), map);
+        }
+
+        /// An entry encoded after the map's decodes as if it had been
+        /// appended to the map, in requests and responses alike.
+        #[test]
+        fn an_extra_entry_decodes_as_appended(map in arb_map(), value in "[ -~]{0,40}") {
+            let name = http::header::USER_AGENT;
+            let value = http::HeaderValue::from_str(&value).unwrap();
+            let mut want = map.clone();
+            want.append(name.clone(), value.clone());
+            let req = request_headers_payload_with("/a.B/C", "", &map, Some((&name, &value)));
+            prop_assert_eq!(parse_request_headers(&req).unwrap().headers, want.clone());
+            let status = http::StatusCode::OK;
+            let resp = response_headers_payload_with(status, &map, Some((&name, &value)));
+            prop_assert_eq!(parse_response_headers(&resp).unwrap(), (status, want));
+            prop_assert_eq!(response_headers_payload_with(status, &map, None), response_headers_payload(status, &map));
         }
 
         /// Arbitrary bytes never panic the decoder and never yield a frame

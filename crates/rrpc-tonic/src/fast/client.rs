@@ -233,22 +233,21 @@ impl tower::Service<http::Request<Body>> for FastChannel {
     }
 }
 
-/// tonic's `UserAgent` layer: ours, or the request's followed by ours.
-fn add_user_agent(headers: &mut http::HeaderMap, ours: &http::HeaderValue) {
+/// tonic's `UserAgent` layer: ours, or the request's followed by ours. Ours
+/// alone is encoded after the map's entries (`true`: see
+/// [`frame::Extra`]); the request's own is amended in the map (`false`).
+fn add_user_agent(headers: &mut http::HeaderMap, ours: &http::HeaderValue) -> bool {
     use http::header::USER_AGENT;
-    match headers.get(USER_AGENT) {
-        None => {
-            headers.insert(USER_AGENT, ours.clone());
-        }
-        Some(theirs) => {
-            let mut v = theirs.as_bytes().to_vec();
-            v.push(b' ');
-            v.extend_from_slice(ours.as_bytes());
-            if let Ok(v) = http::HeaderValue::from_bytes(&v) {
-                headers.insert(USER_AGENT, v);
-            }
-        }
+    let Some(theirs) = headers.get(USER_AGENT) else {
+        return true;
+    };
+    let mut v = theirs.as_bytes().to_vec();
+    v.push(b' ');
+    v.extend_from_slice(ours.as_bytes());
+    if let Ok(v) = http::HeaderValue::from_bytes(&v) {
+        headers.insert(USER_AGENT, v);
     }
+    false
 }
 
 /// What the request body had ready at once.
@@ -357,8 +356,9 @@ async fn call(
         .authority()
         .or(inner.opts.authority.as_ref())
         .map_or("", |a| a.as_str());
-    add_user_agent(&mut parts.headers, &inner.opts.user_agent);
-    let headers = frame::request_headers_payload(path, authority, &parts.headers);
+    let ua = &inner.opts.user_agent;
+    let extra = add_user_agent(&mut parts.headers, ua).then_some((&http::header::USER_AGENT, ua));
+    let headers = frame::request_headers_payload_with(path, authority, &parts.headers, extra);
     let mut guard = CallGuard {
         id,
         inner,

@@ -428,19 +428,20 @@ fn build_request(head: frame::RequestHead, body: RecvBody) -> http::Request<Body
 }
 
 /// hyper's `date` response header (RFC 9110 §6.6.1), unless the service
-/// set one: formatted once a second per thread.
-fn add_date(headers: &mut http::HeaderMap) {
+/// set one: formatted once a second per thread. Encoded after the map's
+/// entries ([`frame::Extra`]), not inserted into it.
+fn date(headers: &http::HeaderMap) -> Option<http::HeaderValue> {
     use std::cell::RefCell;
     use std::time::{SystemTime, UNIX_EPOCH};
     thread_local! {
         static CACHED: RefCell<(u64, Option<http::HeaderValue>)> = const { RefCell::new((0, None)) };
     }
     if headers.contains_key(http::header::DATE) {
-        return;
+        return None;
     }
     let now = SystemTime::now();
     let sec = now.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
-    let value = CACHED.with(|c| {
+    CACHED.with(|c| {
         let mut c = c.borrow_mut();
         if c.0 != sec || c.1.is_none() {
             *c = (
@@ -449,10 +450,7 @@ fn add_date(headers: &mut http::HeaderMap) {
             );
         }
         c.1.clone()
-    });
-    if let Some(v) = value {
-        headers.insert(http::header::DATE, v);
-    }
+    })
 }
 
 fn trailers_only(id: u32, status: Status) -> Out {
@@ -577,8 +575,9 @@ where
                 .await;
         }
     };
-    let (mut parts, body) = resp.into_parts();
-    add_date(&mut parts.headers);
+    let (parts, body) = resp.into_parts();
+    let date = date(&parts.headers);
+    let extra = date.as_ref().map(|v| (&http::header::DATE, v));
     let mut body = std::pin::pin!(body.map_err(Into::<BoxError>::into));
     if http_body::Body::is_end_stream(&*body) {
         // Trailers-only response (what tonic returns for a handler error,
@@ -589,7 +588,7 @@ where
                 Kind::ResponseHeaders,
                 END_STREAM,
                 id,
-                frame::response_headers_payload(parts.status, &parts.headers),
+                frame::response_headers_payload_with(parts.status, &parts.headers, extra),
             )])
             .await;
     }
@@ -600,7 +599,7 @@ where
         Kind::ResponseHeaders,
         0,
         id,
-        frame::response_headers_payload(parts.status, &parts.headers),
+        frame::response_headers_payload_with(parts.status, &parts.headers, extra),
     ));
     // Frames the body has ready go out together, up to about one chunk of
     // data (a body that is always ready must not be drained into memory).
