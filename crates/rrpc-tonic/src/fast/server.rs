@@ -129,6 +129,9 @@ where
     let timer = tokio::time::sleep_until(tokio::time::Instant::now());
     tokio::pin!(timer);
     let mut armed: Option<std::time::Instant> = None;
+    // The box of the last call that finished at its first poll, empty: the
+    // next call's future is written into it (one allocation less a call).
+    let mut spare = None;
     // Made once and raced on every message: a new cancellation future per
     // message would register (and remove) a waiter each time.
     let failed = writer.failed_owned();
@@ -304,26 +307,37 @@ where
                         }
                         None => (None, None),
                     };
-                    let mut fut = Box::pin(run_call(
+                    // The call's future goes into the box the last call that
+                    // finished inline left (`Pin::set` writes it in place), or a
+                    // new one: a call that goes on takes its box with it.
+                    let mut fut = spare.take().unwrap_or_else(|| Box::pin(None));
+                    fut.set(Some(run_call(
                         svc.clone(),
                         req,
                         writer.clone(),
                         place,
                         flow.clone(),
                         expired,
-                    ));
+                    )));
                     // Unary handlers usually finish at their first poll: run it here,
                     // in the reader task, and write the response without a task hop.
                     // The reader's own waker is lent for this one poll (a wake-up
                     // aimed at it only makes the reader look at its ring again).
-                    let first = std::future::poll_fn(|cx| Poll::Ready(fut.as_mut().poll(cx))).await;
-                    if first.is_ready() {
+                    let first = std::future::poll_fn(|cx| {
+                        Poll::Ready(fut.as_mut().as_pin_mut().map(|f| f.poll(cx)))
+                    })
+                    .await;
+                    if first.is_none_or(|p| p.is_ready()) {
+                        fut.set(None);
+                        spare = Some(fut);
                         conn.handle_note(Note::Finished(key));
                         continue;
                     }
                     let done = notes_tx.clone();
                     let task = tokio::spawn(async move {
-                        fut.await;
+                        if let Some(f) = fut.as_mut().as_pin_mut() {
+                            f.await;
+                        }
                         let _ = done.send(Note::Finished(key));
                     });
                     calls.insert(
