@@ -312,6 +312,42 @@ fn help_scans_a_rotating_window_of_the_shard() {
     }
 }
 
+/// A spin yields first at 1 µs, unless its waits end sooner than its yield period: then just
+/// after the catch they predict (the reply of a ping-pong is caught without a yield), never
+/// later than the period. Under load (long waits) and with a short period (the HTTP/2 path's
+/// 300 ns) it stays early.
+#[test]
+fn the_first_yield_waits_for_a_catch_a_short_rtt_predicts() {
+    use super::registration::first_yield;
+    let us = Duration::from_micros;
+    let ns = Duration::from_nanos;
+    let period = us(5);
+    assert_eq!(first_yield(us(0), period), us(1), "no estimate yet");
+    assert_eq!(
+        first_yield(ns(400), period),
+        us(1),
+        "a very short wait: still 1 µs"
+    );
+    assert_eq!(first_yield(us(2), period), us(3));
+    assert_eq!(
+        first_yield(ns(2_800), period),
+        ns(4_200),
+        "the demo's ping-pong"
+    );
+    assert_eq!(first_yield(us(4), period), period, "never past the period");
+    assert_eq!(
+        first_yield(us(5), period),
+        us(1),
+        "waits as long as the period: load"
+    );
+    assert_eq!(first_yield(us(200), period), us(1));
+    assert_eq!(
+        first_yield(us(2), ns(300)),
+        ns(300),
+        "the HTTP/2 path's period"
+    );
+}
+
 /// A spin that catches its data only after more than a wake-up's worth of spinning (the
 /// HTTP/2 path's client at low load: it spun out the server's whole wake-up, ~100 µs, every
 /// call) is scored a miss, so the connection stops spinning; the same data a few µs away
