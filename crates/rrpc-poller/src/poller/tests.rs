@@ -322,30 +322,20 @@ fn the_first_yield_waits_for_a_catch_a_short_rtt_predicts() {
     let us = Duration::from_micros;
     let ns = Duration::from_nanos;
     let period = us(5);
-    assert_eq!(first_yield(us(0), period), us(1), "no estimate yet");
-    assert_eq!(
-        first_yield(ns(400), period),
-        us(1),
-        "a very short wait: still 1 µs"
-    );
-    assert_eq!(first_yield(us(2), period), us(3));
-    assert_eq!(
-        first_yield(ns(2_800), period),
-        ns(4_200),
-        "the demo's ping-pong"
-    );
-    assert_eq!(first_yield(us(4), period), period, "never past the period");
-    assert_eq!(
-        first_yield(us(5), period),
-        us(1),
-        "waits as long as the period: load"
-    );
-    assert_eq!(first_yield(us(200), period), us(1));
-    assert_eq!(
-        first_yield(us(2), ns(300)),
-        ns(300),
-        "the HTTP/2 path's period"
-    );
+    // (RTT estimate, yield period, first yield, why)
+    let cases = [
+        (us(0), period, us(1), "no estimate yet"),
+        (ns(400), period, us(1), "a very short wait: still 1 µs"),
+        (us(2), period, us(3), "1.5 times the estimate"),
+        (ns(2_800), period, ns(4_200), "the demo's ping-pong"),
+        (us(4), period, period, "never past the period"),
+        (us(5), period, us(1), "waits as long as the period: load"),
+        (us(200), period, us(1), "long waits"),
+        (us(2), ns(300), ns(300), "the HTTP/2 path's period"),
+    ];
+    for (rtt, p, want, why) in cases {
+        assert_eq!(first_yield(rtt, p), want, "{why}");
+    }
 }
 
 /// A spin that catches its data only after more than a wake-up's worth of spinning (the
