@@ -532,50 +532,80 @@ pub(crate) fn callgrind_total(stderr: &str) -> Result<u64> {
         .context("callgrind printed no `Collected :` line")
 }
 
+/// The instructions one unit of work costs: `command(n, out_file)` (a program under
+/// callgrind that does `n` units after the same start-up) at both of `counts`, the difference
+/// of the two totals over `units`, the units between them. `label` names the runs' files in
+/// `dir` and the program in errors.
+fn callgrind_difference(
+    dir: &Path,
+    root: &Path,
+    label: &str,
+    counts: (u64, u64),
+    units: f64,
+    command: impl Fn(u64, &Path) -> Command,
+) -> Result<f64> {
+    let mut totals = Vec::new();
+    for n in [counts.0, counts.1] {
+        let out = command(n, &dir.join(format!("callgrind.{label}.{n}")))
+            .current_dir(root)
+            .stdin(Stdio::null())
+            .output()
+            .with_context(|| format!("starting {label} under callgrind"))?;
+        let err = String::from_utf8_lossy(&out.stderr);
+        fs::write(dir.join(format!("stderr.{label}.{n}.log")), err.as_bytes())?;
+        if !out.status.success() {
+            bail!("{label} under callgrind exited with {}", out.status);
+        }
+        totals.push(callgrind_total(&err)?);
+    }
+    Ok((totals[1] as f64 - totals[0] as f64) / units)
+}
+
+/// A table of instruction counts, one row per `(key, count)`.
+fn count_table(
+    experiment: &str,
+    title: &str,
+    columns: [&str; 2],
+    rows: Vec<(&str, f64)>,
+) -> TableFile {
+    TableFile {
+        suite: experiment.replace('_', "-"),
+        quick: false,
+        machine: serde_json::Value::Null,
+        experiment: experiment.into(),
+        title: title.into(),
+        columns: columns.iter().map(|c| c.to_string()).collect(),
+        rows: rows
+            .into_iter()
+            .map(|(k, v)| vec![serde_json::json!(k), serde_json::json!(v)])
+            .collect(),
+        notes: Vec::new(),
+        plot: None,
+        more_plots: Vec::new(),
+    }
+}
+
 /// `icount OP` at both iteration counts under callgrind: table `icount`.
 fn run_icount(bin_dir: &Path, root: &Path, dir: &Path) -> Result<Vec<TableFile>> {
     let mut rows = Vec::new();
     for op in ICOUNT_OPS {
-        let mut totals = Vec::new();
-        for iters in [ICOUNT_ITERS.0, ICOUNT_ITERS.1] {
-            let out = Command::new("valgrind")
-                .arg("--tool=callgrind")
-                .arg(format!(
-                    "--callgrind-out-file={}",
-                    dir.join(format!("callgrind.{op}.{iters}")).display()
-                ))
+        let units = (ICOUNT_ITERS.1 - ICOUNT_ITERS.0) as f64;
+        let per_op = callgrind_difference(dir, root, op, ICOUNT_ITERS, units, |iters, out| {
+            let mut c = Command::new("valgrind");
+            c.arg("--tool=callgrind")
+                .arg(format!("--callgrind-out-file={}", out.display()))
                 .arg(bin_dir.join("icount"))
-                .args(["--op", op, "--iters", &iters.to_string()])
-                .current_dir(root)
-                .stdin(Stdio::null())
-                .output()
-                .context("starting valgrind")?;
-            let err = String::from_utf8_lossy(&out.stderr);
-            fs::write(dir.join(format!("stderr.{op}.{iters}.log")), err.as_bytes())?;
-            if !out.status.success() {
-                bail!(
-                    "icount --op {op} under callgrind exited with {}",
-                    out.status
-                );
-            }
-            totals.push(callgrind_total(&err)?);
-        }
-        let per_op =
-            (totals[1] as f64 - totals[0] as f64) / (ICOUNT_ITERS.1 - ICOUNT_ITERS.0) as f64;
-        rows.push(vec![serde_json::json!(op), serde_json::json!(per_op)]);
+                .args(["--op", op, "--iters", &iters.to_string()]);
+            c
+        })?;
+        rows.push((*op, per_op));
     }
-    Ok(vec![TableFile {
-        suite: "icount".into(),
-        quick: false,
-        machine: serde_json::Value::Null,
-        experiment: "icount".into(),
-        title: "instructions per operation (callgrind)".into(),
-        columns: vec!["op".into(), "instructions_per_op".into()],
+    Ok(vec![count_table(
+        "icount",
+        "instructions per operation (callgrind)",
+        ["op", "instructions_per_op"],
         rows,
-        notes: Vec::new(),
-        plot: None,
-        more_plots: Vec::new(),
-    }])
+    )])
 }
 
 /// The demo's paths `demo-icount` counts, and the two call counts whose difference cancels
@@ -592,58 +622,34 @@ fn one_cpu() -> Result<usize> {
         .context("no CPU in this process's affinity mask")
 }
 
-/// `demo --only PATH --calls N --no-pin` under callgrind, confined to one CPU with `taskset`:
-/// table `demo_icount`. On one CPU every wait of the ring paths is handed to the peer (no
-/// spin: `rrpc_poller::Handoff::Auto`), so the count is what a call's work costs, both ends
-/// together, and it repeats from run to run (a spin's count would depend on the scheduler).
+/// `demo --only PATH --calls N --no-pin` under callgrind, confined to one CPU with `taskset`
+/// (util-linux): table `demo_icount`. On one CPU every wait of the ring paths is handed to the
+/// peer (no spin: `rrpc_poller::Handoff::Auto`), so the count is what a call's work costs, both
+/// ends together, and it repeats from run to run (a spin's count would depend on the
+/// scheduler).
 fn run_demo_icount(bin_dir: &Path, root: &Path, dir: &Path) -> Result<Vec<TableFile>> {
     let cpu = one_cpu()?.to_string();
     let mut rows = Vec::new();
     for path in DEMO_ICOUNT_PATHS {
-        let mut totals = Vec::new();
-        for calls in [DEMO_ICOUNT_CALLS.0, DEMO_ICOUNT_CALLS.1] {
-            let out = Command::new("taskset")
-                .args(["-c", &cpu, "valgrind", "--tool=callgrind"])
-                .arg(format!(
-                    "--callgrind-out-file={}",
-                    dir.join(format!("callgrind.{path}.{calls}")).display()
-                ))
-                .arg(bin_dir.join("demo"))
-                .args(["--only", path, "--no-pin", "--calls", &calls.to_string()])
-                .current_dir(root)
-                .stdin(Stdio::null())
-                .output()
-                .context("starting taskset (util-linux) with valgrind")?;
-            let err = String::from_utf8_lossy(&out.stderr);
-            fs::write(
-                dir.join(format!("stderr.{path}.{calls}.log")),
-                err.as_bytes(),
-            )?;
-            if !out.status.success() {
-                bail!(
-                    "demo --only {path} under callgrind exited with {}",
-                    out.status
-                );
-            }
-            totals.push(callgrind_total(&err)?);
-        }
         // The demo runs 10 % more calls than asked (its warm-up).
-        let calls = (DEMO_ICOUNT_CALLS.1 - DEMO_ICOUNT_CALLS.0) as f64 * 1.1;
-        let per_call = (totals[1] as f64 - totals[0] as f64) / calls;
-        rows.push(vec![serde_json::json!(path), serde_json::json!(per_call)]);
+        let units = (DEMO_ICOUNT_CALLS.1 - DEMO_ICOUNT_CALLS.0) as f64 * 1.1;
+        let per_call =
+            callgrind_difference(dir, root, path, DEMO_ICOUNT_CALLS, units, |calls, out| {
+                let mut c = Command::new("taskset");
+                c.args(["-c", &cpu, "valgrind", "--tool=callgrind"])
+                    .arg(format!("--callgrind-out-file={}", out.display()))
+                    .arg(bin_dir.join("demo"))
+                    .args(["--only", path, "--no-pin", "--calls", &calls.to_string()]);
+                c
+            })?;
+        rows.push((*path, per_call));
     }
-    Ok(vec![TableFile {
-        suite: "demo-icount".into(),
-        quick: false,
-        machine: serde_json::Value::Null,
-        experiment: "demo_icount".into(),
-        title: "demo: instructions per call on one CPU (callgrind)".into(),
-        columns: vec!["path".into(), "instructions_per_call".into()],
+    Ok(vec![count_table(
+        "demo_icount",
+        "demo: instructions per call on one CPU (callgrind)",
+        ["path", "instructions_per_call"],
         rows,
-        notes: Vec::new(),
-        plot: None,
-        more_plots: Vec::new(),
-    }])
+    )])
 }
 
 /// Runs one source into `dir` and returns its tables.

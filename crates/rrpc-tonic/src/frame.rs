@@ -424,9 +424,8 @@ mod decode {
         if raw.len() > MAX_BLOCK {
             return;
         }
-        let h = raw.iter().fold(raw.len() as u64, |h, &b| {
-            (h.rotate_left(5) ^ u64::from(b)).wrapping_mul(0x517C_C1B7_2722_0A95)
-        });
+        // A collision only remembers a block one miss early.
+        let h = std::hash::BuildHasher::hash_one(&foldhash::fast::FixedState::default(), raw);
         BLOCK_CACHE.with(|c| {
             let mut c = c.borrow_mut();
             if !c.missed.contains(&h) {
