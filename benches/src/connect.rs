@@ -366,6 +366,13 @@ fn small() -> crate::rpc::pb::Req {
     }
 }
 
+/// Descriptors opened per connection between two counts: signed, since a
+/// descriptor of an earlier experiment's teardown (a connection's task
+/// finishing late) can close between the two and make the second count lower.
+fn fds_per(before: usize, after: usize, n: usize) -> f64 {
+    (after as f64 - before as f64) / n as f64
+}
+
 /// Open file descriptors of this process.
 fn open_fds() -> usize {
     std::fs::read_dir("/proc/self/fd").map_or(0, |d| d.count())
@@ -473,7 +480,7 @@ fn shared_qp(args: &SuiteArgs) -> Result<Table> {
             n.into(),
             "dedicated".into(),
             (2 * n).into(),
-            ((f1 - f0) as f64 / n as f64).into(),
+            fds_per(f0, f1, n).into(),
             per(r1, r0).into(),
             (dedicated / 1e6).into(),
             Ratio::of(dedicated, dedicated).into(),
@@ -502,7 +509,7 @@ fn shared_qp(args: &SuiteArgs) -> Result<Table> {
             n.into(),
             "shared".into(),
             2usize.into(),
-            ((f1 - f0) as f64 / n as f64).into(),
+            fds_per(f0, f1, n).into(),
             per(r1, r0).into(),
             (shared / 1e6).into(),
             Ratio::of(shared, dedicated).into(),
