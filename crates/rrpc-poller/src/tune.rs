@@ -9,16 +9,11 @@
 //! tuner keeps a moving hit rate of the spins it granted (gain 1/8): a spin that ran out, or
 //! that lost its core (the caller saw a gap of [`PREEMPT_GAP`] between two of its clock reads:
 //! the thread was descheduled and waited for the scheduler, not for data), is a miss. Below a
-//! 1/8 hit rate, [`next_budget`](SpinTuner::next_budget) grants no spin, except probes, which
-//! let the rate recover when the traffic changes: the first after 16 waits, and each probe that
-//! does not earn (it ran out, near miss or far, or lost its core) doubles the gap to the next,
-//! up to 256 waits; a probe that earns brings the gap back to 16 (and, the rate being just
-//! under 1/8, spinning back at once). A server connection whose next request comes a
-//! millisecond later stops burning 50 µs per call this way, while a client waiting for its
-//! reply keeps spinning. The growing gap matters at low load: a probe spins a whole budget
-//! (rrpc-tonic's HTTP/2 path: up to 200 µs), and one in every 16 waits was most of what the
-//! HTTP/2 path's CPU per call at 1 call/ms exceeded tonic-TCP's by. Both directions work in
-//! fixed mode too: only the RTT-following length needs `auto`.
+//! 1/8 hit rate, [`next_budget`](SpinTuner::next_budget) grants no spin, except one probe in
+//! every 16 waits, which lets the rate recover when the traffic changes. A server connection
+//! whose next request comes a millisecond later stops burning 50 µs per call this way, while a
+//! client waiting for its reply keeps spinning. Both directions work in fixed mode too: only
+//! the RTT-following length needs `auto`.
 //!
 //! **Phases** (beyond the paper). One reader's waits are not all alike. A reader task that
 //! always waits (rrpc-tonic's HTTP/2 path) waits, after a call's response, for its trailers (a
@@ -42,11 +37,6 @@ pub struct SpinTuner {
     hit_rate: [u32; PHASES],
     /// Waits since the last granted spin (for the probe), per phase.
     skipped: [u32; PHASES],
-    /// While backed off, the waits from one probe to the next, per phase: [`PROBE_EVERY`],
-    /// doubled by every probe that does not earn, up to [`PROBE_EVERY_MAX`].
-    probe_gap: [u32; PHASES],
-    /// The current wait's spin is a probe (granted while backed off), its verdict not in yet.
-    probing: bool,
     /// The current wait's phase ([`SpinTuner::begin_wait`]).
     phase: usize,
 }
@@ -60,11 +50,8 @@ pub(crate) const PREEMPT_GAP: Duration = Duration::from_micros(20);
 const FAR_MISS_MIN: Duration = Duration::from_micros(500);
 /// Below this hit rate (in 1/256ths: 1/8) a wait does not spin.
 const MIN_HIT_RATE: u32 = 32;
-/// While backed off, the wait this many after the last granted spin spins anyway (a probe),
-/// to measure again.
+/// While backed off, one wait in this many spins anyway, to measure again.
 const PROBE_EVERY: u32 = 16;
-/// Probes that do not earn double the gap to the next probe, up to this many waits.
-const PROBE_EVERY_MAX: u32 = 256;
 
 /// Weight of a new sample: 1/8 (TCP's SRTT gain).
 const GAIN_SHIFT: u32 = 3;
@@ -85,8 +72,6 @@ impl SpinTuner {
             ewma_ns: cap_ns,
             hit_rate: [256; PHASES],
             skipped: [0; PHASES],
-            probe_gap: [PROBE_EVERY; PHASES],
-            probing: false,
             phase: 0,
         }
     }
@@ -119,37 +104,17 @@ impl SpinTuner {
     }
 
     /// The spin to grant the wait that starts now: [`budget`](Self::budget), or zero while
-    /// the current phase's hit rate is below 1/8, except a probe spin after 16 of its waits,
-    /// the gap doubling with each probe that does not earn, up to 256 (module docs).
+    /// the current phase's hit rate is below 1/8 (one probe spin every 16 of its waits).
     pub fn next_budget(&mut self) -> Duration {
         let p = self.phase;
-        self.probing = false;
         if self.hit_rate[p] < MIN_HIT_RATE {
             self.skipped[p] += 1;
-            if self.skipped[p] < self.probe_gap[p] {
+            if self.skipped[p] < PROBE_EVERY {
                 return Duration::ZERO;
             }
-            self.probing = true;
         }
         self.skipped[p] = 0;
         self.budget()
-    }
-
-    /// The current phase's gap, in waits, from one probe to the next while backed off.
-    pub fn probe_gap(&self) -> u32 {
-        self.probe_gap[self.phase]
-    }
-
-    /// A granted spin's verdict for the probe gap: an earning spin (probe or not) brings it
-    /// back to [`PROBE_EVERY`]; a probe that did not earn doubles it.
-    fn probe_verdict(&mut self, earned: bool) {
-        let g = &mut self.probe_gap[self.phase];
-        if earned {
-            *g = PROBE_EVERY;
-        } else if self.probing {
-            *g = g.saturating_mul(2).min(PROBE_EVERY_MAX);
-        }
-        self.probing = false;
     }
 
     /// Whether spinning is backed off in the current phase (its hit rate is below 1/8).
@@ -169,7 +134,6 @@ impl SpinTuner {
         let sample = if hit { 256 } else { 0 };
         let r = &mut self.hit_rate[self.phase];
         *r = *r - (*r >> GAIN_SHIFT) + (sample >> GAIN_SHIFT);
-        self.probe_verdict(hit);
     }
 
     /// Feeds a granted spin that ran out, once the data came after `waited` in all: a miss
@@ -177,14 +141,10 @@ impl SpinTuner {
     /// `max(4 × budget, 500 µs)`: a server waiting a millisecond for its next request). A
     /// near miss says nothing: the data was a wake-up away, and counting it would keep both
     /// ends of a ping-pong sleeping (each end's wake-up delays the other's data past its spin).
-    /// A probe that ran out doubles the gap to the next probe either way: near or far, the
-    /// spin did not earn its CPU.
     pub fn ran_out(&mut self, waited: Duration) {
         let far = (self.budget() * 4).max(FAR_MISS_MIN);
         if waited >= far {
             self.spun(false);
-        } else {
-            self.probe_verdict(false);
         }
     }
 
@@ -261,67 +221,29 @@ mod tests {
         assert_eq!(t.budget(), Duration::from_micros(7));
     }
 
-    /// The waits until the next granted spin (the granted one counted).
-    fn waits_to_next_spin(t: &mut SpinTuner) -> u32 {
-        let mut n = 1;
-        while t.next_budget().is_zero() {
-            n += 1;
-        }
-        n
-    }
-
     #[test]
-    fn spins_that_miss_back_off_to_probes_whose_gap_grows_and_a_hit_brings_them_back() {
+    fn spins_that_miss_back_off_to_a_probe_and_hits_bring_them_back() {
         let mut t = SpinTuner::new(Duration::from_micros(50), false);
-        let mut granted = 0;
-        while !t.backed_off() {
-            assert_eq!(t.next_budget(), Duration::from_micros(50));
-            granted += 1;
-            t.spun(false);
-        }
-        assert!(granted < 40, "{granted} misses to back off");
-        // Backed off: the first probe after 16 waits; each probe that misses doubles the gap
-        // to the next, up to 256.
-        let gaps: Vec<u32> = (0..7)
-            .map(|_| {
-                let n = waits_to_next_spin(&mut t);
-                t.spun(false);
-                n
-            })
-            .collect();
-        assert_eq!(gaps, [16, 32, 64, 128, 256, 256, 256]);
-        // A probe with no verdict yet (its wait still running when the next begins) leaves
-        // the gap as it is.
-        assert_eq!(waits_to_next_spin(&mut t), 256);
-        assert_eq!(waits_to_next_spin(&mut t), 256);
-        // A probe that earns brings spinning back at once, and the gap back to 16.
-        t.spun(true);
-        assert!(!t.backed_off(), "rate {}", t.hit_rate());
-        assert_eq!(t.probe_gap(), 16);
         assert_eq!(t.next_budget(), Duration::from_micros(50));
-    }
-
-    #[test]
-    fn a_probe_that_ran_out_near_grows_the_gap_without_judging_the_rate() {
-        let mut t = SpinTuner::new(Duration::from_micros(50), false);
-        while !t.backed_off() {
-            let _ = t.next_budget();
-            t.spun(false);
+        let mut granted = 0;
+        for _ in 0..40 {
+            if !t.next_budget().is_zero() {
+                granted += 1;
+                t.spun(false);
+            }
         }
-        let rate = t.hit_rate();
-        // Probes whose data came 120 us later (a wake-up away): the rate is not judged, but
-        // the spins did not earn, so the next probe comes later.
-        for gap in [16, 32, 64] {
-            assert_eq!(waits_to_next_spin(&mut t), gap);
-            t.ran_out(Duration::from_micros(120));
+        assert!(t.backed_off(), "rate {}", t.hit_rate());
+        // Once backed off, one wait in 16 still spins.
+        let probes = (0..160).filter(|_| !t.next_budget().is_zero()).count();
+        assert_eq!(probes, 10);
+        assert!(granted < 40);
+        // Probes that hit bring spinning back.
+        while t.backed_off() {
+            if !t.next_budget().is_zero() {
+                t.spun(true);
+            }
         }
-        assert_eq!(t.hit_rate(), rate);
-        assert_eq!(t.probe_gap(), 128);
-        // A spin that ran out while not backed off (not a probe) leaves the gap alone.
-        let mut u = SpinTuner::new(Duration::from_micros(50), false);
-        let _ = u.next_budget();
-        u.ran_out(Duration::from_micros(120));
-        assert_eq!(u.probe_gap(), 16);
+        assert_eq!(t.next_budget(), Duration::from_micros(50));
     }
 
     #[test]
