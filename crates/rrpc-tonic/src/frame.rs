@@ -286,7 +286,12 @@ fn read_metadata(r: &mut Reader<'_>) -> Result<HeaderMap, FrameError> {
         return Ok(map);
     }
     // Each entry needs at least 6 bytes: bound the allocation by the input.
-    let mut map = HeaderMap::with_capacity(n.min(r.0.len() / 6));
+    // Room for `SPARE` more: a response's headers get its trailers merged in
+    // (tonic's `MetadataMap::merge`), which would otherwise rehash the map
+    // into a bigger table on every call (copies of a remembered map keep its
+    // table's size).
+    const SPARE: usize = 3;
+    let mut map = HeaderMap::with_capacity(n.min(r.0.len() / 6) + SPARE);
     for _ in 0..n {
         let nl = r.u16()? as usize;
         let name = decode::name(r.take(nl)?)?;
@@ -587,6 +592,28 @@ mod decode {
             ]);
             assert_eq!(parse_metadata(&metadata_payload(&longer)).unwrap(), longer);
             assert_eq!(parse_metadata(&raw_a).unwrap(), a);
+        }
+
+        /// A decoded map, fresh or a copy of a remembered one, has room for
+        /// a unary call's trailers: tonic merges them into the response's
+        /// headers, and a full table would be rehashed into a bigger one.
+        #[test]
+        fn a_decoded_map_has_room_for_the_trailers() {
+            use super::super::{metadata_payload, parse_metadata};
+            let mut headers = http::HeaderMap::new();
+            headers.append("content-type", HeaderValue::from_static("application/grpc"));
+            headers.append("x-room", HeaderValue::from_static("1"));
+            let raw = metadata_payload(&headers);
+            // Fresh, fresh and remembered, then the remembered copy.
+            for _ in 0..4 {
+                let got = parse_metadata(&raw).unwrap();
+                assert!(
+                    got.capacity() >= got.len() + 3,
+                    "room for {} entries holding {}",
+                    got.capacity(),
+                    got.len()
+                );
+            }
         }
     }
 }
