@@ -12,6 +12,15 @@
 //! `shrink_after / 2`, which also tells the receiver's owner through [`IdleReads`] when an idle
 //! reader has its peer's resize marker to read).
 //!
+//! Head pushes (RB²'s lazy push): a receiver pushes its head every `gamma` messages and
+//! every eighth of the ring as it releases them, and a receiver that waits for data owes
+//! one more push of what it read since, so that a sender that found the ring full is not
+//! left waiting. On shm that push goes out only if the wait is about to sleep
+//! ([`Registration::wait_ready_with`]): a spin that catches the next message needs none,
+//! and in a ping-pong pushing before every wait cost a WRITE per message. On a NIC it goes
+//! out before the wait, signaled, and the wait begins once it completed (a push lost to a
+//! failed link must be known, not waited for).
+//!
 //! In [`Mode::Event`] the receive side sleeps on the queue pair's receive completion channel
 //! (the peer's ring must send its tail with `WRITE_WITH_IMM`: `RingConfigBuilder::tail_with_imm`,
 //! set on both sides). Head pushes carry no immediate, so in Event mode a sender waiting for
@@ -603,8 +612,24 @@ impl AsyncReceiver {
             return Ok(());
         }
         // Going idle: push the head the peer has not seen (RB²'s lazy head push would
-        // otherwise leave a sender that found the ring full waiting forever); on a NIC
-        // signaled, see below.
+        // otherwise leave a sender that found the ring full waiting forever).
+        //
+        // On shm (a push's outcome is known when it is posted) only if this wait is about
+        // to sleep: a spin that catches the next message needs no push, and in a ping-pong
+        // every wait ends that way, so pushing first cost a WRITE per message (~700
+        // instructions a call on the fast path). The head still goes out every `gamma`
+        // messages and `flush_slots` (an eighth of the ring) as messages are released, so a
+        // sender finds the ring full at an empty receiver only with a message of about half
+        // the ring or more (its wrap-around gap counts), and then waits at most this wait's
+        // spin. A push held back by the send-queue budget (completions that come late) is
+        // driven out below instead, before a second wait.
+        if self.src.conn.qp().completes_in_post() {
+            self.wait_registration(true).await?;
+            if self.src.ready() {
+                return Ok(());
+            }
+        }
+        // On a NIC signaled, see below.
         self.rx.flush_confirmed()?;
         // On a NIC the push may be held back until earlier pushes complete (the
         // send-queue budget), which happens after their post: drive completions until
@@ -626,11 +651,33 @@ impl AsyncReceiver {
             between_completion_polls(&mut polls, &self.src.conn).await?;
             self.rx.poll_completions()?;
         }
-        // The registration's wait runs even if data came meanwhile: its first
-        // check then counts it (a first-check hit), so that every wait is
-        // counted once, however it ended.
+        self.wait_registration(false).await
+    }
+
+    /// The registration's wait, which runs even if data came meanwhile: its first check then
+    /// counts it (a first-check hit), so that every wait is counted once, however it ended.
+    /// With `push_before_sleep`, the head goes to the peer if the wait is about to sleep, and
+    /// the wait returns without data if that push is held back or owes a confirmation (the
+    /// caller then drives it out).
+    async fn wait_registration(&mut self, push_before_sleep: bool) -> Result<()> {
         loop {
-            match self.reg.wait_ready().await {
+            let rx = &mut self.rx;
+            let mut held_back = false;
+            let waited = if push_before_sleep {
+                self.reg
+                    .wait_ready_with(&mut || {
+                        rx.flush()?;
+                        held_back = rx.wants_completions() || rx.confirming();
+                        Ok(!held_back)
+                    })
+                    .await
+            } else {
+                self.reg.wait_ready().await
+            };
+            if held_back {
+                return Ok(());
+            }
+            match waited {
                 Ok(()) => {}
                 Err(Error::PeerGone) if self.src.ready() => break,
                 Err(Error::PeerGone) => {
@@ -652,6 +699,11 @@ impl AsyncReceiver {
     /// a peer-gone error ([`Error::is_peer_gone`]) or a fabric error.
     pub fn flush(&mut self) -> Result<()> {
         self.rx.flush().map_err(Into::into)
+    }
+
+    /// Head pushes this receiver posted so far ([`RingRx::head_pushes`]).
+    pub fn head_pushes(&self) -> u64 {
+        self.rx.head_pushes()
     }
 
     /// With [`AsyncConn::split_managed`] over a self-sizing ring: wakes

@@ -901,6 +901,13 @@ impl RingRx {
         Ok(found.is_some())
     }
 
+    /// Head pushes posted so far (RB²'s lazy push: every `gamma` messages, every
+    /// [`proto::flush_slots`](crate::proto::flush_slots) slots, and when a receiver going idle
+    /// owes one).
+    pub fn head_pushes(&self) -> u64 {
+        self.receiver.pushes()
+    }
+
     /// Pushes the head now if the sender has not seen the latest one.
     ///
     /// # Errors

@@ -364,12 +364,34 @@ impl Registration {
     /// future leaves at most a stale eventfd count or a stale waker call, which makes the next
     /// wait recheck once.
     pub async fn wait_ready(&mut self) -> Result<()> {
+        self.wait_ready_with(&mut || Ok(true)).await
+    }
+
+    /// [`wait_ready`](Self::wait_ready), calling `before_sleep` once if the wait is about to
+    /// sleep: after its spin (and, handed off, its yield) found nothing, before it arms. A
+    /// wait that its spin or first check ends does not call it. What a reader owes its peer
+    /// only if it goes idle goes there (rrpc-poller's ring receiver pushes its head there on
+    /// shm: in a ping-pong every wait would otherwise push, a WRITE per message).
+    /// `before_sleep` returns whether to sleep: `Ok(false)` ends the wait at once, with `Ok`
+    /// and maybe no data (the caller has more to do before it may sleep); an error ends it
+    /// with that error.
+    ///
+    /// # Errors
+    /// As [`wait_ready`](Self::wait_ready), and `before_sleep`'s.
+    ///
+    /// # Cancel safety
+    /// As [`wait_ready`](Self::wait_ready); `before_sleep` runs at most once per call and
+    /// not at all if the future is dropped before the spin ends.
+    pub async fn wait_ready_with(
+        &mut self,
+        before_sleep: &mut (dyn FnMut() -> Result<bool> + Send),
+    ) -> Result<()> {
         if let Some(s) = &self.sends {
             let n = s.load(Ordering::Relaxed);
             self.tuner.begin_wait(n != self.seen_sends);
             self.seen_sends = n;
         }
-        let r = self.wait_ready_inner().await;
+        let r = self.wait_ready_inner(before_sleep).await;
         // The next sleep is announced afresh (a new epoch; the writer rings once per epoch).
         self.entry.announced.store(false, Ordering::Relaxed);
         if r.is_ok() {
@@ -381,7 +403,10 @@ impl Registration {
         r
     }
 
-    async fn wait_ready_inner(&mut self) -> Result<()> {
+    async fn wait_ready_inner(
+        &mut self,
+        before_sleep: &mut (dyn FnMut() -> Result<bool> + Send),
+    ) -> Result<()> {
         if let Check::Ready = self.check()? {
             Counters::add(&self.inner.counters.first_check_hits, 1);
             return Ok(());
@@ -490,6 +515,11 @@ impl Registration {
         if self.hands_off() && spin.is_some() && self.yield_to_peer().await {
             Counters::add(&self.inner.counters.yield_hits, 1);
             self.tuner.observe(start.elapsed());
+            return Ok(());
+        }
+        // About to sleep (the arm below rechecks, so what `before_sleep` lets the peer write
+        // is not missed).
+        if !before_sleep()? {
             return Ok(());
         }
         loop {

@@ -363,6 +363,42 @@ fn held_back_head_pushes_reach_the_writer(prov: &Provider) {
     }
 }
 
+/// RB²'s lazy head push holds in a ping-pong on shm: a reader pushes its head before a
+/// wait only if the wait is about to sleep, not before every wait (that cost a WRITE per
+/// message). Each end's waits that did not end in their spin, first check or yield are the
+/// only ones that may push, beyond one push every `gamma` (32) messages.
+#[test]
+fn a_ping_pong_pushes_heads_lazily_on_shm() {
+    rt().block_on(async {
+        let p = poller(Mode::Bpev);
+        let (a, b) = pair(&Provider::Shm, &p, &ring(Mode::Bpev, 64 * 1024));
+        let (mut atx, mut arx) = a.split().unwrap();
+        let (btx, brx) = b.split().unwrap();
+        let n = 2000u32;
+        let server = tokio::spawn(echo(n, btx, brx));
+        for i in 0..n {
+            atx.send(&i.to_le_bytes()).await.unwrap();
+            atx.flush_all().await.unwrap();
+            let m = tokio::time::timeout(BOUND, arx.recv())
+                .await
+                .expect("lost wake-up")
+                .unwrap();
+            assert_eq!(u32::from_le_bytes(m[..4].try_into().unwrap()), i + 1);
+        }
+        let (_btx, brx) = server.await.unwrap();
+        let s = p.stats();
+        let pushes = arx.head_pushes() + brx.head_pushes();
+        // Both ends share the poller: 2n waits in all.
+        let caught = s.spin_hits + s.first_check_hits + s.yield_hits;
+        let may_sleep = (2 * u64::from(n)).saturating_sub(caught);
+        let bound = may_sleep + 2 * (u64::from(n) / 32 + 2);
+        assert!(
+            pushes <= bound,
+            "{pushes} head pushes for {n} round trips (at most {bound}): {s:?}"
+        );
+    });
+}
+
 /// The arm-then-poll race on every completion queue (rrpc-core's
 /// `FaultConfig::poll_miss_every`: every third poll that has
 /// completions to return misses them): ping-pong and a stream in every mode
