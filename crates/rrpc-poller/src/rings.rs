@@ -618,12 +618,12 @@ impl AsyncReceiver {
         // to sleep: a spin that catches the next message needs no push, and in a ping-pong
         // every wait ends that way, so pushing first cost a WRITE per message (~700
         // instructions a call on the fast path). The head still goes out every `gamma`
-        // messages and `flush_slots` (an eighth of the ring) as messages are released, so a
-        // sender finds the ring full at an empty receiver only with a message of about half
-        // the ring or more (its wrap-around gap counts), and then waits at most this wait's
-        // spin. A push held back by the send-queue budget (completions that come late) is
-        // driven out below instead, before a second wait.
-        if self.src.conn.qp().completes_in_post() {
+        // messages and `flush_slots` (an eighth of the ring) as messages are released, and
+        // before the wait whenever the sender's view of the ring may be too full for a
+        // message like the largest read so far (`push_owed_before_wait`: messages of half
+        // the ring or more). A push held back by the send-queue budget (completions that come
+        // late) is driven out below instead, before a second wait.
+        if self.src.conn.qp().completes_in_post() && !self.rx.push_owed_before_wait() {
             self.wait_registration(true).await?;
             if self.src.ready() {
                 return Ok(());

@@ -901,6 +901,12 @@ impl RingRx {
         Ok(found.is_some())
     }
 
+    /// Whether a receiver about to wait should push its head before the wait rather than
+    /// only if it sleeps ([`proto::Receiver::push_owed_before_wait`](crate::proto::Receiver::push_owed_before_wait)).
+    pub fn push_owed_before_wait(&self) -> bool {
+        self.receiver.push_owed_before_wait()
+    }
+
     /// Head pushes posted so far (RB²'s lazy push: every `gamma` messages, every
     /// [`proto::flush_slots`](crate::proto::flush_slots) slots, and when a receiver going idle
     /// owes one).

@@ -80,6 +80,8 @@ pub struct Receiver {
     flush_slots: u64,
     closed: Closed,
     pushes: u64,
+    /// The largest message released so far, in slots.
+    largest: u64,
     torn_tails: u64,
     /// The message at `head` is covered by the tail but not placed yet:
     /// what was seen instead (module docs, "Placement order").
@@ -118,6 +120,7 @@ impl Receiver {
             flush_slots: super::flush_slots(slot_count),
             closed: Closed::default(),
             pushes: 0,
+            largest: 0,
             torn_tails: 0,
             unplaced: None,
         }
@@ -421,10 +424,23 @@ impl Receiver {
             "released a message that is not at the head"
         );
         self.head += msg.slots;
+        self.largest = self.largest.max(msg.slots);
         self.unpushed += 1;
         if self.unpushed >= self.gamma || self.head - self.synced_head >= self.flush_slots {
             self.push_pending = true;
         }
+    }
+
+    /// Whether a receiver about to wait for data should push its head before the wait, not
+    /// only if the wait goes to sleep: the sender's view of the ring (the slots this side
+    /// read and has not pushed) may be too full for a message as large as the largest
+    /// released so far, written where it needs the most room (a message never wraps, so up
+    /// to its size less one slot of gap comes first). A ping-pong of messages small next to
+    /// the ring never owes one; a stream of messages of half the ring or more always does.
+    /// A message larger than any before may still find the ring full until the push.
+    pub fn push_owed_before_wait(&self) -> bool {
+        let unpushed = self.head - self.synced_head;
+        unpushed > 0 && unpushed + 2 * self.largest > self.geo.slot_count()
     }
 
     /// Requests a head push now if the sender has not seen the latest head.

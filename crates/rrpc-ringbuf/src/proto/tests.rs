@@ -639,6 +639,50 @@ fn full_ring_blocks_then_drain_push_unblocks() {
     p.write(40, true).unwrap();
 }
 
+/// Flushes what the sender wrote and places it in the receiver's ring (tail WRITEs complete).
+fn deliver(p: &mut Pair) {
+    p.tx.flush();
+    p.post();
+    while !p.s2r.is_empty() || !p.tx_cq.is_empty() {
+        while !p.s2r.is_empty() {
+            p.apply_s2r();
+        }
+        p.complete_tx(0);
+    }
+}
+
+/// A receiver owes its head before a wait only while its sender's view of the ring may be
+/// too full for a message like the largest so far: never in a ping-pong of small messages,
+/// always after messages of half the ring.
+#[test]
+fn a_push_is_owed_before_a_wait_only_for_messages_large_next_to_the_ring() {
+    let c = cfg(64, 64, 32, 16, 32, true);
+    let mut p = Pair::new(&c);
+    let mut read_one = |p: &mut Pair, len: usize| {
+        p.write(len, true).unwrap();
+        deliver(p);
+        assert!(p.read().unwrap());
+    };
+    // 40 bytes: one 64-byte slot each. Five leave five slots unpushed (the head goes out
+    // every 32 messages or 8 slots), and small messages owe nothing before a wait.
+    for _ in 0..5 {
+        read_one(&mut p, 40);
+        assert!(!p.rx.push_owed_before_wait());
+    }
+    assert_eq!(p.rx.head() - p.rx.synced_head(), 5);
+    // A message of 40 slots (header and stamp included) is pushed as it is released.
+    read_one(&mut p, 40 * 64 - 16);
+    assert_eq!(p.rx.head(), p.rx.synced_head());
+    assert!(!p.rx.push_owed_before_wait(), "nothing unpushed");
+    // Now one small message leaves a slot unpushed, and a sender writing another message
+    // like the large one may need the whole ring: 1 + 2 * 40 > 64.
+    read_one(&mut p, 40);
+    assert!(p.rx.push_owed_before_wait());
+    p.rx.flush();
+    p.post();
+    assert!(!p.rx.push_owed_before_wait(), "pushed");
+}
+
 #[test]
 fn too_large_names_both_sizes() {
     let c = cfg(64, 8, 1, 1, 1, true);
