@@ -658,7 +658,7 @@ fn deliver(p: &mut Pair) {
 fn a_push_is_owed_before_a_wait_only_for_messages_large_next_to_the_ring() {
     let c = cfg(64, 64, 32, 16, 32, true);
     let mut p = Pair::new(&c);
-    let mut read_one = |p: &mut Pair, len: usize| {
+    let read_one = |p: &mut Pair, len: usize| {
         p.write(len, true).unwrap();
         deliver(p);
         assert!(p.read().unwrap());
