@@ -154,9 +154,26 @@ pub(crate) fn thread_id() -> i32 {
 /// The CPUs thread `tid` may run on (`0`: the calling thread).
 pub(crate) fn affinity(tid: i32) -> io::Result<Vec<usize>> {
     let set = nix::sched::sched_getaffinity(nix::unistd::Pid::from_raw(tid))?;
-    Ok((0..nix::sched::CpuSet::count())
+    Ok((0..cpu_ids())
         .filter(|&c| set.is_set(c).unwrap_or(false))
         .collect())
+}
+
+/// How many CPU numbers a mask can name on this machine: the CPUs configured
+/// (`_SC_NPROCESSORS_CONF`), within a `CpuSet`'s 1024. A mask is read bit by bit, and a
+/// loop over all 1024 bits per thread made each re-read of [`process_cpus`] cost ~200 k
+/// instructions on a 2-CPU machine with ten threads.
+fn cpu_ids() -> usize {
+    static IDS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    let max = nix::sched::CpuSet::count();
+    *IDS.get_or_init(|| {
+        nix::unistd::sysconf(nix::unistd::SysconfVar::_NPROCESSORS_CONF)
+            .ok()
+            .flatten()
+            .and_then(|n| usize::try_from(n).ok())
+            .filter(|&n| n > 0)
+            .map_or(max, |n| n.min(max))
+    })
 }
 
 /// Pins thread `tid` (`0`: the calling thread) to `cpus`.
@@ -173,8 +190,8 @@ pub(crate) fn set_affinity(tid: i32, cpus: &[usize]) -> io::Result<()> {
 /// masks (`/proc/PID/task`). A process whose threads were pinned apart may use all of them
 /// even while its main thread sits on one. `None` when it cannot be read.
 fn process_mask(pid: i32) -> Option<Vec<usize>> {
-    use nix::sched::{CpuSet, sched_getaffinity};
-    let mut union = vec![false; CpuSet::count()];
+    use nix::sched::sched_getaffinity;
+    let mut union = vec![false; cpu_ids()];
     let mut any = false;
     for e in std::fs::read_dir(format!("/proc/{pid}/task")).ok()? {
         let Some(tid) = e
@@ -271,6 +288,21 @@ pub(crate) fn peer_shares_only_cpu(peer_pid: i32) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The process's mask, read over the configured CPUs only, holds every CPU this thread
+    /// may use: the bound on the loop loses none.
+    #[test]
+    fn the_process_mask_holds_this_threads_cpus() {
+        let mine = affinity(0).expect("own affinity");
+        assert!(!mine.is_empty());
+        let me = i32::try_from(std::process::id()).expect("pid");
+        let all = process_mask(me).expect("process mask");
+        for c in &mine {
+            assert!(*c < cpu_ids(), "cpu {c} beyond {}", cpu_ids());
+            assert!(all.contains(c), "cpu {c} missing from {all:?}");
+        }
+        assert!(process_cpus().is_some_and(|n| n >= 1 && n <= all.len()));
+    }
 
     #[test]
     fn a_spinning_thread_sees_its_cpu_time_grow() {
