@@ -34,7 +34,6 @@
 
 use bytes::Bytes;
 use http_body::Frame;
-use std::collections::VecDeque;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 use tokio::sync::mpsc;
@@ -67,7 +66,7 @@ pub(crate) enum Source {
 /// ends without them is a lost connection (`Unavailable`).
 pub(crate) struct RecvBody {
     /// Request data that came with the call's headers (server).
-    queued: VecDeque<Bytes>,
+    queued: proto::Chunks,
     src: Source,
     done: bool,
     eos_ok: bool,
@@ -98,7 +97,7 @@ impl std::fmt::Debug for RecvBody {
 impl RecvBody {
     /// Server: `queued` chunks, then more from `rx` until it closes.
     pub(crate) fn new(
-        queued: VecDeque<Bytes>,
+        queued: proto::Chunks,
         rx: mpsc::UnboundedReceiver<Event>,
         credit: flow::Credit,
     ) -> Self {
@@ -114,7 +113,7 @@ impl RecvBody {
         }
     }
     /// Server: a request stream that was complete on arrival.
-    pub(crate) fn ready(queued: VecDeque<Bytes>) -> Self {
+    pub(crate) fn ready(queued: proto::Chunks) -> Self {
         RecvBody {
             queued,
             src: Source::Ended,
@@ -134,7 +133,7 @@ impl RecvBody {
         deadline: Option<tokio::time::Instant>,
     ) -> Self {
         RecvBody {
-            queued: VecDeque::new(),
+            queued: proto::Chunks::default(),
             src: Source::Slot(slot),
             done: false,
             eos_ok: false,

@@ -110,6 +110,12 @@ impl<T> Call<T> {
     pub(crate) fn has_events(&self) -> bool {
         !self.events.is_empty()
     }
+
+    /// How many events the call's queue holds without growing.
+    #[cfg(test)]
+    pub(crate) fn events_capacity(&self) -> usize {
+        self.events.capacity()
+    }
 }
 
 /// What delivering one event did ([`Client::deliver`]).
@@ -159,7 +165,19 @@ pub(crate) struct Client<T, W = ()> {
     /// driver's waiter (what wakes the caller).
     queue: VecDeque<(Ticket, W)>,
     next_ticket: u64,
+    /// Event queues of calls that ended, emptied, for the next calls (a
+    /// call's queue otherwise allocates on its first event: once a call).
+    /// At most [`SPARE_QUEUES`], each at most [`SPARE_QUEUE_CAP`] events.
+    spare_queues: Vec<VecDeque<Event>>,
 }
+
+/// Ended calls' event queues kept for reuse per connection (about the
+/// calls a connection has in flight at once in a busy moment).
+const SPARE_QUEUES: usize = 8;
+/// A kept queue's largest capacity: a unary response's three events fit
+/// (a queue's first allocation holds four), a queue a stream grew is
+/// freed.
+const SPARE_QUEUE_CAP: usize = 4;
 
 impl<T, W> Client<T, W> {
     /// A connection whose calls each announce `recv_window` bytes, with at
@@ -174,6 +192,7 @@ impl<T, W> Client<T, W> {
             places: 0,
             queue: VecDeque::new(),
             next_ticket: 0,
+            spare_queues: Vec::new(),
         }
     }
 
@@ -254,7 +273,7 @@ impl<T, W> Client<T, W> {
         self.calls.insert(
             id,
             Call {
-                events: VecDeque::new(),
+                events: self.spare_queues.pop().unwrap_or_default(),
                 recv: RecvWindow::new(self.recv_window),
                 unacked: Unacked::new(self.recv_window),
                 io,
@@ -265,7 +284,15 @@ impl<T, W> Client<T, W> {
 
     /// Removes call `id` (finished or abandoned).
     pub(crate) fn remove(&mut self, id: u32) -> Option<T> {
-        self.calls.remove(&id).map(|c| c.io)
+        let c = self.calls.remove(&id)?;
+        let mut events = c.events;
+        if events.capacity() <= SPARE_QUEUE_CAP && self.spare_queues.len() < SPARE_QUEUES {
+            // Events never taken (an abandoned call's) go now, as they
+            // would have with the call.
+            events.clear();
+            self.spare_queues.push(events);
+        }
+        Some(c.io)
     }
 
     /// Call `id`, if it is open.

@@ -105,6 +105,7 @@
 //! driver has no task of its own to keep a connection timer in: the
 //! leader/follower receive).
 
+use std::collections::VecDeque;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -134,6 +135,52 @@ pub(crate) enum Event {
     /// The peer granted this call more send window (client side; applied
     /// by the reader, never queued).
     Window(u32),
+}
+
+/// A call's request data queued before its handler reads it (server
+/// side): the first chunk inline, more in a deque. A unary request's data
+/// is one chunk, so it queues with no allocation (a `VecDeque` allocated on
+/// its first push, once a call).
+#[derive(Debug, Default)]
+pub(crate) struct Chunks {
+    /// Older than everything in `rest` when set: filled only while `rest`
+    /// is empty.
+    first: Option<Bytes>,
+    rest: VecDeque<Bytes>,
+}
+
+impl Chunks {
+    /// Queues `b` last.
+    pub(crate) fn push_back(&mut self, b: Bytes) {
+        if self.first.is_none() && self.rest.is_empty() {
+            self.first = Some(b);
+        } else {
+            self.rest.push_back(b);
+        }
+    }
+
+    /// Takes the oldest chunk.
+    pub(crate) fn pop_front(&mut self) -> Option<Bytes> {
+        self.first.take().or_else(|| self.rest.pop_front())
+    }
+
+    /// Chunks queued.
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
+        usize::from(self.first.is_some()) + self.rest.len()
+    }
+
+    /// The chunks, oldest first.
+    #[cfg(test)]
+    pub(crate) fn iter(&self) -> impl Iterator<Item = &Bytes> {
+        self.first.iter().chain(self.rest.iter())
+    }
+
+    /// The chunks, oldest first, as a deque.
+    #[cfg(test)]
+    pub(crate) fn into_deque(self) -> VecDeque<Bytes> {
+        self.first.into_iter().chain(self.rest).collect()
+    }
 }
 
 #[cfg(test)]

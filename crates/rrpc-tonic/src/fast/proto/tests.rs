@@ -169,7 +169,7 @@ impl Pair {
                         key.id,
                         AppCall {
                             key,
-                            unread: chunks,
+                            unread: chunks.into_deque(),
                             delivered,
                             ended: end,
                             unacked: Unacked::new(WINDOW),
@@ -1201,4 +1201,68 @@ fn flush(
             "call {id}: opened {opens}, cancelled {cancels}, started {started}, refused {refused}"
         );
     }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    /// `Chunks` (the first chunk inline) is a FIFO queue: any run of pushes and pops
+    /// gives what a `VecDeque` gives.
+    #[test]
+    fn chunks_queue_in_order(ops in proptest::collection::vec(any::<Option<u8>>(), 0..64)) {
+        let mut q = super::Chunks::default();
+        let mut model = VecDeque::new();
+        for op in ops {
+            match op {
+                Some(v) => {
+                    let b = Bytes::from(vec![v]);
+                    q.push_back(b.clone());
+                    model.push_back(b);
+                }
+                None => prop_assert_eq!(q.pop_front(), model.pop_front()),
+            }
+            prop_assert_eq!(q.len(), model.len());
+            prop_assert!(q.iter().eq(model.iter()));
+        }
+        prop_assert_eq!(q.into_deque(), model);
+    }
+}
+
+/// A unary request's data is one chunk: queued with no heap allocation.
+#[test]
+fn one_chunk_queues_inline() {
+    let mut q = super::Chunks::default();
+    q.push_back(Bytes::from_static(b"request"));
+    assert_eq!(q.rest.capacity(), 0);
+    assert_eq!(q.pop_front().as_deref(), Some(&b"request"[..]));
+    assert!(q.pop_front().is_none());
+}
+
+/// An ended call's event queue serves the next call (no allocation on its first event),
+/// while a queue a stream grew is freed, not kept.
+#[test]
+fn ended_calls_queues_serve_the_next_calls() {
+    let mut c: client::Client<()> = client::Client::new(WINDOW, 8);
+    let id = c.open(()).expect("open");
+    for ev in [
+        Event::Data(Bytes::from_static(b"a")),
+        Event::Trailers(http::HeaderMap::new()),
+    ] {
+        c.deliver(id, ev).expect("deliver");
+    }
+    c.remove(id);
+    let next = c.open(()).expect("open");
+    assert!(
+        c.call_mut(next).expect("call").events_capacity() > 0,
+        "reused"
+    );
+    assert!(!c.call_mut(next).expect("call").has_events(), "emptied");
+    // A call whose queue grew past a unary response's is not kept.
+    for _ in 0..64 {
+        c.deliver(next, Event::Data(Bytes::from_static(b"a")))
+            .expect("deliver");
+    }
+    c.remove(next);
+    let third = c.open(()).expect("open");
+    assert_eq!(c.call_mut(third).expect("call").events_capacity(), 0);
 }
