@@ -358,7 +358,7 @@ async fn call(
         .map_or("", |a| a.as_str());
     let ua = &inner.opts.user_agent;
     let extra = add_user_agent(&mut parts.headers, ua).then_some((&http::header::USER_AGENT, ua));
-    let headers = frame::request_headers_payload_with(path, authority, &parts.headers, extra);
+    let headers = frame::request_headers_in(path, authority, &parts.headers, extra);
     let mut guard = CallGuard {
         id,
         inner,

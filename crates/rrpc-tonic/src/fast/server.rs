@@ -602,7 +602,7 @@ where
                 Kind::ResponseHeaders,
                 END_STREAM,
                 id,
-                frame::response_headers_payload_with(parts.status, &parts.headers, extra),
+                frame::response_headers_in(parts.status, &parts.headers, extra),
             )])
             .await;
     }
@@ -613,7 +613,7 @@ where
         Kind::ResponseHeaders,
         0,
         id,
-        frame::response_headers_payload_with(parts.status, &parts.headers, extra),
+        frame::response_headers_in(parts.status, &parts.headers, extra),
     ));
     // Frames the body has ready go out together, up to about one chunk of
     // data (a body that is always ready must not be drained into memory).
@@ -642,7 +642,7 @@ where
                         Kind::Trailers,
                         END_STREAM,
                         id,
-                        frame::metadata_payload(&t),
+                        frame::metadata_in(&t),
                     ));
                     permit.release();
                     return send(writer, flow, batch).await;
@@ -654,7 +654,7 @@ where
                     Kind::Trailers,
                     END_STREAM,
                     id,
-                    frame::metadata_payload(&http::HeaderMap::new()),
+                    frame::metadata_in(&http::HeaderMap::new()),
                 ));
                 permit.release();
                 return send(writer, flow, batch).await;
