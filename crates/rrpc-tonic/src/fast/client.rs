@@ -16,7 +16,7 @@ use tonic::body::Body;
 use super::flow::{self, CallFlow, Credit};
 use super::proto::call_timeout;
 use super::proto::client as proto;
-use super::writer::{FrameWriter, Out};
+use super::writer::{Batch, FrameWriter, Out};
 use super::{Event, RecvBody};
 use crate::frame::{self, END_STREAM, Kind};
 use crate::pipe::Pipe;
@@ -198,7 +198,8 @@ impl Drop for CallGuard {
         }
         let was_open = self.inner.shared.take(self.id);
         if was_open {
-            let cancel = vec![Out::new(Kind::Cancel, 0, self.id, Bytes::new())];
+            let cancel: Batch =
+                smallvec::smallvec![Out::new(Kind::Cancel, 0, self.id, Bytes::new())];
             if matches!(self.inner.writer.try_send(&cancel), Ok(true)) {
                 return;
             }
@@ -262,7 +263,7 @@ enum Drained {
 
 /// Moves the frames `body` has ready now into `batch`, up to about `limit`
 /// bytes of data (a body that is always ready is not drained into memory).
-fn drain_ready(body: &mut Body, id: u32, batch: &mut Vec<Out>, limit: usize) -> Drained {
+fn drain_ready(body: &mut Body, id: u32, batch: &mut Batch, limit: usize) -> Drained {
     let mut taken = 0usize;
     loop {
         if taken >= limit {
@@ -366,8 +367,8 @@ async fn call(
         done: false,
         permit: Some(permit),
     };
-    // Room for a unary call's three frames (headers, data, end): one allocation.
-    let mut batch = Vec::with_capacity(3);
+    // A unary call's three frames (headers, data, end) fit inline.
+    let mut batch = Batch::new();
     batch.push(Out::new(Kind::RequestHeaders, 0, id, headers));
     // The caller writes the request itself when the body is ready at once
     // (unary, server streaming) and the call's window covers it: one ring
@@ -490,7 +491,7 @@ async fn send_request(
     shared: Arc<Shared>,
     flow: Arc<CallFlow>,
     id: u32,
-    mut batch: Vec<Out>,
+    mut batch: Batch,
     body: Option<Body>,
 ) {
     let failed = |e: Error| {
@@ -500,7 +501,7 @@ async fn send_request(
         let _ = shared.deliver(&mut t, id, Event::Reset(Status::from(e)));
     };
     let send =
-        |batch: Vec<Out>| flow::send_within_window(&writer, &flow, batch, || shared.credit_wait());
+        |batch: Batch| flow::send_within_window(&writer, &flow, batch, || shared.credit_wait());
     let Some(mut body) = body else {
         if let Err(e) = send(batch).await {
             failed(e);

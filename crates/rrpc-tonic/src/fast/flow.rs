@@ -22,7 +22,7 @@ use tokio::sync::mpsc::UnboundedSender;
 
 use super::proto::flow::{Unacked, check_grant};
 use super::proto::server::{CallKey, Note};
-use super::writer::{FrameWriter, Out};
+use super::writer::{Batch, FrameWriter, Out};
 use crate::Error;
 use crate::frame::{self, FrameError, HEADER_LEN, Kind};
 
@@ -171,7 +171,7 @@ impl Credit {
                 if let Ok(rt) = tokio::runtime::Handle::try_current() {
                     let w = self.writer.clone();
                     rt.spawn(async move {
-                        if let Err(e) = w.send(vec![out]).await {
+                        if let Err(e) = w.send(smallvec::smallvec![out]).await {
                             tracing::debug!("rrpc: window update not sent: {e}");
                         }
                     });
@@ -211,13 +211,13 @@ pub(crate) fn try_take_batch(writer: &FrameWriter, flow: &CallFlow, batch: &[Out
 pub(crate) async fn send_within_window<G>(
     writer: &FrameWriter,
     flow: &CallFlow,
-    batch: Vec<Out>,
+    batch: Batch,
     on_wait: impl Fn() -> G,
 ) -> Result<(), Error> {
     if try_take_batch(writer, flow, &batch) {
         return writer.send(batch).await;
     }
-    let mut pending: Vec<Out> = Vec::new();
+    let mut pending = Batch::new();
     for mut out in batch {
         if out.kind != Kind::Data || out.payload.is_empty() {
             pending.push(out);

@@ -19,7 +19,7 @@ use tower::ServiceExt;
 
 use super::flow::{self, CallFlow, Credit};
 use super::proto::server::{self as proto, CallKey, In, Note, Output};
-use super::writer::{FrameWriter, Out};
+use super::writer::{Batch, FrameWriter, Out};
 use super::{Event, RecvBody};
 use crate::frame::{self, END_STREAM, Kind};
 use crate::pipe::Pipe;
@@ -226,7 +226,10 @@ where
                     if let Some(r) = &refusal {
                         tracing::debug!(call_id = id, ?r, "rrpc: call refused");
                     }
-                    if let Err(e) = writer.send(vec![Out::new(kind, flags, id, payload)]).await {
+                    if let Err(e) = writer
+                        .send(smallvec::smallvec![Out::new(kind, flags, id, payload)])
+                        .await
+                    {
                         fatal = Some(e);
                     }
                 }
@@ -404,7 +407,7 @@ async fn perform_sends(conn: &mut proto::Server, writer: &FrameWriter) -> Result
         } = out
         {
             writer
-                .send(vec![Out::new(kind, flags, id, payload)])
+                .send(smallvec::smallvec![Out::new(kind, flags, id, payload)])
                 .await?;
         }
     }
@@ -526,7 +529,7 @@ async fn run_call<S, ResBody>(
             );
             place.release();
             writer
-                .send(vec![trailers_only(
+                .send(smallvec::smallvec![trailers_only(
                     id,
                     Status::cancelled("rrpc: the handler panicked"),
                 )])
@@ -542,7 +545,10 @@ async fn run_call<S, ResBody>(
                 "rrpc: response frame of {len} bytes exceeds the ring's {max}"
             ));
             place.release();
-            if let Err(e) = writer.send(vec![trailers_only(id, st)]).await {
+            if let Err(e) = writer
+                .send(smallvec::smallvec![trailers_only(id, st)])
+                .await
+            {
                 tracing::debug!(call_id = id, "rrpc: connection failed: {e}");
             }
         }
@@ -554,7 +560,7 @@ async fn run_call<S, ResBody>(
 
 /// Sends a response batch within the call's window (the server's reader
 /// always runs, so nothing else must be told while it waits).
-async fn send(writer: &FrameWriter, flow: &CallFlow, batch: Vec<Out>) -> Result<(), Error> {
+async fn send(writer: &FrameWriter, flow: &CallFlow, batch: Batch) -> Result<(), Error> {
     flow::send_within_window(writer, flow, batch, || ()).await
 }
 
@@ -585,7 +591,10 @@ where
         Err(e) => {
             permit.release();
             return writer
-                .send(vec![trailers_only(id, Status::from_error(e))])
+                .send(smallvec::smallvec![trailers_only(
+                    id,
+                    Status::from_error(e)
+                )])
                 .await;
         }
     };
@@ -598,7 +607,7 @@ where
         // or a layer's bare HTTP error): headers with the status, ended.
         permit.release();
         return writer
-            .send(vec![Out::new(
+            .send(smallvec::smallvec![Out::new(
                 Kind::ResponseHeaders,
                 END_STREAM,
                 id,
@@ -606,9 +615,8 @@ where
             )])
             .await;
     }
-    // Room for a unary response's three frames (headers, data, trailers):
-    // one allocation.
-    let mut batch = Vec::with_capacity(3);
+    // A unary response's three frames (headers, data, trailers) fit inline.
+    let mut batch = Batch::new();
     batch.push(Out::new(
         Kind::ResponseHeaders,
         0,

@@ -13,6 +13,10 @@ use crate::Error;
 use crate::frame::{self, HEADER_LEN, Kind};
 use crate::pipe::MsgTx;
 
+/// Frames written together, as one ring message when they fit: a unary
+/// call's three (headers, data, end) without an allocation.
+pub(crate) type Batch = smallvec::SmallVec<[Out; 3]>;
+
 /// One frame to write: header fields and a payload.
 #[derive(Debug)]
 pub(crate) struct Out {
@@ -314,12 +318,12 @@ impl FrameWriter {
     /// Sends a batch of frames as one ring message when it fits, splitting
     /// DATA payloads larger than the chunk size into several frames (and
     /// messages), so that one large message never starves other calls.
-    pub(crate) async fn send(&self, batch: Vec<Out>) -> Result<(), Error> {
+    pub(crate) async fn send(&self, batch: Batch) -> Result<(), Error> {
         if batch.is_empty() || self.try_send(&batch)? {
             return Ok(());
         }
         let max_msg = self.max_msg;
-        let mut pending: Vec<Out> = Vec::new();
+        let mut pending = Batch::new();
         let mut pending_len = 0usize;
         for out in batch {
             let mut out = out;
@@ -344,7 +348,7 @@ impl FrameWriter {
 
     async fn push(
         &self,
-        pending: &mut Vec<Out>,
+        pending: &mut Batch,
         len: &mut usize,
         out: Out,
         max_msg: usize,
@@ -421,8 +425,8 @@ mod tests {
     }
 
     /// One DATA frame `wire` bytes long on the wire.
-    fn frame(wire: usize) -> Vec<Out> {
-        vec![Out::new(Kind::Data, 0, 1, vec![7u8; wire - HEADER_LEN])]
+    fn frame(wire: usize) -> Batch {
+        smallvec::smallvec![Out::new(Kind::Data, 0, 1, vec![7u8; wire - HEADER_LEN])]
     }
 
     fn poll<F: Future + ?Sized>(f: Pin<&mut F>) -> Poll<F::Output> {
