@@ -35,7 +35,7 @@
 //! [`FrameError`] and the connection is closed (memory the peer writes is
 //! untrusted input: read once, validated, then used).
 
-use bytes::{BufMut, Bytes, BytesMut};
+use bytes::{Bytes, BytesMut};
 use http::HeaderMap;
 
 /// Size of the fixed frame header in bytes.
@@ -223,22 +223,52 @@ pub type Extra<'a> = Option<(&'a http::HeaderName, &'a http::HeaderValue)>;
 
 /// Appends a metadata block. Entries beyond `u16::MAX` are dropped (far above
 /// any header-list limit a gRPC peer accepts).
-pub fn put_metadata(out: &mut impl BufMut, map: &HeaderMap) {
+pub fn put_metadata(out: &mut Vec<u8>, map: &HeaderMap) {
     put_metadata_with(out, map, None);
 }
 
 /// [`put_metadata`], then `extra` (within the same `u16::MAX` entries).
-pub fn put_metadata_with(out: &mut impl BufMut, map: &HeaderMap, extra: Extra<'_>) {
+pub fn put_metadata_with(out: &mut Vec<u8>, map: &HeaderMap, extra: Extra<'_>) {
+    put_metadata_into(out, map, extra);
+}
+
+/// Where an encoder writes: a growing `Vec`, or a slice sized beforehand
+/// (the fast path's arena: [`in_arena`]).
+trait Put {
+    fn put(&mut self, bytes: &[u8]);
+}
+
+impl Put for Vec<u8> {
+    #[inline]
+    fn put(&mut self, bytes: &[u8]) {
+        self.extend_from_slice(bytes);
+    }
+}
+
+/// A slice written front to back; its length was computed beforehand, so
+/// writing past it is a bug (a panic, never memory outside it).
+struct Cursor<'a>(&'a mut [u8]);
+
+impl Put for Cursor<'_> {
+    #[inline]
+    fn put(&mut self, bytes: &[u8]) {
+        let (head, rest) = std::mem::take(&mut self.0).split_at_mut(bytes.len());
+        head.copy_from_slice(bytes);
+        self.0 = rest;
+    }
+}
+
+fn put_metadata_into(out: &mut impl Put, map: &HeaderMap, extra: Extra<'_>) {
     let max = u16::MAX as usize;
     let n = map.len().min(max);
     let extra = extra.filter(|_| n < max);
-    out.put_u16_le((n + usize::from(extra.is_some())) as u16);
+    out.put(&((n + usize::from(extra.is_some())) as u16).to_le_bytes());
     for (k, v) in map.iter().take(n).chain(extra) {
         let name = k.as_str().as_bytes();
-        out.put_u16_le(name.len() as u16);
-        out.put_slice(name);
-        out.put_u32_le(v.len() as u32);
-        out.put_slice(v.as_bytes());
+        out.put(&(name.len() as u16).to_le_bytes());
+        out.put(name);
+        out.put(&(v.len() as u32).to_le_bytes());
+        out.put(v.as_bytes());
     }
 }
 
@@ -251,7 +281,10 @@ pub fn put_metadata_with(out: &mut impl BufMut, map: &HeaderMap, extra: Extra<'_
 const ARENA_CHUNK: usize = 4096;
 
 /// `len` bytes encoded by `put` into this thread's arena, split off it.
-fn in_arena(len: usize, put: impl FnOnce(&mut BytesMut)) -> Bytes {
+/// The bytes are zeroed, then written in place through a [`Cursor`]
+/// (writing through `BytesMut`'s `BufMut` made a `memcpy` call of every
+/// field, ~40 a call).
+fn in_arena(len: usize, put: impl FnOnce(&mut Cursor<'_>)) -> Bytes {
     thread_local! {
         static ARENA: std::cell::RefCell<BytesMut> = std::cell::RefCell::new(BytesMut::new());
     }
@@ -259,7 +292,14 @@ fn in_arena(len: usize, put: impl FnOnce(&mut BytesMut)) -> Bytes {
         if arena.capacity() < len {
             arena.reserve(len.max(ARENA_CHUNK));
         }
-        put(arena);
+        // Empty: every block before was split off.
+        arena.resize(len, 0);
+        let mut c = Cursor(&mut arena[..]);
+        put(&mut c);
+        // `len` counts at most what is written: all of a map's entries, where
+        // a block holds the first `u16::MAX` (and `extra` only below that).
+        let unwritten = c.0.len();
+        arena.truncate(len - unwritten);
         arena.split().freeze()
     })
 }
@@ -679,7 +719,7 @@ pub(crate) fn request_headers_in(
 ) -> Bytes {
     let len = request_headers_len(path, authority, map, extra);
     in_arena(len, |out| {
-        put_request_headers(out, path, authority, map, extra);
+        put_request_headers(out, path, authority, map, extra)
     })
 }
 
@@ -689,7 +729,7 @@ fn request_headers_len(path: &str, authority: &str, map: &HeaderMap, extra: Extr
 }
 
 fn put_request_headers(
-    out: &mut impl BufMut,
+    out: &mut impl Put,
     path: &str,
     authority: &str,
     map: &HeaderMap,
@@ -697,10 +737,10 @@ fn put_request_headers(
 ) {
     for field in [path, authority] {
         let f = &field.as_bytes()[..field.len().min(u16::MAX as usize)];
-        out.put_u16_le(f.len() as u16);
-        out.put_slice(f);
+        out.put(&(f.len() as u16).to_le_bytes());
+        out.put(f);
     }
-    put_metadata_with(out, map, extra);
+    put_metadata_into(out, map, extra);
 }
 
 /// Decodes the payload of a REQUEST_HEADERS frame.
@@ -752,7 +792,7 @@ pub fn response_headers_payload_with(
     extra: Extra<'_>,
 ) -> Vec<u8> {
     let mut out = Vec::with_capacity(2 + metadata_len(map) + extra_len(extra));
-    out.put_u16_le(status.as_u16());
+    out.extend_from_slice(&status.as_u16().to_le_bytes());
     put_metadata_with(&mut out, map, extra);
     out
 }
@@ -765,8 +805,8 @@ pub(crate) fn response_headers_in(
     extra: Extra<'_>,
 ) -> Bytes {
     in_arena(2 + metadata_len(map) + extra_len(extra), |out| {
-        out.put_u16_le(status.as_u16());
-        put_metadata_with(out, map, extra);
+        out.put(&status.as_u16().to_le_bytes());
+        put_metadata_into(out, map, extra);
     })
 }
 
@@ -792,7 +832,7 @@ pub fn metadata_payload(map: &HeaderMap) -> Vec<u8> {
 /// [`metadata_payload`] as `Bytes` split off this thread's arena: no
 /// allocation of its own (what the fast path sends).
 pub(crate) fn metadata_in(map: &HeaderMap) -> Bytes {
-    in_arena(metadata_len(map), |out| put_metadata(out, map))
+    in_arena(metadata_len(map), |out| put_metadata_into(out, map, None))
 }
 
 /// Decodes a metadata-only payload.
