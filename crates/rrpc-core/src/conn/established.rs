@@ -36,6 +36,29 @@ const GONE_SILENT: u8 = 1;
 /// (`ECONNRESET`): its TCP gave up on this host (its keep-alive ran out: the
 /// link may be cut one way only) or its process aborted.
 const GONE_RESET: u8 = 2;
+/// [`Connection::gone_why`]: the network reports the peer's host unreachable
+/// (`EHOSTUNREACH`, `ENETUNREACH`, `ENETDOWN`, `EHOSTDOWN`). A side channel
+/// to a host that died often ends this way rather than with `ETIMEDOUT`:
+/// once its neighbour entry fails, the kernel reports that soft error when
+/// the keep-alive or `TCP_USER_TIMEOUT` gives up (seen across two soft-RoCE
+/// VMs, one powered off: the silent host was reported as a plain close).
+const GONE_UNREACHABLE: u8 = 3;
+
+/// What a side channel's read error says about the peer, as a
+/// [`Connection::gone_why`]; `None` when it says nothing (try again).
+fn gone_reason(e: &io::Error) -> Option<u8> {
+    match e.kind() {
+        io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted => None,
+        io::ErrorKind::TimedOut => Some(GONE_SILENT),
+        io::ErrorKind::ConnectionReset => Some(GONE_RESET),
+        io::ErrorKind::HostUnreachable
+        | io::ErrorKind::NetworkUnreachable
+        | io::ErrorKind::NetworkDown => Some(GONE_UNREACHABLE),
+        _ if e.raw_os_error() == Some(libc::EHOSTDOWN) => Some(GONE_UNREACHABLE),
+        // EOF, goodbye bytes, or another socket error: the peer is gone.
+        _ => Some(GONE_CLOSED),
+    }
+}
 
 /// An established connection: a connected queue pair, what the peer granted,
 /// and the side channel that tells whether the peer is still there.
@@ -46,7 +69,8 @@ pub struct Connection {
     pub(crate) side: Side,
     pub(crate) _grants: Vec<(u16, Arc<Region>)>,
     pub(crate) gone: AtomicBool,
-    /// Why the peer is gone, once it is: [`GONE_CLOSED`] or [`GONE_SILENT`].
+    /// Why the peer is gone, once it is: [`GONE_CLOSED`], [`GONE_SILENT`],
+    /// [`GONE_RESET`] or [`GONE_UNREACHABLE`].
     pub(crate) gone_why: std::sync::atomic::AtomicU8,
     /// For a logical connection: the peer's grants on the shared queue pair
     /// and the shared connection, both released after `qp` (field order).
@@ -110,38 +134,41 @@ impl Connection {
     /// [`Error::PeerGone`] when the side channel closed or the peer said
     /// goodbye; [`Error::PeerUnresponsive`] when the peer's host stopped
     /// answering (the side channel's keep-alive or `TCP_USER_TIMEOUT` ran
-    /// out: no FIN, no RST, the way a host dies or a link is cut).
+    /// out: no FIN, no RST, the way a host dies or a link is cut), or the
+    /// network reports it unreachable.
     pub fn check_alive(&self) -> Result<()> {
         if self.gone.load(Ordering::Acquire) {
             return Err(self.gone_error());
         }
         let mut b = [0u8; 1];
-        match self.side.read(&mut b) {
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(()),
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => Ok(()),
-            Err(e) if e.kind() == io::ErrorKind::TimedOut => {
-                self.gone_why.store(GONE_SILENT, Ordering::Release);
-                self.mark_gone();
-                Err(self.gone_error())
-            }
-            Err(e) if e.kind() == io::ErrorKind::ConnectionReset => {
-                self.gone_why.store(GONE_RESET, Ordering::Release);
-                self.mark_gone();
-                Err(self.gone_error())
-            }
-            // EOF, goodbye bytes, or another socket error: the peer is gone.
-            _ => {
-                self.mark_gone();
-                Err(self.gone_error())
-            }
+        let why = match self.side.read(&mut b) {
+            Err(e) => match gone_reason(&e) {
+                None => return Ok(()),
+                Some(why) => why,
+            },
+            // EOF, or goodbye bytes: the peer is gone.
+            Ok(_) => GONE_CLOSED,
+        };
+        if why != GONE_CLOSED {
+            self.gone_why.store(why, Ordering::Release);
         }
+        self.mark_gone();
+        Err(self.gone_error())
     }
 
     /// The error that says why the peer is gone ([`Self::check_alive`]);
     /// [`Error::PeerGone`] while it is not known to be.
     pub fn gone_error(&self) -> Error {
-        if self.gone_why.load(Ordering::Acquire) != GONE_SILENT {
-            return Error::PeerGone;
+        match self.gone_why.load(Ordering::Acquire) {
+            GONE_SILENT => {}
+            GONE_UNREACHABLE => {
+                return Error::PeerUnresponsive(
+                    "its host stopped answering: the network reports it unreachable \
+                     (no close was seen: the host is down or the link is cut)"
+                        .to_string(),
+                );
+            }
+            _ => return Error::PeerGone,
         }
         let after = self.side.user_timeout_ms();
         Error::PeerUnresponsive(match after {
@@ -201,6 +228,33 @@ impl Drop for Connection {
             // The peer may still write into what we granted (module docs of
             // `logical`, "Retired grants").
             l.retire(std::mem::take(&mut self._grants));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A read error of the side channel says why the peer left: a silent host
+    /// (timed out, or reported unreachable: what a dead host's channel ends
+    /// with once its neighbour entry failed), a reset, or a close; a read that
+    /// would block says nothing.
+    #[test]
+    fn a_side_channel_error_says_why_the_peer_left() {
+        let os = io::Error::from_raw_os_error;
+        for (errno, want) in [
+            (libc::EAGAIN, None),
+            (libc::EINTR, None),
+            (libc::ETIMEDOUT, Some(GONE_SILENT)),
+            (libc::ECONNRESET, Some(GONE_RESET)),
+            (libc::EHOSTUNREACH, Some(GONE_UNREACHABLE)),
+            (libc::ENETUNREACH, Some(GONE_UNREACHABLE)),
+            (libc::ENETDOWN, Some(GONE_UNREACHABLE)),
+            (libc::EHOSTDOWN, Some(GONE_UNREACHABLE)),
+            (libc::EPIPE, Some(GONE_CLOSED)),
+        ] {
+            assert_eq!(gone_reason(&os(errno)), want, "errno {errno}");
         }
     }
 }
