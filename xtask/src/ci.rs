@@ -389,20 +389,11 @@ pub(crate) fn run_ci(args: &CiArgs) -> Result<()> {
             // ratios would guard nothing), after the test build is pruned (disk).
             // `--strict`: a ratio skipped for want of redis-server or valgrind fails
             // (`.ci/setup` installs both), unless skips are allowed.
-            // Built without debug info (the `release` profile keeps line tables for
-            // `perf`): the guard reads instruction totals and timings only, and CI's
-            // cold release build is its longest part.
             let mut a = vec!["bench", "check"];
             if !args.allow_skips {
                 a.push("--strict");
             }
-            run_env(
-                &exe,
-                &a,
-                Some(root_ref),
-                &[("CARGO_PROFILE_RELEASE_DEBUG", "0")],
-            )
-            .map(|()| Outcome::Ran)
+            run(&exe, &a, Some(root_ref)).map(|()| Outcome::Ran)
         })?;
         step("miri", &mut || {
             if args.no_miri {
