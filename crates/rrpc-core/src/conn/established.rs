@@ -38,10 +38,11 @@ const GONE_SILENT: u8 = 1;
 const GONE_RESET: u8 = 2;
 /// [`Connection::gone_why`]: the network reports the peer's host unreachable
 /// (`EHOSTUNREACH`, `ENETUNREACH`, `ENETDOWN`, `EHOSTDOWN`). A side channel
-/// to a host that died often ends this way rather than with `ETIMEDOUT`:
-/// once its neighbour entry fails, the kernel reports that soft error when
-/// the keep-alive or `TCP_USER_TIMEOUT` gives up (seen across two soft-RoCE
-/// VMs, one powered off: the silent host was reported as a plain close).
+/// to a host that died can end this way rather than with `ETIMEDOUT`: once
+/// its neighbour entry fails, the kernel reports that soft error when the
+/// keep-alive or `TCP_USER_TIMEOUT` gives up. The likely cause (inferred,
+/// the errno itself was not logged) of a run across two soft-RoCE VMs, one
+/// powered off, in which the silent host was reported as a plain close.
 const GONE_UNREACHABLE: u8 = 3;
 
 /// What a side channel's read error says about the peer, as a
