@@ -6,7 +6,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 
-use crate::util::{VERBS_FEATURES, note_failure, probe, run, run_env, target_dir, workspace_root};
+use crate::util::{
+    VERBS_FEATURES, note_failure, probe, run, run_env, run_unlinted, target_dir, workspace_root,
+};
 
 /// `cargo xtask ci` options.
 #[derive(clap::Args, Debug, Clone)]
@@ -19,9 +21,12 @@ pub(crate) struct CiArgs {
     /// Skip the miri step.
     #[arg(long)]
     no_miri: bool,
-    /// Skip `cargo xtask bench all --quick`.
+    /// Also run `cargo xtask bench all --quick` (every suite once, on the
+    /// test build): off in CI, where the regression guard below runs the
+    /// suites that carry its ratios, optimised, five times (the smoke run
+    /// took 114 s of a CI run that had to be cut under 40 minutes).
     #[arg(long)]
-    no_bench: bool,
+    bench_smoke: bool,
     /// Skip `cargo xtask bench check` (the performance regression guard).
     #[arg(long)]
     no_bench_check: bool,
@@ -62,14 +67,6 @@ enum Outcome {
 /// `#[ignore]`d tests that CI runs alone after the suite (exact names in
 /// their packages' `suite` binaries): they rest on real elapsed time.
 const REAL_TIME_TESTS: &[&str] = &["rfrpc_batch::tuner_converges_to_the_latency_bound"];
-
-/// `cargo clippy --workspace --all-targets` with `features`, warnings denied.
-fn clippy(root: &Path, features: &[&str]) -> Result<Outcome> {
-    let mut args = vec!["clippy", "--workspace"];
-    args.extend(features);
-    args.extend(["--all-targets", "--", "-D", "warnings"]);
-    run("cargo", &args, Some(root)).map(|()| Outcome::Ran)
-}
 
 /// Whether `crates/rrpc-core/Cargo.toml` declares a `verbs` feature.
 fn core_has_verbs_feature(root: &Path) -> bool {
@@ -166,8 +163,7 @@ pub(crate) fn run_ci(args: &CiArgs) -> Result<()> {
             )
             .map(|()| Outcome::Ran)
         })?;
-        step("clippy", &mut || clippy(root_ref, &[]))?;
-        step("test", &mut || {
+        step("test (built under clippy, warnings denied)", &mut || {
             // With libibverbs present the workspace is tested with every
             // `verbs` feature on: the shm tests run as they would without
             // it, the verbs tests skip (no RRPC_TEST_DEVICE on the host),
@@ -186,11 +182,22 @@ pub(crate) fn run_ci(args: &CiArgs) -> Result<()> {
                 Ok(()) => cmd.extend(["--features", VERBS_FEATURES]),
                 Err(why) => eprintln!("test: without the verbs features: {why}"),
             }
+            // The build is the lint pass: `run_entry` set `lint_env`, so every
+            // crate of the workspace is compiled by clippy-driver with warnings
+            // denied (a clippy or rustc warning fails the build, named above).
+            // A separate `cargo clippy --all-targets`, with and without `verbs`,
+            // checked everything once more: 155 s of a CI run that had to fit
+            // in 40 minutes. The bench targets, which `cargo test` does not
+            // build, are built (and so linted) first.
+            let mut benches = cmd.clone();
+            benches.extend(["--benches", "--no-run"]);
+            run("timeout", &benches, Some(root_ref))
+                .context("building the bench targets under clippy failed (see above)")?;
             run("timeout", &cmd, Some(root_ref)).with_context(|| {
                 format!(
-                    "the test step failed (a failing test is named above; exit 124 instead \
-                         means it ran past its {limit} s, and the hung test printed `has been \
-                         running for over 60 seconds`)"
+                    "the test step failed (a failing test or a lint is named above; exit 124 \
+                         instead means it ran past its {limit} s, and the hung test printed \
+                         `has been running for over 60 seconds`)"
                 )
             })?;
             // The tests that rest on real elapsed time and need the machine
@@ -239,14 +246,6 @@ pub(crate) fn run_ci(args: &CiArgs) -> Result<()> {
                 Ok(Outcome::Ran)
             },
         )?;
-        step("verbs clippy", &mut || {
-            if let Err(why) = verbs_buildable(root_ref) {
-                return Ok(Outcome::Unavailable(why));
-            }
-            // The verbs provider's code under clippy (the test step built
-            // and ran it; no RDMA device here, so nothing reached hardware).
-            clippy(root_ref, &["--features", VERBS_FEATURES])
-        })?;
         step("docs (rustdoc, warnings denied)", &mut || {
             // Every crate's docs with every feature (broken intra-doc links
             // fail); the doctests ran in the test step. With `verbs`, only
@@ -265,15 +264,17 @@ pub(crate) fn run_ci(args: &CiArgs) -> Result<()> {
             .map(|()| Outcome::Ran)
         })?;
         step("package (cargo add check)", &mut || {
-            // The five library crates packaged; a project outside the
-            // workspace builds and runs against the packages, without and
-            // (libibverbs permitting) with `verbs` (xtask/src/package.rs).
-            let verbs = verbs_buildable(root_ref).is_ok();
+            // The five library crates packaged, each holding every file git
+            // tracks in its crate; a project outside the workspace builds and
+            // runs against the packages without `verbs` (xtask/src/package.rs;
+            // the test, clippy and docs steps built the sources with it).
             let args = crate::package::PackageArgs {
                 allow_dirty: true,
                 no_scratch: false,
+                verbs_build: false,
             };
-            crate::package::run_package(root_ref, &args, verbs).map(|()| Outcome::Ran)
+            crate::package::run_package(root_ref, &args, verbs_buildable(root_ref))
+                .map(|()| Outcome::Ran)
         })?;
         // Why a soft-RoCE VM step cannot run here, if it cannot.
         let vm_skip = || -> Option<Outcome> {
@@ -339,8 +340,11 @@ pub(crate) fn run_ci(args: &CiArgs) -> Result<()> {
             },
         )?;
         step("bench all --quick", &mut || {
-            if args.no_bench {
-                return Ok(Outcome::Skipped("--no-bench".into()));
+            if !args.bench_smoke {
+                return Ok(Outcome::Skipped(
+                    "not asked for (--bench-smoke); the bench check below runs the suites its ratios come from"
+                        .into(),
+                ));
             }
             let exe = std::env::current_exe().context("locating xtask")?;
             let exe = exe.to_string_lossy().into_owned();
@@ -428,7 +432,7 @@ pub(crate) fn run_ci(args: &CiArgs) -> Result<()> {
             ] {
                 let mut a = vec!["+nightly", "miri", "test", "-p", krate, "--lib", "--"];
                 a.extend_from_slice(filters);
-                run_env(
+                run_unlinted(
                     "cargo",
                     &a,
                     Some(root_ref),
@@ -473,7 +477,7 @@ pub(crate) fn run_ci(args: &CiArgs) -> Result<()> {
                 &fuzz_target,
             ];
             build.extend(features);
-            run("cargo", &build, Some(&dir))?;
+            run_unlinted("cargo", &build, Some(&dir), &[])?;
             if args.fuzz_seconds > 0 {
                 let budget = format!("-max_total_time={}", args.fuzz_seconds);
                 for t in fuzz_targets(&dir) {
@@ -501,7 +505,7 @@ pub(crate) fn run_ci(args: &CiArgs) -> Result<()> {
                         args.push(seeds.as_str());
                     }
                     args.extend(["--", budget.as_str()]);
-                    run("cargo", &args, Some(&dir))?;
+                    run_unlinted("cargo", &args, Some(&dir), &[])?;
                 }
             }
             Ok(Outcome::Ran)
@@ -589,6 +593,44 @@ fn fast_linker() -> Option<(&'static str, &'static str)> {
         .then_some((VAR, "-C link-arg=-fuse-ld=mold"))
 }
 
+/// The variables under which cargo compiles the workspace's own crates with
+/// clippy-driver (a rustc that also runs clippy's lints), warnings denied:
+/// what `cargo clippy -- -D warnings` sets for its check build, here for
+/// every build CI makes, so the test build is also the lint pass. Crates
+/// from crates.io are compiled by rustc as ever. `util::run_unlinted`
+/// clears them where a build must not be linted (the guard's optimised
+/// build: clippy-driver turns MIR optimisations off) or cannot be (miri and
+/// cargo-fuzz wrap rustc themselves).
+fn lint_env(driver: &str) -> [(&'static str, &str); 2] {
+    [
+        ("RUSTC_WORKSPACE_WRAPPER", driver),
+        // clippy-driver's arguments, each followed by this separator (as
+        // cargo-clippy passes `-- -D warnings`).
+        (
+            "CLIPPY_ARGS",
+            "-D__CLIPPY_HACKERY__warnings__CLIPPY_HACKERY__",
+        ),
+    ]
+}
+
+/// The path of `toolchain`'s clippy-driver (`rustup which`); an error
+/// when clippy is not installed for it.
+fn clippy_driver(toolchain: &str) -> Result<String> {
+    let out = Command::new("rustup")
+        .args(["which", "--toolchain", toolchain, "clippy-driver"])
+        .output()
+        .context("running `rustup which clippy-driver`")?;
+    let path = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+    if !out.status.success() || path.is_empty() {
+        bail!(
+            "no clippy-driver for toolchain {toolchain} (CI lints while it builds the tests): \
+             `rustup component add --toolchain {toolchain} clippy` ({})",
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(path)
+}
+
 /// The rustup toolchain of the workspace's `rust-version` (`1.95` →
 /// `1.95.0`: the oldest release that version admits).
 pub(crate) fn msrv_toolchain(root: &Path) -> Result<String> {
@@ -620,6 +662,8 @@ pub(crate) fn run_entry(args: &CiArgs) -> Result<()> {
     // cargo-fuzz) still takes precedence over this variable.
     let toolchain = msrv_toolchain(&workspace_root())?;
     env.push(("RUSTUP_TOOLCHAIN", toolchain.as_str()));
+    let driver = clippy_driver(&toolchain)?;
+    env.extend(lint_env(&driver));
     let missing: Vec<_> = env
         .iter()
         .filter(|(k, v)| std::env::var(k).ok().as_deref() != Some(*v))

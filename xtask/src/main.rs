@@ -172,7 +172,7 @@ fn run(cli: Cli) -> Result<()> {
         Cmd::Layers(args) => layers::run(&util::workspace_root(), &args),
         Cmd::Package(args) => {
             let root = util::workspace_root();
-            let verbs = ci::verbs_buildable(&root).is_ok();
+            let verbs = ci::verbs_buildable(&root);
             package::run_package(&root, &args, verbs)
         }
     }

@@ -13,8 +13,16 @@
 //!    packages. It builds and runs a tonic service (`grpc.health.v1.Health`
 //!    from `tonic-health`, generated code a user would have) over `shm://`,
 //!    and runs rrpc-kv's store (as a library: `default-features = false`,
-//!    without its binaries' dependencies): once without features, and once with
-//!    `features = ["verbs"]` when libibverbs can be built against.
+//!    without its binaries' dependencies), without features. With
+//!    `--verbs-build` (and libibverbs to build against) it builds and runs
+//!    once more with `features = ["verbs"]`.
+//! 4. Every file git tracks in each crate's directory is in its package
+//!    ([`missing_from_package`]): a source that only one feature compiles
+//!    (the `verbs` provider's) cannot be left out of the `.crate` unseen
+//!    when the scratch build does not turn that feature on. CI runs the
+//!    scratch build without `verbs` and this listing check (the verbs
+//!    build of the scratch project cost 108 of the step's 257 s; the test,
+//!    clippy and rustdoc steps build the same sources with `verbs`).
 //!
 //! Building each package from its unpacked sources is what `cargo package`'s
 //! own verification does; this does it once for all five (with the crates'
@@ -47,9 +55,14 @@ pub(crate) struct PackageArgs {
     /// --allow-dirty`); CI packages a clean clone.
     #[arg(long)]
     pub(crate) allow_dirty: bool,
-    /// Only build the `.crate` files and print their sizes.
+    /// Only build the `.crate` files and print their sizes (and check that
+    /// they hold every tracked file).
     #[arg(long)]
     pub(crate) no_scratch: bool,
+    /// Build and run the scratch project a second time with
+    /// `features = ["verbs"]` (needs libibverbs' headers).
+    #[arg(long)]
+    pub(crate) verbs_build: bool,
 }
 
 /// One packaged crate.
@@ -63,8 +76,13 @@ struct Packaged {
     dir: PathBuf,
 }
 
-/// Runs the whole check (see the module docs).
-pub(crate) fn run_package(root: &Path, args: &PackageArgs, verbs: bool) -> Result<()> {
+/// Runs the whole check (see the module docs). `verbs_buildable`: whether
+/// libibverbs can be built against here (`Err` says why not).
+pub(crate) fn run_package(
+    root: &Path,
+    args: &PackageArgs,
+    verbs_buildable: Result<(), String>,
+) -> Result<()> {
     let target = crate::util::target_dir(root)?;
     let mut cmd = vec!["package", "--no-verify"];
     if args.allow_dirty {
@@ -97,7 +115,24 @@ pub(crate) fn run_package(root: &Path, args: &PackageArgs, verbs: bool) -> Resul
         if !list.status.success() {
             bail!("tar cannot list {}", file.display());
         }
-        let files = String::from_utf8_lossy(&list.stdout).lines().count();
+        let listed = String::from_utf8_lossy(&list.stdout).into_owned();
+        let files = listed.lines().count();
+        let tracked = capture_quiet("git", &["ls-files", "--", &format!("crates/{name}")], root)?;
+        let missing = missing_from_package(
+            &format!("crates/{name}/"),
+            &tracked,
+            &format!("{name}-{version}/"),
+            &listed,
+        );
+        if !missing.is_empty() {
+            bail!(
+                "{} lacks files git tracks in crates/{name} (a build with a feature that \
+                 compiles them would fail for `cargo add` users; see `include`/`exclude` \
+                 in its Cargo.toml): {}",
+                file.display(),
+                missing.join(", ")
+            );
+        }
         // `m`: the files get the time of unpacking, so cargo rebuilds the
         // packages from them every run (with their own times, a scratch
         // target from an earlier run looked fresh, and a package missing
@@ -133,13 +168,14 @@ pub(crate) fn run_package(root: &Path, args: &PackageArgs, verbs: bool) -> Resul
         return Ok(());
     }
     let profiles = profile_tables(&manifest)?;
+    eprintln!("package: each package holds every file git tracks in its crate");
     let mut variants = vec![("plain", "")];
-    if verbs {
-        variants.push(("verbs", ", features = [\"verbs\"]"));
-    } else {
-        eprintln!(
-            "package: the scratch project without `verbs` only (libibverbs cannot be built against here)"
-        );
+    match (args.verbs_build, verbs_buildable) {
+        (true, Ok(())) => variants.push(("verbs", ", features = [\"verbs\"]")),
+        (true, Err(why)) => bail!("--verbs-build: cannot build with `verbs` here: {why}"),
+        (false, _) => eprintln!(
+            "package: the scratch project without `verbs` (`--verbs-build` adds a build with it)"
+        ),
     }
     for (label, features) in variants {
         let dir = check.join(format!("scratch-{label}"));
@@ -179,6 +215,40 @@ pub(crate) fn run_package(root: &Path, args: &PackageArgs, verbs: bool) -> Resul
             .with_context(|| format!("running the scratch project ({label})"))?;
     }
     Ok(())
+}
+
+/// What `git ls-files` lists under `crate_dir` (`crates/NAME/`) that the
+/// package listing (`tar tzf`, every path under `prefix`, `NAME-VERSION/`)
+/// lacks, as paths relative to the crate.
+fn missing_from_package(crate_dir: &str, tracked: &str, prefix: &str, listed: &str) -> Vec<String> {
+    let packaged: std::collections::BTreeSet<&str> = listed
+        .lines()
+        .filter_map(|l| l.strip_prefix(prefix))
+        .collect();
+    tracked
+        .lines()
+        .filter_map(|l| l.strip_prefix(crate_dir))
+        .filter(|f| !packaged.contains(f))
+        .map(str::to_owned)
+        .collect()
+}
+
+/// A command's standard output; fails on a non-zero exit.
+fn capture_quiet(program: &str, args: &[&str], dir: &Path) -> Result<String> {
+    let out = Command::new(program)
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .with_context(|| format!("starting {program}"))?;
+    if !out.status.success() {
+        bail!(
+            "`{program} {}` failed with {}: {}",
+            args.join(" "),
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
 /// Runs a command, echoing its output; fails on a non-zero exit. Returns
@@ -328,3 +398,25 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     Ok(())
 }
 "#;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_tracked_file_left_out_of_the_package_is_named() {
+        let tracked = "crates/rrpc-core/Cargo.toml\ncrates/rrpc-core/src/lib.rs\n\
+                       crates/rrpc-core/src/provider/verbs.rs\n";
+        let listed = "rrpc-core-0.1.0/Cargo.toml\nrrpc-core-0.1.0/Cargo.toml.orig\n\
+                      rrpc-core-0.1.0/src/lib.rs\n";
+        assert_eq!(
+            missing_from_package("crates/rrpc-core/", tracked, "rrpc-core-0.1.0/", listed),
+            ["src/provider/verbs.rs"]
+        );
+        let whole = format!("{listed}rrpc-core-0.1.0/src/provider/verbs.rs\n");
+        assert!(
+            missing_from_package("crates/rrpc-core/", tracked, "rrpc-core-0.1.0/", &whole)
+                .is_empty()
+        );
+    }
+}

@@ -86,10 +86,14 @@ fn run_digested(
     args: &[&str],
     dir: Option<&Path>,
     env: &[(&str, &str)],
+    remove: &[&str],
 ) -> Result<()> {
     use std::io::{BufRead, BufReader};
     eprintln!("==> {program} {}", args.join(" "));
     let mut cmd = Command::new(program);
+    for var in remove {
+        cmd.env_remove(var);
+    }
     cmd.args(args)
         .envs(env.iter().copied())
         .stdout(std::process::Stdio::piped())
@@ -139,7 +143,25 @@ pub(crate) fn run_env(
     dir: Option<&Path>,
     env: &[(&str, &str)],
 ) -> Result<()> {
-    run_digested(program, args, dir, env)
+    run_digested(program, args, dir, env, &[])
+}
+
+/// The variables with which `cargo xtask ci` builds the workspace's own
+/// crates under clippy (its test build is its lint pass, see
+/// `ci::lint_env`): a build that must not be linted, or that a wrapper
+/// would break, runs without them.
+pub(crate) const LINT_VARS: &[&str] = &["RUSTC_WORKSPACE_WRAPPER", "CLIPPY_ARGS"];
+
+/// [`run_env`] without [`LINT_VARS`]: the optimised build the regression
+/// guard measures (clippy-driver turns MIR optimisations off), and nightly
+/// builds (miri and cargo-fuzz wrap rustc themselves).
+pub(crate) fn run_unlinted(
+    program: &str,
+    args: &[&str],
+    dir: Option<&Path>,
+    env: &[(&str, &str)],
+) -> Result<()> {
+    run_digested(program, args, dir, env, LINT_VARS)
 }
 
 /// The failure digest so far.
