@@ -603,7 +603,8 @@ impl Harness {
     }
 
     /// Starts the test service at `uri` (a server restarted at the same
-    /// address, for reconnect tests).
+    /// address, for reconnect tests; the address may be taken for a moment
+    /// by the server killed there, see [`Harness::kill`]).
     pub async fn start_at(
         transport: Transport,
         uri: &str,
@@ -641,8 +642,20 @@ impl Harness {
                             ) -> http::Response<tonic::body::Body>,
                     ))
                     .add_service(svc);
-                let incoming = rrpc_tonic::RrpcIncoming::bind_with_context(&u, c, ctx)
-                    .unwrap_or_else(|e| panic!("bind {u}: {e}"));
+                // A server restarted at the address of one just killed: the killed
+                // one's runtime (`shutdown_background`) closes its listener on its
+                // own threads, a moment later, where a killed process's socket
+                // closes with the process. Wait for the address, up to 5 s.
+                let t0 = std::time::Instant::now();
+                let incoming = loop {
+                    match rrpc_tonic::RrpcIncoming::bind_with_context(&u, c.clone(), ctx.clone()) {
+                        Ok(i) => break i,
+                        Err(e) if addr_in_use(&e) && t0.elapsed() < Duration::from_secs(5) => {
+                            tokio::time::sleep(Duration::from_millis(20)).await;
+                        }
+                        Err(e) => panic!("bind {u}: {e}"),
+                    }
+                };
                 let _ = bound_tx.send(incoming.uri().to_string());
                 let serve = serve.serve_rrpc_incoming(incoming, async move {
                     let _ = sd_rx.await;
@@ -1007,4 +1020,19 @@ macro_rules! on_rdma {
 #[macro_export]
 macro_rules! on_rdma {
     ($($name:ident),* $(,)?) => {};
+}
+
+/// Whether `e`, or an error it wraps, is `EADDRINUSE`.
+fn addr_in_use(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut cur = Some(e);
+    while let Some(err) = cur {
+        if err
+            .downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::AddrInUse)
+        {
+            return true;
+        }
+        cur = err.source();
+    }
+    false
 }
