@@ -16,7 +16,7 @@ pub(crate) struct CiArgs {
     /// Seconds to run each fuzz target after building it (0: build only).
     /// CI's smoke run; fuzz for real with `cargo +nightly fuzz run` in
     /// `fuzz/`.
-    #[arg(long, default_value_t = 5)]
+    #[arg(long, default_value_t = 3)]
     fuzz_seconds: u32,
     /// Skip the miri step.
     #[arg(long)]
