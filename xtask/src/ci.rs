@@ -274,7 +274,7 @@ pub(crate) fn run_ci(args: &CiArgs) -> Result<()> {
             // The five library crates packaged, each holding every file git
             // tracks in its crate; a project outside the workspace builds and
             // runs against the packages without `verbs` (xtask/src/package.rs;
-            // the test, clippy and docs steps built the sources with it).
+            // the test step, linted, and the docs step built the sources with it).
             let args = crate::package::PackageArgs {
                 allow_dirty: true,
                 no_scratch: false,

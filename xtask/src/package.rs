@@ -21,8 +21,9 @@
 //!    (the `verbs` provider's) cannot be left out of the `.crate` unseen
 //!    when the scratch build does not turn that feature on. CI runs the
 //!    scratch build without `verbs` and this listing check (the verbs
-//!    build of the scratch project cost 108 of the step's 257 s; the test,
-//!    clippy and rustdoc steps build the same sources with `verbs`).
+//!    build of the scratch project cost 108 of the step's 257 s; the test
+//!    step, linted as it builds, and the rustdoc step build the same
+//!    sources with `verbs`).
 //!
 //! Building each package from its unpacked sources is what `cargo package`'s
 //! own verification does; this does it once for all five (with the crates'
