@@ -18,16 +18,11 @@ use crate::error::{Error, Result};
 use crate::source::Readiness;
 use crate::stats::Counters;
 use crate::sys::{DupFd, EventFd};
-use crate::tune::SpinTuner;
+use crate::tune::{COSTLY_CATCH, SpinTuner};
 
 use super::shard::{Entry, HELP_SCAN, Shard};
 use super::thread::scan;
 use super::{Inner, PROGRESS, Poller, SPIN_FIRST_YIELD, Wake, lock};
-
-/// A spin that caught its data only after this long is scored a miss
-/// ([`Registration::wait_ready`]): the same 50 µs after which a polling thread's spin episode
-/// that woke nobody is a miss ([`crate::backoff::GovernorConfig::min_fruitless_spin`]).
-const COSTLY_CATCH: Duration = Duration::from_micros(50);
 
 /// A handed-off wait's most turns to its worker's other tasks before it yields the CPU,
 /// while they have not answered ([`Registration::yield_to_peer`]).
