@@ -111,7 +111,7 @@ impl SpinTuner {
     /// The spin to grant the wait that starts now: [`budget`](Self::budget), or zero while
     /// the current phase's hit rate is below 1/8 (one probe spin every 16 of its waits).
     ///
-    /// A probe spins at most [`COSTLY_CATCH`] (50 µs): only a catch sooner than that scores a
+    /// A probe spins at most `COSTLY_CATCH` (50 µs): only a catch sooner than that scores a
     /// hit, so a longer probe cannot bring spinning back; it only burns CPU. rrpc-tonic's
     /// HTTP/2 receivers spin up to 200 µs, and at one call per ms their probes spun the whole
     /// 200 µs for a request a millisecond away, or caught a response a wake-up (~100 µs) away:
