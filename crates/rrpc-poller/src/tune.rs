@@ -114,20 +114,23 @@ impl SpinTuner {
     /// A probe spins at most `COSTLY_CATCH` (50 µs): only a catch sooner than that scores a
     /// hit, so a longer probe cannot bring spinning back; it only burns CPU. rrpc-tonic's
     /// HTTP/2 receivers spin up to 200 µs, and at one call per ms their probes spun the whole
-    /// 200 µs for a request a millisecond away, or caught a response a wake-up (~100 µs) away:
-    /// 7–12 µs of CPU per wait on average, for nothing the judgement could use.
+    /// 200 µs for a request a millisecond away, or caught a response a wake-up (~100 µs) away
+    /// and scored it a miss: up to 200 µs every 16th wait, for nothing the judgement could use.
     pub fn next_budget(&mut self) -> Duration {
         let p = self.phase;
-        if self.hit_rate[p] < MIN_HIT_RATE {
+        let probe = self.hit_rate[p] < MIN_HIT_RATE;
+        if probe {
             self.skipped[p] += 1;
             if self.skipped[p] < PROBE_EVERY {
                 return Duration::ZERO;
             }
-            self.skipped[p] = 0;
-            return self.budget().min(COSTLY_CATCH);
         }
         self.skipped[p] = 0;
-        self.budget()
+        if probe {
+            self.budget().min(COSTLY_CATCH)
+        } else {
+            self.budget()
+        }
     }
 
     /// Whether spinning is backed off in the current phase (its hit rate is below 1/8).
