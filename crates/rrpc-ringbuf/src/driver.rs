@@ -23,7 +23,7 @@ use rrpc_core::{Completion, Fabric, Local, QueuePair, Region, RemoteRegion, Stat
 
 use crate::config::RingConfig;
 use crate::error::Error;
-use crate::mem;
+use crate::mem::{self, Staging};
 use crate::proto::doorbell::{Ringer, Sleeper};
 use crate::proto::params::{self, RingParams};
 use crate::proto::{
@@ -65,6 +65,8 @@ pub struct LocalRing {
     cfg: Arc<RingConfig>,
     rx_region: Arc<Region>,
     tx_region: Arc<Region>,
+    /// `RB_S` in `tx_region`, for the [`RingTx`] to come.
+    staging: Staging,
     ring_off: usize,
     ctrl_off: usize,
     /// The NUMA node the regions were bound to.
@@ -108,10 +110,22 @@ impl LocalRing {
         for off in [LOCAL_TAIL_OFFSET, LOCAL_HEAD_OFFSET] {
             store_record(&rx_region, off, 0)?;
         }
+        let ring_len = Geometry::from_config(cfg).ring_bytes();
+        #[allow(unsafe_code)]
+        // SAFETY: `tx_region` was allocated just above and is never granted
+        // (`add_to_offer_as` grants `rx_region` only). The ring's range ends
+        // at or before `ctrl_off`, so the other users of the region (the
+        // source records of `store_record`, `RxDoorbell`'s sleep word) never
+        // touch it; the fabric reads it only as a WRITE's source, posted by
+        // the `RingTx` this `Staging` moves into from methods that hold no
+        // view of it. (`regions()` lends the region out for inspection; its
+        // docs forbid writing into it.)
+        let staging = unsafe { Staging::new(tx_region.clone(), ring_off, ring_len) };
         Ok(LocalRing {
             cfg: Arc::new(cfg.clone()),
             rx_region,
             tx_region,
+            staging,
             ring_off,
             ctrl_off,
             node,
@@ -128,7 +142,10 @@ impl LocalRing {
 
     /// The receive region (`RB_R`, granted to the peer) and the staging
     /// region (`RB_S`), for inspection: where their pages are
-    /// ([`rrpc_core::numa::numa_maps_entry`]), how large they are.
+    /// ([`rrpc_core::numa::numa_maps_entry`]), how large they are. Read
+    /// them through the ring only: the staging region's ring belongs to the
+    /// [`RingTx`] that [`connect`](Self::connect) makes, and nothing else may
+    /// write it (or read it while a [`WriteGuard`] is alive).
     pub fn regions(&self) -> (&Arc<Region>, &Arc<Region>) {
         (&self.rx_region, &self.tx_region)
     }
@@ -231,11 +248,11 @@ impl LocalRing {
             cfg: self.cfg.clone(),
             shared: shared.clone(),
             tx_region: self.tx_region.clone(),
+            staging: self.staging,
             rx_region: self.rx_region.clone(),
             remote,
             ring_off: self.ring_off,
             ctrl_off: self.ctrl_off,
-            ring_len: geo.ring_bytes(),
             tx_seen: 0,
             full_at: Arc::new(AtomicU64::new(NOT_FULL)),
             full: false,
@@ -264,6 +281,7 @@ impl LocalRing {
             peer_rings: theirs.has(params::FLAG_DOORBELL),
             sleeper: Arc::new(std::sync::Mutex::new(Sleeper::new())),
             peeked: None,
+            body: Vec::new(),
             placement_timeout: self.cfg.placement_timeout(),
             unplaced_since: None,
             torn_since: None,
@@ -370,11 +388,12 @@ pub struct RingTx {
     cfg: Arc<RingConfig>,
     shared: Arc<Shared>,
     tx_region: Arc<Region>,
+    /// `RB_S`: the ring's bytes of `tx_region`, ours alone.
+    staging: Staging,
     rx_region: Arc<Region>,
     remote: RemoteRegion,
     ring_off: usize,
     ctrl_off: usize,
-    ring_len: usize,
     tx_seen: u64,
     full_at: Arc<AtomicU64>,
     /// Local copy of `full_at != NOT_FULL` (no shared load on the fast path).
@@ -413,11 +432,7 @@ impl RingTx {
             self.reload_head()?;
         }
         let head = self.sender.local_head();
-        #[allow(unsafe_code)]
-        // SAFETY: `&mut self` is the RingTx that owns the staging region, which is never
-        // granted to the peer; `ring` is dropped before `self` is borrowed again.
-        let ring = unsafe { mem::staging_mut(&self.tx_region, self.ring_off, self.ring_len) };
-        match self.sender.reserve(len, ring) {
+        match self.sender.reserve(len, self.staging.ring_mut()) {
             Ok(res) => {
                 if self.full {
                     self.full = false;
@@ -451,9 +466,7 @@ impl RingTx {
         if let Some(keep) = self.sender.take_released() {
             // The receiver has read every slot of the larger geometry, and
             // their WRITEs completed: nothing reads that staging any more.
-            self.released +=
-                self.tx_region
-                    .discard(self.ring_off + keep, self.ring_len - keep)? as u64;
+            self.released += self.staging.discard_from(keep)? as u64;
         }
         Ok(())
     }
@@ -474,11 +487,7 @@ impl RingTx {
         }
         self.shared.check()?;
         self.reload_head()?;
-        #[allow(unsafe_code)]
-        // SAFETY: `&mut self` is the RingTx that owns the staging region, which is never
-        // granted to the peer; `ring` is dropped before `self` is borrowed again.
-        let ring = unsafe { mem::staging_mut(&self.tx_region, self.ring_off, self.ring_len) };
-        if !self.sender.maintain(now, ring)? {
+        if !self.sender.maintain(now, self.staging.ring_mut())? {
             return Ok(false);
         }
         self.post()?;
@@ -712,11 +721,7 @@ impl WriteGuard<'_> {
     /// If `len` exceeds the reserved length.
     pub fn commit_len(self, len: usize) -> Result<(), Error> {
         let tx = self.tx;
-        #[allow(unsafe_code)]
-        // SAFETY: the guard holds `&mut RingTx`, the owner of the staging region (never
-        // granted to the peer), and gave up its own view (`self` is consumed).
-        let ring = unsafe { mem::staging_mut(&tx.tx_region, tx.ring_off, tx.ring_len) };
-        tx.sender.commit(self.res, len, ring);
+        tx.sender.commit(self.res, len, tx.staging.ring_mut());
         tx.post()?;
         if tx.sender.tail_deferred() {
             // Algorithm 1 line 10: try to poll the last tail WRITE's CQE.
@@ -728,22 +733,14 @@ impl WriteGuard<'_> {
 
 impl std::ops::Deref for WriteGuard<'_> {
     type Target = [u8];
-    #[allow(unsafe_code)]
     fn deref(&self) -> &[u8] {
-        let off = self.tx.ring_off + self.res.offset();
-        // SAFETY: the guard holds `&mut RingTx`, the staging region's owner, and `&self`
-        // rules out the guard's own mutable view while this one lives.
-        unsafe { mem::staging(&self.tx.tx_region, off, self.len) }
+        self.tx.staging.range(self.res.offset(), self.len)
     }
 }
 
 impl std::ops::DerefMut for WriteGuard<'_> {
-    #[allow(unsafe_code)]
     fn deref_mut(&mut self) -> &mut [u8] {
-        let off = self.tx.ring_off + self.res.offset();
-        // SAFETY: the guard holds `&mut RingTx`, the staging region's owner, and `&mut self`
-        // makes this the only view for its lifetime.
-        unsafe { mem::staging_mut(&self.tx.tx_region, off, self.len) }
+        self.tx.staging.range_mut(self.res.offset(), self.len)
     }
 }
 
@@ -792,6 +789,10 @@ pub struct RingRx {
     /// The message [`RingRx::has_message`] found, returned by the next
     /// [`RingRx::try_recv`] without decoding its header again.
     peeked: Option<Message>,
+    /// The message a [`ReadGuard`] lends: copied out of `RB_R`, which the
+    /// peer can write at any time ([`mem::copy_received`]). Grows to the
+    /// largest message received and is reused.
+    body: Vec<u8>,
     /// [`RingConfig::placement_timeout`].
     placement_timeout: std::time::Duration,
     /// Since when the message at this slot pointer has been covered by the
@@ -802,18 +803,38 @@ pub struct RingRx {
 }
 
 impl RingRx {
-    /// The next message, borrowed from `RB_R` until the guard drops.
+    /// The next message: copied out of `RB_R` into this receiver's buffer
+    /// (one pass, the peer cannot change it afterwards), which the guard
+    /// lends; its slots are released when the guard drops.
     ///
     /// # Errors
     /// [`Error::WouldBlock`] when empty, [`Error::Corrupt`] for bad peer
     /// data (the channel is closed), a fabric error once the connection
     /// failed ([`Error::is_peer_gone`] if the peer left) and no more messages are published.
     pub fn try_recv(&mut self) -> Result<ReadGuard<'_>, Error> {
+        let msg = self.next_message()?;
+        let len = msg.len();
+        if self.body.len() < len {
+            self.body.resize(len, 0);
+        }
+        // After the end stamp that vouched for the bytes and the `Acquire`
+        // fence (`next_message`).
+        mem::copy_received(
+            &self.rx_region,
+            self.ring_off + msg.offset(),
+            &mut self.body[..len],
+        );
+        Ok(ReadGuard { rx: self, msg })
+    }
+
+    /// The message at the head, validated, its payload not read yet (the
+    /// one [`has_message`](Self::has_message) found, if any).
+    fn next_message(&mut self) -> Result<Message, Error> {
         if self.deferred.is_some() {
             return Err(self.deferred.take().expect("checked"));
         }
         if let Some(msg) = self.peeked.take() {
-            return Ok(ReadGuard { rx: self, msg });
+            return Ok(msg);
         }
         // Cached-index pattern: reload the peer-written tail word only when
         // everything published so far has been consumed.
@@ -849,7 +870,7 @@ impl RingRx {
                 // The payload is read after the end stamp that vouched for it.
                 std::sync::atomic::fence(Ordering::Acquire);
                 self.unplaced_since = None;
-                Ok(ReadGuard { rx: self, msg })
+                Ok(msg)
             }
             None => {
                 if let Some(pos) = self.receiver.unplaced() {
@@ -885,15 +906,9 @@ impl RingRx {
         if self.peeked.is_some() {
             return Ok(true);
         }
-        let found = match self.try_recv() {
-            Ok(guard) => {
-                // The guard's drop is what consumes the message; not running it
-                // leaves the message unread (the guard owns nothing but a
-                // borrow and a copy of the message's position).
-                let msg = guard.msg;
-                std::mem::forget(guard);
-                Some(msg)
-            }
+        // Only a guard's drop consumes a message: this one stays at the head.
+        let found = match self.next_message() {
+            Ok(msg) => Some(msg),
             Err(Error::WouldBlock) => None,
             Err(e) => return Err(e),
         };
@@ -1087,8 +1102,9 @@ impl RingRx {
     }
 }
 
-/// A received message borrowed from `RB_R`; dropping it releases its slots
-/// (and may push the head, RB² lazy push).
+/// A received message, copied out of `RB_R` into its receiver's buffer
+/// ([`RingRx::try_recv`]); dropping it releases its slots (and may push the
+/// head, RB² lazy push).
 #[derive(Debug)]
 pub struct ReadGuard<'a> {
     rx: &'a mut RingRx,
@@ -1097,17 +1113,8 @@ pub struct ReadGuard<'a> {
 
 impl std::ops::Deref for ReadGuard<'_> {
     type Target = [u8];
-    #[allow(unsafe_code)]
     fn deref(&self) -> &[u8] {
-        // SAFETY: `msg` was validated below the local tail, and the guard borrows the RingRx
-        // mutably, so the head cannot be pushed past it (releasing it is this guard's drop).
-        unsafe {
-            mem::received(
-                &self.rx.rx_region,
-                self.rx.ring_off + self.msg.offset(),
-                self.msg.len(),
-            )
-        }
+        &self.rx.body[..self.msg.len()]
     }
 }
 

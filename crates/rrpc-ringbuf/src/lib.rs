@@ -75,11 +75,13 @@
 //! pins its memory, so there a ring keeps its footprint (only the part in
 //! use stays warm in the cache).
 //!
-//! Memory (§IV-C): zero-copy reserve/commit on the sender and borrowed
-//! [`ReadGuard`]s on the receiver; huge pages through rrpc-core's regions;
-//! cache-line aligned slots; NUMA-aware allocation: both regions of a ring
-//! are bound to the NUMA node of the verbs device, or to the one
-//! [`RingConfig::numa_node`] names ([`rrpc_core::numa`]).
+//! Memory (§IV-C): zero-copy reserve/commit on the sender; on the receiver
+//! one copy of each message out of `RB_R` (which the peer can write at any
+//! time) into a reused buffer that a [`ReadGuard`] lends; huge pages
+//! through rrpc-core's regions; cache-line aligned slots; NUMA-aware
+//! allocation: both regions of a ring are bound to the NUMA node of the
+//! verbs device, or to the one [`RingConfig::numa_node`] names
+//! ([`rrpc_core::numa`]).
 //!
 //! ## Example
 //! ```
@@ -120,8 +122,8 @@
 //! # Ok(()) }
 //! ```
 
-// `unsafe` (denied by the workspace) lives in `mem` (byte views of registered regions) and
-// at its audited callers.
+// `unsafe` (denied by the workspace) lives in `mem` (the staging ring's views, the copy out of
+// the receive ring) and at its one audited caller (`LocalRing::new` takes the staging ring).
 
 mod config;
 mod driver;
