@@ -1289,6 +1289,40 @@ fn torn_for_too_long(
 mod tests {
     use super::*;
 
+    /// `LocalRing::new` takes the staging ring where it allocates it: the
+    /// `Staging` covers exactly the ring's bytes, at the ring's offset
+    /// (cache-aligned or not), and stops short of the source records after
+    /// it. Runs under miri (heap-backed regions, no queue pair).
+    #[test]
+    fn a_local_ring_stages_exactly_its_ring() {
+        for align in [true, false] {
+            let cfg = RingConfig::builder()
+                .ring_size(4096)
+                .huge_pages(false)
+                .cache_align(align)
+                .build()
+                .unwrap();
+            let mut local = LocalRing::new(&Fabric::shm(), &cfg).unwrap();
+            assert_eq!(local.ring_off, RING_OFFSET + if align { 0 } else { 8 });
+            let ring = local.staging.ring_mut();
+            assert_eq!(ring.len(), 4096);
+            ring.fill(0xa5);
+            local.staging.range_mut(4088, 8).copy_from_slice(&[7; 8]);
+            let mut end = [0u8; 9];
+            local
+                .tx_region
+                .read_at(local.ring_off + 4087, &mut end)
+                .unwrap();
+            assert_eq!(end, [0xa5, 7, 7, 7, 7, 7, 7, 7, 7]);
+            // The source records after the ring are untouched.
+            let (ctrl, len) = (local.ctrl_off, local.tx_region.len());
+            assert!(ctrl >= local.ring_off + 4096);
+            let mut rest = vec![0xffu8; len - ctrl];
+            local.tx_region.read_at(ctrl, &mut rest).unwrap();
+            assert!(rest.iter().all(|&b| b == 0));
+        }
+    }
+
     #[test]
     fn only_a_record_torn_at_every_look_times_out() {
         use std::time::{Duration, Instant};
