@@ -486,47 +486,137 @@ async fn hostile_hellos_do_not_disturb_a_shm_client_and_plain_grpc_on_the_port()
     assert_eq!(ch.carrier(), Carrier::Shm);
 }
 
-/// grpcio (Python's gRPC, C core) on the port, unchanged: a unary call with
-/// the messages encoded by hand (no generated Python code). Skipped when
-/// `python3 -c "import grpc"` fails (`python3 -m pip install grpcio`).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn grpcio_calls_the_port_unchanged() {
-    let has_grpcio = std::process::Command::new("python3")
-        .args(["-c", "import grpc"])
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if !has_grpcio {
-        eprintln!("skipped: no python3 with grpcio");
-        return;
-    }
-    let h = start(cfg()).await;
-    // Input { payload: payload(5) } and the echo's Output { payload, total: 5 }.
+/// Whether a foreign gRPC client this machine lacks fails the test instead
+/// of skipping it: `cargo xtask ci` sets `RRPC_REQUIRE_INTEROP=1` (unless
+/// `--allow-skips`), as `.ci/setup` installs grpcio and Go, so a CI run
+/// that could not call the port with them fails rather than passing having
+/// run nothing.
+fn interop_required() -> bool {
+    std::env::var_os("RRPC_REQUIRE_INTEROP").is_some_and(|v| v == "1")
+}
+
+/// A foreign client cannot run here: skipped, or a failure when
+/// [`interop_required`].
+fn cannot_run(client: &str, why: &str) {
+    assert!(
+        !interop_required(),
+        "{client} cannot run and RRPC_REQUIRE_INTEROP=1 (`cargo xtask ci`): {why} \
+         (`.ci/setup` installs it)"
+    );
+    eprintln!("skipped: {client} cannot run: {why}");
+}
+
+/// The request of the foreign clients' unary call, `Input { payload:
+/// payload(5) }` encoded by hand, and the echo they must get back,
+/// `Output { payload, total: 5 }`.
+fn hand_encoded_unary() -> (Vec<u8>, Vec<u8>) {
     let mut request = vec![0x0a, 5];
     request.extend(payload(5));
     let mut want = request.clone();
     want.extend([0x10, 5]);
+    (request, want)
+}
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+/// Runs a foreign client (a blocking process) off the runtime; asserts it
+/// printed `want` in hex and that the server counted its call.
+async fn foreign_unary(h: &Harness, client: &str, mut cmd: std::process::Command, want: &[u8]) {
+    use std::sync::atomic::Ordering::Relaxed;
+    let before = h.obs.unary_calls.load(Relaxed);
+    let out = tokio::task::spawn_blocking(move || cmd.output())
+        .await
+        .expect("join")
+        .unwrap_or_else(|e| panic!("{client}: {e}"));
+    assert!(
+        out.status.success(),
+        "{client} failed ({}): {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), hex(want));
+    assert_eq!(h.obs.unary_calls.load(Relaxed), before + 1, "served once");
+}
+
+/// grpcio (Python's gRPC, C core) on the port, unchanged: a unary call with
+/// the messages encoded by hand (no generated Python code). The Python is
+/// `$RRPC_GRPCIO_PYTHON` (`cargo xtask ci` points it at the venv
+/// `.ci/setup` makes), else `python3`; skipped when it cannot `import grpc`
+/// (`python3 -m pip install grpcio`), failed then under
+/// `RRPC_REQUIRE_INTEROP=1`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grpcio_calls_the_port_unchanged() {
+    let python = std::env::var_os("RRPC_GRPCIO_PYTHON").unwrap_or_else(|| "python3".into());
+    let shown = python.to_string_lossy().into_owned();
+    match std::process::Command::new(&python)
+        .args(["-c", "import grpc"])
+        .output()
+    {
+        Ok(o) if o.status.success() => {}
+        Ok(o) => {
+            let err = String::from_utf8_lossy(&o.stderr);
+            let last = err.lines().last().unwrap_or_default();
+            return cannot_run("grpcio", &format!("`{shown} -c 'import grpc'`: {last}"));
+        }
+        Err(e) => return cannot_run("grpcio", &format!("{shown}: {e}")),
+    }
+    let h = start(cfg()).await;
+    let (request, want) = hand_encoded_unary();
     let script = r#"
 import sys, grpc
 ch = grpc.insecure_channel(sys.argv[1], options=[("grpc.enable_http_proxy", 0)])
 call = ch.unary_unary("/test.Test/Unary")
 print(call(bytes.fromhex(sys.argv[2]), timeout=20).hex())
 "#;
-    let hex = |b: &[u8]| b.iter().map(|x| format!("{x:02x}")).collect::<String>();
-    let (a, req) = (addr(&h), hex(&request));
-    let out = tokio::task::spawn_blocking(move || {
-        std::process::Command::new("python3")
-            .args(["-c", script, &a, &req])
-            .output()
-            .expect("python3")
+    let mut cmd = std::process::Command::new(&python);
+    cmd.args(["-c", script, &addr(&h), &hex(&request)]);
+    foreign_unary(&h, "grpcio", cmd, &want).await;
+}
+
+/// grpc-go on the port, unchanged: `tests/grpc-go` (grpc-go's
+/// `ClientConn.Invoke`, plaintext, a codec that passes the hand-encoded
+/// bytes through), built here with `go build` into the test's scratch
+/// directory (`.ci/setup` fetched its modules and warmed Go's build cache,
+/// so that is a link). Skipped when `go` is not on `PATH` or the build
+/// fails, failed then under `RRPC_REQUIRE_INTEROP=1`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grpc_go_calls_the_port_unchanged() {
+    let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../grpc-go");
+    let bin = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("grpc-go-unary");
+    let built = tokio::task::spawn_blocking({
+        let bin = bin.clone();
+        move || {
+            std::process::Command::new("go")
+                .arg("build")
+                .arg("-o")
+                .arg(&bin)
+                .arg(".")
+                .current_dir(&src)
+                // Go's own toolchain, never one fetched for go.mod's `go` line.
+                .env("GOTOOLCHAIN", "local")
+                .output()
+        }
     })
     .await
     .expect("join");
-    assert!(
-        out.status.success(),
-        "grpcio failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), hex(&want));
+    match built {
+        Ok(o) if o.status.success() => {}
+        Ok(o) => {
+            let why = format!(
+                "`go build` in tests/grpc-go failed: {}",
+                String::from_utf8_lossy(&o.stderr).trim()
+            );
+            return cannot_run("grpc-go", &why);
+        }
+        Err(e) => return cannot_run("grpc-go", &format!("go: {e}")),
+    }
+    let h = start(cfg()).await;
+    let (request, want) = hand_encoded_unary();
+    let mut cmd = std::process::Command::new(&bin);
+    cmd.args([addr(&h).as_str(), "/test.Test/Unary", &hex(&request)]);
+    foreign_unary(&h, "grpc-go", cmd, &want).await;
 }
 
 /// The shm listener's socket, where the port's docs say it is:
