@@ -169,8 +169,8 @@ mod tune;
 
 pub use config::{Handoff, Mode, PollerConfig, PollerConfigBuilder};
 pub use error::{Error, Result};
-pub use poller::{Doorbell, Poller, Registration};
+pub use poller::{Doorbell, Poller, Registration, SendLog};
 pub use source::{Notifier, Readiness};
 pub use stats::{Stats, ThreadLoad};
 pub use sys::{ReadyGuard, WatchedFd};
-pub use tune::SpinTuner;
+pub use tune::{SpinTuner, Waited};

@@ -45,6 +45,7 @@ use rrpc_ringbuf::{ReadGuard, RxDoorbell, RxWatch, TxWatch, WriteGuard};
 
 use crate::config::Mode;
 use crate::error::{Error, Result};
+use crate::poller::SendLog;
 use crate::poller::{Poller, Registration};
 use crate::source::{Notifier, Readiness};
 
@@ -261,7 +262,7 @@ impl AsyncConn {
         }
         // The receiver's spins are judged by what this end sent since (a reply may be coming,
         // or nothing will come until this end sends): `Registration::follow_sends`.
-        let sends = Arc::new(AtomicU64::new(0));
+        let sends = Arc::new(SendLog::new());
         rx_reg.follow_sends(sends.clone());
         Ok((
             AsyncSender {
@@ -374,7 +375,7 @@ pub struct AsyncSender {
     src: Arc<TxSource>,
     mode: Mode,
     /// Sends and flushes, for the receiver's spin phases (`Registration::follow_sends`).
-    sends: Arc<AtomicU64>,
+    sends: Arc<SendLog>,
 }
 
 impl std::fmt::Debug for TxSource {
@@ -439,7 +440,7 @@ impl AsyncSender {
         loop {
             match self.tx.try_send(msg) {
                 Ok(()) => {
-                    self.sends.fetch_add(1, Ordering::Relaxed);
+                    self.sends.record();
                     return Ok(());
                 }
                 Err(rrpc_ringbuf::Error::WouldBlock) => self.wait_room(&mut polls).await?,
@@ -489,7 +490,7 @@ impl AsyncSender {
     /// # Errors
     /// a peer-gone error ([`Error::is_peer_gone`]) or a fabric error.
     pub fn flush(&mut self) -> Result<()> {
-        self.sends.fetch_add(1, Ordering::Relaxed);
+        self.sends.record();
         self.tx.flush().map_err(Into::into)
     }
 

@@ -24,8 +24,56 @@
 //! ([`begin_wait`](SpinTuner::begin_wait): 0, 1, 2, and 3 or more): the trailers' wait (phase
 //! 0: the request went out during the wait before) keeps spinning, the idle one (phase 1)
 //! backs off on its own. A ping-pong or a stream keeps spinning in the phases it hits in.
+//!
+//! **Whose fault a late catch is** (#54). A spin that catches its data late did not
+//! necessarily spin for nothing: the data came late because the *peer* slept and paid its own
+//! wake-up before it could answer. Judged as a miss, that made spinning a bistable policy
+//! with a trap: once one end slept, the other's catches came a wake-up late (100 µs and more
+//! in a VM), scored misses, and that end backed off too; then each end's data waited for the
+//! other's wake-up, every catch was late, and the pair stayed asleep (the HTTP/2 path at 4× its
+//! floor in most runs, counters of 1.5 sleeps and 1.4 skipped spins a call). Probes could not
+//! get out: they were judged the same way and, since #30, spun too short to catch a sleeping
+//! peer at all.
+//!
+//! So a wait is judged with what this end knows of its own part of the exchange
+//! ([`SpinTuner::settle`], [`Waited`]): its *turn*, from the data its previous wait returned to
+//! its next send. When this end turned around quickly (under [`COSTLY_CATCH`]), the peer's
+//! wait for it was short, so a peer that slept through it slept on its own account, not for
+//! want of data; this end's spin keeps it awake for the peer's answer, and the peer's own
+//! probes then catch this end's fast turns and bring it back. So with a short turn a catch
+//! within the granted spin is a hit however late it is, and a spin that ran out a little
+//! early says nothing; a backed-off phase probes long enough to catch the last reply it saw (up
+//! to 4 budgets). With a long turn (a caller that thinks a millisecond between calls) the
+//! peer's sleep is this end's doing, and a late catch is a miss as before: at low load both
+//! ends back off, and their probes stay short. A reply far away (more than 4 budgets and
+//! 500 µs) is a miss whatever the turn. The model test `a_sleeping_pair_wakes_up_when_spinning_pays`
+//! plays the ping-pong on a virtual clock, with today's judgement and the one before.
 
 use std::time::Duration;
+
+/// How a wait ended, for [`SpinTuner::settle`]. Durations are from the wait's start.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Waited {
+    /// The spin this wait was granted ([`SpinTuner::next_budget`]); zero if none.
+    pub granted: Duration,
+    /// When the data was seen.
+    pub seen: Duration,
+    /// Whether the spin caught it (else the spin ran out, or none was granted, and the data
+    /// came later).
+    pub caught: bool,
+    /// When this end last sent, if after the wait began (a send before it counts as zero).
+    pub sent: Duration,
+    /// This end's turn: from the data its previous wait returned to its last send, if it
+    /// sent since then (`None`: nothing sent, the data is the peer's own doing).
+    pub turn: Option<Duration>,
+}
+
+impl Waited {
+    /// From this end's send (or the wait's start, if later) to the data: the peer's part.
+    pub fn reply(&self) -> Duration {
+        self.seen.saturating_sub(self.sent)
+    }
+}
 
 /// Spin-time tuner for one registration. Time comes in as an argument (no clock reads).
 #[derive(Debug, Clone)]
@@ -39,6 +87,13 @@ pub struct SpinTuner {
     skipped: [u32; PHASES],
     /// The current wait's phase ([`SpinTuner::begin_wait`]).
     phase: usize,
+    /// Per phase: whether this end's last turn was short ([`Waited::turn`]) and its reply not
+    /// far, and the last reply seen ([`Waited::reply`]): how long a probe spins ([`SpinTuner::next_budget`]).
+    short_turn: [bool; PHASES],
+    last_reply_ns: [u64; PHASES],
+    /// Per phase: the last granted spin lost its core ([`SpinTuner::preempted`]); probes stay
+    /// short until a granted spin is judged again.
+    preempted: [bool; PHASES],
 }
 
 /// [`SpinTuner::PHASES`].
@@ -78,6 +133,9 @@ impl SpinTuner {
             hit_rate: [256; PHASES],
             skipped: [0; PHASES],
             phase: 0,
+            short_turn: [false; PHASES],
+            last_reply_ns: [0; PHASES],
+            preempted: [false; PHASES],
         }
     }
 
@@ -111,11 +169,14 @@ impl SpinTuner {
     /// The spin to grant the wait that starts now: [`budget`](Self::budget), or zero while
     /// the current phase's hit rate is below 1/8 (one probe spin every 16 of its waits).
     ///
-    /// A probe spins at most `COSTLY_CATCH` (50 µs): only a catch sooner than that scores a
-    /// hit, so a longer probe cannot bring spinning back; it only burns CPU. rrpc-tonic's
-    /// HTTP/2 receivers spin up to 200 µs, and at one call per ms their probes spun the whole
-    /// 200 µs for a request a millisecond away, or caught a response a wake-up (~100 µs) away
-    /// and scored it a miss: up to 200 µs every 16th wait, for nothing the judgement could use.
+    /// How long a probe spins depends on this end's last turn in the phase ([`Self::settle`]).
+    /// After a short turn, long enough to catch the last reply seen (its 5/4 and 1 µs, at least
+    /// the budget, at most 4 budgets): a peer that sleeps on its own account answers a wake-up
+    /// late, and only a probe that waits it out can find that spinning pays again (the way
+    /// out of a sleeping pair, [module docs](self)). After a long turn, or none, at most
+    /// `COSTLY_CATCH` (50 µs): the peer's sleep is this end's doing, and a later catch would
+    /// score a miss anyway (#30: rrpc-tonic's HTTP/2 receivers spin up to 200 µs, and at one
+    /// call per ms their probes spun it for nothing).
     pub fn next_budget(&mut self) -> Duration {
         let p = self.phase;
         let probe = self.hit_rate[p] < MIN_HIT_RATE;
@@ -126,10 +187,18 @@ impl SpinTuner {
             }
         }
         self.skipped[p] = 0;
-        if probe {
-            self.budget().min(COSTLY_CATCH)
+        let budget = self.budget();
+        if !probe {
+            budget
+        } else if self.short_turn[p] && !self.preempted[p] {
+            let reach = self.last_reply_ns[p]
+                .saturating_add(self.last_reply_ns[p] / 4)
+                .saturating_add(SLACK_NS);
+            Duration::from_nanos(reach)
+                .max(budget)
+                .min(budget.saturating_mul(4))
         } else {
-            self.budget()
+            budget.min(COSTLY_CATCH)
         }
     }
 
@@ -162,6 +231,48 @@ impl SpinTuner {
         if waited >= far {
             self.spun(false);
         }
+    }
+
+    /// Judges a wait that had to wait (found no data at its first check): the one judgement
+    /// of [`Waited`] that [`spun`](Self::spun) and [`ran_out`](Self::ran_out) leave to their
+    /// caller ([module docs](self), "whose fault a late catch is").
+    ///
+    /// - A reply far away (at least `max(4 × budget, 500 µs)`): a miss.
+    /// - Caught within `COSTLY_CATCH` (50 µs) of this end's send: a hit.
+    /// - Caught later: a hit after a short turn (the peer slept on its own account; this end's
+    ///   spin keeps it awake for the peer), a miss after a long turn or none.
+    /// - Ran out, the reply near: nothing after a short turn, a miss otherwise.
+    ///
+    /// A wait granted no spin (backed off between probes) only records the turn and the reply
+    /// for the next probe. Spins cut short for other reasons (the core lost, the worker busy)
+    /// are misses the caller feeds to [`spun`](Self::spun), without a `settle`.
+    pub fn settle(&mut self, w: Waited) {
+        let p = self.phase;
+        let reply = w.reply();
+        let far = (self.budget() * 4).max(FAR_MISS_MIN);
+        let short = w.turn.is_some_and(|t| t < COSTLY_CATCH);
+        // A far reply is idleness, not a wake-up: the next probe stays short.
+        self.short_turn[p] = short && reply < far;
+        self.last_reply_ns[p] = u64::try_from(reply.as_nanos()).unwrap_or(u64::MAX);
+        if w.granted.is_zero() {
+            return;
+        }
+        self.preempted[p] = false;
+        if reply >= far {
+            self.spun(false);
+        } else if w.caught {
+            self.spun(reply < COSTLY_CATCH || short);
+        } else if !short {
+            self.spun(false);
+        }
+    }
+
+    /// A granted spin that lost its core ([`lost_core`](Self::lost_core)): a miss, and the
+    /// phase's next probe stays short (a spin that keeps the peer from its CPU reaches nothing
+    /// by spinning longer).
+    pub fn preempted(&mut self) {
+        self.preempted[self.phase] = true;
+        self.spun(false);
     }
 
     /// Whether a gap between two clock reads of a spin means the spinner was descheduled.
@@ -362,6 +473,219 @@ mod tests {
     fn a_gap_of_preempt_gap_means_the_core_was_lost() {
         assert!(!SpinTuner::lost_core(Duration::from_micros(2)));
         assert!(SpinTuner::lost_core(PREEMPT_GAP));
+    }
+
+    /// The sans-IO model of #54: two ends in a ping-pong on a virtual clock. Each end, once it
+    /// has its data, takes `turn` (plus `idle`: a caller's think time) to send; the other end
+    /// sees it at once if it is spinning then, else a wake-up `wake` later (it slept). On
+    /// `one_cpu` a spin keeps the peer off the CPU: it loses its core and is a miss.
+    struct Model {
+        cap: Duration,
+        wake: Duration,
+        turns: [Duration; 2],
+        idle: [Duration; 2],
+        one_cpu: bool,
+        /// Today's judgement ([`SpinTuner::settle`]), or the one before it (#30's: a catch
+        /// later than `COSTLY_CATCH` a miss, whoever's wake-up delayed it).
+        settle: bool,
+    }
+
+    /// Per call: the waits that slept; and the spin the two ends burned.
+    struct Run {
+        slept: Vec<u32>,
+        spun: Duration,
+    }
+
+    impl Model {
+        fn pingpong(cap_us: u64, turn_us: u64) -> Self {
+            Self {
+                cap: Duration::from_micros(cap_us),
+                wake: Duration::from_micros(100),
+                turns: [Duration::from_micros(turn_us); 2],
+                idle: [Duration::ZERO; 2],
+                one_cpu: false,
+                settle: true,
+            }
+        }
+
+        /// Starts both ends backed off (the sleeping mode) and plays `calls` round trips.
+        fn run(&self, calls: usize) -> Run {
+            let mut t = [
+                SpinTuner::new(self.cap, false),
+                SpinTuner::new(self.cap, false),
+            ];
+            for e in &mut t {
+                e.begin_wait(true);
+                while !e.backed_off() {
+                    e.spun(false);
+                }
+            }
+            let mut run = Run {
+                slept: Vec::new(),
+                spun: Duration::ZERO,
+            };
+            // End 1 (the server) waits from 0; end 0 (the client) sends at 0.
+            let mut wait_start = [Duration::ZERO; 2];
+            let mut granted = [Duration::ZERO; 2];
+            t[1].begin_wait(true);
+            granted[1] = t[1].next_budget();
+            let mut send_at = Duration::ZERO;
+            let mut from = 0;
+            for _ in 0..calls * 2 {
+                let to = 1 - from;
+                // `from` sent at `send_at` and begins its wait.
+                wait_start[from] = send_at;
+                t[from].begin_wait(true);
+                granted[from] = t[from].next_budget();
+                // `to` sees it.
+                let spinning_until = wait_start[to] + granted[to];
+                let awake = !granted[to].is_zero() && send_at <= spinning_until && !self.one_cpu;
+                let seen = if awake { send_at } else { send_at + self.wake };
+                run.spun += if awake {
+                    send_at - wait_start[to]
+                } else {
+                    granted[to]
+                };
+                let w = Waited {
+                    granted: granted[to],
+                    seen: seen - wait_start[to],
+                    caught: awake,
+                    sent: Duration::ZERO,
+                    turn: Some(self.turns[to] + self.idle[to]),
+                };
+                if self.one_cpu && !granted[to].is_zero() {
+                    // The spin kept the peer from the CPU: the core was lost.
+                    t[to].preempted();
+                } else if self.settle {
+                    t[to].settle(w);
+                } else if w.caught {
+                    t[to].spun(w.seen < COSTLY_CATCH);
+                } else if !w.granted.is_zero() {
+                    t[to].ran_out(w.seen);
+                }
+                if from == 0 {
+                    run.slept.push(u32::from(!awake));
+                } else {
+                    *run.slept.last_mut().unwrap() += u32::from(!awake);
+                }
+                send_at = seen + self.turns[to] + self.idle[to];
+                from = to;
+            }
+            run
+        }
+    }
+
+    /// #54's loop and its cut: a ping-pong whose ends both sleep (each end's data waits for
+    /// the other's 100 µs wake-up) while each turns around in 15 µs. Judged by #30's rule every
+    /// catch is late, a miss, and probes of 50 µs cannot reach a sleeping peer: the pair never
+    /// wakes. Judged by the turn, a probe that waits out the peer's wake-up is a hit, this end
+    /// then stays awake for the peer, whose probes catch its fast turns: both spin again within
+    /// a few dozen calls. The HTTP/2 path's cap (200 µs) and the fast path's (50 µs: shorter
+    /// than the wake-up; its probes reach further than its spins).
+    #[test]
+    fn a_sleeping_pair_wakes_up_when_spinning_pays() {
+        for cap in [200, 50] {
+            let run = Model::pingpong(cap, 15).run(600);
+            let last_sleep = run.slept.iter().rposition(|&s| s > 0);
+            assert!(
+                last_sleep.is_some_and(|c| c < 64),
+                "cap {cap} µs: the last call that slept is {last_sleep:?}"
+            );
+            let before = Model {
+                settle: false,
+                ..Model::pingpong(cap, 15)
+            }
+            .run(600);
+            let asleep = before.slept[100..].iter().filter(|&&s| s > 0).count();
+            assert_eq!(asleep, 500, "cap {cap} µs: #30's judgement stays asleep");
+        }
+    }
+
+    /// Where spinning does not pay the pair stays asleep, and its probes cost little: a caller
+    /// that thinks 1 ms between calls (the server's waits are idle, the client's replies come a
+    /// wake-up late because of its own pause), a server that takes 1 ms to answer, one CPU.
+    #[test]
+    fn a_pair_stays_asleep_when_spinning_does_not_pay() {
+        let low_load = Model {
+            idle: [Duration::from_millis(1), Duration::ZERO],
+            ..Model::pingpong(200, 15)
+        };
+        let slow_server = Model {
+            turns: [Duration::from_micros(15), Duration::from_millis(1)],
+            ..Model::pingpong(200, 15)
+        };
+        let one_cpu = Model {
+            one_cpu: true,
+            ..Model::pingpong(200, 15)
+        };
+        for (name, m) in [
+            ("low load", low_load),
+            ("slow server", slow_server),
+            ("one CPU", one_cpu),
+        ] {
+            let calls = 1600;
+            let run = m.run(calls);
+            let asleep = run.slept[100..].iter().filter(|&&s| s == 2).count();
+            assert!(asleep >= 1400, "{name}: {asleep} calls of 1500 slept on both ends");
+            // Two ends, one probe in 16 waits each, at most 50 µs: 6.25 µs a call.
+            let per_call = run.spun / u32::try_from(calls).unwrap();
+            assert!(
+                per_call <= Duration::from_micros(7),
+                "{name}: {per_call:?} of spin a call"
+            );
+        }
+    }
+
+    #[test]
+    fn settle_judges_by_this_ends_turn() {
+        let cap = Duration::from_micros(200);
+        let us = Duration::from_micros;
+        let wait = |granted, seen, caught, turn| Waited {
+            granted,
+            seen,
+            caught,
+            sent: us(20),
+            turn,
+        };
+        // A late catch: a hit after a short turn, a miss after a long one or none.
+        for (turn, hit) in [(Some(us(10)), true), (Some(us(300)), false), (None, false)] {
+            let mut t = SpinTuner::new(cap, false);
+            for _ in 0..40 {
+                t.settle(wait(cap, us(140), true, turn));
+            }
+            assert_eq!(!t.backed_off(), hit, "turn {turn:?}");
+        }
+        // The reply is counted from the send: caught 60 µs into the wait, 40 µs after the send.
+        let mut t = SpinTuner::new(cap, false);
+        for _ in 0..40 {
+            t.settle(wait(cap, us(60), true, Some(us(300))));
+        }
+        assert!(!t.backed_off());
+        // Ran out near: nothing after a short turn, a miss after a long one.
+        let mut t = SpinTuner::new(cap, false);
+        for _ in 0..40 {
+            t.settle(wait(cap, us(300), false, Some(us(10))));
+        }
+        assert!(!t.backed_off());
+        for _ in 0..40 {
+            t.settle(wait(cap, us(300), false, Some(us(100))));
+        }
+        assert!(t.backed_off());
+        // Far is a miss whatever the turn, and its probe stays short.
+        let mut t = SpinTuner::new(cap, false);
+        for _ in 0..40 {
+            t.settle(wait(cap, us(2000), false, Some(us(10))));
+        }
+        assert!(t.backed_off());
+        let probe = (0..16).map(|_| t.next_budget()).find(|b| !b.is_zero());
+        assert_eq!(probe, Some(COSTLY_CATCH));
+        // A near reply after a short turn: the probe reaches it (5/4 and 1 µs), within 4 caps.
+        t.settle(wait(Duration::ZERO, us(420), false, Some(us(10))));
+        let probe = (0..16).map(|_| t.next_budget()).find(|b| !b.is_zero());
+        assert_eq!(probe, Some(us(501)));
+        t.settle(wait(Duration::ZERO, us(780), false, Some(us(10))));
+        let probe = (0..16).map(|_| t.next_budget()).find(|b| !b.is_zero());
+        assert_eq!(probe, Some(us(800)));
     }
 
     proptest! {

@@ -31,7 +31,7 @@ mod shard;
 mod tests;
 mod thread;
 
-pub use registration::{Doorbell, Registration};
+pub use registration::{Doorbell, Registration, SendLog};
 
 use std::fmt;
 use std::os::fd::AsRawFd;
@@ -492,6 +492,7 @@ impl Poller {
             auto_peer: None,
             sends: None,
             seen_sends: 0,
+            last_ready: None,
             sends_at_ready: 0,
             removed: false,
         })

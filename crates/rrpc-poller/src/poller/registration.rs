@@ -18,7 +18,7 @@ use crate::error::{Error, Result};
 use crate::source::Readiness;
 use crate::stats::Counters;
 use crate::sys::{DupFd, EventFd};
-use crate::tune::{COSTLY_CATCH, SpinTuner};
+use crate::tune::{COSTLY_CATCH, SpinTuner, Waited};
 
 use super::shard::{Entry, HELP_SCAN, Shard};
 use super::thread::scan;
@@ -59,6 +59,55 @@ fn poll_acked<T: AsRawFd>(
     }
 }
 
+/// What one end's writer sent, for its receiver's spin judgement
+/// ([`Registration::follow_sends`]): how many sends and flushes, and when the last one was.
+/// The writer calls [`record`](Self::record) once per send or flush (two relaxed stores and
+/// a clock read).
+#[derive(Debug)]
+pub struct SendLog {
+    sends: AtomicU64,
+    /// The last send, in ns since `epoch` plus one (0: none yet).
+    last_ns: AtomicU64,
+    epoch: Instant,
+}
+
+impl Default for SendLog {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl SendLog {
+    /// A log with nothing sent.
+    pub fn new() -> Self {
+        Self {
+            sends: AtomicU64::new(0),
+            last_ns: AtomicU64::new(0),
+            epoch: Instant::now(),
+        }
+    }
+
+    /// Records one send or flush, now.
+    pub fn record(&self) {
+        let ns = u64::try_from(self.epoch.elapsed().as_nanos()).unwrap_or(u64::MAX - 1);
+        self.last_ns.store(ns + 1, Ordering::Relaxed);
+        self.sends.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Sends and flushes recorded.
+    pub fn sends(&self) -> u64 {
+        self.sends.load(Ordering::Relaxed)
+    }
+
+    /// When the last send was, if any.
+    pub fn last_send(&self) -> Option<Instant> {
+        match self.last_ns.load(Ordering::Relaxed) {
+            0 => None,
+            ns => Some(self.epoch + Duration::from_nanos(ns - 1)),
+        }
+    }
+}
+
 /// What a task sleeps on.
 pub(super) enum Sleeper {
     Waker,
@@ -94,8 +143,11 @@ pub struct Registration {
     pub(super) auto_peer: Option<(i32, Instant)>,
     /// Messages this end sent on the connection ([`Self::follow_sends`]), and the count the
     /// previous wait saw: the tuner's phase.
-    pub(super) sends: Option<Arc<AtomicU64>>,
+    pub(super) sends: Option<Arc<SendLog>>,
     pub(super) seen_sends: u64,
+    /// When the last wait that followed sends returned its data: where this end's turn
+    /// starts ([`Waited::turn`]).
+    pub(super) last_ready: Option<Instant>,
     /// `sends` when the last wait returned: nothing sent since means that what consumes
     /// the data it returned may still be on its way to an answer ([`Self::yield_to_peer`]).
     pub(super) sends_at_ready: u64,
@@ -190,17 +242,48 @@ impl Registration {
         }
     }
 
-    /// Judges this registration's spins per phase ([`SpinTuner::begin_wait`]): `sends` counts
-    /// what this end sends on the connection (its writer adds one per send or flush), and a
-    /// wait's phase is the number of waits begun since it last grew. A reader whose next
-    /// message comes only after this end sent something (a client between calls, a server
-    /// between requests) then stops spinning in the waits that nothing this end did will end,
-    /// and keeps spinning in the others. [`AsyncConn::split`](crate::rings::AsyncConn::split)
-    /// sets it on the receiving side.
-    pub fn follow_sends(&mut self, sends: Arc<AtomicU64>) {
-        self.seen_sends = sends.load(Ordering::Relaxed);
+    /// Judges this registration's spins per phase ([`SpinTuner::begin_wait`]) and by this
+    /// end's turn ([`SpinTuner::settle`]): `sends` records what this end sends on the
+    /// connection (its writer calls [`SendLog::record`] per send or flush). A wait's phase is
+    /// the number of waits begun since the count last grew, so a reader whose next message
+    /// comes only after this end sent something (a client between calls, a server between
+    /// requests) stops spinning in the waits that nothing this end did will end, and keeps
+    /// spinning in the others. The time from a wait's data to this end's next send is its
+    /// turn: after a short one, a late catch is the peer's wake-up, not a useless spin.
+    /// [`AsyncConn::split`](crate::rings::AsyncConn::split) sets it on the receiving side.
+    pub fn follow_sends(&mut self, sends: Arc<SendLog>) {
+        self.seen_sends = sends.sends();
         self.sends_at_ready = self.seen_sends;
         self.sends = Some(sends);
+    }
+
+    /// Judges a wait that had to wait: `granted` is the spin it ran out of (zero if it was
+    /// granted none, or its spin was judged already), `caught` whether the spin caught the
+    /// data. Without a [`SendLog`] the turn is unknown: #30's judgement (a catch later than
+    /// `COSTLY_CATCH` is a miss, a spin that ran out a miss only if the data came far later).
+    fn judge(&mut self, start: Instant, granted: Duration, caught: bool) {
+        let now = Instant::now();
+        let seen = now.saturating_duration_since(start);
+        self.tuner.observe(seen);
+        let Some(log) = &self.sends else {
+            if caught {
+                self.tuner.spun(seen < COSTLY_CATCH);
+            } else if !granted.is_zero() {
+                self.tuner.ran_out(seen);
+            }
+            return;
+        };
+        let (sent, turn) = match (log.last_send(), self.last_ready) {
+            (Some(s), Some(r)) if s > r => (s.saturating_duration_since(start), Some(s - r)),
+            _ => (Duration::ZERO, None),
+        };
+        self.tuner.settle(Waited {
+            granted,
+            seen,
+            caught,
+            sent,
+            turn,
+        });
     }
 
     /// The moving RTT estimate behind [`spin_budget`](Self::spin_budget).
@@ -382,7 +465,7 @@ impl Registration {
         before_sleep: &mut (dyn FnMut() -> Result<bool> + Send),
     ) -> Result<()> {
         if let Some(s) = &self.sends {
-            let n = s.load(Ordering::Relaxed);
+            let n = s.sends();
             self.tuner.begin_wait(n != self.seen_sends);
             self.seen_sends = n;
         }
@@ -392,7 +475,8 @@ impl Registration {
         if r.is_ok() {
             PROGRESS.set(PROGRESS.get().wrapping_add(1));
             if let Some(s) = &self.sends {
-                self.sends_at_ready = s.load(Ordering::Relaxed);
+                self.sends_at_ready = s.sends();
+                self.last_ready = Some(Instant::now());
             }
         }
         r
@@ -413,8 +497,8 @@ impl Registration {
         {
             self.follow_peer_cpus(peer);
         }
-        // The spin ran out (judged once the data comes: near or far miss).
-        let mut ran_out = false;
+        // The spin that ran out (judged once the data comes, `judge`), zero if none did.
+        let mut ran_out = Duration::ZERO;
         let spin = match self.mode {
             Mode::Bpev => {
                 let backoff = self.inner.cfg.spin_backoff();
@@ -447,13 +531,11 @@ impl Registration {
                 for _ in 0..32 {
                     if self.entry.source.ready() {
                         Counters::add(&self.inner.counters.spin_hits, 1);
-                        let waited = start.elapsed();
-                        self.tuner.observe(waited);
-                        // A catch that took longer than a wake-up costs more CPU than the
-                        // wake-up it saved (rrpc-tonic's HTTP/2 path spins up to 200 µs: at
-                        // low load its client spun out the server's whole wake-up, every
-                        // call): it does not count as earning.
-                        self.tuner.spun(waited < COSTLY_CATCH);
+                        // A late catch earns only after a short turn of this end's: else
+                        // the peer's wake-up was this end's doing (a caller that thinks a
+                        // millisecond), and spinning it out costs more CPU than the wake-up
+                        // it saved (`SpinTuner::settle`).
+                        self.judge(start, budget, true);
                         return Ok(());
                     }
                     std::hint::spin_loop();
@@ -463,12 +545,12 @@ impl Registration {
                 if backoff && SpinTuner::lost_core(now.duration_since(last)) {
                     // Descheduled mid-spin: the wait was for the scheduler, not for data.
                     Counters::add(&self.inner.counters.lost_core_spins, 1);
-                    self.tuner.spun(false);
+                    self.tuner.preempted();
                     break;
                 }
                 last = now;
                 if now.duration_since(start) >= budget {
-                    ran_out = true;
+                    ran_out = budget;
                     break;
                 }
                 if now >= next_yield {
@@ -524,10 +606,7 @@ impl Registration {
                 self.arm()?;
                 if let Check::Ready = self.check()? {
                     self.disarm();
-                    self.tuner.observe(start.elapsed());
-                    if ran_out {
-                        self.tuner.ran_out(start.elapsed());
-                    }
+                    self.judge(start, ran_out, false);
                     return Ok(());
                 }
                 Counters::add(&self.inner.counters.sleeps, 1);
@@ -535,10 +614,7 @@ impl Registration {
             }
             if let Check::Ready = self.check()? {
                 Counters::add(&self.inner.counters.wakeups, 1);
-                self.tuner.observe(start.elapsed());
-                if ran_out {
-                    self.tuner.ran_out(start.elapsed());
-                }
+                self.judge(start, ran_out, false);
                 return Ok(());
             }
         }
@@ -569,7 +645,7 @@ impl Registration {
             let answered = self
                 .sends
                 .as_ref()
-                .is_none_or(|s| s.load(Ordering::Relaxed) != self.sends_at_ready);
+                .is_none_or(|s| s.sends() != self.sends_at_ready);
             if answered {
                 break;
             }
