@@ -99,21 +99,215 @@ fn fuzz_dir(root: &Path) -> Option<PathBuf> {
     dir.join("Cargo.toml").is_file().then_some(dir)
 }
 
-fn fuzz_targets(dir: &Path) -> Vec<String> {
-    let mut t: Vec<String> = std::fs::read_dir(dir.join("fuzz_targets"))
-        .into_iter()
-        .flatten()
-        .flatten()
-        .filter_map(|e| {
-            let p = e.path();
-            if p.extension()? != "rs" {
-                return None;
-            }
-            Some(p.file_stem()?.to_string_lossy().into_owned())
+/// The `cargo fuzz` targets of the fuzz crate at `dir` (`fuzz_targets/*.rs`),
+/// sorted; an error when that directory cannot be read or holds none, so
+/// the fuzz step never passes having fuzzed nothing.
+fn fuzz_targets(dir: &Path) -> Result<Vec<String>> {
+    let targets = dir.join("fuzz_targets");
+    let mut t = Vec::new();
+    for e in
+        std::fs::read_dir(&targets).with_context(|| format!("reading {}", targets.display()))?
+    {
+        let p = e
+            .with_context(|| format!("reading {}", targets.display()))?
+            .path();
+        if p.extension().is_some_and(|x| x == "rs")
+            && let Some(stem) = p.file_stem()
+        {
+            t.push(stem.to_string_lossy().into_owned());
+        }
+    }
+    if t.is_empty() {
+        bail!("{} holds no fuzz target (*.rs)", targets.display());
+    }
+    t.sort();
+    Ok(t)
+}
+
+/// The checked-in seed corpus of fuzz target `target` (`corpus/<target>`
+/// in the fuzz crate at `dir`): an error when it is missing or empty, as a
+/// smoke run from no seeds at all exercises little past the first bytes.
+fn fuzz_seeds(dir: &Path, target: &str) -> Result<PathBuf> {
+    let seeds = dir.join("corpus").join(target);
+    let n = std::fs::read_dir(&seeds)
+        .with_context(|| {
+            format!(
+                "fuzz target {target} has no seed corpus: reading {}",
+                seeds.display()
+            )
+        })?
+        .count();
+    if n == 0 {
+        bail!(
+            "fuzz target {target}'s seed corpus {} is empty",
+            seeds.display()
+        );
+    }
+    Ok(seeds)
+}
+
+/// What libtest reported in a run's output (every binary cargo ran).
+#[derive(Debug, Default, PartialEq)]
+struct TestsRan {
+    /// The sum of `N passed` over the `test result:` lines.
+    passed: u64,
+    /// How many `test result:` lines (binaries, doctest runs) there were.
+    binaries: usize,
+    /// The tests reported `... ok`, by name.
+    ok: Vec<String>,
+}
+
+/// Reads libtest's output (`test NAME ... ok`, `test result: ok. N passed;
+/// ...`), so a step that selects its tests by name can fail when the
+/// filter selected nothing: libtest exits 0 having run no test.
+fn tests_ran(output: &str) -> TestsRan {
+    let mut ran = TestsRan::default();
+    for line in output.lines().map(str::trim) {
+        if let Some(rest) = line.strip_prefix("test result: ") {
+            ran.binaries += 1;
+            // "ok. 2 passed; 0 failed; ..." or "FAILED. 1 passed; 1 failed; ..."
+            let passed = rest
+                .split_once(". ")
+                .and_then(|(_, counts)| counts.split(';').next())
+                .and_then(|c| c.trim().strip_suffix(" passed"))
+                .and_then(|n| n.trim().parse::<u64>().ok());
+            ran.passed += passed.unwrap_or(0);
+        } else if let Some(name) = line
+            .strip_prefix("test ")
+            .and_then(|r| r.strip_suffix(" ... ok"))
+        {
+            ran.ok.push(name.to_owned());
+        }
+    }
+    ran
+}
+
+/// Fails unless `ran` counts a passed test, and each of `filters` (libtest
+/// name filters, substrings; `exact`: whole names) matched one of them.
+fn check_ran(ran: &TestsRan, filters: &[&str], exact: bool) -> Result<()> {
+    if ran.passed == 0 {
+        bail!(
+            "no test ran ({} `test result:` lines, 0 passed): the filters {filters:?} \
+             selected nothing",
+            ran.binaries
+        );
+    }
+    let missing: Vec<&str> = filters
+        .iter()
+        .copied()
+        .filter(|f| {
+            !ran.ok
+                .iter()
+                .any(|n| if exact { n == f } else { n.contains(f) })
         })
         .collect();
-    t.sort();
-    t
+    if !missing.is_empty() {
+        bail!(
+            "{} tests passed, but none matched {missing:?} (renamed or moved?)",
+            ran.passed
+        );
+    }
+    eprintln!(
+        "ci: {} tests passed in {} runs; every filter matched",
+        ran.passed, ran.binaries
+    );
+    Ok(())
+}
+
+/// [`crate::util::run_env`] that also returns what the program printed on
+/// stdout (libtest's lines, for [`tests_ran`]); `remove` names variables to
+/// clear (as `run_unlinted` does with [`crate::util::LINT_VARS`]).
+fn run_captured(
+    program: &str,
+    args: &[&str],
+    dir: &Path,
+    env: &[(&str, &str)],
+    remove: &[&str],
+) -> Result<String> {
+    use std::io::{BufRead, BufReader, Read};
+    use std::process::Stdio;
+    eprintln!("==> {program} {}", args.join(" "));
+    let mut cmd = Command::new(program);
+    for var in remove {
+        cmd.env_remove(var);
+    }
+    let mut child = cmd
+        .args(args)
+        .envs(env.iter().copied())
+        .current_dir(dir)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .with_context(|| format!("spawning {program}"))?;
+    let forward = |r: Box<dyn Read + Send>, to_stderr: bool| {
+        std::thread::spawn(move || {
+            let mut kept = String::new();
+            for line in BufReader::new(r).lines().map_while(Result::ok) {
+                if to_stderr {
+                    eprintln!("{line}");
+                } else {
+                    println!("{line}");
+                    kept.push_str(&line);
+                    kept.push('\n');
+                }
+                if crate::util::is_failure_line(&line) {
+                    note_failure(line);
+                }
+            }
+            kept
+        })
+    };
+    let out = child.stdout.take().map(|o| forward(Box::new(o), false));
+    let err = child.stderr.take().map(|e| forward(Box::new(e), true));
+    let status = child
+        .wait()
+        .with_context(|| format!("waiting for {program}"))?;
+    let stdout = out
+        .map(|t| t.join().unwrap_or_default())
+        .unwrap_or_default();
+    if let Some(t) = err {
+        let _ = t.join();
+    }
+    if !status.success() {
+        bail!("`{program} {}` failed with {status}", args.join(" "));
+    }
+    Ok(stdout)
+}
+
+/// Where `.ci/setup` installs the foreign gRPC clients of
+/// `suite::one_port` (grpcio's venv; grpc-go's modules live in Go's own
+/// caches): `$RRPC_INTEROP_CACHE`, else `~/.cache/rrpc-interop`, as in
+/// `.ci/setup`.
+fn interop_cache() -> Option<PathBuf> {
+    if let Some(d) = std::env::var_os("RRPC_INTEROP_CACHE") {
+        return Some(PathBuf::from(d));
+    }
+    std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/rrpc-interop"))
+}
+
+/// The test step's variables for `suite::one_port`'s foreign clients:
+/// `RRPC_GRPCIO_PYTHON`, the venv's Python (unless the caller chose one),
+/// and `RRPC_REQUIRE_INTEROP=1` unless skips are allowed, under which a
+/// client that cannot run fails its test instead of skipping it.
+fn interop_env(allow_skips: bool) -> Vec<(&'static str, String)> {
+    let mut env = Vec::new();
+    if !allow_skips {
+        env.push(("RRPC_REQUIRE_INTEROP", "1".to_owned()));
+    }
+    if std::env::var_os("RRPC_GRPCIO_PYTHON").is_none()
+        && let Some(cache) = interop_cache()
+    {
+        let python = cache.join("grpcio-venv/bin/python3");
+        if python.exists() {
+            env.push(("RRPC_GRPCIO_PYTHON", python.to_string_lossy().into_owned()));
+        } else {
+            eprintln!(
+                "test: no {} (`.ci/setup` makes it): grpcio from python3",
+                python.display()
+            );
+        }
+    }
+    env
 }
 
 /// Runs the CI steps in order, printing each step's elapsed time and the total.
@@ -193,7 +387,13 @@ pub(crate) fn run_ci(args: &CiArgs) -> Result<()> {
             benches.extend(["--benches", "--no-run"]);
             run("timeout", &benches, Some(root_ref))
                 .context("building the bench targets under clippy failed (see above)")?;
-            run("timeout", &cmd, Some(root_ref)).with_context(|| {
+            // The foreign gRPC clients `suite::one_port` calls the `rrpc://`
+            // port with: grpcio and grpc-go, which `.ci/setup` installs, so
+            // the tests fail here rather than skip when they cannot run.
+            let interop = interop_env(args.allow_skips);
+            let interop: Vec<(&str, &str)> =
+                interop.iter().map(|(k, v)| (*k, v.as_str())).collect();
+            run_env("timeout", &cmd, Some(root_ref), &interop).with_context(|| {
                 format!(
                     "the test step failed (a failing test or a lint is named above; exit 124 \
                          instead means it ran past its {limit} s, and the hung test printed \
@@ -206,11 +406,16 @@ pub(crate) fn run_ci(args: &CiArgs) -> Result<()> {
             // plain `cargo test`; its decisions are unit-tested on a virtual
             // clock there). Every package's `suite` binary gets the exact
             // filter; only rrpc-kv's has the test.
+            // Each must have run and passed: an `--exact` name that matches
+            // nothing (a renamed or moved test) passes libtest having run
+            // nothing.
             for exact in REAL_TIME_TESTS {
                 let mut cmd = cmd.clone();
                 cmd.extend(["--test", "suite", "--", "--ignored", "--exact", exact]);
-                run("timeout", &cmd, Some(root_ref))
+                let out = run_captured("timeout", &cmd, root_ref, &[], &[])
                     .with_context(|| format!("the real-time test {exact} failed"))?;
+                check_ran(&tests_ran(&out), &[exact], true)
+                    .with_context(|| format!("the real-time test {exact}"))?;
             }
             Ok(Outcome::Ran)
         })?;
@@ -439,12 +644,17 @@ pub(crate) fn run_ci(args: &CiArgs) -> Result<()> {
             ] {
                 let mut a = vec!["+nightly", "miri", "test", "-p", krate, "--lib", "--"];
                 a.extend_from_slice(filters);
-                run_unlinted(
+                // Every filter must select a test that passed under miri: a
+                // renamed module would otherwise drop out unseen.
+                let out = run_captured(
                     "cargo",
                     &a,
-                    Some(root_ref),
+                    root_ref,
                     &[("MIRIFLAGS", "-Zmiri-disable-isolation")],
+                    crate::util::LINT_VARS,
                 )?;
+                check_ran(&tests_ran(&out), filters, false)
+                    .with_context(|| format!("miri on {krate}"))?;
             }
             Ok(Outcome::Ran)
         })?;
@@ -487,16 +697,17 @@ pub(crate) fn run_ci(args: &CiArgs) -> Result<()> {
             run_unlinted("cargo", &build, Some(&dir), &[])?;
             if args.fuzz_seconds > 0 {
                 let budget = format!("-max_total_time={}", args.fuzz_seconds);
-                for t in fuzz_targets(&dir) {
+                let mut fuzzed = 0;
+                for t in fuzz_targets(&dir)? {
                     if verbs.is_err() && t.starts_with("verbs_") {
                         continue;
                     }
+                    let seeds = fuzz_seeds(&dir, &t)?;
                     // New inputs go to a scratch corpus under target/, so a CI run
                     // never dirties the checked-in seed corpus.
                     let scratch = root_ref.join("target/fuzz-corpus").join(&t);
                     std::fs::create_dir_all(&scratch)?;
                     let scratch = scratch.to_string_lossy().into_owned();
-                    let seeds = dir.join("corpus").join(&t);
                     let seeds = seeds.to_string_lossy().into_owned();
                     let mut args = vec![
                         "+nightly",
@@ -507,12 +718,13 @@ pub(crate) fn run_ci(args: &CiArgs) -> Result<()> {
                         &fuzz_target,
                     ];
                     args.extend(features);
-                    args.extend([t.as_str(), scratch.as_str()]);
-                    if Path::new(&seeds).is_dir() {
-                        args.push(seeds.as_str());
-                    }
+                    args.extend([t.as_str(), scratch.as_str(), seeds.as_str()]);
                     args.extend(["--", budget.as_str()]);
                     run_unlinted("cargo", &args, Some(&dir), &[])?;
+                    fuzzed += 1;
+                }
+                if fuzzed == 0 {
+                    bail!("no fuzz target ran (all need `verbs`, which cannot be built here)");
                 }
             }
             Ok(Outcome::Ran)
@@ -707,6 +919,144 @@ mod tests {
     fn the_msrv_toolchain_is_a_full_release() {
         let t = msrv_toolchain(&workspace_root()).unwrap();
         assert_eq!(t.split('.').count(), 3, "{t}");
+    }
+
+    /// libtest's lines as a filtered `cargo test` prints them: binaries
+    /// that ran nothing, one that ran the test, a doctest run.
+    const FILTERED_RUN: &str = "
+running 0 tests
+
+test result: ok. 0 passed; 0 failed; 0 ignored; 0 measured; 120 filtered out; finished in 0.00s
+
+
+running 1 test
+test rfrpc_batch::tuner_converges_to_the_latency_bound ... ok
+
+test result: ok. 1 passed; 0 failed; 0 ignored; 0 measured; 87 filtered out; finished in 4.12s
+
+running 2 tests
+test region::tests::bounds ... ok
+test region::tests::copy_out_wraps ... ok
+
+test result: ok. 2 passed; 0 failed; 0 ignored; 0 measured; 40 filtered out; finished in 9.50s
+
+   Doc-tests rrpc_core
+
+running 0 tests
+
+test result: ok. 0 passed; 0 failed; 0 ignored; 0 measured; 3 filtered out; finished in 0.00s
+";
+
+    #[test]
+    fn libtest_counts_are_summed_over_binaries() {
+        let ran = tests_ran(FILTERED_RUN);
+        assert_eq!(ran.passed, 3);
+        assert_eq!(ran.binaries, 4);
+        assert_eq!(
+            ran.ok,
+            [
+                "rfrpc_batch::tuner_converges_to_the_latency_bound",
+                "region::tests::bounds",
+                "region::tests::copy_out_wraps"
+            ]
+        );
+        // A failed run still counts what passed (the step fails on its exit).
+        let failed = tests_ran(
+            "test a ... FAILED\ntest b ... ok\n\
+             test result: FAILED. 1 passed; 1 failed; 0 ignored; 0 measured; 0 filtered out\n",
+        );
+        assert_eq!((failed.passed, failed.binaries), (1, 1));
+        assert_eq!(failed.ok, ["b"]);
+        assert_eq!(
+            tests_ran("   Compiling x v0.1.0\nno tests here\n"),
+            TestsRan::default()
+        );
+    }
+
+    #[test]
+    fn a_filtered_step_that_ran_nothing_fails() {
+        // Every binary filtered everything out: 0 passed.
+        let none = tests_ran(
+            "running 0 tests\n\ntest result: ok. 0 passed; 0 failed; 0 ignored; 0 measured; \
+             120 filtered out; finished in 0.00s\n",
+        );
+        let e = check_ran(&none, &["rfrpc_batch::tuner"], true).unwrap_err();
+        assert!(format!("{e}").contains("no test ran"), "{e}");
+        // No libtest output at all (the binary never ran).
+        assert!(check_ran(&TestsRan::default(), &["x"], false).is_err());
+
+        let ran = tests_ran(FILTERED_RUN);
+        check_ran(
+            &ran,
+            &["rfrpc_batch::tuner_converges_to_the_latency_bound"],
+            true,
+        )
+        .unwrap();
+        check_ran(&ran, &["region::tests", "copy_out"], false).unwrap();
+        // One filter of several matched nothing: named.
+        let e = check_ran(&ran, &["region::tests", "mem::tests"], false).unwrap_err();
+        assert!(format!("{e}").contains("mem::tests"), "{e}");
+        // `--exact` wants the whole name.
+        assert!(check_ran(&ran, &["rfrpc_batch::tuner"], true).is_err());
+    }
+
+    /// Real libtest output, captured: this test binary run again with an
+    /// `--exact` name that matches nothing passes (libtest exits 0) and is
+    /// caught; with a test's name, it counts that one test.
+    #[test]
+    fn a_real_exact_filter_that_matches_nothing_is_caught() {
+        let me = std::env::current_exe().unwrap();
+        let me = me.to_string_lossy();
+        let dir = workspace_root();
+        let out = run_captured(
+            &me,
+            &["--exact", "ci::tests::no_such_test", "--test-threads=1"],
+            &dir,
+            &[],
+            &[],
+        )
+        .expect("libtest exits 0 having run nothing");
+        let e = check_ran(&tests_ran(&out), &["ci::tests::no_such_test"], true).unwrap_err();
+        assert!(format!("{e}").contains("no test ran"), "{e}");
+        let name = "ci::tests::the_msrv_toolchain_is_a_full_release";
+        let out = run_captured(&me, &["--exact", name], &dir, &[], &[]).unwrap();
+        let ran = tests_ran(&out);
+        assert_eq!((ran.passed, ran.ok.as_slice()), (1, &[name.to_owned()][..]));
+        check_ran(&ran, &[name], true).unwrap();
+    }
+
+    #[test]
+    fn fuzz_targets_and_seeds_must_exist() {
+        let dir = std::env::temp_dir().join(format!("rrpc-fuzz-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        // No fuzz_targets directory: an error, not an empty list.
+        std::fs::create_dir_all(&dir).unwrap();
+        assert!(fuzz_targets(&dir).is_err());
+        // An empty one.
+        std::fs::create_dir_all(dir.join("fuzz_targets")).unwrap();
+        let e = fuzz_targets(&dir).unwrap_err();
+        assert!(format!("{e}").contains("no fuzz target"), "{e}");
+        std::fs::write(dir.join("fuzz_targets/b.rs"), "").unwrap();
+        std::fs::write(dir.join("fuzz_targets/a.rs"), "").unwrap();
+        std::fs::write(dir.join("fuzz_targets/notes.txt"), "").unwrap();
+        assert_eq!(fuzz_targets(&dir).unwrap(), ["a", "b"]);
+        // Seeds: missing, then empty, then one file.
+        assert!(fuzz_seeds(&dir, "a").is_err());
+        std::fs::create_dir_all(dir.join("corpus/a")).unwrap();
+        let e = fuzz_seeds(&dir, "a").unwrap_err();
+        assert!(format!("{e}").contains("empty"), "{e}");
+        std::fs::write(dir.join("corpus/a/seed"), b"x").unwrap();
+        assert_eq!(fuzz_seeds(&dir, "a").unwrap(), dir.join("corpus/a"));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// The workspace's own fuzz crate passes the checks the fuzz step makes.
+    #[test]
+    fn every_fuzz_target_of_this_workspace_has_seeds() {
+        let dir = fuzz_dir(&workspace_root()).expect("fuzz/");
+        for t in fuzz_targets(&dir).unwrap() {
+            fuzz_seeds(&dir, &t).unwrap();
+        }
     }
 
     #[test]
