@@ -124,11 +124,11 @@ impl Staging {
 }
 
 /// Copies `dst.len()` bytes of peer-writable `region` at `offset` into
-/// `dst`: one pass of relaxed atomic 8-byte loads (the aligned words that
-/// cover the range; a region's length is a whole number of pages, so they
-/// stay inside it). A peer writing meanwhile can only leave garbage in
-/// `dst`, never a data race, and nothing it writes afterwards changes what
-/// the caller validates and decodes. Read the end stamp that vouches for the
+/// `dst`: one pass of relaxed atomic 8-byte loads of the aligned words that
+/// cover the range (a region starts on a page and is a whole number of
+/// pages long, so they stay inside it). A peer writing meanwhile can only
+/// leave garbage in `dst`, never a data race, and nothing it writes
+/// afterwards changes what the caller validates and decodes. Read the end stamp that vouches for the
 /// bytes first, then fence with `Acquire`, then copy.
 ///
 /// Word loads, not byte loads: the shm provider stores small WRITEs as
@@ -136,32 +136,36 @@ impl Staging {
 /// mixed-size race.
 ///
 /// # Panics
-/// If the range is not inside `region`.
+/// If the words covering the range are not inside `region` (that is, the
+/// range is not), or the region does not start 8-aligned (it starts on a
+/// page).
 pub(crate) fn copy_received(region: &Region, offset: usize, dst: &mut [u8]) {
     let len = dst.len();
     assert!(
         offset
             .checked_add(len)
+            .and_then(|end| end.checked_next_multiple_of(8))
             .is_some_and(|end| end <= region.len()),
         "copy of {offset}+{len} outside a region of {} bytes",
         region.len()
     );
+    let base = region.as_ptr();
+    assert!(base.cast::<u64>().is_aligned(), "region start {base:?}");
     if len == 0 {
         return;
     }
-    let base = region.as_ptr();
     let word = |at: usize| -> [u8; 8] {
         debug_assert!(at.is_multiple_of(8) && at + 8 <= region.len());
-        // SAFETY: `at` is 8-aligned and `at + 8` is inside the region (the
-        // mapping is page aligned and a whole number of pages long, and `at`
-        // is the aligned word around a byte of the asserted range), so the
-        // pointer is valid and aligned for an `AtomicU64` while `region` is
-        // borrowed. Every access to a peer-writable region is atomic
-        // (8-byte words: ours, and the shm provider's small WRITEs) or a
-        // plain copy ordered before ours by the tail's release/acquire (an
-        // honest peer's large WRITE); a dishonest peer's write from another
-        // process is outside Rust's memory model and can only change the
-        // values loaded.
+        // SAFETY: `at` is a multiple of 8 at or after `offset` rounded down
+        // to 8, and `at + 8` at most `offset + len` rounded up to 8, which
+        // is inside the region (asserted above); the region's start is
+        // 8-aligned (asserted above). So the pointer is valid and aligned
+        // for an `AtomicU64` while `region` is borrowed. Every access to a
+        // peer-writable region is atomic (8-byte words: ours, and the shm
+        // provider's small WRITEs) or a plain copy ordered before ours by
+        // the tail's release/acquire (an honest peer's large WRITE); a
+        // dishonest peer's write from another process is outside Rust's
+        // memory model and can only change the values loaded.
         let w = unsafe { AtomicU64::from_ptr(base.add(at).cast::<u64>()) };
         w.load(Ordering::Relaxed).to_ne_bytes()
     };
