@@ -40,6 +40,7 @@ pub struct RfClientConfig {
     measured_switch: bool,
     reply_buffer: usize,
     handshake: HandshakeConfig,
+    qp: QpConfig,
 }
 
 impl Default for RfClientConfig {
@@ -52,6 +53,7 @@ impl Default for RfClientConfig {
             measured_switch: true,
             reply_buffer: DEFAULT_REPLY_BUFFER,
             handshake: HandshakeConfig::default(),
+            qp: QpConfig::default(),
         }
     }
 }
@@ -112,6 +114,13 @@ impl RfClientConfig {
     pub fn handshake(&self) -> &HandshakeConfig {
         &self.handshake
     }
+
+    /// The settings of the connection's queue pair (default
+    /// [`QpConfig::default`]); tests attach rrpc-core's fault injection
+    /// here ([`rrpc_core::QpConfigBuilder::fault`]).
+    pub fn qp(&self) -> &QpConfig {
+        &self.qp
+    }
 }
 
 /// Builder for [`RfClientConfig`]; [`build`](Self::build) checks the ranges.
@@ -161,6 +170,12 @@ impl RfClientConfigBuilder {
     /// [`RfClientConfig::handshake`].
     pub fn handshake(mut self, h: HandshakeConfig) -> Self {
         self.cfg.handshake = h;
+        self
+    }
+
+    /// [`RfClientConfig::qp`].
+    pub fn qp(mut self, qp: QpConfig) -> Self {
+        self.cfg.qp = qp;
         self
     }
 
@@ -262,9 +277,7 @@ impl RfClient {
             .map_err(Error::Fabric)?;
         let conn = conn::connect(
             endpoint,
-            fabric
-                .create_qp(&QpConfig::default())
-                .map_err(Error::Fabric)?,
+            fabric.create_qp(&cfg.qp).map_err(Error::Fabric)?,
             Offer::new().grant(REPLY_ROLE, reply.clone()),
             &cfg.handshake,
         )
