@@ -244,6 +244,10 @@ pub struct RfClient {
     window: Vec<u8>,
     stats: ClientStats,
     pending: Option<InFlight>,
+    /// The server may not have taken the request we wrote last: its call
+    /// timed out or failed before its result came back. The next request
+    /// then first invalidates the status word (see [`Self::submit_as`]).
+    unsettled: bool,
     fetch_tuner: Option<crate::rfrpc::tune::FetchTuner>,
 }
 
@@ -297,11 +301,16 @@ impl RfClient {
             });
         }
         let local = fabric
-            // Local only: the request's source and the READs' destination.
+            // Local only: the request's source, the READs' destination, and
+            // the zero word that invalidates a status word.
             .alloc_region_with(
-                info.request_cap + info.response_cap,
+                info.request_cap + info.response_cap + 8,
                 rrpc_core::Access::LOCAL,
             )
+            .map_err(Error::Fabric)?;
+        // The zero word after the fetch landing (see `submit_as`).
+        local
+            .write_at(info.request_cap + info.response_cap, &[0; 8])
             .map_err(Error::Fabric)?;
         let policy = cfg.mode.unwrap_or(info.policy);
         let fetch_size = cfg.fetch_size.min(info.response_cap);
@@ -322,6 +331,7 @@ impl RfClient {
             window: Vec::new(),
             stats: ClientStats::default(),
             pending: None,
+            unsettled: false,
             fetch_tuner: None,
         })
     }
@@ -567,6 +577,27 @@ impl RfClient {
         // Body and tail first, then the status word: the server polls the
         // status word, and WRITEs on one queue pair land in order.
         let qp = self.conn.qp().clone();
+        if self.unsettled {
+            // The server may still be about to take (or be copying) the
+            // request of a call that timed out: overwriting its body under
+            // its valid status word could make it serve a request made of
+            // two. So the status word is zeroed first, in an earlier WRITE
+            // on the same queue pair (a seqlock): the server then either
+            // finds no request, or sees the status word change across its
+            // copy and discards the copy. A zero word torn in half still
+            // reads as invalid (sequence number 0).
+            let wr = self.next_wr();
+            qp.post_write(
+                wr,
+                Local::new(&self.local, self.info.request_cap + self.info.response_cap, 8),
+                self.remote.at(0),
+                false,
+            )
+            .map_err(Error::Fabric)?;
+        }
+        // Until its result comes back, this request may be the one the
+        // server has not taken.
+        self.unsettled = true;
         let wr = self.next_wr();
         qp.post_write(
             wr,
@@ -608,6 +639,9 @@ impl RfClient {
             Mode::RemoteFetch => self.fetch(seq, deadline)?,
             Mode::ServerReply => (self.await_reply(seq, deadline)?, RESPONSE_HEADER, 0),
         };
+        // A result for this request: the server copied it before it ran
+        // the handler, so its buffer is ours to overwrite.
+        self.unsettled = false;
         let len = header.len as usize;
         let out = self.window[payload_at..payload_at + len].to_vec();
         self.stats.calls += 1;

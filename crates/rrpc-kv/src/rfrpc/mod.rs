@@ -66,11 +66,24 @@
 //! * **Sequence numbers** (32 bits, never 0) instead of clearing buffers:
 //!   a stale response, or a late one after a [`Error::Timeout`], is never
 //!   taken for the current call; the server serves any new sequence number,
-//!   so a client may go on after a timeout. Caveat: if the server is still
-//!   copying the timed-out request when the next one overwrites it, the
-//!   copy is discarded when the status or tail word changed meanwhile, but
-//!   a body overwrite that touches neither goes unnoticed; a caller that
-//!   needs at-most-once effects should reconnect after a timeout.
+//!   so a client may go on after a timeout.
+//! * **A request written over one the server has not taken** (ours; the
+//!   paper's client never gives up on a call). After a timeout, or a call
+//!   that failed before its result came back, the server may not have
+//!   copied that request yet, or may be copying it, when the next one is
+//!   written into the same buffer. A seqlock keeps the two apart. The
+//!   server copies a request out, then re-reads its status and tail words
+//!   and discards the copy if either changed. That alone misses a body
+//!   overwrite that touches neither (a shorter request leaves the old tail
+//!   in place, and the server may look between the body WRITE and the
+//!   status WRITE), so the client, when its previous call ended without a
+//!   result, first zeroes the status word in a WRITE of its own, before the
+//!   body, on the same queue pair: the server then finds no request, or
+//!   sees the status word change across its copy. So a request made of two
+//!   is never served (`tests/suite/rfrpc_torn.rs` cuts each WRITE of such a
+//!   sequence in half with rrpc-core's fault injection); the timed-out
+//!   request itself may or may not have run. The extra 8-byte WRITE is
+//!   paid only after a call that ended without a result.
 //! * **Switching mid-call.** The paper's client flips the server's flag
 //!   with an extra WRITE while a call is pending; ours changes the mode
 //!   only between calls (the mode bit of the next request), so no result

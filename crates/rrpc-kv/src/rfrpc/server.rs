@@ -461,10 +461,11 @@ impl ServerConn {
         self.region
             .read_at(wire::REQUEST_HEADER, &mut self.req)
             .map_err(Error::Fabric)?;
-        // Seqlock-style re-check: a client that timed out may already be
-        // overwriting the buffer with its next request; a copy taken while
-        // the status word changed is discarded (the new request is served
-        // on a later poll).
+        // The seqlock's read side: a client that timed out may be
+        // overwriting the buffer with its next request. It zeroes the status
+        // word in a WRITE before it touches the body (`RfClient::submit_as`),
+        // so a copy that saw any new byte sees the status word changed here
+        // and is discarded (the new request is served on a later poll).
         std::sync::atomic::fence(Ordering::Acquire);
         let again = self
             .region

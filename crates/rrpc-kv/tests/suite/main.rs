@@ -11,6 +11,7 @@ mod store_model;
 mod grpc;
 mod rfrpc;
 mod rfrpc_batch;
+mod rfrpc_torn;
 mod rfrpc_verbs;
 mod server_bin;
 mod store;
