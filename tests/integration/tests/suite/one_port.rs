@@ -2,10 +2,10 @@
 //! the same host gets shm, one that forbids shm gets verbs when both ends
 //! have a device (module `rdma_verbs`: feature `verbs` and
 //! `RRPC_TEST_DEVICE`, i.e. inside `cargo xtask rxe`), else HTTP/2 on the
-//! TCP connection it negotiated on; plain tonic `Channel`s on `http://` are
-//! served as by `http://` itself, all at once; garbage and malformed hellos
-//! are refused and closed while the server keeps serving, and disturb no
-//! client calling on the port meanwhile.
+//! TCP connection it negotiated on; plain tonic `Channel`s on `http://`,
+//! grpcio and grpc-go are served as by `http://` itself, all at once;
+//! garbage and malformed hellos are refused and closed while the server
+//! keeps serving, and disturb no client calling on the port meanwhile.
 
 use std::time::{Duration, Instant};
 
