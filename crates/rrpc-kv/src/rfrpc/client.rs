@@ -589,7 +589,11 @@ impl RfClient {
             let wr = self.next_wr();
             qp.post_write(
                 wr,
-                Local::new(&self.local, self.info.request_cap + self.info.response_cap, 8),
+                Local::new(
+                    &self.local,
+                    self.info.request_cap + self.info.response_cap,
+                    8,
+                ),
                 self.remote.at(0),
                 false,
             )

@@ -118,7 +118,10 @@ fn a_request_cut_after_a_timeout_is_never_served_torn() {
             );
         }
         assert!(
-            ops.iter().filter(|op| matches!(op, Op::Get { key } if key == GATE)).count() <= 1,
+            ops.iter()
+                .filter(|op| matches!(op, Op::Get { key } if key == GATE))
+                .count()
+                <= 1,
             "cut at WRITE {k}: {ops:?}"
         );
     }
