@@ -134,6 +134,7 @@
 //! [`Error::TooLarge`]: crate::Error::TooLarge
 //! [`Error::is_peer_gone`]: crate::Error::is_peer_gone
 
+mod admit;
 pub mod batch;
 pub mod batcher;
 pub mod client;

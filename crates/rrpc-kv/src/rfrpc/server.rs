@@ -1,7 +1,9 @@
 //! The RF-RPC server driver over rrpc-core: [`RfServer`].
 
+use std::os::fd::AsFd as _;
+use std::os::unix::net::UnixStream;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -11,6 +13,7 @@ use rrpc_core::{Completion, Fabric, FabricAddr, Local, QpConfig, Region, RemoteR
 
 use crate::error::{Error, Result};
 use crate::op::{Execute, Op, OpResult};
+use crate::rfrpc::admit::{ConnSlot, Handshakes, Limits, Refusal};
 use crate::rfrpc::batch;
 use crate::rfrpc::mode::{Mode, ModePolicy};
 use crate::rfrpc::wire::{
@@ -21,6 +24,23 @@ use crate::rfrpc::wire::{
 pub const DEFAULT_REQUEST_BUFFER: usize = 64 << 10;
 /// Default response buffer per connection: 64 KiB.
 pub const DEFAULT_RESPONSE_BUFFER: usize = 64 << 10;
+/// Default bound of handshakes in progress (each on a thread of its own,
+/// until the client's hello or the handshake timeout).
+pub const DEFAULT_MAX_PENDING_HANDSHAKES: usize = 64;
+/// Default bound of the connections a server holds: 1024, 128 MiB of
+/// request and response buffers at their defaults.
+pub const DEFAULT_MAX_CONNECTIONS: usize = 1024;
+/// Default bound of the connections one peer holds: a quarter of
+/// [`DEFAULT_MAX_CONNECTIONS`], so that no one peer can take them all
+/// (as rrpc-core's per-peer grant budget is a quarter of its total).
+pub const DEFAULT_MAX_CONNECTIONS_PER_PEER: usize = 256;
+
+/// The `metrics` counter of connections the server refused, labelled
+/// `reason`: `max_pending_handshakes` (closed at once, before any
+/// handshake), `max_connections` or `max_connections_per_peer` (rejected
+/// after the hello, with the limit named in the client's
+/// [`rrpc_core::Error::Rejected`]).
+pub const REFUSED_METRIC: &str = "rrpc_kv_rfrpc_refused_total";
 
 /// Most entries a request batch may carry (the 16-bit count of the
 /// batch's auxiliary field).
@@ -41,6 +61,9 @@ pub struct RfServerBuilder {
     response_buffer: usize,
     policy: ModePolicy,
     handshake: HandshakeConfig,
+    max_pending_handshakes: usize,
+    max_connections: usize,
+    max_connections_per_peer: usize,
 }
 
 impl Default for RfServerBuilder {
@@ -51,6 +74,9 @@ impl Default for RfServerBuilder {
             response_buffer: DEFAULT_RESPONSE_BUFFER,
             policy: ModePolicy::Hybrid,
             handshake: HandshakeConfig::default(),
+            max_pending_handshakes: DEFAULT_MAX_PENDING_HANDSHAKES,
+            max_connections: DEFAULT_MAX_CONNECTIONS,
+            max_connections_per_peer: DEFAULT_MAX_CONNECTIONS_PER_PEER,
         }
     }
 }
@@ -95,6 +121,37 @@ impl RfServerBuilder {
         self
     }
 
+    /// Handshakes in progress at most (default
+    /// [`DEFAULT_MAX_PENDING_HANDSHAKES`]), each on a thread of its own, so
+    /// that a client slow to send its hello holds up no other. A client
+    /// accepted past the bound is closed at once, logged and counted
+    /// ([`REFUSED_METRIC`], reason `max_pending_handshakes`). At least 1.
+    pub fn max_pending_handshakes(mut self, n: usize) -> Self {
+        self.max_pending_handshakes = n;
+        self
+    }
+
+    /// Connections the server holds at most, handshakes in progress
+    /// included (default [`DEFAULT_MAX_CONNECTIONS`]). One more is rejected
+    /// after its hello with a reason naming the limit, logged and counted
+    /// ([`REFUSED_METRIC`], reason `max_connections`). At least 1.
+    pub fn max_connections(mut self, n: usize) -> Self {
+        self.max_connections = n;
+        self
+    }
+
+    /// Connections one peer holds at most, handshakes in progress included
+    /// (default [`DEFAULT_MAX_CONNECTIONS_PER_PEER`]). A peer is a process
+    /// on `shm://` (its Unix socket's `SO_PEERCRED` pid and uid) and a host
+    /// on `rdma://` (the side channel's source address):
+    /// [`rrpc_core::conn::PeerKey`]. Past it the peer is rejected as for
+    /// [`Self::max_connections`] (reason `max_connections_per_peer`). At
+    /// least 1.
+    pub fn max_connections_per_peer(mut self, n: usize) -> Self {
+        self.max_connections_per_peer = n;
+        self
+    }
+
     /// Checks every setting (what [`serve`](Self::serve) does first) and
     /// rounds the buffers up to a multiple of 8.
     fn validate(mut self) -> Result<Self> {
@@ -115,6 +172,15 @@ impl RfServerBuilder {
                 )));
             }
         }
+        for (name, n) in [
+            ("max_pending_handshakes", self.max_pending_handshakes),
+            ("max_connections", self.max_connections),
+            ("max_connections_per_peer", self.max_connections_per_peer),
+        ] {
+            if n == 0 {
+                return Err(Error::InvalidConfig(format!("{name} 0 must be at least 1")));
+            }
+        }
         self.request_buffer = wire::pad8(self.request_buffer);
         self.response_buffer = wire::pad8(self.response_buffer);
         Ok(self)
@@ -126,7 +192,8 @@ impl RfServerBuilder {
     /// # Errors
     /// [`Error::InvalidConfig`] naming the setting and its range, before
     /// anything is bound: `threads` outside `1..=1024`, a buffer below 64
-    /// bytes or over 512 MiB;
+    /// bytes or over 512 MiB, a zero `max_pending_handshakes`,
+    /// `max_connections` or `max_connections_per_peer`;
     /// [`Error::Fabric`] if the listener cannot bind; [`Error::Io`] if a
     /// thread cannot be spawned.
     pub fn serve(
@@ -163,9 +230,20 @@ struct Counters {
     served: AtomicU64,
     server_reply: AtomicU64,
     dropped: AtomicU64,
+    refused: AtomicU64,
 }
 
-/// A running RF-RPC server: an accept thread and `threads` server threads.
+impl Counters {
+    /// Counts a refused connection, here and in [`REFUSED_METRIC`].
+    fn refuse(&self, reason: &'static str) {
+        self.refused.fetch_add(1, Ordering::Relaxed);
+        metrics::counter!(REFUSED_METRIC, "reason" => reason).increment(1);
+    }
+}
+
+/// A running RF-RPC server: an accept thread, a thread per handshake in
+/// progress (at most `max_pending_handshakes`), and `threads` server
+/// threads.
 /// Dropping it (or [`RfServer::shutdown`]) stops the threads and closes
 /// every connection; clients then see an error for which [`Error::is_peer_gone`] holds.
 #[derive(Debug)]
@@ -222,11 +300,21 @@ impl RfServer {
                 Box::new(move || worker(rx, &stop, &*handler, &counters)),
             )?);
         }
-        let (stop2, fabric) = (stop.clone(), fabric.clone());
+        let accept = Arc::new(Accept {
+            fabric: fabric.clone(),
+            info,
+            workers: senders,
+            next: AtomicUsize::new(0),
+            stop: stop.clone(),
+            counters: counters.clone(),
+        });
+        let limits = Limits::new(b.max_connections, b.max_connections_per_peer);
+        let handshakes = Handshakes::new(b.max_pending_handshakes);
         threads.push(spawn(
             "rfrpc-accept".into(),
-            Box::new(move || acceptor(&listener, &fabric, info, senders, &stop2)),
+            Box::new(move || acceptor(&listener, &accept, &limits, &handshakes)),
         )?);
+        tracing::info!(%endpoint, threads = b.threads, "rf-rpc server started");
         Ok(RfServer {
             endpoint,
             stop,
@@ -256,16 +344,27 @@ impl RfServer {
         self.counters.dropped.load(Ordering::Relaxed)
     }
 
+    /// Connections refused: past `max_pending_handshakes`,
+    /// `max_connections` or `max_connections_per_peer` (also counted in
+    /// [`REFUSED_METRIC`], by reason).
+    pub fn refused(&self) -> u64 {
+        self.counters.refused.load(Ordering::Relaxed)
+    }
+
     /// Stops the threads and closes every connection.
     pub fn shutdown(mut self) {
         self.stop_threads();
     }
 
     fn stop_threads(&mut self) {
+        if self.threads.is_empty() {
+            return;
+        }
         self.stop.store(true, Ordering::Release);
         for t in self.threads.drain(..) {
             let _ = t.join();
         }
+        tracing::info!(endpoint = %self.endpoint, "rf-rpc server stopped");
     }
 }
 
@@ -275,15 +374,46 @@ impl Drop for RfServer {
     }
 }
 
+/// What the accept thread shares with its handshake threads.
+#[derive(Debug)]
+struct Accept {
+    fabric: Fabric,
+    info: ServerInfo,
+    /// One per server thread; connections are handed out round robin.
+    workers: Vec<mpsc::Sender<ServerConn>>,
+    next: AtomicUsize,
+    stop: Arc<AtomicBool>,
+    counters: Arc<Counters>,
+}
+
+/// A handshake thread, and a second handle on its client's socket to cut
+/// the handshake short at shutdown.
+#[derive(Debug)]
+struct Running {
+    thread: JoinHandle<()>,
+    socket: Option<UnixStream>,
+}
+
+/// Takes clients off the listening socket (never waiting for one) and runs
+/// each handshake on a thread of its own, at most `max_pending_handshakes`
+/// at a time; a connection slot is reserved for the client before its
+/// handshake starts.
 fn acceptor(
     listener: &conn::Listener,
-    fabric: &Fabric,
-    info: ServerInfo,
-    senders: Vec<mpsc::Sender<ServerConn>>,
-    stop: &AtomicBool,
+    accept: &Arc<Accept>,
+    limits: &Arc<Limits>,
+    handshakes: &Arc<Handshakes>,
 ) {
-    let mut next = 0usize;
-    while !stop.load(Ordering::Acquire) {
+    let mut running: Vec<Running> = Vec::new();
+    while !accept.stop.load(Ordering::Acquire) {
+        let mut i = 0;
+        while i < running.len() {
+            if running[i].thread.is_finished() {
+                let _ = running.swap_remove(i).thread.join();
+            } else {
+                i += 1;
+            }
+        }
         let pending = match listener.accept_pending() {
             Ok(p) => p,
             Err(rrpc_core::Error::WouldBlock) => {
@@ -296,18 +426,98 @@ fn acceptor(
                 continue;
             }
         };
-        match accept_one(pending, fabric, info) {
-            Ok(c) => {
-                let _ = senders[next % senders.len()].send(c);
-                next += 1;
+        let peer = pending.peer_addr();
+        let Some(place) = handshakes.start() else {
+            accept.counters.refuse("max_pending_handshakes");
+            tracing::warn!(
+                %peer,
+                limit = handshakes.limit(),
+                "rf-rpc: too many handshakes in progress (max_pending_handshakes); closing the new connection"
+            );
+            continue;
+        };
+        let slot = limits.admit(pending.peer_key());
+        // A duplicate of the client's socket: shutting it down at stop ends
+        // a handshake that waits for a silent client at once. (Any socket:
+        // `shutdown(2)` is the same call for a Unix and a TCP socket.)
+        let socket = pending
+            .as_fd()
+            .try_clone_to_owned()
+            .ok()
+            .map(UnixStream::from);
+        let a = accept.clone();
+        let spawned = std::thread::Builder::new()
+            .name("rfrpc-handshake".into())
+            .spawn(move || {
+                let _place = place;
+                handshake(pending, slot, &a);
+            });
+        match spawned {
+            Ok(thread) => running.push(Running { thread, socket }),
+            // The closure is dropped: the client is closed, its places given back.
+            Err(e) => {
+                tracing::warn!(%peer, error = %e, "rf-rpc: cannot spawn a handshake thread; closing the connection")
             }
-            Err(e) => tracing::warn!(error = %e, "rf-rpc handshake failed"),
         }
+    }
+    tracing::debug!(in_progress = running.len(), "rf-rpc accept thread stopping");
+    for r in &running {
+        if let Some(s) = &r.socket {
+            let _ = s.shutdown(std::net::Shutdown::Both);
+        }
+    }
+    for r in running {
+        let _ = r.thread.join();
     }
 }
 
-fn accept_one(pending: conn::Pending, fabric: &Fabric, info: ServerInfo) -> Result<ServerConn> {
-    let incoming = pending.handshake().map_err(Error::Fabric)?;
+/// One client's handshake, on its own thread: reads the hello (bounded by
+/// the handshake timeout), refuses a client over a connection limit with
+/// the limit named, or sets the connection up and hands it to a server
+/// thread.
+fn handshake(pending: conn::Pending, slot: std::result::Result<ConnSlot, Refusal>, a: &Accept) {
+    let peer = pending.peer_addr();
+    let incoming = match pending.handshake() {
+        Ok(i) => i,
+        Err(e) => {
+            tracing::warn!(%peer, error = %e, "rf-rpc handshake failed");
+            return;
+        }
+    };
+    let slot = match slot {
+        Ok(s) => s,
+        Err(refusal) => {
+            a.counters.refuse(refusal.reason());
+            tracing::warn!(%peer, reason = refusal.reason(), "rf-rpc connection refused: {refusal}");
+            let _ = incoming.reject(&refusal.to_string());
+            return;
+        }
+    };
+    let c = match accept_one(incoming, &a.fabric, a.info, slot) {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::warn!(%peer, error = %e, "rf-rpc handshake failed");
+            return;
+        }
+    };
+    if a.stop.load(Ordering::Acquire) {
+        c.conn.close();
+        return;
+    }
+    let i = a.next.fetch_add(1, Ordering::Relaxed) % a.workers.len();
+    match a.workers[i].send(c) {
+        Ok(()) => tracing::debug!(%peer, thread = i, "rf-rpc connection accepted"),
+        // The server thread has stopped (shutdown): close.
+        Err(mpsc::SendError(c)) => c.conn.close(),
+    }
+}
+
+fn accept_one(
+    incoming: conn::Incoming,
+    fabric: &Fabric,
+    info: ServerInfo,
+    slot: ConnSlot,
+) -> Result<ServerConn> {
     let Some(reply) = incoming.peer().region(REPLY_ROLE) else {
         let _ = incoming.reject("rf-rpc: no reply buffer granted");
         return Err(Error::Malformed {
@@ -342,6 +552,7 @@ fn accept_one(pending: conn::Pending, fabric: &Fabric, info: ServerInfo) -> Resu
         req: Vec::new(),
         frame: Vec::new(),
         wr: 0,
+        _slot: slot,
     })
 }
 
@@ -358,6 +569,8 @@ struct ServerConn {
     req: Vec<u8>,
     frame: Vec<u8>,
     wr: u64,
+    /// This connection's place under the connection limits.
+    _slot: ConnSlot,
 }
 
 fn worker(
@@ -616,6 +829,9 @@ mod tests {
         assert!(err(b().threads(1025)).contains("threads 1025"));
         assert!(err(b().request_buffer(63)).contains("request_buffer 63"));
         assert!(err(b().response_buffer((1 << 29) + 1)).contains("response_buffer"));
+        assert!(err(b().max_pending_handshakes(0)).contains("max_pending_handshakes 0"));
+        assert!(err(b().max_connections(0)).contains("max_connections 0"));
+        assert!(err(b().max_connections_per_peer(0)).contains("max_connections_per_peer 0"));
         let ok = b().threads(1024).request_buffer(65).validate().unwrap();
         assert_eq!(ok.request_buffer, 72, "rounded up to a multiple of 8");
         // serve refuses before binding anything.

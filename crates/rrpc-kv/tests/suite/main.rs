@@ -10,6 +10,7 @@ mod store_model;
 
 mod grpc;
 mod rfrpc;
+mod rfrpc_accept;
 mod rfrpc_batch;
 mod rfrpc_torn;
 mod rfrpc_verbs;
