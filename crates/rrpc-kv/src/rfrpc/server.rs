@@ -479,6 +479,11 @@ fn handshake(pending: conn::Pending, slot: std::result::Result<ConnSlot, Refusal
     let peer = pending.peer_addr();
     let incoming = match pending.handshake() {
         Ok(i) => i,
+        // Cut short by the server's shutdown (its socket shut down).
+        Err(e) if a.stop.load(Ordering::Acquire) => {
+            tracing::debug!(%peer, error = %e, "rf-rpc handshake ended by shutdown");
+            return;
+        }
         Err(e) => {
             tracing::warn!(%peer, error = %e, "rf-rpc handshake failed");
             return;

@@ -63,9 +63,8 @@ fn handshakes_past_the_bound_are_closed_at_once_and_counted() {
         .max_pending_handshakes(2)
         .serve(&ep, &f, |r: &[u8]| r.to_vec())
         .unwrap();
+    // Taken off the listening socket in order: these two hold both places.
     let silent = silent_clients(&ep, 2);
-    // Until the accept thread has taken both (each holds a handshake).
-    std::thread::sleep(Duration::from_millis(50));
     let mut third = UnixStream::connect(socket_path(&ep)).unwrap();
     third
         .set_read_timeout(Some(Duration::from_secs(4)))
@@ -189,4 +188,27 @@ fn the_server_total_is_bounded() {
     let why = rejected(RfClient::connect(&ep, &f, RfClientConfig::default()));
     assert!(why.contains("max_connections 3"), "{why}");
     assert_eq!(server.refused(), 1);
+}
+
+#[test]
+fn shutdown_ends_the_handshakes_in_progress() {
+    let ep = endpoint("rfrpc-accept", "shutdown");
+    let f = Fabric::shm();
+    let server = RfServer::builder()
+        .serve(&ep, &f, |r: &[u8]| r.to_vec())
+        .unwrap();
+    let mut silent = silent_clients(&ep, 3);
+    // Until the server holds all three (a fourth client is served, and the
+    // accept thread takes clients in order).
+    let mut c = RfClient::connect(&ep, &f, RfClientConfig::default()).unwrap();
+    assert_eq!(c.call(b"up").unwrap(), b"up");
+    let t0 = Instant::now();
+    server.shutdown();
+    // Not held until the silent clients' 5 s handshake timeout.
+    assert!(t0.elapsed() < Duration::from_secs(2), "{:?}", t0.elapsed());
+    for s in &mut silent {
+        s.set_read_timeout(Some(Duration::from_secs(4))).unwrap();
+        let r = s.read(&mut [0u8; 1]);
+        assert!(matches!(r, Ok(0)), "a silent client's socket: {r:?}");
+    }
 }
