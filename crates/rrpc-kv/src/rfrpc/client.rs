@@ -441,7 +441,9 @@ impl RfClient {
     /// [`Error::TooLarge`] for a request over [`Self::max_request`] or a
     /// result over the response buffer; [`Error::Timeout`] past the call
     /// timeout (the connection stays usable: a late result is told apart by
-    /// its sequence number); [`Error::Fabric`] when the server left ([`Error::is_peer_gone`]);
+    /// its sequence number, and the next request is never served mixed
+    /// with the timed-out one, see [the module docs](crate::rfrpc));
+    /// [`Error::Fabric`] when the server left ([`Error::is_peer_gone`]);
     /// [`Error::Malformed`] for a response that cannot be valid;
     /// [`Error::Fabric`] for a failed work request.
     pub fn call(&mut self, req: &[u8]) -> Result<Vec<u8>> {

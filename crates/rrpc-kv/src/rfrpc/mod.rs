@@ -104,6 +104,17 @@
 //!   flight). The server never panics on peer-written bytes.
 //! * **Liveness.** Pollers check the side channel about every millisecond,
 //!   so a vanished peer gives a peer-gone error ([`Error::is_peer_gone`]), never a hang.
+//! * **Accept and connection limits.** The accept thread only takes clients
+//!   off the listening socket; each handshake runs on a thread of its own,
+//!   at most [`RfServerBuilder::max_pending_handshakes`] at once (one more
+//!   client is closed at once), so a client that connects and says nothing
+//!   holds up no other. The server holds at most
+//!   [`RfServerBuilder::max_connections`] connections, and
+//!   [`RfServerBuilder::max_connections_per_peer`] per peer (a process on
+//!   `shm://`, by `SO_PEERCRED`; a host on `rdma://`), handshakes in
+//!   progress included; past a limit the client's handshake is rejected
+//!   with the limit named. Refusals are logged and counted
+//!   ([`server::REFUSED_METRIC`], [`RfServer::refused`]).
 //! * **Handler**: any `Fn(&[u8]) -> Vec<u8>` ([`server::Handler`]), or any
 //!   [`crate::Execute`] through [`RfServerBuilder::serve_execute`]; the
 //!   client side of the latter is [`KvClient`].
