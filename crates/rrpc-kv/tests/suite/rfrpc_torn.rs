@@ -22,12 +22,15 @@ const GATE: &[u8] = b"gate";
 struct Gated {
     store: MapStore,
     ops: Mutex<Vec<Op>>,
+    /// A GET of the gate is being held.
+    entered: AtomicBool,
     open: AtomicBool,
 }
 
 impl Execute for Gated {
     fn execute(&self, op: Op) -> OpResult {
         if matches!(&op, Op::Get { key } if key == GATE) {
+            self.entered.store(true, Ordering::Release);
             let t0 = Instant::now();
             while !self.open.load(Ordering::Acquire) && t0.elapsed() < Duration::from_secs(10) {
                 std::thread::sleep(Duration::from_millis(1));
@@ -79,11 +82,23 @@ fn run_with_cut_at(k: u64) -> (Vec<Op>, Vec<Op>) {
     let long = put(b'x', 250, b'X', 1000);
     let short = put(b'y', 250, b'Y', 8);
     let sent = vec![gate.clone(), long.clone(), short.clone()];
-    for op in &sent {
-        // Timeouts and injected failures: what happens to the buffer is
-        // what this test is about, not what the caller sees.
-        let _ = c.call(op);
+    // Timeouts and injected failures: what happens to the buffer is what
+    // this test is about, not what the caller sees.
+    let _ = c.call(&gate);
+    if k > 2 {
+        // The gate's two WRITEs landed whole: the server holds it before
+        // the next requests are written, however loaded the machine.
+        let t0 = Instant::now();
+        while !store.entered.load(Ordering::Acquire) {
+            assert!(
+                t0.elapsed() < Duration::from_secs(5),
+                "the gate was never taken"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
     }
+    let _ = c.call(&long);
+    let _ = c.call(&short);
     store.open.store(true, Ordering::Release);
     // Three calls of another client: the server thread has since polled
     // the first client's request buffer at least once (it polls its
