@@ -330,6 +330,50 @@ async fn measure_inproc(calls: u64) -> anyhow::Result<(f64, f64)> {
     .await
 }
 
+/// The round trip of one cache line between CPUs `a` and `b` (two threads pinned there
+/// bounce a counter): the median of 9 batches of 2000 round trips. The fast path moves a few
+/// lines between the server's and the client's CPUs per call, so its latency follows this
+/// figure, which the machine sets (where the hypervisor places the two virtual CPUs: the
+/// same physical core's two hyperthreads, two cores, two sockets) and the floor
+/// (`tonic-inproc`, one thread) does not see. Printed with every run (#54).
+fn line_round_trip(a: usize, b: usize) -> Option<Duration> {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    const BATCH: u64 = 2000;
+    const BATCHES: u64 = 9;
+    let line = Arc::new(AtomicU64::new(0));
+    let l2 = line.clone();
+    let echo = std::thread::spawn(move || {
+        let _ = pin_current_thread(b);
+        for i in 0..BATCH * BATCHES {
+            while l2.load(Ordering::Acquire) != 2 * i + 1 {
+                std::hint::spin_loop();
+            }
+            l2.store(2 * i + 2, Ordering::Release);
+        }
+        Some(())
+    });
+    let ping = std::thread::spawn(move || {
+        let _ = pin_current_thread(a);
+        let mut batches = Vec::new();
+        for k in 0..BATCHES {
+            let t0 = Instant::now();
+            for i in k * BATCH..(k + 1) * BATCH {
+                line.store(2 * i + 1, Ordering::Release);
+                while line.load(Ordering::Acquire) != 2 * i + 2 {
+                    std::hint::spin_loop();
+                }
+            }
+            batches.push(t0.elapsed() / u32::try_from(BATCH).ok()?);
+        }
+        batches.sort();
+        Some(batches[batches.len() / 2])
+    });
+    let rtt = ping.join().ok()?;
+    echo.join().ok()??;
+    rtt
+}
+
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     if let Some(ms) = args.pace_ms {
@@ -364,6 +408,21 @@ fn main() -> anyhow::Result<()> {
     let pin_note =
         |c: Option<usize>| c.map_or("unpinned".to_string(), |c| format!("pinned to cpu {c}"));
     let json = args.json;
+    let line_rtt = match (scpu, ccpu) {
+        (Some(a), Some(b)) => line_round_trip(a, b),
+        _ => None,
+    };
+    if let Some(d) = line_rtt {
+        say(
+            json,
+            &format!(
+                "cache-line round trip between cpu {} and cpu {}: {} ns (the fast path moves a few lines between them per call)",
+                scpu.unwrap_or(0),
+                ccpu.unwrap_or(1),
+                d.as_nanos()
+            ),
+        );
+    }
     say(
         json,
         &format!(
@@ -595,6 +654,10 @@ fn main() -> anyhow::Result<()> {
             .map(|(n, a, b)| (n.as_str(), *a, *b))
             .chain(floor.map(|(a, b)| ("tonic-inproc", a, b)))
             .chain(h2_floor.map(|(a, b)| ("tonic-h2-mem", a, b)))
+            .chain(line_rtt.map(|d| {
+                let us = d.as_secs_f64() * 1e6;
+                ("line-rtt", us, us)
+            }))
             .map(|(n, p50, p99)| format!(r#"{{"path":"{n}","p50_us":{p50},"p99_us":{p99}}}"#))
             .collect();
         println!(r#"{{"paths":[{}]}}"#, rows.join(","));

@@ -157,6 +157,10 @@ pub(crate) struct RatioSpec {
     /// as skipped, never passed.
     #[serde(default)]
     pub(crate) requires: Option<String>,
+    /// A bound every round must meet, not only the median: for a ratio with two modes, where
+    /// a median of mostly good rounds hides a bad one (the HTTP/2 path's sleeping mode, #54).
+    #[serde(default)]
+    pub(crate) round_limit: Option<f64>,
 }
 
 impl RatioSpec {
@@ -174,6 +178,21 @@ impl RatioSpec {
             Better::Lower => median <= self.limit(),
             Better::Higher => median >= self.limit(),
         }
+    }
+
+    /// The rounds' values beyond [`round_limit`](Self::round_limit), if it is set.
+    pub(crate) fn rounds_beyond(&self, values: &[f64]) -> Vec<f64> {
+        let Some(l) = self.round_limit else {
+            return Vec::new();
+        };
+        values
+            .iter()
+            .copied()
+            .filter(|&v| match self.better {
+                Better::Lower => v > l,
+                Better::Higher => v < l,
+            })
+            .collect()
     }
 
     /// The ratio in one round's tables.
@@ -387,7 +406,7 @@ pub(crate) fn judge(
             "measured in {} of {rounds} rounds ({why})",
             values.len()
         ))
-    } else if med.is_some_and(|m| spec.passes(m)) {
+    } else if med.is_some_and(|m| spec.passes(m)) && spec.rounds_beyond(&values).is_empty() {
         Verdict::Pass
     } else {
         Verdict::Fail
@@ -426,7 +445,7 @@ pub(crate) fn table_markdown(specs: &[RatioSpec], outcomes: &[Outcome]) -> Strin
         };
         let _ = writeln!(
             s,
-            "| {} | {} | {} | {range} | {} | {:.3} ({} {:.3}) | {verdict} |",
+            "| {} | {} | {} | {range} | {} | {:.3} ({} {:.3}{}) | {verdict} |",
             o.name,
             match spec.better {
                 Better::Lower => "lower",
@@ -440,6 +459,8 @@ pub(crate) fn table_markdown(specs: &[RatioSpec], outcomes: &[Outcome]) -> Strin
                 Better::Higher => ">=",
             },
             spec.limit(),
+            spec.round_limit
+                .map_or(String::new(), |l| format!("; every round {l:.3}")),
         );
     }
     s
@@ -453,6 +474,25 @@ pub(crate) fn failures(specs: &[RatioSpec], outcomes: &[Outcome]) -> Result<Vec<
     for (spec, o) in specs.iter().zip(outcomes) {
         match &o.verdict {
             Verdict::Pass => {}
+            Verdict::Fail if o.median.is_some_and(|m| spec.passes(m)) => {
+                let beyond = spec.rounds_beyond(&o.values);
+                failed.push(format!(
+                    "{} ({} of {} rounds {} than the round limit {:.3}: {})",
+                    o.name,
+                    beyond.len(),
+                    o.values.len(),
+                    match spec.better {
+                        Better::Lower => "higher",
+                        Better::Higher => "lower",
+                    },
+                    spec.round_limit.unwrap_or(f64::NAN),
+                    beyond
+                        .iter()
+                        .map(|v| format!("{v:.3}"))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ));
+            }
             Verdict::Fail => failed.push(format!(
                 "{} (median {:.3}, {} than the limit {:.3} = threshold {} {} {:.0} %)",
                 o.name,
@@ -535,7 +575,13 @@ pub(crate) fn demo_table(stdout: &str) -> Result<TableFile> {
 
 /// The ops of `icount` the guard counts, and the two iteration counts whose difference
 /// cancels start-up.
-const ICOUNT_OPS: &[&str] = &["frame-unary"];
+const ICOUNT_OPS: &[&str] = &[
+    "frame-unary",
+    "ring-64b",
+    "rtrb-64b",
+    "ring-4k",
+    "memcpy-4k",
+];
 const ICOUNT_ITERS: (u64, u64) = (200, 2200);
 
 /// The instruction total of one callgrind run (its `Collected : N` line on stderr).
@@ -894,7 +940,27 @@ mod tests {
             tolerance,
             reason: "r".into(),
             requires: None,
+            round_limit: None,
         }
+    }
+
+    /// A ratio with two modes (#54): the median of mostly good rounds passes, the round
+    /// limit fails the bad one, and names it.
+    #[test]
+    fn a_round_limit_fails_one_bad_round_that_the_median_hides() {
+        let mut s = spec(Better::Lower, 1.0, 0.1);
+        let rounds = [Ok(0.6), Ok(0.62), Ok(3.5), Ok(0.61), Ok(0.6)];
+        assert_eq!(judge(&s, &rounds, 5, None).verdict, Verdict::Pass);
+        s.round_limit = Some(1.1);
+        let o = judge(&s, &rounds, 5, None);
+        assert_eq!(o.verdict, Verdict::Fail);
+        let msg = failures(&[s.clone()], &[o]).unwrap_err().to_string();
+        assert!(
+            msg.contains("1 of 5 rounds higher than the round limit 1.100: 3.500"),
+            "{msg}"
+        );
+        let good = [Ok(0.6), Ok(0.62), Ok(1.05), Ok(0.61), Ok(0.6)];
+        assert_eq!(judge(&s, &good, 5, None).verdict, Verdict::Pass);
     }
 
     fn table() -> TableFile {

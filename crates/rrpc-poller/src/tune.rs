@@ -626,7 +626,10 @@ mod tests {
             let calls = 1600;
             let run = m.run(calls);
             let asleep = run.slept[100..].iter().filter(|&&s| s == 2).count();
-            assert!(asleep >= 1400, "{name}: {asleep} calls of 1500 slept on both ends");
+            assert!(
+                asleep >= 1400,
+                "{name}: {asleep} calls of 1500 slept on both ends"
+            );
             // Two ends, one probe in 16 waits each, at most 50 µs: 6.25 µs a call.
             let per_call = run.spun / u32::try_from(calls).unwrap();
             assert!(
