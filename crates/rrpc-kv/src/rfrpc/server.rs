@@ -846,4 +846,48 @@ mod tests {
             .serve(&ep, &Fabric::shm(), |r: &[u8]| r.to_vec());
         assert!(matches!(r, Err(Error::InvalidConfig(_))), "{r:?}");
     }
+
+    /// A refusal is counted in the server's counter and in the `metrics`
+    /// facade by reason, on the thread that refused.
+    #[test]
+    fn refusals_are_counted_by_reason() {
+        use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+        let recorder = DebuggingRecorder::new();
+        let snapshotter = recorder.snapshotter();
+        let counters = Counters::default();
+        metrics::with_local_recorder(&recorder, || {
+            counters.refuse("max_connections_per_peer");
+            counters.refuse("max_connections_per_peer");
+            counters.refuse("max_pending_handshakes");
+        });
+        assert_eq!(counters.refused.load(Ordering::Relaxed), 3);
+        let mut counted: Vec<_> = snapshotter
+            .snapshot()
+            .into_vec()
+            .into_iter()
+            .filter(|(k, ..)| k.key().name() == REFUSED_METRIC)
+            .map(|(k, _, _, v)| {
+                let labels: Vec<_> = k
+                    .key()
+                    .labels()
+                    .map(|l| format!("{}={}", l.key(), l.value()))
+                    .collect();
+                (labels, v)
+            })
+            .collect();
+        counted.sort_by(|a, b| a.0.cmp(&b.0));
+        assert_eq!(
+            counted,
+            vec![
+                (
+                    vec!["reason=max_connections_per_peer".to_string()],
+                    DebugValue::Counter(2)
+                ),
+                (
+                    vec!["reason=max_pending_handshakes".to_string()],
+                    DebugValue::Counter(1)
+                ),
+            ]
+        );
+    }
 }
