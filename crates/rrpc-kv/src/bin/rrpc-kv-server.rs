@@ -25,7 +25,9 @@
 //! RF-RPC, the remote-fetching RPC of Jakiro: `--rfrpc-threads` server
 //! threads, each busy-polling its connections' request buffers (they take a
 //! core each while clients are connected), in `--rfrpc-mode` (`hybrid`, the
-//! default, `remote-fetch` or `server-reply`).
+//! default, `remote-fetch` or `server-reply`), holding at most
+//! `--rfrpc-max-connections` connections (1024) and
+//! `--rfrpc-max-connections-per-peer` per client process or host (256).
 //!
 //! With `--engine persistent`, an acknowledged PUT or DELETE is on disk
 //! (one redb file per partition under `--data-dir`, committed with immediate
@@ -80,6 +82,14 @@ struct Args {
     /// RF-RPC mode policy: hybrid, remote-fetch or server-reply.
     #[arg(long, value_enum, default_value_t = ModeArg::Hybrid)]
     rfrpc_mode: ModeArg,
+    /// RF-RPC connections the server holds at most (handshakes in
+    /// progress included); more are refused with the limit named.
+    #[arg(long, default_value_t = rfrpc::server::DEFAULT_MAX_CONNECTIONS)]
+    rfrpc_max_connections: usize,
+    /// RF-RPC connections one peer holds at most (a process on shm://, a
+    /// host on rdma://).
+    #[arg(long, default_value_t = rfrpc::server::DEFAULT_MAX_CONNECTIONS_PER_PEER)]
+    rfrpc_max_connections_per_peer: usize,
     /// The verbs device for `rdma://` URIs (default: the first).
     #[arg(long)]
     rdma_device: Option<String>,
@@ -112,6 +122,8 @@ fn start_rfrpc(args: &Args, store: &Store) -> anyhow::Result<Option<RfServer>> {
     let server = RfServer::builder()
         .threads(args.rfrpc_threads)
         .mode(args.rfrpc_mode.policy())
+        .max_connections(args.rfrpc_max_connections)
+        .max_connections_per_peer(args.rfrpc_max_connections_per_peer)
         .serve_execute(&ep, &fabric, Arc::new(store.clone()))
         .with_context(|| format!("serving RF-RPC at {uri}"))?;
     Ok(Some(server))
