@@ -79,7 +79,9 @@
 //!   status WRITE), so the client, when its previous call ended without a
 //!   result, first zeroes the status word in a WRITE of its own, before the
 //!   body, on the same queue pair: the server then finds no request, or
-//!   sees the status word change across its copy. So a request made of two
+//!   sees the status word change across its copy (this relies on the WRITEs
+//!   of one queue pair becoming visible in order, as completion detection
+//!   above does). So a request made of two
 //!   is never served (`tests/suite/rfrpc_torn.rs` cuts each WRITE of such a
 //!   sequence in half with rrpc-core's fault injection); the timed-out
 //!   request itself may or may not have run. The extra 8-byte WRITE is
