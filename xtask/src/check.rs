@@ -980,7 +980,6 @@ mod tests {
             th.sources(),
             [
                 Source::Demo,
-                Source::Ringbuf,
                 Source::Kv,
                 Source::Connect,
                 Source::Poller,
