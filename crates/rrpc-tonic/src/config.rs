@@ -112,6 +112,8 @@ pub const DEFAULT_RDMA_CONNECTION_POOL: usize = 2;
 /// | `poller` | process-wide [`default_poller_config`] | see [`RrpcConfig::poller`] |
 /// | `handshake_timeout` | 5 s | bounds a connection's whole setup (rrpc-core handshake + path negotiation) |
 /// | `max_pending_handshakes` | 1024 | connections still in setup per listener; more are closed at once |
+/// | `max_connections` | 4096 | established connections a server holds at once, over all its fabrics and peers; more are refused with `ResourceExhausted` |
+/// | `max_connections_per_peer` | 256 | established connections one peer (a process on `shm://`, a host on `rdma://` and TCP) holds at once at a server; more are refused with `ResourceExhausted` |
 /// | `fabrics` | every one ([`Fabric::Shm`], [`Fabric::Verbs`], [`Fabric::Tcp`]) | what an `rrpc://` connection may run on; the best both ends allow and can use wins |
 /// | `token` | none | shared secret checked in the handshake (constant time) |
 /// | `queue_pair` | [`rrpc_core::QpConfig::default`] | each connection's queue pair (depths; fault injection for tests) |
@@ -134,6 +136,17 @@ pub const DEFAULT_PEER_LEASE: std::time::Duration = std::time::Duration::from_se
 /// The most [`RrpcConfig::spare_connections`] a config may ask for: each
 /// is a whole connection a server holds for a client that may never use it.
 pub const MAX_SPARE_CONNECTIONS: usize = 16;
+
+/// The default of [`RrpcConfig::max_connections`]: with the default 4 MiB
+/// rings grown to their largest, 4096 connections pin 32 GiB of ring
+/// memory, half of rrpc-core's default global grant budget (64 GiB).
+pub(crate) const DEFAULT_MAX_CONNECTIONS: usize = 4096;
+
+/// The default of [`RrpcConfig::max_connections_per_peer`]: a sixteenth of
+/// `DEFAULT_MAX_CONNECTIONS`, so that at least sixteen peers fit at their
+/// limit, and far above what one client needs (a channel holds one
+/// connection; a balanced pool a few).
+pub(crate) const DEFAULT_MAX_CONNECTIONS_PER_PEER: usize = 256;
 
 /// The default of [`RrpcConfig::max_shared_peers`].
 pub const DEFAULT_MAX_SHARED_PEERS: usize = 1024;
@@ -164,6 +177,10 @@ struct Inner {
     receive_spin: std::time::Duration,
     handshake_timeout: std::time::Duration,
     max_pending_handshakes: usize,
+    /// Established connections a server holds at once, all peers.
+    max_connections: usize,
+    /// Established connections one peer holds at once at a server.
+    max_connections_per_peer: usize,
     token: Option<Arc<[u8]>>,
     #[cfg(feature = "verbs")]
     tls_server: Option<Arc<rrpc_core::rustls::ServerConfig>>,
@@ -211,6 +228,8 @@ impl PartialEq for Inner {
             receive_spin,
             handshake_timeout,
             max_pending_handshakes,
+            max_connections,
+            max_connections_per_peer,
             token,
             #[cfg(feature = "verbs")]
             tls_server,
@@ -259,6 +278,8 @@ impl PartialEq for Inner {
             && *receive_spin == o.receive_spin
             && *handshake_timeout == o.handshake_timeout
             && *max_pending_handshakes == o.max_pending_handshakes
+            && *max_connections == o.max_connections
+            && *max_connections_per_peer == o.max_connections_per_peer
             && *token == o.token
             && *rdma_device == o.rdma_device
             && *rdma_port == o.rdma_port
@@ -293,6 +314,8 @@ impl Default for RrpcConfig {
             receive_spin: std::time::Duration::ZERO,
             handshake_timeout: std::time::Duration::from_secs(5),
             max_pending_handshakes: 1024,
+            max_connections: DEFAULT_MAX_CONNECTIONS,
+            max_connections_per_peer: DEFAULT_MAX_CONNECTIONS_PER_PEER,
             token: None,
             #[cfg(feature = "verbs")]
             tls_server: None,
@@ -375,6 +398,16 @@ impl RrpcConfig {
     /// See [`RrpcConfigBuilder::max_pending_handshakes`].
     pub fn max_pending_handshakes(&self) -> usize {
         self.0.max_pending_handshakes
+    }
+
+    /// See [`RrpcConfigBuilder::max_connections`].
+    pub fn max_connections(&self) -> usize {
+        self.0.max_connections
+    }
+
+    /// See [`RrpcConfigBuilder::max_connections_per_peer`].
+    pub fn max_connections_per_peer(&self) -> usize {
+        self.0.max_connections_per_peer
     }
 
     /// See [`RrpcConfigBuilder::poller`] (`None`: the process-wide default).
@@ -799,6 +832,43 @@ impl RrpcConfigBuilder {
         self
     }
 
+    /// How many established connections a server holds at once, over every
+    /// fabric it serves and every peer (default 4096: with the default 4 MiB
+    /// rings grown to their largest, 32 GiB of ring memory, half of
+    /// rrpc-core's default global grant budget). Each pins its rings (on `rdma://`, registered memory that no
+    /// per-peer grant budget bounds), a task and a poller registration.
+    /// A server on `rrpc://` counts its TCP port's HTTP/2 connections and
+    /// its shm and `rdma://` legs together; `http://` and `unix://` are
+    /// tonic's own servers and not counted.
+    ///
+    /// A connection past the limit is refused with a reason naming it: an
+    /// rrpc client's connect fails with [`crate::Error::ConnectionLimit`]
+    /// (`ResourceExhausted`), a plain HTTP/2 client of an `rrpc://` port
+    /// gets `ResourceExhausted` for its calls on that connection, which the
+    /// server then closes. Refusals are counted in the `metrics` counter
+    /// `rrpc_tonic_connections_refused_total{reason="total"}`. A connection
+    /// that closes gives its place back.
+    pub fn max_connections(mut self, n: usize) -> Self {
+        self.inner.max_connections = n;
+        self
+    }
+
+    /// How many established connections one peer holds at once at a server
+    /// (default 256, a sixteenth of the total: sixteen peers fit at their
+    /// limit, far above what one client needs), so that one peer
+    /// opening connections in a loop cannot take
+    /// [`max_connections`](Self::max_connections) from the others. A peer
+    /// is who its socket says it is: on `shm://` a process
+    /// (`SO_PEERCRED`'s pid and uid, rrpc-core's `PeerKey`), on `rdma://`
+    /// and on an `rrpc://` port's TCP connections the source IP address
+    /// (every client behind one NAT address is one peer), on `inproc://`
+    /// the process itself. Refused as [`max_connections`](Self::max_connections),
+    /// counted with `reason="per_peer"`.
+    pub fn max_connections_per_peer(mut self, n: usize) -> Self {
+        self.inner.max_connections_per_peer = n;
+        self
+    }
+
     /// A shared secret the server requires from every client, and that a
     /// client presents (default: none). Checked in rrpc-core's handshake
     /// in constant time; a client without the right token is refused with
@@ -1003,7 +1073,9 @@ impl RrpcConfigBuilder {
     /// # Errors
     /// [`crate::Error::InvalidConfig`] naming the setting and its range:
     /// `max_message_size`, `max_chunk`, `max_header_list_size`,
-    /// `max_concurrent_calls` and `max_pending_handshakes` must be above 0;
+    /// `max_concurrent_calls`, `max_pending_handshakes` and
+    /// `max_connections` must be above 0; `max_connections_per_peer` within
+    /// 1 ..= `max_connections`;
     /// `ring_size` at least 4 KiB; `min_ring_size` and `ring_cache_size` (if
     /// set) powers of two of at least 4 KiB; `ring_shrink_after` at least
     /// 1 ms; `call_window` within 1 KiB ..= 2^31 - 1; `handshake_timeout` and
@@ -1050,6 +1122,12 @@ impl RrpcConfigBuilder {
         }
         if c.max_pending_handshakes == 0 {
             return bad("max_pending_handshakes must be > 0");
+        }
+        if c.max_connections == 0 {
+            return bad("max_connections must be > 0");
+        }
+        if c.max_connections_per_peer == 0 || c.max_connections_per_peer > c.max_connections {
+            return bad("max_connections_per_peer must be within 1..=max_connections");
         }
         if let Some(t) = &c.token
             && (t.is_empty() || t.len() > rrpc_core::handshake::MAX_TOKEN)
@@ -1220,6 +1298,15 @@ mod tests {
                 "max_pending_handshakes must be > 0",
                 b().max_pending_handshakes(0),
             ),
+            ("max_connections must be > 0", b().max_connections(0)),
+            (
+                "max_connections_per_peer must be within 1..=max_connections",
+                b().max_connections_per_peer(0),
+            ),
+            (
+                "max_connections_per_peer must be within 1..=max_connections",
+                b().max_connections(4).max_connections_per_peer(5),
+            ),
             ("token must be 1..=256 bytes", b().token(Vec::new())),
             ("token must be 1..=256 bytes", b().token(vec![1u8; 257])),
             (
@@ -1252,6 +1339,8 @@ mod tests {
             .max_concurrent_calls(1)
             .handshake_timeout(Duration::from_nanos(1))
             .max_pending_handshakes(1)
+            .max_connections(1)
+            .max_connections_per_peer(1)
             .token(vec![1u8; 256])
             .peer_lease(Duration::from_nanos(1))
             .max_shared_peers(1)
@@ -1369,6 +1458,14 @@ mod tests {
             (
                 "max_pending_handshakes",
                 d.to_builder().max_pending_handshakes(3).build().unwrap(),
+            ),
+            (
+                "max_connections",
+                d.to_builder().max_connections(300).build().unwrap(),
+            ),
+            (
+                "max_connections_per_peer",
+                d.to_builder().max_connections_per_peer(9).build().unwrap(),
             ),
             ("token", d.to_builder().token("secret").build().unwrap()),
             (

@@ -12,7 +12,7 @@
 //! |---|---|
 //! | a ring the peer corrupted (`rrpc_ringbuf::Error::Corrupt`) | `DataLoss` |
 //! | a refused token or TLS peer (`AuthFailed`, `Tls`) | `Unauthenticated` |
-//! | a message or grant over a limit (`MessageTooLarge`, `LimitExceeded`) | `ResourceExhausted` |
+//! | a message or grant over a limit (`MessageTooLarge`, `LimitExceeded`), a server's connection limit (`ConnectionLimit`) | `ResourceExhausted` |
 //! | a bad URI or configuration | `InvalidArgument` |
 //! | a transport this build lacks | `Unimplemented` |
 //! | no common fabric on an `rrpc://` port | `FailedPrecondition` |
@@ -103,6 +103,13 @@ pub enum Error {
         /// What was missing, on which side.
         reason: String,
     },
+    /// The server refused the connection: it holds as many connections as
+    /// its `max_connections` allows, or as many of this client's (its
+    /// process on `shm://`, its host on `rdma://` and TCP) as its
+    /// `max_connections_per_peer` allows; the text names which. Another
+    /// connect succeeds once connections close.
+    #[error("the server refused the connection: {0}")]
+    ConnectionLimit(String),
     /// The call ended, or its connection closed, while it waited (for
     /// flow-control window).
     #[error("{0}")]
@@ -137,6 +144,7 @@ impl Error {
             | Error::InvalidConfig(_)
             | Error::MessageTooLarge { .. }
             | Error::NoFabric { .. }
+            | Error::ConnectionLimit(_)
             | Error::Closed(_) => Fault::Local,
             Error::Protocol(_) | Error::Handshake(_) => Fault::Peer,
             Error::PeerGone | Error::ConnectTimeout(_) | Error::NotListening(_) => Fault::PeerGone,
@@ -177,7 +185,9 @@ impl Error {
             Leaf::Ring(rrpc_ringbuf::Error::Corrupt(_)) => Code::DataLoss,
             Leaf::Core(c) => fabric_code(c),
             Leaf::Ring(rrpc_ringbuf::Error::TooLarge { .. })
-            | Leaf::Tonic(Error::MessageTooLarge { .. }) => Code::ResourceExhausted,
+            | Leaf::Tonic(Error::MessageTooLarge { .. } | Error::ConnectionLimit(_)) => {
+                Code::ResourceExhausted
+            }
             Leaf::Tonic(Error::InvalidUri { .. } | Error::InvalidConfig(_)) => {
                 Code::InvalidArgument
             }
@@ -242,6 +252,11 @@ impl From<rrpc_core::Error> for Error {
     fn from(e: rrpc_core::Error) -> Self {
         match e {
             rrpc_core::Error::InvalidUri { uri, reason } => Error::InvalidUri { uri, reason },
+            // A server's connection limit, by the reason it sends
+            // (`port::limits`).
+            rrpc_core::Error::Rejected(r) if r.starts_with(CONNECTION_LIMIT_PREFIX) => {
+                Error::ConnectionLimit(r)
+            }
             e => rrpc_poller::Error::Core(e).into(),
         }
     }
@@ -252,6 +267,10 @@ impl From<Error> for tonic::Status {
         e.status()
     }
 }
+
+/// How a server's refusal for a connection limit starts, on every fabric
+/// (`port::limits`): the client reads it as [`Error::ConnectionLimit`].
+pub(crate) const CONNECTION_LIMIT_PREFIX: &str = "connection limit: ";
 
 /// What `rdma://` says in a build without the verbs provider.
 pub(crate) fn rdma_unavailable() -> Error {
@@ -308,6 +327,13 @@ mod tests {
                 Fault::Local,
                 Code::ResourceExhausted,
             ),
+            (
+                C::Rejected(format!("{CONNECTION_LIMIT_PREFIX}max_connections")).into(),
+                Fault::Local,
+                Code::ResourceExhausted,
+            ),
+            // Any other refusal keeps its fault and code.
+            (C::Rejected("no".into()).into(), Fault::Peer, Code::Internal),
             // This crate's own.
             (
                 Error::InvalidConfig("x"),

@@ -82,9 +82,13 @@ pub(crate) fn choose_path(
 /// malformed reply.
 pub(crate) fn path_of_reply(reply: &[u8]) -> Result<Negotiated, Error> {
     if let Some(reason) = reply.strip_prefix(b"RRPX") {
+        let reason = String::from_utf8_lossy(reason);
+        // A server's connection limit (`port::limits`), on `inproc://`.
+        if reason.starts_with(crate::error::CONNECTION_LIMIT_PREFIX) {
+            return Err(Error::ConnectionLimit(reason.into_owned()));
+        }
         return Err(Error::Handshake(format!(
-            "server refused the path hello: {}",
-            String::from_utf8_lossy(reason)
+            "server refused the path hello: {reason}"
         )));
     }
     match parse_hello(reply) {

@@ -94,6 +94,7 @@
 //! plain HTTP/2 clients of the port count as `fabric="tcp"`).
 
 pub(crate) mod hello;
+pub(crate) mod limits;
 
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
@@ -112,6 +113,7 @@ use tonic::transport::server::Connected;
 use crate::config::Fabric;
 use crate::{Error, RrpcConfig};
 use hello::{HEADER_LEN, Hello, HelloError, Reply};
+use limits::{Counted, Limits, PeerId};
 
 /// The HTTP/2 client preface (RFC 9113 §3.4).
 pub(crate) const H2_PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
@@ -317,6 +319,9 @@ async fn negotiate_inner(addr: &str, bits: u8) -> Result<Chosen, Error> {
             at.set_port(port);
             Chosen::Verbs(at)
         }
+        Reply::Refused(reason) if reason.starts_with(limits::REFUSAL_PREFIX) => {
+            return Err(Error::ConnectionLimit(reason));
+        }
         Reply::Refused(reason) => {
             return Err(Error::NoFabric {
                 addr: addr.to_string(),
@@ -509,13 +514,16 @@ pub(crate) struct Sniffer {
     pub(crate) shm: Option<PathBuf>,
     /// The `rdma://` side channel's port, if one runs.
     pub(crate) verbs: Option<u16>,
+    /// The server's connection limits, shared with its ring listeners: a
+    /// connection that stays on TCP holds a slot until it closes.
+    pub(crate) limits: Arc<Limits>,
 }
 
 /// Accepts TCP connections until `token` is cancelled, sending HTTP/2
 /// ones (plain or negotiated) to tonic through `to_tonic`.
 pub(crate) async fn sniff_loop(
     mut incoming: tonic::transport::server::TcpIncoming,
-    to_tonic: mpsc::Sender<Result<PortStream, std::io::Error>>,
+    to_tonic: mpsc::Sender<Result<Counted<PortStream>, std::io::Error>>,
     sniffer: Sniffer,
     token: CancellationToken,
 ) {
@@ -570,19 +578,54 @@ pub(crate) async fn sniff_loop(
 }
 
 /// Answers a bad hello with a refusal and closes.
-async fn refuse(s: &mut TcpStream, e: HelloError) -> Result<Option<PortStream>, Error> {
+async fn refuse(s: &mut TcpStream, e: HelloError) -> Result<Option<Counted<PortStream>>, Error> {
     let _ = s.write_all(&Reply::Refused(e.to_string()).encode()).await;
     let _ = s.shutdown().await;
     Err(Error::Handshake(format!("a bad rrpc hello: {e}")))
 }
 
+/// Answers every call of a plain HTTP/2 client refused by a connection
+/// limit with `ResourceExhausted` and the limit's name (trailers only),
+/// then closes; bounded by the caller's handshake timeout.
+async fn refuse_http2(s: PortStream, reason: &str) -> Result<(), Error> {
+    let h2err = |e: h2::Error| Error::Handshake(format!("refusing an HTTP/2 client: {e}"));
+    let mut conn = h2::server::handshake(s).await.map_err(h2err)?;
+    let mut answered = false;
+    while let Some(req) = conn.accept().await {
+        let (_req, mut respond) = req.map_err(h2err)?;
+        let res = http::Response::builder()
+            .header("content-type", "application/grpc")
+            .header(
+                "grpc-status",
+                (tonic::Code::ResourceExhausted as i32).to_string(),
+            )
+            .header("grpc-message", reason)
+            .body(())
+            .map_err(|e| Error::Handshake(format!("refusing an HTTP/2 client: {e}")))?;
+        let _ = respond.send_response(res, true);
+        if !answered {
+            // No new streams; those open are answered, then it closes.
+            conn.graceful_shutdown();
+            answered = true;
+        }
+    }
+    Ok(())
+}
+
 /// Reads the first bytes of `s`: HTTP/2 for tonic, a hello negotiated
-/// (`None` when the client goes to the shm listener), else an error.
+/// (`None` when the client goes to the shm listener), else an error. A
+/// connection that stays on TCP takes a slot of the server's limits first;
+/// refused, the client reads why ([`Error::ConnectionLimit`]).
 async fn sniff(
     mut s: TcpStream,
     sniffer: &Sniffer,
     peer: &str,
-) -> Result<Option<PortStream>, Error> {
+) -> Result<Option<Counted<PortStream>>, Error> {
+    let who = s
+        .peer_addr()
+        .map_or(PeerId::Socket(rrpc_core::conn::PeerKey::Unknown), |a| {
+            PeerId::host(a.ip())
+        });
     let bits = sniffer.config.fabric_bits();
     let mut head = [0u8; HEADER_LEN];
     s.read_exact(&mut head).await?;
@@ -597,13 +640,22 @@ async fn sniff(
                 "a plain HTTP/2 client, and this server's fabrics leave out tcp".into(),
             ));
         }
-        tracing::info!(%peer, fabric = "tcp", "rrpc port: a plain HTTP/2 client");
-        count(Fabric::Tcp, "server");
-        return Ok(Some(PortStream {
+        let stream = PortStream {
             prefix: H2_PREFACE.to_vec(),
             at: 0,
             inner: s,
-        }));
+        };
+        let slot = match sniffer.limits.admit(who) {
+            Ok(slot) => slot,
+            Err(r) => {
+                let reason = r.message();
+                refuse_http2(stream, &reason).await?;
+                return Err(Error::ConnectionLimit(reason));
+            }
+        };
+        tracing::info!(%peer, fabric = "tcp", "rrpc port: a plain HTTP/2 client");
+        count(Fabric::Tcp, "server");
+        return Ok(Some(Counted::new(stream, slot)));
     }
     let h = match hello::parse_header(&head) {
         Ok(h) => h,
@@ -624,7 +676,16 @@ async fn sniff(
         Ok(h) => h,
         Err(e) => return refuse(&mut s, e).await,
     };
-    let (fabric, reply) = choose(&hello, bits, sniffer.shm.as_deref(), sniffer.verbs);
+    let (mut fabric, mut reply) = choose(&hello, bits, sniffer.shm.as_deref(), sniffer.verbs);
+    // Staying on TCP takes a place here; shm and verbs take theirs on the
+    // ring listener they go to.
+    let mut slot = None;
+    if fabric == Some(Fabric::Tcp) {
+        match sniffer.limits.admit(who) {
+            Ok(s) => slot = Some(s),
+            Err(r) => (fabric, reply) = (None, Reply::Refused(r.message())),
+        }
+    }
     s.write_all(&reply.encode()).await?;
     match fabric {
         Some(f) => {
@@ -636,18 +697,24 @@ async fn sniff(
             let Reply::Refused(why) = reply else {
                 unreachable!("no fabric is a refusal")
             };
+            if why.starts_with(limits::REFUSAL_PREFIX) {
+                return Err(Error::ConnectionLimit(why));
+            }
             return Err(Error::NoFabric {
                 addr: peer.to_string(),
                 reason: why,
             });
         }
     }
-    Ok(match fabric {
-        Some(Fabric::Tcp) => Some(PortStream {
-            prefix: Vec::new(),
-            at: 0,
-            inner: s,
-        }),
+    Ok(match (fabric, slot) {
+        (Some(Fabric::Tcp), Some(slot)) => Some(Counted::new(
+            PortStream {
+                prefix: Vec::new(),
+                at: 0,
+                inner: s,
+            },
+            slot,
+        )),
         // shm, verbs: the client dials the side listener; this connection
         // is done.
         _ => None,
@@ -745,6 +812,7 @@ mod tests {
                     config: RrpcConfig::default(),
                     shm: Some(shm.clone()),
                     verbs: None,
+                    limits: Limits::new(&RrpcConfig::default()),
                 };
                 let incoming = tonic::transport::server::TcpIncoming::from(l);
                 let sniffing = tokio::spawn(sniff_loop(incoming, tx, sniffer, token.clone()));
@@ -763,7 +831,7 @@ mod tests {
                 // The server's end of that connection reaches tonic's queue,
                 // with nothing replayed.
                 let mut s = rx.recv().await.expect("queued").expect("a stream");
-                assert!(s.prefix.is_empty());
+                assert!(s.get_ref().prefix.is_empty());
                 c.write_all(b"ping").await.expect("write");
                 let mut got = [0u8; 4];
                 s.read_exact(&mut got).await.expect("read");
@@ -797,6 +865,56 @@ mod tests {
                 one("fabric=tcp,side=server"),
             ]
         );
+    }
+
+    /// A connection that stays on TCP holds a place under the server's
+    /// limits until tonic drops it: past the per-peer limit a negotiation
+    /// is refused with [`Error::ConnectionLimit`] naming it, and once the
+    /// first connection is gone a new one is taken.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn tcp_connections_hold_a_place_under_the_limits() {
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = l.local_addr().expect("addr").to_string();
+        let (tx, mut rx) = mpsc::channel(4);
+        let token = CancellationToken::new();
+        let config = RrpcConfig::builder()
+            .max_connections(2)
+            .max_connections_per_peer(1)
+            .build()
+            .unwrap();
+        let limits = Limits::new(&config);
+        let sniffer = Sniffer {
+            config,
+            shm: None,
+            verbs: None,
+            limits: limits.clone(),
+        };
+        let incoming = tonic::transport::server::TcpIncoming::from(l);
+        let sniffing = tokio::spawn(sniff_loop(incoming, tx, sniffer, token.clone()));
+        let (limit, tcp) = (Duration::from_secs(5), Fabric::Tcp.bit());
+        let Chosen::Tcp(first) = negotiate(&addr, tcp, limit).await.expect("tcp") else {
+            panic!("tcp")
+        };
+        let held = rx.recv().await.expect("queued").expect("a stream");
+        assert_eq!(limits.held(), 1);
+        let e = negotiate(&addr, tcp, limit)
+            .await
+            .expect_err("past the limit");
+        assert!(
+            matches!(&e, Error::ConnectionLimit(m) if m.contains("max_connections_per_peer")),
+            "{e}"
+        );
+        assert_eq!(e.code(), tonic::Code::ResourceExhausted);
+        drop((held, first));
+        assert_eq!(limits.held(), 0);
+        let Chosen::Tcp(_again) = negotiate(&addr, tcp, limit).await.expect("tcp again") else {
+            panic!("tcp")
+        };
+        let _held = rx.recv().await.expect("queued").expect("a stream");
+        token.cancel();
+        sniffing.await.expect("sniffer ends");
     }
 
     /// Every combination of what the client allows, what the server

@@ -685,6 +685,43 @@ impl RingsPending {
         self.pending.peer_addr()
     }
 
+    /// Who the client is, as its socket says (`SO_PEERCRED` on shm, the
+    /// source address on `rdma://`): the key of the server's per-peer
+    /// connection limit.
+    pub(crate) fn peer_key(&self) -> rrpc_core::conn::PeerKey {
+        self.pending.peer_key()
+    }
+
+    /// Refuses the client with `reason` in rrpc-core's `Reject`, once its
+    /// hello has arrived (a `Reject` answers a hello), so that it reads
+    /// why instead of a closed socket. Takes nothing from the pool.
+    /// Bounded by the handshake timeout.
+    pub(crate) async fn refuse(self, reason: String) -> Result<(), Error> {
+        let timeout = self.cfg.handshake_timeout();
+        let mut pending = self.pending;
+        let arrived = async {
+            if pending.uses_tls() {
+                tls_hello_arrived(&mut pending).await
+            } else {
+                hello_arrived(&pending).await
+            }
+        };
+        match tokio::time::timeout(timeout, arrived).await {
+            Ok(r) => r?,
+            Err(_) => {
+                return Err(Error::Handshake(format!(
+                    "client sent no complete hello within {timeout:?}"
+                )));
+            }
+        }
+        tokio::task::spawn_blocking(move || -> Result<(), Error> {
+            pending.handshake()?.reject(&reason)?;
+            Ok(())
+        })
+        .await
+        .map_err(|e| Error::Io(std::io::Error::other(e)))?
+    }
+
     /// Runs the handshake: waits (asynchronously, holding no thread) until
     /// the client's whole hello has arrived, then reads and checks it, maps
     /// the client's rings and answers, on a blocking thread (it does not

@@ -22,6 +22,7 @@ use crate::dispatch::Services;
 use crate::fast::server::{FastOptions, serve_conn};
 use crate::h2stream::{RrpcConnectInfo, RrpcStream};
 use crate::negotiate::{Established, Negotiated};
+use crate::port::limits::{Counted, Limits};
 use crate::transport::{RrpcListener, Target};
 use crate::{Error, RrpcConfig, RrpcContext};
 
@@ -422,7 +423,8 @@ where
                 Ok(r?)
             }
             IncomingInner::Rings(listener) => {
-                serve_rings(listener, uri, layer, services, opts, config, signal).await
+                let limits = Limits::new(&config);
+                serve_rings(listener, uri, limits, layer, services, opts, config, signal).await
             }
             IncomingInner::Port(listener, shm, verbs) => {
                 // The TCP leg: every HTTP/2 connection the sniffer passes on
@@ -433,7 +435,11 @@ where
                     .with_keepalive(opts.tcp_keepalive);
                 let token = CancellationToken::new();
                 let (tx, rx) = mpsc::channel(16);
+                // One set of limits for the port's TCP connections and both
+                // ring legs: a peer is bounded over all of them.
+                let limits = Limits::new(&config);
                 let sniffer = crate::port::Sniffer {
+                    limits: limits.clone(),
                     config: config.clone(),
                     shm: shm.as_ref().map(|(_, p)| p.clone()),
                     verbs: verbs
@@ -455,18 +461,28 @@ where
                         .map_err(Error::from)
                 };
                 let t = token.clone();
-                let (layer2, services2, opts2, config2) = (
+                let (layer2, services2, opts2, config2, limits2) = (
                     layer.clone(),
                     services.clone(),
                     opts.clone(),
                     config.clone(),
+                    limits.clone(),
                 );
                 let rings = async move {
                     match shm {
                         Some((l, path)) => {
                             let local = format!("shm://{}", path.display());
-                            serve_rings(l, local, layer, services, opts, config, t.cancelled())
-                                .await
+                            serve_rings(
+                                l,
+                                local,
+                                limits,
+                                layer,
+                                services,
+                                opts,
+                                config,
+                                t.cancelled(),
+                            )
+                            .await
                         }
                         None => Ok(()),
                     }
@@ -478,8 +494,17 @@ where
                             let local = l
                                 .local_addr()
                                 .map_or_else(|| "rdma://?".into(), |a| format!("rdma://{a}"));
-                            serve_rings(l, local, layer2, services2, opts2, config2, t.cancelled())
-                                .await
+                            serve_rings(
+                                l,
+                                local,
+                                limits2,
+                                layer2,
+                                services2,
+                                opts2,
+                                config2,
+                                t.cancelled(),
+                            )
+                            .await
                         }
                         None => Ok(()),
                     }
@@ -687,9 +712,15 @@ impl RrpcIncoming {
     }
 }
 
+/// Serves one ring listener until `signal`: every connection holds a slot
+/// of `limits` (shared by every listener of the server) from its accept to
+/// its end; a client past a limit is refused with the reason instead of
+/// served (`port::limits`).
+#[allow(clippy::too_many_arguments)]
 async fn serve_rings<L, ResBody, F>(
     mut listener: RrpcListener,
     local: String,
+    limits: std::sync::Arc<Limits>,
     layer: L,
     services: Services,
     opts: Options,
@@ -708,7 +739,7 @@ where
 {
     let token = CancellationToken::new();
     // HTTP/2 connections go to tonic's own server, fed through this queue.
-    let (h2_tx, h2_rx) = mpsc::channel::<Result<RrpcStream, std::io::Error>>(16);
+    let (h2_tx, h2_rx) = mpsc::channel::<Result<Counted<RrpcStream>, std::io::Error>>(16);
     let h2_token = token.clone();
     let tonic_router = opts
         .tonic()
@@ -752,6 +783,25 @@ where
                     );
                     continue;
                 };
+                // The connection's place under the limits, from now until
+                // it ends (its handshake included); refused, the client
+                // reads why, within the handshake timeout.
+                let slot = match limits.admit(accepted.peer_id()) {
+                    Ok(slot) => slot,
+                    Err(refusal) => {
+                        let limit = config.handshake_timeout();
+                        conns.spawn(async move {
+                            let peer = accepted.peer();
+                            match tokio::time::timeout(limit, accepted.refuse(refusal.message())).await {
+                                Ok(Ok(())) => {}
+                                Ok(Err(e)) => tracing::debug!(%peer, error = %e, "rrpc: refusing a connection failed"),
+                                Err(_) => tracing::debug!(%peer, "rrpc: a refused client sent no hello in time"),
+                            }
+                            drop(permit);
+                        });
+                        continue;
+                    }
+                };
                 let (svc, direct, config, token, h2_tx) = (svc.clone(), direct.clone(), config.clone(), token.child_token(), h2_tx.clone());
                 let info = RrpcConnectInfo { local: local.clone() };
                 conns.spawn(async move {
@@ -788,6 +838,7 @@ where
                                 r = serve => r,
                                 () = age => unreachable!("pending"),
                             };
+                            drop(slot);
                             if let Err(e) = served
                             {
                                 tracing::warn!(%peer, error = %e, "rrpc connection failed");
@@ -795,9 +846,13 @@ where
                         }
                         Ok(Established::Pipe(pipe, Negotiated::Http2)) => {
                             tracing::debug!(%peer, "rrpc connection on the HTTP/2 path");
-                            let _ = h2_tx.send(Ok(RrpcStream::new(pipe, info))).await;
+                            let stream = Counted::new(RrpcStream::new(pipe, info), slot);
+                            let _ = h2_tx.send(Ok(stream)).await;
                         }
                         Ok(Established::Shared) => {
+                            // Nothing to serve on it: each logical
+                            // connection over it takes a slot of its own.
+                            drop(slot);
                             tracing::debug!(%peer, "rrpc shared connection opened");
                         }
                         Err(e) => tracing::warn!(%peer, error = %e, "rrpc connection setup failed"),

@@ -176,6 +176,32 @@ impl Accepted {
         }
     }
 
+    /// Who the client is, for the server's per-peer connection limit.
+    pub(crate) fn peer_id(&self) -> crate::port::limits::PeerId {
+        match self {
+            Accepted::Ready(_) => crate::port::limits::PeerId::InProcess,
+            Accepted::Rings(p) => crate::port::limits::PeerId::Socket(p.peer_key()),
+        }
+    }
+
+    /// Refuses the client with `reason` where its connect reads it: the
+    /// handshake's `Reject` on rings, the path negotiation's refusal
+    /// in-process. Bounded by the handshake timeout on rings; in-process
+    /// the client's hello is already on its way.
+    pub(crate) async fn refuse(self, reason: String) -> Result<(), Error> {
+        match self {
+            Accepted::Ready(mut p) => {
+                let _ = p.1.recv_with(&mut |_: &[u8]| {}).await?;
+                let msg = format!("RRPX{reason}");
+                p.0.send_with(msg.len(), &mut |s: &mut [u8]| {
+                    s.copy_from_slice(msg.as_bytes())
+                })
+                .await
+            }
+            Accepted::Rings(p) => p.refuse(reason).await,
+        }
+    }
+
     /// Runs the transport's handshake and the path negotiation.
     pub(crate) async fn establish(self, cfg: &RrpcConfig) -> Result<Established, Error> {
         match self {
