@@ -17,6 +17,7 @@ mod auth;
 mod cancellation;
 mod compression;
 mod concurrency;
+mod conn_limits;
 mod deadlines;
 mod endpoint;
 mod flow_control;
