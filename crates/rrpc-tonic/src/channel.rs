@@ -110,7 +110,11 @@ impl RrpcChannel {
     /// `unix://`), it is what the URI asks for; a balanced channel lists
     /// its endpoints' carriers. On `rrpc://` it is the fabric the port's
     /// negotiation chose: [`Carrier::Shm`] (read from the live ring
-    /// connection) or [`Carrier::Tcp`].
+    /// connection) or [`Carrier::Tcp`]. A lazy `rrpc://` channel
+    /// ([`RrpcEndpoint::connect_lazy`](crate::RrpcEndpoint::connect_lazy))
+    /// does not negotiate: with TCP allowed it is [`Carrier::Tcp`] from
+    /// the start and stays so, even on a host where `connect` would have
+    /// chosen shm; check this value if the fabric matters.
     pub fn carrier(&self) -> Carrier {
         let observed = match &self.inner {
             Inner::Rings(m) => m.dialer.current_carrier(),

@@ -55,9 +55,16 @@ use crate::{Error, RrpcConfig, RrpcContext};
 /// reconnects through the port), else HTTP/2 on the negotiated TCP
 /// connection (tonic's channel, each new connection negotiated by its
 /// connector); [`RrpcConfig::fabrics`] restricts the choice and
-/// [`RrpcChannel::carrier`] reports it. `connect_lazy` cannot wait for the
-/// first call to choose: it takes TCP, or shm when the config allows only
-/// shm.
+/// [`RrpcChannel::carrier`] reports it.
+///
+/// **`connect_lazy` on `rrpc://` does not negotiate: with TCP allowed (the
+/// default) it is always TCP**, even on one host where shm is available
+/// and `connect` would choose it; calls then cost what HTTP/2 over TCP
+/// costs (about 20x a shm call's time on one host), and nothing fails or
+/// warns. Only a config that forbids TCP ([`RrpcConfig::fabrics`]) makes
+/// a lazy `rrpc://` channel use rings: shm when allowed, else verbs. Use
+/// `connect` on `rrpc://` to get the best shared fabric, or connect lazily
+/// on `shm://` / `rdma://` when the fabric is known.
 #[derive(Debug, Clone)]
 pub struct RrpcEndpoint {
     uri: String,
@@ -320,6 +327,14 @@ impl RrpcEndpoint {
 
     /// A channel that connects at its first call, and reconnects later when
     /// the connection fails (tonic's `connect_lazy`). Needs a tokio runtime.
+    ///
+    /// **On `rrpc://` with TCP allowed (the default config) the channel is
+    /// always HTTP/2 over TCP**: it does not negotiate the fabric at its
+    /// first call, so a client on the server's own host does not get shm
+    /// (about 20x slower calls, silently; [`RrpcChannel::carrier`] says
+    /// [`Carrier::Tcp`]). With TCP forbidden ([`RrpcConfig::fabrics`]) it
+    /// takes rings: shm if allowed, else verbs. [`connect`](Self::connect)
+    /// negotiates and picks the best fabric both ends share.
     ///
     /// # Errors
     /// Only configuration errors (an `rdma://` device that cannot be
