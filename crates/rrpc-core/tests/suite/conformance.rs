@@ -141,6 +141,15 @@ fn write_imm_in_order(p: &Provider) {
             // verbs: the device retries (receiver not ready, RNR) until the
             // peer posts a receive late, then it completes.
             r.unwrap();
+            // A negative check with a plain wait, on purpose: while the
+            // device retries, nothing happens that verbs lets a program
+            // see (no completion, no event, no state change on either
+            // queue pair: that silence is what is checked). The RNR NAKs
+            // show only in device-specific counters (soft-RoCE's
+            // `hw_counters/rcvd_rnr_err`; a NIC names them otherwise, or
+            // not at all), so 300 ms gives the write time to reach the
+            // peer and be refused; a wait too short makes the checks below
+            // pass without proving anything, never fail.
             std::thread::sleep(std::time::Duration::from_millis(300));
             let mut buf = [Completion::EMPTY; 4];
             assert_eq!(

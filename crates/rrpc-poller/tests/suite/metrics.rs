@@ -122,7 +122,20 @@ fn counters_and_busy_fractions_are_reported() {
     let l0 = p.thread_loads();
     assert_eq!(l0.len(), 1, "one polling thread: {l0:?}");
     assert!(l0[0].parked <= l0[0].alive, "{l0:?}");
-    std::thread::sleep(std::time::Duration::from_millis(300));
+    // Until the thread has been parked for 250 ms since `l0` (its parked
+    // time grows: the event the checks below need), not a fixed sleep that
+    // a slow machine may not fill.
+    let deadline = std::time::Instant::now() + BOUND;
+    while p.thread_loads()[0].parked.saturating_sub(l0[0].parked)
+        < std::time::Duration::from_millis(250)
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the idle polling thread never parked 250 ms: {:?} from {l0:?}",
+            p.thread_loads()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
     let idle = busy(&reported(&p));
     assert!(
         idle < 0.5,

@@ -31,6 +31,28 @@ async fn until(what: &str, mut cond: impl FnMut() -> bool) {
     }
 }
 
+/// Retries a connect to `uri` (its own context and no spares, so the
+/// client's spares are left alone) until it is refused: the killed
+/// server's runtime, which `Harness::kill` drops in the background, has
+/// closed its listener. Bounded: 30 s, for soft-RoCE on a busy host.
+async fn until_refused(t: Transport, uri: &str) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let ep = RrpcEndpoint::new(uri)
+            .expect("uri")
+            .config(config(t))
+            .context(RrpcContext::new(&config(t)));
+        if let Ok(Err(_)) = tokio::time::timeout(Duration::from_secs(10), ep.connect()).await {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the killed server at {uri} still answers a connect after 30 s"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 fn stats(ctx: &RrpcContext) -> SpareStats {
     ctx.spare_stats()
 }
@@ -103,9 +125,12 @@ async fn a_restarted_server_is_never_served_a_dead_spare(t: Transport) {
     // process that exited; its runtime's tasks, and with them its ends of
     // the spares, go a moment later (an exiting process closes them at
     // once). A spare taken before its server's end closed is a connection
-    // whose server died just after the connect: its calls fail.
+    // whose server died just after the connect: its calls fail. Wait for
+    // the listener to refuse a connect, not a fixed time: the runtime's
+    // shutdown drops the listener and the spares' ends together, and no
+    // end of a spare can be watched from here without taking it.
     drop(h1);
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    until_refused(t, &uri).await;
     let mut h2 = Harness::start_at(t, &uri, config(t), |s| s).await;
     h2.set_client(ccfg.clone(), cctx.clone());
     let before = stats(&cctx);
@@ -140,9 +165,16 @@ async fn a_server_gone_ends_the_refill_and_fails_the_connect(t: Transport) {
     drop(c);
     // `kill` drops the server's runtime in the background: its tasks, and
     // with them its ends of the spares and its listener, go a moment later
-    // (a process that exits closes them at once). On soft-RoCE (20-50x
-    // slower) 300 ms was once not enough: the listener still answered the
-    // connect below (`cargo xtask rxe`, rdma_fast).
+    // (a process that exits closes them at once). A fixed wait (300 ms,
+    // then 3 s on soft-RoCE) was once not enough: the listener still
+    // answered the connect below (`cargo xtask rxe`, rdma_fast). So wait
+    // until a connect of its own (no spares) is refused.
+    until_refused(t, &uri).await;
+    // Then a fixed wait, because no event exists for it: a refill dial in
+    // flight at the kill may still land a spare after the listener is
+    // gone (without this wait, on shm: `ready: 1, made: 7, taken: 0,
+    // dropped: 6` at the check below), and `SpareStats` shows no refill
+    // in progress to wait on. Longer on soft-RoCE, 20-50x slower.
     tokio::time::sleep(Duration::from_millis(if t.is_rdma() { 3000 } else { 300 })).await;
     let cut = stats(&cctx).ready;
     assert!(
@@ -187,6 +219,9 @@ async fn spares_past_their_lease_are_dropped_not_used(t: Transport) {
     let mut c = h.client().await;
     call(&mut c, 1).await;
     until("a spare ready", || stats(&ctx).ready == 1).await;
+    // A real wait, on purpose: what is tested is a lease running out, and
+    // only time makes it run out (the spare shows nothing while it ages;
+    // the drop happens at the next connect, checked below).
     tokio::time::sleep(lease + Duration::from_millis(50)).await;
     let mut d = h.client().await;
     call(&mut d, 2).await;
