@@ -94,6 +94,9 @@ pub struct SpinTuner {
     /// Per phase: the last granted spin lost its core ([`SpinTuner::preempted`]); probes stay
     /// short until a granted spin is judged again.
     preempted: [bool; PHASES],
+    /// Per phase: the last granted spin ran out a little early after a short turn (the peer
+    /// was asleep): the next one reaches the last reply, as a probe does.
+    reach_next: [bool; PHASES],
 }
 
 /// [`SpinTuner::PHASES`].
@@ -136,6 +139,7 @@ impl SpinTuner {
             short_turn: [false; PHASES],
             last_reply_ns: [0; PHASES],
             preempted: [false; PHASES],
+            reach_next: [false; PHASES],
         }
     }
 
@@ -188,15 +192,23 @@ impl SpinTuner {
         }
         self.skipped[p] = 0;
         let budget = self.budget();
-        if !probe {
-            budget
-        } else if self.short_turn[p] && !self.preempted[p] {
-            let reach = self.last_reply_ns[p]
+        let reach = || {
+            let r = self.last_reply_ns[p]
                 .saturating_add(self.last_reply_ns[p] / 4)
                 .saturating_add(SLACK_NS);
-            Duration::from_nanos(reach)
+            Duration::from_nanos(r)
                 .max(budget)
                 .min(budget.saturating_mul(4))
+        };
+        let reaching = self.short_turn[p] && !self.preempted[p];
+        if !probe {
+            if reaching && self.reach_next[p] {
+                reach()
+            } else {
+                budget
+            }
+        } else if reaching {
+            reach()
         } else {
             budget.min(COSTLY_CATCH)
         }
@@ -241,7 +253,8 @@ impl SpinTuner {
     /// - Caught within `COSTLY_CATCH` (50 µs) of this end's send: a hit.
     /// - Caught later: a hit after a short turn (the peer slept on its own account; this end's
     ///   spin keeps it awake for the peer), a miss after a long turn or none.
-    /// - Ran out, the reply near: nothing after a short turn, a miss otherwise.
+    /// - Ran out, the reply near: a miss after a long turn, or when the spin already reached
+    ///   beyond the budget; after a short turn nothing, and the next spin reaches the reply.
     ///
     /// A wait granted no spin (backed off between probes) only records the turn and the reply
     /// for the next probe. Spins cut short for other reasons (the core lost, the worker busy)
@@ -258,12 +271,22 @@ impl SpinTuner {
             return;
         }
         self.preempted[p] = false;
+        // A spin granted more than the budget reached for the last reply (a probe, or the
+        // wait after a near run-out): it had its chance.
+        let reached = w.granted > self.budget();
+        self.reach_next[p] = false;
         if reply >= far {
             self.spun(false);
         } else if w.caught {
             self.spun(reply < COSTLY_CATCH || short);
-        } else if !short {
+        } else if !short || reached {
             self.spun(false);
+        } else {
+            // Ran out a little early after a short turn: the peer was a wake-up away. Both
+            // ends of a ping-pong can sit here, each spinning its budget and sleeping through
+            // the other's wake-up; the next spin reaches the last reply, and once it catches,
+            // this end answers at once, and the peer's spin catches that.
+            self.reach_next[p] = true;
         }
     }
 
@@ -485,6 +508,9 @@ mod tests {
         turns: [Duration; 2],
         idle: [Duration; 2],
         one_cpu: bool,
+        /// Start with both ends spinning their budgets (rates high) but asleep when the
+        /// other's data comes (each sleeps through the other's wake-up); else backed off.
+        start_spinning: bool,
         /// Today's judgement ([`SpinTuner::settle`]), or the one before it (#30's: a catch
         /// later than `COSTLY_CATCH` a miss, whoever's wake-up delayed it).
         settle: bool,
@@ -500,10 +526,11 @@ mod tests {
         fn pingpong(cap_us: u64, turn_us: u64) -> Self {
             Self {
                 cap: Duration::from_micros(cap_us),
-                wake: Duration::from_micros(100),
+                wake: Duration::from_micros(150),
                 turns: [Duration::from_micros(turn_us); 2],
                 idle: [Duration::ZERO; 2],
                 one_cpu: false,
+                start_spinning: false,
                 settle: true,
             }
         }
@@ -516,7 +543,7 @@ mod tests {
             ];
             for e in &mut t {
                 e.begin_wait(true);
-                while !e.backed_off() {
+                while !e.backed_off() && !self.start_spinning {
                     e.spun(false);
                 }
             }
@@ -529,7 +556,13 @@ mod tests {
             let mut granted = [Duration::ZERO; 2];
             t[1].begin_wait(true);
             granted[1] = t[1].next_budget();
-            let mut send_at = Duration::ZERO;
+            // Spinning from the start, the server's spin has run out when the first request
+            // comes: it is asleep.
+            let mut send_at = if self.start_spinning {
+                Duration::from_millis(1)
+            } else {
+                Duration::ZERO
+            };
             let mut from = 0;
             for _ in 0..calls * 2 {
                 let to = 1 - from;
@@ -598,6 +631,35 @@ mod tests {
             .run(600);
             let asleep = before.slept[100..].iter().filter(|&&s| s > 0).count();
             assert_eq!(asleep, 500, "cap {cap} µs: #30's judgement stays asleep");
+        }
+    }
+
+    /// The same pair, both ends spinning their budgets but each asleep by the time the
+    /// other's data comes: every spin runs out a wake-up early. Judged by #30's rule that says
+    /// nothing, and the pair spins and sleeps for good (both budgets burned, every call); now
+    /// the spin after a near run-out reaches the last reply, catches it, and the pair is awake.
+    #[test]
+    fn a_pair_that_spins_but_sleeps_through_each_others_wake_ups_wakes_up() {
+        // The wake-up is longer than the budget: the HTTP/2 path's 200 µs on a slow machine,
+        // the fast path's 50 µs on this one (both sides' wake-ups in the demo, #54).
+        for (cap, wake) in [(200, 250), (50, 150)] {
+            let m = Model {
+                start_spinning: true,
+                wake: Duration::from_micros(wake),
+                ..Model::pingpong(cap, 15)
+            };
+            let run = m.run(600);
+            let last_sleep = run.slept.iter().rposition(|&s| s > 0);
+            assert!(
+                last_sleep.is_some_and(|c| c < 64),
+                "cap {cap} µs: the last call that slept is {last_sleep:?}"
+            );
+            let before = Model { settle: false, ..m }.run(600);
+            let asleep = before.slept[100..].iter().filter(|&&s| s > 0).count();
+            assert!(
+                asleep >= 490,
+                "cap {cap} µs: #30's judgement stays asleep: {asleep} of 500"
+            );
         }
     }
 

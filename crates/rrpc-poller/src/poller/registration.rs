@@ -108,6 +108,26 @@ impl SendLog {
     }
 }
 
+/// Fault injection for benchmarks: `RRPC_POLLER_FAULT_WAKE_DELAY_US=N` blocks a task's
+/// thread for N µs after every sleep it is woken from, read once per process. It models a
+/// machine whose wake-ups are slow (a VM whose idle virtual CPU the hypervisor must
+/// reschedule: 100 µs and more), where the wait policy's sleeping mode showed (#54), on a
+/// machine whose wake-ups take a few microseconds. Unset (the default), it costs one load.
+fn fault_wake_delay() {
+    static DELAY: std::sync::OnceLock<Option<Duration>> = std::sync::OnceLock::new();
+    let d = DELAY.get_or_init(|| {
+        let us: u64 = std::env::var("RRPC_POLLER_FAULT_WAKE_DELAY_US")
+            .ok()?
+            .parse()
+            .ok()?;
+        tracing::warn!(us, "rrpc-poller: fault injection: every wake-up delayed");
+        Some(Duration::from_micros(us))
+    });
+    if let Some(d) = d {
+        std::thread::sleep(*d);
+    }
+}
+
 /// What a task sleeps on.
 pub(super) enum Sleeper {
     Waker,
@@ -609,6 +629,7 @@ impl Registration {
         loop {
             if let Sleeper::Waker = self.sleeper {
                 self.sleep_waker().await?;
+                fault_wake_delay();
             } else {
                 self.arm()?;
                 if let Check::Ready = self.check()? {
@@ -618,6 +639,7 @@ impl Registration {
                 }
                 Counters::add(&self.inner.counters.sleeps, 1);
                 self.sleep_fd().await?;
+                fault_wake_delay();
             }
             if let Check::Ready = self.check()? {
                 Counters::add(&self.inner.counters.wakeups, 1);
