@@ -519,6 +519,27 @@ pub(crate) fn run_ci(args: &CiArgs) -> Result<()> {
             Ok(Outcome::Ran)
         })?;
         step(
+            "rxe NUMA (placement tests in a VM with two emulated NUMA nodes)",
+            &mut || {
+                if let Some(skip) = vm_skip() {
+                    return Ok(skip);
+                }
+                let target = target_dir(root_ref)?;
+                // The test step's build: nothing to compile; a VM of its
+                // own (two nodes, the NIC on node 1), bounded at 300 s.
+                let code = crate::rxe::suite::run_numa(
+                    root_ref,
+                    &target,
+                    Duration::from_secs(args.rxe_timeout.min(300)),
+                    false,
+                )?;
+                if code != 0 {
+                    bail!("the NUMA placement tests in the soft-RoCE VM exited with {code}");
+                }
+                Ok(Outcome::Ran)
+            },
+        )?;
+        step(
             "rxe --hosts 2 (cross-host suite on two soft-RoCE VMs, clean-wire pass: examples, soak, token and TLS, rrpc-kv, partition and heal, dead server host)",
             &mut || {
                 if let Some(skip) = vm_skip() {
@@ -542,6 +563,7 @@ pub(crate) fn run_ci(args: &CiArgs) -> Result<()> {
                         // and TLS, rrpc-kv, partition and heal, a dead server host):
                         // the netem pass would double the step's time.
                         clean_only: true,
+                        numa: false,
                         cmd: Vec::new(),
                     },
                 )?;

@@ -26,6 +26,11 @@
 //! built on the host first (never cargo inside the VM: TCG is 20-50x slower),
 //! then run inside.
 //!
+//! `--numa` runs instead **the NUMA placement tests** ([`suite::run_numa`],
+//! CI's `rxe NUMA` step): a VM with two emulated NUMA nodes, its NIC on
+//! node 1 with `rxe1` on it, and the `#[ignore]`d `numa_vm_*` tests of
+//! `crates/rrpc-poller/tests/numa.rs`, each of which must pass.
+//!
 //! Functional checks only: timings taken inside this VM mean nothing. Tested
 //! on soft-RoCE (rdma_rxe) in a VM; not run on an RDMA NIC.
 
@@ -76,6 +81,11 @@ pub(crate) struct RxeArgs {
     /// client host). CI's subset.
     #[arg(long)]
     pub(crate) clean_only: bool,
+    /// One host: run only the NUMA placement tests, in a VM with two
+    /// emulated NUMA nodes (the `numa_vm_*` tests of
+    /// `crates/rrpc-poller/tests/numa.rs`; CI's `rxe NUMA` step).
+    #[arg(long, conflicts_with = "cmd")]
+    pub(crate) numa: bool,
     /// The command to run inside the VM, as root, in the workspace directory
     /// (default: the verbs suite). With `--hosts 2`: two commands, A's and
     /// B's, each one shell string (default: the cross-host suite).
@@ -537,6 +547,7 @@ pub(crate) fn run_in_vm(
         script: script.to_owned(),
         setup: VETH_SETUP.to_owned(),
         nic: None,
+        numa: None,
     };
     let mut runs = run_vms(root, target, vec![spec], timeout, keep)?;
     Ok(runs.remove(0))
@@ -555,6 +566,9 @@ pub(crate) struct VmSpec {
     /// Its network card: qemu's `-netdev` value (id `n0`) and the MAC address;
     /// `None`: `-nic none`.
     pub(crate) nic: Option<(String, String)>,
+    /// Emulated NUMA nodes ([`numa_args`]); `None`: as `RRPC_RXE_NUMA` says
+    /// (unset: one node).
+    pub(crate) numa: Option<usize>,
 }
 
 /// Boots one VM per spec at once, each running its script, and waits for
@@ -611,7 +625,7 @@ pub(crate) fn run_vms(
             &JOB_SCRIPT.replace("@SETUP@", &spec.setup),
         )?;
         write_executable(&job.join("cmd.sh"), &spec.script)?;
-        let qemu = qemu_command(root, &job, &kernel, &initrd, &mem, &cpus, spec.nic.as_ref())?;
+        let qemu = qemu_command(root, &job, &kernel, &initrd, &mem, &cpus, &spec)?;
         eprintln!(
             "rxe: booting VM {}(TCG, kernel {}, {mem} MiB, {cpus} vCPUs, timeout {}s); job files in {}",
             if spec.label.is_empty() {
@@ -732,7 +746,7 @@ pub(crate) fn run_vms(
 
 /// The qemu command of one VM: TCG, the host's `/` read-only, the kernel's
 /// modules, the workspace and the job directory over 9p, the console into
-/// `<job>/console`; `nic` as in [`VmSpec`].
+/// `<job>/console`; the NIC and NUMA nodes as `spec` says.
 fn qemu_command(
     root: &Path,
     job: &Path,
@@ -740,8 +754,9 @@ fn qemu_command(
     initrd: &Path,
     mem: &str,
     cpus: &str,
-    nic: Option<&(String, String)>,
+    spec: &VmSpec,
 ) -> Result<Command> {
+    let nic = spec.nic.as_ref();
     let virtfs = |path: &Path, tag: &str, ro: bool| {
         format!(
             "local,path={},mount_tag={tag},security_model=none{}",
@@ -765,7 +780,10 @@ fn qemu_command(
         cpus,
     ])
     .args(["-display", "none", "-monitor", "none", "-no-reboot"]);
-    let numa = numa_nodes()?
+    let numa = spec
+        .numa
+        .filter(|&n| n > 1)
+        .map_or_else(numa_nodes, |n| Ok(Some(n)))?
         .map(|nodes| numa_args(nodes, mem, cpus))
         .transpose()?;
     if let Some((nodes, _)) = &numa {
@@ -809,8 +827,9 @@ fn qemu_command(
 }
 
 /// `RRPC_RXE_NUMA=<nodes>`: boot the VM with that many emulated NUMA nodes
-/// (for the NUMA placement tests, `crates/rrpc-poller/tests/numa.rs`);
-/// unset or 1: one node, as before. An environment variable rather than an
+/// (by hand; `--numa` sets two for the NUMA placement tests,
+/// `crates/rrpc-poller/tests/numa.rs`, through [`VmSpec::numa`]); unset
+/// or 1: one node, as before. An environment variable rather than an
 /// option of [`RxeArgs`] (like `RRPC_RXE_MEM` and `RRPC_RXE_CPUS`), so that
 /// the callers building `RxeArgs` need no change.
 fn numa_nodes() -> Result<Option<usize>> {
@@ -884,6 +903,12 @@ pub(crate) fn run(args: &RxeArgs) -> Result<i32> {
     let root = crate::util::workspace_root();
     let target = crate::util::target_dir(&root)?;
     let timeout = Duration::from_secs(args.timeout);
+    if args.numa {
+        if args.hosts != 1 {
+            bail!("--numa runs on one host");
+        }
+        return suite::run_numa(&root, &target, timeout, args.keep);
+    }
     if args.cmd.is_empty() {
         return suite::run(&root, &target, timeout, args.keep);
     }
@@ -1511,9 +1536,142 @@ echo "{END} examples/{name} rc=$rc"; [ $rc = 0 ] || failed=1
         Ok(vm.code)
     }
 
+    /// The NUMA placement tests (`crates/rrpc-poller/tests/numa.rs`, the
+    /// `#[ignore]`d `numa_vm_*`): each must run and pass; a test that
+    /// vanished, was skipped or failed fails the step.
+    pub(crate) const NUMA_TESTS: &[&str] = &[
+        "numa_vm_ring_memory_on_the_chosen_node",
+        "numa_vm_polling_threads_on_the_chosen_node",
+        "numa_vm_device_node_is_the_default",
+    ];
+
+    /// The emulated node the NUMA VM's NIC (and so `rxe1`) sits on, and the
+    /// tests place on.
+    const NUMA_NODE: usize = 1;
+
+    /// The script of the NUMA VM ([`run_numa`]): `rxe1` on the NIC that
+    /// [`numa_args`] put behind a PCI expander bridge on node
+    /// [`NUMA_NODE`], then the `numa_vm_*` tests of `exe`, one at a time.
+    pub(crate) fn numa_script(exe: &Path) -> String {
+        format!(
+            r#"set -u
+/tmp/modprobe virtio_net
+for _ in $(seq 100); do [ -e /sys/class/net/eth0 ] && break; sleep 0.1; done
+ip link set eth0 up && rdma link add rxe1 type rxe netdev eth0 || {{ echo "numa: no rxe1 on eth0"; ls /sys/class/net; exit 1; }}
+echo "numa: $(ls -d /sys/devices/system/node/node[0-9]* | wc -l) nodes; eth0 on node $(cat /sys/class/net/eth0/device/numa_node); node {n} CPUs $(cat /sys/devices/system/node/node{n}/cpulist)"
+export RUST_BACKTRACE=0 RRPC_TEST_NUMA_NODE={n} RRPC_TEST_NUMA_DEVICE=rxe1
+# The ring memory test creates its unplaced control ring on whichever CPU
+# its thread runs, and that first touch puts a page on that CPU's node
+# (seen: `pages {{0: 256, 1: 1}}`, failing "first touch puts the pages on
+# the toucher's node" when the thread ran on node {n}): run it on node 0's
+# CPUs, the toucher's node. The others read and set CPU masks: unpinned.
+timeout -k 10 120 taskset -c "$(cat /sys/devices/system/node/node0/cpulist)" {exe} numa_vm_ring_memory_on_the_chosen_node --exact --ignored --show-output
+timeout -k 10 120 {exe} numa_vm_ --skip numa_vm_ring_memory_on_the_chosen_node --ignored --test-threads 1 --show-output
+"#,
+            n = NUMA_NODE,
+            exe = sh_quote(&exe.to_string_lossy()),
+        )
+    }
+
+    /// Whether the NUMA VM's output shows every [`NUMA_TESTS`] test passed
+    /// and nothing failed; `Err` names what is missing.
+    pub(crate) fn numa_passed(output: &str) -> Result<(), String> {
+        for t in NUMA_TESTS {
+            if !output
+                .lines()
+                .any(|l| l.trim() == format!("test {t} ... ok"))
+            {
+                return Err(format!("{t} did not pass"));
+            }
+        }
+        // Two runs (numa_script): both must pass.
+        let results: Vec<&str> = output
+            .lines()
+            .filter(|l| l.starts_with("test result: "))
+            .collect();
+        if results.len() != 2 || results.iter().any(|l| !l.starts_with("test result: ok.")) {
+            return Err(format!("want two passing runs, saw {results:?}"));
+        }
+        Ok(())
+    }
+
+    /// `cargo xtask rxe --numa` and CI's `rxe NUMA` step: the NUMA
+    /// placement tests in a VM booted with two emulated nodes (1 GiB and
+    /// one vCPU each, the NIC on node 1), from the suite's test build.
+    pub(crate) fn run_numa(
+        root: &Path,
+        target: &Path,
+        timeout: Duration,
+        keep: bool,
+    ) -> Result<i32> {
+        let t0 = Instant::now();
+        let built = test_build(root)?;
+        let exe = built
+            .iter()
+            .find(|e| e.0 == "rrpc-poller" && e.1 == "test" && e.2 == "numa")
+            .map(|e| e.3.clone())
+            .context("building the tests produced no rrpc-poller `numa` test binary")?;
+        let listed = list_selected(&exe, "numa_vm_")?;
+        let build_time = t0.elapsed();
+        // `--list` without `--ignored` lists ignored tests too.
+        if let Some(t) = NUMA_TESTS.iter().find(|t| !listed.iter().any(|l| l == *t)) {
+            bail!(
+                "the NUMA suite lost its test {t} (listed: {listed:?}); without the `verbs` feature?"
+            );
+        }
+        let spec = VmSpec {
+            label: String::new(),
+            script: numa_script(&exe),
+            setup: VETH_SETUP.to_owned(),
+            nic: None,
+            numa: Some(2),
+        };
+        let vm = run_vms(root, target, vec![spec], timeout, keep)?.remove(0);
+        eprintln!(
+            "rxe NUMA: host build {:.1}s, VM {:.1}s (two emulated nodes, boot included)",
+            build_time.as_secs_f64(),
+            vm.elapsed.as_secs_f64()
+        );
+        if let Err(why) = numa_passed(&vm.output) {
+            crate::util::note_failure(format!("rxe NUMA: {why} (VM exited {})", vm.code));
+            eprintln!("rxe NUMA: FAILED: {why}");
+            return Ok(if vm.code == 0 { 1 } else { vm.code });
+        }
+        eprintln!(
+            "rxe NUMA: {} tests passed on node {NUMA_NODE} of two",
+            NUMA_TESTS.len()
+        );
+        Ok(vm.code)
+    }
+
     #[cfg(test)]
     mod tests {
         use super::*;
+
+        #[test]
+        fn numa_results_need_every_test_to_pass() {
+            let ok = "test numa_vm_ring_memory_on_the_chosen_node ... ok\n\
+                      test result: ok. 1 passed; 0 failed; 0 ignored; 0 measured; 3 filtered out\n\
+                      test numa_vm_device_node_is_the_default ... ok\n\
+                      test numa_vm_polling_threads_on_the_chosen_node ... ok\n\
+                      test result: ok. 2 passed; 0 failed; 0 ignored; 0 measured; 2 filtered out\n";
+            assert_eq!(numa_passed(ok), Ok(()));
+            let skipped = ok.replace(
+                "test numa_vm_device_node_is_the_default ... ok\n",
+                "test numa_vm_device_node_is_the_default ... ignored\n",
+            );
+            assert!(numa_passed(&skipped).is_err());
+            let failed = ok.replace(
+                "test result: ok. 2 passed; 0 failed",
+                "test result: FAILED. 2 passed; 1 failed",
+            );
+            assert!(numa_passed(&failed).is_err());
+            assert!(numa_passed("").is_err());
+            let s = numa_script(Path::new("/ws/target/debug/deps/numa-1"));
+            assert!(s.contains("RRPC_TEST_NUMA_NODE=1 RRPC_TEST_NUMA_DEVICE=rxe1"));
+            assert!(s.contains("/ws/target/debug/deps/numa-1 numa_vm_ --skip"));
+            assert!(s.contains("taskset -c"));
+        }
 
         /// A required module is held only by a selected test in it; a
         /// module whose name merely starts the same does not count.

@@ -60,7 +60,10 @@
 //! queue pairs (`Verbs { device: "rxe0", peer: Some(10.99.1.1) }`).
 //! Functional only: the table's rates and latencies stay in the VM.
 //!
-//! **Not built yet** (issue "Across hosts", still open): NUMA placement.
+//! NUMA placement is tested on one host, not here: `cargo xtask rxe
+//! --numa` (CI's `rxe NUMA` step) boots one VM with two emulated nodes and
+//! its NIC on node 1 ([`crate::rxe::suite::run_numa`]); these two VMs
+//! have one node each.
 //!
 //! Functional checks only: soft-RoCE under TCG runs 20-50x slower than a
 //! NIC. Tested on soft-RoCE (rdma_rxe) in VMs; not run on an RDMA NIC.
@@ -165,6 +168,7 @@ pub(crate) fn run_pair(
                     format!("socket,id=n0,udp=127.0.0.1:{there},localaddr=127.0.0.1:{here}"),
                     (*mac).to_owned(),
                 )),
+                numa: None,
             }
         })
         .collect();
@@ -313,7 +317,7 @@ check() {{
 retry() {{ # until the server listens, 120 s at most
   for _ in $(seq 60); do "$@" && return 0; sleep 2; done; return 1
 }}
-retry timeout 60 {hc} --uri rdma://$RRPC_RXE_PEER:50051 > /tmp/hello.log 2>&1; ok=$?
+{wire}retry timeout 60 {hc} --uri rdma://$RRPC_RXE_PEER:50051 > /tmp/hello.log 2>&1; ok=$?
 check helloworld /tmp/hello.log "{verbs}" 'RESPONSE="Hello rrpc!"'
 # One port, three clients at once: the default rrpc client lands on verbs
 # (another host: no shm), one with verbs forbidden on TCP, a plain HTTP/2
@@ -348,23 +352,43 @@ grep -E '^(calls|pool)' /tmp/shared.log
 # Token and TLS: the right ones pass; a wrong token, or no TLS, is refused before any region or queue pair.
 timeout 300 {soak} --role client --transport rdma --uri rdma://$RRPC_RXE_PEER:50063 --token cross-host-secret --tls-dir "$RRPC_RXE_WIRE" --duration 3s --clients 2 --stall-after 60s > /tmp/tls.log 2>&1; ok=$?
 check "token and TLS on the side channel (2 clients, 3 s)" /tmp/tls.log "calls: " "soak: {verbs}"
+# What carried a refusal: A's side channel (TCP), and no RoCE packet (no queue pair).
+wire_mark
 timeout 120 {soak} --role refused --transport rdma --uri rdma://$RRPC_RXE_PEER:50063 --token wrong-secret --tls-dir "$RRPC_RXE_WIRE" > /tmp/refused.log 2>&1; ok=$?
-check "a wrong token is refused (Unauthenticated)" /tmp/refused.log "refused: the connect failed: Unauthenticated"
+wire_refused /tmp/refused.log
+check "a wrong token is refused (Unauthenticated) on the side channel, before any queue pair" /tmp/refused.log "refused: the connect failed: Unauthenticated"
+grep -h -e '^refused' -e '^wire:' /tmp/refused.log
+wire_mark
 timeout 120 {soak} --role refused --transport rdma --uri rdma://$RRPC_RXE_PEER:50063 --token cross-host-secret > /tmp/refused2.log 2>&1; ok=$?
-check "a client without TLS is refused" /tmp/refused2.log "refused: the connect failed"
+wire_refused /tmp/refused2.log
+check "a client without TLS is refused on the side channel, before any queue pair" /tmp/refused2.log "refused: the connect failed"
+grep -h -e '^refused' -e '^wire:' /tmp/refused2.log
 # rrpc-kv across hosts (YCSB A, 300 records, 300 operations, 2 clients): the
 # gRPC face over rdma://; RF-RPC with the client READing the results out of
 # A's memory (remote fetch); the hybrid switch with request batches of 8.
-kv() {{ # NAME TARGET ARGS...
-  name=$1; shift
-  timeout 300 {kvb} --workload a --records 300 --ops 300 --clients 2 --no-progress "$@" > /tmp/kv.log 2>&1; ok=$?
+# rrpc-kv-bench prints no carrier and no READ count: the wire counters say
+# what carried each run: RoCE v2 packets from B to A (at least {kv_roce};
+# 600 calls, 75 batches with --batch 8), and in remote-fetch mode at least
+# one RDMA READ request per call of the run phase ({kv_ops}; the load
+# phase's 300 are fetched too).
+kv() {{ # NAME MIN_READS ARGS...
+  name=$1; min_reads=$2; shift 2
+  wire_mark
+  timeout 300 {kvb} --workload a --records 300 --ops {kv_ops} --clients 2 --no-progress "$@" > /tmp/kv.log 2>&1; ok=$?
+  wire_since >> /tmp/kv.log
+  if [ "$ok" = 0 ]; then
+    if [ "$roce" -lt {kv_roce} ]; then ok="0, but only $roce RoCE packets went to A: verbs did not carry it"
+    elif [ "$reads" -lt "$min_reads" ]; then ok="0, but only $reads RDMA READ requests went to A (want at least $min_reads)"
+    fi
+  fi
   check "$name" /tmp/kv.log "run phase:"
+  echo "cross-host: $name: B sent A $roce RoCE v2 packets on rxe0, $reads of them RDMA READ requests"
   if grep -q "operations failed" /tmp/kv.log; then echo "cross-host: $name FAILED (operations failed)"; grep "operations failed" /tmp/kv.log; failed=$((failed + 1)); fi
 }}
 retry timeout 60 {kvb} --workload c --records 10 --ops 10 --clients 1 --no-progress --target grpc+rdma://$RRPC_RXE_PEER:50070 > /dev/null 2>&1
-kv "rrpc-kv gRPC face over rdma://" --target grpc+rdma://$RRPC_RXE_PEER:50070
-kv "rrpc-kv RF-RPC, remote fetch (READs from A's memory)" --target rfrpc+rdma://$RRPC_RXE_PEER:50071 --rf-mode remote-fetch
-kv "rrpc-kv RF-RPC, hybrid switch, batches of 8" --target rfrpc+rdma://$RRPC_RXE_PEER:50071 --rf-mode hybrid --batch 8
+kv "rrpc-kv gRPC face over rdma://" 0 --target grpc+rdma://$RRPC_RXE_PEER:50070
+kv "rrpc-kv RF-RPC, remote fetch (READs from A's memory)" {kv_ops} --target rfrpc+rdma://$RRPC_RXE_PEER:50071 --rf-mode remote-fetch
+kv "rrpc-kv RF-RPC, hybrid switch, batches of 8" 0 --target rfrpc+rdma://$RRPC_RXE_PEER:50071 --rf-mode hybrid --batch 8
 {cluster_b}{retry_check}if [ {dead_server} = 1 ]; then
   # Partition and heal: B's frames are all lost, under a stream of calls with
   # 3 s deadlines, for 4 s (calls wait, or fail at their deadline) and then
@@ -401,6 +425,9 @@ exit $failed
         rc = q(&bins.route_client),
         soak = q(&bins.soak),
         kvb = q(&bins.kv_bench),
+        wire = WIRE_COUNTERS,
+        kv_ops = 300,
+        kv_roce = 100,
         dead_bound = DEAD_HOST_BOUND_SECS,
         cut = PARTITION_SECS,
         part_secs = PARTITION_SECS + 35,
@@ -412,6 +439,9 @@ exit $failed
 pub(crate) fn run(root: &Path, target: &Path, args: &RxeArgs) -> Result<i32> {
     if args.hosts != 2 {
         bail!("--hosts takes 1 or 2");
+    }
+    if args.numa {
+        bail!("--numa runs on one host (no --hosts 2)");
     }
     let scripts = match args.cmd.as_slice() {
         [] => {
@@ -482,6 +512,48 @@ pub(crate) fn run(root: &Path, target: &Path, args: &RxeArgs) -> Result<i32> {
 /// 2 s apart = 16 s; `rrpc_core::conn::TcpKeepalive::bound`) plus slack for
 /// the emulated hosts and the signal's path through the shared directory.
 pub(crate) const DEAD_HOST_BOUND_SECS: u64 = 20;
+
+/// Counters of what B sends A, for the checks whose binaries print no
+/// carrier (rrpc-kv-bench; the refusals, which have no connection to read
+/// one from): `clsact` filters on `eth0`'s egress count RoCE v2 packets
+/// to A (UDP port 4791, at byte 22 of the IPv4 header: rxe sends no IP
+/// options), among them RDMA READ requests (BTH opcode 0x0C, the first
+/// byte after the UDP header, at 28), and TCP packets to A (the side
+/// channels). `wire_mark` notes the counts, `wire_since` sets `roce`,
+/// `reads` and `tcp` to what was sent since and prints them;
+/// `wire_refused LOG` turns `ok` into a failure unless the side channel
+/// carried the exchange (TCP) and no RoCE packet went out. Counters
+/// that cannot be set up fail every check that reads them.
+const WIRE_COUNTERS: &str = r#"for m in sch_ingress cls_u32 act_gact; do /tmp/modprobe $m || true; done
+u32_to_a="u32 match ip dst $RRPC_RXE_PEER/32"
+if tc qdisc add dev eth0 clsact \
+  && tc filter add dev eth0 egress prio 1 protocol ip $u32_to_a match u16 4791 0xffff at 22 match u8 0x0c 0xff at 28 action gact continue index 41 \
+  && tc filter add dev eth0 egress prio 2 protocol ip $u32_to_a match u16 4791 0xffff at 22 action gact continue index 42 \
+  && tc filter add dev eth0 egress prio 3 protocol ip $u32_to_a match ip protocol 6 0xff action gact continue index 43; then
+  echo "cross-host: wire counters on eth0 (RoCE v2 to A, RDMA READ requests, TCP to A)"
+else
+  echo "cross-host: wire counters FAILED to start"; tc qdisc del dev eth0 clsact 2>/dev/null
+fi
+wire_pkts() { tc -s actions get action gact index $1 2>/dev/null | awk '/Sent/ { print $4; exit }'; }
+wire_mark() { w_read=$(wire_pkts 41); w_roce=$(wire_pkts 42); w_tcp=$(wire_pkts 43); }
+wire_since() {
+  local r=$(wire_pkts 41) a=$(wire_pkts 42) t=$(wire_pkts 43)
+  if [ -n "$r" ] && [ -n "$a" ] && [ -n "$t" ] && [ -n "$w_read" ] && [ -n "$w_roce" ] && [ -n "$w_tcp" ]; then
+    reads=$((r - w_read)); roce=$((a - w_roce)); tcp=$((t - w_tcp))
+  else
+    reads=-1; roce=-1; tcp=-1; [ "$ok" = 0 ] && ok="0, but the wire counters are not there"
+  fi
+  echo "wire: B sent A $roce RoCE v2 packets ($reads RDMA READ requests) and $tcp TCP packets"
+}
+wire_refused() {
+  wire_since >> "$1"
+  if [ "$ok" = 0 ]; then
+    if [ "$roce" != 0 ]; then ok="0, but $roce RoCE packets went to A: not refused before any queue pair"
+    elif [ "$tcp" -lt 3 ]; then ok="0, but only $tcp TCP packets went to A: the side channel did not carry the refusal"
+    fi
+  fi
+}
+"#;
 
 /// What a client prints when verbs carried its calls to the other host (in
 /// a double-quoted shell string).
