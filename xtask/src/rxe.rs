@@ -1558,7 +1558,7 @@ echo "{END} examples/{name} rc=$rc"; [ $rc = 0 ] || failed=1
 /tmp/modprobe virtio_net
 for _ in $(seq 100); do [ -e /sys/class/net/eth0 ] && break; sleep 0.1; done
 ip link set eth0 up && rdma link add rxe1 type rxe netdev eth0 || {{ echo "numa: no rxe1 on eth0"; ls /sys/class/net; exit 1; }}
-echo "numa: $(ls -d /sys/devices/system/node/node[0-9]* | wc -l) nodes; eth0 on node $(cat /sys/class/net/eth0/device/numa_node); node {n} CPUs $(cat /sys/devices/system/node/node{n}/cpulist)"
+echo "numa: $(ls -d /sys/devices/system/node/node[0-9]* | wc -l) nodes; eth0 on node $(cat /sys/class/net/eth0/device/numa_node /sys/class/net/eth0/device/../numa_node 2>/dev/null | head -n1); node {n} CPUs $(cat /sys/devices/system/node/node{n}/cpulist)"
 export RUST_BACKTRACE=0 RRPC_TEST_NUMA_NODE={n} RRPC_TEST_NUMA_DEVICE=rxe1
 # The ring memory test creates its unplaced control ring on whichever CPU
 # its thread runs, and that first touch puts a page on that CPU's node
