@@ -697,23 +697,8 @@ impl RingsPending {
     /// why instead of a closed socket. Takes nothing from the pool.
     /// Bounded by the handshake timeout.
     pub(crate) async fn refuse(self, reason: String) -> Result<(), Error> {
-        let timeout = self.cfg.handshake_timeout();
         let mut pending = self.pending;
-        let arrived = async {
-            if pending.uses_tls() {
-                tls_hello_arrived(&mut pending).await
-            } else {
-                hello_arrived(&pending).await
-            }
-        };
-        match tokio::time::timeout(timeout, arrived).await {
-            Ok(r) => r?,
-            Err(_) => {
-                return Err(Error::Handshake(format!(
-                    "client sent no complete hello within {timeout:?}"
-                )));
-            }
-        }
+        whole_hello_within(&mut pending, self.cfg.handshake_timeout()).await?;
         tokio::task::spawn_blocking(move || -> Result<(), Error> {
             pending.handshake()?.reject(&reason)?;
             Ok(())
@@ -739,21 +724,7 @@ impl RingsPending {
             ctx,
             fabric,
         } = self;
-        let arrived = async {
-            if pending.uses_tls() {
-                tls_hello_arrived(&mut pending).await
-            } else {
-                hello_arrived(&pending).await
-            }
-        };
-        match tokio::time::timeout(timeout, arrived).await {
-            Ok(r) => r?,
-            Err(_) => {
-                return Err(Error::Handshake(format!(
-                    "client sent no complete hello within {timeout:?}"
-                )));
-            }
-        }
+        whole_hello_within(&mut pending, timeout).await?;
         let (cfg2, ctx2) = (cfg.clone(), ctx.clone());
         let set_up = tokio::task::spawn_blocking(move || -> Result<Option<Dialed>, Error> {
             let incoming = pending.handshake()?;
@@ -821,6 +792,24 @@ fn answer(
     let c = incoming.accept(qp, offer)?;
     let (tx, rx) = local.connect(&c)?;
     Ok(Some((c, tx, rx, path)))
+}
+
+/// Waits until the client's whole hello has arrived ([`tls_hello_arrived`] with TLS,
+/// [`hello_arrived`] without), at most `timeout`.
+async fn whole_hello_within(pending: &mut Pending, timeout: Duration) -> Result<(), Error> {
+    let arrived = async {
+        if pending.uses_tls() {
+            tls_hello_arrived(pending).await
+        } else {
+            hello_arrived(pending).await
+        }
+    };
+    match tokio::time::timeout(timeout, arrived).await {
+        Ok(r) => r,
+        Err(_) => Err(Error::Handshake(format!(
+            "client sent no complete hello within {timeout:?}"
+        ))),
+    }
 }
 
 /// With TLS on the side channel: drives the TLS handshake without blocking
