@@ -177,7 +177,7 @@ impl SpinTuner {
     /// After a short turn, long enough to catch the last reply seen (its 5/4 and 1 µs, at least
     /// the budget, at most 4 budgets): a peer that sleeps on its own account answers a wake-up
     /// late, and only a probe that waits it out can find that spinning pays again (the way
-    /// out of a sleeping pair, [module docs](self)). After a long turn, or none, at most
+    /// out of a sleeping pair: the `tune` module's notes). After a long turn, or none, at most
     /// `COSTLY_CATCH` (50 µs): the peer's sleep is this end's doing, and a later catch would
     /// score a miss anyway (#30: rrpc-tonic's HTTP/2 receivers spin up to 200 µs, and at one
     /// call per ms their probes spun it for nothing).
@@ -247,7 +247,7 @@ impl SpinTuner {
 
     /// Judges a wait that had to wait (found no data at its first check): the one judgement
     /// of [`Waited`] that [`spun`](Self::spun) and [`ran_out`](Self::ran_out) leave to their
-    /// caller ([module docs](self), "whose fault a late catch is").
+    /// caller (the `tune` module's notes, "whose fault a late catch is").
     ///
     /// - A reply far away (at least `max(4 × budget, 500 µs)`): a miss.
     /// - Caught within `COSTLY_CATCH` (50 µs) of this end's send: a hit.
