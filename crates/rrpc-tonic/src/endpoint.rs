@@ -423,6 +423,10 @@ impl RrpcEndpoint {
         };
         match connected {
             Ok((dialer, conn)) => Ok(self.rings(dialer, Some(conn), carrier)),
+            // The server refused it for a connection limit: no other fabric
+            // of the same server is the answer (its TCP leg counts against
+            // the same limits), and the caller must learn which limit.
+            Err(e @ Error::ConnectionLimit(_)) => Err(e),
             Err(e) if self.config.allows(crate::Fabric::Tcp) => {
                 tracing::warn!(
                     addr = %p.addr(), side = %shown, %fabric, error = %e,
