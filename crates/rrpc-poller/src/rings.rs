@@ -50,7 +50,7 @@ use crate::poller::{Poller, Registration};
 use crate::source::{Notifier, Readiness};
 
 mod managed;
-pub use managed::{IdleReads, ManagedSender};
+pub use managed::{IdleReads, ManagedSender, SendHandle, fail_connection};
 /// The ring types a connection is set up with (re-exported so that a user
 /// of this module names no rrpc-ringbuf type of its own).
 pub use rrpc_ringbuf::{LocalRing, RingConfig, RingRx, RingTx};
@@ -551,16 +551,6 @@ impl AsyncSender {
     /// The ring's sending half (state, config).
     pub fn ring(&self) -> &RingTx {
         &self.tx
-    }
-
-    /// Runs a self-sizing ring's policy ([`RingTx::maintain`]); the
-    /// managed sender's sizing task calls it every `shrink_after / 2`.
-    /// Never waits.
-    ///
-    /// # Errors
-    /// As [`RingTx::maintain`].
-    pub(crate) fn maintain(&mut self, now: std::time::Instant) -> Result<bool> {
-        self.tx.maintain(now).map_err(Into::into)
     }
 }
 

@@ -67,6 +67,24 @@ pub(crate) trait MsgTx: Send + 'static {
     fn state(&self) -> String {
         String::new()
     }
+
+    /// The pipe's synchronous side, shared: sends that need no wait, from
+    /// any thread, beside the owner of this half (rings: one short step
+    /// under the ring's own lock, also while the owner waits for room,
+    /// which holds no lock). `None`: only through this half.
+    fn direct(&self) -> Option<std::sync::Arc<dyn SyncTx>> {
+        None
+    }
+}
+
+/// [`MsgTx::direct`]: [`MsgTx::try_send_with`] through a shared reference.
+pub(crate) trait SyncTx: Send + Sync + 'static {
+    /// As [`MsgTx::try_send_with`].
+    fn try_send_with(
+        &self,
+        len: usize,
+        fill: &mut (dyn FnMut(&mut [u8]) + Send),
+    ) -> Result<bool, Error>;
 }
 
 /// The receiving half of a message pipe.

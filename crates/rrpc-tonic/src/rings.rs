@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use rrpc_core::conn::{Connection, HandshakeConfig, Listener, Offer, Pending, connect};
 use rrpc_core::{Fabric, FabricAddr};
 use rrpc_poller::rings::{
-    AsyncConn, AsyncReceiver, IdleReads, ManagedSender, RingConfig, RingRx, RingTx,
+    AsyncConn, AsyncReceiver, IdleReads, ManagedSender, RingConfig, RingRx, RingTx, SendHandle,
 };
 use rrpc_poller::{Mode, WatchedFd};
 
@@ -22,7 +22,7 @@ use crate::frame::HANDSHAKE_SECTION;
 use crate::negotiate::{
     Established, Negotiated, choose_path, client_hello, path_of_reply, section_of,
 };
-use crate::pipe::{BoxFut, MsgRx, MsgTx, Pipe};
+use crate::pipe::{BoxFut, MsgRx, MsgTx, Pipe, SyncTx};
 use crate::sharing::{self, Anchors, PeerKey, Request};
 use crate::spare::Spare;
 use crate::{Error, RrpcConfig, RrpcContext};
@@ -50,6 +50,28 @@ pub(crate) fn ring_config_for_tests(cfg: &RrpcConfig) -> Result<RingConfig, Erro
 struct RingsTx {
     /// The poller runs its completion progress and its ring's sizing tick.
     tx: ManagedSender,
+    /// Its synchronous side, shared with the frame writer's callers.
+    direct: Arc<RingsDirect>,
+}
+
+/// [`RingsTx`]'s synchronous side ([`MsgTx::direct`]).
+struct RingsDirect {
+    tx: SendHandle,
+    max: usize,
+}
+
+impl SyncTx for RingsDirect {
+    fn try_send_with(
+        &self,
+        len: usize,
+        fill: &mut (dyn FnMut(&mut [u8]) + Send),
+    ) -> Result<bool, Error> {
+        if len > self.max {
+            return Err(Error::MessageTooLarge { len, max: self.max });
+        }
+        let r = self.tx.try_send_with(len, fill).map_err(Error::from);
+        checked(self.tx.connection(), r)
+    }
 }
 
 /// Why the peer of a connection found gone is gone, when it is not an
@@ -83,22 +105,20 @@ fn gone_cause(conn: &Connection) -> Option<rrpc_core::Error> {
     }
 }
 
-impl RingsTx {
-    /// The result of a send: a failure fails the connection. A send that
-    /// found the peer gone says why when that is known (the same verdict
-    /// the receiving half gives, [`gone_cause`]): a queue pair whose
-    /// retries ran out (`IBV_WC_RETRY_EXC_ERR`), or a host that stopped
-    /// answering the side channel's keep-alive.
-    fn checked<T>(&self, r: Result<T, Error>) -> Result<T, Error> {
-        let Err(e) = r else { return r };
-        // The cause first: the close below fails the queue pair too.
-        let e = match e {
-            e if e.is_peer_gone() => gone_cause(self.tx.connection()).map_or(e, Error::from),
-            e => e,
-        };
-        self.tx.fail_connection(&e);
-        Err(e)
-    }
+/// The result of a send: a failure fails the connection. A send that
+/// found the peer gone says why when that is known (the same verdict
+/// the receiving half gives, [`gone_cause`]): a queue pair whose
+/// retries ran out (`IBV_WC_RETRY_EXC_ERR`), or a host that stopped
+/// answering the side channel's keep-alive.
+fn checked<T>(conn: &Arc<Connection>, r: Result<T, Error>) -> Result<T, Error> {
+    let Err(e) = r else { return r };
+    // The cause first: the close below fails the queue pair too.
+    let e = match e {
+        e if e.is_peer_gone() => gone_cause(conn).map_or(e, Error::from),
+        e => e,
+    };
+    rrpc_poller::rings::fail_connection(conn, &e);
+    Err(e)
 }
 
 struct RingsRx {
@@ -126,7 +146,7 @@ impl MsgTx for RingsTx {
             }
             // Zero-copy: the frame is encoded straight into the reserved ring slot.
             let r = self.tx.send_with(len, fill).await.map_err(Error::from);
-            self.checked(r)
+            checked(self.tx.connection(), r)
         })
     }
     fn try_send_with(
@@ -139,7 +159,11 @@ impl MsgTx for RingsTx {
             return Err(Error::MessageTooLarge { len, max });
         }
         let r = self.tx.try_send_with(len, fill).map_err(Error::from);
-        self.checked(r)
+        checked(self.tx.connection(), r)
+    }
+
+    fn direct(&self) -> Option<Arc<dyn SyncTx>> {
+        Some(self.direct.clone())
     }
 
     fn state(&self) -> String {
@@ -288,7 +312,13 @@ fn into_pipe_and_conn(
     }
     Ok((
         (
-            Box::new(RingsTx { tx }),
+            Box::new(RingsTx {
+                direct: Arc::new(RingsDirect {
+                    tx: tx.handle(),
+                    max: tx.max_message(),
+                }),
+                tx,
+            }),
             Box::new(RingsRx {
                 rx,
                 _conn: conn.clone(),

@@ -1,49 +1,76 @@
 //! A sender whose upkeep the poller runs: completion progress and the ring's
-//! sizing tick, one owner each ([`AsyncConn::split_managed`]).
+//! sizing tick ([`AsyncConn::split_managed`]).
 //!
 //! A ring holds work back until send completions are polled (a tail WRITE
 //! deferred by the elastic threshold, work beyond the send-queue budget),
 //! and a self-sizing ring shrinks only from a tick of its policy
 //! (`rrpc_ringbuf` docs, "Rings that size themselves"). A writer that goes
-//! idle does neither, so somebody else must: here, after each send that
-//! leaves work held back, a progress task polls completions until nothing
-//! is; and for a self-sizing ring one sizing task ticks the policy every
+//! idle does neither, so somebody else must: one upkeep task per
+//! connection, which polls completions after a send that left work held
+//! back until nothing is, and for a self-sizing ring ticks the policy every
 //! `shrink_after / 2` and, on the same tick, tells the receiving side's
 //! owner when unread data sits in its ring ([`IdleReads`]): an idle reader
 //! must still read its peer's resize markers, or the peer's ring never
 //! shrinks.
 //!
-//! The sender is shared between its user and these tasks behind an async
-//! mutex: the user's sends hold it (across a wait for room), the tasks take
-//! it briefly. A failure the tasks find fails the connection
-//! ([`ManagedSender::fail_connection`]).
+//! # One owner, no lock across an await
+//!
+//! The ring's sending state sits behind a `std` mutex that is only ever
+//! held for a synchronous step: a reserve, fill and commit; a poll of the
+//! completions; a sizing tick. Nobody holds it while waiting. A writer that
+//! finds the ring full lets go of it, waits for room on its own
+//! [`Registration`](crate::Registration) (or, while work is held back
+//! behind completions, polls them itself between yields), and tries again;
+//! meanwhile the upkeep task can always take its turn. (Before, the
+//! sender sat behind an async mutex held across the wait for room: the
+//! shape of a cross-host hang where the waiting writer held what the
+//! progress task needed to post the tail.) A failure the upkeep task finds
+//! fails the connection ([`ManagedSender::fail_connection`]).
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Weak};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use std::time::{Duration, Instant};
 
 use rrpc_core::conn::Connection;
-use rrpc_ringbuf::TxWatch;
+use rrpc_ringbuf::{RingTx, TxWatch};
+use tokio::sync::Notify;
 
-use super::{AsyncConn, AsyncReceiver, AsyncSender, RxSource};
+use super::{AsyncConn, AsyncReceiver, AsyncSender, RxSource, TxSource, between_completion_polls};
+use crate::config::Mode;
 use crate::error::Result;
+use crate::poller::{Registration, SendLog};
 use crate::source::Readiness;
 
-/// How long the progress task keeps polling with no completion coming
+/// How long the upkeep task keeps polling with no completion coming
 /// before it gives up (the connection is then broken anyway).
 const PROGRESS_LIMIT: Duration = Duration::from_secs(30);
 
-/// The sending half of [`AsyncConn::split_managed`]: an [`AsyncSender`]
-/// whose completion progress and ring sizing the poller's tasks run.
+/// The sending half of [`AsyncConn::split_managed`]: a ring sender whose
+/// completion progress and ring sizing the poller's upkeep task runs.
 pub struct ManagedSender {
-    /// Shared with the progress and sizing tasks.
-    tx: Arc<tokio::sync::Mutex<AsyncSender>>,
-    watch: TxWatch,
+    core: Arc<Core>,
+    /// Waits for room when the ring is full (only a writer that holds the
+    /// sender mutably waits: `send_with`).
+    room: Registration,
+    mode: Mode,
     max: usize,
     preferred: usize,
-    /// A progress task is running.
-    progressing: Arc<AtomicBool>,
-    conn: Arc<Connection>,
+}
+
+/// What the writer and the upkeep task share.
+struct Core {
+    /// The ring's sending state: locked for synchronous steps only.
+    ring: Mutex<RingTx>,
+    watch: TxWatch,
+    src: Arc<TxSource>,
+    /// Sends and flushes, for the receiver's spin phases.
+    sends: Arc<SendLog>,
+    /// The upkeep task runs (started lazily for progress, at once for a
+    /// self-sizing ring).
+    upkeep_started: AtomicBool,
+    /// Kicks the upkeep task: work is held back behind completions. Also
+    /// rung when the sender goes, so that the task ends.
+    kick: Arc<Notify>,
 }
 
 impl std::fmt::Debug for ManagedSender {
@@ -59,7 +86,7 @@ impl std::fmt::Debug for ManagedSender {
 /// while its ring holds data: the poller's sizing tick found unread data
 /// (a peer's resize marker, say). Cloneable; each tick wakes one waiter.
 #[derive(Debug, Clone)]
-pub struct IdleReads(Arc<tokio::sync::Notify>);
+pub struct IdleReads(Arc<Notify>);
 
 impl IdleReads {
     /// Waits for the next tick that found unread data (at most one is
@@ -78,35 +105,54 @@ impl AsyncConn {
     /// that leaves work held back, a task polls completions until it is
     /// out; a self-sizing ring's policy ticks every `shrink_after / 2`, and
     /// the receiver's [`AsyncReceiver::idle_reads`] fires on a tick that
-    /// finds unread data. The tasks run on the current tokio runtime and
-    /// hold the connection only weakly: they end with the sender.
+    /// finds unread data. One task per connection, on the current tokio
+    /// runtime, holding the connection only weakly: it ends with the
+    /// sender.
     ///
     /// # Errors
     /// As [`split`](Self::split).
     pub fn split_managed(self) -> Result<(ManagedSender, AsyncReceiver)> {
         let (tx, mut rx) = self.split()?;
-        let ring = tx.tx.config();
-        let max = ring.max_message();
+        let AsyncSender {
+            tx: ring,
+            reg,
+            src,
+            mode,
+            sends,
+        } = tx;
+        let cfg = ring.config();
+        let max = cfg.max_message();
         // A fixed ring carries whole-ring messages best (the papers'
         // setting); a self-sizing one, a third of its cache cap.
-        let sizing = ring.self_sizing();
+        let sizing = cfg.self_sizing();
         let preferred = if sizing {
-            (ring.cache_ring_size() / 3).min(max)
+            (cfg.cache_ring_size() / 3).min(max)
         } else {
             max
         };
-        let every = ring.shrink_after() / 2;
+        let every = cfg.shrink_after() / 2;
         let sender = ManagedSender {
-            watch: tx.tx.watch(),
-            conn: tx.src.conn.clone(),
-            tx: Arc::new(tokio::sync::Mutex::new(tx)),
+            core: Arc::new(Core {
+                watch: ring.watch(),
+                ring: Mutex::new(ring),
+                src,
+                sends,
+                upkeep_started: AtomicBool::new(false),
+                kick: Arc::new(Notify::new()),
+            }),
+            room: reg,
+            mode,
             max,
             preferred,
-            progressing: Arc::new(AtomicBool::new(false)),
         };
         if sizing {
-            let idle = IdleReads(Arc::new(tokio::sync::Notify::new()));
-            if sender.spawn_sizing(every, Arc::downgrade(&rx.src), idle.clone()) {
+            let idle = IdleReads(Arc::new(Notify::new()));
+            let sizing = Sizing {
+                every,
+                rx: Arc::downgrade(&rx.src),
+                idle: idle.clone(),
+            };
+            if sender.core.start_upkeep(Some(sizing)) {
                 rx.idle = Some(idle);
             }
         }
@@ -129,71 +175,98 @@ impl ManagedSender {
 
     /// One Acquire load: `false` only while the ring is known to be full.
     pub fn has_space(&self) -> bool {
-        self.watch.has_space()
+        self.core.watch.has_space()
     }
 
     /// The ring's current size in bytes (a self-sizing ring's changes with
-    /// its policy); `None` while a send or a task holds the sender.
+    /// its policy); `None` while another thread is in a step on the ring.
     pub fn ring_bytes(&self) -> Option<usize> {
-        let tx = self.tx.try_lock().ok()?;
-        Some(tx.ring().state().geometry().ring_bytes())
+        self.handle().ring_bytes()
     }
 
     /// The connection under the rings.
     pub fn connection(&self) -> &Arc<Connection> {
-        &self.conn
+        &self.core.src.conn
+    }
+
+    /// A handle that sends without waiting from any thread, beside this
+    /// sender (and while it waits for room: it holds no lock then).
+    pub fn handle(&self) -> SendHandle {
+        SendHandle {
+            core: self.core.clone(),
+        }
     }
 
     /// Reserves `len` bytes (waiting for room), lets `fill` write them,
     /// commits and flushes; then sees that what is held back gets out.
+    /// While it waits for room it holds no lock: the upkeep task and
+    /// [`try_send_with`](Self::try_send_with) go on meanwhile.
     ///
     /// # Errors
     /// As [`AsyncSender::send`]. The connection is not failed here: the
     /// caller decides ([`fail_connection`](Self::fail_connection)).
     ///
     /// # Cancel safety
-    /// Cancel-safe until the room is there: nothing is reserved before.
+    /// Cancel-safe: nothing is reserved before the room is there, and the
+    /// message is written and committed in one synchronous step.
     pub async fn send_with(
         &mut self,
         len: usize,
         fill: &mut (dyn FnMut(&mut [u8]) + Send),
     ) -> Result<()> {
-        let mut tx = self.tx.lock().await;
-        // Zero-copy: the caller writes straight into the reserved slot.
-        let mut slot = tx.reserve(len).await?;
-        fill(&mut slot[..len]);
-        slot.commit()?;
-        tx.flush()?;
-        self.ensure_progress(&mut tx);
+        let mut polls = 0u32;
+        loop {
+            if self.try_send_with(len, fill)? {
+                return Ok(());
+            }
+            // Full. Room comes from the reader, which frees only what it
+            // could see: while work is held back behind a completion (the
+            // tail deferred by the elastic threshold, work beyond the
+            // send-queue budget), poll completions ourselves, between
+            // yields, instead of waiting for a head that will not move.
+            let held_back = {
+                let mut ring = self.core.lock();
+                if ring.state().wants_completions() {
+                    ring.poll_completions()?;
+                }
+                ring.state().wants_completions()
+            };
+            if held_back {
+                between_completion_polls(&mut polls, &self.core.src.conn).await?;
+            } else {
+                polls = 0;
+                self.wait_space().await?;
+            }
+        }
+    }
+
+    /// Waits until the reader pushed a head since the ring was found full
+    /// (or the peer is gone). Holds no lock.
+    async fn wait_space(&mut self) -> Result<()> {
+        if self.mode != Mode::Event {
+            return self.room.wait_ready().await;
+        }
+        let mut backoff = Duration::from_micros(20);
+        while !self.core.src.ready() {
+            self.core.src.conn.check_alive()?;
+            tokio::time::sleep(backoff).await;
+            backoff = (backoff * 2).min(Duration::from_millis(1));
+        }
         Ok(())
     }
 
     /// As [`send_with`](Self::send_with) if it needs no wait: `Ok(false)`
-    /// (nothing written, `fill` not called) when the ring is full or a
-    /// task holds the sender.
+    /// (nothing written, `fill` not called) when the ring is full
+    /// ([`SendHandle::try_send_with`]).
     ///
     /// # Errors
     /// As [`send_with`](Self::send_with).
     pub fn try_send_with(
-        &mut self,
+        &self,
         len: usize,
         fill: &mut (dyn FnMut(&mut [u8]) + Send),
     ) -> Result<bool> {
-        if !self.watch.has_space() {
-            return Ok(false);
-        }
-        // Held only by a task, briefly: then take the slow path.
-        let Ok(mut tx) = self.tx.try_lock() else {
-            return Ok(false);
-        };
-        let Some(mut slot) = tx.try_reserve(len)? else {
-            return Ok(false);
-        };
-        fill(&mut slot[..len]);
-        slot.commit()?;
-        tx.flush()?;
-        self.ensure_progress(&mut tx);
-        Ok(true)
+        self.core.try_send_with(len, fill)
     }
 
     /// Fails the whole connection, at once: the goodbye and the side
@@ -202,142 +275,265 @@ impl ManagedSender {
     /// waits on a connection whose queue pair failed. The goodbye is a
     /// blocking send, bounded at 1 s: never on a tokio worker.
     pub fn fail_connection(&self, e: &dyn std::fmt::Display) {
-        fail_connection(&self.conn, e);
+        fail_connection(&self.core.src.conn, e);
     }
 
     /// The sender's state for diagnostics (completions, room, pointers).
     pub fn state(&self) -> String {
-        let ring = match self.tx.try_lock() {
-            Ok(tx) => format!(
+        let ring = match self.core.ring.try_lock() {
+            Ok(ring) => format!(
                 "wants_completions {} tails_in_flight {} has_space {} sender {:?}",
-                tx.wants_completions(),
-                tx.tails_in_flight(),
-                self.watch.has_space(),
-                tx.ring().state()
+                ring.state().wants_completions(),
+                ring.state().tails_in_flight(),
+                self.core.watch.has_space(),
+                ring.state()
             ),
-            Err(_) => "sender in use".to_string(),
+            Err(_) => "sender in a step".to_string(),
         };
         format!(
-            "progress task {} | {ring}",
-            self.progressing.load(Ordering::Acquire),
+            "upkeep task {} | {ring}",
+            self.core.upkeep_started.load(Ordering::Acquire),
         )
     }
+}
 
-    /// Runs the ring's sizing policy every `every` for as long as the
-    /// sender lives (an idle ring shrinks only from here), and on each tick
-    /// wakes `idle` when the receive ring holds unread data. A tick that
-    /// finds the sender in use skips its policy (the next one runs); a
-    /// failure fails the connection. `false` outside a tokio runtime.
-    fn spawn_sizing(&self, every: Duration, rx: Weak<RxSource>, idle: IdleReads) -> bool {
-        let Ok(rt) = tokio::runtime::Handle::try_current() else {
-            return false;
-        };
-        // Weak all: the task never keeps the connection (its regions, its
-        // side channel) alive past the sender.
-        let (weak, weak_conn) = (Arc::downgrade(&self.tx), Arc::downgrade(&self.conn));
-        rt.spawn(async move {
-            let mut tick = tokio::time::interval(every);
-            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            loop {
-                tick.tick().await;
-                let (Some(tx), Some(conn)) = (weak.upgrade(), weak_conn.upgrade()) else {
-                    return;
-                };
-                if conn.is_gone() {
-                    return;
-                }
-                if rx.upgrade().is_some_and(|rx| rx.ready()) {
-                    idle.0.notify_one();
-                }
-                let Ok(mut tx) = tx.try_lock() else { continue };
-                if let Err(e) = tx.maintain(Instant::now()) {
-                    fail_connection(&conn, &e);
-                    return;
-                }
-            }
-        });
-        true
+/// A [`ManagedSender`]'s synchronous side, shared: sends that need no
+/// wait, from any thread (cloneable; [`ManagedSender::handle`]).
+#[derive(Clone)]
+pub struct SendHandle {
+    core: Arc<Core>,
+}
+
+impl std::fmt::Debug for SendHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SendHandle").finish_non_exhaustive()
+    }
+}
+
+impl SendHandle {
+    /// Reserves `len` bytes if the ring has room now, lets `fill` write
+    /// them, commits and flushes: one short synchronous step under the
+    /// ring's lock. `Ok(false)` (nothing written, `fill` not called) when
+    /// the ring is full.
+    ///
+    /// # Errors
+    /// As [`ManagedSender::send_with`].
+    pub fn try_send_with(
+        &self,
+        len: usize,
+        fill: &mut (dyn FnMut(&mut [u8]) + Send),
+    ) -> Result<bool> {
+        self.core.try_send_with(len, fill)
     }
 
-    /// Called with the sender locked, after a send: if the ring holds work
+    /// One Acquire load: `false` only while the ring is known to be full.
+    pub fn has_space(&self) -> bool {
+        self.core.watch.has_space()
+    }
+
+    /// As [`ManagedSender::ring_bytes`].
+    pub fn ring_bytes(&self) -> Option<usize> {
+        let ring = self.core.ring.try_lock().ok()?;
+        Some(ring.state().geometry().ring_bytes())
+    }
+
+    /// The connection under the rings.
+    pub fn connection(&self) -> &Arc<Connection> {
+        &self.core.src.conn
+    }
+
+    /// As [`ManagedSender::fail_connection`].
+    pub fn fail_connection(&self, e: &dyn std::fmt::Display) {
+        fail_connection(&self.core.src.conn, e);
+    }
+}
+
+impl Drop for ManagedSender {
+    fn drop(&mut self) {
+        // The upkeep task holds the core weakly: wake it to see it gone.
+        self.core.kick.notify_one();
+    }
+}
+
+/// A self-sizing ring's tick, run by the upkeep task.
+struct Sizing {
+    every: Duration,
+    rx: Weak<RxSource>,
+    idle: IdleReads,
+}
+
+impl Core {
+    fn lock(&self) -> MutexGuard<'_, RingTx> {
+        // A panic in a caller's `fill` poisons the lock; the ring is still
+        // whole (an uncommitted reservation is abandoned on drop).
+        self.ring.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn try_send_with(
+        self: &Arc<Self>,
+        len: usize,
+        fill: &mut (dyn FnMut(&mut [u8]) + Send),
+    ) -> Result<bool> {
+        if !self.watch.has_space() {
+            return Ok(false);
+        }
+        let mut ring = self.lock();
+        let mut slot = match ring.try_reserve(len) {
+            Ok(slot) => slot,
+            Err(rrpc_ringbuf::Error::WouldBlock) => return Ok(false),
+            Err(e) => return Err(e.into()),
+        };
+        fill(&mut slot[..len]);
+        slot.commit()?;
+        self.sends.record();
+        ring.flush()?;
+        self.after_send(&mut ring);
+        Ok(true)
+    }
+
+    /// Called with the ring locked, after a send: if the ring holds work
     /// back until send completions arrive (a NIC completes WRITEs after the
-    /// post; shm inside it), a task polls them until everything is out, so
-    /// the last message of a burst always reaches the peer even when the
-    /// writer goes idle (RR-Compound's polling threads watch pending writes
-    /// the same way, Algorithm 2).
-    ///
-    /// The flag is set and cleared with the sender locked, so a send never
-    /// misses a task that is about to stop.
-    fn ensure_progress(&self, tx: &mut AsyncSender) {
+    /// post; shm inside it), the upkeep task polls them until everything is
+    /// out, so the last message of a burst always reaches the peer even
+    /// when the writer goes idle (RR-Compound's polling threads watch
+    /// pending writes the same way, Algorithm 2).
+    fn after_send(self: &Arc<Self>, ring: &mut RingTx) {
         // The last tail's completion is polled too, so that a failed one is
         // found and fails the connection instead of leaving its calls waiting:
-        // on shm it is there already, and one poll here saves a task; on a NIC
-        // it comes later, and the task polls for it.
-        if tx.tails_in_flight() > 0
-            && !tx.wants_completions()
-            && let Err(e) = tx.poll_completions()
+        // on shm it is there already, and one poll here saves a wake-up; on a
+        // NIC it comes later, and the upkeep task polls for it.
+        if ring.state().tails_in_flight() > 0
+            && !ring.state().wants_completions()
+            && let Err(e) = ring.poll_completions()
         {
-            fail_connection(&self.conn, &e);
+            fail_connection(&self.src.conn, &e);
             return;
         }
-        if !busy(tx) || self.progressing.swap(true, Ordering::AcqRel) {
-            return;
+        if busy(ring) {
+            self.start_upkeep(None);
+            // A permit is kept if the task is busy: it looks again.
+            self.kick.notify_one();
+        }
+    }
+
+    /// Starts the connection's upkeep task once; `false` outside a tokio
+    /// runtime (or when it runs already).
+    fn start_upkeep(self: &Arc<Self>, sizing: Option<Sizing>) -> bool {
+        if self.upkeep_started.swap(true, Ordering::AcqRel) {
+            return false;
         }
         let Ok(rt) = tokio::runtime::Handle::try_current() else {
-            self.progressing.store(false, Ordering::Release);
-            return;
+            self.upkeep_started.store(false, Ordering::Release);
+            return false;
         };
-        let (shared, flag, conn) = (self.tx.clone(), self.progressing.clone(), self.conn.clone());
-        rt.spawn(async move {
-            // The limit counts from the last change of the tails in flight
-            // (a completion, or a new tail), not from the start: a
-            // connection kept busy longer than it is still making progress,
-            // and a task that left it would strand what is held back behind
-            // the next completion.
-            let mut since = Instant::now();
-            let mut in_flight = usize::MAX;
-            let mut polls = 0u32;
-            loop {
-                {
-                    let mut tx = shared.lock().await;
-                    let r = tx.poll_completions();
-                    if tx.tails_in_flight() != in_flight {
-                        in_flight = tx.tails_in_flight();
-                        since = Instant::now();
-                    }
-                    if r.is_err() || !busy(&tx) || since.elapsed() > PROGRESS_LIMIT {
-                        if let Err(e) = r {
-                            fail_connection(&conn, &e);
-                        }
-                        flag.store(false, Ordering::Release);
-                        return;
-                    }
+        // Weak: the task never keeps the connection (its regions, its side
+        // channel) alive past the sender.
+        rt.spawn(upkeep(Arc::downgrade(self), self.kick.clone(), sizing));
+        true
+    }
+}
+
+/// The connection's one upkeep task: completion progress when kicked, and
+/// a self-sizing ring's tick. Each step takes the ring's lock briefly; a
+/// failure fails the connection.
+async fn upkeep(core: Weak<Core>, kick: Arc<Notify>, sizing: Option<Sizing>) {
+    let mut tick = sizing.as_ref().map(|s| {
+        let mut t = tokio::time::interval(s.every);
+        t.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        t
+    });
+    loop {
+        let ticked = tokio::select! {
+            () = kick.notified() => false,
+            _ = async {
+                match tick.as_mut() {
+                    Some(t) => t.tick().await,
+                    None => std::future::pending().await,
                 }
-                // A NIC completes a WRITE in microseconds: yield first, then
-                // back off to the timer (soft-RoCE under emulation is slower).
-                polls += 1;
-                if polls < 64 {
-                    tokio::task::yield_now().await;
-                } else {
-                    tokio::time::sleep(Duration::from_micros(200)).await;
-                }
+            } => true,
+        };
+        let Some(core) = core.upgrade() else { return };
+        if core.src.conn.is_gone() {
+            return;
+        }
+        if ticked {
+            if let Some(s) = &sizing
+                && s.rx.upgrade().is_some_and(|rx| rx.ready())
+            {
+                s.idle.0.notify_one();
             }
-        });
+            // A tick that finds a writer mid-step skips (the next one runs).
+            let r = match core.ring.try_lock() {
+                Ok(mut ring) => ring.maintain(Instant::now()).map(drop),
+                Err(_) => Ok(()),
+            };
+            if let Err(e) = r {
+                fail_connection(&core.src.conn, &e);
+                return;
+            }
+        }
+        // Progress, after a kick or a tick that left work held back.
+        if !progress(&core).await {
+            return;
+        }
+    }
+}
+
+/// Polls completions until nothing is held back; `false` when the
+/// connection failed (or gave no progress for [`PROGRESS_LIMIT`]).
+async fn progress(core: &Core) -> bool {
+    // The limit counts from the last change of the tails in flight (a
+    // completion, or a new tail), not from the start: a connection kept
+    // busy longer than it is still making progress, and a task that left
+    // it would strand what is held back behind the next completion.
+    let mut since = Instant::now();
+    let mut in_flight = usize::MAX;
+    let mut polls = 0u32;
+    loop {
+        {
+            let mut ring = core.lock();
+            let r = ring.poll_completions();
+            let now_in_flight = ring.state().tails_in_flight();
+            if now_in_flight != in_flight {
+                in_flight = now_in_flight;
+                since = Instant::now();
+            }
+            if let Err(e) = r {
+                drop(ring);
+                fail_connection(&core.src.conn, &e);
+                return false;
+            }
+            if !busy(&ring) {
+                return true;
+            }
+            if since.elapsed() > PROGRESS_LIMIT {
+                return false;
+            }
+        }
+        // A NIC completes a WRITE in microseconds: yield first, then
+        // back off to the timer (soft-RoCE under emulation is slower).
+        polls += 1;
+        if polls < 64 {
+            tokio::task::yield_now().await;
+        } else {
+            tokio::time::sleep(Duration::from_micros(200)).await;
+        }
     }
 }
 
 /// Whether a sender still needs its send completions polled: work held
 /// back until they arrive, or tails whose completion (and so whose
 /// failure, if they failed) is not known yet.
-fn busy(tx: &AsyncSender) -> bool {
-    tx.wants_completions() || tx.tails_in_flight() > 0
+fn busy(ring: &RingTx) -> bool {
+    ring.state().wants_completions() || ring.state().tails_in_flight() > 0
 }
 
-/// [`ManagedSender::fail_connection`]. Without it, a failed completion
-/// found by the progress task left calls waiting forever for replies to
-/// requests that never left (seen with the tonic layer under the fault
-/// injector).
-fn fail_connection(conn: &Arc<Connection>, e: &dyn std::fmt::Display) {
+/// Fails `conn` at once ([`ManagedSender::fail_connection`]): the goodbye
+/// and the side channel's shutdown tell the peer, on a blocking thread
+/// when called on a tokio runtime. Without it, a failed completion found
+/// by the upkeep task left calls waiting forever for replies to requests
+/// that never left (seen with the tonic layer under the fault injector).
+pub fn fail_connection(conn: &Arc<Connection>, e: &dyn std::fmt::Display) {
     if conn.is_gone() {
         return;
     }

@@ -111,3 +111,74 @@ fn a_quiet_ring_shrinks_and_its_idle_reader_is_told_to_read() {
         }
     });
 }
+
+/// A writer waiting for room holds no lock: while its `send_with` waits
+/// (the ring full, the reader not reading), a synchronous send from a
+/// handle answers at once that there is no room, and the ring's size can
+/// be read; once the reader reads, the waiting message and the ones before
+/// it arrive in order. (Before, the sender sat behind an async mutex held
+/// across the wait for room: `ring_bytes` said `None` meanwhile, and the
+/// progress task, which needed the same mutex, could not run: the shape of
+/// a cross-host hang.)
+#[test]
+fn a_writer_waiting_for_room_holds_no_lock() {
+    rt().block_on(async {
+        let p = poller(Mode::Bpev);
+        let ring = RingConfig::builder()
+            .ring_size(16 * 1024)
+            .huge_pages(false)
+            .build()
+            .unwrap();
+        let (a, b) = AsyncConn::loopback_pair(&p, &ring).unwrap();
+        let (mut atx, _arx) = a.split_managed().unwrap();
+        let (_btx, mut brx) = b.split_managed().unwrap();
+        let handle = atx.handle();
+        let msg = 1024usize;
+        // Fill the ring without waiting.
+        let mut sent = 0u32;
+        while atx
+            .try_send_with(msg, &mut |b| b[..4].copy_from_slice(&sent.to_le_bytes()))
+            .unwrap()
+        {
+            sent += 1;
+        }
+        assert!(sent > 0, "the empty ring took nothing");
+        let last = sent;
+        let writer = tokio::spawn(async move {
+            atx.send_with(msg, &mut |b| b[..4].copy_from_slice(&last.to_le_bytes()))
+                .await
+                .unwrap();
+            atx
+        });
+        // Let the writer reach its wait (it cannot finish: nobody reads).
+        while !writer.is_finished() && handle.has_space() {
+            tokio::task::yield_now().await;
+        }
+        for _ in 0..100 {
+            tokio::task::yield_now().await;
+        }
+        assert!(!writer.is_finished(), "the full ring took the message");
+        // First a `try_lock` (a held lock fails here instead of hanging below).
+        assert!(
+            handle.ring_bytes().is_some(),
+            "the ring is not locked while its writer waits for room"
+        );
+        assert!(
+            !handle
+                .try_send_with(msg, &mut |_| panic!("no room to fill"))
+                .unwrap(),
+            "a handle's send must answer 'no room', not wait or write"
+        );
+        for i in 0..=last {
+            let m = tokio::time::timeout(BOUND, brx.recv())
+                .await
+                .unwrap_or_else(|_| panic!("message {i} never came"))
+                .unwrap();
+            assert_eq!(u32::from_le_bytes(m[..4].try_into().unwrap()), i);
+        }
+        tokio::time::timeout(BOUND, writer)
+            .await
+            .expect("the waiting writer finished once the reader read")
+            .unwrap();
+    });
+}

@@ -1,6 +1,7 @@
 //! Shared frame writer: many call tasks, one send ring.
 
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError, TryLockError};
 
 use bytes::Bytes;
@@ -11,7 +12,7 @@ use tokio_util::sync::{
 
 use crate::Error;
 use crate::frame::{self, HEADER_LEN, Kind};
-use crate::pipe::MsgTx;
+use crate::pipe::{MsgTx, SyncTx};
 
 /// Frames written together, as one ring message when they fit: a unary
 /// call's three (headers, data, end) without an allocation.
@@ -48,18 +49,24 @@ impl Out {
 /// that buffer is copied into the slot (two copies), the baseline of
 /// RR-Compound Fig. 14.
 ///
-/// Two paths: [`FrameWriter::try_send`] is synchronous (an uncontended
-/// `try_lock` of a `std` mutex, the ring's own reserve/commit, no future,
-/// no task hop) and is what almost every frame takes; [`FrameWriter::send`]
-/// tries it first and only leases the sender (taking it out of the mutex,
+/// Two paths: [`FrameWriter::try_send`] is synchronous and is what almost
+/// every frame takes: on rings, one load of the lane's `leased` flag and
+/// the ring's own short step under its lock (reserve, fill, commit,
+/// flush: `rrpc_poller::rings::SendHandle`), no future, no task hop; on an
+/// in-memory pipe, an uncontended `try_lock` of the lane. [`FrameWriter::send`]
+/// tries it first and only leases the sender (taking it out of the lane,
 /// so that it can wait for ring space across awaits) when the ring is full,
-/// another task is mid-write, or the batch needs several messages. Writers
+/// another task is mid-write, or the batch needs several messages. The
+/// lease is an owned hand-off, not a lock: the ring's state is locked
+/// only inside synchronous steps, so a writer waiting for room blocks
+/// nobody's step (the poller's upkeep task runs meanwhile). Writers
 /// waiting for a lease queue, first come first served, and a returned
-/// lease passes straight to the first of them; while any waits, the
-/// synchronous path writes nothing (so small frames cannot starve a large
-/// one waiting for ring space). (A `tokio::sync::Mutex` here
-/// cost ~330 instructions a frame on the synchronous path: its semaphore's
-/// acquire and its release's waiter-list lock.)
+/// lease passes straight to the first of them; while any writer holds or
+/// waits for the lease, the synchronous path writes nothing (so small
+/// frames cannot starve a large one waiting for ring space). (A
+/// `tokio::sync::Mutex` here cost ~330 instructions a frame on the
+/// synchronous path: its semaphore's acquire and its release's waiter-list
+/// lock.)
 ///
 /// A send that fails on the ring (the peer corrupted it, e.g. a head word
 /// past our tail, or the peer is gone) fails the whole connection: the
@@ -70,6 +77,9 @@ impl Out {
 #[derive(Clone)]
 pub(crate) struct FrameWriter {
     lane: Arc<Lane>,
+    /// The pipe's synchronous side ([`MsgTx::direct`]): the common send
+    /// takes no lane lock.
+    direct: Option<Arc<dyn SyncTx>>,
     fail: Arc<Fail>,
     zero_copy: bool,
     /// Largest ring message.
@@ -82,7 +92,12 @@ pub(crate) struct FrameWriter {
 }
 
 /// The ring's sender, shared by the writers of one connection.
-struct Lane(Mutex<LaneState>);
+struct Lane {
+    st: Mutex<LaneState>,
+    /// The sender is out on a lease, or writers wait for it: the
+    /// synchronous path stays out of the way (changed under `st`).
+    leased: AtomicBool,
+}
 
 struct LaneState {
     /// `None` while an async writer holds it on a [`Lease`] (across
@@ -97,7 +112,7 @@ impl Lane {
         // A panic while writing poisons the lock; the sender is still whole
         // (a failed fill leaves nothing committed), as with the async lock
         // this replaced.
-        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+        self.st.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Gives the sender to the first waiter still waiting, or back to the
@@ -112,6 +127,7 @@ impl Lane {
             }
         }
         st.tx = Some(tx);
+        self.leased.store(false, Ordering::Release);
     }
 }
 
@@ -157,7 +173,7 @@ struct Fail {
 
 impl std::fmt::Debug for FrameWriter {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let tx = match self.lane.0.try_lock() {
+        let tx = match self.lane.st.try_lock() {
             Ok(st) => st
                 .tx
                 .as_ref()
@@ -211,10 +227,14 @@ impl FrameWriter {
             .clamp(HEADER_LEN + 1, max_msg.max(HEADER_LEN + 1));
         let chunk = max_chunk.min(batch.saturating_sub(HEADER_LEN)).max(1);
         FrameWriter {
-            lane: Arc::new(Lane(Mutex::new(LaneState {
-                tx: Some(tx),
-                waiters: VecDeque::new(),
-            }))),
+            direct: tx.direct(),
+            lane: Arc::new(Lane {
+                st: Mutex::new(LaneState {
+                    tx: Some(tx),
+                    waiters: VecDeque::new(),
+                }),
+                leased: AtomicBool::new(false),
+            }),
             fail: Arc::new(Fail::default()),
             zero_copy,
             max_msg,
@@ -298,7 +318,16 @@ impl FrameWriter {
         let Some(total) = self.one_message(batch) else {
             return Ok(false);
         };
-        let mut held = match self.lane.0.try_lock() {
+        let zc = self.zero_copy;
+        if let Some(direct) = &self.direct {
+            // A writer holds or waits for the lease: keep its turn.
+            if self.lane.leased.load(Ordering::Acquire) {
+                return Ok(false);
+            }
+            let r = direct.try_send_with(total, &mut |slot: &mut [u8]| fill_slot(batch, zc, slot));
+            return self.check(r);
+        }
+        let mut held = match self.lane.st.try_lock() {
             Ok(g) => g,
             Err(TryLockError::Poisoned(p)) => p.into_inner(),
             Err(TryLockError::WouldBlock) => return Ok(false),
@@ -309,7 +338,6 @@ impl FrameWriter {
         let Some(tx) = held.tx.as_mut() else {
             return Ok(false);
         };
-        let zc = self.zero_copy;
         let r = tx.try_send_with(total, &mut |slot: &mut [u8]| fill_slot(batch, zc, slot));
         drop(held);
         self.check(r)
@@ -394,6 +422,7 @@ impl FrameWriter {
         let lane = &*self.lane;
         let rx = {
             let mut st = lane.lock();
+            lane.leased.store(true, Ordering::Release);
             if st.waiters.is_empty()
                 && let Some(tx) = st.tx.take()
             {
