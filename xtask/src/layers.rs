@@ -1,4 +1,5 @@
-//! `cargo xtask layers`: the import circles inside each library crate.
+//! `cargo xtask layers`: the import circles inside each library crate, and
+//! the layer order a crate declares.
 //!
 //! Each source file of a crate's `src/` (binaries left out) is a node, named
 //! by its module path. An arrow runs from a file to the file that *defines*
@@ -10,10 +11,19 @@
 //! or more files.
 //!
 //! CI fails when a crate has a circle that [`ALLOWED`] does not list with
-//! its reason: none in rrpc-core, rrpc-ringbuf and rrpc-tonic, at most two
-//! elsewhere. The reading is textual (no macro expansion, no type
-//! inference): an arrow hidden in a macro is not seen, and an item named by
-//! its bare name after a glob import is not followed.
+//! its reason: none in the crates of [`NO_CIRCLES`] (rrpc-core,
+//! rrpc-ringbuf, rrpc-poller and rrpc-tonic), at most two elsewhere.
+//!
+//! A crate may also declare its layers ([`ORDERS`]), from the bottom (the
+//! leaves) up, as docs/architecture.md lists them: a module imports only
+//! modules of its own layer or of a layer before it in the list. CI fails
+//! on an arrow from a layer to a later one (a *back-arrow*) that
+//! [`BACK_ARROWS`] does not list with its reason, on a listed one that is
+//! gone, and on a module that no layer places.
+//!
+//! The reading is textual (no macro expansion, no type inference): an
+//! arrow hidden in a macro is not seen, and an item named by its bare name
+//! after a glob import is not followed.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -24,24 +34,88 @@ use anyhow::{Context, Result, bail};
 use crate::package::CRATES;
 
 /// Circles accepted, by crate and the sorted module paths of their files,
-/// each with its reason. At most two per crate, and none in rrpc-core,
-/// rrpc-ringbuf or rrpc-tonic.
-pub(crate) const ALLOWED: &[(&str, &[&str], &str)] = &[(
-    "rrpc-poller",
-    &[
-        "poller",
-        "poller::registration",
-        "poller::shard",
-        "poller::thread",
-    ],
-    "one type in four files: registration, shard and the polling thread \
-     work on the poller's shared state (`Inner`, its wake-up and lock \
-     helpers), which `Poller` owns and drives; a leaf for that state would \
-     have to open its fields to all four",
-)];
+/// each with its reason. At most two per crate, and none in the crates of
+/// [`NO_CIRCLES`].
+pub(crate) const ALLOWED: &[(&str, &[&str], &str)] = &[];
 
 /// Crates that may have no circle at all.
-const NO_CIRCLES: &[&str] = &["rrpc-core", "rrpc-ringbuf", "rrpc-tonic"];
+const NO_CIRCLES: &[&str] = &["rrpc-core", "rrpc-ringbuf", "rrpc-poller", "rrpc-tonic"];
+
+/// The most circles [`ALLOWED`] may list for a crate not in [`NO_CIRCLES`].
+const MOST_ALLOWED: usize = 2;
+
+/// A crate's layers from the bottom up, each a list of module-path
+/// prefixes (`"proto"` places `proto` and every module under it; the
+/// longest prefix that matches places a module). The crate root (`lib.rs`)
+/// is above every layer. A module may import the modules of its own layer
+/// and of the layers before it.
+type Order = &'static [&'static [&'static str]];
+
+/// The declared layer orders, by crate (docs/architecture.md, "Inside each
+/// crate", says the same). To check another crate, add its order here.
+pub(crate) const ORDERS: &[(&str, Order)] = &[
+    ("rrpc-core", CORE),
+    ("rrpc-ringbuf", RINGBUF),
+    ("rrpc-poller", POLLER),
+];
+
+/// rrpc-core, bottom up.
+const CORE: Order = &[
+    // Plain data and OS helpers.
+    &[
+        "error", "work", "settings", "fail", "addr", "fault", "sys", "numa", "region",
+    ],
+    // What the providers and the connections share: the hello codec, the
+    // grant budget, the connection settings and what a hello carries.
+    &[
+        "handshake",
+        "conn::budget",
+        "conn::settings",
+        "conn::exchange",
+    ],
+    // The providers' data path (side channels apart, below).
+    &["provider"],
+    // The public faces over it.
+    &["cq", "qp", "fabric", "vqp"],
+    // The side channels: a queue pair's exchange over TCP or a Unix socket.
+    &[
+        "provider::side",
+        "provider::shm::side",
+        "provider::verbs::side",
+    ],
+    // Dial and accept, the established connection, logical connections;
+    // KRCore's pool and caches beside them.
+    &["conn", "pool", "meta"],
+    // Test and fuzz helpers.
+    &["testing", "fuzzing"],
+];
+
+/// rrpc-ringbuf, bottom up.
+const RINGBUF: Order = &[
+    &["error", "proto::layout", "mem"],
+    &["config"],
+    &["proto"],
+    &["driver"],
+];
+
+/// rrpc-poller, bottom up.
+const POLLER: Order = &[
+    // Plain data and the sans-IO decisions.
+    &["error", "backoff", "tune", "source", "stats"],
+    &["config", "sys"],
+    &["report"],
+    // The poller, from its shards up to its facade.
+    &["poller::shard"],
+    &["poller::thread", "poller::placement"],
+    &["poller::inner"],
+    &["poller::registration"],
+    &["poller"],
+    &["poller::tests", "rings"],
+];
+
+/// Back-arrows accepted against a declared order: (crate, from, to,
+/// reason), `from` and `to` module paths as `--verbose` prints them.
+pub(crate) const BACK_ARROWS: &[(&str, &str, &str, &str)] = &[];
 
 /// `cargo xtask layers` options.
 #[derive(clap::Args, Debug, Clone)]
@@ -578,16 +652,206 @@ fn show(m: &str) -> &str {
     if m.is_empty() { "lib" } else { m }
 }
 
-/// Prints each crate's circles; fails on one that [`ALLOWED`] does not list.
+/// The layer of `module` in `order` (0 at the bottom): that of its longest
+/// matching prefix; the crate root is above every layer. `None`: no layer
+/// places it.
+fn layer_of(order: Order, module: &str) -> Option<usize> {
+    if module.is_empty() {
+        return Some(order.len());
+    }
+    let mut best: Option<(usize, usize)> = None;
+    for (layer, prefixes) in order.iter().enumerate() {
+        for p in *prefixes {
+            let hit = module
+                .strip_prefix(p)
+                .is_some_and(|rest| rest.is_empty() || rest.starts_with("::"));
+            if hit && best.is_none_or(|(len, _)| p.len() > len) {
+                best = Some((p.len(), layer));
+            }
+        }
+    }
+    best.map(|(_, layer)| layer)
+}
+
+/// What a declared order finds in a crate.
+#[derive(Debug, Default, PartialEq)]
+struct OrderFound {
+    /// Modules that no layer places.
+    unplaced: Vec<String>,
+    /// Arrows from a layer to a later one: (from, to, the names that tie
+    /// them).
+    back: Vec<(String, String, Vec<String>)>,
+}
+
+fn check_order(order: Order, nodes: &[String], arrows: &Arrows) -> OrderFound {
+    let mut found = OrderFound::default();
+    for n in nodes {
+        if layer_of(order, n).is_none() {
+            found.unplaced.push(n.clone());
+        }
+    }
+    for (from, tos) in arrows {
+        for (to, names) in tos {
+            if let (Some(f), Some(t)) = (layer_of(order, from), layer_of(order, to))
+                && t > f
+            {
+                let names = names.iter().cloned().collect();
+                found.back.push((from.clone(), to.clone(), names));
+            }
+        }
+    }
+    found
+}
+
+/// What breaks the policy in the lists of this file: more allowed circles
+/// than a crate may have, an unsorted or unexplained one, an order that
+/// places a prefix twice, an unexplained back-arrow or one of a crate that
+/// declares no order.
+fn policy_errors(
+    allowed: &[(&str, &[&str], &str)],
+    orders: &[(&str, Order)],
+    back: &[(&str, &str, &str, &str)],
+) -> Vec<String> {
+    let mut errors = Vec::new();
+    for name in CRATES {
+        let n = allowed.iter().filter(|(k, _, _)| k == name).count();
+        let most = if NO_CIRCLES.contains(name) {
+            0
+        } else {
+            MOST_ALLOWED
+        };
+        if n > most {
+            errors.push(format!("{name}: {n} allowed circles, at most {most}"));
+        }
+    }
+    for (name, files, why) in allowed {
+        if !CRATES.contains(name) {
+            errors.push(format!("{name}: an allowed circle of no checked crate"));
+        }
+        if !files.windows(2).all(|w| w[0] < w[1]) {
+            errors.push(format!("{name}: {files:?} not sorted"));
+        }
+        if why.len() <= 20 {
+            errors.push(format!("{name}: no reason for the circle {files:?}"));
+        }
+    }
+    for (name, order) in orders {
+        if !CRATES.contains(name) {
+            errors.push(format!("{name}: an order of no checked crate"));
+        }
+        let mut seen = BTreeSet::new();
+        for p in order.iter().flat_map(|l| l.iter()) {
+            if !seen.insert(*p) {
+                errors.push(format!("{name}: {p} placed twice"));
+            }
+        }
+        if order.iter().any(|l| l.is_empty()) {
+            errors.push(format!("{name}: an empty layer"));
+        }
+    }
+    for (name, from, to, why) in back {
+        if !orders.iter().any(|(k, _)| k == name) {
+            errors.push(format!("{name}: a back-arrow {from} -> {to}, but no order"));
+        }
+        if why.len() <= 20 {
+            errors.push(format!(
+                "{name}: no reason for the back-arrow {from} -> {to}"
+            ));
+        }
+    }
+    errors
+}
+
+/// Prints a crate's circles; returns those that [`ALLOWED`] does not list.
+fn report_circles(name: &str, arrows: &Arrows, found: &[Vec<String>]) -> Vec<String> {
+    let mut unexplained = Vec::new();
+    for c in found {
+        let allowed =
+            ALLOWED
+                .iter()
+                .filter(|_| !NO_CIRCLES.contains(&name))
+                .find(|(k, files, _)| {
+                    *k == name && files.iter().copied().eq(c.iter().map(String::as_str))
+                });
+        match allowed {
+            Some((_, _, why)) => eprintln!("  circle (allowed: {why}): {}", c.join(", ")),
+            None => {
+                eprintln!("  CIRCLE: {}", c.join(", "));
+                unexplained.push(format!("{name}: circle {}", c.join(", ")));
+            }
+        }
+        for from in c {
+            for (to, names) in arrows.get(from).into_iter().flatten() {
+                if c.contains(to) {
+                    let names: Vec<&str> = names.iter().map(String::as_str).collect();
+                    eprintln!("    {} -> {}: {}", show(from), show(to), names.join(", "));
+                }
+            }
+        }
+    }
+    unexplained
+}
+
+/// Prints what a crate's declared order finds; returns what breaks it: a
+/// module in no layer, a back-arrow that `listed` ([`BACK_ARROWS`]) does
+/// not list, a listed one that is gone.
+fn report_order(
+    name: &str,
+    order: Order,
+    found: &OrderFound,
+    listed: &[(&str, &str, &str, &str)],
+) -> Vec<String> {
+    let mut failures = Vec::new();
+    eprintln!(
+        "  order: {} layers, {} back-arrow(s)",
+        order.len(),
+        found.back.len()
+    );
+    for m in &found.unplaced {
+        eprintln!("  UNPLACED: {m}");
+        failures.push(format!("{name}: {m} is in no layer of its order"));
+    }
+    for (from, to, names) in &found.back {
+        let (from, to) = (show(from), show(to));
+        let why = listed
+            .iter()
+            .find(|(k, f, t, _)| *k == name && *f == from && *t == to);
+        match why {
+            Some((.., why)) => eprintln!(
+                "  back-arrow (allowed: {why}): {from} -> {to}: {}",
+                names.join(", ")
+            ),
+            None => {
+                eprintln!("  BACK-ARROW: {from} -> {to}: {}", names.join(", "));
+                failures.push(format!("{name}: back-arrow {from} -> {to}"));
+            }
+        }
+    }
+    for (_, f, t, _) in listed.iter().filter(|(k, ..)| *k == name) {
+        if !found
+            .back
+            .iter()
+            .any(|(from, to, _)| show(from) == *f && show(to) == *t)
+        {
+            eprintln!("  GONE: the listed back-arrow {f} -> {t}");
+            failures.push(format!("{name}: listed back-arrow {f} -> {t} is gone"));
+        }
+    }
+    failures
+}
+
+/// Prints each crate's circles and layer order; fails on a circle that
+/// [`ALLOWED`] does not list, and on what breaks a declared order.
 pub(crate) fn run(root: &Path, args: &LayersArgs) -> Result<()> {
     let root = args.root.as_deref().unwrap_or(root);
-    let mut unexplained = Vec::new();
+    let mut failures = policy_errors(ALLOWED, ORDERS, BACK_ARROWS);
     for name in CRATES {
         let src = root.join("crates").join(name).join("src");
         let krate = read_crate(&src)?;
         let nodes: Vec<String> = krate.keys().cloned().collect();
         let arrows = arrows(&krate);
         let found = circles(&nodes, &arrows);
+        let order = ORDERS.iter().find(|(k, _)| k == name).map(|(_, o)| *o);
         let n_arrows: usize = arrows.values().map(BTreeMap::len).sum();
         eprintln!(
             "{name}: {} files, {n_arrows} arrows, {} circle(s)",
@@ -602,36 +866,17 @@ pub(crate) fn run(root: &Path, args: &LayersArgs) -> Result<()> {
                 }
             }
         }
-        for c in &found {
-            let allowed =
-                ALLOWED
-                    .iter()
-                    .filter(|_| !NO_CIRCLES.contains(name))
-                    .find(|(k, files, _)| {
-                        k == name && files.iter().copied().eq(c.iter().map(String::as_str))
-                    });
-            match allowed {
-                Some((_, _, why)) => eprintln!("  circle (allowed: {why}): {}", c.join(", ")),
-                None => {
-                    eprintln!("  CIRCLE: {}", c.join(", "));
-                    unexplained.push(format!("{name}: {}", c.join(", ")));
-                }
-            }
-            for from in c {
-                for (to, names) in arrows.get(from).into_iter().flatten() {
-                    if c.contains(to) {
-                        let names: Vec<&str> = names.iter().map(String::as_str).collect();
-                        eprintln!("    {} -> {}: {}", show(from), show(to), names.join(", "));
-                    }
-                }
-            }
+        failures.extend(report_circles(name, &arrows, &found));
+        if let Some(order) = order {
+            let found = check_order(order, &nodes, &arrows);
+            failures.extend(report_order(name, order, &found, BACK_ARROWS));
         }
     }
-    if !unexplained.is_empty() {
+    if !failures.is_empty() {
         bail!(
-            "import circles inside a crate ({}): break them, or list them with a reason in \
-             xtask/src/layers.rs ALLOWED",
-            unexplained.join("; ")
+            "layers ({}): break an import circle or a back-arrow, or list it with a reason in \
+             xtask/src/layers.rs (ALLOWED, BACK_ARROWS); place a new module in its crate's order",
+            failures.join("; ")
         );
     }
     Ok(())
@@ -642,10 +887,12 @@ mod tests {
     use super::*;
 
     fn krate(files: &[(&str, &str)]) -> (Crate, Arrows) {
+        // One directory per call: the tests run in parallel.
+        static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
         let dir = std::env::temp_dir().join(format!(
             "xtask-layers-{}-{}",
             std::process::id(),
-            files.len() + files.iter().map(|f| f.1.len()).sum::<usize>()
+            NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
         ));
         let _ = std::fs::remove_dir_all(&dir);
         for (path, text) in files {
@@ -665,17 +912,120 @@ mod tests {
         circles(&nodes, &a)
     }
 
+    fn back(order: Order, files: &[(&str, &str)]) -> OrderFound {
+        let (k, a) = krate(files);
+        let nodes: Vec<String> = k.keys().cloned().collect();
+        check_order(order, &nodes, &a)
+    }
+
     #[test]
-    fn the_allowed_circles_keep_the_policy() {
-        for name in CRATES {
-            let n = ALLOWED.iter().filter(|(k, _, _)| k == name).count();
-            let most = if NO_CIRCLES.contains(name) { 0 } else { 2 };
-            assert!(n <= most, "{name}: {n} allowed circles, at most {most}");
+    fn the_lists_keep_the_policy() {
+        let errors = policy_errors(ALLOWED, ORDERS, BACK_ARROWS);
+        assert!(errors.is_empty(), "{errors:?}");
+    }
+
+    #[test]
+    fn the_policy_is_checked() {
+        const WHY: &str = "a reason long enough to pass";
+        let circle: &[&str] = &["a", "b"];
+        // No circle at all where none may be; at most two elsewhere.
+        for name in NO_CIRCLES {
+            let errors = policy_errors(&[(*name, circle, WHY)], &[], &[]);
+            assert_eq!(errors.len(), 1, "{name}: {errors:?}");
         }
-        for (_, files, why) in ALLOWED {
-            assert!(files.windows(2).all(|w| w[0] < w[1]), "{files:?}: sorted");
-            assert!(why.len() > 20, "a reason for {files:?}");
-        }
+        let two = [("rrpc-kv", circle, WHY), ("rrpc-kv", &["c", "d"][..], WHY)];
+        assert!(policy_errors(&two, &[], &[]).is_empty());
+        let three = [two[0], two[1], ("rrpc-kv", &["e", "f"][..], WHY)];
+        assert_eq!(policy_errors(&three, &[], &[]).len(), 1);
+        // Each circle sorted, with a reason.
+        assert_eq!(
+            policy_errors(&[("rrpc-kv", &["b", "a"][..], WHY)], &[], &[]).len(),
+            1
+        );
+        assert_eq!(policy_errors(&[("rrpc-kv", circle, "")], &[], &[]).len(), 1);
+        // An order places each prefix once; a back-arrow needs an order and a reason.
+        let order: Order = &[&["a"], &["b"]];
+        assert!(policy_errors(&[], &[("rrpc-kv", order)], &[]).is_empty());
+        let twice: Order = &[&["a"], &["b", "a"]];
+        assert_eq!(policy_errors(&[], &[("rrpc-kv", twice)], &[]).len(), 1);
+        let arrow = ("rrpc-kv", "a", "b", WHY);
+        assert!(policy_errors(&[], &[("rrpc-kv", order)], &[arrow]).is_empty());
+        assert_eq!(policy_errors(&[], &[], &[arrow]).len(), 1);
+        let unexplained = ("rrpc-kv", "a", "b", "");
+        assert_eq!(
+            policy_errors(&[], &[("rrpc-kv", order)], &[unexplained]).len(),
+            1
+        );
+    }
+
+    #[test]
+    fn an_arrow_to_a_later_layer_is_a_back_arrow() {
+        let files = [
+            ("lib.rs", "mod a;\nmod b;\n"),
+            ("a.rs", "use crate::b::B;\npub struct A;\n"),
+            ("b.rs", "pub struct B;\n"),
+        ];
+        // Bottom up: b, then a, which may import b.
+        assert_eq!(back(&[&["b"], &["a"]], &files), OrderFound::default());
+        // a at the bottom may not.
+        let found = back(&[&["a"], &["b"]], &files);
+        assert_eq!(
+            found.back,
+            vec![("a".to_owned(), "b".to_owned(), vec!["B".to_owned()])]
+        );
+        assert!(found.unplaced.is_empty());
+        // One layer: no order between its modules.
+        assert_eq!(back(&[&["a", "b"]], &files), OrderFound::default());
+    }
+
+    #[test]
+    fn a_back_arrow_passes_only_while_listed() {
+        let files = [
+            ("lib.rs", "mod a;\nmod b;\n"),
+            ("a.rs", "use crate::b::B;\npub struct A;\n"),
+            ("b.rs", "pub struct B;\n"),
+        ];
+        let up: Order = &[&["a"], &["b"]];
+        let down: Order = &[&["b"], &["a"]];
+        let listed = [("k", "a", "b", "a reason long enough to pass")];
+        assert_eq!(report_order("k", up, &back(up, &files), &[]).len(), 1);
+        assert!(report_order("k", up, &back(up, &files), &listed).is_empty());
+        // Listed, but gone: the list must be kept true.
+        assert_eq!(
+            report_order("k", down, &back(down, &files), &listed).len(),
+            1
+        );
+        assert!(report_order("k", down, &back(down, &files), &[]).is_empty());
+        // A module no layer places fails the order.
+        let partial: Order = &[&["a"]];
+        assert_eq!(
+            report_order("k", partial, &back(partial, &files), &[]).len(),
+            1
+        );
+    }
+
+    #[test]
+    fn the_longest_prefix_places_a_module_and_the_root_is_on_top() {
+        let files = [
+            ("lib.rs", "mod p;\npub struct R;\n"),
+            ("p/mod.rs", "mod x;\nmod y;\npub struct P;\n"),
+            ("p/x.rs", "pub struct X;\n"),
+            (
+                "p/y.rs",
+                "use super::x::X;\npub fn f() -> crate::R { todo!() }\n",
+            ),
+        ];
+        // `p::x` below `p`, which places `p::y` too: y -> x is down, y -> lib up.
+        let found = back(&[&["p::x"], &["p"]], &files);
+        assert_eq!(
+            found.back,
+            vec![("p::y".to_owned(), String::new(), vec!["R".to_owned()])]
+        );
+        // A module no layer places is reported, not judged.
+        let found = back(&[&["p::x"], &["p::y"]], &files);
+        assert_eq!(found.unplaced, vec!["p".to_owned()]);
+        assert_eq!(found.back.len(), 1, "{found:?}");
+        assert_eq!(layer_of(&[&["p"]], "px"), None, "a prefix ends at a `::`");
     }
 
     #[test]

@@ -1,28 +1,42 @@
 //! Registration: a [`Registration`] is one connection direction registered with a
-//! [`Poller`], whose [`wait_ready`](Registration::wait_ready) spins, arms, rechecks and sleeps
-//! (on its waker, eventfd, notifier or doorbell fd); the [`Doorbell`] is the writer-side
-//! wake-up of one registration.
+//! [`Poller`](crate::Poller), whose [`wait_ready`](Registration::wait_ready) spins, arms,
+//! rechecks and sleeps (on its waker, eventfd, notifier or doorbell fd); the [`Doorbell`] is
+//! the writer-side wake-up of one registration.
 
 use std::fmt;
 use std::future::poll_fn;
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering, fence};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering, fence};
 use std::task::Poll;
 use std::time::{Duration, Instant};
 
+use crossbeam_utils::CachePadded;
+use futures_util::task::AtomicWaker;
 use tokio::io::unix::AsyncFd;
 
 use crate::config::Mode;
 use crate::error::{Error, Result};
 use crate::source::Readiness;
 use crate::stats::Counters;
-use crate::sys::{DupFd, EventFd};
+use crate::sys::{DupFd, EventFd, register_readable};
 use crate::tune::{COSTLY_CATCH, SpinTuner, Waited};
 
-use super::shard::{Entry, HELP_SCAN, Shard};
+use super::inner::Inner;
+use super::shard::{Entry, HELP_SCAN, Shard, Wake, lock};
 use super::thread::scan;
-use super::{Inner, PROGRESS, Poller, SPIN_FIRST_YIELD, Wake, lock};
+
+/// How often a spinning task yields to the tokio scheduler (other tasks on the same worker),
+/// unless its registration says otherwise ([`Registration::set_spin_yield`]).
+const SPIN_YIELD_EVERY: Duration = Duration::from_micros(5);
+/// When a spinning task yields (and helps) for the first time.
+const SPIN_FIRST_YIELD: Duration = Duration::from_micros(1);
+
+thread_local! {
+    /// Completed waits on this (worker) thread. A spinning task that sees it move across a
+    /// `yield_now` knows other tasks on its worker have work, and stops spinning.
+    static PROGRESS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
 
 /// A handed-off wait's most turns to its worker's other tasks before it yields the CPU,
 /// while they have not answered ([`Registration::yield_to_peer`]).
@@ -136,8 +150,8 @@ pub(super) enum Sleeper {
 }
 
 /// One connection (one direction: "data to read" or "space to write") registered with a
-/// [`Poller`]. Deregisters on drop (BP: the last registration of a connection stops and joins
-/// the connection's thread).
+/// [`Poller`](crate::Poller). Deregisters on drop (BP: the last registration of a connection
+/// stops and joins the connection's thread).
 pub struct Registration {
     pub(super) entry: Arc<Entry>,
     pub(super) shard: Arc<Shard>,
@@ -192,6 +206,136 @@ enum Check {
 }
 
 impl Registration {
+    /// Registers `source` with the poller `inner` ([`Poller::register`](crate::Poller::register)),
+    /// on the shard `sibling` if given ([`Self::register_sibling`]).
+    pub(super) fn new(
+        inner: &Arc<Inner>,
+        source: Arc<dyn Readiness>,
+        sibling: Option<&Arc<Shard>>,
+    ) -> Result<Registration> {
+        if inner.shutdown.load(Ordering::SeqCst) {
+            return Err(Error::Shutdown);
+        }
+        let mode = inner.cfg.mode();
+        let needs_reactor = mode.uses_eventfd() || source.liveness_fd().is_some();
+        if needs_reactor && tokio::runtime::Handle::try_current().is_err() {
+            return Err(Error::NoRuntime);
+        }
+        let live = match source.liveness_fd() {
+            Some(fd) => {
+                let dup = DupFd::new(fd).map_err(Error::io("dup liveness fd"))?;
+                Some(register_readable(dup).map_err(Error::io("register liveness fd"))?)
+            }
+            None => None,
+        };
+        let mut doorbell_fd = None;
+        // Doorbell fallback: the reactor watches the source's doorbell beside the waker.
+        let bell_fd = match source.doorbell() {
+            Some(n) if inner.cfg.doorbell_fallback() => {
+                if tokio::runtime::Handle::try_current().is_err() {
+                    return Err(Error::NoRuntime);
+                }
+                let dup = n
+                    .fd()
+                    .and_then(DupFd::new)
+                    .map_err(Error::io("dup doorbell fd"))?;
+                Some(register_readable(dup).map_err(Error::io("register doorbell fd"))?)
+            }
+            _ => None,
+        };
+        let (wake, sleeper) = match mode {
+            Mode::Bp | Mode::Bpts | Mode::Bpev => (Wake::Waker(AtomicWaker::new()), Sleeper::Waker),
+            Mode::Event if source.notifier().is_some() => {
+                let n = source.notifier().expect("checked");
+                let dup = n
+                    .fd()
+                    .and_then(DupFd::new)
+                    .map_err(Error::io("dup notifier fd"))?;
+                let afd = register_readable(dup).map_err(Error::io("register notifier fd"))?;
+                (Wake::Notifier, Sleeper::Notifier(afd))
+            }
+            Mode::Event => {
+                let efd = Arc::new(
+                    EventFd::new()
+                        .map_err(std::io::Error::from)
+                        .map_err(Error::io("poller doorbell"))?,
+                );
+                doorbell_fd = Some(efd.as_raw_fd());
+                let afd = register_readable(efd.clone()).map_err(Error::io("register eventfd"))?;
+                (Wake::EventFd(efd), Sleeper::EventFd(afd))
+            }
+        };
+        let (shard, bp_thread) = match (mode, sibling) {
+            (Mode::Event, _) => (inner.event_shard.clone(), false),
+            (_, Some(s)) => (s.clone(), false),
+            (Mode::Bpts | Mode::Bpev, None) => {
+                let s = inner
+                    .shared
+                    .iter()
+                    .min_by_key(|s| s.len.load(Ordering::Relaxed))
+                    .expect("at least one polling thread")
+                    .clone();
+                (s, false)
+            }
+            (Mode::Bp, None) => (
+                Shard::new(inner.bp_next_id.fetch_add(1, Ordering::Relaxed)),
+                true,
+            ),
+        };
+        if mode == Mode::Bp {
+            shard.users.fetch_add(1, Ordering::SeqCst);
+        }
+        let exact_bell =
+            bell_fd.is_some() && source.doorbell().is_some_and(|n| n.announce_is_exact());
+        let entry = Arc::new(Entry {
+            source,
+            armed: CachePadded::new(AtomicBool::new(false)),
+            closed: AtomicBool::new(false),
+            wake,
+            shard: (mode != Mode::Event).then(|| shard.clone()),
+            counters: inner.counters.clone(),
+            bell: bell_fd.is_some(),
+            exact_bell,
+            announced: AtomicBool::new(false),
+            epoch: Instant::now(),
+            fired_at: AtomicU64::new(0),
+        });
+        shard.add(entry.clone());
+        if bp_thread {
+            let h = inner.spawn(&shard, false)?;
+            let mut bp = lock(&inner.bp);
+            if inner.shutdown.load(Ordering::SeqCst) {
+                // Lost a race with shutdown: do not leave the thread behind.
+                drop(bp);
+                shard.stop();
+                let _ = h.join();
+                return Err(Error::Shutdown);
+            }
+            bp.push((shard.clone(), h));
+        }
+        Ok(Registration {
+            tuner: SpinTuner::new(inner.cfg.bp_timeout(), inner.cfg.auto_tune()),
+            wake_latency: crate::report::wake_latency(mode),
+            entry,
+            shard,
+            inner: inner.clone(),
+            mode,
+            sleeper,
+            live,
+            bell_fd,
+            doorbell_fd,
+            event_spin: Duration::ZERO,
+            spin_yield: SPIN_YIELD_EVERY,
+            handoff: false,
+            auto_peer: None,
+            sends: None,
+            seen_sends: 0,
+            last_ready: None,
+            sends_at_ready: 0,
+            removed: false,
+        })
+    }
+
     /// The mode of the poller this registration belongs to.
     pub fn mode(&self) -> Mode {
         self.mode
@@ -315,16 +459,14 @@ impl Registration {
     /// same polling thread as this registration. In [`Mode::Bp`] this is how a connection
     /// gets exactly one polling thread (the paper's BP: one thread per connection, whatever
     /// it waits for); the thread stops when the last registration sharing it is dropped. In
-    /// the other modes it is [`Poller::register`] with the shard chosen by this registration.
+    /// the other modes it is [`Poller::register`](crate::Poller::register) with the shard
+    /// chosen by this registration.
     ///
     /// # Errors
-    /// As [`Poller::register`].
+    /// As [`Poller::register`](crate::Poller::register).
     pub fn register_sibling(&self, source: Arc<dyn Readiness>) -> Result<Registration> {
-        let p = Poller {
-            inner: self.inner.clone(),
-        };
         let sibling = (self.mode != Mode::Event).then_some(&self.shard);
-        p.register_in(source, sibling)
+        Registration::new(&self.inner, source, sibling)
     }
 
     /// A handle the writer side uses to wake this registration's task in [`Mode::Event`]
@@ -462,7 +604,8 @@ impl Registration {
     /// # Errors
     /// [`Error::PeerGone`] once the source reports closed or its liveness fd fires (data
     /// already there is reported first); [`Error::Shutdown`] after
-    /// [`Poller::shutdown`]; [`Error::Io`] if the reactor or the notifier fails.
+    /// [`Poller::shutdown`](crate::Poller::shutdown); [`Error::Io`] if the reactor or the
+    /// notifier fails.
     ///
     /// # Cancel safety
     /// Cancel-safe: dropping the future loses nothing. A wake-up that was aimed at the dropped

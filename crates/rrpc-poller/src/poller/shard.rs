@@ -1,19 +1,39 @@
 //! The shards: an [`Entry`] is one registration's shared state (its source, its `armed` flag,
-//! how its task is woken), and a [`Shard`] is the set of entries one polling thread scans,
-//! with what that thread publishes (parked, dozing, stop) and its load for the reports.
+//! how its task is woken: [`Wake`]), and a [`Shard`] is the set of entries one polling thread
+//! scans, with what that thread publishes (parked, dozing, stop) and its load for the reports.
+//!
+//! The bottom of the poller's modules: the polling threads ([`super::thread`]), the poller's
+//! shared state ([`super::inner`]) and the registrations ([`super::registration`]) build on
+//! it, and it names none of them.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::thread::Thread;
 use std::time::{Duration, Instant};
 
 use crossbeam_utils::CachePadded;
+use futures_util::task::AtomicWaker;
 
 use crate::source::Readiness;
 use crate::stats::Counters;
 use crate::sys::EventFd;
 
-use super::{Wake, lock};
+/// Locks one of the poller's lists (a shard's entries, the poller's threads).
+pub(super) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // A poisoned list is still a valid list: the panicking thread did not leave it half-updated
+    // (every critical section is a single Vec operation).
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// How a task is woken.
+pub(super) enum Wake {
+    /// EVENT: the connection's own eventfd, watched by the tokio reactor.
+    EventFd(Arc<EventFd>),
+    /// BP, BPTS, BPEV: the task's waker, called by a polling thread (or a spinning neighbour).
+    Waker(AtomicWaker),
+    /// EVENT with a source-supplied notifier: the source's channel fires by itself.
+    Notifier,
+}
 
 /// How often a running polling thread reports to the `metrics` facade.
 pub(super) const REPORT_EVERY: Duration = Duration::from_secs(1);
@@ -144,9 +164,9 @@ pub(super) struct Shard {
     /// [`Handoff::Always`](crate::Handoff::Always) in force: the thread stays backed off
     /// (tasks with exact doorbells announce their own sleeps).
     pub(super) alone: AtomicBool,
-    /// Where the next spinning task's [`help`](super::Registration) scan starts: each looks
-    /// at [`HELP_SCAN`] entries from here, so helping costs the same at 4 connections and at
-    /// 512.
+    /// Where the next spinning task's [`help`](super::registration::Registration) scan
+    /// starts: each looks at [`HELP_SCAN`] entries from here, so helping costs the same at 4
+    /// connections and at 512.
     pub(super) help_cursor: AtomicUsize,
 }
 

@@ -12,8 +12,13 @@ use crate::backoff::{Governor, GovernorConfig, Reason, Verdict};
 use crate::stats::Counters;
 use crate::sys::ThreadClock;
 
-use super::shard::{Entry, REPORT_EVERY, Shard};
-use super::{YIELD_AFTER_CHECKS, lock};
+use super::shard::{Entry, REPORT_EVERY, Shard, lock};
+
+/// Readiness checks (a scan of nothing armed counts as one) between two `sched_yield`s of a
+/// polling thread (~5–20 µs), so that a polling thread sharing a core with a tokio worker or
+/// with other polling threads (BP with more connections than cores) lets them run. Counted in
+/// checks, not scans: a scan of 128 armed connections is 128 times longer than a scan of one.
+const YIELD_AFTER_CHECKS: u64 = 1024;
 
 /// Per-thread settings of the polling loop.
 #[derive(Clone)]
@@ -99,75 +104,22 @@ impl IdleWatch {
 ///   every tail sees the sleep word and rings. (Tasks announce their own sleeps, backed off,
 ///   only where announces are exact.)
 pub(super) fn polling_loop(shard: Arc<Shard>, counters: Arc<Counters>, cfg: LoopCfg) {
-    let mut local: Vec<Arc<Entry>> = Vec::new();
-    let mut seen_gen = u64::MAX;
-    let mut last_activity = Instant::now();
-    let mut checks: u64 = 0;
-    let mut dozing = false;
-    let watch = cfg.watch.as_deref();
-    let mut holder = false;
-    let mut next_watch = Instant::now();
-    let mut check_watch = false;
-    let mut next_report = Instant::now() + REPORT_EVERY;
-    let mut gov = Governor::new(GovernorConfig::default());
-    let clock = cfg.backoff.then(ThreadClock::for_current_thread);
-    let gov_now = |s: &Shard| Duration::from_nanos(s.clock());
-    if let Some(c) = &clock {
-        gov.begin(gov_now(&shard), c.sample());
-    }
-    // Readers woken since the thread last resumed (one spin episode).
-    let mut episode_woke = 0u64;
-    let mut rescan_every = cfg.idle_interval;
-    tracing::debug!(shard = shard.id, "polling thread started");
+    let mut t = PollingThread::new(shard, counters, cfg);
+    tracing::debug!(shard = t.shard.id, "polling thread started");
     loop {
-        if shard.stop.load(Ordering::Acquire) {
+        if t.shard.stop.load(Ordering::Acquire) {
             break;
         }
-        let g = shard.generation.load(Ordering::Acquire);
-        if g != seen_gen {
-            local.clone_from(&lock(&shard.entries));
-            seen_gen = g;
-        }
-        let (polls, fired, waiting) = scan(&local);
-        Counters::add(&counters.polls, polls);
-        Counters::add(&counters.empty_polls, waiting as u64);
-        if let Some(w) = watch
-            && holder
-            && (check_watch || checks == 0)
-        {
-            let now = Instant::now();
-            if now >= next_watch {
-                w.rescan_others(shard.id, &counters);
-                next_watch = now + cfg.idle_interval;
-            }
-        }
-        check_watch = false;
+        t.take_entries();
+        let (polls, fired, waiting) = t.scan_own();
+        t.rescan_dozing_shards();
         if fired > 0 {
-            gov.hit(fired);
-            episode_woke += fired;
-            rescan_every = cfg.idle_interval;
-            last_activity = Instant::now();
-            shard.report(&counters, cfg.mode, &mut next_report, false);
-            checks = 0;
-            dozing = false;
-            shard.dozing.store(false, Ordering::SeqCst);
-            thread::yield_now();
+            t.woke(fired);
             continue;
         }
-        checks += polls.max(1);
-        let due = checks >= YIELD_AFTER_CHECKS;
-        if due {
-            checks = 0;
-            shard.report(&counters, cfg.mode, &mut next_report, false);
-            if let Some(c) = &clock
-                && gov.window_due(gov_now(&shard))
-                && let Verdict::BackOff { until, reason } =
-                    gov.end_window(gov_now(&shard), c.sample())
-            {
-                back_off(&shard, &counters, until, reason);
-            }
-        }
-        let Some(park_after) = cfg.park_after else {
+        let due = t.count_checks(polls);
+        let Some(park_after) = t.cfg.park_after else {
+            // No idle parking (the paper's configuration): spin for good.
             if due {
                 thread::yield_now();
             } else {
@@ -175,141 +127,301 @@ pub(super) fn polling_loop(shard: Arc<Shard>, counters: Arc<Counters>, cfg: Loop
             }
             continue;
         };
-        let timed = if waiting == 0 {
-            false
-        } else {
-            if !dozing {
-                if !due {
-                    std::hint::spin_loop();
-                    continue;
-                }
-                // Every armed connection has a doorbell: doze sooner, the ring wakes them.
-                // Backed off: doze at once, the rings wake them.
-                let park_after = match cfg.bell_park_after {
-                    Some(b)
-                        if local
-                            .iter()
-                            .all(|e| e.bell || !e.armed.load(Ordering::Relaxed)) =>
-                    {
-                        if shard.backed_off() {
-                            Duration::ZERO
-                        } else {
-                            b.min(park_after)
-                        }
-                    }
-                    _ => park_after,
-                };
-                if last_activity.elapsed() < park_after {
-                    thread::yield_now();
-                    continue;
-                }
-                dozing = true;
-                shard.dozing.store(true, Ordering::SeqCst);
-                if clock.is_some() {
-                    end_episode(&shard, &counters, &mut gov, &mut episode_woke);
-                }
-                if let Some(w) = watch {
-                    holder = holder
-                        || w.holder
-                            .compare_exchange(
-                                NO_HOLDER,
-                                shard.id,
-                                Ordering::SeqCst,
-                                Ordering::SeqCst,
-                            )
-                            .is_ok();
-                    if !holder {
-                        w.kick_holder();
-                    }
-                }
-                Counters::add(&counters.parks, 1);
-                tracing::debug!(
-                    shard = shard.id,
-                    armed = waiting,
-                    holder,
-                    "polling thread dozing (armed connections idle)"
-                );
-            }
-            true
-        };
-        if timed && cfg.bell_park_after.is_some() {
-            // Doorbell fallback: tell the writers of the armed connections that their readers
-            // sleep, then recheck each (Dekker with the writer's tail, then sleep word).
-            let mut woke = 0;
-            for e in &local {
-                if e.armed.load(Ordering::SeqCst)
-                    && e.announce()
-                    && (e.source.ready() || e.source.is_closed())
-                    && e.armed.swap(false, Ordering::AcqRel)
-                {
-                    e.fire();
-                    woke += 1;
-                }
-            }
-            if woke > 0 {
-                continue;
-            }
-        }
-        // Park. Announce it first, then look at the armed flags (and the entry list) once more:
-        // a task that armed before it could see `parked` is caught by this recheck (Dekker
-        // with `Registration::arm`; and with `IdleWatch::kick_holder` for `others_dozing`).
-        shard.parked.store(true, Ordering::SeqCst);
-        fence(Ordering::SeqCst);
-        let changed = shard.generation.load(Ordering::SeqCst) != seen_gen;
-        let any_armed = local.iter().any(|e| e.armed.load(Ordering::SeqCst));
-        if shard.stop.load(Ordering::SeqCst) {
-            break;
-        }
-        if changed || (any_armed && !timed) {
-            // Something to scan right away.
-            shard.parked.store(false, Ordering::SeqCst);
+        // Armed connections left waiting: the park below is timed (a doze), once they idled.
+        let timed = waiting > 0;
+        if timed && !t.doze(due, park_after, waiting) {
             continue;
         }
-        let watching = holder && watch.is_some_and(|w| w.others_dozing(shard.id));
-        let own_rescan = any_armed && (watch.is_none() || holder);
-        // Report before a park that may last: a dashboard then sees the
-        // load up to here, and a later report counts the park as idle.
-        if !timed {
-            shard.report(&counters, cfg.mode, &mut next_report, true);
-            if clock.is_some() && !dozing {
-                // A spin episode that ends with nobody armed.
-                end_episode(&shard, &counters, &mut gov, &mut episode_woke);
+        if timed && t.announce_sleeps() > 0 {
+            continue;
+        }
+        match t.recheck_before_park(timed) {
+            Recheck::Stop => break,
+            Recheck::Scan => continue,
+            Recheck::Park { any_armed } => t.park(timed, any_armed),
+        }
+    }
+    t.stopped();
+}
+
+/// One polling thread's state across the turns of [`polling_loop`]; each method is one step of
+/// a turn, in the loop's order.
+struct PollingThread {
+    shard: Arc<Shard>,
+    counters: Arc<Counters>,
+    cfg: LoopCfg,
+    /// The shard's entries as of generation `seen_gen` (taken again when it moves).
+    local: Vec<Arc<Entry>>,
+    seen_gen: u64,
+    /// The last wake-up this thread made, or its last resume: where the idle time that
+    /// `park_after` measures starts.
+    last_activity: Instant,
+    /// Readiness checks since the last `sched_yield` (up to [`YIELD_AFTER_CHECKS`]).
+    checks: u64,
+    /// Armed connections, idle: the thread dozes (published in [`Shard::dozing`]).
+    dozing: bool,
+    /// This thread does the idle rescans of every dozing shard ([`IdleWatch::holder`]).
+    holder: bool,
+    /// When the holder's next rescan of the other dozing shards is due.
+    next_watch: Instant,
+    /// Back from a timed park: the holder looks at `next_watch` in this turn.
+    check_watch: bool,
+    /// When the next report to the `metrics` facade is due ([`Shard::report`]).
+    next_report: Instant,
+    /// Spin back-off ([`crate::backoff`]): judges the windows and episodes of spinning.
+    gov: Governor,
+    /// The thread's CPU clock, with spin back-off on.
+    clock: Option<ThreadClock>,
+    /// Readers woken since the thread last resumed (one spin episode).
+    episode_woke: u64,
+    /// The backstop rescan period of a thread whose armed sleeps are all announced.
+    rescan_every: Duration,
+}
+
+/// What the recheck before a park found ([`PollingThread::recheck_before_park`]).
+enum Recheck {
+    /// The shard stops.
+    Stop,
+    /// Something to scan right away.
+    Scan,
+    /// Nothing new: park (`any_armed`: armed connections wait).
+    Park { any_armed: bool },
+}
+
+/// The [`Governor`]'s clock: [`Shard::clock`].
+fn gov_now(shard: &Shard) -> Duration {
+    Duration::from_nanos(shard.clock())
+}
+
+impl PollingThread {
+    fn new(shard: Arc<Shard>, counters: Arc<Counters>, cfg: LoopCfg) -> Self {
+        let last_activity = Instant::now();
+        let next_watch = Instant::now();
+        let next_report = Instant::now() + REPORT_EVERY;
+        let mut gov = Governor::new(GovernorConfig::default());
+        let clock = cfg.backoff.then(ThreadClock::for_current_thread);
+        if let Some(c) = &clock {
+            gov.begin(gov_now(&shard), c.sample());
+        }
+        Self {
+            local: Vec::new(),
+            seen_gen: u64::MAX,
+            last_activity,
+            checks: 0,
+            dozing: false,
+            holder: false,
+            next_watch,
+            check_watch: false,
+            next_report,
+            gov,
+            clock,
+            episode_woke: 0,
+            rescan_every: cfg.idle_interval,
+            shard,
+            counters,
+            cfg,
+        }
+    }
+
+    /// Takes the shard's entry list again if it changed (a registration came or went).
+    fn take_entries(&mut self) {
+        let g = self.shard.generation.load(Ordering::Acquire);
+        if g != self.seen_gen {
+            self.local.clone_from(&lock(&self.shard.entries));
+            self.seen_gen = g;
+        }
+    }
+
+    /// [`scan`]s the shard, counted: (checks, wakes, armed entries left waiting).
+    fn scan_own(&self) -> (u64, u64, usize) {
+        let (polls, fired, waiting) = scan(&self.local);
+        Counters::add(&self.counters.polls, polls);
+        Counters::add(&self.counters.empty_polls, waiting as u64);
+        (polls, fired, waiting)
+    }
+
+    /// The [`IdleWatch`]'s holder rescans the other dozing shards, when due (looked at after a
+    /// timed park, and after each `sched_yield`).
+    fn rescan_dozing_shards(&mut self) {
+        if let Some(w) = self.cfg.watch.as_deref()
+            && self.holder
+            && (self.check_watch || self.checks == 0)
+        {
+            let now = Instant::now();
+            if now >= self.next_watch {
+                w.rescan_others(self.shard.id, &self.counters);
+                self.next_watch = now + self.cfg.idle_interval;
             }
         }
-        let park_start = shard.clock();
-        shard.parked_since.store(park_start, Ordering::Relaxed);
+        self.check_watch = false;
+    }
+
+    /// The scan woke `fired` readers: the thread is busy (it stops dozing), and yields once.
+    fn woke(&mut self, fired: u64) {
+        self.gov.hit(fired);
+        self.episode_woke += fired;
+        self.rescan_every = self.cfg.idle_interval;
+        self.last_activity = Instant::now();
+        self.shard
+            .report(&self.counters, self.cfg.mode, &mut self.next_report, false);
+        self.checks = 0;
+        self.dozing = false;
+        self.shard.dozing.store(false, Ordering::SeqCst);
+        thread::yield_now();
+    }
+
+    /// Counts a turn's checks; whether a `sched_yield` is due ([`YIELD_AFTER_CHECKS`]), when
+    /// the thread also reports and may close the [`Governor`]'s window.
+    fn count_checks(&mut self, polls: u64) -> bool {
+        self.checks += polls.max(1);
+        let due = self.checks >= YIELD_AFTER_CHECKS;
+        if due {
+            self.checks = 0;
+            self.shard
+                .report(&self.counters, self.cfg.mode, &mut self.next_report, false);
+            self.end_window();
+        }
+        due
+    }
+
+    /// Spin back-off: judges a 1 ms window of spinning when one is due, and backs off if it
+    /// says so.
+    fn end_window(&mut self) {
+        if let Some(c) = &self.clock
+            && self.gov.window_due(gov_now(&self.shard))
+            && let Verdict::BackOff { until, reason } =
+                self.gov.end_window(gov_now(&self.shard), c.sample())
+        {
+            back_off(&self.shard, &self.counters, until, reason);
+        }
+    }
+
+    /// Armed connections wait and nothing came: whether the thread dozes now (`true`: it
+    /// dozed already, or they idled long enough), or spins on (`false`: a spin-loop hint, or a
+    /// `sched_yield` when one is `due`).
+    fn doze(&mut self, due: bool, park_after: Duration, waiting: usize) -> bool {
+        if self.dozing {
+            return true;
+        }
+        if !due {
+            std::hint::spin_loop();
+            return false;
+        }
+        let park_after = self.doze_after(park_after);
+        if self.last_activity.elapsed() < park_after {
+            thread::yield_now();
+            return false;
+        }
+        self.start_dozing(waiting);
+        true
+    }
+
+    /// How long armed connections idle before the thread dozes: `park_after`, sooner when
+    /// every armed connection has a doorbell (the ring wakes them), at once when backed off
+    /// (the rings wake them).
+    fn doze_after(&self, park_after: Duration) -> Duration {
+        match self.cfg.bell_park_after {
+            Some(b)
+                if self
+                    .local
+                    .iter()
+                    .all(|e| e.bell || !e.armed.load(Ordering::Relaxed)) =>
+            {
+                if self.shard.backed_off() {
+                    Duration::ZERO
+                } else {
+                    b.min(park_after)
+                }
+            }
+            _ => park_after,
+        }
+    }
+
+    /// The thread dozes: the spin episode ends, and the [`IdleWatch`] learns of it (the first
+    /// dozing thread becomes its holder; the others kick the holder).
+    fn start_dozing(&mut self, waiting: usize) {
+        self.dozing = true;
+        self.shard.dozing.store(true, Ordering::SeqCst);
+        if self.clock.is_some() {
+            end_episode(
+                &self.shard,
+                &self.counters,
+                &mut self.gov,
+                &mut self.episode_woke,
+            );
+        }
+        if let Some(w) = self.cfg.watch.as_deref() {
+            self.holder = self.holder
+                || w.holder
+                    .compare_exchange(NO_HOLDER, self.shard.id, Ordering::SeqCst, Ordering::SeqCst)
+                    .is_ok();
+            if !self.holder {
+                w.kick_holder();
+            }
+        }
+        Counters::add(&self.counters.parks, 1);
+        tracing::debug!(
+            shard = self.shard.id,
+            armed = waiting,
+            holder = self.holder,
+            "polling thread dozing (armed connections idle)"
+        );
+    }
+
+    /// Doorbell fallback, dozing: tells the writers of the armed connections that their
+    /// readers sleep, then rechecks each (Dekker with the writer's tail, then sleep word).
+    /// Returns the readers woken because their data came meanwhile (0 without the fallback).
+    fn announce_sleeps(&self) -> u64 {
+        if self.cfg.bell_park_after.is_none() {
+            return 0;
+        }
+        let mut woke = 0;
+        for e in &self.local {
+            if e.armed.load(Ordering::SeqCst)
+                && e.announce()
+                && (e.source.ready() || e.source.is_closed())
+                && e.armed.swap(false, Ordering::AcqRel)
+            {
+                e.fire();
+                woke += 1;
+            }
+        }
+        woke
+    }
+
+    /// Announces the park, then looks at the armed flags (and the entry list) once more: a
+    /// task that armed before it could see `parked` is caught by this recheck (Dekker with
+    /// `Registration::arm`; and with `IdleWatch::kick_holder` for `others_dozing`).
+    fn recheck_before_park(&self, timed: bool) -> Recheck {
+        self.shard.parked.store(true, Ordering::SeqCst);
+        fence(Ordering::SeqCst);
+        let changed = self.shard.generation.load(Ordering::SeqCst) != self.seen_gen;
+        let any_armed = self.local.iter().any(|e| e.armed.load(Ordering::SeqCst));
+        if self.shard.stop.load(Ordering::SeqCst) {
+            return Recheck::Stop;
+        }
+        if changed || (any_armed && !timed) {
+            self.shard.parked.store(false, Ordering::SeqCst);
+            return Recheck::Scan;
+        }
+        Recheck::Park { any_armed }
+    }
+
+    /// Parks (after [`Self::recheck_before_park`]): timed for the rescans, until the back-off
+    /// ends while backed off, else until kicked. Counts the time parked, and resumes unless
+    /// the park only timed out.
+    fn park(&mut self, timed: bool, any_armed: bool) {
+        let watch = self.cfg.watch.as_deref();
+        let watching = self.holder && watch.is_some_and(|w| w.others_dozing(self.shard.id));
+        let own_rescan = any_armed && (watch.is_none() || self.holder);
+        if !timed {
+            self.before_untimed_park();
+        }
+        let park_start = self.shard.clock();
+        self.shard.parked_since.store(park_start, Ordering::Relaxed);
         if watching || own_rescan {
-            let wait = next_watch
-                .saturating_duration_since(Instant::now())
-                .max(Duration::from_micros(50))
-                .min(cfg.idle_interval);
-            // Every armed sleep announced, not backed off: the rings cover them, and the
-            // rescans only back them up (see the stretch above).
-            // (Backed off, tasks may announce themselves, which only exact doorbells allow; an
-            // inexact one was announced by this thread, after a resume that reset the period.)
-            let backed_off = shard.backed_off();
-            let stretch = own_rescan
-                && !watching
-                && cfg.bell_park_after.is_some()
-                && local.iter().all(|e| {
-                    !e.armed.load(Ordering::Relaxed)
-                        || (e.announced.load(Ordering::Relaxed) && (e.exact_bell || !backed_off))
-                });
-            let timeout = if stretch {
-                rescan_every
-            } else if holder {
-                wait
-            } else {
-                cfg.idle_interval
-            };
-            thread::park_timeout(timeout);
-            rescan_every = if stretch {
-                (rescan_every * 2).min(cfg.idle_interval * MAX_RESCAN_STRETCH)
-            } else {
-                cfg.idle_interval
-            };
-            check_watch = true;
-        } else if let Some(left) = shard.backoff_left() {
+            self.park_for_rescans(watching, own_rescan);
+        } else if let Some(left) = self.shard.backoff_left() {
             // Backed off, a task with an exact doorbell arms without kicking us: look again
             // when the back-off ends, so a sleep whose ring never comes waits no longer than
             // that (after it, an arm kicks).
@@ -317,31 +429,94 @@ pub(super) fn polling_loop(shard: Arc<Shard>, counters: Arc<Counters>, cfg: Loop
         } else {
             thread::park();
         }
-        shard
-            .parked_ns
-            .fetch_add(shard.clock().saturating_sub(park_start), Ordering::Relaxed);
-        shard.parked_since.store(u64::MAX, Ordering::Relaxed);
+        self.shard.parked_ns.fetch_add(
+            self.shard.clock().saturating_sub(park_start),
+            Ordering::Relaxed,
+        );
+        self.shard.parked_since.store(u64::MAX, Ordering::Relaxed);
         // `kick` clears `parked` before unparking; still set means the timeout expired (or a
         // spurious wake-up), so stay dozing.
-        if !shard.parked.swap(false, Ordering::SeqCst) {
-            dozing = false;
-            shard.dozing.store(false, Ordering::SeqCst);
-            last_activity = Instant::now();
-            checks = 0;
-            rescan_every = cfg.idle_interval;
-            Counters::add(&counters.resumes, 1);
-            if let Some(c) = &clock {
-                gov.begin(gov_now(&shard), c.sample());
-            }
+        if !self.shard.parked.swap(false, Ordering::SeqCst) {
+            self.resume();
         }
     }
-    shard.dozing.store(false, Ordering::SeqCst);
-    if let Some(w) = watch
-        && holder
-    {
-        w.holder.store(NO_HOLDER, Ordering::SeqCst);
+
+    /// Before a park that may last (nobody armed): report, so that a dashboard sees the load
+    /// up to here and a later report counts the park as idle; and a spin episode that ends
+    /// with nobody armed is judged.
+    fn before_untimed_park(&mut self) {
+        self.shard
+            .report(&self.counters, self.cfg.mode, &mut self.next_report, true);
+        if self.clock.is_some() && !self.dozing {
+            end_episode(
+                &self.shard,
+                &self.counters,
+                &mut self.gov,
+                &mut self.episode_woke,
+            );
+        }
     }
-    tracing::debug!(shard = shard.id, "polling thread stopped");
+
+    /// A timed park for the rescans: the holder's of the dozing shards (`watching`), this
+    /// shard's own (`own_rescan`), stretched while every armed sleep is announced.
+    fn park_for_rescans(&mut self, watching: bool, own_rescan: bool) {
+        let wait = self
+            .next_watch
+            .saturating_duration_since(Instant::now())
+            .max(Duration::from_micros(50))
+            .min(self.cfg.idle_interval);
+        // Every armed sleep announced, not backed off: the rings cover them, and the
+        // rescans only back them up (see the stretch in `polling_loop`'s docs).
+        // (Backed off, tasks may announce themselves, which only exact doorbells allow; an
+        // inexact one was announced by this thread, after a resume that reset the period.)
+        let backed_off = self.shard.backed_off();
+        let stretch = own_rescan
+            && !watching
+            && self.cfg.bell_park_after.is_some()
+            && self.local.iter().all(|e| {
+                !e.armed.load(Ordering::Relaxed)
+                    || (e.announced.load(Ordering::Relaxed) && (e.exact_bell || !backed_off))
+            });
+        let timeout = if stretch {
+            self.rescan_every
+        } else if self.holder {
+            wait
+        } else {
+            self.cfg.idle_interval
+        };
+        thread::park_timeout(timeout);
+        self.rescan_every = if stretch {
+            (self.rescan_every * 2).min(self.cfg.idle_interval * MAX_RESCAN_STRETCH)
+        } else {
+            self.cfg.idle_interval
+        };
+        self.check_watch = true;
+    }
+
+    /// Kicked out of a park (a task armed, the entry list changed): the thread runs again,
+    /// and a new spin episode begins.
+    fn resume(&mut self) {
+        self.dozing = false;
+        self.shard.dozing.store(false, Ordering::SeqCst);
+        self.last_activity = Instant::now();
+        self.checks = 0;
+        self.rescan_every = self.cfg.idle_interval;
+        Counters::add(&self.counters.resumes, 1);
+        if let Some(c) = &self.clock {
+            self.gov.begin(gov_now(&self.shard), c.sample());
+        }
+    }
+
+    /// The shard stopped: the thread leaves the [`IdleWatch`].
+    fn stopped(&self) {
+        self.shard.dozing.store(false, Ordering::SeqCst);
+        if let Some(w) = self.cfg.watch.as_deref()
+            && self.holder
+        {
+            w.holder.store(NO_HOLDER, Ordering::SeqCst);
+        }
+        tracing::debug!(shard = self.shard.id, "polling thread stopped");
+    }
 }
 
 /// The longest backstop rescan period of an announced, idle thread, in `idle_interval`s
