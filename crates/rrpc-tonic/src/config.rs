@@ -505,8 +505,9 @@ impl RrpcConfigBuilder {
     /// default) the largest it grows to. A power of two of at least 128
     /// bytes (two 64-byte slots) and at most 1 GiB: the ring's own rule
     /// (`rrpc_ringbuf::RingConfig`), checked by [`build`](Self::build).
-    /// A ring far smaller than a call's headers fails those calls with
-    /// `Internal` ("frame exceeds the ring").
+    /// A frame that cannot be split (a call's headers) must fit in one
+    /// ring message: a ring smaller than that fails those calls, not the
+    /// connection.
     ///
     /// Each connection maps both rings in both processes on `shm`; under load
     /// the rpc bench measured 12 MiB of RSS per connection on each side with
