@@ -4,6 +4,26 @@ use std::sync::Arc;
 
 use rrpc_poller::PollerConfig;
 
+mod admission;
+mod device;
+mod fabrics;
+mod fast_path;
+mod polling;
+mod rings;
+mod sharing;
+#[cfg(test)]
+mod tests;
+
+use admission::AdmissionSettings;
+#[cfg(feature = "verbs")]
+use admission::TlsClient;
+use device::DeviceSettings;
+use fabrics::FabricSet;
+use fast_path::FastPathSettings;
+use polling::PollingSettings;
+use rings::RingSettings;
+use sharing::SharingSettings;
+
 /// Which data path a connection uses (negotiated in the handshake).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
@@ -71,9 +91,10 @@ pub const DEFAULT_RDMA_CONNECTION_POOL: usize = 2;
 /// Built like every rrpc config (docs/architecture.md, "Configuration
 /// convention"): [`RrpcConfig::builder`], infallible setters on
 /// [`RrpcConfigBuilder`] named after the setting, and
-/// [`build`](RrpcConfigBuilder::build), which validates them all; read a
-/// setting back with the getter of its name (`cfg.ring_size()`), derive a
-/// changed config with [`to_builder`](RrpcConfig::to_builder).
+/// [`build`](RrpcConfigBuilder::build), which validates them all (each
+/// setting by one rule, checked in one place: its group's, table below);
+/// read a setting back with the getter of its name (`cfg.ring_size()`),
+/// derive a changed config with [`to_builder`](RrpcConfig::to_builder).
 /// [`RrpcConfig::default`] is the defaults below. Cheap to clone (an `Arc`
 /// inside).
 ///
@@ -86,6 +107,8 @@ pub const DEFAULT_RDMA_CONNECTION_POOL: usize = 2;
 /// assert_eq!(cfg.ring_size(), 1 << 20);
 /// let bigger = cfg.to_builder().ring_size(8 << 20).build()?;
 /// assert_ne!(bigger, cfg);
+/// // A ring size the ring would refuse is refused here, naming the rule.
+/// assert!(cfg.to_builder().ring_size(5000).build().is_err());
 /// # Ok::<(), rrpc_tonic::Error>(())
 /// ```
 ///
@@ -96,37 +119,48 @@ pub const DEFAULT_RDMA_CONNECTION_POOL: usize = 2;
 /// [`RrpcContext::shared`](crate::RrpcContext::shared)). Two configs are equal when
 /// every setting is (the TLS configs by identity, `Arc::ptr_eq`).
 ///
-/// | knob | default | source |
-/// |---|---|---|
-/// | `max_message_size` | 4 MiB | gRPC's default maximum message; RR-Compound §V-B picks the 4 MB ring to match |
-/// | `ring_size` | 4 MiB | RR-Compound §V-B ("we opt to set the ring buffer size at 4 MB"); with self-sizing rings, the largest a ring grows to |
-/// | `min_ring_size` | 64 KiB | rings that size themselves (RR-Compound §V-B leaves auto-tuning to future work): a ring starts here, grows before messages that need it, shrinks when quiet; equal to `ring_size` for the paper's fixed ring |
-/// | `ring_shrink_after` | 1 s | quiet time after which a ring shrinks back to `min_ring_size` |
-/// | `ring_cache_size` | an eighth of the CPU's L2 (sysfs; 64 KiB with 512 KiB of L2) | a self-sizing ring grows past it only as far as one message needs; writers send messages of a third of it (Fig. 12: rings out of cache halve the bandwidth) |
-/// | `path` | [`PathPreference::Fast`] | fast path by default between two rrpc endpoints: no HTTP/2 or HPACK per call |
-/// | `zero_copy` | on | RR-Compound §IV-F; off reproduces Fig. 14's baseline |
-/// | `max_chunk` | 256 KiB | fast-path DATA frames larger than this are split so calls interleave |
-/// | `call_window` | 256 KiB | fast path: per-call flow-control window in each direction (an HTTP/2 stream window) |
-/// | `max_header_list_size` | 16 KiB | fast-path server: larger request headers get HTTP 431, as hyper's HTTP/2 server answers |
-/// | `max_concurrent_calls` | 200 | fast path, per connection: hyper's own HTTP/2 server default for `max_concurrent_streams` (tonic's `Server` leaves it unlimited); bounds the server memory a peer can hold with calls it never ends |
-/// | `poller` | process-wide [`default_poller_config`] | see [`RrpcConfig::poller`] |
-/// | `handshake_timeout` | 5 s | bounds a connection's whole setup (rrpc-core handshake + path negotiation) |
-/// | `max_pending_handshakes` | 1024 | connections still in setup per listener; more are closed at once |
-/// | `max_connections` | 4096 | established connections a server holds at once, over all its fabrics and peers; more are refused with `ResourceExhausted` |
-/// | `max_connections_per_peer` | 256 | established connections one peer (a process on `shm://`, a host on `rdma://` and TCP) holds at once at a server; more are refused with `ResourceExhausted` |
-/// | `fabrics` | every one ([`Fabric::Shm`], [`Fabric::Verbs`], [`Fabric::Tcp`]) | what an `rrpc://` connection may run on; the best both ends allow and can use wins |
-/// | `token` | none | shared secret checked in the handshake (constant time) |
-/// | `queue_pair` | [`rrpc_core::QpConfig::default`] | each connection's queue pair (depths; fault injection for tests) |
-/// | `rc_retry` | [`rrpc_core::RcRetry::default`] (ACK timeout 67 ms, 7 retries) | `rdma://` retransmission on a lossy wire; a silent peer fails calls `Unavailable` |
-/// | `connection_pool` | 0 (off) | KRCore §3.1: queue pairs and ring regions made ahead of time by a background thread; on shm it measured no faster (`cargo xtask bench connect`: p50 0.88–1.04× unpooled over three runs, both ≈ 3× tonic-TCP's connect), meant for verbs, where registration costs milliseconds on a NIC |
-/// | `connection_pool_memory` | 64 MiB | the bound on what the ready bundles of a context's pools hold together (a bundle holds both ring regions, ≈ 2 × `ring_size`) |
-/// | `spare_connections` | 0 (off) | connections a client keeps handshaken ahead to each `shm://`/`rdma://` server it connected to (see the setter: a connect that finds one costs no round trip; each spare holds a connection at the server) |
-/// | `shared_queue_pairs` | off | KRCore §4.4: connections to one server share one queue pair (see the setter for the measured cost on shm) |
-/// | `peer_lease` | 10 s | how long an unused shared connection stays cached (`rrpc_core::meta`) |
-/// | `max_shared_peers` | 1024 | shared connections cached (client) or held (server) at once |
-/// | `rdma_device` | first device listed | the verbs device for `rdma://` (feature `verbs`) |
-/// | `rdma_port` | 1 | its physical port |
-/// | `rdma_gid_index` | RoCE: first IPv4-mapped RoCE v2 GID, else 0; InfiniBand: 0 | its source GID index (see `rrpc_core::VerbsOptions::gid_index`) |
+/// # Settings
+///
+/// Grouped by concern, as quinn splits its configs; each group checks its
+/// own settings, and [`build`](RrpcConfigBuilder::build) runs every
+/// group's check and then the one rule across groups (the queue pair's
+/// send depth against what the ring needs). The rules are listed under
+/// [`build`](RrpcConfigBuilder::build).
+///
+/// | group | setting | default | source |
+/// |---|---|---|---|
+/// | rings | `max_message_size` | 4 MiB | gRPC's default maximum message; RR-Compound §V-B picks the 4 MB ring to match (not read by the transports yet: see the setter) |
+/// | rings | `ring_size` | 4 MiB | RR-Compound §V-B ("we opt to set the ring buffer size at 4 MB"); with self-sizing rings, the largest a ring grows to |
+/// | rings | `min_ring_size` | 64 KiB (fitted into `ring_size / 128 ..= ring_size`) | rings that size themselves (RR-Compound §V-B leaves auto-tuning to future work): a ring starts here, grows before messages that need it, shrinks when quiet; equal to `ring_size` for the paper's fixed ring |
+/// | rings | `ring_shrink_after` | 1 s | quiet time after which a ring shrinks back to `min_ring_size` |
+/// | rings | `ring_cache_size` | an eighth of the CPU's L2 (sysfs; 64 KiB with 512 KiB of L2) | a self-sizing ring grows past it only as far as one message needs; writers send messages of a third of it (Fig. 12: rings out of cache halve the bandwidth) |
+/// | rings | `numa_node` | [`NumaPlacement::Device`](rrpc_core::numa::NumaPlacement::Device) | RB² §IV-C: rings and polling threads on the device's NUMA node |
+/// | fast path | `path` | [`PathPreference::Fast`] | fast path by default between two rrpc endpoints: no HTTP/2 or HPACK per call |
+/// | fast path | `zero_copy` | on | RR-Compound §IV-F; off reproduces Fig. 14's baseline |
+/// | fast path | `max_chunk` | 256 KiB | fast-path DATA frames larger than this are split so calls interleave |
+/// | fast path | `call_window` | 256 KiB | fast path: per-call flow-control window in each direction (an HTTP/2 stream window) |
+/// | fast path | `max_header_list_size` | 16 KiB | fast-path server: larger request headers get HTTP 431, as hyper's HTTP/2 server answers |
+/// | fast path | `max_concurrent_calls` | 200 | fast path, per connection: hyper's own HTTP/2 server default for `max_concurrent_streams` (tonic's `Server` leaves it unlimited); bounds the server memory a peer can hold with calls it never ends |
+/// | polling | `poller` | process-wide [`default_poller_config`] | see [`RrpcConfig::poller`] |
+/// | polling | `receive_spin` | 0 | Event mode only: how long a receiver spins before it sleeps |
+/// | handshake and admission | `handshake_timeout` | 5 s | bounds a connection's whole setup (rrpc-core handshake + path negotiation) |
+/// | handshake and admission | `max_pending_handshakes` | 1024 | connections still in setup per listener; more are closed at once |
+/// | handshake and admission | `max_connections` | 4096 | established connections a server holds at once, over all its fabrics and peers; more are refused with `ResourceExhausted` |
+/// | handshake and admission | `max_connections_per_peer` | 256 | established connections one peer (a process on `shm://`, a host on `rdma://` and TCP) holds at once at a server; more are refused with `ResourceExhausted` |
+/// | handshake and admission | `token` | none | shared secret checked in the handshake (constant time) |
+/// | handshake and admission | `tls_server`, `tls_client` | none | `verbs` feature: TLS on the `rdma://` side channel |
+/// | device | `rdma_device` | first device listed | the verbs device for `rdma://` (feature `verbs`) |
+/// | device | `rdma_port` | 1 | its physical port |
+/// | device | `rdma_gid_index` | RoCE: first IPv4-mapped RoCE v2 GID, else 0; InfiniBand: 0 | its source GID index (see `rrpc_core::VerbsOptions::gid_index`) |
+/// | device | `queue_pair` | [`rrpc_core::QpConfig::default`] | each connection's queue pair (depths; fault injection for tests) |
+/// | device | `rc_retry` | [`rrpc_core::RcRetry::default`] (ACK timeout 67 ms, 7 retries) | part of `queue_pair`: `rdma://` retransmission on a lossy wire; a silent peer fails calls `Unavailable` |
+/// | device | `connection_pool` | 0 (off) on shm, [`DEFAULT_RDMA_CONNECTION_POOL`] on verbs | KRCore §3.1: queue pairs and ring regions made ahead of time by a background thread; on shm it measured no faster (`cargo xtask bench connect`: p50 0.88–1.04× unpooled over three runs, both ≈ 3× tonic-TCP's connect), meant for verbs, where registration costs milliseconds on a NIC |
+/// | device | `connection_pool_memory` | 64 MiB | the bound on what the ready bundles of a context's pools hold together (a bundle holds both ring regions, ≈ 2 × `ring_size`) |
+/// | connection sharing | `spare_connections` | 0 (off) | connections a client keeps handshaken ahead to each `shm://`/`rdma://` server it connected to (see the setter: a connect that finds one costs no round trip; each spare holds a connection at the server) |
+/// | connection sharing | `shared_queue_pairs` | off | KRCore §4.4: connections to one server share one queue pair (see the setter for the measured cost on shm) |
+/// | connection sharing | `peer_lease` | 10 s | how long an unused shared connection stays cached (`rrpc_core::meta`) |
+/// | connection sharing | `max_shared_peers` | 1024 | shared connections cached (client) or held (server) at once |
+/// | fabrics | `fabrics` | every one ([`Fabric::Shm`], [`Fabric::Verbs`], [`Fabric::Tcp`]) | what an `rrpc://` connection may run on; the best both ends allow and can use wins |
 #[derive(Debug, Clone, PartialEq)]
 pub struct RrpcConfig(Arc<Inner>);
 
@@ -137,201 +171,64 @@ pub const DEFAULT_PEER_LEASE: std::time::Duration = std::time::Duration::from_se
 /// is a whole connection a server holds for a client that may never use it.
 pub const MAX_SPARE_CONNECTIONS: usize = 16;
 
-/// The default of [`RrpcConfig::max_connections`]: with the default 4 MiB
-/// rings grown to their largest, 4096 connections pin 32 GiB of ring
-/// memory, half of rrpc-core's default global grant budget (64 GiB).
-pub(crate) const DEFAULT_MAX_CONNECTIONS: usize = 4096;
-
-/// The default of [`RrpcConfig::max_connections_per_peer`]: a sixteenth of
-/// `DEFAULT_MAX_CONNECTIONS`, so that at least sixteen peers fit at their
-/// limit, and far above what one client needs (a channel holds one
-/// connection; a balanced pool a few).
-pub(crate) const DEFAULT_MAX_CONNECTIONS_PER_PEER: usize = 256;
-
 /// The default of [`RrpcConfig::max_shared_peers`].
 pub const DEFAULT_MAX_SHARED_PEERS: usize = 1024;
 
-/// What a client checks the server's side-channel certificate with.
-#[cfg(feature = "verbs")]
-type TlsClient = (
-    Arc<rrpc_core::rustls::ClientConfig>,
-    rrpc_core::rustls::pki_types::ServerName<'static>,
-);
+/// The longest a duration setting that is added to a clock may be
+/// (`ring_shrink_after`, `peer_lease`): `Instant + Duration` panics when
+/// the sum does not fit, and a year is "never" for either.
+const MAX_CLOCK_DURATION: std::time::Duration = std::time::Duration::from_secs(365 * 86_400);
 
-#[derive(Debug, Clone)]
+/// The settings, one field per group (the type's docs, "Settings").
+#[derive(Debug, Clone, PartialEq)]
 struct Inner {
-    max_message_size: usize,
-    ring_size: usize,
-    min_ring_size: usize,
-    ring_shrink_after: std::time::Duration,
-    /// Where rings and polling threads go (RB² §IV-C).
-    numa_node: rrpc_core::numa::NumaPlacement,
-    ring_cache_size: Option<usize>,
-    path: PathPreference,
-    zero_copy: bool,
-    max_chunk: usize,
-    call_window: u32,
-    max_header_list_size: usize,
-    max_concurrent_calls: usize,
-    poller: Option<PollerConfig>,
-    receive_spin: std::time::Duration,
-    handshake_timeout: std::time::Duration,
-    max_pending_handshakes: usize,
-    /// Established connections a server holds at once, all peers.
-    max_connections: usize,
-    /// Established connections one peer holds at once at a server.
-    max_connections_per_peer: usize,
-    token: Option<Arc<[u8]>>,
-    #[cfg(feature = "verbs")]
-    tls_server: Option<Arc<rrpc_core::rustls::ServerConfig>>,
-    #[cfg(feature = "verbs")]
-    tls_client: Option<TlsClient>,
-    rdma_device: Option<String>,
-    rdma_port: Option<u8>,
-    rdma_gid_index: Option<u8>,
-    /// Every connection's queue-pair settings.
-    queue_pair: rrpc_core::QpConfig,
-    /// Connections' resources made ahead of time (0: off; `None`: the
-    /// provider's default, [`DEFAULT_RDMA_CONNECTION_POOL`] on verbs).
-    pool: Option<usize>,
-    /// The memory bound of the ready bundles of every pool of a context.
-    pool_memory: u64,
-    /// Connections handshaken ahead per server a client connected to.
-    spare_connections: usize,
-    /// Logical connections over one queue pair per peer.
-    shared_queue_pairs: bool,
-    /// How long a shared connection nobody uses stays cached.
-    peer_lease: std::time::Duration,
-    /// Shared connections cached (client) or accepted (server) at once.
-    max_shared_peers: usize,
-    /// The fabrics an `rrpc://` connection may use ([`Fabric::bit`]s).
-    fabrics: u8,
+    rings: RingSettings,
+    fast_path: FastPathSettings,
+    polling: PollingSettings,
+    admission: AdmissionSettings,
+    device: DeviceSettings,
+    sharing: SharingSettings,
+    fabrics: FabricSet,
 }
 
-impl PartialEq for Inner {
-    fn eq(&self, o: &Self) -> bool {
-        // Every field named (no `..`): a new setting must be compared too.
-        let Inner {
-            max_message_size,
-            ring_size,
-            min_ring_size,
-            ring_shrink_after,
-            numa_node,
-            ring_cache_size,
-            path,
-            zero_copy,
-            max_chunk,
-            call_window,
-            max_header_list_size,
-            max_concurrent_calls,
-            poller,
-            receive_spin,
-            handshake_timeout,
-            max_pending_handshakes,
-            max_connections,
-            max_connections_per_peer,
-            token,
-            #[cfg(feature = "verbs")]
-            tls_server,
-            #[cfg(feature = "verbs")]
-            tls_client,
-            rdma_device,
-            rdma_port,
-            rdma_gid_index,
-            queue_pair,
-            pool,
-            pool_memory,
-            spare_connections,
-            shared_queue_pairs,
-            peer_lease,
-            max_shared_peers,
-            fabrics,
-        } = self;
-        #[cfg(feature = "verbs")]
-        {
-            // rustls configs have no equality: the same config, or none.
-            let same_server = match (tls_server, &o.tls_server) {
-                (Some(a), Some(b)) => Arc::ptr_eq(a, b),
-                (a, b) => a.is_none() && b.is_none(),
-            };
-            let same_client = match (tls_client, &o.tls_client) {
-                (Some((a, na)), Some((b, nb))) => Arc::ptr_eq(a, b) && na == nb,
-                (a, b) => a.is_none() && b.is_none(),
-            };
-            if !(same_server && same_client) {
-                return false;
-            }
+impl Inner {
+    /// Every group's check, then the rule across groups: one check per
+    /// setting.
+    fn validate(&self) -> Result<(), crate::Error> {
+        self.rings.validate()?;
+        self.fast_path.validate()?;
+        self.polling.validate()?;
+        self.admission.validate()?;
+        self.device.validate()?;
+        self.sharing.validate()?;
+        self.fabrics.validate()?;
+        // The ring posts to the connection's queue pair, and refuses one
+        // whose send queue is shallower than it needs (`LocalRing::connect`).
+        // (It builds: the rings group's check built it.)
+        let ring = self.rings.ring_config().build();
+        let need = ring.map_or(0, |r| r.send_queue_need());
+        if self.device.queue_pair.send_depth() < need {
+            return Err(crate::Error::InvalidConfig(QUEUE_PAIR_RULE));
         }
-        *max_message_size == o.max_message_size
-            && *ring_size == o.ring_size
-            && *min_ring_size == o.min_ring_size
-            && *ring_shrink_after == o.ring_shrink_after
-            && *numa_node == o.numa_node
-            && *ring_cache_size == o.ring_cache_size
-            && *path == o.path
-            && *zero_copy == o.zero_copy
-            && *max_chunk == o.max_chunk
-            && *call_window == o.call_window
-            && *max_header_list_size == o.max_header_list_size
-            && *max_concurrent_calls == o.max_concurrent_calls
-            && *poller == o.poller
-            && *receive_spin == o.receive_spin
-            && *handshake_timeout == o.handshake_timeout
-            && *max_pending_handshakes == o.max_pending_handshakes
-            && *max_connections == o.max_connections
-            && *max_connections_per_peer == o.max_connections_per_peer
-            && *token == o.token
-            && *rdma_device == o.rdma_device
-            && *rdma_port == o.rdma_port
-            && *rdma_gid_index == o.rdma_gid_index
-            && *queue_pair == o.queue_pair
-            && *pool == o.pool
-            && *pool_memory == o.pool_memory
-            && *spare_connections == o.spare_connections
-            && *shared_queue_pairs == o.shared_queue_pairs
-            && *peer_lease == o.peer_lease
-            && *max_shared_peers == o.max_shared_peers
-            && *fabrics == o.fabrics
+        Ok(())
     }
 }
+
+/// The rule across groups (a test checks the number against the ring's
+/// `send_queue_need`).
+const QUEUE_PAIR_RULE: &str = "queue_pair's send_depth must be at least 770, the send-queue \
+     slots a ring needs (rrpc_ringbuf::RingConfig::send_queue_need)";
 
 impl Default for RrpcConfig {
     fn default() -> Self {
         RrpcConfig(Arc::new(Inner {
-            max_message_size: 4 << 20,
-            ring_size: 4 << 20,
-            min_ring_size: 64 << 10,
-            ring_shrink_after: std::time::Duration::from_secs(1),
-            numa_node: rrpc_core::numa::NumaPlacement::Device,
-            ring_cache_size: None,
-            path: PathPreference::Fast,
-            zero_copy: true,
-            max_chunk: 256 << 10,
-            call_window: 256 << 10,
-            max_header_list_size: 16 << 10,
-            max_concurrent_calls: 200,
-            poller: None,
-            receive_spin: std::time::Duration::ZERO,
-            handshake_timeout: std::time::Duration::from_secs(5),
-            max_pending_handshakes: 1024,
-            max_connections: DEFAULT_MAX_CONNECTIONS,
-            max_connections_per_peer: DEFAULT_MAX_CONNECTIONS_PER_PEER,
-            token: None,
-            #[cfg(feature = "verbs")]
-            tls_server: None,
-            #[cfg(feature = "verbs")]
-            tls_client: None,
-            rdma_device: None,
-            rdma_port: None,
-            rdma_gid_index: None,
-            queue_pair: rrpc_core::QpConfig::default(),
-            spare_connections: 0,
-            shared_queue_pairs: false,
-            peer_lease: DEFAULT_PEER_LEASE,
-            max_shared_peers: DEFAULT_MAX_SHARED_PEERS,
-            pool: None,
-            pool_memory: 64 << 20,
-            fabrics: Fabric::Tcp.bit() | Fabric::Shm.bit() | Fabric::Verbs.bit(),
+            rings: RingSettings::default(),
+            fast_path: FastPathSettings::default(),
+            polling: PollingSettings::default(),
+            admission: AdmissionSettings::default(),
+            device: DeviceSettings::default(),
+            sharing: SharingSettings::default(),
+            fabrics: FabricSet::default(),
         }))
     }
 }
@@ -362,115 +259,116 @@ impl RrpcConfig {
 
     /// Whether [`RrpcConfigBuilder::fabrics`] allows `fabric`.
     pub fn allows(&self, fabric: Fabric) -> bool {
-        self.0.fabrics & fabric.bit() != 0
+        self.0.fabrics.allows(fabric)
     }
 
     /// The allowed fabrics as the negotiation's offer bits: those this
     /// build can use (no verbs without the `verbs` feature).
     pub(crate) fn fabric_bits(&self) -> u8 {
         if cfg!(feature = "verbs") {
-            self.0.fabrics
+            self.0.fabrics.0
         } else {
-            self.0.fabrics & !Fabric::Verbs.bit()
+            self.0.fabrics.0 & !Fabric::Verbs.bit()
         }
     }
 
     /// See [`RrpcConfigBuilder::max_header_list_size`].
     pub fn max_header_list_size(&self) -> usize {
-        self.0.max_header_list_size
+        self.0.fast_path.max_header_list_size
     }
 
     /// See [`RrpcConfigBuilder::max_concurrent_calls`].
     pub fn max_concurrent_calls(&self) -> usize {
-        self.0.max_concurrent_calls
+        self.0.fast_path.max_concurrent_calls
     }
 
     /// See [`RrpcConfigBuilder::receive_spin`].
     pub fn receive_spin(&self) -> std::time::Duration {
-        self.0.receive_spin
+        self.0.polling.receive_spin
     }
 
     /// See [`RrpcConfigBuilder::handshake_timeout`].
     pub fn handshake_timeout(&self) -> std::time::Duration {
-        self.0.handshake_timeout
+        self.0.admission.handshake_timeout
     }
 
     /// See [`RrpcConfigBuilder::max_pending_handshakes`].
     pub fn max_pending_handshakes(&self) -> usize {
-        self.0.max_pending_handshakes
+        self.0.admission.max_pending_handshakes
     }
 
     /// See [`RrpcConfigBuilder::max_connections`].
     pub fn max_connections(&self) -> usize {
-        self.0.max_connections
+        self.0.admission.max_connections
     }
 
     /// See [`RrpcConfigBuilder::max_connections_per_peer`].
     pub fn max_connections_per_peer(&self) -> usize {
-        self.0.max_connections_per_peer
+        self.0.admission.max_connections_per_peer
     }
 
     /// See [`RrpcConfigBuilder::poller`] (`None`: the process-wide default).
     pub fn poller(&self) -> Option<&PollerConfig> {
-        self.0.poller.as_ref()
+        self.0.polling.poller.as_ref()
     }
 
     /// See [`RrpcConfigBuilder::max_message_size`].
     pub fn max_message_size(&self) -> usize {
-        self.0.max_message_size
+        self.0.rings.max_message_size
     }
 
     /// See [`RrpcConfigBuilder::ring_size`].
     pub fn ring_size(&self) -> usize {
-        self.0.ring_size
+        self.0.rings.ring_size
     }
 
     /// The size a ring starts at and shrinks back to (see
-    /// [`RrpcConfig::min_ring_size`]): `ring_size` for a fixed ring.
+    /// [`RrpcConfigBuilder::min_ring_size`]): the size set, else the default
+    /// fitted into `ring_size / 128 ..= ring_size`; `ring_size` for a fixed
+    /// ring.
     pub fn min_ring_size(&self) -> usize {
-        let ring = self.0.ring_size;
-        self.0.min_ring_size.min(ring).max(ring / 128)
+        self.0.rings.min_ring_size()
     }
 
     /// See [`RrpcConfigBuilder::ring_cache_size`] (the value set, or the one
     /// derived from this CPU's L2 cache).
     pub fn ring_cache_size(&self) -> usize {
-        self.0.ring_cache_size.unwrap_or_else(ring_cache_cap)
+        self.0.rings.ring_cache_size()
     }
 
     /// See [`RrpcConfigBuilder::numa_node`].
     pub fn numa_node(&self) -> rrpc_core::numa::NumaPlacement {
-        self.0.numa_node
+        self.0.rings.numa_node
     }
 
     /// See [`RrpcConfigBuilder::ring_shrink_after`].
     pub fn ring_shrink_after(&self) -> std::time::Duration {
-        self.0.ring_shrink_after
+        self.0.rings.ring_shrink_after
     }
 
     /// See [`RrpcConfigBuilder::path`].
     pub fn path(&self) -> PathPreference {
-        self.0.path
+        self.0.fast_path.path
     }
 
     /// See [`RrpcConfigBuilder::zero_copy`].
     pub fn zero_copy(&self) -> bool {
-        self.0.zero_copy
+        self.0.fast_path.zero_copy
     }
 
     /// See [`RrpcConfigBuilder::max_chunk`].
     pub fn max_chunk(&self) -> usize {
-        self.0.max_chunk
+        self.0.fast_path.max_chunk
     }
 
     /// See [`RrpcConfigBuilder::call_window`].
     pub fn call_window(&self) -> u32 {
-        self.0.call_window
+        self.0.fast_path.call_window
     }
 
     /// See [`RrpcConfigBuilder::token`].
     pub fn token(&self) -> Option<&[u8]> {
-        self.0.token.as_deref()
+        self.0.admission.token.as_deref()
     }
 
     /// The side-channel TLS settings: server config, client config and name.
@@ -481,22 +379,25 @@ impl RrpcConfig {
         Option<&Arc<rrpc_core::rustls::ServerConfig>>,
         Option<&TlsClient>,
     ) {
-        (self.0.tls_server.as_ref(), self.0.tls_client.as_ref())
+        (
+            self.0.admission.tls.server.as_ref(),
+            self.0.admission.tls.client.as_ref(),
+        )
     }
 
     /// See [`RrpcConfigBuilder::rdma_device`].
     pub fn rdma_device(&self) -> Option<&str> {
-        self.0.rdma_device.as_deref()
+        self.0.device.rdma_device.as_deref()
     }
 
     /// See [`RrpcConfigBuilder::rdma_port`] (`None`: the default, 1).
     pub fn rdma_port(&self) -> Option<u8> {
-        self.0.rdma_port
+        self.0.device.rdma_port
     }
 
     /// See [`RrpcConfigBuilder::rdma_gid_index`] (`None`: the default choice).
     pub fn rdma_gid_index(&self) -> Option<u8> {
-        self.0.rdma_gid_index
+        self.0.device.rdma_gid_index
     }
 
     /// The [`rrpc_core::VerbsOptions`] of `rdma_device`, `rdma_port` and
@@ -504,13 +405,13 @@ impl RrpcConfig {
     #[cfg(feature = "verbs")]
     pub(crate) fn verbs_options(&self) -> rrpc_core::VerbsOptions {
         let mut o = rrpc_core::VerbsOptions::builder();
-        if let Some(d) = &self.0.rdma_device {
+        if let Some(d) = &self.0.device.rdma_device {
             o = o.device(d.clone());
         }
-        if let Some(p) = self.0.rdma_port {
+        if let Some(p) = self.0.device.rdma_port {
             o = o.port(p);
         }
-        if let Some(g) = self.0.rdma_gid_index {
+        if let Some(g) = self.0.device.rdma_gid_index {
             o = o.gid_index(g);
         }
         o.build().expect("VerbsOptions checks nothing at build")
@@ -518,44 +419,44 @@ impl RrpcConfig {
 
     /// See [`RrpcConfigBuilder::queue_pair`].
     pub fn queue_pair(&self) -> &rrpc_core::QpConfig {
-        &self.0.queue_pair
+        &self.0.device.queue_pair
     }
 
     /// See [`RrpcConfigBuilder::rc_retry`].
     pub fn rc_retry(&self) -> rrpc_core::RcRetry {
-        self.0.queue_pair.rc_retry()
+        self.0.device.queue_pair.rc_retry()
     }
 
     /// See [`RrpcConfigBuilder::spare_connections`].
     pub fn spare_connections(&self) -> usize {
-        self.0.spare_connections
+        self.0.sharing.spare_connections
     }
 
     /// See [`RrpcConfigBuilder::shared_queue_pairs`].
     pub fn shared_queue_pairs(&self) -> bool {
-        self.0.shared_queue_pairs
+        self.0.sharing.shared_queue_pairs
     }
 
     /// See [`RrpcConfigBuilder::peer_lease`].
     pub fn peer_lease(&self) -> std::time::Duration {
-        self.0.peer_lease
+        self.0.sharing.peer_lease
     }
 
     /// See [`RrpcConfigBuilder::max_shared_peers`].
     pub fn max_shared_peers(&self) -> usize {
-        self.0.max_shared_peers
+        self.0.sharing.max_shared_peers
     }
 
     /// See [`RrpcConfigBuilder::connection_pool`]: the size set, or `None` for
     /// the default of each provider ([`Self::connection_pool_for`]).
     pub fn connection_pool(&self) -> Option<usize> {
-        self.0.pool
+        self.0.device.connection_pool
     }
 
     /// The pool size connections on `kind` get: the size set, else
     /// [`DEFAULT_RDMA_CONNECTION_POOL`] on verbs and 0 on shm.
     pub fn connection_pool_for(&self, kind: rrpc_core::ProviderKind) -> usize {
-        self.0.pool.unwrap_or(match kind {
+        self.0.device.connection_pool.unwrap_or(match kind {
             rrpc_core::ProviderKind::Verbs => DEFAULT_RDMA_CONNECTION_POOL,
             _ => 0,
         })
@@ -563,7 +464,7 @@ impl RrpcConfig {
 
     /// See [`RrpcConfigBuilder::connection_pool_memory`].
     pub fn connection_pool_memory(&self) -> u64 {
-        self.0.pool_memory
+        self.0.device.connection_pool_memory
     }
 
     /// Whether `other` asks for the same runtime resources: the settings
@@ -571,16 +472,12 @@ impl RrpcConfig {
     /// connections follow.
     pub(crate) fn same_resources(&self, other: &RrpcConfig) -> bool {
         let (a, b) = (&*self.0, &*other.0);
-        a.poller == b.poller
-            && a.numa_node == b.numa_node
-            && a.rdma_device == b.rdma_device
-            && a.rdma_port == b.rdma_port
-            && a.rdma_gid_index == b.rdma_gid_index
-            && a.queue_pair == b.queue_pair
-            && a.pool == b.pool
-            && a.pool_memory == b.pool_memory
-            && a.peer_lease == b.peer_lease
-            && a.max_shared_peers == b.max_shared_peers
+        // The whole device group: the device, queue pairs and pools.
+        a.polling.poller == b.polling.poller
+            && a.rings.numa_node == b.rings.numa_node
+            && a.device == b.device
+            && a.sharing.peer_lease == b.sharing.peer_lease
+            && a.sharing.max_shared_peers == b.sharing.max_shared_peers
     }
 }
 
@@ -593,17 +490,24 @@ pub struct RrpcConfigBuilder {
 }
 
 impl RrpcConfigBuilder {
-    /// Largest gRPC message (after encoding) a call may carry; larger
-    /// messages are split into chunks on the wire and rejected whole by the
-    /// receiving tonic codec beyond its own limit (4 MiB unless changed).
+    /// Largest gRPC message (after encoding) a call may carry; above 0.
+    ///
+    /// **Not enforced yet**: no transport reads it. What applies today is
+    /// tonic's own codec limit on the receiving side (4 MiB unless changed);
+    /// larger messages are split into chunks on the wire either way.
     pub fn max_message_size(mut self, bytes: usize) -> Self {
-        self.inner.max_message_size = bytes;
+        self.inner.rings.max_message_size = bytes;
         self
     }
 
     /// Size of each direction's ring in bytes: its fixed size, or with
     /// self-sizing rings ([`min_ring_size`](Self::min_ring_size), on by
-    /// default) the largest it grows to. A power of two.
+    /// default) the largest it grows to. A power of two of at least 128
+    /// bytes (two 64-byte slots) and at most 1 GiB: the ring's own rule
+    /// (`rrpc_ringbuf::RingConfig`), checked by [`build`](Self::build).
+    /// A frame that cannot be split (a call's headers) must fit in one
+    /// ring message: a ring smaller than that fails those calls, not the
+    /// connection.
     ///
     /// Each connection maps both rings in both processes on `shm`; under load
     /// the rpc bench measured 12 MiB of RSS per connection on each side with
@@ -617,7 +521,7 @@ impl RrpcConfigBuilder {
     /// 32 KiB up. Smaller rings are worth trying for bandwidth-bound services
     /// on one host.
     pub fn ring_size(mut self, bytes: usize) -> Self {
-        self.inner.ring_size = bytes;
+        self.inner.rings.ring_size = bytes;
         self
     }
 
@@ -631,11 +535,14 @@ impl RrpcConfigBuilder {
     /// docs, "Rings that size themselves"). On `shm` a shrink gives the
     /// memory back to the system; on verbs the registration pins it.
     ///
-    /// Default 64 KiB. Set it to `ring_size` for a fixed ring (the papers'
-    /// setting). Used as the larger of `bytes` and `ring_size / 128`, at most
-    /// `ring_size`.
+    /// Default 64 KiB, fitted into `ring_size / 128 ..= ring_size` (so
+    /// that any `ring_size` alone builds). Set it to `ring_size` for a
+    /// fixed ring (the papers' setting). A value set is used as set: a
+    /// power of two of at least 128 bytes, within `ring_size / 128 ..=
+    /// ring_size` (the ring's rule, its handshake carries the ratio in
+    /// 3 bits), or [`build`](Self::build) refuses it.
     pub fn min_ring_size(mut self, bytes: usize) -> Self {
-        self.inner.min_ring_size = bytes;
+        self.inner.rings.min_ring_size = Some(bytes);
         self
     }
 
@@ -656,14 +563,15 @@ impl RrpcConfigBuilder {
     ///
     /// [`NumaPlacement::Device`]: rrpc_core::numa::NumaPlacement::Device
     pub fn numa_node(mut self, placement: rrpc_core::numa::NumaPlacement) -> Self {
-        self.inner.numa_node = placement;
+        self.inner.rings.numa_node = placement;
         self
     }
 
     /// Quiet time after which a self-sizing ring shrinks back to
-    /// [`min_ring_size`](Self::min_ring_size). Default 1 s.
+    /// [`min_ring_size`](Self::min_ring_size). Default 1 s; within
+    /// 1 ms ..= 365 days (the ring's minimum; a timer adds it to a clock).
     pub fn ring_shrink_after(mut self, quiet: std::time::Duration) -> Self {
-        self.inner.ring_shrink_after = quiet;
+        self.inner.rings.ring_shrink_after = quiet;
         self
     }
 
@@ -675,16 +583,18 @@ impl RrpcConfigBuilder {
     ///
     /// Default: an eighth of the CPU's L2 cache as sysfs gives it, rounded
     /// down to a power of two (64 KiB with 512 KiB of L2, where the Fig. 12
-    /// sweep on shm peaked at 64–128 KiB rings for 8 KiB and 128 KiB RPCs).
-    /// Ignored by fixed rings.
+    /// sweep on shm peaked at 64–128 KiB rings for 8 KiB and 128 KiB RPCs),
+    /// which the ring clamps into `min_ring_size ..= ring_size`. A value set
+    /// must be a power of two within `min_ring_size ..= ring_size`, or
+    /// [`build`](Self::build) refuses it. Ignored by fixed rings.
     pub fn ring_cache_size(mut self, bytes: usize) -> Self {
-        self.inner.ring_cache_size = Some(bytes);
+        self.inner.rings.ring_cache_size = Some(bytes);
         self
     }
 
     /// Preferred data path.
     pub fn path(mut self, path: PathPreference) -> Self {
-        self.inner.path = path;
+        self.inner.fast_path.path = path;
         self
     }
 
@@ -702,20 +612,20 @@ impl RrpcConfigBuilder {
     /// `rdma://` side channel. Other schemes ignore it. An empty set is
     /// refused by [`build`](Self::build).
     pub fn fabrics(mut self, fabrics: impl IntoIterator<Item = Fabric>) -> Self {
-        self.inner.fabrics = fabrics.into_iter().fold(0, |b, f| b | f.bit());
+        self.inner.fabrics = FabricSet::of(fabrics);
         self
     }
 
     /// Encode frames straight into the send ring (on) or through an
     /// intermediate buffer (off, for RR-Compound Fig. 14).
     pub fn zero_copy(mut self, on: bool) -> Self {
-        self.inner.zero_copy = on;
+        self.inner.fast_path.zero_copy = on;
         self
     }
 
     /// Largest DATA chunk on the fast path.
     pub fn max_chunk(mut self, bytes: usize) -> Self {
-        self.inner.max_chunk = bytes;
+        self.inner.fast_path.max_chunk = bytes;
         self
     }
 
@@ -741,7 +651,7 @@ impl RrpcConfigBuilder {
     /// is not yet measured (the rpc bench's ring-size and zero-copy runs
     /// predate flow control).
     pub fn call_window(mut self, bytes: u32) -> Self {
-        self.inner.call_window = bytes;
+        self.inner.fast_path.call_window = bytes;
         self
     }
 
@@ -754,7 +664,7 @@ impl RrpcConfigBuilder {
     /// included. A larger request is answered with HTTP 431 and no handler
     /// runs; tonic reports it as `Unknown`, as over TCP.
     pub fn max_header_list_size(mut self, bytes: usize) -> Self {
-        self.inner.max_header_list_size = bytes;
+        self.inner.fast_path.max_header_list_size = bytes;
         self
     }
 
@@ -776,7 +686,7 @@ impl RrpcConfigBuilder {
     /// cannot make the server hold unbounded memory. 200 is hyper's default for
     /// its HTTP/2 server (tonic's `Server` overrides it to unlimited).
     pub fn max_concurrent_calls(mut self, calls: usize) -> Self {
-        self.inner.max_concurrent_calls = calls;
+        self.inner.fast_path.max_concurrent_calls = calls;
         self
     }
 
@@ -794,7 +704,7 @@ impl RrpcConfigBuilder {
     /// geometry, so both ends must choose Event (the handshake refuses a
     /// mismatch).
     pub fn poller(mut self, poller: PollerConfig) -> Self {
-        self.inner.poller = Some(poller);
+        self.inner.polling.poller = Some(poller);
         self
     }
 
@@ -806,7 +716,7 @@ impl RrpcConfigBuilder {
     /// the poller's `bp_timeout` instead; BP and BPTS do not spin. See
     /// [`rrpc_poller::Registration::set_event_spin`].
     pub fn receive_spin(mut self, spin: std::time::Duration) -> Self {
-        self.inner.receive_spin = spin;
+        self.inner.polling.receive_spin = spin;
         self
     }
 
@@ -815,9 +725,9 @@ impl RrpcConfigBuilder {
     /// follows. Default 5 s. A server drops a client that has not finished
     /// within it (each client's setup runs on its own, so a slow or silent
     /// client never delays another); a client gives up with
-    /// [`crate::Error::Handshake`] or a timeout error.
+    /// [`crate::Error::Handshake`] or a timeout error. Above zero.
     pub fn handshake_timeout(mut self, t: std::time::Duration) -> Self {
-        self.inner.handshake_timeout = t;
+        self.inner.admission.handshake_timeout = t;
         self
     }
 
@@ -826,9 +736,10 @@ impl RrpcConfigBuilder {
     /// arriving while the limit is reached is closed at once and the
     /// refusal logged, so silent clients cost the server at most this many
     /// sockets and small tasks (never a thread each) for at most
-    /// [`RrpcConfig::handshake_timeout`].
+    /// [`RrpcConfig::handshake_timeout`]. Within 1 ..= `usize::MAX >> 3`
+    /// (the permits a tokio semaphore can count).
     pub fn max_pending_handshakes(mut self, n: usize) -> Self {
-        self.inner.max_pending_handshakes = n;
+        self.inner.admission.max_pending_handshakes = n;
         self
     }
 
@@ -849,7 +760,7 @@ impl RrpcConfigBuilder {
     /// `rrpc_tonic_connections_refused_total{reason="total"}`. A connection
     /// that closes gives its place back.
     pub fn max_connections(mut self, n: usize) -> Self {
-        self.inner.max_connections = n;
+        self.inner.admission.max_connections = n;
         self
     }
 
@@ -865,7 +776,7 @@ impl RrpcConfigBuilder {
     /// the process itself. Refused as [`max_connections`](Self::max_connections),
     /// counted with `reason="per_peer"`.
     pub fn max_connections_per_peer(mut self, n: usize) -> Self {
-        self.inner.max_connections_per_peer = n;
+        self.inner.admission.max_connections_per_peer = n;
         self
     }
 
@@ -878,7 +789,7 @@ impl RrpcConfigBuilder {
     /// connect.
     pub fn token(mut self, token: impl Into<Vec<u8>>) -> Self {
         let t: Vec<u8> = token.into();
-        self.inner.token = Some(t.into());
+        self.inner.admission.token = Some(t.into());
         self
     }
 
@@ -893,7 +804,7 @@ impl RrpcConfigBuilder {
     /// cover (README, "Security model"). `shm://` ignores it.
     #[cfg(feature = "verbs")]
     pub fn tls_server(mut self, config: Arc<rrpc_core::rustls::ServerConfig>) -> Self {
-        self.inner.tls_server = Some(config);
+        self.inner.admission.tls.server = Some(config);
         self
     }
 
@@ -907,25 +818,26 @@ impl RrpcConfigBuilder {
         config: Arc<rrpc_core::rustls::ClientConfig>,
         server_name: rrpc_core::rustls::pki_types::ServerName<'static>,
     ) -> Self {
-        self.inner.tls_client = Some((config, server_name));
+        self.inner.admission.tls.client = Some((config, server_name));
         self
     }
 
     /// The verbs device `rdma://` uses, by name (e.g. `mlx5_0`, `rxe0`);
     /// default: the first device libibverbs lists. The device and its
     /// protection domain are opened once per [`RrpcContext`](crate::RrpcContext),
-    /// at its first `rdma://` connection.
+    /// at its first `rdma://` connection. Not empty.
     pub fn rdma_device(mut self, name: impl Into<String>) -> Self {
-        self.inner.rdma_device = Some(name.into());
+        self.inner.device.rdma_device = Some(name.into());
         self
     }
 
     /// The physical port of [`RrpcConfig::rdma_device`] that `rdma://`
-    /// uses (numbered from 1); default 1. A port the device does not have
+    /// uses (numbered from 1, so 0 is refused by [`build`](Self::build));
+    /// default 1. A port the device does not have
     /// fails the first `rdma://` connection with an error naming the ports
     /// there are.
     pub fn rdma_port(mut self, port: u8) -> Self {
-        self.inner.rdma_port = Some(port);
+        self.inner.device.rdma_port = Some(port);
         self
     }
 
@@ -936,7 +848,7 @@ impl RrpcConfigBuilder {
     /// empty entry, fails the first `rdma://` connection with an error
     /// naming the index and the table's length.
     pub fn rdma_gid_index(mut self, index: u8) -> Self {
-        self.inner.rdma_gid_index = Some(index);
+        self.inner.device.rdma_gid_index = Some(index);
         self
     }
 
@@ -946,8 +858,12 @@ impl RrpcConfigBuilder {
     /// ([`rrpc_core::QpConfig::fault`], shm only): delayed and missed
     /// completions, failing work requests, torn writes, so that a service's
     /// own tests can run the whole gRPC stack under verbs-like faults.
+    ///
+    /// Its send depth must hold what a ring keeps outstanding (770 slots
+    /// with the ring's default `sq_depth`, `rrpc_ringbuf::RingConfig::send_queue_need`;
+    /// the default is 1024), or [`build`](Self::build) refuses it.
     pub fn queue_pair(mut self, qp: rrpc_core::QpConfig) -> Self {
-        self.inner.queue_pair = qp;
+        self.inner.device.queue_pair = qp;
         self
     }
 
@@ -960,8 +876,9 @@ impl RrpcConfigBuilder {
     pub fn rc_retry(mut self, retry: rrpc_core::RcRetry) -> Self {
         // Cannot fail: the queue-pair settings here were built (validated)
         // and `retry` was validated by its own builder; nothing else changes.
-        self.inner.queue_pair = self
+        self.inner.device.queue_pair = self
             .inner
+            .device
             .queue_pair
             .to_builder()
             .rc_retry(retry)
@@ -986,9 +903,10 @@ impl RrpcConfigBuilder {
     /// pooled, 13× faster; README, "The connect suite"); off on `shm://`,
     /// where it measured no faster. Each pooled bundle holds two rings
     /// (`2 × ring_size`) of memory, and on verbs their registrations (pinned
-    /// pages), while it waits.
+    /// pages), while it waits. At most 1024 (a pool reserves a place for
+    /// each bundle when it starts).
     pub fn connection_pool(mut self, n: usize) -> Self {
-        self.inner.pool = Some(n);
+        self.inner.device.connection_pool = Some(n);
         self
     }
 
@@ -1011,7 +929,7 @@ impl RrpcConfigBuilder {
     /// client that connects often to the same servers, not for one that
     /// keeps one channel (docs/measured.md, "Where a connect's time goes").
     pub fn spare_connections(mut self, n: usize) -> Self {
-        self.inner.spare_connections = n;
+        self.inner.sharing.spare_connections = n;
         self
     }
 
@@ -1033,7 +951,7 @@ impl RrpcConfigBuilder {
     /// (KRCore §2.3). The shared connection stays cached for
     /// [`RrpcConfig::peer_lease`] after its last use.
     pub fn shared_queue_pairs(mut self, on: bool) -> Self {
-        self.inner.shared_queue_pairs = on;
+        self.inner.sharing.shared_queue_pairs = on;
         self
     }
 
@@ -1043,9 +961,10 @@ impl RrpcConfigBuilder {
     /// also dropped as soon as its peer is seen down: its side channel
     /// closed, or the server no longer knows it, or (`rrpc://`) the port
     /// names another side listener, its server having restarted. Default 10 s
-    /// ([`DEFAULT_PEER_LEASE`]).
+    /// ([`DEFAULT_PEER_LEASE`]); above zero and at most 365 days (the
+    /// cache adds it to a clock).
     pub fn peer_lease(mut self, lease: std::time::Duration) -> Self {
-        self.inner.peer_lease = lease;
+        self.inner.sharing.peer_lease = lease;
         self
     }
 
@@ -1055,7 +974,7 @@ impl RrpcConfigBuilder {
     /// fail to connect, with the reason). Default 1024
     /// ([`DEFAULT_MAX_SHARED_PEERS`]).
     pub fn max_shared_peers(mut self, n: usize) -> Self {
-        self.inner.max_shared_peers = n;
+        self.inner.sharing.max_shared_peers = n;
         self
     }
 
@@ -1064,86 +983,46 @@ impl RrpcConfigBuilder {
     /// one bound). A pool at its bound stops refilling, and connects beyond
     /// it build inline (counted as misses, never refused). Default 64 MiB.
     pub fn connection_pool_memory(mut self, max_bytes: u64) -> Self {
-        self.inner.pool_memory = max_bytes;
+        self.inner.device.connection_pool_memory = max_bytes;
         self
     }
 
-    /// Validates every setting and returns the config.
+    /// Validates every setting and returns the config: each group checks
+    /// its own settings ([`RrpcConfig`] docs, "Settings"), then the rule
+    /// across groups. A config that builds is one a server can serve and a
+    /// client can connect with (what the peer or the device says is
+    /// checked when they say it).
     ///
     /// # Errors
-    /// [`crate::Error::InvalidConfig`] naming the setting and its range:
-    /// `max_message_size`, `max_chunk`, `max_header_list_size`,
-    /// `max_concurrent_calls`, `max_pending_handshakes` and
-    /// `max_connections` must be above 0; `max_connections_per_peer` within
-    /// 1 ..= `max_connections`;
-    /// `ring_size` at least 4 KiB; `min_ring_size` and `ring_cache_size` (if
-    /// set) powers of two of at least 4 KiB; `ring_shrink_after` at least
-    /// 1 ms; `call_window` within 1 KiB ..= 2^31 - 1; `handshake_timeout` and
-    /// `peer_lease` above zero; `token` (if set) 1..=256 bytes;
-    /// `max_shared_peers` at least 1; `fabrics` not empty;
-    /// `spare_connections` at most [`MAX_SPARE_CONNECTIONS`].
+    /// [`crate::Error::InvalidConfig`] naming the first setting refused and
+    /// its rule:
+    ///
+    /// * rings, each by the ring's own rule (`rrpc_ringbuf::RingConfig`):
+    ///   `ring_size` a power of two of at least 128 bytes (two 64-byte
+    ///   slots) and at most 1 GiB; `min_ring_size`, if set, a power of two
+    ///   of at least 128 bytes within `ring_size / 128 ..= ring_size`;
+    ///   `ring_cache_size`, if set, a power of two within
+    ///   `min_ring_size ..= ring_size`; `ring_shrink_after` within
+    ///   1 ms ..= 365 days; `max_message_size` above 0;
+    /// * fast path: `max_chunk`, `max_header_list_size` and
+    ///   `max_concurrent_calls` above 0; `call_window` within
+    ///   1 KiB ..= 2^31 - 1;
+    /// * handshake and admission: `handshake_timeout` above zero; `token`,
+    ///   if set, 1..=256 bytes; `max_pending_handshakes` within
+    ///   1 ..= `usize::MAX >> 3` (a tokio semaphore's permits);
+    ///   `max_connections` above 0; `max_connections_per_peer` within
+    ///   1 ..= `max_connections`;
+    /// * device: `rdma_device`, if set, not empty; `rdma_port`, if set, at
+    ///   least 1; `connection_pool` at most 1024;
+    /// * connection sharing: `spare_connections` at most
+    ///   [`MAX_SPARE_CONNECTIONS`]; `peer_lease` above zero and at most
+    ///   365 days; `max_shared_peers` at least 1;
+    /// * fabrics: `fabrics` not empty;
+    /// * across groups: `queue_pair`'s send depth at least the send-queue
+    ///   slots a ring needs (770 with the ring's default `sq_depth` of 1024).
     pub fn build(self) -> Result<RrpcConfig, crate::Error> {
-        let c = self.inner;
-        let bad = |what: &'static str| Err(crate::Error::InvalidConfig(what));
-        if c.max_message_size == 0 {
-            return bad("max_message_size must be > 0");
-        }
-        if c.ring_size < 4096 {
-            return bad("ring_size must be >= 4096");
-        }
-        if c.min_ring_size < 4096 || !c.min_ring_size.is_power_of_two() {
-            return bad("min_ring_size must be a power of two >= 4096");
-        }
-        if c.ring_shrink_after < std::time::Duration::from_millis(1) {
-            return bad("ring_shrink_after must be at least 1 ms");
-        }
-        if let Some(bytes) = c.ring_cache_size
-            && (bytes < 4096 || !bytes.is_power_of_two())
-        {
-            return bad("ring_cache_size must be a power of two >= 4096");
-        }
-        if c.fabrics == 0 {
-            return bad("fabrics must allow at least one fabric");
-        }
-        if c.max_chunk == 0 {
-            return bad("max_chunk must be > 0");
-        }
-        if !(crate::frame::MIN_CALL_WINDOW..=crate::frame::MAX_WINDOW).contains(&c.call_window) {
-            return bad("call_window must be between 1 KiB and 2^31 - 1 bytes");
-        }
-        if c.max_header_list_size == 0 {
-            return bad("max_header_list_size must be > 0");
-        }
-        if c.max_concurrent_calls == 0 {
-            return bad("max_concurrent_calls must be > 0");
-        }
-        if c.handshake_timeout.is_zero() {
-            return bad("handshake_timeout must be > 0");
-        }
-        if c.max_pending_handshakes == 0 {
-            return bad("max_pending_handshakes must be > 0");
-        }
-        if c.max_connections == 0 {
-            return bad("max_connections must be > 0");
-        }
-        if c.max_connections_per_peer == 0 || c.max_connections_per_peer > c.max_connections {
-            return bad("max_connections_per_peer must be within 1..=max_connections");
-        }
-        if let Some(t) = &c.token
-            && (t.is_empty() || t.len() > rrpc_core::handshake::MAX_TOKEN)
-        {
-            return bad("token must be 1..=256 bytes");
-        }
-        if c.peer_lease.is_zero() {
-            return bad("peer_lease must be above zero");
-        }
-        if c.max_shared_peers == 0 {
-            return bad("max_shared_peers must be at least 1");
-        }
-        if c.spare_connections > MAX_SPARE_CONNECTIONS {
-            return bad("spare_connections must be at most 16");
-        }
-        Ok(RrpcConfig(Arc::new(c)))
+        self.inner.validate()?;
+        Ok(RrpcConfig(Arc::new(self.inner)))
     }
 }
 
@@ -1191,417 +1070,4 @@ pub fn default_poller_config() -> PollerConfig {
         .auto_tune(false)
         .build()
         .expect("1 is a valid thread count")
-}
-
-/// The default of [`RrpcConfig::ring_cache_size`], the size past which a
-/// self-sizing ring stops growing for throughput
-/// (`RingConfig::cache_ring_size`): an eighth of this CPU's L2 cache (from
-/// sysfs; 512 KiB when it cannot be read), rounded down to a power of two.
-/// A core touches up to four rings' worth of data on a busy connection
-/// (both rings of the direction it sends on, the receive ring of the other,
-/// and the buffers it copies to), and they should fit in half its L2. On a
-/// host with 512 KiB of L2 per core that is 64 KiB: the ring size at which
-/// the Fig. 12 sweep (`cargo xtask bench rpc`, `ring_size_bandwidth`)
-/// peaked there for both 8 KiB and 128 KiB RPCs.
-pub(crate) fn ring_cache_cap() -> usize {
-    static CAP: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *CAP.get_or_init(|| {
-        let l2 = l2_cache_bytes().unwrap_or(512 << 10);
-        let cap = (l2 / 8).max(4096);
-        1 << (usize::BITS - 1 - cap.leading_zeros())
-    })
-}
-
-/// The L2 cache size of CPU 0, from `/sys/devices/system/cpu/cpu0/cache`.
-fn l2_cache_bytes() -> Option<usize> {
-    let dir = std::path::Path::new("/sys/devices/system/cpu/cpu0/cache");
-    for e in std::fs::read_dir(dir).ok()?.flatten() {
-        let read = |f: &str| std::fs::read_to_string(e.path().join(f)).ok();
-        if read("level").as_deref().map(str::trim) != Some("2") {
-            continue;
-        }
-        let size = read("size")?;
-        let size = size.trim();
-        let (num, mul) = match size.strip_suffix('K') {
-            Some(n) => (n, 1024),
-            None => match size.strip_suffix('M') {
-                Some(n) => (n, 1 << 20),
-                None => (size, 1),
-            },
-        };
-        return num.parse::<usize>().ok().map(|n| n * mul);
-    }
-    None
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// `build` refuses every value the old validated setters refused, with
-    /// the message naming the setting, and accepts the edge of each range.
-    #[test]
-    fn build_checks_every_validated_setting() {
-        use std::time::Duration;
-        let b = RrpcConfig::builder;
-        let err = |b: RrpcConfigBuilder| match b.build() {
-            Err(crate::Error::InvalidConfig(m)) => m,
-            other => panic!("expected InvalidConfig, got {other:?}"),
-        };
-        let ms = Duration::from_millis;
-        let refused: Vec<(&str, RrpcConfigBuilder)> = vec![
-            ("max_message_size must be > 0", b().max_message_size(0)),
-            ("ring_size must be >= 4096", b().ring_size(4095)),
-            (
-                "min_ring_size must be a power of two",
-                b().min_ring_size(4096 + 1),
-            ),
-            (
-                "min_ring_size must be a power of two",
-                b().min_ring_size(2048),
-            ),
-            (
-                "ring_shrink_after must be at least 1 ms",
-                b().ring_shrink_after(Duration::from_micros(999)),
-            ),
-            (
-                "ring_cache_size must be a power of two",
-                b().ring_cache_size(3 << 12),
-            ),
-            (
-                "ring_cache_size must be a power of two",
-                b().ring_cache_size(2048),
-            ),
-            ("fabrics must allow at least one fabric", b().fabrics([])),
-            ("max_chunk must be > 0", b().max_chunk(0)),
-            (
-                "call_window must be between",
-                b().call_window(crate::frame::MIN_CALL_WINDOW - 1),
-            ),
-            (
-                "call_window must be between",
-                b().call_window(crate::frame::MAX_WINDOW + 1),
-            ),
-            (
-                "max_header_list_size must be > 0",
-                b().max_header_list_size(0),
-            ),
-            (
-                "max_concurrent_calls must be > 0",
-                b().max_concurrent_calls(0),
-            ),
-            (
-                "handshake_timeout must be > 0",
-                b().handshake_timeout(Duration::ZERO),
-            ),
-            (
-                "max_pending_handshakes must be > 0",
-                b().max_pending_handshakes(0),
-            ),
-            ("max_connections must be > 0", b().max_connections(0)),
-            (
-                "max_connections_per_peer must be within 1..=max_connections",
-                b().max_connections_per_peer(0),
-            ),
-            (
-                "max_connections_per_peer must be within 1..=max_connections",
-                b().max_connections(4).max_connections_per_peer(5),
-            ),
-            ("token must be 1..=256 bytes", b().token(Vec::new())),
-            ("token must be 1..=256 bytes", b().token(vec![1u8; 257])),
-            (
-                "peer_lease must be above zero",
-                b().peer_lease(Duration::ZERO),
-            ),
-            (
-                "max_shared_peers must be at least 1",
-                b().max_shared_peers(0),
-            ),
-            (
-                "spare_connections must be at most 16",
-                b().spare_connections(MAX_SPARE_CONNECTIONS + 1),
-            ),
-        ];
-        for (want, builder) in refused {
-            let m = err(builder);
-            assert!(m.contains(want), "{m:?} does not say {want:?}");
-        }
-        let edge = b()
-            .max_message_size(1)
-            .ring_size(4096)
-            .min_ring_size(4096)
-            .ring_shrink_after(ms(1))
-            .ring_cache_size(4096)
-            .fabrics([Fabric::Tcp])
-            .max_chunk(1)
-            .call_window(crate::frame::MIN_CALL_WINDOW)
-            .max_header_list_size(1)
-            .max_concurrent_calls(1)
-            .handshake_timeout(Duration::from_nanos(1))
-            .max_pending_handshakes(1)
-            .max_connections(1)
-            .max_connections_per_peer(1)
-            .token(vec![1u8; 256])
-            .peer_lease(Duration::from_nanos(1))
-            .max_shared_peers(1)
-            .build()
-            .expect("the edges of every range are allowed");
-        assert_eq!(edge.fabrics(), vec![Fabric::Tcp]);
-        assert_eq!(edge.to_builder().build().unwrap(), edge);
-        assert_eq!(b().build().unwrap(), RrpcConfig::default());
-    }
-
-    #[test]
-    fn rdma_port_and_gid_index_are_kept() {
-        let c = RrpcConfig::default();
-        assert_eq!((c.rdma_port(), c.rdma_gid_index()), (None, None));
-        let c = c
-            .to_builder()
-            .rdma_device("rxe0")
-            .rdma_port(2)
-            .rdma_gid_index(3)
-            .build()
-            .unwrap();
-        assert_eq!(c.rdma_device(), Some("rxe0"));
-        assert_eq!((c.rdma_port(), c.rdma_gid_index()), (Some(2), Some(3)));
-    }
-
-    /// Equality sees every setting: each setter makes a config unequal to
-    /// the defaults and to every other one-setting change, and a clone (or
-    /// the same settings built again) is equal.
-    #[test]
-    fn equality_sees_every_setting() {
-        use std::time::Duration;
-        let d = RrpcConfig::default();
-        assert_eq!(d, d.clone());
-        assert_eq!(d, RrpcConfig::default());
-        let qp = rrpc_core::QpConfig::default();
-        let changed: Vec<(&str, RrpcConfig)> = vec![
-            (
-                "max_message_size",
-                d.to_builder().max_message_size(1 << 10).build().unwrap(),
-            ),
-            (
-                "ring_size",
-                d.to_builder().ring_size(1 << 16).build().unwrap(),
-            ),
-            (
-                "min_ring_size",
-                d.to_builder().min_ring_size(1 << 13).build().unwrap(),
-            ),
-            (
-                "ring_shrink_after",
-                d.to_builder()
-                    .ring_shrink_after(Duration::from_secs(2))
-                    .build()
-                    .unwrap(),
-            ),
-            (
-                "numa_node",
-                d.to_builder()
-                    .numa_node(rrpc_core::numa::NumaPlacement::Off)
-                    .build()
-                    .unwrap(),
-            ),
-            (
-                "ring_cache_size",
-                d.to_builder().ring_cache_size(1 << 13).build().unwrap(),
-            ),
-            (
-                "path",
-                d.to_builder().path(PathPreference::Http2).build().unwrap(),
-            ),
-            (
-                "zero_copy",
-                d.to_builder().zero_copy(false).build().unwrap(),
-            ),
-            (
-                "max_chunk",
-                d.to_builder().max_chunk(1 << 10).build().unwrap(),
-            ),
-            (
-                "call_window",
-                d.to_builder().call_window(1 << 12).build().unwrap(),
-            ),
-            (
-                "max_header_list_size",
-                d.to_builder()
-                    .max_header_list_size(1 << 10)
-                    .build()
-                    .unwrap(),
-            ),
-            (
-                "max_concurrent_calls",
-                d.to_builder().max_concurrent_calls(7).build().unwrap(),
-            ),
-            (
-                "poller",
-                d.to_builder()
-                    .poller(default_poller_config())
-                    .build()
-                    .unwrap(),
-            ),
-            (
-                "receive_spin",
-                d.to_builder()
-                    .receive_spin(Duration::from_micros(3))
-                    .build()
-                    .unwrap(),
-            ),
-            (
-                "handshake_timeout",
-                d.to_builder()
-                    .handshake_timeout(Duration::from_secs(1))
-                    .build()
-                    .unwrap(),
-            ),
-            (
-                "max_pending_handshakes",
-                d.to_builder().max_pending_handshakes(3).build().unwrap(),
-            ),
-            (
-                "max_connections",
-                d.to_builder().max_connections(300).build().unwrap(),
-            ),
-            (
-                "max_connections_per_peer",
-                d.to_builder().max_connections_per_peer(9).build().unwrap(),
-            ),
-            ("token", d.to_builder().token("secret").build().unwrap()),
-            (
-                "rdma_device",
-                d.to_builder().rdma_device("rxe0").build().unwrap(),
-            ),
-            ("rdma_port", d.to_builder().rdma_port(2).build().unwrap()),
-            (
-                "rdma_gid_index",
-                d.to_builder().rdma_gid_index(1).build().unwrap(),
-            ),
-            (
-                "queue_pair",
-                d.clone()
-                    .to_builder()
-                    .queue_pair(qp.to_builder().send_depth(3).build().unwrap())
-                    .build()
-                    .unwrap(),
-            ),
-            (
-                "rc_retry",
-                d.to_builder()
-                    .rc_retry(
-                        rrpc_core::RcRetry::builder()
-                            .retry_count(1)
-                            .build()
-                            .unwrap(),
-                    )
-                    .build()
-                    .unwrap(),
-            ),
-            (
-                "connection_pool",
-                d.to_builder().connection_pool(3).build().unwrap(),
-            ),
-            (
-                "connection_pool_memory",
-                d.to_builder()
-                    .connection_pool_memory(1 << 20)
-                    .build()
-                    .unwrap(),
-            ),
-            (
-                "shared_queue_pairs",
-                d.to_builder().shared_queue_pairs(true).build().unwrap(),
-            ),
-            (
-                "peer_lease",
-                d.to_builder()
-                    .peer_lease(Duration::from_secs(1))
-                    .build()
-                    .unwrap(),
-            ),
-            (
-                "max_shared_peers",
-                d.to_builder().max_shared_peers(3).build().unwrap(),
-            ),
-            (
-                "spare_connections",
-                d.to_builder().spare_connections(2).build().unwrap(),
-            ),
-        ];
-        for (i, (name, c)) in changed.iter().enumerate() {
-            assert_ne!(*c, d, "{name} is not compared");
-            assert_eq!(*c, c.clone(), "{name}");
-            for (other, o) in &changed[i + 1..] {
-                assert_ne!(c, o, "{name} and {other} compare equal");
-            }
-        }
-        // A poller setting equal to the default poller is still a setting.
-        assert_ne!(
-            d.to_builder()
-                .poller(default_poller_config())
-                .build()
-                .unwrap(),
-            d
-        );
-        // The same token built twice is the same setting.
-        assert_eq!(
-            d.to_builder().token("secret").build().unwrap(),
-            RrpcConfig::builder().token("secret").build().unwrap()
-        );
-    }
-
-    #[cfg(feature = "verbs")]
-    #[test]
-    fn tls_configs_compare_by_identity() {
-        let _ = rrpc_core::rustls::crypto::ring::default_provider().install_default();
-        let roots = Arc::new(rrpc_core::rustls::RootCertStore::empty());
-        let client = Arc::new(
-            rrpc_core::rustls::ClientConfig::builder()
-                .with_root_certificates(roots)
-                .with_no_client_auth(),
-        );
-        let name = rrpc_core::rustls::pki_types::ServerName::try_from("a.test").unwrap();
-        let a = RrpcConfig::builder()
-            .tls_client(client.clone(), name.clone())
-            .build()
-            .unwrap();
-        assert_eq!(
-            a,
-            RrpcConfig::builder()
-                .tls_client(client.clone(), name.clone())
-                .build()
-                .unwrap()
-        );
-        assert_ne!(a, RrpcConfig::default());
-        let other = Arc::new((*client).clone());
-        assert_ne!(
-            a,
-            RrpcConfig::builder()
-                .tls_client(other, name)
-                .build()
-                .unwrap()
-        );
-        let b = rrpc_core::rustls::pki_types::ServerName::try_from("b.test").unwrap();
-        assert_ne!(
-            a,
-            RrpcConfig::builder().tls_client(client, b).build().unwrap()
-        );
-    }
-
-    #[cfg(feature = "verbs")]
-    #[test]
-    fn verbs_options_follow_the_config() {
-        let o = RrpcConfig::default().verbs_options();
-        assert_eq!(o, rrpc_core::VerbsOptions::default());
-        let o = RrpcConfig::builder()
-            .rdma_device("mlx5_1")
-            .rdma_port(2)
-            .rdma_gid_index(3)
-            .build()
-            .unwrap()
-            .verbs_options();
-        assert_eq!(o.device(), Some("mlx5_1"));
-        assert_eq!(o.port(), 2);
-        assert_eq!(o.gid_index(), Some(3));
-    }
 }
