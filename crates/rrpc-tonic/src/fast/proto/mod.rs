@@ -64,7 +64,10 @@
 //! inside that poll). The sends that follow are awaited outside the
 //! `select!`. Notes are also drained with `try_recv` at the top of each
 //! turn and right after a message was received, before its frames are
-//! handled.
+//! handled. A call's task races its deadline's oneshot (cancel safe)
+//! against the whole call, its response writes included: a write cut
+//! short leaves whole frames only (as the client's, below), and the
+//! call's TRAILERS with `DEADLINE_EXCEEDED` follow.
 //!
 //! The client's fallback reader races its receive loop (the receive in
 //! flight lives in the connection's shared state, not in the future, so
