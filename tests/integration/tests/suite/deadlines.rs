@@ -71,8 +71,10 @@ async fn server_stream_expires(t: Transport) {
         tag: tag.clone(),
         ..Default::default()
     });
+    let mut headers_came = false;
     let call = async {
         let mut stream = c.server_stream(req).await?.into_inner();
+        headers_came = true;
         let first = stream.message().await?;
         let end = stream.message().await?;
         Ok::<_, Status>((first, end))
@@ -85,10 +87,14 @@ async fn server_stream_expires(t: Transport) {
         assert!(first.is_some() && end.is_none(), "{first:?} {end:?}");
     } else {
         assert_expired(t, &r.expect_err("the deadline ends the stream"));
-        tokio::time::timeout(GUARD, s.obs.cancel_seen.notified())
-            .await
-            .expect("the server drops the stream");
-        assert!(s.obs.cancelled.lock().expect("lock").contains(&tag));
+        // The server's stream exists once its headers came (a machine so
+        // loaded that the deadline passed before them never started it).
+        if headers_came {
+            tokio::time::timeout(GUARD, s.obs.cancel_seen.notified())
+                .await
+                .expect("the server drops the stream");
+            assert!(s.obs.cancelled.lock().expect("lock").contains(&tag));
+        }
     }
     assert_still_usable(&mut c).await;
 }
