@@ -693,6 +693,56 @@ mod tests {
         assert_eq!(started.load(Ordering::SeqCst), 5);
     }
 
+    /// A call's deadline covers its wait in line: a call queued behind a
+    /// call that holds the only place fails with `DeadlineExceeded` at its
+    /// deadline, leaves the line, and the place goes on serving.
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_call_past_its_deadline_in_line_fails_with_deadline_exceeded() {
+        let (cpipe, spipe) = mem_pair(1 << 16);
+        let gate = Arc::new(tokio::sync::Semaphore::new(0));
+        let g = gate.clone();
+        let svc = tower::service_fn(move |_r: http::Request<Body>| {
+            let g = g.clone();
+            async move {
+                g.acquire().await.expect("gate").forget();
+                Ok::<_, std::convert::Infallible>(http::Response::new(Body::empty()))
+            }
+        });
+        let cfg = RrpcConfig::builder()
+            .max_concurrent_calls(1)
+            .build()
+            .expect("limit");
+        spawn_server(spipe, svc, &cfg);
+        let ch = channel(cpipe, &cfg);
+        let mut c1 = ch.clone();
+        let first = tokio::spawn(async move { tower::Service::call(&mut c1, req("/x")).await });
+        for _ in 0..20 {
+            tokio::task::yield_now().await;
+        }
+        let places = || lock(&ch.inner.shared.table).conn.places();
+        assert_eq!(places(), 1, "the first call holds the only place");
+        let mut timed = req("/x");
+        let timeout = http::HeaderValue::from_static("50m");
+        timed.headers_mut().insert("grpc-timeout", timeout);
+        let mut c2 = ch.clone();
+        let r = tokio::time::timeout(Duration::from_secs(5), tower::Service::call(&mut c2, timed))
+            .await
+            .expect("the deadline ends the wait");
+        let st = tonic::Status::from_error(r.expect_err("no place came"));
+        assert_eq!(st.code(), tonic::Code::DeadlineExceeded, "{st:?}");
+        assert_eq!(
+            lock(&ch.inner.shared.table).conn.queued(),
+            0,
+            "it left the line"
+        );
+        gate.add_permits(1);
+        let r = tokio::time::timeout(Duration::from_secs(5), first)
+            .await
+            .expect("completes")
+            .expect("task");
+        assert!(r.is_ok(), "{:?}", r.err());
+    }
+
     /// A call dropped while it waits in line leaves the line and takes no
     /// place: the next one in line gets the place, and every place is
     /// given back in the end.
