@@ -81,6 +81,85 @@ async fn read_user_agent() -> Option<http::HeaderValue> {
     }
 }
 
+/// The status of a call whose deadline passed, on every rrpc path: gRPC's
+/// `DEADLINE_EXCEEDED` (grpc-go and grpc-core report it so), where tonic's
+/// own channel and server say `Cancelled` "Timeout expired". The deadline
+/// is the shorter of the call's `grpc-timeout` and the endpoint's (or
+/// server's) `timeout`, and it covers the whole call: the wait for a
+/// place, the request, the response headers and the response body.
+pub(crate) fn deadline_exceeded() -> tonic::Status {
+    tonic::Status::deadline_exceeded("Deadline Exceeded")
+}
+
+/// Whether `st` is tonic's status for an expired deadline: `Cancelled`
+/// "Timeout expired", as its `GrpcTimeout` reports one (a channel's, or a
+/// server's in a trailers-only response).
+pub(crate) fn is_tonic_timeout(st: &tonic::Status) -> bool {
+    st.code() == tonic::Code::Cancelled && st.message() == "Timeout expired"
+}
+
+/// A response body bounded by its call's deadline (the HTTP/2 path over
+/// rings; the fast path's body has its own, [`crate::fast`]): once the
+/// deadline passed while the body waits, it fails with
+/// [`deadline_exceeded`] and ends; dropping it then resets the stream on
+/// the server. The timer is made at the first wait only.
+pub(crate) struct DeadlineBody<B> {
+    inner: B,
+    deadline: tokio::time::Instant,
+    timer: Option<std::pin::Pin<Box<tokio::time::Sleep>>>,
+    expired: bool,
+}
+
+impl<B> DeadlineBody<B> {
+    pub(crate) fn new(inner: B, deadline: tokio::time::Instant) -> Self {
+        DeadlineBody {
+            inner,
+            deadline,
+            timer: None,
+            expired: false,
+        }
+    }
+}
+
+impl<B> http_body::Body for DeadlineBody<B>
+where
+    B: http_body::Body<Error = tonic::Status> + Unpin,
+{
+    type Data = B::Data;
+    type Error = tonic::Status;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<B::Data>, tonic::Status>>> {
+        use std::task::Poll;
+        let this = &mut *self;
+        if this.expired {
+            return Poll::Ready(None);
+        }
+        if let r @ Poll::Ready(_) = std::pin::Pin::new(&mut this.inner).poll_frame(cx) {
+            return r;
+        }
+        let deadline = this.deadline;
+        let timer = this
+            .timer
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(deadline)));
+        if timer.as_mut().poll(cx).is_pending() {
+            return Poll::Pending;
+        }
+        this.expired = true;
+        Poll::Ready(Some(Err(deadline_exceeded())))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.expired || self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
+    }
+}
+
 /// The future returned by [`RrpcChannel`](crate::RrpcChannel)'s `call`.
 pub type ResponseFuture = std::pin::Pin<
     Box<dyn std::future::Future<Output = Result<http::Response<Body>, BoxError>> + Send>,
@@ -169,6 +248,31 @@ pub(crate) fn carrier_of(target: &Target, ctx: &RrpcContext) -> Result<Carrier, 
 
 #[cfg(test)]
 mod tests {
+    /// A body still waiting at its deadline fails with `DeadlineExceeded`,
+    /// then ends; one that has its frames gives them, deadline or not.
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_body_past_its_deadline_fails_with_deadline_exceeded() {
+        use http_body_util::BodyExt;
+        let never = futures_util::stream::pending::<
+            Result<http_body::Frame<bytes::Bytes>, tonic::Status>,
+        >();
+        let soon = tokio::time::Instant::now() + std::time::Duration::from_millis(10);
+        let mut body = super::DeadlineBody::new(http_body_util::StreamBody::new(never), soon);
+        let first = tokio::time::timeout(std::time::Duration::from_secs(5), body.frame())
+            .await
+            .expect("the deadline ends the wait");
+        let st = first.expect("a frame").expect_err("an error");
+        assert_eq!(st.code(), tonic::Code::DeadlineExceeded, "{st:?}");
+        assert!(body.frame().await.is_none(), "then the body ends");
+        assert!(http_body::Body::is_end_stream(&body));
+        let full = http_body_util::Full::new(bytes::Bytes::from_static(b"x"))
+            .map_err(|e: std::convert::Infallible| -> tonic::Status { match e {} });
+        let past = tokio::time::Instant::now();
+        let mut body = super::DeadlineBody::new(full, past);
+        let data = body.frame().await.expect("a frame").expect("data");
+        assert_eq!(data.into_data().expect("data"), "x");
+    }
+
     #[test]
     fn tonic_user_agent_is_read_from_tonic() {
         let ua = super::tonic_user_agent().to_str().unwrap();

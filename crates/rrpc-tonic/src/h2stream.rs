@@ -19,7 +19,9 @@ use tonic::body::Body;
 use tonic::transport::Channel;
 use tower::Service;
 
-use crate::call::{BoxError, Carrier, ResponseFuture};
+use crate::call::{
+    BoxError, Carrier, DeadlineBody, ResponseFuture, deadline_exceeded, is_tonic_timeout,
+};
 use crate::pipe::{BoxFut, MsgTx, Pipe};
 use crate::transport::{Target, dial};
 use crate::{Error, PathPreference, RrpcConfig, RrpcContext};
@@ -313,20 +315,46 @@ pub(crate) async fn h2_channel(
 }
 
 /// A call on tonic's channel over rings, with rrpc's statuses for a lost
-/// connection ([`dispatch_error`], [`lost_connection`]).
-pub(crate) fn h2_call(c: &mut H2Conn, req: http::Request<Body>) -> ResponseFuture {
+/// connection ([`dispatch_error`], [`lost_connection`]) and gRPC's rule for
+/// deadlines: the deadline (the shorter of the call's `grpc-timeout` and
+/// `limit`, the endpoint's `timeout`) covers the response body too, and an
+/// expired call fails with `DeadlineExceeded` ([`crate::call::deadline_exceeded`]),
+/// whether tonic's channel, tonic's server or the body's bound saw it
+/// first. tonic over TCP says `Cancelled` "Timeout expired" and bounds
+/// only the response headers.
+pub(crate) fn h2_call(
+    c: &mut H2Conn,
+    req: http::Request<Body>,
+    limit: Option<std::time::Duration>,
+) -> ResponseFuture {
+    let deadline = crate::fast::proto::call_timeout(req.headers(), limit)
+        .map(|d| tokio::time::Instant::now() + d);
     let fut = c.ch.call(req);
     let cause = c.cause.clone();
     Box::pin(async move {
-        let resp = fut
+        let mut resp = fut
             .await
             .map_err(|e| -> BoxError { Box::new(dispatch_error(e.into(), &cause)) })?;
+        expired_on_the_server(resp.headers_mut());
         Ok(resp.map(|b| {
-            Body::new(http_body_util::BodyExt::map_err(b, move |s| {
-                lost_connection(s, &cause)
-            }))
+            let b = http_body_util::BodyExt::map_err(b, move |s| lost_connection(s, &cause));
+            match deadline {
+                Some(d) => Body::new(DeadlineBody::new(b, d)),
+                None => Body::new(b),
+            }
         }))
     })
+}
+
+/// A trailers-only response in which tonic's server reported an expired
+/// deadline (its `GrpcTimeout`: `Cancelled` "Timeout expired") says
+/// `DeadlineExceeded` instead, as the rest of the call's deadline does.
+fn expired_on_the_server(headers: &mut http::HeaderMap) {
+    if headers.contains_key("grpc-status")
+        && tonic::Status::from_header_map(headers).is_some_and(|st| is_tonic_timeout(&st))
+    {
+        let _ = deadline_exceeded().add_header(headers);
+    }
 }
 
 /// hyper reports a connection that died under a streaming response as an
@@ -360,16 +388,18 @@ fn lost(s: &tonic::Status, cause: &Cause) -> tonic::Status {
 /// closing: hyper says "canceled", the fast path says the peer is
 /// unavailable, so this path does too. A stream the server reset itself
 /// (RST_STREAM, e.g. CANCEL after its handler panicked) keeps tonic's
-/// status (`Cancelled`), exactly as over TCP. An expired deadline keeps
-/// tonic's own status (`Cancelled: Timeout expired`).
+/// status (`Cancelled`), exactly as over TCP. An expired deadline (tonic's
+/// `Cancelled: Timeout expired`) is `DeadlineExceeded`, as on the fast path.
 fn dispatch_error(e: BoxError, cause: &Cause) -> tonic::Status {
     if reset_by_server(&*e) {
         return tonic::Status::from_error(e);
     }
     let st = tonic::Status::from_error(e);
-    let timeout = st.code() == tonic::Code::Cancelled && st.message().contains("Timeout expired");
+    if is_tonic_timeout(&st) {
+        return deadline_exceeded();
+    }
     match st.code() {
-        tonic::Code::Unknown | tonic::Code::Cancelled if !timeout => lost(&st, cause),
+        tonic::Code::Unknown | tonic::Code::Cancelled => lost(&st, cause),
         _ => st,
     }
 }
@@ -417,5 +447,29 @@ mod tests {
         let _ = record(Some(&gone), rrpc_core::Error::PeerGone.into());
         let st = lost_connection(hyper_says(), &gone);
         assert_eq!(st.code(), tonic::Code::Unavailable, "{st:?}");
+    }
+
+    /// tonic's `Cancelled` "Timeout expired", from its channel's timer or
+    /// in its server's trailers-only response, reads as `DeadlineExceeded`;
+    /// any other `Cancelled` of a server stays.
+    #[test]
+    fn tonic_timeouts_read_as_deadline_exceeded() {
+        let cause: Cause = Arc::default();
+        let st = dispatch_error(Box::new(tonic::TimeoutExpired(())), &cause);
+        assert_eq!(st.code(), tonic::Code::DeadlineExceeded, "{st:?}");
+        let answered = |st: tonic::Status| {
+            let mut h = http::HeaderMap::new();
+            st.add_header(&mut h).expect("headers");
+            expired_on_the_server(&mut h);
+            tonic::Status::from_header_map(&h).expect("a status")
+        };
+        let st = answered(tonic::Status::cancelled("Timeout expired"));
+        assert_eq!(st.code(), tonic::Code::DeadlineExceeded, "{st:?}");
+        assert_eq!(st.message(), "Deadline Exceeded");
+        let st = answered(tonic::Status::cancelled("the handler gave up"));
+        assert_eq!(st.code(), tonic::Code::Cancelled, "{st:?}");
+        let mut h = http::HeaderMap::new();
+        expired_on_the_server(&mut h);
+        assert!(h.is_empty(), "a response with no status is left alone");
     }
 }

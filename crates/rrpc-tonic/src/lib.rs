@@ -52,8 +52,9 @@
 //!   end of stream, trailers (`grpc-status`, `grpc-message`, trailing
 //!   metadata), cancellation, GOAWAY — with no HTTP/2 or HPACK. All four RPC
 //!   kinds, many concurrent calls per connection, `grpc-timeout` honoured
-//!   (same `Status` as tonic's own transport gives), cancellation on drop of
-//!   the call, messages larger than a ring message split into chunks.
+//!   over the whole call (`DeadlineExceeded`, gRPC's rule: [Deadlines](#deadlines)),
+//!   cancellation on drop of the call, messages larger than a ring message
+//!   split into chunks.
 //! * **HTTP/2 path** ([`PathPreference::Http2`]): a byte stream over the
 //!   rings under hyper/h2, so everything tonic does works unchanged.
 //!
@@ -104,7 +105,7 @@
 //!
 //! | tonic option | fast path | HTTP/2 path (and TCP) |
 //! |---|---|---|
-//! | `Server::timeout` | [`Server::timeout`]: same semantics (shorter of it and `grpc-timeout`; `Cancelled` "Timeout expired") | passed to tonic |
+//! | `Server::timeout` | [`Server::timeout`]: the shorter of it and `grpc-timeout` bounds the whole call, `DeadlineExceeded` ([Deadlines](#deadlines)) | passed to tonic: it bounds the handler, `Cancelled` "Timeout expired" (an rrpc client on rings reads `DeadlineExceeded`) |
 //! | `concurrency_limit_per_connection` | [`Server::concurrency_limit_per_connection`]: tower's limit per connection, as tonic | passed to tonic |
 //! | `load_shed` | [`Server::load_shed`]: `ResourceExhausted`, as tonic | passed to tonic |
 //! | `max_concurrent_streams` | [`Server::max_concurrent_streams`] caps [`RrpcConfig::max_concurrent_calls`] (default 200): excess refused with `Unavailable` | passed to tonic |
@@ -130,6 +131,35 @@
 //! `max_encoding_message_size` fails with tonic's `OutOfRange`, where over
 //! HTTP/2 hyper turns the failed body into a reset that tonic reports as
 //! `Internal` (deliberate, pinned in `tests/integration/tests/suite/message_sizes.rs`).
+//!
+//! ## Deadlines
+//!
+//! A call's deadline is the shorter of its `grpc-timeout` and the
+//! endpoint's [`timeout`](RrpcEndpoint::timeout) (on the server, of
+//! `grpc-timeout` and [`Server::timeout`]). On every rrpc path it follows
+//! gRPC's rule: the deadline covers the whole call (the wait for a place,
+//! the request stream, the response headers and the response stream), and
+//! an expired call fails with `DeadlineExceeded` ("Deadline Exceeded"), as
+//! grpc-go and grpc-core report it.
+//!
+//! * Fast path: the client bounds each step of the call and its response
+//!   body, and resets the call on the server (CANCEL); the server ends
+//!   the call at its deadline too, handler or response body, answers
+//!   `DEADLINE_EXCEEDED` and frees its place.
+//! * HTTP/2 path over rings: the rrpc client bounds the response body by
+//!   the deadline (dropping it resets the stream on the server), and
+//!   reads tonic's `Cancelled` "Timeout expired" (its channel's, or its
+//!   server's in a trailers-only response) as `DeadlineExceeded`. The
+//!   server there is tonic's: it bounds the handler only, and a stream
+//!   whose client went away is reset by that client.
+//! * `http://`, `unix://`, and `rrpc://` landing on TCP: tonic's own
+//!   `Channel`, untouched. A deliberate difference: tonic reports an
+//!   expired call as `Cancelled` "Timeout expired", and its deadline
+//!   bounds only the response headers, so a server stream (or a
+//!   bidirectional one) whose headers came stays open past its deadline.
+//!
+//! `tests/integration/tests/suite/deadlines.rs` pins both: each call kind
+//! on every transport, tonic over TCP included.
 //!
 //! Features that need the HTTP/2 path (choose `PathPreference::Http2`):
 //! HTTP/1 and gRPC-Web, and tonic's `ConnectInfo` extensions. Interceptors,

@@ -274,7 +274,7 @@ impl Service<http::Request<Body>> for Managed {
         }
         match &mut self.conn {
             Some(Conn::Fast(f)) => f.call(req),
-            Some(Conn::H2(h)) => h2_call(h, req),
+            Some(Conn::H2(h)) => h2_call(h, req, self.dialer.opts.timeout),
             None => Box::pin(async {
                 Err(Box::new(Status::internal("rrpc: call without poll_ready")) as BoxError)
             }),

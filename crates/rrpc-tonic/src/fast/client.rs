@@ -291,62 +291,72 @@ fn drain_ready(body: &mut Body, id: u32, batch: &mut Batch, limit: usize) -> Dra
     }
 }
 
-async fn call(
-    inner: Arc<Inner>,
-    req: http::Request<Body>,
-) -> Result<http::Response<Body>, BoxError> {
-    // The shorter of the call's `grpc-timeout` and the endpoint's timeout
-    // (tonic's `GrpcTimeout`); only the former is sent to the server.
-    let timeout = call_timeout(req.headers(), inner.opts.timeout);
-    let deadline = timeout.map(|d| tokio::time::Instant::now() + d);
-    let shared = inner.shared.clone();
-    // A place among the connection's open calls (the state machine queues
-    // the call, first come first served, while all are taken; a waiter is
-    // made only then).
+/// `fut`, bounded by the call's deadline if it has one: once it passed,
+/// `fut` is dropped and the call fails with gRPC's `DeadlineExceeded`
+/// ([`crate::call::deadline_exceeded`]).
+async fn within<F: std::future::Future>(
+    deadline: Option<tokio::time::Instant>,
+    fut: F,
+) -> Result<F::Output, BoxError> {
+    match deadline {
+        Some(d) => tokio::time::timeout_at(d, fut)
+            .await
+            .map_err(|_| -> BoxError { Box::new(crate::call::deadline_exceeded()) }),
+        None => Ok(fut.await),
+    }
+}
+
+/// A call's place among the connection's open calls, or its turn in line.
+enum Admitted {
+    Now(Place),
+    Queued(Queued),
+}
+
+/// Takes a place among the connection's open calls (the state machine
+/// queues the call, first come first served, while all are taken; a
+/// waiter is made only then).
+fn admit(shared: &Arc<Shared>) -> Result<Admitted, BoxError> {
     let mut rx = None;
     let admitted = lock(&shared.table).conn.admit(|| {
         let (tx, r) = tokio::sync::oneshot::channel();
         rx = Some(r);
         tx
     });
-    let permit = match (admitted, rx) {
-        (Ok(proto::Admission::Queued(ticket)), Some(rx)) => {
-            let wait = Queued {
-                shared: shared.clone(),
-                ticket,
-                rx,
-                done: false,
-            };
-            let got = match deadline {
-                Some(d) => match tokio::time::timeout_at(d, wait).await {
-                    Ok(p) => p,
-                    Err(_) => return Err(Box::new(tonic::TimeoutExpired(()))),
-                },
-                None => wait.await,
-            };
-            let Ok(place) = got else {
-                // Closed with the connection.
-                let t = lock(&shared.table);
-                let (code, msg) = t.conn.closed().cloned().unwrap_or((
-                    tonic::Code::Unavailable,
-                    "rrpc: connection closed".to_string(),
-                ));
-                return Err(Box::new(Status::new(code, msg)));
-            };
-            place
-        }
-        (Ok(_), _) => Place(shared.clone()),
+    match (admitted, rx) {
+        (Ok(proto::Admission::Queued(ticket)), Some(rx)) => Ok(Admitted::Queued(Queued {
+            shared: shared.clone(),
+            ticket,
+            rx,
+            done: false,
+        })),
+        (Ok(_), _) => Ok(Admitted::Now(Place(shared.clone()))),
         // The connection closed, or the server is draining.
-        (Err(st), _) => return Err(Box::new(st)),
-    };
-    let flow = CallFlow::new(shared.peer_window);
-    let opened = lock(&shared.table).conn.open(Slot::new(flow.clone()));
-    let id = match opened {
-        Ok(id) => id,
-        // The connection closed, or the server is draining.
-        Err(st) => return Err(Box::new(st)),
-    };
-    let (mut parts, mut body) = req.into_parts();
+        (Err(st), _) => Err(Box::new(st)),
+    }
+}
+
+/// The place a call waited for in line; its deadline covers the wait.
+async fn wait_in_line(
+    wait: Queued,
+    deadline: Option<tokio::time::Instant>,
+) -> Result<Place, BoxError> {
+    let shared = wait.shared.clone();
+    within(deadline, wait).await?.map_err(|()| -> BoxError {
+        // Closed with the connection.
+        let t = lock(&shared.table);
+        let (code, msg) = t.conn.closed().cloned().unwrap_or((
+            tonic::Code::Unavailable,
+            "rrpc: connection closed".to_string(),
+        ));
+        Box::new(Status::new(code, msg))
+    })
+}
+
+/// The REQUEST_HEADERS payload of a request: its path, its authority (or
+/// the endpoint's) and its headers with tonic's user agent.
+fn request_headers(parts: &mut http::request::Parts, opts: &CallOptions) -> Bytes {
+    let ua = &opts.user_agent;
+    let extra = add_user_agent(&mut parts.headers, ua).then_some((&http::header::USER_AGENT, ua));
     let path = parts
         .uri
         .path_and_query()
@@ -355,11 +365,31 @@ async fn call(
     let authority = parts
         .uri
         .authority()
-        .or(inner.opts.authority.as_ref())
+        .or(opts.authority.as_ref())
         .map_or("", |a| a.as_str());
-    let ua = &inner.opts.user_agent;
-    let extra = add_user_agent(&mut parts.headers, ua).then_some((&http::header::USER_AGENT, ua));
-    let headers = frame::request_headers_in(path, authority, &parts.headers, extra);
+    frame::request_headers_in(path, authority, &parts.headers, extra)
+}
+
+/// One call: a place, the request, then the response's head (its body
+/// follows in the [`RecvBody`]). The deadline (the shorter of the call's
+/// `grpc-timeout` and the endpoint's timeout, as tonic's `GrpcTimeout`;
+/// only the former is sent) covers all of it, the body included.
+async fn call(
+    inner: Arc<Inner>,
+    req: http::Request<Body>,
+) -> Result<http::Response<Body>, BoxError> {
+    let timeout = call_timeout(req.headers(), inner.opts.timeout);
+    let deadline = timeout.map(|d| tokio::time::Instant::now() + d);
+    let shared = inner.shared.clone();
+    let permit = match admit(&shared)? {
+        Admitted::Now(place) => place,
+        Admitted::Queued(wait) => wait_in_line(wait, deadline).await?,
+    };
+    let flow = CallFlow::new(shared.peer_window);
+    // Refused if the connection closed, or the server is draining.
+    let id = lock(&shared.table).conn.open(Slot::new(flow.clone()))?;
+    let (mut parts, mut body) = req.into_parts();
+    let headers = request_headers(&mut parts, &inner.opts);
     let mut guard = CallGuard {
         id,
         inner,
@@ -381,15 +411,7 @@ async fn call(
             // hold the call until the connection is declared dead. A write
             // cut short leaves whole frames only; the guard then resets
             // the call on the server.
-            let send = guard.inner.writer.send(batch);
-            let sent = match deadline {
-                Some(d) => match tokio::time::timeout_at(d, send).await {
-                    Ok(r) => r,
-                    Err(_) => return Err(Box::new(tonic::TimeoutExpired(()))),
-                },
-                None => send.await,
-            };
-            if let Err(e) = sent {
+            if let Err(e) = within(deadline, guard.inner.writer.send(batch)).await? {
                 guard.finished();
                 return Err(Box::new(Status::new(e.code(), format!("rrpc: {e}"))));
             }
@@ -401,15 +423,8 @@ async fn call(
             // The rest of the body, if more will come.
             let rest = matches!(d, Drained::More).then_some(body);
             let writer = guard.inner.writer.clone();
-            let sender = tokio::spawn(send_request(
-                writer,
-                shared.clone(),
-                flow.clone(),
-                id,
-                batch,
-                rest,
-            ));
-            guard.sender = Some(sender.abort_handle());
+            let sender = send_request(writer, shared.clone(), flow.clone(), id, batch, rest);
+            guard.sender = Some(tokio::spawn(sender).abort_handle());
         }
         Drained::Failed(status) => {
             // Nothing of the call reached the server.
@@ -417,58 +432,50 @@ async fn call(
             return Err(Box::new(status));
         }
     }
-
     // The request's head too (its header map, extensions, URI): freed
     // while the server works.
     drop(parts);
     let mut slot = SlotRef { id, shared };
-    let first = match deadline {
-        Some(d) => {
-            match tokio::time::timeout_at(d, poll_fn(|cx| slot.poll_event(cx, &mut None))).await {
-                Ok(ev) => ev,
-                // Same error as tonic's own channel: the caller sees the same Status on every transport.
-                Err(_) => return Err(Box::new(tonic::TimeoutExpired(()))),
-            }
+    let first = within(deadline, poll_fn(|cx| slot.poll_event(cx, &mut None))).await?;
+    response(first, slot, guard, deadline)
+}
+
+/// The response tonic gets from a call's first event: the server's HTTP
+/// status and headers, as hyper would hand them to tonic (which maps a
+/// non-200 status without grpc-status, e.g. a layer's 502, to the gRPC
+/// code the spec gives it), and a body fed by the call's slot.
+fn response(
+    first: Option<Event>,
+    slot: SlotRef,
+    mut guard: CallGuard,
+    deadline: Option<tokio::time::Instant>,
+) -> Result<http::Response<Body>, BoxError> {
+    let builder = http::Response::builder().version(http::Version::HTTP_2);
+    let head = |status: http::StatusCode, headers: http::HeaderMap| {
+        let mut b = builder.status(status);
+        if let Some(hm) = b.headers_mut() {
+            *hm = headers;
         }
-        None => poll_fn(|cx| slot.poll_event(cx, &mut None)).await,
+        b
     };
-    let mut builder = http::Response::builder().version(http::Version::HTTP_2);
     match first {
-        // The server's HTTP status and headers, as hyper would hand them to
-        // tonic (which maps a non-200 status without grpc-status, e.g. a
-        // layer's 502, to the gRPC code the spec gives it).
         Some(Event::Headers {
             status,
             headers,
-            end: true,
+            end,
         }) => {
-            guard.finished();
-            builder = builder.status(status);
-            if let Some(hm) = builder.headers_mut() {
-                *hm = headers;
+            if end {
+                guard.finished();
+                return Ok(head(status, headers).body(Body::empty())?);
             }
-            Ok(builder.body(Body::empty())?)
-        }
-        Some(Event::Headers {
-            status,
-            headers,
-            end: false,
-        }) => {
-            builder = builder.status(status);
-            if let Some(hm) = builder.headers_mut() {
-                *hm = headers;
-            }
-            let credit = Credit::client(guard.inner.writer.clone(), id);
-            Ok(builder.body(Body::new(RecvBody::slot(slot, guard, credit, deadline)))?)
+            let credit = Credit::client(guard.inner.writer.clone(), slot.id);
+            let body = RecvBody::slot(slot, guard, credit, deadline);
+            Ok(head(status, headers).body(Body::new(body))?)
         }
         Some(Event::Trailers(t)) => {
             // Trailers-only response made by rrpc itself (a refusal).
             guard.finished();
-            builder = builder.status(200);
-            if let Some(hm) = builder.headers_mut() {
-                *hm = t;
-            }
-            Ok(builder.body(Body::empty())?)
+            Ok(head(http::StatusCode::OK, t).body(Body::empty())?)
         }
         Some(Event::Reset(s)) => {
             guard.finished();
@@ -684,6 +691,56 @@ mod tests {
             assert!(res.headers().get("grpc-status").is_none_or(|s| s == "0"));
         }
         assert_eq!(started.load(Ordering::SeqCst), 5);
+    }
+
+    /// A call's deadline covers its wait in line: a call queued behind a
+    /// call that holds the only place fails with `DeadlineExceeded` at its
+    /// deadline, leaves the line, and the place goes on serving.
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_call_past_its_deadline_in_line_fails_with_deadline_exceeded() {
+        let (cpipe, spipe) = mem_pair(1 << 16);
+        let gate = Arc::new(tokio::sync::Semaphore::new(0));
+        let g = gate.clone();
+        let svc = tower::service_fn(move |_r: http::Request<Body>| {
+            let g = g.clone();
+            async move {
+                g.acquire().await.expect("gate").forget();
+                Ok::<_, std::convert::Infallible>(http::Response::new(Body::empty()))
+            }
+        });
+        let cfg = RrpcConfig::builder()
+            .max_concurrent_calls(1)
+            .build()
+            .expect("limit");
+        spawn_server(spipe, svc, &cfg);
+        let ch = channel(cpipe, &cfg);
+        let mut c1 = ch.clone();
+        let first = tokio::spawn(async move { tower::Service::call(&mut c1, req("/x")).await });
+        for _ in 0..20 {
+            tokio::task::yield_now().await;
+        }
+        let places = || lock(&ch.inner.shared.table).conn.places();
+        assert_eq!(places(), 1, "the first call holds the only place");
+        let mut timed = req("/x");
+        let timeout = http::HeaderValue::from_static("50m");
+        timed.headers_mut().insert("grpc-timeout", timeout);
+        let mut c2 = ch.clone();
+        let r = tokio::time::timeout(Duration::from_secs(5), tower::Service::call(&mut c2, timed))
+            .await
+            .expect("the deadline ends the wait");
+        let st = tonic::Status::from_error(r.expect_err("no place came"));
+        assert_eq!(st.code(), tonic::Code::DeadlineExceeded, "{st:?}");
+        assert_eq!(
+            lock(&ch.inner.shared.table).conn.queued(),
+            0,
+            "it left the line"
+        );
+        gate.add_permits(1);
+        let r = tokio::time::timeout(Duration::from_secs(5), first)
+            .await
+            .expect("completes")
+            .expect("task");
+        assert!(r.is_ok(), "{:?}", r.err());
     }
 
     /// A call dropped while it waits in line leaves the line and takes no

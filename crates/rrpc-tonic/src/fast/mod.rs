@@ -23,6 +23,9 @@
 //! * a send that fails on the ring (peer corrupted it, or left) fails the
 //!   whole connection: logged at warn, every call on it gets an error, the
 //!   server's connection task returns the error ([`writer::FrameWriter`]);
+//! * a call past its deadline ends there on both ends, its response body
+//!   included, with `DeadlineExceeded` (gRPC's rule, [the crate docs](crate#deadlines)):
+//!   the client fails it and resets it, the server drops it and frees its place;
 //! * at most [`RrpcConfig::max_concurrent_calls`](crate::RrpcConfig::max_concurrent_calls)
 //!   calls are open at once: a server refuses the excess with `Unavailable`,
 //!   a client queues its own excess until a call finishes;
@@ -190,11 +193,11 @@ impl http_body::Body for RecvBody {
                 if timer.as_mut().poll(cx).is_pending() {
                     return Poll::Pending;
                 }
-                // As tonic's channel fails a call past its deadline; the
-                // guard, dropped now, resets the call on the server.
+                // gRPC's status for a call past its deadline; the guard,
+                // dropped now, resets the call on the server.
                 self.done = true;
                 self.guard = None;
-                Poll::Ready(Some(Err(Status::cancelled("Timeout expired"))))
+                Poll::Ready(Some(Err(crate::call::deadline_exceeded())))
             }
             Poll::Ready(Some(Event::Data(b))) => {
                 if let Some(c) = &mut self.credit {

@@ -2,7 +2,9 @@
 
 use std::collections::HashMap;
 use std::future::Future;
+use std::ops::ControlFlow;
 use std::panic::AssertUnwindSafe;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::Poll;
@@ -21,7 +23,7 @@ use super::flow::{self, CallFlow, Credit};
 use super::proto::server::{self as proto, CallKey, In, Note, Output};
 use super::writer::{Batch, FrameWriter, Out};
 use super::{Event, RecvBody};
-use crate::frame::{self, END_STREAM, Kind};
+use crate::frame::{self, END_STREAM, FrameError, Kind};
 use crate::pipe::Pipe;
 use crate::{Error, RrpcConfig};
 
@@ -75,7 +77,8 @@ impl Place {
 /// state (the call table, admission, draining, receive windows,
 /// deadlines): it reads the ring, feeds the frames and its call tasks'
 /// [`Note`]s in, and performs the outputs (module docs of
-/// [`super::proto`]).
+/// [`super::proto`]). Its own state, and what it does on each event, is a
+/// [`ServerConn`]; this loop only waits for the next event.
 pub(crate) async fn serve_conn<S, ResBody>(
     pipe: Pipe,
     svc: S,
@@ -95,46 +98,18 @@ where
     ResBody::Error: Into<BoxError>,
 {
     let (tx, mut rx) = pipe;
-    // tonic's `Server` options: load shedding over a per-connection
-    // concurrency limit, as tonic stacks them.
-    let svc = tower::ServiceBuilder::new()
-        .option_layer(opts.load_shed.then(tower::load_shed::LoadShedLayer::new))
-        .option_layer(
-            opts.concurrency_limit
-                .map(tower::limit::ConcurrencyLimitLayer::new),
-        )
-        .map_err(boxed::<S::Error>)
-        .service(svc);
     let writer = FrameWriter::new(tx, cfg.zero_copy(), cfg.max_chunk());
-    let mut calls: HashMap<u32, Call> = HashMap::new();
-    let (notes_tx, mut notes) = mpsc::unbounded_channel::<Note>();
-    let mut inbox: Vec<In> = Vec::new();
-    let limit = match opts.max_concurrent_streams {
-        Some(m) => cfg.max_concurrent_calls().min(m as usize),
-        None => cfg.max_concurrent_calls(),
-    };
-    let mut conn = proto::Server::new(proto::Config {
-        max_calls: limit,
-        recv_window: cfg.call_window(),
-        peer_window,
-        max_header_list: cfg.max_header_list_size(),
-        timeout: opts.timeout,
-    });
-    // The state machine's clock: tokio's (paused in tests), read only for
-    // a call with a deadline.
-    let mut now = || tokio::time::Instant::now().into_std();
+    let svc = layered(svc, opts);
+    let start_call = run_call::<_, ResBody>;
+    let mut conn = ServerConn::new(svc, start_call, writer, &cfg, peer_window, &opts);
     // The connection's one deadline timer, armed at the earliest deadline
     // of a call still open (`poll_timeout`), reset only when that changes:
     // calls without a deadline never touch it.
     let timer = tokio::time::sleep_until(tokio::time::Instant::now());
     tokio::pin!(timer);
-    let mut armed: Option<std::time::Instant> = None;
-    // The box of the last call that finished at its first poll, empty: the
-    // next call's future is written into it (one allocation less a call).
-    let mut spare = None;
     // Made once and raced on every message: a new cancellation future per
     // message would register (and remove) a waiter each time.
-    let failed = writer.failed_owned();
+    let failed = conn.writer.failed_owned();
     tokio::pin!(failed);
     let shut = shutdown.clone().cancelled_owned();
     tokio::pin!(shut);
@@ -142,76 +117,287 @@ where
         // Notes sent meanwhile (a call polled inline sends one): applied
         // here, not by the `select!` below, which would drop and remake the
         // ring's receive future for each.
-        while let Ok(note) = notes.try_recv() {
-            apply_note(&mut conn, &mut calls, note);
-        }
-        if conn.is_drained() {
+        conn.apply_notes();
+        if conn.proto.is_drained() {
             break Ok(());
         }
-        let next = conn.poll_timeout();
-        if next != armed {
-            if let Some(at) = next {
-                timer.as_mut().reset(tokio::time::Instant::from_std(at));
-            }
-            armed = next;
-        }
+        conn.arm(timer.as_mut());
         // The ring comes first in the `select!` below, so a peer that never
         // lets it go idle would starve the other branches: what they watch
         // is looked at here too, without polling a future (a shutdown, a
         // deadline passed; the notes above; a failed send after the message).
-        if !conn.is_draining() && shutdown.is_cancelled() {
-            conn.start_drain();
-            match perform_sends(&mut conn, &writer).await {
-                Ok(()) => continue,
-                Err(e) => break Err(e),
-            }
-        }
-        let due = armed.is_some_and(|at| now() >= at);
-        let mut sink = |msg: &[u8]| proto::decode(msg, &mut inbox);
-        let r = if due {
-            // Expired calls come out below as `Output::Expire`.
-            armed = None;
-            conn.handle_timeout(now());
-            Ok(true)
+        let wake = if !conn.proto.is_draining() && shutdown.is_cancelled() {
+            Wake::Shutdown
+        } else if conn.is_due() {
+            Wake::Timer
         } else {
+            let mut sink = |msg: &[u8]| proto::decode(msg, &mut conn.inbox);
             tokio::select! {
                 biased;
                 // First: a message that is there already is read without
                 // polling the other branches (two cancellation futures and a
                 // channel: ~1 000 instructions a message, under callgrind).
-                r = rx.recv_with(&mut sink) => r,
-                Some(note) = notes.recv() => {
-                    apply_note(&mut conn, &mut calls, note);
-                    continue;
-                }
-                () = &mut failed => match send_failed(&writer) {
-                    e if e.is_peer_gone() => break Ok(()),
-                    e => break Err(e),
-                },
+                r = rx.recv_with(&mut sink) => Wake::Received(r),
+                Some(note) = conn.notes.recv() => Wake::Note(note),
+                () = &mut failed => Wake::Failed,
                 // Disabled once draining: the completed future is never polled again.
-                () = &mut shut, if !conn.is_draining() => {
-                    conn.start_drain();
-                    match perform_sends(&mut conn, &writer).await {
-                        Ok(()) => continue,
-                        Err(e) => break Err(e),
-                    }
-                }
-                () = &mut timer, if armed.is_some() => {
-                    armed = None;
-                    conn.handle_timeout(now());
-                    Ok(true)
-                }
+                () = &mut shut, if !conn.proto.is_draining() => Wake::Shutdown,
+                () = &mut timer, if conn.armed.is_some() => Wake::Timer,
             }
         };
+        if let ControlFlow::Break(end) = conn.on_wake(wake).await {
+            break end;
+        }
+    };
+    conn.close(result)
+}
+
+/// What woke [`serve_conn`] up.
+enum Wake {
+    /// The ring's receive returned (`Ok(false)`: the peer left); the
+    /// message's frames are in the inbox.
+    Received(Result<bool, Error>),
+    /// A call task sent a note.
+    Note(Note),
+    /// A send failed (the writer's failure).
+    Failed,
+    /// Shutdown was asked for.
+    Shutdown,
+    /// The deadline timer fired.
+    Timer,
+}
+
+/// How a connection ends after `e`: a peer that left is an orderly end.
+fn closing(e: Error) -> Result<(), Error> {
+    if e.is_peer_gone() { Ok(()) } else { Err(e) }
+}
+
+/// The state machine's clock: tokio's (paused in tests), read only for a
+/// call with a deadline.
+fn now() -> std::time::Instant {
+    tokio::time::Instant::now().into_std()
+}
+
+/// tonic's `Server` options on a connection's router: load shedding over
+/// a per-connection concurrency limit, as tonic stacks them.
+fn layered<S, ResBody>(
+    svc: S,
+    opts: FastOptions,
+) -> impl tower::Service<
+    http::Request<Body>,
+    Response = http::Response<ResBody>,
+    Error = BoxError,
+    Future: Send + 'static,
+> + Clone
++ Send
++ 'static
+where
+    S: tower::Service<http::Request<Body>, Response = http::Response<ResBody>>
+        + Clone
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
+    S::Error: Into<BoxError> + Send,
+{
+    tower::ServiceBuilder::new()
+        .option_layer(opts.load_shed.then(tower::load_shed::LoadShedLayer::new))
+        .option_layer(
+            opts.concurrency_limit
+                .map(tower::limit::ConcurrencyLimitLayer::new),
+        )
+        .map_err(boxed::<S::Error>)
+        .service(svc)
+}
+
+/// One fast-path connection's driver: its state, and a method for each
+/// event [`serve_conn`] waits for ([`Wake`], [`ServerConn::on_wake`]: a
+/// message arrived, [`ServerConn::on_turn`]; a note from a call task,
+/// [`ServerConn::apply_note`]; the deadline timer; shutdown,
+/// [`ServerConn::on_shutdown`]; a failed send; and the end, orderly or
+/// failed, [`ServerConn::close`]), as quinn's connection drivers are
+/// shaped. The protocol state is [`proto::Server`]'s.
+struct ServerConn<Svc, Mk, F> {
+    /// The router, with tonic's per-connection layers.
+    svc: Svc,
+    /// What makes a call's future: [`run_call`] (a parameter so that the
+    /// type of that future can be named, for `spare`).
+    start_call: Mk,
+    writer: FrameWriter,
+    proto: proto::Server,
+    /// The calls whose handler went on after its first poll.
+    calls: HashMap<u32, Call>,
+    notes_tx: mpsc::UnboundedSender<Note>,
+    notes: mpsc::UnboundedReceiver<Note>,
+    /// The frames of the message being handled, decoded.
+    inbox: Vec<In>,
+    /// The instant the deadline timer is set to, if it is armed.
+    armed: Option<std::time::Instant>,
+    /// The box of the last call that finished at its first poll, empty: the
+    /// next call's future is written into it (one allocation less a call).
+    spare: Option<Pin<Box<Option<F>>>>,
+    /// Our receive window per call.
+    call_window: u32,
+}
+
+impl<Svc, Mk, F> ServerConn<Svc, Mk, F>
+where
+    Svc: Clone,
+    Mk: Fn(
+        Svc,
+        http::Request<Body>,
+        FrameWriter,
+        Place,
+        Arc<CallFlow>,
+        Option<oneshot::Receiver<()>>,
+    ) -> F,
+    F: Future<Output = ()> + Send + 'static,
+{
+    fn new(
+        svc: Svc,
+        start_call: Mk,
+        writer: FrameWriter,
+        cfg: &RrpcConfig,
+        peer_window: u32,
+        opts: &FastOptions,
+    ) -> Self {
+        let max_calls = match opts.max_concurrent_streams {
+            Some(m) => cfg.max_concurrent_calls().min(m as usize),
+            None => cfg.max_concurrent_calls(),
+        };
+        let (notes_tx, notes) = mpsc::unbounded_channel::<Note>();
+        ServerConn {
+            svc,
+            start_call,
+            writer,
+            proto: proto::Server::new(proto::Config {
+                max_calls,
+                recv_window: cfg.call_window(),
+                peer_window,
+                max_header_list: cfg.max_header_list_size(),
+                timeout: opts.timeout,
+            }),
+            calls: HashMap::new(),
+            notes_tx,
+            notes,
+            inbox: Vec::new(),
+            armed: None,
+            spare: None,
+            call_window: cfg.call_window(),
+        }
+    }
+
+    /// The driver's entry of the live call `key`.
+    fn call_mut(&mut self, key: CallKey) -> Option<&mut Call> {
+        self.calls.get_mut(&key.id).filter(|c| c.key == key)
+    }
+
+    /// A note from a call task; a finished task leaves the driver's table too.
+    fn apply_note(&mut self, note: Note) {
+        if let Note::Finished(key) = note
+            && self.call_mut(key).is_some()
+        {
+            self.calls.remove(&key.id);
+        }
+        self.proto.handle_note(note);
+    }
+
+    /// Every note sent so far.
+    fn apply_notes(&mut self) {
+        while let Ok(note) = self.notes.try_recv() {
+            self.apply_note(note);
+        }
+    }
+
+    /// Sets `timer` to the earliest deadline of a call still open, if that
+    /// changed.
+    fn arm(&mut self, timer: Pin<&mut tokio::time::Sleep>) {
+        let next = self.proto.poll_timeout();
+        if next != self.armed {
+            if let Some(at) = next {
+                timer.reset(tokio::time::Instant::from_std(at));
+            }
+            self.armed = next;
+        }
+    }
+
+    /// Whether the armed deadline has passed (looked at without polling
+    /// the timer).
+    fn is_due(&self) -> bool {
+        self.armed.is_some_and(|at| now() >= at)
+    }
+
+    /// Handles what woke the driver up, and says whether the connection
+    /// goes on.
+    async fn on_wake(&mut self, wake: Wake) -> ControlFlow<Result<(), Error>> {
+        match wake {
+            Wake::Received(r) => self.on_turn(r).await,
+            Wake::Note(note) => {
+                self.apply_note(note);
+                ControlFlow::Continue(())
+            }
+            Wake::Failed => ControlFlow::Break(closing(send_failed(&self.writer))),
+            Wake::Shutdown => match self.on_shutdown().await {
+                Ok(()) => ControlFlow::Continue(()),
+                Err(e) => ControlFlow::Break(Err(e)),
+            },
+            Wake::Timer => {
+                // Expired calls come out of `on_turn` as `Output::Expire`.
+                self.armed = None;
+                self.proto.handle_timeout(now());
+                self.on_turn(Ok(true)).await
+            }
+        }
+    }
+
+    /// Shutdown: GOAWAY goes out (once), and the connection drains.
+    async fn on_shutdown(&mut self) -> Result<(), Error> {
+        self.proto.start_drain();
+        while let Some(out) = self.proto.poll_output() {
+            if let Output::Send {
+                kind,
+                flags,
+                id,
+                payload,
+                ..
+            } = out
+            {
+                self.writer
+                    .send(smallvec::smallvec![Out::new(kind, flags, id, payload)])
+                    .await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// After each wake-up (`r`: what the ring's receive said, `Ok(true)`
+    /// when there was no receive): handles the frames received, performs
+    /// what the state machine says, and says whether the connection goes on.
+    async fn on_turn(&mut self, r: Result<bool, Error>) -> ControlFlow<Result<(), Error>> {
         // What the call tasks did before this message was written (a
         // place freed just before a last frame) counts for its frames.
-        while let Ok(note) = notes.try_recv() {
-            apply_note(&mut conn, &mut calls, note);
+        self.apply_notes();
+        let bad = self.proto.handle(self.inbox.drain(..), &mut now).err();
+        let (fatal, grant_bad) = self.perform().await;
+        if let Some(e) = bad.or(grant_bad) {
+            return ControlFlow::Break(Err(Error::Protocol(e)));
         }
-        let bad = conn.handle(inbox.drain(..), &mut now).err();
-        let mut fatal: Option<Error> = None;
-        let mut grant_bad = None;
-        while let Some(out) = conn.poll_output() {
+        // A send above (or by a handler polled inline) failed.
+        if let Some(e) = fatal.or_else(|| self.writer.failure()) {
+            return ControlFlow::Break(closing(e));
+        }
+        match r {
+            Ok(true) => ControlFlow::Continue(()),
+            Ok(false) => ControlFlow::Break(Ok(())),
+            Err(e) => ControlFlow::Break(closing(e)),
+        }
+    }
+
+    /// Performs the state machine's outputs. A failed send, or a grant
+    /// beyond the window, ends the connection once all were looked at
+    /// (returned); no call starts after either.
+    async fn perform(&mut self) -> (Option<Error>, Option<FrameError>) {
+        let (mut fatal, mut grant_bad) = (None, None);
+        while let Some(out) = self.proto.poll_output() {
             match out {
                 Output::Send {
                     kind,
@@ -226,48 +412,32 @@ where
                     if let Some(r) = &refusal {
                         tracing::debug!(call_id = id, ?r, "rrpc: call refused");
                     }
-                    if let Err(e) = writer
-                        .send(smallvec::smallvec![Out::new(kind, flags, id, payload)])
-                        .await
-                    {
+                    let out = smallvec::smallvec![Out::new(kind, flags, id, payload)];
+                    if let Err(e) = self.writer.send(out).await {
                         fatal = Some(e);
                     }
                 }
                 Output::Data { key, data } => {
-                    if let Some(call) = calls.get(&key.id).filter(|c| c.key == key)
-                        && let Some(b) = &call.body
-                    {
+                    if let Some(b) = self.call_mut(key).and_then(|c| c.body.as_ref()) {
                         // Never waits: the call's window bounds its queue.
                         let _ = b.send(Event::Data(data));
                     }
                 }
                 Output::EndOfRequest { key } => {
-                    if let Some(call) = calls.get_mut(&key.id).filter(|c| c.key == key) {
+                    if let Some(call) = self.call_mut(key) {
                         call.body = None;
                     }
                 }
                 Output::Grant { key, inc } => {
-                    if let Some(call) = calls.get(&key.id).filter(|c| c.key == key)
-                        && let Err(e) = call.flow.granted(inc)
-                    {
+                    if let Some(Err(e)) = self.call_mut(key).map(|c| c.flow.granted(inc)) {
                         grant_bad.get_or_insert(e);
                     }
                 }
-                Output::Cancel { key } => {
-                    if calls.get(&key.id).is_some_and(|c| c.key == key)
-                        && let Some(call) = calls.remove(&key.id)
-                    {
-                        // Dropping the handler's future is how tonic sees cancellation.
-                        call.task.abort();
-                        call.flow.close();
-                    }
-                }
+                Output::Cancel { key } => self.cancel(key),
                 Output::Expire { key } => {
-                    if let Some(call) = calls.get_mut(&key.id).filter(|c| c.key == key)
-                        && let Some(expire) = call.expire.take()
-                    {
-                        // The task answers DEADLINE_EXCEEDED if its handler
-                        // has not answered yet.
+                    if let Some(expire) = self.call_mut(key).and_then(|c| c.expire.take()) {
+                        // The task answers DEADLINE_EXCEEDED if the call
+                        // has not ended yet.
                         let _ = expire.send(());
                     }
                 }
@@ -279,139 +449,133 @@ where
                     send_credit,
                     deadline,
                 } => {
-                    if fatal.is_some() || grant_bad.is_some() {
-                        continue;
+                    if fatal.is_none() && grant_bad.is_none() {
+                        let body = self.request_body(key, chunks, end);
+                        let req = build_request(head, body.0);
+                        self.start(key, req, body.1, send_credit, deadline.is_some())
+                            .await;
                     }
-                    let flow = CallFlow::new(send_credit);
-                    let place = Place {
-                        key,
-                        notes: notes_tx.clone(),
-                        released: AtomicBool::new(false),
-                    };
-                    let (body, btx) = if end {
-                        (RecvBody::ready(chunks), None)
-                    } else {
-                        let (btx, brx) = mpsc::unbounded_channel();
-                        let credit = Credit::server(
-                            writer.clone(),
-                            key,
-                            cfg.call_window(),
-                            notes_tx.clone(),
-                        );
-                        (RecvBody::new(chunks, brx, credit), Some(btx))
-                    };
-                    let req = build_request(head, body);
-                    // The deadline's timer is the connection's (above):
-                    // this call only hears when it passed.
-                    let (expire, expired) = match deadline {
-                        Some(_) => {
-                            let (tx, rx) = oneshot::channel();
-                            (Some(tx), Some(rx))
-                        }
-                        None => (None, None),
-                    };
-                    // The call's future goes into the box the last call that
-                    // finished inline left (`Pin::set` writes it in place), or a
-                    // new one: a call that goes on takes its box with it.
-                    let mut fut = spare.take().unwrap_or_else(|| Box::pin(None));
-                    fut.set(Some(run_call(
-                        svc.clone(),
-                        req,
-                        writer.clone(),
-                        place,
-                        flow.clone(),
-                        expired,
-                    )));
-                    // Unary handlers usually finish at their first poll: run it here,
-                    // in the reader task, and write the response without a task hop.
-                    // The reader's own waker is lent for this one poll (a wake-up
-                    // aimed at it only makes the reader look at its ring again).
-                    let first = std::future::poll_fn(|cx| {
-                        Poll::Ready(fut.as_mut().as_pin_mut().map(|f| f.poll(cx)))
-                    })
-                    .await;
-                    if first.is_none_or(|p| p.is_ready()) {
-                        fut.set(None);
-                        spare = Some(fut);
-                        conn.handle_note(Note::Finished(key));
-                        continue;
-                    }
-                    let done = notes_tx.clone();
-                    let task = tokio::spawn(async move {
-                        if let Some(f) = fut.as_mut().as_pin_mut() {
-                            f.await;
-                        }
-                        let _ = done.send(Note::Finished(key));
-                    });
-                    calls.insert(
-                        key.id,
-                        Call {
-                            key,
-                            body: btx,
-                            task: task.abort_handle(),
-                            flow,
-                            expire,
-                        },
-                    );
                 }
             }
         }
-        if let Some(e) = bad.or(grant_bad) {
-            break Err(Error::Protocol(e));
-        }
-        match fatal.or_else(|| writer.failure()) {
-            // A send above (or by a handler polled inline) failed.
-            Some(e) if e.is_peer_gone() => break Ok(()),
-            Some(e) => break Err(e),
-            None => {}
-        }
-        match r {
-            Ok(true) => {}
-            Ok(false) => break Ok(()),
-            Err(e) if e.is_peer_gone() => break Ok(()),
-            Err(e) => break Err(e),
-        }
-    };
-    if let Err(e) = &result {
-        tracing::warn!("rrpc: closing fast-path connection: {e}");
+        (fatal, grant_bad)
     }
-    for (_, c) in calls.drain() {
-        if let Some(b) = c.body {
-            let _ = b.send(Event::Reset(Status::cancelled("rrpc: connection lost")));
-        }
-        c.flow.close();
-        c.task.abort();
-    }
-    result
-}
 
-/// Applies a call task's note; a finished task leaves the driver's table too.
-fn apply_note(conn: &mut proto::Server, calls: &mut HashMap<u32, Call>, note: Note) {
-    if let Note::Finished(key) = note
-        && calls.get(&key.id).is_some_and(|c| c.key == key)
-    {
-        calls.remove(&key.id);
-    }
-    conn.handle_note(note);
-}
-
-/// Writes the frames the state machine has queued (GOAWAY).
-async fn perform_sends(conn: &mut proto::Server, writer: &FrameWriter) -> Result<(), Error> {
-    while let Some(out) = conn.poll_output() {
-        if let Output::Send {
-            kind,
-            flags,
-            id,
-            payload,
-            ..
-        } = out
+    /// The client cancelled call `key`: its handler is dropped.
+    fn cancel(&mut self, key: CallKey) {
+        if self.call_mut(key).is_some()
+            && let Some(call) = self.calls.remove(&key.id)
         {
-            writer
-                .send(smallvec::smallvec![Out::new(kind, flags, id, payload)])
-                .await?;
+            // Dropping the handler's future is how tonic sees cancellation.
+            call.task.abort();
+            call.flow.close();
         }
     }
-    Ok(())
+
+    /// The request body of a call that starts, and the sender that feeds
+    /// it if its request stream is still open.
+    fn request_body(
+        &self,
+        key: CallKey,
+        chunks: super::proto::Chunks,
+        end: bool,
+    ) -> (RecvBody, Option<mpsc::UnboundedSender<Event>>) {
+        if end {
+            return (RecvBody::ready(chunks), None);
+        }
+        let (btx, brx) = mpsc::unbounded_channel();
+        let credit = Credit::server(
+            self.writer.clone(),
+            key,
+            self.call_window,
+            self.notes_tx.clone(),
+        );
+        (RecvBody::new(chunks, brx, credit), Some(btx))
+    }
+
+    /// Starts an admitted call: its first poll runs here, in the reader
+    /// task (a unary handler usually finishes there, and its response is
+    /// written without a task hop); a call still pending after it goes on
+    /// in a task of its own.
+    async fn start(
+        &mut self,
+        key: CallKey,
+        req: http::Request<Body>,
+        body: Option<mpsc::UnboundedSender<Event>>,
+        send_credit: u32,
+        timed: bool,
+    ) {
+        let flow = CallFlow::new(send_credit);
+        let place = Place {
+            key,
+            notes: self.notes_tx.clone(),
+            released: AtomicBool::new(false),
+        };
+        // The deadline's timer is the connection's (above): this call only
+        // hears when it passed.
+        let (expire, expired) = if timed {
+            let (tx, rx) = oneshot::channel();
+            (Some(tx), Some(rx))
+        } else {
+            (None, None)
+        };
+        // The call's future goes into the box the last call that finished
+        // inline left (`Pin::set` writes it in place), or a new one: a call
+        // that goes on takes its box with it.
+        let mut fut = self.spare.take().unwrap_or_else(|| Box::pin(None));
+        let (svc, w) = (self.svc.clone(), self.writer.clone());
+        fut.set(Some((self.start_call)(
+            svc,
+            req,
+            w,
+            place,
+            flow.clone(),
+            expired,
+        )));
+        // The reader's own waker is lent for this one poll (a wake-up aimed
+        // at it only makes the reader look at its ring again).
+        let first =
+            std::future::poll_fn(|cx| Poll::Ready(fut.as_mut().as_pin_mut().map(|f| f.poll(cx))))
+                .await;
+        if first.is_none_or(|p| p.is_ready()) {
+            fut.set(None);
+            self.spare = Some(fut);
+            self.proto.handle_note(Note::Finished(key));
+            return;
+        }
+        let done = self.notes_tx.clone();
+        let task = tokio::spawn(async move {
+            if let Some(f) = fut.as_mut().as_pin_mut() {
+                f.await;
+            }
+            let _ = done.send(Note::Finished(key));
+        });
+        let task = task.abort_handle();
+        let call = Call {
+            key,
+            body,
+            task,
+            flow,
+            expire,
+        };
+        self.calls.insert(key.id, call);
+    }
+
+    /// The connection ends with `result`: every call still open is reset
+    /// and its task dropped.
+    fn close(mut self, result: Result<(), Error>) -> Result<(), Error> {
+        if let Err(e) = &result {
+            tracing::warn!("rrpc: closing fast-path connection: {e}");
+        }
+        for (_, c) in self.calls.drain() {
+            if let Some(b) = c.body {
+                let _ = b.send(Event::Reset(Status::cancelled("rrpc: connection lost")));
+            }
+            c.flow.close();
+            c.task.abort();
+        }
+        result
+    }
 }
 
 /// A service error as tonic's `BoxError` (so tower's optional layers agree).
@@ -476,7 +640,8 @@ fn trailers_only(id: u32, status: Status) -> Out {
 }
 
 /// Runs one call: the router's future, then its response, with a panic in
-/// either caught here so that it fails only this call.
+/// either caught here so that it fails only this call, and all of it
+/// bounded by the call's deadline (`expired`: `DEADLINE_EXCEEDED`).
 ///
 /// A panicking handler ends its call with `Cancelled`, the status tonic's
 /// own transport gives (hyper drops the panicked stream, h2 resets it with
@@ -499,26 +664,32 @@ async fn run_call<S, ResBody>(
     let path = req.uri().path().to_owned();
     let (w, p) = (writer.clone(), &place);
     let work = async move {
-        let fut = svc.oneshot(req);
-        // As tonic's server: the shorter of the caller's deadline and
-        // `Server::timeout` bounds the handler (not the response body).
-        // The state machine times it; `expired` fires when it passed (a
-        // dropped sender means the call ends anyway: ignored). The handler
-        // is polled first, as `timeout_at` does.
-        let res: Result<http::Response<ResBody>, BoxError> = match expired {
-            Some(expired) => tokio::select! {
-                biased;
-                r = fut => r.map_err(Into::into),
-                // tonic's server answers an expired deadline this way too (its GrpcTimeout).
-                Ok(()) = expired => Err(Box::new(tonic::TimeoutExpired(()))),
-            },
-            None => fut.await.map_err(Into::into),
-        };
+        let res = svc.oneshot(req).await.map_err(Into::into);
         send_response(res, id, &w, p, &flow).await
     };
     // The handler's state is dropped right after a panic and never observed
     // again, so unwind safety is not a concern.
-    let r = match AssertUnwindSafe(work).catch_unwind().await {
+    let work = AssertUnwindSafe(work).catch_unwind();
+    // gRPC's rule: the deadline (the shorter of the caller's and
+    // `Server::timeout`) covers the whole call, its response body
+    // included; tonic's own server bounds only the handler. The state
+    // machine times it; `expired` fires when it passed (a dropped sender
+    // means the call ends anyway: ignored). The call is polled first, as
+    // `timeout_at` does; past its deadline it is dropped (a response cut
+    // short has whole frames only) and DEADLINE_EXCEEDED ends it.
+    let caught = match expired {
+        Some(expired) => tokio::select! {
+            biased;
+            r = work => r,
+            Ok(()) = expired => {
+                place.release();
+                let st = crate::call::deadline_exceeded();
+                Ok(writer.send(smallvec::smallvec![trailers_only(id, st)]).await)
+            }
+        },
+        None => work.await,
+    };
+    let r = match caught {
         Ok(r) => r,
         Err(panic) => {
             tracing::error!(
@@ -846,6 +1017,76 @@ mod tests {
             assert!(crx.recv_with(&mut sink).await.expect("recv"));
         }
         got
+    }
+
+    /// The frames of call `id` the server sends, until the one that ends it.
+    async fn frames_of(crx: &mut Box<dyn crate::pipe::MsgRx>, id: u32) -> Vec<(Kind, Vec<u8>)> {
+        let mut got = Vec::new();
+        let mut ended = false;
+        while !ended {
+            let mut sink = |m: &[u8]| {
+                for f in frame::frames(m) {
+                    let f = f.expect("valid frame");
+                    if f.call_id == id {
+                        ended |= f.end_stream();
+                        got.push((f.kind, f.payload.to_vec()));
+                    }
+                }
+            };
+            assert!(crx.recv_with(&mut sink).await.expect("recv"));
+        }
+        got
+    }
+
+    /// gRPC's rule on the server too: a response body still open at its
+    /// call's deadline is ended there, with TRAILERS that say
+    /// `DEADLINE_EXCEEDED` after the response's headers (tonic's own
+    /// server bounds only the handler), and the call's place is free for
+    /// the next call.
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_response_body_past_its_deadline_ends_with_deadline_exceeded() {
+        let ((mut ctx, mut crx), spipe) = mem_pair(1 << 20);
+        let started = Arc::new(tokio::sync::Notify::new());
+        let st = started.clone();
+        // A response whose body never yields a frame.
+        let svc = tower::service_fn(move |_r: http::Request<Body>| {
+            st.notify_one();
+            async {
+                let frames = futures_util::stream::pending::<
+                    Result<http_body::Frame<Bytes>, std::convert::Infallible>,
+                >();
+                let body = Body::new(http_body_util::StreamBody::new(frames));
+                Ok::<_, std::convert::Infallible>(http::Response::new(body))
+            }
+        });
+        let cfg = RrpcConfig::builder()
+            .max_concurrent_calls(1)
+            .build()
+            .expect("limit");
+        spawn_server(spipe, svc, &cfg);
+        let open = |id: u32, timeout: Option<&str>| {
+            let mut h = http::HeaderMap::new();
+            if let Some(t) = timeout {
+                h.insert("grpc-timeout", t.parse().expect("ascii"));
+            }
+            let head = frame::request_headers_payload("/x.Y/Z", "", &h);
+            (Kind::RequestHeaders, END_STREAM, id, head)
+        };
+        raw_send(&mut ctx, &[open(1, Some("100m"))]).await;
+        let got = tokio::time::timeout(Duration::from_secs(5), frames_of(&mut crx, 1))
+            .await
+            .expect("the server ends the call at its deadline");
+        let kinds: Vec<Kind> = got.iter().map(|(k, _)| *k).collect();
+        assert_eq!(kinds, [Kind::ResponseHeaders, Kind::Trailers], "{got:?}");
+        let t = frame::parse_metadata(&got[1].1).expect("trailers");
+        let st = Status::from_header_map(&t).expect("a status");
+        assert_eq!(st.code(), tonic::Code::DeadlineExceeded, "{st:?}");
+        started.notified().await;
+        // One place only: a call still holding it would refuse this one.
+        raw_send(&mut ctx, &[open(3, None)]).await;
+        tokio::time::timeout(Duration::from_secs(5), started.notified())
+            .await
+            .expect("the expired call's place is free: the next call starts");
     }
 
     /// A client that sends a call more DATA than the window the server

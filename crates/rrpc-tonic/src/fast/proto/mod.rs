@@ -27,9 +27,10 @@
 //!   and its expiry: [`server::Server::poll_timeout`] gives the earliest
 //!   deadline of a call still open, [`server::Server::handle_timeout`]
 //!   expires every call whose deadline passed ([`server::Output::Expire`]:
-//!   the driver drops a handler that has not answered and answers
-//!   `DEADLINE_EXCEEDED`). Only calls with a deadline touch the heap that
-//!   keeps them; entries of calls that ended are discarded lazily.
+//!   the driver drops a call that has not ended, its handler or its
+//!   response body, and ends it with `DEADLINE_EXCEEDED`). Only calls with
+//!   a deadline touch the heap that keeps them; entries of calls that
+//!   ended are discarded lazily.
 //!
 //! # What the driver owns (`fast::server::serve_conn`)
 //! The ring, the handler tasks and their futures (the first poll of each
@@ -48,9 +49,11 @@
 //! [`server::Server::poll_timeout`] (reset only when that changes) and
 //! raced in its `select!` (a `Sleep`: cancel safe); when it fires it calls
 //! [`server::Server::handle_timeout`]. An expired call's task hears it on a
-//! oneshot raced against its handler (handler first, as `timeout_at`
-//! polls): as before, the deadline bounds the handler, not the response
-//! body it returned.
+//! oneshot raced against the whole call (the call first, as `timeout_at`
+//! polls): the deadline bounds the handler and the response body it
+//! returned (gRPC's rule; tonic's own server bounds only the handler), and
+//! the client reads `DEADLINE_EXCEEDED`, as its own deadline says it
+//! ([`crate::call::deadline_exceeded`]).
 //!
 //! # Cancel safety of the async drivers
 //! Every future the server raced in its `select!` is cancel safe: the note
@@ -61,7 +64,10 @@
 //! inside that poll). The sends that follow are awaited outside the
 //! `select!`. Notes are also drained with `try_recv` at the top of each
 //! turn and right after a message was received, before its frames are
-//! handled.
+//! handled. A call's task races its deadline's oneshot (cancel safe)
+//! against the whole call, its response writes included: a write cut
+//! short leaves whole frames only (as the client's, below), and the
+//! call's TRAILERS with `DEADLINE_EXCEEDED` follow.
 //!
 //! The client's fallback reader races its receive loop (the receive in
 //! flight lives in the connection's shared state, not in the future, so

@@ -173,8 +173,9 @@ pub(crate) enum Output {
     /// The client cancelled a started call: drop its handler.
     Cancel { key: CallKey },
     /// A started call's deadline passed ([`Server::handle_timeout`]): if
-    /// its handler has not answered yet, drop it and answer
-    /// `DEADLINE_EXCEEDED` (tonic's `GrpcTimeout`). The call keeps its
+    /// the call has not ended yet, drop it (its handler, or the response
+    /// body it returned: the deadline covers the whole call, as gRPC's
+    /// rule says) and end it with `DEADLINE_EXCEEDED`. The call keeps its
     /// place until that answer is written, as any call does.
     Expire { key: CallKey },
 }
