@@ -262,6 +262,13 @@ impl RrpcConfig {
         self.0.fabrics.allows(fabric)
     }
 
+    /// The ring config of this config's connections, as `build()`
+    /// checked it (the rings group's one rule): `crate::rings` adds only
+    /// the poller's `tail_with_imm`.
+    pub(crate) fn ring_builder(&self) -> rrpc_ringbuf::RingConfigBuilder {
+        self.0.rings.ring_config()
+    }
+
     /// The allowed fabrics as the negotiation's offer bits: those this
     /// build can use (no verbs without the `verbs` feature).
     pub(crate) fn fabric_bits(&self) -> u8 {

@@ -31,14 +31,8 @@ fn ring_config(cfg: &RrpcConfig) -> Result<RingConfig, Error> {
     // Event mode sleeps on the receive completion channel, which only a tail
     // sent with immediate data fires (rrpc-poller `conn` docs).
     let event = cfg.poller().is_some_and(|p| p.mode() == Mode::Event);
-    Ok(RingConfig::builder()
-        .ring_size(cfg.ring_size())
-        .min_ring_size(cfg.min_ring_size())
-        .cache_ring_size(cfg.ring_cache_size())
-        .shrink_after(cfg.ring_shrink_after())
-        .numa_node(cfg.numa_node())
-        .tail_with_imm(event)
-        .build()?)
+    // The same builder `RrpcConfig::build` checked: the two cannot drift.
+    Ok(cfg.ring_builder().tail_with_imm(event).build()?)
 }
 
 /// [`ring_config`], for the config's tests.
