@@ -347,7 +347,7 @@ pub(crate) fn run_ci(args: &CiArgs) -> Result<()> {
         step("fmt", &mut || {
             run("cargo", &["fmt", "--all", "--", "--check"], Some(root_ref)).map(|()| Outcome::Ran)
         })?;
-        step("layers (import circles)", &mut || {
+        step("layers (import circles, layer order)", &mut || {
             crate::layers::run(
                 root_ref,
                 &crate::layers::LayersArgs {

@@ -66,7 +66,8 @@ pub(crate) enum Cmd {
     /// Package the five library crates and build and run a scratch project
     /// outside the workspace against the packages (what `cargo add` gets).
     Package(package::PackageArgs),
-    /// The import circles inside each library crate (CI fails on one not
+    /// The import circles inside each library crate, and the declared layer
+    /// order of those that have one (CI fails on a circle or a back-arrow not
     /// listed with its reason).
     Layers(layers::LayersArgs),
     /// Redraw the plots of existing results (`target/bench-results/<run>/`), in place.
