@@ -254,6 +254,7 @@ mod rings;
 mod server;
 mod sharing;
 mod spare;
+pub mod tls;
 mod transport;
 
 pub use call::{Carrier, ChannelPath, ResponseFuture};

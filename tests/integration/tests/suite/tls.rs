@@ -1,0 +1,480 @@
+//! TLS as tonic users have it (issue #57 part 1; feature `tls`):
+//! `Server::tls_config` and `RrpcEndpoint::tls_config` with rrpc's twins of
+//! tonic's TLS types, on the `rrpc://` port (tonic `Channel`s with
+//! `ClientTlsConfig`, rrpc clients landing on shm and on TCP), `http://`
+//! and `serve_dual`'s TCP leg; refusals (no client certificate where one is
+//! required, a wrong CA, plaintext to a TLS-only port, TLS to a plaintext
+//! port); and `Request::peer_certs()` in a handler on each path that
+//! carries it. Certificates are made with rcgen at test time.
+//!
+//! Not here: grpcio with `ssl_channel_credentials` and grpc-go with TLS
+//! credentials (the interop harness of `one_port.rs` runs them plaintext
+//! only), and `peer_certs()` on the rings (unfinished; pinned below as
+//! `None`).
+
+#![cfg(feature = "tls")]
+
+use std::pin::Pin;
+use std::time::Duration;
+
+use futures_util::Stream;
+use rrpc_integration_tests::pb::test_client::TestClient;
+use rrpc_integration_tests::pb::test_server::{Test, TestServer};
+use rrpc_integration_tests::pb::{Input, Output};
+use rrpc_tonic::tls::{Certificate, ClientTlsConfig, Identity, ServerTlsConfig};
+use rrpc_tonic::{Carrier, Error, Fabric, RrpcConfig, RrpcEndpoint, RrpcIncoming, Server};
+use tokio::sync::oneshot;
+use tonic::{Request, Response, Status, Streaming};
+
+/// A CA, a server certificate it signed (for `localhost` and 127.0.0.1)
+/// and a client certificate it signed, as PEMs.
+struct Pki {
+    ca: String,
+    server: (String, String),
+    client: (String, String),
+    /// The client certificate's DER, as `peer_certs()` must give it.
+    client_der: Vec<u8>,
+}
+
+fn pki() -> Pki {
+    use rcgen::{
+        BasicConstraints, CertificateParams, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
+        KeyUsagePurpose,
+    };
+    let ca_key = KeyPair::generate().expect("key");
+    let mut ca = CertificateParams::new(Vec::<String>::new()).expect("params");
+    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    ca.key_usages = vec![
+        KeyUsagePurpose::KeyCertSign,
+        KeyUsagePurpose::DigitalSignature,
+    ];
+    let ca_cert = ca.self_signed(&ca_key).expect("ca");
+    let issuer = Issuer::new(ca, ca_key);
+    let leaf = |names: Vec<String>, usage| {
+        let key = KeyPair::generate().expect("key");
+        let mut p = CertificateParams::new(names).expect("params");
+        p.extended_key_usages = vec![usage];
+        let cert = p.signed_by(&key, &issuer).expect("signed");
+        (cert, key)
+    };
+    let (server, server_key) = leaf(
+        vec!["localhost".into(), "127.0.0.1".into()],
+        ExtendedKeyUsagePurpose::ServerAuth,
+    );
+    let (client, client_key) = leaf(
+        vec!["client.test".into()],
+        ExtendedKeyUsagePurpose::ClientAuth,
+    );
+    Pki {
+        ca: ca_cert.pem(),
+        server: (server.pem(), server_key.serialize_pem()),
+        client: (client.pem(), client_key.serialize_pem()),
+        client_der: client.der().to_vec(),
+    }
+}
+
+impl Pki {
+    /// The server's TLS: its identity, and clients must present a
+    /// certificate of the CA (mTLS) unless `optional`.
+    fn server(&self, optional: bool) -> ServerTlsConfig {
+        ServerTlsConfig::new()
+            .identity(Identity::from_pem(&self.server.0, &self.server.1))
+            .client_ca_root(Certificate::from_pem(&self.ca))
+            .client_auth_optional(optional)
+    }
+
+    /// A client trusting the CA, with its certificate.
+    fn client(&self) -> ClientTlsConfig {
+        self.anonymous()
+            .identity(Identity::from_pem(&self.client.0, &self.client.1))
+    }
+
+    /// A client trusting the CA, with no certificate.
+    fn anonymous(&self) -> ClientTlsConfig {
+        ClientTlsConfig::new().ca_certificate(Certificate::from_pem(&self.ca))
+    }
+
+    /// tonic's own client config, with the client's certificate.
+    fn tonic_client(&self) -> tonic::transport::ClientTlsConfig {
+        tonic::transport::ClientTlsConfig::new()
+            .ca_certificate(tonic::transport::Certificate::from_pem(&self.ca))
+            .identity(tonic::transport::Identity::from_pem(
+                &self.client.0,
+                &self.client.1,
+            ))
+    }
+}
+
+type BoxStream = Pin<Box<dyn Stream<Item = Result<Output, Status>> + Send>>;
+
+/// Answers with what `peer_certs()` gives the handler: `total` the number
+/// of certificates (0 for `None`), `payload` the first one's DER, and
+/// `x-peer-certs: none` when there are none.
+#[derive(Debug, Clone, Copy)]
+struct PeerEcho;
+
+fn peer_of<T>(req: &Request<T>) -> Output {
+    match req.peer_certs() {
+        Some(c) => Output {
+            payload: c.first().map(|d| d.to_vec()).unwrap_or_default(),
+            total: c.len() as u64,
+        },
+        None => Output::default(),
+    }
+}
+
+#[tonic::async_trait]
+impl Test for PeerEcho {
+    async fn unary(&self, req: Request<Input>) -> Result<Response<Output>, Status> {
+        let out = peer_of(&req);
+        let mut res = Response::new(out);
+        if req.peer_certs().is_none() {
+            res.metadata_mut()
+                .insert("x-peer-certs", "none".parse().expect("ascii"));
+        }
+        Ok(res)
+    }
+
+    type ServerStreamStream = BoxStream;
+
+    async fn server_stream(&self, req: Request<Input>) -> Result<Response<BoxStream>, Status> {
+        let out = peer_of(&req);
+        let n = req.get_ref().count as usize;
+        let s = futures_util::stream::iter((0..n).map(move |_| Ok(out.clone())));
+        Ok(Response::new(Box::pin(s)))
+    }
+
+    async fn client_stream(
+        &self,
+        _req: Request<Streaming<Input>>,
+    ) -> Result<Response<Output>, Status> {
+        Err(Status::unimplemented("not used"))
+    }
+
+    type BidiStream = BoxStream;
+
+    async fn bidi(&self, _req: Request<Streaming<Input>>) -> Result<Response<BoxStream>, Status> {
+        Err(Status::unimplemented("not used"))
+    }
+}
+
+/// A running server; shuts down when dropped.
+struct Running {
+    uri: String,
+    stop: Option<oneshot::Sender<()>>,
+    task: Option<tokio::task::JoinHandle<Result<(), Error>>>,
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = self.stop.take().map(|s| s.send(()));
+        if let Some(t) = self.task.take() {
+            t.abort();
+        }
+    }
+}
+
+/// The service at `uri` (port 0), with `tls` if given.
+fn serve(uri: &str, tls: Option<ServerTlsConfig>) -> Running {
+    let incoming = RrpcIncoming::bind(uri, RrpcConfig::default()).expect("bind");
+    let uri = incoming.uri().to_string();
+    let mut server = Server::builder();
+    if let Some(tls) = tls {
+        server = server.tls_config(tls).expect("tls config");
+    }
+    let (stop, stopped) = oneshot::channel::<()>();
+    let router = server.add_service(TestServer::new(PeerEcho));
+    let task = tokio::spawn(router.serve_rrpc_incoming(incoming, async move {
+        let _ = stopped.await;
+    }));
+    Running {
+        uri,
+        stop: Some(stop),
+        task: Some(task),
+    }
+}
+
+fn host_port(uri: &str) -> &str {
+    uri.split_once("://").expect("scheme").1
+}
+
+/// A tonic `Channel` on `https://` to `uri`'s address with `tls`.
+async fn tonic_channel(
+    uri: &str,
+    tls: tonic::transport::ClientTlsConfig,
+) -> Result<TestClient<tonic::transport::Channel>, tonic::transport::Error> {
+    let ch = tonic::transport::Endpoint::from_shared(format!("https://{}", host_port(uri)))?
+        .tls_config(tls)?
+        .connect()
+        .await?;
+    Ok(TestClient::new(ch))
+}
+
+async fn rrpc(
+    uri: &str,
+    cfg: RrpcConfig,
+    tls: ClientTlsConfig,
+) -> Result<TestClient<rrpc_tonic::RrpcChannel>, Error> {
+    let ch = RrpcEndpoint::new(uri)?
+        .config(cfg)
+        .tls_config(tls)?
+        .connect()
+        .await?;
+    Ok(TestClient::new(ch))
+}
+
+/// A unary call's view of the handler's `peer_certs()`: `None`, or the
+/// certificates' count and the first one's DER.
+async fn peer_seen<T>(c: &mut TestClient<T>) -> Result<Option<(u64, Vec<u8>)>, Status>
+where
+    T: tonic::client::GrpcService<tonic::body::Body>,
+    T::Error: Into<tonic::codegen::StdError>,
+    T::ResponseBody: tonic::codegen::Body<Data = tonic::codegen::Bytes> + Send + 'static,
+    <T::ResponseBody as tonic::codegen::Body>::Error: Into<tonic::codegen::StdError> + Send,
+{
+    let r = c.unary(Input::default()).await?;
+    if r.metadata().get("x-peer-certs").is_some() {
+        return Ok(None);
+    }
+    let o = r.into_inner();
+    Ok(Some((o.total, o.payload)))
+}
+
+fn tcp_only() -> RrpcConfig {
+    RrpcConfig::builder()
+        .fabrics([Fabric::Tcp])
+        .build()
+        .expect("config")
+}
+
+/// tonic's own `Channel` with `ClientTlsConfig` calls the `rrpc://` port:
+/// unary and server streaming, and the handler sees the client's
+/// certificate.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tonic_channel_with_tls_calls_the_port_and_its_certificate_reaches_the_handler() {
+    let pki = pki();
+    let s = serve("rrpc://127.0.0.1:0", Some(pki.server(false)));
+    let mut c = tonic_channel(&s.uri, pki.tonic_client())
+        .await
+        .expect("tonic connects with TLS");
+    assert_eq!(
+        peer_seen(&mut c).await.expect("unary"),
+        Some((1, pki.client_der.clone()))
+    );
+    let mut stream = c
+        .server_stream(Input {
+            count: 3,
+            ..Default::default()
+        })
+        .await
+        .expect("server stream")
+        .into_inner();
+    let mut n = 0;
+    while let Some(o) = stream.message().await.expect("message") {
+        assert_eq!((o.total, &o.payload), (1, &pki.client_der));
+        n += 1;
+    }
+    assert_eq!(n, 3);
+}
+
+/// An rrpc client with TLS negotiates inside TLS: shm on this host by
+/// default, TCP (HTTP/2 inside the same TLS) when it forbids shm. On TCP
+/// the handler sees its certificate; on shm not yet (unfinished: the ring
+/// connection is not bound to the TLS session; `docs/security.md`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_rrpc_client_with_tls_lands_on_shm_or_on_tcp_through_the_port() {
+    let pki = pki();
+    let s = serve("rrpc://127.0.0.1:0", Some(pki.server(false)));
+
+    let ch = RrpcEndpoint::new(&s.uri)
+        .expect("uri")
+        .tls_config(pki.client())
+        .expect("tls")
+        .connect()
+        .await
+        .expect("shm through a TLS port");
+    assert_eq!(ch.carrier(), Carrier::Shm);
+    let mut shm = TestClient::new(ch);
+    // Pinned as it is now, so that the next session's fix shows here.
+    assert_eq!(peer_seen(&mut shm).await.expect("unary on shm"), None);
+
+    let ch = RrpcEndpoint::new(&s.uri)
+        .expect("uri")
+        .config(tcp_only())
+        .tls_config(pki.client())
+        .expect("tls")
+        .connect()
+        .await
+        .expect("tcp through a TLS port");
+    assert_eq!(ch.carrier(), Carrier::Tcp);
+    let mut tcp = TestClient::new(ch);
+    assert_eq!(
+        peer_seen(&mut tcp).await.expect("unary on tcp"),
+        Some((1, pki.client_der.clone()))
+    );
+    // A second call, on the same TLS connection.
+    assert!(peer_seen(&mut tcp).await.expect("again").is_some());
+}
+
+/// `http://` with TLS: tonic's own TLS under rrpc's builders, and the
+/// handler sees the client's certificate; without a certificate where it
+/// is optional, it sees none.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http_with_tls_serves_rrpc_and_tonic_clients() {
+    let pki = pki();
+    let s = serve("http://127.0.0.1:0", Some(pki.server(true)));
+    let mut c = rrpc(&s.uri, RrpcConfig::default(), pki.client())
+        .await
+        .expect("rrpc over https");
+    assert_eq!(
+        peer_seen(&mut c).await.expect("unary"),
+        Some((1, pki.client_der.clone()))
+    );
+    let mut anon = rrpc(&s.uri, RrpcConfig::default(), pki.anonymous())
+        .await
+        .expect("no certificate, optional");
+    assert_eq!(peer_seen(&mut anon).await.expect("unary"), None);
+    let mut t = tonic_channel(&s.uri, pki.tonic_client())
+        .await
+        .expect("tonic over https");
+    assert!(peer_seen(&mut t).await.expect("unary").is_some());
+}
+
+/// `serve_dual`: its TCP leg has the server's TLS, its rings leg serves
+/// rrpc clients beside it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_dual_has_tls_on_its_tcp_leg() {
+    let pki = pki();
+    let tcp = std::net::TcpListener::bind("127.0.0.1:0")
+        .expect("a free port")
+        .local_addr()
+        .expect("addr");
+    let shm = format!(
+        "shm://{}/rrpc-tls-dual-{}.sock",
+        std::env::temp_dir().display(),
+        std::process::id()
+    );
+    let _ = std::fs::remove_file(shm.trim_start_matches("shm://"));
+    let (stop, stopped) = oneshot::channel::<()>();
+    let router = Server::builder()
+        .tls_config(pki.server(false))
+        .expect("tls")
+        .add_service(TestServer::new(PeerEcho));
+    let (u, cfg) = (shm.clone(), RrpcConfig::default());
+    let server = tokio::spawn(async move {
+        router
+            .serve_dual(tcp, &u, cfg, async move {
+                let _ = stopped.await;
+            })
+            .await
+    });
+    let uri = format!("http://{tcp}");
+    // serve_dual binds inside; retry until it listens (bounded).
+    let mut c = None;
+    for _ in 0..500 {
+        if let Ok(ch) = tonic_channel(&uri, pki.tonic_client()).await {
+            c = Some(ch);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let mut c = c.expect("the TCP leg listens with TLS");
+    assert_eq!(
+        peer_seen(&mut c).await.expect("unary"),
+        Some((1, pki.client_der.clone()))
+    );
+    let mut plain = TestClient::new(
+        tonic::transport::Endpoint::from_shared(uri)
+            .expect("uri")
+            .connect_lazy(),
+    );
+    let e = plain.unary(Input::default()).await.expect_err("plaintext");
+    assert_eq!(e.code(), tonic::Code::Unavailable, "{e}");
+    let mut ring = rrpc(&shm, RrpcConfig::default(), pki.client())
+        .await
+        .expect("the rings leg");
+    assert_eq!(peer_seen(&mut ring).await.expect("unary"), None);
+    let _ = stop.send(());
+    server
+        .await
+        .expect("join")
+        .expect("serve_dual ends cleanly");
+}
+
+/// Refusals, each with its code: no client certificate where one is
+/// required, a CA that did not sign the server's certificate, plaintext
+/// to a TLS-only port (HTTP/2 and rrpc's hello), TLS to a plaintext port.
+/// The port keeps serving after each.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refusals_name_what_is_wrong() {
+    let pki = pki();
+    let s = serve("rrpc://127.0.0.1:0", Some(pki.server(false)));
+
+    // No client certificate: the server's TLS handshake fails it.
+    let e = rrpc(&s.uri, tcp_only(), pki.anonymous())
+        .await
+        .map(|_| ())
+        .expect_err("no client certificate");
+    assert_eq!(e.code(), tonic::Code::Unavailable, "{e}");
+    let anon = tonic::transport::ClientTlsConfig::new()
+        .ca_certificate(tonic::transport::Certificate::from_pem(&pki.ca));
+    match tonic_channel(&s.uri, anon).await {
+        Err(_) => {}
+        Ok(mut c) => {
+            let e = c.unary(Input::default()).await.expect_err("no certificate");
+            assert_eq!(e.code(), tonic::Code::Unavailable, "{e}");
+        }
+    }
+
+    // A wrong CA: the client refuses the server's certificate.
+    let other = pki();
+    let e = rrpc(&s.uri, tcp_only(), other.client())
+        .await
+        .map(|_| ())
+        .expect_err("wrong CA");
+    assert!(
+        matches!(&e, Error::Handshake(m) if m.contains("TLS handshake")),
+        "{e}"
+    );
+    assert_eq!(e.code(), tonic::Code::Unavailable);
+
+    // Plaintext to a TLS-only port: rrpc's hello is refused, saying so.
+    let e = RrpcEndpoint::new(&s.uri)
+        .expect("uri")
+        .connect()
+        .await
+        .map(|_| ())
+        .expect_err("plaintext hello");
+    assert!(
+        matches!(&e, Error::Handshake(m) if m.contains("requires TLS") && m.contains("tls_config")),
+        "{e}"
+    );
+    // ... and a plain HTTP/2 client's calls end `Unavailable`, saying so.
+    let mut plain = TestClient::new(
+        tonic::transport::Endpoint::from_shared(format!("http://{}", host_port(&s.uri)))
+            .expect("uri")
+            .connect()
+            .await
+            .expect("the port takes the connection"),
+    );
+    let e = plain.unary(Input::default()).await.expect_err("plaintext");
+    assert_eq!(e.code(), tonic::Code::Unavailable, "{e}");
+    assert!(e.message().contains("requires TLS"), "{e}");
+
+    // The port still serves TLS clients.
+    let mut ok = rrpc(&s.uri, tcp_only(), pki.client())
+        .await
+        .expect("after the refusals");
+    assert!(peer_seen(&mut ok).await.expect("unary").is_some());
+
+    // TLS to a port without TLS: the client reads a handshake failure.
+    let bare = serve("rrpc://127.0.0.1:0", None);
+    let e = rrpc(&bare.uri, tcp_only(), pki.client())
+        .await
+        .map(|_| ())
+        .expect_err("TLS to a plaintext port");
+    assert!(
+        matches!(&e, Error::Handshake(m) if m.contains("TLS handshake")),
+        "{e}"
+    );
+}
