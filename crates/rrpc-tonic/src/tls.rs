@@ -44,7 +44,7 @@
 //!   requires it: a plaintext HTTP/2 client is answered `Unavailable`
 //!   ("this server requires TLS"), a plaintext rrpc hello is refused with
 //!   the same reason ([`Error::Handshake`] on the client); a TLS client of
-//!   a port without TLS gets a TLS `handshake_failure` alert.
+//!   a port without TLS finds the connection closed (its handshake fails).
 //! * `rdma://` (feature `verbs`): the side channel's handshake runs under
 //!   rustls with the same identity (what [`RrpcConfigBuilder::tls_server`]
 //!   and [`RrpcConfigBuilder::tls_client`] set; a config that sets them
@@ -54,15 +54,30 @@
 //!
 //! # Peer certificates
 //!
-//! `tonic::Request::peer_certs()` returns the client's chain wherever
-//! tonic or rrpc terminated the TLS connection the call arrived on:
-//! `http://`, `unix://`, and HTTP/2 over TLS on the `rrpc://` port (plain
-//! gRPC clients and rrpc clients on the TCP fabric). **Not yet on the
-//! rings** (`shm` and verbs reached through the port): a call there
-//! arrives on another connection than the TLS one, and binding the two
-//! (a ticket from the TLS negotiation presented on the ring connection)
-//! is unfinished; `peer_certs()` returns `None` there, and the token rules
-//! apply on the rings as before (mTLS does not replace the token yet).
+//! `tonic::Request::peer_certs()` returns the client's chain (tonic's own
+//! `TlsConnectInfo<TcpConnectInfo>` in the request's extensions, with the
+//! TCP connection's addresses):
+//!
+//! * where tonic or rrpc terminates the TLS connection the calls arrive
+//!   on: `http://`, `unix://`, and HTTP/2 inside TLS on the `rrpc://` port
+//!   (plain gRPC clients, and rrpc clients on the TCP fabric);
+//! * on the rings an `rrpc://` port with TLS sends a client to (shm, and
+//!   verbs with its feature), on the fast path: the ring connection is a
+//!   new connection, so it presents, as its first message, a ticket both
+//!   ends export from the TLS session its negotiation ran in (RFC 8446
+//!   §7.5; it never crosses the negotiation), and the server redeems it
+//!   once, within the handshake timeout, for that session's peer. A ring
+//!   connection on such a port without a valid ticket is closed: TLS is
+//!   required there too, and with mTLS (`client_ca_root`) the ticket
+//!   authenticates the client, so no token is needed. The ticket is
+//!   checked after rrpc-core's handshake (the rings are granted first,
+//!   bounded by the connection limits), not before it.
+//!
+//! **Not yet**: the HTTP/2 path over those rings
+//! ([`PathPreference::Http2`](crate::PathPreference)): its ticket is
+//! checked, but its requests carry no peer (`peer_certs()` is `None`);
+//! `shm://`, `rdma://` and `inproc://` dialed directly have no TLS session
+//! to take a peer from.
 //!
 //! [`Server::tls_config`]: crate::Server::tls_config
 //! [`RrpcEndpoint::tls_config`]: crate::RrpcEndpoint::tls_config
@@ -148,12 +163,6 @@ fn parse_ticket(m: &[u8]) -> Option<Ticket> {
 /// The first byte of a TLS record carrying a handshake (a ClientHello).
 pub(crate) const TLS_HANDSHAKE_RECORD: u8 = 0x16;
 
-/// A fatal TLS `handshake_failure` alert (TLS 1.2 record framing, which
-/// every TLS 1.3 client reads): what a port without TLS answers to a
-/// ClientHello, so that the client's TLS stack reports a refusal rather
-/// than a closed connection.
-pub(crate) const HANDSHAKE_FAILURE_ALERT: [u8; 7] = [0x15, 0x03, 0x03, 0x00, 0x02, 0x02, 0x28];
-
 /// The prefix of a port's refusal of a plaintext hello when it requires
 /// TLS (the client maps it to [`crate::Error::Handshake`] with the fix).
 pub(crate) const TLS_REQUIRED: &str = "this server requires TLS";
@@ -180,8 +189,7 @@ mod imp {
     /// `Request::peer_certs()` reads.
     pub(crate) type PeerInfo = TlsConnectInfo<TcpConnectInfo>;
 
-    /// The most tickets a server holds unredeemed (beyond it, the oldest
-    /// go: a client that never dials its ring loses nothing but its own).
+    /// The most tickets a server holds unredeemed.
     const MAX_TICKETS: usize = 4096;
 
     /// The ticket of a finished TLS session ([`super::Ticket`]).
@@ -440,9 +448,45 @@ mod imp {
         tonic: tonic::transport::ServerTlsConfig,
         config: Arc<rustls::ServerConfig>,
         timeout: Option<Duration>,
-        /// Tickets issued to negotiations that chose a ring fabric, with
-        /// their peer and expiry.
-        tickets: Mutex<HashMap<Ticket, (PeerInfo, Instant)>>,
+        /// Tickets issued to negotiations that chose a ring fabric.
+        tickets: Tickets<PeerInfo>,
+    }
+
+    /// Tickets issued and not yet redeemed, with their peers and expiry.
+    pub(crate) struct Tickets<P> {
+        map: Mutex<HashMap<Ticket, (P, Instant)>>,
+        max: usize,
+    }
+
+    impl<P> Tickets<P> {
+        fn new(max: usize) -> Self {
+            Tickets {
+                map: Mutex::default(),
+                max,
+            }
+        }
+
+        /// Issues `ticket` for `peer`, redeemable once within `ttl`; past
+        /// the bound the oldest goes (a client that never dials its ring
+        /// loses nothing but its own ticket).
+        fn issue(&self, ticket: Ticket, peer: P, ttl: Duration) {
+            let now = Instant::now();
+            let mut t = self.map.lock().unwrap_or_else(|e| e.into_inner());
+            t.retain(|_, (_, until)| *until > now);
+            if t.len() >= self.max
+                && let Some(oldest) = t.iter().min_by_key(|(_, (_, u))| *u).map(|(k, _)| *k)
+            {
+                t.remove(&oldest);
+            }
+            t.insert(ticket, (peer, now + ttl));
+        }
+
+        /// The peer of `ticket`, once, if it has not expired.
+        fn redeem(&self, ticket: &Ticket) -> Option<P> {
+            let mut t = self.map.lock().unwrap_or_else(|e| e.into_inner());
+            let (peer, until) = t.remove(ticket)?;
+            (until > Instant::now()).then_some(peer)
+        }
     }
 
     impl std::fmt::Debug for ServerTls {
@@ -512,28 +556,18 @@ mod imp {
                 tonic: t,
                 config: Arc::new(config),
                 timeout: c.timeout,
-                tickets: Mutex::default(),
+                tickets: Tickets::new(MAX_TICKETS),
             })
         }
 
         /// Issues `ticket` for `peer`, redeemable once within `ttl`.
         pub(crate) fn issue(&self, ticket: Ticket, peer: PeerInfo, ttl: Duration) {
-            let now = Instant::now();
-            let mut t = self.tickets.lock().unwrap_or_else(|e| e.into_inner());
-            t.retain(|_, (_, until)| *until > now);
-            if t.len() >= MAX_TICKETS
-                && let Some(oldest) = t.iter().min_by_key(|(_, (_, u))| *u).map(|(k, _)| *k)
-            {
-                t.remove(&oldest);
-            }
-            t.insert(ticket, (peer, now + ttl));
+            self.tickets.issue(ticket, peer, ttl);
         }
 
         /// The peer of `ticket`, once, if it has not expired.
         pub(crate) fn redeem(&self, ticket: &Ticket) -> Option<PeerInfo> {
-            let mut t = self.tickets.lock().unwrap_or_else(|e| e.into_inner());
-            let (peer, until) = t.remove(ticket)?;
-            (until > Instant::now()).then_some(peer)
+            self.tickets.redeem(ticket)
         }
 
         /// tonic's config, for the legs tonic terminates.
@@ -765,6 +799,39 @@ mod imp {
                 matches!(&e, Error::InvalidConfig(m) if m.contains("key match")),
                 "{e}"
             );
+        }
+
+        #[test]
+        fn a_ticket_is_redeemed_once_and_not_after_it_expires() {
+            let t = Tickets::new(2);
+            let long = Duration::from_secs(3600);
+            t.issue([1; TICKET_LEN], "a", long);
+            assert_eq!(t.redeem(&[2; TICKET_LEN]), None, "never issued");
+            assert_eq!(t.redeem(&[1; TICKET_LEN]), Some("a"));
+            assert_eq!(t.redeem(&[1; TICKET_LEN]), None, "spent");
+            // Expired (a zero lifetime has passed by the time it is read).
+            t.issue([3; TICKET_LEN], "c", Duration::ZERO);
+            assert_eq!(t.redeem(&[3; TICKET_LEN]), None, "expired");
+            // Past the bound the oldest goes.
+            t.issue([4; TICKET_LEN], "d", long);
+            t.issue([5; TICKET_LEN], "e", long + Duration::from_secs(1));
+            t.issue([6; TICKET_LEN], "f", long + Duration::from_secs(2));
+            assert_eq!(t.redeem(&[4; TICKET_LEN]), None, "the oldest went");
+            assert_eq!(t.redeem(&[5; TICKET_LEN]), Some("e"));
+            assert_eq!(t.redeem(&[6; TICKET_LEN]), Some("f"));
+        }
+
+        #[test]
+        fn ticket_messages_parse_only_whole() {
+            let mut m = b"RRPT".to_vec();
+            m.extend([7u8; TICKET_LEN]);
+            assert_eq!(super::super::parse_ticket(&m), Some([7u8; TICKET_LEN]));
+            for bad in [&m[..m.len() - 1], &b"RRPX"[..], &[][..]] {
+                assert_eq!(super::super::parse_ticket(bad), None);
+            }
+            let mut long = m.clone();
+            long.push(0);
+            assert_eq!(super::super::parse_ticket(&long), None);
         }
 
         #[test]
