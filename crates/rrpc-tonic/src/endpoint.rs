@@ -140,7 +140,7 @@ impl RrpcEndpoint {
     /// on `rrpc://` the negotiation runs inside TLS, and so does HTTP/2 when
     /// the fabric is TCP; `rdma://` (and verbs through the port) runs its
     /// side channel's handshake under it (feature `verbs`; a config that
-    /// sets [`crate::RrpcConfigBuilder::tls_client`] itself keeps its own).
+    /// sets `RrpcConfigBuilder::tls_client` itself keeps its own).
     /// `shm://` and `inproc://` have no TLS. [`crate::tls`] has the details.
     ///
     /// # Errors

@@ -470,12 +470,15 @@ impl Chosen {
     }
 }
 
+/// A ring endpoint a negotiation gave, and the ticket to present there.
+type Hint = (rrpc_core::FabricAddr, Option<Ticket>);
+
 /// An `rrpc://` target: the address and, right after the first
 /// negotiation, the ring endpoint it gave (taken by the first dial).
 #[derive(Debug, Clone)]
 pub(crate) struct PortTarget {
     addr: String,
-    hint: Arc<Mutex<Option<(rrpc_core::FabricAddr, Option<Ticket>)>>>,
+    hint: Arc<Mutex<Option<Hint>>>,
     /// Negotiate inside TLS ([`crate::RrpcEndpoint::tls_config`]).
     tls: Option<Arc<ClientTls>>,
 }
@@ -697,7 +700,7 @@ impl From<mpsc::Sender<Result<Counted<PortStream>, std::io::Error>>> for ToTonic
 enum Sniffed {
     Plain(Counted<PortStream>),
     #[cfg(feature = "tls")]
-    Tls(Counted<TlsPortStream>),
+    Tls(Box<Counted<TlsPortStream>>),
 }
 
 impl ToTonic {
@@ -709,7 +712,7 @@ impl ToTonic {
             #[cfg(feature = "tls")]
             Sniffed::Tls(s) => {
                 if let Some(tx) = &self.tls {
-                    let _ = tx.send(Ok(s)).await;
+                    let _ = tx.send(Ok(*s)).await;
                 }
             }
         }
@@ -854,7 +857,7 @@ async fn sniff(mut s: TcpStream, sniffer: &Sniffer, peer: &str) -> Result<Option
             t.read_exact(&mut head).await?;
             return Ok(first_bytes(t, head, sniffer, who, peer, true, issue)
                 .await?
-                .map(Sniffed::Tls));
+                .map(|s| Sniffed::Tls(Box::new(s))));
         }
         #[cfg(not(feature = "tls"))]
         match **tls {}

@@ -1,90 +1,102 @@
-//! TLS as tonic users have it (feature `tls`): [`ServerTlsConfig`],
-//! [`ClientTlsConfig`], [`Identity`] and [`Certificate`], drop-in twins of
-//! tonic's types of the same names, for [`Server::tls_config`] and
-//! [`RrpcEndpoint::tls_config`].
-//!
-//! ```no_run
-//! # fn run(cert: &[u8], key: &[u8], ca: &[u8]) -> Result<(), rrpc_tonic::Error> {
-//! // was: use tonic::transport::{Certificate, ClientTlsConfig, Identity, ServerTlsConfig};
-//! use rrpc_tonic::tls::{Certificate, ClientTlsConfig, Identity, ServerTlsConfig};
-//!
-//! let server = rrpc_tonic::Server::builder()
-//!     .tls_config(ServerTlsConfig::new().identity(Identity::from_pem(cert, key)))?;
-//! let endpoint = rrpc_tonic::RrpcEndpoint::new("rrpc://10.0.0.1:50051")?
-//!     .tls_config(ClientTlsConfig::new().ca_certificate(Certificate::from_pem(ca)))?;
-//! # let _ = (server, endpoint); Ok(()) }
-//! ```
-//!
-//! # Why twins and not tonic's own types
-//!
-//! tonic's `Identity` keeps its private key, and `ServerTlsConfig` its
-//! acceptor, `pub(crate)` (tonic 0.14): nothing outside tonic can read the
-//! key back out of them. tonic's own server can use them on the legs it
-//! serves itself (`http://`), but rrpc must terminate TLS itself on the
-//! `rrpc://` port (to run its hello inside TLS and to tell a ClientHello
-//! from the HTTP/2 preface) and hand the same identity to the verbs side
-//! channel. A `tls_config` that took tonic's type would have worked on
-//! some legs and refused on others; the twins keep the PEMs, build the
-//! rustls configs rrpc needs and convert into tonic's types for the legs
-//! tonic serves. So the switch is an import line: the constructors and
-//! method names are tonic's. tonic's [`tonic::transport::Certificate`]
-//! converts into [`Certificate`] (`.into()`); its `Identity` cannot.
-//!
-//! # Where TLS applies
-//!
-//! One identity, configured once on [`Server::tls_config`]:
-//!
-//! * `http://` and `unix://`, and the TCP leg of [`Router::serve_dual`]:
-//!   tonic's own TLS, exactly as `tonic::transport::Server::tls_config`.
-//! * `rrpc://`: a connection whose first byte is a TLS record (0x16) is
-//!   TLS; inside it, the HTTP/2 preface goes to tonic (tonic `Channel`s
-//!   with `ClientTlsConfig`, grpc-go and grpcio with TLS credentials) and
-//!   rrpc's hello is negotiated, so the fabric offer, the host identity and
-//!   the shm path never cross in clear. With TLS configured the port
-//!   requires it: a plaintext HTTP/2 client is answered `Unavailable`
-//!   ("this server requires TLS"), a plaintext rrpc hello is refused with
-//!   the same reason ([`Error::Handshake`] on the client); a TLS client of
-//!   a port without TLS finds the connection closed (its handshake fails).
-//! * `rdma://` (feature `verbs`): the side channel's handshake runs under
-//!   rustls with the same identity (what [`RrpcConfigBuilder::tls_server`]
-//!   and [`RrpcConfigBuilder::tls_client`] set; a config that sets them
-//!   itself keeps its own). RPC payloads over RDMA are not encrypted.
-//! * `shm://`, `inproc://`: no TLS (one host, one process); the Unix socket
-//!   and the token guard `shm://`.
-//!
-//! # Peer certificates
-//!
-//! `tonic::Request::peer_certs()` returns the client's chain (tonic's own
-//! `TlsConnectInfo<TcpConnectInfo>` in the request's extensions, with the
-//! TCP connection's addresses):
-//!
-//! * where tonic or rrpc terminates the TLS connection the calls arrive
-//!   on: `http://`, `unix://`, and HTTP/2 inside TLS on the `rrpc://` port
-//!   (plain gRPC clients, and rrpc clients on the TCP fabric);
-//! * on the rings an `rrpc://` port with TLS sends a client to (shm, and
-//!   verbs with its feature), on the fast path: the ring connection is a
-//!   new connection, so it presents, as its first message, a ticket both
-//!   ends export from the TLS session its negotiation ran in (RFC 8446
-//!   §7.5; it never crosses the negotiation), and the server redeems it
-//!   once, within the handshake timeout, for that session's peer. A ring
-//!   connection on such a port without a valid ticket is closed: TLS is
-//!   required there too, and with mTLS (`client_ca_root`) the ticket
-//!   authenticates the client, so no token is needed. The ticket is
-//!   checked after rrpc-core's handshake (the rings are granted first,
-//!   bounded by the connection limits), not before it.
-//!
-//! **Not yet**: the HTTP/2 path over those rings
-//! ([`PathPreference::Http2`](crate::PathPreference)): its ticket is
-//! checked, but its requests carry no peer (`peer_certs()` is `None`);
-//! `shm://`, `rdma://` and `inproc://` dialed directly have no TLS session
-//! to take a peer from.
-//!
-//! [`Server::tls_config`]: crate::Server::tls_config
-//! [`RrpcEndpoint::tls_config`]: crate::RrpcEndpoint::tls_config
-//! [`Router::serve_dual`]: crate::Router::serve_dual
-//! [`RrpcConfigBuilder::tls_server`]: crate::RrpcConfigBuilder
-//! [`RrpcConfigBuilder::tls_client`]: crate::RrpcConfigBuilder
-//! [`Error::Handshake`]: crate::Error::Handshake
+// The module docs: whole with the `tls` feature; without it, a line
+// (the items they link to exist only with it, and docs.rs builds the
+// default features).
+#![cfg_attr(
+    feature = "tls",
+    doc = r#"
+TLS as tonic users have it (feature `tls`): [`ServerTlsConfig`],
+[`ClientTlsConfig`], [`Identity`] and [`Certificate`], drop-in twins of
+tonic's types of the same names, for [`Server::tls_config`] and
+[`RrpcEndpoint::tls_config`].
+
+```no_run
+# fn run(cert: &[u8], key: &[u8], ca: &[u8]) -> Result<(), rrpc_tonic::Error> {
+// was: use tonic::transport::{Certificate, ClientTlsConfig, Identity, ServerTlsConfig};
+use rrpc_tonic::tls::{Certificate, ClientTlsConfig, Identity, ServerTlsConfig};
+
+let server = rrpc_tonic::Server::builder()
+    .tls_config(ServerTlsConfig::new().identity(Identity::from_pem(cert, key)))?;
+let endpoint = rrpc_tonic::RrpcEndpoint::new("rrpc://10.0.0.1:50051")?
+    .tls_config(ClientTlsConfig::new().ca_certificate(Certificate::from_pem(ca)))?;
+# let _ = (server, endpoint); Ok(()) }
+```
+
+# Why twins and not tonic's own types
+
+tonic's `Identity` keeps its private key, and `ServerTlsConfig` its
+acceptor, `pub(crate)` (tonic 0.14): nothing outside tonic can read the
+key back out of them. tonic's own server can use them on the legs it
+serves itself (`http://`), but rrpc must terminate TLS itself on the
+`rrpc://` port (to run its hello inside TLS and to tell a ClientHello
+from the HTTP/2 preface) and hand the same identity to the verbs side
+channel. A `tls_config` that took tonic's type would have worked on
+some legs and refused on others; the twins keep the PEMs, build the
+rustls configs rrpc needs and convert into tonic's types for the legs
+tonic serves. So the switch is an import line: the constructors and
+method names are tonic's. tonic's [`tonic::transport::Certificate`]
+converts into [`Certificate`] (`.into()`); its `Identity` cannot.
+
+# Where TLS applies
+
+One identity, configured once on [`Server::tls_config`]:
+
+* `http://` and `unix://`, and the TCP leg of [`Router::serve_dual`]:
+  tonic's own TLS, exactly as `tonic::transport::Server::tls_config`.
+* `rrpc://`: a connection whose first byte is a TLS record (0x16) is
+  TLS; inside it, the HTTP/2 preface goes to tonic (tonic `Channel`s
+  with `ClientTlsConfig`, grpc-go and grpcio with TLS credentials) and
+  rrpc's hello is negotiated, so the fabric offer, the host identity and
+  the shm path never cross in clear. With TLS configured the port
+  requires it: a plaintext HTTP/2 client is answered `Unavailable`
+  ("this server requires TLS"), a plaintext rrpc hello is refused with
+  the same reason ([`Error::Handshake`] on the client); a TLS client of
+  a port without TLS finds the connection closed (its handshake fails).
+* `rdma://` (feature `verbs`): the side channel's handshake runs under
+  rustls with the same identity (what [`RrpcConfigBuilder::tls_server`]
+  and [`RrpcConfigBuilder::tls_client`] set; a config that sets them
+  itself keeps its own). RPC payloads over RDMA are not encrypted.
+* `shm://`, `inproc://`: no TLS (one host, one process); the Unix socket
+  and the token guard `shm://`.
+
+# Peer certificates
+
+`tonic::Request::peer_certs()` returns the client's chain (tonic's own
+`TlsConnectInfo<TcpConnectInfo>` in the request's extensions, with the
+TCP connection's addresses):
+
+* where tonic or rrpc terminates the TLS connection the calls arrive
+  on: `http://`, `unix://`, and HTTP/2 inside TLS on the `rrpc://` port
+  (plain gRPC clients, and rrpc clients on the TCP fabric);
+* on the rings an `rrpc://` port with TLS sends a client to (shm, and
+  verbs with its feature), on the fast path: the ring connection is a
+  new connection, so it presents, as its first message, a ticket both
+  ends export from the TLS session its negotiation ran in (RFC 8446
+  §7.5; it never crosses the negotiation), and the server redeems it
+  once, within the handshake timeout, for that session's peer. A ring
+  connection on such a port without a valid ticket is closed: TLS is
+  required there too, and with mTLS (`client_ca_root`) the ticket
+  authenticates the client, so no token is needed. The ticket is
+  checked after rrpc-core's handshake (the rings are granted first,
+  bounded by the connection limits), not before it.
+
+**Not yet**: the HTTP/2 path over those rings
+([`PathPreference::Http2`](crate::PathPreference)): its ticket is
+checked, but its requests carry no peer (`peer_certs()` is `None`);
+`shm://`, `rdma://` and `inproc://` dialed directly have no TLS session
+to take a peer from.
+
+[`Server::tls_config`]: crate::Server::tls_config
+[`RrpcEndpoint::tls_config`]: crate::RrpcEndpoint::tls_config
+[`Router::serve_dual`]: crate::Router::serve_dual
+[`RrpcConfigBuilder::tls_server`]: crate::RrpcConfigBuilder
+[`RrpcConfigBuilder::tls_client`]: crate::RrpcConfigBuilder
+[`Error::Handshake`]: crate::Error::Handshake
+"#
+)]
+#![cfg_attr(
+    not(feature = "tls"),
+    doc = "TLS as tonic users have it: needs rrpc-tonic's `tls` feature."
+)]
 
 #[cfg(feature = "tls")]
 pub use imp::{Certificate, ClientTlsConfig, Identity, ServerTlsConfig};
