@@ -23,6 +23,7 @@ use crate::fast::server::{FastOptions, serve_conn};
 use crate::h2stream::{RrpcConnectInfo, RrpcStream};
 use crate::negotiate::{Established, Negotiated};
 use crate::port::limits::{Counted, Limits};
+use crate::tls::WithPeer;
 use crate::transport::{RrpcListener, Target};
 use crate::{Error, RrpcConfig, RrpcContext};
 
@@ -839,10 +840,16 @@ where
 {
     let token = CancellationToken::new();
     // HTTP/2 connections go to tonic's own server, fed through this queue.
-    let (h2_tx, h2_rx) = mpsc::channel::<Result<Counted<RrpcStream>, std::io::Error>>(16);
+    // Each carries the TLS peer its ticket named (a TLS port's rings), which
+    // the outermost layer moves into its requests.
+    let (h2_tx, h2_rx) = mpsc::channel::<Result<WithPeer<Counted<RrpcStream>>, std::io::Error>>(16);
     let h2_token = token.clone();
     let tonic_router = opts
         .tonic(false)?
+        .layer(tower::util::MapRequestLayer::new(
+            crate::tls::split_peer::<RrpcConnectInfo>
+                as fn(http::Request<Body>) -> http::Request<Body>,
+        ))
         .layer(layer.clone())
         .add_routes(services.routes().clone());
     let fast_opts = opts.fast();
@@ -964,9 +971,10 @@ where
                                 tracing::warn!(%peer, error = %e, "rrpc connection failed");
                             }
                         }
-                        Ok((Established::Pipe(pipe, Negotiated::Http2), _)) => {
+                        Ok((Established::Pipe(pipe, Negotiated::Http2), peer_info)) => {
                             tracing::debug!(%peer, "rrpc connection on the HTTP/2 path");
                             let stream = Counted::new(RrpcStream::new(pipe, info), slot);
+                            let stream = WithPeer { inner: stream, peer: peer_info };
                             let _ = h2_tx.send(Ok(stream)).await;
                         }
                         Ok((Established::Shared, _)) => {

@@ -166,6 +166,91 @@ pub(crate) async fn read_ticket(
     Ok(got)
 }
 
+/// A connection for tonic's server (the HTTP/2 path over rings) with the
+/// TLS peer its ticket named, if any: its connect info carries the peer
+/// beside the stream's own, and [`split_peer`] puts both in each request.
+#[derive(Debug)]
+pub(crate) struct WithPeer<S> {
+    pub(crate) inner: S,
+    pub(crate) peer: Option<PeerInfo>,
+}
+
+/// [`WithPeer`]'s connect info.
+#[derive(Debug, Clone)]
+pub(crate) struct PeerConnectInfo<I> {
+    inner: I,
+    peer: Option<PeerInfo>,
+}
+
+impl<S: tonic::transport::server::Connected> tonic::transport::server::Connected for WithPeer<S> {
+    type ConnectInfo = PeerConnectInfo<S::ConnectInfo>;
+
+    fn connect_info(&self) -> Self::ConnectInfo {
+        PeerConnectInfo {
+            inner: self.inner.connect_info(),
+            peer: self.peer.clone(),
+        }
+    }
+}
+
+/// Replaces a request's [`PeerConnectInfo`] with what it carries: the
+/// stream's own connect info (`RrpcConnectInfo`) and, with a TLS peer,
+/// tonic's `TlsConnectInfo` (`Request::peer_certs()`). The outermost
+/// layer of the tonic server that serves [`WithPeer`] streams.
+pub(crate) fn split_peer<I: Clone + Send + Sync + 'static>(
+    mut req: http::Request<tonic::body::Body>,
+) -> http::Request<tonic::body::Body> {
+    if let Some(c) = req.extensions_mut().remove::<PeerConnectInfo<I>>() {
+        req.extensions_mut().insert(c.inner);
+        if let Some(p) = c.peer {
+            req.extensions_mut().insert(p);
+        }
+    }
+    req
+}
+
+impl<S: tokio::io::AsyncRead + Unpin> tokio::io::AsyncRead for WithPeer<S> {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_read(cx, buf)
+    }
+}
+
+impl<S: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for WithPeer<S> {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::pin::Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_flush(cx)
+    }
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+    fn poll_write_vectored(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::pin::Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
+    }
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+}
+
 /// A ticket message's ticket.
 fn parse_ticket(m: &[u8]) -> Option<Ticket> {
     let rest = m.strip_prefix(TICKET_MAGIC)?;

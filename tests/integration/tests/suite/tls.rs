@@ -9,8 +9,7 @@
 //!
 //! Not here: grpcio with `ssl_channel_credentials` and grpc-go with TLS
 //! credentials (the interop harness of `one_port.rs` runs them plaintext
-//! only), verbs (the VM harness), and `peer_certs()` on the HTTP/2 path
-//! over rings (unfinished).
+//! only) and verbs (the VM harness).
 
 #![cfg(feature = "tls")]
 
@@ -22,7 +21,10 @@ use rrpc_integration_tests::pb::test_client::TestClient;
 use rrpc_integration_tests::pb::test_server::{Test, TestServer};
 use rrpc_integration_tests::pb::{Input, Output};
 use rrpc_tonic::tls::{Certificate, ClientTlsConfig, Identity, ServerTlsConfig};
-use rrpc_tonic::{Carrier, Error, Fabric, RrpcConfig, RrpcEndpoint, RrpcIncoming, Server};
+use rrpc_tonic::{
+    Carrier, ChannelPath, Error, Fabric, PathPreference, RrpcConfig, RrpcEndpoint, RrpcIncoming,
+    Server,
+};
 use tokio::sync::oneshot;
 use tonic::{Request, Response, Status, Streaming};
 
@@ -278,9 +280,9 @@ async fn a_tonic_channel_with_tls_calls_the_port_and_its_certificate_reaches_the
 }
 
 /// An rrpc client with TLS negotiates inside TLS: shm on this host by
-/// default (the ring connection presents the TLS session's ticket), TCP
-/// (HTTP/2 inside the same TLS) when it forbids shm. The handler sees its
-/// certificate on both.
+/// default (the ring connection presents the TLS session's ticket), on
+/// the fast path and the HTTP/2 path, and TCP (HTTP/2 inside the same TLS)
+/// when it forbids shm. The handler sees its certificate on each.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_rrpc_client_with_tls_lands_on_shm_or_on_tcp_through_the_port() {
     let pki = make_pki();
@@ -297,6 +299,28 @@ async fn an_rrpc_client_with_tls_lands_on_shm_or_on_tcp_through_the_port() {
     let mut shm = TestClient::new(ch);
     assert_eq!(
         peer_seen(&mut shm).await.expect("unary on shm"),
+        Some((1, pki.client_der.clone()))
+    );
+
+    // The HTTP/2 path over the same rings.
+    let ch = RrpcEndpoint::new(&s.uri)
+        .expect("uri")
+        .config(
+            RrpcConfig::builder()
+                .path(PathPreference::Http2)
+                .build()
+                .expect("config"),
+        )
+        .tls_config(pki.client())
+        .expect("tls")
+        .connect()
+        .await
+        .expect("shm, HTTP/2 path, through a TLS port");
+    assert_eq!(ch.carrier(), Carrier::Shm);
+    assert_eq!(ch.path(), ChannelPath::Http2);
+    let mut h2 = TestClient::new(ch);
+    assert_eq!(
+        peer_seen(&mut h2).await.expect("unary on shm, HTTP/2"),
         Some((1, pki.client_der.clone()))
     );
 
