@@ -62,35 +62,27 @@ One identity, configured once on [`Server::tls_config`]:
 
 `tonic::Request::peer_certs()` returns the client's chain (tonic's own
 `TlsConnectInfo<TcpConnectInfo>` in the request's extensions, with the
-TCP connection's addresses):
+addresses of the TCP connection TLS ran on: on the rings that is the
+negotiation's, so `Request::remote_addr()` gives the client's address
+there too):
 
 * where tonic or rrpc terminates the TLS connection the calls arrive
   on: `http://`, `unix://`, and HTTP/2 inside TLS on the `rrpc://` port
   (plain gRPC clients, and rrpc clients on the TCP fabric);
 * on the rings an `rrpc://` port with TLS sends a client to (shm, and
-  verbs with its feature), on the fast path: the ring connection is a
-  new connection, so it presents, as its first message, a ticket both
-  ends export from the TLS session its negotiation ran in (RFC 8446
-  §7.5; it never crosses the negotiation), and the server redeems it
-  once, within the handshake timeout, for that session's peer. A ring
-  connection on such a port without a valid ticket is closed: TLS is
-  required there too, and with mTLS (`client_ca_root`) the ticket
-  authenticates the client, so no token is needed. The ticket is
-  checked after rrpc-core's handshake (the rings are granted first,
-  bounded by the connection limits), not before it.
+  verbs with its feature), on both paths: the ring connection is a new
+  connection, so it presents, as its first message, a ticket both ends
+  export from the TLS session its negotiation ran in (RFC 8446 §7.5; it
+  never crosses the negotiation), and the server redeems it once, within
+  the handshake timeout, for that session's peer. A ring connection on
+  such a port without a valid ticket is closed: TLS is required there
+  too, and with mTLS (`client_ca_root`) the ticket authenticates the
+  client, so no token is needed. The ticket is checked after rrpc-core's
+  handshake (the rings are granted first, bounded by the connection
+  limits), not before it.
 
-**Not yet**: the HTTP/2 path over those rings
-([`PathPreference::Http2`](crate::PathPreference)): its ticket is
-checked, but its requests carry no peer (`peer_certs()` is `None`);
 `shm://`, `rdma://` and `inproc://` dialed directly have no TLS session
-to take a peer from.
-
-[`Server::tls_config`]: crate::Server::tls_config
-[`RrpcEndpoint::tls_config`]: crate::RrpcEndpoint::tls_config
-[`Router::serve_dual`]: crate::Router::serve_dual
-[`RrpcConfigBuilder::tls_server`]: crate::RrpcConfigBuilder
-[`RrpcConfigBuilder::tls_client`]: crate::RrpcConfigBuilder
-[`Error::Handshake`]: crate::Error::Handshake
+to take a peer from: `peer_certs()` is `None` there.
 "#
 )]
 #![cfg_attr(
