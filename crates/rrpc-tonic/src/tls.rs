@@ -83,6 +83,13 @@ there too):
 
 `shm://`, `rdma://` and `inproc://` dialed directly have no TLS session
 to take a peer from: `peer_certs()` is `None` there.
+
+[`Server::tls_config`]: crate::Server::tls_config
+[`RrpcEndpoint::tls_config`]: crate::RrpcEndpoint::tls_config
+[`Router::serve_dual`]: crate::Router::serve_dual
+[`RrpcConfigBuilder::tls_server`]: crate::RrpcConfigBuilder
+[`RrpcConfigBuilder::tls_client`]: crate::RrpcConfigBuilder
+[`Error::Handshake`]: crate::Error::Handshake
 "#
 )]
 #![cfg_attr(
