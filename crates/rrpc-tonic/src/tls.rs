@@ -35,6 +35,10 @@ rustls configs rrpc needs and convert into tonic's types for the legs
 tonic serves. So the switch is an import line: the constructors and
 method names are tonic's. tonic's [`tonic::transport::Certificate`]
 converts into [`Certificate`] (`.into()`); its `Identity` cannot.
+Not twinned: `ClientTlsConfig::with_native_roots`, `with_webpki_roots` and
+`with_enabled_roots` (tonic's optional root stores; rrpc loads none: give
+the CA with `ca_certificate` or `trust_anchor`), and
+`Endpoint::tls_config_with_verifier`.
 
 # Where TLS applies
 
@@ -274,7 +278,7 @@ mod imp {
     use std::time::Instant;
 
     use rustls::pki_types::pem::PemObject as _;
-    use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, TrustAnchor};
     use tokio::io::{AsyncRead, AsyncWrite};
     use tonic::transport::server::{TcpConnectInfo, TlsConnectInfo};
 
@@ -401,6 +405,7 @@ mod imp {
         client_ca_root: Option<Certificate>,
         client_auth_optional: bool,
         ignore_client_order: bool,
+        use_key_log: bool,
         timeout: Option<Duration>,
     }
 
@@ -447,6 +452,16 @@ mod imp {
             }
         }
 
+        /// Log the session keys to the file `$SSLKEYLOGFILE` names (for
+        /// debugging with a packet capture; never in production).
+        #[must_use]
+        pub fn use_key_log(self) -> Self {
+            ServerTlsConfig {
+                use_key_log: true,
+                ..self
+            }
+        }
+
         /// A bound on the TLS handshake (tonic's; on the `rrpc://` port the
         /// shorter of it and [`crate::RrpcConfig::handshake_timeout`]).
         #[must_use]
@@ -463,8 +478,10 @@ mod imp {
     pub struct ClientTlsConfig {
         domain: Option<String>,
         certs: Vec<Certificate>,
+        trust_anchors: Vec<TrustAnchor<'static>>,
         identity: Option<Identity>,
         assume_http2: bool,
+        use_key_log: bool,
         timeout: Option<Duration>,
     }
 
@@ -496,6 +513,33 @@ mod imp {
         pub fn ca_certificates(mut self, certs: impl IntoIterator<Item = Certificate>) -> Self {
             self.certs.extend(certs);
             self
+        }
+
+        /// A trust anchor (a CA's name and key, without its certificate).
+        #[must_use]
+        pub fn trust_anchor(mut self, anchor: TrustAnchor<'static>) -> Self {
+            self.trust_anchors.push(anchor);
+            self
+        }
+
+        /// Trust anchors.
+        #[must_use]
+        pub fn trust_anchors(
+            mut self,
+            anchors: impl IntoIterator<Item = TrustAnchor<'static>>,
+        ) -> Self {
+            self.trust_anchors.extend(anchors);
+            self
+        }
+
+        /// Log the session keys to the file `$SSLKEYLOGFILE` names (for
+        /// debugging with a packet capture; never in production).
+        #[must_use]
+        pub fn use_key_log(self) -> Self {
+            ClientTlsConfig {
+                use_key_log: true,
+                ..self
+            }
         }
 
         /// The client's own certificate and key (mTLS).
@@ -637,6 +681,9 @@ mod imp {
                 )
             })?;
             config.ignore_client_order = c.ignore_client_order;
+            if c.use_key_log {
+                config.key_log = Arc::new(rustls::KeyLogFile::new());
+            }
             config.alpn_protocols.push(ALPN_H2.to_vec());
             let mut t = tonic::transport::ServerTlsConfig::new()
                 .identity(identity.tonic())
@@ -647,6 +694,9 @@ mod imp {
             }
             if let Some(d) = c.timeout {
                 t = t.timeout(d);
+            }
+            if c.use_key_log {
+                t = t.use_key_log();
             }
             Ok(ServerTls {
                 tonic: t,
@@ -718,13 +768,13 @@ mod imp {
     impl ClientTls {
         /// Both configs from `c`, as tonic builds its connector.
         pub(crate) fn new(c: &ClientTlsConfig) -> Result<Self, Error> {
-            let mut roots = rustls::RootCertStore::empty();
+            let mut roots = rustls::RootCertStore::from_iter(c.trust_anchors.iter().cloned());
             for ca in &c.certs {
                 roots.add_parsable_certificates(ca.ders()?);
             }
             if roots.is_empty() {
                 return Err(Error::InvalidConfig(
-                    "TLS: ClientTlsConfig needs a CA certificate (ca_certificate)",
+                    "TLS: ClientTlsConfig needs a CA certificate (ca_certificate) or a trust anchor",
                 ));
             }
             let builder = rustls::ClientConfig::builder_with_provider(provider())
@@ -743,10 +793,17 @@ mod imp {
                 }
                 None => builder.with_no_client_auth(),
             };
+            if c.use_key_log {
+                config.key_log = Arc::new(rustls::KeyLogFile::new());
+            }
             config.alpn_protocols.push(ALPN_H2.to_vec());
             let mut t = tonic::transport::ClientTlsConfig::new()
                 .ca_certificates(c.certs.iter().map(Certificate::tonic))
+                .trust_anchors(c.trust_anchors.iter().cloned())
                 .assume_http2(c.assume_http2);
+            if c.use_key_log {
+                t = t.use_key_log();
+            }
             if let Some(d) = &c.domain {
                 t = t.domain_name(d.clone());
             }
