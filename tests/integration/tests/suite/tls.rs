@@ -7,9 +7,10 @@
 //! port); and `Request::peer_certs()` in a handler on each path that
 //! carries it. Certificates are made with rcgen at test time.
 //!
-//! Not here: grpcio with `ssl_channel_credentials` and grpc-go with TLS
-//! credentials (the interop harness of `one_port.rs` runs them plaintext
-//! only) and verbs (the VM harness).
+//! grpcio with `ssl_channel_credentials` calls the port as `one_port.rs`
+//! runs it plaintext (skipped without grpcio, failed then under
+//! `RRPC_REQUIRE_INTEROP=1`). Not here: grpc-go with TLS credentials, and
+//! verbs (the VM harness).
 
 #![cfg(feature = "tls")]
 
@@ -40,11 +41,20 @@ struct Pki {
 
 fn make_pki() -> Pki {
     use rcgen::{
-        BasicConstraints, CertificateParams, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
-        KeyUsagePurpose,
+        BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose,
+        IsCa, Issuer, KeyPair, KeyUsagePurpose,
+    };
+    // Distinct subjects: rcgen's default names every certificate alike, and
+    // OpenSSL (grpcio) takes a leaf whose subject is its issuer's for a
+    // self-signed one.
+    let named = |cn: &str| {
+        let mut dn = DistinguishedName::new();
+        dn.push(DnType::CommonName, cn);
+        dn
     };
     let ca_key = KeyPair::generate().expect("key");
     let mut ca = CertificateParams::new(Vec::<String>::new()).expect("params");
+    ca.distinguished_name = named("rrpc test CA");
     ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
     ca.key_usages = vec![
         KeyUsagePurpose::KeyCertSign,
@@ -54,7 +64,8 @@ fn make_pki() -> Pki {
     let issuer = Issuer::new(ca, ca_key);
     let leaf = |names: Vec<String>, usage| {
         let key = KeyPair::generate().expect("key");
-        let mut p = CertificateParams::new(names).expect("params");
+        let mut p = CertificateParams::new(names.clone()).expect("params");
+        p.distinguished_name = named(&names[0]);
         p.extended_key_usages = vec![usage];
         let cert = p.signed_by(&key, &issuer).expect("signed");
         (cert, key)
@@ -531,5 +542,88 @@ async fn refusals_name_what_is_wrong() {
     assert!(
         matches!(&e, Error::Handshake(m) if m.contains("TLS handshake")),
         "{e}"
+    );
+}
+
+/// grpcio (Python's gRPC, C core) with `ssl_channel_credentials` (the CA
+/// and the client's certificate) calls the TLS port: a unary call with the
+/// request encoded by hand, whose answer carries the client certificate
+/// the handler saw. A plaintext grpcio channel to the same port gets
+/// `UNAVAILABLE` saying TLS is required. The Python is
+/// `$RRPC_GRPCIO_PYTHON`, else `python3`; skipped when it cannot
+/// `import grpc`, failed then under `RRPC_REQUIRE_INTEROP=1` (as
+/// `one_port`'s grpcio test).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grpcio_with_ssl_credentials_calls_the_tls_port() {
+    use prost::Message as _;
+    let python = std::env::var_os("RRPC_GRPCIO_PYTHON").unwrap_or_else(|| "python3".into());
+    let imports = std::process::Command::new(&python)
+        .args(["-c", "import grpc"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !imports {
+        assert!(
+            std::env::var_os("RRPC_REQUIRE_INTEROP").is_none_or(|v| v != "1"),
+            "grpcio cannot run ({}) and RRPC_REQUIRE_INTEROP=1",
+            python.to_string_lossy()
+        );
+        eprintln!("skipped: grpcio cannot run ({})", python.to_string_lossy());
+        return;
+    }
+    let pki = make_pki();
+    let s = serve("rrpc://127.0.0.1:0", Some(pki.server(false)));
+    let script = r#"
+import sys, grpc
+addr, request, ca, cert, key = sys.argv[1:6]
+opts = [("grpc.enable_http_proxy", 0), ("grpc.ssl_target_name_override", "localhost")]
+creds = grpc.ssl_channel_credentials(
+    root_certificates=ca.encode(), private_key=key.encode(), certificate_chain=cert.encode())
+ch = grpc.secure_channel(addr, creds, options=opts)
+print(ch.unary_unary("/test.Test/Unary")(bytes.fromhex(request), timeout=20).hex())
+plain = grpc.insecure_channel(addr, options=opts[:1])
+try:
+    plain.unary_unary("/test.Test/Unary")(bytes.fromhex(request), timeout=20)
+    print("plaintext served")
+except grpc.RpcError as e:
+    print(e.code().name, e.details())
+"#;
+    let mut cmd = std::process::Command::new(&python);
+    cmd.args([
+        "-c",
+        script,
+        host_port(&s.uri),
+        "",
+        &pki.ca,
+        &pki.client.0,
+        &pki.client.1,
+    ]);
+    let out = tokio::task::spawn_blocking(move || cmd.output())
+        .await
+        .expect("join")
+        .expect("grpcio runs");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "grpcio failed ({}): {}{}",
+        out.status,
+        stdout,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut lines = stdout.lines();
+    let want = Output {
+        payload: pki.client_der.clone(),
+        total: 1,
+    }
+    .encode_to_vec();
+    let hex: String = want.iter().map(|b| format!("{b:02x}")).collect();
+    assert_eq!(
+        lines.next(),
+        Some(hex.as_str()),
+        "the handler saw grpcio's certificate"
+    );
+    let plain = lines.next().unwrap_or_default();
+    assert!(
+        plain.starts_with("UNAVAILABLE") && plain.contains("requires TLS"),
+        "{plain}"
     );
 }
