@@ -46,6 +46,7 @@ use crate::{Error, RrpcConfig, RrpcContext};
 /// | [`origin`](Self::origin) | sent as the request's authority | tonic's | tonic's |
 /// | [`concurrency_limit`](Self::concurrency_limit), [`rate_limit`](Self::rate_limit) | tower's layers behind a buffer, as tonic stacks them | same | tonic's |
 /// | keep-alive, windows, `tcp_*` | not needed: the side channel reports a dead peer; [`RrpcConfig::call_window`] | passed to hyper | tonic's |
+/// | `tls_config` (feature `tls`, [`crate::tls`]) | `rrpc://`: the negotiation inside TLS, the ring connection bound to it by a ticket; `rdma://`: the side channel's handshake | same | tonic's (`https://`) |
 ///
 /// Calls made while the connection is down fail with `Unavailable` (the
 /// connect error), and the next call tries again, as with tonic.

@@ -19,6 +19,15 @@
 //!   grpcio work unchanged;
 //! * rrpc's hello (`hello`: magic `RRPN`, version, length-bounded body):
 //!   the negotiation below;
+//! * a TLS record (first byte 0x16, a ClientHello), when the server has
+//!   TLS (`Server::tls_config`, feature `tls`): rrpc terminates the TLS
+//!   session (within the same timeout) and reads the first bytes again
+//!   inside it, where the HTTP/2 preface and rrpc's hello are served as
+//!   above; a negotiation that stays on TCP carries HTTP/2 inside that
+//!   session. With TLS the port refuses plaintext (HTTP/2 calls answered
+//!   `Unavailable`, a hello refused, both saying TLS is required); without
+//!   it a ClientHello is garbage. A ring connection a TLS negotiation sends
+//!   a client to presents a ticket of that session first ([`crate::tls`]);
 //! * anything else, a malformed hello, or nothing within the timeout: the
 //!   connection is closed (a refusal reply first, when the hello's header
 //!   was rrpc's) and a warning logged.

@@ -37,6 +37,9 @@ type BoxError = Box<dyn std::error::Error + Send + Sync>;
 /// `rdma://`, `inproc://`) or [`Router::serve_dual`] (TCP and rrpc at once,
 /// as RR-Compound keeps TCP beside RDMA).
 ///
+/// With the `tls` feature, `tls_config` takes [`crate::tls`]'s twin of
+/// tonic's `ServerTlsConfig` (one identity for every leg that has TLS).
+///
 /// Unlike tonic's `Router`, this one keeps its routes and layers visible,
 /// which the fast path needs: it calls the layered router directly, without
 /// hyper, and with no server-wide layer each service by the name its path
