@@ -929,7 +929,16 @@ where
                     // TLS session's peer.
                     let r = match (r, &tls) {
                         (Ok(Established::Pipe(mut pipe, path)), Some(tls)) => {
-                            match redeem(&mut pipe, tls).await {
+                            // Cancel safe: cancelled, the connection is
+                            // dropped unserved (a shutdown must not wait
+                            // for a client that never presents a ticket).
+                            let redeemed = tokio::select! {
+                                r = redeem(&mut pipe, tls) => r,
+                                () = token.cancelled() => Err(Error::Closed(
+                                    "the server shut down before the ring connection presented its TLS ticket",
+                                )),
+                            };
+                            match redeemed {
                                 Ok(peer_info) => Ok((Established::Pipe(pipe, path), peer_info)),
                                 Err(e) => Err(e),
                             }

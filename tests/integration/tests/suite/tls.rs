@@ -627,3 +627,32 @@ except grpc.RpcError as e:
         "{plain}"
     );
 }
+
+/// A ring connection of a TLS port that never presents its ticket (the
+/// port's shm socket dialed directly, and no call made) does not hold the
+/// server's graceful shutdown.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ticketless_ring_connection_does_not_hold_the_shutdown() {
+    let pki = make_pki();
+    let mut s = serve("rrpc://127.0.0.1:0", Some(pki.server(false)));
+    let port = s.uri.rsplit_once(':').expect("port").1;
+    let dir = std::env::var_os("XDG_RUNTIME_DIR")
+        .map(std::path::PathBuf::from)
+        .filter(|d| d.is_absolute() && d.is_dir())
+        .unwrap_or_else(std::env::temp_dir);
+    let socket = dir.join(format!("rrpc-port-{port}-{}.sock", std::process::id()));
+    let idle = RrpcEndpoint::new(format!("shm://{}", socket.display()))
+        .expect("uri")
+        .connect()
+        .await
+        .expect("the ring connection itself is accepted");
+    let _ = s.stop.take().map(|t| t.send(()));
+    let task = s.task.take().expect("running");
+    // A hang, not a duration, is what this catches: the bound is generous.
+    tokio::time::timeout(Duration::from_secs(60), task)
+        .await
+        .expect("the shutdown finished with the idle connection open")
+        .expect("join")
+        .expect("served cleanly");
+    drop(idle);
+}
