@@ -71,8 +71,9 @@ negotiation's, so `Request::remote_addr()` gives the client's address
 there too):
 
 * where tonic or rrpc terminates the TLS connection the calls arrive
-  on: `http://`, `unix://`, and HTTP/2 inside TLS on the `rrpc://` port
-  (plain gRPC clients, and rrpc clients on the TCP fabric);
+  on: `http://`, and HTTP/2 inside TLS on the `rrpc://` port (plain gRPC
+  clients, and rrpc clients on the TCP fabric). Not on `unix://`: tonic's
+  `peer_certs()` reads TLS over TCP only (as with tonic itself);
 * on the rings an `rrpc://` port with TLS sends a client to (shm, and
   verbs with its feature), on both paths: the ring connection is a new
   connection, so it presents, as its first message, a ticket both ends

@@ -656,3 +656,30 @@ async fn a_ticketless_ring_connection_does_not_hold_the_shutdown() {
         .expect("served cleanly");
     drop(idle);
 }
+
+/// `unix://` with TLS: tonic's own TLS over the socket. tonic's
+/// `peer_certs()` reads only TLS over TCP (`TlsConnectInfo<TcpConnectInfo>`),
+/// so a handler sees no certificate there, as with tonic itself.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unix_with_tls_serves_an_rrpc_client() {
+    let pki = make_pki();
+    let path = std::env::temp_dir().join(format!("rrpc-tls-{}.sock", std::process::id()));
+    let _ = std::fs::remove_file(&path);
+    let s = serve(
+        &format!("unix://{}", path.display()),
+        Some(pki.server(false)),
+    );
+    let mut c = rrpc(&s.uri, RrpcConfig::default(), pki.client())
+        .await
+        .expect("rrpc over unix:// with TLS");
+    assert_eq!(peer_seen(&mut c).await.expect("unary"), None);
+    // Plaintext on the TLS socket fails, at the connect or at the call.
+    if let Ok(ch) = RrpcEndpoint::new(&s.uri).expect("uri").connect().await {
+        TestClient::new(ch)
+            .unary(Input::default())
+            .await
+            .expect_err("plaintext on a TLS socket");
+    }
+    drop(s);
+    let _ = std::fs::remove_file(&path);
+}
