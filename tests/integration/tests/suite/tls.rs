@@ -189,7 +189,12 @@ impl Drop for Running {
 
 /// The service at `uri` (port 0), with `tls` if given.
 fn serve(uri: &str, tls: Option<ServerTlsConfig>) -> Running {
-    let incoming = RrpcIncoming::bind(uri, RrpcConfig::default()).expect("bind");
+    serve_with(uri, tls, RrpcConfig::default())
+}
+
+/// [`serve`] with `config`.
+fn serve_with(uri: &str, tls: Option<ServerTlsConfig>, config: RrpcConfig) -> Running {
+    let incoming = RrpcIncoming::bind(uri, config).expect("bind");
     let uri = incoming.uri().to_string();
     let mut server = Server::builder();
     if let Some(tls) = tls {
@@ -682,4 +687,59 @@ async fn unix_with_tls_serves_an_rrpc_client() {
     }
     drop(s);
     let _ = std::fs::remove_file(&path);
+}
+
+/// Through a TLS port, every ring connection presents a fresh ticket: with
+/// shared queue pairs (each logical connection over the shared one) and
+/// with spare connections (dialed ahead, ticket presented when taken),
+/// each channel's calls carry its certificate.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shared_and_spare_ring_connections_present_their_tickets() {
+    let pki = make_pki();
+    let shared = RrpcConfig::builder()
+        .shared_queue_pairs(true)
+        .build()
+        .expect("config");
+    let spares = RrpcConfig::builder()
+        .spare_connections(2)
+        .build()
+        .expect("config");
+    for cfg in [shared, spares] {
+        let s = serve_with("rrpc://127.0.0.1:0", Some(pki.server(false)), cfg.clone());
+        // The client's own state, apart from the server's.
+        let ctx = rrpc_tonic::RrpcContext::new(&cfg);
+        let connect = || async {
+            let ch = RrpcEndpoint::new(&s.uri)
+                .expect("uri")
+                .config(cfg.clone())
+                .context(ctx.clone())
+                .tls_config(pki.client())
+                .expect("tls")
+                .connect()
+                .await
+                .expect("shm through the TLS port");
+            assert_eq!(ch.carrier(), Carrier::Shm);
+            let mut c = TestClient::new(ch);
+            assert_eq!(
+                peer_seen(&mut c).await.expect("unary"),
+                Some((1, pki.client_der.clone())),
+                "{cfg:?}"
+            );
+            c
+        };
+        let _first = connect().await;
+        if cfg.shared_queue_pairs() {
+            let _second = connect().await;
+            assert!(!ctx.shared_connections().is_empty(), "a shared connection");
+        } else {
+            // Wait for a spare, then take it.
+            let deadline = std::time::Instant::now() + Duration::from_secs(20);
+            while ctx.spare_stats().ready == 0 {
+                assert!(std::time::Instant::now() < deadline, "no spare was dialed");
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            let _second = connect().await;
+            assert!(ctx.spare_stats().taken >= 1, "{:?}", ctx.spare_stats());
+        }
+    }
 }
