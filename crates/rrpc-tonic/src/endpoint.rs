@@ -46,6 +46,7 @@ use crate::{Error, RrpcConfig, RrpcContext};
 /// | [`origin`](Self::origin) | sent as the request's authority | tonic's | tonic's |
 /// | [`concurrency_limit`](Self::concurrency_limit), [`rate_limit`](Self::rate_limit) | tower's layers behind a buffer, as tonic stacks them | same | tonic's |
 /// | keep-alive, windows, `tcp_*` | not needed: the side channel reports a dead peer; [`RrpcConfig::call_window`] | passed to hyper | tonic's |
+/// | `tls_config` (feature `tls`, [`crate::tls`]) | `rrpc://`: the negotiation inside TLS, the ring connection bound to it by a ticket; `rdma://`: the side channel's handshake | same | tonic's (`https://`) |
 ///
 /// Calls made while the connection is down fail with `Unavailable` (the
 /// connect error), and the next call tries again, as with tonic.
@@ -85,6 +86,8 @@ pub struct RrpcEndpoint {
     keep_alive_while_idle: Option<bool>,
     initial_stream_window_size: Option<u32>,
     initial_connection_window_size: Option<u32>,
+    /// TLS ([`RrpcEndpoint::tls_config`]).
+    tls: Option<Arc<crate::tls::ClientTls>>,
 }
 
 /// Requests a buffered channel holds when its own size is not set (tonic's).
@@ -123,12 +126,39 @@ impl RrpcEndpoint {
             keep_alive_while_idle: None,
             initial_stream_window_size: None,
             initial_connection_window_size: None,
+            tls: None,
         })
     }
 
     /// The URI as given.
     pub fn uri(&self) -> &str {
         &self.uri
+    }
+
+    /// TLS, as tonic's `Endpoint::tls_config`, from
+    /// [`crate::tls::ClientTlsConfig`] (tonic's twin: change the import).
+    /// `http://` and `unix://` connect with tonic's own TLS (as `https://`);
+    /// on `rrpc://` the negotiation runs inside TLS, and so does HTTP/2 when
+    /// the fabric is TCP; `rdma://` (and verbs through the port) runs its
+    /// side channel's handshake under it (feature `verbs`; a config that
+    /// sets `RrpcConfigBuilder::tls_client` itself keeps its own).
+    /// `shm://` and `inproc://` have no TLS. [`crate::tls`] has the details.
+    ///
+    /// # Errors
+    /// [`Error::InvalidConfig`] for a CA or identity that does not parse, or
+    /// no CA at all (rrpc loads no system roots).
+    #[cfg(feature = "tls")]
+    pub fn tls_config(self, tls: crate::tls::ClientTlsConfig) -> Result<Self, Error> {
+        let tls = Some(Arc::new(crate::tls::ClientTls::new(&tls)?));
+        let target = match &self.target {
+            Target::Port(p) => Target::Port(p.with_tls(tls.clone())),
+            t => t.clone(),
+        };
+        Ok(RrpcEndpoint {
+            tls,
+            target,
+            ..self
+        })
     }
 
     /// The rings' configuration (ignored by `http://` and `unix://`).
@@ -302,7 +332,7 @@ impl RrpcEndpoint {
     pub async fn connect(&self) -> Result<RrpcChannel, Error> {
         match &self.target {
             Target::Tcp(addr) => {
-                let ep = self.tonic_endpoint(format!("http://{addr}"), true)?;
+                let ep = self.tcp_endpoint(addr)?;
                 Ok(RrpcChannel::tonic(
                     ep.connect().await?,
                     ChannelPath::Tcp,
@@ -310,7 +340,7 @@ impl RrpcEndpoint {
                 ))
             }
             Target::Unix(path) => {
-                let ep = self.tonic_endpoint("http://localhost".into(), true)?;
+                let ep = self.tcp_endpoint("localhost")?;
                 let ch = ep.connect_with_connector(unix_connector(path)).await?;
                 Ok(RrpcChannel::tonic(ch, ChannelPath::Unix, Carrier::Unix))
             }
@@ -342,7 +372,7 @@ impl RrpcEndpoint {
     pub fn connect_lazy(&self) -> Result<RrpcChannel, Error> {
         match &self.target {
             Target::Tcp(addr) => {
-                let ep = self.tonic_endpoint(format!("http://{addr}"), true)?;
+                let ep = self.tcp_endpoint(addr)?;
                 Ok(RrpcChannel::tonic(
                     ep.connect_lazy(),
                     ChannelPath::Tcp,
@@ -350,7 +380,7 @@ impl RrpcEndpoint {
                 ))
             }
             Target::Unix(path) => {
-                let ep = self.tonic_endpoint("http://localhost".into(), true)?;
+                let ep = self.tcp_endpoint("localhost")?;
                 let ch = ep.connect_with_connector_lazy(unix_connector(path));
                 Ok(RrpcChannel::tonic(ch, ChannelPath::Unix, Carrier::Unix))
             }
@@ -395,27 +425,35 @@ impl RrpcEndpoint {
         let limit = self
             .connect_timeout
             .unwrap_or(self.config.handshake_timeout());
-        let (ep, carrier, fabric, shown) =
-            match negotiate(p.addr(), self.config.fabric_bits(), limit).await? {
-                Chosen::Tcp(s) => return self.port_tcp(p, s).await,
-                Chosen::Shm(path) => (
-                    rrpc_core::FabricAddr::Shm(path.clone()),
-                    Carrier::Shm,
-                    crate::Fabric::Shm,
-                    format!("shm://{}", path.display()),
-                ),
-                Chosen::Verbs(at) => (
-                    rrpc_core::FabricAddr::Rdma(at),
-                    Carrier::Verbs {
-                        device: String::new(),
-                        peer: None,
-                    },
-                    crate::Fabric::Verbs,
-                    format!("rdma://{at}"),
-                ),
-            };
+        let (ep, ticket, carrier, fabric, shown) = match negotiate(
+            p.addr(),
+            self.config.fabric_bits(),
+            limit,
+            p.tls().map(|t| &**t),
+        )
+        .await?
+        {
+            Chosen::Tcp(s) => return self.port_tcp(p, s).await,
+            Chosen::Shm(path, ticket) => (
+                rrpc_core::FabricAddr::Shm(path.clone()),
+                ticket,
+                Carrier::Shm,
+                crate::Fabric::Shm,
+                format!("shm://{}", path.display()),
+            ),
+            Chosen::Verbs(at, ticket) => (
+                rrpc_core::FabricAddr::Rdma(at),
+                ticket,
+                Carrier::Verbs {
+                    device: String::new(),
+                    peer: None,
+                },
+                crate::Fabric::Verbs,
+                format!("rdma://{at}"),
+            ),
+        };
         let connected = match self.resolve_context() {
-            Ok(ctx) => match self.port_dialer(p.with_hint(ep), ctx) {
+            Ok(ctx) => match self.port_dialer(p.with_hint(ep, ticket), ctx) {
                 Ok(dialer) => dialer.clone().connection().await.map(|c| (dialer, c)),
                 Err(e) => Err(e),
             },
@@ -432,7 +470,14 @@ impl RrpcEndpoint {
                     addr = %p.addr(), side = %shown, %fabric, error = %e,
                     "rrpc: the server's {fabric} side listener could not be reached; negotiating tcp"
                 );
-                match negotiate(p.addr(), crate::Fabric::Tcp.bit(), limit).await? {
+                match negotiate(
+                    p.addr(),
+                    crate::Fabric::Tcp.bit(),
+                    limit,
+                    p.tls().map(|t| &**t),
+                )
+                .await?
+                {
                     Chosen::Tcp(s) => self.port_tcp(p, s).await,
                     other => Err(Error::Handshake(format!(
                         "the server chose {}",
@@ -456,7 +501,7 @@ impl RrpcEndpoint {
     async fn port_tcp(
         &self,
         p: &crate::port::PortTarget,
-        first: tokio::net::TcpStream,
+        first: crate::port::PortIo,
     ) -> Result<RrpcChannel, Error> {
         let ep = self.tonic_endpoint(format!("http://{}", p.addr()), true)?;
         let ch = ep
@@ -469,10 +514,10 @@ impl RrpcEndpoint {
     fn port_tcp_connector(
         &self,
         p: &crate::port::PortTarget,
-        first: Option<tokio::net::TcpStream>,
+        first: Option<crate::port::PortIo>,
     ) -> impl Service<
         http::Uri,
-        Response = hyper_util::rt::TokioIo<tokio::net::TcpStream>,
+        Response = hyper_util::rt::TokioIo<crate::port::PortIo>,
         Error = Error,
         Future = impl Send + 'static,
     > + Send
@@ -480,7 +525,13 @@ impl RrpcEndpoint {
         let limit = self
             .connect_timeout
             .unwrap_or(self.config.handshake_timeout());
-        crate::port::tcp_connector(p.addr().to_string(), first, limit, self.tcp_nodelay)
+        crate::port::tcp_connector(
+            p.addr().to_string(),
+            first,
+            limit,
+            self.tcp_nodelay,
+            p.tls().cloned(),
+        )
     }
 
     /// A ring dialer for `rrpc://`'s shm fabric.
@@ -499,7 +550,7 @@ impl RrpcEndpoint {
     fn dialer(&self, ctx: RrpcContext) -> Result<Arc<Dialer>, Error> {
         Ok(Dialer::new(
             self.target.clone(),
-            self.config.clone(),
+            self.ring_config()?,
             ctx,
             self.uri.clone(),
             self.connect_timeout,
@@ -529,6 +580,44 @@ impl RrpcEndpoint {
         let svc = tower::util::BoxService::new(svc);
         let size = self.buffer_size.unwrap_or(DEFAULT_BUFFER_SIZE);
         RrpcChannel::buffered(tower::buffer::Buffer::new(svc, size), dialer, carrier)
+    }
+
+    /// The config the rings dial with: with TLS and the `verbs` feature,
+    /// the endpoint's TLS on the verbs side channel (unless the config
+    /// sets its own), for the server name the URI's host (or
+    /// `domain_name`) gives.
+    fn ring_config(&self) -> Result<RrpcConfig, Error> {
+        #[cfg(all(feature = "verbs", feature = "tls"))]
+        if let Some(t) = &self.tls
+            && self.config.tls().1.is_none()
+        {
+            let host = match &self.target {
+                Target::Rdma(rrpc_core::FabricUri::Rdma { host, port }) => {
+                    format!("{host}:{port}")
+                }
+                Target::Port(p) => p.addr().to_string(),
+                _ => return Ok(self.config.clone()),
+            };
+            let name = t.server_name(&host)?;
+            return self
+                .config
+                .to_builder()
+                .tls_client(t.rustls().clone(), name)
+                .build();
+        }
+        Ok(self.config.clone())
+    }
+
+    /// tonic's `Endpoint` for `http://` and `unix://` (`authority`):
+    /// `https://` with tonic's TLS when TLS is set.
+    fn tcp_endpoint(&self, authority: &str) -> Result<tonic::transport::Endpoint, Error> {
+        match &self.tls {
+            #[cfg(feature = "tls")]
+            Some(t) => Ok(self
+                .tonic_endpoint(format!("https://{authority}"), true)?
+                .tls_config(t.tonic())?),
+            _ => self.tonic_endpoint(format!("http://{authority}"), true),
+        }
     }
 
     /// What the fast path adds to each call.

@@ -284,6 +284,7 @@ mod rings;
 mod server;
 mod sharing;
 mod spare;
+pub mod tls;
 mod transport;
 
 pub use call::{Carrier, ChannelPath, ResponseFuture};

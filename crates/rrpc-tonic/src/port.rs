@@ -19,6 +19,15 @@
 //!   grpcio work unchanged;
 //! * rrpc's hello (`hello`: magic `RRPN`, version, length-bounded body):
 //!   the negotiation below;
+//! * a TLS record (first byte 0x16, a ClientHello), when the server has
+//!   TLS (`Server::tls_config`, feature `tls`): rrpc terminates the TLS
+//!   session (within the same timeout) and reads the first bytes again
+//!   inside it, where the HTTP/2 preface and rrpc's hello are served as
+//!   above; a negotiation that stays on TCP carries HTTP/2 inside that
+//!   session. With TLS the port refuses plaintext (HTTP/2 calls answered
+//!   `Unavailable`, a hello refused, both saying TLS is required); without
+//!   it a ClientHello is garbage. A ring connection a TLS negotiation sends
+//!   a client to presents a ticket of that session first ([`crate::tls`]);
 //! * anything else, a malformed hello, or nothing within the timeout: the
 //!   connection is closed (a refusal reply first, when the hello's header
 //!   was rrpc's) and a warning logged.
@@ -111,6 +120,7 @@ use tokio_util::sync::CancellationToken;
 use tonic::transport::server::Connected;
 
 use crate::config::Fabric;
+use crate::tls::{ClientTls, ServerTls, Ticket};
 use crate::{Error, RrpcConfig};
 use hello::{HEADER_LEN, Hello, HelloError, Reply};
 use limits::{Counted, Limits, PeerId};
@@ -242,24 +252,110 @@ pub(crate) fn choose(
 /// What a client's negotiation ended with.
 #[derive(Debug)]
 pub(crate) enum Chosen {
-    /// Dial the shm listener at this path (the TCP connection is closed).
-    Shm(PathBuf),
+    /// Dial the shm listener at this path (the TCP connection is closed);
+    /// inside TLS, present the session's ticket there.
+    Shm(PathBuf, Option<Ticket>),
     /// Dial `rdma://` at this side channel (the server's address, the port
-    /// its reply named; the TCP connection is closed).
-    Verbs(std::net::SocketAddr),
-    /// HTTP/2 on this connection.
-    Tcp(TcpStream),
+    /// its reply named; the TCP connection is closed); inside TLS, present
+    /// the session's ticket there.
+    Verbs(std::net::SocketAddr, Option<Ticket>),
+    /// HTTP/2 on this connection (inside TLS when the negotiation was).
+    Tcp(PortIo),
 }
 
-/// Connects to `addr` and negotiates, offering `bits`, within `limit`.
-pub(crate) async fn negotiate(addr: &str, bits: u8, limit: Duration) -> Result<Chosen, Error> {
-    match tokio::time::timeout(limit, negotiate_inner(addr, bits)).await {
+/// The TCP connection a negotiation left for HTTP/2: plain, or the TLS
+/// session the negotiation ran in.
+#[derive(Debug)]
+pub(crate) enum PortIo {
+    /// Plaintext.
+    Plain(TcpStream),
+    /// Inside TLS ([`crate::tls`]).
+    #[cfg(feature = "tls")]
+    Tls(Box<tokio_rustls::client::TlsStream<TcpStream>>),
+}
+
+impl PortIo {
+    fn tcp(&self) -> &TcpStream {
+        match self {
+            PortIo::Plain(s) => s,
+            #[cfg(feature = "tls")]
+            PortIo::Tls(s) => s.get_ref().0,
+        }
+    }
+}
+
+macro_rules! port_io {
+    ($self:ident, $s:ident => $e:expr) => {
+        match $self.get_mut() {
+            PortIo::Plain($s) => $e,
+            #[cfg(feature = "tls")]
+            PortIo::Tls($s) => $e,
+        }
+    };
+}
+
+impl AsyncRead for PortIo {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        port_io!(self, s => Pin::new(s).poll_read(cx, buf))
+    }
+}
+
+impl AsyncWrite for PortIo {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        port_io!(self, s => Pin::new(s).poll_write(cx, buf))
+    }
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        port_io!(self, s => Pin::new(s).poll_flush(cx))
+    }
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        port_io!(self, s => Pin::new(s).poll_shutdown(cx))
+    }
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        port_io!(self, s => Pin::new(s).poll_write_vectored(cx, bufs))
+    }
+    fn is_write_vectored(&self) -> bool {
+        match self {
+            PortIo::Plain(s) => s.is_write_vectored(),
+            #[cfg(feature = "tls")]
+            PortIo::Tls(s) => s.is_write_vectored(),
+        }
+    }
+}
+
+/// Connects to `addr` and negotiates, offering `bits`, within `limit`;
+/// inside TLS when `tls` is set ([`crate::tls`]).
+pub(crate) async fn negotiate(
+    addr: &str,
+    bits: u8,
+    limit: Duration,
+    tls: Option<&ClientTls>,
+) -> Result<Chosen, Error> {
+    match tokio::time::timeout(limit, negotiate_inner(addr, bits, tls)).await {
         Ok(r) => r,
         Err(_) => Err(Error::ConnectTimeout(limit)),
     }
 }
 
-async fn negotiate_inner(addr: &str, bits: u8) -> Result<Chosen, Error> {
+/// The fabric a reply chose, before the connection is handed on.
+enum Choice {
+    Shm(PathBuf),
+    Verbs(std::net::SocketAddr),
+    Tcp,
+}
+
+async fn negotiate_inner(addr: &str, bits: u8, tls: Option<&ClientTls>) -> Result<Chosen, Error> {
     if bits == 0 {
         return Err(Error::NoFabric {
             addr: addr.to_string(),
@@ -268,7 +364,7 @@ async fn negotiate_inner(addr: &str, bits: u8) -> Result<Chosen, Error> {
                 .into(),
         });
     }
-    let mut s = TcpStream::connect(addr).await.map_err(|e| {
+    let s = TcpStream::connect(addr).await.map_err(|e| {
         if e.kind() == std::io::ErrorKind::ConnectionRefused {
             Error::NotListening(format!("rrpc://{addr}"))
         } else {
@@ -276,11 +372,44 @@ async fn negotiate_inner(addr: &str, bits: u8) -> Result<Chosen, Error> {
         }
     })?;
     s.set_nodelay(true)?;
+    // The address this connection reached: a server names only a port for
+    // verbs, never another host.
+    let peer = s.peer_addr()?;
+    let (mut io, ticket) = match tls {
+        None => (PortIo::Plain(s), None),
+        #[cfg(feature = "tls")]
+        Some(t) => {
+            let s = t.connect(addr, s).await?;
+            let ticket = crate::tls::ticket_of(s.get_ref().1)?;
+            (PortIo::Tls(Box::new(s)), Some(ticket))
+        }
+        #[cfg(not(feature = "tls"))]
+        Some(t) => match *t {},
+    };
+    let chosen = match exchange(&mut io, addr, bits, peer).await? {
+        Choice::Shm(p) => Chosen::Shm(p, ticket),
+        Choice::Verbs(a) => Chosen::Verbs(a, ticket),
+        Choice::Tcp => Chosen::Tcp(io),
+    };
+    let fabric = chosen.fabric();
+    tracing::info!(%addr, %fabric, tls = tls.is_some(), "rrpc: negotiated the {fabric} fabric");
+    count(fabric, "client");
+    Ok(chosen)
+}
+
+/// The hello and the reply, on `s` (TCP, or TLS over it).
+async fn exchange<S: AsyncRead + AsyncWrite + Unpin>(
+    s: &mut S,
+    addr: &str,
+    bits: u8,
+    peer: std::net::SocketAddr,
+) -> Result<Choice, Error> {
     let hello = Hello {
         fabrics: bits,
         host_id: host_id().to_vec(),
     };
     s.write_all(&hello.encode()).await?;
+    s.flush().await?;
     let bad = |e: HelloError| Error::Handshake(format!("rrpc://{addr}: the server's reply: {e}"));
     let mut head = [0u8; HEADER_LEN];
     s.read_exact(&mut head).await.map_err(|e| {
@@ -294,8 +423,8 @@ async fn negotiate_inner(addr: &str, bits: u8) -> Result<Chosen, Error> {
     }
     let mut body = vec![0u8; h.len];
     s.read_exact(&mut body).await?;
-    let chosen = match Reply::decode_body(&body).map_err(bad)? {
-        Reply::Tcp if bits & Fabric::Tcp.bit() != 0 => Chosen::Tcp(s),
+    Ok(match Reply::decode_body(&body).map_err(bad)? {
+        Reply::Tcp if bits & Fabric::Tcp.bit() != 0 => Choice::Tcp,
         Reply::Shm { host_id: id, path } if bits & Fabric::Shm.bit() != 0 => {
             let path = PathBuf::from(path);
             if id != host_id() {
@@ -310,17 +439,20 @@ async fn negotiate_inner(addr: &str, bits: u8) -> Result<Chosen, Error> {
                     path.display()
                 )));
             }
-            Chosen::Shm(path)
+            Choice::Shm(path)
         }
         Reply::Verbs { port } if bits & Fabric::Verbs.bit() != 0 => {
-            // The address this connection reached: a server names only a
-            // port, never another host.
-            let mut at = s.peer_addr()?;
+            let mut at = peer;
             at.set_port(port);
-            Chosen::Verbs(at)
+            Choice::Verbs(at)
         }
         Reply::Refused(reason) if reason.starts_with(limits::REFUSAL_PREFIX) => {
             return Err(Error::ConnectionLimit(reason));
+        }
+        Reply::Refused(reason) if reason.starts_with(crate::tls::TLS_REQUIRED) => {
+            return Err(Error::Handshake(format!(
+                "rrpc://{addr}: {reason} (set RrpcEndpoint::tls_config; feature `tls`)"
+            )));
         }
         Reply::Refused(reason) => {
             return Err(Error::NoFabric {
@@ -333,30 +465,31 @@ async fn negotiate_inner(addr: &str, bits: u8) -> Result<Chosen, Error> {
                 "rrpc://{addr}: the server chose {other:?}, which the client did not offer"
             )));
         }
-    };
-    let fabric = chosen.fabric();
-    tracing::info!(%addr, %fabric, "rrpc: negotiated the {fabric} fabric");
-    count(fabric, "client");
-    Ok(chosen)
+    })
 }
 
 impl Chosen {
     /// The fabric chosen.
     pub(crate) fn fabric(&self) -> Fabric {
         match self {
-            Chosen::Shm(_) => Fabric::Shm,
-            Chosen::Verbs(_) => Fabric::Verbs,
+            Chosen::Shm(..) => Fabric::Shm,
+            Chosen::Verbs(..) => Fabric::Verbs,
             Chosen::Tcp(_) => Fabric::Tcp,
         }
     }
 }
+
+/// A ring endpoint a negotiation gave, and the ticket to present there.
+type Hint = (rrpc_core::FabricAddr, Option<Ticket>);
 
 /// An `rrpc://` target: the address and, right after the first
 /// negotiation, the ring endpoint it gave (taken by the first dial).
 #[derive(Debug, Clone)]
 pub(crate) struct PortTarget {
     addr: String,
-    hint: Arc<Mutex<Option<rrpc_core::FabricAddr>>>,
+    hint: Arc<Mutex<Option<Hint>>>,
+    /// Negotiate inside TLS ([`crate::RrpcEndpoint::tls_config`]).
+    tls: Option<Arc<ClientTls>>,
 }
 
 impl PartialEq for PortTarget {
@@ -372,7 +505,22 @@ impl PortTarget {
         PortTarget {
             addr: addr.to_string(),
             hint: Arc::default(),
+            tls: None,
         }
+    }
+
+    /// The same target, negotiating inside TLS with `tls`.
+    #[cfg(feature = "tls")]
+    pub(crate) fn with_tls(&self, tls: Option<Arc<ClientTls>>) -> Self {
+        PortTarget {
+            tls,
+            ..self.clone()
+        }
+    }
+
+    /// The TLS its negotiations run in, if any.
+    pub(crate) fn tls(&self) -> Option<&Arc<ClientTls>> {
+        self.tls.as_ref()
     }
 
     /// The `host:port`.
@@ -380,56 +528,61 @@ impl PortTarget {
         &self.addr
     }
 
-    /// The same target, whose next dial goes straight to `ep`.
-    pub(crate) fn with_hint(&self, ep: rrpc_core::FabricAddr) -> Self {
+    /// The same target, whose next dial goes straight to `ep` (presenting
+    /// `ticket` there, if its negotiation ran inside TLS).
+    pub(crate) fn with_hint(&self, ep: rrpc_core::FabricAddr, ticket: Option<Ticket>) -> Self {
         PortTarget {
             addr: self.addr.clone(),
-            hint: Arc::new(Mutex::new(Some(ep))),
+            hint: Arc::new(Mutex::new(Some((ep, ticket)))),
+            tls: self.tls.clone(),
         }
     }
 
-    /// The ring endpoint to dial: the hint if one is left, else a new
-    /// negotiation offering the ring fabrics `cfg` allows (shm, verbs; a
-    /// ring channel's reconnect).
+    /// The ring endpoint to dial and the ticket to present there: the hint
+    /// if one is left, else a new negotiation offering the ring fabrics
+    /// `cfg` allows (shm, verbs; a ring channel's reconnect).
     pub(crate) async fn ring_endpoint(
         &self,
         cfg: &RrpcConfig,
-    ) -> Result<rrpc_core::FabricAddr, Error> {
+    ) -> Result<(rrpc_core::FabricAddr, Option<Ticket>), Error> {
         let hint = self.hint.lock().unwrap_or_else(|e| e.into_inner()).take();
         if let Some(ep) = hint {
             return Ok(ep);
         }
         let rings = cfg.fabric_bits() & (Fabric::Shm.bit() | Fabric::Verbs.bit());
-        match negotiate(&self.addr, rings, cfg.handshake_timeout()).await? {
-            Chosen::Shm(p) => Ok(rrpc_core::FabricAddr::Shm(p)),
-            Chosen::Verbs(a) => Ok(rrpc_core::FabricAddr::Rdma(a)),
+        let tls = self.tls.as_deref();
+        match negotiate(&self.addr, rings, cfg.handshake_timeout(), tls).await? {
+            Chosen::Shm(p, t) => Ok((rrpc_core::FabricAddr::Shm(p), t)),
+            Chosen::Verbs(a, t) => Ok((rrpc_core::FabricAddr::Rdma(a), t)),
             Chosen::Tcp(_) => Err(Error::Handshake("the server chose tcp".into())),
         }
     }
 }
 
 /// tonic's connector for the TCP fabric: the stream the first negotiation
-/// left open, then a new negotiation (TCP only) per connection tonic makes.
+/// left open, then a new negotiation (TCP only, inside TLS when `tls` is
+/// set) per connection tonic makes.
 pub(crate) fn tcp_connector(
     addr: String,
-    first: Option<TcpStream>,
+    first: Option<PortIo>,
     limit: Duration,
     nodelay: bool,
+    tls: Option<Arc<ClientTls>>,
 ) -> impl tower::Service<
     http::Uri,
-    Response = hyper_util::rt::TokioIo<TcpStream>,
+    Response = hyper_util::rt::TokioIo<PortIo>,
     Error = Error,
     Future = impl Send + 'static,
 > + Send
 + 'static {
     let first = Arc::new(Mutex::new(first));
     tower::service_fn(move |_: http::Uri| {
-        let (addr, first) = (addr.clone(), first.clone());
+        let (addr, first, tls) = (addr.clone(), first.clone(), tls.clone());
         async move {
             let open = first.lock().unwrap_or_else(|e| e.into_inner()).take();
             let s = match open {
                 Some(s) => s,
-                None => match negotiate(&addr, Fabric::Tcp.bit(), limit).await? {
+                None => match negotiate(&addr, Fabric::Tcp.bit(), limit, tls.as_deref()).await? {
                     Chosen::Tcp(s) => s,
                     other => {
                         return Err(Error::Handshake(format!(
@@ -439,7 +592,7 @@ pub(crate) fn tcp_connector(
                     }
                 },
             };
-            s.set_nodelay(nodelay)?;
+            s.tcp().set_nodelay(nodelay)?;
             Ok(hyper_util::rt::TokioIo::new(s))
         }
     })
@@ -448,13 +601,21 @@ pub(crate) fn tcp_connector(
 /// A TCP connection for tonic's server, with the bytes read while
 /// sniffing it given back first.
 #[derive(Debug)]
-pub(crate) struct PortStream {
+pub(crate) struct PortStream<S = TcpStream> {
     prefix: Vec<u8>,
     at: usize,
-    inner: TcpStream,
+    inner: S,
 }
 
-impl AsyncRead for PortStream {
+/// A TLS connection of the port for tonic's server: the TLS session over
+/// the TCP connection (whose first bytes, the ClientHello's, were read
+/// while sniffing), and inside it the HTTP/2 preface given back first.
+/// tonic's `Connected` for the TLS stream gives its requests
+/// `TlsConnectInfo<TcpConnectInfo>`: `Request::peer_certs()` works.
+#[cfg(feature = "tls")]
+pub(crate) type TlsPortStream = PortStream<tokio_rustls::server::TlsStream<PortStream>>;
+
+impl<S: AsyncRead + Unpin> AsyncRead for PortStream<S> {
     fn poll_read(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -471,7 +632,7 @@ impl AsyncRead for PortStream {
     }
 }
 
-impl AsyncWrite for PortStream {
+impl<S: AsyncWrite + Unpin> AsyncWrite for PortStream<S> {
     fn poll_write(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -497,8 +658,8 @@ impl AsyncWrite for PortStream {
     }
 }
 
-impl Connected for PortStream {
-    type ConnectInfo = tonic::transport::server::TcpConnectInfo;
+impl<S: Connected> Connected for PortStream<S> {
+    type ConnectInfo = S::ConnectInfo;
 
     fn connect_info(&self) -> Self::ConnectInfo {
         self.inner.connect_info()
@@ -517,13 +678,62 @@ pub(crate) struct Sniffer {
     /// The server's connection limits, shared with its ring listeners: a
     /// connection that stays on TCP holds a slot until it closes.
     pub(crate) limits: Arc<Limits>,
+    /// The server's TLS ([`crate::Server::tls_config`]): with it, every
+    /// connection must open with a ClientHello.
+    pub(crate) tls: Option<Arc<ServerTls>>,
+}
+
+/// Where the sniffer hands HTTP/2 connections to tonic: plaintext ones,
+/// and (with TLS) those inside TLS, to a tonic server of their own so that
+/// their requests carry `TlsConnectInfo` (`Request::peer_certs()`).
+#[derive(Debug, Clone)]
+pub(crate) struct ToTonic {
+    /// Plaintext connections (`TcpConnectInfo`).
+    pub(crate) plain: mpsc::Sender<Result<Counted<PortStream>, std::io::Error>>,
+    /// Connections inside TLS (`TlsConnectInfo<TcpConnectInfo>`).
+    #[cfg(feature = "tls")]
+    pub(crate) tls: Option<mpsc::Sender<Result<Counted<TlsPortStream>, std::io::Error>>>,
+}
+
+impl From<mpsc::Sender<Result<Counted<PortStream>, std::io::Error>>> for ToTonic {
+    fn from(plain: mpsc::Sender<Result<Counted<PortStream>, std::io::Error>>) -> Self {
+        ToTonic {
+            plain,
+            #[cfg(feature = "tls")]
+            tls: None,
+        }
+    }
+}
+
+/// A connection for tonic, plain or inside TLS.
+enum Sniffed {
+    Plain(Counted<PortStream>),
+    #[cfg(feature = "tls")]
+    Tls(Box<Counted<TlsPortStream>>),
+}
+
+impl ToTonic {
+    async fn send(&self, s: Sniffed) {
+        match s {
+            Sniffed::Plain(s) => {
+                let _ = self.plain.send(Ok(s)).await;
+            }
+            #[cfg(feature = "tls")]
+            Sniffed::Tls(s) => {
+                if let Some(tx) = &self.tls {
+                    let _ = tx.send(Ok(*s)).await;
+                }
+            }
+        }
+    }
 }
 
 /// Accepts TCP connections until `token` is cancelled, sending HTTP/2
-/// ones (plain or negotiated) to tonic through `to_tonic`.
+/// ones (plain or negotiated, in clear or inside TLS) to tonic through
+/// `to_tonic`.
 pub(crate) async fn sniff_loop(
     mut incoming: tonic::transport::server::TcpIncoming,
-    to_tonic: mpsc::Sender<Result<Counted<PortStream>, std::io::Error>>,
+    to_tonic: ToTonic,
     sniffer: Sniffer,
     token: CancellationToken,
 ) {
@@ -559,9 +769,7 @@ pub(crate) async fn sniff_loop(
                     let r = tokio::time::timeout(limit, sniff(s, &sniffer, &peer)).await;
                     drop(permit);
                     match r {
-                        Ok(Ok(Some(stream))) => {
-                            let _ = tx.send(Ok(stream)).await;
-                        }
+                        Ok(Ok(Some(stream))) => tx.send(stream).await,
                         Ok(Ok(None)) => {}
                         Ok(Err(e)) => {
                             tracing::warn!(%peer, error = %e, "rrpc port: connection refused and closed");
@@ -578,16 +786,22 @@ pub(crate) async fn sniff_loop(
 }
 
 /// Answers a bad hello with a refusal and closes.
-async fn refuse(s: &mut TcpStream, e: HelloError) -> Result<Option<Counted<PortStream>>, Error> {
+async fn refuse<S, T>(s: &mut S, e: HelloError) -> Result<Option<T>, Error>
+where
+    S: AsyncWrite + Unpin,
+{
     let _ = s.write_all(&Reply::Refused(e.to_string()).encode()).await;
     let _ = s.shutdown().await;
     Err(Error::Handshake(format!("a bad rrpc hello: {e}")))
 }
 
-/// Answers every call of a plain HTTP/2 client refused by a connection
-/// limit with `ResourceExhausted` and the limit's name (trailers only),
+/// Answers every call of a plain HTTP/2 client refused (by a connection
+/// limit, or for want of TLS) with `code` and `reason` (trailers only),
 /// then closes; bounded by the caller's handshake timeout.
-async fn refuse_http2(s: PortStream, reason: &str) -> Result<(), Error> {
+async fn refuse_http2<S>(s: S, code: tonic::Code, reason: &str) -> Result<(), Error>
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
     let h2err = |e: h2::Error| Error::Handshake(format!("refusing an HTTP/2 client: {e}"));
     let mut conn = h2::server::handshake(s).await.map_err(h2err)?;
     let mut answered = false;
@@ -595,10 +809,7 @@ async fn refuse_http2(s: PortStream, reason: &str) -> Result<(), Error> {
         let (_req, mut respond) = req.map_err(h2err)?;
         let res = http::Response::builder()
             .header("content-type", "application/grpc")
-            .header(
-                "grpc-status",
-                (tonic::Code::ResourceExhausted as i32).to_string(),
-            )
+            .header("grpc-status", (code as i32).to_string())
             .header("grpc-message", reason)
             .body(())
             .map_err(|e| Error::Handshake(format!("refusing an HTTP/2 client: {e}")))?;
@@ -612,23 +823,109 @@ async fn refuse_http2(s: PortStream, reason: &str) -> Result<(), Error> {
     Ok(())
 }
 
-/// Reads the first bytes of `s`: HTTP/2 for tonic, a hello negotiated
-/// (`None` when the client goes to the shm listener), else an error. A
-/// connection that stays on TCP takes a slot of the server's limits first;
-/// refused, the client reads why ([`Error::ConnectionLimit`]).
-async fn sniff(
-    mut s: TcpStream,
-    sniffer: &Sniffer,
-    peer: &str,
-) -> Result<Option<Counted<PortStream>>, Error> {
+/// Reads the first bytes of `s`: a ClientHello (the rest runs inside
+/// TLS), HTTP/2 for tonic, a hello negotiated (`None` when the client goes
+/// to a ring listener), else an error. With TLS configured, plaintext is
+/// refused with the reason. A connection that stays on TCP takes a slot of
+/// the server's limits first; refused, the client reads why
+/// ([`Error::ConnectionLimit`]).
+async fn sniff(mut s: TcpStream, sniffer: &Sniffer, peer: &str) -> Result<Option<Sniffed>, Error> {
     let who = s
         .peer_addr()
         .map_or(PeerId::Socket(rrpc_core::conn::PeerKey::Unknown), |a| {
             PeerId::host(a.ip())
         });
-    let bits = sniffer.config.fabric_bits();
     let mut head = [0u8; HEADER_LEN];
     s.read_exact(&mut head).await?;
+    if head[0] == crate::tls::TLS_HANDSHAKE_RECORD {
+        let Some(tls) = &sniffer.tls else {
+            // Closed without a word, as any other garbage (`one_port`'s
+            // hostile-hello test pins it); the client's TLS stack reports
+            // the closed connection in its handshake.
+            return Err(Error::Handshake(
+                "a TLS ClientHello, and this server has no TLS (Server::tls_config, \
+                 feature `tls`); closed"
+                    .into(),
+            ));
+        };
+        #[cfg(feature = "tls")]
+        {
+            let replay = PortStream {
+                prefix: head.to_vec(),
+                at: 0,
+                inner: s,
+            };
+            let mut t = tls.accept(replay).await?;
+            // A negotiation that sends the client to a ring issues the
+            // session's ticket first, for the ring connection to present.
+            let ticket = crate::tls::ticket_of(t.get_ref().1)?;
+            let info = t.connect_info();
+            let ttl = sniffer.config.handshake_timeout();
+            let issue = move || tls.issue(ticket, info, ttl);
+            let mut head = [0u8; HEADER_LEN];
+            t.read_exact(&mut head).await?;
+            return Ok(first_bytes(t, head, sniffer, who, peer, true, issue)
+                .await?
+                .map(|s| Sniffed::Tls(Box::new(s))));
+        }
+        #[cfg(not(feature = "tls"))]
+        match **tls {}
+    }
+    if sniffer.tls.is_some() {
+        return refuse_plaintext(s, head).await;
+    }
+    Ok(first_bytes(s, head, sniffer, who, peer, false, || {})
+        .await?
+        .map(Sniffed::Plain))
+}
+
+/// A plaintext client of a port that requires TLS: a plain HTTP/2 client
+/// gets `Unavailable` on its calls, an rrpc hello a refusal, both saying
+/// so; anything else is closed.
+async fn refuse_plaintext(
+    mut s: TcpStream,
+    head: [u8; HEADER_LEN],
+) -> Result<Option<Sniffed>, Error> {
+    let why = format!(
+        "{}: connect with TLS (a ClientTlsConfig; https:// for tonic), not plaintext",
+        crate::tls::TLS_REQUIRED
+    );
+    if head[..] == H2_PREFACE[..HEADER_LEN] {
+        let mut rest = [0u8; H2_PREFACE.len() - HEADER_LEN];
+        s.read_exact(&mut rest).await?;
+        if rest[..] == H2_PREFACE[HEADER_LEN..] {
+            let stream = PortStream {
+                prefix: H2_PREFACE.to_vec(),
+                at: 0,
+                inner: s,
+            };
+            refuse_http2(stream, tonic::Code::Unavailable, &why).await?;
+        }
+    } else if hello::parse_header(&head).is_ok() {
+        let _ = s.write_all(&Reply::Refused(why.clone()).encode()).await;
+        let _ = s.shutdown().await;
+    }
+    Err(Error::Handshake(format!(
+        "a plaintext client refused: {why}"
+    )))
+}
+
+/// After the first bytes (`head`) of `s`, in clear or inside TLS: the
+/// HTTP/2 preface for tonic, or rrpc's hello negotiated (`to_ring` runs
+/// before a reply that sends the client to a ring fabric).
+async fn first_bytes<S>(
+    mut s: S,
+    head: [u8; HEADER_LEN],
+    sniffer: &Sniffer,
+    who: PeerId,
+    peer: &str,
+    tls: bool,
+    to_ring: impl FnOnce(),
+) -> Result<Option<Counted<PortStream<S>>>, Error>
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    let bits = sniffer.config.fabric_bits();
     if head[..] == H2_PREFACE[..HEADER_LEN] {
         let mut rest = [0u8; H2_PREFACE.len() - HEADER_LEN];
         s.read_exact(&mut rest).await?;
@@ -649,11 +946,11 @@ async fn sniff(
             Ok(slot) => slot,
             Err(r) => {
                 let reason = r.message();
-                refuse_http2(stream, &reason).await?;
+                refuse_http2(stream, tonic::Code::ResourceExhausted, &reason).await?;
                 return Err(Error::ConnectionLimit(reason));
             }
         };
-        tracing::info!(%peer, fabric = "tcp", "rrpc port: a plain HTTP/2 client");
+        tracing::info!(%peer, fabric = "tcp", tls, "rrpc port: a plain HTTP/2 client");
         count(Fabric::Tcp, "server");
         return Ok(Some(Counted::new(stream, slot)));
     }
@@ -661,8 +958,8 @@ async fn sniff(
         Ok(h) => h,
         Err(HelloError::Magic) => {
             return Err(Error::Handshake(format!(
-                "neither the HTTP/2 preface nor an rrpc hello (first bytes {:02x?})",
-                head
+                "neither a TLS ClientHello, the HTTP/2 preface nor an rrpc hello \
+                 (first bytes {head:02x?})"
             )));
         }
         Err(e) => return refuse(&mut s, e).await,
@@ -686,10 +983,14 @@ async fn sniff(
             Err(r) => (fabric, reply) = (None, Reply::Refused(r.message())),
         }
     }
+    if matches!(fabric, Some(Fabric::Shm | Fabric::Verbs)) {
+        to_ring();
+    }
     s.write_all(&reply.encode()).await?;
+    s.flush().await?;
     match fabric {
         Some(f) => {
-            tracing::info!(%peer, fabric = %f, "rrpc port: negotiated the {f} fabric");
+            tracing::info!(%peer, fabric = %f, tls, "rrpc port: negotiated the {f} fabric");
             count(f, "server");
         }
         None => {
@@ -716,7 +1017,8 @@ async fn sniff(
             slot,
         )),
         // shm, verbs: the client dials the side listener; this connection
-        // is done.
+        // is done (inside TLS, `s` drops without a close_notify: the
+        // client closes its end after reading the reply).
         _ => None,
     })
 }
@@ -813,16 +1115,18 @@ mod tests {
                     shm: Some(shm.clone()),
                     verbs: None,
                     limits: Limits::new(&RrpcConfig::default()),
+                    tls: None,
                 };
                 let incoming = tonic::transport::server::TcpIncoming::from(l);
-                let sniffing = tokio::spawn(sniff_loop(incoming, tx, sniffer, token.clone()));
+                let sniffing =
+                    tokio::spawn(sniff_loop(incoming, tx.into(), sniffer, token.clone()));
                 let limit = Duration::from_secs(5);
                 let both = Fabric::Shm.bit() | Fabric::Tcp.bit();
                 assert!(matches!(
-                    negotiate(&addr, both, limit).await.expect("shm"),
-                    Chosen::Shm(p) if p == shm
+                    negotiate(&addr, both, limit, None).await.expect("shm"),
+                    Chosen::Shm(p, None) if p == shm
                 ));
-                let Chosen::Tcp(mut c) = negotiate(&addr, Fabric::Tcp.bit(), limit)
+                let Chosen::Tcp(mut c) = negotiate(&addr, Fabric::Tcp.bit(), limit, None)
                     .await
                     .expect("tcp")
                 else {
@@ -890,16 +1194,17 @@ mod tests {
             shm: None,
             verbs: None,
             limits: limits.clone(),
+            tls: None,
         };
         let incoming = tonic::transport::server::TcpIncoming::from(l);
-        let sniffing = tokio::spawn(sniff_loop(incoming, tx, sniffer, token.clone()));
+        let sniffing = tokio::spawn(sniff_loop(incoming, tx.into(), sniffer, token.clone()));
         let (limit, tcp) = (Duration::from_secs(5), Fabric::Tcp.bit());
-        let Chosen::Tcp(first) = negotiate(&addr, tcp, limit).await.expect("tcp") else {
+        let Chosen::Tcp(first) = negotiate(&addr, tcp, limit, None).await.expect("tcp") else {
             panic!("tcp")
         };
         let held = rx.recv().await.expect("queued").expect("a stream");
         assert_eq!(limits.held(), 1);
-        let e = negotiate(&addr, tcp, limit)
+        let e = negotiate(&addr, tcp, limit, None)
             .await
             .expect_err("past the limit");
         assert!(
@@ -909,7 +1214,8 @@ mod tests {
         assert_eq!(e.code(), tonic::Code::ResourceExhausted);
         drop((held, first));
         assert_eq!(limits.held(), 0);
-        let Chosen::Tcp(_again) = negotiate(&addr, tcp, limit).await.expect("tcp again") else {
+        let Chosen::Tcp(_again) = negotiate(&addr, tcp, limit, None).await.expect("tcp again")
+        else {
             panic!("tcp")
         };
         let _held = rx.recv().await.expect("queued").expect("a stream");

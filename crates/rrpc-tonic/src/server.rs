@@ -23,6 +23,7 @@ use crate::fast::server::{FastOptions, serve_conn};
 use crate::h2stream::{RrpcConnectInfo, RrpcStream};
 use crate::negotiate::{Established, Negotiated};
 use crate::port::limits::{Counted, Limits};
+use crate::tls::WithPeer;
 use crate::transport::{RrpcListener, Target};
 use crate::{Error, RrpcConfig, RrpcContext};
 
@@ -35,6 +36,9 @@ type BoxError = Box<dyn std::error::Error + Send + Sync>;
 /// [`Router::serve_rrpc`] (any URI: `http://`, `unix://`, `shm://`,
 /// `rdma://`, `inproc://`) or [`Router::serve_dual`] (TCP and rrpc at once,
 /// as RR-Compound keeps TCP beside RDMA).
+///
+/// With the `tls` feature, `tls_config` takes [`crate::tls`]'s twin of
+/// tonic's `ServerTlsConfig` (one identity for every leg that has TLS).
 ///
 /// Unlike tonic's `Router`, this one keeps its routes and layers visible,
 /// which the fast path needs: it calls the layered router directly, without
@@ -65,11 +69,15 @@ struct Options {
     max_connection_age: Option<Duration>,
     /// The rings' runtime state ([`Server::context`]).
     context: Option<RrpcContext>,
+    /// TLS on every leg that has it ([`crate::tls`]).
+    tls: Option<Arc<crate::tls::ServerTls>>,
 }
 
 impl Options {
-    /// tonic's server builder with these options.
-    fn tonic(&self) -> tonic::transport::Server {
+    /// tonic's server builder with these options, with the server's TLS
+    /// when `tls` (the legs tonic terminates itself: `http://`, `unix://`;
+    /// the port hands tonic connections whose TLS it terminated).
+    fn tonic(&self, tls: bool) -> Result<tonic::transport::Server, Error> {
         let mut b = tonic::transport::Server::builder()
             .load_shed(self.load_shed)
             .max_concurrent_streams(self.max_concurrent_streams)
@@ -90,7 +98,26 @@ impl Options {
         if let Some(age) = self.max_connection_age {
             b = b.max_connection_age(age);
         }
-        b
+        match &self.tls {
+            #[cfg(feature = "tls")]
+            Some(t) if tls => Ok(b.tls_config(t.tonic())?),
+            _ => {
+                let _ = tls;
+                Ok(b)
+            }
+        }
+    }
+
+    /// `config` with the server's TLS on the verbs side channel (`verbs`
+    /// and `tls` features), unless the config sets its own.
+    fn with_side_channel_tls(&self, config: RrpcConfig) -> Result<RrpcConfig, Error> {
+        #[cfg(all(feature = "verbs", feature = "tls"))]
+        if let Some(t) = &self.tls
+            && config.tls().0.is_none()
+        {
+            return config.to_builder().tls_server(t.rustls().clone()).build();
+        }
+        Ok(config)
     }
 
     /// What the fast path takes of them.
@@ -240,6 +267,24 @@ impl<L> Server<L> {
         self
     }
 
+    /// TLS on every leg that has it, as tonic's `Server::tls_config`, from
+    /// [`crate::tls::ServerTlsConfig`] (tonic's twin: change the import).
+    /// `http://`, `unix://` and the TCP leg of [`Router::serve_dual`] are
+    /// tonic's own TLS; the `rrpc://` port then requires TLS of every
+    /// client (HTTP/2 and rrpc's negotiation run inside it); the verbs side
+    /// channel's handshake runs under the same identity. `shm://` and
+    /// `inproc://` have no TLS. [`crate::tls`] has the details, including
+    /// where `Request::peer_certs()` is not yet filled.
+    ///
+    /// # Errors
+    /// [`Error::InvalidConfig`] for an identity or CA that does not parse,
+    /// or a key that does not match its certificate.
+    #[cfg(feature = "tls")]
+    pub fn tls_config(mut self, tls: crate::tls::ServerTlsConfig) -> Result<Self, Error> {
+        self.opts.tls = Some(Arc::new(crate::tls::ServerTls::new(&tls)?));
+        Ok(self)
+    }
+
     /// Adds a generated service (same bounds as tonic's).
     pub fn add_service<S>(self, svc: S) -> Router<L>
     where
@@ -358,6 +403,7 @@ where
     where
         F: Future<Output = ()> + Send,
     {
+        let config = self.opts.with_side_channel_tls(config)?;
         let incoming = match self.opts.context.clone() {
             Some(ctx) => RrpcIncoming::bind_with_context(uri, config, ctx)?,
             None => RrpcIncoming::bind(uri, config)?,
@@ -400,8 +446,29 @@ where
         }
         // The context lives until every connection of this server is done.
         let _context = context;
+        let side_channel = match &inner {
+            IncomingInner::Port(_, _, verbs) => verbs.is_some(),
+            IncomingInner::Rings(l) => l.local_addr().is_some(),
+            _ => false,
+        };
+        if side_channel
+            && opts.tls.is_some()
+            && let Ok(c) = opts.with_side_channel_tls(config.clone())
+            && c != config
+        {
+            tracing::warn!(
+                %uri,
+                "rrpc: the listener was bound without Server::tls_config: its rdma:// side \
+                 channel has no TLS (bind it with RrpcConfigBuilder::tls_server, or serve \
+                 with serve_rrpc)"
+            );
+        }
+        // tonic's own TLS where tonic terminates the connections.
         let tonic_router = opts
-            .tonic()
+            .tonic(matches!(
+                inner,
+                IncomingInner::Tcp(_) | IncomingInner::Unix(..)
+            ))?
             .layer(layer.clone())
             .add_routes(services.routes().clone());
         match inner {
@@ -424,7 +491,10 @@ where
             }
             IncomingInner::Rings(listener) => {
                 let limits = Limits::new(&config);
-                serve_rings(listener, uri, limits, layer, services, opts, config, signal).await
+                serve_rings(
+                    listener, uri, limits, None, layer, services, opts, config, signal,
+                )
+                .await
             }
             IncomingInner::Port(listener, shm, verbs) => {
                 // The TCP leg: every HTTP/2 connection the sniffer passes on
@@ -435,10 +505,35 @@ where
                     .with_keepalive(opts.tcp_keepalive);
                 let token = CancellationToken::new();
                 let (tx, rx) = mpsc::channel(16);
+                // Connections inside TLS go to a tonic server of their own,
+                // whose requests carry `TlsConnectInfo` (`peer_certs()`).
+                #[cfg(feature = "tls")]
+                let (tls_tx, tls_rx) = mpsc::channel(16);
+                #[cfg(feature = "tls")]
+                let tls_router = opts
+                    .tonic(false)?
+                    .layer(layer.clone())
+                    .add_routes(services.routes().clone());
+                let t = token.clone();
+                let tls_leg = async move {
+                    #[cfg(feature = "tls")]
+                    tls_router
+                        .serve_with_incoming_shutdown(ReceiverStream::new(tls_rx), t.cancelled())
+                        .await?;
+                    #[cfg(not(feature = "tls"))]
+                    let _ = t;
+                    Ok::<(), Error>(())
+                };
+                let to_tonic = crate::port::ToTonic {
+                    plain: tx,
+                    #[cfg(feature = "tls")]
+                    tls: opts.tls.is_some().then_some(tls_tx),
+                };
                 // One set of limits for the port's TCP connections and both
                 // ring legs: a peer is bounded over all of them.
                 let limits = Limits::new(&config);
                 let sniffer = crate::port::Sniffer {
+                    tls: opts.tls.clone(),
                     limits: limits.clone(),
                     config: config.clone(),
                     shm: shm.as_ref().map(|(_, p)| p.clone()),
@@ -449,7 +544,7 @@ where
                 };
                 let sniff = tokio::spawn(crate::port::sniff_loop(
                     incoming,
-                    tx,
+                    to_tonic,
                     sniffer,
                     token.clone(),
                 ));
@@ -460,6 +555,7 @@ where
                         .await
                         .map_err(Error::from)
                 };
+                let (tls_rings, tls_rdma) = (opts.tls.clone(), opts.tls.clone());
                 let t = token.clone();
                 let (layer2, services2, opts2, config2, limits2) = (
                     layer.clone(),
@@ -476,6 +572,7 @@ where
                                 l,
                                 local,
                                 limits,
+                                tls_rings,
                                 layer,
                                 services,
                                 opts,
@@ -498,6 +595,7 @@ where
                                 l,
                                 local,
                                 limits2,
+                                tls_rdma,
                                 layer2,
                                 services2,
                                 opts2,
@@ -514,7 +612,7 @@ where
                     token.cancel();
                     Ok::<(), Error>(())
                 };
-                let r = tokio::try_join!(tcp, rings, rdma, sig).map(|_| ());
+                let r = tokio::try_join!(tcp, tls_leg, rings, rdma, sig).map(|_| ());
                 sniff.abort();
                 r
             }
@@ -716,11 +814,17 @@ impl RrpcIncoming {
 /// of `limits` (shared by every listener of the server) from its accept to
 /// its end; a client past a limit is refused with the reason instead of
 /// served (`port::limits`).
+///
+/// `tls`: the listener is a ring leg of an `rrpc://` port with TLS; every
+/// connection must first present the ticket of the TLS session its
+/// negotiation ran in ([`crate::tls::Ticket`]), or is closed, and its calls
+/// carry that session's peer (`Request::peer_certs()`; fast path only).
 #[allow(clippy::too_many_arguments)]
 async fn serve_rings<L, ResBody, F>(
     mut listener: RrpcListener,
     local: String,
     limits: std::sync::Arc<Limits>,
+    tls: Option<Arc<crate::tls::ServerTls>>,
     layer: L,
     services: Services,
     opts: Options,
@@ -739,10 +843,16 @@ where
 {
     let token = CancellationToken::new();
     // HTTP/2 connections go to tonic's own server, fed through this queue.
-    let (h2_tx, h2_rx) = mpsc::channel::<Result<Counted<RrpcStream>, std::io::Error>>(16);
+    // Each carries the TLS peer its ticket named (a TLS port's rings), which
+    // the outermost layer moves into its requests.
+    let (h2_tx, h2_rx) = mpsc::channel::<Result<WithPeer<Counted<RrpcStream>>, std::io::Error>>(16);
     let h2_token = token.clone();
     let tonic_router = opts
-        .tonic()
+        .tonic(false)?
+        .layer(tower::util::MapRequestLayer::new(
+            crate::tls::split_peer::<RrpcConnectInfo>
+                as fn(http::Request<Body>) -> http::Request<Body>,
+        ))
         .layer(layer.clone())
         .add_routes(services.routes().clone());
     let fast_opts = opts.fast();
@@ -802,7 +912,7 @@ where
                         continue;
                     }
                 };
-                let (svc, direct, config, token, h2_tx) = (svc.clone(), direct.clone(), config.clone(), token.child_token(), h2_tx.clone());
+                let (svc, direct, config, token, h2_tx, tls) = (svc.clone(), direct.clone(), config.clone(), token.child_token(), h2_tx.clone(), tls.clone());
                 let info = RrpcConnectInfo { local: local.clone() };
                 conns.spawn(async move {
                     let peer = accepted.peer();
@@ -815,8 +925,28 @@ where
                         ))),
                     };
                     drop(permit);
+                    // On a TLS port: the ticket first, redeemed for the
+                    // TLS session's peer.
+                    let r = match (r, &tls) {
+                        (Ok(Established::Pipe(mut pipe, path)), Some(tls)) => {
+                            // Cancel safe: cancelled, the connection is
+                            // dropped unserved (a shutdown must not wait
+                            // for a client that never presents a ticket).
+                            let redeemed = tokio::select! {
+                                r = redeem(&mut pipe, tls) => r,
+                                () = token.cancelled() => Err(Error::Closed(
+                                    "the server shut down before the ring connection presented its TLS ticket",
+                                )),
+                            };
+                            match redeemed {
+                                Ok(peer_info) => Ok((Established::Pipe(pipe, path), peer_info)),
+                                Err(e) => Err(e),
+                            }
+                        }
+                        (r, _) => r.map(|e| (e, None)),
+                    };
                     match r {
-                        Ok(Established::Pipe(pipe, Negotiated::Fast { peer_window })) => {
+                        Ok((Established::Pipe(pipe, Negotiated::Fast { peer_window }), peer_info)) => {
                             tracing::debug!(%peer, "rrpc connection on the fast path");
                             // At its age the connection drains as on shutdown.
                             let (aging, aged) = (token.clone(), peer.clone());
@@ -829,6 +959,15 @@ where
                                 std::future::pending::<()>().await
                             };
                             let serve = async move {
+                                #[cfg(feature = "tls")]
+                                if let Some(i) = peer_info {
+                                    return match direct {
+                                        Some(d) => serve_conn(pipe, with_peer(d, i), config, token, peer_window, fast_opts).await,
+                                        None => serve_conn(pipe, with_peer(svc, i), config, token, peer_window, fast_opts).await,
+                                    };
+                                }
+                                #[cfg(not(feature = "tls"))]
+                                let _ = peer_info;
                                 match direct {
                                     Some(d) => serve_conn(pipe, d, config, token, peer_window, fast_opts).await,
                                     None => serve_conn(pipe, svc, config, token, peer_window, fast_opts).await,
@@ -844,12 +983,13 @@ where
                                 tracing::warn!(%peer, error = %e, "rrpc connection failed");
                             }
                         }
-                        Ok(Established::Pipe(pipe, Negotiated::Http2)) => {
+                        Ok((Established::Pipe(pipe, Negotiated::Http2), peer_info)) => {
                             tracing::debug!(%peer, "rrpc connection on the HTTP/2 path");
                             let stream = Counted::new(RrpcStream::new(pipe, info), slot);
+                            let stream = WithPeer { inner: stream, peer: peer_info };
                             let _ = h2_tx.send(Ok(stream)).await;
                         }
-                        Ok(Established::Shared) => {
+                        Ok((Established::Shared, _)) => {
                             // Nothing to serve on it: each logical
                             // connection over it takes a slot of its own.
                             drop(slot);
@@ -869,4 +1009,48 @@ where
         Ok(r) => Ok(r?),
         Err(e) => Err(Error::Io(std::io::Error::other(e))),
     }
+}
+
+/// Reads a ring connection's ticket and redeems it for its TLS session's
+/// peer ([`crate::tls::Ticket`]); a connection without a valid one is
+/// refused (closed). Waits as long as the connection lives: a spare
+/// connection presents its ticket when a channel takes it.
+async fn redeem(
+    pipe: &mut crate::pipe::Pipe,
+    tls: &crate::tls::ServerTls,
+) -> Result<Option<crate::tls::PeerInfo>, Error> {
+    #[cfg(feature = "tls")]
+    {
+        let Some(ticket) = crate::tls::read_ticket(pipe).await? else {
+            return Err(Error::Handshake(
+                "a ring connection on a port with TLS presented no ticket \
+                 (dial the port with RrpcEndpoint::tls_config, not its socket)"
+                    .into(),
+            ));
+        };
+        match tls.redeem(&ticket) {
+            Some(peer) => Ok(Some(peer)),
+            None => Err(Error::Handshake(
+                "a ring connection presented an unknown, used or expired TLS ticket".into(),
+            )),
+        }
+    }
+    #[cfg(not(feature = "tls"))]
+    {
+        let _ = pipe;
+        match *tls {}
+    }
+}
+
+/// `svc` with `peer` in every request's extensions (tonic's
+/// `TlsConnectInfo`, which `Request::peer_certs()` reads).
+#[cfg(feature = "tls")]
+fn with_peer<S>(
+    svc: S,
+    peer: crate::tls::PeerInfo,
+) -> tower::util::MapRequest<S, impl FnMut(http::Request<Body>) -> http::Request<Body> + Clone> {
+    tower::util::MapRequest::new(svc, move |mut req: http::Request<Body>| {
+        req.extensions_mut().insert(peer.clone());
+        req
+    })
 }

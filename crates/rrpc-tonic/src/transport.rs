@@ -267,9 +267,15 @@ pub(crate) async fn dial(
         // A ring channel on an `rrpc://` port: shm or verbs through the
         // side listener the port's negotiation names; its shared
         // connections are cached by the port (`sharing::PeerKey`).
+        // Inside TLS, the ring connection's first message is the ticket of
+        // the TLS session its negotiation ran in ([`crate::tls::Ticket`]).
         Target::Port(p) => {
-            let ep = p.ring_endpoint(cfg).await?;
-            crate::rings::dial(ep, Some(p.addr()), cfg, ctx).await
+            let (ep, ticket) = p.ring_endpoint(cfg).await?;
+            let (mut pipe, path) = crate::rings::dial(ep, Some(p.addr()), cfg, ctx).await?;
+            if let Some(t) = ticket {
+                crate::tls::present_ticket(&mut pipe, &t).await?;
+            }
+            Ok((pipe, path))
         }
         Target::Tcp(_) | Target::Unix(_) => Err(Error::InvalidUri {
             uri: format!("{target:?}"),

@@ -34,3 +34,4 @@ mod server_options;
 mod sharing;
 mod shutdown;
 mod spare;
+mod tls;

@@ -1,0 +1,745 @@
+//! TLS as tonic users have it (issue #57 part 1; feature `tls`):
+//! `Server::tls_config` and `RrpcEndpoint::tls_config` with rrpc's twins of
+//! tonic's TLS types, on the `rrpc://` port (tonic `Channel`s with
+//! `ClientTlsConfig`, rrpc clients landing on shm and on TCP), `http://`
+//! and `serve_dual`'s TCP leg; refusals (no client certificate where one is
+//! required, a wrong CA, plaintext to a TLS-only port, TLS to a plaintext
+//! port); and `Request::peer_certs()` in a handler on each path that
+//! carries it. Certificates are made with rcgen at test time.
+//!
+//! grpcio with `ssl_channel_credentials` calls the port as `one_port.rs`
+//! runs it plaintext (skipped without grpcio, failed then under
+//! `RRPC_REQUIRE_INTEROP=1`). Not here: grpc-go with TLS credentials, and
+//! verbs (the VM harness).
+
+#![cfg(feature = "tls")]
+
+use std::pin::Pin;
+use std::time::Duration;
+
+use futures_util::Stream;
+use rrpc_integration_tests::pb::test_client::TestClient;
+use rrpc_integration_tests::pb::test_server::{Test, TestServer};
+use rrpc_integration_tests::pb::{Input, Output};
+use rrpc_tonic::tls::{Certificate, ClientTlsConfig, Identity, ServerTlsConfig};
+use rrpc_tonic::{
+    Carrier, ChannelPath, Error, Fabric, PathPreference, RrpcConfig, RrpcEndpoint, RrpcIncoming,
+    Server,
+};
+use tokio::sync::oneshot;
+use tonic::{Request, Response, Status, Streaming};
+
+/// A CA, a server certificate it signed (for `localhost` and 127.0.0.1)
+/// and a client certificate it signed, as PEMs.
+struct Pki {
+    ca: String,
+    server: (String, String),
+    client: (String, String),
+    /// The client certificate's DER, as `peer_certs()` must give it.
+    client_der: Vec<u8>,
+}
+
+fn make_pki() -> Pki {
+    use rcgen::{
+        BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose,
+        IsCa, Issuer, KeyPair, KeyUsagePurpose,
+    };
+    // Distinct subjects: rcgen's default names every certificate alike, and
+    // OpenSSL (grpcio) takes a leaf whose subject is its issuer's for a
+    // self-signed one.
+    let named = |cn: &str| {
+        let mut dn = DistinguishedName::new();
+        dn.push(DnType::CommonName, cn);
+        dn
+    };
+    let ca_key = KeyPair::generate().expect("key");
+    let mut ca = CertificateParams::new(Vec::<String>::new()).expect("params");
+    ca.distinguished_name = named("rrpc test CA");
+    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    ca.key_usages = vec![
+        KeyUsagePurpose::KeyCertSign,
+        KeyUsagePurpose::DigitalSignature,
+    ];
+    let ca_cert = ca.self_signed(&ca_key).expect("ca");
+    let issuer = Issuer::new(ca, ca_key);
+    let leaf = |names: Vec<String>, usage| {
+        let key = KeyPair::generate().expect("key");
+        let mut p = CertificateParams::new(names.clone()).expect("params");
+        p.distinguished_name = named(&names[0]);
+        p.extended_key_usages = vec![usage];
+        let cert = p.signed_by(&key, &issuer).expect("signed");
+        (cert, key)
+    };
+    let (server, server_key) = leaf(
+        vec!["localhost".into(), "127.0.0.1".into()],
+        ExtendedKeyUsagePurpose::ServerAuth,
+    );
+    let (client, client_key) = leaf(
+        vec!["client.test".into()],
+        ExtendedKeyUsagePurpose::ClientAuth,
+    );
+    Pki {
+        ca: ca_cert.pem(),
+        server: (server.pem(), server_key.serialize_pem()),
+        client: (client.pem(), client_key.serialize_pem()),
+        client_der: client.der().to_vec(),
+    }
+}
+
+impl Pki {
+    /// The server's TLS: its identity, and clients must present a
+    /// certificate of the CA (mTLS) unless `optional`.
+    fn server(&self, optional: bool) -> ServerTlsConfig {
+        ServerTlsConfig::new()
+            .identity(Identity::from_pem(&self.server.0, &self.server.1))
+            .client_ca_root(Certificate::from_pem(&self.ca))
+            .client_auth_optional(optional)
+    }
+
+    /// A client trusting the CA, with its certificate.
+    fn client(&self) -> ClientTlsConfig {
+        self.anonymous()
+            .identity(Identity::from_pem(&self.client.0, &self.client.1))
+    }
+
+    /// A client trusting the CA, with no certificate.
+    fn anonymous(&self) -> ClientTlsConfig {
+        ClientTlsConfig::new().ca_certificate(Certificate::from_pem(&self.ca))
+    }
+
+    /// tonic's own client config, with the client's certificate.
+    fn tonic_client(&self) -> tonic::transport::ClientTlsConfig {
+        tonic::transport::ClientTlsConfig::new()
+            .ca_certificate(tonic::transport::Certificate::from_pem(&self.ca))
+            .identity(tonic::transport::Identity::from_pem(
+                &self.client.0,
+                &self.client.1,
+            ))
+    }
+}
+
+type BoxStream = Pin<Box<dyn Stream<Item = Result<Output, Status>> + Send>>;
+
+/// Answers with what `peer_certs()` gives the handler: `total` the number
+/// of certificates (0 for `None`), `payload` the first one's DER, and
+/// `x-peer-certs: none` when there are none.
+#[derive(Debug, Clone, Copy)]
+struct PeerEcho;
+
+fn peer_of<T>(req: &Request<T>) -> Output {
+    match req.peer_certs() {
+        Some(c) => Output {
+            payload: c.first().map(|d| d.to_vec()).unwrap_or_default(),
+            total: c.len() as u64,
+        },
+        None => Output::default(),
+    }
+}
+
+#[tonic::async_trait]
+impl Test for PeerEcho {
+    async fn unary(&self, req: Request<Input>) -> Result<Response<Output>, Status> {
+        let out = peer_of(&req);
+        let mut res = Response::new(out);
+        if req.peer_certs().is_none() {
+            res.metadata_mut()
+                .insert("x-peer-certs", "none".parse().expect("ascii"));
+        }
+        Ok(res)
+    }
+
+    type ServerStreamStream = BoxStream;
+
+    async fn server_stream(&self, req: Request<Input>) -> Result<Response<BoxStream>, Status> {
+        let out = peer_of(&req);
+        let n = req.get_ref().count as usize;
+        let s = futures_util::stream::iter((0..n).map(move |_| Ok(out.clone())));
+        Ok(Response::new(Box::pin(s)))
+    }
+
+    async fn client_stream(
+        &self,
+        _req: Request<Streaming<Input>>,
+    ) -> Result<Response<Output>, Status> {
+        Err(Status::unimplemented("not used"))
+    }
+
+    type BidiStream = BoxStream;
+
+    async fn bidi(&self, _req: Request<Streaming<Input>>) -> Result<Response<BoxStream>, Status> {
+        Err(Status::unimplemented("not used"))
+    }
+}
+
+/// A running server; shuts down when dropped.
+struct Running {
+    uri: String,
+    stop: Option<oneshot::Sender<()>>,
+    task: Option<tokio::task::JoinHandle<Result<(), Error>>>,
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = self.stop.take().map(|s| s.send(()));
+        if let Some(t) = self.task.take() {
+            t.abort();
+        }
+    }
+}
+
+/// The service at `uri` (port 0), with `tls` if given.
+fn serve(uri: &str, tls: Option<ServerTlsConfig>) -> Running {
+    serve_with(uri, tls, RrpcConfig::default())
+}
+
+/// [`serve`] with `config`.
+fn serve_with(uri: &str, tls: Option<ServerTlsConfig>, config: RrpcConfig) -> Running {
+    let incoming = RrpcIncoming::bind(uri, config).expect("bind");
+    let uri = incoming.uri().to_string();
+    let mut server = Server::builder();
+    if let Some(tls) = tls {
+        server = server.tls_config(tls).expect("tls config");
+    }
+    let (stop, stopped) = oneshot::channel::<()>();
+    let router = server.add_service(TestServer::new(PeerEcho));
+    let task = tokio::spawn(router.serve_rrpc_incoming(incoming, async move {
+        let _ = stopped.await;
+    }));
+    Running {
+        uri,
+        stop: Some(stop),
+        task: Some(task),
+    }
+}
+
+fn host_port(uri: &str) -> &str {
+    uri.split_once("://").expect("scheme").1
+}
+
+/// A tonic `Channel` on `https://` to `uri`'s address with `tls`.
+async fn tonic_channel(
+    uri: &str,
+    tls: tonic::transport::ClientTlsConfig,
+) -> Result<TestClient<tonic::transport::Channel>, tonic::transport::Error> {
+    let ch = tonic::transport::Endpoint::from_shared(format!("https://{}", host_port(uri)))?
+        .tls_config(tls)?
+        .connect()
+        .await?;
+    Ok(TestClient::new(ch))
+}
+
+async fn rrpc(
+    uri: &str,
+    cfg: RrpcConfig,
+    tls: ClientTlsConfig,
+) -> Result<TestClient<rrpc_tonic::RrpcChannel>, Error> {
+    let ch = RrpcEndpoint::new(uri)?
+        .config(cfg)
+        .tls_config(tls)?
+        .connect()
+        .await?;
+    Ok(TestClient::new(ch))
+}
+
+/// A unary call's view of the handler's `peer_certs()`: `None`, or the
+/// certificates' count and the first one's DER.
+async fn peer_seen<T>(c: &mut TestClient<T>) -> Result<Option<(u64, Vec<u8>)>, Status>
+where
+    T: tonic::client::GrpcService<tonic::body::Body>,
+    T::Error: Into<tonic::codegen::StdError>,
+    T::ResponseBody: tonic::codegen::Body<Data = tonic::codegen::Bytes> + Send + 'static,
+    <T::ResponseBody as tonic::codegen::Body>::Error: Into<tonic::codegen::StdError> + Send,
+{
+    let r = c.unary(Input::default()).await?;
+    if r.metadata().get("x-peer-certs").is_some() {
+        return Ok(None);
+    }
+    let o = r.into_inner();
+    Ok(Some((o.total, o.payload)))
+}
+
+fn tcp_only() -> RrpcConfig {
+    RrpcConfig::builder()
+        .fabrics([Fabric::Tcp])
+        .build()
+        .expect("config")
+}
+
+/// tonic's own `Channel` with `ClientTlsConfig` calls the `rrpc://` port:
+/// unary and server streaming, and the handler sees the client's
+/// certificate.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tonic_channel_with_tls_calls_the_port_and_its_certificate_reaches_the_handler() {
+    let pki = make_pki();
+    let s = serve("rrpc://127.0.0.1:0", Some(pki.server(false)));
+    let mut c = tonic_channel(&s.uri, pki.tonic_client())
+        .await
+        .expect("tonic connects with TLS");
+    assert_eq!(
+        peer_seen(&mut c).await.expect("unary"),
+        Some((1, pki.client_der.clone()))
+    );
+    let mut stream = c
+        .server_stream(Input {
+            count: 3,
+            ..Default::default()
+        })
+        .await
+        .expect("server stream")
+        .into_inner();
+    let mut n = 0;
+    while let Some(o) = stream.message().await.expect("message") {
+        assert_eq!((o.total, &o.payload), (1, &pki.client_der));
+        n += 1;
+    }
+    assert_eq!(n, 3);
+}
+
+/// An rrpc client with TLS negotiates inside TLS: shm on this host by
+/// default (the ring connection presents the TLS session's ticket), on
+/// the fast path and the HTTP/2 path, and TCP (HTTP/2 inside the same TLS)
+/// when it forbids shm. The handler sees its certificate on each.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_rrpc_client_with_tls_lands_on_shm_or_on_tcp_through_the_port() {
+    let pki = make_pki();
+    let s = serve("rrpc://127.0.0.1:0", Some(pki.server(false)));
+
+    let ch = RrpcEndpoint::new(&s.uri)
+        .expect("uri")
+        .tls_config(pki.client())
+        .expect("tls")
+        .connect()
+        .await
+        .expect("shm through a TLS port");
+    assert_eq!(ch.carrier(), Carrier::Shm);
+    let mut shm = TestClient::new(ch);
+    assert_eq!(
+        peer_seen(&mut shm).await.expect("unary on shm"),
+        Some((1, pki.client_der.clone()))
+    );
+
+    // The HTTP/2 path over the same rings.
+    let ch = RrpcEndpoint::new(&s.uri)
+        .expect("uri")
+        .config(
+            RrpcConfig::builder()
+                .path(PathPreference::Http2)
+                .build()
+                .expect("config"),
+        )
+        .tls_config(pki.client())
+        .expect("tls")
+        .connect()
+        .await
+        .expect("shm, HTTP/2 path, through a TLS port");
+    assert_eq!(ch.carrier(), Carrier::Shm);
+    assert_eq!(ch.path(), ChannelPath::Http2);
+    let mut h2 = TestClient::new(ch);
+    assert_eq!(
+        peer_seen(&mut h2).await.expect("unary on shm, HTTP/2"),
+        Some((1, pki.client_der.clone()))
+    );
+
+    let ch = RrpcEndpoint::new(&s.uri)
+        .expect("uri")
+        .config(tcp_only())
+        .tls_config(pki.client())
+        .expect("tls")
+        .connect()
+        .await
+        .expect("tcp through a TLS port");
+    assert_eq!(ch.carrier(), Carrier::Tcp);
+    let mut tcp = TestClient::new(ch);
+    assert_eq!(
+        peer_seen(&mut tcp).await.expect("unary on tcp"),
+        Some((1, pki.client_der.clone()))
+    );
+    // A second call, on the same TLS connection.
+    assert!(peer_seen(&mut tcp).await.expect("again").is_some());
+}
+
+/// `http://` with TLS: tonic's own TLS under rrpc's builders, and the
+/// handler sees the client's certificate; without a certificate where it
+/// is optional, it sees none.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http_with_tls_serves_rrpc_and_tonic_clients() {
+    let pki = make_pki();
+    let s = serve("http://127.0.0.1:0", Some(pki.server(true)));
+    let mut c = rrpc(&s.uri, RrpcConfig::default(), pki.client())
+        .await
+        .expect("rrpc over https");
+    assert_eq!(
+        peer_seen(&mut c).await.expect("unary"),
+        Some((1, pki.client_der.clone()))
+    );
+    let mut anon = rrpc(&s.uri, RrpcConfig::default(), pki.anonymous())
+        .await
+        .expect("no certificate, optional");
+    assert_eq!(peer_seen(&mut anon).await.expect("unary"), None);
+    let mut t = tonic_channel(&s.uri, pki.tonic_client())
+        .await
+        .expect("tonic over https");
+    assert!(peer_seen(&mut t).await.expect("unary").is_some());
+}
+
+/// `serve_dual`: its TCP leg has the server's TLS, its rings leg serves
+/// rrpc clients beside it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_dual_has_tls_on_its_tcp_leg() {
+    let pki = make_pki();
+    let tcp = std::net::TcpListener::bind("127.0.0.1:0")
+        .expect("a free port")
+        .local_addr()
+        .expect("addr");
+    let shm = format!(
+        "shm://{}/rrpc-tls-dual-{}.sock",
+        std::env::temp_dir().display(),
+        std::process::id()
+    );
+    let _ = std::fs::remove_file(shm.trim_start_matches("shm://"));
+    let (stop, stopped) = oneshot::channel::<()>();
+    let router = Server::builder()
+        .tls_config(pki.server(false))
+        .expect("tls")
+        .add_service(TestServer::new(PeerEcho));
+    let (u, cfg) = (shm.clone(), RrpcConfig::default());
+    let server = tokio::spawn(async move {
+        router
+            .serve_dual(tcp, &u, cfg, async move {
+                let _ = stopped.await;
+            })
+            .await
+    });
+    let uri = format!("http://{tcp}");
+    // serve_dual binds inside; retry until it listens (bounded).
+    let mut c = None;
+    for _ in 0..500 {
+        if let Ok(ch) = tonic_channel(&uri, pki.tonic_client()).await {
+            c = Some(ch);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let mut c = c.expect("the TCP leg listens with TLS");
+    assert_eq!(
+        peer_seen(&mut c).await.expect("unary"),
+        Some((1, pki.client_der.clone()))
+    );
+    let mut plain = TestClient::new(
+        tonic::transport::Endpoint::from_shared(uri)
+            .expect("uri")
+            .connect_lazy(),
+    );
+    // tonic's own TLS server closes a plaintext client's connection (the
+    // code is tonic's transport error's, which varies with timing).
+    plain.unary(Input::default()).await.expect_err("plaintext");
+    let mut ring = rrpc(&shm, RrpcConfig::default(), pki.client())
+        .await
+        .expect("the rings leg");
+    assert_eq!(peer_seen(&mut ring).await.expect("unary"), None);
+    let _ = stop.send(());
+    server
+        .await
+        .expect("join")
+        .expect("serve_dual ends cleanly");
+}
+
+/// Refusals, each with its code: no client certificate where one is
+/// required, a CA that did not sign the server's certificate, plaintext
+/// to a TLS-only port (HTTP/2 and rrpc's hello), a ring connection with no
+/// TLS ticket, TLS to a plaintext port.
+/// The port keeps serving after each.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refusals_name_what_is_wrong() {
+    let pki = make_pki();
+    let s = serve("rrpc://127.0.0.1:0", Some(pki.server(false)));
+
+    // No client certificate: the server's TLS handshake fails it.
+    let e = rrpc(&s.uri, tcp_only(), pki.anonymous())
+        .await
+        .map(|_| ())
+        .expect_err("no client certificate");
+    assert_eq!(e.code(), tonic::Code::Unavailable, "{e}");
+    let anon = tonic::transport::ClientTlsConfig::new()
+        .ca_certificate(tonic::transport::Certificate::from_pem(&pki.ca));
+    // tonic's client finishes its side of TLS 1.3 before the server
+    // refuses, and reports the server's alert as its own transport error,
+    // whose code depends on when hyper saw it (`Unknown`, `Cancelled` or
+    // `Unavailable`, as against tonic's own server): the call must fail.
+    match tonic_channel(&s.uri, anon).await {
+        Err(_) => {}
+        Ok(mut c) => {
+            c.unary(Input::default()).await.expect_err("no certificate");
+        }
+    }
+
+    // A wrong CA: the client refuses the server's certificate.
+    let other = make_pki();
+    let e = rrpc(&s.uri, tcp_only(), other.client())
+        .await
+        .map(|_| ())
+        .expect_err("wrong CA");
+    assert!(
+        matches!(&e, Error::Handshake(m) if m.contains("TLS handshake")),
+        "{e}"
+    );
+    assert_eq!(e.code(), tonic::Code::Unavailable);
+
+    // Plaintext to a TLS-only port: rrpc's hello is refused, saying so.
+    let e = RrpcEndpoint::new(&s.uri)
+        .expect("uri")
+        .connect()
+        .await
+        .map(|_| ())
+        .expect_err("plaintext hello");
+    assert!(
+        matches!(&e, Error::Handshake(m) if m.contains("requires TLS") && m.contains("tls_config")),
+        "{e}"
+    );
+    // ... and a plain HTTP/2 client's calls end `Unavailable`, saying so.
+    let mut plain = TestClient::new(
+        tonic::transport::Endpoint::from_shared(format!("http://{}", host_port(&s.uri)))
+            .expect("uri")
+            .connect()
+            .await
+            .expect("the port takes the connection"),
+    );
+    let e = plain.unary(Input::default()).await.expect_err("plaintext");
+    assert_eq!(e.code(), tonic::Code::Unavailable, "{e}");
+    assert!(e.message().contains("requires TLS"), "{e}");
+
+    // The port still serves TLS clients.
+    let mut ok = rrpc(&s.uri, tcp_only(), pki.client())
+        .await
+        .expect("after the refusals");
+    assert!(peer_seen(&mut ok).await.expect("unary").is_some());
+
+    // A ring connection that skips the TLS negotiation (the port's shm
+    // socket dialed directly) presents no ticket: closed at its first
+    // message, so its call fails.
+    let port = s.uri.rsplit_once(':').expect("port").1;
+    let dir = std::env::var_os("XDG_RUNTIME_DIR")
+        .map(std::path::PathBuf::from)
+        .filter(|d| d.is_absolute() && d.is_dir())
+        .unwrap_or_else(std::env::temp_dir);
+    let socket = dir.join(format!("rrpc-port-{port}-{}.sock", std::process::id()));
+    assert!(socket.exists(), "{}", socket.display());
+    let shm = format!("shm://{}", socket.display());
+    if let Ok(ch) = RrpcEndpoint::new(&shm).expect("uri").connect().await {
+        let e = TestClient::new(ch)
+            .unary(Input::default())
+            .await
+            .expect_err("no ticket");
+        assert_eq!(e.code(), tonic::Code::Unavailable, "{e}");
+    }
+    // The port still serves TLS clients on shm.
+    let mut ok = rrpc(&s.uri, RrpcConfig::default(), pki.client())
+        .await
+        .expect("shm after a ticketless ring");
+    assert!(peer_seen(&mut ok).await.expect("unary").is_some());
+
+    // TLS to a port without TLS: closed, the client's handshake fails.
+    let bare = serve("rrpc://127.0.0.1:0", None);
+    let e = rrpc(&bare.uri, tcp_only(), pki.client())
+        .await
+        .map(|_| ())
+        .expect_err("TLS to a plaintext port");
+    assert!(
+        matches!(&e, Error::Handshake(m) if m.contains("TLS handshake")),
+        "{e}"
+    );
+}
+
+/// grpcio (Python's gRPC, C core) with `ssl_channel_credentials` (the CA
+/// and the client's certificate) calls the TLS port: a unary call with the
+/// request encoded by hand, whose answer carries the client certificate
+/// the handler saw. A plaintext grpcio channel to the same port gets
+/// `UNAVAILABLE` saying TLS is required. The Python is
+/// `$RRPC_GRPCIO_PYTHON`, else `python3`; skipped when it cannot
+/// `import grpc`, failed then under `RRPC_REQUIRE_INTEROP=1` (as
+/// `one_port`'s grpcio test).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grpcio_with_ssl_credentials_calls_the_tls_port() {
+    use prost::Message as _;
+    let python = std::env::var_os("RRPC_GRPCIO_PYTHON").unwrap_or_else(|| "python3".into());
+    let imports = std::process::Command::new(&python)
+        .args(["-c", "import grpc"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !imports {
+        assert!(
+            std::env::var_os("RRPC_REQUIRE_INTEROP").is_none_or(|v| v != "1"),
+            "grpcio cannot run ({}) and RRPC_REQUIRE_INTEROP=1",
+            python.to_string_lossy()
+        );
+        eprintln!("skipped: grpcio cannot run ({})", python.to_string_lossy());
+        return;
+    }
+    let pki = make_pki();
+    let s = serve("rrpc://127.0.0.1:0", Some(pki.server(false)));
+    let script = r#"
+import sys, grpc
+addr, request, ca, cert, key = sys.argv[1:6]
+opts = [("grpc.enable_http_proxy", 0), ("grpc.ssl_target_name_override", "localhost")]
+creds = grpc.ssl_channel_credentials(
+    root_certificates=ca.encode(), private_key=key.encode(), certificate_chain=cert.encode())
+ch = grpc.secure_channel(addr, creds, options=opts)
+print(ch.unary_unary("/test.Test/Unary")(bytes.fromhex(request), timeout=20).hex())
+plain = grpc.insecure_channel(addr, options=opts[:1])
+try:
+    plain.unary_unary("/test.Test/Unary")(bytes.fromhex(request), timeout=20)
+    print("plaintext served")
+except grpc.RpcError as e:
+    print(e.code().name, e.details())
+"#;
+    let mut cmd = std::process::Command::new(&python);
+    cmd.args([
+        "-c",
+        script,
+        host_port(&s.uri),
+        "",
+        &pki.ca,
+        &pki.client.0,
+        &pki.client.1,
+    ]);
+    let out = tokio::task::spawn_blocking(move || cmd.output())
+        .await
+        .expect("join")
+        .expect("grpcio runs");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "grpcio failed ({}): {}{}",
+        out.status,
+        stdout,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut lines = stdout.lines();
+    let want = Output {
+        payload: pki.client_der.clone(),
+        total: 1,
+    }
+    .encode_to_vec();
+    let hex: String = want.iter().map(|b| format!("{b:02x}")).collect();
+    assert_eq!(
+        lines.next(),
+        Some(hex.as_str()),
+        "the handler saw grpcio's certificate"
+    );
+    let plain = lines.next().unwrap_or_default();
+    assert!(
+        plain.starts_with("UNAVAILABLE") && plain.contains("requires TLS"),
+        "{plain}"
+    );
+}
+
+/// A ring connection of a TLS port that never presents its ticket (the
+/// port's shm socket dialed directly, and no call made) does not hold the
+/// server's graceful shutdown.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ticketless_ring_connection_does_not_hold_the_shutdown() {
+    let pki = make_pki();
+    let mut s = serve("rrpc://127.0.0.1:0", Some(pki.server(false)));
+    let port = s.uri.rsplit_once(':').expect("port").1;
+    let dir = std::env::var_os("XDG_RUNTIME_DIR")
+        .map(std::path::PathBuf::from)
+        .filter(|d| d.is_absolute() && d.is_dir())
+        .unwrap_or_else(std::env::temp_dir);
+    let socket = dir.join(format!("rrpc-port-{port}-{}.sock", std::process::id()));
+    let idle = RrpcEndpoint::new(format!("shm://{}", socket.display()))
+        .expect("uri")
+        .connect()
+        .await
+        .expect("the ring connection itself is accepted");
+    let _ = s.stop.take().map(|t| t.send(()));
+    let task = s.task.take().expect("running");
+    // A hang, not a duration, is what this catches: the bound is generous.
+    tokio::time::timeout(Duration::from_secs(60), task)
+        .await
+        .expect("the shutdown finished with the idle connection open")
+        .expect("join")
+        .expect("served cleanly");
+    drop(idle);
+}
+
+/// `unix://` with TLS: tonic's own TLS over the socket. tonic's
+/// `peer_certs()` reads only TLS over TCP (`TlsConnectInfo<TcpConnectInfo>`),
+/// so a handler sees no certificate there, as with tonic itself.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unix_with_tls_serves_an_rrpc_client() {
+    let pki = make_pki();
+    let path = std::env::temp_dir().join(format!("rrpc-tls-{}.sock", std::process::id()));
+    let _ = std::fs::remove_file(&path);
+    let s = serve(
+        &format!("unix://{}", path.display()),
+        Some(pki.server(false)),
+    );
+    let mut c = rrpc(&s.uri, RrpcConfig::default(), pki.client())
+        .await
+        .expect("rrpc over unix:// with TLS");
+    assert_eq!(peer_seen(&mut c).await.expect("unary"), None);
+    // Plaintext on the TLS socket fails, at the connect or at the call.
+    if let Ok(ch) = RrpcEndpoint::new(&s.uri).expect("uri").connect().await {
+        TestClient::new(ch)
+            .unary(Input::default())
+            .await
+            .expect_err("plaintext on a TLS socket");
+    }
+    drop(s);
+    let _ = std::fs::remove_file(&path);
+}
+
+/// Through a TLS port, every ring connection presents a fresh ticket: with
+/// shared queue pairs (each logical connection over the shared one) and
+/// with spare connections (dialed ahead, ticket presented when taken),
+/// each channel's calls carry its certificate.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shared_and_spare_ring_connections_present_their_tickets() {
+    let pki = make_pki();
+    let shared = RrpcConfig::builder()
+        .shared_queue_pairs(true)
+        .build()
+        .expect("config");
+    let spares = RrpcConfig::builder()
+        .spare_connections(2)
+        .build()
+        .expect("config");
+    for cfg in [shared, spares] {
+        let s = serve_with("rrpc://127.0.0.1:0", Some(pki.server(false)), cfg.clone());
+        // The client's own state, apart from the server's.
+        let ctx = rrpc_tonic::RrpcContext::new(&cfg);
+        let connect = || async {
+            let ch = RrpcEndpoint::new(&s.uri)
+                .expect("uri")
+                .config(cfg.clone())
+                .context(ctx.clone())
+                .tls_config(pki.client())
+                .expect("tls")
+                .connect()
+                .await
+                .expect("shm through the TLS port");
+            assert_eq!(ch.carrier(), Carrier::Shm);
+            let mut c = TestClient::new(ch);
+            assert_eq!(
+                peer_seen(&mut c).await.expect("unary"),
+                Some((1, pki.client_der.clone())),
+                "{cfg:?}"
+            );
+            c
+        };
+        let _first = connect().await;
+        if cfg.shared_queue_pairs() {
+            let _second = connect().await;
+            assert!(!ctx.shared_connections().is_empty(), "a shared connection");
+        } else {
+            // Wait for a spare, then take it.
+            let deadline = std::time::Instant::now() + Duration::from_secs(20);
+            while ctx.spare_stats().ready == 0 {
+                assert!(std::time::Instant::now() < deadline, "no spare was dialed");
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            let _second = connect().await;
+            assert!(ctx.spare_stats().taken >= 1, "{:?}", ctx.spare_stats());
+        }
+    }
+}
