@@ -24,63 +24,9 @@ use polling::PollingSettings;
 use rings::RingSettings;
 use sharing::SharingSettings;
 
-/// Which data path a connection uses (negotiated in the handshake).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-#[non_exhaustive]
-pub enum PathPreference {
-    /// The h2-free fast path when both ends allow it, else HTTP/2 (default).
-    #[default]
-    Fast,
-    /// Always HTTP/2 over the rings (full tonic feature set, see the crate docs).
-    Http2,
-}
-
-/// A fabric an `rrpc://` connection may run on ([`RrpcConfig::fabrics`]).
-///
-/// The negotiation on an `rrpc://` port takes the best fabric both ends
-/// allow and can use, in this order: [`Fabric::Shm`] (same host only),
-/// then [`Fabric::Verbs`] (both ends built with the `verbs` feature and
-/// with an active device, the client's queue pair reaching the server's),
-/// then [`Fabric::Tcp`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum Fabric {
-    /// HTTP/2 (tonic) on the TCP connection the negotiation ran on.
-    Tcp,
-    /// Shared-memory rings through the server's shm listener, when both
-    /// ends are on the same host (`rrpc://` docs in [`crate::RrpcEndpoint`]).
-    Shm,
-    /// RDMA rings through the server's `rdma://` side channel. Offered only
-    /// by a build with the `verbs` feature; a server grants it only when
-    /// its device opened.
-    Verbs,
-}
-
-impl Fabric {
-    /// The fabric's bit in the negotiation's offer.
-    pub(crate) fn bit(self) -> u8 {
-        match self {
-            Fabric::Tcp => 1,
-            Fabric::Shm => 2,
-            Fabric::Verbs => 4,
-        }
-    }
-
-    /// Its name in logs, metrics and errors.
-    pub fn name(self) -> &'static str {
-        match self {
-            Fabric::Tcp => "tcp",
-            Fabric::Shm => "shm",
-            Fabric::Verbs => "verbs",
-        }
-    }
-}
-
-impl std::fmt::Display for Fabric {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.name())
-    }
-}
+pub use fabrics::Fabric;
+pub use fast_path::PathPreference;
+pub use sharing::{DEFAULT_MAX_SHARED_PEERS, DEFAULT_PEER_LEASE, MAX_SPARE_CONNECTIONS};
 
 /// Bundles pooled for `rdma://` connections unless
 /// [`RrpcConfig::connection_pool`] says otherwise.
@@ -163,21 +109,6 @@ pub const DEFAULT_RDMA_CONNECTION_POOL: usize = 2;
 /// | fabrics | `fabrics` | every one ([`Fabric::Shm`], [`Fabric::Verbs`], [`Fabric::Tcp`]) | what an `rrpc://` connection may run on; the best both ends allow and can use wins |
 #[derive(Debug, Clone, PartialEq)]
 pub struct RrpcConfig(Arc<Inner>);
-
-/// The default of [`RrpcConfig::peer_lease`].
-pub const DEFAULT_PEER_LEASE: std::time::Duration = std::time::Duration::from_secs(10);
-
-/// The most [`RrpcConfig::spare_connections`] a config may ask for: each
-/// is a whole connection a server holds for a client that may never use it.
-pub const MAX_SPARE_CONNECTIONS: usize = 16;
-
-/// The default of [`RrpcConfig::max_shared_peers`].
-pub const DEFAULT_MAX_SHARED_PEERS: usize = 1024;
-
-/// The longest a duration setting that is added to a clock may be
-/// (`ring_shrink_after`, `peer_lease`): `Instant + Duration` panics when
-/// the sum does not fit, and a year is "never" for either.
-const MAX_CLOCK_DURATION: std::time::Duration = std::time::Duration::from_secs(365 * 86_400);
 
 /// The settings, one field per group (the type's docs, "Settings").
 #[derive(Debug, Clone, PartialEq)]

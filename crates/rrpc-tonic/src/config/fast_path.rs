@@ -2,9 +2,19 @@
 //! path a connection asks for, and the fast path's framing, flow control
 //! and admission of calls.
 
-use super::PathPreference;
 use crate::Error;
 use crate::frame::{MAX_WINDOW, MIN_CALL_WINDOW};
+
+/// Which data path a connection uses (negotiated in the handshake).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum PathPreference {
+    /// The h2-free fast path when both ends allow it, else HTTP/2 (default).
+    #[default]
+    Fast,
+    /// Always HTTP/2 over the rings (full tonic feature set, see the crate docs).
+    Http2,
+}
 
 /// The fast-path group ([`RrpcConfig`](super::RrpcConfig) docs, "Settings").
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -14,8 +14,13 @@ use std::time::Duration;
 use rrpc_core::numa::NumaPlacement;
 use rrpc_ringbuf::{MAX_SIZE_RATIO, RingConfig, RingConfigBuilder};
 
-use super::MAX_CLOCK_DURATION;
 use crate::Error;
+
+/// The longest a duration setting that is added to a clock may be
+/// (`ring_shrink_after`, `peer_lease`): `Instant + Duration` panics when
+/// the sum does not fit, and a year is "never" for either.
+pub(super) const MAX_CLOCK_DURATION: std::time::Duration =
+    std::time::Duration::from_secs(365 * 86_400);
 
 /// The size a self-sizing ring starts at unless
 /// [`min_ring_size`](super::RrpcConfigBuilder::min_ring_size) is set:

@@ -4,10 +4,18 @@
 
 use std::time::Duration;
 
-use super::{
-    DEFAULT_MAX_SHARED_PEERS, DEFAULT_PEER_LEASE, MAX_CLOCK_DURATION, MAX_SPARE_CONNECTIONS,
-};
+use super::rings::MAX_CLOCK_DURATION;
 use crate::Error;
+
+/// The default of [`RrpcConfig::peer_lease`](super::RrpcConfig::peer_lease).
+pub const DEFAULT_PEER_LEASE: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// The most [`RrpcConfig::spare_connections`](super::RrpcConfig::spare_connections) a config may ask for: each
+/// is a whole connection a server holds for a client that may never use it.
+pub const MAX_SPARE_CONNECTIONS: usize = 16;
+
+/// The default of [`RrpcConfig::max_shared_peers`](super::RrpcConfig::max_shared_peers).
+pub const DEFAULT_MAX_SHARED_PEERS: usize = 1024;
 
 /// The connection-sharing group ([`RrpcConfig`](super::RrpcConfig) docs,
 /// "Settings").
