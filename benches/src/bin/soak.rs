@@ -791,8 +791,8 @@ fn partition(
                         st.code(),
                         st.message()
                     );
-                    // A call past its own deadline fails as tonic's channel fails it:
-                    // `Cancelled` "Timeout expired" (or `DeadlineExceeded` from the server).
+                    // A call past its own deadline: `DeadlineExceeded` on rings (gRPC's
+                    // rule), tonic's `Cancelled` "Timeout expired" over TCP.
                     let deadline = st.code() == tonic::Code::DeadlineExceeded
                         || (st.code() == tonic::Code::Cancelled
                             && st.message().contains("Timeout expired"));

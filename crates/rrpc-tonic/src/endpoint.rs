@@ -40,7 +40,7 @@ use crate::{Error, RrpcConfig, RrpcContext};
 /// |---|---|---|---|
 /// | [`connect_lazy`](Self::connect_lazy) | connects at the first call | same | tonic's |
 /// | reconnect after a failure | the next call dials again | tonic's, over a new ring connection | tonic's |
-/// | [`timeout`](Self::timeout) | shorter of it and `grpc-timeout`, `Cancelled` "Timeout expired" | tonic's | tonic's |
+/// | [`timeout`](Self::timeout) | shorter of it and `grpc-timeout`, covers the whole call, `DeadlineExceeded` | same (rrpc bounds the response body and maps tonic's status) | tonic's: `Cancelled` "Timeout expired", response headers only |
 /// | [`connect_timeout`](Self::connect_timeout) | bounds the side-channel connect, handshake and path negotiation | same | tonic's |
 /// | [`user_agent`](Self::user_agent) | `"<yours> tonic/<version>"`, as tonic | tonic's | tonic's |
 /// | [`origin`](Self::origin) | sent as the request's authority | tonic's | tonic's |
@@ -193,7 +193,9 @@ impl RrpcEndpoint {
 
     /// A timeout on every call, as tonic's `Endpoint::timeout`: the shorter
     /// of it and the call's own deadline applies, and it is not sent to
-    /// the server. An expired call fails with `Cancelled` "Timeout expired".
+    /// the server. An expired call fails with `DeadlineExceeded` on rings
+    /// (gRPC's rule: the deadline covers the whole call), with tonic's
+    /// `Cancelled` "Timeout expired" on `http://` and `unix://`.
     pub fn timeout(self, dur: Duration) -> Self {
         RrpcEndpoint {
             timeout: Some(dur),

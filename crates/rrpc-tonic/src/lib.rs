@@ -166,6 +166,21 @@
 //! compression, metadata, deadlines, tower layers passed to
 //! [`Server::layer`] and client-side tower layers work on both paths.
 //!
+//! # TLS (feature `tls`)
+//!
+//! `Server::tls_config` and `RrpcEndpoint::tls_config` take the
+//! `tls` module's twins of tonic's TLS types (`ServerTlsConfig`,
+//! `ClientTlsConfig`, `Identity`, `Certificate`, with tonic's method names:
+//! change the import line; tonic keeps its key private, so rrpc could not
+//! run TLS itself from tonic's own types). One identity serves tonic's TLS
+//! on `http://` and `unix://`, `serve_dual`'s TCP leg, the `rrpc://` port
+//! (a ClientHello is a third kind of first byte; rrpc's negotiation runs
+//! inside TLS; a TLS port refuses plaintext) and the verbs side channel.
+//! Ring connections negotiated on a TLS port are bound to its session by a
+//! one-time ticket exported from it, so `Request::peer_certs()` works on
+//! their requests, on both paths. Not built yet: encryption of ring
+//! messages (#57); `docs/security.md` says what each setting protects.
+//!
 //! # Connection resources (KRCore)
 //!
 //! * **Pool** ([`RrpcConfig::connection_pool`]): queue pairs and ring

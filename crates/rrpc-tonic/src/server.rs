@@ -158,8 +158,11 @@ impl<L> Server<L> {
     }
 
     /// A deadline for every call, as tonic's `Server::timeout`: a call's
-    /// `grpc-timeout` shortens it, never lengthens it; an expired call ends
-    /// with `Cancelled` ("Timeout expired"). Both paths.
+    /// `grpc-timeout` shortens it, never lengthens it. On the fast path it
+    /// bounds the whole call (its response body too) and an expired call
+    /// ends with `DeadlineExceeded`; on the HTTP/2 path tonic applies it to
+    /// the handler and answers `Cancelled` "Timeout expired", which an rrpc
+    /// client on rings reads as `DeadlineExceeded`.
     #[must_use]
     pub fn timeout(mut self, timeout: Duration) -> Self {
         self.opts.timeout = Some(timeout);

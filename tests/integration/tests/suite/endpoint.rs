@@ -138,8 +138,9 @@ async fn lazy_connect_and_reconnect_after_restart(t: Transport) {
     assert_eq!(s2.obs.unary_calls.load(Ordering::Relaxed), 1);
 }
 
-/// `timeout` bounds every call (`Cancelled` "Timeout expired", as tonic's
-/// channel says), and the channel stays usable.
+/// `timeout` bounds every call (`DeadlineExceeded` on rings, tonic's
+/// `Cancelled` "Timeout expired" over TCP: `assert_expired`), and the
+/// channel stays usable.
 async fn endpoint_timeout_bounds_calls(t: Transport) {
     let s = Harness::start(t).await;
     s.channel().await;

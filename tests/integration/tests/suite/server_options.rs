@@ -11,8 +11,8 @@ use rrpc_integration_tests::{
 use tonic::Code;
 
 /// `Server::timeout` bounds every call: a slow handler ends with
-/// `Cancelled` ("Timeout expired"), as tonic's own server answers; a fast
-/// one is unaffected.
+/// `DeadlineExceeded` on rings and tonic's `Cancelled` "Timeout expired"
+/// over TCP (`assert_expired`); a fast one is unaffected.
 async fn server_timeout_bounds_every_call(t: Transport) {
     let s =
         Harness::start_with_options(t, config(t), |s| s.timeout(Duration::from_millis(200))).await;
