@@ -192,8 +192,13 @@ pub(crate) fn workspace_root() -> PathBuf {
 /// `--workspace --features VERBS_FEATURES`, so cargo resolves the same
 /// features for both and the suite reuses the test step's binaries instead
 /// of building ~40 test binaries a second time.
+///
+/// It turns on rrpc-tonic's `tls` too (and the integration tests' `tls`,
+/// which run `suite::tls`): the one build of the test step then covers TLS
+/// on every fabric the suite reaches.
 pub(crate) const VERBS_FEATURES: &str = "rrpc-core/verbs,rrpc-ringbuf/verbs,rrpc-poller/verbs,\
-rrpc-tonic/verbs,rrpc-kv/verbs,rrpc-integration-tests/verbs,rrpc-bench/verbs,examples/verbs";
+rrpc-tonic/verbs,rrpc-kv/verbs,rrpc-integration-tests/verbs,rrpc-bench/verbs,examples/verbs,\
+rrpc-tonic/tls,rrpc-integration-tests/tls";
 
 /// Builds the benchmark suites' binaries (`rrpc-bench`) (one cargo invocation, one profile).
 pub(crate) fn build_bench(root: &Path, profile: &str, bins: &[&str]) -> Result<()> {
