@@ -928,10 +928,21 @@ impl Pair {
                 assert!(w.left() <= w.window());
             }
         }
-        for id in self.srec.keys() {
+        for (id, s) in &self.srec {
             assert!(
                 self.crec.contains_key(id),
                 "call {id} started, never opened"
+            );
+            // The timer fired when the clock passed a deadline.
+            assert!(
+                s.end.is_some() || s.deadline.is_none_or(|at| at > self.now),
+                "call {id} outlived its deadline on the server"
+            );
+        }
+        for (id, r) in &self.crec {
+            assert!(
+                r.outcome.is_some() || r.deadline.is_none_or(|at| at > self.now),
+                "call {id} outlived its deadline on the client"
             );
         }
     }
