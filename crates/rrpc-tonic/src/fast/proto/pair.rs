@@ -71,9 +71,10 @@ use crate::frame::{self, END_STREAM, Kind};
 
 /// Each call's receive window, both ways.
 const WINDOW: u32 = 2048;
-/// The ring: 64 slots of 64 bytes (4 KiB), so that it fills quickly.
+/// The ring: 32 slots of 64 bytes (2 KiB, one call's window), so that it
+/// fills quickly.
 const SLOT: usize = 64;
-const SLOTS: usize = 64;
+const SLOTS: usize = 32;
 /// Reads of an inconsistent pointer record (or of a message the tail
 /// covers but that is not placed) before the reader gives up: the
 /// driver's placement timeout, in reads.
@@ -1427,7 +1428,7 @@ fn op() -> impl Strategy<Value = Op> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(256))]
+    #![proptest_config(ProptestConfig::with_cases(1024))]
 
     /// Random interleavings of both sides' events: every call ends exactly
     /// once on each side; no byte of a call is lost, duplicated or
