@@ -3,13 +3,15 @@
 //! directions, over simulated ring memory (issue #56's "Pair test").
 //!
 //! # What is modelled
-//! * Each side is `{ its fast-path state machine (`client::Client` or
-//!   `server::Server`), a ring `Sender` for its direction, a ring
-//!   `Receiver` for the other }` ([`Dir`] holds one direction: the
-//!   writer's `Sender` and `RB_S`, the reader's `Receiver` and `RB_R`, and
-//!   the two pointer records).
+//! * Each side: its fast-path state machine (`client::Client` or
+//!   `server::Server`), the ring `Sender` of its direction and the ring
+//!   `Receiver` of the other. [`Dir`] holds one direction: the writer's
+//!   `Sender` and `RB_S`, the reader's `Receiver` and `RB_R`, the two
+//!   pointer records, the completions, the writer's queue. The ring is
+//!   fixed, 2 KiB (one call's window), elastic, `alpha = beta = 1`,
+//!   `gamma = 4`.
 //! * The writer (`fast::writer`'s `FrameWriter` over the poller's ring
-//!   send): each batch of frames is encoded with [`frame::push_frame`]
+//!   send step): each batch of frames is encoded with [`frame::push_frame`]
 //!   into one ring message, queued FIFO, then reserved, filled, committed
 //!   and flushed. A writer that found the ring full waits until the head it
 //!   reads has moved (the driver's `has_space` wait), and does not retry
@@ -17,42 +19,52 @@
 //! * The fabric: a `Transmit` is placed at once when posted (slot bytes
 //!   copied `RB_S` -> `RB_R`, the tail written as its 16-byte pointer
 //!   record); a head push likewise. Completions are queued and handed to
-//!   the ring's state machine at once, late ([`Dir::complete`]) or never
+//!   the ring's state machines at once, late ([`Dir::complete`]) or never
 //!   ([`Dir::withhold`]). A tail WRITE can be placed torn (its first 4
-//!   bytes only, the rest later: [`Dir::tear_tail`]), and a record can be
-//!   overwritten with garbage. The reader re-reads an inconsistent record
-//!   and closes the connection once it stayed so for [`TORN_LIMIT`] reads
-//!   (the driver's placement timeout, counted in reads, not time).
+//!   bytes, the rest later: [`Dir::tear_tail`]), and a test can overwrite
+//!   a record with garbage. The reader re-reads an inconsistent tail record
+//!   (or a message the tail covers that is not placed) and closes the
+//!   connection once that lasted [`TORN_LIMIT`] reads: the driver's
+//!   placement timeout, counted in reads, not time. The writer reads an
+//!   inconsistent head record as "keep the head it had".
 //! * The reader: reads the tail record, receives every placed message,
-//!   decodes it (`server::decode`, `client::decode`) and hands it to its
+//!   decodes it (`server::decode`, `client::decode`), hands it to its
 //!   state machine, then posts the head pushes owed.
 //! * The server's driver (`fast::server::serve_conn`): every `Output`
 //!   applied as `ServerConn::perform` does; a scripted handler per call
 //!   (read request data: `Note::Returned` and a WINDOW_UPDATE; respond
 //!   within the call's send credit; finish: `Note::Released`, trailers,
 //!   `Note::Finished`); an expired call answers `DEADLINE_EXCEEDED`.
-//!   Notes are applied at once (the driver applies every note sent
-//!   before it handles the next ring message).
+//!   Notes are applied at once (the driver applies every note sent before
+//!   it handles the next ring message).
 //! * The client's driver (`fast::client`): admission, one call id per
 //!   call, request data within the call's send credit, response events
-//!   read by the application when the test says (WINDOW_UPDATEs as
+//!   read by the caller when the test says (WINDOW_UPDATEs as
 //!   `Call::pop_event` says), the call's own deadline (the call ends
-//!   `DEADLINE_EXCEEDED` and its guard sends CANCEL), cancellation (CANCEL,
-//!   the place given back), GOAWAY, and a receive that failed (the
-//!   connection closes, every call is reset).
+//!   `DEADLINE_EXCEEDED` and its guard writes CANCEL), cancellation
+//!   (CANCEL), GOAWAY, and a receive that failed (the connection closes,
+//!   every call is reset). A call's place is given back when it ended for
+//!   its caller; after a CANCEL, as soon as the CANCEL is queued (the
+//!   driver: once it is written). The queue is FIFO, so the server reads
+//!   the CANCEL before any later call's REQUEST_HEADERS either way.
+//! * A connection that fails on one side is gone for the other at once
+//!   (its reader sees the peer closed).
 //!
 //! # What is not
 //! Tasks, wakers and the leader/follower receive; the poller's wait
-//! policies, doorbells and sleep words; self-sizing rings (the ring here
-//! is fixed); batches larger than one ring message (every batch here
-//! fits); frames too large for the ring; handler panics; the client's
-//! queue of callers waiting for a place (a caller that finds every place
-//! taken gives up at once here). A write cut short by its call's deadline
-//! is modelled as written later and followed by the CANCEL (the driver
-//! writes whole frames only, and then the CANCEL), so the server may
-//! start a call the client already gave up on and cancel it next. Time is
-//! only the virtual clock: no timer wheel, the deadlines are checked when
-//! the test advances the clock ([`Pair::tick`]).
+//! policies, doorbells and sleep words; self-sizing rings; placement out
+//! of order across WRITEs (the ring's own pair harness covers it);
+//! failed WRITEs and their error completions; batches larger than one
+//! ring message (every batch here fits); frames too large for the ring;
+//! handler panics; the server's concurrency limit, load shedding and
+//! connection age; the client's line of callers waiting for a place (a
+//! caller that finds every place taken gives up at once here). A write cut
+//! short by its call's deadline is modelled as written later and followed
+//! by the CANCEL (the driver writes whole frames only, then the CANCEL), so
+//! the server may start a call the client already gave up on and cancel it
+//! next. Time is only the virtual clock: deadlines are looked at when a
+//! test advances it ([`Pair::tick`]). The proptest does not tear records
+//! or write garbage (the torn-record test does).
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::time::{Duration, Instant};
@@ -1184,8 +1196,8 @@ fn cancellation_and_draining_let_calls_in_flight_finish() {
     assert_eq!(p.srec[&a].end, Some(SEnd::Cancelled));
     assert_eq!(p.srec[&a].got.len(), 100, "data before the CANCEL arrived");
     assert_eq!(p.server.active(), 1);
-    // A call cancelled before the server saw it: opened and cancelled in
-    // one turn, never started by a handler that outlives it.
+    // A call cancelled before the server read anything of it: its
+    // REQUEST_HEADERS start a handler, the CANCEL that follows drops it.
     let c = p.open(None, false).expect("open");
     assert!(p.cancel(c, Code::Cancelled));
     p.run();
@@ -1220,8 +1232,9 @@ fn cancellation_and_draining_let_calls_in_flight_finish() {
 
 /// Issue #31: completions withheld, so the tail is deferred (the elastic
 /// threshold: one tail WRITE in flight) and the writer fills the ring
-/// behind it; the reader sees none of it. Once completions are polled the
-/// deferred tail goes out and everything arrives.
+/// behind it; the reader sees only what the first tail covered. Once
+/// completions are polled the deferred tail goes out and everything
+/// arrives, within [`STEP_BOUND`] pumps (a hang is a failed assertion).
 #[test]
 fn a_full_ring_behind_a_deferred_tail_resumes_once_completions_are_polled() {
     let mut p = Pair::new(4, None);
