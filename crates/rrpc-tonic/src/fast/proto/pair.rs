@@ -20,13 +20,19 @@
 //!   copied `RB_S` -> `RB_R`, the tail written as its 16-byte pointer
 //!   record); a head push likewise. Completions are queued and handed to
 //!   the ring's state machines at once, late ([`Dir::complete`]) or never
-//!   ([`Dir::withhold`]). A tail WRITE can be placed torn (its first 4
-//!   bytes, the rest later: [`Dir::tear_tail`]), and a test can overwrite
-//!   a record with garbage. The reader re-reads an inconsistent tail record
-//!   (or a message the tail covers that is not placed) and closes the
-//!   connection once that lasted [`TORN_LIMIT`] reads: the driver's
-//!   placement timeout, counted in reads, not time. The writer reads an
-//!   inconsistent head record as "keep the head it had".
+//!   ([`Dir::withhold`]). A tail WRITE or a head push can be placed torn
+//!   (the first 4 bytes of its record, the rest after the peer's next `n`
+//!   reads of it: [`Dir::tear_tail`], [`Dir::tear_head`]), and a test can
+//!   overwrite a record with garbage. The reader re-reads an inconsistent
+//!   tail record (or a message the tail covers that is not placed), the
+//!   writer an inconsistent head record (keeping the head it had), and
+//!   each closes the connection once it read the same inconsistent record
+//!   (or found the same message not placed) more than [`TORN_LIMIT`] times
+//!   in a row: the driver's placement timeout, counted in reads, not time
+//!   (the driver counts time since the first inconsistent read; here a
+//!   record that changes restarts the count, so that torn WRITEs back to
+//!   back are not taken for garbage). A WRITE of a record lands after the
+//!   rest of an earlier torn one (RC order).
 //! * The reader: reads the tail record, receives every placed message,
 //!   decodes it (`server::decode`, `client::decode`), hands it to its
 //!   state machine, then posts the head pushes owed.
@@ -63,8 +69,9 @@
 //! by the CANCEL (the driver writes whole frames only, then the CANCEL), so
 //! the server may start a call the client already gave up on and cancel it
 //! next. Time is only the virtual clock: deadlines are looked at when a
-//! test advances it ([`Pair::tick`]). The proptest does not tear records
-//! or write garbage (the torn-record test does).
+//! test advances it ([`Pair::tick`]). The proptest tears records (each
+//! whole again within the limit) but writes no garbage (the torn-record
+//! test does).
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::time::{Duration, Instant};
@@ -107,6 +114,25 @@ fn ring_cfg() -> RingConfig {
         .expect("ring config")
 }
 
+/// Counts a read of a pointer record: whether the same inconsistent
+/// record was read more than [`TORN_LIMIT`] times in a row (garbage; a
+/// record that changes is still being written).
+fn torn_too_long(
+    seen: &mut (u32, Option<[u8; POINTER_RECORD_LEN]>),
+    consistent: bool,
+    rec: [u8; POINTER_RECORD_LEN],
+) -> bool {
+    if consistent {
+        *seen = (0, None);
+        return false;
+    }
+    if seen.1 != Some(rec) {
+        *seen = (0, Some(rec));
+    }
+    seen.0 += 1;
+    seen.0 > TORN_LIMIT
+}
+
 fn word(b: &[u8], at: usize) -> u64 {
     u64::from_le_bytes(b[at..at + 8].try_into().expect("8 bytes"))
 }
@@ -135,11 +161,19 @@ struct Dir {
     /// until the head moves.
     blocked_at: Option<u64>,
     /// The next tail WRITE is placed torn.
-    tear_tail: bool,
-    /// The rest of a torn tail record, placed by [`Dir::finish_tear`].
-    torn_rest: Option<[u8; POINTER_RECORD_LEN]>,
-    /// Consecutive reads of an inconsistent tail record.
-    torn_reads: u32,
+    /// The next tail WRITE is placed torn; the rest of it lands after
+    /// that many reads of the record (`u32::MAX`: at [`Dir::finish_tear`]).
+    tear_tail: Option<u32>,
+    /// The rest of a torn tail record, and the reads before it lands.
+    torn_rest: Option<([u8; POINTER_RECORD_LEN], u32)>,
+    /// As `tear_tail`, for the next head push.
+    tear_head: Option<u32>,
+    /// As `torn_rest`, for the head record.
+    head_rest: Option<([u8; POINTER_RECORD_LEN], u32)>,
+    /// As `torn_reads`, for the head record.
+    torn_head_reads: (u32, Option<[u8; POINTER_RECORD_LEN]>),
+    /// Consecutive reads of the same inconsistent tail record, and it.
+    torn_reads: (u32, Option<[u8; POINTER_RECORD_LEN]>),
     /// Consecutive reads that found a covered message not placed.
     unplaced_reads: u32,
     /// The reader reads (a peer that stops reading: false).
@@ -166,9 +200,12 @@ impl Dir {
             withhold: false,
             outbox: VecDeque::new(),
             blocked_at: None,
-            tear_tail: false,
+            tear_tail: None,
             torn_rest: None,
-            torn_reads: 0,
+            tear_head: None,
+            head_rest: None,
+            torn_head_reads: (0, None),
+            torn_reads: (0, None),
             unplaced_reads: 0,
             reading: true,
             work: 0,
@@ -208,10 +245,12 @@ impl Dir {
                     }
                     Transmit::Tail { value, wr_id, .. } => {
                         let rec = ring::encode_pointer(value);
-                        if std::mem::take(&mut self.tear_tail) {
+                        // RC order: an earlier torn WRITE landed whole first.
+                        self.finish_tail_tear();
+                        if let Some(reads) = self.tear_tail.take() {
                             // Half of the value word: the rest comes later.
                             self.tail_rec[..4].copy_from_slice(&rec[..4]);
-                            self.torn_rest = Some(rec);
+                            self.torn_rest = Some((rec, reads));
                         } else {
                             self.tail_rec = rec;
                             self.torn_rest = None;
@@ -235,7 +274,17 @@ impl Dir {
         loop {
             while let Some(p) = self.rx.poll_transmit() {
                 self.work += 1;
-                self.head_rec = ring::encode_pointer(p.value);
+                let rec = ring::encode_pointer(p.value);
+                if let Some((rest, _)) = self.head_rest.take() {
+                    self.head_rec = rest;
+                }
+                if let Some(reads) = self.tear_head.take() {
+                    self.head_rec[..4].copy_from_slice(&rec[..4]);
+                    self.head_rest = Some((rec, reads));
+                } else {
+                    self.head_rec = rec;
+                    self.head_rest = None;
+                }
                 if p.signaled {
                     self.rx_cq.push(p.wr_id);
                 }
@@ -262,19 +311,34 @@ impl Dir {
         self.push_heads();
     }
 
-    /// The rest of a torn tail record is placed.
-    fn finish_tear(&mut self) {
-        if let Some(rec) = self.torn_rest.take() {
+    fn finish_tail_tear(&mut self) {
+        if let Some((rec, _)) = self.torn_rest.take() {
             self.tail_rec = rec;
+        }
+    }
+
+    /// The rest of each torn record is placed.
+    fn finish_tear(&mut self) {
+        self.finish_tail_tear();
+        if let Some((rec, _)) = self.head_rest.take() {
+            self.head_rec = rec;
         }
     }
 
     /// The writer: reads the head record, then commits queued messages
     /// while they fit (after a full ring, only once the head moved).
     fn write(&mut self) -> Result<(), RingError> {
+        match self.head_rest.take() {
+            Some((rec, 0)) => self.head_rec = rec,
+            Some((rec, n)) => self.head_rest = Some((rec, n - 1)),
+            None => {}
+        }
         let (v, c) = (word(&self.head_rec, 0), word(&self.head_rec, 8));
-        // `Ok(false)`: being written, read again on the next turn.
-        self.tx.handle_head_record(v, c)?;
+        // Inconsistent: being written, read again on the next turn.
+        let consistent = self.tx.handle_head_record(v, c)?;
+        if torn_too_long(&mut self.torn_head_reads, consistent, self.head_rec) {
+            return Err(self.tx.record_timed_out(v, c));
+        }
         if self.blocked_at == Some(self.tx.local_head()) {
             return Ok(());
         }
@@ -305,14 +369,15 @@ impl Dir {
     /// The reader: reads the tail record, takes every placed message
     /// (into `out`), pushes its head as owed.
     fn read(&mut self, out: &mut Vec<Vec<u8>>) -> Result<(), RingError> {
+        match self.torn_rest.take() {
+            Some((rec, 0)) => self.tail_rec = rec,
+            Some((rec, n)) => self.torn_rest = Some((rec, n - 1)),
+            None => {}
+        }
         let (v, c) = (word(&self.tail_rec, 0), word(&self.tail_rec, 8));
-        if self.rx.handle_tail_record(v, c)? {
-            self.torn_reads = 0;
-        } else {
-            self.torn_reads += 1;
-            if self.torn_reads > TORN_LIMIT {
-                return Err(self.rx.record_timed_out(v, c));
-            }
+        let consistent = self.rx.handle_tail_record(v, c)?;
+        if torn_too_long(&mut self.torn_reads, consistent, self.tail_rec) {
+            return Err(self.rx.record_timed_out(v, c));
         }
         loop {
             let rb_r = &self.rb_r;
@@ -967,6 +1032,7 @@ impl Pair {
         for d in [&mut self.c2s, &mut self.s2c] {
             d.withhold = false;
             d.reading = true;
+            (d.tear_tail, d.tear_head) = (None, None);
             d.finish_tear();
             d.complete();
         }
@@ -1288,7 +1354,7 @@ fn a_torn_pointer_record_is_a_wait_and_garbage_that_stays_a_connection_error() {
     p.run();
     // The server's next tail WRITE is placed half: the client reads a
     // record whose check does not match and waits.
-    p.s2c.tear_tail = true;
+    p.s2c.tear_tail = Some(u32::MAX);
     assert!(p.respond(a, 300));
     for _ in 0..TORN_LIMIT {
         p.pump();
@@ -1300,19 +1366,21 @@ fn a_torn_pointer_record_is_a_wait_and_garbage_that_stays_a_connection_error() {
     p.run();
     assert_eq!(p.client_read(a), 300);
     assert_eq!(p.crec[&a].got, p.srec[&a].sent, "the right message");
-    // A head record torn the same way: the writer reads it, keeps the
-    // head it had, and goes on once the record is whole.
-    p.c2s.head_rec[..4].copy_from_slice(&[0xff; 4]);
+    // A head push placed torn, whole after 3 reads: the writer keeps the
+    // head it had meanwhile, and goes on.
+    p.c2s.tear_head = Some(3);
     assert!(p.send(a, 100, false));
-    p.pump();
-    assert!(p.c2s.tx.stats().torn_heads > 0, "the torn record was read");
-    p.run();
+    for _ in 0..6 {
+        p.pump();
+    }
+    assert!(p.c2s.tx.stats().torn_heads >= 3, "the torn record was read");
+    assert_eq!(p.c2s.tx.local_head(), p.c2s.tx.tail(), "then the whole one");
     assert_eq!(p.srec[&a].got.len(), 100);
     assert!(p.client_err.is_none() && p.server_err.is_none());
     // Garbage that stays in the tail record: the client's connection
     // closes (`DATA_LOSS`), every call is reset, nothing panics.
     assert!(p.respond(a, 10));
-    p.s2c.tear_tail = true;
+    p.s2c.tear_tail = Some(u32::MAX);
     p.pump();
     p.s2c.torn_rest = None;
     p.s2c.tail_rec = [0x5a; POINTER_RECORD_LEN];
@@ -1415,6 +1483,13 @@ enum Op {
         s2c: bool,
         on: bool,
     },
+    /// The next tail WRITE (`head`: head push) of a direction is placed
+    /// torn, whole after `reads` reads of the record.
+    Tear {
+        s2c: bool,
+        head: bool,
+        reads: u32,
+    },
     Tick(u64),
     Drain,
     Pump(u8),
@@ -1434,6 +1509,8 @@ fn op() -> impl Strategy<Value = Op> {
         3 => (any::<bool>(), any::<bool>()).prop_map(|(s2c, on)| Op::Withhold { s2c, on }),
         4 => any::<bool>().prop_map(|s2c| Op::Complete { s2c }),
         3 => (any::<bool>(), any::<bool>()).prop_map(|(s2c, on)| Op::Stall { s2c, on }),
+        3 => (any::<bool>(), any::<bool>(), 1..TORN_LIMIT)
+            .prop_map(|(s2c, head, reads)| Op::Tear { s2c, head, reads }),
         4 => (0u64..200).prop_map(Op::Tick),
         1 => Just(Op::Drain),
         20 => (1u8..4).prop_map(Op::Pump),
@@ -1499,6 +1576,14 @@ proptest! {
                 }
                 Op::Stall { s2c, on } => {
                     if s2c { p.s2c.reading = !on } else { p.c2s.reading = !on }
+                }
+                Op::Tear { s2c, head, reads } => {
+                    let d = if s2c { &mut p.s2c } else { &mut p.c2s };
+                    if head {
+                        d.tear_head = Some(reads);
+                    } else {
+                        d.tear_tail = Some(reads);
+                    }
                 }
                 Op::Tick(ms) => p.tick(Duration::from_millis(ms)),
                 Op::Drain => p.drain(),
