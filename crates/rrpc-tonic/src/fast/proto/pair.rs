@@ -21,8 +21,9 @@
 //!   record); a head push likewise. Completions are queued and handed to
 //!   the ring's state machines at once, late ([`Dir::complete`]) or never
 //!   ([`Dir::withhold`]). A tail WRITE or a head push can be placed torn
-//!   (the first 4 bytes of its record, the rest after the peer's next `n`
-//!   reads of it: [`Dir::tear_tail`], [`Dir::tear_head`]), and a test can
+//!   (the first bytes of its record in address order, as a `memcpy` that
+//!   stores byte by byte leaves it, the rest after the peer's next reads
+//!   of it: [`Tear`]), and a test can
 //!   overwrite a record with garbage. The reader re-reads an inconsistent
 //!   tail record (or a message the tail covers that is not placed), the
 //!   writer an inconsistent head record (keeping the head it had), and
@@ -137,6 +138,15 @@ fn word(b: &[u8], at: usize) -> u64 {
     u64::from_le_bytes(b[at..at + 8].try_into().expect("8 bytes"))
 }
 
+/// A pointer record WRITE placed torn: its first `bytes` bytes land at
+/// once, the rest after `reads` reads of the record (`u32::MAX`: at
+/// [`Dir::finish_tear`]).
+#[derive(Debug, Clone, Copy)]
+struct Tear {
+    bytes: usize,
+    reads: u32,
+}
+
 /// One direction of the connection: the writer's ring `Sender` and
 /// `RB_S`, the reader's `Receiver` and `RB_R`, the pointer records, the
 /// completions and the writer's queue.
@@ -161,13 +171,11 @@ struct Dir {
     /// until the head moves.
     blocked_at: Option<u64>,
     /// The next tail WRITE is placed torn.
-    /// The next tail WRITE is placed torn; the rest of it lands after
-    /// that many reads of the record (`u32::MAX`: at [`Dir::finish_tear`]).
-    tear_tail: Option<u32>,
+    tear_tail: Option<Tear>,
     /// The rest of a torn tail record, and the reads before it lands.
     torn_rest: Option<([u8; POINTER_RECORD_LEN], u32)>,
     /// As `tear_tail`, for the next head push.
-    tear_head: Option<u32>,
+    tear_head: Option<Tear>,
     /// As `torn_rest`, for the head record.
     head_rest: Option<([u8; POINTER_RECORD_LEN], u32)>,
     /// As `torn_reads`, for the head record.
@@ -247,9 +255,8 @@ impl Dir {
                         let rec = ring::encode_pointer(value);
                         // RC order: an earlier torn WRITE landed whole first.
                         self.finish_tail_tear();
-                        if let Some(reads) = self.tear_tail.take() {
-                            // Half of the value word: the rest comes later.
-                            self.tail_rec[..4].copy_from_slice(&rec[..4]);
+                        if let Some(Tear { bytes, reads }) = self.tear_tail.take() {
+                            self.tail_rec[..bytes].copy_from_slice(&rec[..bytes]);
                             self.torn_rest = Some((rec, reads));
                         } else {
                             self.tail_rec = rec;
@@ -278,8 +285,8 @@ impl Dir {
                 if let Some((rest, _)) = self.head_rest.take() {
                     self.head_rec = rest;
                 }
-                if let Some(reads) = self.tear_head.take() {
-                    self.head_rec[..4].copy_from_slice(&rec[..4]);
+                if let Some(Tear { bytes, reads }) = self.tear_head.take() {
+                    self.head_rec[..bytes].copy_from_slice(&rec[..bytes]);
                     self.head_rest = Some((rec, reads));
                 } else {
                     self.head_rec = rec;
@@ -1352,11 +1359,24 @@ fn a_torn_pointer_record_is_a_wait_and_garbage_that_stays_a_connection_error() {
     let mut p = Pair::new(4, None);
     let a = p.open(None, false).expect("open");
     p.run();
-    // The server's next tail WRITE is placed half: the client reads a
-    // record whose check does not match and waits.
-    p.s2c.tear_tail = Some(u32::MAX);
+    // The server's tail goes to 0xff, then to 0x106 with a WRITE of which
+    // only the first byte lands: the client reads 0x06 (a tail moving
+    // backwards, were it taken) with the old check, and waits.
+    while p.s2c.tx.tail() < 0xff {
+        assert!(p.respond(a, 10));
+        p.run();
+        p.client_read(a);
+    }
+    let before = p.crec[&a].got.len();
+    p.s2c.tear_tail = Some(Tear {
+        bytes: 1,
+        reads: u32::MAX,
+    });
     assert!(p.respond(a, 300));
-    for _ in 0..TORN_LIMIT {
+    p.pump();
+    assert_eq!(p.s2c.tx.synced_tail(), 0x106);
+    assert_eq!(word(&p.s2c.tail_rec, 0), 0x06, "torn");
+    for _ in 1..TORN_LIMIT {
         p.pump();
     }
     assert!(p.s2c.rx.torn_tails() > 0, "the torn record was read");
@@ -1365,10 +1385,11 @@ fn a_torn_pointer_record_is_a_wait_and_garbage_that_stays_a_connection_error() {
     p.s2c.finish_tear();
     p.run();
     assert_eq!(p.client_read(a), 300);
+    assert_eq!(p.crec[&a].got.len(), before + 300);
     assert_eq!(p.crec[&a].got, p.srec[&a].sent, "the right message");
     // A head push placed torn, whole after 3 reads: the writer keeps the
     // head it had meanwhile, and goes on.
-    p.c2s.tear_head = Some(3);
+    p.c2s.tear_head = Some(Tear { bytes: 4, reads: 3 });
     assert!(p.send(a, 100, false));
     for _ in 0..6 {
         p.pump();
@@ -1380,7 +1401,10 @@ fn a_torn_pointer_record_is_a_wait_and_garbage_that_stays_a_connection_error() {
     // Garbage that stays in the tail record: the client's connection
     // closes (`DATA_LOSS`), every call is reset, nothing panics.
     assert!(p.respond(a, 10));
-    p.s2c.tear_tail = Some(u32::MAX);
+    p.s2c.tear_tail = Some(Tear {
+        bytes: 1,
+        reads: u32::MAX,
+    });
     p.pump();
     p.s2c.torn_rest = None;
     p.s2c.tail_rec = [0x5a; POINTER_RECORD_LEN];
@@ -1488,7 +1512,7 @@ enum Op {
     Tear {
         s2c: bool,
         head: bool,
-        reads: u32,
+        tear: Tear,
     },
     Tick(u64),
     Drain,
@@ -1509,8 +1533,8 @@ fn op() -> impl Strategy<Value = Op> {
         3 => (any::<bool>(), any::<bool>()).prop_map(|(s2c, on)| Op::Withhold { s2c, on }),
         4 => any::<bool>().prop_map(|s2c| Op::Complete { s2c }),
         3 => (any::<bool>(), any::<bool>()).prop_map(|(s2c, on)| Op::Stall { s2c, on }),
-        3 => (any::<bool>(), any::<bool>(), 1..TORN_LIMIT)
-            .prop_map(|(s2c, head, reads)| Op::Tear { s2c, head, reads }),
+        3 => (any::<bool>(), any::<bool>(), 1..POINTER_RECORD_LEN, 1..TORN_LIMIT)
+            .prop_map(|(s2c, head, bytes, reads)| Op::Tear { s2c, head, tear: Tear { bytes, reads } }),
         4 => (0u64..200).prop_map(Op::Tick),
         1 => Just(Op::Drain),
         20 => (1u8..4).prop_map(Op::Pump),
@@ -1577,12 +1601,12 @@ proptest! {
                 Op::Stall { s2c, on } => {
                     if s2c { p.s2c.reading = !on } else { p.c2s.reading = !on }
                 }
-                Op::Tear { s2c, head, reads } => {
+                Op::Tear { s2c, head, tear } => {
                     let d = if s2c { &mut p.s2c } else { &mut p.c2s };
                     if head {
-                        d.tear_head = Some(reads);
+                        d.tear_head = Some(tear);
                     } else {
-                        d.tear_tail = Some(reads);
+                        d.tear_tail = Some(tear);
                     }
                 }
                 Op::Tick(ms) => p.tick(Duration::from_millis(ms)),
