@@ -190,6 +190,8 @@ impl Chunks {
 }
 
 #[cfg(test)]
+mod pair;
+#[cfg(test)]
 mod tests;
 
 /// Parses `grpc-timeout` as tonic does (at most 8 digits and a unit).
