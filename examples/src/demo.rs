@@ -71,7 +71,7 @@ struct Args {
     #[arg(long)]
     no_baselines: bool,
     /// Run only these paths (comma-separated names as printed: `tcp`, `uds`,
-    /// `shm-h2`, `shm-fast`, `tonic-inproc`, `tonic-h2-mem`), e.g. to
+    /// `shm-h2`, `shm-fast`, `inproc-fast`, `tonic-inproc`, `tonic-h2-mem`), e.g. to
     /// profile one (`perf record ... demo --only shm-fast`).
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
@@ -319,6 +319,10 @@ async fn measure_h2_mem(calls: u64) -> anyhow::Result<(f64, f64)> {
     r
 }
 
+/// Where the demo's `inproc-fast` row is served (`inproc://`: the fast path
+/// over an in-process pipe).
+const INPROC_URI: &str = "inproc://rrpc-demo";
+
 /// The floor: the generated client calling the generated server's service
 /// directly, with no transport at all (`tonic-inproc`). Anything that keeps
 /// tonic's stubs pays at least this.
@@ -443,6 +447,10 @@ fn main() -> anyhow::Result<()> {
     for (uri, v) in rings.iter().zip(&variants) {
         uris.push((uri.clone(), v.cfg.clone(), Some(v.ctx.clone())));
     }
+    // The fast path over an in-process pipe (`inproc://`, #56): the same
+    // frames and call tables as on rings, the server on its thread and the
+    // client on its own, no fabric.
+    uris.push((INPROC_URI.to_string(), RrpcConfig::default(), None));
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let (bound_tx, bound_rx) = std_mpsc::channel::<anyhow::Result<Vec<String>>>();
     let server = side_thread("demo-server", scpu, move |rt| {
@@ -483,9 +491,12 @@ fn main() -> anyhow::Result<()> {
     });
 
     // The URIs as bound (ports chosen by the OS), in the order of `uris`.
-    let bound = bound_rx
+    let mut bound = bound_rx
         .recv()
         .map_err(|_| anyhow::anyhow!("the server thread ended before binding"))??;
+    let inproc_uri = bound
+        .pop()
+        .ok_or_else(|| anyhow::anyhow!("the inproc:// listener was not bound"))?;
     let (tcp, uds, rings) = if args.no_baselines {
         (tcp, uds, bound)
     } else {
@@ -517,6 +528,12 @@ fn main() -> anyhow::Result<()> {
             Some(v.ctx.clone()),
         ));
     }
+    paths.push((
+        "inproc-fast".into(),
+        inproc_uri,
+        RrpcConfig::default(),
+        None,
+    ));
     let wanted = |name: &str| args.only.is_empty() || args.only.iter().any(|o| o == name);
     paths.retain(|p| wanted(&p.0));
     let (run_inproc, run_h2_mem) = (wanted("tonic-inproc"), wanted("tonic-h2-mem"));
