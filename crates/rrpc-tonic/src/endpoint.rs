@@ -143,6 +143,10 @@ impl RrpcEndpoint {
     /// side channel's handshake under it (feature `verbs`; a config that
     /// sets `RrpcConfigBuilder::tls_client` itself keeps its own).
     /// `shm://` and `inproc://` have no TLS. [`crate::tls`] has the details.
+    /// Build the endpoint once and clone it: with `verbs`, the side channel's
+    /// TLS client is part of the connection's config, compared by identity,
+    /// so an endpoint built again with its own `tls_config` shares no
+    /// spare connections with the first.
     ///
     /// # Errors
     /// [`Error::InvalidConfig`] for a CA or identity that does not parse, or

@@ -708,13 +708,19 @@ async fn shared_and_spare_ring_connections_present_their_tickets() {
         let s = serve_with("rrpc://127.0.0.1:0", Some(pki.server(false)), cfg.clone());
         // The client's own state, apart from the server's.
         let ctx = rrpc_tonic::RrpcContext::new(&cfg);
+        // One endpoint, connected twice, as an application reconnects: spares
+        // are kept per config, and with `verbs` the config holds the side
+        // channel's TLS client by identity (`Arc::ptr_eq`), so a second
+        // endpoint built with its own `tls_config` has spares of its own.
+        let ep = RrpcEndpoint::new(&s.uri)
+            .expect("uri")
+            .config(cfg.clone())
+            .context(ctx.clone())
+            .tls_config(pki.client())
+            .expect("tls");
         let connect = || async {
-            let ch = RrpcEndpoint::new(&s.uri)
-                .expect("uri")
-                .config(cfg.clone())
-                .context(ctx.clone())
-                .tls_config(pki.client())
-                .expect("tls")
+            let ch = ep
+                .clone()
                 .connect()
                 .await
                 .expect("shm through the TLS port");
