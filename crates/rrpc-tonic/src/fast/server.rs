@@ -677,16 +677,24 @@ async fn run_call<S, ResBody>(
     // means the call ends anyway: ignored). The call is polled first, as
     // `timeout_at` does; past its deadline it is dropped (a response cut
     // short has whole frames only) and DEADLINE_EXCEEDED ends it.
+    // A call with no deadline pays nothing for it: the race is boxed, so
+    // this future stays the size of `work` (a race held inline grew every
+    // call's future, and the copies of it, by ~800 instructions a call).
     let caught = match expired {
-        Some(expired) => tokio::select! {
-            biased;
-            r = work => r,
-            Ok(()) = expired => {
-                place.release();
-                let st = crate::call::deadline_exceeded();
-                Ok(writer.send(smallvec::smallvec![trailers_only(id, st)]).await)
-            }
-        },
+        Some(expired) => {
+            Box::pin(async {
+                tokio::select! {
+                    biased;
+                    r = work => r,
+                    Ok(()) = expired => {
+                        place.release();
+                        let st = crate::call::deadline_exceeded();
+                        Ok(writer.send(smallvec::smallvec![trailers_only(id, st)]).await)
+                    }
+                }
+            })
+            .await
+        }
         None => work.await,
     };
     let r = match caught {
