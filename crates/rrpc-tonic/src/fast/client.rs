@@ -693,11 +693,9 @@ mod tests {
         assert_eq!(started.load(Ordering::SeqCst), 5);
     }
 
-    /// A call's deadline covers its wait in line: a call queued behind a
-    /// call that holds the only place fails with `DeadlineExceeded` at its
-    /// deadline, leaves the line, and the place goes on serving.
-    #[tokio::test(flavor = "current_thread")]
-    async fn a_call_past_its_deadline_in_line_fails_with_deadline_exceeded() {
+    /// A channel to a server with one place for calls, whose handler
+    /// answers once `gate` gives it a permit.
+    fn one_gated_place() -> (FastChannel, Arc<tokio::sync::Semaphore>) {
         let (cpipe, spipe) = mem_pair(1 << 16);
         let gate = Arc::new(tokio::sync::Semaphore::new(0));
         let g = gate.clone();
@@ -714,6 +712,15 @@ mod tests {
             .expect("limit");
         spawn_server(spipe, svc, &cfg);
         let ch = channel(cpipe, &cfg);
+        (ch, gate)
+    }
+
+    /// A call's deadline covers its wait in line: a call queued behind a
+    /// call that holds the only place fails with `DeadlineExceeded` at its
+    /// deadline, leaves the line, and the place goes on serving.
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_call_past_its_deadline_in_line_fails_with_deadline_exceeded() {
+        let (ch, gate) = one_gated_place();
         let mut c1 = ch.clone();
         let first = tokio::spawn(async move { tower::Service::call(&mut c1, req("/x")).await });
         for _ in 0..20 {
@@ -748,22 +755,7 @@ mod tests {
     /// given back in the end.
     #[tokio::test(flavor = "current_thread")]
     async fn a_call_dropped_in_line_takes_no_place() {
-        let (cpipe, spipe) = mem_pair(1 << 16);
-        let gate = Arc::new(tokio::sync::Semaphore::new(0));
-        let g = gate.clone();
-        let svc = tower::service_fn(move |_r: http::Request<Body>| {
-            let g = g.clone();
-            async move {
-                g.acquire().await.expect("gate").forget();
-                Ok::<_, std::convert::Infallible>(http::Response::new(Body::empty()))
-            }
-        });
-        let cfg = RrpcConfig::builder()
-            .max_concurrent_calls(1)
-            .build()
-            .expect("limit");
-        spawn_server(spipe, svc, &cfg);
-        let ch = channel(cpipe, &cfg);
+        let (ch, gate) = one_gated_place();
         let call = |ch: &FastChannel| {
             let mut c = ch.clone();
             tokio::spawn(async move { tower::Service::call(&mut c, req("/x")).await })
