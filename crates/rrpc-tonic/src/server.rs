@@ -875,6 +875,8 @@ where
     };
     let svc = layer.layer(services.routes().clone().prepare());
     let mut conns = JoinSet::new();
+    // `inproc://` connections, on their clients' runtimes (`Accepted::runtime`).
+    let mut inproc = JoinSet::new();
     let mut signal = std::pin::pin!(signal);
     let setups = Arc::new(Semaphore::new(config.max_pending_handshakes()));
     // Every branch is cancel safe: `accept` only takes a client off the
@@ -886,6 +888,7 @@ where
             biased;
             _ = &mut signal => break,
             Some(_) = conns.join_next(), if !conns.is_empty() => {}
+            Some(_) = inproc.join_next(), if !inproc.is_empty() => {}
             a = listener.accept() => {
                 let Some(accepted) = a else { break };
                 let Ok(permit) = setups.clone().try_acquire_owned() else {
@@ -917,7 +920,8 @@ where
                 };
                 let (svc, direct, config, token, h2_tx, tls) = (svc.clone(), direct.clone(), config.clone(), token.child_token(), h2_tx.clone(), tls.clone());
                 let info = RrpcConnectInfo { local: local.clone() };
-                conns.spawn(async move {
+                let runtime = accepted.runtime();
+                let conn = async move {
                     let peer = accepted.peer();
                     let limit = config.handshake_timeout();
                     let setup = accepted.establish(&config);
@@ -1000,13 +1004,37 @@ where
                         }
                         Err(e) => tracing::warn!(%peer, error = %e, "rrpc connection setup failed"),
                     }
-                });
+                };
+                match runtime {
+                    // `inproc://`: on the dialing client's runtime.
+                    Some(rt) => {
+                        inproc.spawn_on(conn, &rt);
+                    }
+                    None => {
+                        conns.spawn(conn);
+                    }
+                }
             }
         }
     }
     drop(listener);
     token.cancel();
     while conns.join_next().await.is_some() {}
+    // An `inproc://` connection runs only while its client's runtime runs:
+    // a current-thread runtime that its thread is not driving holds it
+    // still. Its drain is awaited for as long as a client's handshake may
+    // take, then left to end, on its token, when that runtime runs again.
+    let grace = config.handshake_timeout();
+    let drained =
+        tokio::time::timeout(grace, async { while inproc.join_next().await.is_some() {} }).await;
+    if drained.is_err() {
+        tracing::debug!(
+            left = inproc.len(),
+            ?grace,
+            "rrpc: in-process connections whose client runtime is idle are left to end there"
+        );
+        inproc.detach_all();
+    }
     drop(h2_tx);
     match h2_task.await {
         Ok(r) => Ok(r?),

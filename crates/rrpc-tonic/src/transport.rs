@@ -4,7 +4,7 @@
 //! |---|---|
 //! | `http://host:port` | tonic over TCP (unchanged) |
 //! | `unix:///path` | tonic over a Unix socket (unchanged; the `uds` baseline) |
-//! | `inproc://name` | rrpc over an in-process pipe (tests, single-process apps) |
+//! | `inproc://name` | rrpc over an in-process pipe (tests, single-process apps); the server's side of a connection runs on the dialing client's runtime |
 //! | `shm:///path` | rrpc over shared-memory rings (rrpc-core `shm` provider) |
 //! | `rdma://host:port` | rrpc over RDMA (rrpc-core `verbs` provider, feature `verbs`) |
 //! | `rrpc://host:port` | one TCP port for every client: plain HTTP/2, or the best fabric both ends share (shm on one host, else verbs, else HTTP/2 on TCP; [`crate::port`]) |
@@ -82,7 +82,7 @@ impl Target {
 pub(crate) enum RrpcListener {
     Inproc {
         name: String,
-        rx: mpsc::Receiver<Pipe>,
+        rx: mpsc::Receiver<InprocDial>,
     },
     /// `shm://` or `rdma://`: rings on rrpc-core's fabric. Boxed: with the
     /// verbs provider the listener holds the device context and is far
@@ -90,7 +90,15 @@ pub(crate) enum RrpcListener {
     Rings(Box<crate::rings::RingsListener>),
 }
 
-type Registry = Mutex<HashMap<String, mpsc::Sender<Pipe>>>;
+/// An in-process client as the listener receives it: its half of the pipe
+/// and the runtime it dialed from, where the server's side of the
+/// connection runs ([`Accepted::runtime`]).
+pub(crate) struct InprocDial {
+    pipe: Pipe,
+    runtime: tokio::runtime::Handle,
+}
+
+type Registry = Mutex<HashMap<String, mpsc::Sender<InprocDial>>>;
 
 /// The in-process lookup table: listener name -> its accept queue.
 fn registry() -> &'static Registry {
@@ -153,7 +161,9 @@ impl RrpcListener {
     /// Cancel safe: a client is returned in the poll that takes it.
     pub(crate) async fn accept(&mut self) -> Option<Accepted> {
         match self {
-            RrpcListener::Inproc { rx, .. } => rx.recv().await.map(Accepted::Ready),
+            RrpcListener::Inproc { rx, .. } => {
+                rx.recv().await.map(|d| Accepted::Ready(d.pipe, d.runtime))
+            }
             RrpcListener::Rings(l) => l.accept().await.map(|p| Accepted::Rings(Box::new(p))),
         }
     }
@@ -161,8 +171,9 @@ impl RrpcListener {
 
 /// A client taken off a listener, its transport handshake not yet run.
 pub(crate) enum Accepted {
-    /// In-process: already a pipe.
-    Ready(Pipe),
+    /// In-process: already a pipe, and the runtime of the client that
+    /// dialed it.
+    Ready(Pipe, tokio::runtime::Handle),
     /// `shm://` or `rdma://`: the rrpc-core handshake is still to come.
     Rings(Box<crate::rings::RingsPending>),
 }
@@ -171,7 +182,7 @@ impl Accepted {
     /// Who the client is, for logs.
     pub(crate) fn peer(&self) -> String {
         match self {
-            Accepted::Ready(_) => "inproc".to_string(),
+            Accepted::Ready(..) => "inproc".to_string(),
             Accepted::Rings(p) => p.peer_addr(),
         }
     }
@@ -179,8 +190,20 @@ impl Accepted {
     /// Who the client is, for the server's per-peer connection limit.
     pub(crate) fn peer_id(&self) -> crate::port::limits::PeerId {
         match self {
-            Accepted::Ready(_) => crate::port::limits::PeerId::InProcess,
+            Accepted::Ready(..) => crate::port::limits::PeerId::InProcess,
             Accepted::Rings(p) => crate::port::limits::PeerId::Socket(p.peer_key()),
+        }
+    }
+
+    /// Where the server's side of this connection runs: `inproc://`
+    /// connections on the runtime of the client that dialed them, so a
+    /// call and its handler take turns on the caller's threads (as a
+    /// direct call to the service would) instead of waking another
+    /// runtime's thread for every message; `None`: the server's runtime.
+    pub(crate) fn runtime(&self) -> Option<tokio::runtime::Handle> {
+        match self {
+            Accepted::Ready(_, rt) => Some(rt.clone()),
+            Accepted::Rings(_) => None,
         }
     }
 
@@ -190,7 +213,7 @@ impl Accepted {
     /// the client's hello is already on its way.
     pub(crate) async fn refuse(self, reason: String) -> Result<(), Error> {
         match self {
-            Accepted::Ready(mut p) => {
+            Accepted::Ready(mut p, _) => {
                 let _ = p.1.recv_with(&mut |_: &[u8]| {}).await?;
                 let msg = format!("RRPX{reason}");
                 p.0.send_with(msg.len(), &mut |s: &mut [u8]| {
@@ -205,7 +228,7 @@ impl Accepted {
     /// Runs the transport's handshake and the path negotiation.
     pub(crate) async fn establish(self, cfg: &RrpcConfig) -> Result<Established, Error> {
         match self {
-            Accepted::Ready(mut p) => {
+            Accepted::Ready(mut p, _) => {
                 let path = negotiate_server(&mut p, cfg).await?;
                 Ok(Established::Pipe(p, path))
             }
@@ -247,7 +270,11 @@ pub(crate) async fn dial(
             let tx = registry().lock().expect("registry lock").get(name).cloned();
             let tx = tx.ok_or_else(|| Error::NotListening(format!("inproc://{name}")))?;
             let (mut client, server) = pipe::mem_pair(cfg.ring_size());
-            tx.send(server)
+            let dialed = InprocDial {
+                pipe: server,
+                runtime: tokio::runtime::Handle::current(),
+            };
+            tx.send(dialed)
                 .await
                 .map_err(|_| Error::NotListening(format!("inproc://{name}")))?;
             let path = negotiate_client(&mut client, cfg).await?;

@@ -1051,3 +1051,11 @@ fn addr_in_use(e: &(dyn std::error::Error + 'static)) -> bool {
     }
     false
 }
+
+/// The suite's test service on its own, for tests that build their
+/// server by hand (`suite::inproc`).
+pub fn test_service() -> pb::test_server::TestServer<impl pb::test_server::Test> {
+    pb::test_server::TestServer::new(Svc {
+        obs: Arc::default(),
+    })
+}

@@ -22,6 +22,7 @@ mod deadlines;
 mod endpoint;
 mod flow_control;
 mod injected_faults;
+mod inproc;
 mod layers;
 mod message_sizes;
 mod metadata;
