@@ -674,9 +674,7 @@ pub fn serve_storm(t: Transport, listen: &str, cpu: Option<usize>) -> Result<()>
         }
     }
     let _ = stop.send(());
-    let _ = rt.block_on(async {
-        tokio::time::timeout(Duration::from_secs(5), server).await
-    });
+    let _ = rt.block_on(async { tokio::time::timeout(Duration::from_secs(5), server).await });
     println!("SERVED {}", served.load(Ordering::Relaxed));
     std::io::stdout().flush()?;
     drop(rt);
@@ -695,7 +693,14 @@ impl StormServer {
         use std::io::BufRead as _;
         use std::process::{Command, Stdio};
         let mut child = Command::new(std::env::current_exe()?)
-            .args(["--role", "storm-serve", "--transport", t.name(), "--listen", listen])
+            .args([
+                "--role",
+                "storm-serve",
+                "--transport",
+                t.name(),
+                "--listen",
+                listen,
+            ])
             .args(["--cpu", &ThreadPlan::cpu(0).to_string()])
             .env(STORM_CLIENTS_ENV, clients.to_string())
             .stdin(std::process::Stdio::piped())
@@ -798,10 +803,8 @@ fn reconnect_storm(args: &SuiteArgs, client_rt: &Runtime) -> Result<Table> {
     for run in 1..=runs {
         let mut tcp_ms = f64::NAN;
         for tr in [Transport::TonicTcp, Transport::RrpcFast] {
-            let dir = std::env::temp_dir().join(format!(
-                "rrpc-bench-storm-{}-{run}",
-                std::process::id()
-            ));
+            let dir =
+                std::env::temp_dir().join(format!("rrpc-bench-storm-{}-{run}", std::process::id()));
             std::fs::create_dir_all(&dir)?;
             let (listen, target) = match (tr, crate::rpc::rdma_device()) {
                 (Transport::TonicTcp, _) => {
@@ -857,13 +860,17 @@ fn reconnect_storm(args: &SuiteArgs, client_rt: &Runtime) -> Result<Table> {
                         let ch = rrpc_tonic::RrpcEndpoint::new(&target)?
                             .config(cfg.clone())
                             .connect_lazy()?;
-                        crate::rpc::AnyClient::Rrpc(
-                            crate::rpc::pb::bench_client::BenchClient::new(ch),
-                        )
+                        crate::rpc::AnyClient::Rrpc(crate::rpc::pb::bench_client::BenchClient::new(
+                            ch,
+                        ))
                     }
                 };
-                let (killed, stop, recovered, started) =
-                    (killed.clone(), stop.clone(), recovered.clone(), started.clone());
+                let (killed, stop, recovered, started) = (
+                    killed.clone(),
+                    stop.clone(),
+                    recovered.clone(),
+                    started.clone(),
+                );
                 tasks.push(client_rt.spawn(async move {
                     let mut tally = StormTally::default();
                     let mut first_ok = false;

@@ -339,7 +339,11 @@ fn main() -> Result<()> {
     let variants: Vec<Variant> = VARIANTS
         .into_iter()
         .filter(|v| {
-            cli.variants.is_empty() || cli.variants.iter().any(|n| n.eq_ignore_ascii_case(&v.name()))
+            cli.variants.is_empty()
+                || cli
+                    .variants
+                    .iter()
+                    .any(|n| n.eq_ignore_ascii_case(&v.name()))
         })
         .collect();
     let repeat = cli.repeat.max(1);

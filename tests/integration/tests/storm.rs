@@ -217,7 +217,11 @@ async fn storm(t: Transport) -> Duration {
     // A first channel opens what the process keeps (the poller, runtime
     // threads): the baseline is taken after it.
     {
-        let mut c = TestClient::new(RrpcChannel::connect(&uri, config(t)).await.expect("connect"));
+        let mut c = TestClient::new(
+            RrpcChannel::connect(&uri, config(t))
+                .await
+                .expect("connect"),
+        );
         c.unary(Input::default()).await.expect("a first call");
     }
     tokio::time::sleep(Duration::from_millis(200)).await;
