@@ -15,6 +15,13 @@
 //!   KRCore's Algorithm 2): queue pairs, file descriptors and resident memory per logical
 //!   connection, and 64 B WRITE throughput round-robin over all of them, as a ratio.
 //!
+//! - `reconnect_storm`: 1,000 clients (channels; 100 with `--quick`) calling in a loop on one
+//!   server in its own process; the server is killed (SIGKILL) and started again at the same
+//!   address, and every channel reconnects by itself. The time from the restarted server's
+//!   listening to every client's first answer, against tonic over TCP doing the same in the
+//!   same run; calls failed, and answers the restarted server served against those its
+//!   clients saw (0 lost). CI's quick form is the `storm` integration test.
+//!
 //! Not here yet: the same in the soft-RoCE VM (where only a ratio would mean anything).
 
 use std::time::{Duration, Instant};
@@ -62,6 +69,10 @@ pub fn run_suite(args: &SuiteArgs, report: &mut Report, only: &[String]) -> Resu
     }
     if want("shared_qp") {
         let t = shared_qp(args)?;
+        report.add(t)?;
+    }
+    if want("reconnect_storm") {
+        let t = reconnect_storm(args, &client_rt)?;
         report.add(t)?;
     }
     Ok(())
@@ -544,4 +555,461 @@ fn shared_qp(args: &SuiteArgs) -> Result<Table> {
          past a few hundred queue pairs (KRCore §2.3), which shm cannot show."
     ));
     Ok(t)
+}
+
+/// The storm server's environment: how many connections this one client process may hold
+/// (rrpc's `max_connections_per_peer`; the default 256 would refuse a storm of 1,000).
+pub const STORM_CLIENTS_ENV: &str = "RRPC_BENCH_STORM_CLIENTS";
+
+/// The reconnect storm's server role (`connect --role storm-serve --transport NAME --listen
+/// ADDR`): serves the benchmark service for `t` at `listen` (`127.0.0.1:PORT` for tonic over
+/// TCP, an rrpc URI otherwise) on a one-worker runtime (pinned to `cpu` if given), prints
+/// `READY` once bound, and serves until its standard input closes; then prints `SERVED n`,
+/// the unary calls it answered.
+///
+/// # Errors
+/// Runtime or bind errors.
+pub fn serve_storm(t: Transport, listen: &str, cpu: Option<usize>) -> Result<()> {
+    use std::io::{Read as _, Write as _};
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    /// The benchmark service, counting its unary calls.
+    #[derive(Clone)]
+    struct Counting(Arc<AtomicU64>);
+
+    #[tonic::async_trait]
+    impl crate::rpc::pb::bench_server::Bench for Counting {
+        async fn unary(
+            &self,
+            r: tonic::Request<crate::rpc::pb::Req>,
+        ) -> Result<tonic::Response<crate::rpc::pb::Resp>, tonic::Status> {
+            self.0.fetch_add(1, Ordering::Relaxed);
+            crate::rpc::pb::bench_server::Bench::unary(&crate::rpc::Svc, r).await
+        }
+
+        type StreamStream = <crate::rpc::Svc as crate::rpc::pb::bench_server::Bench>::StreamStream;
+
+        async fn stream(
+            &self,
+            r: tonic::Request<tonic::Streaming<crate::rpc::pb::Req>>,
+        ) -> Result<tonic::Response<Self::StreamStream>, tonic::Status> {
+            crate::rpc::pb::bench_server::Bench::stream(&crate::rpc::Svc, r).await
+        }
+    }
+
+    let rt = match cpu {
+        Some(c) => runtime("bench-server", c)?,
+        None => tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()?,
+    };
+    let served = Arc::new(AtomicU64::new(0));
+    let svc = crate::rpc::pb::bench_server::BenchServer::new(Counting(served.clone()));
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let shutdown = async move {
+        let _ = stopped.await;
+    };
+    // Bound before READY, so that a client that reconnects finds the server there.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let server = match t {
+        Transport::TonicTcp => {
+            let l = loop {
+                match rt.block_on(tokio::net::TcpListener::bind(listen)) {
+                    Ok(l) => break l,
+                    Err(e) if Instant::now() < deadline => {
+                        tracing::debug!("bind {listen}: {e}; again");
+                        std::thread::sleep(Duration::from_millis(20));
+                    }
+                    Err(e) => return Err(e.into()),
+                }
+            };
+            let incoming = tonic::transport::server::TcpIncoming::from(l).with_nodelay(Some(true));
+            rt.spawn(async move {
+                tonic::transport::Server::builder()
+                    .add_service(svc)
+                    .serve_with_incoming_shutdown(incoming, shutdown)
+                    .await
+                    .map_err(anyhow::Error::from)
+            })
+        }
+        _ => {
+            let clients: usize = std::env::var(STORM_CLIENTS_ENV)
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(1000);
+            let cfg = rrpc_config(t)
+                .to_builder()
+                .max_connections(clients.max(4096))
+                .max_connections_per_peer(clients + 1)
+                .build()?;
+            let incoming = loop {
+                let _rt = rt.enter();
+                match rrpc_tonic::RrpcIncoming::bind(listen, cfg.clone()) {
+                    Ok(i) => break i,
+                    Err(e) if Instant::now() < deadline => {
+                        tracing::debug!("bind {listen}: {e}; again");
+                        std::thread::sleep(Duration::from_millis(20));
+                    }
+                    Err(e) => return Err(e.into()),
+                }
+            };
+            rt.spawn(async move {
+                rrpc_tonic::Server::builder()
+                    .add_service(svc)
+                    .serve_rrpc_incoming(incoming, shutdown)
+                    .await
+                    .map_err(anyhow::Error::from)
+            })
+        }
+    };
+    println!("READY {listen}");
+    std::io::stdout().flush()?;
+    let mut buf = [0u8; 64];
+    let mut stdin = std::io::stdin();
+    while let Ok(n) = stdin.read(&mut buf) {
+        if n == 0 {
+            break;
+        }
+    }
+    let _ = stop.send(());
+    let _ = rt.block_on(async { tokio::time::timeout(Duration::from_secs(5), server).await });
+    println!("SERVED {}", served.load(Ordering::Relaxed));
+    std::io::stdout().flush()?;
+    drop(rt);
+    Ok(())
+}
+
+/// A storm server process ([`serve_storm`]); killed on drop if still running.
+struct StormServer {
+    child: std::process::Child,
+    stdin: Option<std::process::ChildStdin>,
+    lines: std::sync::mpsc::Receiver<String>,
+}
+
+impl StormServer {
+    fn spawn(t: Transport, listen: &str, clients: usize) -> Result<StormServer> {
+        use std::io::BufRead as _;
+        use std::process::{Command, Stdio};
+        let mut child = Command::new(std::env::current_exe()?)
+            .args([
+                "--role",
+                "storm-serve",
+                "--transport",
+                t.name(),
+                "--listen",
+                listen,
+            ])
+            .args(["--cpu", &ThreadPlan::cpu(0).to_string()])
+            .env(STORM_CLIENTS_ENV, clients.to_string())
+            .stdin(std::process::Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()?;
+        let stdin = child.stdin.take();
+        let out = child
+            .stdout
+            .take()
+            .ok_or_else(|| anyhow::anyhow!("child stdout"))?;
+        let (tx, lines) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in std::io::BufReader::new(out).lines() {
+                let Ok(line) = line else { break };
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let s = StormServer {
+            child,
+            stdin,
+            lines,
+        };
+        s.expect("READY ")?;
+        Ok(s)
+    }
+
+    /// The rest of the next line starting with `prefix` (within 20 s).
+    fn expect(&self, prefix: &str) -> Result<String> {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let line = self
+                .lines
+                .recv_timeout(left)
+                .map_err(|_| anyhow::anyhow!("the storm server said no {prefix:?} line"))?;
+            if let Some(rest) = line.strip_prefix(prefix) {
+                return Ok(rest.trim().to_owned());
+            }
+        }
+    }
+
+    fn kill(&mut self) -> Result<()> {
+        self.child.kill()?;
+        self.child.wait()?;
+        Ok(())
+    }
+
+    /// Stops it (stdin closed): the calls it served.
+    fn stop(mut self) -> Result<u64> {
+        drop(self.stdin.take());
+        Ok(self.expect("SERVED ")?.parse()?)
+    }
+}
+
+impl Drop for StormServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// What one storm client saw ([`reconnect_storm`]).
+#[derive(Debug, Default, Clone)]
+struct StormTally {
+    ok_before: u64,
+    ok_after: u64,
+    failed: u64,
+    failed_after_recovery: u64,
+    recovered: Option<Instant>,
+}
+
+fn reconnect_storm(args: &SuiteArgs, client_rt: &Runtime) -> Result<Table> {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    let n = args.pick(100usize, 1000);
+    let runs = args.pick(1usize, 3);
+    // Descriptors: each rrpc connection holds a few on the client side.
+    raise_nofile();
+    let mut t = Table::new(
+        "reconnect_storm",
+        "Reconnect storm: every client answered again after its server restarts",
+        &[
+            "transport",
+            "run",
+            "clients",
+            "recovery_ms",
+            "x_vs_tcp",
+            "answered_before",
+            "failed_calls",
+            "answered_after",
+            "served_after",
+            "lost",
+            "fds_left",
+        ],
+    );
+    let hang = Duration::from_secs(120);
+    for run in 1..=runs {
+        let mut tcp_ms = f64::NAN;
+        for tr in [Transport::TonicTcp, Transport::RrpcFast] {
+            let dir =
+                std::env::temp_dir().join(format!("rrpc-bench-storm-{}-{run}", std::process::id()));
+            std::fs::create_dir_all(&dir)?;
+            let (listen, target) = match (tr, crate::rpc::rdma_device()) {
+                (Transport::TonicTcp, _) => {
+                    let port = std::net::TcpListener::bind("127.0.0.1:0")?
+                        .local_addr()?
+                        .port();
+                    (
+                        format!("127.0.0.1:{port}"),
+                        format!("http://127.0.0.1:{port}"),
+                    )
+                }
+                (_, Some(_)) => {
+                    let port = std::net::TcpListener::bind("127.0.0.1:0")?
+                        .local_addr()?
+                        .port();
+                    let u = format!("rdma://127.0.0.1:{port}");
+                    (u.clone(), u)
+                }
+                (_, None) => {
+                    let u = format!("shm://{}/storm.sock", dir.display());
+                    (u.clone(), u)
+                }
+            };
+            let mut first = StormServer::spawn(tr, &listen, n)?;
+            let cfg = rrpc_config(tr);
+            // One connection first: what the process keeps (the poller, runtime threads) is
+            // not left behind by the storm.
+            drop(client_rt.block_on(async {
+                let mut c = connect_to(tr, &target, &cfg).await?;
+                c.unary(small()).await?;
+                anyhow::Ok(c)
+            })?);
+            std::thread::sleep(Duration::from_millis(200));
+            let fds0 = open_fds();
+            let killed = Arc::new(AtomicBool::new(false));
+            let stop = Arc::new(AtomicBool::new(false));
+            let recovered = Arc::new(AtomicU64::new(0));
+            let started = Arc::new(AtomicU64::new(0));
+            let mut tasks = Vec::with_capacity(n);
+            for _ in 0..n {
+                // Lazy channels start their tasks on the client runtime.
+                let _rt = client_rt.enter();
+                let mut c = match tr {
+                    Transport::TonicTcp => {
+                        let ch = tonic::transport::Endpoint::from_shared(target.clone())?
+                            .tcp_nodelay(true)
+                            .connect_lazy();
+                        crate::rpc::AnyClient::Tonic(
+                            crate::rpc::pb::bench_client::BenchClient::new(ch),
+                        )
+                    }
+                    _ => {
+                        let ch = rrpc_tonic::RrpcEndpoint::new(&target)?
+                            .config(cfg.clone())
+                            .connect_lazy()?;
+                        crate::rpc::AnyClient::Rrpc(crate::rpc::pb::bench_client::BenchClient::new(
+                            ch,
+                        ))
+                    }
+                };
+                let (killed, stop, recovered, started) = (
+                    killed.clone(),
+                    stop.clone(),
+                    recovered.clone(),
+                    started.clone(),
+                );
+                tasks.push(client_rt.spawn(async move {
+                    let mut tally = StormTally::default();
+                    let mut first_ok = false;
+                    while !stop.load(Ordering::Acquire) {
+                        let after = killed.load(Ordering::Acquire);
+                        let r = tokio::time::timeout(hang, c.unary(small())).await;
+                        let Ok(r) = r else {
+                            anyhow::bail!("a call hung for {hang:?}");
+                        };
+                        match r {
+                            Ok(_) if after => {
+                                tally.ok_after += 1;
+                                if tally.recovered.is_none() {
+                                    tally.recovered = Some(Instant::now());
+                                    recovered.fetch_add(1, Ordering::AcqRel);
+                                }
+                            }
+                            Ok(_) => {
+                                tally.ok_before += 1;
+                                if !first_ok {
+                                    first_ok = true;
+                                    started.fetch_add(1, Ordering::AcqRel);
+                                }
+                            }
+                            Err(_) => {
+                                tally.failed += 1;
+                                if tally.recovered.is_some() {
+                                    tally.failed_after_recovery += 1;
+                                }
+                                tokio::time::sleep(Duration::from_millis(10)).await;
+                            }
+                        }
+                        // A call every ~20 ms per client: 1,000 clients make 50,000 calls a
+                        // second together, with some in flight at the kill.
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                    }
+                    Ok(tally)
+                }));
+            }
+            // Every client answered by the first server.
+            let t0 = Instant::now();
+            while started.load(Ordering::Acquire) < n as u64 {
+                anyhow::ensure!(
+                    t0.elapsed() < hang,
+                    "{}: {} of {n} clients connected",
+                    tr.name(),
+                    started.load(Ordering::Acquire)
+                );
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            std::thread::sleep(Duration::from_millis(100));
+            first.kill()?;
+            killed.store(true, Ordering::Release);
+            drop(first);
+            let second = StormServer::spawn(tr, &listen, n)?;
+            let t_listen = Instant::now();
+            while recovered.load(Ordering::Acquire) < n as u64 {
+                anyhow::ensure!(
+                    t_listen.elapsed() < hang,
+                    "{}: {} of {n} clients answered again",
+                    tr.name(),
+                    recovered.load(Ordering::Acquire)
+                );
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            let took = t_listen.elapsed();
+            std::thread::sleep(Duration::from_millis(200));
+            stop.store(true, Ordering::Release);
+            let mut tallies = Vec::with_capacity(n);
+            for task in tasks {
+                tallies.push(client_rt.block_on(task)??);
+            }
+            let served = second.stop()?;
+            // The clients' channels are dropped with their tasks: descriptors back?
+            let t_fd = Instant::now();
+            while open_fds() > fds0 && t_fd.elapsed() < Duration::from_secs(10) {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            let fds_left = fds_per(fds0, open_fds(), 1);
+            let _ = std::fs::remove_dir_all(&dir);
+            let answered: u64 = tallies.iter().map(|c| c.ok_after).sum();
+            let before: u64 = tallies.iter().map(|c| c.ok_before).sum();
+            let failed: u64 = tallies.iter().map(|c| c.failed).sum();
+            let after_recovery: u64 = tallies.iter().map(|c| c.failed_after_recovery).sum();
+            anyhow::ensure!(
+                after_recovery == 0,
+                "{}: {after_recovery} calls failed after their client was answered again",
+                tr.name()
+            );
+            let ms = took.as_secs_f64() * 1e3;
+            if tr == Transport::TonicTcp {
+                tcp_ms = ms;
+            }
+            t.push(vec![
+                if tr == Transport::TonicTcp {
+                    "tonic-tcp".into()
+                } else if crate::rpc::rdma_device().is_some() {
+                    "rrpc-rdma-fast".into()
+                } else {
+                    "rrpc-shm-fast".into()
+                },
+                run.into(),
+                n.into(),
+                ms.into(),
+                Ratio::of(ms, tcp_ms).into(),
+                before.into(),
+                failed.into(),
+                answered.into(),
+                served.into(),
+                (served as i64 - answered as i64).into(),
+                fds_left.into(),
+            ]);
+        }
+    }
+    t.note(format!(
+        "Each run: {n} channels (lazy, reconnecting: tonic's Channel, RrpcChannel) on the \
+         client runtime, each calling 64 B unary every ~20 ms (10 ms more after a failure); \
+         the server (its own process, one worker) is killed with SIGKILL and started again at \
+         the same address; recovery_ms is from the restarted server's READY (bound) to every \
+         client's first answer from it. answered_before: calls the first server answered. failed_calls: calls that ended with a Status (in \
+         flight at the kill, or made while the server was down). answered_after / \
+         served_after: calls made after the kill that the clients saw answered, and the \
+         restarted server's count (lost = served - answered: 0). fds_left: this process's \
+         descriptors after the channels dropped, against before the storm (after one connection made and dropped: the process-wide poller and threads are not the storm's). The rrpc \
+         server allows this process {} connections (max_connections_per_peer). RLIMIT_NOFILE \
+         is raised to its hard limit.",
+        n + 1
+    ));
+    Ok(t)
+}
+
+/// Raises this process's soft `RLIMIT_NOFILE` to its hard limit (1,000 rrpc connections hold
+/// several descriptors each).
+fn raise_nofile() {
+    use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    if let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE)
+        && soft < hard
+        && let Err(e) = setrlimit(Resource::RLIMIT_NOFILE, hard, hard)
+    {
+        tracing::warn!("raising RLIMIT_NOFILE: {e}");
+    }
 }

@@ -11,12 +11,18 @@ use rrpc_bench::{Report, SuiteArgs, connect, rpc};
 struct Cli {
     #[command(flatten)]
     suite: SuiteArgs,
-    /// Run only these experiments (comma-separated prefixes): connect_time, idle_memory, shared_qp.
+    /// Run only these experiments (comma-separated prefixes): connect_time, idle_memory, shared_qp,
+    /// reconnect_storm.
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
-    /// `serve`: the server process of `idle_memory`.
+    /// `serve`: the server process of `idle_memory`; `storm-serve`: the server process of
+    /// `reconnect_storm` (needs `--listen`).
     #[arg(long)]
     role: Option<String>,
+    /// Storm-serve role: the address to serve at (`127.0.0.1:PORT` for tonic-tcp, an rrpc
+    /// URI otherwise).
+    #[arg(long)]
+    listen: Option<String>,
     /// Serve role: transport (`tonic-tcp`, `tonic-uds`, `rrpc-shm-h2`, `rrpc-shm-fast`).
     #[arg(long)]
     transport: Option<String>,
@@ -39,6 +45,13 @@ fn main() -> Result<()> {
             let t = rpc::Transport::parse(&name)
                 .with_context(|| format!("unknown transport {name}"))?;
             rpc::serve_child(t, cli.cpu)
+        }
+        Some("storm-serve") => {
+            let name = cli.transport.context("--transport is required")?;
+            let t = rpc::Transport::parse(&name)
+                .with_context(|| format!("unknown transport {name}"))?;
+            let listen = cli.listen.context("--listen is required")?;
+            connect::serve_storm(t, &listen, cli.cpu)
         }
         Some(other) => bail!("unknown role {other}"),
     }

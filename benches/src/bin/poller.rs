@@ -295,6 +295,20 @@ struct Cli {
     /// bpev_vs_best), throughput_vs_polling_threads, throughput_vs_bp_timeout, idle_cpu.
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
+    /// latency_vs_connections: only these connection counts (default: the suite's list).
+    #[arg(long, value_delimiter = ',')]
+    conns: Vec<usize>,
+    /// latency_vs_connections: only these sending intervals, µs (default: the suite's list).
+    #[arg(long, value_delimiter = ',')]
+    intervals: Vec<u64>,
+    /// latency_vs_connections: only these variants, by name (`BPEV`, `BPEV-adaptive`, ...;
+    /// default all). Each point's best mode is then the best of these.
+    #[arg(long, value_delimiter = ',')]
+    variants: Vec<String>,
+    /// latency_vs_connections: run every point this many times, the variants alternating
+    /// within each repetition (default 1).
+    #[arg(long, default_value_t = 1)]
+    repeat: usize,
 }
 
 fn main() -> Result<()> {
@@ -313,8 +327,26 @@ fn main() -> Result<()> {
     };
     let mut report = Report::new("poller", &args)?;
     let point = args.duration(Duration::from_millis(150), Duration::from_secs(2));
-    let conn_list: Vec<usize> = args.pick(vec![1, 16, 64], vec![1, 2, 4, 8, 16, 32, 64, 128, 256]);
-    let intervals: Vec<u64> = args.pick(vec![0, 100], vec![0, 100, 300]);
+    let mut conn_list: Vec<usize> =
+        args.pick(vec![1, 16, 64], vec![1, 2, 4, 8, 16, 32, 64, 128, 256]);
+    if !cli.conns.is_empty() {
+        conn_list.clone_from(&cli.conns);
+    }
+    let mut intervals: Vec<u64> = args.pick(vec![0, 100], vec![0, 100, 300]);
+    if !cli.intervals.is_empty() {
+        intervals.clone_from(&cli.intervals);
+    }
+    let variants: Vec<Variant> = VARIANTS
+        .into_iter()
+        .filter(|v| {
+            cli.variants.is_empty()
+                || cli
+                    .variants
+                    .iter()
+                    .any(|n| n.eq_ignore_ascii_case(&v.name()))
+        })
+        .collect();
+    let repeat = cli.repeat.max(1);
     let pt = 1usize;
     println!(
         "# Poller modes (shm)\n\nmachine cores: {}; pinning: server (1 tokio worker + polling threads: {pt} for BPTS/BPEV, one per connection for BP, none for EVENT) on cpu {}, client (1 busy-polling load-generator thread) on cpu {}. quick = {}",
@@ -351,13 +383,14 @@ fn main() -> Result<()> {
         let mut cmp: Vec<(u64, usize, String, f64)> = Vec::new();
         for &iv in &intervals {
             for &n in &conn_list {
-                for v in VARIANTS {
+                for v in (0..repeat).flat_map(|_| variants.iter().copied()) {
                     let mut s = setup(v.config(pt), v.mode, n)?;
                     let st0 = s.poller.stats();
                     let r = load(&mut s, Duration::from_micros(iv), point);
                     let st = s.poller.stats().since(&st0);
                     let threads = s.poller.threads();
                     teardown(s);
+                    eprintln!("poller: {} {iv} us {n} conns: {st:?}", v.name());
                     let sm = r.lat.summary();
                     let user = pct(r.cpu.user, r.wall);
                     let sys = pct(r.cpu.system, r.wall);

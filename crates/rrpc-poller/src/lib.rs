@@ -89,12 +89,16 @@
 //!   best mode; docs/measured.md). A polling thread
 //!   measures each 1 ms window of spinning (run-queue delay from
 //!   `/proc/thread-self/schedstat`, else wall minus CPU time; readers woken) and each spin
-//!   episode (resume to doze); when it lost over 30 % of a window, woke fewer than 2 readers
+//!   episode (resume to doze); when it lost over 30 % of a window (its `sched_yield`s to the
+//!   worker it woke are excused, up to 50 µs each: #58), woke fewer than 2 readers
 //!   in one, or fewer than 1 in 8 of its episodes earned (woke readers for under 10 µs of
 //!   spin each, about what their doorbells cost), it backs off for 4 ms, doubling
 //!   up to 128 ms ([`backoff::Governor`]). Backed off, it dozes as soon as its armed
 //!   connections all have doorbells, and their tasks announce their own sleeps instead of
-//!   kicking it where an announce misses nothing (shm; one futex wake saved per sleep).
+//!   kicking it where an announce misses nothing (shm; one futex wake saved per sleep). So
+//!   do waits whose own spin backed off because their data was far (at least 500 µs and 4
+//!   budgets: a server between requests at low load, [`SpinTuner::leaves_thread`]); a spin
+//!   backed off for a busy worker or replies a little past it still kicks the thread (#58).
 //!   Counters: [`Stats::spin_skips`],
 //!   [`Stats::lost_core_spins`], [`Stats::busy_worker_spins`],
 //!   [`Stats::backoffs_descheduled`],

@@ -97,6 +97,9 @@ pub struct SpinTuner {
     /// Per phase: the last granted spin ran out a little early after a short turn (the peer
     /// was asleep): the next one reaches the last reply, as a probe does.
     reach_next: [bool; PHASES],
+    /// Per phase: the last wait that had to wait found its data far
+    /// ([`SpinTuner::observe`]): [`SpinTuner::leaves_thread`].
+    far_wait: [bool; PHASES],
 }
 
 /// [`SpinTuner::PHASES`].
@@ -140,6 +143,7 @@ impl SpinTuner {
             last_reply_ns: [0; PHASES],
             preempted: [false; PHASES],
             reach_next: [false; PHASES],
+            far_wait: [false; PHASES],
         }
     }
 
@@ -219,6 +223,29 @@ impl SpinTuner {
         self.hit_rate[self.phase] < MIN_HIT_RATE
     }
 
+    /// Whether the current wait should be left to the writer's doorbell alone, without
+    /// kicking a polling thread to watch it: this phase's spin is backed off *and* its last
+    /// wait found its data far (at least `max(4 × budget, 500 µs)` after the wait began: an
+    /// idle gap, a server between requests at low load). A polling thread kicked for such a
+    /// wait could only spin the whole gap for it (#54: at one call per ms the thread was busy
+    /// ~10 % of the time).
+    ///
+    /// A spin backed off for another reason is no such verdict on the thread (#58): spins
+    /// cut short because the worker is busy (many connections on few cores: Algorithm 2 then
+    /// arms and lets the polling threads watch), or that ran out a little early (a reply
+    /// 100–300 µs away, while the thread's scan of its other connections catches it within
+    /// a scan). Those waits kick the thread, whose own [`Governor`](crate::backoff::Governor)
+    /// judges whether its spinning, shared by every armed connection, pays. The model test
+    /// `only_far_waits_leave_their_polling_thread` plays the poller suite's points.
+    pub fn leaves_thread(&self) -> bool {
+        self.backed_off() && self.far_wait[self.phase]
+    }
+
+    /// The wait length beyond which data is far: `max(4 × budget, 500 µs)`.
+    fn far(&self) -> Duration {
+        (self.budget() * 4).max(FAR_MISS_MIN)
+    }
+
     /// The moving hit rate of the current phase's granted spins, 0 to 1.
     pub fn hit_rate(&self) -> f64 {
         f64::from(self.hit_rate[self.phase]) / 256.0
@@ -239,7 +266,7 @@ impl SpinTuner {
     /// near miss says nothing: the data was a wake-up away, and counting it would keep both
     /// ends of a ping-pong sleeping (each end's wake-up delays the other's data past its spin).
     pub fn ran_out(&mut self, waited: Duration) {
-        let far = (self.budget() * 4).max(FAR_MISS_MIN);
+        let far = self.far();
         if waited >= far {
             self.spun(false);
         }
@@ -262,7 +289,7 @@ impl SpinTuner {
     pub fn settle(&mut self, w: Waited) {
         let p = self.phase;
         let reply = w.reply();
-        let far = (self.budget() * 4).max(FAR_MISS_MIN);
+        let far = self.far();
         let short = w.turn.is_some_and(|t| t < COSTLY_CATCH);
         // A far reply is idleness, not a wake-up: the next probe stays short.
         self.short_turn[p] = short && reply < far;
@@ -315,8 +342,11 @@ impl SpinTuner {
         Duration::from_nanos(b.min(self.cap_ns))
     }
 
-    /// Feeds the duration of a completed wait (from its start to the moment data was seen).
+    /// Feeds the duration of a completed wait (from its start to the moment data was seen),
+    /// of every wait that had to wait: the RTT estimate, and whether the current phase's data
+    /// was far ([`Self::leaves_thread`]).
     pub fn observe(&mut self, waited: Duration) {
+        self.far_wait[self.phase] = waited >= self.far();
         let ns = u64::try_from(waited.as_nanos()).unwrap_or(u64::MAX);
         if ns > self.cap_ns {
             return;
@@ -699,6 +729,69 @@ mod tests {
                 "{name}: {per_call:?} of spin a call"
             );
         }
+    }
+
+    /// The waits of one echo server connection at a point of the poller suite
+    /// (`cargo xtask bench poller`), as `Registration::wait_ready` feeds its tuner: every
+    /// wait follows a send (phase 0), the server turns around in 2 µs, and its data comes
+    /// `gap` after the wait begins. With `busy` the worker has other tasks ready, so a spin
+    /// ends at its first yield, scored a miss (many connections at 0 µs interval). Returns,
+    /// over the last 500 of 600 waits, how many the old rule (a backed-off spin skips the
+    /// polling thread, #54) and [`SpinTuner::leaves_thread`] leave to the doorbell alone.
+    fn left_to_doorbell(gap: Duration, busy: bool) -> (usize, usize) {
+        let mut t = SpinTuner::new(Duration::from_micros(20), true);
+        let (mut old, mut new) = (0, 0);
+        for i in 0..600 {
+            t.begin_wait(true);
+            let granted = t.next_budget();
+            // The spin: a catch if the data comes within it (and the worker is idle).
+            let caught = !busy && !granted.is_zero() && gap <= granted;
+            let ran_out = if busy && !granted.is_zero() {
+                t.spun(false);
+                Duration::ZERO
+            } else if caught {
+                Duration::ZERO
+            } else {
+                granted
+            };
+            if !caught && i >= 100 {
+                old += usize::from(t.backed_off());
+                new += usize::from(t.leaves_thread());
+            }
+            t.observe(gap);
+            t.settle(Waited {
+                granted: if caught { granted } else { ran_out },
+                seen: gap,
+                caught,
+                sent: Duration::ZERO,
+                turn: Some(Duration::from_micros(2)),
+            });
+        }
+        (old, new)
+    }
+
+    /// #58: adaptive BPEV was 22x the best mode at 16 connections and 0 µs interval, and
+    /// 2.2-5.6x at 8-64 connections and 100-300 µs intervals; the poller suite's counters
+    /// showed it waking its readers by doorbell (poller wakes 0.1-0.4 a message, paper BPEV
+    /// 1.0). The decision behind it: a wait whose spin had backed off, for any reason, left
+    /// its polling thread alone. At those points the spins back off because the worker is
+    /// busy (0 µs) or the reply comes a little past the spin (100-300 µs), not because the
+    /// data is idle-far: such waits now kick their polling thread. #54's low-load case (a
+    /// request every millisecond) still leaves its thread alone.
+    #[test]
+    fn only_far_waits_leave_their_polling_thread() {
+        let us = Duration::from_micros;
+        for (name, gap, busy) in [
+            ("0 µs interval, 16-64 connections: busy worker", us(5), true),
+            ("100 µs interval", us(102), false),
+            ("300 µs interval", us(302), false),
+        ] {
+            let (old, new) = left_to_doorbell(gap, busy);
+            assert!(old >= 450, "{name}: the old rule left {old} of 500 waits");
+            assert_eq!(new, 0, "{name}: {new} of 500 waits left to the doorbell");
+        }
+        let (old, new) = left_to_doorbell(Duration::from_millis(1), false);
+        assert!(old >= 450 && new >= 450, "one call per ms: {old}, {new}");
     }
 
     #[test]

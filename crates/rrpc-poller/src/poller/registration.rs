@@ -554,7 +554,7 @@ impl Registration {
     }
 
     /// Spin back-off: while the shard's polling thread is backed off, or this wait's own spin
-    /// is (its phase's hit rate is below 1/8), an armed entry with an exact doorbell (shm: [`Notifier::announce_is_exact`](crate::Notifier::announce_is_exact))
+    /// is (its phase's hit rate is below 1/8) and its data was far ([`SpinTuner::leaves_thread`]), an armed entry with an exact doorbell (shm: [`Notifier::announce_is_exact`](crate::Notifier::announce_is_exact))
     /// announces its own sleep (once per wait, and again after every ring it consumed: a
     /// ring spends its announce) instead of kicking the thread; the caller's
     /// recheck follows (Dekker with the writer's tail, as for the thread's announce). Returns
@@ -563,13 +563,15 @@ impl Registration {
     /// announce on the wire needs the thread's rescan, and a thread that is not kicked may be
     /// parked without a timeout): the caller kicks.
     fn covered_by_doorbell(&self, shard: &Shard) -> bool {
-        // A wait whose own spin is backed off (its data has been far in this phase: a server
-        // between requests at low load) would only have its polling thread spin out the same
-        // wait for it: leave it to the doorbell too (#54: at one call per ms the polling
-        // thread was busy ~10 % of the time, kicked for waits that then lasted a millisecond).
+        // A wait whose own spin is backed off because its data has been far in this phase (a
+        // server between requests at low load) would only have its polling thread spin out
+        // the same wait for it: leave it to the doorbell too (#54: at one call per ms the
+        // polling thread was busy ~10 % of the time, kicked for waits that then lasted a
+        // millisecond). A spin backed off for other reasons (a busy worker, replies a little
+        // past the spin) still kicks the thread (#58; `SpinTuner::leaves_thread`).
         let skip_thread = shard.backed_off()
             || self.handoff
-            || (self.inner.cfg.spin_backoff() && self.tuner.backed_off());
+            || (self.inner.cfg.spin_backoff() && self.tuner.leaves_thread());
         if !self.entry.exact_bell || !skip_thread {
             return false;
         }

@@ -267,7 +267,19 @@ impl PollingThread {
         self.checks = 0;
         self.dozing = false;
         self.shard.dozing.store(false, Ordering::SeqCst);
+        self.yield_now();
+    }
+
+    /// `sched_yield`, its wall time told to the [`Governor`] (given away on purpose, not a
+    /// lost core: [`Governor::yielded`]).
+    fn yield_now(&mut self) {
+        if self.clock.is_none() {
+            thread::yield_now();
+            return;
+        }
+        let t0 = Instant::now();
         thread::yield_now();
+        self.gov.yielded(t0.elapsed());
     }
 
     /// Counts a turn's checks; whether a `sched_yield` is due ([`YIELD_AFTER_CHECKS`]), when
@@ -309,7 +321,7 @@ impl PollingThread {
         }
         let park_after = self.doze_after(park_after);
         if self.last_activity.elapsed() < park_after {
-            thread::yield_now();
+            self.yield_now();
             return false;
         }
         self.start_dozing(waiting);
