@@ -11,7 +11,8 @@ use rrpc_bench::{Report, SuiteArgs, connect, rpc};
 struct Cli {
     #[command(flatten)]
     suite: SuiteArgs,
-    /// Run only these experiments (comma-separated prefixes): connect_time, idle_memory, shared_qp.
+    /// Run only these experiments (comma-separated prefixes): connect_time, idle_memory, shared_qp,
+    /// connect_rounds.
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
     /// `serve`: the server process of `idle_memory`.
