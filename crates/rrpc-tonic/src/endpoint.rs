@@ -56,7 +56,10 @@ use crate::{Error, RrpcConfig, RrpcContext};
 /// reconnects through the port), else HTTP/2 on the negotiated TCP
 /// connection (tonic's channel, each new connection negotiated by its
 /// connector); [`RrpcConfig::fabrics`] restricts the choice and
-/// [`RrpcChannel::carrier`] reports it.
+/// [`RrpcChannel::carrier`] reports it. A context that connected through
+/// the port on rings within [`RrpcConfig::peer_lease`] dials the ring
+/// endpoint the port named then, with no negotiation (and negotiates
+/// again if it does not connect); with TLS every connect negotiates.
 ///
 /// **`connect_lazy` on `rrpc://` does not negotiate: with TCP allowed (the
 /// default) it is always TCP**, even on one host where shm is available
@@ -457,7 +460,17 @@ impl RrpcEndpoint {
                     ctx.ports().put(p.addr(), bits, ep, Instant::now());
                     return Ok(self.rings(dialer, Some(conn), carrier));
                 }
-                Err(e @ Error::ConnectionLimit(_)) => return Err(e),
+                // The server answered and said no (a limit, the token):
+                // the endpoint is the live server's, and a negotiation
+                // would lead to the same answer.
+                Err(e)
+                    if matches!(
+                        e.code(),
+                        tonic::Code::ResourceExhausted | tonic::Code::Unauthenticated
+                    ) =>
+                {
+                    return Err(e);
+                }
                 Err(e) => {
                     tracing::debug!(
                         addr = %p.addr(), endpoint = %ep, error = %e,
