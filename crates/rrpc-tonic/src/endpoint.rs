@@ -460,15 +460,14 @@ impl RrpcEndpoint {
                     ctx.ports().put(p.addr(), bits, ep, Instant::now());
                     return Ok(self.rings(dialer, Some(conn), carrier));
                 }
-                // The server answered and said no (a limit, the token):
-                // the endpoint is the live server's, and a negotiation
-                // would lead to the same answer.
-                Err(e)
-                    if matches!(
-                        e.code(),
-                        tonic::Code::ResourceExhausted | tonic::Code::Unauthenticated
-                    ) =>
-                {
+                // A server answered there and said no: a negotiation would
+                // lead to the same answer. A limit is the live server's; a
+                // refused token is forgotten too (on `rdma://` another
+                // server may have taken the side channel's port since), so
+                // the next connect negotiates.
+                Err(e) if e.code() == tonic::Code::ResourceExhausted => return Err(e),
+                Err(e) if e.code() == tonic::Code::Unauthenticated => {
+                    ctx.ports().forget(p.addr(), bits, &ep);
                     return Err(e);
                 }
                 Err(e) => {

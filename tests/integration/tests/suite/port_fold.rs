@@ -191,8 +191,9 @@ async fn a_server_gone_from_the_remembered_endpoint_is_negotiated_again(t: Trans
 }
 
 /// A client that skips the negotiation still meets the ring handshake's
-/// token check: the wrong token is refused as without the memo, and the
-/// right one still connects.
+/// token check: the wrong token is refused there as without the memo (not
+/// negotiated again), the endpoint is forgotten, and the right token
+/// connects after a new negotiation.
 async fn the_token_is_checked_on_every_folded_connect(t: Transport) {
     let with = |token: &str| config(t).to_builder().token(token).build().expect("token");
     let h = Harness::start_with(t, with("sesame")).await;
@@ -217,7 +218,16 @@ async fn the_token_is_checked_on_every_folded_connect(t: Transport) {
         .await
         .expect("connect");
     call(&mut c, 2).await;
-    assert_eq!(relay.negotiations(), n);
+    assert_eq!(
+        relay.negotiations(),
+        n + 1,
+        "the refused endpoint was forgotten"
+    );
+    let mut c = connect(&relay.uri, &with("sesame"), &ctx)
+        .await
+        .expect("connect");
+    call(&mut c, 3).await;
+    assert_eq!(relay.negotiations(), n + 1, "and remembered again");
 }
 
 /// The server's per-peer limit counts folded connects like any other, and
