@@ -75,6 +75,10 @@ pub fn run_suite(args: &SuiteArgs, report: &mut Report, only: &[String]) -> Resu
         let t = reconnect_storm(args, &client_rt)?;
         report.add(t)?;
     }
+    if want("connect_rounds") {
+        let t = connect_rounds(args, &server_rt, &client_rt)?;
+        report.add(t)?;
+    }
     Ok(())
 }
 
@@ -1012,4 +1016,105 @@ fn raise_nofile() {
     {
         tracing::warn!("raising RLIMIT_NOFILE: {e}");
     }
+}
+        report.add(t)?;
+    }
+/// Issue 58's connect rows, in rounds: each round runs every setup once (a server of its own,
+/// a warm-up connection, `n` timed connects, `burst` back to back), so that a noisy machine
+/// shows in every setup of a round alike; every round is a row, each with its ratios to
+/// tonic-TCP's in the same round.
+fn connect_rounds(args: &SuiteArgs, server_rt: &Runtime, client_rt: &Runtime) -> Result<Table> {
+    let (rounds, n, burst) = (
+        args.pick(2usize, 3),
+        args.pick(40usize, 300),
+        args.pick(40usize, 300),
+    );
+    let mut t = Table::new(
+        "connect_rounds",
+        "Connect p50 and connections per second back to back, setups alternated in rounds",
+        &[
+            "round",
+            "setup",
+            "p50_us",
+            "p50_x_vs_tcp",
+            "conns_per_s",
+            "rate_x_vs_tcp",
+        ],
+    );
+    let with =
+        |tr: Transport,
+         f: &dyn Fn(rrpc_tonic::RrpcConfigBuilder) -> rrpc_tonic::RrpcConfigBuilder| {
+            f(rrpc_config(tr).to_builder()).build()
+        };
+    let shm_only = |b: rrpc_tonic::RrpcConfigBuilder| b.fabrics([rrpc_tonic::Fabric::Shm]);
+    let setups = [
+        (
+            "tonic-tcp",
+            Transport::TonicTcp,
+            rrpc_config(Transport::TonicTcp),
+        ),
+        (
+            "rrpc-shm-fast",
+            Transport::RrpcFast,
+            rrpc_config(Transport::RrpcFast),
+        ),
+        (
+            "rrpc-shm-fast-spare2",
+            Transport::RrpcFast,
+            with(Transport::RrpcFast, &|b| b.spare_connections(2))?,
+        ),
+        (
+            "rrpc-port-shm",
+            Transport::RrpcPort,
+            with(Transport::RrpcPort, &shm_only)?,
+        ),
+        (
+            "rrpc-port-shm-spare2",
+            Transport::RrpcPort,
+            with(Transport::RrpcPort, &|b| shm_only(b).spare_connections(2))?,
+        ),
+    ];
+    for round in 1..=rounds {
+        let (mut tcp_p50, mut tcp_rate) = (f64::NAN, f64::NAN);
+        for (name, tr, cfg) in &setups {
+            let server = start_server_with(server_rt, *tr, cfg.clone())?;
+            let target = server.target().to_owned();
+            drop(client_rt.block_on(connect_to(*tr, &target, cfg))?);
+            let mut lat = Latency::new();
+            for _ in 0..n {
+                std::thread::sleep(Duration::from_millis(2));
+                let t0 = Instant::now();
+                let c = client_rt.block_on(connect_once(*tr, &target, cfg))?;
+                lat.record(t0.elapsed());
+                drop(c);
+            }
+            let t0 = Instant::now();
+            for _ in 0..burst {
+                drop(client_rt.block_on(connect_once(*tr, &target, cfg))?);
+            }
+            let rate = burst as f64 / t0.elapsed().as_secs_f64();
+            let p50 = lat.summary().p50_us();
+            if *tr == Transport::TonicTcp {
+                (tcp_p50, tcp_rate) = (p50, rate);
+            }
+            t.push(vec![
+                round.into(),
+                (*name).into(),
+                p50.into(),
+                Ratio::of(p50, tcp_p50).into(),
+                rate.into(),
+                Ratio::of(rate, tcp_rate).into(),
+            ]);
+            drop(server);
+        }
+    }
+    t.note(format!(
+        "{rounds} rounds; per setup and round: a new server, one warm-up connection, {n} timed \
+         connects 2 ms apart (connect only, then drop), then {burst} back to back. rrpc-port-*: \
+         rrpc://127.0.0.1 with the client allowing shm only; after the warm-up the client's \
+         context remembers the shm endpoint the port named, so a connect dials it with no TCP \
+         connection and no negotiation (rrpc_tonic's context::PortMemo). spare2: \
+         spare_connections(2)."
+    ));
+    Ok(t)
 }

@@ -12,7 +12,7 @@ struct Cli {
     #[command(flatten)]
     suite: SuiteArgs,
     /// Run only these experiments (comma-separated prefixes): connect_time, idle_memory, shared_qp,
-    /// reconnect_storm.
+    /// reconnect_storm, connect_rounds.
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
     /// `serve`: the server process of `idle_memory`; `storm-serve`: the server process of

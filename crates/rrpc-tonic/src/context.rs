@@ -2,7 +2,9 @@
 //! threads, the verbs device, connection pools, shared queue pairs), kept
 //! apart from [`RrpcConfig`], which is settings only.
 
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock, Weak};
+use std::time::{Duration, Instant};
 
 use rrpc_poller::Poller;
 
@@ -90,6 +92,8 @@ struct Inner {
     anchors: Anchors,
     /// Connections its clients dialed ahead ([`RrpcConfig::spare_connections`]).
     spares: Spares<Spare>,
+    /// The ring endpoints `rrpc://` ports named to its clients ([`PortMemo`]).
+    ports: PortMemo,
 }
 
 /// The connection pools of a context, one per provider.
@@ -140,6 +144,7 @@ impl RrpcContext {
             peers: Peers::default(),
             anchors: Anchors::default(),
             spares: Spares::default(),
+            ports: PortMemo::default(),
         });
         tracing::debug!(id = ?Arc::as_ptr(&inner), shared, "rrpc: context created");
         inner
@@ -292,6 +297,11 @@ impl RrpcContext {
         &self.0.anchors
     }
 
+    /// The ring endpoints `rrpc://` ports named to this context's clients.
+    pub(crate) fn ports(&self) -> &PortMemo {
+        &self.0.ports
+    }
+
     /// The pool of bundles for `fabric` (created at the first call), or
     /// `None` when pooling is off.
     pub(crate) fn bundle_pool(
@@ -341,11 +351,108 @@ impl RrpcContext {
     }
 }
 
+/// The ring endpoints `rrpc://` ports named in their negotiations with a
+/// context's clients: a client that connects to a port again within
+/// [`RrpcConfig::peer_lease`] of the last connection through it dials the
+/// endpoint named then, with no TCP connection and no negotiation first
+/// (the negotiation folded into the ring handshake; `RrpcEndpoint::connect`
+/// on `rrpc://`). Keyed by the port and the fabrics the client allows, so
+/// a client that allows other fabrics negotiates its own choice. Never
+/// for a port dialed with TLS: there each ring connection presents the
+/// ticket of a TLS session, which only a negotiation gives. An endpoint
+/// that fails to connect is forgotten and the port negotiated again (its
+/// server restarted: the shm socket's name holds the pid, the verbs side
+/// channel's port is the OS's pick).
+#[derive(Debug, Default)]
+pub(crate) struct PortMemo(Mutex<HashMap<(String, u8), (rrpc_core::FabricAddr, Instant)>>);
+
+/// The most ports a context remembers: past it, the stalest entry goes.
+const PORT_MEMO_MAX: usize = 1024;
+
+impl PortMemo {
+    /// The endpoint `port` named for `fabrics` at most `lease` ago.
+    pub(crate) fn get(
+        &self,
+        port: &str,
+        fabrics: u8,
+        lease: Duration,
+        now: Instant,
+    ) -> Option<rrpc_core::FabricAddr> {
+        let map = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let (ep, at) = map.get(&(port.to_owned(), fabrics))?;
+        (now.saturating_duration_since(*at) < lease).then(|| ep.clone())
+    }
+
+    /// Remembers that `port` named `ep` for `fabrics`, and a connection
+    /// through it was made at `now`.
+    pub(crate) fn put(&self, port: &str, fabrics: u8, ep: rrpc_core::FabricAddr, now: Instant) {
+        let mut map = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let key = (port.to_owned(), fabrics);
+        if map.len() >= PORT_MEMO_MAX && !map.contains_key(&key) {
+            let stalest = map
+                .iter()
+                .min_by_key(|(_, (_, at))| *at)
+                .map(|(k, _)| k.clone());
+            if let Some(k) = stalest {
+                map.remove(&k);
+            }
+        }
+        map.insert(key, (ep, now));
+    }
+
+    /// Forgets what `port` named for `fabrics` if it is still `ep`.
+    pub(crate) fn forget(&self, port: &str, fabrics: u8, ep: &rrpc_core::FabricAddr) {
+        let mut map = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let key = (port.to_owned(), fabrics);
+        if map.get(&key).is_some_and(|(e, _)| e == ep) {
+            map.remove(&key);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use rrpc_core::numa::NumaPlacement;
     use rrpc_poller::PollerConfig;
+
+    #[test]
+    fn a_port_memo_keeps_an_endpoint_for_its_lease_and_forgets_a_stale_one() {
+        let m = PortMemo::default();
+        let (t0, lease) = (Instant::now(), Duration::from_secs(10));
+        let a = rrpc_core::FabricAddr::Shm("/run/a.sock".into());
+        let b = rrpc_core::FabricAddr::Shm("/run/b.sock".into());
+        assert_eq!(m.get("h:1", 1, lease, t0), None);
+        m.put("h:1", 1, a.clone(), t0);
+        assert_eq!(
+            m.get("h:1", 1, lease, t0 + Duration::from_secs(9)),
+            Some(a.clone())
+        );
+        assert_eq!(m.get("h:1", 1, lease, t0 + lease), None, "past its lease");
+        assert_eq!(m.get("h:1", 3, lease, t0), None, "other fabrics allowed");
+        assert_eq!(m.get("h:2", 1, lease, t0), None, "another port");
+        // Forgetting an endpoint replaced meanwhile keeps the new one.
+        m.put("h:1", 1, b.clone(), t0);
+        m.forget("h:1", 1, &a);
+        assert_eq!(m.get("h:1", 1, lease, t0), Some(b.clone()));
+        m.forget("h:1", 1, &b);
+        assert_eq!(m.get("h:1", 1, lease, t0), None);
+        // Bounded: the stalest entry goes.
+        for i in 0..PORT_MEMO_MAX + 5 {
+            m.put(
+                &format!("h:{i}"),
+                1,
+                a.clone(),
+                t0 + Duration::from_millis(i as u64),
+            );
+        }
+        assert_eq!(m.0.lock().unwrap().len(), PORT_MEMO_MAX);
+        assert_eq!(m.get("h:0", 1, lease, t0), None);
+        assert!(
+            m.get(&format!("h:{}", PORT_MEMO_MAX + 4), 1, lease, t0)
+                .is_some()
+        );
+    }
 
     #[test]
     fn equal_configs_share_a_context_while_it_lives() {

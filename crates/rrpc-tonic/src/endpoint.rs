@@ -7,7 +7,7 @@
 //! replaces it when it fails ([`crate::managed`]).
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use http::HeaderValue;
 use tower::Service;
@@ -56,7 +56,10 @@ use crate::{Error, RrpcConfig, RrpcContext};
 /// reconnects through the port), else HTTP/2 on the negotiated TCP
 /// connection (tonic's channel, each new connection negotiated by its
 /// connector); [`RrpcConfig::fabrics`] restricts the choice and
-/// [`RrpcChannel::carrier`] reports it.
+/// [`RrpcChannel::carrier`] reports it. A context that connected through
+/// the port on rings within [`RrpcConfig::peer_lease`] dials the ring
+/// endpoint the port named then, with no negotiation (and negotiates
+/// again if it does not connect); with TLS every connect negotiates.
 ///
 /// **`connect_lazy` on `rrpc://` does not negotiate: with TCP allowed (the
 /// default) it is always TCP**, even on one host where shm is available
@@ -431,6 +434,51 @@ impl RrpcEndpoint {
         let limit = self
             .connect_timeout
             .unwrap_or(self.config.handshake_timeout());
+        // The port named a ring endpoint to this context lately: dialed
+        // straight away, the negotiation folded into the ring handshake
+        // (`context::PortMemo`); a failure to connect there (the server
+        // restarted) negotiates again below.
+        let bits = self.config.fabric_bits();
+        let memo = match (p.tls(), self.resolve_context()) {
+            (None, Ok(ctx)) => ctx
+                .ports()
+                .get(p.addr(), bits, self.config.peer_lease(), Instant::now())
+                .map(|ep| (ctx, ep)),
+            _ => None,
+        };
+        if let Some((ctx, ep)) = memo {
+            let carrier = match &ep {
+                rrpc_core::FabricAddr::Shm(_) => Carrier::Shm,
+                _ => Carrier::Verbs {
+                    device: String::new(),
+                    peer: None,
+                },
+            };
+            let dialer = self.port_dialer(p.with_hint(ep.clone(), None), ctx.clone())?;
+            match dialer.clone().connection().await {
+                Ok(conn) => {
+                    ctx.ports().put(p.addr(), bits, ep, Instant::now());
+                    return Ok(self.rings(dialer, Some(conn), carrier));
+                }
+                // A server answered there and said no: a negotiation would
+                // lead to the same answer. A limit is the live server's; a
+                // refused token is forgotten too (on `rdma://` another
+                // server may have taken the side channel's port since), so
+                // the next connect negotiates.
+                Err(e) if e.code() == tonic::Code::ResourceExhausted => return Err(e),
+                Err(e) if e.code() == tonic::Code::Unauthenticated => {
+                    ctx.ports().forget(p.addr(), bits, &ep);
+                    return Err(e);
+                }
+                Err(e) => {
+                    tracing::debug!(
+                        addr = %p.addr(), endpoint = %ep, error = %e,
+                        "rrpc: the ring endpoint the port named before did not connect; negotiating"
+                    );
+                    ctx.ports().forget(p.addr(), bits, &ep);
+                }
+            }
+        }
         let (ep, ticket, carrier, fabric, shown) = match negotiate(
             p.addr(),
             self.config.fabric_bits(),
@@ -458,15 +506,21 @@ impl RrpcEndpoint {
                 format!("rdma://{at}"),
             ),
         };
+        let remember = (ticket.is_none() && p.tls().is_none()).then(|| ep.clone());
         let connected = match self.resolve_context() {
-            Ok(ctx) => match self.port_dialer(p.with_hint(ep, ticket), ctx) {
-                Ok(dialer) => dialer.clone().connection().await.map(|c| (dialer, c)),
+            Ok(ctx) => match self.port_dialer(p.with_hint(ep, ticket), ctx.clone()) {
+                Ok(dialer) => dialer.clone().connection().await.map(|c| (dialer, c, ctx)),
                 Err(e) => Err(e),
             },
             Err(e) => Err(e),
         };
         match connected {
-            Ok((dialer, conn)) => Ok(self.rings(dialer, Some(conn), carrier)),
+            Ok((dialer, conn, ctx)) => {
+                if let Some(ep) = remember {
+                    ctx.ports().put(p.addr(), bits, ep, Instant::now());
+                }
+                Ok(self.rings(dialer, Some(conn), carrier))
+            }
             // The server refused it for a connection limit: no other fabric
             // of the same server is the answer (its TCP leg counts against
             // the same limits), and the caller must learn which limit.

@@ -30,6 +30,7 @@ mod one_port;
 mod panics;
 mod parity;
 mod pool;
+mod port_fold;
 mod rpc_kinds;
 mod server_options;
 mod sharing;
