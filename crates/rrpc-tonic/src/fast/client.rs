@@ -634,7 +634,9 @@ mod tests {
         let mut s2 = Slot::new(CallFlow::new(4096));
         s2.waker = Some(w2);
         assert_eq!(
-            t.conn.open(Slot::new(CallFlow::new(4096)), None).expect("open"),
+            t.conn
+                .open(Slot::new(CallFlow::new(4096)), None)
+                .expect("open"),
             1
         );
         assert_eq!(t.conn.open(s2, None).expect("open"), 2);

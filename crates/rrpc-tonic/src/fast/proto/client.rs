@@ -638,7 +638,10 @@ mod tests {
     fn ids_skip_zero_and_calls_in_flight_and_goaway_stops_new_calls() {
         let mut c = Client::<_, ()>::new(1024, 8);
         assert_eq!(
-            (c.open((), None).expect("open"), c.open((), None).expect("open")),
+            (
+                c.open((), None).expect("open"),
+                c.open((), None).expect("open")
+            ),
             (1, 2)
         );
         c.next_id = 1;
@@ -711,7 +714,10 @@ mod tests {
         let ms = |n| t0 + Duration::from_millis(n);
         let data = |n| Event::Data(Bytes::from(vec![7; n]));
         let mut c = Client::<u32, &str>::new(1024, 1);
-        assert!(matches!(c.admit(Some(ms(50)), || "a"), Ok(Admission::Admitted)));
+        assert!(matches!(
+            c.admit(Some(ms(50)), || "a"),
+            Ok(Admission::Admitted)
+        ));
         let a = c.open(1, Some(ms(50))).expect("open");
         let Ok(Admission::Queued(_)) = c.admit(Some(ms(30)), || "in line") else {
             panic!("the one place is taken");
@@ -741,7 +747,13 @@ mod tests {
             e => panic!("{e:?}"),
         }
         assert!(call.pop_event(&mut update).is_none(), "nothing after it");
-        assert_eq!(c.remove(a), Some(Removed { io: 2, cancel: true }));
+        assert_eq!(
+            c.remove(a),
+            Some(Removed {
+                io: 2,
+                cancel: true
+            })
+        );
         assert!(c.release().is_none());
         // A call the server ended: no CANCEL, and its deadline is gone.
         let b = c.open(3, Some(ms(60))).expect("open");
@@ -750,7 +762,13 @@ mod tests {
         assert!(matches!(c.deliver(b, trailers), Ok(Delivered::Queued(_))));
         assert_eq!(c.poll_timeout(), None, "an ended call has no deadline");
         c.handle_timeout(ms(60), |_| panic!("nothing is due"));
-        assert_eq!(c.remove(b), Some(Removed { io: 3, cancel: false }));
+        assert_eq!(
+            c.remove(b),
+            Some(Removed {
+                io: 3,
+                cancel: false
+            })
+        );
         // A later call with an ended call's id and no deadline is not
         // expired by the ended call's entry (still in the heap).
         let d = c.open(4, Some(ms(70))).expect("open");
@@ -759,6 +777,12 @@ mod tests {
         assert_eq!(c.open(5, None).expect("open"), d);
         c.handle_timeout(ms(100), |_| panic!("nothing is due"));
         // A caller that lets go of an open call cancels it.
-        assert_eq!(c.remove(d), Some(Removed { io: 5, cancel: true }));
+        assert_eq!(
+            c.remove(d),
+            Some(Removed {
+                io: 5,
+                cancel: true
+            })
+        );
     }
 }

@@ -520,7 +520,10 @@ fn draining_refuses_new_calls_and_ends_when_the_last_call_does() {
     // The client sees GOAWAY, then call 3's refusal: new calls fail at
     // once, `Unavailable` either way.
     let events = p.client_reads();
-    let st = p.client.open((), None).expect_err("no new calls after GOAWAY");
+    let st = p
+        .client
+        .open((), None)
+        .expect_err("no new calls after GOAWAY");
     assert_eq!(st.code(), tonic::Code::Unavailable);
     match &events[..] {
         [(3, Event::Trailers(t))] => assert_eq!(t["grpc-status"], "14"),
