@@ -77,16 +77,14 @@ pub(crate) struct RecvBody {
     /// call had not finished.
     pub(crate) guard: Option<client::CallGuard>,
     /// Hands the bytes the application read back to the peer.
+    ///
+    /// Client: the call's deadline covers the response body too (a gRPC
+    /// deadline bounds the whole call): the connection's state machine
+    /// expires the call, and the body reads its `DEADLINE_EXCEEDED` as the
+    /// call's next event. Without it a response whose headers came before
+    /// the wire was cut waited for the connection to be declared dead (seen
+    /// across hosts: 5.7 s and 9.6 s on a 3 s deadline, once 40 s).
     credit: Option<flow::Credit>,
-    /// Client: the call's deadline, which covers the response body too (a
-    /// gRPC deadline bounds the whole call). Without it a response whose
-    /// headers came before the wire was cut waited for the connection to
-    /// be declared dead (seen across hosts: 5.7 s and 9.6 s on a 3 s
-    /// deadline, once 40 s).
-    deadline: Option<tokio::time::Instant>,
-    /// The deadline's timer, made at the first wait only: a response that
-    /// is whole when read (most unary calls) never needs one.
-    timer: Option<Pin<Box<tokio::time::Sleep>>>,
 }
 
 impl std::fmt::Debug for RecvBody {
@@ -111,8 +109,6 @@ impl RecvBody {
             eos_ok: true,
             guard: None,
             credit: Some(credit),
-            deadline: None,
-            timer: None,
         }
     }
     /// Server: a request stream that was complete on arrival.
@@ -124,8 +120,6 @@ impl RecvBody {
             eos_ok: true,
             guard: None,
             credit: None,
-            deadline: None,
-            timer: None,
         }
     }
     /// Client: the response stream of one call.
@@ -133,7 +127,6 @@ impl RecvBody {
         slot: client::SlotRef,
         guard: client::CallGuard,
         credit: flow::Credit,
-        deadline: Option<tokio::time::Instant>,
     ) -> Self {
         RecvBody {
             queued: proto::Chunks::default(),
@@ -142,8 +135,6 @@ impl RecvBody {
             eos_ok: false,
             guard: Some(guard),
             credit: Some(credit),
-            deadline,
-            timer: None,
         }
     }
     fn finish(&mut self) {
@@ -183,22 +174,7 @@ impl http_body::Body for RecvBody {
             return Poll::Ready(None);
         }
         match self.poll_event(cx) {
-            Poll::Pending => {
-                let Some(deadline) = self.deadline else {
-                    return Poll::Pending;
-                };
-                let timer = self
-                    .timer
-                    .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(deadline)));
-                if timer.as_mut().poll(cx).is_pending() {
-                    return Poll::Pending;
-                }
-                // gRPC's status for a call past its deadline; the guard,
-                // dropped now, resets the call on the server.
-                self.done = true;
-                self.guard = None;
-                Poll::Ready(Some(Err(crate::call::deadline_exceeded())))
-            }
+            Poll::Pending => Poll::Pending,
             Poll::Ready(Some(Event::Data(b))) => {
                 if let Some(c) = &mut self.credit {
                     c.consumed(b.len());
@@ -221,7 +197,11 @@ impl http_body::Body for RecvBody {
                 ))))
             }
             Poll::Ready(Some(Event::Reset(s))) => {
+                // The guard, dropped now, gives the call's place back, and
+                // resets the call on the server if the state machine says
+                // so (its deadline passed: gRPC's `DEADLINE_EXCEEDED`).
                 self.done = true;
+                self.guard = None;
                 Poll::Ready(Some(Err(s)))
             }
             Poll::Ready(None) => {

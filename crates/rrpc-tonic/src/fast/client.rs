@@ -4,7 +4,7 @@ use std::future::poll_fn;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use futures_util::FutureExt;
@@ -85,21 +85,19 @@ impl FastChannel {
         // Self-sizing rings: read while idle when the poller's sizing tick
         // finds data to read (`Shared::nudge_idle_reader`).
         let idle_reads = rx.idle_reads();
+        let mut table = Table::new(cfg.call_window(), cfg.max_concurrent_calls());
+        table.rx.rx = Some(rx);
         let shared = Arc::new(Shared {
-            table: Mutex::new(Table::new(cfg.call_window(), cfg.max_concurrent_calls())),
-            rx: Mutex::new(RxState {
-                rx: Some(rx),
-                fut: None,
-                events: Vec::new(),
-            }),
+            table: Mutex::new(table),
             peer_window,
             retired: AtomicBool::new(false),
         });
         let writer = FrameWriter::new(tx, cfg.zero_copy(), cfg.max_chunk());
         // The driver of last resort; asleep unless a handoff wakes it. It
-        // also closes the connection when a send fails, and retires it when
-        // the side channel sees the peer leave while no call is receiving
-        // (so that the next call reconnects instead of failing).
+        // keeps the connection's deadline timer, closes the connection when
+        // a send fails, and retires it when the side channel sees the peer
+        // leave while no call is receiving (so that the next call
+        // reconnects instead of failing).
         let s = shared.clone();
         let w = writer.clone();
         let fallback = tokio::spawn(async move {
@@ -120,22 +118,29 @@ impl FastChannel {
                 }
                 std::future::pending::<()>().await
             };
-            tokio::select! {
-                () = async { while poll_fn(|cx| s.poll_event(FALLBACK, cx, &mut None)).await.is_some() {} } => {}
-                () = w.failed() => {
-                    let e = w.failure().unwrap_or(Error::Closed("send failed"));
-                    s.fail(&e);
-                }
-                () = retire => {}
-                () = idle_reads => {}
-            }
+            let timer = async {
+                let mut sleep = std::pin::pin!(tokio::time::sleep_until(tokio::time::Instant::now()));
+                let _never: std::convert::Infallible =
+                    poll_fn(|cx| s.poll_timer(cx, sleep.as_mut())).await;
+            };
+            let failed = async {
+                w.failed().await;
+                w.failure().unwrap_or(Error::Closed("send failed"))
+            };
+            let failed = tokio::select! {
+                () = async { while poll_fn(|cx| s.poll_event(FALLBACK, cx, &mut None)).await.is_some() {} } => None,
+                e = failed => Some(e),
+                () = retire => None,
+                () = idle_reads => None,
+                () = timer => None,
+            };
             // However it ended, the connection is done: a failed send
             // fails every call, and the next call dials a new connection.
             // (When the receive side ended first, for instance because a
             // failed send closed the connection, `w.failed()` lost the race
             // and the channel kept choosing the dead connection, as the
             // tonic layer under the fault injector showed.)
-            if let Some(e) = w.failure() {
+            if let Some(e) = failed.or_else(|| w.failure()) {
                 s.fail(&e);
             }
             s.retired.store(true, Ordering::Release);
@@ -179,41 +184,56 @@ pub(crate) struct CallGuard {
 }
 
 impl CallGuard {
+    /// The caller read the call's end: it leaves the table. The state
+    /// machine says whether the server must still hear a CANCEL (a call
+    /// whose deadline passed: [`proto::Client::remove`]).
     pub(crate) fn finished(&mut self) {
+        self.done = true;
+        if self.inner.shared.take(self.id) {
+            self.cancel();
+        }
+        self.permit = None;
+    }
+
+    /// Nothing of the call reached the server, or the connection failed
+    /// writing it: it leaves the table, no CANCEL.
+    fn unsent(&mut self) {
         self.done = true;
         self.inner.shared.take(self.id);
         self.permit = None;
+    }
+
+    /// Writes the call's CANCEL; its place is given back once it is
+    /// written.
+    fn cancel(&mut self) {
+        let cancel: Batch = smallvec::smallvec![Out::new(Kind::Cancel, 0, self.id, Bytes::new())];
+        if matches!(self.inner.writer.try_send(&cancel), Ok(true)) {
+            return;
+        }
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            let w = self.inner.writer.clone();
+            let permit = self.permit.take();
+            rt.spawn(async move {
+                let _permit = permit;
+                if let Err(e) = w.send(cancel).await {
+                    // The writer failed the connection (fallback task).
+                    tracing::debug!("rrpc: cancel not sent: {e}");
+                }
+            });
+        }
     }
 }
 
 impl Drop for CallGuard {
     fn drop(&mut self) {
-        if let Some(s) = self.sender.take()
-            && !self.done
-        {
-            s.abort();
-        }
         if self.done {
             return;
         }
-        let was_open = self.inner.shared.take(self.id);
-        if was_open {
-            let cancel: Batch =
-                smallvec::smallvec![Out::new(Kind::Cancel, 0, self.id, Bytes::new())];
-            if matches!(self.inner.writer.try_send(&cancel), Ok(true)) {
-                return;
-            }
-            if let Ok(rt) = tokio::runtime::Handle::try_current() {
-                let w = self.inner.writer.clone();
-                let permit = self.permit.take();
-                rt.spawn(async move {
-                    let _permit = permit;
-                    if let Err(e) = w.send(cancel).await {
-                        // The writer failed the connection (fallback task).
-                        tracing::debug!("rrpc: cancel not sent: {e}");
-                    }
-                });
-            }
+        if let Some(s) = self.sender.take() {
+            s.abort();
+        }
+        if self.inner.shared.take(self.id) {
+            self.cancel();
         }
     }
 }
@@ -291,19 +311,9 @@ fn drain_ready(body: &mut Body, id: u32, batch: &mut Batch, limit: usize) -> Dra
     }
 }
 
-/// `fut`, bounded by the call's deadline if it has one: once it passed,
-/// `fut` is dropped and the call fails with gRPC's `DeadlineExceeded`
-/// ([`crate::call::deadline_exceeded`]).
-async fn within<F: std::future::Future>(
-    deadline: Option<tokio::time::Instant>,
-    fut: F,
-) -> Result<F::Output, BoxError> {
-    match deadline {
-        Some(d) => tokio::time::timeout_at(d, fut)
-            .await
-            .map_err(|_| -> BoxError { Box::new(crate::call::deadline_exceeded()) }),
-        None => Ok(fut.await),
-    }
+/// gRPC's status for a call past its deadline, boxed.
+fn deadline_exceeded() -> BoxError {
+    Box::new(crate::call::deadline_exceeded())
 }
 
 /// A call's place among the connection's open calls, or its turn in line.
@@ -313,15 +323,20 @@ enum Admitted {
 }
 
 /// Takes a place among the connection's open calls (the state machine
-/// queues the call, first come first served, while all are taken; a
-/// waiter is made only then).
-fn admit(shared: &Arc<Shared>) -> Result<Admitted, BoxError> {
+/// queues the call, first come first served, while all are taken, until
+/// its deadline; a waiter is made only then).
+fn admit(shared: &Arc<Shared>, deadline: Option<Instant>) -> Result<Admitted, BoxError> {
     let mut rx = None;
-    let admitted = lock(&shared.table).conn.admit(|| {
+    let mut t = lock(&shared.table);
+    let admitted = t.conn.admit(deadline, || {
         let (tx, r) = tokio::sync::oneshot::channel();
         rx = Some(r);
         tx
     });
+    if rx.is_some() {
+        t.arm(deadline);
+    }
+    drop(t);
     match (admitted, rx) {
         (Ok(proto::Admission::Queued(ticket)), Some(rx)) => Ok(Admitted::Queued(Queued {
             shared: shared.clone(),
@@ -335,13 +350,14 @@ fn admit(shared: &Arc<Shared>) -> Result<Admitted, BoxError> {
     }
 }
 
-/// The place a call waited for in line; its deadline covers the wait.
-async fn wait_in_line(
-    wait: Queued,
-    deadline: Option<tokio::time::Instant>,
-) -> Result<Place, BoxError> {
+/// The place a call waited for in line; its deadline covers the wait (the
+/// state machine takes it out of the line when it passes).
+async fn wait_in_line(wait: Queued) -> Result<Place, BoxError> {
     let shared = wait.shared.clone();
-    within(deadline, wait).await?.map_err(|()| -> BoxError {
+    wait.await.map_err(|turn| -> BoxError {
+        if turn == Some(Turn::Expired) {
+            return deadline_exceeded();
+        }
         // Closed with the connection.
         let t = lock(&shared.table);
         let (code, msg) = t.conn.closed().cloned().unwrap_or((
@@ -379,15 +395,20 @@ async fn call(
     req: http::Request<Body>,
 ) -> Result<http::Response<Body>, BoxError> {
     let timeout = call_timeout(req.headers(), inner.opts.timeout);
-    let deadline = timeout.map(|d| tokio::time::Instant::now() + d);
+    let deadline = timeout.map(|d| (tokio::time::Instant::now() + d).into_std());
     let shared = inner.shared.clone();
-    let permit = match admit(&shared)? {
+    let permit = match admit(&shared, deadline)? {
         Admitted::Now(place) => place,
-        Admitted::Queued(wait) => wait_in_line(wait, deadline).await?,
+        Admitted::Queued(wait) => wait_in_line(wait).await?,
     };
     let flow = CallFlow::new(shared.peer_window);
     // Refused if the connection closed, or the server is draining.
-    let id = lock(&shared.table).conn.open(Slot::new(flow.clone()))?;
+    let id = {
+        let mut t = lock(&shared.table);
+        let id = t.conn.open(Slot::new(flow.clone()), deadline)?;
+        t.arm(deadline);
+        id
+    };
     let (mut parts, mut body) = req.into_parts();
     let headers = request_headers(&mut parts, &inner.opts);
     let mut guard = CallGuard {
@@ -411,8 +432,12 @@ async fn call(
             // hold the call until the connection is declared dead. A write
             // cut short leaves whole frames only; the guard then resets
             // the call on the server.
-            if let Err(e) = within(deadline, guard.inner.writer.send(batch)).await? {
-                guard.finished();
+            let write = guard.inner.writer.send(batch);
+            let Some(written) = until_expired(&shared, id, write).await else {
+                return Err(deadline_exceeded());
+            };
+            if let Err(e) = written {
+                guard.unsent();
                 return Err(Box::new(Status::new(e.code(), format!("rrpc: {e}"))));
             }
             // Dropped while the server works, not after its answer came:
@@ -428,16 +453,35 @@ async fn call(
         }
         Drained::Failed(status) => {
             // Nothing of the call reached the server.
-            guard.finished();
+            guard.unsent();
             return Err(Box::new(status));
         }
     }
     // The request's head too (its header map, extensions, URI): freed
     // while the server works.
     drop(parts);
+    // The state machine ends the wait at the call's deadline: the first
+    // event is then its DEADLINE_EXCEEDED.
     let mut slot = SlotRef { id, shared };
-    let first = within(deadline, poll_fn(|cx| slot.poll_event(cx, &mut None))).await?;
-    response(first, slot, guard, deadline)
+    let first = poll_fn(|cx| slot.poll_event(cx, &mut None)).await;
+    response(first, slot, guard)
+}
+
+/// `fut` unless call `id`'s deadline passes first (`None`); `fut` is
+/// polled first, and the deadline only looked at while it waits.
+async fn until_expired<F: std::future::Future>(
+    shared: &Shared,
+    id: u32,
+    fut: F,
+) -> Option<F::Output> {
+    let mut fut = std::pin::pin!(fut);
+    poll_fn(|cx| {
+        if let Poll::Ready(v) = fut.as_mut().poll(cx) {
+            return Poll::Ready(Some(v));
+        }
+        shared.poll_expired(id, cx).map(|()| None)
+    })
+    .await
 }
 
 /// The response tonic gets from a call's first event: the server's HTTP
@@ -448,7 +492,6 @@ fn response(
     first: Option<Event>,
     slot: SlotRef,
     mut guard: CallGuard,
-    deadline: Option<tokio::time::Instant>,
 ) -> Result<http::Response<Body>, BoxError> {
     let builder = http::Response::builder().version(http::Version::HTTP_2);
     let head = |status: http::StatusCode, headers: http::HeaderMap| {
@@ -469,7 +512,7 @@ fn response(
                 return Ok(head(status, headers).body(Body::empty())?);
             }
             let credit = Credit::client(guard.inner.writer.clone(), slot.id);
-            let body = RecvBody::slot(slot, guard, credit, deadline);
+            let body = RecvBody::slot(slot, guard, credit);
             Ok(head(status, headers).body(Body::new(body))?)
         }
         Some(Event::Trailers(t)) => {
@@ -591,10 +634,12 @@ mod tests {
         let mut s2 = Slot::new(CallFlow::new(4096));
         s2.waker = Some(w2);
         assert_eq!(
-            t.conn.open(Slot::new(CallFlow::new(4096))).expect("open"),
+            t.conn
+                .open(Slot::new(CallFlow::new(4096)), None)
+                .expect("open"),
             1
         );
-        assert_eq!(t.conn.open(s2).expect("open"), 2);
+        assert_eq!(t.conn.open(s2, None).expect("open"), 2);
         t.driver = Some(2);
         t.handoff(1);
         assert_eq!(fb.0.load(Ordering::SeqCst), 0, "1 was not receiving");

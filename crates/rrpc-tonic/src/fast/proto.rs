@@ -72,12 +72,18 @@
 //! The client's fallback reader races its receive loop (the receive in
 //! flight lives in the connection's shared state, not in the future, so
 //! dropping the future loses nothing), the writer's `failed`, the side
-//! channel's peer-gone future and the poller's idle-read signal (`IdleReads::wait`): all cancel safe. A call
-//! races its deadline against waiting for a place (`demux::Queued`: cancel
-//! safe, dropped in line it leaves the line, dropped once the place passed
-//! to it it gives the place back, so it never takes one), against its first event (cancel safe, as above) and
-//! against writing its request, which is not cancel safe: a write cut
-//! short leaves whole frames only, and the call's guard then sends CANCEL.
+//! channel's peer-gone future, the poller's idle-read signal
+//! (`IdleReads::wait`) and the connection's deadline timer
+//! (`Shared::poll_timer`: a `Sleep` and the state machine's
+//! `handle_timeout`, which is synchronous): all cancel safe. A call waits
+//! for a place (`demux::Queued`: cancel safe, dropped in line it leaves the
+//! line, dropped once the place passed to it it gives the place back, so
+//! it never takes one; its deadline passing in line is the timer's
+//! message, not a race) and for its first event (cancel safe, as above).
+//! The one race a call runs is its request's write against its deadline
+//! (`client::until_expired`: the write first): the write is not cancel
+//! safe, but a write cut short leaves whole frames only, and the call's
+//! guard then sends the CANCEL the state machine says is due.
 
 //! # What the state machine owns (client side, [`client::Client`])
 //! * what each server frame means ([`client::decode`]: call events,
@@ -94,7 +100,16 @@
 //!   caller that gives up leaves the line ([`client::Client::leave_queue`]);
 //! * GOAWAY (new calls fail `Unavailable`, calls in flight go on) and when
 //!   and why the connection ends ([`client::Client::handle_receive`],
-//!   [`client::Client::close`]).
+//!   [`client::Client::close`]);
+//! * deadlines: each call's (the shorter of its `grpc-timeout` and the
+//!   endpoint's timeout) and each waiting caller's, on the caller's clock:
+//!   [`client::Client::poll_timeout`] gives the earliest still live,
+//!   [`client::Client::handle_timeout`] expires what is due (an open call
+//!   gets `DEADLINE_EXCEEDED` as its next event, after what came before
+//!   it, and nothing after; a caller in line leaves the line);
+//! * cancellation: whether a call its caller lets go of must be reset on
+//!   the server ([`client::Client::remove`]: unless the server or the
+//!   connection ended it; an expired call must be).
 //!
 //! # What the client's driver owns (`fast::client`)
 //! The leader/follower receive (whichever call waits polls the ring and
@@ -103,13 +118,13 @@
 //! call's `io`), the writer, the parking of a call waiting in line (a
 //! oneshot per queued call, made only when it queues; its place is given
 //! back by a guard when the call finished or its CANCEL was written), and
-//! the calls' deadline timers. The table lives under the lock the client's table
-//! always had; the state machine adds none.
-//!
-//! # Not here yet
-//! The client's deadlines still run in each call's own future (its
-//! driver has no task of its own to keep a connection timer in: the
-//! leader/follower receive).
+//! one deadline timer per connection, kept by the fallback reader task
+//! (armed at `poll_timeout`; a call whose deadline is earlier than the
+//! armed instant wakes it to re-arm, a later one is taken up when it
+//! fires). All of it, the receiver included, is under one short
+//! synchronous lock (`demux::Shared::table`); the receive future is taken
+//! out of it to be polled and put back, so no lock is held across a poll
+//! or an await.
 
 use std::collections::VecDeque;
 use std::time::Duration;

@@ -1,10 +1,18 @@
-//! The fast-path client's demultiplexer: the table of calls and their
-//! receive slots, and the leader/follower receive that reads the pipe and
-//! routes each frame to its call (the call itself is in `client`).
+//! The fast-path client's driver: the connection's state under one short
+//! synchronous lock ([`Shared::table`], as quinn's `ConnectionRef`), the
+//! leader/follower receive that reads the pipe and routes each frame to its
+//! call, and the connection's deadline timer. Every decision (which call an
+//! event is for, windows, admission, which deadlines passed, whether a call
+//! the caller let go of must be cancelled) is the state machine's
+//! ([`proto::Client`]); this file moves bytes and wakes tasks. Nothing
+//! awaits, and no future is polled, while the lock is held (the receive
+//! future is taken out of the table to be polled, and put back).
 
+use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll, Waker};
+use std::time::Instant;
 
 use crate::Error;
 use crate::fast::Event;
@@ -40,11 +48,23 @@ impl Slot {
     }
 }
 
+/// What a caller waiting in line hears ([`proto::Client::admit`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Turn {
+    /// A place passed to it.
+    Place,
+    /// Its deadline passed in line.
+    Expired,
+}
+
+/// The connection's state, under its one lock.
 #[derive(Debug)]
 pub(super) struct Table {
     /// The call table and the connection's protocol state: call ids,
-    /// events, receive windows, GOAWAY, why it closed.
-    pub(super) conn: proto::Client<Slot, oneshot::Sender<()>>,
+    /// events, receive windows, deadlines, GOAWAY, why it closed.
+    pub(super) conn: proto::Client<Slot, oneshot::Sender<Turn>>,
+    /// The receive side: the receiver, or the receive in flight.
+    pub(super) rx: RxState,
     /// The call whose waker the pending receive future holds.
     pub(super) driver: Option<u32>,
     /// Request senders waiting for window: the WINDOW_UPDATE they need
@@ -54,6 +74,12 @@ pub(super) struct Table {
     pub(super) fallback: Option<Waker>,
     /// The fallback reads once although nobody waits ([`Shared::nudge_idle_reader`]).
     pub(super) idle_read: bool,
+    /// Waker of the deadline timer ([`Shared::poll_timer`]).
+    pub(super) timer: Option<Waker>,
+    /// The instant the timer is armed at (`None`: unarmed). A deadline
+    /// earlier than it wakes the timer to re-arm; a later one is taken up
+    /// when it fires.
+    pub(super) armed: Option<Instant>,
 }
 
 impl Table {
@@ -62,11 +88,33 @@ impl Table {
     pub(super) fn new(recv_window: u32, max_calls: usize) -> Table {
         Table {
             conn: proto::Client::new(recv_window, max_calls),
+            rx: RxState::default(),
             driver: None,
             credit_waiters: 0,
             fallback: None,
             idle_read: false,
+            timer: None,
+            armed: None,
         }
+    }
+
+    /// A call (or a caller in line) with a deadline at `at` came: wake the
+    /// timer if it must fire earlier than it is armed for.
+    pub(super) fn arm(&mut self, at: Option<Instant>) {
+        if let Some(at) = at
+            && self.armed.is_none_or(|a| at < a)
+        {
+            self.armed = Some(at);
+            if let Some(w) = self.timer.take() {
+                w.wake();
+            }
+        }
+    }
+
+    /// Whether the receive side is gone (the connection ended) and nobody
+    /// is polling it.
+    fn rx_gone(&self) -> bool {
+        self.rx.rx.is_none() && self.rx.fut.is_none() && !self.rx.polling
     }
 
     /// Whether a call other than `id` waits for an event.
@@ -111,37 +159,38 @@ pub(super) struct RxState {
     pub(super) rx: Option<Box<dyn MsgRx>>,
     /// The receive in flight, polled by whichever call drives.
     pub(super) fut: Option<BoxFut<'static, RecvOut>>,
+    /// A call took the receive out of the table to poll it (outside the
+    /// lock); it dispatches what arrives and puts it back.
+    pub(super) polling: bool,
+    /// The connection ended while the receive was out: whoever polls it
+    /// drops it instead of putting it back.
+    pub(super) dead: bool,
     /// The event buffer between receives (empty; kept for its allocation).
     pub(super) events: Vec<(u32, Event)>,
 }
 
+impl std::fmt::Debug for RxState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RxState")
+            .field("idle", &self.rx.is_some())
+            .field("in_flight", &self.fut.is_some())
+            .field("polling", &self.polling)
+            .field("dead", &self.dead)
+            .finish_non_exhaustive()
+    }
+}
+
+#[derive(Debug)]
 pub(super) struct Shared {
+    /// The connection's one lock: held for a few map operations at a
+    /// time, never across an await or a poll of another future.
     pub(super) table: Mutex<Table>,
-    pub(super) rx: Mutex<RxState>,
     /// The server's receive window per call: our initial send credit.
     pub(super) peer_window: u32,
     /// No new calls should start here: the connection closed, the server
     /// said GOAWAY, or the side channel saw the peer leave. Calls in
     /// flight go on (their data may still be in the ring).
     pub(super) retired: AtomicBool,
-}
-
-impl std::fmt::Debug for Shared {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let rx = match self.rx.try_lock() {
-            Ok(r) => format!(
-                "receiver idle {}, receive in flight {}",
-                r.rx.is_some(),
-                r.fut.is_some()
-            ),
-            Err(_) => "being polled".to_string(),
-        };
-        f.debug_struct("Shared")
-            .field("table", &self.table)
-            .field("rx", &rx)
-            .field("retired", &self.retired.load(Ordering::Relaxed))
-            .finish_non_exhaustive()
-    }
 }
 
 /// One receive: the message's events go to `events` (empty; reused from
@@ -161,16 +210,81 @@ pub(super) fn receive(
 }
 
 impl Shared {
-    /// Removes call `id` (finished or abandoned).
+    /// Removes call `id` (finished or abandoned): whether the server must
+    /// hear a CANCEL ([`proto::Client::remove`]).
     pub(super) fn take(&self, id: u32) -> bool {
         let mut t = lock(&self.table);
-        let slot = t.conn.remove(id);
-        if let Some(s) = &slot {
+        let removed = t.conn.remove(id);
+        if let Some(r) = &removed {
             // A request sender still waiting for window gives up.
-            s.flow.close();
+            r.io.flow.close();
         }
         t.handoff(id);
-        slot.is_some()
+        removed.is_some_and(|r| r.cancel)
+    }
+
+    /// Whether call `id`'s deadline passed; if not, its task is woken
+    /// when it does (a caller writing its request races this).
+    pub(super) fn poll_expired(&self, id: u32, cx: &mut Context<'_>) -> Poll<()> {
+        let mut t = lock(&self.table);
+        match t.conn.call_mut(id) {
+            Some(c) if !c.is_expired() => {
+                match &mut c.io.waker {
+                    Some(w) if w.will_wake(cx.waker()) => {}
+                    w => *w = Some(cx.waker().clone()),
+                }
+                Poll::Pending
+            }
+            // Expired, or gone (the caller then reads why).
+            _ => Poll::Ready(()),
+        }
+    }
+
+    /// The connection's deadline timer, polled by the fallback reader
+    /// task: armed at the state machine's earliest deadline
+    /// ([`proto::Client::poll_timeout`]), reset only when that changes;
+    /// when it fires the state machine expires what is due and the calls
+    /// and callers in line it names are woken. Never ready.
+    pub(super) fn poll_timer(
+        &self,
+        cx: &mut Context<'_>,
+        mut sleep: Pin<&mut tokio::time::Sleep>,
+    ) -> Poll<std::convert::Infallible> {
+        loop {
+            let next = {
+                let mut t = lock(&self.table);
+                match &t.timer {
+                    Some(w) if w.will_wake(cx.waker()) => {}
+                    _ => t.timer = Some(cx.waker().clone()),
+                }
+                let next = t.conn.poll_timeout();
+                t.armed = next;
+                next
+            };
+            let Some(at) = next else {
+                return Poll::Pending;
+            };
+            let at = tokio::time::Instant::from_std(at);
+            if sleep.deadline() != at {
+                sleep.as_mut().reset(at);
+            }
+            if sleep.as_mut().poll(cx).is_pending() {
+                return Poll::Pending;
+            }
+            let now = tokio::time::Instant::now().into_std();
+            let mut t = lock(&self.table);
+            t.conn.handle_timeout(now, |e| match e {
+                proto::Expired::Call(s) => {
+                    s.flow.close();
+                    if let Some(w) = s.waker.take() {
+                        w.wake();
+                    }
+                }
+                proto::Expired::Queued(w) => {
+                    let _ = w.send(Turn::Expired);
+                }
+            });
+        }
     }
 
     /// Delivers one event to a call (a missing call: it was abandoned).
@@ -204,8 +318,11 @@ impl Shared {
         CreditWait(self.clone())
     }
 
-    /// The connection ended: every call gets `reason`, new calls too.
-    pub(super) fn close(&self, t: &mut Table, reason: proto::Reason) {
+    /// The connection ended: every call gets `reason`, new calls too; the
+    /// receive side is dropped (returned: drop it once the lock is
+    /// released), or by whoever is polling it now.
+    #[must_use = "drop the receive side outside the lock"]
+    pub(super) fn close(&self, t: &mut Table, reason: proto::Reason) -> RxDrop {
         for s in t.conn.close(reason) {
             s.flow.close();
             if let Some(w) = s.waker.take() {
@@ -216,6 +333,8 @@ impl Shared {
         if let Some(w) = t.fallback.take() {
             w.wake();
         }
+        t.rx.dead = true;
+        (t.rx.rx.take(), t.rx.fut.take())
     }
 
     /// Next event of call `id` (`None`: the call is gone).
@@ -239,88 +358,111 @@ impl Shared {
         update: &mut Option<u32>,
     ) -> Poll<Option<Event>> {
         loop {
-            {
-                let mut t = lock(&self.table);
-                if id == FALLBACK {
-                    if t.conn.closed().is_some() && self.rx_gone() {
-                        return Poll::Ready(None);
-                    }
-                    let waiting = t.credit_waiters > 0 || t.others_wait(FALLBACK);
-                    if !waiting && t.driver != Some(FALLBACK) && !std::mem::take(&mut t.idle_read) {
-                        // Nobody waits: sleep until a handoff.
-                        t.fallback = Some(cx.waker().clone());
-                        return Poll::Pending;
-                    }
-                    t.fallback = Some(cx.waker().clone());
-                } else {
-                    let Some(call) = t.conn.call_mut(id) else {
-                        t.handoff(id);
-                        return Poll::Ready(None);
-                    };
-                    if let Some(ev) = call.pop_event(update) {
-                        t.handoff(id);
-                        return Poll::Ready(Some(ev));
-                    }
-                    match &mut call.io.waker {
-                        Some(w) if w.will_wake(cx.waker()) => {}
-                        w => *w = Some(cx.waker().clone()),
-                    }
+            let mut t = lock(&self.table);
+            if id == FALLBACK {
+                if t.conn.closed().is_some() && t.rx_gone() {
+                    return Poll::Ready(None);
+                }
+                let waiting = t.credit_waiters > 0 || t.others_wait(FALLBACK);
+                let idle_read = std::mem::take(&mut t.idle_read);
+                t.fallback = Some(cx.waker().clone());
+                if !waiting && t.driver != Some(FALLBACK) && !idle_read {
+                    // Nobody waits: sleep until a handoff.
+                    return Poll::Pending;
+                }
+            } else {
+                let Some(call) = t.conn.call_mut(id) else {
+                    t.handoff(id);
+                    return Poll::Ready(None);
+                };
+                if let Some(ev) = call.pop_event(update) {
+                    t.handoff(id);
+                    return Poll::Ready(Some(ev));
+                }
+                match &mut call.io.waker {
+                    Some(w) if w.will_wake(cx.waker()) => {}
+                    w => *w = Some(cx.waker().clone()),
                 }
             }
-            let Ok(mut rxs) = self.rx.try_lock() else {
+            if t.rx.polling {
                 // Another call is receiving; it dispatches to us and wakes us.
                 return Poll::Pending;
-            };
-            let fut = match rxs.fut.take() {
+            }
+            let fut = match t.rx.fut.take() {
                 Some(f) => Some(f),
                 None => {
-                    let events = std::mem::take(&mut rxs.events);
-                    rxs.rx.take().map(|rx| receive(rx, events))
+                    let events = std::mem::take(&mut t.rx.events);
+                    t.rx.rx.take().map(|rx| receive(rx, events))
                 }
             };
             let Some(mut fut) = fut else {
                 // The connection ended; `close` queued a Reset for every call.
-                drop(rxs);
-                let mut t = lock(&self.table);
                 if id != FALLBACK && t.conn.call_mut(id).is_some_and(|c| c.has_events()) {
                     continue;
                 }
                 t.handoff(id);
                 return Poll::Ready(None);
             };
-            match fut.as_mut().poll(cx) {
+            t.rx.polling = true;
+            drop(t);
+            let polled = fut.as_mut().poll(cx);
+            let mut t = lock(&self.table);
+            t.rx.polling = false;
+            if t.rx.dead {
+                // Closed while we polled: the receive goes (outside the lock).
+                drop(t);
+                drop(polled);
+                drop(fut);
+                continue;
+            }
+            match polled {
                 Poll::Pending => {
-                    rxs.fut = Some(fut);
-                    lock(&self.table).driver = Some(id);
+                    t.rx.fut = Some(fut);
+                    t.driver = Some(id);
                     return Poll::Pending;
                 }
-                Poll::Ready((rx, r, mut events, goaway, bad)) => {
-                    let mut t = lock(&self.table);
-                    t.driver = None;
-                    if goaway {
-                        self.retired.store(true, Ordering::Release);
-                        t.conn.handle_goaway();
-                    }
-                    let mut bad = bad;
-                    for (cid, ev) in events.drain(..) {
-                        if let Err(e) = self.deliver(&mut t, cid, ev) {
-                            bad.get_or_insert(e);
-                        }
-                    }
-                    // A message of many frames does not leave a large buffer behind.
-                    if events.capacity() <= KEPT_EVENTS {
-                        rxs.events = events;
-                    }
-                    let end = t.conn.handle_receive(r.as_ref().map(|b| *b), bad);
-                    match end {
-                        None => rxs.rx = Some(rx),
-                        // Dropping the receiver closes the connection.
-                        Some(reason) => self.close(&mut t, reason),
-                    }
+                Poll::Ready((rx, r, events, goaway, bad)) => {
+                    drop(fut);
+                    let gone = self.dispatch(&mut t, rx, r, events, goaway, bad);
                     drop(t);
-                    drop(rxs);
+                    drop(gone);
                 }
             }
+        }
+    }
+
+    /// Hands one receive's events to their calls (under the lock), and the
+    /// receiver back to the table unless the connection must end.
+    fn dispatch(
+        &self,
+        t: &mut Table,
+        rx: Box<dyn MsgRx>,
+        r: Result<bool, Error>,
+        mut events: Vec<(u32, Event)>,
+        goaway: bool,
+        mut bad: Option<FrameError>,
+    ) -> (RxDrop, Option<Box<dyn MsgRx>>) {
+        t.driver = None;
+        if goaway {
+            self.retired.store(true, Ordering::Release);
+            t.conn.handle_goaway();
+        }
+        for (cid, ev) in events.drain(..) {
+            if let Err(e) = self.deliver(t, cid, ev) {
+                bad.get_or_insert(e);
+            }
+        }
+        // A message of many frames does not leave a large buffer behind.
+        if events.capacity() <= KEPT_EVENTS {
+            t.rx.events = events;
+        }
+        match t.conn.handle_receive(r.as_ref().map(|b| *b), bad) {
+            None => {
+                t.rx.rx = Some(rx);
+                ((None, None), None)
+            }
+            // Dropping the receiver closes the connection.
+            Some(reason) => (self.close(t, reason), Some(rx)),
         }
     }
 
@@ -347,26 +489,27 @@ impl Shared {
     /// for a gone peer, `DataLoss` for a ring it corrupted) with the
     /// reason, new calls too, and the receiver is dropped (which closes the
     /// connection).
+    ///
+    /// This is the client's one failure recorder: every way a connection
+    /// fails on this side (a send, a receive, a protocol violation, the
+    /// connection dropped) ends in [`Shared::close`] through here or
+    /// [`Shared::dispatch`].
     pub(super) fn fail(&self, e: &Error) {
-        {
-            let mut t = lock(&self.table);
-            if t.conn.closed().is_none() {
-                self.close(&mut t, (e.code(), format!("rrpc: {e}")));
-            }
-        }
-        // Not nested in the table lock (`poll_event` takes rx, then table).
-        let mut rxs = lock(&self.rx);
-        rxs.fut = None;
-        rxs.rx = None;
-    }
-
-    pub(super) fn rx_gone(&self) -> bool {
-        self.rx
-            .try_lock()
-            .map(|r| r.rx.is_none() && r.fut.is_none())
-            .unwrap_or(false)
+        let mut t = lock(&self.table);
+        let gone = if t.rx.dead {
+            (None, None)
+        } else {
+            // After a GOAWAY too: the connection is gone now.
+            self.close(&mut t, (e.code(), format!("rrpc: {e}")))
+        };
+        drop(t);
+        drop(gone);
     }
 }
+
+/// The receive side of a connection that ended, to be dropped once the
+/// lock is released.
+pub(super) type RxDrop = (Option<Box<dyn MsgRx>>, Option<BoxFut<'static, RecvOut>>);
 
 /// Registered while a request sender waits for window ([`Shared::credit_wait`]).
 pub(super) struct CreditWait(Arc<Shared>);
@@ -409,7 +552,7 @@ impl Place {
         // A waiter's send fails only if its caller is gone without having
         // left the line; the place then passes on.
         while let Some(w) = t.conn.release() {
-            if w.send(()).is_ok() {
+            if w.send(Turn::Place).is_ok() {
                 break;
             }
         }
@@ -422,8 +565,9 @@ impl Drop for Place {
     }
 }
 
-/// A call waiting in line for a place: resolves to the place, or to the
-/// connection's end (its waiter dropped by [`proto::Client::close`]).
+/// A call waiting in line for a place: resolves to the place, to its
+/// deadline passing in line ([`Turn::Expired`]), or to the connection's
+/// end (its waiter dropped by [`proto::Client::close`]).
 ///
 /// Cancel safe: dropped while in line, the call leaves the line; dropped
 /// after the place passed to it, the place is given back (to the next in
@@ -432,18 +576,22 @@ impl Drop for Place {
 pub(super) struct Queued {
     pub(super) shared: Arc<Shared>,
     pub(super) ticket: proto::Ticket,
-    pub(super) rx: oneshot::Receiver<()>,
+    pub(super) rx: oneshot::Receiver<Turn>,
     /// Resolved: nothing to undo on drop.
     pub(super) done: bool,
 }
 
 impl std::future::Future for Queued {
-    type Output = Result<Place, ()>;
+    type Output = Result<Place, Option<Turn>>;
 
-    fn poll(mut self: std::pin::Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let r = std::task::ready!(std::pin::Pin::new(&mut self.rx).poll(cx));
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let r = std::task::ready!(Pin::new(&mut self.rx).poll(cx));
         self.done = true;
-        Poll::Ready(r.map(|()| Place(self.shared.clone())).map_err(|_| ()))
+        Poll::Ready(match r {
+            Ok(Turn::Place) => Ok(Place(self.shared.clone())),
+            Ok(Turn::Expired) => Err(Some(Turn::Expired)),
+            Err(_) => Err(None),
+        })
     }
 }
 
@@ -455,7 +603,7 @@ impl Drop for Queued {
         let left = lock(&self.shared.table).conn.leave_queue(self.ticket);
         // Not in line: the place was passed to us (sent under the lock, so
         // it is here now) or the connection closed (the waiter dropped).
-        if !left && self.rx.try_recv().is_ok() {
+        if !left && self.rx.try_recv() == Ok(Turn::Place) {
             Place::release(&self.shared);
         }
     }

@@ -5,10 +5,18 @@
 //! Each call carries the driver's own data (`io`: its task's waker, its
 //! send credit), so that delivering an event is one lookup. The
 //! leader/follower receive stays the driver's (`fast::client`'s
-//! demultiplexer), which keeps this state under the lock its table already
-//! had: no lock is added.
+//! demultiplexer), which keeps this state under the one lock of its
+//! connection.
+//!
+//! Deadlines are the state machine's too: a call (or a caller waiting in
+//! line) opened with one is expired by [`Client::handle_timeout`] once the
+//! driver's clock passes it ([`Client::poll_timeout`]: when), and the call
+//! decides for itself whether the server must hear a CANCEL when its caller
+//! lets go of it ([`Client::remove`]).
 
-use std::collections::{HashMap, VecDeque};
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap, VecDeque};
+use std::time::Instant;
 
 use bytes::Bytes;
 use tonic::Status;
@@ -81,12 +89,30 @@ pub(crate) fn decode(
     }
 }
 
+/// Where a call stands, as the server and the clock see it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
+    /// In flight: the server may still answer; a caller that lets go
+    /// resets it (CANCEL).
+    Open,
+    /// The server ended it (trailers, a trailers-only response, a reset)
+    /// or the connection did: nothing to tell the server.
+    Ended,
+    /// Its deadline passed: its caller reads `DEADLINE_EXCEEDED`, what the
+    /// server still sends for it is dropped, and the server must hear a
+    /// CANCEL.
+    Expired,
+}
+
 /// One call.
 #[derive(Debug)]
 pub(crate) struct Call<T> {
     events: VecDeque<Event>,
     recv: RecvWindow,
     unacked: Unacked,
+    state: State,
+    /// Tells this call's deadline entry from a later call's with its id.
+    seq: u64,
     /// The driver's data for this call.
     pub(crate) io: T,
 }
@@ -111,6 +137,18 @@ impl<T> Call<T> {
         !self.events.is_empty()
     }
 
+    /// Whether the call's deadline passed (its caller reads, or read,
+    /// `DEADLINE_EXCEEDED`).
+    pub(crate) fn is_expired(&self) -> bool {
+        self.state == State::Expired
+    }
+
+    /// Whether the server (or the connection) ended the call.
+    #[cfg(test)]
+    pub(crate) fn is_ended(&self) -> bool {
+        self.state == State::Ended
+    }
+
     /// How many events the call's queue holds without growing.
     #[cfg(test)]
     pub(crate) fn events_capacity(&self) -> usize {
@@ -127,6 +165,27 @@ pub(crate) enum Delivered<'a, T> {
     Grant(&'a mut T, u32),
     /// For a call that is gone (abandoned): dropped.
     Dropped,
+}
+
+/// What expiring one deadline did ([`Client::handle_timeout`]).
+#[derive(Debug)]
+pub(crate) enum Expired<'a, T, W> {
+    /// An open call: `DEADLINE_EXCEEDED` is queued as its next event; wake
+    /// its task.
+    Call(&'a mut T),
+    /// A caller waiting in line left it: tell it through its waiter.
+    Queued(W),
+}
+
+/// A call let go of ([`Client::remove`]).
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) struct Removed<T> {
+    /// The driver's data for it.
+    pub(crate) io: T,
+    /// The server may still be working on it: write a CANCEL (before the
+    /// call's place is given back, so that the server, which reads in
+    /// order, has freed it too).
+    pub(crate) cancel: bool,
 }
 
 /// A queued call's place in line ([`Client::admit`]).
@@ -164,7 +223,14 @@ pub(crate) struct Client<T, W = ()> {
     /// Calls waiting for a place, first come first served, each with the
     /// driver's waiter (what wakes the caller).
     queue: VecDeque<(Ticket, W)>,
-    next_ticket: u64,
+    /// Numbers tickets in line and calls (one counter: a deadline entry
+    /// names either).
+    next_seq: u64,
+    /// The deadlines of calls and of callers in line that have one,
+    /// earliest first: (instant, seq, the call's id or `None` for a caller
+    /// in line). An entry whose call or caller is gone is discarded
+    /// lazily.
+    deadlines: BinaryHeap<Reverse<(Instant, u64, Option<u32>)>>,
     /// Event queues of calls that ended, emptied, for the next calls (a
     /// call's queue otherwise allocates on its first event: once a call).
     /// At most [`SPARE_QUEUES`], each at most [`SPARE_QUEUE_CAP`] events.
@@ -191,7 +257,8 @@ impl<T, W> Client<T, W> {
             max_calls,
             places: 0,
             queue: VecDeque::new(),
-            next_ticket: 0,
+            next_seq: 0,
+            deadlines: BinaryHeap::new(),
             spare_queues: Vec::new(),
         }
     }
@@ -199,11 +266,16 @@ impl<T, W> Client<T, W> {
     /// Asks for a place among the calls open (before [`Client::open`]): a
     /// free place is taken at once unless calls wait in line (FIFO), else
     /// the call queues with the waiter `waiter` makes (called only then:
-    /// a call admitted at once makes none).
+    /// a call admitted at once makes none) until `deadline`, if it has one
+    /// ([`Client::handle_timeout`] then hands its waiter back).
     ///
     /// # Errors
     /// The connection closed or the server is draining: why.
-    pub(crate) fn admit(&mut self, waiter: impl FnOnce() -> W) -> Result<Admission, Status> {
+    pub(crate) fn admit(
+        &mut self,
+        deadline: Option<Instant>,
+        waiter: impl FnOnce() -> W,
+    ) -> Result<Admission, Status> {
         if let Some((code, msg)) = &self.closed {
             return Err(Status::new(*code, msg.clone()));
         }
@@ -211,10 +283,92 @@ impl<T, W> Client<T, W> {
             self.places += 1;
             return Ok(Admission::Admitted);
         }
-        let t = Ticket(self.next_ticket);
-        self.next_ticket += 1;
+        let t = Ticket(self.next_seq);
+        self.next_seq += 1;
         self.queue.push_back((t, waiter()));
+        if let Some(at) = deadline {
+            self.add_deadline(at, t.0, None);
+        }
         Ok(Admission::Queued(t))
+    }
+
+    /// Whether a `deadlines` entry still names a call that is open or a
+    /// caller still in line.
+    fn is_live(&self, seq: u64, id: Option<u32>) -> bool {
+        match id {
+            Some(id) => self
+                .calls
+                .get(&id)
+                .is_some_and(|c| c.seq == seq && c.state == State::Open),
+            None => self.queue.iter().any(|(t, _)| t.0 == seq),
+        }
+    }
+
+    /// Records a deadline. Entries left behind by calls that ended are
+    /// swept once they outnumber the calls and callers that may have one,
+    /// so the heap stays within about twice those.
+    fn add_deadline(&mut self, at: Instant, seq: u64, id: Option<u32>) {
+        self.deadlines.push(Reverse((at, seq, id)));
+        if self.deadlines.len() > 2 * (self.calls.len() + self.queue.len()) + 32 {
+            let mut heap = std::mem::take(&mut self.deadlines).into_vec();
+            heap.retain(|Reverse((_, seq, id))| self.is_live(*seq, *id));
+            self.deadlines = heap.into();
+        }
+    }
+
+    /// The earliest deadline of a call still open or a caller still in
+    /// line, if any: when to call [`Client::handle_timeout`] (entries of
+    /// ended calls are dropped here).
+    pub(crate) fn poll_timeout(&mut self) -> Option<Instant> {
+        while let Some(Reverse((at, seq, id))) = self.deadlines.peek().copied() {
+            if self.is_live(seq, id) {
+                return Some(at);
+            }
+            self.deadlines.pop();
+        }
+        None
+    }
+
+    /// Expires every call and every caller in line whose deadline is at
+    /// or before `now`, telling the driver of each through `expired`: an
+    /// open call gets `DEADLINE_EXCEEDED` ([`crate::call::deadline_exceeded`])
+    /// as its next event, and what the server sends for it from now on is
+    /// dropped (its window no longer matters: the call is over); a caller
+    /// in line leaves the line. The driver calls it when the instant
+    /// [`Client::poll_timeout`] gave has come.
+    pub(crate) fn handle_timeout(
+        &mut self,
+        now: Instant,
+        mut expired: impl FnMut(Expired<'_, T, W>),
+    ) {
+        while let Some(Reverse((at, seq, id))) = self.deadlines.peek().copied() {
+            if at > now {
+                break;
+            }
+            self.deadlines.pop();
+            match id {
+                Some(id) => {
+                    let Some(c) = self
+                        .calls
+                        .get_mut(&id)
+                        .filter(|c| c.seq == seq && c.state == State::Open)
+                    else {
+                        continue;
+                    };
+                    c.state = State::Expired;
+                    c.events
+                        .push_back(Event::Reset(crate::call::deadline_exceeded()));
+                    expired(Expired::Call(&mut c.io));
+                }
+                None => {
+                    if let Some(i) = self.queue.iter().position(|(t, _)| t.0 == seq)
+                        && let Some((_, w)) = self.queue.remove(i)
+                    {
+                        expired(Expired::Queued(w));
+                    }
+                }
+            }
+        }
     }
 
     /// A place is given back (its call finished, or its CANCEL was
@@ -255,11 +409,12 @@ impl<T, W> Client<T, W> {
         self.places
     }
 
-    /// Opens a call: the next id that is not 0 and not in use.
+    /// Opens a call: the next id that is not 0 and not in use. It expires
+    /// at `deadline`, if it has one ([`Client::handle_timeout`]).
     ///
     /// # Errors
     /// The connection closed or the server is draining: why.
-    pub(crate) fn open(&mut self, io: T) -> Result<u32, Status> {
+    pub(crate) fn open(&mut self, io: T, deadline: Option<Instant>) -> Result<u32, Status> {
         if let Some((code, msg)) = &self.closed {
             return Err(Status::new(*code, msg.clone()));
         }
@@ -270,20 +425,29 @@ impl<T, W> Client<T, W> {
                 break id;
             }
         };
+        let seq = self.next_seq;
+        self.next_seq += 1;
         self.calls.insert(
             id,
             Call {
                 events: self.spare_queues.pop().unwrap_or_default(),
                 recv: RecvWindow::new(self.recv_window),
                 unacked: Unacked::new(self.recv_window),
+                state: State::Open,
+                seq,
                 io,
             },
         );
+        if let Some(at) = deadline {
+            self.add_deadline(at, seq, Some(id));
+        }
         Ok(id)
     }
 
-    /// Removes call `id` (finished or abandoned).
-    pub(crate) fn remove(&mut self, id: u32) -> Option<T> {
+    /// Removes call `id`: its caller let go of it (read its end, or gave
+    /// up). Whether the server must hear a CANCEL is the call's state: it
+    /// must unless the server (or the connection) ended the call.
+    pub(crate) fn remove(&mut self, id: u32) -> Option<Removed<T>> {
         let c = self.calls.remove(&id)?;
         let mut events = c.events;
         if events.capacity() <= SPARE_QUEUE_CAP && self.spare_queues.len() < SPARE_QUEUES {
@@ -292,12 +456,21 @@ impl<T, W> Client<T, W> {
             events.clear();
             self.spare_queues.push(events);
         }
-        Some(c.io)
+        Some(Removed {
+            io: c.io,
+            cancel: c.state != State::Ended,
+        })
     }
 
     /// Call `id`, if it is open.
     pub(crate) fn call_mut(&mut self, id: u32) -> Option<&mut Call<T>> {
         self.calls.get_mut(&id)
+    }
+
+    /// Call `id`, if it is open.
+    #[cfg(test)]
+    pub(crate) fn call(&self, id: u32) -> Option<&Call<T>> {
+        self.calls.get(&id)
     }
 
     /// The open calls' ids and driver data.
@@ -310,13 +483,16 @@ impl<T, W> Client<T, W> {
     /// # Errors
     /// DATA beyond the call's receive window (the connection must close).
     pub(crate) fn deliver(&mut self, id: u32, ev: Event) -> Result<Delivered<'_, T>, FrameError> {
-        let Some(c) = self.calls.get_mut(&id) else {
+        let Some(c) = self.calls.get_mut(&id).filter(|c| c.state == State::Open) else {
             return Ok(Delivered::Dropped);
         };
         match ev {
             Event::Window(inc) => return Ok(Delivered::Grant(&mut c.io, inc)),
             Event::Data(ref b) => c.recv.received(b.len())?,
-            _ => {}
+            Event::Trailers(_) | Event::Headers { end: true, .. } | Event::Reset(_) => {
+                c.state = State::Ended;
+            }
+            Event::Headers { end: false, .. } => {}
         }
         c.events.push_back(ev);
         Ok(Delivered::Queued(&mut c.io))
@@ -363,8 +539,12 @@ impl<T, W> Client<T, W> {
     pub(crate) fn close(&mut self, reason: Reason) -> impl Iterator<Item = &mut T> {
         self.queue.clear();
         for c in self.calls.values_mut() {
-            c.events
-                .push_back(Event::Reset(Status::new(reason.0, reason.1.clone())));
+            // An expired call's caller reads its DEADLINE_EXCEEDED first.
+            if c.state == State::Open {
+                c.events
+                    .push_back(Event::Reset(Status::new(reason.0, reason.1.clone())));
+            }
+            c.state = State::Ended;
         }
         self.closed = Some(reason);
         self.calls.values_mut().map(|c| &mut c.io)
@@ -458,17 +638,20 @@ mod tests {
     fn ids_skip_zero_and_calls_in_flight_and_goaway_stops_new_calls() {
         let mut c = Client::<_, ()>::new(1024, 8);
         assert_eq!(
-            (c.open(()).expect("open"), c.open(()).expect("open")),
+            (
+                c.open((), None).expect("open"),
+                c.open((), None).expect("open")
+            ),
             (1, 2)
         );
         c.next_id = 1;
-        assert_eq!(c.open(()).expect("open"), 3, "1 and 2 are in flight");
-        assert_eq!(c.remove(1), Some(()));
+        assert_eq!(c.open((), None).expect("open"), 3, "1 and 2 are in flight");
+        assert_eq!(c.remove(1).map(|r| r.io), Some(()));
         c.next_id = u32::MAX;
-        assert_eq!(c.open(()).expect("open"), u32::MAX);
-        assert_eq!(c.open(()).expect("open"), 1, "0 is never a call's");
+        assert_eq!(c.open((), None).expect("open"), u32::MAX);
+        assert_eq!(c.open((), None).expect("open"), 1, "0 is never a call's");
         c.handle_goaway();
-        let st = c.open(()).expect_err("draining");
+        let st = c.open((), None).expect_err("draining");
         assert_eq!(st.code(), tonic::Code::Unavailable);
         // Draining is not closing: a receive that went well ends nothing;
         // a server that left or a failed receive does.
@@ -487,7 +670,7 @@ mod tests {
     #[test]
     fn a_call_window_is_enforced_and_reopened_as_the_application_reads() {
         let mut c = Client::<_, ()>::new(1024, 8);
-        let id = c.open(0u32).expect("open");
+        let id = c.open(0u32, None).expect("open");
         let data = |n| Event::Data(Bytes::from(vec![0; n]));
         assert!(matches!(c.deliver(id, data(500)), Ok(Delivered::Queued(_))));
         assert!(matches!(c.deliver(id, data(499)), Ok(Delivered::Queued(_))));
@@ -517,5 +700,89 @@ mod tests {
             }
         }
         panic!("no reset");
+    }
+
+    /// The state machine's deadlines: a caller in line leaves it at its
+    /// deadline, an open call gets DEADLINE_EXCEEDED after what came before
+    /// it and nothing after, and must be cancelled; a call the server ended
+    /// needs no CANCEL, and its deadline never fires (nor for a later call
+    /// with its id).
+    #[test]
+    fn deadlines_expire_calls_and_callers_in_line_and_skip_what_ended() {
+        use std::time::Duration;
+        let t0 = Instant::now();
+        let ms = |n| t0 + Duration::from_millis(n);
+        let data = |n| Event::Data(Bytes::from(vec![7; n]));
+        let mut c = Client::<u32, &str>::new(1024, 1);
+        assert!(matches!(
+            c.admit(Some(ms(50)), || "a"),
+            Ok(Admission::Admitted)
+        ));
+        let a = c.open(1, Some(ms(50))).expect("open");
+        let Ok(Admission::Queued(_)) = c.admit(Some(ms(30)), || "in line") else {
+            panic!("the one place is taken");
+        };
+        assert_eq!(c.poll_timeout(), Some(ms(30)));
+        let mut left = Vec::new();
+        c.handle_timeout(ms(29), |_| panic!("nothing is due"));
+        c.handle_timeout(ms(30), |e| match e {
+            Expired::Queued(w) => left.push(w),
+            Expired::Call(_) => panic!("the call's deadline is later"),
+        });
+        assert_eq!((left, c.queued()), (vec!["in line"], 0));
+        assert_eq!(c.poll_timeout(), Some(ms(50)));
+        assert!(matches!(c.deliver(a, data(10)), Ok(Delivered::Queued(_))));
+        c.handle_timeout(ms(50), |e| match e {
+            Expired::Call(io) => *io += 1,
+            Expired::Queued(_) => panic!("nobody in line"),
+        });
+        assert_eq!(c.poll_timeout(), None);
+        assert!(matches!(c.deliver(a, data(10)), Ok(Delivered::Dropped)));
+        let call = c.call_mut(a).expect("open until its caller lets go");
+        assert!(call.is_expired());
+        let mut update = None;
+        assert!(matches!(call.pop_event(&mut update), Some(Event::Data(_))));
+        match call.pop_event(&mut update) {
+            Some(Event::Reset(st)) => assert_eq!(st.code(), tonic::Code::DeadlineExceeded),
+            e => panic!("{e:?}"),
+        }
+        assert!(call.pop_event(&mut update).is_none(), "nothing after it");
+        assert_eq!(
+            c.remove(a),
+            Some(Removed {
+                io: 2,
+                cancel: true
+            })
+        );
+        assert!(c.release().is_none());
+        // A call the server ended: no CANCEL, and its deadline is gone.
+        let b = c.open(3, Some(ms(60))).expect("open");
+        assert_eq!(c.poll_timeout(), Some(ms(60)));
+        let trailers = Event::Trailers(http::HeaderMap::new());
+        assert!(matches!(c.deliver(b, trailers), Ok(Delivered::Queued(_))));
+        assert_eq!(c.poll_timeout(), None, "an ended call has no deadline");
+        c.handle_timeout(ms(60), |_| panic!("nothing is due"));
+        assert_eq!(
+            c.remove(b),
+            Some(Removed {
+                io: 3,
+                cancel: false
+            })
+        );
+        // A later call with an ended call's id and no deadline is not
+        // expired by the ended call's entry (still in the heap).
+        let d = c.open(4, Some(ms(70))).expect("open");
+        c.remove(d);
+        c.next_id = d;
+        assert_eq!(c.open(5, None).expect("open"), d);
+        c.handle_timeout(ms(100), |_| panic!("nothing is due"));
+        // A caller that lets go of an open call cancels it.
+        assert_eq!(
+            c.remove(d),
+            Some(Removed {
+                io: 5,
+                cancel: true
+            })
+        );
     }
 }

@@ -47,10 +47,15 @@
 //! * The client's driver (`fast::client`): admission, one call id per
 //!   call, request data within the call's send credit, response events
 //!   read by the caller when the test says (WINDOW_UPDATEs as
-//!   `Call::pop_event` says), the call's own deadline (the call ends
-//!   `DEADLINE_EXCEEDED` and its guard writes CANCEL), cancellation
-//!   (CANCEL), GOAWAY, and a receive that failed (the connection closes,
-//!   every call is reset). A call's place is given back when it ended for
+//!   `Call::pop_event` says), the connection's deadline timer (armed at
+//!   `Client::poll_timeout`, firing `Client::handle_timeout` when the test
+//!   advances the clock past it; a caller whose deadline passed reads what
+//!   its call has queued, then `DEADLINE_EXCEEDED`), cancellation (a
+//!   caller that lets go of its call writes CANCEL when `Client::remove`
+//!   says one is due), GOAWAY, and a receive that failed (the connection
+//!   closes, every call is reset). A deadline may be the call's
+//!   `grpc-timeout` (the server runs it too) or the endpoint's own (sent to
+//!   nobody: only the client's timer ends the call). A call's place is given back when it ended for
 //!   its caller; after a CANCEL, as soon as the CANCEL is queued (the
 //!   driver: once it is written). The queue is FIFO, so the server reads
 //!   the CANCEL before any later call's REQUEST_HEADERS either way.
@@ -501,7 +506,8 @@ struct Pair {
     now: Instant,
     c2s: Dir,
     s2c: Dir,
-    client: Client<(), ()>,
+    /// Each call's driver data is its id.
+    client: Client<u32, ()>,
     server: Server,
     app: HashMap<u32, SCall>,
     crec: BTreeMap<u32, CRec>,
@@ -547,7 +553,23 @@ impl Pair {
     /// Opens a call (`timeout`: its `grpc-timeout`, which is also its own
     /// deadline); `end`: the request has no body.
     fn open(&mut self, timeout: Option<Duration>, end: bool) -> Result<u32, tonic::Status> {
-        match self.client.admit(|| ())? {
+        self.open_with(timeout, None, end)
+    }
+
+    /// Opens a call with a `grpc-timeout` (`sent`) and the endpoint's own
+    /// timeout (`local`, sent to nobody); its deadline is the shorter.
+    fn open_with(
+        &mut self,
+        sent: Option<Duration>,
+        local: Option<Duration>,
+        end: bool,
+    ) -> Result<u32, tonic::Status> {
+        let timeout = match (sent, local) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        let deadline = timeout.map(|t| self.now + t);
+        match self.client.admit(deadline, || ())? {
             client::Admission::Admitted => {}
             client::Admission::Queued(t) => {
                 // This caller does not wait in line: it gives up.
@@ -555,7 +577,7 @@ impl Pair {
                 return Err(tonic::Status::resource_exhausted("every place taken"));
             }
         }
-        let id = match self.client.open(()) {
+        let id = match self.client.open(0, deadline) {
             Ok(id) => id,
             Err(st) => {
                 assert!(self.client.release().is_none(), "nobody waits in line");
@@ -563,7 +585,7 @@ impl Pair {
             }
         };
         let mut h = http::HeaderMap::new();
-        if let Some(t) = timeout {
+        if let Some(t) = sent {
             let v = format!("{}m", t.as_millis());
             h.insert("grpc-timeout", v.parse().expect("header value"));
         }
@@ -580,11 +602,12 @@ impl Pair {
                 got: Vec::new(),
                 headers: false,
                 req_ended: end,
-                deadline: timeout.map(|t| self.now + t),
+                deadline,
                 outcome: None,
             },
         );
         assert!(prev.is_none(), "call id {id} given twice");
+        *self.client.call_mut(id).map(|c| &mut c.io).expect("open") = id;
         Ok(id)
     }
 
@@ -646,7 +669,15 @@ impl Pair {
                     None
                 }
                 Event::Trailers(t) => Some(code_of(&t)),
-                Event::Reset(st) => Some(st.code()),
+                Event::Reset(st) => {
+                    if st.code() == Code::DeadlineExceeded {
+                        assert!(
+                            r.deadline.is_some_and(|at| at <= self.now),
+                            "call {id}: expired before its deadline"
+                        );
+                    }
+                    Some(st.code())
+                }
                 Event::Window(_) => panic!("a grant is never queued"),
             };
             if let Some(code) = end {
@@ -656,25 +687,27 @@ impl Pair {
         }
     }
 
-    /// Call `id` ended for its caller with `code`: it leaves the table and
-    /// gives its place back.
+    /// Call `id` ended for its caller with `code`: it leaves the table,
+    /// its guard writes CANCEL if the state machine says one is due, and
+    /// its place is given back (after the CANCEL is queued).
     fn end_client(&mut self, id: u32, code: Code) {
         let r = self.crec.get_mut(&id).expect("a call the client opened");
         assert!(r.outcome.is_none(), "call {id} ended twice on the client");
         r.outcome = Some(code);
-        self.client.remove(id).expect("an open call");
+        let removed = self.client.remove(id).expect("an open call");
+        assert_eq!(removed.io, id);
+        if removed.cancel && self.client_err.is_none() {
+            self.c2s.queue(&[(Kind::Cancel, 0, id, &[])]);
+        }
         assert!(self.client.release().is_none(), "nobody waits in line");
     }
 
-    /// The caller drops call `id` before it ended: its guard writes CANCEL.
+    /// The caller drops call `id` before it read its end.
     fn cancel(&mut self, id: u32, code: Code) -> bool {
         if self.client.call_mut(id).is_none() {
             return false;
         }
         self.end_client(id, code);
-        if self.client_err.is_none() {
-            self.c2s.queue(&[(Kind::Cancel, 0, id, &[])]);
-        }
         true
     }
 
@@ -915,18 +948,26 @@ impl Pair {
 
     // ---- time and the fabric ----
 
-    /// The clock moves by `d`: the client's calls past their deadline end
-    /// (`DEADLINE_EXCEEDED`, CANCEL written); the server's timer fires.
+    /// The clock moves by `d`: the client's timer fires (its calls past
+    /// their deadline get `DEADLINE_EXCEEDED`; each woken caller reads its
+    /// call to the end, and its guard writes CANCEL); the server's timer
+    /// fires.
     fn tick(&mut self, d: Duration) {
         self.now += d;
-        let due: Vec<u32> = self
-            .crec
-            .iter()
-            .filter(|(_, r)| r.outcome.is_none() && r.deadline.is_some_and(|at| at <= self.now))
-            .map(|(id, _)| *id)
-            .collect();
-        for id in due {
-            self.cancel(id, Code::DeadlineExceeded);
+        if self.client.poll_timeout().is_some_and(|at| at <= self.now) {
+            let mut woken = Vec::new();
+            self.client.handle_timeout(self.now, |e| match e {
+                client::Expired::Call(id) => woken.push(*id),
+                client::Expired::Queued(()) => panic!("nobody waits in line here"),
+            });
+            for id in woken {
+                let n = self.crec[&id].got.len();
+                self.client_read(id);
+                let r = &self.crec[&id];
+                assert!(r.outcome.is_some(), "call {id}: woken, not ended");
+                // The caller read what came before the deadline, then its end.
+                assert!(r.got.len() >= n);
+            }
         }
         if self.server_err.is_none() && self.server.poll_timeout().is_some_and(|at| at <= self.now)
         {
@@ -1025,8 +1066,11 @@ impl Pair {
             );
         }
         for (id, r) in &self.crec {
+            // A call the server ended is over for its caller as soon as it
+            // reads it (woken by the end, not by the timer).
+            let ended = self.client.call(*id).is_some_and(|c| c.is_ended());
             assert!(
-                r.outcome.is_some() || r.deadline.is_none_or(|at| at > self.now),
+                r.outcome.is_some() || ended || r.deadline.is_none_or(|at| at > self.now),
                 "call {id} outlived its deadline on the client"
             );
         }
@@ -1257,6 +1301,44 @@ fn an_expired_call_ends_with_deadline_exceeded_on_both_sides_and_frees_its_place
     p.check_settled();
 }
 
+/// The endpoint's own timeout is sent to nobody: only the client's timer
+/// ends the call. Its caller reads what came before the deadline, then
+/// `DEADLINE_EXCEEDED`; the CANCEL the state machine says is due reaches
+/// the server before the freed place is taken again; what the server
+/// still sends for the call is dropped, and its window no longer matters.
+#[test]
+fn the_clients_own_deadline_ends_its_call_and_cancels_it_on_the_server() {
+    let mut p = Pair::new(1, None);
+    let a = p
+        .open_with(None, Some(Duration::from_millis(30)), false)
+        .expect("open");
+    p.run();
+    assert!(p.srec.contains_key(&a));
+    assert_eq!(p.srec[&a].deadline, None, "the server knows no deadline");
+    assert_eq!(p.client.poll_timeout(), p.crec[&a].deadline);
+    p.tick(Duration::from_millis(29));
+    p.run();
+    assert_eq!(p.crec[&a].outcome, None, "not before its deadline");
+    assert!(p.respond(a, 100));
+    p.run();
+    p.tick(Duration::from_millis(1));
+    assert_eq!(p.crec[&a].outcome, Some(Code::DeadlineExceeded));
+    assert_eq!(p.crec[&a].got.len(), 100, "what came before is read first");
+    assert_eq!((p.client.places(), p.client.poll_timeout()), (0, None));
+    // The next call takes the freed place; the server reads the CANCEL
+    // first, so it is not refused.
+    let b = p.open(None, true).expect("a free place");
+    p.run();
+    assert_eq!(p.srec[&a].end, Some(SEnd::Cancelled));
+    assert!(p.srec.contains_key(&b) && p.refused_full == 0);
+    assert!(p.finish(b));
+    p.run();
+    p.client_read(b);
+    assert_eq!(p.crec[&b].outcome, Some(Code::Ok));
+    p.settle();
+    p.check_settled();
+}
+
 #[test]
 fn cancellation_and_draining_let_calls_in_flight_finish() {
     let mut p = Pair::new(4, None);
@@ -1468,9 +1550,12 @@ fn a_peer_that_stops_reading_stalls_its_writer_and_corrupts_nothing() {
 /// One event of either side.
 #[derive(Debug, Clone)]
 enum Op {
+    /// A call with a `grpc-timeout` (`timeout`) and the endpoint's own
+    /// timeout (`local`: only the client's timer knows it), in ms.
     Open {
         end: bool,
         timeout: Option<u64>,
+        local: Option<u64>,
     },
     Send {
         n: usize,
@@ -1521,8 +1606,12 @@ enum Op {
 
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
-        12 => (any::<bool>(), prop::option::weighted(0.3, 1u64..300))
-            .prop_map(|(end, timeout)| Op::Open { end, timeout }),
+        12 => (
+            any::<bool>(),
+            prop::option::weighted(0.3, 1u64..300),
+            prop::option::weighted(0.2, 1u64..300),
+        )
+            .prop_map(|(end, timeout, local)| Op::Open { end, timeout, local }),
         24 => (0usize..8, 0usize..700, prop::bool::weighted(0.15))
             .prop_map(|(n, len, end)| Op::Send { n, len, end }),
         12 => (0usize..8).prop_map(|n| Op::ClientRead { n }),
@@ -1559,8 +1648,9 @@ proptest! {
             let ids: Vec<u32> = p.crec.keys().copied().collect();
             let pick = |n: usize| (!ids.is_empty()).then(|| ids[n % ids.len()]);
             match op {
-                Op::Open { end, timeout } => {
-                    let _ = p.open(timeout.map(Duration::from_millis), end);
+                Op::Open { end, timeout, local } => {
+                    let ms = |t: Option<u64>| t.map(Duration::from_millis);
+                    let _ = p.open_with(ms(timeout), ms(local), end);
                 }
                 Op::Send { n, len, end } => {
                     if let Some(id) = pick(n) {

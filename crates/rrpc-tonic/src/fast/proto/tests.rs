@@ -520,7 +520,10 @@ fn draining_refuses_new_calls_and_ends_when_the_last_call_does() {
     // The client sees GOAWAY, then call 3's refusal: new calls fail at
     // once, `Unavailable` either way.
     let events = p.client_reads();
-    let st = p.client.open(()).expect_err("no new calls after GOAWAY");
+    let st = p
+        .client
+        .open((), None)
+        .expect_err("no new calls after GOAWAY");
     assert_eq!(st.code(), tonic::Code::Unavailable);
     match &events[..] {
         [(3, Event::Trailers(t))] => assert_eq!(t["grpc-status"], "14"),
@@ -541,8 +544,8 @@ fn draining_refuses_new_calls_and_ends_when_the_last_call_does() {
 #[test]
 fn a_stalled_response_reader_stalls_only_its_call() {
     let mut p = Pair::new(4, None);
-    let a = p.client.open(()).expect("open");
-    let b = p.client.open(()).expect("open");
+    let a = p.client.open((), None).expect("open");
+    let b = p.client.open((), None).expect("open");
     p.send(&[open(a, true), open(b, true)]);
     p.deliver();
     let mut sent_a = 0;
@@ -563,7 +566,7 @@ fn a_stalled_response_reader_stalls_only_its_call() {
     assert!(p.respond(a, 600), "reading reopened a's window");
     // A server that ignored the window would break the client's.
     let mut p2 = Pair::new(4, None);
-    let c = p2.client.open(()).expect("open");
+    let c = p2.client.open((), None).expect("open");
     p2.send(&[open(c, true)]);
     p2.deliver();
     for _ in 0..4 {
@@ -701,8 +704,8 @@ fn poll_timeout_gives_the_earliest_live_deadline() {
 /// The client's side of admission, as its driver does it: a call admitted
 /// at once opens; a queued one opens when its waiter comes back.
 fn client_call(c: &mut client::Client<(), u32>, label: u32) -> Result<u32, client::Ticket> {
-    match c.admit(|| label).expect("not closed") {
-        client::Admission::Admitted => Ok(c.open(()).expect("open")),
+    match c.admit(None, || label).expect("not closed") {
+        client::Admission::Admitted => Ok(c.open((), None).expect("open")),
         client::Admission::Queued(t) => Err(t),
     }
 }
@@ -732,7 +735,7 @@ fn queued_calls_are_admitted_in_order_as_places_free() {
         assert!(ended);
         c.remove(done);
         let next = c.release().expect("one waits");
-        let id = c.open(()).expect("open");
+        let id = c.open((), None).expect("open");
         admitted.push(next);
         p.send(&[open(id, false)]);
         p.deliver();
@@ -773,7 +776,7 @@ fn a_queued_call_that_is_dropped_takes_no_place() {
     let _ = c.close((tonic::Code::Unavailable, "gone".into())).count();
     assert_eq!(c.queued(), 0);
     assert!(!c.leave_queue(t));
-    assert!(c.admit(|| 5).is_err());
+    assert!(c.admit(None, || 5).is_err());
 }
 
 #[test]
@@ -931,7 +934,7 @@ proptest! {
                     let (end, data, timeout): (bool, usize, bool) = $open;
                     // The client's table gives the id; after GOAWAY it
                     // opens nothing and gives its place back.
-                    match p.client.open(()) {
+                    match p.client.open((), None) {
                         Ok(id) => Some((id, end, data, timeout)),
                         Err(_) => {
                             // Each waiter the place passes to fails too.
@@ -945,7 +948,7 @@ proptest! {
                 Op::Open { end, data, timeout } => {
                     next_label += 1;
                     let label = next_label;
-                    match p.client.admit(|| label) {
+                    match p.client.admit(None, || label) {
                         Ok(client::Admission::Admitted) => open_call!((end, data, timeout)),
                         Ok(client::Admission::Queued(t)) => {
                             line.push_back((t, label, (end, data, timeout)));
@@ -1243,7 +1246,7 @@ fn one_chunk_queues_inline() {
 #[test]
 fn ended_calls_queues_serve_the_next_calls() {
     let mut c: client::Client<()> = client::Client::new(WINDOW, 8);
-    let id = c.open(()).expect("open");
+    let id = c.open((), None).expect("open");
     for ev in [
         Event::Data(Bytes::from_static(b"a")),
         Event::Trailers(http::HeaderMap::new()),
@@ -1251,7 +1254,7 @@ fn ended_calls_queues_serve_the_next_calls() {
         c.deliver(id, ev).expect("deliver");
     }
     c.remove(id);
-    let next = c.open(()).expect("open");
+    let next = c.open((), None).expect("open");
     assert!(
         c.call_mut(next).expect("call").events_capacity() > 0,
         "reused"
@@ -1263,6 +1266,6 @@ fn ended_calls_queues_serve_the_next_calls() {
             .expect("deliver");
     }
     c.remove(next);
-    let third = c.open(()).expect("open");
+    let third = c.open((), None).expect("open");
     assert_eq!(c.call_mut(third).expect("call").events_capacity(), 0);
 }
