@@ -1017,8 +1017,7 @@ fn raise_nofile() {
         tracing::warn!("raising RLIMIT_NOFILE: {e}");
     }
 }
-        report.add(t)?;
-    }
+
 /// Issue 58's connect rows, in rounds: each round runs every setup once (a server of its own,
 /// a warm-up connection, `n` timed connects, `burst` back to back), so that a noisy machine
 /// shows in every setup of a round alike; every round is a row, each with its ratios to
