@@ -29,6 +29,7 @@ mod one_port;
 mod panics;
 mod parity;
 mod pool;
+mod ring_encryption;
 mod rpc_kinds;
 mod server_options;
 mod sharing;
