@@ -276,10 +276,14 @@ impl Opener {
                 len: msg.len(),
             });
         }
-        match self.key.open_in_place(nonce(seq), Aad::empty(), msg) {
-            Ok(plain) => {
+        let opened = self
+            .key
+            .open_in_place(nonce(seq), Aad::empty(), &mut *msg)
+            .map(|plain| plain.len());
+        match opened {
+            Ok(n) => {
                 self.next += 1;
-                Ok(plain)
+                Ok(&msg[..n])
             }
             Err(_) => {
                 self.spent = true;

@@ -157,6 +157,7 @@ pub(crate) fn fuzz_round_trip(m: &[u8]) -> (Option<Vec<u8>>, Option<Vec<u8>>) {
     )
 }
 
+#[cfg_attr(not(feature = "tls"), allow(dead_code))]
 fn encode_reply(r: &TicketReply) -> Vec<u8> {
     match r {
         TicketReply::Accepted(c) => {
