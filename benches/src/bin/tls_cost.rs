@@ -220,15 +220,20 @@ async fn run(cli: &Cli) -> Result<()> {
     );
 
     // The two ring setups, both over TLS-negotiated rrpc:// connections.
-    let (sealed_uri, _s1) =
-        rrpc_server(Some(pki.server()), cfg(RingEncryption::Required)?).await?;
+    let (sealed_uri, _s1) = rrpc_server(Some(pki.server()), cfg(RingEncryption::Required)?).await?;
     let (plain_uri, _s2) = rrpc_server(Some(pki.server()), cfg(RingEncryption::Off)?).await?;
-    let mut sealed =
-        rrpc_client(&sealed_uri, cfg(RingEncryption::Required)?, Some(pki.client())).await?;
+    let mut sealed = rrpc_client(
+        &sealed_uri,
+        cfg(RingEncryption::Required)?,
+        Some(pki.client()),
+    )
+    .await?;
     let mut plain = rrpc_client(&plain_uri, cfg(RingEncryption::Off)?, Some(pki.client())).await?;
 
     println!("\n## 64 B unary, p50/p99 (µs), {} calls per row", cli.calls);
-    println!("round | plaintext p50 | sealed p50 | plaintext p99 | sealed p99 | sealed/plaintext p50");
+    println!(
+        "round | plaintext p50 | sealed p50 | plaintext p99 | sealed p99 | sealed/plaintext p50"
+    );
     let mut ratios = Vec::new();
     for r in 0..cli.rounds {
         let (p50, p99) = small_calls(&mut plain, cli.calls).await?;
@@ -266,9 +271,10 @@ async fn run(cli: &Cli) -> Result<()> {
     let (rrpc_tls, _s3) = rrpc_server(Some(pki.server()), cfg(RingEncryption::Off)?).await?;
     let (rrpc_bare, _s4) = rrpc_server(None, cfg(RingEncryption::Off)?).await?;
     let tonic_identity = tonic::transport::Identity::from_pem(&pki.cert, &pki.key);
-    let (tonic_tls, _s5) =
-        tonic_server(Some(tonic::transport::ServerTlsConfig::new().identity(tonic_identity)))
-            .await?;
+    let (tonic_tls, _s5) = tonic_server(Some(
+        tonic::transport::ServerTlsConfig::new().identity(tonic_identity),
+    ))
+    .await?;
     let (tonic_bare, _s6) = tonic_server(None).await?;
     let tonic_ca = tonic::transport::Certificate::from_pem(&pki.ca);
     println!("\n## connect p50 (µs), {} connects per row", cli.connects);

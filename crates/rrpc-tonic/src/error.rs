@@ -327,7 +327,10 @@ mod tests {
         let e = Error::RingTampered(crate::seal::OpenError::Forged { seq: 3 });
         assert_eq!((e.fault(), e.code()), (Fault::Peer, Code::DataLoss));
         let shared = Error::Failed(Arc::new(e));
-        assert_eq!((shared.fault(), shared.code()), (Fault::Peer, Code::DataLoss));
+        assert_eq!(
+            (shared.fault(), shared.code()),
+            (Fault::Peer, Code::DataLoss)
+        );
     }
 
     #[test]

@@ -235,7 +235,11 @@ pub(crate) async fn present_ticket(
             .recv_with(&mut |m: &[u8]| reply = parse_ticket_reply(m)),
     )
     .await
-    .map_err(|_| Error::Handshake(format!("the server did not answer the ring ticket within {limit:?}")))??;
+    .map_err(|_| {
+        Error::Handshake(format!(
+            "the server did not answer the ring ticket within {limit:?}"
+        ))
+    })??;
     if !got {
         return Err(Error::Handshake(
             "the server closed the ring connection before answering its ticket".into(),
@@ -260,8 +264,16 @@ pub(crate) async fn present_ticket(
         }
         Some(TicketReply::Accepted(c)) => Err(Error::RingEncryption(format!(
             "the server accepted the ticket with {} although this client asked for {}",
-            if c.is_some() { "sealed rings" } else { "plaintext rings" },
-            if want { "sealed rings" } else { "plaintext rings" },
+            if c.is_some() {
+                "sealed rings"
+            } else {
+                "plaintext rings"
+            },
+            if want {
+                "sealed rings"
+            } else {
+                "plaintext rings"
+            },
         ))),
     }
 }
@@ -301,13 +313,13 @@ pub(crate) async fn accept_ticket(
     let (verdict, err) = match request {
         // Not a client of this exchange: it would read an answer as its
         // first message; closed without one.
-        None => return Err(
-            Error::Handshake(
+        None => {
+            return Err(Error::Handshake(
                 "a ring connection on a port with TLS presented no ticket \
                  (dial the port with RrpcEndpoint::tls_config, not its socket)"
                     .into(),
-            ),
-        ),
+            ));
+        }
         Some(r) => match tls.redeem(&r.id) {
             None => (
                 refuse("unknown, used or expired TLS ticket".into()),
@@ -328,17 +340,26 @@ pub(crate) async fn accept_ticket(
                 }
                 (true, Some(None)) => {
                     let w = "the client asked for a cipher this server does not know";
-                    (refuse(format!("{DISAGREE}{w}")), Error::RingEncryption(w.into()))
+                    (
+                        refuse(format!("{DISAGREE}{w}")),
+                        Error::RingEncryption(w.into()),
+                    )
                 }
                 (true, None) => {
                     let w = "the server requires sealed rings on this fabric \
                              (RrpcConfig::ring_encryption) and the client did not ask for them";
-                    (refuse(format!("{DISAGREE}{w}")), Error::RingEncryption(w.into()))
+                    (
+                        refuse(format!("{DISAGREE}{w}")),
+                        Error::RingEncryption(w.into()),
+                    )
                 }
                 (false, Some(_)) => {
                     let w = "the client asked for sealed rings and this server has ring \
                              encryption off on this fabric (RrpcConfig::ring_encryption)";
-                    (refuse(format!("{DISAGREE}{w}")), Error::RingEncryption(w.into()))
+                    (
+                        refuse(format!("{DISAGREE}{w}")),
+                        Error::RingEncryption(w.into()),
+                    )
                 }
             },
         },
@@ -462,8 +483,8 @@ mod imp {
     use tonic::transport::server::{TcpConnectInfo, TlsConnectInfo};
 
     use super::{TICKET_LABEL, TICKET_LEN, Ticket, TicketId};
-    use crate::seal::{KEY_LABEL_C2S, KEY_LABEL_S2C, KEY_LEN, RingSecrets};
     use crate::Error;
+    use crate::seal::{KEY_LABEL_C2S, KEY_LABEL_S2C, KEY_LEN, RingSecrets};
 
     /// What a request learns of a TLS peer: tonic's own type, which
     /// `Request::peer_certs()` reads.
@@ -1240,6 +1261,8 @@ mod exchange_tests {
         assert_eq!(parse_ticket_reply(&long), None);
         // A refusal's reason is cut to fit, on a character boundary.
         let m = encode_reply(&TicketReply::Refused("é".repeat(MAX_REASON)));
-        assert!(matches!(parse_ticket_reply(&m), Some(TicketReply::Refused(w)) if w.len() <= MAX_REASON));
+        assert!(
+            matches!(parse_ticket_reply(&m), Some(TicketReply::Refused(w)) if w.len() <= MAX_REASON)
+        );
     }
 }

@@ -792,12 +792,7 @@ impl ShmQp {
     /// Takes a send-queue slot and draws this post's faults. `None` when an
     /// injected failure already completed the work request (nothing to copy).
     #[inline]
-    fn admit(
-        &self,
-        wr_id: u64,
-        opcode: Opcode,
-        len: usize,
-    ) -> Result<Option<(u64, u32, Damage)>> {
+    fn admit(&self, wr_id: u64, opcode: Opcode, len: usize) -> Result<Option<(u64, u32, Damage)>> {
         let seq = self.scq().reserve(self.cfg.send_depth())?;
         if self.device_error.load(Ordering::Acquire) {
             self.fail_injected(seq, wr_id, opcode, Status::Flushed, 0);
@@ -865,8 +860,7 @@ impl ShmQp {
             }
             return Err(e);
         }
-        let Some((seq, delay, torn)) =
-            self.admit(wr_id, Opcode::WriteImm, checked.local.len)?
+        let Some((seq, delay, torn)) = self.admit(wr_id, Opcode::WriteImm, checked.local.len)?
         else {
             return Ok(None);
         };

@@ -61,8 +61,8 @@ fn make_pki() -> Pki {
     let ca_cert = ca.self_signed(&ca_key).expect("ca");
     let issuer = Issuer::new(ca, ca_key);
     let key = KeyPair::generate().expect("key");
-    let mut p = CertificateParams::new(vec!["localhost".into(), "127.0.0.1".into()])
-        .expect("params");
+    let mut p =
+        CertificateParams::new(vec!["localhost".into(), "127.0.0.1".into()]).expect("params");
     p.distinguished_name = named("localhost");
     p.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
     let cert = p.signed_by(&key, &issuer).expect("signed");
@@ -172,7 +172,10 @@ fn corrupting(mode: RingEncryption, n: u64) -> RrpcConfig {
 async fn client(uri: &str, cfg: RrpcConfig, tls: ClientTlsConfig) -> Result<RrpcChannel, Error> {
     tokio::time::timeout(
         BOUND,
-        RrpcEndpoint::new(uri)?.config(cfg).tls_config(tls)?.connect(),
+        RrpcEndpoint::new(uri)?
+            .config(cfg)
+            .tls_config(tls)?
+            .connect(),
     )
     .await
     .expect("connect hung")
@@ -245,23 +248,22 @@ async fn calls_until_failure(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_flipped_byte_fails_the_call_with_data_loss_and_nothing_else() {
     let pki = make_pki();
-    let s = serve(
-        Some(pki.server()),
-        corrupting(RingEncryption::Required, 3),
-    );
+    let s = serve(Some(pki.server()), corrupting(RingEncryption::Required, 3));
     let sealed = || client(&s.uri, cfg(RingEncryption::Required), pki.client());
     let mut a = TestClient::new(sealed().await.expect("connect a"));
     let mut b = TestClient::new(sealed().await.expect("connect b"));
     let seen = calls_until_failure(&mut a, 5).await;
-    // The server's large writes on a connection: the ticket's answer (a
-    // ring slot is at least 64 bytes), then one reply per call: the third
-    // is the second call's reply.
+    // The server's large writes on a connection: the ticket's answer (its
+    // ring write counts: with `corrupt_write(2)` the first reply was hit),
+    // then one reply per call: the third is the second call's reply.
     let (last, intact) = seen.split_last().expect("a call");
     assert!(
         !intact.is_empty() && intact.iter().all(|r| matches!(r, Ok(true))),
         "every call before the failure came back intact: {seen:?}"
     );
-    let e = last.as_ref().expect_err("the corrupted reply fails its call");
+    let e = last
+        .as_ref()
+        .expect_err("the corrupted reply fails its call");
     assert_eq!(e.code(), Code::DataLoss, "{e}");
     // The connection is failed: its next call fails too, never with data.
     assert!(echo(&mut a, b"after").await.is_err());
@@ -335,7 +337,10 @@ async fn the_ends_must_agree_and_sealing_needs_tls() {
         .await
         .map(|_| ())
         .expect_err("no TLS, no keys");
-    assert!(matches!(&e, Error::RingEncryption(m) if m.contains("tls_config")), "{e}");
+    assert!(
+        matches!(&e, Error::RingEncryption(m) if m.contains("tls_config")),
+        "{e}"
+    );
     let mut bare = serve(None, cfg(RingEncryption::Required));
     let served = tokio::time::timeout(BOUND, bare.task.take().expect("task"))
         .await
