@@ -149,7 +149,7 @@ fn corrupt_write_flips_one_byte_of_the_nth_large_write() {
     let (a, b) = common::pair_with(4096, cfg, QpConfig::default());
     let r = a.conn.peer().region(1).unwrap();
     let n = rrpc_core::CORRUPT_MIN_LEN;
-    let mut write = |id: u64, at: u64, len: usize, byte: u8| {
+    let write = |id: u64, at: u64, len: usize, byte: u8| {
         a.scratch.write_at(0, &vec![byte; len]).unwrap();
         a.conn
             .qp()
