@@ -19,6 +19,7 @@ pub struct FaultConfig {
     completion_delay_polls: u32,
     fail_after_posts: Option<u64>,
     torn_write_every: Option<u64>,
+    corrupt_write: Option<u64>,
     fail_status: Option<Status>,
     poll_miss_every: Option<u64>,
 }
@@ -80,15 +81,31 @@ impl FaultConfig {
         self.torn_write_every
     }
 
+    /// The `n`-th WRITE (or WRITE_WITH_IMM) of at least
+    /// [`CORRUPT_MIN_LEN`] bytes posted on the queue pair (counting from 1)
+    /// lands with the byte in its middle flipped (every bit inverted),
+    /// although it completes successfully: a wire or a peer that alters a
+    /// message in flight. Once per queue pair; smaller writes (a ring's
+    /// pointers, its control words) are neither counted nor touched, so
+    /// the damage falls in a message. Receivers must detect it themselves
+    /// (rrpc-tonic's ring encryption does; plaintext rings do not).
+    pub fn corrupt_write(&self) -> Option<u64> {
+        self.corrupt_write
+    }
+
     /// Whether nothing is injected.
     #[inline]
     pub fn is_inert(&self) -> bool {
         self.completion_delay_polls == 0
             && self.fail_after_posts.is_none()
             && self.torn_write_every.is_none()
+            && self.corrupt_write.is_none()
             && self.poll_miss_every.is_none()
     }
 }
+
+/// The smallest WRITE [`FaultConfig::corrupt_write`] counts and corrupts.
+pub const CORRUPT_MIN_LEN: usize = 64;
 
 /// Builder for [`FaultConfig`].
 #[derive(Debug, Clone)]
@@ -125,6 +142,12 @@ impl FaultConfigBuilder {
     /// [`FaultConfig::torn_write_every`]. `k` is raised to at least 1.
     pub fn torn_write_every(mut self, k: u64) -> Self {
         self.cfg.torn_write_every = Some(k.max(1));
+        self
+    }
+
+    /// [`FaultConfig::corrupt_write`]. `n` is raised to at least 1.
+    pub fn corrupt_write(mut self, n: u64) -> Self {
+        self.cfg.corrupt_write = Some(n.max(1));
         self
     }
 

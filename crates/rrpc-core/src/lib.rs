@@ -14,7 +14,7 @@
 //! | [`vqp`] | KRCore's virtualized QP (Algorithm 2) | many logical connections over one hardware queue pair |
 //! | [`conn::SharedConnection`], [`conn::connect_logical`] | KRCore's `qconnect` over a cached QP | a connection per logical connection, with no queue pair of its own |
 //! | [`meta`] | KRCore's DCCache / MRStore leases | what a reconnect to a known peer reuses, and when it must not |
-//! | [`FaultConfig`] | — | delayed / failed completions, torn writes for tests |
+//! | [`FaultConfig`] | — | delayed / failed completions, torn and corrupted writes for tests |
 //! | `testing` (feature `test-util`) | — | the provider a test runs on, `on_every_provider!`, a throwaway TLS pair |
 //!
 //! ## Providers
@@ -126,7 +126,7 @@ pub use error::{Error, Fault, Result, Violation};
 pub use fabric::{Fabric, ProviderKind};
 #[cfg(feature = "verbs")]
 pub use fabric::{VerbsOptions, VerbsOptionsBuilder};
-pub use fault::{FaultConfig, FaultConfigBuilder};
+pub use fault::{CORRUPT_MIN_LEN, FaultConfig, FaultConfigBuilder};
 pub use handshake::{RegionDesc, Section};
 pub use qp::{QpCarrier, QpConfig, QpConfigBuilder, QueuePair, RcRetry, RcRetryBuilder};
 pub use region::{Access, CACHE_LINE, Local, Region, Remote, RemoteRegion};

@@ -10,6 +10,7 @@ mod fabrics;
 mod fast_path;
 mod polling;
 mod rings;
+mod security;
 mod sharing;
 #[cfg(test)]
 mod tests;
@@ -22,10 +23,12 @@ use fabrics::FabricSet;
 use fast_path::FastPathSettings;
 use polling::PollingSettings;
 use rings::RingSettings;
+use security::SecuritySettings;
 use sharing::SharingSettings;
 
 pub use fabrics::Fabric;
 pub use fast_path::PathPreference;
+pub use security::RingEncryption;
 pub use sharing::{DEFAULT_MAX_SHARED_PEERS, DEFAULT_PEER_LEASE, MAX_SPARE_CONNECTIONS};
 
 /// Bundles pooled for `rdma://` connections unless
@@ -106,6 +109,7 @@ pub const DEFAULT_RDMA_CONNECTION_POOL: usize = 2;
 /// | connection sharing | `shared_queue_pairs` | off | KRCore §4.4: connections to one server share one queue pair (see the setter for the measured cost on shm) |
 /// | connection sharing | `peer_lease` | 10 s | how long an unused shared connection stays cached (`rrpc_core::meta`) |
 /// | connection sharing | `max_shared_peers` | 1024 | shared connections cached (client) or held (server) at once |
+/// | security | `ring_encryption` | [`RingEncryption::Off`] | opt-in: every ring message sealed (AEAD keyed from the TLS session, docs/security.md); needs TLS on the connection and the same setting at both ends |
 /// | fabrics | `fabrics` | every one ([`Fabric::Shm`], [`Fabric::Verbs`], [`Fabric::Tcp`]) | what an `rrpc://` connection may run on; the best both ends allow and can use wins |
 #[derive(Debug, Clone, PartialEq)]
 pub struct RrpcConfig(Arc<Inner>);
@@ -119,6 +123,7 @@ struct Inner {
     admission: AdmissionSettings,
     device: DeviceSettings,
     sharing: SharingSettings,
+    security: SecuritySettings,
     fabrics: FabricSet,
 }
 
@@ -132,6 +137,7 @@ impl Inner {
         self.admission.validate()?;
         self.device.validate()?;
         self.sharing.validate()?;
+        self.security.validate()?;
         self.fabrics.validate()?;
         // The ring posts to the connection's queue pair, and refuses one
         // whose send queue is shallower than it needs (`LocalRing::connect`).
@@ -159,6 +165,7 @@ impl Default for RrpcConfig {
             admission: AdmissionSettings::default(),
             device: DeviceSettings::default(),
             sharing: SharingSettings::default(),
+            security: SecuritySettings::default(),
             fabrics: FabricSet::default(),
         }))
     }
@@ -321,6 +328,11 @@ impl RrpcConfig {
             self.0.admission.tls.server.as_ref(),
             self.0.admission.tls.client.as_ref(),
         )
+    }
+
+    /// See [`RrpcConfigBuilder::ring_encryption`].
+    pub fn ring_encryption(&self) -> RingEncryption {
+        self.0.security.ring_encryption
     }
 
     /// See [`RrpcConfigBuilder::rdma_device`].
@@ -731,6 +743,23 @@ impl RrpcConfigBuilder {
         self
     }
 
+    /// Whether every ring message is encrypted and authenticated
+    /// (default [`RingEncryption::Off`]; feature `tls`): an AEAD
+    /// (AES-256-GCM, or ChaCha20-Poly1305 on a CPU without AES
+    /// instructions) with a key per direction exported from the TLS
+    /// session of the connection's `rrpc://` negotiation, and a nonce per
+    /// message from its sequence number, so an altered, replayed,
+    /// reordered or dropped message fails the connection with `DataLoss`
+    /// and delivers nothing. Each message grows by a 16-byte tag, which
+    /// counts against the ring's message limit. [`RingEncryption::Remote`]
+    /// seals `rdma://` only; [`RingEncryption::Required`] `shm://` too.
+    /// Needs TLS on the `rrpc://` port (`Server::tls_config`,
+    /// `RrpcEndpoint::tls_config`) and the same setting on both ends.
+    pub fn ring_encryption(mut self, mode: RingEncryption) -> Self {
+        self.inner.security.ring_encryption = mode;
+        self
+    }
+
     /// TLS (rustls) on a server's `rdma://` side channel (`verbs`
     /// feature): a client must complete a TLS handshake with `config` before
     /// its hello is read, so the token, the queue-pair addresses and the
@@ -955,6 +984,8 @@ impl RrpcConfigBuilder {
     /// * connection sharing: `spare_connections` at most
     ///   [`MAX_SPARE_CONNECTIONS`]; `peer_lease` above zero and at most
     ///   365 days; `max_shared_peers` at least 1;
+    /// * security: `ring_encryption` other than `Off` only with the `tls`
+    ///   feature;
     /// * fabrics: `fabrics` not empty;
     /// * across groups: `queue_pair`'s send depth at least the send-queue
     ///   slots a ring needs (770 with the ring's default `sq_depth` of 1024).

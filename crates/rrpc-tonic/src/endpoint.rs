@@ -523,8 +523,9 @@ impl RrpcEndpoint {
             }
             // The server refused it for a connection limit: no other fabric
             // of the same server is the answer (its TCP leg counts against
-            // the same limits), and the caller must learn which limit.
-            Err(e @ Error::ConnectionLimit(_)) => Err(e),
+            // the same limits), and the caller must learn which limit; nor
+            // for ring encryption the two ends disagree on (a misconfiguration).
+            Err(e @ (Error::ConnectionLimit(_) | Error::RingEncryption(_))) => Err(e),
             Err(e) if self.config.allows(crate::Fabric::Tcp) => {
                 tracing::warn!(
                     addr = %p.addr(), side = %shown, %fabric, error = %e,

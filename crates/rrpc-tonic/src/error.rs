@@ -10,8 +10,9 @@
 //!
 //! | error (at any depth) | code |
 //! |---|---|
-//! | a ring the peer corrupted (`rrpc_ringbuf::Error::Corrupt`) | `DataLoss` |
-//! | a refused token or TLS peer (`AuthFailed`, `Tls`) | `Unauthenticated` |
+//! | a ring the peer corrupted (`rrpc_ringbuf::Error::Corrupt`), a sealed ring message that failed to open (`RingTampered`) | `DataLoss` |
+//! | a refused token or TLS peer (`AuthFailed`, `Tls`), a failed TLS set-up (`Error::Tls`) | `Unauthenticated` |
+//! | ring encryption asked for without TLS, or not agreed by both ends (`RingEncryption`) | `FailedPrecondition` |
 //! | a message or grant over a limit (`MessageTooLarge`, `LimitExceeded`), a server's connection limit (`ConnectionLimit`) | `ResourceExhausted` |
 //! | a bad URI or configuration | `InvalidArgument` |
 //! | a transport this build lacks | `Unimplemented` |
@@ -120,6 +121,21 @@ pub enum Error {
     /// corrupted reads `DataLoss` on every call, not only the first).
     #[error("connection failed: {0}")]
     Failed(#[source] Arc<Error>),
+    /// TLS could not be set up: a session whose keying material could not
+    /// be exported (the ring ticket, the ring keys).
+    #[error("TLS: {0}")]
+    Tls(String),
+    /// Ring encryption ([`crate::RingEncryption`]) was asked for where it
+    /// cannot be had (no TLS on the connection), or the two ends do not
+    /// agree on it (the text says which end wants what).
+    #[error("ring encryption: {0}")]
+    RingEncryption(String),
+    /// A sealed ring message failed to open: altered, replayed,
+    /// reordered, truncated or after a lost one (ring encryption). No
+    /// byte of it was delivered; the connection fails (`DataLoss`).
+    #[cfg(feature = "tls")]
+    #[error("ring message refused: {0}")]
+    RingTampered(#[source] crate::seal::OpenError),
 }
 
 /// The deepest typed error an [`Error`] holds: the one [`Error::code`]
@@ -145,8 +161,11 @@ impl Error {
             | Error::MessageTooLarge { .. }
             | Error::NoFabric { .. }
             | Error::ConnectionLimit(_)
+            | Error::RingEncryption(_)
             | Error::Closed(_) => Fault::Local,
-            Error::Protocol(_) | Error::Handshake(_) => Fault::Peer,
+            Error::Protocol(_) | Error::Handshake(_) | Error::Tls(_) => Fault::Peer,
+            #[cfg(feature = "tls")]
+            Error::RingTampered(_) => Fault::Peer,
             Error::PeerGone | Error::ConnectTimeout(_) | Error::NotListening(_) => Fault::PeerGone,
             Error::Io(_) | Error::Transport(_) => Fault::Device,
             Error::Rings(e) => e.fault(),
@@ -183,6 +202,10 @@ impl Error {
         use tonic::Code;
         match self.leaf() {
             Leaf::Ring(rrpc_ringbuf::Error::Corrupt(_)) => Code::DataLoss,
+            #[cfg(feature = "tls")]
+            Leaf::Tonic(Error::RingTampered(_)) => Code::DataLoss,
+            Leaf::Tonic(Error::Tls(_)) => Code::Unauthenticated,
+            Leaf::Tonic(Error::RingEncryption(_)) => Code::FailedPrecondition,
             Leaf::Core(c) => fabric_code(c),
             Leaf::Ring(rrpc_ringbuf::Error::TooLarge { .. })
             | Leaf::Tonic(Error::MessageTooLarge { .. } | Error::ConnectionLimit(_)) => {
@@ -296,6 +319,20 @@ mod tests {
     /// every depth an error reaches it: as itself, under the poller
     /// (`Rings`), and shared by a failed connection (`Failed`), which must
     /// keep the code and the fault of what failed it.
+    /// A sealed ring message that failed to open is the peer's fault and
+    /// `DataLoss`, also when a failed connection shares it.
+    #[cfg(feature = "tls")]
+    #[test]
+    fn a_refused_sealed_message_is_data_loss() {
+        let e = Error::RingTampered(crate::seal::OpenError::Forged { seq: 3 });
+        assert_eq!((e.fault(), e.code()), (Fault::Peer, Code::DataLoss));
+        let shared = Error::Failed(Arc::new(e));
+        assert_eq!(
+            (shared.fault(), shared.code()),
+            (Fault::Peer, Code::DataLoss)
+        );
+    }
+
     #[test]
     fn one_mapping_over_every_fault_and_kind() {
         let cases: Vec<(Error, Fault, Code)> = vec![
@@ -350,6 +387,12 @@ mod tests {
                 Code::InvalidArgument,
             ),
             (rdma_unavailable(), Fault::Local, Code::Unimplemented),
+            (Error::Tls("x".into()), Fault::Peer, Code::Unauthenticated),
+            (
+                Error::RingEncryption("x".into()),
+                Fault::Local,
+                Code::FailedPrecondition,
+            ),
             (
                 Error::NoFabric {
                     addr: "a".into(),

@@ -21,3 +21,11 @@ pub fn port_hello(msg: &[u8]) -> Result<Vec<u8>, String> {
         .map(|m| m.encode())
         .map_err(|e| e.to_string())
 }
+
+/// A ring connection's ticket message (`tls::parse_ticket_request`, as
+/// the server reads it) and the server's answer (`tls::parse_ticket_reply`,
+/// as the client reads it), each re-encoded when it parses: both read
+/// bytes the peer wrote in a ring.
+pub fn ring_ticket(msg: &[u8]) -> (Option<Vec<u8>>, Option<Vec<u8>>) {
+    crate::tls::fuzz_round_trip(msg)
+}

@@ -296,6 +296,8 @@ mod negotiate;
 mod pipe;
 pub mod port;
 mod rings;
+#[cfg(feature = "tls")]
+mod seal;
 mod server;
 mod sharing;
 mod spare;
@@ -306,7 +308,8 @@ pub use call::{Carrier, ChannelPath, ResponseFuture};
 pub use channel::RrpcChannel;
 pub use config::{
     DEFAULT_MAX_SHARED_PEERS, DEFAULT_PEER_LEASE, DEFAULT_RDMA_CONNECTION_POOL, Fabric,
-    MAX_SPARE_CONNECTIONS, PathPreference, RrpcConfig, RrpcConfigBuilder, default_poller_config,
+    MAX_SPARE_CONNECTIONS, PathPreference, RingEncryption, RrpcConfig, RrpcConfigBuilder,
+    default_poller_config,
 };
 pub use context::RrpcContext;
 pub use endpoint::RrpcEndpoint;

@@ -844,6 +844,13 @@ where
     ResBody::Error: Into<BoxError>,
     F: Future<Output = ()> + Send,
 {
+    if tls.is_none() && config.ring_encryption() == crate::RingEncryption::Required {
+        return Err(Error::RingEncryption(
+            "RrpcConfig::ring_encryption is Required and this server's rings have no TLS to \
+             key it: serve an rrpc:// port with Server::tls_config (feature `tls`)"
+                .into(),
+        ));
+    }
     let token = CancellationToken::new();
     // HTTP/2 connections go to tonic's own server, fed through this queue.
     // Each carries the TLS peer its ticket named (a TLS port's rings), which
@@ -940,7 +947,7 @@ where
                             // dropped unserved (a shutdown must not wait
                             // for a client that never presents a ticket).
                             let redeemed = tokio::select! {
-                                r = redeem(&mut pipe, tls) => r,
+                                r = redeem(&mut pipe, tls, &config) => r,
                                 () = token.cancelled() => Err(Error::Closed(
                                     "the server shut down before the ring connection presented its TLS ticket",
                                 )),
@@ -949,6 +956,11 @@ where
                                 Ok(peer_info) => Ok((Established::Pipe(pipe, path), peer_info)),
                                 Err(e) => Err(e),
                             }
+                        }
+                        // Without TLS, no keys: a connection this
+                        // server would seal is refused.
+                        (Ok(Established::Pipe(pipe, _)), None) if crate::tls::seals(&config, &pipe) => {
+                            Err(crate::tls::needs_tls())
                         }
                         (r, _) => r.map(|e| (e, None)),
                     };
@@ -1043,32 +1055,23 @@ where
 }
 
 /// Reads a ring connection's ticket and redeems it for its TLS session's
-/// peer ([`crate::tls::Ticket`]); a connection without a valid one is
-/// refused (closed). Waits as long as the connection lives: a spare
-/// connection presents its ticket when a channel takes it.
+/// peer ([`crate::tls::Ticket`]), agreeing on ring encryption and sealing
+/// the pipe when agreed ([`crate::tls::accept_ticket`]); a connection
+/// without a valid ticket, or that disagrees, is refused (told why, then
+/// closed). Waits as long as the connection lives: a spare connection
+/// presents its ticket when a channel takes it.
 async fn redeem(
     pipe: &mut crate::pipe::Pipe,
     tls: &crate::tls::ServerTls,
+    config: &RrpcConfig,
 ) -> Result<Option<crate::tls::PeerInfo>, Error> {
     #[cfg(feature = "tls")]
     {
-        let Some(ticket) = crate::tls::read_ticket(pipe).await? else {
-            return Err(Error::Handshake(
-                "a ring connection on a port with TLS presented no ticket \
-                 (dial the port with RrpcEndpoint::tls_config, not its socket)"
-                    .into(),
-            ));
-        };
-        match tls.redeem(&ticket) {
-            Some(peer) => Ok(Some(peer)),
-            None => Err(Error::Handshake(
-                "a ring connection presented an unknown, used or expired TLS ticket".into(),
-            )),
-        }
+        crate::tls::accept_ticket(pipe, tls, config).await.map(Some)
     }
     #[cfg(not(feature = "tls"))]
     {
-        let _ = pipe;
+        let _ = (pipe, config);
         match *tls {}
     }
 }

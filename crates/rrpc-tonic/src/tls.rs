@@ -29,33 +29,253 @@ mod off {
 #[cfg(not(feature = "tls"))]
 pub(crate) use off::{ClientTls, PeerInfo, ServerTls};
 
+#[cfg(feature = "tls")]
+pub use crate::seal::{OpenError, RingCipher, TAG_LEN, cpu_has_aes};
+
 /// What binds a ring connection to the TLS session its negotiation ran in
 /// on an `rrpc://` port: 16 bytes both ends export from that session
 /// (RFC 8446 §7.5, label [`TICKET_LABEL`]), so it never crosses the wire
 /// inside the negotiation. The client presents it as the first message of
 /// the ring connection ([`present_ticket`]); the server redeems it once,
 /// within the handshake timeout of the negotiation, for the session's
-/// peer identity (`Request::peer_certs()` on the rings).
-pub(crate) type Ticket = [u8; TICKET_LEN];
+/// peer identity (`Request::peer_certs()` on the rings) and the session's
+/// ring keys (ring encryption, [`crate::RingEncryption`]).
+pub(crate) type TicketId = [u8; TICKET_LEN];
+
+/// A ticket and what else its TLS session exported: the ring keys of both
+/// directions (never sent; used only when both ends seal).
+#[derive(Clone)]
+pub(crate) struct Ticket {
+    pub(crate) id: TicketId,
+    #[cfg(feature = "tls")]
+    pub(crate) keys: crate::seal::RingSecrets,
+}
+
+impl std::fmt::Debug for Ticket {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Neither the id nor the keys: both are secrets of the session.
+        f.write_str("Ticket(..)")
+    }
+}
+
 /// A ticket's length.
 pub(crate) const TICKET_LEN: usize = 16;
 /// The exporter label of a ticket.
 #[cfg_attr(not(feature = "tls"), allow(dead_code))]
 pub(crate) const TICKET_LABEL: &[u8] = b"EXPORTER-rrpc-ring-ticket";
-/// The first bytes of the ticket message on a ring connection.
+/// The first bytes of the ticket message on a ring connection (plaintext
+/// rings asked for).
 const TICKET_MAGIC: &[u8; 4] = b"RRPT";
+/// The first bytes of the ticket message of a client that asks for ring
+/// encryption: then the ticket, then its cipher's id.
+const SEALED_TICKET_MAGIC: &[u8; 4] = b"RRPE";
+/// The server's answer to a ticket: accepted (then whether the rings are
+/// sealed and the cipher's id, 0 for none).
+const ACCEPT_MAGIC: &[u8; 4] = b"RRPA";
+/// The server's answer to a ticket: refused (then why, UTF-8).
+const REFUSE_MAGIC: &[u8; 4] = b"RRPN";
+/// The longest reason a refusal carries.
+const MAX_REASON: usize = 512;
+/// How a refusal for disagreeing ring encryption settings starts (the
+/// client reads it as [`crate::Error::RingEncryption`]).
+const DISAGREE: &str = "ring encryption: ";
 
-/// Sends `t` as the first message of a ring connection (client side).
+/// A ring connection's ticket message, as the server reads it: the ticket
+/// and the cipher the client asks its messages be sealed with (`None`:
+/// plaintext asked for).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct TicketRequest {
+    /// The ticket.
+    pub(crate) id: [u8; TICKET_LEN],
+    /// The cipher id asked for (`None`: plaintext).
+    pub(crate) cipher: Option<u8>,
+}
+
+/// The server's answer to a ticket, as the client reads it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum TicketReply {
+    /// Accepted: sealed with this cipher id, or plaintext (`None`).
+    Accepted(Option<u8>),
+    /// Refused, and why.
+    Refused(String),
+}
+
+/// Parses a ticket message (`RRPT` + ticket, or `RRPE` + ticket + cipher
+/// id); `None` for anything else.
+pub(crate) fn parse_ticket_request(m: &[u8]) -> Option<TicketRequest> {
+    if let Some(id) = parse_ticket(m) {
+        return Some(TicketRequest { id, cipher: None });
+    }
+    let rest = m.strip_prefix(SEALED_TICKET_MAGIC)?;
+    let (id, cipher) = rest.split_first_chunk::<TICKET_LEN>()?;
+    match cipher {
+        [c] => Some(TicketRequest {
+            id: *id,
+            cipher: Some(*c),
+        }),
+        _ => None,
+    }
+}
+
+/// Parses the server's answer to a ticket; `None` for anything else (a
+/// reason that is not UTF-8 or longer than 512 bytes included).
+pub(crate) fn parse_ticket_reply(m: &[u8]) -> Option<TicketReply> {
+    if let Some(rest) = m.strip_prefix(ACCEPT_MAGIC) {
+        return match rest {
+            [0, 0] => Some(TicketReply::Accepted(None)),
+            [1, c] if *c != 0 => Some(TicketReply::Accepted(Some(*c))),
+            _ => None,
+        };
+    }
+    let why = m.strip_prefix(REFUSE_MAGIC)?;
+    if why.len() > MAX_REASON {
+        return None;
+    }
+    std::str::from_utf8(why)
+        .ok()
+        .map(|w| TicketReply::Refused(w.to_string()))
+}
+
+fn encode_request(r: &TicketRequest) -> Vec<u8> {
+    let mut m = Vec::with_capacity(4 + TICKET_LEN + 1);
+    match r.cipher {
+        None => m.extend(TICKET_MAGIC),
+        Some(_) => m.extend(SEALED_TICKET_MAGIC),
+    }
+    m.extend(r.id);
+    m.extend(r.cipher);
+    m
+}
+
+/// A ticket message and a ticket answer, re-encoded when each parses
+/// (the fuzz target's round trip).
+#[cfg(any(fuzzing, test))]
+pub(crate) fn fuzz_round_trip(m: &[u8]) -> (Option<Vec<u8>>, Option<Vec<u8>>) {
+    (
+        parse_ticket_request(m).map(|r| encode_request(&r)),
+        parse_ticket_reply(m).map(|r| encode_reply(&r)),
+    )
+}
+
+#[cfg_attr(not(feature = "tls"), allow(dead_code))]
+fn encode_reply(r: &TicketReply) -> Vec<u8> {
+    match r {
+        TicketReply::Accepted(c) => {
+            let mut m = ACCEPT_MAGIC.to_vec();
+            m.extend(match c {
+                Some(c) => [1, *c],
+                None => [0, 0],
+            });
+            m
+        }
+        TicketReply::Refused(why) => {
+            let mut m = REFUSE_MAGIC.to_vec();
+            let mut end = why.len().min(MAX_REASON);
+            while !why.is_char_boundary(end) {
+                end -= 1;
+            }
+            m.extend(&why.as_bytes()[..end]);
+            m
+        }
+    }
+}
+
+/// Whether `cfg` seals the ring connection under `pipe` (by its fabric).
+#[cfg_attr(not(feature = "tls"), allow(dead_code))]
+pub(crate) fn seals(cfg: &crate::RrpcConfig, pipe: &crate::pipe::Pipe) -> bool {
+    let provider = pipe
+        .1
+        .carrier()
+        .map_or(rrpc_core::ProviderKind::Shm, |c| c.provider);
+    cfg.ring_encryption().seals(provider)
+}
+
+/// What a client that needs ring encryption is told without TLS.
+pub(crate) fn needs_tls() -> crate::Error {
+    crate::Error::RingEncryption(
+        "RrpcConfig::ring_encryption asks for sealed rings on this fabric, and their keys come \
+         from TLS: dial the server's rrpc:// port with RrpcEndpoint::tls_config (feature `tls`)"
+            .into(),
+    )
+}
+
+async fn send(pipe: &mut crate::pipe::Pipe, msg: &[u8]) -> Result<(), crate::Error> {
+    pipe.0
+        .send_with(msg.len(), &mut |s: &mut [u8]| s.copy_from_slice(msg))
+        .await
+}
+
+/// Sends `t` as the first message of a ring connection (client side),
+/// asking for ring encryption when `cfg` seals this connection's fabric,
+/// and reads the server's answer (within the handshake timeout). Accepted
+/// with sealing, `pipe` is sealed from the next message on.
 pub(crate) async fn present_ticket(
     pipe: &mut crate::pipe::Pipe,
     t: &Ticket,
+    cfg: &crate::RrpcConfig,
 ) -> Result<(), crate::Error> {
-    let mut msg = [0u8; 4 + TICKET_LEN];
-    msg[..4].copy_from_slice(TICKET_MAGIC);
-    msg[4..].copy_from_slice(t);
-    pipe.0
-        .send_with(msg.len(), &mut |s: &mut [u8]| s.copy_from_slice(&msg))
-        .await
+    use crate::Error;
+    let want = seals(cfg, pipe);
+    #[cfg(feature = "tls")]
+    let cipher = RingCipher::preferred();
+    #[cfg(not(feature = "tls"))]
+    let asked: Option<u8> = want.then_some(0);
+    #[cfg(feature = "tls")]
+    let asked = want.then_some(cipher.id());
+    let msg = encode_request(&TicketRequest {
+        id: t.id,
+        cipher: asked,
+    });
+    send(pipe, &msg).await?;
+    let mut reply = None;
+    let limit = cfg.handshake_timeout();
+    let got = tokio::time::timeout(
+        limit,
+        pipe.1
+            .recv_with(&mut |m: &[u8]| reply = parse_ticket_reply(m)),
+    )
+    .await
+    .map_err(|_| {
+        Error::Handshake(format!(
+            "the server did not answer the ring ticket within {limit:?}"
+        ))
+    })??;
+    if !got {
+        return Err(Error::Handshake(
+            "the server closed the ring connection before answering its ticket".into(),
+        ));
+    }
+    match reply {
+        None => Err(Error::Handshake(
+            "the server's answer to the ring ticket does not parse".into(),
+        )),
+        Some(TicketReply::Refused(why)) => match why.strip_prefix(DISAGREE) {
+            Some(w) => Err(Error::RingEncryption(format!("the server refused: {w}"))),
+            None => Err(Error::Handshake(format!(
+                "the server refused the ring connection: {why}"
+            ))),
+        },
+        Some(TicketReply::Accepted(None)) if !want => Ok(()),
+        #[cfg(feature = "tls")]
+        Some(TicketReply::Accepted(Some(c))) if want && c == cipher.id() => {
+            let plain = std::mem::replace(pipe, crate::pipe::mem_pair(1).0);
+            *pipe = crate::seal::pipe::wrap(plain, &t.keys, crate::seal::Role::Client, cipher);
+            Ok(())
+        }
+        Some(TicketReply::Accepted(c)) => Err(Error::RingEncryption(format!(
+            "the server accepted the ticket with {} although this client asked for {}",
+            if c.is_some() {
+                "sealed rings"
+            } else {
+                "plaintext rings"
+            },
+            if want {
+                "sealed rings"
+            } else {
+                "plaintext rings"
+            },
+        ))),
+    }
 }
 
 /// Reads the first message of a ring connection as a ticket (server side):
@@ -63,16 +283,90 @@ pub(crate) async fn present_ticket(
 #[cfg_attr(not(feature = "tls"), allow(dead_code))]
 pub(crate) async fn read_ticket(
     pipe: &mut crate::pipe::Pipe,
-) -> Result<Option<Ticket>, crate::Error> {
+) -> Result<Option<TicketRequest>, crate::Error> {
     let mut got = None;
     if !pipe
         .1
-        .recv_with(&mut |m: &[u8]| got = parse_ticket(m))
+        .recv_with(&mut |m: &[u8]| got = parse_ticket_request(m))
         .await?
     {
         return Ok(None);
     }
     Ok(got)
+}
+
+/// The server's side of the ticket exchange on a ring connection of a
+/// TLS port: reads the ticket, redeems it, checks that both ends agree on
+/// ring encryption (`cfg`'s setting for this fabric against the client's
+/// ask), answers, and seals `pipe` when agreed. A refusal is answered
+/// with its reason (the client reports it) and returned.
+#[cfg(feature = "tls")]
+pub(crate) async fn accept_ticket(
+    pipe: &mut crate::pipe::Pipe,
+    tls: &ServerTls,
+    cfg: &crate::RrpcConfig,
+) -> Result<PeerInfo, crate::Error> {
+    use crate::Error;
+    let refuse = |why: String| TicketReply::Refused(why);
+    let request = read_ticket(pipe).await?;
+    let want = seals(cfg, pipe);
+    let (verdict, err) = match request {
+        // Not a client of this exchange: it would read an answer as its
+        // first message; closed without one.
+        None => {
+            return Err(Error::Handshake(
+                "a ring connection on a port with TLS presented no ticket \
+                 (dial the port with RrpcEndpoint::tls_config, not its socket)"
+                    .into(),
+            ));
+        }
+        Some(r) => match tls.redeem(&r.id) {
+            None => (
+                refuse("unknown, used or expired TLS ticket".into()),
+                Error::Handshake(
+                    "a ring connection presented an unknown, used or expired TLS ticket".into(),
+                ),
+            ),
+            Some((peer, keys)) => match (want, r.cipher.map(RingCipher::from_id)) {
+                (false, None) => {
+                    send(pipe, &encode_reply(&TicketReply::Accepted(None))).await?;
+                    return Ok(peer);
+                }
+                (true, Some(Some(c))) => {
+                    send(pipe, &encode_reply(&TicketReply::Accepted(Some(c.id())))).await?;
+                    let plain = std::mem::replace(pipe, crate::pipe::mem_pair(1).0);
+                    *pipe = crate::seal::pipe::wrap(plain, &keys, crate::seal::Role::Server, c);
+                    return Ok(peer);
+                }
+                (true, Some(None)) => {
+                    let w = "the client asked for a cipher this server does not know";
+                    (
+                        refuse(format!("{DISAGREE}{w}")),
+                        Error::RingEncryption(w.into()),
+                    )
+                }
+                (true, None) => {
+                    let w = "the server requires sealed rings on this fabric \
+                             (RrpcConfig::ring_encryption) and the client did not ask for them";
+                    (
+                        refuse(format!("{DISAGREE}{w}")),
+                        Error::RingEncryption(w.into()),
+                    )
+                }
+                (false, Some(_)) => {
+                    let w = "the client asked for sealed rings and this server has ring \
+                             encryption off on this fabric (RrpcConfig::ring_encryption)";
+                    (
+                        refuse(format!("{DISAGREE}{w}")),
+                        Error::RingEncryption(w.into()),
+                    )
+                }
+            },
+        },
+    };
+    // Best effort: the refusal is for the client's report; ours stands.
+    let _ = send(pipe, &encode_reply(&verdict)).await;
+    Err(err)
 }
 
 /// A connection for tonic's server (the HTTP/2 path over rings) with the
@@ -160,8 +454,8 @@ impl<S: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for WithPeer<S> {
     }
 }
 
-/// A ticket message's ticket.
-fn parse_ticket(m: &[u8]) -> Option<Ticket> {
+/// A plaintext ticket message's ticket.
+fn parse_ticket(m: &[u8]) -> Option<TicketId> {
     let rest = m.strip_prefix(TICKET_MAGIC)?;
     rest.try_into().ok()
 }
@@ -188,8 +482,9 @@ mod imp {
     use tokio::io::{AsyncRead, AsyncWrite};
     use tonic::transport::server::{TcpConnectInfo, TlsConnectInfo};
 
-    use super::{TICKET_LABEL, TICKET_LEN, Ticket};
+    use super::{TICKET_LABEL, TICKET_LEN, Ticket, TicketId};
     use crate::Error;
+    use crate::seal::{KEY_LABEL_C2S, KEY_LABEL_S2C, KEY_LEN, RingSecrets};
 
     /// What a request learns of a TLS peer: tonic's own type, which
     /// `Request::peer_certs()` reads.
@@ -198,10 +493,22 @@ mod imp {
     /// The most tickets a server holds unredeemed.
     const MAX_TICKETS: usize = 4096;
 
-    /// The ticket of a finished TLS session ([`super::Ticket`]).
+    /// The ticket of a finished TLS session and its ring keys
+    /// ([`super::Ticket`]; RFC 8446 §7.5, one exporter label each).
     pub(crate) fn ticket_of<D>(c: &rustls::ConnectionCommon<D>) -> Result<Ticket, Error> {
-        c.export_keying_material([0u8; TICKET_LEN], TICKET_LABEL, None)
-            .map_err(|e| Error::Handshake(format!("TLS: exporting the ring ticket: {e}")))
+        let export = |label: &[u8]| {
+            c.export_keying_material([0u8; KEY_LEN], label, None)
+                .map_err(|e| Error::Tls(format!("exporting the ring keys: {e}")))
+        };
+        Ok(Ticket {
+            id: c
+                .export_keying_material([0u8; TICKET_LEN], TICKET_LABEL, None)
+                .map_err(|e| Error::Tls(format!("exporting the ring ticket: {e}")))?,
+            keys: RingSecrets {
+                c2s: export(KEY_LABEL_C2S)?,
+                s2c: export(KEY_LABEL_S2C)?,
+            },
+        })
     }
 
     /// HTTP/2's ALPN id: tonic's connector requires it, and grpc-go
@@ -495,12 +802,12 @@ mod imp {
         config: Arc<rustls::ServerConfig>,
         timeout: Option<Duration>,
         /// Tickets issued to negotiations that chose a ring fabric.
-        tickets: Tickets<PeerInfo>,
+        tickets: Tickets<(PeerInfo, RingSecrets)>,
     }
 
     /// Tickets issued and not yet redeemed, with their peers and expiry.
     pub(crate) struct Tickets<P> {
-        map: Mutex<HashMap<Ticket, (P, Instant)>>,
+        map: Mutex<HashMap<TicketId, (P, Instant)>>,
         max: usize,
     }
 
@@ -515,7 +822,7 @@ mod imp {
         /// Issues `ticket` for `peer`, redeemable once within `ttl`; past
         /// the bound the oldest goes (a client that never dials its ring
         /// loses nothing but its own ticket).
-        fn issue(&self, ticket: Ticket, peer: P, ttl: Duration) {
+        fn issue(&self, ticket: TicketId, peer: P, ttl: Duration) {
             let now = Instant::now();
             let mut t = self.map.lock().unwrap_or_else(|e| e.into_inner());
             t.retain(|_, (_, until)| *until > now);
@@ -528,7 +835,7 @@ mod imp {
         }
 
         /// The peer of `ticket`, once, if it has not expired.
-        fn redeem(&self, ticket: &Ticket) -> Option<P> {
+        fn redeem(&self, ticket: &TicketId) -> Option<P> {
             let mut t = self.map.lock().unwrap_or_else(|e| e.into_inner());
             let (peer, until) = t.remove(ticket)?;
             (until > Instant::now()).then_some(peer)
@@ -614,11 +921,12 @@ mod imp {
 
         /// Issues `ticket` for `peer`, redeemable once within `ttl`.
         pub(crate) fn issue(&self, ticket: Ticket, peer: PeerInfo, ttl: Duration) {
-            self.tickets.issue(ticket, peer, ttl);
+            self.tickets.issue(ticket.id, (peer, ticket.keys), ttl);
         }
 
-        /// The peer of `ticket`, once, if it has not expired.
-        pub(crate) fn redeem(&self, ticket: &Ticket) -> Option<PeerInfo> {
+        /// The peer and the ring keys of `ticket`, once, if it has not
+        /// expired.
+        pub(crate) fn redeem(&self, ticket: &TicketId) -> Option<(PeerInfo, RingSecrets)> {
             self.tickets.redeem(ticket)
         }
 
@@ -899,5 +1207,62 @@ mod imp {
             assert_eq!(host_of("[::1]:5"), "::1");
             assert_eq!(host_of("10.0.0.1:5"), "10.0.0.1");
         }
+    }
+}
+
+#[cfg(test)]
+mod exchange_tests {
+    use super::*;
+
+    /// The ticket exchange's messages parse only whole: each one encoded
+    /// parses back to itself, and a byte short, a byte long, another
+    /// magic, an unknown flag or a reason that is not UTF-8 parses as
+    /// nothing (the connection is then refused, never half-read).
+    #[test]
+    fn ticket_exchange_messages_parse_only_whole() {
+        let id = [5u8; TICKET_LEN];
+        for r in [
+            TicketRequest { id, cipher: None },
+            TicketRequest {
+                id,
+                cipher: Some(1),
+            },
+        ] {
+            let m = encode_request(&r);
+            assert_eq!(parse_ticket_request(&m), Some(r));
+            assert_eq!(parse_ticket_request(&m[..m.len() - 1]), None);
+            let mut long = m.clone();
+            long.push(0);
+            assert_eq!(parse_ticket_request(&long), None);
+            assert_eq!(fuzz_round_trip(&m).0, Some(m));
+        }
+        for r in [
+            TicketReply::Accepted(None),
+            TicketReply::Accepted(Some(2)),
+            TicketReply::Refused("ring encryption: no".into()),
+        ] {
+            let m = encode_reply(&r);
+            assert_eq!(parse_ticket_reply(&m), Some(r));
+            assert_eq!(fuzz_round_trip(&m).1, Some(m));
+        }
+        for bad in [
+            &b"RRPA\x01\x00"[..],
+            b"RRPA\x02\x01",
+            b"RRPA\x00\x01",
+            b"RRPA\x00",
+            b"RRPN\xff",
+            b"RRPX",
+            b"",
+        ] {
+            assert_eq!(parse_ticket_reply(bad), None, "{bad:?}");
+        }
+        let mut long = REFUSE_MAGIC.to_vec();
+        long.extend([b'a'; MAX_REASON + 1]);
+        assert_eq!(parse_ticket_reply(&long), None);
+        // A refusal's reason is cut to fit, on a character boundary.
+        let m = encode_reply(&TicketReply::Refused("é".repeat(MAX_REASON)));
+        assert!(
+            matches!(parse_ticket_reply(&m), Some(TicketReply::Refused(w)) if w.len() <= MAX_REASON)
+        );
     }
 }

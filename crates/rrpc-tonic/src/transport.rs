@@ -280,6 +280,14 @@ pub(crate) async fn dial(
             let path = negotiate_client(&mut client, cfg).await?;
             Ok((client, path))
         }
+        // No TLS on a bare ring address: no keys to seal with.
+        Target::Shm(_) | Target::Rdma(_)
+            if cfg.ring_encryption() == crate::RingEncryption::Required
+                || (matches!(target, Target::Rdma(_))
+                    && cfg.ring_encryption() != crate::RingEncryption::Off) =>
+        {
+            Err(crate::tls::needs_tls())
+        }
         Target::Shm(path) => {
             crate::rings::dial(rrpc_core::FabricAddr::Shm(path.clone()), None, cfg, ctx).await
         }
@@ -299,8 +307,10 @@ pub(crate) async fn dial(
         Target::Port(p) => {
             let (ep, ticket) = p.ring_endpoint(cfg).await?;
             let (mut pipe, path) = crate::rings::dial(ep, Some(p.addr()), cfg, ctx).await?;
-            if let Some(t) = ticket {
-                crate::tls::present_ticket(&mut pipe, &t).await?;
+            match ticket {
+                Some(t) => crate::tls::present_ticket(&mut pipe, &t, cfg).await?,
+                None if crate::tls::seals(cfg, &pipe) => return Err(crate::tls::needs_tls()),
+                None => {}
             }
             Ok((pipe, path))
         }

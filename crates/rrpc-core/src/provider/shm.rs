@@ -476,7 +476,7 @@ struct Checked<'a, 'l> {
 impl Checked<'_, '_> {
     /// The WRITE's copy: the local bytes into the peer's memory, `torn` as
     /// [`copy_out`] says.
-    fn write_to_peer(&self, torn: bool) {
+    fn write_to_peer(&self, damage: Damage) {
         let Local {
             region,
             offset,
@@ -486,7 +486,22 @@ impl Checked<'_, '_> {
         // the peer's mapping, both checked by `check_post` for `len` bytes; the
         // mapping stays mapped while `self` (`_keep`, or the peer's own list)
         // lives; the two mappings are distinct objects.
-        unsafe { copy_out(region.as_ptr().add(offset), self.ptr, len, torn) };
+        unsafe {
+            copy_out(
+                region.as_ptr().add(offset),
+                self.ptr,
+                len,
+                damage == Damage::Torn,
+            )
+        };
+        if damage == Damage::Flip && len > 0 {
+            // SAFETY: `len / 2 < len`: inside the destination checked above
+            // (a fault injected for tests: the byte a wire would alter).
+            unsafe {
+                let at = self.ptr.add(len / 2);
+                at.write_volatile(!at.read_volatile());
+            }
+        }
     }
 
     /// The READ's copy: the peer's bytes into our region.
@@ -504,6 +519,16 @@ impl Checked<'_, '_> {
     }
 }
 
+/// What an injected fault does to a WRITE's copy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Damage {
+    None,
+    /// Only its first half lands ([`FaultConfig::torn_write_every`]).
+    Torn,
+    /// Its middle byte lands inverted ([`FaultConfig::corrupt_write`]).
+    Flip,
+}
+
 /// An shm queue pair.
 #[derive(Debug)]
 pub(crate) struct ShmQp {
@@ -514,6 +539,9 @@ pub(crate) struct ShmQp {
     failed: Arc<FailState>,
     fault: FaultConfig,
     posts: AtomicU64,
+    /// WRITEs of at least [`crate::fault::CORRUPT_MIN_LEN`] bytes posted
+    /// (counted only under [`FaultConfig::corrupt_write`]).
+    big_writes: AtomicU64,
     /// Set by [`ShmQp::inject_device_error`]: every later post is flushed.
     device_error: std::sync::atomic::AtomicBool,
 }
@@ -532,6 +560,7 @@ impl ShmQp {
             failed,
             fault: cfg.fault().clone(),
             posts: AtomicU64::new(0),
+            big_writes: AtomicU64::new(0),
             device_error: std::sync::atomic::AtomicBool::new(false),
         })
     }
@@ -692,19 +721,31 @@ impl ShmQp {
         Ok(unsafe { m.map.ptr().add(off) })
     }
 
-    /// Applies fault injection for the next post; returns (completion delay, status, torn).
-    fn faults(&self) -> (u32, Status, bool) {
+    /// Applies fault injection for the next post of `len` bytes (`write`:
+    /// a WRITE or WRITE_WITH_IMM); returns (completion delay, status, the
+    /// damage to its copy).
+    fn faults(&self, len: usize, write: bool) -> (u32, Status, Damage) {
         let f = &self.fault;
         if f.is_inert() {
-            return (0, Status::Success, false);
+            return (0, Status::Success, Damage::None);
         }
         let n = self.posts.fetch_add(1, Ordering::Relaxed) + 1;
         let status = match f.fail_after_posts() {
             Some(k) if n > k => f.fail_status(),
             _ => Status::Success,
         };
-        let torn = f.torn_write_every().is_some_and(|k| n.is_multiple_of(k));
-        (f.completion_delay_polls(), status, torn)
+        let damage = if f.torn_write_every().is_some_and(|k| n.is_multiple_of(k)) {
+            Damage::Torn
+        } else if let Some(k) = f.corrupt_write()
+            && write
+            && len >= crate::fault::CORRUPT_MIN_LEN
+            && self.big_writes.fetch_add(1, Ordering::Relaxed) + 1 == k
+        {
+            Damage::Flip
+        } else {
+            Damage::None
+        };
+        (f.completion_delay_polls(), status, damage)
     }
 
     #[inline]
@@ -751,13 +792,13 @@ impl ShmQp {
     /// Takes a send-queue slot and draws this post's faults. `None` when an
     /// injected failure already completed the work request (nothing to copy).
     #[inline]
-    fn admit(&self, wr_id: u64, opcode: Opcode) -> Result<Option<(u64, u32, bool)>> {
+    fn admit(&self, wr_id: u64, opcode: Opcode, len: usize) -> Result<Option<(u64, u32, Damage)>> {
         let seq = self.scq().reserve(self.cfg.send_depth())?;
         if self.device_error.load(Ordering::Acquire) {
             self.fail_injected(seq, wr_id, opcode, Status::Flushed, 0);
             return Ok(None);
         }
-        let (delay, status, torn) = self.faults();
+        let (delay, status, torn) = self.faults(len, opcode != Opcode::Read);
         if status != Status::Success {
             self.fail_injected(seq, wr_id, opcode, status, delay);
             return Ok(None);
@@ -783,7 +824,7 @@ impl ShmQp {
         };
         let admitted = match op {
             SendOp::WriteImm(imm) => self.write_imm(wr_id, &checked, imm)?,
-            SendOp::Write | SendOp::Read => match self.admit(wr_id, opcode)? {
+            SendOp::Write | SendOp::Read => match self.admit(wr_id, opcode, local.len)? {
                 Some((seq, delay, torn)) => {
                     if op == SendOp::Read {
                         checked.read_from_peer();
@@ -819,7 +860,8 @@ impl ShmQp {
             }
             return Err(e);
         }
-        let Some((seq, delay, torn)) = self.admit(wr_id, Opcode::WriteImm)? else {
+        let Some((seq, delay, torn)) = self.admit(wr_id, Opcode::WriteImm, checked.local.len)?
+        else {
             return Ok(None);
         };
         checked.write_to_peer(torn);

@@ -137,6 +137,42 @@ fn torn_write_copies_only_a_prefix() {
     );
 }
 
+/// `corrupt_write(2)`: the second WRITE of at least `CORRUPT_MIN_LEN`
+/// bytes lands with its middle byte inverted; smaller writes are neither
+/// counted nor touched, and no other write is.
+#[test]
+fn corrupt_write_flips_one_byte_of_the_nth_large_write() {
+    let cfg = QpConfig::builder()
+        .fault(FaultConfig::builder().corrupt_write(2).build().unwrap())
+        .build()
+        .unwrap();
+    let (a, b) = common::pair_with(4096, cfg, QpConfig::default());
+    let r = a.conn.peer().region(1).unwrap();
+    let n = rrpc_core::CORRUPT_MIN_LEN;
+    let write = |id: u64, at: u64, len: usize, byte: u8| {
+        a.scratch.write_at(0, &vec![byte; len]).unwrap();
+        a.conn
+            .qp()
+            .post_write(id, Local::new(&a.scratch, 0, len), r.at(at), false)
+            .unwrap();
+    };
+    write(1, 0, n, 1); // large #1: intact
+    write(2, 512, 8, 2); // small: not counted
+    write(3, 1024, 2 * n, 3); // large #2: corrupted
+    write(4, 2048, n, 4); // large #3: intact
+    let read = |at: usize, len: usize| {
+        let mut got = vec![0u8; len];
+        b.granted.read_at(at, &mut got).unwrap();
+        got
+    };
+    assert_eq!(read(0, n), vec![1u8; n]);
+    assert_eq!(read(512, 8), vec![2u8; 8]);
+    let mut want = vec![3u8; 2 * n];
+    want[n] = !3;
+    assert_eq!(read(1024, 2 * n), want, "the middle byte inverted");
+    assert_eq!(read(2048, n), vec![4u8; n]);
+}
+
 #[test]
 fn write_imm_beyond_posted_receives_is_refused() {
     let (a, b) = common::pair(4096);

@@ -139,6 +139,12 @@ fn build_checks_every_validated_setting() {
             b().spare_connections(MAX_SPARE_CONNECTIONS + 1),
         ),
     ];
+    // Sealing needs the keys TLS exports: without the feature, refused.
+    #[cfg(not(feature = "tls"))]
+    let refused = refused.into_iter().chain([(
+        security::NEEDS_TLS_FEATURE,
+        b().ring_encryption(RingEncryption::Remote),
+    )]);
     for (want, builder) in refused {
         let m = refusal(builder);
         assert!(m.contains(want), "{m:?} does not say {want:?}");
@@ -314,6 +320,7 @@ fn setting_names(c: &RrpcConfig) -> Vec<&'static str> {
         admission,
         device,
         sharing,
+        security,
         fabrics: FabricSet(_),
     } = &*c.0;
     let RingSettings {
@@ -362,6 +369,7 @@ fn setting_names(c: &RrpcConfig) -> Vec<&'static str> {
         peer_lease: _,
         max_shared_peers: _,
     } = sharing;
+    let SecuritySettings { ring_encryption: _ } = security;
     let mut names = vec![
         "max_message_size",
         "ring_size",
@@ -396,6 +404,10 @@ fn setting_names(c: &RrpcConfig) -> Vec<&'static str> {
     ];
     if cfg!(feature = "verbs") {
         names.extend(["tls_server", "tls_client"]);
+    }
+    // Without `tls` no other value builds (`build_checks_every_validated_setting`).
+    if cfg!(feature = "tls") {
+        names.push("ring_encryption");
     }
     names
 }
@@ -518,6 +530,11 @@ fn equality_sees_every_setting() {
         ("spare_connections", with(|b| b.spare_connections(2))),
         ("fabrics", with(|b| b.fabrics([Fabric::Shm]))),
     ];
+    #[cfg(feature = "tls")]
+    changed.push((
+        "ring_encryption",
+        with(|b| b.ring_encryption(RingEncryption::Required)),
+    ));
     #[cfg(feature = "verbs")]
     {
         let name = rrpc_core::rustls::pki_types::ServerName::try_from("a.test").unwrap();

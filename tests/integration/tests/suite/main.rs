@@ -31,6 +31,7 @@ mod panics;
 mod parity;
 mod pool;
 mod port_fold;
+mod ring_encryption;
 mod rpc_kinds;
 mod server_options;
 mod sharing;

@@ -1,0 +1,356 @@
+//! Rings that keep secrets, when asked (issue #57 part 4; feature `tls`):
+//! `RrpcConfig::ring_encryption` seals every ring message with an AEAD
+//! keyed from the TLS session of the `rrpc://` negotiation.
+//!
+//! * sealed rings carry calls on the fast path and the HTTP/2 path;
+//! * a byte flipped in flight (rrpc-core's `FaultConfig::corrupt_write`
+//!   on the server's queue pair) fails the call `DataLoss` and never
+//!   returns altered data; the server's other connections keep working;
+//!   the same fault on plaintext rings is not detected (the altered reply
+//!   reaches the caller): what ring encryption is for;
+//! * the ends must agree: a mismatch is `Error::RingEncryption` at the
+//!   client (the server refuses the ticket and says why), and sealing
+//!   without TLS is refused at connect and at serve.
+
+#![cfg(feature = "tls")]
+
+use std::pin::Pin;
+use std::time::Duration;
+
+use futures_util::Stream;
+use rrpc_core::{FaultConfig, QpConfig};
+use rrpc_integration_tests::pb::test_client::TestClient;
+use rrpc_integration_tests::pb::test_server::{Test, TestServer};
+use rrpc_integration_tests::pb::{Input, Output};
+use rrpc_tonic::tls::{Certificate, ClientTlsConfig, Identity, ServerTlsConfig};
+use rrpc_tonic::{
+    Carrier, Error, PathPreference, RingEncryption, RrpcChannel, RrpcConfig, RrpcEndpoint,
+    RrpcIncoming, Server,
+};
+use tokio::sync::oneshot;
+use tonic::{Code, Request, Response, Status, Streaming};
+
+/// A bound on anything that could hang: a hang fails, not a slow run.
+const BOUND: Duration = Duration::from_secs(30);
+
+/// A CA and a server certificate it signed (for 127.0.0.1 and
+/// `localhost`), as PEMs.
+struct Pki {
+    ca: String,
+    server: (String, String),
+}
+
+fn make_pki() -> Pki {
+    use rcgen::{
+        BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose,
+        IsCa, Issuer, KeyPair, KeyUsagePurpose,
+    };
+    let named = |cn: &str| {
+        let mut dn = DistinguishedName::new();
+        dn.push(DnType::CommonName, cn);
+        dn
+    };
+    let ca_key = KeyPair::generate().expect("key");
+    let mut ca = CertificateParams::new(Vec::<String>::new()).expect("params");
+    ca.distinguished_name = named("rrpc ring encryption test CA");
+    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    ca.key_usages = vec![
+        KeyUsagePurpose::KeyCertSign,
+        KeyUsagePurpose::DigitalSignature,
+    ];
+    let ca_cert = ca.self_signed(&ca_key).expect("ca");
+    let issuer = Issuer::new(ca, ca_key);
+    let key = KeyPair::generate().expect("key");
+    let mut p =
+        CertificateParams::new(vec!["localhost".into(), "127.0.0.1".into()]).expect("params");
+    p.distinguished_name = named("localhost");
+    p.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+    let cert = p.signed_by(&key, &issuer).expect("signed");
+    Pki {
+        ca: ca_cert.pem(),
+        server: (cert.pem(), key.serialize_pem()),
+    }
+}
+
+impl Pki {
+    fn server(&self) -> ServerTlsConfig {
+        ServerTlsConfig::new().identity(Identity::from_pem(&self.server.0, &self.server.1))
+    }
+    fn client(&self) -> ClientTlsConfig {
+        ClientTlsConfig::new().ca_certificate(Certificate::from_pem(&self.ca))
+    }
+}
+
+type BoxStream = Pin<Box<dyn Stream<Item = Result<Output, Status>> + Send>>;
+
+/// Echoes a unary call's payload.
+#[derive(Debug, Clone, Copy)]
+struct Echo;
+
+#[tonic::async_trait]
+impl Test for Echo {
+    async fn unary(&self, req: Request<Input>) -> Result<Response<Output>, Status> {
+        Ok(Response::new(Output {
+            payload: req.into_inner().payload,
+            total: 0,
+        }))
+    }
+    type ServerStreamStream = BoxStream;
+    async fn server_stream(&self, _req: Request<Input>) -> Result<Response<BoxStream>, Status> {
+        Err(Status::unimplemented("not used"))
+    }
+    async fn client_stream(
+        &self,
+        _req: Request<Streaming<Input>>,
+    ) -> Result<Response<Output>, Status> {
+        Err(Status::unimplemented("not used"))
+    }
+    type BidiStream = BoxStream;
+    async fn bidi(&self, _req: Request<Streaming<Input>>) -> Result<Response<BoxStream>, Status> {
+        Err(Status::unimplemented("not used"))
+    }
+}
+
+/// A running server; shuts down when dropped.
+struct Running {
+    uri: String,
+    stop: Option<oneshot::Sender<()>>,
+    task: Option<tokio::task::JoinHandle<Result<(), Error>>>,
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = self.stop.take().map(|s| s.send(()));
+        if let Some(t) = self.task.take() {
+            t.abort();
+        }
+    }
+}
+
+/// The echo service on an `rrpc://` port at 127.0.0.1 (port 0), with
+/// `tls` if given.
+fn serve(tls: Option<ServerTlsConfig>, config: RrpcConfig) -> Running {
+    let incoming = RrpcIncoming::bind("rrpc://127.0.0.1:0", config).expect("bind");
+    let uri = incoming.uri().to_string();
+    let mut server = Server::builder();
+    if let Some(tls) = tls {
+        server = server.tls_config(tls).expect("tls config");
+    }
+    let (stop, stopped) = oneshot::channel::<()>();
+    let router = server.add_service(TestServer::new(Echo));
+    let task = tokio::spawn(router.serve_rrpc_incoming(incoming, async move {
+        let _ = stopped.await;
+    }));
+    Running {
+        uri,
+        stop: Some(stop),
+        task: Some(task),
+    }
+}
+
+fn cfg(mode: RingEncryption) -> RrpcConfig {
+    RrpcConfig::builder()
+        .ring_encryption(mode)
+        .build()
+        .expect("config")
+}
+
+/// `cfg(mode)` whose queue pairs flip a byte of their `n`-th large write.
+fn corrupting(mode: RingEncryption, n: u64) -> RrpcConfig {
+    cfg(mode)
+        .to_builder()
+        .queue_pair(
+            QpConfig::builder()
+                .fault(FaultConfig::builder().corrupt_write(n).build().unwrap())
+                .build()
+                .unwrap(),
+        )
+        .build()
+        .expect("config")
+}
+
+async fn client(uri: &str, cfg: RrpcConfig, tls: ClientTlsConfig) -> Result<RrpcChannel, Error> {
+    tokio::time::timeout(
+        BOUND,
+        RrpcEndpoint::new(uri)?
+            .config(cfg)
+            .tls_config(tls)?
+            .connect(),
+    )
+    .await
+    .expect("connect hung")
+}
+
+/// A unary echo of `payload`, bounded.
+async fn echo(c: &mut TestClient<RrpcChannel>, payload: &[u8]) -> Result<Vec<u8>, Status> {
+    let call = c.unary(Input {
+        payload: payload.to_vec(),
+        ..Default::default()
+    });
+    match tokio::time::timeout(BOUND, call).await {
+        Ok(r) => r.map(|r| r.into_inner().payload),
+        Err(_) => panic!("a call hung"),
+    }
+}
+
+fn payload(n: usize, seed: u8) -> Vec<u8> {
+    (0..n).map(|i| (i as u8).wrapping_mul(31) ^ seed).collect()
+}
+
+/// Sealed rings carry calls, small and large (many ring messages each),
+/// on the fast path and on the HTTP/2 path.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sealed_rings_carry_calls_on_both_paths() {
+    let pki = make_pki();
+    let s = serve(Some(pki.server()), cfg(RingEncryption::Required));
+    for path in [PathPreference::Fast, PathPreference::Http2] {
+        let c = cfg(RingEncryption::Required)
+            .to_builder()
+            .path(path)
+            .build()
+            .unwrap();
+        let ch = client(&s.uri, c, pki.client()).await.expect("connect");
+        assert_eq!(ch.carrier(), Carrier::Shm);
+        let mut c = TestClient::new(ch);
+        for (i, n) in [0usize, 64, 4096, 700 << 10].into_iter().enumerate() {
+            let p = payload(n, i as u8);
+            assert_eq!(echo(&mut c, &p).await.expect("echo"), p, "{path:?}, {n} B");
+        }
+    }
+}
+
+/// The calls on one connection to a server whose queue pairs flip a byte
+/// of one large write (`corrupt_write(n)`): each call's outcome,
+/// in order, until one fails: `Ok(true)` the payload came back intact,
+/// `Ok(false)` it came back altered, `Err` the call failed.
+async fn calls_until_failure(
+    c: &mut TestClient<RrpcChannel>,
+    calls: usize,
+) -> Vec<Result<bool, Status>> {
+    let mut seen = Vec::new();
+    for i in 0..calls {
+        let p = payload(1024, i as u8);
+        match echo(c, &p).await {
+            Ok(got) => seen.push(Ok(got == p)),
+            Err(e) => {
+                seen.push(Err(e));
+                break;
+            }
+        }
+    }
+    seen
+}
+
+/// A byte flipped in a reply in flight (the server's third large write on
+/// each connection) fails that call `DataLoss`; no call returns altered
+/// data; the channel reconnects; another connection to the same server
+/// (opened before, used after the failure, for one call) keeps working;
+/// and a new connection works.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flipped_byte_fails_the_call_with_data_loss_and_nothing_else() {
+    let pki = make_pki();
+    let s = serve(Some(pki.server()), corrupting(RingEncryption::Required, 3));
+    let sealed = || client(&s.uri, cfg(RingEncryption::Required), pki.client());
+    let mut a = TestClient::new(sealed().await.expect("connect a"));
+    let mut b = TestClient::new(sealed().await.expect("connect b"));
+    let seen = calls_until_failure(&mut a, 5).await;
+    // The server's large writes on a connection: the ticket's answer (its
+    // ring write counts: with `corrupt_write(2)` the first reply was hit),
+    // then one reply per call: the third is the second call's reply.
+    let (last, intact) = seen.split_last().expect("a call");
+    assert!(
+        !intact.is_empty() && intact.iter().all(|r| matches!(r, Ok(true))),
+        "every call before the failure came back intact: {seen:?}"
+    );
+    let e = last
+        .as_ref()
+        .expect_err("the corrupted reply fails its call");
+    assert_eq!(e.code(), Code::DataLoss, "{e}");
+    // The connection is failed; the channel reconnects, and its next call,
+    // on a new connection, comes back intact.
+    let p = payload(1024, 55);
+    assert_eq!(echo(&mut a, &p).await.expect("after a reconnect"), p);
+    // The server's other connection, and a new one, still serve.
+    let p = payload(1024, 77);
+    assert_eq!(echo(&mut b, &p).await.expect("the other connection"), p);
+    let mut c = TestClient::new(sealed().await.expect("connect c"));
+    assert_eq!(echo(&mut c, &p).await.expect("a new connection"), p);
+}
+
+/// The same fault on plaintext rings (TLS on, ring encryption off): the
+/// flip is not detected, and the altered reply reaches the caller as if
+/// it were what the server sent (what ring encryption is for: the ring's
+/// own checks cover its framing, not the bytes of a message).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_same_flip_on_plaintext_rings_goes_undetected() {
+    let pki = make_pki();
+    let s = serve(Some(pki.server()), corrupting(RingEncryption::Off, 2));
+    let ch = client(&s.uri, cfg(RingEncryption::Off), pki.client())
+        .await
+        .expect("connect");
+    let seen = calls_until_failure(&mut TestClient::new(ch), 5).await;
+    assert!(
+        seen.iter().any(|r| matches!(r, Ok(false))),
+        "an altered reply was delivered as a good one: {seen:?}"
+    );
+}
+
+/// Both ends must agree: a client that asks for sealing from a server
+/// that has it off, and a client that does not from a server that
+/// requires it, each get `Error::RingEncryption` saying which end wants
+/// what; sealing without TLS is refused at connect and at serve.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_ends_must_agree_and_sealing_needs_tls() {
+    let pki = make_pki();
+    let off = serve(Some(pki.server()), cfg(RingEncryption::Off));
+    let e = client(&off.uri, cfg(RingEncryption::Required), pki.client())
+        .await
+        .map(|_| ())
+        .expect_err("the server has it off");
+    assert!(
+        matches!(&e, Error::RingEncryption(m) if m.contains("asked for sealed rings")),
+        "{e}"
+    );
+    assert_eq!(tonic::Status::from(e).code(), Code::FailedPrecondition);
+
+    let required = serve(Some(pki.server()), cfg(RingEncryption::Required));
+    let e = client(&required.uri, cfg(RingEncryption::Off), pki.client())
+        .await
+        .map(|_| ())
+        .expect_err("the server requires it");
+    assert!(
+        matches!(&e, Error::RingEncryption(m) if m.contains("requires sealed rings")),
+        "{e}"
+    );
+    // `Remote` seals only rdma://: on shm it agrees with `Off`.
+    let ch = client(&off.uri, cfg(RingEncryption::Remote), pki.client())
+        .await
+        .expect("Remote is plaintext on shm");
+    assert_eq!(
+        echo(&mut TestClient::new(ch), b"x").await.expect("echo"),
+        b"x"
+    );
+
+    // Without TLS: refused at connect (a bare shm:// address, or the port
+    // dialed without tls_config) and at serve.
+    let e = RrpcEndpoint::new("shm:///nonexistent/rrpc-ring-encryption.sock")
+        .expect("uri")
+        .config(cfg(RingEncryption::Required))
+        .connect()
+        .await
+        .map(|_| ())
+        .expect_err("no TLS, no keys");
+    assert!(
+        matches!(&e, Error::RingEncryption(m) if m.contains("tls_config")),
+        "{e}"
+    );
+    let mut bare = serve(None, cfg(RingEncryption::Required));
+    let served = tokio::time::timeout(BOUND, bare.task.take().expect("task"))
+        .await
+        .expect("serve ends at once")
+        .expect("join");
+    assert!(
+        matches!(&served, Err(Error::RingEncryption(m)) if m.contains("tls_config")),
+        "{served:?}"
+    );
+}
