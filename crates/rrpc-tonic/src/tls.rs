@@ -160,8 +160,8 @@ impl<S: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for WithPeer<S> {
     }
 }
 
-/// A ticket message's ticket.
-fn parse_ticket(m: &[u8]) -> Option<Ticket> {
+/// A ticket message's ticket (`pub(crate)` for `fuzzing::ring_ticket`).
+pub(crate) fn parse_ticket(m: &[u8]) -> Option<Ticket> {
     let rest = m.strip_prefix(TICKET_MAGIC)?;
     rest.try_into().ok()
 }
