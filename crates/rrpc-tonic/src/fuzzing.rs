@@ -21,3 +21,11 @@ pub fn port_hello(msg: &[u8]) -> Result<Vec<u8>, String> {
         .map(|m| m.encode())
         .map_err(|e| e.to_string())
 }
+
+/// The first message of a ring connection on an `rrpc://` port with TLS,
+/// as the server reads it for its ticket (`tls::parse_ticket`): the
+/// ticket, or `None` for anything else. The peer writes these bytes
+/// before it is authenticated.
+pub fn ring_ticket(msg: &[u8]) -> Option<[u8; crate::tls::TICKET_LEN]> {
+    crate::tls::parse_ticket(msg)
+}
