@@ -968,7 +968,9 @@ mod tests {
             assert!(b[client + done..].contains(
                 "\"test result: ok. 1 passed\" \"carried by Verbs { device: \\\"$RRPC_TEST_DEVICE\\\", peer: Some($RRPC_RXE_PEER) }\""
             ));
-            assert!(b.contains("trap 'mkdir -p \"$RRPC_RXE_WIRE/tls-port\"; touch \"$RRPC_RXE_WIRE/tls-port/done\""));
+            assert!(b.contains(
+                "trap 'mkdir -p \"$RRPC_RXE_WIRE/tls-port\"; touch \"$RRPC_RXE_WIRE/tls-port/done\""
+            ));
             parses(&a);
             parses(&b);
         }

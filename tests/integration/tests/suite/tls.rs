@@ -705,7 +705,11 @@ impl Pki {
         let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
             .join(format!("{name}-{}", std::process::id()));
         std::fs::create_dir_all(&dir).expect("scratch directory");
-        let files = (dir.join("ca.pem"), dir.join("client.pem"), dir.join("client.key"));
+        let files = (
+            dir.join("ca.pem"),
+            dir.join("client.pem"),
+            dir.join("client.key"),
+        );
         std::fs::write(&files.0, &self.ca).expect("ca");
         std::fs::write(&files.1, &self.client.0).expect("cert");
         std::fs::write(&files.2, &self.client.1).expect("key");
@@ -754,7 +758,12 @@ async fn grpc_go_with_tls_credentials_calls_the_tls_port() {
         if stream {
             a.push("-stream".to_string());
         }
-        a.extend(["-ca".into(), path(&ca), "-server-name".into(), "localhost".into()]);
+        a.extend([
+            "-ca".into(),
+            path(&ca),
+            "-server-name".into(),
+            "localhost".into(),
+        ]);
         if with_cert {
             a.extend(["-cert".into(), path(&cert), "-key".into(), path(&key)]);
         }
@@ -773,7 +782,11 @@ async fn grpc_go_with_tls_credentials_calls_the_tls_port() {
     assert!(ok, "grpc-go with TLS, unary: {err}");
     assert_eq!(out.trim(), want, "the handler saw grpc-go's certificate");
 
-    let (ok, out, err) = grpc_go(&bin, tls(true, true, "/test.Test/ServerStream", &STREAM_OF_3)).await;
+    let (ok, out, err) = grpc_go(
+        &bin,
+        tls(true, true, "/test.Test/ServerStream", &STREAM_OF_3),
+    )
+    .await;
     assert!(ok, "grpc-go with TLS, server stream: {err}");
     assert_eq!(
         out.lines().collect::<Vec<_>>(),
@@ -792,7 +805,10 @@ async fn grpc_go_with_tls_credentials_calls_the_tls_port() {
 
     // TLS without a client certificate where one is required.
     let (ok, out, err) = grpc_go(&bin, tls(false, false, "/test.Test/Unary", &[])).await;
-    assert!(!ok, "grpc-go without a client certificate was served: {out}");
+    assert!(
+        !ok,
+        "grpc-go without a client certificate was served: {out}"
+    );
     assert!(err.contains("code = Unavailable"), "{err}");
 
     if let Some(dir) = ca.parent() {
@@ -1101,7 +1117,8 @@ mod cross_host {
     const PORT: u16 = 50080;
 
     fn env(k: &str) -> String {
-        std::env::var(k).unwrap_or_else(|_| panic!("{k} is not set (run by `cargo xtask rxe --hosts 2`)"))
+        std::env::var(k)
+            .unwrap_or_else(|_| panic!("{k} is not set (run by `cargo xtask rxe --hosts 2`)"))
     }
 
     /// The directory both hosts share for this test.
