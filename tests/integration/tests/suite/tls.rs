@@ -1164,7 +1164,7 @@ mod cross_host {
         );
         std::fs::write(dir.join("ready"), &s.uri).expect("ready");
         println!("cross-host tls: A serves {}", s.uri);
-        wait_for(&dir.join("done"), Duration::from_secs(600)).await;
+        wait_for(&dir.join("done"), Duration::from_secs(1800)).await;
         assert!(
             !s.task.as_ref().is_some_and(|t| t.is_finished()),
             "A's server ended before B was done"
