@@ -944,6 +944,54 @@ fn ring_encryption(b: rrpc_tonic::RrpcConfigBuilder) -> rrpc_tonic::RrpcConfigBu
     b
 }
 
+/// The service on `rrpc://host:port` with `tls` (a free port for 0),
+/// served with `Router::serve_rrpc_with_shutdown`, so that the verbs side
+/// channel has the server's TLS too (a listener bound before
+/// `Server::tls_config`, as [`serve_with`] binds it, has a plaintext side
+/// channel, which a TLS client's side-channel handshake fails on); returns
+/// once the port accepts connections.
+#[cfg(feature = "verbs")]
+async fn serve_verbs_port(
+    host: &str,
+    port: u16,
+    tls: ServerTlsConfig,
+    config: RrpcConfig,
+) -> Running {
+    let port = match port {
+        0 => std::net::TcpListener::bind((host, 0))
+            .and_then(|l| l.local_addr())
+            .expect("a free port")
+            .port(),
+        p => p,
+    };
+    let uri = format!("rrpc://{host}:{port}");
+    let router = Server::builder()
+        .tls_config(tls)
+        .expect("tls config")
+        .add_service(TestServer::new(PeerEcho));
+    let (stop, stopped) = oneshot::channel::<()>();
+    let u = uri.clone();
+    let task = tokio::spawn(async move {
+        router
+            .serve_rrpc_with_shutdown(&u, config, async move {
+                let _ = stopped.await;
+            })
+            .await
+    });
+    // It binds inside: wait (bounded) until the port takes a connection.
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while tokio::net::TcpStream::connect((host, port)).await.is_err() {
+        assert!(!task.is_finished(), "the server ended before it listened");
+        assert!(std::time::Instant::now() < deadline, "{uri} never listened");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    Running {
+        uri,
+        stop: Some(stop),
+        task: Some(task),
+    }
+}
+
 /// A client config on `device` that allows verbs only, on `path`.
 #[cfg(feature = "verbs")]
 fn verbs_only(device: &str, path: PathPreference) -> RrpcConfig {
@@ -1016,7 +1064,7 @@ mod rdma_verbs {
             return;
         };
         let pki = make_pki();
-        let s = serve_with("rrpc://127.0.0.1:0", Some(pki.server(false)), server);
+        let s = serve_verbs_port("127.0.0.1", 0, pki.server(false), server).await;
         for (path, want) in [
             (PathPreference::Fast, ChannelPath::Fast),
             (PathPreference::Http2, ChannelPath::Http2),
@@ -1056,7 +1104,7 @@ mod rdma_verbs {
             return;
         };
         let pki = make_pki();
-        let s = serve_with("rrpc://127.0.0.1:0", Some(pki.server(false)), server);
+        let s = serve_verbs_port("127.0.0.1", 0, pki.server(false), server).await;
         let verbs = verbs_only(&dev, PathPreference::Fast);
 
         let e = connect(&s.uri, verbs.clone(), Some(pki.anonymous()))
@@ -1157,11 +1205,7 @@ mod cross_host {
         let cfg = ring_encryption(RrpcConfig::builder().rdma_device(&dev))
             .build()
             .expect("config");
-        let s = serve_with(
-            &format!("rrpc://{}:{PORT}", env("RRPC_RXE_SELF")),
-            Some(pki.server(false)),
-            cfg,
-        );
+        let s = serve_verbs_port(&env("RRPC_RXE_SELF"), PORT, pki.server(false), cfg).await;
         std::fs::write(dir.join("ready"), &s.uri).expect("ready");
         println!("cross-host tls: A serves {}", s.uri);
         wait_for(&dir.join("done"), Duration::from_secs(1800)).await;
