@@ -1074,6 +1074,9 @@ pub(crate) mod suite {
         "integration/suite::server_options",
         "integration/suite::sharing",
         "integration/suite::shutdown",
+        // TLS on the port with verbs (`tls::rdma_verbs`: the integration
+        // tests' `tls` feature, in VERBS_FEATURES).
+        "integration/suite::tls",
         "integration/link_faults",
         "integration/release",
         "integration/ring_sizing",
@@ -1261,6 +1264,9 @@ pub(crate) mod suite {
         pub(crate) soak: std::path::PathBuf,
         pub(crate) kv_server: std::path::PathBuf,
         pub(crate) kv_bench: std::path::PathBuf,
+        /// The integration tests' `suite` binary (its `tls::cross_host`
+        /// server on A, client on B).
+        pub(crate) integration_suite: std::path::PathBuf,
     }
 
     /// Builds what the cross-host suite runs (`cargo xtask rxe --hosts 2`):
@@ -1277,6 +1283,11 @@ pub(crate) mod suite {
             soak: find("soak")?,
             kv_server: find("rrpc-kv-server")?,
             kv_bench: find("rrpc-kv-bench")?,
+            integration_suite: built
+                .iter()
+                .find(|e| e.0 == "integration" && e.1 == "test" && e.2 == "suite")
+                .map(|e| e.3.clone())
+                .context("building the tests produced no integration `suite` test binary")?,
         })
     }
 

@@ -29,7 +29,10 @@
 //!
 //! Besides the examples and the soak, the suite checks token and TLS on the
 //! side channel (and that a wrong token and a client without TLS are
-//! refused), and rrpc-kv (its gRPC face, and RF-RPC with remote fetching,
+//! refused), TLS on one `rrpc://` port (the integration suite's
+//! `tls::cross_host` server on A, client on B: B lands on verbs to A on
+//! both call paths, A's handler sees B's certificate, plaintext and
+//! certificate-less clients are refused), and rrpc-kv (its gRPC face, and RF-RPC with remote fetching,
 //! the hybrid switch and batching). On the clean wire it ends with two
 //! faults of its own: **partition and heal** (B loses every frame for 4 s,
 //! then for [`PARTITION_SECS`], under a stream of checked calls: each call
@@ -127,20 +130,22 @@ pub(crate) fn run_pair(
     args: &RxeArgs,
     scripts: [String; 2],
 ) -> Result<i32> {
-    let wire = target.join("rxe").join(format!(
+    // The wire directory must be writable in the VMs: under the workspace
+    // (shared read-write; the rest of the host is read-only there). A
+    // target directory elsewhere (`CARGO_TARGET_DIR`) is still read from
+    // for the binaries; the wire then goes to the workspace's `target/`.
+    let wire_base = if target.starts_with(root) {
+        target.to_path_buf()
+    } else {
+        root.join("target")
+    };
+    let wire = wire_base.join("rxe").join(format!(
         "wire-{}",
         std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_nanos())
             .unwrap_or_default()
     ));
-    if !wire.starts_with(root) {
-        bail!(
-            "cargo xtask rxe --hosts 2: the target directory {} must be inside the workspace \
-             (the VMs share only the workspace)",
-            target.display()
-        );
-    }
     std::fs::create_dir_all(&wire)?;
     // A random pair of UDP ports for the wire.
     let port = 20_000 + (std::process::id() % 20_000) as u16;
@@ -256,6 +261,10 @@ pub(crate) fn suite_scripts(
 # One port (rrpc://): rrpc clients get the best fabric both ends share,
 # plain HTTP/2 clients tonic; the rdma:// side channel runs beside it.
 {hs} --uri rrpc://$RRPC_RXE_SELF:50052 > /tmp/port-server.log 2>&1 & p9=$!
+# TLS on one port across hosts: the integration suite's `tls::cross_host`
+# server (certificates to B through $RRPC_RXE_WIRE/tls-port; it ends when B
+# is done with it).
+{suite} tls::cross_host::server --exact --ignored --show-output > /tmp/tls-port-server.log 2>&1 & p10=$!
 # The dead client's server: its descriptors, counted once a first connection
 # (from A itself) came and went, must come back to that count after B dies.
 {soak} --role serve --transport rdma --uri rdma://$RRPC_RXE_SELF:50064 > /tmp/soak-dc-server.log 2>&1 & p6=$!
@@ -271,6 +280,11 @@ fi
 while [ ! -e "$RRPC_RXE_WIRE/b.done" ] && [ ! -e "$RRPC_RXE_WIRE/poweroff" ] && [ ! -e "$RRPC_RXE_WIRE/b.poweroff" ]; do sleep 0.1; done
 for p in $p1 $p2 $p3 $p4 $p5 $p6 $p7 $p8 $p9; do kill -0 $p 2>/dev/null || rc=1; done
 [ $rc = 0 ] || {{ echo "cross-host: a server on A died"; tail -n 20 /tmp/*-server.log; }}
+# The TLS port's server ends once B is done with it: it must have passed.
+for _ in $(seq 100); do kill -0 $p10 2>/dev/null || break; sleep 0.1; done
+if kill -0 $p10 2>/dev/null; then tls_ok="still running"; elif wait $p10 && grep -qF "test result: ok. 1 passed" /tmp/tls-port-server.log; then tls_ok=ok; else tls_ok=FAILED; fi
+echo "cross-host: A's TLS port server (tls::cross_host::server): $tls_ok"
+[ "$tls_ok" = ok ] || {{ tail -n 30 /tmp/tls-port-server.log; rc=1; }}
 echo "cross-host: servers on A up to the end: $([ $rc = 0 ] && echo yes || echo NO)"
 if [ -e "$RRPC_RXE_WIRE/b.poweroff" ]; then
   # B powers off right after it creates the file: count from here.
@@ -291,20 +305,21 @@ if [ -e "$RRPC_RXE_WIRE/poweroff" ]; then
   echo $rc > /tmp/rxe-job/rc; sync
   echo 1 > /proc/sys/kernel/sysrq; echo o > /proc/sysrq-trigger; sleep 60
 fi
-kill $p1 $p2 $p3 $p4 $p5 $p6 $p7 $p8 $p9 2>/dev/null; wait 2>/dev/null
+kill $p1 $p2 $p3 $p4 $p5 $p6 $p7 $p8 $p9 $p10 2>/dev/null; wait 2>/dev/null
 exit $rc
 "#,
         hs = q(&bins.hello_server),
         rs = q(&bins.route_server),
         soak = q(&bins.soak),
         kvs = q(&bins.kv_server),
+        suite = q(&bins.integration_suite),
         dead_bound = DEAD_HOST_BOUND_SECS,
     );
     // Read from the live queue pair: the device, and the peer's GID is the other host's.
     let verbs = VERBS_CARRIER;
     let b = format!(
         r#"set -u
-trap 'touch "$RRPC_RXE_WIRE/b.done"' EXIT
+trap 'mkdir -p "$RRPC_RXE_WIRE/tls-port"; touch "$RRPC_RXE_WIRE/tls-port/done" "$RRPC_RXE_WIRE/b.done"' EXIT
 for _ in $(seq 180); do [ -e "$RRPC_RXE_WIRE/a.up" ] && break; sleep 1; done
 failed=0
 # check NAME LOG: the client's exit code is in $ok; every further argument is a string its log must hold.
@@ -363,6 +378,14 @@ timeout 120 {soak} --role refused --transport rdma --uri rdma://$RRPC_RXE_PEER:5
 wire_refused /tmp/refused2.log
 check "a client without TLS is refused on the side channel, before any queue pair" /tmp/refused2.log "refused: the connect failed"
 grep -h -e '^refused' -e '^wire:' /tmp/refused2.log
+# TLS on one port (rrpc://): B's client allows verbs only, negotiates inside
+# TLS and must land on rxe0 connected to A, on both call paths, with A's
+# handler seeing its certificate; plaintext and certificate-less clients
+# are refused (the integration suite's `tls::cross_host::client`).
+timeout 240 {suite} tls::cross_host::client --exact --ignored --show-output > /tmp/tls-port.log 2>&1; ok=$?
+touch "$RRPC_RXE_WIRE/tls-port/done"
+check "TLS on one port: an rrpc client lands on verbs, both paths, its certificate seen across hosts; refusals" /tmp/tls-port.log "test result: ok. 1 passed" "{verbs}"
+grep -h '^cross-host tls:' /tmp/tls-port.log
 # rrpc-kv across hosts (YCSB A, 300 records, 300 operations, 2 clients): the
 # gRPC face over rdma://; RF-RPC with the client READing the results out of
 # A's memory (remote fetch); the hybrid switch with request batches of 8.
@@ -425,6 +448,7 @@ exit $failed
         rc = q(&bins.route_client),
         soak = q(&bins.soak),
         kvb = q(&bins.kv_bench),
+        suite = q(&bins.integration_suite),
         wire = WIRE_COUNTERS,
         kv_ops = 300,
         kv_roce = 100,
@@ -809,6 +833,7 @@ mod tests {
             soak: p("soak"),
             kv_server: p("rrpc-kv-server"),
             kv_bench: p("rrpc-kv-bench"),
+            integration_suite: p("deps/suite-1"),
         }
     }
 
@@ -923,6 +948,32 @@ mod tests {
         assert_eq!(meta.stdout, b"{\"target_directory\":\"/t\"}");
         assert_eq!(build.status.code(), Some(101));
         assert!(String::from_utf8_lossy(&build.stderr).contains("does not run in the VM"));
+    }
+
+    #[test]
+    fn the_suite_runs_tls_on_one_port_across_hosts_on_both_wires() {
+        for ending in [Ending::DeadServer, Ending::DeadClient] {
+            let [a, b] = suite_scripts(&bins(), 5, ending, None, false);
+            let server = a
+                .find("/ws/target/debug/deps/suite-1 tls::cross_host::server --exact --ignored")
+                .expect("A serves the TLS port");
+            assert!(server < a.find("a.up\"").unwrap(), "before B starts");
+            assert!(a.contains("A's TLS port server (tls::cross_host::server): $tls_ok"));
+            let client = b
+                .find("/ws/target/debug/deps/suite-1 tls::cross_host::client --exact --ignored")
+                .expect("B's client");
+            let done = b[client..]
+                .find("touch \"$RRPC_RXE_WIRE/tls-port/done\"")
+                .expect("B releases A's server");
+            assert!(b[client + done..].contains(
+                "\"test result: ok. 1 passed\" \"carried by Verbs { device: \\\"$RRPC_TEST_DEVICE\\\", peer: Some($RRPC_RXE_PEER) }\""
+            ));
+            assert!(b.contains(
+                "trap 'mkdir -p \"$RRPC_RXE_WIRE/tls-port\"; touch \"$RRPC_RXE_WIRE/tls-port/done\""
+            ));
+            parses(&a);
+            parses(&b);
+        }
     }
 
     #[test]

@@ -491,13 +491,13 @@ async fn hostile_hellos_do_not_disturb_a_shm_client_and_plain_grpc_on_the_port()
 /// `--allow-skips`), as `.ci/setup` installs grpcio and Go, so a CI run
 /// that could not call the port with them fails rather than passing having
 /// run nothing.
-fn interop_required() -> bool {
+pub(super) fn interop_required() -> bool {
     std::env::var_os("RRPC_REQUIRE_INTEROP").is_some_and(|v| v == "1")
 }
 
 /// A foreign client cannot run here: skipped, or a failure when
 /// [`interop_required`].
-fn cannot_run(client: &str, why: &str) {
+pub(super) fn cannot_run(client: &str, why: &str) {
     assert!(
         !interop_required(),
         "{client} cannot run and RRPC_REQUIRE_INTEROP=1 (`cargo xtask ci`): {why} \
@@ -517,7 +517,7 @@ fn hand_encoded_unary() -> (Vec<u8>, Vec<u8>) {
     (request, want)
 }
 
-fn hex(b: &[u8]) -> String {
+pub(super) fn hex(b: &[u8]) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
 }
 
@@ -575,16 +575,21 @@ print(call(bytes.fromhex(sys.argv[2]), timeout=20).hex())
     foreign_unary(&h, "grpcio", cmd, &want).await;
 }
 
-/// grpc-go on the port, unchanged: `tests/grpc-go` (grpc-go's
-/// `ClientConn.Invoke`, plaintext, a codec that passes the hand-encoded
-/// bytes through), built here with `go build` into the test's scratch
-/// directory (`.ci/setup` fetched its modules and warmed Go's build cache,
-/// so that is a link). Skipped when `go` is not on `PATH` or the build
-/// fails, failed then under `RRPC_REQUIRE_INTEROP=1`.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn grpc_go_calls_the_port_unchanged() {
+/// `tests/grpc-go` (grpc-go's `ClientConn.Invoke` and `NewStream`, a codec
+/// that passes hand-encoded bytes through; TLS credentials with `-ca`),
+/// built with `go build` into the tests' scratch directory (`.ci/setup`
+/// fetched its modules and warmed Go's build cache, so that is a link).
+/// `None` when `go` is not on `PATH` or the build fails: [`cannot_run`]
+/// has then skipped, or failed under `RRPC_REQUIRE_INTEROP=1`.
+pub(super) async fn grpc_go_binary() -> Option<std::path::PathBuf> {
     let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../grpc-go");
-    let bin = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("grpc-go-unary");
+    // One output per process: two tests building at once do not write the
+    // same file.
+    let bin = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!(
+        "grpc-go-unary-{}-{}",
+        std::process::id(),
+        GO_BUILDS.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    ));
     let built = tokio::task::spawn_blocking({
         let bin = bin.clone();
         move || {
@@ -602,21 +607,37 @@ async fn grpc_go_calls_the_port_unchanged() {
     .await
     .expect("join");
     match built {
-        Ok(o) if o.status.success() => {}
+        Ok(o) if o.status.success() => Some(bin),
         Ok(o) => {
             let why = format!(
                 "`go build` in tests/grpc-go failed: {}",
                 String::from_utf8_lossy(&o.stderr).trim()
             );
-            return cannot_run("grpc-go", &why);
+            cannot_run("grpc-go", &why);
+            None
         }
-        Err(e) => return cannot_run("grpc-go", &format!("go: {e}")),
+        Err(e) => {
+            cannot_run("grpc-go", &format!("go: {e}"));
+            None
+        }
     }
+}
+
+/// How many grpc-go binaries this process built ([`grpc_go_binary`]).
+static GO_BUILDS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// grpc-go on the port, unchanged (plaintext; [`grpc_go_binary`]).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grpc_go_calls_the_port_unchanged() {
+    let Some(bin) = grpc_go_binary().await else {
+        return;
+    };
     let h = start(cfg()).await;
     let (request, want) = hand_encoded_unary();
     let mut cmd = std::process::Command::new(&bin);
     cmd.args([addr(&h).as_str(), "/test.Test/Unary", &hex(&request)]);
     foreign_unary(&h, "grpc-go", cmd, &want).await;
+    let _ = std::fs::remove_file(&bin);
 }
 
 /// The shm listener's socket, where the port's docs say it is:
