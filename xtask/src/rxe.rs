@@ -1074,6 +1074,7 @@ pub(crate) mod suite {
         "integration/suite::server_options",
         "integration/suite::sharing",
         "integration/suite::shutdown",
+        "integration/suite::port_fold",
         // TLS on the port with verbs (`tls::rdma_verbs`: the integration
         // tests' `tls` feature, in VERBS_FEATURES).
         "integration/suite::tls",
@@ -1081,6 +1082,9 @@ pub(crate) mod suite {
         "integration/release",
         "integration/ring_sizing",
         "integration/sigkill",
+        // The reconnect storm, rdma_fast among its transports (16 clients
+        // in the VM: functional only).
+        "integration/storm",
     ];
 
     /// Whether `bins` hold what the [`REQUIRED`] entry `req` names.

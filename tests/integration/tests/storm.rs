@@ -1,4 +1,4 @@
-//! A reconnect storm (#58): `CLIENTS` channels on one server, each calling
+//! A reconnect storm (#58): `clients()` channels on one server, each calling
 //! in a loop; the server process is killed (SIGKILL) with calls in flight
 //! and started again at the same address; every channel reconnects by
 //! itself. Checked, on every transport in turn (tonic over TCP first, the
@@ -12,7 +12,7 @@
 //! - **Everyone comes back.** Every client makes a successful call again,
 //!   and after its first one none of its calls fails.
 //! - **The server's limits hold, and no honest client is starved.** On
-//!   rrpc the server allows this process (one peer) exactly `CLIENTS`
+//!   rrpc the server allows this process (one peer) exactly `clients()`
 //!   connections and lets few handshakes be pending at once: every
 //!   client gets its connection back (a duplicate or a leaked place would
 //!   starve one, which would see `ResourceExhausted`), and one connection
@@ -43,8 +43,16 @@ use rrpc_integration_tests::{Harness, Transport, config};
 use rrpc_tonic::{RrpcChannel, RrpcConfig, RrpcEndpoint};
 use tonic::Code;
 
-/// Channels in the storm (CI's quick form; the benchmark runs 1,000).
-const CLIENTS: usize = 100;
+/// Channels in the storm (CI's quick form; the benchmark runs 1,000):
+/// 100, or 16 inside `cargo xtask rxe`'s VM (`RRPC_RXE_VM`), where code
+/// runs 20-50x slower under emulation and the storm is functional only.
+fn clients() -> usize {
+    if std::env::var_os("RRPC_RXE_VM").is_some() {
+        16
+    } else {
+        100
+    }
+}
 
 /// Handshakes the rrpc server lets be pending at once: far fewer than the
 /// clients that reconnect together, so the storm queues through the limit.
@@ -57,11 +65,11 @@ const CHILD: &str = "RRPC_STORM_CHILD";
 const HANG: Duration = Duration::from_secs(60);
 
 /// The server's config on `t`: on rrpc, this process may hold exactly
-/// `CLIENTS` connections, and at most `PENDING` handshakes run at once.
+/// `clients()` connections, and at most `PENDING` handshakes run at once.
 fn server_config(t: Transport) -> RrpcConfig {
     config(t)
         .to_builder()
-        .max_connections_per_peer(CLIENTS)
+        .max_connections_per_peer(clients())
         .max_pending_handshakes(PENDING)
         .build()
         .expect("valid limits")
@@ -231,7 +239,7 @@ async fn storm(t: Transport) -> Duration {
     let stop = Arc::new(AtomicBool::new(false));
     let recovered = Arc::new(AtomicU64::new(0));
     let mut tasks = tokio::task::JoinSet::new();
-    for _ in 0..CLIENTS {
+    for _ in 0..clients() {
         let ch = RrpcEndpoint::new(&uri)
             .expect("uri")
             .config(config(t))
@@ -253,10 +261,11 @@ async fn storm(t: Transport) -> Duration {
     let (second, uri2) = Server::spawn(t, &uri);
     assert_eq!(uri2, uri, "{t:?}: restarted at the same address");
     let t_listen = Instant::now();
-    while recovered.load(Ordering::Acquire) < CLIENTS as u64 {
+    let clients = clients();
+    while recovered.load(Ordering::Acquire) < clients as u64 {
         assert!(
             t_listen.elapsed() < HANG,
-            "{t:?}: {} of {CLIENTS} clients answered again after {HANG:?}",
+            "{t:?}: {} of {clients} clients answered again after {HANG:?}",
             recovered.load(Ordering::Acquire)
         );
         tokio::time::sleep(Duration::from_millis(5)).await;
@@ -264,13 +273,13 @@ async fn storm(t: Transport) -> Duration {
     let took = t_listen.elapsed();
 
     if !t.is_tcp() {
-        // The limit holds: this process holds its `CLIENTS` connections,
+        // The limit holds: this process holds its `clients()` connections,
         // and one more is refused.
         let more = RrpcChannel::connect(&uri, config(t)).await;
         assert!(
             matches!(more, Err(rrpc_tonic::Error::ConnectionLimit(_))),
             "{t:?}: connection {} of one peer: {more:?}",
-            CLIENTS + 1
+            clients + 1
         );
     }
     // The clients keep calling a while after all came back.
@@ -291,7 +300,7 @@ async fn storm(t: Transport) -> Duration {
     let ok_before: u64 = tallies.iter().map(|c| c.ok_before).sum();
     let failed: Vec<Code> = tallies.iter().flat_map(|c| c.failed.clone()).collect();
     eprintln!(
-        "{t:?}: {CLIENTS} clients back {took:?} after the restart; answered {ok_before} \
+        "{t:?}: {clients} clients back {took:?} after the restart; answered {ok_before} \
          before the kill and {ok_after} after, {} failed",
         failed.len()
     );
@@ -358,7 +367,8 @@ fn rdma_and_local_transports_come_back_from_a_reconnect_storm() {
         let took = rt.block_on(storm(t));
         let tcp_took = *tcp.get_or_insert(took);
         eprintln!(
-            "{t:?}: reconnect storm of {CLIENTS}: {took:?}, {:.2}x tonic-TCP's {tcp_took:?}",
+            "{t:?}: reconnect storm of {}: {took:?}, {:.2}x tonic-TCP's {tcp_took:?}",
+            clients(),
             took.as_secs_f64() / tcp_took.as_secs_f64()
         );
     }
