@@ -14,121 +14,27 @@
 
 #![cfg(feature = "tls")]
 
-use std::pin::Pin;
 use std::time::Duration;
 
-use futures_util::Stream;
 use rrpc_core::{FaultConfig, QpConfig};
+use rrpc_integration_tests::pb::Input;
 use rrpc_integration_tests::pb::test_client::TestClient;
-use rrpc_integration_tests::pb::test_server::{Test, TestServer};
-use rrpc_integration_tests::pb::{Input, Output};
-use rrpc_tonic::tls::{Certificate, ClientTlsConfig, Identity, ServerTlsConfig};
+use rrpc_tonic::tls::{ClientTlsConfig, ServerTlsConfig};
 use rrpc_tonic::{
     Carrier, Error, PathPreference, RingEncryption, RrpcChannel, RrpcConfig, RrpcEndpoint,
     RrpcIncoming, Server,
 };
 use tokio::sync::oneshot;
-use tonic::{Code, Request, Response, Status, Streaming};
+
+use super::tls::{Running, make_pki};
+use tonic::{Code, Status};
 
 /// A bound on anything that could hang: a hang fails, not a slow run.
 const BOUND: Duration = Duration::from_secs(30);
 
-/// A CA and a server certificate it signed (for 127.0.0.1 and
-/// `localhost`), as PEMs.
-struct Pki {
-    ca: String,
-    server: (String, String),
-}
-
-fn make_pki() -> Pki {
-    use rcgen::{
-        BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose,
-        IsCa, Issuer, KeyPair, KeyUsagePurpose,
-    };
-    let named = |cn: &str| {
-        let mut dn = DistinguishedName::new();
-        dn.push(DnType::CommonName, cn);
-        dn
-    };
-    let ca_key = KeyPair::generate().expect("key");
-    let mut ca = CertificateParams::new(Vec::<String>::new()).expect("params");
-    ca.distinguished_name = named("rrpc ring encryption test CA");
-    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    ca.key_usages = vec![
-        KeyUsagePurpose::KeyCertSign,
-        KeyUsagePurpose::DigitalSignature,
-    ];
-    let ca_cert = ca.self_signed(&ca_key).expect("ca");
-    let issuer = Issuer::new(ca, ca_key);
-    let key = KeyPair::generate().expect("key");
-    let mut p =
-        CertificateParams::new(vec!["localhost".into(), "127.0.0.1".into()]).expect("params");
-    p.distinguished_name = named("localhost");
-    p.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
-    let cert = p.signed_by(&key, &issuer).expect("signed");
-    Pki {
-        ca: ca_cert.pem(),
-        server: (cert.pem(), key.serialize_pem()),
-    }
-}
-
-impl Pki {
-    fn server(&self) -> ServerTlsConfig {
-        ServerTlsConfig::new().identity(Identity::from_pem(&self.server.0, &self.server.1))
-    }
-    fn client(&self) -> ClientTlsConfig {
-        ClientTlsConfig::new().ca_certificate(Certificate::from_pem(&self.ca))
-    }
-}
-
-type BoxStream = Pin<Box<dyn Stream<Item = Result<Output, Status>> + Send>>;
-
-/// Echoes a unary call's payload.
-#[derive(Debug, Clone, Copy)]
-struct Echo;
-
-#[tonic::async_trait]
-impl Test for Echo {
-    async fn unary(&self, req: Request<Input>) -> Result<Response<Output>, Status> {
-        Ok(Response::new(Output {
-            payload: req.into_inner().payload,
-            total: 0,
-        }))
-    }
-    type ServerStreamStream = BoxStream;
-    async fn server_stream(&self, _req: Request<Input>) -> Result<Response<BoxStream>, Status> {
-        Err(Status::unimplemented("not used"))
-    }
-    async fn client_stream(
-        &self,
-        _req: Request<Streaming<Input>>,
-    ) -> Result<Response<Output>, Status> {
-        Err(Status::unimplemented("not used"))
-    }
-    type BidiStream = BoxStream;
-    async fn bidi(&self, _req: Request<Streaming<Input>>) -> Result<Response<BoxStream>, Status> {
-        Err(Status::unimplemented("not used"))
-    }
-}
-
-/// A running server; shuts down when dropped.
-struct Running {
-    uri: String,
-    stop: Option<oneshot::Sender<()>>,
-    task: Option<tokio::task::JoinHandle<Result<(), Error>>>,
-}
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        let _ = self.stop.take().map(|s| s.send(()));
-        if let Some(t) = self.task.take() {
-            t.abort();
-        }
-    }
-}
-
-/// The echo service on an `rrpc://` port at 127.0.0.1 (port 0), with
-/// `tls` if given.
+/// The suite's service (a unary call echoes its payload) on an `rrpc://`
+/// port at 127.0.0.1 (port 0), with `tls` if given (the server asks for
+/// no client certificate: `Pki::server(true)`).
 fn serve(tls: Option<ServerTlsConfig>, config: RrpcConfig) -> Running {
     let incoming = RrpcIncoming::bind("rrpc://127.0.0.1:0", config).expect("bind");
     let uri = incoming.uri().to_string();
@@ -137,7 +43,7 @@ fn serve(tls: Option<ServerTlsConfig>, config: RrpcConfig) -> Running {
         server = server.tls_config(tls).expect("tls config");
     }
     let (stop, stopped) = oneshot::channel::<()>();
-    let router = server.add_service(TestServer::new(Echo));
+    let router = server.add_service(rrpc_integration_tests::test_service());
     let task = tokio::spawn(router.serve_rrpc_incoming(incoming, async move {
         let _ = stopped.await;
     }));
@@ -202,14 +108,14 @@ fn payload(n: usize, seed: u8) -> Vec<u8> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sealed_rings_carry_calls_on_both_paths() {
     let pki = make_pki();
-    let s = serve(Some(pki.server()), cfg(RingEncryption::Required));
+    let s = serve(Some(pki.server(true)), cfg(RingEncryption::Required));
     for path in [PathPreference::Fast, PathPreference::Http2] {
         let c = cfg(RingEncryption::Required)
             .to_builder()
             .path(path)
             .build()
             .unwrap();
-        let ch = client(&s.uri, c, pki.client()).await.expect("connect");
+        let ch = client(&s.uri, c, pki.anonymous()).await.expect("connect");
         assert_eq!(ch.carrier(), Carrier::Shm);
         let mut c = TestClient::new(ch);
         for (i, n) in [0usize, 64, 4096, 700 << 10].into_iter().enumerate() {
@@ -249,8 +155,11 @@ async fn calls_until_failure(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_flipped_byte_fails_the_call_with_data_loss_and_nothing_else() {
     let pki = make_pki();
-    let s = serve(Some(pki.server()), corrupting(RingEncryption::Required, 3));
-    let sealed = || client(&s.uri, cfg(RingEncryption::Required), pki.client());
+    let s = serve(
+        Some(pki.server(true)),
+        corrupting(RingEncryption::Required, 3),
+    );
+    let sealed = || client(&s.uri, cfg(RingEncryption::Required), pki.anonymous());
     let mut a = TestClient::new(sealed().await.expect("connect a"));
     let mut b = TestClient::new(sealed().await.expect("connect b"));
     let seen = calls_until_failure(&mut a, 5).await;
@@ -284,8 +193,8 @@ async fn a_flipped_byte_fails_the_call_with_data_loss_and_nothing_else() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_same_flip_on_plaintext_rings_goes_undetected() {
     let pki = make_pki();
-    let s = serve(Some(pki.server()), corrupting(RingEncryption::Off, 2));
-    let ch = client(&s.uri, cfg(RingEncryption::Off), pki.client())
+    let s = serve(Some(pki.server(true)), corrupting(RingEncryption::Off, 2));
+    let ch = client(&s.uri, cfg(RingEncryption::Off), pki.anonymous())
         .await
         .expect("connect");
     let seen = calls_until_failure(&mut TestClient::new(ch), 5).await;
@@ -302,8 +211,8 @@ async fn the_same_flip_on_plaintext_rings_goes_undetected() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_ends_must_agree_and_sealing_needs_tls() {
     let pki = make_pki();
-    let off = serve(Some(pki.server()), cfg(RingEncryption::Off));
-    let e = client(&off.uri, cfg(RingEncryption::Required), pki.client())
+    let off = serve(Some(pki.server(true)), cfg(RingEncryption::Off));
+    let e = client(&off.uri, cfg(RingEncryption::Required), pki.anonymous())
         .await
         .map(|_| ())
         .expect_err("the server has it off");
@@ -313,8 +222,8 @@ async fn the_ends_must_agree_and_sealing_needs_tls() {
     );
     assert_eq!(tonic::Status::from(e).code(), Code::FailedPrecondition);
 
-    let required = serve(Some(pki.server()), cfg(RingEncryption::Required));
-    let e = client(&required.uri, cfg(RingEncryption::Off), pki.client())
+    let required = serve(Some(pki.server(true)), cfg(RingEncryption::Required));
+    let e = client(&required.uri, cfg(RingEncryption::Off), pki.anonymous())
         .await
         .map(|_| ())
         .expect_err("the server requires it");
@@ -323,7 +232,7 @@ async fn the_ends_must_agree_and_sealing_needs_tls() {
         "{e}"
     );
     // `Remote` seals only rdma://: on shm it agrees with `Off`.
-    let ch = client(&off.uri, cfg(RingEncryption::Remote), pki.client())
+    let ch = client(&off.uri, cfg(RingEncryption::Remote), pki.anonymous())
         .await
         .expect("Remote is plaintext on shm");
     assert_eq!(

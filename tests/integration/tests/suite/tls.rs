@@ -41,8 +41,9 @@ use tokio::sync::oneshot;
 use tonic::{Request, Response, Status, Streaming};
 
 /// A CA, a server certificate it signed (for `localhost` and 127.0.0.1)
-/// and a client certificate it signed, as PEMs.
-struct Pki {
+/// and a client certificate it signed, as PEMs (`suite::ring_encryption`
+/// uses them too).
+pub(super) struct Pki {
     ca: String,
     server: (String, String),
     client: (String, String),
@@ -50,7 +51,7 @@ struct Pki {
     client_der: Vec<u8>,
 }
 
-fn make_pki() -> Pki {
+pub(super) fn make_pki() -> Pki {
     use rcgen::{
         BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose,
         IsCa, Issuer, KeyPair, KeyUsagePurpose,
@@ -100,7 +101,7 @@ fn make_pki() -> Pki {
 impl Pki {
     /// The server's TLS: its identity, and clients must present a
     /// certificate of the CA (mTLS) unless `optional`.
-    fn server(&self, optional: bool) -> ServerTlsConfig {
+    pub(super) fn server(&self, optional: bool) -> ServerTlsConfig {
         ServerTlsConfig::new()
             .identity(Identity::from_pem(&self.server.0, &self.server.1))
             .client_ca_root(Certificate::from_pem(&self.ca))
@@ -114,7 +115,7 @@ impl Pki {
     }
 
     /// A client trusting the CA, with no certificate.
-    fn anonymous(&self) -> ClientTlsConfig {
+    pub(super) fn anonymous(&self) -> ClientTlsConfig {
         ClientTlsConfig::new().ca_certificate(Certificate::from_pem(&self.ca))
     }
 
@@ -187,10 +188,10 @@ impl Test for PeerEcho {
 }
 
 /// A running server; shuts down when dropped.
-struct Running {
-    uri: String,
-    stop: Option<oneshot::Sender<()>>,
-    task: Option<tokio::task::JoinHandle<Result<(), Error>>>,
+pub(super) struct Running {
+    pub(super) uri: String,
+    pub(super) stop: Option<oneshot::Sender<()>>,
+    pub(super) task: Option<tokio::task::JoinHandle<Result<(), Error>>>,
 }
 
 impl Drop for Running {
