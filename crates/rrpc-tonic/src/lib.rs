@@ -142,8 +142,10 @@
 //! an expired call fails with `DeadlineExceeded` ("Deadline Exceeded"), as
 //! grpc-go and grpc-core report it.
 //!
-//! * Fast path: the client bounds each step of the call and its response
-//!   body, and resets the call on the server (CANCEL); the server ends
+//! * Fast path: the client's connection core keeps every call's deadline
+//!   (one timer per connection, `poll_timeout` / `handle_timeout`): an
+//!   expired call fails in whatever step it is, its response body
+//!   included, and is reset on the server (CANCEL); the server ends
 //!   the call at its deadline too, handler or response body, answers
 //!   `DEADLINE_EXCEEDED` and frees its place.
 //! * HTTP/2 path over rings: the rrpc client bounds the response body by
