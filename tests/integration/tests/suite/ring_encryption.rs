@@ -186,6 +186,40 @@ async fn a_flipped_byte_fails_the_call_with_data_loss_and_nothing_else() {
     assert_eq!(echo(&mut c, &p).await.expect("a new connection"), p);
 }
 
+/// The same flip on the HTTP/2 path over sealed rings (hyper's frames in
+/// the ring messages): the connection fails `DataLoss` for the call in
+/// flight, and no call returns altered data. (The fault flips the third
+/// large write of every server queue pair, and hyper's handshake makes
+/// several: a reconnected channel's connection is hit again, so this test
+/// stops at the first failure.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flipped_byte_on_the_http2_path_fails_with_data_loss() {
+    let pki = make_pki();
+    let s = serve(
+        Some(pki.server(true)),
+        corrupting(RingEncryption::Required, 3),
+    );
+    let http2 = cfg(RingEncryption::Required)
+        .to_builder()
+        .path(PathPreference::Http2)
+        .build()
+        .expect("config");
+    let ch = client(&s.uri, http2, pki.anonymous())
+        .await
+        .expect("connect");
+    let mut a = TestClient::new(ch);
+    let seen = calls_until_failure(&mut a, 8).await;
+    assert!(
+        seen.iter().all(|r| !matches!(r, Ok(false))),
+        "no call came back altered: {seen:?}"
+    );
+    let e = seen
+        .last()
+        .and_then(|r| r.as_ref().err())
+        .unwrap_or_else(|| panic!("the flipped byte failed no call: {seen:?}"));
+    assert_eq!(e.code(), Code::DataLoss, "{e}");
+}
+
 /// The same fault on plaintext rings (TLS on, ring encryption off): the
 /// flip is not detected, and the altered reply reaches the caller as if
 /// it were what the server sent (what ring encryption is for: the ring's
