@@ -187,6 +187,7 @@ async fn client(
     killed: Arc<AtomicBool>,
     stop: Arc<AtomicBool>,
     recovered: Arc<AtomicU64>,
+    answered: Arc<AtomicU64>,
     t: Transport,
 ) -> Tally {
     let mut tally = Tally::default();
@@ -203,7 +204,12 @@ async fn client(
                     recovered.fetch_add(1, Ordering::AcqRel);
                 }
             }
-            Ok(_) => tally.ok_before += 1,
+            Ok(_) => {
+                tally.ok_before += 1;
+                if tally.ok_before == 1 {
+                    answered.fetch_add(1, Ordering::AcqRel);
+                }
+            }
             Err(st) => {
                 tally.failed.push(st.code());
                 if tally.recovered.is_some() {
@@ -238,6 +244,7 @@ async fn storm(t: Transport) -> Duration {
     let killed = Arc::new(AtomicBool::new(false));
     let stop = Arc::new(AtomicBool::new(false));
     let recovered = Arc::new(AtomicU64::new(0));
+    let answered = Arc::new(AtomicU64::new(0));
     let mut tasks = tokio::task::JoinSet::new();
     for _ in 0..clients() {
         let ch = RrpcEndpoint::new(&uri)
@@ -250,11 +257,25 @@ async fn storm(t: Transport) -> Duration {
             killed.clone(),
             stop.clone(),
             recovered.clone(),
+            answered.clone(),
             t,
         ));
     }
-    // Every client connected and called (the first server's answers).
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Every client connected and called (the first server's answers):
+    // waited for, not slept for (under the VM's emulation a connect takes
+    // far longer than on the host).
+    let t_first = Instant::now();
+    while answered.load(Ordering::Acquire) < clients() as u64 {
+        assert!(
+            t_first.elapsed() < HANG,
+            "{t:?}: {} of {} clients answered by the first server after {HANG:?}",
+            answered.load(Ordering::Acquire),
+            clients()
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    // Calls in flight at the kill.
+    tokio::time::sleep(Duration::from_millis(20)).await;
 
     first.kill();
     killed.store(true, Ordering::Release);
