@@ -379,9 +379,9 @@ wire_refused /tmp/refused2.log
 check "a client without TLS is refused on the side channel, before any queue pair" /tmp/refused2.log "refused: the connect failed"
 grep -h -e '^refused' -e '^wire:' /tmp/refused2.log
 # TLS on one port (rrpc://): B's client allows verbs only, negotiates inside
-# TLS and must land on rxe0 connected to A, on both call paths, with A's
-# handler seeing its certificate; plaintext and certificate-less clients
-# are refused (the integration suite's `tls::cross_host::client`).
+# TLS and must land on rxe0 connected to A, on both call paths, over sealed
+# rings, with A's handler seeing its certificate; plaintext,
+# certificate-less and plaintext-ring clients are refused (the integration suite's `tls::cross_host::client`).
 timeout 240 {suite} tls::cross_host::client --exact --ignored --show-output > /tmp/tls-port.log 2>&1; ok=$?
 touch "$RRPC_RXE_WIRE/tls-port/done"
 check "TLS on one port: an rrpc client lands on verbs, both paths, its certificate seen across hosts; refusals" /tmp/tls-port.log "test result: ok. 1 passed" "{verbs}"

@@ -860,7 +860,7 @@ async fn sniff(mut s: TcpStream, sniffer: &Sniffer, peer: &str) -> Result<Option
             // session's ticket first, for the ring connection to present.
             let ticket = crate::tls::ticket_of(t.get_ref().1)?;
             let info = t.connect_info();
-            let ttl = sniffer.config.handshake_timeout();
+            let ttl = crate::tls::ticket_lifetime(sniffer.config.handshake_timeout());
             let issue = move || tls.issue(ticket, info, ttl);
             let mut head = [0u8; HEADER_LEN];
             t.read_exact(&mut head).await?;

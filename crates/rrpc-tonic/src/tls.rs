@@ -7,6 +7,8 @@
     doc = "TLS as tonic users have it: needs rrpc-tonic's `tls` feature."
 )]
 
+use std::time::Duration;
+
 #[cfg(feature = "tls")]
 pub use imp::{Certificate, ClientTlsConfig, Identity, ServerTlsConfig};
 #[cfg(feature = "tls")]
@@ -41,6 +43,51 @@ pub use crate::seal::{OpenError, RingCipher, TAG_LEN, cpu_has_aes};
 /// peer identity (`Request::peer_certs()` on the rings) and the session's
 /// ring keys (ring encryption, [`crate::RingEncryption`]).
 pub(crate) type TicketId = [u8; TICKET_LEN];
+
+/// Why a ring connection's ticket was refused: the server's log and the
+/// client's error say which.
+#[cfg_attr(not(feature = "tls"), allow(dead_code))]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Unredeemed {
+    /// Never issued by this server (another server's, or made up), or
+    /// issued so long ago that it was forgotten.
+    Unknown,
+    /// Already redeemed by another ring connection.
+    Spent,
+    /// Presented `age` after its negotiation, past its `lifetime`.
+    Expired { age: Duration, lifetime: Duration },
+}
+
+impl std::fmt::Display for Unredeemed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Unredeemed::Unknown => f.write_str("unknown TLS ticket"),
+            Unredeemed::Spent => f.write_str("TLS ticket already used"),
+            Unredeemed::Expired { age, lifetime } => write!(
+                f,
+                "TLS ticket expired: presented {age:?} after its negotiation, \
+                 its lifetime is {lifetime:?}"
+            ),
+        }
+    }
+}
+
+/// The least time a ticket stays redeemable.
+#[cfg_attr(not(feature = "tls"), allow(dead_code))]
+const TICKET_LIFETIME_FLOOR: Duration = Duration::from_secs(30);
+
+/// How long a ticket stays redeemable after the negotiation that issued
+/// it, on a server whose handshake timeout is `handshake`: the client's
+/// ring connect after the negotiation (a side-channel handshake, on verbs
+/// inside its own TLS, then the queue pairs and the rings' registration)
+/// is bounded by its own handshake timeouts, and on a slow host (soft-RoCE
+/// under emulation) took longer than one handshake timeout of 5 s. A
+/// longer life costs little: a ticket is single-use, bound to its TLS
+/// session, and at most 4,096 are held.
+#[cfg_attr(not(feature = "tls"), allow(dead_code))]
+pub(crate) fn ticket_lifetime(handshake: Duration) -> Duration {
+    handshake.saturating_mul(4).max(TICKET_LIFETIME_FLOOR)
+}
 
 /// A ticket and what else its TLS session exported: the ring keys of both
 /// directions (never sent; used only when both ends seal).
@@ -321,13 +368,14 @@ pub(crate) async fn accept_ticket(
             ));
         }
         Some(r) => match tls.redeem(&r.id) {
-            None => (
-                refuse("unknown, used or expired TLS ticket".into()),
-                Error::Handshake(
-                    "a ring connection presented an unknown, used or expired TLS ticket".into(),
-                ),
-            ),
-            Some((peer, keys)) => match (want, r.cipher.map(RingCipher::from_id)) {
+            Err(why) => {
+                tracing::warn!(reason = %why, "rrpc: a ring connection's TLS ticket was refused");
+                (
+                    refuse(why.to_string()),
+                    Error::Handshake(format!("a ring connection was refused: {why}")),
+                )
+            }
+            Ok((peer, keys)) => match (want, r.cipher.map(RingCipher::from_id)) {
                 (false, None) => {
                     send(pipe, &encode_reply(&TicketReply::Accepted(None))).await?;
                     return Ok(peer);
@@ -482,7 +530,7 @@ mod imp {
     use tokio::io::{AsyncRead, AsyncWrite};
     use tonic::transport::server::{TcpConnectInfo, TlsConnectInfo};
 
-    use super::{TICKET_LABEL, TICKET_LEN, Ticket, TicketId};
+    use super::{TICKET_LABEL, TICKET_LEN, Ticket, TicketId, Unredeemed};
     use crate::Error;
     use crate::seal::{KEY_LABEL_C2S, KEY_LABEL_S2C, KEY_LEN, RingSecrets};
 
@@ -805,16 +853,32 @@ mod imp {
         tickets: Tickets<(PeerInfo, RingSecrets)>,
     }
 
-    /// Tickets issued and not yet redeemed, with their peers and expiry.
+    /// Tickets issued and not yet redeemed, with their peers and expiry,
+    /// and the ids of the last ones redeemed (for the refusal's reason).
     pub(crate) struct Tickets<P> {
-        map: Mutex<HashMap<TicketId, (P, Instant)>>,
+        state: Mutex<TicketState<P>>,
         max: usize,
+    }
+
+    struct TicketState<P> {
+        live: HashMap<TicketId, Issued<P>>,
+        /// The ids redeemed last, oldest first (at most `max`).
+        spent: std::collections::VecDeque<TicketId>,
+    }
+
+    struct Issued<P> {
+        peer: P,
+        at: Instant,
+        until: Instant,
     }
 
     impl<P> Tickets<P> {
         fn new(max: usize) -> Self {
             Tickets {
-                map: Mutex::default(),
+                state: Mutex::new(TicketState {
+                    live: HashMap::new(),
+                    spent: std::collections::VecDeque::new(),
+                }),
                 max,
             }
         }
@@ -824,21 +888,49 @@ mod imp {
         /// loses nothing but its own ticket).
         fn issue(&self, ticket: TicketId, peer: P, ttl: Duration) {
             let now = Instant::now();
-            let mut t = self.map.lock().unwrap_or_else(|e| e.into_inner());
-            t.retain(|_, (_, until)| *until > now);
+            let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
+            let t = &mut s.live;
+            // Expired tickets stay until the next issue, so that a late
+            // one is refused as late, not as unknown.
+            t.retain(|_, i| i.until + ttl > now);
             if t.len() >= self.max
-                && let Some(oldest) = t.iter().min_by_key(|(_, (_, u))| *u).map(|(k, _)| *k)
+                && let Some(oldest) = t.iter().min_by_key(|(_, i)| i.until).map(|(k, _)| *k)
             {
                 t.remove(&oldest);
             }
-            t.insert(ticket, (peer, now + ttl));
+            t.insert(
+                ticket,
+                Issued {
+                    peer,
+                    at: now,
+                    until: now + ttl,
+                },
+            );
         }
 
-        /// The peer of `ticket`, once, if it has not expired.
-        fn redeem(&self, ticket: &TicketId) -> Option<P> {
-            let mut t = self.map.lock().unwrap_or_else(|e| e.into_inner());
-            let (peer, until) = t.remove(ticket)?;
-            (until > Instant::now()).then_some(peer)
+        /// The peer of `ticket`, once, if it has not expired; else why not.
+        fn redeem(&self, ticket: &TicketId) -> Result<P, Unredeemed> {
+            let now = Instant::now();
+            let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
+            let Some(i) = s.live.remove(ticket) else {
+                return Err(if s.spent.contains(ticket) {
+                    Unredeemed::Spent
+                } else {
+                    Unredeemed::Unknown
+                });
+            };
+            if s.spent.len() >= self.max {
+                s.spent.pop_front();
+            }
+            s.spent.push_back(*ticket);
+            if i.until > now {
+                Ok(i.peer)
+            } else {
+                Err(Unredeemed::Expired {
+                    age: now - i.at,
+                    lifetime: i.until - i.at,
+                })
+            }
         }
     }
 
@@ -925,8 +1017,11 @@ mod imp {
         }
 
         /// The peer and the ring keys of `ticket`, once, if it has not
-        /// expired.
-        pub(crate) fn redeem(&self, ticket: &TicketId) -> Option<(PeerInfo, RingSecrets)> {
+        /// expired; else why not.
+        pub(crate) fn redeem(
+            &self,
+            ticket: &TicketId,
+        ) -> Result<(PeerInfo, RingSecrets), Unredeemed> {
             self.tickets.redeem(ticket)
         }
 
@@ -1173,19 +1268,49 @@ mod imp {
             let t = Tickets::new(2);
             let long = Duration::from_secs(3600);
             t.issue([1; TICKET_LEN], "a", long);
-            assert_eq!(t.redeem(&[2; TICKET_LEN]), None, "never issued");
-            assert_eq!(t.redeem(&[1; TICKET_LEN]), Some("a"));
-            assert_eq!(t.redeem(&[1; TICKET_LEN]), None, "spent");
+            assert_eq!(
+                t.redeem(&[2; TICKET_LEN]),
+                Err(Unredeemed::Unknown),
+                "never issued"
+            );
+            assert_eq!(t.redeem(&[1; TICKET_LEN]), Ok("a"));
+            assert_eq!(t.redeem(&[1; TICKET_LEN]), Err(Unredeemed::Spent));
             // Expired (a zero lifetime has passed by the time it is read).
             t.issue([3; TICKET_LEN], "c", Duration::ZERO);
-            assert_eq!(t.redeem(&[3; TICKET_LEN]), None, "expired");
+            assert!(
+                matches!(
+                    t.redeem(&[3; TICKET_LEN]),
+                    Err(Unredeemed::Expired { lifetime, .. }) if lifetime == Duration::ZERO
+                ),
+                "expired"
+            );
             // Past the bound the oldest goes.
             t.issue([4; TICKET_LEN], "d", long);
             t.issue([5; TICKET_LEN], "e", long + Duration::from_secs(1));
             t.issue([6; TICKET_LEN], "f", long + Duration::from_secs(2));
-            assert_eq!(t.redeem(&[4; TICKET_LEN]), None, "the oldest went");
-            assert_eq!(t.redeem(&[5; TICKET_LEN]), Some("e"));
-            assert_eq!(t.redeem(&[6; TICKET_LEN]), Some("f"));
+            assert_eq!(
+                t.redeem(&[4; TICKET_LEN]),
+                Err(Unredeemed::Unknown),
+                "the oldest went"
+            );
+            assert_eq!(t.redeem(&[5; TICKET_LEN]), Ok("e"));
+            assert_eq!(t.redeem(&[6; TICKET_LEN]), Ok("f"));
+            // The refusal's reason names the lifetime a late client missed.
+            let late = Unredeemed::Expired {
+                age: Duration::from_secs(7),
+                lifetime: Duration::from_secs(5),
+            };
+            assert!(late.to_string().contains("expired"), "{late}");
+        }
+
+        #[test]
+        fn a_ticket_outlives_a_slow_ring_connect() {
+            // The default handshake timeout (5 s) is not a ticket's life:
+            // a verbs ring connect under emulation took longer.
+            let five = Duration::from_secs(5);
+            assert!(super::super::ticket_lifetime(five) >= Duration::from_secs(30));
+            let big = Duration::from_secs(60);
+            assert_eq!(super::super::ticket_lifetime(big), 4 * big);
         }
 
         #[test]

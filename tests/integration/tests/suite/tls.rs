@@ -1163,9 +1163,10 @@ mod rdma_verbs {
 /// on host B, each `--ignored --exact`): the server's certificates are made
 /// on A and reach B through the wire directory (`$RRPC_RXE_WIRE/tls-port`);
 /// B's client allows verbs only and must land on `rxe0` with its queue pair
-/// connected to A, on both call paths, with its certificate seen by A's
-/// handler (the ticket across hosts); B's plaintext and certificate-less
-/// clients are refused. Ignored elsewhere: they need the two hosts'
+/// connected to A, on both call paths, over sealed rings
+/// (`RingEncryption::Remote` on both ends), with its certificate seen by
+/// A's handler (the ticket across hosts); B's plaintext, certificate-less
+/// and plaintext-ring clients are refused. Ignored elsewhere: they need the two hosts'
 /// environment (`RRPC_RXE_SELF`, `RRPC_RXE_PEER`, `RRPC_RXE_WIRE`,
 /// `RRPC_TEST_DEVICE`).
 #[cfg(feature = "verbs")]
@@ -1214,12 +1215,11 @@ mod cross_host {
         ] {
             std::fs::write(dir.join(name), bytes).expect("write");
         }
-        // Plaintext rings across hosts: with sealed rings the client's ring
-        // connection was refused "unknown, used or expired TLS ticket" in
-        // `cargo xtask rxe --hosts 2` under netem faults (one VM passes
-        // sealed): open in #57, not yet understood.
-        let cfg = RrpcConfig::builder()
-            .rdma_device(&dev)
+        // Sealed rings across hosts (`RingEncryption::Remote`). A ticket
+        // once lived one handshake timeout (5 s), and a client's verbs ring
+        // connect under emulation and netem faults took longer: it was
+        // refused "unknown, used or expired TLS ticket" (#57).
+        let cfg = ring_encryption(RrpcConfig::builder().rdma_device(&dev))
             .build()
             .expect("config");
         let s = serve_verbs_port(&env("RRPC_RXE_SELF"), PORT, pki.server(false), cfg).await;
@@ -1256,7 +1256,7 @@ mod cross_host {
             let on = format!("verbs across hosts, {want:?} path");
             let ch = RrpcEndpoint::new(&uri)
                 .expect("uri")
-                .config(verbs_only_plain(&dev, path))
+                .config(verbs_only(&dev, path))
                 .tls_config(tls.clone())
                 .expect("tls")
                 .connect()
@@ -1296,6 +1296,18 @@ mod cross_host {
             .map(|_| ())
             .expect_err("no client certificate");
         assert_eq!(e.code(), tonic::Code::Unavailable, "{e}");
-        println!("cross-host tls: plaintext and certificate-less clients refused");
+        // A TLS client that asks for plaintext rings: A seals its verbs
+        // rings and says so.
+        let e = RrpcEndpoint::new(&uri)
+            .expect("uri")
+            .config(verbs_only_plain(&dev, PathPreference::Fast))
+            .tls_config(tls)
+            .expect("tls")
+            .connect()
+            .await
+            .map(|_| ())
+            .expect_err("plaintext rings to a sealing server");
+        assert!(matches!(&e, Error::RingEncryption(_)), "{e}");
+        println!("cross-host tls: plaintext, certificate-less and plaintext-ring clients refused");
     }
 }
