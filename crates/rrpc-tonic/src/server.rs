@@ -414,13 +414,32 @@ where
         self.serve_rrpc_incoming(incoming, signal).await
     }
 
-    /// Serves on a listener bound beforehand with [`RrpcIncoming::bind`]
+    /// Binds `uri` for [`Router::serve_rrpc_incoming`] with this server's
+    /// settings: its TLS on an `rdma://` side channel
+    /// ([`Server::tls_config`]) and its [`Server::context`], if set. Use it
+    /// rather than [`RrpcIncoming::bind`] when the server has TLS (for
+    /// example to bind port 0 and learn the port before serving).
+    ///
+    /// # Errors
+    /// As [`RrpcIncoming::bind`] and [`RrpcIncoming::bind_with_context`].
+    pub fn bind(&self, uri: &str, config: RrpcConfig) -> Result<RrpcIncoming, Error> {
+        let config = self.opts.with_side_channel_tls(config)?;
+        match self.opts.context.clone() {
+            Some(ctx) => RrpcIncoming::bind_with_context(uri, config, ctx),
+            None => RrpcIncoming::bind(uri, config),
+        }
+    }
+
+    /// Serves on a listener bound beforehand with [`Router::bind`] or [`RrpcIncoming::bind`]
     /// (for example at port 0, to learn the port the OS chose from
     /// [`RrpcIncoming::local_addr`] before serving), until `signal`
     /// completes, then drains as [`Router::serve_rrpc_with_shutdown`].
     ///
     /// # Errors
-    /// [`Error::Transport`] from tonic, [`Error::Io`] from the listener.
+    /// [`Error::Transport`] from tonic, [`Error::Io`] from the listener;
+    /// [`Error::InvalidConfig`] if this server has TLS
+    /// ([`Server::tls_config`]) and `incoming` has an `rdma://` side
+    /// channel bound without it ([`Router::bind`] binds with it).
     pub async fn serve_rrpc_incoming<F>(
         self,
         incoming: RrpcIncoming,
@@ -454,17 +473,18 @@ where
             IncomingInner::Rings(l) => l.local_addr().is_some(),
             _ => false,
         };
+        // A server with TLS never serves a side channel without it.
         if side_channel
             && opts.tls.is_some()
             && let Ok(c) = opts.with_side_channel_tls(config.clone())
             && c != config
         {
-            tracing::warn!(
-                %uri,
-                "rrpc: the listener was bound without Server::tls_config: its rdma:// side \
-                 channel has no TLS (bind it with RrpcConfigBuilder::tls_server, or serve \
-                 with serve_rrpc)"
-            );
+            tracing::error!(%uri, "rrpc: refusing to serve a plaintext rdma:// side channel");
+            return Err(Error::InvalidConfig(
+                "Server::tls_config is set and the listener was bound without it: its rdma:// \
+                 side channel would run without TLS (bind it with Router::bind, or serve with \
+                 serve_rrpc)",
+            ));
         }
         // tonic's own TLS where tonic terminates the connections.
         let tonic_router = opts

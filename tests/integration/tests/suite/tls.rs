@@ -415,6 +415,60 @@ async fn an_rrpc_client_with_tls_lands_on_shm_or_on_tcp_through_the_port() {
     assert!(peer_seen(&mut tcp).await.expect("again").is_some());
 }
 
+/// A channel through a TLS port whose server restarts on the same port:
+/// its next connection negotiates again inside a new TLS session, so it
+/// presents a fresh ticket, which the new server (that never saw the old
+/// one) redeems for the same peer, on both paths.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_channel_reconnects_through_a_restarted_tls_port() {
+    let pki = make_pki();
+    let mut first = serve("rrpc://127.0.0.1:0", Some(pki.server(false)));
+    let uri = first.uri.clone();
+    let mut clients = Vec::new();
+    for path in [PathPreference::Fast, PathPreference::Http2] {
+        let cfg = RrpcConfig::builder().path(path).build().expect("config");
+        let mut c = rrpc(&uri, cfg, pki.client()).await.expect("connect");
+        assert_eq!(
+            peer_seen(&mut c).await.expect("before the restart"),
+            Some((1, pki.client_der.clone())),
+            "{path:?}"
+        );
+        clients.push((path, c));
+    }
+    // A graceful stop: the old server's connections end with it.
+    let _ = first.stop.take().map(|s| s.send(()));
+    let task = first.task.take().expect("the first server's task");
+    tokio::time::timeout(Duration::from_secs(60), task)
+        .await
+        .expect("the first server stopped")
+        .expect("join")
+        .expect("served");
+    let _second = serve(&uri, Some(pki.server(false)));
+    for (path, mut c) in clients {
+        // Calls may fail while the channel finds its connection gone;
+        // within the bound one succeeds, on a new connection.
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        let seen = loop {
+            match peer_seen(&mut c).await {
+                Ok(seen) => break seen,
+                Err(s) => {
+                    assert!(
+                        std::time::Instant::now() < deadline,
+                        "{path:?}: no call succeeded after the restart: {s}"
+                    );
+                    assert_eq!(s.code(), tonic::Code::Unavailable, "{path:?}: {s}");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            }
+        };
+        assert_eq!(
+            seen,
+            Some((1, pki.client_der.clone())),
+            "{path:?}: the new server saw the client's certificate"
+        );
+    }
+}
+
 /// `http://` with TLS: tonic's own TLS under rrpc's builders, and the
 /// handler sees the client's certificate; without a certificate where it
 /// is optional, it sees none.
@@ -1108,6 +1162,60 @@ mod rdma_verbs {
             Some((1, pki.client_der.clone()))
         );
         assert_streamed(&mut t, &pki.client_der, "tonic beside verbs").await;
+    }
+
+    /// A server with TLS refuses a listener bound without it (its verbs
+    /// side channel would run in clear); `Router::bind` binds with the
+    /// server's TLS, and a TLS client lands on verbs through it.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_listener_bound_without_the_servers_tls_is_refused() {
+        let Some((dev, server)) = on_device() else {
+            return;
+        };
+        let pki = make_pki();
+        let router = || {
+            Server::builder()
+                .tls_config(pki.server(false))
+                .expect("tls config")
+                .add_service(TestServer::new(PeerEcho))
+        };
+        let plain = RrpcIncoming::bind("rrpc://127.0.0.1:0", server.clone()).expect("bind");
+        let e = tokio::time::timeout(
+            Duration::from_secs(60),
+            router().serve_rrpc_incoming(plain, std::future::pending::<()>()),
+        )
+        .await
+        .expect("refused at once, not served")
+        .expect_err("a plaintext side channel under a TLS server");
+        assert!(
+            matches!(&e, Error::InvalidConfig(m) if m.contains("Router::bind")),
+            "{e}"
+        );
+
+        let r = router();
+        let incoming = r.bind("rrpc://127.0.0.1:0", server).expect("Router::bind");
+        let uri = incoming.uri().to_string();
+        let (stop, stopped) = oneshot::channel::<()>();
+        let task = tokio::spawn(r.serve_rrpc_incoming(incoming, async move {
+            let _ = stopped.await;
+        }));
+        let ch = connect(
+            &uri,
+            verbs_only(&dev, PathPreference::Fast),
+            Some(pki.client()),
+        )
+        .await
+        .expect("a TLS client through a listener Router::bind bound");
+        assert_verbs(&ch, &dev, None);
+        assert_eq!(
+            peer_seen(&mut TestClient::new(ch.clone()))
+                .await
+                .expect("unary"),
+            Some((1, pki.client_der.clone()))
+        );
+        drop(ch);
+        let _ = stop.send(());
+        task.await.expect("join").expect("served, then stopped");
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
