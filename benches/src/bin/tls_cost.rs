@@ -24,7 +24,7 @@ use rrpc_bench::rpc::pb::bench_client::BenchClient;
 use rrpc_bench::rpc::pb::bench_server::BenchServer;
 use rrpc_bench::rpc::{Svc, pb};
 use rrpc_tonic::tls::{Certificate, ClientTlsConfig, Identity, RingCipher, ServerTlsConfig};
-use rrpc_tonic::{RingEncryption, RrpcChannel, RrpcConfig, RrpcEndpoint, RrpcIncoming, Server};
+use rrpc_tonic::{RingEncryption, RrpcChannel, RrpcConfig, RrpcEndpoint, Server};
 use tokio::sync::oneshot;
 
 #[derive(Parser, Debug)]
@@ -87,14 +87,14 @@ async fn rrpc_server(
     tls: Option<ServerTlsConfig>,
     config: RrpcConfig,
 ) -> Result<(String, oneshot::Sender<()>)> {
-    let incoming = RrpcIncoming::bind("rrpc://127.0.0.1:0", config)?;
-    let uri = incoming.uri().to_string();
     let mut server = Server::builder();
     if let Some(t) = tls {
         server = server.tls_config(t)?;
     }
-    let (stop, stopped) = oneshot::channel::<()>();
     let router = server.add_service(BenchServer::new(Svc));
+    let incoming = router.bind("rrpc://127.0.0.1:0", config)?;
+    let uri = incoming.uri().to_string();
+    let (stop, stopped) = oneshot::channel::<()>();
     tokio::spawn(router.serve_rrpc_incoming(incoming, async move {
         let _ = stopped.await;
     }));

@@ -21,8 +21,7 @@ use rrpc_integration_tests::pb::Input;
 use rrpc_integration_tests::pb::test_client::TestClient;
 use rrpc_tonic::tls::{ClientTlsConfig, ServerTlsConfig};
 use rrpc_tonic::{
-    Carrier, Error, PathPreference, RingEncryption, RrpcChannel, RrpcConfig, RrpcEndpoint,
-    RrpcIncoming, Server,
+    Carrier, Error, PathPreference, RingEncryption, RrpcChannel, RrpcConfig, RrpcEndpoint, Server,
 };
 use tokio::sync::oneshot;
 
@@ -36,14 +35,14 @@ const BOUND: Duration = Duration::from_secs(30);
 /// port at 127.0.0.1 (port 0), with `tls` if given (the server asks for
 /// no client certificate: `Pki::server(true)`).
 fn serve(tls: Option<ServerTlsConfig>, config: RrpcConfig) -> Running {
-    let incoming = RrpcIncoming::bind("rrpc://127.0.0.1:0", config).expect("bind");
-    let uri = incoming.uri().to_string();
     let mut server = Server::builder();
     if let Some(tls) = tls {
         server = server.tls_config(tls).expect("tls config");
     }
-    let (stop, stopped) = oneshot::channel::<()>();
     let router = server.add_service(rrpc_integration_tests::test_service());
+    let incoming = router.bind("rrpc://127.0.0.1:0", config).expect("bind");
+    let uri = incoming.uri().to_string();
+    let (stop, stopped) = oneshot::channel::<()>();
     let task = tokio::spawn(router.serve_rrpc_incoming(incoming, async move {
         let _ = stopped.await;
     }));

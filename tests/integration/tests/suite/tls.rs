@@ -210,14 +210,14 @@ fn serve(uri: &str, tls: Option<ServerTlsConfig>) -> Running {
 
 /// [`serve`] with `config`.
 fn serve_with(uri: &str, tls: Option<ServerTlsConfig>, config: RrpcConfig) -> Running {
-    let incoming = RrpcIncoming::bind(uri, config).expect("bind");
-    let uri = incoming.uri().to_string();
     let mut server = Server::builder();
     if let Some(tls) = tls {
         server = server.tls_config(tls).expect("tls config");
     }
-    let (stop, stopped) = oneshot::channel::<()>();
     let router = server.add_service(TestServer::new(PeerEcho));
+    let incoming = router.bind(uri, config).expect("bind");
+    let uri = incoming.uri().to_string();
+    let (stop, stopped) = oneshot::channel::<()>();
     let task = tokio::spawn(router.serve_rrpc_incoming(incoming, async move {
         let _ = stopped.await;
     }));
