@@ -198,7 +198,7 @@ pub(crate) fn workspace_root() -> PathBuf {
 /// on every fabric the suite reaches.
 pub(crate) const VERBS_FEATURES: &str = "rrpc-core/verbs,rrpc-ringbuf/verbs,rrpc-poller/verbs,\
 rrpc-tonic/verbs,rrpc-kv/verbs,rrpc-integration-tests/verbs,rrpc-bench/verbs,examples/verbs,\
-rrpc-tonic/tls,rrpc-integration-tests/tls,rrpc-bench/tls";
+rrpc-tonic/tls,rrpc-integration-tests/tls,rrpc-bench/tls,examples/tls";
 
 /// Builds the benchmark suites' binaries (`rrpc-bench`) (one cargo invocation, one profile).
 pub(crate) fn build_bench(root: &Path, profile: &str, bins: &[&str]) -> Result<()> {
