@@ -414,7 +414,21 @@ pub(crate) async fn accept_ticket(
     };
     // Best effort: the refusal is for the client's report; ours stands.
     let _ = send(pipe, &encode_reply(&verdict)).await;
+    linger(pipe, cfg.handshake_timeout()).await;
     Err(err)
+}
+
+/// Waits, within `bound`, until the peer closes `pipe` after a refusal was
+/// sent on it, discarding what it sends: on verbs the refusal is an RDMA
+/// write that a lossy wire may have to retransmit, and closing the queue
+/// pair at once lost it (the client saw the connection closed, not why).
+/// The client closes once it has read the refusal.
+#[cfg(feature = "tls")]
+async fn linger(pipe: &mut crate::pipe::Pipe, bound: Duration) {
+    let _ = tokio::time::timeout(bound, async {
+        while let Ok(true) = pipe.1.recv_with(&mut |_: &[u8]| {}).await {}
+    })
+    .await;
 }
 
 /// A connection for tonic's server (the HTTP/2 path over rings) with the
