@@ -283,6 +283,7 @@ mod bundle;
 mod call;
 mod channel;
 mod config;
+mod conn;
 mod context;
 mod dispatch;
 mod endpoint;
