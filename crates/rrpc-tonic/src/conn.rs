@@ -171,9 +171,7 @@ impl Link {
 
     /// An in-memory send side of `ring` bytes of credit, and the channel
     /// and credit its reader takes messages from and gives credit back to.
-    pub(crate) fn mem(
-        ring: usize,
-    ) -> (Self, mpsc::UnboundedReceiver<Bytes>, Arc<Semaphore>) {
+    pub(crate) fn mem(ring: usize) -> (Self, mpsc::UnboundedReceiver<Bytes>, Arc<Semaphore>) {
         let (tx, rx) = mpsc::unbounded_channel();
         let credit = Arc::new(Semaphore::new(ring));
         let sink = Sink::Mem(MemSink {
@@ -238,7 +236,11 @@ impl Link {
     /// Why the connection failed, once it did: the first error, shared
     /// ([`Error::Failed`]; [`Error::is_peer_gone`] when the peer left).
     pub(crate) fn failure(&self) -> Option<Error> {
-        self.shared.fail.first.get().map(|e| Error::Failed(e.clone()))
+        self.shared
+            .fail
+            .first
+            .get()
+            .map(|e| Error::Failed(e.clone()))
     }
 
     /// Tests: the switch that makes every send fail as a ring the peer
@@ -302,8 +304,7 @@ impl Link {
     }
 
     /// The head of the line waits for room: the room waiter taken out of
-    /// the line (no lock held), until room may have come or the
-    /// connection failed.
+    /// the line (no lock held), until room may have come.
     async fn wait_room(&self, len: usize, polls: &mut u32) -> Result<(), Error> {
         let mut held = Held::take(&self.shared);
         let Some(room) = held.room.as_mut() else {
@@ -311,21 +312,19 @@ impl Link {
             tokio::task::yield_now().await;
             return Ok(());
         };
-        let wait = async {
-            match room {
-                Room::Ring(tx) => tx.wait_room(polls).await.map_err(Error::from),
-                Room::Mem(credit) => {
-                    let n = u32::try_from(len.max(1)).unwrap_or(u32::MAX);
-                    // Room is there once the credit is: give it back at
-                    // once (the step takes it with the message).
-                    drop(credit.acquire_many(n).await.map_err(|_| Error::PeerGone)?);
-                    Ok(())
-                }
+        // No race with the connection's failure here: while a writer waits
+        // in line nobody else reaches the sink (the synchronous path stays
+        // out), so a failure comes to the head through its own wait (the
+        // peer gone, a failed completion) or its own next step.
+        match room {
+            Room::Ring(tx) => tx.wait_room(polls).await.map_err(Error::from),
+            Room::Mem(credit) => {
+                let n = u32::try_from(len.max(1)).unwrap_or(u32::MAX);
+                // Room is there once the credit is: give it back at once
+                // (the step takes it with the message).
+                drop(credit.acquire_many(n).await.map_err(|_| Error::PeerGone)?);
+                Ok(())
             }
-        };
-        tokio::select! {
-            r = wait => r,
-            () = self.shared.fail.token.cancelled() => Ok(()),
         }
     }
 
@@ -393,7 +392,11 @@ impl Link {
 }
 
 impl Sink {
-    fn try_send(&self, len: usize, fill: &mut (dyn FnMut(&mut [u8]) + Send)) -> Result<bool, Error> {
+    fn try_send(
+        &self,
+        len: usize,
+        fill: &mut (dyn FnMut(&mut [u8]) + Send),
+    ) -> Result<bool, Error> {
         match self {
             Sink::Ring { tx, .. } => tx.try_send_with(len, fill).map_err(Error::from),
             Sink::Mem(m) => m.try_send(len, fill),
@@ -402,7 +405,11 @@ impl Sink {
 }
 
 impl MemSink {
-    fn try_send(&self, len: usize, fill: &mut (dyn FnMut(&mut [u8]) + Send)) -> Result<bool, Error> {
+    fn try_send(
+        &self,
+        len: usize,
+        fill: &mut (dyn FnMut(&mut [u8]) + Send),
+    ) -> Result<bool, Error> {
         let permits = u32::try_from(len.max(1)).map_err(|_| Error::MessageTooLarge {
             len,
             max: u32::MAX as usize,
@@ -514,7 +521,9 @@ impl Drop for InLine<'_> {
     fn drop(&mut self) {
         let mut line = self.shared.lock();
         line.waiting.retain(|(t, _)| *t != self.ticket);
-        self.shared.queued.store(line.waiting.len(), Ordering::Release);
+        self.shared
+            .queued
+            .store(line.waiting.len(), Ordering::Release);
         let next = line.waiting.front_mut().and_then(|(_, w)| w.take());
         drop(line);
         if let Some(w) = next {

@@ -16,11 +16,11 @@ use rrpc_poller::rings::{AsyncConn, AsyncReceiver, IdleReads, RingConfig, RingRx
 use rrpc_poller::{Mode, WatchedFd};
 
 use crate::bundle::{Bundle, BundlePool, make_bundle};
+use crate::conn::{Link, gone_cause};
 use crate::frame::HANDSHAKE_SECTION;
 use crate::negotiate::{
     Established, Negotiated, choose_path, client_hello, path_of_reply, section_of,
 };
-use crate::conn::{Link, gone_cause};
 use crate::pipe::{BoxFut, MsgRx, Pipe};
 use crate::sharing::{self, Anchors, PeerKey, Request};
 use crate::spare::Spare;

@@ -350,7 +350,6 @@ impl SendHandle {
     pub fn connection(&self) -> &Arc<Connection> {
         &self.core.src.conn
     }
-
 }
 
 impl Drop for ManagedSender {

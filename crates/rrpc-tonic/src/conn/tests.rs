@@ -40,7 +40,10 @@ async fn recv(rx: &mut Box<dyn MsgRx>) -> (usize, u8) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn writers_in_line_each_get_their_turn_in_order() {
     let ((link, _), (_, mut rx)) = mem_pair(100);
-    assert!(link.try_send_with(90, &mut |s: &mut [u8]| s.fill(0)).unwrap());
+    assert!(
+        link.try_send_with(90, &mut |s: &mut [u8]| s.fill(0))
+            .unwrap()
+    );
     let mut writers = Vec::new();
     for tag in 1..=4u8 {
         let l = link.clone();
@@ -77,11 +80,18 @@ async fn writers_in_line_each_get_their_turn_in_order() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_peer_that_stops_reading_holds_writers_back_and_one_that_leaves_fails_them() {
     let ((link, _), (_, mut rx)) = mem_pair(100);
-    assert!(link.try_send_with(100, &mut |s: &mut [u8]| s.fill(0)).unwrap());
+    assert!(
+        link.try_send_with(100, &mut |s: &mut [u8]| s.fill(0))
+            .unwrap()
+    );
     // The peer does not read: a writer waits, and is given up.
     let waited = tokio::time::timeout(Duration::from_millis(50), send(&link, 10, 1)).await;
     assert!(waited.is_err(), "no room while the peer does not read");
-    assert_eq!(link.shared.queued.load(Ordering::Acquire), 0, "it left the line");
+    assert_eq!(
+        link.shared.queued.load(Ordering::Acquire),
+        0,
+        "it left the line"
+    );
     assert!(link.failure().is_none(), "a slow peer is no failure");
     assert_eq!(recv(&mut rx).await, (100, 0));
     tokio::time::timeout(BOUND, send(&link, 10, 2))
@@ -90,7 +100,10 @@ async fn a_peer_that_stops_reading_holds_writers_back_and_one_that_leaves_fails_
         .unwrap();
     assert_eq!(recv(&mut rx).await, (10, 2));
     // Full again; the peer leaves while a writer waits.
-    assert!(link.try_send_with(100, &mut |s: &mut [u8]| s.fill(3)).unwrap());
+    assert!(
+        link.try_send_with(100, &mut |s: &mut [u8]| s.fill(3))
+            .unwrap()
+    );
     let l = link.clone();
     let waiting = tokio::spawn(async move { send(&l, 50, 4).await });
     while link.shared.queued.load(Ordering::Acquire) == 0 {
