@@ -290,6 +290,19 @@ impl Link {
         if self.try_send_with(len, fill)? {
             return Ok(());
         }
+        // Boxed: the wait's state (the poller's registration wait) is
+        // large, and inline it made every future that holds a send (a
+        // call's, moved and boxed per call) larger: ~270 instructions of
+        // `memcpy` a call under callgrind.
+        Box::pin(self.wait_and_send(len, fill)).await
+    }
+
+    /// [`send_with`](Self::send_with) after the ring was found full.
+    async fn wait_and_send(
+        &self,
+        len: usize,
+        fill: &mut (dyn FnMut(&mut [u8]) + Send),
+    ) -> Result<(), Error> {
         let place = InLine::join(&self.shared);
         place.turn().await;
         let mut polls = 0u32;
