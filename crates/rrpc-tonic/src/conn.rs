@@ -96,7 +96,9 @@ enum Sink {
 
 /// What a writer at the head of the line waits on for room.
 enum Room {
-    Ring(ManagedSender),
+    /// Boxed: it holds the poller's registration (~400 bytes), moved in
+    /// and out of the line by each wait.
+    Ring(Box<ManagedSender>),
     Mem(Arc<Semaphore>),
 }
 
@@ -166,7 +168,7 @@ impl Link {
             tx: tx.handle(),
             conn,
         };
-        Self::new(sink, Room::Ring(tx), max, preferred)
+        Self::new(sink, Room::Ring(Box::new(tx)), max, preferred)
     }
 
     /// An in-memory send side of `ring` bytes of credit, and the channel
