@@ -313,14 +313,15 @@ impl Link {
             if self.step(len, fill)? {
                 return Ok(());
             }
-            let r = self.wait_room(len, &mut polls).await;
+            // The room a message takes: a sealed one's tag too.
+            let r = self.wait_room(len + self.tag_len(), &mut polls).await;
             self.shared.check(r)?;
         }
     }
 
     /// The head of the line waits for room: the room waiter taken out of
     /// the line (no lock held), until room may have come.
-    async fn wait_room(&self, len: usize, polls: &mut u32) -> Result<(), Error> {
+    async fn wait_room(&self, wire: usize, polls: &mut u32) -> Result<(), Error> {
         let mut held = Held::take(&self.shared);
         let Some(room) = held.room.as_mut() else {
             // Cannot happen (only the head waits); never spin on it.
@@ -334,7 +335,7 @@ impl Link {
         match room {
             Room::Ring(tx) => tx.wait_room(polls).await.map_err(Error::from),
             Room::Mem(credit) => {
-                let n = u32::try_from(len.max(1)).unwrap_or(u32::MAX);
+                let n = u32::try_from(wire.max(1)).unwrap_or(u32::MAX);
                 // Room is there once the credit is: give it back at once
                 // (the step takes it with the message).
                 drop(credit.acquire_many(n).await.map_err(|_| Error::PeerGone)?);
