@@ -82,6 +82,9 @@ struct Shared {
     /// Tests: every send fails as a ring the peer corrupted does.
     #[cfg(test)]
     broken: Arc<std::sync::atomic::AtomicBool>,
+    /// Tests: send steps tried.
+    #[cfg(test)]
+    steps: AtomicUsize,
 }
 
 /// Where the messages go.
@@ -154,6 +157,8 @@ impl Link {
                 preferred: preferred.clamp(1, max.max(1)),
                 #[cfg(test)]
                 broken: Arc::default(),
+                #[cfg(test)]
+                steps: AtomicUsize::new(0),
             }),
             #[cfg(feature = "tls")]
             seal: None,
@@ -362,6 +367,8 @@ impl Link {
 
     /// One synchronous send step (the caller checked the size).
     fn step(&self, len: usize, fill: &mut (dyn FnMut(&mut [u8]) + Send)) -> Result<bool, Error> {
+        #[cfg(test)]
+        self.shared.steps.fetch_add(1, Ordering::Relaxed);
         #[cfg(test)]
         if self.shared.broken.load(Ordering::SeqCst) {
             return self.shared.check(Err(testing::corrupted()));

@@ -232,3 +232,37 @@ async fn a_full_ring_behind_a_deferred_tail_makes_progress() {
     }
     assert!(link.failure().is_none());
 }
+
+/// A sealed link's writer that found the ring full waits for room for its
+/// message and its tag: with room for the message alone it sleeps, and
+/// does not retry (before, it waited for the plaintext's room and, that
+/// there, retried at once, again and again).
+#[cfg(feature = "tls")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sealed_writer_waits_for_room_for_its_tag_too() {
+    use crate::seal::{KEY_LEN, RingCipher, RingSecrets, Role};
+    let secrets = RingSecrets {
+        c2s: [9; KEY_LEN],
+        s2c: [8; KEY_LEN],
+    };
+    let (a, _b) = mem_pair(100);
+    let (link, _) = crate::seal::pipe::wrap(a, &secrets, Role::Client, RingCipher::preferred());
+    // 60 of the 100 bytes taken: room for 40, a message of 30 needs 46.
+    assert!(
+        link.try_send_with(60 - TAG_LEN, &mut |_: &mut [u8]| {})
+            .unwrap()
+    );
+    let l = link.clone();
+    let waiting = tokio::spawn(async move { send(&l, 30, 1).await });
+    while link.shared.queued.load(Ordering::Acquire) == 0 {
+        tokio::task::yield_now().await;
+    }
+    let before = link.shared.steps.load(Ordering::Relaxed);
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let tried = link.shared.steps.load(Ordering::Relaxed) - before;
+    assert!(
+        tried <= 1,
+        "the waiting writer retried {tried} times without room"
+    );
+    waiting.abort();
+}
