@@ -252,7 +252,8 @@ pub(crate) mod testing {
     use std::sync::atomic::{AtomicBool, Ordering};
 
     use super::client::FastChannel;
-    use crate::pipe::{BoxFut, MsgRx, MsgTx, Pipe};
+    use crate::conn::testing::corrupted;
+    use crate::pipe::{BoxFut, MsgRx, Pipe};
     use crate::{Error, RrpcConfig};
 
     /// A request for `path` with an empty body.
@@ -295,16 +296,11 @@ pub(crate) mod testing {
         FastChannel::start(pipe, cfg, cfg.call_window(), Default::default())
     }
 
-    /// `pipe` with its sender wrapped in a [`BreakableTx`], broken from the
-    /// start or not, and the switch that breaks it.
+    /// `pipe` with its sender breakable (`conn::Link`'s test switch),
+    /// broken from the start or not, and the switch that breaks it.
     pub(crate) fn breakable(pipe: Pipe, broken: bool) -> (Pipe, Arc<AtomicBool>) {
-        let (inner, rx) = pipe;
-        let broken = Arc::new(AtomicBool::new(broken));
-        let tx = BreakableTx {
-            inner,
-            broken: broken.clone(),
-        };
-        ((Box::new(tx), rx), broken)
+        let switch = pipe.0.breaker(broken);
+        (pipe, switch)
     }
 
     /// `pipe` with its receiver wrapped in a [`BreakableRx`], broken from
@@ -335,54 +331,6 @@ pub(crate) mod testing {
                 return Box::pin(async { Err(corrupted()) });
             }
             self.inner.recv_with(f)
-        }
-    }
-
-    /// A sender that works until `broken` is set, then fails every send as
-    /// a ring the peer corrupted does (the connection itself stays up).
-    pub(crate) struct BreakableTx {
-        pub(crate) inner: Box<dyn MsgTx>,
-        pub(crate) broken: Arc<AtomicBool>,
-    }
-
-    /// What the ring says when the peer corrupted it (typed, as the ring
-    /// reports it: `DataLoss` at the gRPC edge).
-    fn corrupted() -> Error {
-        rrpc_ringbuf::Error::Corrupt(rrpc_ringbuf::Corruption::Pointer {
-            record: "head",
-            value: 9,
-            min: 1,
-            max: 2,
-        })
-        .into()
-    }
-
-    impl MsgTx for BreakableTx {
-        fn max_message(&self) -> usize {
-            self.inner.max_message()
-        }
-        fn preferred_message(&self) -> usize {
-            self.inner.preferred_message()
-        }
-        fn send_with<'a>(
-            &'a mut self,
-            len: usize,
-            fill: &'a mut (dyn FnMut(&mut [u8]) + Send),
-        ) -> BoxFut<'a, Result<(), Error>> {
-            if self.broken.load(Ordering::SeqCst) {
-                return Box::pin(async { Err(corrupted()) });
-            }
-            self.inner.send_with(len, fill)
-        }
-        fn try_send_with(
-            &mut self,
-            len: usize,
-            fill: &mut (dyn FnMut(&mut [u8]) + Send),
-        ) -> Result<bool, Error> {
-            if self.broken.load(Ordering::SeqCst) {
-                return Err(corrupted());
-            }
-            self.inner.try_send_with(len, fill)
         }
     }
 }

@@ -22,7 +22,8 @@ use tower::Service;
 use crate::call::{
     BoxError, Carrier, DeadlineBody, ResponseFuture, deadline_exceeded, is_tonic_timeout,
 };
-use crate::pipe::{BoxFut, MsgTx, Pipe};
+use crate::conn::Link;
+use crate::pipe::{BoxFut, Pipe};
 use crate::transport::{Target, dial};
 use crate::{Error, PathPreference, RrpcConfig, RrpcContext};
 
@@ -34,7 +35,7 @@ pub struct RrpcConnectInfo {
     pub local: String,
 }
 
-type SendFut = BoxFut<'static, (Box<dyn MsgTx>, Result<(), Error>)>;
+type SendFut = BoxFut<'static, (Link, Result<(), Error>)>;
 
 /// Why a client's HTTP/2 connection over rings failed, when it failed for
 /// a reason of rrpc's (a queue pair out of retries, a host that stopped
@@ -64,7 +65,7 @@ fn record(cause: Option<&Cause>, e: Error) -> Error {
 /// reader task (see `RrpcStream::new`).
 pub struct RrpcStream {
     /// The send half while no slow (ring-full) send is in flight.
-    tx: Option<Box<dyn MsgTx>>,
+    tx: Option<Link>,
     sending: Option<SendFut>,
     /// Chunks from the reader pump task, and why it stopped if the
     /// connection failed (an orderly close reads as EOF).
@@ -217,7 +218,7 @@ impl AsyncWrite for RrpcStream {
                 // Ring full: accept the bytes, finish the send in the background
                 // of this stream (the next write or flush waits for it).
                 let data = Bytes::copy_from_slice(data);
-                let mut tx = this.tx.take().expect("checked above");
+                let tx = this.tx.take().expect("checked above");
                 this.sending = Some(Box::pin(async move {
                     let r = tx
                         .send_with(data.len(), &mut |slot: &mut [u8]| {

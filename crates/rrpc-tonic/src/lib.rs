@@ -65,8 +65,9 @@
 //!
 //! 1. The caller's task encodes the request (tonic), and because a unary
 //!    body is ready at once it writes REQUEST_HEADERS + DATA(END_STREAM) as
-//!    one ring message itself: an uncontended `try_lock` and the ring's own
-//!    reserve/commit, no writer task, no boxed future.
+//!    one ring message itself: one short step under the ring's own lock
+//!    (reserve, fill, commit, publish; the connection's `Link`), no writer
+//!    task, no boxed future.
 //! 2. The caller then waits on its call's slot and, as no other call is
 //!    receiving, drives the connection's receive itself (leader/follower: it
 //!    dispatches frames for other calls to their slots and wakes them; a
@@ -283,6 +284,7 @@ mod bundle;
 mod call;
 mod channel;
 mod config;
+mod conn;
 mod context;
 mod dispatch;
 mod endpoint;

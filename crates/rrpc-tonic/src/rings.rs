@@ -12,17 +12,16 @@ use std::time::{Duration, Instant};
 
 use rrpc_core::conn::{Connection, HandshakeConfig, Listener, Offer, Pending, connect};
 use rrpc_core::{Fabric, FabricAddr};
-use rrpc_poller::rings::{
-    AsyncConn, AsyncReceiver, IdleReads, ManagedSender, RingConfig, RingRx, RingTx, SendHandle,
-};
+use rrpc_poller::rings::{AsyncConn, AsyncReceiver, IdleReads, RingConfig, RingRx, RingTx};
 use rrpc_poller::{Mode, WatchedFd};
 
 use crate::bundle::{Bundle, BundlePool, make_bundle};
+use crate::conn::{Link, gone_cause};
 use crate::frame::HANDSHAKE_SECTION;
 use crate::negotiate::{
     Established, Negotiated, choose_path, client_hello, path_of_reply, section_of,
 };
-use crate::pipe::{BoxFut, MsgRx, MsgTx, Pipe, SyncTx};
+use crate::pipe::{BoxFut, MsgRx, Pipe};
 use crate::sharing::{self, Anchors, PeerKey, Request};
 use crate::spare::Spare;
 use crate::{Error, RrpcConfig, RrpcContext};
@@ -41,134 +40,10 @@ pub(crate) fn ring_config_for_tests(cfg: &RrpcConfig) -> Result<RingConfig, Erro
     ring_config(cfg)
 }
 
-struct RingsTx {
-    /// The poller runs its completion progress and its ring's sizing tick.
-    tx: ManagedSender,
-    /// Its synchronous side, shared with the frame writer's callers.
-    direct: Arc<RingsDirect>,
-}
-
-/// [`RingsTx`]'s synchronous side ([`MsgTx::direct`]).
-struct RingsDirect {
-    tx: SendHandle,
-    max: usize,
-}
-
-impl SyncTx for RingsDirect {
-    fn try_send_with(
-        &self,
-        len: usize,
-        fill: &mut (dyn FnMut(&mut [u8]) + Send),
-    ) -> Result<bool, Error> {
-        if len > self.max {
-            return Err(Error::MessageTooLarge { len, max: self.max });
-        }
-        let r = self.tx.try_send_with(len, fill).map_err(Error::from);
-        checked(self.tx.connection(), r)
-    }
-}
-
-/// Why the peer of a connection found gone is gone, when it is not an
-/// orderly close: its host went silent (the side channel's keep-alive ran
-/// out) or the device gave up retransmitting to it (a failed completion,
-/// recorded on the queue pair by the ring that polled it). `None` for a
-/// close or a goodbye.
-///
-/// A wait can end as soon as the side channel's fd fires, before anyone
-/// read it: it is read here (once, without blocking), so that a keep-alive
-/// timeout is told from a close (whoever reads first records the verdict).
-/// Its verdict first: the queue pair may have failed for a reason that
-/// says less.
-fn gone_cause(conn: &Connection) -> Option<rrpc_core::Error> {
-    let _ = conn.check_alive();
-    let why = match conn.gone_error() {
-        e @ rrpc_core::Error::PeerUnresponsive(_) => Some(e),
-        _ => conn.qp().failure(),
-    };
-    match why {
-        Some(
-            e @ (rrpc_core::Error::PeerUnresponsive(_) | rrpc_core::Error::CompletionError { .. }),
-        ) => Some(e),
-        _ if conn.was_reset() => Some(rrpc_core::Error::PeerUnresponsive(
-            "it reset the side channel (ECONNRESET) without a goodbye: its process aborted, or \
-             its host stopped hearing from this one (its keep-alive gave up: the link may be cut \
-             in one direction)"
-                .to_string(),
-        )),
-        _ => None,
-    }
-}
-
-/// The result of a send: a failure fails the connection. A send that
-/// found the peer gone says why when that is known (the same verdict
-/// the receiving half gives, [`gone_cause`]): a queue pair whose
-/// retries ran out (`IBV_WC_RETRY_EXC_ERR`), or a host that stopped
-/// answering the side channel's keep-alive.
-fn checked<T>(conn: &Arc<Connection>, r: Result<T, Error>) -> Result<T, Error> {
-    let Err(e) = r else { return r };
-    // The cause first: the close below fails the queue pair too.
-    let e = match e {
-        e if e.is_peer_gone() => gone_cause(conn).map_or(e, Error::from),
-        e => e,
-    };
-    rrpc_poller::rings::fail_connection(conn, &e);
-    Err(e)
-}
-
 struct RingsRx {
     rx: AsyncReceiver,
     // Keeps the connection (side channel, regions) alive as long as the pipe.
     _conn: Arc<Connection>,
-}
-
-impl MsgTx for RingsTx {
-    fn max_message(&self) -> usize {
-        self.tx.max_message()
-    }
-    fn preferred_message(&self) -> usize {
-        self.tx.preferred_message()
-    }
-    fn send_with<'a>(
-        &'a mut self,
-        len: usize,
-        fill: &'a mut (dyn FnMut(&mut [u8]) + Send),
-    ) -> BoxFut<'a, Result<(), Error>> {
-        Box::pin(async move {
-            let max = self.tx.max_message();
-            if len > max {
-                return Err(Error::MessageTooLarge { len, max });
-            }
-            // Zero-copy: the frame is encoded straight into the reserved ring slot.
-            let r = self.tx.send_with(len, fill).await.map_err(Error::from);
-            checked(self.tx.connection(), r)
-        })
-    }
-    fn try_send_with(
-        &mut self,
-        len: usize,
-        fill: &mut (dyn FnMut(&mut [u8]) + Send),
-    ) -> Result<bool, Error> {
-        let max = self.tx.max_message();
-        if len > max {
-            return Err(Error::MessageTooLarge { len, max });
-        }
-        let r = self.tx.try_send_with(len, fill).map_err(Error::from);
-        checked(self.tx.connection(), r)
-    }
-
-    fn direct(&self) -> Option<Arc<dyn SyncTx>> {
-        Some(self.direct.clone())
-    }
-
-    fn state(&self) -> String {
-        let conn = self.tx.connection();
-        format!(
-            "peer gone {} | qp failure {:?} | {}",
-            conn.is_gone(),
-            conn.qp().failure(),
-            self.tx.state(),
-        )
-    }
 }
 
 impl Drop for RingsRx {
@@ -306,13 +181,8 @@ fn into_pipe_and_conn(
     }
     Ok((
         (
-            Box::new(RingsTx {
-                direct: Arc::new(RingsDirect {
-                    tx: tx.handle(),
-                    max: tx.max_message(),
-                }),
-                tx,
-            }),
+            // The connection's one owner of the ring's sending state.
+            Link::ring(tx, conn.clone()),
             Box::new(RingsRx {
                 rx,
                 _conn: conn.clone(),

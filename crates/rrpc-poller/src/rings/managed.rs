@@ -25,7 +25,9 @@
 //! sender sat behind an async mutex held across the wait for room: the
 //! shape of a cross-host hang where the waiting writer held what the
 //! progress task needed to post the tail.) A failure the upkeep task finds
-//! fails the connection ([`ManagedSender::fail_connection`]).
+//! fails the connection ([`fail_connection`]). A writer that waits for room
+//! does so through [`ManagedSender::wait_room`]: one waiter at a time (it
+//! takes the sender mutably), while any number of [`SendHandle`]s send.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
@@ -204,7 +206,7 @@ impl ManagedSender {
     ///
     /// # Errors
     /// As [`AsyncSender::send`]. The connection is not failed here: the
-    /// caller decides ([`fail_connection`](Self::fail_connection)).
+    /// caller decides ([`fail_connection`]).
     ///
     /// # Cancel safety
     /// Cancel-safe: nothing is reserved before the room is there, and the
@@ -219,24 +221,40 @@ impl ManagedSender {
             if self.try_send_with(len, fill)? {
                 return Ok(());
             }
-            // Full. Room comes from the reader, which frees only what it
-            // could see: while work is held back behind a completion (the
-            // tail deferred by the elastic threshold, work beyond the
-            // send-queue budget), poll completions ourselves, between
-            // yields, instead of waiting for a head that will not move.
-            let held_back = {
-                let mut ring = self.core.lock();
-                if ring.state().wants_completions() {
-                    ring.poll_completions()?;
-                }
-                ring.state().wants_completions()
-            };
-            if held_back {
-                between_completion_polls(&mut polls, &self.core.src.conn).await?;
-            } else {
-                polls = 0;
-                self.wait_space().await?;
+            self.wait_room(&mut polls).await?;
+        }
+    }
+
+    /// After a send found the ring full: waits until it may have room,
+    /// holding no lock while it waits (the upkeep task and
+    /// [`SendHandle::try_send_with`] go on meanwhile). `polls` counts the
+    /// completion polls of one send (start it at 0).
+    ///
+    /// Room comes from the reader, which frees only what it could see:
+    /// while work is held back behind a completion (the tail deferred by
+    /// the elastic threshold, work beyond the send-queue budget), this
+    /// polls completions itself, between yields, instead of waiting for a
+    /// head that will not move (the #31 hang: a full ring behind a
+    /// deferred tail).
+    ///
+    /// # Errors
+    /// As [`send_with`](Self::send_with).
+    ///
+    /// # Cancel safety
+    /// Cancel-safe: it only waits and polls completions.
+    pub async fn wait_room(&mut self, polls: &mut u32) -> Result<()> {
+        let held_back = {
+            let mut ring = self.core.lock();
+            if ring.state().wants_completions() {
+                ring.poll_completions()?;
             }
+            ring.state().wants_completions()
+        };
+        if held_back {
+            between_completion_polls(polls, &self.core.src.conn).await
+        } else {
+            *polls = 0;
+            self.wait_space().await
         }
     }
 
@@ -267,15 +285,6 @@ impl ManagedSender {
         fill: &mut (dyn FnMut(&mut [u8]) + Send),
     ) -> Result<bool> {
         self.core.try_send_with(len, fill)
-    }
-
-    /// Fails the whole connection, at once: the goodbye and the side
-    /// channel's shutdown tell the peer, and the shutdown wakes our own
-    /// receiver (its liveness watch sees the closed socket), so no call
-    /// waits on a connection whose queue pair failed. The goodbye is a
-    /// blocking send, bounded at 1 s: never on a tokio worker.
-    pub fn fail_connection(&self, e: &dyn std::fmt::Display) {
-        fail_connection(&self.core.src.conn, e);
     }
 
     /// The sender's state for diagnostics (completions, room, pointers).
@@ -340,11 +349,6 @@ impl SendHandle {
     /// The connection under the rings.
     pub fn connection(&self) -> &Arc<Connection> {
         &self.core.src.conn
-    }
-
-    /// As [`ManagedSender::fail_connection`].
-    pub fn fail_connection(&self, e: &dyn std::fmt::Display) {
-        fail_connection(&self.core.src.conn, e);
     }
 }
 
@@ -528,7 +532,7 @@ fn busy(ring: &RingTx) -> bool {
     ring.state().wants_completions() || ring.state().tails_in_flight() > 0
 }
 
-/// Fails `conn` at once ([`ManagedSender::fail_connection`]): the goodbye
+/// Fails `conn` at once: the goodbye
 /// and the side channel's shutdown tell the peer, on a blocking thread
 /// when called on a tokio runtime. Without it, a failed completion found
 /// by the upkeep task left calls waiting forever for replies to requests

@@ -993,7 +993,7 @@ mod tests {
     }
 
     /// Sends `frames` as one message on a raw pipe half.
-    async fn raw_send(tx: &mut Box<dyn crate::pipe::MsgTx>, frames: &[(Kind, u8, u32, Vec<u8>)]) {
+    async fn raw_send(tx: &mut crate::conn::Link, frames: &[(Kind, u8, u32, Vec<u8>)]) {
         let mut msg = Vec::new();
         for (k, f, id, p) in frames {
             frame::push_frame(&mut msg, *k, *f, *id, p);

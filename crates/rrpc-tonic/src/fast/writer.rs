@@ -1,18 +1,12 @@
-//! Shared frame writer: many call tasks, one send ring.
-
-use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, OnceLock, PoisonError, TryLockError};
+//! The fast path's frame writer: frames batched into ring messages and
+//! written straight into the ring slot, over the connection's [`Link`].
 
 use bytes::Bytes;
-use tokio::sync::oneshot;
-use tokio_util::sync::{
-    CancellationToken, WaitForCancellationFuture, WaitForCancellationFutureOwned,
-};
+use tokio_util::sync::{WaitForCancellationFuture, WaitForCancellationFutureOwned};
 
 use crate::Error;
+use crate::conn::Link;
 use crate::frame::{self, HEADER_LEN, Kind};
-use crate::pipe::{MsgTx, SyncTx};
 
 /// Frames written together, as one ring message when they fit: a unary
 /// call's three (headers, data, end) without an allocation.
@@ -50,141 +44,37 @@ impl Out {
 /// RR-Compound Fig. 14.
 ///
 /// Two paths: [`FrameWriter::try_send`] is synchronous and is what almost
-/// every frame takes: on rings, one load of the lane's `leased` flag and
-/// the ring's own short step under its lock (reserve, fill, commit,
-/// flush: `rrpc_poller::rings::SendHandle`), no future, no task hop; on an
-/// in-memory pipe, an uncontended `try_lock` of the lane. [`FrameWriter::send`]
-/// tries it first and only leases the sender (taking it out of the lane,
-/// so that it can wait for ring space across awaits) when the ring is full,
-/// another task is mid-write, or the batch needs several messages. The
-/// lease is an owned hand-off, not a lock: the ring's state is locked
-/// only inside synchronous steps, so a writer waiting for room blocks
-/// nobody's step (the poller's upkeep task runs meanwhile). Writers
-/// waiting for a lease queue, first come first served, and a returned
-/// lease passes straight to the first of them; while any writer holds or
-/// waits for the lease, the synchronous path writes nothing (so small
-/// frames cannot starve a large one waiting for ring space). (A
-/// `tokio::sync::Mutex` here cost ~330 instructions a frame on the
-/// synchronous path: its semaphore's acquire and its release's waiter-list
-/// lock.)
+/// every frame takes: the connection's one short step under the ring's own
+/// lock (reserve, fill, commit, publish: [`Link::try_send_with`]), no
+/// future, no task hop. [`FrameWriter::send`] tries it first and waits in
+/// the link's line (first come, first served, holding no lock) only when
+/// the ring is full, another writer waits, or the batch needs several
+/// messages.
 ///
-/// A send that fails on the ring (the peer corrupted it, e.g. a head word
-/// past our tail, or the peer is gone) fails the whole connection: the
-/// error is logged at warn once, every later send fails at once, and
-/// [`FrameWriter::failed`] completes so that the connection's owner closes
-/// it and fails its calls. Only a frame too large for any message is a
-/// per-call error.
+/// A send that fails on the ring fails the whole connection, recorded
+/// once by the link ([`Link`] docs, "Failure"): every later send fails at
+/// once, and [`FrameWriter::failed`] completes so that the connection's
+/// owner closes it and fails its calls. Only a frame too large for any
+/// message is a per-call error.
 #[derive(Clone)]
 pub(crate) struct FrameWriter {
-    lane: Arc<Lane>,
-    /// The pipe's synchronous side ([`MsgTx::direct`]): the common send
-    /// takes no lane lock.
-    direct: Option<Arc<dyn SyncTx>>,
-    fail: Arc<Fail>,
+    link: Link,
     zero_copy: bool,
     /// Largest ring message.
     max_msg: usize,
     /// Frames are batched into ring messages of at most this many bytes
-    /// ([`MsgTx::preferred_message`]).
+    /// ([`Link::preferred_message`]).
     batch: usize,
     /// Largest DATA payload per frame.
     pub(crate) chunk: usize,
 }
 
-/// The ring's sender, shared by the writers of one connection.
-struct Lane {
-    st: Mutex<LaneState>,
-    /// The sender is out on a lease, or writers wait for it: the
-    /// synchronous path stays out of the way (changed under `st`).
-    leased: AtomicBool,
-}
-
-struct LaneState {
-    /// `None` while an async writer holds it on a [`Lease`] (across
-    /// awaits); the synchronous path writes in place under the lock.
-    tx: Option<Box<dyn MsgTx>>,
-    /// Async writers waiting for the lease, oldest first.
-    waiters: VecDeque<oneshot::Sender<Box<dyn MsgTx>>>,
-}
-
-impl Lane {
-    fn lock(&self) -> std::sync::MutexGuard<'_, LaneState> {
-        // A panic while writing poisons the lock; the sender is still whole
-        // (a failed fill leaves nothing committed), as with the async lock
-        // this replaced.
-        self.st.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    /// Gives the sender to the first waiter still waiting, or back to the
-    /// lane.
-    fn give_back(&self, mut tx: Box<dyn MsgTx>) {
-        let mut st = self.lock();
-        while let Some(w) = st.waiters.pop_front() {
-            match w.send(tx) {
-                Ok(()) => return,
-                // That writer was dropped while it waited.
-                Err(back) => tx = back,
-            }
-        }
-        st.tx = Some(tx);
-        self.leased.store(false, Ordering::Release);
-    }
-}
-
-/// The sender taken out of its [`Lane`] by one async writer; given to the
-/// next waiter, or back, on drop (also when that writer is cancelled).
-struct Lease<'a> {
-    lane: &'a Lane,
-    tx: Option<Box<dyn MsgTx>>,
-}
-
-impl Drop for Lease<'_> {
-    fn drop(&mut self) {
-        if let Some(tx) = self.tx.take() {
-            self.lane.give_back(tx);
-        }
-    }
-}
-
-/// A writer in the lane's line: if it is dropped after the sender was
-/// handed to it but before it took it, it hands the sender on.
-struct InLine<'a> {
-    lane: &'a Lane,
-    rx: oneshot::Receiver<Box<dyn MsgTx>>,
-}
-
-impl Drop for InLine<'_> {
-    fn drop(&mut self) {
-        self.rx.close();
-        if let Ok(tx) = self.rx.try_recv() {
-            self.lane.give_back(tx);
-        }
-    }
-}
-
-/// Set once a send failed: the connection is unusable.
-#[derive(Debug, Default)]
-struct Fail {
-    token: CancellationToken,
-    /// The first error, typed, shared by every call and send it fails
-    /// ([`Error::Failed`]).
-    first: OnceLock<Arc<Error>>,
-}
-
 impl std::fmt::Debug for FrameWriter {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let tx = match self.lane.st.try_lock() {
-            Ok(st) => st
-                .tx
-                .as_ref()
-                .map_or_else(|| "leased by a writer".to_string(), |tx| tx.state()),
-            Err(_) => "locked by a writer".to_string(),
-        };
         f.debug_struct("FrameWriter")
             .field("zero_copy", &self.zero_copy)
             .field("chunk", &self.chunk)
-            .field("failure", &self.fail.first.get())
-            .field("tx", &tx)
+            .field("link", &self.link)
             .finish()
     }
 }
@@ -217,25 +107,17 @@ fn fill_slot(frames: &[Out], zero_copy: bool, slot: &mut [u8]) {
 }
 
 impl FrameWriter {
-    pub(crate) fn new(tx: Box<dyn MsgTx>, zero_copy: bool, max_chunk: usize) -> Self {
-        let max_msg = tx.max_message();
-        // Batches and chunks the size the pipe carries best (a self-sizing
+    pub(crate) fn new(link: Link, zero_copy: bool, max_chunk: usize) -> Self {
+        let max_msg = link.max_message();
+        // Batches and chunks the size the link carries best (a self-sizing
         // ring then stays at the size its cores' caches hold); one frame
         // that cannot be split may still go up to `max_msg`.
-        let batch = tx
+        let batch = link
             .preferred_message()
             .clamp(HEADER_LEN + 1, max_msg.max(HEADER_LEN + 1));
         let chunk = max_chunk.min(batch.saturating_sub(HEADER_LEN)).max(1);
         FrameWriter {
-            direct: tx.direct(),
-            lane: Arc::new(Lane {
-                st: Mutex::new(LaneState {
-                    tx: Some(tx),
-                    waiters: VecDeque::new(),
-                }),
-                leased: AtomicBool::new(false),
-            }),
-            fail: Arc::new(Fail::default()),
+            link,
             zero_copy,
             max_msg,
             batch,
@@ -248,7 +130,7 @@ impl FrameWriter {
     /// # Cancel safety
     /// Cancel safe: dropping the future loses nothing.
     pub(crate) fn failed(&self) -> WaitForCancellationFuture<'_> {
-        self.fail.token.cancelled()
+        self.link.failed()
     }
 
     /// [`FrameWriter::failed`] as a future that owns its token: a loop
@@ -258,41 +140,13 @@ impl FrameWriter {
     /// # Cancel safety
     /// Cancel safe: dropping the future loses nothing.
     pub(crate) fn failed_owned(&self) -> WaitForCancellationFutureOwned {
-        self.fail.token.clone().cancelled_owned()
+        self.link.failed_owned()
     }
 
     /// Why the connection failed, once it did: the first error, shared
     /// ([`Error::Failed`]; [`Error::is_peer_gone`] when the peer left).
     pub(crate) fn failure(&self) -> Option<Error> {
-        self.fail.first.get().map(|e| Error::Failed(e.clone()))
-    }
-
-    /// Records a ring error: the connection is unusable from now on.
-    fn check(&self, r: Result<bool, Error>) -> Result<bool, Error> {
-        match r {
-            Err(e @ Error::MessageTooLarge { .. }) => Err(e),
-            Err(e) => {
-                let first = Arc::new(e);
-                if self.fail.first.set(first.clone()).is_ok() {
-                    if first.is_peer_gone() {
-                        tracing::debug!("rrpc: send failed, peer gone: closing the connection");
-                    } else {
-                        tracing::warn!("rrpc: send failed, closing the connection: {first}");
-                    }
-                }
-                self.fail.token.cancel();
-                Err(Error::Failed(first))
-            }
-            ok => ok,
-        }
-    }
-
-    /// The error of every send after a failure.
-    fn refuse(&self) -> Result<(), Error> {
-        match self.failure() {
-            Some(e) => Err(e),
-            None => Ok(()),
-        }
+        self.link.failure()
     }
 
     /// Wire length of `batch` if it goes out as one ring message unsplit.
@@ -310,37 +164,19 @@ impl FrameWriter {
 
     /// Writes `batch` as one ring message now, without waiting.
     ///
-    /// `Ok(false)` (nothing written) when it would have to wait: another
-    /// task holds the writer, the ring is full, or the batch needs several
+    /// `Ok(false)` (nothing written) when it would have to wait: the ring
+    /// is full, another writer waits for room, or the batch needs several
     /// messages. Then use [`FrameWriter::send`].
     pub(crate) fn try_send(&self, batch: &[Out]) -> Result<bool, Error> {
-        self.refuse()?;
         let Some(total) = self.one_message(batch) else {
+            if let Some(e) = self.link.failure() {
+                return Err(e);
+            }
             return Ok(false);
         };
         let zc = self.zero_copy;
-        if let Some(direct) = &self.direct {
-            // A writer holds or waits for the lease: keep its turn.
-            if self.lane.leased.load(Ordering::Acquire) {
-                return Ok(false);
-            }
-            let r = direct.try_send_with(total, &mut |slot: &mut [u8]| fill_slot(batch, zc, slot));
-            return self.check(r);
-        }
-        let mut held = match self.lane.st.try_lock() {
-            Ok(g) => g,
-            Err(TryLockError::Poisoned(p)) => p.into_inner(),
-            Err(TryLockError::WouldBlock) => return Ok(false),
-        };
-        // Leased to an async writer mid-send (whenever writers wait in line,
-        // the sender is out of the lane: a returned lease passes straight to
-        // the first of them).
-        let Some(tx) = held.tx.as_mut() else {
-            return Ok(false);
-        };
-        let r = tx.try_send_with(total, &mut |slot: &mut [u8]| fill_slot(batch, zc, slot));
-        drop(held);
-        self.check(r)
+        self.link
+            .try_send_with(total, &mut |slot: &mut [u8]| fill_slot(batch, zc, slot))
     }
 
     /// Sends a batch of frames as one ring message when it fits, splitting
@@ -401,40 +237,7 @@ impl FrameWriter {
     async fn write_message(&self, frames: &[Out], total: usize) -> Result<(), Error> {
         let zc = self.zero_copy;
         let mut fill = |slot: &mut [u8]| fill_slot(frames, zc, slot);
-        let mut lease = self.lease().await;
-        self.refuse()?;
-        let Some(tx) = lease.as_mut().and_then(|l| l.tx.as_mut()) else {
-            return Err(Error::Closed("the frame writer lost its sender"));
-        };
-        let r = tx.send_with(total, &mut fill).await.map(|()| true);
-        self.check(r).map(drop)
-    }
-
-    /// Takes the sender out of the lane, waiting in line (first come,
-    /// first served) while another async writer holds it. `None`: the
-    /// sender is gone (it cannot be: every lease gives it back).
-    ///
-    /// # Cancel safety
-    /// Cancel safe: dropped while in line, it leaves the line, and a sender
-    /// already handed to it passes on to the next writer; the lease it
-    /// returns gives the sender back when dropped.
-    async fn lease(&self) -> Option<Lease<'_>> {
-        let lane = &*self.lane;
-        let rx = {
-            let mut st = lane.lock();
-            lane.leased.store(true, Ordering::Release);
-            if st.waiters.is_empty()
-                && let Some(tx) = st.tx.take()
-            {
-                return Some(Lease { lane, tx: Some(tx) });
-            }
-            let (w, rx) = oneshot::channel();
-            st.waiters.push_back(w);
-            rx
-        };
-        let mut line = InLine { lane, rx };
-        let tx = (&mut line.rx).await.ok()?;
-        Some(Lease { lane, tx: Some(tx) })
+        self.link.send_with(total, &mut fill).await
     }
 }
 
@@ -494,13 +297,13 @@ mod tests {
         assert!(matches!(poll(b.as_mut()), Poll::Ready(Ok(()))));
         assert_eq!(next_len(&mut rx), 150);
         assert_eq!(next_len(&mut rx), 20);
-        assert!(w.try_send(&frame(20)).expect("room"), "the sender is back");
+        assert!(w.try_send(&frame(20)).expect("room"), "the line is empty");
     }
 
     /// A writer dropped in line loses nothing: neither while it waits, nor after
-    /// the sender was handed to it and before it ran to take it.
+    /// it came to the head of the line and before it ran to write.
     #[test]
-    fn a_writer_dropped_in_line_passes_the_sender_on() {
+    fn a_writer_dropped_in_line_lets_the_next_one_on() {
         for handed in [false, true] {
             let (w, mut rx) = lane();
             assert!(w.try_send(&frame(150)).expect("room"));
@@ -512,16 +315,16 @@ mod tests {
                 b = None;
             }
             assert_eq!(next_len(&mut rx), 150);
-            // A writes and gives the sender to B (if B is still in line).
+            // A writes and leaves the line: B (if still in line) is its head.
             assert!(matches!(poll(a.as_mut()), Poll::Ready(Ok(()))));
             assert_eq!(next_len(&mut rx), 150);
             if handed {
-                assert!(!w.try_send(&frame(20)).expect("no error"), "B holds it");
+                assert!(!w.try_send(&frame(20)).expect("no error"), "B is in line");
                 b = None;
             }
             assert!(
                 w.try_send(&frame(20)).expect("room"),
-                "the sender came back (handed to B first: {handed})"
+                "the line is empty again (B at its head first: {handed})"
             );
             assert_eq!(next_len(&mut rx), 20);
             assert!(b.is_none());

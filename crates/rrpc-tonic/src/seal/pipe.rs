@@ -3,134 +3,38 @@
 //!
 //! - **Send**: the message is encoded into the reserved ring slot, then
 //!   sealed in place there, inside the ring's send step (the ring's lock
-//!   is held: sequence numbers follow the publication order, also for
-//!   [`SyncTx`] sends from other threads) and before the slot is
-//!   published: the peer never sees it unsealed on the wire.
+//!   is held: sequence numbers follow the publication order, whichever
+//!   thread sends) and before the slot is published: the peer never sees
+//!   it unsealed on the wire (`conn::Link::sealed`).
 //! - **Receive**: the message is copied out of the ring (memory the peer
 //!   can still write) into a private buffer and opened there; only then
 //!   is the plaintext handed on. A message that fails to open delivers no
 //!   byte: the receive fails with [`Error::RingTampered`]
 //!   (`tonic::Code::DataLoss`), and the connection with it.
 //! - **Sizes**: the tag counts against the ring's limit: the pipe's
-//!   [`MsgTx::max_message`] is the ring's less [`TAG_LEN`], and a message
+//!   `Link::max_message` is the ring's less the tag, and a message
 //!   over it is [`Error::MessageTooLarge`], as an oversized one is.
 
-use std::sync::Arc;
-
-use super::{OpenError, Opener, RingCipher, RingSecrets, Role, Sealer, TAG_LEN};
+use super::{OpenError, Opener, RingCipher, RingSecrets, Role};
 use crate::Error;
-use crate::pipe::{BoxFut, MsgRx, MsgTx, Pipe, SyncTx};
+use crate::pipe::{BoxFut, MsgRx, Pipe};
 
-/// `pipe`, every message sealed with `role`'s keys of `secrets`.
+/// `pipe`, every message sealed with `role`'s keys of `secrets`: the
+/// sending half seals in place in the ring slot ([`Link::sealed`]), the
+/// receiving half opens a private copy.
+///
+/// [`Link::sealed`]: crate::conn::Link::sealed
 pub(crate) fn wrap(pipe: Pipe, secrets: &RingSecrets, role: Role, cipher: RingCipher) -> Pipe {
     let (sealer, opener) = secrets.split(role, cipher);
-    let sealer = Arc::new(sealer);
     let (tx, rx) = pipe;
-    let max = tx.max_message().saturating_sub(TAG_LEN);
-    let direct = tx.direct().map(|inner| {
-        Arc::new(SealedDirect {
-            inner,
-            sealer: sealer.clone(),
-            max,
-        }) as Arc<dyn SyncTx>
-    });
     (
-        Box::new(SealedTx {
-            inner: tx,
-            sealer,
-            direct,
-        }),
+        tx.sealed(sealer),
         Box::new(SealedRx {
             inner: rx,
             opener,
             scratch: Vec::new(),
         }),
     )
-}
-
-struct SealedTx {
-    inner: Box<dyn MsgTx>,
-    sealer: Arc<Sealer>,
-    direct: Option<Arc<dyn SyncTx>>,
-}
-
-/// The sealed message of `len` plaintext bytes `fill` writes: `fill`
-/// writes the front of the slot, the seal turns it into ciphertext and
-/// writes the tag behind it.
-fn sealing<'a>(
-    len: usize,
-    sealer: &'a Sealer,
-    fill: &'a mut (dyn FnMut(&mut [u8]) + Send),
-) -> impl FnMut(&mut [u8]) + Send + 'a {
-    move |slot: &mut [u8]| {
-        fill(&mut slot[..len]);
-        sealer.seal(slot);
-    }
-}
-
-fn too_large(len: usize, max: usize) -> Result<(), Error> {
-    if len > max {
-        return Err(Error::MessageTooLarge { len, max });
-    }
-    Ok(())
-}
-
-impl MsgTx for SealedTx {
-    fn max_message(&self) -> usize {
-        self.inner.max_message().saturating_sub(TAG_LEN)
-    }
-    fn preferred_message(&self) -> usize {
-        self.inner
-            .preferred_message()
-            .saturating_sub(TAG_LEN)
-            .clamp(1, self.max_message().max(1))
-    }
-    fn send_with<'a>(
-        &'a mut self,
-        len: usize,
-        fill: &'a mut (dyn FnMut(&mut [u8]) + Send),
-    ) -> BoxFut<'a, Result<(), Error>> {
-        Box::pin(async move {
-            too_large(len, self.max_message())?;
-            let SealedTx { inner, sealer, .. } = self;
-            let mut sealed = sealing(len, sealer, fill);
-            inner.send_with(len + TAG_LEN, &mut sealed).await
-        })
-    }
-    fn try_send_with(
-        &mut self,
-        len: usize,
-        fill: &mut (dyn FnMut(&mut [u8]) + Send),
-    ) -> Result<bool, Error> {
-        too_large(len, self.max_message())?;
-        let mut sealed = sealing(len, &self.sealer, fill);
-        self.inner.try_send_with(len + TAG_LEN, &mut sealed)
-    }
-    fn state(&self) -> String {
-        format!("sealed {:?} | {}", self.sealer, self.inner.state())
-    }
-    fn direct(&self) -> Option<Arc<dyn SyncTx>> {
-        self.direct.clone()
-    }
-}
-
-/// [`SealedTx`]'s synchronous side: the same sealer (one sequence).
-struct SealedDirect {
-    inner: Arc<dyn SyncTx>,
-    sealer: Arc<Sealer>,
-    max: usize,
-}
-
-impl SyncTx for SealedDirect {
-    fn try_send_with(
-        &self,
-        len: usize,
-        fill: &mut (dyn FnMut(&mut [u8]) + Send),
-    ) -> Result<bool, Error> {
-        too_large(len, self.max)?;
-        let mut sealed = sealing(len, &self.sealer, fill);
-        self.inner.try_send_with(len + TAG_LEN, &mut sealed)
-    }
 }
 
 struct SealedRx {
@@ -186,7 +90,7 @@ impl MsgRx for SealedRx {
 mod tests {
     use super::*;
     use crate::pipe::mem_pair;
-    use crate::seal::KEY_LEN;
+    use crate::seal::{KEY_LEN, TAG_LEN};
 
     fn secrets() -> RingSecrets {
         RingSecrets {
@@ -208,8 +112,8 @@ mod tests {
     async fn sealed_pipes_carry_messages_and_respect_the_limit() {
         let (a, b) = mem_pair(1024);
         let c = RingCipher::preferred();
-        let (mut atx, mut arx) = wrap(a, &secrets(), Role::Client, c);
-        let (mut btx, mut brx) = wrap(b, &secrets(), Role::Server, c);
+        let (atx, mut arx) = wrap(a, &secrets(), Role::Client, c);
+        let (btx, mut brx) = wrap(b, &secrets(), Role::Server, c);
         assert_eq!(atx.max_message(), 1024 - TAG_LEN);
         atx.send_with(5, &mut |s: &mut [u8]| s.copy_from_slice(b"hello"))
             .await
@@ -235,7 +139,7 @@ mod tests {
     /// sees a byte of it.
     #[tokio::test]
     async fn an_unsealed_message_delivers_nothing() {
-        let ((mut raw_tx, _), b) = mem_pair(1024);
+        let ((raw_tx, _), b) = mem_pair(1024);
         let (_, mut brx) = wrap(b, &secrets(), Role::Server, RingCipher::Aes256Gcm);
         raw_tx
             .send_with(40, &mut |s: &mut [u8]| s.fill(7))

@@ -10,8 +10,8 @@
 //!   pointer records, the completions, the writer's queue. The ring is
 //!   fixed, 2 KiB (one call's window), elastic, `alpha = beta = 1`,
 //!   `gamma = 4`.
-//! * The writer (`fast::writer`'s `FrameWriter` over the poller's ring
-//!   send step): each batch of frames is encoded with [`frame::push_frame`]
+//! * The writer (`fast::writer`'s `FrameWriter` over the connection's
+//!   `conn::Link`, the poller's ring send step): each batch of frames is encoded with [`frame::push_frame`]
 //!   into one ring message, queued FIFO, then reserved, filled, committed
 //!   and flushed. A writer that found the ring full waits until the head it
 //!   reads has moved (the driver's `has_space` wait), and does not retry
