@@ -87,7 +87,7 @@ pub(crate) mod settings;
 pub use accept::{Incoming, Listener, Pending};
 pub(crate) use budget::BudgetGuard;
 pub use budget::{DEFAULT_MAX_PEER_GRANT_BYTES, NEAR_END_DIVISOR, PeerKey};
-pub use dial::connect;
+pub use dial::{Dialing, connect};
 pub use established::Connection;
 pub use exchange::{Offer, PeerInfo};
 pub use logical::{GRANT_LEASE, SharedConnection, connect_logical};
