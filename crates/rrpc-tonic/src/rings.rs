@@ -951,8 +951,17 @@ async fn hello_arrived(pending: &Pending) -> Result<(), Error> {
     use nix::sys::socket::{MsgFlags, recv};
     use rrpc_core::handshake::{HEADER_LEN, Header, MAX_BODY};
     let raw = pending.as_fd().as_raw_fd();
-    let afd = WatchedFd::new(pending.as_fd(), tokio::io::Interest::READABLE)?;
     let mut buf = vec![0u8; HEADER_LEN + MAX_BODY];
+    // Usually the whole hello is there already (sent with the connect):
+    // then no registration with the reactor (a dup and two epoll_ctl).
+    if let Ok(n) = recv(raw, &mut buf, MsgFlags::MSG_PEEK | MsgFlags::MSG_DONTWAIT)
+        && n >= HEADER_LEN
+        && let Ok(h) = Header::decode(buf[..HEADER_LEN].try_into().expect("12 bytes"))
+        && n >= HEADER_LEN + h.body_len
+    {
+        return Ok(());
+    }
+    let afd = WatchedFd::new(pending.as_fd(), tokio::io::Interest::READABLE)?;
     loop {
         let mut guard = afd.readable().await?;
         let n = match recv(raw, &mut buf, MsgFlags::MSG_PEEK | MsgFlags::MSG_DONTWAIT) {

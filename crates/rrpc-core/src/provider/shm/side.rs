@@ -684,8 +684,9 @@ pub(crate) fn start_dial(
 
 /// Whether the server's whole answer (header and body) waits in `s`'s
 /// receive queue, so that [`finish_dial`] will not wait for it; also
-/// `true` when waiting would not help (the server closed the socket, or
-/// the header does not decode: [`finish_dial`] then fails at once).
+/// `true` when waiting would not help (the server closed or shut the
+/// socket, with or without part of an answer sent, or the header does not
+/// decode: [`finish_dial`] then fails at once).
 /// Peeks without consuming and without blocking.
 ///
 /// # Errors
@@ -705,14 +706,36 @@ pub(crate) fn answer_arrived(s: &UnixStream) -> Result<bool> {
     if n == 0 {
         return Ok(true);
     }
-    if n < HEADER_LEN {
-        return Ok(false);
+    if n >= HEADER_LEN {
+        let head: &[u8; HEADER_LEN] = buf[..HEADER_LEN].try_into().expect("12 bytes");
+        match Header::decode(head) {
+            Ok(h) if n < HEADER_LEN + h.body_len => {}
+            _ => return Ok(true),
+        }
     }
-    let head: &[u8; HEADER_LEN] = buf[..HEADER_LEN].try_into().expect("12 bytes");
-    Ok(match Header::decode(head) {
-        Ok(h) => n >= HEADER_LEN + h.body_len,
-        Err(_) => true,
-    })
+    // Part of an answer: worth waiting for unless the server has shut its
+    // side, after which the rest never comes.
+    peer_shut(s)
+}
+
+/// Whether the peer has shut its sending side (or the socket hung up):
+/// `poll` with no wait.
+fn peer_shut(s: &UnixStream) -> Result<bool> {
+    let mut p = libc::pollfd {
+        fd: s.as_raw_fd(),
+        events: libc::POLLRDHUP,
+        revents: 0,
+    };
+    // SAFETY: one valid `pollfd` for the duration of the call, timeout 0.
+    let n = unsafe { libc::poll(&mut p, 1, 0) };
+    if n < 0 {
+        let e = io::Error::last_os_error();
+        if e.kind() == io::ErrorKind::Interrupted {
+            return Ok(false);
+        }
+        return Err(map_io("poll", e));
+    }
+    Ok(p.revents & (libc::POLLRDHUP | libc::POLLHUP | libc::POLLERR) != 0)
 }
 
 /// The client side's second half, after [`start_dial`]: reads the server's
