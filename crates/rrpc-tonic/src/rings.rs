@@ -487,14 +487,11 @@ async fn dial_dedicated_async(
             let arrived = async {
                 loop {
                     let mut guard = afd.readable().await?;
+                    // Also when the server left mid-answer (`finish` then
+                    // fails at once): a closed socket stays readable, and
+                    // waiting again would spin.
                     if dialing.answer_arrived()? {
                         return Ok::<_, Error>(());
-                    }
-                    // Part of an answer and the server gone: the rest never
-                    // comes; `finish` reads what there is and fails. (A
-                    // closed socket stays readable: waiting again would spin.)
-                    if guard.is_read_closed() {
-                        return Ok(());
                     }
                     guard.clear_ready();
                 }
