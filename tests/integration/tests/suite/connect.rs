@@ -194,3 +194,61 @@ async fn a_stalled_server_does_not_hold_up_connects_to_another() {
     );
     server.join().unwrap();
 }
+
+/// The server answers a shm hello on its connection's task, not on a
+/// blocking thread: that is safe only once the whole hello is in. Clients
+/// that trickle theirs (more of them than the server has workers) must
+/// not hold a worker: honest clients connect and call while every
+/// trickler is still being waited for (none cut yet).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tricklers_hold_no_server_worker() {
+    use std::sync::atomic::AtomicBool;
+    let cfg = config(Transport::ShmFast)
+        .to_builder()
+        .handshake_timeout(Duration::from_secs(20))
+        .build()
+        .unwrap();
+    let h = Harness::start_with(Transport::ShmFast, cfg).await;
+    let path = h.uri.strip_prefix("shm://").expect("shm uri").to_owned();
+    let (stop, cut) = (
+        Arc::new(AtomicBool::new(false)),
+        Arc::new(AtomicU64::new(0)),
+    );
+    let tricklers: Vec<_> = (0..4)
+        .map(|_| {
+            let (path, stop, cut) = (path.clone(), stop.clone(), cut.clone());
+            std::thread::spawn(move || {
+                let mut s = std::os::unix::net::UnixStream::connect(&path).expect("connect");
+                // A hello header announcing 1000 bytes of body, then a byte
+                // at a time.
+                let mut head = b"RRPC".to_vec();
+                head.extend_from_slice(&2u16.to_le_bytes());
+                head.extend_from_slice(&[1, 0]);
+                head.extend_from_slice(&1000u32.to_le_bytes());
+                let mut sent = s.write_all(&head).is_ok();
+                while sent && !stop.load(Ordering::Relaxed) {
+                    std::thread::sleep(Duration::from_millis(20));
+                    sent = s.write_all(&[0]).is_ok();
+                }
+                if !sent {
+                    cut.fetch_add(1, Ordering::Relaxed);
+                }
+            })
+        })
+        .collect();
+    // Every trickler connected and sent its first bytes.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    for i in 0..5u8 {
+        let mut c = h.client().await;
+        call(&mut c, i).await;
+    }
+    let cut_early = cut.load(Ordering::Relaxed);
+    stop.store(true, Ordering::Relaxed);
+    for t in tricklers {
+        t.join().unwrap();
+    }
+    assert_eq!(
+        cut_early, 0,
+        "honest clients were served only after tricklers were cut"
+    );
+}
