@@ -1063,6 +1063,11 @@ fn connect_rounds(args: &SuiteArgs, server_rt: &Runtime, client_rt: &Runtime) ->
             with(Transport::RrpcFast, &|b| b.spare_connections(2))?,
         ),
         (
+            "rrpc-shm-fast-pool4",
+            Transport::RrpcFast,
+            with(Transport::RrpcFast, &|b| b.connection_pool(4))?,
+        ),
+        (
             "rrpc-port-shm",
             Transport::RrpcPort,
             with(Transport::RrpcPort, &shm_only)?,
@@ -1113,7 +1118,8 @@ fn connect_rounds(args: &SuiteArgs, server_rt: &Runtime, client_rt: &Runtime) ->
          rrpc://127.0.0.1 with the client allowing shm only; after the warm-up the client's \
          context remembers the shm endpoint the port named, so a connect dials it with no TCP \
          connection and no negotiation (rrpc_tonic's context::PortMemo). spare2: \
-         spare_connections(2)."
+         spare_connections(2). pool4: connection_pool(4) at both ends (bundles of rings and queue pair made \
+         ahead by a background thread)."
     ));
     Ok(t)
 }

@@ -20,8 +20,10 @@
 //!   handshake, not for each read: a peer that trickles bytes is cut off
 //!   when it passes ([`Error::Timeout`]). Servers run
 //!   [`Listener::accept_pending`] in their accept loop and each
-//!   [`Pending::handshake`] on its own thread, so one slow client delays
-//!   nobody else.
+//!   [`Pending::handshake`] on its own thread or task once the whole hello
+//!   has arrived, so one slow client delays nobody else. Clients that must
+//!   not hold a thread for the round trip split [`connect`] around its one
+//!   wait with [`Dialing`] (on shm; `rdma://` dials in one piece).
 //! * **Descriptors.** Every descriptor received with `SCM_RIGHTS` is owned
 //!   (and closed on every path) from the moment it arrives, truncated control
 //!   data included; a hello carries at most `MAX_REGIONS + 2` (18).
@@ -57,7 +59,7 @@
 //!   ([`Offer`], [`PeerInfo`], the deadline, the hello's provider-neutral
 //!   part) and `budget` ([`PeerKey`]) are leaves: of this module they
 //!   import only each other, and no provider.
-//! * `dial` ([`connect`]) and `accept` ([`Listener`], [`Pending`],
+//! * `dial` ([`connect`], [`Dialing`]) and `accept` ([`Listener`], [`Pending`],
 //!   [`Incoming`]) run the handshake; `established` ([`Connection`]) is the
 //!   connection and its liveness; `logical` ([`SharedConnection`],
 //!   [`connect_logical`]) builds on both.
@@ -87,7 +89,7 @@ pub(crate) mod settings;
 pub use accept::{Incoming, Listener, Pending};
 pub(crate) use budget::BudgetGuard;
 pub use budget::{DEFAULT_MAX_PEER_GRANT_BYTES, NEAR_END_DIVISOR, PeerKey};
-pub use dial::connect;
+pub use dial::{Dialing, connect};
 pub use established::Connection;
 pub use exchange::{Offer, PeerInfo};
 pub use logical::{GRANT_LEASE, SharedConnection, connect_logical};

@@ -100,3 +100,41 @@ async fn dropped_channel_releases(t: Transport) {
         );
     }
 }
+
+/// Many `shm://` connects back to back (each dialed without a blocking
+/// thread on either side: rrpc-core `conn::Dialing`, the server's inline
+/// handshake), each carrying a call and dropped at once: once they are
+/// gone, the process holds no more descriptors than before, whether the
+/// connections ran their calls or were dropped before their first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn back_to_back_connects_leave_no_descriptor() {
+    let _alone = ALONE.lock().await;
+    let t = Transport::ShmFast;
+    let h = Harness::start(t).await;
+    {
+        let mut c = TestClient::new(h.channel().await);
+        c.unary(Input::default()).await.expect("call");
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let base = open_fds();
+    let mut peak = base;
+    for i in 0..200 {
+        let ch = h.channel().await;
+        if i % 2 == 0 {
+            let mut c = TestClient::new(ch.clone());
+            c.unary(Input::default()).await.expect("call");
+        }
+        peak = peak.max(open_fds());
+        drop(ch);
+    }
+    assert!(peak > base, "a connection holds descriptors");
+    let start = Instant::now();
+    while open_fds() > base && start.elapsed() < Duration::from_secs(5) {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(
+        open_fds() <= base,
+        "{} descriptors open 5 s after 200 connections were dropped (baseline {base}, peak {peak})",
+        open_fds()
+    );
+}

@@ -181,6 +181,46 @@ pub(crate) fn dial(
     })
 }
 
+/// [`dial`]'s first half, without blocking, where the provider allows it:
+/// on shm, connect and send our hello; `None` when that would wait (a full
+/// backlog, a full socket) and on `rdma://` (its TCP connect and TLS
+/// handshake block): the caller then runs [`dial`]. [`finish_dial`] is the
+/// second half.
+///
+/// # Errors
+/// As [`crate::conn::connect`].
+pub(crate) fn start_dial(
+    endpoint: &FabricAddr,
+    qp: &QueuePair,
+    offer: &Offer,
+    deadline: Deadline,
+) -> Result<Option<Side>> {
+    Ok(match endpoint {
+        FabricAddr::Shm(path) => shm::start_dial(path, qp, offer, deadline)?.map(Side::Unix),
+        FabricAddr::Rdma(_) => None,
+    })
+}
+
+/// [`dial`]'s second half on a side channel from [`start_dial`]: reads the
+/// server's `Accept` and attaches `qp` to its grants, by `deadline`.
+///
+/// # Errors
+/// As [`crate::conn::connect`].
+pub(crate) fn finish_dial(
+    side: &Side,
+    qp: &QueuePair,
+    cfg: &HandshakeConfig,
+    deadline: Deadline,
+) -> Result<PeerInfo> {
+    match side {
+        Side::Unix(s) => shm::finish_dial(s, qp, cfg.max_grant_bytes, deadline),
+        #[cfg(feature = "verbs")]
+        Side::Tcp(_) => Err(Error::InvalidConfig(
+            "a TCP side channel is dialed in one piece".into(),
+        )),
+    }
+}
+
 /// The client side of a logical connection on `endpoint`'s side channel
 /// (`conn::logical`): a hello with `offer`'s grants and no queue-pair
 /// endpoint, by `deadline`. Returns the side channel, the server's
@@ -314,6 +354,17 @@ impl Side {
             Side::Unix(s) => s.set_nonblocking(nb),
             #[cfg(feature = "verbs")]
             Side::Tcp(s) => s.tcp().set_nonblocking(nb),
+        }
+    }
+
+    /// Whether the peer's whole next message waits in the socket (or
+    /// waiting would not help: closed, malformed), so that reading it does
+    /// not block. Only a side channel from [`start_dial`] is asked.
+    pub(crate) fn answer_arrived(&self) -> Result<bool> {
+        match self {
+            Side::Unix(s) => shm::answer_arrived(s),
+            #[cfg(feature = "verbs")]
+            Side::Tcp(_) => Ok(true),
         }
     }
 

@@ -8,6 +8,7 @@
 mod common;
 
 mod conformance;
+mod dialing;
 mod faults;
 mod handshake_errors;
 mod logical;

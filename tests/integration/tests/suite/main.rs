@@ -18,6 +18,7 @@ mod cancellation;
 mod compression;
 mod concurrency;
 mod conn_limits;
+mod connect;
 mod deadlines;
 mod endpoint;
 mod flow_control;

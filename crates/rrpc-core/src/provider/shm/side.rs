@@ -13,6 +13,8 @@
 //! * [`answer`]: server side — attach our queue pair to the client's
 //!   grants and answer `Accept` with ours;
 //! * [`dial`] / [`dial_logical`]: the client side, one call each;
+//! * [`start_dial`] / [`answer_arrived`] / [`finish_dial`]: [`dial`] in
+//!   two halves around its one wait, for a caller that waits on readiness;
 //! * [`send_msg`] / [`recv_msg`]: one message with its descriptors.
 // The workspace denies `unsafe`; this module maps the memory descriptors the peer passed, so it
 // allows it, with a SAFETY argument on every block.
@@ -600,6 +602,169 @@ pub(crate) fn dial(
     let peer = peer_info(&h, ProviderKind::Shm)?;
     attach(qp, &h, fds, max_grant_bytes, None)?;
     Ok((s, peer))
+}
+
+/// The client side's first half, without blocking: connects to `path`
+/// and sends our hello (as [`dial`]). Returns `None`, having sent nothing,
+/// when either step would have to wait (the server's listen backlog is
+/// full, or the socket has no room for the hello): the caller then runs
+/// [`dial`] where it may block. The socket returned is blocking again, its
+/// hello sent; [`finish_dial`] reads the answer.
+///
+/// # Errors
+/// As [`connect_unix`] and [`send_msg`].
+pub(crate) fn start_dial(
+    path: &Path,
+    qp: &QueuePair,
+    offer: &Offer,
+    deadline: Deadline,
+) -> Result<Option<UnixStream>> {
+    use nix::sys::socket::{AddressFamily, SockFlag, SockType, UnixAddr, socket};
+    let fd = socket(
+        AddressFamily::Unix,
+        SockType::Stream,
+        SockFlag::SOCK_CLOEXEC | SockFlag::SOCK_NONBLOCK,
+        None,
+    )
+    .map_err(|e| Error::nix("socket", e))?;
+    let s = UnixStream::from(fd);
+    let addr = UnixAddr::new(path).map_err(|e| Error::nix("connect side channel", e))?;
+    loop {
+        match nix::sys::socket::connect(s.as_raw_fd(), &addr) {
+            Ok(()) => break,
+            Err(nix::errno::Errno::EINTR) => deadline.remaining().map(drop)?,
+            // A full backlog: a blocking connect waits for room.
+            Err(nix::errno::Errno::EAGAIN) => return Ok(None),
+            Err(e) => {
+                return Err(map_io(
+                    "connect side channel",
+                    io::Error::from_raw_os_error(e as i32),
+                ));
+            }
+        }
+    }
+    let (hello, fds) = make_hello(qp, offer)?;
+    let bytes = Message::Hello(hello).encode()?;
+    let raw: Vec<RawFd> = fds.iter().map(|f| f.as_raw_fd()).collect();
+    let cmsg = [ControlMessage::ScmRights(&raw)];
+    let cmsgs: &[ControlMessage<'_>] = if raw.is_empty() { &[] } else { &cmsg };
+    let n = loop {
+        match sendmsg::<()>(
+            s.as_raw_fd(),
+            &[IoSlice::new(&bytes)],
+            cmsgs,
+            MsgFlags::MSG_NOSIGNAL | MsgFlags::MSG_DONTWAIT,
+            None,
+        ) {
+            Ok(n) => break n,
+            Err(nix::errno::Errno::EINTR) => continue,
+            // Nothing sent: the blocking dial starts over on a new socket
+            // (this one closes; the server sees a client leave before its hello).
+            Err(nix::errno::Errno::EAGAIN) => return Ok(None),
+            Err(e) => return Err(map_io("sendmsg", io::Error::from_raw_os_error(e as i32))),
+        }
+    };
+    s.set_nonblocking(false)
+        .map_err(|e| Error::io("set_nonblocking", e))?;
+    // The rest of a hello sent in part (a fresh socket's buffer holds a
+    // whole one, so this does not happen in practice), bounded by `deadline`.
+    let mut n = n;
+    while n < bytes.len() {
+        s.set_write_timeout(Some(deadline.remaining()?))
+            .map_err(|e| Error::io("set socket timeout", e))?;
+        match (&s).write(&bytes[n..]) {
+            Ok(0) => return Err(Error::PeerGone),
+            Ok(k) => n += k,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(map_io("handshake write", e)),
+        }
+    }
+    Ok(Some(s))
+}
+
+/// Whether the server's whole answer (header and body) waits in `s`'s
+/// receive queue, so that [`finish_dial`] will not wait for it; also
+/// `true` when waiting would not help (the server closed or shut the
+/// socket, with or without part of an answer sent, or the header does not
+/// decode: [`finish_dial`] then fails at once).
+/// Peeks without consuming and without blocking.
+///
+/// # Errors
+/// Transport errors.
+pub(crate) fn answer_arrived(s: &UnixStream) -> Result<bool> {
+    use nix::sys::socket::recv;
+    let mut buf = vec![0u8; HEADER_LEN + MAX_BODY];
+    let n = match recv(
+        s.as_raw_fd(),
+        &mut buf,
+        MsgFlags::MSG_PEEK | MsgFlags::MSG_DONTWAIT,
+    ) {
+        Ok(n) => n,
+        Err(nix::errno::Errno::EAGAIN | nix::errno::Errno::EINTR) => return Ok(false),
+        Err(e) => return Err(map_io("recv", io::Error::from_raw_os_error(e as i32))),
+    };
+    if n == 0 {
+        return Ok(true);
+    }
+    if n >= HEADER_LEN {
+        let head: &[u8; HEADER_LEN] = buf[..HEADER_LEN].try_into().expect("12 bytes");
+        match Header::decode(head) {
+            Ok(h) if n < HEADER_LEN + h.body_len => {}
+            _ => return Ok(true),
+        }
+    }
+    // Part of an answer: worth waiting for unless the server has shut its
+    // side, after which the rest never comes.
+    peer_shut(s)
+}
+
+/// Whether the peer has shut its sending side (or the socket hung up):
+/// `poll` with no wait.
+fn peer_shut(s: &UnixStream) -> Result<bool> {
+    let mut p = libc::pollfd {
+        fd: s.as_raw_fd(),
+        events: libc::POLLRDHUP,
+        revents: 0,
+    };
+    // SAFETY: one valid `pollfd` for the duration of the call, timeout 0.
+    let n = unsafe { libc::poll(&mut p, 1, 0) };
+    if n < 0 {
+        let e = io::Error::last_os_error();
+        if e.kind() == io::ErrorKind::Interrupted {
+            return Ok(false);
+        }
+        return Err(map_io("poll", e));
+    }
+    Ok(p.revents & (libc::POLLRDHUP | libc::POLLHUP | libc::POLLERR) != 0)
+}
+
+/// The client side's second half, after [`start_dial`]: reads the server's
+/// `Accept` and attaches `qp` to its grants (at most `max_grant_bytes`),
+/// by `deadline`. Blocks only while the answer has not arrived whole
+/// ([`answer_arrived`]).
+///
+/// # Errors
+/// As [`dial`].
+pub(crate) fn finish_dial(
+    s: &UnixStream,
+    qp: &QueuePair,
+    max_grant_bytes: u64,
+    deadline: Deadline,
+) -> Result<PeerInfo> {
+    let (answer, fds) = recv_msg(s, deadline)?;
+    let h = match answer {
+        Message::Accept(h) => h,
+        Message::Reject(r) => return Err(reject_error(r)),
+        other => {
+            return Err(Error::MalformedHandshake(format!(
+                "expected Accept, got {:?}",
+                other.kind()
+            )));
+        }
+    };
+    let peer = peer_info(&h, ProviderKind::Shm)?;
+    attach(qp, &h, fds, max_grant_bytes, None)?;
+    Ok(peer)
 }
 
 /// The client side of a logical connection (`conn::connect_logical`):
