@@ -1290,6 +1290,21 @@ mod cross_host {
             .unwrap_or_else(|_| panic!("{k} is not set (run by `cargo xtask rxe --hosts 2`)"))
     }
 
+    /// The handshake timeout of both ends: two TLS handshakes (the port's,
+    /// then the verbs side channel's) under emulation (20-50x slower) and
+    /// netem's loss took more than the default 5 s in the lossy pass
+    /// ("connect timed out after 5s" at the port's negotiation). A
+    /// functional bound, not a timing.
+    const SLOW_WIRE: Duration = Duration::from_secs(30);
+
+    /// [`verbs_only`] or [`verbs_only_plain`] with [`SLOW_WIRE`].
+    fn slow(cfg: RrpcConfig) -> RrpcConfig {
+        cfg.to_builder()
+            .handshake_timeout(SLOW_WIRE)
+            .build()
+            .expect("config")
+    }
+
     /// The directory both hosts share for this test.
     fn shared() -> PathBuf {
         PathBuf::from(env("RRPC_RXE_WIRE")).join("tls-port")
@@ -1327,9 +1342,13 @@ mod cross_host {
         // once lived one handshake timeout (5 s), and a client's verbs ring
         // connect under emulation and netem faults took longer: it was
         // refused "unknown, used or expired TLS ticket" (#57).
-        let cfg = ring_encryption(RrpcConfig::builder().rdma_device(&dev))
-            .build()
-            .expect("config");
+        let cfg = ring_encryption(
+            RrpcConfig::builder()
+                .rdma_device(&dev)
+                .handshake_timeout(SLOW_WIRE),
+        )
+        .build()
+        .expect("config");
         let s = serve_verbs_port(&env("RRPC_RXE_SELF"), PORT, pki.server(false), cfg).await;
         std::fs::write(dir.join("ready"), &s.uri).expect("ready");
         println!("cross-host tls: A serves {}", s.uri);
@@ -1364,7 +1383,7 @@ mod cross_host {
             let on = format!("verbs across hosts, {want:?} path");
             let ch = RrpcEndpoint::new(&uri)
                 .expect("uri")
-                .config(verbs_only(&dev, path))
+                .config(slow(verbs_only(&dev, path)))
                 .tls_config(tls.clone())
                 .expect("tls")
                 .connect()
@@ -1385,7 +1404,7 @@ mod cross_host {
         }
         let plain = RrpcEndpoint::new(&uri)
             .expect("uri")
-            .config(verbs_only_plain(&dev, PathPreference::Fast))
+            .config(slow(verbs_only_plain(&dev, PathPreference::Fast)))
             .connect()
             .await
             .map(|_| ())
@@ -1396,7 +1415,7 @@ mod cross_host {
         );
         let e = RrpcEndpoint::new(&uri)
             .expect("uri")
-            .config(verbs_only_plain(&dev, PathPreference::Fast))
+            .config(slow(verbs_only_plain(&dev, PathPreference::Fast)))
             .tls_config(anonymous)
             .expect("tls")
             .connect()
@@ -1408,7 +1427,7 @@ mod cross_host {
         // rings and says so.
         let e = RrpcEndpoint::new(&uri)
             .expect("uri")
-            .config(verbs_only_plain(&dev, PathPreference::Fast))
+            .config(slow(verbs_only_plain(&dev, PathPreference::Fast)))
             .tls_config(tls)
             .expect("tls")
             .connect()
