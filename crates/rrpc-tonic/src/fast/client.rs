@@ -432,9 +432,19 @@ async fn call(
             // hold the call until the connection is declared dead. A write
             // cut short leaves whole frames only; the guard then resets
             // the call on the server.
-            let write = guard.inner.writer.send(batch);
-            let Some(written) = until_expired(&shared, id, write).await else {
-                return Err(deadline_exceeded());
+            // Written at once in the common case; the waiting write is
+            // boxed so that its state does not enlarge every call's future
+            // (moved whole when the call is boxed and as it runs).
+            let written = match guard.inner.writer.try_send(&batch) {
+                Ok(true) => Ok(()),
+                Ok(false) => {
+                    let write = Box::pin(guard.inner.writer.send(batch));
+                    let Some(written) = until_expired(&shared, id, write).await else {
+                        return Err(deadline_exceeded());
+                    };
+                    written
+                }
+                Err(e) => Err(e),
             };
             if let Err(e) = written {
                 guard.unsent();
