@@ -406,11 +406,7 @@ where
     where
         F: Future<Output = ()> + Send,
     {
-        let config = self.opts.with_side_channel_tls(config)?;
-        let incoming = match self.opts.context.clone() {
-            Some(ctx) => RrpcIncoming::bind_with_context(uri, config, ctx)?,
-            None => RrpcIncoming::bind(uri, config)?,
-        };
+        let incoming = self.bind(uri, config)?;
         self.serve_rrpc_incoming(incoming, signal).await
     }
 

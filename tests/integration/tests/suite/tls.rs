@@ -1112,7 +1112,7 @@ mod rdma_verbs {
         Some((d, cfg))
     }
 
-    async fn connect(
+    pub(super) async fn connect(
         uri: &str,
         cfg: RrpcConfig,
         tls: Option<ClientTlsConfig>,
@@ -1279,6 +1279,7 @@ mod rdma_verbs {
 /// `RRPC_TEST_DEVICE`).
 #[cfg(feature = "verbs")]
 mod cross_host {
+    use super::rdma_verbs::connect;
     use super::*;
     use std::path::PathBuf;
 
@@ -1402,35 +1403,26 @@ mod cross_host {
             assert_streamed(&mut c, &der, &on).await;
             println!("cross-host tls: {on}: carried by {:?}", ch.carrier());
         }
-        let plain = RrpcEndpoint::new(&uri)
-            .expect("uri")
-            .config(slow(verbs_only_plain(&dev, PathPreference::Fast)))
-            .connect()
-            .await
-            .map(|_| ())
-            .expect_err("plaintext");
+        let refused = |tls: Option<ClientTlsConfig>| {
+            connect(
+                &uri,
+                slow(verbs_only_plain(&dev, PathPreference::Fast)),
+                tls,
+            )
+        };
+        let plain = refused(None).await.map(|_| ()).expect_err("plaintext");
         assert!(
             matches!(&plain, Error::Handshake(m) if m.contains("requires TLS")),
             "{plain}"
         );
-        let e = RrpcEndpoint::new(&uri)
-            .expect("uri")
-            .config(slow(verbs_only_plain(&dev, PathPreference::Fast)))
-            .tls_config(anonymous)
-            .expect("tls")
-            .connect()
+        let e = refused(Some(anonymous))
             .await
             .map(|_| ())
             .expect_err("no client certificate");
         assert_eq!(e.code(), tonic::Code::Unavailable, "{e}");
         // A TLS client that asks for plaintext rings: A seals its verbs
         // rings and says so.
-        let e = RrpcEndpoint::new(&uri)
-            .expect("uri")
-            .config(slow(verbs_only_plain(&dev, PathPreference::Fast)))
-            .tls_config(tls)
-            .expect("tls")
-            .connect()
+        let e = refused(Some(tls))
             .await
             .map(|_| ())
             .expect_err("plaintext rings to a sealing server");
