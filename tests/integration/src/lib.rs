@@ -561,6 +561,7 @@ impl Harness {
         cfg: RrpcConfig,
         options: fn(Server) -> Server,
     ) -> Self {
+        trace_from_env();
         let uri = match transport {
             // Port 0: the server binds first and the harness reads the
             // port back, so no other socket can take it in between.
@@ -865,6 +866,24 @@ pub fn calls_in_flight(
         });
     }
     calls
+}
+
+/// With `RRPC_TEST_LOG` set to an `EnvFilter` directive (for example
+/// `rrpc_tonic=debug,rrpc_poller=debug,rrpc_core=debug`), prints rrpc's
+/// `tracing` events to stderr, with thread ids and times: what each end saw
+/// when a test fails where it cannot be debugged (the soft-RoCE VM of `cargo
+/// xtask rxe`). Unset, nothing is installed. Every [`Harness`] calls it.
+pub fn trace_from_env() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        if let Ok(filter) = std::env::var("RRPC_TEST_LOG") {
+            let _ = tracing_subscriber::fmt()
+                .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
+                .with_writer(std::io::stderr)
+                .with_thread_ids(true)
+                .try_init();
+        }
+    });
 }
 
 /// A multi-threaded runtime of two workers, for tests that drive several
