@@ -102,6 +102,7 @@ pub enum Handoff {
 /// | `handoff` | [`Handoff::Auto`] | beyond the paper: when a connection's peer needs **this process's only CPU** (the process may run on one CPU, by the union of its threads' affinity masks as `taskset` gives them or by its cgroup quota, and the peer is this process or a process on this host confined to that CPU: `SO_PEERCRED`, then its threads' masks; looked at again every 100 ms of waiting), a spin can only delay the peer it waits for. That connection's waits then never spin: each is announced to the writer and woken by its doorbell, one wake-up ([`Registration::hands_off`](crate::Registration::hands_off)). Processes pinned each to a core of its own keep spinning. In [`Mode::Event`] it drops the receive spin. In BPEV it needs the doorbell fallback for the doorbell; without it the wait sleeps until its polling thread finds the data |
 /// | `numa_node` | [`NumaPlacement::Device`] | RB² §IV-C ("bound to the CPU cores of the NUMA node to which the RNIC belongs"): pinned to the device's node once a connection names it ([`Poller::place_for_device`](crate::Poller::place_for_device); from sysfs, nothing on shm) |
 /// | `idle_poll_interval` | 3 ms | beyond the paper: rescan period of dozing threads (one thread rescans for all); bounds the extra latency of the first message after an idle period. A rescan costs ~40 µs per 256 armed shm connections here (one cold cache line and TLB entry per ring). While every armed connection's sleep is announced to a doorbell the rescans are only a backstop and stretch, doubling up to 64 × this period: 256 idle connections measured 0.2 % of a core (plain BPEV: 5.4 %) |
+/// | `completion_limit` | 30 s | beyond the paper: how long a connection's work may wait on send completions with none coming before the connection is failed (`Error::CompletionOverdue`, the device's fault). A NIC completes a WRITE in microseconds or fails it once its retries run out (with the default `QpConfig`, about half a second); soft-RoCE can stall a queue pair's sends for good when the link goes down under it, and both ends then waited for ever |
 ///
 /// # Examples
 /// ```
@@ -129,6 +130,7 @@ pub struct PollerConfig {
     idle_poll_interval: Duration,
     thread_name: String,
     numa_node: NumaPlacement,
+    completion_limit: Duration,
 }
 
 impl Default for PollerConfig {
@@ -145,6 +147,7 @@ impl Default for PollerConfig {
             idle_poll_interval: Duration::from_millis(3),
             thread_name: "rrpc-poll".to_owned(),
             numa_node: NumaPlacement::Device,
+            completion_limit: Duration::from_secs(30),
         }
     }
 }
@@ -174,6 +177,11 @@ impl PollerConfig {
             handoff: Handoff::Never,
             ..Self::default()
         }
+    }
+
+    /// The [`completion_limit`](PollerConfigBuilder::completion_limit) setting.
+    pub fn completion_limit(&self) -> Duration {
+        self.completion_limit
     }
 
     /// The [`mode`](PollerConfigBuilder::mode) setting.
@@ -290,6 +298,18 @@ impl PollerConfigBuilder {
         self
     }
 
+    /// How long a connection's work (a tail WRITE, messages held back behind
+    /// it, a head push) may wait on send completions with none coming
+    /// before the connection is failed with [`Error::CompletionOverdue`]
+    /// (default 30 s; at least 1 ms). Make it longer than the queue pair's
+    /// own retry timeout (`rrpc_core::QpConfig`'s ack timeout and retry
+    /// count: a NIC fails a WRITE it cannot deliver by then); it catches a
+    /// device that neither completes nor fails them.
+    pub fn completion_limit(mut self, t: Duration) -> Self {
+        self.cfg.completion_limit = t;
+        self
+    }
+
     /// Spinning that backs off when it stops paying (BPEV): a task stops spinning while its
     /// spins rarely catch data or lose their core, and a polling thread that is descheduled or
     /// wakes too few readers dozes for a while and leaves its connections to their doorbells
@@ -352,6 +372,11 @@ impl PollerConfigBuilder {
         if c.idle_poll_interval.is_zero() || c.idle_poll_interval > Duration::from_secs(1) {
             return Err(Error::InvalidConfig(
                 "idle_poll_interval must be in (0, 1 s]",
+            ));
+        }
+        if c.completion_limit < Duration::from_millis(1) {
+            return Err(Error::InvalidConfig(
+                "completion_limit must be at least 1 ms",
             ));
         }
         Ok(c)

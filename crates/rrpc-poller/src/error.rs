@@ -36,6 +36,16 @@ pub enum Error {
     /// The fabric reported an error (posting receives, arming a completion queue).
     #[error("fabric: {0}")]
     Core(#[source] rrpc_core::Error),
+    /// Work waited on send completions for this long with none coming
+    /// ([`PollerConfigBuilder::completion_limit`](crate::PollerConfigBuilder::completion_limit)): the
+    /// device lost the connection's WRITEs (a link down that its driver
+    /// did not report as a failed completion, a stalled driver). The
+    /// connection is failed; it is the device's fault.
+    #[error(
+        "no send completion for {0:?} with WRITEs in flight: the device stopped completing \
+         this connection's writes (a link down its driver did not report, or a stalled driver)"
+    )]
+    CompletionOverdue(std::time::Duration),
     /// A system call failed (eventfd creation, registration with the tokio reactor, ...).
     #[error("{op} failed: {source}")]
     Io {
@@ -57,7 +67,7 @@ impl Error {
             Error::PeerGone => Fault::PeerGone,
             Error::Ring(e) => e.fault(),
             Error::Core(e) => e.fault(),
-            Error::Io { .. } => Fault::Device,
+            Error::Io { .. } | Error::CompletionOverdue(_) => Fault::Device,
         }
     }
 

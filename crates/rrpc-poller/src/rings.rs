@@ -37,7 +37,7 @@ use std::io;
 use std::os::fd::BorrowedFd;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use rrpc_core::conn::{Connection, HandshakeConfig, Listener, Offer, connect};
 use rrpc_core::{Fabric, FabricAddr, ProviderKind, QpConfig, QueuePair};
@@ -110,6 +110,8 @@ impl Notifier for RecvNotifier {
 struct RxSource {
     watch: RxWatch,
     conn: Arc<Connection>,
+    /// The poller's `completion_limit`.
+    completion_limit: Duration,
     notifier: Option<RecvNotifier>,
     doorbell: Option<RecvNotifier>,
 }
@@ -135,6 +137,8 @@ impl Readiness for RxSource {
 struct TxSource {
     watch: TxWatch,
     conn: Arc<Connection>,
+    /// The poller's `completion_limit`.
+    completion_limit: Duration,
 }
 
 impl Readiness for TxSource {
@@ -149,19 +153,60 @@ impl Readiness for TxSource {
     }
 }
 
-/// The wait between two polls for completions that a NIC delivers after the
-/// post: a yield for the first 64 (microseconds on a NIC), then 200 µs sleeps
-/// (soft-RoCE under emulation is slower), each checking that the peer is
-/// still there.
-async fn between_completion_polls(polls: &mut u32, conn: &Connection) -> Result<()> {
-    *polls += 1;
-    if *polls < 64 {
-        tokio::task::yield_now().await;
-    } else {
-        conn.check_alive()?;
-        tokio::time::sleep(Duration::from_micros(200)).await;
+/// A wait for send completions that a NIC delivers after the post: the
+/// polls so far, and when the work waiting last changed (a completion, or
+/// new work). Start one per wait ([`Default`]); a wait that makes no
+/// progress for the poller's
+/// [`completion_limit`](crate::PollerConfig::completion_limit) fails with
+/// [`Error::CompletionOverdue`]. A NIC completes a WRITE in microseconds,
+/// or fails it once its retries run out; a WRITE with no completion after
+/// that long is lost in the device, not slow. Soft-RoCE shows it: a packet
+/// its `ip_local_out` drops while the link goes down can stall the queue
+/// pair's send path for good, completing nothing and failing nothing, and
+/// both ends of the connection then waited for ever with calls in flight.
+#[derive(Debug, Default, Clone)]
+pub struct CompletionWait {
+    polls: u32,
+    /// When the work in flight was last seen to change, and what it was.
+    since: Option<(Instant, usize)>,
+}
+
+impl CompletionWait {
+    /// A fresh wait (what [`Default`] gives).
+    pub fn new() -> Self {
+        Self::default()
     }
-    Ok(())
+
+    /// The wait ended (room came without a completion poll): the next one
+    /// starts afresh.
+    fn reset(&mut self) {
+        *self = Self::default();
+    }
+
+    /// One wait between two polls: a yield for the first 64 (microseconds on
+    /// a NIC), then 200 µs sleeps (soft-RoCE under emulation is slower),
+    /// each checking that the peer is still there and that the work
+    /// waiting (`in_flight`, any measure that changes as completions come)
+    /// moved within `limit`.
+    async fn pause(&mut self, conn: &Connection, limit: Duration, in_flight: usize) -> Result<()> {
+        self.polls += 1;
+        if self.polls < 64 {
+            tokio::task::yield_now().await;
+            return Ok(());
+        }
+        conn.check_alive()?;
+        let now = Instant::now();
+        match self.since {
+            Some((t, n)) if n == in_flight => {
+                if now.duration_since(t) > limit {
+                    return Err(Error::CompletionOverdue(limit));
+                }
+            }
+            _ => self.since = Some((now, in_flight)),
+        }
+        tokio::time::sleep(Duration::from_micros(200)).await;
+        Ok(())
+    }
 }
 
 /// Whether the receive side uses the doorbell fallback: the poller has it on, the peer's
@@ -233,15 +278,18 @@ impl AsyncConn {
             bell: Some(self.rx.doorbell()),
             exact,
         });
+        let completion_limit = self.poller.config().completion_limit();
         let rx_src = Arc::new(RxSource {
             watch: self.rx.watch(),
             conn: self.conn.clone(),
+            completion_limit,
             notifier,
             doorbell,
         });
         let tx_src = Arc::new(TxSource {
             watch: self.tx.watch(),
             conn: self.conn.clone(),
+            completion_limit,
         });
         let mut rx_reg = self.poller.register(rx_src.clone())?;
         // Same polling thread for both directions (BP: one thread per connection).
@@ -405,11 +453,14 @@ impl AsyncSender {
     /// on soft-RoCE across two hosts as a call stuck for good, its writer
     /// waiting for room and holding the writer lock that the progress task
     /// ([`ManagedSender`]'s) needed to post the tail.
-    async fn wait_room(&mut self, polls: &mut u32) -> Result<()> {
+    async fn wait_room(&mut self, wait: &mut CompletionWait) -> Result<()> {
         if self.wants_completions() {
-            return between_completion_polls(polls, &self.src.conn).await;
+            let in_flight = self.tx.state().tails_in_flight();
+            return wait
+                .pause(&self.src.conn, self.src.completion_limit, in_flight)
+                .await;
         }
-        *polls = 0;
+        wait.reset();
         self.wait_space().await
     }
 
@@ -436,14 +487,14 @@ impl AsyncSender {
     /// # Cancel safety
     /// Cancel-safe: the message is either fully in the ring or not at all.
     pub async fn send(&mut self, msg: &[u8]) -> Result<()> {
-        let mut polls = 0u32;
+        let mut wait = CompletionWait::new();
         loop {
             match self.tx.try_send(msg) {
                 Ok(()) => {
                     self.sends.record();
                     return Ok(());
                 }
-                Err(rrpc_ringbuf::Error::WouldBlock) => self.wait_room(&mut polls).await?,
+                Err(rrpc_ringbuf::Error::WouldBlock) => self.wait_room(&mut wait).await?,
                 Err(e) => return Err(e.into()),
             }
         }
@@ -458,14 +509,14 @@ impl AsyncSender {
     /// # Cancel safety
     /// Cancel-safe: nothing is reserved until the future completes.
     pub async fn reserve(&mut self, len: usize) -> Result<WriteGuard<'_>> {
-        let mut polls = 0u32;
+        let mut wait = CompletionWait::new();
         loop {
             match self.tx.try_reserve(len) {
                 // Probe only: an uncommitted guard is abandoned on drop, and as the single
                 // producer we get the same space back below (borrowck cannot return the
                 // guard from inside the loop).
                 Ok(_probe) => break,
-                Err(rrpc_ringbuf::Error::WouldBlock) => self.wait_room(&mut polls).await?,
+                Err(rrpc_ringbuf::Error::WouldBlock) => self.wait_room(&mut wait).await?,
                 Err(e) => return Err(e.into()),
             }
         }
@@ -510,9 +561,11 @@ impl AsyncSender {
     /// [`poll_completions`](Self::poll_completions)) resumes the wait.
     pub async fn flush_all(&mut self) -> Result<()> {
         self.flush()?;
-        let mut polls = 0u32;
+        let mut wait = CompletionWait::new();
         while self.wants_completions() {
-            between_completion_polls(&mut polls, &self.src.conn).await?;
+            let in_flight = self.tx.state().tails_in_flight();
+            wait.pause(&self.src.conn, self.src.completion_limit, in_flight)
+                .await?;
             self.poll_completions()?;
         }
         Ok(())
@@ -626,8 +679,13 @@ impl AsyncReceiver {
         // send-queue budget), which happens after their post: drive completions until
         // it is out. Bounded by the NIC's completion latency; on shm never taken
         // (WRITEs complete when posted).
+        // Bounded like every completion wait (the poller's `completion_limit`,
+        // from its start: one push waits, and it goes out at its first completion),
+        // checking that the peer is still there.
+        let mut wait = CompletionWait::new();
         while self.rx.wants_completions() && !self.src.ready() {
-            tokio::task::yield_now().await;
+            wait.pause(&self.src.conn, self.src.completion_limit, 0)
+                .await?;
             self.rx.poll_completions()?;
         }
         // On a NIC a failed push is known only from its completion, and
@@ -637,9 +695,10 @@ impl AsyncReceiver {
         // both sides waiting on a connection that is gone. Microseconds
         // on a NIC; never on shm (a post's outcome is known when it
         // returns).
-        let mut polls = 0u32;
+        let mut wait = CompletionWait::new();
         while self.rx.confirming() && !self.src.ready() {
-            between_completion_polls(&mut polls, &self.src.conn).await?;
+            wait.pause(&self.src.conn, self.src.completion_limit, 0)
+                .await?;
             self.rx.poll_completions()?;
         }
         self.wait_registration(false).await

@@ -47,7 +47,7 @@ use std::task::{Poll, Waker};
 
 use bytes::{Bytes, BytesMut};
 use rrpc_core::conn::Connection;
-use rrpc_poller::rings::{ManagedSender, SendHandle};
+use rrpc_poller::rings::{CompletionWait, ManagedSender, SendHandle};
 use tokio::sync::{Semaphore, mpsc};
 use tokio_util::sync::{
     CancellationToken, WaitForCancellationFuture, WaitForCancellationFutureOwned,
@@ -312,21 +312,21 @@ impl Link {
     ) -> Result<(), Error> {
         let place = InLine::join(&self.shared);
         place.turn().await;
-        let mut polls = 0u32;
+        let mut wait = CompletionWait::new();
         loop {
             self.refuse()?;
             if self.step(len, fill)? {
                 return Ok(());
             }
             // The room a message takes: a sealed one's tag too.
-            let r = self.wait_room(len + self.tag_len(), &mut polls).await;
+            let r = self.wait_room(len + self.tag_len(), &mut wait).await;
             self.shared.check(r)?;
         }
     }
 
     /// The head of the line waits for room: the room waiter taken out of
     /// the line (no lock held), until room may have come.
-    async fn wait_room(&self, wire: usize, polls: &mut u32) -> Result<(), Error> {
+    async fn wait_room(&self, wire: usize, wait: &mut CompletionWait) -> Result<(), Error> {
         let mut held = Held::take(&self.shared);
         let Some(room) = held.room.as_mut() else {
             // Cannot happen (only the head waits); never spin on it.
@@ -338,7 +338,7 @@ impl Link {
         // out), so a failure comes to the head through its own wait (the
         // peer gone, a failed completion) or its own next step.
         match room {
-            Room::Ring(tx) => tx.wait_room(polls).await.map_err(Error::from),
+            Room::Ring(tx) => tx.wait_room(wait).await.map_err(Error::from),
             Room::Mem(credit) => {
                 let n = u32::try_from(wire.max(1)).unwrap_or(u32::MAX);
                 // Room is there once the credit is: give it back at once

@@ -37,15 +37,11 @@ use rrpc_core::conn::Connection;
 use rrpc_ringbuf::{RingTx, TxWatch};
 use tokio::sync::Notify;
 
-use super::{AsyncConn, AsyncReceiver, AsyncSender, RxSource, TxSource, between_completion_polls};
+use super::{AsyncConn, AsyncReceiver, AsyncSender, CompletionWait, RxSource, TxSource};
 use crate::config::Mode;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::poller::{Registration, SendLog};
 use crate::source::Readiness;
-
-/// How long the upkeep task keeps polling with no completion coming
-/// before it gives up (the connection is then broken anyway).
-const PROGRESS_LIMIT: Duration = Duration::from_secs(30);
 
 /// The sending half of [`AsyncConn::split_managed`]: a ring sender whose
 /// completion progress and ring sizing the poller's upkeep task runs.
@@ -216,19 +212,20 @@ impl ManagedSender {
         len: usize,
         fill: &mut (dyn FnMut(&mut [u8]) + Send),
     ) -> Result<()> {
-        let mut polls = 0u32;
+        let mut wait = CompletionWait::new();
         loop {
             if self.try_send_with(len, fill)? {
                 return Ok(());
             }
-            self.wait_room(&mut polls).await?;
+            self.wait_room(&mut wait).await?;
         }
     }
 
     /// After a send found the ring full: waits until it may have room,
     /// holding no lock while it waits (the upkeep task and
-    /// [`SendHandle::try_send_with`] go on meanwhile). `polls` counts the
-    /// completion polls of one send (start it at 0).
+    /// [`SendHandle::try_send_with`] go on meanwhile). `wait` is the
+    /// completion wait of one send (start a [`CompletionWait::new`] per
+    /// send).
     ///
     /// Room comes from the reader, which frees only what it could see:
     /// while work is held back behind a completion (the tail deferred by
@@ -242,18 +239,25 @@ impl ManagedSender {
     ///
     /// # Cancel safety
     /// Cancel-safe: it only waits and polls completions.
-    pub async fn wait_room(&mut self, polls: &mut u32) -> Result<()> {
+    pub async fn wait_room(&mut self, wait: &mut CompletionWait) -> Result<()> {
         let held_back = {
             let mut ring = self.core.lock();
             if ring.state().wants_completions() {
                 ring.poll_completions()?;
             }
-            ring.state().wants_completions()
+            ring.state()
+                .wants_completions()
+                .then(|| ring.state().tails_in_flight())
         };
-        if held_back {
-            between_completion_polls(polls, &self.core.src.conn).await
+        if let Some(in_flight) = held_back {
+            wait.pause(
+                &self.core.src.conn,
+                self.core.src.completion_limit,
+                in_flight,
+            )
+            .await
         } else {
-            *polls = 0;
+            wait.reset();
             self.wait_space().await
         }
     }
@@ -484,7 +488,11 @@ async fn upkeep(core: Weak<Core>, kick: Arc<Notify>, sizing: Option<Sizing>) {
 }
 
 /// Polls completions until nothing is held back; `false` when the
-/// connection failed (or gave no progress for [`PROGRESS_LIMIT`]).
+/// connection failed, or when no completion came for the poller's
+/// `completion_limit`
+/// with tails in flight, which fails it ([`Error::CompletionOverdue`]: the
+/// device lost the WRITEs; without this, the task gave up quietly and the
+/// calls waiting on the lost tail, on both ends, waited for ever).
 async fn progress(core: &Core) -> bool {
     // The limit counts from the last change of the tails in flight (a
     // completion, or a new tail), not from the start: a connection kept
@@ -510,7 +518,18 @@ async fn progress(core: &Core) -> bool {
             if !busy(&ring) {
                 return true;
             }
-            if since.elapsed() > PROGRESS_LIMIT {
+            let limit = core.src.completion_limit;
+            if since.elapsed() > limit {
+                drop(ring);
+                let e = Error::CompletionOverdue(limit);
+                tracing::debug!("rrpc: {e}; failing the connection");
+                // Recorded first, so that whoever finds the connection
+                // failed reads why (the queue pair keeps the first reason).
+                core.src
+                    .conn
+                    .qp()
+                    .fail(&rrpc_core::Error::PeerUnresponsive(e.to_string()));
+                fail_connection(&core.src.conn, &e);
                 return false;
             }
         }

@@ -182,3 +182,95 @@ fn a_writer_waiting_for_room_holds_no_lock() {
             .unwrap();
     });
 }
+
+/// A device that stops completing WRITEs (the fault injector delays every
+/// completion by `u32::MAX` polls; soft-RoCE did this to a queue pair whose
+/// packet it dropped as the link went down), with the poller's
+/// `completion_limit` at 300 ms:
+///
+/// * the idle writer's upkeep task, polling for its last tail's completion,
+///   fails the connection once the limit passed with none (before, it gave
+///   up quietly after 30 s and both ends waited for ever);
+/// * a writer that found the ring full of messages held back behind the
+///   lost completions fails its send with a typed error instead of polling
+///   for ever.
+#[test]
+fn a_device_that_stops_completing_fails_the_connection() {
+    const LIMIT: Duration = Duration::from_millis(300);
+    let qp = QpConfig::builder()
+        .fault(
+            FaultConfig::builder()
+                .completion_delay_polls(u32::MAX)
+                .build()
+                .unwrap(),
+        )
+        .build()
+        .unwrap();
+    let ring = RingConfig::builder()
+        .ring_size(16 * 1024)
+        .huge_pages(false)
+        .build()
+        .unwrap();
+    let poller = || {
+        rrpc_poller::Poller::start(
+            common::test_config(Mode::Bpev)
+                .to_builder()
+                .completion_limit(LIMIT)
+                .build()
+                .unwrap(),
+        )
+        .unwrap()
+    };
+    rt().block_on(async {
+        // The idle writer: one message, then nothing.
+        let p = poller();
+        let (a, b) = AsyncConn::loopback_pair_with(&p, &ring, &Fabric::shm(), &qp).unwrap();
+        let (mut atx, _arx) = a.split_managed().unwrap();
+        let (_btx, _brx) = b.split().unwrap();
+        let t0 = std::time::Instant::now();
+        atx.send_with(4, &mut |b| b.copy_from_slice(&[1, 2, 3, 4]))
+            .await
+            .unwrap();
+        let conn = atx.connection().clone();
+        while !conn.is_gone() {
+            assert!(
+                t0.elapsed() < BOUND,
+                "the stalled tail never failed the connection"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert!(t0.elapsed() >= LIMIT, "failed before the limit");
+        let why = conn.qp().failure().expect("the queue pair says why");
+        assert!(why.to_string().contains("no send completion"), "{why}");
+        drop(atx);
+
+        // A writer waiting for room behind held-back messages, with no
+        // upkeep task (a plain `AsyncSender`): its own wait is bounded.
+        let p = poller();
+        let (a, b) = AsyncConn::loopback_pair_with(&p, &ring, &Fabric::shm(), &qp).unwrap();
+        let (mut atx, _arx) = a.split().unwrap();
+        let (_btx, _brx) = b.split().unwrap();
+        let e = tokio::time::timeout(BOUND, async {
+            loop {
+                if let Err(e) = atx.send(&[9; 1024]).await {
+                    return e;
+                }
+            }
+        })
+        .await
+        .expect("a writer behind lost completions waited for ever");
+        assert!(
+            matches!(e, rrpc_poller::Error::CompletionOverdue(l) if l == LIMIT),
+            "{e}"
+        );
+        assert_eq!(e.fault(), rrpc_core::Fault::Device, "{e}");
+    });
+    // The setting is checked.
+    assert!(
+        common::test_config(Mode::Bpev)
+            .to_builder()
+            .completion_limit(Duration::ZERO)
+            .build()
+            .is_err()
+    );
+}
