@@ -1,3 +1,21 @@
+//! The connection: how whole messages get from one end to the other, over
+//! rings or memory, and what a connection is made of and negotiates first.
+//! Its files, bottom up (each imports only those before it):
+//!
+//! * [`seal`] (feature `tls`): ring encryption, sans-IO;
+//! * this file: the send side, [`Link`] (below);
+//! * [`pipe`]: the message pipe both data paths use (a `Link` to send, a
+//!   [`MsgRx`](pipe::MsgRx) to receive), and its in-memory pair;
+//!   [`seal::pipe`] seals one;
+//! * [`negotiate`]: the path negotiation (fast or HTTP/2);
+//!   [`bundle`]: what a connection needs, made ahead (KRCore's pool);
+//!   [`sharing`]: shared queue pairs; [`spare`]: connections dialed ahead;
+//! * [`rings`]: the message pipe over rings (`shm://`, `rdma://`), which
+//!   also uses the [`RrpcContext`](crate::RrpcContext) that holds the pools
+//!   and caches above.
+//!
+//! # The send side
+//!
 //! The connection's send side: one owner of the ring's sending state per
 //! connection, and the one place a failure is recorded (issue #56, in the
 //! shape of quinn's `ConnectionRef` and rtrb's one owner per index).
@@ -55,7 +73,16 @@ use tokio_util::sync::{
 
 use crate::Error;
 #[cfg(feature = "tls")]
-use crate::seal::{Sealer, TAG_LEN};
+use crate::conn::seal::{Sealer, TAG_LEN};
+
+pub(crate) mod bundle;
+pub(crate) mod negotiate;
+pub(crate) mod pipe;
+pub(crate) mod rings;
+#[cfg(feature = "tls")]
+pub(crate) mod seal;
+pub(crate) mod sharing;
+pub(crate) mod spare;
 
 /// A connection's send side, shared by its writers (module docs).
 #[derive(Clone)]
