@@ -124,9 +124,9 @@ const TONIC: Order = &[
     &["config"],
     // The fast path's sans-IO core: both sides' calls, windows, deadlines.
     &["fast::proto"],
-    // The connection's send side (`conn::Link`, in `conn.rs`), the
-    // message pipe over it, a sealed pipe.
-    &["conn", "conn::pipe", "conn::seal::pipe"],
+    // The connection's two halves (`conn.rs`: its send side `Link`, its
+    // receive side `MsgRx`, the two as a `Pipe`), a sealed pipe.
+    &["conn", "conn::seal::pipe"],
     // What a connection negotiates and is made of ahead: the path
     // negotiation, KRCore's bundles, shared queue pairs, spares.
     &[

@@ -252,8 +252,8 @@ pub(crate) mod testing {
     use std::sync::atomic::{AtomicBool, Ordering};
 
     use super::client::FastChannel;
-    use crate::conn::pipe::{BoxFut, MsgRx, Pipe};
     use crate::conn::testing::corrupted;
+    use crate::conn::{BoxFut, MsgRx, Pipe};
     use crate::{Error, RrpcConfig};
 
     /// A request for `path` with an empty body.

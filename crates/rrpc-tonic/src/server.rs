@@ -1083,7 +1083,7 @@ where
 /// closed). Waits as long as the connection lives: a spare connection
 /// presents its ticket when a channel takes it.
 async fn redeem(
-    pipe: &mut crate::conn::pipe::Pipe,
+    pipe: &mut crate::conn::Pipe,
     tls: &crate::tls::ServerTls,
     config: &RrpcConfig,
 ) -> Result<Option<crate::tls::PeerInfo>, Error> {

@@ -19,7 +19,7 @@ use std::sync::{Mutex, OnceLock};
 use tokio::sync::mpsc;
 
 use crate::conn::negotiate::{Established, Negotiated, negotiate_client, negotiate_server};
-use crate::conn::pipe::{self, Pipe};
+use crate::conn::{self, Pipe};
 use crate::error::rdma_unavailable;
 use crate::{Error, RrpcConfig, RrpcContext};
 
@@ -269,7 +269,7 @@ pub(crate) async fn dial(
         Target::Inproc(name) => {
             let tx = registry().lock().expect("registry lock").get(name).cloned();
             let tx = tx.ok_or_else(|| Error::NotListening(format!("inproc://{name}")))?;
-            let (mut client, server) = pipe::mem_pair(cfg.ring_size());
+            let (mut client, server) = conn::mem_pair(cfg.ring_size());
             let dialed = InprocDial {
                 pipe: server,
                 runtime: tokio::runtime::Handle::current(),
@@ -382,7 +382,7 @@ mod tests {
                 Negotiated::Http2,
             ),
         ] {
-            let (mut a, mut b) = pipe::mem_pair(4096);
+            let (mut a, mut b) = conn::mem_pair(4096);
             let (cc, sc) = (
                 RrpcConfig::builder().path(c).build().unwrap(),
                 RrpcConfig::builder().path(s).build().unwrap(),
@@ -397,7 +397,7 @@ mod tests {
     /// hello is refused with a reason the client sees.
     #[tokio::test]
     async fn negotiation_exchanges_call_windows_and_refuses_bad_hellos() {
-        let (mut a, mut b) = pipe::mem_pair(4096);
+        let (mut a, mut b) = conn::mem_pair(4096);
         let cc = RrpcConfig::builder().call_window(4096).build().unwrap();
         let sc = RrpcConfig::builder().call_window(1 << 20).build().unwrap();
         let (x, y) = tokio::join!(negotiate_client(&mut a, &cc), negotiate_server(&mut b, &sc));
@@ -414,7 +414,7 @@ mod tests {
             hello_bytes(7, 4096).to_vec(),
             Vec::new(),
         ] {
-            let (mut a, mut b) = pipe::mem_pair(4096);
+            let (mut a, mut b) = conn::mem_pair(4096);
             let send = async {
                 a.0.send_with(bad.len().max(1), &mut |s: &mut [u8]| {
                     s[..bad.len()].copy_from_slice(&bad)

@@ -14,8 +14,8 @@ use tonic::body::Body;
 use tower::Service;
 
 use crate::call::{BoxError, Carrier, ChannelPath, ResponseFuture};
+use crate::conn::BoxFut;
 use crate::conn::negotiate::Negotiated;
-use crate::conn::pipe::BoxFut;
 use crate::fast::client::{CallOptions, FastChannel};
 use crate::h2stream::{H2Conn, h2_call, h2_channel};
 use crate::transport::{Target, dial};

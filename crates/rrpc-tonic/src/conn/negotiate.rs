@@ -17,7 +17,7 @@
 //! Each end's `call_window` is its fast-path receive window per call
 //! ([`RrpcConfig::call_window`]): the other end's initial send credit.
 
-use crate::conn::pipe::Pipe;
+use crate::conn::Pipe;
 use crate::frame::HANDSHAKE_SECTION;
 use crate::{Error, PathPreference, RrpcConfig};
 

@@ -19,9 +19,9 @@ use crate::conn::bundle::{Bundle, BundlePool, make_bundle};
 use crate::conn::negotiate::{
     Established, Negotiated, choose_path, client_hello, path_of_reply, section_of,
 };
-use crate::conn::pipe::{BoxFut, MsgRx, Pipe};
 use crate::conn::sharing::{self, Anchors, PeerKey, Request};
 use crate::conn::spare::Spare;
+use crate::conn::{BoxFut, MsgRx, Pipe};
 use crate::conn::{Link, gone_cause};
 use crate::frame::HANDSHAKE_SECTION;
 use crate::{Error, RrpcConfig, RrpcContext};

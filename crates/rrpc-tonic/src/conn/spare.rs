@@ -39,8 +39,8 @@ use std::sync::Arc;
 use rrpc_core::conn::Connection;
 
 use crate::RrpcConfig;
+use crate::conn::Pipe;
 use crate::conn::negotiate::Negotiated;
-use crate::conn::pipe::Pipe;
 
 /// A spare: a connection dialed, handshaken and registered with the
 /// poller, its path agreed, and the connection itself (for the liveness

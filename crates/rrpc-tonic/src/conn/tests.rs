@@ -12,7 +12,7 @@ use rrpc_poller::rings::{AsyncConn, RingConfig};
 use rrpc_poller::{Mode, PollerConfig};
 
 use super::*;
-use crate::conn::pipe::{MsgRx, mem_pair};
+use crate::conn::{MsgRx, mem_pair};
 
 /// How long a test waits for what must happen before it calls it a hang.
 const BOUND: Duration = Duration::from_secs(20);

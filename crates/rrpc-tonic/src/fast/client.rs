@@ -18,7 +18,7 @@ use super::proto::call_timeout;
 use super::proto::client as proto;
 use super::writer::{Batch, FrameWriter, Out};
 use super::{Event, RecvBody};
-use crate::conn::pipe::Pipe;
+use crate::conn::Pipe;
 use crate::frame::{self, END_STREAM, Kind};
 use crate::{Error, RrpcConfig};
 
@@ -618,7 +618,7 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
-    use crate::conn::pipe::mem_pair;
+    use crate::conn::mem_pair;
     use crate::fast::testing::{channel, req, spawn_server};
 
     struct Count(std::sync::atomic::AtomicUsize);

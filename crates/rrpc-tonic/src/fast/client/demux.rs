@@ -15,7 +15,7 @@ use std::task::{Context, Poll, Waker};
 use std::time::Instant;
 
 use crate::Error;
-use crate::conn::pipe::{BoxFut, MsgRx};
+use crate::conn::{BoxFut, MsgRx};
 use crate::fast::Event;
 use crate::fast::flow::CallFlow;
 use crate::fast::proto::client as proto;
