@@ -418,7 +418,7 @@ where
 
     /// Binds `uri` for [`Router::serve_rrpc_incoming`] with this server's
     /// settings: its TLS on an `rdma://` side channel
-    /// ([`Server::tls_config`]) and its [`Server::context`], if set. Use it
+    /// (`Server::tls_config`, feature `tls`) and its [`Server::context`], if set. Use it
     /// rather than [`RrpcIncoming::bind`] when the server has TLS (for
     /// example to bind port 0 and learn the port before serving).
     ///
@@ -440,7 +440,7 @@ where
     /// # Errors
     /// [`Error::Transport`] from tonic, [`Error::Io`] from the listener;
     /// [`Error::InvalidConfig`] if this server has TLS
-    /// ([`Server::tls_config`]) and `incoming` has an `rdma://` side
+    /// (`Server::tls_config`, feature `tls`) and `incoming` has an `rdma://` side
     /// channel bound without it ([`Router::bind`] binds with it).
     pub async fn serve_rrpc_incoming<F>(
         self,
