@@ -16,8 +16,7 @@
 //!
 //! # The send side
 //!
-//! The connection's send side: one owner of the ring's sending state per
-//! connection, and the one place a failure is recorded (issue #56, in the
+//! One owner of the ring's sending state per connection, and the one place a failure is recorded (issue #56, in the
 //! shape of quinn's `ConnectionRef` and rtrb's one owner per index).
 //!
 //! A [`Link`] is what every writer of a connection holds (the fast path's
@@ -66,14 +65,14 @@
 //! size (the ring's slot limit). Both paths are built on it: the fast path puts
 //! frames in the messages, the HTTP/2 path puts a byte stream in them.
 //!
-//! The sending half is the connection's [`Link`] (`conn`): one owner of the
+//! The sending half is the connection's [`Link`] (above): one owner of the
 //! ring's sending state, shaped after the ring's zero-copy API (RR-Compound
 //! §IV-F): [`Link::send_with`] reserves `len` bytes in the send ring, hands
 //! the slot to a closure that encodes straight into it, then publishes. The
 //! receiver hands the borrowed slot to a closure ([`MsgRx::recv_with`]) and
 //! releases it when the closure returns: no intermediate buffer on either side.
 //!
-//! Implementations: rings (`rings`), and [`mem_pair`] (in-process; each message is one heap
+//! Implementations: rings ([`rings`]), and [`mem_pair`] (in-process; each message is one heap
 //! buffer standing in for a ring slot, with ring-sized byte credit for
 //! back-pressure).
 

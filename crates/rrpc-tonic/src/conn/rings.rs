@@ -21,8 +21,7 @@ use crate::conn::negotiate::{
 };
 use crate::conn::sharing::{self, Anchors, PeerKey, Request};
 use crate::conn::spare::Spare;
-use crate::conn::{BoxFut, MsgRx, Pipe};
-use crate::conn::{Link, gone_cause};
+use crate::conn::{BoxFut, Link, MsgRx, Pipe, gone_cause};
 use crate::frame::HANDSHAKE_SECTION;
 use crate::{Error, RrpcConfig, RrpcContext};
 
