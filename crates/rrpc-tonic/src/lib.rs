@@ -280,9 +280,12 @@
 //! * [`Error`]: one error type, mapped to [`tonic::Status`].
 #![forbid(unsafe_code)]
 
-// The modules, bottom up: each imports only those above it here (the
-// layer order `cargo xtask layers` checks; docs/architecture.md, "Inside
-// each crate", says the same in words).
+// The modules, bottom up. The exact layer order, module by module, is
+// `TONIC` in xtask/src/layers.rs (`cargo xtask layers` checks it;
+// docs/architecture.md, "Inside each crate", says it in words): there
+// `conn::seal` sits with the leaves, `fast::proto` below `conn`, and
+// `conn::rings` above `context`; otherwise a module imports only those
+// listed before it here.
 
 // Plain data and codecs: what every call path shares (the deadline
 // status, the response future, `Carrier`); the error type and its one
