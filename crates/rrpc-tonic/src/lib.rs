@@ -285,7 +285,7 @@
 // docs/architecture.md, "Inside each crate", says it in words): there
 // `conn::seal` sits with the leaves, `fast::proto` below `conn`, and
 // `conn::rings` above `context`; otherwise a module imports only those
-// listed before it here.
+// of its own paragraph and of the paragraphs before it.
 
 // Plain data and codecs: what every call path shares (the deadline
 // status, the response future, `Carrier`); the error type and its one
