@@ -57,6 +57,7 @@ pub(crate) const ORDERS: &[(&str, Order)] = &[
     ("rrpc-core", CORE),
     ("rrpc-ringbuf", RINGBUF),
     ("rrpc-poller", POLLER),
+    ("rrpc-tonic", TONIC),
 ];
 
 /// rrpc-core, bottom up.
@@ -111,6 +112,67 @@ const POLLER: Order = &[
     &["poller::registration"],
     &["poller"],
     &["poller::tests", "rings"],
+];
+
+/// rrpc-tonic, bottom up: the connection (`conn`), then the two paths
+/// over it (`fast`, `h2stream`), then the two sides (`client`, `server`).
+const TONIC: Order = &[
+    // Plain data and codecs: the error type, the fast path's frames, what
+    // every call path shares, ring encryption's sans-IO sealing.
+    &["error", "frame", "call", "conn::seal"],
+    // Settings only.
+    &["config"],
+    // The fast path's sans-IO core: both sides' calls, windows, deadlines.
+    &["fast::proto"],
+    // The connection's two halves (`conn.rs`: its send side `Link`, its
+    // receive side `MsgRx`, the two as a `Pipe`), a sealed pipe.
+    &["conn", "conn::seal::pipe"],
+    // What a connection negotiates and is made of ahead: the path
+    // negotiation, KRCore's bundles, shared queue pairs, spares.
+    &[
+        "conn::negotiate",
+        "conn::bundle",
+        "conn::sharing",
+        "conn::spare",
+    ],
+    // The runtime state servers and channels share: the pools and caches
+    // of the layer before.
+    &["context"],
+    // The message pipe over rings (`shm://`, `rdma://`).
+    &["conn::rings"],
+    // TLS; the `rrpc://` port's messages and limits.
+    &["tls", "port::hello", "port::limits"],
+    // `rrpc://`: one TCP port, the fabric negotiation.
+    &["port"],
+    // URIs: what each scheme dials and listens on.
+    &["transport"],
+    // The fast path over a connection: its frame writer, the per-call flow
+    // control, the client's receive (demux), the client with the response
+    // body both sides read (`fast`'s `RecvBody` holds the client's call
+    // guard: one layer), the server.
+    &["fast::writer"],
+    &["fast::flow"],
+    &["fast::client::demux"],
+    &["fast", "fast::client"],
+    &["fast::server"],
+    // The HTTP/2 path over a connection, both sides.
+    &["h2stream"],
+    // The client side: the reconnecting connection, the channel, the
+    // endpoint that builds it.
+    &["client::managed"],
+    &["client::channel"],
+    &["client::endpoint", "client"],
+    // The server side: the fast path's dispatch, then the server.
+    &["server::dispatch"],
+    &["server"],
+    // Unit-test files and fuzz entry points.
+    &[
+        "config::tests",
+        "conn::tests",
+        "fast::proto::pair",
+        "fast::proto::tests",
+        "fuzzing",
+    ],
 ];
 
 /// Back-arrows accepted against a declared order: (crate, from, to,

@@ -4,9 +4,6 @@
 
 use tonic::body::Body;
 
-use crate::transport::Target;
-use crate::{Error, RrpcContext};
-
 pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// tonic's own `user-agent` (`tonic/<version>`), as the tonic this crate
@@ -218,32 +215,6 @@ impl Carrier {
             _ => Carrier::Shm,
         }
     }
-}
-
-/// What `target` asks for; `rdma://` opens `ctx`'s device to name it.
-pub(crate) fn carrier_of(target: &Target, ctx: &RrpcContext) -> Result<Carrier, Error> {
-    Ok(match target {
-        Target::Tcp(_) => Carrier::Tcp,
-        Target::Unix(_) => Carrier::Unix,
-        Target::Inproc(_) => Carrier::Inproc,
-        Target::Shm(_) => Carrier::Shm,
-        // The negotiation decides; the live connection tells.
-        Target::Port(_) => Carrier::Shm,
-        #[cfg(feature = "verbs")]
-        Target::Rdma(_) => Carrier::Verbs {
-            device: ctx
-                .verbs_fabric()?
-                .device_name()
-                .unwrap_or_default()
-                .to_string(),
-            peer: None,
-        },
-        #[cfg(not(feature = "verbs"))]
-        Target::Rdma(_) => {
-            let _ = ctx;
-            return Err(crate::error::rdma_unavailable());
-        }
-    })
 }
 
 #[cfg(test)]

@@ -1,5 +1,22 @@
-//! The connection's send side: one owner of the ring's sending state per
-//! connection, and the one place a failure is recorded (issue #56, in the
+//! The connection: how whole messages get from one end to the other, over
+//! rings or memory, and what a connection is made of and negotiates first.
+//! Its files, bottom up (each imports only those before it):
+//!
+//! * [`seal`] (feature `tls`): ring encryption, sans-IO;
+//! * this file: the connection's two halves, its send side [`Link`]
+//!   ([below](#the-send-side)) and its receive side [`MsgRx`], as one
+//!   [`Pipe`], the one interface both data paths use
+//!   ([below](#the-message-pipe)); [`seal::pipe`] seals a pipe;
+//! * [`negotiate`]: the path negotiation (fast or HTTP/2);
+//!   [`bundle`]: what a connection needs, made ahead (KRCore's pool);
+//!   [`sharing`]: shared queue pairs; [`spare`]: connections dialed ahead;
+//! * [`rings`]: the pipe over rings (`shm://`, `rdma://`), which also
+//!   uses the [`RrpcContext`](crate::RrpcContext) that holds the pools and
+//!   caches above.
+//!
+//! # The send side
+//!
+//! One owner of the ring's sending state per connection, and the one place a failure is recorded (issue #56, in the
 //! shape of quinn's `ConnectionRef` and rtrb's one owner per index).
 //!
 //! A [`Link`] is what every writer of a connection holds (the fast path's
@@ -38,9 +55,30 @@
 //! wakes our own receiver), every writer in line is woken to see it, and
 //! [`Link::failed`] completes for the connection's owner. Only a message
 //! too large for the ring is a per-call error.
+//!
+//! # The message pipe
+//!
+//! The one thing rrpc-tonic needs from the layers below.
+//!
+//! A pipe moves whole messages in order in each direction, with back-pressure
+//! when the peer's ring is full (a sender waits; nothing is dropped) and a bounded message
+//! size (the ring's slot limit). Both paths are built on it: the fast path puts
+//! frames in the messages, the HTTP/2 path puts a byte stream in them.
+//!
+//! The sending half is the connection's [`Link`] (above): one owner of the
+//! ring's sending state, shaped after the ring's zero-copy API (RR-Compound
+//! §IV-F): [`Link::send_with`] reserves `len` bytes in the send ring, hands
+//! the slot to a closure that encodes straight into it, then publishes. The
+//! receiver hands the borrowed slot to a closure ([`MsgRx::recv_with`]) and
+//! releases it when the closure returns: no intermediate buffer on either side.
+//!
+//! Implementations: rings ([`rings`]), and [`mem_pair`] (in-process; each message is one heap
+//! buffer standing in for a ring slot, with ring-sized byte credit for
+//! back-pressure).
 
 use std::collections::VecDeque;
-use std::future::poll_fn;
+use std::future::{Future, poll_fn};
+use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 use std::task::{Poll, Waker};
@@ -55,7 +93,15 @@ use tokio_util::sync::{
 
 use crate::Error;
 #[cfg(feature = "tls")]
-use crate::seal::{Sealer, TAG_LEN};
+use crate::conn::seal::{Sealer, TAG_LEN};
+
+pub(crate) mod bundle;
+pub(crate) mod negotiate;
+pub(crate) mod rings;
+#[cfg(feature = "tls")]
+pub(crate) mod seal;
+pub(crate) mod sharing;
+pub(crate) mod spare;
 
 /// A connection's send side, shared by its writers (module docs).
 #[derive(Clone)]
@@ -605,6 +651,92 @@ pub(crate) fn gone_cause(conn: &Connection) -> Option<rrpc_core::Error> {
                 .to_string(),
         )),
         _ => None,
+    }
+}
+
+/// A boxed, sendable future.
+pub(crate) type BoxFut<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// The receiving half of a message pipe.
+pub(crate) trait MsgRx: Send + 'static {
+    /// Waits for the next message and hands it, borrowed, to `f`.
+    ///
+    /// Returns `Ok(false)` when the peer closed the pipe.
+    fn recv_with<'a>(
+        &'a mut self,
+        f: &'a mut (dyn FnMut(&[u8]) + Send),
+    ) -> BoxFut<'a, Result<bool, Error>>;
+
+    /// What carries this pipe, read from its live connection (rings: the
+    /// queue pair's provider, device and peer). `None`: not a ring pipe.
+    fn carrier(&self) -> Option<rrpc_core::QpCarrier> {
+        None
+    }
+
+    /// A future that completes when the transport sees the peer leave,
+    /// without receiving (rings: the side channel closed). Messages the
+    /// peer sent before leaving may still be waiting for [`recv_with`].
+    /// `None`: the transport cannot tell (the end shows in `recv_with`).
+    ///
+    /// [`recv_with`]: MsgRx::recv_with
+    fn peer_gone(&self) -> Option<BoxFut<'static, ()>> {
+        None
+    }
+
+    /// Wakes an owner that reads only on demand when, idle, it has data to
+    /// read all the same (rings: the poller's sizing tick found unread data
+    /// in a self-sizing ring, such as the peer's resize marker, which must
+    /// be read before the peer's ring can shrink). `None`: nothing to read
+    /// while idle.
+    fn idle_reads(&self) -> Option<rrpc_poller::rings::IdleReads> {
+        None
+    }
+}
+
+/// A connected pipe: both halves.
+pub(crate) type Pipe = (Link, Box<dyn MsgRx>);
+
+/// In-process pipe half: receiver.
+#[derive(Debug)]
+pub(crate) struct MemRx {
+    rx: mpsc::UnboundedReceiver<Bytes>,
+    credit: Arc<Semaphore>,
+}
+
+/// Two connected in-process pipes, each direction with `ring` bytes of credit.
+pub(crate) fn mem_pair(ring: usize) -> (Pipe, Pipe) {
+    let (a_tx, a_rx) = one_way(ring);
+    let (b_tx, b_rx) = one_way(ring);
+    ((a_tx, Box::new(b_rx)), (b_tx, Box::new(a_rx)))
+}
+
+fn one_way(ring: usize) -> (Link, MemRx) {
+    let (tx, rx, credit) = Link::mem(ring);
+    (tx, MemRx { rx, credit })
+}
+
+impl MsgRx for MemRx {
+    fn recv_with<'a>(
+        &'a mut self,
+        f: &'a mut (dyn FnMut(&[u8]) + Send),
+    ) -> BoxFut<'a, Result<bool, Error>> {
+        Box::pin(async move {
+            match self.rx.recv().await {
+                Some(m) => {
+                    f(&m);
+                    self.credit.add_permits(m.len().max(1));
+                    Ok(true)
+                }
+                None => Ok(false),
+            }
+        })
+    }
+}
+
+impl Drop for MemRx {
+    fn drop(&mut self) {
+        // Wake a sender waiting for credit: the peer is gone.
+        self.credit.close();
     }
 }
 

@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 use rrpc_poller::Poller;
 
 use crate::config::default_poller_config;
-use crate::sharing::{Anchors, Peers};
-use crate::spare::{Spare, Spares};
+use crate::conn::sharing::{Anchors, Peers};
+use crate::conn::spare::{Spare, Spares};
 use crate::{Error, RrpcConfig};
 
 /// The runtime state of rrpc's `shm://` and `rdma://` connections: the
@@ -99,7 +99,10 @@ struct Inner {
 /// The connection pools of a context, one per provider.
 #[derive(Default, Debug)]
 struct Pools {
-    pools: Vec<(rrpc_core::ProviderKind, Arc<crate::bundle::BundlePool>)>,
+    pools: Vec<(
+        rrpc_core::ProviderKind,
+        Arc<crate::conn::bundle::BundlePool>,
+    )>,
     /// Their shared memory bound (made with the first pool).
     budget: Option<Arc<rrpc_core::pool::PoolBudget>>,
 }
@@ -307,8 +310,8 @@ impl RrpcContext {
     pub(crate) fn bundle_pool(
         &self,
         fabric: &rrpc_core::Fabric,
-        make: impl FnOnce(Arc<rrpc_core::pool::PoolBudget>) -> crate::bundle::BundlePool,
-    ) -> Option<Arc<crate::bundle::BundlePool>> {
+        make: impl FnOnce(Arc<rrpc_core::pool::PoolBudget>) -> crate::conn::bundle::BundlePool,
+    ) -> Option<Arc<crate::conn::bundle::BundlePool>> {
         let kind = fabric.kind();
         if self.0.config.connection_pool_for(kind) == 0 {
             return None;
@@ -521,7 +524,7 @@ mod tests {
             .numa_node(NumaPlacement::Node(0))
             .build()
             .unwrap();
-        let ring = crate::rings::ring_config_for_tests(&placed).expect("ring config");
+        let ring = crate::conn::rings::ring_config_for_tests(&placed).expect("ring config");
         assert_eq!(ring.numa_node(), NumaPlacement::Node(0));
         let ctx = RrpcContext::shared(&placed);
         let p = ctx.poller_handle().expect("poller");

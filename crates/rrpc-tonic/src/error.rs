@@ -135,7 +135,7 @@ pub enum Error {
     /// byte of it was delivered; the connection fails (`DataLoss`).
     #[cfg(feature = "tls")]
     #[error("ring message refused: {0}")]
-    RingTampered(#[source] crate::seal::OpenError),
+    RingTampered(#[source] crate::conn::seal::OpenError),
 }
 
 /// The deepest typed error an [`Error`] holds: the one [`Error::code`]
@@ -324,7 +324,7 @@ mod tests {
     #[cfg(feature = "tls")]
     #[test]
     fn a_refused_sealed_message_is_data_loss() {
-        let e = Error::RingTampered(crate::seal::OpenError::Forged { seq: 3 });
+        let e = Error::RingTampered(crate::conn::seal::OpenError::Forged { seq: 3 });
         assert_eq!((e.fault(), e.code()), (Fault::Peer, Code::DataLoss));
         let shared = Error::Failed(Arc::new(e));
         assert_eq!(

@@ -253,7 +253,7 @@ pub(crate) mod testing {
 
     use super::client::FastChannel;
     use crate::conn::testing::corrupted;
-    use crate::pipe::{BoxFut, MsgRx, Pipe};
+    use crate::conn::{BoxFut, MsgRx, Pipe};
     use crate::{Error, RrpcConfig};
 
     /// A request for `path` with an empty body.

@@ -380,7 +380,7 @@ fn read_metadata(r: &mut Reader<'_>) -> Result<HeaderMap, FrameError> {
 /// a reference count, not a copy). Validation is unchanged: a cached entry
 /// was validated when first decoded, and is used only for the same bytes.
 mod decode {
-    use super::FrameError;
+    use crate::frame::FrameError;
     use http::uri::PathAndQuery;
     use http::{HeaderName, HeaderValue};
     use std::cell::RefCell;

@@ -8,7 +8,7 @@
 /// # Errors
 /// The parser's refusal.
 pub fn sharing_request(app: &[u8]) -> Result<Vec<u8>, String> {
-    crate::sharing::fuzz_round_trip(app)
+    crate::conn::sharing::fuzz_round_trip(app)
 }
 
 /// One `rrpc://` negotiation message (a client's hello or a server's

@@ -23,7 +23,7 @@ use crate::call::{
     BoxError, Carrier, DeadlineBody, ResponseFuture, deadline_exceeded, is_tonic_timeout,
 };
 use crate::conn::Link;
-use crate::pipe::{BoxFut, Pipe};
+use crate::conn::{BoxFut, Pipe};
 use crate::transport::{Target, dial};
 use crate::{Error, PathPreference, RrpcConfig, RrpcContext};
 

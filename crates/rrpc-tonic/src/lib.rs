@@ -280,46 +280,57 @@
 //! * [`Error`]: one error type, mapped to [`tonic::Status`].
 #![forbid(unsafe_code)]
 
-mod bundle;
+// The modules, bottom up. The exact layer order, module by module, is
+// `TONIC` in xtask/src/layers.rs (`cargo xtask layers` checks it;
+// docs/architecture.md, "Inside each crate", says it in words): there
+// `conn::seal` sits with the leaves, `fast::proto` below `conn`, and
+// `conn::rings` above `context`; otherwise a module imports only those
+// of its own paragraph and of the paragraphs before it.
+
+// Plain data and codecs: what every call path shares (the deadline
+// status, the response future, `Carrier`); the error type and its one
+// mapping to a gRPC status; the fast path's frames (sans-IO, fuzzed).
 mod call;
-mod channel;
-mod config;
-mod conn;
-mod context;
-mod dispatch;
-mod endpoint;
 mod error;
-mod fast;
 pub mod frame;
+// `RrpcConfig` and its groups: settings only.
+mod config;
+// The connection, from a sealed ring message up to the rings: its send side
+// (`conn::Link`), the message pipe both paths use, ring encryption, the path
+// negotiation, KRCore's pools, shared queue pairs and spares, the rings.
+mod conn;
+// `RrpcContext`: the runtime state servers and channels share.
+mod context;
+// TLS as tonic users have it (feature `tls`).
+pub mod tls;
+// `rrpc://`: one TCP port, the best fabric both ends share.
+pub mod port;
+// URIs: which transport each scheme dials and listens on.
+mod transport;
+// The h2-free fast path: its sans-IO core, frame writer, client and server.
+mod fast;
+// The HTTP/2 path: hyper/h2 over a pipe, both sides.
+mod h2stream;
+// The client side: `RrpcEndpoint`, `RrpcChannel` and its connection.
+mod client;
+// The server side: `Server`, `Router`, and the fast path's dispatch.
+mod server;
+// Entry points for `cargo fuzz`.
 #[cfg(fuzzing)]
 #[doc(hidden)]
 pub mod fuzzing;
-mod h2stream;
-mod managed;
-mod negotiate;
-mod pipe;
-pub mod port;
-mod rings;
-#[cfg(feature = "tls")]
-mod seal;
-mod server;
-mod sharing;
-mod spare;
-pub mod tls;
-mod transport;
 
 pub use call::{Carrier, ChannelPath, ResponseFuture};
-pub use channel::RrpcChannel;
+pub use client::{RrpcChannel, RrpcEndpoint};
 pub use config::{
     DEFAULT_MAX_SHARED_PEERS, DEFAULT_PEER_LEASE, DEFAULT_RDMA_CONNECTION_POOL, Fabric,
     MAX_SPARE_CONNECTIONS, PathPreference, RingEncryption, RrpcConfig, RrpcConfigBuilder,
     default_poller_config,
 };
+pub use conn::sharing::SharedConnectionStats;
+pub use conn::spare::SpareStats;
 pub use context::RrpcContext;
-pub use endpoint::RrpcEndpoint;
 pub use error::{Error, fabric_code};
 pub use h2stream::{RrpcConnectInfo, RrpcStream};
 pub use rrpc_poller::{Handoff, Mode as PollerMode, Poller, PollerConfig, PollerConfigBuilder};
 pub use server::{Router, RrpcIncoming, Server};
-pub use sharing::SharedConnectionStats;
-pub use spare::SpareStats;

@@ -1,4 +1,8 @@
 //! The server side: tonic's builder shape, one call to pick the transport.
+//!
+//! This file is the builder ([`Server`], [`Router`]) and the serving loops;
+//! [`dispatch`] is the fast path's own dispatch of a call to its service,
+//! beside tonic's router.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -18,14 +22,16 @@ use tonic::service::Routes;
 use tower::layer::util::{Identity, Stack};
 use tower::{Layer, Service};
 
-use crate::dispatch::Services;
+use crate::conn::negotiate::{Established, Negotiated};
 use crate::fast::server::{FastOptions, serve_conn};
 use crate::h2stream::{RrpcConnectInfo, RrpcStream};
-use crate::negotiate::{Established, Negotiated};
 use crate::port::limits::{Counted, Limits};
+use crate::server::dispatch::Services;
 use crate::tls::WithPeer;
 use crate::transport::{RrpcListener, Target};
 use crate::{Error, RrpcConfig, RrpcContext};
+
+mod dispatch;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -412,7 +418,7 @@ where
 
     /// Binds `uri` for [`Router::serve_rrpc_incoming`] with this server's
     /// settings: its TLS on an `rdma://` side channel
-    /// ([`Server::tls_config`]) and its [`Server::context`], if set. Use it
+    /// (`Server::tls_config`, feature `tls`) and its [`Server::context`], if set. Use it
     /// rather than [`RrpcIncoming::bind`] when the server has TLS (for
     /// example to bind port 0 and learn the port before serving).
     ///
@@ -434,7 +440,7 @@ where
     /// # Errors
     /// [`Error::Transport`] from tonic, [`Error::Io`] from the listener;
     /// [`Error::InvalidConfig`] if this server has TLS
-    /// ([`Server::tls_config`]) and `incoming` has an `rdma://` side
+    /// (`Server::tls_config`, feature `tls`) and `incoming` has an `rdma://` side
     /// channel bound without it ([`Router::bind`] binds with it).
     pub async fn serve_rrpc_incoming<F>(
         self,
@@ -1077,7 +1083,7 @@ where
 /// closed). Waits as long as the connection lives: a spare connection
 /// presents its ticket when a channel takes it.
 async fn redeem(
-    pipe: &mut crate::pipe::Pipe,
+    pipe: &mut crate::conn::Pipe,
     tls: &crate::tls::ServerTls,
     config: &RrpcConfig,
 ) -> Result<Option<crate::tls::PeerInfo>, Error> {

@@ -32,7 +32,7 @@ mod off {
 pub(crate) use off::{ClientTls, PeerInfo, ServerTls};
 
 #[cfg(feature = "tls")]
-pub use crate::seal::{OpenError, RingCipher, TAG_LEN, cpu_has_aes};
+pub use crate::conn::seal::{OpenError, RingCipher, TAG_LEN, cpu_has_aes};
 
 /// What binds a ring connection to the TLS session its negotiation ran in
 /// on an `rrpc://` port: 16 bytes both ends export from that session
@@ -95,7 +95,7 @@ pub(crate) fn ticket_lifetime(handshake: Duration) -> Duration {
 pub(crate) struct Ticket {
     pub(crate) id: TicketId,
     #[cfg(feature = "tls")]
-    pub(crate) keys: crate::seal::RingSecrets,
+    pub(crate) keys: crate::conn::seal::RingSecrets,
 }
 
 impl std::fmt::Debug for Ticket {
@@ -229,7 +229,7 @@ fn encode_reply(r: &TicketReply) -> Vec<u8> {
 
 /// Whether `cfg` seals the ring connection under `pipe` (by its fabric).
 #[cfg_attr(not(feature = "tls"), allow(dead_code))]
-pub(crate) fn seals(cfg: &crate::RrpcConfig, pipe: &crate::pipe::Pipe) -> bool {
+pub(crate) fn seals(cfg: &crate::RrpcConfig, pipe: &crate::conn::Pipe) -> bool {
     let provider = pipe
         .1
         .carrier()
@@ -246,7 +246,7 @@ pub(crate) fn needs_tls() -> crate::Error {
     )
 }
 
-async fn send(pipe: &mut crate::pipe::Pipe, msg: &[u8]) -> Result<(), crate::Error> {
+async fn send(pipe: &mut crate::conn::Pipe, msg: &[u8]) -> Result<(), crate::Error> {
     pipe.0
         .send_with(msg.len(), &mut |s: &mut [u8]| s.copy_from_slice(msg))
         .await
@@ -257,7 +257,7 @@ async fn send(pipe: &mut crate::pipe::Pipe, msg: &[u8]) -> Result<(), crate::Err
 /// and reads the server's answer (within the handshake timeout). Accepted
 /// with sealing, `pipe` is sealed from the next message on.
 pub(crate) async fn present_ticket(
-    pipe: &mut crate::pipe::Pipe,
+    pipe: &mut crate::conn::Pipe,
     t: &Ticket,
     cfg: &crate::RrpcConfig,
 ) -> Result<(), crate::Error> {
@@ -305,8 +305,13 @@ pub(crate) async fn present_ticket(
         Some(TicketReply::Accepted(None)) if !want => Ok(()),
         #[cfg(feature = "tls")]
         Some(TicketReply::Accepted(Some(c))) if want && c == cipher.id() => {
-            let plain = std::mem::replace(pipe, crate::pipe::mem_pair(1).0);
-            *pipe = crate::seal::pipe::wrap(plain, &t.keys, crate::seal::Role::Client, cipher);
+            let plain = std::mem::replace(pipe, crate::conn::mem_pair(1).0);
+            *pipe = crate::conn::seal::pipe::wrap(
+                plain,
+                &t.keys,
+                crate::conn::seal::Role::Client,
+                cipher,
+            );
             Ok(())
         }
         Some(TicketReply::Accepted(c)) => Err(Error::RingEncryption(format!(
@@ -329,7 +334,7 @@ pub(crate) async fn present_ticket(
 /// `None` if it is anything else, or the peer closed first.
 #[cfg_attr(not(feature = "tls"), allow(dead_code))]
 pub(crate) async fn read_ticket(
-    pipe: &mut crate::pipe::Pipe,
+    pipe: &mut crate::conn::Pipe,
 ) -> Result<Option<TicketRequest>, crate::Error> {
     let mut got = None;
     if !pipe
@@ -349,7 +354,7 @@ pub(crate) async fn read_ticket(
 /// with its reason (the client reports it) and returned.
 #[cfg(feature = "tls")]
 pub(crate) async fn accept_ticket(
-    pipe: &mut crate::pipe::Pipe,
+    pipe: &mut crate::conn::Pipe,
     tls: &ServerTls,
     cfg: &crate::RrpcConfig,
 ) -> Result<PeerInfo, crate::Error> {
@@ -382,8 +387,13 @@ pub(crate) async fn accept_ticket(
                 }
                 (true, Some(Some(c))) => {
                     send(pipe, &encode_reply(&TicketReply::Accepted(Some(c.id())))).await?;
-                    let plain = std::mem::replace(pipe, crate::pipe::mem_pair(1).0);
-                    *pipe = crate::seal::pipe::wrap(plain, &keys, crate::seal::Role::Server, c);
+                    let plain = std::mem::replace(pipe, crate::conn::mem_pair(1).0);
+                    *pipe = crate::conn::seal::pipe::wrap(
+                        plain,
+                        &keys,
+                        crate::conn::seal::Role::Server,
+                        c,
+                    );
                     return Ok(peer);
                 }
                 (true, Some(None)) => {
@@ -424,7 +434,7 @@ pub(crate) async fn accept_ticket(
 /// pair at once lost it (the client saw the connection closed, not why).
 /// The client closes once it has read the refusal.
 #[cfg(feature = "tls")]
-async fn linger(pipe: &mut crate::pipe::Pipe, bound: Duration) {
+async fn linger(pipe: &mut crate::conn::Pipe, bound: Duration) {
     let _ = tokio::time::timeout(bound, async {
         while let Ok(true) = pipe.1.recv_with(&mut |_: &[u8]| {}).await {}
     })
@@ -544,9 +554,9 @@ mod imp {
     use tokio::io::{AsyncRead, AsyncWrite};
     use tonic::transport::server::{TcpConnectInfo, TlsConnectInfo};
 
-    use super::{TICKET_LABEL, TICKET_LEN, Ticket, TicketId, Unredeemed};
     use crate::Error;
-    use crate::seal::{KEY_LABEL_C2S, KEY_LABEL_S2C, KEY_LEN, RingSecrets};
+    use crate::conn::seal::{KEY_LABEL_C2S, KEY_LABEL_S2C, KEY_LEN, RingSecrets};
+    use crate::tls::{TICKET_LABEL, TICKET_LEN, Ticket, TicketId, Unredeemed};
 
     /// What a request learns of a TLS peer: tonic's own type, which
     /// `Request::peer_certs()` reads.

@@ -9,7 +9,7 @@
 //! | `rdma://host:port` | rrpc over RDMA (rrpc-core `verbs` provider, feature `verbs`) |
 //! | `rrpc://host:port` | one TCP port for every client: plain HTTP/2, or the best fabric both ends share (shm on one host, else verbs, else HTTP/2 on TCP; [`crate::port`]) |
 //!
-//! The path negotiation that follows a connect is [`crate::negotiate`].
+//! The path negotiation that follows a connect is [`crate::conn::negotiate`].
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -18,9 +18,9 @@ use std::sync::{Mutex, OnceLock};
 
 use tokio::sync::mpsc;
 
+use crate::conn::negotiate::{Established, Negotiated, negotiate_client, negotiate_server};
+use crate::conn::{self, Pipe};
 use crate::error::rdma_unavailable;
-use crate::negotiate::{Established, Negotiated, negotiate_client, negotiate_server};
-use crate::pipe::{self, Pipe};
 use crate::{Error, RrpcConfig, RrpcContext};
 
 /// A parsed transport address.
@@ -87,7 +87,7 @@ pub(crate) enum RrpcListener {
     /// `shm://` or `rdma://`: rings on rrpc-core's fabric. Boxed: with the
     /// verbs provider the listener holds the device context and is far
     /// larger than the in-process variant.
-    Rings(Box<crate::rings::RingsListener>),
+    Rings(Box<crate::conn::rings::RingsListener>),
 }
 
 /// An in-process client as the listener receives it: its half of the pipe
@@ -129,14 +129,14 @@ impl RrpcListener {
                 })
             }
             Target::Shm(path) => Ok(RrpcListener::Rings(Box::new(
-                crate::rings::RingsListener::bind(
+                crate::conn::rings::RingsListener::bind(
                     rrpc_core::FabricAddr::Shm(path.clone()),
                     cfg,
                     ctx,
                 )?,
             ))),
             Target::Rdma(uri) => Ok(RrpcListener::Rings(Box::new(
-                crate::rings::RingsListener::bind(rdma_endpoint(uri)?, cfg, ctx)?,
+                crate::conn::rings::RingsListener::bind(rdma_endpoint(uri)?, cfg, ctx)?,
             ))),
             Target::Tcp(_) | Target::Unix(_) | Target::Port(_) => Err(Error::InvalidUri {
                 uri: format!("{target:?}"),
@@ -175,7 +175,7 @@ pub(crate) enum Accepted {
     /// dialed it.
     Ready(Pipe, tokio::runtime::Handle),
     /// `shm://` or `rdma://`: the rrpc-core handshake is still to come.
-    Rings(Box<crate::rings::RingsPending>),
+    Rings(Box<crate::conn::rings::RingsPending>),
 }
 
 impl Accepted {
@@ -269,7 +269,7 @@ pub(crate) async fn dial(
         Target::Inproc(name) => {
             let tx = registry().lock().expect("registry lock").get(name).cloned();
             let tx = tx.ok_or_else(|| Error::NotListening(format!("inproc://{name}")))?;
-            let (mut client, server) = pipe::mem_pair(cfg.ring_size());
+            let (mut client, server) = conn::mem_pair(cfg.ring_size());
             let dialed = InprocDial {
                 pipe: server,
                 runtime: tokio::runtime::Handle::current(),
@@ -289,7 +289,7 @@ pub(crate) async fn dial(
             Err(crate::tls::needs_tls())
         }
         Target::Shm(path) => {
-            crate::rings::dial(rrpc_core::FabricAddr::Shm(path.clone()), None, cfg, ctx).await
+            crate::conn::rings::dial(rrpc_core::FabricAddr::Shm(path.clone()), None, cfg, ctx).await
         }
         Target::Rdma(uri) => {
             // Off the runtime's threads: a name lookup can block for seconds.
@@ -297,7 +297,7 @@ pub(crate) async fn dial(
             let ep = tokio::task::spawn_blocking(move || rdma_endpoint(&uri))
                 .await
                 .map_err(|e| Error::Io(std::io::Error::other(e)))??;
-            crate::rings::dial(ep, None, cfg, ctx).await
+            crate::conn::rings::dial(ep, None, cfg, ctx).await
         }
         // A ring channel on an `rrpc://` port: shm or verbs through the
         // side listener the port's negotiation names; its shared
@@ -306,7 +306,7 @@ pub(crate) async fn dial(
         // the TLS session its negotiation ran in ([`crate::tls::Ticket`]).
         Target::Port(p) => {
             let (ep, ticket) = p.ring_endpoint(cfg).await?;
-            let (mut pipe, path) = crate::rings::dial(ep, Some(p.addr()), cfg, ctx).await?;
+            let (mut pipe, path) = crate::conn::rings::dial(ep, Some(p.addr()), cfg, ctx).await?;
             match ticket {
                 Some(t) => crate::tls::present_ticket(&mut pipe, &t, cfg).await?,
                 None if crate::tls::seals(cfg, &pipe) => return Err(crate::tls::needs_tls()),
@@ -325,8 +325,8 @@ pub(crate) async fn dial(
 mod tests {
     use super::*;
     use crate::PathPreference;
+    use crate::conn::negotiate::{choose_path, client_hello, path_of_reply};
     use crate::frame::path_hello as hello_bytes;
-    use crate::negotiate::{choose_path, client_hello, path_of_reply};
 
     #[test]
     fn parses_uris() {
@@ -382,7 +382,7 @@ mod tests {
                 Negotiated::Http2,
             ),
         ] {
-            let (mut a, mut b) = pipe::mem_pair(4096);
+            let (mut a, mut b) = conn::mem_pair(4096);
             let (cc, sc) = (
                 RrpcConfig::builder().path(c).build().unwrap(),
                 RrpcConfig::builder().path(s).build().unwrap(),
@@ -397,7 +397,7 @@ mod tests {
     /// hello is refused with a reason the client sees.
     #[tokio::test]
     async fn negotiation_exchanges_call_windows_and_refuses_bad_hellos() {
-        let (mut a, mut b) = pipe::mem_pair(4096);
+        let (mut a, mut b) = conn::mem_pair(4096);
         let cc = RrpcConfig::builder().call_window(4096).build().unwrap();
         let sc = RrpcConfig::builder().call_window(1 << 20).build().unwrap();
         let (x, y) = tokio::join!(negotiate_client(&mut a, &cc), negotiate_server(&mut b, &sc));
@@ -414,7 +414,7 @@ mod tests {
             hello_bytes(7, 4096).to_vec(),
             Vec::new(),
         ] {
-            let (mut a, mut b) = pipe::mem_pair(4096);
+            let (mut a, mut b) = conn::mem_pair(4096);
             let send = async {
                 a.0.send_with(bad.len().max(1), &mut |s: &mut [u8]| {
                     s[..bad.len()].copy_from_slice(&bad)

@@ -268,7 +268,7 @@ proptest! {
         let built = RrpcConfig::builder().ring_size(ring).build();
         prop_assert_eq!(built.is_ok(), ring_takes, "ring_size {}: {:?}", ring, built);
         if let Ok(cfg) = built {
-            prop_assert!(crate::rings::ring_config_for_tests(&cfg).is_ok());
+            prop_assert!(crate::conn::rings::ring_config_for_tests(&cfg).is_ok());
         } else {
             prop_assert_eq!(refusal(RrpcConfig::builder().ring_size(ring)), rings::RING_SIZE_RULE);
         }
@@ -288,7 +288,7 @@ proptest! {
         prop_assert_eq!(built.is_ok(), ring_takes, "ring {} min {}: {:?}", ring, min, built);
         if let Ok(cfg) = built {
             prop_assert_eq!(cfg.min_ring_size(), min);
-            prop_assert!(crate::rings::ring_config_for_tests(&cfg).is_ok());
+            prop_assert!(crate::conn::rings::ring_config_for_tests(&cfg).is_ok());
         }
     }
 

@@ -12,7 +12,7 @@ use rrpc_poller::rings::{AsyncConn, RingConfig};
 use rrpc_poller::{Mode, PollerConfig};
 
 use super::*;
-use crate::pipe::{MsgRx, mem_pair};
+use crate::conn::{MsgRx, mem_pair};
 
 /// How long a test waits for what must happen before it calls it a hang.
 const BOUND: Duration = Duration::from_secs(20);
@@ -240,13 +240,14 @@ async fn a_full_ring_behind_a_deferred_tail_makes_progress() {
 #[cfg(feature = "tls")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sealed_writer_waits_for_room_for_its_tag_too() {
-    use crate::seal::{KEY_LEN, RingCipher, RingSecrets, Role};
+    use crate::conn::seal::{KEY_LEN, RingCipher, RingSecrets, Role};
     let secrets = RingSecrets {
         c2s: [9; KEY_LEN],
         s2c: [8; KEY_LEN],
     };
     let (a, _b) = mem_pair(100);
-    let (link, _) = crate::seal::pipe::wrap(a, &secrets, Role::Client, RingCipher::preferred());
+    let (link, _) =
+        crate::conn::seal::pipe::wrap(a, &secrets, Role::Client, RingCipher::preferred());
     // 60 of the 100 bytes taken: room for 40, a message of 30 needs 46.
     assert!(
         link.try_send_with(60 - TAG_LEN, &mut |_: &mut [u8]| {})

@@ -18,8 +18,8 @@ use super::proto::call_timeout;
 use super::proto::client as proto;
 use super::writer::{Batch, FrameWriter, Out};
 use super::{Event, RecvBody};
+use crate::conn::Pipe;
 use crate::frame::{self, END_STREAM, Kind};
-use crate::pipe::Pipe;
 use crate::{Error, RrpcConfig};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -618,8 +618,8 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
+    use crate::conn::mem_pair;
     use crate::fast::testing::{channel, req, spawn_server};
-    use crate::pipe::mem_pair;
 
     struct Count(std::sync::atomic::AtomicUsize);
     impl std::task::Wake for Count {

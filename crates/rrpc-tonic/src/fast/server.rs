@@ -23,8 +23,8 @@ use super::flow::{self, CallFlow, Credit};
 use super::proto::server::{self as proto, CallKey, In, Note, Output};
 use super::writer::{Batch, FrameWriter, Out};
 use super::{Event, RecvBody};
+use crate::conn::Pipe;
 use crate::frame::{self, END_STREAM, FrameError, Kind};
-use crate::pipe::Pipe;
 use crate::{Error, RrpcConfig};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -877,8 +877,8 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
+    use crate::conn::mem_pair;
     use crate::fast::testing::{breakable, channel, req, spawn_server};
-    use crate::pipe::mem_pair;
 
     /// `serve_conn` returns within 5 s, with an error that says `what`.
     async fn closes_with(server: tokio::task::JoinHandle<Result<(), Error>>, what: &str) {
@@ -1004,7 +1004,7 @@ mod tests {
 
     /// Reads TRAILERS frames until `want` arrived: (call id, status).
     async fn refusals(
-        crx: &mut Box<dyn crate::pipe::MsgRx>,
+        crx: &mut Box<dyn crate::conn::MsgRx>,
         want: usize,
     ) -> Vec<(u32, tonic::Code)> {
         let mut got: Vec<(u32, tonic::Code)> = Vec::new();
@@ -1028,7 +1028,7 @@ mod tests {
     }
 
     /// The frames of call `id` the server sends, until the one that ends it.
-    async fn frames_of(crx: &mut Box<dyn crate::pipe::MsgRx>, id: u32) -> Vec<(Kind, Vec<u8>)> {
+    async fn frames_of(crx: &mut Box<dyn crate::conn::MsgRx>, id: u32) -> Vec<(Kind, Vec<u8>)> {
         let mut got = Vec::new();
         let mut ended = false;
         while !ended {

@@ -248,7 +248,7 @@ mod tests {
     use std::task::{Context, Poll, Waker};
 
     use super::*;
-    use crate::pipe::{MsgRx, mem_pair};
+    use crate::conn::{MsgRx, mem_pair};
 
     /// A 200-byte pipe, its writer and the far end's receiver.
     fn lane() -> (FrameWriter, Box<dyn MsgRx>) {

@@ -15,11 +15,11 @@ use std::task::{Context, Poll, Waker};
 use std::time::Instant;
 
 use crate::Error;
+use crate::conn::{BoxFut, MsgRx};
 use crate::fast::Event;
 use crate::fast::flow::CallFlow;
 use crate::fast::proto::client as proto;
 use crate::frame::FrameError;
-use crate::pipe::{BoxFut, MsgRx};
 use tokio::sync::oneshot;
 
 /// The pseudo call id of the connection's fallback reader task (never a

@@ -11,7 +11,7 @@ use tower::Service;
 use tower::buffer::Buffer;
 
 use crate::call::{BoxError, Carrier, ChannelPath, ResponseFuture};
-use crate::managed::{Dialer, Managed};
+use crate::client::managed::{Dialer, Managed};
 
 /// A client channel for any URI that the unchanged generated client takes:
 /// `GreeterClient::new(RrpcChannel::connect("shm:///run/g.sock", cfg).await?)`.

@@ -17,7 +17,7 @@
 
 use super::{OpenError, Opener, RingCipher, RingSecrets, Role};
 use crate::Error;
-use crate::pipe::{BoxFut, MsgRx, Pipe};
+use crate::conn::{BoxFut, MsgRx, Pipe};
 
 /// `pipe`, every message sealed with `role`'s keys of `secrets`: the
 /// sending half seals in place in the ring slot ([`Link::sealed`]), the
@@ -89,8 +89,8 @@ impl MsgRx for SealedRx {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::pipe::mem_pair;
-    use crate::seal::{KEY_LEN, TAG_LEN};
+    use crate::conn::mem_pair;
+    use crate::conn::seal::{KEY_LEN, TAG_LEN};
 
     fn secrets() -> RingSecrets {
         RingSecrets {

@@ -4,7 +4,7 @@
 //! On `http://` and `unix://` every option goes to tonic's own `Endpoint`,
 //! so those channels are exactly tonic's. On the rings (`shm://`,
 //! `rdma://`, `inproc://`) a channel owns one connection at a time and
-//! replaces it when it fails ([`crate::managed`]).
+//! replaces it when it fails ([`crate::client::managed`]).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -13,9 +13,9 @@ use http::HeaderValue;
 use tower::Service;
 
 use crate::call::{BoxError, Carrier, ChannelPath, tonic_user_agent};
-use crate::channel::RrpcChannel;
+use crate::client::channel::RrpcChannel;
+use crate::client::managed::{Conn, Dialer, Managed};
 use crate::fast::client::CallOptions;
-use crate::managed::{Conn, Dialer, Managed};
 use crate::transport::Target;
 use crate::{Error, RrpcConfig, RrpcContext};
 
@@ -356,7 +356,7 @@ impl RrpcEndpoint {
             Target::Port(p) => self.connect_port(p).await,
             _ => {
                 let ctx = self.resolve_context()?;
-                let carrier = crate::call::carrier_of(&self.target, &ctx)?;
+                let carrier = carrier_of(&self.target, &ctx)?;
                 let dialer = self.dialer(ctx)?;
                 let conn = dialer.clone().connection().await?;
                 Ok(self.rings(dialer, Some(conn), carrier))
@@ -417,7 +417,7 @@ impl RrpcEndpoint {
             }
             _ => {
                 let ctx = self.resolve_context()?;
-                let carrier = crate::call::carrier_of(&self.target, &ctx)?;
+                let carrier = carrier_of(&self.target, &ctx)?;
                 Ok(self.rings(self.dialer(ctx)?, None, carrier))
             }
         }
@@ -806,6 +806,32 @@ impl RrpcChannel {
             carriers,
         ))
     }
+}
+
+/// What `target` asks for; `rdma://` opens `ctx`'s device to name it.
+fn carrier_of(target: &Target, ctx: &RrpcContext) -> Result<Carrier, Error> {
+    Ok(match target {
+        Target::Tcp(_) => Carrier::Tcp,
+        Target::Unix(_) => Carrier::Unix,
+        Target::Inproc(_) => Carrier::Inproc,
+        Target::Shm(_) => Carrier::Shm,
+        // The negotiation decides; the live connection tells.
+        Target::Port(_) => Carrier::Shm,
+        #[cfg(feature = "verbs")]
+        Target::Rdma(_) => Carrier::Verbs {
+            device: ctx
+                .verbs_fabric()?
+                .device_name()
+                .unwrap_or_default()
+                .to_string(),
+            peer: None,
+        },
+        #[cfg(not(feature = "verbs"))]
+        Target::Rdma(_) => {
+            let _ = ctx;
+            return Err(crate::error::rdma_unavailable());
+        }
+    })
 }
 
 #[cfg(test)]

@@ -17,8 +17,8 @@
 //! Each end's `call_window` is its fast-path receive window per call
 //! ([`RrpcConfig::call_window`]): the other end's initial send credit.
 
+use crate::conn::Pipe;
 use crate::frame::HANDSHAKE_SECTION;
-use crate::pipe::Pipe;
 use crate::{Error, PathPreference, RrpcConfig};
 
 /// Our section of a peer's hello or accept: empty when it sent none (the

@@ -44,8 +44,8 @@ use rrpc_core::vqp::VqpConfig;
 use rrpc_core::{Fabric, FabricAddr};
 use rrpc_poller::rings::{LocalRing, RingConfig};
 
+use crate::conn::negotiate::section_of;
 use crate::frame::{HANDSHAKE_SECTION, PATH_HELLO_LEN};
-use crate::negotiate::section_of;
 use crate::{Error, RrpcConfig};
 
 /// What opens a shared connection, and starts the server's answer.

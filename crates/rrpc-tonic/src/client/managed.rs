@@ -14,10 +14,10 @@ use tonic::body::Body;
 use tower::Service;
 
 use crate::call::{BoxError, Carrier, ChannelPath, ResponseFuture};
+use crate::conn::BoxFut;
+use crate::conn::negotiate::Negotiated;
 use crate::fast::client::{CallOptions, FastChannel};
 use crate::h2stream::{H2Conn, h2_call, h2_channel};
-use crate::negotiate::Negotiated;
-use crate::pipe::BoxFut;
 use crate::transport::{Target, dial};
 use crate::{Error, RrpcConfig, RrpcContext};
 

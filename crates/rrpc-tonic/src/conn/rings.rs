@@ -15,15 +15,14 @@ use rrpc_core::{Fabric, FabricAddr};
 use rrpc_poller::rings::{AsyncConn, AsyncReceiver, IdleReads, RingConfig, RingRx, RingTx};
 use rrpc_poller::{Mode, WatchedFd};
 
-use crate::bundle::{Bundle, BundlePool, make_bundle};
-use crate::conn::{Link, gone_cause};
-use crate::frame::HANDSHAKE_SECTION;
-use crate::negotiate::{
+use crate::conn::bundle::{Bundle, BundlePool, make_bundle};
+use crate::conn::negotiate::{
     Established, Negotiated, choose_path, client_hello, path_of_reply, section_of,
 };
-use crate::pipe::{BoxFut, MsgRx, Pipe};
-use crate::sharing::{self, Anchors, PeerKey, Request};
-use crate::spare::Spare;
+use crate::conn::sharing::{self, Anchors, PeerKey, Request};
+use crate::conn::spare::Spare;
+use crate::conn::{BoxFut, Link, MsgRx, Pipe, gone_cause};
+use crate::frame::HANDSHAKE_SECTION;
 use crate::{Error, RrpcConfig, RrpcContext};
 
 fn ring_config(cfg: &RrpcConfig) -> Result<RingConfig, Error> {
@@ -469,7 +468,7 @@ struct Refill {
     server: String,
     cfg: RrpcConfig,
     ctx: RrpcContext,
-    /// Still to be ended in the store ([`Spares::next`](crate::spare::Spares::next)
+    /// Still to be ended in the store ([`Spares::next`](crate::conn::spare::Spares::next)
     /// ends a refill that is done).
     running: bool,
 }
@@ -894,7 +893,7 @@ mod tests {
         let mut listener = RrpcListener::bind(&target, &cfg, &ctx).expect("bind");
         let scfg = cfg.clone();
         let server = tokio::spawn(async move {
-            let crate::negotiate::Established::Pipe(pipe, negotiated) = listener
+            let crate::conn::negotiate::Established::Pipe(pipe, negotiated) = listener
                 .accept()
                 .await
                 .expect("accept")
@@ -904,7 +903,7 @@ mod tests {
             else {
                 panic!("a connection, not a shared one");
             };
-            let crate::negotiate::Negotiated::Fast { peer_window } = negotiated else {
+            let crate::conn::negotiate::Negotiated::Fast { peer_window } = negotiated else {
                 panic!("fast path expected");
             };
             let svc = tower::service_fn(|_r: http::Request<Body>| async {
@@ -924,7 +923,7 @@ mod tests {
             .await
         });
         let (pipe, negotiated) = dial(&target, &cfg, &ctx).await.expect("dial");
-        let crate::negotiate::Negotiated::Fast { peer_window } = negotiated else {
+        let crate::conn::negotiate::Negotiated::Fast { peer_window } = negotiated else {
             panic!("fast path expected");
         };
         let mut ch = FastChannel::start(pipe, &cfg, peer_window, Default::default());
@@ -968,7 +967,8 @@ mod tests {
             let mut pipes = Vec::new();
             while let Some(a) = l.accept().await {
                 counted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                if let Ok(crate::negotiate::Established::Pipe(p, _)) = a.establish(&cfg).await {
+                if let Ok(crate::conn::negotiate::Established::Pipe(p, _)) = a.establish(&cfg).await
+                {
                     pipes.push(p);
                 }
             }
@@ -1004,14 +1004,14 @@ mod tests {
                 .collect::<Vec<_>>()
         };
         let (first, first_task, _) = shared_server(&a, &cfg);
-        let one = crate::rings::dial(FabricAddr::Shm(a.clone()), port, &cfg, &client)
+        let one = crate::conn::rings::dial(FabricAddr::Shm(a.clone()), port, &cfg, &client)
             .await
             .expect("dial the first server");
         assert_eq!(opened(&client).len(), 1);
         // The first server hangs: its context still holds its end.
         first_task.abort();
         let (second, second_task, side_channels) = shared_server(&b, &cfg);
-        let two = crate::rings::dial(FabricAddr::Shm(b.clone()), port, &cfg, &client)
+        let two = crate::conn::rings::dial(FabricAddr::Shm(b.clone()), port, &cfg, &client)
             .await
             .expect("dial the restarted server");
         let o = opened(&client);

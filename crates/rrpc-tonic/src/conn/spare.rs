@@ -39,8 +39,8 @@ use std::sync::Arc;
 use rrpc_core::conn::Connection;
 
 use crate::RrpcConfig;
-use crate::negotiate::Negotiated;
-use crate::pipe::Pipe;
+use crate::conn::Pipe;
+use crate::conn::negotiate::Negotiated;
 
 /// A spare: a connection dialed, handshaken and registered with the
 /// poller, its path agreed, and the connection itself (for the liveness
