@@ -147,13 +147,14 @@ const TONIC: Order = &[
     // URIs: what each scheme dials and listens on.
     &["transport"],
     // The fast path over a connection: its frame writer, the per-call flow
-    // control, the client's receive (demux), the client with the response
-    // body both sides read (`fast`'s `RecvBody` holds the client's call
-    // guard: one layer), the server.
+    // control, the client's receive (demux), the response body both sides
+    // read (`fast`'s `RecvBody`, generic over where its events come from),
+    // the client, the server.
     &["fast::writer"],
     &["fast::flow"],
     &["fast::client::demux"],
-    &["fast", "fast::client"],
+    &["fast"],
+    &["fast::client"],
     &["fast::server"],
     // The HTTP/2 path over a connection, both sides.
     &["h2stream"],
@@ -500,6 +501,41 @@ fn read_module(text: &str) -> Read {
             if segs.len() > 1 {
                 inline.push(segs);
             }
+        }
+    }
+    // Bare paths in code (`client::SlotRef`), outside `use` statements
+    // (whose nested trees hold relative paths): [`absolute`] keeps those
+    // whose first segment is a child module of the file.
+    let mut stmts = String::with_capacity(code.len());
+    let mut rest = code.as_str();
+    while let Some(at) = find_word(rest, "use") {
+        stmts.push_str(&rest[..at]);
+        let end = rest[at..].find(';').map_or(rest.len(), |k| at + k + 1);
+        rest = &rest[end..];
+    }
+    stmts.push_str(rest);
+    let b = stmts.as_bytes();
+    let mut k = 0;
+    while k < b.len() {
+        let starts = is_ident(b[k] as char)
+            && !b[k].is_ascii_digit()
+            && (k == 0 || !(is_ident(b[k - 1] as char) || b[k - 1] == b':'));
+        if !starts {
+            k += 1;
+            continue;
+        }
+        let path: String = stmts[k..]
+            .chars()
+            .take_while(|c| is_ident(*c) || *c == ':')
+            .collect();
+        k += path.len().max(1);
+        let segs: Vec<String> = path
+            .split("::")
+            .filter(|s| !s.is_empty())
+            .map(str::to_owned)
+            .collect();
+        if segs.len() > 1 && !["crate", "super", "self"].contains(&segs[0].as_str()) {
+            inline.push(segs);
         }
     }
     (defs, uses, inline)
@@ -1098,6 +1134,28 @@ mod tests {
             ("b.rs", "use crate::a::A;\npub struct B;\n"),
         ]);
         assert_eq!(c, vec![vec!["a".to_owned(), "b".to_owned()]]);
+    }
+
+    #[test]
+    fn a_bare_path_to_a_child_module_is_an_arrow() {
+        // `p` names its child `c` by a bare path in code, `c` names `p`: a
+        // circle. A bare path inside a `use` tree, or to no child, is none.
+        let c = found(&[
+            ("lib.rs", "mod p;\n"),
+            ("p.rs", "mod c;\npub struct P;\npub fn f(_: c::C) {}\n"),
+            ("p/c.rs", "pub struct C(crate::p::P);\n"),
+        ]);
+        assert_eq!(c, vec![vec!["p".to_owned(), "p::c".to_owned()]]);
+        let c = found(&[
+            ("lib.rs", "mod p;\nmod q;\n"),
+            (
+                "p.rs",
+                "mod c;\nuse crate::q::{c::Q};\npub struct P;\npub fn f(_: other::c::C) {}\n",
+            ),
+            ("p/c.rs", "pub struct C(crate::p::P);\n"),
+            ("q.rs", "pub mod c { pub struct Q; }\n"),
+        ]);
+        assert!(c.is_empty(), "{c:?}");
     }
 
     #[test]

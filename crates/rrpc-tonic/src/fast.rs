@@ -50,16 +50,41 @@ pub(crate) mod writer;
 
 pub(crate) use proto::Event;
 
-/// Where a [`RecvBody`] gets its events from after its queued ones.
-pub(crate) enum Source {
-    /// Nothing more: the stream ended (server: request complete on arrival).
+/// Where a [`RecvBody`] gets its events from after its queued ones: the
+/// server connection's reader ([`Incoming`]), or the client's per-call
+/// slot (`client::Response`, which also holds the call's guard). A trait
+/// here, implemented by each side, so that this module names nothing of
+/// either side (no import circle) and the body stays monomorphic.
+pub(crate) trait EventSource: Send + Unpin + 'static {
+    /// The next event, or `None` when the source ended. `update`: a window
+    /// update the source asks to send for bytes it already handed out.
+    fn poll_event(&mut self, cx: &mut Context<'_>, update: &mut Option<u32>)
+    -> Poll<Option<Event>>;
+
+    /// The call ended with its trailers (the client's guard says so).
+    fn finished(&mut self) {}
+
+    /// The call was reset: give its place back now (the client's guard,
+    /// which resets the call on the server if its deadline passed).
+    fn reset(&mut self) {}
+}
+
+/// The server's request stream after its queued chunks.
+pub(crate) enum Incoming {
+    /// Nothing more: the stream ended (request complete on arrival).
     Ended,
     /// A channel fed by the server connection's reader task (bounded in
     /// bytes by the call's flow-control window, not in events).
     Chan(mpsc::UnboundedReceiver<Event>),
-    /// The client's per-call slot, filled by whichever call drives the
-    /// connection's receive side ([`client`] docs).
-    Slot(client::SlotRef),
+}
+
+impl EventSource for Incoming {
+    fn poll_event(&mut self, cx: &mut Context<'_>, _: &mut Option<u32>) -> Poll<Option<Event>> {
+        match self {
+            Incoming::Ended => Poll::Ready(None),
+            Incoming::Chan(rx) => rx.poll_recv(cx),
+        }
+    }
 }
 
 /// A body fed by the connection's receive side.
@@ -67,15 +92,12 @@ pub(crate) enum Source {
 /// On the server (`eos_ok`), the source ending means end of the request
 /// stream. On the client, the call must end with trailers; a source that
 /// ends without them is a lost connection (`Unavailable`).
-pub(crate) struct RecvBody {
+pub(crate) struct RecvBody<S = Incoming> {
     /// Request data that came with the call's headers (server).
     queued: proto::Chunks,
-    src: Source,
+    src: S,
     done: bool,
     eos_ok: bool,
-    /// Dropped with the body; the client's call guard sends CANCEL if the
-    /// call had not finished.
-    pub(crate) guard: Option<client::CallGuard>,
     /// Hands the bytes the application read back to the peer.
     ///
     /// Client: the call's deadline covers the response body too (a gRPC
@@ -87,7 +109,7 @@ pub(crate) struct RecvBody {
     credit: Option<flow::Credit>,
 }
 
-impl std::fmt::Debug for RecvBody {
+impl<S> std::fmt::Debug for RecvBody<S> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RecvBody")
             .field("done", &self.done)
@@ -95,7 +117,7 @@ impl std::fmt::Debug for RecvBody {
     }
 }
 
-impl RecvBody {
+impl RecvBody<Incoming> {
     /// Server: `queued` chunks, then more from `rx` until it closes.
     pub(crate) fn new(
         queued: proto::Chunks,
@@ -104,10 +126,9 @@ impl RecvBody {
     ) -> Self {
         RecvBody {
             queued,
-            src: Source::Chan(rx),
+            src: Incoming::Chan(rx),
             done: false,
             eos_ok: true,
-            guard: None,
             credit: Some(credit),
         }
     }
@@ -115,54 +136,43 @@ impl RecvBody {
     pub(crate) fn ready(queued: proto::Chunks) -> Self {
         RecvBody {
             queued,
-            src: Source::Ended,
+            src: Incoming::Ended,
             done: false,
             eos_ok: true,
-            guard: None,
             credit: None,
         }
     }
-    /// Client: the response stream of one call.
-    pub(crate) fn slot(
-        slot: client::SlotRef,
-        guard: client::CallGuard,
-        credit: flow::Credit,
-    ) -> Self {
+}
+
+impl<S: EventSource> RecvBody<S> {
+    /// Client: the response stream of one call, from `src`.
+    pub(crate) fn response(src: S, credit: flow::Credit) -> Self {
         RecvBody {
             queued: proto::Chunks::default(),
-            src: Source::Slot(slot),
+            src,
             done: false,
             eos_ok: false,
-            guard: Some(guard),
             credit: Some(credit),
         }
     }
     fn finish(&mut self) {
         self.done = true;
-        if let Some(g) = self.guard.as_mut() {
-            g.finished();
-        }
+        self.src.finished();
     }
     fn poll_event(&mut self, cx: &mut Context<'_>) -> Poll<Option<Event>> {
         if let Some(b) = self.queued.pop_front() {
             return Poll::Ready(Some(Event::Data(b)));
         }
-        match &mut self.src {
-            Source::Ended => Poll::Ready(None),
-            Source::Chan(rx) => rx.poll_recv(cx),
-            Source::Slot(s) => {
-                let mut update = None;
-                let r = s.poll_event(cx, &mut update);
-                if let (Some(inc), Some(c)) = (update, &self.credit) {
-                    c.send_update(inc);
-                }
-                r
-            }
+        let mut update = None;
+        let r = self.src.poll_event(cx, &mut update);
+        if let (Some(inc), Some(c)) = (update, &self.credit) {
+            c.send_update(inc);
         }
+        r
     }
 }
 
-impl http_body::Body for RecvBody {
+impl<S: EventSource> http_body::Body for RecvBody<S> {
     type Data = Bytes;
     type Error = Status;
 
@@ -201,7 +211,7 @@ impl http_body::Body for RecvBody {
                 // resets the call on the server if the state machine says
                 // so (its deadline passed: gRPC's `DEADLINE_EXCEEDED`).
                 self.done = true;
-                self.guard = None;
+                self.src.reset();
                 Poll::Ready(Some(Err(s)))
             }
             Poll::Ready(None) => {

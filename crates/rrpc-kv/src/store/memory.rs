@@ -7,7 +7,7 @@ use std::ops::Bound;
 
 use bytes::Bytes;
 
-use super::{PartitionStats, SLOTS_PER_BUCKET, key_hash, scale};
+use super::shared::{PartitionStats, SLOTS_PER_BUCKET, key_hash, scale};
 use crate::error::{Error, Result};
 
 /// Bytes counted per entry on top of its key and value: the key's place in

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use bytes::Bytes;
 use redb::{Database, Durability, ReadableDatabase, ReadableTable, TableDefinition};
 
-use super::{MAX_PARTITIONS, PartitionStats};
+use super::shared::{MAX_PARTITIONS, PartitionStats};
 use crate::error::{Error, Result};
 
 const TABLE: TableDefinition<'static, &'static [u8], &'static [u8]> = TableDefinition::new("kv");

@@ -17,7 +17,7 @@ use super::flow::{self, CallFlow, Credit};
 use super::proto::call_timeout;
 use super::proto::client as proto;
 use super::writer::{Batch, FrameWriter, Out};
-use super::{Event, RecvBody};
+use super::{Event, EventSource, RecvBody};
 use crate::conn::Pipe;
 use crate::frame::{self, END_STREAM, Kind};
 use crate::{Error, RrpcConfig};
@@ -494,6 +494,33 @@ async fn until_expired<F: std::future::Future>(
     .await
 }
 
+/// A call's response stream: its slot, and its guard (dropped with the
+/// body, the guard sends CANCEL if the call had not finished).
+pub(crate) struct Response {
+    slot: SlotRef,
+    guard: Option<CallGuard>,
+}
+
+impl EventSource for Response {
+    fn poll_event(
+        &mut self,
+        cx: &mut Context<'_>,
+        update: &mut Option<u32>,
+    ) -> Poll<Option<Event>> {
+        self.slot.poll_event(cx, update)
+    }
+
+    fn finished(&mut self) {
+        if let Some(g) = self.guard.as_mut() {
+            g.finished();
+        }
+    }
+
+    fn reset(&mut self) {
+        self.guard = None;
+    }
+}
+
 /// The response tonic gets from a call's first event: the server's HTTP
 /// status and headers, as hyper would hand them to tonic (which maps a
 /// non-200 status without grpc-status, e.g. a layer's 502, to the gRPC
@@ -522,7 +549,13 @@ fn response(
                 return Ok(head(status, headers).body(Body::empty())?);
             }
             let credit = Credit::client(guard.inner.writer.clone(), slot.id);
-            let body = RecvBody::slot(slot, guard, credit);
+            let body = RecvBody::response(
+                Response {
+                    slot,
+                    guard: Some(guard),
+                },
+                credit,
+            );
             Ok(head(status, headers).body(Body::new(body))?)
         }
         Some(Event::Trailers(t)) => {
