@@ -864,6 +864,9 @@ impl RingRx {
             self.released +=
                 self.rx_region
                     .discard(self.ring_off + keep, self.ring_len - keep)? as u64;
+            // The copy buffer grew to the larger ring's messages: let it go
+            // with them (a quiet ring shrinks; the next message allocates).
+            self.body = Vec::new();
         }
         match got? {
             Some(msg) => {

@@ -144,6 +144,7 @@ impl Sender {
                     cfg.shrink_after(),
                 )
                 .with_cache_slots((cfg.cache_ring_size() / cfg.slot_size()) as u64)
+                .with_idle_slots((cfg.idle_ring_size() / cfg.slot_size()) as u64)
             }),
             switch_at: None,
             shrinking: false,
