@@ -1073,6 +1073,13 @@ impl RingRx {
         self.released
     }
 
+    /// Bytes of heap the receiver keeps between messages: the buffer a
+    /// [`ReadGuard`] lends, grown to the largest message since the ring
+    /// last shrank (a shrink lets it go).
+    pub fn buffered_bytes(&self) -> usize {
+        self.body.capacity()
+    }
+
     /// The sans-IO state, for tests and benchmarks.
     pub fn state(&self) -> &Receiver {
         &self.receiver
