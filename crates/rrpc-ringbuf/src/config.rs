@@ -346,7 +346,9 @@ impl RingConfigBuilder {
     /// slots, at most [`min_ring_size`](Self::min_ring_size). Below the
     /// minimum, the unused pages of both arrays go back to the system while
     /// the connection is quiet (shm; `proto` docs), for one resize round
-    /// trip before the first message after it. Default: `min_ring_size`.
+    /// trip before the first message after it. Where they cannot (verbs,
+    /// huge pages: `rrpc_core::Region::discard`), [`crate::LocalRing::new`]
+    /// keeps a quiet ring at `min_ring_size`. Default: `min_ring_size`.
     pub fn idle_ring_size(mut self, bytes: usize) -> Self {
         self.cfg.idle_ring_size = Some(bytes);
         self
@@ -507,7 +509,10 @@ mod tests {
         let e = idle(128 << 10).unwrap_err().to_string();
         assert!(e.contains("idle_ring_size 131072"), "{e}");
         assert_eq!(
-            b().min_ring_size(64 << 10).build().unwrap().idle_ring_size(),
+            b().min_ring_size(64 << 10)
+                .build()
+                .unwrap()
+                .idle_ring_size(),
             64 << 10,
             "default: the minimum"
         );

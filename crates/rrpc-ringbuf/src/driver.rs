@@ -121,8 +121,21 @@ impl LocalRing {
         // view of it. (`regions()` lends the region out for inspection; its
         // docs forbid writing into it.)
         let staging = unsafe { Staging::new(tx_region.clone(), ring_off, ring_len) };
+        // Below the minimum only where the pages go back (`Region::discard`): a
+        // verbs registration or huge pages keep them, and going below would cost
+        // a resize round trip after every quiet spell for nothing.
+        let releases = fabric.kind() == rrpc_core::ProviderKind::Shm
+            && !rx_region.is_huge()
+            && !tx_region.is_huge();
+        let cfg = if releases || cfg.idle_ring_size() == cfg.min_ring_size() {
+            cfg.clone()
+        } else {
+            cfg.to_builder()
+                .idle_ring_size(cfg.min_ring_size())
+                .build()?
+        };
         Ok(LocalRing {
-            cfg: Arc::new(cfg.clone()),
+            cfg: Arc::new(cfg),
             rx_region,
             tx_region,
             staging,

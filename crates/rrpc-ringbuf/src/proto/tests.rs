@@ -1045,7 +1045,10 @@ fn ticks_until_geometry(p: &mut Pair, slots: u64) -> u32 {
             return ticks;
         }
     }
-    panic!("no switch to {slots} slots in 10 ticks: {:?}", p.tx.geometry());
+    panic!(
+        "no switch to {slots} slots in 10 ticks: {:?}",
+        p.tx.geometry()
+    );
 }
 
 /// A quiet ring goes below its minimum to its idle size within the bound

@@ -277,6 +277,9 @@ fn a_quiet_ring_goes_to_its_idle_size_and_lets_its_buffers_go(p: &Provider) {
         .build()
         .unwrap();
     let ((_c1, mut tx, _rx1), (_c2, _tx2, mut rx)) = common::pair(p, &cfg);
+    // On verbs the registration keeps the pages: a quiet ring stays at its
+    // minimum there (no round trip for nothing).
+    let idle = if p.is_verbs() { 16 * KIB } else { 4 * KIB };
     let mut got = Vec::new();
     let mut sent = Vec::new();
     for seq in 0..8 {
@@ -295,19 +298,23 @@ fn a_quiet_ring_goes_to_its_idle_size_and_lets_its_buffers_go(p: &Provider) {
     // Quiet, the policy ticking every half second of a virtual clock.
     let clock = Instant::now();
     let mut ms = 0;
-    while tx.state().geometry().ring_bytes() != 4 * KIB {
+    while tx.state().geometry().ring_bytes() != idle {
         assert!(ms <= 1500, "no shrink within 1.5 x shrink_after");
         tx.maintain(clock + Duration::from_millis(ms)).unwrap();
         ms += 500;
     }
     // The reader reads the marker; the writer's next tick sees it read.
     let t0 = Instant::now();
-    while rx.state().geometry().ring_bytes() != 4 * KIB {
+    while rx.state().geometry().ring_bytes() != idle {
         assert!(t0.elapsed() < BOUND, "the reader never read the marker");
         tx.poll_completions().unwrap();
         read_all(&mut rx, &mut got);
     }
-    assert_eq!(rx.buffered_bytes(), 0, "the copy buffer went with the shrink");
+    assert_eq!(
+        rx.buffered_bytes(),
+        0,
+        "the copy buffer went with the shrink"
+    );
     let t0 = Instant::now();
     while tx.state().switch_pending().is_some() {
         assert!(t0.elapsed() < BOUND, "the writer never saw the marker read");
@@ -319,8 +326,16 @@ fn a_quiet_ring_goes_to_its_idle_size_and_lets_its_buffers_go(p: &Provider) {
         assert_eq!(tx.released_bytes() + rx.released_bytes(), 0, "pinned");
     } else {
         // 512 KiB down to 4 KiB at once.
-        assert!(tx.released_bytes() >= 508 * KIB as u64, "{}", tx.released_bytes());
-        assert!(rx.released_bytes() >= 508 * KIB as u64, "{}", rx.released_bytes());
+        assert!(
+            tx.released_bytes() >= 508 * KIB as u64,
+            "{}",
+            tx.released_bytes()
+        );
+        assert!(
+            rx.released_bytes() >= 508 * KIB as u64,
+            "{}",
+            rx.released_bytes()
+        );
     }
     // The next messages, small and large, grow it back first.
     for (seq, len) in [(8, 10), (9, 100 * KIB), (10, 3000)] {

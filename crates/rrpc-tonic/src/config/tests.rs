@@ -71,7 +71,10 @@ fn build_checks_every_validated_setting() {
             "ring_idle_size must be a power of two",
             b().ring_idle_size(3 << 10),
         ),
-        ("ring_idle_size must be a power of two", b().ring_idle_size(64)),
+        (
+            "ring_idle_size must be a power of two",
+            b().ring_idle_size(64),
+        ),
         // Above the (default, 64 KiB) minimum.
         (
             "ring_idle_size must be a power of two",
@@ -215,7 +218,13 @@ fn build_checks_every_validated_setting() {
     let tiny = b().ring_size(1024).build().unwrap();
     assert_eq!((tiny.min_ring_size(), tiny.ring_idle_size()), (1024, 1024));
     assert_eq!(
-        RrpcConfig::default().0.rings.ring_config().build().unwrap().idle_ring_size(),
+        RrpcConfig::default()
+            .0
+            .rings
+            .ring_config()
+            .build()
+            .unwrap()
+            .idle_ring_size(),
         4096,
         "the ring a connection builds"
     );
