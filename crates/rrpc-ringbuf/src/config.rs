@@ -345,8 +345,10 @@ impl RingConfigBuilder {
     /// ([`RingConfig::idle_ring_size`]): a power of two of at least two
     /// slots, at most [`min_ring_size`](Self::min_ring_size). Below the
     /// minimum, the unused pages of both arrays go back to the system while
-    /// the connection is quiet (shm; `proto` docs), for one resize round
-    /// trip before the first message after it. Where they cannot (verbs,
+    /// the connection is quiet (shm; `proto` docs). The next message grows
+    /// it back: one that fits the idle ring goes out at once and the resize
+    /// marker follows it; a larger one waits for the marker's round trip
+    /// (`proto::sizing` docs). Where the pages cannot go back (verbs,
     /// huge pages: `rrpc_core::Region::discard`), [`crate::LocalRing::new`]
     /// keeps a quiet ring at `min_ring_size`. Default: `min_ring_size`.
     pub fn idle_ring_size(mut self, bytes: usize) -> Self {

@@ -72,7 +72,7 @@
 //! docs, "Rings that size themselves"; the policy is [`proto::sizing`]).
 //! RR-Compound §V-B leaves this to future work. A quiet ring goes below its
 //! minimum, to [`RingConfig::idle_ring_size`] (one page, say), and grows
-//! back before the next message. On shm the unused end of both arrays goes
+//! back with the next message. On shm the unused end of both arrays goes
 //! back to the system after a shrink, and the receiver lets go of its copy
 //! buffer ([`RingRx::buffered_bytes`]); a verbs registration pins its
 //! memory, so there a ring keeps its footprint (only the part in use stays

@@ -82,7 +82,7 @@ pub const DEFAULT_RDMA_CONNECTION_POOL: usize = 2;
 /// | rings | `ring_size` | 4 MiB | RR-Compound §V-B ("we opt to set the ring buffer size at 4 MB"); with self-sizing rings, the largest a ring grows to |
 /// | rings | `min_ring_size` | 64 KiB (fitted into `ring_size / 128 ..= ring_size`) | rings that size themselves (RR-Compound §V-B leaves auto-tuning to future work): a ring starts here, grows before messages that need it, shrinks when quiet; equal to `ring_size` for the paper's fixed ring |
 /// | rings | `ring_shrink_after` | 500 ms | quiet time after which a ring shrinks to `ring_idle_size`; both ends tick every half of it, so a quiet connection's rings are released within 2.5 × of it (docs/measured.md, "Memory and queue pairs per connection": at 1 s the release was still under way 2.3 s after a burst) |
-/// | rings | `ring_idle_size` | 4 KiB (one page; at most `min_ring_size`) | the size a quiet ring shrinks to: on shm every page of both rings past it goes back to the system; the first message after the quiet grows the ring back to at least `min_ring_size` (one resize round trip) |
+/// | rings | `ring_idle_size` | 4 KiB (one page; at most `min_ring_size`) | the size a quiet ring shrinks to: on shm every page of both rings past it goes back to the system; the first message after the quiet grows the ring back to at least `min_ring_size` (a message that fits the idle ring goes out at once, the resize marker after it; a larger one waits for the marker's round trip) |
 /// | rings | `ring_cache_size` | an eighth of the CPU's L2 (sysfs; 64 KiB with 512 KiB of L2) | a self-sizing ring grows past it only as far as one message needs; writers send messages of a third of it (Fig. 12: rings out of cache halve the bandwidth) |
 /// | rings | `numa_node` | [`NumaPlacement::Device`](rrpc_core::numa::NumaPlacement::Device) | RB² §IV-C: rings and polling threads on the device's NUMA node |
 /// | fast path | `path` | [`PathPreference::Fast`] | fast path by default between two rrpc endpoints: no HTTP/2 or HPACK per call |
@@ -534,8 +534,9 @@ impl RrpcConfigBuilder {
     /// the peer reads it at once or on its own next tick, and the writer
     /// releases its staging ring on its next tick, so a quiet connection's
     /// rings are back at their idle size within 2.5 × `quiet`. Shorter
-    /// releases memory sooner; each shrink costs one resize round trip on
-    /// the next message.
+    /// releases memory sooner; a shrink costs the next message one resize
+    /// round trip if it does not fit the idle ring
+    /// ([`ring_idle_size`](Self::ring_idle_size)).
     pub fn ring_shrink_after(mut self, quiet: std::time::Duration) -> Self {
         self.inner.rings.ring_shrink_after = quiet;
         self
@@ -545,8 +546,10 @@ impl RrpcConfigBuilder {
     /// quiet for [`ring_shrink_after`](Self::ring_shrink_after). On `shm`
     /// the pages of both ends' rings past it go back to the system; the
     /// first message after the quiet grows the ring back to at least
-    /// [`min_ring_size`](Self::min_ring_size), which costs one resize round
-    /// trip (`rrpc_ringbuf` docs, "Rings that size themselves").
+    /// [`min_ring_size`](Self::min_ring_size): one that fits the idle ring
+    /// goes out at once, with the resize marker after it; a larger one
+    /// waits for the marker's round trip (`rrpc_ringbuf` docs, "Rings that
+    /// size themselves").
     ///
     /// Default 4 KiB (one page, the least a page-granular release keeps),
     /// fitted to `min_ring_size`; set it to `min_ring_size` to keep the

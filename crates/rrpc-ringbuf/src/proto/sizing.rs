@@ -23,9 +23,10 @@
 //! * **A quiet ring shrinks to its idle size**: no message for
 //!   `shrink_after` ([`crate::RingConfig::idle_ring_size`]; the minimum
 //!   unless set lower). A ring below its minimum grows back to it (or to
-//!   what the message asks for) before the next message, so the idle size
-//!   costs one resize round trip on the first message after a quiet
-//!   period, and holds no more memory than one page of each array.
+//!   what the message asks for) with the next message: a message that
+//!   fits the idle ring with a slot to spare goes out at once and the
+//!   marker follows it ([`super::Sender`]); a larger one waits for the
+//!   marker's round trip, as any growth does.
 //!
 //! Windows are the periods between [`Sizer::tick`] calls (the driver ticks
 //! every `shrink_after / 2`), so the hot path only counts. The quiet time
