@@ -74,6 +74,8 @@ pub struct RingConfig {
     min_ring_size: Option<usize>,
     /// `None`: no cap below `ring_size`.
     cache_ring_size: Option<usize>,
+    /// `None`: `min_ring_size`.
+    idle_ring_size: Option<usize>,
     shrink_after: Duration,
     numa_node: NumaPlacement,
 }
@@ -94,6 +96,7 @@ impl Default for RingConfig {
             placement_timeout: DEFAULT_PLACEMENT_TIMEOUT,
             min_ring_size: None,
             cache_ring_size: None,
+            idle_ring_size: None,
             shrink_after: DEFAULT_SHRINK_AFTER,
             numa_node: NumaPlacement::Device,
         }
@@ -146,6 +149,14 @@ impl RingConfig {
         self.cache_ring_size
             .unwrap_or(self.ring_size)
             .clamp(self.min_ring_size(), self.ring_size)
+    }
+    /// The size a self-sizing ring shrinks to once its writer has been
+    /// quiet for [`shrink_after`](Self::shrink_after); before the next
+    /// message it grows back to at least
+    /// [`min_ring_size`](Self::min_ring_size). At most `min_ring_size`;
+    /// default `min_ring_size` (`proto::sizing` docs).
+    pub fn idle_ring_size(&self) -> usize {
+        self.idle_ring_size.unwrap_or_else(|| self.min_ring_size())
     }
     /// Slots the sender starts with: `min_ring_size / slot_size`.
     pub fn initial_slot_count(&self) -> u64 {
@@ -321,10 +332,27 @@ impl RingConfigBuilder {
         self.cfg.cache_ring_size = Some(bytes);
         self
     }
-    /// Quiet time after which a self-sizing ring shrinks to its minimum,
-    /// at least 1 ms. Default 1 s ([`DEFAULT_SHRINK_AFTER`]).
+    /// Quiet time after which a self-sizing ring shrinks to its idle size
+    /// ([`idle_ring_size`](Self::idle_ring_size)), at least 1 ms. Default
+    /// 1 s ([`DEFAULT_SHRINK_AFTER`]). The policy ticks every half of it,
+    /// so the resize marker goes out between `shrink_after` and
+    /// `1.5 × shrink_after` after the last message.
     pub fn shrink_after(mut self, quiet: Duration) -> Self {
         self.cfg.shrink_after = quiet;
+        self
+    }
+    /// The size a quiet self-sizing ring shrinks to
+    /// ([`RingConfig::idle_ring_size`]): a power of two of at least two
+    /// slots, at most [`min_ring_size`](Self::min_ring_size). Below the
+    /// minimum, the unused pages of both arrays go back to the system while
+    /// the connection is quiet (shm; `proto` docs). The next message grows
+    /// it back: one that fits the idle ring goes out at once and the resize
+    /// marker follows it; a larger one waits for the marker's round trip
+    /// (`proto::sizing` docs). Where the pages cannot go back (verbs,
+    /// huge pages: `rrpc_core::Region::discard`), [`crate::LocalRing::new`]
+    /// keeps a quiet ring at `min_ring_size`. Default: `min_ring_size`.
+    pub fn idle_ring_size(mut self, bytes: usize) -> Self {
+        self.cfg.idle_ring_size = Some(bytes);
         self
     }
     /// The NUMA node both regions of the ring (`RB_R` and `RB_S` with their
@@ -405,6 +433,18 @@ impl RingConfigBuilder {
         {
             return bad(format!("cache_ring_size {cap} must be a power of two"));
         }
+        if let Some(idle) = c.idle_ring_size
+            && (!idle.is_power_of_two()
+                || idle / c.slot_size < MIN_SLOT_COUNT as usize
+                || idle > c.min_ring_size.unwrap_or(c.ring_size))
+        {
+            return bad(format!(
+                "idle_ring_size {idle} must be a power of two of at least {MIN_SLOT_COUNT} slots of {} bytes \
+                 and at most min_ring_size {}",
+                c.slot_size,
+                c.min_ring_size.unwrap_or(c.ring_size)
+            ));
+        }
         if c.shrink_after < Duration::from_millis(1) {
             return bad(format!(
                 "shrink_after {:?} must be at least 1 ms",
@@ -461,6 +501,23 @@ mod tests {
         );
         assert!(b().min_ring_size(96 << 10).build().is_err());
         assert!(b().shrink_after(Duration::ZERO).build().is_err());
+        let idle = |bytes| b().min_ring_size(64 << 10).idle_ring_size(bytes).build();
+        assert_eq!(idle(4096).unwrap().idle_ring_size(), 4096);
+        assert_eq!(idle(128).unwrap().idle_ring_size(), 128, "two slots");
+        assert!(idle(64).is_err(), "one slot");
+        assert!(idle(3 << 10).is_err(), "not a power of two");
+        assert!(idle(128 << 10).is_err(), "over min_ring_size");
+        assert!(idle(0).is_err());
+        let e = idle(128 << 10).unwrap_err().to_string();
+        assert!(e.contains("idle_ring_size 131072"), "{e}");
+        assert_eq!(
+            b().min_ring_size(64 << 10)
+                .build()
+                .unwrap()
+                .idle_ring_size(),
+            64 << 10,
+            "default: the minimum"
+        );
         let e = b().min_ring_size(1000).build().unwrap_err().to_string();
         assert!(e.contains("min_ring_size 1000"), "{e}");
     }

@@ -121,8 +121,21 @@ impl LocalRing {
         // view of it. (`regions()` lends the region out for inspection; its
         // docs forbid writing into it.)
         let staging = unsafe { Staging::new(tx_region.clone(), ring_off, ring_len) };
+        // Below the minimum only where the pages go back (`Region::discard`): a
+        // verbs registration or huge pages keep them, and going below would cost
+        // a resize round trip after every quiet spell for nothing.
+        let releases = fabric.kind() == rrpc_core::ProviderKind::Shm
+            && !rx_region.is_huge()
+            && !tx_region.is_huge();
+        let cfg = if releases || cfg.idle_ring_size() == cfg.min_ring_size() {
+            cfg.clone()
+        } else {
+            cfg.to_builder()
+                .idle_ring_size(cfg.min_ring_size())
+                .build()?
+        };
         Ok(LocalRing {
-            cfg: Arc::new(cfg.clone()),
+            cfg: Arc::new(cfg),
             rx_region,
             tx_region,
             staging,
@@ -864,6 +877,9 @@ impl RingRx {
             self.released +=
                 self.rx_region
                     .discard(self.ring_off + keep, self.ring_len - keep)? as u64;
+            // The copy buffer grew to the larger ring's messages: let it go
+            // with them (a quiet ring shrinks; the next message allocates).
+            self.body = Vec::new();
         }
         match got? {
             Some(msg) => {
@@ -1068,6 +1084,13 @@ impl RingRx {
     /// provider cannot: verbs, huge pages; `rrpc_core::Region::discard`).
     pub fn released_bytes(&self) -> u64 {
         self.released
+    }
+
+    /// Bytes of heap the receiver keeps between messages: the buffer a
+    /// [`ReadGuard`] lends, grown to the largest message since the ring
+    /// last shrank (a shrink lets it go).
+    pub fn buffered_bytes(&self) -> usize {
+        self.body.capacity()
     }
 
     /// The sans-IO state, for tests and benchmarks.

@@ -70,10 +70,13 @@
 //! shrinks it when messages get smaller or the connection goes quiet
 //! ([`RingTx::maintain`]), switching in-band with a resize marker ([`proto`]
 //! docs, "Rings that size themselves"; the policy is [`proto::sizing`]).
-//! RR-Compound §V-B leaves this to future work. On shm the unused end of
-//! both arrays goes back to the system after a shrink; a verbs registration
-//! pins its memory, so there a ring keeps its footprint (only the part in
-//! use stays warm in the cache).
+//! RR-Compound §V-B leaves this to future work. A quiet ring goes below its
+//! minimum, to [`RingConfig::idle_ring_size`] (one page, say), and grows
+//! back with the next message. On shm the unused end of both arrays goes
+//! back to the system after a shrink, and the receiver lets go of its copy
+//! buffer ([`RingRx::buffered_bytes`]); a verbs registration pins its
+//! memory, so there a ring keeps its footprint (only the part in use stays
+//! warm in the cache).
 //!
 //! Memory (§IV-C): zero-copy reserve/commit on the sender; on the receiver
 //! one copy of each message out of `RB_R` (which the peer can write at any

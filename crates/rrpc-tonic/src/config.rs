@@ -81,7 +81,8 @@ pub const DEFAULT_RDMA_CONNECTION_POOL: usize = 2;
 /// | rings | `max_message_size` | 4 MiB | gRPC's default maximum message; RR-Compound §V-B picks the 4 MB ring to match (not read by the transports yet: see the setter) |
 /// | rings | `ring_size` | 4 MiB | RR-Compound §V-B ("we opt to set the ring buffer size at 4 MB"); with self-sizing rings, the largest a ring grows to |
 /// | rings | `min_ring_size` | 64 KiB (fitted into `ring_size / 128 ..= ring_size`) | rings that size themselves (RR-Compound §V-B leaves auto-tuning to future work): a ring starts here, grows before messages that need it, shrinks when quiet; equal to `ring_size` for the paper's fixed ring |
-/// | rings | `ring_shrink_after` | 1 s | quiet time after which a ring shrinks back to `min_ring_size` |
+/// | rings | `ring_shrink_after` | 500 ms | quiet time after which a ring shrinks to `ring_idle_size`; both ends tick every half of it, so a quiet connection's rings are released within 2.5 × of it (docs/measured.md, "Memory and queue pairs per connection": at 1 s the release was still under way 2.3 s after a burst) |
+/// | rings | `ring_idle_size` | 4 KiB (one page; at most `min_ring_size`) | the size a quiet ring shrinks to: on shm every page of both rings past it goes back to the system; the first message after the quiet grows the ring back to at least `min_ring_size` (a message that fits the idle ring goes out at once, the resize marker after it; a larger one waits for the marker's round trip) |
 /// | rings | `ring_cache_size` | an eighth of the CPU's L2 (sysfs; 64 KiB with 512 KiB of L2) | a self-sizing ring grows past it only as far as one message needs; writers send messages of a third of it (Fig. 12: rings out of cache halve the bandwidth) |
 /// | rings | `numa_node` | [`NumaPlacement::Device`](rrpc_core::numa::NumaPlacement::Device) | RB² §IV-C: rings and polling threads on the device's NUMA node |
 /// | fast path | `path` | [`PathPreference::Fast`] | fast path by default between two rrpc endpoints: no HTTP/2 or HPACK per call |
@@ -289,6 +290,13 @@ impl RrpcConfig {
     /// See [`RrpcConfigBuilder::ring_shrink_after`].
     pub fn ring_shrink_after(&self) -> std::time::Duration {
         self.0.rings.ring_shrink_after
+    }
+
+    /// The size a quiet self-sizing ring shrinks to (see
+    /// [`RrpcConfigBuilder::ring_idle_size`]): the size set, else 4 KiB
+    /// fitted to [`min_ring_size`](Self::min_ring_size).
+    pub fn ring_idle_size(&self) -> usize {
+        self.0.rings.ring_idle_size()
     }
 
     /// See [`RrpcConfigBuilder::path`].
@@ -517,11 +525,39 @@ impl RrpcConfigBuilder {
         self
     }
 
-    /// Quiet time after which a self-sizing ring shrinks back to
-    /// [`min_ring_size`](Self::min_ring_size). Default 1 s; within
+    /// Quiet time after which a self-sizing ring shrinks to
+    /// [`ring_idle_size`](Self::ring_idle_size). Default 500 ms; within
     /// 1 ms ..= 365 days (the ring's minimum; a timer adds it to a clock).
+    ///
+    /// Both ends tick their rings' policy every half of it: the resize
+    /// marker goes out between 1 and 1.5 × `quiet` after the last message,
+    /// the peer reads it at once or on its own next tick, and the writer
+    /// releases its staging ring on its next tick, so a quiet connection's
+    /// rings are back at their idle size within 2.5 × `quiet`. Shorter
+    /// releases memory sooner; a shrink costs the next message one resize
+    /// round trip if it does not fit the idle ring
+    /// ([`ring_idle_size`](Self::ring_idle_size)).
     pub fn ring_shrink_after(mut self, quiet: std::time::Duration) -> Self {
         self.inner.rings.ring_shrink_after = quiet;
+        self
+    }
+
+    /// The size a self-sizing ring shrinks to once its connection has been
+    /// quiet for [`ring_shrink_after`](Self::ring_shrink_after). On `shm`
+    /// the pages of both ends' rings past it go back to the system; the
+    /// first message after the quiet grows the ring back to at least
+    /// [`min_ring_size`](Self::min_ring_size): one that fits the idle ring
+    /// goes out at once, with the resize marker after it; a larger one
+    /// waits for the marker's round trip (`rrpc_ringbuf` docs, "Rings that
+    /// size themselves").
+    ///
+    /// Default 4 KiB (one page, the least a page-granular release keeps),
+    /// fitted to `min_ring_size`; set it to `min_ring_size` to keep the
+    /// minimum while quiet. A value set must be a power of two of at least
+    /// 128 bytes (two 64-byte slots) and at most `min_ring_size`, or
+    /// [`build`](Self::build) refuses it. Ignored by fixed rings.
+    pub fn ring_idle_size(mut self, bytes: usize) -> Self {
+        self.inner.rings.ring_idle_size = Some(bytes);
         self
     }
 

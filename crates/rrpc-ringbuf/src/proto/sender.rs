@@ -144,6 +144,7 @@ impl Sender {
                     cfg.shrink_after(),
                 )
                 .with_cache_slots((cfg.cache_ring_size() / cfg.slot_size()) as u64)
+                .with_idle_slots((cfg.idle_ring_size() / cfg.slot_size()) as u64)
             }),
             switch_at: None,
             shrinking: false,
@@ -284,6 +285,7 @@ impl Sender {
             .sizer
             .as_ref()
             .and_then(|s| s.grow_for(len, self.geo.slot_count()))
+            && !self.grows_after(len)
         {
             // Grow before the message that needs it; it goes out once the
             // receiver has passed the marker.
@@ -327,6 +329,17 @@ impl Sender {
             offset: self.geo.offset(self.tail) + HEADER_LEN,
             capacity: len,
         })
+    }
+
+    /// Whether a message of `len` bytes goes out before the marker that
+    /// grows the ring ([`commit`](Self::commit) writes it): below the
+    /// minimum (a quiet ring at its idle size) a message that fits, with a
+    /// slot to spare, does not wait for a resize round trip, so the first
+    /// message after a quiet spell costs what it did before the ring shrank.
+    fn grows_after(&self, len: usize) -> bool {
+        let count = self.geo.slot_count();
+        self.sizer.as_ref().is_some_and(|s| count < s.min_slots())
+            && self.geo.slots_for(len) < count
     }
 
     /// The ring has no room: flush so the receiver can drain and push its
@@ -435,8 +448,12 @@ impl Sender {
         ring[end..end + TRAILER_LEN].copy_from_slice(&stamp_for(self.tail).to_le_bytes());
         self.tail += slots;
         self.stats.messages += 1;
+        let mut grow = None;
         if let Some(s) = &mut self.sizer {
             s.on_message(len);
+            if self.geo.slot_count() < s.min_slots() && self.switch_at.is_none() {
+                grow = Some(s.target_for(len));
+            }
         }
         self.unsent += 1;
         self.unsynced += 1;
@@ -452,6 +469,13 @@ impl Sender {
         } else if self.unsent >= self.beta {
             // Synchronization-ahead slot transmission.
             self.transmit_slots();
+        }
+        if let Some(target) = grow {
+            // Below the minimum (`grows_after`): the marker follows the
+            // message (and flushes it). With no slot free for it, the next
+            // reservation tries again; only a closed sender fails here, and
+            // its next call says so.
+            let _ = self.resize(target, ring);
         }
     }
 

@@ -20,10 +20,19 @@
 //!   largest message asks for and never past the cache cap.
 //! * **A ring larger than needed shrinks**: once four times what the
 //!   window's largest message asks for fits in it, it shrinks to that.
-//! * **A quiet ring shrinks to its minimum**: no message for `shrink_after`.
+//! * **A quiet ring shrinks to its idle size**: no message for
+//!   `shrink_after` ([`crate::RingConfig::idle_ring_size`]; the minimum
+//!   unless set lower). A ring below its minimum grows back to it (or to
+//!   what the message asks for) with the next message: a message that
+//!   fits the idle ring with a slot to spare goes out at once and the
+//!   marker follows it ([`super::Sender`]); a larger one waits for the
+//!   marker's round trip, as any growth does.
 //!
 //! Windows are the periods between [`Sizer::tick`] calls (the driver ticks
-//! every `shrink_after / 2`), so the hot path only counts.
+//! every `shrink_after / 2`), so the hot path only counts. The quiet time
+//! counts from the end of the last window that saw a message, so a quiet
+//! ring shrinks at a tick between `shrink_after` and `1.5 × shrink_after`
+//! after its last message.
 
 use std::time::{Duration, Instant};
 
@@ -33,6 +42,8 @@ pub struct Sizer {
     slot_size: usize,
     min: u64,
     max: u64,
+    /// The size a quiet ring shrinks to (slots, at most `min`).
+    idle: u64,
     shrink_after: Duration,
     /// Growth for throughput stops here (slots).
     cache: u64,
@@ -51,6 +62,7 @@ impl Sizer {
             slot_size,
             min,
             max,
+            idle: min,
             shrink_after,
             cache: max,
             largest: 0,
@@ -67,7 +79,18 @@ impl Sizer {
         self
     }
 
-    /// Smallest slot count.
+    /// Makes a quiet ring shrink to `slots` (clamped to `[2, min]`; module
+    /// docs) instead of the minimum.
+    pub fn with_idle_slots(mut self, slots: u64) -> Sizer {
+        self.idle = slots.clamp(crate::MIN_SLOT_COUNT, self.min);
+        self
+    }
+
+    /// Slot count a quiet ring shrinks to.
+    pub fn idle_slots(&self) -> u64 {
+        self.idle
+    }
+    /// Smallest slot count a message asks for.
     pub fn min_slots(&self) -> u64 {
         self.min
     }
@@ -120,8 +143,8 @@ impl Sizer {
         (self.messages, self.largest, self.full) = (0, 0, 0);
         if messages == 0 {
             let since = *self.quiet_since.get_or_insert(now);
-            return (now.duration_since(since) >= self.shrink_after && current > self.min)
-                .then_some(self.min);
+            return (now.duration_since(since) >= self.shrink_after && current > self.idle)
+                .then_some(self.idle);
         }
         self.quiet_since = Some(now);
         let want = self.target_for(largest);
@@ -216,6 +239,26 @@ mod tests {
         assert_eq!(s.tick(t0 + ms(2000), 2048), None);
         assert_eq!(s.tick(t0 + ms(2500), 2048), None);
         assert_eq!(s.tick(t0 + ms(3000), 2048), Some(1024));
+    }
+
+    /// Below the minimum only when quiet: the idle size, and back to at
+    /// least the minimum before the next message.
+    #[test]
+    fn a_quiet_ring_shrinks_to_its_idle_size_and_grows_back_for_a_message() {
+        let mut s = sizer().with_idle_slots(64);
+        assert_eq!(s.idle_slots(), 64);
+        let t0 = Instant::now();
+        s.on_message(100);
+        assert_eq!(s.tick(t0, 1024), None, "busy at the minimum");
+        let ms = Duration::from_millis;
+        assert_eq!(s.tick(t0 + ms(500), 1024), None);
+        assert_eq!(s.tick(t0 + ms(1000), 1024), Some(64), "quiet: one page");
+        assert_eq!(s.tick(t0 + ms(1500), 64), None, "already idle");
+        assert_eq!(s.grow_for(100, 64), Some(1024), "a message: the minimum");
+        assert_eq!(s.grow_for(128 * KIB, 64), Some(8192));
+        // Clamped into [2, min].
+        assert_eq!(sizer().with_idle_slots(1).idle_slots(), 2);
+        assert_eq!(sizer().with_idle_slots(1 << 20).idle_slots(), 1024);
     }
 
     #[test]

@@ -199,6 +199,8 @@ impl Pair {
             }
             self.tx.commit(res, len, &mut self.rb_s);
             self.committed.push(len);
+            // Below the minimum a commit writes the marker that grows the ring.
+            self.note_geometry();
         }
         self.post();
         Ok(())
@@ -454,16 +456,19 @@ fn config_strategy() -> impl Strategy<Value = RingConfig> {
         1u32..40,
         any::<bool>(),
         0u32..4,
+        0u32..3,
     )
-        .prop_map(|(slot, slots, a, b, g, elastic, shrink)| {
+        .prop_map(|(slot, slots, a, b, g, elastic, shrink, idle)| {
             let (a, b) = (a.max(b), a.min(b));
             let c = cfg(slot, slots, a, b, g, elastic);
-            // A self-sizing ring in most cases, starting `2^shrink` times smaller.
+            // A self-sizing ring in most cases, starting `2^shrink` times smaller,
+            // and shrinking to `2^idle` times less than that when quiet.
             let min = (c.ring_size() >> shrink).max(2 * slot);
             RingConfig::builder()
                 .slot_size(slot)
                 .ring_size(c.ring_size())
                 .min_ring_size(min)
+                .idle_ring_size((min >> idle).max(2 * slot))
                 .alpha(a)
                 .beta(b)
                 .gamma(g)
@@ -1020,6 +1025,115 @@ fn a_resize_switches_in_band_and_waits_for_the_receiver_to_pass_its_marker() {
     let e = p.tx.reserve(900, &mut p.rb_s).unwrap_err();
     assert!(matches!(e, Error::TooLarge { len: 900, max: 240 }), "{e}");
     assert_eq!(p.received, p.committed.len());
+}
+
+/// `sizing_cfg` with a quiet ring going down to `idle_slots` after 1 s.
+fn idle_cfg(idle_slots: usize, min_slots: usize, max_slots: usize) -> RingConfig {
+    sizing_cfg(min_slots, max_slots)
+        .to_builder()
+        .idle_ring_size(64 * idle_slots)
+        .shrink_after(std::time::Duration::from_secs(1))
+        .build()
+        .unwrap()
+}
+
+/// Ticks of the policy every `shrink_after / 2` (as the driver's upkeep
+/// task runs it), starting at a burst's end, until the sender switches to
+/// `slots`; the number of ticks it took (panics past 10).
+fn ticks_until_geometry(p: &mut Pair, slots: u64) -> u32 {
+    for ticks in 1..=10 {
+        p.tick(500);
+        if p.tx.geometry().slot_count() == slots {
+            return ticks;
+        }
+    }
+    panic!(
+        "no switch to {slots} slots in 10 ticks: {:?}",
+        p.tx.geometry()
+    );
+}
+
+/// A quiet ring goes below its minimum to its idle size within the bound
+/// `ring_shrink_after` promises (the marker at a tick between 1 and 1.5 ×
+/// `shrink_after` after the last message: 2 or 3 ticks of half of it),
+/// both ends release everything past it, and the next message grows it
+/// back to the minimum first and arrives intact.
+#[test]
+fn a_quiet_ring_shrinks_to_its_idle_size_within_the_bound_and_grows_back() {
+    let c = idle_cfg(2, 16, 64);
+    let mut p = Pair::new(&c);
+    for _ in 0..20 {
+        p.write_eventually(900);
+    }
+    assert_eq!(p.tx.geometry().slot_count(), 64, "grew for the burst");
+    // The busy window ends at this tick.
+    p.tick(0);
+    let ticks = ticks_until_geometry(&mut p, 2);
+    assert!(
+        (2..=3).contains(&ticks),
+        "the marker went out after {ticks} half-periods, not within 1..=1.5 x shrink_after"
+    );
+    p.drain();
+    assert_eq!(p.rx.geometry().slot_count(), 2, "the receiver switched");
+    assert!(p.rb_s[2 * 64..].iter().all(|&b| b == 0), "RB_S released");
+    assert!(p.rb_r[2 * 64..].iter().all(|&b| b == 0), "RB_R released");
+    // The next message, if it fits, goes out at once in the idle ring, and
+    // the marker that grows the ring back to its minimum follows it.
+    p.write(10, true).unwrap();
+    assert_eq!(p.tx.geometry().slot_count(), 16, "back to the minimum");
+    assert!(
+        p.tx.switch_pending().is_some(),
+        "the marker follows the message"
+    );
+    p.drain();
+    assert_eq!(p.rx.geometry().slot_count(), 16);
+    assert_eq!(p.received, p.committed.len(), "the message came");
+    for len in [10, 900, 30] {
+        p.write_eventually(len);
+    }
+    assert_eq!(p.received, p.committed.len());
+    assert_eq!(p.received, 24);
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(if cfg!(miri) { 4 } else { 64 }))]
+
+    /// Bursts and pauses: every pause of at least 1.5 x `shrink_after`
+    /// leaves the ring at its idle size, with both ends' arrays released
+    /// past it, and every message of every burst arrives intact and in
+    /// order across the shrinks and the grows after them.
+    #[test]
+    fn bursts_and_pauses_keep_every_message_and_shrink_to_idle(
+        idle in 0u32..4,
+        rounds in prop::collection::vec(
+            (prop::collection::vec(0usize..2000, 1..30), 0u32..6),
+            1..8,
+        ),
+    ) {
+        let idle_slots = 16usize >> idle;
+        let c = idle_cfg(idle_slots.max(2), 16, 64);
+        let idle_slots = c.idle_ring_size() as u64 / 64;
+        let mut p = Pair::new(&c);
+        for (burst, pause_ticks) in rounds {
+            for len in burst {
+                p.write_eventually(len);
+            }
+            p.tick(0);
+            for _ in 0..pause_ticks {
+                p.tick(500);
+                p.drain();
+            }
+            if pause_ticks >= 3 {
+                prop_assert_eq!(p.tx.geometry().slot_count(), idle_slots);
+                prop_assert_eq!(p.rx.geometry().slot_count(), idle_slots);
+                let keep = idle_slots as usize * 64;
+                prop_assert!(p.rb_s[keep..].iter().all(|&b| b == 0));
+                prop_assert!(p.rb_r[keep..].iter().all(|&b| b == 0));
+            }
+        }
+        p.drain();
+        prop_assert_eq!(p.received, p.committed.len());
+    }
 }
 
 #[test]

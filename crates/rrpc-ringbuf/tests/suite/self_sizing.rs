@@ -15,7 +15,8 @@ use rrpc_ringbuf::{Error, RingConfig, RingRx, RingTx};
 
 rrpc_core::on_every_provider!(
     resizes_under_traffic_lose_nothing_and_release_memory,
-    a_fixed_peer_follows_a_self_sizing_sender
+    a_fixed_peer_follows_a_self_sizing_sender,
+    a_quiet_ring_goes_to_its_idle_size_and_lets_its_buffers_go
 );
 
 const KIB: usize = 1024;
@@ -227,4 +228,130 @@ fn a_fixed_peer_follows_a_self_sizing_sender(p: &Provider) {
     common::expect_message(p, &mut tx, &mut rx, "after the switch");
     let m = rx.try_recv().unwrap();
     assert_eq!(&*m, &msg[..]);
+}
+
+/// Sends `msg` from one thread that also reads (both ends here): while the
+/// ring is full or a switch waits for the reader, the reader reads what
+/// is there (markers included) and keeps it.
+fn send_reading(tx: &mut RingTx, rx: &mut RingRx, msg: &[u8], got: &mut Vec<Vec<u8>>) {
+    let t0 = Instant::now();
+    loop {
+        match tx.try_send(msg) {
+            Ok(()) => return tx.flush().unwrap(),
+            Err(Error::WouldBlock) => {
+                assert!(t0.elapsed() < BOUND, "no room for {} bytes", msg.len());
+                tx.poll_completions().unwrap();
+                read_all(rx, got);
+            }
+            Err(e) => panic!("send: {e}"),
+        }
+    }
+}
+
+/// Reads every message there is (and the markers between them).
+fn read_all(rx: &mut RingRx, got: &mut Vec<Vec<u8>>) {
+    loop {
+        let m = match rx.try_recv() {
+            Ok(m) => m.to_vec(),
+            Err(Error::WouldBlock) => break,
+            Err(e) => panic!("recv: {e}"),
+        };
+        got.push(m);
+    }
+    rx.poll_completions().unwrap();
+}
+
+/// Below the minimum while quiet (`RingConfig::idle_ring_size`): after a
+/// burst of large messages and a quiet `shrink_after` (a virtual clock
+/// ticked every half of it), the ring is at its idle size on both ends,
+/// the receiver has let its copy buffer go, and on shm both ends have
+/// released everything past the idle size; the next messages grow it back
+/// and arrive intact and in order.
+fn a_quiet_ring_goes_to_its_idle_size_and_lets_its_buffers_go(p: &Provider) {
+    let cfg = RingConfig::builder()
+        .ring_size(1 << 20)
+        .min_ring_size(16 * KIB)
+        .idle_ring_size(4 * KIB)
+        .shrink_after(Duration::from_secs(1))
+        .huge_pages(false)
+        .build()
+        .unwrap();
+    let ((_c1, mut tx, _rx1), (_c2, _tx2, mut rx)) = common::pair(p, &cfg);
+    // On verbs the registration keeps the pages: a quiet ring stays at its
+    // minimum there (no round trip for nothing).
+    let idle = if p.is_verbs() { 16 * KIB } else { 4 * KIB };
+    let mut got = Vec::new();
+    let mut sent = Vec::new();
+    for seq in 0..8 {
+        let m = message(seq, 100 * KIB);
+        send_reading(&mut tx, &mut rx, &m, &mut got);
+        sent.push(m);
+    }
+    let t0 = Instant::now();
+    while got.len() < sent.len() {
+        assert!(t0.elapsed() < BOUND, "{} of {} came", got.len(), sent.len());
+        tx.poll_completions().unwrap();
+        read_all(&mut rx, &mut got);
+    }
+    assert_eq!(tx.state().geometry().ring_bytes(), 512 * KIB, "grew");
+    assert!(rx.buffered_bytes() >= 100 * KIB, "the copy buffer grew");
+    // Quiet, the policy ticking every half second of a virtual clock.
+    let clock = Instant::now();
+    let mut ms = 0;
+    while tx.state().geometry().ring_bytes() != idle {
+        assert!(ms <= 1500, "no shrink within 1.5 x shrink_after");
+        tx.maintain(clock + Duration::from_millis(ms)).unwrap();
+        ms += 500;
+    }
+    // The reader reads the marker; the writer's next tick sees it read.
+    let t0 = Instant::now();
+    while rx.state().geometry().ring_bytes() != idle {
+        assert!(t0.elapsed() < BOUND, "the reader never read the marker");
+        tx.poll_completions().unwrap();
+        read_all(&mut rx, &mut got);
+    }
+    assert_eq!(
+        rx.buffered_bytes(),
+        0,
+        "the copy buffer went with the shrink"
+    );
+    let t0 = Instant::now();
+    while tx.state().switch_pending().is_some() {
+        assert!(t0.elapsed() < BOUND, "the writer never saw the marker read");
+        tx.maintain(clock + Duration::from_millis(ms)).unwrap();
+        read_all(&mut rx, &mut got);
+    }
+    tx.maintain(clock + Duration::from_millis(ms)).unwrap();
+    if p.is_verbs() {
+        assert_eq!(tx.released_bytes() + rx.released_bytes(), 0, "pinned");
+    } else {
+        // 512 KiB down to 4 KiB at once.
+        assert!(
+            tx.released_bytes() >= 508 * KIB as u64,
+            "{}",
+            tx.released_bytes()
+        );
+        assert!(
+            rx.released_bytes() >= 508 * KIB as u64,
+            "{}",
+            rx.released_bytes()
+        );
+    }
+    // The next messages, small and large, grow it back first.
+    for (seq, len) in [(8, 10), (9, 100 * KIB), (10, 3000)] {
+        let m = message(seq, len.max(8));
+        send_reading(&mut tx, &mut rx, &m, &mut got);
+        sent.push(m);
+    }
+    let t0 = Instant::now();
+    while got.len() < sent.len() {
+        assert!(t0.elapsed() < BOUND, "{} of {} came", got.len(), sent.len());
+        tx.poll_completions().unwrap();
+        read_all(&mut rx, &mut got);
+    }
+    assert!(tx.state().geometry().ring_bytes() >= 16 * KIB);
+    assert_eq!(got.len(), sent.len());
+    for (i, (g, s)) in got.iter().zip(&sent).enumerate() {
+        assert!(g == s, "message {i} differs");
+    }
 }

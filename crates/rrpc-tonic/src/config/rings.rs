@@ -27,6 +27,19 @@ pub(super) const MAX_CLOCK_DURATION: std::time::Duration =
 /// 64 KiB, fitted into `ring_size / 128 ..= ring_size`.
 const DEFAULT_MIN_RING_SIZE: usize = 64 << 10;
 
+/// The default of [`ring_shrink_after`](super::RrpcConfigBuilder::ring_shrink_after):
+/// 500 ms. Both ends tick every half of it, so a quiet connection's rings
+/// are back at their idle size within 2.5 × of it (1.25 s), inside the
+/// 2 s of quiet after which docs/measured.md reads an idle connection's
+/// memory (at 1 s the release was still under way there).
+pub(super) const DEFAULT_RING_SHRINK_AFTER: Duration = Duration::from_millis(500);
+
+/// The size a quiet self-sizing ring shrinks to unless
+/// [`ring_idle_size`](super::RrpcConfigBuilder::ring_idle_size) is set:
+/// one 4 KiB page, the least a page-granular release keeps, fitted to
+/// `min_ring_size`.
+const DEFAULT_RING_IDLE_SIZE: usize = 4 << 10;
+
 /// The rule of `ring_size`: the ring's (`rrpc_ringbuf::MIN_SLOT_COUNT`
 /// slots of `CACHE_LINE` bytes, `MAX_RING_SIZE`; a test checks the
 /// numbers against those constants).
@@ -40,6 +53,9 @@ pub(super) const MIN_RING_SIZE_RULE: &str = "min_ring_size must be a power of tw
 /// would otherwise clamp it to without a word).
 pub(super) const RING_CACHE_SIZE_RULE: &str =
     "ring_cache_size must be a power of two within min_ring_size ..= ring_size";
+/// The rule of an explicit `ring_idle_size`: the ring's.
+pub(super) const RING_IDLE_SIZE_RULE: &str = "ring_idle_size must be a power of two of at least \
+     128 bytes (two 64-byte slots) and at most min_ring_size";
 /// The rule of `ring_shrink_after`: the ring's minimum, and a maximum a
 /// clock can be advanced by (the sizing task's timer adds it to `now`).
 pub(super) const RING_SHRINK_AFTER_RULE: &str =
@@ -53,6 +69,8 @@ pub(super) struct RingSettings {
     /// `None`: [`DEFAULT_MIN_RING_SIZE`], fitted to `ring_size`.
     pub(super) min_ring_size: Option<usize>,
     pub(super) ring_shrink_after: Duration,
+    /// `None`: [`DEFAULT_RING_IDLE_SIZE`], fitted to `min_ring_size`.
+    pub(super) ring_idle_size: Option<usize>,
     /// `None`: [`ring_cache_cap`], clamped by the ring.
     pub(super) ring_cache_size: Option<usize>,
     /// Where rings and polling threads go (RB² §IV-C).
@@ -65,7 +83,8 @@ impl Default for RingSettings {
             max_message_size: 4 << 20,
             ring_size: 4 << 20,
             min_ring_size: None,
-            ring_shrink_after: Duration::from_secs(1),
+            ring_shrink_after: DEFAULT_RING_SHRINK_AFTER,
+            ring_idle_size: None,
             ring_cache_size: None,
             numa_node: NumaPlacement::Device,
         }
@@ -84,6 +103,14 @@ impl RingSettings {
             .max(ring / MAX_SIZE_RATIO)
     }
 
+    /// The size a quiet ring shrinks to: the one set (which
+    /// [`validate`](Self::validate) keeps within the ring's range), else
+    /// the default fitted to `min_ring_size`.
+    pub(super) fn ring_idle_size(&self) -> usize {
+        self.ring_idle_size
+            .unwrap_or_else(|| DEFAULT_RING_IDLE_SIZE.min(self.min_ring_size()))
+    }
+
     /// The cache cap set, or the one derived from this CPU's L2 cache.
     pub(super) fn ring_cache_size(&self) -> usize {
         self.ring_cache_size.unwrap_or_else(ring_cache_cap)
@@ -97,6 +124,7 @@ impl RingSettings {
             .min_ring_size(self.min_ring_size())
             .cache_ring_size(self.ring_cache_size())
             .shrink_after(self.ring_shrink_after)
+            .idle_ring_size(self.ring_idle_size())
             .numa_node(self.numa_node)
     }
 
@@ -126,6 +154,11 @@ impl RingSettings {
             && (refused(&ring) || !(self.min_ring_size()..=self.ring_size).contains(&cap))
         {
             return bad(RING_CACHE_SIZE_RULE);
+        }
+        if self.ring_idle_size.is_some()
+            && refused(&ring.clone().idle_ring_size(self.ring_idle_size()))
+        {
+            return bad(RING_IDLE_SIZE_RULE);
         }
         // Every setting in: the ring config a connection builds.
         if refused(&self.ring_config()) || self.ring_shrink_after > MAX_CLOCK_DURATION {

@@ -68,6 +68,19 @@ fn build_checks_every_validated_setting() {
             b().ring_shrink_after(Duration::from_micros(999)),
         ),
         (
+            "ring_idle_size must be a power of two",
+            b().ring_idle_size(3 << 10),
+        ),
+        (
+            "ring_idle_size must be a power of two",
+            b().ring_idle_size(64),
+        ),
+        // Above the (default, 64 KiB) minimum.
+        (
+            "ring_idle_size must be a power of two",
+            b().ring_idle_size(128 << 10),
+        ),
+        (
             "ring_shrink_after must be within 1 ms ..= 365 days",
             b().ring_shrink_after(YEAR + Duration::from_nanos(1)),
         ),
@@ -155,6 +168,7 @@ fn build_checks_every_validated_setting() {
         .ring_size(128)
         .min_ring_size(128)
         .ring_shrink_after(Duration::from_millis(1))
+        .ring_idle_size(128)
         .ring_cache_size(128)
         .fabrics([Fabric::Tcp])
         .max_chunk(1)
@@ -183,6 +197,7 @@ fn build_checks_every_validated_setting() {
         .ring_size(1 << 30)
         .min_ring_size((1 << 30) / 128)
         .ring_shrink_after(YEAR)
+        .ring_idle_size((1 << 30) / 128)
         .ring_cache_size(1 << 30)
         .call_window(crate::frame::MAX_WINDOW)
         .max_pending_handshakes(tokio::sync::Semaphore::MAX_PERMITS)
@@ -196,6 +211,23 @@ fn build_checks_every_validated_setting() {
         .build()
         .expect("the upper edges of every range are allowed");
     assert_eq!(high.min_ring_size(), 8 << 20);
+    assert_eq!(high.ring_idle_size(), 8 << 20);
+    assert_eq!(low.ring_idle_size(), 128);
+    // The default idle size: one page, fitted to the minimum.
+    assert_eq!(RrpcConfig::default().ring_idle_size(), 4096);
+    let tiny = b().ring_size(1024).build().unwrap();
+    assert_eq!((tiny.min_ring_size(), tiny.ring_idle_size()), (1024, 1024));
+    assert_eq!(
+        RrpcConfig::default()
+            .0
+            .rings
+            .ring_config()
+            .build()
+            .unwrap()
+            .idle_ring_size(),
+        4096,
+        "the ring a connection builds"
+    );
     assert_eq!(b().build().unwrap(), RrpcConfig::default());
     RrpcConfig::default()
         .0
@@ -224,6 +256,7 @@ fn rule_messages_match_the_constants() {
         rings::MIN_RING_SIZE_RULE,
         rings::RING_CACHE_SIZE_RULE,
         rings::RING_SHRINK_AFTER_RULE,
+        rings::RING_IDLE_SIZE_RULE,
     ] {
         assert!(rule.contains("must be"), "{rule}");
     }
@@ -328,6 +361,7 @@ fn setting_names(c: &RrpcConfig) -> Vec<&'static str> {
         ring_size: _,
         min_ring_size: _,
         ring_shrink_after: _,
+        ring_idle_size: _,
         ring_cache_size: _,
         numa_node: _,
     } = rings;
@@ -375,6 +409,7 @@ fn setting_names(c: &RrpcConfig) -> Vec<&'static str> {
         "ring_size",
         "min_ring_size",
         "ring_shrink_after",
+        "ring_idle_size",
         "ring_cache_size",
         "numa_node",
         "path",
@@ -465,6 +500,7 @@ fn equality_sees_every_setting() {
             "ring_shrink_after",
             with(|b| b.ring_shrink_after(Duration::from_secs(2))),
         ),
+        ("ring_idle_size", with(|b| b.ring_idle_size(8 << 10))),
         (
             "numa_node",
             with(|b| b.numa_node(rrpc_core::numa::NumaPlacement::Off)),
