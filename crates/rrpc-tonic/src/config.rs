@@ -202,7 +202,7 @@ impl RrpcConfig {
     }
 
     /// The ring config of this config's connections, as `build()`
-    /// checked it (the rings group's one rule): `crate::rings` adds only
+    /// checked it (the rings group's one rule): `crate::conn::rings` adds only
     /// the poller's `tail_with_imm`.
     pub(crate) fn ring_builder(&self) -> rrpc_ringbuf::RingConfigBuilder {
         self.0.rings.ring_config()

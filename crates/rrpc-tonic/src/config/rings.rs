@@ -4,7 +4,7 @@
 //!
 //! Every ring setting is checked by the ring itself
 //! ([`RingConfigBuilder::build`]): [`RingSettings::validate`] builds the
-//! ring config a connection builds (`crate::rings` adds only the poller's
+//! ring config a connection builds (`crate::conn::rings` adds only the poller's
 //! `tail_with_imm`, which no rule reads) one setting at a time, so the
 //! first refusal names its setting, and `build()` and the ring cannot
 //! disagree.
@@ -117,7 +117,7 @@ impl RingSettings {
     }
 
     /// The ring config of a connection of these settings, as
-    /// `crate::rings` builds it (which adds the poller's `tail_with_imm`).
+    /// `crate::conn::rings` builds it (which adds the poller's `tail_with_imm`).
     pub(super) fn ring_config(&self) -> RingConfigBuilder {
         RingConfig::builder()
             .ring_size(self.ring_size)

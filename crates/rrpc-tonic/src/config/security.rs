@@ -1,5 +1,5 @@
 //! The security group of [`RrpcConfig`](super::RrpcConfig): whether ring
-//! messages are sealed (`crate::seal`, feature `tls`).
+//! messages are sealed (`crate::conn::seal`, feature `tls`).
 
 use rrpc_core::ProviderKind;
 
