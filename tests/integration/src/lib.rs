@@ -868,6 +868,18 @@ pub fn calls_in_flight(
     calls
 }
 
+/// Shared memory resident in this process (`RssShmem`), in KiB: what the
+/// rings of the connections in it hold (the tests that read it run one at
+/// a time).
+pub fn rss_shmem_kib() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("RssShmem:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("RssShmem in /proc/self/status")
+}
+
 /// With `RRPC_TEST_LOG` set to an `EnvFilter` directive (for example
 /// `rrpc_tonic=debug,rrpc_poller=debug,rrpc_core=debug`), prints rrpc's
 /// `tracing` events to stderr, with thread ids and times: what each end saw

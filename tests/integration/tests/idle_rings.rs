@@ -10,20 +10,10 @@
 use std::time::{Duration, Instant};
 
 use rrpc_integration_tests::pb::Input;
-use rrpc_integration_tests::{Harness, Transport, config};
+use rrpc_integration_tests::{Harness, Transport, config, rss_shmem_kib};
 
 /// The tests of this binary measure the process's memory: one at a time.
 static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
-
-/// Shared memory resident in this process (`RssShmem`), in KiB.
-fn rss_shmem_kib() -> u64 {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("RssShmem:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .expect("RssShmem in /proc/self/status")
-}
 
 /// Waits (at most 10 s, a bound for a failure, not a measured time) until
 /// `RssShmem` is at most `limit` KiB; the last reading otherwise.

@@ -7,20 +7,10 @@
 use std::time::{Duration, Instant};
 
 use rrpc_integration_tests::pb::Input;
-use rrpc_integration_tests::{Harness, Transport, config, on_rings};
+use rrpc_integration_tests::{Harness, Transport, config, on_rings, rss_shmem_kib};
 
 /// The tests of this binary measure the process's memory: one at a time.
 static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
-
-/// Shared memory resident in this process (`RssShmem`), in KiB.
-fn rss_shmem_kib() -> u64 {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("RssShmem:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .expect("RssShmem in /proc/self/status")
-}
 
 /// Waits (at most 10 s) until the shared memory of the tests before this
 /// one has gone back: `RssShmem` unchanged over 300 ms. A connection's rings
