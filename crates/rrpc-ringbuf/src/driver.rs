@@ -444,8 +444,15 @@ impl RingTx {
             self.shared.check()?;
             self.reload_head()?;
         }
-        let head = self.sender.local_head();
-        match self.sender.reserve(len, self.staging.ring_mut()) {
+        let mut reserved = self.sender.reserve(len, self.staging.ring_mut());
+        if matches!(reserved, Err(Error::WouldBlock)) && self.sender.wants_completions() {
+            // Room may come with completions (slots the receiver read whose
+            // WRITEs have not completed, or a deferred tail): on shm they
+            // are in the queue already.
+            self.poll_completions()?;
+            reserved = self.sender.reserve(len, self.staging.ring_mut());
+        }
+        match reserved {
             Ok(res) => {
                 if self.full {
                     self.full = false;
@@ -454,11 +461,20 @@ impl RingTx {
                 Ok(WriteGuard { tx: self, res, len })
             }
             Err(Error::WouldBlock) => {
-                self.full = true;
-                self.full_at.store(head, Ordering::Release);
                 self.post()?;
                 if self.sender.tail_deferred() {
                     self.poll_completions()?;
+                }
+                if self.sender.awaits_completions() {
+                    // The room comes with completions, not with a head push:
+                    // a waiter polls them (`wants_completions`) instead of
+                    // waiting for a head that may not move again.
+                    self.full = false;
+                    self.full_at.store(NOT_FULL, Ordering::Release);
+                } else {
+                    self.full = true;
+                    self.full_at
+                        .store(self.sender.local_head(), Ordering::Release);
                 }
                 self.shared.check()?;
                 Err(Error::WouldBlock)

@@ -64,6 +64,24 @@
 //! would need the tail carried by `WRITE_WITH_IMM` and its completion polled
 //! before reading; that is not implemented.
 //!
+//! # Reusing staging: the head and the completions
+//! A slot of `RB_S` is rewritten only once the receiver has read it (its
+//! head pushed past it) **and** the WRITE that carried it completed
+//! ([`Sender::reusable_before`]). The head alone is not enough: a WRITE's
+//! source must not change before its completion, because an RC requester
+//! whose ACK was lost retransmits the WRITE, reading the source again, and
+//! the responder executes the duplicate again; new bytes in `RB_S` could
+//! then land over a message the receiver has not read yet. (Found by the
+//! pair harness, whose responder may show a tail before the WRITE it
+//! follows has finished reading its source.) When only completions stand
+//! between a writer and room, the sender says so
+//! ([`Sender::awaits_completions`], part of
+//! [`Sender::wants_completions`]) so that a waiting driver polls them
+//! instead of waiting for a head that may not move again. On shm a WRITE
+//! completes inside its post: the bound is the head. A resize takes
+//! effect on the same condition, so the staging a shrink gives back is
+//! read by no WRITE.
+//!
 //! # Pointer records: the tail and the head are 16 bytes
 //! The tail (sender → receiver) and the head (receiver → sender) travel as
 //! a 16-byte *pointer record*: the value, then [`pointer_check`]`(value)`,
@@ -98,8 +116,9 @@
 //!    of its slot, in the old geometry. It flushes it at once and takes the
 //!    new geometry from the next slot on.
 //! 2. It writes nothing more until the receiver's head has passed the marker
-//!    ([`Sender::switch_pending`]): only then is every slot of the old
-//!    geometry read, so the new indexing can reuse them. A waiting writer
+//!    and the WRITEs before it completed ([`Sender::switch_pending`]): only
+//!    then is every slot of the old geometry read, so the new indexing can
+//!    reuse them. A waiting writer
 //!    sees a full ring and waits for the head like any other.
 //! 3. The receiver reads the marker in order, like a gap: it validates it
 //!    (a power of two within the array, the stamp of its slot), takes the new

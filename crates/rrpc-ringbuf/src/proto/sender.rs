@@ -122,6 +122,17 @@ pub struct Sender {
     unsynced: u32,
     tail_deferred: bool,
     tails_inflight: VecDeque<u64>,
+    /// Slot WRITEs queued or posted whose completion has not been handled:
+    /// their sequence number and the first slot they carry, oldest first.
+    /// Their bytes of `RB_S` may still be read by the fabric (a NIC reads
+    /// the source again when it retransmits), so they are not rewritten
+    /// before their completion even once the receiver has read them
+    /// ([`Sender::reusable_before`]).
+    slots_inflight: VecDeque<(u64, u64)>,
+    /// The last reservation found the ring full only because slot WRITEs
+    /// the receiver has read are not completed yet: room comes with a
+    /// completion, not with a head push ([`Sender::wants_completions`]).
+    awaits_completions: bool,
     tail_count: u64,
     queue: VecDeque<Transmit>,
     closed: Closed,
@@ -162,6 +173,8 @@ impl Sender {
             unsynced: 0,
             tail_deferred: false,
             tails_inflight: VecDeque::with_capacity(MAX_TAIL_INFLIGHT),
+            slots_inflight: VecDeque::new(),
+            awaits_completions: false,
             tail_count: 0,
             queue: VecDeque::new(),
             closed: Closed::default(),
@@ -177,8 +190,9 @@ impl Sender {
     pub fn max_geometry(&self) -> Geometry {
         self.max_geo
     }
-    /// The slot pointer the receiver's head must reach before the sender
-    /// writes in the geometry of its last resize marker, if that is pending.
+    /// The slot pointer the receiver's head must reach (and the WRITEs
+    /// before it complete) before the sender writes in the geometry of its
+    /// last resize marker, if that is pending.
     pub fn switch_pending(&self) -> Option<u64> {
         self.switch_at
     }
@@ -204,12 +218,26 @@ impl Sender {
         self.local_head
     }
     /// Free slots as far as the sender knows (none while a resize waits
-    /// for the receiver to pass its marker).
+    /// for the receiver to pass its marker): slots the receiver has read
+    /// *and* whose WRITEs completed ([`reusable_before`](Self::reusable_before)).
     pub fn free_slots(&self) -> u64 {
         if self.switch_at.is_some() {
             return 0;
         }
-        self.geo.slot_count() - (self.tail - self.local_head)
+        self.geo.slot_count() - (self.tail - self.reusable_before())
+    }
+    /// Slots before this may be rewritten in `RB_S`: the receiver has read
+    /// them (`local_head`) and the WRITEs that carried them completed. A
+    /// WRITE's source must not change before its completion: a NIC that
+    /// retransmits it (its ACK lost) reads the source again, and the
+    /// responder places the duplicate again, so new bytes in `RB_S` could
+    /// land over a message the receiver has not read yet. On shm a WRITE
+    /// completes inside its post, so this is the head.
+    pub fn reusable_before(&self) -> u64 {
+        match self.slots_inflight.front() {
+            Some(&(_, start)) => start.min(self.local_head),
+            None => self.local_head,
+        }
     }
     /// Whether [`reserve`](Self::reserve) of `len` bytes would find room
     /// with the cached `local_head` (gap included). A driver reloads the
@@ -237,14 +265,24 @@ impl Sender {
     pub fn tails_in_flight(&self) -> usize {
         self.tails_inflight.len()
     }
-    /// True if work requests are queued but held back until completions are
-    /// polled (the send-queue budget is used up or a tail WRITE is deferred).
+    /// True if progress waits for completions to be polled: work requests
+    /// held back (the send-queue budget is used up or a tail WRITE is
+    /// deferred), or room ([`awaits_completions`](Self::awaits_completions)).
     pub fn wants_completions(&self) -> bool {
         self.tail_deferred
+            || self.awaits_completions
             || self
                 .queue
                 .front()
                 .is_some_and(|t| !self.budget.admits(seq_of(t)))
+    }
+    /// The last reservation found the ring full only because slots the
+    /// receiver has read wait for their WRITEs' completions
+    /// ([`reusable_before`](Self::reusable_before)): room comes with
+    /// completions, not with a head push. Implies
+    /// [`wants_completions`](Self::wants_completions).
+    pub fn awaits_completions(&self) -> bool {
+        self.awaits_completions
     }
     /// True if everything committed has been handed out as work requests,
     /// including the tail that covers it.
@@ -278,8 +316,9 @@ impl Sender {
         }
         debug_assert!(ring.len() >= self.max_geo.ring_bytes());
         if self.switch_at.is_some() {
-            // The receiver has not passed the last resize marker yet.
-            return Err(self.on_full(false));
+            // The receiver has not passed the last resize marker yet (or
+            // the WRITEs before it have not completed).
+            return Err(self.on_full(false, None));
         }
         if let Some(target) = self
             .sizer
@@ -291,7 +330,7 @@ impl Sender {
             // receiver has passed the marker.
             return Err(match self.resize(target, ring) {
                 Ok(_) => Error::WouldBlock,
-                Err(Error::WouldBlock) => self.on_full(true),
+                Err(Error::WouldBlock) => self.on_full(true, Some(1)),
                 Err(e) => e,
             });
         }
@@ -309,7 +348,7 @@ impl Sender {
         if idx + n > count {
             let gap = count - idx;
             if self.free_slots() < gap {
-                return Err(self.on_full(true));
+                return Err(self.on_full(true, Some(gap)));
             }
             let off = self.geo.offset(self.tail);
             ring[off..off + HEADER_LEN]
@@ -322,8 +361,9 @@ impl Sender {
             self.tail += gap;
         }
         if self.free_slots() < n {
-            return Err(self.on_full(true));
+            return Err(self.on_full(true, Some(n)));
         }
+        self.awaits_completions = false;
         Ok(Reservation {
             pos: self.tail,
             offset: self.geo.offset(self.tail) + HEADER_LEN,
@@ -344,8 +384,18 @@ impl Sender {
 
     /// The ring has no room: flush so the receiver can drain and push its
     /// head. `counted`: a wait for space (not for a resize to take effect),
-    /// which the sizing policy and [`SenderStats::full`] count.
-    fn on_full(&mut self, counted: bool) -> Error {
+    /// which the sizing policy and [`SenderStats::full`] count. `need`: the
+    /// slots the reservation needed (`None`: it waits for a resize marker
+    /// to be passed). Notes whether completions, not the head, would give
+    /// the room ([`wants_completions`](Self::wants_completions)).
+    fn on_full(&mut self, counted: bool, need: Option<u64>) -> Error {
+        self.awaits_completions = match need {
+            Some(n) => {
+                !self.slots_inflight.is_empty()
+                    && self.geo.slot_count() - (self.tail - self.local_head) >= n
+            }
+            None => self.switch_at.is_some_and(|s| self.local_head >= s),
+        };
         if counted {
             self.stats.full += 1;
             if let Some(s) = &mut self.sizer {
@@ -504,6 +554,7 @@ impl Sender {
             let idx = self.geo.index(pos);
             let n = (self.tail - pos).min(count - idx);
             let (seq, signaled) = self.budget.next();
+            self.slots_inflight.push_back((seq, pos));
             self.queue.push_back(Transmit::Slots {
                 offset: self.geo.offset(pos),
                 len: n as usize * self.geo.slot_size(),
@@ -570,6 +621,13 @@ impl Sender {
         while self.tails_inflight.front().is_some_and(|&s| s < done) {
             self.tails_inflight.pop_front();
         }
+        while self.slots_inflight.front().is_some_and(|&(s, _)| s < done) {
+            self.slots_inflight.pop_front();
+        }
+        if self.reusable_before() == self.local_head {
+            self.awaits_completions = false;
+        }
+        self.settle_switch();
         if self.tail_deferred {
             self.advance();
         }
@@ -619,13 +677,21 @@ impl Sender {
             }));
         }
         self.local_head = value;
-        if self.switch_at.is_some_and(|s| value >= s) {
+        self.settle_switch();
+        Ok(())
+    }
+
+    /// A pending resize takes effect once the receiver has passed its
+    /// marker and the WRITEs before it completed: nothing reads the old
+    /// geometry's slots any more, in `RB_R` or `RB_S`.
+    fn settle_switch(&mut self) {
+        if self.switch_at.is_some_and(|s| self.reusable_before() >= s) {
             self.switch_at = None;
+            self.awaits_completions = false;
             if std::mem::take(&mut self.shrinking) {
                 self.released = Some(self.geo.ring_bytes());
             }
         }
-        Ok(())
     }
 }
 

@@ -641,7 +641,62 @@ fn full_ring_blocks_then_drain_push_unblocks() {
     while p.read().unwrap() {}
     assert_eq!(p.r2s.len(), 1, "drained receiver pushes its head");
     p.apply_r2s();
+    // The receiver read every slot, but their WRITEs have not completed: a
+    // NIC may still read (retransmit) their bytes, so they are not reused
+    // yet, and the sender says that completions, not the head, give room.
+    assert!(p.write(40, true).is_err(), "slots reused before completion");
+    assert!(p.tx.awaits_completions() && p.tx.wants_completions());
+    while !p.tx_cq.is_empty() {
+        p.complete_tx(0);
+    }
+    assert!(!p.tx.awaits_completions());
     p.write(40, true).unwrap();
+}
+
+/// A shrink takes effect, and its staging is released, only once the
+/// WRITEs before the marker completed, not when the receiver passed it.
+#[test]
+fn a_resize_waits_for_the_writes_before_its_marker() {
+    // Not elastic: the marker's tail goes out without a completion.
+    let c = cfg(64, 8, 1, 1, 1, false);
+    let mut p = Pair::new(&c);
+    p.write(40, true).unwrap();
+    p.resize(4);
+    assert_eq!(p.tx.geometry().slot_count(), 4);
+    // Everything is placed and read, and the heads pushed, but no send
+    // completion is handled.
+    for _ in 0..4 {
+        while !p.s2r.is_empty() {
+            p.apply_s2r();
+        }
+        while p.read().unwrap() {}
+        p.rx.flush();
+        p.post();
+        while !p.r2s.is_empty() {
+            p.apply_r2s();
+        }
+        while !p.rx_cq.is_empty() {
+            p.complete_rx(0);
+        }
+        p.sender_sees_head().unwrap();
+    }
+    assert_eq!(
+        p.tx.local_head(),
+        p.tx.tail(),
+        "the receiver passed the marker"
+    );
+    assert!(
+        p.tx.switch_pending().is_some(),
+        "switched before completions"
+    );
+    assert!(p.tx.take_released().is_none());
+    while !p.tx_cq.is_empty() {
+        p.complete_tx(0);
+    }
+    assert!(p.tx.switch_pending().is_none());
+    assert!(p.tx.take_released().is_some());
+    p.write(40, true).unwrap();
+    p.drain();
 }
 
 /// Flushes what the sender wrote and places it in the receiver's ring (tail WRITEs complete).
