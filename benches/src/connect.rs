@@ -566,6 +566,12 @@ fn shared_qp(args: &SuiteArgs) -> Result<Table> {
 /// (rrpc's `max_connections_per_peer`; the default 256 would refuse a storm of 1,000).
 pub const STORM_CLIENTS_ENV: &str = "RRPC_BENCH_STORM_CLIENTS";
 
+/// The storm server's environment: its generation (1 before the restart, 2 after), written in
+/// the first byte of every unary response, so that a client counts each answer to the server
+/// that gave it (not to when the call started: a call started just before the kill may be
+/// answered by the restarted server).
+pub const STORM_GENERATION_ENV: &str = "RRPC_BENCH_STORM_GENERATION";
+
 /// The reconnect storm's server role (`connect --role storm-serve --transport NAME --listen
 /// ADDR`): serves the benchmark service for `t` at `listen` (`127.0.0.1:PORT` for tonic over
 /// TCP, an rrpc URI otherwise) on a one-worker runtime (pinned to `cpu` if given), prints
@@ -579,9 +585,10 @@ pub fn serve_storm(t: Transport, listen: &str, cpu: Option<usize>) -> Result<()>
     use std::sync::Arc;
     use std::sync::atomic::{AtomicU64, Ordering};
 
-    /// The benchmark service, counting its unary calls.
+    /// The benchmark service, counting its unary calls and marking each answer with its
+    /// generation ([`STORM_GENERATION_ENV`]).
     #[derive(Clone)]
-    struct Counting(Arc<AtomicU64>);
+    struct Counting(Arc<AtomicU64>, u8);
 
     #[tonic::async_trait]
     impl crate::rpc::pb::bench_server::Bench for Counting {
@@ -590,7 +597,12 @@ pub fn serve_storm(t: Transport, listen: &str, cpu: Option<usize>) -> Result<()>
             r: tonic::Request<crate::rpc::pb::Req>,
         ) -> Result<tonic::Response<crate::rpc::pb::Resp>, tonic::Status> {
             self.0.fetch_add(1, Ordering::Relaxed);
-            crate::rpc::pb::bench_server::Bench::unary(&crate::rpc::Svc, r).await
+            let mut resp = crate::rpc::pb::bench_server::Bench::unary(&crate::rpc::Svc, r).await?;
+            match resp.get_mut().payload.first_mut() {
+                Some(b) => *b = self.1,
+                None => resp.get_mut().payload.push(self.1),
+            }
+            Ok(resp)
         }
 
         type StreamStream = <crate::rpc::Svc as crate::rpc::pb::bench_server::Bench>::StreamStream;
@@ -611,7 +623,12 @@ pub fn serve_storm(t: Transport, listen: &str, cpu: Option<usize>) -> Result<()>
             .build()?,
     };
     let served = Arc::new(AtomicU64::new(0));
-    let svc = crate::rpc::pb::bench_server::BenchServer::new(Counting(served.clone()));
+    let generation = std::env::var(STORM_GENERATION_ENV)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1);
+    let svc =
+        crate::rpc::pb::bench_server::BenchServer::new(Counting(served.clone(), generation));
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let shutdown = async move {
         let _ = stopped.await;
@@ -694,7 +711,7 @@ struct StormServer {
 }
 
 impl StormServer {
-    fn spawn(t: Transport, listen: &str, clients: usize) -> Result<StormServer> {
+    fn spawn(t: Transport, listen: &str, clients: usize, generation: u8) -> Result<StormServer> {
         use std::io::BufRead as _;
         use std::process::{Command, Stdio};
         let mut child = Command::new(std::env::current_exe()?)
@@ -708,6 +725,7 @@ impl StormServer {
             ])
             .args(["--cpu", &ThreadPlan::cpu(0).to_string()])
             .env(STORM_CLIENTS_ENV, clients.to_string())
+            .env(STORM_GENERATION_ENV, generation.to_string())
             .stdin(std::process::Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
@@ -773,9 +791,16 @@ impl Drop for StormServer {
 /// What one storm client saw ([`reconnect_storm`]).
 #[derive(Debug, Default, Clone)]
 struct StormTally {
+    /// Answers from the first server.
     ok_before: u64,
+    /// Answers from the restarted server (its generation in the answer).
     ok_after: u64,
+    /// Of those, calls started before the kill was flagged (a call a channel held while it
+    /// reconnected): counted by the flag, they would look lost.
+    started_before: u64,
     failed: u64,
+    /// The failures by gRPC code.
+    codes: std::collections::BTreeMap<i32, u64>,
     failed_after_recovery: u64,
     recovered: Option<Instant>,
 }
@@ -833,7 +858,7 @@ fn reconnect_storm(args: &SuiteArgs, client_rt: &Runtime) -> Result<Table> {
                     (u.clone(), u)
                 }
             };
-            let mut first = StormServer::spawn(tr, &listen, n)?;
+            let mut first = StormServer::spawn(tr, &listen, n, 1)?;
             let cfg = rrpc_config(tr);
             // One connection first: what the process keeps (the poller, runtime threads) is
             // not left behind by the storm.
@@ -880,14 +905,17 @@ fn reconnect_storm(args: &SuiteArgs, client_rt: &Runtime) -> Result<Table> {
                     let mut tally = StormTally::default();
                     let mut first_ok = false;
                     while !stop.load(Ordering::Acquire) {
-                        let after = killed.load(Ordering::Acquire);
+                        let flagged = killed.load(Ordering::Acquire);
                         let r = tokio::time::timeout(hang, c.unary(small())).await;
                         let Ok(r) = r else {
                             anyhow::bail!("a call hung for {hang:?}");
                         };
                         match r {
-                            Ok(_) if after => {
+                            Ok(resp) if resp.payload.first() == Some(&2) => {
                                 tally.ok_after += 1;
+                                if !flagged {
+                                    tally.started_before += 1;
+                                }
                                 if tally.recovered.is_none() {
                                     tally.recovered = Some(Instant::now());
                                     recovered.fetch_add(1, Ordering::AcqRel);
@@ -900,8 +928,9 @@ fn reconnect_storm(args: &SuiteArgs, client_rt: &Runtime) -> Result<Table> {
                                     started.fetch_add(1, Ordering::AcqRel);
                                 }
                             }
-                            Err(_) => {
+                            Err(st) => {
                                 tally.failed += 1;
+                                *tally.codes.entry(st.code() as i32).or_default() += 1;
                                 if tally.recovered.is_some() {
                                     tally.failed_after_recovery += 1;
                                 }
@@ -930,7 +959,7 @@ fn reconnect_storm(args: &SuiteArgs, client_rt: &Runtime) -> Result<Table> {
             first.kill()?;
             killed.store(true, Ordering::Release);
             drop(first);
-            let second = StormServer::spawn(tr, &listen, n)?;
+            let second = StormServer::spawn(tr, &listen, n, 2)?;
             let t_listen = Instant::now();
             while recovered.load(Ordering::Acquire) < n as u64 {
                 anyhow::ensure!(
@@ -960,6 +989,18 @@ fn reconnect_storm(args: &SuiteArgs, client_rt: &Runtime) -> Result<Table> {
             let before: u64 = tallies.iter().map(|c| c.ok_before).sum();
             let failed: u64 = tallies.iter().map(|c| c.failed).sum();
             let after_recovery: u64 = tallies.iter().map(|c| c.failed_after_recovery).sum();
+            let started_before: u64 = tallies.iter().map(|c| c.started_before).sum();
+            let mut codes = std::collections::BTreeMap::<i32, u64>::new();
+            for c in &tallies {
+                for (k, v) in &c.codes {
+                    *codes.entry(*k).or_default() += v;
+                }
+            }
+            eprintln!(
+                "reconnect_storm {} run {run}: failures by gRPC code {codes:?}; {started_before} \
+                 answers from the restarted server to calls started before the kill was flagged",
+                tr.name()
+            );
             anyhow::ensure!(
                 after_recovery == 0,
                 "{}: {after_recovery} calls failed after their client was answered again",
@@ -997,7 +1038,8 @@ fn reconnect_storm(args: &SuiteArgs, client_rt: &Runtime) -> Result<Table> {
          the same address; recovery_ms is from the restarted server's READY (bound) to every \
          client's first answer from it. answered_before: calls the first server answered. failed_calls: calls that ended with a Status (in \
          flight at the kill, or made while the server was down). answered_after / \
-         served_after: calls made after the kill that the clients saw answered, and the \
+         served_after: answers from the restarted server (each answer carries its server's \
+         generation) that the clients saw, and the \
          restarted server's count (lost = served - answered: 0). fds_left: this process's \
          descriptors after the channels dropped, against before the storm (after one connection made and dropped: the process-wide poller and threads are not the storm's). The rrpc \
          server allows this process {} connections (max_connections_per_peer). RLIMIT_NOFILE \
