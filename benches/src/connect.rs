@@ -627,8 +627,7 @@ pub fn serve_storm(t: Transport, listen: &str, cpu: Option<usize>) -> Result<()>
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(1);
-    let svc =
-        crate::rpc::pb::bench_server::BenchServer::new(Counting(served.clone(), generation));
+    let svc = crate::rpc::pb::bench_server::BenchServer::new(Counting(served.clone(), generation));
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let shutdown = async move {
         let _ = stopped.await;
