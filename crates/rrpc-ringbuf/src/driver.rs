@@ -256,8 +256,12 @@ impl LocalRing {
             bell_done: AtomicU64::new(0),
         });
         let geo = Geometry::from_config(&self.cfg);
+        let mut sender = Sender::new(&self.cfg);
+        // shm copies a WRITE's bytes inside its post: staging is free once
+        // the receiver read it (`proto` docs, "Reusing staging").
+        sender.set_source_read_in_post(shared.qp.completes_in_post());
         let tx = RingTx {
-            sender: Sender::new(&self.cfg),
+            sender,
             cfg: self.cfg.clone(),
             shared: shared.clone(),
             tx_region: self.tx_region.clone(),

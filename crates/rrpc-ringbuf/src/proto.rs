@@ -77,8 +77,10 @@
 //! between a writer and room, the sender says so
 //! ([`Sender::awaits_completions`], part of
 //! [`Sender::wants_completions`]) so that a waiting driver polls them
-//! instead of waiting for a head that may not move again. On shm a WRITE
-//! completes inside its post: the bound is the head. A resize takes
+//! instead of waiting for a head that may not move again. On shm a WRITE's
+//! bytes are copied inside its post, so the driver tells the sender
+//! ([`Sender::set_source_read_in_post`]) and the bound is the head, with
+//! nothing tracked (the ring's cost per message is what it was). A resize takes
 //! effect on the same condition, so the staging a shrink gives back is
 //! read by no WRITE.
 //!

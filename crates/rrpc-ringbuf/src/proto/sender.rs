@@ -129,6 +129,9 @@ pub struct Sender {
     /// before their completion even once the receiver has read them
     /// ([`Sender::reusable_before`]).
     slots_inflight: VecDeque<(u64, u64)>,
+    /// The fabric reads a WRITE's source inside its post (shm): no slot
+    /// WRITE needs tracking ([`Sender::set_source_read_in_post`]).
+    source_read_in_post: bool,
     /// The last reservation found the ring full only because slot WRITEs
     /// the receiver has read are not completed yet: room comes with a
     /// completion, not with a head push ([`Sender::wants_completions`]).
@@ -174,6 +177,7 @@ impl Sender {
             tail_deferred: false,
             tails_inflight: VecDeque::with_capacity(MAX_TAIL_INFLIGHT),
             slots_inflight: VecDeque::new(),
+            source_read_in_post: false,
             awaits_completions: false,
             tail_count: 0,
             queue: VecDeque::new(),
@@ -182,6 +186,15 @@ impl Sender {
         }
     }
 
+    /// Tells the sender that the fabric reads a WRITE's source inside its
+    /// post (shm copies the bytes there), so that staging may be rewritten
+    /// as soon as the receiver has read it: the receiver can read only
+    /// what was posted, and nothing reads a posted WRITE's source again.
+    /// Off by default (a NIC reads the source after the post, and again
+    /// when it retransmits); set it before the first message.
+    pub fn set_source_read_in_post(&mut self, yes: bool) {
+        self.source_read_in_post = yes;
+    }
     /// The ring geometry in use (of a self-sizing ring: its current size).
     pub fn geometry(&self) -> Geometry {
         self.geo
@@ -554,7 +567,9 @@ impl Sender {
             let idx = self.geo.index(pos);
             let n = (self.tail - pos).min(count - idx);
             let (seq, signaled) = self.budget.next();
-            self.slots_inflight.push_back((seq, pos));
+            if !self.source_read_in_post {
+                self.slots_inflight.push_back((seq, pos));
+            }
             self.queue.push_back(Transmit::Slots {
                 offset: self.geo.offset(pos),
                 len: n as usize * self.geo.slot_size(),

@@ -653,6 +653,23 @@ fn full_ring_blocks_then_drain_push_unblocks() {
     p.write(40, true).unwrap();
 }
 
+/// On a fabric that reads a WRITE's source inside its post (shm), slots
+/// the receiver has read are reused at once, with no completion polled.
+#[test]
+fn a_source_read_in_post_frees_slots_with_the_head() {
+    let c = cfg(64, 8, 32, 16, 32, true);
+    let mut p = Pair::new(&c);
+    p.tx.set_source_read_in_post(true);
+    while p.write(40, true).is_ok() {}
+    while !p.s2r.is_empty() {
+        p.apply_s2r();
+    }
+    while p.read().unwrap() {}
+    p.apply_r2s();
+    p.write(40, true).unwrap();
+    assert!(!p.tx.awaits_completions());
+}
+
 /// A shrink takes effect, and its staging is released, only once the
 /// WRITEs before the marker completed, not when the receiver passed it.
 #[test]
