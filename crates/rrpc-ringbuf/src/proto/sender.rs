@@ -233,6 +233,7 @@ impl Sender {
     /// Free slots as far as the sender knows (none while a resize waits
     /// for the receiver to pass its marker): slots the receiver has read
     /// *and* whose WRITEs completed ([`reusable_before`](Self::reusable_before)).
+    #[inline]
     pub fn free_slots(&self) -> u64 {
         if self.switch_at.is_some() {
             return 0;
@@ -246,7 +247,12 @@ impl Sender {
     /// responder places the duplicate again, so new bytes in `RB_S` could
     /// land over a message the receiver has not read yet. On shm a WRITE
     /// completes inside its post, so this is the head.
+    #[inline]
     pub fn reusable_before(&self) -> u64 {
+        if self.slots_inflight.is_empty() {
+            // Always so on shm (`set_source_read_in_post`): one load.
+            return self.local_head;
+        }
         match self.slots_inflight.front() {
             Some(&(_, start)) => start.min(self.local_head),
             None => self.local_head,
@@ -376,7 +382,9 @@ impl Sender {
         if self.free_slots() < n {
             return Err(self.on_full(true, Some(n)));
         }
-        self.awaits_completions = false;
+        if self.awaits_completions {
+            self.awaits_completions = false;
+        }
         Ok(Reservation {
             pos: self.tail,
             offset: self.geo.offset(self.tail) + HEADER_LEN,
@@ -639,10 +647,12 @@ impl Sender {
         while self.slots_inflight.front().is_some_and(|&(s, _)| s < done) {
             self.slots_inflight.pop_front();
         }
-        if self.reusable_before() == self.local_head {
-            self.awaits_completions = false;
+        if self.awaits_completions || self.switch_at.is_some() {
+            if self.reusable_before() == self.local_head {
+                self.awaits_completions = false;
+            }
+            self.settle_switch();
         }
-        self.settle_switch();
         if self.tail_deferred {
             self.advance();
         }
