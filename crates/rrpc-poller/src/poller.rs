@@ -40,6 +40,7 @@ mod tests;
 mod thread;
 
 pub use registration::{Doorbell, Registration, SendLog};
+pub(crate) use registration::yield_now;
 
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
