@@ -1,7 +1,7 @@
 //! Fast-path server: dispatches frames to the router's `tower::Service`.
 
 use std::collections::HashMap;
-use std::future::Future;
+use std::future::{Future, poll_fn};
 use std::ops::ControlFlow;
 use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
@@ -137,7 +137,10 @@ where
                 // First: a message that is there already is read without
                 // polling the other branches (two cancellation futures and a
                 // channel: ~1 000 instructions a message, under callgrind).
-                r = rx.recv_with(&mut sink) => Wake::Received(r),
+                // Polled in place: no future per message; a wait another
+                // branch interrupts resumes in the receiver at the next
+                // turn.
+                r = poll_fn(|cx| rx.poll_recv_with(cx, &mut sink)) => Wake::Received(r),
                 Some(note) = conn.notes.recv() => Wake::Note(note),
                 () = &mut failed => Wake::Failed,
                 // Disabled once draining: the completed future is never polled again.
