@@ -53,6 +53,8 @@ use crate::poller::{Poller, Registration};
 use crate::source::{Notifier, Readiness};
 
 mod managed;
+#[cfg(test)]
+mod tests;
 pub use managed::{IdleReads, ManagedSender, SendHandle, fail_connection};
 /// The ring types a connection is set up with (re-exported so that a user
 /// of this module names no rrpc-ringbuf type of its own).
