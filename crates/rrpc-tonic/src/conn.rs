@@ -69,8 +69,11 @@
 //! ring's sending state, shaped after the ring's zero-copy API (RR-Compound
 //! §IV-F): [`Link::send_with`] reserves `len` bytes in the send ring, hands
 //! the slot to a closure that encodes straight into it, then publishes. The
-//! receiver hands the borrowed slot to a closure ([`MsgRx::recv_with`]) and
-//! releases it when the closure returns: no intermediate buffer on either side.
+//! receiver hands the borrowed slot to a closure ([`MsgRx::poll_recv_with`])
+//! and releases it when the closure returns: no intermediate buffer on either
+//! side. The receive is a poll function its owner polls in place (the
+//! fast path's client demux and server reader): no future per message, the
+//! wait's state kept in the receiver between polls.
 //!
 //! Implementations: rings ([`rings`]), and [`mem_pair`] (in-process; each message is one heap
 //! buffer standing in for a ring slot, with ring-sized byte credit for
