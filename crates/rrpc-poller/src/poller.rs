@@ -39,8 +39,8 @@ mod shard;
 mod tests;
 mod thread;
 
-pub use registration::{Doorbell, Registration, SendLog};
 pub(crate) use registration::yield_now;
+pub use registration::{Doorbell, Registration, SendLog};
 
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};

@@ -35,8 +35,8 @@
 
 use std::future::{Future, poll_fn};
 use std::io;
-use std::pin::Pin;
 use std::os::fd::BorrowedFd;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::task::{Context, Poll};
@@ -875,7 +875,11 @@ impl AsyncReceiver {
     /// With `push_before_sleep`, the head goes to the peer if the wait is about to sleep, and
     /// the wait returns without data if that push is held back or owes a confirmation (the
     /// caller then drives it out).
-    fn poll_registration(&mut self, cx: &mut Context<'_>, push_before_sleep: bool) -> Poll<Result<()>> {
+    fn poll_registration(
+        &mut self,
+        cx: &mut Context<'_>,
+        push_before_sleep: bool,
+    ) -> Poll<Result<()>> {
         loop {
             let rx = &mut self.rx;
             let reg = &mut self.reg;

@@ -1131,11 +1131,13 @@ impl Registration {
         // Drained (or the ack failed for a reason other than WouldBlock, which the recheck
         // will surface): the caller checks the source.
         let drained = match &self.sleeper {
-            Sleeper::EventFd(afd) => poll_acked(afd, cx, "eventfd readiness", |h| match h.drain() {
-                Ok(0) => Err(std::io::ErrorKind::WouldBlock.into()),
-                Ok(_) => Ok(()),
-                Err(e) => Err(e.into()),
-            }),
+            Sleeper::EventFd(afd) => {
+                poll_acked(afd, cx, "eventfd readiness", |h| match h.drain() {
+                    Ok(0) => Err(std::io::ErrorKind::WouldBlock.into()),
+                    Ok(_) => Ok(()),
+                    Err(e) => Err(e.into()),
+                })
+            }
             Sleeper::Notifier(afd) => {
                 let src = &self.entry.source;
                 poll_acked(afd, cx, "notifier readiness", |_| match src.notifier() {

@@ -127,6 +127,9 @@ async fn a_receive_future_dropped_mid_wait_loses_nothing() {
     }
     tx.send(b"after").await.unwrap();
     tx.flush_all().await.unwrap();
-    let m = tokio::time::timeout(BOUND, rx.recv()).await.unwrap().unwrap();
+    let m = tokio::time::timeout(BOUND, rx.recv())
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(&*m, b"after");
 }
