@@ -724,7 +724,9 @@ impl dyn MsgRx {
     /// As [`MsgRx::poll_recv_with`].
     ///
     /// # Cancel safety
-    /// Cancel safe: no message is consumed until it completes.
+    /// Cancel safe: no message is consumed until it completes; a wait it
+    /// left mid-way resumes at the next receive (as with
+    /// [`MsgRx::poll_recv_with`]).
     pub(crate) async fn recv_with(
         &mut self,
         f: &mut (dyn FnMut(&[u8]) + Send),
