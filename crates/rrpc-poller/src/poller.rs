@@ -39,6 +39,7 @@ mod shard;
 mod tests;
 mod thread;
 
+pub(crate) use registration::yield_now;
 pub use registration::{Doorbell, Registration, SendLog};
 
 use std::fmt;

@@ -33,10 +33,13 @@
 //! the reader's sleep through the ring's sleep word (`rrpc_ringbuf::RxDoorbell`), and the
 //! peer's sender rings once with a `WRITE_WITH_IMM` of its tail (`rrpc_ringbuf::proto::doorbell`).
 
+use std::future::{Future, poll_fn};
 use std::io;
 use std::os::fd::BorrowedFd;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use rrpc_core::conn::{Connection, HandshakeConfig, Listener, Offer, connect};
@@ -50,6 +53,8 @@ use crate::poller::{Poller, Registration};
 use crate::source::{Notifier, Readiness};
 
 mod managed;
+#[cfg(test)]
+mod tests;
 pub use managed::{IdleReads, ManagedSender, SendHandle, fail_connection};
 /// The ring types a connection is set up with (re-exported so that a user
 /// of this module names no rrpc-ringbuf type of its own).
@@ -169,6 +174,8 @@ pub struct CompletionWait {
     polls: u32,
     /// When the work in flight was last seen to change, and what it was.
     since: Option<(Instant, usize)>,
+    /// A pause polled ([`Self::poll_pause`]) is under way.
+    pausing: bool,
 }
 
 impl CompletionWait {
@@ -206,6 +213,61 @@ impl CompletionWait {
         }
         tokio::time::sleep(Duration::from_micros(200)).await;
         Ok(())
+    }
+}
+
+impl CompletionWait {
+    /// [`pause`](Self::pause) as a poll function, its timer in `sleep` (made at the first
+    /// timed pause, reset after): a pause begun is resumed by the next poll, which must come
+    /// before the wait's condition is looked at again.
+    fn poll_pause(
+        &mut self,
+        cx: &mut Context<'_>,
+        conn: &Connection,
+        limit: Duration,
+        in_flight: usize,
+        sleep: &mut Option<Pin<Box<tokio::time::Sleep>>>,
+    ) -> Poll<Result<()>> {
+        if !self.pausing {
+            self.polls += 1;
+            if self.polls < 64 {
+                self.pausing = true;
+                return crate::poller::yield_now(cx);
+            }
+            conn.check_alive()?;
+            let now = Instant::now();
+            match self.since {
+                Some((t, n)) if n == in_flight => {
+                    if now.duration_since(t) > limit {
+                        return Poll::Ready(Err(Error::CompletionOverdue(limit)));
+                    }
+                }
+                _ => self.since = Some((now, in_flight)),
+            }
+            let at = tokio::time::Instant::from_std(now + Duration::from_micros(200));
+            match sleep {
+                Some(s) => s.as_mut().reset(at),
+                None => *sleep = Some(Box::pin(tokio::time::sleep_until(at))),
+            }
+            self.pausing = true;
+        }
+        if self.polls >= 64
+            && let Some(s) = sleep
+        {
+            std::task::ready!(s.as_mut().poll(cx));
+        }
+        // A yield's pause ends at the poll after it.
+        self.pausing = false;
+        Poll::Ready(Ok(()))
+    }
+}
+
+/// [`AsyncReceiver::recv`]'s future, dropped: the wait goes with it.
+struct Abandon<'a>(&'a mut AsyncReceiver);
+
+impl Drop for Abandon<'_> {
+    fn drop(&mut self) {
+        self.0.abandon_wait();
     }
 }
 
@@ -325,6 +387,8 @@ impl AsyncConn {
                 reg: rx_reg,
                 src: rx_src,
                 idle: None,
+                wait: DataWait::Idle,
+                sleep: None,
             },
         ))
     }
@@ -615,11 +679,36 @@ pub struct AsyncReceiver {
     src: Arc<RxSource>,
     /// Fed by a managed sender's sizing tick ([`AsyncConn::split_managed`]).
     idle: Option<IdleReads>,
+    /// Where the wait for data is between two polls ([`Self::poll_recv`]).
+    wait: DataWait,
+    /// A completion wait's timer (a NIC's push held back past 64 yields), made the first
+    /// time one is needed and reset after.
+    sleep: Option<Pin<Box<tokio::time::Sleep>>>,
+}
+
+/// The steps of [`AsyncReceiver`]'s wait for data (`wait_data` in its docs).
+#[derive(Debug, Default)]
+enum DataWait {
+    /// No wait in progress: the next poll begins one.
+    #[default]
+    Idle,
+    /// On shm with no push owed: the registration's wait, pushing the head only if it is
+    /// about to sleep.
+    Lazy,
+    /// The head push goes out, signaled on a NIC (`flush_confirmed`).
+    Flush,
+    /// A push held back by the send-queue budget: driven out by polling completions.
+    Completions(CompletionWait),
+    /// The last (signaled) push is confirmed by its completion.
+    Confirming(CompletionWait),
+    /// The registration's wait, with nothing owed.
+    Last,
 }
 
 impl AsyncReceiver {
     /// Waits for the next message and borrows it from the ring until the guard drops
-    /// (dropping releases its slots to the peer).
+    /// (dropping releases its slots to the peer): [`poll_recv`](Self::poll_recv) polled to
+    /// the end.
     ///
     /// # Errors
     /// a peer-gone error ([`Error::is_peer_gone`]) once the peer is gone and every message it published was read;
@@ -630,78 +719,155 @@ impl AsyncReceiver {
     ///
     /// # Cancel safety
     /// Cancel-safe: no message is consumed until the future completes (a skipped gap is
-    /// not a message).
+    /// not a message); the next wait starts afresh.
     pub async fn recv(&mut self) -> Result<ReadGuard<'_>> {
-        loop {
-            self.wait_data().await?;
-            if let Some(n) = &self.src.notifier {
-                n.replenish()?;
-            }
-            // A tail that moved over a gap only is no message: wait again.
-            if self.rx.has_message()? {
-                break;
-            }
-            // The tail moved but its message is not readable yet (not
-            // placed, or its tail record read half-written): the data is
-            // microseconds away, or a bad peer is timed out by the ring.
-            // Either way let the worker run others meanwhile.
-            tokio::task::yield_now().await;
+        {
+            let wait = Abandon(&mut *self);
+            poll_fn(|cx| wait.0.poll_message(cx)).await?;
         }
         self.rx.try_recv().map_err(Into::into)
     }
 
-    /// Waits until the ring's tail moved past what we consumed.
-    async fn wait_data(&mut self) -> Result<()> {
-        if self.src.ready() {
-            return Ok(());
+    /// [`recv`](Self::recv) as a poll function: `Ready` with the next message, borrowed from
+    /// the ring until the guard drops, or with the error that ended the wait; `Pending` with
+    /// the task's waker registered. No future and no allocation: the wait's state is kept
+    /// here (and in the registration) between polls, so an owner that polls it in place
+    /// (rrpc-tonic's fast path) needs none of its own. The wait is the same as
+    /// [`recv`](Self::recv)'s, step for step: the head pushed before the wait sleeps (on shm
+    /// only if it is about to sleep; on a NIC before it waits, signaled and confirmed), held-back
+    /// pushes driven out with the poller's `completion_limit`, a tail whose message is not
+    /// readable yet waited out with a yield.
+    ///
+    /// # Errors
+    /// As [`recv`](Self::recv).
+    ///
+    /// # Cancel safety
+    /// No message is consumed before `Ready`: an owner that stops polling loses nothing. A
+    /// wait not polled to its end resumes at the next poll where it left off
+    /// ([`Registration::poll_ready`]); [`abandon_wait`](Self::abandon_wait) drops it.
+    pub fn poll_recv(&mut self, cx: &mut Context<'_>) -> Poll<Result<ReadGuard<'_>>> {
+        std::task::ready!(self.poll_message(cx))?;
+        Poll::Ready(self.rx.try_recv().map_err(Into::into))
+    }
+
+    /// Drops the wait in progress, if any: the next poll begins a new one (what dropping
+    /// [`recv`](Self::recv)'s future does).
+    pub fn abandon_wait(&mut self) {
+        self.wait = DataWait::Idle;
+        self.reg.abandon_wait();
+    }
+
+    /// `Ready(Ok)` once a message is readable.
+    fn poll_message(&mut self, cx: &mut Context<'_>) -> Poll<Result<()>> {
+        std::task::ready!(self.poll_data(cx))?;
+        if let Some(n) = &self.src.notifier {
+            n.replenish()?;
         }
-        // Going idle: push the head the peer has not seen (RB²'s lazy head push would
-        // otherwise leave a sender that found the ring full waiting forever).
-        //
-        // On shm (a push's outcome is known when it is posted) only if this wait is about
-        // to sleep: a spin that catches the next message needs no push, and in a ping-pong
-        // every wait ends that way, so pushing first cost a WRITE per message (~700
-        // instructions a call on the fast path). The head still goes out every `gamma`
-        // messages and `flush_slots` (an eighth of the ring) as messages are released, and
-        // before the wait whenever the sender's view of the ring may be too full for a
-        // message like the largest read so far (`push_owed_before_wait`: messages of half
-        // the ring or more). A push held back by the send-queue budget (completions that come
-        // late) is driven out below instead, before a second wait.
-        if self.src.conn.qp().completes_in_post() && !self.rx.push_owed_before_wait() {
-            self.wait_registration(true).await?;
-            if self.src.ready() {
-                return Ok(());
+        // A tail that moved over a gap only is no message: wait again.
+        if self.rx.has_message()? {
+            return Poll::Ready(Ok(()));
+        }
+        // The tail moved but its message is not readable yet (not placed, or its tail
+        // record read half-written): the data is microseconds away, or a bad peer is timed
+        // out by the ring. Either way let the worker run others meanwhile; the next poll
+        // waits again.
+        crate::poller::yield_now(cx)
+    }
+
+    /// Waits until the ring's tail moved past what we consumed (the steps of [`DataWait`]);
+    /// every `Ready` leaves the wait [`DataWait::Idle`].
+    fn poll_data(&mut self, cx: &mut Context<'_>) -> Poll<Result<()>> {
+        let r = std::task::ready!(self.poll_data_steps(cx));
+        self.wait = DataWait::Idle;
+        Poll::Ready(r)
+    }
+
+    fn poll_data_steps(&mut self, cx: &mut Context<'_>) -> Poll<Result<()>> {
+        loop {
+            match &mut self.wait {
+                DataWait::Idle => {
+                    if self.src.ready() {
+                        return Poll::Ready(Ok(()));
+                    }
+                    // Going idle: push the head the peer has not seen (RB²'s lazy head push
+                    // would otherwise leave a sender that found the ring full waiting
+                    // forever).
+                    //
+                    // On shm (a push's outcome is known when it is posted) only if this wait
+                    // is about to sleep: a spin that catches the next message needs no push,
+                    // and in a ping-pong every wait ends that way, so pushing first cost a
+                    // WRITE per message (~700 instructions a call on the fast path). The head
+                    // still goes out every `gamma` messages and `flush_slots` (an eighth of
+                    // the ring) as messages are released, and before the wait whenever the
+                    // sender's view of the ring may be too full for a message like the
+                    // largest read so far (`push_owed_before_wait`: messages of half the ring
+                    // or more). A push held back by the send-queue budget (completions that
+                    // come late) is driven out below instead, before a second wait.
+                    self.wait = if self.src.conn.qp().completes_in_post()
+                        && !self.rx.push_owed_before_wait()
+                    {
+                        DataWait::Lazy
+                    } else {
+                        DataWait::Flush
+                    };
+                }
+                DataWait::Lazy => {
+                    std::task::ready!(self.poll_registration(cx, true))?;
+                    if self.src.ready() {
+                        return Poll::Ready(Ok(()));
+                    }
+                    self.wait = DataWait::Flush;
+                }
+                DataWait::Flush => {
+                    // On a NIC signaled, see below.
+                    self.rx.flush_confirmed()?;
+                    self.wait = DataWait::Completions(CompletionWait::new());
+                }
+                // On a NIC the push may be held back until earlier pushes complete (the
+                // send-queue budget), which happens after their post: drive completions until
+                // it is out. Bounded by the NIC's completion latency; on shm never taken
+                // (WRITEs complete when posted). Bounded like every completion wait (the
+                // poller's `completion_limit`, from its start: one push waits, and it goes
+                // out at its first completion), checking that the peer is still there.
+                DataWait::Completions(wait) => {
+                    if wait.pausing || (self.rx.wants_completions() && !self.src.ready()) {
+                        let limit = self.src.completion_limit;
+                        std::task::ready!(wait.poll_pause(
+                            cx,
+                            &self.src.conn,
+                            limit,
+                            0,
+                            &mut self.sleep
+                        ))?;
+                        self.rx.poll_completions()?;
+                    } else {
+                        self.wait = DataWait::Confirming(CompletionWait::new());
+                    }
+                }
+                // On a NIC a failed push is known only from its completion, and unsignaled
+                // pushes have none unless they fail: the last push is signaled
+                // (`flush_confirmed`); poll until it completes. Otherwise a push the sender
+                // was waiting for, lost to a link down, leaves both sides waiting on a
+                // connection that is gone. Microseconds on a NIC; never on shm (a post's
+                // outcome is known when it returns).
+                DataWait::Confirming(wait) => {
+                    if wait.pausing || (self.rx.confirming() && !self.src.ready()) {
+                        let limit = self.src.completion_limit;
+                        std::task::ready!(wait.poll_pause(
+                            cx,
+                            &self.src.conn,
+                            limit,
+                            0,
+                            &mut self.sleep
+                        ))?;
+                        self.rx.poll_completions()?;
+                    } else {
+                        self.wait = DataWait::Last;
+                    }
+                }
+                DataWait::Last => return self.poll_registration(cx, false),
             }
         }
-        // On a NIC signaled, see below.
-        self.rx.flush_confirmed()?;
-        // On a NIC the push may be held back until earlier pushes complete (the
-        // send-queue budget), which happens after their post: drive completions until
-        // it is out. Bounded by the NIC's completion latency; on shm never taken
-        // (WRITEs complete when posted).
-        // Bounded like every completion wait (the poller's `completion_limit`,
-        // from its start: one push waits, and it goes out at its first completion),
-        // checking that the peer is still there.
-        let mut wait = CompletionWait::new();
-        while self.rx.wants_completions() && !self.src.ready() {
-            wait.pause(&self.src.conn, self.src.completion_limit, 0)
-                .await?;
-            self.rx.poll_completions()?;
-        }
-        // On a NIC a failed push is known only from its completion, and
-        // unsignaled pushes have none unless they fail: the last push is
-        // signaled (`flush_confirmed`); poll until it completes. Otherwise
-        // a push the sender was waiting for, lost to a link down, leaves
-        // both sides waiting on a connection that is gone. Microseconds
-        // on a NIC; never on shm (a post's outcome is known when it
-        // returns).
-        let mut wait = CompletionWait::new();
-        while self.rx.confirming() && !self.src.ready() {
-            wait.pause(&self.src.conn, self.src.completion_limit, 0)
-                .await?;
-            self.rx.poll_completions()?;
-        }
-        self.wait_registration(false).await
     }
 
     /// The registration's wait, which runs even if data came meanwhile: its first check then
@@ -709,38 +875,41 @@ impl AsyncReceiver {
     /// With `push_before_sleep`, the head goes to the peer if the wait is about to sleep, and
     /// the wait returns without data if that push is held back or owes a confirmation (the
     /// caller then drives it out).
-    async fn wait_registration(&mut self, push_before_sleep: bool) -> Result<()> {
+    fn poll_registration(
+        &mut self,
+        cx: &mut Context<'_>,
+        push_before_sleep: bool,
+    ) -> Poll<Result<()>> {
         loop {
             let rx = &mut self.rx;
+            let reg = &mut self.reg;
             let mut held_back = false;
             let waited = if push_before_sleep {
-                self.reg
-                    .wait_ready_with(&mut || {
-                        rx.flush()?;
-                        held_back = rx.wants_completions() || rx.confirming();
-                        Ok(!held_back)
-                    })
-                    .await
+                std::task::ready!(reg.poll_ready_with(cx, &mut || {
+                    rx.flush()?;
+                    held_back = rx.wants_completions() || rx.confirming();
+                    Ok(!held_back)
+                }))
             } else {
-                self.reg.wait_ready().await
+                std::task::ready!(reg.poll_ready(cx))
             };
             if held_back {
-                return Ok(());
+                return Poll::Ready(Ok(()));
             }
             match waited {
                 Ok(()) => {}
                 Err(Error::PeerGone) if self.src.ready() => break,
                 Err(Error::PeerGone) => {
                     let _ = self.src.conn.check_alive();
-                    return Err(Error::PeerGone);
+                    return Poll::Ready(Err(Error::PeerGone));
                 }
-                Err(e) => return Err(e),
+                Err(e) => return Poll::Ready(Err(e)),
             }
             if self.src.ready() {
                 break;
             }
         }
-        Ok(())
+        Poll::Ready(Ok(()))
     }
 
     /// Pushes the head to the peer now (frees its view of our ring).

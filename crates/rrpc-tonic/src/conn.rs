@@ -69,8 +69,11 @@
 //! ring's sending state, shaped after the ring's zero-copy API (RR-Compound
 //! §IV-F): [`Link::send_with`] reserves `len` bytes in the send ring, hands
 //! the slot to a closure that encodes straight into it, then publishes. The
-//! receiver hands the borrowed slot to a closure ([`MsgRx::recv_with`]) and
-//! releases it when the closure returns: no intermediate buffer on either side.
+//! receiver hands the borrowed slot to a closure ([`MsgRx::poll_recv_with`])
+//! and releases it when the closure returns: no intermediate buffer on either
+//! side. The receive is a poll function its owner polls in place (the
+//! fast path's client demux and server reader): no future per message, the
+//! wait's state kept in the receiver between polls.
 //!
 //! Implementations: rings ([`rings`]), and [`mem_pair`] (in-process; each message is one heap
 //! buffer standing in for a ring slot, with ring-sized byte credit for
@@ -81,7 +84,7 @@ use std::future::{Future, poll_fn};
 use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
-use std::task::{Poll, Waker};
+use std::task::{Context, Poll, Waker};
 
 use bytes::{Bytes, BytesMut};
 use rrpc_core::conn::Connection;
@@ -658,14 +661,31 @@ pub(crate) fn gone_cause(conn: &Connection) -> Option<rrpc_core::Error> {
 pub(crate) type BoxFut<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
 /// The receiving half of a message pipe.
+///
+/// Poll-based: its owner (the fast path's client demux and server reader)
+/// polls the receive in place, with no future of its own per message; the
+/// wait's state stays in the receiver between polls.
 pub(crate) trait MsgRx: Send + 'static {
-    /// Waits for the next message and hands it, borrowed, to `f`.
+    /// Polls for the next message and hands it, borrowed, to `f` (called
+    /// once, just before `Ready(Ok(true))`); the message is released when
+    /// `f` returns.
     ///
-    /// Returns `Ok(false)` when the peer closed the pipe.
-    fn recv_with<'a>(
-        &'a mut self,
-        f: &'a mut (dyn FnMut(&[u8]) + Send),
-    ) -> BoxFut<'a, Result<bool, Error>>;
+    /// `Ready(Ok(false))` when the peer closed the pipe; `Pending` with the
+    /// task's waker registered.
+    ///
+    /// # Errors
+    /// The connection failed (the peer corrupted the ring, a completion
+    /// failed, the peer went away uncleanly; [`Error::is_peer_gone`]).
+    ///
+    /// # Cancel safety
+    /// No message is consumed before `Ready`: an owner that stops polling
+    /// (a `select!` that took another branch) loses nothing, and a wait
+    /// left mid-way resumes at the next poll.
+    fn poll_recv_with(
+        &mut self,
+        cx: &mut Context<'_>,
+        f: &mut dyn FnMut(&[u8]),
+    ) -> Poll<Result<bool, Error>>;
 
     /// What carries this pipe, read from its live connection (rings: the
     /// queue pair's provider, device and peer). `None`: not a ring pipe.
@@ -675,10 +695,10 @@ pub(crate) trait MsgRx: Send + 'static {
 
     /// A future that completes when the transport sees the peer leave,
     /// without receiving (rings: the side channel closed). Messages the
-    /// peer sent before leaving may still be waiting for [`recv_with`].
-    /// `None`: the transport cannot tell (the end shows in `recv_with`).
+    /// peer sent before leaving may still be waiting for [`poll_recv_with`].
+    /// `None`: the transport cannot tell (the end shows in `poll_recv_with`).
     ///
-    /// [`recv_with`]: MsgRx::recv_with
+    /// [`poll_recv_with`]: MsgRx::poll_recv_with
     fn peer_gone(&self) -> Option<BoxFut<'static, ()>> {
         None
     }
@@ -690,6 +710,28 @@ pub(crate) trait MsgRx: Send + 'static {
     /// while idle.
     fn idle_reads(&self) -> Option<rrpc_poller::rings::IdleReads> {
         None
+    }
+}
+
+impl dyn MsgRx {
+    /// Waits for the next message and hands it, borrowed, to `f`:
+    /// [`MsgRx::poll_recv_with`] polled to the end (for the handshake and
+    /// the HTTP/2 path's reader task, which await one message at a time).
+    ///
+    /// Returns `Ok(false)` when the peer closed the pipe.
+    ///
+    /// # Errors
+    /// As [`MsgRx::poll_recv_with`].
+    ///
+    /// # Cancel safety
+    /// Cancel safe: no message is consumed until it completes; a wait it
+    /// left mid-way resumes at the next receive (as with
+    /// [`MsgRx::poll_recv_with`]).
+    pub(crate) async fn recv_with(
+        &mut self,
+        f: &mut (dyn FnMut(&[u8]) + Send),
+    ) -> Result<bool, Error> {
+        poll_fn(|cx| self.poll_recv_with(cx, f)).await
     }
 }
 
@@ -716,19 +758,18 @@ fn one_way(ring: usize) -> (Link, MemRx) {
 }
 
 impl MsgRx for MemRx {
-    fn recv_with<'a>(
-        &'a mut self,
-        f: &'a mut (dyn FnMut(&[u8]) + Send),
-    ) -> BoxFut<'a, Result<bool, Error>> {
-        Box::pin(async move {
-            match self.rx.recv().await {
-                Some(m) => {
-                    f(&m);
-                    self.credit.add_permits(m.len().max(1));
-                    Ok(true)
-                }
-                None => Ok(false),
+    fn poll_recv_with(
+        &mut self,
+        cx: &mut Context<'_>,
+        f: &mut dyn FnMut(&[u8]),
+    ) -> Poll<Result<bool, Error>> {
+        Poll::Ready(match std::task::ready!(self.rx.poll_recv(cx)) {
+            Some(m) => {
+                f(&m);
+                self.credit.add_permits(m.len().max(1));
+                Ok(true)
             }
+            None => Ok(false),
         })
     }
 }

@@ -263,7 +263,7 @@ pub(crate) mod testing {
 
     use super::client::FastChannel;
     use crate::conn::testing::corrupted;
-    use crate::conn::{BoxFut, MsgRx, Pipe};
+    use crate::conn::{MsgRx, Pipe};
     use crate::{Error, RrpcConfig};
 
     /// A request for `path` with an empty body.
@@ -333,14 +333,15 @@ pub(crate) mod testing {
     }
 
     impl MsgRx for BreakableRx {
-        fn recv_with<'a>(
-            &'a mut self,
-            f: &'a mut (dyn FnMut(&[u8]) + Send),
-        ) -> BoxFut<'a, Result<bool, Error>> {
+        fn poll_recv_with(
+            &mut self,
+            cx: &mut std::task::Context<'_>,
+            f: &mut dyn FnMut(&[u8]),
+        ) -> std::task::Poll<Result<bool, Error>> {
             if self.broken.load(Ordering::SeqCst) {
-                return Box::pin(async { Err(corrupted()) });
+                return std::task::Poll::Ready(Err(corrupted()));
             }
-            self.inner.recv_with(f)
+            self.inner.poll_recv_with(cx, f)
         }
     }
 }

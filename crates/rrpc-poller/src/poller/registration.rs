@@ -8,7 +8,7 @@ use std::future::poll_fn;
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering, fence};
-use std::task::Poll;
+use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use crossbeam_utils::CachePadded;
@@ -185,6 +185,8 @@ pub struct Registration {
     /// `sends` when the last wait returned: nothing sent since means that what consumes
     /// the data it returned may still be on its way to an answer ([`Self::yield_to_peer`]).
     pub(super) sends_at_ready: u64,
+    /// The wait in progress between two polls ([`Self::poll_ready_with`]).
+    pub(super) wait: Wait,
     pub(super) removed: bool,
 }
 
@@ -332,6 +334,7 @@ impl Registration {
             seen_sends: 0,
             last_ready: None,
             sends_at_ready: 0,
+            wait: Wait::Idle,
             removed: false,
         })
     }
@@ -610,9 +613,9 @@ impl Registration {
     /// notifier fails.
     ///
     /// # Cancel safety
-    /// Cancel-safe: dropping the future loses nothing. A wake-up that was aimed at the dropped
-    /// future leaves at most a stale eventfd count or a stale waker call, which makes the next
-    /// wait recheck once.
+    /// Cancel-safe: dropping the future loses nothing, and the next wait starts afresh. A
+    /// wake-up that was aimed at the dropped future leaves at most a stale eventfd count or a
+    /// stale waker call, which makes the next wait recheck once.
     pub async fn wait_ready(&mut self) -> Result<()> {
         self.wait_ready_with(&mut || Ok(true)).await
     }
@@ -626,6 +629,8 @@ impl Registration {
     /// and maybe no data (the caller has more to do before it may sleep); an error ends it
     /// with that error.
     ///
+    /// The future is [`poll_ready_with`](Self::poll_ready_with) polled to the end.
+    ///
     /// # Errors
     /// As [`wait_ready`](Self::wait_ready), and `before_sleep`'s.
     ///
@@ -636,12 +641,50 @@ impl Registration {
         &mut self,
         before_sleep: &mut (dyn FnMut() -> Result<bool> + Send),
     ) -> Result<()> {
-        if let Some(s) = &self.sends {
-            let n = s.sends();
-            self.tuner.begin_wait(n != self.seen_sends);
-            self.seen_sends = n;
+        let wait = Abandon(self);
+        poll_fn(|cx| wait.0.poll_ready_with(cx, before_sleep)).await
+    }
+
+    /// [`wait_ready`](Self::wait_ready) as a poll function: `Ready` once the source is ready
+    /// (or with the error that ended the wait), `Pending` with the task's waker registered
+    /// (the polling thread, the doorbell, the reactor or a yield wakes it).
+    ///
+    /// The wait's state (its spin, its hand-off, its sleep) is kept in the registration
+    /// between polls, so that an owner that polls its receive in place needs no future of
+    /// its own: a wait not polled to its end resumes at the next poll, where it left off (a
+    /// spin whose budget ran out meanwhile ends at its next check; a sleep rechecks the
+    /// source first). [`abandon_wait`](Self::abandon_wait) drops it instead.
+    ///
+    /// # Errors
+    /// As [`wait_ready`](Self::wait_ready).
+    ///
+    /// # Cancel safety
+    /// Nothing is consumed: not polling any more loses nothing, and a wake-up aimed at the
+    /// wait left behind makes at most one needless poll.
+    pub fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<()>> {
+        self.poll_ready_with(cx, &mut || Ok(true))
+    }
+
+    /// [`poll_ready`](Self::poll_ready) with [`wait_ready_with`](Self::wait_ready_with)'s
+    /// `before_sleep` (called at most once per wait, at the poll that is about to sleep).
+    ///
+    /// # Errors
+    /// As [`wait_ready_with`](Self::wait_ready_with).
+    pub fn poll_ready_with(
+        &mut self,
+        cx: &mut Context<'_>,
+        before_sleep: &mut dyn FnMut() -> Result<bool>,
+    ) -> Poll<Result<()>> {
+        if let Wait::Idle = self.wait {
+            // A new wait.
+            if let Some(s) = &self.sends {
+                let n = s.sends();
+                self.tuner.begin_wait(n != self.seen_sends);
+                self.seen_sends = n;
+            }
         }
-        let r = self.wait_ready_inner(before_sleep).await;
+        let r = std::task::ready!(self.poll_wait(cx, before_sleep));
+        self.wait = Wait::Idle;
         // The next sleep is announced afresh (a new epoch; the writer rings once per epoch).
         self.entry.announced.store(false, Ordering::Relaxed);
         if r.is_ok() {
@@ -651,26 +694,86 @@ impl Registration {
                 self.last_ready = Some(Instant::now());
             }
         }
-        r
+        Poll::Ready(r)
     }
 
-    async fn wait_ready_inner(
+    /// Drops the wait in progress, if any: the next poll begins a new one (what dropping
+    /// [`wait_ready`](Self::wait_ready)'s future does).
+    pub fn abandon_wait(&mut self) {
+        self.wait = Wait::Idle;
+    }
+
+    /// One step of the wait in `self.wait`: `Pending` leaves it in a state other than
+    /// [`Wait::Idle`]; `Ready` ends it (the caller resets the state).
+    fn poll_wait(
         &mut self,
-        before_sleep: &mut (dyn FnMut() -> Result<bool> + Send),
-    ) -> Result<()> {
-        if let Check::Ready = self.check()? {
-            Counters::add(&self.inner.counters.first_check_hits, 1);
-            return Ok(());
+        cx: &mut Context<'_>,
+        before_sleep: &mut dyn FnMut() -> Result<bool>,
+    ) -> Poll<Result<()>> {
+        loop {
+            match self.wait {
+                Wait::Idle => {
+                    if let Check::Ready = self.check()? {
+                        Counters::add(&self.inner.counters.first_check_hits, 1);
+                        return Poll::Ready(Ok(()));
+                    }
+                    self.wait = self.begin_spin();
+                }
+                Wait::Spin(spin) => {
+                    if let Some(end) = self.poll_spin(cx, spin)? {
+                        return end;
+                    }
+                }
+                Wait::AfterSpin {
+                    start,
+                    ran_out,
+                    spun,
+                } => {
+                    // Handed off (the peer needs this CPU, or `Handoff::Always`): the
+                    // doorbell wakes it, after the peer had its turn.
+                    self.wait = if self.hands_off() && spun {
+                        Wait::Handoff {
+                            start,
+                            ran_out,
+                            ticks: 0,
+                            yielded: false,
+                        }
+                    } else {
+                        Wait::BeforeSleep { start, ran_out }
+                    };
+                }
+                Wait::Handoff { .. } => {
+                    if let Some(end) = self.poll_yield_to_peer(cx)? {
+                        return end;
+                    }
+                }
+                Wait::BeforeSleep { start, ran_out } => {
+                    // About to sleep (the arm below rechecks, so what `before_sleep` lets
+                    // the peer write is not missed).
+                    if !before_sleep()? {
+                        return Poll::Ready(Ok(()));
+                    }
+                    self.wait = Wait::Sleep {
+                        start,
+                        ran_out,
+                        slept: false,
+                        armed: false,
+                    };
+                }
+                Wait::Sleep { .. } => return self.poll_sleep(cx),
+            }
         }
-        // Read the clock only once we have to wait (the hit path stays clock-free).
+    }
+
+    /// After the first check missed: the clock is read (the hit path stays clock-free) and
+    /// the spin, if the mode spins and the registration does not hand off, begins.
+    fn begin_spin(&mut self) -> Wait {
         let start = Instant::now();
         if let Some((peer, next)) = self.auto_peer
             && start >= next
         {
             self.follow_peer_cpus(peer);
         }
-        // The spin that ran out (judged once the data comes, `judge`), zero if none did.
-        let mut ran_out = Duration::ZERO;
         let spin = match self.mode {
             Mode::Bpev => {
                 let backoff = self.inner.cfg.spin_backoff();
@@ -688,117 +791,122 @@ impl Registration {
             Mode::Event => Some((self.event_spin, false)),
             Mode::Bp | Mode::Bpts => None,
         };
-        // Handed off (the peer needs this CPU, or `Handoff::Always`): the doorbell wakes it.
-        if let Some((budget, backoff)) = spin
-            && !budget.is_zero()
-            && !self.hands_off()
-        {
-            // The first yield comes early: under load other tasks of this worker are
-            // usually runnable, and a spin must not delay them (BPEV's stops at the first
-            // yield that saw them progress; EVENT's only lets them run).
-            Counters::add(&self.inner.counters.spins, 1);
-            let mut next_yield = start + first_yield(self.tuner.rtt_estimate(), self.spin_yield);
-            let mut last = start;
-            loop {
-                for _ in 0..32 {
-                    if self.entry.source.ready() {
-                        Counters::add(&self.inner.counters.spin_hits, 1);
-                        // A late catch earns only after a short turn of this end's: else
-                        // the peer's wake-up was this end's doing (a caller that thinks a
-                        // millisecond), and spinning it out costs more CPU than the wake-up
-                        // it saved (`SpinTuner::settle`).
-                        self.judge(start, budget, true);
-                        return Ok(());
-                    }
-                    std::hint::spin_loop();
-                }
-                self.check_alive()?;
-                let now = Instant::now();
-                if backoff && SpinTuner::lost_core(now.duration_since(last)) {
-                    // Descheduled mid-spin: the wait was for the scheduler, not for data.
-                    Counters::add(&self.inner.counters.lost_core_spins, 1);
-                    self.tuner.preempted();
-                    break;
-                }
-                last = now;
-                if now.duration_since(start) >= budget {
-                    ran_out = budget;
-                    break;
-                }
-                if now >= next_yield {
-                    // Algorithm 2's working thread busy-polls all of its connections,
-                    // not one: wake the armed neighbours that have data (from the worker
-                    // thread a wake is a local enqueue, no syscall), so that a polling
-                    // thread sharing our core is not needed to notice them. (EVENT has no
-                    // polling threads to relieve.)
-                    if self.mode == Mode::Bpev {
-                        self.help();
-                    } else {
-                        // EVENT has no polling thread, so the writer's thread is often the
-                        // one the scheduler stacked on this core (wake-affine placement):
-                        // let it run now rather than after the whole budget.
-                        std::thread::yield_now();
-                    }
-                    let before = PROGRESS.get();
-                    tokio::task::yield_now().await;
-                    if self.mode == Mode::Bpev && PROGRESS.get() != before {
-                        // Other tasks on this worker had work while we spun: the worker
-                        // is busy, so stop spinning, arm, and let the polling threads
-                        // watch this connection (Algorithm 2 spins only while the
-                        // working thread has no event to handle). EVENT's spin is the
-                        // fixed budget its user asked for: nobody else would watch.
-                        // With spin back-off on, such a spin is a miss: a connection whose
-                        // worker is always busy (many clients on few cores) stops spinning
-                        // and arms at once, and its probes find out when the worker is free.
-                        if backoff {
-                            Counters::add(&self.inner.counters.busy_worker_spins, 1);
-                            self.tuner.spun(false);
-                        }
-                        break;
-                    }
-                    last = Instant::now();
-                    next_yield = last + self.spin_yield;
-                }
+        match spin {
+            // Handed off (the peer needs this CPU, or `Handoff::Always`): no spin.
+            Some((budget, backoff)) if !budget.is_zero() && !self.hands_off() => {
+                // The first yield comes early: under load other tasks of this worker are
+                // usually runnable, and a spin must not delay them (BPEV's stops at the
+                // first yield that saw them progress; EVENT's only lets them run).
+                Counters::add(&self.inner.counters.spins, 1);
+                Wait::Spin(Spin {
+                    start,
+                    budget,
+                    backoff,
+                    next_yield: start + first_yield(self.tuner.rtt_estimate(), self.spin_yield),
+                    last: start,
+                    yielded: None,
+                })
             }
+            _ => Wait::AfterSpin {
+                start,
+                ran_out: Duration::ZERO,
+                spun: spin.is_some(),
+            },
         }
-        if self.hands_off() && spin.is_some() && self.yield_to_peer().await {
-            Counters::add(&self.inner.counters.yield_hits, 1);
-            self.tuner.observe(start.elapsed());
-            return Ok(());
-        }
-        // About to sleep (the arm below rechecks, so what `before_sleep` lets the peer write
-        // is not missed).
-        if !before_sleep()? {
-            return Ok(());
+    }
+
+    /// The spin: `Some` ends the poll (the data came: `Ready`; a yield: `Pending`), `None`
+    /// moves on to [`Wait::AfterSpin`].
+    fn poll_spin(
+        &mut self,
+        cx: &mut Context<'_>,
+        mut spin: Spin,
+    ) -> Result<Option<Poll<Result<()>>>> {
+        let Spin {
+            start,
+            budget,
+            backoff,
+            ..
+        } = spin;
+        let after = |ran_out| Wait::AfterSpin {
+            start,
+            ran_out,
+            spun: true,
+        };
+        if let Some(before) = spin.yielded.take() {
+            // Back from a yield.
+            if self.mode == Mode::Bpev && PROGRESS.get() != before {
+                // Other tasks on this worker had work while we spun: the worker is busy, so
+                // stop spinning, arm, and let the polling threads watch this connection
+                // (Algorithm 2 spins only while the working thread has no event to handle).
+                // EVENT's spin is the fixed budget its user asked for: nobody else would
+                // watch. With spin back-off on, such a spin is a miss: a connection whose
+                // worker is always busy (many clients on few cores) stops spinning and arms
+                // at once, and its probes find out when the worker is free.
+                if backoff {
+                    Counters::add(&self.inner.counters.busy_worker_spins, 1);
+                    self.tuner.spun(false);
+                }
+                self.wait = after(Duration::ZERO);
+                return Ok(None);
+            }
+            spin.last = Instant::now();
+            spin.next_yield = spin.last + self.spin_yield;
         }
         loop {
-            if let Sleeper::Waker = self.sleeper {
-                self.sleep_waker().await?;
-                fault_wake_delay();
-            } else {
-                self.arm()?;
-                if let Check::Ready = self.check()? {
-                    self.disarm();
-                    self.judge(start, ran_out, false);
-                    return Ok(());
+            for _ in 0..32 {
+                if self.entry.source.ready() {
+                    Counters::add(&self.inner.counters.spin_hits, 1);
+                    // A late catch earns only after a short turn of this end's: else the
+                    // peer's wake-up was this end's doing (a caller that thinks a
+                    // millisecond), and spinning it out costs more CPU than the wake-up it
+                    // saved (`SpinTuner::settle`).
+                    self.judge(start, budget, true);
+                    return Ok(Some(Poll::Ready(Ok(()))));
                 }
-                Counters::add(&self.inner.counters.sleeps, 1);
-                self.sleep_fd().await?;
-                fault_wake_delay();
+                std::hint::spin_loop();
             }
-            if let Check::Ready = self.check()? {
-                Counters::add(&self.inner.counters.wakeups, 1);
-                self.judge(start, ran_out, false);
-                return Ok(());
+            self.check_alive()?;
+            let now = Instant::now();
+            if backoff && SpinTuner::lost_core(now.duration_since(spin.last)) {
+                // Descheduled mid-spin: the wait was for the scheduler, not for data.
+                Counters::add(&self.inner.counters.lost_core_spins, 1);
+                self.tuner.preempted();
+                self.wait = after(Duration::ZERO);
+                return Ok(None);
+            }
+            spin.last = now;
+            if now.duration_since(start) >= budget {
+                self.wait = after(budget);
+                return Ok(None);
+            }
+            if now >= spin.next_yield {
+                // Algorithm 2's working thread busy-polls all of its connections, not one:
+                // wake the armed neighbours that have data (from the worker thread a wake
+                // is a local enqueue, no syscall), so that a polling thread sharing our
+                // core is not needed to notice them. (EVENT has no polling threads to
+                // relieve.)
+                if self.mode == Mode::Bpev {
+                    self.help();
+                } else {
+                    // EVENT has no polling thread, so the writer's thread is often the one
+                    // the scheduler stacked on this core (wake-affine placement): let it
+                    // run now rather than after the whole budget.
+                    std::thread::yield_now();
+                }
+                spin.yielded = Some(PROGRESS.get());
+                self.wait = Wait::Spin(spin);
+                return Ok(Some(yield_now(cx)));
             }
         }
     }
 
     /// Handed off: before a sleep is announced, lets what shares this CPU run and says
-    /// whether the data came meanwhile. First the worker's other tasks, then the thread's
-    /// turn on the CPU (`sched_yield`: a peer woken for our last message, or finishing its
-    /// own turn, runs now and writes while we are not yet announced, so it rings no doorbell
-    /// and no wake-up is needed). With nothing else runnable both return at once.
+    /// whether the data came meanwhile (`Some(Ready)`; `Some(Pending)` for a yield; `None`
+    /// moves on to the sleep). First the worker's other tasks, then the thread's turn on the
+    /// CPU (`sched_yield`: a peer woken for our last message, or finishing its own turn, runs
+    /// now and writes while we are not yet announced, so it rings no doorbell and no wake-up
+    /// is needed). With nothing else runnable both return at once.
     ///
     /// The worker's tasks get up to [`HANDOFF_TICKS`] turns while this end has sent nothing
     /// since the last wait returned data: then whatever consumes that data is still on its
@@ -810,142 +918,300 @@ impl Registration {
     /// by a doorbell (`taskset -c 1 demo`: HTTP/2 p50 37 µs, now 26 µs; tonic-UDS 37 µs).
     /// Where the wait follows a send (the fast path's call writes its request itself), one
     /// turn.
-    async fn yield_to_peer(&self) -> bool {
-        for _ in 0..HANDOFF_TICKS {
-            tokio::task::yield_now().await;
+    fn poll_yield_to_peer(&mut self, cx: &mut Context<'_>) -> Result<Option<Poll<Result<()>>>> {
+        let Wait::Handoff {
+            start,
+            ran_out,
+            mut ticks,
+            yielded,
+        } = self.wait
+        else {
+            return Ok(None);
+        };
+        let hit = |me: &mut Self| {
+            Counters::add(&me.inner.counters.yield_hits, 1);
+            me.tuner.observe(start.elapsed());
+            Ok(Some(Poll::Ready(Ok(()))))
+        };
+        if yielded {
+            // Back from the worker's other tasks.
             if self.entry.source.ready() {
-                return true;
+                return hit(self);
             }
+            ticks += 1;
             let answered = self
                 .sends
                 .as_ref()
                 .is_none_or(|s| s.sends() != self.sends_at_ready);
-            if answered {
-                break;
+            if answered || ticks >= HANDOFF_TICKS {
+                std::thread::yield_now();
+                if self.entry.source.ready() {
+                    return hit(self);
+                }
+                self.wait = Wait::BeforeSleep { start, ran_out };
+                return Ok(None);
             }
         }
-        std::thread::yield_now();
-        self.entry.source.ready()
+        self.wait = Wait::Handoff {
+            start,
+            ran_out,
+            ticks,
+            yielded: true,
+        };
+        Ok(Some(yield_now(cx)))
+    }
+
+    /// The sleep, until a wake-up whose recheck finds the data (or an error).
+    fn poll_sleep(&mut self, cx: &mut Context<'_>) -> Poll<Result<()>> {
+        loop {
+            let Wait::Sleep {
+                start,
+                ran_out,
+                mut slept,
+                mut armed,
+            } = self.wait
+            else {
+                return Poll::Ready(Ok(()));
+            };
+            if let Sleeper::Waker = self.sleeper {
+                let r = self.poll_sleep_waker(cx, &mut slept);
+                self.wait = Wait::Sleep {
+                    start,
+                    ran_out,
+                    slept,
+                    armed,
+                };
+                std::task::ready!(r)?;
+                fault_wake_delay();
+                // The next sleep of this wait is a new one.
+                self.wait = Wait::Sleep {
+                    start,
+                    ran_out,
+                    slept: false,
+                    armed,
+                };
+            } else {
+                if !armed {
+                    self.arm()?;
+                    if let Check::Ready = self.check()? {
+                        self.disarm();
+                        self.judge(start, ran_out, false);
+                        return Poll::Ready(Ok(()));
+                    }
+                    Counters::add(&self.inner.counters.sleeps, 1);
+                    armed = true;
+                    self.wait = Wait::Sleep {
+                        start,
+                        ran_out,
+                        slept,
+                        armed,
+                    };
+                }
+                std::task::ready!(self.poll_sleep_fd(cx))?;
+                fault_wake_delay();
+                self.wait = Wait::Sleep {
+                    start,
+                    ran_out,
+                    slept,
+                    armed: false,
+                };
+            }
+            if let Check::Ready = self.check()? {
+                Counters::add(&self.inner.counters.wakeups, 1);
+                self.judge(start, ran_out, false);
+                return Poll::Ready(Ok(()));
+            }
+        }
     }
 
     /// BP / BPTS / BPEV: register waker, arm, recheck; Pending until the polling thread fires.
-    async fn sleep_waker(&mut self) -> Result<()> {
-        let mut slept = false;
-        let r = poll_fn(|cx| {
-            if let Some(live) = &self.live
-                && live.poll_read_ready(cx).is_ready()
-            {
-                return Poll::Ready(Err(Error::PeerGone));
-            }
-            if let Wake::Waker(w) = &self.entry.wake {
-                w.register(cx.waker());
-            }
-            if let Some(bell) = &self.bell_fd {
-                // The writer rang (or a stale ring of an earlier sleep): consume it and let
-                // the caller check; a stale one is consumed until nothing is pending, which
-                // clears the readiness, so the next poll registers our waker.
-                let src = &self.entry.source;
-                let ack = |_: &DupFd| match src.doorbell() {
-                    Some(n) => n.ack(),
-                    None => Ok(()),
-                };
-                loop {
-                    match poll_acked(bell, cx, "doorbell readiness", ack) {
-                        Poll::Pending => break,
-                        Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
-                        Poll::Ready(Ok(Ok(()))) => {
-                            // A ring spends the announced sleep, even one that found no data
-                            // (a tail stored before the announce whose writer read the sleep
-                            // word after it): the writer rings once per announce, so the
-                            // next sleep must announce afresh or no ring will come.
-                            self.entry.announced.store(false, Ordering::SeqCst);
-                            if slept {
-                                Counters::add(&self.inner.counters.bell_wakes, 1);
-                                self.entry.armed.store(false, Ordering::Relaxed);
-                                return Poll::Ready(Ok(()));
-                            }
-                        }
-                        Poll::Ready(Ok(Err(e))) => {
-                            return Poll::Ready(Err(Error::Io {
-                                op: "doorbell ack",
-                                source: e,
-                            }));
-                        }
-                    }
-                }
-            }
-            if slept && !self.entry.armed.load(Ordering::Acquire) {
-                // Fired (or shut down): let the caller check.
-                if let Some(d) = self.entry.take_wake_latency() {
-                    Counters::add(&self.inner.counters.timed_wakes, 1);
-                    let ns = u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
-                    Counters::add(&self.inner.counters.wake_latency_ns, ns);
-                    self.wake_latency.record(d.as_secs_f64());
-                }
-                return Poll::Ready(Ok(()));
-            }
-            if self.entry.source.ready() {
-                self.entry.armed.store(false, Ordering::Relaxed);
-                return Poll::Ready(Ok(()));
-            }
-            self.entry.armed.store(true, Ordering::SeqCst);
-            fence(Ordering::SeqCst);
-            if let Some(s) = &self.entry.shard
-                && !self.covered_by_doorbell(s)
-            {
-                s.kick();
-            }
-            if self.entry.source.ready() || self.inner.shutdown.load(Ordering::SeqCst) {
-                self.entry.armed.store(false, Ordering::Relaxed);
-                return Poll::Ready(Ok(()));
-            }
-            if !slept {
-                slept = true;
-                Counters::add(&self.inner.counters.sleeps, 1);
-            }
-            Poll::Pending
-        })
-        .await;
-        if let Err(Error::PeerGone) = r {
+    /// `slept`: this sleep registered and armed already (a poll after that is a wake-up).
+    fn poll_sleep_waker(&mut self, cx: &mut Context<'_>, slept: &mut bool) -> Poll<Result<()>> {
+        let r = self.poll_sleep_waker_inner(cx, slept);
+        if let Poll::Ready(Err(Error::PeerGone)) = r {
             self.mark_closed();
         }
         r
     }
 
-    /// EVENT: sleep until the eventfd (or notifier fd) is readable, then drain it.
-    async fn sleep_fd(&mut self) -> Result<()> {
-        let r = poll_fn(|cx| {
-            if let Some(live) = &self.live
-                && live.poll_read_ready(cx).is_ready()
-            {
-                return Poll::Ready(Err(Error::PeerGone));
-            }
-            // Drained (or the ack failed for a reason other than WouldBlock, which the
-            // recheck will surface): the caller checks the source.
-            let drained = match &self.sleeper {
-                Sleeper::EventFd(afd) => {
-                    poll_acked(afd, cx, "eventfd readiness", |h| match h.drain() {
-                        Ok(0) => Err(std::io::ErrorKind::WouldBlock.into()),
-                        Ok(_) => Ok(()),
-                        Err(e) => Err(e.into()),
-                    })
-                }
-                Sleeper::Notifier(afd) => {
-                    let src = &self.entry.source;
-                    poll_acked(afd, cx, "notifier readiness", |_| match src.notifier() {
-                        Some(n) => n.ack(),
-                        None => Ok(()),
-                    })
-                }
-                Sleeper::Waker => return Poll::Ready(Ok(())),
+    fn poll_sleep_waker_inner(
+        &mut self,
+        cx: &mut Context<'_>,
+        slept: &mut bool,
+    ) -> Poll<Result<()>> {
+        if let Some(live) = &self.live
+            && live.poll_read_ready(cx).is_ready()
+        {
+            return Poll::Ready(Err(Error::PeerGone));
+        }
+        if let Wake::Waker(w) = &self.entry.wake {
+            w.register(cx.waker());
+        }
+        if let Some(bell) = &self.bell_fd {
+            // The writer rang (or a stale ring of an earlier sleep): consume it and let the
+            // caller check; a stale one is consumed until nothing is pending, which clears
+            // the readiness, so the next poll registers our waker.
+            let src = &self.entry.source;
+            let ack = |_: &DupFd| match src.doorbell() {
+                Some(n) => n.ack(),
+                None => Ok(()),
             };
-            drained.map_ok(|_| ())
-        })
-        .await;
-        if let Err(Error::PeerGone) = r {
+            loop {
+                match poll_acked(bell, cx, "doorbell readiness", ack) {
+                    Poll::Pending => break,
+                    Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+                    Poll::Ready(Ok(Ok(()))) => {
+                        // A ring spends the announced sleep, even one that found no data (a
+                        // tail stored before the announce whose writer read the sleep word
+                        // after it): the writer rings once per announce, so the next sleep
+                        // must announce afresh or no ring will come.
+                        self.entry.announced.store(false, Ordering::SeqCst);
+                        if *slept {
+                            Counters::add(&self.inner.counters.bell_wakes, 1);
+                            self.entry.armed.store(false, Ordering::Relaxed);
+                            return Poll::Ready(Ok(()));
+                        }
+                    }
+                    Poll::Ready(Ok(Err(e))) => {
+                        return Poll::Ready(Err(Error::Io {
+                            op: "doorbell ack",
+                            source: e,
+                        }));
+                    }
+                }
+            }
+        }
+        if *slept && !self.entry.armed.load(Ordering::Acquire) {
+            // Fired (or shut down): let the caller check.
+            if let Some(d) = self.entry.take_wake_latency() {
+                Counters::add(&self.inner.counters.timed_wakes, 1);
+                let ns = u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
+                Counters::add(&self.inner.counters.wake_latency_ns, ns);
+                self.wake_latency.record(d.as_secs_f64());
+            }
+            return Poll::Ready(Ok(()));
+        }
+        if self.entry.source.ready() {
+            self.entry.armed.store(false, Ordering::Relaxed);
+            return Poll::Ready(Ok(()));
+        }
+        self.entry.armed.store(true, Ordering::SeqCst);
+        fence(Ordering::SeqCst);
+        if let Some(s) = &self.entry.shard
+            && !self.covered_by_doorbell(s)
+        {
+            s.kick();
+        }
+        if self.entry.source.ready() || self.inner.shutdown.load(Ordering::SeqCst) {
+            self.entry.armed.store(false, Ordering::Relaxed);
+            return Poll::Ready(Ok(()));
+        }
+        if !*slept {
+            *slept = true;
+            Counters::add(&self.inner.counters.sleeps, 1);
+        }
+        Poll::Pending
+    }
+
+    /// EVENT: sleep until the eventfd (or notifier fd) is readable, then drain it.
+    fn poll_sleep_fd(&mut self, cx: &mut Context<'_>) -> Poll<Result<()>> {
+        let r = self.poll_sleep_fd_inner(cx);
+        if let Poll::Ready(Err(Error::PeerGone)) = r {
             self.mark_closed();
         }
         r
+    }
+
+    fn poll_sleep_fd_inner(&self, cx: &mut Context<'_>) -> Poll<Result<()>> {
+        if let Some(live) = &self.live
+            && live.poll_read_ready(cx).is_ready()
+        {
+            return Poll::Ready(Err(Error::PeerGone));
+        }
+        // Drained (or the ack failed for a reason other than WouldBlock, which the recheck
+        // will surface): the caller checks the source.
+        let drained = match &self.sleeper {
+            Sleeper::EventFd(afd) => {
+                poll_acked(afd, cx, "eventfd readiness", |h| match h.drain() {
+                    Ok(0) => Err(std::io::ErrorKind::WouldBlock.into()),
+                    Ok(_) => Ok(()),
+                    Err(e) => Err(e.into()),
+                })
+            }
+            Sleeper::Notifier(afd) => {
+                let src = &self.entry.source;
+                poll_acked(afd, cx, "notifier readiness", |_| match src.notifier() {
+                    Some(n) => n.ack(),
+                    None => Ok(()),
+                })
+            }
+            Sleeper::Waker => return Poll::Ready(Ok(())),
+        };
+        drained.map_ok(|_| ())
+    }
+}
+
+/// Where a [`Registration`]'s wait is between two polls ([`Registration::poll_ready_with`]).
+#[derive(Debug, Clone, Copy, Default)]
+pub(super) enum Wait {
+    /// No wait in progress: the next poll begins one.
+    #[default]
+    Idle,
+    /// Spinning (BPEV, EVENT with a spin).
+    Spin(Spin),
+    /// The spin ended (`ran_out`: the spin that ran out, judged once the data comes; zero if
+    /// none did), or the mode does not spin (`spun` false).
+    AfterSpin {
+        start: Instant,
+        ran_out: Duration,
+        spun: bool,
+    },
+    /// Handed off: yielding to what shares this CPU ([`HANDOFF_TICKS`] at most).
+    Handoff {
+        start: Instant,
+        ran_out: Duration,
+        ticks: usize,
+        yielded: bool,
+    },
+    /// `before_sleep` is next.
+    BeforeSleep { start: Instant, ran_out: Duration },
+    /// Asleep (`slept`: the waker's sleep registered and armed; `armed`: the fd sleep's arm
+    /// ran).
+    Sleep {
+        start: Instant,
+        ran_out: Duration,
+        slept: bool,
+        armed: bool,
+    },
+}
+
+/// A spin in progress.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Spin {
+    start: Instant,
+    budget: Duration,
+    backoff: bool,
+    next_yield: Instant,
+    last: Instant,
+    /// Yielded to the worker's other tasks, with [`PROGRESS`] as it was before.
+    yielded: Option<u64>,
+}
+
+/// One yield to the worker's other tasks, as `tokio::task::yield_now` (its wake-up is
+/// deferred until the scheduler looked at its I/O driver): always `Pending`.
+pub(crate) fn yield_now<T>(cx: &mut Context<'_>) -> Poll<T> {
+    let mut y = std::pin::pin!(tokio::task::yield_now());
+    // Its first poll schedules the wake-up and is pending; dropped then, it is done with.
+    let _ = y.as_mut().poll(cx);
+    Poll::Pending
+}
+
+/// [`Registration::wait_ready_with`]'s future, dropped: the wait goes with it.
+struct Abandon<'a>(&'a mut Registration);
+
+impl Drop for Abandon<'_> {
+    fn drop(&mut self) {
+        self.0.abandon_wait();
     }
 }
 

@@ -8,6 +8,7 @@
 
 use std::os::fd::{AsFd, AsRawFd};
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use rrpc_core::conn::{Connection, HandshakeConfig, Listener, Offer, Pending, connect};
@@ -91,37 +92,36 @@ impl MsgRx for RingsRx {
         }))
     }
 
-    fn recv_with<'a>(
-        &'a mut self,
-        f: &'a mut (dyn FnMut(&[u8]) + Send),
-    ) -> BoxFut<'a, Result<bool, Error>> {
-        Box::pin(async move {
-            let got = match self.rx.recv().await {
-                Ok(msg) => {
-                    f(&msg);
-                    true
+    fn poll_recv_with(
+        &mut self,
+        cx: &mut Context<'_>,
+        f: &mut dyn FnMut(&[u8]),
+    ) -> Poll<Result<bool, Error>> {
+        let got = match std::task::ready!(self.rx.poll_recv(cx)) {
+            Ok(msg) => {
+                f(&msg);
+                true
+            }
+            Err(e) if e.is_peer_gone() => match gone_cause(&self._conn) {
+                Some(e) => return Poll::Ready(Err(e.into())),
+                None => {
+                    tracing::debug!(
+                        failure = ?self._conn.qp().failure(),
+                        "rrpc: ring connection ended"
+                    );
+                    false
                 }
-                Err(e) if e.is_peer_gone() => match gone_cause(&self._conn) {
-                    Some(e) => return Err(e.into()),
-                    None => {
-                        tracing::debug!(
-                            failure = ?self._conn.qp().failure(),
-                            "rrpc: ring connection ended"
-                        );
-                        false
-                    }
-                },
-                Err(e) => return Err(e.into()),
-            };
-            // No head push here: RB²'s lazy push (every `gamma` messages, or
-            // once `flush_slots` slots were read, as the message is released)
-            // and the push of a receiver going idle (`AsyncReceiver::recv`,
-            // before it waits) keep a sender that found the ring full going.
-            // A push after every message cost a WRITE per message on the
-            // reply's critical path (~700 instructions on shm, and a cache
-            // line the peer's sender then reads).
-            Ok(got)
-        })
+            },
+            Err(e) => return Poll::Ready(Err(e.into())),
+        };
+        // No head push here: RB²'s lazy push (every `gamma` messages, or
+        // once `flush_slots` slots were read, as the message is released)
+        // and the push of a receiver going idle (`AsyncReceiver::poll_recv`,
+        // before it sleeps) keep a sender that found the ring full going.
+        // A push after every message cost a WRITE per message on the
+        // reply's critical path (~700 instructions on shm, and a cache
+        // line the peer's sender then reads).
+        Poll::Ready(Ok(got))
     }
 }
 

@@ -1,7 +1,7 @@
 //! Fast-path server: dispatches frames to the router's `tower::Service`.
 
 use std::collections::HashMap;
-use std::future::Future;
+use std::future::{Future, poll_fn};
 use std::ops::ControlFlow;
 use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
@@ -137,7 +137,10 @@ where
                 // First: a message that is there already is read without
                 // polling the other branches (two cancellation futures and a
                 // channel: ~1 000 instructions a message, under callgrind).
-                r = rx.recv_with(&mut sink) => Wake::Received(r),
+                // Polled in place: no future per message; a wait another
+                // branch interrupts resumes in the receiver at the next
+                // turn.
+                r = poll_fn(|cx| rx.poll_recv_with(cx, &mut sink)) => Wake::Received(r),
                 Some(note) = conn.notes.recv() => Wake::Note(note),
                 () = &mut failed => Wake::Failed,
                 // Disabled once draining: the completed future is never polled again.
@@ -449,11 +452,21 @@ where
                     send_credit,
                     deadline,
                 } => {
+                    let (mut head, mut chunks) = (Some(head), Some(chunks));
                     if fatal.is_none() && grant_bad.is_none() {
-                        let body = self.request_body(key, chunks, end);
-                        let req = build_request(head, body.0);
-                        self.start(key, req, body.1, send_credit, deadline.is_some())
-                            .await;
+                        // Synchronous, in one poll: the request and the
+                        // call's future are built on the stack, not moved
+                        // through this future's state.
+                        let timed = deadline.is_some();
+                        poll_fn(|cx| {
+                            if let (Some(head), Some(chunks)) = (head.take(), chunks.take()) {
+                                let (body, body_tx) = self.request_body(key, chunks, end);
+                                let req = build_request(head, body);
+                                self.start(cx, key, req, body_tx, send_credit, timed);
+                            }
+                            Poll::Ready(())
+                        })
+                        .await;
                     }
                 }
             }
@@ -494,11 +507,12 @@ where
     }
 
     /// Starts an admitted call: its first poll runs here, in the reader
-    /// task (a unary handler usually finishes there, and its response is
-    /// written without a task hop); a call still pending after it goes on
-    /// in a task of its own.
-    async fn start(
+    /// task, with the reader's `cx` (a unary handler usually finishes
+    /// there, and its response is written without a task hop); a call
+    /// still pending after it goes on in a task of its own.
+    fn start(
         &mut self,
+        cx: &mut std::task::Context<'_>,
         key: CallKey,
         req: http::Request<Body>,
         body: Option<mpsc::UnboundedSender<Event>>,
@@ -534,9 +548,7 @@ where
         )));
         // The reader's own waker is lent for this one poll (a wake-up aimed
         // at it only makes the reader look at its ring again).
-        let first =
-            std::future::poll_fn(|cx| Poll::Ready(fut.as_mut().as_pin_mut().map(|f| f.poll(cx))))
-                .await;
+        let first = fut.as_mut().as_pin_mut().map(|f| f.poll(cx));
         if first.is_none_or(|p| p.is_ready()) {
             fut.set(None);
             self.spare = Some(fut);

@@ -269,9 +269,11 @@ mod tests {
     fn next_len(rx: &mut Box<dyn MsgRx>) -> usize {
         let mut len = 0;
         let mut f = |m: &[u8]| len = m.len();
-        let mut recv = rx.recv_with(&mut f);
-        assert!(matches!(poll(recv.as_mut()), Poll::Ready(Ok(true))));
-        drop(recv);
+        let mut cx = Context::from_waker(Waker::noop());
+        assert!(matches!(
+            rx.poll_recv_with(&mut cx, &mut f),
+            Poll::Ready(Ok(true))
+        ));
         len
     }
 

@@ -15,6 +15,8 @@
 //!   `Link::max_message` is the ring's less the tag, and a message
 //!   over it is [`Error::MessageTooLarge`], as an oversized one is.
 
+use std::task::{Context, Poll};
+
 use super::{OpenError, Opener, RingCipher, RingSecrets, Role};
 use crate::Error;
 use crate::conn::{BoxFut, MsgRx, Pipe};
@@ -46,34 +48,33 @@ struct SealedRx {
 }
 
 impl MsgRx for SealedRx {
-    fn recv_with<'a>(
-        &'a mut self,
-        f: &'a mut (dyn FnMut(&[u8]) + Send),
-    ) -> BoxFut<'a, Result<bool, Error>> {
-        Box::pin(async move {
-            let SealedRx {
-                inner,
-                opener,
-                scratch,
-            } = self;
-            let mut refused: Option<OpenError> = None;
-            let mut open = |m: &[u8]| {
-                // Copied out first: the peer can write the ring while we
-                // read it; only the copy is authenticated and handed on.
-                scratch.clear();
-                scratch.extend_from_slice(m);
-                match opener.open(scratch) {
-                    Ok(plain) => f(plain),
-                    Err(e) => refused = Some(e),
-                }
-            };
-            let got = inner.recv_with(&mut open).await?;
-            if let Some(e) = refused {
-                tracing::warn!(error = %e, "rrpc: a sealed ring message was refused; failing the connection");
-                return Err(Error::RingTampered(e));
+    fn poll_recv_with(
+        &mut self,
+        cx: &mut Context<'_>,
+        f: &mut dyn FnMut(&[u8]),
+    ) -> Poll<Result<bool, Error>> {
+        let SealedRx {
+            inner,
+            opener,
+            scratch,
+        } = self;
+        let mut refused: Option<OpenError> = None;
+        let mut open = |m: &[u8]| {
+            // Copied out first: the peer can write the ring while we
+            // read it; only the copy is authenticated and handed on.
+            scratch.clear();
+            scratch.extend_from_slice(m);
+            match opener.open(scratch) {
+                Ok(plain) => f(plain),
+                Err(e) => refused = Some(e),
             }
-            Ok(got)
-        })
+        };
+        let got = std::task::ready!(inner.poll_recv_with(cx, &mut open))?;
+        if let Some(e) = refused {
+            tracing::warn!(error = %e, "rrpc: a sealed ring message was refused; failing the connection");
+            return Poll::Ready(Err(Error::RingTampered(e)));
+        }
+        Poll::Ready(Ok(got))
     }
     fn carrier(&self) -> Option<rrpc_core::QpCarrier> {
         self.inner.carrier()

@@ -5,8 +5,9 @@
 //! event is for, windows, admission, which deadlines passed, whether a call
 //! the caller let go of must be cancelled) is the state machine's
 //! ([`proto::Client`]); this file moves bytes and wakes tasks. Nothing
-//! awaits, and no future is polled, while the lock is held (the receive
-//! future is taken out of the table to be polled, and put back).
+//! awaits, and nothing is polled, while the lock is held (the receiver is
+//! taken out of the table to be polled in place, and put back: no future
+//! per message).
 
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -15,7 +16,7 @@ use std::task::{Context, Poll, Waker};
 use std::time::Instant;
 
 use crate::Error;
-use crate::conn::{BoxFut, MsgRx};
+use crate::conn::MsgRx;
 use crate::fast::Event;
 use crate::fast::flow::CallFlow;
 use crate::fast::proto::client as proto;
@@ -63,9 +64,9 @@ pub(super) struct Table {
     /// The call table and the connection's protocol state: call ids,
     /// events, receive windows, deadlines, GOAWAY, why it closed.
     pub(super) conn: proto::Client<Slot, oneshot::Sender<Turn>>,
-    /// The receive side: the receiver, or the receive in flight.
+    /// The receive side.
     pub(super) rx: RxState,
-    /// The call whose waker the pending receive future holds.
+    /// The call whose waker the receiver's wait in progress holds.
     pub(super) driver: Option<u32>,
     /// Request senders waiting for window: the WINDOW_UPDATE they need
     /// must be received even when no call waits for its response.
@@ -114,7 +115,7 @@ impl Table {
     /// Whether the receive side is gone (the connection ended) and nobody
     /// is polling it.
     fn rx_gone(&self) -> bool {
-        self.rx.rx.is_none() && self.rx.fut.is_none() && !self.rx.polling
+        self.rx.rx.is_none() && !self.rx.polling
     }
 
     /// Whether a call other than `id` waits for an event.
@@ -122,8 +123,8 @@ impl Table {
         self.conn.calls().any(|(k, s)| k != id && s.waker.is_some())
     }
 
-    /// Call `id` stops waiting. If it was the one whose waker the pending
-    /// receive holds (or nobody's is), make sure somebody keeps receiving
+    /// Call `id` stops waiting. If it was the one whose waker the
+    /// receiver's wait holds (or nobody's is), make sure somebody keeps receiving
     /// while other calls wait: the fallback reader takes over.
     pub(super) fn handoff(&mut self, id: u32) {
         if self.driver.is_some() && self.driver != Some(id) {
@@ -140,29 +141,19 @@ impl Table {
     }
 }
 
-/// What one receive produced: the receiver back, its result, the decoded
-/// events, a GOAWAY seen, a protocol violation.
-pub(super) type RecvOut = (
-    Box<dyn MsgRx>,
-    Result<bool, Error>,
-    Vec<(u32, Event)>,
-    bool,
-    Option<FrameError>,
-);
-
 /// The most events whose buffer [`RxState`] keeps between receives.
 const KEPT_EVENTS: usize = 64;
 
 #[derive(Default)]
 pub(super) struct RxState {
-    /// The receiver while no receive is in flight (`None` once the connection ended).
+    /// The receiver (`None` while a call polls it, and once the
+    /// connection ended). A wait it began stays in it between polls
+    /// (`MsgRx::poll_recv_with`): whichever call polls next resumes it.
     pub(super) rx: Option<Box<dyn MsgRx>>,
-    /// The receive in flight, polled by whichever call drives.
-    pub(super) fut: Option<BoxFut<'static, RecvOut>>,
-    /// A call took the receive out of the table to poll it (outside the
+    /// A call took the receiver out of the table to poll it (outside the
     /// lock); it dispatches what arrives and puts it back.
     pub(super) polling: bool,
-    /// The connection ended while the receive was out: whoever polls it
+    /// The connection ended while the receiver was out: whoever polls it
     /// drops it instead of putting it back.
     pub(super) dead: bool,
     /// The event buffer between receives (empty; kept for its allocation).
@@ -173,7 +164,6 @@ impl std::fmt::Debug for RxState {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RxState")
             .field("idle", &self.rx.is_some())
-            .field("in_flight", &self.fut.is_some())
             .field("polling", &self.polling)
             .field("dead", &self.dead)
             .finish_non_exhaustive()
@@ -191,22 +181,6 @@ pub(super) struct Shared {
     /// said GOAWAY, or the side channel saw the peer leave. Calls in
     /// flight go on (their data may still be in the ring).
     pub(super) retired: AtomicBool,
-}
-
-/// One receive: the message's events go to `events` (empty; reused from
-/// receive to receive, so that a message costs no allocation of its own).
-pub(super) fn receive(
-    mut rx: Box<dyn MsgRx>,
-    mut events: Vec<(u32, Event)>,
-) -> BoxFut<'static, RecvOut> {
-    Box::pin(async move {
-        let mut goaway = false;
-        let mut bad = None;
-        let r = rx
-            .recv_with(&mut |msg: &[u8]| proto::decode(msg, &mut events, &mut goaway, &mut bad))
-            .await;
-        (rx, r, events, goaway, bad)
-    })
 }
 
 impl Shared {
@@ -334,19 +308,19 @@ impl Shared {
             w.wake();
         }
         t.rx.dead = true;
-        (t.rx.rx.take(), t.rx.fut.take())
+        t.rx.rx.take()
     }
 
     /// Next event of call `id` (`None`: the call is gone).
     ///
     /// Leader/follower: there is no reader task in the common case. A call
     /// waiting for its event first looks at its slot; if it is empty and no
-    /// other call is receiving right now, it polls the connection's receive
-    /// future itself (spinning/sleeping per the poller's mode), dispatches
+    /// other call is receiving right now, it polls the connection's receiver
+    /// itself, in place (spinning/sleeping per the poller's mode), dispatches
     /// whatever arrives to the calls' slots, waking their tasks, and returns
     /// as soon as its own event is there. So a unary call's response goes
     /// from the ring to the waiting caller with no task hop. When the call
-    /// whose waker the receive holds stops waiting while others still
+    /// whose waker the receiver's wait holds stops waiting while others still
     /// wait, the fallback reader task takes over ([`Table::handoff`]).
     ///
     /// A DATA event taken out is read by the application: `update` is set
@@ -388,14 +362,7 @@ impl Shared {
                 // Another call is receiving; it dispatches to us and wakes us.
                 return Poll::Pending;
             }
-            let fut = match t.rx.fut.take() {
-                Some(f) => Some(f),
-                None => {
-                    let events = std::mem::take(&mut t.rx.events);
-                    t.rx.rx.take().map(|rx| receive(rx, events))
-                }
-            };
-            let Some(mut fut) = fut else {
+            let Some(mut rx) = t.rx.rx.take() else {
                 // The connection ended; `close` queued a Reset for every call.
                 if id != FALLBACK && t.conn.call_mut(id).is_some_and(|c| c.has_events()) {
                     continue;
@@ -403,26 +370,30 @@ impl Shared {
                 t.handoff(id);
                 return Poll::Ready(None);
             };
+            let mut events = std::mem::take(&mut t.rx.events);
             t.rx.polling = true;
             drop(t);
-            let polled = fut.as_mut().poll(cx);
+            let (mut goaway, mut bad) = (false, None);
+            let polled = rx.poll_recv_with(cx, &mut |msg: &[u8]| {
+                proto::decode(msg, &mut events, &mut goaway, &mut bad)
+            });
             let mut t = lock(&self.table);
             t.rx.polling = false;
             if t.rx.dead {
-                // Closed while we polled: the receive goes (outside the lock).
+                // Closed while we polled: the receiver goes (outside the lock).
                 drop(t);
-                drop(polled);
-                drop(fut);
+                drop(rx);
                 continue;
             }
             match polled {
                 Poll::Pending => {
-                    t.rx.fut = Some(fut);
+                    // Nothing was received: the buffer is still empty.
+                    t.rx.events = events;
+                    t.rx.rx = Some(rx);
                     t.driver = Some(id);
                     return Poll::Pending;
                 }
-                Poll::Ready((rx, r, events, goaway, bad)) => {
-                    drop(fut);
+                Poll::Ready(r) => {
                     let gone = self.dispatch(&mut t, rx, r, events, goaway, bad);
                     drop(t);
                     drop(gone);
@@ -459,7 +430,7 @@ impl Shared {
         match t.conn.handle_receive(r.as_ref().map(|b| *b), bad) {
             None => {
                 t.rx.rx = Some(rx);
-                ((None, None), None)
+                (None, None)
             }
             // Dropping the receiver closes the connection.
             Some(reason) => (self.close(t, reason), Some(rx)),
@@ -497,7 +468,7 @@ impl Shared {
     pub(super) fn fail(&self, e: &Error) {
         let mut t = lock(&self.table);
         let gone = if t.rx.dead {
-            (None, None)
+            None
         } else {
             // After a GOAWAY too: the connection is gone now.
             self.close(&mut t, (e.code(), format!("rrpc: {e}")))
@@ -509,7 +480,7 @@ impl Shared {
 
 /// The receive side of a connection that ended, to be dropped once the
 /// lock is released.
-pub(super) type RxDrop = (Option<Box<dyn MsgRx>>, Option<BoxFut<'static, RecvOut>>);
+pub(super) type RxDrop = Option<Box<dyn MsgRx>>;
 
 /// Registered while a request sender waits for window ([`Shared::credit_wait`]).
 pub(super) struct CreditWait(Arc<Shared>);
