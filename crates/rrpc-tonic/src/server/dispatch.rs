@@ -21,6 +21,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use axum::response::IntoResponse;
+use futures_util::TryFutureExt;
 use tonic::body::Body;
 use tonic::server::NamedService;
 use tonic::service::Routes;
@@ -98,11 +99,23 @@ impl Services {
         if let Some(table) = &mut self.table {
             let by_name = svc.clone();
             let call = move |req: http::Request<Body>| -> CallFuture {
-                let svc = by_name.clone();
-                Box::pin(async move {
-                    let res = svc.oneshot(req).await?;
-                    Ok(res.into_response())
-                })
+                let mut svc = by_name.clone();
+                // A service that is ready at once (tonic's generated ones
+                // always are) is called here: the future boxed is its own,
+                // not one that also holds the request and the service
+                // (moved whole into the box and as it runs). One that is
+                // not gets a real waker from `oneshot`, which asks again.
+                let mut cx = Context::from_waker(std::task::Waker::noop());
+                match svc.poll_ready(&mut cx) {
+                    Poll::Ready(Ok(())) => {
+                        Box::pin(svc.call(req).map_ok(IntoResponse::into_response))
+                    }
+                    Poll::Ready(Err(e)) => match e {},
+                    Poll::Pending => Box::pin(async move {
+                        let res = svc.oneshot(req).await?;
+                        Ok(res.into_response())
+                    }),
+                }
             };
             table.push(Entry {
                 prefix: format!("/{}/", S::NAME),
