@@ -628,13 +628,14 @@ fn response(
     slot: SlotRef,
     mut guard: CallGuard,
 ) -> Result<http::Response<Body>, BoxError> {
-    let builder = http::Response::builder().version(http::Version::HTTP_2);
-    let head = |status: http::StatusCode, headers: http::HeaderMap| {
-        let mut b = builder.status(status);
-        if let Some(hm) = b.headers_mut() {
-            *hm = headers;
-        }
-        b
+    // Made in place, not through `http::response::Builder` (whose
+    // `Result`-wrapped parts are moved at each step).
+    let head = |status: http::StatusCode, headers: http::HeaderMap, body: Body| {
+        let mut res = http::Response::new(body);
+        *res.status_mut() = status;
+        *res.version_mut() = http::Version::HTTP_2;
+        *res.headers_mut() = headers;
+        Ok(res)
     };
     match first {
         Some(Event::Headers {
@@ -644,7 +645,7 @@ fn response(
         }) => {
             if end {
                 guard.finished();
-                return Ok(head(status, headers).body(Body::empty())?);
+                return head(status, headers, Body::empty());
             }
             let credit = Credit::client(guard.inner.writer.clone(), slot.id);
             let body = RecvBody::response(
@@ -654,12 +655,12 @@ fn response(
                 },
                 credit,
             );
-            Ok(head(status, headers).body(Body::new(body))?)
+            head(status, headers, Body::new(body))
         }
         Some(Event::Trailers(t)) => {
             // Trailers-only response made by rrpc itself (a refusal).
             guard.finished();
-            Ok(head(http::StatusCode::OK, t).body(Body::empty())?)
+            head(http::StatusCode::OK, t, Body::empty())
         }
         Some(Event::Reset(s)) => {
             guard.finished();
@@ -963,7 +964,10 @@ mod tests {
             .await
             .expect("completes")
             .expect("task");
-        assert!(r.is_ok(), "the next call was served: {:?}", r.err());
+        let res = r.expect("the next call was answered");
+        // Not refused (a refusal is a trailers-only response).
+        let status = res.headers().get("grpc-status");
+        assert!(status.is_none_or(|s| s == "0"), "refused: {status:?}");
         assert_eq!(places(), 0, "all given back");
     }
 
