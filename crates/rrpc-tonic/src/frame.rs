@@ -495,7 +495,11 @@ mod decode {
     pub(super) fn recent_block(input: &[u8], room: bool) -> Option<(http::HeaderMap, usize)> {
         BLOCK_CACHE.with(|c| {
             let c = c.borrow();
-            let (raw, map) = c.held.iter().flatten().find(|(raw, _)| input.starts_with(raw))?;
+            let (raw, map) = c
+                .held
+                .iter()
+                .flatten()
+                .find(|(raw, _)| input.starts_with(raw))?;
             if !room {
                 return Some((map.clone(), raw.len()));
             }

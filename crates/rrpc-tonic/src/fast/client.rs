@@ -1,4 +1,12 @@
 //! Fast-path client: a `GrpcService<Body>` multiplexing calls over one pipe.
+//!
+//! A call's request is written when tonic calls the channel
+//! (`Service::call`), not when its future is first polled: when a place is
+//! free, the body is ready and the ring has room (every unary call, as a
+//! rule), the future returned only waits for the response's head (a
+//! `Reply`, a few words: boxed once, moved cheaply). Dropped, even
+//! unpolled, it cancels the call. A call that must wait (for a place, for
+//! room in the ring, for its body) does the rest in a future of its own.
 
 use std::future::poll_fn;
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -179,7 +179,9 @@ impl Services {
                         // Taken above only when it was one.
                         let Some(fut) = fut else {
                             let st = tonic::Status::internal("rrpc: dispatch");
-                            return CallFuture::Tonic(Box::pin(std::future::ready(Ok(st.into_http()))));
+                            return CallFuture::Tonic(Box::pin(std::future::ready(Ok(
+                                st.into_http()
+                            ))));
                         };
                         CallFuture::Axum(Box::pin(fut.map_ok(IntoResponse::into_response)))
                     }
@@ -364,7 +366,10 @@ mod tests {
         assert_eq!(r.headers()["who"], "generated");
         assert!(matches!(r.body(), AnyBody::Tonic(_)), "body boxed again");
         // Any other service's answer is an axum response, as before.
-        let mut d = Services::default().add(Named("direct")).direct().expect("a table");
+        let mut d = Services::default()
+            .add(Named("direct"))
+            .direct()
+            .expect("a table");
         let fut = d.call(request("/test.Svc/Call"));
         assert!(matches!(fut, CallFuture::Axum(_)));
         assert_eq!(fut.await.expect("infallible").headers()["who"], "direct");

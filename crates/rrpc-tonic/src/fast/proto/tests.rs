@@ -1286,7 +1286,10 @@ fn grpc_timeout_is_found_among_few_headers_and_many() {
         }
         assert_eq!(parse_grpc_timeout(&h), None, "{others} others");
         h.insert("grpc-timeout", http::HeaderValue::from_static("25m"));
-        h.insert("content-type", http::HeaderValue::from_static("application/grpc"));
+        h.insert(
+            "content-type",
+            http::HeaderValue::from_static("application/grpc"),
+        );
         assert_eq!(
             parse_grpc_timeout(&h),
             Some(Duration::from_millis(25)),
