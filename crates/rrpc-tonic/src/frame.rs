@@ -487,7 +487,7 @@ mod decode {
     /// bytes holds exactly that block, which decodes to the same map: the
     /// one decoded (and validated) when it was remembered.
     ///
-    /// `room`: the copy has room for [`super::SPARE`] more entries.
+    /// `room`: the copy has room for [`crate::frame::SPARE`] more entries.
     /// `HeaderMap::clone` copies the vector of entries at its length, so
     /// the first entry added to a clone (a response's trailers, merged into
     /// its headers) reallocates it; a map built entry by entry from the
@@ -503,7 +503,7 @@ mod decode {
             if !room {
                 return Some((map.clone(), raw.len()));
             }
-            let mut copy = http::HeaderMap::with_capacity(map.len() + super::SPARE);
+            let mut copy = http::HeaderMap::with_capacity(map.len() + crate::frame::SPARE);
             for (k, v) in map {
                 copy.append(k.clone(), v.clone());
             }
