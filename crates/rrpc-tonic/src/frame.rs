@@ -335,7 +335,20 @@ impl<'a> Reader<'a> {
     }
 }
 
-fn read_metadata(r: &mut Reader<'_>) -> Result<HeaderMap, FrameError> {
+/// Room a decoded map keeps for entries added later: a response's headers
+/// get its trailers merged in (tonic's `MetadataMap::merge`), which would
+/// otherwise rehash the map into a bigger table on every call.
+const SPARE: usize = 3;
+
+/// What a decoded map is for: a response's headers get its trailers merged
+/// in, so a copy of a remembered one needs room for them ([`SPARE`]).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Use {
+    Headers,
+    MergedInto,
+}
+
+fn read_metadata(r: &mut Reader<'_>, used: Use) -> Result<HeaderMap, FrameError> {
     let block = r.0;
     let n = r.u16()? as usize;
     if n == 0 {
@@ -344,16 +357,13 @@ fn read_metadata(r: &mut Reader<'_>) -> Result<HeaderMap, FrameError> {
     }
     // The same block as one of the last decoded on this thread: a copy of
     // the map it made (`decode::recent_block`).
-    if let Some((map, len)) = decode::recent_block(block) {
+    if let Some((map, len)) = decode::recent_block(block, used == Use::MergedInto) {
         r.0 = &block[len..];
         return Ok(map);
     }
     // Each entry needs at least 6 bytes: bound the allocation by the input.
-    // Room for `SPARE` more: a response's headers get its trailers merged in
-    // (tonic's `MetadataMap::merge`), which would otherwise rehash the map
-    // into a bigger table on every call (copies of a remembered map keep its
-    // table's size).
-    const SPARE: usize = 3;
+    // Room for `SPARE` more (copies of a remembered map keep its table's
+    // size).
     let mut map = HeaderMap::with_capacity(n.min(r.0.len() / 6) + SPARE);
     for _ in 0..n {
         let nl = r.u16()? as usize;
@@ -476,13 +486,28 @@ mod decode {
     /// with their lengths), so input that starts with a remembered block's
     /// bytes holds exactly that block, which decodes to the same map: the
     /// one decoded (and validated) when it was remembered.
-    pub(super) fn recent_block(input: &[u8]) -> Option<(http::HeaderMap, usize)> {
+    ///
+    /// `room`: the copy has room for [`crate::frame::SPARE`] more entries.
+    /// `HeaderMap::clone` copies the vector of entries at its length, so
+    /// the first entry added to a clone (a response's trailers, merged into
+    /// its headers) reallocates it; a map built entry by entry from the
+    /// remembered one is sized beforehand (two allocations either way).
+    pub(super) fn recent_block(input: &[u8], room: bool) -> Option<(http::HeaderMap, usize)> {
         BLOCK_CACHE.with(|c| {
             let c = c.borrow();
-            c.held
+            let (raw, map) = c
+                .held
                 .iter()
                 .flatten()
-                .find_map(|(raw, map)| input.starts_with(raw).then(|| (map.clone(), raw.len())))
+                .find(|(raw, _)| input.starts_with(raw))?;
+            if !room {
+                return Some((map.clone(), raw.len()));
+            }
+            let mut copy = http::HeaderMap::with_capacity(map.len() + crate::frame::SPARE);
+            for (k, v) in map {
+                copy.append(k.clone(), v.clone());
+            }
+            Some((copy, raw.len()))
         })
     }
 
@@ -637,11 +662,13 @@ mod decode {
             let a = map(&[("content-type", "application/grpc"), ("x-k", "v1")]);
             let b = map(&[("content-type", "application/grpc"), ("x-k", "v2")]);
             let raw_a = metadata_payload(&a);
-            assert!(recent_block(&raw_a).is_none(), "not remembered yet");
+            assert!(recent_block(&raw_a, false).is_none(), "not remembered yet");
             for _ in 0..3 {
                 assert_eq!(parse_metadata(&raw_a).unwrap(), a);
             }
-            let (got, len) = recent_block(&raw_a).expect("remembered after it repeated");
+            let (got, len) = recent_block(&raw_a, false).expect("remembered after it repeated");
+            assert_eq!((got, len), (a.clone(), raw_a.len()));
+            let (got, len) = recent_block(&raw_a, true).expect("remembered, copied with room");
             assert_eq!((got, len), (a.clone(), raw_a.len()));
             assert_eq!(parse_metadata(&metadata_payload(&b)).unwrap(), b);
             let mut trailing = raw_a.clone();
@@ -655,6 +682,34 @@ mod decode {
             ]);
             assert_eq!(parse_metadata(&metadata_payload(&longer)).unwrap(), longer);
             assert_eq!(parse_metadata(&raw_a).unwrap(), a);
+        }
+
+        /// A response's headers, fresh or copied from a remembered block,
+        /// take its trailers in without their entries being moved to a
+        /// bigger vector (a `HeaderMap::clone` has no room: the merge
+        /// reallocated them on every call). A value's address is where its
+        /// entry is; a blocker allocated after each map keeps the allocator
+        /// from growing the vector where it is.
+        #[test]
+        fn response_headers_take_the_trailers_without_moving() {
+            use super::super::{parse_response_headers, response_headers_payload};
+            let mut headers = http::HeaderMap::new();
+            headers.append("content-type", HeaderValue::from_static("application/grpc"));
+            headers.append("x-date", HeaderValue::from_static("now"));
+            let raw = response_headers_payload(http::StatusCode::OK, &headers);
+            let mut trailers = http::HeaderMap::new();
+            trailers.append("grpc-status", HeaderValue::from_static("0"));
+            // Fresh, fresh and remembered, then remembered copies.
+            for i in 0..5 {
+                let (_, mut got) = parse_response_headers(&raw).unwrap();
+                let blocker = vec![0u8; 256];
+                let before: *const HeaderValue = &got["content-type"];
+                got.extend(trailers.clone());
+                let after: *const HeaderValue = &got["content-type"];
+                assert_eq!(before, after, "parse {i}: the entries moved");
+                assert_eq!(got.len(), 3);
+                drop(blocker);
+            }
         }
 
         /// A decoded map, fresh or a copy of a remembered one, has room for
@@ -768,7 +823,7 @@ pub fn parse_request_headers(payload: &[u8]) -> Result<RequestHead, FrameError> 
             Some(a)
         }
     };
-    let headers = read_metadata(&mut r)?;
+    let headers = read_metadata(&mut r, Use::Headers)?;
     if !r.0.is_empty() {
         return Err(FrameError::Trailing);
     }
@@ -815,7 +870,7 @@ pub fn parse_response_headers(payload: &[u8]) -> Result<(http::StatusCode, Heade
     let mut r = Reader(payload);
     let status =
         http::StatusCode::from_u16(r.u16()?).map_err(|_| FrameError::Invalid("HTTP status"))?;
-    let map = read_metadata(&mut r)?;
+    let map = read_metadata(&mut r, Use::MergedInto)?;
     if !r.0.is_empty() {
         return Err(FrameError::Trailing);
     }
@@ -838,7 +893,7 @@ pub(crate) fn metadata_in(map: &HeaderMap) -> Bytes {
 /// Decodes a metadata-only payload.
 pub fn parse_metadata(payload: &[u8]) -> Result<HeaderMap, FrameError> {
     let mut r = Reader(payload);
-    let map = read_metadata(&mut r)?;
+    let map = read_metadata(&mut r, Use::Headers)?;
     if !r.0.is_empty() {
         return Err(FrameError::Trailing);
     }

@@ -1,4 +1,12 @@
 //! Fast-path client: a `GrpcService<Body>` multiplexing calls over one pipe.
+//!
+//! A call's request is written when tonic calls the channel
+//! (`Service::call`), not when its future is first polled: when a place is
+//! free, the body is ready and the ring has room (every unary call, as a
+//! rule), the future returned only waits for the response's head (a
+//! `Reply`, a few words: boxed once, moved cheaply). Dropped, even
+//! unpolled, it cancels the call. A call that must wait (for a place, for
+//! room in the ring, for its body) does the rest in a future of its own.
 
 use std::future::poll_fn;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -249,8 +257,7 @@ impl tower::Service<http::Request<Body>> for FastChannel {
     }
 
     fn call(&mut self, req: http::Request<Body>) -> Self::Future {
-        let inner = self.inner.clone();
-        Box::pin(call(inner, req))
+        call(self.inner.clone(), req)
     }
 }
 
@@ -390,21 +397,71 @@ fn request_headers(parts: &mut http::request::Parts, opts: &CallOptions) -> Byte
 /// follows in the [`RecvBody`]). The deadline (the shorter of the call's
 /// `grpc-timeout` and the endpoint's timeout, as tonic's `GrpcTimeout`;
 /// only the former is sent) covers all of it, the body included.
-async fn call(
-    inner: Arc<Inner>,
-    req: http::Request<Body>,
-) -> Result<http::Response<Body>, BoxError> {
+///
+/// In the common case (a place free, the request ready and within the
+/// ring's room) the request is written here, when tonic calls the
+/// channel, and the future returned is a [`Reply`]: a few words, boxed
+/// and moved cheaply. A call that must wait (for a place, for room in the
+/// ring, or for its body) does the rest in a future of its own.
+fn call(inner: Arc<Inner>, req: http::Request<Body>) -> crate::call::ResponseFuture {
     let timeout = call_timeout(req.headers(), inner.opts.timeout);
     let deadline = timeout.map(|d| (tokio::time::Instant::now() + d).into_std());
-    let shared = inner.shared.clone();
-    let permit = match admit(&shared, deadline)? {
-        Admitted::Now(place) => place,
-        Admitted::Queued(wait) => wait_in_line(wait).await?,
+    let sent = match admit(&inner.shared, deadline) {
+        Ok(Admitted::Now(place)) => send(inner, req, place, deadline),
+        Ok(Admitted::Queued(wait)) => {
+            return Box::pin(async move {
+                let place = wait_in_line(wait).await?;
+                finish(send(inner, req, place, deadline)?).await
+            });
+        }
+        Err(e) => Err(e),
     };
-    let flow = CallFlow::new(shared.peer_window);
+    match sent {
+        Ok(Sent::Written(reply)) => Box::pin(reply),
+        Ok(sent) => Box::pin(finish(sent)),
+        Err(e) => Box::pin(std::future::ready(Err(e))),
+    }
+}
+
+/// Where a call's request stands once [`send`] returns.
+enum Sent {
+    /// Written whole: the response's head is awaited.
+    Written(Reply),
+    /// Ready and within the call's window, but the ring has no room now:
+    /// written within the call's deadline ([`finish`]).
+    Blocked {
+        reply: Reply,
+        batch: Batch,
+        /// Dropped once the request is written.
+        body: Body,
+    },
+    /// Streamed by a task of its own within the call's window (client and
+    /// bidi streaming, a request larger than the window), started on the
+    /// first poll: the caller waits for the response meanwhile (and so
+    /// receives the WINDOW_UPDATEs).
+    Streaming {
+        reply: Reply,
+        flow: Arc<CallFlow>,
+        batch: Batch,
+        /// The rest of the body, if more will come.
+        rest: Option<Body>,
+    },
+}
+
+/// Opens the call in its `place` and writes its request if it can at once:
+/// when the body is ready (unary, server streaming) and the call's window
+/// and the ring's room cover it, the caller writes it itself (one ring
+/// message, no task hop).
+fn send(
+    inner: Arc<Inner>,
+    req: http::Request<Body>,
+    place: Place,
+    deadline: Option<Instant>,
+) -> Result<Sent, BoxError> {
+    let flow = CallFlow::new(inner.shared.peer_window);
     // Refused if the connection closed, or the server is draining.
     let id = {
-        let mut t = lock(&shared.table);
+        let mut t = lock(&inner.shared.table);
         let id = t.conn.open(Slot::new(flow.clone()), deadline)?;
         t.arm(deadline);
         id
@@ -416,65 +473,114 @@ async fn call(
         inner,
         sender: None,
         done: false,
-        permit: Some(permit),
+        permit: Some(place),
     };
     // A unary call's three frames (headers, data, end) fit inline.
     let mut batch = Batch::new();
     batch.push(Out::new(Kind::RequestHeaders, 0, id, headers));
-    // The caller writes the request itself when the body is ready at once
-    // (unary, server streaming) and the call's window covers it: one ring
-    // message, no task hop. Otherwise a sender task streams it while the
-    // caller waits for the response (and so receives the WINDOW_UPDATEs).
-    match drain_ready(&mut body, id, &mut batch, guard.inner.writer.chunk) {
-        Drained::Complete if flow::try_take_batch(&guard.inner.writer, &flow, &batch) => {
-            // The deadline covers the write too: a ring the peer stopped
-            // draining (a cut wire: its head never moves) would otherwise
-            // hold the call until the connection is declared dead. A write
-            // cut short leaves whole frames only; the guard then resets
-            // the call on the server.
-            // Written at once in the common case; the waiting write is
-            // boxed so that its state does not enlarge every call's future
-            // (moved whole when the call is boxed and as it runs).
-            let written = match guard.inner.writer.try_send(&batch) {
-                Ok(true) => Ok(()),
-                Ok(false) => {
-                    let write = Box::pin(guard.inner.writer.send(batch));
-                    let Some(written) = until_expired(&shared, id, write).await else {
-                        return Err(deadline_exceeded());
-                    };
-                    written
-                }
-                Err(e) => Err(e),
-            };
-            if let Err(e) = written {
-                guard.unsent();
-                return Err(Box::new(Status::new(e.code(), format!("rrpc: {e}"))));
+    let writer = &guard.inner.writer;
+    Ok(match drain_ready(&mut body, id, &mut batch, writer.chunk) {
+        Drained::Complete if flow::try_take_batch(writer, &flow, &batch) => {
+            match writer.try_send(&batch) {
+                // The body and the request's head (its header map,
+                // extensions, URI) are dropped here, while the server works.
+                Ok(true) => Sent::Written(Reply(Some(guard))),
+                Ok(false) => Sent::Blocked {
+                    reply: Reply(Some(guard)),
+                    batch,
+                    body,
+                },
+                Err(e) => return Err(write_failed(&mut guard, &e)),
             }
-            // Dropped while the server works, not after its answer came:
-            // the answer's way back is the caller's critical path.
-            drop(body);
         }
-        d @ (Drained::Complete | Drained::More) => {
-            // The rest of the body, if more will come.
-            let rest = matches!(d, Drained::More).then_some(body);
-            let writer = guard.inner.writer.clone();
-            let sender = send_request(writer, shared.clone(), flow.clone(), id, batch, rest);
-            guard.sender = Some(tokio::spawn(sender).abort_handle());
-        }
+        d @ (Drained::Complete | Drained::More) => Sent::Streaming {
+            reply: Reply(Some(guard)),
+            flow,
+            batch,
+            rest: matches!(d, Drained::More).then_some(body),
+        },
         Drained::Failed(status) => {
             // Nothing of the call reached the server.
             guard.unsent();
             return Err(Box::new(status));
         }
+    })
+}
+
+/// The connection failed writing the call's request: it leaves the table.
+fn write_failed(guard: &mut CallGuard, e: &Error) -> BoxError {
+    guard.unsent();
+    Box::new(Status::new(e.code(), format!("rrpc: {e}")))
+}
+
+/// The rest of a call that could not write its request at once ([`Sent`]).
+async fn finish(sent: Sent) -> Result<http::Response<Body>, BoxError> {
+    let reply = match sent {
+        Sent::Written(reply) => reply,
+        Sent::Blocked {
+            mut reply,
+            batch,
+            body,
+        } => {
+            let Some(guard) = reply.0.as_mut() else {
+                return Err(Box::new(Status::internal("rrpc: call already answered")));
+            };
+            // The deadline covers the write too: a ring the peer stopped
+            // draining (a cut wire: its head never moves) would otherwise
+            // hold the call until the connection is declared dead. A write
+            // cut short leaves whole frames only; the guard then resets
+            // the call on the server.
+            let write = guard.inner.writer.send(batch);
+            let written = until_expired(&guard.inner.shared, guard.id, write).await;
+            match written {
+                None => return Err(deadline_exceeded()),
+                Some(Err(e)) => return Err(write_failed(guard, &e)),
+                Some(Ok(())) => drop(body),
+            }
+            reply
+        }
+        Sent::Streaming {
+            mut reply,
+            flow,
+            batch,
+            rest,
+        } => {
+            if let Some(g) = reply.0.as_mut() {
+                let (writer, shared) = (g.inner.writer.clone(), g.inner.shared.clone());
+                let sender = send_request(writer, shared, flow, g.id, batch, rest);
+                g.sender = Some(tokio::spawn(sender).abort_handle());
+            }
+            reply
+        }
+    };
+    reply.await
+}
+
+/// A call whose request is on its way: resolves to the response's head
+/// ([`response`]) when its first event comes. The state machine ends the
+/// wait at the call's deadline: the first event is then its
+/// DEADLINE_EXCEEDED. Dropped before, its guard cancels the call.
+struct Reply(Option<CallGuard>);
+
+impl std::future::Future for Reply {
+    type Output = Result<http::Response<Body>, BoxError>;
+
+    fn poll(mut self: std::pin::Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let Some(guard) = self.0.take() else {
+            return Poll::Ready(Err(Box::new(Status::internal(
+                "rrpc: call polled after it was answered",
+            ))));
+        };
+        let Poll::Ready(first) = guard.inner.shared.poll_event(guard.id, cx, &mut None) else {
+            self.0 = Some(guard);
+            return Poll::Pending;
+        };
+        let slot = SlotRef {
+            id: guard.id,
+            shared: guard.inner.shared.clone(),
+        };
+        Poll::Ready(response(first, slot, guard))
     }
-    // The request's head too (its header map, extensions, URI): freed
-    // while the server works.
-    drop(parts);
-    // The state machine ends the wait at the call's deadline: the first
-    // event is then its DEADLINE_EXCEEDED.
-    let mut slot = SlotRef { id, shared };
-    let first = poll_fn(|cx| slot.poll_event(cx, &mut None)).await;
-    response(first, slot, guard)
 }
 
 /// `fut` unless call `id`'s deadline passes first (`None`); `fut` is
@@ -530,13 +636,14 @@ fn response(
     slot: SlotRef,
     mut guard: CallGuard,
 ) -> Result<http::Response<Body>, BoxError> {
-    let builder = http::Response::builder().version(http::Version::HTTP_2);
-    let head = |status: http::StatusCode, headers: http::HeaderMap| {
-        let mut b = builder.status(status);
-        if let Some(hm) = b.headers_mut() {
-            *hm = headers;
-        }
-        b
+    // Made in place, not through `http::response::Builder` (whose
+    // `Result`-wrapped parts are moved at each step).
+    let head = |status: http::StatusCode, headers: http::HeaderMap, body: Body| {
+        let mut res = http::Response::new(body);
+        *res.status_mut() = status;
+        *res.version_mut() = http::Version::HTTP_2;
+        *res.headers_mut() = headers;
+        Ok(res)
     };
     match first {
         Some(Event::Headers {
@@ -546,7 +653,7 @@ fn response(
         }) => {
             if end {
                 guard.finished();
-                return Ok(head(status, headers).body(Body::empty())?);
+                return head(status, headers, Body::empty());
             }
             let credit = Credit::client(guard.inner.writer.clone(), slot.id);
             let body = RecvBody::response(
@@ -556,12 +663,12 @@ fn response(
                 },
                 credit,
             );
-            Ok(head(status, headers).body(Body::new(body))?)
+            head(status, headers, Body::new(body))
         }
         Some(Event::Trailers(t)) => {
             // Trailers-only response made by rrpc itself (a refusal).
             guard.finished();
-            Ok(head(http::StatusCode::OK, t).body(Body::empty())?)
+            head(http::StatusCode::OK, t, Body::empty())
         }
         Some(Event::Reset(s)) => {
             guard.finished();
@@ -836,6 +943,40 @@ mod tests {
             .expect("completes")
             .expect("task");
         assert!(r.is_ok(), "{:?}", r.err());
+    }
+
+    /// The request is written when the channel is called, before its
+    /// future is polled: a call whose future is dropped unpolled is
+    /// cancelled on the server (which frees its place there) and gives its
+    /// place back here, so that the next call is served.
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_call_dropped_unpolled_is_cancelled_on_the_server() {
+        let (ch, gate) = one_gated_place();
+        let mut c = ch.clone();
+        drop(tower::Service::call(&mut c, req("/x")));
+        let places = || lock(&ch.inner.shared.table).conn.places();
+        assert_eq!(places(), 0, "its place given back");
+        // Let the server take the request and then its CANCEL.
+        for _ in 0..20 {
+            tokio::task::yield_now().await;
+        }
+        // The server allows one call: it serves this one only if the
+        // first was cancelled there.
+        let mut c2 = ch.clone();
+        let next = tokio::spawn(async move { tower::Service::call(&mut c2, req("/x")).await });
+        for _ in 0..20 {
+            tokio::task::yield_now().await;
+        }
+        gate.add_permits(1);
+        let r = tokio::time::timeout(Duration::from_secs(5), next)
+            .await
+            .expect("completes")
+            .expect("task");
+        let res = r.expect("the next call was answered");
+        // Not refused (a refusal is a trailers-only response).
+        let status = res.headers().get("grpc-status");
+        assert!(status.is_none_or(|s| s == "0"), "refused: {status:?}");
+        assert_eq!(places(), 0, "all given back");
     }
 
     /// A call dropped while it waits in line leaves the line and takes no

@@ -21,14 +21,74 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use axum::response::IntoResponse;
+use futures_util::TryFutureExt;
 use tonic::body::Body;
 use tonic::server::NamedService;
 use tonic::service::Routes;
 use tower::{Service, ServiceExt};
 
-type Response = axum::response::Response;
-type CallFuture = Pin<Box<dyn Future<Output = Result<Response, Infallible>> + Send>>;
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+type Response = http::Response<AnyBody>;
+/// The future of a service tonic generated (its `BoxFuture`).
+type TonicFuture = Pin<Box<dyn Future<Output = Result<http::Response<Body>, Infallible>> + Send>>;
+/// The future of any other service, or of the router.
+type AxumFuture =
+    Pin<Box<dyn Future<Output = Result<axum::response::Response, Infallible>> + Send>>;
 type CallFn = dyn Fn(http::Request<Body>) -> CallFuture + Send + Sync;
+
+/// A call's future: a generated service's own, as it made it (no box around
+/// its box, and its response body as it is), or one that answers an
+/// `axum` response (any other service, the router).
+pub(crate) enum CallFuture {
+    Tonic(TonicFuture),
+    Axum(AxumFuture),
+}
+
+impl Future for CallFuture {
+    type Output = Result<Response, Infallible>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        Poll::Ready(Ok(match self.get_mut() {
+            CallFuture::Tonic(f) => std::task::ready!(f.as_mut().poll(cx))?.map(AnyBody::Tonic),
+            CallFuture::Axum(f) => std::task::ready!(f.as_mut().poll(cx))?.map(AnyBody::Axum),
+        }))
+    }
+}
+
+/// A response body from either kind of [`CallFuture`], unboxed.
+pub(crate) enum AnyBody {
+    Tonic(Body),
+    Axum(axum::body::Body),
+}
+
+impl http_body::Body for AnyBody {
+    type Data = bytes::Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<bytes::Bytes>, BoxError>>> {
+        match self.get_mut() {
+            AnyBody::Tonic(b) => Pin::new(b).poll_frame(cx).map_err(Into::into),
+            AnyBody::Axum(b) => Pin::new(b).poll_frame(cx).map_err(Into::into),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match self {
+            AnyBody::Tonic(b) => b.is_end_stream(),
+            AnyBody::Axum(b) => b.is_end_stream(),
+        }
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        match self {
+            AnyBody::Tonic(b) => b.size_hint(),
+            AnyBody::Axum(b) => b.size_hint(),
+        }
+    }
+}
 
 /// One service by name.
 #[derive(Clone)]
@@ -98,11 +158,39 @@ impl Services {
         if let Some(table) = &mut self.table {
             let by_name = svc.clone();
             let call = move |req: http::Request<Body>| -> CallFuture {
-                let svc = by_name.clone();
-                Box::pin(async move {
-                    let res = svc.oneshot(req).await?;
-                    Ok(res.into_response())
-                })
+                let mut svc = by_name.clone();
+                // A service that is ready at once (tonic's generated ones
+                // always are) is called here: the future boxed is its own,
+                // not one that also holds the request and the service
+                // (moved whole into the box and as it runs). One that is
+                // not gets a real waker from `oneshot`, which asks again.
+                let mut cx = Context::from_waker(std::task::Waker::noop());
+                match svc.poll_ready(&mut cx) {
+                    Poll::Ready(Ok(())) => {
+                        // A generated service's future is already a box of
+                        // the type the table wants.
+                        let mut fut = Some(svc.call(req));
+                        let any: &mut dyn std::any::Any = &mut fut;
+                        if let Some(f) = any.downcast_mut::<Option<TonicFuture>>()
+                            && let Some(f) = f.take()
+                        {
+                            return CallFuture::Tonic(f);
+                        }
+                        // Taken above only when it was one.
+                        let Some(fut) = fut else {
+                            let st = tonic::Status::internal("rrpc: dispatch");
+                            return CallFuture::Tonic(Box::pin(std::future::ready(Ok(
+                                st.into_http()
+                            ))));
+                        };
+                        CallFuture::Axum(Box::pin(fut.map_ok(IntoResponse::into_response)))
+                    }
+                    Poll::Ready(Err(e)) => match e {},
+                    Poll::Pending => CallFuture::Axum(Box::pin(async move {
+                        let res = svc.oneshot(req).await?;
+                        Ok(res.into_response())
+                    })),
+                }
             };
             table.push(Entry {
                 prefix: format!("/{}/", S::NAME),
@@ -162,10 +250,10 @@ impl Service<http::Request<Body>> for Direct {
             return (e.call)(req);
         }
         let routes = self.routes.clone();
-        Box::pin(async move {
+        CallFuture::Axum(Box::pin(async move {
             let res = routes.oneshot(req).await?;
             Ok(res.map(axum::body::Body::new))
-        })
+        }))
     }
 }
 
@@ -224,6 +312,67 @@ mod tests {
             // tonic's fallback: UNIMPLEMENTED.
             assert_eq!(r.headers()["grpc-status"], "12", "{path}");
         }
+    }
+
+    /// A service as tonic generates it: its future is a `BoxFuture`, and
+    /// it is ready only after it said `Pending` once (and woke its caller),
+    /// to show the table asks again with a real waker.
+    #[derive(Clone)]
+    struct Generated {
+        asked: Arc<std::sync::atomic::AtomicUsize>,
+    }
+
+    impl NamedService for Generated {
+        const NAME: &'static str = "test.Gen";
+    }
+
+    impl Service<http::Request<Body>> for Generated {
+        type Response = http::Response<Body>;
+        type Error = Infallible;
+        type Future = TonicFuture;
+        fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+            use std::sync::atomic::Ordering::SeqCst;
+            if self.asked.fetch_add(1, SeqCst) == 0 {
+                cx.waker().wake_by_ref();
+                return Poll::Pending;
+            }
+            Poll::Ready(Ok(()))
+        }
+        fn call(&mut self, _req: http::Request<Body>) -> Self::Future {
+            let mut r = http::Response::new(Body::empty());
+            r.headers_mut()
+                .insert("who", http::HeaderValue::from_static("generated"));
+            Box::pin(std::future::ready(Ok(r)))
+        }
+    }
+
+    /// A generated service's future is handed on as it is (no box around
+    /// it); a service not ready at once is asked again and then called.
+    #[tokio::test]
+    async fn a_generated_service_future_is_handed_on_as_it_is() {
+        let asked = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let services = Services::default().add(Generated {
+            asked: asked.clone(),
+        });
+        let mut d = services.direct().expect("a table");
+        // Not ready at once: the call waits for it, through the router's way.
+        let r = answer(&d, "/test.Gen/Call").await;
+        assert_eq!(r.headers()["who"], "generated");
+        assert_eq!(asked.load(std::sync::atomic::Ordering::SeqCst), 2);
+        // Ready at once: its own future.
+        let fut = d.call(request("/test.Gen/Call"));
+        assert!(matches!(fut, CallFuture::Tonic(_)), "boxed again");
+        let r = fut.await.expect("infallible");
+        assert_eq!(r.headers()["who"], "generated");
+        assert!(matches!(r.body(), AnyBody::Tonic(_)), "body boxed again");
+        // Any other service's answer is an axum response, as before.
+        let mut d = Services::default()
+            .add(Named("direct"))
+            .direct()
+            .expect("a table");
+        let fut = d.call(request("/test.Svc/Call"));
+        assert!(matches!(fut, CallFuture::Axum(_)));
+        assert_eq!(fut.await.expect("infallible").headers()["who"], "direct");
     }
 
     #[tokio::test]

@@ -1269,3 +1269,31 @@ fn ended_calls_queues_serve_the_next_calls() {
     let third = c.open((), None).expect("open");
     assert_eq!(c.call_mut(third).expect("call").events_capacity(), 0);
 }
+
+/// `grpc-timeout` is found wherever it sits among a call's headers,
+/// whether the map is scanned (few names) or looked up (many), and a map
+/// without it has none.
+#[test]
+fn grpc_timeout_is_found_among_few_headers_and_many() {
+    use super::parse_grpc_timeout;
+    for others in [0usize, 1, 3, super::SCANNED - 1, super::SCANNED, 20] {
+        let mut h = http::HeaderMap::new();
+        for i in 0..others {
+            h.insert(
+                http::HeaderName::try_from(format!("x-h{i}")).expect("name"),
+                http::HeaderValue::from_static("v"),
+            );
+        }
+        assert_eq!(parse_grpc_timeout(&h), None, "{others} others");
+        h.insert("grpc-timeout", http::HeaderValue::from_static("25m"));
+        h.insert(
+            "content-type",
+            http::HeaderValue::from_static("application/grpc"),
+        );
+        assert_eq!(
+            parse_grpc_timeout(&h),
+            Some(Duration::from_millis(25)),
+            "{others} others"
+        );
+    }
+}
