@@ -15,7 +15,9 @@
 //!   into one ring message, queued FIFO, then reserved, filled, committed
 //!   and flushed. A writer that found the ring full waits until the head it
 //!   reads has moved (the driver's `has_space` wait), and does not retry
-//!   before.
+//!   before, unless only completions stood in its way (slots read whose
+//!   WRITEs have not completed: `Sender::awaits_completions`), when it
+//!   retries on its next turn, as the driver polls them.
 //! * The fabric: a `Transmit` is placed at once when posted (slot bytes
 //!   copied `RB_S` -> `RB_R`, the tail written as its 16-byte pointer
 //!   record); a head push likewise. Completions are queued and handed to
@@ -368,7 +370,12 @@ impl Dir {
                     self.work += 1;
                 }
                 Err(RingError::WouldBlock) => {
-                    self.blocked_at = Some(self.tx.local_head());
+                    // Room that waits on completions, not on the head
+                    // (slots read but their WRITEs not completed): the
+                    // driver polls them and tries again (`RingTx::try_reserve`).
+                    if !self.tx.awaits_completions() {
+                        self.blocked_at = Some(self.tx.local_head());
+                    }
                     break;
                 }
                 Err(e) => return Err(e),
