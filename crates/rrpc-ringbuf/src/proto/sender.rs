@@ -249,14 +249,10 @@ impl Sender {
     /// completes inside its post, so this is the head.
     #[inline]
     pub fn reusable_before(&self) -> u64 {
-        if self.slots_inflight.is_empty() {
-            // Always so on shm (`set_source_read_in_post`): one load.
-            return self.local_head;
-        }
-        match self.slots_inflight.front() {
-            Some(&(_, start)) => start.min(self.local_head),
-            None => self.local_head,
-        }
+        // Nothing is tracked on shm (`set_source_read_in_post`).
+        self.slots_inflight
+            .front()
+            .map_or(self.local_head, |&(_, start)| start.min(self.local_head))
     }
     /// Whether [`reserve`](Self::reserve) of `len` bytes would find room
     /// with the cached `local_head` (gap included). A driver reloads the
