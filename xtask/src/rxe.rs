@@ -156,13 +156,19 @@ export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 printf '#!/bin/sh\nexec /sbin/modprobe -d /tmp/modroot "$@"\n' > /tmp/modprobe; chmod +x /tmp/modprobe
 echo /tmp/modprobe > /proc/sys/kernel/modprobe
 @SETUP@
+. "$J/env.sh"
+# For testing this harness: a VM whose setup never finishes.
+if [ -n "${RRPC_RXE_HANG_SETUP:-}" ] && [ "$RRPC_RXE_HANG_SETUP" = "$(cat "$J/label")" ]; then
+  echo "rrpc-rxe: RRPC_RXE_HANG_SETUP: this VM's setup hangs" > "$J/setup.log"; sleep 100000
+fi
 if ! ( setup ) > "$J/setup.log" 2>&1; then
   echo "rrpc-rxe: setting up rxe0 failed:" > "$J/out"; cat "$J/setup.log" >> "$J/out"
   echo 125 > "$J/rc"; sync; exit 0
 fi
 cat "$J/setup.log" > "$J/out"
+# The host's harness reads this: past it, a failure is the job's, not the VM's.
+touch "$J/setup.ok"; sync
 ulimit -l unlimited
-. "$J/env.sh"
 export HOME=/tmp RRPC_TEST_DEVICE=rxe0 RRPC_RXE_VM=1
 cd "$(cat "$J/workspace")"
 bash "$J/cmd.sh" >> "$J/out" 2>&1 < /dev/null
@@ -196,6 +202,7 @@ const PASSED_ENV: &[&str] = &[
     "RUST_BACKTRACE",
     "RUST_TEST_THREADS",
     "RRPC_TEST_VERBOSE",
+    "RRPC_RXE_HANG_SETUP",
 ];
 
 /// Whether this host can run the harness at all (`Err` says why not).
@@ -532,7 +539,20 @@ pub(crate) struct VmRun {
     pub(crate) output: String,
     /// Wall time of the VM (boot included).
     pub(crate) elapsed: Duration,
+    /// Whether its setup (`rxe0`, and for a wire the peer's ping) finished:
+    /// if not, nothing of rrpc's ran in it, and the failure is the VM's.
+    pub(crate) set_up: bool,
 }
+
+/// How long a VM may take to boot and set up `rxe0` (and, on a wire, see
+/// its peer answer: up to ~3 min by the wire's own wait) before its run is
+/// stopped as a VM failure rather than left to the job's timeout.
+const SETUP_BOUND: Duration = Duration::from_secs(330);
+
+/// How long the other VMs of a run go on once one VM's job has failed (or
+/// its VM stopped without an exit code): time for their own output, not
+/// for the whole timeout; the run has failed already.
+const FAILED_PEER_GRACE: Duration = Duration::from_secs(60);
 
 /// Boots the VM and runs `script` (a bash script) inside; see the module docs.
 pub(crate) fn run_in_vm(
@@ -612,6 +632,7 @@ pub(crate) fn run_vms(
             }
         }
         std::fs::write(job.join("kver"), &kernel.version)?;
+        std::fs::write(job.join("label"), &spec.label)?;
         std::fs::write(job.join("workspace"), root.to_string_lossy().as_bytes())?;
         let mut env = String::new();
         for k in PASSED_ENV {
@@ -665,12 +686,28 @@ pub(crate) fn run_vms(
         }
     };
     let mut why_killed = None;
+    // The first VM whose job failed, and when it was seen.
+    let mut failed: Option<(String, Instant)> = None;
     loop {
         let mut running = 0;
+        let mut not_set_up = None;
         for (label, job, child, output) in &mut vms {
             stream(label, job, output);
-            if child.try_wait()?.is_none() {
+            let stopped = child.try_wait()?.is_some();
+            if !stopped {
                 running += 1;
+            }
+            let rc = read_rc(job);
+            if failed.is_none() && (rc.is_some_and(|rc| rc != 0) || (stopped && rc.is_none())) {
+                let what = match rc {
+                    Some(125) if !job.join("setup.ok").exists() => "its setup failed".to_owned(),
+                    Some(rc) => format!("its job exited with {rc}"),
+                    None => "it stopped before its job finished".to_owned(),
+                };
+                failed = Some((format!("VM {label}: {what}"), Instant::now()));
+            }
+            if !stopped && rc.is_none() && !job.join("setup.ok").exists() {
+                not_set_up = Some(label.clone());
             }
         }
         if running == 0 {
@@ -680,6 +717,19 @@ pub(crate) fn run_vms(
             why_killed = Some(format!("timeout after {}s", timeout.as_secs()));
         } else if signals::interrupted() {
             why_killed = Some("interrupted".into());
+        } else if let Some(label) = not_set_up.filter(|_| start.elapsed() > SETUP_BOUND) {
+            why_killed = Some(format!(
+                "VM {label} had not set up rxe0 {}s after boot (a VM failure: none of rrpc's code had run in it)",
+                SETUP_BOUND.as_secs()
+            ));
+        } else if let Some((what, at)) = &failed
+            && vms.len() > 1
+            && at.elapsed() > FAILED_PEER_GRACE
+        {
+            why_killed = Some(format!(
+                "{what}; the others stopped {}s after",
+                FAILED_PEER_GRACE.as_secs()
+            ));
         }
         if why_killed.is_some() {
             for (_, _, child, _) in &mut vms {
@@ -705,9 +755,8 @@ pub(crate) fn run_vms(
         } else {
             format!("VM {label}")
         };
-        let rc = std::fs::read_to_string(job.join("rc"))
-            .ok()
-            .and_then(|s| s.trim().parse::<i32>().ok());
+        let rc = read_rc(&job);
+        let set_up = job.join("setup.ok").exists();
         let code = match (rc, &why_killed) {
             (Some(rc), _) => rc,
             (None, Some(why)) => {
@@ -726,6 +775,13 @@ pub(crate) fn run_vms(
             eprintln!("rxe: the job of {name} exited with {code}; console tail:");
             print_tail(&job.join("console"), 15);
         }
+        if code != 0 {
+            if !set_up {
+                eprintln!("rxe: {name} never finished its setup; its setup log:");
+                print_tail(&job.join("setup.log"), 20);
+            }
+            print_hung_tasks(&name, &job.join("console"));
+        }
         eprintln!(
             "rxe: {name} ran {:.1}s (boot included), job exit code {code}",
             elapsed.as_secs_f64()
@@ -734,6 +790,7 @@ pub(crate) fn run_vms(
             code,
             output: String::from_utf8_lossy(&output).into_owned(),
             elapsed,
+            set_up,
         });
     }
     if runs.iter().all(|r| r.code == 0) && !keep {
@@ -886,6 +943,33 @@ fn numa_args(nodes: usize, mem: &str, cpus: &str) -> Result<(Vec<String>, Vec<St
         "virtio-net-pci,netdev=numa_nic,bus=numa_br,addr=1,mac=52:54:00:12:99:01".to_owned(),
     ];
     Ok((args, nic.to_vec()))
+}
+
+/// A job's exit code, once its job script wrote it.
+fn read_rc(job: &Path) -> Option<i32> {
+    std::fs::read_to_string(job.join("rc"))
+        .ok()
+        .and_then(|s| s.trim().parse::<i32>().ok())
+}
+
+/// The kernel's hung-task reports in a VM's console (`task … blocked for
+/// more than … seconds` and the stack after it): what a hang in the kernel
+/// (a soft-RoCE teardown, a 9p mount) looks like, which a console tail
+/// shows only when it happens to be last.
+fn print_hung_tasks(name: &str, console: &Path) {
+    let text = std::fs::read(console).unwrap_or_default();
+    let text = String::from_utf8_lossy(&text);
+    let lines: Vec<&str> = text.lines().collect();
+    let mut shown = 0;
+    for (i, l) in lines.iter().enumerate() {
+        if l.contains("blocked for more than") && shown < 3 {
+            shown += 1;
+            eprintln!("rxe: {name}'s kernel reported a hung task:");
+            for l in &lines[i..(i + 30).min(lines.len())] {
+                eprintln!("  | {l}");
+            }
+        }
+    }
 }
 
 fn print_tail(path: &Path, lines: usize) {

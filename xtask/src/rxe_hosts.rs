@@ -124,12 +124,50 @@ fn wire_setup(me: &str, peer: &str, mtu: Option<u32>, netem: Option<&str>) -> St
 }
 
 /// Runs `scripts` (A's, B's) on the two hosts; returns the exit code.
+///
+/// A pair whose VMs did not both get through their setup (`rxe0` on the
+/// wire and the peer's ping; a VM failure, none of rrpc's code ran in it:
+/// a TCG guest's kernel that hung at boot, a wire that never came up) is
+/// booted once more with fresh VMs, and says so. A second such failure,
+/// and every failure after setup, fails the run.
 pub(crate) fn run_pair(
     root: &Path,
     target: &Path,
     args: &RxeArgs,
     scripts: [String; 2],
 ) -> Result<i32> {
+    let mut runs = pair_runs(root, target, args, scripts.clone())?;
+    if let Some(i) = runs.iter().position(|r| r.code != 0 && !r.set_up) {
+        eprintln!(
+            "rxe --hosts 2: host {} did not get through its setup (exit {}; a VM failure, before any of rrpc's code ran): booting both hosts once more",
+            HOSTS[i].0, runs[i].code
+        );
+        runs = pair_runs(root, target, args, scripts)?;
+    }
+    let (a, b) = (runs[0].code, runs[1].code);
+    eprintln!("rxe --hosts 2: A exited {a}, B exited {b}");
+    for (label, run) in HOSTS.iter().map(|h| h.0).zip(&runs) {
+        for line in run
+            .output
+            .lines()
+            .filter(|l| crate::util::is_failure_line(l))
+        {
+            crate::util::note_failure(format!("cross-host {label}: {line}"));
+        }
+        if run.code != 0 {
+            crate::util::note_failure(format!("cross-host {label}: exited {}", run.code));
+        }
+    }
+    Ok(if a != 0 { a } else { b })
+}
+
+/// One boot of the pair: a fresh wire directory and ports, both VMs.
+fn pair_runs(
+    root: &Path,
+    target: &Path,
+    args: &RxeArgs,
+    scripts: [String; 2],
+) -> Result<Vec<crate::rxe::VmRun>> {
     // The wire directory must be writable in the VMs: under the workspace
     // (shared read-write; the rest of the host is read-only there). A
     // target directory elsewhere (`CARGO_TARGET_DIR`) is still read from
@@ -185,21 +223,7 @@ pub(crate) fn run_pair(
         args.keep,
     )?;
     let _ = std::fs::remove_dir_all(&wire);
-    let (a, b) = (runs[0].code, runs[1].code);
-    eprintln!("rxe --hosts 2: A exited {a}, B exited {b}");
-    for (label, run) in HOSTS.iter().map(|h| h.0).zip(&runs) {
-        for line in run
-            .output
-            .lines()
-            .filter(|l| crate::util::is_failure_line(l))
-        {
-            crate::util::note_failure(format!("cross-host {label}: {line}"));
-        }
-        if run.code != 0 {
-            crate::util::note_failure(format!("cross-host {label}: exited {}", run.code));
-        }
-    }
-    Ok(if a != 0 { a } else { b })
+    Ok(runs)
 }
 
 /// How a pass of the cross-host suite ends.
