@@ -942,7 +942,12 @@ impl Registration {
                 .as_ref()
                 .is_none_or(|s| s.sends() != me.sends_at_ready)
         };
-        if !yielded && ticks == 0 && self.sends.is_some() && answered(self) {
+        if !yielded
+            && ticks == 0
+            && self.sends.is_some()
+            && answered(self)
+            && let Poll::Ready(coop) = tokio::task::coop::poll_proceed(cx)
+        {
             // This end sent since its data came (the fast path's caller
             // wrote its request, its server its reply): what it waits for
             // is the peer's answer, so the CPU goes to the peer first. A
@@ -950,6 +955,14 @@ impl Registration {
             // polled again and the runtime's reactor polled once: ~1 500
             // instructions a call under callgrind on one CPU). If the peer
             // did not answer in its turn, the worker's turn follows.
+            //
+            // Each such wait takes a unit of the task's budget (tokio's
+            // cooperative scheduling): a task whose every wait is answered
+            // in the peer's turn would otherwise never return to its
+            // worker, whose other tasks (other connections, handlers,
+            // timers) would wait for as long as the ping-pong lasts. Once
+            // the budget is spent the wait takes the worker's turn first.
+            coop.made_progress();
             std::thread::yield_now();
             if self.entry.source.ready() {
                 return hit(self);

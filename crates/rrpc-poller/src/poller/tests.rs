@@ -421,3 +421,53 @@ fn a_handed_off_wait_after_a_send_yields_the_cpu_first() {
     let r = reg.poll_ready_with(&mut cx, &mut || Ok(true));
     assert!(matches!(r, std::task::Poll::Ready(Ok(()))), "{r:?}");
 }
+
+/// The CPU-first hand-off keeps the worker fair: a task whose every wait is
+/// answered in the peer's turn still returns to its worker once its tokio
+/// budget is spent, so a neighbour task on the same worker runs meanwhile.
+#[test]
+fn a_task_answered_in_the_peers_turn_still_lets_its_worker_run() {
+    use crate::Handoff;
+    use crate::poller::SendLog;
+    rt().block_on(async {
+        let p = Poller::start(
+            PollerConfig::builder()
+                .mode(Mode::Bpev)
+                .polling_threads(1)
+                .handoff(Handoff::Always)
+                .build()
+                .unwrap(),
+        )
+        .unwrap();
+        let ran = Arc::new(AtomicU64::new(0));
+        let r = ran.clone();
+        let neighbour = tokio::spawn(async move {
+            loop {
+                r.fetch_add(1, Ordering::SeqCst);
+                tokio::task::yield_now().await;
+            }
+        });
+        let src = Arc::new(ReadyFromLook(AtomicU64::new(2)));
+        let mut reg = p.register(src.clone()).unwrap();
+        let sends = Arc::new(SendLog::new());
+        reg.follow_sends(sends.clone());
+        let ran2 = ran.clone();
+        let during = tokio::spawn(async move {
+            let before = ran2.load(Ordering::SeqCst);
+            for _ in 0..1024 {
+                sends.record();
+                src.0.store(2, Ordering::SeqCst);
+                std::future::poll_fn(|cx| reg.poll_ready_with(cx, &mut || Ok(true)))
+                    .await
+                    .unwrap();
+            }
+            ran2.load(Ordering::SeqCst) - before
+        })
+        .await
+        .unwrap();
+        neighbour.abort();
+        // tokio's budget is 128 a task poll: 1 024 waits return to the
+        // worker at least 7 times.
+        assert!(during >= 4, "the neighbour ran {during} times");
+    });
+}
