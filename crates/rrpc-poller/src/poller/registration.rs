@@ -903,7 +903,8 @@ impl Registration {
 
     /// Handed off: before a sleep is announced, lets what shares this CPU run and says
     /// whether the data came meanwhile (`Some(Ready)`; `Some(Pending)` for a yield; `None`
-    /// moves on to the sleep). First the worker's other tasks, then the thread's turn on the
+    /// moves on to the sleep). First the worker's other tasks (after this end's own send, the
+    /// CPU first: below), then the thread's turn on the
     /// CPU (`sched_yield`: a peer woken for our last message, or finishing its own turn, runs
     /// now and writes while we are not yet announced, so it rings no doorbell and no wake-up
     /// is needed). With nothing else runnable both return at once.
