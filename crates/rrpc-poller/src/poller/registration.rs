@@ -42,6 +42,13 @@ thread_local! {
 /// while they have not answered ([`Registration::yield_to_peer`]).
 const HANDOFF_TICKS: usize = 4;
 
+/// A connection's most handed-off waits in a row that give the CPU to the peer first, without
+/// a turn of their worker ([`Registration::poll_yield_to_peer`]): then one wait takes its
+/// worker's turn first, so that the worker's other tasks (other connections' readers, woken
+/// by the reactor, which only that turn polls) wait at most this many round trips of a
+/// ping-pong. Each turn costs a task yield and a reactor poll (~1 500 instructions).
+pub(super) const CPU_FIRST_RUN: u32 = 8;
+
 /// Polls a notification fd (an eventfd, a completion channel) and, once it is readable,
 /// consumes what is pending with `ack`: `Ready(Ok(r))` with `ack`'s result when it consumed
 /// something or failed; a spurious readiness (`ack` says `WouldBlock`) is cleared and polled
@@ -185,6 +192,9 @@ pub struct Registration {
     /// `sends` when the last wait returned: nothing sent since means that what consumes
     /// the data it returned may still be on its way to an answer ([`Self::yield_to_peer`]).
     pub(super) sends_at_ready: u64,
+    /// Handed-off waits in a row that gave the CPU to the peer first, without a turn of the
+    /// worker (at most [`CPU_FIRST_RUN`]; [`Self::poll_yield_to_peer`]).
+    pub(super) cpu_first: u32,
     /// The wait in progress between two polls ([`Self::poll_ready_with`]).
     pub(super) wait: Wait,
     pub(super) removed: bool,
@@ -334,6 +344,7 @@ impl Registration {
             seen_sends: 0,
             last_ready: None,
             sends_at_ready: 0,
+            cpu_first: 0,
             wait: Wait::Idle,
             removed: false,
         })
@@ -945,6 +956,7 @@ impl Registration {
         };
         if !yielded
             && ticks == 0
+            && self.cpu_first < CPU_FIRST_RUN
             && self.sends.is_some()
             && answered(self)
             && let Poll::Ready(coop) = tokio::task::coop::poll_proceed(cx)
@@ -962,8 +974,10 @@ impl Registration {
             // in the peer's turn would otherwise never return to its
             // worker, whose other tasks (other connections, handlers,
             // timers) would wait for as long as the ping-pong lasts. Once
-            // the budget is spent the wait takes the worker's turn first.
+            // the budget is spent the wait takes the worker's turn first,
+            // and so does every [`CPU_FIRST_RUN`]th wait in a row.
             coop.made_progress();
+            self.cpu_first += 1;
             std::thread::yield_now();
             if self.entry.source.ready() {
                 return hit(self);
@@ -990,6 +1004,7 @@ impl Registration {
             ticks,
             yielded: true,
         };
+        self.cpu_first = 0;
         Ok(Some(yield_now(cx)))
     }
 

@@ -406,7 +406,11 @@ impl Shared {
                     return Poll::Pending;
                 }
                 Poll::Ready(r) => {
-                    let gone = self.dispatch(&mut t, id, rx, r, events, goaway, bad);
+                    if goaway {
+                        self.retired.store(true, Ordering::Release);
+                        t.conn.handle_goaway();
+                    }
+                    let gone = self.dispatch(&mut t, id, rx, r, events, bad);
                     drop(t);
                     drop(gone);
                 }
@@ -415,7 +419,9 @@ impl Shared {
     }
 
     /// Hands one receive's events to their calls (under the lock), and the
-    /// receiver back to the table unless the connection must end.
+    /// receiver back to the table unless the connection must end (a GOAWAY
+    /// in the receive was handled first, by the caller). `me`: the call
+    /// whose poll received them ([`Shared::deliver_from`]).
     fn dispatch(
         &self,
         t: &mut Table,
@@ -423,14 +429,9 @@ impl Shared {
         rx: Box<dyn MsgRx>,
         r: Result<bool, Error>,
         mut events: Vec<(u32, Event)>,
-        goaway: bool,
         mut bad: Option<FrameError>,
     ) -> (RxDrop, Option<Box<dyn MsgRx>>) {
         t.driver = None;
-        if goaway {
-            self.retired.store(true, Ordering::Release);
-            t.conn.handle_goaway();
-        }
         for (cid, ev) in events.drain(..) {
             if let Err(e) = self.deliver_from(t, me, cid, ev) {
                 bad.get_or_insert(e);
