@@ -109,8 +109,10 @@
 //!   needs that same CPU (it is this process, or a process on this host confined to that CPU, by
 //!   `SO_PEERCRED` and its mask), every spin only delays the answer. That connection's waits
 //!   then never spin: each yields first (the worker's other tasks, up to 4 turns while this
-//!   end has sent nothing since the data it last returned, then the CPU: a peer that answers
-//!   meanwhile rings nothing, [`Stats::yield_hits`]), then is announced to the writer and
+//!   end has sent nothing since the data it last returned, then the CPU; a wait that follows
+//!   this end's own send gives the CPU to the peer first, its worker's turn only if no answer
+//!   came, at most 8 waits in a row; a peer that answers meanwhile rings nothing,
+//!   [`Stats::yield_hits`]), then is announced to the writer and
 //!   woken by its doorbell, one wake-up ([`Registration::hands_off`]; [`Stats::spins`]
 //!   stays 0). Processes pinned each to a core
 //!   of its own, the benchmarks' layout and HPC's, keep spinning.

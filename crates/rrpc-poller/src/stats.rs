@@ -120,7 +120,8 @@ pub struct Stats {
     /// busy stops spinning).
     pub busy_worker_spins: u64,
     /// Hand-off: waits satisfied by their yield (the worker's other tasks, then the CPU, ran
-    /// once) before any sleep was announced: no doorbell rung, no wake-up.
+    /// once; after this end's send, the CPU first) before any sleep was announced: no
+    /// doorbell rung, no wake-up.
     pub yield_hits: u64,
     /// Spin back-off: sleeps a task announced itself, its polling thread being backed off.
     pub self_announces: u64,

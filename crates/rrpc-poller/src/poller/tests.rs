@@ -371,3 +371,108 @@ fn a_spin_that_catches_its_data_only_late_does_not_earn() {
         assert!(soon.spin_hits >= WAITS / 2, "{soon:?}");
     });
 }
+
+/// A source that is ready from its `n`th look on.
+#[derive(Debug)]
+struct ReadyFromLook(AtomicU64);
+
+impl Readiness for ReadyFromLook {
+    fn ready(&self) -> bool {
+        self.0.fetch_sub(1, Ordering::SeqCst) <= 1
+    }
+}
+
+/// A handed-off wait that follows this end's own send gives the CPU to the
+/// peer first: an answer there after that turn is taken in the same poll,
+/// without a yield to the worker (a task poll and a reactor poll a wait;
+/// the fast path's ping-pong on one CPU). A wait whose end sent nothing
+/// since its data came yields to its worker first, as before.
+#[test]
+fn a_handed_off_wait_after_a_send_yields_the_cpu_first() {
+    use crate::Handoff;
+    use crate::poller::SendLog;
+    let p = Poller::start(
+        PollerConfig::builder()
+            .mode(Mode::Bpev)
+            .polling_threads(1)
+            .handoff(Handoff::Always)
+            .build()
+            .unwrap(),
+    )
+    .unwrap();
+    assert!(p.hands_off());
+    let waker = std::task::Waker::noop();
+    let mut cx = std::task::Context::from_waker(waker);
+    // Not ready at the wait's first look, ready at the next one.
+    let src = Arc::new(ReadyFromLook(AtomicU64::new(2)));
+    let mut reg = p.register(src.clone()).unwrap();
+    let sends = Arc::new(SendLog::new());
+    reg.follow_sends(sends.clone());
+    sends.record();
+    let r = reg.poll_ready_with(&mut cx, &mut || Ok(true));
+    assert!(
+        matches!(r, std::task::Poll::Ready(Ok(()))),
+        "after a send: the answer taken without a yield to the worker: {r:?}"
+    );
+    // Nothing sent since the data came: the worker's turn comes first.
+    src.0.store(2, Ordering::SeqCst);
+    let r = reg.poll_ready_with(&mut cx, &mut || Ok(true));
+    assert!(r.is_pending(), "no send: a yield to the worker first");
+    let r = reg.poll_ready_with(&mut cx, &mut || Ok(true));
+    assert!(matches!(r, std::task::Poll::Ready(Ok(()))), "{r:?}");
+}
+
+/// The CPU-first hand-off keeps the worker fair: a task whose every wait is
+/// answered in the peer's turn still returns to its worker every
+/// `CPU_FIRST_RUN` waits (and once its tokio budget is spent), so a
+/// neighbour task on the same worker runs meanwhile.
+#[test]
+fn a_task_answered_in_the_peers_turn_still_lets_its_worker_run() {
+    use crate::Handoff;
+    use crate::poller::SendLog;
+    rt().block_on(async {
+        let p = Poller::start(
+            PollerConfig::builder()
+                .mode(Mode::Bpev)
+                .polling_threads(1)
+                .handoff(Handoff::Always)
+                .build()
+                .unwrap(),
+        )
+        .unwrap();
+        let ran = Arc::new(AtomicU64::new(0));
+        let r = ran.clone();
+        let neighbour = tokio::spawn(async move {
+            loop {
+                r.fetch_add(1, Ordering::SeqCst);
+                tokio::task::yield_now().await;
+            }
+        });
+        let src = Arc::new(ReadyFromLook(AtomicU64::new(2)));
+        let mut reg = p.register(src.clone()).unwrap();
+        let sends = Arc::new(SendLog::new());
+        reg.follow_sends(sends.clone());
+        let ran2 = ran.clone();
+        let during = tokio::spawn(async move {
+            let before = ran2.load(Ordering::SeqCst);
+            for _ in 0..1024 {
+                sends.record();
+                src.0.store(2, Ordering::SeqCst);
+                std::future::poll_fn(|cx| reg.poll_ready_with(cx, &mut || Ok(true)))
+                    .await
+                    .unwrap();
+            }
+            ran2.load(Ordering::SeqCst) - before
+        })
+        .await
+        .unwrap();
+        neighbour.abort();
+        // One wait in `CPU_FIRST_RUN + 1` takes the worker's turn first
+        // (without the limit, only tokio's budget: 7 times in 1 024).
+        let turns = 1024 / u64::from(super::registration::CPU_FIRST_RUN + 1);
+        assert!(
+            during >= turns / 2,
+            "the neighbour ran {during} times, not about {turns}"
+        );
+    });
+}

@@ -807,6 +807,34 @@ mod tests {
         assert_eq!(fb.0.load(Ordering::SeqCst), 0);
     }
 
+    /// The call that receives its own reply is not woken by it: it takes
+    /// the event as its receive returns (a wake-up of its own task, a
+    /// whole extra poll of it on a current-thread runtime, was wasted).
+    #[tokio::test(flavor = "current_thread")]
+    async fn the_receiving_call_does_not_wake_itself() {
+        let (cpipe, spipe) = mem_pair(1 << 16);
+        let svc = tower::service_fn(|_r: http::Request<Body>| async {
+            Ok::<_, std::convert::Infallible>(http::Response::new(Body::empty()))
+        });
+        let cfg = RrpcConfig::default();
+        spawn_server(spipe, svc, &cfg);
+        let ch = channel(cpipe, &cfg);
+        let mut c = ch.clone();
+        // The request is written now; the server answers meanwhile.
+        let fut = tower::Service::call(&mut c, req("/x"));
+        let mut fut = std::pin::pin!(fut);
+        for _ in 0..20 {
+            tokio::task::yield_now().await;
+        }
+        let (count, waker) = counting();
+        let mut cx = Context::from_waker(&waker);
+        match fut.as_mut().poll(&mut cx) {
+            Poll::Ready(r) => assert!(r.is_ok(), "{:?}", r.err()),
+            Poll::Pending => panic!("the reply was in the pipe"),
+        }
+        assert_eq!(count.0.load(Ordering::SeqCst), 0, "woke itself");
+    }
+
     /// Calls finishing out of order on one connection all get their replies
     /// (the first one waits while the second receives and leaves).
     #[tokio::test(flavor = "current_thread")]

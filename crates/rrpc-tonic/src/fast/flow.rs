@@ -14,11 +14,14 @@
 //! consumer stopped reading stalls only its own sender, never the
 //! connection's other calls.
 
-use std::sync::Arc;
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::task::{Context, Poll};
 
 use bytes::Bytes;
+use futures_util::task::AtomicWaker;
 use tokio::sync::Semaphore;
-use tokio::sync::mpsc::UnboundedSender;
 
 use super::proto::flow::{Unacked, check_grant};
 use super::proto::server::{CallKey, Note};
@@ -103,6 +106,102 @@ impl CallFlow {
     }
 }
 
+/// The server's call tasks' [`Note`]s to their connection's driver, in
+/// the order sent: a queue under a short lock, a flag the driver reads
+/// without it (its look at the notes before each turn costs one load when
+/// there are none), and the driver's waker. What tokio's unbounded
+/// channel did here, for ~360 instructions a call less on the fast path
+/// (its block list, semaphore and cooperative budget).
+///
+/// A note sent from inside the driver's own turn (a unary handler polled
+/// inline releases its place) still wakes the driver's task, as the
+/// channel did: not waking it was measured, and cost ~700 instructions a
+/// call more (the task, found idle, parked with a yield instead).
+pub(crate) fn notes() -> (NoteTx, NoteRx) {
+    let q = Arc::new(NoteQueue::default());
+    (NoteTx(q.clone()), NoteRx(q))
+}
+
+#[derive(Debug, Default)]
+struct NoteQueue {
+    queue: Mutex<VecDeque<Note>>,
+    /// The queue holds a note (changed under `queue`'s lock; read
+    /// without it by the driver's quick look).
+    any: AtomicBool,
+    /// The driver's waker, from its last wait.
+    waker: AtomicWaker,
+    /// The driver is gone: notes are dropped (no unbounded queue).
+    closed: AtomicBool,
+}
+
+/// A call task's end of [`notes`] (cloneable).
+#[derive(Debug, Clone)]
+pub(crate) struct NoteTx(Arc<NoteQueue>);
+
+/// The driver's end of [`notes`].
+#[derive(Debug)]
+pub(crate) struct NoteRx(Arc<NoteQueue>);
+
+impl NoteTx {
+    /// Queues `note` and wakes the driver if it waits. Dropped once the
+    /// driver is gone.
+    pub(crate) fn send(&self, note: Note) {
+        let q = &self.0;
+        if q.closed.load(Ordering::Acquire) {
+            return;
+        }
+        {
+            let mut queue = q.queue.lock().unwrap_or_else(PoisonError::into_inner);
+            queue.push_back(note);
+            q.any.store(true, Ordering::Release);
+        }
+        q.waker.wake();
+    }
+}
+
+impl NoteRx {
+    /// The next note, if one was sent.
+    pub(crate) fn try_recv(&mut self) -> Option<Note> {
+        let q = &self.0;
+        if !q.any.load(Ordering::Acquire) {
+            return None;
+        }
+        let mut queue = q.queue.lock().unwrap_or_else(PoisonError::into_inner);
+        let note = queue.pop_front();
+        if queue.is_empty() {
+            q.any.store(false, Ordering::Release);
+        }
+        note
+    }
+
+    /// The next note, or `Pending` with the task's waker kept until a note
+    /// comes.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: a note is taken only in the poll that returns it.
+    pub(crate) fn poll_recv(&mut self, cx: &mut Context<'_>) -> Poll<Note> {
+        if let Some(n) = self.try_recv() {
+            return Poll::Ready(n);
+        }
+        self.0.waker.register(cx.waker());
+        match self.try_recv() {
+            Some(n) => Poll::Ready(n),
+            None => Poll::Pending,
+        }
+    }
+}
+
+impl Drop for NoteRx {
+    fn drop(&mut self) {
+        self.0.closed.store(true, Ordering::Release);
+        self.0
+            .queue
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clear();
+    }
+}
+
 /// What a receiving body needs to hand consumed bytes back to the peer.
 #[derive(Debug)]
 pub(crate) struct Credit {
@@ -114,17 +213,12 @@ pub(crate) struct Credit {
     /// is written, so before the peer can use them). Client: none, the
     /// call table counts them as the body takes them out
     /// ([`super::proto::client::Call::pop_event`]).
-    server: Option<(Unacked, UnboundedSender<Note>, CallKey)>,
+    server: Option<(Unacked, NoteTx, CallKey)>,
 }
 
 impl Credit {
     /// Server: the credit of call `key` whose receive window is `window`.
-    pub(crate) fn server(
-        writer: FrameWriter,
-        key: CallKey,
-        window: u32,
-        notes: UnboundedSender<Note>,
-    ) -> Credit {
+    pub(crate) fn server(writer: FrameWriter, key: CallKey, window: u32, notes: NoteTx) -> Credit {
         Credit {
             writer,
             id: key.id,
@@ -150,7 +244,7 @@ impl Credit {
         let Some(inc) = unacked.consumed(len) else {
             return;
         };
-        let _ = notes.send(Note::Returned(*key, inc));
+        notes.send(Note::Returned(*key, inc));
         self.send_update(inc);
     }
 
@@ -260,6 +354,47 @@ mod tests {
         let f = CallFlow::new(frame::MAX_WINDOW - 10);
         f.granted(10).unwrap();
         assert!(f.granted(1).is_err());
+    }
+
+    struct Count(std::sync::atomic::AtomicUsize);
+    impl std::task::Wake for Count {
+        fn wake(self: Arc<Self>) {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    /// Notes come out in the order sent; a waiting driver is woken by
+    /// the first, and once the driver is gone notes are dropped.
+    #[test]
+    fn notes_come_in_order_and_wake_a_waiting_driver() {
+        let key = CallKey::for_tests;
+        let (tx, mut rx) = notes();
+        let count = Arc::new(Count(std::sync::atomic::AtomicUsize::new(0)));
+        let waker = std::task::Waker::from(count.clone());
+        let mut cx = Context::from_waker(&waker);
+        assert!(rx.poll_recv(&mut cx).is_pending());
+        tx.send(Note::Released(key(1)));
+        assert_eq!(
+            count.0.load(Ordering::SeqCst),
+            1,
+            "the waiting driver woken"
+        );
+        tx.clone().send(Note::Finished(key(1)));
+        assert_eq!(count.0.load(Ordering::SeqCst), 1, "woken once");
+        assert_eq!(rx.poll_recv(&mut cx), Poll::Ready(Note::Released(key(1))));
+        assert_eq!(rx.try_recv(), Some(Note::Finished(key(1))));
+        assert_eq!(rx.try_recv(), None);
+        // Not waiting: a note is kept for the next look.
+        tx.send(Note::Returned(key(2), 7));
+        assert_eq!(count.0.load(Ordering::SeqCst), 1, "nobody waits");
+        assert_eq!(rx.try_recv(), Some(Note::Returned(key(2), 7)));
+        assert!(rx.poll_recv(&mut cx).is_pending());
+        tx.send(Note::Finished(key(3)));
+        assert_eq!(count.0.load(Ordering::SeqCst), 2, "woken again");
+        assert_eq!(rx.try_recv(), Some(Note::Finished(key(3))));
+        drop(rx);
+        tx.send(Note::Finished(key(2)));
+        assert!(tx.0.queue.lock().unwrap().is_empty(), "dropped: no driver");
     }
 
     #[tokio::test]

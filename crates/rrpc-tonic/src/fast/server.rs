@@ -19,7 +19,7 @@ use tonic::Status;
 use tonic::body::Body;
 use tower::ServiceExt;
 
-use super::flow::{self, CallFlow, Credit};
+use super::flow::{self, CallFlow, Credit, NoteRx, NoteTx};
 use super::proto::server::{self as proto, CallKey, In, Note, Output};
 use super::writer::{Batch, FrameWriter, Out};
 use super::{Event, RecvBody};
@@ -48,14 +48,14 @@ struct Call {
 #[derive(Debug)]
 struct Place {
     key: CallKey,
-    notes: mpsc::UnboundedSender<Note>,
+    notes: NoteTx,
     released: AtomicBool,
 }
 
 impl Place {
     fn release(&self) {
         if !self.released.swap(true, Ordering::AcqRel) {
-            let _ = self.notes.send(Note::Released(self.key));
+            self.notes.send(Note::Released(self.key));
         }
     }
 }
@@ -141,7 +141,7 @@ where
                 // branch interrupts resumes in the receiver at the next
                 // turn.
                 r = poll_fn(|cx| rx.poll_recv_with(cx, &mut sink)) => Wake::Received(r),
-                Some(note) = conn.notes.recv() => Wake::Note(note),
+                note = poll_fn(|cx| conn.notes.poll_recv(cx)) => Wake::Note(note),
                 () = &mut failed => Wake::Failed,
                 // Disabled once draining: the completed future is never polled again.
                 () = &mut shut, if !conn.proto.is_draining() => Wake::Shutdown,
@@ -229,8 +229,8 @@ struct ServerConn<Svc, Mk, F> {
     proto: proto::Server,
     /// The calls whose handler went on after its first poll.
     calls: HashMap<u32, Call>,
-    notes_tx: mpsc::UnboundedSender<Note>,
-    notes: mpsc::UnboundedReceiver<Note>,
+    notes_tx: NoteTx,
+    notes: NoteRx,
     /// The frames of the message being handled, decoded.
     inbox: Vec<In>,
     /// The instant the deadline timer is set to, if it is armed.
@@ -267,7 +267,7 @@ where
             Some(m) => cfg.max_concurrent_calls().min(m as usize),
             None => cfg.max_concurrent_calls(),
         };
-        let (notes_tx, notes) = mpsc::unbounded_channel::<Note>();
+        let (notes_tx, notes) = flow::notes();
         ServerConn {
             svc,
             start_call,
@@ -306,7 +306,7 @@ where
 
     /// Every note sent so far.
     fn apply_notes(&mut self) {
-        while let Ok(note) = self.notes.try_recv() {
+        while let Some(note) = self.notes.try_recv() {
             self.apply_note(note);
         }
     }
@@ -560,7 +560,7 @@ where
             if let Some(f) = fut.as_mut().as_pin_mut() {
                 f.await;
             }
-            let _ = done.send(Note::Finished(key));
+            done.send(Note::Finished(key));
         });
         let task = task.abort_handle();
         let call = Call {

@@ -267,10 +267,22 @@ impl Shared {
     /// The server broke the call's flow control (sent beyond its window,
     /// or overflowed ours).
     pub(super) fn deliver(&self, t: &mut Table, id: u32, ev: Event) -> Result<(), FrameError> {
+        self.deliver_from(t, FALLBACK, id, ev)
+    }
+
+    /// [`deliver`](Self::deliver) by the receive of call `me` (or of
+    /// the fallback reader): an event for `me` itself wakes nobody, since
+    /// `me` pops it as soon as its receive returns. Its waker is taken all
+    /// the same (it no longer waits). Waking it cost a wake-up of the
+    /// caller's own task a call (a whole re-poll on tokio's current-thread
+    /// runtime, whose `block_on` polls its future again once woken).
+    fn deliver_from(&self, t: &mut Table, me: u32, id: u32, ev: Event) -> Result<(), FrameError> {
         match t.conn.deliver(id, ev)? {
             proto::Delivered::Grant(s, inc) => s.flow.granted(inc),
             proto::Delivered::Queued(s) => {
-                if let Some(w) = s.waker.take() {
+                if let Some(w) = s.waker.take()
+                    && id != me
+                {
                     w.wake();
                 }
                 Ok(())
@@ -394,7 +406,11 @@ impl Shared {
                     return Poll::Pending;
                 }
                 Poll::Ready(r) => {
-                    let gone = self.dispatch(&mut t, rx, r, events, goaway, bad);
+                    if goaway {
+                        self.retired.store(true, Ordering::Release);
+                        t.conn.handle_goaway();
+                    }
+                    let gone = self.dispatch(&mut t, id, rx, r, events, bad);
                     drop(t);
                     drop(gone);
                 }
@@ -403,23 +419,21 @@ impl Shared {
     }
 
     /// Hands one receive's events to their calls (under the lock), and the
-    /// receiver back to the table unless the connection must end.
+    /// receiver back to the table unless the connection must end (a GOAWAY
+    /// in the receive was handled first, by the caller). `me`: the call
+    /// whose poll received them ([`Shared::deliver_from`]).
     fn dispatch(
         &self,
         t: &mut Table,
+        me: u32,
         rx: Box<dyn MsgRx>,
         r: Result<bool, Error>,
         mut events: Vec<(u32, Event)>,
-        goaway: bool,
         mut bad: Option<FrameError>,
     ) -> (RxDrop, Option<Box<dyn MsgRx>>) {
         t.driver = None;
-        if goaway {
-            self.retired.store(true, Ordering::Release);
-            t.conn.handle_goaway();
-        }
         for (cid, ev) in events.drain(..) {
-            if let Err(e) = self.deliver(t, cid, ev) {
+            if let Err(e) = self.deliver_from(t, me, cid, ev) {
                 bad.get_or_insert(e);
             }
         }

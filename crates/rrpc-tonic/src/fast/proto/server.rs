@@ -39,6 +39,14 @@ pub(crate) struct CallKey {
     seq: u64,
 }
 
+impl CallKey {
+    /// Tests: the key of call `id` (sequence 0).
+    #[cfg(test)]
+    pub(crate) fn for_tests(id: u32) -> CallKey {
+        CallKey { id, seq: 0 }
+    }
+}
+
 /// One decoded client frame, owned.
 #[derive(Debug)]
 pub(crate) enum In {
