@@ -1110,6 +1110,11 @@ fn connect_rounds(args: &SuiteArgs, server_rt: &Runtime, client_rt: &Runtime) ->
             with(Transport::RrpcFast, &|b| b.connection_pool(4))?,
         ),
         (
+            "rrpc-shm-fast-shared",
+            Transport::RrpcFast,
+            with(Transport::RrpcFast, &|b| b.shared_queue_pairs(true))?,
+        ),
+        (
             "rrpc-port-shm",
             Transport::RrpcPort,
             with(Transport::RrpcPort, &shm_only)?,
@@ -1118,6 +1123,11 @@ fn connect_rounds(args: &SuiteArgs, server_rt: &Runtime, client_rt: &Runtime) ->
             "rrpc-port-shm-spare2",
             Transport::RrpcPort,
             with(Transport::RrpcPort, &|b| shm_only(b).spare_connections(2))?,
+        ),
+        (
+            "rrpc-port-shm-shared",
+            Transport::RrpcPort,
+            with(Transport::RrpcPort, &|b| shm_only(b).shared_queue_pairs(true))?,
         ),
     ];
     for round in 1..=rounds {
@@ -1161,7 +1171,8 @@ fn connect_rounds(args: &SuiteArgs, server_rt: &Runtime, client_rt: &Runtime) ->
          context remembers the shm endpoint the port named, so a connect dials it with no TCP \
          connection and no negotiation (rrpc_tonic's context::PortMemo). spare2: \
          spare_connections(2). pool4: connection_pool(4) at both ends (bundles of rings and queue pair made \
-         ahead by a background thread)."
+         ahead by a background thread). shared: shared_queue_pairs(true) at both ends (the warm-up \
+         opens the shared connection; each timed connect is a logical connection over it)."
     ));
     Ok(t)
 }
