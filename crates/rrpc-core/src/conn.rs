@@ -63,6 +63,9 @@
 //!   [`Incoming`]) run the handshake; `established` ([`Connection`]) is the
 //!   connection and its liveness; `logical` ([`SharedConnection`],
 //!   [`connect_logical`]) builds on both.
+//! * `mux` (logical connections over a shared connection's open side
+//!   channel, their rings in arenas granted ahead: the messages and the
+//!   protocol, sans IO) is a leaf too: it imports only the error.
 //! * None of them names a provider. The side channels (a Unix socket with
 //!   descriptor passing for shm, TCP with optional TLS for verbs) are the
 //!   providers', behind one seam, `provider::side`: its `SideListener` and
@@ -84,6 +87,7 @@ mod dial;
 pub(crate) mod established;
 pub(crate) mod exchange;
 mod logical;
+pub mod mux;
 pub(crate) mod settings;
 
 pub use accept::{Incoming, Listener, Pending};
