@@ -1127,7 +1127,9 @@ fn connect_rounds(args: &SuiteArgs, server_rt: &Runtime, client_rt: &Runtime) ->
         (
             "rrpc-port-shm-shared",
             Transport::RrpcPort,
-            with(Transport::RrpcPort, &|b| shm_only(b).shared_queue_pairs(true))?,
+            with(Transport::RrpcPort, &|b| {
+                shm_only(b).shared_queue_pairs(true)
+            })?,
         ),
     ];
     for round in 1..=rounds {
