@@ -63,6 +63,8 @@
 //!   [`Incoming`]) run the handshake; `established` ([`Connection`]) is the
 //!   connection and its liveness; `logical` ([`SharedConnection`],
 //!   [`connect_logical`]) builds on both.
+//! * `lanes` ([`LaneArenas`], [`LaneEvent`], `SharedConnection::lane_*`)
+//!   drives `mux` over a [`SharedConnection`]'s side channel (shm).
 //! * `mux` (logical connections over a shared connection's open side
 //!   channel, their rings in arenas granted ahead: the messages and the
 //!   protocol, sans IO) is a leaf too: it imports only the error.
@@ -86,6 +88,7 @@ pub(crate) mod budget;
 mod dial;
 pub(crate) mod established;
 pub(crate) mod exchange;
+mod lanes;
 mod logical;
 pub mod mux;
 pub(crate) mod settings;
@@ -96,6 +99,7 @@ pub use budget::{DEFAULT_MAX_PEER_GRANT_BYTES, NEAR_END_DIVISOR, PeerKey};
 pub use dial::{Dialing, connect};
 pub use established::Connection;
 pub use exchange::{Offer, PeerInfo};
+pub use lanes::{LANE_WRITE_WAIT, LaneArenas, LaneEvent, LaneSlots, ROLE_ARENA};
 pub use logical::{GRANT_LEASE, SharedConnection, connect_logical};
 #[cfg(feature = "verbs")]
 pub use settings::TlsClient;
