@@ -158,9 +158,8 @@ impl LocalRing {
         // Below the minimum only where the pages go back (`Region::discard`): a
         // verbs registration or huge pages keep them, and going below would cost
         // a resize round trip after every quiet spell for nothing.
-        let releases = kind == rrpc_core::ProviderKind::Shm
-            && !rx_region.is_huge()
-            && !tx_region.is_huge();
+        let releases =
+            kind == rrpc_core::ProviderKind::Shm && !rx_region.is_huge() && !tx_region.is_huge();
         let cfg = if releases || cfg.idle_ring_size() == cfg.min_ring_size() {
             cfg.clone()
         } else {

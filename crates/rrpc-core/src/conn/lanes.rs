@@ -253,6 +253,12 @@ impl SharedConnection {
         self.lane_state().map_or(0, |s| s.mux.tags().count())
     }
 
+    /// Whether lane `tag` is open, opening or closing here (a new lane
+    /// may not take it yet).
+    pub fn lane_tag_taken(&self, tag: u32) -> bool {
+        self.lane_state().is_ok_and(|s| s.mux.is_taken(tag))
+    }
+
     /// Free slots of our arenas.
     pub fn lane_free_slots(&self) -> usize {
         self.lane_state().map_or(0, |s| s.mux.free_slots())
@@ -348,6 +354,9 @@ impl SharedConnection {
         let conn = match self.lane_connection(&mut s, tag, theirs) {
             Ok(c) => c,
             Err(e) => {
+                // No answer named our slots: they are free again.
+                let slots: Vec<Slice> = ours.slices.iter().map(|(_, sl)| *sl).collect();
+                s.mux.untake(&slots);
                 let frame = s.mux.refuse(req, &e.to_string())?;
                 self.lane_send(&frame)?;
                 return Err(e);
