@@ -437,6 +437,8 @@ impl SharedConnection {
         let r = self.lane_poll_locked(&mut s);
         if r.is_err() {
             self.connection().mark_gone();
+            // The peer sees its shared connection close: it is done.
+            self.connection().side.shutdown();
             // Every lane's watcher sees its socket close; nothing more
             // is written into their rings.
             for (_, (end, qp)) in s.ends.drain() {

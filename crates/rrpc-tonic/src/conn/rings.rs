@@ -482,15 +482,16 @@ async fn dial_lane(
         let conn = match answered {
             Err(_) => {
                 given_up.armed = true;
+                // A server that hangs with its end open: the next connect
+                // opens a new shared connection.
+                ctx.peers().invalidate(key, &peer);
                 return Err(rrpc_core::Error::Timeout.into());
             }
             Ok(Err(_)) => {
                 ctx.peers().invalidate(key, &peer);
                 return Err(rrpc_core::Error::PeerGone.into());
             }
-            Ok(Ok(Err(rrpc_core::Error::Rejected(r))))
-                if tries < 3 && sharing::is_stale(&r) =>
-            {
+            Ok(Ok(Err(rrpc_core::Error::Rejected(r)))) if tries < 3 && sharing::is_stale(&r) => {
                 tracing::debug!(endpoint = %ep, reason = %r, "rrpc: lane refused; retrying");
                 continue;
             }

@@ -19,6 +19,19 @@
 //! logical reply  (server -> client) = path reply (9 bytes)
 //! ```
 //!
+//! On `shm://` a shared connection carries **lanes** (#58): its opening
+//! grants each end's lane arena (rrpc-core `conn::lanes`, [`LANE_SLOTS`]
+//! rings), and a connect over it is one `open` message on its side
+//! channel, answered there (rrpc-core `conn::mux`), its rings slots of
+//! the arenas: no socket, no handshake, no descriptor passed, nothing
+//! mapped. One reader task per shared connection at each end reads that
+//! side channel: the client's hands answers to the connects waiting on
+//! them, the server's hands asks to its listener's accept loop
+//! ([`LaneAsk`]), which answers them like clients (its limits included).
+//! When a shared connection has no lanes (`rdma://`, a server that grants
+//! no arena) or its arenas are full, a connect runs a logical
+//! connection's handshake as above.
+//!
 //! The client caches its shared connections by server
 //! (`rrpc_core::meta::PeerCache`), keyed by the address it dialed
 //! ([`PeerKey`]): the ring endpoint for `shm://` and `rdma://`, the port's
@@ -117,9 +130,10 @@ pub(crate) struct LaneAsk {
 impl Drop for LaneAsk {
     fn drop(&mut self) {
         if self.open {
-            let _ = self
-                .shared
-                .lane_refuse(self.req, "the server dropped the connection before answering");
+            let _ = self.shared.lane_refuse(
+                self.req,
+                "the server dropped the connection before answering",
+            );
         }
     }
 }
@@ -163,18 +177,18 @@ fn spawn_reader(
             for ev in events {
                 match ev {
                     LaneEvent::Opened { req, conn } => {
-                        let w = waiters.as_ref().and_then(|w| {
-                            w.lock().unwrap_or_else(|p| p.into_inner()).remove(&req)
-                        });
+                        let w = waiters
+                            .as_ref()
+                            .and_then(|w| w.lock().unwrap_or_else(|p| p.into_inner()).remove(&req));
                         // A connect gone meanwhile: its lane drops, closed.
                         if let Some(w) = w {
                             let _ = w.send(conn);
                         }
                     }
                     LaneEvent::Refused { req, reason } => {
-                        let w = waiters.as_ref().and_then(|w| {
-                            w.lock().unwrap_or_else(|p| p.into_inner()).remove(&req)
-                        });
+                        let w = waiters
+                            .as_ref()
+                            .and_then(|w| w.lock().unwrap_or_else(|p| p.into_inner()).remove(&req));
                         if let Some(w) = w {
                             let _ = w.send(Err(rrpc_core::Error::Rejected(reason)));
                         }
@@ -304,8 +318,12 @@ pub struct SharedConnectionStats {
     /// Whether its side channel still says the peer is there.
     pub alive: bool,
     /// Ring pairs made ahead for its next logical connections (up to
-    /// `RrpcConfig::connection_pool_for` its provider).
+    /// `RrpcConfig::connection_pool_for` its provider). Lanes take none:
+    /// their rings are slots of the arenas.
     pub spare_rings: usize,
+    /// Whether its logical connections are lanes (`shm://`: one message on
+    /// its side channel each, rings in arenas granted when it opened).
+    pub lanes: bool,
     /// Its queue pair's counters (`rrpc_core::vqp`).
     pub queue_pair: rrpc_core::vqp::VqpStats,
 }
@@ -318,6 +336,7 @@ impl SharedConnectionStats {
             logical_connections: s.physical().sharers(),
             alive: s.connection().check_alive().is_ok(),
             spare_rings: spares.rings.lock().unwrap_or_else(|p| p.into_inner()).len(),
+            lanes: s.has_lanes(),
             queue_pair: s.physical().stats(),
         }
     }
@@ -478,6 +497,18 @@ pub(crate) struct SharedPeer {
     next_tag: AtomicU32,
     /// Connects waiting for their lane's answer (with lanes).
     pub(crate) waiters: Arc<Waiters>,
+    /// The listening socket it was opened through (`shm://`: its device
+    /// and inode), to tell a server restarted at the same path.
+    listener: Option<(u64, u64)>,
+}
+
+/// The identity of the socket file of `ep` (`shm://`): device and inode.
+fn listener_id(ep: &FabricAddr) -> Option<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    match ep {
+        FabricAddr::Shm(path) => std::fs::metadata(path).ok().map(|m| (m.dev(), m.ino())),
+        _ => None,
+    }
 }
 
 impl SharedPeer {
@@ -499,6 +530,15 @@ impl SharedPeer {
 
     fn alive(&self) -> bool {
         self.shared.connection().check_alive().is_ok()
+    }
+
+    /// Whether its server still listens where it did (`shm://`: the same
+    /// socket file; a server restarted at the path made a new one). A lane
+    /// asks over the shared connection, never through the listener, so a
+    /// server that hangs with its end open would otherwise never say it
+    /// does not know the shared connection.
+    fn same_listener(&self) -> bool {
+        self.listener.is_none() || listener_id(&self.ep) == self.listener
     }
 }
 
@@ -541,7 +581,7 @@ impl Peers {
                 }
             };
             match hit {
-                Some(p) if p.ep == *ep => return Ok(p),
+                Some(p) if p.ep == *ep && p.same_listener() => return Ok(p),
                 Some(_) => {
                     tracing::debug!(
                         server = %key, endpoint = %ep,
@@ -563,6 +603,7 @@ impl Peers {
         let now = Instant::now();
         if let Ok(Some(p)) = cache.get(key, now)
             && p.ep == *ep
+            && p.same_listener()
         {
             return Ok(p.clone());
         }
@@ -576,8 +617,13 @@ impl Peers {
     /// one is cached (no system call, never blocks).
     pub(crate) fn cached(&self, key: &PeerKey, ep: &FabricAddr) -> Option<Arc<SharedPeer>> {
         let mut cell = self.cache.lock().unwrap_or_else(|p| p.into_inner());
-        let p = cell.as_mut()?.get(key, Instant::now()).ok().flatten()?.clone();
-        (p.ep == *ep && !p.shared.connection().is_gone()).then_some(p)
+        let p = cell
+            .as_mut()?
+            .get(key, Instant::now())
+            .ok()
+            .flatten()?
+            .clone();
+        (p.ep == *ep && !p.shared.connection().is_gone() && p.same_listener()).then_some(p)
     }
 
     /// Forgets `peer` as the shared connection to the server `key` names
@@ -624,6 +670,7 @@ fn open(
 ) -> Result<SharedPeer, Error> {
     let fabric = fabric.isolated()?;
     let qp = fabric.create_qp(cfg.queue_pair())?;
+    let listener = listener_id(ep);
     let mut offer = Offer::new()
         .token(cfg.token().map(<[u8]>::to_vec))
         .section(HANDSHAKE_SECTION, OPEN.to_vec());
@@ -659,6 +706,7 @@ fn open(
         id,
         next_tag: AtomicU32::new(0),
         waiters,
+        listener,
     })
 }
 
