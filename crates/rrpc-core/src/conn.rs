@@ -63,8 +63,10 @@
 //!   [`Incoming`]) run the handshake; `established` ([`Connection`]) is the
 //!   connection and its liveness; `logical` ([`SharedConnection`],
 //!   [`connect_logical`]) builds on both.
-//! * `lanes` ([`LaneArenas`], [`LaneEvent`], `SharedConnection::lane_*`)
-//!   drives `mux` over a [`SharedConnection`]'s side channel (shm).
+//! * `lanes` (`SharedConnection::lane_*`) drives `mux` over a
+//!   [`SharedConnection`]'s side channel (shm); what it holds
+//!   ([`LaneArenas`], [`LaneEvent`], [`LaneSlots`]) is in `arenas`, a leaf
+//!   that `logical` imports too.
 //! * `mux` (logical connections over a shared connection's open side
 //!   channel, their rings in arenas granted ahead: the messages and the
 //!   protocol, sans IO) is a leaf too: it imports only the error.
@@ -84,6 +86,7 @@
 use crate::error::Error;
 
 mod accept;
+mod arenas;
 pub(crate) mod budget;
 mod dial;
 pub(crate) mod established;
@@ -94,12 +97,12 @@ pub mod mux;
 pub(crate) mod settings;
 
 pub use accept::{Incoming, Listener, Pending};
+pub use arenas::{LANE_WRITE_WAIT, LaneArenas, LaneEvent, LaneSlots, ROLE_ARENA};
 pub(crate) use budget::BudgetGuard;
 pub use budget::{DEFAULT_MAX_PEER_GRANT_BYTES, NEAR_END_DIVISOR, PeerKey};
 pub use dial::{Dialing, connect};
 pub use established::Connection;
 pub use exchange::{Offer, PeerInfo};
-pub use lanes::{LANE_WRITE_WAIT, LaneArenas, LaneEvent, LaneSlots, ROLE_ARENA};
 pub use logical::{GRANT_LEASE, SharedConnection, connect_logical};
 #[cfg(feature = "verbs")]
 pub use settings::TlsClient;

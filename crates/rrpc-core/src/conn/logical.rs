@@ -45,9 +45,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use super::accept::Incoming;
+use super::arenas::LaneArenas;
 use super::established::{Connection, LogicalHold};
 use super::exchange::{Deadline, Offer, Passed, base_hello, peer_info, reject_code_for};
-use super::lanes::LaneArenas;
 use super::mux::{MuxLimits, MuxRole};
 use super::settings::HandshakeConfig;
 use crate::addr::FabricAddr;
@@ -71,7 +71,7 @@ pub struct SharedConnection {
     retired: Mutex<Retired>,
     /// Logical connections over its side channel, rings in arenas
     /// (`lanes`), when both ends granted arenas at the opening.
-    pub(super) lanes: Option<super::lanes::Lanes>,
+    pub(super) lanes: Option<super::arenas::Lanes>,
 }
 
 /// Grants of dropped logical connections, with when each dropped, oldest
@@ -115,7 +115,7 @@ impl SharedConnection {
         ours: LaneArenas,
         limits: MuxLimits,
     ) -> Result<Arc<SharedConnection>> {
-        let lanes = super::lanes::Lanes::new(&conn, role, ours, limits)?;
+        let lanes = super::arenas::Lanes::new(&conn, role, ours, limits)?;
         conn.muxed.store(true, std::sync::atomic::Ordering::Release);
         let phys = PhysicalQp::new(conn.qp().clone(), cfg)?;
         tracing::debug!(?role, "connection shared, with lanes");
