@@ -245,9 +245,12 @@ impl SharedConnection {
     /// The peer left ([`Error::PeerGone`]) or broke the protocol (`mux`):
     /// the shared connection is failed, and every lane over it.
     pub fn lane_poll(self: &Arc<Self>) -> Result<Vec<LaneEvent>> {
+        // Declared before the lock, so dropped after it: an event's
+        // connection dropped (on an error below) tells us, locking.
+        let mut events = Vec::new();
         let mut s = self.lane_state()?;
-        let r = self.lane_poll_locked(&mut s);
-        if r.is_err() {
+        let r = self.lane_poll_locked(&mut s, &mut events);
+        if let Err(e) = r {
             self.connection().mark_gone();
             // The peer sees its shared connection close: it is done.
             self.connection().side.shutdown();
@@ -257,11 +260,18 @@ impl SharedConnection {
                 qp.fail(&Error::PeerGone);
                 drop(end);
             }
+            drop(s);
+            return Err(e);
         }
-        r
+        drop(s);
+        Ok(events)
     }
 
-    fn lane_poll_locked(self: &Arc<Self>, s: &mut LaneState) -> Result<Vec<LaneEvent>> {
+    fn lane_poll_locked(
+        self: &Arc<Self>,
+        s: &mut LaneState,
+        events: &mut Vec<LaneEvent>,
+    ) -> Result<()> {
         let mut chunk = [0u8; 4096];
         loop {
             match self.connection().side.read(&mut chunk) {
@@ -272,7 +282,6 @@ impl SharedConnection {
                 Err(_) => return Err(Error::PeerGone),
             }
         }
-        let mut events = Vec::new();
         let mut at = 0;
         loop {
             let rest = &s.buf[at..];
@@ -321,7 +330,7 @@ impl SharedConnection {
             }
         }
         s.buf.drain(..at);
-        Ok(events)
+        Ok(())
     }
 
     /// Lane `tag` was dropped here (its queue pair failed: it writes no
