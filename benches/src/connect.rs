@@ -1132,9 +1132,19 @@ fn connect_rounds(args: &SuiteArgs, server_rt: &Runtime, client_rt: &Runtime) ->
             })?,
         ),
     ];
+    // `RRPC_BENCH_SETUPS=a,b`: only the setups named (tonic-tcp is always
+    // run, the baseline of every ratio), for a profile of one setup.
+    let only: Option<Vec<String>> = std::env::var("RRPC_BENCH_SETUPS")
+        .ok()
+        .map(|v| v.split(',').map(str::to_owned).collect());
     for round in 1..=rounds {
         let (mut tcp_p50, mut tcp_rate) = (f64::NAN, f64::NAN);
         for (name, tr, cfg) in &setups {
+            if *tr != Transport::TonicTcp
+                && only.as_ref().is_some_and(|o| !o.iter().any(|n| n == name))
+            {
+                continue;
+            }
             let server = start_server_with(server_rt, *tr, cfg.clone())?;
             let target = server.target().to_owned();
             drop(client_rt.block_on(connect_to(*tr, &target, cfg))?);
