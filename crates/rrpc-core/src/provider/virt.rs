@@ -510,6 +510,13 @@ impl VirtualQp {
             other => other,
         };
         let mut st = p.lock();
+        // Again under the lock: `fail` takes it after setting the reason,
+        // so once `fail` returns no post of this sharer is still writing
+        // (a lane's close then tells the peer the truth: its slots take
+        // no more of our bytes, and it may reuse them).
+        if let Some(e) = s.core.fail.get() {
+            return Err(e);
+        }
         // Algorithm 2, lines 6-7: room for this request first.
         if p.qp.outstanding() >= p.depth {
             p.stats.full_waits.fetch_add(1, Ordering::Relaxed);
@@ -578,9 +585,16 @@ impl VirtualQp {
         Ok(())
     }
 
+    /// Fails this sharer. When it returns, no post of this sharer is in
+    /// progress and none will start: a post checks the reason again under
+    /// the physical queue pair's lock, and this waits for that lock once
+    /// the reason is set (on shm a post copies into the peer's memory
+    /// under it, so a lane's slots are free of our writes before its
+    /// close goes out).
     pub(crate) fn fail(&self, reason: &Error) {
         let s = &self.sharer;
         if s.core.fail.set(FailReason::from_error(reason)) {
+            drop(s.phys.lock());
             s.core.send_ev.wake_if_armed();
             s.core.recv_ev.wake_if_armed();
         }
