@@ -22,6 +22,16 @@ pub(crate) trait LogicalHold: Send + Sync + std::fmt::Debug {
     /// Keeps `grants` (what the logical connection granted the peer)
     /// registered for the lease; releases older ones.
     fn retire(&self, grants: Vec<(u16, Arc<Region>)>);
+
+    /// Closes the logical connection now, without waiting, its queue pair
+    /// failed (a lane: its close is one message on the shared side
+    /// channel). Called only when [`Self::is_lane`].
+    fn close_now(&self) {}
+
+    /// Whether [`Self::close_now`] closes it (a lane).
+    fn is_lane(&self) -> bool {
+        false
+    }
 }
 
 // ---------------------------------------------------------------------------
@@ -221,8 +231,23 @@ impl Connection {
     }
 
     /// Orderly close: tells the peer goodbye and fails our queue pair with
-    /// [`Error::NotConnected`].
+    /// [`Error::NotConnected`]. A lane ([`Self::closes_without_waiting`])
+    /// sends its close on the shared side channel instead, waiting for
+    /// nothing.
     pub fn close(&self) {
+        if self.closes_without_waiting() {
+            // A lane: its close goes over the shared side channel (rrpc-core
+            // `conn::lanes`); its own side channel is a socket pair nobody
+            // reads, so no goodbye, and nothing here waits.
+            self.qp.fail(&Error::NotConnected);
+            self.gone.store(true, Ordering::Release);
+            if let Some(l) = &self.logical {
+                l.close_now();
+            }
+            self.side.shutdown();
+            tracing::debug!("lane closed");
+            return;
+        }
         let _ = self.side.set_nonblocking(false);
         // Best effort, never long: 12 bytes into a socket nothing else writes.
         let _ = self
@@ -232,6 +257,15 @@ impl Connection {
         self.qp.fail(&Error::NotConnected);
         self.gone.store(true, Ordering::Release);
         tracing::debug!("connection closed");
+    }
+}
+
+impl Connection {
+    /// Whether [`Self::close`] never waits (a lane's close is one message on
+    /// its shared connection's side channel): callers on an async worker
+    /// may call it there, with no blocking thread.
+    pub fn closes_without_waiting(&self) -> bool {
+        self.logical.as_ref().is_some_and(|l| l.is_lane())
     }
 }
 

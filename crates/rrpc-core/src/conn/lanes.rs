@@ -29,6 +29,7 @@
 
 use std::os::unix::net::UnixStream;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use super::arenas::{LANE_WRITE_WAIT, LaneEvent, LaneSlots, LaneState, Lanes};
 use super::established::Connection;
@@ -111,7 +112,40 @@ impl SharedConnection {
     pub fn lane_untake(&self, slice: Slice) {
         if let Ok(mut s) = self.lane_state() {
             s.mux.untake(&[slice]);
+            self.release_slots(&mut s);
         }
+    }
+
+    /// Gives the memory of the slots the protocol freed back to the system
+    /// (`Region::discard`): the receive slot (nobody writes it: the close
+    /// handshake is done) and the staging slot of the same index (the
+    /// lane's queue pair failed: it stages nothing more). An idle shared
+    /// connection holds only the pages of lanes open.
+    fn release_slots(&self, s: &mut LaneState) {
+        let Ok(lanes) = self.lanes() else {
+            return;
+        };
+        let o = &lanes.ours;
+        for sl in s.mux.take_released() {
+            let i = sl.offset as usize / o.rx_slot;
+            let r = o
+                .rx
+                .discard(i * o.rx_slot, o.rx_slot)
+                .and_then(|_| o.tx.discard(i * o.tx_slot, o.tx_slot));
+            if let Err(e) = r {
+                tracing::debug!(slot = i, error = %e, "lane slot's memory kept");
+            }
+        }
+    }
+
+    /// Bytes of memory our lane arenas hold now ([`Region::allocated_bytes`]):
+    /// the pages of slots in use (and of slots taken, not yet given back).
+    ///
+    /// # Errors
+    /// No lanes; the system call's.
+    pub fn lane_arena_bytes(&self) -> Result<usize> {
+        let o = &self.lanes()?.ours;
+        Ok(o.rx.allocated_bytes()? + o.tx.allocated_bytes()?)
     }
 
     /// Sends a message on the side channel (with the state locked).
@@ -169,6 +203,7 @@ impl SharedConnection {
                 // No answer named our slots: they are free again.
                 let slots: Vec<Slice> = ours.slices.iter().map(|(_, sl)| *sl).collect();
                 s.mux.untake(&slots);
+                self.release_slots(&mut s);
                 let frame = s.mux.refuse(req, &e.to_string())?;
                 self.lane_send(&frame)?;
                 return Err(e);
@@ -231,6 +266,7 @@ impl SharedConnection {
         conn.logical = Some(Box::new(LaneHold {
             shared: self.clone(),
             tag,
+            closed: AtomicBool::new(false),
         }));
         s.ends.insert(tag, (kept, conn.qp().clone()));
         Ok(conn)
@@ -330,6 +366,7 @@ impl SharedConnection {
             }
         }
         s.buf.drain(..at);
+        self.release_slots(s);
         Ok(())
     }
 
@@ -349,17 +386,38 @@ impl SharedConnection {
 }
 
 /// What a lane's [`Connection`] holds: its shared connection, which it
-/// tells when it drops.
+/// tells when it closes or drops (once: the tag may be another lane's by
+/// the time the connection drops).
 #[derive(Debug)]
 struct LaneHold {
     shared: Arc<SharedConnection>,
     tag: u32,
+    closed: AtomicBool,
+}
+
+impl LaneHold {
+    fn close_once(&self) {
+        if !self.closed.swap(true, Ordering::AcqRel) {
+            self.shared.lane_dropped(self.tag);
+        }
+    }
 }
 
 impl super::established::LogicalHold for LaneHold {
     /// Called when the lane's connection drops, its queue pair failed:
-    /// sends the close (its grants are slots, nothing to retire).
+    /// sends the close unless [`Connection::close`] did (its grants are
+    /// slots, nothing to retire).
     fn retire(&self, _grants: Vec<(u16, Arc<Region>)>) {
-        self.shared.lane_dropped(self.tag);
+        self.close_once();
+    }
+
+    /// [`Connection::close`] of a lane: the close, on this thread (one
+    /// message on the shared side channel, bounded by its write wait).
+    fn close_now(&self) {
+        self.close_once();
+    }
+
+    fn is_lane(&self) -> bool {
+        true
     }
 }

@@ -181,6 +181,9 @@ pub struct Mux {
     conns: HashMap<u32, Entry>,
     /// Open requests in flight: request id to tag.
     reqs: HashMap<u32, u32>,
+    /// Our slots given back since [`Self::take_released`] (the driver
+    /// gives their pages back to the system).
+    released: Vec<Slice>,
 }
 
 impl Mux {
@@ -195,6 +198,7 @@ impl Mux {
             peer: PeerArenas::default(),
             conns: HashMap::new(),
             reqs: HashMap::new(),
+            released: Vec::new(),
         }
     }
 
@@ -240,7 +244,14 @@ impl Mux {
     fn give_back(&mut self, s: Slice) {
         if let Some(a) = self.arenas.iter_mut().find(|a| a.id() == s.arena) {
             a.give_back(s);
+            self.released.push(s);
         }
+    }
+
+    /// Our slots given back (free again: nobody writes them) since the
+    /// last call, for the driver to release their memory.
+    pub fn take_released(&mut self) -> Vec<Slice> {
+        std::mem::take(&mut self.released)
     }
 
     /// Our free slots, over every arena.
