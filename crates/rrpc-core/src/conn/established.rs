@@ -90,6 +90,9 @@ pub struct Connection {
     /// it, and marks the connection gone; [`Self::check_alive`] reads
     /// nothing then.
     pub(crate) muxed: AtomicBool,
+    /// Who the peer is ([`Self::peer_key`]), asked of the side channel
+    /// once; a lane's is its shared connection's, set when it is made.
+    pub(crate) key: std::sync::OnceLock<crate::conn::budget::PeerKey>,
 }
 
 impl Connection {
@@ -113,7 +116,30 @@ impl Connection {
             gone_why: std::sync::atomic::AtomicU8::new(GONE_CLOSED),
             logical: None,
             muxed: AtomicBool::new(false),
+            key: std::sync::OnceLock::new(),
         })
+    }
+
+    /// A lane's connection (`lanes` module): its side channel one end of a
+    /// socket pair made non-blocking with no timeouts (so nothing to set
+    /// here), its peer the shared connection's peer `key`.
+    pub(crate) fn lane(
+        side: Side,
+        qp: QueuePair,
+        peer: PeerInfo,
+        key: crate::conn::budget::PeerKey,
+    ) -> Connection {
+        Connection {
+            qp: Arc::new(qp),
+            peer,
+            side,
+            _grants: Vec::new(),
+            gone: AtomicBool::new(false),
+            gone_why: std::sync::atomic::AtomicU8::new(GONE_CLOSED),
+            logical: None,
+            muxed: AtomicBool::new(false),
+            key: std::sync::OnceLock::from(key),
+        }
     }
 
     /// The connected queue pair.
@@ -130,7 +156,7 @@ impl Connection {
     /// channel's `SO_PEERCRED`); `None` for a remote peer, or when the
     /// kernel does not say.
     pub fn peer_pid(&self) -> Option<i32> {
-        match self.side.peer_key() {
+        match self.peer_key() {
             crate::conn::budget::PeerKey::Process { pid, .. } => Some(pid),
             _ => None,
         }
@@ -139,7 +165,7 @@ impl Connection {
     /// Who the peer is, as the side channel says (`SO_PEERCRED` on shm,
     /// the address on `rdma://`): what per-peer limits count by.
     pub fn peer_key(&self) -> crate::conn::budget::PeerKey {
-        self.side.peer_key()
+        *self.key.get_or_init(|| self.side.peer_key())
     }
 
     /// The side channel's fd: becomes readable when the peer closes or says

@@ -237,7 +237,7 @@ impl SharedConnection {
     ) -> Result<Connection> {
         let arena = self.lanes()?.peer_arena;
         let qp = self.physical().attach(tag, tag)?;
-        let (mine, kept) = UnixStream::pair().map_err(|e| Error::io("socketpair", e))?;
+        let (mine, kept) = lane_socket_pair()?;
         let peer = PeerInfo {
             sections: theirs
                 .sections
@@ -262,7 +262,8 @@ impl SharedConnection {
                 .collect(),
             provider: self.connection().peer().provider,
         };
-        let mut conn = Connection::new(Side::Unix(mine), qp, peer, Vec::new())?;
+        let key = self.connection().peer_key();
+        let mut conn = Connection::lane(Side::Unix(mine), qp, peer, key);
         conn.logical = Some(Box::new(LaneHold {
             shared: self.clone(),
             tag,
@@ -383,6 +384,20 @@ impl SharedConnection {
             tracing::debug!(tag, error = %e, "lane close not sent");
         }
     }
+}
+
+/// A lane's socket pair, both ends non-blocking and close-on-exec from the
+/// start (one system call; no timeouts to clear).
+fn lane_socket_pair() -> Result<(UnixStream, UnixStream)> {
+    use nix::sys::socket::{AddressFamily, SockFlag, SockType, socketpair};
+    let (a, b) = socketpair(
+        AddressFamily::Unix,
+        SockType::Stream,
+        None,
+        SockFlag::SOCK_NONBLOCK | SockFlag::SOCK_CLOEXEC,
+    )
+    .map_err(|e| Error::nix("socketpair", e))?;
+    Ok((UnixStream::from(a), UnixStream::from(b)))
 }
 
 /// What a lane's [`Connection`] holds: its shared connection, which it
