@@ -31,7 +31,7 @@ use std::os::unix::net::UnixStream;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use super::arenas::{LANE_WRITE_WAIT, LaneEvent, LaneSlots, LaneState, Lanes};
+use super::arenas::{LANE_WARM_SLOTS, LANE_WRITE_WAIT, LaneEvent, LaneSlots, LaneState, Lanes};
 use super::established::Connection;
 use super::exchange::PeerInfo;
 use super::logical::SharedConnection;
@@ -86,7 +86,13 @@ impl SharedConnection {
         if tx_len > lanes.ours.tx_slot {
             return None;
         }
-        let slice = self.lane_state().ok()?.mux.take_slot(rx_len as u64)?;
+        let slice = {
+            let mut s = self.lane_state().ok()?;
+            let slice = s.mux.take_slot(rx_len as u64)?;
+            s.warm
+                .retain(|w| (w.arena, w.offset) != (slice.arena, slice.offset));
+            slice
+        };
         let i = slice.offset as usize / lanes.ours.rx_slot;
         let views = Region::view(&lanes.ours.rx, slice.offset as usize, rx_len).and_then(|rx| {
             Ok((
@@ -117,16 +123,19 @@ impl SharedConnection {
     }
 
     /// Gives the memory of the slots the protocol freed back to the system
-    /// (`Region::discard`): the receive slot (nobody writes it: the close
-    /// handshake is done) and the staging slot of the same index (the
-    /// lane's queue pair failed: it stages nothing more). An idle shared
-    /// connection holds only the pages of lanes open.
+    /// (`Region::discard`), but for the [`LANE_WARM_SLOTS`] freed last:
+    /// the receive slot (nobody writes it: the close handshake is done)
+    /// and the staging slot of the same index (the lane's queue pair
+    /// failed: it stages nothing more). An idle shared connection holds
+    /// the pages of lanes open and of those few slots.
     fn release_slots(&self, s: &mut LaneState) {
         let Ok(lanes) = self.lanes() else {
             return;
         };
         let o = &lanes.ours;
-        for sl in s.mux.take_released() {
+        s.warm.extend(s.mux.take_released());
+        while s.warm.len() > LANE_WARM_SLOTS {
+            let Some(sl) = s.warm.pop_front() else { break };
             let i = sl.offset as usize / o.rx_slot;
             let r = o
                 .rx
