@@ -137,10 +137,9 @@ impl SharedConnection {
         while s.warm.len() > LANE_WARM_SLOTS {
             let Some(sl) = s.warm.pop_front() else { break };
             let i = sl.offset as usize / o.rx_slot;
-            let r = o
-                .rx
-                .discard(i * o.rx_slot, o.rx_slot)
-                .and_then(|_| o.tx.discard(i * o.tx_slot, o.tx_slot));
+            let r =
+                o.rx.discard(i * o.rx_slot, o.rx_slot)
+                    .and_then(|_| o.tx.discard(i * o.tx_slot, o.tx_slot));
             if let Err(e) = r {
                 tracing::debug!(slot = i, error = %e, "lane slot's memory kept");
             }
