@@ -155,6 +155,12 @@ pub(super) struct LaneState {
     /// Free slots whose pages are kept, oldest first (at most
     /// [`LANE_WARM_SLOTS`]).
     pub(super) warm: std::collections::VecDeque<Slice>,
+    /// Our slots (arena, offset) whose lane's [`Connection`] is still here:
+    /// its rings may touch their pages until it drops.
+    pub(super) alive: std::collections::HashSet<(u16, u64)>,
+    /// Free slots of lanes whose [`Connection`] is still here: their pages
+    /// go when it drops.
+    pub(super) held: Vec<Slice>,
 }
 
 /// What a [`SharedConnection`] with lanes holds.
@@ -206,6 +212,8 @@ impl Lanes {
                 ends: HashMap::new(),
                 buf: Vec::new(),
                 warm: std::collections::VecDeque::new(),
+                alive: std::collections::HashSet::new(),
+                held: Vec::new(),
             }),
             ours,
             peer_arena: remote,

@@ -91,6 +91,8 @@ impl SharedConnection {
             let slice = s.mux.take_slot(rx_len as u64)?;
             s.warm
                 .retain(|w| (w.arena, w.offset) != (slice.arena, slice.offset));
+            s.held
+                .retain(|w| (w.arena, w.offset) != (slice.arena, slice.offset));
             slice
         };
         let i = slice.offset as usize / lanes.ours.rx_slot;
@@ -133,7 +135,13 @@ impl SharedConnection {
             return;
         };
         let o = &lanes.ours;
-        s.warm.extend(s.mux.take_released());
+        for sl in s.mux.take_released() {
+            if s.alive.contains(&(sl.arena, sl.offset)) {
+                s.held.push(sl);
+            } else {
+                s.warm.push_back(sl);
+            }
+        }
         while s.warm.len() > LANE_WARM_SLOTS {
             let Some(sl) = s.warm.pop_front() else { break };
             let i = sl.offset as usize / o.rx_slot;
@@ -144,6 +152,25 @@ impl SharedConnection {
                 tracing::debug!(slot = i, error = %e, "lane slot's memory kept");
             }
         }
+    }
+
+    /// A lane's [`Connection`] dropped: its rings touch `slots` no more,
+    /// so those given back already may give their pages back.
+    fn lane_gone(&self, slots: &[Slice]) {
+        let Ok(mut s) = self.lane_state() else {
+            return;
+        };
+        for sl in slots {
+            s.alive.remove(&(sl.arena, sl.offset));
+        }
+        let s = &mut *s;
+        let (free, still): (Vec<Slice>, Vec<Slice>) = s
+            .held
+            .drain(..)
+            .partition(|h| !s.alive.contains(&(h.arena, h.offset)));
+        s.held = still;
+        s.warm.extend(free);
+        self.release_slots(s);
     }
 
     /// Bytes of memory our lane arenas hold now ([`Region::allocated_bytes`]):
@@ -205,11 +232,12 @@ impl SharedConnection {
         ours: Parts,
     ) -> Result<Connection> {
         let mut s = self.lane_state()?;
-        let conn = match self.lane_connection(&mut s, tag, theirs) {
+        let ours_slots: Vec<Slice> = ours.slices.iter().map(|(_, sl)| *sl).collect();
+        let conn = match self.lane_connection(&mut s, tag, theirs, ours_slots.clone()) {
             Ok(c) => c,
             Err(e) => {
                 // No answer named our slots: they are free again.
-                let slots: Vec<Slice> = ours.slices.iter().map(|(_, sl)| *sl).collect();
+                let slots = ours_slots.clone();
                 s.mux.untake(&slots);
                 self.release_slots(&mut s);
                 let frame = s.mux.refuse(req, &e.to_string())?;
@@ -242,6 +270,7 @@ impl SharedConnection {
         s: &mut LaneState,
         tag: u32,
         theirs: &Parts,
+        ours: Vec<Slice>,
     ) -> Result<Connection> {
         let arena = self.lanes()?.peer_arena;
         let qp = self.physical().attach(tag, tag)?;
@@ -276,7 +305,9 @@ impl SharedConnection {
             shared: self.clone(),
             tag,
             closed: AtomicBool::new(false),
+            ours: ours.clone(),
         }));
+        s.alive.extend(ours.iter().map(|sl| (sl.arena, sl.offset)));
         s.ends.insert(tag, (kept, conn.qp().clone()));
         Ok(conn)
     }
@@ -353,7 +384,8 @@ impl SharedConnection {
                     events.push(LaneEvent::OpenRequested { req, tag, parts });
                 }
                 MuxEvent::Opened { req, tag, parts } => {
-                    let conn = self.lane_connection(s, tag, &parts);
+                    let ours = s.mux.slots_of(tag);
+                    let conn = self.lane_connection(s, tag, &parts, ours);
                     if conn.is_err() {
                         // Nothing to hand out: closed at once.
                         let frame = s.mux.close(tag)?;
@@ -416,6 +448,8 @@ struct LaneHold {
     shared: Arc<SharedConnection>,
     tag: u32,
     closed: AtomicBool,
+    /// Our slots its rings use.
+    ours: Vec<Slice>,
 }
 
 impl LaneHold {
@@ -432,6 +466,7 @@ impl super::established::LogicalHold for LaneHold {
     /// slots, nothing to retire).
     fn retire(&self, _grants: Vec<(u16, Arc<Region>)>) {
         self.close_once();
+        self.shared.lane_gone(&self.ours);
     }
 
     /// [`Connection::close`] of a lane: the close, on this thread (one

@@ -264,6 +264,13 @@ impl Mux {
         self.conns.keys().copied()
     }
 
+    /// Our slots logical connection `tag` uses (none if it is not here).
+    pub fn slots_of(&self, tag: u32) -> Vec<Slice> {
+        self.conns
+            .get(&tag)
+            .map_or_else(Vec::new, |e| e.ours.clone())
+    }
+
     /// Whether `tag` is in use at this end (no new connection may take it).
     pub fn is_taken(&self, tag: u32) -> bool {
         self.conns.contains_key(&tag)

@@ -309,15 +309,13 @@ async fn lanes_many_at_once_and_a_dropped_connect_leave_nothing(t: Transport) {
         opened(&ccfg)[0].logical_connections == 0 && accepted(&scfg)[0].logical_connections == 0
     })
     .await;
-    let idle = (
-        opened(&ccfg)[0].lane_arena_bytes,
-        accepted(&scfg)[0].lane_arena_bytes,
-    );
-    // At most `LANE_WARM_SLOTS` (2) of the 21 slots used keep their pages.
-    assert!(
-        idle.0 <= busy.0 / 4 && idle.1 <= busy.1 / 4,
-        "idle {idle:?}, with 17 lanes open {busy:?}"
-    );
+    // At most `LANE_WARM_SLOTS` (2) of the 21 slots used keep their pages
+    // once the close handshakes are done (a lane's sharer goes before).
+    until("the arenas' memory given back", || {
+        opened(&ccfg)[0].lane_arena_bytes <= busy.0 / 4
+            && accepted(&scfg)[0].lane_arena_bytes <= busy.1 / 4
+    })
+    .await;
     let mut c = h.client().await;
     call(&mut c, 2).await;
     let (o, a) = (opened(&ccfg), accepted(&scfg));
