@@ -20,9 +20,14 @@
 //!   must act on ([`LaneEvent`]). An error there is the peer's fault or
 //!   the peer gone: the shared connection is failed, and with it each of
 //!   its lanes, and only those.
-//! * **Closing.** A lane's [`Connection`] dropped fails its queue pair
-//!   (it writes no more) and sends the close; its slots come back when the
-//!   peer answers (`mux` docs, "Close").
+//! * **Closing.** A lane's [`Connection`] closed ([`Connection::close`],
+//!   on the caller's thread: nothing waits) or dropped fails its queue
+//!   pair (it writes no more) and sends the close, once; its slots come
+//!   back when the peer answers (`mux` docs, "Close").
+//! * **Memory.** A slot back whose lane's connection has dropped too (its
+//!   rings touch it no more) has its pages punched out of both of this
+//!   end's arenas ([`Region::discard`]), but for the [`LANE_WARM_SLOTS`]
+//!   freed last, which the next lanes take first (no page faults).
 //!
 //! The arenas stay mapped as long as the shared connection: no lane maps
 //! or unmaps anything.
