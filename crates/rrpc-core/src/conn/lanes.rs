@@ -27,7 +27,9 @@
 //! * **Memory.** A slot back whose lane's connection has dropped too (its
 //!   rings touch it no more) has its pages punched out of both of this
 //!   end's arenas ([`Region::discard`]), but for the [`LANE_WARM_SLOTS`]
-//!   freed last, which the next lanes take first (no page faults).
+//!   freed last, which the next lanes take first (no page faults). A slot
+//!   back whose lane's connection is still here is not taken again until
+//!   it drops.
 //!
 //! The arenas stay mapped as long as the shared connection: no lane maps
 //! or unmaps anything.
@@ -93,7 +95,20 @@ impl SharedConnection {
         }
         let slice = {
             let mut s = self.lane_state().ok()?;
-            let slice = s.mux.take_slot(rx_len as u64)?;
+            // A slot whose last lane's connection is still here is not
+            // taken: its rings may still touch it.
+            let mut skipped = Vec::new();
+            let taken = loop {
+                match s.mux.take_slot(rx_len as u64) {
+                    Some(sl) if s.alive.contains(&(sl.arena, sl.offset)) => skipped.push(sl),
+                    other => break other,
+                }
+            };
+            if !skipped.is_empty() {
+                s.mux.untake(&skipped);
+                self.release_slots(&mut s);
+            }
+            let slice = taken?;
             s.warm
                 .retain(|w| (w.arena, w.offset) != (slice.arena, slice.offset));
             s.held
@@ -142,7 +157,9 @@ impl SharedConnection {
         let o = &lanes.ours;
         for sl in s.mux.take_released() {
             if s.alive.contains(&(sl.arena, sl.offset)) {
-                s.held.push(sl);
+                if !s.held.contains(&sl) {
+                    s.held.push(sl);
+                }
             } else {
                 s.warm.push_back(sl);
             }
