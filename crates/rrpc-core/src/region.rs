@@ -28,9 +28,64 @@ pub struct Region {
     /// `ibv_mr`), if any; declared before `map` so it is deregistered
     /// before the memory is unmapped.
     registration: Option<Box<dyn Registration>>,
-    map: Mapping,
+    map: Mem,
     rkey: u32,
     access: Access,
+}
+
+/// A region's memory: a mapping of its own, or a range of another
+/// region's ([`Region::view`]).
+#[derive(Debug)]
+enum Mem {
+    Own(Mapping),
+    View {
+        parent: std::sync::Arc<Region>,
+        offset: usize,
+        len: usize,
+    },
+}
+
+impl Mem {
+    fn ptr(&self) -> *mut u8 {
+        match self {
+            Mem::Own(m) => m.ptr(),
+            Mem::View { parent, offset, .. } => {
+                // SAFETY: `offset + len <= parent.len()` (checked in
+                // `Region::view`): the pointer stays inside the parent's mapping.
+                unsafe { parent.as_ptr().add(*offset) }
+            }
+        }
+    }
+
+    fn len(&self) -> usize {
+        match self {
+            Mem::Own(m) => m.len(),
+            Mem::View { len, .. } => *len,
+        }
+    }
+
+    fn is_huge(&self) -> bool {
+        match self {
+            Mem::Own(m) => m.is_huge(),
+            Mem::View { parent, .. } => parent.is_huge(),
+        }
+    }
+
+    fn discard(&self, offset: usize, len: usize) -> Result<usize> {
+        match self {
+            Mem::Own(m) => m.discard(offset, len),
+            Mem::View {
+                parent, offset: o, ..
+            } => parent.discard(o + offset, len),
+        }
+    }
+
+    fn fd(&self) -> BorrowedFd<'_> {
+        match self {
+            Mem::Own(m) => m.fd(),
+            Mem::View { parent, .. } => parent.fd(),
+        }
+    }
 }
 
 /// A provider's registration of a [`Region`]'s memory with a device (verbs:
@@ -159,7 +214,7 @@ impl Region {
         tracing::debug!(len, huge = map.is_huge(), rkey, ?access, "region allocated");
         Ok(Region {
             registration: None,
-            map,
+            map: Mem::Own(map),
             rkey,
             access,
         })
@@ -189,7 +244,7 @@ impl Region {
         let (registration, rkey) = register(map.ptr(), map.len())?;
         Ok(Region {
             registration: Some(Box::new(registration)),
-            map,
+            map: Mem::Own(map),
             rkey,
             access,
         })
@@ -199,7 +254,52 @@ impl Region {
     /// ([`Self::alloc_registered`]).
     #[allow(dead_code)] // as `alloc_registered`
     pub(crate) fn registration(&self) -> Option<&dyn Registration> {
-        self.registration.as_deref()
+        match &self.map {
+            Mem::View { parent, .. } => parent.registration(),
+            Mem::Own(_) => self.registration.as_deref(),
+        }
+    }
+
+    /// The `len` bytes of `parent` from `offset` as a region of their own:
+    /// the same memory, remote key and access, addressed from `offset` (a
+    /// ring in one slot of an arena, rrpc-core `conn::mux`). It keeps
+    /// `parent` alive. A peer that was granted `parent` reaches it as
+    /// `parent.remote().at(offset)`; a view is never granted in a
+    /// handshake of its own (its descriptor is the parent's: the peer
+    /// would map the parent from its start).
+    ///
+    /// # Errors
+    /// [`Error::LocalOutOfBounds`] for a range outside `parent`, or empty;
+    /// [`Error::InvalidConfig`] for an offset not on a cache line.
+    pub fn view(parent: &std::sync::Arc<Region>, offset: usize, len: usize) -> Result<Region> {
+        if len == 0 {
+            return Err(Error::LocalOutOfBounds {
+                offset: offset as u64,
+                len: 0,
+                region_len: parent.len() as u64,
+            });
+        }
+        parent.check(offset, len)?;
+        if !offset.is_multiple_of(CACHE_LINE) {
+            return Err(Error::InvalidConfig(format!(
+                "a view at {offset}, not on a cache line"
+            )));
+        }
+        Ok(Region {
+            registration: None,
+            map: Mem::View {
+                parent: parent.clone(),
+                offset,
+                len,
+            },
+            rkey: parent.rkey,
+            access: parent.access,
+        })
+    }
+
+    /// Whether it is a [`Region::view`] of another region.
+    pub fn is_view(&self) -> bool {
+        matches!(self.map, Mem::View { .. })
     }
 
     /// What a connected peer may do to it ([`Access`]).
@@ -245,7 +345,7 @@ impl Region {
     /// [`Error::Io`] if the system call fails.
     pub fn discard(&self, offset: usize, len: usize) -> Result<usize> {
         self.check(offset, len)?;
-        if self.registration.is_some() {
+        if self.registration().is_some() {
             return Ok(0);
         }
         if self.map.is_huge() {
@@ -438,6 +538,31 @@ mod tests {
     use std::sync::atomic::Ordering;
 
     use super::*;
+
+    /// A view is the parent's memory from its offset: what one writes the
+    /// other reads, a peer reaches it at the parent's address plus the
+    /// offset under the parent's key, and it keeps the parent alive.
+    #[test]
+    fn a_view_is_a_range_of_its_parent() {
+        let parent = std::sync::Arc::new(
+            Region::alloc(4 * 4096, false, Access::REMOTE_WRITE, None).unwrap(),
+        );
+        let v = Region::view(&parent, 4096, 8192).unwrap();
+        assert!(v.is_view() && !parent.is_view());
+        assert_eq!(v.len(), 8192);
+        v.write_at(8, b"hello").unwrap();
+        let mut b = [0u8; 5];
+        parent.read_at(4096 + 8, &mut b).unwrap();
+        assert_eq!(&b, b"hello");
+        let (r, p) = (v.remote(), parent.remote());
+        assert_eq!((r.addr, r.len, r.rkey), (p.addr + 4096, 8192, p.rkey));
+        assert!(v.check(8190, 4).is_err(), "past the view's end");
+        assert!(Region::view(&parent, 3 * 4096, 4097).is_err());
+        assert!(Region::view(&parent, 0, 0).is_err());
+        assert!(Region::view(&parent, 8, 64).is_err(), "off a cache line");
+        drop(parent);
+        v.write_at(8190, b"ok").unwrap();
+    }
 
     /// `alloc_region_on` binds before the first touch: the pages of a
     /// region bound to node 0 (every Linux with NUMA support has it) are

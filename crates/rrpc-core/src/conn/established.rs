@@ -76,6 +76,10 @@ pub struct Connection {
     /// For a logical connection: the peer's grants on the shared queue pair
     /// and the shared connection, both released after `qp` (field order).
     pub(crate) logical: Option<Box<dyn LogicalHold>>,
+    /// The side channel carries messages (`conn::mux`): one reader reads
+    /// it, and marks the connection gone; [`Self::check_alive`] reads
+    /// nothing then.
+    pub(crate) muxed: AtomicBool,
 }
 
 impl Connection {
@@ -98,6 +102,7 @@ impl Connection {
             gone: AtomicBool::new(false),
             gone_why: std::sync::atomic::AtomicU8::new(GONE_CLOSED),
             logical: None,
+            muxed: AtomicBool::new(false),
         })
     }
 
@@ -121,6 +126,12 @@ impl Connection {
         }
     }
 
+    /// Who the peer is, as the side channel says (`SO_PEERCRED` on shm,
+    /// the address on `rdma://`): what per-peer limits count by.
+    pub fn peer_key(&self) -> crate::conn::budget::PeerKey {
+        self.side.peer_key()
+    }
+
     /// The side channel's fd: becomes readable when the peer closes or says
     /// goodbye. Watch it (tokio `AsyncFd`, `poll(2)`) and call
     /// [`Self::check_alive`] when it fires.
@@ -140,6 +151,9 @@ impl Connection {
     pub fn check_alive(&self) -> Result<()> {
         if self.gone.load(Ordering::Acquire) {
             return Err(self.gone_error());
+        }
+        if self.muxed.load(Ordering::Acquire) {
+            return Ok(());
         }
         let mut b = [0u8; 1];
         let why = match self.side.read(&mut b) {

@@ -19,6 +19,19 @@
 //! logical reply  (server -> client) = path reply (9 bytes)
 //! ```
 //!
+//! On `shm://` a shared connection carries **lanes** (#58): its opening
+//! grants each end's lane arena (rrpc-core `conn::lanes`, [`LANE_SLOTS`]
+//! rings), and a connect over it is one `open` message on its side
+//! channel, answered there (rrpc-core `conn::mux`), its rings slots of
+//! the arenas: no socket, no handshake, no descriptor passed, nothing
+//! mapped. One reader task per shared connection at each end reads that
+//! side channel: the client's hands answers to the connects waiting on
+//! them, the server's hands asks to its listener's accept loop
+//! ([`LaneAsk`]), which answers them like clients (its limits included).
+//! When a shared connection has no lanes (`rdma://`, a server that grants
+//! no arena) or its arenas are full, a connect runs a logical
+//! connection's handshake as above.
+//!
 //! The client caches its shared connections by server
 //! (`rrpc_core::meta::PeerCache`), keyed by the address it dialed
 //! ([`PeerKey`]): the ring endpoint for `shm://` and `rdma://`, the port's
@@ -38,10 +51,15 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use rrpc_core::conn::{HandshakeConfig, Incoming, Offer, SharedConnection};
+use rrpc_core::conn::mux::{MuxLimits, MuxRole, Parts};
+use rrpc_core::conn::{
+    Connection, HandshakeConfig, Incoming, LaneArenas, LaneEvent, Offer, ROLE_ARENA,
+    SharedConnection,
+};
 use rrpc_core::meta::PeerCache;
 use rrpc_core::vqp::VqpConfig;
 use rrpc_core::{Fabric, FabricAddr};
+use rrpc_poller::WatchedFd;
 use rrpc_poller::rings::{LocalRing, RingConfig};
 
 use crate::conn::negotiate::section_of;
@@ -69,6 +87,135 @@ pub(crate) const OFF: &str =
 /// (its end of a logical connection the client just dropped).
 pub(crate) fn is_stale(reason: &str) -> bool {
     reason.contains(UNKNOWN) || reason.contains("is already attached")
+}
+
+/// Lanes (logical connections over the shared side channel, rings in
+/// arenas granted at the opening: rrpc-core `conn::lanes`) one shared
+/// connection's arenas hold at once, at each end. Past them a connect
+/// runs a logical connection's own handshake, as without lanes. Virtual
+/// memory: `2 × LANE_SLOTS × (ring_size + 8 KiB)` per end; pages are
+/// taken as rings touch them.
+pub(crate) const LANE_SLOTS: u32 = 64;
+
+/// Both lane arenas of one end for rings of `ring`, on `fabric`
+/// (huge pages only if the rings would have them).
+fn lane_arenas(fabric: &Fabric, ring: &RingConfig) -> Result<LaneArenas, Error> {
+    let fabric = if ring.huge_pages() {
+        fabric.clone()
+    } else {
+        fabric.clone().without_huge_pages()
+    };
+    let (rx, tx) = LocalRing::region_lens(ring);
+    Ok(LaneArenas::new(&fabric, LANE_SLOTS, rx, tx)?)
+}
+
+/// A lane's answer, for the connect waiting on it.
+pub(crate) type LaneAnswer = Result<Connection, rrpc_core::Error>;
+
+/// A client's connects waiting for their lane's answer, by request id.
+pub(crate) type Waiters = Mutex<HashMap<u32, tokio::sync::oneshot::Sender<LaneAnswer>>>;
+
+/// A client asks for a lane: what the server's listener hands its accept
+/// loop (`rings::RingsPending`).
+#[derive(Debug)]
+pub(crate) struct LaneAsk {
+    pub(crate) shared: Arc<SharedConnection>,
+    pub(crate) req: u32,
+    pub(crate) tag: u32,
+    pub(crate) parts: Parts,
+    /// Still to be answered: refused when dropped unanswered.
+    pub(crate) open: bool,
+}
+
+impl Drop for LaneAsk {
+    fn drop(&mut self) {
+        if self.open {
+            let _ = self.shared.lane_refuse(
+                self.req,
+                "the server dropped the connection before answering",
+            );
+        }
+    }
+}
+
+/// Where a server's lane readers send what clients ask for.
+pub(crate) type LaneAsks = tokio::sync::mpsc::UnboundedSender<LaneAsk>;
+
+/// Reads the side channel of `shared` (a lane reader: rrpc-core
+/// `conn::lanes`) until it closes or the peer breaks the protocol, on a
+/// task of the current runtime: answers go to `waiters` (client), asks to
+/// `asks` (server). Holds the shared connection weakly: it ends when the
+/// last owner drops it (its side channel then closes). Without a runtime,
+/// does nothing (and the shared connection has no reader: its lanes are
+/// never answered, and connects fall back after their timeout).
+fn spawn_reader(
+    shared: &Arc<SharedConnection>,
+    waiters: Option<Arc<Waiters>>,
+    asks: Option<LaneAsks>,
+) -> Result<(), Error> {
+    let Ok(rt) = tokio::runtime::Handle::try_current() else {
+        return Ok(());
+    };
+    let afd = WatchedFd::new(
+        shared.connection().liveness_fd(),
+        tokio::io::Interest::READABLE,
+    )?;
+    let weak = Arc::downgrade(shared);
+    rt.spawn(async move {
+        let why = loop {
+            let Ok(mut guard) = afd.readable().await else {
+                break "reactor gone".to_string();
+            };
+            let Some(shared) = weak.upgrade() else {
+                break "dropped".to_string();
+            };
+            let events = match shared.lane_poll() {
+                Ok(ev) => ev,
+                Err(e) => break e.to_string(),
+            };
+            guard.clear_ready();
+            for ev in events {
+                match ev {
+                    LaneEvent::Opened { req, conn } => {
+                        let w = waiters
+                            .as_ref()
+                            .and_then(|w| w.lock().unwrap_or_else(|p| p.into_inner()).remove(&req));
+                        // A connect gone meanwhile: its lane drops, closed.
+                        if let Some(w) = w {
+                            let _ = w.send(conn);
+                        }
+                    }
+                    LaneEvent::Refused { req, reason } => {
+                        let w = waiters
+                            .as_ref()
+                            .and_then(|w| w.lock().unwrap_or_else(|p| p.into_inner()).remove(&req));
+                        if let Some(w) = w {
+                            let _ = w.send(Err(rrpc_core::Error::Rejected(reason)));
+                        }
+                    }
+                    LaneEvent::OpenRequested { req, tag, parts } => {
+                        let ask = LaneAsk {
+                            shared: shared.clone(),
+                            req,
+                            tag,
+                            parts,
+                            open: true,
+                        };
+                        // A listener gone: dropped, so refused.
+                        if let Some(a) = &asks {
+                            let _ = a.send(ask);
+                        }
+                    }
+                }
+            }
+        };
+        tracing::debug!(reason = %why, "rrpc: lane reader ended");
+        // Connects still waiting fail now (their senders drop).
+        if let Some(w) = waiters {
+            w.lock().unwrap_or_else(|p| p.into_inner()).clear();
+        }
+    });
+    Ok(())
 }
 
 /// A shared connection's name at its server: random, known to both ends only.
@@ -171,8 +318,12 @@ pub struct SharedConnectionStats {
     /// Whether its side channel still says the peer is there.
     pub alive: bool,
     /// Ring pairs made ahead for its next logical connections (up to
-    /// `RrpcConfig::connection_pool_for` its provider).
+    /// `RrpcConfig::connection_pool_for` its provider). Lanes take none:
+    /// their rings are slots of the arenas.
     pub spare_rings: usize,
+    /// Whether its logical connections are lanes (`shm://`: one message on
+    /// its side channel each, rings in arenas granted when it opened).
+    pub lanes: bool,
     /// Its queue pair's counters (`rrpc_core::vqp`).
     pub queue_pair: rrpc_core::vqp::VqpStats,
 }
@@ -185,6 +336,7 @@ impl SharedConnectionStats {
             logical_connections: s.physical().sharers(),
             alive: s.connection().check_alive().is_ok(),
             spare_rings: spares.rings.lock().unwrap_or_else(|p| p.into_inner()).len(),
+            lanes: s.has_lanes(),
             queue_pair: s.physical().stats(),
         }
     }
@@ -343,15 +495,30 @@ pub(crate) struct SharedPeer {
     pub(crate) domain: Domain,
     pub(crate) id: Id,
     next_tag: AtomicU32,
+    /// Connects waiting for their lane's answer (with lanes).
+    pub(crate) waiters: Arc<Waiters>,
+    /// The listening socket it was opened through (`shm://`: its device
+    /// and inode), to tell a server restarted at the same path.
+    listener: Option<(u64, u64)>,
+}
+
+/// The identity of the socket file of `ep` (`shm://`): device and inode.
+fn listener_id(ep: &FabricAddr) -> Option<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    match ep {
+        FabricAddr::Shm(path) => std::fs::metadata(path).ok().map(|m| (m.dev(), m.ino())),
+        _ => None,
+    }
 }
 
 impl SharedPeer {
-    /// A tag no logical connection over this one uses now.
+    /// A tag no logical connection over this one uses now (nor a lane
+    /// still closing).
     pub(crate) fn free_tag(&self) -> Result<u32, Error> {
         let phys = self.shared.physical();
         for _ in 0..phys.tags() {
             let t = self.next_tag.fetch_add(1, Ordering::Relaxed) % phys.tags();
-            if !phys.is_attached(t) {
+            if !phys.is_attached(t) && !self.shared.lane_tag_taken(t) {
                 return Ok(t);
             }
         }
@@ -363,6 +530,15 @@ impl SharedPeer {
 
     fn alive(&self) -> bool {
         self.shared.connection().check_alive().is_ok()
+    }
+
+    /// Whether its server still listens where it did (`shm://`: the same
+    /// socket file; a server restarted at the path made a new one). A lane
+    /// asks over the shared connection, never through the listener, so a
+    /// server that hangs with its end open would otherwise never say it
+    /// does not know the shared connection.
+    fn same_listener(&self) -> bool {
+        self.listener.is_none() || listener_id(&self.ep) == self.listener
     }
 }
 
@@ -385,6 +561,7 @@ impl Peers {
         key: &PeerKey,
         ep: &FabricAddr,
         fabric: &Fabric,
+        ring: &RingConfig,
         cfg: &RrpcConfig,
         hs: &HandshakeConfig,
     ) -> Result<Arc<SharedPeer>, Error> {
@@ -404,7 +581,7 @@ impl Peers {
                 }
             };
             match hit {
-                Some(p) if p.ep == *ep => return Ok(p),
+                Some(p) if p.ep == *ep && p.same_listener() => return Ok(p),
                 Some(_) => {
                     tracing::debug!(
                         server = %key, endpoint = %ep,
@@ -420,12 +597,13 @@ impl Peers {
         drop(dropped);
         // Opened outside the lock, so a slow server delays no connect to
         // another; two racing opens to one server keep the first cached.
-        let opened = Arc::new(open(ep, fabric, cfg, hs, &self.spare_bytes)?);
+        let opened = Arc::new(open(ep, fabric, ring, cfg, hs, &self.spare_bytes)?);
         let mut cell = self.cache.lock().unwrap_or_else(|p| p.into_inner());
         let cache = cell.as_mut().expect("made above");
         let now = Instant::now();
         if let Ok(Some(p)) = cache.get(key, now)
             && p.ep == *ep
+            && p.same_listener()
         {
             return Ok(p.clone());
         }
@@ -433,6 +611,19 @@ impl Peers {
         drop(cell);
         drop(evicted);
         Ok(opened)
+    }
+
+    /// The live shared connection to the server `key` names at `ep`, if
+    /// one is cached (no system call, never blocks).
+    pub(crate) fn cached(&self, key: &PeerKey, ep: &FabricAddr) -> Option<Arc<SharedPeer>> {
+        let mut cell = self.cache.lock().unwrap_or_else(|p| p.into_inner());
+        let p = cell
+            .as_mut()?
+            .get(key, Instant::now())
+            .ok()
+            .flatten()?
+            .clone();
+        (p.ep == *ep && !p.shared.connection().is_gone() && p.same_listener()).then_some(p)
     }
 
     /// Forgets `peer` as the shared connection to the server `key` names
@@ -466,28 +657,56 @@ impl Peers {
 
 /// Opens a shared connection to `ep`: a queue pair in a protection domain
 /// of its own, connected with no rings.
+/// On shm its opening grants lane arenas ([`LANE_SLOTS`]); a server that
+/// grants its own back gets lanes (and a reader task), else logical
+/// connections with handshakes of their own.
 fn open(
     ep: &FabricAddr,
     fabric: &Fabric,
+    ring: &RingConfig,
     cfg: &RrpcConfig,
     hs: &HandshakeConfig,
     spare_bytes: &Arc<AtomicU64>,
 ) -> Result<SharedPeer, Error> {
     let fabric = fabric.isolated()?;
     let qp = fabric.create_qp(cfg.queue_pair())?;
-    let offer = Offer::new()
+    let listener = listener_id(ep);
+    let mut offer = Offer::new()
         .token(cfg.token().map(<[u8]>::to_vec))
         .section(HANDSHAKE_SECTION, OPEN.to_vec());
+    let arenas = match ep {
+        FabricAddr::Shm(_) => Some(lane_arenas(&fabric, ring)?),
+        _ => None,
+    };
+    if let Some(a) = &arenas {
+        offer = a.add_to_offer(offer)?;
+    }
     let c = rrpc_core::conn::connect(ep, qp, offer, hs)?;
     let id = parse_opened(section_of(c.peer()))?;
-    let shared = SharedConnection::new(c, VqpConfig::default())?;
-    tracing::debug!(endpoint = %ep, "rrpc: shared connection opened");
+    let waiters = Arc::new(Waiters::default());
+    let shared = match arenas {
+        Some(a) if c.peer().region(ROLE_ARENA).is_some() => {
+            let s = SharedConnection::with_lanes(
+                c,
+                VqpConfig::default(),
+                MuxRole::Client,
+                a,
+                MuxLimits::default(),
+            )?;
+            spawn_reader(&s, Some(waiters.clone()), None)?;
+            s
+        }
+        _ => SharedConnection::new(c, VqpConfig::default())?,
+    };
+    tracing::debug!(endpoint = %ep, lanes = shared.has_lanes(), "rrpc: shared connection opened");
     Ok(SharedPeer {
         shared,
         ep: ep.clone(),
         domain: Domain::new(fabric, spare_bytes),
         id,
         next_tag: AtomicU32::new(0),
+        waiters,
+        listener,
     })
 }
 
@@ -519,7 +738,9 @@ impl Anchors {
         &self,
         incoming: Incoming,
         fabric: &Fabric,
+        ring: &RingConfig,
         cfg: &RrpcConfig,
+        asks: Option<&LaneAsks>,
     ) -> Result<(), Error> {
         if !cfg.shared_queue_pairs() {
             let _ = incoming.reject(OFF);
@@ -543,11 +764,36 @@ impl Anchors {
         let fabric = fabric.isolated()?;
         let qp = fabric.create_qp(cfg.queue_pair())?;
         let id = new_id()?;
-        let c = incoming.accept(
-            qp,
-            Offer::new().section(HANDSHAKE_SECTION, opened_reply(&id)),
-        )?;
-        let shared = SharedConnection::new(c, VqpConfig::default())?;
+        // Lanes when the client granted an arena (shm), we are on shm and
+        // a listener takes their asks.
+        let lanes = match asks {
+            Some(asks)
+                if incoming.peer().region(ROLE_ARENA).is_some()
+                    && fabric.kind() == rrpc_core::ProviderKind::Shm =>
+            {
+                Some((lane_arenas(&fabric, ring)?, asks))
+            }
+            _ => None,
+        };
+        let mut offer = Offer::new().section(HANDSHAKE_SECTION, opened_reply(&id));
+        if let Some((a, _)) = &lanes {
+            offer = a.add_to_offer(offer)?;
+        }
+        let c = incoming.accept(qp, offer)?;
+        let shared = match lanes {
+            Some((a, asks)) => {
+                let s = SharedConnection::with_lanes(
+                    c,
+                    VqpConfig::default(),
+                    MuxRole::Server,
+                    a,
+                    MuxLimits::default(),
+                )?;
+                spawn_reader(&s, None, Some(asks.clone()))?;
+                s
+            }
+            None => SharedConnection::new(c, VqpConfig::default())?,
+        };
         let domain = Domain::new(fabric, &self.spare_bytes);
         map.insert(id, Arc::new(Anchor { shared, domain }));
         drop(map);
