@@ -354,6 +354,17 @@ impl Region {
         self.map.discard(offset, len)
     }
 
+    /// Bytes of memory its backing memory object holds now (its pages
+    /// allocated, `fstat`'s blocks), for every process mapping it: what
+    /// [`Self::discard`] gives back shows here. A view's is its parent's.
+    ///
+    /// # Errors
+    /// [`Error::Io`] if the system call fails.
+    pub fn allocated_bytes(&self) -> Result<usize> {
+        let st = nix::sys::stat::fstat(self.fd()).map_err(|e| Error::nix("fstat", e))?;
+        Ok(usize::try_from(st.st_blocks).unwrap_or(0) * 512)
+    }
+
     /// The descriptor a peer needs to WRITE into or READ from this region.
     pub fn remote(&self) -> RemoteRegion {
         RemoteRegion {

@@ -26,6 +26,13 @@ pub const ROLE_ARENA: u16 = 0x4152;
 /// connection then fails.
 pub const LANE_WRITE_WAIT: Duration = Duration::from_millis(100);
 
+/// Slots given back whose memory each end keeps, the most recent ones (a
+/// slot is taken last-freed first, so a connect right after a close finds
+/// its ring's pages there, with no page faults); the memory of any other
+/// free slot goes back to the system. An idle shared connection holds at
+/// most this many slots' pages beyond those of lanes open.
+pub const LANE_WARM_SLOTS: usize = 2;
+
 /// One end's arenas for a shared connection: `slots` slots of `rx_slot`
 /// bytes the peer writes (granted), and as many of `tx_slot` bytes it
 /// does not (each lane's staging ring).
@@ -145,6 +152,15 @@ pub(super) struct LaneState {
     pub(super) ends: HashMap<u32, (UnixStream, Arc<QueuePair>)>,
     /// Bytes read and not yet a whole message.
     pub(super) buf: Vec<u8>,
+    /// Free slots whose pages are kept, oldest first (at most
+    /// [`LANE_WARM_SLOTS`]).
+    pub(super) warm: std::collections::VecDeque<Slice>,
+    /// Our slots (arena, offset) whose lane's [`Connection`] is still here:
+    /// its rings may touch their pages until it drops.
+    pub(super) alive: std::collections::HashSet<(u16, u64)>,
+    /// Free slots of lanes whose [`Connection`] is still here: their pages
+    /// go when it drops.
+    pub(super) held: Vec<Slice>,
 }
 
 /// What a [`SharedConnection`] with lanes holds.
@@ -195,6 +211,9 @@ impl Lanes {
                 mux,
                 ends: HashMap::new(),
                 buf: Vec::new(),
+                warm: std::collections::VecDeque::new(),
+                alive: std::collections::HashSet::new(),
+                held: Vec::new(),
             }),
             ours,
             peer_arena: remote,

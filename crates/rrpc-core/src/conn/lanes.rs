@@ -20,17 +20,25 @@
 //!   must act on ([`LaneEvent`]). An error there is the peer's fault or
 //!   the peer gone: the shared connection is failed, and with it each of
 //!   its lanes, and only those.
-//! * **Closing.** A lane's [`Connection`] dropped fails its queue pair
-//!   (it writes no more) and sends the close; its slots come back when the
-//!   peer answers (`mux` docs, "Close").
+//! * **Closing.** A lane's [`Connection`] closed ([`Connection::close`],
+//!   on the caller's thread: nothing waits) or dropped fails its queue
+//!   pair (it writes no more) and sends the close, once; its slots come
+//!   back when the peer answers (`mux` docs, "Close").
+//! * **Memory.** A slot back whose lane's connection has dropped too (its
+//!   rings touch it no more) has its pages punched out of both of this
+//!   end's arenas ([`Region::discard`]), but for the [`LANE_WARM_SLOTS`]
+//!   freed last, which the next lanes take first (no page faults). A slot
+//!   back whose lane's connection is still here is not taken again until
+//!   it drops.
 //!
 //! The arenas stay mapped as long as the shared connection: no lane maps
 //! or unmaps anything.
 
 use std::os::unix::net::UnixStream;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
-use super::arenas::{LANE_WRITE_WAIT, LaneEvent, LaneSlots, LaneState, Lanes};
+use super::arenas::{LANE_WARM_SLOTS, LANE_WRITE_WAIT, LaneEvent, LaneSlots, LaneState, Lanes};
 use super::established::Connection;
 use super::exchange::PeerInfo;
 use super::logical::SharedConnection;
@@ -85,7 +93,28 @@ impl SharedConnection {
         if tx_len > lanes.ours.tx_slot {
             return None;
         }
-        let slice = self.lane_state().ok()?.mux.take_slot(rx_len as u64)?;
+        let slice = {
+            let mut s = self.lane_state().ok()?;
+            // A slot whose last lane's connection is still here is not
+            // taken: its rings may still touch it.
+            let mut skipped = Vec::new();
+            let taken = loop {
+                match s.mux.take_slot(rx_len as u64) {
+                    Some(sl) if s.alive.contains(&(sl.arena, sl.offset)) => skipped.push(sl),
+                    other => break other,
+                }
+            };
+            if !skipped.is_empty() {
+                s.mux.untake(&skipped);
+                self.release_slots(&mut s);
+            }
+            let slice = taken?;
+            s.warm
+                .retain(|w| (w.arena, w.offset) != (slice.arena, slice.offset));
+            s.held
+                .retain(|w| (w.arena, w.offset) != (slice.arena, slice.offset));
+            slice
+        };
         let i = slice.offset as usize / lanes.ours.rx_slot;
         let views = Region::view(&lanes.ours.rx, slice.offset as usize, rx_len).and_then(|rx| {
             Ok((
@@ -111,7 +140,69 @@ impl SharedConnection {
     pub fn lane_untake(&self, slice: Slice) {
         if let Ok(mut s) = self.lane_state() {
             s.mux.untake(&[slice]);
+            self.release_slots(&mut s);
         }
+    }
+
+    /// Gives the memory of the slots the protocol freed back to the system
+    /// (`Region::discard`), but for the [`LANE_WARM_SLOTS`] freed last:
+    /// the receive slot (nobody writes it: the close handshake is done)
+    /// and the staging slot of the same index (the lane's queue pair
+    /// failed: it stages nothing more). An idle shared connection holds
+    /// the pages of lanes open and of those few slots.
+    fn release_slots(&self, s: &mut LaneState) {
+        let Ok(lanes) = self.lanes() else {
+            return;
+        };
+        let o = &lanes.ours;
+        for sl in s.mux.take_released() {
+            if s.alive.contains(&(sl.arena, sl.offset)) {
+                if !s.held.contains(&sl) {
+                    s.held.push(sl);
+                }
+            } else {
+                s.warm.push_back(sl);
+            }
+        }
+        while s.warm.len() > LANE_WARM_SLOTS {
+            let Some(sl) = s.warm.pop_front() else { break };
+            let i = sl.offset as usize / o.rx_slot;
+            let r =
+                o.rx.discard(i * o.rx_slot, o.rx_slot)
+                    .and_then(|_| o.tx.discard(i * o.tx_slot, o.tx_slot));
+            if let Err(e) = r {
+                tracing::debug!(slot = i, error = %e, "lane slot's memory kept");
+            }
+        }
+    }
+
+    /// A lane's [`Connection`] dropped: its rings touch `slots` no more,
+    /// so those given back already may give their pages back.
+    fn lane_gone(&self, slots: &[Slice]) {
+        let Ok(mut s) = self.lane_state() else {
+            return;
+        };
+        for sl in slots {
+            s.alive.remove(&(sl.arena, sl.offset));
+        }
+        let s = &mut *s;
+        let (free, still): (Vec<Slice>, Vec<Slice>) = s
+            .held
+            .drain(..)
+            .partition(|h| !s.alive.contains(&(h.arena, h.offset)));
+        s.held = still;
+        s.warm.extend(free);
+        self.release_slots(s);
+    }
+
+    /// Bytes of memory our lane arenas hold now ([`Region::allocated_bytes`]):
+    /// the pages of slots in use (and of slots taken, not yet given back).
+    ///
+    /// # Errors
+    /// No lanes; the system call's.
+    pub fn lane_arena_bytes(&self) -> Result<usize> {
+        let o = &self.lanes()?.ours;
+        Ok(o.rx.allocated_bytes()? + o.tx.allocated_bytes()?)
     }
 
     /// Sends a message on the side channel (with the state locked).
@@ -163,12 +254,14 @@ impl SharedConnection {
         ours: Parts,
     ) -> Result<Connection> {
         let mut s = self.lane_state()?;
-        let conn = match self.lane_connection(&mut s, tag, theirs) {
+        let ours_slots: Vec<Slice> = ours.slices.iter().map(|(_, sl)| *sl).collect();
+        let conn = match self.lane_connection(&mut s, tag, theirs, ours_slots.clone()) {
             Ok(c) => c,
             Err(e) => {
                 // No answer named our slots: they are free again.
-                let slots: Vec<Slice> = ours.slices.iter().map(|(_, sl)| *sl).collect();
+                let slots = ours_slots.clone();
                 s.mux.untake(&slots);
+                self.release_slots(&mut s);
                 let frame = s.mux.refuse(req, &e.to_string())?;
                 self.lane_send(&frame)?;
                 return Err(e);
@@ -199,10 +292,11 @@ impl SharedConnection {
         s: &mut LaneState,
         tag: u32,
         theirs: &Parts,
+        ours: Vec<Slice>,
     ) -> Result<Connection> {
         let arena = self.lanes()?.peer_arena;
         let qp = self.physical().attach(tag, tag)?;
-        let (mine, kept) = UnixStream::pair().map_err(|e| Error::io("socketpair", e))?;
+        let (mine, kept) = lane_socket_pair()?;
         let peer = PeerInfo {
             sections: theirs
                 .sections
@@ -227,11 +321,15 @@ impl SharedConnection {
                 .collect(),
             provider: self.connection().peer().provider,
         };
-        let mut conn = Connection::new(Side::Unix(mine), qp, peer, Vec::new())?;
+        let key = self.connection().peer_key();
+        let mut conn = Connection::lane(Side::Unix(mine), qp, peer, key);
         conn.logical = Some(Box::new(LaneHold {
             shared: self.clone(),
             tag,
+            closed: AtomicBool::new(false),
+            ours: ours.clone(),
         }));
+        s.alive.extend(ours.iter().map(|sl| (sl.arena, sl.offset)));
         s.ends.insert(tag, (kept, conn.qp().clone()));
         Ok(conn)
     }
@@ -308,7 +406,8 @@ impl SharedConnection {
                     events.push(LaneEvent::OpenRequested { req, tag, parts });
                 }
                 MuxEvent::Opened { req, tag, parts } => {
-                    let conn = self.lane_connection(s, tag, &parts);
+                    let ours = s.mux.slots_of(tag);
+                    let conn = self.lane_connection(s, tag, &parts, ours);
                     if conn.is_err() {
                         // Nothing to hand out: closed at once.
                         let frame = s.mux.close(tag)?;
@@ -330,6 +429,7 @@ impl SharedConnection {
             }
         }
         s.buf.drain(..at);
+        self.release_slots(s);
         Ok(())
     }
 
@@ -348,18 +448,56 @@ impl SharedConnection {
     }
 }
 
+/// A lane's socket pair, both ends non-blocking and close-on-exec from the
+/// start (one system call; no timeouts to clear).
+fn lane_socket_pair() -> Result<(UnixStream, UnixStream)> {
+    use nix::sys::socket::{AddressFamily, SockFlag, SockType, socketpair};
+    let (a, b) = socketpair(
+        AddressFamily::Unix,
+        SockType::Stream,
+        None,
+        SockFlag::SOCK_NONBLOCK | SockFlag::SOCK_CLOEXEC,
+    )
+    .map_err(|e| Error::nix("socketpair", e))?;
+    Ok((UnixStream::from(a), UnixStream::from(b)))
+}
+
 /// What a lane's [`Connection`] holds: its shared connection, which it
-/// tells when it drops.
+/// tells when it closes or drops (once: the tag may be another lane's by
+/// the time the connection drops).
 #[derive(Debug)]
 struct LaneHold {
     shared: Arc<SharedConnection>,
     tag: u32,
+    closed: AtomicBool,
+    /// Our slots its rings use.
+    ours: Vec<Slice>,
+}
+
+impl LaneHold {
+    fn close_once(&self) {
+        if !self.closed.swap(true, Ordering::AcqRel) {
+            self.shared.lane_dropped(self.tag);
+        }
+    }
 }
 
 impl super::established::LogicalHold for LaneHold {
     /// Called when the lane's connection drops, its queue pair failed:
-    /// sends the close (its grants are slots, nothing to retire).
+    /// sends the close unless [`Connection::close`] did (its grants are
+    /// slots, nothing to retire).
     fn retire(&self, _grants: Vec<(u16, Arc<Region>)>) {
-        self.shared.lane_dropped(self.tag);
+        self.close_once();
+        self.shared.lane_gone(&self.ours);
+    }
+
+    /// [`Connection::close`] of a lane: the close, on this thread (one
+    /// message on the shared side channel, bounded by its write wait).
+    fn close_now(&self) {
+        self.close_once();
+    }
+
+    fn is_lane(&self) -> bool {
+        true
     }
 }

@@ -181,6 +181,9 @@ pub struct Mux {
     conns: HashMap<u32, Entry>,
     /// Open requests in flight: request id to tag.
     reqs: HashMap<u32, u32>,
+    /// Our slots given back since [`Self::take_released`] (the driver
+    /// gives their pages back to the system).
+    released: Vec<Slice>,
 }
 
 impl Mux {
@@ -195,6 +198,7 @@ impl Mux {
             peer: PeerArenas::default(),
             conns: HashMap::new(),
             reqs: HashMap::new(),
+            released: Vec::new(),
         }
     }
 
@@ -240,7 +244,14 @@ impl Mux {
     fn give_back(&mut self, s: Slice) {
         if let Some(a) = self.arenas.iter_mut().find(|a| a.id() == s.arena) {
             a.give_back(s);
+            self.released.push(s);
         }
+    }
+
+    /// Our slots given back (free again: nobody writes them) since the
+    /// last call, for the driver to release their memory.
+    pub fn take_released(&mut self) -> Vec<Slice> {
+        std::mem::take(&mut self.released)
     }
 
     /// Our free slots, over every arena.
@@ -251,6 +262,13 @@ impl Mux {
     /// Logical connections open, opening or closing, by tag.
     pub fn tags(&self) -> impl Iterator<Item = u32> + '_ {
         self.conns.keys().copied()
+    }
+
+    /// Our slots logical connection `tag` uses (none if it is not here).
+    pub fn slots_of(&self, tag: u32) -> Vec<Slice> {
+        self.conns
+            .get(&tag)
+            .map_or_else(Vec::new, |e| e.ours.clone())
     }
 
     /// Whether `tag` is in use at this end (no new connection may take it).

@@ -50,7 +50,13 @@ impl Drop for RingsRx {
     fn drop(&mut self) {
         // Nobody reads any more: say goodbye so the peer fails its calls now
         // (the poller may hold the connection a while longer). The goodbye
-        // is a blocking send (bounded at 1 s): never on a tokio worker.
+        // is a blocking send (bounded at 1 s): never on a tokio worker. A
+        // lane's close is one message on its shared side channel, sent
+        // here: no blocking thread.
+        if self._conn.closes_without_waiting() {
+            self._conn.close();
+            return;
+        }
         let conn = self._conn.clone();
         match tokio::runtime::Handle::try_current() {
             Ok(rt) => {

@@ -324,6 +324,10 @@ pub struct SharedConnectionStats {
     /// Whether its logical connections are lanes (`shm://`: one message on
     /// its side channel each, rings in arenas granted when it opened).
     pub lanes: bool,
+    /// Bytes of memory this end's lane arenas hold now: the pages of the
+    /// slots of lanes open (a slot given back gives its pages back). 0
+    /// without lanes.
+    pub lane_arena_bytes: usize,
     /// Its queue pair's counters (`rrpc_core::vqp`).
     pub queue_pair: rrpc_core::vqp::VqpStats,
 }
@@ -337,6 +341,7 @@ impl SharedConnectionStats {
             alive: s.connection().check_alive().is_ok(),
             spare_rings: spares.rings.lock().unwrap_or_else(|p| p.into_inner()).len(),
             lanes: s.has_lanes(),
+            lane_arena_bytes: s.lane_arena_bytes().unwrap_or(0),
             queue_pair: s.physical().stats(),
         }
     }

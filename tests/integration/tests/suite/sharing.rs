@@ -273,7 +273,9 @@ mod lanes {
 /// its side channel each, rings in arena slots): sixteen connect at once
 /// and call, a connect given up half-way leaves nothing behind, and once
 /// all are dropped every lane is closed at both ends (the close handshake
-/// ran) and the next connect is a lane again.
+/// ran), the arenas hold next to no memory (each slot's pages were given
+/// back, but for the two kept warm)
+/// and the next connect is a lane again.
 async fn lanes_many_at_once_and_a_dropped_connect_leave_nothing(t: Transport) {
     let mut h = Harness::start_with(t, shared(t)).await;
     h.set_client_config(shared(t));
@@ -290,6 +292,13 @@ async fn lanes_many_at_once_and_a_dropped_connect_leave_nothing(t: Transport) {
     }))
     .await;
     assert_eq!(opened(&ccfg)[0].logical_connections, 17);
+    // Each end's arenas hold the pages of the slots in use (the rings
+    // written by the calls); once every lane is closed, none.
+    let busy = (
+        opened(&ccfg)[0].lane_arena_bytes,
+        accepted(&scfg)[0].lane_arena_bytes,
+    );
+    assert!(busy.0 > 0 && busy.1 > 0, "{busy:?}");
     // Connects given up before their answer (dropped at their first wait).
     for _ in 0..4 {
         let _ = tokio::time::timeout(Duration::from_micros(1), h.client()).await;
@@ -298,6 +307,13 @@ async fn lanes_many_at_once_and_a_dropped_connect_leave_nothing(t: Transport) {
     drop(first);
     until("every lane closed at both ends", || {
         opened(&ccfg)[0].logical_connections == 0 && accepted(&scfg)[0].logical_connections == 0
+    })
+    .await;
+    // At most `LANE_WARM_SLOTS` (2) of the 21 slots used keep their pages
+    // once the close handshakes are done (a lane's sharer goes before).
+    until("the arenas' memory given back", || {
+        opened(&ccfg)[0].lane_arena_bytes <= busy.0 / 4
+            && accepted(&scfg)[0].lane_arena_bytes <= busy.1 / 4
     })
     .await;
     let mut c = h.client().await;
