@@ -38,13 +38,17 @@
 //! address (and the fabric chosen) for `rrpc://`. An entry lives
 //! [`RrpcConfig::peer_lease`] past its last use, longer while connections
 //! run over it, and goes at once when its side channel closes or the
-//! server no longer knows its id. Behind an `rrpc://` port the ring
+//! server no longer knows its id. A sweeper task (one per context while
+//! the cache holds anything) closes an idle entry within a quarter lease
+//! of its end, so it holds no socket, queue pair or ring past that even
+//! if the process never dials again. Behind an `rrpc://` port the ring
 //! endpoint changes when the server restarts (the verbs side channel's
 //! port is the OS's pick, the shm socket's name holds the pid), so an entry
 //! whose endpoint is not the one the port names now is from the server's
 //! earlier life: it is replaced, not kept beside the new one.
 //! The server holds at most [`RrpcConfig::max_shared_peers`], and drops one
-//! when its client's side channel closes.
+//! within half a second of its client's side channel closing (a sweeper
+//! task, as the client's).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
@@ -550,9 +554,109 @@ impl SharedPeer {
 /// A client's shared connections, by server.
 #[derive(Debug, Default)]
 pub(crate) struct Peers {
-    cache: Mutex<Option<PeerCache<PeerKey, Arc<SharedPeer>>>>,
+    cache: Arc<Mutex<Cache>>,
     /// The bytes their spare rings hold.
     spare_bytes: Arc<AtomicU64>,
+}
+
+/// A table of shared connections, and whether a sweeper task runs for it
+/// ([`sweep_later`]).
+#[derive(Debug, Default)]
+struct Swept<T> {
+    table: T,
+    /// Set and cleared under the table's lock, so an entry inserted never
+    /// lacks a sweeper.
+    sweeping: bool,
+}
+
+impl<T> std::ops::Deref for Swept<T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        &self.table
+    }
+}
+
+impl<T> std::ops::DerefMut for Swept<T> {
+    fn deref_mut(&mut self) -> &mut T {
+        &mut self.table
+    }
+}
+
+type Cache = Swept<Option<PeerCache<PeerKey, Arc<SharedPeer>>>>;
+type AnchorMap = Swept<HashMap<Id, Arc<Anchor>>>;
+
+/// Starts, unless one runs, a task on the current tokio runtime that calls
+/// `sweep` on `table` every `period`: `sweep` takes out what is to be
+/// closed (dropped on a blocking thread: closing says goodbye on a socket)
+/// and says whether the table is left empty, which ends the task (the next
+/// insert starts another). The task also ends with its runtime and when
+/// the table is dropped. Without a runtime here there is none, and the
+/// table is swept only where it is used, as before.
+fn sweep_later<T, G>(
+    table: &Arc<Mutex<Swept<T>>>,
+    period: std::time::Duration,
+    sweep: impl Fn(&mut T) -> (Vec<G>, bool) + Send + 'static,
+) where
+    T: Send + 'static,
+    G: Send + 'static,
+{
+    /// Clears `sweeping` when the task ends, also when its runtime drops
+    /// it.
+    struct Running<T>(std::sync::Weak<Mutex<Swept<T>>>);
+    impl<T> Drop for Running<T> {
+        fn drop(&mut self) {
+            if let Some(t) = self.0.upgrade() {
+                t.lock().unwrap_or_else(|p| p.into_inner()).sweeping = false;
+            }
+        }
+    }
+    {
+        let mut t = table.lock().unwrap_or_else(|p| p.into_inner());
+        if std::mem::replace(&mut t.sweeping, true) {
+            return;
+        }
+    }
+    let weak = Arc::downgrade(table);
+    let Ok(rt) = tokio::runtime::Handle::try_current() else {
+        drop(Running(weak));
+        return;
+    };
+    rt.spawn(async move {
+        let mut running = Running(weak.clone());
+        loop {
+            tokio::time::sleep(period).await;
+            let Some(table) = weak.upgrade() else { return };
+            let (gone, empty) = {
+                let mut t = table.lock().unwrap_or_else(|p| p.into_inner());
+                let (gone, empty) = sweep(&mut t.table);
+                if empty {
+                    // Cleared under the lock: an insert after this starts
+                    // a new sweeper, which this one's end must not undo.
+                    t.sweeping = false;
+                    running.0 = std::sync::Weak::new();
+                }
+                (gone, empty)
+            };
+            drop(table);
+            if !gone.is_empty() {
+                tracing::debug!(
+                    closed = gone.len(),
+                    "rrpc: shared connections closed by the sweeper"
+                );
+                let _ = tokio::task::spawn_blocking(move || drop(gone)).await;
+            }
+            if empty {
+                return;
+            }
+        }
+    });
+}
+
+/// How often a sweeper looks at the cache: a fraction of the lease, so an
+/// idle shared connection is closed within 1.25 leases of its last use,
+/// and not more often than every 100 ms.
+fn sweep_period(lease: std::time::Duration) -> std::time::Duration {
+    (lease / 4).max(std::time::Duration::from_millis(100))
 }
 
 impl Peers {
@@ -615,7 +719,23 @@ impl Peers {
         let evicted = cache.insert(key.clone(), opened.clone(), now);
         drop(cell);
         drop(evicted);
+        self.sweep_later(cfg.peer_lease());
         Ok(opened)
+    }
+
+    /// Closes cached shared connections whose lease ended and that carry
+    /// no connection, and dead ones, without waiting for a connect to look
+    /// at the cache: an idle one does not hold its socket, queue pair and
+    /// rings until the process dials again.
+    fn sweep_later(&self, lease: std::time::Duration) {
+        sweep_later(&self.cache, sweep_period(lease), |cache| {
+            let Some(c) = cache.as_mut() else {
+                return (Vec::new(), true);
+            };
+            let mut gone = c.invalidate_where(|p| !p.alive());
+            gone.extend(c.expire(Instant::now(), |p| p.shared.physical().sharers() > 0));
+            (gone, c.is_empty())
+        });
     }
 
     /// The live shared connection to the server `key` names at `ep`, if
@@ -719,10 +839,13 @@ fn open(
 // Server
 // ---------------------------------------------------------------------------
 
+/// How often a server looks for shared connections whose client is gone.
+const ANCHOR_SWEEP: std::time::Duration = std::time::Duration::from_millis(500);
+
 /// A server's shared connections, by id.
 #[derive(Debug, Default)]
 pub(crate) struct Anchors {
-    map: Mutex<HashMap<Id, Arc<Anchor>>>,
+    map: Arc<Mutex<AnchorMap>>,
     /// The bytes their spare rings hold.
     spare_bytes: Arc<AtomicU64>,
 }
@@ -802,6 +925,19 @@ impl Anchors {
         let domain = Domain::new(fabric, &self.spare_bytes);
         map.insert(id, Arc::new(Anchor { shared, domain }));
         drop(map);
+        // A client's side channel closed drops its entry within
+        // ANCHOR_SWEEP, not at the next opening or lookup.
+        sweep_later(&self.map, ANCHOR_SWEEP, |map| {
+            let mut gone = Vec::new();
+            map.retain(|_, a| {
+                let alive = a.shared.connection().check_alive().is_ok();
+                if !alive {
+                    gone.push(a.clone());
+                }
+                alive
+            });
+            (gone, map.is_empty())
+        });
         tracing::debug!("rrpc: shared connection accepted");
         Ok(())
     }

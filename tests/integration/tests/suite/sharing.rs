@@ -19,12 +19,14 @@ use rrpc_tonic::{RrpcChannel, RrpcConfig, RrpcContext, SharedConnectionStats};
 // On the rings transports only: tonic's TCP has no queue pairs to share.
 on_rings!(
     connections_share_one_queue_pair,
+    an_idle_shared_connection_closes_when_its_lease_ends,
     rings_are_made_ahead_for_the_next_connection,
     a_server_that_does_not_share_says_so,
     a_restarted_server_gets_a_new_shared_connection,
 );
 rrpc_integration_tests::on_port_rings!(
     connections_share_one_queue_pair,
+    an_idle_shared_connection_closes_when_its_lease_ends,
     rings_are_made_ahead_for_the_next_connection,
     a_server_that_does_not_share_says_so,
     a_restarted_server_gets_a_new_shared_connection,
@@ -118,6 +120,39 @@ async fn connections_share_one_queue_pair(t: Transport) {
     assert_eq!(o.len(), 1, "{o:?}");
     assert_eq!(o[0].logical_connections, 1, "{o:?}");
     assert_eq!(accepted(&scfg).len(), 1);
+}
+
+/// A shared connection with no connection over it is closed once its lease
+/// ends, with no later connect to look at the cache: its socket, queue
+/// pair and rings are not held until the process dials again (the soak's
+/// descriptor count caught them). The server's end goes with it.
+async fn an_idle_shared_connection_closes_when_its_lease_ends(t: Transport) {
+    let lease = Duration::from_millis(400);
+    let cfg = shared(t).to_builder().peer_lease(lease).build().unwrap();
+    let mut h = Harness::start_with(t, cfg.clone()).await;
+    h.set_client_config(cfg);
+    let (scfg, ccfg) = (h.server_context().clone(), h.client_context().clone());
+    let mut c = h.client().await;
+    call(&mut c, 1).await;
+    assert_eq!(opened(&ccfg).len(), 1);
+    // In use: kept past its lease.
+    tokio::time::sleep(lease * 3).await;
+    assert_eq!(
+        opened(&ccfg).len(),
+        1,
+        "closed while a connection ran over it"
+    );
+    call(&mut c, 2).await;
+    drop(c);
+    until("the idle shared connection closed at the client", || {
+        opened(&ccfg).is_empty()
+    })
+    .await;
+    until("and at the server", || accepted(&scfg).is_empty()).await;
+    // The next connect opens a new one.
+    let mut c = h.client().await;
+    call(&mut c, 3).await;
+    assert_eq!(opened(&ccfg).len(), 1);
 }
 
 /// With a pool, each end keeps ring pairs made ahead in the shared
