@@ -269,10 +269,13 @@ async fn a_guessed_shared_connection_id_is_refused(t: Transport) {
         app.extend_from_slice(&[0x5a; 16]);
         app.extend_from_slice(&0u32.to_le_bytes());
         let offer = Offer::new().section(rrpc_tonic::frame::HANDSHAKE_SECTION, app);
-        conn::connect_logical(&ep, &mine, 0, offer, &hs).expect_err("a guessed id is refused")
+        let refused =
+            conn::connect_logical(&ep, &mine, 0, offer, &hs).expect_err("a guessed id is refused");
+        (refused, mine)
     })
     .await
     .expect("task");
+    let (refused, mine) = refused;
     assert!(
         matches!(&refused, rrpc_core::Error::Rejected(r) if r.contains("no shared connection with that id")),
         "{refused}"
@@ -283,6 +286,14 @@ async fn a_guessed_shared_connection_id_is_refused(t: Transport) {
         2,
         "the owner's and the guesser's own"
     );
+    // The guesser's own goes once its side channel closes; the owner's stays.
+    drop(mine);
+    until(
+        "the guesser's shared connection dropped at the server",
+        || accepted(&scfg).len() == 1,
+    )
+    .await;
+    call(&mut owner, 3).await;
 }
 
 /// The guessed id on every rings transport.
