@@ -1110,6 +1110,11 @@ fn connect_rounds(args: &SuiteArgs, server_rt: &Runtime, client_rt: &Runtime) ->
             with(Transport::RrpcFast, &|b| b.connection_pool(4))?,
         ),
         (
+            "rrpc-shm-fast-shared",
+            Transport::RrpcFast,
+            with(Transport::RrpcFast, &|b| b.shared_queue_pairs(true))?,
+        ),
+        (
             "rrpc-port-shm",
             Transport::RrpcPort,
             with(Transport::RrpcPort, &shm_only)?,
@@ -1119,10 +1124,27 @@ fn connect_rounds(args: &SuiteArgs, server_rt: &Runtime, client_rt: &Runtime) ->
             Transport::RrpcPort,
             with(Transport::RrpcPort, &|b| shm_only(b).spare_connections(2))?,
         ),
+        (
+            "rrpc-port-shm-shared",
+            Transport::RrpcPort,
+            with(Transport::RrpcPort, &|b| {
+                shm_only(b).shared_queue_pairs(true)
+            })?,
+        ),
     ];
+    // `RRPC_BENCH_SETUPS=a,b`: only the setups named (tonic-tcp is always
+    // run, the baseline of every ratio), for a profile of one setup.
+    let only: Option<Vec<String>> = std::env::var("RRPC_BENCH_SETUPS")
+        .ok()
+        .map(|v| v.split(',').map(str::to_owned).collect());
     for round in 1..=rounds {
         let (mut tcp_p50, mut tcp_rate) = (f64::NAN, f64::NAN);
         for (name, tr, cfg) in &setups {
+            if *tr != Transport::TonicTcp
+                && only.as_ref().is_some_and(|o| !o.iter().any(|n| n == name))
+            {
+                continue;
+            }
             let server = start_server_with(server_rt, *tr, cfg.clone())?;
             let target = server.target().to_owned();
             drop(client_rt.block_on(connect_to(*tr, &target, cfg))?);
@@ -1161,7 +1183,8 @@ fn connect_rounds(args: &SuiteArgs, server_rt: &Runtime, client_rt: &Runtime) ->
          context remembers the shm endpoint the port named, so a connect dials it with no TCP \
          connection and no negotiation (rrpc_tonic's context::PortMemo). spare2: \
          spare_connections(2). pool4: connection_pool(4) at both ends (bundles of rings and queue pair made \
-         ahead by a background thread)."
+         ahead by a background thread). shared: shared_queue_pairs(true) at both ends (the warm-up \
+         opens the shared connection; each timed connect is a logical connection over it)."
     ));
     Ok(t)
 }

@@ -540,9 +540,18 @@ fn main() -> Result<()> {
         "shm-h2" | "rdma-h2" => RrpcConfig::builder().path(PathPreference::Http2).build()?,
         t => bail!("unknown transport {t:?} (shm, shm-h2, tcp, inproc, rdma, rdma-h2)"),
     };
+    // A client keeps a shared connection cached `peer_lease` past its last
+    // use (10 s by default), then closes it: 2 s here, so that it is closed
+    // within the end's 10 s wait for the descriptors to come back, which
+    // then counts it as a leak if it stays.
     let cfg = cfg
         .to_builder()
         .shared_queue_pairs(args.shared_qps)
+        .peer_lease(if args.shared_qps {
+            Duration::from_secs(2)
+        } else {
+            rrpc_tonic::DEFAULT_PEER_LEASE
+        })
         .build()?;
     let cfg = match &args.token {
         Some(t) => cfg

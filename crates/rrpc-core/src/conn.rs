@@ -63,6 +63,13 @@
 //!   [`Incoming`]) run the handshake; `established` ([`Connection`]) is the
 //!   connection and its liveness; `logical` ([`SharedConnection`],
 //!   [`connect_logical`]) builds on both.
+//! * `lanes` (`SharedConnection::lane_*`) drives `mux` over a
+//!   [`SharedConnection`]'s side channel (shm); what it holds
+//!   ([`LaneArenas`], [`LaneEvent`], [`LaneSlots`]) is in `arenas`, a leaf
+//!   that `logical` imports too.
+//! * `mux` (logical connections over a shared connection's open side
+//!   channel, their rings in arenas granted ahead: the messages and the
+//!   protocol, sans IO) is a leaf too: it imports only the error.
 //! * None of them names a provider. The side channels (a Unix socket with
 //!   descriptor passing for shm, TCP with optional TLS for verbs) are the
 //!   providers', behind one seam, `provider::side`: its `SideListener` and
@@ -79,14 +86,18 @@
 use crate::error::Error;
 
 mod accept;
+mod arenas;
 pub(crate) mod budget;
 mod dial;
 pub(crate) mod established;
 pub(crate) mod exchange;
+mod lanes;
 mod logical;
+pub mod mux;
 pub(crate) mod settings;
 
 pub use accept::{Incoming, Listener, Pending};
+pub use arenas::{LANE_WARM_SLOTS, LANE_WRITE_WAIT, LaneArenas, LaneEvent, LaneSlots, ROLE_ARENA};
 pub(crate) use budget::BudgetGuard;
 pub use budget::{DEFAULT_MAX_PEER_GRANT_BYTES, NEAR_END_DIVISOR, PeerKey};
 pub use dial::{Dialing, connect};

@@ -86,9 +86,7 @@ impl LocalRing {
         } else {
             fabric.clone().without_huge_pages()
         };
-        let pad = if cfg.cache_align() { 0 } else { UNALIGNED_PAD };
-        let ring_off = RING_OFFSET + pad;
-        let ctrl_off = (ring_off + cfg.ring_size()).next_multiple_of(4096);
+        let (rx_len, tx_len) = Self::region_lens(cfg);
         // The narrowest access that works, so a peer can touch no more of our
         // memory than it needs: the peer only WRITEs into our receive ring and
         // its control words; the staging region is the local source of our
@@ -96,24 +94,60 @@ impl LocalRing {
         // RB² §IV-C: both arrays in the memory of the NIC's NUMA node (or
         // the one the config names), bound before they are first touched.
         let node = cfg.numa_node().resolve(fabric.numa_node());
-        let rx_region = fabric.alloc_region_on(
-            ring_off + cfg.ring_size(),
-            rrpc_core::Access::REMOTE_WRITE,
-            node,
-        )?;
-        let tx_region = fabric.alloc_region_on(
-            ctrl_off + (BELL_SRC + 1) * 64,
-            rrpc_core::Access::LOCAL,
-            node,
-        )?;
+        let rx_region = fabric.alloc_region_on(rx_len, rrpc_core::Access::REMOTE_WRITE, node)?;
+        let tx_region = fabric.alloc_region_on(tx_len, rrpc_core::Access::LOCAL, node)?;
+        Self::in_regions(fabric.kind(), cfg, rx_region, tx_region, node)
+    }
+
+    /// The lengths of the receive and the staging region a ring of `cfg`
+    /// needs ([`LocalRing::in_regions`]).
+    pub fn region_lens(cfg: &RingConfig) -> (usize, usize) {
+        let pad = if cfg.cache_align() { 0 } else { UNALIGNED_PAD };
+        let ring_off = RING_OFFSET + pad;
+        let ctrl_off = (ring_off + cfg.ring_size()).next_multiple_of(4096);
+        (ring_off + cfg.ring_size(), ctrl_off + (BELL_SRC + 1) * 64)
+    }
+
+    /// A ring in regions made elsewhere (slots of arenas granted ahead,
+    /// rrpc-core `conn::mux`), of at least [`LocalRing::region_lens`]
+    /// bytes: `rx_region` the peer may write (it is not granted here: the
+    /// peer reaches it some other way), `tx_region` never granted. Their
+    /// memory may hold an earlier ring's bytes: the pointer records are
+    /// reset here. `kind` is the fabric's (whether released pages go back
+    /// to the system), `node` their NUMA node, if bound.
+    ///
+    /// # Errors
+    /// [`Error::InvalidConfig`] for regions shorter than `cfg` needs.
+    pub fn in_regions(
+        kind: rrpc_core::ProviderKind,
+        cfg: &RingConfig,
+        rx_region: Arc<Region>,
+        tx_region: Arc<Region>,
+        node: Option<u32>,
+    ) -> Result<LocalRing, Error> {
+        let (rx_len, tx_len) = Self::region_lens(cfg);
+        if rx_region.len() < rx_len || tx_region.len() < tx_len {
+            return Err(Error::InvalidConfig(format!(
+                "ring regions of {} and {} bytes, need {rx_len} and {tx_len}",
+                rx_region.len(),
+                tx_region.len()
+            )));
+        }
+        let pad = if cfg.cache_align() { 0 } else { UNALIGNED_PAD };
+        let ring_off = RING_OFFSET + pad;
+        let ctrl_off = (ring_off + cfg.ring_size()).next_multiple_of(4096);
+        // An earlier ring's sleep word must not read as a peer asleep.
+        rx_region.write_at(LOCAL_SLEEP_OFFSET, &[0u8; 8])?;
         // Zeroed memory is no valid record: start both at pointer 0.
         for off in [LOCAL_TAIL_OFFSET, LOCAL_HEAD_OFFSET] {
             store_record(&rx_region, off, 0)?;
         }
         let ring_len = Geometry::from_config(cfg).ring_bytes();
         #[allow(unsafe_code)]
-        // SAFETY: `tx_region` was allocated just above and is never granted
-        // (`add_to_offer_as` grants `rx_region` only). The ring's range ends
+        // SAFETY: `tx_region` is never granted (`add_to_offer_as` grants
+        // `rx_region` only; `in_regions` callers grant it to nobody, per its
+        // docs), and no other ring uses it while this one lives (an arena's
+        // slot is one ring's until its close handshake ends). The ring's range ends
         // at or before `ctrl_off`, so the other users of the region (the
         // source records of `store_record`, `RxDoorbell`'s sleep word) never
         // touch it; the fabric reads it only as a WRITE's source, posted by
@@ -124,9 +158,8 @@ impl LocalRing {
         // Below the minimum only where the pages go back (`Region::discard`): a
         // verbs registration or huge pages keep them, and going below would cost
         // a resize round trip after every quiet spell for nothing.
-        let releases = fabric.kind() == rrpc_core::ProviderKind::Shm
-            && !rx_region.is_huge()
-            && !tx_region.is_huge();
+        let releases =
+            kind == rrpc_core::ProviderKind::Shm && !rx_region.is_huge() && !tx_region.is_huge();
         let cfg = if releases || cfg.idle_ring_size() == cfg.min_ring_size() {
             cfg.clone()
         } else {

@@ -963,7 +963,10 @@ impl RrpcConfigBuilder {
     /// lease of `rrpc_core::meta::PeerCache`). A cached shared connection is
     /// also dropped as soon as its peer is seen down: its side channel
     /// closed, or the server no longer knows it, or (`rrpc://`) the port
-    /// names another side listener, its server having restarted. Default 10 s
+    /// names another side listener, its server having restarted. Once the
+    /// lease ends it is closed within a quarter lease (a task on the
+    /// connecting runtime sweeps the cache), whether or not the process
+    /// connects again. Default 10 s
     /// ([`DEFAULT_PEER_LEASE`]); above zero and at most 365 days (the
     /// cache adds it to a clock).
     pub fn peer_lease(mut self, lease: std::time::Duration) -> Self {

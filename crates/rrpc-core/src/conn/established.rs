@@ -22,6 +22,16 @@ pub(crate) trait LogicalHold: Send + Sync + std::fmt::Debug {
     /// Keeps `grants` (what the logical connection granted the peer)
     /// registered for the lease; releases older ones.
     fn retire(&self, grants: Vec<(u16, Arc<Region>)>);
+
+    /// Closes the logical connection now, without waiting, its queue pair
+    /// failed (a lane: its close is one message on the shared side
+    /// channel). Called only when [`Self::is_lane`].
+    fn close_now(&self) {}
+
+    /// Whether [`Self::close_now`] closes it (a lane).
+    fn is_lane(&self) -> bool {
+        false
+    }
 }
 
 // ---------------------------------------------------------------------------
@@ -76,6 +86,13 @@ pub struct Connection {
     /// For a logical connection: the peer's grants on the shared queue pair
     /// and the shared connection, both released after `qp` (field order).
     pub(crate) logical: Option<Box<dyn LogicalHold>>,
+    /// The side channel carries messages (`conn::mux`): one reader reads
+    /// it, and marks the connection gone; [`Self::check_alive`] reads
+    /// nothing then.
+    pub(crate) muxed: AtomicBool,
+    /// Who the peer is ([`Self::peer_key`]), asked of the side channel
+    /// once; a lane's is its shared connection's, set when it is made.
+    pub(crate) key: std::sync::OnceLock<crate::conn::budget::PeerKey>,
 }
 
 impl Connection {
@@ -98,7 +115,31 @@ impl Connection {
             gone: AtomicBool::new(false),
             gone_why: std::sync::atomic::AtomicU8::new(GONE_CLOSED),
             logical: None,
+            muxed: AtomicBool::new(false),
+            key: std::sync::OnceLock::new(),
         })
+    }
+
+    /// A lane's connection (`lanes` module): its side channel one end of a
+    /// socket pair made non-blocking with no timeouts (so nothing to set
+    /// here), its peer the shared connection's peer `key`.
+    pub(crate) fn lane(
+        side: Side,
+        qp: QueuePair,
+        peer: PeerInfo,
+        key: crate::conn::budget::PeerKey,
+    ) -> Connection {
+        Connection {
+            qp: Arc::new(qp),
+            peer,
+            side,
+            _grants: Vec::new(),
+            gone: AtomicBool::new(false),
+            gone_why: std::sync::atomic::AtomicU8::new(GONE_CLOSED),
+            logical: None,
+            muxed: AtomicBool::new(false),
+            key: std::sync::OnceLock::from(key),
+        }
     }
 
     /// The connected queue pair.
@@ -115,10 +156,16 @@ impl Connection {
     /// channel's `SO_PEERCRED`); `None` for a remote peer, or when the
     /// kernel does not say.
     pub fn peer_pid(&self) -> Option<i32> {
-        match self.side.peer_key() {
+        match self.peer_key() {
             crate::conn::budget::PeerKey::Process { pid, .. } => Some(pid),
             _ => None,
         }
+    }
+
+    /// Who the peer is, as the side channel says (`SO_PEERCRED` on shm,
+    /// the address on `rdma://`): what per-peer limits count by.
+    pub fn peer_key(&self) -> crate::conn::budget::PeerKey {
+        *self.key.get_or_init(|| self.side.peer_key())
     }
 
     /// The side channel's fd: becomes readable when the peer closes or says
@@ -140,6 +187,9 @@ impl Connection {
     pub fn check_alive(&self) -> Result<()> {
         if self.gone.load(Ordering::Acquire) {
             return Err(self.gone_error());
+        }
+        if self.muxed.load(Ordering::Acquire) {
+            return Ok(());
         }
         let mut b = [0u8; 1];
         let why = match self.side.read(&mut b) {
@@ -207,8 +257,23 @@ impl Connection {
     }
 
     /// Orderly close: tells the peer goodbye and fails our queue pair with
-    /// [`Error::NotConnected`].
+    /// [`Error::NotConnected`]. A lane ([`Self::closes_without_waiting`])
+    /// sends its close on the shared side channel instead, waiting for
+    /// nothing.
     pub fn close(&self) {
+        if self.closes_without_waiting() {
+            // A lane: its close goes over the shared side channel (rrpc-core
+            // `conn::lanes`); its own side channel is a socket pair nobody
+            // reads, so no goodbye, and nothing here waits.
+            self.qp.fail(&Error::NotConnected);
+            self.gone.store(true, Ordering::Release);
+            if let Some(l) = &self.logical {
+                l.close_now();
+            }
+            self.side.shutdown();
+            tracing::debug!("lane closed");
+            return;
+        }
         let _ = self.side.set_nonblocking(false);
         // Best effort, never long: 12 bytes into a socket nothing else writes.
         let _ = self
@@ -218,6 +283,15 @@ impl Connection {
         self.qp.fail(&Error::NotConnected);
         self.gone.store(true, Ordering::Release);
         tracing::debug!("connection closed");
+    }
+}
+
+impl Connection {
+    /// Whether [`Self::close`] never waits (a lane's close is one message on
+    /// its shared connection's side channel): callers on an async worker
+    /// may call it there, with no blocking thread.
+    pub fn closes_without_waiting(&self) -> bool {
+        self.logical.as_ref().is_some_and(|l| l.is_lane())
     }
 }
 

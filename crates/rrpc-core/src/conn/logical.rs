@@ -45,8 +45,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use super::accept::Incoming;
+use super::arenas::LaneArenas;
 use super::established::{Connection, LogicalHold};
 use super::exchange::{Deadline, Offer, Passed, base_hello, peer_info, reject_code_for};
+use super::mux::{MuxLimits, MuxRole};
 use super::settings::HandshakeConfig;
 use crate::addr::FabricAddr;
 use crate::error::{Error, Result};
@@ -67,6 +69,9 @@ pub struct SharedConnection {
     /// Regions granted by logical connections that dropped, kept until
     /// their lease ends (module docs, "Retired grants").
     retired: Mutex<Retired>,
+    /// Logical connections over its side channel, rings in arenas
+    /// (`lanes`), when both ends granted arenas at the opening.
+    pub(super) lanes: Option<super::arenas::Lanes>,
 }
 
 /// Grants of dropped logical connections, with when each dropped, oldest
@@ -90,6 +95,35 @@ impl SharedConnection {
             phys,
             conn,
             retired: Mutex::default(),
+            lanes: None,
+        }))
+    }
+
+    /// Shares `conn`'s queue pair, as [`SharedConnection::new`], with lanes
+    /// over its side channel (`lanes` docs): `conn` opened with `ours`
+    /// added to its offer ([`LaneArenas::add_to_offer`]), and the peer's
+    /// hello carries its arena. From now on one reader reads its side
+    /// channel ([`SharedConnection::lane_poll`]).
+    ///
+    /// # Errors
+    /// [`Error::MalformedHandshake`] when the peer granted no arena, or one
+    /// its section does not describe; as [`PhysicalQp::new`].
+    pub fn with_lanes(
+        conn: Connection,
+        cfg: VqpConfig,
+        role: MuxRole,
+        ours: LaneArenas,
+        limits: MuxLimits,
+    ) -> Result<Arc<SharedConnection>> {
+        let lanes = super::arenas::Lanes::new(&conn, role, ours, limits)?;
+        conn.muxed.store(true, std::sync::atomic::Ordering::Release);
+        let phys = PhysicalQp::new(conn.qp().clone(), cfg)?;
+        tracing::debug!(?role, "connection shared, with lanes");
+        Ok(Arc::new(SharedConnection {
+            phys,
+            conn,
+            retired: Mutex::default(),
+            lanes: Some(lanes),
         }))
     }
 

@@ -380,6 +380,43 @@ impl Side {
         }
     }
 
+    /// Writes all of `b` on the bare socket (a frame of `conn::mux`),
+    /// waiting at most `wait` for room when the socket is full (a peer
+    /// that stops reading, polled each millisecond): then `TimedOut`.
+    /// Callers serialize writes.
+    pub(crate) fn write_all_within(&self, mut b: &[u8], wait: Duration) -> io::Result<()> {
+        use std::io::Write;
+        let s = match self {
+            Side::Unix(s) => s,
+            #[cfg(feature = "verbs")]
+            Side::Tcp(_) => {
+                return Err(io::Error::new(
+                    io::ErrorKind::Unsupported,
+                    "logical connections over the side channel are shm's only",
+                ));
+            }
+        };
+        let deadline = std::time::Instant::now() + wait;
+        while !b.is_empty() {
+            match (&*s).write(b) {
+                Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+                Ok(n) => b = &b[n..],
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    let left = deadline.saturating_duration_since(std::time::Instant::now());
+                    if left.is_zero() {
+                        return Err(io::ErrorKind::TimedOut.into());
+                    }
+                    // Only a peer that stopped reading fills the socket:
+                    // rare, and bounded by `wait`.
+                    std::thread::sleep(left.min(Duration::from_millis(1)));
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+
     pub(crate) fn shutdown(&self) {
         let _ = match self {
             Side::Unix(s) => s.shutdown(std::net::Shutdown::Both),

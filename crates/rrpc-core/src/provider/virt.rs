@@ -72,7 +72,15 @@ pub(crate) struct Shared {
     full_wait: Duration,
     state: Mutex<State>,
     pub(crate) stats: Stats,
+    /// The event channels' descriptors of sharers gone (send, receive), at
+    /// most [`SPARE_WAKES`] each: a sharer attached later takes them
+    /// instead of making its own (an eventfd, an epoll set and two
+    /// `epoll_ctl`s: a lane's connect and close make none).
+    wakes: Mutex<[Vec<Wake>; 2]>,
 }
+
+/// Spare event channels kept per direction ([`Shared::wakes`]).
+const SPARE_WAKES: usize = 8;
 
 #[derive(Debug, Default)]
 pub(crate) struct Stats {
@@ -83,6 +91,9 @@ pub(crate) struct Stats {
     pub(crate) received: AtomicU64,
     pub(crate) misrouted: AtomicU64,
     pub(crate) full_waits: AtomicU64,
+    /// Event channels made (an eventfd and an epoll set each), not taken
+    /// from a sharer gone ([`Shared::wakes`]).
+    pub(crate) channels_made: AtomicU64,
 }
 
 #[derive(Debug, Default)]
@@ -164,6 +175,31 @@ struct SharerCore {
     fail: FailState,
     send_ev: Channel,
     recv_ev: Channel,
+    /// Where its channels' descriptors go when it drops ([`Shared::wakes`]).
+    home: std::sync::Weak<Shared>,
+}
+
+impl Drop for SharerCore {
+    fn drop(&mut self) {
+        let Some(home) = self.home.upgrade() else {
+            return;
+        };
+        for (i, ch) in [&mut self.send_ev, &mut self.recv_ev]
+            .into_iter()
+            .enumerate()
+        {
+            // A wake written for the sharer gone would only wake the next
+            // one for nothing; drained anyway.
+            if let Some(w) = ch.fds.take()
+                && w.own.drain().is_ok()
+            {
+                let mut spare = home.wakes.lock().unwrap_or_else(|p| p.into_inner());
+                if spare[i].len() < SPARE_WAKES {
+                    spare[i].push(w);
+                }
+            }
+        }
+    }
 }
 
 /// One virtual completion queue's event channel, its descriptors made on
@@ -182,14 +218,18 @@ impl Channel {
         }
     }
 
-    /// The descriptors, made on first use with `hardware`, the hardware
-    /// completion queue's channel.
-    fn fds(&self, hardware: BorrowedFd<'_>) -> Result<&Wake> {
+    /// The descriptors, on first use a sharer gone's (`spare`) or made
+    /// with `hardware`, the hardware completion queue's channel.
+    fn fds(&self, hardware: BorrowedFd<'_>, spare: impl FnOnce() -> Option<Wake>) -> Result<&Wake> {
         if let Some(w) = self.fds.get() {
             return Ok(w);
         }
+        let w = match spare() {
+            Some(w) => w,
+            None => Wake::new(hardware)?,
+        };
         // Two threads may both make one here; the loser's is dropped.
-        let _ = self.fds.set(Wake::new(hardware)?);
+        let _ = self.fds.set(w);
         Ok(self.fds.get().expect("set above"))
     }
 
@@ -262,6 +302,7 @@ impl Shared {
             full_wait,
             state: Mutex::new(State::default()),
             stats: Stats::default(),
+            wakes: Mutex::new([Vec::new(), Vec::new()]),
         }
     }
 
@@ -285,6 +326,7 @@ impl Shared {
             fail: FailState::default(),
             send_ev: Channel::new(),
             recv_ev: Channel::new(),
+            home: Arc::downgrade(s),
         });
         let mut st = s.lock();
         if st.sharers.contains_key(local_tag) {
@@ -678,7 +720,18 @@ impl Sharer {
     }
 
     fn fds(&self) -> Result<&Wake> {
-        self.wake().fds(self.phys.qp.channel_fd(self.recv)?)
+        self.wake().fds(self.phys.qp.channel_fd(self.recv)?, || {
+            let spare = self.phys.wakes.lock().unwrap_or_else(|p| p.into_inner())
+                [usize::from(self.recv)]
+            .pop();
+            if spare.is_none() {
+                self.phys
+                    .stats
+                    .channels_made
+                    .fetch_add(1, Ordering::Relaxed);
+            }
+            spare
+        })
     }
 
     pub(crate) fn req_notify(&self) -> Result<()> {
@@ -718,6 +771,101 @@ impl Sharer {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A hardware queue pair that never completes anything, its channels
+    /// eventfds: enough for the sharers' event channels.
+    #[derive(Debug)]
+    struct Idle {
+        channels: [EventFd; 2],
+    }
+
+    impl Hardware for Idle {
+        fn post(&self, _: u64, _: Op, _: Local<'_>, _: Remote, _: bool) -> Result<()> {
+            Ok(())
+        }
+        fn post_recv(&self, _: u64) -> Result<()> {
+            Ok(())
+        }
+        fn poll(&self, _: bool, _: &mut [Completion]) -> Result<usize> {
+            Ok(0)
+        }
+        fn req_notify(&self, _: bool) -> Result<()> {
+            Ok(())
+        }
+        fn channel_fd(&self, recv: bool) -> Result<BorrowedFd<'_>> {
+            Ok(self.channels[usize::from(recv)].as_fd())
+        }
+        fn ack_events(&self, _: bool) -> Result<u64> {
+            Ok(0)
+        }
+        fn inject_device_error(&self) -> Result<()> {
+            Ok(())
+        }
+        fn failure(&self) -> Option<Error> {
+            None
+        }
+        fn send_depth(&self) -> u32 {
+            16
+        }
+        fn recv_depth(&self) -> u32 {
+            16
+        }
+        fn outstanding(&self) -> u64 {
+            0
+        }
+        fn carrier(&self) -> QpCarrier {
+            unreachable!("not asked")
+        }
+    }
+
+    fn readable(fd: BorrowedFd<'_>) -> bool {
+        use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+        poll(&mut [PollFd::new(fd, PollFlags::POLLIN)], PollTimeout::ZERO).expect("poll") == 1
+    }
+
+    fn made(s: &Shared) -> u64 {
+        s.stats.channels_made.load(Ordering::Relaxed)
+    }
+
+    /// A sharer gone leaves its event channels to the next one (a lane's
+    /// connect makes no eventfd nor epoll set), drained: a wake written
+    /// for the sharer gone does not wake the next one.
+    #[test]
+    fn a_sharer_takes_the_event_channels_of_one_gone() {
+        let hw = Idle {
+            channels: [EventFd::new().unwrap(), EventFd::new().unwrap()],
+        };
+        let shared = Arc::new(Shared::new(
+            Arc::new(hw),
+            16,
+            4,
+            8,
+            Duration::from_millis(10),
+        ));
+        let (qp, send, recv) = shared.attach(1, 1).unwrap();
+        send.req_notify().unwrap();
+        recv.req_notify().unwrap();
+        assert_eq!(made(&shared), 2);
+        // Woken, never acknowledged.
+        recv.wake().wake_if_armed();
+        assert!(readable(recv.channel_fd().unwrap()), "the wake fires");
+        drop((qp, send, recv));
+        for tag in [2, 3] {
+            let (qp, send, recv) = shared.attach(tag, tag).unwrap();
+            send.req_notify().unwrap();
+            recv.req_notify().unwrap();
+            assert_eq!(made(&shared), 2, "sharer {tag} made its own");
+            assert!(!readable(recv.channel_fd().unwrap()), "a stale wake");
+            assert!(!readable(send.channel_fd().unwrap()), "a stale wake");
+            drop((qp, send, recv));
+        }
+        // Two at once: the second makes its own.
+        let a = shared.attach(4, 4).unwrap();
+        let b = shared.attach(5, 5).unwrap();
+        a.1.req_notify().unwrap();
+        b.1.req_notify().unwrap();
+        assert_eq!(made(&shared), 3);
+    }
 
     #[test]
     fn wr_id_round_trips() {

@@ -20,7 +20,7 @@ use crate::conn::bundle::{Bundle, BundlePool, make_bundle};
 use crate::conn::negotiate::{
     Established, Negotiated, choose_path, client_hello, path_of_reply, section_of,
 };
-use crate::conn::sharing::{self, Anchors, PeerKey, Request};
+use crate::conn::sharing::{self, Anchors, LaneAsk, LaneAsks, PeerKey, Request};
 use crate::conn::spare::Spare;
 use crate::conn::{BoxFut, Link, MsgRx, Pipe, gone_cause};
 use crate::frame::HANDSHAKE_SECTION;
@@ -50,7 +50,13 @@ impl Drop for RingsRx {
     fn drop(&mut self) {
         // Nobody reads any more: say goodbye so the peer fails its calls now
         // (the poller may hold the connection a while longer). The goodbye
-        // is a blocking send (bounded at 1 s): never on a tokio worker.
+        // is a blocking send (bounded at 1 s): never on a tokio worker. A
+        // lane's close is one message on its shared side channel, sent
+        // here: no blocking thread.
+        if self._conn.closes_without_waiting() {
+            self._conn.close();
+            return;
+        }
         let conn = self._conn.clone();
         match tokio::runtime::Handle::try_current() {
             Ok(rt) => {
@@ -287,7 +293,14 @@ pub(crate) async fn dial(
     let key = PeerKey::new(&ep, port);
     let ring = ring_config(cfg)?;
     let hs = handshake_config(cfg)?;
-    let (conn, tx, rx, path) = if !cfg.shared_queue_pairs() && matches!(ep, FabricAddr::Shm(_)) {
+    let lane = if cfg.shared_queue_pairs() && matches!(ep, FabricAddr::Shm(_)) {
+        dial_lane(&key, &ep, &ring, &hs, cfg, ctx).await?
+    } else {
+        None
+    };
+    let (conn, tx, rx, path) = if let Some(d) = lane {
+        d
+    } else if !cfg.shared_queue_pairs() && matches!(ep, FabricAddr::Shm(_)) {
         // On shm nothing but the server's answer waits: awaited here, on
         // no thread of its own (`dial_dedicated_async`).
         dial_dedicated_async(&ep, &ring, &hs, cfg, ctx).await?
@@ -379,6 +392,142 @@ async fn dial_dedicated_async(
     let path = path_of_reply(section_of(c.peer()))?;
     let (tx, rx) = local.connect(&c)?;
     Ok((c, tx, rx, path))
+}
+
+/// A lane to `ep` (`sharing` docs, rrpc-core `conn::lanes`): one message
+/// on the shared connection's side channel, rings in slots of the arenas
+/// granted when it opened; on the connect's task, holding no thread once
+/// the shared connection is open (its opening runs on a blocking thread).
+/// `None` when there is no lane to be had: the shared connection has no
+/// lanes (the server grants no arena) or its arenas are full; the connect
+/// then runs a logical connection's own handshake. A server that still
+/// holds the tag picked is asked again with another, twice at most.
+/// Bounded by the handshake timeout.
+///
+/// # Cancel safety
+/// Dropping the future gives the request up: the lane is closed when its
+/// answer comes, and its slots come back with the close.
+async fn dial_lane(
+    key: &PeerKey,
+    ep: &FabricAddr,
+    ring: &RingConfig,
+    hs: &HandshakeConfig,
+    cfg: &RrpcConfig,
+    ctx: &RrpcContext,
+) -> Result<Option<Dialed>, Error> {
+    let peer = match ctx.peers().cached(key, ep) {
+        Some(p) => p,
+        None => {
+            let (key, ep, ring, hs, cfg, ctx) = (
+                key.clone(),
+                ep.clone(),
+                ring.clone(),
+                hs.clone(),
+                cfg.clone(),
+                ctx.clone(),
+            );
+            tokio::task::spawn_blocking(move || {
+                let fabric = fabric_for(&ep, &ctx)?;
+                ctx.peers()
+                    .get_or_open(&key, &ep, &fabric, &ring, &cfg, &hs)
+            })
+            .await
+            .map_err(|e| Error::Io(std::io::Error::other(e)))??
+        }
+    };
+    if !peer.shared.has_lanes() {
+        return Ok(None);
+    }
+    let deadline = tokio::time::Instant::now() + cfg.handshake_timeout();
+    let mut tries = 0;
+    loop {
+        tries += 1;
+        let (rx_len, tx_len) = rrpc_poller::rings::LocalRing::region_lens(ring);
+        let Some(slots) = peer.shared.lane_slots(rx_len, tx_len) else {
+            tracing::debug!(endpoint = %ep, "rrpc: lane arenas full; a logical handshake instead");
+            return Ok(None);
+        };
+        let slice = slots.slice;
+        let set_up = (|| -> Result<_, Error> {
+            let local = rrpc_poller::rings::LocalRing::in_regions(
+                rrpc_core::ProviderKind::Shm,
+                ring,
+                slots.rx,
+                slots.tx,
+                None,
+            )?;
+            let tag = peer.free_tag()?;
+            let parts = rrpc_core::conn::mux::Parts {
+                sections: vec![
+                    (HANDSHAKE_SECTION, client_hello(cfg).to_vec()),
+                    (rrpc_ringbuf::ROLE_RING, local.params().encode()),
+                ],
+                slices: vec![(rrpc_ringbuf::ROLE_RING, slice)],
+            };
+            let (tx, rx) = tokio::sync::oneshot::channel();
+            // Registered before the reader can see the answer.
+            let mut w = peer.waiters.lock().unwrap_or_else(|p| p.into_inner());
+            let req = peer.shared.lane_open(tag, parts)?;
+            w.insert(req, tx);
+            Ok((local, req, rx))
+        })();
+        let (local, req, answer) = match set_up {
+            Ok(x) => x,
+            Err(e) => {
+                peer.shared.lane_untake(slice);
+                return Err(e);
+            }
+        };
+        let mut given_up = GiveUp {
+            peer: &peer,
+            req,
+            armed: true,
+        };
+        let answered = tokio::time::timeout_at(deadline, answer).await;
+        given_up.armed = false;
+        let conn = match answered {
+            Err(_) => {
+                given_up.armed = true;
+                // A server that hangs with its end open: the next connect
+                // opens a new shared connection.
+                ctx.peers().invalidate(key, &peer);
+                return Err(rrpc_core::Error::Timeout.into());
+            }
+            Ok(Err(_)) => {
+                ctx.peers().invalidate(key, &peer);
+                return Err(rrpc_core::Error::PeerGone.into());
+            }
+            Ok(Ok(Err(rrpc_core::Error::Rejected(r)))) if tries < 3 && sharing::is_stale(&r) => {
+                tracing::debug!(endpoint = %ep, reason = %r, "rrpc: lane refused; retrying");
+                continue;
+            }
+            Ok(Ok(r)) => r?,
+        };
+        let path = path_of_reply(section_of(conn.peer()))?;
+        let (tx, rx) = local.connect(&conn)?;
+        return Ok(Some((conn, tx, rx, path)));
+    }
+}
+
+/// A lane request whose connect gave up (timed out, or its future was
+/// dropped): the lane is closed when it opens.
+struct GiveUp<'a> {
+    peer: &'a sharing::SharedPeer,
+    req: u32,
+    armed: bool,
+}
+
+impl Drop for GiveUp<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            self.peer
+                .waiters
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .remove(&self.req);
+            self.peer.shared.lane_abandon(self.req);
+        }
+    }
 }
 
 /// What a connect sets up before its pipe: the connection, both ring ends
@@ -521,7 +670,7 @@ fn dial_logical(
     let mut tries = 0;
     loop {
         tries += 1;
-        let peer = ctx.peers().get_or_open(key, ep, fabric, cfg, hs)?;
+        let peer = ctx.peers().get_or_open(key, ep, fabric, ring, cfg, hs)?;
         let tag = peer.free_tag()?;
         let local = peer.domain.take_rings(ring)?;
         let app = sharing::logical_request(&client_hello(cfg), &peer.id, tag);
@@ -562,6 +711,10 @@ pub(crate) struct RingsListener {
     cfg: RrpcConfig,
     ctx: RrpcContext,
     fabric: Fabric,
+    /// Where this listener's shared connections' lane readers send what
+    /// their clients ask for, and where `accept` takes it from.
+    asks: LaneAsks,
+    asked: tokio::sync::mpsc::UnboundedReceiver<LaneAsk>,
 }
 
 impl std::fmt::Debug for RingsListener {
@@ -596,6 +749,7 @@ impl RingsListener {
         // A pooled server starts filling its pool before the first client.
         let _ = bundle_pool(&fabric, &ring_config(cfg)?, ctx);
         let watch = WatchedFd::new(l.as_fd(), tokio::io::Interest::READABLE)?;
+        let (asks, asked) = tokio::sync::mpsc::unbounded_channel();
         Ok(RingsListener {
             watch,
             listener: l,
@@ -603,6 +757,8 @@ impl RingsListener {
             cfg: cfg.clone(),
             ctx: ctx.clone(),
             fabric,
+            asks,
+            asked,
         })
     }
 
@@ -612,24 +768,27 @@ impl RingsListener {
     }
 
     /// Takes the next client off the listening socket, without reading
-    /// from it; [`RingsPending::establish`] does the handshake.
+    /// from it, or the next lane a client of a shared connection asks for
+    /// ([`LaneAsk`]); [`RingsPending::establish`] does the handshake (or
+    /// answers the lane).
     ///
     /// # Cancel safety
-    /// Cancel safe: the only await is the socket's readiness; a client is
-    /// taken off the socket and returned in the same poll.
+    /// Cancel safe: the awaits are the socket's readiness and a channel's
+    /// `recv` (cancel safe); a client is taken off the socket and returned
+    /// in the same poll.
     pub(crate) async fn accept(&mut self) -> Option<RingsPending> {
         loop {
-            let mut guard = self.watch.readable().await.ok()?;
-            match self.listener.accept_pending() {
-                Ok(pending) => {
-                    return Some(RingsPending {
-                        pending,
-                        ring: self.ring.clone(),
-                        cfg: self.cfg.clone(),
-                        ctx: self.ctx.clone(),
-                        fabric: self.fabric.clone(),
-                    });
+            let guard = tokio::select! {
+                ask = self.asked.recv() => {
+                    // Never `None`: `self.asks` is a sender.
+                    let ask = ask?;
+                    return Some(self.pending(Came::Lane(ask)));
                 }
+                ready = self.watch.readable() => ready,
+            };
+            let mut guard = guard.ok()?;
+            match self.listener.accept_pending() {
+                Ok(pending) => return Some(self.pending(Came::Side(pending))),
                 Err(rrpc_core::Error::WouldBlock) => guard.clear_ready(),
                 Err(e) => {
                     tracing::warn!(error = %e, "rrpc shm accept failed; pausing");
@@ -638,28 +797,58 @@ impl RingsListener {
             }
         }
     }
+
+    fn pending(&self, from: Came) -> RingsPending {
+        RingsPending {
+            from,
+            ring: self.ring.clone(),
+            cfg: self.cfg.clone(),
+            ctx: self.ctx.clone(),
+            fabric: self.fabric.clone(),
+            asks: self.asks.clone(),
+        }
+    }
+}
+
+/// Where a [`RingsPending`] came from.
+enum Came {
+    /// A client on the listening socket, its hello not read yet.
+    Side(Pending),
+    /// A lane a client asked for over its shared connection.
+    Lane(LaneAsk),
 }
 
 /// A client accepted on an `shm://` listener whose handshake has not run.
 pub(crate) struct RingsPending {
-    pending: Pending,
+    from: Came,
     ring: RingConfig,
     cfg: RrpcConfig,
     ctx: RrpcContext,
     fabric: Fabric,
+    asks: LaneAsks,
 }
 
 impl RingsPending {
     /// The client's identity for logs (pid and uid).
     pub(crate) fn peer_addr(&self) -> String {
-        self.pending.peer_addr()
+        match &self.from {
+            Came::Side(p) => p.peer_addr(),
+            Came::Lane(a) => format!(
+                "{:?}, lane {} of a shared connection",
+                a.shared.connection().peer_key(),
+                a.tag
+            ),
+        }
     }
 
     /// Who the client is, as its socket says (`SO_PEERCRED` on shm, the
-    /// source address on `rdma://`): the key of the server's per-peer
-    /// connection limit.
+    /// source address on `rdma://`; a lane's, its shared connection's):
+    /// the key of the server's per-peer connection limit.
     pub(crate) fn peer_key(&self) -> rrpc_core::conn::PeerKey {
-        self.pending.peer_key()
+        match &self.from {
+            Came::Side(p) => p.peer_key(),
+            Came::Lane(a) => a.shared.connection().peer_key(),
+        }
     }
 
     /// Refuses the client with `reason` in rrpc-core's `Reject`, once its
@@ -667,7 +856,13 @@ impl RingsPending {
     /// why instead of a closed socket. Takes nothing from the pool.
     /// Bounded by the handshake timeout.
     pub(crate) async fn refuse(self, reason: String) -> Result<(), Error> {
-        let mut pending = self.pending;
+        let mut pending = match self.from {
+            Came::Side(p) => p,
+            Came::Lane(mut a) => {
+                a.open = false;
+                return Ok(a.shared.lane_refuse(a.req, &reason)?);
+            }
+        };
         whole_hello_within(&mut pending, self.cfg.handshake_timeout()).await?;
         tokio::task::spawn_blocking(move || -> Result<(), Error> {
             pending.handshake()?.reject(&reason)?;
@@ -688,23 +883,36 @@ impl RingsPending {
     pub(crate) async fn establish(self) -> Result<Established, Error> {
         let timeout = self.cfg.handshake_timeout();
         let RingsPending {
-            mut pending,
+            from,
             ring,
             cfg,
             ctx,
             fabric,
+            asks,
         } = self;
+        let mut pending = match from {
+            Came::Side(p) => p,
+            Came::Lane(a) => {
+                // Nothing here waits: the ask is in hand, the rings are
+                // slots of the arenas.
+                let (c, tx, rx, path) = answer_lane(a, &ring, &cfg)?;
+                return Ok(Established::Pipe(
+                    into_pipe(c, tx, rx, &cfg, &ctx, &path)?,
+                    path,
+                ));
+            }
+        };
         whole_hello_within(&mut pending, timeout).await?;
         // On shm without TLS nothing here waits any more (the hello is in
         // the socket, the answer fits its buffer, the rings are memfds):
         // no blocking thread, two hand-offs fewer per connect.
         let set_up = if fabric.kind() == rrpc_core::ProviderKind::Shm && !pending.uses_tls() {
-            answer(pending.handshake()?, &fabric, &ring, &cfg, &ctx)?
+            answer(pending.handshake()?, &fabric, &ring, &cfg, &ctx, &asks)?
         } else {
             let (cfg2, ctx2) = (cfg.clone(), ctx.clone());
             tokio::task::spawn_blocking(move || -> Result<Option<Dialed>, Error> {
                 let incoming = pending.handshake()?;
-                answer(incoming, &fabric, &ring, &cfg2, &ctx2)
+                answer(incoming, &fabric, &ring, &cfg2, &ctx2, &asks)
             })
             .await
             .map_err(|e| Error::Io(std::io::Error::other(e)))??
@@ -728,6 +936,7 @@ fn answer(
     ring: &RingConfig,
     cfg: &RrpcConfig,
     ctx: &RrpcContext,
+    asks: &LaneAsks,
 ) -> Result<Option<Dialed>, Error> {
     let anchors: &Anchors = ctx.anchors();
     let refuse = |incoming: rrpc_core::conn::Incoming, reason: String| -> Error {
@@ -741,7 +950,7 @@ fn answer(
     };
     let path_hello = match &request {
         Request::Open => {
-            anchors.open(incoming, fabric, cfg)?;
+            anchors.open(incoming, fabric, ring, cfg, Some(asks))?;
             return Ok(None);
         }
         Request::Dedicated(path) | Request::Logical { path, .. } => path,
@@ -769,6 +978,53 @@ fn answer(
     let c = incoming.accept(qp, offer)?;
     let (tx, rx) = local.connect(&c)?;
     Ok(Some((c, tx, rx, path)))
+}
+
+/// The server's answer to a lane a client asked for (`sharing` docs): the
+/// path agreed from the client's path hello, our rings in slots of our
+/// arena, the lane's connection set up before the answer goes out. A bad
+/// path hello, full arenas or a tag still held here are refusals (the
+/// client reads why). Does not wait.
+fn answer_lane(mut ask: LaneAsk, ring: &RingConfig, cfg: &RrpcConfig) -> Result<Dialed, Error> {
+    ask.open = false;
+    let shared = ask.shared.clone();
+    let refuse = |reason: String| -> Error {
+        let _ = shared.lane_refuse(ask.req, &reason);
+        Error::Handshake(format!("client's lane: {reason}"))
+    };
+    let hello = ask.parts.section(HANDSHAKE_SECTION).unwrap_or(&[]);
+    let (path, reply) = match choose_path(hello, cfg) {
+        Ok(chosen) => chosen,
+        Err(e) => return Err(refuse(format!("path hello: {e}"))),
+    };
+    let (rx_len, tx_len) = rrpc_poller::rings::LocalRing::region_lens(ring);
+    let Some(slots) = shared.lane_slots(rx_len, tx_len) else {
+        return Err(refuse("the server's lane arena is full".into()));
+    };
+    let slice = slots.slice;
+    let local = match rrpc_poller::rings::LocalRing::in_regions(
+        rrpc_core::ProviderKind::Shm,
+        ring,
+        slots.rx,
+        slots.tx,
+        None,
+    ) {
+        Ok(l) => l,
+        Err(e) => {
+            shared.lane_untake(slice);
+            return Err(refuse(format!("rings: {e}")));
+        }
+    };
+    let ours = rrpc_core::conn::mux::Parts {
+        sections: vec![
+            (HANDSHAKE_SECTION, reply.to_vec()),
+            (rrpc_ringbuf::ROLE_RING, local.params().encode()),
+        ],
+        slices: vec![(rrpc_ringbuf::ROLE_RING, slice)],
+    };
+    let c = shared.lane_accept(ask.req, ask.tag, &ask.parts, ours)?;
+    let (tx, rx) = local.connect(&c)?;
+    Ok((c, tx, rx, path))
 }
 
 /// Waits until the client's whole hello has arrived ([`tls_hello_arrived`] with TLS,

@@ -19,29 +19,51 @@
 //! logical reply  (server -> client) = path reply (9 bytes)
 //! ```
 //!
+//! On `shm://` a shared connection carries **lanes** (#58): its opening
+//! grants each end's lane arena (rrpc-core `conn::lanes`, [`LANE_SLOTS`]
+//! rings), and a connect over it is one `open` message on its side
+//! channel, answered there (rrpc-core `conn::mux`), its rings slots of
+//! the arenas: no socket, no handshake, no descriptor passed, nothing
+//! mapped. One reader task per shared connection at each end reads that
+//! side channel: the client's hands answers to the connects waiting on
+//! them, the server's hands asks to its listener's accept loop
+//! ([`LaneAsk`]), which answers them like clients (its limits included).
+//! When a shared connection has no lanes (`rdma://`, a server that grants
+//! no arena) or its arenas are full, a connect runs a logical
+//! connection's handshake as above.
+//!
 //! The client caches its shared connections by server
 //! (`rrpc_core::meta::PeerCache`), keyed by the address it dialed
 //! ([`PeerKey`]): the ring endpoint for `shm://` and `rdma://`, the port's
 //! address (and the fabric chosen) for `rrpc://`. An entry lives
 //! [`RrpcConfig::peer_lease`] past its last use, longer while connections
 //! run over it, and goes at once when its side channel closes or the
-//! server no longer knows its id. Behind an `rrpc://` port the ring
+//! server no longer knows its id. A sweeper task (one per context while
+//! the cache holds anything) closes an idle entry within a quarter lease
+//! of its end, so it holds no socket, queue pair or ring past that even
+//! if the process never dials again. Behind an `rrpc://` port the ring
 //! endpoint changes when the server restarts (the verbs side channel's
 //! port is the OS's pick, the shm socket's name holds the pid), so an entry
 //! whose endpoint is not the one the port names now is from the server's
 //! earlier life: it is replaced, not kept beside the new one.
 //! The server holds at most [`RrpcConfig::max_shared_peers`], and drops one
-//! when its client's side channel closes.
+//! within half a second of its client's side channel closing (a sweeper
+//! task, as the client's).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use rrpc_core::conn::{HandshakeConfig, Incoming, Offer, SharedConnection};
+use rrpc_core::conn::mux::{MuxLimits, MuxRole, Parts};
+use rrpc_core::conn::{
+    Connection, HandshakeConfig, Incoming, LaneArenas, LaneEvent, Offer, ROLE_ARENA,
+    SharedConnection,
+};
 use rrpc_core::meta::PeerCache;
 use rrpc_core::vqp::VqpConfig;
 use rrpc_core::{Fabric, FabricAddr};
+use rrpc_poller::WatchedFd;
 use rrpc_poller::rings::{LocalRing, RingConfig};
 
 use crate::conn::negotiate::section_of;
@@ -69,6 +91,135 @@ pub(crate) const OFF: &str =
 /// (its end of a logical connection the client just dropped).
 pub(crate) fn is_stale(reason: &str) -> bool {
     reason.contains(UNKNOWN) || reason.contains("is already attached")
+}
+
+/// Lanes (logical connections over the shared side channel, rings in
+/// arenas granted at the opening: rrpc-core `conn::lanes`) one shared
+/// connection's arenas hold at once, at each end. Past them a connect
+/// runs a logical connection's own handshake, as without lanes. Virtual
+/// memory: `2 × LANE_SLOTS × (ring_size + 8 KiB)` per end; pages are
+/// taken as rings touch them.
+pub(crate) const LANE_SLOTS: u32 = 64;
+
+/// Both lane arenas of one end for rings of `ring`, on `fabric`
+/// (huge pages only if the rings would have them).
+fn lane_arenas(fabric: &Fabric, ring: &RingConfig) -> Result<LaneArenas, Error> {
+    let fabric = if ring.huge_pages() {
+        fabric.clone()
+    } else {
+        fabric.clone().without_huge_pages()
+    };
+    let (rx, tx) = LocalRing::region_lens(ring);
+    Ok(LaneArenas::new(&fabric, LANE_SLOTS, rx, tx)?)
+}
+
+/// A lane's answer, for the connect waiting on it.
+pub(crate) type LaneAnswer = Result<Connection, rrpc_core::Error>;
+
+/// A client's connects waiting for their lane's answer, by request id.
+pub(crate) type Waiters = Mutex<HashMap<u32, tokio::sync::oneshot::Sender<LaneAnswer>>>;
+
+/// A client asks for a lane: what the server's listener hands its accept
+/// loop (`rings::RingsPending`).
+#[derive(Debug)]
+pub(crate) struct LaneAsk {
+    pub(crate) shared: Arc<SharedConnection>,
+    pub(crate) req: u32,
+    pub(crate) tag: u32,
+    pub(crate) parts: Parts,
+    /// Still to be answered: refused when dropped unanswered.
+    pub(crate) open: bool,
+}
+
+impl Drop for LaneAsk {
+    fn drop(&mut self) {
+        if self.open {
+            let _ = self.shared.lane_refuse(
+                self.req,
+                "the server dropped the connection before answering",
+            );
+        }
+    }
+}
+
+/// Where a server's lane readers send what clients ask for.
+pub(crate) type LaneAsks = tokio::sync::mpsc::UnboundedSender<LaneAsk>;
+
+/// Reads the side channel of `shared` (a lane reader: rrpc-core
+/// `conn::lanes`) until it closes or the peer breaks the protocol, on a
+/// task of the current runtime: answers go to `waiters` (client), asks to
+/// `asks` (server). Holds the shared connection weakly: it ends when the
+/// last owner drops it (its side channel then closes). Without a runtime,
+/// does nothing (and the shared connection has no reader: its lanes are
+/// never answered, and connects fall back after their timeout).
+fn spawn_reader(
+    shared: &Arc<SharedConnection>,
+    waiters: Option<Arc<Waiters>>,
+    asks: Option<LaneAsks>,
+) -> Result<(), Error> {
+    let Ok(rt) = tokio::runtime::Handle::try_current() else {
+        return Ok(());
+    };
+    let afd = WatchedFd::new(
+        shared.connection().liveness_fd(),
+        tokio::io::Interest::READABLE,
+    )?;
+    let weak = Arc::downgrade(shared);
+    rt.spawn(async move {
+        let why = loop {
+            let Ok(mut guard) = afd.readable().await else {
+                break "reactor gone".to_string();
+            };
+            let Some(shared) = weak.upgrade() else {
+                break "dropped".to_string();
+            };
+            let events = match shared.lane_poll() {
+                Ok(ev) => ev,
+                Err(e) => break e.to_string(),
+            };
+            guard.clear_ready();
+            for ev in events {
+                match ev {
+                    LaneEvent::Opened { req, conn } => {
+                        let w = waiters
+                            .as_ref()
+                            .and_then(|w| w.lock().unwrap_or_else(|p| p.into_inner()).remove(&req));
+                        // A connect gone meanwhile: its lane drops, closed.
+                        if let Some(w) = w {
+                            let _ = w.send(conn);
+                        }
+                    }
+                    LaneEvent::Refused { req, reason } => {
+                        let w = waiters
+                            .as_ref()
+                            .and_then(|w| w.lock().unwrap_or_else(|p| p.into_inner()).remove(&req));
+                        if let Some(w) = w {
+                            let _ = w.send(Err(rrpc_core::Error::Rejected(reason)));
+                        }
+                    }
+                    LaneEvent::OpenRequested { req, tag, parts } => {
+                        let ask = LaneAsk {
+                            shared: shared.clone(),
+                            req,
+                            tag,
+                            parts,
+                            open: true,
+                        };
+                        // A listener gone: dropped, so refused.
+                        if let Some(a) = &asks {
+                            let _ = a.send(ask);
+                        }
+                    }
+                }
+            }
+        };
+        tracing::debug!(reason = %why, "rrpc: lane reader ended");
+        // Connects still waiting fail now (their senders drop).
+        if let Some(w) = waiters {
+            w.lock().unwrap_or_else(|p| p.into_inner()).clear();
+        }
+    });
+    Ok(())
 }
 
 /// A shared connection's name at its server: random, known to both ends only.
@@ -171,8 +322,16 @@ pub struct SharedConnectionStats {
     /// Whether its side channel still says the peer is there.
     pub alive: bool,
     /// Ring pairs made ahead for its next logical connections (up to
-    /// `RrpcConfig::connection_pool_for` its provider).
+    /// `RrpcConfig::connection_pool_for` its provider). Lanes take none:
+    /// their rings are slots of the arenas.
     pub spare_rings: usize,
+    /// Whether its logical connections are lanes (`shm://`: one message on
+    /// its side channel each, rings in arenas granted when it opened).
+    pub lanes: bool,
+    /// Bytes of memory this end's lane arenas hold now: the pages of the
+    /// slots of lanes open (a slot given back gives its pages back). 0
+    /// without lanes.
+    pub lane_arena_bytes: usize,
     /// Its queue pair's counters (`rrpc_core::vqp`).
     pub queue_pair: rrpc_core::vqp::VqpStats,
 }
@@ -185,6 +344,8 @@ impl SharedConnectionStats {
             logical_connections: s.physical().sharers(),
             alive: s.connection().check_alive().is_ok(),
             spare_rings: spares.rings.lock().unwrap_or_else(|p| p.into_inner()).len(),
+            lanes: s.has_lanes(),
+            lane_arena_bytes: s.lane_arena_bytes().unwrap_or(0),
             queue_pair: s.physical().stats(),
         }
     }
@@ -343,15 +504,30 @@ pub(crate) struct SharedPeer {
     pub(crate) domain: Domain,
     pub(crate) id: Id,
     next_tag: AtomicU32,
+    /// Connects waiting for their lane's answer (with lanes).
+    pub(crate) waiters: Arc<Waiters>,
+    /// The listening socket it was opened through (`shm://`: its device
+    /// and inode), to tell a server restarted at the same path.
+    listener: Option<(u64, u64)>,
+}
+
+/// The identity of the socket file of `ep` (`shm://`): device and inode.
+fn listener_id(ep: &FabricAddr) -> Option<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    match ep {
+        FabricAddr::Shm(path) => std::fs::metadata(path).ok().map(|m| (m.dev(), m.ino())),
+        _ => None,
+    }
 }
 
 impl SharedPeer {
-    /// A tag no logical connection over this one uses now.
+    /// A tag no logical connection over this one uses now (nor a lane
+    /// still closing).
     pub(crate) fn free_tag(&self) -> Result<u32, Error> {
         let phys = self.shared.physical();
         for _ in 0..phys.tags() {
             let t = self.next_tag.fetch_add(1, Ordering::Relaxed) % phys.tags();
-            if !phys.is_attached(t) {
+            if !phys.is_attached(t) && !self.shared.lane_tag_taken(t) {
                 return Ok(t);
             }
         }
@@ -364,14 +540,123 @@ impl SharedPeer {
     fn alive(&self) -> bool {
         self.shared.connection().check_alive().is_ok()
     }
+
+    /// Whether its server still listens where it did (`shm://`: the same
+    /// socket file; a server restarted at the path made a new one). A lane
+    /// asks over the shared connection, never through the listener, so a
+    /// server that hangs with its end open would otherwise never say it
+    /// does not know the shared connection.
+    fn same_listener(&self) -> bool {
+        self.listener.is_none() || listener_id(&self.ep) == self.listener
+    }
 }
 
 /// A client's shared connections, by server.
 #[derive(Debug, Default)]
 pub(crate) struct Peers {
-    cache: Mutex<Option<PeerCache<PeerKey, Arc<SharedPeer>>>>,
+    cache: Arc<Mutex<Cache>>,
     /// The bytes their spare rings hold.
     spare_bytes: Arc<AtomicU64>,
+}
+
+/// A table of shared connections, and whether a sweeper task runs for it
+/// ([`sweep_later`]).
+#[derive(Debug, Default)]
+struct Swept<T> {
+    table: T,
+    /// Set and cleared under the table's lock, so an entry inserted never
+    /// lacks a sweeper.
+    sweeping: bool,
+}
+
+impl<T> std::ops::Deref for Swept<T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        &self.table
+    }
+}
+
+impl<T> std::ops::DerefMut for Swept<T> {
+    fn deref_mut(&mut self) -> &mut T {
+        &mut self.table
+    }
+}
+
+type Cache = Swept<Option<PeerCache<PeerKey, Arc<SharedPeer>>>>;
+type AnchorMap = Swept<HashMap<Id, Arc<Anchor>>>;
+
+/// Starts, unless one runs, a task on the current tokio runtime that calls
+/// `sweep` on `table` every `period`: `sweep` takes out what is to be
+/// closed (dropped on a blocking thread: closing says goodbye on a socket)
+/// and says whether the table is left empty, which ends the task (the next
+/// insert starts another). The task also ends with its runtime and when
+/// the table is dropped. Without a runtime here there is none, and the
+/// table is swept only where it is used, as before.
+fn sweep_later<T, G>(
+    table: &Arc<Mutex<Swept<T>>>,
+    period: std::time::Duration,
+    sweep: impl Fn(&mut T) -> (Vec<G>, bool) + Send + 'static,
+) where
+    T: Send + 'static,
+    G: Send + 'static,
+{
+    /// Clears `sweeping` when the task ends, also when its runtime drops
+    /// it.
+    struct Running<T>(std::sync::Weak<Mutex<Swept<T>>>);
+    impl<T> Drop for Running<T> {
+        fn drop(&mut self) {
+            if let Some(t) = self.0.upgrade() {
+                t.lock().unwrap_or_else(|p| p.into_inner()).sweeping = false;
+            }
+        }
+    }
+    {
+        let mut t = table.lock().unwrap_or_else(|p| p.into_inner());
+        if std::mem::replace(&mut t.sweeping, true) {
+            return;
+        }
+    }
+    let weak = Arc::downgrade(table);
+    let Ok(rt) = tokio::runtime::Handle::try_current() else {
+        drop(Running(weak));
+        return;
+    };
+    rt.spawn(async move {
+        let mut running = Running(weak.clone());
+        loop {
+            tokio::time::sleep(period).await;
+            let Some(table) = weak.upgrade() else { return };
+            let (gone, empty) = {
+                let mut t = table.lock().unwrap_or_else(|p| p.into_inner());
+                let (gone, empty) = sweep(&mut t.table);
+                if empty {
+                    // Cleared under the lock: an insert after this starts
+                    // a new sweeper, which this one's end must not undo.
+                    t.sweeping = false;
+                    running.0 = std::sync::Weak::new();
+                }
+                (gone, empty)
+            };
+            drop(table);
+            if !gone.is_empty() {
+                tracing::debug!(
+                    closed = gone.len(),
+                    "rrpc: shared connections closed by the sweeper"
+                );
+                let _ = tokio::task::spawn_blocking(move || drop(gone)).await;
+            }
+            if empty {
+                return;
+            }
+        }
+    });
+}
+
+/// How often a sweeper looks at the cache: a fraction of the lease, so an
+/// idle shared connection is closed within 1.25 leases of its last use,
+/// and not more often than every 100 ms.
+fn sweep_period(lease: std::time::Duration) -> std::time::Duration {
+    (lease / 4).max(std::time::Duration::from_millis(100))
 }
 
 impl Peers {
@@ -385,6 +670,7 @@ impl Peers {
         key: &PeerKey,
         ep: &FabricAddr,
         fabric: &Fabric,
+        ring: &RingConfig,
         cfg: &RrpcConfig,
         hs: &HandshakeConfig,
     ) -> Result<Arc<SharedPeer>, Error> {
@@ -404,7 +690,7 @@ impl Peers {
                 }
             };
             match hit {
-                Some(p) if p.ep == *ep => return Ok(p),
+                Some(p) if p.ep == *ep && p.same_listener() => return Ok(p),
                 Some(_) => {
                     tracing::debug!(
                         server = %key, endpoint = %ep,
@@ -420,19 +706,49 @@ impl Peers {
         drop(dropped);
         // Opened outside the lock, so a slow server delays no connect to
         // another; two racing opens to one server keep the first cached.
-        let opened = Arc::new(open(ep, fabric, cfg, hs, &self.spare_bytes)?);
+        let opened = Arc::new(open(ep, fabric, ring, cfg, hs, &self.spare_bytes)?);
         let mut cell = self.cache.lock().unwrap_or_else(|p| p.into_inner());
         let cache = cell.as_mut().expect("made above");
         let now = Instant::now();
         if let Ok(Some(p)) = cache.get(key, now)
             && p.ep == *ep
+            && p.same_listener()
         {
             return Ok(p.clone());
         }
         let evicted = cache.insert(key.clone(), opened.clone(), now);
         drop(cell);
         drop(evicted);
+        self.sweep_later(cfg.peer_lease());
         Ok(opened)
+    }
+
+    /// Closes cached shared connections whose lease ended and that carry
+    /// no connection, and dead ones, without waiting for a connect to look
+    /// at the cache: an idle one does not hold its socket, queue pair and
+    /// rings until the process dials again.
+    fn sweep_later(&self, lease: std::time::Duration) {
+        sweep_later(&self.cache, sweep_period(lease), |cache| {
+            let Some(c) = cache.as_mut() else {
+                return (Vec::new(), true);
+            };
+            let mut gone = c.invalidate_where(|p| !p.alive());
+            gone.extend(c.expire(Instant::now(), |p| p.shared.physical().sharers() > 0));
+            (gone, c.is_empty())
+        });
+    }
+
+    /// The live shared connection to the server `key` names at `ep`, if
+    /// one is cached (no system call, never blocks).
+    pub(crate) fn cached(&self, key: &PeerKey, ep: &FabricAddr) -> Option<Arc<SharedPeer>> {
+        let mut cell = self.cache.lock().unwrap_or_else(|p| p.into_inner());
+        let p = cell
+            .as_mut()?
+            .get(key, Instant::now())
+            .ok()
+            .flatten()?
+            .clone();
+        (p.ep == *ep && !p.shared.connection().is_gone() && p.same_listener()).then_some(p)
     }
 
     /// Forgets `peer` as the shared connection to the server `key` names
@@ -466,28 +782,56 @@ impl Peers {
 
 /// Opens a shared connection to `ep`: a queue pair in a protection domain
 /// of its own, connected with no rings.
+/// On shm its opening grants lane arenas ([`LANE_SLOTS`]); a server that
+/// grants its own back gets lanes (and a reader task), else logical
+/// connections with handshakes of their own.
 fn open(
     ep: &FabricAddr,
     fabric: &Fabric,
+    ring: &RingConfig,
     cfg: &RrpcConfig,
     hs: &HandshakeConfig,
     spare_bytes: &Arc<AtomicU64>,
 ) -> Result<SharedPeer, Error> {
     let fabric = fabric.isolated()?;
     let qp = fabric.create_qp(cfg.queue_pair())?;
-    let offer = Offer::new()
+    let listener = listener_id(ep);
+    let mut offer = Offer::new()
         .token(cfg.token().map(<[u8]>::to_vec))
         .section(HANDSHAKE_SECTION, OPEN.to_vec());
+    let arenas = match ep {
+        FabricAddr::Shm(_) => Some(lane_arenas(&fabric, ring)?),
+        _ => None,
+    };
+    if let Some(a) = &arenas {
+        offer = a.add_to_offer(offer)?;
+    }
     let c = rrpc_core::conn::connect(ep, qp, offer, hs)?;
     let id = parse_opened(section_of(c.peer()))?;
-    let shared = SharedConnection::new(c, VqpConfig::default())?;
-    tracing::debug!(endpoint = %ep, "rrpc: shared connection opened");
+    let waiters = Arc::new(Waiters::default());
+    let shared = match arenas {
+        Some(a) if c.peer().region(ROLE_ARENA).is_some() => {
+            let s = SharedConnection::with_lanes(
+                c,
+                VqpConfig::default(),
+                MuxRole::Client,
+                a,
+                MuxLimits::default(),
+            )?;
+            spawn_reader(&s, Some(waiters.clone()), None)?;
+            s
+        }
+        _ => SharedConnection::new(c, VqpConfig::default())?,
+    };
+    tracing::debug!(endpoint = %ep, lanes = shared.has_lanes(), "rrpc: shared connection opened");
     Ok(SharedPeer {
         shared,
         ep: ep.clone(),
         domain: Domain::new(fabric, spare_bytes),
         id,
         next_tag: AtomicU32::new(0),
+        waiters,
+        listener,
     })
 }
 
@@ -495,10 +839,13 @@ fn open(
 // Server
 // ---------------------------------------------------------------------------
 
+/// How often a server looks for shared connections whose client is gone.
+const ANCHOR_SWEEP: std::time::Duration = std::time::Duration::from_millis(500);
+
 /// A server's shared connections, by id.
 #[derive(Debug, Default)]
 pub(crate) struct Anchors {
-    map: Mutex<HashMap<Id, Arc<Anchor>>>,
+    map: Arc<Mutex<AnchorMap>>,
     /// The bytes their spare rings hold.
     spare_bytes: Arc<AtomicU64>,
 }
@@ -519,7 +866,9 @@ impl Anchors {
         &self,
         incoming: Incoming,
         fabric: &Fabric,
+        ring: &RingConfig,
         cfg: &RrpcConfig,
+        asks: Option<&LaneAsks>,
     ) -> Result<(), Error> {
         if !cfg.shared_queue_pairs() {
             let _ = incoming.reject(OFF);
@@ -543,14 +892,52 @@ impl Anchors {
         let fabric = fabric.isolated()?;
         let qp = fabric.create_qp(cfg.queue_pair())?;
         let id = new_id()?;
-        let c = incoming.accept(
-            qp,
-            Offer::new().section(HANDSHAKE_SECTION, opened_reply(&id)),
-        )?;
-        let shared = SharedConnection::new(c, VqpConfig::default())?;
+        // Lanes when the client granted an arena (shm), we are on shm and
+        // a listener takes their asks.
+        let lanes = match asks {
+            Some(asks)
+                if incoming.peer().region(ROLE_ARENA).is_some()
+                    && fabric.kind() == rrpc_core::ProviderKind::Shm =>
+            {
+                Some((lane_arenas(&fabric, ring)?, asks))
+            }
+            _ => None,
+        };
+        let mut offer = Offer::new().section(HANDSHAKE_SECTION, opened_reply(&id));
+        if let Some((a, _)) = &lanes {
+            offer = a.add_to_offer(offer)?;
+        }
+        let c = incoming.accept(qp, offer)?;
+        let shared = match lanes {
+            Some((a, asks)) => {
+                let s = SharedConnection::with_lanes(
+                    c,
+                    VqpConfig::default(),
+                    MuxRole::Server,
+                    a,
+                    MuxLimits::default(),
+                )?;
+                spawn_reader(&s, None, Some(asks.clone()))?;
+                s
+            }
+            None => SharedConnection::new(c, VqpConfig::default())?,
+        };
         let domain = Domain::new(fabric, &self.spare_bytes);
         map.insert(id, Arc::new(Anchor { shared, domain }));
         drop(map);
+        // A client's side channel closed drops its entry within
+        // ANCHOR_SWEEP, not at the next opening or lookup.
+        sweep_later(&self.map, ANCHOR_SWEEP, |map| {
+            let mut gone = Vec::new();
+            map.retain(|_, a| {
+                let alive = a.shared.connection().check_alive().is_ok();
+                if !alive {
+                    gone.push(a.clone());
+                }
+                alive
+            });
+            (gone, map.is_empty())
+        });
         tracing::debug!("rrpc: shared connection accepted");
         Ok(())
     }

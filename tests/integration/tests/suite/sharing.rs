@@ -19,12 +19,14 @@ use rrpc_tonic::{RrpcChannel, RrpcConfig, RrpcContext, SharedConnectionStats};
 // On the rings transports only: tonic's TCP has no queue pairs to share.
 on_rings!(
     connections_share_one_queue_pair,
+    an_idle_shared_connection_closes_when_its_lease_ends,
     rings_are_made_ahead_for_the_next_connection,
     a_server_that_does_not_share_says_so,
     a_restarted_server_gets_a_new_shared_connection,
 );
 rrpc_integration_tests::on_port_rings!(
     connections_share_one_queue_pair,
+    an_idle_shared_connection_closes_when_its_lease_ends,
     rings_are_made_ahead_for_the_next_connection,
     a_server_that_does_not_share_says_so,
     a_restarted_server_gets_a_new_shared_connection,
@@ -120,6 +122,39 @@ async fn connections_share_one_queue_pair(t: Transport) {
     assert_eq!(accepted(&scfg).len(), 1);
 }
 
+/// A shared connection with no connection over it is closed once its lease
+/// ends, with no later connect to look at the cache: its socket, queue
+/// pair and rings are not held until the process dials again (the soak's
+/// descriptor count caught them). The server's end goes with it.
+async fn an_idle_shared_connection_closes_when_its_lease_ends(t: Transport) {
+    let lease = Duration::from_millis(400);
+    let cfg = shared(t).to_builder().peer_lease(lease).build().unwrap();
+    let mut h = Harness::start_with(t, cfg.clone()).await;
+    h.set_client_config(cfg);
+    let (scfg, ccfg) = (h.server_context().clone(), h.client_context().clone());
+    let mut c = h.client().await;
+    call(&mut c, 1).await;
+    assert_eq!(opened(&ccfg).len(), 1);
+    // In use: kept past its lease.
+    tokio::time::sleep(lease * 3).await;
+    assert_eq!(
+        opened(&ccfg).len(),
+        1,
+        "closed while a connection ran over it"
+    );
+    call(&mut c, 2).await;
+    drop(c);
+    until("the idle shared connection closed at the client", || {
+        opened(&ccfg).is_empty()
+    })
+    .await;
+    until("and at the server", || accepted(&scfg).is_empty()).await;
+    // The next connect opens a new one.
+    let mut c = h.client().await;
+    call(&mut c, 3).await;
+    assert_eq!(opened(&ccfg).len(), 1);
+}
+
 /// With a pool, each end keeps ring pairs made ahead in the shared
 /// connection's protection domain; a connection takes one and a
 /// replacement is made after it is up. (On shm the pool is off by default,
@@ -132,9 +167,17 @@ async fn rings_are_made_ahead_for_the_next_connection(t: Transport) {
     .await;
     h.set_client_config(shared(t).to_builder().connection_pool(2).build().unwrap());
     let (scfg, ccfg) = (h.server_context().clone(), h.client_context().clone());
+    // On shm the connections are lanes, whose rings are slots of the arenas
+    // granted when the shared connection opened: no spare is made.
+    let lanes = !t.is_rdma();
     let spares_are = |n: usize| {
+        let n = if lanes { 0 } else { n };
         let (o, a) = (opened(&ccfg), accepted(&scfg));
-        o.len() == 1 && a.len() == 1 && o[0].spare_rings == n && a[0].spare_rings == n
+        o.len() == 1
+            && a.len() == 1
+            && o[0].spare_rings == n
+            && a[0].spare_rings == n
+            && (o[0].lanes, a[0].lanes) == (lanes, lanes)
     };
     let mut first = h.client().await;
     call(&mut first, 1).await;
@@ -226,10 +269,13 @@ async fn a_guessed_shared_connection_id_is_refused(t: Transport) {
         app.extend_from_slice(&[0x5a; 16]);
         app.extend_from_slice(&0u32.to_le_bytes());
         let offer = Offer::new().section(rrpc_tonic::frame::HANDSHAKE_SECTION, app);
-        conn::connect_logical(&ep, &mine, 0, offer, &hs).expect_err("a guessed id is refused")
+        let refused =
+            conn::connect_logical(&ep, &mine, 0, offer, &hs).expect_err("a guessed id is refused");
+        (refused, mine)
     })
     .await
     .expect("task");
+    let (refused, mine) = refused;
     assert!(
         matches!(&refused, rrpc_core::Error::Rejected(r) if r.contains("no shared connection with that id")),
         "{refused}"
@@ -240,6 +286,14 @@ async fn a_guessed_shared_connection_id_is_refused(t: Transport) {
         2,
         "the owner's and the guesser's own"
     );
+    // The guesser's own goes once its side channel closes; the owner's stays.
+    drop(mine);
+    until(
+        "the guesser's shared connection dropped at the server",
+        || accepted(&scfg).len() == 1,
+    )
+    .await;
+    call(&mut owner, 3).await;
 }
 
 /// The guessed id on every rings transport.
@@ -247,4 +301,163 @@ mod guessed_id {
     use super::a_guessed_shared_connection_id_is_refused;
 
     rrpc_integration_tests::on_rings!(a_guessed_shared_connection_id_is_refused);
+}
+
+mod lanes {
+    use super::{
+        a_lane_peer_that_breaks_the_protocol_loses_only_its_own,
+        lanes_many_at_once_and_a_dropped_connect_leave_nothing,
+    };
+
+    rrpc_integration_tests::on_shm!(
+        lanes_many_at_once_and_a_dropped_connect_leave_nothing,
+        a_lane_peer_that_breaks_the_protocol_loses_only_its_own,
+    );
+}
+
+/// On shm, connections over a shared connection are lanes (one message on
+/// its side channel each, rings in arena slots): sixteen connect at once
+/// and call, a connect given up half-way leaves nothing behind, and once
+/// all are dropped every lane is closed at both ends (the close handshake
+/// ran), the arenas hold next to no memory (each slot's pages were given
+/// back, but for the two kept warm)
+/// and the next connect is a lane again.
+async fn lanes_many_at_once_and_a_dropped_connect_leave_nothing(t: Transport) {
+    let mut h = Harness::start_with(t, shared(t)).await;
+    h.set_client_config(shared(t));
+    let (scfg, ccfg) = (h.server_context().clone(), h.client_context().clone());
+    let mut first = h.client().await;
+    call(&mut first, 1).await;
+    let o = opened(&ccfg);
+    assert!(o[0].lanes && accepted(&scfg)[0].lanes, "{o:?}");
+    let hh = &h;
+    let clients = futures_util::future::join_all((0..16u8).map(|i| async move {
+        let mut c = hh.client().await;
+        call(&mut c, 0x10 + i).await;
+        c
+    }))
+    .await;
+    assert_eq!(opened(&ccfg)[0].logical_connections, 17);
+    // Each end's arenas hold the pages of the slots in use (the rings
+    // written by the calls); once every lane is closed, none.
+    let busy = (
+        opened(&ccfg)[0].lane_arena_bytes,
+        accepted(&scfg)[0].lane_arena_bytes,
+    );
+    assert!(busy.0 > 0 && busy.1 > 0, "{busy:?}");
+    // Connects given up before their answer (dropped at their first wait).
+    for _ in 0..4 {
+        let _ = tokio::time::timeout(Duration::from_micros(1), h.client()).await;
+    }
+    drop(clients);
+    drop(first);
+    until("every lane closed at both ends", || {
+        opened(&ccfg)[0].logical_connections == 0 && accepted(&scfg)[0].logical_connections == 0
+    })
+    .await;
+    // At most `LANE_WARM_SLOTS` (2) of the 21 slots used keep their pages
+    // once the close handshakes are done (a lane's sharer goes before).
+    until("the arenas' memory given back", || {
+        opened(&ccfg)[0].lane_arena_bytes <= busy.0 / 4
+            && accepted(&scfg)[0].lane_arena_bytes <= busy.1 / 4
+    })
+    .await;
+    let mut c = h.client().await;
+    call(&mut c, 2).await;
+    let (o, a) = (opened(&ccfg), accepted(&scfg));
+    assert_eq!((o.len(), a.len()), (1, 1), "{o:?} {a:?}");
+    assert!(o[0].alive && o[0].lanes);
+    assert_eq!(o[0].logical_connections, 1);
+}
+
+/// Two clients of one server; one opens a shared connection with lanes by
+/// hand and breaks the protocol: a lane naming memory outside the arena it
+/// granted, then (a second time) bytes that are no message. Each time the
+/// server closes that shared connection, and only it: the honest client's
+/// calls go on, on its own shared connection.
+async fn a_lane_peer_that_breaks_the_protocol_loses_only_its_own(t: Transport) {
+    use rrpc_core::conn::mux::{MuxLimits, MuxRole, Parts, Slice};
+    use rrpc_core::conn::{LaneArenas, ROLE_ARENA};
+    let mut h = Harness::start_with(t, shared(t)).await;
+    h.set_client_config(shared(t));
+    let scfg = h.server_context().clone();
+    let mut honest = h.client().await;
+    call(&mut honest, 1).await;
+    for garbage in [false, true] {
+        let uri = h.uri.clone();
+        let bad = tokio::task::spawn_blocking(move || {
+            let ep = rrpc_core::FabricAddr::parse(&uri).expect("rings uri");
+            let fabric = rrpc_integration_tests::raw_fabric(t).without_huge_pages();
+            let arenas = LaneArenas::new(&fabric, 2, 8192, 8192).expect("arenas");
+            let offer = arenas
+                .add_to_offer(
+                    Offer::new().section(rrpc_tonic::frame::HANDSHAKE_SECTION, b"RRPA".to_vec()),
+                )
+                .expect("offer");
+            let c = conn::connect(
+                &ep,
+                fabric
+                    .create_qp(&rrpc_core::QpConfig::default())
+                    .expect("qp"),
+                offer,
+                &HandshakeConfig::default(),
+            )
+            .expect("open");
+            assert!(
+                c.peer().region(ROLE_ARENA).is_some(),
+                "the server grants its arena"
+            );
+            let s = SharedConnection::with_lanes(
+                c,
+                VqpConfig::default(),
+                MuxRole::Client,
+                arenas,
+                MuxLimits::default(),
+            )
+            .expect("lanes");
+            if garbage {
+                use std::io::Write;
+                let fd = s
+                    .connection()
+                    .liveness_fd()
+                    .try_clone_to_owned()
+                    .expect("dup");
+                std::fs::File::from(fd)
+                    .write_all(b"RRPM\x09\x00\x00\x00 not a message")
+                    .expect("write");
+            } else {
+                let far = Slice {
+                    arena: 0,
+                    offset: 1 << 40,
+                    len: 8192,
+                };
+                let parts = Parts {
+                    sections: vec![],
+                    slices: vec![(0x5242, far)],
+                };
+                s.lane_open(0, parts).expect("sent");
+            }
+            s
+        })
+        .await
+        .expect("task");
+        // The server closes it: the client reads its side channel's end.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            match bad.lane_poll() {
+                Err(e) => {
+                    assert!(matches!(e, rrpc_core::Error::PeerGone), "{e}");
+                    break;
+                }
+                Ok(ev) => assert!(ev.is_empty(), "{ev:?}"),
+            }
+            assert!(Instant::now() < deadline, "the server never closed it");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let live = accepted(&scfg).iter().filter(|a| a.alive).count();
+        assert_eq!(live, 1, "only the honest client's is left");
+        call(&mut honest, 2).await;
+        let mut again = h.client().await;
+        call(&mut again, 3).await;
+    }
 }

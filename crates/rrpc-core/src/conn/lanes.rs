@@ -1,0 +1,503 @@
+//! Lanes: logical connections over a [`SharedConnection`]'s open side
+//! channel, their rings in arenas granted when it opened (`mux` module
+//! docs for the protocol; this is its driver's synchronous half, on shm).
+//!
+//! * **Opening.** Each end adds [`LaneArenas`] to the shared connection's
+//!   opening handshake: its receive arena granted under [`ROLE_ARENA`]
+//!   (the memfd passed and mapped once, with the handshake's budget and
+//!   bounds), the arena's slots named in the section of that role. Its
+//!   staging arena is never granted.
+//! * **A lane** is a sharer of the shared queue pair under its tag, rings
+//!   in one slot of each end's arenas ([`Region::view`]), and a
+//!   [`Connection`] whose side channel is one end of a socket pair: the
+//!   other end stays here while the lane is open, and dropping it (the
+//!   peer closed the lane, or the shared side channel closed) is what the
+//!   lane's liveness watchers see. Nothing else changes for them.
+//! * **The reader.** One task of the layer above watches the shared side
+//!   channel ([`Connection::liveness_fd`]) and calls
+//!   [`SharedConnection::lane_poll`] when it is readable: it reads every
+//!   whole message, runs the protocol and returns what the layer above
+//!   must act on ([`LaneEvent`]). An error there is the peer's fault or
+//!   the peer gone: the shared connection is failed, and with it each of
+//!   its lanes, and only those.
+//! * **Closing.** A lane's [`Connection`] closed ([`Connection::close`],
+//!   on the caller's thread: nothing waits) or dropped fails its queue
+//!   pair (it writes no more) and sends the close, once; its slots come
+//!   back when the peer answers (`mux` docs, "Close").
+//! * **Memory.** A slot back whose lane's connection has dropped too (its
+//!   rings touch it no more) has its pages punched out of both of this
+//!   end's arenas ([`Region::discard`]), but for the [`LANE_WARM_SLOTS`]
+//!   freed last, which the next lanes take first (no page faults). A slot
+//!   back whose lane's connection is still here is not taken again until
+//!   it drops.
+//!
+//! The arenas stay mapped as long as the shared connection: no lane maps
+//! or unmaps anything.
+
+use std::os::unix::net::UnixStream;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use super::arenas::{LANE_WARM_SLOTS, LANE_WRITE_WAIT, LaneEvent, LaneSlots, LaneState, Lanes};
+use super::established::Connection;
+use super::exchange::PeerInfo;
+use super::logical::SharedConnection;
+use super::mux::{MuxEvent, MuxMessage, Parts, Slice};
+use crate::error::{Error, Result};
+use crate::handshake::{MAGIC, RegionDesc, Section};
+use crate::provider::side::Side;
+use crate::region::{Region, RemoteRegion};
+
+impl SharedConnection {
+    fn lanes(&self) -> Result<&Lanes> {
+        self.lanes
+            .as_ref()
+            .ok_or_else(|| Error::InvalidConfig("this shared connection has no lanes".into()))
+    }
+
+    fn lane_state(&self) -> Result<std::sync::MutexGuard<'_, LaneState>> {
+        Ok(self
+            .lanes()?
+            .state
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()))
+    }
+
+    /// Whether its ends granted each other arenas (lanes run over it).
+    pub fn has_lanes(&self) -> bool {
+        self.lanes.is_some()
+    }
+
+    /// Lanes open (or opening, or closing) now.
+    pub fn lanes_open(&self) -> usize {
+        self.lane_state().map_or(0, |s| s.mux.tags().count())
+    }
+
+    /// Whether lane `tag` is open, opening or closing here (a new lane
+    /// may not take it yet).
+    pub fn lane_tag_taken(&self, tag: u32) -> bool {
+        self.lane_state().is_ok_and(|s| s.mux.is_taken(tag))
+    }
+
+    /// Free slots of our arenas.
+    pub fn lane_free_slots(&self) -> usize {
+        self.lane_state().map_or(0, |s| s.mux.free_slots())
+    }
+
+    /// Slots for one lane whose rings need `rx_len` and `tx_len` bytes;
+    /// `None` when the arenas are full, or have no slot that large.
+    /// Give them back with [`Self::lane_untake`] if no open or answer
+    /// names them.
+    pub fn lane_slots(&self, rx_len: usize, tx_len: usize) -> Option<LaneSlots> {
+        let lanes = self.lanes().ok()?;
+        if tx_len > lanes.ours.tx_slot {
+            return None;
+        }
+        let slice = {
+            let mut s = self.lane_state().ok()?;
+            // A slot whose last lane's connection is still here is not
+            // taken: its rings may still touch it.
+            let mut skipped = Vec::new();
+            let taken = loop {
+                match s.mux.take_slot(rx_len as u64) {
+                    Some(sl) if s.alive.contains(&(sl.arena, sl.offset)) => skipped.push(sl),
+                    other => break other,
+                }
+            };
+            if !skipped.is_empty() {
+                s.mux.untake(&skipped);
+                self.release_slots(&mut s);
+            }
+            let slice = taken?;
+            s.warm
+                .retain(|w| (w.arena, w.offset) != (slice.arena, slice.offset));
+            s.held
+                .retain(|w| (w.arena, w.offset) != (slice.arena, slice.offset));
+            slice
+        };
+        let i = slice.offset as usize / lanes.ours.rx_slot;
+        let views = Region::view(&lanes.ours.rx, slice.offset as usize, rx_len).and_then(|rx| {
+            Ok((
+                rx,
+                Region::view(&lanes.ours.tx, i * lanes.ours.tx_slot, tx_len)?,
+            ))
+        });
+        match views {
+            Ok((rx, tx)) => Some(LaneSlots {
+                rx: Arc::new(rx),
+                tx: Arc::new(tx),
+                slice,
+            }),
+            Err(e) => {
+                tracing::warn!(error = %e, "lane slot unusable");
+                self.lane_untake(slice);
+                None
+            }
+        }
+    }
+
+    /// Gives back a slot of [`Self::lane_slots`] that nothing named.
+    pub fn lane_untake(&self, slice: Slice) {
+        if let Ok(mut s) = self.lane_state() {
+            s.mux.untake(&[slice]);
+            self.release_slots(&mut s);
+        }
+    }
+
+    /// Gives the memory of the slots the protocol freed back to the system
+    /// (`Region::discard`), but for the [`LANE_WARM_SLOTS`] freed last:
+    /// the receive slot (nobody writes it: the close handshake is done)
+    /// and the staging slot of the same index (the lane's queue pair
+    /// failed: it stages nothing more). An idle shared connection holds
+    /// the pages of lanes open and of those few slots.
+    fn release_slots(&self, s: &mut LaneState) {
+        let Ok(lanes) = self.lanes() else {
+            return;
+        };
+        let o = &lanes.ours;
+        for sl in s.mux.take_released() {
+            if s.alive.contains(&(sl.arena, sl.offset)) {
+                if !s.held.contains(&sl) {
+                    s.held.push(sl);
+                }
+            } else {
+                s.warm.push_back(sl);
+            }
+        }
+        while s.warm.len() > LANE_WARM_SLOTS {
+            let Some(sl) = s.warm.pop_front() else { break };
+            let i = sl.offset as usize / o.rx_slot;
+            let r =
+                o.rx.discard(i * o.rx_slot, o.rx_slot)
+                    .and_then(|_| o.tx.discard(i * o.tx_slot, o.tx_slot));
+            if let Err(e) = r {
+                tracing::debug!(slot = i, error = %e, "lane slot's memory kept");
+            }
+        }
+    }
+
+    /// A lane's [`Connection`] dropped: its rings touch `slots` no more,
+    /// so those given back already may give their pages back.
+    fn lane_gone(&self, slots: &[Slice]) {
+        let Ok(mut s) = self.lane_state() else {
+            return;
+        };
+        for sl in slots {
+            s.alive.remove(&(sl.arena, sl.offset));
+        }
+        let s = &mut *s;
+        let (free, still): (Vec<Slice>, Vec<Slice>) = s
+            .held
+            .drain(..)
+            .partition(|h| !s.alive.contains(&(h.arena, h.offset)));
+        s.held = still;
+        s.warm.extend(free);
+        self.release_slots(s);
+    }
+
+    /// Bytes of memory our lane arenas hold now ([`Region::allocated_bytes`]):
+    /// the pages of slots in use (and of slots taken, not yet given back).
+    ///
+    /// # Errors
+    /// No lanes; the system call's.
+    pub fn lane_arena_bytes(&self) -> Result<usize> {
+        let o = &self.lanes()?.ours;
+        Ok(o.rx.allocated_bytes()? + o.tx.allocated_bytes()?)
+    }
+
+    /// Sends a message on the side channel (with the state locked).
+    fn lane_send(&self, frame: &[u8]) -> Result<()> {
+        self.connection()
+            .side
+            .write_all_within(frame, LANE_WRITE_WAIT)
+            .map_err(|e| {
+                // The peer is gone, or reads nothing: its lanes cannot go on.
+                self.connection().mark_gone();
+                Error::io("side channel write", e)
+            })
+    }
+
+    /// Client: asks for lane `tag` offering `parts` (its slice from
+    /// [`Self::lane_slots`]): the request id. The answer comes from
+    /// [`Self::lane_poll`].
+    ///
+    /// # Errors
+    /// As [`Mux::open`](crate::conn::mux::Mux::open); the side channel's.
+    pub fn lane_open(&self, tag: u32, parts: Parts) -> Result<u32> {
+        let mut s = self.lane_state()?;
+        let (req, frame) = s.mux.open(tag, parts)?;
+        self.lane_send(&frame)?;
+        Ok(req)
+    }
+
+    /// Client: the connect of request `req` gave up; the lane is closed
+    /// when it opens.
+    pub fn lane_abandon(&self, req: u32) {
+        if let Ok(mut s) = self.lane_state() {
+            s.mux.abandon(req);
+        }
+    }
+
+    /// Server: accepts request `req` for lane `tag` (what the client
+    /// offered in `theirs`), offering `ours` (our slice from
+    /// [`Self::lane_slots`]): the lane's connection, set up before the
+    /// answer goes out.
+    ///
+    /// # Errors
+    /// As [`Self::lane_open`]; a tag still attached here (the client is
+    /// refused then, saying so).
+    pub fn lane_accept(
+        self: &Arc<Self>,
+        req: u32,
+        tag: u32,
+        theirs: &Parts,
+        ours: Parts,
+    ) -> Result<Connection> {
+        let mut s = self.lane_state()?;
+        let ours_slots: Vec<Slice> = ours.slices.iter().map(|(_, sl)| *sl).collect();
+        let conn = match self.lane_connection(&mut s, tag, theirs, ours_slots.clone()) {
+            Ok(c) => c,
+            Err(e) => {
+                // No answer named our slots: they are free again.
+                let slots = ours_slots.clone();
+                s.mux.untake(&slots);
+                self.release_slots(&mut s);
+                let frame = s.mux.refuse(req, &e.to_string())?;
+                self.lane_send(&frame)?;
+                return Err(e);
+            }
+        };
+        // The connection is dropped (and tells us, locking) only after the
+        // lock is released.
+        let sent = s.mux.accept(req, ours).and_then(|f| self.lane_send(&f));
+        drop(s);
+        sent.map(|()| conn)
+    }
+
+    /// Server: refuses request `req`, saying why.
+    ///
+    /// # Errors
+    /// As [`Mux::refuse`](crate::conn::mux::Mux::refuse); the side channel's.
+    pub fn lane_refuse(&self, req: u32, reason: &str) -> Result<()> {
+        let mut s = self.lane_state()?;
+        let frame = s.mux.refuse(req, reason)?;
+        self.lane_send(&frame)
+    }
+
+    /// Lane `tag`'s connection: a sharer of the queue pair, the peer's
+    /// sections and its slices as regions of its arena, and one end of a
+    /// socket pair as its side channel (the other kept in `s`).
+    fn lane_connection(
+        self: &Arc<Self>,
+        s: &mut LaneState,
+        tag: u32,
+        theirs: &Parts,
+        ours: Vec<Slice>,
+    ) -> Result<Connection> {
+        let arena = self.lanes()?.peer_arena;
+        let qp = self.physical().attach(tag, tag)?;
+        let (mine, kept) = lane_socket_pair()?;
+        let peer = PeerInfo {
+            sections: theirs
+                .sections
+                .iter()
+                .map(|(role, b)| Section {
+                    tag: *role,
+                    bytes: b.clone(),
+                })
+                .collect(),
+            // Slices were checked against the arena's bounds (`mux`).
+            regions: theirs
+                .slices
+                .iter()
+                .map(|(role, sl)| RegionDesc {
+                    role: *role,
+                    remote: RemoteRegion {
+                        addr: arena.addr + sl.offset,
+                        len: sl.len,
+                        rkey: arena.rkey,
+                    },
+                })
+                .collect(),
+            provider: self.connection().peer().provider,
+        };
+        let key = self.connection().peer_key();
+        let mut conn = Connection::lane(Side::Unix(mine), qp, peer, key);
+        conn.logical = Some(Box::new(LaneHold {
+            shared: self.clone(),
+            tag,
+            closed: AtomicBool::new(false),
+            ours: ours.clone(),
+        }));
+        s.alive.extend(ours.iter().map(|sl| (sl.arena, sl.offset)));
+        s.ends.insert(tag, (kept, conn.qp().clone()));
+        Ok(conn)
+    }
+
+    /// Reads what the peer sent on the side channel (without waiting) and
+    /// runs the protocol: what the layer above must act on. Call it when
+    /// [`Connection::liveness_fd`] of [`Self::connection`] is readable,
+    /// from one task.
+    ///
+    /// # Errors
+    /// The peer left ([`Error::PeerGone`]) or broke the protocol (`mux`):
+    /// the shared connection is failed, and every lane over it.
+    pub fn lane_poll(self: &Arc<Self>) -> Result<Vec<LaneEvent>> {
+        // Declared before the lock, so dropped after it: an event's
+        // connection dropped (on an error below) tells us, locking.
+        let mut events = Vec::new();
+        let mut s = self.lane_state()?;
+        let r = self.lane_poll_locked(&mut s, &mut events);
+        if let Err(e) = r {
+            self.connection().mark_gone();
+            // The peer sees its shared connection close: it is done.
+            self.connection().side.shutdown();
+            // Every lane's watcher sees its socket close; nothing more
+            // is written into their rings.
+            for (_, (end, qp)) in s.ends.drain() {
+                qp.fail(&Error::PeerGone);
+                drop(end);
+            }
+            drop(s);
+            return Err(e);
+        }
+        drop(s);
+        Ok(events)
+    }
+
+    fn lane_poll_locked(
+        self: &Arc<Self>,
+        s: &mut LaneState,
+        events: &mut Vec<LaneEvent>,
+    ) -> Result<()> {
+        let mut chunk = [0u8; 4096];
+        loop {
+            match self.connection().side.read(&mut chunk) {
+                Ok(0) => return Err(Error::PeerGone),
+                Ok(n) => s.buf.extend_from_slice(&chunk[..n]),
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(_) => return Err(Error::PeerGone),
+            }
+        }
+        let mut at = 0;
+        loop {
+            let rest = &s.buf[at..];
+            // The side channel's own goodbye: the peer closed the shared
+            // connection.
+            if rest.len() >= MAGIC.len() && rest[..MAGIC.len()] == MAGIC {
+                return Err(Error::PeerGone);
+            }
+            let Some((m, used)) = MuxMessage::decode(rest)? else {
+                break;
+            };
+            at += used;
+            match s.mux.handle(m)? {
+                MuxEvent::Nothing | MuxEvent::Closed { .. } => {}
+                MuxEvent::Send(frame) => self.lane_send(&frame)?,
+                MuxEvent::Granted { .. } => {
+                    return Err(Error::MalformedHandshake(
+                        "a later lane arena grant (not supported: arenas are granted at the \
+                         opening)"
+                            .into(),
+                    ));
+                }
+                MuxEvent::OpenRequested { req, tag, parts } => {
+                    events.push(LaneEvent::OpenRequested { req, tag, parts });
+                }
+                MuxEvent::Opened { req, tag, parts } => {
+                    let ours = s.mux.slots_of(tag);
+                    let conn = self.lane_connection(s, tag, &parts, ours);
+                    if conn.is_err() {
+                        // Nothing to hand out: closed at once.
+                        let frame = s.mux.close(tag)?;
+                        self.lane_send(&frame)?;
+                    }
+                    events.push(LaneEvent::Opened { req, conn });
+                }
+                MuxEvent::Refused { req, reason, .. } => {
+                    events.push(LaneEvent::Refused { req, reason });
+                }
+                MuxEvent::PeerClosed { tag, reply } => {
+                    // Stop writing into its rings, then say so.
+                    if let Some((end, qp)) = s.ends.remove(&tag) {
+                        qp.fail(&Error::PeerGone);
+                        drop(end);
+                    }
+                    self.lane_send(&reply)?;
+                }
+            }
+        }
+        s.buf.drain(..at);
+        self.release_slots(s);
+        Ok(())
+    }
+
+    /// Lane `tag` was dropped here (its queue pair failed: it writes no
+    /// more): closes it, if it is open.
+    fn lane_dropped(&self, tag: u32) {
+        let Ok(mut s) = self.lane_state() else {
+            return;
+        };
+        s.ends.remove(&tag);
+        if let Ok(frame) = s.mux.close(tag)
+            && let Err(e) = self.lane_send(&frame)
+        {
+            tracing::debug!(tag, error = %e, "lane close not sent");
+        }
+    }
+}
+
+/// A lane's socket pair, both ends non-blocking and close-on-exec from the
+/// start (one system call; no timeouts to clear).
+fn lane_socket_pair() -> Result<(UnixStream, UnixStream)> {
+    use nix::sys::socket::{AddressFamily, SockFlag, SockType, socketpair};
+    let (a, b) = socketpair(
+        AddressFamily::Unix,
+        SockType::Stream,
+        None,
+        SockFlag::SOCK_NONBLOCK | SockFlag::SOCK_CLOEXEC,
+    )
+    .map_err(|e| Error::nix("socketpair", e))?;
+    Ok((UnixStream::from(a), UnixStream::from(b)))
+}
+
+/// What a lane's [`Connection`] holds: its shared connection, which it
+/// tells when it closes or drops (once: the tag may be another lane's by
+/// the time the connection drops).
+#[derive(Debug)]
+struct LaneHold {
+    shared: Arc<SharedConnection>,
+    tag: u32,
+    closed: AtomicBool,
+    /// Our slots its rings use.
+    ours: Vec<Slice>,
+}
+
+impl LaneHold {
+    fn close_once(&self) {
+        if !self.closed.swap(true, Ordering::AcqRel) {
+            self.shared.lane_dropped(self.tag);
+        }
+    }
+}
+
+impl super::established::LogicalHold for LaneHold {
+    /// Called when the lane's connection drops, its queue pair failed:
+    /// sends the close unless [`Connection::close`] did (its grants are
+    /// slots, nothing to retire).
+    fn retire(&self, _grants: Vec<(u16, Arc<Region>)>) {
+        self.close_once();
+        self.shared.lane_gone(&self.ours);
+    }
+
+    /// [`Connection::close`] of a lane: the close, on this thread (one
+    /// message on the shared side channel, bounded by its write wait).
+    fn close_now(&self) {
+        self.close_once();
+    }
+
+    fn is_lane(&self) -> bool {
+        true
+    }
+}

@@ -1,0 +1,345 @@
+//! Both ends of the protocol, wired by hand: every message goes through
+//! the encoder and the decoder.
+
+use super::*;
+
+const SLOT: u32 = 4096;
+const RING: u16 = 0x5242;
+
+/// Decodes one whole frame.
+fn msg(f: &[u8]) -> MuxMessage {
+    let (m, used) = MuxMessage::decode(f).unwrap().expect("whole");
+    assert_eq!(used, f.len());
+    m
+}
+
+/// A client and a server, each having granted the other an arena of
+/// `slots` slots.
+fn pair(slots: u64, limits: MuxLimits) -> (Mux, Mux) {
+    let mut c = Mux::new(MuxRole::Client, limits);
+    let mut s = Mux::new(MuxRole::Server, limits);
+    let (_, g) = c.grant(slots * u64::from(SLOT), SLOT).unwrap();
+    assert!(matches!(
+        s.handle(msg(&g)).unwrap(),
+        MuxEvent::Granted { .. }
+    ));
+    let (_, g) = s.grant(slots * u64::from(SLOT), SLOT).unwrap();
+    assert!(matches!(
+        c.handle(msg(&g)).unwrap(),
+        MuxEvent::Granted { .. }
+    ));
+    (c, s)
+}
+
+fn ring_parts(m: &mut Mux) -> Parts {
+    Parts {
+        sections: vec![(RING, b"params".to_vec())],
+        slices: vec![(RING, m.take_slot(3000).expect("a free slot"))],
+    }
+}
+
+/// Client opens `tag`; the server accepts: both open.
+fn open(c: &mut Mux, s: &mut Mux, tag: u32) {
+    let parts = ring_parts(c);
+    let (req, f) = c.open(tag, parts.clone()).unwrap();
+    let MuxEvent::OpenRequested {
+        req: r,
+        tag: t,
+        parts: p,
+    } = s.handle(msg(&f)).unwrap()
+    else {
+        panic!("an open request")
+    };
+    assert_eq!((r, t, &p), (req, tag, &parts));
+    let answer = ring_parts(s);
+    let f = s.accept(req, answer.clone()).unwrap();
+    assert_eq!(
+        c.handle(msg(&f)).unwrap(),
+        MuxEvent::Opened {
+            req,
+            tag,
+            parts: answer
+        }
+    );
+}
+
+#[test]
+fn open_then_close_gives_every_slot_back_at_both_ends() {
+    let (mut c, mut s) = pair(2, MuxLimits::default());
+    open(&mut c, &mut s, 7);
+    assert_eq!((c.free_slots(), s.free_slots()), (1, 1));
+    assert_eq!(s.peer.in_use(), 1);
+    let f = c.close(7).unwrap();
+    let MuxEvent::PeerClosed { tag: 7, reply } = s.handle(msg(&f)).unwrap() else {
+        panic!("peer closed")
+    };
+    // The server's slot is back once it has stopped writing (it answers).
+    assert_eq!((s.free_slots(), s.peer.in_use()), (2, 0));
+    assert!(c.is_taken(7), "the client's slot waits for the answer");
+    assert_eq!(c.free_slots(), 1);
+    assert_eq!(c.handle(msg(&reply)).unwrap(), MuxEvent::Closed { tag: 7 });
+    assert_eq!((c.free_slots(), c.peer.in_use()), (2, 0));
+    assert!(!c.is_taken(7) && !s.is_taken(7));
+    // The tag and the slots serve again.
+    open(&mut c, &mut s, 7);
+}
+
+#[test]
+fn many_opens_in_flight_are_answered_in_any_order() {
+    let (mut c, mut s) = pair(8, MuxLimits::default());
+    let mut asked = Vec::new();
+    for tag in 0..4 {
+        let parts = ring_parts(&mut c);
+        let (req, f) = c.open(tag, parts).unwrap();
+        let MuxEvent::OpenRequested { req: r, .. } = s.handle(msg(&f)).unwrap() else {
+            panic!()
+        };
+        assert_eq!(r, req);
+        asked.push((req, tag));
+    }
+    for &(req, tag) in asked.iter().rev() {
+        let f = if tag == 1 {
+            s.refuse(req, "not this one").unwrap()
+        } else {
+            let p = ring_parts(&mut s);
+            s.accept(req, p).unwrap()
+        };
+        match c.handle(msg(&f)).unwrap() {
+            MuxEvent::Opened { req: r, tag: t, .. } => assert_eq!((r, t), (req, tag)),
+            MuxEvent::Refused {
+                req: r,
+                tag: 1,
+                reason,
+            } => {
+                assert_eq!(r, req);
+                assert_eq!(reason, "not this one");
+            }
+            e => panic!("{e:?}"),
+        }
+    }
+    // The refused one's slots are back at both ends.
+    assert_eq!((c.free_slots(), s.free_slots()), (5, 5));
+    let mut tags: Vec<_> = c.tags().collect();
+    tags.sort();
+    assert_eq!(tags, [0, 2, 3]);
+    // An answer twice is the peer's fault.
+    let f = s.refuse(asked[0].0, "again");
+    assert!(f.is_err(), "answered already");
+}
+
+#[test]
+fn a_connect_dropped_while_opening_closes_when_answered() {
+    let (mut c, mut s) = pair(2, MuxLimits::default());
+    let parts = ring_parts(&mut c);
+    let (req, f) = c.open(3, parts).unwrap();
+    c.abandon(req);
+    let MuxEvent::OpenRequested { .. } = s.handle(msg(&f)).unwrap() else {
+        panic!()
+    };
+    let p = ring_parts(&mut s);
+    let f = s.accept(req, p).unwrap();
+    let MuxEvent::Send(close) = c.handle(msg(&f)).unwrap() else {
+        panic!("the client closes what it gave up on")
+    };
+    let MuxEvent::PeerClosed { reply, .. } = s.handle(msg(&close)).unwrap() else {
+        panic!()
+    };
+    assert_eq!(c.handle(msg(&reply)).unwrap(), MuxEvent::Closed { tag: 3 });
+    assert_eq!((c.free_slots(), s.free_slots()), (2, 2));
+    assert_eq!((c.tags().count(), s.tags().count()), (0, 0));
+}
+
+#[test]
+fn closes_that_cross_answer_each_other() {
+    let (mut c, mut s) = pair(2, MuxLimits::default());
+    open(&mut c, &mut s, 1);
+    let (fc, fs) = (c.close(1).unwrap(), s.close(1).unwrap());
+    assert_eq!(s.handle(msg(&fc)).unwrap(), MuxEvent::Closed { tag: 1 });
+    assert_eq!(c.handle(msg(&fs)).unwrap(), MuxEvent::Closed { tag: 1 });
+    assert_eq!((c.free_slots(), s.free_slots()), (2, 2));
+    assert!(c.close(1).is_err(), "closed already");
+}
+
+#[test]
+fn limits_are_refusals_and_hold_for_a_peer_that_never_closes() {
+    let limits = MuxLimits {
+        max_open: 3,
+        max_pending: 2,
+        ..MuxLimits::default()
+    };
+    let (mut c, mut s) = pair(16, limits);
+    // Two pending at most: the third is refused, nothing set up.
+    let mut reqs = Vec::new();
+    for tag in 0..3 {
+        let parts = ring_parts(&mut c);
+        let (req, f) = c.open(tag, parts).unwrap();
+        match s.handle(msg(&f)).unwrap() {
+            MuxEvent::OpenRequested { .. } => reqs.push(req),
+            MuxEvent::Send(r) => {
+                assert_eq!(tag, 2);
+                let MuxEvent::Refused { reason, .. } = c.handle(msg(&r)).unwrap() else {
+                    panic!()
+                };
+                assert!(reason.contains("waiting already (at most 2)"), "{reason}");
+            }
+            e => panic!("{e:?}"),
+        }
+    }
+    assert_eq!(s.peer.in_use(), 2, "the refused open claimed nothing");
+    for req in reqs {
+        let p = ring_parts(&mut s);
+        let f = s.accept(req, p).unwrap();
+        assert!(matches!(
+            c.handle(msg(&f)).unwrap(),
+            MuxEvent::Opened { .. }
+        ));
+    }
+    // A client that opens and never closes: three open at most.
+    open(&mut c, &mut s, 10);
+    let parts = ring_parts(&mut c);
+    let (_, f) = c.open(11, parts).unwrap();
+    let MuxEvent::Send(r) = s.handle(msg(&f)).unwrap() else {
+        panic!("refused")
+    };
+    let MuxEvent::Refused {
+        reason, tag: 11, ..
+    } = c.handle(msg(&r)).unwrap()
+    else {
+        panic!()
+    };
+    assert!(reason.contains("open already (at most 3)"), "{reason}");
+    assert_eq!(s.tags().count(), 3);
+}
+
+/// Every hostile message is an error naming it, and changes nothing.
+#[test]
+fn a_hostile_peer_gets_an_error_and_changes_nothing() {
+    let (mut c, mut s) = pair(4, MuxLimits::default());
+    open(&mut c, &mut s, 1);
+    let slot = |arena, offset| Slice {
+        arena,
+        offset,
+        len: 100,
+    };
+    let open_msg = |req, tag, slices: Vec<Slice>| MuxMessage::Open {
+        req,
+        tag,
+        parts: Parts {
+            sections: vec![],
+            slices: slices
+                .into_iter()
+                .enumerate()
+                .map(|(i, s)| (i as u16, s))
+                .collect(),
+        },
+    };
+    let (free, in_use, tags) = (s.free_slots(), s.peer.in_use(), s.tags().count());
+    for (m, says) in [
+        (open_msg(50, 1, vec![]), "tag 1 is already in use"),
+        (open_msg(51, 2, vec![slot(9, 0)]), "never granted"),
+        (open_msg(52, 2, vec![slot(0, 100)]), "no slot"),
+        // The slot the open connection uses (the client's first).
+        (open_msg(53, 2, vec![slot(0, 0)]), "already in use"),
+        // Two slices, the second bad: the first is not kept.
+        (
+            open_msg(54, 2, vec![slot(0, 4096), slot(0, 4096)]),
+            "already in use",
+        ),
+        (
+            MuxMessage::Opened {
+                req: 0,
+                parts: Parts::default(),
+            },
+            "sent to the server",
+        ),
+        (MuxMessage::Close { tag: 99 }, "not open"),
+        (MuxMessage::Closed { tag: 1 }, "not closing"),
+        (
+            MuxMessage::Grant {
+                arena: 0,
+                slot: SLOT,
+                len: 4096,
+            },
+            "granted twice",
+        ),
+    ] {
+        let e = s.handle(m.clone()).unwrap_err();
+        assert!(e.to_string().contains(says), "{m:?}: {e}");
+        assert_eq!(
+            (s.free_slots(), s.peer.in_use(), s.tags().count()),
+            (free, in_use, tags),
+            "{m:?} changed something"
+        );
+    }
+    // And at the client.
+    for (m, says) in [
+        (open_msg(0, 5, vec![]), "sent to the client"),
+        (
+            MuxMessage::Opened {
+                req: 77,
+                parts: Parts::default(),
+            },
+            "not waiting",
+        ),
+        (
+            MuxMessage::Refused {
+                req: 77,
+                reason: String::new(),
+            },
+            "not waiting",
+        ),
+    ] {
+        let e = c.handle(m.clone()).unwrap_err();
+        assert!(e.to_string().contains(says), "{m:?}: {e}");
+    }
+    // Too much arena memory.
+    let mut small = Mux::new(
+        MuxRole::Server,
+        MuxLimits {
+            max_arena_bytes: 8192,
+            ..MuxLimits::default()
+        },
+    );
+    let g = MuxMessage::Grant {
+        arena: 0,
+        slot: SLOT,
+        len: 1 << 20,
+    };
+    assert!(matches!(small.handle(g), Err(Error::LimitExceeded { .. })));
+    // The connection that was open is still open, and closes cleanly.
+    let f = c.close(1).unwrap();
+    let MuxEvent::PeerClosed { reply, .. } = s.handle(msg(&f)).unwrap() else {
+        panic!()
+    };
+    assert_eq!(c.handle(msg(&reply)).unwrap(), MuxEvent::Closed { tag: 1 });
+}
+
+#[test]
+fn local_mistakes_are_refused_before_anything_is_sent() {
+    let (mut c, mut s) = pair(2, MuxLimits::default());
+    assert!(
+        s.open(1, Parts::default()).is_err(),
+        "a server opens nothing"
+    );
+    let foreign = Parts {
+        sections: vec![],
+        slices: vec![(
+            RING,
+            Slice {
+                arena: 40,
+                offset: 0,
+                len: 1,
+            },
+        )],
+    };
+    assert!(c.open(1, foreign).is_err());
+    open(&mut c, &mut s, 1);
+    assert!(c.open(1, Parts::default()).is_err(), "tag in use");
+    assert!(s.accept(1234, Parts::default()).is_err());
+    // A slot taken for a connect that never sent its open goes back.
+    let before = c.free_slots();
+    let t = c.take_slot(10).unwrap();
+    c.untake(&[t]);
+    assert_eq!(c.free_slots(), before);
+    assert!(c.take_slot(u64::from(SLOT) + 1).is_none());
+}
