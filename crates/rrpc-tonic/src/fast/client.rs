@@ -458,13 +458,13 @@ fn send(
     place: Place,
     deadline: Option<Instant>,
 ) -> Result<Sent, BoxError> {
-    let flow = CallFlow::new(inner.shared.peer_window);
     // Refused if the connection closed, or the server is draining.
-    let id = {
+    let (id, flow) = {
         let mut t = lock(&inner.shared.table);
+        let flow = t.flow(inner.shared.peer_window);
         let id = t.conn.open(Slot::new(flow.clone()), deadline)?;
         t.arm(deadline);
-        id
+        (id, flow)
     };
     let (mut parts, mut body) = req.into_parts();
     let headers = request_headers(&mut parts, &inner.opts);
