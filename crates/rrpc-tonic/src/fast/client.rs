@@ -807,6 +807,49 @@ mod tests {
         assert_eq!(fb.0.load(Ordering::SeqCst), 0);
     }
 
+    /// A call that ends while a request sender holds its send credit and
+    /// waits for more closes that credit (the sender gives up); a credit
+    /// nobody else holds is kept, and the next call gets it renewed whole.
+    #[tokio::test]
+    async fn an_ended_calls_credit_is_closed_if_held_and_reused_if_not() {
+        let shared = Shared {
+            table: Mutex::new(Table::new(4096, 8)),
+            peer_window: 100,
+            retired: AtomicBool::new(false),
+        };
+        let flow = lock(&shared.table).flow(100);
+        let id = lock(&shared.table)
+            .conn
+            .open(Slot::new(flow.clone()), None)
+            .expect("open");
+        assert!(flow.try_take(100));
+        let waiting = tokio::spawn(async move { flow.take(1, 1).await });
+        tokio::task::yield_now().await;
+        shared.take(id);
+        let gave_up = tokio::time::timeout(Duration::from_secs(5), waiting)
+            .await
+            .expect("the waiting sender gave up")
+            .expect("join");
+        assert!(gave_up.is_err());
+
+        let flow = lock(&shared.table).flow(100);
+        assert!(flow.try_take(60));
+        let kept = Arc::as_ptr(&flow);
+        let id = lock(&shared.table)
+            .conn
+            .open(Slot::new(flow), None)
+            .expect("open");
+        shared.take(id);
+        assert_eq!(lock(&shared.table).spare_flows.len(), 1, "kept");
+        let next = lock(&shared.table).flow(100);
+        assert_eq!(
+            Arc::as_ptr(&next),
+            kept,
+            "the ended call's credit is reused"
+        );
+        assert!(next.try_take(100), "renewed whole");
+    }
+
     /// The call that receives its own reply is not woken by it: it takes
     /// the event as its receive returns (a wake-up of its own task, a
     /// whole extra poll of it on a current-thread runtime, was wasted).

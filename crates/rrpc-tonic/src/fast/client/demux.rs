@@ -83,7 +83,7 @@ pub(super) struct Table {
     pub(super) armed: Option<Instant>,
     /// Send credits of calls that ended, held by nobody else, for the next
     /// calls ([`CallFlow::renew`]).
-    spare_flows: Vec<Arc<CallFlow>>,
+    pub(super) spare_flows: Vec<Arc<CallFlow>>,
 }
 
 /// The most ended calls' [`CallFlow`]s a connection keeps.
