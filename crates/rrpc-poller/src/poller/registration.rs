@@ -443,6 +443,8 @@ impl Registration {
         let now = Instant::now();
         let seen = now.saturating_duration_since(start);
         self.tuner.observe(seen);
+        // The wait ends here (every caller returns its data next).
+        self.wait = Wait::Done { at: now };
         let Some(log) = &self.sends else {
             if caught {
                 self.tuner.spun(seen < COSTLY_CATCH);
@@ -695,14 +697,17 @@ impl Registration {
             }
         }
         let r = std::task::ready!(self.poll_wait(cx, before_sleep));
-        self.wait = Wait::Idle;
+        let seen = match std::mem::take(&mut self.wait) {
+            Wait::Done { at } => Some(at),
+            _ => None,
+        };
         // The next sleep is announced afresh (a new epoch; the writer rings once per epoch).
         self.entry.announced.store(false, Ordering::Relaxed);
         if r.is_ok() {
             PROGRESS.set(PROGRESS.get().wrapping_add(1));
             if let Some(s) = &self.sends {
                 self.sends_at_ready = s.sends();
-                self.last_ready = Some(Instant::now());
+                self.last_ready = Some(seen.unwrap_or_else(Instant::now));
             }
         }
         Poll::Ready(r)
@@ -723,6 +728,9 @@ impl Registration {
     ) -> Poll<Result<()>> {
         loop {
             match self.wait {
+                // A wait that ended and was not taken (the caller polls a
+                // new one): begin it.
+                Wait::Done { .. } => self.wait = Wait::Idle,
                 Wait::Idle => {
                     if let Check::Ready = self.check()? {
                         Counters::add(&self.inner.counters.first_check_hits, 1);
@@ -946,7 +954,9 @@ impl Registration {
         };
         let hit = |me: &mut Self| {
             Counters::add(&me.inner.counters.yield_hits, 1);
-            me.tuner.observe(start.elapsed());
+            let now = Instant::now();
+            me.tuner.observe(now.saturating_duration_since(start));
+            me.wait = Wait::Done { at: now };
             Ok(Some(Poll::Ready(Ok(()))))
         };
         let answered = |me: &Self| {
@@ -1230,6 +1240,10 @@ pub(super) enum Wait {
         slept: bool,
         armed: bool,
     },
+    /// The data came, seen at `at` (the clock read that judged the wait):
+    /// [`Registration::poll_ready_with`] keeps it as the wait's end instead
+    /// of reading the clock again (one read a wait less).
+    Done { at: Instant },
 }
 
 /// A spin in progress.
