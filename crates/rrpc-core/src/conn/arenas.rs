@@ -4,12 +4,12 @@
 //! lanes): it names no shared connection.
 
 use std::collections::HashMap;
-use std::os::unix::net::UnixStream;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use super::established::Connection;
 use super::exchange::Offer;
+use super::liveness::Liveness;
 use super::mux::{Mux, MuxLimits, MuxMessage, MuxRole, Parts, Slice};
 use crate::error::{Error, Result};
 use crate::fabric::Fabric;
@@ -148,8 +148,9 @@ pub enum LaneEvent {
 #[derive(Debug)]
 pub(super) struct LaneState {
     pub(super) mux: Mux,
-    /// Our end of each open lane's socket pair, and its queue pair.
-    pub(super) ends: HashMap<u32, (UnixStream, Arc<QueuePair>)>,
+    /// Each open lane's liveness (ended when the peer closes it, or the
+    /// shared side channel closes), and its queue pair.
+    pub(super) ends: HashMap<u32, (Arc<Liveness>, Arc<QueuePair>)>,
     /// Bytes read and not yet a whole message.
     pub(super) buf: Vec<u8>,
     /// Free slots whose pages are kept, oldest first (at most
