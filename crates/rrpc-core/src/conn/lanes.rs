@@ -48,6 +48,9 @@ use crate::error::{Error, Result};
 use crate::handshake::{MAGIC, RegionDesc, Section};
 use crate::region::{Region, RemoteRegion};
 
+#[cfg(test)]
+mod tests;
+
 impl SharedConnection {
     fn lanes(&self) -> Result<&Lanes> {
         self.lanes
