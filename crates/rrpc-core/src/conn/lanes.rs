@@ -378,11 +378,13 @@ impl SharedConnection {
         let Some(side) = &self.connection().side else {
             return Err(Error::NotConnected);
         };
-        let mut chunk = [0u8; 4096];
         loop {
-            match side.read(&mut chunk) {
+            match side.read(&mut s.chunk) {
                 Ok(0) => return Err(Error::PeerGone),
-                Ok(n) => s.buf.extend_from_slice(&chunk[..n]),
+                Ok(n) => {
+                    let LaneState { buf, chunk, .. } = s;
+                    buf.extend_from_slice(&chunk[..n]);
+                }
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
                 Err(_) => return Err(Error::PeerGone),
