@@ -149,6 +149,25 @@ fn fault_wake_delay() {
     }
 }
 
+/// What tells a sleeping task that the peer is gone: the source's liveness fd (a duplicate,
+/// registered with the reactor), or a lane's liveness, which needs no descriptor
+/// ([`Readiness::liveness`]).
+pub(super) enum Live {
+    Fd(AsyncFd<DupFd>),
+    Lane(rrpc_core::conn::LivenessWatch),
+}
+
+impl Live {
+    /// Ready once the peer is gone (or the fd's registration failed); else the task's waker is
+    /// kept, to be woken then.
+    pub(super) fn poll_read_ready(&self, cx: &mut Context<'_>) -> Poll<()> {
+        match self {
+            Live::Fd(afd) => afd.poll_read_ready(cx).map(drop),
+            Live::Lane(w) => w.poll_gone(cx),
+        }
+    }
+}
+
 /// What a task sleeps on.
 pub(super) enum Sleeper {
     Waker,
@@ -165,7 +184,7 @@ pub struct Registration {
     pub(super) inner: Arc<Inner>,
     pub(super) mode: Mode,
     pub(super) sleeper: Sleeper,
-    pub(super) live: Option<AsyncFd<DupFd>>,
+    pub(super) live: Option<Live>,
     /// The source's doorbell fd (BPEV with the doorbell fallback).
     pub(super) bell_fd: Option<AsyncFd<DupFd>>,
     pub(super) tuner: SpinTuner,
@@ -236,9 +255,12 @@ impl Registration {
         let live = match source.liveness_fd() {
             Some(fd) => {
                 let dup = DupFd::new(fd).map_err(Error::io("dup liveness fd"))?;
-                Some(register_readable(dup).map_err(Error::io("register liveness fd"))?)
+                Some(Live::Fd(
+                    register_readable(dup).map_err(Error::io("register liveness fd"))?,
+                ))
             }
-            None => None,
+            // A lane: no descriptor to duplicate and register (rrpc-core `conn::liveness`).
+            None => source.liveness().map(Live::Lane),
         };
         let mut doorbell_fd = None;
         // Doorbell fallback: the reactor watches the source's doorbell beside the waker.
