@@ -51,14 +51,16 @@
 //! and `TCP_USER_TIMEOUT` ([`HandshakeConfig::keepalive`], [`TcpKeepalive`])
 //! fail the socket within 16 s by default (10 s idle + 3 probes 2 s apart),
 //! and the connection then reports [`Error::PeerUnresponsive`], naming the
-//! bound, and fails its queue pair with it.
+//! bound, and fails its queue pair with it. A lane has no side channel of
+//! its own: its liveness is a [`Liveness`] its lane reader ends when the
+//! lane closes or its shared connection fails ([`Connection::liveness`]).
 //!
 //! ## Layers
 //!
 //! * `settings` ([`HandshakeConfig`], [`TcpKeepalive`]), `exchange`
 //!   ([`Offer`], [`PeerInfo`], the deadline, the hello's provider-neutral
-//!   part) and `budget` ([`PeerKey`]) are leaves: of this module they
-//!   import only each other, and no provider.
+//!   part), `budget` ([`PeerKey`]) and `liveness` ([`Liveness`]) are
+//!   leaves: of this module they import only each other, and no provider.
 //! * `dial` ([`connect`], [`Dialing`]) and `accept` ([`Listener`], [`Pending`],
 //!   [`Incoming`]) run the handshake; `established` ([`Connection`]) is the
 //!   connection and its liveness; `logical` ([`SharedConnection`],
@@ -92,6 +94,7 @@ mod dial;
 pub(crate) mod established;
 pub(crate) mod exchange;
 mod lanes;
+mod liveness;
 mod logical;
 pub mod mux;
 pub(crate) mod settings;
@@ -103,6 +106,7 @@ pub use budget::{DEFAULT_MAX_PEER_GRANT_BYTES, NEAR_END_DIVISOR, PeerKey};
 pub use dial::{Dialing, connect};
 pub use established::Connection;
 pub use exchange::{Offer, PeerInfo};
+pub use liveness::{Liveness, LivenessWatch};
 pub use logical::{GRANT_LEASE, SharedConnection, connect_logical};
 #[cfg(feature = "verbs")]
 pub use settings::TlsClient;

@@ -129,7 +129,10 @@ impl Readiness for RxSource {
         self.conn.is_gone()
     }
     fn liveness_fd(&self) -> Option<BorrowedFd<'_>> {
-        Some(self.conn.liveness_fd())
+        self.conn.liveness_fd()
+    }
+    fn liveness(&self) -> Option<rrpc_core::conn::LivenessWatch> {
+        self.conn.liveness()
     }
     fn notifier(&self) -> Option<&dyn Notifier> {
         self.notifier.as_ref().map(|n| n as &dyn Notifier)
@@ -154,7 +157,10 @@ impl Readiness for TxSource {
         self.conn.is_gone()
     }
     fn liveness_fd(&self) -> Option<BorrowedFd<'_>> {
-        Some(self.conn.liveness_fd())
+        self.conn.liveness_fd()
+    }
+    fn liveness(&self) -> Option<rrpc_core::conn::LivenessWatch> {
+        self.conn.liveness()
     }
 }
 

@@ -32,6 +32,15 @@ pub trait Readiness: Send + Sync + 'static {
         None
     }
 
+    /// The peer's liveness without a descriptor (an rrpc-core lane's: its lane reader ends it
+    /// when the lane closes or its shared connection fails), for a source with no
+    /// [`liveness_fd`](Readiness::liveness_fd). A sleeping task watches it as it would the
+    /// fd: it wakes, and gets [`Error::PeerGone`](crate::Error::PeerGone), once it ended. One
+    /// watcher per registration (each has a waker slot of its own).
+    fn liveness(&self) -> Option<rrpc_core::conn::LivenessWatch> {
+        None
+    }
+
     /// The source's own notification mechanism for [`Mode::Event`](crate::Mode::Event), if it
     /// has one (a completion channel: `ibv_req_notify_cq` + the channel fd). Without one, Event
     /// mode uses a per-registration eventfd that the writer rings through a [`Doorbell`](crate::Doorbell).

@@ -13,6 +13,7 @@ use crate::qp::QueuePair;
 use crate::region::Region;
 
 use super::exchange::{Deadline, PeerInfo};
+use super::liveness::{Liveness, LivenessWatch};
 
 /// What a logical connection keeps alive beyond a dedicated one (its grants
 /// on the shared queue pair, the shared connection): the `logical` module's,
@@ -77,7 +78,10 @@ fn gone_reason(e: &io::Error) -> Option<u8> {
 pub struct Connection {
     pub(crate) qp: Arc<QueuePair>,
     pub(crate) peer: PeerInfo,
-    pub(crate) side: Side,
+    /// The side channel; a lane has none (its liveness is `lane_live`).
+    pub(crate) side: Option<Side>,
+    /// A lane's liveness (`liveness` module), ended by its lane reader.
+    pub(crate) lane_live: Option<Arc<Liveness>>,
     pub(crate) _grants: Vec<(u16, Arc<Region>)>,
     pub(crate) gone: AtomicBool,
     /// Why the peer is gone, once it is: [`GONE_CLOSED`], [`GONE_SILENT`],
@@ -110,7 +114,8 @@ impl Connection {
         Ok(Connection {
             qp: Arc::new(qp),
             peer,
-            side,
+            side: Some(side),
+            lane_live: None,
             _grants: grants,
             gone: AtomicBool::new(false),
             gone_why: std::sync::atomic::AtomicU8::new(GONE_CLOSED),
@@ -120,11 +125,11 @@ impl Connection {
         })
     }
 
-    /// A lane's connection (`lanes` module): its side channel one end of a
-    /// socket pair made non-blocking with no timeouts (so nothing to set
-    /// here), its peer the shared connection's peer `key`.
+    /// A lane's connection (`lanes` module): no side channel of its own,
+    /// its liveness `live` (ended by the lane reader), its peer the shared
+    /// connection's peer `key`.
     pub(crate) fn lane(
-        side: Side,
+        live: Arc<Liveness>,
         qp: QueuePair,
         peer: PeerInfo,
         key: crate::conn::budget::PeerKey,
@@ -132,7 +137,8 @@ impl Connection {
         Connection {
             qp: Arc::new(qp),
             peer,
-            side,
+            side: None,
+            lane_live: Some(live),
             _grants: Vec::new(),
             gone: AtomicBool::new(false),
             gone_why: std::sync::atomic::AtomicU8::new(GONE_CLOSED),
@@ -165,14 +171,27 @@ impl Connection {
     /// Who the peer is, as the side channel says (`SO_PEERCRED` on shm,
     /// the address on `rdma://`): what per-peer limits count by.
     pub fn peer_key(&self) -> crate::conn::budget::PeerKey {
-        *self.key.get_or_init(|| self.side.peer_key())
+        *self.key.get_or_init(|| {
+            self.side
+                .as_ref()
+                .map_or(crate::conn::budget::PeerKey::Unknown, Side::peer_key)
+        })
     }
 
     /// The side channel's fd: becomes readable when the peer closes or says
     /// goodbye. Watch it (tokio `AsyncFd`, `poll(2)`) and call
-    /// [`Self::check_alive`] when it fires.
-    pub fn liveness_fd(&self) -> BorrowedFd<'_> {
-        self.side.as_fd()
+    /// [`Self::check_alive`] when it fires. `None` for a lane: watch
+    /// [`Self::liveness`] instead.
+    pub fn liveness_fd(&self) -> Option<BorrowedFd<'_>> {
+        self.side.as_ref().map(Side::as_fd)
+    }
+
+    /// A lane's liveness, watched without a descriptor (rrpc-core
+    /// `conn::liveness`): ready once the lane ended (its peer closed it,
+    /// its shared connection failed, or it was closed here). `None` for a
+    /// connection with a side channel of its own ([`Self::liveness_fd`]).
+    pub fn liveness(&self) -> Option<LivenessWatch> {
+        self.lane_live.as_ref().map(Liveness::watch)
     }
 
     /// Non-blocking liveness check.
@@ -191,8 +210,16 @@ impl Connection {
         if self.muxed.load(Ordering::Acquire) {
             return Ok(());
         }
+        let Some(side) = &self.side else {
+            // A lane: its lane reader ends its liveness.
+            if self.lane_live.as_ref().is_some_and(|l| l.is_gone()) {
+                self.mark_gone();
+                return Err(self.gone_error());
+            }
+            return Ok(());
+        };
         let mut b = [0u8; 1];
-        let why = match self.side.read(&mut b) {
+        let why = match side.read(&mut b) {
             Err(e) => match gone_reason(&e) {
                 None => return Ok(()),
                 Some(why) => why,
@@ -221,7 +248,7 @@ impl Connection {
             }
             _ => return Error::PeerGone,
         }
-        let after = self.side.user_timeout_ms();
+        let after = self.side.as_ref().and_then(Side::user_timeout_ms);
         Error::PeerUnresponsive(match after {
             Some(ms) if ms > 0 => format!(
                 "its host stopped answering: the side channel's keep-alive gave up after {:.1} s \
@@ -239,6 +266,9 @@ impl Connection {
             let e = self.gone_error();
             tracing::debug!(error = %e, "peer gone");
             self.qp.fail(&e);
+            if let Some(l) = &self.lane_live {
+                l.end();
+            }
         }
     }
 
@@ -253,7 +283,7 @@ impl Connection {
 
     /// Whether the peer is known to be gone (no system call).
     pub fn is_gone(&self) -> bool {
-        self.gone.load(Ordering::Acquire)
+        self.gone.load(Ordering::Acquire) || self.lane_live.as_ref().is_some_and(|l| l.is_gone())
     }
 
     /// Orderly close: tells the peer goodbye and fails our queue pair with
@@ -263,23 +293,26 @@ impl Connection {
     pub fn close(&self) {
         if self.closes_without_waiting() {
             // A lane: its close goes over the shared side channel (rrpc-core
-            // `conn::lanes`); its own side channel is a socket pair nobody
-            // reads, so no goodbye, and nothing here waits.
+            // `conn::lanes`); it has no side channel of its own, so no
+            // goodbye, and nothing here waits.
             self.qp.fail(&Error::NotConnected);
             self.gone.store(true, Ordering::Release);
             if let Some(l) = &self.logical {
                 l.close_now();
             }
-            self.side.shutdown();
+            // Our own watchers see it end.
+            if let Some(l) = &self.lane_live {
+                l.end();
+            }
             tracing::debug!("lane closed");
             return;
         }
-        let _ = self.side.set_nonblocking(false);
-        // Best effort, never long: 12 bytes into a socket nothing else writes.
-        let _ = self
-            .side
-            .send(&Message::Goodbye, Deadline::after(Duration::from_secs(1)));
-        self.side.shutdown();
+        if let Some(side) = &self.side {
+            let _ = side.set_nonblocking(false);
+            // Best effort, never long: 12 bytes into a socket nothing else writes.
+            let _ = side.send(&Message::Goodbye, Deadline::after(Duration::from_secs(1)));
+            side.shutdown();
+        }
         self.qp.fail(&Error::NotConnected);
         self.gone.store(true, Ordering::Release);
         tracing::debug!("connection closed");
@@ -297,7 +330,9 @@ impl Connection {
 
 impl Drop for Connection {
     fn drop(&mut self) {
-        self.side.shutdown();
+        if let Some(side) = &self.side {
+            side.shutdown();
+        }
         self.qp.fail(&Error::NotConnected);
         if let Some(l) = &self.logical {
             // The peer may still write into what we granted (module docs of

@@ -9,10 +9,11 @@
 //!   staging arena is never granted.
 //! * **A lane** is a sharer of the shared queue pair under its tag, rings
 //!   in one slot of each end's arenas ([`Region::view`]), and a
-//!   [`Connection`] whose side channel is one end of a socket pair: the
-//!   other end stays here while the lane is open, and dropping it (the
-//!   peer closed the lane, or the shared side channel closed) is what the
-//!   lane's liveness watchers see. Nothing else changes for them.
+//!   [`Connection`] with no side channel of its own: its liveness is a
+//!   [`Liveness`] (no descriptor) kept here too while the lane is open,
+//!   and ended when the peer closes the lane or the shared side channel
+//!   closes; its watchers (the poller's registrations, `peer_gone`) are
+//!   woken then, and its queue pair is failed first.
 //! * **The reader.** One task of the layer above watches the shared side
 //!   channel ([`Connection::liveness_fd`]) and calls
 //!   [`SharedConnection::lane_poll`] when it is readable: it reads every
@@ -34,19 +35,21 @@
 //! The arenas stay mapped as long as the shared connection: no lane maps
 //! or unmaps anything.
 
-use std::os::unix::net::UnixStream;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use super::arenas::{LANE_WARM_SLOTS, LANE_WRITE_WAIT, LaneEvent, LaneSlots, LaneState, Lanes};
 use super::established::Connection;
 use super::exchange::PeerInfo;
+use super::liveness::Liveness;
 use super::logical::SharedConnection;
 use super::mux::{MuxEvent, MuxMessage, Parts, Slice};
 use crate::error::{Error, Result};
 use crate::handshake::{MAGIC, RegionDesc, Section};
-use crate::provider::side::Side;
 use crate::region::{Region, RemoteRegion};
+
+#[cfg(test)]
+mod tests;
 
 impl SharedConnection {
     fn lanes(&self) -> Result<&Lanes> {
@@ -207,14 +210,14 @@ impl SharedConnection {
 
     /// Sends a message on the side channel (with the state locked).
     fn lane_send(&self, frame: &[u8]) -> Result<()> {
-        self.connection()
-            .side
-            .write_all_within(frame, LANE_WRITE_WAIT)
-            .map_err(|e| {
-                // The peer is gone, or reads nothing: its lanes cannot go on.
-                self.connection().mark_gone();
-                Error::io("side channel write", e)
-            })
+        let Some(side) = &self.connection().side else {
+            return Err(Error::NotConnected);
+        };
+        side.write_all_within(frame, LANE_WRITE_WAIT).map_err(|e| {
+            // The peer is gone, or reads nothing: its lanes cannot go on.
+            self.connection().mark_gone();
+            Error::io("side channel write", e)
+        })
     }
 
     /// Client: asks for lane `tag` offering `parts` (its slice from
@@ -285,8 +288,8 @@ impl SharedConnection {
     }
 
     /// Lane `tag`'s connection: a sharer of the queue pair, the peer's
-    /// sections and its slices as regions of its arena, and one end of a
-    /// socket pair as its side channel (the other kept in `s`).
+    /// sections and its slices as regions of its arena, and its liveness
+    /// (kept in `s` too, to end it).
     fn lane_connection(
         self: &Arc<Self>,
         s: &mut LaneState,
@@ -296,7 +299,7 @@ impl SharedConnection {
     ) -> Result<Connection> {
         let arena = self.lanes()?.peer_arena;
         let qp = self.physical().attach(tag, tag)?;
-        let (mine, kept) = lane_socket_pair()?;
+        let live = Liveness::new();
         let peer = PeerInfo {
             sections: theirs
                 .sections
@@ -322,7 +325,7 @@ impl SharedConnection {
             provider: self.connection().peer().provider,
         };
         let key = self.connection().peer_key();
-        let mut conn = Connection::lane(Side::Unix(mine), qp, peer, key);
+        let mut conn = Connection::lane(live.clone(), qp, peer, key);
         conn.logical = Some(Box::new(LaneHold {
             shared: self.clone(),
             tag,
@@ -330,7 +333,7 @@ impl SharedConnection {
             ours: ours.clone(),
         }));
         s.alive.extend(ours.iter().map(|sl| (sl.arena, sl.offset)));
-        s.ends.insert(tag, (kept, conn.qp().clone()));
+        s.ends.insert(tag, (live, conn.qp().clone()));
         Ok(conn)
     }
 
@@ -351,12 +354,14 @@ impl SharedConnection {
         if let Err(e) = r {
             self.connection().mark_gone();
             // The peer sees its shared connection close: it is done.
-            self.connection().side.shutdown();
-            // Every lane's watcher sees its socket close; nothing more
-            // is written into their rings.
-            for (_, (end, qp)) in s.ends.drain() {
+            if let Some(side) = &self.connection().side {
+                side.shutdown();
+            }
+            // Nothing more is written into their rings, then every lane's
+            // watchers see it end.
+            for (_, (live, qp)) in s.ends.drain() {
                 qp.fail(&Error::PeerGone);
-                drop(end);
+                live.end();
             }
             drop(s);
             return Err(e);
@@ -370,11 +375,16 @@ impl SharedConnection {
         s: &mut LaneState,
         events: &mut Vec<LaneEvent>,
     ) -> Result<()> {
-        let mut chunk = [0u8; 4096];
+        let Some(side) = &self.connection().side else {
+            return Err(Error::NotConnected);
+        };
         loop {
-            match self.connection().side.read(&mut chunk) {
+            match side.read(&mut s.chunk) {
                 Ok(0) => return Err(Error::PeerGone),
-                Ok(n) => s.buf.extend_from_slice(&chunk[..n]),
+                Ok(n) => {
+                    let LaneState { buf, chunk, .. } = s;
+                    buf.extend_from_slice(&chunk[..n]);
+                }
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
                 Err(_) => return Err(Error::PeerGone),
@@ -420,9 +430,9 @@ impl SharedConnection {
                 }
                 MuxEvent::PeerClosed { tag, reply } => {
                     // Stop writing into its rings, then say so.
-                    if let Some((end, qp)) = s.ends.remove(&tag) {
+                    if let Some((live, qp)) = s.ends.remove(&tag) {
                         qp.fail(&Error::PeerGone);
-                        drop(end);
+                        live.end();
                     }
                     self.lane_send(&reply)?;
                 }
@@ -446,20 +456,6 @@ impl SharedConnection {
             tracing::debug!(tag, error = %e, "lane close not sent");
         }
     }
-}
-
-/// A lane's socket pair, both ends non-blocking and close-on-exec from the
-/// start (one system call; no timeouts to clear).
-fn lane_socket_pair() -> Result<(UnixStream, UnixStream)> {
-    use nix::sys::socket::{AddressFamily, SockFlag, SockType, socketpair};
-    let (a, b) = socketpair(
-        AddressFamily::Unix,
-        SockType::Stream,
-        None,
-        SockFlag::SOCK_NONBLOCK | SockFlag::SOCK_CLOEXEC,
-    )
-    .map_err(|e| Error::nix("socketpair", e))?;
-    Ok((UnixStream::from(a), UnixStream::from(b)))
 }
 
 /// What a lane's [`Connection`] holds: its shared connection, which it

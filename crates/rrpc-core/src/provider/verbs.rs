@@ -295,7 +295,9 @@ mod tests {
         let src = f.alloc_region(4096).unwrap();
         src.write_at(0, b"mtu").unwrap();
         for (who, conn) in [("client", &c), ("server", &s)] {
-            let fd = conn.liveness_fd();
+            let fd = conn
+                .liveness_fd()
+                .expect("a connection of its own has a side channel");
             let got = (
                 getsockopt(&fd, sockopt::KeepAlive).unwrap(),
                 getsockopt(&fd, sockopt::TcpKeepIdle).unwrap(),

@@ -227,7 +227,10 @@ fn closing_connection_fails_the_peer() {
     let (a, b) = common::pair(4096);
     a.conn.close();
     // The peer sees the goodbye/EOF; poll for it without sleeping blindly.
-    let fd = b.conn.liveness_fd();
+    let fd = b
+        .conn
+        .liveness_fd()
+        .expect("a dedicated connection has a side channel");
     let mut pfd = [nix::poll::PollFd::new(fd, nix::poll::PollFlags::POLLIN)];
     assert_eq!(
         nix::poll::poll(&mut pfd, nix::poll::PollTimeout::from(1000u16)).unwrap(),

@@ -279,7 +279,9 @@ fn killed_peer_is_detected_within_one_second(p: &Provider) {
 
     child.kill().unwrap();
     let killed = Instant::now();
-    let fd = c.liveness_fd();
+    let fd = c
+        .liveness_fd()
+        .expect("a dedicated connection has a side channel");
     let mut pfd = [nix::poll::PollFd::new(fd, nix::poll::PollFlags::POLLIN)];
     let n = nix::poll::poll(&mut pfd, nix::poll::PollTimeout::from(1000u16)).unwrap();
     assert_eq!(

@@ -149,6 +149,25 @@ fn fault_wake_delay() {
     }
 }
 
+/// What tells a sleeping task that the peer is gone: the source's liveness fd (a duplicate,
+/// registered with the reactor), or a lane's liveness, which needs no descriptor
+/// ([`Readiness::liveness`]).
+pub(super) enum Live {
+    Fd(AsyncFd<DupFd>),
+    Lane(rrpc_core::conn::LivenessWatch),
+}
+
+impl Live {
+    /// Ready once the peer is gone (or the fd's registration failed); else the task's waker is
+    /// kept, to be woken then.
+    pub(super) fn poll_read_ready(&self, cx: &mut Context<'_>) -> Poll<()> {
+        match self {
+            Live::Fd(afd) => afd.poll_read_ready(cx).map(drop),
+            Live::Lane(w) => w.poll_gone(cx),
+        }
+    }
+}
+
 /// What a task sleeps on.
 pub(super) enum Sleeper {
     Waker,
@@ -165,7 +184,7 @@ pub struct Registration {
     pub(super) inner: Arc<Inner>,
     pub(super) mode: Mode,
     pub(super) sleeper: Sleeper,
-    pub(super) live: Option<AsyncFd<DupFd>>,
+    pub(super) live: Option<Live>,
     /// The source's doorbell fd (BPEV with the doorbell fallback).
     pub(super) bell_fd: Option<AsyncFd<DupFd>>,
     pub(super) tuner: SpinTuner,
@@ -236,9 +255,12 @@ impl Registration {
         let live = match source.liveness_fd() {
             Some(fd) => {
                 let dup = DupFd::new(fd).map_err(Error::io("dup liveness fd"))?;
-                Some(register_readable(dup).map_err(Error::io("register liveness fd"))?)
+                Some(Live::Fd(
+                    register_readable(dup).map_err(Error::io("register liveness fd"))?,
+                ))
             }
-            None => None,
+            // A lane: no descriptor to duplicate and register (rrpc-core `conn::liveness`).
+            None => source.liveness().map(Live::Lane),
         };
         let mut doorbell_fd = None;
         // Doorbell fallback: the reactor watches the source's doorbell beside the waker.
@@ -443,6 +465,8 @@ impl Registration {
         let now = Instant::now();
         let seen = now.saturating_duration_since(start);
         self.tuner.observe(seen);
+        // The wait ends here (every caller returns its data next).
+        self.wait = Wait::Done { at: now };
         let Some(log) = &self.sends else {
             if caught {
                 self.tuner.spun(seen < COSTLY_CATCH);
@@ -695,14 +719,17 @@ impl Registration {
             }
         }
         let r = std::task::ready!(self.poll_wait(cx, before_sleep));
-        self.wait = Wait::Idle;
+        let seen = match std::mem::take(&mut self.wait) {
+            Wait::Done { at } => Some(at),
+            _ => None,
+        };
         // The next sleep is announced afresh (a new epoch; the writer rings once per epoch).
         self.entry.announced.store(false, Ordering::Relaxed);
         if r.is_ok() {
             PROGRESS.set(PROGRESS.get().wrapping_add(1));
             if let Some(s) = &self.sends {
                 self.sends_at_ready = s.sends();
-                self.last_ready = Some(Instant::now());
+                self.last_ready = Some(seen.unwrap_or_else(Instant::now));
             }
         }
         Poll::Ready(r)
@@ -723,6 +750,9 @@ impl Registration {
     ) -> Poll<Result<()>> {
         loop {
             match self.wait {
+                // A wait that ended and was not taken (the caller polls a
+                // new one): begin it.
+                Wait::Done { .. } => self.wait = Wait::Idle,
                 Wait::Idle => {
                     if let Check::Ready = self.check()? {
                         Counters::add(&self.inner.counters.first_check_hits, 1);
@@ -946,7 +976,9 @@ impl Registration {
         };
         let hit = |me: &mut Self| {
             Counters::add(&me.inner.counters.yield_hits, 1);
-            me.tuner.observe(start.elapsed());
+            let now = Instant::now();
+            me.tuner.observe(now.saturating_duration_since(start));
+            me.wait = Wait::Done { at: now };
             Ok(Some(Poll::Ready(Ok(()))))
         };
         let answered = |me: &Self| {
@@ -1230,6 +1262,10 @@ pub(super) enum Wait {
         slept: bool,
         armed: bool,
     },
+    /// The data came, seen at `at` (the clock read that judged the wait):
+    /// [`Registration::poll_ready_with`] keeps it as the wait's end instead
+    /// of reading the clock again (one read a wait less).
+    Done { at: Instant },
 }
 
 /// A spin in progress.

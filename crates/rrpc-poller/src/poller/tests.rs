@@ -422,6 +422,47 @@ fn a_handed_off_wait_after_a_send_yields_the_cpu_first() {
     assert!(matches!(r, std::task::Poll::Ready(Ok(()))), "{r:?}");
 }
 
+/// The instant a wait's data came (where the tuner starts this end's turn) is the
+/// clock reading that judged the wait, not a read after it; a wait whose first look found
+/// the data (no reading) reads the clock then.
+#[test]
+fn a_waits_ready_instant_is_when_its_data_was_seen() {
+    use crate::Handoff;
+    use crate::poller::SendLog;
+    let p = Poller::start(
+        PollerConfig::builder()
+            .mode(Mode::Bpev)
+            .polling_threads(1)
+            .handoff(Handoff::Always)
+            .build()
+            .unwrap(),
+    )
+    .unwrap();
+    let waker = std::task::Waker::noop();
+    let mut cx = std::task::Context::from_waker(waker);
+    // Not ready at the wait's first look: handed off, then seen.
+    let src = Arc::new(ReadyFromLook(AtomicU64::new(2)));
+    let mut reg = p.register(src.clone()).unwrap();
+    let sends = Arc::new(SendLog::new());
+    reg.follow_sends(sends.clone());
+    sends.record();
+    let before = Instant::now();
+    let r = reg.poll_ready_with(&mut cx, &mut || Ok(true));
+    let after = Instant::now();
+    assert!(matches!(r, std::task::Poll::Ready(Ok(()))), "{r:?}");
+    let seen = reg.last_ready.expect("a ready wait after a send sets it");
+    assert!(before <= seen && seen <= after);
+    // Ready at the first look.
+    sends.record();
+    src.0.store(0, Ordering::SeqCst);
+    let before = Instant::now();
+    let r = reg.poll_ready_with(&mut cx, &mut || Ok(true));
+    let after = Instant::now();
+    assert!(matches!(r, std::task::Poll::Ready(Ok(()))), "{r:?}");
+    let seen = reg.last_ready.expect("set");
+    assert!(before <= seen && seen <= after, "read afresh");
+}
+
 /// The CPU-first hand-off keeps the worker fair: a task whose every wait is
 /// answered in the peer's turn still returns to its worker every
 /// `CPU_FIRST_RUN` waits (and once its tokio budget is spent), so a

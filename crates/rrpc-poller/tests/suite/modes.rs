@@ -171,6 +171,43 @@ fn liveness_fd_closing_fails_the_waiter() {
     }
 }
 
+/// A source whose liveness is an rrpc-core lane's (no descriptor).
+struct LaneLive {
+    fake: Arc<Fake>,
+    live: Arc<rrpc_core::conn::Liveness>,
+}
+
+impl Readiness for LaneLive {
+    fn ready(&self) -> bool {
+        self.fake.ready()
+    }
+    fn liveness(&self) -> Option<rrpc_core::conn::LivenessWatch> {
+        Some(self.live.watch())
+    }
+}
+
+/// A lane's liveness ending wakes a sleeping waiter with `PeerGone`, in
+/// every mode, as its side channel's fd closing would.
+#[test]
+fn a_lane_liveness_ending_fails_the_waiter() {
+    for mode in Mode::ALL {
+        rt().block_on(async {
+            let p = poller(mode);
+            let live = rrpc_core::conn::Liveness::new();
+            let src = Arc::new(LaneLive {
+                fake: Fake::new(),
+                live: live.clone(),
+            });
+            let mut reg = p.register(src).unwrap();
+            let mut fut = Box::pin(reg.wait_ready());
+            poll_until_asleep(&p, fut.as_mut(), mode).await;
+            live.end();
+            let r = tokio::time::timeout(BOUND, fut).await.expect("not woken");
+            assert!(matches!(r, Err(Error::PeerGone)), "{mode}: {r:?}");
+        });
+    }
+}
+
 #[test]
 fn shutdown_wakes_waiters_and_joins_threads() {
     for mode in [Mode::Bp, Mode::Bpts, Mode::Bpev, Mode::Event] {

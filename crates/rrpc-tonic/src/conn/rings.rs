@@ -79,7 +79,13 @@ impl MsgRx for RingsRx {
     fn peer_gone(&self) -> Option<BoxFut<'static, ()>> {
         let conn = self._conn.clone();
         Some(Box::pin(async move {
-            let afd = match WatchedFd::new(conn.liveness_fd(), tokio::io::Interest::READABLE) {
+            // A lane: its liveness, no descriptor (rrpc-core `conn::liveness`).
+            let fd = match (conn.liveness(), conn.liveness_fd()) {
+                (Some(live), _) => return live.gone().await,
+                (None, Some(fd)) => fd,
+                (None, None) => return std::future::pending().await,
+            };
+            let afd = match WatchedFd::new(fd, tokio::io::Interest::READABLE) {
                 Ok(a) => a,
                 Err(e) => {
                     tracing::debug!("rrpc: cannot watch the side channel: {e}");

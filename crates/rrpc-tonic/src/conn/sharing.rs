@@ -160,10 +160,12 @@ fn spawn_reader(
     let Ok(rt) = tokio::runtime::Handle::try_current() else {
         return Ok(());
     };
-    let afd = WatchedFd::new(
-        shared.connection().liveness_fd(),
-        tokio::io::Interest::READABLE,
-    )?;
+    let Some(fd) = shared.connection().liveness_fd() else {
+        return Err(Error::Handshake(
+            "a shared connection without a side channel".into(),
+        ));
+    };
+    let afd = WatchedFd::new(fd, tokio::io::Interest::READABLE)?;
     let weak = Arc::downgrade(shared);
     rt.spawn(async move {
         let why = loop {

@@ -458,13 +458,13 @@ fn send(
     place: Place,
     deadline: Option<Instant>,
 ) -> Result<Sent, BoxError> {
-    let flow = CallFlow::new(inner.shared.peer_window);
     // Refused if the connection closed, or the server is draining.
-    let id = {
+    let (id, flow) = {
         let mut t = lock(&inner.shared.table);
+        let flow = t.flow(inner.shared.peer_window);
         let id = t.conn.open(Slot::new(flow.clone()), deadline)?;
         t.arm(deadline);
-        id
+        (id, flow)
     };
     let (mut parts, mut body) = req.into_parts();
     let headers = request_headers(&mut parts, &inner.opts);
@@ -805,6 +805,49 @@ mod tests {
         t.driver = Some(1);
         t.handoff(1);
         assert_eq!(fb.0.load(Ordering::SeqCst), 0);
+    }
+
+    /// A call that ends while a request sender holds its send credit and
+    /// waits for more closes that credit (the sender gives up); a credit
+    /// nobody else holds is kept, and the next call gets it renewed whole.
+    #[tokio::test]
+    async fn an_ended_calls_credit_is_closed_if_held_and_reused_if_not() {
+        let shared = Shared {
+            table: Mutex::new(Table::new(4096, 8)),
+            peer_window: 100,
+            retired: AtomicBool::new(false),
+        };
+        let flow = lock(&shared.table).flow(100);
+        let id = lock(&shared.table)
+            .conn
+            .open(Slot::new(flow.clone()), None)
+            .expect("open");
+        assert!(flow.try_take(100));
+        let waiting = tokio::spawn(async move { flow.take(1, 1).await });
+        tokio::task::yield_now().await;
+        shared.take(id);
+        let gave_up = tokio::time::timeout(Duration::from_secs(5), waiting)
+            .await
+            .expect("the waiting sender gave up")
+            .expect("join");
+        assert!(gave_up.is_err());
+
+        let flow = lock(&shared.table).flow(100);
+        assert!(flow.try_take(60));
+        let kept = Arc::as_ptr(&flow);
+        let id = lock(&shared.table)
+            .conn
+            .open(Slot::new(flow), None)
+            .expect("open");
+        shared.take(id);
+        assert_eq!(lock(&shared.table).spare_flows.len(), 1, "kept");
+        let next = lock(&shared.table).flow(100);
+        assert_eq!(
+            Arc::as_ptr(&next),
+            kept,
+            "the ended call's credit is reused"
+        );
+        assert!(next.try_take(100), "renewed whole");
     }
 
     /// The call that receives its own reply is not woken by it: it takes

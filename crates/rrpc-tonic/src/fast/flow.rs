@@ -46,6 +46,20 @@ impl CallFlow {
         })
     }
 
+    /// `flow` made afresh with `credit` bytes of send credit, in place
+    /// (no allocation) if nobody else holds it, else a new one. A connection keeps the flows of calls that ended for its
+    /// next calls: an `Arc` and its free were ~250 instructions a call on
+    /// each end under callgrind.
+    pub(crate) fn renew(mut flow: Arc<CallFlow>, credit: u32) -> Arc<CallFlow> {
+        let Some(f) = Arc::get_mut(&mut flow) else {
+            return CallFlow::new(credit);
+        };
+        *f = CallFlow {
+            send: Semaphore::new(credit as usize),
+        };
+        flow
+    }
+
     /// Reader: the peer granted `inc` more bytes (a WINDOW_UPDATE).
     ///
     /// # Errors
@@ -348,6 +362,34 @@ pub(crate) async fn send_within_window<G>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn a_renewed_flow_has_its_whole_credit_and_is_open_again() {
+        let mut f = CallFlow::new(100);
+        assert!(f.try_take(60));
+        f.close();
+        let before = Arc::as_ptr(&f);
+        f = CallFlow::renew(f, 100);
+        // The same allocation, made afresh.
+        assert_eq!(Arc::as_ptr(&f), before);
+        assert!(f.try_take(100));
+        assert!(!f.try_take(1));
+        f.granted(5).unwrap();
+        assert_eq!(f.take(5, 5).await.unwrap(), 5);
+    }
+
+    #[test]
+    fn a_flow_held_elsewhere_is_not_renewed() {
+        let f = CallFlow::new(100);
+        assert!(f.try_take(60));
+        let held = f.clone();
+        let renewed = CallFlow::renew(f, 100);
+        assert!(!Arc::ptr_eq(&renewed, &held));
+        assert!(renewed.try_take(100));
+        // The holder's credit is what it was.
+        assert!(!held.try_take(41));
+        assert!(held.try_take(40));
+    }
 
     #[test]
     fn grants_are_capped_at_the_largest_window() {

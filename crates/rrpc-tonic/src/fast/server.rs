@@ -227,8 +227,9 @@ struct ServerConn<Svc, Mk, F> {
     start_call: Mk,
     writer: FrameWriter,
     proto: proto::Server,
-    /// The calls whose handler went on after its first poll.
-    calls: HashMap<u32, Call>,
+    /// The calls whose handler went on after its first poll (foldhash, as
+    /// [`proto::Server`]'s table: a subset of it).
+    calls: HashMap<u32, Call, foldhash::fast::RandomState>,
     notes_tx: NoteTx,
     notes: NoteRx,
     /// The frames of the message being handled, decoded.
@@ -238,6 +239,9 @@ struct ServerConn<Svc, Mk, F> {
     /// The box of the last call that finished at its first poll, empty: the
     /// next call's future is written into it (one allocation less a call).
     spare: Option<Pin<Box<Option<F>>>>,
+    /// The send credit of the last call that finished at its first poll,
+    /// for the next call ([`CallFlow::renew`]).
+    spare_flow: Option<Arc<CallFlow>>,
     /// Our receive window per call.
     call_window: u32,
 }
@@ -279,12 +283,13 @@ where
                 max_header_list: cfg.max_header_list_size(),
                 timeout: opts.timeout,
             }),
-            calls: HashMap::new(),
+            calls: HashMap::default(),
             notes_tx,
             notes,
             inbox: Vec::new(),
             armed: None,
             spare: None,
+            spare_flow: None,
             call_window: cfg.call_window(),
         }
     }
@@ -519,7 +524,10 @@ where
         send_credit: u32,
         timed: bool,
     ) {
-        let flow = CallFlow::new(send_credit);
+        let mut flow = match self.spare_flow.take() {
+            Some(f) => CallFlow::renew(f, send_credit),
+            None => CallFlow::new(send_credit),
+        };
         let place = Place {
             key,
             notes: self.notes_tx.clone(),
@@ -552,6 +560,10 @@ where
         if first.is_none_or(|p| p.is_ready()) {
             fut.set(None);
             self.spare = Some(fut);
+            // The call's future held the other reference.
+            if Arc::get_mut(&mut flow).is_some() {
+                self.spare_flow = Some(flow);
+            }
             self.proto.handle_note(Note::Finished(key));
             return;
         }
@@ -673,7 +685,9 @@ async fn run_call<S, ResBody>(
     ResBody::Error: Into<BoxError>,
 {
     let id = place.key.id;
-    let path = req.uri().path().to_owned();
+    // For the log of a panic only: a reference count, not a copy of the
+    // path (an allocation a call).
+    let path = req.uri().path_and_query().cloned();
     let (w, p) = (writer.clone(), &place);
     let work = async move {
         let res = svc.oneshot(req).await.map_err(Into::into);
@@ -714,7 +728,7 @@ async fn run_call<S, ResBody>(
         Err(panic) => {
             tracing::error!(
                 call_id = id,
-                path = %path,
+                path = path.as_ref().map_or("/", |p| p.path()),
                 "rrpc: handler panicked: {}",
                 panic_message(&*panic)
             );

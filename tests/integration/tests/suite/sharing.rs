@@ -420,6 +420,7 @@ async fn a_lane_peer_that_breaks_the_protocol_loses_only_its_own(t: Transport) {
                 let fd = s
                     .connection()
                     .liveness_fd()
+                    .expect("a shared connection has a side channel")
                     .try_clone_to_owned()
                     .expect("dup");
                 std::fs::File::from(fd)

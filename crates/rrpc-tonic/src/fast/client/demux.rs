@@ -81,7 +81,13 @@ pub(super) struct Table {
     /// earlier than it wakes the timer to re-arm; a later one is taken up
     /// when it fires.
     pub(super) armed: Option<Instant>,
+    /// Send credits of calls that ended, held by nobody else, for the next
+    /// calls ([`CallFlow::renew`]).
+    pub(super) spare_flows: Vec<Arc<CallFlow>>,
 }
+
+/// The most ended calls' [`CallFlow`]s a connection keeps.
+const SPARE_FLOWS: usize = 8;
 
 impl Table {
     /// The table of a connection whose calls announce `recv_window` bytes,
@@ -96,6 +102,27 @@ impl Table {
             idle_read: false,
             timer: None,
             armed: None,
+            spare_flows: Vec::new(),
+        }
+    }
+
+    /// A new call's send credit, `credit` bytes: an ended call's, renewed,
+    /// or a new one.
+    pub(super) fn flow(&mut self, credit: u32) -> Arc<CallFlow> {
+        match self.spare_flows.pop() {
+            Some(f) => CallFlow::renew(f, credit),
+            None => CallFlow::new(credit),
+        }
+    }
+
+    /// An ended call's send credit: kept for the next call if nobody else
+    /// holds it, else closed (a request sender still waiting for window
+    /// gives up).
+    fn recycle(&mut self, mut flow: Arc<CallFlow>) {
+        if Arc::get_mut(&mut flow).is_none() {
+            flow.close();
+        } else if self.spare_flows.len() < SPARE_FLOWS {
+            self.spare_flows.push(flow);
         }
     }
 
@@ -189,12 +216,12 @@ impl Shared {
     pub(super) fn take(&self, id: u32) -> bool {
         let mut t = lock(&self.table);
         let removed = t.conn.remove(id);
-        if let Some(r) = &removed {
-            // A request sender still waiting for window gives up.
-            r.io.flow.close();
+        let cancel = removed.as_ref().is_some_and(|r| r.cancel);
+        if let Some(r) = removed {
+            t.recycle(r.io.flow);
         }
         t.handoff(id);
-        removed.is_some_and(|r| r.cancel)
+        cancel
     }
 
     /// Whether call `id`'s deadline passed; if not, its task is woken

@@ -207,7 +207,8 @@ pub(crate) enum Admission {
 pub(crate) struct Client<T, W = ()> {
     /// Keyed by ids this end chose, so a fast hash serves (foldhash: SipHash
     /// cost ~500 instructions a call here, under callgrind); the server's
-    /// tables, keyed by ids the peer chose, keep std's keyed SipHash.
+    /// table, keyed by ids the peer chose, uses it too (`server.rs` says
+    /// why that is safe there).
     calls: HashMap<u32, Call<T>, foldhash::fast::RandomState>,
     /// Set once the connection is gone or draining: new calls fail with it.
     closed: Option<Reason>,
