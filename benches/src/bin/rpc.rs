@@ -10,6 +10,14 @@
 //! doorbell wakes, back-offs): over each rrpc-tonic default row of Fig. 8, the client
 //! process's over each rrpc row of `low_load`, and every second a separate rrpc server
 //! process's own (`--role serve`: `low_load`, `resources_*`, `contention`, `idle_connections`).
+//!
+//! `--role stream --transport NAME --clients K --duration-ms D` runs one point of
+//! `small_rpc_throughput` (32 B / 8 B, 32 in flight per client, same pinning) in one process and
+//! prints every message it counted: a profiler's view of one point. With `--wait-stdin` it
+//! connects, prints `ready` on stderr, and starts the load when a line arrives on stdin (so a
+//! script can switch callgrind's instrumentation on first: `callgrind_control -i on`); then it
+//! counts every response from the first; at the end each client stops sending and
+//! drains its stream, so that every request sent is answered and counted.
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -50,6 +58,9 @@ struct Cli {
     /// Client role: measured milliseconds.
     #[arg(long, default_value_t = 10_000)]
     duration_ms: u64,
+    /// Stream role: connect, print `ready` on stderr, wait for a line on stdin, then load.
+    #[arg(long)]
+    wait_stdin: bool,
 }
 
 fn main() -> Result<()> {
@@ -74,6 +85,82 @@ fn main() -> Result<()> {
             rpc::serve_child(t, cli.cpu)
         }
         Some("hog") => rpc::hog(cli.cpu),
+        Some("stream") => {
+            let name = cli.transport.context("--transport is required")?;
+            let t = rpc::Transport::parse(&name)
+                .with_context(|| format!("unknown transport {name}"))?;
+            stream_point(t, cli.clients, Duration::from_millis(cli.duration_ms), cli.wait_stdin)
+        }
         Some(other) => bail!("unknown role {other}"),
     }
+}
+
+/// `--role stream`: one point of `small_rpc_throughput`, every response counted (no warm-up
+/// window), for a profiler.
+fn stream_point(t: rpc::Transport, k: usize, dur: Duration, wait: bool) -> Result<()> {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+    use rrpc_bench::rpc::pb::Req;
+
+    let server_rt = rpc::runtime("bench-server", rrpc_bench::ThreadPlan::cpu(0))?;
+    let client_rt = rpc::runtime("bench-client", rrpc_bench::ThreadPlan::cpu(1))?;
+    let server = rpc::start_server(&server_rt, t)?;
+    let clients = client_rt.block_on(rpc::connect_many(&server, k))?;
+    if wait {
+        eprintln!("ready");
+        let mut line = String::new();
+        std::io::stdin().read_line(&mut line)?;
+    }
+    let count = Arc::new(AtomicU64::new(0));
+    let stop = Arc::new(AtomicBool::new(false));
+    let t0 = std::time::Instant::now();
+    client_rt.block_on(async {
+        let tasks: Vec<_> = clients
+            .into_iter()
+            .map(|mut c| {
+                let (count, stop) = (count.clone(), stop.clone());
+                tokio::spawn(async move {
+                    let (tx, rx) = tokio::sync::mpsc::channel(64);
+                    let req = Req {
+                        payload: vec![1; 32],
+                        resp_len: 8,
+                    };
+                    for _ in 0..32 {
+                        tx.send(req.clone()).await?;
+                    }
+                    let mut inbound = c.stream(rx).await?;
+                    while inbound.message().await?.is_some() {
+                        count.fetch_add(1, Ordering::Relaxed);
+                        if stop.load(Ordering::Relaxed) {
+                            break;
+                        }
+                        tx.send(req.clone()).await?;
+                    }
+                    // Drained, not cancelled: every request sent is answered and counted, so
+                    // that a profile's instructions divide by every message it handled.
+                    drop(tx);
+                    while inbound.message().await?.is_some() {
+                        count.fetch_add(1, Ordering::Relaxed);
+                    }
+                    anyhow::Ok(())
+                })
+            })
+            .collect();
+        tokio::time::sleep(dur).await;
+        stop.store(true, Ordering::Relaxed);
+        for task in tasks {
+            task.await??;
+        }
+        anyhow::Ok(())
+    })?;
+    let n = count.load(Ordering::Relaxed);
+    let secs = t0.elapsed().as_secs_f64();
+    println!(
+        "transport={} clients={k} messages={n} secs={secs:.3} krps={:.1}",
+        t.name(),
+        n as f64 / secs / 1e3
+    );
+    drop(server);
+    Ok(())
 }
