@@ -17,7 +17,8 @@
 //! connects, prints `ready` on stderr, and starts the load when a line arrives on stdin (so a
 //! script can switch callgrind's instrumentation on first: `callgrind_control -i on`); then it
 //! counts every response from the first; at the end each client stops sending and
-//! drains its stream, so that every request sent is answered and counted.
+//! drains its stream, so that every request sent is answered and counted. `--messages N`
+//! stops after N calls in all instead of after `--duration-ms`.
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -61,6 +62,11 @@ struct Cli {
     /// Stream role: connect, print `ready` on stderr, wait for a line on stdin, then load.
     #[arg(long)]
     wait_stdin: bool,
+    /// Stream role: stop after this many calls in all (split evenly among the clients)
+    /// instead of after `--duration-ms` (a profile's work is then the same however slowly
+    /// the machine runs it).
+    #[arg(long)]
+    messages: Option<u64>,
 }
 
 fn main() -> Result<()> {
@@ -89,15 +95,28 @@ fn main() -> Result<()> {
             let name = cli.transport.context("--transport is required")?;
             let t = rpc::Transport::parse(&name)
                 .with_context(|| format!("unknown transport {name}"))?;
-            stream_point(t, cli.clients, Duration::from_millis(cli.duration_ms), cli.wait_stdin)
+            let stop = match cli.messages {
+                Some(n) => Stop::After(n.div_ceil(cli.clients.max(1) as u64)),
+                None => Stop::At(Duration::from_millis(cli.duration_ms)),
+            };
+            stream_point(t, cli.clients, stop, cli.wait_stdin)
         }
         Some(other) => bail!("unknown role {other}"),
     }
 }
 
+/// When `--role stream` stops.
+#[derive(Clone, Copy)]
+enum Stop {
+    /// After this long.
+    At(Duration),
+    /// After this many calls per client.
+    After(u64),
+}
+
 /// `--role stream`: one point of `small_rpc_throughput`, every response counted (no warm-up
 /// window), for a profiler.
-fn stream_point(t: rpc::Transport, k: usize, dur: Duration, wait: bool) -> Result<()> {
+fn stream_point(t: rpc::Transport, k: usize, stop_at: Stop, wait: bool) -> Result<()> {
     use std::sync::Arc;
     use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
@@ -114,6 +133,10 @@ fn stream_point(t: rpc::Transport, k: usize, dur: Duration, wait: bool) -> Resul
     }
     let count = Arc::new(AtomicU64::new(0));
     let stop = Arc::new(AtomicBool::new(false));
+    let per_client = match stop_at {
+        Stop::After(n) => n,
+        Stop::At(_) => u64::MAX,
+    };
     let t0 = std::time::Instant::now();
     client_rt.block_on(async {
         let tasks: Vec<_> = clients
@@ -126,29 +149,33 @@ fn stream_point(t: rpc::Transport, k: usize, dur: Duration, wait: bool) -> Resul
                         payload: vec![1; 32],
                         resp_len: 8,
                     };
-                    for _ in 0..32 {
+                    let mut sent = 0u64;
+                    while sent < per_client.min(32) {
                         tx.send(req.clone()).await?;
+                        sent += 1;
                     }
                     let mut inbound = c.stream(rx).await?;
-                    while inbound.message().await?.is_some() {
+                    let mut got = 0u64;
+                    while got < sent && inbound.message().await?.is_some() {
+                        got += 1;
                         count.fetch_add(1, Ordering::Relaxed);
-                        if stop.load(Ordering::Relaxed) {
-                            break;
+                        if !stop.load(Ordering::Relaxed) && sent < per_client {
+                            tx.send(req.clone()).await?;
+                            sent += 1;
                         }
-                        tx.send(req.clone()).await?;
                     }
-                    // Drained, not cancelled: every request sent is answered and counted, so
-                    // that a profile's instructions divide by every message it handled.
+                    // Every request sent is answered and counted (drained, not cancelled),
+                    // so that a profile's instructions divide by every message it handled.
                     drop(tx);
-                    while inbound.message().await?.is_some() {
-                        count.fetch_add(1, Ordering::Relaxed);
-                    }
+                    while inbound.message().await?.is_some() {}
                     anyhow::Ok(())
                 })
             })
             .collect();
-        tokio::time::sleep(dur).await;
-        stop.store(true, Ordering::Relaxed);
+        if let Stop::At(dur) = stop_at {
+            tokio::time::sleep(dur).await;
+            stop.store(true, Ordering::Relaxed);
+        }
         for task in tasks {
             task.await??;
         }
