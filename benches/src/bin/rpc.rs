@@ -67,6 +67,10 @@ struct Cli {
     /// the machine runs it).
     #[arg(long)]
     messages: Option<u64>,
+    /// Stream role: the rrpc rings' `min_ring_size` in bytes (where a self-sizing ring
+    /// starts; its idle size is clamped to it), to see what the rings' memory footprint costs.
+    #[arg(long)]
+    min_ring_size: Option<usize>,
 }
 
 fn main() -> Result<()> {
@@ -99,7 +103,16 @@ fn main() -> Result<()> {
                 Some(n) => Stop::After(n.div_ceil(cli.clients.max(1) as u64)),
                 None => Stop::At(Duration::from_millis(cli.duration_ms)),
             };
-            stream_point(t, cli.clients, stop, cli.wait_stdin)
+            let mut cfg = rpc::rrpc_config(t);
+            if let Some(n) = cli.min_ring_size {
+                let idle = cfg.ring_idle_size().min(n);
+                cfg = cfg
+                    .to_builder()
+                    .min_ring_size(n)
+                    .ring_idle_size(idle)
+                    .build()?;
+            }
+            stream_point(t, cfg, cli.clients, stop, cli.wait_stdin)
         }
         Some(other) => bail!("unknown role {other}"),
     }
@@ -116,7 +129,13 @@ enum Stop {
 
 /// `--role stream`: one point of `small_rpc_throughput`, every response counted (no warm-up
 /// window), for a profiler.
-fn stream_point(t: rpc::Transport, k: usize, stop_at: Stop, wait: bool) -> Result<()> {
+fn stream_point(
+    t: rpc::Transport,
+    cfg: rrpc_tonic::RrpcConfig,
+    k: usize,
+    stop_at: Stop,
+    wait: bool,
+) -> Result<()> {
     use std::sync::Arc;
     use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
@@ -124,7 +143,7 @@ fn stream_point(t: rpc::Transport, k: usize, stop_at: Stop, wait: bool) -> Resul
 
     let server_rt = rpc::runtime("bench-server", rrpc_bench::ThreadPlan::cpu(0))?;
     let client_rt = rpc::runtime("bench-client", rrpc_bench::ThreadPlan::cpu(1))?;
-    let server = rpc::start_server(&server_rt, t)?;
+    let server = rpc::start_server_with(&server_rt, t, cfg)?;
     let clients = client_rt.block_on(rpc::connect_many(&server, k))?;
     if wait {
         eprintln!("ready");
