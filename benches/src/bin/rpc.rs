@@ -68,7 +68,8 @@ struct Cli {
     #[arg(long)]
     messages: Option<u64>,
     /// Stream role: the rrpc rings' `min_ring_size` in bytes (where a self-sizing ring
-    /// starts; its idle size is clamped to it), to see what the rings' memory footprint costs.
+    /// starts; its idle size is clamped to it, its largest size to 128 times it), to see what
+    /// the rings' memory footprint costs.
     #[arg(long)]
     min_ring_size: Option<usize>,
 }
@@ -106,8 +107,11 @@ fn main() -> Result<()> {
             let mut cfg = rpc::rrpc_config(t);
             if let Some(n) = cli.min_ring_size {
                 let idle = cfg.ring_idle_size().min(n);
+                // A ring grows to at most 128 times where it starts.
+                let most = cfg.ring_size().min(n.saturating_mul(128));
                 cfg = cfg
                     .to_builder()
+                    .ring_size(most)
                     .min_ring_size(n)
                     .ring_idle_size(idle)
                     .build()?;
