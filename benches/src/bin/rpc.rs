@@ -18,7 +18,8 @@
 //! script can switch callgrind's instrumentation on first: `callgrind_control -i on`); then it
 //! counts every response from the first; at the end each client stops sending and
 //! drains its stream, so that every request sent is answered and counted. `--messages N`
-//! stops after N calls in all instead of after `--duration-ms`.
+//! stops after N calls in all instead of after `--duration-ms`. It also prints each worker's
+//! parks per message and, for rrpc, the poller's counters over the load.
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -147,6 +148,13 @@ fn stream_point(
 
     let server_rt = rpc::runtime("bench-server", rrpc_bench::ThreadPlan::cpu(0))?;
     let client_rt = rpc::runtime("bench-client", rrpc_bench::ThreadPlan::cpu(1))?;
+    // The poller the rrpc rows run on (shared by server and clients), for its counters.
+    let poller = match t {
+        rpc::Transport::RrpcH2 | rpc::Transport::RrpcFast => {
+            Some(rrpc_tonic::RrpcContext::shared(&cfg).poller_handle()?)
+        }
+        _ => None,
+    };
     let server = rpc::start_server_with(&server_rt, t, cfg)?;
     let clients = client_rt.block_on(rpc::connect_many(&server, k))?;
     if wait {
@@ -160,6 +168,10 @@ fn stream_point(
         Stop::After(n) => n,
         Stop::At(_) => u64::MAX,
     };
+    // Worker parks (each a sleep and a wake-up of the runtime's one worker).
+    let parks = |rt: &tokio::runtime::Runtime| rt.metrics().worker_park_count(0);
+    let (sp0, cp0) = (parks(&server_rt), parks(&client_rt));
+    let before = poller.as_ref().map(|p| p.stats());
     let t0 = std::time::Instant::now();
     client_rt.block_on(async {
         let tasks: Vec<_> = clients
@@ -211,6 +223,15 @@ fn stream_point(
         t.name(),
         n as f64 / secs / 1e3
     );
+    let per = |x: u64| x as f64 / n.max(1) as f64;
+    println!(
+        "worker parks per message: server {:.4} client {:.4}",
+        per(parks(&server_rt) - sp0),
+        per(parks(&client_rt) - cp0)
+    );
+    if let (Some(p), Some(b)) = (&poller, before) {
+        println!("poller over the load: {:?}", p.stats().since(&b));
+    }
     drop(server);
     Ok(())
 }
