@@ -11,7 +11,8 @@
 //! process's over each rrpc row of `low_load`, and every second a separate rrpc server
 //! process's own (`--role serve`: `low_load`, `resources_*`, `contention`, `idle_connections`).
 //!
-//! `--role stream --transport NAME --clients K --duration-ms D` runs one point of
+//! `--role stream --transport NAME --clients K --duration-ms D` (NAME also `tonic-inproc`, the
+//! floor: no transport) runs one point of
 //! `small_rpc_throughput` (32 B / 8 B, 32 in flight per client, same pinning) in one process and
 //! prints every message it counted: a profiler's view of one point. With `--wait-stdin` it
 //! connects, prints `ready` on stderr, and starts the load when a line arrives on stdin (so a
@@ -99,8 +100,14 @@ fn main() -> Result<()> {
         Some("hog") => rpc::hog(cli.cpu),
         Some("stream") => {
             let name = cli.transport.context("--transport is required")?;
-            let t = rpc::Transport::parse(&name)
-                .with_context(|| format!("unknown transport {name}"))?;
+            // `tonic-inproc`: no transport (the floor), the tonic rows' server in the
+            // clients' process and runtime.
+            let inproc = name == "tonic-inproc";
+            let t = if inproc {
+                rpc::Transport::TonicTcp
+            } else {
+                rpc::Transport::parse(&name).with_context(|| format!("unknown transport {name}"))?
+            };
             let stop = match cli.messages {
                 Some(n) => Stop::After(n.div_ceil(cli.clients.max(1) as u64)),
                 None => Stop::At(Duration::from_millis(cli.duration_ms)),
@@ -117,7 +124,7 @@ fn main() -> Result<()> {
                     .ring_idle_size(idle)
                     .build()?;
             }
-            stream_point(t, cfg, cli.clients, stop, cli.wait_stdin)
+            stream_point(t, inproc, cfg, cli.clients, stop, cli.wait_stdin)
         }
         Some(other) => bail!("unknown role {other}"),
     }
@@ -136,6 +143,7 @@ enum Stop {
 /// window), for a profiler.
 fn stream_point(
     t: rpc::Transport,
+    inproc: bool,
     cfg: rrpc_tonic::RrpcConfig,
     k: usize,
     stop_at: Stop,
@@ -145,6 +153,8 @@ fn stream_point(
     use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
     use rrpc_bench::rpc::pb::Req;
+    use rrpc_bench::rpc::pb::bench_client::BenchClient;
+    use rrpc_bench::rpc::pb::bench_server::BenchServer;
 
     let server_rt = rpc::runtime("bench-server", rrpc_bench::ThreadPlan::cpu(0))?;
     let client_rt = rpc::runtime("bench-client", rrpc_bench::ThreadPlan::cpu(1))?;
@@ -156,7 +166,13 @@ fn stream_point(
         _ => None,
     };
     let server = rpc::start_server_with(&server_rt, t, cfg)?;
-    let clients = client_rt.block_on(rpc::connect_many(&server, k))?;
+    let clients = if inproc {
+        (0..k)
+            .map(|_| rpc::AnyClient::Inproc(BenchClient::new(BenchServer::new(rpc::Svc))))
+            .collect()
+    } else {
+        client_rt.block_on(rpc::connect_many(&server, k))?
+    };
     if wait {
         eprintln!("ready");
         let mut line = String::new();
@@ -220,7 +236,7 @@ fn stream_point(
     let secs = t0.elapsed().as_secs_f64();
     println!(
         "transport={} clients={k} messages={n} secs={secs:.3} krps={:.1}",
-        t.name(),
+        if inproc { "tonic-inproc" } else { t.name() },
         n as f64 / secs / 1e3
     );
     let per = |x: u64| x as f64 / n.max(1) as f64;
