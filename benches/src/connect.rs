@@ -1088,6 +1088,9 @@ fn connect_rounds(args: &SuiteArgs, server_rt: &Runtime, client_rt: &Runtime) ->
             f(rrpc_config(tr).to_builder()).build()
         };
     let shm_only = |b: rrpc_tonic::RrpcConfigBuilder| b.fabrics([rrpc_tonic::Fabric::Shm]);
+    // Spare lanes: enough for a burst to find one while the refill's opens
+    // are answered.
+    const SPARE_LANES: usize = 8;
     let setups = [
         (
             "tonic-tcp",
@@ -1115,6 +1118,13 @@ fn connect_rounds(args: &SuiteArgs, server_rt: &Runtime, client_rt: &Runtime) ->
             with(Transport::RrpcFast, &|b| b.shared_queue_pairs(true))?,
         ),
         (
+            "rrpc-shm-fast-shared-spare8",
+            Transport::RrpcFast,
+            with(Transport::RrpcFast, &|b| {
+                b.shared_queue_pairs(true).spare_connections(SPARE_LANES)
+            })?,
+        ),
+        (
             "rrpc-port-shm",
             Transport::RrpcPort,
             with(Transport::RrpcPort, &shm_only)?,
@@ -1129,6 +1139,15 @@ fn connect_rounds(args: &SuiteArgs, server_rt: &Runtime, client_rt: &Runtime) ->
             Transport::RrpcPort,
             with(Transport::RrpcPort, &|b| {
                 shm_only(b).shared_queue_pairs(true)
+            })?,
+        ),
+        (
+            "rrpc-port-shm-shared-spare8",
+            Transport::RrpcPort,
+            with(Transport::RrpcPort, &|b| {
+                shm_only(b)
+                    .shared_queue_pairs(true)
+                    .spare_connections(SPARE_LANES)
             })?,
         ),
     ];
@@ -1184,7 +1203,10 @@ fn connect_rounds(args: &SuiteArgs, server_rt: &Runtime, client_rt: &Runtime) ->
          connection and no negotiation (rrpc_tonic's context::PortMemo). spare2: \
          spare_connections(2). pool4: connection_pool(4) at both ends (bundles of rings and queue pair made \
          ahead by a background thread). shared: shared_queue_pairs(true) at both ends (the warm-up \
-         opens the shared connection; each timed connect is a logical connection over it)."
+         opens the shared connection; each timed connect is a logical connection over it). \
+         shared-spare8: both, spare_connections(8): lanes opened ahead, all missing ones at \
+         once, so that a connect takes an open lane and back-to-back connects run at the rate \
+         the server answers pipelined opens."
     ));
     Ok(t)
 }

@@ -922,15 +922,25 @@ impl RrpcConfigBuilder {
     /// (checking its side channel first: one the server closed, or that
     /// waited longer than [`RrpcConfig::peer_lease`], is dropped) and
     /// starts the refill. A connect that finds one costs no round trip to
-    /// the server; one that finds none dials as before. Not with
-    /// [`Self::shared_queue_pairs`] (logical connections are dialed as
-    /// before). At most [`MAX_SPARE_CONNECTIONS`].
+    /// the server; one that finds none dials as before. Spares nobody
+    /// takes are dropped when their lease ends (a task of the context
+    /// looks every quarter lease). At most [`MAX_SPARE_CONNECTIONS`].
+    ///
+    /// With [`Self::shared_queue_pairs`] on `shm://` the spares are
+    /// *lanes* over the shared connection (one message each on its side
+    /// channel, rings in the arenas it granted), opened together on a task
+    /// of the runtime, no thread of their own: a refill of `n` costs about
+    /// one round trip, and back-to-back connects run at the rate the
+    /// server answers opens, not one round trip each. With shared queue
+    /// pairs elsewhere (`rdma://`) logical connections are dialed as
+    /// before, with no spares.
     ///
     /// Default: 0 (off). A spare is a whole connection the server holds
     /// (its rings, a connection task) while nobody uses it, and each taken
-    /// one costs a full connect on a background thread: worth it for a
-    /// client that connects often to the same servers, not for one that
-    /// keeps one channel (docs/measured.md, "Where a connect's time goes").
+    /// one costs a full connect on a background thread (a lane: one open):
+    /// worth it for a client that connects often to the same servers, not
+    /// for one that keeps one channel (docs/measured.md, "Where a
+    /// connect's time goes").
     pub fn spare_connections(mut self, n: usize) -> Self {
         self.inner.sharing.spare_connections = n;
         self

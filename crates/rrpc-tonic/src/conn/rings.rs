@@ -277,7 +277,11 @@ pub(crate) async fn dial(
     cfg: &RrpcConfig,
     ctx: &RrpcContext,
 ) -> Result<(Pipe, Negotiated), Error> {
-    let spares = cfg.spare_connections() > 0 && !cfg.shared_queue_pairs();
+    // Spares: dedicated connections, or on `shm://` with shared queue
+    // pairs lanes opened ahead (`spare` docs).
+    let spares = cfg.spare_connections() > 0
+        && (!cfg.shared_queue_pairs() || matches!(ep, FabricAddr::Shm(_)));
+    let key = PeerKey::new(&ep, port);
     if spares {
         // A spare dialed ahead, if one waits whose side channel is still
         // open (`spare` docs); dead ones are dropped here.
@@ -292,11 +296,10 @@ pub(crate) async fn dial(
         }
         drop(taken.dropped);
         if let Some((pipe, path, _)) = taken.spare {
-            refill_spares(ep, cfg, ctx);
+            refill_spares(key, ep, cfg, ctx);
             return Ok((pipe, path));
         }
     }
-    let key = PeerKey::new(&ep, port);
     let ring = ring_config(cfg)?;
     let hs = handshake_config(cfg)?;
     let lane = if cfg.shared_queue_pairs() && matches!(ep, FabricAddr::Shm(_)) {
@@ -311,11 +314,11 @@ pub(crate) async fn dial(
         // no thread of its own (`dial_dedicated_async`).
         dial_dedicated_async(&ep, &ring, &hs, cfg, ctx).await?
     } else {
-        dial_blocking(key, ep.clone(), ring, hs, cfg, ctx).await?
+        dial_blocking(key.clone(), ep.clone(), ring, hs, cfg, ctx).await?
     };
     let pipe = into_pipe(conn, tx, rx, cfg, ctx, &path)?;
     if spares {
-        refill_spares(ep, cfg, ctx);
+        refill_spares(key, ep, cfg, ctx);
     }
     Ok((pipe, path))
 }
@@ -585,12 +588,14 @@ fn dial_spare(
 /// its first call are done. tokio's timer wheel rounds to 1 ms anyway.
 const SPARE_REFILL_DELAY: Duration = Duration::from_millis(1);
 
-/// Tops up `ctx`'s spare connections to `ep` for `cfg` on a blocking task
-/// started [`SPARE_REFILL_DELAY`] from now, unless one already runs or
-/// they are full (`spare` docs). A dial that fails ends the refill
-/// quietly: the next connect dials as usual (and starts another refill),
-/// so a server that is gone costs nothing here.
-fn refill_spares(ep: FabricAddr, cfg: &RrpcConfig, ctx: &RrpcContext) {
+/// Tops up `ctx`'s spare connections to `ep` for `cfg`, unless a refill
+/// already runs or they are full (`spare` docs): dedicated connections on
+/// a blocking task started [`SPARE_REFILL_DELAY`] from now; with shared
+/// queue pairs on `shm://`, lanes on a task of the runtime, every one
+/// missing opened at once. A dial that fails ends the refill quietly: the
+/// next connect dials as usual (and starts another refill), so a server
+/// that is gone costs nothing here.
+fn refill_spares(key: PeerKey, ep: FabricAddr, cfg: &RrpcConfig, ctx: &RrpcContext) {
     let server = spare_key(&ep);
     if !ctx.spares().begin_fill(&server, cfg) {
         return;
@@ -601,9 +606,59 @@ fn refill_spares(ep: FabricAddr, cfg: &RrpcConfig, ctx: &RrpcContext) {
         ctx: ctx.clone(),
         running: true,
     };
+    if cfg.shared_queue_pairs() {
+        tokio::spawn(fill.run_lanes(key, ep));
+        return;
+    }
     tokio::spawn(async move {
         tokio::time::sleep(SPARE_REFILL_DELAY).await;
         tokio::task::spawn_blocking(move || fill.run(ep));
+    });
+}
+
+/// Starts, unless one runs, a task that drops `ctx`'s spares past their
+/// lease every quarter lease of `cfg` (at least 100 ms) until none is
+/// left ([`Spares::expire`](crate::conn::spare::Spares::expire)). Without
+/// it a spare nobody took stayed until the next connect looked, holding
+/// its connection at both ends (and a spare lane its shared connection,
+/// which the sharing sweeper leaves alone while it carries one).
+fn sweep_spares(cfg: &RrpcConfig, ctx: &RrpcContext) {
+    let Ok(rt) = tokio::runtime::Handle::try_current() else {
+        return;
+    };
+    if !ctx.spares().begin_sweep() {
+        return;
+    }
+    /// Ends the sweep in the store if its runtime drops the task first
+    /// (the next push starts another).
+    struct Sweeping(Option<RrpcContext>);
+    impl Drop for Sweeping {
+        fn drop(&mut self) {
+            if let Some(ctx) = self.0.take() {
+                ctx.spares().end_sweep();
+            }
+        }
+    }
+    let period = (cfg.peer_lease() / 4).max(Duration::from_millis(100));
+    let mut sweeping = Sweeping(Some(ctx.clone()));
+    rt.spawn(async move {
+        loop {
+            tokio::time::sleep(period).await;
+            let Some(ctx) = &sweeping.0 else { return };
+            let (gone, none_left) = ctx.spares().expire(Instant::now());
+            if !gone.is_empty() {
+                tracing::debug!(
+                    dropped = gone.len(),
+                    "rrpc: spare connections past their lease dropped"
+                );
+            }
+            drop(gone);
+            if none_left {
+                // Ended in `expire`, under the store's lock.
+                let _ = sweeping.0.take();
+                return;
+            }
+        }
     });
 }
 
@@ -636,9 +691,55 @@ impl Refill {
             while ctx.spares().next(server, cfg) {
                 let spare = dial_spare(&ep, &fabric, cfg, ctx)?;
                 drop(ctx.spares().push(server, cfg, Instant::now(), spare));
+                sweep_spares(cfg, ctx);
             }
             Ok(())
         });
+        self.ended(&ep, made);
+    }
+
+    /// Opens lanes until there are enough spares, every one missing at
+    /// once: their opens cross the side channel together and the server
+    /// answers them as they come, so a refill of `n` costs about one round
+    /// trip, not `n`; each is a spare as soon as it is open, and one taken
+    /// meanwhile is replaced by a new open at once (`spare` docs). On the
+    /// runtime: nothing here blocks. A shared connection with no lanes (or
+    /// full arenas) ends the refill.
+    ///
+    /// # Cancel safety
+    /// Dropped (the runtime shutting down), the lanes still opening are
+    /// given up (closed when their answers come) and the refill is ended
+    /// in the store.
+    async fn run_lanes(mut self, key: PeerKey, ep: FabricAddr) {
+        let (server, cfg, ctx) = (&self.server, &self.cfg, &self.ctx);
+        let made = async {
+            let (ring, hs) = (ring_config(cfg)?, handshake_config(cfg)?);
+            let open = || async {
+                let (conn, tx, rx, path) = dial_lane(&key, &ep, &ring, &hs, cfg, ctx)
+                    .await?
+                    .ok_or(Error::InvalidConfig("no lane to be had for a spare"))?;
+                let (pipe, conn) = into_pipe_and_conn(conn, tx, rx, cfg, ctx, &path)?;
+                Ok::<Spare, Error>((pipe, path, conn))
+            };
+            let mut opening = futures_util::stream::FuturesUnordered::new();
+            loop {
+                for _ in 0..ctx.spares().shortfall(server, cfg, opening.len()) {
+                    opening.push(open());
+                }
+                // None: none missing and none in flight (the refill ended
+                // in `shortfall`).
+                let Some(spare) = futures_util::StreamExt::next(&mut opening).await else {
+                    return Ok(());
+                };
+                drop(ctx.spares().push(server, cfg, Instant::now(), spare?));
+                sweep_spares(cfg, ctx);
+            }
+        }
+        .await;
+        self.ended(&ep, made);
+    }
+
+    fn ended(&mut self, ep: &FabricAddr, made: Result<(), Error>) {
         match made {
             Ok(()) => {
                 self.running = false;

@@ -22,6 +22,20 @@
 //! reactor of the runtime that made it, and a context outlives runtimes, so
 //! only a connect on that runtime (alive, then) takes it.
 //!
+//! **Spare lanes.** With shared queue pairs on `shm://` a spare is a lane
+//! over the shared connection (rrpc-core `conn::lanes`): one message on its
+//! side channel, rings in arena slots. `rings` opens every one missing at
+//! once on a task of the runtime and starts a new open whenever one is
+//! taken ([`Spares::shortfall`] counts those in flight), so a refill costs
+//! about one round trip and back-to-back connects run at the rate the
+//! server answers opens (docs/measured.md, "Spare lanes").
+//!
+//! **Expiry.** A spare nobody takes is dropped when its lease ends by a
+//! sweeper task ([`Spares::expire`], one per context at a time, ending
+//! when none is left), not only when the next connect looks: a spare
+//! holds its connection at both ends, and a spare lane keeps its shared
+//! connection in use.
+//!
 //! Bounds: at most `spare_connections` wait per (server, config), one
 //! refill runs per (server, config) at a time, and a spare older than
 //! [`RrpcConfig::peer_lease`] is dropped unused (the server may have
@@ -32,6 +46,7 @@
 
 use std::collections::VecDeque;
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 use std::sync::Arc;
@@ -69,6 +84,9 @@ impl<T> Entry<T> {
 /// The spare connections of a context, by server and config.
 pub(crate) struct Spares<T> {
     entries: Mutex<Vec<Entry<T>>>,
+    /// A sweeper runs ([`Self::begin_sweep`]); cleared under `entries`'
+    /// lock when it ends.
+    sweeping: AtomicBool,
     /// Counters since the context started (the ready count is the entries').
     counts: Mutex<SpareStats>,
 }
@@ -77,6 +95,7 @@ impl<T> Default for Spares<T> {
     fn default() -> Self {
         Spares {
             entries: Mutex::default(),
+            sweeping: AtomicBool::new(false),
             counts: Mutex::default(),
         }
     }
@@ -200,18 +219,29 @@ impl<T> Spares<T> {
     /// Whether the running refill is to dial one more; when not, the refill
     /// ends here (in the same lock: a take meanwhile starts a new one).
     pub(crate) fn next(&self, server: &str, cfg: &RrpcConfig) -> bool {
+        self.shortfall(server, cfg, 0) > 0
+    }
+
+    /// How many more spares the running refill is to start, `in_flight`
+    /// being started already and not pushed yet (a refill of lanes keeps
+    /// several opens in flight). At 0 with none in flight the refill ends
+    /// here, as with [`Self::next`].
+    pub(crate) fn shortfall(&self, server: &str, cfg: &RrpcConfig, in_flight: usize) -> usize {
         let mut entries = self.lock();
         let Some(e) = entries
             .iter_mut()
             .find(|e| e.server == server && e.cfg == *cfg)
         else {
-            return false;
+            return 0;
         };
-        if e.wants() {
-            return true;
+        let n = e
+            .cfg
+            .spare_connections()
+            .saturating_sub(e.ready.len() + in_flight);
+        if n == 0 && in_flight == 0 {
+            e.filling = false;
         }
-        e.filling = false;
-        false
+        n
     }
 
     /// Adds a spare the refill dialed at `now`. Past the bound (which
@@ -251,6 +281,48 @@ impl<T> Spares<T> {
             e.filling = false;
         }
         entries.retain(|e| e.filling || !e.ready.is_empty());
+    }
+
+    /// Whether the caller is to start a sweeper ([`Self::expire`] every
+    /// while until it says none is left): none runs now. Call after
+    /// [`Self::push`].
+    pub(crate) fn begin_sweep(&self) -> bool {
+        !self.sweeping.swap(true, Ordering::AcqRel)
+    }
+
+    /// Ends a sweeper that stopped before [`Self::expire`] ended it (its
+    /// runtime dropped it).
+    pub(crate) fn end_sweep(&self) {
+        let _entries = self.lock();
+        self.sweeping.store(false, Ordering::Release);
+    }
+
+    /// Takes out every spare past its config's `peer_lease` at `now`, of
+    /// any server, for the caller to drop: a spare nobody takes does not
+    /// hold its connection (and, a lane, its shared connection) until the
+    /// next connect looks. `true` when none is left: the sweeper ends
+    /// (cleared in the same lock, so that a push after it starts another).
+    pub(crate) fn expire(&self, now: Instant) -> (Vec<T>, bool) {
+        let mut gone = Vec::new();
+        let mut entries = self.lock();
+        for e in entries.iter_mut() {
+            while e
+                .ready
+                .front()
+                .is_some_and(|(at, _)| now.saturating_duration_since(*at) >= e.cfg.peer_lease())
+            {
+                gone.extend(e.ready.pop_front().map(|(_, t)| t));
+            }
+        }
+        entries.retain(|e| e.filling || !e.ready.is_empty());
+        let none_left = entries.iter().all(|e| e.ready.is_empty());
+        if none_left {
+            self.sweeping.store(false, Ordering::Release);
+        }
+        drop(entries);
+        let n = gone.len() as u64;
+        self.count(|c| c.dropped += n);
+        (gone, none_left)
     }
 
     /// How many spares wait, over every server and config.
@@ -328,6 +400,29 @@ mod tests {
         assert!(s.take("a", &token, t0, |_| true).spare.is_none());
         assert_eq!(s.take("a", &c.clone(), t0, |_| true).spare, Some(1));
         assert_eq!(s.ready(), 0);
+    }
+
+    #[test]
+    fn a_sweep_drops_expired_spares_and_ends_when_none_is_left() {
+        let s = Spares::default();
+        let c = cfg(2);
+        let t0 = Instant::now();
+        let lease = c.peer_lease();
+        assert!(s.begin_fill("a", &c));
+        assert!(s.push("a", &c, t0, 1u32).is_none());
+        assert!(s.push("a", &c, t0 + lease / 2, 2).is_none());
+        assert!(s.begin_sweep());
+        assert!(!s.begin_sweep(), "one sweeper at a time");
+        // Nothing expired yet: kept, the sweeper goes on.
+        assert_eq!(s.expire(t0 + lease / 4), (vec![], false));
+        // The first expires; the second is kept.
+        assert_eq!(s.expire(t0 + lease), (vec![1], false));
+        assert_eq!(s.ready(), 1);
+        // Then the second: none left, and the sweeper ends.
+        assert_eq!(s.expire(t0 + lease * 2), (vec![2], true));
+        assert_eq!(s.ready(), 0);
+        assert_eq!(s.stats().dropped, 2);
+        assert!(s.begin_sweep(), "a push after the end starts another");
     }
 
     #[test]

@@ -284,3 +284,82 @@ fn spares_stay_with_the_runtime_that_made_them() {
         assert_eq!(stats(&cctx).taken, 1);
     });
 }
+
+/// Spare lanes: with `shared_queue_pairs` on `shm://` the spares are lanes
+/// over the shared connection, opened ahead together (shm only: lanes are
+/// an shm feature).
+mod lanes {
+    use super::*;
+
+    rrpc_integration_tests::on_shm!(spare_lanes_are_opened_ahead_taken_and_dropped_at_their_lease,);
+
+    fn lanes_cfg(t: Transport, spares: usize, lease: Duration) -> RrpcConfig {
+        config(t)
+            .to_builder()
+            .shared_queue_pairs(true)
+            .spare_connections(spares)
+            .peer_lease(lease)
+            .build()
+            .unwrap()
+    }
+
+    /// The logical connections over the client's one shared connection.
+    fn logical(ctx: &RrpcContext) -> usize {
+        let opened: Vec<_> = ctx
+            .shared_connections()
+            .into_iter()
+            .filter(|s| s.opened_here)
+            .collect();
+        assert!(opened.len() <= 1, "one shared connection: {opened:?}");
+        assert!(opened.iter().all(|s| s.lanes), "lanes: {opened:?}");
+        opened.iter().map(|s| s.logical_connections).sum()
+    }
+
+    /// The first connect opens the shared connection and the refill opens
+    /// four lanes at once; connects take them (no dedicated connection is
+    /// dialed: the server holds one shared connection and nothing else),
+    /// each carries calls; once nobody connects, the spares are dropped at
+    /// their lease's end without a connect to look (before, they and the
+    /// shared connection under them stayed until one did) and the shared
+    /// connection, idle then, is closed.
+    async fn spare_lanes_are_opened_ahead_taken_and_dropped_at_their_lease(t: Transport) {
+        let lease = Duration::from_millis(600);
+        let mut h = Harness::start_with(t, lanes_cfg(t, 0, lease)).await;
+        h.set_client_config(lanes_cfg(t, 4, lease));
+        let (ctx, server) = (h.client_context().clone(), h.server_context().clone());
+        let mut first = h.client().await;
+        call(&mut first, 1).await;
+        until("four spare lanes", || stats(&ctx).ready == 4).await;
+        assert_eq!(logical(&ctx), 5, "the first connection and four spares");
+        let mut clients = vec![first];
+        for i in 0..6u8 {
+            let mut c = h.client().await;
+            call(&mut c, 2 + i).await;
+            clients.push(c);
+        }
+        let s = stats(&ctx);
+        assert!(s.taken >= 4, "the four ready spares were taken: {s:?}");
+        assert_eq!(s.dropped, 0, "{s:?}");
+        let at_server = server.shared_connections();
+        assert_eq!(at_server.len(), 1, "one shared connection: {at_server:?}");
+        let calls = clients
+            .iter()
+            .cloned()
+            .enumerate()
+            .map(|(i, mut c)| async move { call(&mut c, 0x40 + i as u8).await });
+        futures_util::future::join_all(calls).await;
+        drop(clients);
+        // Nobody connects again: the sweeper drops the spares at their
+        // lease's end, then the sharing sweeper closes the idle shared
+        // connection (within 1.25 leases of its last use).
+        until("the spares dropped with no connect", || {
+            let s = stats(&ctx);
+            s.ready == 0 && s.dropped >= 4
+        })
+        .await;
+        until("the idle shared connection closed", || {
+            ctx.shared_connections().is_empty()
+        })
+        .await;
+    }
+}
