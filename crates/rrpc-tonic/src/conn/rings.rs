@@ -284,20 +284,35 @@ pub(crate) async fn dial(
     let key = PeerKey::new(&ep, port);
     if spares {
         // A spare dialed ahead, if one waits whose side channel is still
-        // open (`spare` docs); dead ones are dropped here.
+        // open (`spare` docs); dead ones are dropped here. Lanes: while a
+        // refill has opens in flight, the next to land is as near as an
+        // open of our own, and waiting for it keeps the opens in flight at
+        // the refill's bound instead of adding one per connect.
         let server = spare_key(&ep);
-        let taken = ctx
-            .spares()
-            .take(&server, cfg, Instant::now(), |(_, _, conn): &Spare| {
-                conn.check_alive().is_ok()
-            });
-        if !taken.dropped.is_empty() {
-            tracing::debug!(endpoint = %ep, dropped = taken.dropped.len(), "rrpc: spare connections gone");
-        }
-        drop(taken.dropped);
-        if let Some((pipe, path, _)) = taken.spare {
-            refill_spares(key, ep, cfg, ctx);
-            return Ok((pipe, path));
+        let until = tokio::time::Instant::now() + cfg.handshake_timeout();
+        loop {
+            let landed = ctx.spares().landed();
+            tokio::pin!(landed);
+            landed.as_mut().enable();
+            let taken = ctx
+                .spares()
+                .take(&server, cfg, Instant::now(), |(_, _, conn): &Spare| {
+                    conn.check_alive().is_ok()
+                });
+            if !taken.dropped.is_empty() {
+                tracing::debug!(endpoint = %ep, dropped = taken.dropped.len(), "rrpc: spare connections gone");
+            }
+            drop(taken.dropped);
+            if let Some((pipe, path, _)) = taken.spare {
+                refill_spares(key, ep, cfg, ctx);
+                return Ok((pipe, path));
+            }
+            if !cfg.shared_queue_pairs()
+                || !ctx.spares().filling(&server, cfg)
+                || tokio::time::timeout_at(until, landed).await.is_err()
+            {
+                break;
+            }
         }
     }
     let ring = ring_config(cfg)?;

@@ -87,6 +87,8 @@ pub(crate) struct Spares<T> {
     /// A sweeper runs ([`Self::begin_sweep`]); cleared under `entries`'
     /// lock when it ends.
     sweeping: AtomicBool,
+    /// Woken when a spare is pushed or a refill ends ([`Self::landed`]).
+    landed: tokio::sync::Notify,
     /// Counters since the context started (the ready count is the entries').
     counts: Mutex<SpareStats>,
 }
@@ -96,6 +98,7 @@ impl<T> Default for Spares<T> {
         Spares {
             entries: Mutex::default(),
             sweeping: AtomicBool::new(false),
+            landed: tokio::sync::Notify::new(),
             counts: Mutex::default(),
         }
     }
@@ -240,8 +243,27 @@ impl<T> Spares<T> {
             .saturating_sub(e.ready.len() + in_flight);
         if n == 0 && in_flight == 0 {
             e.filling = false;
+            drop(entries);
+            self.landed.notify_waiters();
         }
         n
+    }
+
+    /// Whether a refill runs for `server` and `cfg`.
+    pub(crate) fn filling(&self, server: &str, cfg: &RrpcConfig) -> bool {
+        self.lock()
+            .iter()
+            .any(|e| e.filling && e.server == server && e.cfg == *cfg)
+    }
+
+    /// Resolves at the next spare pushed or refill ended, of any server:
+    /// a connect that found none while a refill runs waits on it (create
+    /// and `enable` it before looking, so that nothing is missed).
+    ///
+    /// # Cancel safety
+    /// Cancel-safe: dropping it loses nothing.
+    pub(crate) fn landed(&self) -> tokio::sync::futures::Notified<'_> {
+        self.landed.notified()
     }
 
     /// Adds a spare the refill dialed at `now`. Past the bound (which
@@ -259,6 +281,7 @@ impl<T> Spares<T> {
             _ => Some(t),
         };
         drop(entries);
+        self.landed.notify_waiters();
         let kept = back.is_none();
         self.count(|c| {
             if kept {
@@ -281,6 +304,8 @@ impl<T> Spares<T> {
             e.filling = false;
         }
         entries.retain(|e| e.filling || !e.ready.is_empty());
+        drop(entries);
+        self.landed.notify_waiters();
     }
 
     /// Whether the caller is to start a sweeper ([`Self::expire`] every
