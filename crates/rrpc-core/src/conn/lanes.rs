@@ -38,7 +38,9 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use super::arenas::{LANE_WARM_SLOTS, LANE_WRITE_WAIT, LaneEvent, LaneSlots, LaneState, Lanes};
+use super::arenas::{
+    LANE_WARM_BYTES, LANE_WARM_SLOTS, LANE_WRITE_WAIT, LaneEvent, LaneSlots, LaneState, Lanes,
+};
 use super::established::Connection;
 use super::exchange::PeerInfo;
 use super::liveness::Liveness;
@@ -158,6 +160,18 @@ impl SharedConnection {
             return;
         };
         let o = &lanes.ours;
+        // Gives back the pages of slot `i` from `keep` bytes on, in both.
+        let discard = |i: usize, keep: usize| {
+            let r = [(&o.rx, o.rx_slot), (&o.tx, o.tx_slot)]
+                .into_iter()
+                .filter(|(_, slot)| *slot > keep)
+                .try_for_each(|(region, slot)| {
+                    region.discard(i * slot + keep, slot - keep).map(drop)
+                });
+            if let Err(e) = r {
+                tracing::debug!(slot = i, error = %e, "lane slot's memory kept");
+            }
+        };
         for sl in s.mux.take_released() {
             if s.alive.contains(&(sl.arena, sl.offset)) {
                 if !s.held.contains(&sl) {
@@ -165,17 +179,16 @@ impl SharedConnection {
                 }
             } else {
                 s.warm.push_back(sl);
+                s.trim.push(sl);
             }
+        }
+        // What became warm keeps only its first LANE_WARM_BYTES.
+        for sl in s.trim.drain(..) {
+            discard(sl.offset as usize / o.rx_slot, LANE_WARM_BYTES);
         }
         while s.warm.len() > LANE_WARM_SLOTS {
             let Some(sl) = s.warm.pop_front() else { break };
-            let i = sl.offset as usize / o.rx_slot;
-            let r =
-                o.rx.discard(i * o.rx_slot, o.rx_slot)
-                    .and_then(|_| o.tx.discard(i * o.tx_slot, o.tx_slot));
-            if let Err(e) = r {
-                tracing::debug!(slot = i, error = %e, "lane slot's memory kept");
-            }
+            discard(sl.offset as usize / o.rx_slot, 0);
         }
     }
 
@@ -194,6 +207,7 @@ impl SharedConnection {
             .drain(..)
             .partition(|h| !s.alive.contains(&(h.arena, h.offset)));
         s.held = still;
+        s.trim.extend_from_slice(&free);
         s.warm.extend(free);
         self.release_slots(s);
     }

@@ -316,11 +316,11 @@ mod lanes {
 }
 
 /// On shm, connections over a shared connection are lanes (one message on
-/// its side channel each, rings in arena slots): sixteen connect at once
+/// its side channel each, rings in arena slots): forty connect at once
 /// and call, a connect given up half-way leaves nothing behind, and once
 /// all are dropped every lane is closed at both ends (the close handshake
-/// ran), the arenas hold next to no memory (each slot's pages were given
-/// back, but for the two kept warm)
+/// ran), the arenas hold little memory (each slot's pages were given
+/// back, but for the `LANE_WARM_SLOTS` kept warm)
 /// and the next connect is a lane again.
 async fn lanes_many_at_once_and_a_dropped_connect_leave_nothing(t: Transport) {
     let mut h = Harness::start_with(t, shared(t)).await;
@@ -331,13 +331,14 @@ async fn lanes_many_at_once_and_a_dropped_connect_leave_nothing(t: Transport) {
     let o = opened(&ccfg);
     assert!(o[0].lanes && accepted(&scfg)[0].lanes, "{o:?}");
     let hh = &h;
-    let clients = futures_util::future::join_all((0..16u8).map(|i| async move {
+    const N: usize = 40;
+    let clients = futures_util::future::join_all((0..N as u8).map(|i| async move {
         let mut c = hh.client().await;
         call(&mut c, 0x10 + i).await;
         c
     }))
     .await;
-    assert_eq!(opened(&ccfg)[0].logical_connections, 17);
+    assert_eq!(opened(&ccfg)[0].logical_connections, N + 1);
     // Each end's arenas hold the pages of the slots in use (the rings
     // written by the calls); once every lane is closed, none.
     let busy = (
@@ -355,11 +356,13 @@ async fn lanes_many_at_once_and_a_dropped_connect_leave_nothing(t: Transport) {
         opened(&ccfg)[0].logical_connections == 0 && accepted(&scfg)[0].logical_connections == 0
     })
     .await;
-    // At most `LANE_WARM_SLOTS` (2) of the 21 slots used keep their pages
-    // once the close handshakes are done (a lane's sharer goes before).
+    // At most `LANE_WARM_SLOTS` (16) of the 45 slots used keep their
+    // pages once the close handshakes are done (a lane's sharer goes
+    // before); every lane wrote as much (one call each).
+    let warm = rrpc_core::conn::LANE_WARM_SLOTS + 1;
     until("the arenas' memory given back", || {
-        opened(&ccfg)[0].lane_arena_bytes <= busy.0 / 4
-            && accepted(&scfg)[0].lane_arena_bytes <= busy.1 / 4
+        opened(&ccfg)[0].lane_arena_bytes * (N + 1) <= busy.0 * warm
+            && accepted(&scfg)[0].lane_arena_bytes * (N + 1) <= busy.1 * warm
     })
     .await;
     let mut c = h.client().await;
