@@ -101,7 +101,8 @@ pub(crate) mod settings;
 
 pub use accept::{Incoming, Listener, Pending};
 pub use arenas::{
-    LANE_WARM_BYTES, LANE_WARM_SLOTS, LANE_WRITE_WAIT, LaneArenas, LaneEvent, LaneSlots, ROLE_ARENA,
+    LANE_WARM_BYTES, LANE_WARM_SLOTS, LANE_WARM_TAIL, LANE_WRITE_WAIT, LaneArenas, LaneEvent,
+    LaneSlots, ROLE_ARENA,
 };
 pub(crate) use budget::BudgetGuard;
 pub use budget::{DEFAULT_MAX_PEER_GRANT_BYTES, NEAR_END_DIVISOR, PeerKey};

@@ -41,11 +41,16 @@ pub const LANE_WRITE_WAIT: Duration = Duration::from_millis(100);
 /// back-to-back rate (journal, "Spare lanes").
 pub const LANE_WARM_SLOTS: usize = 16;
 
-/// What a warm slot keeps of each arena's slot: 128 KiB, the default
-/// smallest ring (64 KiB, rrpc-tonic's `min_ring_size`) with room to
-/// spare. A ring that had grown past it gives the rest back when its slot
-/// comes back (a hole punched in a range never touched unmaps nothing).
+/// What a warm slot keeps of each arena's slot: its first 128 KiB (the
+/// default smallest ring, 64 KiB, rrpc-tonic's `min_ring_size`, with its
+/// header and room to spare) and its last [`LANE_WARM_TAIL`] (where a
+/// ring's control records sit, rrpc-ringbuf's layout). A ring that had
+/// grown past it gives the rest back when its slot comes back (a hole
+/// punched in a range never touched unmaps nothing).
 pub const LANE_WARM_BYTES: usize = 128 << 10;
+
+/// What a warm slot keeps at the end of each arena's slot: 8 KiB.
+pub const LANE_WARM_TAIL: usize = 8 << 10;
 
 /// One end's arenas for a shared connection: `slots` slots of `rx_slot`
 /// bytes the peer writes (granted), and as many of `tx_slot` bytes it

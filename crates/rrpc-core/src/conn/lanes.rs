@@ -39,7 +39,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use super::arenas::{
-    LANE_WARM_BYTES, LANE_WARM_SLOTS, LANE_WRITE_WAIT, LaneEvent, LaneSlots, LaneState, Lanes,
+    LANE_WARM_BYTES, LANE_WARM_SLOTS, LANE_WARM_TAIL, LANE_WRITE_WAIT, LaneEvent, LaneSlots,
+    LaneState, Lanes,
 };
 use super::established::Connection;
 use super::exchange::PeerInfo;
@@ -160,13 +161,16 @@ impl SharedConnection {
             return;
         };
         let o = &lanes.ours;
-        // Gives back the pages of slot `i` from `keep` bytes on, in both.
-        let discard = |i: usize, keep: usize| {
+        // Gives back the pages of slot `i` but its first `head` and last
+        // `tail` bytes, in both arenas.
+        let discard = |i: usize, head: usize, tail: usize| {
             let r = [(&o.rx, o.rx_slot), (&o.tx, o.tx_slot)]
                 .into_iter()
-                .filter(|(_, slot)| *slot > keep)
+                .filter(|(_, slot)| *slot > head + tail)
                 .try_for_each(|(region, slot)| {
-                    region.discard(i * slot + keep, slot - keep).map(drop)
+                    region
+                        .discard(i * slot + head, slot - head - tail)
+                        .map(drop)
                 });
             if let Err(e) = r {
                 tracing::debug!(slot = i, error = %e, "lane slot's memory kept");
@@ -184,11 +188,15 @@ impl SharedConnection {
         }
         // What became warm keeps only its first LANE_WARM_BYTES.
         for sl in s.trim.drain(..) {
-            discard(sl.offset as usize / o.rx_slot, LANE_WARM_BYTES);
+            discard(
+                sl.offset as usize / o.rx_slot,
+                LANE_WARM_BYTES,
+                LANE_WARM_TAIL,
+            );
         }
         while s.warm.len() > LANE_WARM_SLOTS {
             let Some(sl) = s.warm.pop_front() else { break };
-            discard(sl.offset as usize / o.rx_slot, 0);
+            discard(sl.offset as usize / o.rx_slot, 0, 0);
         }
     }
 
