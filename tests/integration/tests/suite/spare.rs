@@ -155,7 +155,26 @@ async fn a_restarted_server_is_never_served_a_dead_spare(t: Transport) {
 /// hanging, and a server back at that address is served again (the
 /// failed refill did not keep the next one from starting).
 async fn a_server_gone_ends_the_refill_and_fails_the_connect(t: Transport) {
-    // The most spares there may be: the refill still runs at the kill.
+    // The most spares there may be: the refill still runs at the kill,
+    // unless the kill (the server's runtime dropped in the background) is
+    // slower than the whole refill, as on a busy host with other tests
+    // beside it: then the scene is set again (a test that did not run
+    // would prove nothing), a few times at most.
+    for attempt in 1.. {
+        if server_gone_while_refilling(t).await {
+            return;
+        }
+        assert!(
+            attempt < 5,
+            "the refill ended before the kill {attempt} times: this test did not run"
+        );
+        eprintln!("attempt {attempt}: the refill ended before the kill; again");
+    }
+}
+
+/// [`a_server_gone_ends_the_refill_and_fails_the_connect`] once: `false`
+/// when the refill was done before the server was gone (nothing tested).
+async fn server_gone_while_refilling(t: Transport) -> bool {
     let ccfg = spares(t, rrpc_tonic::MAX_SPARE_CONNECTIONS);
     let cctx = RrpcContext::new(&ccfg);
     let mut h1 = Harness::start_with(t, config(t)).await;
@@ -180,10 +199,9 @@ async fn a_server_gone_ends_the_refill_and_fails_the_connect(t: Transport) {
     // in progress to wait on. Longer on soft-RoCE, 20-50x slower.
     tokio::time::sleep(Duration::from_millis(if t.is_rdma() { 3000 } else { 300 })).await;
     let cut = stats(&cctx).ready;
-    assert!(
-        cut < rrpc_tonic::MAX_SPARE_CONNECTIONS,
-        "the refill ended before the kill: this test did not run"
-    );
+    if cut == rrpc_tonic::MAX_SPARE_CONNECTIONS {
+        return false;
+    }
     let ep = RrpcEndpoint::new(&uri)
         .expect("uri")
         .config(ccfg.clone())
@@ -203,6 +221,7 @@ async fn a_server_gone_ends_the_refill_and_fails_the_connect(t: Transport) {
         stats(&cctx).ready == rrpc_tonic::MAX_SPARE_CONNECTIONS
     })
     .await;
+    true
 }
 
 /// A spare older than `peer_lease` is dropped at the next connect, which
