@@ -27,7 +27,10 @@
 //!   poller's one `std` mutex (`rrpc_poller::rings::SendHandle`), with its
 //!   completion progress and sizing tick run by the poller;
 //! * **memory** (`inproc://`, tests): a channel of heap buffers standing in
-//!   for ring slots, with ring-sized byte credit for back-pressure.
+//!   for ring slots, with ring-sized byte credit for back-pressure. On
+//!   `inproc://` the client's side polls the server's side of the
+//!   connection in place after each message it sends ([`InPlace`]), so the
+//!   message is handled where it lands, with no task woken for it.
 //!
 //! # A send
 //! [`Link::try_send_with`]: one short synchronous step under the sink's

@@ -4,7 +4,7 @@
 //! |---|---|
 //! | `http://host:port` | tonic over TCP (unchanged) |
 //! | `unix:///path` | tonic over a Unix socket (unchanged; the `uds` baseline) |
-//! | `inproc://name` | rrpc over an in-process pipe (tests, single-process apps); the server's side of a connection runs on the dialing client's runtime |
+//! | `inproc://name` | rrpc over an in-process pipe (tests, single-process apps); the server's side of a connection runs on the dialing client's runtime, polled in place by the client's sends |
 //! | `shm:///path` | rrpc over shared-memory rings (rrpc-core `shm` provider) |
 //! | `rdma://host:port` | rrpc over RDMA (rrpc-core `verbs` provider, feature `verbs`) |
 //! | `rrpc://host:port` | one TCP port for every client: plain HTTP/2, or the best fabric both ends share (shm on one host, else verbs, else HTTP/2 on TCP; [`crate::port`]) |

@@ -267,3 +267,98 @@ async fn a_sealed_writer_waits_for_room_for_its_tag_too() {
     );
     waiting.abort();
 }
+
+/// `inproc://`'s in-place peer ([`InPlace`]): an echo that counts its
+/// messages, as the server's side of a connection, and the task of it.
+fn echo_in_place(
+    server: Pipe,
+    host: Arc<InPlace>,
+    seen: Arc<AtomicUsize>,
+) -> tokio::task::JoinHandle<()> {
+    let (tx, mut rx) = server;
+    let conn = async move {
+        loop {
+            let mut got = Vec::new();
+            let mut f = |m: &[u8]| got = m.to_vec();
+            match rx.recv_with(&mut f).await {
+                Ok(true) => {}
+                _ => return,
+            }
+            seen.fetch_add(1, Ordering::SeqCst);
+            assert_ne!(got[0], 0xEE, "the peer's future panics on 0xEE");
+            tx.send_with(got.len(), &mut |s: &mut [u8]| s.copy_from_slice(&got))
+                .await
+                .expect("echo");
+        }
+    };
+    let rt = host.runtime().clone();
+    rt.spawn(host.drive(conn))
+}
+
+/// Polls `rx` once with a waker that counts nothing: `Some` if a message
+/// was there already (its first byte).
+fn try_recv(rx: &mut Box<dyn MsgRx>) -> Option<u8> {
+    let mut cx = Context::from_waker(Waker::noop());
+    let mut got = None;
+    let mut f = |m: &[u8]| got = Some(m[0]);
+    match rx.poll_recv_with(&mut cx, &mut f) {
+        Poll::Ready(Ok(true)) => got,
+        other => panic!("not a message: {other:?}"),
+    }
+}
+
+/// A message sent on the client's side of an in-place pair is handled by
+/// the peer's connection right where it lands, on the sending thread: its
+/// reply is in the client's receiver when the send returns, with no task
+/// run in between (a current-thread runtime runs none while this test's
+/// own future runs).
+#[tokio::test(flavor = "current_thread")]
+async fn in_place_peer_answers_within_the_send() {
+    let (client, server, host) = mem_pair_in_place(1 << 16);
+    let seen = Arc::new(AtomicUsize::new(0));
+    let task = echo_in_place(server, host, seen.clone());
+    // The task's first poll: the peer is driven from now on.
+    tokio::task::yield_now().await;
+    let (tx, mut rx) = client;
+    for tag in 1..=3u8 {
+        assert!(tx.try_send_with(8, &mut |s: &mut [u8]| s.fill(tag)).unwrap());
+        assert_eq!(seen.load(Ordering::SeqCst), usize::from(tag), "handled in the send");
+        assert_eq!(try_recv(&mut rx), Some(tag), "the reply is there already");
+    }
+    drop((tx, rx));
+    tokio::time::timeout(BOUND, task).await.expect("ends").expect("no panic");
+}
+
+/// A peer whose future panics in a client's send: the send returns, the
+/// panic ends the peer's task (as a task's own panic would), not the
+/// client's thread.
+#[tokio::test(flavor = "current_thread")]
+async fn in_place_panic_is_resumed_in_the_peers_task() {
+    let (client, server, host) = mem_pair_in_place(1 << 16);
+    let seen = Arc::new(AtomicUsize::new(0));
+    let task = echo_in_place(server, host, seen.clone());
+    tokio::task::yield_now().await;
+    let (tx, _rx) = client;
+    assert!(tx.try_send_with(4, &mut |s: &mut [u8]| s.fill(0xEE)).unwrap());
+    assert_eq!(seen.load(Ordering::SeqCst), 1, "polled in the send");
+    let r = tokio::time::timeout(BOUND, task).await.expect("the task ends");
+    assert!(r.expect_err("the task panicked").is_panic());
+}
+
+/// The peer's task dropped (its runtime shut down, the server's join set
+/// aborted): the connection's future is dropped with it, although the
+/// client's link still holds the cell; a later send polls nothing.
+#[tokio::test(flavor = "current_thread")]
+async fn in_place_peer_dropped_with_its_task() {
+    let (client, server, host) = mem_pair_in_place(1 << 16);
+    let seen = Arc::new(AtomicUsize::new(0));
+    let task = echo_in_place(server, host, seen.clone());
+    tokio::task::yield_now().await;
+    task.abort();
+    let _ = task.await;
+    let (tx, _rx) = client;
+    // The server's half of the pipe went with the future: the peer is gone.
+    let r = tx.try_send_with(4, &mut |s: &mut [u8]| s.fill(1));
+    assert!(matches!(r, Err(ref e) if e.is_peer_gone()), "{r:?}");
+    assert_eq!(seen.load(Ordering::SeqCst), 0);
+}
