@@ -923,7 +923,11 @@ impl InPlace {
         let Ok(mut st) = self.state.try_lock() else {
             return;
         };
-        if let Some(fut) = st.fut.as_mut().filter(|_| !self.abandoned.load(Ordering::SeqCst)) {
+        if let Some(fut) = st
+            .fut
+            .as_mut()
+            .filter(|_| !self.abandoned.load(Ordering::SeqCst))
+        {
             let _rt = self.runtime.enter();
             let mut cx = Context::from_waker(&waker);
             let polled = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {

@@ -321,12 +321,22 @@ async fn in_place_peer_answers_within_the_send() {
     tokio::task::yield_now().await;
     let (tx, mut rx) = client;
     for tag in 1..=3u8 {
-        assert!(tx.try_send_with(8, &mut |s: &mut [u8]| s.fill(tag)).unwrap());
-        assert_eq!(seen.load(Ordering::SeqCst), usize::from(tag), "handled in the send");
+        assert!(
+            tx.try_send_with(8, &mut |s: &mut [u8]| s.fill(tag))
+                .unwrap()
+        );
+        assert_eq!(
+            seen.load(Ordering::SeqCst),
+            usize::from(tag),
+            "handled in the send"
+        );
         assert_eq!(try_recv(&mut rx), Some(tag), "the reply is there already");
     }
     drop((tx, rx));
-    tokio::time::timeout(BOUND, task).await.expect("ends").expect("no panic");
+    tokio::time::timeout(BOUND, task)
+        .await
+        .expect("ends")
+        .expect("no panic");
 }
 
 /// A peer whose future panics in a client's send: the send returns, the
@@ -339,9 +349,14 @@ async fn in_place_panic_is_resumed_in_the_peers_task() {
     let task = echo_in_place(server, host, seen.clone());
     tokio::task::yield_now().await;
     let (tx, _rx) = client;
-    assert!(tx.try_send_with(4, &mut |s: &mut [u8]| s.fill(0xEE)).unwrap());
+    assert!(
+        tx.try_send_with(4, &mut |s: &mut [u8]| s.fill(0xEE))
+            .unwrap()
+    );
     assert_eq!(seen.load(Ordering::SeqCst), 1, "polled in the send");
-    let r = tokio::time::timeout(BOUND, task).await.expect("the task ends");
+    let r = tokio::time::timeout(BOUND, task)
+        .await
+        .expect("the task ends");
     assert!(r.expect_err("the task panicked").is_panic());
 }
 

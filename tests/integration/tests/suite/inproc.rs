@@ -223,13 +223,11 @@ fn a_dropped_client_runtime_does_not_hurt_the_next_client() {
 /// Where each call reached the server's service in
 /// [`handlers_run_in_the_callers_poll`]: the tokio task it ran in (`None`:
 /// no task, the client's own `block_on`).
-static SERVED_IN: std::sync::Mutex<Vec<Option<tokio::task::Id>>> = std::sync::Mutex::new(Vec::new());
+static SERVED_IN: std::sync::Mutex<Vec<Option<tokio::task::Id>>> =
+    std::sync::Mutex::new(Vec::new());
 
 fn record_task(req: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
-    SERVED_IN
-        .lock()
-        .expect("lock")
-        .push(tokio::task::try_id());
+    SERVED_IN.lock().expect("lock").push(tokio::task::try_id());
     Ok(req)
 }
 
@@ -256,11 +254,12 @@ fn handlers_run_in_the_callers_poll() {
                 test_service(),
                 record_task as fn(_) -> _,
             );
-            let serve = Server::builder()
-                .add_service(svc)
-                .serve_rrpc_incoming(incoming, async move {
-                    let _ = stop_rx.await;
-                });
+            let serve =
+                Server::builder()
+                    .add_service(svc)
+                    .serve_rrpc_incoming(incoming, async move {
+                        let _ = stop_rx.await;
+                    });
             bound_tx.send(()).expect("bound");
             serve.await.expect("serve");
         });
