@@ -13,6 +13,7 @@ use rrpc_poller::{Mode, PollerConfig};
 
 use super::*;
 use crate::conn::{MsgRx, mem_pair};
+use std::future::poll_fn;
 
 /// How long a test waits for what must happen before it calls it a hang.
 const BOUND: Duration = Duration::from_secs(20);
@@ -376,4 +377,97 @@ async fn in_place_peer_dropped_with_its_task() {
     let r = tx.try_send_with(4, &mut |s: &mut [u8]| s.fill(1));
     assert!(matches!(r, Err(ref e) if e.is_peer_gone()), "{r:?}");
     assert_eq!(seen.load(Ordering::SeqCst), 0);
+}
+
+/// A sender that holds the peer's future while the peer's task is woken
+/// hands that turn back to the task once it lets go (`missed`): here the
+/// future, polled by a sender, wakes its own task and needs that one more
+/// poll to answer, and the task's poll comes while the sender still holds
+/// the future (the future waits for it). Without the hand-back nobody
+/// polls the future again and the answer never comes.
+#[test]
+fn in_place_turn_missed_by_the_task_is_handed_back() {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let (client, server, host) = rt.block_on(async { mem_pair_in_place(1 << 12) });
+    let driver_id = Arc::new(OnceLock::new());
+    let helper_hits = Arc::new(AtomicUsize::new(0));
+    let (stx, mut srx) = server;
+    let conn = {
+        let (host, driver_id, hits) = (host.clone(), driver_id.clone(), helper_hits.clone());
+        async move {
+            loop {
+                let mut tag = 0;
+                let mut f = |m: &[u8]| tag = m[0];
+                if !matches!(srx.recv_with(&mut f).await, Ok(true)) {
+                    return;
+                }
+                // Polled by a sender (not the task): wake the task, wait
+                // until its poll found the future held, then yield once.
+                let mut yielded = false;
+                poll_fn(|cx| {
+                    if yielded {
+                        return Poll::Ready(());
+                    }
+                    yielded = true;
+                    let by_task = tokio::task::try_id() == driver_id.get().copied();
+                    if !by_task {
+                        hits.fetch_add(1, Ordering::SeqCst);
+                        cx.waker().wake_by_ref();
+                        let t0 = std::time::Instant::now();
+                        while !host.missed.load(Ordering::SeqCst) {
+                            assert!(t0.elapsed() < BOUND, "the task was never polled");
+                            std::thread::yield_now();
+                        }
+                    } else {
+                        cx.waker().wake_by_ref();
+                    }
+                    Poll::Pending
+                })
+                .await;
+                stx.send_with(1, &mut |s: &mut [u8]| s[0] = tag)
+                    .await
+                    .expect("answer");
+            }
+        }
+    };
+    let task = rt.spawn(host.clone().drive(conn));
+    driver_id.set(task.id()).expect("once");
+    let (tx, mut rx) = client;
+    let handle = rt.handle().clone();
+    // Sent from a thread outside the runtime: the task woken from here is
+    // taken up by a worker while this thread still holds the future.
+    std::thread::spawn(move || {
+        for round in 0..200u8 {
+            if helper_hits.load(Ordering::SeqCst) >= 3 {
+                break;
+            }
+            // Let the task poll first (its waker is what a sender uses).
+            std::thread::sleep(Duration::from_millis(2));
+            assert!(
+                tx.try_send_with(1, &mut |s: &mut [u8]| s[0] = round)
+                    .unwrap()
+            );
+            let got = handle.block_on(async {
+                let mut got = 0;
+                let mut f = |m: &[u8]| got = m[0];
+                tokio::time::timeout(BOUND, rx.recv_with(&mut f))
+                    .await
+                    .expect("the answer never came: a missed turn was lost")
+                    .expect("no error");
+                got
+            });
+            assert_eq!(got, round);
+        }
+        assert!(
+            helper_hits.load(Ordering::SeqCst) >= 3,
+            "senders took the future"
+        );
+    })
+    .join()
+    .expect("sender thread");
+    task.abort();
 }
