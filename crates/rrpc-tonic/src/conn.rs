@@ -184,6 +184,53 @@ struct MemSink {
     /// their step ran (as a ring's lock orders its slots).
     tx: Mutex<mpsc::UnboundedSender<Bytes>>,
     credit: Arc<Semaphore>,
+    /// Buffers the reader is done with, for the next messages.
+    spare: Arc<Spare>,
+}
+
+/// An in-memory pipe's message buffers, handed back by the reader once it
+/// is done with a message and reused by the sender: no allocation per
+/// message once a few are there (ring slots are reused the same way).
+#[derive(Debug, Default)]
+struct Spare(Mutex<Vec<BytesMut>>);
+
+impl Spare {
+    /// Buffers kept at most.
+    const KEPT: usize = 8;
+    /// The largest buffer kept, in bytes: a large message's buffer goes.
+    const LARGEST: usize = 64 << 10;
+
+    /// A zeroed buffer of `len` bytes, a spare one if one is large enough.
+    fn take(&self, len: usize) -> BytesMut {
+        let spare = {
+            let mut v = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+            match v.last() {
+                Some(b) if b.capacity() >= len => v.pop(),
+                _ => None,
+            }
+        };
+        match spare {
+            Some(mut b) => {
+                b.clear();
+                b.resize(len, 0);
+                b
+            }
+            None => BytesMut::zeroed(len),
+        }
+    }
+
+    /// Keeps `msg`'s buffer if nobody else holds it and it is not large.
+    fn give(&self, msg: Bytes) {
+        if msg.len() > Self::LARGEST {
+            return;
+        }
+        if let Ok(b) = msg.try_into_mut() {
+            let mut v = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+            if v.len() < Self::KEPT && b.capacity() <= Self::LARGEST {
+                v.push(b);
+            }
+        }
+    }
 }
 
 impl std::fmt::Debug for Link {
@@ -245,15 +292,22 @@ impl Link {
     fn mem(
         ring: usize,
         peer: Option<Arc<InPlace>>,
-    ) -> (Self, mpsc::UnboundedReceiver<Bytes>, Arc<Semaphore>) {
+    ) -> (
+        Self,
+        mpsc::UnboundedReceiver<Bytes>,
+        Arc<Semaphore>,
+        Arc<Spare>,
+    ) {
         let (tx, rx) = mpsc::unbounded_channel();
         let credit = Arc::new(Semaphore::new(ring));
+        let spare = Arc::new(Spare::default());
         let sink = Sink::Mem(MemSink {
             tx: Mutex::new(tx),
             credit: credit.clone(),
+            spare: spare.clone(),
         });
         let link = Self::new(sink, Room::Mem(credit.clone()), ring, ring, peer);
-        (link, rx, credit)
+        (link, rx, credit, spare)
     }
 
     /// This link with every message sealed by `sealer` (the tag counts
@@ -526,7 +580,7 @@ impl MemSink {
             Err(tokio::sync::TryAcquireError::Closed) => return Err(Error::PeerGone),
             Err(tokio::sync::TryAcquireError::NoPermits) => return Ok(false),
         }
-        let mut slot = BytesMut::zeroed(len);
+        let mut slot = self.spare.take(len);
         fill(&mut slot);
         tx.send(slot.freeze()).map_err(|_| Error::PeerGone)?;
         Ok(true)
@@ -777,6 +831,7 @@ pub(crate) type Pipe = (Link, Box<dyn MsgRx>);
 pub(crate) struct MemRx {
     rx: mpsc::UnboundedReceiver<Bytes>,
     credit: Arc<Semaphore>,
+    spare: Arc<Spare>,
 }
 
 /// Two connected in-process pipes, each direction with `ring` bytes of credit.
@@ -798,8 +853,8 @@ pub(crate) fn mem_pair_in_place(ring: usize) -> (Pipe, Pipe, Arc<InPlace>) {
 }
 
 fn one_way(ring: usize, peer: Option<Arc<InPlace>>) -> (Link, MemRx) {
-    let (tx, rx, credit) = Link::mem(ring, peer);
-    (tx, MemRx { rx, credit })
+    let (tx, rx, credit, spare) = Link::mem(ring, peer);
+    (tx, MemRx { rx, credit, spare })
 }
 
 impl MsgRx for MemRx {
@@ -812,6 +867,7 @@ impl MsgRx for MemRx {
             Some(m) => {
                 f(&m);
                 self.credit.add_permits(m.len().max(1));
+                self.spare.give(m);
                 Ok(true)
             }
             None => Ok(false),

@@ -471,3 +471,26 @@ fn in_place_turn_missed_by_the_task_is_handed_back() {
     .expect("sender thread");
     task.abort();
 }
+
+/// The in-memory pipe reuses a message's buffer once its reader is done
+/// with it: one spare after a receive, taken by the next send; a large
+/// message's buffer is not kept.
+#[tokio::test(flavor = "current_thread")]
+async fn mem_pipe_reuses_message_buffers() {
+    let (link, rx) = one_way(1 << 20, None);
+    let mut rx: Box<dyn MsgRx> = Box::new(rx);
+    let spares = |link: &Link| match &link.shared.sink {
+        Sink::Mem(m) => m.spare.0.lock().expect("lock").len(),
+        Sink::Ring { .. } => unreachable!("a memory link"),
+    };
+    send(&link, 100, 1).await.expect("send");
+    assert_eq!(spares(&link), 0);
+    assert_eq!(recv(&mut rx).await, (100, 1));
+    assert_eq!(spares(&link), 1, "the buffer came back");
+    send(&link, 80, 2).await.expect("send");
+    assert_eq!(spares(&link), 0, "and was taken again");
+    assert_eq!(recv(&mut rx).await, (80, 2), "zeroed and refilled");
+    send(&link, Spare::LARGEST + 1, 3).await.expect("send");
+    assert_eq!(recv(&mut rx).await, (Spare::LARGEST + 1, 3));
+    assert_eq!(spares(&link), 1, "only the small one is kept");
+}
