@@ -27,7 +27,10 @@
 //!   poller's one `std` mutex (`rrpc_poller::rings::SendHandle`), with its
 //!   completion progress and sizing tick run by the poller;
 //! * **memory** (`inproc://`, tests): a channel of heap buffers standing in
-//!   for ring slots, with ring-sized byte credit for back-pressure.
+//!   for ring slots, with ring-sized byte credit for back-pressure. On
+//!   `inproc://` the client's side polls the server's side of the
+//!   connection in place after each message it sends ([`InPlace`]), so the
+//!   message is handled where it lands, with no task woken for it.
 //!
 //! # A send
 //! [`Link::try_send_with`]: one short synchronous step under the sink's
@@ -124,6 +127,9 @@ struct Shared {
     /// writes nothing (changed under `line`).
     queued: AtomicUsize,
     fail: Fail,
+    /// `inproc://`'s client side: the server's side of the connection,
+    /// polled in place after each message this link sends ([`InPlace`]).
+    peer: Option<Arc<InPlace>>,
     /// Largest message the sink carries, in bytes.
     max: usize,
     /// Largest message it carries best ([`Link::preferred_message`]).
@@ -178,6 +184,53 @@ struct MemSink {
     /// their step ran (as a ring's lock orders its slots).
     tx: Mutex<mpsc::UnboundedSender<Bytes>>,
     credit: Arc<Semaphore>,
+    /// Buffers the reader is done with, for the next messages.
+    spare: Arc<Spare>,
+}
+
+/// An in-memory pipe's message buffers, handed back by the reader once it
+/// is done with a message and reused by the sender: no allocation per
+/// message once a few are there (ring slots are reused the same way).
+#[derive(Debug, Default)]
+struct Spare(Mutex<Vec<BytesMut>>);
+
+impl Spare {
+    /// Buffers kept at most.
+    const KEPT: usize = 8;
+    /// The largest buffer kept, in bytes: a large message's buffer goes.
+    const LARGEST: usize = 64 << 10;
+
+    /// A zeroed buffer of `len` bytes, a spare one if one is large enough.
+    fn take(&self, len: usize) -> BytesMut {
+        let spare = {
+            let mut v = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+            match v.last() {
+                Some(b) if b.capacity() >= len => v.pop(),
+                _ => None,
+            }
+        };
+        match spare {
+            Some(mut b) => {
+                b.clear();
+                b.resize(len, 0);
+                b
+            }
+            None => BytesMut::zeroed(len),
+        }
+    }
+
+    /// Keeps `msg`'s buffer if nobody else holds it and it is not large.
+    fn give(&self, msg: Bytes) {
+        if msg.len() > Self::LARGEST {
+            return;
+        }
+        if let Ok(b) = msg.try_into_mut() {
+            let mut v = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+            if v.len() < Self::KEPT && b.capacity() <= Self::LARGEST {
+                v.push(b);
+            }
+        }
+    }
 }
 
 impl std::fmt::Debug for Link {
@@ -191,7 +244,13 @@ impl std::fmt::Debug for Link {
 }
 
 impl Link {
-    fn new(sink: Sink, room: Room, max: usize, preferred: usize) -> Self {
+    fn new(
+        sink: Sink,
+        room: Room,
+        max: usize,
+        preferred: usize,
+        peer: Option<Arc<InPlace>>,
+    ) -> Self {
         Link {
             shared: Arc::new(Shared {
                 sink,
@@ -202,6 +261,7 @@ impl Link {
                 }),
                 queued: AtomicUsize::new(0),
                 fail: Fail::default(),
+                peer,
                 max,
                 preferred: preferred.clamp(1, max.max(1)),
                 #[cfg(test)]
@@ -222,20 +282,32 @@ impl Link {
             tx: tx.handle(),
             conn,
         };
-        Self::new(sink, Room::Ring(Box::new(tx)), max, preferred)
+        Self::new(sink, Room::Ring(Box::new(tx)), max, preferred, None)
     }
 
     /// An in-memory send side of `ring` bytes of credit, and the channel
     /// and credit its reader takes messages from and gives credit back to.
-    pub(crate) fn mem(ring: usize) -> (Self, mpsc::UnboundedReceiver<Bytes>, Arc<Semaphore>) {
+    /// With `peer`, the receiving side's connection is polled in place
+    /// after each message sent ([`InPlace`]).
+    fn mem(
+        ring: usize,
+        peer: Option<Arc<InPlace>>,
+    ) -> (
+        Self,
+        mpsc::UnboundedReceiver<Bytes>,
+        Arc<Semaphore>,
+        Arc<Spare>,
+    ) {
         let (tx, rx) = mpsc::unbounded_channel();
         let credit = Arc::new(Semaphore::new(ring));
+        let spare = Arc::new(Spare::default());
         let sink = Sink::Mem(MemSink {
             tx: Mutex::new(tx),
             credit: credit.clone(),
+            spare: spare.clone(),
         });
-        let link = Self::new(sink, Room::Mem(credit.clone()), ring, ring);
-        (link, rx, credit)
+        let link = Self::new(sink, Room::Mem(credit.clone()), ring, ring, peer);
+        (link, rx, credit, spare)
     }
 
     /// This link with every message sealed by `sealer` (the tag counts
@@ -325,7 +397,21 @@ impl Link {
         if self.shared.queued.load(Ordering::Acquire) > 0 {
             return Ok(false);
         }
-        self.step(len, fill)
+        let sent = self.step(len, fill)?;
+        if sent {
+            self.peer_turn();
+        }
+        Ok(sent)
+    }
+
+    /// `inproc://`'s client side: the server's side of the connection
+    /// takes its turn now, on this thread, where the message landed
+    /// ([`InPlace::help`]); no other task is woken for it. Every lock of
+    /// this link is released by now.
+    fn peer_turn(&self) {
+        if let Some(peer) = &self.shared.peer {
+            peer.help();
+        }
     }
 
     /// [`try_send_with`](Self::try_send_with), waiting in line for room
@@ -365,6 +451,8 @@ impl Link {
         loop {
             self.refuse()?;
             if self.step(len, fill)? {
+                drop(place);
+                self.peer_turn();
                 return Ok(());
             }
             // The room a message takes: a sealed one's tag too.
@@ -492,7 +580,7 @@ impl MemSink {
             Err(tokio::sync::TryAcquireError::Closed) => return Err(Error::PeerGone),
             Err(tokio::sync::TryAcquireError::NoPermits) => return Ok(false),
         }
-        let mut slot = BytesMut::zeroed(len);
+        let mut slot = self.spare.take(len);
         fill(&mut slot);
         tx.send(slot.freeze()).map_err(|_| Error::PeerGone)?;
         Ok(true)
@@ -743,18 +831,30 @@ pub(crate) type Pipe = (Link, Box<dyn MsgRx>);
 pub(crate) struct MemRx {
     rx: mpsc::UnboundedReceiver<Bytes>,
     credit: Arc<Semaphore>,
+    spare: Arc<Spare>,
 }
 
 /// Two connected in-process pipes, each direction with `ring` bytes of credit.
+#[cfg(any(test, feature = "tls"))]
 pub(crate) fn mem_pair(ring: usize) -> (Pipe, Pipe) {
-    let (a_tx, a_rx) = one_way(ring);
-    let (b_tx, b_rx) = one_way(ring);
+    let (a_tx, a_rx) = one_way(ring, None);
+    let (b_tx, b_rx) = one_way(ring, None);
     ((a_tx, Box::new(b_rx)), (b_tx, Box::new(a_rx)))
 }
 
-fn one_way(ring: usize) -> (Link, MemRx) {
-    let (tx, rx, credit) = Link::mem(ring);
-    (tx, MemRx { rx, credit })
+/// [`mem_pair`] for `inproc://`: the first pipe (the client's) polls the
+/// second one's connection in place after each message it sends, once
+/// that connection is handed to [`InPlace::drive`] (the cell returned).
+pub(crate) fn mem_pair_in_place(ring: usize) -> (Pipe, Pipe, Arc<InPlace>) {
+    let peer = InPlace::new();
+    let (a_tx, a_rx) = one_way(ring, Some(peer.clone()));
+    let (b_tx, b_rx) = one_way(ring, None);
+    ((a_tx, Box::new(b_rx)), (b_tx, Box::new(a_rx)), peer)
+}
+
+fn one_way(ring: usize, peer: Option<Arc<InPlace>>) -> (Link, MemRx) {
+    let (tx, rx, credit, spare) = Link::mem(ring, peer);
+    (tx, MemRx { rx, credit, spare })
 }
 
 impl MsgRx for MemRx {
@@ -767,6 +867,7 @@ impl MsgRx for MemRx {
             Some(m) => {
                 f(&m);
                 self.credit.add_permits(m.len().max(1));
+                self.spare.give(m);
                 Ok(true)
             }
             None => Ok(false),
@@ -778,6 +879,207 @@ impl Drop for MemRx {
     fn drop(&mut self) {
         // Wake a sender waiting for credit: the peer is gone.
         self.credit.close();
+    }
+}
+
+/// The server's side of an `inproc://` connection, driven in place.
+///
+/// Its connection future (negotiation, decoding, the handlers' first
+/// polls) lives here, not inside a task of its own: a task on the dialing
+/// client's runtime drives it ([`InPlace::drive`]), and the client's
+/// [`Link`] polls it once more, on the sending thread, after each message
+/// it sends ([`InPlace::help`]). A unary call's request is then decoded,
+/// its handler run and its reply written into the client's receiver
+/// before the client's call waits at all: no task woken for the request,
+/// none for the reply (tonic's #2227 asks for the server as the client's
+/// service; this keeps the frames and the connection core between them).
+///
+/// The in-place poll uses the driving task's waker, so whatever the
+/// connection waits on (the next message, a handler's note, a deadline)
+/// wakes the task as before, and a turn the task could not take because a
+/// helper held the future is handed back to it (`missed`). It runs inside
+/// the dialing runtime's context, where the task would have run it. A
+/// panic there is caught and resumed in the task, as the task's own
+/// would be.
+pub(crate) struct InPlace {
+    /// The connection's future, `None` before it is handed over and once
+    /// it ended. Locked with `try_lock` only: nobody ever waits for it.
+    state: Mutex<PeerState>,
+    /// The driving task's waker (its last poll's).
+    waker: Mutex<Option<Waker>>,
+    /// The driving task was polled while a helper held the future: the
+    /// helper wakes it once it lets the future go.
+    missed: std::sync::atomic::AtomicBool,
+    /// The driving task was dropped while a helper held the future: the
+    /// helper drops it once it lets go.
+    abandoned: std::sync::atomic::AtomicBool,
+    /// The dialing client's runtime: where the connection runs.
+    runtime: tokio::runtime::Handle,
+}
+
+/// What [`InPlace`] keeps under its lock.
+#[derive(Default)]
+struct PeerState {
+    fut: Option<BoxFut<'static, ()>>,
+    /// A panic caught in a helper's poll, for the task to resume.
+    panic: Option<Box<dyn std::any::Any + Send>>,
+}
+
+impl std::fmt::Debug for InPlace {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("InPlace").finish_non_exhaustive()
+    }
+}
+
+impl InPlace {
+    /// A cell for a connection dialed from the current runtime.
+    ///
+    /// # Panics
+    /// Outside a tokio runtime (the dialer is async, inside one).
+    fn new() -> Arc<Self> {
+        Arc::new(InPlace {
+            state: Mutex::default(),
+            waker: Mutex::new(None),
+            missed: std::sync::atomic::AtomicBool::new(false),
+            abandoned: std::sync::atomic::AtomicBool::new(false),
+            runtime: tokio::runtime::Handle::current(),
+        })
+    }
+
+    /// The dialing client's runtime, where [`drive`](Self::drive)'s task
+    /// is spawned.
+    pub(crate) fn runtime(&self) -> &tokio::runtime::Handle {
+        &self.runtime
+    }
+
+    /// The task that drives `conn` (the server's side of the connection),
+    /// to be spawned on [`runtime`](Self::runtime); clients' sends poll
+    /// `conn` in place as well. Dropping the task drops `conn`.
+    pub(crate) fn drive(
+        self: Arc<Self>,
+        conn: impl Future<Output = ()> + Send + 'static,
+    ) -> impl Future<Output = ()> + Send + 'static {
+        lock_state(&self.state).fut = Some(Box::pin(conn));
+        Driver { cell: self }
+    }
+
+    /// Polls the connection once on this thread, with the driving task's
+    /// waker, unless its task (or another helper) is polling it right now
+    /// (then that poll sees the message) or it is not driven yet (its
+    /// task's first poll will). Never waits.
+    pub(crate) fn help(&self) {
+        let Some(waker) = self
+            .waker
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+        else {
+            return;
+        };
+        let Ok(mut st) = self.state.try_lock() else {
+            return;
+        };
+        if let Some(fut) = st
+            .fut
+            .as_mut()
+            .filter(|_| !self.abandoned.load(Ordering::SeqCst))
+        {
+            let _rt = self.runtime.enter();
+            let mut cx = Context::from_waker(&waker);
+            let polled = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                fut.as_mut().poll(&mut cx)
+            }));
+            match polled {
+                Ok(Poll::Pending) => {}
+                Ok(Poll::Ready(())) => {
+                    st.fut = None;
+                    waker.wake_by_ref();
+                }
+                Err(panic) => {
+                    st.fut = None;
+                    st.panic = Some(panic);
+                    waker.wake_by_ref();
+                }
+            }
+        }
+        drop(st);
+        // After letting go (the task's drop stores the flag, then tries
+        // the lock: one of the two sees the other).
+        if self.abandoned.load(Ordering::SeqCst) {
+            self.drop_future();
+        }
+        if self.missed.swap(false, Ordering::SeqCst) {
+            waker.wake();
+        }
+    }
+
+    /// Drops the connection's future, unless a helper holds it (that
+    /// helper then drops it as it lets go).
+    fn drop_future(&self) {
+        let fut = match self.state.try_lock() {
+            Ok(mut st) => st.fut.take(),
+            Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner().fut.take(),
+            Err(std::sync::TryLockError::WouldBlock) => None,
+        };
+        drop(fut);
+    }
+}
+
+fn lock_state(m: &Mutex<PeerState>) -> MutexGuard<'_, PeerState> {
+    // A poll that panicked was caught (helpers) or ends the task (the
+    // driver, whose drop then drops the future): the state stays whole.
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// The task of [`InPlace::drive`].
+struct Driver {
+    cell: Arc<InPlace>,
+}
+
+impl Future for Driver {
+    type Output = ();
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        let cell = &self.cell;
+        {
+            let mut w = cell.waker.lock().unwrap_or_else(PoisonError::into_inner);
+            if !w.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
+                *w = Some(cx.waker().clone());
+            }
+        }
+        // Before the `try_lock`: a helper that holds the future sees this
+        // once it lets go, and wakes us.
+        cell.missed.store(true, Ordering::SeqCst);
+        let Ok(mut st) = cell.state.try_lock() else {
+            return Poll::Pending;
+        };
+        cell.missed.store(false, Ordering::SeqCst);
+        if let Some(panic) = st.panic.take() {
+            drop(st);
+            std::panic::resume_unwind(panic);
+        }
+        let Some(fut) = st.fut.as_mut() else {
+            return Poll::Ready(());
+        };
+        match fut.as_mut().poll(cx) {
+            Poll::Ready(()) => {
+                let done = st.fut.take();
+                drop(st);
+                drop(done);
+                Poll::Ready(())
+            }
+            Poll::Pending => Poll::Pending,
+        }
+    }
+}
+
+impl Drop for Driver {
+    fn drop(&mut self) {
+        // The connection ends with its task (a runtime shut down, the
+        // server's join set aborted): dropped here, or by the helper that
+        // holds it right now.
+        self.cell.abandoned.store(true, Ordering::SeqCst);
+        self.cell.drop_future();
     }
 }
 

@@ -904,7 +904,7 @@ where
     };
     let svc = layer.layer(services.routes().clone().prepare());
     let mut conns = JoinSet::new();
-    // `inproc://` connections, on their clients' runtimes (`Accepted::runtime`).
+    // `inproc://` connections, on their clients' runtimes (`Accepted::in_place`).
     let mut inproc = JoinSet::new();
     let mut signal = std::pin::pin!(signal);
     let setups = Arc::new(Semaphore::new(config.max_pending_handshakes()));
@@ -949,7 +949,7 @@ where
                 };
                 let (svc, direct, config, token, h2_tx, tls) = (svc.clone(), direct.clone(), config.clone(), token.child_token(), h2_tx.clone(), tls.clone());
                 let info = RrpcConnectInfo { local: local.clone() };
-                let runtime = accepted.runtime();
+                let in_place = accepted.in_place();
                 let conn = async move {
                     let peer = accepted.peer();
                     let limit = config.handshake_timeout();
@@ -1039,10 +1039,12 @@ where
                         Err(e) => tracing::warn!(%peer, error = %e, "rrpc connection setup failed"),
                     }
                 };
-                match runtime {
-                    // `inproc://`: on the dialing client's runtime.
-                    Some(rt) => {
-                        inproc.spawn_on(conn, &rt);
+                match in_place {
+                    // `inproc://`: on the dialing client's runtime, and in
+                    // place on its sends.
+                    Some(host) => {
+                        let rt = host.runtime().clone();
+                        inproc.spawn_on(host.drive(conn), &rt);
                     }
                     None => {
                         conns.spawn(conn);

@@ -4,7 +4,7 @@
 //! |---|---|
 //! | `http://host:port` | tonic over TCP (unchanged) |
 //! | `unix:///path` | tonic over a Unix socket (unchanged; the `uds` baseline) |
-//! | `inproc://name` | rrpc over an in-process pipe (tests, single-process apps); the server's side of a connection runs on the dialing client's runtime |
+//! | `inproc://name` | rrpc over an in-process pipe (tests, single-process apps); the server's side of a connection runs on the dialing client's runtime, polled in place by the client's sends |
 //! | `shm:///path` | rrpc over shared-memory rings (rrpc-core `shm` provider) |
 //! | `rdma://host:port` | rrpc over RDMA (rrpc-core `verbs` provider, feature `verbs`) |
 //! | `rrpc://host:port` | one TCP port for every client: plain HTTP/2, or the best fabric both ends share (shm on one host, else verbs, else HTTP/2 on TCP; [`crate::port`]) |
@@ -14,12 +14,12 @@
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::{Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use tokio::sync::mpsc;
 
 use crate::conn::negotiate::{Established, Negotiated, negotiate_client, negotiate_server};
-use crate::conn::{self, Pipe};
+use crate::conn::{self, InPlace, Pipe};
 use crate::error::rdma_unavailable;
 use crate::{Error, RrpcConfig, RrpcContext};
 
@@ -95,7 +95,9 @@ pub(crate) enum RrpcListener {
 /// connection runs ([`Accepted::runtime`]).
 pub(crate) struct InprocDial {
     pipe: Pipe,
-    runtime: tokio::runtime::Handle,
+    /// Where the server's side of the connection runs: polled in place by
+    /// the client's sends, driven by a task on the client's runtime.
+    host: Arc<InPlace>,
 }
 
 type Registry = Mutex<HashMap<String, mpsc::Sender<InprocDial>>>;
@@ -162,7 +164,7 @@ impl RrpcListener {
     pub(crate) async fn accept(&mut self) -> Option<Accepted> {
         match self {
             RrpcListener::Inproc { rx, .. } => {
-                rx.recv().await.map(|d| Accepted::Ready(d.pipe, d.runtime))
+                rx.recv().await.map(|d| Accepted::Ready(d.pipe, d.host))
             }
             RrpcListener::Rings(l) => l.accept().await.map(|p| Accepted::Rings(Box::new(p))),
         }
@@ -171,9 +173,9 @@ impl RrpcListener {
 
 /// A client taken off a listener, its transport handshake not yet run.
 pub(crate) enum Accepted {
-    /// In-process: already a pipe, and the runtime of the client that
-    /// dialed it.
-    Ready(Pipe, tokio::runtime::Handle),
+    /// In-process: already a pipe, and where the server's side runs (the
+    /// runtime of the client that dialed it, and the client's sends).
+    Ready(Pipe, Arc<InPlace>),
     /// `shm://` or `rdma://`: the rrpc-core handshake is still to come.
     Rings(Box<crate::conn::rings::RingsPending>),
 }
@@ -196,13 +198,15 @@ impl Accepted {
     }
 
     /// Where the server's side of this connection runs: `inproc://`
-    /// connections on the runtime of the client that dialed them, so a
-    /// call and its handler take turns on the caller's threads (as a
-    /// direct call to the service would) instead of waking another
-    /// runtime's thread for every message; `None`: the server's runtime.
-    pub(crate) fn runtime(&self) -> Option<tokio::runtime::Handle> {
+    /// connections in place ([`InPlace`]): driven by a task on the runtime
+    /// of the client that dialed them and polled by the client's own
+    /// sends, so a call and its handler take turns on the caller's thread
+    /// (as a direct call to the service would) instead of waking another
+    /// task, or another runtime's thread, for every message; `None`: a
+    /// task of the server's runtime.
+    pub(crate) fn in_place(&self) -> Option<Arc<InPlace>> {
         match self {
-            Accepted::Ready(_, rt) => Some(rt.clone()),
+            Accepted::Ready(_, host) => Some(host.clone()),
             Accepted::Rings(_) => None,
         }
     }
@@ -269,11 +273,8 @@ pub(crate) async fn dial(
         Target::Inproc(name) => {
             let tx = registry().lock().expect("registry lock").get(name).cloned();
             let tx = tx.ok_or_else(|| Error::NotListening(format!("inproc://{name}")))?;
-            let (mut client, server) = conn::mem_pair(cfg.ring_size());
-            let dialed = InprocDial {
-                pipe: server,
-                runtime: tokio::runtime::Handle::current(),
-            };
+            let (mut client, server, host) = conn::mem_pair_in_place(cfg.ring_size());
+            let dialed = InprocDial { pipe: server, host };
             tx.send(dialed)
                 .await
                 .map_err(|_| Error::NotListening(format!("inproc://{name}")))?;

@@ -13,6 +13,7 @@ use rrpc_poller::{Mode, PollerConfig};
 
 use super::*;
 use crate::conn::{MsgRx, mem_pair};
+use std::future::poll_fn;
 
 /// How long a test waits for what must happen before it calls it a hang.
 const BOUND: Duration = Duration::from_secs(20);
@@ -266,4 +267,230 @@ async fn a_sealed_writer_waits_for_room_for_its_tag_too() {
         "the waiting writer retried {tried} times without room"
     );
     waiting.abort();
+}
+
+/// `inproc://`'s in-place peer ([`InPlace`]): an echo that counts its
+/// messages, as the server's side of a connection, and the task of it.
+fn echo_in_place(
+    server: Pipe,
+    host: Arc<InPlace>,
+    seen: Arc<AtomicUsize>,
+) -> tokio::task::JoinHandle<()> {
+    let (tx, mut rx) = server;
+    let conn = async move {
+        loop {
+            let mut got = Vec::new();
+            let mut f = |m: &[u8]| got = m.to_vec();
+            match rx.recv_with(&mut f).await {
+                Ok(true) => {}
+                _ => return,
+            }
+            seen.fetch_add(1, Ordering::SeqCst);
+            assert_ne!(got[0], 0xEE, "the peer's future panics on 0xEE");
+            tx.send_with(got.len(), &mut |s: &mut [u8]| s.copy_from_slice(&got))
+                .await
+                .expect("echo");
+        }
+    };
+    let rt = host.runtime().clone();
+    rt.spawn(host.drive(conn))
+}
+
+/// Polls `rx` once with a waker that counts nothing: `Some` if a message
+/// was there already (its first byte).
+fn try_recv(rx: &mut Box<dyn MsgRx>) -> Option<u8> {
+    let mut cx = Context::from_waker(Waker::noop());
+    let mut got = None;
+    let mut f = |m: &[u8]| got = Some(m[0]);
+    match rx.poll_recv_with(&mut cx, &mut f) {
+        Poll::Ready(Ok(true)) => got,
+        other => panic!("not a message: {other:?}"),
+    }
+}
+
+/// A message sent on the client's side of an in-place pair is handled by
+/// the peer's connection right where it lands, on the sending thread: its
+/// reply is in the client's receiver when the send returns, with no task
+/// run in between (a current-thread runtime runs none while this test's
+/// own future runs).
+#[tokio::test(flavor = "current_thread")]
+async fn in_place_peer_answers_within_the_send() {
+    let (client, server, host) = mem_pair_in_place(1 << 16);
+    let seen = Arc::new(AtomicUsize::new(0));
+    let task = echo_in_place(server, host, seen.clone());
+    // The task's first poll: the peer is driven from now on.
+    tokio::task::yield_now().await;
+    let (tx, mut rx) = client;
+    for tag in 1..=3u8 {
+        assert!(
+            tx.try_send_with(8, &mut |s: &mut [u8]| s.fill(tag))
+                .unwrap()
+        );
+        assert_eq!(
+            seen.load(Ordering::SeqCst),
+            usize::from(tag),
+            "handled in the send"
+        );
+        assert_eq!(try_recv(&mut rx), Some(tag), "the reply is there already");
+    }
+    drop((tx, rx));
+    tokio::time::timeout(BOUND, task)
+        .await
+        .expect("ends")
+        .expect("no panic");
+}
+
+/// A peer whose future panics in a client's send: the send returns, the
+/// panic ends the peer's task (as a task's own panic would), not the
+/// client's thread.
+#[tokio::test(flavor = "current_thread")]
+async fn in_place_panic_is_resumed_in_the_peers_task() {
+    let (client, server, host) = mem_pair_in_place(1 << 16);
+    let seen = Arc::new(AtomicUsize::new(0));
+    let task = echo_in_place(server, host, seen.clone());
+    tokio::task::yield_now().await;
+    let (tx, _rx) = client;
+    assert!(
+        tx.try_send_with(4, &mut |s: &mut [u8]| s.fill(0xEE))
+            .unwrap()
+    );
+    assert_eq!(seen.load(Ordering::SeqCst), 1, "polled in the send");
+    let r = tokio::time::timeout(BOUND, task)
+        .await
+        .expect("the task ends");
+    assert!(r.expect_err("the task panicked").is_panic());
+}
+
+/// The peer's task dropped (its runtime shut down, the server's join set
+/// aborted): the connection's future is dropped with it, although the
+/// client's link still holds the cell; a later send polls nothing.
+#[tokio::test(flavor = "current_thread")]
+async fn in_place_peer_dropped_with_its_task() {
+    let (client, server, host) = mem_pair_in_place(1 << 16);
+    let seen = Arc::new(AtomicUsize::new(0));
+    let task = echo_in_place(server, host, seen.clone());
+    tokio::task::yield_now().await;
+    task.abort();
+    let _ = task.await;
+    let (tx, _rx) = client;
+    // The server's half of the pipe went with the future: the peer is gone.
+    let r = tx.try_send_with(4, &mut |s: &mut [u8]| s.fill(1));
+    assert!(matches!(r, Err(ref e) if e.is_peer_gone()), "{r:?}");
+    assert_eq!(seen.load(Ordering::SeqCst), 0);
+}
+
+/// A sender that holds the peer's future while the peer's task is woken
+/// hands that turn back to the task once it lets go (`missed`): here the
+/// future, polled by a sender, wakes its own task and needs that one more
+/// poll to answer, and the task's poll comes while the sender still holds
+/// the future (the future waits for it). Without the hand-back nobody
+/// polls the future again and the answer never comes.
+#[test]
+fn in_place_turn_missed_by_the_task_is_handed_back() {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let (client, server, host) = rt.block_on(async { mem_pair_in_place(1 << 12) });
+    let driver_id = Arc::new(OnceLock::new());
+    let helper_hits = Arc::new(AtomicUsize::new(0));
+    let (stx, mut srx) = server;
+    let conn = {
+        let (host, driver_id, hits) = (host.clone(), driver_id.clone(), helper_hits.clone());
+        async move {
+            loop {
+                let mut tag = 0;
+                let mut f = |m: &[u8]| tag = m[0];
+                if !matches!(srx.recv_with(&mut f).await, Ok(true)) {
+                    return;
+                }
+                // Polled by a sender (not the task): wake the task, wait
+                // until its poll found the future held, then yield once.
+                let mut yielded = false;
+                poll_fn(|cx| {
+                    if yielded {
+                        return Poll::Ready(());
+                    }
+                    yielded = true;
+                    let by_task = tokio::task::try_id() == driver_id.get().copied();
+                    if !by_task {
+                        hits.fetch_add(1, Ordering::SeqCst);
+                        cx.waker().wake_by_ref();
+                        let t0 = std::time::Instant::now();
+                        while !host.missed.load(Ordering::SeqCst) {
+                            assert!(t0.elapsed() < BOUND, "the task was never polled");
+                            std::thread::yield_now();
+                        }
+                    } else {
+                        cx.waker().wake_by_ref();
+                    }
+                    Poll::Pending
+                })
+                .await;
+                stx.send_with(1, &mut |s: &mut [u8]| s[0] = tag)
+                    .await
+                    .expect("answer");
+            }
+        }
+    };
+    let task = rt.spawn(host.clone().drive(conn));
+    driver_id.set(task.id()).expect("once");
+    let (tx, mut rx) = client;
+    let handle = rt.handle().clone();
+    // Sent from a thread outside the runtime: the task woken from here is
+    // taken up by a worker while this thread still holds the future.
+    std::thread::spawn(move || {
+        for round in 0..200u8 {
+            if helper_hits.load(Ordering::SeqCst) >= 3 {
+                break;
+            }
+            // Let the task poll first (its waker is what a sender uses).
+            std::thread::sleep(Duration::from_millis(2));
+            assert!(
+                tx.try_send_with(1, &mut |s: &mut [u8]| s[0] = round)
+                    .unwrap()
+            );
+            let got = handle.block_on(async {
+                let mut got = 0;
+                let mut f = |m: &[u8]| got = m[0];
+                tokio::time::timeout(BOUND, rx.recv_with(&mut f))
+                    .await
+                    .expect("the answer never came: a missed turn was lost")
+                    .expect("no error");
+                got
+            });
+            assert_eq!(got, round);
+        }
+        assert!(
+            helper_hits.load(Ordering::SeqCst) >= 3,
+            "senders took the future"
+        );
+    })
+    .join()
+    .expect("sender thread");
+    task.abort();
+}
+
+/// The in-memory pipe reuses a message's buffer once its reader is done
+/// with it: one spare after a receive, taken by the next send; a large
+/// message's buffer is not kept.
+#[tokio::test(flavor = "current_thread")]
+async fn mem_pipe_reuses_message_buffers() {
+    let (link, rx) = one_way(1 << 20, None);
+    let mut rx: Box<dyn MsgRx> = Box::new(rx);
+    let spares = |link: &Link| match &link.shared.sink {
+        Sink::Mem(m) => m.spare.0.lock().expect("lock").len(),
+        Sink::Ring { .. } => unreachable!("a memory link"),
+    };
+    send(&link, 100, 1).await.expect("send");
+    assert_eq!(spares(&link), 0);
+    assert_eq!(recv(&mut rx).await, (100, 1));
+    assert_eq!(spares(&link), 1, "the buffer came back");
+    send(&link, 80, 2).await.expect("send");
+    assert_eq!(spares(&link), 0, "and was taken again");
+    assert_eq!(recv(&mut rx).await, (80, 2), "zeroed and refilled");
+    send(&link, Spare::LARGEST + 1, 3).await.expect("send");
+    assert_eq!(recv(&mut rx).await, (Spare::LARGEST + 1, 3));
+    assert_eq!(spares(&link), 1, "only the small one is kept");
 }

@@ -219,3 +219,86 @@ fn a_dropped_client_runtime_does_not_hurt_the_next_client() {
     let took = t.join().expect("server thread");
     assert!(took < BOUND, "shutdown took {took:?}");
 }
+
+/// Where each call reached the server's service in
+/// [`handlers_run_in_the_callers_poll`]: the tokio task it ran in (`None`:
+/// no task, the client's own `block_on`).
+static SERVED_IN: std::sync::Mutex<Vec<Option<tokio::task::Id>>> =
+    std::sync::Mutex::new(Vec::new());
+
+fn record_task(req: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
+    SERVED_IN.lock().expect("lock").push(tokio::task::try_id());
+    Ok(req)
+}
+
+/// The server's side of an `inproc://` connection runs in place: a unary
+/// call's request is decoded and its handler called inside the client's
+/// own send, with no task woken for it (the client here calls from its
+/// runtime's `block_on`, not from a task, and the service sees no task).
+/// A call that the handler does not finish at once still runs its handler
+/// as a task, and a dropped call frees its place at once (cancelled).
+#[test]
+fn handlers_run_in_the_callers_poll() {
+    let name = "suite-inproc-in-place";
+    let (bound_tx, bound_rx) = std_mpsc::channel();
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let t = std::thread::spawn(move || {
+        current_thread().block_on(async move {
+            // One call at a time: a cancelled call must free its place.
+            let cfg = RrpcConfig::builder()
+                .max_concurrent_calls(1)
+                .build()
+                .expect("config");
+            let incoming = RrpcIncoming::bind(&format!("inproc://{name}"), cfg).expect("bind");
+            let svc = tonic::service::interceptor::InterceptedService::new(
+                test_service(),
+                record_task as fn(_) -> _,
+            );
+            let serve =
+                Server::builder()
+                    .add_service(svc)
+                    .serve_rrpc_incoming(incoming, async move {
+                        let _ = stop_rx.await;
+                    });
+            bound_tx.send(()).expect("bound");
+            serve.await.expect("serve");
+        });
+    });
+    bound_rx.recv_timeout(BOUND).expect("server bound");
+    current_thread().block_on(async {
+        tokio::time::timeout(BOUND, async {
+            let mut c = connect(name).await;
+            SERVED_IN.lock().expect("lock").clear();
+            for i in 0..3u8 {
+                let r = c
+                    .unary(Input {
+                        payload: vec![i; 4],
+                        ..Default::default()
+                    })
+                    .await
+                    .expect("unary");
+                assert_eq!(r.into_inner().payload, vec![i; 4]);
+            }
+            let seen = SERVED_IN.lock().expect("lock").clone();
+            assert_eq!(seen, vec![None; 3], "each handler ran in the caller's poll");
+            // A handler that sleeps is left mid-way; the call is dropped.
+            let slow = c.unary(Input {
+                delay_ms: 60_000,
+                ..Default::default()
+            });
+            assert!(
+                tokio::time::timeout(Duration::from_millis(100), slow)
+                    .await
+                    .is_err()
+            );
+            // Its place is free: the cancellation reached the server.
+            c.unary(Input::default())
+                .await
+                .expect("the dropped call's place was not freed");
+        })
+        .await
+        .expect("hung");
+    });
+    let _ = stop_tx.send(());
+    t.join().expect("server thread");
+}
