@@ -756,30 +756,6 @@ impl AsyncReceiver {
         Poll::Ready(self.rx.try_recv().map_err(Into::into))
     }
 
-    /// The next message if one is readable now, without waiting: no wait begins (no spin,
-    /// no arm, no head push), so an owner that drains a burst (rrpc-tonic's HTTP/2 reader,
-    /// which hands hyper everything readable in one chunk) calls it after a
-    /// [`poll_recv`](Self::poll_recv) until it says `None`, then waits with `poll_recv`
-    /// again. `None` also while a wait is in progress (its next poll finishes it), and for a
-    /// tail whose message is not readable yet.
-    ///
-    /// # Errors
-    /// [`Error::Ring`] for corrupt peer data (as [`recv`](Self::recv)); a peer that left is
-    /// not reported here (the next [`poll_recv`](Self::poll_recv) says so).
-    pub fn try_recv(&mut self) -> Result<Option<ReadGuard<'_>>> {
-        if !matches!(self.wait, DataWait::Idle) || !self.src.ready() {
-            return Ok(None);
-        }
-        if let Some(n) = &self.src.notifier {
-            n.replenish()?;
-        }
-        match self.rx.try_recv() {
-            Ok(g) => Ok(Some(g)),
-            Err(rrpc_ringbuf::Error::WouldBlock) => Ok(None),
-            Err(e) => Err(e.into()),
-        }
-    }
-
     /// Drops the wait in progress, if any: the next poll begins a new one (what dropping
     /// [`recv`](Self::recv)'s future does).
     pub fn abandon_wait(&mut self) {

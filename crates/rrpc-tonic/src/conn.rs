@@ -687,20 +687,6 @@ pub(crate) trait MsgRx: Send + 'static {
         f: &mut dyn FnMut(&[u8]),
     ) -> Poll<Result<bool, Error>>;
 
-    /// The next message if one is readable now, handed to `f` as in
-    /// [`poll_recv_with`](MsgRx::poll_recv_with), without waiting and
-    /// without beginning a wait: `Ok(true)` if `f` got one, `Ok(false)` if
-    /// none is readable now (the peer's close is not reported here: the next
-    /// `poll_recv_with` says so). For an owner that drains a burst after a
-    /// wait (the HTTP/2 path's reader). The default reads nothing.
-    ///
-    /// # Errors
-    /// The peer corrupted the ring (as [`poll_recv_with`](MsgRx::poll_recv_with)).
-    fn try_recv_with(&mut self, f: &mut dyn FnMut(&[u8])) -> Result<bool, Error> {
-        let _ = f;
-        Ok(false)
-    }
-
     /// What carries this pipe, read from its live connection (rings: the
     /// queue pair's provider, device and peer). `None`: not a ring pipe.
     fn carrier(&self) -> Option<rrpc_core::QpCarrier> {
@@ -779,28 +765,12 @@ impl MsgRx for MemRx {
     ) -> Poll<Result<bool, Error>> {
         Poll::Ready(match std::task::ready!(self.rx.poll_recv(cx)) {
             Some(m) => {
-                self.take(&m, f);
+                f(&m);
+                self.credit.add_permits(m.len().max(1));
                 Ok(true)
             }
             None => Ok(false),
         })
-    }
-
-    fn try_recv_with(&mut self, f: &mut dyn FnMut(&[u8])) -> Result<bool, Error> {
-        Ok(match self.rx.try_recv() {
-            Ok(m) => {
-                self.take(&m, f);
-                true
-            }
-            Err(_) => false,
-        })
-    }
-}
-
-impl MemRx {
-    fn take(&mut self, m: &Bytes, f: &mut dyn FnMut(&[u8])) {
-        f(m);
-        self.credit.add_permits(m.len().max(1));
     }
 }
 

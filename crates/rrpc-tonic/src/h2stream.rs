@@ -2,8 +2,7 @@
 //!
 //! hyper/h2 run unchanged on top, so every tonic feature works. Writes are
 //! cut into messages of at most the ring's message size and copied straight
-//! into the send ring; a reader task queues received messages as chunks,
-//! each burst of messages readable at once as one chunk.
+//! into the send ring; a reader task queues received messages as chunks.
 //! The client side's tonic channel over such streams ([`h2_channel`]) and
 //! its status mapping ([`h2_call`]) live here too.
 
@@ -12,7 +11,7 @@ use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, ready};
 
-use bytes::{Buf, Bytes, BytesMut};
+use bytes::{Buf, Bytes};
 use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::sync::mpsc;
@@ -24,7 +23,7 @@ use crate::call::{
     BoxError, Carrier, DeadlineBody, ResponseFuture, deadline_exceeded, is_tonic_timeout,
 };
 use crate::conn::Link;
-use crate::conn::{BoxFut, MsgRx, Pipe};
+use crate::conn::{BoxFut, Pipe};
 use crate::transport::{Target, dial};
 use crate::{Error, PathPreference, RrpcConfig, RrpcContext};
 
@@ -37,28 +36,6 @@ pub struct RrpcConnectInfo {
 }
 
 type SendFut = BoxFut<'static, (Link, Result<(), Error>)>;
-
-/// The most bytes the reader task drains into one chunk for hyper before it
-/// hands it over (one ring message may take it past this once): with
-/// [`READ_CHUNKS`] chunks queued, what a connection buffers ahead of hyper
-/// is bounded (~256 KiB), and a peer whose data hyper does not read fills
-/// its ring and waits.
-const READ_BATCH: usize = 16 * 1024;
-
-/// Chunks queued between the reader task and hyper.
-const READ_CHUNKS: usize = 16;
-
-/// Appends to `got` every message readable now, without waiting, until it
-/// holds [`READ_BATCH`] bytes: `Ok(true)`, or the ring's error (what was
-/// read before it stays in `got`).
-fn drain(prx: &mut dyn MsgRx, got: &mut BytesMut) -> Result<bool, Error> {
-    while got.len() < READ_BATCH {
-        if !prx.try_recv_with(&mut |m: &[u8]| got.extend_from_slice(m))? {
-            break;
-        }
-    }
-    Ok(true)
-}
 
 /// Why a client's HTTP/2 connection over rings failed, when it failed for
 /// a reason of rrpc's (a queue pair out of retries, a host that stopped
@@ -122,41 +99,32 @@ impl RrpcStream {
         let reader_cause = cause.clone();
         // The reader stays a task of its own: its ring wait spins (BPEV), and
         // spinning inside hyper's connection task would stall its writes.
-        let (rtx, rx) = mpsc::channel::<io::Result<Bytes>>(READ_CHUNKS);
+        let (rtx, rx) = mpsc::channel::<io::Result<Bytes>>(16);
         tokio::spawn(async move {
             loop {
-                let mut got = BytesMut::new();
-                // The one receive-side copy: ring slots -> one read chunk.
+                let mut got = Bytes::new();
+                // The one receive-side copy: ring slot -> read chunk.
                 // When the stream is dropped (hyper closed the connection:
                 // an error, garbage instead of the preface, or the channel
                 // dropped), stop at once: dropping the pipe closes the
-                // connection (`recv_with` is cancel safe, and `got` holds
-                // nothing while it waits).
-                let mut sink = |m: &[u8]| got.extend_from_slice(m);
+                // connection (`recv_with` is cancel safe).
+                let mut sink = |m: &[u8]| got = Bytes::copy_from_slice(m);
                 let r = tokio::select! {
                     _ = rtx.closed() => break,
                     r = prx.recv_with(&mut sink) => r,
                 };
-                // Then everything else readable now, without waiting, into
-                // the same chunk (bounded): one allocation, one channel send
-                // and one wake of hyper's connection task per burst, not per
-                // ring message.
-                let r = match r {
-                    Ok(true) => drain(&mut *prx, &mut got),
-                    r => r,
-                };
-                if !got.is_empty() && rtx.send(Ok(got.freeze())).await.is_err() {
-                    break;
-                }
                 match r {
-                    Ok(true) => {}
+                    Ok(true) => {
+                        if !got.is_empty() && rtx.send(Ok(got)).await.is_err() {
+                            break;
+                        }
+                    }
                     // The peer left: EOF, as a closed socket reads.
                     Ok(false) => break,
                     // The connection failed (a queue pair out of retries, a
                     // host that stopped answering, a corrupt ring): a read
                     // error that carries the cause, which `h2_call` finds
-                    // under hyper's own error for the caller's status. What
-                    // was read before it goes first (above).
+                    // under hyper's own error for the caller's status.
                     Err(e) => {
                         let e = record(reader_cause.as_ref(), e);
                         let _ = rtx
@@ -451,113 +419,7 @@ fn reset_by_server(e: &(dyn std::error::Error + 'static)) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use std::collections::VecDeque;
-
-    use tokio::io::AsyncReadExt;
-
     use super::*;
-    use crate::conn::mem_pair;
-
-    fn info() -> RrpcConnectInfo {
-        RrpcConnectInfo {
-            local: "test".into(),
-        }
-    }
-
-    /// How long a read may take before the test calls it a hang.
-    const BOUND: std::time::Duration = std::time::Duration::from_secs(20);
-
-    async fn read(s: &mut RrpcStream) -> io::Result<Vec<u8>> {
-        let mut buf = vec![0u8; 1 << 20];
-        let n = tokio::time::timeout(BOUND, s.read(&mut buf))
-            .await
-            .expect("a read")?;
-        buf.truncate(n);
-        Ok(buf)
-    }
-
-    /// Messages already readable when the reader looks reach hyper as one
-    /// chunk (one read), in order; a burst larger than [`READ_BATCH`] is cut
-    /// after the message that crossed it, and nothing is lost.
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_burst_of_messages_reads_as_one_chunk_bounded() {
-        // Sent before the stream (and its reader task) exists: all readable
-        // at the reader's first look.
-        async fn burst(n: u8, len: usize) -> (RrpcStream, Vec<u8>) {
-            let ((link, _), (_, brx)) = mem_pair(1 << 20);
-            let (blink, _) = mem_pair(1 << 20).0;
-            let mut sent = Vec::new();
-            for i in 0..n {
-                link.send_with(len, &mut |m: &mut [u8]| m.fill(i))
-                    .await
-                    .unwrap();
-                sent.extend(std::iter::repeat_n(i, len));
-            }
-            (RrpcStream::new((blink, brx), info()), sent)
-        }
-        let (mut s, sent) = burst(10, 100).await;
-        assert_eq!(read(&mut s).await.unwrap(), sent, "ten messages, one read");
-
-        let (mut s, sent) = burst(40, 1000).await;
-        let mut got = read(&mut s).await.unwrap();
-        assert_eq!(got.len(), READ_BATCH.div_ceil(1000) * 1000, "bounded");
-        while got.len() < sent.len() {
-            got.extend(read(&mut s).await.unwrap());
-        }
-        assert_eq!(got, sent);
-    }
-
-    /// A receiver that plays a script: messages, then an error or the end.
-    struct Script(VecDeque<Result<Vec<u8>, Error>>);
-
-    impl MsgRx for Script {
-        fn poll_recv_with(
-            &mut self,
-            _: &mut Context<'_>,
-            f: &mut dyn FnMut(&[u8]),
-        ) -> Poll<Result<bool, Error>> {
-            Poll::Ready(match self.0.pop_front() {
-                Some(Ok(m)) => {
-                    f(&m);
-                    Ok(true)
-                }
-                Some(Err(e)) => Err(e),
-                None => Ok(false),
-            })
-        }
-        fn try_recv_with(&mut self, f: &mut dyn FnMut(&[u8])) -> Result<bool, Error> {
-            match self.0.pop_front() {
-                Some(Ok(m)) => {
-                    f(&m);
-                    Ok(true)
-                }
-                Some(Err(e)) => Err(e),
-                None => Ok(false),
-            }
-        }
-    }
-
-    /// A ring the peer corrupted in the middle of a burst: what came before
-    /// reaches hyper, then a read error that carries the cause (`DataLoss`
-    /// for the caller); nothing after it.
-    #[tokio::test]
-    async fn a_corrupt_ring_mid_burst_hands_what_came_before_then_fails() {
-        let (blink, _) = mem_pair(1 << 20).0;
-        let script = Script(VecDeque::from([
-            Ok(b"ab".to_vec()),
-            Ok(b"cd".to_vec()),
-            Err(crate::conn::testing::corrupted()),
-            Ok(b"never".to_vec()),
-        ]));
-        let cause: Cause = Arc::default();
-        let mut s = RrpcStream::reporting((blink, Box::new(script)), info(), Some(cause.clone()));
-        assert_eq!(read(&mut s).await.unwrap(), b"abcd");
-        let e = read(&mut s).await.expect_err("the ring's error");
-        assert_eq!(e.kind(), io::ErrorKind::ConnectionAborted);
-        let why = cause.lock().unwrap().clone().expect("the cause is kept");
-        assert_eq!(why.code(), tonic::Code::DataLoss, "{why}");
-        assert_eq!(read(&mut s).await.unwrap(), b"", "EOF after the error");
-    }
 
     /// A connection that died under a call reads as rrpc's cause, through
     /// the one mapping: a ring the peer corrupted `DataLoss`, a gone peer

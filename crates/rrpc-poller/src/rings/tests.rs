@@ -133,36 +133,3 @@ async fn a_receive_future_dropped_mid_wait_loses_nothing() {
         .unwrap();
     assert_eq!(&*m, b"after");
 }
-
-/// [`AsyncReceiver::try_recv`] drains what is readable without waiting: after a receive, the
-/// rest of a burst comes in order, then `None` at once with nothing sent (no wait begun: no
-/// spin counted, no head pushed); a wait left in progress is not cut short by it.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_non_waiting_receive_drains_a_burst_and_begins_no_wait() {
-    let (poller, mut tx, mut rx) = pair(Duration::from_millis(2));
-    let count = Arc::new(Count::default());
-    let waker = Waker::from(count.clone());
-    let mut cx = Context::from_waker(&waker);
-    for m in [&b"one"[..], b"two", b"three"] {
-        tx.send(m).await.unwrap();
-    }
-    tx.flush_all().await.unwrap();
-    assert_eq!(next(&mut rx, &mut cx).await, b"one");
-    let spins = poller.stats().spins;
-    let pushes = rx.head_pushes();
-    assert_eq!(rx.try_recv().unwrap().expect("readable").to_vec(), b"two");
-    assert_eq!(rx.try_recv().unwrap().expect("readable").to_vec(), b"three");
-    assert!(rx.try_recv().unwrap().is_none(), "nothing more was sent");
-    assert_eq!(poller.stats().spins, spins, "no wait began");
-    assert_eq!(rx.head_pushes(), pushes, "no head pushed");
-
-    // A wait in progress: `try_recv` leaves the message to the wait's next poll.
-    assert!(rx.poll_recv(&mut cx).is_pending());
-    tx.send(b"four").await.unwrap();
-    tx.flush_all().await.unwrap();
-    assert!(
-        rx.try_recv().unwrap().is_none(),
-        "the wait in progress takes it"
-    );
-    assert_eq!(next(&mut rx, &mut cx).await, b"four");
-}

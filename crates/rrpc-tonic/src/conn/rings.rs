@@ -104,18 +104,6 @@ impl MsgRx for RingsRx {
         }))
     }
 
-    fn try_recv_with(&mut self, f: &mut dyn FnMut(&[u8])) -> Result<bool, Error> {
-        // Released (and the lazy head push counted) as the guard drops, as
-        // in `poll_recv_with`.
-        Ok(match self.rx.try_recv()? {
-            Some(msg) => {
-                f(&msg);
-                true
-            }
-            None => false,
-        })
-    }
-
     fn poll_recv_with(
         &mut self,
         cx: &mut Context<'_>,
