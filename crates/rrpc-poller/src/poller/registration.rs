@@ -7,7 +7,7 @@ use std::fmt;
 use std::future::poll_fn;
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering, fence};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering, fence};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
@@ -23,7 +23,7 @@ use crate::sys::{DupFd, EventFd, register_readable};
 use crate::tune::{COSTLY_CATCH, SpinTuner, Waited};
 
 use super::inner::Inner;
-use super::shard::{Entry, HELP_SCAN, Shard, Wake, lock};
+use super::shard::{Entry, HELP_SCAN, NO_SLOT, Shard, Wake, lock};
 use super::thread::scan;
 
 /// How often a spinning task yields to the tokio scheduler (other tasks on the same worker),
@@ -333,6 +333,7 @@ impl Registration {
             announced: AtomicBool::new(false),
             epoch: Instant::now(),
             fired_at: AtomicU64::new(0),
+            slot: AtomicUsize::new(NO_SLOT),
         });
         shard.add(entry.clone());
         if bp_thread {
@@ -561,7 +562,7 @@ impl Registration {
             n.arm().map_err(Error::io("arm notifier"))?;
             return Ok(());
         }
-        self.entry.armed.store(true, Ordering::SeqCst);
+        self.entry.set_armed();
         fence(Ordering::SeqCst);
         if let Some(s) = &self.entry.shard {
             s.kick();
@@ -1174,7 +1175,7 @@ impl Registration {
             self.entry.armed.store(false, Ordering::Relaxed);
             return Poll::Ready(Ok(()));
         }
-        self.entry.armed.store(true, Ordering::SeqCst);
+        self.entry.set_armed();
         fence(Ordering::SeqCst);
         if let Some(s) = &self.entry.shard
             && !self.covered_by_doorbell(s)

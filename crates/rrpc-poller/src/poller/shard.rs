@@ -59,6 +59,79 @@ pub(super) struct Entry {
     /// When the last `Waker::wake` was called, in ns since `epoch` plus 1 (0: none pending);
     /// the woken task takes it to measure its wake-up latency.
     pub(super) fired_at: AtomicU64,
+    /// The entry's slot in its shard ([`Shard::add`]; [`NO_SLOT`] before), its bit in the
+    /// shard's [`ArmedSet`].
+    pub(super) slot: AtomicUsize,
+}
+
+/// An entry not in a shard's slots yet.
+pub(super) const NO_SLOT: usize = usize::MAX;
+
+/// Slots whose arms the [`ArmedSet`] tracks by bit. An entry in a higher slot (a shard of
+/// more than 1024 registrations) arms through the set's overflow flag, which makes the
+/// polling thread look at every slot above this once.
+pub(super) const ARMED_BITS: usize = 1024;
+
+/// The arms a shard's polling thread has not taken yet: a task that arms sets its entry's
+/// bit (after its `armed` flag, before its fence and kick), and the thread, at each pass,
+/// takes the bits and adds those entries to the ones it watches, so that a pass looks at
+/// the armed entries only, not at every registration (#58: at 64 clients a pass over 128
+/// registrations read 128 lines other CPUs wrote, ~96 D1 misses a message).
+pub(super) struct ArmedSet {
+    words: [AtomicU64; ARMED_BITS / 64],
+    overflow: AtomicBool,
+}
+
+impl ArmedSet {
+    fn new() -> Self {
+        Self {
+            words: std::array::from_fn(|_| AtomicU64::new(0)),
+            overflow: AtomicBool::new(false),
+        }
+    }
+
+    /// Records that the entry in `slot` armed (`SeqCst`: ordered with the arm's `armed`
+    /// store before it and its `parked` load after its fence: the Dekker with
+    /// [`Shard::parked`]).
+    pub(super) fn note(&self, slot: usize) {
+        match self.words.get(slot / 64) {
+            Some(w) => {
+                w.fetch_or(1 << (slot % 64), Ordering::SeqCst);
+            }
+            None => self.overflow.store(true, Ordering::SeqCst),
+        }
+    }
+
+    /// Takes the arms recorded in the first `slots` slots (the rest stay for a later take),
+    /// calling `f` with each slot; returns whether the overflow flag was set (taken too).
+    pub(super) fn take(&self, slots: usize, f: &mut impl FnMut(usize)) -> bool {
+        for (i, w) in self.words.iter().take(slots.div_ceil(64)).enumerate() {
+            if w.load(Ordering::Relaxed) == 0 {
+                continue;
+            }
+            let mut bits = w.swap(0, Ordering::AcqRel);
+            while bits != 0 {
+                f(i * 64 + bits.trailing_zeros() as usize);
+                bits &= bits - 1;
+            }
+        }
+        self.overflow.load(Ordering::Relaxed) && self.overflow.swap(false, Ordering::AcqRel)
+    }
+
+    /// Whether any arm is recorded and not taken (`SeqCst`: the polling thread's side of
+    /// the Dekker, after its `parked` store and fence).
+    pub(super) fn any(&self) -> bool {
+        self.overflow.load(Ordering::SeqCst)
+            || self.words.iter().any(|w| w.load(Ordering::SeqCst) != 0)
+    }
+}
+
+/// A shard's entries by slot: a slot stays an entry's while it is registered and is reused
+/// after.
+#[derive(Default)]
+pub(super) struct Slots {
+    pub(super) by_slot: Vec<Option<Arc<Entry>>>,
+    free: Vec<usize>,
 }
 
 /// Adds 1 to a sleeping task's eventfd. A write that fails is logged: the task's rescan (or
@@ -70,6 +143,15 @@ fn ring(efd: &EventFd) {
 }
 
 impl Entry {
+    /// Sets `armed` and records the arm in the shard's [`ArmedSet`]; the caller fences and
+    /// kicks next, as before.
+    pub(super) fn set_armed(&self) {
+        self.armed.store(true, Ordering::SeqCst);
+        if let Some(s) = &self.shard {
+            s.armed_set.note(self.slot.load(Ordering::Relaxed));
+        }
+    }
+
     /// Wakes the task. Call only after winning `armed.swap(false)`.
     pub(super) fn fire(&self) {
         match &self.wake {
@@ -139,6 +221,10 @@ impl Entry {
 pub(super) struct Shard {
     pub(super) id: usize,
     pub(super) entries: Mutex<Vec<Arc<Entry>>>,
+    /// The same entries by slot (taken under `entries`' lock, after it).
+    pub(super) slots: Mutex<Slots>,
+    /// The arms the polling thread has not taken yet.
+    pub(super) armed_set: CachePadded<ArmedSet>,
     pub(super) generation: AtomicU64,
     pub(super) len: AtomicUsize,
     pub(super) parked: CachePadded<AtomicBool>,
@@ -178,6 +264,8 @@ impl Shard {
         Arc::new(Self {
             id,
             entries: Mutex::new(Vec::new()),
+            slots: Mutex::new(Slots::default()),
+            armed_set: CachePadded::new(ArmedSet::new()),
             generation: AtomicU64::new(0),
             len: AtomicUsize::new(0),
             parked: CachePadded::new(AtomicBool::new(false)),
@@ -268,6 +356,18 @@ impl Shard {
 
     pub(super) fn add(&self, e: Arc<Entry>) {
         let mut v = lock(&self.entries);
+        {
+            let mut s = lock(&self.slots);
+            let slot = match s.free.pop() {
+                Some(i) => i,
+                None => {
+                    s.by_slot.push(None);
+                    s.by_slot.len() - 1
+                }
+            };
+            e.slot.store(slot, Ordering::Relaxed);
+            s.by_slot[slot] = Some(e.clone());
+        }
         v.push(e);
         self.len.store(v.len(), Ordering::Relaxed);
         self.generation.fetch_add(1, Ordering::Release);
@@ -277,6 +377,15 @@ impl Shard {
         {
             let mut v = lock(&self.entries);
             v.retain(|x| !Arc::ptr_eq(x, e));
+            let mut s = lock(&self.slots);
+            let slot = e.slot.load(Ordering::Relaxed);
+            if s.by_slot
+                .get(slot)
+                .is_some_and(|x| x.as_ref().is_some_and(|x| Arc::ptr_eq(x, e)))
+            {
+                s.by_slot[slot] = None;
+                s.free.push(slot);
+            }
             self.len.store(v.len(), Ordering::Relaxed);
             self.generation.fetch_add(1, Ordering::Release);
         }

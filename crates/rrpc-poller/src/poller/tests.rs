@@ -517,3 +517,70 @@ fn a_task_answered_in_the_peers_turn_still_lets_its_worker_run() {
         );
     });
 }
+
+/// Ready once set; no doorbell and no liveness: only the polling thread wakes its sleeper.
+#[derive(Debug, Default)]
+struct Flag(std::sync::atomic::AtomicBool);
+
+impl Readiness for Flag {
+    fn ready(&self) -> bool {
+        self.0.load(Ordering::SeqCst)
+    }
+}
+
+/// The polling thread's pass looks at the armed entries only (its shard's armed set): a
+/// sleeper is woken in any slot, at a word's edges, in the last slot the set tracks by bit
+/// and past it (the set's overflow), and in a slot freed by a registration that left and
+/// reused by a new one; a wait armed before the list changed is not lost to the stale list.
+#[test]
+fn the_polling_thread_wakes_a_sleeper_in_any_slot() {
+    rt().block_on(async {
+        let p = fixed_spin_poller(Duration::ZERO);
+        let n = super::shard::ARMED_BITS + 40;
+        let mut regs = Vec::with_capacity(n);
+        let mut srcs = Vec::with_capacity(n);
+        for _ in 0..n {
+            let s = Arc::new(Flag::default());
+            regs.push(Some(p.register(s.clone()).unwrap()));
+            srcs.push(s);
+        }
+        let slot_of = |r: &crate::Registration| r.entry.slot.load(Ordering::Relaxed);
+        // A registration leaves and a new one takes its slot.
+        let reused = slot_of(regs[70].as_ref().unwrap());
+        regs[70] = None;
+        let s = Arc::new(Flag::default());
+        let r = p.register(s.clone()).unwrap();
+        assert_eq!(slot_of(&r), reused, "the freed slot is reused");
+        regs[70] = Some(r);
+        srcs[70] = s;
+        for i in [
+            0,
+            63,
+            64,
+            70,
+            500,
+            super::shard::ARMED_BITS - 1,
+            super::shard::ARMED_BITS,
+            n - 1,
+        ] {
+            let mut reg = regs[i].take().unwrap();
+            assert_eq!(slot_of(&reg), i, "slots in registration order");
+            let entry = reg.entry.clone();
+            // The thread took the list as it is now (the last waiter's registration left)
+            // and parked: only this arm can bring it to the entry.
+            let shard = reg.shard.clone();
+            tokio::time::sleep(Duration::from_millis(2)).await;
+            until("the thread to park", || shard.parked.load(Ordering::SeqCst)).await;
+            let waiter = tokio::spawn(async move { reg.wait_ready().await });
+            until("the wait to sleep", || entry.armed.load(Ordering::SeqCst)).await;
+            // Let the thread take the arm and park again with the entry watched.
+            tokio::time::sleep(Duration::from_millis(2)).await;
+            srcs[i].0.store(true, Ordering::SeqCst);
+            tokio::time::timeout(Duration::from_secs(5), waiter)
+                .await
+                .unwrap_or_else(|_| panic!("the sleeper in slot {i} was never woken"))
+                .unwrap()
+                .unwrap();
+        }
+    });
+}

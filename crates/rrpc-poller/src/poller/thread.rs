@@ -1,6 +1,7 @@
 //! The polling threads' loop: [`polling_loop`] (the body of every polling thread, with idle
-//! parking, dozing and the doorbell fallback's announces), [`scan`] (one pass over a shard's
-//! armed entries, also used by spinning tasks), their settings ([`LoopCfg`]) and the
+//! parking, dozing and the doorbell fallback's announces; each pass looks at the shard's armed
+//! entries only, through its armed set), [`scan`] (one pass over a list of entries, used by
+//! spinning tasks and the idle rescans), their settings ([`LoopCfg`]) and the
 //! [`IdleWatch`] that coalesces the idle rescans of the shared polling threads.
 
 use std::sync::Arc;
@@ -150,8 +151,14 @@ struct PollingThread {
     shard: Arc<Shard>,
     counters: Arc<Counters>,
     cfg: LoopCfg,
-    /// The shard's entries as of generation `seen_gen` (taken again when it moves).
-    local: Vec<Arc<Entry>>,
+    /// The shard's entries by slot as of generation `seen_gen` (taken again when it moves).
+    by_slot: Vec<Option<Arc<Entry>>>,
+    /// The slots of the entries this thread watches: each armed entry is here or has its
+    /// arm recorded in the shard's [`ArmedSet`](super::shard::ArmedSet) (taken at the next
+    /// pass). An entry leaves when it fires or is found disarmed.
+    watching: Vec<usize>,
+    /// `in_watch[slot]`: the slot is in `watching`.
+    in_watch: Vec<bool>,
     seen_gen: u64,
     /// The last wake-up this thread made, or its last resume: where the idle time that
     /// `park_after` measures starts.
@@ -204,7 +211,9 @@ impl PollingThread {
             gov.begin(gov_now(&shard), c.sample());
         }
         Self {
-            local: Vec::new(),
+            by_slot: Vec::new(),
+            watching: Vec::new(),
+            in_watch: Vec::new(),
             seen_gen: u64::MAX,
             last_activity,
             checks: 0,
@@ -223,18 +232,81 @@ impl PollingThread {
         }
     }
 
-    /// Takes the shard's entry list again if it changed (a registration came or went).
+    /// Takes the shard's entry list again if it changed (a registration came or went), and
+    /// watches every entry armed in it (an arm taken from the set while the list was stale
+    /// may have been looked up in the old list).
     fn take_entries(&mut self) {
         let g = self.shard.generation.load(Ordering::Acquire);
         if g != self.seen_gen {
-            self.local.clone_from(&lock(&self.shard.entries));
+            self.by_slot.clone_from(&lock(&self.shard.slots).by_slot);
             self.seen_gen = g;
+            self.watching.clear();
+            self.in_watch.clear();
+            self.in_watch.resize(self.by_slot.len(), false);
+            for (slot, e) in self.by_slot.iter().enumerate() {
+                if e.as_ref().is_some_and(|e| e.armed.load(Ordering::SeqCst)) {
+                    self.watching.push(slot);
+                    self.in_watch[slot] = true;
+                }
+            }
         }
     }
 
-    /// [`scan`]s the shard, counted: (checks, wakes, armed entries left waiting).
-    fn scan_own(&self) -> (u64, u64, usize) {
-        let (polls, fired, waiting) = scan(&self.local);
+    /// The entries this thread watches.
+    fn watched(&self) -> impl Iterator<Item = &Arc<Entry>> {
+        self.watching
+            .iter()
+            .filter_map(|&slot| self.by_slot.get(slot)?.as_ref())
+    }
+
+    /// One pass over the shard's armed entries, counted: takes the new arms from the shard's
+    /// [`ArmedSet`](super::shard::ArmedSet), then checks every watched entry as [`scan`] does
+    /// (wakes the ready or closed ones; drops those found disarmed). Returns (checks, wakes,
+    /// armed entries left waiting). O(armed), not O(registrations).
+    fn scan_own(&mut self) -> (u64, u64, usize) {
+        let (watching, in_watch) = (&mut self.watching, &mut self.in_watch);
+        let mut watch = |slot: usize| {
+            // A slot past the list: registered after it was taken; the next turn takes the
+            // list again (its generation moved) and watches it then.
+            if let Some(w) = in_watch.get_mut(slot)
+                && !*w
+            {
+                *w = true;
+                watching.push(slot);
+            }
+        };
+        let overflow = self.shard.armed_set.take(self.by_slot.len(), &mut watch);
+        if overflow {
+            for slot in super::shard::ARMED_BITS..self.by_slot.len() {
+                if self.by_slot[slot]
+                    .as_ref()
+                    .is_some_and(|e| e.armed.load(Ordering::Acquire))
+                {
+                    watch(slot);
+                }
+            }
+        }
+        let (mut polls, mut fired, mut waiting) = (0u64, 0u64, 0usize);
+        let mut i = 0;
+        while i < self.watching.len() {
+            let slot = self.watching[i];
+            let keep = match self.by_slot.get(slot).and_then(Option::as_ref) {
+                Some(e) if e.armed.load(Ordering::Acquire) => {
+                    polls += 1;
+                    let (woke, left) = check(e);
+                    fired += u64::from(woke);
+                    waiting += usize::from(left);
+                    left
+                }
+                _ => false,
+            };
+            if keep {
+                i += 1;
+            } else {
+                self.watching.swap_remove(i);
+                self.in_watch[slot] = false;
+            }
+        }
         Counters::add(&self.counters.polls, polls);
         Counters::add(&self.counters.empty_polls, waiting as u64);
         (polls, fired, waiting)
@@ -335,8 +407,7 @@ impl PollingThread {
         match self.cfg.bell_park_after {
             Some(b)
                 if self
-                    .local
-                    .iter()
+                    .watched()
                     .all(|e| e.bell || !e.armed.load(Ordering::Relaxed)) =>
             {
                 if self.shard.backed_off() {
@@ -388,7 +459,7 @@ impl PollingThread {
             return 0;
         }
         let mut woke = 0;
-        for e in &self.local {
+        for e in self.watched() {
             if e.armed.load(Ordering::SeqCst)
                 && e.announce()
                 && (e.source.ready() || e.source.is_closed())
@@ -401,18 +472,21 @@ impl PollingThread {
         woke
     }
 
-    /// Announces the park, then looks at the armed flags (and the entry list) once more: a
-    /// task that armed before it could see `parked` is caught by this recheck (Dekker with
-    /// `Registration::arm`; and with `IdleWatch::kick_holder` for `others_dozing`).
+    /// Announces the park, then looks at the armed set, the watched entries' armed flags
+    /// (and the entry list) once more: a task that armed before it could see `parked` is
+    /// caught by this recheck (Dekker with `Registration::arm`, whose arm is recorded in the
+    /// armed set before its fence; and with `IdleWatch::kick_holder` for `others_dozing`). An
+    /// arm not taken yet is scanned at once, timed park or not.
     fn recheck_before_park(&self, timed: bool) -> Recheck {
         self.shard.parked.store(true, Ordering::SeqCst);
         fence(Ordering::SeqCst);
         let changed = self.shard.generation.load(Ordering::SeqCst) != self.seen_gen;
-        let any_armed = self.local.iter().any(|e| e.armed.load(Ordering::SeqCst));
+        let new_arms = self.shard.armed_set.any();
+        let any_armed = new_arms || self.watched().any(|e| e.armed.load(Ordering::SeqCst));
         if self.shard.stop.load(Ordering::SeqCst) {
             return Recheck::Stop;
         }
-        if changed || (any_armed && !timed) {
+        if changed || new_arms || (any_armed && !timed) {
             self.shard.parked.store(false, Ordering::SeqCst);
             return Recheck::Scan;
         }
@@ -485,7 +559,7 @@ impl PollingThread {
         let stretch = own_rescan
             && !watching
             && self.cfg.bell_park_after.is_some()
-            && self.local.iter().all(|e| {
+            && self.watched().all(|e| {
                 !e.armed.load(Ordering::Relaxed)
                     || (e.announced.load(Ordering::Relaxed) && (e.exact_bell || !backed_off))
             });
@@ -568,8 +642,9 @@ fn back_off(shard: &Shard, counters: &Counters, until: Duration, reason: Reason)
     );
 }
 
-/// One pass over a shard's entries: checks every armed one, wakes the ready (or closed) ones.
-/// Returns (checks, wakes, armed entries left waiting).
+/// One pass over a list of entries (a spinning task's help, the idle rescans of other
+/// shards): checks every armed one, wakes the ready (or closed) ones. Returns (checks, wakes,
+/// armed entries left waiting).
 pub(super) fn scan(local: &[Arc<Entry>]) -> (u64, u64, usize) {
     let (mut polls, mut fired, mut waiting) = (0u64, 0u64, 0usize);
     for e in local {
@@ -577,18 +652,28 @@ pub(super) fn scan(local: &[Arc<Entry>]) -> (u64, u64, usize) {
             continue;
         }
         polls += 1;
-        let closed = e.source.is_closed();
-        if closed || e.source.ready() {
-            if closed {
-                e.closed.store(true, Ordering::Release);
-            }
-            if e.armed.swap(false, Ordering::AcqRel) {
-                e.fire();
-                fired += 1;
-            }
-        } else {
-            waiting += 1;
-        }
+        let (woke, left) = check(e);
+        fired += u64::from(woke);
+        waiting += usize::from(left);
     }
     (polls, fired, waiting)
+}
+
+/// Checks one armed entry: wakes it if its source is ready or closed. Returns (woke it,
+/// left waiting).
+fn check(e: &Entry) -> (bool, bool) {
+    let closed = e.source.is_closed();
+    if closed || e.source.ready() {
+        if closed {
+            e.closed.store(true, Ordering::Release);
+        }
+        // Another waker (a spinning task's help, a doorbell) may have won it.
+        let won = e.armed.swap(false, Ordering::AcqRel);
+        if won {
+            e.fire();
+        }
+        (won, false)
+    } else {
+        (false, true)
+    }
 }
