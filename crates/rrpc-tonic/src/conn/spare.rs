@@ -130,6 +130,22 @@ pub(crate) struct Taken<T> {
     pub(crate) dropped: Vec<T>,
 }
 
+/// Takes out every spare past its config's `peer_lease` at `now`.
+fn expired<T>(entries: &mut [Entry<T>], now: Instant) -> Vec<T> {
+    let mut gone = Vec::new();
+    for e in entries.iter_mut() {
+        // Oldest first: the expired ones are at the front.
+        while e
+            .ready
+            .front()
+            .is_some_and(|(at, _)| now.saturating_duration_since(*at) >= e.cfg.peer_lease())
+        {
+            gone.extend(e.ready.pop_front().map(|(_, t)| t));
+        }
+    }
+    gone
+}
+
 impl<T> Spares<T> {
     fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Entry<T>>> {
         self.entries.lock().unwrap_or_else(|e| e.into_inner())
@@ -156,16 +172,7 @@ impl<T> Spares<T> {
             dropped: Vec::new(),
         };
         let mut entries = self.lock();
-        for e in entries.iter_mut() {
-            // Oldest first: the expired ones are at the front.
-            while e
-                .ready
-                .front()
-                .is_some_and(|(at, _)| now.saturating_duration_since(*at) >= e.cfg.peer_lease())
-            {
-                taken.dropped.extend(e.ready.pop_front().map(|(_, t)| t));
-            }
-        }
+        taken.dropped = expired(&mut entries, now);
         if let Some(e) = entries
             .iter_mut()
             .find(|e| e.server == server && e.cfg == *cfg)
@@ -328,17 +335,8 @@ impl<T> Spares<T> {
     /// next connect looks. `true` when none is left: the sweeper ends
     /// (cleared in the same lock, so that a push after it starts another).
     pub(crate) fn expire(&self, now: Instant) -> (Vec<T>, bool) {
-        let mut gone = Vec::new();
         let mut entries = self.lock();
-        for e in entries.iter_mut() {
-            while e
-                .ready
-                .front()
-                .is_some_and(|(at, _)| now.saturating_duration_since(*at) >= e.cfg.peer_lease())
-            {
-                gone.extend(e.ready.pop_front().map(|(_, t)| t));
-            }
-        }
+        let gone = expired(&mut entries, now);
         entries.retain(|e| e.filling || !e.ready.is_empty());
         let none_left = entries.iter().all(|e| e.ready.is_empty());
         if none_left {

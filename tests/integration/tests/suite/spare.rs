@@ -9,7 +9,8 @@ use std::time::{Duration, Instant};
 use rrpc_integration_tests::{Harness, Transport, config, on_rings};
 
 use super::sharing::call;
-use rrpc_tonic::{RrpcConfig, RrpcContext, RrpcEndpoint, SpareStats};
+use rrpc_integration_tests::pb::test_client::TestClient;
+use rrpc_tonic::{RrpcChannel, RrpcConfig, RrpcContext, RrpcEndpoint, SpareStats};
 
 on_rings!(
     connects_take_spares_and_each_carries_calls,
@@ -99,6 +100,11 @@ async fn connects_take_spares_and_each_carries_calls(t: Transport) {
     assert_eq!((s.ready, s.made, s.dropped), (2, 6, 0), "{s:?}");
     // The first dial and the six spares: no connect dialed past a spare.
     assert_eq!(accepted(&server), 7);
+    call_each(&clients).await;
+}
+
+/// One call on each of `clients`, all at once.
+async fn call_each(clients: &[TestClient<RrpcChannel>]) {
     let calls = clients
         .iter()
         .cloned()
@@ -361,12 +367,7 @@ mod lanes {
         assert_eq!(s.dropped, 0, "{s:?}");
         let at_server = server.shared_connections();
         assert_eq!(at_server.len(), 1, "one shared connection: {at_server:?}");
-        let calls = clients
-            .iter()
-            .cloned()
-            .enumerate()
-            .map(|(i, mut c)| async move { call(&mut c, 0x40 + i as u8).await });
-        futures_util::future::join_all(calls).await;
+        call_each(&clients).await;
         drop(clients);
         // Nobody connects again: the sweeper drops the spares at their
         // lease's end, then the sharing sweeper closes the idle shared
