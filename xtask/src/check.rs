@@ -684,7 +684,7 @@ fn run_icount(bin_dir: &Path, root: &Path, dir: &Path) -> Result<Vec<TableFile>>
 
 /// The demo's paths `demo-icount` counts, and the two call counts whose difference cancels
 /// start-up (each after the demo's warm-up of 10 %).
-const DEMO_ICOUNT_PATHS: &[&str] = &["shm-fast", "tonic-inproc"];
+const DEMO_ICOUNT_PATHS: &[&str] = &["shm-fast", "inproc-fast", "tonic-inproc"];
 const DEMO_ICOUNT_CALLS: (u64, u64) = (1000, 3000);
 
 /// One CPU this process may run on (the first of its affinity mask).
