@@ -55,6 +55,9 @@ pub const LOST_CORE_SPINS: &str = "rrpc_poller_lost_core_spins_total";
 pub const BUSY_WORKER_SPINS: &str = "rrpc_poller_busy_worker_spins_total";
 /// Hand-off: waits satisfied by their yield, before any sleep (counter).
 pub const YIELD_HITS: &str = "rrpc_poller_yield_hits_total";
+/// Busy worker: waits satisfied by their yields to a busy worker, before any sleep
+/// (counter).
+pub const BUSY_YIELD_HITS: &str = "rrpc_poller_busy_yield_hits_total";
 /// Spin back-off: sleeps a task announced itself (counter).
 pub const SELF_ANNOUNCES: &str = "rrpc_poller_self_announces_total";
 /// Wake-up latency of a woken task, in seconds (histogram).
@@ -83,6 +86,7 @@ pub(crate) fn counters(s: &Stats, mode: Mode) {
         (LOST_CORE_SPINS, s.lost_core_spins),
         (BUSY_WORKER_SPINS, s.busy_worker_spins),
         (YIELD_HITS, s.yield_hits),
+        (BUSY_YIELD_HITS, s.busy_yield_hits),
         (SELF_ANNOUNCES, s.self_announces),
     ] {
         metrics::counter!(name, "mode" => m).absolute(v);

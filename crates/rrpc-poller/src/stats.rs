@@ -28,6 +28,7 @@ pub(crate) struct Counters {
     pub(crate) lost_core_spins: CachePadded<AtomicU64>,
     pub(crate) busy_worker_spins: CachePadded<AtomicU64>,
     pub(crate) yield_hits: CachePadded<AtomicU64>,
+    pub(crate) busy_yield_hits: CachePadded<AtomicU64>,
     pub(crate) self_announces: CachePadded<AtomicU64>,
     pub(crate) timed_wakes: CachePadded<AtomicU64>,
     pub(crate) wake_latency_ns: CachePadded<AtomicU64>,
@@ -62,6 +63,7 @@ impl Counters {
             lost_core_spins: self.lost_core_spins.load(Relaxed),
             busy_worker_spins: self.busy_worker_spins.load(Relaxed),
             yield_hits: self.yield_hits.load(Relaxed),
+            busy_yield_hits: self.busy_yield_hits.load(Relaxed),
             self_announces: self.self_announces.load(Relaxed),
             timed_wakes: self.timed_wakes.load(Relaxed),
             wake_latency_ns: self.wake_latency_ns.load(Relaxed),
@@ -123,6 +125,10 @@ pub struct Stats {
     /// once; after this end's send, the CPU first) before any sleep was announced: no
     /// doorbell rung, no wake-up.
     pub yield_hits: u64,
+    /// Busy worker: BPEV waits satisfied while they yielded to a worker whose other
+    /// connections' waits kept completing, before any sleep was armed or announced: no
+    /// doorbell rung, no wake-up.
+    pub busy_yield_hits: u64,
     /// Spin back-off: sleeps a task announced itself, its polling thread being backed off.
     pub self_announces: u64,
     /// Wakes by a polling thread or a spinning neighbour whose latency was measured (from the
@@ -165,6 +171,7 @@ impl Stats {
             lost_core_spins: self.lost_core_spins - earlier.lost_core_spins,
             busy_worker_spins: self.busy_worker_spins - earlier.busy_worker_spins,
             yield_hits: self.yield_hits - earlier.yield_hits,
+            busy_yield_hits: self.busy_yield_hits - earlier.busy_yield_hits,
             self_announces: self.self_announces - earlier.self_announces,
             timed_wakes: self.timed_wakes - earlier.timed_wakes,
             wake_latency_ns: self.wake_latency_ns - earlier.wake_latency_ns,

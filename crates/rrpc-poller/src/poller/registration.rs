@@ -42,6 +42,11 @@ thread_local! {
 /// while they have not answered ([`Registration::yield_to_peer`]).
 const HANDOFF_TICKS: usize = 4;
 
+/// A busy-worker wait's most yields before it sleeps ([`Wait::Busy`]): each is one turn of the
+/// worker's run queue, taken only while other connections' waits on this worker completed
+/// during the previous one.
+const BUSY_YIELDS: u32 = 16;
+
 /// A connection's most handed-off waits in a row that give the CPU to the peer first, without
 /// a turn of their worker ([`Registration::poll_yield_to_peer`]): then one wait takes its
 /// worker's turn first, so that the worker's other tasks (other connections' readers, woken
@@ -216,6 +221,10 @@ pub struct Registration {
     pub(super) cpu_first: u32,
     /// The wait in progress between two polls ([`Self::poll_ready_with`]).
     pub(super) wait: Wait,
+    /// BPEV: this worker was last seen busy with other connections' waits (a spin's or a
+    /// busy wait's yield saw [`PROGRESS`] move): the next wait that would sleep yields to
+    /// them first ([`Wait::Busy`]).
+    pub(super) worker_busy: bool,
     pub(super) removed: bool,
 }
 
@@ -369,6 +378,7 @@ impl Registration {
             sends_at_ready: 0,
             cpu_first: 0,
             wait: Wait::Idle,
+            worker_busy: false,
             removed: false,
         })
     }
@@ -795,6 +805,46 @@ impl Registration {
                     if !before_sleep()? {
                         return Poll::Ready(Ok(()));
                     }
+                    if self.mode == Mode::Bpev && self.worker_busy && !self.hands_off() {
+                        // The worker is busy with other connections: yield to them, and
+                        // look again when they had their turn, before arming a sleep.
+                        self.wait = Wait::Busy {
+                            start,
+                            ran_out,
+                            yields: 1,
+                            progress: PROGRESS.get(),
+                        };
+                        return yield_now(cx);
+                    }
+                    self.wait = Wait::Sleep {
+                        start,
+                        ran_out,
+                        slept: false,
+                        armed: false,
+                    };
+                }
+                Wait::Busy {
+                    start,
+                    ran_out,
+                    yields,
+                    progress,
+                } => {
+                    if let Check::Ready = self.check()? {
+                        Counters::add(&self.inner.counters.busy_yield_hits, 1);
+                        self.judge(start, ran_out, false);
+                        return Poll::Ready(Ok(()));
+                    }
+                    let now = PROGRESS.get();
+                    self.worker_busy = now != progress;
+                    if self.worker_busy && yields < BUSY_YIELDS {
+                        self.wait = Wait::Busy {
+                            start,
+                            ran_out,
+                            yields: yields + 1,
+                            progress: now,
+                        };
+                        return yield_now(cx);
+                    }
                     self.wait = Wait::Sleep {
                         start,
                         ran_out,
@@ -877,7 +927,8 @@ impl Registration {
         };
         if let Some(before) = spin.yielded.take() {
             // Back from a yield.
-            if self.mode == Mode::Bpev && PROGRESS.get() != before {
+            self.worker_busy = PROGRESS.get() != before;
+            if self.mode == Mode::Bpev && self.worker_busy {
                 // Other tasks on this worker had work while we spun: the worker is busy, so
                 // stop spinning, arm, and let the polling threads watch this connection
                 // (Algorithm 2 spins only while the working thread has no event to handle).
@@ -1255,6 +1306,18 @@ pub(super) enum Wait {
     },
     /// `before_sleep` is next.
     BeforeSleep { start: Instant, ran_out: Duration },
+    /// BPEV on a busy worker: `before_sleep` ran, and the wait yields to the worker's other
+    /// tasks (`yields` so far, at most [`BUSY_YIELDS`]) while other connections' waits on
+    /// this worker keep completing ([`PROGRESS`] as it was at the last yield), instead of
+    /// arming a sleep that a doorbell (system calls at both ends) or a polling thread
+    /// competing for the cores would end. Nothing is armed or announced: the task is in the
+    /// run queue, and sleeps as any other wait once the worker is no longer busy.
+    Busy {
+        start: Instant,
+        ran_out: Duration,
+        yields: u32,
+        progress: u64,
+    },
     /// Asleep (`slept`: the waker's sleep registered and armed; `armed`: the fd sleep's arm
     /// ran).
     Sleep {

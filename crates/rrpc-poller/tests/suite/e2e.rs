@@ -33,6 +33,7 @@ rrpc_core::on_every_provider!(
     a_reader_fed_once_a_millisecond_stops_spinning_and_announces_its_own_sleeps,
     a_ping_pong_on_one_cpu_hands_every_wait_to_the_doorbell,
     a_handed_off_reader_lets_its_worker_answer_first,
+    many_connections_on_one_busy_worker_yield_to_each_other_before_they_sleep,
 );
 
 /// Answers `n` messages, each a little-endian `u32`, with that number plus one, flushing
@@ -1061,4 +1062,57 @@ fn a_reader_whose_last_head_push_fails_is_told_every_mode() {
             writer.abort();
         });
     }
+}
+
+/// Many connections on one worker (BPEV, a current-thread runtime: both ends of 16 pairs,
+/// 8 messages in flight on each): a reader that finds nothing while its neighbours' waits
+/// keep completing yields to them instead of arming a sleep, and most such yields find its
+/// data when it runs again (`busy_yield_hits`): no doorbell, no wake-up. Every message still
+/// arrives, in order, with no lost wake-up.
+fn many_connections_on_one_busy_worker_yield_to_each_other_before_they_sleep(prov: &Provider) {
+    const PAIRS: usize = 16;
+    const WINDOW: u32 = 8;
+    let n = prov.scaled(2_000) as u32;
+    common::rt().block_on(async {
+        let p = poller(Mode::Bpev);
+        let mut clients = Vec::new();
+        for _ in 0..PAIRS {
+            let (a, b) = pair(prov, &p, &ring(Mode::Bpev, 64 * 1024));
+            let (mut atx, mut arx) = a.split().unwrap();
+            let (btx, brx) = b.split().unwrap();
+            let server = tokio::spawn(echo(n, btx, brx));
+            clients.push(tokio::spawn(async move {
+                let mut sent = 0u32;
+                while sent < WINDOW.min(n) {
+                    atx.send(&(sent * 2).to_le_bytes()).await.unwrap();
+                    sent += 1;
+                }
+                atx.flush_all().await.unwrap();
+                for i in 0..n {
+                    let m = tokio::time::timeout(BOUND, arx.recv())
+                        .await
+                        .expect("lost wake-up")
+                        .unwrap();
+                    assert_eq!(u32::from_le_bytes(m[..4].try_into().unwrap()), i * 2 + 1);
+                    drop(m);
+                    if sent < n {
+                        atx.send(&(sent * 2).to_le_bytes()).await.unwrap();
+                        atx.flush_all().await.unwrap();
+                        sent += 1;
+                    }
+                }
+                let _keep = server.await.unwrap();
+                (atx, arx)
+            }));
+        }
+        for c in clients {
+            let _keep = c.await.unwrap();
+        }
+        let s = p.stats();
+        eprintln!("{PAIRS} pairs on one worker: {s:?}");
+        assert!(
+            s.busy_yield_hits >= 1,
+            "waits on a busy worker yield to it before they sleep: {s:?}"
+        );
+    });
 }
