@@ -103,6 +103,16 @@
 //!   [`Stats::lost_core_spins`], [`Stats::busy_worker_spins`],
 //!   [`Stats::backoffs_descheduled`],
 //!   [`Stats::backoffs_not_earning`], [`Stats::self_announces`].
+//! - **Busy worker: yield before sleeping** (BPEV). A wait whose spin found nothing (or was
+//!   skipped) while its worker was last seen busy with other connections (a yield of its
+//!   spin saw other waits on the worker complete) does not arm a sleep at once: it yields to
+//!   the worker's other tasks and looks again when they had their turn, up to 16 times while
+//!   their waits keep completing, then sleeps as any other wait. Nothing is armed or
+//!   announced meanwhile (the task is in the run queue), so a wait that its data meets on one
+//!   of those turns costs no doorbell (a system call at each end) and no wake-up: with many
+//!   clients on few cores most sleeps were announced by the task itself, its polling thread
+//!   backed off for competing with the workers. A worker with one connection, or one at low
+//!   load, waits as before. Counter: [`Stats::busy_yield_hits`].
 //! - **One CPU: hand off, never spin** (default; [`PollerConfig::handoff`], [`Handoff`]). When
 //!   the process may run on one CPU only (`taskset -c N`, a one-CPU container: the union
 //!   of its threads' affinity masks, capped by the cgroup's limits) and a connection's peer
