@@ -805,23 +805,10 @@ impl Registration {
                     if !before_sleep()? {
                         return Poll::Ready(Ok(()));
                     }
-                    if self.mode == Mode::Bpev && self.worker_busy && !self.hands_off() {
-                        // The worker is busy with other connections: yield to them, and
-                        // look again when they had their turn, before arming a sleep.
-                        self.wait = Wait::Busy {
-                            start,
-                            ran_out,
-                            yields: 1,
-                            progress: PROGRESS.get(),
-                        };
+                    self.wait = self.busy_or_sleep(start, ran_out, 0);
+                    if let Wait::Busy { .. } = self.wait {
                         return yield_now(cx);
                     }
-                    self.wait = Wait::Sleep {
-                        start,
-                        ran_out,
-                        slept: false,
-                        armed: false,
-                    };
                 }
                 Wait::Busy {
                     start,
@@ -834,25 +821,35 @@ impl Registration {
                         self.judge(start, ran_out, false);
                         return Poll::Ready(Ok(()));
                     }
-                    let now = PROGRESS.get();
-                    self.worker_busy = now != progress;
-                    if self.worker_busy && yields < BUSY_YIELDS {
-                        self.wait = Wait::Busy {
-                            start,
-                            ran_out,
-                            yields: yields + 1,
-                            progress: now,
-                        };
+                    self.worker_busy = PROGRESS.get() != progress;
+                    self.wait = self.busy_or_sleep(start, ran_out, yields);
+                    if let Wait::Busy { .. } = self.wait {
                         return yield_now(cx);
                     }
-                    self.wait = Wait::Sleep {
-                        start,
-                        ran_out,
-                        slept: false,
-                        armed: false,
-                    };
                 }
                 Wait::Sleep { .. } => return self.poll_sleep(cx),
+            }
+        }
+    }
+
+    /// After `before_sleep` (and after each busy yield, `yields` so far): BPEV on a worker
+    /// last seen busy with other connections' waits yields to them once more
+    /// ([`Wait::Busy`], at most [`BUSY_YIELDS`] times) before it arms; else the sleep.
+    fn busy_or_sleep(&self, start: Instant, ran_out: Duration, yields: u32) -> Wait {
+        if self.mode == Mode::Bpev && self.worker_busy && yields < BUSY_YIELDS && !self.hands_off()
+        {
+            Wait::Busy {
+                start,
+                ran_out,
+                yields: yields + 1,
+                progress: PROGRESS.get(),
+            }
+        } else {
+            Wait::Sleep {
+                start,
+                ran_out,
+                slept: false,
+                armed: false,
             }
         }
     }
