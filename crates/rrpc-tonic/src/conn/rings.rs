@@ -541,25 +541,24 @@ async fn dial_lane(
 /// How long a lane connect reads the shared side channel itself for its
 /// answer before it leaves that to the lane reader (`sharing` docs). The
 /// reader is a task woken by the runtime's I/O driver: on the answer it
-/// wakes a worker, then the connect's task (on `block_on`, another
-/// thread), two thread wake-ups in a row on the connect's critical path;
-/// polling the socket here from the open on takes the answer as it lands.
-/// The server answers within its own wake-up and one pass of its accept
-/// loop, tens of microseconds. Only with more than one CPU: on one, the
-/// spin would hold the CPU the server needs to answer.
+/// wakes a worker, which wakes the connect's task (on `block_on`, another
+/// thread): two thread wake-ups in a row on the connect's critical path,
+/// after the server's own. Reading the socket here from the open on takes
+/// the answer as it lands. The server answers within its own wake-up and
+/// one pass of its accept loop (tens of microseconds); a spin that runs
+/// out costs at most this much more than the wait it replaces. Only with
+/// more than one CPU: on one, the spin would hold the CPU the server
+/// needs to answer.
 const LANE_ANSWER_SPIN: Duration = Duration::from_micros(200);
 
 fn lane_answer_spin() -> Duration {
     static SPIN: std::sync::OnceLock<Duration> = std::sync::OnceLock::new();
     *SPIN.get_or_init(|| {
         if std::thread::available_parallelism().map_or(1, usize::from) < 2 {
-            return Duration::ZERO;
+            Duration::ZERO
+        } else {
+            LANE_ANSWER_SPIN
         }
-        // H16 PROBE (removed before the merge): the spin's length.
-        std::env::var("RRPC_H16_SPIN_US")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .map_or(LANE_ANSWER_SPIN, Duration::from_micros)
     })
 }
 
@@ -588,6 +587,12 @@ async fn wait_answer(
             if !alive || Instant::now() >= until {
                 break;
             }
+            // The thread's turn on the CPU first: the server (or its lane
+            // reader) may be the thread the scheduler stacked on this CPU,
+            // and spinning through its turn would delay the very answer
+            // waited for (rrpc-poller's spins yield likewise). Then the
+            // worker's other tasks.
+            std::thread::yield_now();
             tokio::task::yield_now().await;
         }
     }

@@ -26,7 +26,9 @@
 //! the arenas: no socket, no handshake, no descriptor passed, nothing
 //! mapped. One reader task per shared connection at each end reads that
 //! side channel: the client's hands answers to the connects waiting on
-//! them, the server's hands asks to its listener's accept loop
+//! them (a connect also reads it itself for a while after its open, to
+//! take its answer without two thread wake-ups: `rings::wait_answer`),
+//! the server's hands asks to its listener's accept loop
 //! ([`LaneAsk`]), which answers them like clients (its limits included).
 //! When a shared connection has no lanes (`rdma://`, a server that grants
 //! no arena) or its arenas are full, a connect runs a logical
@@ -208,9 +210,8 @@ fn dispatch(
     waiters: Option<&Waiters>,
     asks: Option<&LaneAsks>,
 ) {
-    let waiter = |req: u32| {
-        waiters.and_then(|w| w.lock().unwrap_or_else(|p| p.into_inner()).remove(&req))
-    };
+    let waiter =
+        |req: u32| waiters.and_then(|w| w.lock().unwrap_or_else(|p| p.into_inner()).remove(&req));
     for ev in events {
         match ev {
             LaneEvent::Opened { req, conn } => {
