@@ -318,7 +318,7 @@ pub(crate) async fn dial(
     let ring = ring_config(cfg)?;
     let hs = handshake_config(cfg)?;
     let lane = if cfg.shared_queue_pairs() && matches!(ep, FabricAddr::Shm(_)) {
-        dial_lane(&key, &ep, &ring, &hs, cfg, ctx).await?
+        dial_lane(&key, &ep, &ring, &hs, cfg, ctx, true).await?
     } else {
         None
     };
@@ -427,7 +427,8 @@ async fn dial_dedicated_async(
 /// full (the server refuses then, saying so: `sharing::ARENA_FULL`); the
 /// connect then runs a logical connection's own handshake. A server that still
 /// holds the tag picked is asked again with another, twice at most.
-/// Bounded by the handshake timeout.
+/// Bounded by the handshake timeout. `spin`: a connect waits on it, so
+/// it reads its answer itself for a while ([`wait_answer`]).
 ///
 /// # Cancel safety
 /// Dropping the future gives the request up: the lane is closed when its
@@ -439,6 +440,7 @@ async fn dial_lane(
     hs: &HandshakeConfig,
     cfg: &RrpcConfig,
     ctx: &RrpcContext,
+    spin: bool,
 ) -> Result<Option<Dialed>, Error> {
     let peer = match ctx.peers().cached(key, ep) {
         Some(p) => p,
@@ -508,7 +510,7 @@ async fn dial_lane(
             req,
             armed: true,
         };
-        let answered = tokio::time::timeout_at(deadline, wait_answer(&peer, answer)).await;
+        let answered = tokio::time::timeout_at(deadline, wait_answer(&peer, answer, spin)).await;
         given_up.armed = false;
         let conn = match answered {
             Err(_) => {
@@ -562,9 +564,10 @@ fn lane_answer_spin() -> Duration {
     })
 }
 
-/// A lane's answer: read off the shared side channel by this task for
-/// [`LANE_ANSWER_SPIN`] (yielding to the runtime between reads), then
-/// waited for from the lane reader.
+/// A lane's answer: with `spin`, read off the shared side channel by
+/// this task for [`LANE_ANSWER_SPIN`] (yielding the CPU, then the
+/// runtime, between reads); then waited for from the lane reader. A
+/// spare's open (nobody waits on it) does not spin.
 ///
 /// # Cancel safety
 /// As `oneshot::Receiver`'s: dropped, the answer (if it comes) finds no
@@ -572,8 +575,13 @@ fn lane_answer_spin() -> Duration {
 async fn wait_answer(
     peer: &sharing::SharedPeer,
     mut answer: tokio::sync::oneshot::Receiver<sharing::LaneAnswer>,
+    spin: bool,
 ) -> Result<sharing::LaneAnswer, tokio::sync::oneshot::error::RecvError> {
-    let spin = lane_answer_spin();
+    let spin = if spin {
+        lane_answer_spin()
+    } else {
+        Duration::ZERO
+    };
     if !spin.is_zero() {
         let until = Instant::now() + spin;
         loop {
@@ -796,7 +804,8 @@ impl Refill {
         let made = async {
             let (ring, hs) = (ring_config(cfg)?, handshake_config(cfg)?);
             let open = || async {
-                let (conn, tx, rx, path) = dial_lane(&key, &ep, &ring, &hs, cfg, ctx)
+                // No spin for its answer: nobody waits on a spare's open.
+                let (conn, tx, rx, path) = dial_lane(&key, &ep, &ring, &hs, cfg, ctx, false)
                     .await?
                     .ok_or(Error::InvalidConfig("no lane to be had for a spare"))?;
                 let (pipe, conn) = into_pipe_and_conn(conn, tx, rx, cfg, ctx, &path)?;
