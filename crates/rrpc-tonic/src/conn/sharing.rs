@@ -26,7 +26,9 @@
 //! the arenas: no socket, no handshake, no descriptor passed, nothing
 //! mapped. One reader task per shared connection at each end reads that
 //! side channel: the client's hands answers to the connects waiting on
-//! them, the server's hands asks to its listener's accept loop
+//! them (a connect also reads it itself for a while after its open, to
+//! take its answer without two thread wake-ups: `rings::wait_answer`),
+//! the server's hands asks to its listener's accept loop
 //! ([`LaneAsk`]), which answers them like clients (its limits included).
 //! When a shared connection has no lanes (`rdma://`, a server that grants
 //! no arena) or its arenas are full, a connect runs a logical
@@ -85,6 +87,13 @@ pub(crate) const UNKNOWN: &str = "no shared connection with that id";
 /// The server's reason for refusing shared connections.
 pub(crate) const OFF: &str =
     "this server does not share queue pairs (RrpcConfig::shared_queue_pairs)";
+
+/// The server's reason for a lane it has no slot for: every slot of its
+/// arena is a lane's still open, or one whose connection has not dropped
+/// yet (a client that connects and drops faster than the server's
+/// connections end). The client then runs a logical connection's own
+/// handshake, as when its own arena is full.
+pub(crate) const ARENA_FULL: &str = "the server's lane arena is full";
 
 /// Whether a server's refusal of a logical connection is worth one more
 /// try: it forgot the shared connection, or still holds the tag picked
@@ -180,40 +189,7 @@ fn spawn_reader(
                 Err(e) => break e.to_string(),
             };
             guard.clear_ready();
-            for ev in events {
-                match ev {
-                    LaneEvent::Opened { req, conn } => {
-                        let w = waiters
-                            .as_ref()
-                            .and_then(|w| w.lock().unwrap_or_else(|p| p.into_inner()).remove(&req));
-                        // A connect gone meanwhile: its lane drops, closed.
-                        if let Some(w) = w {
-                            let _ = w.send(conn);
-                        }
-                    }
-                    LaneEvent::Refused { req, reason } => {
-                        let w = waiters
-                            .as_ref()
-                            .and_then(|w| w.lock().unwrap_or_else(|p| p.into_inner()).remove(&req));
-                        if let Some(w) = w {
-                            let _ = w.send(Err(rrpc_core::Error::Rejected(reason)));
-                        }
-                    }
-                    LaneEvent::OpenRequested { req, tag, parts } => {
-                        let ask = LaneAsk {
-                            shared: shared.clone(),
-                            req,
-                            tag,
-                            parts,
-                            open: true,
-                        };
-                        // A listener gone: dropped, so refused.
-                        if let Some(a) = &asks {
-                            let _ = a.send(ask);
-                        }
-                    }
-                }
-            }
+            dispatch(&shared, events, waiters.as_deref(), asks.as_ref());
         };
         tracing::debug!(reason = %why, "rrpc: lane reader ended");
         // Connects still waiting fail now (their senders drop).
@@ -222,6 +198,63 @@ fn spawn_reader(
         }
     });
     Ok(())
+}
+
+/// Hands what [`SharedConnection::lane_poll`] returned to whom waits on
+/// it: answers to the connects in `waiters` (client), asks to `asks`
+/// (server). The lane reader's, and a connect's that reads its answer
+/// itself ([`poll_answer`]).
+fn dispatch(
+    shared: &Arc<SharedConnection>,
+    events: Vec<LaneEvent>,
+    waiters: Option<&Waiters>,
+    asks: Option<&LaneAsks>,
+) {
+    let waiter =
+        |req: u32| waiters.and_then(|w| w.lock().unwrap_or_else(|p| p.into_inner()).remove(&req));
+    for ev in events {
+        match ev {
+            LaneEvent::Opened { req, conn } => {
+                // A connect gone meanwhile: its lane drops, closed.
+                if let Some(w) = waiter(req) {
+                    let _ = w.send(conn);
+                }
+            }
+            LaneEvent::Refused { req, reason } => {
+                if let Some(w) = waiter(req) {
+                    let _ = w.send(Err(rrpc_core::Error::Rejected(reason)));
+                }
+            }
+            LaneEvent::OpenRequested { req, tag, parts } => {
+                let ask = LaneAsk {
+                    shared: shared.clone(),
+                    req,
+                    tag,
+                    parts,
+                    open: true,
+                };
+                // A listener gone: dropped, so refused.
+                if let Some(a) = asks {
+                    let _ = a.send(ask);
+                }
+            }
+        }
+    }
+}
+
+/// A client's connect reads the shared side channel itself, without
+/// waiting: whatever arrived is handed out as the lane reader would
+/// ([`dispatch`]), its own answer included. `false` when the shared
+/// connection failed (the reader sees it too, and fails the connects
+/// waiting).
+pub(crate) fn poll_answer(peer: &SharedPeer) -> bool {
+    match peer.shared.lane_poll() {
+        Ok(events) => {
+            dispatch(&peer.shared, events, Some(&peer.waiters), None);
+            true
+        }
+        Err(_) => false,
+    }
 }
 
 /// A shared connection's name at its server: random, known to both ends only.

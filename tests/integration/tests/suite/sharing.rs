@@ -306,10 +306,12 @@ mod guessed_id {
 mod lanes {
     use super::{
         a_lane_peer_that_breaks_the_protocol_loses_only_its_own,
+        lanes_dropped_as_soon_as_answered_leave_nothing,
         lanes_many_at_once_and_a_dropped_connect_leave_nothing,
     };
 
     rrpc_integration_tests::on_shm!(
+        lanes_dropped_as_soon_as_answered_leave_nothing,
         lanes_many_at_once_and_a_dropped_connect_leave_nothing,
         a_lane_peer_that_breaks_the_protocol_loses_only_its_own,
     );
@@ -371,6 +373,34 @@ async fn lanes_many_at_once_and_a_dropped_connect_leave_nothing(t: Transport) {
     assert_eq!((o.len(), a.len()), (1, 1), "{o:?} {a:?}");
     assert!(o[0].alive && o[0].lanes);
     assert_eq!(o[0].logical_connections, 1);
+}
+
+/// Lanes connected and dropped one after another, each as soon as its
+/// connect returns (the connect bench's loop), more of them than an arena
+/// has slots: none is refused, and every one is closed at both ends
+/// afterwards (each end's connection of a lane closed before the other's
+/// was set up still ends, and gives its slots back).
+async fn lanes_dropped_as_soon_as_answered_leave_nothing(t: Transport) {
+    let mut h = Harness::start_with(t, shared(t)).await;
+    h.set_client_config(shared(t));
+    let (scfg, ccfg) = (h.server_context().clone(), h.client_context().clone());
+    let mut first = h.client().await;
+    call(&mut first, 1).await;
+    // Three times the 64 slots of an arena (`LANE_SLOTS`).
+    for i in 0..192 {
+        let c = h.client().await;
+        drop(c);
+        if i % 16 == 15 {
+            tokio::task::yield_now().await;
+        }
+    }
+    let (o, a) = (opened(&ccfg), accepted(&scfg));
+    assert!(o[0].lanes && a[0].lanes, "{o:?} {a:?}");
+    drop(first);
+    until("every lane closed at both ends", || {
+        opened(&ccfg)[0].logical_connections == 0 && accepted(&scfg)[0].logical_connections == 0
+    })
+    .await;
 }
 
 /// Two clients of one server; one opens a shared connection with lanes by
