@@ -361,9 +361,8 @@ impl SharedConnection {
 
     /// Reads what the peer sent on the side channel (without waiting) and
     /// runs the protocol: what the layer above must act on. Call it when
-    /// [`Connection::liveness_fd`] of [`Self::connection`] is readable
-    /// (the lane reader), or to look without waiting (a connect reading
-    /// its own answer): each call returns what it read, once.
+    /// [`Connection::liveness_fd`] of [`Self::connection`] is readable,
+    /// from one task.
     ///
     /// # Errors
     /// The peer left ([`Error::PeerGone`]) or broke the protocol (`mux`):

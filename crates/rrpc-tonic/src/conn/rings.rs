@@ -318,7 +318,7 @@ pub(crate) async fn dial(
     let ring = ring_config(cfg)?;
     let hs = handshake_config(cfg)?;
     let lane = if cfg.shared_queue_pairs() && matches!(ep, FabricAddr::Shm(_)) {
-        dial_lane(&key, &ep, &ring, &hs, cfg, ctx, true).await?
+        dial_lane(&key, &ep, &ring, &hs, cfg, ctx).await?
     } else {
         None
     };
@@ -427,8 +427,7 @@ async fn dial_dedicated_async(
 /// full (the server refuses then, saying so: `sharing::ARENA_FULL`); the
 /// connect then runs a logical connection's own handshake. A server that still
 /// holds the tag picked is asked again with another, twice at most.
-/// Bounded by the handshake timeout. `spin`: a connect waits on it, so
-/// it reads its answer itself for a while ([`wait_answer`]).
+/// Bounded by the handshake timeout.
 ///
 /// # Cancel safety
 /// Dropping the future gives the request up: the lane is closed when its
@@ -440,7 +439,6 @@ async fn dial_lane(
     hs: &HandshakeConfig,
     cfg: &RrpcConfig,
     ctx: &RrpcContext,
-    spin: bool,
 ) -> Result<Option<Dialed>, Error> {
     let peer = match ctx.peers().cached(key, ep) {
         Some(p) => p,
@@ -510,7 +508,7 @@ async fn dial_lane(
             req,
             armed: true,
         };
-        let answered = tokio::time::timeout_at(deadline, wait_answer(&peer, answer, spin)).await;
+        let answered = tokio::time::timeout_at(deadline, answer).await;
         given_up.armed = false;
         let conn = match answered {
             Err(_) => {
@@ -538,73 +536,6 @@ async fn dial_lane(
         let (tx, rx) = local.connect(&conn)?;
         return Ok(Some((conn, tx, rx, path)));
     }
-}
-
-/// How long a lane connect reads the shared side channel itself for its
-/// answer before it leaves that to the lane reader (`sharing` docs). The
-/// reader is a task woken by the runtime's I/O driver: on the answer it
-/// wakes a worker, which wakes the connect's task (on `block_on`, another
-/// thread): two thread wake-ups in a row on the connect's critical path,
-/// after the server's own. Reading the socket here from the open on takes
-/// the answer as it lands. The server answers within its own wake-up and
-/// one pass of its accept loop (tens of microseconds); a spin that runs
-/// out costs at most this much more than the wait it replaces. Only with
-/// more than one CPU: on one, the spin would hold the CPU the server
-/// needs to answer.
-const LANE_ANSWER_SPIN: Duration = Duration::from_micros(200);
-
-fn lane_answer_spin() -> Duration {
-    static SPIN: std::sync::OnceLock<Duration> = std::sync::OnceLock::new();
-    *SPIN.get_or_init(|| {
-        if std::thread::available_parallelism().map_or(1, usize::from) < 2 {
-            Duration::ZERO
-        } else {
-            LANE_ANSWER_SPIN
-        }
-    })
-}
-
-/// A lane's answer: with `spin`, read off the shared side channel by
-/// this task for [`LANE_ANSWER_SPIN`] (yielding the CPU, then the
-/// runtime, between reads); then waited for from the lane reader. A
-/// spare's open (nobody waits on it) does not spin.
-///
-/// # Cancel safety
-/// As `oneshot::Receiver`'s: dropped, the answer (if it comes) finds no
-/// connect and its lane is closed ([`GiveUp`]).
-async fn wait_answer(
-    peer: &sharing::SharedPeer,
-    mut answer: tokio::sync::oneshot::Receiver<sharing::LaneAnswer>,
-    spin: bool,
-) -> Result<sharing::LaneAnswer, tokio::sync::oneshot::error::RecvError> {
-    let spin = if spin {
-        lane_answer_spin()
-    } else {
-        Duration::ZERO
-    };
-    if !spin.is_zero() {
-        let until = Instant::now() + spin;
-        loop {
-            let alive = sharing::poll_answer(peer);
-            match answer.try_recv() {
-                Ok(a) => return Ok(a),
-                // The reader gone: `answer` says so below.
-                Err(tokio::sync::oneshot::error::TryRecvError::Closed) => break,
-                Err(tokio::sync::oneshot::error::TryRecvError::Empty) => {}
-            }
-            if !alive || Instant::now() >= until {
-                break;
-            }
-            // The thread's turn on the CPU first: the server (or its lane
-            // reader) may be the thread the scheduler stacked on this CPU,
-            // and spinning through its turn would delay the very answer
-            // waited for (rrpc-poller's spins yield likewise). Then the
-            // worker's other tasks.
-            std::thread::yield_now();
-            tokio::task::yield_now().await;
-        }
-    }
-    answer.await
 }
 
 /// A lane request whose connect gave up (timed out, or its future was
@@ -804,8 +735,7 @@ impl Refill {
         let made = async {
             let (ring, hs) = (ring_config(cfg)?, handshake_config(cfg)?);
             let open = || async {
-                // No spin for its answer: nobody waits on a spare's open.
-                let (conn, tx, rx, path) = dial_lane(&key, &ep, &ring, &hs, cfg, ctx, false)
+                let (conn, tx, rx, path) = dial_lane(&key, &ep, &ring, &hs, cfg, ctx)
                     .await?
                     .ok_or(Error::InvalidConfig("no lane to be had for a spare"))?;
                 let (pipe, conn) = into_pipe_and_conn(conn, tx, rx, cfg, ctx, &path)?;

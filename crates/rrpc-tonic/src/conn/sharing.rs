@@ -26,9 +26,7 @@
 //! the arenas: no socket, no handshake, no descriptor passed, nothing
 //! mapped. One reader task per shared connection at each end reads that
 //! side channel: the client's hands answers to the connects waiting on
-//! them (a connect also reads it itself for a while after its open, to
-//! take its answer without two thread wake-ups: `rings::wait_answer`),
-//! the server's hands asks to its listener's accept loop
+//! them, the server's hands asks to its listener's accept loop
 //! ([`LaneAsk`]), which answers them like clients (its limits included).
 //! When a shared connection has no lanes (`rdma://`, a server that grants
 //! no arena) or its arenas are full, a connect runs a logical
@@ -202,8 +200,7 @@ fn spawn_reader(
 
 /// Hands what [`SharedConnection::lane_poll`] returned to whom waits on
 /// it: answers to the connects in `waiters` (client), asks to `asks`
-/// (server). The lane reader's, and a connect's that reads its answer
-/// itself ([`poll_answer`]).
+/// (server).
 fn dispatch(
     shared: &Arc<SharedConnection>,
     events: Vec<LaneEvent>,
@@ -239,21 +236,6 @@ fn dispatch(
                 }
             }
         }
-    }
-}
-
-/// A client's connect reads the shared side channel itself, without
-/// waiting: whatever arrived is handed out as the lane reader would
-/// ([`dispatch`]), its own answer included. `false` when the shared
-/// connection failed (the reader sees it too, and fails the connects
-/// waiting).
-pub(crate) fn poll_answer(peer: &SharedPeer) -> bool {
-    match peer.shared.lane_poll() {
-        Ok(events) => {
-            dispatch(&peer.shared, events, Some(&peer.waiters), None);
-            true
-        }
-        Err(_) => false,
     }
 }
 
