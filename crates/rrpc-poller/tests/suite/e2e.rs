@@ -1066,8 +1066,8 @@ fn a_reader_whose_last_head_push_fails_is_told_every_mode() {
 
 /// Many connections on one worker (BPEV, a current-thread runtime: both ends of 16 pairs,
 /// 8 messages in flight on each): a reader that finds nothing while its neighbours' waits
-/// keep completing yields to them instead of arming a sleep, and most such yields find its
-/// data when it runs again (`busy_yield_hits`): no doorbell, no wake-up. Every message still
+/// keep completing yields to them instead of arming a sleep, and such yields find its data
+/// when it runs again (`busy_yield_hits`, at least one): no doorbell, no wake-up. Every message still
 /// arrives, in order, with no lost wake-up (on every provider; the yields are asserted on shm).
 fn many_connections_on_one_busy_worker_yield_to_each_other_before_they_sleep(prov: &Provider) {
     const PAIRS: usize = 16;

@@ -377,7 +377,8 @@ async fn lanes_many_at_once_and_a_dropped_connect_leave_nothing(t: Transport) {
 
 /// Lanes connected and dropped one after another, each as soon as its
 /// connect returns (the connect bench's loop), more of them than an arena
-/// has slots: none is refused, and every one is closed at both ends
+/// has slots: every connect succeeds (a lane or, past a full arena at
+/// either end, a logical handshake), and every one is closed at both ends
 /// afterwards (each end's connection of a lane closed before the other's
 /// was set up still ends, and gives its slots back).
 async fn lanes_dropped_as_soon_as_answered_leave_nothing(t: Transport) {
