@@ -18,7 +18,6 @@ use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap, VecDeque};
 use std::time::Instant;
 
-use bytes::Bytes;
 use tonic::Status;
 
 use super::Event;
@@ -60,7 +59,7 @@ pub(crate) fn decode(
                     return;
                 }
             },
-            Kind::Data => Event::Data(Bytes::copy_from_slice(f.payload)),
+            Kind::Data => Event::Data(frame::copy_payload(f.payload)),
             Kind::Trailers => match frame::parse_metadata(f.payload) {
                 Ok(m) => Event::Trailers(m),
                 Err(e) => {
@@ -561,6 +560,7 @@ impl<T, W> Client<T, W> {
 mod tests {
     use super::*;
     use crate::frame::END_STREAM;
+    use bytes::Bytes;
 
     fn decoded(
         frames: &[(Kind, u8, u32, Vec<u8>)],

@@ -85,7 +85,7 @@ pub(crate) fn decode(msg: &[u8], inbox: &mut Vec<In>) {
             },
             Kind::Data => In::Data {
                 id,
-                data: Bytes::copy_from_slice(f.payload),
+                data: frame::copy_payload(f.payload),
                 end,
             },
             Kind::Cancel => In::Cancel { id },
