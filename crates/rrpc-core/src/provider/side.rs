@@ -387,10 +387,7 @@ impl Side {
     pub(crate) fn write_all_within(&self, mut b: &[u8], wait: Duration) -> io::Result<()> {
         use std::io::Write;
         // Without the verbs provider a side channel is always a Unix socket.
-        #[cfg_attr(
-            not(feature = "verbs"),
-            allow(clippy::infallible_destructuring_match)
-        )]
+        #[cfg_attr(not(feature = "verbs"), allow(clippy::infallible_destructuring_match))]
         let s = match self {
             Side::Unix(s) => s,
             #[cfg(feature = "verbs")]
