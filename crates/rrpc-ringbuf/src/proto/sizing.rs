@@ -119,6 +119,18 @@ impl Sizer {
         if current >= self.max {
             return None;
         }
+        // The common case, a message small next to its ring, without the
+        // divisions of `target_for`: `current` is a power of two, so when
+        // both of the target's bounds (`3 × len` bytes, twice the message's
+        // slots) fit in it, so do their power of two, the cap's choice (no
+        // larger than either) and the clamp (`min <= current`).
+        let (len64, bytes) = (len as u64, current.saturating_mul(self.slot_size as u64));
+        if current >= self.min
+            && len64.saturating_mul(3) <= bytes
+            && (super::OVERHEAD as u64).saturating_add(len64) <= bytes / 2
+        {
+            return None;
+        }
         let t = self.target_for(len);
         (t > current).then_some(t)
     }
@@ -157,6 +169,33 @@ impl Sizer {
 
 #[cfg(test)]
 mod tests {
+    use proptest::prelude::*;
+
+    proptest! {
+        /// `grow_for`'s shortcut answers as `target_for` does, for every
+        /// slot size, bounds, cache cap, message and current size.
+        #[test]
+        fn grow_for_agrees_with_target_for(
+            slot_log in 6u32..13,
+            min_log in 1u32..12,
+            span in 0u32..10,
+            cache_log in 0u32..24,
+            cur_log in 1u32..24,
+            len in prop_oneof![0usize..256, 0usize..(1 << 22)],
+        ) {
+            let (min, max) = (1u64 << min_log, 1u64 << (min_log + span));
+            let s = Sizer::new(1 << slot_log, min, max, Duration::from_secs(1))
+                .with_cache_slots(1 << cache_log);
+            let current = 1u64 << cur_log.min(min_log + span);
+            let want = if current >= max {
+                None
+            } else {
+                let t = s.target_for(len);
+                (t > current).then_some(t)
+            };
+            prop_assert_eq!(s.grow_for(len, current), want);
+        }
+    }
     use super::*;
 
     const KIB: usize = 1024;
