@@ -1124,10 +1124,10 @@ mod tests {
             }
         }
 
-        /// Payloads copied out of the ring ([`copy_payload`]) are their
-        /// bytes, also while earlier ones are held, interleaved with header
-        /// blocks on the same arena, across its chunks; a long one is an
-        /// allocation of its own, a short one shares a chunk.
+        /// Payloads copied out of the ring ([`copy_payload`]), short ones
+        /// (arena) and long ones (their own allocation), keep their bytes,
+        /// also while earlier ones are held, with header blocks split off
+        /// the same arena between them, across its chunks.
         #[test]
         fn payloads_copied_into_the_arena_keep_their_bytes(
             payloads in proptest::collection::vec(
