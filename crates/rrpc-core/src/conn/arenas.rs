@@ -144,6 +144,11 @@ pub enum LaneEvent {
         tag: u32,
         /// What it offers.
         parts: Parts,
+        /// An open ahead: our slot it writes into, granted ahead (its
+        /// records reset then). Build the lane's ring over it without
+        /// resetting them (the client may have written already), and
+        /// accept offering no slice.
+        ahead: Option<Slice>,
     },
     /// Client: request `req` is open: its connection (or why none could
     /// be set up; the lane was closed then).

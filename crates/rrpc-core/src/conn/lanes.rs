@@ -121,25 +121,38 @@ impl SharedConnection {
                 .retain(|w| (w.arena, w.offset) != (slice.arena, slice.offset));
             slice
         };
-        let i = slice.offset as usize / lanes.ours.rx_slot;
-        let views = Region::view(&lanes.ours.rx, slice.offset as usize, rx_len).and_then(|rx| {
-            Ok((
-                rx,
-                Region::view(&lanes.ours.tx, i * lanes.ours.tx_slot, tx_len)?,
-            ))
-        });
-        match views {
-            Ok((rx, tx)) => Some(LaneSlots {
-                rx: Arc::new(rx),
-                tx: Arc::new(tx),
-                slice,
-            }),
+        match self.lane_views(slice, rx_len, tx_len) {
+            Ok(slots) => Some(slots),
             Err(e) => {
                 tracing::warn!(error = %e, "lane slot unusable");
                 self.lane_untake(slice);
                 None
             }
         }
+    }
+
+    /// The receive and staging regions of our slot `slice` (taken with
+    /// [`Self::lane_slots`], or granted ahead and opened), for rings that
+    /// need `rx_len` and `tx_len` bytes.
+    ///
+    /// # Errors
+    /// No lanes; a slot shorter than asked.
+    pub fn lane_views(&self, slice: Slice, rx_len: usize, tx_len: usize) -> Result<LaneSlots> {
+        let lanes = self.lanes()?;
+        if tx_len > lanes.ours.tx_slot {
+            return Err(Error::InvalidConfig(format!(
+                "a staging ring of {tx_len} bytes in slots of {}",
+                lanes.ours.tx_slot
+            )));
+        }
+        let i = slice.offset as usize / lanes.ours.rx_slot;
+        let rx = Region::view(&lanes.ours.rx, slice.offset as usize, rx_len)?;
+        let tx = Region::view(&lanes.ours.tx, i * lanes.ours.tx_slot, tx_len)?;
+        Ok(LaneSlots {
+            rx: Arc::new(rx),
+            tx: Arc::new(tx),
+            slice,
+        })
     }
 
     /// Gives back a slot of [`Self::lane_slots`] that nothing named.
@@ -255,6 +268,72 @@ impl SharedConnection {
         Ok(req)
     }
 
+    /// Client: opens lane `tag` ahead (0-RTT, `mux` docs), offering
+    /// `parts` (its slice from [`Self::lane_slots`]) and writing into a
+    /// slot the server granted ahead, named under `role` in the lane's
+    /// peer: `None` when no slot is in hand (open it with
+    /// [`Self::lane_open`]); else the request id and the lane's
+    /// connection, open now (the server's confirmation comes to
+    /// [`Self::lane_poll`]; a server that will not serve it closes it).
+    ///
+    /// # Errors
+    /// As [`Self::lane_open`]; the lane's connection could not be made (it
+    /// is then closed once confirmed).
+    pub fn lane_open_ahead(
+        self: &Arc<Self>,
+        tag: u32,
+        parts: Parts,
+        role: u16,
+    ) -> Result<Option<(u32, Connection)>> {
+        let mut s = self.lane_state()?;
+        let ours: Vec<Slice> = parts.slices.iter().map(|(_, sl)| *sl).collect();
+        let Some((req, frame, theirs)) = s.mux.open_ahead(tag, parts, role)? else {
+            return Ok(None);
+        };
+        let conn = self.lane_connection(&mut s, tag, &theirs, ours);
+        let sent = self.lane_send(&frame);
+        let conn = match conn {
+            Ok(c) => c,
+            Err(e) => {
+                // Closed once the server confirms it.
+                let _ = s.mux.close(tag);
+                return Err(e);
+            }
+        };
+        // The connection is dropped (and tells us, locking) only after the
+        // lock is released.
+        drop(s);
+        sent.map(|()| Some((req, conn)))
+    }
+
+    /// Client: slots of the server's granted ahead, in hand.
+    pub fn lane_ahead_left(&self) -> usize {
+        self.lane_state().map_or(0, |s| s.mux.ahead_left())
+    }
+
+    /// Client: the answer an open ahead gets (`mux::Mux::ahead_sections`).
+    pub fn lane_ahead_sections(&self) -> Vec<(u16, Vec<u8>)> {
+        self.lane_state()
+            .map_or_else(|_| Vec::new(), |s| s.mux.ahead_sections().to_vec())
+    }
+
+    /// Server: grants the client slots of ours ahead (`mux::Mux::credit`:
+    /// taken with [`Self::lane_slots`], their rings' records reset).
+    ///
+    /// # Errors
+    /// As [`Mux::credit`](crate::conn::mux::Mux::credit) (the slots are
+    /// still the caller's then, to give back); the side channel's.
+    pub fn lane_credit(&self, parts: Parts) -> Result<()> {
+        let mut s = self.lane_state()?;
+        let frame = s.mux.credit(parts)?;
+        self.lane_send(&frame)
+    }
+
+    /// Server: our slots granted ahead, not opened yet.
+    pub fn lane_credited(&self) -> usize {
+        self.lane_state().map_or(0, |s| s.mux.credited())
+    }
+
     /// Client: the connect of request `req` gave up; the lane is closed
     /// when it opens.
     pub fn lane_abandon(&self, req: u32) {
@@ -279,14 +358,22 @@ impl SharedConnection {
         ours: Parts,
     ) -> Result<Connection> {
         let mut s = self.lane_state()?;
-        let ours_slots: Vec<Slice> = ours.slices.iter().map(|(_, sl)| *sl).collect();
+        // Opened ahead: our slot is the one granted ahead, and ours names none.
+        let ahead = ours.slices.is_empty();
+        let ours_slots: Vec<Slice> = if ahead {
+            s.mux.slots_of(tag)
+        } else {
+            ours.slices.iter().map(|(_, sl)| *sl).collect()
+        };
         let conn = match self.lane_connection(&mut s, tag, theirs, ours_slots.clone()) {
             Ok(c) => c,
             Err(e) => {
-                // No answer named our slots: they are free again.
-                let slots = ours_slots.clone();
-                s.mux.untake(&slots);
-                self.release_slots(&mut s);
+                // No answer named our slots: they are free again (a slot
+                // granted ahead comes back with the close of the lane).
+                if !ahead {
+                    s.mux.untake(&ours_slots);
+                    self.release_slots(&mut s);
+                }
                 let frame = s.mux.refuse(req, &e.to_string())?;
                 self.lane_send(&frame)?;
                 return Err(e);
@@ -434,16 +521,30 @@ impl SharedConnection {
                             .into(),
                     ));
                 }
-                MuxEvent::OpenRequested { req, tag, parts } => {
-                    events.push(LaneEvent::OpenRequested { req, tag, parts });
+                MuxEvent::OpenRequested {
+                    req,
+                    tag,
+                    parts,
+                    ahead,
+                } => {
+                    events.push(LaneEvent::OpenRequested {
+                        req,
+                        tag,
+                        parts,
+                        ahead,
+                    });
                 }
+                // The lane's connection was made when it was opened; the
+                // slots in hand are the mux's.
+                MuxEvent::OpenedAhead { .. } | MuxEvent::Ahead => {}
                 MuxEvent::Opened { req, tag, parts } => {
                     let ours = s.mux.slots_of(tag);
                     let conn = self.lane_connection(s, tag, &parts, ours);
                     if conn.is_err() {
                         // Nothing to hand out: closed at once.
-                        let frame = s.mux.close(tag)?;
-                        self.lane_send(&frame)?;
+                        if let Some(frame) = s.mux.close(tag)? {
+                            self.lane_send(&frame)?;
+                        }
                     }
                     events.push(LaneEvent::Opened { req, conn });
                 }
@@ -472,7 +573,7 @@ impl SharedConnection {
             return;
         };
         s.ends.remove(&tag);
-        if let Ok(frame) = s.mux.close(tag)
+        if let Ok(Some(frame)) = s.mux.close(tag)
             && let Err(e) = self.lane_send(&frame)
         {
             tracing::debug!(tag, error = %e, "lane close not sent");

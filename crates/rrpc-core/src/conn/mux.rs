@@ -25,6 +25,18 @@
 //!   the peer may still write into it: the retired-grant rule of the
 //!   `logical` module ("Retired grants") with an explicit handshake in
 //!   place of a lease. Closes that cross are both answers.
+//! * **Open ahead (0-RTT).** Once the server has answered one open, it
+//!   may grant the client slots of its arena ahead ([`MuxMessage::Ahead`],
+//!   at most [`MAX_AHEAD`] outstanding), with the answer an open will get
+//!   (its sections). The client then opens with
+//!   [`MuxMessage::OpenAhead`], naming one of them, and writes at once:
+//!   the server's slot was free and reset when granted, and nobody else
+//!   writes it. The server's [`MuxMessage::Opened`] only confirms. A
+//!   server that will not serve it answers [`MuxMessage::Close`] instead
+//!   (the client has written already: the close handshake is what makes
+//!   the slots safe to reuse), as a TCP server resets a connection its
+//!   kernel accepted. Grants ahead count against
+//!   [`MuxLimits::max_open`], so an open ahead is never past the limits.
 //! * **Liveness.** The side channel's closing fails every logical
 //!   connection over it (the driver's business: this machine only says
 //!   which are open, [`Mux::tags`]).
@@ -41,6 +53,9 @@ mod wire;
 use std::collections::HashMap;
 
 pub use arena::{Arena, MAX_ARENAS, PeerArenas};
+/// Slots a server grants ahead at most at once ([`MuxMessage::Ahead`]).
+pub const MAX_AHEAD: usize = MUX_MAX_PARTS;
+
 pub use wire::{
     MUX_HEADER_LEN, MUX_MAGIC, MUX_MAX_BODY, MUX_MAX_BYTES, MUX_MAX_PARTS, MuxMessage, Parts, Slice,
 };
@@ -104,7 +119,22 @@ pub enum MuxEvent {
         tag: u32,
         /// What it offers (its slices checked).
         parts: Parts,
+        /// An open ahead: our slot it writes into (granted ahead, reset
+        /// then; the client may have written into it already), to be
+        /// answered with [`Mux::accept`] offering no slice.
+        ahead: Option<Slice>,
     },
+    /// Client: an open ahead was confirmed (its connection was made when
+    /// it was sent).
+    OpenedAhead {
+        /// The request.
+        req: u32,
+        /// Its tag.
+        tag: u32,
+    },
+    /// Client: the server granted slots ahead; [`Mux::ahead_left`] says
+    /// how many are in hand now.
+    Ahead,
     /// Client: request `req` for `tag` was accepted: the connection is open.
     Opened {
         /// The request.
@@ -147,10 +177,14 @@ enum State {
         req: u32,
         /// The connect gave up: close it when the answer comes.
         abandoned: bool,
+        /// Opened ahead: its connection exists already.
+        ahead: bool,
     },
     /// Server: asked for, not answered yet.
     Asked {
         req: u32,
+        /// Opened ahead, into a slot of ours granted ahead.
+        ahead: bool,
     },
     Open,
     /// We sent a close, and wait for its answer.
@@ -184,6 +218,12 @@ pub struct Mux {
     /// Our slots given back since [`Self::take_released`] (the driver
     /// gives their pages back to the system).
     released: Vec<Slice>,
+    /// Server: our slots granted ahead, not opened yet.
+    credited: Vec<Slice>,
+    /// Client: the server's slots granted ahead, claimed in its arenas.
+    ahead: Vec<Slice>,
+    /// Client: the answer an open ahead gets (the last grant's sections).
+    ahead_sections: Vec<(u16, Vec<u8>)>,
 }
 
 impl Mux {
@@ -199,6 +239,9 @@ impl Mux {
             conns: HashMap::new(),
             reqs: HashMap::new(),
             released: Vec::new(),
+            credited: Vec::new(),
+            ahead: Vec::new(),
+            ahead_sections: Vec::new(),
         }
     }
 
@@ -302,6 +345,7 @@ impl Mux {
                 state: State::Opening {
                     req,
                     abandoned: false,
+                    ahead: false,
                 },
                 ours,
                 theirs: Vec::new(),
@@ -345,25 +389,43 @@ impl Mux {
     /// # Errors
     /// [`Error::InvalidConfig`] for a request not asked (or answered
     /// already), or as [`Self::open`].
+    ///
+    /// An open ahead ([`MuxEvent::OpenRequested`] with `ahead`) is answered
+    /// offering no slice: its slot of ours is the one granted ahead.
     pub fn accept(&mut self, req: u32, parts: Parts) -> Result<Vec<u8>> {
-        let tag = self.asked(req)?;
+        let (tag, ahead) = self.asked(req)?;
+        if ahead && !parts.slices.is_empty() {
+            return Err(Error::InvalidConfig(format!(
+                "request {req} was opened ahead: its answer offers no slice"
+            )));
+        }
         let ours = self.own_slices(&parts)?;
         let m = MuxMessage::Opened { req, parts }.encode()?;
         self.reqs.remove(&req);
         let e = self.conns.get_mut(&tag).expect("asked");
         e.state = State::Open;
-        e.ours = ours;
+        if !ahead {
+            e.ours = ours;
+        }
         Ok(m)
     }
 
     /// Server: refuses request `req` (nothing set up), saying why.
     ///
+    /// An open ahead cannot be refused: its client wrote already. It is
+    /// closed instead (the message is a [`MuxMessage::Close`]; the slots
+    /// come back with the client's answer, [`MuxEvent::Closed`]).
+    ///
     /// # Errors
     /// [`Error::InvalidConfig`] for a request not asked (or answered
     /// already).
     pub fn refuse(&mut self, req: u32, reason: &str) -> Result<Vec<u8>> {
-        let tag = self.asked(req)?;
+        let (tag, ahead) = self.asked(req)?;
         self.reqs.remove(&req);
+        if ahead {
+            self.conns.get_mut(&tag).expect("asked").state = State::Closing;
+            return MuxMessage::Close { tag }.encode();
+        }
         let e = self.conns.remove(&tag).expect("asked");
         for s in e.theirs {
             self.peer.release(s);
@@ -371,26 +433,148 @@ impl Mux {
         refusal(req, reason)
     }
 
-    fn asked(&self, req: u32) -> Result<u32> {
+    fn asked(&self, req: u32) -> Result<(u32, bool)> {
         match self.reqs.get(&req) {
-            Some(tag) if matches!(self.conns[tag].state, State::Asked { .. }) => Ok(*tag),
+            Some(tag) => match self.conns[tag].state {
+                State::Asked { ahead, .. } => Ok((*tag, ahead)),
+                _ => Err(Error::InvalidConfig(format!(
+                    "request {req} is not waiting for an answer"
+                ))),
+            },
             _ => Err(Error::InvalidConfig(format!(
                 "request {req} is not waiting for an answer"
             ))),
         }
     }
 
+    /// Server: grants the client slots of ours ahead (taken with
+    /// [`Self::take_slot`], each under a role of its own in
+    /// `parts.slices`), with the answer an open ahead gets
+    /// (`parts.sections`): the message to send. Reset each slot's records
+    /// before sending it: the client writes into it without waiting.
+    ///
+    /// # Errors
+    /// [`Error::InvalidConfig`] on a client, for a slice of no arena of
+    /// ours, past [`MAX_AHEAD`] outstanding, or past
+    /// [`MuxLimits::max_open`] with the connections open; as
+    /// [`MuxMessage::encode`]. Nothing changes.
+    pub fn credit(&mut self, parts: Parts) -> Result<Vec<u8>> {
+        if self.role != MuxRole::Server {
+            return Err(Error::InvalidConfig(
+                "a client grants no slots ahead".into(),
+            ));
+        }
+        let slots = self.own_slices(&parts)?;
+        let n = self.credited.len() + slots.len();
+        if n > MAX_AHEAD || self.conns.len() + n > self.limits.max_open {
+            return Err(Error::InvalidConfig(format!(
+                "{n} slots ahead with {} connections open (at most {MAX_AHEAD}, and {} in all)",
+                self.conns.len(),
+                self.limits.max_open
+            )));
+        }
+        let m = MuxMessage::Ahead { parts }.encode()?;
+        self.credited.extend(slots);
+        Ok(m)
+    }
+
+    /// Server: slots granted ahead and not opened yet.
+    pub fn credited(&self) -> usize {
+        self.credited.len()
+    }
+
+    /// Client: slots of the server's granted ahead, in hand.
+    pub fn ahead_left(&self) -> usize {
+        self.ahead.len()
+    }
+
+    /// Client: the answer an open ahead gets (the sections of the last
+    /// [`MuxMessage::Ahead`]).
+    pub fn ahead_sections(&self) -> &[(u16, Vec<u8>)] {
+        &self.ahead_sections
+    }
+
+    /// Client: opens logical connection `tag` ahead, offering `parts` (its
+    /// slices taken with [`Self::take_slot`]) and writing into a slot the
+    /// server granted ahead: `None` when none is in hand; else the request
+    /// id, the message, and what the server offers (as its answer would:
+    /// the sections granted with the slot, the slot under `role`). The
+    /// connection is open from now: write once the message is sent.
+    ///
+    /// # Errors
+    /// As [`Self::open`]; nothing changes.
+    pub fn open_ahead(
+        &mut self,
+        tag: u32,
+        parts: Parts,
+        role: u16,
+    ) -> Result<Option<(u32, Vec<u8>, Parts)>> {
+        if self.role != MuxRole::Client {
+            return Err(Error::InvalidConfig(
+                "a server opens no logical connection".into(),
+            ));
+        }
+        if self.conns.contains_key(&tag) {
+            return Err(Error::InvalidConfig(format!("tag {tag} is in use")));
+        }
+        let Some(&slot) = self.ahead.last() else {
+            return Ok(None);
+        };
+        let ours = self.own_slices(&parts)?;
+        let req = self.next_req;
+        let m = MuxMessage::OpenAhead {
+            req,
+            tag,
+            parts,
+            slot,
+        }
+        .encode()?;
+        self.ahead.pop();
+        self.next_req = self.next_req.wrapping_add(1);
+        self.reqs.insert(req, tag);
+        self.conns.insert(
+            tag,
+            Entry {
+                state: State::Opening {
+                    req,
+                    abandoned: false,
+                    ahead: true,
+                },
+                ours,
+                theirs: vec![slot],
+            },
+        );
+        let theirs = Parts {
+            sections: self.ahead_sections.clone(),
+            slices: vec![(role, slot)],
+        };
+        Ok(Some((req, m, theirs)))
+    }
+
     /// Closes logical connection `tag`: call once this end writes into its
-    /// rings no more; send the message. Its slots come back with the
-    /// peer's answer ([`MuxEvent::Closed`]).
+    /// rings no more; send the message, if any. Its slots come back with
+    /// the peer's answer ([`MuxEvent::Closed`]). An open ahead not
+    /// confirmed yet has no message now: it is closed when confirmed.
     ///
     /// # Errors
     /// [`Error::InvalidConfig`] for a tag not open here.
-    pub fn close(&mut self, tag: u32) -> Result<Vec<u8>> {
+    pub fn close(&mut self, tag: u32) -> Result<Option<Vec<u8>>> {
         match self.conns.get_mut(&tag) {
             Some(e) if e.state == State::Open => {
                 e.state = State::Closing;
-                MuxMessage::Close { tag }.encode()
+                MuxMessage::Close { tag }.encode().map(Some)
+            }
+            Some(Entry {
+                state:
+                    State::Opening {
+                        ahead: true,
+                        abandoned,
+                        ..
+                    },
+                ..
+            }) => {
+                *abandoned = true;
+                Ok(None)
             }
             _ => Err(Error::InvalidConfig(format!("tag {tag} is not open"))),
         }
@@ -448,33 +632,119 @@ impl Mux {
                 self.conns.insert(
                     tag,
                     Entry {
-                        state: State::Asked { req },
+                        state: State::Asked { req, ahead: false },
                         ours: Vec::new(),
                         theirs,
                     },
                 );
-                Ok(MuxEvent::OpenRequested { req, tag, parts })
+                Ok(MuxEvent::OpenRequested {
+                    req,
+                    tag,
+                    parts,
+                    ahead: None,
+                })
+            }
+            MuxMessage::OpenAhead {
+                req,
+                tag,
+                parts,
+                slot,
+            } => {
+                if self.role != MuxRole::Server {
+                    return bad(format!("an open (request {req}) sent to the client"));
+                }
+                if self.reqs.contains_key(&req) {
+                    return bad(format!("request {req} twice"));
+                }
+                if self.conns.contains_key(&tag) {
+                    return bad(format!("tag {tag} is already in use"));
+                }
+                let Some(at) = self.credited.iter().position(|c| *c == slot) else {
+                    return bad(format!(
+                        "an open ahead into {slot:?}, no slot granted ahead"
+                    ));
+                };
+                // Grants ahead counted against the limits: no refusal here.
+                let theirs = self.claim_all(&parts)?;
+                self.credited.swap_remove(at);
+                self.reqs.insert(req, tag);
+                self.conns.insert(
+                    tag,
+                    Entry {
+                        state: State::Asked { req, ahead: true },
+                        ours: vec![slot],
+                        theirs,
+                    },
+                );
+                Ok(MuxEvent::OpenRequested {
+                    req,
+                    tag,
+                    parts,
+                    ahead: Some(slot),
+                })
+            }
+            MuxMessage::Ahead { parts } => {
+                if self.role != MuxRole::Client {
+                    return bad("slots granted ahead to the server".into());
+                }
+                if self.ahead.len() + parts.slices.len() > MAX_AHEAD {
+                    return bad(format!(
+                        "{} slots granted ahead (at most {MAX_AHEAD})",
+                        self.ahead.len() + parts.slices.len()
+                    ));
+                }
+                let claimed = self.claim_all(&parts)?;
+                self.ahead.extend(claimed);
+                self.ahead_sections = parts.sections;
+                Ok(MuxEvent::Ahead)
             }
             MuxMessage::Opened { req, parts } => {
-                let (tag, abandoned) = self.opening(req)?;
+                let (tag, abandoned, ahead) = self.opening(req)?;
+                if ahead && !parts.slices.is_empty() {
+                    return bad(format!(
+                        "an answer to request {req}, opened ahead, offering slices"
+                    ));
+                }
                 let theirs = self.claim_all(&parts)?;
                 self.reqs.remove(&req);
                 let e = self.conns.get_mut(&tag).expect("opening");
-                e.theirs = theirs;
+                if !ahead {
+                    e.theirs = theirs;
+                }
                 if abandoned {
                     e.state = State::Closing;
                     return Ok(MuxEvent::Send(MuxMessage::Close { tag }.encode()?));
                 }
                 e.state = State::Open;
+                if ahead {
+                    return Ok(MuxEvent::OpenedAhead { req, tag });
+                }
                 Ok(MuxEvent::Opened { req, tag, parts })
             }
             MuxMessage::Refused { req, reason } => {
-                let (tag, _) = self.opening(req)?;
+                let (tag, _, ahead) = self.opening(req)?;
+                if ahead {
+                    return bad(format!(
+                        "a refusal of request {req}, opened ahead (close it instead)"
+                    ));
+                }
                 self.reqs.remove(&req);
                 self.forget(tag);
                 Ok(MuxEvent::Refused { req, tag, reason })
             }
             MuxMessage::Close { tag } => match self.conns.get(&tag).map(|e| e.state) {
+                // The server would not serve an open ahead: as a peer's
+                // close of an open connection.
+                Some(State::Opening {
+                    ahead: true, req, ..
+                }) => {
+                    self.reqs.remove(&req);
+                    self.forget(tag);
+                    Ok(MuxEvent::PeerClosed {
+                        tag,
+                        reply: MuxMessage::Closed { tag }.encode()?,
+                    })
+                }
                 Some(State::Open) => {
                     self.forget(tag);
                     Ok(MuxEvent::PeerClosed {
@@ -499,8 +769,9 @@ impl Mux {
         }
     }
 
-    /// Client: the tag of request `req` and whether it was abandoned.
-    fn opening(&self, req: u32) -> Result<(u32, bool)> {
+    /// Client: the tag of request `req`, whether it was abandoned, and
+    /// whether it was opened ahead.
+    fn opening(&self, req: u32) -> Result<(u32, bool, bool)> {
         if self.role != MuxRole::Client {
             return Err(Error::MalformedHandshake(format!(
                 "side channel: an answer (request {req}) sent to the server"
@@ -509,7 +780,9 @@ impl Mux {
         self.reqs
             .get(&req)
             .and_then(|tag| match self.conns.get(tag)?.state {
-                State::Opening { abandoned, .. } => Some((*tag, abandoned)),
+                State::Opening {
+                    abandoned, ahead, ..
+                } => Some((*tag, abandoned, ahead)),
                 _ => None,
             })
             .ok_or_else(|| {

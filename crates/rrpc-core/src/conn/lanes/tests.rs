@@ -109,6 +109,7 @@ fn lane(
         req: r,
         tag: t,
         parts,
+        ahead: None,
     }) = events(server).pop()
     else {
         panic!("no open");
@@ -196,4 +197,127 @@ fn events_or_none(end: &Arc<SharedConnection>) -> Vec<LaneEvent> {
         std::thread::sleep(std::time::Duration::from_millis(1));
     }
     all
+}
+
+/// Grants `n` of the server's slots ahead to the client (as rrpc-tonic
+/// does after an accept), and waits until the client has them.
+fn credit(client: &Arc<SharedConnection>, server: &Arc<SharedConnection>, n: u16) {
+    let slices = (0..n)
+        .map(|i| (i, server.lane_slots(SLOT, SLOT).unwrap().slice))
+        .collect();
+    server
+        .lane_credit(Parts {
+            sections: vec![(9, b"answer".to_vec())],
+            slices,
+        })
+        .unwrap();
+    let _ = events_or_none(client);
+    assert_eq!(client.lane_ahead_left(), usize::from(n));
+    assert_eq!(server.lane_credited(), usize::from(n));
+}
+
+/// A lane opened ahead is open at the client before the server has read
+/// its open: its peer is the slot granted ahead and the sections granted
+/// with it. The server builds its end over the same slot and confirms.
+/// Closing it gives every slot back at both ends.
+#[test]
+fn a_lane_opened_ahead_writes_into_the_slot_granted_ahead() {
+    let (client, server) = shared_pair();
+    let (free_c, free_s) = (client.lane_free_slots(), server.lane_free_slots());
+    credit(&client, &server, 2);
+    let mine = client.lane_slots(SLOT, SLOT).unwrap();
+    let (req, c) = client
+        .lane_open_ahead(
+            5,
+            Parts {
+                sections: vec![],
+                slices: vec![(1, mine.slice)],
+            },
+            1,
+        )
+        .unwrap()
+        .expect("a slot in hand");
+    assert_eq!(client.lane_ahead_left(), 1);
+    assert_eq!(c.peer().section(9), Some(&b"answer"[..]));
+    let theirs = c.peer().region(1).expect("the server's slot");
+    assert!(c.check_alive().is_ok());
+    let Some(LaneEvent::OpenRequested {
+        req: r,
+        tag: 5,
+        parts,
+        ahead: Some(slot),
+    }) = events(&server).pop()
+    else {
+        panic!("no open ahead");
+    };
+    assert_eq!(r, req);
+    assert_eq!(server.lane_credited(), 1);
+    assert_eq!(theirs.len, slot.len);
+    let s = server.lane_accept(r, 5, &parts, Parts::default()).unwrap();
+    assert_eq!(
+        s.peer().region(1).unwrap().len,
+        mine.slice.len,
+        "the server writes into the client's slot"
+    );
+    // The confirmation hands out nothing: the connection was made already.
+    assert!(events_or_none(&client).is_empty());
+    drop(c);
+    let _ = events_or_none(&server);
+    let _ = events_or_none(&client);
+    drop(s);
+    assert_eq!(client.lane_free_slots(), free_c);
+    // The slot granted ahead and not opened is still the client's.
+    assert_eq!(server.lane_free_slots(), free_s - 1);
+    assert_eq!(client.lanes_open() + server.lanes_open(), 0);
+}
+
+/// A server that will not serve a lane opened ahead (its listener gone,
+/// a limit of the layer above) closes it: the client's lane is gone (its
+/// watchers woken), and the slots come back at both ends once the close
+/// is answered.
+#[test]
+fn a_lane_opened_ahead_and_refused_is_closed() {
+    let (client, server) = shared_pair();
+    let (free_c, free_s) = (client.lane_free_slots(), server.lane_free_slots());
+    credit(&client, &server, 1);
+    let mine = client.lane_slots(SLOT, SLOT).unwrap();
+    let (_, c) = client
+        .lane_open_ahead(
+            6,
+            Parts {
+                sections: vec![],
+                slices: vec![(1, mine.slice)],
+            },
+            1,
+        )
+        .unwrap()
+        .expect("a slot in hand");
+    let w = c.liveness().unwrap();
+    let Some(LaneEvent::OpenRequested { req, .. }) = events(&server).pop() else {
+        panic!("no open ahead");
+    };
+    server.lane_refuse(req, "no room").unwrap();
+    let _ = events_or_none(&client);
+    let count = Arc::new(Count(AtomicUsize::new(0)));
+    let waker = Waker::from(count.clone());
+    assert!(w.poll_gone(&mut Context::from_waker(&waker)).is_ready());
+    assert!(c.is_gone() && c.qp().failure().is_some());
+    let _ = events_or_none(&server);
+    drop(c);
+    assert_eq!(client.lane_free_slots(), free_c);
+    assert_eq!(server.lane_free_slots(), free_s);
+    assert_eq!(client.lanes_open() + server.lanes_open(), 0);
+    // Without a slot in hand, no open ahead.
+    let mine = client.lane_slots(SLOT, SLOT).unwrap();
+    let none = client
+        .lane_open_ahead(
+            7,
+            Parts {
+                sections: vec![],
+                slices: vec![(1, mine.slice)],
+            },
+            1,
+        )
+        .unwrap();
+    assert!(none.is_none());
 }

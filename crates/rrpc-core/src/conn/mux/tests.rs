@@ -46,6 +46,7 @@ fn open(c: &mut Mux, s: &mut Mux, tag: u32) {
         req: r,
         tag: t,
         parts: p,
+        ahead: None,
     } = s.handle(msg(&f)).unwrap()
     else {
         panic!("an open request")
@@ -69,7 +70,7 @@ fn open_then_close_gives_every_slot_back_at_both_ends() {
     open(&mut c, &mut s, 7);
     assert_eq!((c.free_slots(), s.free_slots()), (1, 1));
     assert_eq!(s.peer.in_use(), 1);
-    let f = c.close(7).unwrap();
+    let f = c.close(7).unwrap().expect("a close to send");
     let MuxEvent::PeerClosed { tag: 7, reply } = s.handle(msg(&f)).unwrap() else {
         panic!("peer closed")
     };
@@ -153,7 +154,10 @@ fn a_connect_dropped_while_opening_closes_when_answered() {
 fn closes_that_cross_answer_each_other() {
     let (mut c, mut s) = pair(2, MuxLimits::default());
     open(&mut c, &mut s, 1);
-    let (fc, fs) = (c.close(1).unwrap(), s.close(1).unwrap());
+    let (fc, fs) = (
+        c.close(1).unwrap().expect("a close to send"),
+        s.close(1).unwrap().expect("a close to send"),
+    );
     assert_eq!(s.handle(msg(&fc)).unwrap(), MuxEvent::Closed { tag: 1 });
     assert_eq!(c.handle(msg(&fs)).unwrap(), MuxEvent::Closed { tag: 1 });
     assert_eq!((c.free_slots(), s.free_slots()), (2, 2));
@@ -307,7 +311,7 @@ fn a_hostile_peer_gets_an_error_and_changes_nothing() {
     };
     assert!(matches!(small.handle(g), Err(Error::LimitExceeded { .. })));
     // The connection that was open is still open, and closes cleanly.
-    let f = c.close(1).unwrap();
+    let f = c.close(1).unwrap().expect("a close to send");
     let MuxEvent::PeerClosed { reply, .. } = s.handle(msg(&f)).unwrap() else {
         panic!()
     };
@@ -342,4 +346,203 @@ fn local_mistakes_are_refused_before_anything_is_sent() {
     c.untake(&[t]);
     assert_eq!(c.free_slots(), before);
     assert!(c.take_slot(u64::from(SLOT) + 1).is_none());
+}
+
+/// The server grants `n` slots ahead; the client has them.
+fn credit(c: &mut Mux, s: &mut Mux, n: u16) -> Vec<Slice> {
+    let slices: Vec<(u16, Slice)> = (0..n)
+        .map(|i| (i, s.take_slot(3000).expect("a free slot")))
+        .collect();
+    let f = s
+        .credit(Parts {
+            sections: vec![(RING, b"answer".to_vec())],
+            slices: slices.clone(),
+        })
+        .unwrap();
+    assert_eq!(c.handle(msg(&f)).unwrap(), MuxEvent::Ahead);
+    slices.into_iter().map(|(_, sl)| sl).collect()
+}
+
+#[test]
+fn an_open_ahead_is_open_at_once_and_confirmed() {
+    let (mut c, mut s) = pair(4, MuxLimits::default());
+    let granted = credit(&mut c, &mut s, 2);
+    assert_eq!((c.ahead_left(), s.credited()), (2, 2));
+    assert_eq!(c.ahead_sections(), &[(RING, b"answer".to_vec())]);
+    let parts = ring_parts(&mut c);
+    let (req, f, theirs) = c.open_ahead(4, parts.clone(), RING).unwrap().unwrap();
+    assert_eq!(theirs.sections, vec![(RING, b"answer".to_vec())]);
+    let slot = theirs.slice(RING).unwrap();
+    assert!(granted.contains(&slot));
+    assert_eq!(
+        s.handle(msg(&f)).unwrap(),
+        MuxEvent::OpenRequested {
+            req,
+            tag: 4,
+            parts,
+            ahead: Some(slot)
+        }
+    );
+    assert_eq!(s.slots_of(4), vec![slot]);
+    // Its answer offers no slice: the slot is the one granted ahead.
+    let offered = ring_parts(&mut s);
+    assert!(s.accept(req, offered.clone()).is_err());
+    s.untake(&[offered.slices[0].1]);
+    let f = s.accept(req, Parts::default()).unwrap();
+    assert_eq!(
+        c.handle(msg(&f)).unwrap(),
+        MuxEvent::OpenedAhead { req, tag: 4 }
+    );
+    // Closed as any other: every slot back, the other slot still ahead.
+    let f = c.close(4).unwrap().expect("a close");
+    let MuxEvent::PeerClosed { reply, .. } = s.handle(msg(&f)).unwrap() else {
+        panic!()
+    };
+    assert_eq!(c.handle(msg(&reply)).unwrap(), MuxEvent::Closed { tag: 4 });
+    assert_eq!((c.free_slots(), s.free_slots()), (4, 3));
+    assert_eq!((c.peer.in_use(), s.peer.in_use()), (1, 0));
+    assert_eq!((c.ahead_left(), s.credited()), (1, 1));
+}
+
+#[test]
+fn an_open_ahead_dropped_before_its_answer_closes_when_confirmed() {
+    let (mut c, mut s) = pair(4, MuxLimits::default());
+    credit(&mut c, &mut s, 1);
+    let parts = ring_parts(&mut c);
+    let (req, f, _) = c.open_ahead(2, parts, RING).unwrap().unwrap();
+    assert_eq!(
+        c.close(2).unwrap(),
+        None,
+        "nothing to send before the answer"
+    );
+    let MuxEvent::OpenRequested { .. } = s.handle(msg(&f)).unwrap() else {
+        panic!()
+    };
+    let f = s.accept(req, Parts::default()).unwrap();
+    let MuxEvent::Send(close) = c.handle(msg(&f)).unwrap() else {
+        panic!("closed when confirmed")
+    };
+    let MuxEvent::PeerClosed { reply, .. } = s.handle(msg(&close)).unwrap() else {
+        panic!()
+    };
+    assert_eq!(c.handle(msg(&reply)).unwrap(), MuxEvent::Closed { tag: 2 });
+    assert_eq!((c.free_slots(), s.free_slots()), (4, 4));
+    assert_eq!((c.tags().count(), s.tags().count()), (0, 0));
+}
+
+#[test]
+fn an_open_ahead_refused_is_closed_and_its_slots_come_back() {
+    let (mut c, mut s) = pair(4, MuxLimits::default());
+    credit(&mut c, &mut s, 1);
+    let parts = ring_parts(&mut c);
+    let (req, f, _) = c.open_ahead(2, parts, RING).unwrap().unwrap();
+    let MuxEvent::OpenRequested { .. } = s.handle(msg(&f)).unwrap() else {
+        panic!()
+    };
+    // The client wrote already: a close, not a refusal.
+    let f = s.refuse(req, "no room").unwrap();
+    assert_eq!(msg(&f), MuxMessage::Close { tag: 2 });
+    let MuxEvent::PeerClosed { tag: 2, reply } = c.handle(msg(&f)).unwrap() else {
+        panic!("the client's lane closed by its peer")
+    };
+    assert_eq!(s.handle(msg(&reply)).unwrap(), MuxEvent::Closed { tag: 2 });
+    assert_eq!((c.free_slots(), s.free_slots()), (4, 4));
+    assert_eq!((c.peer.in_use(), s.peer.in_use()), (0, 0));
+    assert_eq!((c.ahead_left(), s.credited()), (0, 0));
+    // Without a slot in hand there is no open ahead.
+    let parts = ring_parts(&mut c);
+    assert!(c.open_ahead(3, parts, RING).unwrap().is_none());
+}
+
+#[test]
+fn grants_ahead_are_bounded_and_a_hostile_peer_gets_an_error() {
+    let limits = MuxLimits {
+        max_open: 3,
+        ..MuxLimits::default()
+    };
+    let (mut c, mut s) = pair(8, limits);
+    // Past the open limit with what is open: refused locally.
+    open(&mut c, &mut s, 1);
+    let three: Vec<(u16, Slice)> = (0..3).map(|i| (i, s.take_slot(3000).unwrap())).collect();
+    assert!(
+        s.credit(Parts {
+            sections: vec![],
+            slices: three
+        })
+        .is_err()
+    );
+    assert!(
+        c.credit(Parts::default()).is_err(),
+        "a client grants nothing ahead"
+    );
+    let granted = credit(&mut c, &mut s, 1);
+    // An open ahead into a slot not granted ahead.
+    let parts = ring_parts(&mut c);
+    let bad_slot = Slice {
+        offset: granted[0].offset + u64::from(SLOT),
+        ..granted[0]
+    };
+    let f = MuxMessage::OpenAhead {
+        req: 90,
+        tag: 9,
+        parts: parts.clone(),
+        slot: bad_slot,
+    }
+    .encode()
+    .unwrap();
+    let e = s.handle(msg(&f)).unwrap_err();
+    assert!(e.to_string().contains("no slot granted ahead"), "{e}");
+    // Grants ahead sent to the server, or past the bound, to the client.
+    let f = MuxMessage::Ahead {
+        parts: Parts::default(),
+    }
+    .encode()
+    .unwrap();
+    assert!(s.handle(msg(&f)).is_err());
+    let many = Parts {
+        sections: vec![],
+        slices: (0..=MAX_AHEAD as u16)
+            .map(|i| {
+                (
+                    i,
+                    Slice {
+                        arena: 0,
+                        offset: u64::from(i) * u64::from(SLOT),
+                        len: 3000,
+                    },
+                )
+            })
+            .collect(),
+    };
+    assert!(
+        MuxMessage::Ahead { parts: many }.encode().is_err(),
+        "bounded on the wire"
+    );
+    // A refusal of an open ahead, or an answer naming slices, is the
+    // server's fault.
+    let (req, f, _) = c.open_ahead(4, parts, RING).unwrap().unwrap();
+    let MuxEvent::OpenRequested { .. } = s.handle(msg(&f)).unwrap() else {
+        panic!()
+    };
+    let refused = MuxMessage::Refused {
+        req,
+        reason: "x".into(),
+    }
+    .encode()
+    .unwrap();
+    assert!(c.handle(msg(&refused)).is_err());
+    let with_slices = MuxMessage::Opened {
+        req,
+        parts: ring_parts(&mut c2_slots()),
+    }
+    .encode()
+    .unwrap();
+    assert!(c.handle(msg(&with_slices)).is_err());
+}
+
+/// A mux with a granted arena of its own, to take slices from.
+fn c2_slots() -> Mux {
+    let mut m = Mux::new(MuxRole::Server, MuxLimits::default());
+    let _ = m.grant(4 * u64::from(SLOT), SLOT).unwrap();
+    m
 }

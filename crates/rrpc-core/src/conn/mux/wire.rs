@@ -15,6 +15,8 @@
 //! refused = req:u32 reason:bytes
 //! close   = tag:u32
 //! closed  = tag:u32
+//! ahead   = n:u8 {role:u16 bytes} m:u8 {role:u16 slice}
+//! open_ahead = req:u32 tag:u32 n:u8 {role:u16 bytes} m:u8 {role:u16 slice} slice
 //! slice   = arena:u16 offset:u64 len:u64
 //! ```
 
@@ -120,6 +122,27 @@ pub enum MuxMessage {
         /// The logical connection.
         tag: u32,
     },
+    /// Server: slots of its arena granted ahead (`parts.slices`, one per
+    /// role), each for one later [`MuxMessage::OpenAhead`], and the answer
+    /// such an open gets (`parts.sections`), so that the client need not
+    /// wait for it (0-RTT lanes, module docs of `mux`).
+    Ahead {
+        /// The answer's sections and the slots granted ahead.
+        parts: Parts,
+    },
+    /// Client: open a logical connection under `tag` writing into `slot`,
+    /// a slot the server granted ahead; the client writes before the
+    /// answer comes.
+    OpenAhead {
+        /// The client's request id, echoed in the answer.
+        req: u32,
+        /// The sharer tag.
+        tag: u32,
+        /// What the client offers.
+        parts: Parts,
+        /// The server's slot, from a [`MuxMessage::Ahead`].
+        slot: Slice,
+    },
 }
 
 const K_GRANT: u8 = 1;
@@ -128,6 +151,8 @@ const K_OPENED: u8 = 3;
 const K_REFUSED: u8 = 4;
 const K_CLOSE: u8 = 5;
 const K_CLOSED: u8 = 6;
+const K_AHEAD: u8 = 7;
+const K_OPEN_AHEAD: u8 = 8;
 
 fn bad(what: impl Into<String>) -> Error {
     Error::MalformedHandshake(format!("side-channel message: {}", what.into()))
@@ -176,6 +201,22 @@ impl MuxMessage {
             MuxMessage::Closed { tag } => {
                 b.extend_from_slice(&tag.to_le_bytes());
                 K_CLOSED
+            }
+            MuxMessage::Ahead { parts } => {
+                put_parts(&mut b, parts)?;
+                K_AHEAD
+            }
+            MuxMessage::OpenAhead {
+                req,
+                tag,
+                parts,
+                slot,
+            } => {
+                b.extend_from_slice(&req.to_le_bytes());
+                b.extend_from_slice(&tag.to_le_bytes());
+                put_parts(&mut b, parts)?;
+                put_slice(&mut b, slot);
+                K_OPEN_AHEAD
             }
         };
         if b.len() > MUX_MAX_BODY {
@@ -256,6 +297,13 @@ impl MuxMessage {
             },
             K_CLOSE => MuxMessage::Close { tag: r.u32("tag")? },
             K_CLOSED => MuxMessage::Closed { tag: r.u32("tag")? },
+            K_AHEAD => MuxMessage::Ahead { parts: r.parts()? },
+            K_OPEN_AHEAD => MuxMessage::OpenAhead {
+                req: r.u32("req")?,
+                tag: r.u32("tag")?,
+                parts: r.parts()?,
+                slot: r.slice()?,
+            },
             k => return Err(bad(format!("unknown kind {k}"))),
         };
         if r.at != body.len() {
@@ -296,11 +344,15 @@ fn put_parts(b: &mut Vec<u8>, p: &Parts) -> Result<()> {
     b.push(p.slices.len() as u8);
     for (role, s) in &p.slices {
         b.extend_from_slice(&role.to_le_bytes());
-        b.extend_from_slice(&s.arena.to_le_bytes());
-        b.extend_from_slice(&s.offset.to_le_bytes());
-        b.extend_from_slice(&s.len.to_le_bytes());
+        put_slice(b, s);
     }
     Ok(())
+}
+
+fn put_slice(b: &mut Vec<u8>, s: &Slice) {
+    b.extend_from_slice(&s.arena.to_le_bytes());
+    b.extend_from_slice(&s.offset.to_le_bytes());
+    b.extend_from_slice(&s.len.to_le_bytes());
 }
 
 /// Reads fields off a body, each named in the error when it runs past.
@@ -375,14 +427,18 @@ impl<'a> Reader<'a> {
             if p.slice(role).is_some() {
                 return Err(bad(format!("slice role {role:#x} twice")));
             }
-            let s = Slice {
-                arena: self.u16("slice arena")?,
-                offset: self.u64("slice offset")?,
-                len: self.u64("slice length")?,
-            };
+            let s = self.slice()?;
             p.slices.push((role, s));
         }
         Ok(p)
+    }
+
+    fn slice(&mut self) -> Result<Slice> {
+        Ok(Slice {
+            arena: self.u16("slice arena")?,
+            offset: self.u64("slice offset")?,
+            len: self.u64("slice length")?,
+        })
     }
 }
 
@@ -428,6 +484,17 @@ mod tests {
             },
             MuxMessage::Close { tag: 9 },
             MuxMessage::Closed { tag: 9 },
+            MuxMessage::Ahead { parts: parts() },
+            MuxMessage::OpenAhead {
+                req: 8,
+                tag: 10,
+                parts: parts(),
+                slot: Slice {
+                    arena: 0,
+                    offset: 1 << 17,
+                    len: 69632,
+                },
+            },
         ]
     }
 
