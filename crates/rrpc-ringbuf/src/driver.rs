@@ -125,6 +125,52 @@ impl LocalRing {
         tx_region: Arc<Region>,
         node: Option<u32>,
     ) -> Result<LocalRing, Error> {
+        Self::in_regions_with(kind, cfg, rx_region, tx_region, node, true)
+    }
+
+    /// As [`in_regions`](Self::in_regions), but the pointer records of
+    /// `rx_region` are left as they are: they were reset with
+    /// [`reset_records`](Self::reset_records) before the peer was told it
+    /// may write (a slot granted ahead, rrpc-core `conn::mux`), and the
+    /// peer may have written its first messages since.
+    ///
+    /// # Errors
+    /// As [`in_regions`](Self::in_regions).
+    pub fn in_regions_as_written(
+        kind: rrpc_core::ProviderKind,
+        cfg: &RingConfig,
+        rx_region: Arc<Region>,
+        tx_region: Arc<Region>,
+        node: Option<u32>,
+    ) -> Result<LocalRing, Error> {
+        Self::in_regions_with(kind, cfg, rx_region, tx_region, node, false)
+    }
+
+    /// Resets the pointer records of a receive region (`rx_region` of
+    /// [`in_regions`](Self::in_regions)) that an earlier ring used: a new
+    /// ring starts at pointer 0, with its peer awake. Call it before
+    /// telling the peer it may write into the region.
+    ///
+    /// # Errors
+    /// A region shorter than the records.
+    pub fn reset_records(rx_region: &Region) -> Result<(), Error> {
+        // An earlier ring's sleep word must not read as a peer asleep.
+        rx_region.write_at(LOCAL_SLEEP_OFFSET, &[0u8; 8])?;
+        // Zeroed memory is no valid record: start both at pointer 0.
+        for off in [LOCAL_TAIL_OFFSET, LOCAL_HEAD_OFFSET] {
+            store_record(rx_region, off, 0)?;
+        }
+        Ok(())
+    }
+
+    fn in_regions_with(
+        kind: rrpc_core::ProviderKind,
+        cfg: &RingConfig,
+        rx_region: Arc<Region>,
+        tx_region: Arc<Region>,
+        node: Option<u32>,
+        reset: bool,
+    ) -> Result<LocalRing, Error> {
         let (rx_len, tx_len) = Self::region_lens(cfg);
         if rx_region.len() < rx_len || tx_region.len() < tx_len {
             return Err(Error::InvalidConfig(format!(
@@ -136,11 +182,8 @@ impl LocalRing {
         let pad = if cfg.cache_align() { 0 } else { UNALIGNED_PAD };
         let ring_off = RING_OFFSET + pad;
         let ctrl_off = (ring_off + cfg.ring_size()).next_multiple_of(4096);
-        // An earlier ring's sleep word must not read as a peer asleep.
-        rx_region.write_at(LOCAL_SLEEP_OFFSET, &[0u8; 8])?;
-        // Zeroed memory is no valid record: start both at pointer 0.
-        for off in [LOCAL_TAIL_OFFSET, LOCAL_HEAD_OFFSET] {
-            store_record(&rx_region, off, 0)?;
+        if reset {
+            Self::reset_records(&rx_region)?;
         }
         let ring_len = Geometry::from_config(cfg).ring_bytes();
         #[allow(unsafe_code)]

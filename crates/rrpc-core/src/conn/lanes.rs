@@ -278,7 +278,9 @@ impl SharedConnection {
     ///
     /// # Errors
     /// As [`Self::lane_open`]; the lane's connection could not be made (it
-    /// is then closed once confirmed).
+    /// is then closed once confirmed). After an error the slots of `parts`
+    /// are no longer the caller's: given back, or the lane's until its
+    /// close.
     pub fn lane_open_ahead(
         self: &Arc<Self>,
         tag: u32,
@@ -287,8 +289,14 @@ impl SharedConnection {
     ) -> Result<Option<(u32, Connection)>> {
         let mut s = self.lane_state()?;
         let ours: Vec<Slice> = parts.slices.iter().map(|(_, sl)| *sl).collect();
-        let Some((req, frame, theirs)) = s.mux.open_ahead(tag, parts, role)? else {
-            return Ok(None);
+        let (req, frame, theirs) = match s.mux.open_ahead(tag, parts, role) {
+            Ok(Some(x)) => x,
+            Ok(None) => return Ok(None),
+            Err(e) => {
+                s.mux.untake(&ours);
+                self.release_slots(&mut s);
+                return Err(e);
+            }
         };
         let conn = self.lane_connection(&mut s, tag, &theirs, ours);
         let sent = self.lane_send(&frame);

@@ -473,6 +473,7 @@ async fn dial_lane(
             return Ok(None);
         };
         let slice = slots.slice;
+        let hello = client_hello(cfg);
         let set_up = (|| -> Result<_, Error> {
             let local = rrpc_poller::rings::LocalRing::in_regions(
                 rrpc_core::ProviderKind::Shm,
@@ -484,20 +485,46 @@ async fn dial_lane(
             let tag = peer.free_tag()?;
             let parts = rrpc_core::conn::mux::Parts {
                 sections: vec![
-                    (HANDSHAKE_SECTION, client_hello(cfg).to_vec()),
+                    (HANDSHAKE_SECTION, hello.to_vec()),
                     (rrpc_ringbuf::ROLE_RING, local.params().encode()),
                 ],
                 slices: vec![(rrpc_ringbuf::ROLE_RING, slice)],
             };
+            // A slot granted ahead for this hello: open into it, and do
+            // not wait for the answer (`sharing` docs, "Lanes opened ahead").
+            if peer.shared.lane_ahead_left() > 0
+                && peer
+                    .shared
+                    .lane_ahead_sections()
+                    .iter()
+                    .any(|(role, b)| *role == sharing::AHEAD_HELLO && b[..] == hello[..])
+            {
+                // An error here leaves the slot with the lane (it comes back
+                // with its close), not with us.
+                match peer
+                    .shared
+                    .lane_open_ahead(tag, parts.clone(), rrpc_ringbuf::ROLE_RING)
+                {
+                    Ok(Some((_, conn))) => return Ok(Err(Ok((local, conn)))),
+                    Ok(None) => {}
+                    Err(e) => return Ok(Err(Err(e))),
+                }
+            }
             let (tx, rx) = tokio::sync::oneshot::channel();
             // Registered before the reader can see the answer.
             let mut w = peer.waiters.lock().unwrap_or_else(|p| p.into_inner());
             let req = peer.shared.lane_open(tag, parts)?;
             w.insert(req, tx);
-            Ok((local, req, rx))
+            Ok(Ok((local, req, rx)))
         })();
         let (local, req, answer) = match set_up {
-            Ok(x) => x,
+            Ok(Ok(x)) => x,
+            Ok(Err(Err(e))) => return Err(e.into()),
+            Ok(Err(Ok((local, conn)))) => {
+                let path = path_of_reply(section_of(conn.peer()))?;
+                let (tx, rx) = local.connect(&conn)?;
+                return Ok(Some((conn, tx, rx, path)));
+            }
             Err(e) => {
                 peer.shared.lane_untake(slice);
                 return Err(e);
@@ -1125,6 +1152,36 @@ fn answer_lane(mut ask: LaneAsk, ring: &RingConfig, cfg: &RrpcConfig) -> Result<
         Err(e) => return Err(refuse(format!("path hello: {e}"))),
     };
     let (rx_len, tx_len) = rrpc_poller::rings::LocalRing::region_lens(ring);
+    if let Some(slot) = ask.ahead {
+        // Opened ahead: the client writes into the slot granted ahead
+        // already (its records were reset then), and expects the answer
+        // granted with it.
+        let local = shared
+            .lane_views(slot, rx_len, tx_len)
+            .map_err(Error::from)
+            .and_then(|v| {
+                Ok(rrpc_poller::rings::LocalRing::in_regions_as_written(
+                    rrpc_core::ProviderKind::Shm,
+                    ring,
+                    v.rx,
+                    v.tx,
+                    None,
+                )?)
+            });
+        let local = match local {
+            Ok(l) => l,
+            Err(e) => return Err(refuse(format!("rings: {e}"))),
+        };
+        let c = shared.lane_accept(
+            ask.req,
+            ask.tag,
+            &ask.parts,
+            rrpc_core::conn::mux::Parts::default(),
+        )?;
+        let (tx, rx) = local.connect(&c)?;
+        grant_ahead(&shared, ring, hello, &reply);
+        return Ok((c, tx, rx, path));
+    }
     let Some(slots) = shared.lane_slots(rx_len, tx_len) else {
         return Err(refuse(sharing::ARENA_FULL.into()));
     };
@@ -1151,7 +1208,71 @@ fn answer_lane(mut ask: LaneAsk, ring: &RingConfig, cfg: &RrpcConfig) -> Result<
     };
     let c = shared.lane_accept(ask.req, ask.tag, &ask.parts, ours)?;
     let (tx, rx) = local.connect(&c)?;
+    grant_ahead(&shared, ring, hello, &reply);
     Ok((c, tx, rx, path))
+}
+
+/// Slots a server keeps granted ahead to each client with lanes (rrpc-core
+/// `conn::mux`, "Open ahead"): a client's connects back to back each take
+/// one, and each accept grants one back.
+pub(crate) const LANES_AHEAD: usize = 4;
+
+/// Tops up the slots granted ahead to the client of `shared` to
+/// [`LANES_AHEAD`] (0-RTT lanes: `sharing` docs): free slots of our arena,
+/// their rings' records reset, with the answer an open ahead with this
+/// `hello` gets (`reply`, our ring's parameters, and `hello` itself, for
+/// the client to check its own against). Full arenas or limits grant
+/// fewer; nothing here fails a lane.
+fn grant_ahead(shared: &Arc<rrpc_core::conn::SharedConnection>, ring: &RingConfig, hello: &[u8], reply: &[u8]) {
+    let want = LANES_AHEAD.saturating_sub(shared.lane_credited());
+    if want == 0 {
+        return;
+    }
+    let (rx_len, tx_len) = rrpc_poller::rings::LocalRing::region_lens(ring);
+    let mut slices = Vec::with_capacity(want);
+    let mut params = None;
+    for i in 0..want {
+        let Some(slots) = shared.lane_slots(rx_len, tx_len) else {
+            break;
+        };
+        let reset = rrpc_poller::rings::LocalRing::reset_records(&slots.rx);
+        if params.is_none() {
+            params = rrpc_poller::rings::LocalRing::in_regions(
+                rrpc_core::ProviderKind::Shm,
+                ring,
+                slots.rx.clone(),
+                slots.tx.clone(),
+                None,
+            )
+            .ok()
+            .map(|l| l.params().encode());
+        }
+        if reset.is_err() {
+            shared.lane_untake(slots.slice);
+            break;
+        }
+        slices.push((i as u16, slots.slice));
+    }
+    let Some(params) = params.filter(|_| !slices.is_empty()) else {
+        for (_, sl) in slices {
+            shared.lane_untake(sl);
+        }
+        return;
+    };
+    let parts = rrpc_core::conn::mux::Parts {
+        sections: vec![
+            (HANDSHAKE_SECTION, reply.to_vec()),
+            (rrpc_ringbuf::ROLE_RING, params),
+            (sharing::AHEAD_HELLO, hello.to_vec()),
+        ],
+        slices: slices.clone(),
+    };
+    if let Err(e) = shared.lane_credit(parts) {
+        tracing::debug!(error = %e, "rrpc: no lane slots granted ahead");
+        for (_, sl) in slices {
+            shared.lane_untake(sl);
+        }
+    }
 }
 
 /// Waits until the client's whole hello has arrived ([`tls_hello_arrived`] with TLS,

@@ -32,6 +32,21 @@
 //! no arena) or its arenas are full, a connect runs a logical
 //! connection's handshake as above.
 //!
+//! **Lanes opened ahead (0-RTT).** After each lane it accepts, the server
+//! keeps [`LANES_AHEAD`](super::rings::LANES_AHEAD) slots of its arena
+//! granted ahead to that client, their ring records reset, with the answer
+//! a lane opened with the same path hello gets (the path reply, its ring's
+//! parameters, and the hello, under [`AHEAD_HELLO`]). A connect whose hello
+//! is that one opens its lane into one of those slots and returns at once:
+//! its first call's request is in the server's ring before the server has
+//! read the open, as a TCP connect returns once the kernel has answered
+//! the SYN. The server's answer only confirms; a server that will not
+//! serve the lane (its limits, its listener gone) closes it, and its calls
+//! fail `Unavailable`, as over a TCP connection reset right after it was
+//! accepted. The first lane over a shared connection, a connect with
+//! another hello, and one that finds no slot in hand (connects faster than
+//! the server answers) wait for the answer as above.
+//!
 //! The client caches its shared connections by server
 //! (`rrpc_core::meta::PeerCache`), keyed by the address it dialed
 //! ([`PeerKey`]): the ring endpoint for `shm://` and `rdma://`, the port's
@@ -93,6 +108,10 @@ pub(crate) const OFF: &str =
 /// handshake, as when its own arena is full.
 pub(crate) const ARENA_FULL: &str = "the server's lane arena is full";
 
+/// The section of a grant of lanes ahead that holds the path hello its
+/// answer is for (module docs, "Lanes opened ahead").
+pub(crate) const AHEAD_HELLO: u16 = 0x4148;
+
 /// Whether a server's refusal of a logical connection is worth one more
 /// try: it forgot the shared connection, or still holds the tag picked
 /// (its end of a logical connection the client just dropped).
@@ -134,6 +153,8 @@ pub(crate) struct LaneAsk {
     pub(crate) req: u32,
     pub(crate) tag: u32,
     pub(crate) parts: Parts,
+    /// Opened ahead: our slot it writes into (rrpc-core `conn::mux`).
+    pub(crate) ahead: Option<rrpc_core::conn::mux::Slice>,
     /// Still to be answered: refused when dropped unanswered.
     pub(crate) open: bool,
 }
@@ -222,12 +243,18 @@ fn dispatch(
                     let _ = w.send(Err(rrpc_core::Error::Rejected(reason)));
                 }
             }
-            LaneEvent::OpenRequested { req, tag, parts } => {
+            LaneEvent::OpenRequested {
+                req,
+                tag,
+                parts,
+                ahead,
+            } => {
                 let ask = LaneAsk {
                     shared: shared.clone(),
                     req,
                     tag,
                     parts,
+                    ahead,
                     open: true,
                 };
                 // A listener gone: dropped, so refused.
