@@ -16,7 +16,13 @@ pub(crate) enum FailReason {
     Unresponsive(String),
     Misbehaved(Violation),
     Closed,
-    Completion { wr_id: u64, status: Status },
+    Completion {
+        wr_id: u64,
+        status: Status,
+    },
+    /// The peer refused the connection after it was in use (a lane opened
+    /// ahead, `conn::mux`): its reason.
+    Rejected(String),
 }
 
 impl FailReason {
@@ -27,6 +33,7 @@ impl FailReason {
             Error::PeerUnresponsive(s) => FailReason::Unresponsive(s.clone()),
             Error::PeerMisbehaved(s) => FailReason::Misbehaved(s.clone()),
             Error::NotConnected => FailReason::Closed,
+            Error::Rejected(s) => FailReason::Rejected(s.clone()),
             Error::CompletionError { wr_id, status } => FailReason::Completion {
                 wr_id: *wr_id,
                 status: *status,
@@ -41,6 +48,7 @@ impl FailReason {
             FailReason::Unresponsive(s) => Error::PeerUnresponsive(s.clone()),
             FailReason::Misbehaved(s) => Error::PeerMisbehaved(s.clone()),
             FailReason::Closed => Error::NotConnected,
+            FailReason::Rejected(s) => Error::Rejected(s.clone()),
             FailReason::Completion { wr_id, status } => Error::CompletionError {
                 wr_id: *wr_id,
                 status: *status,

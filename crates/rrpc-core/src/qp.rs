@@ -134,8 +134,8 @@ impl QueuePair {
     }
 
     /// Moves the queue pair to the error state (verbs: `IBV_QPS_ERR`). Every later
-    /// post returns `reason` (mapped to [`Error::PeerGone`], [`Error::PeerMisbehaved`]
-    /// or [`Error::NotConnected`]). Idempotent: the first reason wins.
+    /// post returns `reason` (mapped to [`Error::PeerGone`], [`Error::PeerMisbehaved`],
+    /// [`Error::NotConnected`] or [`Error::Rejected`]). Idempotent: the first reason wins.
     pub fn fail(&self, reason: &Error) {
         self.inner.fail(reason)
     }

@@ -732,8 +732,12 @@ pub(crate) fn gone_cause(conn: &Connection) -> Option<rrpc_core::Error> {
         _ => conn.qp().failure(),
     };
     match why {
+        // A lane opened ahead that its server refused (rrpc-core
+        // `conn::mux`): its calls read the server's reason.
         Some(
-            e @ (rrpc_core::Error::PeerUnresponsive(_) | rrpc_core::Error::CompletionError { .. }),
+            e @ (rrpc_core::Error::PeerUnresponsive(_)
+            | rrpc_core::Error::CompletionError { .. }
+            | rrpc_core::Error::Rejected(_)),
         ) => Some(e),
         _ if conn.was_reset() => Some(rrpc_core::Error::PeerUnresponsive(
             "it reset the side channel (ECONNRESET) without a goodbye: its process aborted, or \

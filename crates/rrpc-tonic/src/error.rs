@@ -247,6 +247,9 @@ pub fn fabric_code(e: &rrpc_core::Error) -> tonic::Code {
     match e {
         C::AuthFailed | C::Tls(_) => Code::Unauthenticated,
         C::LimitExceeded { .. } => Code::ResourceExhausted,
+        // A server's connection limit, however deep it came (a lane opened
+        // ahead fails its sends with the refusal).
+        C::Rejected(r) if r.starts_with(CONNECTION_LIMIT_PREFIX) => Code::ResourceExhausted,
         c => match c.fault() {
             Fault::Local | Fault::Peer => Code::Internal,
             _ => Code::Unavailable,

@@ -342,6 +342,12 @@ impl SharedConnection {
         self.lane_state().map_or(0, |s| s.mux.credited())
     }
 
+    /// Lanes opened ahead over it, in all: sent (client) or received
+    /// (server).
+    pub fn lanes_opened_ahead(&self) -> u64 {
+        self.lane_state().map_or(0, |s| s.mux.opened_ahead())
+    }
+
     /// Client: the connect of request `req` gave up; the lane is closed
     /// when it opens.
     pub fn lane_abandon(&self, req: u32) {
@@ -558,6 +564,16 @@ impl SharedConnection {
                 }
                 MuxEvent::Refused { req, reason, .. } => {
                     events.push(LaneEvent::Refused { req, reason });
+                }
+                MuxEvent::RefusedAhead {
+                    tag, reason, reply, ..
+                } => {
+                    // Its calls fail with the server's reason.
+                    if let Some((live, qp)) = s.ends.remove(&tag) {
+                        qp.fail(&Error::Rejected(reason));
+                        live.end();
+                    }
+                    self.lane_send(&reply)?;
                 }
                 MuxEvent::PeerClosed { tag, reply } => {
                     // Stop writing into its rings, then say so.

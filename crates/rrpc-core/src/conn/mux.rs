@@ -32,10 +32,11 @@
 //!   [`MuxMessage::OpenAhead`], naming one of them, and writes at once:
 //!   the server's slot was free and reset when granted, and nobody else
 //!   writes it. The server's [`MuxMessage::Opened`] only confirms. A
-//!   server that will not serve it answers [`MuxMessage::Close`] instead
-//!   (the client has written already: the close handshake is what makes
-//!   the slots safe to reuse), as a TCP server resets a connection its
-//!   kernel accepted. Grants ahead count against
+//!   server that will not serve it answers [`MuxMessage::Refused`] as
+//!   for any open, but the client has written already: the refusal
+//!   closes the connection, and the server's slot comes back only with
+//!   the client's [`MuxMessage::Closed`] (as a TCP server resets a
+//!   connection its kernel accepted). Grants ahead count against
 //!   [`MuxLimits::max_open`], so an open ahead is never past the limits.
 //! * **Liveness.** The side channel's closing fails every logical
 //!   connection over it (the driver's business: this machine only says
@@ -135,6 +136,18 @@ pub enum MuxEvent {
     /// Client: the server granted slots ahead; [`Mux::ahead_left`] says
     /// how many are in hand now.
     Ahead,
+    /// Client: the server refused an open ahead, whose connection exists:
+    /// fail it (it writes no more), then send `reply`.
+    RefusedAhead {
+        /// The request.
+        req: u32,
+        /// The logical connection, closed.
+        tag: u32,
+        /// The server's reason.
+        reason: String,
+        /// The [`MuxMessage::Closed`] to send once we write no more.
+        reply: Vec<u8>,
+    },
     /// Client: request `req` for `tag` was accepted: the connection is open.
     Opened {
         /// The request.
@@ -224,6 +237,8 @@ pub struct Mux {
     ahead: Vec<Slice>,
     /// Client: the answer an open ahead gets (the last grant's sections).
     ahead_sections: Vec<(u16, Vec<u8>)>,
+    /// Opens ahead sent (client) or received (server), in all.
+    opened_ahead: u64,
 }
 
 impl Mux {
@@ -242,6 +257,7 @@ impl Mux {
             credited: Vec::new(),
             ahead: Vec::new(),
             ahead_sections: Vec::new(),
+            opened_ahead: 0,
         }
     }
 
@@ -412,9 +428,9 @@ impl Mux {
 
     /// Server: refuses request `req` (nothing set up), saying why.
     ///
-    /// An open ahead cannot be refused: its client wrote already. It is
-    /// closed instead (the message is a [`MuxMessage::Close`]; the slots
-    /// come back with the client's answer, [`MuxEvent::Closed`]).
+    /// An open ahead's client has written already: its refusal closes it,
+    /// and its slots come back with the client's answer
+    /// ([`MuxEvent::Closed`]).
     ///
     /// # Errors
     /// [`Error::InvalidConfig`] for a request not asked (or answered
@@ -423,8 +439,9 @@ impl Mux {
         let (tag, ahead) = self.asked(req)?;
         self.reqs.remove(&req);
         if ahead {
+            let m = refusal(req, reason)?;
             self.conns.get_mut(&tag).expect("asked").state = State::Closing;
-            return MuxMessage::Close { tag }.encode();
+            return Ok(m);
         }
         let e = self.conns.remove(&tag).expect("asked");
         for s in e.theirs {
@@ -483,6 +500,11 @@ impl Mux {
         self.credited.len()
     }
 
+    /// Lanes opened ahead, in all: sent (client) or received (server).
+    pub fn opened_ahead(&self) -> u64 {
+        self.opened_ahead
+    }
+
     /// Client: slots of the server's granted ahead, in hand.
     pub fn ahead_left(&self) -> usize {
         self.ahead.len()
@@ -530,6 +552,7 @@ impl Mux {
         }
         .encode()?;
         self.ahead.pop();
+        self.opened_ahead += 1;
         self.next_req = self.next_req.wrapping_add(1);
         self.reqs.insert(req, tag);
         self.conns.insert(
@@ -667,6 +690,7 @@ impl Mux {
                 // Grants ahead counted against the limits: no refusal here.
                 let theirs = self.claim_all(&parts)?;
                 self.credited.swap_remove(at);
+                self.opened_ahead += 1;
                 self.reqs.insert(req, tag);
                 self.conns.insert(
                     tag,
@@ -723,28 +747,20 @@ impl Mux {
             }
             MuxMessage::Refused { req, reason } => {
                 let (tag, _, ahead) = self.opening(req)?;
-                if ahead {
-                    return bad(format!(
-                        "a refusal of request {req}, opened ahead (close it instead)"
-                    ));
-                }
                 self.reqs.remove(&req);
+                if ahead {
+                    self.forget(tag);
+                    return Ok(MuxEvent::RefusedAhead {
+                        req,
+                        tag,
+                        reason,
+                        reply: MuxMessage::Closed { tag }.encode()?,
+                    });
+                }
                 self.forget(tag);
                 Ok(MuxEvent::Refused { req, tag, reason })
             }
             MuxMessage::Close { tag } => match self.conns.get(&tag).map(|e| e.state) {
-                // The server would not serve an open ahead: as a peer's
-                // close of an open connection.
-                Some(State::Opening {
-                    ahead: true, req, ..
-                }) => {
-                    self.reqs.remove(&req);
-                    self.forget(tag);
-                    Ok(MuxEvent::PeerClosed {
-                        tag,
-                        reply: MuxMessage::Closed { tag }.encode()?,
-                    })
-                }
                 Some(State::Open) => {
                     self.forget(tag);
                     Ok(MuxEvent::PeerClosed {

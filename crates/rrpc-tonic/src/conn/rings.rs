@@ -1223,7 +1223,12 @@ pub(crate) const LANES_AHEAD: usize = 4;
 /// `hello` gets (`reply`, our ring's parameters, and `hello` itself, for
 /// the client to check its own against). Full arenas or limits grant
 /// fewer; nothing here fails a lane.
-fn grant_ahead(shared: &Arc<rrpc_core::conn::SharedConnection>, ring: &RingConfig, hello: &[u8], reply: &[u8]) {
+fn grant_ahead(
+    shared: &Arc<rrpc_core::conn::SharedConnection>,
+    ring: &RingConfig,
+    hello: &[u8],
+    reply: &[u8],
+) {
     let want = LANES_AHEAD.saturating_sub(shared.lane_credited());
     if want == 0 {
         return;

@@ -376,6 +376,13 @@ pub struct SharedConnectionStats {
     /// slots of lanes open (a slot given back gives its pages back). 0
     /// without lanes.
     pub lane_arena_bytes: usize,
+    /// Slots of the server's lane arena granted ahead (module docs, "Lanes
+    /// opened ahead"): in the client's hand, or (at the server) granted
+    /// and not opened yet.
+    pub lanes_ahead: usize,
+    /// Lanes opened ahead over it, in all: without waiting for the answer
+    /// (client), or into a slot granted ahead (server).
+    pub lanes_opened_ahead: u64,
     /// Its queue pair's counters (`rrpc_core::vqp`).
     pub queue_pair: rrpc_core::vqp::VqpStats,
 }
@@ -390,6 +397,12 @@ impl SharedConnectionStats {
             spare_rings: spares.rings.lock().unwrap_or_else(|p| p.into_inner()).len(),
             lanes: s.has_lanes(),
             lane_arena_bytes: s.lane_arena_bytes().unwrap_or(0),
+            lanes_ahead: if opened_here {
+                s.lane_ahead_left()
+            } else {
+                s.lane_credited()
+            },
+            lanes_opened_ahead: s.lanes_opened_ahead(),
             queue_pair: s.physical().stats(),
         }
     }

@@ -317,6 +317,118 @@ mod lanes {
     );
 }
 
+mod ahead {
+    use super::{
+        a_lane_opened_ahead_past_the_servers_limit_fails_its_calls_with_the_reason,
+        lanes_after_the_first_are_opened_ahead_and_carry_their_first_call,
+    };
+
+    rrpc_integration_tests::on_shm!(
+        lanes_after_the_first_are_opened_ahead_and_carry_their_first_call,
+        a_lane_opened_ahead_past_the_servers_limit_fails_its_calls_with_the_reason,
+    );
+}
+
+/// After the first lane, the server grants the client slots ahead, and a
+/// connect opens its lane into one without waiting for the answer (0-RTT,
+/// `rrpc-tonic` `sharing` docs): each of these connects is opened ahead
+/// while slots are in hand, its first call carried at once; the server
+/// accepted as many ahead; every lane closes at both ends afterwards.
+async fn lanes_after_the_first_are_opened_ahead_and_carry_their_first_call(t: Transport) {
+    let mut h = Harness::start_with(t, shared(t)).await;
+    h.set_client_config(shared(t));
+    let (scfg, ccfg) = (h.server_context().clone(), h.client_context().clone());
+    let mut first = h.client().await;
+    call(&mut first, 1).await;
+    assert_eq!(
+        opened(&ccfg)[0].lanes_opened_ahead,
+        0,
+        "the first one waits"
+    );
+    let ahead = rrpc_core::conn::mux::MAX_AHEAD;
+    let mut clients = Vec::new();
+    for i in 0..12u8 {
+        until("slots granted ahead in the client's hand", || {
+            opened(&ccfg)[0].lanes_ahead == ahead
+        })
+        .await;
+        let mut c = h.client().await;
+        assert_eq!(
+            opened(&ccfg)[0].lanes_opened_ahead,
+            u64::from(i) + 1,
+            "connect {i} opened ahead"
+        );
+        call(&mut c, 0x20 + i).await;
+        clients.push(c);
+    }
+    assert_eq!(accepted(&scfg)[0].lanes_opened_ahead, 12);
+    // Connects back to back take the slots in hand, then wait for answers.
+    let burst: Vec<_> = futures_util::future::join_all((0..8u8).map(|i| {
+        let hh = &h;
+        async move {
+            let mut c = hh.client().await;
+            call(&mut c, 0x40 + i).await;
+            c
+        }
+    }))
+    .await;
+    assert!(opened(&ccfg)[0].lanes_opened_ahead >= 12 + 1);
+    assert_eq!(opened(&ccfg)[0].logical_connections, 1 + 12 + 8);
+    drop((clients, burst, first));
+    until("every lane closed at both ends", || {
+        opened(&ccfg)[0].logical_connections == 0 && accepted(&scfg)[0].logical_connections == 0
+    })
+    .await;
+    assert_eq!(
+        opened(&ccfg)[0].lanes_opened_ahead,
+        accepted(&scfg)[0].lanes_opened_ahead
+    );
+}
+
+/// A lane opened ahead past the server's connection limit per peer: the
+/// connect returned (it waits for nothing), and its first call fails
+/// `ResourceExhausted` with the server's reason, as a connect refused
+/// does; the lanes within the limit go on serving.
+async fn a_lane_opened_ahead_past_the_servers_limit_fails_its_calls_with_the_reason(t: Transport) {
+    let server = shared(t)
+        .to_builder()
+        .max_connections_per_peer(2)
+        .build()
+        .unwrap();
+    let mut h = Harness::start_with(t, server).await;
+    h.set_client_config(shared(t));
+    let ccfg = h.client_context().clone();
+    let mut first = h.client().await;
+    call(&mut first, 1).await;
+    let ahead = rrpc_core::conn::mux::MAX_AHEAD;
+    until("slots granted ahead in the client's hand", || {
+        opened(&ccfg)[0].lanes_ahead == ahead
+    })
+    .await;
+    let mut second = h.client().await;
+    call(&mut second, 2).await;
+    let mut third = h.client().await;
+    assert!(opened(&ccfg)[0].lanes_opened_ahead >= 2);
+    let e = third
+        .unary(Input {
+            payload: vec![3; 100],
+            ..Default::default()
+        })
+        .await
+        .expect_err("past the limit");
+    assert_eq!(e.code(), tonic::Code::ResourceExhausted, "{e:?}");
+    assert!(
+        e.message().contains("max_connections_per_peer"),
+        "names the limit: {e:?}"
+    );
+    call(&mut first, 4).await;
+    call(&mut second, 5).await;
+    // The refused channel does not open lane after lane meanwhile.
+    let n = opened(&ccfg)[0].lanes_opened_ahead;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(opened(&ccfg)[0].lanes_opened_ahead <= n + 1);
+}
+
 /// On shm, connections over a shared connection are lanes (one message on
 /// its side channel each, rings in arena slots): forty connect at once
 /// and call, a connect given up half-way leaves nothing behind, and once
@@ -360,11 +472,13 @@ async fn lanes_many_at_once_and_a_dropped_connect_leave_nothing(t: Transport) {
     .await;
     // At most `LANE_WARM_SLOTS` (16) of the 45 slots used keep their
     // pages once the close handshakes are done (a lane's sharer goes
-    // before); every lane wrote as much (one call each).
+    // before); every lane wrote as much (one call each). The server also
+    // keeps the slots it granted the client ahead (`MAX_AHEAD` at most).
     let warm = rrpc_core::conn::LANE_WARM_SLOTS + 1;
+    let ahead = rrpc_core::conn::mux::MAX_AHEAD;
     until("the arenas' memory given back", || {
         opened(&ccfg)[0].lane_arena_bytes * (N + 1) <= busy.0 * warm
-            && accepted(&scfg)[0].lane_arena_bytes * (N + 1) <= busy.1 * warm
+            && accepted(&scfg)[0].lane_arena_bytes * (N + 1) <= busy.1 * (warm + ahead)
     })
     .await;
     let mut c = h.client().await;

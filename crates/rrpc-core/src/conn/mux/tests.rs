@@ -439,12 +439,20 @@ fn an_open_ahead_refused_is_closed_and_its_slots_come_back() {
     let MuxEvent::OpenRequested { .. } = s.handle(msg(&f)).unwrap() else {
         panic!()
     };
-    // The client wrote already: a close, not a refusal.
+    // The client wrote already: the refusal closes the lane, and the
+    // server's slot waits for the client's answer.
     let f = s.refuse(req, "no room").unwrap();
-    assert_eq!(msg(&f), MuxMessage::Close { tag: 2 });
-    let MuxEvent::PeerClosed { tag: 2, reply } = c.handle(msg(&f)).unwrap() else {
-        panic!("the client's lane closed by its peer")
+    assert!(s.is_taken(2));
+    let MuxEvent::RefusedAhead {
+        tag: 2,
+        reason,
+        reply,
+        ..
+    } = c.handle(msg(&f)).unwrap()
+    else {
+        panic!("the client's lane refused")
     };
+    assert_eq!(reason, "no room");
     assert_eq!(s.handle(msg(&reply)).unwrap(), MuxEvent::Closed { tag: 2 });
     assert_eq!((c.free_slots(), s.free_slots()), (4, 4));
     assert_eq!((c.peer.in_use(), s.peer.in_use()), (0, 0));
@@ -518,19 +526,14 @@ fn grants_ahead_are_bounded_and_a_hostile_peer_gets_an_error() {
         MuxMessage::Ahead { parts: many }.encode().is_err(),
         "bounded on the wire"
     );
-    // A refusal of an open ahead, or an answer naming slices, is the
-    // server's fault.
+    // A close of an open ahead not answered yet, or an answer naming
+    // slices, is the server's fault.
     let (req, f, _) = c.open_ahead(4, parts, RING).unwrap().unwrap();
     let MuxEvent::OpenRequested { .. } = s.handle(msg(&f)).unwrap() else {
         panic!()
     };
-    let refused = MuxMessage::Refused {
-        req,
-        reason: "x".into(),
-    }
-    .encode()
-    .unwrap();
-    assert!(c.handle(msg(&refused)).is_err());
+    let close = MuxMessage::Close { tag: 4 }.encode().unwrap();
+    assert!(c.handle(msg(&close)).is_err());
     let with_slices = MuxMessage::Opened {
         req,
         parts: ring_parts(&mut c2_slots()),
