@@ -334,9 +334,20 @@ mod ahead {
 /// `rrpc-tonic` `sharing` docs): each of these connects is opened ahead
 /// while slots are in hand, its first call carried at once; the server
 /// accepted as many ahead; every lane closes at both ends afterwards.
+///
+/// Each first call must be answered within a bound far below the rings'
+/// sizing tick (made long here): a request whose ring records the server
+/// reset after the client wrote them would be seen only when the client's
+/// next tick writes its tail again.
 async fn lanes_after_the_first_are_opened_ahead_and_carry_their_first_call(t: Transport) {
-    let mut h = Harness::start_with(t, shared(t)).await;
-    h.set_client_config(shared(t));
+    let slow_tick = |c: RrpcConfig| {
+        c.to_builder()
+            .ring_shrink_after(Duration::from_secs(60))
+            .build()
+            .unwrap()
+    };
+    let mut h = Harness::start_with(t, slow_tick(shared(t))).await;
+    h.set_client_config(slow_tick(shared(t)));
     let (scfg, ccfg) = (h.server_context().clone(), h.client_context().clone());
     let mut first = h.client().await;
     call(&mut first, 1).await;
@@ -358,7 +369,9 @@ async fn lanes_after_the_first_are_opened_ahead_and_carry_their_first_call(t: Tr
             u64::from(i) + 1,
             "connect {i} opened ahead"
         );
-        call(&mut c, 0x20 + i).await;
+        tokio::time::timeout(Duration::from_secs(10), call(&mut c, 0x20 + i))
+            .await
+            .unwrap_or_else(|_| panic!("the first call of connect {i} was not answered"));
         clients.push(c);
     }
     assert_eq!(accepted(&scfg)[0].lanes_opened_ahead, 12);
