@@ -385,7 +385,10 @@ async fn lanes_after_the_first_are_opened_ahead_and_carry_their_first_call(t: Tr
         }
     }))
     .await;
-    assert!(opened(&ccfg)[0].lanes_opened_ahead >= 12 + 1);
+    assert!(
+        opened(&ccfg)[0].lanes_opened_ahead > 12,
+        "the burst took slots in hand"
+    );
     assert_eq!(opened(&ccfg)[0].logical_connections, 1 + 12 + 8);
     drop((clients, burst, first));
     until("every lane closed at both ends", || {
