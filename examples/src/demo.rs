@@ -30,7 +30,9 @@
 //! auto-tuning of the spin off,
 //! `event`, `event@50` (Event plus a 50 µs receive spin), `bp`, `bpts:1`;
 //! `default` is rrpc-tonic's default; `all` is a
-//! preset list) and prints the poller's counters per call for each.
+//! preset list) and prints the poller's counters per call for each. A
+//! `+shared` suffix (`default+shared`) turns `shared_queue_pairs` on at both
+//! ends: on `shm://` the calls then run over a lane of a shared connection.
 
 use std::sync::mpsc as std_mpsc;
 use std::time::{Duration, Instant};
@@ -134,6 +136,15 @@ struct Variant {
 }
 
 fn parse_variant(s: &str) -> anyhow::Result<Variant> {
+    if let Some(base) = s.strip_suffix("+shared") {
+        let v = parse_variant(base)?;
+        let cfg = v.cfg.to_builder().shared_queue_pairs(true).build()?;
+        return Ok(Variant {
+            label: s.to_string(),
+            ctx: RrpcContext::new(&cfg),
+            cfg,
+        });
+    }
     if s == "default" {
         return Ok(Variant {
             label: "default".into(),
