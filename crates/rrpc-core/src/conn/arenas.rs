@@ -178,6 +178,12 @@ pub(super) struct LaneState {
     /// Each open lane's liveness (ended when the peer closes it, or the
     /// shared side channel closes), and its queue pair.
     pub(super) ends: HashMap<u32, (Arc<Liveness>, Arc<QueuePair>)>,
+    /// Client: the sharers of lanes asked for and not answered yet,
+    /// attached before the open goes out: the server may write (and ring,
+    /// a WRITE with immediate data) as soon as it has answered, before our
+    /// reader has read the answer, and a write to a tag not attached is
+    /// dropped.
+    pub(super) attached: HashMap<u32, QueuePair>,
     /// Bytes read and not yet a whole message.
     pub(super) buf: Vec<u8>,
     /// What one read of the side channel fills ([`LANE_READ_CHUNK`]
@@ -245,6 +251,7 @@ impl Lanes {
             state: Mutex::new(LaneState {
                 mux,
                 ends: HashMap::new(),
+                attached: HashMap::new(),
                 buf: Vec::new(),
                 chunk: vec![0; LANE_READ_CHUNK].into_boxed_slice(),
                 warm: std::collections::VecDeque::new(),

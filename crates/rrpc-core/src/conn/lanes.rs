@@ -263,7 +263,10 @@ impl SharedConnection {
     /// As [`Mux::open`](crate::conn::mux::Mux::open); the side channel's.
     pub fn lane_open(&self, tag: u32, parts: Parts) -> Result<u32> {
         let mut s = self.lane_state()?;
+        // Attached first: the server may write as soon as it answers.
+        let qp = self.physical().attach(tag, tag)?;
         let (req, frame) = s.mux.open(tag, parts)?;
+        s.attached.insert(tag, qp);
         self.lane_send(&frame)?;
         Ok(req)
     }
@@ -271,10 +274,13 @@ impl SharedConnection {
     /// Client: opens lane `tag` ahead (0-RTT, `mux` docs), offering
     /// `parts` (its slice from [`Self::lane_slots`]) and writing into a
     /// slot the server granted ahead, named under `role` in the lane's
-    /// peer: `None` when no slot is in hand (open it with
-    /// [`Self::lane_open`]); else the request id and the lane's
-    /// connection, open now (the server's confirmation comes to
-    /// [`Self::lane_poll`]; a server that will not serve it closes it).
+    /// peer: `None` when no slot is in hand, or when `fits`, asked under
+    /// the lanes' lock, says the answer granted ahead (its sections) is not
+    /// the one this open needs (the slices of `parts` are still the
+    /// caller's then: open with [`Self::lane_open`]); else the request id
+    /// and the lane's connection, open now (the server's confirmation
+    /// comes to [`Self::lane_poll`]; a server that will not serve it
+    /// refuses it, which closes it).
     ///
     /// # Errors
     /// As [`Self::lane_open`]; the lane's connection could not be made (it
@@ -286,9 +292,13 @@ impl SharedConnection {
         tag: u32,
         parts: Parts,
         role: u16,
+        fits: impl FnOnce(&[(u16, Vec<u8>)]) -> bool,
     ) -> Result<Option<(u32, Connection)>> {
         let mut s = self.lane_state()?;
         let ours: Vec<Slice> = parts.slices.iter().map(|(_, sl)| *sl).collect();
+        if s.mux.ahead_left() == 0 || !fits(s.mux.ahead_sections()) {
+            return Ok(None);
+        }
         let (req, frame, theirs) = match s.mux.open_ahead(tag, parts, role) {
             Ok(Some(x)) => x,
             Ok(None) => return Ok(None),
@@ -330,10 +340,19 @@ impl SharedConnection {
     ///
     /// # Errors
     /// As [`Mux::credit`](crate::conn::mux::Mux::credit) (the slots are
-    /// still the caller's then, to give back); the side channel's.
+    /// given back then); the side channel's (they are granted: the shared
+    /// connection fails). Either way they are no longer the caller's.
     pub fn lane_credit(&self, parts: Parts) -> Result<()> {
         let mut s = self.lane_state()?;
-        let frame = s.mux.credit(parts)?;
+        let slots: Vec<Slice> = parts.slices.iter().map(|(_, sl)| *sl).collect();
+        let frame = match s.mux.credit(parts) {
+            Ok(f) => f,
+            Err(e) => {
+                s.mux.untake(&slots);
+                self.release_slots(&mut s);
+                return Err(e);
+            }
+        };
         self.lane_send(&frame)
     }
 
@@ -421,7 +440,10 @@ impl SharedConnection {
         ours: Vec<Slice>,
     ) -> Result<Connection> {
         let arena = self.lanes()?.peer_arena;
-        let qp = self.physical().attach(tag, tag)?;
+        let qp = match s.attached.remove(&tag) {
+            Some(qp) => qp,
+            None => self.physical().attach(tag, tag)?,
+        };
         let live = Liveness::new();
         let peer = PeerInfo {
             sections: theirs
@@ -486,6 +508,7 @@ impl SharedConnection {
                 qp.fail(&Error::PeerGone);
                 live.end();
             }
+            s.attached.clear();
             drop(s);
             return Err(e);
         }
@@ -526,7 +549,12 @@ impl SharedConnection {
             };
             at += used;
             match s.mux.handle(m)? {
-                MuxEvent::Nothing | MuxEvent::Closed { .. } => {}
+                MuxEvent::Nothing => {}
+                // An open given up on, closed when answered, or refused:
+                // its sharer goes (none is left for a lane that opened).
+                MuxEvent::Closed { tag } => {
+                    s.attached.remove(&tag);
+                }
                 MuxEvent::Send(frame) => self.lane_send(&frame)?,
                 MuxEvent::Granted { .. } => {
                     return Err(Error::MalformedHandshake(
@@ -562,7 +590,8 @@ impl SharedConnection {
                     }
                     events.push(LaneEvent::Opened { req, conn });
                 }
-                MuxEvent::Refused { req, reason, .. } => {
+                MuxEvent::Refused { req, tag, reason } => {
+                    s.attached.remove(&tag);
                     events.push(LaneEvent::Refused { req, reason });
                 }
                 MuxEvent::RefusedAhead {

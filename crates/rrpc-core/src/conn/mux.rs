@@ -640,12 +640,16 @@ impl Mux {
                         ),
                     )?));
                 }
-                if self.conns.len() >= self.limits.max_open {
+                // Slots granted ahead hold places too: their opens are
+                // never refused.
+                if self.conns.len() + self.credited.len() >= self.limits.max_open {
                     return Ok(MuxEvent::Send(refusal(
                         req,
                         &format!(
-                            "{} logical connections are open already (at most {})",
+                            "{} logical connections are open already and {} granted ahead (at \
+                             most {})",
                             self.conns.len(),
+                            self.credited.len(),
                             self.limits.max_open
                         ),
                     )?));

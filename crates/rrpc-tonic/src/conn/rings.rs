@@ -487,23 +487,27 @@ async fn dial_lane(
                 sections: vec![
                     (HANDSHAKE_SECTION, hello.to_vec()),
                     (rrpc_ringbuf::ROLE_RING, local.params().encode()),
+                    // This client takes slots granted ahead.
+                    (sharing::AHEAD_HELLO, Vec::new()),
                 ],
                 slices: vec![(rrpc_ringbuf::ROLE_RING, slice)],
             };
             // A slot granted ahead for this hello: open into it, and do
             // not wait for the answer (`sharing` docs, "Lanes opened ahead").
-            if peer.shared.lane_ahead_left() > 0
-                && peer
-                    .shared
-                    .lane_ahead_sections()
-                    .iter()
-                    .any(|(role, b)| *role == sharing::AHEAD_HELLO && b[..] == hello[..])
-            {
+            // Not with a tail sent with immediate data (the poller's Event
+            // mode): one sent before the server attached the lane's tag
+            // would be dropped, and with it the wake-up.
+            if !ring.tail_with_imm() {
+                let fits = |sections: &[(u16, Vec<u8>)]| {
+                    sections
+                        .iter()
+                        .any(|(role, b)| *role == sharing::AHEAD_HELLO && b[..] == hello[..])
+                };
                 // An error here leaves the slot with the lane (it comes back
                 // with its close), not with us.
                 match peer
                     .shared
-                    .lane_open_ahead(tag, parts.clone(), rrpc_ringbuf::ROLE_RING)
+                    .lane_open_ahead(tag, parts.clone(), rrpc_ringbuf::ROLE_RING, fits)
                 {
                     Ok(Some((_, conn))) => return Ok(Err(Ok((local, conn)))),
                     Ok(None) => {}
@@ -1179,7 +1183,9 @@ fn answer_lane(mut ask: LaneAsk, ring: &RingConfig, cfg: &RrpcConfig) -> Result<
             rrpc_core::conn::mux::Parts::default(),
         )?;
         let (tx, rx) = local.connect(&c)?;
-        grant_ahead(&shared, ring, hello, &reply);
+        if ask.parts.section(sharing::AHEAD_HELLO).is_some() {
+            grant_ahead(&shared, ring, hello, &reply);
+        }
         return Ok((c, tx, rx, path));
     }
     let Some(slots) = shared.lane_slots(rx_len, tx_len) else {
@@ -1208,7 +1214,9 @@ fn answer_lane(mut ask: LaneAsk, ring: &RingConfig, cfg: &RrpcConfig) -> Result<
     };
     let c = shared.lane_accept(ask.req, ask.tag, &ask.parts, ours)?;
     let (tx, rx) = local.connect(&c)?;
-    grant_ahead(&shared, ring, hello, &reply);
+    if ask.parts.section(sharing::AHEAD_HELLO).is_some() {
+        grant_ahead(&shared, ring, hello, &reply);
+    }
     Ok((c, tx, rx, path))
 }
 
@@ -1229,6 +1237,10 @@ fn grant_ahead(
     hello: &[u8],
     reply: &[u8],
 ) {
+    // Not for a ring whose tail comes with immediate data (see `dial_lane`).
+    if ring.tail_with_imm() {
+        return;
+    }
     let want = LANES_AHEAD.saturating_sub(shared.lane_credited());
     if want == 0 {
         return;
@@ -1270,13 +1282,11 @@ fn grant_ahead(
             (rrpc_ringbuf::ROLE_RING, params),
             (sharing::AHEAD_HELLO, hello.to_vec()),
         ],
-        slices: slices.clone(),
+        slices,
     };
+    // On an error the slots are given back, or the shared connection failed.
     if let Err(e) = shared.lane_credit(parts) {
         tracing::debug!(error = %e, "rrpc: no lane slots granted ahead");
-        for (_, sl) in slices {
-            shared.lane_untake(sl);
-        }
     }
 }
 

@@ -41,11 +41,16 @@
 //! its first call's request is in the server's ring before the server has
 //! read the open, as a TCP connect returns once the kernel has answered
 //! the SYN. The server's answer only confirms; a server that will not
-//! serve the lane (its limits, its listener gone) closes it, and its calls
-//! fail `Unavailable`, as over a TCP connection reset right after it was
-//! accepted. The first lane over a shared connection, a connect with
-//! another hello, and one that finds no slot in hand (connects faster than
-//! the server answers) wait for the answer as above.
+//! serve the lane (its limits, its listener gone) refuses it, which closes
+//! it, and its calls fail with the server's reason (`ResourceExhausted`
+//! for a connection limit), as over a TCP connection reset right after it
+//! was accepted. A client marks its opens with an empty [`AHEAD_HELLO`]
+//! section to say it takes grants ahead (a server grants none to a client
+//! without it). The first lane over a shared connection, a connect with
+//! another hello, one that finds no slot in hand (connects faster than the
+//! server answers), and any with the poller's Event mode at either end (a
+//! tail sent with immediate data before the server attached the lane would
+//! be dropped, and its wake-up with it) wait for the answer as above.
 //!
 //! The client caches its shared connections by server
 //! (`rrpc_core::meta::PeerCache`), keyed by the address it dialed

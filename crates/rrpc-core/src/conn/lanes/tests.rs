@@ -234,6 +234,7 @@ fn a_lane_opened_ahead_writes_into_the_slot_granted_ahead() {
                 slices: vec![(1, mine.slice)],
             },
             1,
+            |_| true,
         )
         .unwrap()
         .expect("a slot in hand");
@@ -289,6 +290,7 @@ fn a_lane_opened_ahead_and_refused_is_closed() {
                 slices: vec![(1, mine.slice)],
             },
             1,
+            |_| true,
         )
         .unwrap()
         .expect("a slot in hand");
@@ -319,6 +321,7 @@ fn a_lane_opened_ahead_and_refused_is_closed() {
                 slices: vec![(1, mine.slice)],
             },
             1,
+            |_| true,
         )
         .unwrap();
     assert!(none.is_none());

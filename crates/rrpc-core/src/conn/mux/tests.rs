@@ -211,7 +211,10 @@ fn limits_are_refusals_and_hold_for_a_peer_that_never_closes() {
     else {
         panic!()
     };
-    assert!(reason.contains("open already (at most 3)"), "{reason}");
+    assert!(
+        reason.contains("open already and 0 granted ahead (at most 3)"),
+        "{reason}"
+    );
     assert_eq!(s.tags().count(), 3);
 }
 
@@ -484,6 +487,18 @@ fn grants_ahead_are_bounded_and_a_hostile_peer_gets_an_error() {
         "a client grants nothing ahead"
     );
     let granted = credit(&mut c, &mut s, 1);
+    // With one open and one granted ahead, one more plain open fits, then
+    // none: the open ahead keeps its place.
+    open(&mut c, &mut s, 2);
+    let p = ring_parts(&mut c);
+    let (_, f) = c.open(3, p).unwrap();
+    let MuxEvent::Send(refused) = s.handle(msg(&f)).unwrap() else {
+        panic!("refused: a place is granted ahead")
+    };
+    let MuxEvent::Refused { reason, .. } = c.handle(msg(&refused)).unwrap() else {
+        panic!()
+    };
+    assert!(reason.contains("1 granted ahead"), "{reason}");
     // An open ahead into a slot not granted ahead.
     let parts = ring_parts(&mut c);
     let bad_slot = Slice {
