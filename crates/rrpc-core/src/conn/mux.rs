@@ -342,6 +342,16 @@ impl Mux {
     /// [`Error::InvalidConfig`] on a server, for a tag in use, for a slice
     /// of no arena of ours, or as [`MuxMessage::encode`]; nothing changes.
     pub fn open(&mut self, tag: u32, parts: Parts) -> Result<(u32, Vec<u8>)> {
+        self.may_open(tag)?;
+        let ours = self.own_slices(&parts)?;
+        let req = self.next_req;
+        let m = MuxMessage::Open { req, tag, parts }.encode()?;
+        self.opening_entry(tag, req, ours, Vec::new(), false);
+        Ok((req, m))
+    }
+
+    /// Client: whether `tag` may be opened here.
+    fn may_open(&self, tag: u32) -> Result<()> {
         if self.role != MuxRole::Client {
             return Err(Error::InvalidConfig(
                 "a server opens no logical connection".into(),
@@ -350,9 +360,18 @@ impl Mux {
         if self.conns.contains_key(&tag) {
             return Err(Error::InvalidConfig(format!("tag {tag} is in use")));
         }
-        let ours = self.own_slices(&parts)?;
-        let req = self.next_req;
-        let m = MuxMessage::Open { req, tag, parts }.encode()?;
+        Ok(())
+    }
+
+    /// Client: records open request `req` for `tag` (its message built).
+    fn opening_entry(
+        &mut self,
+        tag: u32,
+        req: u32,
+        ours: Vec<Slice>,
+        theirs: Vec<Slice>,
+        ahead: bool,
+    ) {
         self.next_req = self.next_req.wrapping_add(1);
         self.reqs.insert(req, tag);
         self.conns.insert(
@@ -361,13 +380,12 @@ impl Mux {
                 state: State::Opening {
                     req,
                     abandoned: false,
-                    ahead: false,
+                    ahead,
                 },
                 ours,
-                theirs: Vec::new(),
+                theirs,
             },
         );
-        Ok((req, m))
     }
 
     fn own_slices(&self, parts: &Parts) -> Result<Vec<Slice>> {
@@ -531,14 +549,7 @@ impl Mux {
         parts: Parts,
         role: u16,
     ) -> Result<Option<(u32, Vec<u8>, Parts)>> {
-        if self.role != MuxRole::Client {
-            return Err(Error::InvalidConfig(
-                "a server opens no logical connection".into(),
-            ));
-        }
-        if self.conns.contains_key(&tag) {
-            return Err(Error::InvalidConfig(format!("tag {tag} is in use")));
-        }
+        self.may_open(tag)?;
         let Some(&slot) = self.ahead.last() else {
             return Ok(None);
         };
@@ -553,20 +564,7 @@ impl Mux {
         .encode()?;
         self.ahead.pop();
         self.opened_ahead += 1;
-        self.next_req = self.next_req.wrapping_add(1);
-        self.reqs.insert(req, tag);
-        self.conns.insert(
-            tag,
-            Entry {
-                state: State::Opening {
-                    req,
-                    abandoned: false,
-                    ahead: true,
-                },
-                ours,
-                theirs: vec![slot],
-            },
-        );
+        self.opening_entry(tag, req, ours, vec![slot], true);
         let theirs = Parts {
             sections: self.ahead_sections.clone(),
             slices: vec![(role, slot)],
