@@ -822,9 +822,12 @@ fn a_handed_off_reader_lets_its_worker_answer_first(prov: &Provider) {
     assert_eq!(stats.spins, 0, "nothing spins: {stats:?}");
     // On shm a write is there when its post returns (a NIC's lands later: soft-RoCE's
     // loopback may still sleep some).
+    // A reader that sleeps after each reply sleeps ~n times; one that yields first sleeps
+    // only when its CPU is taken from it: 42 of 200 were seen with another build running on
+    // the host's two cores (CI rehearsal, 2026-12-07), where a bound of n/10 failed.
     if prov.kind() == rrpc_core::ProviderKind::Shm {
         assert!(
-            stats.sleeps <= u64::from(n) / 10,
+            stats.sleeps <= u64::from(n) / 3,
             "the reader does not sleep after each reply: {stats:?}"
         );
     }
