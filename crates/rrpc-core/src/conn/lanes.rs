@@ -329,12 +329,6 @@ impl SharedConnection {
         self.lane_state().map_or(0, |s| s.mux.ahead_left())
     }
 
-    /// Client: the answer an open ahead gets (`mux::Mux::ahead_sections`).
-    pub fn lane_ahead_sections(&self) -> Vec<(u16, Vec<u8>)> {
-        self.lane_state()
-            .map_or_else(|_| Vec::new(), |s| s.mux.ahead_sections().to_vec())
-    }
-
     /// Server: grants the client slots of ours ahead (`mux::Mux::credit`:
     /// taken with [`Self::lane_slots`], their rings' records reset).
     ///

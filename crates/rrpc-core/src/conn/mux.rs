@@ -350,6 +350,21 @@ impl Mux {
         Ok((req, m))
     }
 
+    /// Server: whether the peer may ask for request `req` under `tag`.
+    fn may_be_asked(&self, req: u32, tag: u32) -> Result<()> {
+        let bad = |what: String| Err(Error::MalformedHandshake(format!("side channel: {what}")));
+        if self.role != MuxRole::Server {
+            return bad(format!("an open (request {req}) sent to the client"));
+        }
+        if self.reqs.contains_key(&req) {
+            return bad(format!("request {req} twice"));
+        }
+        if self.conns.contains_key(&tag) {
+            return bad(format!("tag {tag} is already in use"));
+        }
+        Ok(())
+    }
+
     /// Client: whether `tag` may be opened here.
     fn may_open(&self, tag: u32) -> Result<()> {
         if self.role != MuxRole::Client {
@@ -619,15 +634,7 @@ impl Mux {
                 Ok(MuxEvent::Granted { arena, len })
             }
             MuxMessage::Open { req, tag, parts } => {
-                if self.role != MuxRole::Server {
-                    return bad(format!("an open (request {req}) sent to the client"));
-                }
-                if self.reqs.contains_key(&req) {
-                    return bad(format!("request {req} twice"));
-                }
-                if self.conns.contains_key(&tag) {
-                    return bad(format!("tag {tag} is already in use"));
-                }
+                self.may_be_asked(req, tag)?;
                 let asked = self.reqs.len();
                 if asked >= self.limits.max_pending {
                     return Ok(MuxEvent::Send(refusal(
@@ -675,15 +682,7 @@ impl Mux {
                 parts,
                 slot,
             } => {
-                if self.role != MuxRole::Server {
-                    return bad(format!("an open (request {req}) sent to the client"));
-                }
-                if self.reqs.contains_key(&req) {
-                    return bad(format!("request {req} twice"));
-                }
-                if self.conns.contains_key(&tag) {
-                    return bad(format!("tag {tag} is already in use"));
-                }
+                self.may_be_asked(req, tag)?;
                 let Some(at) = self.credited.iter().position(|c| *c == slot) else {
                     return bad(format!(
                         "an open ahead into {slot:?}, no slot granted ahead"
